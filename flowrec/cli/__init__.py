@@ -1,0 +1,23 @@
+"""The `flowrec` command line. Only this package prints; everything else returns data.
+
+Each command group lives in its own module and registers itself on the app; heavy imports
+(torch, dask) happen inside the commands that need them, so `flowrec plan` starts fast.
+"""
+from __future__ import annotations
+
+import typer
+
+from flowrec.cli import spec_cmds
+
+app = typer.Typer(
+    name="flowrec",
+    help="Declare, validate, plan and train recommendation models (wide-and-deep, DLRM, DCN, DIN).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+spec_cmds.register(app)
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,264 @@
+"""Load, convert and dump specs: YAML/JSON document <-> `ModelSpec`.
+
+Documents are read with a safe YAML loader only (JSON is YAML). `load_spec` validates the
+document first (schema, then semantic checks) and raises `SpecError` carrying every problem at
+once. `to_dict` gives the canonical document: every table listed under `tables`, every feature
+naming its table, so that ``spec_from_dict(to_dict(s)) == s``.
+
+Example:
+    >>> spec = load_spec("specs/deepfm_movielens.yaml")
+    >>> spec_from_dict(to_dict(spec)) == spec
+    True
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from flowrec.spec.errors import SpecError, SpecIssue
+from flowrec.spec.model import (
+    DataSpec,
+    DenseFeature,
+    HeadSpec,
+    ModelSpec,
+    ModuleSpec,
+    OptimizerSpec,
+    PlanHints,
+    SparseFeature,
+    TableSpec,
+    TrainingSpec,
+)
+from flowrec.spec.units import parse_bytes
+
+MODULE_KEYS = ("name", "kind", "inputs")
+OPTIMIZER_KEYS = ("name", "lr")
+
+
+def read_document(path: str | Path) -> Any:
+    """Read a YAML or JSON file with a safe loader.
+
+    Raises:
+        SpecError: if the file is missing or is not well-formed YAML/JSON.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SpecError([SpecIssue("", f"cannot read {path}: {exc.strerror or exc}")], str(path))
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise SpecError([SpecIssue("", f"{where}not valid YAML/JSON: {problem}")], str(path))
+
+
+def load_spec(path: str | Path) -> ModelSpec:
+    """Read, validate and convert a spec file.
+
+    Raises:
+        SpecError: with every schema and semantic problem, each with its path.
+    """
+    from flowrec.spec.validate import validate_document
+
+    doc = read_document(path)
+    issues = validate_document(doc)
+    if issues:
+        raise SpecError(issues, str(path))
+    return spec_from_dict(doc, base_dir=Path(path).parent)
+
+
+def spec_from_dict(doc: dict[str, Any], base_dir: Path | None = None) -> ModelSpec:
+    """Convert a *validated* document to a `ModelSpec` (inline tables become named tables).
+
+    Args:
+        doc: the document (assumed to have passed `validate_document`).
+        base_dir: folder that relative `data.path` entries are kept relative to (unchanged here;
+            resolved by the data stage).
+    """
+    del base_dir  # paths are resolved where they are used, relative to the spec file
+    sparse_opt = _optimizer(doc["optimizer"]["sparse"])
+    tables: dict[str, TableSpec] = {}
+    for t in doc.get("tables", []):
+        tables[t["name"]] = _table(t["name"], t)
+    features = []
+    for f in doc["features"]:
+        tags = tuple(f.get("tags", ()))
+        if f["type"] == "dense":
+            features.append(
+                DenseFeature(f["name"], f.get("transform", "none"), float(f.get("fill", 0.0)), tags)
+            )
+            continue
+        table = f.get("table", f["name"])
+        if "table" not in f:
+            tables[table] = _table(table, f)
+        kind = f["type"]
+        max_len = int(f.get("max_len", 1))
+        pooling = f.get("pooling", "sum")
+        features.append(SparseFeature(f["name"], table, max_len, pooling, tags, kind))
+    modules = tuple(
+        ModuleSpec(
+            m["name"],
+            m["kind"],
+            tuple(m["inputs"]),
+            tuple(sorted((k, _freeze(v)) for k, v in m.items() if k not in MODULE_KEYS)),
+        )
+        for m in doc["modules"]
+    )
+    heads = tuple(
+        HeadSpec(
+            h["name"], h["input"], h.get("task", "binary"),
+            h.get("loss", "bce" if h.get("task", "binary") == "binary" else "mse"),
+            float(h.get("weight", 1.0)), h.get("label"),
+        )
+        for h in doc["heads"]
+    )
+    return ModelSpec(
+        name=doc["name"],
+        description=doc.get("description", ""),
+        features=tuple(features),
+        tables=tuple(tables.values()),
+        modules=modules,
+        heads=heads,
+        dense_optimizer=_optimizer(doc["optimizer"]["dense"]),
+        sparse_optimizer=sparse_opt,
+        training=TrainingSpec(**doc.get("training", {})),
+        data=_data(doc["data"]) if doc.get("data") else None,
+        plan=_plan(doc.get("plan", {})),
+    )
+
+
+def _table(name: str, t: dict[str, Any]) -> TableSpec:
+    hashed = "hash_buckets" in t
+    rows = int(t["hash_buckets"]) if hashed else int(t["vocab"]) + 1  # row 0: missing / unknown
+    return TableSpec(
+        name=name,
+        rows=rows,
+        dim=int(t["dim"]),
+        hashed=hashed,
+        optimizer=_optimizer(t["optimizer"]) if t.get("optimizer") else None,
+        dtype=t.get("dtype", "fp32"),
+        min_freq=int(t.get("min_freq", 1)),
+    )
+
+
+def _optimizer(o: dict[str, Any]) -> OptimizerSpec:
+    params = tuple(sorted((k, float(v)) for k, v in o.items() if k not in OPTIMIZER_KEYS))
+    return OptimizerSpec(o["name"], float(o["lr"]), params)
+
+
+def _data(d: dict[str, Any]) -> DataSpec:
+    columns = tuple(sorted(d.get("columns", {}).items()))
+    options = tuple(sorted((k, _freeze(v)) for k, v in d.get("options", {}).items()))
+    return DataSpec(d["format"], str(d["path"]), d.get("label", "label"), columns, options)
+
+
+def _plan(p: dict[str, Any]) -> PlanHints:
+    p = dict(p)
+    budget = p.pop("device_budget", None)
+    return PlanHints(**p, device_budget_bytes=parse_bytes(budget) if budget is not None else None)
+
+
+def _freeze(v: Any) -> Any:
+    if isinstance(v, list):
+        return tuple(_freeze(x) for x in v)
+    if isinstance(v, dict):
+        return tuple(sorted((k, _freeze(x)) for k, x in v.items()))
+    return v
+
+
+def _thaw(v: Any) -> Any:
+    if isinstance(v, tuple) and v and all(isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str) for x in v):
+        return {k: _thaw(x) for k, x in v}
+    if isinstance(v, tuple):
+        return [_thaw(x) for x in v]
+    return v
+
+
+def to_dict(spec: ModelSpec) -> dict[str, Any]:
+    """The canonical document of a spec (tables listed, features naming their tables)."""
+    doc: dict[str, Any] = {"name": spec.name}
+    if spec.description:
+        doc["description"] = spec.description
+    doc["features"] = [_feature_doc(f, spec) for f in spec.features]
+    doc["tables"] = [_table_doc(t) for t in spec.tables]
+    doc["modules"] = [
+        {"name": m.name, "kind": m.kind, "inputs": list(m.inputs), **{k: _thaw(v) for k, v in m.params}}
+        for m in spec.modules
+    ]
+    doc["heads"] = [_head_doc(h) for h in spec.heads]
+    doc["optimizer"] = {
+        "dense": _optimizer_doc(spec.dense_optimizer),
+        "sparse": _optimizer_doc(spec.sparse_optimizer),
+    }
+    doc["training"] = dict(vars(spec.training))
+    if spec.data is not None:
+        d = spec.data
+        doc["data"] = {"format": d.format, "path": d.path, "label": d.label}
+        if d.columns:
+            doc["data"]["columns"] = dict(d.columns)
+        if d.options:
+            doc["data"]["options"] = {k: _thaw(v) for k, v in d.options}
+    plan = dict(vars(spec.plan))
+    budget = plan.pop("device_budget_bytes")
+    if budget is not None:
+        plan["device_budget"] = budget
+    if plan["target"] is None:
+        del plan["target"]
+    doc["plan"] = plan
+    return doc
+
+
+def _feature_doc(f: DenseFeature | SparseFeature, spec: ModelSpec) -> dict[str, Any]:
+    if isinstance(f, DenseFeature):
+        out: dict[str, Any] = {"name": f.name, "type": "dense", "transform": f.transform}
+        if f.fill:
+            out["fill"] = f.fill
+    else:
+        out = {"name": f.name, "type": f.kind, "table": f.table}
+        if f.kind == "sequence" or f.max_len != 1:
+            out["max_len"] = f.max_len
+        out["pooling"] = f.pooling
+    if f.tags:
+        out["tags"] = list(f.tags)
+    return out
+
+
+def _table_doc(t: TableSpec) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": t.name, "dim": t.dim}
+    if t.hashed:
+        out["hash_buckets"] = t.rows
+    else:
+        out["vocab"] = t.rows - 1
+        if t.min_freq != 1:
+            out["min_freq"] = t.min_freq
+    if t.dtype != "fp32":
+        out["dtype"] = t.dtype
+    if t.optimizer is not None:
+        out["optimizer"] = _optimizer_doc(t.optimizer)
+    return out
+
+
+def _head_doc(h: HeadSpec) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": h.name, "input": h.input, "task": h.task, "loss": h.loss}
+    if h.weight != 1.0:
+        out["weight"] = h.weight
+    if h.label is not None:
+        out["label"] = h.label
+    return out
+
+
+def _optimizer_doc(o: OptimizerSpec) -> dict[str, Any]:
+    return {"name": o.name, "lr": o.lr, **dict(o.params)}
+
+
+def dump_spec(spec: ModelSpec, fmt: str = "yaml") -> str:
+    """Serialise a spec canonically as YAML or JSON text."""
+    doc = to_dict(spec)
+    if fmt == "json":
+        return json.dumps(doc, indent=2) + "\n"
+    return yaml.safe_dump(doc, sort_keys=False)

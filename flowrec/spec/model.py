@@ -1,0 +1,208 @@
+"""Typed, frozen model of a flowrec spec.
+
+The loader (`flowrec.spec.load`) turns a validated YAML/JSON document into a `ModelSpec`;
+`to_dict` turns it back into a plain document, so load -> dump -> load is the identity.
+Everything here is plain Python: no torch, no dask, no cupy.
+
+Example:
+    >>> from flowrec.spec import load_spec
+    >>> spec = load_spec("specs/dlrm_criteo.yaml")
+    >>> [t.name for t in spec.tables][:2]
+    ['C1', 'C2']
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping
+
+DenseTransform = Literal["none", "log1p", "standardize"]
+Pooling = Literal["sum", "mean", "none"]
+ModuleKind = Literal["mlp", "dot", "fm", "cross", "target_attention", "linear", "concat"]
+OptimizerName = Literal["sgd", "adagrad", "rowwise_adagrad", "adam"]
+TaskKind = Literal["binary", "regression"]
+LossName = Literal["bce", "mse"]
+CachePolicy = Literal["auto", "none", "static_hot", "lookahead"]
+Precision = Literal["fp32", "bf16"]
+
+# Built-in input selectors a module may name in `inputs` (besides features and modules).
+SELECTOR_DENSE = "@dense"  # all dense features concatenated: (B, n_dense)
+SELECTOR_SPARSE = "@sparse"  # all pooled categorical/multi-hot embeddings: (B, F, D) fields
+SELECTOR_PREFIX = "@"  # "@<tag>": every feature carrying that tag
+
+
+@dataclass(frozen=True)
+class DenseFeature:
+    """A real-valued input column.
+
+    Args:
+        name: column / feature name.
+        transform: applied at staging time (`log1p` clamps negatives to 0 first).
+        fill: value used for missing entries before the transform.
+        tags: free labels a module can select with `@tag`.
+    """
+
+    name: str
+    transform: DenseTransform = "none"
+    fill: float = 0.0
+    tags: tuple[str, ...] = ()
+    kind: Literal["dense"] = "dense"
+
+
+@dataclass(frozen=True)
+class SparseFeature:
+    """A categorical (one-hot) or multi-hot / sequence input looked up in an embedding table.
+
+    Args:
+        name: column / feature name.
+        table: name of the embedding table it reads (defaults to the feature's own table).
+        max_len: 1 for one-hot; >1 for multi-hot / sequence features (ids per sample, padded/truncated).
+        pooling: how a bag of ids reduces to one vector; `none` keeps the sequence (B, L, D)
+            for target attention.
+        tags: free labels a module can select with `@tag`.
+    """
+
+    name: str
+    table: str
+    max_len: int = 1
+    pooling: Pooling = "sum"
+    tags: tuple[str, ...] = ()
+    kind: Literal["categorical", "sequence"] = "categorical"
+
+
+Feature = DenseFeature | SparseFeature
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """An embedding table; several features may share one.
+
+    Args:
+        name: table name.
+        rows: number of rows (vocabulary size or hash buckets, the missing-value row included).
+        dim: embedding dimension (1 for wide / linear parts).
+        hashed: True if raw values are hashed into `rows` buckets, False if mapped via a vocabulary.
+        optimizer: sparse optimizer override for this table (None: the spec's sparse optimizer).
+        dtype: storage dtype of the rows.
+        min_freq: minimum count for a value to get its own vocabulary row (vocabulary tables).
+    """
+
+    name: str
+    rows: int
+    dim: int
+    hashed: bool = True
+    optimizer: OptimizerSpec | None = None
+    dtype: Literal["fp32", "fp16", "bf16"] = "fp32"
+    min_freq: int = 1
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """An optimizer and its hyper-parameters (lr, eps, betas, weight_decay...)."""
+
+    name: OptimizerName
+    lr: float
+    params: tuple[tuple[str, float], ...] = ()
+
+    def param(self, key: str, default: float) -> float:
+        return dict(self.params).get(key, default)
+
+
+@dataclass(frozen=True)
+class ModuleSpec:
+    """An interaction submodule; modules form a DAG through `inputs`.
+
+    Args:
+        name: unique module name.
+        kind: one of mlp, dot, fm, cross, target_attention, linear, concat.
+        inputs: feature names, module names or selectors (`@dense`, `@sparse`, `@<tag>`).
+        params: kind-specific settings, e.g. `layers` for mlp, `num_layers` for cross,
+            `query`/`sequence` roles for target attention.
+    """
+
+    name: str
+    kind: ModuleKind
+    inputs: tuple[str, ...]
+    params: tuple[tuple[str, Any], ...] = ()
+
+    def param(self, key: str, default: Any = None) -> Any:
+        return dict(self.params).get(key, default)
+
+
+@dataclass(frozen=True)
+class HeadSpec:
+    """A task head: a final projection of one module's output to one logit, plus its loss."""
+
+    name: str
+    input: str
+    task: TaskKind = "binary"
+    loss: LossName = "bce"
+    weight: float = 1.0
+    label: str | None = None  # label column; defaults to the data binding's label
+
+
+@dataclass(frozen=True)
+class TrainingSpec:
+    batch_size: int = 4096
+    epochs: int = 1
+    seed: int = 0
+    precision: Precision = "fp32"
+    eval_every: int = 0  # steps; 0 = only at the end
+    deterministic: bool = False
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """Optional binding of the spec to a dataset."""
+
+    format: Literal["parquet", "criteo_tsv", "avazu_csv", "libsvm", "csv", "movielens"]
+    path: str
+    label: str = "label"
+    columns: tuple[tuple[str, str], ...] = ()  # feature name -> source column
+    options: tuple[tuple[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class PlanHints:
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    target: str | None = None  # cost-model device profile: cpu, a100, h100 (None: from device)
+    device_budget_bytes: int | None = None
+    packing: bool = True
+    cache: CachePolicy = "auto"
+    window: int = 8  # lookahead window, batches
+    micro_batches: int | Literal["auto"] = "auto"
+    prefetch: int = 2  # batches staged ahead
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The whole model: features, tables, modules, heads, optimizers, training, data, plan hints."""
+
+    name: str
+    features: tuple[Feature, ...]
+    tables: tuple[TableSpec, ...]
+    modules: tuple[ModuleSpec, ...]
+    heads: tuple[HeadSpec, ...]
+    dense_optimizer: OptimizerSpec
+    sparse_optimizer: OptimizerSpec
+    training: TrainingSpec = field(default_factory=TrainingSpec)
+    data: DataSpec | None = None
+    plan: PlanHints = field(default_factory=PlanHints)
+    description: str = ""
+
+    @property
+    def dense_features(self) -> tuple[DenseFeature, ...]:
+        return tuple(f for f in self.features if isinstance(f, DenseFeature))
+
+    @property
+    def sparse_features(self) -> tuple[SparseFeature, ...]:
+        return tuple(f for f in self.features if isinstance(f, SparseFeature))
+
+    def table(self, name: str) -> TableSpec:
+        return self.table_map[name]
+
+    @property
+    def table_map(self) -> Mapping[str, TableSpec]:
+        return {t.name: t for t in self.tables}
+
+    def table_optimizer(self, table: TableSpec) -> OptimizerSpec:
+        return table.optimizer or self.sparse_optimizer
