@@ -140,8 +140,18 @@ class PackedGroup:
         return {t.table: t.row_offset for t in self.tables}
 
     @property
-    def pooled_fields(self) -> tuple[GroupField, ...]:
-        return tuple(f for f in self.fields if f.pooling != "none")
+    def bags_per_sample(self) -> int:
+        """Bags per sample: one per pooled field, `max_len` single-id bags per unpooled sequence."""
+        return sum(f.max_len if f.pooling == "none" else 1 for f in self.fields)
+
+    def field_bags(self) -> dict[str, slice]:
+        """Each field's bag positions within a sample's bags (the S axis of the (B, S, D) output)."""
+        out, start = {}, 0
+        for f in self.fields:
+            width = f.max_len if f.pooling == "none" else 1
+            out[f.feature] = slice(start, start + width)
+            start += width
+        return out
 
     def row_bytes(self) -> int:
         """Bytes of one row including its optimizer state."""
