@@ -1,0 +1,122 @@
+"""Tensor casting (Kwon, Lee, Rhu, HPCA 2021): the casted index of an embedding-bag backward.
+
+From the input ids alone, sort the ids stably, find the unique rows with their run lengths, and
+record for every sorted position the bag it came from. The coalesced gradient of every unique row
+is then one gather-reduce over the output gradient (`casted_row_grads`): no scatter-add over the
+table, no atomics. The data stage computes the casting ahead of time on CPU.
+
+Example:
+    >>> ids = torch.tensor([5, 2, 5, 7])
+    >>> offsets = torch.tensor([0, 2, 2, 4])  # bags [5, 2], [], [5, 7]
+    >>> c = compute_casting(ids, offsets)
+    >>> c.unique_ids.tolist(), c.counts.tolist(), c.sorted_bags.tolist()
+    ([2, 5, 7], [1, 2, 1], [0, 0, 2, 2])
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Casting:
+    """The casted index of one batch of one packed group.
+
+    Args:
+        unique_ids: sorted unique packed rows.  # (U,) int64
+        counts: occurrences of each unique row (run lengths in sorted order).  # (U,) int64
+        unique_offsets: run boundaries, [0, cumsum(counts)].  # (U + 1,) int64
+        sorted_bags: bag index of each stably-sorted id position.  # (nnz,) int64
+        sorted_scale: per sorted position, the pooling scale of its bag (1 / bag length for
+            mean bags, 1 for sum bags); None when every bag is a sum bag.  # (nnz,) float32
+        num_bags: number of bags (B * S).
+    """
+
+    unique_ids: torch.Tensor
+    counts: torch.Tensor
+    unique_offsets: torch.Tensor
+    sorted_bags: torch.Tensor
+    sorted_scale: torch.Tensor | None
+    num_bags: int
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> "Casting":
+        """The same casting with every tensor on `device`."""
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device, non_blocking=non_blocking)
+
+        return Casting(move(self.unique_ids), move(self.counts), move(self.unique_offsets),
+                       move(self.sorted_bags), move(self.sorted_scale), self.num_bags)
+
+
+def bag_scale(offsets: torch.Tensor, mean_bags: torch.Tensor | None) -> torch.Tensor | None:
+    """Per-bag pooling scale: 1 / length for mean bags (empty bags: 1), 1 for sum bags.
+
+    Args:
+        offsets: bag boundaries.  # (NB + 1,) int64
+        mean_bags: mean flags per bag (NB,) or per bag position within a sample (S,), tiled
+            over the samples; None or all False means pure sum pooling.
+
+    Returns:
+        The scale (NB,) float32, or None when no bag is a mean bag.
+    """
+    if mean_bags is None or not bool(mean_bags.any()):
+        return None
+    num_bags = offsets.numel() - 1
+    flags = mean_bags.to(torch.bool)
+    if flags.numel() != num_bags:
+        if num_bags % flags.numel():
+            raise ValueError(f"mean_bags has {flags.numel()} flags for {num_bags} bags")
+        flags = flags.repeat(num_bags // flags.numel())
+    lengths = (offsets[1:] - offsets[:-1]).clamp_min(1).to(torch.float32)  # (NB,)
+    return torch.where(flags, lengths.reciprocal(), torch.ones_like(lengths))
+
+
+def compute_casting(ids: torch.Tensor, offsets: torch.Tensor,
+                    mean_bags: torch.Tensor | None = None) -> Casting:
+    """Compute the casted index of a batch from its ids and bag offsets.
+
+    Args:
+        ids: packed row ids.  # (nnz,) int64
+        offsets: bag boundaries, bag index = b * S + s.  # (B * S + 1,) int64
+        mean_bags: optional mean-pooling flags, per bag (B * S,) or per bag position (S,).
+
+    Returns:
+        The `Casting`; positions of equal ids keep their input order (stable sort).
+    """
+    ids = ids.reshape(-1).to(torch.int64)
+    offsets = offsets.to(torch.int64)
+    num_bags = offsets.numel() - 1
+    lengths = offsets[1:] - offsets[:-1]  # (NB,)
+    bags = torch.repeat_interleave(torch.arange(num_bags, dtype=torch.int64), lengths)  # (nnz,)
+    sorted_ids, perm = torch.sort(ids, stable=True)  # (nnz,)
+    sorted_bags = bags[perm]
+    unique_ids, counts = torch.unique_consecutive(sorted_ids, return_counts=True)  # (U,)
+    unique_offsets = torch.zeros(counts.numel() + 1, dtype=torch.int64)
+    torch.cumsum(counts, 0, out=unique_offsets[1:])
+    scale = bag_scale(offsets, mean_bags)
+    sorted_scale = None if scale is None else scale[sorted_bags]
+    return Casting(unique_ids, counts, unique_offsets, sorted_bags, sorted_scale, num_bags)
+
+
+def casted_row_grads(grad_out: torch.Tensor, casting: Casting) -> torch.Tensor:
+    """Coalesced gradient of every unique row: one gather-reduce over the output gradient.
+
+    Row u's gradient is the sum over its run of scale[p] * grad_out[sorted_bags[p]], computed as
+    an embedding bag over `grad_out` (the "casted" lookup), so no (nnz, D) intermediate and no
+    scatter-add into the table.
+
+    Args:
+        grad_out: gradient of the pooled output, one row per bag.  # (NB, D)
+        casting: the batch's casting.
+
+    Returns:
+        The row gradients in `casting.unique_ids` order.  # (U, D)
+    """
+    grad_out = grad_out.reshape(casting.num_bags, -1)
+    scale = casting.sorted_scale
+    if scale is not None:
+        scale = scale.to(grad_out.dtype)
+    return torch.nn.functional.embedding_bag(
+        casting.sorted_bags, grad_out, casting.unique_offsets, mode="sum",
+        per_sample_weights=scale, include_last_offset=True)
