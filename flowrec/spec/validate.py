@@ -1,10 +1,58 @@
-"""Placeholder replaced by the spec validation work (schema + semantic checks)."""
+"""Validate spec documents: JSON Schema first, then semantic checks; every problem at once."""
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
 
-from flowrec.spec.errors import SpecIssue
+from flowrec.spec.errors import SpecError, SpecIssue
+
+SPEC_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+@dataclass(frozen=True)
+class FileReport:
+    """The validation result of one file.
+
+    Args:
+        path: the file as given (or found in a folder).
+        issues: every problem found; empty when the file is valid.
+    """
+
+    path: str
+    issues: tuple[SpecIssue, ...]
+
+    @property
+    def valid(self) -> bool:
+        return not self.issues
 
 
 def validate_document(doc: Any) -> list[SpecIssue]:
     return [] if isinstance(doc, dict) else [SpecIssue("", "a spec must be a mapping")]
+
+
+def validate_file(path: str | Path) -> list[SpecIssue]:
+    """Read and validate one spec file; unreadable or malformed files give issues, never raise."""
+    from flowrec.spec.load import read_document
+
+    try:
+        doc = read_document(path)
+    except SpecError as exc:
+        return list(exc.issues)
+    return validate_document(doc)
+
+
+def spec_files(paths: Iterable[str | Path]) -> list[Path]:
+    """Expand folders (recursively, sorted) into their *.yaml / *.yml / *.json files."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            out.extend(sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in SPEC_SUFFIXES))
+        else:
+            out.append(p)
+    return out
+
+
+def validate_paths(paths: Iterable[str | Path]) -> list[FileReport]:
+    """Validate every file named or found under the folders named."""
+    return [FileReport(str(f), tuple(validate_file(f))) for f in spec_files(paths)]
