@@ -29,7 +29,8 @@ class Casting:
         unique_offsets: run boundaries, [0, cumsum(counts)].  # (U + 1,) int64
         sorted_bags: bag index of each stably-sorted id position.  # (nnz,) int64
         sorted_scale: per sorted position, the pooling scale of its bag (1 / bag length for
-            mean bags, 1 for sum bags); None when every bag is a sum bag.  # (nnz,) float32
+            mean bags, 1 for sum bags); None when every bag is a sum bag; float64 so that it is
+            exact for every table dtype (cast to the gradient's dtype when used).  # (nnz,) float64
         num_bags: number of bags (B * S).
     """
 
@@ -58,17 +59,17 @@ def bag_scale(offsets: torch.Tensor, mean_bags: torch.Tensor | None) -> torch.Te
             over the samples; None or all False means pure sum pooling.
 
     Returns:
-        The scale (NB,) float32, or None when no bag is a mean bag.
+        The scale (NB,) float64, or None when no bag is a mean bag.
     """
     if mean_bags is None or not bool(mean_bags.any()):
         return None
     num_bags = offsets.numel() - 1
-    flags = mean_bags.to(torch.bool)
+    flags = mean_bags.to(device=offsets.device, dtype=torch.bool)
     if flags.numel() != num_bags:
         if num_bags % flags.numel():
             raise ValueError(f"mean_bags has {flags.numel()} flags for {num_bags} bags")
         flags = flags.repeat(num_bags // flags.numel())
-    lengths = (offsets[1:] - offsets[:-1]).clamp_min(1).to(torch.float32)  # (NB,)
+    lengths = (offsets[1:] - offsets[:-1]).clamp_min(1).to(torch.float64)  # (NB,)
     return torch.where(flags, lengths.reciprocal(), torch.ones_like(lengths))
 
 
@@ -88,11 +89,13 @@ def compute_casting(ids: torch.Tensor, offsets: torch.Tensor,
     offsets = offsets.to(torch.int64)
     num_bags = offsets.numel() - 1
     lengths = offsets[1:] - offsets[:-1]  # (NB,)
-    bags = torch.repeat_interleave(torch.arange(num_bags, dtype=torch.int64), lengths)  # (nnz,)
+    device = ids.device
+    bags = torch.repeat_interleave(torch.arange(num_bags, dtype=torch.int64, device=device),
+                                   lengths, output_size=ids.numel())  # (nnz,)
     sorted_ids, perm = torch.sort(ids, stable=True)  # (nnz,)
     sorted_bags = bags[perm]
     unique_ids, counts = torch.unique_consecutive(sorted_ids, return_counts=True)  # (U,)
-    unique_offsets = torch.zeros(counts.numel() + 1, dtype=torch.int64)
+    unique_offsets = torch.zeros(counts.numel() + 1, dtype=torch.int64, device=device)
     torch.cumsum(counts, 0, out=unique_offsets[1:])
     scale = bag_scale(offsets, mean_bags)
     sorted_scale = None if scale is None else scale[sorted_bags]

@@ -1,0 +1,51 @@
+"""Backend choice for the fused embedding backward: CuPy kernels on CUDA when usable, torch otherwise.
+
+The torch path always exists and is the reference. The CuPy path is taken only when the table is
+on CUDA, cupy imports, `cupy.cuda.is_available()` is true, and a kernel exists for the optimizer.
+
+Example:
+    >>> cupy_usable()  # False on a machine without a CUDA driver
+    False
+"""
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+from operators.casting import Casting, casted_row_grads
+from operators.sparse_optim import SparseOptimizer
+
+
+def cupy_usable() -> bool:
+    """True when cupy imports and sees a CUDA device."""
+    try:
+        cupy = importlib.import_module("cupy")
+        return bool(cupy.cuda.is_available())
+    except Exception:  # an importable cupy without a driver raises various errors
+        return False
+
+
+def fused_backward(weight: torch.Tensor, state: torch.Tensor, optimizer: SparseOptimizer,
+                   grad_out: torch.Tensor, casting: Casting) -> str:
+    """Apply the casted gradient of `grad_out` to `weight`/`state` with `optimizer`.
+
+    Args:
+        weight: packed table.  # (R, D)
+        state: optimizer state.  # (R, k)
+        optimizer: the group's fused optimizer.
+        grad_out: output gradient, one row per bag.  # (NB, D)
+        casting: the batch's casting (on the table's device).
+
+    Returns:
+        The backend that ran: "cupy" or "torch".
+    """
+    if weight.is_cuda and casting.unique_ids.numel() and cupy_usable():
+        from operators import cupy_kernels
+
+        if cupy_kernels.supports(optimizer):
+            cupy_kernels.fused_rowwise_update(weight, state, optimizer, grad_out, casting)
+            return "cupy"
+    grads = casted_row_grads(grad_out, casting)  # (U, D)
+    optimizer.step(weight, state, casting.unique_ids, grads)
+    return "torch"

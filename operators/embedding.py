@@ -1,0 +1,168 @@
+"""Packed embedding bag: every field of a packed group looked up in one call, casted backward.
+
+The packed table concatenates the group's logical tables (row offsets from the `PackedGroup`).
+The forward is one `embedding_bag` over flat packed ids and bag offsets (bag = b * S + s), giving
+(B, S, D); mean bags are divided by their length (sum / n, as `embedding_bag(mode="mean")`).
+The backward never forms a dense gradient: the casted gather-reduce (`operators.casting`) yields
+the coalesced gradient of the unique rows and the group's fused sparse optimizer
+(`operators.sparse_optim`) updates those rows and their state in place. The weight and state are
+buffers, not parameters: torch.optim never sees them.
+
+Example:
+    >>> from flowrec.graph.types import GroupField, PackedGroup, TableSlot
+    >>> g = PackedGroup("g", 4, "fp32", ("sgd", 0.1, ()), (TableSlot("t", 10, 0),),
+    ...                 (GroupField("f", "t", 1, "sum"),))
+    >>> emb = PackedEmbeddingBag(g, seed=0)
+    >>> out = emb(torch.tensor([3, 7]), torch.tensor([0, 1, 2]))
+    >>> out.shape
+    torch.Size([2, 1, 4])
+"""
+from __future__ import annotations
+
+import zlib
+
+import torch
+import torch.nn.functional as F
+
+from flowrec.graph.types import PackedGroup
+from operators.backends import fused_backward
+from operators.casting import Casting, compute_casting
+from operators.sparse_optim import SparseOptimizer, make_optimizer
+
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "fp64": torch.float64,
+}
+
+
+def table_seed(seed: int, table: str) -> int:
+    """Deterministic generator seed of one logical table (independent of packing)."""
+    return (seed * 1_000_003 + zlib.crc32(table.encode())) % (2**63 - 1)
+
+
+def init_table_rows(table: str, rows: int, dim: int, seed: int = 0,
+                    dtype: torch.dtype = torch.float32, out: torch.Tensor | None = None
+                    ) -> torch.Tensor:
+    """Initial rows of one logical table: uniform(-sqrt(1/rows), sqrt(1/rows)) as in DLRM.
+
+    Args:
+        table: logical table name (seeds its generator, so packing does not change the rows).
+        rows: rows of the table.
+        dim: embedding dim.
+        seed: the model seed.
+        dtype: dtype of a newly allocated result.
+        out: optional contiguous (rows, dim) destination (e.g. a slice of the packed table).
+
+    Returns:
+        The (rows, dim) initial rows (`out` when given).
+    """
+    if out is None:
+        out = torch.empty(rows, dim, dtype=dtype)
+    gen = torch.Generator(device=out.device).manual_seed(table_seed(seed, table))
+    bound = (1.0 / rows) ** 0.5
+    return out.uniform_(-bound, bound, generator=gen)
+
+
+def mean_bag_flags(group: PackedGroup) -> torch.Tensor:
+    """Mean-pooling flag of each bag position within a sample.  # (S,) bool"""
+    flags = [f.pooling == "mean" for f in group.fields
+             for _ in range(f.max_len if f.pooling == "none" else 1)]
+    return torch.tensor(flags, dtype=torch.bool)
+
+
+class _CastedEmbeddingBag(torch.autograd.Function):
+    """Forward: packed embedding bag; backward: casted gather-reduce + fused optimizer update."""
+
+    @staticmethod
+    def forward(ctx, trigger, module, ids, offsets, casting):
+        ctx.module, ctx.ids, ctx.offsets, ctx.casting = module, ids, offsets, casting
+        return module.lookup(ids, offsets)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        module = ctx.module
+        casting = ctx.casting
+        if casting is None:
+            casting = compute_casting(ctx.ids, ctx.offsets, module.mean_flags)
+        elif casting.unique_ids.device != grad_out.device:
+            casting = casting.to(grad_out.device)
+        fused_backward(module.weight, module.state, module.optimizer,
+                       grad_out.reshape(casting.num_bags, -1), casting)
+        return None, None, None, None, None
+
+
+class PackedEmbeddingBag(torch.nn.Module):
+    """All lookups of one packed group in one kernel, updated by its fused sparse optimizer.
+
+    Args:
+        group: the packed layout (tables with row offsets, fields in output order, optimizer).
+        seed: model seed for the deterministic per-table init (`init_table_rows`).
+        device: where the packed table lives.
+        dtype: storage dtype (default: the group's dtype).
+
+    Example:
+        >>> emb = PackedEmbeddingBag(group)  # doctest: +SKIP
+        >>> out = emb(batch.ids, batch.offsets, casting=precomputed)  # (B, S, D)
+        >>> out.sum().backward()  # rows updated in place by group.optimizer
+    """
+
+    def __init__(self, group: PackedGroup, seed: int = 0, device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None):
+        super().__init__()
+        self.group = group
+        self.dim = group.dim
+        self.bags_per_sample = group.bags_per_sample
+        self.optimizer: SparseOptimizer = make_optimizer(group.optimizer)
+        dtype = dtype or TORCH_DTYPES[group.dtype]
+        weight = torch.empty(group.rows, group.dim, dtype=dtype, device=device)
+        for slot in group.tables:
+            init_table_rows(slot.table, slot.rows, group.dim, seed,
+                            out=weight[slot.row_offset:slot.row_offset + slot.rows])
+        state_dtype = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+        self.register_buffer("weight", weight)
+        self.register_buffer("state", self.optimizer.initial_state(
+            group.rows, group.dim, state_dtype, device))
+        flags = mean_bag_flags(group).to(device)
+        self.register_buffer("mean_flags", flags if bool(flags.any()) else None, persistent=False)
+
+    def lookup(self, ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        """Forward values without autograd: pooled rows of every bag.  # (B, S, D)"""
+        out = F.embedding_bag(ids, self.weight, offsets, mode="sum",
+                              include_last_offset=True)  # (NB, D)
+        if self.mean_flags is not None:
+            lengths = (offsets[1:] - offsets[:-1]).clamp_min(1).to(out.dtype)  # (NB,)
+            flags = self.mean_flags.repeat(out.shape[0] // self.bags_per_sample)
+            out = out.div_(torch.where(flags, lengths, torch.ones_like(lengths)).unsqueeze(1))
+        return out.view(-1, self.bags_per_sample, self.dim)
+
+    def forward(self, ids: torch.Tensor, offsets: torch.Tensor,
+                casting: Casting | None = None) -> torch.Tensor:
+        """Look up every bag; the backward updates the touched rows.
+
+        Args:
+            ids: packed row ids.  # (nnz,) int64
+            offsets: bag boundaries, bag = b * S + s.  # (B * S + 1,) int64
+            casting: precomputed `compute_casting(ids, offsets, mean_flags)` (else computed in
+                the backward).
+
+        Returns:
+            Pooled embeddings.  # (B, S, D)
+        """
+        if not torch.is_grad_enabled():
+            return self.lookup(ids, offsets)
+        trigger = torch.empty(0, device=self.weight.device, requires_grad=True)
+        return _CastedEmbeddingBag.apply(trigger, self, ids, offsets, casting)
+
+    def read_rows(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of the weight and optimizer state of `rows`.  # (n, D), (n, k)"""
+        return self.weight.index_select(0, rows), self.state.index_select(0, rows)
+
+    def write_rows(self, rows: torch.Tensor, weights: torch.Tensor, state: torch.Tensor) -> None:
+        """Overwrite the weight and optimizer state of `rows` (unique)."""
+        self.weight.index_copy_(0, rows, weights.to(self.weight.dtype))
+        if self.state.shape[1]:
+            self.state.index_copy_(0, rows, state.to(self.state.dtype))
+
+    def table_rows(self, table: str) -> torch.Tensor:
+        """A view of one logical table's rows inside the packed table.  # (rows, D)"""
+        slot = next(t for t in self.group.tables if t.table == table)
+        return self.weight[slot.row_offset:slot.row_offset + slot.rows]
