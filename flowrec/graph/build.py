@@ -1,0 +1,200 @@
+"""Build the operator graph of a spec: one node per operator, edges carry input slots.
+
+Node names: ``input_dense``, ``input_labels``, ``ids_<feature>``, ``lookup_<feature>``,
+``pool_<feature>``, one node per module (its own name), ``head_<head>`` and ``loss``. Nodes are
+inserted in a deterministic order (inputs, features in spec order, modules in dependency order
+with spec order breaking ties, heads, loss). Each node's ``"op"`` attribute is a frozen `Op`.
+
+Example:
+    >>> from flowrec.spec import load_spec
+    >>> g = build_graph(load_spec("specs/dlrm_criteo.yaml"))
+    >>> g.nodes["interaction"]["op"].out_shape
+    ('B', 351)
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from math import prod
+from typing import Any
+
+import networkx as nx
+
+from flowrec.graph.edges import Slot, set_inputs
+from flowrec.graph.shapes import sizing
+from flowrec.graph.types import DTYPE_BYTES, Op, OpGraph
+from flowrec.spec.model import (
+    SELECTOR_DENSE,
+    SELECTOR_PREFIX,
+    SELECTOR_SPARSE,
+    DenseFeature,
+    ModelSpec,
+    ModuleSpec,
+    SparseFeature,
+)
+
+DENSE_NODE = "input_dense"
+LABEL_NODE = "input_labels"
+LOSS_NODE = "loss"
+PARAM_BYTES = 4  # bytes per dense parameter (fp32 master weights)
+
+# Defaults of module parameters the spec may leave out.
+MODULE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "mlp": {"activation": "relu"},
+    "cross": {"num_layers": 3, "low_rank": None},
+    "linear": {"out": 1},
+    "target_attention": {"hidden": (64, 32)},
+}
+
+
+def make_op(name: str, kind: str, out: tuple[int, ...], attrs: dict[str, Any], **kw: Any) -> Op:
+    """An `Op` with batch-leading out_shape, sorted attrs and per-sample output bytes."""
+    dtype = kw.pop("dtype", "fp32")
+    return Op(
+        name=name,
+        kind=kind,
+        out_shape=("B", *out),
+        dtype=dtype,
+        out_bytes=prod(out) * DTYPE_BYTES[dtype],
+        attrs=tuple(sorted(attrs.items())),
+        **kw,
+    )
+
+
+def build_graph(spec: ModelSpec) -> OpGraph:
+    """Compile a spec into its operator graph (before any pass).
+
+    Raises:
+        ValueError: on references the spec validator should have rejected.
+    """
+    used = {f.table for f in spec.sparse_features}
+    g: OpGraph = nx.DiGraph(
+        name=spec.name,
+        tables=tuple(t.name for t in spec.tables if t.name in used),
+        features=tuple(f.name for f in spec.features),
+    )
+    dense = spec.dense_features
+    if dense:
+        attrs = {"columns": tuple(f.name for f in dense),
+                 "transforms": tuple((f.name, f.transform, f.fill) for f in dense)}
+        g.add_node(DENSE_NODE, op=make_op(DENSE_NODE, "dense_input", (len(dense),), attrs))
+    labels = {"heads": tuple(h.name for h in spec.heads), "labels": tuple(h.label or "" for h in spec.heads)}
+    g.add_node(LABEL_NODE, op=make_op(LABEL_NODE, "label_input", (len(spec.heads),), labels))
+    outputs: dict[str, Slot] = {}
+    owned: set[str] = set()
+    for f in spec.sparse_features:
+        outputs[f.name] = _add_feature(g, spec, f, owned)
+    for m in _module_order(spec):
+        slots = _resolve(spec, m.inputs, outputs, g)
+        _add_module(g, spec, m, slots)
+        outputs[m.name] = Slot(0, m.name, (), g.nodes[m.name]["op"].out_shape[1:])
+    precision = spec.training.precision
+    for h in spec.heads:
+        name = f"head_{h.name}"
+        slot = outputs.get(h.input)
+        if slot is None or h.input not in spec_module_names(spec):
+            raise ValueError(f"head {h.name}: unknown input module {h.input!r}")
+        attrs = {"task": h.task, "loss": h.loss, "weight": h.weight, "label": h.label or "",
+                 "in_features": prod(slot.shape)}
+        size = sizing("head", attrs, [slot.shape])
+        g.add_node(name, op=make_op(name, "head", size.out, attrs, dtype=precision,
+                                    flops=size.flops, param_bytes=size.params * PARAM_BYTES))
+        set_inputs(g, name, [slot])
+    loss_slots = [Slot(i, f"head_{h.name}", (), (1,)) for i, h in enumerate(spec.heads)]
+    loss_slots.append(Slot(len(loss_slots), LABEL_NODE, (), (len(spec.heads),)))
+    attrs = {"heads": tuple(h.name for h in spec.heads), "losses": tuple(h.loss for h in spec.heads),
+             "weights": tuple(h.weight for h in spec.heads)}
+    size = sizing("loss", attrs, [s.shape for s in loss_slots])
+    g.add_node(LOSS_NODE, op=make_op(LOSS_NODE, "loss", size.out, attrs, flops=size.flops))
+    set_inputs(g, LOSS_NODE, loss_slots)
+    return g
+
+
+def spec_module_names(spec: ModelSpec) -> set[str]:
+    return {m.name for m in spec.modules}
+
+
+def _add_feature(g: OpGraph, spec: ModelSpec, f: SparseFeature, owned: set[str]) -> Slot:
+    """ids -> lookup (-> pooling); the first lookup of a table owns its parameters."""
+    table = spec.table(f.table)
+    ids, lookup, pool = f"ids_{f.name}", f"lookup_{f.name}", f"pool_{f.name}"
+    g.add_node(ids, op=make_op(ids, "sparse_input", (f.max_len,), {
+        "bags": f.max_len, "feature": f.name, "table": f.table}))
+    owns = f.table not in owned
+    owned.add(f.table)
+    attrs = {"feature": f.name, "table": f.table, "rows": table.rows, "dim": table.dim,
+             "max_len": f.max_len, "pooling": f.pooling, "owns_table": owns,
+             "optimizer": spec.table_optimizer(table).name}
+    table_bytes = table.rows * table.dim * DTYPE_BYTES[table.dtype] if owns else 0
+    size = sizing("embedding_lookup", attrs, [(f.max_len,)])
+    g.add_node(lookup, op=make_op(lookup, "embedding_lookup", size.out, attrs, dtype=table.dtype,
+                                  flops=size.flops, param_bytes=table_bytes))
+    set_inputs(g, lookup, [Slot(0, ids, (), (f.max_len,))])
+    if f.pooling == "none":
+        return Slot(0, lookup, (), size.out)
+    attrs = {"feature": f.name, "mode": f.pooling, "max_len": f.max_len, "dim": table.dim}
+    psize = sizing("pooling", attrs, [size.out])
+    g.add_node(pool, op=make_op(pool, "pooling", psize.out, attrs, dtype=table.dtype, flops=psize.flops))
+    set_inputs(g, pool, [Slot(0, lookup, (), size.out)])
+    return Slot(0, pool, (), psize.out)
+
+
+def _module_order(spec: ModelSpec) -> list[ModuleSpec]:
+    """Modules in dependency order, spec order breaking ties."""
+    by_name = {m.name: m for m in spec.modules}
+    deps = {m.name: [i for i in m.inputs if i in by_name] for m in spec.modules}
+    order: list[ModuleSpec] = []
+    done: set[str] = set()
+    while len(order) < len(spec.modules):
+        ready = [m for m in spec.modules if m.name not in done and all(d in done for d in deps[m.name])]
+        if not ready:
+            raise ValueError("modules form a cycle: " + ", ".join(sorted(set(by_name) - done)))
+        order.append(ready[0])
+        done.add(ready[0].name)
+    return order
+
+
+def _resolve(spec: ModelSpec, inputs: tuple[str, ...], outputs: dict[str, Slot], g: OpGraph) -> list[Slot]:
+    """Module inputs (names and selectors) -> slots in order."""
+    slots: list[Slot] = []
+
+    def dense_slot(names: tuple[str, ...]) -> None:
+        if names:
+            slots.append(Slot(len(slots), DENSE_NODE, names, (len(names),)))
+
+    for ref in inputs:
+        if ref == SELECTOR_DENSE:
+            dense_slot(tuple(f.name for f in spec.dense_features))
+        elif ref == SELECTOR_SPARSE:
+            chosen = [f for f in spec.sparse_features if f.pooling != "none"]
+            slots.extend(replace(outputs[f.name], port=len(slots) + i) for i, f in enumerate(chosen))
+        elif ref.startswith(SELECTOR_PREFIX):
+            tag = ref[len(SELECTOR_PREFIX):]
+            dense_slot(tuple(f.name for f in spec.dense_features if tag in f.tags))
+            chosen = [f for f in spec.sparse_features if tag in f.tags]
+            slots.extend(replace(outputs[f.name], port=len(slots) + i) for i, f in enumerate(chosen))
+        elif ref in outputs:
+            slots.append(replace(outputs[ref], port=len(slots)))
+        elif any(isinstance(f, DenseFeature) and f.name == ref for f in spec.features):
+            dense_slot((ref,))
+        else:
+            raise ValueError(f"unknown module input {ref!r}")
+    return slots
+
+
+def _add_module(g: OpGraph, spec: ModelSpec, m: ModuleSpec, slots: list[Slot]) -> None:
+    if m.name in g:
+        raise ValueError(f"module name {m.name!r} clashes with a built-in node")
+    attrs: dict[str, Any] = {**MODULE_DEFAULTS.get(m.kind, {}), **dict(m.params)}
+    for key in ("layers", "hidden"):
+        if isinstance(attrs.get(key), int):
+            attrs[key] = (attrs[key],)
+        elif key in attrs:
+            attrs[key] = tuple(attrs[key])
+    attrs["in_features"] = sum(prod(s.shape) for s in slots)
+    if m.kind in ("dot", "fm"):
+        attrs["num_fields"] = sum(1 if len(s.shape) == 1 else s.shape[0] for s in slots)
+        attrs["dim"] = slots[0].shape[-1] if slots else 0
+    size = sizing(m.kind, attrs, [s.shape for s in slots])
+    g.add_node(m.name, op=make_op(m.name, m.kind, size.out, attrs, dtype=spec.training.precision,
+                                  flops=size.flops, param_bytes=size.params * PARAM_BYTES))
+    set_inputs(g, m.name, slots)

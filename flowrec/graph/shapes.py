@@ -1,0 +1,186 @@
+"""Shape, FLOP and parameter rules per op kind: one registry used by `build`, passes and `verify`.
+
+Each rule takes the op's attributes and the per-sample shapes of its input slots (batch axis
+left out) and returns a `Sizing`: the per-sample output shape, forward FLOPs per sample and
+dense parameter count. Module inputs are *slots*: a vector ``(W,)``, a field set ``(F, D)`` or a
+sequence ``(L, D)``.
+
+Example:
+    >>> sizing("mlp", {"layers": (8, 4)}, [(3,), (5,)]).out
+    (4,)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+from typing import Any, Callable, Mapping, Sequence
+
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """Per-sample output shape, forward FLOPs per sample, dense parameter count."""
+
+    out: Shape
+    flops: int = 0
+    params: int = 0
+
+
+class ShapeError(ValueError):
+    """Input shapes an op cannot accept."""
+
+
+SOURCES = frozenset({"dense_input", "sparse_input", "label_input"})
+
+Rule = Callable[[Mapping[str, Any], Sequence[Shape]], Sizing]
+
+
+def _width(shapes: Sequence[Shape]) -> int:
+    return sum(prod(s) for s in shapes)
+
+
+def _mlp_stack(width: int, layers: Sequence[int]) -> tuple[int, int]:
+    flops = params = 0
+    for out in layers:
+        flops += 2 * width * out
+        params += width * out + out
+        width = out
+    return flops, params
+
+
+def _mlp(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
+    flops, params = _mlp_stack(_width(shapes), attrs["layers"])
+    return Sizing((attrs["layers"][-1],), flops, params)
+
+
+def _packed_mlp(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
+    members = attrs["members"]
+    widths = [_width(shapes[a:b]) for a, b in attrs["member_ports"]]
+    if len(set(widths)) != 1:
+        raise ShapeError(f"packed_mlp members have different input widths {widths}")
+    flops, params = _mlp_stack(widths[0], attrs["layers"])
+    return Sizing((len(members), attrs["layers"][-1]), flops * len(members), params * len(members))
+
+
+def _linear(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
+    width, out = _width(shapes), attrs["out"]
+    return Sizing((out,), 2 * width * out, width * out + out)
+
+
+def _concat(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
+    return Sizing((_width(shapes),))
+
+
+def _cross(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
+    width, layers, rank = _width(shapes), attrs["num_layers"], attrs.get("low_rank")
+    per_layer = 2 * width * rank * 2 if rank else 2 * width * width
+    params = (2 * width * rank if rank else width * width) + width
+    return Sizing((width,), layers * (per_layer + 3 * width), layers * params)
+
+
+def _fields(shapes: Sequence[Shape]) -> tuple[int, int]:
+    """(number of fields, common dim) of vector and field-set slots."""
+    dims = {s[-1] for s in shapes}
+    if len(dims) != 1 or any(len(s) not in (1, 2) for s in shapes):
+        raise ShapeError(f"interaction inputs need one common dim, got shapes {list(shapes)}")
+    return sum(1 if len(s) == 1 else s[0] for s in shapes), dims.pop()
+
+
+def _dot(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
+    f, d = _fields(shapes)
+    return Sizing((f * (f - 1) // 2,), 2 * f * f * d)
+
+
+def _fm(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
+    f, d = _fields(shapes)
+    return Sizing((1,), 4 * f * d)
+
+
+def _target_attention(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
+    if len(shapes) != 2 or len(shapes[1]) != 2:
+        raise ShapeError(f"target_attention takes [query (D,), sequence (L, D)], got {list(shapes)}")
+    query, (length, dim) = shapes[0], shapes[1]
+    if prod(query) != dim:
+        raise ShapeError(f"target_attention query {query} does not match sequence dim {dim}")
+    flops, params = _mlp_stack(4 * dim, tuple(attrs["hidden"]) + (1,))
+    return Sizing((dim,), length * (flops + 2 * dim), params)
+
+
+def _head(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
+    width = _width(shapes)
+    return Sizing((1,), 2 * width, width + 1)
+
+
+def _loss(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
+    return Sizing((), 4 * len(shapes))
+
+
+def _dense_input(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
+    return Sizing((len(attrs["columns"]),))
+
+
+def _sparse_input(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
+    return Sizing((attrs["bags"],))
+
+
+def _label_input(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
+    return Sizing((len(attrs["heads"]),))
+
+
+def _one_input(kind: str, shapes: Sequence[Shape], expected: Shape) -> None:
+    if list(shapes) != [expected]:
+        raise ShapeError(f"{kind} expects one input of shape {expected}, got {list(shapes)}")
+
+
+def _embedding_lookup(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
+    length, dim = attrs["max_len"], attrs["dim"]
+    _one_input("embedding_lookup", shapes, (length,))
+    return Sizing((length, dim), length * dim)
+
+
+def _pooling(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
+    length, dim = attrs["max_len"], attrs["dim"]
+    _one_input("pooling", shapes, (length, dim))
+    return Sizing((dim,), length * dim)
+
+
+def _packed_embedding(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
+    bags, dim = attrs["bags"], attrs["dim"]
+    _one_input("packed_embedding", shapes, (bags,))
+    ids = sum(length for _, _, length, _ in attrs["fields"])
+    return Sizing((bags, dim), 2 * ids * dim)
+
+
+RULES: dict[str, Rule] = {
+    "dense_input": _dense_input,
+    "sparse_input": _sparse_input,
+    "label_input": _label_input,
+    "embedding_lookup": _embedding_lookup,
+    "pooling": _pooling,
+    "packed_embedding": _packed_embedding,
+    "mlp": _mlp,
+    "packed_mlp": _packed_mlp,
+    "linear": _linear,
+    "concat": _concat,
+    "cross": _cross,
+    "dot": _dot,
+    "fm": _fm,
+    "target_attention": _target_attention,
+    "head": _head,
+    "loss": _loss,
+}
+
+
+def sizing(kind: str, attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
+    """Output shape, FLOPs and parameters of a dense op from its input slot shapes.
+
+    Raises:
+        ShapeError: when the inputs do not fit the kind's rule.
+        KeyError: for an unknown kind.
+    """
+    if not shapes and kind not in SOURCES:
+        raise ShapeError(f"{kind} has no inputs")
+    if shapes and kind in SOURCES:
+        raise ShapeError(f"{kind} takes no inputs, got {list(shapes)}")
+    return RULES[kind](attrs, shapes)
