@@ -182,3 +182,59 @@ class PlanMeta:
     prefetch: int = 2
     group_order: tuple[str, ...] = ()
     passes: tuple[PassRecord, ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class PassContext:
+    """What a pass may read besides the graph: the spec and the planning options.
+
+    Args:
+        spec: the typed model (a `flowrec.spec.model.ModelSpec`).
+        target: cost-model device profile name (cpu, a100, h100).
+        device_budget_bytes: device memory the plan may use (None: target memory minus a reserve).
+        profile: an access profile document (`flowrec data profile`), or None for the Zipf model.
+        packing: pack tables / dense ops (None: the spec's `plan.packing` hint).
+
+    Example:
+        >>> ctx = PassContext(spec=None, target="cpu")
+        >>> ctx.device_budget_bytes is None
+        True
+    """
+
+    spec: Any
+    target: str = "cpu"
+    device_budget_bytes: int | None = None
+    profile: Any = None
+    packing: bool | None = None
+
+
+@dataclass(frozen=True)
+class PassResult:
+    """A pass's output: the new graph (never the input object), whether it changed, and why."""
+
+    graph: OpGraph
+    modified: bool
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The planner's result, what `flowrec plan` shows and `flowrec train` lowers.
+
+    Args:
+        spec_name: name of the planned spec.
+        stage: last pipeline stage run (built, packed, cached, interleaved).
+        target: cost-model device profile used.
+        graph: the final operator graph (do not mutate).
+        meta: groups, group order, micro-batches, prefetch and pass records.
+        cost: the cost model's prediction (`flowrec.planner.cost.CostPrediction`).
+        device_budget_bytes: the device memory budget the cache pass used.
+    """
+
+    spec_name: str
+    stage: str
+    target: str
+    graph: OpGraph
+    meta: PlanMeta
+    cost: Any
+    device_budget_bytes: int = 0

@@ -1,0 +1,1 @@
+"""Planner passes: each `def name(graph, ctx) -> PassResult`, pure and idempotent."""
