@@ -1,0 +1,189 @@
+"""Streaming conversion of raw inputs to an encoded flowrec Parquet dataset.
+
+Reads a source chunk by chunk (bounded memory), encodes it for the spec and appends it to
+Parquet part files of at most `rows_per_file` rows. Vocabulary tables and standardized features
+need a first pass over the input (as DLRM's Criteo preprocessing does). With
+``data.options.test_fraction`` the rows are split (seeded by ``split_seed``, per row index, so
+the split does not depend on chunking) into ``train/`` and ``test/`` datasets.
+
+Example:
+    >>> report = convert(spec, "criteo", [Path("day_0.tsv")], Path("data/criteo"))  # doctest: +SKIP
+    >>> report.rows  # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from flowrec.data.encode import Encoder, fit_encoder, needs_fit
+from flowrec.data.errors import ErrorLog, ErrorPolicy
+from flowrec.data.layout import VOCAB_DIR, DataError, DatasetMeta, data_hash, unique_labels, write_meta
+from flowrec.data.sources import FORMAT_ALIASES, reader
+from flowrec.spec.model import ModelSpec
+
+ROWS_PER_FILE = 1 << 20  # rows per Parquet part file
+FORMAT_LABEL = {"avazu_csv": "click"}  # source label column when the spec names none
+SPLIT_MIX = np.uint64(0x9E3779B97F4A7C15)  # golden-ratio increment of splitmix64
+
+
+@dataclass(frozen=True)
+class ConvertReport:
+    """What a conversion wrote and skipped."""
+
+    out: str
+    rows: int
+    files: int
+    errors: int
+    error_examples: tuple[str, ...]
+    seconds: float
+    split: dict[str, int] = field(default_factory=dict)
+
+
+class PartWriter:
+    """Appends encoded chunks to part-NNNNN.parquet files of at most `rows_per_file` rows."""
+
+    def __init__(self, out: Path, rows_per_file: int):
+        self.out, self.rows_per_file = out, rows_per_file
+        self.files, self.rows, self._writer, self._in_file = 0, 0, None, 0
+        out.mkdir(parents=True, exist_ok=True)
+
+    def write(self, table: pa.Table) -> None:
+        while table.num_rows:
+            if self._writer is None:
+                path = self.out / f"part-{self.files:05d}.parquet"
+                self._writer = pq.ParquetWriter(path, table.schema)
+                self.files += 1
+            take = min(table.num_rows, self.rows_per_file - self._in_file)
+            self._writer.write_table(table.slice(0, take))
+            self._in_file += take
+            self.rows += take
+            table = table.slice(take)
+            if self._in_file >= self.rows_per_file:
+                self.close()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        self._writer, self._in_file = None, 0
+
+
+def split_mask(start: int, n: int, fraction: float, seed: int) -> np.ndarray:
+    """True for rows (global indices start..start+n) in the test split: splitmix64 of (seed, row)."""
+    with np.errstate(over="ignore"):
+        z = (np.arange(start, start + n, dtype=np.uint64) + np.uint64(seed) * SPLIT_MIX) * SPLIT_MIX
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z ^= z >> np.uint64(31)
+    return (z >> np.uint64(11)).astype(np.float64) / float(1 << 53) < fraction
+
+
+def convert(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_error: ErrorPolicy = "fail",
+            options: dict[str, Any] | None = None, rows_per_file: int = ROWS_PER_FILE,
+            progress: Callable[[int], None] | None = None) -> ConvertReport:
+    """Convert raw files of a format to an encoded dataset in `out`.
+
+    Args:
+        spec: the model spec (features, tables; data.columns and data.options are honoured).
+        fmt: input format (criteo_tsv|avazu_csv|csv|libsvm|movielens, or criteo|avazu|libfm).
+        inputs: input files (a folder for movielens).
+        out: output dataset directory.
+        on_error: "skip" malformed rows (counted, reported) or "fail" on the first one.
+        options: format options overriding data.options (sep, sequence_sep, test_fraction...).
+        rows_per_file: rows per Parquet part file.
+        progress: called with the number of rows of each written chunk.
+
+    Raises:
+        DataError: missing inputs, unreadable input, or a malformed row with on_error="fail".
+    """
+    started = time.perf_counter()
+    fmt = FORMAT_ALIASES.get(fmt, fmt)
+    read = reader(fmt)
+    opts = dict(spec.data.options) if spec.data is not None else {}
+    opts.update(options or {})
+    columns = dict(spec.data.columns) if spec.data is not None else {}
+    for label in unique_labels(spec):
+        if label not in columns and fmt in FORMAT_LABEL and label == "label":
+            columns[label] = FORMAT_LABEL[fmt]
+    numeric = {columns.get(f.name, f.name) for f in spec.dense_features}
+    numeric |= {columns.get(c, c) for c in unique_labels(spec)}
+    for path in inputs:
+        if not path.exists():
+            raise DataError(f"input not found: {path}")
+
+    def chunks(log_policy: ErrorPolicy) -> Iterator[tuple[ErrorLog, pa.Table]]:
+        for path in inputs:
+            log = ErrorLog(log_policy, str(path))
+            logs.append(log)
+            for chunk in read(path, opts, log, numeric):
+                _check_columns(chunk, spec, columns, path)
+                yield log, chunk
+
+    logs: list[ErrorLog] = []
+    sep = opts.get("sequence_sep", "^")
+    if needs_fit(spec):
+        encoder = fit_encoder(spec, (c for _, c in chunks(on_error)), columns, sep)
+        logs.clear()
+    else:
+        encoder = Encoder(spec, columns, {}, {}, sep)
+    fraction = float(opts.get("test_fraction", 0.0))
+    seed = int(opts.get("split_seed", 0))
+    writers = {"": PartWriter(out, rows_per_file)} if not fraction else {
+        "train": PartWriter(out / "train", rows_per_file), "test": PartWriter(out / "test", rows_per_file)}
+    seen = 0
+    for _, chunk in chunks(on_error):
+        encoded = encoder.encode(chunk)
+        if fraction:
+            test = split_mask(seen, encoded.num_rows, fraction, seed)
+            writers["test"].write(encoded.filter(pa.array(test)))
+            writers["train"].write(encoded.filter(pa.array(~test)))
+        else:
+            writers[""].write(encoded)
+        seen += encoded.num_rows
+        if progress is not None:
+            progress(encoded.num_rows)
+    for name, w in writers.items():
+        w.close()
+        _finish(spec, encoder, w, fmt, inputs, {"test_fraction": fraction, "split_seed": seed, "part": name}
+                if fraction else {})
+    examples = tuple(str(e) for log in logs for e in log.examples)
+    return ConvertReport(str(out), seen, sum(w.files for w in writers.values()),
+                         sum(log.count for log in logs), examples, time.perf_counter() - started,
+                         {k: w.rows for k, w in writers.items() if k})
+
+
+def _check_columns(chunk: pa.Table, spec: ModelSpec, columns: dict[str, str], path: Path) -> None:
+    needed = [columns.get(f.name, f.name) for f in spec.features]
+    needed += [columns.get(c, c) for c in unique_labels(spec)]
+    missing = [c for c in needed if c not in chunk.column_names]
+    if missing:
+        raise DataError(f"{path}: columns {missing} required by spec {spec.name!r} not in the input "
+                        f"(has {chunk.column_names[:12]}...); map them with data.columns")
+
+
+def _finish(spec: ModelSpec, encoder: Encoder, writer: PartWriter, fmt: str, inputs: list[Path],
+            split: dict[str, Any]) -> None:
+    vocab_files = {}
+    if encoder.vocabs:
+        (writer.out / VOCAB_DIR).mkdir(exist_ok=True)
+        for name, values in encoder.vocabs.items():
+            pq.write_table(pa.table({"value": values}), writer.out / VOCAB_DIR / f"{name}.parquet")
+            vocab_files[name] = f"{VOCAB_DIR}/{name}.parquet"
+    encoding = {}
+    for f in spec.sparse_features:
+        t = spec.table(f.table)
+        encoding[f.name] = {"table": t.name, "rows": t.rows, "mode": "hash" if t.hashed else "vocab",
+                            "max_len": f.max_len, "vocab_file": vocab_files.get(t.name)}
+    dense = {}
+    for f in spec.dense_features:
+        st = encoder.stats.get(f.name)
+        dense[f.name] = {"transform": f.transform, "fill": f.fill,
+                         "mean": st.mean if st else None, "std": st.std if st else None}
+    meta = DatasetMeta(spec.name, data_hash(spec), writer.rows, unique_labels(spec), encoding, dense,
+                       {"format": fmt, "inputs": [str(p) for p in inputs]}, split)
+    write_meta(writer.out, meta)

@@ -1,0 +1,217 @@
+"""Encoding raw columns to the flowrec layout: hashed or vocabulary ids, dense transforms.
+
+Categorical values are encoded by their string form (an int 7 and a string "7" are the same
+value). Hashed tables map a value to ``1 + h(value) % (rows - 1)`` with a stable 64-bit hash
+(pandas' SipHash with a fixed key: identical on every machine and run); row 0 is missing.
+Vocabulary tables map the values seen at least ``min_freq`` times (most frequent first, ties by
+value) to rows 1..; unknown, rare and missing values go to row 0.
+
+Example:
+    >>> import pyarrow as pa
+    >>> hash_rows(pa.array(["a", None, "a"]), rows=100).tolist()[1]
+    0
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Iterable
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from flowrec.data.layout import is_multi, unique_labels
+from flowrec.spec.model import DenseFeature, ModelSpec, SparseFeature
+
+
+def as_strings(values: pa.Array) -> pa.Array:
+    """The values as strings, empty strings as nulls."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    if not pa.types.is_string(values.type) and not pa.types.is_large_string(values.type):
+        if pa.types.is_floating(values.type):  # 3.0 -> "3": floats that hold ids
+            whole = pc.equal(values, pc.floor(values))
+            ints = pc.cast(values, pa.int64(), safe=False)
+            values = pc.if_else(whole, pc.cast(ints, pa.string()), pc.cast(values, pa.string()))
+        else:
+            values = pc.cast(values, pa.string())
+    return pc.if_else(pc.equal(values, ""), pa.scalar(None, pa.string()), values)
+
+
+def hash_rows(values: pa.Array, rows: int) -> np.ndarray:
+    """Stable hash of each value's string form into rows 1..rows-1; nulls and "" -> 0."""
+    strings = as_strings(values).dictionary_encode()
+    uniques = strings.dictionary.to_numpy(zero_copy_only=False).astype(object)
+    hashed = pd.util.hash_array(uniques, categorize=False) % np.uint64(max(rows - 1, 1))
+    table = (hashed.astype(np.int64) + 1) if rows > 1 else np.zeros(len(uniques), np.int64)
+    index = strings.indices.fill_null(-1).to_numpy(zero_copy_only=False)
+    out = np.zeros(len(index), np.int64)
+    valid = index >= 0
+    out[valid] = table[index[valid]]
+    return out
+
+
+def count_values(values: pa.Array, counter: Counter) -> None:
+    """Add the occurrences of each non-null value (string form) to `counter`."""
+    vc = pc.value_counts(as_strings(values).drop_null())
+    counter.update(dict(zip(vc.field("values").to_pylist(), vc.field("counts").to_pylist())))
+
+
+def build_vocab(counter: Counter, rows: int, min_freq: int) -> pa.Array:
+    """Vocabulary (string values of rows 1..) of a table: frequent first, ties by value."""
+    kept = sorted(((-c, v) for v, c in counter.items() if c >= min_freq))[: rows - 1]
+    return pa.array([v for _, v in kept], pa.string())
+
+
+def vocab_rows(values: pa.Array, vocab: pa.Array) -> np.ndarray:
+    """Rows of the values in a vocabulary (row = index + 1); unknown and missing -> 0."""
+    index = pc.index_in(as_strings(values), value_set=vocab)
+    return (index.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64) + 1)
+
+
+@dataclass(frozen=True)
+class DenseStats:
+    """Mean and standard deviation of a dense feature after fill and log1p (for standardize)."""
+
+    mean: float
+    std: float
+
+
+@dataclass
+class StatsAccumulator:
+    """Streaming count / sum / sum of squares per dense feature (float64)."""
+
+    n: dict[str, float] = field(default_factory=dict)
+    s: dict[str, float] = field(default_factory=dict)
+    ss: dict[str, float] = field(default_factory=dict)
+
+    def add(self, name: str, x: np.ndarray) -> None:
+        self.n[name] = self.n.get(name, 0.0) + len(x)
+        self.s[name] = self.s.get(name, 0.0) + float(x.sum())
+        self.ss[name] = self.ss.get(name, 0.0) + float((x * x).sum())
+
+    def stats(self) -> dict[str, DenseStats]:
+        out = {}
+        for name, n in self.n.items():
+            mean = self.s[name] / max(n, 1.0)
+            var = max(self.ss[name] / max(n, 1.0) - mean * mean, 0.0)
+            out[name] = DenseStats(mean, float(np.sqrt(var)) or 1.0)
+        return out
+
+
+def dense_values(feature: DenseFeature, raw: pa.Array) -> np.ndarray:
+    """Fill missing values, then log1p (negatives clamped to 0) where asked: float64 (N,)."""
+    x = pc.cast(raw, pa.float64()).to_numpy(zero_copy_only=False)
+    x = np.where(np.isnan(x), feature.fill, x)
+    if feature.transform == "log1p":
+        x = np.log1p(np.maximum(x, 0.0))
+    return x
+
+
+@dataclass(frozen=True)
+class Encoder:
+    """Encodes raw tables (source column names) into the flowrec layout of a spec.
+
+    Args:
+        spec: the model spec.
+        columns: feature / label name -> source column (default: the same name).
+        vocabs: table -> vocabulary (values of rows 1..), for vocabulary tables.
+        stats: dense feature -> statistics, for standardized features.
+        sequence_sep: separator of multi-hot values held in one string (e.g. "^").
+
+    Example:
+        >>> enc = Encoder(spec, columns={}, vocabs={}, stats={})  # doctest: +SKIP
+        >>> enc.encode(raw_table).column_names  # doctest: +SKIP
+    """
+
+    spec: ModelSpec
+    columns: dict[str, str]
+    vocabs: dict[str, pa.Array]
+    stats: dict[str, DenseStats]
+    sequence_sep: str = "^"
+
+    def source(self, name: str) -> str:
+        return self.columns.get(name, name)
+
+    def sparse_values(self, feature: SparseFeature, raw: pa.Table) -> pa.Array:
+        """Raw values of a sparse feature: flat for one-hot, a list array for multi-hot."""
+        col = raw.column(self.source(feature.name)).combine_chunks()
+        if not is_multi(feature) or pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
+            return col
+        strings = as_strings(col)
+        return pc.split_pattern(strings.fill_null(""), self.sequence_sep)
+
+    def encode_sparse(self, feature: SparseFeature, raw: pa.Table) -> pa.Array:
+        table = self.spec.table(feature.table)
+        values = self.sparse_values(feature, raw)
+        multi = is_multi(feature)
+        flat = pc.list_flatten(values) if multi else values
+        if table.hashed:
+            rows = hash_rows(flat, table.rows)
+        else:
+            rows = vocab_rows(flat, self.vocabs[table.name])
+        if not multi:
+            return pa.array(rows, pa.int64())
+        keep = as_strings(flat).is_valid().to_numpy(zero_copy_only=False)
+        return _truncated_lists(values, rows, keep, feature.max_len)
+
+    def encode(self, raw: pa.Table) -> pa.Table:
+        """Encode one raw chunk; returns a table with the layout's columns in spec order."""
+        cols, names = [], []
+        for f in self.spec.features:
+            if isinstance(f, DenseFeature):
+                x = dense_values(f, raw.column(self.source(f.name)))
+                if f.transform == "standardize":
+                    st = self.stats[f.name]
+                    x = (x - st.mean) / st.std
+                cols.append(pa.array(x.astype(np.float32)))
+            else:
+                cols.append(self.encode_sparse(f, raw))
+            names.append(f.name)
+        for label in unique_labels(self.spec):
+            col = pc.cast(raw.column(self.source(label)), pa.float32())
+            cols.append(col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col)
+            names.append(label)
+        return pa.Table.from_arrays(cols, names=names)
+
+
+def _truncated_lists(values: pa.Array, rows: np.ndarray, keep: np.ndarray, max_len: int) -> pa.Array:
+    """List array of the encoded ids per sample: missing elements dropped, first max_len kept."""
+    offsets = values.offsets.to_numpy() - values.offsets[0].as_py()  # (N + 1,)
+    lengths = np.diff(offsets)
+    sample = np.repeat(np.arange(len(lengths)), lengths)[keep]
+    rows = rows[keep]
+    counts = np.bincount(sample, minlength=len(lengths))
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    position = np.arange(len(rows)) - np.repeat(starts, counts)
+    short = position < max_len
+    new_counts = np.minimum(counts, max_len)
+    new_offsets = np.concatenate([[0], np.cumsum(new_counts)]).astype(np.int32)
+    return pa.ListArray.from_arrays(pa.array(new_offsets), pa.array(rows[short], pa.int64()))
+
+
+def fit_encoder(spec: ModelSpec, chunks: Iterable[pa.Table], columns: dict[str, str],
+                sequence_sep: str = "^") -> Encoder:
+    """One pass over raw chunks to build the vocabularies and dense statistics the spec needs."""
+    probe = Encoder(spec, columns, {}, {}, sequence_sep)
+    vocab_tables = {t.name: t for t in spec.tables if not t.hashed}
+    counters: dict[str, Counter] = {name: Counter() for name in vocab_tables}
+    acc = StatsAccumulator()
+    standardized = [f for f in spec.dense_features if f.transform == "standardize"]
+    for raw in chunks:
+        for f in spec.sparse_features:
+            if f.table in counters:
+                values = probe.sparse_values(f, raw)
+                count_values(pc.list_flatten(values) if is_multi(f) else values, counters[f.table])
+        for f in standardized:
+            acc.add(f.name, dense_values(f, raw.column(probe.source(f.name))))
+    vocabs = {name: build_vocab(counters[name], t.rows, t.min_freq) for name, t in vocab_tables.items()}
+    return Encoder(spec, columns, vocabs, acc.stats(), sequence_sep)
+
+
+def needs_fit(spec: ModelSpec) -> bool:
+    """True if encoding needs a first pass (vocabulary tables or standardized features)."""
+    return any(not t.hashed for t in spec.tables) or any(
+        f.transform == "standardize" for f in spec.dense_features)

@@ -1,0 +1,49 @@
+"""Malformed input rows: counted, reported with line numbers, skipped or fatal by policy.
+
+Example:
+    >>> log = ErrorLog("skip")
+    >>> log.add(3, "wrong field count (2, expected 40)", "1\\t2")
+    >>> log.count
+    1
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from flowrec.data.layout import DataError
+
+ErrorPolicy = Literal["skip", "fail"]
+KEPT_ERRORS = 50  # examples kept for the report; the count covers every error
+
+
+@dataclass(frozen=True)
+class RowError:
+    """One malformed input row: 1-based line number in its file, why, and the text (trimmed)."""
+
+    path: str
+    line: int
+    reason: str
+    text: str = ""
+
+    def __str__(self) -> str:
+        snippet = f": {self.text[:80]!r}" if self.text else ""
+        return f"{self.path}:{self.line}: {self.reason}{snippet}"
+
+
+@dataclass
+class ErrorLog:
+    """Collects malformed rows. With policy "fail" the first one raises `DataError`."""
+
+    policy: ErrorPolicy = "fail"
+    path: str = ""
+    count: int = 0
+    examples: list[RowError] = field(default_factory=list)
+
+    def add(self, line: int, reason: str, text: str = "") -> None:
+        err = RowError(self.path, line, reason, text)
+        self.count += 1
+        if len(self.examples) < KEPT_ERRORS:
+            self.examples.append(err)
+        if self.policy == "fail":
+            raise DataError(f"malformed row at {err} (use --on-error skip to skip such rows)")

@@ -1,0 +1,137 @@
+"""The encoded dataset layout shared by converters, synth and the batch iterator.
+
+A flowrec dataset is a directory of Parquet files (any nesting; hive partitions allowed; names
+starting with ``_`` or ``.`` are ignored) holding ENCODED values, plus ``_flowrec.json``:
+
+- one ``float32`` column per dense feature (missing filled, transform applied);
+- one ``int64`` column per one-hot sparse feature: the row of the feature's table (0 = missing /
+  unknown; table-local, NOT packed: packing is applied when batches are built);
+- one ``list<int64>`` column per multi-hot / sequence feature (max_len > 1), truncated to max_len;
+- one ``float32`` column per label (the label column of every head).
+
+``_flowrec.json`` records the spec name, the data hash of the spec (features and tables only: a
+dataset serves every model over the same inputs), the encoding of each sparse feature, the dense
+statistics (standardize), the labels, the row count and the vocabulary files.
+
+Example:
+    >>> meta = DatasetMeta(spec="m", data_hash="abc", rows=10, labels=("label",))
+    >>> DatasetMeta.from_json(meta.to_json()).rows
+    10
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flowrec.spec.model import DenseFeature, ModelSpec, SparseFeature
+
+META_FILE = "_flowrec.json"
+META_FORMAT = "flowrec-dataset"
+META_VERSION = 1
+VOCAB_DIR = "_vocab"
+
+
+class DataError(Exception):
+    """A user-facing data problem (missing file, wrong format, spec mismatch, malformed rows)."""
+
+
+@dataclass(frozen=True)
+class DatasetMeta:
+    """Metadata of an encoded dataset (the ``_flowrec.json`` file).
+
+    Args:
+        spec: name of the spec the data was encoded for.
+        data_hash: `data_hash(spec)` of that spec.
+        rows: number of rows.
+        labels: label columns.
+        encoding: per sparse feature {"table", "rows", "mode": hash|vocab, "max_len"}.
+        dense: per dense feature {"transform", "fill", "mean", "std"}.
+        source: where the data came from (format, paths, synth settings).
+        split: {"test_fraction", "split_seed"} when the data was split, else {}.
+    """
+
+    spec: str
+    data_hash: str
+    rows: int
+    labels: tuple[str, ...]
+    encoding: dict[str, dict[str, Any]] = field(default_factory=dict)
+    dense: dict[str, dict[str, Any]] = field(default_factory=dict)
+    source: dict[str, Any] = field(default_factory=dict)
+    split: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        doc = {"format": META_FORMAT, "version": META_VERSION, **asdict(self)}
+        doc["labels"] = list(self.labels)
+        return json.dumps(doc, indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "DatasetMeta":
+        doc = json.loads(text)
+        if doc.get("format") != META_FORMAT:
+            raise DataError(f"not a flowrec dataset metadata file (format {doc.get('format')!r})")
+        keys = ("spec", "data_hash", "rows", "encoding", "dense", "source", "split")
+        return cls(labels=tuple(doc["labels"]), **{k: doc[k] for k in keys if k in doc})
+
+
+def data_hash(spec: ModelSpec) -> str:
+    """Hash of what determines the encoded columns: features, their tables' rows and encodings."""
+    doc = []
+    for f in spec.features:
+        if isinstance(f, DenseFeature):
+            doc.append(["dense", f.name, f.transform, f.fill])
+        else:
+            t = spec.table(f.table)
+            doc.append(["sparse", f.name, t.name, t.rows, t.hashed, t.min_freq, f.max_len])
+    return hashlib.sha256(json.dumps(doc).encode()).hexdigest()[:16]
+
+
+def label_columns(spec: ModelSpec) -> tuple[str, ...]:
+    """Label column per head, in head order: head.label, else data.label, else "label"."""
+    default = spec.data.label if spec.data is not None else "label"
+    return tuple(h.label or default for h in spec.heads)
+
+
+def unique_labels(spec: ModelSpec) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(label_columns(spec)))
+
+
+def is_multi(feature: SparseFeature) -> bool:
+    """True if the feature is stored as a list column (multi-hot or sequence)."""
+    return feature.max_len > 1 or feature.kind == "sequence"
+
+
+def read_meta(path: str | Path) -> DatasetMeta:
+    """Read ``_flowrec.json`` of a dataset directory.
+
+    Raises:
+        DataError: if the directory or its metadata is missing or unreadable.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise DataError(f"dataset directory not found: {path}")
+    meta = path / META_FILE
+    if not meta.is_file():
+        raise DataError(f"{path} is not a flowrec dataset (no {META_FILE}); convert it first "
+                        "with `flowrec data convert` or `flowrec data synth`")
+    try:
+        return DatasetMeta.from_json(meta.read_text())
+    except (ValueError, KeyError) as exc:
+        raise DataError(f"{meta}: unreadable metadata ({exc})") from None
+
+
+def write_meta(path: str | Path, meta: DatasetMeta) -> None:
+    Path(path, META_FILE).write_text(meta.to_json() + "\n")
+
+
+def check_spec(meta: DatasetMeta, spec: ModelSpec) -> None:
+    """Raise DataError if the dataset was not encoded for a spec with the same inputs."""
+    if meta.data_hash != data_hash(spec):
+        raise DataError(
+            f"dataset was encoded for spec {meta.spec!r} (data hash {meta.data_hash}); spec "
+            f"{spec.name!r} has data hash {data_hash(spec)}: features or tables differ, re-convert")
+    missing = [c for c in unique_labels(spec) if c not in meta.labels]
+    if missing:
+        raise DataError(f"dataset lacks label columns {missing} (has {list(meta.labels)})")

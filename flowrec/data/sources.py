@@ -1,0 +1,294 @@
+"""Raw sources: streaming readers of each input format, yielding raw pyarrow tables.
+
+Every reader yields chunks (bounded memory whatever the file size) whose columns are the source
+columns: labels and dense columns as float64 (null = missing), categorical columns as strings
+(null = missing), multi-hot columns as strings (split later by the encoder) or lists. Malformed
+rows (wrong field count, non-numeric value, bad encoding, missing label) go to the `ErrorLog`
+with their line numbers and are dropped from the chunk (or raise, by policy).
+
+Readers are registered by the `data.format` names of the spec.
+
+Example:
+    >>> chunks = READERS["criteo_tsv"](Path("day_0.tsv"), {}, ErrorLog("skip"), {"label"})  # doctest: +SKIP
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pcsv
+
+from flowrec.data.errors import ErrorLog
+from flowrec.data.layout import DataError
+
+CHUNK_BYTES = 16 << 20  # bytes of text per streamed chunk
+LIBSVM_CHUNK_LINES = 65536  # lines per libsvm chunk
+CRITEO_COLUMNS = ["label"] + [f"I{i}" for i in range(1, 14)] + [f"C{i}" for i in range(1, 27)]
+ML_GENRES_COUNT = 19  # genre flags at the end of each u.item line
+
+Reader = Callable[[Path, dict[str, Any], ErrorLog, set[str]], Iterator[pa.Table]]
+
+
+def read_criteo(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[str]) -> Iterator[pa.Table]:
+    """Criteo TSV: label, I1..I13, C1..C26, tab-separated, no header, empty = missing."""
+    numeric = set(numeric) | {"label"} | {c for c in CRITEO_COLUMNS if c.startswith("I")}
+    yield from csv_chunks(path, log, numeric, delimiter="\t", names=CRITEO_COLUMNS,
+                          required={"label"}, chunk_bytes=options.get("chunk_bytes", CHUNK_BYTES))
+
+
+def read_avazu(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[str]) -> Iterator[pa.Table]:
+    """Avazu CSV with header (id, click, hour, C1, ...); label column `click`."""
+    yield from csv_chunks(path, log, set(numeric) | {"click"}, delimiter=",", names=None,
+                          required={"click"}, chunk_bytes=options.get("chunk_bytes", CHUNK_BYTES))
+
+
+def read_csv(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[str]) -> Iterator[pa.Table]:
+    """Generic delimited text; options: sep (","), header (true), names (when no header)."""
+    names = options.get("names")
+    if not options.get("header", True) and not names:
+        raise DataError("csv without header needs data.options.names")
+    yield from csv_chunks(path, log, numeric, delimiter=options.get("sep", ","),
+                          names=list(names) if names else None, required=set(),
+                          chunk_bytes=options.get("chunk_bytes", CHUNK_BYTES),
+                          skip_header=bool(names) and options.get("header", True))
+
+
+def csv_chunks(path: Path, log: ErrorLog, numeric: set[str], delimiter: str, names: list[str] | None,
+               required: set[str], chunk_bytes: int, skip_header: bool = False) -> Iterator[pa.Table]:
+    """Stream a delimited file; numeric columns parsed to float64, others kept as strings."""
+    skipped: list[int] = []  # physical line numbers of rows pyarrow rejected
+
+    def on_invalid(row: Any) -> str:
+        line = row.number if row.number is not None else -1
+        skipped.append(line)
+        log.add(line, f"wrong field count ({row.actual_columns}, expected {row.expected_columns})",
+                row.text or "")
+        return "skip"
+
+    header_lines = 0 if names is None or not skip_header else 1
+    read = pcsv.ReadOptions(block_size=chunk_bytes, use_threads=False, column_names=names,
+                            skip_rows=header_lines)
+    header_lines = header_lines if names is not None else 1
+    parse = pcsv.ParseOptions(delimiter=delimiter, invalid_row_handler=on_invalid, quote_char=False
+                              if delimiter == "\t" else '"')
+    try:
+        reader = pcsv.open_csv(path, read_options=read, parse_options=parse,
+                               convert_options=_binary_columns(path, delimiter, names))
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise DataError(f"cannot read {path}: {exc}") from None
+    seen = 0
+    while True:
+        try:
+            batch = reader.read_next_batch()
+        except StopIteration:
+            return
+        except pa.ArrowInvalid as exc:
+            raise DataError(f"{path}: unreadable input ({exc})") from None
+        table = pa.Table.from_batches([batch])
+        lines = _line_numbers(seen, table.num_rows, header_lines, skipped)
+        seen += table.num_rows
+        yield _checked(table, lines, log, numeric, required)
+
+
+def _binary_columns(path: Path, delimiter: str, names: list[str] | None) -> pcsv.ConvertOptions:
+    """Read every column as binary (UTF-8 is checked per row later); empty = null."""
+    if names is None:
+        with open(path, "rb") as fh:
+            head = fh.readline().decode("utf-8", errors="replace").rstrip("\r\n")
+        names = head.split(delimiter)
+    return pcsv.ConvertOptions(column_types={n: pa.binary() for n in names},
+                               strings_can_be_null=True, quoted_strings_can_be_null=True)
+
+
+def _line_numbers(seen: int, n: int, header: int, skipped: list[int]) -> np.ndarray:
+    """Physical 1-based line of each accepted row of a chunk, given rejected lines so far."""
+    k = np.arange(seen, seen + n) + header + 1  # line if nothing was skipped
+    if not skipped:
+        return k
+    s = np.sort(np.asarray(skipped))
+    shift = s - np.arange(len(s))  # the j-th skipped line pushes rows at or past it down one
+    return k + np.searchsorted(shift, k, side="right")
+
+
+def _checked(table: pa.Table, lines: np.ndarray, log: ErrorLog, numeric: set[str],
+             required: set[str]) -> pa.Table:
+    """Decode, parse numbers, and drop (or fail on) malformed rows."""
+    bad = np.zeros(table.num_rows, bool)
+    cols = {}
+    for name in table.column_names:
+        col = table.column(name).combine_chunks()
+        text = _utf8(col, lines, bad, log, name)
+        if name in numeric:
+            cols[name] = _numbers(text, lines, bad, log, name)
+            if name in required:
+                for i in np.flatnonzero(cols[name].is_null().to_numpy(zero_copy_only=False) & ~bad):
+                    bad[i] = True
+                    log.add(int(lines[i]), f"missing value in required column {name}")
+        else:
+            cols[name] = text
+    out = pa.table(cols)
+    return out.filter(pa.array(~bad)) if bad.any() else out
+
+
+def _utf8(col: pa.Array, lines: np.ndarray, bad: np.ndarray, log: ErrorLog, name: str) -> pa.Array:
+    try:
+        return col.cast(pa.string())
+    except pa.ArrowInvalid:
+        values = col.to_pylist()
+        out = []
+        for i, v in enumerate(values):
+            try:
+                out.append(None if v is None else v.decode("utf-8"))
+            except UnicodeDecodeError:
+                out.append(None)
+                if not bad[i]:
+                    bad[i] = True
+                    log.add(int(lines[i]), f"invalid UTF-8 in column {name}", repr(v[:60]))
+        return pa.array(out, pa.string())
+
+
+def _numbers(text: pa.Array, lines: np.ndarray, bad: np.ndarray, log: ErrorLog, name: str) -> pa.Array:
+    try:
+        return pc.cast(text, pa.float64())
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        raw = text.to_pandas()
+        parsed = pd.to_numeric(raw, errors="coerce")
+        wrong = (raw.notna() & parsed.isna()).to_numpy()
+        for i in np.flatnonzero(wrong & ~bad):
+            bad[i] = True
+            log.add(int(lines[i]), f"non-numeric value {raw.iloc[i]!r} in column {name}")
+        return pa.array(parsed.to_numpy(dtype=np.float64), pa.float64(), from_pandas=True)
+
+
+def read_libsvm(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[str]) -> Iterator[pa.Table]:
+    """libsvm / libfm text: ``label idx:val ...`` or ``label field:idx:val ...``.
+
+    Options: fields (list of column names, by token position or by libfm field number),
+    feature_map (file of ``idx name`` lines: the column of each libsvm index). A categorical
+    column receives the index, a numeric one (a dense feature) the value.
+    """
+    fields = list(options.get("fields", ()))
+    fmap = _feature_map(Path(options["feature_map"])) if options.get("feature_map") else None
+    if not fields and fmap is None:
+        raise DataError("libsvm needs data.options.fields (columns by position) or feature_map")
+    names = list(dict.fromkeys(fields + (sorted(set(fmap.values())) if fmap else [])))
+    try:
+        fh = open(path, "rb")
+    except OSError as exc:
+        raise DataError(f"cannot read {path}: {exc.strerror}") from None
+    with fh:
+        lineno = 0
+        while True:
+            rows: dict[str, list] = {"label": [], **{n: [] for n in names}}
+            for raw in fh:
+                lineno += 1
+                parsed = _libsvm_line(raw, lineno, fields, fmap, numeric, log)
+                if parsed is not None:
+                    for n in rows:
+                        rows[n].append(parsed.get(n))
+                if len(rows["label"]) >= LIBSVM_CHUNK_LINES:
+                    break
+            if not rows["label"]:
+                return
+            yield pa.table({n: pa.array(v, pa.float64() if n in numeric or n == "label" else pa.string())
+                            for n, v in rows.items()})
+
+
+def _libsvm_line(raw: bytes, lineno: int, fields: list[str], fmap: dict[str, str] | None,
+                 numeric: set[str], log: ErrorLog) -> dict[str, Any] | None:
+    try:
+        text = raw.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        log.add(lineno, "invalid UTF-8", repr(raw[:60]))
+        return None
+    if not text:
+        return None
+    tokens = text.split()
+    try:
+        out: dict[str, Any] = {"label": float(tokens[0])}
+        for pos, tok in enumerate(tokens[1:]):
+            parts = tok.split(":")
+            if len(parts) == 3:
+                name = fields[int(parts[0])] if parts[0].isdigit() and fields else parts[0]
+                idx, val = parts[1], parts[2]
+            elif len(parts) == 2:
+                idx, val = parts
+                name = fmap[idx] if fmap is not None else fields[pos]
+            else:
+                raise ValueError(f"token {tok!r} is not idx:val")
+            if name in numeric:
+                out[name] = float(val)
+            elif name in out:
+                out[name] = f"{out[name]}^{idx}"
+            else:
+                out[name] = idx
+        return out
+    except (ValueError, IndexError, KeyError) as exc:
+        reason = f"more tokens than fields ({len(fields)})" if isinstance(exc, IndexError) else (
+            f"unknown index {exc}" if isinstance(exc, KeyError) else str(exc))
+        log.add(lineno, reason, text)
+        return None
+
+
+def _feature_map(path: Path) -> dict[str, str]:
+    try:
+        lines = path.read_text().split("\n")
+    except OSError as exc:
+        raise DataError(f"cannot read feature map {path}: {exc.strerror}") from None
+    return dict(line.split()[:2] for line in lines if line.strip())
+
+
+def read_movielens(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[str]) -> Iterator[pa.Table]:
+    """The MovieLens-100k folder (u.data, u.user, u.item latin-1, u.genre) as one table.
+
+    Columns: user_id, item_id, rating, timestamp, age, gender, occupation, zip_code, genres
+    (list of genre names), release_year, label (rating >= 4).
+    """
+    del options, log
+    files = {n: path / n for n in ("u.data", "u.user", "u.item", "u.genre")}
+    for name, f in files.items():
+        if not f.is_file():
+            raise DataError(f"{path} is not a MovieLens-100k folder: {name} not found")
+    ratings = pd.read_csv(files["u.data"], sep="\t", header=None,
+                          names=["user_id", "item_id", "rating", "timestamp"])
+    users = pd.read_csv(files["u.user"], sep="|", header=None,
+                        names=["user_id", "age", "gender", "occupation", "zip_code"], dtype={"zip_code": str})
+    genre_names = [line.split("|")[0] for line in files["u.genre"].read_text("latin-1").splitlines() if line]
+    items = pd.read_csv(files["u.item"], sep="|", header=None, encoding="latin-1")
+    flags = items.iloc[:, -ML_GENRES_COUNT:].to_numpy(bool)
+    items = pd.DataFrame({
+        "item_id": items[0],
+        "release_year": pd.to_datetime(items[2], format="%d-%b-%Y", errors="coerce").dt.year.astype("Int64"),
+        "genres": [[g for g, on in zip(genre_names, row) if on] for row in flags],
+    })
+    df = ratings.merge(users, on="user_id", how="left").merge(items, on="item_id", how="left")
+    df["label"] = (df["rating"] >= 4).astype(np.float64)
+    cols = ["user_id", "item_id", "rating", "timestamp", "age", "gender", "occupation", "zip_code",
+            "genres", "release_year", "label"]
+    df = df[cols]
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    numeric = set(numeric) | {"rating", "label"}
+    yield pa.table({c: (pc.cast(table[c], pa.float64()) if c in numeric else table[c]) for c in cols})
+
+
+READERS: dict[str, Reader] = {
+    "criteo_tsv": read_criteo,
+    "avazu_csv": read_avazu,
+    "csv": read_csv,
+    "libsvm": read_libsvm,
+    "movielens": read_movielens,
+}
+FORMAT_ALIASES = {"criteo": "criteo_tsv", "avazu": "avazu_csv", "libfm": "libsvm"}
+
+
+def reader(fmt: str) -> Reader:
+    """The reader of a format (aliases criteo, avazu, libfm accepted); DataError lists the known ones."""
+    fmt = FORMAT_ALIASES.get(fmt, fmt)
+    if fmt not in READERS:
+        known = sorted(READERS) + sorted(FORMAT_ALIASES)
+        raise DataError(f"unknown data format {fmt!r}; known: {', '.join(known)}")
+    return READERS[fmt]
