@@ -5,7 +5,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+from jsonschema import Draft202012Validator
+
 from flowrec.spec.errors import SpecError, SpecIssue
+from flowrec.spec.schema_errors import schema_issues
+from flowrec.spec.schemas import MODEL_SPEC_SCHEMA, load_schema
+from flowrec.spec.semantic import SEMANTIC_CHECKS
+from flowrec.spec.view import DocView
 
 SPEC_SUFFIXES = (".yaml", ".yml", ".json")
 
@@ -28,7 +34,28 @@ class FileReport:
 
 
 def validate_document(doc: Any) -> list[SpecIssue]:
-    return [] if isinstance(doc, dict) else [SpecIssue("", "a spec must be a mapping")]
+    """Every problem of a spec document: schema errors, then semantic errors on the clean parts.
+
+    Never raises for any input.
+
+    Example:
+        >>> [str(i) for i in validate_document({"name": "m"})][:1]
+        ["missing required key 'features'"]
+    """
+    validator = Draft202012Validator(load_schema(MODEL_SPEC_SCHEMA))
+    errors = list(validator.iter_errors(doc))
+    issues = [issue for e in errors for issue in schema_issues(e)]
+    if not isinstance(doc, dict):
+        return _unique(issues)
+    bad = frozenset(tuple(e.absolute_path)[:2] for e in errors if e.absolute_path)
+    view = DocView.of(doc, bad)
+    for check in SEMANTIC_CHECKS:
+        issues.extend(check(view))
+    return _unique(issues)
+
+
+def _unique(issues: list[SpecIssue]) -> list[SpecIssue]:
+    return list(dict.fromkeys(issues))
 
 
 def validate_file(path: str | Path) -> list[SpecIssue]:

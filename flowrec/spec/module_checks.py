@@ -1,0 +1,250 @@
+"""Semantic checks of the module DAG: references, selectors, cycles, shapes, usage, reachability.
+
+Each check is ``check(view) -> list[SpecIssue]`` and reads only what the schema accepted.
+Width rules (used for the shape checks): a pooled sparse feature is a field of its dim; a dense
+input is one field of as many values as dense features; a module's output is one field of its
+width: mlp -> last layer, linear -> out, fm -> 1, dot -> F(F-1)/2 for F fields, concat / cross ->
+sum of input widths, target_attention -> the query width.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from flowrec.spec.errors import SpecIssue
+from flowrec.spec.model import SELECTOR_DENSE, SELECTOR_PREFIX, SELECTOR_SPARSE
+from flowrec.spec.schema_errors import did_you_mean
+from flowrec.spec.view import DocView, Field, Item
+
+TARGET_ATTENTION = "target_attention"
+FIELD_KINDS = ("dot", "fm")  # kinds whose fields must share one dim
+MAX_NAMES_SHOWN = 3  # field names quoted per dim group in a shape message
+
+
+@dataclass(frozen=True)
+class Ref:
+    """One resolved module input: the features or the module it stands for."""
+
+    index: int
+    token: str
+    features: tuple[Item, ...] = ()
+    module: Item | None = None
+
+
+def resolve(view: DocView, module: Item) -> list[Ref]:
+    """Known inputs of a module (unknown names and empty selectors are left out)."""
+    features, modules = view.by_name("features"), view.by_name("modules")
+    refs = []
+    for j, token in enumerate(module.inputs or ()):
+        if token.startswith(SELECTOR_PREFIX):
+            refs.append(Ref(j, token, tuple(view.selector_features(token))))
+        elif token in features:
+            refs.append(Ref(j, token, (features[token],)))
+        elif token in modules:
+            refs.append(Ref(j, token, module=modules[token]))
+    return refs
+
+
+@dataclass
+class Shapes:
+    """Memoised output widths of modules (None: unknown, e.g. an unclean module or a cycle)."""
+
+    view: DocView
+    memo: dict[str, int | None] = field(default_factory=dict)
+
+    def fields(self, module: Item, visiting: frozenset[str] = frozenset()) -> list[Field]:
+        out: list[Field] = []
+        for ref in resolve(self.view, module):
+            if ref.module is not None:
+                out.append(Field(ref.token, self.width(ref.module, visiting)))
+            else:
+                out.extend(self.view.feature_fields(list(ref.features), ref.token))
+        return out
+
+    def width(self, module: Item, visiting: frozenset[str] = frozenset()) -> int | None:
+        name = module.name or ""
+        if name in self.memo:
+            return self.memo[name]
+        if not module.clean or name in visiting:
+            return None
+        fields = self.fields(module, visiting | {name})
+        width = _WIDTH_RULES[module.body["kind"]](module, fields)
+        self.memo[name] = width
+        return width
+
+
+def _sum(fields: list[Field]) -> int | None:
+    if any(f.width is None or f.sequence for f in fields):
+        return None
+    return sum(f.width for f in fields)
+
+
+_WIDTH_RULES: dict[str, Callable[[Item, list[Field]], int | None]] = {
+    "mlp": lambda m, fs: m.body["layers"][-1],
+    "linear": lambda m, fs: m.body.get("out", 1),
+    "fm": lambda m, fs: 1,
+    "dot": lambda m, fs: len(fs) * (len(fs) - 1) // 2,
+    "concat": lambda m, fs: _sum(fs),
+    "cross": lambda m, fs: _sum(fs),
+    "target_attention": lambda m, fs: fs[0].width if fs else None,
+}
+
+
+def check_inputs(view: DocView) -> list[SpecIssue]:
+    """Unknown names (with did-you-mean), selectors matching nothing, repeated inputs."""
+    features, modules = view.by_name("features"), view.by_name("modules")
+    tags = sorted({SELECTOR_PREFIX + t for f in view.items("features") for t in f.tags})
+    selectors = [SELECTOR_DENSE, SELECTOR_SPARSE, *tags]
+    issues = []
+    for m in view.items("modules"):
+        seen: set[str] = set()
+        for j, token in enumerate(m.inputs or ()):
+            path = f"{m.path}.inputs[{j}]"
+            if token in seen:
+                issues.append(SpecIssue(path, f"input {token!r} is listed twice"))
+            seen.add(token)
+            if token.startswith(SELECTOR_PREFIX):
+                if not view.selector_features(token):
+                    issues.append(SpecIssue(path, _empty_selector(token, selectors)))
+            elif token == m.name:
+                issues.append(SpecIssue(path, f"module {token!r} cannot read its own output"))
+            elif token not in features and token not in modules:
+                issues.append(SpecIssue(path, _unknown_input(token, list(features), list(modules))))
+    return issues
+
+
+def _empty_selector(token: str, selectors: list[str]) -> str:
+    what = {SELECTOR_DENSE: "there are no dense features", SELECTOR_SPARSE: "there are no pooled sparse features"}
+    reason = what.get(token, f"no feature has the tag {token[len(SELECTOR_PREFIX):]!r}")
+    return f"selector {token!r} matches nothing ({reason}){did_you_mean(token, selectors)}"
+
+
+def _unknown_input(token: str, features: list[str], modules: list[str]) -> str:
+    if did_you_mean(token, modules):
+        return f"unknown module {token!r}{did_you_mean(token, modules)}"
+    if did_you_mean(token, features):
+        return f"unknown feature {token!r}{did_you_mean(token, features)}"
+    return f"unknown feature or module {token!r}"
+
+
+def check_sequences(view: DocView) -> list[SpecIssue]:
+    """Pooling-none sequences only as the second input of target_attention; its query a vector."""
+    issues = []
+    for m in view.items("modules"):
+        kind = m.body.get("kind")
+        for ref in resolve(view, m):
+            path = f"{m.path}.inputs[{ref.index}]"
+            seqs = [f.name for f in ref.features if f.unpooled]
+            is_seq_slot = kind == TARGET_ATTENTION and ref.index == 1
+            if seqs and not is_seq_slot:
+                via = f" (through {ref.token!r})" if ref.token.startswith(SELECTOR_PREFIX) else ""
+                issues.append(SpecIssue(path, f"sequence feature {seqs[0]!r}{via} has pooling none: only a "
+                                              "target_attention module can read it, as its second input"))
+            if is_seq_slot and m.clean and not (len(ref.features) == 1 and seqs):
+                issues.append(SpecIssue(path, "the second input of target_attention must be one sequence "
+                                              "feature with pooling none"))
+            if kind == TARGET_ATTENTION and ref.index == 0 and m.clean and _bad_query(ref):
+                issues.append(SpecIssue(path, "the query of target_attention must be one pooled sparse "
+                                              "feature or a module"))
+    return issues
+
+
+def _bad_query(ref: Ref) -> bool:
+    if ref.module is not None:
+        return False
+    return len(ref.features) != 1 or not ref.features[0].is_sparse or ref.features[0].unpooled
+
+
+def check_cycles(view: DocView) -> list[SpecIssue]:
+    """Module inputs must form a DAG; each cycle is named once."""
+    modules = view.by_name("modules")
+    edges = {n: [t for t in (m.inputs or ()) if t in modules and t != n] for n, m in modules.items()}
+    state: dict[str, int] = {}  # 1: on the DFS stack, 2: done
+    issues = []
+
+    def visit(name: str, stack: list[str]) -> None:
+        state[name] = 1
+        for nxt in edges[name]:
+            if state.get(nxt) == 1:
+                cycle = stack[stack.index(nxt):] + [nxt]
+                issues.append(SpecIssue(f"{modules[nxt].path}.inputs", "cycle " + " -> ".join(cycle)))
+            elif nxt not in state:
+                visit(nxt, stack + [nxt])
+        state[name] = 2
+
+    for name in modules:
+        if name not in state:
+            visit(name, [name])
+    return issues
+
+
+def check_shapes(view: DocView) -> list[SpecIssue]:
+    """dot / fm fields share one dim; target_attention query and sequence share one dim."""
+    shapes = Shapes(view)
+    issues = []
+    for m in view.items("modules"):
+        kind = m.body.get("kind")
+        if not m.clean or kind not in (*FIELD_KINDS, TARGET_ATTENTION):
+            continue
+        fields = shapes.fields(m)
+        known = [f for f in fields if f.width is not None]
+        if kind in FIELD_KINDS and len(fields) < 2 and _all_resolved(view, m):
+            issues.append(SpecIssue(f"{m.path}.inputs", f"{kind} needs at least 2 fields, got {len(fields)}"))
+        elif kind in FIELD_KINDS and len({f.width for f in known}) > 1:
+            issues.append(SpecIssue(f"{m.path}.inputs", f"{kind} needs fields of equal dim, got {_dims(known)}"))
+        elif kind == TARGET_ATTENTION and len(known) == 2 and known[0].width != known[1].width:
+            q, s = known
+            issues.append(SpecIssue(f"{m.path}.inputs", f"target_attention query {q.label!r} has dim {q.width} "
+                                                        f"but sequence {s.label!r} has dim {s.width}"))
+    return issues
+
+
+def _all_resolved(view: DocView, module: Item) -> bool:
+    refs = resolve(view, module)
+    return len(refs) == len(module.inputs or ()) and all(r.features or r.module for r in refs)
+
+
+def _dims(fields: list[Field]) -> str:
+    groups: dict[int, list[str]] = {}
+    for f in fields:
+        groups.setdefault(f.width, []).append(f.label)
+    parts = []
+    for width, labels in groups.items():
+        shown = ", ".join(labels[:MAX_NAMES_SHOWN])
+        more = f" and {len(labels) - MAX_NAMES_SHOWN} more" if len(labels) > MAX_NAMES_SHOWN else ""
+        parts.append(f"dim {width}: {shown}{more}")
+    return "; ".join(parts)
+
+
+def check_usage(view: DocView) -> list[SpecIssue]:
+    """Every feature is read by some module (skipped while some module's inputs are unreadable)."""
+    mods = view.items("modules")
+    if any(m.inputs is None for m in mods) or "modules" in view.bad_sections:
+        return []
+    used = {id(f) for m in mods for ref in resolve(view, m) for f in ref.features}
+    return [
+        SpecIssue(f.path, f"feature {f.name!r} is not used by any module (add it to a module's inputs, "
+                          "directly or through '@sparse', '@dense' or a tag, or remove it)")
+        for f in view.items("features") if id(f) not in used and f.name is not None
+    ]
+
+
+def check_reach(view: DocView) -> list[SpecIssue]:
+    """Every module feeds some head, directly or through other modules."""
+    mods, heads = view.by_name("modules"), view.items("heads")
+    if any(m.inputs is None for m in view.items("modules")) or any(h.get("input", str) is None for h in heads):
+        return []
+    todo = [h.body["input"] for h in heads if h.body["input"] in mods]
+    reached: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name not in reached:
+            reached.add(name)
+            todo.extend(t for t in mods[name].inputs or () if t in mods)
+    return [
+        SpecIssue(m.path, f"module {name!r} does not feed any head (its output would be unused)")
+        for name, m in mods.items() if name not in reached
+    ]
+
+
+MODULE_CHECKS = (check_inputs, check_sequences, check_cycles, check_shapes, check_usage, check_reach)

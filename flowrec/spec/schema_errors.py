@@ -1,0 +1,143 @@
+"""Turn jsonschema errors into one-line `SpecIssue`s in plain words.
+
+Each jsonschema validator keyword has a translator (a registry, not an if/elif chain); a schema
+may override the wording of a keyword with an ``errorMessage`` annotation (a string, or a mapping
+keyword -> message, as in ajv-errors).
+
+Example:
+    >>> from jsonschema import Draft202012Validator
+    >>> err = next(Draft202012Validator({"properties": {"dim": {"minimum": 1}}}).iter_errors({"dim": 0}))
+    >>> str(schema_issues(err)[0])
+    'dim: must be >= 1'
+"""
+from __future__ import annotations
+
+import difflib
+import re
+from typing import Any, Callable, Iterable
+
+from jsonschema.exceptions import ValidationError
+
+from flowrec.spec.errors import SpecIssue
+
+MAX_VALUE_CHARS = 40  # longest value quoted back in a message
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_JSON_TYPES = {
+    "object": "a mapping", "array": "a list", "string": "a string", "integer": "an integer",
+    "number": "a number", "boolean": "true or false", "null": "null",
+}
+
+
+def format_path(parts: Iterable[Any]) -> str:
+    """``["features", 3, "dim"]`` -> ``features[3].dim``."""
+    out = ""
+    for p in parts:
+        if isinstance(p, int):
+            out += f"[{p}]"
+        elif _IDENT.match(str(p)):
+            out += f".{p}" if out else str(p)
+        else:
+            out += f"[{str(p)!r}]"
+    return out
+
+
+def did_you_mean(word: Any, candidates: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest candidate, or ``""``."""
+    if not isinstance(word, str):
+        return ""
+    close = difflib.get_close_matches(word, sorted(set(candidates)), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def show(value: Any) -> str:
+    """A short quoted rendering of a document value."""
+    text = repr(value)
+    return text if len(text) <= MAX_VALUE_CHARS else text[: MAX_VALUE_CHARS - 3] + "..."
+
+
+def schema_issues(error: ValidationError) -> list[SpecIssue]:
+    """The issues one jsonschema error stands for (one per unknown or missing key)."""
+    path = format_path(error.absolute_path)
+    custom = _custom_message(error)
+    if custom is not None:
+        return [SpecIssue(path, custom)]
+    translate = _TRANSLATORS.get(str(error.validator), _fallback)
+    messages = translate(error)
+    if not path:
+        messages = [f"the spec {m}" if m.startswith("must") else m for m in messages]
+    return [SpecIssue(path, m) for m in messages]
+
+
+def _custom_message(error: ValidationError) -> str | None:
+    schema = error.schema if isinstance(error.schema, dict) else {}
+    custom = schema.get("errorMessage")
+    if isinstance(custom, dict):
+        custom = custom.get(str(error.validator))
+    return custom if isinstance(custom, str) else None
+
+
+def _additional(error: ValidationError) -> list[str]:
+    known = list(error.schema.get("properties", {}))
+    extra = [k for k in error.instance if k not in known] if isinstance(error.instance, dict) else []
+    return [f"unknown key {show(k)}{did_you_mean(k, known)}" for k in extra]
+
+
+def _required(error: ValidationError) -> list[str]:
+    inst = error.instance if isinstance(error.instance, dict) else {}
+    return [f"missing required key {k!r}" for k in error.validator_value if k not in inst]
+
+
+def _enum(error: ValidationError) -> list[str]:
+    allowed = ", ".join(str(v) for v in error.validator_value)
+    hint = did_you_mean(error.instance, [str(v) for v in error.validator_value])
+    return [f"must be one of {allowed} (got {show(error.instance)}){hint}"]
+
+
+def _type(error: ValidationError) -> list[str]:
+    wanted = error.validator_value if isinstance(error.validator_value, list) else [error.validator_value]
+    words = " or ".join(_JSON_TYPES.get(t, t) for t in wanted)
+    hint = ""
+    if isinstance(error.instance, str) and {"number", "integer"} & set(wanted) and _is_float(error.instance):
+        hint = "; YAML reads exponents without a dot as text: write e.g. 1.0e-3"
+    return [f"must be {words} (got {show(error.instance)}){hint}"]
+
+
+def _is_float(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _bound(op: str) -> Callable[[ValidationError], list[str]]:
+    return lambda e: [f"must be {op} {e.validator_value}"]
+
+
+def _min_items(error: ValidationError) -> list[str]:
+    n = error.validator_value
+    return ["must not be empty" if n == 1 else f"must have at least {n} items"]
+
+
+def _fallback(error: ValidationError) -> list[str]:
+    return [error.message]
+
+
+_TRANSLATORS: dict[str, Callable[[ValidationError], list[str]]] = {
+    "additionalProperties": _additional,
+    "required": _required,
+    "enum": _enum,
+    "const": lambda e: [f"must be {show(e.validator_value)} (got {show(e.instance)})"],
+    "type": _type,
+    "minimum": _bound(">="),
+    "exclusiveMinimum": _bound(">"),
+    "maximum": _bound("<="),
+    "exclusiveMaximum": _bound("<"),
+    "minItems": _min_items,
+    "maxItems": lambda e: [f"must have at most {e.validator_value} items"],
+    "uniqueItems": lambda e: ["must not repeat items"],
+    "minLength": lambda e: ["must not be empty"],
+    "pattern": lambda e: [f"must match the pattern {e.validator_value} (got {show(e.instance)})"],
+    "oneOf": lambda e: ["must match exactly one of the allowed forms"],
+    "anyOf": lambda e: ["must match one of the allowed forms"],
+}

@@ -1,0 +1,134 @@
+"""Semantic checks a JSON Schema cannot express: names, tables, heads, data binding, labels.
+
+Each check is ``check(view) -> list[SpecIssue]`` over the schema-clean parts of the document;
+`SEMANTIC_CHECKS` lists them all, module-graph checks included.
+
+Example:
+    >>> from flowrec.spec.view import DocView
+    >>> doc = {"features": [{"name": "a", "type": "dense"}, {"name": "a", "type": "dense"}]}
+    >>> [str(i) for i in check_duplicates(DocView.of(doc, frozenset()))]
+    ["features[1].name: duplicate feature name 'a' (first at features[0])"]
+"""
+from __future__ import annotations
+
+from flowrec.spec.errors import SpecIssue
+from flowrec.spec.module_checks import MODULE_CHECKS
+from flowrec.spec.schema_errors import did_you_mean
+from flowrec.spec.view import DocView
+
+INLINE_TABLE_KEYS = ("vocab", "hash_buckets")
+TABLE_ONLY_KEYS = ("dtype", "optimizer", "min_freq")  # settings of a table, not of a feature reading one
+DEFAULT_LABEL = "label"
+SINGULAR = {"features": "feature", "tables": "table", "modules": "module", "heads": "head"}
+
+
+def check_duplicates(view: DocView) -> list[SpecIssue]:
+    """Names are unique per section, and no module shares a name with a feature or table clash."""
+    issues = []
+    for section, noun in SINGULAR.items():
+        first = view.by_name(section)
+        for item in view.items(section):
+            if item.name is not None and first[item.name] is not item:
+                issues.append(SpecIssue(f"{item.path}.name", f"duplicate {noun} name {item.name!r} "
+                                                             f"(first at {first[item.name].path})"))
+    features, tables = view.by_name("features"), view.by_name("tables")
+    for m in view.items("modules"):
+        if m.name in features:
+            issues.append(SpecIssue(f"{m.path}.name", f"module name {m.name!r} is also a feature "
+                                                      f"({features[m.name].path}); inputs naming it would be ambiguous"))
+    for f in view.items("features"):
+        if f.is_sparse and "table" not in f.body and f.name in tables:
+            issues.append(SpecIssue(f"{f.path}.name", f"the inline table of feature {f.name!r} clashes with "
+                                                      f"{tables[f.name].path}; write 'table: {f.name}' to share "
+                                                      "it, or rename one"))
+    return issues
+
+
+def check_tables(view: DocView) -> list[SpecIssue]:
+    """Table references exist, agree on dim, carry no inline table; every shared table is used."""
+    tables = view.by_name("tables")
+    issues = []
+    used: set[str] = set()
+    for f in view.items("features"):
+        name = f.get("table", str)
+        if not f.is_sparse or name is None:
+            continue
+        used.add(name)
+        for key in INLINE_TABLE_KEYS:
+            if key in f.body:
+                issues.append(SpecIssue(f"{f.path}.{key}", f"feature {f.name!r} has both 'table' and an inline "
+                                                           f"{key!r}; use one of them"))
+        for key in TABLE_ONLY_KEYS:
+            if key in f.body:
+                issues.append(SpecIssue(f"{f.path}.{key}", f"{key!r} belongs on the shared table {name!r}, "
+                                                           "not on a feature reading it"))
+        table = tables.get(name)
+        if table is None:
+            issues.append(SpecIssue(f"{f.path}.table", f"unknown table {name!r}{did_you_mean(name, tables)}"
+                                                       + ("" if tables else " (no tables are declared under 'tables')")))
+            continue
+        dim, table_dim = f.get("dim", int), table.get("dim", int)
+        if f.clean and table.clean and dim is not None and table_dim is not None and dim != table_dim:
+            issues.append(SpecIssue(f"{f.path}.dim", f"feature {f.name!r} says dim {dim} but table "
+                                                     f"{name!r} has dim {table_dim}"))
+    if "features" not in view.bad_sections and all(f.clean for f in view.items("features")):
+        issues += [SpecIssue(t.path, f"table {t.name!r} is not used by any feature")
+                   for t in view.items("tables") if t.name is not None and t.name not in used]
+    return issues
+
+
+def check_pooling(view: DocView) -> list[SpecIssue]:
+    """Pooling none is for sequence features only."""
+    return [
+        SpecIssue(f"{f.path}.pooling", "pooling 'none' is only for sequence features (type: sequence)")
+        for f in view.items("features") if f.clean and f.body["type"] == "categorical" and f.unpooled
+    ]
+
+
+def check_heads(view: DocView) -> list[SpecIssue]:
+    """Heads read known modules; the loss fits the task."""
+    modules, features = view.by_name("modules"), view.by_name("features")
+    issues = []
+    for h in view.items("heads"):
+        name = h.get("input", str)
+        if name is not None and name not in modules:
+            what = (f"{name!r} is a feature; a head reads a module's output" if name in features
+                    else f"unknown module {name!r}")
+            issues.append(SpecIssue(f"{h.path}.input", what + did_you_mean(name, modules)))
+        if h.clean and h.body.get("task") == "regression" and h.body.get("loss") == "bce":
+            issues.append(SpecIssue(f"{h.path}.loss", "loss 'bce' needs task binary (use mse for regression)"))
+    return issues
+
+
+def check_data(view: DocView) -> list[SpecIssue]:
+    """data.columns keys name features."""
+    data = view.section("data")
+    columns = data.get("columns", {}) if data else {}
+    features = view.by_name("features")
+    return [
+        SpecIssue(f"data.columns.{key}", f"unknown feature {key!r}{did_you_mean(key, features)}")
+        for key in columns if key not in features
+    ]
+
+
+def check_labels(view: DocView) -> list[SpecIssue]:
+    """Heads of a multi-task model train on distinct labels."""
+    heads = view.items("heads")
+    if len(heads) < 2:
+        return []
+    data = view.section("data") or {}
+    default = data.get("label", DEFAULT_LABEL)
+    owner: dict[str, str] = {}
+    issues = []
+    for h in heads:
+        label = h.get("label", str, default)
+        if label in owner:
+            issues.append(SpecIssue(f"{h.path}.label", f"heads {owner[label]!r} and {h.name!r} both train on "
+                                                       f"label {label!r}; give each head its own 'label'"))
+        owner.setdefault(label, h.name or "")
+    return issues
+
+
+SEMANTIC_CHECKS = (
+    check_duplicates, check_tables, check_pooling, *MODULE_CHECKS, check_heads, check_data, check_labels,
+)
