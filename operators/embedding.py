@@ -166,3 +166,8 @@ class PackedEmbeddingBag(torch.nn.Module):
         """A view of one logical table's rows inside the packed table.  # (rows, D)"""
         slot = next(t for t in self.group.tables if t.table == table)
         return self.weight[slot.row_offset:slot.row_offset + slot.rows]
+
+    @classmethod
+    def from_config(cls, config: dict, input_shapes: list) -> "PackedEmbeddingBag":
+        """Registry hook: config {"group": PackedGroup, "seed": int, "device": str, "dtype": torch.dtype}."""
+        return cls(config["group"], config.get("seed", 0), config.get("device"), config.get("dtype"))

@@ -1,0 +1,215 @@
+"""Dense operators: mlp, packed_mlp, cross (DCN-v2), linear, concat, head.
+
+Every operator is a torch.nn.Module with `from_config(config, input_shapes)` (shapes without the
+batch dimension), so the registry builds it from a graph node. Dense compute may run under
+`torch.autocast(device, dtype=torch.bfloat16)`; parameters stay fp32.
+
+Example:
+    >>> mlp = MLP.from_config({"layers": [8, 4]}, [(13,)])
+    >>> mlp(torch.randn(2, 13)).shape
+    torch.Size([2, 4])
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+
+Shapes = Sequence[tuple[int, ...]]
+
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "relu": torch.relu, "sigmoid": torch.sigmoid, "tanh": torch.tanh,
+    "gelu": nn.functional.gelu, "none": lambda x: x,
+}
+
+
+def get_activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The activation function called `name`; unknown names list the known ones."""
+    if name not in ACTIVATIONS:
+        raise KeyError(f"unknown activation {name!r}; known: {sorted(ACTIVATIONS)}")
+    return ACTIVATIONS[name]
+
+
+def flat_width(shapes: Shapes) -> int:
+    """Total features of inputs flattened per sample and concatenated."""
+    total = 0
+    for shape in shapes:
+        width = 1
+        for d in shape:
+            width *= int(d)
+        total += width
+    return total
+
+
+class MLP(nn.Module):
+    """Stack of Linear layers, the activation after each: x (B, In) -> (B, layers[-1]).
+
+    Args:
+        in_features: input width.
+        layers: output width of each layer.
+        activation: relu (default), sigmoid, tanh, gelu or none.
+
+    Example:
+        >>> MLP(4, [3, 2])(torch.randn(5, 4)).shape
+        torch.Size([5, 2])
+    """
+
+    def __init__(self, in_features: int, layers: Sequence[int], activation: str = "relu"):
+        super().__init__()
+        widths = [in_features, *layers]
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(widths, widths[1:]))
+        self.act = get_activation(activation)
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], input_shapes: Shapes) -> "MLP":
+        in_features = config.get("in_features") or flat_width(input_shapes)
+        return cls(in_features, config["layers"], config.get("activation", "relu"))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = self.act(layer(x))
+        return x
+
+
+class PackedMLP(nn.Module):
+    """K same-shape MLPs as one batched kernel: x (K, B, In) -> (K, B, Out), one baddbmm per layer.
+
+    Args:
+        num: K, the number of MLPs.
+        in_features: input width of each.
+        layers: output widths.
+        activation: as in `MLP`.
+
+    Example:
+        >>> mlps = [MLP(4, [3]) for _ in range(2)]
+        >>> packed = PackedMLP.from_mlps(mlps)
+        >>> packed(torch.randn(2, 5, 4)).shape
+        torch.Size([2, 5, 3])
+    """
+
+    def __init__(self, num: int, in_features: int, layers: Sequence[int], activation: str = "relu"):
+        super().__init__()
+        widths = [in_features, *layers]
+        self.weights = nn.ParameterList(
+            nn.Parameter(torch.empty(num, a, b)) for a, b in zip(widths, widths[1:]))  # (K, In, Out)
+        self.biases = nn.ParameterList(
+            nn.Parameter(torch.empty(num, 1, b)) for b in widths[1:])  # (K, 1, Out)
+        for w, b in zip(self.weights, self.biases):
+            bound = w.shape[1] ** -0.5  # nn.Linear's default init range
+            nn.init.uniform_(w, -bound, bound)
+            nn.init.uniform_(b, -bound, bound)
+        self.act = get_activation(activation)
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], input_shapes: Shapes) -> "PackedMLP":
+        num = config.get("num") or len(input_shapes)
+        in_features = config.get("in_features") or int(input_shapes[0][-1])
+        return cls(num, in_features, config["layers"], config.get("activation", "relu"))
+
+    @classmethod
+    def from_mlps(cls, mlps: Sequence[MLP], activation: str = "relu") -> "PackedMLP":
+        """Pack existing same-shape MLPs (copies their weights)."""
+        first = mlps[0].layers
+        packed = cls(len(mlps), first[0].in_features, [l.out_features for l in first], activation)
+        with torch.no_grad():
+            for i, (w, b) in enumerate(zip(packed.weights, packed.biases)):
+                w.copy_(torch.stack([m.layers[i].weight.t() for m in mlps]))
+                b.copy_(torch.stack([m.layers[i].bias.unsqueeze(0) for m in mlps]))
+        return packed
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for w, b in zip(self.weights, self.biases):
+            x = self.act(torch.baddbmm(b, x, w))  # (K, B, Out)
+        return x
+
+
+class Cross(nn.Module):
+    """DCN-v2 cross network: x_{l+1} = x0 * (W_l x_l + b_l) + x_l, W_l = U_l V_l^T when low rank.
+
+    Args:
+        in_features: width of x (B, In) -> (B, In).
+        num_layers: cross layers.
+        low_rank: rank of W_l (None: full In x In).
+
+    Example:
+        >>> Cross(6, 2, low_rank=3)(torch.randn(4, 6)).shape
+        torch.Size([4, 6])
+    """
+
+    def __init__(self, in_features: int, num_layers: int, low_rank: int | None = None):
+        super().__init__()
+        self.low_rank = low_rank
+        if low_rank:
+            self.down = nn.ModuleList(nn.Linear(in_features, low_rank, bias=False)
+                                      for _ in range(num_layers))
+            self.up = nn.ModuleList(nn.Linear(low_rank, in_features) for _ in range(num_layers))
+        else:
+            self.up = nn.ModuleList(nn.Linear(in_features, in_features) for _ in range(num_layers))
+            self.down = nn.ModuleList(nn.Identity() for _ in range(num_layers))
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], input_shapes: Shapes) -> "Cross":
+        in_features = config.get("in_features") or flat_width(input_shapes)
+        return cls(in_features, config.get("num_layers", 2), config.get("low_rank"))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x0 = x  # (B, In)
+        for down, up in zip(self.down, self.up):
+            x = x0 * up(down(x)) + x
+        return x
+
+
+class Linear(nn.Module):
+    """x (B, In) -> (B, out); several inputs are flattened and concatenated first.
+
+    Example:
+        >>> Linear.from_config({"out": 3}, [(4,)])(torch.randn(2, 4)).shape
+        torch.Size([2, 3])
+    """
+
+    def __init__(self, in_features: int, out: int):
+        super().__init__()
+        self.proj = nn.Linear(in_features, out)
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], input_shapes: Shapes) -> "Linear":
+        return cls(config.get("in_features") or flat_width(input_shapes), config.get("out", 1))
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        return self.proj(concat_flat(inputs))
+
+
+class Head(Linear):
+    """Projection to one logit per sample: x (B, In) -> (B, 1).
+
+    Example:
+        >>> Head.from_config({}, [(8,)])(torch.randn(2, 8)).shape
+        torch.Size([2, 1])
+    """
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], input_shapes: Shapes) -> "Head":
+        return cls(config.get("in_features") or flat_width(input_shapes), 1)
+
+
+def concat_flat(inputs: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Flatten each input per sample and concatenate: -> (B, sum of widths)."""
+    flat = [x.reshape(x.shape[0], -1) for x in inputs]
+    return flat[0] if len(flat) == 1 else torch.cat(flat, dim=1)
+
+
+class Concat(nn.Module):
+    """Inputs flattened per sample and concatenated: [(B, ...), ...] -> (B, total).
+
+    Example:
+        >>> Concat()(torch.ones(2, 3), torch.ones(2, 2, 2)).shape
+        torch.Size([2, 7])
+    """
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], input_shapes: Shapes) -> "Concat":
+        return cls()
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        return concat_flat(inputs)

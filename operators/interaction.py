@@ -1,0 +1,99 @@
+"""Feature-interaction operators: dot (DLRM), fm (second-order FM), target_attention (DIN).
+
+Example:
+    >>> Dot()(torch.randn(2, 4, 8)).shape  # 4 fields -> 6 pairs
+    torch.Size([2, 6])
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from operators.dense import MLP, Shapes
+
+
+def as_fields(inputs: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Stack inputs (B, D) or (B, F, D) into fields (B, sum F, D)."""
+    parts = [x.unsqueeze(1) if x.dim() == 2 else x for x in inputs]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+
+class Dot(nn.Module):
+    """DLRM pairwise dot products: fields (B, F, D) -> strict upper triangle (B, F (F - 1) / 2).
+
+    Inputs (B, D) count as one field each and are concatenated with (B, F, D) inputs in order.
+
+    Example:
+        >>> Dot()(torch.randn(3, 16), torch.randn(3, 26, 16)).shape
+        torch.Size([3, 351])
+    """
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], input_shapes: Shapes) -> "Dot":
+        return cls()
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        x = as_fields(inputs)  # (B, F, D)
+        num = x.shape[1]
+        gram = torch.bmm(x, x.transpose(1, 2))  # (B, F, F)
+        rows, cols = torch.triu_indices(num, num, offset=1, device=x.device)
+        return gram[:, rows, cols]  # (B, F (F - 1) / 2)
+
+
+class FM(nn.Module):
+    """Second-order factorization-machine term: fields (B, F, D) -> (B, 1).
+
+    0.5 * sum_d ((sum_f v_fd)^2 - sum_f v_fd^2) = sum over field pairs of <v_i, v_j>.
+
+    Example:
+        >>> FM()(torch.randn(2, 5, 4)).shape
+        torch.Size([2, 1])
+    """
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], input_shapes: Shapes) -> "FM":
+        return cls()
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        x = as_fields(inputs)  # (B, F, D)
+        square_of_sum = x.sum(dim=1).square()  # (B, D)
+        sum_of_square = x.square().sum(dim=1)  # (B, D)
+        return 0.5 * (square_of_sum - sum_of_square).sum(dim=1, keepdim=True)  # (B, 1)
+
+
+class TargetAttention(nn.Module):
+    """DIN target attention: query (B, D), seq (B, L, D), mask (B, L) bool -> (B, D).
+
+    The activation unit scores each position with an MLP over [q, k, q - k, q * k] (hidden
+    layers, then one linear output); the result is sum_l mask_l * score_l * k_l (no softmax, as
+    in DIN), so masked positions contribute nothing and an all-masked row gives zeros.
+
+    Args:
+        dim: D.
+        hidden: hidden widths of the activation unit (default [80, 40]).
+        activation: activation of the hidden layers (default sigmoid, as in DIN's reference).
+
+    Example:
+        >>> att = TargetAttention(4)
+        >>> att(torch.randn(2, 4), torch.randn(2, 3, 4), torch.ones(2, 3, dtype=torch.bool)).shape
+        torch.Size([2, 4])
+    """
+
+    def __init__(self, dim: int, hidden: Sequence[int] = (80, 40), activation: str = "sigmoid"):
+        super().__init__()
+        self.unit = MLP(4 * dim, list(hidden), activation)
+        self.score = nn.Linear(hidden[-1] if hidden else 4 * dim, 1)
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], input_shapes: Shapes) -> "TargetAttention":
+        dim = config.get("dim") or int(input_shapes[0][-1])
+        return cls(dim, config.get("hidden", (80, 40)), config.get("activation", "sigmoid"))
+
+    def forward(self, query: torch.Tensor, seq: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        q = query.unsqueeze(1).expand_as(seq)  # (B, L, D)
+        feats = torch.cat([q, seq, q - seq, q * seq], dim=-1)  # (B, L, 4D)
+        scores = self.score(self.unit(feats)).squeeze(-1)  # (B, L)
+        scores = scores.masked_fill(~mask, 0.0)
+        return torch.bmm(scores.unsqueeze(1).to(seq.dtype), seq).squeeze(1)  # (B, D)

@@ -1,0 +1,61 @@
+"""Operator registry: op kind (`flowrec.graph.types.OP_KINDS`) -> operator class.
+
+Example:
+    >>> op = create("dot", {}, [(26, 16)])
+    >>> type(op).__name__
+    'Dot'
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from torch import nn
+
+from operators.dense import MLP, Concat, Cross, Head, Linear, PackedMLP
+from operators.embedding import PackedEmbeddingBag
+from operators.interaction import FM, Dot, TargetAttention
+from operators.staging import (DenseInput, EmbeddingLookup, LabelInput, Loss, Pooling,
+                               SparseInput)
+
+OPERATORS: dict[str, type[nn.Module]] = {
+    "dense_input": DenseInput,
+    "sparse_input": SparseInput,
+    "label_input": LabelInput,
+    "embedding_lookup": EmbeddingLookup,
+    "pooling": Pooling,
+    "packed_embedding": PackedEmbeddingBag,
+    "mlp": MLP,
+    "packed_mlp": PackedMLP,
+    "dot": Dot,
+    "fm": FM,
+    "cross": Cross,
+    "target_attention": TargetAttention,
+    "linear": Linear,
+    "concat": Concat,
+    "head": Head,
+    "loss": Loss,
+}
+
+
+def known() -> list[str]:
+    """Every registered op kind, sorted."""
+    return sorted(OPERATORS)
+
+
+def get(kind: str) -> type[nn.Module]:
+    """The operator class of `kind`; an unknown kind raises KeyError listing the known ones."""
+    if kind not in OPERATORS:
+        raise KeyError(f"unknown operator kind {kind!r}; known: {', '.join(known())}")
+    return OPERATORS[kind]
+
+
+def create(kind: str, config: dict[str, Any], input_shapes: Sequence[tuple[int, ...]]) -> nn.Module:
+    """Build the operator of `kind` from its node config and input shapes (without batch dim).
+
+    Args:
+        kind: an op kind.
+        config: the node's kind-specific settings (e.g. {"layers": [512, 256]} for mlp;
+            {"group": PackedGroup, "seed": 0} for packed_embedding).
+        input_shapes: shapes of the inputs without the batch dimension.
+    """
+    return get(kind).from_config(dict(config), list(input_shapes))
