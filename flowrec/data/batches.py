@@ -1,0 +1,365 @@
+"""The batch iterator: shuffled, prefetched, resumable batches in the operators' packed layout.
+
+One epoch is a stream of rows: the partitions in an order seeded by (seed, epoch), cut into
+chunks of `chunk_rows` rows (the shuffle buffer, a multiple of the batch size); each chunk is
+permuted by a generator seeded by (seed, epoch, chunk) and cut into batches. Every row is in
+exactly one chunk and one batch, whatever the partition and worker counts, and batch k of an
+epoch can be produced without the batches before it (`start_batch` resumes exactly).
+
+A reader thread reads partitions (reading the next one ahead), permutes chunks and submits one
+packing task per batch to a pool of `workers` threads; the futures wait in a bounded queue
+(`prefetch`). With `lookahead` W > 0 every batch also carries, per group, its unique rows, its
+casting index and the unique rows of the window of the next W batches (`flowrec.data.lookahead`),
+computed by a lookahead thread. Closing the iterator (or an exception, or KeyboardInterrupt in
+the consumer) stops and joins every thread.
+
+Example:
+    >>> with iterate_batches(spec, MemorySource([table]), StagingOptions(batch_size=4)) as it:
+    ...     for batch in it:  # doctest: +SKIP
+    ...         batch.groups["g0_d16"].ids
+"""
+from __future__ import annotations
+
+import queue
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from flowrec.data.dataset import PartitionSource
+from flowrec.data.lookahead import LookaheadWindow, batch_extras
+from flowrec.data.pack import column_arrays, pack_group
+from flowrec.graph.types import PackedGroup
+from flowrec.planner.layout import group_layout
+from flowrec.spec.model import ModelSpec
+
+POLL_S = 0.05  # seconds between stop-flag checks of blocked threads
+JOIN_S = 10.0  # seconds to wait for a thread at close
+
+
+@dataclass(frozen=True)
+class GroupIds:
+    """Ids of one packed group for one batch.
+
+    Args:
+        ids: packed row ids.  # (nnz,) int64
+        offsets: bag boundaries, bag = b*S + s.  # (B*S + 1,) int64
+        casting: tensor-casting index (lookahead only), else None.
+        unique: sorted unique rows of this batch (lookahead only).  # (U,) int64
+        window_unique: sorted unique rows of this batch and the next W-1 (lookahead only).
+    """
+
+    ids: torch.Tensor
+    offsets: torch.Tensor
+    casting: Any = None
+    unique: torch.Tensor | None = None
+    window_unique: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One staged batch.
+
+    Args:
+        dense: dense features in spec order.  # (B, n_dense) float32
+        labels: one column per head, in head order.  # (B, n_heads) float32
+        groups: packed group name -> GroupIds.
+        epoch: epoch number.
+        index: batch number within the epoch.
+        size: B (the last batch may be smaller unless drop_last).
+    """
+
+    dense: torch.Tensor
+    labels: torch.Tensor
+    groups: dict[str, GroupIds]
+    epoch: int
+    index: int
+    size: int
+
+
+@dataclass(frozen=True)
+class StagingOptions:
+    """Settings of the batch iterator.
+
+    Args:
+        batch_size: rows per batch (None: the spec's training.batch_size).
+        shuffle: shuffle partitions and rows.
+        seed: shuffle seed (None: the spec's training.seed).
+        shuffle_buffer: rows permuted together (rounded up to a multiple of the batch size).
+        drop_last: drop the last, smaller batch of an epoch.
+        workers: packing threads.
+        prefetch: batches staged ahead (bounded queue).
+        lookahead: window W in batches for lookahead extraction (0: off).
+        casting: attach the casting index when lookahead is on.
+    """
+
+    batch_size: int | None = None
+    shuffle: bool = True
+    seed: int | None = None
+    shuffle_buffer: int = 1 << 17
+    drop_last: bool = False
+    workers: int = 2
+    prefetch: int = 4
+    lookahead: int = 0
+    casting: bool = True
+
+
+def batches_per_epoch(rows: int, batch_size: int, drop_last: bool) -> int:
+    return rows // batch_size if drop_last else -(-rows // batch_size)
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """The row order of one epoch: partition order and chunking."""
+
+    order: tuple[int, ...]
+    rows: tuple[int, ...]  # rows per partition, in `order`
+    chunk_rows: int
+    seed: int
+    epoch: int
+    shuffle: bool
+
+    @property
+    def total(self) -> int:
+        return sum(self.rows)
+
+    def chunk_permutation(self, chunk: int, n: int) -> np.ndarray | None:
+        if not self.shuffle:
+            return None
+        return np.random.default_rng([self.seed, self.epoch, chunk]).permutation(n)
+
+
+def epoch_plan(partition_rows: Sequence[int], batch_size: int, opts: StagingOptions, seed: int,
+               epoch: int) -> EpochPlan:
+    n = len(partition_rows)
+    order = np.random.default_rng([seed, epoch]).permutation(n) if opts.shuffle else np.arange(n)
+    chunk = -(-max(opts.shuffle_buffer, 1) // batch_size) * batch_size if opts.shuffle else 8 * batch_size
+    return EpochPlan(tuple(int(i) for i in order), tuple(int(partition_rows[i]) for i in order),
+                     chunk, seed, epoch, opts.shuffle)
+
+
+class BatchIterator:
+    """Iterator over the batches of one epoch; a context manager that stops its threads on exit."""
+
+    def __init__(self, spec: ModelSpec, source: PartitionSource, opts: StagingOptions, epoch: int,
+                 start_batch: int, groups: tuple[PackedGroup, ...]):
+        self.spec, self.source, self.opts, self.groups = spec, source, opts, groups
+        self.batch_size = opts.batch_size or spec.training.batch_size
+        seed = spec.training.seed if opts.seed is None else opts.seed
+        self.plan = epoch_plan(source.partition_rows(), self.batch_size, opts, seed, epoch)
+        self.epoch, self.start_batch = epoch, start_batch
+        self.num_batches = batches_per_epoch(self.plan.total, self.batch_size, opts.drop_last)
+        self.columns = _columns(spec)
+        self._stop = threading.Event()
+        self._pool = ThreadPoolExecutor(max(opts.workers, 1), thread_name_prefix="flowrec-pack")
+        self._futures: queue.Queue = queue.Queue(maxsize=max(opts.prefetch, 1))
+        self._threads = [threading.Thread(target=self._read, name="flowrec-reader", daemon=True)]
+        self._out = self._futures
+        if opts.lookahead > 0:
+            self._out = queue.Queue(maxsize=max(opts.prefetch, 1))
+            self._threads.append(threading.Thread(target=self._lookahead, name="flowrec-lookahead",
+                                                  daemon=True))
+        self._closed = False
+        for t in self._threads:
+            t.start()
+
+    def __iter__(self) -> Iterator[Batch]:
+        return self
+
+    def __next__(self) -> Batch:
+        try:
+            item = self._get(self._out)
+            if item is None:
+                self.close()
+                raise StopIteration
+            batch = item.result() if isinstance(item, Future) else item
+            if isinstance(batch, BaseException):
+                raise batch
+            return batch
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self) -> "BatchIterator":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the threads, drop staged batches, join (idempotent)."""
+        if getattr(self, "_closed", True):
+            return
+        self._closed = True
+        self._stop.set()
+        for q in {id(self._futures): self._futures, id(self._out): self._out}.values():
+            _drain(q)
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join(JOIN_S)
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def _get(self, q: queue.Queue) -> Any:
+        while True:
+            try:
+                return q.get(timeout=POLL_S)
+            except queue.Empty:
+                if self._stop.is_set():
+                    return None
+
+    def _put(self, q: queue.Queue, item: Any) -> bool:
+        while not self._stop.is_set():
+            try:
+                q.put(item, timeout=POLL_S)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _read(self) -> None:
+        try:
+            for index, table in self._raw_batches():
+                fut = self._pool.submit(self._pack, table, index)
+                if not self._put(self._futures, fut):
+                    return
+            self._put(self._futures, None)
+        except BaseException as exc:  # surfaced to the consumer
+            self._put(self._futures, _failed(exc))
+
+    def _raw_batches(self) -> Iterator[tuple[int, pa.Table]]:
+        """(batch index, table of its rows) from start_batch on, in epoch order."""
+        plan, bsz = self.plan, self.batch_size
+        reader = _PartitionReader(self.source, plan, self.columns, self._stop)
+        first = self.start_batch * bsz // plan.chunk_rows
+        for chunk in range(first, -(-plan.total // plan.chunk_rows)):
+            lo = chunk * plan.chunk_rows
+            table = reader.rows(lo, min(lo + plan.chunk_rows, plan.total))
+            perm = plan.chunk_permutation(chunk, table.num_rows)
+            if perm is not None:
+                table = table.take(pa.array(perm))
+            for k in range(0, table.num_rows, bsz):
+                index = (lo + k) // bsz
+                if index < self.start_batch or index >= self.num_batches:
+                    continue
+                yield index, table.slice(k, bsz)
+
+    def _pack(self, table: pa.Table, index: int) -> Batch:
+        size = table.num_rows
+        dense = _stack(table, [f.name for f in self.spec.dense_features], size)
+        labels = _stack(table, list(_head_labels(self.spec)), size)
+        cols = {f.name: column_arrays(table.column(f.name)) for f in self.spec.sparse_features}
+        groups = {}
+        for g in self.groups:
+            ids, offsets = pack_group(g, cols, size)
+            ids_t, off_t = torch.from_numpy(ids), torch.from_numpy(offsets)
+            if self.opts.lookahead > 0:
+                groups[g.name] = GroupIds(ids_t, off_t, *batch_extras(g, ids_t, off_t, self.opts.casting))
+            else:
+                groups[g.name] = GroupIds(ids_t, off_t)
+        return Batch(dense, labels, groups, self.epoch, index, size)
+
+    def _lookahead(self) -> None:
+        window = LookaheadWindow(self.opts.lookahead)
+        try:
+            while True:
+                item = self._get(self._futures)
+                if item is None or self._stop.is_set():
+                    break
+                batch = item.result()
+                if isinstance(batch, BaseException):
+                    raise batch
+                for ready in window.push(batch):
+                    if not self._put(self._out, ready):
+                        return
+            for ready in window.flush():
+                if not self._put(self._out, ready):
+                    return
+            self._put(self._out, None)
+        except BaseException as exc:
+            self._put(self._out, _failed(exc))
+
+
+class _PartitionReader:
+    """Rows [lo, hi) of the epoch stream, reading each partition once and the next one ahead."""
+
+    def __init__(self, source: PartitionSource, plan: EpochPlan, columns: list[str], stop: threading.Event):
+        self.source, self.plan, self.columns, self.stop = source, plan, columns, stop
+        self.starts = np.concatenate([[0], np.cumsum(plan.rows)]).astype(np.int64)
+        self.pending: dict[int, Any] = {}
+
+    def _table(self, pos: int) -> pa.Table:
+        for p in (pos, pos + 1):
+            if p < len(self.plan.order) and p not in self.pending:
+                self.pending[p] = self.source.submit(self.plan.order[p], self.columns)
+        for p in [p for p in self.pending if p < pos]:
+            del self.pending[p]
+        return self.pending[pos].result()
+
+    def rows(self, lo: int, hi: int) -> pa.Table:
+        parts = []
+        pos = int(np.searchsorted(self.starts, lo, side="right")) - 1
+        while lo < hi:
+            while self.plan.rows[pos] == 0:
+                pos += 1
+            start = int(self.starts[pos])
+            take = min(hi, start + self.plan.rows[pos]) - lo
+            parts.append(self._table(pos).slice(lo - start, take))
+            lo += take
+            pos += 1
+        return pa.concat_tables(parts).combine_chunks() if len(parts) > 1 else parts[0]
+
+
+def _columns(spec: ModelSpec) -> list[str]:
+    names = [f.name for f in spec.features]
+    return names + [c for c in dict.fromkeys(_head_labels(spec)) if c not in names]
+
+
+def _head_labels(spec: ModelSpec) -> tuple[str, ...]:
+    default = spec.data.label if spec.data is not None else "label"
+    return tuple(h.label or default for h in spec.heads)
+
+
+def _stack(table: pa.Table, names: list[str], size: int) -> torch.Tensor:
+    out = np.empty((size, len(names)), np.float32)  # (B, n)
+    for j, name in enumerate(names):
+        col = table.column(name)
+        out[:, j] = col.chunk(0).to_numpy(zero_copy_only=False) if col.num_chunks == 1 else col.to_numpy()
+    return torch.from_numpy(out)
+
+
+def _failed(exc: BaseException) -> Future:
+    fut: Future = Future()
+    fut.set_result(exc)
+    return fut
+
+
+def _drain(q: queue.Queue) -> None:
+    while True:
+        try:
+            q.get_nowait()
+        except queue.Empty:
+            return
+
+
+def iterate_batches(spec: ModelSpec, source: PartitionSource, opts: StagingOptions = StagingOptions(),
+                    epoch: int = 0, start_batch: int = 0,
+                    groups: tuple[PackedGroup, ...] | None = None) -> BatchIterator:
+    """Batches of one epoch, from batch `start_batch` on (same order as an uninterrupted run).
+
+    Args:
+        spec: the model spec (features, heads, batch size and seed defaults).
+        source: partitions of encoded rows (ParquetSource, DaskSource, MemorySource).
+        opts: staging settings.
+        epoch: epoch number (seeds the order).
+        start_batch: first batch index to yield (resume).
+        groups: packed layout (default: `group_layout(spec)`, the plan's layout).
+    """
+    return BatchIterator(spec, source, opts, epoch, start_batch,
+                         groups if groups is not None else group_layout(spec))
