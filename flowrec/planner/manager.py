@@ -1,0 +1,126 @@
+"""The pass pipeline `built -> packed -> cached -> interleaved` and `make_plan`, the public entry.
+
+Example:
+    >>> from flowrec.spec import load_spec
+    >>> plan = make_plan(load_spec("specs/dlrm_criteo.yaml"), until="packed")
+    >>> plan.stage, [p.name for p in plan.meta.passes]
+    ('packed', ['pack'])
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable
+
+from flowrec.graph.build import build_graph
+from flowrec.graph.types import OpGraph, PassContext, PassRecord, PassResult, Plan
+from flowrec.graph.verify import verify
+from flowrec.planner.cost import default_budget, device_profile, predict
+from flowrec.planner.passes.cache import cache
+from flowrec.planner.passes.common import plan_meta
+from flowrec.planner.passes.interleave import interleave
+from flowrec.planner.passes.pack import pack
+from flowrec.spec.units import parse_bytes
+
+PassFn = Callable[[OpGraph, PassContext], PassResult]
+STAGES: tuple[str, ...] = ("built", "packed", "cached", "interleaved")
+PIPELINE: tuple[tuple[str, str, PassFn], ...] = (  # (pass name, stage it produces, pass)
+    ("pack", "packed", pack),
+    ("cache", "cached", cache),
+    ("interleave", "interleaved", interleave),
+)
+
+
+class PassFailure(RuntimeError):
+    """A pass raised or broke the graph; names it and the passes that ran before it."""
+
+    def __init__(self, name: str, done: tuple[str, ...], problem: str) -> None:
+        self.name, self.done, self.problem = name, done, problem
+        before = ", ".join(done) if done else "none"
+        super().__init__(f"pass {name!r} failed (passes before it: {before}): {problem}")
+
+
+@dataclass(frozen=True)
+class PassManager:
+    """Runs a named pipeline of passes up to a stage, optionally verifying after every pass.
+
+    Example:
+        >>> PassManager(verify=True).stages
+        ('built', 'packed', 'cached', 'interleaved')
+    """
+
+    pipeline: tuple[tuple[str, str, PassFn], ...] = PIPELINE
+    verify: bool = False
+
+    @property
+    def stages(self) -> tuple[str, ...]:
+        return ("built",) + tuple(stage for _, stage, _ in self.pipeline)
+
+    def run_until(self, graph: OpGraph, ctx: PassContext, stage: str) -> tuple[OpGraph, tuple[PassRecord, ...]]:
+        """Run the passes up to and including the one producing `stage`.
+
+        Raises:
+            ValueError: for an unknown stage.
+            PassFailure: when a pass raises or (with verify) leaves a broken graph.
+        """
+        if stage not in self.stages:
+            raise ValueError(f"unknown stage {stage!r} (known: {', '.join(self.stages)})")
+        records: list[PassRecord] = []
+        for name, produces, fn in self.pipeline[: self.stages.index(stage)]:
+            done = tuple(r.name for r in records)
+            try:
+                result = fn(graph, ctx)
+            except Exception as exc:  # reported with the pass's name and history
+                raise PassFailure(name, done, f"{type(exc).__name__}: {exc}") from exc
+            if self.verify:
+                problems = verify(result.graph)
+                if problems:
+                    raise PassFailure(name, done, "; ".join(problems[:10]))
+            records.append(PassRecord(name, result.modified, result.notes))
+            graph = result.graph
+        return graph, tuple(records)
+
+
+def resolve_target(spec: Any, target: str | None) -> str:
+    """The cost-model target: argument, spec hint, a100 for `device: cuda`, else cpu."""
+    name = target or spec.plan.target or ("a100" if spec.plan.device == "cuda" else "cpu")
+    device_profile(name)
+    return name
+
+
+def load_profile(path: str | Path | None) -> dict[str, Any] | None:
+    """Read an access profile (`flowrec data profile` output). Raises ValueError if malformed."""
+    if path is None:
+        return None
+    doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    if not isinstance(doc, dict) or doc.get("format") != "flowrec-access-profile" or doc.get("version") != 1:
+        raise ValueError(f"{path}: not a flowrec-access-profile version 1 document")
+    return doc
+
+
+def make_plan(spec: Any, *, until: str = "interleaved", device_budget: int | str | None = None,
+              target: str | None = None, profile: dict[str, Any] | str | Path | None = None,
+              verify_passes: bool = False) -> Plan:
+    """Build the graph of `spec` and run the pass pipeline up to `until`.
+
+    Args:
+        spec: a `ModelSpec`.
+        until: last stage: built, packed, cached or interleaved.
+        device_budget: bytes or a size like "4GiB" (default: the spec's hint, else the target's
+            memory minus a reserve).
+        target: cost-model device (cpu, a100, h100; default from the spec).
+        profile: an access profile document or the path of one.
+        verify_passes: run the graph verifier after every pass.
+    """
+    name = resolve_target(spec, target)
+    if isinstance(profile, (str, Path)):
+        profile = load_profile(profile)
+    budget = parse_bytes(device_budget) if device_budget is not None else spec.plan.device_budget_bytes
+    ctx = PassContext(spec=spec, target=name, device_budget_bytes=budget, profile=profile)
+    graph, records = PassManager(verify=verify_passes).run_until(build_graph(spec), ctx, until)
+    meta = replace(plan_meta(graph), passes=records)
+    device = device_profile(name)
+    cost = predict(graph, spec, device, micro_batches=meta.micro_batches, profile=profile)
+    return Plan(spec_name=spec.name, stage=until, target=name, graph=graph, meta=meta, cost=cost,
+                device_budget_bytes=budget if budget is not None else default_budget(device))

@@ -1,0 +1,119 @@
+"""The `cache` pass: place every packed group under the device memory budget.
+
+Needs: a packed graph (``graph.graph["plan"].groups``), the spec, the target device, optionally
+a budget and an access profile in the context.
+
+Changes: each group's ``placement``, ``cache_rows`` and ``expected_hit_rate``:
+
+* the table budget is the device budget (context, else the target's memory minus its reserve)
+  minus dense parameters/optimizer state and one batch of activations;
+* if every group fits, all are ``device`` (hit rate 1.0);
+* otherwise groups are decided largest first: a group whose size with every smaller group fits
+  the remaining budget makes them all ``device``; else it gets a cache budget (the remaining
+  budget less what the smaller groups need, at least half of it) and becomes
+  ``static_hot`` (the hottest cache_rows rows on the device, FAE), ``lookahead`` (a scratchpad
+  for the distinct rows of W+1 batches times `LOOKAHEAD_MARGIN`, ScratchPipe; train-time hit rate
+  1.0) or ``host`` (hit rate 0): the plan's cache hint forces a policy (``none`` -> host),
+  ``auto`` takes the one the cost model prices lowest (row traffic plus host gathers per step).
+
+Hit rates come from the access profile when given, else from the Zipf model
+(`flowrec.planner.access`). Afterwards the device tables and caches fit the budget whenever a
+host placement was possible, and a second run changes nothing.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from math import ceil
+
+from flowrec.graph.types import OpGraph, PackedGroup, PassContext, PassResult
+from flowrec.planner.cost import (
+    DeviceProfile,
+    access_source,
+    activation_bytes,
+    default_budget,
+    dense_memory_bytes,
+    device_profile,
+    group_access,
+    group_step_seconds,
+)
+from flowrec.planner.passes.common import plan_meta
+from flowrec.spec.units import format_bytes
+
+LOOKAHEAD_MARGIN = 1.25  # scratchpad rows per expected distinct row of the window
+POLICY_ORDER = ("lookahead", "static_hot", "host")  # tie-break of equal predicted costs
+
+
+def cache(graph: OpGraph, ctx: PassContext) -> PassResult:
+    """Place packed groups on the device, in a cache, or on the host (see the module docstring)."""
+    meta = plan_meta(graph)
+    if not meta.groups:
+        return PassResult(graph, False, ("no packed groups (run pack first)",))
+    spec, device = ctx.spec, device_profile(ctx.target)
+    budget = table_budget(graph, ctx)
+    groups, notes = place(meta.groups, budget, device, spec.plan.cache, spec.training.batch_size,
+                          spec.plan.window, ctx.profile)
+    notes.insert(0, f"table budget {format_bytes(budget)} on {device.name}; groups need "
+                    f"{format_bytes(sum(g.bytes for g in meta.groups))}")
+    if groups == meta.groups:
+        return PassResult(graph, False, tuple(notes))
+    g = graph.copy()
+    g.graph["plan"] = replace(meta, groups=groups)
+    return PassResult(g, True, tuple(notes))
+
+
+def table_budget(graph: OpGraph, ctx: PassContext) -> int:
+    """Device bytes left for tables and caches after dense state and one batch of activations."""
+    device = device_profile(ctx.target)
+    budget = ctx.device_budget_bytes if ctx.device_budget_bytes is not None else default_budget(device)
+    fixed = dense_memory_bytes(graph, ctx.spec) + activation_bytes(graph, ctx.spec.training.batch_size)
+    return max(0, budget - fixed)
+
+
+def place(groups: tuple[PackedGroup, ...], budget: int, device: DeviceProfile, policy: str,
+          batch: int, window: int, profile: object) -> tuple[tuple[PackedGroup, ...], list[str]]:
+    """Placement of every group under `budget` bytes; returns the groups (input order) and notes."""
+    order = sorted(groups, key=lambda g: (-g.bytes, g.name))
+    decided: dict[str, PackedGroup] = {}
+    notes: list[str] = []
+    remaining = budget
+    for i, g in enumerate(order):
+        rest = sum(x.bytes for x in order[i + 1:])
+        if g.bytes + rest <= remaining:
+            for x in order[i:]:
+                decided[x.name] = replace(x, placement="device", cache_rows=0, expected_hit_rate=1.0)
+            notes.append(f"{len(order) - i} group(s) fit on the device ({format_bytes(g.bytes + rest)})")
+            break
+        share = remaining - min(rest, remaining // 2)
+        chosen, why = _choose(g, share, device, policy, batch, window, profile)
+        decided[g.name] = chosen
+        remaining -= chosen.cache_rows * g.row_bytes()
+        notes.append(f"{g.name} ({format_bytes(g.bytes)}) does not fit: {why}")
+    return tuple(decided[g.name] for g in groups), notes
+
+
+def _choose(g: PackedGroup, share: int, device: DeviceProfile, policy: str, batch: int, window: int,
+            profile: object) -> tuple[PackedGroup, str]:
+    fit_rows = min(g.rows, max(0, share) // g.row_bytes())
+    model = group_access(g, profile)
+    draws = batch * sum(f.max_len for f in g.fields)
+    need = min(g.rows, ceil(model.distinct(draws * (window + 1)) * LOOKAHEAD_MARGIN))
+    options = {
+        "static_hot": replace(g, placement="static_hot", cache_rows=fit_rows,
+                              expected_hit_rate=round(model.hit_rate(fit_rows), 6)),
+        "lookahead": replace(g, placement="lookahead", cache_rows=min(need, fit_rows), expected_hit_rate=1.0),
+        "host": replace(g, placement="host", cache_rows=0, expected_hit_rate=0.0),
+    }
+    source = access_source(g, profile)
+    feasible = [p for p in POLICY_ORDER if p != "lookahead" or need <= fit_rows]
+    if policy == "none":
+        return options["host"], "cache policy none -> host"
+    if policy in ("static_hot", "lookahead"):
+        pick = options[policy]
+        short = " (scratchpad smaller than the window needs)" if policy == "lookahead" and need > fit_rows else ""
+        return pick, f"forced {policy}, {pick.cache_rows:,} cache rows{short} ({source})"
+    costs = {p: group_step_seconds(options[p], device, batch, window, profile) for p in feasible}
+    best = min(feasible, key=lambda p: (costs[p], POLICY_ORDER.index(p)))
+    priced = ", ".join(f"{p} {costs[p] * 1e3:.3f} ms" for p in feasible)
+    pick = options[best]
+    return pick, (f"auto -> {best} with {pick.cache_rows:,} cache rows, hit rate "
+                  f"{pick.expected_hit_rate:.3f} ({source}; per-step cost {priced})")
