@@ -1,0 +1,156 @@
+"""Batch iterator: exactly-once epochs, packing against a per-sample reference, resume, shutdown."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from flowrec.data.batches import StagingOptions, iterate_batches
+from flowrec.data.dataset import MemorySource, ParquetSource, split_table
+from flowrec.data.synth import SynthConfig, synth_dataset, synth_table
+from flowrec.planner.layout import group_layout
+from flowrec.spec import spec_from_dict
+
+ROWS = 1000
+
+
+def make_spec() -> object:
+    return spec_from_dict({
+        "name": "mix",
+        "features": [
+            {"name": "x", "type": "dense"},
+            {"name": "rid", "type": "categorical", "hash_buckets": ROWS + 1, "dim": 4},
+            {"name": "a", "type": "categorical", "hash_buckets": 50, "dim": 8},
+            {"name": "tags", "type": "sequence", "vocab": 30, "dim": 8, "max_len": 3, "pooling": "mean"},
+            {"name": "hist", "type": "sequence", "vocab": 40, "dim": 8, "max_len": 4, "pooling": "none"},
+        ],
+        "modules": [{"name": "m", "kind": "mlp", "inputs": ["@dense", "@sparse"], "layers": [4]}],
+        "heads": [{"name": "h", "input": "m"}, {"name": "r", "input": "m", "task": "regression",
+                                                "label": "score"}],
+        "optimizer": {"dense": {"name": "adam", "lr": 0.01}, "sparse": {"name": "sgd", "lr": 0.1}},
+        "training": {"batch_size": 64, "seed": 3},
+    })
+
+
+def make_table(spec, rows: int = ROWS) -> pa.Table:
+    t = synth_table(spec, rows, SynthConfig(seed=1))
+    return t.set_column(t.column_names.index("rid"), "rid", pa.array(np.arange(1, rows + 1)))
+
+
+def reference_pack(group, rows: dict) -> tuple[list[int], list[int]]:
+    """Per-sample, per-field packing written the obvious way."""
+    ids, offsets = [], [0]
+    for b in range(len(rows["rid"])):
+        for f in group.fields:
+            base = group.row_offsets[f.table]
+            value = rows[f.feature][b]
+            if not isinstance(value, list):
+                bags = [[value]]
+            elif f.pooling == "none":
+                bags = [[v] for v in value[: f.max_len]] + [[]] * (f.max_len - min(len(value), f.max_len))
+            else:
+                bags = [value]
+            for bag in bags:
+                ids += [v + base for v in bag]
+                offsets.append(len(ids))
+    return ids, offsets
+
+
+def rids(batch, spec) -> np.ndarray:
+    g = next(g for g in group_layout(spec) if g.fields[0].feature == "rid")
+    return batch.groups[g.name].ids.numpy() - g.row_offsets["rid"]
+
+
+@pytest.mark.parametrize("partitions", [1, 3, 7])
+@pytest.mark.parametrize("workers", [1, 3])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_epoch_yields_every_row_once(partitions, workers, shuffle):
+    spec = make_spec()
+    table = make_table(spec)
+    opts = StagingOptions(batch_size=64, shuffle=shuffle, shuffle_buffer=200, workers=workers, prefetch=2)
+    with iterate_batches(spec, MemorySource(split_table(table, partitions)), opts) as it:
+        batches = list(it)
+    seen = np.concatenate([rids(b, spec) for b in batches])
+    assert sorted(seen.tolist()) == list(range(1, ROWS + 1))
+    assert [b.index for b in batches] == list(range(len(batches)))
+    assert [b.size for b in batches] == [64] * (ROWS // 64) + [ROWS % 64]
+    assert (seen.tolist() == list(range(1, ROWS + 1))) == (not shuffle)
+
+
+def test_packing_matches_per_sample_reference():
+    spec = make_spec()
+    table = make_table(spec)
+    by_rid = table.to_pydict()
+    opts = StagingOptions(batch_size=50, shuffle=True, shuffle_buffer=120)
+    with iterate_batches(spec, MemorySource(split_table(table, 4)), opts) as it:
+        for batch in it:
+            order = rids(batch, spec) - 1
+            rows = {k: [v[i] for i in order] for k, v in by_rid.items()}
+            for g in group_layout(spec):
+                ids, offsets = reference_pack(g, rows)
+                assert batch.groups[g.name].ids.tolist() == ids
+                assert batch.groups[g.name].offsets.tolist() == offsets
+                assert len(offsets) == batch.size * g.bags_per_sample + 1
+            assert batch.dense[:, 0].tolist() == pytest.approx(rows["x"])
+            assert batch.labels[:, 0].tolist() == rows["label"]
+            assert batch.labels[:, 1].tolist() == pytest.approx(rows["score"])
+
+
+def test_epochs_differ_and_seed_is_deterministic():
+    spec = make_spec()
+    src = MemorySource(split_table(make_table(spec), 3))
+    opts = StagingOptions(batch_size=64, shuffle_buffer=300)
+
+    def order(epoch):
+        with iterate_batches(spec, src, opts, epoch=epoch) as it:
+            return np.concatenate([rids(b, spec) for b in it]).tolist()
+
+    assert order(0) == order(0)
+    assert order(0) != order(1)
+
+
+@pytest.mark.parametrize("start", [0, 1, 4, 7, 15])
+def test_resume_gives_the_same_remaining_batches(start):
+    spec = make_spec()
+    src = MemorySource(split_table(make_table(spec), 5))
+    opts = StagingOptions(batch_size=64, shuffle_buffer=150, workers=2)
+    with iterate_batches(spec, src, opts, epoch=2) as it:
+        full = [rids(b, spec).tolist() for b in it]
+    with iterate_batches(spec, src, opts, epoch=2, start_batch=start) as it:
+        resumed = [(b.index, rids(b, spec).tolist()) for b in it]
+    assert resumed == list(enumerate(full))[start:]
+
+
+def test_drop_last():
+    spec = make_spec()
+    opts = StagingOptions(batch_size=64, drop_last=True)
+    with iterate_batches(spec, MemorySource([make_table(spec)]), opts) as it:
+        sizes = [b.size for b in it]
+    assert sizes == [64] * (ROWS // 64)
+
+
+def test_parquet_source_and_early_close_leave_no_threads(tmp_path):
+    spec = make_spec()
+    synth_dataset(spec, tmp_path / "d", 700, rows_per_file=100)
+    src = ParquetSource(tmp_path / "d")
+    assert src.partition_rows() == [100] * 7
+    it = iterate_batches(spec, src, StagingOptions(batch_size=32, prefetch=1, lookahead=3))
+    next(it)
+    threads = list(it._threads)
+    it.close()
+    assert threads and not [t for t in threads if t.is_alive()]
+    assert not [t for t in threading.enumerate() if t.name.startswith("flowrec-pack")]
+    with iterate_batches(spec, src, StagingOptions(batch_size=32, shuffle=False)) as it:
+        total = sum(b.size for b in it)
+    src.close()
+    assert total == 700
+
+
+def test_worker_error_reaches_the_consumer():
+    spec = make_spec()
+    bad = make_table(spec).drop_columns(["a"])
+    with pytest.raises(KeyError):
+        with iterate_batches(spec, MemorySource([bad]), StagingOptions(batch_size=64)) as it:
+            list(it)
