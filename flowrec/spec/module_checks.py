@@ -4,7 +4,7 @@ Each check is ``check(view) -> list[SpecIssue]`` and reads only what the schema 
 Width rules (used for the shape checks): a pooled sparse feature is a field of its dim; a dense
 input is one field of as many values as dense features; a module's output is one field of its
 width: mlp -> last layer, linear -> out, fm -> 1, dot -> F(F-1)/2 for F fields, concat / cross ->
-sum of input widths, target_attention -> the query width.
+sum of input widths, target_attention -> the sequence dim.
 """
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ _WIDTH_RULES: dict[str, Callable[[Item, list[Field]], int | None]] = {
     "dot": lambda m, fs: len(fs) * (len(fs) - 1) // 2,
     "concat": lambda m, fs: _sum(fs),
     "cross": lambda m, fs: _sum(fs),
-    "target_attention": lambda m, fs: fs[0].width if fs else None,
+    "target_attention": lambda m, fs: fs[1].width if len(fs) == 2 and fs[1].sequence else None,
 }
 
 
@@ -192,11 +192,17 @@ def check_shapes(view: DocView) -> list[SpecIssue]:
             issues.append(SpecIssue(f"{m.path}.inputs", f"{kind} needs at least 2 fields, got {len(fields)}"))
         elif kind in FIELD_KINDS and len({f.width for f in known}) > 1:
             issues.append(SpecIssue(f"{m.path}.inputs", f"{kind} needs fields of equal dim, got {_dims(known)}"))
-        elif kind == TARGET_ATTENTION and len(known) == 2 and known[0].width != known[1].width:
+        elif kind == TARGET_ATTENTION and _dims_differ(view, m, known):
             q, s = known
             issues.append(SpecIssue(f"{m.path}.inputs", f"target_attention query {q.label!r} has dim {q.width} "
                                                         f"but sequence {s.label!r} has dim {s.width}"))
     return issues
+
+
+def _dims_differ(view: DocView, module: Item, known: list[Field]) -> bool:
+    refs = resolve(view, module)
+    query_ok = len(refs) == 2 and refs[0].index == 0 and not _bad_query(refs[0])
+    return query_ok and len(known) == 2 and known[1].sequence and known[0].width != known[1].width
 
 
 def _all_resolved(view: DocView, module: Item) -> bool:
@@ -232,8 +238,10 @@ def check_usage(view: DocView) -> list[SpecIssue]:
 def check_reach(view: DocView) -> list[SpecIssue]:
     """Every module feeds some head, directly or through other modules."""
     mods, heads = view.by_name("modules"), view.items("heads")
-    if any(m.inputs is None for m in view.items("modules")) or any(h.get("input", str) is None for h in heads):
+    if "heads" in view.bad_sections or any(m.inputs is None for m in view.items("modules")):
         return []
+    if any(h.get("input", str) not in mods for h in heads):
+        return []  # a head reading an unknown name is reported by check_heads
     todo = [h.body["input"] for h in heads if h.body["input"] in mods]
     reached: set[str] = set()
     while todo:

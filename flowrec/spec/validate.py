@@ -47,11 +47,19 @@ def validate_document(doc: Any) -> list[SpecIssue]:
     issues = [issue for e in errors for issue in schema_issues(e)]
     if not isinstance(doc, dict):
         return _unique(issues)
-    bad = frozenset(tuple(e.absolute_path)[:2] for e in errors if e.absolute_path)
+    bad = frozenset(tuple(e.absolute_path)[:2] for e in errors if e.absolute_path) | _missing_sections(errors, doc)
     view = DocView.of(doc, bad)
     for check in SEMANTIC_CHECKS:
         issues.extend(check(view))
     return _unique(issues)
+
+
+def _missing_sections(errors: list[Any], doc: dict) -> frozenset[tuple[Any, ...]]:
+    """Required top-level sections that are absent count as bad (no checks against them)."""
+    return frozenset(
+        (key,) for e in errors if not e.absolute_path and e.validator == "required"
+        for key in e.validator_value if key not in doc
+    )
 
 
 def _unique(issues: list[SpecIssue]) -> list[SpecIssue]:

@@ -1,0 +1,163 @@
+"""Bad specs -> exact issues (path and message), every issue at once; the valid base passes."""
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable
+
+import pytest
+
+from flowrec.spec.validate import validate_document
+
+BASE: dict[str, Any] = {
+    "name": "mini",
+    "features": [
+        {"name": "d1", "type": "dense"},
+        {"name": "d2", "type": "dense", "transform": "log1p"},
+        {"name": "user", "type": "categorical", "hash_buckets": 100, "dim": 8},
+        {"name": "item", "type": "categorical", "table": "items"},
+        {"name": "hist", "type": "sequence", "table": "items", "max_len": 5, "pooling": "none"},
+        {"name": "w", "type": "categorical", "vocab": 10, "dim": 1, "tags": ["wide"]},
+    ],
+    "tables": [{"name": "items", "vocab": 50, "dim": 8}],
+    "modules": [
+        {"name": "bottom", "kind": "mlp", "inputs": ["@dense"], "layers": [16, 8]},
+        {"name": "att", "kind": "target_attention", "inputs": ["item", "hist"]},
+        {"name": "inter", "kind": "dot", "inputs": ["bottom", "user", "item", "att"]},
+        {"name": "wide", "kind": "linear", "inputs": ["@wide"], "out": 1},
+        {"name": "top", "kind": "mlp", "inputs": ["inter", "bottom", "wide"], "layers": [8]},
+    ],
+    "heads": [{"name": "ctr", "input": "top"}],
+    "optimizer": {"dense": {"name": "adam", "lr": 0.001}, "sparse": {"name": "adagrad", "lr": 0.01}},
+}
+UNUSED = ("is not used by any module (add it to a module's inputs, directly or through '@sparse', "
+          "'@dense' or a tag, or remove it)")
+TABLE_SIZE = "needs exactly one of 'vocab' or 'hash_buckets' (or 'table: <name>' to read a shared table)"
+
+Mutation = Callable[[dict], None]
+CASES: list[tuple[str, Mutation, list[tuple[str, str]]]] = [
+    # --- schema ---
+    ("dim_zero", lambda d: d["features"][2].update(dim=0), [("features[2].dim", "must be >= 1")]),
+    ("dim_typo", lambda d: d["features"][2].update(dimm=d["features"][2].pop("dim")),
+     [("features[2]", "unknown key 'dimm' (did you mean 'dim'?)"), ("features[2]", "missing required key 'dim'")]),
+    ("pooling_enum", lambda d: d["features"][2].update(pooling="avg"),
+     [("features[2].pooling", "must be one of sum, mean, none (got 'avg')")]),
+    ("heads_missing", lambda d: d.pop("heads"), [("", "missing required key 'heads'")]),
+    ("batch_size_type", lambda d: d.update(training={"batch_size": "big"}),
+     [("training.batch_size", "must be an integer (got 'big')")]),
+    ("lr_exponent_text", lambda d: d["optimizer"]["dense"].update(lr="1e-3"),
+     [("optimizer.dense.lr", "must be a number (got '1e-3'); YAML reads exponents without a dot as text: "
+                             "write e.g. 1.0e-3")]),
+    ("vocab_and_hash", lambda d: d["features"][2].update(vocab=10), [("features[2]", TABLE_SIZE)]),
+    ("no_table_size", lambda d: d["features"].__setitem__(2, {"name": "user", "type": "categorical"}),
+     [("features[2]", "missing required key 'dim'"), ("features[2]", TABLE_SIZE)]),
+    ("device_budget", lambda d: d.update(plan={"device_budget": "4 gigs"}),
+     [("plan.device_budget", "must be a byte size such as 4GiB, 512MB or 1073741824")]),
+    ("micro_batches", lambda d: d.update(plan={"micro_batches": 0}),
+     [("plan.micro_batches", "must be 'auto' or an integer >= 1")]),
+    ("top_level_typo", lambda d: d.update(trainig={}), [("", "unknown key 'trainig' (did you mean 'training'?)")]),
+    ("kind_param_on_wrong_kind", lambda d: d["modules"][2].update(layers=[4]), [("modules[2]", "unknown key 'layers'")]),
+    ("attention_three_inputs", lambda d: d["modules"][1]["inputs"].append("user"),
+     [("modules[1].inputs", "target_attention needs exactly two inputs: [query, sequence]")]),
+    ("sequence_without_max_len", lambda d: d["features"][4].pop("max_len"),
+     [("features[4]", "missing required key 'max_len'")]),
+    ("min_freq_with_hash", lambda d: d["features"][2].update(min_freq=3),
+     [("features[2]", "'min_freq' applies to vocabulary tables only, not with 'hash_buckets'")]),
+    ("dense_rowwise", lambda d: d["optimizer"]["dense"].update(name="rowwise_adagrad"),
+     [("optimizer.dense.name", "must be one of sgd, adagrad, adam (got 'rowwise_adagrad') (did you mean 'adagrad'?)")]),
+    ("adam_param_typo", lambda d: d["optimizer"]["dense"].update(betas=0.9),
+     [("optimizer.dense", "unknown key 'betas' (did you mean 'beta2'?)")]),
+    ("mlp_without_layers", lambda d: d["modules"][0].pop("layers"), [("modules[0]", "missing required key 'layers'")]),
+    # --- semantic ---
+    ("unknown_module", lambda d: d["modules"][4]["inputs"].__setitem__(1, "botom"),
+     [("modules[4].inputs[1]", "unknown module 'botom' (did you mean 'bottom'?)")]),
+    ("cycle", lambda d: d["modules"][0]["inputs"].append("top"),
+     [("modules[0].inputs", "cycle bottom -> top -> inter -> bottom"),
+      ("modules[0].inputs", "cycle bottom -> top -> bottom")]),
+    ("duplicate_feature", lambda d: d["features"].append({"name": "user", "type": "dense"}),
+     [("features[6].name", "duplicate feature name 'user' (first at features[2])")]),
+    ("module_named_like_feature", lambda d: (d["modules"][3].update(name="w"), d["modules"][4]["inputs"].__setitem__(2, "w")),
+     [("modules[3].name", "module name 'w' is also a feature (features[5]); inputs naming it would be ambiguous")]),
+    ("empty_selector", lambda d: d["modules"][3].update(inputs=["@wdie"]),
+     [("modules[3].inputs[0]", "selector '@wdie' matches nothing (no feature has the tag 'wdie') (did you mean '@wide'?)"),
+      ("features[5]", f"feature 'w' {UNUSED}")]),
+    ("dot_dims", lambda d: d["features"][2].update(dim=4),
+     [("modules[2].inputs", "dot needs fields of equal dim, got dim 8: bottom, item, att; dim 4: user")]),
+    ("attention_dims", lambda d: d["modules"][1]["inputs"].__setitem__(0, "w"),
+     [("modules[1].inputs", "target_attention query 'w' has dim 1 but sequence 'hist' has dim 8")]),
+    ("attention_query_dense", lambda d: d["modules"][1]["inputs"].__setitem__(0, "d1"),
+     [("modules[1].inputs[0]", "the query of target_attention must be one pooled sparse feature or a module")]),
+    ("table_dim_conflict", lambda d: d["features"][3].update(dim=16),
+     [("features[3].dim", "feature 'item' says dim 16 but table 'items' has dim 8")]),
+    ("table_and_vocab", lambda d: d["features"][3].update(vocab=50),
+     [("features[3].vocab", "feature 'item' has both 'table' and an inline 'vocab'; use one of them")]),
+    ("table_setting_on_feature", lambda d: d["features"][3].update(dtype="fp16"),
+     [("features[3].dtype", "'dtype' belongs on the shared table 'items', not on a feature reading it")]),
+    ("unknown_table", lambda d: d["features"][3].update(table="itemz"),
+     [("features[3].table", "unknown table 'itemz' (did you mean 'items'?)")]),
+    ("unused_table", lambda d: d["tables"].append({"name": "spare", "hash_buckets": 10, "dim": 8}),
+     [("tables[1]", "table 'spare' is not used by any feature")]),
+    ("inline_table_clash", lambda d: (d["features"][2].update(name="items"), d["modules"][2]["inputs"].__setitem__(1, "items")),
+     [("features[2].name", "the inline table of feature 'items' clashes with tables[0]; write 'table: items' to "
+                           "share it, or rename one")]),
+    ("pooling_none_categorical", lambda d: d["features"][2].update(pooling="none"),
+     [("features[2].pooling", "pooling 'none' is only for sequence features (type: sequence)"),
+      ("modules[2].inputs[1]", "sequence feature 'user' has pooling none: only a target_attention module can read "
+                               "it, as its second input")]),
+    ("sequence_through_tag", lambda d: d["features"][4].update(tags=["wide"]),
+     [("modules[3].inputs[0]", "sequence feature 'hist' (through '@wide') has pooling none: only a "
+                               "target_attention module can read it, as its second input")]),
+    ("head_unknown_module", lambda d: d["heads"][0].update(input="tpo"),
+     [("heads[0].input", "unknown module 'tpo' (did you mean 'top'?)")]),
+    ("head_reads_feature", lambda d: d["heads"][0].update(input="user"),
+     [("heads[0].input", "'user' is a feature; a head reads a module's output")]),
+    ("regression_bce", lambda d: d["heads"][0].update(task="regression", loss="bce"),
+     [("heads[0].loss", "loss 'bce' needs task binary (use mse for regression)")]),
+    ("unused_feature", lambda d: d["features"].append({"name": "extra", "type": "categorical", "hash_buckets": 9, "dim": 8}),
+     [("features[6]", f"feature 'extra' {UNUSED}")]),
+    ("module_not_reaching_head", lambda d: d["modules"].append({"name": "lonely", "kind": "mlp", "inputs": ["bottom"], "layers": [4]}),
+     [("modules[5]", "module 'lonely' does not feed any head (its output would be unused)")]),
+    ("data_columns_unknown", lambda d: d.update(data={"format": "csv", "path": "x.csv", "columns": {"usr": "user_id"}}),
+     [("data.columns.usr", "unknown feature 'usr' (did you mean 'user'?)")]),
+    ("heads_same_label", lambda d: d["heads"].append({"name": "cvr", "input": "top"}),
+     [("heads[1].label", "heads 'ctr' and 'cvr' both train on label 'label'; give each head its own 'label'")]),
+    ("repeated_input", lambda d: d["modules"][4]["inputs"].append("wide"),
+     [("modules[4].inputs[3]", "input 'wide' is listed twice")]),
+]
+
+
+def _issues(doc: Any) -> list[tuple[str, str]]:
+    return [(i.path, i.message) for i in validate_document(doc)]
+
+
+def test_base_is_valid():
+    assert _issues(copy.deepcopy(BASE)) == []
+
+
+@pytest.mark.parametrize("name,mutate,expected", CASES, ids=[c[0] for c in CASES])
+def test_bad_spec_reports_exactly(name, mutate, expected):
+    doc = copy.deepcopy(BASE)
+    mutate(doc)
+    assert _issues(doc) == expected
+
+
+def test_every_error_at_once():
+    doc = copy.deepcopy(BASE)
+    expected = []
+    by_name = {c[0]: c for c in CASES}
+    names = ("dim_zero", "batch_size_type", "unknown_module", "unknown_table", "module_not_reaching_head")
+    for _, mutate, issues in (by_name[n] for n in names):
+        mutate(doc)
+        expected += issues
+    assert sorted(_issues(doc)) == sorted(expected)
+
+
+def test_str_of_issue_has_path():
+    doc = copy.deepcopy(BASE)
+    doc["features"][3]["dim"] = 0
+    assert [str(i) for i in validate_document(doc)] == ["features[3].dim: must be >= 1"]
+
+
+@pytest.mark.parametrize("doc", [None, [], "text", 3, {"features": "x"}, {"name": 1, "modules": [None]}])
+def test_not_a_spec_gives_issues(doc):
+    issues = validate_document(doc)
+    assert issues and all(isinstance(i.message, str) for i in issues)
