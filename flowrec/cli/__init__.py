@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import typer
 
-from flowrec.cli import spec_cmds
+from flowrec.cli import plan_cmd, spec_cmds
 
 app = typer.Typer(
     name="flowrec",
@@ -17,6 +17,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 spec_cmds.register(app)
+plan_cmd.register(app)
 
 
 def main() -> None:

@@ -1,0 +1,76 @@
+"""`flowrec plan`: compile a spec, run the planner passes and show the plan."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from flowrec.graph.render import to_dot, to_png, to_svg
+from flowrec.planner.manager import STAGES, PassFailure, make_plan
+from flowrec.planner.report import plan_json, text_report
+from flowrec.spec.errors import SpecError
+from flowrec.spec.load import load_spec
+
+EXIT_INVALID = 2  # invalid spec, option or profile
+
+PLAN_HELP = """Compile SPEC into an operator graph, run the passes (pack, cache, interleave) and
+report the plan: packed groups, placements, stages, predicted step time and memory.
+
+Examples:
+
+  flowrec plan specs/dlrm_criteo.yaml
+
+  flowrec plan specs/dlrm_criteo.yaml --target h100 --device-budget 1GiB
+
+  flowrec plan specs/wide_1000.yaml --json plan.json --svg plan.svg
+
+  flowrec plan specs/two_task.yaml --until packed --dot - | dot -Tpng > plan.png
+"""
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `plan` command to the `flowrec` app."""
+    app.command("plan", help=PLAN_HELP)(plan)
+
+
+def plan(
+    spec: Path = typer.Argument(..., help="Spec file (YAML or JSON)."),
+    until: str = typer.Option("interleaved", "--until", help=f"Last stage: {', '.join(STAGES)}."),
+    device_budget: Optional[str] = typer.Option(None, "--device-budget", help="Device memory, e.g. 4GiB."),
+    target: Optional[str] = typer.Option(None, "--target", help="Cost-model device: cpu, a100, h100."),
+    profile: Optional[Path] = typer.Option(None, "--profile", help="Access profile JSON (flowrec data profile)."),
+    json_out: Optional[str] = typer.Option(None, "--json", help="Write the plan JSON to PATH, or - for stdout."),
+    dot: Optional[str] = typer.Option(None, "--dot", help="Write DOT text to PATH, or - for stdout."),
+    svg: Optional[Path] = typer.Option(None, "--svg", help="Write an SVG drawing to PATH."),
+    png: Optional[Path] = typer.Option(None, "--png", help="Write a PNG drawing to PATH (matplotlib)."),
+) -> None:
+    try:
+        model = load_spec(spec)
+    except SpecError as exc:
+        for issue in exc.issues:
+            typer.echo(f"{spec}: {issue}", err=True)
+        raise typer.Exit(EXIT_INVALID)
+    if until not in STAGES:
+        _fail(f"--until must be one of {', '.join(STAGES)}, not {until!r}")
+    try:
+        result = make_plan(model, until=until, device_budget=device_budget, target=target,
+                           profile=profile)
+    except (ValueError, OSError, PassFailure) as exc:
+        _fail(str(exc))
+    for dest, text in ((json_out, lambda: plan_json(result)), (dot, lambda: to_dot(result.graph))):
+        if dest == "-":
+            typer.echo(text(), nl=False)
+        elif dest is not None:
+            Path(dest).write_text(text(), encoding="utf-8")
+    if svg is not None:
+        svg.write_text(to_svg(result.graph), encoding="utf-8")
+    if png is not None:
+        to_png(result.graph, png)
+    if "-" not in (json_out, dot):
+        typer.echo("\n".join(text_report(result)))
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(EXIT_INVALID)
