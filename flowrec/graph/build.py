@@ -166,12 +166,12 @@ def _resolve(spec: ModelSpec, inputs: tuple[str, ...], outputs: dict[str, Slot],
             dense_slot(tuple(f.name for f in spec.dense_features))
         elif ref == SELECTOR_SPARSE:
             chosen = [f for f in spec.sparse_features if f.pooling != "none"]
-            slots.extend(replace(outputs[f.name], port=len(slots) + i) for i, f in enumerate(chosen))
+            slots.extend([replace(outputs[f.name], port=len(slots) + i) for i, f in enumerate(chosen)])
         elif ref.startswith(SELECTOR_PREFIX):
             tag = ref[len(SELECTOR_PREFIX):]
             dense_slot(tuple(f.name for f in spec.dense_features if tag in f.tags))
             chosen = [f for f in spec.sparse_features if tag in f.tags]
-            slots.extend(replace(outputs[f.name], port=len(slots) + i) for i, f in enumerate(chosen))
+            slots.extend([replace(outputs[f.name], port=len(slots) + i) for i, f in enumerate(chosen)])
         elif ref in outputs:
             slots.append(replace(outputs[ref], port=len(slots)))
         elif any(isinstance(f, DenseFeature) and f.name == ref for f in spec.features):

@@ -205,14 +205,10 @@ def _unit_bytes(u: _Unit, batch: int, window: int, profile: Any) -> float:
     """Host -> device bytes of one unit per step: ids, offsets and the rows it must move."""
     index = (batch * u.ids + batch * u.bags + 1) * INDEX_BYTES
     pooled = 2 * batch * u.bags * u.dim * u.elem  # rows out and gradients back
-    moved = {
-        "device": 0.0,
-        "host": pooled,
-        "static_hot": (1.0 - u.hit_rate) * pooled,
-        "lookahead": (2 * u.row_bytes * new_rows_per_batch(u.group, batch, window, profile)
-                      if u.group is not None else 0.0),
-    }[u.placement]
-    return index + moved
+    if u.placement == "lookahead" and u.group is not None:
+        return index + 2 * u.row_bytes * new_rows_per_batch(u.group, batch, window, profile)
+    share = {"device": 0.0, "host": 1.0, "static_hot": 1.0 - u.hit_rate, "lookahead": 0.0}[u.placement]
+    return index + share * pooled
 
 
 def predict(graph: OpGraph, spec: Any, device: DeviceProfile, *, micro_batches: int = 1,
