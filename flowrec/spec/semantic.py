@@ -121,6 +121,8 @@ def check_labels(view: DocView) -> list[SpecIssue]:
     owner: dict[str, str] = {}
     issues = []
     for h in heads:
+        if not h.clean:
+            continue
         label = h.get("label", str, default)
         if label in owner:
             issues.append(SpecIssue(f"{h.path}.label", f"heads {owner[label]!r} and {h.name!r} both train on "

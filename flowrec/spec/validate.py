@@ -42,16 +42,23 @@ def validate_document(doc: Any) -> list[SpecIssue]:
         >>> [str(i) for i in validate_document({"name": "m"})][:1]
         ["missing required key 'features'"]
     """
+    try:
+        return _unique(_issues(doc))
+    except RecursionError:
+        return [SpecIssue("", "the document nests too deeply (a YAML anchor that refers to itself?)")]
+
+
+def _issues(doc: Any) -> list[SpecIssue]:
     validator = Draft202012Validator(load_schema(MODEL_SPEC_SCHEMA))
     errors = list(validator.iter_errors(doc))
     issues = [issue for e in errors for issue in schema_issues(e)]
     if not isinstance(doc, dict):
-        return _unique(issues)
+        return issues
     bad = frozenset(tuple(e.absolute_path)[:2] for e in errors if e.absolute_path) | _missing_sections(errors, doc)
     view = DocView.of(doc, bad)
     for check in SEMANTIC_CHECKS:
         issues.extend(check(view))
-    return _unique(issues)
+    return issues
 
 
 def _missing_sections(errors: list[Any], doc: dict) -> frozenset[tuple[Any, ...]]:
