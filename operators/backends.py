@@ -27,7 +27,7 @@ def cupy_usable() -> bool:
 
 
 def fused_backward(weight: torch.Tensor, state: torch.Tensor, optimizer: SparseOptimizer,
-                   grad_out: torch.Tensor, casting: Casting) -> str:
+                   grad_out: torch.Tensor, casting: Casting, use_cupy: bool | None = None) -> str:
     """Apply the casted gradient of `grad_out` to `weight`/`state` with `optimizer`.
 
     Args:
@@ -36,14 +36,16 @@ def fused_backward(weight: torch.Tensor, state: torch.Tensor, optimizer: SparseO
         optimizer: the group's fused optimizer.
         grad_out: output gradient, one row per bag.  # (NB, D)
         casting: the batch's casting (on the table's device).
+        use_cupy: whether cupy is usable (None: ask `cupy_usable()`); callers memoize it.
 
     Returns:
         The backend that ran: "cupy" or "torch".
     """
-    if weight.is_cuda and casting.unique_ids.numel() and cupy_usable():
+    if weight.is_cuda and casting.unique_ids.numel() and (
+            cupy_usable() if use_cupy is None else use_cupy):
         from operators import cupy_kernels
 
-        if cupy_kernels.supports(optimizer):
+        if cupy_kernels.supports(optimizer, weight, grad_out):
             cupy_kernels.fused_rowwise_update(weight, state, optimizer, grad_out, casting)
             return "cupy"
     grads = casted_row_grads(grad_out, casting)  # (U, D)

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from flowrec.graph.types import PackedGroup
-from operators.backends import fused_backward
+from operators.backends import cupy_usable, fused_backward
 from operators.casting import Casting, compute_casting
 from operators.sparse_optim import SparseOptimizer, make_optimizer
 
@@ -85,8 +85,11 @@ class _CastedEmbeddingBag(torch.autograd.Function):
             casting = compute_casting(ctx.ids, ctx.offsets, module.mean_flags)
         elif casting.unique_ids.device != grad_out.device:
             casting = casting.to(grad_out.device)
-        fused_backward(module.weight, module.state, module.optimizer,
-                       grad_out.reshape(casting.num_bags, -1), casting)
+        if module.weight.is_cuda and module.use_cupy is None:
+            module.use_cupy = cupy_usable()
+        module.last_backend = fused_backward(module.weight, module.state, module.optimizer,
+                                             grad_out.reshape(casting.num_bags, -1), casting,
+                                             module.use_cupy)
         return None, None, None, None, None
 
 
@@ -112,6 +115,8 @@ class PackedEmbeddingBag(torch.nn.Module):
         self.dim = group.dim
         self.bags_per_sample = group.bags_per_sample
         self.optimizer: SparseOptimizer = make_optimizer(group.optimizer)
+        self.use_cupy: bool | None = None  # decided at the first CUDA backward
+        self.last_backend = ""  # "torch" or "cupy": which backward ran last
         dtype = dtype or TORCH_DTYPES[group.dtype]
         weight = torch.empty(group.rows, group.dim, dtype=dtype, device=device)
         for slot in group.tables:
