@@ -96,5 +96,11 @@ def spec_files(paths: Iterable[str | Path]) -> list[Path]:
 
 
 def validate_paths(paths: Iterable[str | Path]) -> list[FileReport]:
-    """Validate every file named or found under the folders named."""
-    return [FileReport(str(f), tuple(validate_file(f))) for f in spec_files(paths)]
+    """Validate every file named or found under the folders named (an empty folder is an issue)."""
+    reports = []
+    for p in map(Path, paths):
+        files = spec_files([p])
+        if p.is_dir() and not files:
+            reports.append(FileReport(str(p), (SpecIssue("", "no spec files (*.yaml, *.yml, *.json) here"),)))
+        reports.extend(FileReport(str(f), tuple(validate_file(f))) for f in files)
+    return reports

@@ -1,0 +1,128 @@
+"""`flowrec validate` / `flowrec schema` through typer's CliRunner: exit codes, output, --json."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from flowrec.cli import app
+
+REPO = Path(__file__).resolve().parents[2]
+DLRM = REPO / "specs" / "dlrm_criteo.yaml"
+
+
+@pytest.fixture
+def runner() -> CliRunner:
+    return CliRunner()
+
+
+def _run(runner: CliRunner, *args: str):
+    result = runner.invoke(app, list(args))
+    assert "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    return result
+
+
+@pytest.fixture
+def bad_spec(tmp_path) -> Path:
+    text = DLRM.read_text().replace("hash_buckets: 584, dim: 16", "hash_buckets: 584, dim: 0")
+    text = text.replace("inputs: [interaction, bottom]", "inputs: [interaction, botom]")
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_valid_file_exit_0(runner):
+    result = _run(runner, "validate", str(DLRM))
+    assert result.exit_code == 0
+    assert result.output == f"ok  {DLRM}\n"
+
+
+def test_invalid_file_every_error_exit_2(runner, bad_spec):
+    result = _run(runner, "validate", str(bad_spec))
+    assert result.exit_code == 2
+    assert result.output.splitlines() == [
+        f"{bad_spec}: features[14].dim: must be >= 1",
+        f"{bad_spec}: modules[2].inputs[1]: unknown module 'botom' (did you mean 'bottom'?)",
+    ]
+
+
+def test_folder_scanned(runner, tmp_path, bad_spec):
+    (tmp_path / "good.yml").write_text(DLRM.read_text())
+    (tmp_path / "notes.txt").write_text("not a spec")
+    result = _run(runner, "validate", str(tmp_path))
+    assert result.exit_code == 2
+    assert f"ok  {tmp_path / 'good.yml'}" in result.output
+    assert "notes.txt" not in result.output
+    assert result.output.count(str(bad_spec)) == 2
+
+
+def test_examples_folder_valid_quiet(runner):
+    result = _run(runner, "validate", str(REPO / "specs"), "--quiet")
+    assert result.exit_code == 0
+    assert result.output == ""
+
+
+def test_json_report(runner, bad_spec):
+    result = _run(runner, "validate", "--json", str(DLRM), str(bad_spec))
+    assert result.exit_code == 2
+    report = json.loads(result.output)
+    assert report["files"][0] == {"path": str(DLRM), "valid": True, "errors": []}
+    assert report["files"][1]["valid"] is False
+    assert report["files"][1]["errors"][0] == {"path": "features[14].dim", "message": "must be >= 1"}
+
+
+def test_missing_file(runner, tmp_path):
+    missing = tmp_path / "nope.yaml"
+    result = _run(runner, "validate", str(missing))
+    assert result.exit_code == 2
+    assert result.output.startswith(f"{missing}: cannot read")
+
+
+def test_unparseable_yaml(runner, tmp_path):
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("name: [unclosed\nfeatures: {\n")
+    result = _run(runner, "validate", str(broken))
+    assert result.exit_code == 2
+    assert "not valid YAML/JSON" in result.output and "line" in result.output
+
+
+def test_non_mapping_and_empty_files(runner, tmp_path):
+    (tmp_path / "list.json").write_text("[1, 2]")
+    (tmp_path / "empty.yaml").write_text("")
+    result = _run(runner, "validate", str(tmp_path))
+    assert result.exit_code == 2
+    assert f"{tmp_path / 'empty.yaml'}: the spec must be a mapping (got None)" in result.output
+    assert f"{tmp_path / 'list.json'}: the spec must be a mapping (got [1, 2])" in result.output
+
+
+def test_empty_folder_is_an_error(runner, tmp_path):
+    result = _run(runner, "validate", str(tmp_path))
+    assert result.exit_code == 2
+    assert "no spec files" in result.output
+
+
+def test_schema_command(runner):
+    result = _run(runner, "schema")
+    assert result.exit_code == 0
+    schema = json.loads(result.output)
+    assert schema["title"] == "flowrec model spec"
+
+
+def test_schema_plan(runner):
+    result = _run(runner, "schema", "--plan")
+    plan_schema = REPO / "schemas" / "plan.schema.json"
+    if plan_schema.is_file():
+        assert result.exit_code == 0
+        assert json.loads(result.output) == json.loads(plan_schema.read_text())
+    else:
+        assert result.exit_code == 2
+        assert "cannot read schema" in result.output
+
+
+def test_help_has_examples(runner):
+    result = _run(runner, "validate", "--help")
+    assert result.exit_code == 0
+    assert "flowrec validate specs/" in result.output
