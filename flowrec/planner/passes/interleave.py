@@ -51,7 +51,7 @@ def interleave(graph: OpGraph, ctx: PassContext) -> PassResult:
             changed.append(node)
     meta = plan_meta(g)
     micro, why = _micro_batches(g, ctx)
-    placed = sorted(meta.groups, key=lambda gr: (gr.placement == "device", -_traffic(gr), gr.name))
+    placed = sorted(meta.groups, key=lambda gr: (gr.placement == "device", -_traffic(gr), -gr.bytes, gr.name))
     new_meta = replace(meta, micro_batches=micro, prefetch=ctx.spec.plan.prefetch,
                        group_order=tuple(gr.name for gr in placed))
     notes = [f"stages assigned to {len(changed)} op(s)" if changed else "stages already assigned",

@@ -1,0 +1,65 @@
+"""The interleave pass: stages for every op, micro-batches, prefetch, group order; purity."""
+from __future__ import annotations
+
+import pickle
+from dataclasses import replace
+
+from flowrec.graph.build import build_graph
+from flowrec.graph.types import STAGES, PassContext
+from flowrec.graph.verify import verify
+from flowrec.planner.passes.cache import cache, table_budget
+from flowrec.planner.passes.interleave import MICRO_BATCH_CHOICES, interleave
+from flowrec.planner.passes.pack import pack
+from test_graph_build import tiny_spec
+
+
+def prepared(spec, target="cpu", budget=None):
+    ctx = PassContext(spec=spec, target=target, device_budget_bytes=budget)
+    g = pack(build_graph(spec), ctx).graph
+    return cache(g, ctx).graph, ctx
+
+
+def run(spec, target="cpu", budget=None):
+    g, ctx = prepared(spec, target, budget)
+    before = pickle.dumps((list(g.nodes(data=True)), dict(g.graph)))
+    r = interleave(g, ctx)
+    assert pickle.dumps((list(g.nodes(data=True)), dict(g.graph))) == before
+    assert verify(r.graph) == []
+    again = interleave(r.graph, ctx)
+    assert not again.modified and again.graph is r.graph
+    return r
+
+
+def test_every_op_gets_a_stage():
+    r = run(tiny_spec())
+    assert r.modified
+    g = r.graph
+    stages = {n: g.nodes[n]["op"].stage for n in g}
+    assert set(stages.values()) <= set(STAGES) and None not in stages.values()
+    assert stages["input_dense"] == "staging" and stages["ids_g1_d4"] == "transfer"
+    assert stages["emb_g1_d4"] == "sparse" and stages["inter"] == "dense" and stages["loss"] == "backward"
+
+
+def test_micro_batches_cpu_hint_and_auto():
+    assert run(tiny_spec()).graph.graph["plan"].micro_batches == 1  # cpu: nothing to overlap
+    assert run(tiny_spec(micro_batches=4)).graph.graph["plan"].micro_batches == 4
+    meta = run(tiny_spec(prefetch=5), target="h100").graph.graph["plan"]
+    assert meta.micro_batches in MICRO_BATCH_CHOICES and meta.prefetch == 5
+
+
+def test_group_order_puts_host_traffic_first():
+    spec = tiny_spec(cache="none")
+    g, _ = prepared(spec, "h100")
+    groups = g.graph["plan"].groups
+    large, small = max(groups, key=lambda x: x.bytes), min(groups, key=lambda x: x.bytes)
+    roomy = run(spec, "h100").graph.graph["plan"]
+    assert roomy.group_order == (large.name, small.name)  # all on device: largest first
+    tight = run(spec, "h100", budget=_fixed(spec) + large.bytes + small.bytes - 1).graph.graph["plan"]
+    placements = {x.name: x.placement for x in tight.groups}
+    assert placements == {large.name: "host", small.name: "device"}
+    assert tight.group_order[0] == large.name
+
+
+def _fixed(spec):
+    g, ctx = prepared(spec, "h100")
+    return 10**15 - table_budget(g, replace(ctx, device_budget_bytes=10**15))
