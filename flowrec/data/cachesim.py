@@ -149,7 +149,7 @@ def lookahead_hits(trace: np.ndarray, batch_of: np.ndarray, capacity: int, windo
     pinned: set[int] = set()
     evictable: OrderedDict[int, None] = OrderedDict()
     hits = 0
-    for b in range(min(window, len(batches)) - 1):
+    for b in range(min(window - 1, len(batches))):
         for x in batches[b]:
             in_window[x] = in_window.get(x, 0) + 1
     for b, rows in enumerate(batches):

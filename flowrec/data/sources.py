@@ -61,12 +61,16 @@ def csv_chunks(path: Path, log: ErrorLog, numeric: set[str], delimiter: str, nam
                required: set[str], chunk_bytes: int, skip_header: bool = False) -> Iterator[pa.Table]:
     """Stream a delimited file; numeric columns parsed to float64, others kept as strings."""
     skipped: list[int] = []  # physical line numbers of rows pyarrow rejected
+    failures: list[DataError] = []  # raised after the reader returns (not through pyarrow)
 
     def on_invalid(row: Any) -> str:
         line = row.number if row.number is not None else -1
         skipped.append(line)
-        log.add(line, f"wrong field count ({row.actual_columns}, expected {row.expected_columns})",
-                row.text or "")
+        try:
+            log.add(line, f"wrong field count ({row.actual_columns}, expected {row.expected_columns})",
+                    row.text or "")
+        except DataError as exc:
+            failures.append(exc)
         return "skip"
 
     header_lines = 0 if names is None or not skip_header else 1
@@ -79,7 +83,7 @@ def csv_chunks(path: Path, log: ErrorLog, numeric: set[str], delimiter: str, nam
         reader = pcsv.open_csv(path, read_options=read, parse_options=parse,
                                convert_options=_binary_columns(path, delimiter, names))
     except (OSError, pa.ArrowInvalid) as exc:
-        raise DataError(f"cannot read {path}: {exc}") from None
+        raise (failures[0] if failures else DataError(f"cannot read {path}: {exc}")) from None
     seen = 0
     while True:
         try:
@@ -87,7 +91,9 @@ def csv_chunks(path: Path, log: ErrorLog, numeric: set[str], delimiter: str, nam
         except StopIteration:
             return
         except pa.ArrowInvalid as exc:
-            raise DataError(f"{path}: unreadable input ({exc})") from None
+            raise (failures[0] if failures else DataError(f"{path}: unreadable input ({exc})")) from None
+        if failures:
+            raise failures[0]
         table = pa.Table.from_batches([batch])
         lines = _line_numbers(seen, table.num_rows, header_lines, skipped)
         seen += table.num_rows

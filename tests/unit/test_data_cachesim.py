@@ -89,7 +89,7 @@ def test_policies_equal_brute_force(seed):
     assert lru_hits(trace, caps).tolist() == [naive_lru(trace, c) for c in caps]
     for c in caps:
         assert lfu_hits(trace, c) == naive_lfu(trace, c)
-        for w in (1, 2, 4):
+        for w in (1, 2, 4, 20):
             assert lookahead_hits(trace, which, c, w) == naive_lookahead(trace, which, c, w)
 
 

@@ -1,0 +1,158 @@
+"""Converters on the real files in ../shared/data and on small malformed files; the data CLI."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from flowrec.cli import app
+from flowrec.data.convert import convert
+from flowrec.data.layout import DataError, read_meta
+from flowrec.spec import load_spec, spec_from_dict
+
+OPT = {"dense": {"name": "adam", "lr": 0.01}, "sparse": {"name": "sgd", "lr": 0.1}}
+
+
+def small_spec(features, heads=None, data=None):
+    doc = {"name": "t", "features": features,
+           "modules": [{"name": "m", "kind": "mlp", "inputs": ["@sparse"], "layers": [4]}],
+           "heads": heads or [{"name": "h", "input": "m"}], "optimizer": OPT}
+    if data:
+        doc["data"] = data
+    return spec_from_dict(doc)
+
+
+def criteo_spec(repo):
+    return load_spec(repo / "specs" / "dlrm_criteo.yaml")
+
+
+def test_criteo_rows_missing_and_deterministic(shared_data, repo, tmp_path):
+    src = shared_data / "criteo" / "criteo_kaggle_head1000.tsv"
+    spec = criteo_spec(repo)
+    r1 = convert(spec, "criteo", [src], tmp_path / "a", rows_per_file=300)
+    r2 = convert(spec, "criteo", [src], tmp_path / "b")
+    assert r1.rows == 1000 and r1.files == 4 and r1.errors == 0
+    a, b = pq.read_table(tmp_path / "a"), pq.read_table(tmp_path / "b")
+    assert a.equals(b)
+    raw = [line.rstrip("\n").split("\t") for line in src.read_text().splitlines()]
+    c20_missing = np.array([r[14 + 19] == "" for r in raw])
+    assert c20_missing.any()
+    assert ((a.column("C20").to_numpy() == 0) == c20_missing).all()
+    i12 = np.array([float(r[12]) if r[12] else np.nan for r in raw])
+    expect = np.log1p(np.maximum(np.nan_to_num(i12, nan=0.0), 0))
+    assert np.allclose(a.column("I12").to_numpy(), expect, atol=1e-6)
+    assert a.column("label").to_numpy().tolist() == [float(r[0]) for r in raw]
+    assert read_meta(tmp_path / "a").rows == 1000
+
+
+def test_criteo_malformed_lines_skip_and_fail(repo, tmp_path):
+    good = "\t".join(["1"] + ["3"] * 13 + ["abcd"] * 26)
+    lines = [good, "0\t1\t2", good.replace("1\t3", "1\tx", 1), good,
+             good.replace("abcd", "ab\xffcd", 1), good]
+    path = tmp_path / "bad.tsv"
+    path.write_bytes("\n".join(lines).replace("\xff", "").encode() .replace(b"abcd", b"ab\xffcd", 1)
+                     .replace(b"ab\xffcd", b"abcd", 0) + b"\n")
+    data = bytearray("\n".join(lines[:4]).encode() + b"\n")
+    data += good.replace("abcd", "ab", 1).encode().replace(b"\tab\t", b"\tab\xff\t", 1) + b"\n"
+    data += good.encode() + b"\n"
+    path.write_bytes(bytes(data))
+    spec = criteo_spec(repo)
+    report = convert(spec, "criteo", [path], tmp_path / "out", on_error="skip")
+    assert report.rows == 3 and report.errors == 3
+    where = sorted((int(e.split(":")[1]), e) for e in report.error_examples)
+    assert [w for w, _ in where] == [2, 3, 5]
+    assert "field count" in where[0][1] and "non-numeric" in where[1][1] and "UTF-8" in where[2][1]
+    with pytest.raises(DataError, match=r"bad.tsv:2"):
+        convert(spec, "criteo", [path], tmp_path / "out2", on_error="fail")
+
+
+def test_avazu_and_taobao_csv(shared_data, tmp_path):
+    spec = small_spec([{"name": n, "type": "categorical", "hash_buckets": 1000, "dim": 4}
+                       for n in ("site_id", "app_id", "device_model", "C14")] + [
+        {"name": "hour", "type": "dense", "transform": "standardize"}])
+    r = convert(spec, "avazu", [shared_data / "avazu" / "avazu_sample100.csv"], tmp_path / "av")
+    t = pq.read_table(tmp_path / "av")
+    assert r.rows == 100 and t.column("label").to_numpy().sum() >= 0
+    assert abs(t.column("hour").to_numpy().mean()) < 1e-4
+    assert read_meta(tmp_path / "av").dense["hour"]["std"] > 0
+    tb = small_spec([
+        {"name": "adgroup_id", "type": "categorical", "vocab": 100, "dim": 4, "min_freq": 2},
+        {"name": "click_sequence", "type": "sequence", "hash_buckets": 500, "dim": 4, "max_len": 5,
+         "pooling": "mean"},
+        {"name": "price", "type": "dense", "transform": "log1p"}],
+        data={"format": "csv", "path": "x", "label": "clk", "options": {"sequence_sep": "^"}})
+    src = shared_data / "taobao" / "taobao_ad_tiny_train.csv"
+    r = convert(tb, "csv", [src], tmp_path / "tb")
+    t = pq.read_table(tmp_path / "tb")
+    assert r.rows == 100
+    seqs = t.column("click_sequence").to_pylist()
+    raw = [line.split(",")[-1] for line in src.read_text().splitlines()[1:]]
+    assert [len(s) for s in seqs] == [min(len([v for v in x.split("^") if v]), 5) for x in raw]
+    vocab = pq.read_table(tmp_path / "tb" / "_vocab" / "adgroup_id.parquet").column("value").to_pylist()
+    ids = t.column("adgroup_id").to_numpy()
+    assert ((ids > 0) == np.isin([line.split(",")[3] for line in src.read_text().splitlines()[1:]], vocab)).all()
+
+
+def test_movielens_columns_and_split(shared_data, tmp_path):
+    from flowrec.data.sources import read_movielens
+    from flowrec.data.errors import ErrorLog
+
+    (table,) = list(read_movielens(shared_data / "movielens-100k", {}, ErrorLog(), set()))
+    assert table.column_names == ["user_id", "item_id", "rating", "timestamp", "age", "gender",
+                                  "occupation", "zip_code", "genres", "release_year", "label"]
+    assert table.num_rows == 100_000
+    assert table.column("label").to_numpy().tolist() == (table.column("rating").to_numpy() >= 4).tolist()
+    assert "Animation" in table.column("genres")[0].as_py() or table.column("genres")[0].as_py()
+    spec = small_spec([{"name": "user_id", "type": "categorical", "vocab": 943, "dim": 4},
+                       {"name": "genres", "type": "sequence", "vocab": 19, "dim": 4, "max_len": 6}],
+                      data={"format": "movielens", "path": "x", "options": {"test_fraction": 0.2,
+                                                                           "split_seed": 1}})
+    r = convert(spec, "movielens", [shared_data / "movielens-100k"], tmp_path / "ml")
+    assert r.split["train"] + r.split["test"] == 100_000 and 0.18 < r.split["test"] / 1e5 < 0.22
+    assert read_meta(tmp_path / "ml" / "test").split["test_fraction"] == 0.2
+
+
+def test_libsvm_positions_and_errors(tmp_path):
+    path = tmp_path / "x.svm"
+    path.write_text("1 3:1 7:0.5\n0 4:1 9:2.0\n1 4:1\n0 5:1 7:abc\n1 a\n")
+    spec = small_spec([{"name": "f0", "type": "categorical", "hash_buckets": 100, "dim": 4},
+                       {"name": "f1", "type": "dense"}],
+                      data={"format": "libsvm", "path": "x", "options": {"fields": ["f0", "f1"]}})
+    r = convert(spec, "libsvm", [path], tmp_path / "o", on_error="skip")
+    t = pq.read_table(tmp_path / "o")
+    assert r.rows == 3 and r.errors == 2
+    assert t.column("f1").to_pylist() == [0.5, 2.0, 0.0]
+    assert [int(e.split(":")[1]) for e in r.error_examples] == [4, 5]
+
+
+def test_cli_convert_synth_inspect_profile(shared_data, repo, tmp_path):
+    runner = CliRunner()
+    spec = str(repo / "specs" / "dlrm_criteo.yaml")
+    src = str(shared_data / "criteo" / "criteo_kaggle_head1000.tsv")
+    res = runner.invoke(app, ["data", "convert", "criteo", src, str(tmp_path / "c"), "--spec", spec, "-q"])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["data", "inspect", str(tmp_path / "c")])
+    assert res.exit_code == 0 and "1,000 rows" in res.output and "C26" in res.output
+    res = runner.invoke(app, ["data", "synth", spec, "--rows", "3000", "--out", str(tmp_path / "s")])
+    assert res.exit_code == 0, res.output
+    out = tmp_path / "p.json"
+    res = runner.invoke(app, ["data", "profile", spec, str(tmp_path / "s"), "--budget", "64KiB",
+                              "--sample-rate", "0.5", "--json", str(out), "--png", str(tmp_path / "p.png")])
+    assert res.exit_code == 0, res.output
+    prof = json.loads(out.read_text())
+    assert prof["format"] == "flowrec-access-profile" and prof["version"] == 1
+    assert set(prof["tables"]) == {f"C{i}" for i in range(1, 27)}
+    assert prof["budget"]["hot_sample_fraction"] <= 1.0 and (tmp_path / "p.png").stat().st_size > 1000
+    for bad in (["data", "inspect", str(tmp_path / "nope")],
+                ["data", "convert", "criteo", str(tmp_path / "nope.tsv"), str(tmp_path / "o"), "--spec", spec],
+                ["data", "convert", "parquetx", src, str(tmp_path / "o"), "--spec", spec]):
+        res = runner.invoke(app, bad)
+        assert res.exit_code == 2 and "Traceback" not in res.output, bad
+    other = tmp_path / "other.yaml"
+    other.write_text(Path(spec).read_text().replace("hash_buckets: 1461", "hash_buckets: 1462"))
+    res = runner.invoke(app, ["data", "profile", str(other), str(tmp_path / "s")])
+    assert res.exit_code == 2 and "data hash" in res.output
