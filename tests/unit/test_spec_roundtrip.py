@@ -103,3 +103,13 @@ def test_exponent_without_dot_reads_as_number(tmp_path):
     path.write_text(text)
     assert read_document(path)["optimizer"]["dense"]["lr"] == pytest.approx(1e-3)
     assert load_spec(path).dense_optimizer.lr == pytest.approx(1e-3)
+
+
+@pytest.mark.parametrize("path", SPEC_FILES, ids=SPEC_IDS)
+def test_data_binding_points_at_shared_data(path, shared_data):
+    spec = load_spec(path)
+    if spec.data is None:
+        pytest.skip("no data binding")
+    target = (path.parent / spec.data.path).resolve()
+    assert target.exists(), target
+    assert shared_data.resolve() in target.parents
