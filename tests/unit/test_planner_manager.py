@@ -1,0 +1,87 @@
+"""Pass manager and make_plan: stages, verification, failure reports; plans of every spec in specs/."""
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from flowrec.graph.build import build_graph
+from flowrec.graph.types import PassContext, PassResult
+from flowrec.graph.verify import verify
+from flowrec.planner.manager import PIPELINE, STAGES, PassFailure, PassManager, make_plan
+from flowrec.planner.report import plan_document, plan_json, text_report
+from flowrec.spec import load_spec
+from test_graph_build import tiny_spec
+
+
+def test_run_until_each_stage():
+    spec = tiny_spec()
+    for i, stage in enumerate(STAGES):
+        plan = make_plan(spec, until=stage, verify_passes=True)
+        assert plan.stage == stage
+        assert [p.name for p in plan.meta.passes] == [name for name, _, _ in PIPELINE[:i]]
+    with pytest.raises(ValueError, match="unknown stage"):
+        make_plan(spec, until="lowered")
+
+
+def test_failing_pass_is_named_with_history():
+    def broken(graph, ctx):
+        g = graph.copy()
+        g.remove_node("loss")
+        return PassResult(g, True)
+
+    def raising(graph, ctx):
+        raise RuntimeError("boom")
+
+    spec = tiny_spec()
+    ctx = PassContext(spec=spec)
+    manager = PassManager(pipeline=PIPELINE[:1] + (("broken", "broken", broken),), verify=True)
+    with pytest.raises(PassFailure) as err:
+        manager.run_until(build_graph(spec), ctx, "broken")
+    assert err.value.name == "broken" and err.value.done == ("pack",) and "no loss node" in str(err.value)
+    manager = PassManager(pipeline=PIPELINE[:2] + (("raising", "raising", raising),))
+    with pytest.raises(PassFailure, match=r"pass 'raising' failed \(passes before it: pack, cache\): "
+                                          r"RuntimeError: boom"):
+        manager.run_until(build_graph(spec), ctx, "raising")
+
+
+def spec_files(repo):
+    return sorted((repo / "specs").glob("*.yaml"))
+
+
+def test_every_spec_plans_validates_and_is_deterministic(repo):
+    schema = json.loads((repo / "schemas" / "plan.schema.json").read_text())
+    validator = jsonschema.Draft202012Validator(schema)
+    assert spec_files(repo)
+    for path in spec_files(repo):
+        spec = load_spec(path)
+        plan = make_plan(spec, verify_passes=True)
+        assert verify(plan.graph) == []
+        validator.validate(plan_document(plan))
+        assert plan_json(plan) == plan_json(make_plan(load_spec(path)))
+        assert text_report(plan)[0].startswith(f"plan {spec.name}")
+
+
+def test_wide_1000_groups(repo):
+    path = repo / "specs" / "wide_1000.yaml"
+    if not path.exists():
+        pytest.skip("specs/wide_1000.yaml not in the tree")
+    spec = load_spec(path)
+    plan = make_plan(spec)
+    keys = {(t.dim, spec.table_optimizer(t).name) for t in spec.tables}
+    assert len(plan.meta.groups) <= len(keys)
+    assert sum(len(g.fields) for g in plan.meta.groups) == len(spec.sparse_features)
+
+
+def test_plan_with_profile_and_budget(tmp_path):
+    spec = tiny_spec()
+    profile = {"format": "flowrec-access-profile", "version": 1,
+               "tables": {"shared": {"rows": 31, "accesses": 100, "distinct": 20, "hot_cdf": [[3, 0.9]]}}}
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(profile))
+    plan = make_plan(spec, profile=path, device_budget="1GiB", target="a100")
+    assert plan.device_budget_bytes == 2**30
+    path.write_text(json.dumps({"format": "other"}))
+    with pytest.raises(ValueError, match="flowrec-access-profile"):
+        make_plan(spec, profile=path)
