@@ -1,0 +1,127 @@
+"""Staging throughput (samples/s) on Criteo-shaped Parquet: flowrec staging vs a plain loop.
+
+Generates DLRM-Criteo rows with flowrec's synth into a temp dir, then measures in one run:
+  staging            iterate_batches over ParquetSource (direct pyarrow reads), batch 4096
+  staging_lookahead  the same with lookahead W=8 (unique rows, casting, window rows)
+  staging_dask       partitions read by a local Dask cluster (full mode only)
+  plain_loop         pandas.read_parquet per file + per-batch torch.tensor (what a user writes)
+  synth              synthetic rows generated per second
+Figures are medians of repeated runs; ratios come from the same run.
+
+Usage: python tools/bench_staging.py [--quick] [--json PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BATCH = 4096  # samples per batch
+WINDOW = 8  # lookahead window, batches
+
+
+def _plain_loop(files: list[str], dense: list[str], sparse: list[str], offsets: list[int]) -> int:
+    import pandas as pd
+    import torch
+
+    n = 0
+    base = torch.tensor(offsets)
+    for f in files:
+        df = pd.read_parquet(f)
+        for i in range(0, len(df), BATCH):
+            chunk = df.iloc[i:i + BATCH]
+            x = torch.tensor(chunk[dense].values, dtype=torch.float32)
+            ids = (torch.tensor(chunk[sparse].values) + base).reshape(-1)
+            off = torch.arange(ids.numel() + 1)
+            y = torch.tensor(chunk["label"].values, dtype=torch.float32)
+            n += len(chunk)
+            del x, off, y
+    return n
+
+
+def _staging(spec, source, lookahead: int) -> int:
+    from flowrec.data.batches import StagingOptions, iterate_batches
+
+    opts = StagingOptions(batch_size=BATCH, lookahead=lookahead, workers=2, prefetch=8)
+    n = 0
+    with iterate_batches(spec, source, opts) as it:
+        for batch in it:
+            n += batch.size
+    return n
+
+
+def _rate(fn, repeats: int) -> tuple[float, list[float]]:
+    rates = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        n = fn()
+        rates.append(n / (time.perf_counter() - start))
+    return statistics.median(rates), rates
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small data, one repeat (smoke test)")
+    parser.add_argument("--json", type=Path, help="write every figure here")
+    parser.add_argument("--rows", type=int, help="rows to generate (default 1.5M, quick 200k)")
+    args = parser.parse_args()
+    rows = args.rows or (200_000 if args.quick else 1_500_000)
+    repeats = 1 if args.quick else 3
+    with tempfile.TemporaryDirectory(prefix="flowrec-bench-") as tmp:
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(tmp) / "inductor"))
+        os.environ.setdefault("DASK_TEMPORARY_DIRECTORY", str(Path(tmp) / "dask"))
+        import torch
+
+        from flowrec.data.dataset import DaskSource, ParquetSource
+        from flowrec.data.synth import synth_dataset
+        from flowrec.planner.layout import group_layout
+        from flowrec.spec import load_spec
+
+        spec = load_spec(REPO / "specs" / "dlrm_criteo.yaml")
+        data = Path(tmp) / "criteo"
+        start = time.perf_counter()
+        synth_dataset(spec, data, rows, rows_per_file=1 << 18)
+        synth_rate = rows / (time.perf_counter() - start)
+        source = ParquetSource(data)
+        staging, staging_all = _rate(lambda: _staging(spec, source, 0), repeats)
+        lookahead, lookahead_all = _rate(lambda: _staging(spec, source, WINDOW), repeats)
+        group = group_layout(spec)[0]
+        offsets = [group.row_offsets[f.table] for f in group.fields]
+        dense = [f.name for f in spec.dense_features]
+        sparse = [f.feature for f in group.fields]
+        plain, plain_all = _rate(lambda: _plain_loop(source.files, dense, sparse, offsets), repeats)
+        figures = {"staging": staging, "staging_lookahead": lookahead, "plain_loop": plain,
+                   "synth_rows": synth_rate}
+        runs = {"staging": staging_all, "staging_lookahead": lookahead_all, "plain_loop": plain_all}
+        if not args.quick:
+            dask_source = DaskSource(data, workers=2)
+            try:
+                figures["staging_dask"], runs["staging_dask"] = _rate(
+                    lambda: _staging(spec, dask_source, 0), repeats)
+            finally:
+                dask_source.close()
+        source.close()
+    result = {
+        "benchmark": "staging", "quick": args.quick, "rows": rows, "batch_size": BATCH,
+        "lookahead_window": WINDOW, "repeats": repeats, "samples_per_s": figures, "runs": runs,
+        "ratios": {"staging_vs_plain": staging / plain, "lookahead_vs_plain": lookahead / plain},
+        "device": {"kind": "cpu", "cpus": os.cpu_count(), "machine": platform.machine(),
+                   "python": platform.python_version(), "torch": torch.__version__,
+                   "torch_threads": torch.get_num_threads()},
+    }
+    for name, value in figures.items():
+        print(f"{name:<20} {value:>14,.0f} samples/s", file=sys.stderr)
+    print(f"{'staging_vs_plain':<20} {result['ratios']['staging_vs_plain']:>14.2f}x", file=sys.stderr)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
