@@ -1,0 +1,49 @@
+"""Regenerate the golden plans: tests/golden/<spec>.plan.json and <spec>.plan.txt for every spec.
+
+Usage:
+    .venv/bin/python tools/regen_goldens.py            # rewrite every golden
+    .venv/bin/python tools/regen_goldens.py --check    # exit 1 if any golden differs
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from flowrec.planner.manager import make_plan
+from flowrec.planner.report import plan_json, text_report
+from flowrec.spec import load_spec
+
+REPO = Path(__file__).resolve().parents[1]
+GOLDEN = REPO / "tests" / "golden"
+
+
+def golden_texts(spec_path: Path) -> dict[str, str]:
+    """Golden file name -> content for one spec (default target and budget of the spec)."""
+    plan = make_plan(load_spec(spec_path))
+    stem = spec_path.stem
+    return {f"{stem}.plan.json": plan_json(plan), f"{stem}.plan.txt": "\n".join(text_report(plan)) + "\n"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="compare instead of writing")
+    args = parser.parse_args(argv)
+    GOLDEN.mkdir(parents=True, exist_ok=True)
+    stale = []
+    for spec_path in sorted((REPO / "specs").glob("*.yaml")):
+        for name, text in golden_texts(spec_path).items():
+            target = GOLDEN / name
+            if args.check:
+                if not target.exists() or target.read_text(encoding="utf-8") != text:
+                    stale.append(name)
+            else:
+                target.write_text(text, encoding="utf-8")
+                print(f"wrote {target.relative_to(REPO)}")
+    for name in stale:
+        print(f"stale golden: {name}", file=sys.stderr)
+    return 1 if stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
