@@ -1,0 +1,19 @@
+"""Smoke test of the staging benchmark (no timing assertions)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.mark.slow
+def test_bench_staging_quick_writes_every_figure(repo, tmp_path):
+    out = tmp_path / "bench.json"
+    subprocess.run([sys.executable, str(repo / "tools" / "bench_staging.py"), "--quick", "--rows", "30000",
+                    "--json", str(out)], check=True, timeout=300)
+    result = json.loads(out.read_text())
+    assert {"staging", "staging_lookahead", "plain_loop"} <= set(result["samples_per_s"])
+    assert all(v > 0 for v in result["samples_per_s"].values())
+    assert "staging_vs_plain" in result["ratios"] and result["device"]["kind"] == "cpu"
