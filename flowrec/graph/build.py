@@ -30,6 +30,7 @@ from flowrec.spec.model import (
     ModelSpec,
     ModuleSpec,
     SparseFeature,
+    TableSpec,
 )
 
 DENSE_NODE = "input_dense"
@@ -81,8 +82,9 @@ def build_graph(spec: ModelSpec) -> OpGraph:
     g.add_node(LABEL_NODE, op=make_op(LABEL_NODE, "label_input", (len(spec.heads),), labels))
     outputs: dict[str, Slot] = {}
     owned: set[str] = set()
+    tables = spec.table_map
     for f in spec.sparse_features:
-        outputs[f.name] = _add_feature(g, spec, f, owned)
+        outputs[f.name] = _add_feature(g, spec, f, tables[f.table], owned)
     for m in _module_order(spec):
         slots = _resolve(spec, m.inputs, outputs, g)
         _add_module(g, spec, m, slots)
@@ -113,9 +115,8 @@ def spec_module_names(spec: ModelSpec) -> set[str]:
     return {m.name for m in spec.modules}
 
 
-def _add_feature(g: OpGraph, spec: ModelSpec, f: SparseFeature, owned: set[str]) -> Slot:
+def _add_feature(g: OpGraph, spec: ModelSpec, f: SparseFeature, table: TableSpec, owned: set[str]) -> Slot:
     """ids -> lookup (-> pooling); the first lookup of a table owns its parameters."""
-    table = spec.table(f.table)
     ids, lookup, pool = f"ids_{f.name}", f"lookup_{f.name}", f"pool_{f.name}"
     g.add_node(ids, op=make_op(ids, "sparse_input", (f.max_len,), {
         "bags": f.max_len, "feature": f.name, "table": f.table}))

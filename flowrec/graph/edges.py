@@ -33,7 +33,7 @@ class Slot:
 
 def input_slots(graph: nx.DiGraph, node: str) -> list[Slot]:
     """The node's input slots in port order."""
-    slots = [s for _, _, data in graph.in_edges(node, data=True) for s in data.get("slots", ())]
+    slots = [s for data in graph.pred[node].values() for s in data.get("slots", ())]
     return sorted(slots, key=lambda s: s.port)
 
 
@@ -42,7 +42,7 @@ def set_inputs(graph: nx.DiGraph, node: str, slots: list[Slot]) -> None:
 
     Only for graphs the caller owns (a pass's working copy or a graph being built).
     """
-    graph.remove_edges_from(list(graph.in_edges(node)))
+    graph.remove_edges_from([(u, node) for u in graph.pred[node]])
     by_source: dict[str, list[Slot]] = {}
     for port, slot in enumerate(sorted(slots, key=lambda s: s.port)):
         by_source.setdefault(slot.source, []).append(replace(slot, port=port))
