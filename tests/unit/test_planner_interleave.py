@@ -7,9 +7,12 @@ from dataclasses import replace
 from flowrec.graph.build import build_graph
 from flowrec.graph.types import STAGES, PassContext
 from flowrec.graph.verify import verify
+from flowrec.planner.cost import DEVICES, predict
+from flowrec.planner.manager import make_plan
 from flowrec.planner.passes.cache import cache, table_budget
 from flowrec.planner.passes.interleave import MICRO_BATCH_CHOICES, interleave
 from flowrec.planner.passes.pack import pack
+from flowrec.spec import load_spec
 from test_graph_build import tiny_spec
 
 
@@ -63,3 +66,15 @@ def test_group_order_puts_host_traffic_first():
 def _fixed(spec):
     g, ctx = prepared(spec, "h100")
     return 10**15 - table_budget(g, replace(ctx, device_budget_bytes=10**15))
+
+
+def test_auto_micro_batches_when_sparse_work_is_heavy(repo):
+    spec = load_spec(repo / "specs" / "dlrm_criteo.yaml")
+    spec = replace(spec, plan=replace(spec.plan, cache="none"))
+    plan = make_plan(spec, target="a100", device_budget="1GiB")
+    assert plan.meta.groups[0].placement == "host"
+    assert plan.meta.micro_batches > 1
+    single = predict(plan.graph, spec, DEVICES["a100"], micro_batches=1)
+    assert plan.cost.step_ms_overlap < single.step_ms_overlap
+    roomy = make_plan(replace(spec, plan=replace(spec.plan, cache="auto")), target="a100")
+    assert roomy.meta.micro_batches == 1  # staging-bound: splitting the batch buys nothing
