@@ -127,3 +127,22 @@ def test_access_models():
     assert c.hit_rate(5) == pytest.approx(0.3) and c.hit_rate(30) == pytest.approx(0.75)
     m = merge([(cdf_model(10, [[10, 1.0]]), 3.0), (cdf_model(30, [[30, 1.0]]), 1.0)])
     assert m.hit_rate(10) == pytest.approx(0.75)  # the denser table's rows come first
+
+
+@pytest.mark.parametrize("policy", ["auto", "none", "static_hot", "lookahead"])
+def test_placements_always_fit_the_budget(policy):
+    from test_planner_pack import wide_spec
+
+    base = wide_spec(120, seed=3)
+    spec = replace(base, plan=replace(base.plan, cache=policy))
+    g, ctx = packed(spec, "a100")
+    total = sum(x.bytes for x in g.graph["plan"].groups)
+    for fraction in (0.0, 0.05, 0.3, 0.7, 0.99, 1.5):
+        budget_ctx = replace(ctx, device_budget_bytes=fixed_bytes(spec, "a100") + int(total * fraction))
+        r = cache(g, budget_ctx)
+        groups = r.graph.graph["plan"].groups
+        used = sum(x.bytes if x.placement == "device" else x.cache_rows * x.row_bytes() for x in groups)
+        assert used <= table_budget(g, budget_ctx)
+        assert sorted(x.name for x in groups) == sorted(x.name for x in g.graph["plan"].groups)
+        if fraction >= 1:
+            assert all(x.placement == "device" for x in groups)
