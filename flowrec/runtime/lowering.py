@@ -1,0 +1,197 @@
+"""Lowering: a `Plan` becomes torch modules and a forward that follows the plan graph.
+
+One `PackedEmbeddingBag` per packed group (placement `device`: on the compute device; `host`: in
+host memory, gathered on the host, rows travel to the device and gradients come back), one
+operator from the registry per dense node (mlp, packed_mlp, dot, fm, cross, target_attention,
+linear, concat, head), and the loss. The forward walks the dense nodes in topological order,
+assembling each node's inputs from its edge slots (fields of a packed embedding output, columns
+of the dense input, members of a packed MLP, whole module outputs).
+
+Example:
+    >>> model = lower(plan, spec, device="cpu")  # doctest: +SKIP
+    >>> emb = model.embed(batch)                 # {group: (B, S, D)}
+    >>> logits = model.dense_forward(batch.dense, emb, model.sequence_masks(batch))  # (B, n_heads)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import networkx as nx
+import torch
+from torch import nn
+
+from operators import registry
+from flowrec.graph.edges import Slot, input_slots
+from flowrec.graph.types import Op, PackedGroup
+from flowrec.spec.model import ModelSpec
+from operators.dense import concat_flat
+from operators.embedding import PackedEmbeddingBag
+
+DENSE_KINDS = ("mlp", "packed_mlp", "dot", "fm", "cross", "target_attention", "linear", "concat", "head")
+FLAT_INPUT_KINDS = ("mlp", "cross", "head")  # take one (B, In) tensor: inputs are flattened + concatenated
+
+
+@dataclass(frozen=True)
+class NodeStep:
+    """One dense node to run: its name, kind and input slots."""
+
+    name: str
+    kind: str
+    slots: tuple[Slot, ...]
+    members: tuple[str, ...] = ()
+    member_ports: tuple[tuple[int, int], ...] = ()
+
+
+class LoweredModel(nn.Module):
+    """The trainable model of a plan.
+
+    Args:
+        plan: the interleaved plan (graph, groups, stages).
+        spec: the spec it was planned from.
+        device: compute device.
+        seed: model seed (packed tables and dense init).
+    """
+
+    def __init__(self, plan: Any, spec: ModelSpec, device: torch.device | str = "cpu", seed: int = 0):
+        super().__init__()
+        self.device = torch.device(device)
+        self.groups: tuple[PackedGroup, ...] = tuple(plan.meta.groups)
+        self.group_order = tuple(plan.meta.group_order) or tuple(g.name for g in self.groups)
+        torch.manual_seed(seed)
+        self.embeddings = nn.ModuleDict({
+            g.name: PackedEmbeddingBag(g, seed=seed, device=self.table_device(g)) for g in self.groups
+        })
+        graph: nx.DiGraph = plan.graph
+        self.emb_node = {graph.nodes[n]["op"].attr("group"): n for n in graph.nodes
+                         if graph.nodes[n]["op"].kind == "packed_embedding"}
+        self.node_group = {n: g for g, n in self.emb_node.items()}
+        self.dense_node = next((n for n in graph.nodes if graph.nodes[n]["op"].kind == "dense_input"), None)
+        self.dense_columns = graph.nodes[self.dense_node]["op"].attr("columns", ()) if self.dense_node else ()
+        self.steps: list[NodeStep] = []
+        ops = {}
+        for name in nx.lexicographical_topological_sort(graph):
+            op: Op = graph.nodes[name]["op"]
+            if op.kind not in DENSE_KINDS:
+                continue
+            slots = tuple(input_slots(graph, name))
+            ops[name] = registry.create(op.kind, dict(op.attrs), [s.shape for s in slots])
+            self.steps.append(NodeStep(name, op.kind, slots, tuple(op.attr("members", ())),
+                                       tuple(op.attr("member_ports", ()))))
+        self.ops = nn.ModuleDict(ops)
+        loss_name = next(n for n in graph.nodes if graph.nodes[n]["op"].kind == "loss")
+        loss_op: Op = graph.nodes[loss_name]["op"]
+        self.head_nodes = [s.source for s in input_slots(graph, loss_name)
+                           if graph.nodes[s.source]["op"].kind == "head"]
+        self.head_names = tuple(loss_op.attr("heads", ()))
+        self.loss = registry.create("loss", dict(loss_op.attrs), [])
+        self.tasks = tuple(graph.nodes[h]["op"].attr("task", "binary") for h in self.head_nodes)
+        self.to(self.device)
+        for g in self.groups:  # .to() above moved every buffer: put host tables back
+            self.embeddings[g.name].to(self.table_device(g))
+
+    def table_device(self, group: PackedGroup) -> torch.device:
+        """Where a group's packed table lives: host placement keeps it in host memory."""
+        return torch.device("cpu") if group.placement == "host" else self.device
+
+    def dense_parameters(self) -> list[nn.Parameter]:
+        """Parameters trained by torch.optim (packed tables are updated in their backward)."""
+        return [p for p in self.parameters() if p.requires_grad]
+
+    def embed(self, batch: Any) -> dict[str, torch.Tensor]:
+        """Packed lookups of every group, in the plan's group order.  # {group: (B, S, D)}"""
+        out = {}
+        for name in self.group_order:
+            module = self.embeddings[name]
+            ids = batch.groups[name]
+            table_dev = module.weight.device
+            emb = module(ids.ids.to(table_dev, non_blocking=True),
+                         ids.offsets.to(table_dev, non_blocking=True), ids.casting)
+            out[name] = emb.to(self.device, non_blocking=True) if table_dev != self.device else emb
+        return out
+
+    def dense_forward(self, dense: torch.Tensor, emb: dict[str, torch.Tensor],
+                      masks: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Dense stage: every dense node in topological order.
+
+        Args:
+            dense: dense features.  # (B, n_dense)
+            emb: packed lookups.  # {group: (B, S, D)}
+            masks: valid positions per target-attention node (`sequence_masks`).  # {node: (B, L)}
+
+        Returns:
+            Logits, one column per head.  # (B, n_heads)
+        """
+        values: dict[str, torch.Tensor] = {}
+        for step in self.steps:
+            inputs = [self._slot_value(s, dense, emb, values) for s in step.slots]
+            op = self.ops[step.name]
+            if step.kind == "target_attention":
+                query, seq = inputs[0], inputs[1]
+                values[step.name] = op(query.reshape(query.shape[0], -1), seq, masks[step.name])
+            elif step.kind == "packed_mlp":
+                stacked = torch.stack([concat_flat(inputs[a:b]) for a, b in step.member_ports])  # (K, B, In)
+                values[step.name] = op(stacked).transpose(0, 1)  # (B, K, Out)
+            elif step.kind in FLAT_INPUT_KINDS:
+                values[step.name] = op(concat_flat(inputs))
+            else:
+                values[step.name] = op(*inputs)
+        return torch.cat([values[h].float().reshape(-1, 1) for h in self.head_nodes], dim=1)
+
+    def _slot_value(self, slot: Slot, dense: torch.Tensor, emb: dict[str, torch.Tensor],
+                    values: dict[str, torch.Tensor]) -> torch.Tensor:
+        if slot.source == self.dense_node:
+            if tuple(slot.fields) == tuple(self.dense_columns) or not slot.fields:
+                return dense
+            idx = [self.dense_columns.index(f) for f in slot.fields]
+            return dense[:, idx]
+        if slot.source in self.node_group:
+            group = self.node_group[slot.source]
+            return _select_fields(emb[group], self.embeddings[group].group, slot.fields)
+        value = values[slot.source]
+        if slot.fields and value.dim() == 3 and self._is_packed_mlp(slot.source):
+            members = next(s.members for s in self.steps if s.name == slot.source)
+            return value[:, members.index(slot.fields[0])]
+        return value
+
+    def _is_packed_mlp(self, name: str) -> bool:
+        return any(s.name == name and s.kind == "packed_mlp" for s in self.steps)
+
+    def sequence_masks(self, batch: Any) -> dict[str, torch.Tensor]:
+        """Valid positions of each target-attention node's sequence: its non-empty bags."""
+        masks = {}
+        for step in self.steps:
+            if step.kind != "target_attention":
+                continue
+            slot = step.slots[1]
+            group_name = self.node_group[slot.source]
+            group = self.embeddings[group_name].group
+            offsets = batch.groups[group_name].offsets
+            lengths = (offsets[1:] - offsets[:-1]).view(-1, group.bags_per_sample)  # (B, S)
+            bags = group.field_bags()[slot.fields[0]]
+            masks[step.name] = (lengths[:, bags] > 0).to(self.device, non_blocking=True)  # (B, L)
+        return masks
+
+    def forward(self, batch: Any) -> torch.Tensor:
+        dense = batch.dense.to(self.device, non_blocking=True)
+        return self.dense_forward(dense, self.embed(batch), self.sequence_masks(batch))
+
+
+def _select_fields(out: torch.Tensor, group: PackedGroup, fields: tuple[str, ...]) -> torch.Tensor:
+    """The bags of `fields` from a packed lookup.  # (B, S_sel, D)"""
+    if not fields:
+        return out
+    bags = group.field_bags()
+    slices = [bags[f] for f in fields]
+    if len(slices) == len(bags) and slices[0].start == 0 and slices[-1].stop == out.shape[1]:
+        if all(a.stop == b.start for a, b in zip(slices, slices[1:])):
+            return out
+    if all(a.stop == b.start for a, b in zip(slices, slices[1:])):
+        return out[:, slices[0].start:slices[-1].stop]
+    index = torch.cat([torch.arange(s.start, s.stop) for s in slices]).to(out.device)
+    return out.index_select(1, index)
+
+
+def lower(plan: Any, spec: ModelSpec, device: torch.device | str = "cpu", seed: int | None = None) -> LoweredModel:
+    """Build the trainable model of `plan` on `device` (seed: the spec's training seed by default)."""
+    return LoweredModel(plan, spec, device, spec.training.seed if seed is None else seed)

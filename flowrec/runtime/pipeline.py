@@ -1,0 +1,113 @@
+"""Transfer stage of the training pipeline: a thread moving staged batches to the device.
+
+Data staging (`flowrec.data.batches`, its own worker threads and bounded queue) feeds this stage;
+this stage moves dense features, labels and the ids of device-placed groups to the device
+(pinned memory + non-blocking copies on CUDA) and hands them to compute through a bounded queue
+of `depth` batches, so staging and transfer overlap compute. On a CPU device it is a pass-through.
+
+Example:
+    >>> with TransferStage(batches, torch.device("cpu"), depth=2) as staged:  # doctest: +SKIP
+    ...     for batch in staged: ...
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import replace
+from typing import Any, Iterable, Iterator
+
+import torch
+
+POLL_S = 0.05  # seconds between stop-flag checks
+_END = object()
+
+
+class TransferStage:
+    """Moves batches to `device` in a background thread, `depth` batches ahead.
+
+    Args:
+        batches: staged batches (an iterator; closed with this stage when it has `close`).
+        device: the compute device.
+        depth: bounded queue size (the plan's prefetch depth).
+        host_groups: groups whose ids stay on the host (host placement).
+    """
+
+    def __init__(self, batches: Iterable[Any], device: torch.device, depth: int = 2,
+                 host_groups: frozenset[str] = frozenset()) -> None:
+        self.device = device
+        self.host_groups = host_groups
+        self.wait_s = 0.0  # compute time spent waiting for a batch (stall)
+        self._source = batches
+        self._passthrough = device.type == "cpu"
+        if self._passthrough:
+            self._iter = iter(batches)
+            return
+        self._queue: queue.Queue = queue.Queue(maxsize=max(depth, 1))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="flowrec-transfer", daemon=True)
+        self._thread.start()
+
+    def _move(self, batch: Any) -> Any:
+        groups = {
+            name: ids if name in self.host_groups else replace(
+                ids,
+                ids=ids.ids.pin_memory().to(self.device, non_blocking=True),
+                offsets=ids.offsets.pin_memory().to(self.device, non_blocking=True),
+                casting=ids.casting.to(self.device) if ids.casting is not None else None,
+            )
+            for name, ids in batch.groups.items()
+        }
+        return replace(
+            batch,
+            dense=batch.dense.pin_memory().to(self.device, non_blocking=True),
+            labels=batch.labels.pin_memory().to(self.device, non_blocking=True),
+            groups=groups,
+        )
+
+    def _run(self) -> None:
+        try:
+            for batch in self._source:
+                item = self._move(batch)
+                while not self._stop.is_set():
+                    try:
+                        self._queue.put(item, timeout=POLL_S)
+                        break
+                    except queue.Full:
+                        continue
+                if self._stop.is_set():
+                    return
+            self._queue.put(_END)
+        except BaseException as exc:  # handed to the consumer
+            self._queue.put(exc)
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        start = time.perf_counter()
+        try:
+            if self._passthrough:
+                return next(self._iter)
+            item = self._queue.get()
+        finally:
+            self.wait_s += time.perf_counter() - start
+        if item is _END:
+            raise StopIteration
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def close(self) -> None:
+        if not self._passthrough:
+            self._stop.set()
+            self._thread.join(timeout=10)
+        close = getattr(self._source, "close", None)
+        if close is not None:
+            close()
+
+    def __enter__(self) -> "TransferStage":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

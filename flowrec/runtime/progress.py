@@ -1,0 +1,61 @@
+"""Progress bar for training: samples/s, loss and ETA on stderr (rich); silent when disabled."""
+from __future__ import annotations
+
+import sys
+import time
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+
+class TrainProgress:
+    """A progress bar over training steps showing samples/s and the running loss.
+
+    Args:
+        total_steps: steps planned for the run (None if unknown).
+        enabled: False gives a no-op bar (tests, `--quiet`).
+        initial: steps already done (resumed runs).
+    """
+
+    def __init__(self, total_steps: int | None, enabled: bool = True, initial: int = 0) -> None:
+        self.enabled = enabled
+        self._start = time.perf_counter()
+        self._samples = 0
+        if not enabled:
+            return
+        console = Console(file=sys.stderr)
+        self._bar = Progress(
+            TextColumn("[bold]train"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]:>9} samples/s"),
+            TextColumn("loss {task.fields[loss]}"),
+            TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
+            console=console,
+            transient=False,
+        )
+        self._task = self._bar.add_task("train", total=total_steps, completed=initial, rate="-", loss="-")
+        self._bar.start()
+
+    def update(self, samples: int, loss: float | None) -> None:
+        self._samples += samples
+        if not self.enabled:
+            return
+        rate = self._samples / max(time.perf_counter() - self._start, 1e-9)
+        fields = {"rate": f"{rate:,.0f}"}
+        if loss is not None:
+            fields["loss"] = f"{loss:.4f}"
+        self._bar.update(self._task, advance=1, **fields)
+
+    def close(self) -> None:
+        if self.enabled:
+            self._bar.stop()

@@ -1,0 +1,293 @@
+"""The trainer: epochs of staged batches through the plan's step, metrics, evaluation, checkpoints.
+
+Pipeline per epoch: data staging (`iterate_batches`: reader + packing workers + lookahead thread,
+bounded queue) -> transfer stage (`TransferStage`, bounded queue of the plan's prefetch depth) ->
+compute (`train_step`, micro-batched as planned). Every `eval_every` steps and at the end the
+evaluation set is scored exactly. Checkpoints are complete (packed tables with optimizer state,
+dense parameters and optimizer, RNG, data position, plan, spec) and atomic; a run resumed from
+one ends with the same parameters as an uninterrupted run, because batch k of an epoch is a
+function of (seed, epoch, k) alone.
+
+Example:
+    >>> trainer = Trainer(spec, plan, model, TrainConfig(epochs=1))  # doctest: +SKIP
+    >>> result = trainer.fit(train_source, eval_source)  # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from flowrec.data.batches import StagingOptions, batches_per_epoch, iterate_batches
+from flowrec.runtime.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
+from flowrec.runtime.evaluate import evaluate
+from flowrec.runtime.lowering import LoweredModel
+from flowrec.runtime.metrics import MetricsLog
+from flowrec.runtime.pipeline import TransferStage
+from flowrec.runtime.progress import TrainProgress
+from flowrec.runtime.step import make_dense_optimizer, train_step
+from flowrec.spec.load import to_dict
+from flowrec.spec.model import ModelSpec
+
+CHECKPOINT_FORMAT = "flowrec-checkpoint"
+CHECKPOINT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Run settings (the spec holds the model and its training hyper-parameters).
+
+    Args:
+        epochs: epochs to train (None: the spec's training.epochs).
+        out_dir: run folder for metrics.jsonl, checkpoint.pt, plan.json (None: nothing written).
+        eval_every: evaluate every N steps (None: the spec's training.eval_every; 0: only at the end).
+        max_steps: stop after this many steps in total (None: no limit).
+        checkpoint_every: also checkpoint every N steps (0: only at the end and on interrupt).
+        progress: show the progress bar.
+        workers: data packing threads.
+        lookahead: staging lookahead window (>= 1 computes the casting index in the data stage).
+        shuffle: shuffle rows each epoch.
+        tensorboard: also log to TensorBoard when installed.
+        drop_last: drop the last partial batch of each epoch.
+    """
+
+    epochs: int | None = None
+    out_dir: Path | None = None
+    eval_every: int | None = None
+    max_steps: int | None = None
+    checkpoint_every: int = 0
+    progress: bool = True
+    workers: int = 2
+    lookahead: int = 1
+    shuffle: bool = True
+    tensorboard: bool = True
+    drop_last: bool = False
+
+
+@dataclass
+class Position:
+    """Where training is: the next batch to run is (epoch, batch); `step` steps are done."""
+
+    epoch: int = 0
+    batch: int = 0
+    step: int = 0
+    samples: int = 0
+
+
+@dataclass
+class TrainResult:
+    steps: int
+    samples: int
+    seconds: float
+    samples_per_s: float
+    final_loss: float | None
+    eval: dict[str, dict[str, float]] = field(default_factory=dict)
+    interrupted: bool = False
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+
+
+class Trainer:
+    """Runs a lowered model over staged batches.
+
+    Args:
+        spec: the model spec.
+        plan: its plan (micro-batches, prefetch depth, groups).
+        model: `lower(plan, spec, device)`.
+        config: run settings.
+        plan_document: the plan as JSON text, stored in checkpoints.
+    """
+
+    def __init__(self, spec: ModelSpec, plan: Any, model: LoweredModel, config: TrainConfig,
+                 plan_document: str = "") -> None:
+        self.spec = spec
+        self.plan = plan
+        self.model = model
+        self.config = config
+        self.plan_document = plan_document
+        opt = spec.dense_optimizer
+        self.optimizer = make_dense_optimizer(model, opt.name, opt.lr, dict(opt.params))
+        self.position = Position()
+        self.epochs = config.epochs if config.epochs is not None else spec.training.epochs
+        self.eval_every = config.eval_every if config.eval_every is not None else spec.training.eval_every
+        self.precision = spec.training.precision
+        self.micro_batches = int(plan.meta.micro_batches)
+        self.prefetch = int(plan.meta.prefetch)
+        self.host_groups = frozenset(g.name for g in model.groups if g.placement == "host")
+        self.log: MetricsLog | None = None
+        self.stage_seconds = {"staging_wait": 0.0, "compute": 0.0, "eval": 0.0, "checkpoint": 0.0}
+        self._interrupt = GracefulInterrupt()
+
+    # ---------------------------------------------------------------- data
+    def staging(self, shuffle: bool | None = None, lookahead: int | None = None) -> StagingOptions:
+        return StagingOptions(
+            batch_size=self.spec.training.batch_size,
+            shuffle=self.config.shuffle if shuffle is None else shuffle,
+            seed=self.spec.training.seed,
+            drop_last=self.config.drop_last,
+            workers=self.config.workers,
+            prefetch=max(self.prefetch, 2),
+            lookahead=self.config.lookahead if lookahead is None else lookahead,
+        )
+
+    def eval_batches(self, source: Any):
+        return iterate_batches(self.spec, source, self.staging(shuffle=False, lookahead=0), 0, 0,
+                               self.model.groups)
+
+    # ---------------------------------------------------------------- loop
+    def fit(self, train_source: Any, eval_source: Any | None = None,
+            on_step: Callable[[Position, float], None] | None = None) -> TrainResult:
+        """Train from the current position to the end (or max_steps); evaluate; checkpoint.
+
+        A KeyboardInterrupt saves a resumable checkpoint at the last completed step and returns
+        a result with `interrupted=True`.
+        """
+        cfg = self.config
+        per_epoch = batches_per_epoch(sum(train_source.partition_rows()), self.spec.training.batch_size,
+                                      cfg.drop_last)
+        total = per_epoch * self.epochs
+        if cfg.max_steps is not None:
+            total = min(total, cfg.max_steps)
+        if cfg.out_dir is not None:
+            self._write_run_files(Path(cfg.out_dir))
+            self.log = MetricsLog(Path(cfg.out_dir) / "metrics.jsonl", cfg.tensorboard)
+        bar = TrainProgress(total, cfg.progress, initial=self.position.step)
+        started = time.perf_counter()
+        start_samples = self.position.samples
+        loss = None
+        interrupted = False
+        try:
+            with self._interrupt:
+                while self.position.epoch < self.epochs and not self._done(total):
+                    loss = self._epoch(train_source, eval_source, bar, total, on_step) or loss
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            bar.close()
+        seconds = time.perf_counter() - started
+        samples = self.position.samples - start_samples
+        result = TrainResult(self.position.step, samples, seconds, samples / max(seconds, 1e-9), loss,
+                             interrupted=interrupted, stage_seconds=dict(self.stage_seconds))
+        if not interrupted and eval_source is not None:
+            result.eval = self._evaluate(eval_source, final=True)
+        self._checkpoint()
+        if self.log is not None:
+            self.log.write({"event": "end", "step": self.position.step, "samples": samples,
+                            "seconds": seconds, "samples_per_s": result.samples_per_s,
+                            "interrupted": interrupted, "stage_seconds": result.stage_seconds})
+            self.log.close()
+        return result
+
+    def _done(self, total: int) -> bool:
+        return self.position.step >= total
+
+    def _epoch(self, train_source: Any, eval_source: Any, bar: TrainProgress, total: int,
+               on_step: Callable[[Position, float], None] | None) -> float | None:
+        pos = self.position
+        loss = None
+        staged = iterate_batches(self.spec, train_source, self.staging(), pos.epoch, pos.batch,
+                                 self.model.groups)
+        with TransferStage(staged, self.model.device, self.prefetch, self.host_groups) as batches:
+            for batch in batches:
+                t0 = time.perf_counter()
+                loss = train_step(self.model, self.optimizer, batch, self.micro_batches, self.precision)
+                self.stage_seconds["compute"] += time.perf_counter() - t0
+                pos.batch, pos.step, pos.samples = batch.index + 1, pos.step + 1, pos.samples + batch.size
+                bar.update(batch.size, loss)
+                if self.log is not None:
+                    self.log.write({"event": "train", "step": pos.step, "epoch": pos.epoch, "loss": loss})
+                if on_step is not None:
+                    on_step(pos, loss)
+                if self.eval_every and eval_source is not None and pos.step % self.eval_every == 0:
+                    self._evaluate(eval_source, final=False)
+                if self.config.checkpoint_every and pos.step % self.config.checkpoint_every == 0:
+                    self._checkpoint()
+                if self._done(total) or self._interrupt.requested:
+                    break
+            else:
+                pos.epoch, pos.batch = pos.epoch + 1, 0
+            self.stage_seconds["staging_wait"] += batches.wait_s
+        if self._interrupt.requested:
+            raise KeyboardInterrupt
+        return loss
+
+    def _evaluate(self, source: Any, final: bool) -> dict[str, dict[str, float]]:
+        t0 = time.perf_counter()
+        with self.eval_batches(source) as batches:
+            metrics = evaluate(self.model, batches, self.precision)
+        self.stage_seconds["eval"] += time.perf_counter() - t0
+        if self.log is not None:
+            self.log.write({"event": "eval", "step": self.position.step, "final": final,
+                            "metrics": metrics})
+        return metrics
+
+    # ---------------------------------------------------------------- state
+    def state(self) -> dict[str, Any]:
+        """The complete, `weights_only`-loadable state of the run."""
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "version": CHECKPOINT_VERSION,
+            "spec": json.dumps(to_dict(self.spec), sort_keys=True),
+            "plan": self.plan_document,
+            "model": self.model.state_dict(),
+            "dense_optimizer": self.optimizer.state_dict(),
+            "rng": {"torch": torch.get_rng_state()},
+            "position": asdict(self.position),
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restore a checkpoint's parameters, optimizer state, RNG and data position."""
+        if state.get("format") != CHECKPOINT_FORMAT:
+            raise ValueError("not a flowrec checkpoint")
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["dense_optimizer"])
+        torch.set_rng_state(state["rng"]["torch"])
+        self.position = Position(**state["position"])
+
+    def _checkpoint(self) -> None:
+        if self.config.out_dir is None:
+            return
+        t0 = time.perf_counter()
+        save_checkpoint(Path(self.config.out_dir) / CHECKPOINT_NAME, self.state())
+        self.stage_seconds["checkpoint"] += time.perf_counter() - t0
+
+    def _write_run_files(self, out: Path) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "spec.json").write_text(json.dumps(to_dict(self.spec), indent=2, sort_keys=True) + "\n")
+        if self.plan_document:
+            (out / "plan.json").write_text(self.plan_document)
+
+
+class GracefulInterrupt:
+    """Within `with`: the first Ctrl-C asks the loop to stop after the current step (so the
+    checkpoint is consistent); a second one interrupts at once. Only in the main thread."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous = None
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __enter__(self) -> "GracefulInterrupt":
+        self.requested = False
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+
+
+def resume_state(run_dir: Path) -> dict[str, Any]:
+    """Load the checkpoint of a run folder (`weights_only=True`)."""
+    return load_checkpoint(Path(run_dir))
