@@ -15,6 +15,7 @@ from collections import deque
 from dataclasses import replace
 from typing import Any, Iterator
 
+import numpy as np
 import torch
 
 from flowrec.graph.types import PackedGroup
@@ -41,8 +42,18 @@ def batch_extras(group: PackedGroup, ids: torch.Tensor, offsets: torch.Tensor,
 
 
 def union_sorted(parts: list[torch.Tensor]) -> torch.Tensor:
-    """Sorted union of sorted unique tensors."""
-    return parts[0] if len(parts) == 1 else torch.unique(torch.cat(parts))
+    """Sorted union of sorted unique tensors.
+
+    A stable numpy sort of the concatenation is a timsort that merges the sorted runs in
+    O(n log k); much faster than torch.unique's full sort here.
+    """
+    if len(parts) == 1:
+        return parts[0]
+    x = np.sort(np.concatenate([p.numpy() for p in parts]), kind="stable")
+    keep = np.empty(len(x), bool)
+    keep[:1] = True
+    np.not_equal(x[1:], x[:-1], out=keep[1:])
+    return torch.from_numpy(x[keep])
 
 
 class LookaheadWindow:
