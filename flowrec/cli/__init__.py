@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import typer
 
-from flowrec.cli import plan_cmd, spec_cmds
-from flowrec.cli import data_cmds
+from flowrec.cli import data_cmds, plan_cmd, spec_cmds, train_cmds
 
 app = typer.Typer(
     name="flowrec",
@@ -20,6 +19,7 @@ app = typer.Typer(
 spec_cmds.register(app)
 plan_cmd.register(app)
 data_cmds.register(app)
+train_cmds.register(app)
 
 
 def main() -> None:

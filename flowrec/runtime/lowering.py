@@ -58,6 +58,7 @@ class LoweredModel(nn.Module):
         self.device = torch.device(device)
         self.groups: tuple[PackedGroup, ...] = tuple(plan.meta.groups)
         self.group_order = tuple(plan.meta.group_order) or tuple(g.name for g in self.groups)
+        self.group_map = {g.name: g for g in self.groups}
         torch.manual_seed(seed)
         self.embeddings = nn.ModuleDict({
             g.name: PackedEmbeddingBag(g, seed=seed, device=self.table_device(g)) for g in self.groups
@@ -147,7 +148,7 @@ class LoweredModel(nn.Module):
             return dense[:, idx]
         if slot.source in self.node_group:
             group = self.node_group[slot.source]
-            return _select_fields(emb[group], self.embeddings[group].group, slot.fields)
+            return _select_fields(emb[group], self.group_map[group], slot.fields)
         value = values[slot.source]
         if slot.fields and value.dim() == 3 and self._is_packed_mlp(slot.source):
             members = next(s.members for s in self.steps if s.name == slot.source)
@@ -165,7 +166,7 @@ class LoweredModel(nn.Module):
                 continue
             slot = step.slots[1]
             group_name = self.node_group[slot.source]
-            group = self.embeddings[group_name].group
+            group = self.group_map[group_name]
             offsets = batch.groups[group_name].offsets
             lengths = (offsets[1:] - offsets[:-1]).view(-1, group.bags_per_sample)  # (B, S)
             bags = group.field_bags()[slot.fields[0]]

@@ -93,13 +93,10 @@ def runnable_groups(plan: Any) -> tuple[Any, list[str]]:
     return replace(plan, meta=meta), notes
 
 
-def prepare(spec: ModelSpec, spec_path: Path, opts: SessionOptions,
-            status: Callable[[str], None] = lambda _: None) -> Session:
-    """Resolve device, plan, model and data for a run."""
-    if opts.seed is not None:
-        spec = replace(spec, training=replace(spec.training, seed=opts.seed))
-    device = resolve_device(opts.device if opts.device != "auto" else spec.plan.device)
-    plan = make_plan(spec, target=cost_target(device), device_budget=opts.device_budget)
+def plan_for(spec: ModelSpec, device: torch.device, device_budget: str | None = None,
+             status: Callable[[str], None] = lambda _: None) -> tuple[Any, str]:
+    """The plan the runtime runs on `device`, and the planner's own plan as JSON text."""
+    plan = make_plan(spec, target=cost_target(device), device_budget=device_budget)
     plan_document = plan_json(plan)
     if device.type == "cpu":  # host memory is the device: every table is resident
         plan = replace(plan, meta=replace(plan.meta, groups=tuple(
@@ -107,6 +104,16 @@ def prepare(spec: ModelSpec, spec_path: Path, opts: SessionOptions,
     plan, notes = runnable_groups(plan)
     for note in notes:
         status(note)
+    return plan, plan_document
+
+
+def prepare(spec: ModelSpec, spec_path: Path, opts: SessionOptions,
+            status: Callable[[str], None] = lambda _: None) -> Session:
+    """Resolve device, plan, model and data for a run."""
+    if opts.seed is not None:
+        spec = replace(spec, training=replace(spec.training, seed=opts.seed))
+    device = resolve_device(opts.device if opts.device != "auto" else spec.plan.device)
+    plan, plan_document = plan_for(spec, device, opts.device_budget, status)
     train, evaluation, note = resolve_data(spec, spec_path, opts, status)
     status(f"building model on {device} ({len(plan.meta.groups)} packed groups)")
     model = lower(plan, spec, device)

@@ -41,7 +41,7 @@ OPTIMIZER_KEYS = ("name", "lr")
 _EXP_FLOAT = re.compile(r"^[-+]?[0-9][0-9_]*(\.[0-9_]*)?[eE][-+]?[0-9]+$")
 
 
-class _SpecLoader(yaml.SafeLoader):
+class _SpecLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # C parser when built with libyaml
     """The safe YAML loader, reading `1e-3` as a float the way JSON and YAML 1.2 do."""
 
 

@@ -1,0 +1,206 @@
+"""`flowrec train`, `flowrec eval` and `flowrec export`: run a plan, score and export checkpoints.
+
+torch and the data stack are imported inside the commands, so other commands start fast.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from flowrec.spec.errors import SpecError
+
+RUN_FILE = "run.json"  # how the run's data was resolved, so --resume finds the same data
+
+
+def _say(message: str) -> None:
+    typer.echo(message, err=True)
+
+
+def _fail(message: str, code: int = 2) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _new_run_dir(name: str) -> Path:
+    base = Path("runs") / name
+    candidate, n = base, 1
+    while candidate.exists() and any(candidate.iterdir()):
+        n += 1
+        candidate = Path(f"{base}-{n}")
+    return candidate
+
+
+def train(
+    spec_path: Path = typer.Argument(..., help="Model spec (YAML or JSON)."),
+    data: Optional[Path] = typer.Option(None, "--data", help="Encoded dataset folder (from `flowrec data convert` or `flowrec data synth`); DIR/train and DIR/test when split. Default: the spec's data binding, else synthetic data."),
+    eval_data: Optional[Path] = typer.Option(None, "--eval-data", help="Encoded evaluation dataset folder."),
+    epochs: Optional[int] = typer.Option(None, "--epochs", min=1, help="Epochs (default: the spec's training.epochs)."),
+    device: str = typer.Option("auto", "--device", help="auto (cuda if available, else cpu), cpu or cuda."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Run folder (default: runs/<spec name>, numbered if taken)."),
+    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run in this folder exactly where it stopped."),
+    device_budget: Optional[str] = typer.Option(None, "--device-budget", help="Device memory budget for the planner, e.g. 4GiB."),
+    rows: int = typer.Option(400_000, "--rows", min=1, help="Synthetic training rows when no data is given or bound (+20% for evaluation)."),
+    max_steps: Optional[int] = typer.Option(None, "--max-steps", min=1, help="Stop after this many steps."),
+    eval_every: Optional[int] = typer.Option(None, "--eval-every", min=0, help="Evaluate every N steps (default: the spec's training.eval_every; 0 = at the end)."),
+    checkpoint_every: int = typer.Option(0, "--checkpoint-every", min=0, help="Also checkpoint every N steps (always at the end and on Ctrl-C)."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Override the spec's training seed."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    json_out: bool = typer.Option(False, "--json", help="Print the final result as JSON on stdout."),
+) -> None:
+    """Train a spec end to end: plan, stage data, train, evaluate, checkpoint.
+
+    \b
+    Examples:
+      flowrec train specs/dlrm_criteo.yaml                 # synthetic data from the spec
+      flowrec train specs/movielens.yaml --epochs 5        # real data bound in the spec
+      flowrec train specs/dlrm_criteo.yaml --data data/criteo/ --device cuda --out runs/exp1
+      flowrec train specs/dlrm_criteo.yaml --resume runs/exp1
+    """
+    from flowrec.spec import load_spec
+
+    try:
+        spec = load_spec(spec_path)
+    except SpecError as exc:
+        for issue in exc.issues:
+            typer.echo(f"{spec_path}: {issue}", err=True)
+        raise typer.Exit(2)
+    run_dir = resume or out or _new_run_dir(spec.name)
+    recorded = _read_run_file(run_dir) if resume else {}
+    if resume is not None and not (run_dir / "checkpoint.pt").is_file():
+        _fail(f"nothing to resume: {run_dir}/checkpoint.pt does not exist")
+    settings = {
+        "data": str(data) if data else recorded.get("data"),
+        "eval_data": str(eval_data) if eval_data else recorded.get("eval_data"),
+        "rows": recorded.get("rows", rows),
+        "seed": recorded.get("seed", seed),
+        "device_budget": device_budget or recorded.get("device_budget"),
+    }
+    _run(spec, spec_path, run_dir, settings, device, epochs, max_steps, eval_every, checkpoint_every,
+         quiet, json_out, resume is not None)
+
+
+def _read_run_file(run_dir: Path) -> dict:
+    path = run_dir / RUN_FILE
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _run(spec, spec_path: Path, run_dir: Path, settings: dict, device: str, epochs, max_steps,
+         eval_every, checkpoint_every: int, quiet: bool, json_out: bool, resuming: bool) -> None:
+    import torch
+
+    from flowrec.data.layout import DataError
+    from flowrec.runtime.session import SessionOptions, prepare
+    from flowrec.runtime.trainer import TrainConfig, Trainer, resume_state
+
+    opts = SessionOptions(
+        data=Path(settings["data"]) if settings["data"] else None,
+        eval_data=Path(settings["eval_data"]) if settings["eval_data"] else None,
+        device=device, device_budget=settings["device_budget"], synthetic_rows=settings["rows"],
+        seed=settings["seed"], workdir=run_dir,
+    )
+    try:
+        session = prepare(spec, spec_path, opts, status=_say)
+    except (DataError, RuntimeError, ValueError) as exc:
+        _fail(str(exc))
+    except torch.OutOfMemoryError as exc:
+        _fail(f"out of memory building the model: {exc}. Lower --device-budget or use --device cpu", 3)
+    _say(session.data_note)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / RUN_FILE).write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
+    config = TrainConfig(epochs=epochs, out_dir=run_dir, eval_every=eval_every, max_steps=max_steps,
+                         checkpoint_every=checkpoint_every, progress=not quiet)
+    trainer = Trainer(session.spec, session.plan, session.model, config, session.plan_document)
+    if resuming:
+        state = resume_state(run_dir)
+        if json.loads(state["spec"]) != json.loads(json.dumps(_spec_doc(session.spec), sort_keys=True)):
+            _fail(f"{spec_path} differs from the spec the run in {run_dir} was trained with (see {run_dir}/spec.json)")
+        trainer.load_state(state)
+        _say(f"resuming {run_dir} at epoch {trainer.position.epoch}, batch {trainer.position.batch} "
+             f"(step {trainer.position.step})")
+    try:
+        result = trainer.fit(session.train, session.eval)
+    except DataError as exc:
+        _fail(str(exc))
+    _report(result, run_dir, json_out)
+    if result.interrupted:
+        _say(f"interrupted: checkpoint saved; continue with  flowrec train {spec_path} --resume {run_dir}")
+        raise typer.Exit(130)
+
+
+def _spec_doc(spec) -> dict:
+    from flowrec.spec.load import to_dict
+
+    return to_dict(spec)
+
+
+def _report(result, run_dir: Path, json_out: bool) -> None:
+    from dataclasses import asdict
+
+    lines = [f"steps {result.steps}, {result.samples:,} samples in {result.seconds:.1f} s "
+             f"({result.samples_per_s:,.0f} samples/s)"]
+    for head, metrics in result.eval.items():
+        shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k != "samples")
+        lines.append(f"eval {head}: {shown} ({metrics['samples']:,} samples)")
+    lines.append(f"run folder: {run_dir} (checkpoint.pt, metrics.jsonl, plan.json)")
+    for line in lines:
+        _say(line)
+    if json_out:
+        sys.stdout.write(json.dumps({**asdict(result), "run_dir": str(run_dir)}, indent=2, sort_keys=True,
+                                    default=str) + "\n")
+
+
+def evaluate_run(
+    run_dir: Path = typer.Argument(..., help="Run folder (with checkpoint.pt) or a checkpoint file."),
+    data: Path = typer.Option(..., "--data", help="Encoded dataset folder to score."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
+    json_out: bool = typer.Option(False, "--json", help="Print metrics as JSON on stdout."),
+) -> None:
+    """Score a trained checkpoint on a dataset: exact AUC and logloss per binary head, MSE per
+    regression head.
+
+    \b
+    Example:
+      flowrec eval runs/exp1 --data data/criteo_test/
+    """
+    from flowrec.data.layout import DataError
+    from flowrec.runtime.serving import load_trained
+
+    try:
+        trained = load_trained(run_dir, device)
+        metrics = trained.evaluate_dataset(data)
+    except (DataError, FileNotFoundError, ValueError, RuntimeError) as exc:
+        _fail(str(exc))
+    if json_out:
+        sys.stdout.write(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+        return
+    for head, m in metrics.items():
+        shown = ", ".join(f"{k} {v:.4f}" for k, v in m.items() if k != "samples")
+        typer.echo(f"{head}: {shown} ({m['samples']:,} samples)")
+
+
+def export(
+    run_dir: Path = typer.Argument(..., help="Run folder (with checkpoint.pt)."),
+    out: Path = typer.Argument(..., help="Output file for the serving model (e.g. model.pt)."),
+) -> None:
+    """Export a trained model for serving: a plain torch module with one embedding table per
+    logical table (no packing, no optimizer state), loadable with
+    `flowrec.runtime.serving.load_serving(path)`.
+    """
+    from flowrec.runtime.serving import export_serving, load_trained
+
+    try:
+        trained = load_trained(run_dir, "cpu")
+        export_serving(trained, out)
+    except (FileNotFoundError, ValueError) as exc:
+        _fail(str(exc))
+    typer.echo(f"wrote {out}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("train")(train)
+    app.command("eval")(evaluate_run)
+    app.command("export")(export)

@@ -1,0 +1,160 @@
+"""Trained models outside training: load a run for scoring, export a plain module for serving.
+
+`load_trained(run)` rebuilds the model of a checkpoint (spec and plan are stored in it) for
+`flowrec eval`. `export_serving` writes a serving model: one `nn.EmbeddingBag` per logical table
+(unpacked from the packed tables, no optimizer state) plus the dense operators; `load_serving`
+gives it back as a plain `torch.nn.Module` whose forward takes dense features and per-feature
+table-local ids.
+
+Example:
+    >>> model = load_serving("model.pt")  # doctest: +SKIP
+    >>> probs = model(dense, {"C1": (ids, offsets), ...})  # (B, n_heads)
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from flowrec.data.batches import StagingOptions, iterate_batches
+from flowrec.runtime.checkpoint import load_checkpoint
+from flowrec.runtime.evaluate import evaluate
+from flowrec.runtime.lowering import LoweredModel, lower
+from flowrec.runtime.session import open_dataset, plan_for, resolve_device
+from flowrec.spec.load import spec_from_dict
+from flowrec.spec.model import ModelSpec
+from flowrec.spec.validate import validate_document
+
+SERVING_FORMAT = "flowrec-serving"
+
+
+@dataclass
+class Trained:
+    """A model restored from a checkpoint, with its spec."""
+
+    spec: ModelSpec
+    model: LoweredModel
+
+    def evaluate_dataset(self, path: Path) -> dict[str, dict[str, float]]:
+        source = open_dataset(Path(path), self.spec)
+        opts = StagingOptions(batch_size=self.spec.training.batch_size, shuffle=False, lookahead=0)
+        try:
+            with iterate_batches(self.spec, source, opts, 0, 0, self.model.groups) as batches:
+                return evaluate(self.model, batches, self.spec.training.precision)
+        finally:
+            source.close()
+
+
+def _spec_of(state: dict[str, Any]) -> ModelSpec:
+    doc = json.loads(state["spec"])
+    issues = validate_document(doc)
+    if issues:
+        raise ValueError("the checkpoint's spec is not valid: " + "; ".join(map(str, issues)))
+    return spec_from_dict(doc)
+
+
+def load_trained(run: Path, device: str = "auto") -> Trained:
+    """Restore the model of a run folder / checkpoint file on `device`."""
+    state = load_checkpoint(Path(run))
+    spec = _spec_of(state)
+    dev = resolve_device(device)
+    plan, _ = plan_for(spec, dev)
+    model = lower(plan, spec, dev)
+    model.load_state_dict(state["model"])
+    return Trained(spec, model)
+
+
+class ServingModel(nn.Module):
+    """A trained model for serving: per-table embedding bags + the dense operators.
+
+    Args:
+        spec: the model spec.
+        lowered: a lowered model whose packed tables are split into per-table weights.
+
+    Forward:
+        dense: dense features in spec order.  # (B, n_dense)
+        sparse: feature -> (ids, offsets): table-local ids and bag boundaries, one bag per
+            sample (include_last_offset).  # (nnz,), (B + 1,)
+        Returns probabilities for binary heads, values for regression heads.  # (B, T)
+    """
+
+    def __init__(self, spec: ModelSpec, lowered: LoweredModel) -> None:
+        super().__init__()
+        self.fields = {g.name: g.fields for g in lowered.groups}
+        self.tasks = lowered.tasks
+        tables = {}
+        for g in lowered.groups:
+            emb = lowered.embeddings[g.name]
+            for slot in g.tables:
+                tables[slot.table] = nn.Parameter(emb.table_rows(slot.table).detach().clone().cpu(),
+                                                  requires_grad=False)
+        self.tables = nn.ParameterDict(tables)
+        lowered.embeddings = nn.ModuleDict()  # the dense part stays; packed tables are dropped
+        self.dense_model = lowered
+
+    def forward(self, dense: torch.Tensor, sparse: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        emb, masks = {}, {}
+        for group, fields in self.fields.items():
+            parts = []
+            for f in fields:
+                ids, offsets = sparse[f.feature]
+                weight = self.tables[f.table]
+                if f.pooling == "none":
+                    parts.append(_sequence(ids, offsets, weight, f.max_len))  # (B, L, D)
+                else:
+                    mode = "mean" if f.pooling == "mean" else "sum"
+                    parts.append(F.embedding_bag(ids, weight, offsets, mode=mode,
+                                                 include_last_offset=True).unsqueeze(1))  # (B, 1, D)
+            emb[group] = torch.cat(parts, dim=1)  # (B, S, D)
+        for step in self.dense_model.steps:
+            if step.kind == "target_attention":
+                seq_feature = step.slots[1].fields[0]
+                ids, offsets = sparse[seq_feature]
+                lengths = (offsets[1:] - offsets[:-1]).clamp(max=emb_len(self.fields, seq_feature))
+                positions = torch.arange(emb_len(self.fields, seq_feature))
+                masks[step.name] = positions.unsqueeze(0) < lengths.unsqueeze(1)  # (B, L)
+        logits = self.dense_model.dense_forward(dense, emb, masks)
+        return torch.stack([torch.sigmoid(logits[:, i]) if t == "binary" else logits[:, i]
+                            for i, t in enumerate(self.tasks)], dim=1)
+
+
+def emb_len(fields: dict[str, Any], feature: str) -> int:
+    return next(f.max_len for fs in fields.values() for f in fs if f.feature == feature)
+
+
+def _sequence(ids: torch.Tensor, offsets: torch.Tensor, weight: torch.Tensor, max_len: int) -> torch.Tensor:
+    """Padded sequence lookup: the first max_len ids of each bag; padding rows are zeros.  # (B, L, D)"""
+    batch = offsets.numel() - 1
+    lengths = (offsets[1:] - offsets[:-1]).clamp(max=max_len)  # (B,)
+    out = weight.new_zeros(batch, max_len, weight.shape[1])
+    positions = torch.arange(max_len)
+    valid = positions.unsqueeze(0) < lengths.unsqueeze(1)  # (B, L)
+    index = (offsets[:-1].unsqueeze(1) + positions.unsqueeze(0))[valid]
+    out[valid] = weight[ids[index]]
+    return out
+
+
+def export_serving(trained: Trained, path: Path) -> None:
+    """Write the serving model (spec + per-table weights + dense state) to `path`."""
+    serving = ServingModel(trained.spec, trained.model)
+    from flowrec.spec.load import to_dict
+
+    torch.save({"format": SERVING_FORMAT, "spec": json.dumps(to_dict(trained.spec)),
+                "state": serving.state_dict()}, Path(path))
+
+
+def load_serving(path: Path) -> ServingModel:
+    """Load an exported serving model (`weights_only=True`) as a plain torch module on the CPU."""
+    state = torch.load(Path(path), map_location="cpu", weights_only=True)
+    if state.get("format") != SERVING_FORMAT:
+        raise ValueError(f"{path} is not a flowrec serving model")
+    spec = _spec_of(state)
+    plan, _ = plan_for(spec, torch.device("cpu"))
+    serving = ServingModel(spec, lower(plan, spec, "cpu"))
+    serving.load_state_dict(state["state"])
+    return serving.eval()
