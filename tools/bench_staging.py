@@ -4,9 +4,11 @@ Generates DLRM-Criteo rows with flowrec's synth into a temp dir, then measures i
   staging            iterate_batches over ParquetSource (direct pyarrow reads), batch 4096
   staging_lookahead  the same with lookahead W=8 (unique rows, casting, window rows)
   staging_dask       partitions read by a local Dask cluster (full mode only)
-  plain_loop         pandas.read_parquet per file + per-batch torch.tensor (what a user writes)
+  plain_loop         pandas.read_parquet + df.sample shuffle + per-batch torch.tensor
+                     (what a user writes for a shuffled epoch)
   synth              synthetic rows generated per second
-Figures are medians of repeated runs; ratios come from the same run.
+Figures are medians of repeated runs (the measured loops alternate in every repeat, so
+background load hits them alike); ratios come from the same run.
 
 Usage: python tools/bench_staging.py [--quick] [--json PATH]
 """
@@ -27,22 +29,22 @@ BATCH = 4096  # samples per batch
 WINDOW = 8  # lookahead window, batches
 
 
-def _plain_loop(files: list[str], dense: list[str], sparse: list[str], offsets: list[int]) -> int:
+def _plain_loop(path: Path, dense: list[str], sparse: list[str], offsets: list[int], seed: int) -> int:
+    """What a user writes: read the dataset with pandas, shuffle it, per batch torch.tensor."""
     import pandas as pd
     import torch
 
-    n = 0
+    df = pd.read_parquet(path).sample(frac=1.0, random_state=seed)
     base = torch.tensor(offsets)
-    for f in files:
-        df = pd.read_parquet(f)
-        for i in range(0, len(df), BATCH):
-            chunk = df.iloc[i:i + BATCH]
-            x = torch.tensor(chunk[dense].values, dtype=torch.float32)
-            ids = (torch.tensor(chunk[sparse].values) + base).reshape(-1)
-            off = torch.arange(ids.numel() + 1)
-            y = torch.tensor(chunk["label"].values, dtype=torch.float32)
-            n += len(chunk)
-            del x, off, y
+    n = 0
+    for i in range(0, len(df), BATCH):
+        chunk = df.iloc[i:i + BATCH]
+        x = torch.tensor(chunk[dense].values, dtype=torch.float32)
+        ids = (torch.tensor(chunk[sparse].values) + base).reshape(-1)
+        off = torch.arange(ids.numel() + 1)
+        y = torch.tensor(chunk["label"].values, dtype=torch.float32)
+        n += len(chunk)
+        del x, off, y
     return n
 
 
@@ -57,13 +59,15 @@ def _staging(spec, source, lookahead: int) -> int:
     return n
 
 
-def _rate(fn, repeats: int) -> tuple[float, list[float]]:
-    rates = []
+def _rates(fns: dict, repeats: int) -> dict[str, list[float]]:
+    """Samples/s of each function, the functions alternating in every repeat (fair under noise)."""
+    rates: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
-        start = time.perf_counter()
-        n = fn()
-        rates.append(n / (time.perf_counter() - start))
-    return statistics.median(rates), rates
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            n = fn()
+            rates[name].append(n / (time.perf_counter() - start))
+    return rates
 
 
 def main() -> None:
@@ -90,24 +94,25 @@ def main() -> None:
         synth_dataset(spec, data, rows, rows_per_file=1 << 18)
         synth_rate = rows / (time.perf_counter() - start)
         source = ParquetSource(data)
-        staging, staging_all = _rate(lambda: _staging(spec, source, 0), repeats)
-        lookahead, lookahead_all = _rate(lambda: _staging(spec, source, WINDOW), repeats)
         group = group_layout(spec)[0]
         offsets = [group.row_offsets[f.table] for f in group.fields]
         dense = [f.name for f in spec.dense_features]
         sparse = [f.feature for f in group.fields]
-        plain, plain_all = _rate(lambda: _plain_loop(source.files, dense, sparse, offsets), repeats)
-        figures = {"staging": staging, "staging_lookahead": lookahead, "plain_loop": plain,
-                   "synth_rows": synth_rate}
-        runs = {"staging": staging_all, "staging_lookahead": lookahead_all, "plain_loop": plain_all}
-        if not args.quick:
-            dask_source = DaskSource(data, workers=2)
-            try:
-                figures["staging_dask"], runs["staging_dask"] = _rate(
-                    lambda: _staging(spec, dask_source, 0), repeats)
-            finally:
+        fns = {"staging": lambda: _staging(spec, source, 0),
+               "staging_lookahead": lambda: _staging(spec, source, WINDOW),
+               "plain_loop": lambda: _plain_loop(data, dense, sparse, offsets, 0)}
+        dask_source = None if args.quick else DaskSource(data, workers=2)
+        if dask_source is not None:
+            fns["staging_dask"] = lambda: _staging(spec, dask_source, 0)
+        try:
+            runs = _rates(fns, repeats)
+        finally:
+            if dask_source is not None:
                 dask_source.close()
-        source.close()
+            source.close()
+        figures = {name: statistics.median(r) for name, r in runs.items()}
+        figures["synth_rows"] = synth_rate
+        staging, lookahead, plain = figures["staging"], figures["staging_lookahead"], figures["plain_loop"]
     result = {
         "benchmark": "staging", "quick": args.quick, "rows": rows, "batch_size": BATCH,
         "lookahead_window": WINDOW, "repeats": repeats, "samples_per_s": figures, "runs": runs,
