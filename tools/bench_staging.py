@@ -62,6 +62,9 @@ def _staging(spec, source, lookahead: int) -> int:
 def _rates(fns: dict, repeats: int) -> dict[str, list[float]]:
     """Samples/s of each function, the functions alternating in every repeat (fair under noise)."""
     rates: dict[str, list[float]] = {name: [] for name in fns}
+    if repeats > 1:
+        for fn in fns.values():  # warm-up pass (page cache, allocator, thread pools), not timed
+            fn()
     for _ in range(repeats):
         for name, fn in fns.items():
             start = time.perf_counter()
