@@ -21,12 +21,12 @@ import networkx as nx
 import torch
 from torch import nn
 
-from operators import registry
 from flowrec.graph.edges import Slot, input_slots
 from flowrec.graph.types import Op, PackedGroup
+from flowrec.runtime.placement import group_embedding
 from flowrec.spec.model import ModelSpec
+from operators import registry
 from operators.dense import concat_flat
-from operators.embedding import PackedEmbeddingBag
 
 DENSE_KINDS = ("mlp", "packed_mlp", "dot", "fm", "cross", "target_attention", "linear", "concat", "head")
 FLAT_INPUT_KINDS = ("mlp", "cross", "head")  # take one (B, In) tensor: inputs are flattened + concatenated
@@ -61,7 +61,7 @@ class LoweredModel(nn.Module):
         self.group_map = {g.name: g for g in self.groups}
         torch.manual_seed(seed)
         self.embeddings = nn.ModuleDict({
-            g.name: PackedEmbeddingBag(g, seed=seed, device=self.table_device(g)) for g in self.groups
+            g.name: group_embedding(g, seed, self.device) for g in self.groups
         })
         graph: nx.DiGraph = plan.graph
         self.emb_node = {graph.nodes[n]["op"].attr("group"): n for n in graph.nodes
@@ -87,13 +87,8 @@ class LoweredModel(nn.Module):
         self.head_names = tuple(loss_op.attr("heads", ()))
         self.loss = registry.create("loss", dict(loss_op.attrs), [])
         self.tasks = tuple(graph.nodes[h]["op"].attr("task", "binary") for h in self.head_nodes)
-        self.to(self.device)
-        for g in self.groups:  # .to() above moved every buffer: put host tables back
-            self.embeddings[g.name].to(self.table_device(g))
-
-    def table_device(self, group: PackedGroup) -> torch.device:
-        """Where a group's packed table lives: host placement keeps it in host memory."""
-        return torch.device("cpu") if group.placement == "host" else self.device
+        self.ops.to(self.device)
+        self.loss.to(self.device)
 
     def dense_parameters(self) -> list[nn.Parameter]:
         """Parameters trained by torch.optim (packed tables are updated in their backward)."""
