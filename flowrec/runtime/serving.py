@@ -87,13 +87,14 @@ class ServingModel(nn.Module):
         super().__init__()
         self.fields = {g.name: g.fields for g in lowered.groups}
         self.tasks = lowered.tasks
-        tables = {}
+        weights, self.table_index = [], {}
         for g in lowered.groups:
             emb = lowered.embeddings[g.name]
             for slot in g.tables:
-                tables[slot.table] = nn.Parameter(emb.table_rows(slot.table).detach().clone().cpu(),
-                                                  requires_grad=False)
-        self.tables = nn.ParameterDict(tables)
+                self.table_index[slot.table] = len(weights)
+                weights.append(nn.Parameter(emb.table_rows(slot.table).detach().clone().cpu(),
+                                            requires_grad=False))
+        self.tables = nn.ParameterList(weights)  # one (rows, D) table per logical table
         lowered.embeddings = nn.ModuleDict()  # the dense part stays; packed tables are dropped
         self.dense_model = lowered
 
@@ -103,7 +104,7 @@ class ServingModel(nn.Module):
             parts = []
             for f in fields:
                 ids, offsets = sparse[f.feature]
-                weight = self.tables[f.table]
+                weight = self.tables[self.table_index[f.table]]
                 if f.pooling == "none":
                     parts.append(_sequence(ids, offsets, weight, f.max_len))  # (B, L, D)
                 else:

@@ -122,6 +122,7 @@ class Trainer:
         self.log: MetricsLog | None = None
         self.stage_seconds = {"staging_wait": 0.0, "compute": 0.0, "eval": 0.0, "checkpoint": 0.0}
         self._interrupt = GracefulInterrupt()
+        self._per_epoch = 0
 
     # ---------------------------------------------------------------- data
     def staging(self, shuffle: bool | None = None, lookahead: int | None = None) -> StagingOptions:
@@ -150,6 +151,7 @@ class Trainer:
         cfg = self.config
         per_epoch = batches_per_epoch(sum(train_source.partition_rows()), self.spec.training.batch_size,
                                       cfg.drop_last)
+        self._per_epoch = per_epoch
         total = per_epoch * self.epochs
         if cfg.max_steps is not None:
             total = min(total, cfg.max_steps)
@@ -209,9 +211,9 @@ class Trainer:
                     self._checkpoint()
                 if self._done(total) or self._interrupt.requested:
                     break
-            else:
-                pos.epoch, pos.batch = pos.epoch + 1, 0
             self.stage_seconds["staging_wait"] += batches.wait_s
+        if pos.batch >= self._per_epoch:
+            pos.epoch, pos.batch = pos.epoch + 1, 0
         if self._interrupt.requested:
             raise KeyboardInterrupt
         return loss
