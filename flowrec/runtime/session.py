@@ -41,6 +41,8 @@ class SessionOptions:
         synthetic_rows: rows of synthetic training data when no data is given or bound.
         seed: overrides the spec's training seed.
         workdir: where bound raw data is converted (the run folder).
+        dask: read partitions through Dask: a scheduler address, or "local" for a local cluster
+            (None: direct pyarrow reads, the faster default; see docs/data.md).
     """
 
     data: Path | None = None
@@ -50,6 +52,7 @@ class SessionOptions:
     synthetic_rows: int = SYNTH_ROWS
     seed: int | None = None
     workdir: Path | None = None
+    dask: str | None = None
 
 
 @dataclass
@@ -124,28 +127,34 @@ def resolve_data(spec: ModelSpec, spec_path: Path, opts: SessionOptions,
                  status: Callable[[str], None]) -> tuple[Any, Any | None, str]:
     """(train source, eval source or None, a note saying where the data came from)."""
     if opts.data is not None:
-        train, evaluation = dataset_pair(Path(opts.data), spec)
+        train, evaluation = dataset_pair(Path(opts.data), spec, opts.dask)
         if opts.eval_data is not None:
-            evaluation = open_dataset(Path(opts.eval_data), spec)
+            evaluation = open_dataset(Path(opts.eval_data), spec, opts.dask)
         return train, evaluation, f"data: {opts.data}"
     if spec.data is not None:
         folder = bound_dataset(spec, spec_path, opts.workdir, status)
-        train, evaluation = dataset_pair(folder, spec)
+        train, evaluation = dataset_pair(folder, spec, opts.dask)
         return train, evaluation, f"data: {spec.data.format} at {spec.data.path} (encoded in {folder})"
     return synthetic_sources(spec, opts.synthetic_rows, status)
 
 
-def open_dataset(path: Path, spec: ModelSpec) -> ParquetSource:
+def open_dataset(path: Path, spec: ModelSpec, dask: str | None = None) -> Any:
+    """An encoded dataset checked against the spec, read directly or through Dask."""
     check_spec(read_meta(path), spec)
-    return ParquetSource(path)
+    if dask is None:
+        return ParquetSource(path)
+    from flowrec.data.dataset import DaskSource
+
+    return DaskSource(path, address=None if dask == "local" else dask)
 
 
-def dataset_pair(path: Path, spec: ModelSpec) -> tuple[ParquetSource, ParquetSource | None]:
+def dataset_pair(path: Path, spec: ModelSpec, dask: str | None = None) -> tuple[Any, Any | None]:
     """A dataset folder, or its train/ and test/ parts when it was split."""
     if (path / "train" / META_FILE).is_file():
         test = path / "test"
-        return open_dataset(path / "train", spec), open_dataset(test, spec) if (test / META_FILE).is_file() else None
-    return open_dataset(path, spec), None
+        evaluation = open_dataset(test, spec, dask) if (test / META_FILE).is_file() else None
+        return open_dataset(path / "train", spec, dask), evaluation
+    return open_dataset(path, spec, dask), None
 
 
 def bound_dataset(spec: ModelSpec, spec_path: Path, workdir: Path | None,

@@ -198,3 +198,16 @@ def test_movielens_deepfm_reaches_the_plain_pytorch_auc(shared_data: Path, repo:
     report = json.loads(result.stdout[result.stdout.index("{"):])
     (head,) = report["eval"].values()
     assert head["samples"] > 15_000 and head["auc"] >= 0.77
+
+
+def test_dask_cluster_reads_give_the_same_training_as_direct_reads(spec_file: Path, tmp_path: Path):
+    data = tmp_path / "data"
+    made = runner.invoke(app, ["data", "synth", str(spec_file), "--rows", "2000", "--out", str(data),
+                               "--rows-per-file", "500"])
+    assert made.exit_code == 0, made.output
+    direct = _train(spec_file, tmp_path / "direct", "--data", str(data), "--epochs", "1")
+    assert direct.exit_code == 0, direct.output
+    dask = _train(spec_file, tmp_path / "dask", "--data", str(data), "--epochs", "1", "--dask", "local")
+    assert dask.exit_code == 0, dask.output
+    a, b = _params(tmp_path / "direct"), _params(tmp_path / "dask")
+    assert all(torch.equal(a[k], b[k]) for k in a)
