@@ -158,6 +158,17 @@ def _utf8(col: pa.Array, lines: np.ndarray, bad: np.ndarray, log: ErrorLog, name
 
 
 def _numbers(text: pa.Array, lines: np.ndarray, bad: np.ndarray, log: ErrorLog, name: str) -> pa.Array:
+    """Parse a numeric column; non-numeric and non-finite (nan, inf) values make the row malformed."""
+    numbers = _parse_numbers(text, lines, bad, log, name)
+    values = numbers.to_numpy(zero_copy_only=False)
+    present = numbers.is_valid().to_numpy(zero_copy_only=False)
+    for i in np.flatnonzero(present & ~np.isfinite(values) & ~bad):
+        bad[i] = True
+        log.add(int(lines[i]), f"non-finite value {text[i].as_py()!r} in column {name}")
+    return numbers
+
+
+def _parse_numbers(text: pa.Array, lines: np.ndarray, bad: np.ndarray, log: ErrorLog, name: str) -> pa.Array:
     try:
         return pc.cast(text, pa.float64())
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):

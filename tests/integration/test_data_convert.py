@@ -156,3 +156,32 @@ def test_cli_convert_synth_inspect_profile(shared_data, repo, tmp_path):
     other.write_text(Path(spec).read_text().replace("hash_buckets: 1461", "hash_buckets: 1462"))
     res = runner.invoke(app, ["data", "profile", str(other), str(tmp_path / "s")])
     assert res.exit_code == 2 and "data hash" in res.output
+
+
+NONFINITE_SPEC = """
+name: nonfinite
+features:
+  - {name: d1, type: dense, transform: none, fill: -1.0}
+  - {name: c1, type: categorical, hash_buckets: 100, dim: 4}
+modules:
+  - {name: top, kind: mlp, inputs: ["@dense", "@sparse"], layers: [4]}
+heads:
+  - {name: ctr, input: top}
+optimizer:
+  dense: {name: adam, lr: 0.01}
+  sparse: {name: sgd, lr: 0.1}
+"""
+
+
+def test_dense_nan_is_filled_and_inf_is_a_malformed_row(tmp_path):
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(NONFINITE_SPEC)
+    spec = load_spec(spec_path)
+    raw = tmp_path / "x.csv"
+    raw.write_text("label,d1,c1\n1,0.5,a\n0,nan,b\n1,-inf,c\n0,,d\n")
+    with pytest.raises(DataError, match=r"x.csv:4: non-finite value '-inf' in column d1"):
+        convert(spec, "csv", [raw], tmp_path / "fail")
+    report = convert(spec, "csv", [raw], tmp_path / "skip", on_error="skip")
+    assert report.rows == 3 and report.errors == 1
+    values = pq.read_table(next((tmp_path / "skip").glob("*.parquet"))).column("d1").to_pylist()
+    assert values == [0.5, -1.0, -1.0]  # nan and empty are missing values: the feature's fill
