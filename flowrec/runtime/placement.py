@@ -3,6 +3,8 @@
 `device`: the packed table on the compute device. `host`: the packed table in host memory
 (pinned where CUDA is present); lookups gather on the host, the pooled rows travel to the device
 and their gradients come back for the fused update on the host (the CPU-GPU hybrid baseline).
+`static_hot` (FAE) and `lookahead` (ScratchPipe) keep a host master table and some rows on the
+device (`flowrec.runtime.caches`). Every placement but `device` keeps traffic counters.
 
 Example:
     >>> module = group_embedding(group, seed=0, device=torch.device("cpu"))  # doctest: +SKIP
@@ -13,12 +15,15 @@ import torch
 from torch import nn
 
 from flowrec.graph.types import PackedGroup
+from flowrec.runtime.caches import PLACEMENTS
 from operators.embedding import PackedEmbeddingBag
+
+HOST_SIDE = frozenset({"host", "static_hot", "lookahead"})  # placements whose ids stay on the host
 
 
 def table_device(group: PackedGroup, device: torch.device) -> torch.device:
-    """Where a group's packed table lives: host placement keeps it in host memory."""
-    return torch.device("cpu") if group.placement == "host" else device
+    """Where a group's packed (master) table lives: every placement but device keeps it on the host."""
+    return torch.device("cpu") if group.placement in HOST_SIDE else device
 
 
 def group_embedding(group: PackedGroup, seed: int, device: torch.device) -> nn.Module:
@@ -27,9 +32,9 @@ def group_embedding(group: PackedGroup, seed: int, device: torch.device) -> nn.M
     Raises:
         ValueError: for a placement this runtime cannot run.
     """
-    if group.placement not in ("device", "host"):
-        raise ValueError(f"group {group.name}: placement {group.placement!r} is not supported by this runtime")
-    module = PackedEmbeddingBag(group, seed=seed, device=table_device(group, device))
-    if group.placement == "host" and device.type == "cuda":
-        module.weight = module.weight.pin_memory()
-    return module
+    if group.placement == "device":
+        return PackedEmbeddingBag(group, seed=seed, device=device)
+    if group.placement not in PLACEMENTS:
+        raise ValueError(f"group {group.name}: placement {group.placement!r} is not supported by this "
+                         f"runtime (known: device, {', '.join(sorted(PLACEMENTS))})")
+    return PLACEMENTS[group.placement](group, seed, torch.device(device))
