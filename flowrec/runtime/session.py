@@ -118,9 +118,28 @@ def prepare(spec: ModelSpec, spec_path: Path, opts: SessionOptions,
     device = resolve_device(opts.device if opts.device != "auto" else spec.plan.device)
     plan, plan_document = plan_for(spec, device, opts.device_budget, status)
     train, evaluation, note = resolve_data(spec, spec_path, opts, status)
+    if spec.training.deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
     status(f"building model on {device} ({len(plan.meta.groups)} packed groups)")
-    model = lower(plan, spec, device)
+    try:
+        model = lower(plan, spec, device)
+    except (torch.OutOfMemoryError, RuntimeError) as exc:
+        if "memory" not in str(exc).lower():
+            raise
+        raise RuntimeError(out_of_memory_message(plan, device, exc)) from None
     return Session(spec, plan, plan_document, model, device, train, evaluation, note)
+
+
+def out_of_memory_message(plan: Any, device: torch.device, exc: BaseException) -> str:
+    """Name the tables that were being placed and the budget the planner assumed."""
+    from flowrec.spec.units import format_bytes
+
+    groups = sorted(plan.meta.groups, key=lambda g: -g.bytes)
+    placed = ", ".join(f"{g.name} ({len(g.tables)} tables, {format_bytes(g.bytes)} with optimizer state, "
+                       f"placement {g.placement})" for g in groups[:5])
+    return (f"out of memory building the model on {device}: {placed}; the planner assumed a device "
+            f"budget of {format_bytes(plan.device_budget_bytes)}. Give a smaller --device-budget so "
+            f"more tables go to host or cache placements, or use --device cpu. ({str(exc).splitlines()[0]})")
 
 
 def resolve_data(spec: ModelSpec, spec_path: Path, opts: SessionOptions,
