@@ -85,12 +85,18 @@ def cost_target(device: torch.device) -> str:
 
 
 def runnable_groups(plan: Any) -> tuple[Any, list[str]]:
-    """Placements the runtime runs: device and host; cache policies run as host for now."""
+    """Placements the runtime runs: device, host, static_hot and lookahead (`flowrec.runtime.caches`).
+
+    A cache placement planned without device rows runs as host; every cache group gets a note.
+    """
     notes, groups = [], []
     for g in plan.meta.groups:
         if g.placement in ("static_hot", "lookahead"):
-            notes.append(f"group {g.name}: placement {g.placement} runs as host (row cache not in this runtime)")
-            g = replace(g, placement="host")
+            if g.cache_rows < 1:
+                notes.append(f"group {g.name}: placement {g.placement} has no cache rows; runs as host")
+                g = replace(g, placement="host")
+            else:
+                notes.append(f"group {g.name}: placement {g.placement} with {g.cache_rows:,} device rows")
         groups.append(g)
     meta: PlanMeta = replace(plan.meta, groups=tuple(groups))
     return replace(plan, meta=meta), notes
