@@ -100,6 +100,9 @@ class LoweredModel(nn.Module):
         for name in self.group_order:
             module = self.embeddings[name]
             ids = batch.groups[name]
+            if getattr(module, "takes_group_ids", False):  # caches read the staged lookahead rows
+                out[name] = module.forward_group(ids).to(self.device, non_blocking=True)
+                continue
             table_dev = module.weight.device
             emb = module(ids.ids.to(table_dev, non_blocking=True),
                          ids.offsets.to(table_dev, non_blocking=True), ids.casting)
