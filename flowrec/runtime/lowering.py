@@ -51,9 +51,12 @@ class LoweredModel(nn.Module):
         spec: the spec it was planned from.
         device: compute device.
         seed: model seed (packed tables and dense init).
+        tables: build the packed tables (False: the dense part only, for models that bring
+            their own lookups, e.g. `flowrec.runtime.reference`; the dense init is the same).
     """
 
-    def __init__(self, plan: Any, spec: ModelSpec, device: torch.device | str = "cpu", seed: int = 0):
+    def __init__(self, plan: Any, spec: ModelSpec, device: torch.device | str = "cpu", seed: int = 0,
+                 tables: bool = True):
         super().__init__()
         self.device = torch.device(device)
         self.groups: tuple[PackedGroup, ...] = tuple(plan.meta.groups)
@@ -135,7 +138,7 @@ class LoweredModel(nn.Module):
                 values[step.name] = op(concat_flat(inputs))
             else:
                 values[step.name] = op(*inputs)
-        return torch.cat([values[h].float().reshape(-1, 1) for h in self.head_nodes], dim=1)
+        return torch.cat([_at_least_fp32(values[h]).reshape(-1, 1) for h in self.head_nodes], dim=1)
 
     def _slot_value(self, slot: Slot, dense: torch.Tensor, emb: dict[str, torch.Tensor],
                     values: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -194,3 +197,8 @@ def _select_fields(out: torch.Tensor, group: PackedGroup, fields: tuple[str, ...
 def lower(plan: Any, spec: ModelSpec, device: torch.device | str = "cpu", seed: int | None = None) -> LoweredModel:
     """Build the trainable model of `plan` on `device` (seed: the spec's training seed by default)."""
     return LoweredModel(plan, spec, device, spec.training.seed if seed is None else seed)
+
+
+def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
+    """Logits in fp32 (bf16 autocast outputs) or wider (a float64 model keeps float64)."""
+    return x if x.dtype == torch.float64 else x.float()
