@@ -65,7 +65,7 @@ class LoweredModel(nn.Module):
         torch.manual_seed(seed)
         self.embeddings = nn.ModuleDict({
             g.name: group_embedding(g, seed, self.device) for g in self.groups
-        })
+        } if tables else {})
         graph: nx.DiGraph = plan.graph
         self.emb_node = {graph.nodes[n]["op"].attr("group"): n for n in graph.nodes
                          if graph.nodes[n]["op"].kind == "packed_embedding"}
