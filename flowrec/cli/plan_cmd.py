@@ -64,9 +64,9 @@ def plan(
         elif dest is not None:
             Path(dest).write_text(text(), encoding="utf-8")
     if svg is not None:
-        svg.write_text(to_svg(result.graph), encoding="utf-8")
+        svg.write_text(to_svg(result), encoding="utf-8")
     if png is not None:
-        to_png(result.graph, png)
+        to_png(result, png)
     if "-" not in (json_out, dot):
         typer.echo("\n".join(text_report(result)))
 
