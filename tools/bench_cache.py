@@ -1,0 +1,188 @@
+"""Cache placements on a DLRM-Criteo-shaped model with a device budget of 10% of the table bytes.
+
+Zipf-skewed synthetic rows (flowrec's synth, alpha 1.1) over the 26 Criteo categorical tables
+(vocabularies capped so the run fits this machine), dim 16, row-wise Adagrad; staged with
+lookahead W. Each policy trains the embedding stage (lookups, casted backward, fused update and
+its cache work) over the same batches behind a fixed nonlinear head:
+
+  device      every table resident (fits here: the host is the device)
+  host        the table on the host; pooled rows to the device, gradients back
+  static_hot  FAE: hottest rows of a 25% sample on the device, hot/cold batches (HotColdBatcher)
+  lookahead   ScratchPipe scratchpad of the budget's rows, exchange on a worker thread
+  lru         demand-fetch LRU of the same capacity
+  belady      Belady's OPT bound of the same capacity on the batch trace (simulated, no timing)
+
+Figures: samples/s (median of repeats; the policies alternate within each repeat), bytes moved
+per sample from the counters (ids and offsets + row traffic; `row_bytes_per_sample` without the
+ids), train-time hit rates, and static_hot's hot-sample fraction against the profile's
+prediction. Ratios compare row traffic of one run. Counted bytes are logical transfers: on a
+CPU the "device" is host memory and nothing crosses a link.
+
+Usage: python tools/bench_cache.py [--quick] [--json PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from flowrec.data.batches import StagingOptions, iterate_batches  # noqa: E402
+from flowrec.data.cachesim import batch_trace, belady_hits  # noqa: E402
+from flowrec.data.dataset import MemorySource, split_table  # noqa: E402
+from flowrec.data.pack import column_arrays, pack_group  # noqa: E402
+from flowrec.data.profile import profile_access, sample_rows  # noqa: E402
+from flowrec.data.synth import SynthConfig, synth_table  # noqa: E402
+from flowrec.planner.layout import group_layout  # noqa: E402
+from flowrec.runtime.caches import PLACEMENTS, hottest_rows  # noqa: E402
+from flowrec.runtime.caches.fae_batches import HotColdBatcher, hot_samples  # noqa: E402
+from flowrec.spec import load_spec  # noqa: E402
+from operators.embedding import PackedEmbeddingBag  # noqa: E402
+
+BUDGET_SHARE = 0.10  # device budget as a share of the table bytes
+SAMPLE_RATE = 0.25  # FAE profile sample (large enough that the hottest rows, not all seen rows, fill the budget)
+PROFILE_TRACE = 1000  # accesses of the profile's own cache curves (not used here; kept short)
+WINDOW = 4  # lookahead window, batches
+ZIPF_ALPHA = 1.1
+FULL = {"vocab_cap": 100_000, "batch": 2048, "batches": 40, "repeats": 2}
+QUICK = {"vocab_cap": 3_000, "batch": 128, "batches": 8, "repeats": 1}
+
+
+def criteo_spec(vocab_cap: int, batch: int):
+    """specs/dlrm_criteo.yaml with vocabularies capped at `vocab_cap` and the bench's batch size."""
+    spec = load_spec(REPO / "specs" / "dlrm_criteo.yaml")
+    feats = tuple(replace(f, hash_buckets=min(f.hash_buckets, vocab_cap))
+                  if getattr(f, "hash_buckets", None) else f for f in spec.features)
+    return replace(spec, features=feats, data=None,
+                   training=replace(spec.training, batch_size=batch))
+
+
+def staged(spec, source):
+    opts = StagingOptions(batch_size=spec.training.batch_size, workers=2, lookahead=WINDOW, shuffle=True)
+    with iterate_batches(spec, source, opts) as it:
+        return list(it)
+
+
+def head(group) -> torch.Tensor:
+    return torch.randn(group.bags_per_sample, group.dim, generator=torch.Generator().manual_seed(0))  # (S, D)
+
+
+def run_policy(name: str, group, batches, capacity: int, hot_rows=None) -> tuple[float, dict]:
+    """Train the embedding stage over `batches`; (seconds, counters snapshot after the final sync)."""
+    w = head(group)
+    if name == "device":
+        module = PackedEmbeddingBag(group, seed=0)
+        step = lambda g: module(g.ids, g.offsets, g.casting)  # noqa: E731
+    else:
+        cached = replace(group, placement=name if name != "lru" else "lookahead", cache_rows=capacity)
+        module = PLACEMENTS[name](cached, 0, torch.device("cpu"))
+        if hot_rows is not None:
+            module.set_hot_rows(hot_rows)
+            module.counters.reset()
+        step = module.forward_group if name != "host" else lambda g: module(g.ids, g.offsets, g.casting)
+    start = time.perf_counter()
+    for batch in batches:
+        torch.tanh(step(batch.groups[group.name]) * w).sum().backward()
+    if hasattr(module, "sync_master"):
+        module.sync_master()
+    seconds = time.perf_counter() - start
+    if hasattr(module, "close"):
+        module.close()
+    if name == "device":
+        nnz = sum(b.groups[group.name].ids.numel() + b.groups[group.name].offsets.numel() for b in batches)
+        return seconds, {"h2d_bytes": nnz * 8, "d2h_bytes": 0, "hit_rate": 1.0, "rows_fetched": 0,
+                         "rows_written_back": 0, "samples": sum(b.size for b in batches)}
+    return seconds, module.counters.snapshot()
+
+
+def sample_hot_rows(spec, source, group, capacity: int):
+    """FAE's hot set: the hottest `capacity` rows of a SAMPLE_RATE sample (same sample as the profile)."""
+    table = sample_rows(spec, source, SAMPLE_RATE, seed=0)
+    cols = {f.name: column_arrays(table.column(f.name)) for f in spec.sparse_features}
+    ids, _ = pack_group(group, cols, table.num_rows)
+    return hottest_rows(np.bincount(ids, minlength=group.rows), capacity)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small smoke run (well under a minute)")
+    ap.add_argument("--json", type=Path, help="write every figure as JSON here")
+    args = ap.parse_args(argv)
+    cfg = QUICK if args.quick else FULL
+    torch.manual_seed(0)
+    spec = criteo_spec(cfg["vocab_cap"], cfg["batch"])
+    (group,) = group_layout(spec)
+    rows = cfg["batch"] * cfg["batches"]
+    source = MemorySource(split_table(synth_table(spec, rows, SynthConfig(seed=0, alpha=ZIPF_ALPHA)), 4))
+    batches = staged(spec, source)
+    row_bytes = group.row_bytes()
+    table_bytes = group.rows * row_bytes
+    capacity = int(table_bytes * BUDGET_SHARE) // row_bytes
+    window_need = max(b.groups[group.name].window_unique.numel() for b in batches)
+    profile = profile_access(spec, source, sample_rate=SAMPLE_RATE, budget_bytes=capacity * row_bytes,
+                             window=WINDOW, batch_size=cfg["batch"], max_trace=PROFILE_TRACE)
+    hot_rows = sample_hot_rows(spec, source, group, capacity)
+    hot_flags = {group.name: torch.zeros(group.rows, dtype=torch.bool).index_fill_(0, hot_rows, True)}
+    batcher = HotColdBatcher(batches, hot_flags, [group], cfg["batch"])
+    fae_order = list(batcher)
+    bags = {group.name: group.bags_per_sample}
+    hot_samples_seen = sum(int(hot_samples(b, hot_flags, bags).sum()) for b in batches)
+
+    policies = ("device", "host", "static_hot", "lookahead", "lru")
+    seconds: dict[str, list[float]] = {p: [] for p in policies}
+    snaps: dict[str, dict] = {}
+    for _ in range(cfg["repeats"]):
+        for p in policies:
+            order = fae_order if p == "static_hot" else batches
+            t, snap = run_policy(p, group, order, capacity, hot_rows if p == "static_hot" else None)
+            seconds[p].append(t)
+            snaps.setdefault(p, snap)
+    samples = sum(b.size for b in batches)
+    index_bytes = snaps["device"]["h2d_bytes"]
+    trace, which = batch_trace([b.groups[group.name].ids.numpy() for b in batches])
+    belady_misses = len(trace) - belady_hits(trace, capacity)
+    row_traffic = {p: (s["h2d_bytes"] + s["d2h_bytes"] - index_bytes) for p, s in snaps.items()}
+    row_traffic["belady"] = 2 * belady_misses * row_bytes
+    result = {
+        "device": {"torch": torch.__version__, "cpu": platform.processor() or platform.machine(),
+                   "threads": torch.get_num_threads(), "cuda": torch.cuda.is_available()},
+        "config": {**cfg, "window": WINDOW, "zipf_alpha": ZIPF_ALPHA, "budget_share": BUDGET_SHARE,
+                   "table_rows": group.rows, "row_bytes": row_bytes, "table_bytes": table_bytes,
+                   "capacity_rows": capacity, "window_rows_needed": window_need, "samples": samples},
+        "samples_per_s": {p: round(samples / statistics.median(t), 1) for p, t in seconds.items()},
+        "bytes_per_sample": {p: round((row_traffic[p] + index_bytes) / samples, 2) for p in row_traffic},
+        "row_bytes_per_sample": {p: round(row_traffic[p] / samples, 2) for p in row_traffic},
+        "hit_rate": {p: round(s["hit_rate"], 6) for p, s in snaps.items()},
+        "counters": snaps,
+        "static_hot": {"hot_sample_fraction": round(hot_samples_seen / samples, 4),
+                       "profile_hot_sample_fraction": round(profile["budget"]["hot_sample_fraction"], 4),
+                       "hot_batches": batcher.emitted["hot"], "cold_batches": batcher.emitted["cold"],
+                       "switches": batcher.switches},
+        "ratios": {
+            "lookahead_vs_lru_bytes": round(row_traffic["lookahead"] / max(row_traffic["lru"], 1), 4),
+            "lookahead_vs_belady_bytes": round(row_traffic["lookahead"] / max(row_traffic["belady"], 1), 4),
+            "lookahead_vs_host_bytes": round(row_traffic["lookahead"] / max(row_traffic["host"], 1), 4),
+            "lookahead_vs_device_samples_per_s": round(statistics.median(seconds["device"])
+                                                       / statistics.median(seconds["lookahead"]), 4),
+        },
+    }
+    text = json.dumps(result, indent=2, sort_keys=True)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(text + "\n")
+    print(text)
+    return result
+
+
+if __name__ == "__main__":
+    main()
