@@ -174,10 +174,11 @@ class Trainer:
         seconds = time.perf_counter() - started
         samples = self.position.samples - start_samples
         result = TrainResult(self.position.step, samples, seconds, samples / max(seconds, 1e-9), loss,
-                             interrupted=interrupted, stage_seconds=dict(self.stage_seconds))
+                             interrupted=interrupted)
         if not interrupted and eval_source is not None:
             result.eval = self._evaluate(eval_source, final=True)
         self._checkpoint()
+        result.stage_seconds = dict(self.stage_seconds)
         if self.log is not None:
             self.log.write({"event": "end", "step": self.position.step, "samples": samples,
                             "seconds": seconds, "samples_per_s": result.samples_per_s,
