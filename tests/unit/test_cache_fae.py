@@ -106,3 +106,19 @@ def test_switch_sync_makes_host_and_device_agree():
             assert torch.equal(module.master.state[module.hot_rows], module.hot.state)
         loss_of(out, w).backward()
     assert checked == module.switches >= 2
+
+
+def test_assign_hot_rows_fills_every_static_hot_group():
+    from flowrec.data.dataset import MemorySource, split_table
+    from flowrec.data.synth import SynthConfig, synth_table
+    from flowrec.runtime.caches.static_hot import assign_hot_rows
+    from flowrec.runtime.lowering import lower
+    from test_cache_model import plan_with
+
+    spec = cache_spec()
+    plan = plan_with(spec, "static_hot", {g.name: 40 for g in groups_of(spec, "fp32")})
+    model = lower(plan, spec, "cpu")
+    source = MemorySource(split_table(synth_table(spec, 400, SynthConfig(seed=2)), 2))
+    flags = assign_hot_rows(model, spec, source, sample_rate=1.0)
+    assert set(flags) == set(model.embeddings)
+    assert all(int(f.sum()) == 40 for f in flags.values())

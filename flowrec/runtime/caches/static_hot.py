@@ -164,3 +164,34 @@ class StaticHotEmbedding(CachedEmbedding):
         w, s = self.master.read_rows(self.hot_rows)
         self.hot.weight, self.hot.state = w.to(self.device), s.to(self.device)
         self.dirty.zero_()
+
+
+def assign_hot_rows(model: Any, spec: Any, source: Any, sample_rate: float = 0.05,
+                    seed: int = 0) -> dict[str, torch.Tensor]:
+    """FAE's profiling step for a lowered model: sample the data, count row accesses, and load the
+    hottest `cache_rows` rows of every static_hot group into its hot table.
+
+    Args:
+        model: a `LoweredModel` (its `embeddings`).
+        spec: the model spec.
+        source: the training data (a `PartitionSource`).
+        sample_rate: Bernoulli sample of the rows counted.
+        seed: sampling seed.
+
+    Returns:
+        Per static_hot group, the hot flag of each packed row (for `HotColdBatcher`).  # {group: (R,) bool}
+    """
+    from flowrec.data.pack import column_arrays, pack_group
+    from flowrec.data.profile import sample_rows
+
+    modules = {n: m for n, m in model.embeddings.items() if isinstance(m, StaticHotEmbedding)}
+    if not modules:
+        return {}
+    table = sample_rows(spec, source, sample_rate, seed)
+    cols = {f.name: column_arrays(table.column(f.name)) for f in spec.sparse_features}
+    flags = {}
+    for name, module in modules.items():
+        ids, _ = pack_group(module.group, cols, table.num_rows)
+        module.set_hot_rows(hottest_rows(np.bincount(ids, minlength=module.group.rows), module.group.cache_rows))
+        flags[name] = module.is_hot()
+    return flags
