@@ -30,6 +30,25 @@ from operators.dense import concat_flat
 
 DENSE_KINDS = ("mlp", "packed_mlp", "dot", "fm", "cross", "target_attention", "linear", "concat", "head")
 FLAT_INPUT_KINDS = ("mlp", "cross", "head")  # take one (B, In) tensor: inputs are flattened + concatenated
+GATHERED_KINDS = FLAT_INPUT_KINDS + ("concat", "linear")  # whose many inputs one column gather assembles
+GATHER_MIN_SLOTS = 4  # from this many input slots on, one gather replaces per-slot slices + cat
+
+
+@dataclass(frozen=True)
+class FlatGather:
+    """A node's flattened, concatenated inputs as one column gather over whole sources.
+
+    Per-field slices of a (B, S, D) lookup each cost a full-size zero tensor in the backward;
+    one `index_select` over the concatenated sources costs one scatter of the selected columns.
+
+    Args:
+        sources: source nodes in order (dense input, packed lookups, module outputs).
+        index: columns of cat(sources flattened) in the node's input order, None when that is
+            every column in order.  # (In,) int64
+    """
+
+    sources: tuple[str, ...]
+    index: torch.Tensor | None
 
 
 @dataclass(frozen=True)
@@ -83,6 +102,9 @@ class LoweredModel(nn.Module):
             self.steps.append(NodeStep(name, op.kind, slots, tuple(op.attr("members", ())),
                                        tuple(op.attr("member_ports", ()))))
         self.ops = nn.ModuleDict(ops)
+        self.gathers = {step.name: gather for step in self.steps if step.kind in GATHERED_KINDS
+                        and len(step.slots) >= GATHER_MIN_SLOTS
+                        for gather in [self._flat_gather(step)] if gather is not None}
         loss_name = next(n for n in graph.nodes if graph.nodes[n]["op"].kind == "loss")
         loss_op: Op = graph.nodes[loss_name]["op"]
         self.head_nodes = [s.source for s in input_slots(graph, loss_name)
@@ -126,8 +148,11 @@ class LoweredModel(nn.Module):
         """
         values: dict[str, torch.Tensor] = {}
         for step in self.steps:
-            inputs = [self._slot_value(s, dense, emb, values) for s in step.slots]
             op = self.ops[step.name]
+            if step.name in self.gathers:
+                values[step.name] = op(self._gathered(self.gathers[step.name], dense, emb, values))
+                continue
+            inputs = [self._slot_value(s, dense, emb, values) for s in step.slots]
             if step.kind == "target_attention":
                 query, seq = inputs[0], inputs[1]
                 values[step.name] = op(query.reshape(query.shape[0], -1), seq, masks[step.name])
@@ -155,6 +180,50 @@ class LoweredModel(nn.Module):
             members = next(s.members for s in self.steps if s.name == slot.source)
             return value[:, members.index(slot.fields[0])]
         return value
+
+    def _flat_gather(self, step: NodeStep) -> FlatGather | None:
+        """The column gather of a node's flat inputs (None when a slot is not a plain column set)."""
+        sources: dict[str, int] = {}  # source -> first column in the concatenation
+        width = 0
+        columns = []
+        for slot in step.slots:
+            if slot.source == self.dense_node:
+                full = len(self.dense_columns)
+                cols = [self.dense_columns.index(f) for f in slot.fields] if slot.fields else range(full)
+            elif slot.source in self.node_group:
+                group = self.group_map[self.node_group[slot.source]]
+                full = group.bags_per_sample * group.dim
+                bags = group.field_bags()
+                cols = [c for f in slot.fields for c in range(bags[f].start * group.dim, bags[f].stop * group.dim)] \
+                    if slot.fields else range(full)
+            elif not slot.fields and slot.shape:
+                full = 1
+                for d in slot.shape:
+                    full *= int(d)
+                cols = range(full)
+            else:
+                return None
+            if slot.source not in sources:
+                sources[slot.source] = width
+                width += full
+            columns.extend(sources[slot.source] + c for c in cols)
+        if columns == list(range(width)):
+            return FlatGather(tuple(sources), None)
+        return FlatGather(tuple(sources), torch.tensor(columns, dtype=torch.int64, device=self.device))
+
+    def _gathered(self, gather: FlatGather, dense: torch.Tensor, emb: dict[str, torch.Tensor],
+                  values: dict[str, torch.Tensor]) -> torch.Tensor:
+        """A node's flat input assembled by its `FlatGather`.  # (B, In)"""
+        parts = []
+        for source in gather.sources:
+            if source == self.dense_node:
+                parts.append(dense)
+            elif source in self.node_group:
+                parts.append(emb[self.node_group[source]])
+            else:
+                parts.append(values[source])
+        flat = concat_flat(parts)  # (B, sum of source widths)
+        return flat if gather.index is None else flat.index_select(1, gather.index.to(flat.device))
 
     def _is_packed_mlp(self, name: str) -> bool:
         return any(s.name == name and s.kind == "packed_mlp" for s in self.steps)

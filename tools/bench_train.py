@@ -1,0 +1,348 @@
+"""End-to-end training benchmark: flowrec against plain PyTorch and TorchRec, in one process.
+
+For each model (DLRM-Criteo, wide_1000) and precision (fp32; bf16 autocast of the dense part), on
+the same synthetic Zipf batches (flowrec's synth) and the same initial parameters:
+
+- flowrec: the Trainer's step (`train_step`) on staged batches (lookahead casting computed by the
+  data stage), packed lookups, casted backward with the fused sparse optimizer, micro-batches
+  as planned;
+- plain: what simple CTR libraries do, one `nn.EmbeddingBag` per field with dense gradients and
+  Adam on everything (`ReferenceModel` with `plain=True` optimizers);
+- torchrec: `FusedEmbeddingBagCollection` with the spec's sparse optimizer fused (e.g.
+  EXACT_ROWWISE_ADAGRAD) and the same dense part and dense optimizer (when torchrec imports).
+
+Inputs of every system are built from the staged batches before the clock starts (flowrec's
+casting, the plain model's per-field ids, TorchRec's KeyedJaggedTensor). flowrec and TorchRec
+alternate step by step (so machine noise hits both alike); the plain model, whose dense
+gradients and Adam state need 4x the table memory, runs after them are freed. After the timed
+steps each system is scored on the same held-out synthetic rows (AUC).
+
+Usage:
+    /work/trvenv/bin/python tools/bench_train.py [--quick] [--json PATH] [--models dlrm,wide1000] [--steps N]
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from flowrec.data.batches import StagingOptions, iterate_batches
+from flowrec.data.dataset import MemorySource, split_table
+from flowrec.data.synth import SynthConfig, synth_table
+from flowrec.runtime.lowering import LoweredModel, lower
+from flowrec.runtime.metrics import auc
+from flowrec.runtime.reference import ReferenceModel, reference_optimizers, reference_step, unpack_field
+from flowrec.runtime.session import plan_for
+from flowrec.runtime.step import autocast_context, make_dense_optimizer, train_step
+from flowrec.spec import load_spec
+
+REPO = Path(__file__).resolve().parents[1]
+MODELS = {"dlrm": "specs/dlrm_criteo.yaml", "wide1000": "specs/wide_1000.yaml"}
+BATCH = 4096  # samples per step
+QUICK_BATCH = 512
+QUICK_TABLE_ROWS = 20_000  # --quick caps every table at this many rows
+EVAL_ROWS = 32_768
+QUICK_EVAL_ROWS = 4_096
+PLAIN_MEMORY_SHARE = 0.6  # the plain model may use this share of the available memory
+PLAIN_BYTES_PER_TABLE_BYTE = 4.3  # weight + dense grad + Adam exp_avg + exp_avg_sq (+ slack)
+
+
+@dataclass
+class System:
+    """One trainer under test: a step over prepared inputs and a scorer."""
+
+    name: str
+    step: Callable[[Any], float]
+    predict: Callable[[Any], torch.Tensor]
+    prepare: Callable[[Any], Any] = lambda batch: batch
+    note: str = ""
+
+
+# ---------------------------------------------------------------- systems
+def flowrec_system(plan: Any, spec: Any, precision: str) -> System:
+    model = lower(plan, spec, "cpu")
+    opt = spec.dense_optimizer
+    optimizer = make_dense_optimizer(model, opt.name, opt.lr, dict(opt.params))
+    micro = int(plan.meta.micro_batches)
+
+    def predict(batch: Any) -> torch.Tensor:
+        with torch.no_grad(), autocast_context(model.device, precision):
+            return model(batch).float()
+
+    return System("flowrec", lambda b: train_step(model, optimizer, b, micro, precision), predict,
+                  note=f"micro_batches={micro}")
+
+
+def plain_system(plan: Any, spec: Any, precision: str, max_rows: int | None) -> System:
+    model = ReferenceModel(plan, spec, max_rows=max_rows)
+    optimizers = reference_optimizers(model, spec, plain=True)
+
+    def predict(batch: Any) -> torch.Tensor:
+        with torch.no_grad(), autocast_context(model.device, precision):
+            return model(batch).float()
+
+    note = "" if max_rows is None else f"tables capped at {max_rows} rows (ids modulo) to fit memory"
+    return System("plain", lambda b: reference_step(model, optimizers, b, precision), predict, note=note)
+
+
+def torchrec_system(plan: Any, spec: Any, precision: str) -> System | None:
+    try:
+        from torchrec import EmbeddingBagConfig, KeyedJaggedTensor, PoolingType
+        from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection
+        from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
+    except Exception:  # torchrec missing or broken: its figures are null
+        return None
+    from operators.embedding import init_table_rows
+
+    dense = LoweredModel(plan, spec, "cpu", spec.training.seed, tables=False)
+    opt = spec.dense_optimizer
+    optimizer = make_dense_optimizer(dense, opt.name, opt.lr, dict(opt.params))
+    sparse = spec.sparse_optimizer
+    params = dict(sparse.params)
+    fused = {"rowwise_adagrad": (RowWiseAdagrad, {"lr": sparse.lr, "eps": params.get("eps", 1e-8)}),
+             "adagrad": (torch.optim.Adagrad, {"lr": sparse.lr, "eps": params.get("eps", 1e-10)}),
+             "sgd": (torch.optim.SGD, {"lr": sparse.lr})}[sparse.name]
+    fields = [(g, f) for name in dense.group_order for g in [dense.group_map[name]] for f in g.fields]
+    configs = [EmbeddingBagConfig(name=f.feature, embedding_dim=fbgemm_dim(g.dim),
+                                  num_embeddings=next(t.rows for t in g.tables if t.table == f.table),
+                                  feature_names=[f.feature],
+                                  pooling=PoolingType.MEAN if f.pooling == "mean" else PoolingType.SUM)
+               for g, f in fields]
+    ebc = FusedEmbeddingBagCollection(configs, fused[0], fused[1], device=torch.device("cpu"))
+    with torch.no_grad():
+        for g, f in fields:
+            rows = ebc.embedding_bags[f.feature].weight
+            rows.zero_()
+            rows[:, :g.dim] = init_table_rows(f.table, rows.shape[0], g.dim, spec.training.seed)
+    widths = [(name, len(g.fields), g.dim, fbgemm_dim(g.dim))
+              for name in dense.group_order for g in [dense.group_map[name]]]
+    keys = [f.feature for _, f in fields]
+
+    def prepare(batch: Any) -> Any:
+        values, lengths = [], []
+        for g, f in fields:
+            packed = batch.groups[g.name]
+            ids, offsets = unpack_field(g, f.feature, packed.ids, packed.offsets)
+            values.append(ids)
+            lengths.append(offsets[1:] - offsets[:-1])
+        kjt = KeyedJaggedTensor(keys=keys, values=torch.cat(values), lengths=torch.cat(lengths).int())
+        return kjt, batch.dense, batch.labels
+
+    def lookups(kjt: Any) -> dict[str, torch.Tensor]:
+        flat = ebc(kjt).values()  # (B, sum of dims)
+        out, start = {}, 0
+        for name, count, dim, padded in widths:
+            out[name] = flat[:, start:start + count * padded].view(flat.shape[0], count, padded)[..., :dim]  # (B, F, D)
+            start += count * padded
+        return out
+
+    def step(inputs: Any) -> float:
+        kjt, x, labels = inputs
+        optimizer.zero_grad(set_to_none=True)
+        emb = lookups(kjt)
+        with autocast_context(dense.device, precision):
+            logits = dense.dense_forward(x, emb, {})
+        loss = dense.loss(logits, labels)
+        loss.backward()
+        optimizer.step()
+        return float(loss.detach())
+
+    def predict(inputs: Any) -> torch.Tensor:
+        kjt, x, _ = inputs
+        with torch.no_grad(), autocast_context(dense.device, precision):
+            return dense.dense_forward(x, lookups(kjt), {}).float()
+
+    padded = sum(fbgemm_dim(g.dim) != g.dim for g, _ in fields)
+    note = f"FusedEmbeddingBagCollection, fused {fused[0].__name__}"
+    if padded:
+        note += f"; {padded} fields padded to dim 4 (FBGEMM needs dim % 4 == 0), column 0 used"
+    return System("torchrec", step, predict, prepare, note=note)
+
+
+def fbgemm_dim(dim: int) -> int:
+    """The smallest dim >= `dim` that FBGEMM's table-batched embedding accepts (a multiple of 4)."""
+    return -(-dim // 4) * 4
+
+
+# ---------------------------------------------------------------- data
+def staged_batches(spec: Any, plan: Any, rows: int, seed: int, batch: int, lookahead: int) -> list:
+    table = synth_table(spec, rows, SynthConfig(seed=seed))
+    opts = StagingOptions(batch_size=batch, shuffle=False, lookahead=lookahead, drop_last=True)
+    with iterate_batches(spec, MemorySource(split_table(table, 4)), opts, 0, 0, plan.meta.groups) as it:
+        return list(it)
+
+
+def capped_spec(spec: Any, max_rows: int | None, batch: int) -> Any:
+    tables = spec.tables if max_rows is None else tuple(replace(t, rows=min(t.rows, max_rows)) for t in spec.tables)
+    return replace(spec, tables=tables, training=replace(spec.training, batch_size=batch))
+
+
+def available_bytes() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 16 << 30
+
+
+def plain_row_cap(spec: Any) -> int | None:
+    """Largest per-table row cap under which the plain model (4x the tables) fits in memory."""
+    budget = available_bytes() * PLAIN_MEMORY_SHARE / PLAIN_BYTES_PER_TABLE_BYTE
+    sizes = sorted((t.rows, t.dim * 4) for t in spec.tables)
+    if sum(r * b for r, b in sizes) <= budget:
+        return None
+    lo, hi = 1, sizes[-1][0]
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if sum(min(r, mid) * b for r, b in sizes) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+# ---------------------------------------------------------------- measurement
+def run_systems(systems: list[System], batches: list, eval_batches: list, warmup: int) -> dict[str, dict]:
+    """Alternate the systems step by step over the same batches; then score each."""
+    inputs = {s.name: [s.prepare(b) for b in batches] for s in systems}
+    times: dict[str, list[float]] = {s.name: [] for s in systems}
+    losses: dict[str, float] = {}
+    for i in range(len(batches)):
+        for s in systems:
+            start = time.perf_counter()
+            losses[s.name] = s.step(inputs[s.name][i])
+            if i >= warmup:
+                times[s.name].append(time.perf_counter() - start)
+    del inputs
+    labels = torch.cat([b.labels[:, 0] for b in eval_batches]).numpy()
+    out = {}
+    for s in systems:
+        preds = torch.cat([torch.sigmoid(s.predict(s.prepare(b))[:, 0]) for b in eval_batches]).numpy()
+        ms = statistics.median(times[s.name]) * 1e3
+        size = batches[0].size
+        out[s.name] = {"ms_per_step": round(ms, 2), "samples_per_s": round(size / ms * 1e3, 1),
+                       "auc": round(float(auc(labels, preds)), 5), "final_loss": round(losses[s.name], 5),
+                       "timed_steps": len(times[s.name]), "note": s.note}
+    return out
+
+
+def bench_model(key: str, args: argparse.Namespace) -> dict:
+    batch = QUICK_BATCH if args.quick else args.batch
+    cap = QUICK_TABLE_ROWS if args.quick else None
+    spec = capped_spec(load_spec(REPO / MODELS[key]), cap, batch)
+    plan, _ = plan_for(spec, torch.device("cpu"))
+    steps = args.warmup + args.steps
+    batches = staged_batches(spec, plan, batch * steps, 1, batch, lookahead=1)
+    eval_rows = QUICK_EVAL_ROWS if args.quick else EVAL_ROWS
+    eval_batches = staged_batches(spec, plan, eval_rows, 2, min(batch, eval_rows), lookahead=0)
+    plain_cap = plain_row_cap(spec)
+    result = {"spec": MODELS[key], "batch_size": batch, "warmup_steps": args.warmup, "timed_steps": args.steps,
+              "table_rows": sum(t.rows for t in spec.tables), "tables_capped_at": cap,
+              "plain_tables_capped_at": plain_cap, "precisions": {}}
+    for precision in args.precisions:
+        systems = [flowrec_system(plan, spec, precision)]
+        trec = torchrec_system(plan, spec, precision)
+        if trec is not None:
+            systems.append(trec)
+        figures = run_systems(systems, batches, eval_batches, args.warmup)
+        del systems, trec
+        gc.collect()
+        if not args.skip_plain:
+            plain = [plain_system(plan, spec, precision, plain_cap)]
+            figures.update(run_systems(plain, batches, eval_batches, args.warmup))
+            del plain
+            gc.collect()
+        figures.setdefault("torchrec", None)
+        figures.setdefault("plain", None)
+        result["precisions"][precision] = figures
+    return result
+
+
+def ratio(a: dict | None, b: dict | None) -> float | None:
+    if not a or not b:
+        return None
+    return round(b["ms_per_step"] / a["ms_per_step"], 3)
+
+
+def report(args: argparse.Namespace) -> dict:
+    torch.manual_seed(0)
+    np.random.seed(0)
+    versions = {"torch": torch.__version__, "python": platform.python_version(), "numpy": np.__version__}
+    try:
+        import torchrec
+        versions["torchrec"] = torchrec.__version__
+    except Exception:
+        versions["torchrec"] = None
+    models = {key: bench_model(key, args) for key in args.models}
+    ratios: dict[str, float | None] = {}
+    for key in ("dlrm", "wide1000"):
+        for precision in ("fp32", "bf16"):
+            figs = models.get(key, {}).get("precisions", {}).get(precision, {})
+            suffix = "" if precision == "fp32" else "_bf16"
+            ratios[f"flowrec_vs_plain_{key}{suffix}"] = ratio(figs.get("flowrec"), figs.get("plain"))
+            ratios[f"flowrec_vs_torchrec_{key}{suffix}"] = ratio(figs.get("flowrec"), figs.get("torchrec"))
+    return {
+        "benchmark": "train_step",
+        "quick": args.quick,
+        "device": "cpu",
+        "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+                    "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                    "load_average": list(os.getloadavg())},
+        "versions": versions,
+        "models": models,
+        "ratios": ratios,
+    }
+
+
+def table(doc: dict) -> str:
+    lines = [f"{'model':10} {'prec':5} {'system':9} {'ms/step':>9} {'samples/s':>11} {'AUC':>7}  note"]
+    for key, model in doc["models"].items():
+        for precision, figs in model["precisions"].items():
+            for name in ("flowrec", "torchrec", "plain"):
+                f = figs.get(name)
+                if f is None:
+                    lines.append(f"{key:10} {precision:5} {name:9} {'n/a':>9}")
+                    continue
+                lines.append(f"{key:10} {precision:5} {name:9} {f['ms_per_step']:9.1f} {f['samples_per_s']:11.0f} "
+                             f"{f['auc']:7.4f}  {f['note']}")
+    lines.append("ratios (speed-up of flowrec, ms/step of the other / flowrec's, one run):")
+    lines += [f"  {k}: {v}" for k, v in doc["ratios"].items()]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small tables and batches, few steps (smoke run)")
+    parser.add_argument("--json", type=Path, help="write the figures to this JSON file")
+    parser.add_argument("--models", default="dlrm,wide1000", help="comma list of: " + ",".join(MODELS))
+    parser.add_argument("--steps", type=int, default=None, help="timed steps per system (default 10; quick 3)")
+    parser.add_argument("--warmup", type=int, default=None, help="warm-up steps (default 3; quick 1)")
+    parser.add_argument("--batch", type=int, default=BATCH, help="batch size (not with --quick)")
+    parser.add_argument("--precisions", default="fp32,bf16", help="comma list of fp32, bf16")
+    parser.add_argument("--skip-plain", action="store_true", help="leave out the plain model")
+    args = parser.parse_args()
+    args.models = [m for m in args.models.split(",") if m]
+    unknown = set(args.models) - set(MODELS)
+    if unknown:
+        parser.error(f"unknown models {sorted(unknown)}; known: {sorted(MODELS)}")
+    args.precisions = [p for p in args.precisions.split(",") if p]
+    args.steps = args.steps or (3 if args.quick else 10)
+    args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
+    doc = report(args)
+    print(table(doc))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(doc, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
