@@ -61,10 +61,8 @@ QUICK = {"vocab_cap": 3_000, "batch": 128, "batches": 8, "repeats": 1}
 def criteo_spec(vocab_cap: int, batch: int):
     """specs/dlrm_criteo.yaml with vocabularies capped at `vocab_cap` and the bench's batch size."""
     spec = load_spec(REPO / "specs" / "dlrm_criteo.yaml")
-    feats = tuple(replace(f, hash_buckets=min(f.hash_buckets, vocab_cap))
-                  if getattr(f, "hash_buckets", None) else f for f in spec.features)
-    return replace(spec, features=feats, data=None,
-                   training=replace(spec.training, batch_size=batch))
+    tables = tuple(replace(t, rows=min(t.rows, vocab_cap)) for t in spec.tables)
+    return replace(spec, tables=tables, data=None, training=replace(spec.training, batch_size=batch))
 
 
 def staged(spec, source):
