@@ -41,7 +41,7 @@ from flowrec.data.dataset import MemorySource, split_table
 from flowrec.data.synth import SynthConfig, synth_table
 from flowrec.runtime.lowering import LoweredModel, lower
 from flowrec.runtime.metrics import auc
-from flowrec.runtime.reference import ReferenceModel, reference_optimizers, reference_step, unpack_field
+from flowrec.runtime.reference import ReferenceModel, bag_slots, reference_optimizers, reference_step, unpack_field
 from flowrec.runtime.session import plan_for
 from flowrec.runtime.step import autocast_context, make_dense_optimizer, train_step
 from flowrec.spec import load_spec
@@ -49,10 +49,10 @@ from flowrec.spec import load_spec
 REPO = Path(__file__).resolve().parents[1]
 MODELS = {"dlrm": "specs/dlrm_criteo.yaml", "wide1000": "specs/wide_1000.yaml"}
 BATCH = 4096  # samples per step
-QUICK_BATCH = 512
-QUICK_TABLE_ROWS = 20_000  # --quick caps every table at this many rows
+QUICK_BATCH = 256
+QUICK_TABLE_ROWS = 2_000  # --quick caps every table at this many rows
 EVAL_ROWS = 32_768
-QUICK_EVAL_ROWS = 4_096
+QUICK_EVAL_ROWS = 2_048
 PLAIN_MEMORY_SHARE = 0.6  # the plain model may use this share of the available memory
 PLAIN_BYTES_PER_TABLE_BYTE = 4.3  # weight + dense grad + Adam exp_avg + exp_avg_sq (+ slack)
 
@@ -92,7 +92,8 @@ def plain_system(plan: Any, spec: Any, precision: str, max_rows: int | None) -> 
             return model(batch).float()
 
     note = "" if max_rows is None else f"tables capped at {max_rows} rows (ids modulo) to fit memory"
-    return System("plain", lambda b: reference_step(model, optimizers, b, precision), predict, note=note)
+    return System("plain", lambda inputs: reference_step(model, optimizers, inputs[0], precision, inputs[1]),
+                  lambda inputs: predict(inputs[0]), lambda b: (b, model.field_inputs(b)), note=note)
 
 
 def torchrec_system(plan: Any, spec: Any, precision: str) -> System | None:
@@ -130,9 +131,11 @@ def torchrec_system(plan: Any, spec: Any, precision: str) -> System | None:
 
     def prepare(batch: Any) -> Any:
         values, lengths = [], []
+        slots = {g.name: bag_slots(g, batch.groups[g.name].ids, batch.groups[g.name].offsets)
+                 for g in dense.groups}
         for g, f in fields:
             packed = batch.groups[g.name]
-            ids, offsets = unpack_field(g, f.feature, packed.ids, packed.offsets)
+            ids, offsets = unpack_field(g, f.feature, packed.ids, packed.offsets, slots[g.name])
             values.append(ids)
             lengths.append(offsets[1:] - offsets[:-1])
         kjt = KeyedJaggedTensor(keys=keys, values=torch.cat(values), lengths=torch.cat(lengths).int())
@@ -335,7 +338,7 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown models {sorted(unknown)}; known: {sorted(MODELS)}")
     args.precisions = [p for p in args.precisions.split(",") if p]
-    args.steps = args.steps or (3 if args.quick else 10)
+    args.steps = args.steps or (2 if args.quick else 10)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
     doc = report(args)
     print(table(doc))

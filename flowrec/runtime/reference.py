@@ -31,8 +31,15 @@ from flowrec.spec.model import ModelSpec
 from operators.embedding import init_table_rows
 
 
-def unpack_field(group: PackedGroup, field: str, ids: torch.Tensor, offsets: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+def bag_slots(group: PackedGroup, ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """Bag position within its sample (s of bag b * S + s) of every id.  # (nnz,) int64"""
+    lengths = offsets[1:] - offsets[:-1]  # (B * S,)
+    bags = torch.arange(lengths.numel(), device=ids.device) % group.bags_per_sample
+    return torch.repeat_interleave(bags, lengths, output_size=ids.numel())
+
+
+def unpack_field(group: PackedGroup, field: str, ids: torch.Tensor, offsets: torch.Tensor,
+                 slots: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The ids (table-local) and bag offsets of one field of a packed batch.
 
     Args:
@@ -40,6 +47,7 @@ def unpack_field(group: PackedGroup, field: str, ids: torch.Tensor, offsets: tor
         field: a feature of the group.
         ids: packed row ids.  # (nnz,) int64
         offsets: bag boundaries, bag = b * S + s.  # (B * S + 1,) int64
+        slots: `bag_slots(group, ids, offsets)`, when already computed.
 
     Returns:
         (ids minus the table's row offset (n,), offsets of the field's B * width bags (B * width + 1,)).
@@ -49,9 +57,7 @@ def unpack_field(group: PackedGroup, field: str, ids: torch.Tensor, offsets: tor
     per_sample = group.bags_per_sample
     bags = group.field_bags()[field]
     lengths = (offsets[1:] - offsets[:-1]).view(-1, per_sample)  # (B, S)
-    position_bag = torch.repeat_interleave(torch.arange(lengths.numel(), device=ids.device),
-                                           lengths.reshape(-1), output_size=ids.numel())  # (nnz,)
-    slot = position_bag % per_sample
+    slot = bag_slots(group, ids, offsets) if slots is None else slots
     keep = (slot >= bags.start) & (slot < bags.stop)
     field_lengths = lengths[:, bags].reshape(-1)  # (B * width,)
     field_offsets = torch.zeros(field_lengths.numel() + 1, dtype=torch.int64, device=ids.device)
@@ -106,24 +112,33 @@ class ReferenceModel(nn.Module):
     def dense_parameters(self) -> list[nn.Parameter]:
         return self.dense_model.dense_parameters()
 
-    def embed(self, batch: Any) -> dict[str, torch.Tensor]:
-        """Per-field lookups, stacked per packed group.  # {group: (B, S, D)}"""
+    def field_inputs(self, batch: Any) -> dict[str, list[tuple[torch.Tensor, torch.Tensor]]]:
+        """Per-field (table-local ids, bag offsets) of a batch, as a per-field data loader gives them."""
         out = {}
         for group in self.groups:
             packed = batch.groups[group.name]
             ids, offsets = packed.ids.to(self.device), packed.offsets.to(self.device)
-            size = (offsets.numel() - 1) // group.bags_per_sample
-            fields = []
-            for field in group.fields:
-                local, bag_offsets = unpack_field(group, field.feature, ids, offsets)
+            slots = bag_slots(group, ids, offsets)
+            out[group.name] = [unpack_field(group, f.feature, ids, offsets, slots) for f in group.fields]
+        return out
+
+    def embed(self, batch: Any, fields: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] | None = None
+              ) -> dict[str, torch.Tensor]:
+        """Per-field lookups (of `fields`, default `field_inputs(batch)`), stacked per group.  # {group: (B, S, D)}"""
+        fields = self.field_inputs(batch) if fields is None else fields
+        out = {}
+        for group in self.groups:
+            size = batch.dense.shape[0]
+            pooled_fields = []
+            for field, (local, bag_offsets) in zip(group.fields, fields[group.name]):
                 table = self.table(field.table)
                 if self.max_rows is not None:
                     local = local % table.num_embeddings
                 mode = "mean" if field.pooling == "mean" else "sum"
                 pooled = nn.functional.embedding_bag(local, table.weight, bag_offsets, mode=mode,
                                                      sparse=table.sparse, include_last_offset=True)
-                fields.append(pooled.view(size, -1, group.dim))  # (B, width, D)
-            out[group.name] = torch.cat(fields, dim=1)
+                pooled_fields.append(pooled.view(size, -1, group.dim))  # (B, width, D)
+            out[group.name] = torch.cat(pooled_fields, dim=1)
         return out
 
     def forward(self, batch: Any) -> torch.Tensor:
@@ -190,11 +205,15 @@ def reference_optimizers(model: ReferenceModel, spec: ModelSpec, plain: bool = F
 
 
 def reference_step(model: ReferenceModel, optimizers: list[torch.optim.Optimizer], batch: Any,
-                   precision: str = "fp32") -> float:
-    """One plain-PyTorch training step (autocast of the dense part for bf16); returns the loss."""
+                   precision: str = "fp32",
+                   fields: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] | None = None) -> float:
+    """One plain-PyTorch training step (autocast of the dense part for bf16); returns the loss.
+
+    `fields`: the batch's `model.field_inputs(batch)` when prepared ahead (else unpacked here).
+    """
     for opt in optimizers:
         opt.zero_grad(set_to_none=True)
-    emb = model.embed(batch)
+    emb = model.embed(batch, fields)
     dense = batch.dense.to(model.device)
     labels = batch.labels.to(model.device)
     with autocast_context(model.device, precision):

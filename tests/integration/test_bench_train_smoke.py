@@ -1,0 +1,32 @@
+"""Smoke test of tools/bench_train.py --quick: it runs and writes a complete JSON (no timing asserted)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+RATIOS = ("flowrec_vs_plain_dlrm", "flowrec_vs_torchrec_dlrm", "flowrec_vs_plain_wide1000",
+          "flowrec_vs_torchrec_wide1000")
+
+
+def test_bench_train_quick_writes_figures(tmp_path):
+    out = tmp_path / "train.json"
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    proc = subprocess.run([sys.executable, "tools/bench_train.py", "--quick", "--models", "dlrm",
+                           "--precisions", "fp32", "--json", str(out)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["device"] == "cpu" and doc["quick"] is True
+    assert set(RATIOS) <= set(doc["ratios"])
+    figs = doc["models"]["dlrm"]["precisions"]["fp32"]
+    for name in ("flowrec", "plain"):
+        assert figs[name]["ms_per_step"] > 0 and figs[name]["samples_per_s"] > 0
+        assert 0.0 <= figs[name]["auc"] <= 1.0
+    assert doc["ratios"]["flowrec_vs_plain_dlrm"] > 0
+    assert doc["ratios"]["flowrec_vs_plain_wide1000"] is None  # not run
+    assert (doc["ratios"]["flowrec_vs_torchrec_dlrm"] is None) == (figs["torchrec"] is None)
+    assert "flowrec" in proc.stdout and "plain" in proc.stdout
