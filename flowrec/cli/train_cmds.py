@@ -49,6 +49,8 @@ def train(
     checkpoint_every: int = typer.Option(0, "--checkpoint-every", min=0, help="Also checkpoint every N steps (always at the end and on Ctrl-C)."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Override the spec's training seed."),
     dask: Optional[str] = typer.Option(None, "--dask", help="Read data partitions through Dask: a scheduler address (tcp://host:8786) of an existing cluster, or 'local' for a local cluster. Default: direct pyarrow reads (faster on one machine)."),
+    no_interleave: bool = typer.Option(False, "--no-interleave", help="Sequential schedule (no micro-batches, cache exchanges inline) to compare with the planned overlap; same parameters."),
+    report: bool = typer.Option(False, "--report", help="After training, show measured step time, stage seconds, host<->device bytes and hit rates next to the planner's predictions."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     json_out: bool = typer.Option(False, "--json", help="Print the final result as JSON on stdout."),
 ) -> None:
@@ -82,7 +84,7 @@ def train(
         "dask": dask or recorded.get("dask"),
     }
     _run(spec, spec_path, run_dir, settings, device, epochs, max_steps, eval_every, checkpoint_every,
-         quiet, json_out, resume is not None)
+         quiet, json_out, resume is not None, not no_interleave, report)
 
 
 def _read_run_file(run_dir: Path) -> dict:
@@ -91,7 +93,8 @@ def _read_run_file(run_dir: Path) -> dict:
 
 
 def _run(spec, spec_path: Path, run_dir: Path, settings: dict, device: str, epochs, max_steps,
-         eval_every, checkpoint_every: int, quiet: bool, json_out: bool, resuming: bool) -> None:
+         eval_every, checkpoint_every: int, quiet: bool, json_out: bool, resuming: bool,
+         interleave: bool = True, report: bool = False) -> None:
     import torch
 
     from flowrec.data.layout import DataError
@@ -114,7 +117,7 @@ def _run(spec, spec_path: Path, run_dir: Path, settings: dict, device: str, epoc
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / RUN_FILE).write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
     config = TrainConfig(epochs=epochs, out_dir=run_dir, eval_every=eval_every, max_steps=max_steps,
-                         checkpoint_every=checkpoint_every, progress=not quiet)
+                         checkpoint_every=checkpoint_every, progress=not quiet, interleave=interleave)
     trainer = Trainer(session.spec, session.plan, session.model, config, session.plan_document)
     if resuming:
         state = resume_state(run_dir)
@@ -128,6 +131,13 @@ def _run(spec, spec_path: Path, run_dir: Path, settings: dict, device: str, epoc
     except DataError as exc:
         _fail(str(exc))
     _report(result, run_dir, json_out)
+    if report:
+        from flowrec.runtime.report import run_report
+
+        spec = session.spec
+        for line in run_report(result, session.plan, spec.training.batch_size, len(spec.dense_features),
+                               len(spec.heads)):
+            _say(line)
     if result.interrupted:
         _say(f"interrupted: checkpoint saved; continue with  flowrec train {spec_path} --resume {run_dir}")
         raise typer.Exit(130)

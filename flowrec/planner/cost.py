@@ -263,7 +263,7 @@ def predict(graph: OpGraph, spec: Any, device: DeviceProfile, *, micro_batches: 
         step_ms_serial=round(serial * 1e3, 6),
         step_ms_overlap=round(overlap * 1e3, 6),
         samples_per_s=round(batch / overlap, 3) if overlap > 0 else 0.0,
-        h2d_bytes_per_step=int(h2d) if device.pcie_gbps else 0,
+        h2d_bytes_per_step=int(h2d) if device.pcie_gbps or any(u.placement != "device" for u in units) else 0,
         memory=memory,
         peak_memory_bytes=sum(b for _, b in memory),
     )

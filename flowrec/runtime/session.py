@@ -104,10 +104,15 @@ def runnable_groups(plan: Any) -> tuple[Any, list[str]]:
 
 def plan_for(spec: ModelSpec, device: torch.device, device_budget: str | None = None,
              status: Callable[[str], None] = lambda _: None) -> tuple[Any, str]:
-    """The plan the runtime runs on `device`, and the planner's own plan as JSON text."""
+    """The plan the runtime runs on `device`, and the planner's own plan as JSON text.
+
+    On a CPU every table is resident unless a device budget is given (then the planner's
+    placements run as they would on a GPU, which shows their traffic on any machine).
+    """
     plan = make_plan(spec, target=cost_target(device), device_budget=device_budget)
     plan_document = plan_json(plan)
-    if device.type == "cpu":  # host memory is the device: every table is resident
+    budgeted = device_budget is not None or spec.plan.device_budget_bytes is not None
+    if device.type == "cpu" and not budgeted:  # host memory is the device: every table is resident
         plan = replace(plan, meta=replace(plan.meta, groups=tuple(
             replace(g, placement="device") for g in plan.meta.groups)))
     plan, notes = runnable_groups(plan)

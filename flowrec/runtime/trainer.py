@@ -25,11 +25,15 @@ from typing import Any, Callable
 import torch
 
 from flowrec.data.batches import StagingOptions, batches_per_epoch, iterate_batches
+from flowrec.runtime.caches.counters import collect_counters
+from flowrec.runtime.caches.fae_batches import COLD_RUN, HOT_RUN, HotColdBatcher
+from flowrec.runtime.caches.static_hot import assign_hot_rows
 from flowrec.runtime.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from flowrec.runtime.evaluate import evaluate
 from flowrec.runtime.lowering import LoweredModel
 from flowrec.runtime.metrics import MetricsLog
 from flowrec.runtime.pipeline import TransferStage
+from flowrec.runtime.placement import HOST_SIDE
 from flowrec.runtime.progress import TrainProgress
 from flowrec.runtime.step import make_dense_optimizer, train_step
 from flowrec.spec.load import to_dict
@@ -55,6 +59,10 @@ class TrainConfig:
         shuffle: shuffle rows each epoch.
         tensorboard: also log to TensorBoard when installed.
         drop_last: drop the last partial batch of each epoch.
+        interleave: overlap work as planned (micro-batches, cache exchanges on a side thread /
+            stream); False gives the sequential schedule for comparison (same parameters).
+        hot_run: FAE interleaving rate, hot batches in a row (static_hot placements).
+        cold_run: cold batches in a row.
     """
 
     epochs: int | None = None
@@ -68,6 +76,9 @@ class TrainConfig:
     shuffle: bool = True
     tensorboard: bool = True
     drop_last: bool = False
+    interleave: bool = True
+    hot_run: int = HOT_RUN
+    cold_run: int = COLD_RUN
 
 
 @dataclass
@@ -90,6 +101,7 @@ class TrainResult:
     eval: dict[str, dict[str, float]] = field(default_factory=dict)
     interrupted: bool = False
     stage_seconds: dict[str, float] = field(default_factory=dict)
+    counters: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 class Trainer:
@@ -116,9 +128,15 @@ class Trainer:
         self.epochs = config.epochs if config.epochs is not None else spec.training.epochs
         self.eval_every = config.eval_every if config.eval_every is not None else spec.training.eval_every
         self.precision = spec.training.precision
-        self.micro_batches = int(plan.meta.micro_batches)
+        self.micro_batches = int(plan.meta.micro_batches) if config.interleave else 1
         self.prefetch = int(plan.meta.prefetch)
-        self.host_groups = frozenset(g.name for g in model.groups if g.placement == "host")
+        self.host_groups = frozenset(g.name for g in model.groups if g.placement in HOST_SIDE)
+        placements = {g.placement for g in model.groups}
+        self.lookahead = max(config.lookahead, spec.plan.window if "lookahead" in placements else 0)
+        for module in model.embeddings.values():
+            if hasattr(module, "interleave"):
+                module.interleave = config.interleave
+        self.hot_flags: dict[str, torch.Tensor] | None = None if "static_hot" in placements else {}
         self.log: MetricsLog | None = None
         self.stage_seconds = {"staging_wait": 0.0, "compute": 0.0, "eval": 0.0, "checkpoint": 0.0}
         self._interrupt = GracefulInterrupt()
@@ -133,7 +151,7 @@ class Trainer:
             drop_last=self.config.drop_last,
             workers=self.config.workers,
             prefetch=max(self.prefetch, 2),
-            lookahead=self.config.lookahead if lookahead is None else lookahead,
+            lookahead=self.lookahead if lookahead is None else lookahead,
         )
 
     def eval_batches(self, source: Any):
@@ -158,6 +176,10 @@ class Trainer:
         if cfg.out_dir is not None:
             self._write_run_files(Path(cfg.out_dir))
             self.log = MetricsLog(Path(cfg.out_dir) / "metrics.jsonl", cfg.tensorboard)
+        if self.hot_flags is None:  # FAE: profile a sample, load the hottest rows onto the device
+            self.hot_flags = assign_hot_rows(self.model, self.spec, train_source, seed=self.spec.training.seed)
+        if self.hot_flags:  # hot/cold batches: the step count of an epoch is known only at its end
+            total = cfg.max_steps
         bar = TrainProgress(total, cfg.progress, initial=self.position.step)
         started = time.perf_counter()
         start_samples = self.position.samples
@@ -178,23 +200,34 @@ class Trainer:
         if not interrupted and eval_source is not None:
             result.eval = self._evaluate(eval_source, final=True)
         self._checkpoint()
+        self._close_modules()
         result.stage_seconds = dict(self.stage_seconds)
+        placement = {g.name: g.placement for g in self.model.groups}
+        result.counters = {name: {"placement": placement[name], **snap}
+                           for name, snap in collect_counters(self.model).items()}
         if self.log is not None:
             self.log.write({"event": "end", "step": self.position.step, "samples": samples,
                             "seconds": seconds, "samples_per_s": result.samples_per_s,
-                            "interrupted": interrupted, "stage_seconds": result.stage_seconds})
+                            "interrupted": interrupted, "stage_seconds": result.stage_seconds,
+                            "counters": result.counters})
             self.log.close()
         return result
 
-    def _done(self, total: int) -> bool:
-        return self.position.step >= total
+    def _close_modules(self) -> None:
+        for module in self.model.embeddings.values():
+            close = getattr(module, "close", None)
+            if close is not None:
+                close()
+
+    def _done(self, total: int | None) -> bool:
+        return total is not None and self.position.step >= total
 
     def _epoch(self, train_source: Any, eval_source: Any, bar: TrainProgress, total: int,
                on_step: Callable[[Position, float], None] | None) -> float | None:
         pos = self.position
         loss = None
-        staged = iterate_batches(self.spec, train_source, self.staging(), pos.epoch, pos.batch,
-                                 self.model.groups)
+        exhausted = False
+        staged = self._staged(train_source)
         with TransferStage(staged, self.model.device, self.prefetch, self.host_groups) as batches:
             for batch in batches:
                 t0 = time.perf_counter()
@@ -212,12 +245,25 @@ class Trainer:
                     self._checkpoint()
                 if self._done(total) or self._interrupt.requested:
                     break
+            else:
+                exhausted = True
             self.stage_seconds["staging_wait"] += batches.wait_s
-        if pos.batch >= self._per_epoch:
+        if exhausted or (not self.hot_flags and pos.batch >= self._per_epoch):
             pos.epoch, pos.batch = pos.epoch + 1, 0
         if self._interrupt.requested:
             raise KeyboardInterrupt
         return loss
+
+    def _staged(self, train_source: Any) -> Any:
+        """This epoch's batches from the current position (hot/cold batches under FAE)."""
+        pos = self.position
+        if not self.hot_flags:
+            return iterate_batches(self.spec, train_source, self.staging(), pos.epoch, pos.batch,
+                                   self.model.groups)
+        staged = iterate_batches(self.spec, train_source, self.staging(), pos.epoch, 0, self.model.groups)
+        batcher = HotColdBatcher(staged, self.hot_flags, self.model.groups, self.spec.training.batch_size,
+                                 self.config.hot_run, self.config.cold_run)
+        return _Skipping(staged, (b for b in batcher if b.index >= pos.batch))
 
     def _evaluate(self, source: Any, final: bool) -> dict[str, dict[str, float]]:
         t0 = time.perf_counter()
@@ -264,6 +310,19 @@ class Trainer:
         (out / "spec.json").write_text(json.dumps(to_dict(self.spec), indent=2, sort_keys=True) + "\n")
         if self.plan_document:
             (out / "plan.json").write_text(self.plan_document)
+
+
+class _Skipping:
+    """Hot/cold batches from a position on; closing it closes the staging iterator."""
+
+    def __init__(self, staged: Any, batches: Any) -> None:
+        self._staged, self._batches = staged, batches
+
+    def __iter__(self) -> Any:
+        return self._batches
+
+    def close(self) -> None:
+        self._staged.close()
 
 
 class GracefulInterrupt:

@@ -211,3 +211,26 @@ def test_dask_cluster_reads_give_the_same_training_as_direct_reads(spec_file: Pa
     assert dask.exit_code == 0, dask.output
     a, b = _params(tmp_path / "direct"), _params(tmp_path / "dask")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("policy", ["none", "lookahead", "static_hot"])
+def test_cache_placements_train_end_to_end(spec_file: Path, tmp_path: Path, policy: str):
+    """A device budget smaller than the tables: host (policy none), lookahead and static_hot run
+    through `flowrec train`; host and lookahead end with the all-resident parameters."""
+    cached = tmp_path / "spec.yaml"
+    cached.write_text(SPEC.replace("training:", f"plan: {{cache: {policy}, window: 1}}\ntraining:"))
+    assert _train(cached, tmp_path / "device", "--epochs", "1").exit_code == 0
+    run = _train(cached, tmp_path / "cached", "--epochs", "1", "--device-budget", "224KiB", "--json", "--report")
+    assert run.exit_code == 0, run.output
+    report = json.loads(run.stdout[run.stdout.index("{"):])
+    placements = {c["placement"] for c in report["counters"].values()}
+    assert placements == {"host" if policy == "none" else policy}
+    assert all(c["h2d_bytes"] > 0 for c in report["counters"].values())
+    if policy == "lookahead":
+        assert all(c["hit_rate"] == 1.0 for c in report["counters"].values())
+    if policy == "static_hot":
+        assert report["eval"]["ctr"]["auc"] > 0.6
+        return
+    a, b = _params(tmp_path / "device"), _params(tmp_path / "cached")
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5)

@@ -107,10 +107,15 @@ def _choose(g: PackedGroup, share: int, device: DeviceProfile, policy: str, batc
     feasible = [p for p in POLICY_ORDER if p != "lookahead" or need <= fit_rows]
     if policy == "none":
         return options["host"], "cache policy none -> host"
+    if policy == "lookahead" and need > fit_rows:
+        raise ValueError(
+            f"group {g.name}: the lookahead window ({window} batches of {batch}) needs a scratchpad of "
+            f"{need:,} rows ({format_bytes(need * g.row_bytes())}) but {fit_rows:,} rows fit in the device "
+            f"budget left for it ({format_bytes(max(share, 0))}); raise the device budget, shorten "
+            f"plan.window, or use cache: auto or static_hot")
     if policy in ("static_hot", "lookahead"):
         pick = options[policy]
-        short = " (scratchpad smaller than the window needs)" if policy == "lookahead" and need > fit_rows else ""
-        return pick, f"forced {policy}, {pick.cache_rows:,} cache rows{short} ({source})"
+        return pick, f"forced {policy}, {pick.cache_rows:,} cache rows ({source})"
     costs = {p: group_step_seconds(options[p], device, batch, window, profile) for p in feasible}
     best = min(feasible, key=lambda p: (costs[p], POLICY_ORDER.index(p)))
     priced = ", ".join(f"{p} {costs[p] * 1e3:.3f} ms" for p in feasible)

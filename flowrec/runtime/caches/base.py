@@ -54,6 +54,8 @@ class CachedEmbedding(nn.Module):
         self.counters = CacheCounters()
         self.elem_bytes = self.master.weight.element_size()
         self.register_load_state_dict_post_hook(lambda module, _: module.reload_from_master())
+        self._register_state_dict_hook(_portable_keys)
+        self._register_load_state_dict_pre_hook(_master_keys)
         self.row_bytes = group.dim * self.elem_bytes + self.master.state.shape[1] * self.master.state.element_size()
 
     @property
@@ -115,3 +117,19 @@ class CachedEmbedding(nn.Module):
 
     def unique_rows(self, gids: Any) -> torch.Tensor:
         return rows_of(gids)
+
+
+MASTER_KEYS = ("weight", "state")  # checkpoint keys shared by every placement
+
+
+def _portable_keys(module: nn.Module, state: dict, prefix: str, metadata: Any) -> None:
+    """Save the master table as `weight` / `state`, the keys of a device-placed group, so a
+    checkpoint loads under any placement (a GPU cache run can be scored on a CPU)."""
+    for key in MASTER_KEYS:
+        state[prefix + key] = state.pop(prefix + "master." + key)
+
+
+def _master_keys(state: dict, prefix: str, *args: Any) -> None:
+    for key in MASTER_KEYS:
+        if prefix + key in state:
+            state[prefix + "master." + key] = state.pop(prefix + key)

@@ -1,0 +1,49 @@
+"""`flowrec train --report`: where the time and the bytes went, next to what the planner predicted.
+
+Returns data (lines of text); only the CLI prints.
+
+Example:
+    >>> lines = run_report(result, plan, batch_size=4096)  # doctest: +SKIP
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from flowrec.spec.units import format_bytes
+
+FLOAT_BYTES = 4  # dense features and labels travel as float32
+
+
+def measured_h2d_per_step(result: Any, n_dense: int, n_heads: int, batch_size: int) -> float:
+    """Host->device bytes per step: cache/host traffic of every group plus dense features and labels."""
+    groups = sum(c["h2d_bytes_per_step"] + c["d2h_bytes_per_step"] for c in result.counters.values())
+    return groups + batch_size * (n_dense + n_heads) * FLOAT_BYTES
+
+
+def run_report(result: Any, plan: Any, batch_size: int, n_dense: int, n_heads: int) -> list[str]:
+    """Measured step time, stage seconds, traffic and hit rates beside the plan's predictions."""
+    cost = plan.cost
+    steps = max(result.steps, 1)
+    compute_ms = result.stage_seconds.get("compute", 0.0) / steps * 1e3
+    wall_ms = result.seconds / steps * 1e3
+    lines = [
+        f"report ({result.steps} steps, batch {batch_size}; predictions for target {cost.target})",
+        f"  step time      measured {wall_ms:9.2f} ms wall, {compute_ms:9.2f} ms compute   "
+        f"predicted {cost.step_ms_overlap:9.2f} ms overlapped, {cost.step_ms_serial:9.2f} ms serial",
+        f"  samples/s      measured {result.samples_per_s:12,.0f}               predicted {cost.samples_per_s:12,.0f}",
+        "  stage seconds  " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(result.stage_seconds.items())),
+        "  predicted ms   " + ", ".join(f"{k} {v:.2f}" for k, v in cost.stage_ms),
+    ]
+    if result.counters:
+        measured = measured_h2d_per_step(result, n_dense, n_heads, batch_size)
+        lines.append(f"  host->device   measured {format_bytes(measured)} per step   "
+                     f"predicted {format_bytes(cost.h2d_bytes_per_step)} per step")
+        expected = {g.name: g.expected_hit_rate for g in plan.meta.groups}
+        for name, c in sorted(result.counters.items()):
+            stalls = ", ".join(f"{k} {v:.2f} s" for k, v in sorted(c["stall_s"].items())) or "none"
+            lines.append(f"  {name:<14} {c['placement']:<10} hit rate {c['hit_rate']:.3f} "
+                         f"(predicted {expected.get(name, 1.0):.3f}), h2d {format_bytes(c['h2d_bytes_per_step'])}/step, "
+                         f"d2h {format_bytes(c['d2h_bytes_per_step'])}/step, stalls {stalls}")
+    else:
+        lines.append("  every table is resident on the device: no host<->device row traffic")
+    return lines
