@@ -234,3 +234,18 @@ def test_cache_placements_train_end_to_end(spec_file: Path, tmp_path: Path, poli
     a, b = _params(tmp_path / "device"), _params(tmp_path / "cached")
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("policy", ["lookahead", "static_hot"])
+def test_cache_placements_resume_exactly(spec_file: Path, tmp_path: Path, policy: str):
+    cached = tmp_path / "spec.yaml"
+    cached.write_text(SPEC.replace("training:", f"plan: {{cache: {policy}, window: 1}}\ntraining:"))
+    budget = ("--device-budget", "224KiB")
+    assert _train(cached, tmp_path / "full", *budget).exit_code == 0
+    assert _train(cached, tmp_path / "part", *budget, "--max-steps", "30").exit_code == 0
+    resumed = runner.invoke(app, ["train", str(cached), "--resume", str(tmp_path / "part"), "--quiet"])
+    assert resumed.exit_code == 0, resumed.output
+    full, part = _params(tmp_path / "full"), _params(tmp_path / "part")
+    assert full.keys() == part.keys()
+    for key in full:
+        torch.testing.assert_close(full[key], part[key], rtol=0, atol=0)
