@@ -33,6 +33,7 @@ PROFILE_FORMAT = "flowrec-access-profile"
 SKEW_FRACTIONS = (0.001, 0.01, 0.1)  # hottest shares of a table's rows
 CDF_POINTS = 16  # log-spaced points of hot_cdf
 MAX_TRACE = 100_000  # accesses simulated per group (a prefix of the sampled trace)
+HOT_FOLDS = 5  # cross-validation folds of the hot-sample estimate (choose on 4/5, score 1/5)
 
 
 def sample_rows(spec: ModelSpec, source: PartitionSource, rate: float, seed: int) -> pa.Table:
@@ -97,7 +98,7 @@ def profile_access(spec: ModelSpec, source: PartitionSource, sample_rate: float 
     }
     budget = budget_bytes if budget_bytes is not None else spec.plan.device_budget_bytes
     if budget is not None:
-        profile["budget"] = hot_set(groups, packed, n, budget)
+        profile["budget"] = hot_set(groups, packed, n, budget, sample_rate)
     w = window or spec.plan.window
     bsz = max(1, int(round((batch_size or spec.training.batch_size) * sample_rate)))
     profile["curves"] = {"window": w, "batch_rows": bsz, "groups": {
@@ -106,35 +107,63 @@ def profile_access(spec: ModelSpec, source: PartitionSource, sample_rate: float 
 
 
 def hot_set(groups, packed: dict[str, tuple[np.ndarray, np.ndarray]], samples: int,
-            budget_bytes: int) -> dict[str, Any]:
-    """FAE hot set: hottest rows by accesses per byte that fit the budget; all-hot sample share."""
+            budget_bytes: int, sample_rate: float = 1.0, folds: int = HOT_FOLDS) -> dict[str, Any]:
+    """FAE hot set: hottest rows by accesses per byte that fit the budget; all-hot sample share.
+
+    The hot rows are chosen on the whole sample. Training applies them to the whole dataset: the
+    sampled rows (share `sample_rate`), on which the set was chosen and which are mostly hot
+    (`hot_sample_fraction_in_sample`), and the unseen rest, estimated by K-fold cross-validation
+    (choose on K-1 folds, score the held-out fold: `hot_sample_fraction_unseen`). The expected
+    share of entirely-hot samples is their mix by `sample_rate` (`hot_sample_fraction`).
+    """
+    if not groups:
+        return {"bytes": budget_bytes, "hot_rows": {}, "hot_access_share": 0.0, "hot_sample_fraction": 1.0,
+                "hot_sample_fraction_in_sample": 1.0, "hot_sample_fraction_unseen": 1.0}
+    sample_of = {g.name: _sample_of(packed[g.name][1], g.bags_per_sample) for g in groups}
+    everyone = np.ones(samples, bool)
+    hot_rows, share = _hot_rows(groups, packed, sample_of, everyone, budget_bytes)
+    fold = np.arange(samples) % max(folds, 2)
+    unseen = sum(_all_hot(groups, packed, sample_of,
+                          _hot_rows(groups, packed, sample_of, fold != k, budget_bytes)[0], fold == k).sum()
+                 for k in range(max(folds, 2))) / max(samples, 1)
+    in_sample = float(_all_hot(groups, packed, sample_of, hot_rows, everyone).mean()) if samples else 1.0
+    per_group = {g.name: {"rows": int(len(hot_rows[g.name])), "bytes": int(len(hot_rows[g.name]) * g.row_bytes())}
+                 for g in groups}
+    return {"bytes": budget_bytes, "hot_rows": per_group, "hot_access_share": share,
+            "hot_sample_fraction": float(sample_rate * in_sample + (1 - sample_rate) * unseen) if samples else 1.0,
+            "hot_sample_fraction_in_sample": in_sample,
+            "hot_sample_fraction_unseen": float(unseen) if samples else 1.0}
+
+
+def _sample_of(offsets: np.ndarray, bags_per_sample: int) -> np.ndarray:
+    """The sample of every id.  # (nnz,)"""
+    return np.repeat(np.arange(len(offsets) - 1), np.diff(offsets)) // bags_per_sample
+
+
+def _hot_rows(groups, packed, sample_of, keep: np.ndarray, budget_bytes: int) -> tuple[dict[str, np.ndarray], float]:
+    """Hottest rows (accesses per byte) of the samples in `keep` that fit the budget, per group."""
     rows, counts, owner = [], [], []
     for i, g in enumerate(groups):
-        r, c = np.unique(packed[g.name][0], return_counts=True)
+        r, c = np.unique(packed[g.name][0][keep[sample_of[g.name]]], return_counts=True)
         rows.append(r)
         counts.append(c)
         owner.append(np.full(len(r), i))
-    if not rows:
-        return {"bytes": budget_bytes, "hot_rows": {}, "hot_access_share": 0.0, "hot_sample_fraction": 1.0}
     rows_a, counts_a, owner_a = np.concatenate(rows), np.concatenate(counts), np.concatenate(owner)
     row_bytes = np.array([g.row_bytes() for g in groups])[owner_a]
     order = np.lexsort((rows_a, -counts_a / row_bytes))
-    fits = np.cumsum(row_bytes[order]) <= budget_bytes
     hot = np.zeros(len(rows_a), bool)
-    hot[order[fits]] = True
-    all_hot = np.ones(samples, bool)
-    per_group = {}
-    for i, g in enumerate(groups):
-        ids, offsets = packed[g.name]
-        mask = owner_a == i
-        hot_rows = rows_a[mask][hot[mask]]
-        per_group[g.name] = {"rows": int(len(hot_rows)), "bytes": int(len(hot_rows) * g.row_bytes())}
-        cold = ~np.isin(ids, hot_rows)
-        bag = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
-        all_hot[bag[cold] // g.bags_per_sample] = False
-    return {"bytes": budget_bytes, "hot_rows": per_group,
-            "hot_access_share": float(counts_a[hot].sum() / max(counts_a.sum(), 1)),
-            "hot_sample_fraction": float(all_hot.mean()) if samples else 1.0}
+    hot[order[np.cumsum(row_bytes[order]) <= budget_bytes]] = True
+    chosen = {g.name: rows_a[(owner_a == i) & hot] for i, g in enumerate(groups)}
+    return chosen, float(counts_a[hot].sum() / max(counts_a.sum(), 1))
+
+
+def _all_hot(groups, packed, sample_of, hot_rows: dict[str, np.ndarray], score: np.ndarray) -> np.ndarray:
+    """Which of the samples in `score` have every id hot.  # (n_scored,) bool"""
+    all_hot = np.ones(len(score), bool)
+    for g in groups:
+        cold = ~np.isin(packed[g.name][0], hot_rows[g.name])
+        all_hot[sample_of[g.name][cold]] = False
+    return all_hot[score]
 
 
 def _curves(packed: tuple[np.ndarray, np.ndarray], bags_per_sample: int, batch_rows: int,
