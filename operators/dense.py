@@ -18,8 +18,10 @@ from torch import nn
 
 Shapes = Sequence[tuple[int, ...]]
 
+# Activations of MLP layers, applied in place to the fresh output of a linear layer (which the
+# linear's backward does not need): no extra (B, Out) allocation per layer.
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "relu": torch.relu, "sigmoid": torch.sigmoid, "tanh": torch.tanh,
+    "relu": torch.relu_, "sigmoid": torch.sigmoid_, "tanh": torch.tanh_,
     "gelu": nn.functional.gelu, "none": lambda x: x,
 }
 

@@ -30,16 +30,50 @@ class Dot(nn.Module):
         torch.Size([3, 351])
     """
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._pairs: dict[tuple[int, torch.device], torch.Tensor] = {}
+
     @classmethod
     def from_config(cls, config: dict[str, Any], input_shapes: Shapes) -> "Dot":
         return cls()
 
+    def pairs(self, num: int, device: torch.device) -> torch.Tensor:
+        """Flat (row * F + col) positions of the strict upper triangle.  # (F (F - 1) / 2,)"""
+        key = (num, device)
+        if key not in self._pairs:
+            rows, cols = torch.triu_indices(num, num, offset=1, device=device)
+            self._pairs[key] = rows * num + cols
+        return self._pairs[key]
+
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
         x = as_fields(inputs)  # (B, F, D)
-        num = x.shape[1]
+        return _TriuDot.apply(x, self.pairs(x.shape[1], x.device))  # (B, F (F - 1) / 2)
+
+
+class _TriuDot(torch.autograd.Function):
+    """Upper-triangle pairwise dots with a direct backward.
+
+    Forward: gram = x x^T, then one column gather of the flattened gram. Backward: the pair
+    gradients are written into a (B, F, F) matrix G (a plain index_copy, no accumulating
+    scatter), and since gram = x x^T, dx = (G + G^T) x: one bmm instead of two, computed in the
+    input's dtype (also under autocast).
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, pairs: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, pairs)
         gram = torch.bmm(x, x.transpose(1, 2))  # (B, F, F)
-        rows, cols = torch.triu_indices(num, num, offset=1, device=x.device)
-        return gram[:, rows, cols]  # (B, F (F - 1) / 2)
+        return gram.reshape(x.shape[0], -1).index_select(1, pairs)  # (B, P)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        x, pairs = ctx.saved_tensors
+        batch, num = x.shape[0], x.shape[1]
+        full = grad.new_zeros(batch, num * num, dtype=x.dtype)
+        full.index_copy_(1, pairs, grad.to(x.dtype))
+        full = full.view(batch, num, num)  # (B, F, F)
+        return torch.bmm(full + full.transpose(1, 2), x), None  # (B, F, D)
 
 
 class FM(nn.Module):

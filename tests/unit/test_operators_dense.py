@@ -63,6 +63,35 @@ def test_dot_is_strict_upper_triangle():
     torch.testing.assert_close(out, torch.stack(ref, dim=1))
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_dot_gradient_equals_autograd_of_the_plain_reference(dtype):
+    bottom = _x(6, 8).to(dtype).requires_grad_()
+    fields = _x(6, 5, 8).to(dtype).requires_grad_()
+    grad = _x(6, 15).to(dtype)
+    registry.create("dot", {}, [(8,), (5, 8)])(bottom, fields).backward(grad)
+    got = bottom.grad.clone(), fields.grad.clone()
+    bottom.grad = fields.grad = None
+    allf = torch.cat([bottom.unsqueeze(1), fields], dim=1)
+    ref = torch.stack([(allf[:, i] * allf[:, j]).sum(-1) for i in range(6) for j in range(i + 1, 6)], dim=1)
+    ref.backward(grad)
+    tol = {"rtol": 1e-12, "atol": 1e-12} if dtype == torch.float64 else {"rtol": 1e-5, "atol": 1e-5}
+    torch.testing.assert_close(got[0], bottom.grad, **tol)
+    torch.testing.assert_close(got[1], fields.grad, **tol)
+
+
+def test_dot_backward_under_bf16_autocast_returns_input_dtype_gradients():
+    x = _x(4, 7, 16).requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = registry.create("dot", {}, [(7, 16)])(x)
+    out.float().sum().backward()
+    assert x.grad.dtype == torch.float32
+    plain = x.detach().clone().requires_grad_()
+    gram = torch.bmm(plain, plain.transpose(1, 2))
+    rows, cols = torch.triu_indices(7, 7, offset=1)
+    gram[:, rows, cols].sum().backward()
+    torch.testing.assert_close(x.grad, plain.grad, rtol=2e-2, atol=2e-2)
+
+
 def test_fm_equals_pairwise_sum():
     x = _x(3, 6, 4)
     ref = sum((x[:, i] * x[:, j]).sum(-1) for i in range(6) for j in range(i + 1, 6))
