@@ -38,42 +38,44 @@ class Dot(nn.Module):
     def from_config(cls, config: dict[str, Any], input_shapes: Shapes) -> "Dot":
         return cls()
 
-    def pairs(self, num: int, device: torch.device) -> torch.Tensor:
-        """Flat (row * F + col) positions of the strict upper triangle.  # (F (F - 1) / 2,)"""
+    def pairs(self, num: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Flat positions of the strict upper triangle (row * F + col) and of its mirror image
+        (col * F + row).  # (F (F - 1) / 2,) each"""
         key = (num, device)
         if key not in self._pairs:
             rows, cols = torch.triu_indices(num, num, offset=1, device=device)
-            self._pairs[key] = rows * num + cols
+            self._pairs[key] = (rows * num + cols, cols * num + rows)
         return self._pairs[key]
 
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
         x = as_fields(inputs)  # (B, F, D)
-        return _TriuDot.apply(x, self.pairs(x.shape[1], x.device))  # (B, F (F - 1) / 2)
+        upper, lower = self.pairs(x.shape[1], x.device)
+        return _TriuDot.apply(x, upper, lower)  # (B, F (F - 1) / 2)
 
 
 class _TriuDot(torch.autograd.Function):
     """Upper-triangle pairwise dots with a direct backward.
 
-    Forward: gram = x x^T, then one column gather of the flattened gram. Backward: the pair
-    gradients are written into a (B, F, F) matrix G (a plain index_copy, no accumulating
-    scatter), and since gram = x x^T, dx = (G + G^T) x: one bmm instead of two, computed in the
-    input's dtype (also under autocast).
+    Forward: gram = x x^T, then one column gather of the flattened gram. Backward: since
+    gram = x x^T, dx = (G + G^T) x where G holds the pair gradients in the upper triangle; the
+    symmetric G + G^T is written directly (pair gradients copied to both mirror positions, plain
+    index_copy, no accumulating scatter), then one bmm, in the input's dtype (also under autocast).
     """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, pairs: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(x, pairs)
+    def forward(ctx, x: torch.Tensor, upper: torch.Tensor, lower: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, upper, lower)
         gram = torch.bmm(x, x.transpose(1, 2))  # (B, F, F)
-        return gram.reshape(x.shape[0], -1).index_select(1, pairs)  # (B, P)
+        return gram.reshape(x.shape[0], -1).index_select(1, upper)  # (B, P)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        x, pairs = ctx.saved_tensors
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        x, upper, lower = ctx.saved_tensors
         batch, num = x.shape[0], x.shape[1]
-        full = grad.new_zeros(batch, num * num, dtype=x.dtype)
-        full.index_copy_(1, pairs, grad.to(x.dtype))
-        full = full.view(batch, num, num)  # (B, F, F)
-        return torch.bmm(full + full.transpose(1, 2), x), None  # (B, F, D)
+        grad = grad.to(x.dtype)
+        sym = grad.new_zeros(batch, num * num)
+        sym.index_copy_(1, upper, grad).index_copy_(1, lower, grad)
+        return torch.bmm(sym.view(batch, num, num), x), None, None  # (B, F, D)
 
 
 class FM(nn.Module):
