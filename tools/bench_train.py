@@ -96,7 +96,8 @@ def plain_system(plan: Any, spec: Any, precision: str, max_rows: int | None) -> 
                   lambda inputs: predict(inputs[0]), lambda b: (b, model.field_inputs(b)), note=note)
 
 
-def torchrec_system(plan: Any, spec: Any, precision: str) -> System | None:
+def _torchrec_sparse(plan: Any, spec: Any) -> tuple | None:
+    """TorchRec's FusedEmbeddingBagCollection for the spec's tables, fed KeyedJaggedTensors."""
     try:
         from torchrec import EmbeddingBagConfig, KeyedJaggedTensor, PoolingType
         from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection
@@ -105,15 +106,13 @@ def torchrec_system(plan: Any, spec: Any, precision: str) -> System | None:
         return None
     from operators.embedding import init_table_rows
 
-    dense = LoweredModel(plan, spec, "cpu", spec.training.seed, tables=False)
-    opt = spec.dense_optimizer
-    optimizer = make_dense_optimizer(dense, opt.name, opt.lr, dict(opt.params))
+    groups = LoweredModel(plan, spec, "cpu", spec.training.seed, tables=False)
     sparse = spec.sparse_optimizer
     params = dict(sparse.params)
     fused = {"rowwise_adagrad": (RowWiseAdagrad, {"lr": sparse.lr, "eps": params.get("eps", 1e-8)}),
              "adagrad": (torch.optim.Adagrad, {"lr": sparse.lr, "eps": params.get("eps", 1e-10)}),
              "sgd": (torch.optim.SGD, {"lr": sparse.lr})}[sparse.name]
-    fields = [(g, f) for name in dense.group_order for g in [dense.group_map[name]] for f in g.fields]
+    fields = [(g, f) for name in groups.group_order for g in [groups.group_map[name]] for f in g.fields]
     configs = [EmbeddingBagConfig(name=f.feature, embedding_dim=fbgemm_dim(g.dim),
                                   num_embeddings=next(t.rows for t in g.tables if t.table == f.table),
                                   feature_names=[f.feature],
@@ -126,13 +125,13 @@ def torchrec_system(plan: Any, spec: Any, precision: str) -> System | None:
             rows.zero_()
             rows[:, :g.dim] = init_table_rows(f.table, rows.shape[0], g.dim, spec.training.seed)
     widths = [(name, len(g.fields), g.dim, fbgemm_dim(g.dim))
-              for name in dense.group_order for g in [dense.group_map[name]]]
+              for name in groups.group_order for g in [groups.group_map[name]]]
     keys = [f.feature for _, f in fields]
 
     def prepare(batch: Any) -> Any:
         values, lengths = [], []
         slots = {g.name: bag_slots(g, batch.groups[g.name].ids, batch.groups[g.name].offsets)
-                 for g in dense.groups}
+                 for g in groups.groups}
         for g, f in fields:
             packed = batch.groups[g.name]
             ids, offsets = unpack_field(g, f.feature, packed.ids, packed.offsets, slots[g.name])
@@ -148,6 +147,23 @@ def torchrec_system(plan: Any, spec: Any, precision: str) -> System | None:
             out[name] = flat[:, start:start + count * padded].view(flat.shape[0], count, padded)[..., :dim]  # (B, F, D)
             start += count * padded
         return out
+
+    padded = sum(fbgemm_dim(g.dim) != g.dim for g, _ in fields)
+    note = f"FusedEmbeddingBagCollection, fused {fused[0].__name__}"
+    if padded:
+        note += f"; {padded} fields padded to dim 4 (FBGEMM needs dim % 4 == 0), column 0 used"
+    return prepare, lookups, note
+
+
+def torchrec_system(plan: Any, spec: Any, precision: str) -> System | None:
+    """TorchRec's fused embeddings with flowrec's own dense operators (the same dense code)."""
+    sparse = _torchrec_sparse(plan, spec)
+    if sparse is None:
+        return None
+    prepare, lookups, note = sparse
+    dense = LoweredModel(plan, spec, "cpu", spec.training.seed, tables=False)
+    opt = spec.dense_optimizer
+    optimizer = make_dense_optimizer(dense, opt.name, opt.lr, dict(opt.params))
 
     def step(inputs: Any) -> float:
         kjt, x, labels = inputs
@@ -165,11 +181,49 @@ def torchrec_system(plan: Any, spec: Any, precision: str) -> System | None:
         with torch.no_grad(), autocast_context(dense.device, precision):
             return dense.dense_forward(x, lookups(kjt), {}).float()
 
-    padded = sum(fbgemm_dim(g.dim) != g.dim for g, _ in fields)
-    note = f"FusedEmbeddingBagCollection, fused {fused[0].__name__}"
-    if padded:
-        note += f"; {padded} fields padded to dim 4 (FBGEMM needs dim % 4 == 0), column 0 used"
-    return System("torchrec", step, predict, prepare, note=note)
+    return System("torchrec_shared_dense", step, predict, prepare, note=note + "; flowrec's dense operators")
+
+
+def torchrec_dlrm_system(plan: Any, spec: Any, precision: str) -> System | None:
+    """What a TorchRec user runs for DLRM: fused embeddings + TorchRec's DenseArch, InteractionArch
+    and OverArch with the spec's layer sizes, BCE loss, torch.optim dense optimizer."""
+    sparse = _torchrec_sparse(plan, spec)
+    if sparse is None:
+        return None
+    from torchrec.models.dlrm import DenseArch, InteractionArch, OverArch
+
+    prepare, lookups, note = sparse
+    modules = {m.name: m for m in spec.modules}
+    bottom, top = modules["bottom"].param("layers"), modules["top"].param("layers")
+    num_sparse = len(spec.sparse_features)
+    torch.manual_seed(spec.training.seed)
+    dense_arch = DenseArch(len(spec.dense_features), list(bottom))
+    interaction = InteractionArch(num_sparse)
+    over = OverArch(bottom[-1] + num_sparse * (num_sparse + 1) // 2, list(top) + [1])  # D + C(F + 1, 2)
+    params = [*dense_arch.parameters(), *over.parameters()]
+    opt = spec.dense_optimizer
+    optimizer = torch.optim.Adam(params, lr=opt.lr) if opt.name == "adam" else torch.optim.SGD(params, lr=opt.lr)
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+
+    def forward(kjt: Any, x: torch.Tensor) -> torch.Tensor:
+        (emb,) = lookups(kjt).values()  # (B, F, D): DLRM has one packed group
+        with autocast_context(torch.device("cpu"), precision):
+            return over(interaction(dense_arch(x), emb)).float()  # (B, 1)
+
+    def step(inputs: Any) -> float:
+        kjt, x, labels = inputs
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(forward(kjt, x), labels[:, :1])
+        loss.backward()
+        optimizer.step()
+        return float(loss.detach())
+
+    def predict(inputs: Any) -> torch.Tensor:
+        with torch.no_grad():
+            return forward(inputs[0], inputs[1])
+
+    return System("torchrec", step, predict, prepare,
+                  note=note + "; torchrec.models.dlrm DenseArch/InteractionArch/OverArch")
 
 
 def fbgemm_dim(dim: int) -> int:
@@ -253,11 +307,14 @@ def bench_model(key: str, args: argparse.Namespace) -> dict:
               "plain_tables_capped_at": plain_cap, "precisions": {}}
     for precision in args.precisions:
         systems = [flowrec_system(plan, spec, precision)]
-        trec = torchrec_system(plan, spec, precision)
-        if trec is not None:
-            systems.append(trec)
+        candidates = [torchrec_system(plan, spec, precision)]
+        if key == "dlrm":
+            candidates.append(torchrec_dlrm_system(plan, spec, precision))
+        systems += [s for s in candidates if s is not None]
         figures = run_systems(systems, batches, eval_batches, args.warmup)
-        del systems, trec
+        if "torchrec" not in figures and "torchrec_shared_dense" in figures:
+            figures["torchrec"] = figures["torchrec_shared_dense"]  # no TorchRec model for this spec
+        del systems, candidates
         gc.collect()
         if not args.skip_plain:
             plain = [plain_system(plan, spec, precision, plain_cap)]
@@ -293,6 +350,8 @@ def report(args: argparse.Namespace) -> dict:
             suffix = "" if precision == "fp32" else "_bf16"
             ratios[f"flowrec_vs_plain_{key}{suffix}"] = ratio(figs.get("flowrec"), figs.get("plain"))
             ratios[f"flowrec_vs_torchrec_{key}{suffix}"] = ratio(figs.get("flowrec"), figs.get("torchrec"))
+            ratios[f"flowrec_vs_torchrec_shared_dense_{key}{suffix}"] = ratio(
+                figs.get("flowrec"), figs.get("torchrec_shared_dense"))
     return {
         "benchmark": "train_step",
         "quick": args.quick,
@@ -307,15 +366,15 @@ def report(args: argparse.Namespace) -> dict:
 
 
 def table(doc: dict) -> str:
-    lines = [f"{'model':10} {'prec':5} {'system':9} {'ms/step':>9} {'samples/s':>11} {'AUC':>7}  note"]
+    lines = [f"{'model':10} {'prec':5} {'system':21} {'ms/step':>9} {'samples/s':>11} {'AUC':>7}  note"]
     for key, model in doc["models"].items():
         for precision, figs in model["precisions"].items():
-            for name in ("flowrec", "torchrec", "plain"):
+            for name in ("flowrec", "torchrec", "torchrec_shared_dense", "plain"):
                 f = figs.get(name)
                 if f is None:
-                    lines.append(f"{key:10} {precision:5} {name:9} {'n/a':>9}")
+                    lines.append(f"{key:10} {precision:5} {name:21} {'n/a':>9}")
                     continue
-                lines.append(f"{key:10} {precision:5} {name:9} {f['ms_per_step']:9.1f} {f['samples_per_s']:11.0f} "
+                lines.append(f"{key:10} {precision:5} {name:21} {f['ms_per_step']:9.1f} {f['samples_per_s']:11.0f} "
                              f"{f['auc']:7.4f}  {f['note']}")
     lines.append("ratios (speed-up of flowrec, ms/step of the other / flowrec's, one run):")
     lines += [f"  {k}: {v}" for k, v in doc["ratios"].items()]

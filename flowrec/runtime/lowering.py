@@ -14,6 +14,7 @@ Example:
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +24,7 @@ from torch import nn
 
 from flowrec.graph.edges import Slot, input_slots
 from flowrec.graph.types import Op, PackedGroup
-from flowrec.runtime.placement import group_embedding
+from flowrec.runtime.placement import HOST_SIDE, group_embedding
 from flowrec.spec.model import ModelSpec
 from operators import registry
 from operators.dense import concat_flat
@@ -81,6 +82,8 @@ class LoweredModel(nn.Module):
         self.groups: tuple[PackedGroup, ...] = tuple(plan.meta.groups)
         self.group_order = tuple(plan.meta.group_order) or tuple(g.name for g in self.groups)
         self.group_map = {g.name: g for g in self.groups}
+        self.interleave = True  # K-interleaving of host-side and device lookups (see `embed`)
+        self._executor: ThreadPoolExecutor | None = None
         torch.manual_seed(seed)
         self.embeddings = nn.ModuleDict({
             g.name: group_embedding(g, seed, self.device) for g in self.groups
@@ -120,19 +123,45 @@ class LoweredModel(nn.Module):
         return [p for p in self.parameters() if p.requires_grad]
 
     def embed(self, batch: Any) -> dict[str, torch.Tensor]:
-        """Packed lookups of every group, in the plan's group order.  # {group: (B, S, D)}"""
-        out = {}
-        for name in self.group_order:
-            module = self.embeddings[name]
-            ids = batch.groups[name]
-            if getattr(module, "takes_group_ids", False):  # caches read the staged lookahead rows
-                out[name] = module.forward_group(ids).to(self.device, non_blocking=True)
-                continue
-            table_dev = module.weight.device
-            emb = module(ids.ids.to(table_dev, non_blocking=True),
-                         ids.offsets.to(table_dev, non_blocking=True), ids.casting)
-            out[name] = emb.to(self.device, non_blocking=True) if table_dev != self.device else emb
-        return out
+        """Packed lookups of every group, in the plan's group order.  # {group: (B, S, D)}
+
+        K-interleaving: with `interleave` on and both host-side groups (host, static_hot,
+        lookahead: host gathers, cache exchanges) and device groups, the host-side groups are
+        looked up on a worker thread while this thread gathers the device groups.
+        """
+        side = [n for n in self.group_order if self.group_map[n].placement in HOST_SIDE]
+        if not (self.interleave and side and len(side) < len(self.group_order)):
+            return {name: self._lookup(name, batch) for name in self.group_order}
+        grad = torch.is_grad_enabled()
+        pending = self._pool().submit(self._lookups, side, batch, grad)
+        out = {name: self._lookup(name, batch) for name in self.group_order if name not in side}
+        out.update(pending.result())
+        return {name: out[name] for name in self.group_order}
+
+    def _lookups(self, names: list[str], batch: Any, grad: bool) -> dict[str, torch.Tensor]:
+        with torch.set_grad_enabled(grad):  # grad mode is per thread
+            return {name: self._lookup(name, batch) for name in names}
+
+    def _lookup(self, name: str, batch: Any) -> torch.Tensor:
+        module = self.embeddings[name]
+        ids = batch.groups[name]
+        if getattr(module, "takes_group_ids", False):  # caches read the staged lookahead rows
+            return module.forward_group(ids).to(self.device, non_blocking=True)
+        table_dev = module.weight.device
+        emb = module(ids.ids.to(table_dev, non_blocking=True),
+                     ids.offsets.to(table_dev, non_blocking=True), ids.casting)
+        return emb.to(self.device, non_blocking=True) if table_dev != self.device else emb
+
+    def _pool(self) -> ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="flowrec-k-interleave")
+        return self._executor
+
+    def close(self) -> None:
+        """Stop the K-interleaving worker (if one was started)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
 
     def dense_forward(self, dense: torch.Tensor, emb: dict[str, torch.Tensor],
                       masks: dict[str, torch.Tensor]) -> torch.Tensor:

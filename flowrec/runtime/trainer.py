@@ -133,6 +133,7 @@ class Trainer:
         self.host_groups = frozenset(g.name for g in model.groups if g.placement in HOST_SIDE)
         placements = {g.placement for g in model.groups}
         self.lookahead = max(config.lookahead, spec.plan.window if "lookahead" in placements else 0)
+        model.interleave = config.interleave
         for module in model.embeddings.values():
             if hasattr(module, "interleave"):
                 module.interleave = config.interleave
@@ -214,6 +215,7 @@ class Trainer:
         return result
 
     def _close_modules(self) -> None:
+        self.model.close()
         for module in self.model.embeddings.values():
             close = getattr(module, "close", None)
             if close is not None:

@@ -249,3 +249,18 @@ def test_cache_placements_resume_exactly(spec_file: Path, tmp_path: Path, policy
     assert full.keys() == part.keys()
     for key in full:
         torch.testing.assert_close(full[key], part[key], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("policy", ["none", "lookahead"])
+def test_interleaved_schedule_equals_the_sequential_one(spec_file: Path, tmp_path: Path, policy: str):
+    """K-interleaving (host-side groups looked up on a worker while device groups gather) and the
+    threaded cache exchange give bitwise the parameters of `--no-interleave`."""
+    cached = tmp_path / "spec.yaml"
+    cached.write_text(SPEC.replace("training:", f"plan: {{cache: {policy}, window: 1}}\ntraining:"))
+    budget = ("--device-budget", "224KiB", "--epochs", "1")
+    assert _train(cached, tmp_path / "overlap", *budget).exit_code == 0
+    assert _train(cached, tmp_path / "sequential", *budget, "--no-interleave").exit_code == 0
+    a, b = _params(tmp_path / "overlap"), _params(tmp_path / "sequential")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    plan = json.loads((tmp_path / "overlap" / "plan.json").read_text())
+    assert {g["placement"] for g in plan["groups"]} == {"device", "host" if policy == "none" else policy}
