@@ -13,6 +13,7 @@ import typer
 
 from flowrec.spec.errors import SpecError
 
+CACHE_POLICIES = ("auto", "none", "static_hot", "lookahead")
 RUN_FILE = "run.json"  # how the run's data was resolved, so --resume finds the same data
 
 
@@ -43,6 +44,7 @@ def train(
     out: Optional[Path] = typer.Option(None, "--out", help="Run folder (default: runs/<spec name>, numbered if taken)."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run in this folder exactly where it stopped."),
     device_budget: Optional[str] = typer.Option(None, "--device-budget", help="Device memory budget for the planner, e.g. 4GiB."),
+    cache: Optional[str] = typer.Option(None, "--cache", help="Cache policy for tables that do not fit the budget: auto, none (host), static_hot (FAE) or lookahead (ScratchPipe). Default: the spec's plan.cache."),
     rows: int = typer.Option(400_000, "--rows", min=1, help="Synthetic training rows when no data is given or bound (+20% for evaluation)."),
     max_steps: Optional[int] = typer.Option(None, "--max-steps", min=1, help="Stop after this many steps."),
     eval_every: Optional[int] = typer.Option(None, "--eval-every", min=0, help="Evaluate every N steps (default: the spec's training.eval_every; 0 = at the end)."),
@@ -73,6 +75,13 @@ def train(
         raise typer.Exit(2)
     run_dir = resume or out or _new_run_dir(spec.name)
     recorded = _read_run_file(run_dir) if resume else {}
+    cache = cache or recorded.get("cache")
+    if cache is not None:
+        if cache not in CACHE_POLICIES:
+            _fail(f"--cache must be one of {', '.join(CACHE_POLICIES)}, not {cache!r}")
+        from dataclasses import replace
+
+        spec = replace(spec, plan=replace(spec.plan, cache=cache))
     if resume is not None and not (run_dir / "checkpoint.pt").is_file():
         _fail(f"nothing to resume: {run_dir}/checkpoint.pt does not exist")
     settings = {
@@ -82,6 +91,7 @@ def train(
         "seed": recorded.get("seed", seed),
         "device_budget": device_budget or recorded.get("device_budget"),
         "dask": dask or recorded.get("dask"),
+        "cache": cache,
     }
     _run(spec, spec_path, run_dir, settings, device, epochs, max_steps, eval_every, checkpoint_every,
          quiet, json_out, resume is not None, not no_interleave, report)

@@ -182,6 +182,8 @@ def test_errors_are_clear_and_exit_2(spec_file: Path, tmp_path: Path):
     assert wrong.exit_code == 2 and "re-convert" in wrong.stderr and "Traceback" not in wrong.output
     missing = _train(spec_file, tmp_path / "run2", "--data", str(tmp_path / "nope"))
     assert missing.exit_code == 2 and "not found" in missing.stderr
+    policy = _train(spec_file, tmp_path / "run3", "--cache", "lru")
+    assert policy.exit_code == 2 and "--cache must be one of" in policy.stderr
     nothing = runner.invoke(app, ["train", str(spec_file), "--resume", str(tmp_path / "empty")])
     assert nothing.exit_code == 2 and "nothing to resume" in nothing.stderr
     bad = tmp_path / "bad.yaml"
