@@ -14,8 +14,10 @@ from flowrec.spec.load import load_spec
 
 EXIT_INVALID = 2  # invalid spec, option or profile
 
-PLAN_HELP = """Compile SPEC into an operator graph, run the passes (pack, cache, interleave) and
-report the plan: packed groups, placements, stages, predicted step time and memory.
+PLAN_HELP = """Compile a spec into an optimized plan and report it.
+
+Builds the operator graph of SPEC, runs the passes (pack, cache, interleave) and reports the plan:
+packed groups, placements, stages, predicted step time and memory.
 
 Examples:
 

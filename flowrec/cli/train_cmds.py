@@ -181,8 +181,9 @@ def evaluate_run(
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
     json_out: bool = typer.Option(False, "--json", help="Print metrics as JSON on stdout."),
 ) -> None:
-    """Score a trained checkpoint on a dataset: exact AUC and logloss per binary head, MSE per
-    regression head.
+    """Score a trained checkpoint on a dataset.
+
+    Exact AUC and logloss per binary head, MSE per regression head.
 
     \b
     Example:
@@ -208,9 +209,10 @@ def export(
     run_dir: Path = typer.Argument(..., help="Run folder (with checkpoint.pt)."),
     out: Path = typer.Argument(..., help="Output file for the serving model (e.g. model.pt)."),
 ) -> None:
-    """Export a trained model for serving: a plain torch module with one embedding table per
-    logical table (no packing, no optimizer state), loadable with
-    `flowrec.runtime.serving.load_serving(path)`.
+    """Export a trained model for serving.
+
+    A plain torch module with one embedding table per logical table (no packing, no optimizer
+    state), loadable with `flowrec.runtime.serving.load_serving(path)`.
     """
     from flowrec.runtime.serving import export_serving, load_trained
 
