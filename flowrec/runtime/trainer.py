@@ -30,6 +30,7 @@ from flowrec.runtime.caches.fae_batches import COLD_RUN, HOT_RUN, HotColdBatcher
 from flowrec.runtime.caches.static_hot import assign_hot_rows
 from flowrec.runtime.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from flowrec.runtime.evaluate import evaluate
+from flowrec.runtime.hostmem import tune_host_allocator
 from flowrec.runtime.lowering import LoweredModel
 from flowrec.runtime.metrics import MetricsLog
 from flowrec.runtime.pipeline import TransferStage
@@ -121,6 +122,7 @@ class Trainer:
         self.plan = plan
         self.model = model
         self.config = config
+        tune_host_allocator()
         self.plan_document = plan_document
         opt = spec.dense_optimizer
         self.optimizer = make_dense_optimizer(model, opt.name, opt.lr, dict(opt.params))

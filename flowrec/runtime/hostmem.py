@@ -1,0 +1,35 @@
+"""Host allocator tuning for training loops.
+
+A training step allocates and frees the same medium-size temporaries (a few MB: activations,
+gathered rows, gradients) every step. glibc serves blocks above its mmap threshold with fresh
+mappings and returns freed heap memory to the OS, so every step pays page faults again — on
+virtual machines a large share of the step (measured here: an elementwise op over 2.9 MB took
+6.8 ms with page faults, 0.6 ms without). Raising the mmap and trim thresholds keeps those blocks
+in the heap. Opt out with FLOWREC_MALLOC_TUNING=0.
+
+Example:
+    >>> tune_host_allocator()  # doctest: +SKIP
+    True
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+
+M_TRIM_THRESHOLD = -1  # mallopt parameter ids (glibc malloc.h)
+M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD_BYTES = 32 << 20  # glibc's maximum on 64-bit: blocks below come from the heap
+TRIM_THRESHOLD_BYTES = 512 << 20  # keep up to this much freed heap memory mapped
+
+
+def tune_host_allocator() -> bool:
+    """Raise glibc's mmap and trim thresholds; False where not applicable (not glibc, opted out)."""
+    if os.environ.get("FLOWREC_MALLOC_TUNING", "1") == "0" or not sys.platform.startswith("linux"):
+        return False
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):  # not glibc (e.g. musl)
+        return False
+    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)) and bool(
+        mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES))
