@@ -110,6 +110,7 @@ def _run(spec, spec_path: Path, run_dir: Path, settings: dict, device: str, epoc
     from flowrec.data.layout import DataError
     from flowrec.runtime.session import SessionOptions, prepare
     from flowrec.runtime.trainer import TrainConfig, Trainer, resume_state
+    from flowrec.spec.load import to_dict
 
     opts = SessionOptions(
         data=Path(settings["data"]) if settings["data"] else None,
@@ -131,7 +132,7 @@ def _run(spec, spec_path: Path, run_dir: Path, settings: dict, device: str, epoc
     trainer = Trainer(session.spec, session.plan, session.model, config, session.plan_document)
     if resuming:
         state = resume_state(run_dir)
-        if json.loads(state["spec"]) != json.loads(json.dumps(_spec_doc(session.spec), sort_keys=True)):
+        if state["spec"] != json.dumps(to_dict(session.spec), sort_keys=True):  # as Trainer.state writes it
             _fail(f"{spec_path} differs from the spec the run in {run_dir} was trained with (see {run_dir}/spec.json)")
         trainer.load_state(state)
         _say(f"resuming {run_dir} at epoch {trainer.position.epoch}, batch {trainer.position.batch} "
@@ -151,12 +152,6 @@ def _run(spec, spec_path: Path, run_dir: Path, settings: dict, device: str, epoc
     if result.interrupted:
         _say(f"interrupted: checkpoint saved; continue with  flowrec train {spec_path} --resume {run_dir}")
         raise typer.Exit(130)
-
-
-def _spec_doc(spec) -> dict:
-    from flowrec.spec.load import to_dict
-
-    return to_dict(spec)
 
 
 def _report(result, run_dir: Path, json_out: bool) -> None:

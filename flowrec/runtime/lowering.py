@@ -14,6 +14,7 @@ Example:
 """
 from __future__ import annotations
 
+import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -105,6 +106,7 @@ class LoweredModel(nn.Module):
             self.steps.append(NodeStep(name, op.kind, slots, tuple(op.attr("members", ())),
                                        tuple(op.attr("member_ports", ()))))
         self.ops = nn.ModuleDict(ops)
+        self.packed_members = {step.name: step.members for step in self.steps if step.kind == "packed_mlp"}
         self.gathers = {step.name: gather for step in self.steps if step.kind in GATHERED_KINDS
                         and len(step.slots) >= GATHER_MIN_SLOTS
                         for gather in [self._flat_gather(step)] if gather is not None}
@@ -157,11 +159,22 @@ class LoweredModel(nn.Module):
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="flowrec-k-interleave")
         return self._executor
 
+    def set_interleave(self, on: bool) -> None:
+        """Overlap (K-interleaving here, threaded cache exchanges in the modules) or run sequentially."""
+        self.interleave = on
+        for module in self.embeddings.values():
+            if hasattr(module, "interleave"):
+                module.interleave = on
+
     def close(self) -> None:
-        """Stop the K-interleaving worker (if one was started)."""
+        """Stop the K-interleaving worker and the embedding modules' own workers."""
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
+        for module in self.embeddings.values():
+            close = getattr(module, "close", None)
+            if close is not None:
+                close()
 
     def dense_forward(self, dense: torch.Tensor, emb: dict[str, torch.Tensor],
                       masks: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -205,9 +218,8 @@ class LoweredModel(nn.Module):
             group = self.node_group[slot.source]
             return _select_fields(emb[group], self.group_map[group], slot.fields)
         value = values[slot.source]
-        if slot.fields and value.dim() == 3 and self._is_packed_mlp(slot.source):
-            members = next(s.members for s in self.steps if s.name == slot.source)
-            return value[:, members.index(slot.fields[0])]
+        if slot.fields and slot.source in self.packed_members:
+            return value[:, self.packed_members[slot.source].index(slot.fields[0])]  # (B, Out)
         return value
 
     def _flat_gather(self, step: NodeStep) -> FlatGather | None:
@@ -226,9 +238,7 @@ class LoweredModel(nn.Module):
                 cols = [c for f in slot.fields for c in range(bags[f].start * group.dim, bags[f].stop * group.dim)] \
                     if slot.fields else range(full)
             elif not slot.fields and slot.shape:
-                full = 1
-                for d in slot.shape:
-                    full *= int(d)
+                full = math.prod(int(d) for d in slot.shape)
                 cols = range(full)
             else:
                 return None
@@ -253,9 +263,6 @@ class LoweredModel(nn.Module):
                 parts.append(values[source])
         flat = concat_flat(parts)  # (B, sum of source widths)
         return flat if gather.index is None else flat.index_select(1, gather.index.to(flat.device))
-
-    def _is_packed_mlp(self, name: str) -> bool:
-        return any(s.name == name and s.kind == "packed_mlp" for s in self.steps)
 
     def sequence_masks(self, batch: Any) -> dict[str, torch.Tensor]:
         """Valid positions of each target-attention node's sequence: its non-empty bags."""
@@ -283,10 +290,7 @@ def _select_fields(out: torch.Tensor, group: PackedGroup, fields: tuple[str, ...
         return out
     bags = group.field_bags()
     slices = [bags[f] for f in fields]
-    if len(slices) == len(bags) and slices[0].start == 0 and slices[-1].stop == out.shape[1]:
-        if all(a.stop == b.start for a, b in zip(slices, slices[1:])):
-            return out
-    if all(a.stop == b.start for a, b in zip(slices, slices[1:])):
+    if all(a.stop == b.start for a, b in zip(slices, slices[1:])):  # contiguous: a view
         return out[:, slices[0].start:slices[-1].stop]
     index = torch.cat([torch.arange(s.start, s.stop) for s in slices]).to(out.device)
     return out.index_select(1, index)

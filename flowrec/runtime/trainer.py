@@ -135,10 +135,7 @@ class Trainer:
         self.host_groups = frozenset(g.name for g in model.groups if g.placement in HOST_SIDE)
         placements = {g.placement for g in model.groups}
         self.lookahead = max(config.lookahead, spec.plan.window if "lookahead" in placements else 0)
-        model.interleave = config.interleave
-        for module in model.embeddings.values():
-            if hasattr(module, "interleave"):
-                module.interleave = config.interleave
+        model.set_interleave(config.interleave)
         self.hot_flags: dict[str, torch.Tensor] | None = None if "static_hot" in placements else {}
         self.log: MetricsLog | None = None
         self.stage_seconds = {"staging_wait": 0.0, "compute": 0.0, "eval": 0.0, "checkpoint": 0.0}
@@ -203,7 +200,7 @@ class Trainer:
         if not interrupted and eval_source is not None:
             result.eval = self._evaluate(eval_source, final=True)
         self._checkpoint()
-        self._close_modules()
+        self.model.close()
         result.stage_seconds = dict(self.stage_seconds)
         placement = {g.name: g.placement for g in self.model.groups}
         result.counters = {name: {"placement": placement[name], **snap}
@@ -216,12 +213,6 @@ class Trainer:
             self.log.close()
         return result
 
-    def _close_modules(self) -> None:
-        self.model.close()
-        for module in self.model.embeddings.values():
-            close = getattr(module, "close", None)
-            if close is not None:
-                close()
 
     def _done(self, total: int | None) -> bool:
         return total is not None and self.position.step >= total
