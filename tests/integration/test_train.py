@@ -156,20 +156,16 @@ def test_eval_and_export_score_like_the_trained_model(spec_file: Path, tmp_path:
 
 def _per_feature(model, batch) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """Unpack a packed batch into per-feature table-local (ids, offsets), one bag per sample."""
+    from flowrec.runtime.reference import unpack_field
+
     out = {}
     for group in model.groups:
-        ids = batch.groups[group.name]
-        offsets = ids.offsets.view(-1)
+        packed = batch.groups[group.name]
         bags = group.field_bags()
-        per_sample = group.bags_per_sample
-        offset_of = group.row_offsets
         for f in group.fields:
-            sl = bags[f.feature]
-            starts = offsets[:-1].view(-1, per_sample)[:, sl.start]
-            ends = offsets[1:].view(-1, per_sample)[:, sl.stop - 1]
-            pieces = [ids.ids[s:e] - offset_of[f.table] for s, e in zip(starts.tolist(), ends.tolist())]
-            lengths = torch.tensor([len(p) for p in pieces])
-            out[f.feature] = (torch.cat(pieces), torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]))
+            ids, offsets = unpack_field(group, f.feature, packed.ids, packed.offsets)
+            width = bags[f.feature].stop - bags[f.feature].start
+            out[f.feature] = (ids, offsets[::width])  # a sequence's L single-id bags form one bag
     return out
 
 
