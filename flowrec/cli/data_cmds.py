@@ -12,7 +12,8 @@ from typing import Any, Callable, Optional
 
 import typer
 
-EXIT_DATA = 2  # missing file, wrong format, spec mismatch, malformed input
+from flowrec.cli.common import fail, load_spec_or_exit
+
 
 data_app = typer.Typer(
     help="Convert, synthesise, profile and inspect flowrec datasets (encoded Parquet).",
@@ -68,19 +69,15 @@ def register(app: typer.Typer) -> None:
 def _run(work: Callable[[], Any]) -> Any:
     """Run a command body; user-facing errors become one line on stderr and exit status 2."""
     from flowrec.data.layout import DataError
-    from flowrec.spec.errors import SpecError
 
     try:
         return work()
-    except (DataError, SpecError, FileNotFoundError, ValueError) as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(EXIT_DATA)
+    except (DataError, FileNotFoundError, ValueError) as exc:
+        fail(str(exc))
 
 
 def _spec(path: Path):
-    from flowrec.spec import load_spec
-
-    return load_spec(path)
+    return load_spec_or_exit(path)
 
 
 def convert(
@@ -95,8 +92,7 @@ def convert(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     if on_error not in ("skip", "fail"):
-        typer.echo("error: --on-error must be skip or fail", err=True)
-        raise typer.Exit(EXIT_DATA)
+        fail("--on-error must be skip or fail")
     options: dict[str, Any] = {}
     if test_fraction is not None:
         options["test_fraction"] = test_fraction

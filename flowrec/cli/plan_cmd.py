@@ -6,13 +6,10 @@ from typing import Optional
 
 import typer
 
+from flowrec.cli.common import fail, load_spec_or_exit
 from flowrec.graph.render import to_dot, to_png, to_svg
 from flowrec.planner.manager import STAGES, PassFailure, make_plan
 from flowrec.planner.report import plan_json, text_report
-from flowrec.spec.errors import SpecError
-from flowrec.spec.load import load_spec
-
-EXIT_INVALID = 2  # invalid spec, option or profile
 
 PLAN_HELP = """Compile a spec into an optimized plan and report it.
 
@@ -47,19 +44,14 @@ def plan(
     svg: Optional[Path] = typer.Option(None, "--svg", help="Write an SVG drawing to PATH."),
     png: Optional[Path] = typer.Option(None, "--png", help="Write a PNG drawing to PATH (matplotlib)."),
 ) -> None:
-    try:
-        model = load_spec(spec)
-    except SpecError as exc:
-        for issue in exc.issues:
-            typer.echo(f"{spec}: {issue}", err=True)
-        raise typer.Exit(EXIT_INVALID)
+    model = load_spec_or_exit(spec)
     if until not in STAGES:
-        _fail(f"--until must be one of {', '.join(STAGES)}, not {until!r}")
+        fail(f"--until must be one of {', '.join(STAGES)}, not {until!r}")
     try:
         result = make_plan(model, until=until, device_budget=device_budget, target=target,
                            profile=profile)
     except (ValueError, OSError, PassFailure) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     for dest, text in ((json_out, lambda: plan_json(result)), (dot, lambda: to_dot(result.graph))):
         if dest == "-":
             typer.echo(text(), nl=False)
@@ -71,8 +63,3 @@ def plan(
         to_png(result, png)
     if "-" not in (json_out, dot):
         typer.echo("\n".join(text_report(result)))
-
-
-def _fail(message: str) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(EXIT_INVALID)

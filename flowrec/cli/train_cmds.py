@@ -11,7 +11,7 @@ from typing import Optional
 
 import typer
 
-from flowrec.spec.errors import SpecError
+from flowrec.cli.common import fail, load_spec_or_exit
 
 CACHE_POLICIES = ("auto", "none", "static_hot", "lookahead")
 RUN_FILE = "run.json"  # how the run's data was resolved, so --resume finds the same data
@@ -19,11 +19,6 @@ RUN_FILE = "run.json"  # how the run's data was resolved, so --resume finds the 
 
 def _say(message: str) -> None:
     typer.echo(message, err=True)
-
-
-def _fail(message: str, code: int = 2) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
 
 
 def _new_run_dir(name: str) -> Path:
@@ -65,25 +60,18 @@ def train(
       flowrec train specs/dlrm_criteo.yaml --data data/criteo/ --device cuda --out runs/exp1
       flowrec train specs/dlrm_criteo.yaml --resume runs/exp1
     """
-    from flowrec.spec import load_spec
-
-    try:
-        spec = load_spec(spec_path)
-    except SpecError as exc:
-        for issue in exc.issues:
-            typer.echo(f"{spec_path}: {issue}", err=True)
-        raise typer.Exit(2)
+    spec = load_spec_or_exit(spec_path)
     run_dir = resume or out or _new_run_dir(spec.name)
     recorded = _read_run_file(run_dir) if resume else {}
     cache = cache or recorded.get("cache")
     if cache is not None:
         if cache not in CACHE_POLICIES:
-            _fail(f"--cache must be one of {', '.join(CACHE_POLICIES)}, not {cache!r}")
+            fail(f"--cache must be one of {', '.join(CACHE_POLICIES)}, not {cache!r}")
         from dataclasses import replace
 
         spec = replace(spec, plan=replace(spec.plan, cache=cache))
     if resume is not None and not (run_dir / "checkpoint.pt").is_file():
-        _fail(f"nothing to resume: {run_dir}/checkpoint.pt does not exist")
+        fail(f"nothing to resume: {run_dir}/checkpoint.pt does not exist")
     settings = {
         "data": str(data) if data else recorded.get("data"),
         "eval_data": str(eval_data) if eval_data else recorded.get("eval_data"),
@@ -121,9 +109,9 @@ def _run(spec, spec_path: Path, run_dir: Path, settings: dict, device: str, epoc
     try:
         session = prepare(spec, spec_path, opts, status=_say)
     except (DataError, RuntimeError, ValueError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     except torch.OutOfMemoryError as exc:
-        _fail(f"out of memory building the model: {exc}. Lower --device-budget or use --device cpu", 3)
+        fail(f"out of memory building the model: {exc}. Lower --device-budget or use --device cpu", 3)
     _say(session.data_note)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / RUN_FILE).write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
@@ -133,14 +121,14 @@ def _run(spec, spec_path: Path, run_dir: Path, settings: dict, device: str, epoc
     if resuming:
         state = resume_state(run_dir)
         if state["spec"] != json.dumps(to_dict(session.spec), sort_keys=True):  # as Trainer.state writes it
-            _fail(f"{spec_path} differs from the spec the run in {run_dir} was trained with (see {run_dir}/spec.json)")
+            fail(f"{spec_path} differs from the spec the run in {run_dir} was trained with (see {run_dir}/spec.json)")
         trainer.load_state(state)
         _say(f"resuming {run_dir} at epoch {trainer.position.epoch}, batch {trainer.position.batch} "
              f"(step {trainer.position.step})")
     try:
         result = trainer.fit(session.train, session.eval)
     except DataError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     _report(result, run_dir, json_out)
     if report:
         from flowrec.runtime.report import run_report
@@ -191,7 +179,7 @@ def evaluate_run(
         trained = load_trained(run_dir, device)
         metrics = trained.evaluate_dataset(data)
     except (DataError, FileNotFoundError, ValueError, RuntimeError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     if json_out:
         sys.stdout.write(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
         return
@@ -215,7 +203,7 @@ def export(
         trained = load_trained(run_dir, "cpu")
         export_serving(trained, out)
     except (FileNotFoundError, ValueError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     typer.echo(f"wrote {out}")
 
 
