@@ -44,7 +44,7 @@ from flowrec.data.pack import column_arrays, pack_group  # noqa: E402
 from flowrec.data.profile import profile_access, sample_rows  # noqa: E402
 from flowrec.data.synth import SynthConfig, synth_table  # noqa: E402
 from flowrec.planner.layout import group_layout  # noqa: E402
-from flowrec.runtime.caches import PLACEMENTS, hottest_rows  # noqa: E402
+from flowrec.runtime.caches import CACHE_MODULES, LRUEmbedding, hottest_rows  # noqa: E402
 from flowrec.runtime.caches.fae_batches import HotColdBatcher, hot_samples  # noqa: E402
 from flowrec.spec import load_spec  # noqa: E402
 from operators.embedding import PackedEmbeddingBag  # noqa: E402
@@ -83,7 +83,7 @@ def run_policy(name: str, group, batches, capacity: int, hot_rows=None) -> tuple
         step = lambda g: module(g.ids, g.offsets, g.casting)  # noqa: E731
     else:
         cached = replace(group, placement=name if name != "lru" else "lookahead", cache_rows=capacity)
-        module = PLACEMENTS[name](cached, 0, torch.device("cpu"))
+        module = (CACHE_MODULES[name] if name != "lru" else LRUEmbedding)(cached, 0, torch.device("cpu"))
         if hot_rows is not None:
             module.set_hot_rows(hot_rows)
             module.counters.reset()

@@ -42,7 +42,7 @@ from flowrec.data.synth import SynthConfig, synth_table
 from flowrec.runtime.lowering import LoweredModel, lower
 from flowrec.runtime.metrics import auc
 from flowrec.runtime.reference import ReferenceModel, bag_slots, reference_optimizers, reference_step, unpack_field
-from flowrec.runtime.session import plan_for
+from flowrec.planner.manager import make_plan
 from flowrec.runtime.step import autocast_context, make_dense_optimizer, train_step
 from flowrec.spec import load_spec
 
@@ -296,7 +296,7 @@ def bench_model(key: str, args: argparse.Namespace) -> dict:
     batch = QUICK_BATCH if args.quick else args.batch
     cap = QUICK_TABLE_ROWS if args.quick else None
     spec = capped_spec(load_spec(REPO / MODELS[key]), cap, batch)
-    plan, _ = plan_for(spec, torch.device("cpu"))
+    plan = make_plan(spec, target="cpu")
     steps = args.warmup + args.steps
     batches = staged_batches(spec, plan, batch * steps, 1, batch, lookahead=1)
     eval_rows = QUICK_EVAL_ROWS if args.quick else EVAL_ROWS

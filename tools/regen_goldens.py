@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 from flowrec.planner.manager import make_plan
-from flowrec.planner.report import plan_json, text_report
+from flowrec.graph.plan_io import plan_json
+from flowrec.planner.report import text_report
 from flowrec.spec import load_spec
 
 REPO = Path(__file__).resolve().parents[1]

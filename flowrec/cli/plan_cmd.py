@@ -9,7 +9,8 @@ import typer
 from flowrec.cli.common import fail, load_spec_or_exit
 from flowrec.graph.render import to_dot, to_png, to_svg
 from flowrec.planner.manager import STAGES, PassFailure, make_plan
-from flowrec.planner.report import plan_json, text_report
+from flowrec.graph.plan_io import plan_json
+from flowrec.planner.report import text_report
 
 PLAN_HELP = """Compile a spec into an optimized plan and report it.
 

@@ -39,6 +39,7 @@ def train(
     out: Optional[Path] = typer.Option(None, "--out", help="Run folder (default: runs/<spec name>, numbered if taken)."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run in this folder exactly where it stopped."),
     device_budget: Optional[str] = typer.Option(None, "--device-budget", help="Device memory budget for the planner, e.g. 4GiB."),
+    plan_file: Optional[Path] = typer.Option(None, "--plan", help="Train exactly this plan (from `flowrec plan SPEC --json FILE`, possibly edited: placements, cache rows, micro-batches, prefetch, group order), checked against the spec."),
     cache: Optional[str] = typer.Option(None, "--cache", help="Cache policy for tables that do not fit the budget: auto, none (host), static_hot (FAE) or lookahead (ScratchPipe). Default: the spec's plan.cache."),
     rows: int = typer.Option(400_000, "--rows", min=1, help="Synthetic training rows when no data is given or bound (+20% for evaluation)."),
     max_steps: Optional[int] = typer.Option(None, "--max-steps", min=1, help="Stop after this many steps."),
@@ -59,6 +60,7 @@ def train(
       flowrec train specs/movielens.yaml --epochs 5        # real data bound in the spec
       flowrec train specs/dlrm_criteo.yaml --data data/criteo/ --device cuda --out runs/exp1
       flowrec train specs/dlrm_criteo.yaml --resume runs/exp1
+      flowrec train specs/dlrm_criteo.yaml --plan p.json   # a saved (edited) plan
     """
     spec = load_spec_or_exit(spec_path)
     run_dir = resume or out or _new_run_dir(spec.name)
@@ -80,6 +82,7 @@ def train(
         "device_budget": device_budget or recorded.get("device_budget"),
         "dask": dask or recorded.get("dask"),
         "cache": cache,
+        "plan": str(plan_file) if plan_file else recorded.get("plan"),
     }
     _run(spec, spec_path, run_dir, settings, device, epochs, max_steps, eval_every, checkpoint_every,
          quiet, json_out, resume is not None, not no_interleave, report)
@@ -95,7 +98,9 @@ def _run(spec, spec_path: Path, run_dir: Path, settings: dict, device: str, epoc
          interleave: bool = True, report: bool = False) -> None:
     import torch
 
+    from flowrec.cli.run_plan import plan_for_run
     from flowrec.data.layout import DataError
+    from flowrec.graph.plan_io import plan_json
     from flowrec.runtime.session import SessionOptions, prepare
     from flowrec.runtime.trainer import TrainConfig, Trainer, resume_state
     from flowrec.spec.load import to_dict
@@ -106,18 +111,22 @@ def _run(spec, spec_path: Path, run_dir: Path, settings: dict, device: str, epoc
         device=device, device_budget=settings["device_budget"], synthetic_rows=settings["rows"],
         seed=settings["seed"], workdir=run_dir, dask=settings["dask"],
     )
+    plan_file = Path(settings["plan"]) if settings.get("plan") and not resuming else None
+    plan, dev = plan_for_run(spec, device, settings["device_budget"] if plan_file is None else None, plan_file, _say)
+    if resuming:  # the stored plan, unchanged
+        plan = _stored_plan_or_exit(run_dir, plan)
+    if spec.training.deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
     try:
-        session = prepare(spec, spec_path, opts, status=_say)
+        session = prepare(spec, spec_path, opts, plan, dev, status=_say)
     except (DataError, RuntimeError, ValueError) as exc:
         fail(str(exc))
-    except torch.OutOfMemoryError as exc:
-        fail(f"out of memory building the model: {exc}. Lower --device-budget or use --device cpu", 3)
     _say(session.data_note)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / RUN_FILE).write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
     config = TrainConfig(epochs=epochs, out_dir=run_dir, eval_every=eval_every, max_steps=max_steps,
                          checkpoint_every=checkpoint_every, progress=not quiet, interleave=interleave)
-    trainer = Trainer(session.spec, session.plan, session.model, config, session.plan_document)
+    trainer = Trainer(session.spec, session.plan, session.model, config, plan_json(session.plan))
     if resuming:
         state = resume_state(run_dir)
         if state["spec"] != json.dumps(to_dict(session.spec), sort_keys=True):  # as Trainer.state writes it
@@ -140,6 +149,20 @@ def _run(spec, spec_path: Path, run_dir: Path, settings: dict, device: str, epoc
     if result.interrupted:
         _say(f"interrupted: checkpoint saved; continue with  flowrec train {spec_path} --resume {run_dir}")
         raise typer.Exit(130)
+
+
+def _stored_plan_or_exit(run_dir: Path, fresh):
+    """The plan a resumed run was trained with (its checkpoint's), so it continues unchanged."""
+    from flowrec.runtime.checkpoint import load_checkpoint
+    from flowrec.runtime.serving import stored_plan
+
+    try:
+        stored = stored_plan(load_checkpoint(run_dir), str(run_dir / "checkpoint.pt"))
+    except (ValueError, OSError) as exc:
+        fail(str(exc))
+    if stored.spec_fingerprint != fresh.spec_fingerprint:
+        fail(f"the spec's model differs from the one the run in {run_dir} was trained with")
+    return stored
 
 
 def _report(result, run_dir: Path, json_out: bool) -> None:
@@ -173,10 +196,11 @@ def evaluate_run(
       flowrec eval runs/exp1 --data data/criteo_test/
     """
     from flowrec.data.layout import DataError
+    from flowrec.planner.contract import scoring_plan
     from flowrec.runtime.serving import load_trained
 
     try:
-        trained = load_trained(run_dir, device)
+        trained = load_trained(run_dir, device, scoring_plan)
         metrics = trained.evaluate_dataset(data)
     except (DataError, FileNotFoundError, ValueError, RuntimeError) as exc:
         fail(str(exc))
@@ -197,10 +221,11 @@ def export(
     A plain torch module with one embedding table per logical table (no packing, no optimizer
     state), loadable with `flowrec.runtime.serving.load_serving(path)`.
     """
+    from flowrec.planner.contract import scoring_plan
     from flowrec.runtime.serving import export_serving, load_trained
 
     try:
-        trained = load_trained(run_dir, "cpu")
+        trained = load_trained(run_dir, "cpu", scoring_plan)
         export_serving(trained, out)
     except (FileNotFoundError, ValueError) as exc:
         fail(str(exc))

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from math import prod
 from typing import Any, Callable, Mapping, Sequence
 
+from flowrec.graph.kinds import OP_KINDS
+
 Shape = tuple[int, ...]
 
 
@@ -31,7 +33,7 @@ class ShapeError(ValueError):
     """Input shapes an op cannot accept."""
 
 
-SOURCES = frozenset({"dense_input", "sparse_input", "label_input"})
+SOURCES = frozenset(k for k, info in OP_KINDS.items() if info.role == "source")  # kinds without inputs
 
 Rule = Callable[[Mapping[str, Any], Sequence[Shape]], Sizing]
 

@@ -12,49 +12,21 @@ Example:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import networkx as nx
 
+from flowrec.graph.kinds import OPTIMIZERS
+
 OpGraph = nx.DiGraph
 
-Placement = Literal["device", "static_hot", "lookahead", "host"]
+Placement = Literal["device", "static_hot", "lookahead", "host"]  # the rows of `kinds.PLACEMENTS`
 Stage = Literal["staging", "transfer", "sparse", "dense", "backward"]
 STAGES: tuple[str, ...] = ("staging", "transfer", "sparse", "dense", "backward")
 
-# Op kinds the planner emits. The operator registry (operators/) implements every one.
-OP_KINDS: tuple[str, ...] = (
-    "dense_input",  # dense columns -> (B, n_dense), transforms applied
-    "sparse_input",  # ids + offsets of one feature (or a packed group after packing)
-    "label_input",  # labels (B, n_tasks)
-    "embedding_lookup",  # one feature's lookup in its table -> (B, L, D)
-    "pooling",  # bag reduction (sum / mean) -> (B, D)
-    "packed_embedding",  # one lookup for every field of a packed group -> (B, F, D)
-    "mlp",
-    "packed_mlp",  # several same-shape MLPs run as one batched kernel
-    "dot",
-    "fm",
-    "cross",
-    "target_attention",
-    "linear",
-    "concat",
-    "head",  # projection to one logit per task
-    "loss",
-)
-
 # Bytes per element of the storage dtypes.
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2, "fp64": 8}
-
-# Optimizer state per row, as a multiple of the row's own elements (+ scalars per row).
-OPTIMIZER_STATE: dict[str, tuple[int, int]] = {
-    # name: (state elements per embedding element, state scalars per row)
-    "sgd": (0, 0),
-    "adagrad": (1, 0),
-    "rowwise_adagrad": (0, 1),
-    "adam": (2, 1),  # exp_avg, exp_avg_sq per element; step count per row (lazy adam)
-}
-
 
 @dataclass(frozen=True)
 class Op:
@@ -62,7 +34,7 @@ class Op:
 
     Args:
         name: node id, unique in the graph.
-        kind: one of `OP_KINDS`.
+        kind: one of `flowrec.graph.kinds.OP_KINDS`.
         out_shape: output shape; "B" is the batch dimension.  # e.g. ("B", 26, 16)
         dtype: compute dtype of the output.
         param_bytes: bytes of parameters the op owns (tables included).
@@ -155,9 +127,8 @@ class PackedGroup:
 
     def row_bytes(self) -> int:
         """Bytes of one row including its optimizer state."""
-        elem = DTYPE_BYTES[self.dtype]
-        per_elem, per_row = OPTIMIZER_STATE[self.optimizer[0]]
-        return self.dim * elem + self.dim * per_elem * 4 + per_row * 4
+        opt = OPTIMIZERS[self.optimizer[0]]
+        return self.dim * DTYPE_BYTES[self.dtype] + self.dim * opt.state_per_elem * 4 + opt.state_per_row * 4
 
     @property
     def bytes(self) -> int:
@@ -218,23 +189,71 @@ class PassResult:
 
 
 @dataclass(frozen=True)
+class CostPrediction:
+    """Predicted cost of one training step (made by `flowrec.planner.cost.predict`).
+
+    Args:
+        target: device profile name.
+        batch_size: samples per step.
+        micro_batches: micro-batches per step used for the overlapped time.
+        stage_ms: (stage, milliseconds) for staging, transfer, sparse, dense, backward.
+        step_ms_serial: every stage back to back.
+        step_ms_overlap: with prefetch (staging hidden) and D-interleaving over micro-batches.
+        samples_per_s: batch_size / step_ms_overlap.
+        h2d_bytes_per_step: host -> device bytes (ids, offsets, dense, labels, rows).
+        memory: (part, bytes) of the peak device memory, in `MEMORY_PARTS` order.
+        peak_memory_bytes: their sum.
+    """
+
+    target: str
+    batch_size: int
+    micro_batches: int
+    stage_ms: tuple[tuple[str, float], ...]
+    step_ms_serial: float
+    step_ms_overlap: float
+    samples_per_s: float
+    h2d_bytes_per_step: int
+    memory: tuple[tuple[str, int], ...]
+    peak_memory_bytes: int
+
+
+MEMORY_PARTS: tuple[str, ...] = ("tables", "caches", "activations", "dense")  # CostPrediction.memory order
+
+
+@dataclass(frozen=True)
 class Plan:
-    """The planner's result, what `flowrec plan` shows and `flowrec train` lowers.
+    """The planner's result: the one record `flowrec plan` shows, `flowrec train` runs unchanged
+    and a run folder stores (`plan.json`, JSON both ways: `flowrec.graph.plan_io`).
+
+    The plan-level decisions live once, on the graph (``graph.graph["plan"]``, a `PlanMeta`);
+    `meta` reads them there and `with_meta` makes a new plan with other decisions.
 
     Args:
         spec_name: name of the planned spec.
         stage: last pipeline stage run (built, packed, cached, interleaved).
         target: cost-model device profile used.
         graph: the final operator graph (do not mutate).
-        meta: groups, group order, micro-batches, prefetch and pass records.
-        cost: the cost model's prediction (`flowrec.planner.cost.CostPrediction`).
+        cost: the cost model's prediction for these decisions.
         device_budget_bytes: the device memory budget the cache pass used.
+        spec_fingerprint: `flowrec.graph.plan_io.model_fingerprint` of the planned spec: a plan
+            runs only with a spec of the same model.
     """
 
     spec_name: str
     stage: str
     target: str
     graph: OpGraph
-    meta: PlanMeta
-    cost: Any
+    cost: CostPrediction | None
     device_budget_bytes: int = 0
+    spec_fingerprint: str = ""
+
+    @property
+    def meta(self) -> PlanMeta:
+        """Groups, group order, micro-batches, prefetch and pass records."""
+        return self.graph.graph.get("plan", PlanMeta())
+
+    def with_meta(self, meta: PlanMeta) -> "Plan":
+        """The same plan with other decisions (a new graph object; this plan is unchanged)."""
+        graph = self.graph.copy()
+        graph.graph["plan"] = meta
+        return replace(self, graph=graph)

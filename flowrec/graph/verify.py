@@ -19,7 +19,8 @@ import networkx as nx
 
 from flowrec.graph.edges import Slot, input_slots
 from flowrec.graph.shapes import ShapeError, sizing
-from flowrec.graph.types import OP_KINDS, Op, OpGraph
+from flowrec.graph.kinds import OP_KINDS
+from flowrec.graph.types import Op, OpGraph
 
 LOSS_NODE = "loss"
 

@@ -24,14 +24,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from flowrec.graph.types import DTYPE_BYTES, OPTIMIZER_STATE, OpGraph, PackedGroup
+from flowrec.graph.kinds import OP_KINDS, OPTIMIZERS, PLACEMENTS
+from flowrec.graph.types import DTYPE_BYTES, CostPrediction, OpGraph, PackedGroup
 from flowrec.planner.access import AccessModel, group_model
 
 GiB = 2**30  # bytes
 GEMM_EFFICIENCY = 0.5  # achieved fraction of peak FLOP/s on recsys-sized GEMMs
 ACTIVATION_COPIES = 2  # forward activations kept for backward + their gradients
 INDEX_BYTES = 8  # int64 ids and offsets
-DENSE_STATE: dict[str, int] = {"sgd": 0, "adagrad": 1, "rowwise_adagrad": 1, "adam": 2}  # copies of params
 
 
 @dataclass(frozen=True)
@@ -80,39 +80,10 @@ def default_budget(device: DeviceProfile) -> int:
     return device.memory_bytes - device.reserve_bytes
 
 
-@dataclass(frozen=True)
-class CostPrediction:
-    """Predicted cost of one training step.
-
-    Args:
-        target: device profile name.
-        batch_size: samples per step.
-        micro_batches: micro-batches per step used for the overlapped time.
-        stage_ms: (stage, milliseconds) for staging, transfer, sparse, dense, backward.
-        step_ms_serial: every stage back to back.
-        step_ms_overlap: with prefetch (staging hidden) and D-interleaving over micro-batches.
-        samples_per_s: batch_size / step_ms_overlap.
-        h2d_bytes_per_step: host -> device bytes (ids, offsets, dense, labels, rows).
-        memory: (part, bytes) of the peak device memory.
-        peak_memory_bytes: their sum.
-    """
-
-    target: str
-    batch_size: int
-    micro_batches: int
-    stage_ms: tuple[tuple[str, float], ...]
-    step_ms_serial: float
-    step_ms_overlap: float
-    samples_per_s: float
-    h2d_bytes_per_step: int
-    memory: tuple[tuple[str, int], ...]
-    peak_memory_bytes: int
-
-
 def row_bytes(dim: int, dtype: str, optimizer: str) -> int:
     """Bytes of one embedding row with its optimizer state (as `PackedGroup.row_bytes`)."""
-    per_elem, per_row = OPTIMIZER_STATE[optimizer]
-    return dim * DTYPE_BYTES[dtype] + dim * per_elem * 4 + per_row * 4
+    opt = OPTIMIZERS[optimizer]
+    return dim * DTYPE_BYTES[dtype] + dim * opt.state_per_elem * 4 + opt.state_per_row * 4
 
 
 @dataclass(frozen=True)
@@ -142,8 +113,8 @@ def group_step_seconds(group: PackedGroup, device: DeviceProfile, batch: int, wi
     u = _group_unit(group)
     moved = _unit_bytes(u, batch, window, profile) - (batch * u.ids + batch * u.bags + 1) * INDEX_BYTES
     lookups = batch * u.ids
-    host_rows = {"device": 0.0, "host": lookups, "static_hot": (1.0 - u.hit_rate) * lookups,
-                 "lookahead": moved / (2 * u.row_bytes)}[u.placement]
+    window = PLACEMENTS[u.placement].traffic == "window"
+    host_rows = moved / (2 * u.row_bytes) if window else (1.0 - u.hit_rate) * lookups
     link = device.pcie_gbps or device.hbm_gbps
     return moved / (link * 1e9) + host_rows / device.host_gather_rows_per_s
 
@@ -164,15 +135,15 @@ def _units(graph: OpGraph) -> list[_Unit]:
     return units
 
 
-SPARSE_KINDS = frozenset({"sparse_input", "embedding_lookup", "pooling", "packed_embedding"})
-INPUT_KINDS = frozenset({"dense_input", "label_input"})
+SPARSE_KINDS = frozenset(k for k, info in OP_KINDS.items() if info.cost == "sparse")
+INPUT_KINDS = frozenset(k for k, info in OP_KINDS.items() if info.cost == "input")
 
 
 def dense_memory_bytes(graph: OpGraph, spec: Any) -> int:
     """Dense parameters, their gradients and the dense optimizer's state."""
     params = sum(graph.nodes[n]["op"].param_bytes for n in graph
                  if graph.nodes[n]["op"].kind not in SPARSE_KINDS)
-    return params * (2 + DENSE_STATE[spec.dense_optimizer.name])
+    return params * (2 + OPTIMIZERS[spec.dense_optimizer.name].dense_state_copies)
 
 
 def activation_bytes(graph: OpGraph, batch: int) -> int:
@@ -205,10 +176,9 @@ def _unit_bytes(u: _Unit, batch: int, window: int, profile: Any) -> float:
     """Host -> device bytes of one unit per step: ids, offsets and the rows it must move."""
     index = (batch * u.ids + batch * u.bags + 1) * INDEX_BYTES
     pooled = 2 * batch * u.bags * u.dim * u.elem  # rows out and gradients back
-    if u.placement == "lookahead" and u.group is not None:
+    if PLACEMENTS[u.placement].traffic == "window" and u.group is not None:
         return index + 2 * u.row_bytes * new_rows_per_batch(u.group, batch, window, profile)
-    share = {"device": 0.0, "host": 1.0, "static_hot": 1.0 - u.hit_rate, "lookahead": 0.0}[u.placement]
-    return index + share * pooled
+    return index + (1.0 - u.hit_rate) * pooled
 
 
 def predict(graph: OpGraph, spec: Any, device: DeviceProfile, *, micro_batches: int = 1,
@@ -230,7 +200,7 @@ def predict(graph: OpGraph, spec: Any, device: DeviceProfile, *, micro_batches: 
 
     sparse = backward_sparse = 0.0
     for u in units:
-        hit = {"device": 1.0, "lookahead": 1.0, "static_hot": u.hit_rate, "host": 0.0}[u.placement]
+        hit = u.hit_rate  # lookahead: 1.0 at train time (every row is fetched ahead)
         lookups = batch * u.ids
         sparse += launch_s + lookups * (hit / device.gather_rows_per_s
                                         + (1 - hit) / device.host_gather_rows_per_s)
@@ -263,15 +233,15 @@ def predict(graph: OpGraph, spec: Any, device: DeviceProfile, *, micro_batches: 
         step_ms_serial=round(serial * 1e3, 6),
         step_ms_overlap=round(overlap * 1e3, 6),
         samples_per_s=round(batch / overlap, 3) if overlap > 0 else 0.0,
-        h2d_bytes_per_step=int(h2d) if device.pcie_gbps or any(u.placement != "device" for u in units) else 0,
+        h2d_bytes_per_step=int(h2d) if device.pcie_gbps or any(PLACEMENTS[u.placement].host_side for u in units) else 0,
         memory=memory,
         peak_memory_bytes=sum(b for _, b in memory),
     )
 
 
 def _memory(graph: OpGraph, spec: Any, units: list[_Unit], micro_batch: int) -> tuple[tuple[str, int], ...]:
-    tables = sum(u.rows * u.row_bytes for u in units if u.placement == "device")
-    caches = sum(u.cache_rows * u.row_bytes for u in units if u.placement in ("static_hot", "lookahead"))
+    tables = sum(u.rows * u.row_bytes for u in units if PLACEMENTS[u.placement].rows_on == "device")
+    caches = sum(u.cache_rows * u.row_bytes for u in units if PLACEMENTS[u.placement].cached)
     return (
         ("tables", int(tables)),
         ("caches", int(caches)),

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from flowrec.graph.build import build_graph
+from flowrec.graph.plan_io import model_fingerprint
 from flowrec.graph.types import OpGraph, PassContext, PassRecord, PassResult, Plan
 from flowrec.graph.verify import verify
 from flowrec.planner.cost import default_budget, device_profile, predict
@@ -119,8 +120,10 @@ def make_plan(spec: Any, *, until: str = "interleaved", device_budget: int | str
     budget = parse_bytes(device_budget) if device_budget is not None else spec.plan.device_budget_bytes
     ctx = PassContext(spec=spec, target=name, device_budget_bytes=budget, profile=profile)
     graph, records = PassManager(verify=verify_passes).run_until(build_graph(spec), ctx, until)
-    meta = replace(plan_meta(graph), passes=records)
+    graph = graph.copy()
+    graph.graph["plan"] = replace(plan_meta(graph), passes=records)
     device = device_profile(name)
-    cost = predict(graph, spec, device, micro_batches=meta.micro_batches, profile=profile)
-    return Plan(spec_name=spec.name, stage=until, target=name, graph=graph, meta=meta, cost=cost,
-                device_budget_bytes=budget if budget is not None else default_budget(device))
+    cost = predict(graph, spec, device, micro_batches=plan_meta(graph).micro_batches, profile=profile)
+    return Plan(spec_name=spec.name, stage=until, target=name, graph=graph, cost=cost,
+                device_budget_bytes=budget if budget is not None else default_budget(device),
+                spec_fingerprint=model_fingerprint(spec))

@@ -24,16 +24,27 @@ import torch
 from torch import nn
 
 from flowrec.graph.edges import Slot, input_slots
-from flowrec.graph.types import Op, PackedGroup
-from flowrec.runtime.placement import HOST_SIDE, group_embedding
+from flowrec.graph.kinds import OP_KINDS, PLACEMENTS
+from flowrec.graph.types import Op, PackedGroup, Plan
+from flowrec.runtime.placement import group_embedding
 from flowrec.spec.model import ModelSpec
 from operators import registry
 from operators.dense import concat_flat
 
-DENSE_KINDS = ("mlp", "packed_mlp", "dot", "fm", "cross", "target_attention", "linear", "concat", "head")
-FLAT_INPUT_KINDS = ("mlp", "cross", "head")  # take one (B, In) tensor: inputs are flattened + concatenated
-GATHERED_KINDS = FLAT_INPUT_KINDS + ("concat", "linear")  # whose many inputs one column gather assembles
 GATHER_MIN_SLOTS = 4  # from this many input slots on, one gather replaces per-slot slices + cat
+
+
+class GroupAllocationError(RuntimeError):
+    """Memory for a packed group's table could not be allocated.
+
+    Args:
+        group: the group being built.
+        reason: the allocator's message (first line).
+    """
+
+    def __init__(self, group: PackedGroup, reason: str) -> None:
+        super().__init__(f"group {group.name}: {reason}")
+        self.group, self.reason = group, reason
 
 
 @dataclass(frozen=True)
@@ -76,20 +87,23 @@ class LoweredModel(nn.Module):
             their own lookups, e.g. `flowrec.runtime.reference`; the dense init is the same).
     """
 
-    def __init__(self, plan: Any, spec: ModelSpec, device: torch.device | str = "cpu", seed: int = 0,
+    def __init__(self, plan: Plan, spec: ModelSpec, device: torch.device | str = "cpu", seed: int = 0,
                  tables: bool = True):
         super().__init__()
         self.device = torch.device(device)
         self.groups: tuple[PackedGroup, ...] = tuple(plan.meta.groups)
         self.group_order = tuple(plan.meta.group_order) or tuple(g.name for g in self.groups)
         self.group_map = {g.name: g for g in self.groups}
+        self.host_side = frozenset(g.name for g in self.groups if PLACEMENTS[g.placement].host_side)
         self.interleave = True  # K-interleaving of host-side and device lookups (see `embed`)
         self._executor: ThreadPoolExecutor | None = None
-        torch.manual_seed(seed)
-        self.embeddings = nn.ModuleDict({
-            g.name: group_embedding(g, seed, self.device) for g in self.groups
-        } if tables else {})
-        graph: nx.DiGraph = plan.graph
+        with torch.random.fork_rng(devices=[]):  # seeded init without touching the process's RNG
+            torch.manual_seed(seed)
+            self.embeddings = nn.ModuleDict(_embeddings(self.groups, seed, self.device) if tables else {})
+            self._build_dense(plan.graph)
+
+    def _build_dense(self, graph: nx.DiGraph) -> None:
+        """The registry operators of the dense nodes, in topological order, and the loss."""
         self.emb_node = {graph.nodes[n]["op"].attr("group"): n for n in graph.nodes
                          if graph.nodes[n]["op"].kind == "packed_embedding"}
         self.node_group = {n: g for g, n in self.emb_node.items()}
@@ -99,15 +113,16 @@ class LoweredModel(nn.Module):
         ops = {}
         for name in nx.lexicographical_topological_sort(graph):
             op: Op = graph.nodes[name]["op"]
-            if op.kind not in DENSE_KINDS:
+            if OP_KINDS[op.kind].role != "dense":
                 continue
             slots = tuple(input_slots(graph, name))
             ops[name] = registry.create(op.kind, dict(op.attrs), [s.shape for s in slots])
             self.steps.append(NodeStep(name, op.kind, slots, tuple(op.attr("members", ())),
                                        tuple(op.attr("member_ports", ()))))
         self.ops = nn.ModuleDict(ops)
-        self.packed_members = {step.name: step.members for step in self.steps if step.kind == "packed_mlp"}
-        self.gathers = {step.name: gather for step in self.steps if step.kind in GATHERED_KINDS
+        self.packed_members = {step.name: step.members for step in self.steps
+                               if OP_KINDS[step.kind].inputs == "stacked"}
+        self.gathers = {step.name: gather for step in self.steps if OP_KINDS[step.kind].gathers
                         and len(step.slots) >= GATHER_MIN_SLOTS
                         for gather in [self._flat_gather(step)] if gather is not None}
         loss_name = next(n for n in graph.nodes if graph.nodes[n]["op"].kind == "loss")
@@ -131,7 +146,7 @@ class LoweredModel(nn.Module):
         lookahead: host gathers, cache exchanges) and device groups, the host-side groups are
         looked up on a worker thread while this thread gathers the device groups.
         """
-        side = [n for n in self.group_order if self.group_map[n].placement in HOST_SIDE]
+        side = [n for n in self.group_order if n in self.host_side]
         if not (self.interleave and side and len(side) < len(self.group_order)):
             return {name: self._lookup(name, batch) for name in self.group_order}
         grad = torch.is_grad_enabled()
@@ -195,16 +210,7 @@ class LoweredModel(nn.Module):
                 values[step.name] = op(self._gathered(self.gathers[step.name], dense, emb, values))
                 continue
             inputs = [self._slot_value(s, dense, emb, values) for s in step.slots]
-            if step.kind == "target_attention":
-                query, seq = inputs[0], inputs[1]
-                values[step.name] = op(query.reshape(query.shape[0], -1), seq, masks[step.name])
-            elif step.kind == "packed_mlp":
-                stacked = torch.stack([concat_flat(inputs[a:b]) for a, b in step.member_ports])  # (K, B, In)
-                values[step.name] = op(stacked).transpose(0, 1)  # (B, K, Out)
-            elif step.kind in FLAT_INPUT_KINDS:
-                values[step.name] = op(concat_flat(inputs))
-            else:
-                values[step.name] = op(*inputs)
+            values[step.name] = CALLS[OP_KINDS[step.kind].inputs](op, step, inputs, masks)
         return torch.cat([_at_least_fp32(values[h]).reshape(-1, 1) for h in self.head_nodes], dim=1)
 
     def _slot_value(self, slot: Slot, dense: torch.Tensor, emb: dict[str, torch.Tensor],
@@ -268,7 +274,7 @@ class LoweredModel(nn.Module):
         """Valid positions of each target-attention node's sequence: its non-empty bags."""
         masks = {}
         for step in self.steps:
-            if step.kind != "target_attention":
+            if OP_KINDS[step.kind].inputs != "attention":
                 continue
             slot = step.slots[1]
             group_name = self.node_group[slot.source]
@@ -296,7 +302,43 @@ def _select_fields(out: torch.Tensor, group: PackedGroup, fields: tuple[str, ...
     return out.index_select(1, index)
 
 
-def lower(plan: Any, spec: ModelSpec, device: torch.device | str = "cpu", seed: int | None = None) -> LoweredModel:
+def _embeddings(groups: tuple[PackedGroup, ...], seed: int, device: torch.device) -> dict[str, nn.Module]:
+    """One embedding module per group for its placement. Raises GroupAllocationError naming the group."""
+    out = {}
+    for g in groups:
+        try:
+            out[g.name] = group_embedding(g, seed, device)
+        except (torch.OutOfMemoryError, MemoryError, RuntimeError) as exc:
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            if not isinstance(exc, (torch.OutOfMemoryError, MemoryError)) and "memory" not in reason.lower():
+                raise
+            raise GroupAllocationError(g, reason) from None
+    return out
+
+
+def _call_args(op: nn.Module, step: NodeStep, inputs: list[torch.Tensor], masks: dict[str, torch.Tensor]):
+    return op(*inputs)
+
+
+def _call_flat(op: nn.Module, step: NodeStep, inputs: list[torch.Tensor], masks: dict[str, torch.Tensor]):
+    return op(concat_flat(inputs))  # (B, In)
+
+
+def _call_stacked(op: nn.Module, step: NodeStep, inputs: list[torch.Tensor], masks: dict[str, torch.Tensor]):
+    stacked = torch.stack([concat_flat(inputs[a:b]) for a, b in step.member_ports])  # (K, B, In)
+    return op(stacked).transpose(0, 1)  # (B, K, Out)
+
+
+def _call_attention(op: nn.Module, step: NodeStep, inputs: list[torch.Tensor], masks: dict[str, torch.Tensor]):
+    query, seq = inputs[0], inputs[1]  # (B, ...), (B, L, D)
+    return op(query.reshape(query.shape[0], -1), seq, masks[step.name])
+
+
+# How a dense operator takes its inputs, by the input convention of its kind (`kinds.OP_KINDS`).
+CALLS = {"args": _call_args, "flat": _call_flat, "stacked": _call_stacked, "attention": _call_attention}
+
+
+def lower(plan: Plan, spec: ModelSpec, device: torch.device | str = "cpu", seed: int | None = None) -> LoweredModel:
     """Build the trainable model of `plan` on `device` (seed: the spec's training seed by default)."""
     return LoweredModel(plan, spec, device, spec.training.seed if seed is None else seed)
 

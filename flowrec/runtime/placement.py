@@ -14,11 +14,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from flowrec.graph.kinds import PLACEMENTS
 from flowrec.graph.types import PackedGroup
-from flowrec.runtime.caches import PLACEMENTS
+from flowrec.runtime.caches import CACHE_MODULES
 from operators.embedding import PackedEmbeddingBag
 
-HOST_SIDE = frozenset({"host", "static_hot", "lookahead"})  # placements whose ids stay on the host
+HOST_SIDE = frozenset(name for name, info in PLACEMENTS.items() if info.host_side)  # ids stay on the host
 
 
 def table_device(group: PackedGroup, device: torch.device) -> torch.device:
@@ -32,9 +33,9 @@ def group_embedding(group: PackedGroup, seed: int, device: torch.device) -> nn.M
     Raises:
         ValueError: for a placement this runtime cannot run.
     """
-    if group.placement == "device":
-        return PackedEmbeddingBag(group, seed=seed, device=device)
     if group.placement not in PLACEMENTS:
         raise ValueError(f"group {group.name}: placement {group.placement!r} is not supported by this "
-                         f"runtime (known: device, {', '.join(sorted(PLACEMENTS))})")
-    return PLACEMENTS[group.placement](group, seed, torch.device(device))
+                         f"runtime (known: {', '.join(PLACEMENTS)})")
+    if group.placement == "device":
+        return PackedEmbeddingBag(group, seed=seed, device=device)
+    return CACHE_MODULES[group.placement](group, seed, torch.device(device))

@@ -1,7 +1,8 @@
 """Trained models outside training: load a run for scoring, export a plain module for serving.
 
-`load_trained(run)` rebuilds the model of a checkpoint (spec and plan are stored in it) for
-`flowrec eval`. `export_serving` writes a serving model: one `nn.EmbeddingBag` per logical table
+`load_trained(run, device, scoring)` rebuilds the model of a checkpoint from the spec and the plan
+stored in it (never planning again; `scoring` is the planner's rule that maps the trained plan to
+the one it is scored with, `flowrec.planner.contract.scoring_plan`) for `flowrec eval`. `export_serving` writes a serving model: one `nn.EmbeddingBag` per logical table
 (unpacked from the packed tables, no optimizer state) plus the dense operators; `load_serving`
 gives it back as a plain `torch.nn.Module` whose forward takes dense features and per-feature
 table-local ids.
@@ -15,7 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -25,7 +26,9 @@ from flowrec.data.batches import StagingOptions, iterate_batches
 from flowrec.runtime.checkpoint import load_checkpoint
 from flowrec.runtime.evaluate import evaluate
 from flowrec.runtime.lowering import LoweredModel, lower
-from flowrec.runtime.session import open_dataset, plan_for, resolve_device
+from flowrec.graph.plan_io import plan_from_document, plan_json
+from flowrec.graph.types import Plan
+from flowrec.runtime.session import open_dataset, resolve_device
 from flowrec.spec.load import spec_from_dict
 from flowrec.spec.model import ModelSpec
 from flowrec.spec.validate import validate_document
@@ -35,10 +38,11 @@ SERVING_FORMAT = "flowrec-serving"
 
 @dataclass
 class Trained:
-    """A model restored from a checkpoint, with its spec."""
+    """A model restored from a checkpoint, with its spec and the plan it is scored with."""
 
     spec: ModelSpec
     model: LoweredModel
+    plan: Plan
 
     def evaluate_dataset(self, path: Path) -> dict[str, dict[str, float]]:
         source = open_dataset(Path(path), self.spec)
@@ -58,15 +62,26 @@ def _spec_of(state: dict[str, Any]) -> ModelSpec:
     return spec_from_dict(doc)
 
 
-def load_trained(run: Path, device: str = "auto") -> Trained:
-    """Restore the model of a run folder / checkpoint file on `device`."""
+def stored_plan(state: dict[str, Any], where: str) -> Plan:
+    """The plan a checkpoint (or export) was trained with. Raises ValueError when it has none."""
+    text = state.get("plan") or ""
+    try:
+        return plan_from_document(json.loads(text))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{where} holds no complete plan (made by an older flowrec?): "
+                         f"{type(exc).__name__}: {exc}") from None
+
+
+def load_trained(run: Path, device: str, scoring: Callable[[Plan], Plan]) -> Trained:
+    """Restore the model of a run folder / checkpoint file on `device`, with its stored plan as
+    `scoring` maps it (the planner's rule for scoring a trained plan)."""
     state = load_checkpoint(Path(run))
     spec = _spec_of(state)
     dev = resolve_device(device)
-    plan, _ = plan_for(spec, dev)
+    plan = scoring(stored_plan(state, str(run)))
     model = lower(plan, spec, dev)
     model.load_state_dict(state["model"])
-    return Trained(spec, model)
+    return Trained(spec, model, plan)
 
 
 class ServingModel(nn.Module):
@@ -146,7 +161,7 @@ def export_serving(trained: Trained, path: Path) -> None:
     from flowrec.spec.load import to_dict
 
     torch.save({"format": SERVING_FORMAT, "spec": json.dumps(to_dict(trained.spec)),
-                "state": serving.state_dict()}, Path(path))
+                "plan": plan_json(trained.plan), "state": serving.state_dict()}, Path(path))
 
 
 def load_serving(path: Path) -> ServingModel:
@@ -155,7 +170,7 @@ def load_serving(path: Path) -> ServingModel:
     if state.get("format") != SERVING_FORMAT:
         raise ValueError(f"{path} is not a flowrec serving model")
     spec = _spec_of(state)
-    plan, _ = plan_for(spec, torch.device("cpu"))
+    plan = stored_plan(state, str(path))
     serving = ServingModel(spec, lower(plan, spec, "cpu"))
     serving.load_state_dict(state["state"])
     return serving.eval()

@@ -1,12 +1,14 @@
-"""Everything `flowrec train` / `flowrec eval` need, resolved from a spec and the options:
-the device, the plan, the lowered model and the train / evaluation data.
+"""Everything `flowrec train` needs, resolved from a spec, a plan and the options: the lowered
+model of the plan (run exactly as planned: the runtime never edits a plan) and the train /
+evaluation data.
 
 Data, in order of precedence: `--data DIR` (an encoded dataset; `DIR/train` + `DIR/test` when
 split), the spec's data binding (raw files converted once into the run folder), or synthetic data
 generated from the spec (the embedded default job).
 
 Example:
-    >>> s = prepare(Path("specs/dlrm_criteo.yaml"), SessionOptions(synthetic_rows=10_000))  # doctest: +SKIP
+    >>> s = prepare(spec, Path("specs/dlrm_criteo.yaml"), SessionOptions(synthetic_rows=10_000),
+    ...             plan, torch.device("cpu"))  # doctest: +SKIP
 """
 from __future__ import annotations
 
@@ -18,10 +20,9 @@ import torch
 
 from flowrec.data.dataset import MemorySource, ParquetSource, split_table
 from flowrec.data.layout import DataError, META_FILE, check_spec, read_meta
-from flowrec.graph.types import PlanMeta
-from flowrec.planner.manager import make_plan
-from flowrec.planner.report import plan_json
-from flowrec.runtime.lowering import LoweredModel, lower
+from flowrec.graph.kinds import PLACEMENTS
+from flowrec.graph.types import Plan
+from flowrec.runtime.lowering import GroupAllocationError, LoweredModel, lower
 from flowrec.spec.model import ModelSpec
 
 SYNTH_ROWS = 400_000  # default synthetic training rows of the embedded job
@@ -57,9 +58,10 @@ class SessionOptions:
 
 @dataclass
 class Session:
+    """A resolved run: the spec, the plan it runs unchanged, its model, device and data."""
+
     spec: ModelSpec
-    plan: Any
-    plan_document: str
+    plan: Plan
     model: LoweredModel
     device: torch.device
     train: Any
@@ -84,73 +86,37 @@ def cost_target(device: torch.device) -> str:
     return "a100" if "a100" in name else "h100"
 
 
-def runnable_groups(plan: Any) -> tuple[Any, list[str]]:
-    """Placements the runtime runs: device, host, static_hot and lookahead (`flowrec.runtime.caches`).
-
-    A cache placement planned without device rows runs as host; every cache group gets a note.
-    """
-    notes, groups = [], []
-    for g in plan.meta.groups:
-        if g.placement in ("static_hot", "lookahead"):
-            if g.cache_rows < 1:
-                notes.append(f"group {g.name}: placement {g.placement} has no cache rows; runs as host")
-                g = replace(g, placement="host")
-            else:
-                notes.append(f"group {g.name}: placement {g.placement} with {g.cache_rows:,} device rows")
-        groups.append(g)
-    meta: PlanMeta = replace(plan.meta, groups=tuple(groups))
-    return replace(plan, meta=meta), notes
-
-
-def plan_for(spec: ModelSpec, device: torch.device, device_budget: str | None = None,
-             status: Callable[[str], None] = lambda _: None) -> tuple[Any, str]:
-    """The plan the runtime runs on `device`, and the planner's own plan as JSON text.
-
-    On a CPU every table is resident unless a device budget is given (then the planner's
-    placements run as they would on a GPU, which shows their traffic on any machine).
-    """
-    plan = make_plan(spec, target=cost_target(device), device_budget=device_budget)
-    plan_document = plan_json(plan)
-    budgeted = device_budget is not None or spec.plan.device_budget_bytes is not None
-    if device.type == "cpu" and not budgeted:  # host memory is the device: every table is resident
-        plan = replace(plan, meta=replace(plan.meta, groups=tuple(
-            replace(g, placement="device") for g in plan.meta.groups)))
-    plan, notes = runnable_groups(plan)
-    for note in notes:
-        status(note)
-    return plan, plan_document
-
-
-def prepare(spec: ModelSpec, spec_path: Path, opts: SessionOptions,
+def prepare(spec: ModelSpec, spec_path: Path, opts: SessionOptions, plan: Plan, device: torch.device,
             status: Callable[[str], None] = lambda _: None) -> Session:
-    """Resolve device, plan, model and data for a run."""
+    """Resolve data and build the model of `plan` on `device` (the plan runs exactly as given)."""
     if opts.seed is not None:
         spec = replace(spec, training=replace(spec.training, seed=opts.seed))
-    device = resolve_device(opts.device if opts.device != "auto" else spec.plan.device)
-    plan, plan_document = plan_for(spec, device, opts.device_budget, status)
     train, evaluation, note = resolve_data(spec, spec_path, opts, status)
-    if spec.training.deterministic:
-        torch.use_deterministic_algorithms(True, warn_only=True)
+    for g in plan.meta.groups:
+        if PLACEMENTS[g.placement].cached:
+            status(f"group {g.name}: placement {g.placement} with {g.cache_rows:,} device rows")
     status(f"building model on {device} ({len(plan.meta.groups)} packed groups)")
     try:
         model = lower(plan, spec, device)
-    except (torch.OutOfMemoryError, RuntimeError) as exc:
-        if "memory" not in str(exc).lower():
-            raise
+    except GroupAllocationError as exc:
         raise RuntimeError(out_of_memory_message(plan, device, exc)) from None
-    return Session(spec, plan, plan_document, model, device, train, evaluation, note)
+    return Session(spec, plan, model, device, train, evaluation, note)
 
 
-def out_of_memory_message(plan: Any, device: torch.device, exc: BaseException) -> str:
-    """Name the tables that were being placed and the budget the planner assumed."""
+def out_of_memory_message(plan: Plan, device: torch.device, exc: GroupAllocationError) -> str:
+    """Name the group whose table could not be allocated and the budget the planner assumed."""
     from flowrec.spec.units import format_bytes
 
-    groups = sorted(plan.meta.groups, key=lambda g: -g.bytes)
-    placed = ", ".join(f"{g.name} ({len(g.tables)} tables, {format_bytes(g.bytes)} with optimizer state, "
-                       f"placement {g.placement})" for g in groups[:5])
-    return (f"out of memory building the model on {device}: {placed}; the planner assumed a device "
-            f"budget of {format_bytes(plan.device_budget_bytes)}. Give a smaller --device-budget so "
-            f"more tables go to host or cache placements, or use --device cpu. ({str(exc).splitlines()[0]})")
+    g = exc.group
+    where = "host memory" if g.placement != "device" or device.type == "cpu" else str(device)
+    advice = ("Give a smaller --device-budget so more tables go to host or cache placements, or train "
+              "with --device cpu." if device.type != "cpu" else
+              "The tables do not fit this machine's memory: shrink the tables in the spec (rows or "
+              "hash_buckets) or train on a machine with more memory.")
+    return (f"out of memory building the model on {device}: group {g.name} ({len(g.tables)} tables, "
+            f"{format_bytes(g.bytes)} with optimizer state, placement {g.placement}) did not fit in "
+            f"{where}; the planner assumed a device budget of {format_bytes(plan.device_budget_bytes)}. "
+            f"{advice} ({exc.reason})")
 
 
 def resolve_data(spec: ModelSpec, spec_path: Path, opts: SessionOptions,

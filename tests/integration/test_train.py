@@ -12,6 +12,8 @@ import torch
 from typer.testing import CliRunner
 
 from flowrec.cli import app
+from flowrec.graph.plan_io import plan_json
+from flowrec.planner.manager import make_plan
 from flowrec.runtime.checkpoint import load_checkpoint
 from flowrec.runtime.session import SessionOptions, prepare
 from flowrec.runtime.trainer import TrainConfig, Trainer
@@ -103,9 +105,11 @@ def test_ctrl_c_leaves_a_resumable_checkpoint(spec_file: Path, tmp_path: Path):
     spec = load_spec(spec_file)
 
     def run(out: Path, interrupt_at: int | None) -> Trainer:
-        session = prepare(spec, spec_file, SessionOptions(synthetic_rows=6000, workdir=out))
+        plan = make_plan(spec, target="cpu")
+        session = prepare(spec, spec_file, SessionOptions(synthetic_rows=6000, workdir=out), plan,
+                          torch.device("cpu"))
         trainer = Trainer(session.spec, session.plan, session.model,
-                          TrainConfig(out_dir=out, progress=False, tensorboard=False), session.plan_document)
+                          TrainConfig(out_dir=out, progress=False, tensorboard=False), plan_json(plan))
         if (out / "checkpoint.pt").is_file():
             trainer.load_state(load_checkpoint(out))
 
@@ -142,9 +146,10 @@ def test_eval_and_export_score_like_the_trained_model(spec_file: Path, tmp_path:
     assert exported.exit_code == 0, exported.output
     from flowrec.data.batches import StagingOptions, iterate_batches
     from flowrec.data.dataset import ParquetSource
+    from flowrec.planner.contract import scoring_plan
     from flowrec.runtime.serving import load_serving, load_trained
 
-    trained = load_trained(tmp_path / "run", "cpu")
+    trained = load_trained(tmp_path / "run", "cpu", scoring_plan)
     serving = load_serving(tmp_path / "model.pt")
     with iterate_batches(trained.spec, ParquetSource(data), StagingOptions(batch_size=64, shuffle=False)) as it:
         batch = next(it)

@@ -1,4 +1,4 @@
-"""Whole models with cache placements train like the all-device model; runnable_groups keeps them."""
+"""Whole models with cache placements train like the all-device model; the plan check keeps them."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -6,10 +6,10 @@ from dataclasses import replace
 import pytest
 import torch
 
+from flowrec.planner.contract import check_plan
 from flowrec.planner.manager import make_plan
 from flowrec.runtime.caches import StaticHotEmbedding, collect_counters, hottest_rows
 from flowrec.runtime.lowering import lower
-from flowrec.runtime.session import runnable_groups
 from flowrec.runtime.step import make_dense_optimizer, train_step
 from test_cache_exact import cache_spec, staged, window_rows
 
@@ -18,7 +18,7 @@ def plan_with(spec, placement: str, cache_rows: dict[str, int]):
     plan = make_plan(spec, target="cpu")
     groups = tuple(replace(g, placement=placement, cache_rows=cache_rows.get(g.name, 0))
                    for g in plan.meta.groups)
-    return replace(plan, meta=replace(plan.meta, groups=groups))
+    return plan.with_meta(replace(plan.meta, groups=groups))
 
 
 def train(spec, plan, batches, micro_batches: int = 1, hot: bool = False):
@@ -79,15 +79,17 @@ def test_checkpoint_roundtrip_resumes_exactly():
         assert torch.equal(tables(resumed)[name][0], w) and torch.equal(tables(resumed)[name][1], s)
 
 
-def test_runnable_groups_keeps_cache_placements():
+def test_plan_check_keeps_cache_placements_and_refuses_empty_caches():
     spec = cache_spec()
     first = make_plan(spec, target="cpu").meta.groups[0].name
     plan = plan_with(spec, "lookahead", {first: 100})
-    ran, notes = runnable_groups(plan)
-    placements = {g.name: g.placement for g in ran.meta.groups}
+    problems = check_plan(plan, spec)
+    placements = {g.name: g.placement for g in plan.meta.groups}
     assert placements[first] == "lookahead"
-    assert all(p in ("lookahead", "host") for p in placements.values())
-    assert any("no cache rows" in n for n in notes) == (len(placements) > 1)
-    model = lower(ran, spec, "cpu")
+    assert all(p == "lookahead" for p in placements.values())
+    assert any("needs cache_rows between 1 and" in p for p in problems) == (len(placements) > 1)
+    runnable = plan_with(spec, "lookahead", {g.name: 100 for g in plan.meta.groups})
+    assert check_plan(runnable, spec) == []
+    model = lower(runnable, spec, "cpu")
     assert isinstance(model.embeddings, torch.nn.ModuleDict)
     assert not any(isinstance(m, StaticHotEmbedding) for m in model.embeddings.values())

@@ -8,7 +8,7 @@ import pytest
 
 from flowrec.graph.build import build_graph
 from flowrec.graph.edges import input_shapes, input_slots
-from flowrec.graph.types import OP_KINDS
+from flowrec.graph.kinds import OP_KINDS
 from flowrec.graph.verify import verify
 from flowrec.spec.load import spec_from_dict
 from flowrec.spec.model import ModelSpec

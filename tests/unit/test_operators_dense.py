@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flowrec.graph.types import OP_KINDS, GroupField, PackedGroup, TableSlot
+from flowrec.graph.kinds import OP_KINDS
+from flowrec.graph.types import GroupField, PackedGroup, TableSlot
 from operators import registry
 from operators.dense import MLP, PackedMLP
 from operators.embedding import PackedEmbeddingBag

@@ -10,7 +10,8 @@ from flowrec.graph.build import build_graph
 from flowrec.graph.types import PassContext, PassResult
 from flowrec.graph.verify import verify
 from flowrec.planner.manager import PIPELINE, STAGES, PassFailure, PassManager, make_plan
-from flowrec.planner.report import plan_document, plan_json, text_report
+from flowrec.graph.plan_io import plan_document, plan_json
+from flowrec.planner.report import text_report
 from flowrec.spec import load_spec
 from test_graph_build import tiny_spec
 

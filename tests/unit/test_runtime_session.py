@@ -6,6 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from flowrec.planner.manager import make_plan
+from flowrec.runtime import lowering as lowering_mod
 from flowrec.runtime import session as session_mod
 from flowrec.runtime.session import SessionOptions, prepare, resolve_device
 from flowrec.spec import load_spec
@@ -18,17 +20,22 @@ def test_cuda_without_cuda_is_a_clear_error(monkeypatch):
     assert resolve_device("auto") == torch.device("cpu")
 
 
-def test_out_of_memory_names_the_tables_and_the_planned_budget(repo: Path, monkeypatch):
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_out_of_memory_names_the_group_and_the_planned_budget(repo: Path, monkeypatch, device: str):
     spec_path = repo / "specs" / "dlrm_criteo.yaml"
+    spec = load_spec(spec_path)
+    plan = make_plan(spec, target="cpu", device_budget="3GiB")
 
-    def no_memory(*args, **kwargs):
+    def no_memory(group, seed, dev):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.01 GiB")
 
-    monkeypatch.setattr(session_mod, "lower", no_memory)
+    monkeypatch.setattr(lowering_mod, "group_embedding", no_memory)
     monkeypatch.setattr(session_mod, "synthetic_sources", lambda *a: (None, None, "synthetic"))
     with pytest.raises(RuntimeError) as err:
-        prepare(load_spec(spec_path), spec_path, SessionOptions(device="cpu", device_budget="3GiB"))
+        prepare(spec, spec_path, SessionOptions(), plan, torch.device(device))
     message = str(err.value)
-    assert "g0_d16 (26 tables, 2.1 GiB with optimizer state" in message
+    assert "group g0_d16 (26 tables, 2.1 GiB with optimizer state" in message
     assert "planner assumed a device budget of 3.0 GiB" in message
-    assert "--device-budget" in message
+    assert ("--device cpu" in message) == (device == "cuda")
+    assert ("--device-budget" in message) == (device == "cuda")
+    assert "Tried to allocate 2.01 GiB" in message

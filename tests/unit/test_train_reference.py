@@ -17,7 +17,7 @@ from flowrec.data.dataset import MemorySource, split_table
 from flowrec.data.synth import SynthConfig, synth_table
 from flowrec.runtime.lowering import lower
 from flowrec.runtime.reference import ReferenceModel, RowwiseAdagrad, reference_optimizers, reference_step
-from flowrec.runtime.session import plan_for
+from flowrec.planner.manager import make_plan
 from flowrec.runtime.step import make_dense_optimizer, train_step
 from flowrec.spec import spec_from_dict
 
@@ -61,14 +61,14 @@ def make_spec(sparse_opt: str, seed: int, dense_opt: str = "adam"):
 def staged(spec, seed: int, dtype: torch.dtype) -> list:
     table = synth_table(spec, BATCH * STEPS, SynthConfig(seed=seed, alpha=1.2))
     opts = StagingOptions(batch_size=BATCH, shuffle=False, lookahead=1, workers=1)
-    plan, _ = plan_for(spec, torch.device("cpu"))
+    plan = make_plan(spec, target="cpu")
     with iterate_batches(spec, MemorySource(split_table(table, 2)), opts, 0, 0, plan.meta.groups) as it:
         batches = list(it)
     return [replace(b, dense=b.dense.to(dtype), labels=b.labels.to(dtype)) for b in batches]
 
 
 def flowrec_model(spec, dtype: torch.dtype):
-    plan, _ = plan_for(spec, torch.device("cpu"))
+    plan = make_plan(spec, target="cpu")
     model = lower(plan, spec, "cpu").to(dtype)
     opt = spec.dense_optimizer
     return plan, model, make_dense_optimizer(model, opt.name, opt.lr, dict(opt.params))

@@ -16,6 +16,14 @@ Changes: each group's ``placement``, ``cache_rows`` and ``expected_hit_rate``:
   1.0) or ``host`` (hit rate 0): the plan's cache hint forces a policy (``none`` -> host),
   ``auto`` takes the one the cost model prices lowest (row traffic plus host gathers per step).
 
+Two rules make every placement runnable as planned (the runtime never changes one):
+
+* a cache placement left without device rows is ``host`` (a cache of nothing is the host path);
+* on a target whose host memory *is* the device (cpu) and with no explicit budget (context or
+  spec hint), groups that do not fit the nominal budget stay ``device``: host memory holds them,
+  and an explicit budget plans cache placements as on a GPU (which shows their traffic on any
+  machine).
+
 Hit rates come from the access profile when given, else from the Zipf model
 (`flowrec.planner.access`). Afterwards the device tables and caches fit the budget whenever a
 host placement was possible, and a second run changes nothing.
@@ -25,6 +33,7 @@ from __future__ import annotations
 from dataclasses import replace
 from math import ceil
 
+from flowrec.graph.kinds import PLACEMENTS
 from flowrec.graph.types import OpGraph, PackedGroup, PassContext, PassResult
 from flowrec.planner.cost import (
     DeviceProfile,
@@ -52,6 +61,10 @@ def cache(graph: OpGraph, ctx: PassContext) -> PassResult:
     budget = table_budget(graph, ctx)
     groups, notes = place(meta.groups, budget, device, spec.plan.cache, spec.training.batch_size,
                           spec.plan.window, ctx.profile)
+    if not device.overlaps and ctx.device_budget_bytes is None and any(g.placement != "device" for g in groups):
+        groups = tuple(replace(g, placement="device", cache_rows=0, expected_hit_rate=1.0) for g in groups)
+        notes.append(f"target {device.name}: host memory is the device and no budget was given, so every "
+                     f"group stays resident (give --device-budget to plan cache placements)")
     notes.insert(0, f"table budget {format_bytes(budget)} on {device.name}; groups need "
                     f"{format_bytes(sum(g.bytes for g in meta.groups))}")
     if groups == meta.groups:
@@ -91,6 +104,14 @@ def place(groups: tuple[PackedGroup, ...], budget: int, device: DeviceProfile, p
     return tuple(decided[g.name] for g in groups), notes
 
 
+def expected_hit_rate(g: PackedGroup, profile: object) -> float:
+    """Device hits per lookup of a group's placement at train time (lookahead fetches ahead: 1.0)."""
+    info = PLACEMENTS[g.placement]
+    if info.traffic == "window" or info.rows_on == "device":
+        return 1.0
+    return round(group_access(g, profile).hit_rate(g.cache_rows), 6) if info.cached else 0.0
+
+
 def _choose(g: PackedGroup, share: int, device: DeviceProfile, policy: str, batch: int, window: int,
             profile: object) -> tuple[PackedGroup, str]:
     fit_rows = min(g.rows, max(0, share) // g.row_bytes())
@@ -115,10 +136,14 @@ def _choose(g: PackedGroup, share: int, device: DeviceProfile, policy: str, batc
             f"plan.window, or use cache: auto or static_hot")
     if policy in ("static_hot", "lookahead"):
         pick = options[policy]
+        if pick.cache_rows < 1:
+            return options["host"], f"forced {policy}, but no device rows are left for a cache -> host"
         return pick, f"forced {policy}, {pick.cache_rows:,} cache rows ({source})"
     costs = {p: group_step_seconds(options[p], device, batch, window, profile) for p in feasible}
     best = min(feasible, key=lambda p: (costs[p], POLICY_ORDER.index(p)))
     priced = ", ".join(f"{p} {costs[p] * 1e3:.3f} ms" for p in feasible)
     pick = options[best]
+    if pick.placement != "host" and pick.cache_rows < 1:
+        return options["host"], f"auto -> {best} has no device rows left for a cache -> host ({priced})"
     return pick, (f"auto -> {best} with {pick.cache_rows:,} cache rows, hit rate "
                   f"{pick.expected_hit_rate:.3f} ({source}; per-step cost {priced})")

@@ -3,7 +3,7 @@
 Needs: a packed graph; placements from `cache` (a graph without them is treated as all-device).
 
 Changes:
-    * every op gets a stage from `STAGE_OF_KIND`: inputs ``staging`` (CPU workers), ids
+    * every op gets the stage of its kind (`flowrec.graph.kinds.OP_KINDS`): inputs ``staging`` (CPU workers), ids
       ``transfer``, lookups ``sparse``, modules and heads ``dense``, the loss ``backward``;
     * micro-batches per step: the spec's integer hint, else (``auto``) 1 where sparse and dense
       work cannot overlap (cpu), otherwise the count in `MICRO_BATCH_CHOICES` with at least
@@ -21,20 +21,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from flowrec.graph.kinds import OP_KINDS, PLACEMENTS
 from flowrec.graph.types import OpGraph, PassContext, PassResult
 from flowrec.planner.cost import device_profile, predict
 from flowrec.planner.passes.common import plan_meta
 
-STAGE_OF_KIND: dict[str, str] = {
-    "dense_input": "staging",
-    "label_input": "staging",
-    "sparse_input": "transfer",
-    "embedding_lookup": "sparse",
-    "pooling": "sparse",
-    "packed_embedding": "sparse",
-    "loss": "backward",
-}
-DEFAULT_STAGE = "dense"  # modules and heads
 MICRO_BATCH_CHOICES = (1, 2, 4, 8)
 MIN_MICRO_BATCH = 512  # samples; smaller micro-batches waste kernel launches
 
@@ -45,13 +36,14 @@ def interleave(graph: OpGraph, ctx: PassContext) -> PassResult:
     changed = []
     for node in g:
         op = g.nodes[node]["op"]
-        stage = STAGE_OF_KIND.get(op.kind, DEFAULT_STAGE)
+        stage = OP_KINDS[op.kind].stage
         if op.stage != stage:
             g.nodes[node]["op"] = replace(op, stage=stage)
             changed.append(node)
     meta = plan_meta(g)
     micro, why = _micro_batches(g, ctx)
-    placed = sorted(meta.groups, key=lambda gr: (gr.placement == "device", -_traffic(gr), -gr.bytes, gr.name))
+    placed = sorted(meta.groups, key=lambda gr: (not PLACEMENTS[gr.placement].host_side, -_traffic(gr), -gr.bytes,
+                                                 gr.name))
     new_meta = replace(meta, micro_batches=micro, prefetch=ctx.spec.plan.prefetch,
                        group_order=tuple(gr.name for gr in placed))
     notes = [f"stages assigned to {len(changed)} op(s)" if changed else "stages already assigned",
@@ -67,7 +59,7 @@ def interleave(graph: OpGraph, ctx: PassContext) -> PassResult:
 
 def _traffic(group) -> float:
     """Relative host traffic of a group: bytes it cannot serve from device memory."""
-    return 0.0 if group.placement == "device" else (1.0 - group.expected_hit_rate + 0.01) * group.bytes
+    return 0.0 if not PLACEMENTS[group.placement].host_side else (1.0 - group.expected_hit_rate + 0.01) * group.bytes
 
 
 def _micro_batches(g: OpGraph, ctx: PassContext) -> tuple[int, str]:

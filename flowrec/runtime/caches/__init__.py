@@ -1,13 +1,13 @@
 """Embedding placements for tables larger than device memory, and their counters.
 
-`PLACEMENTS` maps a placement name to the module class that runs it: `host` (the whole table on
-the host), `static_hot` (FAE hot rows on the device), `lookahead` (ScratchPipe scratchpad), and
-`lru` (a demand-fetch baseline for comparison; the planner never chooses it). Every class takes
-`(group, seed, device)`.
+`CACHE_MODULES` maps each host-side placement of `flowrec.graph.kinds.PLACEMENTS` to the module
+class that runs it: `host` (the whole table on the host), `static_hot` (FAE hot rows on the
+device), `lookahead` (ScratchPipe scratchpad). `LRUEmbedding` is a demand-fetch baseline for
+benchmarks and tests; no plan places a group with it. Every class takes `(group, seed, device)`.
 
 Example:
-    >>> sorted(PLACEMENTS)
-    ['host', 'lookahead', 'lru', 'static_hot']
+    >>> sorted(CACHE_MODULES)
+    ['host', 'lookahead', 'static_hot']
 """
 from __future__ import annotations
 
@@ -18,12 +18,11 @@ from flowrec.runtime.caches.lookahead import LookaheadEmbedding
 from flowrec.runtime.caches.lru import LRUEmbedding
 from flowrec.runtime.caches.static_hot import StaticHotEmbedding, hottest_rows
 
-PLACEMENTS = {
+CACHE_MODULES = {
     "host": HostEmbedding,
     "static_hot": StaticHotEmbedding,
     "lookahead": LookaheadEmbedding,
-    "lru": LRUEmbedding,
 }
 
-__all__ = ["PLACEMENTS", "CacheCapacityError", "CacheCounters", "CachedEmbedding", "HostEmbedding",
+__all__ = ["CACHE_MODULES", "CacheCapacityError", "CacheCounters", "CachedEmbedding", "HostEmbedding",
            "LRUEmbedding", "LookaheadEmbedding", "StaticHotEmbedding", "collect_counters", "hottest_rows"]

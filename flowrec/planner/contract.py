@@ -1,0 +1,182 @@
+"""The plan as a contract: load a saved (possibly hand-edited) plan, check it against its spec,
+price its decisions, and the planner's rule for scoring a trained plan.
+
+A user saves a plan (`flowrec plan SPEC --json p.json`), edits decisions — a group's `placement`
+or `cache_rows`, `micro_batches`, `prefetch`, `group_order`, node stages — and trains exactly that
+(`flowrec train SPEC --plan p.json`). What may not change is the model: the nodes, their kinds,
+attributes and inputs, and the packed groups' tables and fields must be those the planner makes
+from the spec; a plan for another spec is refused.
+
+Example:
+    >>> from flowrec.spec import load_spec
+    >>> from flowrec.graph.plan_io import plan_document
+    >>> from flowrec.planner.manager import make_plan
+from flowrec.planner.passes.cache import expected_hit_rate
+    >>> spec = load_spec("specs/movielens.yaml")
+    >>> check_plan(plan_from_document(plan_document(make_plan(spec))), spec)
+    []
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from flowrec.graph.edges import input_slots
+from flowrec.graph.kinds import PLACEMENTS
+from flowrec.graph.plan_io import model_fingerprint, plan_from_document
+from flowrec.graph.types import STAGES, PackedGroup, PassRecord, Plan
+from flowrec.planner.cost import device_profile, predict
+from flowrec.planner.manager import make_plan
+from flowrec.planner.passes.cache import expected_hit_rate
+from flowrec.spec.model import ModelSpec
+from flowrec.spec.schemas import PLAN_SCHEMA, load_schema
+
+GROUP_DECISIONS = ("placement", "cache_rows", "expected_hit_rate")  # what an edit may change per group
+
+
+class PlanError(ValueError):
+    """A plan file that cannot be read, or a plan that does not fit its spec (one line)."""
+
+
+def read_plan_document(path: Path) -> dict[str, Any]:
+    """A plan document from a file, validated against schemas/plan.schema.json.
+
+    Raises:
+        PlanError: unreadable, not JSON, not a flowrec plan, or schema errors (the first few).
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PlanError(f"{path}: cannot read the plan ({exc.__class__.__name__}: {exc})") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PlanError(f"{path}: not JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+    return check_plan_document(doc, str(path))
+
+
+def check_plan_document(doc: Any, where: str) -> dict[str, Any]:
+    """`doc` if it is a plan document of this version, else a PlanError naming the first problems."""
+    if not isinstance(doc, dict) or doc.get("format") != "flowrec-plan":
+        raise PlanError(f"{where}: not a flowrec plan (expected the output of `flowrec plan SPEC --json`)")
+    from jsonschema import Draft202012Validator
+
+    errors = sorted(Draft202012Validator(load_schema(PLAN_SCHEMA)).iter_errors(doc), key=lambda e: list(e.absolute_path))
+    if errors:
+        shown = "; ".join(f"{'.'.join(map(str, e.absolute_path)) or '(top)'}: {e.message}" for e in errors[:3])
+        more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
+        raise PlanError(f"{where}: not a valid flowrec plan: {shown}{more}")
+    return doc
+
+
+def _structure(plan: Plan) -> dict[str, Any]:
+    """What the spec determines: node kinds, attributes, shapes and inputs; group layouts."""
+    g = plan.graph
+    nodes = {n: (g.nodes[n]["op"].kind, g.nodes[n]["op"].attrs, g.nodes[n]["op"].out_shape,
+                 tuple(input_slots(g, n))) for n in g}
+    groups = {x.name: replace(x, **{k: PackedGroup.__dataclass_fields__[k].default for k in GROUP_DECISIONS})
+              for x in plan.meta.groups}
+    return {"nodes": nodes, "groups": groups}
+
+
+def _first_difference(mine: dict[str, Any], reference: dict[str, Any], what: str) -> str | None:
+    if set(mine) != set(reference):
+        extra = sorted(set(mine) - set(reference))
+        missing = sorted(set(reference) - set(mine))
+        parts = ([f"unknown {what} {', '.join(extra[:3])}"] if extra else []) + \
+                ([f"missing {what} {', '.join(missing[:3])}"] if missing else [])
+        return "; ".join(parts)
+    for name in reference:
+        if mine[name] != reference[name]:
+            return f"{what} {name} differs from what the spec defines"
+    return None
+
+
+def check_plan(plan: Plan, spec: ModelSpec) -> list[str]:
+    """Problems that keep `plan` from running with `spec` (empty when it can run).
+
+    The model must be the spec's (fingerprint and structure); decisions must be runnable:
+    known placements, cache rows within the group for cache placements, a valid schedule.
+    """
+    if plan.spec_fingerprint != model_fingerprint(spec):
+        return [f"the plan was made for spec {plan.spec_name!r} with a different model (features, tables, "
+                f"modules, heads, optimizers, batch size or precision differ from {spec.name!r}); "
+                f"plan again with `flowrec plan SPEC --json`"]
+    problems = []
+    if plan.stage != "interleaved":
+        problems.append(f"the plan stops at stage {plan.stage!r}; only a full plan (stage interleaved) can run")
+    reference = _structure(make_plan(spec, until=plan.stage, target=plan.target))
+    mine = _structure(plan)
+    for what in ("nodes", "groups"):
+        diff = _first_difference(mine[what], reference[what], what[:-1])
+        if diff:
+            problems.append(diff)
+    problems += _decision_problems(plan, spec)
+    return problems
+
+
+def _decision_problems(plan: Plan, spec: ModelSpec) -> list[str]:
+    meta, out = plan.meta, []
+    for g in meta.groups:
+        info = PLACEMENTS.get(g.placement)
+        if info is None:
+            out.append(f"group {g.name}: unknown placement {g.placement!r} (known: {', '.join(PLACEMENTS)})")
+        elif info.cached and not 1 <= g.cache_rows <= g.rows:
+            out.append(f"group {g.name}: placement {g.placement} needs cache_rows between 1 and {g.rows:,}, "
+                       f"not {g.cache_rows:,}")
+        elif not info.cached and g.cache_rows != 0:
+            out.append(f"group {g.name}: placement {g.placement} keeps no cache; cache_rows must be 0")
+    if not 1 <= meta.micro_batches <= spec.training.batch_size:
+        out.append(f"micro_batches must be between 1 and the batch size {spec.training.batch_size}")
+    if meta.prefetch < 1:
+        out.append("prefetch must be at least 1")
+    if meta.group_order and sorted(meta.group_order) != sorted(g.name for g in meta.groups):
+        out.append("group_order must name every group once")
+    bad = [n for n in plan.graph if plan.graph.nodes[n]["op"].stage not in STAGES]
+    if bad:
+        out.append(f"node {bad[0]}: stage must be one of {', '.join(STAGES)}")
+    return out
+
+
+def priced(plan: Plan, spec: ModelSpec, profile: dict[str, Any] | None = None) -> Plan:
+    """`plan` with the cost model's prediction for its own decisions, and a pass record that lists
+    where they differ from the planner's (an edited plan says what was edited)."""
+    own = make_plan(spec, target=plan.target, device_budget=plan.device_budget_bytes, profile=profile)
+    notes = [f"group {g.name}: placement {g.placement}, {g.cache_rows:,} cache rows (planner: {o.placement}, "
+             f"{o.cache_rows:,})" for g, o in zip(plan.meta.groups, own.meta.groups)
+             if (g.placement, g.cache_rows) != (o.placement, o.cache_rows)]
+    for key in ("micro_batches", "prefetch", "group_order"):
+        if getattr(plan.meta, key) != getattr(own.meta, key):
+            notes.append(f"{key} {getattr(plan.meta, key)} (planner: {getattr(own.meta, key)})")
+    groups = tuple(replace(g, expected_hit_rate=expected_hit_rate(g, profile)) for g in plan.meta.groups)
+    meta = replace(plan.meta, groups=groups)
+    if notes and not any(p.name == "edit" for p in meta.passes):
+        meta = replace(meta, passes=meta.passes + (PassRecord("edit", True, tuple(notes)),))
+    edited = plan.with_meta(meta)
+    cost = predict(edited.graph, spec, device_profile(plan.target), micro_batches=meta.micro_batches,
+                   profile=profile)
+    return replace(edited, cost=cost)
+
+
+def load_plan(path: Path, spec: ModelSpec, profile: dict[str, Any] | None = None) -> Plan:
+    """The plan in `path`, checked against `spec` and priced. Raises PlanError (one line)."""
+    plan = plan_from_document(read_plan_document(path))
+    problems = check_plan(plan, spec)
+    if problems:
+        raise PlanError(f"{path}: " + "; ".join(problems))
+    return priced(plan, spec, profile)
+
+
+def scoring_plan(plan: Plan) -> Plan:
+    """The plan a trained model is scored and exported with: the same model and layout, with every
+    cache placement (a training-time schedule of row movement) read from its host master table."""
+    groups = tuple(replace(g, placement="host", cache_rows=0, expected_hit_rate=0.0)
+                   if PLACEMENTS[g.placement].trains_only else g for g in plan.meta.groups)
+    if groups == plan.meta.groups:
+        return plan
+    notes = tuple(f"group {g.name}: {g.placement} -> host for scoring" for g in plan.meta.groups
+                  if PLACEMENTS[g.placement].trains_only)
+    meta = replace(plan.meta, groups=groups, passes=plan.meta.passes + (PassRecord("score", True, notes),))
+    return plan.with_meta(meta)
