@@ -112,7 +112,7 @@ def _run(spec, spec_path: Path, run_dir: Path, settings: dict, device: str, epoc
         seed=settings["seed"], workdir=run_dir, dask=settings["dask"],
     )
     plan_file = Path(settings["plan"]) if settings.get("plan") and not resuming else None
-    plan, dev = plan_for_run(spec, device, settings["device_budget"] if plan_file is None else None, plan_file, _say)
+    plan, dev = plan_for_run(spec, device, settings["device_budget"], plan_file, _say)
     if resuming:  # the stored plan, unchanged
         plan = _stored_plan_or_exit(run_dir, plan)
     if spec.training.deterministic:

@@ -1,0 +1,135 @@
+"""The plan as a contract: JSON both ways for every spec, checks against the spec, pricing of
+edited decisions, the scoring rule, and the tables every layer reads."""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from flowrec.graph.kinds import OP_KINDS, OPTIMIZERS, PLACEMENTS
+from flowrec.graph.plan_io import model_fingerprint, plan_document, plan_from_document, plan_json
+from flowrec.planner.contract import PlanError, check_plan, load_plan, priced, scoring_plan
+from flowrec.planner.manager import make_plan
+from flowrec.spec import load_spec
+from flowrec.spec.schemas import load_schema
+
+REPO = Path(__file__).resolve().parents[2]
+SPECS = sorted((REPO / "specs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SPECS, ids=lambda p: p.stem)
+def test_plan_round_trips_through_json(path: Path):
+    plan = make_plan(load_spec(path), target="h100", device_budget="1GiB")
+    doc = json.loads(plan_json(plan))
+    jsonschema.validate(doc, load_schema("plan"))
+    back = plan_from_document(doc)
+    assert plan_json(back) == plan_json(plan)
+    assert back.meta == plan.meta and back.cost == plan.cost
+    assert back.spec_fingerprint == plan.spec_fingerprint == model_fingerprint(load_spec(path))
+    assert [back.graph.nodes[n]["op"] for n in back.graph] == [plan.graph.nodes[n]["op"] for n in plan.graph]
+    assert sorted(back.graph.edges(data=True)) == sorted(plan.graph.edges(data=True))
+    assert check_plan(back, load_spec(path)) == []
+
+
+def test_plan_carries_its_pass_records_once(repo: Path):
+    plan = make_plan(load_spec(repo / "specs" / "dlrm_criteo.yaml"))
+    assert [p.name for p in plan.meta.passes] == ["pack", "cache", "interleave"]
+    assert plan.graph.graph["plan"] is plan.meta  # one record: the graph carries it, meta reads it
+
+
+def _edit(tmp_path: Path, spec_path: Path, change, **plan_kw) -> Path:
+    doc = plan_document(make_plan(load_spec(spec_path), **plan_kw))
+    change(doc)
+    out = tmp_path / "edited.json"
+    out.write_text(json.dumps(doc))
+    return out
+
+
+def test_edited_placement_is_checked_priced_and_recorded(repo: Path, tmp_path: Path):
+    spec_path = repo / "specs" / "dlrm_criteo.yaml"
+    spec = load_spec(spec_path)
+
+    def to_host(doc):
+        doc["groups"][0].update(placement="host", cache_rows=0)
+
+    path = _edit(tmp_path, spec_path, to_host, device_budget="512MiB")
+    plan = load_plan(path, spec)
+    group = plan.meta.groups[0]
+    assert (group.placement, group.cache_rows, group.expected_hit_rate) == ("host", 0, 0.0)
+    edit = plan.meta.passes[-1]
+    assert edit.name == "edit" and "placement host" in edit.notes[0] and "planner: static_hot" in edit.notes[0]
+    planned = make_plan(spec, device_budget="512MiB")
+    assert plan.cost.h2d_bytes_per_step > planned.cost.h2d_bytes_per_step  # every pooled row travels now
+    assert priced(plan, spec).meta.passes == plan.meta.passes  # pricing twice adds nothing
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda d: d["groups"][0].update(placement="static_hot", cache_rows=0), "needs cache_rows between 1 and"),
+    (lambda d: d["groups"][0].update(placement="host", cache_rows=5), "keeps no cache"),
+    (lambda d: d["groups"][0].update(placement="gpu"), "'gpu' is not one of"),
+    (lambda d: d.update(micro_batches=0), "micro_batches"),
+    (lambda d: d.update(micro_batches=10**6), "between 1 and the batch size"),
+    (lambda d: d.update(group_order=["nope"]), "group_order must name every group once"),
+    (lambda d: d["nodes"][-2]["attrs"].append(["extra", 1]), "differs from what the spec defines"),
+    (lambda d: d["groups"][0]["tables"][0].update(rows=7), "differs from what the spec defines"),
+    (lambda d: d.update(spec_fingerprint="sha256:0"), "different model"),
+    (lambda d: d.update(stage="packed"), "only a full plan"),
+    (lambda d: d.pop("nodes"), "'nodes' is a required property"),
+    (lambda d: d.update(format="something"), "not a flowrec plan"),
+])
+def test_bad_plans_are_one_line(repo: Path, tmp_path: Path, change, message):
+    spec_path = repo / "specs" / "dlrm_criteo.yaml"
+    path = _edit(tmp_path, spec_path, change)
+    with pytest.raises(PlanError) as err:
+        load_plan(path, load_spec(spec_path))
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_unreadable_plan_files_are_one_line(repo: Path, tmp_path: Path):
+    spec = load_spec(repo / "specs" / "movielens.yaml")
+    for name, content in (("empty.json", b""), ("latin.json", b"\xff\xfe{"), ("list.json", b"[1, 2]")):
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(PlanError):
+            load_plan(tmp_path / name, spec)
+    with pytest.raises(PlanError, match="cannot read"):
+        load_plan(tmp_path / "missing.json", spec)
+
+
+def test_scoring_reads_cache_placements_from_the_host(repo: Path):
+    spec = load_spec(repo / "specs" / "dlrm_criteo.yaml")
+    plan = make_plan(spec, device_budget="512MiB")
+    assert plan.meta.groups[0].placement == "static_hot"
+    scored = scoring_plan(plan)
+    assert scored.meta.groups[0].placement == "host" and scored.meta.passes[-1].name == "score"
+    assert plan.meta.groups[0].placement == "static_hot"  # the trained plan is unchanged
+    device = make_plan(spec)
+    assert scoring_plan(device) is device
+
+
+def test_cpu_without_budget_keeps_every_table_resident(repo: Path):
+    spec = load_spec(repo / "specs" / "wide_1000.yaml")
+    huge = replace(spec, tables=tuple(replace(t, rows=t.rows * 8) for t in spec.tables))
+    plan = make_plan(huge, target="cpu")
+    assert all(g.placement == "device" for g in plan.meta.groups)
+    cache = next(p for p in plan.meta.passes if p.name == "cache")
+    assert any("host memory is the device" in n for n in cache.notes)
+    budgeted = make_plan(huge, target="cpu", device_budget="4GiB")
+    assert any(g.placement != "device" for g in budgeted.meta.groups)
+
+
+def test_tables_agree_with_schemas_registry_and_runtime():
+    from operators import registry
+    from flowrec.runtime.caches import CACHE_MODULES
+
+    assert set(registry.known()) == set(OP_KINDS)
+    assert set(CACHE_MODULES) == {n for n, p in PLACEMENTS.items() if p.rows_on == "host"}
+    plan_schema = load_schema("plan")
+    assert plan_schema["$defs"]["node"]["properties"]["kind"]["enum"] == list(OP_KINDS)
+    assert plan_schema["$defs"]["group"]["properties"]["placement"]["enum"] == list(PLACEMENTS)
+    spec_schema = load_schema("model-spec")["$defs"]
+    assert set(spec_schema["sparse_optimizer"]["properties"]["name"]["enum"]) == \
+        {n for n, o in OPTIMIZERS.items() if o.sparse}
+    assert set(spec_schema["dense_optimizer"]["properties"]["name"]["enum"]) == {n for n, o in OPTIMIZERS.items() if o.dense}
