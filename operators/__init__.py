@@ -1,4 +1,4 @@
-"""flowrec operators: the compute behind the op kinds of `flowrec.graph.types.OP_KINDS`.
+"""flowrec operators: the compute behind the planner's op kinds. Depends on torch alone (never on flowrec).
 
 Modules: `casting` (tensor-casting index, computed ahead of time), `embedding` (packed embedding
 bag with a casted backward and fused sparse optimizers), `sparse_optim` (the fused optimizers),

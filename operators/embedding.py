@@ -1,6 +1,7 @@
 """Packed embedding bag: every field of a packed group looked up in one call, casted backward.
 
-The packed table concatenates the group's logical tables (row offsets from the `PackedGroup`).
+The packed table concatenates the group's logical tables (row offsets from its layout,
+`operators.layout.PackedLayout`).
 The forward is one `embedding_bag` over flat packed ids and bag offsets (bag = b * S + s), giving
 (B, S, D); mean bags are divided by their length (sum / n, as `embedding_bag(mode="mean")`).
 The backward never forms a dense gradient: the casted gather-reduce (`operators.casting`) yields
@@ -9,9 +10,8 @@ the coalesced gradient of the unique rows and the group's fused sparse optimizer
 buffers, not parameters: torch.optim never sees them.
 
 Example:
-    >>> from flowrec.graph.types import GroupField, PackedGroup, TableSlot
-    >>> g = PackedGroup("g", 4, "fp32", ("sgd", 0.1, ()), (TableSlot("t", 10, 0),),
-    ...                 (GroupField("f", "t", 1, "sum"),))
+    >>> from operators.layout import BagField, Layout, TableRange
+    >>> g = Layout("g", 4, "fp32", ("sgd", 0.1, ()), (TableRange("t", 10, 0),), (BagField("f", "t", 1, "sum"),))
     >>> emb = PackedEmbeddingBag(g, seed=0)
     >>> out = emb(torch.tensor([3, 7]), torch.tensor([0, 1, 2]))
     >>> out.shape
@@ -24,7 +24,7 @@ import zlib
 import torch
 import torch.nn.functional as F
 
-from flowrec.graph.types import PackedGroup
+from operators.layout import PackedLayout
 from operators.backends import cupy_usable, fused_backward
 from operators.casting import Casting, compute_casting
 from operators.sparse_optim import SparseOptimizer, make_optimizer
@@ -62,7 +62,7 @@ def init_table_rows(table: str, rows: int, dim: int, seed: int = 0,
     return out.uniform_(-bound, bound, generator=gen)
 
 
-def mean_bag_flags(group: PackedGroup) -> torch.Tensor:
+def mean_bag_flags(group: PackedLayout) -> torch.Tensor:
     """Mean-pooling flag of each bag position within a sample.  # (S,) bool"""
     flags = [f.pooling == "mean" for f in group.fields
              for _ in range(f.max_len if f.pooling == "none" else 1)]
@@ -108,7 +108,7 @@ class PackedEmbeddingBag(torch.nn.Module):
         >>> out.sum().backward()  # rows updated in place by group.optimizer
     """
 
-    def __init__(self, group: PackedGroup, seed: int = 0, device: torch.device | str | None = None,
+    def __init__(self, group: PackedLayout, seed: int = 0, device: torch.device | str | None = None,
                  dtype: torch.dtype | None = None):
         super().__init__()
         self.group = group
@@ -174,5 +174,5 @@ class PackedEmbeddingBag(torch.nn.Module):
 
     @classmethod
     def from_config(cls, config: dict, input_shapes: list) -> "PackedEmbeddingBag":
-        """Registry hook: config {"group": PackedGroup, "seed": int, "device": str, "dtype": torch.dtype}."""
+        """Registry hook: config {"group": PackedLayout, "seed": int, "device": str, "dtype": torch.dtype}."""
         return cls(config["group"], config.get("seed", 0), config.get("device"), config.get("dtype"))

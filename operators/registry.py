@@ -1,4 +1,4 @@
-"""Operator registry: op kind (`flowrec.graph.types.OP_KINDS`) -> operator class.
+"""Operator registry: op kind -> operator class (one per kind the planner emits).
 
 Example:
     >>> op = create("dot", {}, [(26, 16)])
@@ -55,7 +55,7 @@ def create(kind: str, config: dict[str, Any], input_shapes: Sequence[tuple[int, 
     Args:
         kind: an op kind.
         config: the node's kind-specific settings (e.g. {"layers": [512, 256]} for mlp;
-            {"group": PackedGroup, "seed": 0} for packed_embedding).
+            {"group": a packed layout, "seed": 0} for packed_embedding).
         input_shapes: shapes of the inputs without the batch dimension.
     """
     return get(kind).from_config(dict(config), list(input_shapes))

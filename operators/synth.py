@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from flowrec.graph.types import PackedGroup
+from operators.layout import PackedLayout
 
 
 def zipf_ids(rows: int, n: int, alpha: float, gen: torch.Generator) -> torch.Tensor:
@@ -53,7 +53,7 @@ class PackedBatch:
     batch_size: int
 
 
-def random_batch(group: PackedGroup, batch_size: int, gen: torch.Generator,
+def random_batch(group: PackedLayout, batch_size: int, gen: torch.Generator,
                  alpha: float = 1.1, empty_prob: float = 0.1) -> PackedBatch:
     """A random batch of `group` in the packed layout (multi-hot bags of random length).
 

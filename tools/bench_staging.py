@@ -88,7 +88,7 @@ def main() -> None:
 
         from flowrec.data.dataset import DaskSource, ParquetSource
         from flowrec.data.synth import synth_dataset
-        from flowrec.planner.layout import group_layout
+        from flowrec.graph.packing import group_layout
         from flowrec.spec import load_spec
 
         spec = load_spec(REPO / "specs" / "dlrm_criteo.yaml")

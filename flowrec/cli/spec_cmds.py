@@ -8,7 +8,7 @@ from typing import List
 import typer
 
 from flowrec.spec.schemas import MODEL_SPEC_SCHEMA, PLAN_SCHEMA, load_schema, schema_path
-from flowrec.spec.validate import FileReport, validate_paths
+from flowrec.spec.files import FileReport, validate_paths
 
 EXIT_INVALID = 2  # any spec invalid, unreadable or missing
 

@@ -34,7 +34,7 @@ from flowrec.data.dataset import PartitionSource
 from flowrec.data.lookahead import LookaheadWindow, batch_extras
 from flowrec.data.pack import column_arrays, pack_group
 from flowrec.graph.types import PackedGroup
-from flowrec.planner.layout import group_layout
+from flowrec.graph.packing import group_layout
 from flowrec.spec.model import ModelSpec
 
 POLL_S = 0.05  # seconds between stop-flag checks of blocked threads

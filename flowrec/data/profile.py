@@ -26,7 +26,7 @@ import pyarrow as pa
 from flowrec.data.cachesim import batch_trace, capacities_for, hit_rate_curves
 from flowrec.data.dataset import PartitionSource
 from flowrec.data.pack import column_arrays, pack_group
-from flowrec.planner.layout import group_layout
+from flowrec.graph.packing import group_layout
 from flowrec.spec.model import ModelSpec
 
 PROFILE_FORMAT = "flowrec-access-profile"

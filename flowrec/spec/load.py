@@ -33,6 +33,7 @@ from flowrec.spec.model import (
     TrainingSpec,
 )
 from flowrec.spec.units import parse_bytes
+from flowrec.spec.validate import validate_document
 
 MODULE_KEYS = ("name", "kind", "inputs")
 OPTIMIZER_KEYS = ("name", "lr")
@@ -74,8 +75,6 @@ def load_spec(path: str | Path) -> ModelSpec:
     Raises:
         SpecError: with every schema and semantic problem, each with its path.
     """
-    from flowrec.spec.validate import validate_document
-
     doc = read_document(path)
     issues = validate_document(doc)
     if issues:

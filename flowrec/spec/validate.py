@@ -1,37 +1,15 @@
 """Validate spec documents: JSON Schema first, then semantic checks; every problem at once."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from jsonschema import Draft202012Validator
 
-from flowrec.spec.errors import SpecError, SpecIssue
+from flowrec.spec.errors import SpecIssue
 from flowrec.spec.schema_errors import schema_issues
 from flowrec.spec.schemas import MODEL_SPEC_SCHEMA, load_schema
 from flowrec.spec.semantic import SEMANTIC_CHECKS
 from flowrec.spec.view import DocView
-
-SPEC_SUFFIXES = (".yaml", ".yml", ".json")
-
-
-@dataclass(frozen=True)
-class FileReport:
-    """The validation result of one file.
-
-    Args:
-        path: the file as given (or found in a folder).
-        issues: every problem found; empty when the file is valid.
-    """
-
-    path: str
-    issues: tuple[SpecIssue, ...]
-
-    @property
-    def valid(self) -> bool:
-        return not self.issues
-
 
 def validate_document(doc: Any) -> list[SpecIssue]:
     """Every problem of a spec document: schema errors, then semantic errors on the clean parts.
@@ -71,36 +49,3 @@ def _missing_sections(errors: list[Any], doc: dict) -> frozenset[tuple[Any, ...]
 
 def _unique(issues: list[SpecIssue]) -> list[SpecIssue]:
     return list(dict.fromkeys(issues))
-
-
-def validate_file(path: str | Path) -> list[SpecIssue]:
-    """Read and validate one spec file; unreadable or malformed files give issues, never raise."""
-    from flowrec.spec.load import read_document
-
-    try:
-        doc = read_document(path)
-    except SpecError as exc:
-        return list(exc.issues)
-    return validate_document(doc)
-
-
-def spec_files(paths: Iterable[str | Path]) -> list[Path]:
-    """Expand folders (recursively, sorted) into their *.yaml / *.yml / *.json files."""
-    out: list[Path] = []
-    for p in map(Path, paths):
-        if p.is_dir():
-            out.extend(sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in SPEC_SUFFIXES))
-        else:
-            out.append(p)
-    return out
-
-
-def validate_paths(paths: Iterable[str | Path]) -> list[FileReport]:
-    """Validate every file named or found under the folders named (an empty folder is an issue)."""
-    reports = []
-    for p in map(Path, paths):
-        files = spec_files([p])
-        if p.is_dir() and not files:
-            reports.append(FileReport(str(p), (SpecIssue("", "no spec files (*.yaml, *.yml, *.json) here"),)))
-        reports.extend(FileReport(str(f), tuple(validate_file(f))) for f in files)
-    return reports

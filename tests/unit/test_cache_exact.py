@@ -13,7 +13,7 @@ import torch
 from flowrec.data.batches import StagingOptions, iterate_batches
 from flowrec.data.dataset import MemorySource, split_table
 from flowrec.data.synth import SynthConfig, synth_table
-from flowrec.planner.layout import group_layout
+from flowrec.graph.packing import group_layout
 from flowrec.runtime.caches import (CacheCapacityError, HostEmbedding, LookaheadEmbedding, LRUEmbedding,
                                     StaticHotEmbedding, hottest_rows)
 from flowrec.spec import spec_from_dict

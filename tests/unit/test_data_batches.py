@@ -10,7 +10,7 @@ import pytest
 from flowrec.data.batches import StagingOptions, iterate_batches
 from flowrec.data.dataset import MemorySource, ParquetSource, split_table
 from flowrec.data.synth import SynthConfig, synth_dataset, synth_table
-from flowrec.planner.layout import group_layout
+from flowrec.graph.packing import group_layout
 from flowrec.spec import spec_from_dict
 
 ROWS = 1000

@@ -9,7 +9,7 @@ from flowrec.data.dataset import MemorySource, split_table
 from flowrec.data.pack import column_arrays, pack_group
 from flowrec.data.profile import profile_access, sample_rows
 from flowrec.data.synth import SynthConfig, synth_table
-from flowrec.planner.layout import group_layout
+from flowrec.graph.packing import group_layout
 from flowrec.spec import spec_from_dict
 
 DOC = {

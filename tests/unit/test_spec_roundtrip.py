@@ -13,7 +13,8 @@ from flowrec.spec import dump_spec, load_spec, spec_from_dict, to_dict
 from flowrec.spec.load import read_document
 from flowrec.spec.schemas import MODEL_SPEC_SCHEMA, load_schema, schema_dir
 from flowrec.spec.units import parse_bytes
-from flowrec.spec.validate import validate_document, validate_file
+from flowrec.spec.files import validate_file
+from flowrec.spec.validate import validate_document
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC_FILES = sorted((REPO / "specs").glob("*.yaml"))

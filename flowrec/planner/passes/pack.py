@@ -3,7 +3,7 @@
 Needs: a built graph (per-feature ``ids_*`` / ``lookup_*`` / ``pool_*`` nodes) and the spec.
 
 Changes:
-    * every table group of `flowrec.planner.layout.group_layout` (tables with equal dim, dtype
+    * every table group of `flowrec.graph.packing.group_layout` (tables with equal dim, dtype
       and optimizer; one group per table when packing is off) replaces the ids/lookup/pooling
       nodes of its fields by ``ids_<group>`` (sparse_input) -> ``emb_<group>`` (packed_embedding,
       out (B, S, D)); consumers take their fields through the edge's slots; runs of pooled
@@ -25,7 +25,7 @@ from flowrec.graph.build import make_op
 from flowrec.graph.edges import Slot, input_slots, set_inputs
 from flowrec.graph.shapes import sizing
 from flowrec.graph.types import DTYPE_BYTES, OpGraph, PackedGroup, PassContext, PassResult
-from flowrec.planner.layout import group_layout
+from flowrec.graph.packing import group_layout
 from flowrec.planner.passes.common import plan_meta, reorder
 from flowrec.spec.units import format_bytes
 

@@ -1,6 +1,6 @@
 """Packed-table layout: which logical tables share a packed table, and at which row offsets.
 
-This is the pure core of the `pack` pass, exposed on its own because the data stage (packed ids)
+This is the pure core of the `pack` pass, in the graph layer because the data stage (packed ids)
 and the runtime (packed tables) need exactly the same layout as the plan.
 
 Example:

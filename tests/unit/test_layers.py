@@ -1,0 +1,115 @@
+"""Dependencies run one way, with no cycles (docs/architecture.md):
+
+    cli -> runtime -> {data -> operators} -> graph -> spec;   cli -> planner -> graph -> spec
+
+`operators/` imports nothing from flowrec; `flowrec.data` does not import the planner; planning
+(spec, graph, planner) imports neither torch nor dask. Imports inside functions count too.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import networkx as nx
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+# layer -> the layers it may import (itself included)
+ALLOWED: dict[str, set[str]] = {
+    "flowrec.spec": {"flowrec.spec"},
+    "flowrec.graph": {"flowrec.graph", "flowrec.spec"},
+    "flowrec.planner": {"flowrec.planner", "flowrec.graph", "flowrec.spec"},
+    "flowrec.data": {"flowrec.data", "flowrec.graph", "flowrec.spec", "operators"},  # casting in staging
+    "operators": {"operators"},
+    "flowrec.runtime": {"flowrec.runtime", "flowrec.data", "flowrec.graph", "flowrec.spec", "operators"},
+    "flowrec.cli": {"flowrec.cli", "flowrec.runtime", "flowrec.planner", "flowrec.data", "flowrec.graph",
+                    "flowrec.spec", "operators", "flowrec"},
+}
+PLANNING = ("flowrec.spec", "flowrec.graph", "flowrec.planner")
+HEAVY = ("torch", "dask", "distributed", "cupy", "pyarrow")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path, name: str | None = None) -> set[str]:
+    """Every module `path` (module `name`) imports, at any depth of its code (absolute names)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    out = set()
+    name = name or module_name(path)
+    package = name.rsplit(".", 1)[0] if path.name != "__init__.py" else name
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            out.add(base)
+            out.update(f"{base}.{a.name}" for a in node.names)
+    return out
+
+
+def layer(module: str) -> str | None:
+    return next((name for name in sorted(ALLOWED, key=len, reverse=True)
+                 if module == name or module.startswith(name + ".")), None)
+
+
+def sources() -> list[Path]:
+    return sorted(p for root in ("flowrec", "operators") for p in (REPO / root).rglob("*.py"))
+
+
+def project_modules() -> set[str]:
+    return {module_name(p) for p in sources()}
+
+
+def violations(files: list[tuple[str, Path]]) -> list[str]:
+    """`module imports target` lines for every import that crosses the layers the wrong way."""
+    problems = []
+    for name, path in files:
+        mine = layer(name)
+        if mine is None:
+            continue
+        for target in imports(path, name):
+            theirs = layer(target)
+            if theirs is not None and theirs not in ALLOWED[mine]:
+                problems.append(f"{name} ({mine}) imports {target} ({theirs})")
+    return problems
+
+
+def test_every_import_follows_the_layers():
+    problems = violations([(module_name(p), p) for p in sources()])
+    assert not problems, "\n".join(problems)
+
+
+def test_planning_imports_no_device_stack():
+    problems = [f"{path.relative_to(REPO)} imports {t}" for path in sources()
+                if module_name(path).startswith(PLANNING)
+                for t in imports(path) if t.split(".")[0] in HEAVY]
+    assert not problems, "\n".join(problems)
+
+
+def test_no_import_cycles_between_modules():
+    known = project_modules()
+    graph = nx.DiGraph()
+    for path in sources():
+        me = module_name(path)
+        for target in imports(path):
+            if target in known and target != me and not me.startswith(target + "."):
+                graph.add_edge(me, target)
+    cycles = list(nx.simple_cycles(graph))
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c + [c[0]]) for c in cycles[:5])
+
+
+@pytest.mark.parametrize("name,bad", [
+    ("operators.planted", "from flowrec.graph.types import PackedGroup\n"),
+    ("flowrec.data.planted", "def f():\n    from flowrec.planner.manager import make_plan\n"),
+    ("flowrec.runtime.planted", "from ..planner import contract\n"),
+])
+def test_the_checker_sees_a_planted_violation(tmp_path: Path, name: str, bad: str):
+    planted = tmp_path / "planted.py"
+    planted.write_text(bad)
+    assert {p.split(" ")[0] for p in violations([(name, planted)])} == {name}
