@@ -22,6 +22,7 @@ from flowrec.spec.errors import SpecError, SpecIssue
 from flowrec.spec.model import (
     DataSpec,
     DenseFeature,
+    FrozenMapping,
     HeadSpec,
     ModelSpec,
     ModuleSpec,
@@ -148,12 +149,12 @@ def _freeze(v: Any) -> Any:
     if isinstance(v, list):
         return tuple(_freeze(x) for x in v)
     if isinstance(v, dict):
-        return tuple(sorted((k, _freeze(x)) for k, x in v.items()))
+        return FrozenMapping(sorted((k, _freeze(x)) for k, x in v.items()))
     return v
 
 
 def _thaw(v: Any) -> Any:
-    if isinstance(v, tuple) and v and all(isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str) for x in v):
+    if isinstance(v, FrozenMapping):
         return {k: _thaw(x) for k, x in v}
     if isinstance(v, tuple):
         return [_thaw(x) for x in v]
