@@ -59,6 +59,14 @@ class _SpecLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # C parser wh
             seen.setdefault(key, line)
         return super().construct_mapping(node, deep)
 
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep)
+        except (ValueError, OverflowError) as exc:  # e.g. 2020-13-45 as a date, an int of 5,000 digits
+            reason = str(exc).split(";")[0]
+            raise yaml.constructor.ConstructorError(None, None, f"cannot read this value: {reason}",
+                                                    node.start_mark) from None
+
 
 _SpecLoader.add_implicit_resolver("tag:yaml.org,2002:float", _EXP_FLOAT, list("-+0123456789"))
 
@@ -205,6 +213,8 @@ def parse_json(text: str) -> Any:
     except _Constant as exc:
         if not scan.constants:
             scan.problems.append(f"{exc} is not a JSON number (JSON has no NaN or Infinity)")
+    except (ValueError, OverflowError) as exc:  # e.g. an integer of 5,000 digits
+        raise _fail(f"not valid JSON: {str(exc).split(';')[0]}") from None
     if scan.problems:
         raise SpecError([SpecIssue("", m) for m in dict.fromkeys(scan.problems)])
     return _not_empty(doc)

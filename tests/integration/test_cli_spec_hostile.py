@@ -88,6 +88,13 @@ CASES: list[tuple[str, str, str | bytes, str]] = [
      "line 1: NaN is not a JSON number (JSON has no NaN or Infinity)"),
     ("json_infinity", "s.json", '{\n"name": -Infinity}', "line 2: -Infinity is not a JSON number (JSON has no NaN or Infinity)"),
     ("json_deep", "s.json", DEEP_BRACKETS, "line 1: the document nests deeper than 64 levels"),
+    ("int_5000_digits", "s.yaml", "name: x\nseed: " + "1" * 5000 + "\n",
+     "line 2, column 7: not valid YAML/JSON: cannot read this value: Exceeds the limit (4300 digits) for integer "
+     "string conversion: value has 5000 digits"),
+    ("json_int_5000_digits", "s.json", '{"seed": ' + "1" * 5000 + "}",
+     "not valid JSON: Exceeds the limit (4300 digits) for integer string conversion: value has 5000 digits"),
+    ("impossible_date", "s.yaml", "name: x\nwhen: 2020-13-45\n",
+     "line 2, column 7: not valid YAML/JSON: cannot read this value: month must be in 1..12"),
     ("json_syntax", "s.json", '{"name": "a",\n}', "line 2, column 1: not valid JSON: Expecting property name enclosed in double quotes"),
     ("lr_nan", "s.yaml", _spec(_set("optimizer.sparse.lr", NAN)), "optimizer.sparse.lr: must be a finite number, not nan"),
     ("lr_inf", "s.yaml", _spec(_set("optimizer.sparse.lr", INF)), "optimizer.sparse.lr: must be a finite number, not inf"),

@@ -51,6 +51,10 @@ HOSTILE: tuple[Any, ...] = (
     0.5, True, False, None, "", "x", "@", "@sparse", "nan", ".inf", "1e3", "4GiB", "9" * 60 + "TiB", "a\u2028b",
     "line\nbreak", "é" * 300, [], {}, [None], {"a": 1}, {1: "x"}, [["a", 1]], _deep(70), _deep(10),
 )
+SNIPPETS = (  # text injected into a file
+    b"1" * 5000, b"2020-13-45", b" &a ", b" *a ", b" *zz ", b"!!binary ", b"!!set ", b"<<: *a\n", b"\t", b"{", b"}",
+    b"- ", b": ", b"\x00", b"\xff", b"\xef\xbb\xbf", b"'", b'"', b"\\u0000", b"NaN", b"-Infinity", b"? [a]\n",
+)
 NEW_KEYS = ("dimm", "name", "kind", "lr", "eps", "weight", "fill", "seed", "extra", "table", "<<")
 
 
@@ -100,7 +104,7 @@ def spec_files(draw: st.DrawFn) -> tuple[str, bytes]:
     doc = draw(mutated_docs()) if draw(st.booleans()) else copy.deepcopy(SOURCES[draw(st.sampled_from(sorted(SOURCES)))])
     suffix = draw(st.sampled_from((".yaml", ".json")))
     data = _dump(doc, suffix[1:])
-    op = draw(st.sampled_from(("none", "dup_line", "bytes", "truncate", "nest", "encode")))
+    op = draw(st.sampled_from(("none", "dup_line", "bytes", "inject", "truncate", "nest", "encode")))
     if op == "dup_line":
         lines = data.splitlines(keepends=True)
         i = draw(st.integers(0, len(lines) - 1))
@@ -110,6 +114,9 @@ def spec_files(draw: st.DrawFn) -> tuple[str, bytes]:
         for _ in range(draw(st.integers(1, 8))):
             buf[draw(st.integers(0, len(buf) - 1))] = draw(st.integers(0, 255))
         data = bytes(buf)
+    elif op == "inject":
+        at = draw(st.integers(0, len(data)))
+        data = data[:at] + draw(st.sampled_from(SNIPPETS)) + data[at:]
     elif op == "truncate":
         data = data[: draw(st.integers(0, len(data)))]
     elif op == "nest":
