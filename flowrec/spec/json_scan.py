@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass, field
 
 CONSTANTS = ("NaN", "Infinity", "-Infinity")
+MAX_KEY_CHARS = 40  # longest key quoted back in a message
 _TOKEN = re.compile(
     r'(?P<string>"[^"\\]*(?:\\.[^"\\]*)*")(?P<colon>\s*:)?'  # a string; a key when a ':' follows
     r"|(?P<open>[{\[])|(?P<close>[}\]])"
@@ -69,5 +70,6 @@ def _note_key(scan: JsonScan, seen: dict[str, int], token: str, line: int) -> No
     except ValueError:
         return  # a malformed string: the parser reports it
     if key in seen:
-        scan.problems.append(f"line {line}: duplicate key {key!r} (first at line {seen[key]})")
+        shown = repr(key) if len(repr(key)) <= MAX_KEY_CHARS else repr(key)[: MAX_KEY_CHARS - 3] + "..."
+        scan.problems.append(f"line {line}: duplicate key {shown} (first at line {seen[key]})")
     seen.setdefault(key, line)

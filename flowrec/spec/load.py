@@ -6,7 +6,7 @@ once. `to_dict` gives the canonical document: every table listed under `tables`,
 naming its table, so that ``spec_from_dict(to_dict(s)) == s``.
 
 Example:
-    >>> spec = load_spec("specs/deepfm_movielens.yaml")
+    >>> spec = load_spec("specs/movielens.yaml")
     >>> spec_from_dict(to_dict(spec)) == spec
     True
 """
@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from flowrec.spec.errors import SpecError, SpecIssue
+from flowrec.spec.errors import SpecError
 from flowrec.spec.model import (
     DataSpec,
     DenseFeature,

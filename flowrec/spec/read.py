@@ -25,6 +25,7 @@ from yaml.events import AliasEvent, CollectionEndEvent, CollectionStartEvent, Sc
 
 from flowrec.spec.errors import SpecError, SpecIssue
 from flowrec.spec.json_scan import scan_json
+from flowrec.spec.schema_errors import show
 
 MAX_SPEC_BYTES = 16 * 2**20  # a spec is a small text file; wide_1000.yaml (1,000 fields) is 80 KB
 MAX_DEPTH = 64  # nested lists / mappings; the example specs use 4
@@ -54,7 +55,7 @@ class _SpecLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # C parser wh
             key = self.construct_object(key_node)
             line = key_node.start_mark.line + 1
             if key in seen:
-                self.duplicates.append(SpecIssue("", f"line {line}: duplicate key {key!r} "
+                self.duplicates.append(SpecIssue("", f"line {line}: duplicate key {show(key)} "
                                                      f"(first at line {seen[key]})"))
             seen.setdefault(key, line)
         return super().construct_mapping(node, deep)

@@ -81,6 +81,7 @@ CASES: list[tuple[str, str, str | bytes, str]] = [
      "a binary file (NUL byte at offset 8), not a YAML or JSON spec"),
     ("control_char", "s.yaml", "name: a\x07b\n", "line 1, column 8: character U+0007 is not allowed in YAML"),
     ("empty", "s.yaml", b"", EMPTY_MAPPING),
+    ("too_large", "s.yaml", b"#" * (16 * 2**20 + 1), "{spec} is larger than 16 MiB; a spec is a small text file"),
     ("comments_only", "s.yaml", "# nothing here\n\n", EMPTY_MAPPING),
     ("json_duplicate", "s.json", '{"name": "a",\n "features": [], "name": "b"}',
      "line 2: duplicate key 'name' (first at line 1)"),
@@ -149,7 +150,7 @@ def test_hostile_spec_one_line_exit_2(runner, tmp_path, command, name, filename,
     spec.write_bytes(data)
     result = runner.invoke(app, _args(command, spec, tmp_path))
     assert result.exit_code == 2, result.output
-    assert result.output.splitlines() == [f"{spec}: {expected}"]
+    assert result.output.splitlines() == [f"{spec}: {expected.format(spec=spec)}"]
     assert result.exception is None or isinstance(result.exception, SystemExit)
     assert spec.read_bytes() == data
     assert not (tmp_path / "run").exists()
@@ -180,3 +181,14 @@ def test_loader_crashers_in_subprocess(tmp_path, command, text, suffix):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert len(lines) == 1 and lines[0].startswith(f"{spec}: line ")
     assert "nests deeper than 64 levels" in lines[0] or "expands to more than" in lines[0]
+
+
+@pytest.mark.parametrize("command", ("validate", "plan"))
+def test_fifo_as_spec_does_not_block(tmp_path, command):
+    fifo = tmp_path / "spec.yaml"
+    os.mkfifo(fifo)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", "from flowrec.cli import main; main()", command, str(fifo)],
+                          capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S, env=env, cwd=REPO)
+    assert proc.returncode == 2
+    assert (proc.stdout + proc.stderr).splitlines() == [f"{fifo}: {fifo} is not a regular file"]
