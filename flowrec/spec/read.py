@@ -17,6 +17,7 @@ from __future__ import annotations
 import codecs
 import json
 import re
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,8 @@ class _SpecLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # C parser wh
             if key_node.tag == _MERGE_TAG or not isinstance(key_node, yaml.ScalarNode):
                 continue  # merges may override; a non-scalar key is refused by the base loader
             key = self.construct_object(key_node)
+            if not isinstance(key, Hashable):
+                continue  # e.g. `!!set name: x`: refused by the base loader
             line = key_node.start_mark.line + 1
             if key in seen:
                 self.duplicates.append(SpecIssue("", f"line {line}: duplicate key {show(key)} "

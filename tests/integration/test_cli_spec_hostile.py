@@ -71,6 +71,7 @@ CASES: list[tuple[str, str, str | bytes, str]] = [
     ("python_tag", "s.yaml", "name: !!python/object/apply:os.system [echo hi]\n",
      "line 1, column 7: not valid YAML/JSON: could not determine a constructor for the tag "
      "'tag:yaml.org,2002:python/object/apply:os.system'"),
+    ("set_tagged_key", "s.yaml", "!!set name: x\n", "line 1, column 1: not valid YAML/JSON: found unhashable key"),
     ("latin1", "s.yaml", BASE_TEXT.replace("Shared-bottom", "Shared-bottóm").encode("latin-1"),
      "line 6, column 25: not UTF-8 text (byte 0xf3); save the file as UTF-8"),
     ("utf16_bom", "s.yaml", BASE_TEXT.encode("utf-16"), "the file is UTF-16 text; save it as UTF-8"),

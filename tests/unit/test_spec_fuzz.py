@@ -49,7 +49,7 @@ def _deep(depth: int) -> Any:
 HOSTILE: tuple[Any, ...] = (
     math.nan, math.inf, -math.inf, 1e300, -1e300, 1e-320, 2**63, 2**64, -(2**63) - 1, 2**63 - 1, 0, -1, 1, 16.0,
     0.5, True, False, None, "", "x", "@", "@sparse", "nan", ".inf", "1e3", "4GiB", "9" * 60 + "TiB", "a\u2028b",
-    "line\nbreak", "é" * 300, [], {}, [None], {"a": 1}, {1: "x"}, [["a", 1]], _deep(70), _deep(10),
+    "line\nbreak", "é" * 300, "\ud800", "a\x07b", [], {}, [None], {"a": 1}, {1: "x"}, [["a", 1]], _deep(70), _deep(10),
 )
 SNIPPETS = (  # text injected into a file
     b"1" * 5000, b"2020-13-45", b" &a ", b" *a ", b" *zz ", b"!!binary ", b"!!set ", b"<<: *a\n", b"\t", b"{", b"}",
@@ -95,7 +95,7 @@ def mutated_docs(draw: st.DrawFn) -> Any:
 def _dump(doc: Any, fmt: str) -> bytes:
     if fmt == "json":
         return json.dumps(doc, default=str, allow_nan=True).encode("utf-8")  # NaN / Infinity literals
-    return yaml.safe_dump(doc, sort_keys=False, allow_unicode=True).encode("utf-8")
+    return yaml.safe_dump(doc, sort_keys=False, allow_unicode=True).encode("utf-8", errors="surrogatepass")
 
 
 @st.composite
@@ -123,7 +123,7 @@ def spec_files(draw: st.DrawFn) -> tuple[str, bytes]:
         at, depth = draw(st.integers(0, len(data))), draw(st.sampled_from((10, 65, 30_000)))
         data = data[:at] + b"[" * depth + data[at:]
     elif op == "encode":
-        data = data.decode("utf-8").encode(draw(st.sampled_from(("utf-16", "utf-16-le", "utf-32", "latin-1"))),
+        data = data.decode("utf-8", errors="replace").encode(draw(st.sampled_from(("utf-16", "utf-16-le", "utf-32", "latin-1"))),
                                            errors="replace")
     return suffix, data
 

@@ -74,6 +74,7 @@ def test_parse_bytes_out_of_range(text):
     (-(2**63) - 1, "must be an integer within 64 bits (-2^63 .. 2^63-1)"),
     (b"x", "must be text, a number, true / false, null, a list or a mapping (got binary data; quote text)"),
     ({1, 2}, "must be text, a number, true / false, null, a list or a mapping (got a set; quote text)"),
+    ("a\udc80", "must be valid Unicode text (lone surrogate U+DC80)"),
 ])
 def test_value_walk_names_the_path(value, message):
     doc = copy.deepcopy(DLRM)
