@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Iterable
 
 from flowrec.spec.errors import SpecError, SpecIssue
-from flowrec.spec.load import read_document
+from flowrec.spec.read import read_document
 from flowrec.spec.validate import validate_document
 
 SPEC_SUFFIXES = (".yaml", ".yml", ".json")

@@ -1,28 +1,28 @@
 """Load, convert and dump specs: YAML/JSON document <-> `ModelSpec`.
 
-Documents are read with a safe YAML loader only (JSON is YAML). `load_spec` validates the
+Documents are read by `flowrec.spec.read` (hostile input refused). `load_spec` validates the
 document first (schema, then semantic checks) and raises `SpecError` carrying every problem at
 once. `to_dict` gives the canonical document: every table listed under `tables`, every feature
 naming its table, so that ``spec_from_dict(to_dict(s)) == s``.
 
 Example:
-    >>> spec = load_spec("specs/deepfm_movielens.yaml")
+    >>> spec = load_spec("specs/movielens.yaml")
     >>> spec_from_dict(to_dict(spec)) == spec
     True
 """
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from flowrec.spec.errors import SpecError, SpecIssue
+from flowrec.spec.errors import SpecError
 from flowrec.spec.model import (
     DataSpec,
     DenseFeature,
+    FrozenMapping,
     HeadSpec,
     ModelSpec,
     ModuleSpec,
@@ -32,41 +32,12 @@ from flowrec.spec.model import (
     TableSpec,
     TrainingSpec,
 )
+from flowrec.spec.read import read_document
 from flowrec.spec.units import parse_bytes
 from flowrec.spec.validate import validate_document
 
 MODULE_KEYS = ("name", "kind", "inputs")
 OPTIMIZER_KEYS = ("name", "lr")
-
-# YAML 1.2 / JSON floats: also read exponents without a dot (1e-3, 1e-08) as numbers, not text.
-_EXP_FLOAT = re.compile(r"^[-+]?[0-9][0-9_]*(\.[0-9_]*)?[eE][-+]?[0-9]+$")
-
-
-class _SpecLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # C parser when built with libyaml
-    """The safe YAML loader, reading `1e-3` as a float the way JSON and YAML 1.2 do."""
-
-
-_SpecLoader.add_implicit_resolver("tag:yaml.org,2002:float", _EXP_FLOAT, list("-+0123456789"))
-
-
-def read_document(path: str | Path) -> Any:
-    """Read a YAML or JSON file with a safe loader.
-
-    Raises:
-        SpecError: if the file is missing or is not well-formed YAML/JSON.
-    """
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise SpecError([SpecIssue("", f"cannot read {path}: {exc.strerror or exc}")], str(path))
-    try:
-        return yaml.load(text, Loader=_SpecLoader)  # noqa: S506 -- a SafeLoader subclass
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise SpecError([SpecIssue("", f"{where}not valid YAML/JSON: {problem}")], str(path))
 
 
 def load_spec(path: str | Path) -> ModelSpec:
@@ -177,12 +148,12 @@ def _freeze(v: Any) -> Any:
     if isinstance(v, list):
         return tuple(_freeze(x) for x in v)
     if isinstance(v, dict):
-        return tuple(sorted((k, _freeze(x)) for k, x in v.items()))
+        return FrozenMapping(sorted((k, _freeze(x)) for k, x in v.items()))
     return v
 
 
 def _thaw(v: Any) -> Any:
-    if isinstance(v, tuple) and v and all(isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str) for x in v):
+    if isinstance(v, FrozenMapping):
         return {k: _thaw(x) for k, x in v}
     if isinstance(v, tuple):
         return [_thaw(x) for x in v]

@@ -30,6 +30,13 @@ SELECTOR_SPARSE = "@sparse"  # all pooled categorical/multi-hot embeddings: (B, 
 SELECTOR_PREFIX = "@"  # "@<tag>": every feature carrying that tag
 
 
+class FrozenMapping(tuple):
+    """A mapping inside module params or data options, frozen as sorted (key, value) pairs.
+
+    A distinct type so that a frozen list of pairs and a frozen mapping stay apart when thawed.
+    """
+
+
 @dataclass(frozen=True)
 class DenseFeature:
     """A real-valued input column.

@@ -1,4 +1,4 @@
-"""Semantic checks a JSON Schema cannot express: names, tables, heads, data binding, labels.
+"""Semantic checks a JSON Schema cannot express: names, tables, heads, data, labels, sizes.
 
 Each check is ``check(view) -> list[SpecIssue]`` over the schema-clean parts of the document;
 `SEMANTIC_CHECKS` lists them all, module-graph checks included.
@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from flowrec.spec.errors import SpecIssue
 from flowrec.spec.module_checks import MODULE_CHECKS
-from flowrec.spec.schema_errors import did_you_mean
+from flowrec.spec.schema_errors import did_you_mean, show
+from flowrec.spec.units import parse_bytes
 from flowrec.spec.view import DocView
 
 INLINE_TABLE_KEYS = ("vocab", "hash_buckets")
@@ -131,6 +132,19 @@ def check_labels(view: DocView) -> list[SpecIssue]:
     return issues
 
 
+def check_budget(view: DocView) -> list[SpecIssue]:
+    """plan.device_budget written as a size ("4GiB") is within 0 .. 1 PiB, as its integer form is."""
+    budget = (view.section("plan") or {}).get("device_budget")
+    if not isinstance(budget, str):
+        return []
+    try:
+        parse_bytes(budget)
+    except ValueError:
+        return [SpecIssue("plan.device_budget", f"must be at most 1 PiB (got {show(budget)})")]
+    return []
+
+
 SEMANTIC_CHECKS = (
     check_duplicates, check_tables, check_pooling, *MODULE_CHECKS, check_heads, check_data, check_labels,
+    check_budget,
 )

@@ -1,8 +1,11 @@
-"""Byte sizes: parse "4GiB" / "512MB" / 1073741824 and format them back."""
+"""Units and ranges of spec numbers: byte sizes ("4GiB" / "512MB" / 1073741824) and seeds."""
 from __future__ import annotations
 
+import math
 import re
 
+MAX_BYTES = 2**50  # 1 PiB: the largest byte size (device budget) flowrec accepts
+MAX_SEED = 2**63 - 1  # seeds are stored as signed 64-bit integers
 _UNITS = {  # bytes per unit
     "": 1, "b": 1,
     "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -12,19 +15,38 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
 
 def parse_bytes(value: str | int | float) -> int:
-    """Parse a byte size such as ``"4GiB"``, ``"512 MB"`` or ``1024``.
+    """Parse a byte size such as ``"4GiB"``, ``"512 MB"`` or ``1024``, at most `MAX_BYTES`.
 
     Raises:
-        ValueError: on an unknown unit or a malformed size.
+        ValueError: on an unknown unit, a malformed, negative or non-finite size, or one over 1 PiB.
     """
     if isinstance(value, bool):
         raise ValueError(f"not a byte size: {value!r}")
     if isinstance(value, (int, float)):
-        return int(value)
-    m = _SIZE.match(str(value))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"not a byte size: {value!r} (use e.g. 4GiB, 512MB, 1073741824)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+        size = value
+    else:
+        m = _SIZE.match(str(value))
+        if not m or m.group(2).lower() not in _UNITS:
+            raise ValueError(f"not a byte size: {value!r} (use e.g. 4GiB, 512MB, 1073741824)")
+        size = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if not (isinstance(size, int) or math.isfinite(size)) or not 0 <= size <= MAX_BYTES:
+        raise ValueError(f"byte size {str(value)[:40]!r} is out of range (0 .. 1 PiB)")
+    return int(size)
+
+
+def check_seed(value: object) -> str | None:
+    """Why `value` is not a seed (an integer in 0 .. 2^63-1, given as an int or decimal text), or None.
+
+    Example:
+        >>> check_seed(7) is None, check_seed(-1)
+        (True, 'must be an integer in 0..9223372036854775807 (got -1)')
+    """
+    text = str(value).strip() if isinstance(value, str) else None
+    seed = int(text) if text is not None and text.isdigit() else value
+    if isinstance(seed, int) and not isinstance(seed, bool) and 0 <= seed <= MAX_SEED:
+        return None
+    shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+    return f"must be an integer in 0..{MAX_SEED} (got {shown})"
 
 
 def format_bytes(n: int | float) -> str:

@@ -3,16 +3,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from jsonschema import Draft202012Validator
+from jsonschema import Draft202012Validator, validators
 
 from flowrec.spec.errors import SpecIssue
 from flowrec.spec.schema_errors import schema_issues
 from flowrec.spec.schemas import MODEL_SPEC_SCHEMA, load_schema
 from flowrec.spec.semantic import SEMANTIC_CHECKS
+from flowrec.spec.values import value_issues
 from flowrec.spec.view import DocView
 
+# JSON Schema counts 16.0 as an integer; a spec does not (it would reach torch as a float).
+SpecValidator = validators.extend(
+    Draft202012Validator,
+    type_checker=Draft202012Validator.TYPE_CHECKER.redefine(
+        "integer", lambda _checker, v: isinstance(v, int) and not isinstance(v, bool)),
+)
+
+
 def validate_document(doc: Any) -> list[SpecIssue]:
-    """Every problem of a spec document: schema errors, then semantic errors on the clean parts.
+    """Every problem of a spec document: value, schema, then semantic errors on the clean parts.
 
     Never raises for any input.
 
@@ -27,12 +36,16 @@ def validate_document(doc: Any) -> list[SpecIssue]:
 
 
 def _issues(doc: Any) -> list[SpecIssue]:
-    validator = Draft202012Validator(load_schema(MODEL_SPEC_SCHEMA))
-    errors = list(validator.iter_errors(doc))
-    issues = [issue for e in errors for issue in schema_issues(e)]
+    issues = value_issues(doc)
+    if any(not i.path for i in issues):
+        return issues  # too deep or too large as a whole: nothing more is checked
+    errors = list(SpecValidator(load_schema(MODEL_SPEC_SCHEMA)).iter_errors(doc))
+    flagged = {i.path for i in issues}
+    issues += [i for e in errors for i in schema_issues(e) if not _under(i.path, flagged)]
     if not isinstance(doc, dict):
         return issues
     bad = frozenset(tuple(e.absolute_path)[:2] for e in errors if e.absolute_path) | _missing_sections(errors, doc)
+    bad |= _value_sections(issues)
     view = DocView.of(doc, bad)
     for check in SEMANTIC_CHECKS:
         issues.extend(check(view))
@@ -45,6 +58,21 @@ def _missing_sections(errors: list[Any], doc: dict) -> frozenset[tuple[Any, ...]
         (key,) for e in errors if not e.absolute_path and e.validator == "required"
         for key in e.validator_value if key not in doc
     )
+
+
+def _under(path: str, flagged: set[str]) -> bool:
+    """Whether `path` is one of `flagged` or inside one (a value issue already names it)."""
+    return any(path == f or path.startswith((f + ".", f + "[")) for f in flagged)
+
+
+def _value_sections(issues: list[SpecIssue]) -> frozenset[tuple[Any, ...]]:
+    """Items holding a value issue count as bad, as schema errors do (`features[3]`)."""
+    out = set()
+    for issue in issues:
+        head, _, rest = issue.path.partition(".")
+        section, _, index = head.partition("[")
+        out.add((section, int(index.split("]")[0])) if index[:1].isdigit() else (section,))
+    return frozenset(out)
 
 
 def _unique(issues: list[SpecIssue]) -> list[SpecIssue]:

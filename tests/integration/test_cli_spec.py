@@ -94,7 +94,7 @@ def test_non_mapping_and_empty_files(runner, tmp_path):
     (tmp_path / "empty.yaml").write_text("")
     result = _run(runner, "validate", str(tmp_path))
     assert result.exit_code == 2
-    assert f"{tmp_path / 'empty.yaml'}: the spec must be a mapping (got None)" in result.output
+    assert f"{tmp_path / 'empty.yaml'}: the file is empty; a spec is a mapping with name, " in result.output
     assert f"{tmp_path / 'list.json'}: the spec must be a mapping (got [1, 2])" in result.output
 
 
