@@ -232,8 +232,8 @@ class _CpuRows:
     def __enter__(self):
         numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
         if not self.narrow:
-            return (self.weight.numpy(), self.state.numpy(), _numpy(self.rows), self.hp,
-                    self.dtype)
+            return (self.weight.detach().numpy(), self.state.detach().numpy(),
+                    _numpy(self.rows.long()), self.hp, self.dtype)
         self.w = self.weight.index_select(0, self.rows).to(self.dtype)  # (U, D)
         self.s = self.state.index_select(0, self.rows)  # (U, k)
         local = np.arange(self.rows.numel(), dtype=np.int64)
