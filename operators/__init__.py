@@ -2,5 +2,6 @@
 
 Modules: `casting` (tensor-casting index, computed ahead of time), `embedding` (packed embedding
 bag with a casted backward and fused sparse optimizers), `sparse_optim` (the fused optimizers),
-`interaction` (dense operators), `registry` (op kind -> operator class), `cupy_kernels` (CUDA).
+`fused_sparse_cpu` (their numba CPU kernels: gather-reduce and update in one pass), `interaction`
+(dense operators), `registry` (op kind -> operator class), `cupy_kernels` (CUDA).
 """

@@ -13,7 +13,7 @@ import importlib
 
 import torch
 
-from operators.casting import Casting, casted_row_grads
+from operators.casting import Casting
 from operators.sparse_optim import SparseOptimizer
 
 
@@ -48,6 +48,5 @@ def fused_backward(weight: torch.Tensor, state: torch.Tensor, optimizer: SparseO
         if cupy_kernels.supports(optimizer, weight, grad_out):
             cupy_kernels.fused_rowwise_update(weight, state, optimizer, grad_out, casting)
             return "cupy"
-    grads = casted_row_grads(grad_out, casting)  # (U, D)
-    optimizer.step(weight, state, casting.unique_ids, grads)
+    optimizer.casted_step(weight, state, grad_out, casting)
     return "torch"

@@ -5,6 +5,10 @@ indexed like the weight, so a cache moves a row together with its state. Widths 
 sgd 0, adagrad D (sum of squares), rowwise_adagrad 1 (sum of mean squares, as FBGEMM/TorchRec),
 adam 2D + 1 (exp_avg, exp_avg_sq, per-row step count: lazy Adam, only touched rows step).
 
+Two executors of the same formulas: on CPU tables, `casted_step` (gather-reduce of the casted
+gradient and the update in one multi-threaded pass) and `step` run the numba kernels of
+`operators.fused_sparse_cpu`; on other devices both run the torch ops of `update_rows`.
+
 Example:
     >>> opt = make_optimizer(("rowwise_adagrad", 0.1, (("eps", 1e-8),)))
     >>> w, s = torch.ones(4, 2), opt.initial_state(4, 2, torch.float32)
@@ -17,7 +21,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Mapping
 
+import numba
+import numpy as np
 import torch
+
+from operators import fused_sparse_cpu
+from operators.casting import Casting, casted_row_grads
 
 OptimizerTuple = tuple[str, float, tuple[tuple[str, float], ...]]
 
@@ -50,6 +59,27 @@ class SparseOptimizer(ABC):
         """Fresh state for `rows` rows.  # (rows, state_width(dim))"""
         return torch.zeros(rows, self.state_width(dim), dtype=dtype, device=device)
 
+    def casted_step(self, weight: torch.Tensor, state: torch.Tensor, grad_out: torch.Tensor,
+                    casting: Casting) -> None:
+        """Apply the casted gradient of `grad_out` to the rows `casting.unique_ids` in place.
+
+        Args:
+            weight: the packed table.  # (R, D)
+            state: its optimizer state.  # (R, k)
+            grad_out: output gradient, one row per bag.  # (NB, D)
+            casting: the batch's casting, on the table's device.
+        """
+        if weight.device.type != "cpu":
+            self.step(weight, state, casting.unique_ids, casted_row_grads(grad_out, casting))
+        elif casting.unique_ids.numel():
+            with _CpuRows(self, weight, state, casting.unique_ids) as (w, s, rows, hp, dtype):
+                scale = casting.sorted_scale
+                scale = _numpy(scale.to(dtype)) if scale is not None else np.empty(0, w.dtype)
+                fused_sparse_cpu.fused_casted_update(
+                    self.kernel_id, w, s, _numpy(grad_out.reshape(casting.num_bags, -1).to(dtype)),
+                    _numpy(casting.sorted_bags), _numpy(casting.unique_offsets), rows, scale, hp,
+                    self.betas64)
+
     def step(self, weight: torch.Tensor, state: torch.Tensor, rows: torch.Tensor,
              grads: torch.Tensor) -> None:
         """Update `weight[rows]` and `state[rows]` in place.
@@ -60,6 +90,34 @@ class SparseOptimizer(ABC):
             rows: unique rows that received gradient.  # (U,) int64
             grads: their coalesced gradients.  # (U, D)
         """
+        if weight.device.type != "cpu":
+            self.torch_step(weight, state, rows, grads)
+        elif rows.numel():
+            with _CpuRows(self, weight, state, rows) as (w, s, cpu_rows, hp, dtype):
+                fused_sparse_cpu.fused_row_update(self.kernel_id, w, s, cpu_rows,
+                                                  _numpy(grads.to(dtype)), hp, self.betas64)
+
+    def hyper_parameters(self, dim: int, dtype: torch.dtype) -> np.ndarray:
+        """The kernels' hyper-parameters (`fused_sparse_cpu.HP_FIELDS`) in `dtype`.  # (10,)"""
+        p = self.params
+        b1, b2 = p.get("beta1", 0.0), p.get("beta2", 0.0)
+        values = (self.lr, p.get("eps", 0.0), p.get("weight_decay", 0.0), b1, b2, 1 - b1, 1 - b2,
+                  0.0, 1.0, float(dim))
+        return np.array(values, dtype=torch.empty(0, dtype=dtype).numpy().dtype)
+
+    @property
+    def kernel_id(self) -> int:
+        """This optimizer's code in the CPU kernels."""
+        return fused_sparse_cpu.KERNEL_IDS[self.name]
+
+    @property
+    def betas64(self) -> np.ndarray:
+        """(beta1, beta2) in float64 for the kernels' bias corrections.  # (2,)"""
+        return np.array([self.params.get("beta1", 0.0), self.params.get("beta2", 0.0)])
+
+    def torch_step(self, weight: torch.Tensor, state: torch.Tensor, rows: torch.Tensor,
+                   grads: torch.Tensor) -> None:
+        """`step` with torch ops (any device): gather, `update_rows`, scatter."""
         w = weight.index_select(0, rows)  # (U, D)
         compute = torch.float32 if w.dtype in (torch.float16, torch.bfloat16) else w.dtype
         w32, g = w.to(compute), grads.to(compute)
@@ -149,6 +207,43 @@ class LazyAdam(SparseOptimizer):
         bc2_sqrt = (1 - torch.pow(b2, t)).sqrt_()  # (U, 1)
         denom = v.sqrt().div_(bc2_sqrt).add_(eps)
         w.addcdiv_(m, denom.mul_(bc1), value=-self.lr)
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    """A C-contiguous numpy view (a copy only when `t` is not contiguous)."""
+    return t.detach().contiguous().numpy()
+
+
+class _CpuRows:
+    """Arguments of a CPU kernel call over `rows`, and the write-back they need.
+
+    float32/float64 tables are updated in place; fp16/bf16 tables (float32 state) are computed on
+    float32 copies of the touched rows, written back on exit. Runs the kernels with torch's thread
+    count.
+    """
+
+    def __init__(self, opt: SparseOptimizer, weight: torch.Tensor, state: torch.Tensor,
+                 rows: torch.Tensor):
+        self.weight, self.state, self.rows = weight, state, rows
+        self.narrow = weight.dtype not in (torch.float32, torch.float64)
+        self.dtype = torch.float32 if self.narrow else weight.dtype
+        self.hp = opt.hyper_parameters(weight.shape[1], self.dtype)
+
+    def __enter__(self):
+        numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+        if not self.narrow:
+            return (self.weight.detach().numpy(), self.state.detach().numpy(),
+                    _numpy(self.rows.long()), self.hp, self.dtype)
+        self.w = self.weight.index_select(0, self.rows).to(self.dtype)  # (U, D)
+        self.s = self.state.index_select(0, self.rows)  # (U, k)
+        local = np.arange(self.rows.numel(), dtype=np.int64)
+        return self.w.numpy(), self.s.numpy(), local, self.hp, self.dtype
+
+    def __exit__(self, *exc) -> None:
+        if self.narrow and exc[0] is None:
+            self.weight.index_copy_(0, self.rows, self.w.to(self.weight.dtype))
+            if self.state.shape[1]:
+                self.state.index_copy_(0, self.rows, self.s)
 
 
 OPTIMIZERS: dict[str, type[SparseOptimizer]] = {

@@ -4,7 +4,10 @@ Runs on the same Zipf batches, in one process: (a) per-field `nn.EmbeddingBag` w
 gradients + torch.optim.Adagrad, (b) per-field `sparse=True` + torch.optim.Adagrad (sparse
 gradients), (c) flowrec `PackedEmbeddingBag` with precomputed casting and fused adagrad (the
 same optimizer family), plus (c') fused rowwise_adagrad, and the random-gather floor (a plain
-`index_select` of the batch's rows from the same packed table).
+`index_select` of the batch's rows from the same packed table). On CPU (c) also runs unfused
+as before the fused kernel (forward, torch `casted_row_grads`, torch gather-update-scatter).
+The packed variants and their floor are timed side by side: each step runs every one of them
+in turn, so a busy machine slows them alike.
 
 Usage:
     python tools/bench_ops.py [--quick] [--json PATH] [--device auto|cpu|cuda]
@@ -15,21 +18,24 @@ import argparse
 import json
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Callable
 
+import numba
 import torch
 import yaml
 
 from flowrec.graph.types import GroupField, PackedGroup, TableSlot
-from operators.casting import compute_casting
+from operators.casting import casted_row_grads, compute_casting
 from operators.embedding import PackedEmbeddingBag
 from operators.synth import random_batch
 
 REPO = Path(__file__).resolve().parents[1]
 WIDE_VOCABS = (10, 100, 1_000, 10_000, 50_000)  # rows, cycled over the fields of the wide cases
 DIM = 16
+BASELINE_STEPS = 5  # timed steps of the per-field baselines (seconds per step at 26 fields)
 LR = 0.01
 
 
@@ -52,17 +58,25 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def paired_median_ms(fns: dict[str, Callable[[int], None]], steps: int,
+                     device: torch.device) -> dict[str, float]:
+    """Median wall time (ms) of each `fn(i)`, all run in turn at every step, after one warm-up."""
+    for fn in fns.values():
+        fn(0)
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for i in range(steps):
+        for name, fn in fns.items():
+            _sync(device)
+            start = time.perf_counter()
+            fn(i)
+            _sync(device)
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) * 1e3 for name, t in times.items()}
+
+
 def median_ms(fn: Callable[[int], None], steps: int, device: torch.device) -> float:
     """Median wall time of `fn(i)` over `steps` calls after one warm-up call."""
-    fn(0)
-    times = []
-    for i in range(steps):
-        _sync(device)
-        start = time.perf_counter()
-        fn(i)
-        _sync(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+    return paired_median_ms({"fn": fn}, steps, device)["fn"]
 
 
 class PerField(torch.nn.Module):
@@ -104,9 +118,17 @@ def run_case(name: str, vocabs: list[int], batch_size: int, steps: int,
             module(ids, offsets, casting=castings[i]).backward(grad)
         return step
 
-    figures["flowrec_packed_adagrad"] = median_ms(packed_step(packed), steps, device)
-    figures["gather_floor"] = median_ms(
-        lambda i: packed.weight.index_select(0, batches[i][0]), steps, device)
+    def unfused_step(i: int) -> None:
+        ids, offsets = batches[i]
+        packed.lookup(ids, offsets)
+        grads = casted_row_grads(grad.view(-1, DIM), castings[i])  # (U, D)
+        packed.optimizer.torch_step(packed.weight, packed.state, castings[i].unique_ids, grads)
+
+    variants = {"gather_floor": lambda i: packed.weight.index_select(0, batches[i][0]),
+                "flowrec_packed_adagrad": packed_step(packed)}
+    if device.type == "cpu":
+        variants["flowrec_packed_adagrad_unfused"] = unfused_step
+    figures.update(paired_median_ms(variants, steps, device))
     for sparse, key in ((True, "per_field_sparse_adagrad"), (False, "per_field_dense_adagrad")):
         model = PerField(packed, sparse).to(device)
         opt = torch.optim.Adagrad(model.parameters(), lr=LR)
@@ -115,17 +137,18 @@ def run_case(name: str, vocabs: list[int], batch_size: int, steps: int,
             model(local[i], offsets_b).backward(grad)
             opt.step()
             opt.zero_grad()
-        figures[key] = median_ms(step, steps, device)
+        figures[key] = median_ms(step, min(steps, BASELINE_STEPS), device)
         del model, opt
     del packed
     rowwise = PackedEmbeddingBag(make_group(vocabs, "rowwise_adagrad"), device=device)
-    figures["flowrec_packed_rowwise_adagrad"] = median_ms(packed_step(rowwise), steps, device)
-    figures["gather_floor_2"] = median_ms(
-        lambda i: rowwise.weight.index_select(0, batches[i][0]), steps, device)
-    floor = min(figures["gather_floor"], figures["gather_floor_2"])
+    figures.update(paired_median_ms(
+        {"gather_floor_2": lambda i: rowwise.weight.index_select(0, batches[i][0]),
+         "flowrec_packed_rowwise_adagrad": packed_step(rowwise)}, steps, device))
+    floor = figures["gather_floor"]
     nnz = batch_size * fields
     out = {"case": name, "fields": fields, "batch_size": batch_size, "dim": DIM,
-           "rows": sum(vocabs), "steps": steps, "casting_cpu_ms": cast_ms,
+           "rows": sum(vocabs), "steps": steps, "baseline_steps": min(steps, BASELINE_STEPS),
+           "casting_cpu_ms": cast_ms,
            "median_ms": figures, "gather_floor_ms": floor,
            "floor_rows_per_s": nnz / (floor / 1e3),
            "samples_per_s": {k: batch_size / (v / 1e3) for k, v in figures.items()
@@ -172,21 +195,32 @@ def run(quick: bool, device: torch.device) -> dict:
     for fields in (128, 512, 1000):
         vocabs = [max(4, WIDE_VOCABS[i % len(WIDE_VOCABS)] // scale) for i in range(fields)]
         cases.append((f"wide{fields}", vocabs, 128 if quick else 1024))
-    results = {name: run_case(name, v, b, steps, device) for name, v, b in cases}
+    results = {}
+    for name, vocabs, batch_size in cases:
+        print(f"{name}: {len(vocabs)} fields, batch {batch_size}", file=sys.stderr, flush=True)
+        results[name] = run_case(name, vocabs, batch_size, steps, device)
     f26, f1000 = results["criteo26"], results["wide1000"]
 
     def ratio(case: dict, baseline: str) -> float:
         return case["median_ms"][baseline] / case["median_ms"]["flowrec_packed_adagrad"]
+
+    def vs_floor(case: dict, variant: str) -> float:
+        return case["median_ms"][variant] / case["gather_floor_ms"]
 
     report = {"machine": machine(device), "device": machine(device)["device"], "quick": quick,
               "wide_vocabs_cycled": list(WIDE_VOCABS), "optimizer_family": "adagrad",
               "cases": results,
               "ratios": {
                   "packed_vs_dense_grad_f26": ratio(f26, "per_field_dense_adagrad"),
-                  "packed_vs_floor_f26": f26["median_ms"]["flowrec_packed_adagrad"] / f26["gather_floor_ms"],
+                  "packed_vs_floor_f26": vs_floor(f26, "flowrec_packed_adagrad"),
                   "packed_vs_sparse_f1000": ratio(f1000, "per_field_sparse_adagrad"),
-                  "packed_vs_floor_f1000": f1000["median_ms"]["flowrec_packed_adagrad"] / f1000["gather_floor_ms"],
+                  "packed_vs_floor_f1000": vs_floor(f1000, "flowrec_packed_adagrad"),
               }}
+    if device.type == "cpu":
+        report["fused_cpu_kernel"] = f"numba {numba.__version__}, {numba.get_num_threads()} threads"
+        report["ratios"].update({
+            "unfused_vs_floor_f26": vs_floor(f26, "flowrec_packed_adagrad_unfused"),
+            "unfused_vs_floor_f1000": vs_floor(f1000, "flowrec_packed_adagrad_unfused")})
     if device.type == "cuda":
         bw = copy_bandwidth_gbps(device)
         report["copy_bandwidth_gbps"] = bw
@@ -197,7 +231,8 @@ def run(quick: bool, device: torch.device) -> dict:
 
 def table(report: dict) -> str:
     cols = ["per_field_dense_adagrad", "per_field_sparse_adagrad", "flowrec_packed_adagrad",
-            "flowrec_packed_rowwise_adagrad"]
+            "flowrec_packed_adagrad_unfused", "flowrec_packed_rowwise_adagrad"]
+    cols = [c for c in cols if all(c in case["median_ms"] for case in report["cases"].values())]
     lines = [f"device: {report['device']}  (median ms per step; casting precomputed on CPU)",
              f"{'case':<10}{'B':>6}" + "".join(f"{c:>32}" for c in cols) + f"{'floor':>9}{'cast':>8}"]
     for name, c in report["cases"].items():
