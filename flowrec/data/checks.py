@@ -1,0 +1,142 @@
+"""Checks of encoded partitions as they are read: ids inside their tables, finite values, labels.
+
+A Parquet dataset may come from another tool or be written by hand, so nothing in it is trusted:
+every partition is checked before any of its rows is batched. An id outside ``[0, rows)`` of its
+table would otherwise land in the neighbouring table of its packed group (packed id = row + the
+table's row offset); a NaN or inf in a dense or label column trains to a NaN loss; a label other
+than 0 or 1 under a binary head trains without a word.
+
+Each check is one vectorised pass over a column of the whole partition (pyarrow's ``min_max`` for
+ids, a float64 sum for finiteness, two compares for binary labels); only when it fails is the
+column scanned again to find the first bad row. The error names the partition, the column and
+that row (0-based within the partition).
+
+Example:
+    >>> import pyarrow as pa
+    >>> rules = (ColumnRule("c", "ids", rows=10, table="t"),)
+    >>> check_partition(pa.table({"c": [1, 12]}), rules, "part-0")
+    Traceback (most recent call last):
+    flowrec.data.layout.DataError: part-0: column 'c': id 12 outside [0, 10) of table 't' at row 1 (0-based)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from flowrec.data.layout import DataError, label_columns
+from flowrec.spec.model import ModelSpec
+
+RuleKind = Literal["ids", "finite", "binary"]
+FLOAT32_MAX = float(np.finfo(np.float32).max)  # larger values become inf in a batch
+
+
+@dataclass(frozen=True)
+class ColumnRule:
+    """What one column of a partition must hold.
+
+    Args:
+        name: column name.
+        kind: "ids" (integers in [0, rows)), "finite" (dense features, regression labels) or
+            "binary" (labels of binary heads: exactly 0 or 1).
+        rows: rows of the table (ids only).
+        table: the table's name (ids only), or the heads reading the label (binary), for messages.
+    """
+
+    name: str
+    kind: RuleKind
+    rows: int = 0
+    table: str = ""
+
+
+def partition_rules(spec: ModelSpec, columns: Sequence[str] | None = None) -> tuple[ColumnRule, ...]:
+    """The rules of the spec's columns (all, or those in `columns`), in spec order."""
+    rules = [ColumnRule(f.name, "ids", spec.table(f.table).rows, f.table) for f in spec.sparse_features]
+    rules += [ColumnRule(f.name, "finite") for f in spec.dense_features]
+    binary: dict[str, list[str]] = {}
+    for head, label in zip(spec.heads, label_columns(spec)):
+        binary.setdefault(label, [])
+        if head.task == "binary":
+            binary[label].append(head.name)
+    rules += [ColumnRule(label, "binary", table=", ".join(heads)) if heads else ColumnRule(label, "finite")
+              for label, heads in binary.items()]
+    keep = None if columns is None else set(columns)
+    return tuple(r for r in rules if keep is None or r.name in keep)
+
+
+def check_partition(table: pa.Table, rules: Sequence[ColumnRule], where: str) -> None:
+    """Raise DataError naming `where`, the column and the first bad row if a rule is broken."""
+    for rule in rules:
+        if rule.name not in table.column_names:
+            raise DataError(f"{where}: column {rule.name!r} missing (has {table.column_names[:12]})")
+        col = table.column(rule.name)
+        array = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+        prefix = f"{where}: column {rule.name!r}"
+        if rule.kind == "ids":
+            _check_ids(array, rule, prefix)
+        else:
+            _check_numbers(array, rule, prefix)
+
+
+def _first_null(array: pa.Array) -> int:
+    return int(np.flatnonzero(array.is_null().to_numpy(zero_copy_only=False))[0])
+
+
+def _check_ids(array: pa.Array, rule: ColumnRule, prefix: str) -> None:
+    listed = pa.types.is_list(array.type) or pa.types.is_large_list(array.type)
+    if listed and array.null_count:
+        raise DataError(f"{prefix}: null list at row {_first_null(array)} (0-based); "
+                        "a sample without ids is an empty list")
+    values = pc.list_flatten(array) if listed else array
+    if not pa.types.is_integer(values.type):
+        raise DataError(f"{prefix}: type {array.type}, expected int64 row ids (or a list of them)")
+    if values.null_count:
+        raise DataError(f"{prefix}: null id at row {_row(array, _first_null(values), listed)} (0-based); "
+                        "a missing value is row 0")
+    if not len(values):
+        return
+    low_high = pc.min_max(values)
+    if low_high["min"].as_py() >= 0 and low_high["max"].as_py() < rule.rows:
+        return
+    x = values.to_numpy(zero_copy_only=False)
+    i = int(np.flatnonzero((x < 0) | (x >= rule.rows))[0])
+    raise DataError(f"{prefix}: id {int(x[i])} outside [0, {rule.rows}) of table {rule.table!r} "
+                    f"at row {_row(array, i, listed)} (0-based)")
+
+
+def _row(array: pa.Array, value_index: int, listed: bool) -> int:
+    """The row holding the `value_index`-th flattened value of a (list) column."""
+    if not listed:
+        return value_index
+    offsets = array.offsets.to_numpy() - array.offsets[0].as_py()
+    return int(np.searchsorted(offsets, value_index, side="right")) - 1
+
+
+def _check_numbers(array: pa.Array, rule: ColumnRule, prefix: str) -> None:
+    if not (pa.types.is_floating(array.type) or pa.types.is_integer(array.type)):
+        raise DataError(f"{prefix}: type {array.type}, expected float32 values")
+    if array.null_count:
+        raise DataError(f"{prefix}: null value at row {_first_null(array)} (0-based); "
+                        "missing values are filled at conversion")
+    x = array.to_numpy(zero_copy_only=False)
+    if rule.kind == "binary":
+        bad = (x != 0) & (x != 1)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise DataError(f"{prefix}: label {float(x[i])!r} at row {i} (0-based) is not 0 or 1 "
+                            f"(binary head {rule.table}); convert -1/+1 labels with `flowrec data convert`")
+        return
+    if x.dtype == np.float32 and np.isfinite(np.add.reduce(x, dtype=np.float64)):
+        return
+    if x.dtype.kind != "f":
+        big = np.abs(x.astype(np.float64)) > FLOAT32_MAX
+    else:
+        with np.errstate(invalid="ignore"):
+            big = ~(np.abs(x) <= FLOAT32_MAX)
+    if big.any():
+        i = int(np.flatnonzero(big)[0])
+        raise DataError(f"{prefix}: non-finite value {float(x[i])!r} at row {i} (0-based); "
+                        "dense and label values must be finite float32")
