@@ -4,7 +4,9 @@ Every reader yields chunks (bounded memory whatever the file size) whose columns
 columns: labels and dense columns as float64 (null = missing), categorical columns as strings
 (null = missing), multi-hot columns as strings (split later by the encoder) or lists. Malformed
 rows (wrong field count, non-numeric value, bad encoding, missing label) go to the `ErrorLog`
-with their line numbers and are dropped from the chunk (or raise, by policy).
+with their line numbers and are dropped from the chunk (or raise, by policy). Every chunk also
+carries `LINE_COLUMN`, the 1-based line of each row in its file, so later checks (labels) can
+report rows the same way.
 
 Readers are registered by the `data.format` names of the spec.
 
@@ -29,6 +31,7 @@ CHUNK_BYTES = 16 << 20  # bytes of text per streamed chunk
 LIBSVM_CHUNK_LINES = 65536  # lines per libsvm chunk
 CRITEO_COLUMNS = ["label"] + [f"I{i}" for i in range(1, 14)] + [f"C{i}" for i in range(1, 27)]
 ML_GENRES_COUNT = 19  # genre flags at the end of each u.item line
+LINE_COLUMN = "__line__"  # int64: 1-based line of the row in its file (u.data for movielens)
 
 Reader = Callable[[Path, dict[str, Any], ErrorLog, set[str]], Iterator[pa.Table]]
 
@@ -136,6 +139,7 @@ def _checked(table: pa.Table, lines: np.ndarray, log: ErrorLog, numeric: set[str
                     log.add(int(lines[i]), f"missing value in required column {name}")
         else:
             cols[name] = text
+    cols[LINE_COLUMN] = pa.array(lines, pa.int64())
     out = pa.table(cols)
     return out.filter(pa.array(~bad)) if bad.any() else out
 
@@ -201,18 +205,21 @@ def read_libsvm(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set
         lineno = 0
         while True:
             rows: dict[str, list] = {"label": [], **{n: [] for n in names}}
+            lines: list[int] = []
             for raw in fh:
                 lineno += 1
                 parsed = _libsvm_line(raw, lineno, fields, fmap, numeric, log)
                 if parsed is not None:
                     for n in rows:
                         rows[n].append(parsed.get(n))
+                    lines.append(lineno)
                 if len(rows["label"]) >= LIBSVM_CHUNK_LINES:
                     break
             if not rows["label"]:
                 return
-            yield pa.table({n: pa.array(v, pa.float64() if n in numeric or n == "label" else pa.string())
-                            for n, v in rows.items()})
+            table = {n: pa.array(v, pa.float64() if n in numeric or n == "label" else pa.string())
+                     for n, v in rows.items()}
+            yield pa.table({**table, LINE_COLUMN: pa.array(lines, pa.int64())})
 
 
 def _libsvm_line(raw: bytes, lineno: int, fields: list[str], fmap: dict[str, str] | None,
@@ -289,7 +296,8 @@ def read_movielens(path: Path, options: dict[str, Any], log: ErrorLog, numeric: 
     df = df[cols]
     table = pa.Table.from_pandas(df, preserve_index=False)
     numeric = set(numeric) | {"rating", "label"}
-    yield pa.table({c: (pc.cast(table[c], pa.float64()) if c in numeric else table[c]) for c in cols})
+    out = {c: (pc.cast(table[c], pa.float64()) if c in numeric else table[c]) for c in cols}
+    yield pa.table({**out, LINE_COLUMN: pa.array(np.arange(1, len(df) + 1), pa.int64())})
 
 
 READERS: dict[str, Reader] = {
