@@ -29,7 +29,7 @@ from flowrec.data.errors import ErrorLog, ErrorPolicy
 from flowrec.data.labels import PLUS_MINUS_FORMATS, check_labels, label_tasks
 from flowrec.data.layout import VOCAB_DIR, DataError, DatasetMeta, data_hash, unique_labels, write_meta
 from flowrec.data.output import staged_output
-from flowrec.data.sources import FORMAT_ALIASES, reader
+from flowrec.data.sources import FORMAT_ALIASES, LINE_COLUMN, reader
 from flowrec.spec.model import ModelSpec
 
 ROWS_PER_FILE = 1 << 20  # rows per Parquet part file
@@ -203,8 +203,9 @@ def _check_columns(chunk: pa.Table, spec: ModelSpec, columns: dict[str, str], pa
     needed += [columns.get(c, c) for c in unique_labels(spec)]
     missing = [c for c in needed if c not in chunk.column_names]
     if missing:
+        has = [name[:40] for name in chunk.column_names[:12] if name != LINE_COLUMN]
         raise DataError(f"{path}: columns {missing} required by spec {spec.name!r} not in the input "
-                        f"(has {chunk.column_names[:12]}...); map them with data.columns")
+                        f"(has {has}...); map them with data.columns")
 
 
 def _finish(spec: ModelSpec, encoder: Encoder, writer: PartWriter, fmt: str, inputs: list[Path],

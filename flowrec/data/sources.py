@@ -15,6 +15,8 @@ Example:
 """
 from __future__ import annotations
 
+import sys
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -83,14 +85,16 @@ def csv_chunks(path: Path, log: ErrorLog, numeric: set[str], delimiter: str, nam
     parse = pcsv.ParseOptions(delimiter=delimiter, invalid_row_handler=on_invalid, quote_char=False
                               if delimiter == "\t" else '"')
     try:
-        reader = pcsv.open_csv(path, read_options=read, parse_options=parse,
-                               convert_options=_binary_columns(path, delimiter, names))
+        with _undecodable_rows(path, failures):
+            reader = pcsv.open_csv(path, read_options=read, parse_options=parse,
+                                   convert_options=_binary_columns(path, delimiter, names))
     except (OSError, pa.ArrowInvalid) as exc:
         raise (failures[0] if failures else DataError(f"cannot read {path}: {exc}")) from None
     seen = 0
     while True:
         try:
-            batch = reader.read_next_batch()
+            with _undecodable_rows(path, failures):
+                batch = reader.read_next_batch()
         except StopIteration:
             return
         except pa.ArrowInvalid as exc:
@@ -101,6 +105,30 @@ def csv_chunks(path: Path, log: ErrorLog, numeric: set[str], delimiter: str, nam
         lines = _line_numbers(seen, table.num_rows, header_lines, skipped)
         seen += table.num_rows
         yield _checked(table, lines, log, numeric, required)
+
+
+@contextmanager
+def _undecodable_rows(path: Path, failures: list[DataError]) -> Iterator[None]:
+    """While pyarrow parses: a malformed row that is not UTF-8 becomes a DataError in `failures`.
+
+    pyarrow decodes the text of a row with the wrong field count before calling the invalid-row
+    handler; when that fails it prints a traceback as an "unraisable" exception and stops parsing.
+    The hook is installed only around the (synchronous) parse calls and restored after.
+    """
+    previous = sys.unraisablehook
+
+    def hook(info: Any) -> None:
+        if isinstance(info.exc_value, UnicodeDecodeError):
+            failures.append(DataError(f"{path}: a row with the wrong field count is not valid UTF-8 "
+                                      "(binary data, or another format?)"))
+        else:
+            previous(info)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        sys.unraisablehook = previous
 
 
 def _binary_columns(path: Path, delimiter: str, names: list[str] | None) -> pcsv.ConvertOptions:
