@@ -147,7 +147,8 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
                 _check_columns(chunk, spec, columns, path)
                 chunk, n = check_labels(chunk, tasks, log, fmt in PLUS_MINUS_FORMATS)
                 mapped[0] += n
-                yield log, chunk
+                if chunk.num_rows:
+                    yield log, chunk
 
     logs: list[ErrorLog] = []
     sep = opts.get("sequence_sep", "^")

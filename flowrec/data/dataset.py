@@ -60,7 +60,19 @@ def _read(file: str, columns: Sequence[str]) -> pa.Table:
     try:
         return pq.read_table(file, columns=list(columns), use_threads=False)
     except (pa.ArrowException, OSError) as exc:
-        raise DataError(f"{file}: unreadable Parquet part ({str(exc).splitlines()[0]})") from None
+        raise DataError(_read_error(file, columns, exc)) from None
+
+
+def _read_error(file: str, columns: Sequence[str], exc: Exception) -> str:
+    """Why a part file could not be read: missing columns, else pyarrow's first line."""
+    try:
+        names = pq.read_schema(file).names
+    except (pa.ArrowException, OSError):
+        names = None
+    missing = [c for c in columns if names is not None and c not in names]
+    if missing:
+        return f"{file}: columns {missing} missing (has {names[:12]})"
+    return f"{file}: unreadable Parquet part ({str(exc).splitlines()[0]})"
 
 
 def dataset_rows(path: Path, meta: DatasetMeta, files: Sequence[str]) -> list[int]:

@@ -61,9 +61,9 @@ def check_labels(table: pa.Table, tasks: dict[str, str], log: ErrorLog,
             reason = "not a finite number for a regression head"
         for i in np.flatnonzero(~ok & ~bad):
             bad[i] = True
-            what = "missing label" if np.isnan(y[i]) and table.column(name)[i].as_py() is None else \
-                f"label {float(y[i])!r}"
-            log.add(int(lines[i]), f"{what} in column {name}: {reason}")
+            missing = table.column(name)[i].as_py() is None
+            log.add(int(lines[i]), f"missing label in column {name}" if missing else
+                    f"label {float(y[i])!r} in column {name}: {reason}")
     mapped = 0
     for name, is_minus in minus.items():
         if is_minus.any():

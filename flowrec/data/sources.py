@@ -90,6 +90,10 @@ def csv_chunks(path: Path, log: ErrorLog, numeric: set[str], delimiter: str, nam
                                    convert_options=_binary_columns(path, delimiter, names))
     except (OSError, pa.ArrowInvalid) as exc:
         raise (failures[0] if failures else DataError(f"cannot read {path}: {exc}")) from None
+    try:
+        reader.schema.names
+    except UnicodeDecodeError:
+        raise DataError(f"{path}: the header is not valid UTF-8 (binary data, or another format?)") from None
     seen = 0
     while True:
         try:
