@@ -129,13 +129,10 @@ def _check_numbers(array: pa.Array, rule: ColumnRule, prefix: str) -> None:
             raise DataError(f"{prefix}: label {float(x[i])!r} at row {i} (0-based) is not 0 or 1 "
                             f"(binary head {rule.table}); convert -1/+1 labels with `flowrec data convert`")
         return
-    if x.dtype == np.float32 and np.isfinite(np.add.reduce(x, dtype=np.float64)):
-        return
-    if x.dtype.kind != "f":
-        big = np.abs(x.astype(np.float64)) > FLOAT32_MAX
-    else:
-        with np.errstate(invalid="ignore"):
-            big = ~(np.abs(x) <= FLOAT32_MAX)
+    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf in the sum; nan compares
+        if x.dtype == np.float32 and np.isfinite(np.add.reduce(x, dtype=np.float64)):
+            return
+        big = ~(np.abs(x.astype(np.float64, copy=False)) <= FLOAT32_MAX)
     if big.any():
         i = int(np.flatnonzero(big)[0])
         raise DataError(f"{prefix}: non-finite value {float(x[i])!r} at row {i} (0-based); "
