@@ -33,6 +33,7 @@ CHUNK_BYTES = 16 << 20  # bytes of text per streamed chunk
 LIBSVM_CHUNK_LINES = 65536  # lines per libsvm chunk
 CRITEO_COLUMNS = ["label"] + [f"I{i}" for i in range(1, 14)] + [f"C{i}" for i in range(1, 27)]
 ML_GENRES_COUNT = 19  # genre flags at the end of each u.item line
+FLOAT32_MAX = float(np.finfo(np.float32).max)  # larger numbers cannot be encoded
 LINE_COLUMN = "__line__"  # int64: 1-based line of the row in its file (u.data for movielens)
 
 Reader = Callable[[Path, dict[str, Any], ErrorLog, set[str]], Iterator[pa.Table]]
@@ -194,14 +195,21 @@ def _utf8(col: pa.Array, lines: np.ndarray, bad: np.ndarray, log: ErrorLog, name
 
 
 def _numbers(text: pa.Array, lines: np.ndarray, bad: np.ndarray, log: ErrorLog, name: str) -> pa.Array:
-    """Parse a numeric column; non-numeric and non-finite (nan, inf) values make the row malformed."""
+    """Parse a numeric column; non-numeric, non-finite (inf) and values beyond float32 (which the
+    encoded float32 columns cannot hold) make the row malformed."""
     numbers = _parse_numbers(text, lines, bad, log, name)
     values = numbers.to_numpy(zero_copy_only=False)
     present = numbers.is_valid().to_numpy(zero_copy_only=False)
-    for i in np.flatnonzero(present & ~np.isfinite(values) & ~bad):
+    with np.errstate(invalid="ignore"):
+        wrong = present & ~(np.abs(values) <= FLOAT32_MAX)
+    for i in np.flatnonzero(wrong & ~bad):
         bad[i] = True
-        log.add(int(lines[i]), f"non-finite value {text[i].as_py()!r} in column {name}")
+        log.add(int(lines[i]), f"{_number_problem(values[i])} {text[i].as_py()!r} in column {name}")
     return numbers
+
+
+def _number_problem(value: float) -> str:
+    return "value beyond float32" if np.isfinite(value) else "non-finite value"
 
 
 def _parse_numbers(text: pa.Array, lines: np.ndarray, bad: np.ndarray, log: ErrorLog, name: str) -> pa.Array:
@@ -266,6 +274,8 @@ def _libsvm_line(raw: bytes, lineno: int, fields: list[str], fmap: dict[str, str
     tokens = text.split()
     try:
         out: dict[str, Any] = {"label": float(tokens[0])}
+        if abs(out["label"]) > FLOAT32_MAX:
+            raise ValueError(f"{_number_problem(out['label'])} {tokens[0]!r} in column label")
         for pos, tok in enumerate(tokens[1:]):
             parts = tok.split(":")
             if len(parts) == 3:
@@ -278,6 +288,8 @@ def _libsvm_line(raw: bytes, lineno: int, fields: list[str], fmap: dict[str, str
                 raise ValueError(f"token {tok!r} is not idx:val")
             if name in numeric:
                 out[name] = float(val)
+                if abs(out[name]) > FLOAT32_MAX:  # nan is a missing value, as in text formats
+                    raise ValueError(f"{_number_problem(out[name])} {val!r} in column {name}")
             elif name in out:
                 out[name] = f"{out[name]}^{idx}"
             else:
