@@ -81,30 +81,32 @@ def check_partition(table: pa.Table, rules: Sequence[ColumnRule], where: str) ->
             _check_numbers(array, rule, prefix)
 
 
-def _first_null(array: pa.Array) -> int:
-    return int(np.flatnonzero(array.is_null().to_numpy(zero_copy_only=False))[0])
+def _nulls(array: pa.Array) -> np.ndarray:
+    return array.is_null().to_numpy(zero_copy_only=False)
 
 
 def _check_ids(array: pa.Array, rule: ColumnRule, prefix: str) -> None:
     listed = pa.types.is_list(array.type) or pa.types.is_large_list(array.type)
-    if listed and array.null_count:
-        raise DataError(f"{prefix}: null list at row {_first_null(array)} (0-based); "
-                        "a sample without ids is an empty list")
     values = pc.list_flatten(array) if listed else array
     if not pa.types.is_integer(values.type):
         raise DataError(f"{prefix}: type {array.type}, expected int64 row ids (or a list of them)")
-    if values.null_count:
-        raise DataError(f"{prefix}: null id at row {_row(array, _first_null(values), listed)} (0-based); "
-                        "a missing value is row 0")
-    if not len(values):
-        return
-    low_high = pc.min_max(values)
-    if low_high["min"].as_py() >= 0 and low_high["max"].as_py() < rule.rows:
-        return
-    x = values.to_numpy(zero_copy_only=False)
-    i = int(np.flatnonzero((x < 0) | (x >= rule.rows))[0])
+    if not array.null_count and not values.null_count:
+        low_high = pc.min_max(values)
+        if not len(values) or (low_high["min"].as_py() >= 0 and low_high["max"].as_py() < rule.rows):
+            return
+    null_value = _nulls(values)
+    x = values.fill_null(0).to_numpy(zero_copy_only=False)
+    bad = np.flatnonzero(null_value | (x < 0) | (x >= rule.rows))
+    row = _row(array, int(bad[0]), listed) if len(bad) else len(array)
+    null_rows = np.flatnonzero(_nulls(array)) if listed else np.zeros(0, np.int64)
+    if len(null_rows) and null_rows[0] < row:
+        raise DataError(f"{prefix}: null list at row {null_rows[0]} (0-based); "
+                        "a sample without ids is an empty list")
+    i = int(bad[0])
+    if null_value[i]:
+        raise DataError(f"{prefix}: null id at row {row} (0-based); a missing value is row 0")
     raise DataError(f"{prefix}: id {int(x[i])} outside [0, {rule.rows}) of table {rule.table!r} "
-                    f"at row {_row(array, i, listed)} (0-based)")
+                    f"at row {row} (0-based)")
 
 
 def _row(array: pa.Array, value_index: int, listed: bool) -> int:
@@ -118,22 +120,22 @@ def _row(array: pa.Array, value_index: int, listed: bool) -> int:
 def _check_numbers(array: pa.Array, rule: ColumnRule, prefix: str) -> None:
     if not (pa.types.is_floating(array.type) or pa.types.is_integer(array.type)):
         raise DataError(f"{prefix}: type {array.type}, expected float32 values")
-    if array.null_count:
-        raise DataError(f"{prefix}: null value at row {_first_null(array)} (0-based); "
-                        "missing values are filled at conversion")
-    x = array.to_numpy(zero_copy_only=False)
-    if rule.kind == "binary":
-        bad = (x != 0) & (x != 1)
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            raise DataError(f"{prefix}: label {float(x[i])!r} at row {i} (0-based) is not 0 or 1 "
-                            f"(binary head {rule.table}); convert -1/+1 labels with `flowrec data convert`")
-        return
+    x = array.to_numpy(zero_copy_only=False)  # nulls read as nan
     with np.errstate(invalid="ignore", over="ignore"):  # inf - inf in the sum; nan compares
-        if x.dtype == np.float32 and np.isfinite(np.add.reduce(x, dtype=np.float64)):
+        if rule.kind == "binary":
+            bad = np.flatnonzero((x != 0) & (x != 1))
+        elif not array.null_count and x.dtype == np.float32 and np.isfinite(np.add.reduce(x, dtype=np.float64)):
             return
-        big = ~(np.abs(x.astype(np.float64, copy=False)) <= FLOAT32_MAX)
-    if big.any():
-        i = int(np.flatnonzero(big)[0])
-        raise DataError(f"{prefix}: non-finite value {float(x[i])!r} at row {i} (0-based); "
-                        "dense and label values must be finite float32")
+        else:
+            bad = np.flatnonzero(~(np.abs(x.astype(np.float64, copy=False)) <= FLOAT32_MAX))
+    if not len(bad):
+        return
+    i = int(bad[0])
+    if array.null_count and _nulls(array)[i]:
+        raise DataError(f"{prefix}: null value at row {i} (0-based); missing values are filled at conversion")
+    if rule.kind == "binary":
+        raise DataError(f"{prefix}: label {float(x[i])!r} at row {i} (0-based) is not 0 or 1 "
+                        f"(binary head {rule.table}); convert -1/+1 labels with `flowrec data convert`")
+    problem = "value beyond float32" if np.isfinite(x[i]) else "non-finite value"
+    raise DataError(f"{prefix}: {problem} {float(x[i])!r} at row {i} (0-based); "
+                    "dense and label values must be finite float32")

@@ -96,7 +96,7 @@ def test_types_nulls_and_float64_overflow_are_refused():
         (pa.table({"c": pa.array([[1], [2, None]], pa.list_(pa.int64()))}), id_rule, "null id at row 1"),
         (pa.table({"x": pa.array(["a"])}), x_rule, "expected float32"),
         (pa.table({"x": pa.array([0.5, None], pa.float32())}), x_rule, "null value at row 1"),
-        (pa.table({"x": pa.array([1.0, 1e300])}), x_rule, "non-finite value 1e\\+300 at row 1"),
+        (pa.table({"x": pa.array([1.0, 1e300])}), x_rule, "value beyond float32 1e\\+300 at row 1"),
         (pa.table({"y": pa.array([1.0])}), x_rule, "column 'x' missing"),
     ):
         with pytest.raises(DataError, match=match):
