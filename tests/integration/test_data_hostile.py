@@ -264,7 +264,7 @@ def test_dataset_case_through_train(name: str, mutate: Mutation, error, tmp_path
     assert runner.invoke(app, ["data", "synth", str(spec), "--rows", "64", "--out", str(data)]).exit_code == 0
     mutate(data)
     before = digest(data)
-    res = runner.invoke(app, ["train", str(spec), "--data", str(data), "--max-steps", "2", "--out",
+    res = runner.invoke(app, ["train", str(spec), "--data", str(data), "--max-steps", "4", "--out",
                               str(tmp_path / "run"), "-q"])
     if error is None:  # float64 values that fit float32 are fine
         assert res.exit_code == 0 and not error_lines(res), res.output
@@ -280,7 +280,7 @@ def test_dense_float64_beyond_float32_is_refused(tmp_path: Path):
     assert runner.invoke(app, ["data", "synth", str(spec), "--rows", "64", "--out", str(data)]).exit_code == 0
     retype("d1", pa.float64())(data)
     set_value("d1", 11, 1e300)(data)
-    res = runner.invoke(app, ["train", str(spec), "--data", str(data), "--max-steps", "2", "--out",
+    res = runner.invoke(app, ["train", str(spec), "--data", str(data), "--max-steps", "4", "--out",
                               str(tmp_path / "run"), "-q"])
     expect_one_error(res, "'d1'", "1e+300", "row 11")
     assert np.isclose(pq.read_table(data).column("d1").to_numpy()[11], 1e300)

@@ -13,7 +13,7 @@ from flowrec.data.labels import check_labels, label_tasks
 from flowrec.data.layout import DataError
 from flowrec.data.output import staged_output
 from flowrec.data.sources import LINE_COLUMN
-from flowrec.data.synth import rank_to_row, synth_table
+from flowrec.data.synth import SynthConfig, rank_to_row, synth_table
 from flowrec.spec import spec_from_dict
 
 OPT = {"dense": {"name": "adam", "lr": 0.01}, "sparse": {"name": "sgd", "lr": 0.1}}
@@ -126,6 +126,30 @@ def test_batches_never_wrap_an_id_into_the_neighbouring_table():
     source = MemorySource([table.slice(0, 32), table.slice(32, 32)])
     with iterate_batches(spec, source, StagingOptions(batch_size=8, lookahead=2)) as it:
         assert sum(b.size for b in it) == 64
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_shuffled_batches_report_the_first_bad_row_of_the_partition(seed: int):
+    spec = two_table_spec()
+    table = synth_table(spec, 96, SynthConfig(seed=seed))
+    rng = np.random.default_rng(seed)
+    rows = sorted(rng.choice(np.arange(32, 64), 3, replace=False))
+    labels = table.column("label").to_numpy().copy()
+    labels[rows] = [2.0, np.nan, -1.0]
+    bad = table.set_column(table.column_names.index("label"), "label", pa.array(labels))
+    source = MemorySource([bad.slice(0, 32), bad.slice(32, 32), bad.slice(64, 32)])
+    with pytest.raises(DataError, match=rf"^partition 1: column 'label': label .* at row {rows[0] - 32} \(0-based\)"):
+        with iterate_batches(spec, source, StagingOptions(batch_size=8, shuffle_buffer=16, seed=seed)) as it:
+            for _ in it:
+                pass
+
+
+def test_a_float32_sum_overflow_is_no_error():
+    spec = two_table_spec()
+    table = synth_table(spec, 32)
+    big = table.set_column(table.column_names.index("d"), "d", pa.array(np.full(32, 3e38, np.float32)))
+    with iterate_batches(spec, MemorySource([big]), StagingOptions(batch_size=8)) as it:
+        assert [float(b.dense.max()) for b in it] == [float(np.float32(3e38))] * 4
 
 
 def test_labels_binary_regression_and_plus_minus():
