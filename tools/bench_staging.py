@@ -1,14 +1,19 @@
 """Staging throughput (samples/s) on Criteo-shaped Parquet: flowrec staging vs a plain loop.
 
 Generates DLRM-Criteo rows with flowrec's synth into a temp dir, then measures in one run:
-  staging            iterate_batches over ParquetSource (direct pyarrow reads), batch 4096
+  staging            iterate_batches over ParquetSource (direct pyarrow reads), batch 4096, with
+                     the data checks on (the default: ids in their tables, finite values, labels)
+  staging_unchecked  the same with StagingOptions(check=False): what the checks cost
   staging_lookahead  the same with lookahead W=8 (unique rows, casting, window rows)
   staging_dask       partitions read by a local Dask cluster (full mode only)
   plain_loop         pandas.read_parquet + df.sample shuffle + per-batch torch.tensor
                      (what a user writes for a shuffled epoch)
   synth              synthetic rows generated per second
 Figures are medians of repeated runs (the measured loops alternate in every repeat, so
-background load hits them alike); ratios come from the same run.
+background load hits them alike); ratios come from the same run. The checks' cost is also
+measured in back-to-back pairs (checked, unchecked; `--pairs`), whose median ratio is
+`ratios.checked_vs_unchecked` (samples per wall-clock second) and
+`ratios.checked_vs_unchecked_cpu` (samples per CPU second of the process: steadier on a loaded machine).
 
 Usage: python tools/bench_staging.py [--quick] [--json PATH]
 """
@@ -48,10 +53,10 @@ def _plain_loop(path: Path, dense: list[str], sparse: list[str], offsets: list[i
     return n
 
 
-def _staging(spec, source, lookahead: int) -> int:
+def _staging(spec, source, lookahead: int, check: bool = True) -> int:
     from flowrec.data.batches import StagingOptions, iterate_batches
 
-    opts = StagingOptions(batch_size=BATCH, lookahead=lookahead, workers=2, prefetch=8)
+    opts = StagingOptions(batch_size=BATCH, lookahead=lookahead, workers=2, prefetch=8, check=check)
     n = 0
     with iterate_batches(spec, source, opts) as it:
         for batch in it:
@@ -73,12 +78,32 @@ def _rates(fns: dict, repeats: int) -> dict[str, list[float]]:
     return rates
 
 
+def _pairs(checked, unchecked, pairs: int) -> dict[str, list[float]]:
+    """Ratios checked / unchecked of back-to-back runs (the order flips every pair): of samples
+    per wall-clock second, and of samples per CPU second of this process (all its threads), which
+    other processes' load on a shared machine disturbs much less."""
+    ratios: dict[str, list[float]] = {"wall": [], "cpu": []}
+    for i in range(pairs):
+        order = [("checked", checked), ("unchecked", unchecked)]
+        wall, cpu = {}, {}
+        for name, fn in order if i % 2 == 0 else order[::-1]:
+            start, start_cpu = time.perf_counter(), time.process_time()
+            n = fn()
+            wall[name] = n / (time.perf_counter() - start)
+            cpu[name] = n / (time.process_time() - start_cpu)
+        ratios["wall"].append(wall["checked"] / wall["unchecked"])
+        ratios["cpu"].append(cpu["checked"] / cpu["unchecked"])
+    return ratios
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="small data, one repeat (smoke test)")
     parser.add_argument("--json", type=Path, help="write every figure here")
     parser.add_argument("--rows", type=int, help="rows to generate (default 1.5M, quick 200k)")
+    parser.add_argument("--pairs", type=int, help="checked/unchecked pairs (default 9, quick 1)")
     args = parser.parse_args()
+    pairs = args.pairs or (1 if args.quick else 9)
     rows = args.rows or (200_000 if args.quick else 1_500_000)
     repeats = 1 if args.quick else 3
     with tempfile.TemporaryDirectory(prefix="flowrec-bench-") as tmp:
@@ -102,6 +127,7 @@ def main() -> None:
         dense = [f.name for f in spec.dense_features]
         sparse = [f.feature for f in group.fields]
         fns = {"staging": lambda: _staging(spec, source, 0),
+               "staging_unchecked": lambda: _staging(spec, source, 0, check=False),
                "staging_lookahead": lambda: _staging(spec, source, WINDOW),
                "plain_loop": lambda: _plain_loop(data, dense, sparse, offsets, 0)}
         dask_source = None if args.quick else DaskSource(data, workers=2)
@@ -109,6 +135,7 @@ def main() -> None:
             fns["staging_dask"] = lambda: _staging(spec, dask_source, 0)
         try:
             runs = _rates(fns, repeats)
+            check_ratios = _pairs(fns["staging"], fns["staging_unchecked"], pairs)
         finally:
             if dask_source is not None:
                 dask_source.close()
@@ -119,14 +146,18 @@ def main() -> None:
     result = {
         "benchmark": "staging", "quick": args.quick, "rows": rows, "batch_size": BATCH,
         "lookahead_window": WINDOW, "repeats": repeats, "samples_per_s": figures, "runs": runs,
-        "ratios": {"staging_vs_plain": staging / plain, "lookahead_vs_plain": lookahead / plain},
+        "ratios": {"staging_vs_plain": staging / plain, "lookahead_vs_plain": lookahead / plain,
+                   "checked_vs_unchecked": statistics.median(check_ratios["wall"]),
+                   "checked_vs_unchecked_cpu": statistics.median(check_ratios["cpu"])},
+        "check_pairs": check_ratios,
         "device": {"kind": "cpu", "cpus": os.cpu_count(), "machine": platform.machine(),
                    "python": platform.python_version(), "torch": torch.__version__,
                    "torch_threads": torch.get_num_threads()},
     }
     for name, value in figures.items():
         print(f"{name:<20} {value:>14,.0f} samples/s", file=sys.stderr)
-    print(f"{'staging_vs_plain':<20} {result['ratios']['staging_vs_plain']:>14.2f}x", file=sys.stderr)
+    for name in ("staging_vs_plain", "checked_vs_unchecked", "checked_vs_unchecked_cpu"):
+        print(f"{name:<20} {result['ratios'][name]:>14.3f}x", file=sys.stderr)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
 

@@ -6,20 +6,15 @@ permuted by a generator seeded by (seed, epoch, chunk) and cut into batches. Eve
 exactly one chunk and one batch, whatever the partition and worker counts, and batch k of an
 epoch can be produced without the batches before it (`start_batch` resumes exactly).
 
-A reader thread reads partitions (reading the next one ahead), permutes chunks and submits one
+A reader thread reads partitions (reading the next one ahead), checks each one before using any
+of its rows (`flowrec.data.checks`: a bad id, value or label is a DataError naming the partition,
+column and row, never a row of another table; a partition that passed is not checked again,
+`flowrec.data.checked`), permutes chunks and submits one
 packing task per batch to a pool of `workers` threads; the futures wait in a bounded queue
 (`prefetch`). With `lookahead` W > 0 every batch also carries, per group, its unique rows, its
 casting index and the unique rows of the window of the next W batches (`flowrec.data.lookahead`),
-computed by a lookahead thread.
-
-Nothing read is trusted (`flowrec.data.checks`): the reader checks each partition's columns,
-types and nulls (metadata only); each packing task checks its batch's values while they are in
-cache (ids inside their tables, finite dense values and labels, binary labels 0 or 1) and, when
-that fails, re-reads the batch's partitions and checks them exactly, so the DataError names the
-partition, the column and its first bad row; a bad id never reaches another table.
-
-Closing the iterator (or an exception, or KeyboardInterrupt in the consumer) stops and joins
-every thread.
+computed by a lookahead thread. Closing the iterator (or an exception, or KeyboardInterrupt in
+the consumer) stops and joins every thread.
 
 Example:
     >>> with iterate_batches(spec, MemorySource([table]), StagingOptions(batch_size=4)) as it:
@@ -38,7 +33,8 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from flowrec.data.checks import ColumnRule, batch_ok, batch_rules, check_layout, check_partition, partition_rules
+from flowrec.data.checked import rules_key
+from flowrec.data.checks import ColumnRule, check_partition, partition_rules
 from flowrec.data.dataset import PartitionSource, partition_name
 from flowrec.data.lookahead import LookaheadWindow, batch_extras
 from flowrec.data.pack import column_arrays, pack_group
@@ -104,9 +100,9 @@ class StagingOptions:
         prefetch: batches staged ahead (bounded queue).
         lookahead: window W in batches for lookahead extraction (0: off).
         casting: attach the casting index when lookahead is on.
-        check: check partitions and batches (`flowrec.data.checks`: ids inside their tables,
-            finite dense values and labels, binary labels 0 or 1); off only to measure what the
-            checks cost.
+        check: check every partition before batching it (`flowrec.data.checks`: ids inside their
+            tables, finite dense values and labels, binary labels 0 or 1); off only to measure
+            what the checks cost.
     """
 
     batch_size: int | None = None
@@ -123,15 +119,6 @@ class StagingOptions:
 
 def batches_per_epoch(rows: int, batch_size: int, drop_last: bool) -> int:
     return rows // batch_size if drop_last else -(-rows // batch_size)
-
-
-@dataclass(frozen=True)
-class BatchOrigin:
-    """Where a batch's rows are in the epoch stream: rows ``lo + perm[k:k+B]`` (``lo + k..`` unshuffled)."""
-
-    lo: int
-    perm: np.ndarray | None  # (chunk rows,) the chunk's permutation
-    k: int
 
 
 @dataclass(frozen=True)
@@ -176,8 +163,6 @@ class BatchIterator:
         self.epoch, self.start_batch = epoch, start_batch
         self.num_batches = batches_per_epoch(self.plan.total, self.batch_size, opts.drop_last)
         self.columns = _columns(spec)
-        self.rules = partition_rules(spec, self.columns) if opts.check else ()
-        self.batch_rules = batch_rules(spec)
         self._stop = threading.Event()
         self._pool = ThreadPoolExecutor(max(opts.workers, 1), thread_name_prefix="flowrec-pack")
         self._futures: queue.Queue = queue.Queue(maxsize=max(opts.prefetch, 1))
@@ -249,18 +234,19 @@ class BatchIterator:
 
     def _read(self) -> None:
         try:
-            for index, table, origin in self._raw_batches():
-                fut = self._pool.submit(self._pack, table, index, origin)
+            for index, table in self._raw_batches():
+                fut = self._pool.submit(self._pack, table, index)
                 if not self._put(self._futures, fut):
                     return
             self._put(self._futures, None)
         except BaseException as exc:  # surfaced to the consumer
             self._put(self._futures, _failed(exc))
 
-    def _raw_batches(self) -> Iterator[tuple[int, pa.Table, "BatchOrigin"]]:
-        """(batch index, table of its rows, where they come from) from start_batch on, in epoch order."""
+    def _raw_batches(self) -> Iterator[tuple[int, pa.Table]]:
+        """(batch index, table of its rows) from start_batch on, in epoch order."""
         plan, bsz = self.plan, self.batch_size
-        reader = _PartitionReader(self.source, plan, self.columns, self.rules)
+        rules = partition_rules(self.spec, self.columns) if self.opts.check else ()
+        reader = _PartitionReader(self.source, plan, self.columns, rules)
         first = self.start_batch * bsz // plan.chunk_rows
         for chunk in range(first, -(-plan.total // plan.chunk_rows)):
             lo = chunk * plan.chunk_rows
@@ -272,15 +258,13 @@ class BatchIterator:
                 index = (lo + k) // bsz
                 if index < self.start_batch or index >= self.num_batches:
                     continue
-                yield index, table.slice(k, bsz), BatchOrigin(lo, perm, k)
+                yield index, table.slice(k, bsz)
 
-    def _pack(self, table: pa.Table, index: int, origin: "BatchOrigin") -> Batch:
+    def _pack(self, table: pa.Table, index: int) -> Batch:
         size = table.num_rows
         dense = _stack(table, [f.name for f in self.spec.dense_features], size)
         labels = _stack(table, list(_head_labels(self.spec)), size)
         cols = {f.name: column_arrays(table.column(f.name)) for f in self.spec.sparse_features}
-        if self.opts.check and not batch_ok(self.batch_rules, cols, dense.numpy(), labels.numpy()):
-            self._locate(origin, size)
         groups = {}
         for g in self.groups:
             ids, offsets = pack_group(g, cols, size)
@@ -290,18 +274,6 @@ class BatchIterator:
             else:
                 groups[g.name] = GroupIds(ids_t, off_t)
         return Batch(dense, labels, groups, self.epoch, index, size)
-
-    def _locate(self, origin: "BatchOrigin", size: int) -> None:
-        """A batch failed its quick check: check its partitions exactly, in epoch order (raises
-        DataError naming the partition, column and first bad row; returns on a false alarm)."""
-        plan = self.plan
-        positions = origin.lo + (origin.perm[origin.k:origin.k + size] if origin.perm is not None
-                                 else np.arange(origin.k, origin.k + size))
-        starts = np.cumsum(plan.rows)
-        for pos in np.unique(np.searchsorted(starts, positions, side="right")):
-            index = plan.order[int(pos)]
-            table = self.source.submit(index, self.columns).result()
-            check_partition(table, self.rules, partition_name(self.source, index))
 
     def _lookahead(self) -> None:
         window = LookaheadWindow(self.opts.lookahead)
@@ -332,7 +304,7 @@ class _PartitionReader:
         self.source, self.plan, self.columns, self.rules = source, plan, columns, rules
         self.starts = np.concatenate([[0], np.cumsum(plan.rows)]).astype(np.int64)
         self.pending: dict[int, Any] = {}
-        self.checked: set[int] = set()  # partitions whose layout was checked
+        self.key = rules_key(rules)
 
     def _table(self, pos: int) -> pa.Table:
         for p in (pos, pos + 1):
@@ -341,10 +313,10 @@ class _PartitionReader:
         for p in [p for p in self.pending if p < pos]:
             del self.pending[p]
         table = self.pending[pos].result()
-        if self.rules and pos not in self.checked:
-            index = self.plan.order[pos]
-            check_layout(table, self.rules, partition_name(self.source, index))
-            self.checked.add(pos)
+        index = self.plan.order[pos]
+        if self.rules and not self.source.passed(index, self.key):
+            check_partition(table, self.rules, partition_name(self.source, index))
+            self.source.add_passed(index, self.key)
         return table
 
     def rows(self, lo: int, hi: int) -> pa.Table:
@@ -375,8 +347,7 @@ def _stack(table: pa.Table, names: list[str], size: int) -> torch.Tensor:
     out = np.empty((size, len(names)), np.float32)  # (B, n)
     for j, name in enumerate(names):
         col = table.column(name)
-        with np.errstate(over="ignore"):  # float64 beyond float32 becomes inf: the batch check refuses it
-            out[:, j] = col.chunk(0).to_numpy(zero_copy_only=False) if col.num_chunks == 1 else col.to_numpy()
+        out[:, j] = col.chunk(0).to_numpy(zero_copy_only=False) if col.num_chunks == 1 else col.to_numpy()
     return torch.from_numpy(out)
 
 

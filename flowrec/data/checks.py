@@ -22,7 +22,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Sequence
+from typing import Literal, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -70,9 +70,11 @@ def partition_rules(spec: ModelSpec, columns: Sequence[str] | None = None) -> tu
 
 def check_partition(table: pa.Table, rules: Sequence[ColumnRule], where: str) -> None:
     """Raise DataError naming `where`, the column and the first bad row if a rule is broken."""
+    names = table.column_names
+    present = set(names)
     for rule in rules:
-        if rule.name not in table.column_names:
-            raise DataError(f"{where}: column {rule.name!r} missing (has {table.column_names[:12]})")
+        if rule.name not in present:
+            raise DataError(f"{where}: column {rule.name!r} missing (has {names[:12]})")
         col = table.column(rule.name)
         if _passes(col, rule):
             continue
@@ -173,60 +175,3 @@ def _check_numbers(array: pa.Array, rule: ColumnRule, prefix: str) -> None:
     problem = "value beyond float32" if np.isfinite(x[i]) else "non-finite value"
     raise DataError(f"{prefix}: {problem} {float(x[i])!r} at row {i} (0-based); "
                     "dense and label values must be finite float32")
-
-
-def check_layout(table: pa.Table, rules: Sequence[ColumnRule], where: str) -> None:
-    """What a partition's metadata tells without reading values: every column present, of a usable
-    type, without nulls (null counts are kept per chunk). On a violation the exact check raises."""
-    for rule in rules:
-        if rule.name not in table.column_names or not _layout_ok(table.column(rule.name), rule):
-            check_partition(table, [rule], where)
-
-
-def _layout_ok(col: pa.ChunkedArray, rule: ColumnRule) -> bool:
-    if col.null_count:
-        return False
-    kind = col.type
-    if rule.kind == "ids" and (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
-        if any(pc.list_flatten(chunk).null_count for chunk in col.chunks):
-            return False
-        kind = kind.value_type
-    return pa.types.is_integer(kind) or (rule.kind != "ids" and pa.types.is_floating(kind))
-
-
-@dataclass(frozen=True)
-class BatchRules:
-    """The value checks of one packed batch, run by the packing workers while its data is in cache.
-
-    Args:
-        ids: (feature, table rows) of every sparse feature.
-        binary: per label column of the batch (head order), True for binary heads.  # (n_heads,) bool
-    """
-
-    ids: tuple[tuple[str, int], ...]
-    binary: tuple[bool, ...]
-
-
-def batch_rules(spec: ModelSpec) -> BatchRules:
-    return BatchRules(tuple((f.name, spec.table(f.table).rows) for f in spec.sparse_features),
-                      tuple(h.task == "binary" for h in spec.heads))
-
-
-def batch_ok(rules: BatchRules, cols: dict[str, Any], dense: np.ndarray, labels: np.ndarray) -> bool:
-    """True when a batch certainly holds valid values: ids in their tables, finite dense values,
-    finite labels and binary labels 0 or 1. False (rare) sends its partitions to `check_partition`.
-
-    Args:
-        cols: feature -> int64 ids (B,) or (values (nnz,), offsets (B+1,)), as `pack.column_arrays`.
-        dense: dense features.  # (B, n_dense) float32
-        labels: labels in head order.  # (B, n_heads) float32
-    """
-    for name, rows in rules.ids:
-        x = cols[name][0] if isinstance(cols[name], tuple) else cols[name]
-        if len(x) and x.view(np.uint64).max() >= rows:  # negatives read as huge
-            return False
-    with np.errstate(invalid="ignore", over="ignore"):
-        if not np.isfinite(np.add.reduce(dense, axis=None)) or not np.isfinite(np.add.reduce(labels, axis=None)):
-            return False
-    binary = labels[:, np.asarray(rules.binary, bool)]
-    return not np.count_nonzero((binary != 0) & (binary != 1))

@@ -4,7 +4,9 @@ A source is a list of partitions with known row counts; `submit(i, columns)` sta
 partition i and returns a future (`.result()` gives a pyarrow Table of those columns), so the
 reader can overlap reading the next partition with cutting the current one. Opening a Parquet
 dataset checks that its part files hold the row count ``_flowrec.json`` records and that there is
-at least one row; what the rows hold is checked as they are read (`flowrec.data.checks`).
+at least one row; what the rows hold is checked as they are read (`flowrec.data.checks`), once
+per partition: `passed` / `add_passed` remember the partitions that passed (for Parquet also in
+the folder's ``_flowrec_checked.json``, by file fingerprint: `flowrec.data.checked`).
 
 Example:
     >>> src = ParquetSource("data/criteo")  # doctest: +SKIP
@@ -20,6 +22,7 @@ import pyarrow as pa
 import pyarrow.dataset as pds
 import pyarrow.parquet as pq
 
+from flowrec.data.checked import CheckRecord
 from flowrec.data.layout import META_FILE, DataError, DatasetMeta, read_meta
 
 IGNORED_PREFIXES = [".", "_"]  # metadata, vocabularies and hidden files are not data
@@ -33,6 +36,10 @@ class PartitionSource(Protocol):
     def submit(self, index: int, columns: Sequence[str]) -> Any: ...
 
     def close(self) -> None: ...
+
+    def passed(self, index: int, key: str) -> bool: ...
+
+    def add_passed(self, index: int, key: str) -> None: ...
 
 
 def partition_name(source: PartitionSource, index: int) -> str:
@@ -109,6 +116,7 @@ class ParquetSource:
         self.meta: DatasetMeta = read_meta(self.path)
         self.files = parquet_files(self.path)
         self._rows = dataset_rows(self.path, self.meta, self.files)
+        self._record = CheckRecord(self.path, self.files)
         self._pool = ThreadPoolExecutor(max(threads, 1), thread_name_prefix="flowrec-read")
 
     def partition_rows(self) -> list[int]:
@@ -117,8 +125,15 @@ class ParquetSource:
     def submit(self, index: int, columns: Sequence[str]) -> Future:
         return self._pool.submit(_read, self.files[index], tuple(columns))
 
+    def passed(self, index: int, key: str) -> bool:
+        return self._record.passed(index, key)
+
+    def add_passed(self, index: int, key: str) -> None:
+        self._record.add(index, key)
+
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+        self._record.save()
 
 
 class DaskSource:
@@ -137,6 +152,7 @@ class DaskSource:
         self.meta = read_meta(self.path)
         self.files = parquet_files(self.path)
         self._rows = dataset_rows(self.path, self.meta, self.files)
+        self._record = CheckRecord(self.path, self.files)
         self._cluster = None
         if address is None:
             self._cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
@@ -150,7 +166,14 @@ class DaskSource:
     def submit(self, index: int, columns: Sequence[str]) -> Any:
         return self._client.submit(_read, self.files[index], tuple(columns), pure=False)
 
+    def passed(self, index: int, key: str) -> bool:
+        return self._record.passed(index, key)
+
+    def add_passed(self, index: int, key: str) -> None:
+        self._record.add(index, key)
+
     def close(self) -> None:
+        self._record.save()
         self._client.close()
         if self._cluster is not None:
             self._cluster.close()
@@ -180,12 +203,19 @@ class MemorySource:
 
     def __init__(self, tables: Sequence[pa.Table]):
         self.tables = list(tables)
+        self._passed: set[tuple[int, str]] = set()
 
     def partition_rows(self) -> list[int]:
         return [t.num_rows for t in self.tables]
 
     def submit(self, index: int, columns: Sequence[str]) -> _Done:
         return _Done(self.tables[index].select(list(columns)))
+
+    def passed(self, index: int, key: str) -> bool:
+        return (index, key) in self._passed
+
+    def add_passed(self, index: int, key: str) -> None:
+        self._passed.add((index, key))
 
     def close(self) -> None:
         return None

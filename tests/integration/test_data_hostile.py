@@ -19,6 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flowrec.cli import app
+from flowrec.data.checked import RECORD_FILE
 
 SPEC = """
 name: hostile
@@ -46,8 +47,9 @@ runner = CliRunner()
 
 
 def digest(folder: Path) -> dict[str, str]:
+    """Hash of every file but the check record (a cache flowrec may add: `flowrec.data.checked`)."""
     return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+            for p in sorted(folder.rglob("*")) if p.is_file() and p.name != RECORD_FILE}
 
 
 def error_lines(result) -> list[str]:

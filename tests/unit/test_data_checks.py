@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from flowrec.data.batches import StagingOptions, iterate_batches
@@ -202,3 +203,38 @@ def test_synth_rows_stay_inside_the_table(rows: int):
     spec = two_table_spec()
     table = synth_table(spec, 500)
     check_partition(table, partition_rules(spec), "synth")
+
+
+def test_each_part_file_is_checked_once_until_it_changes(tmp_path, monkeypatch):
+    from flowrec.data import batches
+    from flowrec.data.checked import RECORD_FILE
+    from flowrec.data.dataset import ParquetSource
+    from flowrec.data.synth import synth_dataset
+
+    spec = two_table_spec()
+    synth_dataset(spec, tmp_path / "d", 96, rows_per_file=32)
+    calls = []
+    real = batches.check_partition
+    monkeypatch.setattr(batches, "check_partition", lambda t, r, w: calls.append(w) or real(t, r, w))
+
+    def epoch(source, epoch=0):
+        with iterate_batches(spec, source, StagingOptions(batch_size=8), epoch=epoch) as it:
+            return sum(b.size for b in it)
+
+    source = ParquetSource(tmp_path / "d")
+    assert epoch(source) == epoch(source, 1) == 96 and len(calls) == 3  # once per partition
+    assert (tmp_path / "d" / RECORD_FILE).is_file()
+    assert epoch(ParquetSource(tmp_path / "d")) == 96 and len(calls) == 3  # recorded: a new run skips it
+    part = sorted((tmp_path / "d").glob("part-*.parquet"))[1]
+    table = pq.read_table(part)
+    ids = table.column("a").to_numpy().copy()
+    ids[4] = 30
+    pq.write_table(table.set_column(table.column_names.index("a"), "a", pa.array(ids)), part)
+    with pytest.raises(DataError, match=rf"{part.name}: column 'a': id 30 .* at row 4 "):
+        epoch(ParquetSource(tmp_path / "d"))
+    assert calls[3:] == [str(part)]  # only the changed file was checked again
+    (tmp_path / "d" / RECORD_FILE).write_text("{not json")
+    other = two_table_spec("regression")
+    with pytest.raises(DataError, match="id 30"):
+        with iterate_batches(other, ParquetSource(tmp_path / "d"), StagingOptions(batch_size=8)) as it:
+            list(it)
