@@ -1,14 +1,22 @@
 """Staging throughput (samples/s) on Criteo-shaped Parquet: flowrec staging vs a plain loop.
 
 Generates DLRM-Criteo rows with flowrec's synth into a temp dir, then measures in one run:
-  staging            iterate_batches over ParquetSource (direct pyarrow reads), batch 4096
+  staging            iterate_batches over ParquetSource (direct pyarrow reads), batch 4096, with
+                     the data checks on (the default: ids in their tables, finite values, labels;
+                     each part file is checked once, then known by its fingerprint)
+  staging_unchecked  the same with StagingOptions(check=False): what the checks cost
   staging_lookahead  the same with lookahead W=8 (unique rows, casting, window rows)
   staging_dask       partitions read by a local Dask cluster (full mode only)
   plain_loop         pandas.read_parquet + df.sample shuffle + per-batch torch.tensor
                      (what a user writes for a shuffled epoch)
   synth              synthetic rows generated per second
 Figures are medians of repeated runs (the measured loops alternate in every repeat, so
-background load hits them alike); ratios come from the same run.
+background load hits them alike); ratios come from the same run. The checks' cost is measured in
+back-to-back pairs (checked, unchecked; `--pairs`; medians of the pair ratios, of samples per
+wall-clock second and per CPU second of the process, which other processes' load disturbs less):
+  ratios.checked_vs_unchecked[_cpu]              every epoch after the files were checked once
+  ratios.first_epoch_checked_vs_unchecked[_cpu]  an epoch that checks every file (no record)
+and `checks.seconds`: one pass of the checks over the whole dataset, and its share of an epoch.
 
 Usage: python tools/bench_staging.py [--quick] [--json PATH]
 """
@@ -48,10 +56,10 @@ def _plain_loop(path: Path, dense: list[str], sparse: list[str], offsets: list[i
     return n
 
 
-def _staging(spec, source, lookahead: int) -> int:
+def _staging(spec, source, lookahead: int, check: bool = True) -> int:
     from flowrec.data.batches import StagingOptions, iterate_batches
 
-    opts = StagingOptions(batch_size=BATCH, lookahead=lookahead, workers=2, prefetch=8)
+    opts = StagingOptions(batch_size=BATCH, lookahead=lookahead, workers=2, prefetch=8, check=check)
     n = 0
     with iterate_batches(spec, source, opts) as it:
         for batch in it:
@@ -73,12 +81,74 @@ def _rates(fns: dict, repeats: int) -> dict[str, list[float]]:
     return rates
 
 
+def _pairs(checked, unchecked, pairs: int) -> dict[str, list[float]]:
+    """Ratios checked / unchecked of back-to-back runs (the order flips every pair): of samples
+    per wall-clock second, and of samples per CPU second of this process (all its threads)."""
+    ratios: dict[str, list[float]] = {"wall": [], "cpu": []}
+    for i in range(pairs):
+        order = [("checked", checked), ("unchecked", unchecked)]
+        wall, cpu = {}, {}
+        for name, fn in order if i % 2 == 0 else order[::-1]:
+            start, start_cpu = time.perf_counter(), time.process_time()
+            n = fn()
+            wall[name] = n / (time.perf_counter() - start)
+            cpu[name] = n / (time.process_time() - start_cpu)
+        ratios["wall"].append(wall["checked"] / wall["unchecked"])
+        ratios["cpu"].append(cpu["checked"] / cpu["unchecked"])
+    return ratios
+
+
+def _fresh(spec, data: Path, check: bool) -> int:
+    """One epoch on a newly opened source with no check record: every file is checked."""
+    from flowrec.data.checked import RECORD_FILE
+    from flowrec.data.dataset import ParquetSource
+
+    (data / RECORD_FILE).unlink(missing_ok=True)
+    source = ParquetSource(data)
+    try:
+        return _staging(spec, source, 0, check)
+    finally:
+        source.close()
+
+
+def _check_seconds(spec, source) -> float:
+    """Seconds of one pass of the checks over every partition (read beforehand; best of 3)."""
+    from flowrec.data.batches import _columns
+    from flowrec.data.checks import check_partition, partition_rules
+
+    columns = _columns(spec)
+    rules = partition_rules(spec, columns)
+    tables = [source.submit(i, columns).result() for i in range(len(source.partition_rows()))]
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        for i, table in enumerate(tables):
+            check_partition(table, rules, str(i))
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _check_figures(spec, data: Path, source, fns: dict, pairs: int, epoch_s: float) -> tuple[dict, dict]:
+    """(ratios, details) of what the data checks cost; `epoch_s`: seconds of an unchecked epoch."""
+    steady = _pairs(fns["staging"], fns["staging_unchecked"], pairs)
+    first = _pairs(lambda: _fresh(spec, data, True), lambda: _fresh(spec, data, False), pairs)
+    seconds = _check_seconds(spec, source)
+    ratios = {"checked_vs_unchecked": statistics.median(steady["wall"]),
+              "checked_vs_unchecked_cpu": statistics.median(steady["cpu"]),
+              "first_epoch_checked_vs_unchecked": statistics.median(first["wall"]),
+              "first_epoch_checked_vs_unchecked_cpu": statistics.median(first["cpu"])}
+    return ratios, {"pairs": pairs, "steady": steady, "first_epoch": first, "seconds": seconds,
+                    "epoch_seconds_unchecked": epoch_s, "share_of_epoch": seconds / epoch_s}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="small data, one repeat (smoke test)")
     parser.add_argument("--json", type=Path, help="write every figure here")
     parser.add_argument("--rows", type=int, help="rows to generate (default 1.5M, quick 200k)")
+    parser.add_argument("--pairs", type=int, help="checked/unchecked pairs (default 9, quick 1)")
     args = parser.parse_args()
+    pairs = args.pairs or (1 if args.quick else 9)
     rows = args.rows or (200_000 if args.quick else 1_500_000)
     repeats = 1 if args.quick else 3
     with tempfile.TemporaryDirectory(prefix="flowrec-bench-") as tmp:
@@ -102,6 +172,7 @@ def main() -> None:
         dense = [f.name for f in spec.dense_features]
         sparse = [f.feature for f in group.fields]
         fns = {"staging": lambda: _staging(spec, source, 0),
+               "staging_unchecked": lambda: _staging(spec, source, 0, check=False),
                "staging_lookahead": lambda: _staging(spec, source, WINDOW),
                "plain_loop": lambda: _plain_loop(data, dense, sparse, offsets, 0)}
         dask_source = None if args.quick else DaskSource(data, workers=2)
@@ -109,6 +180,8 @@ def main() -> None:
             fns["staging_dask"] = lambda: _staging(spec, dask_source, 0)
         try:
             runs = _rates(fns, repeats)
+            epoch_s = rows / statistics.median(runs["staging_unchecked"])
+            check_ratios, checks = _check_figures(spec, data, source, fns, pairs, epoch_s)
         finally:
             if dask_source is not None:
                 dask_source.close()
@@ -119,14 +192,19 @@ def main() -> None:
     result = {
         "benchmark": "staging", "quick": args.quick, "rows": rows, "batch_size": BATCH,
         "lookahead_window": WINDOW, "repeats": repeats, "samples_per_s": figures, "runs": runs,
-        "ratios": {"staging_vs_plain": staging / plain, "lookahead_vs_plain": lookahead / plain},
+        "ratios": {"staging_vs_plain": staging / plain, "lookahead_vs_plain": lookahead / plain,
+                   **check_ratios},
+        "checks": checks,
         "device": {"kind": "cpu", "cpus": os.cpu_count(), "machine": platform.machine(),
                    "python": platform.python_version(), "torch": torch.__version__,
                    "torch_threads": torch.get_num_threads()},
     }
     for name, value in figures.items():
         print(f"{name:<20} {value:>14,.0f} samples/s", file=sys.stderr)
-    print(f"{'staging_vs_plain':<20} {result['ratios']['staging_vs_plain']:>14.2f}x", file=sys.stderr)
+    for name, value in result["ratios"].items():
+        print(f"{name:<38} {value:>8.3f}x", file=sys.stderr)
+    print(f"{'checks: one pass over the dataset':<38} {checks['seconds']:>8.3f} s "
+          f"({checks['share_of_epoch']:.1%} of an unchecked epoch)", file=sys.stderr)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
 

@@ -25,6 +25,10 @@ CONVERT_HELP = """Convert raw data to an encoded flowrec Parquet dataset, stream
 FORMAT is one of criteo (TSV: label, I1..I13, C1..C26), avazu (CSV), libsvm / libfm, csv
 (generic, columns mapped by the spec's data.columns), movielens (the MovieLens-100k folder).
 Categorical values are hashed or mapped through a vocabulary as the spec's tables say.
+Binary heads take labels 0 or 1 (libsvm / libfm: -1 is read as 0, and counted); any other label
+is a malformed row. OUT must be absent or empty unless --overwrite, which replaces it only once
+the new dataset is complete. Converting no rows (empty, header-only or wrong-format input) is an
+error and leaves nothing behind.
 
 Examples:
 
@@ -34,6 +38,8 @@ Examples:
 """
 
 SYNTH_HELP = """Write synthetic data for any spec (Zipf-skewed ids, learnable labels) as Parquet.
+
+--out must be absent or empty unless --overwrite, which replaces it once the new data is complete.
 
 Example:
 
@@ -72,7 +78,7 @@ def _run(work: Callable[[], Any]) -> Any:
 
     try:
         return work()
-    except (DataError, FileNotFoundError, ValueError) as exc:
+    except (DataError, OSError, ValueError) as exc:
         fail(str(exc))
 
 
@@ -90,6 +96,7 @@ def convert(
     split_seed: Optional[int] = typer.Option(None, help="Seed of the train/test split."),
     rows_per_file: int = typer.Option(1 << 20, help="Rows per Parquet part file."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty OUT (atomically)."),
 ) -> None:
     if on_error not in ("skip", "fail"):
         fail("--on-error must be skip or fail")
@@ -110,12 +117,14 @@ def convert(
                       TimeElapsedColumn(), console=Console(stderr=True), disable=quiet) as bar:
             task = bar.add_task(f"converting {source.name}", total=None)
             return run_convert(model, fmt, [source], out, on_error, options, rows_per_file,
-                               progress=lambda n: bar.advance(task, n))
+                               progress=lambda n: bar.advance(task, n), overwrite=overwrite)
 
     report = _run(work)
     split = f" (train {report.split['train']:,}, test {report.split['test']:,})" if report.split else ""
     typer.echo(f"wrote {report.rows:,} rows in {report.files} files to {report.out}{split} "
                f"in {report.seconds:.1f}s")
+    if report.labels_mapped:
+        typer.echo(f"read {report.labels_mapped:,} labels -1 as 0 (the {fmt} -1/+1 convention)")
     if report.errors:
         typer.echo(f"skipped {report.errors:,} malformed rows:", err=True)
         for line in report.error_examples[:20]:
@@ -129,6 +138,7 @@ def synth(
     seed: int = typer.Option(0, help="Seed (the data is a function of spec, seed, alpha)."),
     alpha: float = typer.Option(1.1, help="Zipf exponent of the ids (higher: more skew)."),
     rows_per_file: int = typer.Option(1 << 18, help="Rows per Parquet part file."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty --out (atomically)."),
 ) -> None:
     def work():
         import time
@@ -137,7 +147,8 @@ def synth(
 
         model = _spec(spec)
         start = time.perf_counter()
-        meta = synth_dataset(model, out, rows, SynthConfig(seed=seed, alpha=alpha), rows_per_file)
+        meta = synth_dataset(model, out, rows, SynthConfig(seed=seed, alpha=alpha), rows_per_file,
+                             overwrite)
         return meta, time.perf_counter() - start
 
     meta, seconds = _run(work)
@@ -208,5 +219,9 @@ def inspect(
     typer.echo(f"{'column':<20} {'type':<16} {'missing':>10} {'unique':>10}")
     for c in info["columns"]:
         typer.echo(f"{c['name']:<20} {c['type'][:16]:<16} {c['missing']:>10,} {c['unique']:>10,}")
+    if info["meta_rows"] != info["rows"]:
+        typer.echo(f"warning: the part files hold {info['rows']:,} rows but _flowrec.json records "
+                   f"{info['meta_rows']:,}: stale or foreign part files (training refuses this dataset)",
+                   err=True)
     if info["scanned_rows"] < info["rows"]:
         typer.echo(f"(missing/unique over the first {info['scanned_rows']:,} rows)", file=sys.stderr)

@@ -6,7 +6,10 @@ permuted by a generator seeded by (seed, epoch, chunk) and cut into batches. Eve
 exactly one chunk and one batch, whatever the partition and worker counts, and batch k of an
 epoch can be produced without the batches before it (`start_batch` resumes exactly).
 
-A reader thread reads partitions (reading the next one ahead), permutes chunks and submits one
+A reader thread reads partitions (reading the next one ahead), checks each one before using any
+of its rows (`flowrec.data.checks`: a bad id, value or label is a DataError naming the partition,
+column and row, never a row of another table; a partition that passed is not checked again,
+`flowrec.data.checked`), permutes chunks and submits one
 packing task per batch to a pool of `workers` threads; the futures wait in a bounded queue
 (`prefetch`). With `lookahead` W > 0 every batch also carries, per group, its unique rows, its
 casting index and the unique rows of the window of the next W batches (`flowrec.data.lookahead`),
@@ -30,7 +33,9 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from flowrec.data.dataset import PartitionSource
+from flowrec.data.checked import rules_key
+from flowrec.data.checks import ColumnRule, check_partition, partition_rules
+from flowrec.data.dataset import PartitionSource, partition_name
 from flowrec.data.lookahead import LookaheadWindow, batch_extras
 from flowrec.data.pack import column_arrays, pack_group
 from flowrec.graph.types import PackedGroup
@@ -95,6 +100,9 @@ class StagingOptions:
         prefetch: batches staged ahead (bounded queue).
         lookahead: window W in batches for lookahead extraction (0: off).
         casting: attach the casting index when lookahead is on.
+        check: check every partition before batching it (`flowrec.data.checks`: ids inside their
+            tables, finite dense values and labels, binary labels 0 or 1); off only to measure
+            what the checks cost.
     """
 
     batch_size: int | None = None
@@ -106,6 +114,7 @@ class StagingOptions:
     prefetch: int = 4
     lookahead: int = 0
     casting: bool = True
+    check: bool = True
 
 
 def batches_per_epoch(rows: int, batch_size: int, drop_last: bool) -> int:
@@ -236,7 +245,8 @@ class BatchIterator:
     def _raw_batches(self) -> Iterator[tuple[int, pa.Table]]:
         """(batch index, table of its rows) from start_batch on, in epoch order."""
         plan, bsz = self.plan, self.batch_size
-        reader = _PartitionReader(self.source, plan, self.columns, self._stop)
+        rules = partition_rules(self.spec, self.columns) if self.opts.check else ()
+        reader = _PartitionReader(self.source, plan, self.columns, rules)
         first = self.start_batch * bsz // plan.chunk_rows
         for chunk in range(first, -(-plan.total // plan.chunk_rows)):
             lo = chunk * plan.chunk_rows
@@ -289,10 +299,12 @@ class BatchIterator:
 class _PartitionReader:
     """Rows [lo, hi) of the epoch stream, reading each partition once and the next one ahead."""
 
-    def __init__(self, source: PartitionSource, plan: EpochPlan, columns: list[str], stop: threading.Event):
-        self.source, self.plan, self.columns, self.stop = source, plan, columns, stop
+    def __init__(self, source: PartitionSource, plan: EpochPlan, columns: list[str],
+                 rules: tuple[ColumnRule, ...]):
+        self.source, self.plan, self.columns, self.rules = source, plan, columns, rules
         self.starts = np.concatenate([[0], np.cumsum(plan.rows)]).astype(np.int64)
         self.pending: dict[int, Any] = {}
+        self.key = rules_key(rules)
 
     def _table(self, pos: int) -> pa.Table:
         for p in (pos, pos + 1):
@@ -300,7 +312,12 @@ class _PartitionReader:
                 self.pending[p] = self.source.submit(self.plan.order[p], self.columns)
         for p in [p for p in self.pending if p < pos]:
             del self.pending[p]
-        return self.pending[pos].result()
+        table = self.pending[pos].result()
+        index = self.plan.order[pos]
+        if self.rules and not self.source.passed(index, self.key):
+            check_partition(table, self.rules, partition_name(self.source, index))
+            self.source.add_passed(index, self.key)
+        return table
 
     def rows(self, lo: int, hi: int) -> pa.Table:
         parts = []

@@ -4,7 +4,10 @@ Reads a source chunk by chunk (bounded memory), encodes it for the spec and appe
 Parquet part files of at most `rows_per_file` rows. Vocabulary tables and standardized features
 need a first pass over the input (as DLRM's Criteo preprocessing does). With
 ``data.options.test_fraction`` the rows are split (seeded by ``split_seed``, per row index, so
-the split does not depend on chunking) into ``train/`` and ``test/`` datasets.
+the split does not depend on chunking) into ``train/`` and ``test/`` datasets. Labels are checked
+for their heads (`flowrec.data.labels`: binary 0/1, libsvm's -1/+1 mapped and counted). The
+output is written into a new folder and swapped in when complete (`flowrec.data.output`); a
+conversion that yields no rows is an error and leaves nothing.
 
 Example:
     >>> report = convert(spec, "criteo", [Path("day_0.tsv")], Path("data/criteo"))  # doctest: +SKIP
@@ -13,7 +16,7 @@ Example:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -23,8 +26,10 @@ import pyarrow.parquet as pq
 
 from flowrec.data.encode import Encoder, fit_encoder, needs_fit
 from flowrec.data.errors import ErrorLog, ErrorPolicy
+from flowrec.data.labels import PLUS_MINUS_FORMATS, check_labels, label_tasks
 from flowrec.data.layout import VOCAB_DIR, DataError, DatasetMeta, data_hash, unique_labels, write_meta
-from flowrec.data.sources import FORMAT_ALIASES, reader
+from flowrec.data.output import staged_output
+from flowrec.data.sources import FORMAT_ALIASES, LINE_COLUMN, reader
 from flowrec.spec.model import ModelSpec
 
 ROWS_PER_FILE = 1 << 20  # rows per Parquet part file
@@ -43,6 +48,7 @@ class ConvertReport:
     error_examples: tuple[str, ...]
     seconds: float
     split: dict[str, int] = field(default_factory=dict)
+    labels_mapped: int = 0  # libsvm/libfm labels -1 read as 0 (the -1/+1 convention)
 
 
 class PartWriter:
@@ -85,36 +91,53 @@ def split_mask(start: int, n: int, fraction: float, seed: int) -> np.ndarray:
 
 def convert(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_error: ErrorPolicy = "fail",
             options: dict[str, Any] | None = None, rows_per_file: int = ROWS_PER_FILE,
-            progress: Callable[[int], None] | None = None) -> ConvertReport:
+            progress: Callable[[int], None] | None = None, overwrite: bool = False) -> ConvertReport:
     """Convert raw files of a format to an encoded dataset in `out`.
+
+    The dataset is written into a new sibling folder and renamed to `out` when complete
+    (`flowrec.data.output`): a failed or interrupted conversion leaves nothing behind.
 
     Args:
         spec: the model spec (features, tables; data.columns and data.options are honoured).
         fmt: input format (criteo_tsv|avazu_csv|csv|libsvm|movielens, or criteo|avazu|libfm).
         inputs: input files (a folder for movielens).
-        out: output dataset directory.
+        out: output dataset directory (absent or empty, unless `overwrite`).
         on_error: "skip" malformed rows (counted, reported) or "fail" on the first one.
         options: format options overriding data.options (sep, sequence_sep, test_fraction...).
         rows_per_file: rows per Parquet part file.
         progress: called with the number of rows of each written chunk.
+        overwrite: replace a non-empty `out`.
 
     Raises:
-        DataError: missing inputs, unreadable input, or a malformed row with on_error="fail".
+        DataError: missing inputs, unreadable input, a malformed row with on_error="fail", an
+            output folder that is not empty (without `overwrite`), or no rows converted.
     """
     started = time.perf_counter()
     fmt = FORMAT_ALIASES.get(fmt, fmt)
+    reader(fmt)  # an unknown format fails before anything is created
+    for path in inputs:
+        if not path.exists():
+            raise DataError(f"input not found: {path}")
+    with staged_output(Path(out), overwrite, inputs) as tmp:
+        report = _convert_into(spec, fmt, inputs, tmp, on_error, options or {}, rows_per_file, progress)
+        _check_rows(report, inputs, fmt)
+    return replace(report, out=str(out), seconds=time.perf_counter() - started)
+
+
+def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_error: ErrorPolicy,
+                  options: dict[str, Any], rows_per_file: int,
+                  progress: Callable[[int], None] | None) -> ConvertReport:
     read = reader(fmt)
     opts = dict(spec.data.options) if spec.data is not None else {}
-    opts.update(options or {})
+    opts.update(options)
     columns = dict(spec.data.columns) if spec.data is not None else {}
     for label in unique_labels(spec):
         if label not in columns and fmt in FORMAT_LABEL and label == "label":
             columns[label] = FORMAT_LABEL[fmt]
     numeric = {columns.get(f.name, f.name) for f in spec.dense_features}
     numeric |= {columns.get(c, c) for c in unique_labels(spec)}
-    for path in inputs:
-        if not path.exists():
-            raise DataError(f"input not found: {path}")
+    tasks = label_tasks(spec, columns)
+    mapped = [0]
 
     def chunks(log_policy: ErrorPolicy) -> Iterator[tuple[ErrorLog, pa.Table]]:
         for path in inputs:
@@ -122,13 +145,17 @@ def convert(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_error: 
             logs.append(log)
             for chunk in read(path, opts, log, numeric):
                 _check_columns(chunk, spec, columns, path)
-                yield log, chunk
+                chunk, n = check_labels(chunk, tasks, log, fmt in PLUS_MINUS_FORMATS)
+                mapped[0] += n
+                if chunk.num_rows:
+                    yield log, chunk
 
     logs: list[ErrorLog] = []
     sep = opts.get("sequence_sep", "^")
     if needs_fit(spec):
         encoder = fit_encoder(spec, (c for _, c in chunks(on_error)), columns, sep)
         logs.clear()
+        mapped[0] = 0
     else:
         encoder = Encoder(spec, columns, {}, {}, sep)
     fraction = float(opts.get("test_fraction", 0.0))
@@ -153,8 +180,23 @@ def convert(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_error: 
                 if fraction else {})
     examples = tuple(str(e) for log in logs for e in log.examples)
     return ConvertReport(str(out), seen, sum(w.files for w in writers.values()),
-                         sum(log.count for log in logs), examples, time.perf_counter() - started,
-                         {k: w.rows for k, w in writers.items() if k})
+                         sum(log.count for log in logs), examples, 0.0,
+                         {k: w.rows for k, w in writers.items() if k}, mapped[0])
+
+
+def _check_rows(report: ConvertReport, inputs: list[Path], fmt: str) -> None:
+    """Raise DataError if the conversion (or one side of its split) holds no rows."""
+    names = ", ".join(str(p) for p in inputs)
+    if not report.rows and report.errors:
+        raise DataError(f"no rows converted from {names}: all {report.errors:,} rows were malformed "
+                        f"(first: {report.error_examples[0]})")
+    if not report.rows:
+        raise DataError(f"no rows converted from {names}: it holds no data rows for format {fmt} "
+                        "(empty, header only, or another format)")
+    for side, rows in report.split.items():
+        if not rows:
+            raise DataError(f"no rows converted from {names} into the {side} split: change "
+                            "test_fraction or split_seed, or convert more rows")
 
 
 def _check_columns(chunk: pa.Table, spec: ModelSpec, columns: dict[str, str], path: Path) -> None:
@@ -162,8 +204,9 @@ def _check_columns(chunk: pa.Table, spec: ModelSpec, columns: dict[str, str], pa
     needed += [columns.get(c, c) for c in unique_labels(spec)]
     missing = [c for c in needed if c not in chunk.column_names]
     if missing:
+        has = [name[:40] for name in chunk.column_names[:12] if name != LINE_COLUMN]
         raise DataError(f"{path}: columns {missing} required by spec {spec.name!r} not in the input "
-                        f"(has {chunk.column_names[:12]}...); map them with data.columns")
+                        f"(has {has}...); map them with data.columns")
 
 
 def _finish(spec: ModelSpec, encoder: Encoder, writer: PartWriter, fmt: str, inputs: list[Path],

@@ -2,7 +2,11 @@
 
 A source is a list of partitions with known row counts; `submit(i, columns)` starts reading
 partition i and returns a future (`.result()` gives a pyarrow Table of those columns), so the
-reader can overlap reading the next partition with cutting the current one.
+reader can overlap reading the next partition with cutting the current one. Opening a Parquet
+dataset checks that its part files hold the row count ``_flowrec.json`` records and that there is
+at least one row; what the rows hold is checked as they are read (`flowrec.data.checks`), once
+per partition: `passed` / `add_passed` remember the partitions that passed (for Parquet also in
+the folder's ``_flowrec_checked.json``, by file fingerprint: `flowrec.data.checked`).
 
 Example:
     >>> src = ParquetSource("data/criteo")  # doctest: +SKIP
@@ -18,7 +22,8 @@ import pyarrow as pa
 import pyarrow.dataset as pds
 import pyarrow.parquet as pq
 
-from flowrec.data.layout import DataError, DatasetMeta, read_meta
+from flowrec.data.checked import CheckRecord
+from flowrec.data.layout import META_FILE, DataError, DatasetMeta, read_meta
 
 IGNORED_PREFIXES = [".", "_"]  # metadata, vocabularies and hidden files are not data
 
@@ -31,6 +36,16 @@ class PartitionSource(Protocol):
     def submit(self, index: int, columns: Sequence[str]) -> Any: ...
 
     def close(self) -> None: ...
+
+    def passed(self, index: int, key: str) -> bool: ...
+
+    def add_passed(self, index: int, key: str) -> None: ...
+
+
+def partition_name(source: PartitionSource, index: int) -> str:
+    """How messages name partition `index` of a source: its file, else "partition i"."""
+    files = getattr(source, "files", None)
+    return str(files[index]) if files is not None else f"partition {index}"
 
 
 def parquet_files(path: str | Path) -> list[str]:
@@ -49,7 +64,43 @@ def parquet_files(path: str | Path) -> list[str]:
 
 
 def _read(file: str, columns: Sequence[str]) -> pa.Table:
-    return pq.read_table(file, columns=list(columns), use_threads=False)
+    try:
+        return pq.read_table(file, columns=list(columns), use_threads=False)
+    except (pa.ArrowException, OSError) as exc:
+        raise DataError(_read_error(file, columns, exc)) from None
+
+
+def _read_error(file: str, columns: Sequence[str], exc: Exception) -> str:
+    """Why a part file could not be read: missing columns, else pyarrow's first line."""
+    try:
+        names = pq.read_schema(file).names
+    except (pa.ArrowException, OSError):
+        names = None
+    missing = [c for c in columns if names is not None and c not in names]
+    if missing:
+        return f"{file}: columns {missing} missing (has {names[:12]})"
+    return f"{file}: unreadable Parquet part ({str(exc).splitlines()[0]})"
+
+
+def dataset_rows(path: Path, meta: DatasetMeta, files: Sequence[str]) -> list[int]:
+    """Rows of each part file, checked against ``_flowrec.json``.
+
+    Raises:
+        DataError: a part file is unreadable, the files hold another row count than the metadata
+            records (stale or foreign part files), or the dataset has 0 rows.
+    """
+    rows = []
+    for f in files:
+        try:
+            rows.append(pq.ParquetFile(f).metadata.num_rows)
+        except (pa.ArrowException, OSError) as exc:
+            raise DataError(f"{f}: not a readable Parquet file ({str(exc).splitlines()[0]})") from None
+    if sum(rows) != meta.rows:
+        raise DataError(f"dataset {path}: its part files hold {sum(rows):,} rows but {META_FILE} records "
+                        f"{meta.rows:,}: stale or foreign part files; convert it again with --overwrite")
+    if not sum(rows):
+        raise DataError(f"dataset {path} has 0 rows")
+    return rows
 
 
 class ParquetSource:
@@ -64,7 +115,8 @@ class ParquetSource:
         self.path = Path(path)
         self.meta: DatasetMeta = read_meta(self.path)
         self.files = parquet_files(self.path)
-        self._rows = [pq.ParquetFile(f).metadata.num_rows for f in self.files]
+        self._rows = dataset_rows(self.path, self.meta, self.files)
+        self._record = CheckRecord(self.path, self.files)
         self._pool = ThreadPoolExecutor(max(threads, 1), thread_name_prefix="flowrec-read")
 
     def partition_rows(self) -> list[int]:
@@ -73,8 +125,15 @@ class ParquetSource:
     def submit(self, index: int, columns: Sequence[str]) -> Future:
         return self._pool.submit(_read, self.files[index], tuple(columns))
 
+    def passed(self, index: int, key: str) -> bool:
+        return self._record.passed(index, key)
+
+    def add_passed(self, index: int, key: str) -> None:
+        self._record.add(index, key)
+
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+        self._record.save()
 
 
 class DaskSource:
@@ -92,7 +151,8 @@ class DaskSource:
         self.path = Path(path)
         self.meta = read_meta(self.path)
         self.files = parquet_files(self.path)
-        self._rows = [pq.ParquetFile(f).metadata.num_rows for f in self.files]
+        self._rows = dataset_rows(self.path, self.meta, self.files)
+        self._record = CheckRecord(self.path, self.files)
         self._cluster = None
         if address is None:
             self._cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
@@ -106,7 +166,14 @@ class DaskSource:
     def submit(self, index: int, columns: Sequence[str]) -> Any:
         return self._client.submit(_read, self.files[index], tuple(columns), pure=False)
 
+    def passed(self, index: int, key: str) -> bool:
+        return self._record.passed(index, key)
+
+    def add_passed(self, index: int, key: str) -> None:
+        self._record.add(index, key)
+
     def close(self) -> None:
+        self._record.save()
         self._client.close()
         if self._cluster is not None:
             self._cluster.close()
@@ -136,12 +203,19 @@ class MemorySource:
 
     def __init__(self, tables: Sequence[pa.Table]):
         self.tables = list(tables)
+        self._passed: set[tuple[int, str]] = set()
 
     def partition_rows(self) -> list[int]:
         return [t.num_rows for t in self.tables]
 
     def submit(self, index: int, columns: Sequence[str]) -> _Done:
         return _Done(self.tables[index].select(list(columns)))
+
+    def passed(self, index: int, key: str) -> bool:
+        return (index, key) in self._passed
+
+    def add_passed(self, index: int, key: str) -> None:
+        self._passed.add((index, key))
 
     def close(self) -> None:
         return None

@@ -184,7 +184,7 @@ def _truncated_lists(values: pa.Array, rows: np.ndarray, keep: np.ndarray, max_l
     sample = np.repeat(np.arange(len(lengths)), lengths)[keep]
     rows = rows[keep]
     counts = np.bincount(sample, minlength=len(lengths))
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    starts = np.cumsum(counts) - counts
     position = np.arange(len(rows)) - np.repeat(starts, counts)
     short = position < max_len
     new_counts = np.minimum(counts, max_len)

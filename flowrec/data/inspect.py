@@ -1,6 +1,7 @@
 """`flowrec data inspect`: rows, partitions, columns, dtypes, metadata, missing/unique summary.
 
-Returns data only; the CLI prints it. Missing means row 0 for id columns, an empty list for
+Returns data only; the CLI prints it. ``rows`` counts the rows of the part files, ``meta_rows``
+what ``_flowrec.json`` records (they differ only for a damaged dataset, which training refuses). Missing means row 0 for id columns, an empty list for
 list columns, NaN for float columns. Unique counts are exact over the scanned rows.
 
 Example:
@@ -19,7 +20,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from flowrec.data.dataset import parquet_files
-from flowrec.data.layout import read_meta
+from flowrec.data.layout import DataError, read_meta
 
 SCAN_ROWS = 1_000_000  # rows scanned for the per-column summary
 
@@ -28,18 +29,21 @@ def inspect_dataset(path: str | Path, scan_rows: int = SCAN_ROWS) -> dict[str, A
     """Summary of an encoded dataset directory (raises DataError if it is not one)."""
     meta = read_meta(path)
     files = parquet_files(path)
-    rows_per_file = [pq.ParquetFile(f).metadata.num_rows for f in files]
-    schema = pq.read_schema(files[0])
-    parts, scanned = [], 0
-    for f in files:
-        if scanned >= scan_rows:
-            break
-        t = pq.read_table(f)
-        parts.append(t.slice(0, scan_rows - scanned))
-        scanned += parts[-1].num_rows
+    parts, scanned, rows_per_file = [], 0, []
+    try:
+        rows_per_file = [pq.ParquetFile(f).metadata.num_rows for f in files]
+        schema = pq.read_schema(files[0])
+        for f in files:
+            if scanned >= scan_rows:
+                break
+            parts.append(pq.read_table(f).slice(0, scan_rows - scanned))
+            scanned += parts[-1].num_rows
+    except (pa.ArrowException, OSError) as exc:
+        where = files[len(rows_per_file)] if len(rows_per_file) < len(files) else files[len(parts)]
+        raise DataError(f"{where}: unreadable Parquet part ({str(exc).splitlines()[0]})") from None
     table = pa.concat_tables(parts)
     columns = [_column(name, table.column(name)) for name in schema.names]
-    return {"path": str(path), "rows": int(sum(rows_per_file)), "partitions": len(files),
+    return {"path": str(path), "rows": int(sum(rows_per_file)), "meta_rows": meta.rows, "partitions": len(files),
             "rows_per_partition": {"min": min(rows_per_file), "max": max(rows_per_file)},
             "scanned_rows": scanned, "columns": columns, "meta": asdict(meta)}
 

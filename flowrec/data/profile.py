@@ -24,7 +24,8 @@ import numpy as np
 import pyarrow as pa
 
 from flowrec.data.cachesim import batch_trace, capacities_for, hit_rate_curves
-from flowrec.data.dataset import PartitionSource
+from flowrec.data.checks import check_partition, partition_rules
+from flowrec.data.dataset import PartitionSource, partition_name
 from flowrec.data.pack import column_arrays, pack_group
 from flowrec.graph.packing import group_layout
 from flowrec.spec.model import ModelSpec
@@ -37,11 +38,17 @@ HOT_FOLDS = 5  # cross-validation folds of the hot-sample estimate (choose on 4/
 
 
 def sample_rows(spec: ModelSpec, source: PartitionSource, rate: float, seed: int) -> pa.Table:
-    """Bernoulli sample of the rows (rate in (0, 1]), seeded per partition, in data order."""
+    """Bernoulli sample of the rows (rate in (0, 1]), seeded per partition, in data order.
+
+    Raises:
+        DataError: an id outside its table (`flowrec.data.checks`), naming partition, column and row.
+    """
     columns = [f.name for f in spec.sparse_features]
+    rules = partition_rules(spec, columns)
     parts = []
     for i, n in enumerate(source.partition_rows()):
         table = source.submit(i, columns).result()
+        check_partition(table, rules, partition_name(source, i))
         if rate < 1.0:
             keep = np.random.default_rng([seed, i]).random(n) < rate
             table = table.filter(pa.array(keep))

@@ -4,7 +4,9 @@ Every reader yields chunks (bounded memory whatever the file size) whose columns
 columns: labels and dense columns as float64 (null = missing), categorical columns as strings
 (null = missing), multi-hot columns as strings (split later by the encoder) or lists. Malformed
 rows (wrong field count, non-numeric value, bad encoding, missing label) go to the `ErrorLog`
-with their line numbers and are dropped from the chunk (or raise, by policy).
+with their line numbers and are dropped from the chunk (or raise, by policy). Every chunk also
+carries `LINE_COLUMN`, the 1-based line of each row in its file, so later checks (labels) can
+report rows the same way.
 
 Readers are registered by the `data.format` names of the spec.
 
@@ -13,6 +15,8 @@ Example:
 """
 from __future__ import annotations
 
+import sys
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -29,6 +33,8 @@ CHUNK_BYTES = 16 << 20  # bytes of text per streamed chunk
 LIBSVM_CHUNK_LINES = 65536  # lines per libsvm chunk
 CRITEO_COLUMNS = ["label"] + [f"I{i}" for i in range(1, 14)] + [f"C{i}" for i in range(1, 27)]
 ML_GENRES_COUNT = 19  # genre flags at the end of each u.item line
+FLOAT32_MAX = float(np.finfo(np.float32).max)  # larger numbers cannot be encoded
+LINE_COLUMN = "__line__"  # int64: 1-based line of the row in its file (u.data for movielens)
 
 Reader = Callable[[Path, dict[str, Any], ErrorLog, set[str]], Iterator[pa.Table]]
 
@@ -80,14 +86,20 @@ def csv_chunks(path: Path, log: ErrorLog, numeric: set[str], delimiter: str, nam
     parse = pcsv.ParseOptions(delimiter=delimiter, invalid_row_handler=on_invalid, quote_char=False
                               if delimiter == "\t" else '"')
     try:
-        reader = pcsv.open_csv(path, read_options=read, parse_options=parse,
-                               convert_options=_binary_columns(path, delimiter, names))
+        with _undecodable_rows(path, failures):
+            reader = pcsv.open_csv(path, read_options=read, parse_options=parse,
+                                   convert_options=_binary_columns(path, delimiter, names))
     except (OSError, pa.ArrowInvalid) as exc:
         raise (failures[0] if failures else DataError(f"cannot read {path}: {exc}")) from None
+    try:
+        reader.schema.names
+    except UnicodeDecodeError:
+        raise DataError(f"{path}: the header is not valid UTF-8 (binary data, or another format?)") from None
     seen = 0
     while True:
         try:
-            batch = reader.read_next_batch()
+            with _undecodable_rows(path, failures):
+                batch = reader.read_next_batch()
         except StopIteration:
             return
         except pa.ArrowInvalid as exc:
@@ -98,6 +110,30 @@ def csv_chunks(path: Path, log: ErrorLog, numeric: set[str], delimiter: str, nam
         lines = _line_numbers(seen, table.num_rows, header_lines, skipped)
         seen += table.num_rows
         yield _checked(table, lines, log, numeric, required)
+
+
+@contextmanager
+def _undecodable_rows(path: Path, failures: list[DataError]) -> Iterator[None]:
+    """While pyarrow parses: a malformed row that is not UTF-8 becomes a DataError in `failures`.
+
+    pyarrow decodes the text of a row with the wrong field count before calling the invalid-row
+    handler; when that fails it prints a traceback as an "unraisable" exception and stops parsing.
+    The hook is installed only around the (synchronous) parse calls and restored after.
+    """
+    previous = sys.unraisablehook
+
+    def hook(info: Any) -> None:
+        if isinstance(info.exc_value, UnicodeDecodeError):
+            failures.append(DataError(f"{path}: a row with the wrong field count is not valid UTF-8 "
+                                      "(binary data, or another format?)"))
+        else:
+            previous(info)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        sys.unraisablehook = previous
 
 
 def _binary_columns(path: Path, delimiter: str, names: list[str] | None) -> pcsv.ConvertOptions:
@@ -136,6 +172,7 @@ def _checked(table: pa.Table, lines: np.ndarray, log: ErrorLog, numeric: set[str
                     log.add(int(lines[i]), f"missing value in required column {name}")
         else:
             cols[name] = text
+    cols[LINE_COLUMN] = pa.array(lines, pa.int64())
     out = pa.table(cols)
     return out.filter(pa.array(~bad)) if bad.any() else out
 
@@ -158,14 +195,21 @@ def _utf8(col: pa.Array, lines: np.ndarray, bad: np.ndarray, log: ErrorLog, name
 
 
 def _numbers(text: pa.Array, lines: np.ndarray, bad: np.ndarray, log: ErrorLog, name: str) -> pa.Array:
-    """Parse a numeric column; non-numeric and non-finite (nan, inf) values make the row malformed."""
+    """Parse a numeric column; non-numeric, non-finite (inf) and values beyond float32 (which the
+    encoded float32 columns cannot hold) make the row malformed."""
     numbers = _parse_numbers(text, lines, bad, log, name)
     values = numbers.to_numpy(zero_copy_only=False)
     present = numbers.is_valid().to_numpy(zero_copy_only=False)
-    for i in np.flatnonzero(present & ~np.isfinite(values) & ~bad):
+    with np.errstate(invalid="ignore"):
+        wrong = present & ~(np.abs(values) <= FLOAT32_MAX)
+    for i in np.flatnonzero(wrong & ~bad):
         bad[i] = True
-        log.add(int(lines[i]), f"non-finite value {text[i].as_py()!r} in column {name}")
+        log.add(int(lines[i]), f"{_number_problem(values[i])} {text[i].as_py()!r} in column {name}")
     return numbers
+
+
+def _number_problem(value: float) -> str:
+    return "value beyond float32" if np.isfinite(value) else "non-finite value"
 
 
 def _parse_numbers(text: pa.Array, lines: np.ndarray, bad: np.ndarray, log: ErrorLog, name: str) -> pa.Array:
@@ -201,18 +245,21 @@ def read_libsvm(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set
         lineno = 0
         while True:
             rows: dict[str, list] = {"label": [], **{n: [] for n in names}}
+            lines: list[int] = []
             for raw in fh:
                 lineno += 1
                 parsed = _libsvm_line(raw, lineno, fields, fmap, numeric, log)
                 if parsed is not None:
                     for n in rows:
                         rows[n].append(parsed.get(n))
+                    lines.append(lineno)
                 if len(rows["label"]) >= LIBSVM_CHUNK_LINES:
                     break
             if not rows["label"]:
                 return
-            yield pa.table({n: pa.array(v, pa.float64() if n in numeric or n == "label" else pa.string())
-                            for n, v in rows.items()})
+            table = {n: pa.array(v, pa.float64() if n in numeric or n == "label" else pa.string())
+                     for n, v in rows.items()}
+            yield pa.table({**table, LINE_COLUMN: pa.array(lines, pa.int64())})
 
 
 def _libsvm_line(raw: bytes, lineno: int, fields: list[str], fmap: dict[str, str] | None,
@@ -227,6 +274,8 @@ def _libsvm_line(raw: bytes, lineno: int, fields: list[str], fmap: dict[str, str
     tokens = text.split()
     try:
         out: dict[str, Any] = {"label": float(tokens[0])}
+        if abs(out["label"]) > FLOAT32_MAX:
+            raise ValueError(f"{_number_problem(out['label'])} {tokens[0]!r} in column label")
         for pos, tok in enumerate(tokens[1:]):
             parts = tok.split(":")
             if len(parts) == 3:
@@ -239,6 +288,8 @@ def _libsvm_line(raw: bytes, lineno: int, fields: list[str], fmap: dict[str, str
                 raise ValueError(f"token {tok!r} is not idx:val")
             if name in numeric:
                 out[name] = float(val)
+                if abs(out[name]) > FLOAT32_MAX:  # nan is a missing value, as in text formats
+                    raise ValueError(f"{_number_problem(out[name])} {val!r} in column {name}")
             elif name in out:
                 out[name] = f"{out[name]}^{idx}"
             else:
@@ -289,7 +340,8 @@ def read_movielens(path: Path, options: dict[str, Any], log: ErrorLog, numeric: 
     df = df[cols]
     table = pa.Table.from_pandas(df, preserve_index=False)
     numeric = set(numeric) | {"rating", "label"}
-    yield pa.table({c: (pc.cast(table[c], pa.float64()) if c in numeric else table[c]) for c in cols})
+    out = {c: (pc.cast(table[c], pa.float64()) if c in numeric else table[c]) for c in cols}
+    yield pa.table({**out, LINE_COLUMN: pa.array(np.arange(1, len(df) + 1), pa.int64())})
 
 
 READERS: dict[str, Reader] = {

@@ -22,7 +22,8 @@ import numpy as np
 import pyarrow as pa
 
 from flowrec.data.convert import PartWriter
-from flowrec.data.layout import DatasetMeta, data_hash, is_multi, unique_labels, write_meta
+from flowrec.data.layout import DataError, DatasetMeta, data_hash, is_multi, unique_labels, write_meta
+from flowrec.data.output import staged_output
 from flowrec.spec.model import DenseFeature, ModelSpec, SparseFeature
 
 BLOCK_ROWS = 1 << 16  # rows per seeded generation block
@@ -78,10 +79,10 @@ def zipf_ranks(rng: np.random.Generator, n: int, size: int, alpha: float) -> np.
 
 
 def rank_to_row(ranks: np.ndarray, rows: int, salt: np.uint64) -> np.ndarray:
-    """Affine bijection of ranks 0..rows-2 onto rows 1..rows-1 (hot rows scattered)."""
+    """Affine bijection of ranks 0..rows-2 onto rows 1..rows-1 (hot rows scattered); always < rows."""
     n = rows - 1
     if n <= 1:
-        return np.ones_like(ranks)
+        return np.full_like(ranks, max(n, 0))
     a = int(salt % np.uint64(n)) | 1
     while np.gcd(a, n) != 1:
         a += 2
@@ -151,9 +152,22 @@ def synth_table(spec: ModelSpec, rows: int, cfg: SynthConfig = SynthConfig()) ->
 
 
 def synth_dataset(spec: ModelSpec, out: Path, rows: int, cfg: SynthConfig = SynthConfig(),
-                  rows_per_file: int = 1 << 18) -> DatasetMeta:
-    """Write `rows` synthetic rows as a partitioned encoded Parquet dataset in `out`."""
-    writer = PartWriter(Path(out), rows_per_file)
+                  rows_per_file: int = 1 << 18, overwrite: bool = False) -> DatasetMeta:
+    """Write `rows` synthetic rows as a partitioned encoded Parquet dataset in `out`.
+
+    Written into a new sibling folder and swapped in when complete (`flowrec.data.output`).
+
+    Raises:
+        DataError: `rows` < 1, or `out` is not empty and not `overwrite`.
+    """
+    if rows < 1:
+        raise DataError(f"--rows must be at least 1 (got {rows})")
+    with staged_output(Path(out), overwrite) as tmp:
+        return _write(spec, tmp, rows, cfg, rows_per_file)
+
+
+def _write(spec: ModelSpec, out: Path, rows: int, cfg: SynthConfig, rows_per_file: int) -> DatasetMeta:
+    writer = PartWriter(out, rows_per_file)
     for table in synth_blocks(spec, rows, cfg):
         writer.write(table)
     writer.close()

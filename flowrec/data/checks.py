@@ -1,0 +1,177 @@
+"""Checks of encoded partitions as they are read: ids inside their tables, finite values, labels.
+
+A Parquet dataset may come from another tool or be written by hand, so nothing in it is trusted:
+every partition is checked before any of its rows is batched. An id outside ``[0, rows)`` of its
+table would otherwise land in the neighbouring table of its packed group (packed id = row + the
+table's row offset); a NaN or inf in a dense or label column trains to a NaN loss; a label other
+than 0 or 1 under a binary head trains without a word.
+
+Each check is one vectorised pass over each chunk of a column, without copies (the maximum of the
+ids read as unsigned, so negatives count as huge; a float32 sum for finiteness, NaN and inf
+propagating; two compares for binary labels); only when it fails is the column scanned again,
+exactly, to find the first bad row. The error names the partition, the column and
+that row (0-based within the partition).
+
+Example:
+    >>> import pyarrow as pa
+    >>> rules = (ColumnRule("c", "ids", rows=10, table="t"),)
+    >>> check_partition(pa.table({"c": [1, 12]}), rules, "part-0")
+    Traceback (most recent call last):
+    flowrec.data.layout.DataError: part-0: column 'c': id 12 outside [0, 10) of table 't' at row 1 (0-based)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from flowrec.data.layout import DataError, label_columns
+from flowrec.spec.model import ModelSpec
+
+RuleKind = Literal["ids", "finite", "binary"]
+FLOAT32_MAX = float(np.finfo(np.float32).max)  # larger values become inf in a batch
+
+
+@dataclass(frozen=True)
+class ColumnRule:
+    """What one column of a partition must hold.
+
+    Args:
+        name: column name.
+        kind: "ids" (integers in [0, rows)), "finite" (dense features, regression labels) or
+            "binary" (labels of binary heads: exactly 0 or 1).
+        rows: rows of the table (ids only).
+        table: the table's name (ids only), or the heads reading the label (binary), for messages.
+    """
+
+    name: str
+    kind: RuleKind
+    rows: int = 0
+    table: str = ""
+
+
+def partition_rules(spec: ModelSpec, columns: Sequence[str] | None = None) -> tuple[ColumnRule, ...]:
+    """The rules of the spec's columns (all, or those in `columns`), in spec order."""
+    rules = [ColumnRule(f.name, "ids", spec.table(f.table).rows, f.table) for f in spec.sparse_features]
+    rules += [ColumnRule(f.name, "finite") for f in spec.dense_features]
+    binary: dict[str, list[str]] = {}
+    for head, label in zip(spec.heads, label_columns(spec)):
+        binary.setdefault(label, [])
+        if head.task == "binary":
+            binary[label].append(head.name)
+    rules += [ColumnRule(label, "binary", table=", ".join(heads)) if heads else ColumnRule(label, "finite")
+              for label, heads in binary.items()]
+    keep = None if columns is None else set(columns)
+    return tuple(r for r in rules if keep is None or r.name in keep)
+
+
+def check_partition(table: pa.Table, rules: Sequence[ColumnRule], where: str) -> None:
+    """Raise DataError naming `where`, the column and the first bad row if a rule is broken."""
+    names = table.column_names
+    present = set(names)
+    for rule in rules:
+        if rule.name not in present:
+            raise DataError(f"{where}: column {rule.name!r} missing (has {names[:12]})")
+        col = table.column(rule.name)
+        if _passes(col, rule):
+            continue
+        array = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+        prefix = f"{where}: column {rule.name!r}"
+        if rule.kind == "ids":
+            _check_ids(array, rule, prefix)
+        else:
+            _check_numbers(array, rule, prefix)
+
+
+def _passes(col: pa.ChunkedArray, rule: ColumnRule) -> bool:
+    """One pass per chunk, no copies: True when the column certainly obeys the rule (False sends
+    it to the exact check, which finds the bad row, or passes it: a float32 sum may overflow)."""
+    if col.null_count:
+        return False
+    for chunk in col.chunks:
+        if rule.kind == "ids" and (pa.types.is_list(chunk.type) or pa.types.is_large_list(chunk.type)):
+            chunk = pc.list_flatten(chunk)
+        if chunk.null_count:
+            return False
+        if not len(chunk):
+            continue
+        if not pa.types.is_integer(chunk.type) and (rule.kind == "ids" or not pa.types.is_floating(chunk.type)):
+            return False
+        x = chunk.to_numpy()
+        if rule.kind == "ids":
+            unsigned = x.view(f"u{x.itemsize}") if x.dtype.kind == "i" else x  # negatives become huge
+            if unsigned.max() >= rule.rows:
+                return False
+        elif rule.kind == "binary":
+            if np.count_nonzero((x != 0) & (x != 1)):
+                return False
+        elif x.dtype != np.float32:
+            return False
+        else:
+            with np.errstate(invalid="ignore", over="ignore"):
+                if not np.isfinite(np.add.reduce(x)):
+                    return False
+    return True
+
+
+def _nulls(array: pa.Array) -> np.ndarray:
+    return array.is_null().to_numpy(zero_copy_only=False)
+
+
+def _check_ids(array: pa.Array, rule: ColumnRule, prefix: str) -> None:
+    listed = pa.types.is_list(array.type) or pa.types.is_large_list(array.type)
+    values = pc.list_flatten(array) if listed else array
+    if not pa.types.is_integer(values.type):
+        raise DataError(f"{prefix}: type {array.type}, expected int64 row ids (or a list of them)")
+    if not array.null_count and not values.null_count:
+        low_high = pc.min_max(values)
+        if not len(values) or (low_high["min"].as_py() >= 0 and low_high["max"].as_py() < rule.rows):
+            return
+    null_value = _nulls(values)
+    x = values.fill_null(0).to_numpy(zero_copy_only=False)
+    bad = np.flatnonzero(null_value | (x < 0) | (x >= rule.rows))
+    row = _row(array, int(bad[0]), listed) if len(bad) else len(array)
+    null_rows = np.flatnonzero(_nulls(array)) if listed else np.zeros(0, np.int64)
+    if len(null_rows) and null_rows[0] < row:
+        raise DataError(f"{prefix}: null list at row {null_rows[0]} (0-based); "
+                        "a sample without ids is an empty list")
+    i = int(bad[0])
+    if null_value[i]:
+        raise DataError(f"{prefix}: null id at row {row} (0-based); a missing value is row 0")
+    raise DataError(f"{prefix}: id {int(x[i])} outside [0, {rule.rows}) of table {rule.table!r} "
+                    f"at row {row} (0-based)")
+
+
+def _row(array: pa.Array, value_index: int, listed: bool) -> int:
+    """The row holding the `value_index`-th flattened value of a (list) column."""
+    if not listed:
+        return value_index
+    offsets = array.offsets.to_numpy() - array.offsets[0].as_py()
+    return int(np.searchsorted(offsets, value_index, side="right")) - 1
+
+
+def _check_numbers(array: pa.Array, rule: ColumnRule, prefix: str) -> None:
+    if not (pa.types.is_floating(array.type) or pa.types.is_integer(array.type)):
+        raise DataError(f"{prefix}: type {array.type}, expected float32 values")
+    x = array.to_numpy(zero_copy_only=False)  # nulls read as nan
+    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf in the sum; nan compares
+        if rule.kind == "binary":
+            bad = np.flatnonzero((x != 0) & (x != 1))
+        elif not array.null_count and x.dtype == np.float32 and np.isfinite(np.add.reduce(x, dtype=np.float64)):
+            return
+        else:
+            bad = np.flatnonzero(~(np.abs(x.astype(np.float64, copy=False)) <= FLOAT32_MAX))
+    if not len(bad):
+        return
+    i = int(bad[0])
+    if array.null_count and _nulls(array)[i]:
+        raise DataError(f"{prefix}: null value at row {i} (0-based); missing values are filled at conversion")
+    if rule.kind == "binary":
+        raise DataError(f"{prefix}: label {float(x[i])!r} at row {i} (0-based) is not 0 or 1 "
+                        f"(binary head {rule.table}); convert -1/+1 labels with `flowrec data convert`")
+    problem = "value beyond float32" if np.isfinite(x[i]) else "non-finite value"
+    raise DataError(f"{prefix}: {problem} {float(x[i])!r} at row {i} (0-based); "
+                    "dense and label values must be finite float32")

@@ -1,0 +1,74 @@
+"""Labels of raw input rows: what each head accepts, and the libsvm/libfm -1/+1 convention.
+
+A binary head trains on labels that are exactly 0 or 1; a regression head on finite numbers. Any
+other value (2, 7, 0.5, nan, inf, a missing label) makes its row malformed: reported with its line
+number and skipped or fatal by the ``--on-error`` policy. libsvm and libfm files often write the
+classes as -1/+1: for those formats -1 is read as 0 (+1 is 1 already) and the rewritten labels are
+counted in the conversion report.
+
+Example:
+    >>> import pyarrow as pa
+    >>> from flowrec.data.errors import ErrorLog
+    >>> raw = pa.table({"label": [1.0, -1.0], LINE_COLUMN: [1, 2]})
+    >>> table, mapped = check_labels(raw, {"label": "binary"}, ErrorLog("fail"), plus_minus=True)
+    >>> table.column("label").to_pylist(), mapped
+    ([1.0, 0.0], 1)
+"""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from flowrec.data.errors import ErrorLog
+from flowrec.data.layout import label_columns
+from flowrec.data.sources import LINE_COLUMN
+from flowrec.spec.model import ModelSpec
+
+PLUS_MINUS_FORMATS = ("libsvm",)  # formats whose binary labels may be written -1/+1
+
+
+def label_tasks(spec: ModelSpec, columns: dict[str, str]) -> dict[str, str]:
+    """Source label column -> "binary" (any binary head reads it) or "regression"."""
+    tasks: dict[str, str] = {}
+    for head, label in zip(spec.heads, label_columns(spec)):
+        source = columns.get(label, label)
+        tasks[source] = "binary" if head.task == "binary" or tasks.get(source) == "binary" else "regression"
+    return tasks
+
+
+def check_labels(table: pa.Table, tasks: dict[str, str], log: ErrorLog,
+                 plus_minus: bool) -> tuple[pa.Table, int]:
+    """A raw chunk without rows whose label its head cannot take, and how many -1 became 0.
+
+    Args:
+        table: raw chunk with the label columns (float64, null = missing) and `LINE_COLUMN`.
+        tasks: `label_tasks` of the spec.
+        log: malformed rows go here (raises DataError under the "fail" policy).
+        plus_minus: read -1 as 0 for binary labels (libsvm / libfm).
+    """
+    lines = table.column(LINE_COLUMN).to_numpy()
+    bad = np.zeros(table.num_rows, bool)
+    minus: dict[str, np.ndarray] = {}
+    for name, task in tasks.items():
+        y = table.column(name).to_numpy(zero_copy_only=False).astype(np.float64)
+        if task == "binary":
+            minus[name] = (y == -1) if plus_minus else np.zeros(len(y), bool)
+            ok = (y == 0) | (y == 1) | minus[name]
+            allowed = "0 or 1 (or -1/+1)" if plus_minus else "0 or 1"
+            reason = f"not {allowed} for a binary head"
+        else:
+            ok = np.isfinite(y)
+            reason = "not a finite number for a regression head"
+        for i in np.flatnonzero(~ok & ~bad):
+            bad[i] = True
+            missing = table.column(name)[i].as_py() is None
+            log.add(int(lines[i]), f"missing label in column {name}" if missing else
+                    f"label {float(y[i])!r} in column {name}: {reason}")
+    mapped = 0
+    for name, is_minus in minus.items():
+        if is_minus.any():
+            mapped += int(np.count_nonzero(is_minus & ~bad))
+            y = table.column(name).to_numpy(zero_copy_only=False).astype(np.float64)
+            column = pa.array(np.where(is_minus, 0.0, y), pa.float64())
+            table = table.set_column(table.column_names.index(name), name, column)
+    return (table.filter(pa.array(~bad)) if bad.any() else table), mapped

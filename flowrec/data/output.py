@@ -1,0 +1,73 @@
+"""Writing a dataset folder all at once: into a new sibling folder, then swapped in.
+
+`data convert` and `data synth` never write into an existing dataset: a non-empty output folder is
+refused unless ``overwrite``; the new dataset is written into ``.NAME.partial-*`` next to it and
+renamed into place only when complete, so an interrupted or failed run leaves the old folder as
+it was (a kill -9 may leave the hidden partial folder, never a mix of old and new part files).
+
+Example:
+    >>> with staged_output(Path("data/criteo"), overwrite=False) as tmp:  # doctest: +SKIP
+    ...     write_parts(tmp)
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from flowrec.data.layout import DataError
+
+
+def check_output(out: Path, overwrite: bool, inputs: Sequence[Path] = ()) -> None:
+    """Raise DataError if `out` cannot be (re)written: a file, a non-empty folder without
+    `overwrite`, or a folder holding one of the `inputs` (replacing it would delete them)."""
+    if out.exists() and not out.is_dir():
+        raise DataError(f"output {out} exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()):
+        if not overwrite:
+            raise DataError(f"output folder {out} is not empty; pass --overwrite to replace it")
+        root = out.resolve()
+        for path in inputs:
+            if path.resolve() == root or root in path.resolve().parents:
+                raise DataError(f"input {path} is inside the output folder {out}, which --overwrite replaces")
+
+
+@contextmanager
+def staged_output(out: Path, overwrite: bool, inputs: Sequence[Path] = ()) -> Iterator[Path]:
+    """Yield a new empty sibling folder of `out`; on success it replaces `out`, on error it is removed.
+
+    Raises:
+        DataError: as `check_output`, or the folder cannot be created.
+    """
+    out = Path(out)
+    check_output(out, overwrite, inputs)
+    tmp = out.parent / f".{out.name}.partial-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        tmp.mkdir(parents=True)
+    except OSError as exc:
+        raise DataError(f"cannot create the output folder next to {out}: {exc.strerror}") from None
+    try:
+        yield tmp
+        _swap(tmp, out, overwrite)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _swap(new: Path, out: Path, overwrite: bool) -> None:
+    """Rename `new` to `out`; an existing `out` is moved aside first and deleted after."""
+    check_output(out, overwrite)  # another process may have written there meanwhile
+    if not out.exists():
+        os.rename(new, out)
+        return
+    old = out.parent / f".{out.name}.old-{os.getpid()}-{secrets.token_hex(4)}"
+    os.rename(out, old)
+    try:
+        os.rename(new, out)
+    except OSError:
+        os.rename(old, out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
