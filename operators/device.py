@@ -260,6 +260,14 @@ class CudaDeviceInfo:
     free_bytes: int
 
 
+def nccl_version() -> str | None:
+    """The NCCL version torch was built with (None without CUDA)."""
+    if not torch.cuda.is_available():
+        return None
+    version = torch.cuda.nccl.version()
+    return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+
+
 def cuda_devices() -> list[CudaDeviceInfo]:
     """The visible CUDA devices (empty without CUDA)."""
     if not torch.cuda.is_available():
