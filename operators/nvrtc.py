@@ -60,7 +60,7 @@ def _compile(nvrtc: Any, kernel: KernelSource, option: str) -> tuple[bool, str, 
     try:
         (result,) = nvrtc.nvrtcCompileProgram(prog, 2, [option.encode(), b"--std=c++17"])
         _, size = nvrtc.nvrtcGetProgramLogSize(prog)
-        log = b" " * size
+        log = bytearray(size)  # never b" " * size: a 1-byte bytes object is an interned singleton
         nvrtc.nvrtcGetProgramLog(prog, log)
         text = log.rstrip(b"\x00 ").decode(errors="replace").strip()
         if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
@@ -69,7 +69,7 @@ def _compile(nvrtc: Any, kernel: KernelSource, option: str) -> tuple[bool, str, 
         get_size, get = ((nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN) if real
                          else (nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX))
         _, size = get_size(prog)
-        out = b" " * size
+        out = bytearray(size)
         get(prog, out)
         return True, text, out
     finally:

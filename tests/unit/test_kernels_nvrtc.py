@@ -37,6 +37,7 @@ def test_every_kernel_compiles_with_nvrtc(kernel, arch):
     result = compile_kernel(kernel, arch)
     assert result.ok, f"{kernel.name} for sm_{arch}:\n{result.log}"
     assert result.ptx_bytes > 100 and result.cubin_bytes > 100
+    assert bytes([32]).hex() == "20"  # NVRTC wrote into no interned 1-byte bytes object
 
 
 def test_compile_errors_name_the_line():
