@@ -9,21 +9,13 @@ Example:
 """
 from __future__ import annotations
 
-import importlib
-
 import torch
 
 from operators.casting import Casting
+from operators.device import cupy_usable
 from operators.sparse_optim import SparseOptimizer
 
-
-def cupy_usable() -> bool:
-    """True when cupy imports and sees a CUDA device."""
-    try:
-        cupy = importlib.import_module("cupy")
-        return bool(cupy.cuda.is_available())
-    except Exception:  # an importable cupy without a driver raises various errors
-        return False
+__all__ = ["cupy_usable", "fused_backward"]
 
 
 def fused_backward(weight: torch.Tensor, state: torch.Tensor, optimizer: SparseOptimizer,

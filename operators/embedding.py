@@ -42,7 +42,8 @@ def table_seed(seed: int, table: str) -> int:
 def init_table_rows(table: str, rows: int, dim: int, seed: int = 0,
                     dtype: torch.dtype = torch.float32, out: torch.Tensor | None = None
                     ) -> torch.Tensor:
-    """Initial rows of one logical table: uniform(-sqrt(1/rows), sqrt(1/rows)) as in DLRM.
+    """Initial rows of one logical table: uniform(-sqrt(1/rows), sqrt(1/rows)) as in DLRM, drawn
+    on the host so that a table starts from the same rows on every device.
 
     Args:
         table: logical table name (seeds its generator, so packing does not change the rows).
@@ -57,9 +58,11 @@ def init_table_rows(table: str, rows: int, dim: int, seed: int = 0,
     """
     if out is None:
         out = torch.empty(rows, dim, dtype=dtype)
-    gen = torch.Generator(device=out.device).manual_seed(table_seed(seed, table))
+    gen = torch.Generator().manual_seed(table_seed(seed, table))  # host generator: the same rows on every device
     bound = (1.0 / rows) ** 0.5
-    return out.uniform_(-bound, bound, generator=gen)
+    if out.device.type == "cpu":
+        return out.uniform_(-bound, bound, generator=gen)
+    return out.copy_(torch.empty(rows, dim, dtype=out.dtype).uniform_(-bound, bound, generator=gen))
 
 
 def mean_bag_flags(group: PackedLayout) -> torch.Tensor:
@@ -126,8 +129,8 @@ class PackedEmbeddingBag(torch.nn.Module):
         self.register_buffer("weight", weight)
         self.register_buffer("state", self.optimizer.initial_state(
             group.rows, group.dim, state_dtype, device))
-        flags = mean_bag_flags(group).to(device)
-        self.register_buffer("mean_flags", flags if bool(flags.any()) else None, persistent=False)
+        flags = mean_bag_flags(group)  # decided on the host: no device sync
+        self.register_buffer("mean_flags", flags.to(device) if bool(flags.any()) else None, persistent=False)
 
     def lookup(self, ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         """Forward values without autograd: pooled rows of every bag.  # (B, S, D)"""

@@ -2,7 +2,7 @@
 
 Data staging (`flowrec.data.batches`, its own worker threads and bounded queue) feeds this stage;
 this stage moves dense features, labels and the ids of device-placed groups to the device
-(pinned memory + non-blocking copies on CUDA) and hands them to compute through a bounded queue
+(pinned buffers from `operators.device` + non-blocking copies on CUDA) and hands them to compute through a bounded queue
 of `depth` batches, so staging and transfer overlap compute. On a CPU device it is a pass-through.
 
 Example:
@@ -18,6 +18,8 @@ from dataclasses import replace
 from typing import Any, Iterable, Iterator
 
 import torch
+
+from operators.device import runtime_for
 
 POLL_S = 0.05  # seconds between stop-flag checks
 _END = object()
@@ -37,6 +39,7 @@ class TransferStage:
                  host_groups: frozenset[str] = frozenset()) -> None:
         self.device = device
         self.host_groups = host_groups
+        self.runtime = runtime_for(device)
         self.wait_s = 0.0  # compute time spent waiting for a batch (stall)
         self._source = batches
         self._passthrough = device.type == "cpu"
@@ -48,22 +51,21 @@ class TransferStage:
         self._thread = threading.Thread(target=self._run, name="flowrec-transfer", daemon=True)
         self._thread.start()
 
+    def _send(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A host tensor on the device: pinned, then copied without blocking the host."""
+        return self.runtime.pin(tensor).to(self.device, non_blocking=True)
+
     def _move(self, batch: Any) -> Any:
         groups = {
             name: ids if name in self.host_groups else replace(
                 ids,
-                ids=ids.ids.pin_memory().to(self.device, non_blocking=True),
-                offsets=ids.offsets.pin_memory().to(self.device, non_blocking=True),
+                ids=self._send(ids.ids),
+                offsets=self._send(ids.offsets),
                 casting=ids.casting.to(self.device) if ids.casting is not None else None,
             )
             for name, ids in batch.groups.items()
         }
-        return replace(
-            batch,
-            dense=batch.dense.pin_memory().to(self.device, non_blocking=True),
-            labels=batch.labels.pin_memory().to(self.device, non_blocking=True),
-            groups=groups,
-        )
+        return replace(batch, dense=self._send(batch.dense), labels=self._send(batch.labels), groups=groups)
 
     def _run(self) -> None:
         try:

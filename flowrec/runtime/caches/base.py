@@ -22,6 +22,7 @@ from flowrec.graph.types import PackedGroup
 from flowrec.runtime.caches.counters import CacheCounters
 from flowrec.runtime.caches.slots import pooled, rows_of
 from operators.casting import Casting, compute_casting
+from operators.device import runtime_for
 from operators.embedding import PackedEmbeddingBag, mean_bag_flags
 
 
@@ -44,10 +45,10 @@ class CachedEmbedding(nn.Module):
         super().__init__()
         self.group = group
         self.device = torch.device(device)
+        self.runtime = runtime_for(self.device)  # streams, events, pinned buffers
         self.master = PackedEmbeddingBag(group, seed=seed, device="cpu")
-        if self.device.type == "cuda":
-            self.master.weight = self.master.weight.pin_memory()
-            self.master.state = self.master.state.pin_memory()
+        self.master.weight = self.runtime.pin(self.master.weight)
+        self.master.state = self.runtime.pin(self.master.state)
         flags = mean_bag_flags(group)
         self.mean_flags = flags if bool(flags.any()) else None
         self.optimizer = self.master.optimizer

@@ -14,6 +14,7 @@ import torch
 from flowrec.graph.types import PackedGroup
 from flowrec.runtime.caches.counters import CacheCounters
 from operators.casting import Casting
+from operators.device import runtime_for
 from operators.embedding import PackedEmbeddingBag
 
 
@@ -28,9 +29,9 @@ class HostEmbedding(PackedEmbeddingBag):
 
     def __init__(self, group: PackedGroup, seed: int, device: torch.device):
         super().__init__(group, seed=seed, device="cpu")
-        if torch.device(device).type == "cuda":
-            self.weight = self.weight.pin_memory()
-            self.state = self.state.pin_memory()
+        runtime = runtime_for(device)
+        self.weight = runtime.pin(self.weight)
+        self.state = runtime.pin(self.state)
         self.counters = CacheCounters()
 
     def forward(self, ids: torch.Tensor, offsets: torch.Tensor, casting: Casting | None = None) -> torch.Tensor:

@@ -7,7 +7,8 @@ first (a counted stall). The cache then starts the exchange for the window of ba
 every row that batches i..i+W-1 use, so the rows of batch i+W-1 arrive while batch i trains in
 place on its slots; victims (least recently used first) are never rows of batches i..i+W-1 and
 are written back, with their optimizer state, before their slot is reused. The exchange runs on
-a worker thread (on CUDA on a side stream that first waits for the work queued so far); with
+a worker thread on a side stream that first waits for the work queued so far (`operators.device`:
+a CUDA stream, or the CPU runtime's synchronous one); with
 `interleave=False` it runs inline. Capacity comes from the plan's `cache_rows`; a window that
 does not fit is a `CacheCapacityError`.
 
@@ -26,6 +27,7 @@ from flowrec.graph.types import PackedGroup
 from flowrec.runtime.caches.base import CachedEmbedding
 from flowrec.runtime.caches.scratchpad import EMPTY, Scratchpad
 from flowrec.runtime.caches.slots import SlotTable, remap_casting, slot_bag
+from operators.device import DeviceEvent
 
 
 class SlotCache(CachedEmbedding):
@@ -105,7 +107,7 @@ class LookaheadEmbedding(SlotCache):
         self.interleave = interleave
         self._pool: ThreadPoolExecutor | None = None
         self._pending: Future | None = None
-        self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self._stream = self.runtime.side_stream()
 
     def forward_group(self, gids: Any) -> torch.Tensor:
         self.count_index(gids)
@@ -128,23 +130,14 @@ class LookaheadEmbedding(SlotCache):
                 self.pad.exchange(window, window, self.stamp)
         return self.train_lookup(gids, rows)
 
-    def _exchange(self, window: torch.Tensor, ready: Any) -> Any:
-        if self._stream is None:
+    def _exchange(self, window: torch.Tensor, ready: DeviceEvent) -> DeviceEvent:
+        with self._stream.use():
+            self._stream.wait(ready)
             self.pad.exchange(window, window, self.stamp)
-            return None
-        with torch.cuda.stream(self._stream):
-            self._stream.wait_event(ready)
-            self.pad.exchange(window, window, self.stamp)
-            done = torch.cuda.Event()
-            done.record(self._stream)
-        return done
+            return self._stream.record()
 
-    def _ready_event(self) -> Any:
-        if self._stream is None:
-            return None
-        event = torch.cuda.Event()
-        event.record(torch.cuda.current_stream(self.device))
-        return event
+    def _ready_event(self) -> DeviceEvent:
+        return self.runtime.record_current()
 
     def _executor(self) -> ThreadPoolExecutor:
         if self._pool is None:
@@ -157,9 +150,7 @@ class LookaheadEmbedding(SlotCache):
             return
         pending, self._pending = self._pending, None
         with self.counters.stall("exchange_wait"):
-            done = pending.result()
-            if done is not None:
-                torch.cuda.current_stream(self.device).wait_event(done)
+            self.runtime.wait_current(pending.result())
 
     def close(self) -> None:
         """Finish the exchange in flight and stop the worker thread."""

@@ -109,23 +109,25 @@ class StaticHotEmbedding(CachedEmbedding):
 
     def _cold_lookup(self, gids: Any, rows: torch.Tensor, unique_slots: torch.Tensor, casting: Any) -> torch.Tensor:
         hot_mask = unique_slots != NOT_HOT  # (U,)
-        cold_rows = rows[~hot_mask]
-        hot_slots = unique_slots[hot_mask]
+        hot_pos, cold_pos = hot_mask.nonzero().flatten(), (~hot_mask).nonzero().flatten()  # on the host: no device sync
+        cold_rows = rows[cold_pos]
+        hot_slots = unique_slots[hot_pos]
+        dev_hot_pos, dev_cold_pos = hot_pos.to(self.device), cold_pos.to(self.device)
         with self.counters.stall("host_gather"):
             cold_w = self.master.weight.index_select(0, cold_rows)  # (Uc, D)
             self.counters.add_h2d(cold_w.numel() * self.elem_bytes)
             working = torch.empty(rows.numel(), self.group.dim, dtype=self.hot.weight.dtype, device=self.device)
-            working[hot_mask.to(self.device)] = self.hot.weight.index_select(0, hot_slots.to(self.device))
-            working[(~hot_mask).to(self.device)] = cold_w.to(self.device, non_blocking=True)
+            working.index_copy_(0, dev_hot_pos, self.hot.weight.index_select(0, hot_slots.to(self.device)))
+            working.index_copy_(0, dev_cold_pos, cold_w.to(self.device, non_blocking=True))
         self.dirty[hot_slots] = True
         local = torch.searchsorted(rows, gids.ids.cpu()).to(self.device)
 
         def update(grads: torch.Tensor) -> None:  # (U, D) in rows order
-            dev_mask = hot_mask.to(grads.device)
             if hot_slots.numel():
-                self.optimizer.step(self.hot.weight, self.hot.state, hot_slots.to(grads.device), grads[dev_mask])
+                self.optimizer.step(self.hot.weight, self.hot.state, hot_slots.to(grads.device),
+                                    grads.index_select(0, dev_hot_pos))
             if cold_rows.numel():
-                cold_grads = grads[~dev_mask].cpu()
+                cold_grads = grads.index_select(0, dev_cold_pos).cpu()
                 self.counters.add_d2h(cold_grads.numel() * cold_grads.element_size())
                 self.optimizer.step(self.master.weight, self.master.state, cold_rows, cold_grads)
 

@@ -1,0 +1,280 @@
+"""The one module that uses CUDA-only APIs: streams, events, pinned buffers, kernel launches.
+
+Everything else asks `runtime_for(device)` for a `DeviceRuntime` and schedules through it. The CPU
+runtime implements the same interface (no streams, events that complete when recorded, unpinned
+buffers, no kernels), so the CPU tests run the scheduling code a GPU run runs; its events also
+check the schedule: waiting for an event that was never recorded is an error there (on CUDA it
+would silently not wait). `tests/unit/test_fake_cuda_static.py` checks that no other module
+calls a CUDA-only API.
+
+Example:
+    >>> rt = runtime_for(torch.device("cpu"))
+    >>> side = rt.side_stream()
+    >>> with side.use():
+    ...     side.wait(rt.record_current())
+    ...     done = side.record()
+    >>> rt.wait_current(done)
+"""
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class KernelSource:
+    """CUDA C source of one RawKernel.
+
+    Args:
+        name: short name (reports, compile checks).
+        entry: the `extern "C" __global__` function to launch.
+        source: the CUDA C text.
+        tree_reduction: the kernel reduces over its block with a halving stride (needs a
+            power-of-two block).
+        max_threads: the largest block the kernel supports.
+    """
+
+    name: str
+    entry: str
+    source: str
+    tree_reduction: bool = False
+    max_threads: int = 1024
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Grid, block and dynamic shared memory of one launch (1-D).
+
+    Args:
+        grid: blocks.
+        block: threads per block.
+        shared_mem_bytes: dynamic shared memory per block, bytes.
+    """
+
+    grid: int
+    block: int
+    shared_mem_bytes: int
+
+
+class DeviceEvent(ABC):
+    """A point in a stream's work (`torch.cuda.Event` on CUDA)."""
+
+
+class SideStream(ABC):
+    """A second stream for work that overlaps the compute stream (cache exchanges)."""
+
+    @abstractmethod
+    def use(self) -> AbstractContextManager:
+        """Make this the current stream inside the `with` block."""
+
+    @abstractmethod
+    def wait(self, event: DeviceEvent) -> None:
+        """Later work on this stream waits for `event`."""
+
+    @abstractmethod
+    def record(self) -> DeviceEvent:
+        """An event recorded after the work queued on this stream so far."""
+
+
+class DeviceRuntime(ABC):
+    """Streams, events, pinned buffers and kernel launches of one device.
+
+    Args:
+        device: the compute device.
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = torch.device(device)
+
+    @abstractmethod
+    def pin(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A host tensor in memory the device copies from asynchronously (page-locked on CUDA)."""
+
+    @abstractmethod
+    def side_stream(self) -> SideStream:
+        """A new side stream."""
+
+    @abstractmethod
+    def record_current(self) -> DeviceEvent:
+        """An event after the work queued so far on the current (compute) stream."""
+
+    @abstractmethod
+    def wait_current(self, event: DeviceEvent) -> None:
+        """Later work on the current stream waits for `event`."""
+
+    @abstractmethod
+    def synchronize(self) -> None:
+        """Block the host until the device finished everything queued."""
+
+    @abstractmethod
+    def launch(self, kernel: KernelSource, config: LaunchConfig, args: tuple[Any, ...]) -> None:
+        """Launch `kernel` on the current stream; tensors in `args` are passed by pointer."""
+
+
+class CpuEvent(DeviceEvent):
+    """A CPU event: complete once recorded (CPU work is done when the call returns)."""
+
+    def __init__(self, recorded: bool = False):
+        self.recorded = recorded
+
+    def check(self) -> None:
+        if not self.recorded:
+            raise RuntimeError("waited for an event that was never recorded")
+
+
+class CpuSideStream(SideStream):
+    def use(self) -> AbstractContextManager:
+        return nullcontext()
+
+    def wait(self, event: DeviceEvent) -> None:
+        _cpu_event(event).check()
+
+    def record(self) -> DeviceEvent:
+        return CpuEvent(recorded=True)
+
+
+class CpuRuntime(DeviceRuntime):
+    """The CPU device: host memory is the device, work is synchronous, kernels are torch ops."""
+
+    def pin(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+    def side_stream(self) -> SideStream:
+        return CpuSideStream()
+
+    def record_current(self) -> DeviceEvent:
+        return CpuEvent(recorded=True)
+
+    def wait_current(self, event: DeviceEvent) -> None:
+        _cpu_event(event).check()
+
+    def synchronize(self) -> None:
+        return None
+
+    def launch(self, kernel: KernelSource, config: LaunchConfig, args: tuple[Any, ...]) -> None:
+        raise RuntimeError(f"kernel {kernel.name} is a CUDA kernel; the CPU runs its torch reference")
+
+
+def _cpu_event(event: DeviceEvent) -> CpuEvent:
+    if not isinstance(event, CpuEvent):
+        raise TypeError(f"a CPU runtime got a {type(event).__name__}")
+    return event
+
+
+class CudaEvent(DeviceEvent):
+    def __init__(self, stream: Any):
+        self.event = torch.cuda.Event()
+        self.event.record(stream)
+
+
+class CudaSideStream(SideStream):
+    def __init__(self, device: torch.device):
+        self.stream = torch.cuda.Stream(device)
+
+    def use(self) -> AbstractContextManager:
+        return torch.cuda.stream(self.stream)
+
+    def wait(self, event: DeviceEvent) -> None:
+        self.stream.wait_event(_cuda_event(event))
+
+    def record(self) -> DeviceEvent:
+        return CudaEvent(self.stream)
+
+
+class CudaRuntime(DeviceRuntime):
+    """A CUDA device: pinned host buffers, side streams, CUDA events, CuPy RawKernel launches."""
+
+    def __init__(self, device: torch.device):
+        super().__init__(device)
+        self._kernels: dict[tuple[str, str], Any] = {}
+
+    def pin(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.pin_memory()
+
+    def side_stream(self) -> SideStream:
+        return CudaSideStream(self.device)
+
+    def record_current(self) -> DeviceEvent:
+        return CudaEvent(torch.cuda.current_stream(self.device))
+
+    def wait_current(self, event: DeviceEvent) -> None:
+        torch.cuda.current_stream(self.device).wait_event(_cuda_event(event))
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self.device)
+
+    def launch(self, kernel: KernelSource, config: LaunchConfig, args: tuple[Any, ...]) -> None:
+        cupy = importlib.import_module("cupy")
+        key = (kernel.source, kernel.entry)
+        if key not in self._kernels:
+            self._kernels[key] = cupy.RawKernel(kernel.source, kernel.entry)
+        converted = tuple(cupy.from_dlpack(a.detach()) if isinstance(a, torch.Tensor) else a for a in args)
+        stream = cupy.cuda.ExternalStream(torch.cuda.current_stream(self.device).cuda_stream)
+        with cupy.cuda.Device(self.device.index or 0), stream:
+            self._kernels[key]((config.grid,), (config.block,), converted,
+                               shared_mem=config.shared_mem_bytes)
+
+
+def _cuda_event(event: DeviceEvent) -> Any:
+    if not isinstance(event, CudaEvent):
+        raise TypeError(f"a CUDA runtime got a {type(event).__name__}")
+    return event.event
+
+
+def runtime_for(device: torch.device | str) -> DeviceRuntime:
+    """The runtime of `device`: CUDA for a cuda device, else the CPU runtime."""
+    device = torch.device(device)
+    return CudaRuntime(device) if device.type == "cuda" else CpuRuntime(device)
+
+
+def cupy_usable() -> bool:
+    """True when cupy imports and sees a CUDA device."""
+    try:
+        cupy = importlib.import_module("cupy")
+        return bool(cupy.cuda.is_available())
+    except Exception:  # an importable cupy without a driver raises various errors
+        return False
+
+
+@dataclass(frozen=True)
+class CudaDeviceInfo:
+    """One visible CUDA device.
+
+    Args:
+        index: device ordinal.
+        name: marketing name.
+        capability: compute capability, e.g. "9.0".
+        total_bytes: device memory, bytes.
+        free_bytes: free device memory now, bytes.
+    """
+
+    index: int
+    name: str
+    capability: str
+    total_bytes: int
+    free_bytes: int
+
+
+def nccl_version() -> str | None:
+    """The NCCL version torch was built with (None without CUDA)."""
+    if not torch.cuda.is_available():
+        return None
+    version = torch.cuda.nccl.version()
+    return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+
+
+def cuda_devices() -> list[CudaDeviceInfo]:
+    """The visible CUDA devices (empty without CUDA)."""
+    if not torch.cuda.is_available():
+        return []
+    out = []
+    for index in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(index)
+        free, total = torch.cuda.mem_get_info(index)
+        out.append(CudaDeviceInfo(index, props.name, f"{props.major}.{props.minor}", int(total), int(free)))
+    return out

@@ -1,0 +1,57 @@
+"""operators/device.py on a real GPU: pinned buffers, side-stream ordering, the CuPy launch equal to
+its NumPy twin, and the doctor's training check (skipped without CUDA)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+from test_kernels_nvrtc import _case, _twin  # noqa: E402
+
+from flowrec.runtime.doctor import check_training  # noqa: E402
+from operators.cupy_kernels import fused_rowwise_update, rowwise_launch  # noqa: E402
+from operators.device import CudaRuntime, cupy_usable, runtime_for  # noqa: E402
+from operators.sparse_optim import make_optimizer  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+CUDA = torch.device("cuda")
+
+
+def test_cuda_runtime_pins_and_orders_the_side_stream():
+    rt = runtime_for(CUDA)
+    assert isinstance(rt, CudaRuntime)
+    assert rt.pin(torch.arange(8.0)).is_pinned()
+    x = torch.ones(1 << 22, device=CUDA)
+    x.mul_(3)  # queued on the compute stream
+    side = rt.side_stream()
+    ready = rt.record_current()
+    with side.use():
+        side.wait(ready)
+        y = x * 2  # must see the multiplied x
+        done = side.record()
+    rt.wait_current(done)
+    assert float(y.sum()) == 6.0 * (1 << 22)
+    with pytest.raises(TypeError):
+        rt.wait_current(runtime_for("cpu").record_current())
+
+
+@pytest.mark.parametrize("dim", [1, 33, 200, 1024])
+def test_cupy_kernel_equals_its_twin(dim):
+    if not cupy_usable():
+        pytest.skip("cupy sees no CUDA device")
+    weight, state, grad, casting = _case(dim)
+    want_w, want_s = _twin(weight, state, grad, casting, 0.05, 1e-6, 0.01,
+                           rowwise_launch(casting.unique_ids.numel(), dim))
+    w, s = weight.to(CUDA), state.to(CUDA)
+    opt = make_optimizer(("rowwise_adagrad", 0.05, (("eps", 1e-6), ("weight_decay", 0.01))))
+    fused_rowwise_update(w, s, opt, grad.to(CUDA), casting.to(CUDA))
+    torch.testing.assert_close(s.cpu(), want_s, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(w.cpu(), want_w, rtol=1e-5, atol=1e-6)
+
+
+def test_doctor_training_on_the_gpu_equals_the_cpu():
+    checks = check_training(["cuda:0"])
+    assert [c.status for c in checks] == ["pass", "pass"], [c.detail for c in checks]

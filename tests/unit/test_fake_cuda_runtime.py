@@ -1,0 +1,91 @@
+"""The narrow device runtime (`operators.device`): the CPU implementation runs the same scheduling
+code as CUDA, and its events check that schedule."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from flowrec.runtime.caches import LookaheadEmbedding
+from flowrec.runtime.pipeline import TransferStage
+from operators.device import CpuEvent, CpuRuntime, CpuSideStream, runtime_for
+from test_cache_exact import cache_spec, groups_of, head_weights, loss_of, staged, window_rows
+
+
+def test_cpu_events_must_be_recorded_before_they_are_waited_for():
+    rt = runtime_for(torch.device("cpu"))
+    assert isinstance(rt, CpuRuntime)
+    with pytest.raises(RuntimeError, match="never recorded"):
+        rt.wait_current(CpuEvent())
+    with pytest.raises(RuntimeError, match="never recorded"):
+        rt.side_stream().wait(CpuEvent())
+    rt.wait_current(rt.side_stream().record())
+    t = torch.arange(3)
+    assert rt.pin(t) is t
+
+
+class _LoggedStream(CpuSideStream):
+    def __init__(self, log):
+        self.log = log
+
+    def wait(self, event):
+        super().wait(event)
+        self.log.append(("side waits", id(event)))
+
+    def record(self):
+        event = super().record()
+        self.log.append(("side records", id(event)))
+        return event
+
+
+class _LoggedRuntime(CpuRuntime):
+    def __init__(self, log):
+        super().__init__(torch.device("cpu"))
+        self.log = log
+
+    def record_current(self):
+        event = super().record_current()
+        self.log.append(("compute records", id(event)))
+        return event
+
+    def wait_current(self, event):
+        super().wait_current(event)
+        self.log.append(("compute waits", id(event)))
+
+
+def test_lookahead_exchanges_follow_the_stream_protocol():
+    spec = cache_spec()
+    batches = staged(spec, window=3)
+    group = groups_of(spec, "fp32")[0]
+    module = LookaheadEmbedding(replace(group, cache_rows=window_rows(batches, group.name)), 3,
+                                torch.device("cpu"), interleave=True)
+    log: list = []
+    module.runtime, module._stream = _LoggedRuntime(log), _LoggedStream(log)
+    w = head_weights(group)
+    for batch in batches:
+        loss_of(module.forward_group(batch.groups[group.name]), w).backward()
+    module.close()
+    kinds = [k for k, _ in log]
+    exchanges = kinds.count("side records")
+    assert exchanges >= len(batches) // 2
+    assert kinds == ["compute records", "side waits", "side records", "compute waits"] * exchanges
+    for i in range(0, len(log), 4):
+        assert log[i][1] == log[i + 1][1] and log[i + 2][1] == log[i + 3][1]
+
+
+def test_transfer_stage_pins_through_the_runtime():
+    spec = cache_spec()
+    batches = staged(spec, rows=64, window=1)
+    pinned = []
+
+    class Pinning(CpuRuntime):
+        def pin(self, tensor):
+            pinned.append(tensor)
+            return tensor.clone()
+
+    stage = TransferStage(iter(batches), torch.device("cpu"))
+    stage.runtime = Pinning(torch.device("cpu"))
+    moved = stage._move(batches[0])
+    assert len(pinned) == 2 + 2 * len(batches[0].groups)
+    assert torch.equal(moved.dense, batches[0].dense) and moved.dense is not batches[0].dense
