@@ -24,6 +24,7 @@ from typing import Mapping
 import numba
 import numpy as np
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from operators import fused_sparse_cpu
 from operators.casting import Casting, casted_row_grads
@@ -69,7 +70,9 @@ class SparseOptimizer(ABC):
             grad_out: output gradient, one row per bag.  # (NB, D)
             casting: the batch's casting, on the table's device.
         """
-        if weight.device.type != "cpu":
+        extra = () if casting.sorted_scale is None else (casting.sorted_scale,)
+        if weight.device.type != "cpu" or not _plain(weight, state, grad_out, casting.unique_ids,
+                                                     casting.sorted_bags, casting.unique_offsets, *extra):
             self.step(weight, state, casting.unique_ids, casted_row_grads(grad_out, casting))
         elif casting.unique_ids.numel():
             with _CpuRows(self, weight, state, casting.unique_ids) as (w, s, rows, hp, dtype):
@@ -90,7 +93,7 @@ class SparseOptimizer(ABC):
             rows: unique rows that received gradient.  # (U,) int64
             grads: their coalesced gradients.  # (U, D)
         """
-        if weight.device.type != "cpu":
+        if weight.device.type != "cpu" or not _plain(weight, state, rows, grads):
             self.torch_step(weight, state, rows, grads)
         elif rows.numel():
             with _CpuRows(self, weight, state, rows) as (w, s, cpu_rows, hp, dtype):
@@ -207,6 +210,15 @@ class LazyAdam(SparseOptimizer):
         bc2_sqrt = (1 - torch.pow(b2, t)).sqrt_()  # (U, 1)
         denom = v.sqrt().div_(bc2_sqrt).add_(eps)
         w.addcdiv_(m, denom.mul_(bc1), value=-self.lr)
+
+
+def _plain(*tensors: torch.Tensor) -> bool:
+    """Whether the CPU kernel can run: every tensor holds real data and no torch function or
+    dispatch mode is tracing (fake tensors, a tracing wrapper); otherwise the same update runs as
+    torch ops, so that it is traced."""
+    if torch._C._is_torch_function_mode_enabled() or _get_current_dispatch_mode() is not None:
+        return False
+    return all(type(t) is torch.Tensor or type(t) is torch.nn.Parameter for t in tensors)
 
 
 def _numpy(t: torch.Tensor) -> np.ndarray:

@@ -30,9 +30,11 @@ def register(app: typer.Typer) -> None:
 
 
 def doctor(as_json: bool = typer.Option(False, "--json", help="Print the report as JSON.")) -> None:
+    from flowrec.planner.manager import make_plan
     from flowrec.runtime.doctor import run_doctor
 
-    report = run_doctor(status=lambda s: None if as_json else typer.echo(f"... {s}", err=True))
+    report = run_doctor(lambda spec: make_plan(spec, target="cpu"),
+                        status=lambda s: None if as_json else typer.echo(f"... {s}", err=True))
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2))
     else:

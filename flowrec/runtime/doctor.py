@@ -166,16 +166,13 @@ def training_batches(spec: Any, groups: Any) -> list[Any]:
         return list(it)
 
 
-def train_on(device: Any, spec: Any, batches: list[Any]) -> tuple[dict[str, Any], list[float]]:
-    """TRAIN_STEPS flowrec steps on `device` through the transfer stage; (parameters on the CPU, losses)."""
-    import torch
-
+def train_on(device: Any, spec: Any, plan: Any, batches: list[Any]) -> tuple[dict[str, Any], list[float]]:
+    """TRAIN_STEPS flowrec steps of `plan` on `device` through the transfer stage; (parameters on the
+    CPU, losses). The same plan runs on every device (all tables resident)."""
     from flowrec.runtime.lowering import lower
     from flowrec.runtime.pipeline import TransferStage
-    from flowrec.runtime.session import plan_for
     from flowrec.runtime.step import make_dense_optimizer, train_step
 
-    plan, _ = plan_for(spec, torch.device("cpu"))  # the same plan on every device: all tables resident
     model = lower(plan, spec, device)
     opt = spec.dense_optimizer
     optimizer = make_dense_optimizer(model, opt.name, opt.lr, dict(opt.params))
@@ -186,14 +183,12 @@ def train_on(device: Any, spec: Any, batches: list[Any]) -> tuple[dict[str, Any]
     return params, losses
 
 
-def reference_params(spec: Any, batches: list[Any]) -> dict[str, Any]:
+def reference_params(spec: Any, plan: Any, batches: list[Any]) -> dict[str, Any]:
     """The plain-PyTorch reference trained on the same batches, in flowrec's state-dict keys."""
     import torch
 
     from flowrec.runtime.reference import ReferenceModel, reference_optimizers, reference_step
-    from flowrec.runtime.session import plan_for
 
-    plan, _ = plan_for(spec, torch.device("cpu"))
     ref = ReferenceModel(plan, spec)
     optimizers = reference_optimizers(ref, spec)
     for batch in batches:
@@ -218,21 +213,24 @@ def compare(got: dict[str, Any], want: dict[str, Any]) -> tuple[str, float]:
     return bad, worst
 
 
-def check_training(devices_to_check: list[str]) -> list[Check]:
-    """`train/cpu` against the reference, then `train/cuda:i` against the CPU result."""
+def check_training(devices_to_check: list[str], plan_of: Callable[[Any], Any]) -> list[Check]:
+    """`train/cpu` against the reference, then `train/cuda:i` against the CPU result.
+
+    Args:
+        devices_to_check: CUDA devices to train on besides the CPU.
+        plan_of: the planner (spec -> all-resident plan); the runtime does not plan.
+    """
     import torch
 
-    from flowrec.runtime.session import plan_for
-
     spec = small_spec()
-    plan, _ = plan_for(spec, torch.device("cpu"))
+    plan = plan_of(spec)
     batches = training_batches(spec, plan.meta.groups)
     cpu: dict[str, Any] = {}
 
     def cpu_check() -> tuple[str, str]:
-        params, losses = train_on(torch.device("cpu"), spec, batches)
+        params, losses = train_on(torch.device("cpu"), spec, plan, batches)
         cpu.update(params)
-        bad, worst = compare(params, reference_params(spec, batches))
+        bad, worst = compare(params, reference_params(spec, plan, batches))
         if bad:
             return "fail", f"{bad} differs from the plain-PyTorch reference (max abs diff {worst:.2e})"
         return "pass", (f"{TRAIN_STEPS} steps equal the plain-PyTorch reference (max abs diff {worst:.1e}); "
@@ -242,7 +240,7 @@ def check_training(devices_to_check: list[str]) -> list[Check]:
         def run() -> tuple[str, str]:
             if not cpu:
                 return "fail", "the CPU result it is compared with failed"
-            params, _ = train_on(torch.device(name), spec, batches)
+            params, _ = train_on(torch.device(name), spec, plan, batches)
             bad, worst = compare(params, cpu)
             if bad:
                 return "fail", f"{bad} differs from the CPU result (max abs diff {worst:.2e})"
@@ -306,15 +304,15 @@ def collective_worker(backend: str, rank: int, world: int, port: int) -> None:
         dist.destroy_process_group()
 
 
-def run_doctor(status: Callable[[str], None] = lambda _: None) -> DoctorReport:
-    """Versions, devices and every check this machine can run."""
+def run_doctor(plan_of: Callable[[Any], Any], status: Callable[[str], None] = lambda _: None) -> DoctorReport:
+    """Versions, devices and every check this machine can run (`plan_of`: spec -> plan, the planner)."""
     status("versions and devices")
     found = devices()
     gpus = [d["device"] for d in found if d["device"].startswith("cuda")]
     status("kernel compilation")
     checks = [timed("kernels", check_kernels)]
     status("training")
-    checks += check_training(gpus)
+    checks += check_training(gpus, plan_of)
     if not gpus:
         checks.append(Check("train/cuda", "skip", "no CUDA device on this machine"))
     status("collectives")

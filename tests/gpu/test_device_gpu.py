@@ -11,6 +11,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from test_kernels_nvrtc import _case, _twin  # noqa: E402
 
+from flowrec.planner.manager import make_plan  # noqa: E402
 from flowrec.runtime.doctor import check_training  # noqa: E402
 from operators.cupy_kernels import fused_rowwise_update, rowwise_launch  # noqa: E402
 from operators.device import CudaRuntime, cupy_usable, runtime_for  # noqa: E402
@@ -53,5 +54,5 @@ def test_cupy_kernel_equals_its_twin(dim):
 
 
 def test_doctor_training_on_the_gpu_equals_the_cpu():
-    checks = check_training(["cuda:0"])
+    checks = check_training(["cuda:0"], lambda spec: make_plan(spec, target="cpu"))
     assert [c.status for c in checks] == ["pass", "pass"], [c.detail for c in checks]

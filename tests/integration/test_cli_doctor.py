@@ -36,7 +36,7 @@ def _failing() -> DoctorReport:
 
 
 def test_a_failed_check_exits_1_and_says_so(monkeypatch):
-    monkeypatch.setattr(doctor, "run_doctor", lambda status: _failing())
+    monkeypatch.setattr(doctor, "run_doctor", lambda plan_of, status: _failing())
     result = runner.invoke(app, ["doctor"])
     assert result.exit_code == 1
     assert "FAIL train/cpu" in result.stdout and "some checks FAILED" in result.stdout

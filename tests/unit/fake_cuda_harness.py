@@ -233,14 +233,14 @@ def shrunk(spec: Any) -> Any:
 def lowered_for_cuda(spec: Any, placement: str, cache_rows: Callable[[Any], int]) -> Any:
     """The one use of the plan/lowering APIs: plan `spec` for a CUDA device, put every group in
     `placement` (with `cache_rows(group)` device rows), lower it for `cuda`."""
+    from flowrec.graph.kinds import PLACEMENTS
+    from flowrec.planner.manager import make_plan
     from flowrec.runtime.lowering import lower
-    from flowrec.runtime.session import plan_for
 
-    plan, _ = plan_for(spec, CUDA)
-    groups = tuple(replace(g, placement=placement, cache_rows=cache_rows(g) if placement in
-                           ("static_hot", "lookahead") else 0) for g in plan.meta.groups)
-    plan = replace(plan, meta=replace(plan.meta, groups=groups))
-    return lower(plan, spec, CUDA)
+    plan = make_plan(spec, target="h100")
+    groups = tuple(replace(g, placement=placement, cache_rows=cache_rows(g) if PLACEMENTS[placement].cached
+                           else 0) for g in plan.meta.groups)
+    return lower(plan.with_meta(replace(plan.meta, groups=groups)), spec, CUDA)
 
 
 def staged_batches(spec: Any, groups: Any) -> list[Any]:

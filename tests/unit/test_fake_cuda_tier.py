@@ -67,9 +67,9 @@ lowering.LoweredModel.dense_forward = dense_forward
 '''
 
 SYNCS = '''
-from operators import backends
+from operators import sparse_optim
 
-_row_grads = backends.casted_row_grads
+_row_grads = sparse_optim.casted_row_grads
 
 
 def casted_row_grads(grad_out, casting):
@@ -80,7 +80,7 @@ def casted_row_grads(grad_out, casting):
     return grads
 
 
-backends.casted_row_grads = casted_row_grads
+sparse_optim.casted_row_grads = casted_row_grads
 '''
 
 
