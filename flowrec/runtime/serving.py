@@ -22,7 +22,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from flowrec.data.batches import StagingOptions, iterate_batches
-from flowrec.runtime.checkpoint import load_checkpoint
+from flowrec.runtime.atomic import write_atomically
+from flowrec.runtime.checkpoint import CheckpointError, check_tensors, checkpoint_path, load_checkpoint
 from flowrec.runtime.evaluate import evaluate
 from flowrec.runtime.lowering import LoweredModel, lower
 from flowrec.runtime.session import open_dataset, plan_for, resolve_device
@@ -50,21 +51,30 @@ class Trained:
             source.close()
 
 
-def _spec_of(state: dict[str, Any]) -> ModelSpec:
-    doc = json.loads(state["spec"])
-    issues = validate_document(doc)
+def _spec_of(state: dict[str, Any], source: Path | str = "the file") -> ModelSpec:
+    try:
+        doc = json.loads(state["spec"])
+    except (TypeError, ValueError):
+        raise CheckpointError(f"{source} is damaged: its spec is not JSON") from None
+    issues = validate_document(doc) if isinstance(doc, dict) else ["not a mapping"]
     if issues:
-        raise ValueError("the checkpoint's spec is not valid: " + "; ".join(map(str, issues)))
+        raise CheckpointError(f"{source} holds a spec that is not valid: {issues[0]}")
     return spec_from_dict(doc)
 
 
 def load_trained(run: Path, device: str = "auto") -> Trained:
-    """Restore the model of a run folder / checkpoint file on `device`."""
-    state = load_checkpoint(Path(run))
-    spec = _spec_of(state)
+    """Restore the model of a run folder / checkpoint file on `device`.
+
+    Raises:
+        CheckpointError: a damaged or foreign checkpoint, or one that does not fit its spec's model.
+    """
+    source = checkpoint_path(Path(run))
+    state = load_checkpoint(source)
+    spec = _spec_of(state, source)
     dev = resolve_device(device)
     plan, _ = plan_for(spec, dev)
     model = lower(plan, spec, dev)
+    check_tensors(source, "model", model.state_dict(), state["model"])
     model.load_state_dict(state["model"])
     return Trained(spec, model)
 
@@ -145,8 +155,9 @@ def export_serving(trained: Trained, path: Path) -> None:
     serving = ServingModel(trained.spec, trained.model)
     from flowrec.spec.load import to_dict
 
-    torch.save({"format": SERVING_FORMAT, "spec": json.dumps(to_dict(trained.spec)),
-                "state": serving.state_dict()}, Path(path))
+    document = {"format": SERVING_FORMAT, "spec": json.dumps(to_dict(trained.spec)),
+                "state": serving.state_dict()}
+    write_atomically(Path(path), lambda f: torch.save(document, f))
 
 
 def load_serving(path: Path) -> ServingModel:
