@@ -15,6 +15,7 @@ from typing import BinaryIO, Callable
 
 TEMP_PREFIX = ".ckpt-"
 TEMP_SUFFIX = ".tmp"
+NEW_FILE_MODE = 0o644  # what open() gives under the usual umask 022
 
 
 def write_atomically(path: Path, write: Callable[[BinaryIO], None]) -> None:
@@ -26,6 +27,7 @@ def write_atomically(path: Path, write: Callable[[BinaryIO], None]) -> None:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, suffix=TEMP_SUFFIX, dir=path.parent)
     try:
+        os.fchmod(fd, _mode_of(path))
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
@@ -35,6 +37,14 @@ def write_atomically(path: Path, write: Callable[[BinaryIO], None]) -> None:
         Path(tmp).unlink(missing_ok=True)
         raise
     fsync_folder(path.parent)
+
+
+def _mode_of(path: Path) -> int:
+    """Keep the permissions of the file being replaced; new files get rw-r--r--."""
+    try:
+        return path.stat().st_mode & 0o7777
+    except OSError:
+        return NEW_FILE_MODE
 
 
 def atomic_write(path: Path, data: bytes) -> None:
