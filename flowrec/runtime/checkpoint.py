@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -87,27 +88,35 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
         raise CheckpointError(f"cannot read checkpoint {path}: {exc.strerror}") from None
     if size == 0:
         raise CheckpointError(f"checkpoint {path} is empty (0 bytes)")
-    state = _read(path, map_location)
+    state = read_torch_file(path, map_location)
     check_structure(path, state)
     return state
 
 
-def _read(path: Path, map_location: str | torch.device) -> Any:
-    with path.open("rb") as f:
-        magic = f.read(4)
-    if magic[:2] != b"PK":
-        raise CheckpointError(f"{path} is not a flowrec checkpoint (not a torch zip archive)")
+def read_torch_file(path: Path, map_location: str | torch.device = "cpu",
+                    what: str = "flowrec checkpoint") -> Any:
+    """`torch.load(weights_only=True)` with every failure as a one-line CheckpointError."""
+    path = Path(path)
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        with path.open("rb") as f:
+            magic = f.read(4)
+    except OSError as exc:
+        raise CheckpointError(f"cannot read {path}: {exc.strerror}") from None
+    if magic[:2] != b"PK":
+        raise CheckpointError(f"{path} is not a {what} (not a torch zip archive)")
+    try:
+        with warnings.catch_warnings():  # torch warns about odd pickle protocols of damaged files
+            warnings.simplefilter("ignore")
+            return torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # any failure to parse the file is a damaged file, reported in our words
-        raise CheckpointError(f"{path} is not a usable flowrec checkpoint: {_reason(exc)}") from None
+        raise CheckpointError(f"{path} is not a usable {what}: {_reason(exc)}") from None
 
 
 def _reason(exc: BaseException) -> str:
     import pickle
 
     if isinstance(exc, pickle.UnpicklingError) and "weights_only" in str(exc).lower():
-        return "it holds objects a checkpoint never holds (refused without running them)"
+        return "damaged, or it holds objects a checkpoint never holds (refused without running them)"
     text = str(exc).lower()
     if "central directory" in text or "zip" in text or "archive" in text:
         return "damaged or truncated archive, or a zip file that is not a checkpoint"

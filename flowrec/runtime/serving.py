@@ -23,7 +23,13 @@ from torch import nn
 
 from flowrec.data.batches import StagingOptions, iterate_batches
 from flowrec.runtime.atomic import write_atomically
-from flowrec.runtime.checkpoint import CheckpointError, check_tensors, checkpoint_path, load_checkpoint
+from flowrec.runtime.checkpoint import (
+    CheckpointError,
+    check_tensors,
+    checkpoint_path,
+    load_checkpoint,
+    read_torch_file,
+)
 from flowrec.runtime.evaluate import evaluate
 from flowrec.runtime.lowering import LoweredModel, lower
 from flowrec.runtime.session import open_dataset, plan_for, resolve_device
@@ -162,11 +168,12 @@ def export_serving(trained: Trained, path: Path) -> None:
 
 def load_serving(path: Path) -> ServingModel:
     """Load an exported serving model (`weights_only=True`) as a plain torch module on the CPU."""
-    state = torch.load(Path(path), map_location="cpu", weights_only=True)
-    if state.get("format") != SERVING_FORMAT:
-        raise ValueError(f"{path} is not a flowrec serving model")
-    spec = _spec_of(state)
+    state = read_torch_file(Path(path), "cpu", "flowrec serving model")
+    if not isinstance(state, dict) or state.get("format") != SERVING_FORMAT:
+        raise CheckpointError(f"{path} is not a flowrec serving model")
+    spec = _spec_of(state, path)
     plan, _ = plan_for(spec, torch.device("cpu"))
     serving = ServingModel(spec, lower(plan, spec, "cpu"))
+    check_tensors(Path(path), "serving state", serving.state_dict(), state.get("state"))
     serving.load_state_dict(state["state"])
     return serving.eval()
