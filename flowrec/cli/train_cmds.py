@@ -121,7 +121,7 @@ def run_training(request: RunRequest) -> None:
 
 
 def _claim_folder(request: RunRequest, name: str):
-    from flowrec.runtime.rundir import RunFolderError, claim_new_folder, has_run, open_folder
+    from flowrec.runtime.rundir import RunFolderError, claim_new_folder, foreign_entries, has_run, open_folder
 
     if request.resume is not None:
         folder = request.resume
@@ -132,6 +132,11 @@ def _claim_folder(request: RunRequest, name: str):
         return folder, open_folder(folder)
     if request.out is None:
         return claim_new_folder(Path("runs"), name)
+    foreign = foreign_entries(request.out)
+    if foreign:
+        raise RunFolderError(f"{request.out} is not empty and is not a flowrec run folder (it holds "
+                             f"{', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); give an empty "
+                             f"or new folder")
     lock = open_folder(request.out)
     if has_run(request.out) and not request.overwrite:
         lock.release()

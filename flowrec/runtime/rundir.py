@@ -17,13 +17,14 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from flowrec.runtime.atomic import atomic_write, remove_stale_temps
+from flowrec.runtime.atomic import TEMP_PREFIX, TEMP_SUFFIX, atomic_write, remove_stale_temps
 from flowrec.runtime.checkpoint import CHECKPOINT_NAME
 
 LOCK_NAME = ".flowrec.lock"
 RUN_FILE = "run.json"  # the settings a run was started with; --resume restores them
 METRICS_FILE = "metrics.jsonl"
 RUN_FILES = (CHECKPOINT_NAME, METRICS_FILE, RUN_FILE, "spec.json", "plan.json")
+RUN_SUBFOLDERS = ("data", "tensorboard")  # bound raw data encoded for the run; TensorBoard logs
 MAX_NUMBERED = 10_000  # runs/<name>-N tried before giving up
 
 
@@ -99,6 +100,16 @@ def open_folder(folder: Path) -> RunLock:
     lock = RunLock.acquire(folder)
     remove_stale_temps(folder)
     return lock
+
+
+def foreign_entries(folder: Path) -> list[str]:
+    """Names in `folder` that no flowrec run writes (a folder holding them is not a run folder)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    own = set(RUN_FILES) | {LOCK_NAME} | set(RUN_SUBFOLDERS)
+    return sorted(p.name for p in folder.iterdir()
+                  if p.name not in own and not (p.name.startswith(TEMP_PREFIX) and p.name.endswith(TEMP_SUFFIX)))
 
 
 def has_run(folder: Path) -> bool:

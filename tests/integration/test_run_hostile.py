@@ -188,6 +188,8 @@ RUN_CASES = {
     "resume_of_a_locked_folder": (COMMANDS["resume"], "in use by another flowrec run (pid {pid})"),
     "out_on_an_existing_run": (lambda r: ["train", str(r / "spec.yaml"), "--out", str(r / "run")],
                                "already holds a run"),
+    "out_is_a_folder_of_other_files": (lambda r: ["train", str(r / "spec.yaml"), "--out", str(r / "data")],
+                                       "not a flowrec run folder"),
     "out_is_a_file": (lambda r: ["train", str(r / "spec.yaml"), "--out", str(r / "spec.yaml")], "is a file"),
     "resume_a_file": (lambda r: ["train", str(r / "spec.yaml"), "--resume", str(r / "spec.yaml")], "is a file"),
     "resume_nothing": (lambda r: ["train", str(r / "spec.yaml"), "--resume", str(r / "nope")], "nothing to resume"),
