@@ -186,6 +186,8 @@ class Trainer:
     def finished(self, train_source: Any) -> bool:
         """The run is at its end already (all epochs, or max_steps, done)."""
         total = self.total_steps(train_source)
+        if self.hot_flags is None or self.hot_flags:  # FAE: epochs end when their batches do
+            total = self.config.max_steps
         return self.position.epoch >= self.epochs or self._done(total)
 
     def fit(self, train_source: Any, eval_source: Any | None = None,
