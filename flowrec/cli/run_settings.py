@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from flowrec.runtime.nonfinite import NAN_POLICIES
 from flowrec.runtime.rundir import RUN_FILE, RunFolderError, write_text
 
 MAX_SEED = 2**63 - 1  # seeds are 0..2^63-1 (numpy and torch generators take 64-bit seeds)
@@ -34,6 +35,11 @@ SETTINGS: dict[str, tuple[str, Any]] = {
     "nan_policy": ("--nan-policy", "stop"),
 }
 
+INT_SETTINGS = ("rows", "seed", "epochs", "max_steps", "eval_every", "checkpoint_every")
+KINDS: dict[str, type] = {**{k: str for k in SETTINGS}, **{k: int for k in INT_SETTINGS}, "interleave": bool}
+CACHE_POLICIES = ("auto", "none", "static_hot", "lookahead")
+CHOICES = {"cache": CACHE_POLICIES, "nan_policy": NAN_POLICIES}
+
 
 def read_run_file(folder: Path) -> dict[str, Any] | None:
     """The recorded settings of a run folder, None when it has no run.json."""
@@ -47,7 +53,29 @@ def read_run_file(folder: Path) -> dict[str, Any] | None:
                              f"started, so the run cannot be resumed") from None
     if not isinstance(recorded, dict):
         raise RunFolderError(f"{path} is damaged (not a JSON object)")
+    for key, value in recorded.items():
+        problem = setting_problem(key, value)
+        if problem is not None:
+            raise RunFolderError(f"{path} is damaged: {key} {problem}")
     return recorded
+
+
+def setting_problem(key: str, value: Any) -> str | None:
+    """Why a recorded setting cannot be used, or None (unknown keys of later versions pass)."""
+    if value is None or key not in KINDS:
+        return None
+    kind = KINDS[key]
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        return f"must be a non-negative integer, not {value!r}"
+    if kind is bool and not isinstance(value, bool):
+        return f"must be true or false, not {value!r}"
+    if kind is str and not isinstance(value, str):
+        return f"must be a string, not {value!r}"
+    if key in CHOICES and value not in CHOICES[key]:
+        return f"must be one of {', '.join(CHOICES[key])}, not {value!r}"
+    if key == "seed" and value > MAX_SEED:
+        return f"must be in 0..{MAX_SEED}"
+    return None
 
 
 def write_run_file(folder: Path, settings: dict[str, Any]) -> None:

@@ -15,7 +15,6 @@ import typer
 
 from flowrec.cli.common import fail, load_spec_or_exit
 
-CACHE_POLICIES = ("auto", "none", "static_hot", "lookahead")
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
 
 
@@ -89,7 +88,7 @@ def _text(path: Optional[Path]) -> Optional[str]:
 
 
 def _check_options(request: RunRequest) -> None:
-    from flowrec.cli.run_settings import MAX_SEED
+    from flowrec.cli.run_settings import CACHE_POLICIES, MAX_SEED
     from flowrec.runtime.nonfinite import NAN_POLICIES
 
     given = request.given
@@ -200,6 +199,9 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     if state is not None and state["spec"] != json.dumps(to_dict(session.spec), sort_keys=True):
         fail(f"{request.spec_path} differs from the spec the run in {folder} was trained with "
              f"(see {folder}/spec.json)")
+    if state is not None and state["plan"] and state["plan"] != session.plan_document:
+        _say("note: the planner's plan differs from the one stored in the checkpoint (another device or "
+             "budget); the parameters carry over, placements follow the new plan")
     config = TrainConfig(epochs=settings["epochs"], out_dir=folder, eval_every=settings["eval_every"],
                          max_steps=settings["max_steps"], checkpoint_every=settings["checkpoint_every"],
                          progress=not request.quiet, interleave=settings["interleave"],

@@ -196,6 +196,7 @@ RUN_CASES = {
     "resume_and_overwrite": (lambda r: ["train", str(r / "spec.yaml"), "--resume", str(r / "run"), "--overwrite"],
                              "give one of them"),
     "damaged_run_json": (COMMANDS["resume"], "run.json is damaged"),
+    "run_json_of_wrong_types": (COMMANDS["resume"], "run.json is damaged: rows must be a non-negative integer"),
     "export_over_the_checkpoint": (lambda r: ["export", str(r / "run"), str(r / "run" / "checkpoint.pt")],
                                    "file of a training run"),
     "export_over_run_metrics": (lambda r: ["export", str(r / "run"), str(r / "run" / "metrics.jsonl"),
@@ -219,6 +220,8 @@ def test_a_hostile_run_folder_or_option_is_one_line(case: Path, name: str, monke
     argv_of, fragment = RUN_CASES[name]
     if name == "damaged_run_json":
         (case / "run" / "run.json").write_text('{"epochs": 2, "rows":')
+    if name == "run_json_of_wrong_types":
+        (case / "run" / "run.json").write_text('{"epochs": 2, "rows": "many"}')
     before = _snapshot(case)
     lock = RunLock.acquire(case / "run") if "locked" in name else None
     try:
