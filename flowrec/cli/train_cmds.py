@@ -16,6 +16,7 @@ import typer
 from flowrec.cli.common import fail, load_spec_or_exit
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
+EXIT_OUT_OF_MEMORY = 3
 
 
 def _say(message: str) -> None:
@@ -194,7 +195,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     except (DataError, RuntimeError, ValueError) as exc:
         fail(str(exc))
     except torch.OutOfMemoryError as exc:
-        fail(f"out of memory building the model: {exc}. Lower --device-budget or use --device cpu", 3)
+        fail(f"out of memory building the model: {_one_line(exc)}. {_memory_hint()}", EXIT_OUT_OF_MEMORY)
     _say(session.data_note)
     if state is not None and state["spec"] != json.dumps(to_dict(session.spec), sort_keys=True):
         fail(f"{request.spec_path} differs from the spec the run in {folder} was trained with "
@@ -228,6 +229,9 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     except KeyboardInterrupt:
         fail(f"interrupted (Ctrl-C) at step {trainer.position.step}; continue with  {resume_cmd}",
              EXIT_INTERRUPTED)
+    except torch.OutOfMemoryError as exc:
+        fail(f"out of memory at step {trainer.position.step + 1} on {session.device}: {_one_line(exc)}; "
+             f"{trainer.checkpoint_note()}. {_memory_hint()}", EXIT_OUT_OF_MEMORY)
     _report(result, folder, request.json_out)
     if request.report:
         from flowrec.runtime.report import run_report
@@ -239,6 +243,14 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     if result.interrupted:
         _say(f"interrupted: checkpoint saved; continue with  {resume_cmd}")
         raise typer.Exit(EXIT_INTERRUPTED)
+
+
+def _memory_hint() -> str:
+    import torch
+
+    if torch.cuda.is_available():
+        return "Give a smaller --device-budget (more tables on host or cache placements) or use --device cpu"
+    return "Use a machine with more memory, or a smaller model or batch size"
 
 
 def _finished_line(folder: Path, trainer, settings: dict) -> str:

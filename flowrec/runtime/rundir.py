@@ -118,9 +118,14 @@ def has_run(folder: Path) -> bool:
 
 
 def clear_run_files(folder: Path) -> None:
-    """Remove the files of the previous run in a folder (`--overwrite`; the lock is held)."""
+    """Remove the files of a previous run before a new one starts in the folder (the lock is held).
+
+    run.json stays: the new run replaces it atomically, so a kill in between never leaves a folder
+    that the printed resume command cannot continue.
+    """
     for name in RUN_FILES:
-        (Path(folder) / name).unlink(missing_ok=True)
+        if name != RUN_FILE:
+            (Path(folder) / name).unlink(missing_ok=True)
 
 
 def write_text(path: Path, text: str) -> None:

@@ -300,12 +300,13 @@ class Trainer:
             step = self.position.step + 1
             if self.config.nan_policy != "skip-batch":
                 raise TrainingStopped(f"non-finite loss ({bad.value}) at step {step} in head {bad.head}; "
-                                      f"training stopped, {self._kept()} (--nan-policy skip-batch skips "
+                                      f"training stopped, {self.checkpoint_note()} (--nan-policy skip-batch skips "
                                       f"such batches)") from None
             self.skipped_batches += 1
             return None, bad.head
 
-    def _kept(self) -> str:
+    def checkpoint_note(self) -> str:
+        """What is on disk after a failure: the newest checkpoint's step, or that there is none."""
         if self.checkpoint_step is None:
             return "no checkpoint was written"
         return f"the checkpoint of step {self.checkpoint_step} is kept"
@@ -375,7 +376,7 @@ class Trainer:
         bad = first_non_finite(state["model"])
         if bad is not None:
             raise TrainingStopped(f"parameter {bad} is not finite at step {self.position.step}; "
-                                  f"not checkpointed, {self._kept()}")
+                                  f"not checkpointed, {self.checkpoint_note()}")
         save_checkpoint(Path(self.config.out_dir) / CHECKPOINT_NAME, state)
         self.checkpoint_step = self.position.step
         self.stage_seconds["checkpoint"] += time.perf_counter() - t0

@@ -237,3 +237,24 @@ def test_ctrl_c_during_start_up_is_one_line_and_exit_130(spec: Path, tmp_path: P
     assert result.exit_code == 130, result.output
     lines = result.stderr.strip().splitlines()
     assert lines == ["error: interrupted (Ctrl-C) before training started; nothing was trained"]
+
+
+def test_out_of_memory_in_training_is_one_line_and_keeps_the_checkpoint(spec: Path, tmp_path: Path,
+                                                                        monkeypatch):
+    real = trainer.train_step
+    calls = {"n": 0}
+
+    def exhausted(*args):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(*args)
+
+    monkeypatch.setattr(trainer, "train_step", exhausted)
+    run = tmp_path / "run"
+    result = _train(spec, "--out", str(run), "--checkpoint-every", "2")
+    assert result.exit_code == 3, result.output
+    error = result.stderr.strip().splitlines()[-1]
+    assert error.startswith("error: out of memory at step 5 on cpu: CUDA out of memory")
+    assert "the checkpoint of step 4 is kept" in error and "--device cpu" not in error
+    assert ckpt.load_checkpoint(run)["position"]["step"] == 4
