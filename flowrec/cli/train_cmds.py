@@ -121,7 +121,14 @@ def run_training(request: RunRequest) -> None:
 
 
 def _claim_folder(request: RunRequest, name: str):
-    from flowrec.runtime.rundir import RunFolderError, claim_new_folder, foreign_entries, has_run, open_folder
+    from flowrec.runtime.rundir import (
+        RUN_FILE,
+        RunFolderError,
+        claim_new_folder,
+        foreign_entries,
+        has_run,
+        open_folder,
+    )
 
     if request.resume is not None:
         folder = request.resume
@@ -129,6 +136,8 @@ def _claim_folder(request: RunRequest, name: str):
             raise RunFolderError(f"{folder} is a file, not a run folder")
         if not folder.is_dir():
             raise RunFolderError(f"nothing to resume: {folder} does not exist")
+        if not has_run(folder) and not (folder / RUN_FILE).is_file():
+            raise RunFolderError(f"nothing to resume: {folder} has no checkpoint.pt or run.json")
         return folder, open_folder(folder)
     if request.out is None:
         return claim_new_folder(Path("runs"), name)
@@ -154,13 +163,12 @@ def _train_in(request: RunRequest, spec, folder: Path) -> None:
     from flowrec.runtime.rundir import RunFolderError
 
     resuming = request.resume is not None
+    has_checkpoint = resuming and (folder / CHECKPOINT_NAME).is_file()
     try:
         recorded = read_run_file(folder) if resuming else None
-        state = load_checkpoint(folder / CHECKPOINT_NAME) if resuming and (folder / CHECKPOINT_NAME).is_file() else None
+        state = load_checkpoint(folder / CHECKPOINT_NAME) if has_checkpoint else None
     except (RunFolderError, CheckpointError) as exc:
         fail(str(exc))
-    if resuming and state is None and recorded is None:
-        fail(f"nothing to resume: {folder} has no {CHECKPOINT_NAME}")
     defaults = {"epochs": spec.training.epochs, "eval_every": spec.training.eval_every}
     settings, notes = merge_settings(request.given, recorded, defaults)
     for note in notes:
@@ -170,6 +178,7 @@ def _train_in(request: RunRequest, spec, folder: Path) -> None:
     if settings["cache"] is not None:
         spec = replace(spec, plan=replace(spec.plan, cache=settings["cache"]))
     _run(request, spec, folder, settings, state)
+
 
 def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | None) -> None:
     import torch

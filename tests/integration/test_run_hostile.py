@@ -192,6 +192,8 @@ RUN_CASES = {
                                        "not a flowrec run folder"),
     "out_is_a_file": (lambda r: ["train", str(r / "spec.yaml"), "--out", str(r / "spec.yaml")], "is a file"),
     "resume_a_file": (lambda r: ["train", str(r / "spec.yaml"), "--resume", str(r / "spec.yaml")], "is a file"),
+    "resume_a_folder_of_other_files": (lambda r: ["train", str(r / "spec.yaml"), "--resume", str(r / "data")],
+                                       "has no checkpoint.pt or run.json"),
     "resume_nothing": (lambda r: ["train", str(r / "spec.yaml"), "--resume", str(r / "nope")], "nothing to resume"),
     "resume_and_overwrite": (lambda r: ["train", str(r / "spec.yaml"), "--resume", str(r / "run"), "--overwrite"],
                              "give one of them"),
