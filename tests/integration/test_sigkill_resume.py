@@ -78,7 +78,7 @@ def _kill_at_random_moment(proc: subprocess.Popen, run: Path, rng: random.Random
         while time.monotonic() < end and proc.poll() is None:
             time.sleep(0.01)
     else:
-        target = _train_records(run) + rng.randint(1, 30)
+        target = _train_records(run) + rng.randint(1, 12)
         while _train_records(run) < target and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.002)
     if proc.poll() is None:
