@@ -7,12 +7,16 @@ Example:
 """
 from __future__ import annotations
 
+import errno
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from flowrec.runtime.atomic import atomic_write
 
 EPS = 1e-7  # probability clamp for logloss
 
@@ -54,33 +58,90 @@ def mse(targets: np.ndarray, preds: np.ndarray) -> float:
     return float(np.mean(diff * diff))
 
 
+class MetricsError(OSError):
+    """metrics.jsonl cannot be written (disk full, permissions); the message is one line."""
+
+
 class MetricsLog:
     """Appends one JSON object per line to `metrics.jsonl`, and to TensorBoard when installed.
 
+    Each record is one `write` of a whole line; if it fails (disk full), the file is cut back to
+    its last complete line, so the log is never torn.
+
     Args:
-        path: the JSON-lines file (created with its folder).
+        path: the JSON-lines file (its folder must exist).
         tensorboard: also write TensorBoard scalars if `torch.utils.tensorboard` imports.
+        keep_through_step: first drop every record of a later step (and any torn line), atomically
+            (a resumed run logs the steps after its checkpoint again, so each step stays once).
     """
 
-    def __init__(self, path: Path, tensorboard: bool = True) -> None:
+    def __init__(self, path: Path, tensorboard: bool = True, keep_through_step: int | None = None) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = self.path.open("a", encoding="utf-8")
+        if keep_through_step is not None:
+            trim_metrics(self.path, keep_through_step)
+        try:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise MetricsError(f"cannot write {self.path}: {exc.strerror}") from None
         self._tb = _tensorboard_writer(self.path.parent) if tensorboard else None
 
     def write(self, record: dict[str, Any]) -> None:
         clean = {k: _jsonable(v) for k, v in record.items()}
-        self._file.write(json.dumps(clean, sort_keys=True) + "\n")
-        self._file.flush()
+        _append_line(self._fd, self.path, (json.dumps(clean, sort_keys=True) + "\n").encode())
         if self._tb is not None and "step" in record:
             for key, value in clean.items():
                 if isinstance(value, (int, float)) and key != "step" and value is not None:
                     self._tb.add_scalar(f"{record.get('event', 'train')}/{key}", value, record["step"])
 
     def close(self) -> None:
-        self._file.close()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
         if self._tb is not None:
             self._tb.close()
+
+
+def _append_line(fd: int, path: Path, line: bytes) -> None:
+    """Append `line` whole, or cut the file back to where it was and raise MetricsError."""
+    size = os.fstat(fd).st_size
+    try:
+        written = os.write(fd, line)
+        if written != len(line):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    except OSError as exc:
+        try:
+            os.ftruncate(fd, size)
+        except OSError:
+            pass
+        raise MetricsError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The complete records of a metrics log (a torn last line is skipped)."""
+    if not Path(path).is_file():
+        return []
+    records = []
+    for line in Path(path).read_bytes().split(b"\n"):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+def trim_metrics(path: Path, step: int) -> None:
+    """Keep the records up to `step` (each step once after a resume): new file, then rename."""
+    path = Path(path)
+    if not path.is_file():
+        return
+    kept = [r for r in read_records(path) if isinstance(r.get("step"), int) and r["step"] <= step]
+    text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in kept)
+    try:
+        atomic_write(path, text.encode())
+    except OSError as exc:
+        raise MetricsError(f"cannot rewrite {path}: {exc.strerror or exc}") from None
 
 
 def _jsonable(v: Any) -> Any:

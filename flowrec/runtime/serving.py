@@ -23,11 +23,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from flowrec.data.batches import StagingOptions, iterate_batches
-from flowrec.runtime.checkpoint import load_checkpoint
-from flowrec.runtime.evaluate import evaluate
-from flowrec.runtime.lowering import LoweredModel, lower
 from flowrec.graph.plan_io import plan_from_document, plan_json
 from flowrec.graph.types import Plan
+from flowrec.runtime.atomic import write_atomically
+from flowrec.runtime.checkpoint import (
+    CheckpointError,
+    check_tensors,
+    checkpoint_path,
+    load_checkpoint,
+    read_torch_file,
+)
+from flowrec.runtime.evaluate import evaluate
+from flowrec.runtime.lowering import LoweredModel, lower
 from flowrec.runtime.session import open_dataset, resolve_device
 from flowrec.spec.load import spec_from_dict
 from flowrec.spec.model import ModelSpec
@@ -54,32 +61,41 @@ class Trained:
             source.close()
 
 
-def _spec_of(state: dict[str, Any]) -> ModelSpec:
-    doc = json.loads(state["spec"])
-    issues = validate_document(doc)
+def _spec_of(state: dict[str, Any], source: Path | str = "the file") -> ModelSpec:
+    try:
+        doc = json.loads(state["spec"])
+    except (TypeError, ValueError):
+        raise CheckpointError(f"{source} is damaged: its spec is not JSON") from None
+    issues = validate_document(doc) if isinstance(doc, dict) else ["not a mapping"]
     if issues:
-        raise ValueError("the checkpoint's spec is not valid: " + "; ".join(map(str, issues)))
+        raise CheckpointError(f"{source} holds a spec that is not valid: {issues[0]}")
     return spec_from_dict(doc)
 
 
 def stored_plan(state: dict[str, Any], where: str) -> Plan:
-    """The plan a checkpoint (or export) was trained with. Raises ValueError when it has none."""
+    """The plan a checkpoint (or export) was trained with. Raises CheckpointError when it has none."""
     text = state.get("plan") or ""
     try:
         return plan_from_document(json.loads(text))
     except (ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"{where} holds no complete plan (made by an older flowrec?): "
-                         f"{type(exc).__name__}: {exc}") from None
+        raise CheckpointError(f"{where} holds no complete plan (made by an older flowrec?): "
+                              f"{type(exc).__name__}: {exc}") from None
 
 
 def load_trained(run: Path, device: str, scoring: Callable[[Plan], Plan]) -> Trained:
     """Restore the model of a run folder / checkpoint file on `device`, with its stored plan as
-    `scoring` maps it (the planner's rule for scoring a trained plan)."""
-    state = load_checkpoint(Path(run))
-    spec = _spec_of(state)
+    `scoring` maps it (the planner's rule for scoring a trained plan).
+
+    Raises:
+        CheckpointError: a damaged or foreign checkpoint, or one that does not fit its spec's model.
+    """
+    source = checkpoint_path(Path(run))
+    state = load_checkpoint(source)
+    spec = _spec_of(state, source)
     dev = resolve_device(device)
     plan = scoring(stored_plan(state, str(run)))
     model = lower(plan, spec, dev)
+    check_tensors(source, "model", model.state_dict(), state["model"])
     model.load_state_dict(state["model"])
     return Trained(spec, model, plan)
 
@@ -160,17 +176,19 @@ def export_serving(trained: Trained, path: Path) -> None:
     serving = ServingModel(trained.spec, trained.model)
     from flowrec.spec.load import to_dict
 
-    torch.save({"format": SERVING_FORMAT, "spec": json.dumps(to_dict(trained.spec)),
-                "plan": plan_json(trained.plan), "state": serving.state_dict()}, Path(path))
+    document = {"format": SERVING_FORMAT, "spec": json.dumps(to_dict(trained.spec)),
+                "plan": plan_json(trained.plan), "state": serving.state_dict()}
+    write_atomically(Path(path), lambda f: torch.save(document, f))
 
 
 def load_serving(path: Path) -> ServingModel:
     """Load an exported serving model (`weights_only=True`) as a plain torch module on the CPU."""
-    state = torch.load(Path(path), map_location="cpu", weights_only=True)
-    if state.get("format") != SERVING_FORMAT:
-        raise ValueError(f"{path} is not a flowrec serving model")
-    spec = _spec_of(state)
+    state = read_torch_file(Path(path), "cpu", "flowrec serving model")
+    if not isinstance(state, dict) or state.get("format") != SERVING_FORMAT:
+        raise CheckpointError(f"{path} is not a flowrec serving model")
+    spec = _spec_of(state, path)
     plan = stored_plan(state, str(path))
     serving = ServingModel(spec, lower(plan, spec, "cpu"))
+    check_tensors(Path(path), "serving state", serving.state_dict(), state.get("state"))
     serving.load_state_dict(state["state"])
     return serving.eval()

@@ -28,20 +28,27 @@ from flowrec.data.batches import StagingOptions, batches_per_epoch, iterate_batc
 from flowrec.runtime.caches.counters import collect_counters
 from flowrec.runtime.caches.fae_batches import COLD_RUN, HOT_RUN, HotColdBatcher
 from flowrec.runtime.caches.static_hot import assign_hot_rows
-from flowrec.runtime.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
+from flowrec.runtime.checkpoint import (
+    CHECKPOINT_FORMAT,
+    CHECKPOINT_NAME,
+    CHECKPOINT_VERSION,
+    CheckpointError,
+    check_tensors,
+    load_checkpoint,
+    save_checkpoint,
+)
 from flowrec.runtime.evaluate import evaluate
 from flowrec.runtime.hostmem import tune_host_allocator
 from flowrec.runtime.lowering import LoweredModel
 from flowrec.runtime.metrics import MetricsLog
+from flowrec.runtime.nonfinite import LossGuard, NonFiniteLoss, TrainingStopped, first_non_finite
 from flowrec.runtime.pipeline import TransferStage
 from flowrec.runtime.placement import HOST_SIDE
 from flowrec.runtime.progress import TrainProgress
+from flowrec.runtime.rundir import METRICS_FILE, write_text
 from flowrec.runtime.step import make_dense_optimizer, train_step
 from flowrec.spec.load import to_dict
 from flowrec.spec.model import ModelSpec
-
-CHECKPOINT_FORMAT = "flowrec-checkpoint"
-CHECKPOINT_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -64,6 +71,8 @@ class TrainConfig:
             stream); False gives the sequential schedule for comparison (same parameters).
         hot_run: FAE interleaving rate, hot batches in a row (static_hot placements).
         cold_run: cold batches in a row.
+        nan_policy: on a non-finite loss, "stop" (raise TrainingStopped; nothing of the batch is
+            applied and no checkpoint is written) or "skip-batch" (skip its update, count it).
     """
 
     epochs: int | None = None
@@ -80,6 +89,7 @@ class TrainConfig:
     interleave: bool = True
     hot_run: int = HOT_RUN
     cold_run: int = COLD_RUN
+    nan_policy: str = "stop"
 
 
 @dataclass
@@ -103,6 +113,7 @@ class TrainResult:
     interrupted: bool = False
     stage_seconds: dict[str, float] = field(default_factory=dict)
     counters: dict[str, dict[str, Any]] = field(default_factory=dict)
+    skipped_batches: int = 0
 
 
 class Trainer:
@@ -141,6 +152,8 @@ class Trainer:
         self.stage_seconds = {"staging_wait": 0.0, "compute": 0.0, "eval": 0.0, "checkpoint": 0.0}
         self._interrupt = GracefulInterrupt()
         self._per_epoch = 0
+        self.skipped_batches = 0
+        self.checkpoint_step: int | None = None  # step of the newest checkpoint on disk
 
     # ---------------------------------------------------------------- data
     def staging(self, shuffle: bool | None = None, lookahead: int | None = None) -> StagingOptions:
@@ -159,13 +172,8 @@ class Trainer:
                                self.model.groups)
 
     # ---------------------------------------------------------------- loop
-    def fit(self, train_source: Any, eval_source: Any | None = None,
-            on_step: Callable[[Position, float], None] | None = None) -> TrainResult:
-        """Train from the current position to the end (or max_steps); evaluate; checkpoint.
-
-        A KeyboardInterrupt saves a resumable checkpoint at the last completed step and returns
-        a result with `interrupted=True`.
-        """
+    def total_steps(self, train_source: Any) -> int | None:
+        """Steps of the whole run (None when unknown in advance: FAE hot/cold batches)."""
         cfg = self.config
         per_epoch = batches_per_epoch(sum(train_source.partition_rows()), self.spec.training.batch_size,
                                       cfg.drop_last)
@@ -173,9 +181,43 @@ class Trainer:
         total = per_epoch * self.epochs
         if cfg.max_steps is not None:
             total = min(total, cfg.max_steps)
+        return total
+
+    def finished(self, train_source: Any) -> bool:
+        """The run is at its end already (all epochs, or max_steps, done)."""
+        total = self.total_steps(train_source)
+        if self.hot_flags is None or self.hot_flags:  # FAE: epochs end when their batches do
+            total = self.config.max_steps
+        return self.position.epoch >= self.epochs or self._done(total)
+
+    def fit(self, train_source: Any, eval_source: Any | None = None,
+            on_step: Callable[[Position, float], None] | None = None) -> TrainResult:
+        """Train from the current position to the end (or max_steps); evaluate; checkpoint.
+
+        A KeyboardInterrupt saves a resumable checkpoint at the last completed step and returns
+        a result with `interrupted=True`. A non-finite loss under `nan_policy="stop"` (or non-finite
+        parameters at a checkpoint) raises TrainingStopped and keeps the last checkpoint.
+        """
+        cfg = self.config
+        total = self.total_steps(train_source)
         if cfg.out_dir is not None:
             self._write_run_files(Path(cfg.out_dir))
-            self.log = MetricsLog(Path(cfg.out_dir) / "metrics.jsonl", cfg.tensorboard)
+            self.log = MetricsLog(Path(cfg.out_dir) / METRICS_FILE, cfg.tensorboard,
+                                  keep_through_step=self.position.step)
+        try:
+            return self._fit(train_source, eval_source, on_step, total)
+        except TrainingStopped as exc:
+            if self.log is not None:
+                self.log.write({"event": "stopped", "step": self.position.step, "reason": str(exc)})
+            raise
+        finally:
+            self.model.close()
+            if self.log is not None:
+                self.log.close()
+
+    def _fit(self, train_source: Any, eval_source: Any | None,
+             on_step: Callable[[Position, float], None] | None, total: int | None) -> TrainResult:
+        cfg = self.config
         if self.hot_flags is None:  # FAE: profile a sample, load the hottest rows onto the device
             self.hot_flags = assign_hot_rows(self.model, self.spec, train_source, seed=self.spec.training.seed)
         if self.hot_flags:  # hot/cold batches: the step count of an epoch is known only at its end
@@ -196,11 +238,10 @@ class Trainer:
         seconds = time.perf_counter() - started
         samples = self.position.samples - start_samples
         result = TrainResult(self.position.step, samples, seconds, samples / max(seconds, 1e-9), loss,
-                             interrupted=interrupted)
+                             interrupted=interrupted, skipped_batches=self.skipped_batches)
         if not interrupted and eval_source is not None:
             result.eval = self._evaluate(eval_source, final=True)
         self._checkpoint()
-        self.model.close()
         result.stage_seconds = dict(self.stage_seconds)
         placement = {g.name: g.placement for g in self.model.groups}
         result.counters = {name: {"placement": placement[name], **snap}
@@ -209,10 +250,8 @@ class Trainer:
             self.log.write({"event": "end", "step": self.position.step, "samples": samples,
                             "seconds": seconds, "samples_per_s": result.samples_per_s,
                             "interrupted": interrupted, "stage_seconds": result.stage_seconds,
-                            "counters": result.counters})
-            self.log.close()
+                            "counters": result.counters, "skipped_batches": self.skipped_batches})
         return result
-
 
     def _done(self, total: int | None) -> bool:
         return total is not None and self.position.step >= total
@@ -226,12 +265,15 @@ class Trainer:
         with TransferStage(staged, self.model.device, self.prefetch, self.host_groups) as batches:
             for batch in batches:
                 t0 = time.perf_counter()
-                loss = train_step(self.model, self.optimizer, batch, self.micro_batches, self.precision)
+                loss, skipped_head = self._step(batch)
                 self.stage_seconds["compute"] += time.perf_counter() - t0
                 pos.batch, pos.step, pos.samples = batch.index + 1, pos.step + 1, pos.samples + batch.size
                 bar.update(batch.size, loss)
                 if self.log is not None:
-                    self.log.write({"event": "train", "step": pos.step, "epoch": pos.epoch, "loss": loss})
+                    record = {"event": "train", "step": pos.step, "epoch": pos.epoch, "loss": loss}
+                    if skipped_head is not None:
+                        record.update(skipped=True, head=skipped_head)
+                    self.log.write(record)
                 if on_step is not None:
                     on_step(pos, loss)
                 if self.eval_every and eval_source is not None and pos.step % self.eval_every == 0:
@@ -248,6 +290,26 @@ class Trainer:
         if self._interrupt.requested:
             raise KeyboardInterrupt
         return loss
+
+    def _step(self, batch: Any) -> tuple[float | None, str | None]:
+        """One guarded step: (loss, None), or (None, head) for a skipped non-finite batch."""
+        try:
+            return train_step(LossGuard(self.model), self.optimizer, batch, self.micro_batches,
+                              self.precision), None
+        except NonFiniteLoss as bad:
+            step = self.position.step + 1
+            if self.config.nan_policy != "skip-batch":
+                raise TrainingStopped(f"non-finite loss ({bad.value}) at step {step} in head {bad.head}; "
+                                      f"training stopped, {self.checkpoint_note()} (--nan-policy skip-batch skips "
+                                      f"such batches)") from None
+            self.skipped_batches += 1
+            return None, bad.head
+
+    def checkpoint_note(self) -> str:
+        """What is on disk after a failure: the newest checkpoint's step, or that there is none."""
+        if self.checkpoint_step is None:
+            return "no checkpoint was written"
+        return f"the checkpoint of step {self.checkpoint_step} is kept"
 
     def _staged(self, train_source: Any) -> Any:
         """This epoch's batches from the current position (hot/cold batches under FAE)."""
@@ -282,29 +344,69 @@ class Trainer:
             "dense_optimizer": self.optimizer.state_dict(),
             "rng": {"torch": torch.get_rng_state()},
             "position": asdict(self.position),
+            "skipped_batches": self.skipped_batches,
         }
 
-    def load_state(self, state: dict[str, Any]) -> None:
-        """Restore a checkpoint's parameters, optimizer state, RNG and data position."""
+    def load_state(self, state: dict[str, Any], source: Path | str = "checkpoint") -> None:
+        """Restore a checkpoint's parameters, optimizer state, RNG and data position.
+
+        The checkpoint must fit this model: the same parameter names, shapes and dtypes, and a dense
+        optimizer state for the same parameters (else CheckpointError, one line naming `source`).
+        """
         if state.get("format") != CHECKPOINT_FORMAT:
-            raise ValueError("not a flowrec checkpoint")
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["dense_optimizer"])
+            raise CheckpointError(f"{source} is not a flowrec checkpoint")
+        check_tensors(Path(source), "model", self.model.state_dict(), state.get("model"))
+        check_optimizer_state(Path(source), self.optimizer, state.get("dense_optimizer"))
+        try:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["dense_optimizer"])
+        except (RuntimeError, ValueError, KeyError, TypeError) as exc:
+            raise CheckpointError(f"{source} does not fit the spec's model "
+                                  f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
         torch.set_rng_state(state["rng"]["torch"])
         self.position = Position(**state["position"])
+        self.skipped_batches = int(state.get("skipped_batches", 0))
+        self.checkpoint_step = self.position.step
 
     def _checkpoint(self) -> None:
         if self.config.out_dir is None:
             return
         t0 = time.perf_counter()
-        save_checkpoint(Path(self.config.out_dir) / CHECKPOINT_NAME, self.state())
+        state = self.state()
+        bad = first_non_finite(state["model"])
+        if bad is not None:
+            raise TrainingStopped(f"parameter {bad} is not finite at step {self.position.step}; "
+                                  f"not checkpointed, {self.checkpoint_note()}")
+        save_checkpoint(Path(self.config.out_dir) / CHECKPOINT_NAME, state)
+        self.checkpoint_step = self.position.step
         self.stage_seconds["checkpoint"] += time.perf_counter() - t0
 
     def _write_run_files(self, out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "spec.json").write_text(json.dumps(to_dict(self.spec), indent=2, sort_keys=True) + "\n")
+        write_text(out / "spec.json", json.dumps(to_dict(self.spec), indent=2, sort_keys=True) + "\n")
         if self.plan_document:
-            (out / "plan.json").write_text(self.plan_document)
+            write_text(out / "plan.json", self.plan_document)
+
+
+def check_optimizer_state(source: Path, optimizer: torch.optim.Optimizer, saved: Any) -> None:
+    """A saved torch.optim state for the same parameters (count, and shapes of per-parameter tensors)."""
+    if not isinstance(saved, dict) or not isinstance(saved.get("state"), dict) \
+            or not isinstance(saved.get("param_groups"), list):
+        raise CheckpointError(f"{source} is damaged: dense_optimizer is not an optimizer state")
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    ids = [i for group in saved["param_groups"] if isinstance(group, dict) for i in group.get("params", [])]
+    if len(ids) != len(params):
+        raise CheckpointError(f"{source} does not fit the spec's model: the dense optimizer holds "
+                              f"{len(ids)} parameters, the model has {len(params)}")
+    shapes = dict(zip(ids, (p.shape for p in params)))
+    for index, entry in saved["state"].items():
+        if index not in shapes or not isinstance(entry, dict):
+            raise CheckpointError(f"{source} is damaged: dense optimizer state {index!r} has no parameter")
+        for name, value in entry.items():
+            if isinstance(value, torch.Tensor) and value.dim() and value.shape != shapes[index]:
+                raise CheckpointError(f"{source} does not fit the spec's model: dense optimizer {name} "
+                                      f"of parameter {index} is {tuple(value.shape)}, expected "
+                                      f"{tuple(shapes[index])}")
 
 
 class _Skipping:
@@ -346,5 +448,5 @@ class GracefulInterrupt:
 
 
 def resume_state(run_dir: Path) -> dict[str, Any]:
-    """Load the checkpoint of a run folder (`weights_only=True`)."""
+    """Load and check the checkpoint of a run folder (`weights_only=True`)."""
     return load_checkpoint(Path(run_dir))

@@ -94,11 +94,19 @@ def test_resume_after_max_steps_ends_with_the_uninterrupted_parameters(spec_file
     first = _train(spec_file, tmp_path / "part", "--max-steps", "29")  # stops mid-epoch 2
     assert first.exit_code == 0, first.output
     assert load_checkpoint(tmp_path / "part")["position"]["step"] == 29
-    resumed = runner.invoke(app, ["train", str(spec_file), "--resume", str(tmp_path / "part"), "--quiet"])
+    again = runner.invoke(app, ["train", str(spec_file), "--resume", str(tmp_path / "part"), "--quiet"])
+    assert again.exit_code == 0, again.output  # max-steps 29 is restored: the run is finished
+    assert "--max-steps 29" in again.stderr and "is finished: step 29" in again.stderr
+    assert load_checkpoint(tmp_path / "part")["position"]["step"] == 29
+    resumed = runner.invoke(app, ["train", str(spec_file), "--resume", str(tmp_path / "part"), "--quiet",
+                                  "--max-steps", "48"])
     assert resumed.exit_code == 0, resumed.output
-    assert "resuming" in resumed.stderr
+    assert "resuming" in resumed.stderr and "--max-steps 48 overrides the run's --max-steps 29" in resumed.stderr
     full, part = _params(tmp_path / "full"), _params(tmp_path / "part")
     assert all(torch.equal(full[k], part[k]) for k in full)
+    steps = [json.loads(line)["step"] for line in (tmp_path / "part" / "metrics.jsonl").read_text().splitlines()
+             if json.loads(line)["event"] == "train"]
+    assert steps == list(range(1, 49))
 
 
 def test_ctrl_c_leaves_a_resumable_checkpoint(spec_file: Path, tmp_path: Path):
@@ -246,7 +254,8 @@ def test_cache_placements_resume_exactly(spec_file: Path, tmp_path: Path, policy
     budget = ("--device-budget", "224KiB")
     assert _train(cached, tmp_path / "full", *budget).exit_code == 0
     assert _train(cached, tmp_path / "part", *budget, "--max-steps", "30").exit_code == 0
-    resumed = runner.invoke(app, ["train", str(cached), "--resume", str(tmp_path / "part"), "--quiet"])
+    resumed = runner.invoke(app, ["train", str(cached), "--resume", str(tmp_path / "part"), "--quiet",
+                                  "--max-steps", "1000"])
     assert resumed.exit_code == 0, resumed.output
     full, part = _params(tmp_path / "full"), _params(tmp_path / "part")
     assert full.keys() == part.keys()

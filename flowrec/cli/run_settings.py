@@ -1,0 +1,124 @@
+"""The settings a run was started with (run.json): recorded at its start, restored by --resume.
+
+A flag given again on --resume overrides the recorded value, and the user is told so; every
+restored value is listed, so the printed resume command visibly continues the same run.
+
+Example:
+    >>> settings, notes = merge_settings({"epochs": None}, {"epochs": 3}, {})   # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from flowrec.runtime.nonfinite import NAN_POLICIES
+from flowrec.runtime.rundir import RUN_FILE, RunFolderError, write_text
+
+MAX_SEED = 2**63 - 1  # seeds are 0..2^63-1 (numpy and torch generators take 64-bit seeds)
+
+# run.json key -> the option that sets it, and its value for a new run (None: decided from the spec)
+SETTINGS: dict[str, tuple[str, Any]] = {
+    "data": ("--data", None),
+    "eval_data": ("--eval-data", None),
+    "rows": ("--rows", 400_000),
+    "seed": ("--seed", None),
+    "device": ("--device", "auto"),
+    "device_budget": ("--device-budget", None),
+    "dask": ("--dask", None),
+    "cache": ("--cache", None),
+    "plan": ("--plan", None),
+    "epochs": ("--epochs", None),
+    "max_steps": ("--max-steps", None),
+    "eval_every": ("--eval-every", None),
+    "checkpoint_every": ("--checkpoint-every", 0),
+    "interleave": ("--interleave/--no-interleave", True),
+    "nan_policy": ("--nan-policy", "stop"),
+}
+
+INT_SETTINGS = ("rows", "seed", "epochs", "max_steps", "eval_every", "checkpoint_every")
+KINDS: dict[str, type] = {**{k: str for k in SETTINGS}, **{k: int for k in INT_SETTINGS}, "interleave": bool}
+CACHE_POLICIES = ("auto", "none", "static_hot", "lookahead")
+CHOICES = {"cache": CACHE_POLICIES, "nan_policy": NAN_POLICIES}
+
+
+def read_run_file(folder: Path) -> dict[str, Any] | None:
+    """The recorded settings of a run folder, None when it has no run.json."""
+    path = Path(folder) / RUN_FILE
+    if not path.is_file():
+        return None
+    try:
+        recorded = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise RunFolderError(f"{path} is damaged ({type(exc).__name__}); it records how the run was "
+                             f"started, so the run cannot be resumed") from None
+    if not isinstance(recorded, dict):
+        raise RunFolderError(f"{path} is damaged (not a JSON object)")
+    for key, value in recorded.items():
+        problem = setting_problem(key, value)
+        if problem is not None:
+            raise RunFolderError(f"{path} is damaged: {key} {problem}")
+    return recorded
+
+
+def setting_problem(key: str, value: Any) -> str | None:
+    """Why a recorded setting cannot be used, or None (unknown keys of later versions pass)."""
+    if value is None or key not in KINDS:
+        return None
+    kind = KINDS[key]
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        return f"must be a non-negative integer, not {value!r}"
+    if kind is bool and not isinstance(value, bool):
+        return f"must be true or false, not {value!r}"
+    if kind is str and not isinstance(value, str):
+        return f"must be a string, not {value!r}"
+    if key in CHOICES and value not in CHOICES[key]:
+        return f"must be one of {', '.join(CHOICES[key])}, not {value!r}"
+    if key == "seed" and value > MAX_SEED:
+        return f"must be in 0..{MAX_SEED}"
+    return None
+
+
+def write_run_file(folder: Path, settings: dict[str, Any]) -> None:
+    write_text(Path(folder) / RUN_FILE, json.dumps(settings, indent=2, sort_keys=True) + "\n")
+
+
+def merge_settings(given: dict[str, Any], recorded: dict[str, Any] | None,
+                   spec_defaults: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The run's settings: a given flag, else the recorded value, else the default.
+
+    Args:
+        given: option values from the command line (None: not given).
+        recorded: run.json of the run being resumed (None: a new run).
+        spec_defaults: defaults that come from the spec (epochs, eval_every).
+
+    Returns:
+        (settings, notes): notes say what was restored and which flags override the record.
+    """
+    settings, restored, overridden = {}, [], []
+    for key, (flag, default) in SETTINGS.items():
+        value = given.get(key)
+        if recorded is not None and key in recorded:
+            if value is None:
+                value = recorded[key]
+                if value is not None:
+                    restored.append(_described(flag, value))
+            elif value != recorded[key]:
+                overridden.append(f"{_described(flag, value)} overrides the run's "
+                                  f"{_described(flag, recorded[key])}")
+        if value is None:
+            value = spec_defaults.get(key, default)
+        settings[key] = value
+    notes = []
+    if restored:
+        notes.append("restored from run.json: " + ", ".join(restored))
+    notes.extend(overridden)
+    return settings, notes
+
+
+def _described(flag: str, value: Any) -> str:
+    """`--epochs 3`, or `--no-interleave` for a switch."""
+    if "/" in flag:
+        on, off = flag.split("/")
+        return on if value else off
+    return f"{flag} {value}"

@@ -1,0 +1,67 @@
+"""Non-finite losses and parameters: caught before they update anything or reach a checkpoint.
+
+`LossGuard` wraps a lowered model for `train_step`: its `loss` raises `NonFiniteLoss` (naming the
+head) when the batch loss is NaN or infinite, before `backward` runs, so neither the fused sparse
+update (which runs inside backward) nor the dense optimizer step sees the batch. With micro-batches
+the earlier slices only accumulated gradients, which the next step's `zero_grad` discards.
+
+Example:
+    >>> loss = train_step(LossGuard(model), optimizer, batch)   # doctest: +SKIP
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import torch
+
+NAN_POLICIES = ("stop", "skip-batch")
+
+
+class NonFiniteLoss(Exception):
+    """The loss of a batch is NaN or infinite; nothing was updated."""
+
+    def __init__(self, head: str, value: float) -> None:
+        super().__init__(f"loss {value} in head {head}")
+        self.head = head
+        self.value = value
+
+
+class TrainingStopped(RuntimeError):
+    """Training cannot go on (non-finite loss or parameters); the message is one line."""
+
+
+class LossGuard:
+    """`model` as `train_step` uses it, with a loss that refuses non-finite values."""
+
+    def __init__(self, model: Any) -> None:
+        self._model = model
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        loss = self._model.loss(logits, labels)
+        if not bool(torch.isfinite(loss.detach()).all()):
+            raise NonFiniteLoss(self._bad_head(logits, labels), float(loss.detach()))
+        return loss
+
+    def _bad_head(self, logits: Any, labels: torch.Tensor) -> str:
+        names: Sequence[str] = getattr(self._model, "head_names", ())
+        per_head = getattr(self._model.loss, "per_head", None)
+        if per_head is None or not names:
+            return "(unknown)"
+        heads = list(logits.split(1, dim=1)) if isinstance(logits, torch.Tensor) else list(logits)
+        with torch.no_grad():
+            parts = per_head(heads, labels)
+        for name, part in zip(names, parts):
+            if not bool(torch.isfinite(part).all()):
+                return name
+        return "(the weighted sum of the heads)"
+
+
+def first_non_finite(tensors: Mapping[str, torch.Tensor]) -> str | None:
+    """The name of the first floating tensor holding NaN or inf, or None."""
+    for name, t in tensors.items():
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            return name
+    return None

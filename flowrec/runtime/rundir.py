@@ -1,0 +1,144 @@
+"""Run folders: owned by one run at a time, claimed without races, written without tearing.
+
+A run holds an exclusive advisory lock (`fcntl.flock`) on `RUN/.flowrec.lock`, with its pid written
+in it, for its whole life; the kernel drops the lock when the process ends, however it ends
+(SIGKILL included), so a stale lock never blocks a later run. Default folders `runs/<name>`,
+`runs/<name>-2`, ... are claimed with an atomic `mkdir`, so two runs started together never share
+one.
+
+Example:
+    >>> lock = RunLock.acquire(Path("runs/exp1"))   # doctest: +SKIP
+    >>> folder, lock = claim_new_folder(Path("runs"), "dlrm")   # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from flowrec.runtime.atomic import TEMP_PREFIX, TEMP_SUFFIX, atomic_write, remove_stale_temps
+from flowrec.runtime.checkpoint import CHECKPOINT_NAME
+
+LOCK_NAME = ".flowrec.lock"
+RUN_FILE = "run.json"  # the settings a run was started with; --resume restores them
+METRICS_FILE = "metrics.jsonl"
+RUN_FILES = (CHECKPOINT_NAME, METRICS_FILE, RUN_FILE, "spec.json", "plan.json")
+RUN_SUBFOLDERS = ("data", "tensorboard")  # bound raw data encoded for the run; TensorBoard logs
+MAX_NUMBERED = 10_000  # runs/<name>-N tried before giving up
+
+
+class RunFolderError(ValueError):
+    """A run folder that cannot be used; the message is one line naming it."""
+
+
+@dataclass
+class RunLock:
+    """The exclusive lock of a run folder, held until `release` or the end of the process."""
+
+    folder: Path
+    fd: int
+
+    @classmethod
+    def acquire(cls, folder: Path) -> "RunLock":
+        """Lock `folder` (which must exist) or raise RunFolderError naming the holder's pid."""
+        path = Path(folder) / LOCK_NAME
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise RunFolderError(f"cannot lock run folder {folder}: {exc.strerror}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = _read_pid(fd)
+            os.close(fd)
+            raise RunFolderError(f"run folder {folder} is in use by another flowrec run (pid {holder})") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        return cls(Path(folder), fd)
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _read_pid(fd: int) -> str:
+    try:
+        return os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def claim_new_folder(root: Path, name: str) -> tuple[Path, RunLock]:
+    """The first of root/name, root/name-2, ... that this call creates (atomic mkdir), locked."""
+    try:
+        Path(root).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RunFolderError(f"cannot create {root}: {exc.strerror}") from None
+    for n in range(1, MAX_NUMBERED + 1):
+        candidate = Path(root) / (name if n == 1 else f"{name}-{n}")
+        try:
+            os.mkdir(candidate)
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise RunFolderError(f"cannot create run folder {candidate}: {exc.strerror}") from None
+        return candidate, RunLock.acquire(candidate)
+    raise RunFolderError(f"no free run folder name under {root} for {name} (tried {MAX_NUMBERED})")
+
+
+def open_folder(folder: Path) -> RunLock:
+    """Create `folder` if needed and lock it; an existing file there is an error."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise RunFolderError(f"{folder} is a file, not a run folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RunFolderError(f"cannot create run folder {folder}: {exc.strerror or exc}") from None
+    lock = RunLock.acquire(folder)
+    remove_stale_temps(folder)
+    return lock
+
+
+def foreign_entries(folder: Path) -> list[str]:
+    """Names in `folder` that no flowrec run writes (a folder holding them is not a run folder)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    own = set(RUN_FILES) | {LOCK_NAME} | set(RUN_SUBFOLDERS)
+    return sorted(p.name for p in folder.iterdir()
+                  if p.name not in own and not (p.name.startswith(TEMP_PREFIX) and p.name.endswith(TEMP_SUFFIX)))
+
+
+def has_run(folder: Path) -> bool:
+    """A run with saved state lives here (its checkpoint must not be overwritten by another run)."""
+    return (Path(folder) / CHECKPOINT_NAME).is_file()
+
+
+def clear_run_files(folder: Path) -> None:
+    """Remove the files of a previous run before a new one starts in the folder (the lock is held).
+
+    run.json stays: the new run replaces it atomically, so a kill in between never leaves a folder
+    that the printed resume command cannot continue.
+    """
+    for name in RUN_FILES:
+        if name != RUN_FILE:
+            (Path(folder) / name).unlink(missing_ok=True)
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write a whole text file or leave the old one (temp, fsync, rename); one-line errors."""
+    try:
+        atomic_write(Path(path), text.encode())
+    except OSError as exc:
+        raise RunFolderError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def is_inside_run(path: Path) -> bool:
+    """`path` is a run's own file (checkpoint, metrics, settings, lock) or lies in a locked/run folder."""
+    path = Path(path)
+    parent = path.parent
+    owned = (parent / LOCK_NAME).exists() or (parent / CHECKPOINT_NAME).exists() or (parent / RUN_FILE).exists()
+    return owned and (path.name in RUN_FILES + (LOCK_NAME,) or path.exists())

@@ -1,0 +1,260 @@
+"""What a run guarantees, each handled as documented: --overwrite, stale temp files, race-free
+default folders, settings restored by --resume, non-finite losses (stop / skip-batch), disk-full and
+permission errors while checkpointing, metrics never torn, Ctrl-C during start-up."""
+from __future__ import annotations
+
+import dataclasses
+import errno
+import json
+import os
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from flowrec.cli import app
+from flowrec.runtime import checkpoint as ckpt
+from flowrec.runtime import metrics, trainer
+from flowrec.runtime.rundir import claim_new_folder
+
+SPEC = """
+name: tiny_guard
+features:
+  - {name: d1, type: dense, transform: log1p}
+  - {name: user, type: categorical, hash_buckets: 50, dim: 4}
+  - {name: item, type: categorical, hash_buckets: 80, dim: 4}
+modules:
+  - {name: bottom, kind: mlp, inputs: ["@dense"], layers: [4]}
+  - {name: interact, kind: dot, inputs: [bottom, user, item]}
+  - {name: top, kind: mlp, inputs: [interact, bottom], layers: [8]}
+heads:
+  - {name: ctr, input: top, task: binary, loss: bce}
+optimizer:
+  dense: {name: adam, lr: 0.01}
+  sparse: {name: rowwise_adagrad, lr: 0.1}
+training: {batch_size: 32, epochs: 2, seed: 5}
+"""
+STEPS_PER_EPOCH = 13  # 400 rows / 32
+runner = CliRunner()
+
+
+@pytest.fixture
+def spec(tmp_path: Path, monkeypatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "spec.yaml"
+    path.write_text(SPEC)
+    return path
+
+
+def _train(spec: Path, *args: str):
+    return runner.invoke(app, ["train", str(spec), "--rows", "400", "--quiet", *args])
+
+
+def _records(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def _train_steps(run: Path) -> list[int]:
+    return [r["step"] for r in _records(run) if r["event"] == "train"]
+
+
+def _model(run: Path) -> dict[str, torch.Tensor]:
+    return ckpt.load_checkpoint(run)["model"]
+
+
+def _poison_step(monkeypatch, step: int) -> None:
+    """The batch of training step `step` gets NaN labels (so its loss is NaN)."""
+    real = trainer.train_step
+    calls = {"n": 0}
+
+    def poisoned(model, optimizer, batch, *args):
+        calls["n"] += 1
+        if calls["n"] == step:
+            batch = dataclasses.replace(batch, labels=torch.full_like(batch.labels, float("nan")))
+        return real(model, optimizer, batch, *args)
+
+    monkeypatch.setattr(trainer, "train_step", poisoned)
+
+
+def test_overwrite_replaces_a_run_and_its_metrics(spec: Path, tmp_path: Path):
+    run = tmp_path / "run"
+    assert _train(spec, "--out", str(run), "--max-steps", "5").exit_code == 0
+    replaced = _train(spec, "--out", str(run), "--overwrite", "--max-steps", "3")
+    assert replaced.exit_code == 0, replaced.output
+    assert ckpt.load_checkpoint(run)["position"]["step"] == 3
+    assert _train_steps(run) == [1, 2, 3]
+
+
+def test_stale_temp_files_are_removed_when_the_owning_run_starts(spec: Path, tmp_path: Path):
+    run = tmp_path / "run"
+    assert _train(spec, "--out", str(run), "--max-steps", "4").exit_code == 0
+    stale = run / ".ckpt-killed.tmp"
+    stale.write_bytes(b"half a checkpoint")
+    resumed = _train(spec, "--resume", str(run), "--max-steps", "6")
+    assert resumed.exit_code == 0, resumed.output
+    assert not stale.exists() and ckpt.load_checkpoint(run)["position"]["step"] == 6
+
+
+def test_default_run_folders_are_claimed_without_races(tmp_path: Path):
+    barrier = threading.Barrier(8)
+    claimed, locks = [], []
+
+    def claim() -> None:
+        barrier.wait()
+        folder, lock = claim_new_folder(tmp_path / "runs", "job")
+        claimed.append(folder.name)
+        locks.append(lock)
+
+    threads = [threading.Thread(target=claim) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    for lock in locks:
+        lock.release()
+    assert sorted(claimed) == sorted(["job"] + [f"job-{n}" for n in range(2, 9)])
+
+
+def test_default_folder_of_a_second_run_is_numbered(spec: Path, tmp_path: Path):
+    for _ in range(2):
+        assert _train(spec, "--max-steps", "2").exit_code == 0
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["tiny_guard", "tiny_guard-2"]
+
+
+def test_resume_restores_every_setting_and_says_which_flags_override(spec: Path, tmp_path: Path):
+    run = tmp_path / "run"
+    first = _train(spec, "--out", str(run), "--max-steps", "7", "--checkpoint-every", "3", "--eval-every", "5",
+                   "--seed", "11", "--no-interleave", "--nan-policy", "skip-batch", "--epochs", "3")
+    assert first.exit_code == 0, first.output
+    resumed = runner.invoke(app, ["train", str(spec), "--resume", str(run), "--quiet", "--max-steps", "12"])
+    assert resumed.exit_code == 0, resumed.output
+    note = next(line for line in resumed.stderr.splitlines() if line.startswith("restored from run.json"))
+    for setting in ("--rows 400", "--epochs 3", "--checkpoint-every 3", "--eval-every 5", "--seed 11",
+                    "--no-interleave", "--nan-policy skip-batch", "--device auto"):
+        assert setting in note, setting
+    assert "--max-steps 12 overrides the run's --max-steps 7" in resumed.stderr
+    assert json.loads((run / "run.json").read_text())["max_steps"] == 12
+    evals = [r["step"] for r in _records(run) if r["event"] == "eval" and not r["final"]]
+    assert evals == [5, 10] and _train_steps(run) == list(range(1, 13))
+    straight = _train(spec, "--out", str(tmp_path / "straight"), "--max-steps", "12", "--seed", "11",
+                      "--no-interleave", "--epochs", "3")
+    assert straight.exit_code == 0
+    a, b = _model(run), _model(tmp_path / "straight")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_non_finite_loss_stops_naming_step_and_head_and_keeps_the_last_checkpoint(spec: Path, tmp_path: Path,
+                                                                                   monkeypatch):
+    run = tmp_path / "run"
+    _poison_step(monkeypatch, 6)
+    result = _train(spec, "--out", str(run), "--checkpoint-every", "4")
+    assert result.exit_code == 2, result.output
+    error = result.stderr.strip().splitlines()[-1]
+    assert error.startswith("error: non-finite loss (nan) at step 6 in head ctr")
+    assert "the checkpoint of step 4 is kept" in error and "Traceback" not in result.output
+    assert ckpt.load_checkpoint(run)["position"]["step"] == 4
+    assert _records(run)[-1]["event"] == "stopped"
+
+
+def test_skip_batch_skips_only_that_update_and_counts_it(spec: Path, tmp_path: Path, monkeypatch):
+    assert _train(spec, "--out", str(tmp_path / "four"), "--max-steps", "4").exit_code == 0
+    _poison_step(monkeypatch, 5)
+    result = _train(spec, "--out", str(tmp_path / "skip"), "--max-steps", "5", "--nan-policy", "skip-batch",
+                    "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout[result.stdout.index("{"):])["skipped_batches"] == 1
+    a, b = _model(tmp_path / "four"), _model(tmp_path / "skip")
+    assert all(torch.equal(a[k], b[k]) for k in a)  # the poisoned batch changed nothing
+    skipped = [r for r in _records(tmp_path / "skip") if r.get("skipped")]
+    assert [(r["step"], r["head"]) for r in skipped] == [(5, "ctr")]
+    assert _records(tmp_path / "skip")[-1]["skipped_batches"] == 1
+
+
+@pytest.mark.parametrize("code, words", [(errno.ENOSPC, "No space left on device"),
+                                         (errno.EACCES, "Permission denied")])
+def test_a_failed_checkpoint_write_is_one_line_and_keeps_the_previous_one(spec: Path, tmp_path: Path,
+                                                                          monkeypatch, code: int, words: str):
+    run = tmp_path / "run"
+    real = ckpt.write_state
+    calls = {"n": 0}
+
+    def failing(state, file):
+        calls["n"] += 1
+        if calls["n"] == 2:  # the second checkpoint: half written, then the disk is full
+            file.write(b"PK\x03\x04 half a checkpoint")
+            raise OSError(code, os.strerror(code))
+        real(state, file)
+
+    monkeypatch.setattr(ckpt, "write_state", failing)
+    result = _train(spec, "--out", str(run), "--checkpoint-every", "3")
+    assert result.exit_code == 2, result.output
+    error = result.stderr.strip().splitlines()[-1]
+    assert error.startswith(f"error: could not write checkpoint {run / 'checkpoint.pt'}: {words}")
+    assert "previous checkpoint is intact" in error and "Traceback" not in result.output
+    assert ckpt.load_checkpoint(run)["position"]["step"] == 3
+    assert not list(run.glob(".ckpt-*"))
+    assert _train_steps(run) == list(range(1, 7))
+    for name in ("run.json", "spec.json", "plan.json"):
+        json.loads((run / name).read_text())
+
+
+def test_a_metrics_line_that_cannot_be_written_whole_is_cut_back(tmp_path: Path, monkeypatch):
+    log = metrics.MetricsLog(tmp_path / "metrics.jsonl", tensorboard=False)
+    log.write({"event": "train", "step": 1, "loss": 0.5})
+    real_write = os.write
+
+    def disk_full(fd, data):
+        real_write(fd, data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "write", disk_full)
+    with pytest.raises(metrics.MetricsError, match="No space left on device"):
+        log.write({"event": "train", "step": 2, "loss": 0.25})
+    monkeypatch.setattr(os, "write", real_write)
+    log.close()
+    assert (tmp_path / "metrics.jsonl").read_text() == '{"event": "train", "loss": 0.5, "step": 1}\n'
+
+
+def test_trimming_drops_later_steps_and_a_torn_line(tmp_path: Path):
+    path = tmp_path / "metrics.jsonl"
+    lines = [json.dumps({"event": "train", "step": s}) for s in (1, 2, 3, 4)]
+    path.write_text("\n".join(lines) + '\n{"event": "tr')
+    metrics.trim_metrics(path, 2)
+    assert [r["step"] for r in metrics.read_records(path)] == [1, 2]
+    assert path.read_text().endswith("\n") and not list(tmp_path.glob(".ckpt-*"))
+
+
+def test_ctrl_c_during_start_up_is_one_line_and_exit_130(spec: Path, tmp_path: Path, monkeypatch):
+    import flowrec.runtime.session as session
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(session, "prepare", interrupted)
+    result = _train(spec, "--out", str(tmp_path / "run"))
+    assert result.exit_code == 130, result.output
+    lines = result.stderr.strip().splitlines()
+    assert lines == ["error: interrupted (Ctrl-C) before training started; nothing was trained"]
+
+
+def test_out_of_memory_in_training_is_one_line_and_keeps_the_checkpoint(spec: Path, tmp_path: Path,
+                                                                        monkeypatch):
+    real = trainer.train_step
+    calls = {"n": 0}
+
+    def exhausted(*args):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(*args)
+
+    monkeypatch.setattr(trainer, "train_step", exhausted)
+    run = tmp_path / "run"
+    result = _train(spec, "--out", str(run), "--checkpoint-every", "2")
+    assert result.exit_code == 3, result.output
+    error = result.stderr.strip().splitlines()[-1]
+    assert error.startswith("error: out of memory at step 5 on cpu: CUDA out of memory")
+    assert "the checkpoint of step 4 is kept" in error and "--device cpu" not in error
+    assert ckpt.load_checkpoint(run)["position"]["step"] == 4

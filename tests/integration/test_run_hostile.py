@@ -1,0 +1,236 @@
+"""Hostile run folders and checkpoints, one row per case: each gives one line and exit 2 (never a
+traceback, never torch's own message) and changes nothing, or is handled as documented."""
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import shutil
+import zipfile
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from flowrec.cli import app
+from flowrec.runtime import checkpoint as ckpt
+from flowrec.runtime.rundir import RunLock
+
+SPEC = """
+name: tiny_hostile
+features:
+  - {name: d1, type: dense, transform: log1p}
+  - {name: user, type: categorical, hash_buckets: 50, dim: 4}
+  - {name: item, type: categorical, hash_buckets: 80, dim: 4}
+modules:
+  - {name: bottom, kind: mlp, inputs: ["@dense"], layers: [4]}
+  - {name: interact, kind: dot, inputs: [bottom, user, item]}
+  - {name: top, kind: mlp, inputs: [interact, bottom], layers: [8]}
+heads:
+  - {name: ctr, input: top, task: binary, loss: bce}
+optimizer:
+  dense: {name: adam, lr: 0.01}
+  sparse: {name: rowwise_adagrad, lr: 0.1}
+training: {batch_size: 32, epochs: 1, seed: 5}
+"""
+runner = CliRunner()
+
+
+class Payload:
+    """A pickle that would run a command when loaded without weights_only."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> Path:
+    """A spec, a finished run of it (checkpoint every 4 steps) and a small dataset."""
+    root = tmp_path_factory.mktemp("hostile")
+    (root / "spec.yaml").write_text(SPEC)
+    made = runner.invoke(app, ["data", "synth", str(root / "spec.yaml"), "--rows", "300", "--out",
+                               str(root / "data"), "--seed", "1"])
+    assert made.exit_code == 0, made.output
+    trained = runner.invoke(app, ["train", str(root / "spec.yaml"), "--rows", "400", "--out", str(root / "run"),
+                                  "--quiet", "--checkpoint-every", "4"])
+    assert trained.exit_code == 0, trained.output
+    return root
+
+
+@pytest.fixture
+def case(base: Path, tmp_path: Path) -> Path:
+    """A private copy of the base folder (spec, run, data)."""
+    for name in ("spec.yaml", "run", "data"):
+        src, dst = base / name, tmp_path / name
+        shutil.copytree(src, dst) if src.is_dir() else shutil.copy(src, dst)
+    return tmp_path
+
+
+def _snapshot(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file() and p.name != ".flowrec.lock"}
+
+
+def _one_line_exit_2(result, fragment: str, status_lines: bool = False) -> None:
+    """Exit 2 with one `error:` line (the only stderr line, or after status lines when allowed)."""
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == 2, result.output
+    errors = [line for line in lines if line.startswith("error: ")]
+    assert errors == lines[-1:] and (status_lines or len(lines) == 1), result.stderr
+    assert fragment in lines[-1], lines[-1]
+    assert "Traceback" not in result.output and "weights_only" not in result.output
+    assert isinstance(result.exception, SystemExit)
+
+
+# ------------------------------------------------------------------ damaged checkpoints
+def _good_state(root: Path) -> dict:
+    return ckpt.load_checkpoint(root / "run")
+
+
+def _resaved(edit: Callable[[dict], None]) -> Callable[[Path, Path], None]:
+    """A checkpoint re-saved by flowrec itself (valid digest) after `edit`."""
+
+    def make(root: Path, target: Path) -> None:
+        state = _good_state(root)
+        state.pop("digest")
+        edit(state)
+        ckpt.save_checkpoint(target, state)
+    return make
+
+
+def _torch_file(obj_of: Callable[[Path], object]) -> Callable[[Path, Path], None]:
+    def make(root: Path, target: Path) -> None:
+        torch.save(obj_of(root), target)
+    return make
+
+
+def _bytes(of: Callable[[bytes], bytes]) -> Callable[[Path, Path], None]:
+    def make(root: Path, target: Path) -> None:
+        target.write_bytes(of(target.read_bytes()))
+    return make
+
+
+def _flip_tensor_byte(data: bytes) -> bytes:
+    """Flip one bit inside the bytes of the largest tensor record of the archive."""
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        info = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+        blob = z.read(info)
+    start = data.index(blob) + len(blob) // 2
+    return data[:start] + bytes([data[start] ^ 0x04]) + data[start + 1:]
+
+
+def _zip_of_text(_: bytes) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as z:
+        z.writestr("notes.txt", "not a checkpoint")
+    return buffer.getvalue()
+
+
+def _reshape_first_table(state: dict) -> None:
+    key = next(k for k in state["model"] if k.endswith(".weight"))
+    state["model"][key] = torch.zeros(3, 3)
+
+
+def _retype_first_table(state: dict) -> None:
+    key = next(k for k in state["model"] if k.endswith(".weight"))
+    state["model"][key] = state["model"][key].double()
+
+
+DAMAGED = {
+    "empty": (_bytes(lambda b: b""), "is empty"),
+    "truncated": (_bytes(lambda b: b[: len(b) // 2]), "not a usable flowrec checkpoint"),
+    "truncated_to_header": (_bytes(lambda b: b[:100]), "not a usable flowrec checkpoint"),
+    "text_file": (_bytes(lambda b: b"step: 3\nloss: 0.1\n"), "not a torch zip archive"),
+    "zip_not_checkpoint": (_bytes(_zip_of_text), "not a usable flowrec checkpoint"),
+    "plain_torch_dict": (_torch_file(lambda root: {"model": {"w": torch.zeros(2)}}), "not a flowrec checkpoint"),
+    "plain_tensor": (_torch_file(lambda root: torch.zeros(4)), "not a flowrec checkpoint"),
+    "hostile_pickle": (_torch_file(lambda root: {"format": "flowrec-checkpoint", "x": Payload(root / "PWNED")}),
+                       "refused without running them"),
+    "bit_flip_in_a_tensor": (_bytes(_flip_tensor_byte), "does not match its digest"),
+    "other_version": (_resaved(lambda s: s.update(version=1)), "checkpoint version 1"),
+    "missing_key": (_resaved(lambda s: s.pop("dense_optimizer")), "missing dense_optimizer"),
+    "bad_position": (_resaved(lambda s: s.update(position={"step": -1})), "not a training position"),
+    "wrong_shape": (_resaved(_reshape_first_table), "does not fit the spec's model"),
+    "wrong_dtype": (_resaved(_retype_first_table), "does not fit the spec's model"),
+}
+COMMANDS = {
+    "resume": lambda root: ["train", str(root / "spec.yaml"), "--resume", str(root / "run"), "--quiet"],
+    "eval": lambda root: ["eval", str(root / "run"), "--data", str(root / "data")],
+    "export": lambda root: ["export", str(root / "run"), str(root / "model.pt")],
+}
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+@pytest.mark.parametrize("damage", sorted(DAMAGED))
+def test_a_damaged_checkpoint_is_one_line_on_every_load_path(case: Path, damage: str, command: str):
+    make, fragment = DAMAGED[damage]
+    make(case, case / "run" / "checkpoint.pt")
+    late = damage in ("wrong_shape", "wrong_dtype") and command == "resume"  # found once the model is built
+    before = _snapshot(case)
+    result = runner.invoke(app, COMMANDS[command](case))
+    _one_line_exit_2(result, fragment, status_lines=late)
+    assert _snapshot(case) == before
+    assert not (case / "PWNED").exists() and not (case / "model.pt").exists()
+
+
+# ------------------------------------------------------------------ run folders and options
+def _locked_out(root: Path) -> list[str]:
+    return ["train", str(root / "spec.yaml"), "--out", str(root / "run"), "--overwrite", "--quiet"]
+
+
+RUN_CASES = {
+    "second_run_into_a_locked_folder": (_locked_out, "in use by another flowrec run (pid {pid})"),
+    "resume_of_a_locked_folder": (COMMANDS["resume"], "in use by another flowrec run (pid {pid})"),
+    "out_on_an_existing_run": (lambda r: ["train", str(r / "spec.yaml"), "--out", str(r / "run")],
+                               "already holds a run"),
+    "out_is_a_folder_of_other_files": (lambda r: ["train", str(r / "spec.yaml"), "--out", str(r / "data")],
+                                       "not a flowrec run folder"),
+    "out_is_a_file": (lambda r: ["train", str(r / "spec.yaml"), "--out", str(r / "spec.yaml")], "is a file"),
+    "resume_a_file": (lambda r: ["train", str(r / "spec.yaml"), "--resume", str(r / "spec.yaml")], "is a file"),
+    "resume_a_folder_of_other_files": (lambda r: ["train", str(r / "spec.yaml"), "--resume", str(r / "data")],
+                                       "has no checkpoint.pt or run.json"),
+    "resume_nothing": (lambda r: ["train", str(r / "spec.yaml"), "--resume", str(r / "nope")], "nothing to resume"),
+    "resume_and_overwrite": (lambda r: ["train", str(r / "spec.yaml"), "--resume", str(r / "run"), "--overwrite"],
+                             "give one of them"),
+    "damaged_run_json": (COMMANDS["resume"], "run.json is damaged"),
+    "run_json_of_wrong_types": (COMMANDS["resume"], "run.json is damaged: rows must be a non-negative integer"),
+    "export_over_the_checkpoint": (lambda r: ["export", str(r / "run"), str(r / "run" / "checkpoint.pt")],
+                                   "file of a training run"),
+    "export_over_run_metrics": (lambda r: ["export", str(r / "run"), str(r / "run" / "metrics.jsonl"),
+                                           "--overwrite"], "file of a training run"),
+    "export_over_an_existing_file": (lambda r: ["export", str(r / "run"), str(r / "spec.yaml")],
+                                     "exists; give --overwrite"),
+    "export_to_a_folder": (lambda r: ["export", str(r / "run"), str(r / "data")], "is a folder"),
+    "export_into_a_missing_folder": (lambda r: ["export", str(r / "run"), str(r / "no" / "m.pt")],
+                                     "does not exist"),
+    "eval_of_no_checkpoint": (lambda r: ["eval", str(r / "nope"), "--data", str(r / "data")], "no checkpoint at"),
+    "seed_beyond_63_bits": (lambda r: ["train", str(r / "spec.yaml"), "--seed", str(2**63)], "--seed must be in"),
+    "negative_seed": (lambda r: ["train", str(r / "spec.yaml"), "--seed", "-1"], "--seed must be in"),
+    "unknown_nan_policy": (lambda r: ["train", str(r / "spec.yaml"), "--nan-policy", "ignore"],
+                           "--nan-policy must be one of"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RUN_CASES))
+def test_a_hostile_run_folder_or_option_is_one_line(case: Path, name: str, monkeypatch):
+    monkeypatch.chdir(case)
+    argv_of, fragment = RUN_CASES[name]
+    if name == "damaged_run_json":
+        (case / "run" / "run.json").write_text('{"epochs": 2, "rows":')
+    if name == "run_json_of_wrong_types":
+        (case / "run" / "run.json").write_text('{"epochs": 2, "rows": "many"}')
+    before = _snapshot(case)
+    lock = RunLock.acquire(case / "run") if "locked" in name else None
+    try:
+        result = runner.invoke(app, argv_of(case))
+    finally:
+        if lock is not None:
+            lock.release()
+    _one_line_exit_2(result, fragment.format(pid=os.getpid()))
+    assert _snapshot(case) == before
+    assert not (case / "runs").exists()
