@@ -1,7 +1,7 @@
 """Packed embedding bag: every field of a packed group looked up in one call, casted backward.
 
 The packed table concatenates the group's logical tables (row offsets from its layout,
-`operators.layout.PackedLayout`).
+`operators.packed_layout.PackedLayout`).
 The forward is one `embedding_bag` over flat packed ids and bag offsets (bag = b * S + s), giving
 (B, S, D); mean bags are divided by their length (sum / n, as `embedding_bag(mode="mean")`).
 The backward never forms a dense gradient: the casted gather-reduce (`operators.casting`) yields
@@ -10,7 +10,7 @@ the coalesced gradient of the unique rows and the group's fused sparse optimizer
 buffers, not parameters: torch.optim never sees them.
 
 Example:
-    >>> from operators.layout import BagField, Layout, TableRange
+    >>> from operators.packed_layout import BagField, Layout, TableRange
     >>> g = Layout("g", 4, "fp32", ("sgd", 0.1, ()), (TableRange("t", 10, 0),), (BagField("f", "t", 1, "sum"),))
     >>> emb = PackedEmbeddingBag(g, seed=0)
     >>> out = emb(torch.tensor([3, 7]), torch.tensor([0, 1, 2]))
@@ -24,7 +24,7 @@ import zlib
 import torch
 import torch.nn.functional as F
 
-from operators.layout import PackedLayout
+from operators.packed_layout import PackedLayout
 from operators.backends import cupy_usable, fused_backward
 from operators.casting import Casting, compute_casting
 from operators.sparse_optim import SparseOptimizer, make_optimizer

@@ -40,7 +40,7 @@ sys.path.insert(0, str(REPO))
 from flowrec.data.batches import StagingOptions, iterate_batches  # noqa: E402
 from flowrec.data.cachesim import batch_trace, belady_hits  # noqa: E402
 from flowrec.data.dataset import MemorySource, split_table  # noqa: E402
-from flowrec.data.pack import column_arrays, pack_group  # noqa: E402
+from flowrec.data.packed_ids import column_arrays, pack_group  # noqa: E402
 from flowrec.data.profile import profile_access, sample_rows  # noqa: E402
 from flowrec.data.synth import SynthConfig, synth_table  # noqa: E402
 from flowrec.graph.packing import group_layout  # noqa: E402

@@ -30,7 +30,7 @@ import yaml
 from flowrec.graph.types import GroupField, PackedGroup, TableSlot
 from operators.casting import casted_row_grads, compute_casting
 from operators.embedding import PackedEmbeddingBag
-from operators.synth import random_batch
+from operators.random_batches import random_batch
 
 REPO = Path(__file__).resolve().parents[1]
 WIDE_VOCABS = (10, 100, 1_000, 10_000, 50_000)  # rows, cycled over the fields of the wide cases

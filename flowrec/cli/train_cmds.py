@@ -251,7 +251,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
              f"{trainer.checkpoint_note()}. {_memory_hint()}", EXIT_OUT_OF_MEMORY)
     _report(result, folder, request.json_out)
     if request.report:
-        from flowrec.runtime.report import run_report
+        from flowrec.runtime.run_report import run_report
 
         spec = session.spec
         for line in run_report(result, session.plan, spec.training.batch_size, len(spec.dense_features),

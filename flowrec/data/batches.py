@@ -37,7 +37,7 @@ from flowrec.data.checked import rules_key
 from flowrec.data.checks import ColumnRule, check_partition, partition_rules
 from flowrec.data.dataset import PartitionSource, partition_name
 from flowrec.data.lookahead import LookaheadWindow, batch_extras
-from flowrec.data.pack import column_arrays, pack_group
+from flowrec.data.packed_ids import column_arrays, pack_group
 from flowrec.graph.types import PackedGroup
 from flowrec.graph.packing import group_layout
 from flowrec.spec.model import ModelSpec

@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from flowrec.data.encode import Encoder, fit_encoder, needs_fit
-from flowrec.data.errors import ErrorLog, ErrorPolicy
+from flowrec.data.error_log import ErrorLog, ErrorPolicy
 from flowrec.data.labels import PLUS_MINUS_FORMATS, check_labels, label_tasks
 from flowrec.data.layout import VOCAB_DIR, DataError, DatasetMeta, data_hash, unique_labels, write_meta
 from flowrec.data.output import staged_output

@@ -8,7 +8,7 @@ counted in the conversion report.
 
 Example:
     >>> import pyarrow as pa
-    >>> from flowrec.data.errors import ErrorLog
+    >>> from flowrec.data.error_log import ErrorLog
     >>> raw = pa.table({"label": [1.0, -1.0], LINE_COLUMN: [1, 2]})
     >>> table, mapped = check_labels(raw, {"label": "binary"}, ErrorLog("fail"), plus_minus=True)
     >>> table.column("label").to_pylist(), mapped
@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from flowrec.data.errors import ErrorLog
+from flowrec.data.error_log import ErrorLog
 from flowrec.data.layout import label_columns
 from flowrec.data.sources import LINE_COLUMN
 from flowrec.spec.model import ModelSpec

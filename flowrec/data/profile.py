@@ -26,7 +26,7 @@ import pyarrow as pa
 from flowrec.data.cachesim import batch_trace, capacities_for, hit_rate_curves
 from flowrec.data.checks import check_partition, partition_rules
 from flowrec.data.dataset import PartitionSource, partition_name
-from flowrec.data.pack import column_arrays, pack_group
+from flowrec.data.packed_ids import column_arrays, pack_group
 from flowrec.graph.packing import group_layout
 from flowrec.spec.model import ModelSpec
 

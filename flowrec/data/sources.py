@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 
-from flowrec.data.errors import ErrorLog
+from flowrec.data.error_log import ErrorLog
 from flowrec.data.layout import DataError
 
 CHUNK_BYTES = 16 << 20  # bytes of text per streamed chunk

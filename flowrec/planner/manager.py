@@ -19,7 +19,7 @@ from flowrec.graph.types import OpGraph, PassContext, PassRecord, PassResult, Pl
 from flowrec.graph.verify import verify
 from flowrec.planner.cost import default_budget, device_profile, predict
 from flowrec.planner.passes.cache import cache
-from flowrec.planner.passes.common import plan_meta
+from flowrec.planner.passes.meta import plan_meta
 from flowrec.planner.passes.interleave import interleave
 from flowrec.planner.passes.pack import pack
 from flowrec.spec.units import parse_bytes

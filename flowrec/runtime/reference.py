@@ -9,7 +9,7 @@ packed tables do, so the two models are equal at step 0 and train to allclose pa
 
 Training is torch.optim on everything: `reference_optimizers` gives the spec's dense optimizer
 for the dense part and, for the tables, the torch.optim form of the spec's sparse optimizer
-(sgd, adagrad) or `RowwiseAdagrad` below (it has no torch.optim form); `plain=True` gives what
+(sgd, adagrad) or `TorchRowwiseAdagrad` below (it has no torch.optim form); `plain=True` gives what
 simple CTR libraries do instead: Adam on everything.
 
 Example:
@@ -146,7 +146,7 @@ class ReferenceModel(nn.Module):
         return self.dense_model.dense_forward(dense, self.embed(batch), self.dense_model.sequence_masks(batch))
 
 
-class RowwiseAdagrad(torch.optim.Optimizer):
+class TorchRowwiseAdagrad(torch.optim.Optimizer):
     """Row-wise Adagrad written out for dense gradients (FBGEMM's EXACT_ROWWISE_ADAGRAD).
 
     s_r += mean_d(g_rd^2); w_r -= lr g_r / (sqrt(s_r) + eps), for the rows that received gradient
@@ -154,7 +154,7 @@ class RowwiseAdagrad(torch.optim.Optimizer):
 
     Example:
         >>> w = nn.Parameter(torch.ones(3, 2)); w.grad = torch.tensor([[1., 1.], [0., 0.], [2., 2.]])
-        >>> RowwiseAdagrad([w], lr=0.1).step(); w[1].tolist()
+        >>> TorchRowwiseAdagrad([w], lr=0.1).step(); w[1].tolist()
         [1.0, 1.0]
     """
 
@@ -190,7 +190,7 @@ def table_optimizer(model: ReferenceModel, spec: ModelSpec) -> torch.optim.Optim
         return torch.optim.Adagrad(tables, lr=opt.lr, eps=params.get("eps", 1e-10),
                                    initial_accumulator_value=params.get("initial_accumulator_value", 0.0))
     if opt.name == "rowwise_adagrad":
-        return RowwiseAdagrad(tables, lr=opt.lr, eps=params.get("eps", 1e-8),
+        return TorchRowwiseAdagrad(tables, lr=opt.lr, eps=params.get("eps", 1e-8),
                               initial_accumulator_value=params.get("initial_accumulator_value", 0.0))
     raise ValueError(f"sparse optimizer {opt.name!r} has no reference form (use sgd, adagrad or rowwise_adagrad)")
 

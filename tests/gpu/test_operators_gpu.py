@@ -7,7 +7,7 @@ import torch
 from flowrec.graph.types import GroupField, PackedGroup, TableSlot
 from operators.casting import compute_casting
 from operators.embedding import PackedEmbeddingBag, mean_bag_flags
-from operators.synth import random_batch
+from operators.random_batches import random_batch
 
 pytestmark = pytest.mark.gpu
 

@@ -99,7 +99,7 @@ def test_avazu_and_taobao_csv(shared_data, tmp_path):
 
 def test_movielens_columns_and_split(shared_data, tmp_path):
     from flowrec.data.sources import read_movielens
-    from flowrec.data.errors import ErrorLog
+    from flowrec.data.error_log import ErrorLog
 
     (table,) = list(read_movielens(shared_data / "movielens-100k", {}, ErrorLog(), set()))
     assert table.column_names == ["user_id", "item_id", "rating", "timestamp", "age", "gender",

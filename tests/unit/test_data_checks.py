@@ -9,7 +9,7 @@ import pytest
 from flowrec.data.batches import StagingOptions, iterate_batches
 from flowrec.data.checks import ColumnRule, check_partition, partition_rules
 from flowrec.data.dataset import MemorySource
-from flowrec.data.errors import ErrorLog
+from flowrec.data.error_log import ErrorLog
 from flowrec.data.labels import check_labels, label_tasks
 from flowrec.data.layout import DataError
 from flowrec.data.output import staged_output

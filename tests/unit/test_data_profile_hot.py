@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from flowrec.data.dataset import MemorySource, split_table
-from flowrec.data.pack import column_arrays, pack_group
+from flowrec.data.packed_ids import column_arrays, pack_group
 from flowrec.data.profile import profile_access, sample_rows
 from flowrec.data.synth import SynthConfig, synth_table
 from flowrec.graph.packing import group_layout

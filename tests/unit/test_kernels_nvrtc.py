@@ -19,7 +19,7 @@ from operators.device import KernelSource, LaunchConfig
 from operators.embedding import mean_bag_flags
 from operators.nvrtc import ARCHS, compile_kernel, nvrtc_module
 from operators.sparse_optim import make_optimizer
-from operators.synth import random_batch
+from operators.random_batches import random_batch
 
 OPERATORS = Path(__file__).resolve().parents[2] / "operators"
 

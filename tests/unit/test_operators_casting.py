@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from flowrec.graph.types import GroupField, PackedGroup, TableSlot
 from operators.casting import casted_row_grads, compute_casting
-from operators.synth import random_batch, zipf_ids
+from operators.random_batches import random_batch, zipf_ids
 
 
 def _group(dim: int = 4, pooling: str = "sum") -> PackedGroup:

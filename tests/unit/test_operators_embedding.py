@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from flowrec.graph.types import GroupField, PackedGroup, TableSlot
 from operators.casting import compute_casting
 from operators.embedding import PackedEmbeddingBag, init_table_rows, mean_bag_flags
-from operators.synth import random_batch
+from operators.random_batches import random_batch
 
 B = 32
 

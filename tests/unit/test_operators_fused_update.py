@@ -18,7 +18,7 @@ from flowrec.graph.types import GroupField, PackedGroup, TableSlot
 from operators.casting import Casting, casted_row_grads, compute_casting
 from operators.embedding import mean_bag_flags
 from operators.sparse_optim import make_optimizer
-from operators.synth import random_batch
+from operators.random_batches import random_batch
 
 OPTIMIZERS = [
     ("sgd", 0.5, ()),

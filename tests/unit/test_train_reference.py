@@ -16,7 +16,7 @@ from flowrec.data.batches import StagingOptions, iterate_batches
 from flowrec.data.dataset import MemorySource, split_table
 from flowrec.data.synth import SynthConfig, synth_table
 from flowrec.runtime.lowering import lower
-from flowrec.runtime.reference import ReferenceModel, RowwiseAdagrad, reference_optimizers, reference_step
+from flowrec.runtime.reference import ReferenceModel, TorchRowwiseAdagrad, reference_optimizers, reference_step
 from flowrec.planner.manager import make_plan
 from flowrec.runtime.step import make_dense_optimizer, train_step
 from flowrec.spec import spec_from_dict
@@ -135,7 +135,7 @@ def test_rowwise_adagrad_reference_leaves_untouched_rows():
     start = w.detach().clone()
     w.grad = torch.zeros_like(w)
     w.grad[[1, 3]] = torch.randn(2, 3, dtype=torch.float64)
-    RowwiseAdagrad([w], lr=0.1).step()
+    TorchRowwiseAdagrad([w], lr=0.1).step()
     assert torch.equal(w[[0, 2, 4]], start[[0, 2, 4]])
     s = w.grad[1].square().mean()
     expected = start[1] - 0.1 * w.grad[1] / (s.sqrt() + 1e-8)

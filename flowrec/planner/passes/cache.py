@@ -45,7 +45,7 @@ from flowrec.planner.cost import (
     group_access,
     group_step_seconds,
 )
-from flowrec.planner.passes.common import plan_meta
+from flowrec.planner.passes.meta import plan_meta
 from flowrec.spec.units import format_bytes
 
 LOOKAHEAD_MARGIN = 1.25  # scratchpad rows per expected distinct row of the window

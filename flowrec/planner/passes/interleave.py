@@ -24,7 +24,7 @@ from dataclasses import replace
 from flowrec.graph.kinds import OP_KINDS, PLACEMENTS
 from flowrec.graph.types import OpGraph, PassContext, PassResult
 from flowrec.planner.cost import device_profile, predict
-from flowrec.planner.passes.common import plan_meta
+from flowrec.planner.passes.meta import plan_meta
 
 MICRO_BATCH_CHOICES = (1, 2, 4, 8)
 MIN_MICRO_BATCH = 512  # samples; smaller micro-batches waste kernel launches

@@ -26,7 +26,7 @@ from flowrec.graph.edges import Slot, input_slots, set_inputs
 from flowrec.graph.shapes import sizing
 from flowrec.graph.types import DTYPE_BYTES, OpGraph, PackedGroup, PassContext, PassResult
 from flowrec.graph.packing import group_layout
-from flowrec.planner.passes.common import plan_meta, reorder
+from flowrec.planner.passes.meta import plan_meta, reorder
 from flowrec.spec.units import format_bytes
 
 MAX_NOTE_GROUPS = 12  # groups described one per line in the notes; the rest are counted

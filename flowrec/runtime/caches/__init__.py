@@ -14,7 +14,7 @@ from __future__ import annotations
 from flowrec.runtime.caches.base import CacheCapacityError, CachedEmbedding
 from flowrec.runtime.caches.counters import CacheCounters, collect_counters
 from flowrec.runtime.caches.host import HostEmbedding
-from flowrec.runtime.caches.lookahead import LookaheadEmbedding
+from flowrec.runtime.caches.lookahead_cache import LookaheadEmbedding
 from flowrec.runtime.caches.lru import LRUEmbedding
 from flowrec.runtime.caches.static_hot import StaticHotEmbedding, hottest_rows
 

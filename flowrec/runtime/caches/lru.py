@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from flowrec.runtime.caches.lookahead import SlotCache
+from flowrec.runtime.caches.lookahead_cache import SlotCache
 from flowrec.runtime.caches.scratchpad import EMPTY
 
 

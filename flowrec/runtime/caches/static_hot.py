@@ -183,7 +183,7 @@ def assign_hot_rows(model: Any, spec: Any, source: Any, sample_rate: float = 0.0
     Returns:
         Per static_hot group, the hot flag of each packed row (for `HotColdBatcher`).  # {group: (R,) bool}
     """
-    from flowrec.data.pack import column_arrays, pack_group
+    from flowrec.data.packed_ids import column_arrays, pack_group
     from flowrec.data.profile import sample_rows
 
     modules = {n: m for n, m in model.embeddings.items() if isinstance(m, StaticHotEmbedding)}

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from operators.layout import PackedLayout
+from operators.packed_layout import PackedLayout
 
 
 def zipf_ids(rows: int, n: int, alpha: float, gen: torch.Generator) -> torch.Tensor:
