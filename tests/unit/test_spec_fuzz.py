@@ -189,7 +189,7 @@ def test_mutated_documents_give_issues_never_exceptions(doc):
     _check_document(doc)
 
 
-@FAST
+@settings(FAST, max_examples=25)
 @given(case=spec_files())
 def test_mutated_files_through_the_cli(case, tmp_path_factory):
     suffix, data = case
