@@ -193,3 +193,11 @@ def test_fifo_as_spec_does_not_block(tmp_path, command):
                           capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S, env=env, cwd=REPO)
     assert proc.returncode == 2
     assert (proc.stdout + proc.stderr).splitlines() == [f"{fifo}: {fifo} is not a regular file"]
+
+
+@pytest.mark.parametrize("budget", ["9" * 400 + "TiB", "1025TiB"])
+def test_plan_device_budget_option_out_of_range(runner, budget):
+    result = runner.invoke(app, ["plan", str(REPO / "specs" / "dlrm_criteo.yaml"), "--device-budget", budget])
+    assert result.exit_code == 2
+    shown = repr(budget) if len(budget) <= 40 else repr(budget[:40])
+    assert result.output.splitlines() == [f"error: byte size {shown} is out of range (0 .. 1 PiB)"]
