@@ -31,7 +31,7 @@ from flowrec.spec.schema_errors import show
 MAX_SPEC_BYTES = 16 * 2**20  # a spec is a small text file; wide_1000.yaml (1,000 fields) is 80 KB
 MAX_DEPTH = 64  # nested lists / mappings; the example specs use 4
 MAX_VALUES = 1_000_000  # values after alias expansion; wide_1000.yaml has 14,000
-UTF16_NUL_SHARE = 0.25  # share of NUL bytes at even (or odd) offsets that marks BOM-less UTF-16
+WIDE_NUL_SHARE = 0.25  # share of NUL bytes in the non-text byte lanes that marks BOM-less UTF-16 / 32
 _BOMS = (  # longest first: the UTF-32-LE mark starts with the UTF-16-LE one
     (codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"),
     (codecs.BOM_UTF16_LE, "UTF-16"), (codecs.BOM_UTF16_BE, "UTF-16"),
@@ -129,11 +129,15 @@ def decode_spec(data: bytes) -> str:
 
 
 def _nul_message(data: bytes) -> str:
+    """Name BOM-less UTF-16 / UTF-32 (NULs in all byte lanes of a character but the text's), else binary."""
     head = data[:4096]
-    for parity in (0, 1):
-        slots = head[parity::2]
-        if slots and slots.count(0) >= UTF16_NUL_SHARE * len(slots) and head[1 - parity::2].count(0) == 0:
-            return "the file looks like UTF-16 text (without a byte-order mark); save it as UTF-8"
+    for width in (4, 2):
+        lanes = [head[i::width] for i in range(width)]
+        for text_lane in (0, width - 1):  # little- or big-endian
+            others = [lane for i, lane in enumerate(lanes) if i != text_lane]
+            if lanes[text_lane] and lanes[text_lane].count(0) == 0 and all(
+                    lane.count(0) >= WIDE_NUL_SHARE * len(lane) for lane in others):
+                return f"the file looks like UTF-{8 * width} text (without a byte-order mark); save it as UTF-8"
     return f"a binary file (NUL byte at offset {data.index(0)}), not a YAML or JSON spec"
 
 

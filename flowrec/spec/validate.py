@@ -40,12 +40,12 @@ def _issues(doc: Any) -> list[SpecIssue]:
     if any(not i.path for i in issues):
         return issues  # too deep or too large as a whole: nothing more is checked
     errors = list(SpecValidator(load_schema(MODEL_SPEC_SCHEMA)).iter_errors(doc))
-    flagged = {i.path for i in issues}
-    issues += [i for e in errors for i in schema_issues(e) if not _under(i.path, flagged)]
+    named = {i.path for i in issues}  # a value issue says more than the schema about the same value
+    bad = _value_items(issues)
+    issues += [i for e in errors for i in schema_issues(e) if i.path not in named]
     if not isinstance(doc, dict):
         return issues
-    bad = frozenset(tuple(e.absolute_path)[:2] for e in errors if e.absolute_path) | _missing_sections(errors, doc)
-    bad |= _value_sections(issues)
+    bad |= frozenset(tuple(e.absolute_path)[:2] for e in errors if e.absolute_path) | _missing_sections(errors, doc)
     view = DocView.of(doc, bad)
     for check in SEMANTIC_CHECKS:
         issues.extend(check(view))
@@ -60,16 +60,11 @@ def _missing_sections(errors: list[Any], doc: dict) -> frozenset[tuple[Any, ...]
     )
 
 
-def _under(path: str, flagged: set[str]) -> bool:
-    """Whether `path` is one of `flagged` or inside one (a value issue already names it)."""
-    return any(path == f or path.startswith((f + ".", f + "[")) for f in flagged)
-
-
-def _value_sections(issues: list[SpecIssue]) -> frozenset[tuple[Any, ...]]:
-    """Items holding a value issue count as bad, as schema errors do (`features[3]`)."""
+def _value_items(issues: list[SpecIssue]) -> frozenset[tuple[Any, ...]]:
+    """Items holding a value issue count as bad, as schema errors do: ("features", 3), ("plan",)."""
     out = set()
     for issue in issues:
-        head, _, rest = issue.path.partition(".")
+        head = issue.path.partition(".")[0]
         section, _, index = head.partition("[")
         out.add((section, int(index.split("]")[0])) if index[:1].isdigit() else (section,))
     return frozenset(out)

@@ -77,6 +77,10 @@ CASES: list[tuple[str, str, str | bytes, str]] = [
     ("utf16_bom", "s.yaml", BASE_TEXT.encode("utf-16"), "the file is UTF-16 text; save it as UTF-8"),
     ("utf16_no_bom", "s.yaml", BASE_TEXT.encode("utf-16-le"),
      "the file looks like UTF-16 text (without a byte-order mark); save it as UTF-8"),
+    ("utf16_be_no_bom", "s.yaml", BASE_TEXT.encode("utf-16-be"),
+     "the file looks like UTF-16 text (without a byte-order mark); save it as UTF-8"),
+    ("utf32_no_bom", "s.yaml", BASE_TEXT.encode("utf-32-le"),
+     "the file looks like UTF-32 text (without a byte-order mark); save it as UTF-8"),
     ("utf32_bom", "s.yaml", codecs.BOM_UTF32_LE + BASE_TEXT.encode("utf-32-le"), "the file is UTF-32 text; save it as UTF-8"),
     ("binary", "s.yaml", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)),
      "a binary file (NUL byte at offset 8), not a YAML or JSON spec"),
@@ -193,3 +197,11 @@ def test_fifo_as_spec_does_not_block(tmp_path, command):
                           capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S, env=env, cwd=REPO)
     assert proc.returncode == 2
     assert (proc.stdout + proc.stderr).splitlines() == [f"{fifo}: {fifo} is not a regular file"]
+
+
+@pytest.mark.parametrize("budget", ["9" * 400 + "TiB", "1025TiB"])
+def test_plan_device_budget_option_out_of_range(runner, budget):
+    result = runner.invoke(app, ["plan", str(REPO / "specs" / "dlrm_criteo.yaml"), "--device-budget", budget])
+    assert result.exit_code == 2
+    shown = repr(budget) if len(budget) <= 40 else repr(budget[:40])
+    assert result.output.splitlines() == [f"error: byte size {shown} is out of range (0 .. 1 PiB)"]

@@ -160,7 +160,7 @@ def _check_file(path: Path, runner: CliRunner) -> None:
         with time_limit(EXAMPLE_LIMIT_S):
             result = runner.invoke(app, [command, str(path)])
         assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
-        assert "Traceback" not in result.output
+        assert "Traceback" not in result.output and "internal error" not in result.output
         assert result.exit_code in (0, 2), result.output
         outputs[command] = result
         assert path.read_bytes() == before
@@ -189,7 +189,7 @@ def test_mutated_documents_give_issues_never_exceptions(doc):
     _check_document(doc)
 
 
-@FAST
+@settings(FAST, max_examples=25)
 @given(case=spec_files())
 def test_mutated_files_through_the_cli(case, tmp_path_factory):
     suffix, data = case
