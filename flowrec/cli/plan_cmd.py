@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 
 from flowrec.cli.common import fail, load_spec_or_exit
-from flowrec.graph.render import to_dot, to_png, to_svg
+from flowrec.render import to_dot, to_png, to_svg
 from flowrec.planner.manager import STAGES, PassFailure, make_plan
 from flowrec.graph.plan_io import plan_json
 from flowrec.planner.report import text_report

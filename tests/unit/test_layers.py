@@ -20,13 +20,14 @@ ALLOWED: dict[str, set[str]] = {
     "flowrec.spec": {"flowrec.spec"},
     "flowrec.graph": {"flowrec.graph", "flowrec.spec"},
     "flowrec.planner": {"flowrec.planner", "flowrec.graph", "flowrec.spec"},
+    "flowrec.render": {"flowrec.render", "flowrec.graph", "flowrec.spec"},
     "flowrec.data": {"flowrec.data", "flowrec.graph", "flowrec.spec", "operators"},  # casting in staging
     "operators": {"operators"},
     "flowrec.runtime": {"flowrec.runtime", "flowrec.data", "flowrec.graph", "flowrec.spec", "operators"},
-    "flowrec.cli": {"flowrec.cli", "flowrec.runtime", "flowrec.planner", "flowrec.data", "flowrec.graph",
-                    "flowrec.spec", "operators", "flowrec"},
+    "flowrec.cli": {"flowrec.cli", "flowrec.runtime", "flowrec.planner", "flowrec.render", "flowrec.data",
+                    "flowrec.graph", "flowrec.spec", "operators", "flowrec"},
 }
-PLANNING = ("flowrec.spec", "flowrec.graph", "flowrec.planner")
+PLANNING = ("flowrec.spec", "flowrec.graph", "flowrec.planner", "flowrec.render")
 HEAVY = ("torch", "dask", "distributed", "cupy", "pyarrow")
 
 

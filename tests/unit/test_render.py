@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from flowrec.graph.build import build_graph
-from flowrec.graph.render import GAP_X, MAX_BOX_W, MAX_PER_LAYER, Box, Layout, layout, to_dot, to_png, to_svg
+from flowrec.render.drawing import GAP_X, MAX_BOX_W, MAX_PER_LAYER, Box, Layout, layout, to_dot, to_png, to_svg
 from flowrec.planner.manager import make_plan
 from flowrec.spec.load import load_spec
 from test_graph_build import tiny_spec
@@ -140,7 +140,7 @@ def test_barycenter_ordering_removes_avoidable_crossings(repo):
 
 def test_svg_is_deterministic_across_processes(repo):
     code = ("import sys; from flowrec.spec.load import load_spec; from flowrec.planner.manager import make_plan;"
-            "from flowrec.graph.render import to_svg;"
+            "from flowrec.render.drawing import to_svg;"
             f"sys.stdout.write(to_svg(make_plan(load_spec({str(repo / 'specs' / 'wide_deep.yaml')!r}))))")
     outs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={"PYTHONHASHSEED": seed, "PATH": ""}).stdout for seed in ("1", "2")]
