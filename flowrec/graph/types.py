@@ -18,8 +18,10 @@ from typing import Any, Literal
 import networkx as nx
 
 from flowrec.graph.kinds import OPTIMIZERS
+from flowrec.spec.model import ModelSpec
 
 OpGraph = nx.DiGraph
+AccessProfile = dict[str, Any]  # a `flowrec data profile` document (format flowrec-access-profile)
 
 Placement = Literal["device", "static_hot", "lookahead", "host"]  # the rows of `kinds.PLACEMENTS`
 Stage = Literal["staging", "transfer", "sparse", "dense", "backward"]
@@ -172,10 +174,10 @@ class PassContext:
         True
     """
 
-    spec: Any
+    spec: ModelSpec
     target: str = "cpu"
     device_budget_bytes: int | None = None
-    profile: Any = None
+    profile: AccessProfile | None = None
     packing: bool | None = None
 
 

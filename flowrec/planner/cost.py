@@ -22,11 +22,11 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from flowrec.graph.kinds import OP_KINDS, OPTIMIZERS, PLACEMENTS
-from flowrec.graph.types import DTYPE_BYTES, CostPrediction, OpGraph, PackedGroup
+from flowrec.graph.types import DTYPE_BYTES, AccessProfile, CostPrediction, OpGraph, PackedGroup
 from flowrec.planner.access import AccessModel, group_model
+from flowrec.spec.model import ModelSpec
 
 GiB = 2**30  # bytes
 GEMM_EFFICIENCY = 0.5  # achieved fraction of peak FLOP/s on recsys-sized GEMMs
@@ -108,7 +108,7 @@ def _group_unit(g: PackedGroup) -> _Unit:
 
 
 def group_step_seconds(group: PackedGroup, device: DeviceProfile, batch: int, window: int,
-                       profile: Any) -> float:
+                       profile: AccessProfile | None) -> float:
     """Time per step a group's placement costs beyond device-resident: row traffic and host gathers."""
     u = _group_unit(group)
     moved = _unit_bytes(u, batch, window, profile) - (batch * u.ids + batch * u.bags + 1) * INDEX_BYTES
@@ -139,7 +139,7 @@ SPARSE_KINDS = frozenset(k for k, info in OP_KINDS.items() if info.cost == "spar
 INPUT_KINDS = frozenset(k for k, info in OP_KINDS.items() if info.cost == "input")
 
 
-def dense_memory_bytes(graph: OpGraph, spec: Any) -> int:
+def dense_memory_bytes(graph: OpGraph, spec: ModelSpec) -> int:
     """Dense parameters, their gradients and the dense optimizer's state."""
     params = sum(graph.nodes[n]["op"].param_bytes for n in graph
                  if graph.nodes[n]["op"].kind not in SPARSE_KINDS)
@@ -152,14 +152,14 @@ def activation_bytes(graph: OpGraph, batch: int) -> int:
     return per_sample * batch * ACTIVATION_COPIES
 
 
-def new_rows_per_batch(unit_group: PackedGroup, batch: int, window: int, profile: Any) -> float:
+def new_rows_per_batch(unit_group: PackedGroup, batch: int, window: int, profile: AccessProfile | None) -> float:
     """Rows a lookahead scratchpad must fetch per batch: distinct rows of W+1 batches minus W."""
     model = group_access(unit_group, profile)
     draws = batch * sum(f.max_len for f in unit_group.fields)
     return max(0.0, model.distinct(draws * (window + 1)) - model.distinct(draws * window))
 
 
-def group_access(group: PackedGroup, profile: Any) -> AccessModel:
+def group_access(group: PackedGroup, profile: AccessProfile | None) -> AccessModel:
     """Access distribution of a group's packed rows (profile or Zipf), members weighted."""
     lookups = {t.table: 0 for t in group.tables}
     for f in group.fields:
@@ -167,12 +167,12 @@ def group_access(group: PackedGroup, profile: Any) -> AccessModel:
     return group_model(((t.table, t.rows, lookups[t.table]) for t in group.tables), profile)[0]
 
 
-def access_source(group: PackedGroup, profile: Any) -> str:
+def access_source(group: PackedGroup, profile: AccessProfile | None) -> str:
     """Where a group's access model comes from: "profile", "mixed" or "zipf"."""
     return group_model(((t.table, t.rows, 1.0) for t in group.tables), profile)[1]
 
 
-def _unit_bytes(u: _Unit, batch: int, window: int, profile: Any) -> float:
+def _unit_bytes(u: _Unit, batch: int, window: int, profile: AccessProfile | None) -> float:
     """Host -> device bytes of one unit per step: ids, offsets and the rows it must move."""
     index = (batch * u.ids + batch * u.bags + 1) * INDEX_BYTES
     pooled = 2 * batch * u.bags * u.dim * u.elem  # rows out and gradients back
@@ -181,8 +181,8 @@ def _unit_bytes(u: _Unit, batch: int, window: int, profile: Any) -> float:
     return index + (1.0 - u.hit_rate) * pooled
 
 
-def predict(graph: OpGraph, spec: Any, device: DeviceProfile, *, micro_batches: int = 1,
-            profile: Any = None) -> CostPrediction:
+def predict(graph: OpGraph, spec: ModelSpec, device: DeviceProfile, *, micro_batches: int = 1,
+            profile: AccessProfile | None = None) -> CostPrediction:
     """Predict one training step of `graph` on `device` (see the module docstring)."""
     batch = spec.training.batch_size
     window = spec.plan.window
@@ -239,7 +239,7 @@ def predict(graph: OpGraph, spec: Any, device: DeviceProfile, *, micro_batches: 
     )
 
 
-def _memory(graph: OpGraph, spec: Any, units: list[_Unit], micro_batch: int) -> tuple[tuple[str, int], ...]:
+def _memory(graph: OpGraph, spec: ModelSpec, units: list[_Unit], micro_batch: int) -> tuple[tuple[str, int], ...]:
     tables = sum(u.rows * u.row_bytes for u in units if PLACEMENTS[u.placement].rows_on == "device")
     caches = sum(u.cache_rows * u.row_bytes for u in units if PLACEMENTS[u.placement].cached)
     return (

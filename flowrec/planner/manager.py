@@ -22,6 +22,7 @@ from flowrec.planner.passes.cache import cache
 from flowrec.planner.passes.meta import plan_meta
 from flowrec.planner.passes.interleave import interleave
 from flowrec.planner.passes.pack import pack
+from flowrec.spec.model import ModelSpec
 from flowrec.spec.units import parse_bytes
 
 PassFn = Callable[[OpGraph, PassContext], PassResult]
@@ -83,7 +84,7 @@ class PassManager:
         return graph, tuple(records)
 
 
-def resolve_target(spec: Any, target: str | None) -> str:
+def resolve_target(spec: ModelSpec, target: str | None) -> str:
     """The cost-model target: argument, spec hint, a100 for `device: cuda`, else cpu."""
     name = target or spec.plan.target or ("a100" if spec.plan.device == "cuda" else "cpu")
     device_profile(name)
@@ -100,7 +101,7 @@ def load_profile(path: str | Path | None) -> dict[str, Any] | None:
     return doc
 
 
-def make_plan(spec: Any, *, until: str = "interleaved", device_budget: int | str | None = None,
+def make_plan(spec: ModelSpec, *, until: str = "interleaved", device_budget: int | str | None = None,
               target: str | None = None, profile: dict[str, Any] | str | Path | None = None,
               verify_passes: bool = False) -> Plan:
     """Build the graph of `spec` and run the pass pipeline up to `until`.

@@ -17,12 +17,12 @@ from __future__ import annotations
 import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
 
 import networkx as nx
 import torch
 from torch import nn
 
+from flowrec.data.batches import Batch
 from flowrec.graph.edges import Slot, input_slots
 from flowrec.graph.kinds import OP_KINDS, PLACEMENTS
 from flowrec.graph.types import Op, PackedGroup, Plan
@@ -139,7 +139,7 @@ class LoweredModel(nn.Module):
         """Parameters trained by torch.optim (packed tables are updated in their backward)."""
         return [p for p in self.parameters() if p.requires_grad]
 
-    def embed(self, batch: Any) -> dict[str, torch.Tensor]:
+    def embed(self, batch: Batch) -> dict[str, torch.Tensor]:
         """Packed lookups of every group, in the plan's group order.  # {group: (B, S, D)}
 
         K-interleaving: with `interleave` on and both host-side groups (host, static_hot,
@@ -155,11 +155,11 @@ class LoweredModel(nn.Module):
         out.update(pending.result())
         return {name: out[name] for name in self.group_order}
 
-    def _lookups(self, names: list[str], batch: Any, grad: bool) -> dict[str, torch.Tensor]:
+    def _lookups(self, names: list[str], batch: Batch, grad: bool) -> dict[str, torch.Tensor]:
         with torch.set_grad_enabled(grad):  # grad mode is per thread
             return {name: self._lookup(name, batch) for name in names}
 
-    def _lookup(self, name: str, batch: Any) -> torch.Tensor:
+    def _lookup(self, name: str, batch: Batch) -> torch.Tensor:
         module = self.embeddings[name]
         ids = batch.groups[name]
         if getattr(module, "takes_group_ids", False):  # caches read the staged lookahead rows
@@ -270,7 +270,7 @@ class LoweredModel(nn.Module):
         flat = concat_flat(parts)  # (B, sum of source widths)
         return flat if gather.index is None else flat.index_select(1, gather.index.to(flat.device))
 
-    def sequence_masks(self, batch: Any) -> dict[str, torch.Tensor]:
+    def sequence_masks(self, batch: Batch) -> dict[str, torch.Tensor]:
         """Valid positions of each target-attention node's sequence: its non-empty bags."""
         masks = {}
         for step in self.steps:
@@ -285,7 +285,7 @@ class LoweredModel(nn.Module):
             masks[step.name] = (lengths[:, bags] > 0).to(self.device, non_blocking=True)  # (B, L)
         return masks
 
-    def forward(self, batch: Any) -> torch.Tensor:
+    def forward(self, batch: Batch) -> torch.Tensor:
         dense = batch.dense.to(self.device, non_blocking=True)
         return self.dense_forward(dense, self.embed(batch), self.sequence_masks(batch))
 

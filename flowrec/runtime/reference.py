@@ -24,7 +24,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from flowrec.graph.types import PackedGroup
+from flowrec.data.batches import Batch
+from flowrec.graph.types import PackedGroup, Plan
 from flowrec.runtime.lowering import LoweredModel
 from flowrec.runtime.step import autocast_context, make_dense_optimizer
 from flowrec.spec.model import ModelSpec
@@ -83,7 +84,7 @@ class ReferenceModel(nn.Module):
         torch.Size([4096, 1])
     """
 
-    def __init__(self, plan: Any, spec: ModelSpec, device: torch.device | str = "cpu", seed: int | None = None,
+    def __init__(self, plan: Plan, spec: ModelSpec, device: torch.device | str = "cpu", seed: int | None = None,
                  sparse: bool = False, max_rows: int | None = None):
         super().__init__()
         seed = spec.training.seed if seed is None else seed
@@ -112,7 +113,7 @@ class ReferenceModel(nn.Module):
     def dense_parameters(self) -> list[nn.Parameter]:
         return self.dense_model.dense_parameters()
 
-    def field_inputs(self, batch: Any) -> dict[str, list[tuple[torch.Tensor, torch.Tensor]]]:
+    def field_inputs(self, batch: Batch) -> dict[str, list[tuple[torch.Tensor, torch.Tensor]]]:
         """Per-field (table-local ids, bag offsets) of a batch, as a per-field data loader gives them."""
         out = {}
         for group in self.groups:
@@ -122,7 +123,7 @@ class ReferenceModel(nn.Module):
             out[group.name] = [unpack_field(group, f.feature, ids, offsets, slots) for f in group.fields]
         return out
 
-    def embed(self, batch: Any, fields: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] | None = None
+    def embed(self, batch: Batch, fields: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] | None = None
               ) -> dict[str, torch.Tensor]:
         """Per-field lookups (of `fields`, default `field_inputs(batch)`), stacked per group.  # {group: (B, S, D)}"""
         fields = self.field_inputs(batch) if fields is None else fields
@@ -141,7 +142,7 @@ class ReferenceModel(nn.Module):
             out[group.name] = torch.cat(pooled_fields, dim=1)
         return out
 
-    def forward(self, batch: Any) -> torch.Tensor:
+    def forward(self, batch: Batch) -> torch.Tensor:
         dense = batch.dense.to(self.device)
         return self.dense_model.dense_forward(dense, self.embed(batch), self.dense_model.sequence_masks(batch))
 
@@ -204,7 +205,7 @@ def reference_optimizers(model: ReferenceModel, spec: ModelSpec, plain: bool = F
             table_optimizer(model, spec)]
 
 
-def reference_step(model: ReferenceModel, optimizers: list[torch.optim.Optimizer], batch: Any,
+def reference_step(model: ReferenceModel, optimizers: list[torch.optim.Optimizer], batch: Batch,
                    precision: str = "fp32",
                    fields: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] | None = None) -> float:
     """One plain-PyTorch training step (autocast of the dense part for bf16); returns the loss.

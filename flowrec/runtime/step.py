@@ -12,10 +12,10 @@ Example:
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Any
 
 import torch
 
+from flowrec.data.batches import Batch
 from flowrec.runtime.lowering import LoweredModel
 
 
@@ -26,7 +26,7 @@ def autocast_context(device: torch.device, precision: str):
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
 
-def train_step(model: LoweredModel, optimizer: torch.optim.Optimizer, batch: Any,
+def train_step(model: LoweredModel, optimizer: torch.optim.Optimizer, batch: Batch,
                micro_batches: int = 1, precision: str = "fp32") -> float:
     """Run one step on `batch`; returns the batch loss (mean over samples, weighted over heads)."""
     optimizer.zero_grad(set_to_none=True)
