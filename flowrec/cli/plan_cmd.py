@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from flowrec.cli.common import fail, load_spec_or_exit
+from flowrec.cli.common import fail, launch_world_size, load_spec_or_exit
 from flowrec.render import to_dot, to_png, to_svg
 from flowrec.planner.manager import STAGES, PassFailure, make_plan
 from flowrec.graph.plan_io import plan_json
@@ -25,6 +25,8 @@ Examples:
 
   flowrec plan specs/wide_1000.yaml --json plan.json --svg plan.svg
 
+  flowrec plan specs/wide_1000.yaml --world-size 64 --target h100 --json p.json
+
   flowrec plan specs/two_task.yaml --until packed --dot - | dot -Tpng > plan.png
 """
 
@@ -40,6 +42,7 @@ def plan(
     device_budget: Optional[str] = typer.Option(None, "--device-budget", help="Device memory, e.g. 4GiB."),
     target: Optional[str] = typer.Option(None, "--target", help="Cost-model device: cpu, a100, h100."),
     profile: Optional[Path] = typer.Option(None, "--profile", help="Access profile JSON (flowrec data profile)."),
+    world_size: Optional[int] = typer.Option(None, "--world-size", min=1, max=1_000_000, help="Ranks to plan for (GPUs or CPU processes): per-rank memory, exchange bytes and step time. Default: WORLD_SIZE of the launch environment, else 1."),
     json_out: Optional[str] = typer.Option(None, "--json", help="Write the plan JSON to PATH, or - for stdout."),
     dot: Optional[str] = typer.Option(None, "--dot", help="Write DOT text to PATH, or - for stdout."),
     svg: Optional[Path] = typer.Option(None, "--svg", help="Write an SVG drawing to PATH."),
@@ -50,7 +53,7 @@ def plan(
         fail(f"--until must be one of {', '.join(STAGES)}, not {until!r}")
     try:
         result = make_plan(model, until=until, device_budget=device_budget, target=target,
-                           profile=profile)
+                           profile=profile, world_size=world_size or launch_world_size())
     except (ValueError, OSError, PassFailure) as exc:
         fail(str(exc))
     for dest, text in ((json_out, lambda: plan_json(result)), (dot, lambda: to_dot(result.graph))):

@@ -69,6 +69,9 @@ def group_document(g: PackedGroup) -> dict[str, Any]:
         "placement": g.placement,
         "cache_rows": g.cache_rows,
         "expected_hit_rate": g.expected_hit_rate,
+        "sharding": g.sharding,
+        "shards": g.shards,
+        "bytes_per_rank": g.bytes_per_rank,
         "tables": [{"table": t.table, "rows": t.rows, "row_offset": t.row_offset} for t in g.tables],
         "features": [
             {"feature": f.feature, "table": f.table, "max_len": f.max_len, "pooling": f.pooling,
@@ -138,6 +141,10 @@ def cost_document(c: CostPrediction) -> dict[str, Any]:
         "h2d_bytes_per_step": c.h2d_bytes_per_step,
         "memory_bytes": dict(c.memory),
         "peak_memory_bytes": c.peak_memory_bytes,
+        "world_size": c.world_size,
+        "exchange_bytes_per_step": c.exchange_bytes_per_step,
+        "exchange_ms": c.exchange_ms,
+        "group_exchange_bytes": dict(c.group_exchange_bytes),
     }
 
 
@@ -158,6 +165,7 @@ def plan_document(plan: Plan) -> dict[str, Any]:
         "group_order": list(meta.group_order),
         "micro_batches": meta.micro_batches,
         "prefetch": meta.prefetch,
+        "world_size": meta.world_size,
         "dense_packing": dense_packing(plan),
         "stages": stage_members(plan),
         "nodes": node_documents(plan),
@@ -179,6 +187,7 @@ def _group(doc: dict[str, Any]) -> PackedGroup:
         tables=tuple(TableSlot(t["table"], t["rows"], t["row_offset"]) for t in doc["tables"]),
         fields=tuple(GroupField(f["feature"], f["table"], f["max_len"], f["pooling"]) for f in doc["features"]),
         placement=doc["placement"], cache_rows=doc["cache_rows"], expected_hit_rate=doc["expected_hit_rate"],
+        sharding=doc["sharding"], shards=doc["shards"],
     )
 
 
@@ -196,8 +205,11 @@ def _cost(doc: dict[str, Any] | None) -> CostPrediction | None:
         stage_ms=tuple((s, doc["stage_ms"][s]) for s in STAGES),
         step_ms_serial=doc["step_ms_serial"], step_ms_overlap=doc["step_ms_overlap"],
         samples_per_s=doc["samples_per_s"], h2d_bytes_per_step=doc["h2d_bytes_per_step"],
-        memory=tuple((p, doc["memory_bytes"][p]) for p in MEMORY_PARTS),
+        memory=tuple((p, doc["memory_bytes"][p]) for p in MEMORY_PARTS if p in doc["memory_bytes"]),
         peak_memory_bytes=doc["peak_memory_bytes"],
+        world_size=doc["world_size"], exchange_bytes_per_step=doc["exchange_bytes_per_step"],
+        exchange_ms=doc["exchange_ms"],
+        group_exchange_bytes=tuple((g, b) for g, b in doc["group_exchange_bytes"].items()),
     )
 
 
@@ -222,6 +234,7 @@ def plan_from_document(doc: dict[str, Any]) -> Plan:
         micro_batches=doc["micro_batches"], prefetch=doc["prefetch"],
         group_order=tuple(doc["group_order"]),
         passes=tuple(PassRecord(p["name"], p["modified"], tuple(p["notes"])) for p in doc["passes"]),
+        world_size=doc["world_size"],
     )
     return Plan(spec_name=doc["spec"], stage=doc["stage"], target=doc["target"], graph=graph,
                 cost=_cost(doc["cost"]), device_budget_bytes=doc["device_budget_bytes"],

@@ -23,6 +23,7 @@ from flowrec.spec.model import ModelSpec
 OpGraph = nx.DiGraph
 AccessProfile = dict[str, Any]  # a `flowrec data profile` document (format flowrec-access-profile)
 
+Sharding = Literal["row_wise", "replicated"]
 Placement = Literal["device", "static_hot", "lookahead", "host"]  # the rows of `kinds.PLACEMENTS`
 Stage = Literal["staging", "transfer", "sparse", "dense", "backward"]
 STAGES: tuple[str, ...] = ("staging", "transfer", "sparse", "dense", "backward")
@@ -93,6 +94,10 @@ class PackedGroup:
         placement: where the packed table lives (set by the `cache` pass).
         cache_rows: device rows reserved for `static_hot` / `lookahead` placements.
         expected_hit_rate: the cache pass's estimate of device hits per lookup.
+        sharding: how the table spreads over the ranks (set by the `shard` pass): ``row_wise``
+            (packed row r on rank r mod shards, at local row r div shards) or ``replicated``
+            (every rank holds every row; row gradients are all-reduced).
+        shards: ranks the rows are spread over (1: the whole table on each rank that holds it).
     """
 
     name: str
@@ -104,6 +109,8 @@ class PackedGroup:
     placement: Placement = "device"
     cache_rows: int = 0
     expected_hit_rate: float = 1.0
+    sharding: Sharding = "row_wise"
+    shards: int = 1
 
     @property
     def rows(self) -> int:
@@ -136,6 +143,16 @@ class PackedGroup:
     def bytes(self) -> int:
         return self.rows * self.row_bytes()
 
+    @property
+    def rows_per_rank(self) -> int:
+        """Rows on the busiest rank: ceil(rows / shards) for row-wise sharding."""
+        return -(-self.rows // self.shards)
+
+    @property
+    def bytes_per_rank(self) -> int:
+        """Bytes of rows and optimizer state on the busiest rank."""
+        return self.rows_per_rank * self.row_bytes()
+
 
 @dataclass(frozen=True)
 class PassRecord:
@@ -155,6 +172,7 @@ class PlanMeta:
     prefetch: int = 2
     group_order: tuple[str, ...] = ()
     passes: tuple[PassRecord, ...] = field(default_factory=tuple)
+    world_size: int = 1  # ranks the plan runs on (set by the `shard` pass)
 
 
 @dataclass(frozen=True)
@@ -167,6 +185,7 @@ class PassContext:
         device_budget_bytes: device memory the plan may use (None: target memory minus a reserve).
         profile: an access profile document (`flowrec data profile`), or None for the Zipf model.
         packing: pack tables / dense ops (None: the spec's `plan.packing` hint).
+        world_size: ranks the plan is for (one process per GPU or CPU worker).
 
     Example:
         >>> ctx = PassContext(spec=None, target="cpu")
@@ -179,6 +198,7 @@ class PassContext:
     device_budget_bytes: int | None = None
     profile: AccessProfile | None = None
     packing: bool | None = None
+    world_size: int = 1
 
 
 @dataclass(frozen=True)
@@ -203,8 +223,14 @@ class CostPrediction:
         step_ms_overlap: with prefetch (staging hidden) and D-interleaving over micro-batches.
         samples_per_s: batch_size / step_ms_overlap.
         h2d_bytes_per_step: host -> device bytes (ids, offsets, dense, labels, rows).
-        memory: (part, bytes) of the peak device memory, in `MEMORY_PARTS` order.
+        memory: (part, bytes) of the peak device memory of one rank, in `MEMORY_PARTS` order.
         peak_memory_bytes: their sum.
+        world_size: ranks; stage times, bytes and memory are per rank.
+        exchange_bytes_per_step: bytes one rank sends per step over the interconnect (embedding
+            ids, rows and row gradients of sharded groups, replicated groups' and the dense
+            all-reduce).
+        exchange_ms: their time on the target's interconnect.
+        group_exchange_bytes: (group, bytes one rank sends per step for it).
     """
 
     target: str
@@ -217,9 +243,13 @@ class CostPrediction:
     h2d_bytes_per_step: int
     memory: tuple[tuple[str, int], ...]
     peak_memory_bytes: int
+    world_size: int = 1
+    exchange_bytes_per_step: int = 0
+    exchange_ms: float = 0.0
+    group_exchange_bytes: tuple[tuple[str, int], ...] = ()
 
 
-MEMORY_PARTS: tuple[str, ...] = ("tables", "caches", "activations", "dense")  # CostPrediction.memory order
+MEMORY_PARTS: tuple[str, ...] = ("tables", "caches", "activations", "dense", "exchange")  # CostPrediction.memory order
 
 
 @dataclass(frozen=True)

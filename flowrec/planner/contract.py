@@ -33,7 +33,7 @@ from flowrec.planner.passes.cache import expected_hit_rate
 from flowrec.spec.model import ModelSpec
 from flowrec.spec.schemas import PLAN_SCHEMA, load_schema
 
-GROUP_DECISIONS = ("placement", "cache_rows", "expected_hit_rate")  # what an edit may change per group
+GROUP_DECISIONS = ("placement", "cache_rows", "expected_hit_rate", "sharding", "shards")  # editable per group
 
 
 class PlanError(ValueError):
@@ -94,8 +94,8 @@ def _first_difference(mine: dict[str, Any], reference: dict[str, Any], what: str
     return None
 
 
-def check_plan(plan: Plan, spec: ModelSpec) -> list[str]:
-    """Problems that keep `plan` from running with `spec` (empty when it can run).
+def check_plan(plan: Plan, spec: ModelSpec, world_size: int = 1) -> list[str]:
+    """Problems that keep `plan` from running with `spec` on `world_size` ranks (empty when it can run).
 
     The model must be the spec's (fingerprint and structure); decisions must be runnable:
     known placements, cache rows within the group for cache placements, a valid schedule.
@@ -105,9 +105,12 @@ def check_plan(plan: Plan, spec: ModelSpec) -> list[str]:
                 f"modules, heads, optimizers, batch size or precision differ from {spec.name!r}); "
                 f"plan again with `flowrec plan SPEC --json`"]
     problems = []
+    if plan.meta.world_size != world_size:
+        problems.append(f"the plan is for {plan.meta.world_size} rank(s) and this run has {world_size}; plan "
+                        f"again with --world-size {world_size}")
     if plan.stage != "interleaved":
         problems.append(f"the plan stops at stage {plan.stage!r}; only a full plan (stage interleaved) can run")
-    reference = _structure(make_plan(spec, until=plan.stage, target=plan.target))
+    reference = _structure(make_plan(spec, until=plan.stage, target=plan.target, world_size=plan.meta.world_size))
     mine = _structure(plan)
     for what in ("nodes", "groups"):
         diff = _first_difference(mine[what], reference[what], what[:-1])
@@ -128,6 +131,12 @@ def _decision_problems(plan: Plan, spec: ModelSpec) -> list[str]:
                        f"not {g.cache_rows:,}")
         elif not info.cached and g.cache_rows != 0:
             out.append(f"group {g.name}: placement {g.placement} keeps no cache; cache_rows must be 0")
+        if (g.sharding, g.shards) not in (("row_wise", meta.world_size), ("replicated", 1)) and \
+                not (meta.world_size == 1 and g.shards == 1):
+            out.append(f"group {g.name}: sharding {g.sharding} over {g.shards} shard(s) does not fit world size "
+                       f"{meta.world_size} (row_wise: shards = world size; replicated: 1)")
+        if meta.world_size > 1 and info is not None and info.cached:
+            out.append(f"group {g.name}: cache placement {g.placement} is not yet supported for sharded groups")
     if not 1 <= meta.micro_batches <= spec.training.batch_size:
         out.append(f"micro_batches must be between 1 and the batch size {spec.training.batch_size}")
     if meta.prefetch < 1:
@@ -143,7 +152,8 @@ def _decision_problems(plan: Plan, spec: ModelSpec) -> list[str]:
 def priced(plan: Plan, spec: ModelSpec, profile: dict[str, Any] | None = None) -> Plan:
     """`plan` with the cost model's prediction for its own decisions, and a pass record that lists
     where they differ from the planner's (an edited plan says what was edited)."""
-    own = make_plan(spec, target=plan.target, device_budget=plan.device_budget_bytes, profile=profile)
+    own = make_plan(spec, target=plan.target, device_budget=plan.device_budget_bytes, profile=profile,
+                    world_size=plan.meta.world_size)
     notes = [f"group {g.name}: placement {g.placement}, {g.cache_rows:,} cache rows (planner: {o.placement}, "
              f"{o.cache_rows:,})" for g, o in zip(plan.meta.groups, own.meta.groups)
              if (g.placement, g.cache_rows) != (o.placement, o.cache_rows)]
@@ -160,10 +170,10 @@ def priced(plan: Plan, spec: ModelSpec, profile: dict[str, Any] | None = None) -
     return replace(edited, cost=cost)
 
 
-def load_plan(path: Path, spec: ModelSpec, profile: dict[str, Any] | None = None) -> Plan:
-    """The plan in `path`, checked against `spec` and priced. Raises PlanError (one line)."""
+def load_plan(path: Path, spec: ModelSpec, profile: dict[str, Any] | None = None, world_size: int = 1) -> Plan:
+    """The plan in `path`, checked against `spec` and `world_size` and priced. Raises PlanError (one line)."""
     plan = plan_from_document(read_plan_document(path))
-    problems = check_plan(plan, spec)
+    problems = check_plan(plan, spec, world_size)
     if problems:
         raise PlanError(f"{path}: " + "; ".join(problems))
     return priced(plan, spec, profile)

@@ -25,7 +25,9 @@ from dataclasses import dataclass
 
 from flowrec.graph.kinds import OP_KINDS, OPTIMIZERS, PLACEMENTS
 from flowrec.graph.types import DTYPE_BYTES, AccessProfile, CostPrediction, OpGraph, PackedGroup
+from flowrec.planner import exchange
 from flowrec.planner.access import AccessModel, group_model
+from flowrec.planner.exchange import link_for
 from flowrec.spec.model import ModelSpec
 
 GiB = 2**30  # bytes
@@ -100,11 +102,17 @@ class _Unit:
     placement: str
     cache_rows: int
     hit_rate: float
+    shards: int = 1
+
+    @property
+    def local_rows(self) -> int:
+        """Rows this rank holds (the busiest rank's share of a row-wise group)."""
+        return -(-self.rows // self.shards)
 
 
 def _group_unit(g: PackedGroup) -> _Unit:
     return _Unit(g, g.rows, g.dim, DTYPE_BYTES[g.dtype], g.row_bytes(), sum(f.max_len for f in g.fields),
-                 g.bags_per_sample, g.placement, g.cache_rows, g.expected_hit_rate)
+                 g.bags_per_sample, g.placement, g.cache_rows, g.expected_hit_rate, g.shards)
 
 
 def group_step_seconds(group: PackedGroup, device: DeviceProfile, batch: int, window: int,
@@ -183,8 +191,11 @@ def _unit_bytes(u: _Unit, batch: int, window: int, profile: AccessProfile | None
 
 def predict(graph: OpGraph, spec: ModelSpec, device: DeviceProfile, *, micro_batches: int = 1,
             profile: AccessProfile | None = None) -> CostPrediction:
-    """Predict one training step of `graph` on `device` (see the module docstring)."""
-    batch = spec.training.batch_size
+    """Predict one training step of `graph` on `device` (see the module docstring); with a world
+    size above 1 (the `shard` pass's), times, bytes and memory are one rank's, on its B / W samples."""
+    meta = graph.graph.get("plan")
+    world = meta.world_size if meta is not None else 1
+    batch = -(-spec.training.batch_size // world)  # samples per rank
     window = spec.plan.window
     units = _units(graph)
     ops = [graph.nodes[n]["op"] for n in graph]
@@ -204,7 +215,7 @@ def predict(graph: OpGraph, spec: ModelSpec, device: DeviceProfile, *, micro_bat
         lookups = batch * u.ids
         sparse += launch_s + lookups * (hit / device.gather_rows_per_s
                                         + (1 - hit) / device.host_gather_rows_per_s)
-        update = min(lookups, u.rows) * u.row_bytes * 2 / (device.hbm_gbps * 1e9)
+        update = min(lookups, u.local_rows) * u.row_bytes * 2 / (device.hbm_gbps * 1e9)
         backward_sparse += 2 * launch_s + lookups / device.gather_rows_per_s + update
 
     peak = (device.bf16_tflops if spec.training.precision == "bf16" else device.fp32_tflops) * 1e12
@@ -223,28 +234,78 @@ def predict(graph: OpGraph, spec: ModelSpec, device: DeviceProfile, *, micro_bat
     else:
         device_time = sparse_side + dense_side
     overlap = max(staging, device_time) if device.overlaps else staging + device_time
+    traffic = exchange_traffic(graph, spec, units, batch, world, profile)
+    exchange_s = 0.0
+    if world > 1:
+        link = link_for(device.name, world)
+        calls = sum(exchange.collectives(u.group) for u in units if u.group is not None) + traffic.dense_calls
+        exchange_s = exchange.seconds(traffic.total, calls, link)
+        serial += exchange_s
+        overlap = max(overlap, exchange_s) + min(overlap, exchange_s) / (len(units) + 1)
 
-    memory = _memory(graph, spec, units, batch // mb)
+    memory = _memory(graph, spec, units, batch // mb, traffic.buffers if world > 1 else None)
     return CostPrediction(
         target=device.name,
-        batch_size=batch,
+        batch_size=spec.training.batch_size,
         micro_batches=mb,
         stage_ms=tuple((name, round(t * 1e3, 6)) for name, t in stages),
         step_ms_serial=round(serial * 1e3, 6),
         step_ms_overlap=round(overlap * 1e3, 6),
-        samples_per_s=round(batch / overlap, 3) if overlap > 0 else 0.0,
+        samples_per_s=round(spec.training.batch_size / overlap, 3) if overlap > 0 else 0.0,
         h2d_bytes_per_step=int(h2d) if device.pcie_gbps or any(PLACEMENTS[u.placement].host_side for u in units) else 0,
         memory=memory,
         peak_memory_bytes=sum(b for _, b in memory),
+        world_size=world,
+        exchange_bytes_per_step=int(traffic.total),
+        exchange_ms=round(exchange_s * 1e3, 6),
+        group_exchange_bytes=tuple((name, int(b)) for name, b in traffic.by_group),
     )
 
 
-def _memory(graph: OpGraph, spec: ModelSpec, units: list[_Unit], micro_batch: int) -> tuple[tuple[str, int], ...]:
-    tables = sum(u.rows * u.row_bytes for u in units if PLACEMENTS[u.placement].rows_on == "device")
+@dataclass(frozen=True)
+class Traffic:
+    """What one rank sends per step: per group, the dense all-reduce, and exchange buffer bytes."""
+
+    by_group: tuple[tuple[str, float], ...] = ()
+    dense: float = 0.0
+    dense_calls: int = 0
+    buffers: int = 0
+
+    @property
+    def total(self) -> float:
+        return sum(b for _, b in self.by_group) + self.dense
+
+
+def exchange_traffic(graph: OpGraph, spec: ModelSpec, units: list[_Unit], batch: int, world: int,
+                     profile: AccessProfile | None) -> Traffic:
+    """Per-rank communication of a step with `batch` samples per rank (`flowrec.planner.exchange`)."""
+    if world <= 1:
+        return Traffic()
+    by_group, buffers = [], 0
+    for u in units:
+        if u.group is None:
+            continue
+        if u.group.sharding == "row_wise":
+            distinct = group_access(u.group, profile).distinct(batch * u.ids)
+            sent = exchange.row_wise_bytes(u.group, distinct, world)
+            buffers += int(2 * sent)  # send + receive
+        else:
+            sent = exchange.replicated_bytes(u.group, world)
+            buffers += u.rows * u.dim * exchange.GRAD_BYTES
+        by_group.append((u.group.name, sent))
+    params = sum(graph.nodes[n]["op"].param_bytes for n in graph if graph.nodes[n]["op"].kind not in SPARSE_KINDS)
+    calls = 1 + params // exchange.DDP_BUCKET_BYTES
+    return Traffic(tuple(by_group), exchange.dense_bytes(params, world), calls, buffers)
+
+
+def _memory(graph: OpGraph, spec: ModelSpec, units: list[_Unit], micro_batch: int,
+            exchange_buffers: int | None = None) -> tuple[tuple[str, int], ...]:
+    tables = sum(u.local_rows * u.row_bytes for u in units if PLACEMENTS[u.placement].rows_on == "device")
     caches = sum(u.cache_rows * u.row_bytes for u in units if PLACEMENTS[u.placement].cached)
-    return (
+    parts = (
         ("tables", int(tables)),
         ("caches", int(caches)),
         ("activations", int(activation_bytes(graph, micro_batch))),
         ("dense", int(dense_memory_bytes(graph, spec))),
     )
+    return parts + ((("exchange", int(exchange_buffers)),) if exchange_buffers is not None else ())

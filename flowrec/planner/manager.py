@@ -1,4 +1,4 @@
-"""The pass pipeline `built -> packed -> cached -> interleaved` and `make_plan`, the public entry.
+"""The pass pipeline `built -> packed -> sharded -> cached -> interleaved` and `make_plan`, the public entry.
 
 Example:
     >>> from flowrec.spec import load_spec
@@ -22,13 +22,15 @@ from flowrec.planner.passes.cache import cache
 from flowrec.planner.passes.meta import plan_meta
 from flowrec.planner.passes.interleave import interleave
 from flowrec.planner.passes.pack import pack
+from flowrec.planner.passes.shard import shard
 from flowrec.spec.model import ModelSpec
 from flowrec.spec.units import parse_bytes
 
 PassFn = Callable[[OpGraph, PassContext], PassResult]
-STAGES: tuple[str, ...] = ("built", "packed", "cached", "interleaved")
+STAGES: tuple[str, ...] = ("built", "packed", "sharded", "cached", "interleaved")
 PIPELINE: tuple[tuple[str, str, PassFn], ...] = (  # (pass name, stage it produces, pass)
     ("pack", "packed", pack),
+    ("shard", "sharded", shard),
     ("cache", "cached", cache),
     ("interleave", "interleaved", interleave),
 )
@@ -49,7 +51,7 @@ class PassManager:
 
     Example:
         >>> PassManager(verify=True).stages
-        ('built', 'packed', 'cached', 'interleaved')
+        ('built', 'packed', 'sharded', 'cached', 'interleaved')
     """
 
     pipeline: tuple[tuple[str, str, PassFn], ...] = PIPELINE
@@ -103,7 +105,7 @@ def load_profile(path: str | Path | None) -> dict[str, Any] | None:
 
 def make_plan(spec: ModelSpec, *, until: str = "interleaved", device_budget: int | str | None = None,
               target: str | None = None, profile: dict[str, Any] | str | Path | None = None,
-              verify_passes: bool = False) -> Plan:
+              verify_passes: bool = False, world_size: int = 1) -> Plan:
     """Build the graph of `spec` and run the pass pipeline up to `until`.
 
     Args:
@@ -114,12 +116,13 @@ def make_plan(spec: ModelSpec, *, until: str = "interleaved", device_budget: int
         target: cost-model device (cpu, a100, h100; default from the spec).
         profile: an access profile document or the path of one.
         verify_passes: run the graph verifier after every pass.
+        world_size: ranks the plan is for (`shard` pass); predictions are per rank.
     """
     name = resolve_target(spec, target)
     if isinstance(profile, (str, Path)):
         profile = load_profile(profile)
     budget = parse_bytes(device_budget) if device_budget is not None else spec.plan.device_budget_bytes
-    ctx = PassContext(spec=spec, target=name, device_budget_bytes=budget, profile=profile)
+    ctx = PassContext(spec=spec, target=name, device_budget_bytes=budget, profile=profile, world_size=world_size)
     graph, records = PassManager(verify=verify_passes).run_until(build_graph(spec), ctx, until)
     graph = graph.copy()
     graph.graph["plan"] = replace(plan_meta(graph), passes=records)

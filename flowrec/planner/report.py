@@ -29,13 +29,20 @@ def text_report(plan: Plan) -> list[str]:
     c = plan.cost
     lines = [f"plan {plan.spec_name}: stage {plan.stage}, target {plan.target}, "
              f"device budget {format_bytes(plan.device_budget_bytes)}", ""]
+    world = plan.meta.world_size
+    if world > 1:
+        lines[0] += f", {world} ranks"
     if plan.meta.groups:
+        header = ["group", "tables", "features", "rows", "dim", "bytes", "placement", "cache rows", "hit rate"]
         rows = [[g.name, str(len(g.tables)), str(len(g.fields)), f"{g.rows:,}", str(g.dim),
                  format_bytes(g.bytes), g.placement, f"{g.cache_rows:,}", f"{g.expected_hit_rate:.3f}"]
                 for g in plan.meta.groups]
-        lines += ["packed groups:"] + _table(
-            ["group", "tables", "features", "rows", "dim", "bytes", "placement", "cache rows", "hit rate"],
-            rows) + [""]
+        if world > 1:
+            sent = dict(c.group_exchange_bytes)
+            header += ["sharding", "per rank", "sent/step"]
+            for row, g in zip(rows, plan.meta.groups):
+                row += [g.sharding, format_bytes(g.bytes_per_rank), format_bytes(sent.get(g.name, 0))]
+        lines += ["packed groups:"] + _table(header, rows) + [""]
     for d in dense_packing(plan):
         lines.append(f"dense packing: {d['node']} = {', '.join(d['members'])} (layers {d['layers']})")
     stages = stage_members(plan)
@@ -44,10 +51,13 @@ def text_report(plan: Plan) -> list[str]:
                                 for s, n in stages.items()]
     lines += [f"micro-batches {plan.meta.micro_batches}, prefetch {plan.meta.prefetch}"
               + (f", group order {', '.join(plan.meta.group_order[:6])}" if plan.meta.group_order else ""), ""]
-    lines += [f"predicted on {c.target} (batch {c.batch_size}):"]
+    lines += [f"predicted on {c.target} (batch {c.batch_size}"
+              + (f", {-(-c.batch_size // world)} per rank):" if world > 1 else "):")]
     lines += ["  " + ", ".join(f"{s} {t:.3f} ms" for s, t in c.stage_ms)]
     lines += [f"  step {c.step_ms_serial:.3f} ms serial, {c.step_ms_overlap:.3f} ms overlapped "
               f"-> {c.samples_per_s:,.0f} samples/s",
+              *([f"  exchange {format_bytes(c.exchange_bytes_per_step)} sent per rank per step, "
+                 f"{c.exchange_ms:.3f} ms (included above)"] if world > 1 else []),
               f"  host->device {format_bytes(c.h2d_bytes_per_step)} per step; peak device memory "
               f"{format_bytes(c.peak_memory_bytes)} ("
               + ", ".join(f"{k} {format_bytes(v)}" for k, v in c.memory) + ")", ""]

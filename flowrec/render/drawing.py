@@ -22,6 +22,7 @@ from xml.sax.saxutils import escape
 
 import networkx as nx
 
+from flowrec.graph.kinds import PLACEMENTS
 from flowrec.graph.types import STAGES, OpGraph, PackedGroup, Plan
 
 STAGE_COLORS: dict[str, str] = {  # fill colours, hex RGB
@@ -78,9 +79,11 @@ def _groups(graph: OpGraph) -> dict[str, PackedGroup]:
 
 
 def _placement(group: PackedGroup) -> str:
-    if group.placement in ("static_hot", "lookahead"):
-        return f"{group.placement}, {_count(group.cache_rows)} rows cached"
-    return group.placement
+    shards = f" · {group.sharding} x{group.shards}" if group.shards > 1 else (
+        " · replicated" if group.sharding == "replicated" else "")
+    if PLACEMENTS[group.placement].cached:
+        return f"{group.placement}, {_count(group.cache_rows)} rows cached{shards}"
+    return group.placement + shards
 
 
 def _count(n: int) -> str:
@@ -399,6 +402,9 @@ def title(source: Source) -> str:
     parts.append(f"{graph.number_of_nodes()} ops")
     if meta is not None:
         parts += [_plural(len(meta.groups), "packed group"), _plural(meta.micro_batches, "micro-batch")]
+        if meta.world_size > 1:
+            parts.append(f"{meta.world_size} ranks ({sum(g.sharding == 'row_wise' for g in meta.groups)} "
+                         f"row-wise, {sum(g.sharding == 'replicated' for g in meta.groups)} replicated)")
     return " · ".join(parts)
 
 

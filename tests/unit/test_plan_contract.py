@@ -36,7 +36,7 @@ def test_plan_round_trips_through_json(path: Path):
 
 def test_plan_carries_its_pass_records_once(repo: Path):
     plan = make_plan(load_spec(repo / "specs" / "dlrm_criteo.yaml"))
-    assert [p.name for p in plan.meta.passes] == ["pack", "cache", "interleave"]
+    assert [p.name for p in plan.meta.passes] == ["pack", "shard", "cache", "interleave"]
     assert plan.graph.graph["plan"] is plan.meta  # one record: the graph carries it, meta reads it
 
 

@@ -42,7 +42,7 @@ def test_failing_pass_is_named_with_history():
         manager.run_until(build_graph(spec), ctx, "broken")
     assert err.value.name == "broken" and err.value.done == ("pack",) and "no loss node" in str(err.value)
     manager = PassManager(pipeline=PIPELINE[:2] + (("raising", "raising", raising),))
-    with pytest.raises(PassFailure, match=r"pass 'raising' failed \(passes before it: pack, cache\): "
+    with pytest.raises(PassFailure, match=r"pass 'raising' failed \(passes before it: pack, shard\): "
                                           r"RuntimeError: boom"):
         manager.run_until(build_graph(spec), ctx, "raising")
 

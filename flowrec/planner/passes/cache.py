@@ -59,14 +59,21 @@ def cache(graph: OpGraph, ctx: PassContext) -> PassResult:
         return PassResult(graph, False, ("no packed groups (run pack first)",))
     spec, device = ctx.spec, device_profile(ctx.target)
     budget = table_budget(graph, ctx)
-    groups, notes = place(meta.groups, budget, device, spec.plan.cache, spec.training.batch_size,
+    policy = spec.plan.cache
+    if meta.world_size > 1:
+        if policy in ("static_hot", "lookahead"):
+            raise ValueError(f"cache placement {policy} is not yet supported for sharded groups (world size "
+                             f"{meta.world_size}); use plan.cache auto or none, or train on one process")
+        policy = "none"  # a rank's shard is on its device or, when it does not fit, on its host
+    groups, notes = place(meta.groups, budget, device, policy, spec.training.batch_size,
                           spec.plan.window, ctx.profile)
     if not device.overlaps and ctx.device_budget_bytes is None and any(g.placement != "device" for g in groups):
         groups = tuple(replace(g, placement="device", cache_rows=0, expected_hit_rate=1.0) for g in groups)
         notes.append(f"target {device.name}: host memory is the device and no budget was given, so every "
                      f"group stays resident (give --device-budget to plan cache placements)")
     notes.insert(0, f"table budget {format_bytes(budget)} on {device.name}; groups need "
-                    f"{format_bytes(sum(g.bytes for g in meta.groups))}")
+                    f"{format_bytes(sum(g.bytes_per_rank for g in meta.groups))}"
+                    + (f" per rank ({meta.world_size} ranks)" if meta.world_size > 1 else ""))
     if groups == meta.groups:
         return PassResult(graph, False, tuple(notes))
     g = graph.copy()
@@ -78,29 +85,30 @@ def table_budget(graph: OpGraph, ctx: PassContext) -> int:
     """Device bytes left for tables and caches after dense state and one batch of activations."""
     device = device_profile(ctx.target)
     budget = ctx.device_budget_bytes if ctx.device_budget_bytes is not None else default_budget(device)
-    fixed = dense_memory_bytes(graph, ctx.spec) + activation_bytes(graph, ctx.spec.training.batch_size)
+    local_batch = -(-ctx.spec.training.batch_size // plan_meta(graph).world_size)  # samples per rank
+    fixed = dense_memory_bytes(graph, ctx.spec) + activation_bytes(graph, local_batch)
     return max(0, budget - fixed)
 
 
 def place(groups: tuple[PackedGroup, ...], budget: int, device: DeviceProfile, policy: str,
           batch: int, window: int, profile: object) -> tuple[tuple[PackedGroup, ...], list[str]]:
     """Placement of every group under `budget` bytes; returns the groups (input order) and notes."""
-    order = sorted(groups, key=lambda g: (-g.bytes, g.name))
+    order = sorted(groups, key=lambda g: (-g.bytes_per_rank, g.name))
     decided: dict[str, PackedGroup] = {}
     notes: list[str] = []
     remaining = budget
     for i, g in enumerate(order):
-        rest = sum(x.bytes for x in order[i + 1:])
-        if g.bytes + rest <= remaining:
+        rest = sum(x.bytes_per_rank for x in order[i + 1:])
+        if g.bytes_per_rank + rest <= remaining:
             for x in order[i:]:
                 decided[x.name] = replace(x, placement="device", cache_rows=0, expected_hit_rate=1.0)
-            notes.append(f"{len(order) - i} group(s) fit on the device ({format_bytes(g.bytes + rest)})")
+            notes.append(f"{len(order) - i} group(s) fit on the device ({format_bytes(g.bytes_per_rank + rest)})")
             break
         share = remaining - min(rest, remaining // 2)
         chosen, why = _choose(g, share, device, policy, batch, window, profile)
         decided[g.name] = chosen
         remaining -= chosen.cache_rows * g.row_bytes()
-        notes.append(f"{g.name} ({format_bytes(g.bytes)}) does not fit: {why}")
+        notes.append(f"{g.name} ({format_bytes(g.bytes_per_rank)}) does not fit: {why}")
     return tuple(decided[g.name] for g in groups), notes
 
 
