@@ -10,8 +10,9 @@ counts (a Zipf-hot row with a long run does not leave the other threads idle):
 * `fused_row_update`: the same update from already coalesced row gradients (caches that split a
   batch between the device and the host reduce first, then update each part).
 
-Both share the per-row update, so reducing first and updating afterwards gives bitwise the same
-rows as the fused pass. Arithmetic is in the table's dtype (float32 or float64), with every
+Both share the per-row update, so reducing first (`casted_row_grads`) and updating afterwards
+gives bitwise the same float64 rows as the fused pass (in float32, torch's reduce of mean bags
+uses fused multiply-adds: allclose). Arithmetic is in the table's dtype (float32 or float64), with every
 operation rounded on its own (no fused multiply-add) and square roots correctly rounded; Adam's
 bias corrections `beta^t` are computed in float64 with libm's `pow`. Kernels are compiled on first
 use and cached on disk by numba (`cache=True`: next to this file, or in the user's cache folder
