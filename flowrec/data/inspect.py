@@ -1,8 +1,9 @@
 """`flowrec data inspect`: rows, partitions, columns, dtypes, metadata, missing/unique summary.
 
 Returns data only; the CLI prints it. ``rows`` counts the rows of the part files, ``meta_rows``
-what ``_flowrec.json`` records (they differ only for a damaged dataset, which training refuses). Missing means row 0 for id columns, an empty list for
-list columns, NaN for float columns. Unique counts are exact over the scanned rows.
+what ``_flowrec.json`` records (they differ only for a damaged dataset, which training refuses).
+Missing means row 0 for id columns, an empty list for list columns, NaN for float columns.
+Unique counts are exact over the scanned rows.
 
 Example:
     >>> info = inspect_dataset("data/criteo")  # doctest: +SKIP

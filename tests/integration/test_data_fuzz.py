@@ -31,7 +31,7 @@ from test_data_hostile import CSV_ROWS, LIBSVM_SPEC, SPEC, SVM_ROWS, csv, svm
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_S = 60  # an example running longer than this is a hang
-QUICK = {"raw": 30, "parquet": 12}
+QUICK = {"raw": 60, "parquet": 25}
 SLOW = {"raw": 600, "parquet": 200}
 runner = CliRunner()
 

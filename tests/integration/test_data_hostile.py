@@ -37,7 +37,8 @@ optimizer:
   sparse: {name: sgd, lr: 0.1}
 training: {batch_size: 16}
 """
-LIBSVM_SPEC = SPEC.replace("training:", "data: {format: libsvm, path: x, options: {fields: [c1, d1, c2, c3]}}\ntraining:")
+LIBSVM_DATA = "data: {format: libsvm, path: x, options: {fields: [c1, d1, c2, c3]}}\n"
+LIBSVM_SPEC = SPEC.replace("training:", LIBSVM_DATA + "training:")
 REGRESSION_SPEC = LIBSVM_SPEC.replace("{name: ctr, input: top}", "{name: ctr, input: top, task: regression}")
 CSV_HEADER = "label,d1,c1,c2,c3\n"
 CSV_ROWS = ["1,0.5,a,b,x^y", "0,1.5,c,d,", "1,,e,f,z"]
@@ -286,3 +287,15 @@ def test_dense_float64_beyond_float32_is_refused(tmp_path: Path):
                               str(tmp_path / "run"), "-q"])
     expect_one_error(res, "'d1'", "1e+300", "row 11")
     assert np.isclose(pq.read_table(data).column("d1").to_numpy()[11], 1e300)
+
+
+def test_inspect_shows_a_row_count_that_disagrees_with_the_metadata(tmp_path: Path):
+    spec = write_spec(tmp_path, SPEC)
+    data = tmp_path / "data"
+    assert runner.invoke(app, ["data", "synth", str(spec), "--rows", "64", "--out", str(data)]).exit_code == 0
+    res = runner.invoke(app, ["data", "inspect", str(data)])
+    assert res.exit_code == 0 and "64 rows" in res.stdout and "warning" not in res.stderr
+    stale_part(data)
+    res = runner.invoke(app, ["data", "inspect", str(data)])
+    assert res.exit_code == 0 and "128 rows" in res.stdout
+    assert "warning: the part files hold 128 rows but _flowrec.json records 64" in res.stderr
