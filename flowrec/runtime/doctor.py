@@ -154,6 +154,16 @@ def small_spec() -> Any:
     })
 
 
+def doctor_plan(spec: Any) -> Any:
+    """The one use of the planner API here: the CPU plan of `spec` (every table resident), run
+    unchanged on every device so that all devices train the same model."""
+    import torch
+
+    from flowrec.runtime.session import plan_for
+
+    return plan_for(spec, torch.device("cpu"))[0]
+
+
 def training_batches(spec: Any, groups: Any) -> list[Any]:
     """TRAIN_STEPS staged batches of synthetic data (lookahead castings, as training stages them)."""
     from flowrec.data.batches import StagingOptions, iterate_batches
@@ -172,11 +182,9 @@ def train_on(device: Any, spec: Any, batches: list[Any]) -> tuple[dict[str, Any]
 
     from flowrec.runtime.lowering import lower
     from flowrec.runtime.pipeline import TransferStage
-    from flowrec.runtime.session import plan_for
     from flowrec.runtime.step import make_dense_optimizer, train_step
 
-    plan, _ = plan_for(spec, torch.device("cpu"))  # the same plan on every device: all tables resident
-    model = lower(plan, spec, device)
+    model = lower(doctor_plan(spec), spec, device)
     opt = spec.dense_optimizer
     optimizer = make_dense_optimizer(model, opt.name, opt.lr, dict(opt.params))
     with TransferStage(iter(batches), model.device, 2) as staged:
@@ -191,9 +199,8 @@ def reference_params(spec: Any, batches: list[Any]) -> dict[str, Any]:
     import torch
 
     from flowrec.runtime.reference import ReferenceModel, reference_optimizers, reference_step
-    from flowrec.runtime.session import plan_for
 
-    plan, _ = plan_for(spec, torch.device("cpu"))
+    plan = doctor_plan(spec)
     ref = ReferenceModel(plan, spec)
     optimizers = reference_optimizers(ref, spec)
     for batch in batches:
@@ -222,11 +229,8 @@ def check_training(devices_to_check: list[str]) -> list[Check]:
     """`train/cpu` against the reference, then `train/cuda:i` against the CPU result."""
     import torch
 
-    from flowrec.runtime.session import plan_for
-
     spec = small_spec()
-    plan, _ = plan_for(spec, torch.device("cpu"))
-    batches = training_batches(spec, plan.meta.groups)
+    batches = training_batches(spec, doctor_plan(spec).meta.groups)
     cpu: dict[str, Any] = {}
 
     def cpu_check() -> tuple[str, str]:
