@@ -19,6 +19,7 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
+from operators.casting import Casting
 from operators.device import runtime_for
 
 POLL_S = 0.05  # seconds between stop-flag checks
@@ -55,13 +56,21 @@ class TransferStage:
         """A host tensor on the device: pinned, then copied without blocking the host."""
         return self.runtime.pin(tensor).to(self.device, non_blocking=True)
 
+    def _send_casting(self, casting: Casting) -> Casting:
+        """A staged casting on the device, every tensor pinned and copied without blocking."""
+        scale = casting.sorted_scale
+        return replace(casting, unique_ids=self._send(casting.unique_ids), counts=self._send(casting.counts),
+                       unique_offsets=self._send(casting.unique_offsets),
+                       sorted_bags=self._send(casting.sorted_bags),
+                       sorted_scale=None if scale is None else self._send(scale))
+
     def _move(self, batch: Any) -> Any:
         groups = {
             name: ids if name in self.host_groups else replace(
                 ids,
                 ids=self._send(ids.ids),
                 offsets=self._send(ids.offsets),
-                casting=ids.casting.to(self.device) if ids.casting is not None else None,
+                casting=self._send_casting(ids.casting) if ids.casting is not None else None,
             )
             for name, ids in batch.groups.items()
         }

@@ -86,6 +86,11 @@ def test_transfer_stage_pins_through_the_runtime():
 
     stage = TransferStage(iter(batches), torch.device("cpu"))
     stage.runtime = Pinning(torch.device("cpu"))
-    moved = stage._move(batches[0])
-    assert len(pinned) == 2 + 2 * len(batches[0].groups)
-    assert torch.equal(moved.dense, batches[0].dense) and moved.dense is not batches[0].dense
+    batch = batches[0]
+    moved = stage._move(batch)
+    castings = [g.casting for g in batch.groups.values()]
+    assert all(c is not None for c in castings)  # staged with lookahead: castings travel too
+    assert len(pinned) == 2 + sum(2 + 4 + (c.sorted_scale is not None) for c in castings)
+    assert torch.equal(moved.dense, batch.dense) and moved.dense is not batch.dense
+    for name, g in moved.groups.items():
+        assert torch.equal(g.casting.sorted_bags, batch.groups[name].casting.sorted_bags)
