@@ -11,7 +11,7 @@ from typing import Callable
 
 import torch
 
-from flowrec.cli.common import fail
+from flowrec.cli.common import fail, launch_world_size
 from flowrec.graph.types import Plan
 from flowrec.planner.contract import PlanError, load_plan
 from flowrec.planner.manager import PassFailure, make_plan
@@ -22,6 +22,9 @@ from flowrec.spec.model import ModelSpec
 def plan_for_run(spec: ModelSpec, device_name: str, device_budget: str | None, plan_file: Path | None,
                  status: Callable[[str], None] = lambda _: None) -> tuple[Plan, torch.device]:
     """(plan, device) of a run; every problem is one line and exit 2 (`fail`)."""
+    if launch_world_size() > 1:
+        fail("this process was launched as one of several ranks (WORLD_SIZE > 1), but multi-process "
+             "training is not in this release yet; plan for many ranks with `flowrec plan --world-size`")
     try:
         device = resolve_device(device_name if device_name != "auto" else spec.plan.device)
     except RuntimeError as exc:
