@@ -113,6 +113,8 @@ def run_training(request: RunRequest) -> None:
     from flowrec.runtime.rundir import RunFolderError
 
     spec = load_spec_or_exit(request.spec_path)
+    given = request.resume or request.out
+    existed = given is not None and given.exists()
     try:
         folder, lock = _claim_folder(request, spec.name)
     except RunFolderError as exc:
@@ -120,7 +122,7 @@ def run_training(request: RunRequest) -> None:
     try:
         _train_in(request, spec, folder)
     finally:
-        lock.release()
+        lock.release() if existed else lock.release_and_remove_if_unused()
 
 
 def _claim_folder(request: RunRequest, name: str):

@@ -62,6 +62,18 @@ class RunLock:
             os.close(self.fd)
             self.fd = -1
 
+    def release_and_remove_if_unused(self) -> None:
+        """Release; a folder that holds nothing but the lock (the run failed before writing
+        anything) is removed, so a refused run leaves no trace."""
+        if self.fd >= 0 and {p.name for p in self.folder.iterdir()} == {LOCK_NAME}:
+            (self.folder / LOCK_NAME).unlink()  # while still holding the lock
+            self.release()
+            try:
+                self.folder.rmdir()
+            except OSError:  # something appeared in it meanwhile: keep it
+                pass
+        self.release()
+
 
 def _read_pid(fd: int) -> str:
     try:
