@@ -6,6 +6,8 @@ Modes:
         reference itself): the forward of every batch bitwise on the same (initial) parameters,
         outputs, rows and optimizer state allclose while and after training.
     dead: one good step, then rank 1 exits and rank 0 records the error of its next step.
+    hung: one good step, then rank 1 stops taking part (sleeps until rank 0 has reported) and
+        rank 0 records the error of its next step (the process group's timeout).
 
 Writes `rank{r}.json` into the output folder.
 
@@ -135,11 +137,12 @@ def main(argv: list[str]) -> int:
         out.write_text(json.dumps(result))
         dist.destroy_process_group()
         return 0
-    return dead_rank(rank, world, pg, out)
+    return failed_rank(mode, rank, world, pg, out)
 
 
-def dead_rank(rank: int, world: int, pg: dist.ProcessGroup, out: Path) -> int:
-    """One good step; then rank 1 exits without a word and rank 0 tries another step."""
+def failed_rank(mode: str, rank: int, world: int, pg: dist.ProcessGroup, out: Path) -> int:
+    """One good step; then rank 1 exits (dead) or stops taking part (hung), and rank 0 tries
+    another step."""
     group = make_group("mixed", "adam", 2, "fp64")
     emb = ShardedPackedEmbedding(group, world, rank, process_group=pg)
     gen = torch.Generator().manual_seed(rank)
@@ -147,8 +150,11 @@ def dead_rank(rank: int, world: int, pg: dist.ProcessGroup, out: Path) -> int:
     emb(batch.ids, batch.offsets).sum().backward()
     dist.barrier()
     if rank == 1:
+        deadline = time.monotonic() + 120
+        while mode == "hung" and time.monotonic() < deadline and not (out.parent / "rank0.json").exists():
+            time.sleep(0.2)
         os._exit(0)
-    time.sleep(0.5)  # rank 1 is gone
+    time.sleep(0.5)  # rank 1 is gone or idle
     start = time.monotonic()
     try:
         emb(batch.ids, batch.offsets).sum().backward()
