@@ -32,8 +32,8 @@ from operators.embedding import PackedEmbeddingBag
 from operators.random_batches import PackedBatch, random_batch
 
 STEPS = 20
-GLOBAL_BATCH = 10  # uneven slices for W = 3
-TABLES = (("big", 13), ("small", 7), ("tiny", 2))  # 22 packed rows: uneven on 2 and 3 ranks
+GLOBAL_BATCH = 11  # uneven slices for W = 2 and 3
+TABLES = (("big", 13), ("small", 7), ("tiny", 3))  # 23 packed rows: uneven on 2 and 3 ranks
 FIELDS = {
     "sum": (GroupField("a", "big", 1, "sum"), GroupField("b", "small", 3, "sum")),
     "mean": (GroupField("a", "big", 4, "mean"), GroupField("b", "tiny", 2, "sum")),
