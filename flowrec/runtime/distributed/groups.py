@@ -24,7 +24,7 @@ def local_row_count(rows: int, world_size: int, rank: int) -> int:
 
 def owned_rows(rows: int, world_size: int, rank: int) -> torch.Tensor:
     """Packed ids of the rows `rank` owns, in local-row order.  # (local_rows,) int64"""
-    return torch.arange(rank, rows, world_size, dtype=torch.int64)
+    return torch.arange(rank, max(rank, rows), world_size, dtype=torch.int64)  # empty when rank >= rows
 
 
 def owner_of(packed: torch.Tensor, world_size: int) -> torch.Tensor:

@@ -112,6 +112,35 @@ class ShardedPackedEmbedding(torch.nn.Module):
         """Packed ids of the local rows, in local order (for checkpoints).  # (local_rows,) int64"""
         return owned_rows(self.group.rows, self.world_size, self.rank)
 
+    def shard_rows(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """This rank's rows for a checkpoint: packed ids, weights and optimizer state (copies).
+
+        Returns:
+            Packed ids, rows and state, in local order.  # (n,) int64, (n, D), (n, k)
+        """
+        return self.packed_rows, self.weight.detach().clone(), self.state.clone()
+
+    def load_rows(self, packed: torch.Tensor, weights: torch.Tensor, state: torch.Tensor) -> int:
+        """Overwrite the rows of `packed` that this rank owns (the rest are ignored), so that
+        shards saved at any world size load at this one.
+
+        Args:
+            packed: packed ids (unique).  # (n,) int64
+            weights: their rows.  # (n, D)
+            state: their optimizer state.  # (n, k)
+
+        Returns:
+            How many of this rank's rows were written.
+        """
+        if packed.numel() and (int(packed.min()) < 0 or int(packed.max()) >= self.group.rows):
+            raise ValueError(f"group {self.group.name}: packed rows outside [0, {self.group.rows})")
+        mine = owner_of(packed, self.world_size) == self.rank
+        local = local_index(packed[mine], self.world_size).to(self.weight.device)
+        self.weight.index_copy_(0, local, weights[mine].to(self.weight))
+        if self.state.shape[1]:
+            self.state.index_copy_(0, local, state[mine].to(self.state))
+        return int(mine.sum())
+
     def route(self, ids: torch.Tensor) -> Route:
         """Deduplicate this rank's ids and tell every owner which of its rows this rank needs."""
         unique_ids, inverse = torch.unique(ids, sorted=True, return_inverse=True)
