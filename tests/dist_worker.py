@@ -98,6 +98,8 @@ def run_case(name: str, rank: int, world: int, pg: dist.ProcessGroup) -> dict:
         forward_bitwise = all(
             torch.equal(emb(*sample_slice(b, lo, hi, group.bags_per_sample)), ref(b.ids, b.offsets)[lo:hi])
             for b in batches)
+    if sharding == "row_wise":
+        emb.bytes_sent = dict.fromkeys(emb.bytes_sent, 0)  # count the training steps only
     train_forward_diff, looked_up = 0.0, 0
     for step, (batch, coef) in enumerate(zip(batches, coefs)):
         ref_out = ref(batch.ids, batch.offsets)
@@ -109,7 +111,21 @@ def run_case(name: str, rank: int, world: int, pg: dist.ProcessGroup) -> dict:
         train_forward_diff = max(train_forward_diff, float((out - ref_out[lo:hi]).detach().abs().max()))
         looked_up += ids.numel()
         ((out * coef[lo:hi]).sum() / GLOBAL_BATCH).backward()
+    if sharding == "row_wise":  # what left this rank, counted independently from the batches
+        remote = [int((ids % world != rank).sum()) for ids in
+                  (torch.unique(sample_slice(b, lo, hi, group.bags_per_sample)[0]) for b in batches)]
+        row_bytes = dim * ref.weight.element_size()
+        expected = {"counts": STEPS * 8 * (world - 1), "ids": 8 * sum(remote), "grads": row_bytes * sum(remote)}
+        sent = {part: emb.bytes_sent[part] for part in expected}
+        bytes_ok = sent == expected
+        rows_sent = emb.bytes_sent["rows"]
+    else:
+        bytes_ok = emb.bytes_reduced == STEPS * group.rows * (dim + 1) * ref.weight.element_size()
+        rows_sent = 0
     return {
+        "bytes_ok": bytes_ok,
+        "rows_bytes_sent": rows_sent,
+        "grad_bytes_sent": emb.bytes_sent["grads"] if sharding == "row_wise" else 0,
         "initial_bitwise": initial_bitwise,
         "forward_bitwise": forward_bitwise,
         "train_forward_max_diff": train_forward_diff,

@@ -60,11 +60,14 @@ def check_equal(world: int, out: Path, cases: tuple[str, ...]) -> None:
     for case in cases:
         per_rank = [rep[case] for rep in reports]
         assert sum(r["ids_looked_up"] for r in per_rank) == per_rank[0]["global_ids"], case
+        # rows went back for every id that went out: totals over the ranks match
+        assert sum(r["rows_bytes_sent"] for r in per_rank) == sum(r["grad_bytes_sent"] for r in per_rank), case
         for rank, r in enumerate(per_rank):
             tol = TOLERANCE[r["dtype"]]
             rows = local_row_count(PACKED_ROWS, world, rank) if case.startswith("rw") else PACKED_ROWS
             assert r["local_rows"] == rows, (case, rank)
             assert r["initial_bitwise"] and r["forward_bitwise"], (case, rank, r)
+            assert r["bytes_ok"], (case, rank, r)
             assert r["weight_moved"] > 0.1, (case, r)  # the table really trained
             assert r["weight_max_diff"] <= tol, (case, rank, r)
             assert r["state_max_diff"] <= tol, (case, rank, r)

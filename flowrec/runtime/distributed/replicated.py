@@ -52,6 +52,7 @@ class ReplicatedPackedEmbedding(torch.nn.Module):
         super().__init__()
         self.group, self.process_group = group, process_group
         self.table = PackedEmbeddingBag(group, seed, device, dtype)
+        self.bytes_reduced = 0  # bytes of the all-reduced buffers (a ring moves 2 (W-1)/W of it per rank)
 
     @property
     def weight(self) -> torch.Tensor:
@@ -92,5 +93,6 @@ class ReplicatedPackedEmbedding(torch.nn.Module):
                              device=weight.device)  # (rows, D + 1): gradient, touched count
         buffer.index_copy_(0, casting.unique_ids, torch.nn.functional.pad(grads, (0, 1), value=1.0))
         dist.all_reduce(buffer, group=self.process_group)
+        self.bytes_reduced += buffer.numel() * buffer.element_size()
         rows = torch.nonzero(buffer[:, -1]).squeeze(1)  # (U_global,)
         self.table.optimizer.step(weight, self.state, rows, buffer.index_select(0, rows)[:, :-1])

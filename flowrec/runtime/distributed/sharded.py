@@ -17,6 +17,8 @@ is per row and advances once per global step in which the row was touched, so it
 count (no rank-local counter exists).
 
 Every rank must run every forward and backward of every step (they are collectives).
+`bytes_sent` counts what this rank sent to other ranks (counts, ids out, rows back, row
+gradients out), for benchmarks beside the planner's prediction.
 
 Example (on every rank, after `torch.distributed.init_process_group`):
     >>> emb = ShardedPackedEmbedding(group, world_size=2, rank=rank)  # doctest: +SKIP
@@ -37,6 +39,8 @@ from flowrec.runtime.distributed.pooling import pool_unique
 from operators.casting import Casting, casted_row_grads, compute_casting
 from operators.embedding import TORCH_DTYPES, init_table_rows, mean_bag_flags
 from operators.sparse_optim import SparseOptimizer, make_optimizer
+
+EXCHANGE_PARTS: tuple[str, ...] = ("counts", "ids", "rows", "grads")  # `bytes_sent` keys
 
 
 @dataclass(frozen=True)
@@ -106,6 +110,7 @@ class ShardedPackedEmbedding(torch.nn.Module):
         self.register_buffer("state", self.optimizer.initial_state(local, group.dim, state_dtype, device))
         flags = mean_bag_flags(group)
         self.register_buffer("mean_flags", flags.to(device) if bool(flags.any()) else None, persistent=False)
+        self.bytes_sent = {part: 0 for part in EXCHANGE_PARTS}  # bytes this rank sent to other ranks
 
     @property
     def packed_rows(self) -> torch.Tensor:
@@ -148,6 +153,8 @@ class ShardedPackedEmbedding(torch.nn.Module):
         order = torch.sort(owners, stable=True).indices
         send_counts = torch.bincount(owners, minlength=self.world_size).tolist()
         wanted, recv_counts = exchange_ids(unique_ids[order], send_counts, self.process_group)
+        self.bytes_sent["counts"] += 8 * (self.world_size - 1)
+        self.bytes_sent["ids"] += 8 * self._to_others(send_counts)
         return Route(unique_ids, inverse, order, send_counts, recv_counts,
                      local_index(wanted, self.world_size))
 
@@ -155,6 +162,7 @@ class ShardedPackedEmbedding(torch.nn.Module):
         """Owners send the requested rows back; pool this rank's bags from them.  # (B, S, D)"""
         served = self.weight.index_select(0, route.served)  # (n, D)
         got = exchange(served, route.recv_counts, route.send_counts, self.process_group)  # (U, D) by owner
+        self.bytes_sent["rows"] += self._to_others(route.recv_counts) * self.dim * served.element_size()
         unique_rows = torch.empty_like(got).index_copy_(0, route.order, got)  # (U, D) sorted-id order
         return pool_unique(route.inverse, unique_rows, offsets, self.mean_flags, self.bags_per_sample)
 
@@ -188,8 +196,13 @@ class ShardedPackedEmbedding(torch.nn.Module):
         grads = casted_row_grads(grad_out.reshape(casting.num_bags, -1), casting)  # (U, D) sorted ids
         received = exchange(grads.index_select(0, route.order), route.send_counts,
                             route.recv_counts, self.process_group)  # (n, D)
+        self.bytes_sent["grads"] += self._to_others(route.send_counts) * self.dim * grads.element_size()
         rows, summed = sum_per_row(route.served, received)
         self.optimizer.step(self.weight, self.state, rows, summed)
+
+    def _to_others(self, counts: list[int]) -> int:
+        """Items of per-rank `counts` that leave this rank."""
+        return sum(counts) - counts[self.rank]
 
 
 def sum_per_row(rows: torch.Tensor, grads: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
