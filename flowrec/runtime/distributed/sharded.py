@@ -16,6 +16,7 @@ ranks is updated once with the sum of their gradients, as in one process. Lazy A
 is per row and advances once per global step in which the row was touched, so it is the global
 count (no rank-local counter exists).
 
+Several groups run together through `schedule.ShardedLookups`, which can overlap their exchanges.
 Every rank must run every forward and backward of every step (they are collectives).
 `bytes_sent` counts what this rank sent to other ranks (counts, ids out, rows back, row
 gradients out), for benchmarks beside the planner's prediction.
@@ -33,9 +34,10 @@ import torch
 import torch.distributed as dist
 
 from flowrec.graph.types import PackedGroup
-from flowrec.runtime.distributed.exchange import exchange, exchange_ids
+from flowrec.runtime.distributed.exchange import start_counts, start_exchange
 from flowrec.runtime.distributed.groups import local_index, local_row_count, owned_rows, owner_of
 from flowrec.runtime.distributed.pooling import pool_unique
+from flowrec.runtime.distributed.schedule import Steps, lookup_groups
 from operators.casting import Casting, casted_row_grads, compute_casting
 from operators.embedding import TORCH_DTYPES, init_table_rows, mean_bag_flags
 from operators.sparse_optim import SparseOptimizer, make_optimizer
@@ -62,21 +64,6 @@ class Route:
     send_counts: list[int]
     recv_counts: list[int]
     served: torch.Tensor
-
-
-class _ShardedLookup(torch.autograd.Function):
-    """Forward: exchange and pool; backward: reverse exchange and the owners' update."""
-
-    @staticmethod
-    def forward(ctx, trigger, module, ids, offsets, casting):
-        route = module.route(ids)
-        ctx.module, ctx.route, ctx.ids, ctx.offsets, ctx.casting = module, route, ids, offsets, casting
-        return module.pool(route, offsets)
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        ctx.module.apply_gradients(ctx.route, ctx.ids, ctx.offsets, grad_out, ctx.casting)
-        return None, None, None, None, None
 
 
 class ShardedPackedEmbedding(torch.nn.Module):
@@ -146,29 +133,43 @@ class ShardedPackedEmbedding(torch.nn.Module):
             self.state.index_copy_(0, local, state[mine].to(self.state))
         return int(mine.sum())
 
-    def route(self, ids: torch.Tensor) -> Route:
-        """Deduplicate this rank's ids and tell every owner which of its rows this rank needs."""
+    def lookup_steps(self, ids: torch.Tensor, offsets: torch.Tensor) -> Steps:
+        """The lookup as steps (`schedule.drive`): deduplicate, ids to their owners (counts
+        first), owners' rows back, pool. Yields each exchange's work; returns the pooled
+        output (B, S, D) and the `Route` the backward reuses."""
         unique_ids, inverse = torch.unique(ids, sorted=True, return_inverse=True)
         owners = owner_of(unique_ids, self.world_size)
         order = torch.sort(owners, stable=True).indices
         send_counts = torch.bincount(owners, minlength=self.world_size).tolist()
-        wanted, recv_counts = exchange_ids(unique_ids[order], send_counts, self.process_group)
+        counts, work = start_counts(send_counts, self.process_group, ids.device)
+        yield work
+        recv_counts = counts.tolist()
+        wanted, work = start_exchange(unique_ids[order], send_counts, recv_counts, self.process_group)
+        yield work
+        route = Route(unique_ids, inverse, order, send_counts, recv_counts,
+                      local_index(wanted, self.world_size))
+        served = self.weight.index_select(0, route.served)  # (n, D)
+        got, work = start_exchange(served, recv_counts, send_counts, self.process_group)  # (U, D) by owner
+        yield work
         self.bytes_sent["counts"] += 8 * (self.world_size - 1)
         self.bytes_sent["ids"] += 8 * self._to_others(send_counts)
-        return Route(unique_ids, inverse, order, send_counts, recv_counts,
-                     local_index(wanted, self.world_size))
+        self.bytes_sent["rows"] += self._to_others(recv_counts) * self.dim * served.element_size()
+        unique_rows = torch.empty_like(got).index_copy_(0, order, got)  # (U, D) sorted-id order
+        return pool_unique(inverse, unique_rows, offsets, self.mean_flags, self.bags_per_sample), route
 
-    def pool(self, route: Route, offsets: torch.Tensor) -> torch.Tensor:
-        """Owners send the requested rows back; pool this rank's bags from them.  # (B, S, D)"""
-        served = self.weight.index_select(0, route.served)  # (n, D)
-        got = exchange(served, route.recv_counts, route.send_counts, self.process_group)  # (U, D) by owner
-        self.bytes_sent["rows"] += self._to_others(route.recv_counts) * self.dim * served.element_size()
-        unique_rows = torch.empty_like(got).index_copy_(0, route.order, got)  # (U, D) sorted-id order
-        return pool_unique(route.inverse, unique_rows, offsets, self.mean_flags, self.bags_per_sample)
-
-    def lookup(self, ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        """Forward values without autograd.  # (B, S, D)"""
-        return self.pool(self.route(ids), offsets)
+    def update_steps(self, route: Route, ids: torch.Tensor, offsets: torch.Tensor,
+                     grad_out: torch.Tensor, casting: Casting | None = None) -> Steps:
+        """The update as steps: one gradient per unique id (casted gather-reduce), sent to the
+        owners, summed per row in a fixed order, applied once per row."""
+        if casting is None:
+            casting = compute_casting(ids, offsets, self.mean_flags)
+        grads = casted_row_grads(grad_out.reshape(casting.num_bags, -1), casting)  # (U, D) sorted ids
+        received, work = start_exchange(grads.index_select(0, route.order), route.send_counts,
+                                        route.recv_counts, self.process_group)  # (n, D)
+        yield work
+        self.bytes_sent["grads"] += self._to_others(route.send_counts) * self.dim * grads.element_size()
+        rows, summed = sum_per_row(route.served, received)
+        self.optimizer.step(self.weight, self.state, rows, summed)
 
     def forward(self, ids: torch.Tensor, offsets: torch.Tensor,
                 casting: Casting | None = None) -> torch.Tensor:
@@ -183,22 +184,7 @@ class ShardedPackedEmbedding(torch.nn.Module):
         Returns:
             Pooled embeddings.  # (B_r, S, D)
         """
-        if not torch.is_grad_enabled():
-            return self.lookup(ids, offsets)
-        trigger = torch.empty(0, device=self.weight.device, requires_grad=True)
-        return _ShardedLookup.apply(trigger, self, ids, offsets, casting)
-
-    def apply_gradients(self, route: Route, ids: torch.Tensor, offsets: torch.Tensor,
-                        grad_out: torch.Tensor, casting: Casting | None = None) -> None:
-        """One gradient per unique id, sent to the owners, summed per row, applied once."""
-        if casting is None:
-            casting = compute_casting(ids, offsets, self.mean_flags)
-        grads = casted_row_grads(grad_out.reshape(casting.num_bags, -1), casting)  # (U, D) sorted ids
-        received = exchange(grads.index_select(0, route.order), route.send_counts,
-                            route.recv_counts, self.process_group)  # (n, D)
-        self.bytes_sent["grads"] += self._to_others(route.send_counts) * self.dim * grads.element_size()
-        rows, summed = sum_per_row(route.served, received)
-        self.optimizer.step(self.weight, self.state, rows, summed)
+        return lookup_groups([self], [(ids, offsets, casting)], interleave=False)[0]
 
     def _to_others(self, counts: list[int]) -> int:
         """Items of per-rank `counts` that leave this rank."""
