@@ -152,7 +152,8 @@ def run_interleaved(first: PackedGroup, rank: int, world: int, pg: dist.ProcessG
             for mode in (True, False)}
     lo, hi = rank * GLOBAL_BATCH // world, (rank + 1) * GLOBAL_BATCH // world
     gen = torch.Generator().manual_seed(5)
-    interleave_bitwise, forward_diff, looked_up, global_ids = True, 0.0, 0, 0
+    initial_bitwise = all(torch.equal(t.weight, r.weight[rank::world]) for t, r in zip(runs[True].tables, refs))
+    forward_bitwise, interleave_bitwise, forward_diff, looked_up, global_ids = True, True, 0.0, 0, 0
     for step in range(STEPS):
         batches = [random_batch(g, GLOBAL_BATCH, gen) for g in groups]
         coefs = [torch.randn(GLOBAL_BATCH, g.bags_per_sample, g.dim, generator=gen, dtype=torch.float64)
@@ -164,6 +165,8 @@ def run_interleaved(first: PackedGroup, rank: int, world: int, pg: dist.ProcessG
         for mode in runs:
             (sum((o * c[lo:hi]).sum() for o, c in zip(outs[mode], coefs)) / GLOBAL_BATCH).backward()
         interleave_bitwise &= all(torch.equal(a, b) for a, b in zip(outs[True], outs[False]))
+        if step == 0:  # the same (initial) parameters
+            forward_bitwise = all(torch.equal(o.detach(), r.detach()[lo:hi]) for o, r in zip(outs[True], ref_outs))
         forward_diff = max([forward_diff] + [float((o - r[lo:hi]).detach().abs().max())
                                              for o, r in zip(outs[True], ref_outs)])
         looked_up += mine[0][0].numel()
@@ -177,8 +180,8 @@ def run_interleaved(first: PackedGroup, rank: int, world: int, pg: dist.ProcessG
         "bytes_ok": all(a.bytes_sent == b.bytes_sent for a, b in zip(inter, tables[False])),
         "rows_bytes_sent": inter[0].bytes_sent["rows"],
         "grad_bytes_sent": inter[0].bytes_sent["grads"],
-        "initial_bitwise": True,  # checked by the single-group cases
-        "forward_bitwise": True,
+        "initial_bitwise": initial_bitwise,
+        "forward_bitwise": forward_bitwise,
         "train_forward_max_diff": forward_diff,
         "weight_max_diff": max(float((t.weight - r.weight[rank::world]).abs().max()) for t, r in zip(inter, refs)),
         "state_max_diff": max(float((t.state - r.state[rank::world]).abs().max()) for t, r in zip(inter, refs)),

@@ -1,6 +1,6 @@
-"""Row ownership of sharded packed groups, without processes: the shards of every world size
-partition the table, their initial rows are bitwise one process's table, and shards saved at one
-world size load at another with the same rows and optimizer state."""
+"""Sharded packed groups without processes: the shards of every world size partition the table,
+their initial rows are bitwise one process's table, shards saved at one world size load at
+another with the same rows and optimizer state, and the exchange schedule interleaves groups."""
 from __future__ import annotations
 
 import pytest
@@ -8,6 +8,7 @@ import torch
 
 from flowrec.graph.types import GroupField, PackedGroup, TableSlot
 from flowrec.runtime.distributed import ShardedPackedEmbedding, local_row_count, owned_rows
+from flowrec.runtime.distributed.schedule import drive
 from operators.embedding import PackedEmbeddingBag
 from operators.random_batches import random_batch
 
@@ -76,3 +77,35 @@ def test_load_rows_rejects_rows_outside_the_group():
 def test_rank_outside_the_world_is_refused():
     with pytest.raises(ValueError, match="rank 2"):
         ShardedPackedEmbedding(make_group(), 2, 2)
+
+
+class _Work:
+    """A collective's work handle that records when it is waited for."""
+
+    def __init__(self, log: list[str], name: str):
+        self.log, self.name = log, name
+
+    def wait(self) -> None:
+        self.log.append(f"wait {self.name}")
+
+
+def _steps(log: list[str], group: str, waits: int):
+    for k in range(waits):
+        log.append(f"start {group}{k}")
+        yield _Work(log, f"{group}{k}")
+    log.append(f"done {group}")
+    return group.upper()
+
+
+def test_interleaved_schedule_starts_every_group_before_waiting():
+    log: list[str] = []
+    assert drive([_steps(log, "a", 2), _steps(log, "b", 2)], interleave=True) == ["A", "B"]
+    assert log == ["start a0", "start b0", "wait a0", "start a1", "wait b0", "start b1",
+                   "wait a1", "done a", "wait b1", "done b"]
+
+
+def test_plain_schedule_runs_one_group_after_another():
+    log: list[str] = []
+    assert drive([_steps(log, "a", 2), _steps(log, "b", 1)], interleave=False) == ["A", "B"]
+    assert log == ["start a0", "wait a0", "start a1", "wait a1", "done a",
+                   "start b0", "wait b0", "done b"]
