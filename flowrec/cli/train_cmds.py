@@ -217,6 +217,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     except torch.OutOfMemoryError as exc:
         fail(f"out of memory building the model: {_one_line(exc)}. {_memory_hint()}", EXIT_OUT_OF_MEMORY)
     _say(session.data_note)
+    _check_loop_settings(session, settings)
     if state is not None and state["spec"] != json.dumps(to_dict(session.spec), sort_keys=True):
         fail(f"{request.spec_path} differs from the spec the run in {folder} was trained with "
              f"(see {folder}/spec.json)")
@@ -225,6 +226,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
                          progress=not request.quiet, interleave=settings["interleave"],
                          nan_policy=settings["nan_policy"])
     trainer = Trainer(session.spec, session.plan, session.model, config, plan_json(session.plan))
+    hooks = _console_hooks(trainer, request.quiet)
     resume_cmd = (f"flowrec train {shlex.quote(str(request.spec_path))} "
                   f"--resume {shlex.quote(str(folder))}")
     try:
@@ -240,7 +242,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
             clear_run_files(folder)
         write_run_file(folder, settings)
         _say(f"run folder {folder}; if it stops, continue with  {resume_cmd}")
-        result = trainer.fit(session.train, session.eval)
+        result = trainer.fit(session.train, session.eval, hooks=hooks)
     except (DataError, CheckpointError, MetricsError, RunFolderError, TrainingStopped) as exc:
         fail(str(exc))
     except KeyboardInterrupt:
@@ -260,6 +262,50 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     if result.interrupted:
         _say(f"interrupted: checkpoint saved; continue with  {resume_cmd}")
         raise typer.Exit(EXIT_INTERRUPTED)
+
+
+def _check_loop_settings(session, settings: dict) -> None:
+    """Say what the run will not do: evaluate (no test split), log to TensorBoard (not installed);
+    refuse early stopping without evaluations during training."""
+    from flowrec.runtime.metrics import tensorboard_available
+
+    stopping = session.spec.training.early_stopping
+    if session.eval is None:
+        if stopping is not None:
+            fail("training.early_stopping needs an evaluation set: give --eval-data, or data with a test split")
+        _say("no evaluation set (the data has no test split and no --eval-data was given): evaluation is "
+             "skipped; give --eval-data DIR to evaluate")
+    elif stopping is not None and not settings["eval_every"]:
+        fail("training.early_stopping needs evaluations during training: set training.eval_every in the "
+             "spec or give --eval-every N")
+    if not tensorboard_available():
+        _say("TensorBoard is not installed: metrics go to metrics.jsonl only "
+             "(pip install 'flowrec[tensorboard]' to also log them for TensorBoard)")
+
+
+def _console_hooks(trainer, quiet: bool):
+    """Hooks that print a metrics table at every evaluation (and early stopping's decisions)."""
+    from flowrec.cli.metrics_table import metrics_table
+    from flowrec.runtime.trainer import Hooks
+
+    def on_eval(event) -> None:
+        if quiet and not event.final:
+            return
+        title = "final evaluation" if event.final else "evaluation"
+        note = ""
+        if trainer.stopper is not None and not event.final:
+            state = trainer.stopper.state
+            note = (" (new best: saved to best/)" if event.best else
+                    f" (best {trainer.stopper.watched} {state.best:.4f} at step {state.best_step})"
+                    if state.best is not None else "")
+        _say(f"{title} at step {event.step}{note}")
+        for line in metrics_table(event.metrics):
+            _say("  " + line)
+        if event.stop:
+            _say(f"early stopping: {trainer.stopper.watched} did not improve in {trainer.stopper.patience} "
+                 f"evaluations; the best (step {trainer.stopper.state.best_step}) is in best/")
+
+    return Hooks(on_eval=on_eval)
 
 
 def _stored_plan_or_exit(state: dict, folder: Path, fresh):
@@ -296,9 +342,11 @@ def _report(result, run_dir: Path, json_out: bool) -> None:
 
     lines = [f"steps {result.steps}, {result.samples:,} samples in {result.seconds:.1f} s "
              f"({result.samples_per_s:,.0f} samples/s)"]
-    for head, metrics in result.eval.items():
-        shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k != "samples")
-        lines.append(f"eval {head}: {shown} ({metrics['samples']:,} samples)")
+    if result.stopped_early:
+        lines.append(f"stopped early at step {result.steps}; best checkpoint (step {result.best_step}): "
+                     f"{run_dir / 'best'}")
+    elif result.stop_requested:
+        lines.append(f"stopped at step {result.steps} on request")
     lines.append(f"run folder: {run_dir} (checkpoint.pt, metrics.jsonl, plan.json)")
     for line in lines:
         _say(line)
@@ -311,15 +359,20 @@ def evaluate_run(
     run_dir: Path = typer.Argument(..., help="Run folder (with checkpoint.pt) or a checkpoint file."),
     data: Path = typer.Option(..., "--data", help="Encoded dataset folder to score."),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
-    json_out: bool = typer.Option(False, "--json", help="Print metrics as JSON on stdout."),
+    group_by: Optional[str] = typer.Option(None, "--group-by", help="A one-id categorical feature (e.g. user_id): also report gAUC, the AUC of each of its values weighted by its samples. Default: the spec's training.eval_group_by."),
+    json_out: Optional[str] = typer.Option(None, "--json", help="Also write the metrics as JSON to this file ('-': stdout, instead of the table)."),
 ) -> None:
     """Score a trained checkpoint on a dataset.
 
-    Exact AUC and logloss per binary head, MSE per regression head.
+    Exact, per head: AUC, PR-AUC (average precision), logloss, NE (logloss over the entropy of the
+    label mean), calibration (mean prediction over mean label) and, with --group-by, gAUC for binary
+    heads; MSE and MAE for regression heads.
 
     \b
-    Example:
+    Examples:
       flowrec eval runs/exp1 --data data/criteo_test/
+      flowrec eval runs/ml --data runs/ml/data/test --group-by user_id --json m.json
+      flowrec eval runs/ml/best --data runs/ml/data/test --json -
     """
     from flowrec.data.layout import DataError
     from flowrec.planner.contract import scoring_plan
@@ -327,17 +380,30 @@ def evaluate_run(
 
     try:
         trained = load_trained(run_dir, device, scoring_plan)
-        metrics = trained.evaluate_dataset(data)
+        metrics = trained.evaluate_dataset(data, group_by or trained.spec.training.eval_group_by)
     except (DataError, OSError, ValueError, RuntimeError) as exc:
         fail(_one_line(exc))
     except KeyboardInterrupt:
         fail("interrupted (Ctrl-C)", EXIT_INTERRUPTED)
-    if json_out:
-        sys.stdout.write(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    _write_metrics(metrics, json_out)
+
+
+def _write_metrics(metrics: dict, json_out: Optional[str]) -> None:
+    """The table on stdout, and the JSON (NaN as null) to a file or, for '-', stdout instead."""
+    from flowrec.cli.metrics_table import metrics_table
+    from flowrec.runtime.metrics import jsonable
+
+    text = json.dumps(jsonable(metrics), indent=2, sort_keys=True) + "\n"
+    if json_out == "-":
+        sys.stdout.write(text)
         return
-    for head, m in metrics.items():
-        shown = ", ".join(f"{k} {v:.4f}" for k, v in m.items() if k != "samples")
-        typer.echo(f"{head}: {shown} ({m['samples']:,} samples)")
+    for line in metrics_table(metrics):
+        typer.echo(line)
+    if json_out is not None:
+        try:
+            Path(json_out).write_text(text, encoding="utf-8")
+        except OSError as exc:
+            fail(f"cannot write {json_out}: {exc.strerror or exc}")
 
 
 def _one_line(exc: BaseException) -> str:
