@@ -288,9 +288,12 @@ def _console_hooks(trainer, quiet: bool):
     from flowrec.cli.metrics_table import metrics_table
     from flowrec.runtime.trainer import Hooks
 
+    shown: list[int] = []  # steps whose metrics are on the console
+
     def on_eval(event) -> None:
-        if quiet and not event.final:
+        if (quiet and not event.final) or (event.final and shown and shown[-1] == event.step):
             return
+        shown.append(event.step)
         title = "final evaluation" if event.final else "evaluation"
         note = ""
         if trainer.stopper is not None and not event.final:

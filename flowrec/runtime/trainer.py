@@ -176,7 +176,9 @@ class Trainer:
         self.optimizer = make_dense_optimizer(model, opt.name, opt.lr, dict(opt.params))
         training = spec.training
         self.horizon_steps: int | None = None  # decay length of the schedule, fixed at the run's start
-        self.lr: LRController | None = None
+        # base rates taken now, before a checkpoint's optimizer state (with scheduled rates) is loaded
+        self.lr = LRController(LRSchedule(training.schedule, 0), self.optimizer,
+                               sparse_optimizers(model.embeddings), opt.lr, spec.sparse_optimizer.lr)
         self.clip_grad_norm = training.clip_grad_norm
         self.eval_group_by = config.eval_group_by or training.eval_group_by
         self.stopper = (EarlyStopper.of(training.early_stopping, spec.heads[0].name)
@@ -254,7 +256,7 @@ class Trainer:
         hooks = hooks or Hooks()
         self.hooks = hooks if on_step is None else Hooks(on_step, hooks.on_eval, hooks.on_checkpoint)
         total = self.total_steps(train_source)
-        self._start_schedule(total)
+        self._start_schedule()
         if cfg.out_dir is not None:
             self._write_run_files(Path(cfg.out_dir))
             self.log = MetricsLog(Path(cfg.out_dir) / METRICS_FILE, cfg.tensorboard,
@@ -270,14 +272,11 @@ class Trainer:
             if self.log is not None:
                 self.log.close()
 
-    def _start_schedule(self, total: int) -> None:
-        """Fix the schedule's horizon (kept from the checkpoint on resume) and find the sparse optimizers."""
-        if self.horizon_steps is None:
-            self.horizon_steps = total
-        spec = self.spec
-        self.lr = LRController(LRSchedule(spec.training.schedule, self.horizon_steps), self.optimizer,
-                               sparse_optimizers(self.model.embeddings), spec.dense_optimizer.lr,
-                               spec.sparse_optimizer.lr)
+    def _start_schedule(self) -> None:
+        """Fix the schedule's horizon (kept from the checkpoint on resume)."""
+        if self.horizon_steps is None:  # the spec's epochs; --max-steps only cuts the run short
+            self.horizon_steps = self._per_epoch * self.epochs
+        self.lr.schedule = LRSchedule(self.spec.training.schedule, self.horizon_steps)
 
     def _fit(self, train_source: Any, eval_source: Any | None, total: int | None) -> TrainResult:
         cfg = self.config
