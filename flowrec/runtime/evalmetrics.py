@@ -111,7 +111,7 @@ def _grouped_auc(group: np.ndarray, score: np.ndarray, pos: np.ndarray, neg: np.
         if not math.isnan(value):
             n = pos[lo:hi].sum() + neg[lo:hi].sum()
             total, weight = total + n * value, weight + n
-    return total / weight if weight else float("nan")
+    return float(total / weight) if weight else float("nan")
 
 
 def logloss(labels: np.ndarray, probs: np.ndarray) -> float:
