@@ -200,6 +200,23 @@ def profile(
                    "of samples entirely hot")
 
 
+def inspect_table(columns: list[dict], has_raw: bool) -> list[str]:
+    """Lines of the column table: full type names; raw columns when conversion recorded them."""
+    def cell(c: dict, key: str, fmt: str = ",") -> str:
+        return "-" if c.get(key) is None else format(c[key], fmt)
+
+    head = ["column", "type", "missing", "unique"]
+    rows = [[c["name"], c["type"], cell(c, "missing"), cell(c, "unique")] for c in columns]
+    if has_raw:
+        head += ["raw missing", "label mean", "distinct raw", "occupied rows"]
+        for row, c in zip(rows, columns):
+            row += [cell(c, "raw_missing"), cell(c, "label_mean", ".4f"), cell(c, "distinct_raw"),
+                    cell(c, "occupied_rows")]
+    widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
+    return ["  ".join(str(v).ljust(w) if i < 2 else str(v).rjust(w) for i, (v, w) in enumerate(zip(r, widths)))
+            for r in [head, *rows]]
+
+
 def inspect(
     path: Path = typer.Argument(..., help="Encoded dataset directory."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
@@ -216,9 +233,13 @@ def inspect(
     meta = info["meta"]
     typer.echo(f"{info['path']}: {info['rows']:,} rows in {info['partitions']} partitions "
                f"(spec {meta['spec']}, data hash {meta['data_hash']}, source {meta['source'].get('format')})")
-    typer.echo(f"{'column':<20} {'type':<16} {'missing':>10} {'unique':>10}")
-    for c in info["columns"]:
-        typer.echo(f"{c['name']:<20} {c['type'][:16]:<16} {c['missing']:>10,} {c['unique']:>10,}")
+    for line in inspect_table(info["columns"], info["raw"] is not None):
+        typer.echo(line)
+    for warning in info["warnings"]:
+        typer.echo(f"warning: {warning}", err=True)
+    if info["raw"] is None:
+        typer.echo("(no raw statistics: the dataset was not converted from raw files, or by an older flowrec; "
+                   "missing counts are of the stored values, after fills)", err=True)
     if info["meta_rows"] != info["rows"]:
         typer.echo(f"warning: the part files hold {info['rows']:,} rows but _flowrec.json records "
                    f"{info['meta_rows']:,}: stale or foreign part files (training refuses this dataset)",
