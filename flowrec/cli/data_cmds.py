@@ -187,17 +187,32 @@ def profile(
         return prof
 
     prof = _run(work)
-    typer.echo(f"{prof['spec']}: {prof['samples']:,} sampled rows, {prof['global']['accesses']:,} "
-               f"accesses, {prof['global']['distinct']:,} distinct rows")
-    for name, t in sorted(prof["tables"].items(), key=lambda kv: -kv[1]["distinct"])[:10]:
-        s = t["skew"]
+    _show_profile(prof)
+
+
+def _show_profile(prof: dict) -> None:
+    """The profile's figures, each saying what it is measured on (the sample, or the whole data)."""
+    from flowrec.data.profile import plotted_tables
+
+    typer.echo(f"{prof['spec']}: {prof['samples']:,} sampled rows (rate {prof['sample_rate']:g}), "
+               f"{prof['global']['accesses']:,} accesses, {prof['global']['distinct']:,} distinct rows in the sample")
+    shown = plotted_tables(prof)
+    typer.echo(f"the {len(shown)} tables with the most distinct rows (share of sampled accesses taken by the "
+               "hottest rows):")
+    for name in shown:
+        t = prof["tables"][name]
         typer.echo(f"  {name:<16} rows {t['rows']:>11,}  distinct {t['distinct']:>9,}  "
-                   + "  ".join(f"{k} {v:.2f}" for k, v in s.items()))
+                   + "  ".join(f"{k} {v:.2f}" for k, v in t["skew"].items()))
     if "budget" in prof:
         b = prof["budget"]
-        typer.echo(f"hot set for {b['bytes']:,} bytes: {sum(g['rows'] for g in b['hot_rows'].values()):,} "
-                   f"rows, {b['hot_access_share']:.1%} of accesses, {b['hot_sample_fraction']:.1%} "
-                   "of samples entirely hot")
+        typer.echo(f"hot set for {b['bytes']:,} bytes: {sum(g['rows'] for g in b['hot_rows'].values()):,} rows "
+                   f"taking {b['hot_access_share']:.1%} of the sampled accesses (in-sample: the set was chosen "
+                   f"on them)")
+        typer.echo(f"samples entirely hot: {b['hot_sample_fraction_in_sample']:.1%} in the sample, "
+                   f"{b['hot_sample_fraction_unseen']:.1%} estimated on unseen rows (cross-validated), "
+                   f"{b['hot_sample_fraction']:.1%} expected over the whole data")
+    for warning in prof.get("warnings", []):
+        typer.echo(f"warning: {warning}", err=True)
 
 
 def inspect_table(columns: list[dict], has_raw: bool) -> list[str]:
