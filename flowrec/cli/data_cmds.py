@@ -139,6 +139,7 @@ def synth(
     alpha: float = typer.Option(1.1, help="Zipf exponent of the ids (higher: more skew)."),
     rows_per_file: int = typer.Option(1 << 18, help="Rows per Parquet part file."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty --out (atomically)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No summary line."),
 ) -> None:
     def work():
         import time
@@ -152,6 +153,8 @@ def synth(
         return meta, time.perf_counter() - start
 
     meta, seconds = _run(work)
+    if quiet:
+        return
     typer.echo(f"wrote {meta.rows:,} synthetic rows for {meta.spec} to {out} in {seconds:.1f}s "
                f"({meta.rows / max(seconds, 1e-9):,.0f} rows/s)")
 
@@ -165,6 +168,7 @@ def profile(
     seed: int = typer.Option(0, help="Sampling seed."),
     png: Optional[Path] = typer.Option(None, "--png", help="Write a skew / hit-rate plot here."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the access profile JSON here."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Only warnings (and the files asked for)."),
 ) -> None:
     def work():
         from flowrec.data.dataset import ParquetSource
@@ -187,12 +191,17 @@ def profile(
         return prof
 
     prof = _run(work)
-    _show_profile(prof)
+    _show_profile(prof, quiet)
 
 
-def _show_profile(prof: dict) -> None:
+def _show_profile(prof: dict, quiet: bool) -> None:
     """The profile's figures, each saying what it is measured on (the sample, or the whole data)."""
     from flowrec.data.profile import plotted_tables
+
+    for warning in prof.get("warnings", []):
+        typer.echo(f"warning: {warning}", err=True)
+    if quiet:
+        return
 
     typer.echo(f"{prof['spec']}: {prof['samples']:,} sampled rows (rate {prof['sample_rate']:g}), "
                f"{prof['global']['accesses']:,} accesses, {prof['global']['distinct']:,} distinct rows in the sample")
@@ -211,8 +220,6 @@ def _show_profile(prof: dict) -> None:
         typer.echo(f"samples entirely hot: {b['hot_sample_fraction_in_sample']:.1%} in the sample, "
                    f"{b['hot_sample_fraction_unseen']:.1%} estimated on unseen rows (cross-validated), "
                    f"{b['hot_sample_fraction']:.1%} expected over the whole data")
-    for warning in prof.get("warnings", []):
-        typer.echo(f"warning: {warning}", err=True)
 
 
 def inspect_table(columns: list[dict], has_raw: bool) -> list[str]:

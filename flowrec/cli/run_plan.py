@@ -20,13 +20,18 @@ from flowrec.spec.model import ModelSpec
 
 
 def plan_for_run(spec: ModelSpec, device_name: str, device_budget: str | None, plan_file: Path | None,
-                 status: Callable[[str], None] = lambda _: None) -> tuple[Plan, torch.device]:
-    """(plan, device) of a run; every problem is one line and exit 2 (`fail`)."""
+                 status: Callable[[str], None] = lambda _: None,
+                 profile: Path | None = None) -> tuple[Plan, torch.device]:
+    """(plan, device) of a run; every problem is one line and exit 2 (`fail`). `profile` is an
+    access profile (`flowrec data profile --json`) for the planner's cache pass."""
     try:
         device = resolve_device(device_name if device_name != "auto" else spec.plan.device)
     except RuntimeError as exc:
         fail(str(exc))
     if plan_file is not None:
+        if profile is not None:
+            fail("--profile and --plan both decide placements: plan again with "
+                 "`flowrec plan SPEC --profile ... --json FILE`, or give only one")
         if device_budget is not None:
             fail("--device-budget and --plan both decide placements: edit the plan's groups instead, "
                  "or plan again with `flowrec plan SPEC --device-budget ... --json FILE`")
@@ -37,7 +42,7 @@ def plan_for_run(spec: ModelSpec, device_name: str, device_budget: str | None, p
         status(f"plan: {plan_file} (target {plan.target}, {len(plan.meta.groups)} packed groups)")
         return plan, device
     try:
-        plan = make_plan(spec, target=cost_target(device), device_budget=device_budget)
-    except (ValueError, PassFailure) as exc:
+        plan = make_plan(spec, target=cost_target(device), device_budget=device_budget, profile=profile)
+    except (ValueError, OSError, PassFailure) as exc:
         fail(str(exc))
     return plan, device

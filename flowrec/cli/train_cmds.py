@@ -49,6 +49,7 @@ def train(
     device_budget: Optional[str] = typer.Option(None, "--device-budget", help="Device memory budget for the planner, e.g. 4GiB."),
     plan_file: Optional[Path] = typer.Option(None, "--plan", help="Train exactly this plan (from `flowrec plan SPEC --json FILE`, possibly edited: placements, cache rows, micro-batches, prefetch, group order), checked against the spec."),
     cache: Optional[str] = typer.Option(None, "--cache", help="Cache policy for tables that do not fit the budget: auto, none (host), static_hot (FAE) or lookahead (ScratchPipe). Default: the spec's plan.cache."),
+    profile: Optional[Path] = typer.Option(None, "--profile", help="Access profile JSON (flowrec data profile --json) for the planner's placements, as `flowrec plan --profile`."),
     rows: Optional[int] = typer.Option(None, "--rows", min=1, help="Synthetic training rows when no data is given or bound (+20% for evaluation). Default: 400000."),
     max_steps: Optional[int] = typer.Option(None, "--max-steps", min=1, help="Stop after this many steps in total."),
     eval_every: Optional[int] = typer.Option(None, "--eval-every", min=0, help="Evaluate every N steps (default: the spec's training.eval_every; 0 = at the end)."),
@@ -76,7 +77,7 @@ def train(
     """
     given = {"data": _text(data), "eval_data": _text(eval_data), "rows": rows, "seed": seed,
              "device": device, "device_budget": device_budget, "dask": dask, "cache": cache,
-             "plan": _text(plan_file),
+             "plan": _text(plan_file), "profile": _text(profile),
              "epochs": epochs, "max_steps": max_steps, "eval_every": eval_every,
              "checkpoint_every": checkpoint_every, "interleave": interleave, "nan_policy": nan_policy}
     request = RunRequest(spec_path, out, resume, overwrite, given, quiet, json_out, report)
@@ -190,6 +191,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     from flowrec.cli.run_settings import write_run_file
     from flowrec.data.layout import DataError
     from flowrec.graph.plan_io import plan_json
+    from flowrec.runtime.caches.base import CacheCapacityError
     from flowrec.runtime.checkpoint import CHECKPOINT_NAME, CheckpointError
     from flowrec.runtime.metrics import MetricsError
     from flowrec.runtime.nonfinite import TrainingStopped
@@ -205,7 +207,9 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
         seed=settings["seed"], workdir=folder, dask=settings["dask"],
     )
     plan_file = Path(settings["plan"]) if settings.get("plan") and state is None else None
-    plan, device = plan_for_run(spec, settings["device"] or "auto", settings["device_budget"], plan_file, _say)
+    profile = Path(settings["profile"]) if settings.get("profile") else None
+    plan, device = plan_for_run(spec, settings["device"] or "auto", settings["device_budget"], plan_file, _say,
+                                profile)
     if state is not None:  # a resumed run continues with the plan it was trained with, unchanged
         plan = _stored_plan_or_exit(state, folder, plan)
     if spec.training.deterministic:
@@ -245,6 +249,8 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
         result = trainer.fit(session.train, session.eval, hooks=hooks)
     except (DataError, CheckpointError, MetricsError, RunFolderError, TrainingStopped) as exc:
         fail(str(exc))
+    except CacheCapacityError as exc:
+        fail(f"at step {trainer.position.step + 1}: {exc}; {trainer.checkpoint_note()}")
     except KeyboardInterrupt:
         fail(f"interrupted (Ctrl-C) at step {trainer.position.step}; continue with  {resume_cmd}",
              EXIT_INTERRUPTED)
@@ -364,6 +370,7 @@ def evaluate_run(
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
     group_by: Optional[str] = typer.Option(None, "--group-by", help="A one-id categorical feature (e.g. user_id): also report gAUC, the AUC of each of its values weighted by its samples. Default: the spec's training.eval_group_by."),
     json_out: Optional[str] = typer.Option(None, "--json", help="Also write the metrics as JSON to this file ('-': stdout, instead of the table)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No table on stdout (with --json FILE: only the file)."),
 ) -> None:
     """Score a trained checkpoint on a dataset.
 
@@ -388,10 +395,10 @@ def evaluate_run(
         fail(_one_line(exc))
     except KeyboardInterrupt:
         fail("interrupted (Ctrl-C)", EXIT_INTERRUPTED)
-    _write_metrics(metrics, json_out)
+    _write_metrics(metrics, json_out, quiet)
 
 
-def _write_metrics(metrics: dict, json_out: Optional[str]) -> None:
+def _write_metrics(metrics: dict, json_out: Optional[str], quiet: bool = False) -> None:
     """The table on stdout, and the JSON (NaN as null) to a file or, for '-', stdout instead."""
     from flowrec.cli.metrics_table import metrics_table
     from flowrec.runtime.metrics import jsonable
@@ -400,7 +407,7 @@ def _write_metrics(metrics: dict, json_out: Optional[str]) -> None:
     if json_out == "-":
         sys.stdout.write(text)
         return
-    for line in metrics_table(metrics):
+    for line in [] if quiet else metrics_table(metrics):
         typer.echo(line)
     if json_out is not None:
         try:
@@ -418,6 +425,7 @@ def export(
     run_dir: Path = typer.Argument(..., help="Run folder (with checkpoint.pt) or a checkpoint file."),
     out: Path = typer.Argument(..., help="Output file for the serving model (e.g. model.pt); never a run's own file."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUT when it exists (never a run's checkpoint or other files)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No 'wrote' line."),
 ) -> None:
     """Export a trained model for serving.
 
@@ -436,7 +444,8 @@ def export(
         fail(f"cannot export to {out}: {_one_line(exc)}" if isinstance(exc, OSError) else _one_line(exc))
     except KeyboardInterrupt:
         fail(f"interrupted (Ctrl-C); {out} was not written", EXIT_INTERRUPTED)
-    typer.echo(f"wrote {out}")
+    if not quiet:
+        typer.echo(f"wrote {out}")
 
 
 def _check_export_target(run_dir: Path, out: Path, overwrite: bool) -> None:
