@@ -341,6 +341,9 @@ def _memory_hint() -> str:
 
 def _finished_line(folder: Path, trainer, settings: dict) -> str:
     pos = trainer.position
+    if trainer.stopped_early:
+        return (f"{folder} stopped early at step {pos.step} ({trainer.stopper.watched} did not improve); "
+                f"its best checkpoint (step {trainer.stopper.state.best_step}) is in {folder / 'best'}")
     limit = f", --max-steps {settings['max_steps']}" if settings["max_steps"] is not None else ""
     return (f"{folder} is finished: step {pos.step}, epoch {pos.epoch} of {trainer.epochs}{limit}; "
             f"nothing to train (give a larger --epochs or --max-steps to train further)")

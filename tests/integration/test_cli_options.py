@@ -42,7 +42,8 @@ def test_version() -> None:
 
 def test_plan_cache_sets_the_policy_and_refuses_unknown_ones(spec: Path, tmp_path: Path) -> None:
     out = tmp_path / "p.json"
-    result = runner.invoke(app, ["plan", str(spec), "--cache", "none", "--device-budget", "40KiB", "--json", str(out), "-q"])
+    result = runner.invoke(app, ["plan", str(spec), "--cache", "none", "--device-budget", "40KiB",
+                                 "--json", str(out), "-q"])
     assert result.exit_code == 0, result.output
     assert result.stdout == ""  # -q: only the file
     placements = {g["placement"] for g in json.loads(out.read_text())["groups"]}
@@ -56,7 +57,8 @@ def test_train_profile_reaches_the_planner_and_quiet_commands(spec: Path, tmp_pa
     made = runner.invoke(app, ["data", "synth", str(spec), "--rows", "2000", "--out", str(data), "-q"])
     assert made.exit_code == 0 and made.stdout == ""
     prof = tmp_path / "prof.json"
-    profiled = runner.invoke(app, ["data", "profile", str(spec), str(data), "--sample-rate", "1.0", "--json", str(prof), "-q"])
+    profiled = runner.invoke(app, ["data", "profile", str(spec), str(data), "--sample-rate", "1.0",
+                                   "--json", str(prof), "-q"])
     assert profiled.exit_code == 0 and profiled.stdout == ""
     run = tmp_path / "run"
     trained = runner.invoke(app, ["train", str(spec), "--data", str(data), "--profile", str(prof), "--out", str(run),
@@ -83,3 +85,25 @@ def test_early_stopping_without_evaluations_is_refused(spec: Path, tmp_path: Pat
     result = runner.invoke(app, ["train", str(path), "--rows", "500", "--out", str(tmp_path / "r"), "-q"])
     assert result.exit_code == 2 and "needs evaluations during training" in result.output
     assert not (tmp_path / "r" / "checkpoint.pt").exists()
+
+
+def test_missing_tensorboard_is_one_line(spec: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from flowrec.runtime import metrics
+
+    monkeypatch.setattr(metrics, "tensorboard_available", lambda: False)
+    result = runner.invoke(app, ["train", str(spec), "--rows", "300", "--out", str(tmp_path / "r"), "-q"])
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.output.splitlines() if "TensorBoard" in line]
+    assert lines == ["TensorBoard is not installed: metrics go to metrics.jsonl only "
+                     "(pip install 'flowrec[tensorboard]' to also log them for TensorBoard)"]
+
+
+def test_tensorboard_tags_of_log_records() -> None:
+    from flowrec.runtime.metrics import tensorboard_scalars
+
+    train = {"event": "train", "step": 3, "epoch": 0, "loss": 0.5, "lr_dense": 0.1, "lr_sparse": 0.2,
+             "skipped": True}
+    assert dict(tensorboard_scalars(train)) == {"train/loss": 0.5, "train/lr_dense": 0.1, "train/lr_sparse": 0.2}
+    evaluation = {"event": "eval", "step": 3, "final": False,
+                  "metrics": {"ctr": {"auc": 0.7, "gauc": None, "samples": 10}, "dwell": {"mse": 2.0}}}
+    assert dict(tensorboard_scalars(evaluation)) == {"eval/ctr/auc": 0.7, "eval/dwell/mse": 2.0}

@@ -22,8 +22,9 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def criteo(shared_data: Path, tmp_path: Path) -> Path:
     out = tmp_path / "cr"
-    result = runner.invoke(app, ["data", "convert", "criteo", str(shared_data / "criteo" / "criteo_kaggle_head1000.tsv"),
-                                 str(out), "--spec", str(REPO / "specs" / "dlrm_criteo.yaml"), "-q"])
+    raw = shared_data / "criteo" / "criteo_kaggle_head1000.tsv"
+    result = runner.invoke(app, ["data", "convert", "criteo", str(raw), str(out),
+                                 "--spec", str(REPO / "specs" / "dlrm_criteo.yaml"), "-q"])
     assert result.exit_code == 0, result.output
     return out
 
@@ -74,7 +75,8 @@ heads:
   - {name: ctr, input: top}
 optimizer: {dense: {name: adam, lr: 0.01}, sparse: {name: adagrad, lr: 0.1}}
 """)
-    assert runner.invoke(app, ["data", "synth", str(spec), "--rows", "100", "--out", str(tmp_path / "d")]).exit_code == 0
+    made = runner.invoke(app, ["data", "synth", str(spec), "--rows", "100", "--out", str(tmp_path / "d")])
+    assert made.exit_code == 0, made.output
     result = runner.invoke(app, ["data", "inspect", str(tmp_path / "d")])
     assert "list<element: int64>" in result.stdout and "no raw statistics" in result.output
 
