@@ -1,3 +1,24 @@
-"""flowrec: declarative, inspectable, fast training of wide-and-deep / DLRM-style recommenders."""
+"""flowrec: declarative, inspectable, fast training of wide-and-deep / DLRM-style recommenders.
+
+The Python API (`flowrec.train`, `flowrec.load`, `Run`; see docs/python.md) lives in `flowrec.api`
+and is imported on first use, so `import flowrec` (and every CLI command) stays free of torch.
+
+Example:
+    >>> import flowrec
+    >>> run = flowrec.train("specs/movielens.yaml", out="runs/ml", epochs=1)  # doctest: +SKIP
+"""
+from __future__ import annotations
+
+from typing import Any
 
 __version__ = "0.1.0"
+API = ("train", "load", "Run", "StepEvent", "CheckpointEvent")
+__all__ = ["__version__", *API]
+
+
+def __getattr__(name: str) -> Any:
+    if name in API:
+        from flowrec import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'flowrec' has no attribute {name!r}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import typer
 
+from flowrec import __version__
 from flowrec.cli import data_cmds, doctor_cmd, plan_cmd, spec_cmds, train_cmds
 
 app = typer.Typer(
@@ -16,6 +17,20 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        typer.echo(f"flowrec {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: bool = typer.Option(False, "--version", callback=_show_version, is_eager=True,
+                                           help="Print the flowrec version and exit.")) -> None:
+    """Declare, validate, plan and train recommendation models (wide-and-deep, DLRM, DCN, DIN)."""
+
+
 spec_cmds.register(app)
 plan_cmd.register(app)
 data_cmds.register(app)

@@ -139,6 +139,7 @@ def synth(
     alpha: float = typer.Option(1.1, help="Zipf exponent of the ids (higher: more skew)."),
     rows_per_file: int = typer.Option(1 << 18, help="Rows per Parquet part file."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty --out (atomically)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No summary line."),
 ) -> None:
     def work():
         import time
@@ -152,6 +153,8 @@ def synth(
         return meta, time.perf_counter() - start
 
     meta, seconds = _run(work)
+    if quiet:
+        return
     typer.echo(f"wrote {meta.rows:,} synthetic rows for {meta.spec} to {out} in {seconds:.1f}s "
                f"({meta.rows / max(seconds, 1e-9):,.0f} rows/s)")
 
@@ -165,6 +168,7 @@ def profile(
     seed: int = typer.Option(0, help="Sampling seed."),
     png: Optional[Path] = typer.Option(None, "--png", help="Write a skew / hit-rate plot here."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the access profile JSON here."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Only warnings (and the files asked for)."),
 ) -> None:
     def work():
         from flowrec.data.dataset import ParquetSource
@@ -187,17 +191,52 @@ def profile(
         return prof
 
     prof = _run(work)
-    typer.echo(f"{prof['spec']}: {prof['samples']:,} sampled rows, {prof['global']['accesses']:,} "
-               f"accesses, {prof['global']['distinct']:,} distinct rows")
-    for name, t in sorted(prof["tables"].items(), key=lambda kv: -kv[1]["distinct"])[:10]:
-        s = t["skew"]
+    _show_profile(prof, quiet)
+
+
+def _show_profile(prof: dict, quiet: bool) -> None:
+    """The profile's figures, each saying what it is measured on (the sample, or the whole data)."""
+    from flowrec.data.profile import plotted_tables
+
+    for warning in prof.get("warnings", []):
+        typer.echo(f"warning: {warning}", err=True)
+    if quiet:
+        return
+
+    typer.echo(f"{prof['spec']}: {prof['samples']:,} sampled rows (rate {prof['sample_rate']:g}), "
+               f"{prof['global']['accesses']:,} accesses, {prof['global']['distinct']:,} distinct rows in the sample")
+    shown = plotted_tables(prof)
+    typer.echo(f"the {len(shown)} tables with the most distinct rows (share of sampled accesses taken by the "
+               "hottest rows):")
+    for name in shown:
+        t = prof["tables"][name]
         typer.echo(f"  {name:<16} rows {t['rows']:>11,}  distinct {t['distinct']:>9,}  "
-                   + "  ".join(f"{k} {v:.2f}" for k, v in s.items()))
+                   + "  ".join(f"{k} {v:.2f}" for k, v in t["skew"].items()))
     if "budget" in prof:
         b = prof["budget"]
-        typer.echo(f"hot set for {b['bytes']:,} bytes: {sum(g['rows'] for g in b['hot_rows'].values()):,} "
-                   f"rows, {b['hot_access_share']:.1%} of accesses, {b['hot_sample_fraction']:.1%} "
-                   "of samples entirely hot")
+        typer.echo(f"hot set for {b['bytes']:,} bytes: {sum(g['rows'] for g in b['hot_rows'].values()):,} rows "
+                   f"taking {b['hot_access_share']:.1%} of the sampled accesses (in-sample: the set was chosen "
+                   f"on them)")
+        typer.echo(f"samples entirely hot: {b['hot_sample_fraction_in_sample']:.1%} in the sample, "
+                   f"{b['hot_sample_fraction_unseen']:.1%} estimated on unseen rows (cross-validated), "
+                   f"{b['hot_sample_fraction']:.1%} expected over the whole data")
+
+
+def inspect_table(columns: list[dict], has_raw: bool) -> list[str]:
+    """Lines of the column table: full type names; raw columns when conversion recorded them."""
+    def cell(c: dict, key: str, fmt: str = ",") -> str:
+        return "-" if c.get(key) is None else format(c[key], fmt)
+
+    head = ["column", "type", "missing", "unique"]
+    rows = [[c["name"], c["type"], cell(c, "missing"), cell(c, "unique")] for c in columns]
+    if has_raw:
+        head += ["raw missing", "label mean", "distinct raw", "occupied rows"]
+        for row, c in zip(rows, columns):
+            row += [cell(c, "raw_missing"), cell(c, "label_mean", ".4f"), cell(c, "distinct_raw"),
+                    cell(c, "occupied_rows")]
+    widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
+    return ["  ".join(str(v).ljust(w) if i < 2 else str(v).rjust(w) for i, (v, w) in enumerate(zip(r, widths)))
+            for r in [head, *rows]]
 
 
 def inspect(
@@ -216,9 +255,13 @@ def inspect(
     meta = info["meta"]
     typer.echo(f"{info['path']}: {info['rows']:,} rows in {info['partitions']} partitions "
                f"(spec {meta['spec']}, data hash {meta['data_hash']}, source {meta['source'].get('format')})")
-    typer.echo(f"{'column':<20} {'type':<16} {'missing':>10} {'unique':>10}")
-    for c in info["columns"]:
-        typer.echo(f"{c['name']:<20} {c['type'][:16]:<16} {c['missing']:>10,} {c['unique']:>10,}")
+    for line in inspect_table(info["columns"], info["raw"] is not None):
+        typer.echo(line)
+    for warning in info["warnings"]:
+        typer.echo(f"warning: {warning}", err=True)
+    if info["raw"] is None:
+        typer.echo("(no raw statistics: the dataset was not converted from raw files, or by an older flowrec; "
+                   "missing counts are of the stored values, after fills)", err=True)
     if info["meta_rows"] != info["rows"]:
         typer.echo(f"warning: the part files hold {info['rows']:,} rows but _flowrec.json records "
                    f"{info['meta_rows']:,}: stale or foreign part files (training refuses this dataset)",

@@ -1,8 +1,9 @@
 """`flowrec plan`: compile a spec, run the planner passes and show the plan."""
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
-from typing import Optional
+from typing import Optional, get_args
 
 import typer
 
@@ -11,6 +12,7 @@ from flowrec.render import to_dot, to_png, to_svg
 from flowrec.planner.manager import STAGES, PassFailure, make_plan
 from flowrec.graph.plan_io import plan_json
 from flowrec.planner.report import text_report
+from flowrec.spec.model import CachePolicy
 
 PLAN_HELP = """Compile a spec into an optimized plan and report it.
 
@@ -21,7 +23,7 @@ Examples:
 
   flowrec plan specs/dlrm_criteo.yaml
 
-  flowrec plan specs/dlrm_criteo.yaml --target h100 --device-budget 1GiB
+  flowrec plan specs/dlrm_criteo.yaml --target h100 --device-budget 1GiB --cache lookahead
 
   flowrec plan specs/wide_1000.yaml --json plan.json --svg plan.svg
 
@@ -41,16 +43,22 @@ def plan(
     until: str = typer.Option("interleaved", "--until", help=f"Last stage: {', '.join(STAGES)}."),
     device_budget: Optional[str] = typer.Option(None, "--device-budget", help="Device memory, e.g. 4GiB."),
     target: Optional[str] = typer.Option(None, "--target", help="Cost-model device: cpu, a100, h100."),
+    cache: Optional[str] = typer.Option(None, "--cache", help="Cache policy for tables that do not fit the budget: auto, none (host), static_hot (FAE) or lookahead (ScratchPipe). Default: the spec's plan.cache."),
     profile: Optional[Path] = typer.Option(None, "--profile", help="Access profile JSON (flowrec data profile)."),
     world_size: Optional[int] = typer.Option(None, "--world-size", min=1, max=1_000_000, help="Ranks to plan for (GPUs or CPU processes): per-rank memory, exchange bytes and step time. Default: WORLD_SIZE of the launch environment, else 1."),
     json_out: Optional[str] = typer.Option(None, "--json", help="Write the plan JSON to PATH, or - for stdout."),
     dot: Optional[str] = typer.Option(None, "--dot", help="Write DOT text to PATH, or - for stdout."),
     svg: Optional[Path] = typer.Option(None, "--svg", help="Write an SVG drawing to PATH."),
     png: Optional[Path] = typer.Option(None, "--png", help="Write a PNG drawing to PATH (matplotlib)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No text report (only the files asked for)."),
 ) -> None:
     model = load_spec_or_exit(spec)
     if until not in STAGES:
         fail(f"--until must be one of {', '.join(STAGES)}, not {until!r}")
+    if cache is not None:
+        if cache not in get_args(CachePolicy):
+            fail(f"--cache must be one of {', '.join(get_args(CachePolicy))}, not {cache!r}")
+        model = replace(model, plan=replace(model.plan, cache=cache))
     try:
         result = make_plan(model, until=until, device_budget=device_budget, target=target,
                            profile=profile, world_size=world_size or launch_world_size())
@@ -65,5 +73,5 @@ def plan(
         svg.write_text(to_svg(result), encoding="utf-8")
     if png is not None:
         to_png(result, png)
-    if "-" not in (json_out, dot):
+    if "-" not in (json_out, dot) and not quiet:
         typer.echo("\n".join(text_report(result)))

@@ -20,8 +20,10 @@ from flowrec.spec.model import ModelSpec
 
 
 def plan_for_run(spec: ModelSpec, device_name: str, device_budget: str | None, plan_file: Path | None,
-                 status: Callable[[str], None] = lambda _: None) -> tuple[Plan, torch.device]:
-    """(plan, device) of a run; every problem is one line and exit 2 (`fail`)."""
+                 status: Callable[[str], None] = lambda _: None,
+                 profile: Path | None = None) -> tuple[Plan, torch.device]:
+    """(plan, device) of a run; every problem is one line and exit 2 (`fail`). `profile` is an
+    access profile (`flowrec data profile --json`) for the planner's cache pass."""
     if launch_world_size() > 1:
         fail("this process was launched as one of several ranks (WORLD_SIZE > 1), but multi-process "
              "training is not in this release yet; plan for many ranks with `flowrec plan --world-size`")
@@ -30,6 +32,9 @@ def plan_for_run(spec: ModelSpec, device_name: str, device_budget: str | None, p
     except RuntimeError as exc:
         fail(str(exc))
     if plan_file is not None:
+        if profile is not None:
+            fail("--profile and --plan both decide placements: plan again with "
+                 "`flowrec plan SPEC --profile ... --json FILE`, or give only one")
         if device_budget is not None:
             fail("--device-budget and --plan both decide placements: edit the plan's groups instead, "
                  "or plan again with `flowrec plan SPEC --device-budget ... --json FILE`")
@@ -40,7 +45,7 @@ def plan_for_run(spec: ModelSpec, device_name: str, device_budget: str | None, p
         status(f"plan: {plan_file} (target {plan.target}, {len(plan.meta.groups)} packed groups)")
         return plan, device
     try:
-        plan = make_plan(spec, target=cost_target(device), device_budget=device_budget)
-    except (ValueError, PassFailure) as exc:
+        plan = make_plan(spec, target=cost_target(device), device_budget=device_budget, profile=profile)
+    except (ValueError, OSError, PassFailure) as exc:
         fail(str(exc))
     return plan, device

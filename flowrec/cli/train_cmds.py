@@ -49,6 +49,7 @@ def train(
     device_budget: Optional[str] = typer.Option(None, "--device-budget", help="Device memory budget for the planner, e.g. 4GiB."),
     plan_file: Optional[Path] = typer.Option(None, "--plan", help="Train exactly this plan (from `flowrec plan SPEC --json FILE`, possibly edited: placements, cache rows, micro-batches, prefetch, group order), checked against the spec."),
     cache: Optional[str] = typer.Option(None, "--cache", help="Cache policy for tables that do not fit the budget: auto, none (host), static_hot (FAE) or lookahead (ScratchPipe). Default: the spec's plan.cache."),
+    profile: Optional[Path] = typer.Option(None, "--profile", help="Access profile JSON (flowrec data profile --json) for the planner's placements, as `flowrec plan --profile`."),
     rows: Optional[int] = typer.Option(None, "--rows", min=1, help="Synthetic training rows when no data is given or bound (+20% for evaluation). Default: 400000."),
     max_steps: Optional[int] = typer.Option(None, "--max-steps", min=1, help="Stop after this many steps in total."),
     eval_every: Optional[int] = typer.Option(None, "--eval-every", min=0, help="Evaluate every N steps (default: the spec's training.eval_every; 0 = at the end)."),
@@ -76,7 +77,7 @@ def train(
     """
     given = {"data": _text(data), "eval_data": _text(eval_data), "rows": rows, "seed": seed,
              "device": device, "device_budget": device_budget, "dask": dask, "cache": cache,
-             "plan": _text(plan_file),
+             "plan": _text(plan_file), "profile": _text(profile),
              "epochs": epochs, "max_steps": max_steps, "eval_every": eval_every,
              "checkpoint_every": checkpoint_every, "interleave": interleave, "nan_policy": nan_policy}
     request = RunRequest(spec_path, out, resume, overwrite, given, quiet, json_out, report)
@@ -192,6 +193,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     from flowrec.cli.run_settings import write_run_file
     from flowrec.data.layout import DataError
     from flowrec.graph.plan_io import plan_json
+    from flowrec.runtime.caches.base import CacheCapacityError
     from flowrec.runtime.checkpoint import CHECKPOINT_NAME, CheckpointError
     from flowrec.runtime.metrics import MetricsError
     from flowrec.runtime.nonfinite import TrainingStopped
@@ -207,7 +209,9 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
         seed=settings["seed"], workdir=folder, dask=settings["dask"],
     )
     plan_file = Path(settings["plan"]) if settings.get("plan") and state is None else None
-    plan, device = plan_for_run(spec, settings["device"] or "auto", settings["device_budget"], plan_file, _say)
+    profile = Path(settings["profile"]) if settings.get("profile") else None
+    plan, device = plan_for_run(spec, settings["device"] or "auto", settings["device_budget"], plan_file, _say,
+                                profile)
     if state is not None:  # a resumed run continues with the plan it was trained with, unchanged
         plan = _stored_plan_or_exit(state, folder, plan)
     if spec.training.deterministic:
@@ -219,6 +223,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     except torch.OutOfMemoryError as exc:
         fail(f"out of memory building the model: {_one_line(exc)}. {_memory_hint()}", EXIT_OUT_OF_MEMORY)
     _say(session.data_note)
+    _check_loop_settings(session, settings)
     if state is not None and state["spec"] != json.dumps(to_dict(session.spec), sort_keys=True):
         fail(f"{request.spec_path} differs from the spec the run in {folder} was trained with "
              f"(see {folder}/spec.json)")
@@ -227,6 +232,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
                          progress=not request.quiet, interleave=settings["interleave"],
                          nan_policy=settings["nan_policy"])
     trainer = Trainer(session.spec, session.plan, session.model, config, plan_json(session.plan))
+    hooks = _console_hooks(trainer, request.quiet)
     resume_cmd = (f"flowrec train {shlex.quote(str(request.spec_path))} "
                   f"--resume {shlex.quote(str(folder))}")
     try:
@@ -242,9 +248,11 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
             clear_run_files(folder)
         write_run_file(folder, settings)
         _say(f"run folder {folder}; if it stops, continue with  {resume_cmd}")
-        result = trainer.fit(session.train, session.eval)
+        result = trainer.fit(session.train, session.eval, hooks=hooks)
     except (DataError, CheckpointError, MetricsError, RunFolderError, TrainingStopped) as exc:
         fail(str(exc))
+    except CacheCapacityError as exc:
+        fail(f"at step {trainer.position.step + 1}: {exc}; {trainer.checkpoint_note()}")
     except KeyboardInterrupt:
         fail(f"interrupted (Ctrl-C) at step {trainer.position.step}; continue with  {resume_cmd}",
              EXIT_INTERRUPTED)
@@ -262,6 +270,53 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     if result.interrupted:
         _say(f"interrupted: checkpoint saved; continue with  {resume_cmd}")
         raise typer.Exit(EXIT_INTERRUPTED)
+
+
+def _check_loop_settings(session, settings: dict) -> None:
+    """Say what the run will not do: evaluate (no test split), log to TensorBoard (not installed);
+    refuse early stopping without evaluations during training."""
+    from flowrec.runtime.metrics import tensorboard_available
+
+    stopping = session.spec.training.early_stopping
+    if session.eval is None:
+        if stopping is not None:
+            fail("training.early_stopping needs an evaluation set: give --eval-data, or data with a test split")
+        _say("no evaluation set (the data has no test split and no --eval-data was given): evaluation is "
+             "skipped; give --eval-data DIR to evaluate")
+    elif stopping is not None and not settings["eval_every"]:
+        fail("training.early_stopping needs evaluations during training: set training.eval_every in the "
+             "spec or give --eval-every N")
+    if not tensorboard_available():
+        _say("TensorBoard is not installed: metrics go to metrics.jsonl only "
+             "(pip install 'flowrec[tensorboard]' to also log them for TensorBoard)")
+
+
+def _console_hooks(trainer, quiet: bool):
+    """Hooks that print a metrics table at every evaluation (and early stopping's decisions)."""
+    from flowrec.cli.metrics_table import metrics_table
+    from flowrec.runtime.trainer import Hooks
+
+    shown: list[int] = []  # steps whose metrics are on the console
+
+    def on_eval(event) -> None:
+        if (quiet and not event.final) or (event.final and shown and shown[-1] == event.step):
+            return
+        shown.append(event.step)
+        title = "final evaluation" if event.final else "evaluation"
+        note = ""
+        if trainer.stopper is not None and not event.final:
+            state = trainer.stopper.state
+            note = (" (new best: saved to best/)" if event.best else
+                    f" (best {trainer.stopper.watched} {state.best:.4f} at step {state.best_step})"
+                    if state.best is not None else "")
+        _say(f"{title} at step {event.step}{note}")
+        for line in metrics_table(event.metrics):
+            _say("  " + line)
+        if event.stop:
+            _say(f"early stopping: {trainer.stopper.watched} did not improve in {trainer.stopper.patience} "
+                 f"evaluations; the best (step {trainer.stopper.state.best_step}) is in best/")
+
+    return Hooks(on_eval=on_eval)
 
 
 def _stored_plan_or_exit(state: dict, folder: Path, fresh):
@@ -288,6 +343,9 @@ def _memory_hint() -> str:
 
 def _finished_line(folder: Path, trainer, settings: dict) -> str:
     pos = trainer.position
+    if trainer.stopped_early:
+        return (f"{folder} stopped early at step {pos.step} ({trainer.stopper.watched} did not improve); "
+                f"its best checkpoint (step {trainer.stopper.state.best_step}) is in {folder / 'best'}")
     limit = f", --max-steps {settings['max_steps']}" if settings["max_steps"] is not None else ""
     return (f"{folder} is finished: step {pos.step}, epoch {pos.epoch} of {trainer.epochs}{limit}; "
             f"nothing to train (give a larger --epochs or --max-steps to train further)")
@@ -298,9 +356,11 @@ def _report(result, run_dir: Path, json_out: bool) -> None:
 
     lines = [f"steps {result.steps}, {result.samples:,} samples in {result.seconds:.1f} s "
              f"({result.samples_per_s:,.0f} samples/s)"]
-    for head, metrics in result.eval.items():
-        shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k != "samples")
-        lines.append(f"eval {head}: {shown} ({metrics['samples']:,} samples)")
+    if result.stopped_early:
+        lines.append(f"stopped early at step {result.steps}; best checkpoint (step {result.best_step}): "
+                     f"{run_dir / 'best'}")
+    elif result.stop_requested:
+        lines.append(f"stopped at step {result.steps} on request")
     lines.append(f"run folder: {run_dir} (checkpoint.pt, metrics.jsonl, plan.json)")
     for line in lines:
         _say(line)
@@ -313,15 +373,21 @@ def evaluate_run(
     run_dir: Path = typer.Argument(..., help="Run folder (with checkpoint.pt) or a checkpoint file."),
     data: Path = typer.Option(..., "--data", help="Encoded dataset folder to score."),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
-    json_out: bool = typer.Option(False, "--json", help="Print metrics as JSON on stdout."),
+    group_by: Optional[str] = typer.Option(None, "--group-by", help="A one-id categorical feature (e.g. user_id): also report gAUC, the AUC of each of its values weighted by its samples. Default: the spec's training.eval_group_by."),
+    json_out: Optional[str] = typer.Option(None, "--json", help="Also write the metrics as JSON to this file ('-': stdout, instead of the table)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No table on stdout (with --json FILE: only the file)."),
 ) -> None:
     """Score a trained checkpoint on a dataset.
 
-    Exact AUC and logloss per binary head, MSE per regression head.
+    Exact, per head: AUC, PR-AUC (average precision), logloss, NE (logloss over the entropy of the
+    label mean), calibration (mean prediction over mean label) and, with --group-by, gAUC for binary
+    heads; MSE and MAE for regression heads.
 
     \b
-    Example:
+    Examples:
       flowrec eval runs/exp1 --data data/criteo_test/
+      flowrec eval runs/ml --data runs/ml/data/test --group-by user_id --json m.json
+      flowrec eval runs/ml/best --data runs/ml/data/test --json -
     """
     from flowrec.data.layout import DataError
     from flowrec.planner.contract import scoring_plan
@@ -329,17 +395,30 @@ def evaluate_run(
 
     try:
         trained = load_trained(run_dir, device, scoring_plan)
-        metrics = trained.evaluate_dataset(data)
+        metrics = trained.evaluate_dataset(data, group_by or trained.spec.training.eval_group_by)
     except (DataError, OSError, ValueError, RuntimeError) as exc:
         fail(_one_line(exc))
     except KeyboardInterrupt:
         fail("interrupted (Ctrl-C)", EXIT_INTERRUPTED)
-    if json_out:
-        sys.stdout.write(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    _write_metrics(metrics, json_out, quiet)
+
+
+def _write_metrics(metrics: dict, json_out: Optional[str], quiet: bool = False) -> None:
+    """The table on stdout, and the JSON (NaN as null) to a file or, for '-', stdout instead."""
+    from flowrec.cli.metrics_table import metrics_table
+    from flowrec.runtime.metrics import jsonable
+
+    text = json.dumps(jsonable(metrics), indent=2, sort_keys=True) + "\n"
+    if json_out == "-":
+        sys.stdout.write(text)
         return
-    for head, m in metrics.items():
-        shown = ", ".join(f"{k} {v:.4f}" for k, v in m.items() if k != "samples")
-        typer.echo(f"{head}: {shown} ({m['samples']:,} samples)")
+    for line in [] if quiet else metrics_table(metrics):
+        typer.echo(line)
+    if json_out is not None:
+        try:
+            Path(json_out).write_text(text, encoding="utf-8")
+        except OSError as exc:
+            fail(f"cannot write {json_out}: {exc.strerror or exc}")
 
 
 def _one_line(exc: BaseException) -> str:
@@ -351,6 +430,7 @@ def export(
     run_dir: Path = typer.Argument(..., help="Run folder (with checkpoint.pt) or a checkpoint file."),
     out: Path = typer.Argument(..., help="Output file for the serving model (e.g. model.pt); never a run's own file."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUT when it exists (never a run's checkpoint or other files)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No 'wrote' line."),
 ) -> None:
     """Export a trained model for serving.
 
@@ -369,7 +449,8 @@ def export(
         fail(f"cannot export to {out}: {_one_line(exc)}" if isinstance(exc, OSError) else _one_line(exc))
     except KeyboardInterrupt:
         fail(f"interrupted (Ctrl-C); {out} was not written", EXIT_INTERRUPTED)
-    typer.echo(f"wrote {out}")
+    if not quiet:
+        typer.echo(f"wrote {out}")
 
 
 def _check_export_target(run_dir: Path, out: Path, overwrite: bool) -> None:

@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from flowrec.data.encode import Encoder, fit_encoder, needs_fit
@@ -29,6 +30,7 @@ from flowrec.data.error_log import ErrorLog, ErrorPolicy
 from flowrec.data.labels import PLUS_MINUS_FORMATS, check_labels, label_tasks
 from flowrec.data.layout import VOCAB_DIR, DataError, DatasetMeta, data_hash, unique_labels, write_meta
 from flowrec.data.output import staged_output
+from flowrec.data.rawstats import RawStats
 from flowrec.data.sources import FORMAT_ALIASES, LINE_COLUMN, reader
 from flowrec.spec.model import ModelSpec
 
@@ -163,14 +165,17 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
     writers = {"": PartWriter(out, rows_per_file)} if not fraction else {
         "train": PartWriter(out / "train", rows_per_file), "test": PartWriter(out / "test", rows_per_file)}
     seen = 0
+    stats = {name: RawStats(spec, columns) for name in writers}
     for _, chunk in chunks(on_error):
         encoded = encoder.encode(chunk)
         if fraction:
-            test = split_mask(seen, encoded.num_rows, fraction, seed)
-            writers["test"].write(encoded.filter(pa.array(test)))
-            writers["train"].write(encoded.filter(pa.array(~test)))
+            test = pa.array(split_mask(seen, encoded.num_rows, fraction, seed))
+            for side, mask in (("test", test), ("train", pc.invert(test))):
+                writers[side].write(encoded.filter(mask))
+                stats[side].observe(chunk.filter(mask), encoded.filter(mask))
         else:
             writers[""].write(encoded)
+            stats[""].observe(chunk, encoded)
         seen += encoded.num_rows
         if progress is not None:
             progress(encoded.num_rows)
@@ -178,6 +183,7 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
         w.close()
         _finish(spec, encoder, w, fmt, inputs, {"test_fraction": fraction, "split_seed": seed, "part": name}
                 if fraction else {})
+        stats[name].write(w.out)
     examples = tuple(str(e) for log in logs for e in log.examples)
     return ConvertReport(str(out), seen, sum(w.files for w in writers.values()),
                          sum(log.count for log in logs), examples, 0.0,

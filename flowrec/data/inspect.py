@@ -1,4 +1,6 @@
-"""`flowrec data inspect`: rows, partitions, columns, dtypes, metadata, missing/unique summary.
+"""`flowrec data inspect`: rows, partitions, columns, dtypes, metadata, missing/unique summary, and
+what conversion saw in the raw data (`_flowrec_stats.json`: raw missing counts of dense columns,
+which are filled before storage; label means; distinct raw values vs occupied rows of hashed tables).
 
 Returns data only; the CLI prints it. ``rows`` counts the rows of the part files, ``meta_rows``
 what ``_flowrec.json`` records (they differ only for a damaged dataset, which training refuses).
@@ -22,6 +24,7 @@ import pyarrow.parquet as pq
 
 from flowrec.data.dataset import parquet_files
 from flowrec.data.layout import DataError, read_meta
+from flowrec.data.rawstats import MERGE_WARN, merged_values, read_stats
 
 SCAN_ROWS = 1_000_000  # rows scanned for the per-column summary
 
@@ -43,10 +46,40 @@ def inspect_dataset(path: str | Path, scan_rows: int = SCAN_ROWS) -> dict[str, A
         where = files[len(rows_per_file)] if len(rows_per_file) < len(files) else files[len(parts)]
         raise DataError(f"{where}: unreadable Parquet part ({str(exc).splitlines()[0]})") from None
     table = pa.concat_tables(parts)
-    columns = [_column(name, table.column(name)) for name in schema.names]
+    raw = read_stats(Path(path))
+    columns = [_with_raw(_column(name, table.column(name)), raw) for name in schema.names]
     return {"path": str(path), "rows": int(sum(rows_per_file)), "meta_rows": meta.rows, "partitions": len(files),
             "rows_per_partition": {"min": min(rows_per_file), "max": max(rows_per_file)},
-            "scanned_rows": scanned, "columns": columns, "meta": asdict(meta)}
+            "scanned_rows": scanned, "columns": columns, "meta": asdict(meta), "raw": raw,
+            "warnings": hashing_warnings(raw)}
+
+
+def _with_raw(column: dict[str, Any], raw: dict[str, Any] | None) -> dict[str, Any]:
+    """A column's summary with what conversion saw before encoding (raw missing, label mean, hashing)."""
+    if raw is None:
+        return column
+    name = column["name"]
+    if name in raw.get("dense_missing", {}):
+        column["raw_missing"] = raw["dense_missing"][name]["missing"]
+    if name in raw.get("label_mean", {}):
+        column["label_mean"] = raw["label_mean"][name]
+    if name in raw.get("hashed", {}):
+        entry = raw["hashed"][name]
+        column.update(distinct_raw=entry["distinct_values"], occupied_rows=entry["occupied_rows"],
+                      merged=merged_values(entry))
+    return column
+
+
+def hashing_warnings(raw: dict[str, Any] | None) -> list[str]:
+    """One line per hashed feature whose hashing merges more than MERGE_WARN of its distinct values."""
+    out = []
+    for name, entry in sorted((raw or {}).get("hashed", {}).items()):
+        distinct, merged = int(entry["distinct_values"]), merged_values(entry)
+        if distinct and merged / distinct > MERGE_WARN:
+            out.append(f"{name}: hashing merges {merged:,} of {distinct:,} distinct raw values "
+                       f"({merged / distinct:.1%}) into {entry['occupied_rows']:,} of {entry['rows']:,} rows; "
+                       f"give table {entry['table']!r} more hash_buckets to keep them apart")
+    return out
 
 
 def _column(name: str, col: pa.ChunkedArray) -> dict[str, Any]:

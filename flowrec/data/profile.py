@@ -35,6 +35,9 @@ SKEW_FRACTIONS = (0.001, 0.01, 0.1)  # hottest shares of a table's rows
 CDF_POINTS = 16  # log-spaced points of hot_cdf
 MAX_TRACE = 100_000  # accesses simulated per group (a prefix of the sampled trace)
 HOT_FOLDS = 5  # cross-validation folds of the hot-sample estimate (choose on 4/5, score 1/5)
+MIN_SAMPLE_ROWS = 1_000  # fewer sampled rows: skew and hot-set figures are noise
+MIN_CURVE_BATCHES = 20  # fewer sampled batches: the cache simulation has nothing to reuse across
+PLOTTED_TABLES = 10  # tables on the skew plot and in the CLI's list: those with the most distinct rows
 
 
 def sample_rows(spec: ModelSpec, source: PartitionSource, rate: float, seed: int) -> pa.Table:
@@ -110,7 +113,28 @@ def profile_access(spec: ModelSpec, source: PartitionSource, sample_rate: float 
     bsz = max(1, int(round((batch_size or spec.training.batch_size) * sample_rate)))
     profile["curves"] = {"window": w, "batch_rows": bsz, "groups": {
         g.name: _curves(packed[g.name], g.bags_per_sample, bsz, w, max_trace) for g in groups}}
+    profile["warnings"] = sample_warnings(n, sum(source.partition_rows()), sample_rate, bsz)
     return profile
+
+
+def sample_warnings(samples: int, rows: int, sample_rate: float, batch_rows: int) -> list[str]:
+    """Why the figures of a small sample mean little (empty when the sample is large enough)."""
+    out = []
+    if samples < MIN_SAMPLE_ROWS:
+        out.append(f"the sample holds {samples:,} of {rows:,} rows (sample rate {sample_rate:g}): skew and hot-set "
+                   f"figures from fewer than {MIN_SAMPLE_ROWS:,} rows are not reliable; raise --sample-rate")
+    batches = samples // max(batch_rows, 1)
+    if batches < MIN_CURVE_BATCHES:
+        out.append(f"the cache curves simulate {batches} sampled batches of {batch_rows:,} rows: with fewer than "
+                   f"{MIN_CURVE_BATCHES} there is little reuse to see, so hit rates near 0 say nothing about "
+                   f"training; raise --sample-rate or profile more data")
+    return out
+
+
+def plotted_tables(profile: dict[str, Any]) -> list[str]:
+    """The tables the plot shows and the CLI lists: the PLOTTED_TABLES with the most distinct rows."""
+    ranked = sorted(profile["tables"].items(), key=lambda kv: (-kv[1]["distinct"], kv[0]))
+    return [name for name, _ in ranked[:PLOTTED_TABLES]]
 
 
 def hot_set(groups, packed: dict[str, tuple[np.ndarray, np.ndarray]], samples: int,
@@ -193,13 +217,14 @@ def plot_profile(profile: dict[str, Any], path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    busiest = sorted(profile["tables"].items(), key=lambda kv: -kv[1]["accesses"])[:10]
-    for name, t in busiest:
+    shown = plotted_tables(profile)
+    for name in shown:
+        t = profile["tables"][name]
         if t["hot_cdf"]:
             k, share = zip(*t["hot_cdf"])
             left.plot(k, share, label=name)
-    left.set(xscale="log", xlabel="hottest rows k", ylabel="share of accesses",
-             title="access skew (10 busiest tables)")
+    left.set(xscale="log", xlabel="hottest rows k", ylabel="share of sampled accesses (in-sample)",
+             title=f"access skew, {len(shown)} tables with the most distinct rows")
     left.legend(fontsize=7)
     groups = profile["curves"]["groups"]
     if groups:
@@ -207,9 +232,17 @@ def plot_profile(profile: dict[str, Any], path: str) -> None:
         for policy, rates in curves.items():
             if policy not in ("capacity_rows", "accesses"):
                 right.plot(curves["capacity_rows"], rates, marker=".", label=policy)
-        right.set(xscale="log", xlabel="cache capacity (rows)", ylabel="hit rate",
+        budget = profile.get("budget")
+        if budget is not None and name in budget["hot_rows"] and budget["hot_rows"][name]["rows"]:
+            rows = budget["hot_rows"][name]["rows"]
+            right.axvline(rows, color="gray", linestyle="--",
+                          label=f"budget {budget['bytes']:,} bytes: {rows:,} hot rows here")
+        right.set(xscale="log", xlabel="cache capacity (rows)", ylabel="hit rate (sampled batches)",
                   title=f"hit rate, group {name}")
         right.legend(fontsize=7)
+    if profile.get("warnings"):
+        fig.suptitle(f"sample of {profile['samples']:,} rows: too small for these curves (see the warnings)",
+                     color="firebrick")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -1,9 +1,9 @@
-"""Evaluation metrics (exact AUC, logloss) and the JSON-lines metrics log.
+"""The JSON-lines metrics log of a run (and its TensorBoard mirror). The metrics themselves live in
+`flowrec.runtime.evalmetrics` (re-exported here: `auc`, `logloss`, `mse`).
 
 Example:
-    >>> import numpy as np
-    >>> auc(np.array([0, 0, 1, 1]), np.array([0.1, 0.4, 0.35, 0.8]))
-    0.75
+    >>> log = MetricsLog(Path("runs/x/metrics.jsonl"))  # doctest: +SKIP
+    >>> log.write({"event": "train", "step": 1, "loss": 0.69})  # doctest: +SKIP
 """
 from __future__ import annotations
 
@@ -17,45 +17,9 @@ from typing import Any
 import numpy as np
 
 from flowrec.runtime.atomic import atomic_write
+from flowrec.runtime.evalmetrics import auc, logloss, mse
 
-EPS = 1e-7  # probability clamp for logloss
-
-
-def auc(labels: np.ndarray, scores: np.ndarray) -> float:
-    """Exact ROC AUC (Mann-Whitney U with average ranks for ties).
-
-    Args:
-        labels: (N,) 0/1 labels.
-        scores: (N,) scores; any monotone transform gives the same AUC.
-
-    Returns:
-        The AUC, or NaN when only one class is present.
-    """
-    labels = np.asarray(labels).astype(bool).ravel()
-    scores = np.asarray(scores, dtype=np.float64).ravel()
-    n_pos = int(labels.sum())
-    n_neg = labels.size - n_pos
-    if n_pos == 0 or n_neg == 0:
-        return float("nan")
-    order = np.argsort(scores, kind="mergesort")
-    sorted_scores = scores[order]
-    _, first, counts = np.unique(sorted_scores, return_index=True, return_counts=True)
-    avg_rank = first + (counts + 1) / 2.0  # 1-based average rank of each tie run
-    ranks = np.empty(scores.size, dtype=np.float64)
-    ranks[order] = np.repeat(avg_rank, counts)
-    return float((ranks[labels].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
-
-
-def logloss(labels: np.ndarray, probs: np.ndarray) -> float:
-    """Mean binary cross-entropy of probabilities (clamped to [EPS, 1 - EPS])."""
-    labels = np.asarray(labels, dtype=np.float64).ravel()
-    p = np.clip(np.asarray(probs, dtype=np.float64).ravel(), EPS, 1 - EPS)
-    return float(-np.mean(labels * np.log(p) + (1 - labels) * np.log(1 - p)))
-
-
-def mse(targets: np.ndarray, preds: np.ndarray) -> float:
-    diff = np.asarray(targets, dtype=np.float64).ravel() - np.asarray(preds, dtype=np.float64).ravel()
-    return float(np.mean(diff * diff))
+__all__ = ["MetricsError", "MetricsLog", "auc", "jsonable", "logloss", "mse", "read_records", "trim_metrics"]
 
 
 class MetricsError(OSError):
@@ -86,12 +50,17 @@ class MetricsLog:
         self._tb = _tensorboard_writer(self.path.parent) if tensorboard else None
 
     def write(self, record: dict[str, Any]) -> None:
-        clean = {k: _jsonable(v) for k, v in record.items()}
+        clean = {k: jsonable(v) for k, v in record.items()}
         _append_line(self._fd, self.path, (json.dumps(clean, sort_keys=True) + "\n").encode())
-        if self._tb is not None and "step" in record:
-            for key, value in clean.items():
-                if isinstance(value, (int, float)) and key != "step" and value is not None:
-                    self._tb.add_scalar(f"{record.get('event', 'train')}/{key}", value, record["step"])
+        if "step" in record:
+            self.scalars(record["step"], dict(tensorboard_scalars(clean)))
+
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        """TensorBoard-only scalars (tag -> value) at `step`; nothing without TensorBoard."""
+        if self._tb is None:
+            return
+        for tag, value in values.items():
+            self._tb.add_scalar(tag, value, step)
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -144,13 +113,38 @@ def trim_metrics(path: Path, step: int) -> None:
         raise MetricsError(f"cannot rewrite {path}: {exc.strerror or exc}") from None
 
 
-def _jsonable(v: Any) -> Any:
+def tensorboard_scalars(record: dict[str, Any]) -> list[tuple[str, float]]:
+    """TensorBoard tags of a log record: `train/loss`, `train/lr_dense`, `train/lr_sparse` for a
+    step, `eval/<head>/<metric>` for an evaluation, `<event>/<key>` for other numbers."""
+    event = record.get("event", "train")
+    if event == "eval":
+        return [(f"eval/{head}/{name}", value) for head, metrics in (record.get("metrics") or {}).items()
+                for name, value in metrics.items() if name != "samples" and _number(value)]
+    skip = ("step", "epoch")
+    return [(f"{event}/{key}", value) for key, value in record.items() if key not in skip and _number(value)]
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def tensorboard_available() -> bool:
+    """TensorBoard's writer imports (`pip install flowrec[tensorboard]`)."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def jsonable(v: Any) -> Any:
+    """`v` with non-finite floats as None and numpy scalars as Python numbers (nested dicts too)."""
     if isinstance(v, float) and not math.isfinite(v):
         return None
     if isinstance(v, (np.floating, np.integer)):
-        return v.item()
+        return jsonable(v.item())
     if isinstance(v, dict):
-        return {k: _jsonable(x) for k, x in v.items()}
+        return {k: jsonable(x) for k, x in v.items()}
     return v
 
 

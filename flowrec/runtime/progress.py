@@ -46,11 +46,15 @@ class TrainProgress:
         self._task = self._bar.add_task("train", total=total_steps, completed=initial, rate="-", loss="-")
         self._bar.start()
 
+    def samples_per_s(self) -> float:
+        """Samples per second since the bar started."""
+        return self._samples / max(time.perf_counter() - self._start, 1e-9)
+
     def update(self, samples: int, loss: float | None) -> None:
         self._samples += samples
         if not self.enabled:
             return
-        rate = self._samples / max(time.perf_counter() - self._start, 1e-9)
+        rate = self.samples_per_s()
         fields = {"rate": f"{rate:,.0f}"}
         if loss is not None:
             fields["loss"] = f"{loss:.4f}"

@@ -24,7 +24,8 @@ LOCK_NAME = ".flowrec.lock"
 RUN_FILE = "run.json"  # the settings a run was started with; --resume restores them
 METRICS_FILE = "metrics.jsonl"
 RUN_FILES = (CHECKPOINT_NAME, METRICS_FILE, RUN_FILE, "spec.json", "plan.json")
-RUN_SUBFOLDERS = ("data", "tensorboard")  # bound raw data encoded for the run; TensorBoard logs
+BEST_DIR = "best"  # the checkpoint of the best evaluation (early stopping)
+RUN_SUBFOLDERS = ("data", "tensorboard", BEST_DIR)  # bound raw data encoded for the run; TensorBoard logs
 MAX_NUMBERED = 10_000  # runs/<name>-N tried before giving up
 
 
@@ -138,6 +139,7 @@ def clear_run_files(folder: Path) -> None:
     for name in RUN_FILES:
         if name != RUN_FILE:
             (Path(folder) / name).unlink(missing_ok=True)
+    (Path(folder) / BEST_DIR / CHECKPOINT_NAME).unlink(missing_ok=True)
 
 
 def write_text(path: Path, text: str) -> None:

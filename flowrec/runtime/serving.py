@@ -33,7 +33,7 @@ from flowrec.runtime.checkpoint import (
     load_checkpoint,
     read_torch_file,
 )
-from flowrec.runtime.evaluate import evaluate
+from flowrec.runtime.evaluate import evaluate, group_slot
 from flowrec.runtime.lowering import LoweredModel, lower
 from flowrec.runtime.session import open_dataset, resolve_device
 from flowrec.spec.load import spec_from_dict
@@ -51,12 +51,15 @@ class Trained:
     model: LoweredModel
     plan: Plan
 
-    def evaluate_dataset(self, path: Path) -> dict[str, dict[str, float]]:
+    def evaluate_dataset(self, path: Path, group_by: str | None = None) -> dict[str, dict[str, float]]:
+        """Metrics per head on an encoded dataset (gAUC over `group_by`'s values when given)."""
+        if group_by is not None:  # a feature that cannot group fails before any data is read
+            group_slot(self.model, group_by)
         source = open_dataset(Path(path), self.spec)
         opts = StagingOptions(batch_size=self.spec.training.batch_size, shuffle=False, lookahead=0)
         try:
             with iterate_batches(self.spec, source, opts, 0, 0, self.model.groups) as batches:
-                return evaluate(self.model, batches, self.spec.training.precision)
+                return evaluate(self.model, batches, self.spec.training.precision, group_by)
         finally:
             source.close()
 

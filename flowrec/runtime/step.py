@@ -27,8 +27,12 @@ def autocast_context(device: torch.device, precision: str):
 
 
 def train_step(model: LoweredModel, optimizer: torch.optim.Optimizer, batch: Batch,
-               micro_batches: int = 1, precision: str = "fp32") -> float:
-    """Run one step on `batch`; returns the batch loss (mean over samples, weighted over heads)."""
+               micro_batches: int = 1, precision: str = "fp32", clip_grad_norm: float | None = None) -> float:
+    """Run one step on `batch`; returns the batch loss (mean over samples, weighted over heads).
+
+    `clip_grad_norm` clips the global L2 norm of the dense parameters' gradients before the dense
+    update (embedding rows are updated by their fused optimizer in the backward, unclipped).
+    """
     optimizer.zero_grad(set_to_none=True)
     dense = batch.dense.to(model.device, non_blocking=True)
     labels = batch.labels.to(model.device, non_blocking=True)
@@ -41,7 +45,7 @@ def train_step(model: LoweredModel, optimizer: torch.optim.Optimizer, batch: Bat
             logits = model.dense_forward(dense, emb, masks)  # (B, n_heads)
         loss = model.loss(logits, labels)
         loss.backward()
-        optimizer.step()
+        _dense_update(optimizer, clip_grad_norm)
         return float(loss.detach())
     leaves = {g: e.detach().requires_grad_(True) for g, e in emb.items()}
     bounds = torch.linspace(0, size, chunks + 1).round().long().tolist()
@@ -57,8 +61,16 @@ def train_step(model: LoweredModel, optimizer: torch.optim.Optimizer, batch: Bat
         loss.backward()
         total += float(loss.detach())
     torch.autograd.backward([emb[g] for g in leaves], [leaves[g].grad for g in leaves])
-    optimizer.step()
+    _dense_update(optimizer, clip_grad_norm)
     return total
+
+
+def _dense_update(optimizer: torch.optim.Optimizer, clip_grad_norm: float | None) -> None:
+    """Clip the dense gradients' global norm when asked, then step the dense optimizer."""
+    if clip_grad_norm is not None:
+        params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        torch.nn.utils.clip_grad_norm_(params, clip_grad_norm)
+    optimizer.step()
 
 
 def make_dense_optimizer(model: LoweredModel, name: str, lr: float, params: dict[str, float]) -> torch.optim.Optimizer:

@@ -37,7 +37,8 @@ from flowrec.runtime.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from flowrec.runtime.evaluate import evaluate
+from flowrec.runtime.early_stop import EarlyStopper
+from flowrec.runtime.evaluate import Metrics, evaluate
 from flowrec.runtime.hostmem import tune_host_allocator
 from flowrec.runtime.lowering import LoweredModel
 from flowrec.runtime.metrics import MetricsLog
@@ -45,7 +46,8 @@ from flowrec.runtime.nonfinite import LossGuard, NonFiniteLoss, TrainingStopped,
 from flowrec.runtime.pipeline import TransferStage
 from flowrec.runtime.placement import HOST_SIDE
 from flowrec.runtime.progress import TrainProgress
-from flowrec.runtime.rundir import METRICS_FILE, write_text
+from flowrec.runtime.rundir import BEST_DIR, METRICS_FILE, write_text
+from flowrec.runtime.schedule import LRController, LRSchedule, sparse_optimizers
 from flowrec.runtime.step import make_dense_optimizer, train_step
 from flowrec.spec.load import to_dict
 from flowrec.spec.model import ModelSpec
@@ -73,6 +75,7 @@ class TrainConfig:
         cold_run: cold batches in a row.
         nan_policy: on a non-finite loss, "stop" (raise TrainingStopped; nothing of the batch is
             applied and no checkpoint is written) or "skip-batch" (skip its update, count it).
+        eval_group_by: one-id categorical feature for gAUC (None: the spec's training.eval_group_by).
     """
 
     epochs: int | None = None
@@ -90,6 +93,37 @@ class TrainConfig:
     hot_run: int = HOT_RUN
     cold_run: int = COLD_RUN
     nan_policy: str = "stop"
+    eval_group_by: str | None = None
+
+
+@dataclass(frozen=True)
+class EvalEvent:
+    """One evaluation: its step, metrics per head, and whether it is the final one of the run.
+
+    `best` is True when early stopping took it as a new best (and saved RUN/best/); `stop` when
+    early stopping ends the run after it.
+    """
+
+    step: int
+    metrics: Metrics
+    final: bool
+    best: bool = False
+    stop: bool = False
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """Callbacks of a run; each may call `Trainer.request_stop()` to end the run after this step.
+
+    Args:
+        on_step: after every step, with the position and the loss (None for a skipped batch).
+        on_eval: after every evaluation (every `eval_every` steps and the final one).
+        on_checkpoint: after every checkpoint written, with its step and path.
+    """
+
+    on_step: Callable[[Position, float | None], None] | None = None
+    on_eval: Callable[[EvalEvent], None] | None = None
+    on_checkpoint: Callable[[int, Path], None] | None = None
 
 
 @dataclass
@@ -114,6 +148,9 @@ class TrainResult:
     stage_seconds: dict[str, float] = field(default_factory=dict)
     counters: dict[str, dict[str, Any]] = field(default_factory=dict)
     skipped_batches: int = 0
+    stopped_early: bool = False
+    stop_requested: bool = False
+    best_step: int | None = None
 
 
 class Trainer:
@@ -137,6 +174,18 @@ class Trainer:
         self.plan_document = plan_document
         opt = spec.dense_optimizer
         self.optimizer = make_dense_optimizer(model, opt.name, opt.lr, dict(opt.params))
+        training = spec.training
+        self.horizon_steps: int | None = None  # decay length of the schedule, fixed at the run's start
+        # base rates taken now, before a checkpoint's optimizer state (with scheduled rates) is loaded
+        self.lr = LRController(LRSchedule(training.schedule, 0), self.optimizer,
+                               sparse_optimizers(model.embeddings), opt.lr, spec.sparse_optimizer.lr)
+        self.clip_grad_norm = training.clip_grad_norm
+        self.eval_group_by = config.eval_group_by or training.eval_group_by
+        self.stopper = (EarlyStopper.of(training.early_stopping, spec.heads[0].name)
+                        if training.early_stopping is not None else None)
+        self.hooks = Hooks()
+        self._stop_requested = False
+        self._last_eval: EvalEvent | None = None
         self.position = Position()
         self.epochs = config.epochs if config.epochs is not None else spec.training.epochs
         self.eval_every = config.eval_every if config.eval_every is not None else spec.training.eval_every
@@ -188,24 +237,32 @@ class Trainer:
         total = self.total_steps(train_source)
         if self.hot_flags is None or self.hot_flags:  # FAE: epochs end when their batches do
             total = self.config.max_steps
-        return self.position.epoch >= self.epochs or self._done(total)
+        return self.position.epoch >= self.epochs or self._done(total) or self.stopped_early
+
+    def request_stop(self) -> None:
+        """End the run after the current step (from a callback): evaluate, checkpoint, return."""
+        self._stop_requested = True
 
     def fit(self, train_source: Any, eval_source: Any | None = None,
-            on_step: Callable[[Position, float], None] | None = None) -> TrainResult:
-        """Train from the current position to the end (or max_steps); evaluate; checkpoint.
+            on_step: Callable[[Position, float], None] | None = None, hooks: Hooks | None = None) -> TrainResult:
+        """Train from the current position to the end (or max_steps, or an early stop); evaluate;
+        checkpoint.
 
         A KeyboardInterrupt saves a resumable checkpoint at the last completed step and returns
         a result with `interrupted=True`. A non-finite loss under `nan_policy="stop"` (or non-finite
         parameters at a checkpoint) raises TrainingStopped and keeps the last checkpoint.
         """
         cfg = self.config
+        hooks = hooks or Hooks()
+        self.hooks = hooks if on_step is None else Hooks(on_step, hooks.on_eval, hooks.on_checkpoint)
         total = self.total_steps(train_source)
+        self._start_schedule()
         if cfg.out_dir is not None:
             self._write_run_files(Path(cfg.out_dir))
             self.log = MetricsLog(Path(cfg.out_dir) / METRICS_FILE, cfg.tensorboard,
                                   keep_through_step=self.position.step)
         try:
-            return self._fit(train_source, eval_source, on_step, total)
+            return self._fit(train_source, eval_source, total)
         except TrainingStopped as exc:
             if self.log is not None:
                 self.log.write({"event": "stopped", "step": self.position.step, "reason": str(exc)})
@@ -215,8 +272,13 @@ class Trainer:
             if self.log is not None:
                 self.log.close()
 
-    def _fit(self, train_source: Any, eval_source: Any | None,
-             on_step: Callable[[Position, float], None] | None, total: int | None) -> TrainResult:
+    def _start_schedule(self) -> None:
+        """Fix the schedule's horizon (kept from the checkpoint on resume)."""
+        if self.horizon_steps is None:  # the spec's epochs; --max-steps only cuts the run short
+            self.horizon_steps = self._per_epoch * self.epochs
+        self.lr.schedule = LRSchedule(self.spec.training.schedule, self.horizon_steps)
+
+    def _fit(self, train_source: Any, eval_source: Any | None, total: int | None) -> TrainResult:
         cfg = self.config
         if self.hot_flags is None:  # FAE: profile a sample, load the hottest rows onto the device
             self.hot_flags = assign_hot_rows(self.model, self.spec, train_source, seed=self.spec.training.seed)
@@ -230,7 +292,7 @@ class Trainer:
         try:
             with self._interrupt:
                 while self.position.epoch < self.epochs and not self._done(total):
-                    loss = self._epoch(train_source, eval_source, bar, total, on_step) or loss
+                    loss = self._epoch(train_source, eval_source, bar, total) or loss
         except KeyboardInterrupt:
             interrupted = True
         finally:
@@ -238,10 +300,13 @@ class Trainer:
         seconds = time.perf_counter() - started
         samples = self.position.samples - start_samples
         result = TrainResult(self.position.step, samples, seconds, samples / max(seconds, 1e-9), loss,
-                             interrupted=interrupted, skipped_batches=self.skipped_batches)
+                             interrupted=interrupted, skipped_batches=self.skipped_batches,
+                             stopped_early=self.stopped_early, stop_requested=self._stop_requested)
         if not interrupted and eval_source is not None:
-            result.eval = self._evaluate(eval_source, final=True)
+            result.eval = self._final_eval(eval_source)
         self._checkpoint()
+        if self.stopper is not None:
+            result.best_step = self.stopper.state.best_step
         result.stage_seconds = dict(self.stage_seconds)
         placement = {g.name: g.placement for g in self.model.groups}
         result.counters = {name: {"placement": placement[name], **snap}
@@ -250,14 +315,18 @@ class Trainer:
             self.log.write({"event": "end", "step": self.position.step, "samples": samples,
                             "seconds": seconds, "samples_per_s": result.samples_per_s,
                             "interrupted": interrupted, "stage_seconds": result.stage_seconds,
-                            "counters": result.counters, "skipped_batches": self.skipped_batches})
+                            "counters": result.counters, "skipped_batches": self.skipped_batches,
+                            "stopped_early": self.stopped_early, "best_step": result.best_step})
         return result
 
-    def _done(self, total: int | None) -> bool:
-        return total is not None and self.position.step >= total
+    @property
+    def stopped_early(self) -> bool:
+        return self.stopper is not None and self.stopper.state.stopped
 
-    def _epoch(self, train_source: Any, eval_source: Any, bar: TrainProgress, total: int,
-               on_step: Callable[[Position, float], None] | None) -> float | None:
+    def _done(self, total: int | None) -> bool:
+        return (total is not None and self.position.step >= total) or self.stopped_early or self._stop_requested
+
+    def _epoch(self, train_source: Any, eval_source: Any, bar: TrainProgress, total: int) -> float | None:
         pos = self.position
         loss = None
         exhausted = False
@@ -265,19 +334,22 @@ class Trainer:
         with TransferStage(staged, self.model.device, self.prefetch, self.host_groups) as batches:
             for batch in batches:
                 t0 = time.perf_counter()
+                lr_dense, lr_sparse = self.lr.apply(pos.step)
                 loss, skipped_head = self._step(batch)
                 self.stage_seconds["compute"] += time.perf_counter() - t0
                 pos.batch, pos.step, pos.samples = batch.index + 1, pos.step + 1, pos.samples + batch.size
                 bar.update(batch.size, loss)
                 if self.log is not None:
-                    record = {"event": "train", "step": pos.step, "epoch": pos.epoch, "loss": loss}
+                    record = {"event": "train", "step": pos.step, "epoch": pos.epoch, "loss": loss,
+                              "lr_dense": lr_dense, "lr_sparse": lr_sparse}
                     if skipped_head is not None:
                         record.update(skipped=True, head=skipped_head)
                     self.log.write(record)
-                if on_step is not None:
-                    on_step(pos, loss)
+                    self.log.scalars(pos.step, {"throughput/samples_per_s": bar.samples_per_s()})
+                if self.hooks.on_step is not None:
+                    self.hooks.on_step(pos, loss)
                 if self.eval_every and eval_source is not None and pos.step % self.eval_every == 0:
-                    self._evaluate(eval_source, final=False)
+                    self._periodic_eval(eval_source)
                 if self.config.checkpoint_every and pos.step % self.config.checkpoint_every == 0:
                     self._checkpoint()
                 if self._done(total) or self._interrupt.requested:
@@ -295,7 +367,7 @@ class Trainer:
         """One guarded step: (loss, None), or (None, head) for a skipped non-finite batch."""
         try:
             return train_step(LossGuard(self.model), self.optimizer, batch, self.micro_batches,
-                              self.precision), None
+                              self.precision, self.clip_grad_norm), None
         except NonFiniteLoss as bad:
             step = self.position.step + 1
             if self.config.nan_policy != "skip-batch":
@@ -322,15 +394,43 @@ class Trainer:
                                  self.config.hot_run, self.config.cold_run)
         return _Skipping(staged, (b for b in batcher if b.index >= pos.batch))
 
-    def _evaluate(self, source: Any, final: bool) -> dict[str, dict[str, float]]:
+    def _evaluate(self, source: Any) -> Metrics:
         t0 = time.perf_counter()
         with self.eval_batches(source) as batches:
-            metrics = evaluate(self.model, batches, self.precision)
+            metrics = evaluate(self.model, batches, self.precision, self.eval_group_by)
         self.stage_seconds["eval"] += time.perf_counter() - t0
-        if self.log is not None:
-            self.log.write({"event": "eval", "step": self.position.step, "final": final,
-                            "metrics": metrics})
         return metrics
+
+    def _periodic_eval(self, source: Any) -> None:
+        """An evaluation every eval_every steps: the one early stopping watches (best/ on a new best)."""
+        step = self.position.step
+        metrics = self._evaluate(source)
+        verdict = self.stopper.observe(metrics, step) if self.stopper is not None else None
+        event = EvalEvent(step, metrics, final=False, best=bool(verdict and verdict.improved),
+                          stop=bool(verdict and verdict.stop))
+        self._record_eval(event)
+        if event.best:
+            self._checkpoint(best=True)
+
+    def _final_eval(self, source: Any) -> Metrics:
+        """The evaluation at the end (the periodic one of this step when there was one)."""
+        last = self._last_eval
+        if last is not None and last.step == self.position.step:
+            self._record_eval(EvalEvent(last.step, last.metrics, final=True))
+            return last.metrics
+        metrics = self._evaluate(source)
+        self._record_eval(EvalEvent(self.position.step, metrics, final=True))
+        return metrics
+
+    def _record_eval(self, event: EvalEvent) -> None:
+        self._last_eval = event
+        if self.log is not None:
+            record = {"event": "eval", "step": event.step, "final": event.final, "metrics": event.metrics}
+            if self.stopper is not None and not event.final:
+                record.update(best=event.best, stop=event.stop, watched=self.stopper.watched)
+            self.log.write(record)
+        if self.hooks.on_eval is not None:
+            self.hooks.on_eval(event)
 
     # ---------------------------------------------------------------- state
     def state(self) -> dict[str, Any]:
@@ -345,6 +445,8 @@ class Trainer:
             "rng": {"torch": torch.get_rng_state()},
             "position": asdict(self.position),
             "skipped_batches": self.skipped_batches,
+            "schedule": {"horizon_steps": self.horizon_steps},
+            "early_stopping": self.stopper.state_dict() if self.stopper is not None else None,
         }
 
     def load_state(self, state: dict[str, Any], source: Path | str = "checkpoint") -> None:
@@ -367,8 +469,23 @@ class Trainer:
         self.position = Position(**state["position"])
         self.skipped_batches = int(state.get("skipped_batches", 0))
         self.checkpoint_step = self.position.step
+        self._load_loop_state(Path(source), state)
 
-    def _checkpoint(self) -> None:
+    def _load_loop_state(self, source: Path, state: dict[str, Any]) -> None:
+        """The schedule's horizon and early stopping's state (absent in checkpoints of older runs)."""
+        horizon = (state.get("schedule") or {}).get("horizon_steps")
+        if horizon is not None and (isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 0):
+            raise CheckpointError(f"{source} is damaged: schedule horizon {horizon!r} is not a step count")
+        self.horizon_steps = horizon
+        stopping = state.get("early_stopping")
+        if self.stopper is not None and isinstance(stopping, dict):
+            try:
+                self.stopper.load_state_dict(stopping)
+            except TypeError:
+                raise CheckpointError(f"{source} is damaged: early_stopping state is not one") from None
+
+    def _checkpoint(self, best: bool = False) -> None:
+        """Save the run's state to RUN/checkpoint.pt, or (best) to RUN/best/checkpoint.pt."""
         if self.config.out_dir is None:
             return
         t0 = time.perf_counter()
@@ -377,9 +494,14 @@ class Trainer:
         if bad is not None:
             raise TrainingStopped(f"parameter {bad} is not finite at step {self.position.step}; "
                                   f"not checkpointed, {self.checkpoint_note()}")
-        save_checkpoint(Path(self.config.out_dir) / CHECKPOINT_NAME, state)
-        self.checkpoint_step = self.position.step
+        folder = Path(self.config.out_dir) / BEST_DIR if best else Path(self.config.out_dir)
+        folder.mkdir(exist_ok=True)
+        save_checkpoint(folder / CHECKPOINT_NAME, state)
+        if not best:
+            self.checkpoint_step = self.position.step
         self.stage_seconds["checkpoint"] += time.perf_counter() - t0
+        if self.hooks.on_checkpoint is not None:
+            self.hooks.on_checkpoint(self.position.step, folder / CHECKPOINT_NAME)
 
     def _write_run_files(self, out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)

@@ -22,12 +22,14 @@ from flowrec.spec.errors import SpecError
 from flowrec.spec.model import (
     DataSpec,
     DenseFeature,
+    EarlyStoppingSpec,
     FrozenMapping,
     HeadSpec,
     ModelSpec,
     ModuleSpec,
     OptimizerSpec,
     PlanHints,
+    ScheduleSpec,
     SparseFeature,
     TableSpec,
     TrainingSpec,
@@ -38,6 +40,7 @@ from flowrec.spec.validate import validate_document
 
 MODULE_KEYS = ("name", "kind", "inputs")
 OPTIMIZER_KEYS = ("name", "lr")
+OPTIONAL_TRAINING = ("eval_group_by", "clip_grad_norm", "schedule", "early_stopping")
 
 
 def load_spec(path: str | Path) -> ModelSpec:
@@ -107,7 +110,7 @@ def spec_from_dict(doc: dict[str, Any], base_dir: Path | None = None) -> ModelSp
         heads=heads,
         dense_optimizer=_optimizer(doc["optimizer"]["dense"]),
         sparse_optimizer=sparse_opt,
-        training=TrainingSpec(**doc.get("training", {})),
+        training=_training(doc.get("training", {})),
         data=_data(doc["data"]) if doc.get("data") else None,
         plan=_plan(doc.get("plan", {})),
     )
@@ -136,6 +139,36 @@ def _data(d: dict[str, Any]) -> DataSpec:
     columns = tuple(sorted(d.get("columns", {}).items()))
     options = tuple(sorted((k, _freeze(v)) for k, v in d.get("options", {}).items()))
     return DataSpec(d["format"], str(d["path"]), d.get("label", "label"), columns, options)
+
+
+def _training(t: dict[str, Any]) -> TrainingSpec:
+    t = dict(t)
+    schedule, stopping = t.pop("schedule", None), t.pop("early_stopping", None)
+    if t.get("clip_grad_norm") is not None:
+        t["clip_grad_norm"] = float(t["clip_grad_norm"])
+    if schedule is not None:
+        schedule = dict(schedule)
+        for key in ("min_lr_ratio", "gamma"):
+            if key in schedule:
+                schedule[key] = float(schedule[key])
+        schedule = ScheduleSpec(**schedule)
+    if stopping is not None:
+        stopping = dict(stopping)
+        if "min_delta" in stopping:
+            stopping["min_delta"] = float(stopping["min_delta"])
+        stopping = EarlyStoppingSpec(**stopping)
+    return TrainingSpec(**t, schedule=schedule, early_stopping=stopping)
+
+
+def _training_doc(t: TrainingSpec) -> dict[str, Any]:
+    """The training section; the optional settings appear only when set (older documents stay as they were)."""
+    doc = {k: v for k, v in vars(t).items() if k not in OPTIONAL_TRAINING}
+    for key in OPTIONAL_TRAINING:
+        value = getattr(t, key)
+        if value is not None:
+            doc[key] = value if not hasattr(value, "__dataclass_fields__") else \
+                {k: v for k, v in vars(value).items() if v is not None}
+    return doc
 
 
 def _plan(p: dict[str, Any]) -> PlanHints:
@@ -176,7 +209,7 @@ def to_dict(spec: ModelSpec) -> dict[str, Any]:
         "dense": _optimizer_doc(spec.dense_optimizer),
         "sparse": _optimizer_doc(spec.sparse_optimizer),
     }
-    doc["training"] = dict(vars(spec.training))
+    doc["training"] = _training_doc(spec.training)
     if spec.data is not None:
         d = spec.data
         doc["data"] = {"format": d.format, "path": d.path, "label": d.label}

@@ -148,6 +148,48 @@ class HeadSpec:
 
 
 @dataclass(frozen=True)
+class ScheduleSpec:
+    """A learning-rate factor per step: linear warmup from 0, then a decay.
+
+    Args:
+        warmup_steps: steps of linear warmup (factor (step + 1) / warmup_steps).
+        decay: none, linear or cosine (to `min_lr_ratio` over `decay_steps`), or step.
+        decay_steps: steps of linear/cosine decay after warmup (None: the rest of the run).
+        min_lr_ratio: the factor at the end of linear/cosine decay.
+        step_size: steps between decays of the step schedule.
+        gamma: factor per `step_size` steps of the step schedule.
+        apply_to: which learning rates follow it: both, dense or sparse.
+    """
+
+    warmup_steps: int = 0
+    decay: Literal["none", "linear", "cosine", "step"] = "none"
+    decay_steps: int | None = None
+    min_lr_ratio: float = 0.0
+    step_size: int = 1000
+    gamma: float = 0.1
+    apply_to: Literal["both", "dense", "sparse"] = "both"
+
+
+@dataclass(frozen=True)
+class EarlyStoppingSpec:
+    """Stop when a head's evaluation metric stops improving.
+
+    Args:
+        metric: auc, gauc, pr_auc, logloss, ne, calibration, mse or mae.
+        head: the head watched (None: the first head).
+        mode: max or min (None: max for auc, gauc, pr_auc; min otherwise).
+        patience: evaluations without improvement before stopping.
+        min_delta: an improvement must exceed this.
+    """
+
+    metric: str
+    head: str | None = None
+    mode: Literal["max", "min"] | None = None
+    patience: int = 3
+    min_delta: float = 0.0
+
+
+@dataclass(frozen=True)
 class TrainingSpec:
     batch_size: int = 4096
     epochs: int = 1
@@ -155,6 +197,10 @@ class TrainingSpec:
     precision: Precision = "fp32"
     eval_every: int = 0  # steps; 0 = only at the end
     deterministic: bool = False
+    eval_group_by: str | None = None  # one-id categorical feature for gAUC
+    clip_grad_norm: float | None = None  # max global L2 norm of the dense gradients
+    schedule: ScheduleSpec | None = None
+    early_stopping: EarlyStoppingSpec | None = None
 
 
 @dataclass(frozen=True)

@@ -144,7 +144,48 @@ def check_budget(view: DocView) -> list[SpecIssue]:
     return []
 
 
+METRICS_BY_TASK = {"binary": ("auc", "gauc", "pr_auc", "logloss", "ne", "calibration"),
+                   "regression": ("mse", "mae")}
+
+
+def check_group_by(view: DocView) -> list[SpecIssue]:
+    """training.eval_group_by names a one-id categorical feature."""
+    group_by = (view.section("training") or {}).get("eval_group_by")
+    if not isinstance(group_by, str):
+        return []
+    features = view.by_name("features")
+    item = features.get(group_by)
+    if item is None:
+        return [SpecIssue("training.eval_group_by", f"unknown feature {group_by!r}{did_you_mean(group_by, features)}")]
+    if item.body.get("type") != "categorical" or item.body.get("max_len", 1) != 1:
+        return [SpecIssue("training.eval_group_by", f"feature {group_by!r} is not a one-id categorical feature; "
+                                                    "group by one (e.g. a user id)")]
+    return []
+
+
+def check_early_stopping(view: DocView) -> list[SpecIssue]:
+    """training.early_stopping watches a known head and a metric that head reports (gAUC only with
+    training.eval_group_by)."""
+    training = view.section("training") or {}
+    stopping = training.get("early_stopping")
+    if not isinstance(stopping, dict) or not isinstance(stopping.get("metric"), str):
+        return []
+    heads = view.by_name("heads")
+    name = stopping.get("head")
+    head = heads.get(name) if isinstance(name, str) else next(iter(heads.values()), None)
+    if isinstance(name, str) and head is None:
+        return [SpecIssue("training.early_stopping.head", f"unknown head {name!r}{did_you_mean(name, heads)}")]
+    metric, where = stopping["metric"], "training.early_stopping.metric"
+    task = head.body.get("task", "binary") if head is not None else "binary"
+    reported = METRICS_BY_TASK.get(task, ())
+    if head is not None and metric not in reported:
+        return [SpecIssue(where, f"head {head.name!r} is a {task} head; it reports {', '.join(reported)}")]
+    if metric == "gauc" and not isinstance(training.get("eval_group_by"), str):
+        return [SpecIssue(where, "gauc needs training.eval_group_by (the feature whose values are the groups)")]
+    return []
+
+
 SEMANTIC_CHECKS = (
     check_duplicates, check_tables, check_pooling, *MODULE_CHECKS, check_heads, check_data, check_labels,
-    check_budget,
+    check_budget, check_group_by, check_early_stopping,
 )

@@ -40,7 +40,7 @@ def trained(tmp_path_factory) -> tuple[Path, bytes, dict]:
     run = runner.invoke(app, ["train", str(root / "spec.yaml"), "--rows", "300", "--out", str(root / "run"),
                               "--quiet"])
     assert run.exit_code == 0, run.output
-    scored = runner.invoke(app, ["eval", str(root / "run"), "--data", str(root / "data"), "--json"])
+    scored = runner.invoke(app, ["eval", str(root / "run"), "--data", str(root / "data"), "--json", "-"])
     assert scored.exit_code == 0, scored.output
     return root, (root / "run" / "checkpoint.pt").read_bytes(), json.loads(scored.stdout)
 
@@ -61,7 +61,7 @@ def test_a_mutated_checkpoint_scores_exactly_or_is_one_line(trained, tmp_path: P
     mutated = _mutate(good, random.Random(seed))
     path = tmp_path / "checkpoint.pt"
     path.write_bytes(mutated)
-    result = runner.invoke(app, ["eval", str(path), "--data", str(root / "data"), "--json"])
+    result = runner.invoke(app, ["eval", str(path), "--data", str(root / "data"), "--json", "-"])
     assert "Traceback" not in result.output and "weights_only" not in result.output
     assert isinstance(result.exception, (SystemExit, type(None))), repr(result.exception)
     if result.exit_code == 0:

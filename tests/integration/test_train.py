@@ -142,7 +142,7 @@ def test_eval_and_export_score_like_the_trained_model(spec_file: Path, tmp_path:
     made = runner.invoke(app, ["data", "synth", str(spec_file), "--rows", "3000", "--out", str(data), "--seed", "3"])
     assert made.exit_code == 0, made.output
     assert _train(spec_file, tmp_path / "run", "--data", str(data), "--eval-data", str(data)).exit_code == 0
-    scored = runner.invoke(app, ["eval", str(tmp_path / "run"), "--data", str(data), "--json"])
+    scored = runner.invoke(app, ["eval", str(tmp_path / "run"), "--data", str(data), "--json", "-"])
     assert scored.exit_code == 0, scored.output
     metrics = json.loads(scored.stdout)
     assert metrics["ctr"]["samples"] == 3000 and 0.5 < metrics["ctr"]["auc"] <= 1.0

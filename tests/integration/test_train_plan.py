@@ -59,7 +59,7 @@ def test_edited_plan_trains_as_written_and_is_stored(tmp_path: Path):
 
     data = tmp_path / "data"
     assert runner.invoke(app, ["data", "synth", str(spec), "--rows", "600", "--out", str(data)]).exit_code == 0
-    scored = runner.invoke(app, ["eval", str(run), "--data", str(data), "--json"])
+    scored = runner.invoke(app, ["eval", str(run), "--data", str(data), "--json", "-"])
     assert scored.exit_code == 0, scored.output
     assert 0.0 < json.loads(scored.stdout)["ctr"]["auc"] < 1.0
     exported = runner.invoke(app, ["export", str(run), str(tmp_path / "model.pt")])

@@ -1,0 +1,95 @@
+"""Data diagnostics say what the raw data held: raw missing rates of dense columns (filled before
+storage), label means, hashed values merged into one row; the profile labels in-sample figures and
+warns when its sample is too small."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pcsv
+import pytest
+from typer.testing import CliRunner
+
+from flowrec.cli import app
+from flowrec.data.rawstats import read_stats
+
+runner = CliRunner()
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def criteo(shared_data: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "cr"
+    raw = shared_data / "criteo" / "criteo_kaggle_head1000.tsv"
+    result = runner.invoke(app, ["data", "convert", "criteo", str(raw), str(out),
+                                 "--spec", str(REPO / "specs" / "dlrm_criteo.yaml"), "-q"])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def _raw_columns(shared_data: Path) -> pa.Table:
+    names = ["label", *(f"I{i}" for i in range(1, 14)), *(f"C{i}" for i in range(1, 27))]
+    return pcsv.read_csv(shared_data / "criteo" / "criteo_kaggle_head1000.tsv",
+                         read_options=pcsv.ReadOptions(column_names=names),
+                         parse_options=pcsv.ParseOptions(delimiter="\t"),
+                         convert_options=pcsv.ConvertOptions(column_types={n: pa.string() for n in names},
+                                                             strings_can_be_null=True))
+
+
+def test_conversion_records_raw_missing_label_mean_and_hash_merges(criteo: Path, shared_data: Path) -> None:
+    raw = _raw_columns(shared_data)
+    stats = read_stats(criteo)
+    for i in (1, 3, 12):
+        expected = raw.column(f"I{i}").null_count
+        assert stats["dense_missing"][f"I{i}"]["missing"] == expected
+    assert stats["dense_missing"]["I1"]["missing"] == 458  # raw Criteo I1: 458 of the first 1,000 missing
+    labels = np.array(raw.column("label").to_pylist(), dtype=float)
+    assert stats["label_mean"]["label"] == pytest.approx(labels.mean())
+    c9 = stats["hashed"]["C9"]
+    assert c9["distinct_values"] == len(set(raw.column("C9").drop_null().to_pylist())) == 2
+    assert c9["occupied_rows"] == 1  # hash_buckets 4: both values land on one row
+
+
+def test_inspect_shows_raw_figures_full_types_and_warns_on_merges(criteo: Path) -> None:
+    result = runner.invoke(app, ["data", "inspect", str(criteo)])
+    assert result.exit_code == 0, result.output
+    i1 = next(line for line in result.stdout.splitlines() if line.startswith("I1 "))
+    assert i1.split()[2:5] == ["0", "36", "458"]  # stored missing 0 (filled), unique, raw missing 458
+    assert "warning: C9: hashing merges 1 of 2 distinct raw values (50.0%)" in result.output
+    assert "C3:" not in result.output.split("warning")[-1]  # 674 values in 674 rows: no merge, no warning
+    info = json.loads(runner.invoke(app, ["data", "inspect", str(criteo), "--json"]).stdout)
+    assert {c["name"]: c.get("raw_missing") for c in info["columns"]}["I1"] == 458
+
+
+def test_inspect_prints_whole_type_names(tmp_path: Path) -> None:
+    spec = tmp_path / "s.yaml"
+    spec.write_text("""
+name: s
+features:
+  - {name: hist, type: sequence, hash_buckets: 50, dim: 4, max_len: 3}
+modules:
+  - {name: top, kind: mlp, inputs: ["@sparse"], layers: [4]}
+heads:
+  - {name: ctr, input: top}
+optimizer: {dense: {name: adam, lr: 0.01}, sparse: {name: adagrad, lr: 0.1}}
+""")
+    made = runner.invoke(app, ["data", "synth", str(spec), "--rows", "100", "--out", str(tmp_path / "d")])
+    assert made.exit_code == 0, made.output
+    result = runner.invoke(app, ["data", "inspect", str(tmp_path / "d")])
+    assert "list<element: int64>" in result.stdout and "no raw statistics" in result.output
+
+
+def test_profile_labels_in_sample_figures_and_warns_on_small_samples(criteo: Path, tmp_path: Path) -> None:
+    png = tmp_path / "p.png"
+    result = runner.invoke(app, ["data", "profile", str(REPO / "specs" / "dlrm_criteo.yaml"), str(criteo),
+                                 "--budget", "64KiB", "--png", str(png)])
+    assert result.exit_code == 0, result.output
+    assert "of the sampled accesses (in-sample" in result.output
+    assert "in the sample," in result.output and "expected over the whole data" in result.output
+    assert "warning: the sample holds" in result.output and "warning: the cache curves simulate" in result.output
+    assert "tables with the most distinct rows" in result.output and png.stat().st_size > 10_000
+    full = runner.invoke(app, ["data", "profile", str(REPO / "specs" / "dlrm_criteo.yaml"), str(criteo),
+                               "--sample-rate", "1.0"])
+    assert "warning: the sample holds" not in full.output

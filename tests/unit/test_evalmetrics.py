@@ -1,0 +1,105 @@
+"""Evaluation metrics against scikit-learn on random inputs with ties, and against hand-computed cases;
+streaming accumulators against the whole-array functions."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from flowrec.runtime import evalmetrics as em
+
+sk = pytest.importorskip("sklearn.metrics")
+pd = pytest.importorskip("pandas")
+
+
+def _tied(rng: np.random.Generator, n: int, levels: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Labels with a skewed base rate, scores on a coarse grid (many ties), Zipf-like groups."""
+    labels = (rng.random(n) < rng.uniform(0.05, 0.6)).astype(np.float64)
+    scores = np.round(rng.random(n) * levels) / levels * 0.98 + 0.01 + 0.2 * labels * rng.random(n).round(1)
+    scores = np.clip(scores, 0.01, 0.99)
+    groups = np.minimum(rng.zipf(1.6, n), 40).astype(np.int64)
+    return labels, scores, groups
+
+
+def _sk_gauc(labels, scores, groups) -> float:
+    frame = pd.DataFrame({"y": labels, "p": scores, "g": groups})
+    total = weight = 0.0
+    for _, part in frame.groupby("g"):
+        if part["y"].nunique() == 2:
+            total += len(part) * sk.roc_auc_score(part["y"], part["p"])
+            weight += len(part)
+    return total / weight
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_binary_metrics_equal_sklearn_with_ties(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    labels, scores, groups = _tied(rng, int(rng.integers(50, 3000)), int(rng.integers(3, 50)))
+    assert em.auc(labels, scores) == pytest.approx(sk.roc_auc_score(labels, scores), abs=1e-12)
+    assert em.pr_auc(labels, scores) == pytest.approx(sk.average_precision_score(labels, scores), abs=1e-12)
+    assert em.logloss(labels, scores) == pytest.approx(sk.log_loss(labels, scores), abs=1e-12)
+    assert em.gauc(labels, scores, groups) == pytest.approx(_sk_gauc(labels, scores, groups), abs=1e-12)
+    rate = labels.mean()
+    base = -(rate * math.log(rate) + (1 - rate) * math.log(1 - rate))
+    assert em.normalized_entropy(labels, scores) == pytest.approx(sk.log_loss(labels, scores) / base, abs=1e-12)
+    assert em.calibration(labels, scores) == pytest.approx(scores.mean() / rate, abs=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_regression_metrics_equal_sklearn(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    y, p = rng.normal(size=500).round(1), rng.normal(size=500).round(1)
+    assert em.mse(y, p) == pytest.approx(sk.mean_squared_error(y, p), abs=1e-12)
+    assert em.mae(y, p) == pytest.approx(sk.mean_absolute_error(y, p), abs=1e-12)
+
+
+def test_hand_computed_cases() -> None:
+    # pairs (pos, neg): (0.35 > 0.1), (0.35 < 0.4), (0.8 > both): 3 of 4
+    assert em.auc([0, 0, 1, 1], [0.1, 0.4, 0.35, 0.8]) == 0.75
+    assert em.auc([0, 1], [0.5, 0.5]) == 0.5  # a tie counts one half
+    assert math.isnan(em.auc([1, 1], [0.2, 0.3]))
+    # thresholds 0.8 (P=1, recall +1/2), 0.4 (a negative: recall +0), 0.35 (P=2/3, recall +1/2)
+    assert em.pr_auc([0, 0, 1, 1], [0.1, 0.4, 0.35, 0.8]) == pytest.approx(0.5 + 1 / 3)
+    # group 1: AUC 1 over 2 samples; group 2: AUC 0 over 2; group 3 (one class) left out
+    assert em.gauc([0, 1, 0, 1, 1], [0.1, 0.9, 0.9, 0.1, 0.5], [1, 1, 2, 2, 3]) == 0.5
+    assert em.gauc([0, 1, 1, 0, 1], [0.1, 0.9, 0.2, 0.3, 0.4], [1, 1, 2, 2, 2]) == pytest.approx((2 * 1 + 3 * 0.5) / 5)
+    # predicting the base rate 0.25 everywhere: NE = 1, calibration = 1
+    labels = np.array([1, 0, 0, 0])
+    assert em.normalized_entropy(labels, np.full(4, 0.25)) == pytest.approx(1.0)
+    assert em.calibration(labels, np.full(4, 0.5)) == pytest.approx(2.0)
+    assert em.logloss([1], [0.5]) == pytest.approx(math.log(2))
+    assert em.mse([1, 2], [0, 0]) == 2.5 and em.mae([1, -2], [0, 0]) == 1.5
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_streaming_equals_whole_arrays(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(em, "COMPACT_EVERY", 97)  # compact often: merged keys must not change results
+    rng = np.random.default_rng(100 + seed)
+    labels, scores, groups = _tied(rng, 2000, 20)
+    acc, reg = em.BinaryAccumulator(grouped=True), em.RegressionAccumulator()
+    cuts = np.sort(rng.choice(np.arange(1, 2000), size=12, replace=False))
+    for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, 2000]):
+        acc.update(labels[lo:hi], scores[lo:hi], groups[lo:hi])
+        reg.update(labels[lo:hi], scores[lo:hi])
+    got = acc.result()
+    assert got["auc"] == pytest.approx(em.auc(labels, scores), abs=1e-12)
+    assert got["gauc"] == pytest.approx(em.gauc(labels, scores, groups), abs=1e-12)
+    assert got["pr_auc"] == pytest.approx(em.pr_auc(labels, scores), abs=1e-12)
+    assert got["logloss"] == pytest.approx(em.logloss(labels, scores), abs=1e-12)
+    assert got["ne"] == pytest.approx(em.normalized_entropy(labels, scores), abs=1e-12)
+    assert got["calibration"] == pytest.approx(em.calibration(labels, scores), abs=1e-12)
+    assert reg.result() == pytest.approx({"mse": em.mse(labels, scores), "mae": em.mae(labels, scores)}, abs=1e-12)
+
+
+def test_grouped_accumulator_needs_groups() -> None:
+    with pytest.raises(ValueError, match="group"):
+        em.BinaryAccumulator(grouped=True).update(np.array([0, 1]), np.array([0.2, 0.4]))
+
+
+def test_undefined_metrics_are_nan() -> None:
+    acc = em.BinaryAccumulator()
+    acc.update(np.zeros(3), np.array([0.1, 0.2, 0.3]))
+    got = acc.result()
+    assert math.isnan(got["auc"]) and math.isnan(got["ne"]) and math.isnan(got["calibration"])
+    assert got["logloss"] == pytest.approx(em.logloss(np.zeros(3), [0.1, 0.2, 0.3]))
