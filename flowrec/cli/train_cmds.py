@@ -217,6 +217,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     except torch.OutOfMemoryError as exc:
         fail(f"out of memory building the model: {_one_line(exc)}. {_memory_hint()}", EXIT_OUT_OF_MEMORY)
     _say(session.data_note)
+    _adopt_encoder_or_exit(request, folder, session)
     if state is not None and state["spec"] != json.dumps(to_dict(session.spec), sort_keys=True):
         fail(f"{request.spec_path} differs from the spec the run in {folder} was trained with "
              f"(see {folder}/spec.json)")
@@ -260,6 +261,18 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     if result.interrupted:
         _say(f"interrupted: checkpoint saved; continue with  {resume_cmd}")
         raise typer.Exit(EXIT_INTERRUPTED)
+
+
+def _adopt_encoder_or_exit(request: RunRequest, folder: Path, session) -> None:
+    """Record the run's encoder (its training data's); refuse data of another encoder."""
+    from flowrec.cli.run_encoder import adopt_encoder
+    from flowrec.data.layout import DataError
+
+    try:
+        adopt_encoder(session.spec, folder, session.train, session.eval, request.resume is not None)
+    except DataError as exc:
+        session.model.close()
+        fail(str(exc))
 
 
 def _stored_plan_or_exit(state: dict, folder: Path, fresh):

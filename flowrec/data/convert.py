@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from flowrec.data.encode import Encoder, fit_encoder, needs_fit
+from flowrec.data.encoder_record import record_of_encoder
 from flowrec.data.errors import ErrorLog, ErrorPolicy
 from flowrec.data.labels import PLUS_MINUS_FORMATS, check_labels, label_tasks
 from flowrec.data.layout import VOCAB_DIR, DataError, DatasetMeta, data_hash, unique_labels, write_meta
@@ -91,7 +92,8 @@ def split_mask(start: int, n: int, fraction: float, seed: int) -> np.ndarray:
 
 def convert(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_error: ErrorPolicy = "fail",
             options: dict[str, Any] | None = None, rows_per_file: int = ROWS_PER_FILE,
-            progress: Callable[[int], None] | None = None, overwrite: bool = False) -> ConvertReport:
+            progress: Callable[[int], None] | None = None, overwrite: bool = False,
+            encoder: Encoder | None = None) -> ConvertReport:
     """Convert raw files of a format to an encoded dataset in `out`.
 
     The dataset is written into a new sibling folder and renamed to `out` when complete
@@ -107,6 +109,8 @@ def convert(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_error: 
         rows_per_file: rows per Parquet part file.
         progress: called with the number of rows of each written chunk.
         overwrite: replace a non-empty `out`.
+        encoder: encode with this existing encoder (a run's, `flowrec.data.encoder_record`)
+            instead of fitting one: unseen values go to row 0 or their hash bucket.
 
     Raises:
         DataError: missing inputs, unreadable input, a malformed row with on_error="fail", an
@@ -119,14 +123,15 @@ def convert(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_error: 
         if not path.exists():
             raise DataError(f"input not found: {path}")
     with staged_output(Path(out), overwrite, inputs) as tmp:
-        report = _convert_into(spec, fmt, inputs, tmp, on_error, options or {}, rows_per_file, progress)
+        report = _convert_into(spec, fmt, inputs, tmp, on_error, options or {}, rows_per_file, progress,
+                               encoder)
         _check_rows(report, inputs, fmt)
     return replace(report, out=str(out), seconds=time.perf_counter() - started)
 
 
 def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_error: ErrorPolicy,
                   options: dict[str, Any], rows_per_file: int,
-                  progress: Callable[[int], None] | None) -> ConvertReport:
+                  progress: Callable[[int], None] | None, given: Encoder | None) -> ConvertReport:
     read = reader(fmt)
     opts = dict(spec.data.options) if spec.data is not None else {}
     opts.update(options)
@@ -152,7 +157,9 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
 
     logs: list[ErrorLog] = []
     sep = opts.get("sequence_sep", "^")
-    if needs_fit(spec):
+    if given is not None:
+        encoder = given
+    elif needs_fit(spec):
         encoder = fit_encoder(spec, (c for _, c in chunks(on_error)), columns, sep)
         logs.clear()
         mapped[0] = 0
@@ -217,16 +224,21 @@ def _finish(spec: ModelSpec, encoder: Encoder, writer: PartWriter, fmt: str, inp
         for name, values in encoder.vocabs.items():
             pq.write_table(pa.table({"value": values}), writer.out / VOCAB_DIR / f"{name}.parquet")
             vocab_files[name] = f"{VOCAB_DIR}/{name}.parquet"
+    record = record_of_encoder(spec, encoder, vocab_files)
     encoding = {}
     for f in spec.sparse_features:
         t = spec.table(f.table)
         encoding[f.name] = {"table": t.name, "rows": t.rows, "mode": "hash" if t.hashed else "vocab",
-                            "max_len": f.max_len, "vocab_file": vocab_files.get(t.name)}
+                            "max_len": f.max_len, "vocab_file": vocab_files.get(t.name),
+                            "vocab_digest": record.features[f.name]["vocab"]}
     dense = {}
     for f in spec.dense_features:
         st = encoder.stats.get(f.name)
         dense[f.name] = {"transform": f.transform, "fill": f.fill,
                          "mean": st.mean if st else None, "std": st.std if st else None}
     meta = DatasetMeta(spec.name, data_hash(spec), writer.rows, unique_labels(spec), encoding, dense,
-                       {"format": fmt, "inputs": [str(p) for p in inputs]}, split)
+                       {"format": fmt, "inputs": [str(p) for p in inputs],
+                        "encoder": {"fingerprint": record.fingerprint, "columns": record.columns,
+                                    "sequence_sep": record.sequence_sep, "order": list(record.features)}},
+                       split)
     write_meta(writer.out, meta)

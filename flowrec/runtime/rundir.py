@@ -24,7 +24,8 @@ LOCK_NAME = ".flowrec.lock"
 RUN_FILE = "run.json"  # the settings a run was started with; --resume restores them
 METRICS_FILE = "metrics.jsonl"
 RUN_FILES = (CHECKPOINT_NAME, METRICS_FILE, RUN_FILE, "spec.json", "plan.json")
-RUN_SUBFOLDERS = ("data", "tensorboard")  # bound raw data encoded for the run; TensorBoard logs
+RUN_SUBFOLDERS = ("data", "tensorboard", "encoder")  # bound raw data encoded for the run; TensorBoard
+# logs; the encoder of the run's data (flowrec.data.encoder_record)
 MAX_NUMBERED = 10_000  # runs/<name>-N tried before giving up
 
 

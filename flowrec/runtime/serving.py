@@ -23,6 +23,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from flowrec.data.batches import StagingOptions, iterate_batches
+from flowrec.data.encoder_record import (
+    ENCODER_FILE,
+    RUN_ENCODER_DIR,
+    EncoderRecord,
+    check_same_encoder,
+    read_record,
+    record_of_dataset,
+)
 from flowrec.graph.plan_io import plan_from_document, plan_json
 from flowrec.graph.types import Plan
 from flowrec.runtime.atomic import write_atomically
@@ -50,11 +58,18 @@ class Trained:
     spec: ModelSpec
     model: LoweredModel
     plan: Plan
+    encoder: EncoderRecord | None = None  # None for runs made before encoders were recorded
+
+    def check_data(self, path: Path) -> None:
+        """Raise DataError if the dataset at `path` was not encoded with the model's encoder."""
+        if self.encoder is not None:
+            check_same_encoder(self.encoder, record_of_dataset(Path(path)), str(path))
 
     def evaluate_dataset(self, path: Path) -> dict[str, dict[str, float]]:
         source = open_dataset(Path(path), self.spec)
         opts = StagingOptions(batch_size=self.spec.training.batch_size, shuffle=False, lookahead=0)
         try:
+            self.check_data(path)
             with iterate_batches(self.spec, source, opts, 0, 0, self.model.groups) as batches:
                 return evaluate(self.model, batches, self.spec.training.precision)
         finally:
@@ -97,7 +112,13 @@ def load_trained(run: Path, device: str, scoring: Callable[[Plan], Plan]) -> Tra
     model = lower(plan, spec, dev)
     check_tensors(source, "model", model.state_dict(), state["model"])
     model.load_state_dict(state["model"])
-    return Trained(spec, model, plan)
+    return Trained(spec, model, plan, run_encoder(source))
+
+
+def run_encoder(checkpoint: Path) -> EncoderRecord | None:
+    """The encoder recorded next to a run's checkpoint, or None (a run made before encoders)."""
+    folder = Path(checkpoint).parent / RUN_ENCODER_DIR
+    return read_record(folder) if (folder / ENCODER_FILE).is_file() else None
 
 
 class ServingModel(nn.Module):
