@@ -1,4 +1,4 @@
-"""`flowrec train`, `flowrec eval` and `flowrec export`: run a plan, score and export checkpoints.
+"""`flowrec train` and `flowrec eval`: run a plan, score checkpoints (`flowrec export`: export_cmd).
 
 torch and the data stack are imported inside the commands, so other commands start fast.
 """
@@ -358,48 +358,6 @@ def _one_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def export(
-    run_dir: Path = typer.Argument(..., help="Run folder (with checkpoint.pt) or a checkpoint file."),
-    out: Path = typer.Argument(..., help="Output file for the serving model (e.g. model.pt); never a run's own file."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUT when it exists (never a run's checkpoint or other files)."),
-) -> None:
-    """Export a trained model for serving.
-
-    A plain torch module with one embedding table per logical table (no packing, no optimizer
-    state), loadable with `flowrec.runtime.serving.load_serving(path)`. The file is written whole
-    (temp file, then rename).
-    """
-    from flowrec.planner.contract import scoring_plan
-    from flowrec.runtime.serving import export_serving, load_trained
-
-    _check_export_target(run_dir, out, overwrite)
-    try:
-        trained = load_trained(run_dir, "cpu", scoring_plan)
-        export_serving(trained, out)
-    except (OSError, ValueError, RuntimeError) as exc:
-        fail(f"cannot export to {out}: {_one_line(exc)}" if isinstance(exc, OSError) else _one_line(exc))
-    except KeyboardInterrupt:
-        fail(f"interrupted (Ctrl-C); {out} was not written", EXIT_INTERRUPTED)
-    typer.echo(f"wrote {out}")
-
-
-def _check_export_target(run_dir: Path, out: Path, overwrite: bool) -> None:
-    """Never over a checkpoint or another file of a run; an existing file only with --overwrite."""
-    from flowrec.runtime.checkpoint import checkpoint_path
-    from flowrec.runtime.rundir import is_inside_run
-
-    if out.is_dir():
-        fail(f"{out} is a folder; give a file name for the serving model, e.g. {out / 'model.pt'}")
-    source = checkpoint_path(run_dir)
-    if is_inside_run(out) or (out.exists() and source.exists() and out.samefile(source)):
-        fail(f"refusing to write {out}: it is a file of a training run (only that run writes there)")
-    if out.exists() and not overwrite:
-        fail(f"{out} exists; give --overwrite to replace it")
-    if not out.parent.is_dir():
-        fail(f"cannot export to {out}: folder {out.parent} does not exist")
-
-
 def register(app: typer.Typer) -> None:
     app.command("train")(train)
     app.command("eval")(evaluate_run)
-    app.command("export")(export)

@@ -1,15 +1,15 @@
-"""Trained models outside training: load a run for scoring, export a plain module for serving.
+"""Trained models outside training: load a run for scoring, the serving module of a package.
 
 `load_trained(run, device, scoring)` rebuilds the model of a checkpoint from the spec and the plan
 stored in it (never planning again; `scoring` is the planner's rule that maps the trained plan to
-the one it is scored with, `flowrec.planner.contract.scoring_plan`) for `flowrec eval`. `export_serving` writes a serving model: one `nn.EmbeddingBag` per logical table
-(unpacked from the packed tables, no optimizer state) plus the dense operators; `load_serving`
-gives it back as a plain `torch.nn.Module` whose forward takes dense features and per-feature
-table-local ids.
+the one it is scored with, `flowrec.planner.contract.scoring_plan`) for `flowrec eval`.
+`ServingModel` is the model for serving: one table per logical table (unpacked from the packed
+tables, no optimizer state, fp32 or half) plus the dense operators; `flowrec.runtime.package`
+exports it with `torch.export` into a model package.
 
 Example:
-    >>> model = load_serving("model.pt")  # doctest: +SKIP
-    >>> probs = model(dense, {"C1": (ids, offsets), ...})  # (B, n_heads)
+    >>> serving = ServingModel(trained.spec, trained.model)  # doctest: +SKIP
+    >>> probs = serving(dense, {"C1": (ids, offsets), ...})  # (B, n_heads)
 """
 from __future__ import annotations
 
@@ -48,7 +48,6 @@ from flowrec.spec.load import spec_from_dict
 from flowrec.spec.model import ModelSpec
 from flowrec.spec.validate import validate_document
 
-SERVING_FORMAT = "flowrec-serving"
 
 
 @dataclass
@@ -141,14 +140,19 @@ class ServingModel(nn.Module):
         self.tasks = lowered.tasks
         weights, self.table_index = [], {}
         for g in lowered.groups:
-            emb = lowered.embeddings[g.name]
+            emb = lowered.embeddings.pop(g.name)  # the packed tables are freed group by group
             for slot in g.tables:
                 self.table_index[slot.table] = len(weights)
-                weights.append(nn.Parameter(emb.table_rows(slot.table).detach().clone().cpu(),
-                                            requires_grad=False))
+                rows = emb.table_rows(slot.table).detach()
+                weights.append(nn.Parameter(rows.to("cpu", copy=True), requires_grad=False))
+            del emb
         self.tables = nn.ParameterList(weights)  # one (rows, D) table per logical table
-        lowered.embeddings = nn.ModuleDict()  # the dense part stays; packed tables are dropped
-        self.dense_model = lowered
+        self.dense_model = lowered  # the dense part of the model, without its packed tables
+
+    def cast_tables(self, dtype: torch.dtype) -> None:
+        """Store the tables in `dtype` (fp16 / bf16: half the bytes), one table at a time."""
+        for weight in self.tables:
+            weight.data = weight.data.to(dtype)
 
     def forward(self, dense: torch.Tensor, sparse: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         emb, masks = {}, {}
@@ -161,8 +165,8 @@ class ServingModel(nn.Module):
                     parts.append(_sequence(ids, offsets, weight, f.max_len))  # (B, L, D)
                 else:
                     mode = "mean" if f.pooling == "mean" else "sum"
-                    parts.append(F.embedding_bag(ids, weight, offsets, mode=mode,
-                                                 include_last_offset=True).unsqueeze(1))  # (B, 1, D)
+                    parts.append(F.embedding_bag(ids, weight, offsets, mode=mode, include_last_offset=True)
+                                 .float().unsqueeze(1))  # (B, 1, D)
             emb[group] = torch.cat(parts, dim=1)  # (B, S, D)
         for step in self.dense_model.steps:
             if step.kind == "target_attention":
@@ -182,34 +186,10 @@ def emb_len(fields: dict[str, Any], feature: str) -> int:
 
 def _sequence(ids: torch.Tensor, offsets: torch.Tensor, weight: torch.Tensor, max_len: int) -> torch.Tensor:
     """Padded sequence lookup: the first max_len ids of each bag; padding rows are zeros.  # (B, L, D)"""
-    batch = offsets.numel() - 1
     lengths = (offsets[1:] - offsets[:-1]).clamp(max=max_len)  # (B,)
-    out = weight.new_zeros(batch, max_len, weight.shape[1])
     positions = torch.arange(max_len)
     valid = positions.unsqueeze(0) < lengths.unsqueeze(1)  # (B, L)
-    index = (offsets[:-1].unsqueeze(1) + positions.unsqueeze(0))[valid]
-    out[valid] = weight[ids[index]]
-    return out
-
-
-def export_serving(trained: Trained, path: Path) -> None:
-    """Write the serving model (spec + per-table weights + dense state) to `path`."""
-    serving = ServingModel(trained.spec, trained.model)
-    from flowrec.spec.load import to_dict
-
-    document = {"format": SERVING_FORMAT, "spec": json.dumps(to_dict(trained.spec)),
-                "plan": plan_json(trained.plan), "state": serving.state_dict()}
-    write_atomically(Path(path), lambda f: torch.save(document, f))
-
-
-def load_serving(path: Path) -> ServingModel:
-    """Load an exported serving model (`weights_only=True`) as a plain torch module on the CPU."""
-    state = read_torch_file(Path(path), "cpu", "flowrec serving model")
-    if not isinstance(state, dict) or state.get("format") != SERVING_FORMAT:
-        raise CheckpointError(f"{path} is not a flowrec serving model")
-    spec = _spec_of(state, path)
-    plan = stored_plan(state, str(path))
-    serving = ServingModel(spec, lower(plan, spec, "cpu"))
-    check_tensors(Path(path), "serving state", serving.state_dict(), state.get("state"))
-    serving.load_state_dict(state["state"])
-    return serving.eval()
+    padded = torch.cat([ids, ids.new_zeros(1)])  # index nnz: the padding id of short sequences
+    index = (offsets[:-1].unsqueeze(1) + positions.unsqueeze(0)).clamp(max=ids.numel())  # (B, L)
+    rows = torch.where(valid, padded[index], 0)  # (B, L)
+    return weight[rows].float() * valid.unsqueeze(2)  # padding positions are zeros
