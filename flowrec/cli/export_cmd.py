@@ -47,10 +47,10 @@ def export(
     staged = out.with_name(f".{out.name}.export-tmp")
     remove_partial(staged)
     try:
-        trained = load_trained(run_dir, "cpu", scoring_plan)
+        trained = load_trained(run_dir, "cpu", scoring_plan, mmap=True)  # tables mapped, not copied
         encoder = trained.encoder or find_record(folder)
         report = write_package(trained, staged, dtype, encoder, _last_eval(folder),
-                               _compare_rows(folder, trained) if dtype != "fp32" else None)
+                               _compare_rows(folder, trained) if dtype != "fp32" else None, mapped=True)
         if out.exists():
             shutil.rmtree(out)
         staged.rename(out)

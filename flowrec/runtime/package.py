@@ -95,7 +95,7 @@ def export_program(serving: ServingModel, spec: ModelSpec) -> torch.export.Expor
 
 
 def write_package(trained: Trained, out: Path, dtype: str, encoder: EncoderRecord, metrics: dict[str, Any],
-                  compare: Iterator[pa.Table] | None = None) -> ExportReport:
+                  compare: Iterator[pa.Table] | None = None, mapped: bool = False) -> ExportReport:
     """Write the model package of a trained model into the (new, empty) folder `out`.
 
     Args:
@@ -105,10 +105,11 @@ def write_package(trained: Trained, out: Path, dtype: str, encoder: EncoderRecor
         encoder: the run's encoder.
         metrics: the run's last evaluation metrics (head -> metric -> value).
         compare: encoded tables to measure the largest score difference of a half dtype on.
+        mapped: the trained tables are mapped from the checkpoint file (`load_trained(mmap=True)`).
     """
     started = time.perf_counter()
     spec = trained.spec
-    serving = ServingModel(spec, trained.model)
+    serving = ServingModel(spec, trained.model, mapped)
     diff, rows = _cast(serving, DTYPES[dtype], spec, compare) if dtype != "fp32" else (None, 0)
     program = export_program(serving, spec)
     out.mkdir(parents=True)

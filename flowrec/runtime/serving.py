@@ -13,7 +13,10 @@ Example:
 """
 from __future__ import annotations
 
+import ctypes
 import json
+import mmap
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -48,6 +51,9 @@ from flowrec.spec.load import spec_from_dict
 from flowrec.spec.model import ModelSpec
 from flowrec.spec.validate import validate_document
 
+
+
+MADV_DONTNEED = 4  # Linux madvise advice: drop the pages of a mapping
 
 
 @dataclass
@@ -96,21 +102,25 @@ def stored_plan(state: dict[str, Any], where: str) -> Plan:
                               f"{type(exc).__name__}: {exc}") from None
 
 
-def load_trained(run: Path, device: str, scoring: Callable[[Plan], Plan]) -> Trained:
+def load_trained(run: Path, device: str, scoring: Callable[[Plan], Plan], mmap: bool = False) -> Trained:
     """Restore the model of a run folder / checkpoint file on `device`, with its stored plan as
-    `scoring` maps it (the planner's rule for scoring a trained plan).
+    `scoring` maps it (the planner's rule for scoring a trained plan). With `mmap` (CPU), the
+    parameters are mapped from the checkpoint file, not copied (export of large tables).
 
     Raises:
         CheckpointError: a damaged or foreign checkpoint, or one that does not fit its spec's model.
     """
     source = checkpoint_path(Path(run))
-    state = load_checkpoint(source)
+    state = load_checkpoint(source, mmap=mmap)
     spec = _spec_of(state, source)
     dev = resolve_device(device)
     plan = scoring(stored_plan(state, str(run)))
-    model = lower(plan, spec, dev)
+    model = lower(plan, spec, "meta" if mmap else dev)  # mapped: the file's tensors are assigned
     check_tensors(source, "model", model.state_dict(), state["model"])
-    model.load_state_dict(state["model"])
+    model.load_state_dict(state["model"], assign=mmap)
+    if mmap:  # the load's content check read every page: give them back until they are used
+        for tensor in state["model"].values():
+            drop_mapped_pages(tensor)
     return Trained(spec, model, plan, run_encoder(source))
 
 
@@ -125,16 +135,20 @@ class ServingModel(nn.Module):
 
     Args:
         spec: the model spec.
-        lowered: a lowered model whose packed tables are split into per-table weights.
+        lowered: a lowered model whose packed tables are split into per-table weights (taken
+            from it group by group).
+        mapped: the lowered model's tables are mapped from a checkpoint file (`load_trained` with
+            mmap): the mapped pages of each table are given back once it is copied, so the tables
+            are held about once in memory.
 
     Forward:
         dense: dense features in spec order.  # (B, n_dense)
-        sparse: feature -> (ids, offsets): table-local ids and bag boundaries, one bag per
-            sample (include_last_offset).  # (nnz,), (B + 1,)
+        sparse: feature -> (ids, offsets): table-local ids and bag
+            boundaries, one bag per sample (include_last_offset).  # (nnz,), (B + 1,)
         Returns probabilities for binary heads, values for regression heads.  # (B, T)
     """
 
-    def __init__(self, spec: ModelSpec, lowered: LoweredModel) -> None:
+    def __init__(self, spec: ModelSpec, lowered: LoweredModel, mapped: bool = False) -> None:
         super().__init__()
         self.fields = {g.name: g.fields for g in lowered.groups}
         self.tasks = lowered.tasks
@@ -145,12 +159,14 @@ class ServingModel(nn.Module):
                 self.table_index[slot.table] = len(weights)
                 rows = emb.table_rows(slot.table).detach()
                 weights.append(nn.Parameter(rows.to("cpu", copy=True), requires_grad=False))
+                if mapped:
+                    drop_mapped_pages(rows)
             del emb
         self.tables = nn.ParameterList(weights)  # one (rows, D) table per logical table
         self.dense_model = lowered  # the dense part of the model, without its packed tables
 
     def cast_tables(self, dtype: torch.dtype) -> None:
-        """Store the tables in `dtype` (fp16 / bf16: half the bytes), one table at a time."""
+        """Store the tables in `dtype` (fp16 / bf16: half the bytes), one group at a time."""
         for weight in self.tables:
             weight.data = weight.data.to(dtype)
 
@@ -178,6 +194,20 @@ class ServingModel(nn.Module):
         logits = self.dense_model.dense_forward(dense, emb, masks)
         return torch.stack([torch.sigmoid(logits[:, i]) if t == "binary" else logits[:, i]
                             for i, t in enumerate(self.tasks)], dim=1)
+
+
+def drop_mapped_pages(tensor: torch.Tensor) -> None:
+    """Give the pages of a FILE-MAPPED tensor back to the OS (Linux; they would be read from the file
+    again if touched). Never call it on other tensors: their contents would be lost."""
+    if sys.platform != "linux" or tensor.numel() == 0:
+        return
+    page = mmap.PAGESIZE
+    start = tensor.data_ptr()
+    end = start + tensor.numel() * tensor.element_size()
+    low, high = -(-start // page) * page, end // page * page
+    if high > low:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise(ctypes.c_void_p(low), ctypes.c_size_t(high - low), MADV_DONTNEED)
 
 
 def emb_len(fields: dict[str, Any], feature: str) -> int:
