@@ -35,6 +35,8 @@ class RunRequest:
     quiet: bool
     json_out: bool
     report: bool
+    init_from: Path | None = None
+    fresh_optimizer: bool = False
 
 
 def train(
@@ -57,6 +59,8 @@ def train(
     dask: Optional[str] = typer.Option(None, "--dask", help="Read data partitions through Dask: a scheduler address (tcp://host:8786) of an existing cluster, or 'local' for a local cluster. Default: direct pyarrow reads (faster on one machine)."),
     interleave: Optional[bool] = typer.Option(None, "--interleave/--no-interleave", help="--no-interleave: sequential schedule (no micro-batches, cache exchanges inline) to compare with the planned overlap; same parameters."),
     nan_policy: Optional[str] = typer.Option(None, "--nan-policy", help="On a non-finite loss: stop (exit 2, the last checkpoint kept) or skip-batch (skip that batch's update and count it). Default: stop."),
+    init_from: Optional[Path] = typer.Option(None, "--init-from", help="Start from this trained run (folder or checkpoint): its tables, dense parameters and optimizer state, its plan and its encoder (the data must be encoded with it: `flowrec data convert ... --encoder-from RUN`). The run starts at step 0 and records its parent in run.json."),
+    fresh_optimizer: bool = typer.Option(False, "--fresh-optimizer", help="With --init-from: start the optimizer state afresh (parameters only)."),
     report: bool = typer.Option(False, "--report", help="After training, show measured step time, stage seconds, host<->device bytes and hit rates next to the planner's predictions."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     json_out: bool = typer.Option(False, "--json", help="Print the final result as JSON on stdout."),
@@ -79,7 +83,8 @@ def train(
              "plan": _text(plan_file),
              "epochs": epochs, "max_steps": max_steps, "eval_every": eval_every,
              "checkpoint_every": checkpoint_every, "interleave": interleave, "nan_policy": nan_policy}
-    request = RunRequest(spec_path, out, resume, overwrite, given, quiet, json_out, report)
+    request = RunRequest(spec_path, out, resume, overwrite, given, quiet, json_out, report, init_from,
+                         fresh_optimizer)
     try:
         _check_options(request)
         run_training(request)
@@ -104,6 +109,10 @@ def _check_options(request: RunRequest) -> None:
         fail(f"--nan-policy must be one of {', '.join(NAN_POLICIES)}, not {given['nan_policy']!r}")
     if request.resume is not None and request.overwrite:
         fail("--resume continues a run and --overwrite replaces it; give one of them")
+    if request.init_from is not None and request.resume is not None:
+        fail("--init-from starts a new run and --resume continues one; give one of them")
+    if request.fresh_optimizer and request.init_from is None:
+        fail("--fresh-optimizer applies to --init-from RUN only")
     if request.resume is not None and request.out is not None and request.out != request.resume:
         fail(f"--out {request.out} and --resume {request.resume} name different run folders")
 
@@ -174,6 +183,9 @@ def _train_in(request: RunRequest, spec, folder: Path) -> None:
         fail(str(exc))
     defaults = {"epochs": spec.training.epochs, "eval_every": spec.training.eval_every}
     settings, notes = merge_settings(request.given, recorded, defaults)
+    parent = request.init_from or ((recorded or {}).get("init_from") if state is None else None)
+    settings["init_from"] = str(parent) if parent else None
+    settings["fresh_optimizer"] = request.fresh_optimizer or bool((recorded or {}).get("fresh_optimizer"))
     for note in notes:
         _say(note)
     if resuming and state is None:
@@ -206,8 +218,11 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     )
     plan_file = Path(settings["plan"]) if settings.get("plan") and state is None else None
     plan, device = plan_for_run(spec, settings["device"] or "auto", settings["device_budget"], plan_file, _say)
+    parent = _parent_or_exit(settings) if state is None else None
     if state is not None:  # a resumed run continues with the plan it was trained with, unchanged
         plan = _stored_plan_or_exit(state, folder, plan)
+    elif parent is not None:  # a run started from another trains its plan (same model and layout)
+        plan = _stored_plan_or_exit(parent, Path(settings["init_from"]), plan)
     if spec.training.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
     try:
@@ -217,7 +232,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     except torch.OutOfMemoryError as exc:
         fail(f"out of memory building the model: {_one_line(exc)}. {_memory_hint()}", EXIT_OUT_OF_MEMORY)
     _say(session.data_note)
-    _adopt_encoder_or_exit(request, folder, session)
+    _adopt_encoder_or_exit(request, folder, session, settings.get("init_from") if state is None else None)
     if state is not None and state["spec"] != json.dumps(to_dict(session.spec), sort_keys=True):
         fail(f"{request.spec_path} differs from the spec the run in {folder} was trained with "
              f"(see {folder}/spec.json)")
@@ -238,6 +253,8 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
             _say(f"resuming {folder} at epoch {trainer.position.epoch}, batch {trainer.position.batch} "
                  f"(step {trainer.position.step})")
         else:
+            if parent is not None:
+                _start_from(trainer, parent, settings)
             clear_run_files(folder)
         write_run_file(folder, settings)
         _say(f"run folder {folder}; if it stops, continue with  {resume_cmd}")
@@ -263,13 +280,36 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
         raise typer.Exit(EXIT_INTERRUPTED)
 
 
-def _adopt_encoder_or_exit(request: RunRequest, folder: Path, session) -> None:
+def _parent_or_exit(settings: dict) -> dict | None:
+    """The checkpoint of the --init-from run (None without one)."""
+    from flowrec.runtime.checkpoint import CheckpointError, load_checkpoint
+
+    if not settings.get("init_from"):
+        return None
+    try:
+        return load_checkpoint(Path(settings["init_from"]))
+    except CheckpointError as exc:
+        fail(f"--init-from: {exc}")
+
+
+def _start_from(trainer, parent: dict, settings: dict) -> None:
+    """Load the parent run's parameters (and optimizer state) into the trainer, at step 0."""
+    from flowrec.cli.init_from import starting_state
+
+    fresh = trainer.optimizer.state_dict() if settings["fresh_optimizer"] else None
+    trainer.load_state(starting_state(parent, trainer.model.state_dict(), fresh), settings["init_from"])
+    _say(f"starting from {settings['init_from']} (parameters"
+         f"{'' if settings['fresh_optimizer'] else ' and optimizer state'}), at step 0")
+
+
+def _adopt_encoder_or_exit(request: RunRequest, folder: Path, session, parent: str | None) -> None:
     """Record the run's encoder (its training data's); refuse data of another encoder."""
     from flowrec.cli.run_encoder import adopt_encoder
     from flowrec.data.layout import DataError
 
     try:
-        adopt_encoder(session.spec, folder, session.train, session.eval, request.resume is not None)
+        adopt_encoder(session.spec, folder, session.train, session.eval, request.resume is not None,
+                      Path(parent) if parent else None)
     except DataError as exc:
         session.model.close()
         fail(str(exc))

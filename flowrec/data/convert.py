@@ -4,7 +4,9 @@ Reads a source chunk by chunk (bounded memory), encodes it for the spec and appe
 Parquet part files of at most `rows_per_file` rows. Vocabulary tables and standardized features
 need a first pass over the input (as DLRM's Criteo preprocessing does). With
 ``data.options.test_fraction`` the rows are split (seeded by ``split_seed``, per row index, so
-the split does not depend on chunking) into ``train/`` and ``test/`` datasets. Labels are checked
+the split does not depend on chunking) into ``train/`` and ``test/`` datasets; with
+``split_by: <timestamp column>`` the newest ``test_fraction`` of the rows are the test set (a first
+pass reads the column; rows at the cutoff time go to test). Labels are checked
 for their heads (`flowrec.data.labels`: binary 0/1, libsvm's -1/+1 mapped and counted). The
 output is written into a new folder and swapped in when complete (`flowrec.data.output`); a
 conversion that yields no rows is an error and leaves nothing.
@@ -22,6 +24,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from flowrec.data.encode import Encoder, fit_encoder, needs_fit
@@ -139,7 +142,8 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
     for label in unique_labels(spec):
         if label not in columns and fmt in FORMAT_LABEL and label == "label":
             columns[label] = FORMAT_LABEL[fmt]
-    numeric = {columns.get(f.name, f.name) for f in spec.dense_features}
+    split_by = opts.get("split_by")
+    numeric = {columns.get(f.name, f.name) for f in spec.dense_features} | ({split_by} if split_by else set())
     numeric |= {columns.get(c, c) for c in unique_labels(spec)}
     tasks = label_tasks(spec, columns)
     mapped = [0]
@@ -167,13 +171,18 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
         encoder = Encoder(spec, columns, {}, {}, sep)
     fraction = float(opts.get("test_fraction", 0.0))
     seed = int(opts.get("split_seed", 0))
+    cutoff = _time_cutoff((c for _, c in chunks(on_error)), split_by, fraction) if split_by and fraction else None
+    if cutoff is not None:
+        logs.clear()
+        mapped[0] = 0
     writers = {"": PartWriter(out, rows_per_file)} if not fraction else {
         "train": PartWriter(out / "train", rows_per_file), "test": PartWriter(out / "test", rows_per_file)}
     seen = 0
     for _, chunk in chunks(on_error):
         encoded = encoder.encode(chunk)
         if fraction:
-            test = split_mask(seen, encoded.num_rows, fraction, seed)
+            test = (split_mask(seen, encoded.num_rows, fraction, seed) if cutoff is None
+                    else _times(chunk, split_by) >= cutoff)
             writers["test"].write(encoded.filter(pa.array(test)))
             writers["train"].write(encoded.filter(pa.array(~test)))
         else:
@@ -183,12 +192,32 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
             progress(encoded.num_rows)
     for name, w in writers.items():
         w.close()
-        _finish(spec, encoder, w, fmt, inputs, {"test_fraction": fraction, "split_seed": seed, "part": name}
-                if fraction else {})
+        split = {"test_fraction": fraction, "part": name}
+        split.update({"split_by": split_by, "cutoff": cutoff} if cutoff is not None else {"split_seed": seed})
+        _finish(spec, encoder, w, fmt, inputs, split if fraction else {})
     examples = tuple(str(e) for log in logs for e in log.examples)
     return ConvertReport(str(out), seen, sum(w.files for w in writers.values()),
                          sum(log.count for log in logs), examples, 0.0,
                          {k: w.rows for k, w in writers.items() if k}, mapped[0])
+
+
+def _times(chunk: pa.Table, column: str) -> np.ndarray:
+    """The split column of a chunk as float64 (missing times count as the oldest)."""
+    if column not in chunk.column_names:
+        raise DataError(f"split_by: column {column!r} is not in the input (has "
+                        f"{[c for c in chunk.column_names[:12] if c != LINE_COLUMN]})")
+    values = pc.cast(chunk.column(column), pa.float64()).to_numpy(zero_copy_only=False)
+    return np.nan_to_num(values, nan=-np.inf)
+
+
+def _time_cutoff(chunks: Iterator[pa.Table], column: str, fraction: float) -> float:
+    """The time from which rows are test rows: the newest `fraction` of the rows (rows at the
+    cutoff time all go to test, so the test share can be a little larger)."""
+    times = np.sort(np.concatenate([_times(c, column) for c in chunks] or [np.zeros(0)]))
+    if not len(times):
+        return float("inf")
+    index = min(len(times) - max(int(round(len(times) * fraction)), 1), len(times) - 1)
+    return float(times[max(index, 0)])
 
 
 def _check_rows(report: ConvertReport, inputs: list[Path], fmt: str) -> None:
