@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from flowrec.data.encode import DenseStats, Encoder
-from flowrec.data.layout import META_FILE, DataError, DatasetMeta, data_hash, read_meta
+from flowrec.data.layout import META_FILE, DataError, DatasetMeta, data_hash, read_meta, unique_labels
 from flowrec.spec.model import DenseFeature, ModelSpec
 
 ENCODER_FILE = "encoder.json"
@@ -119,15 +119,9 @@ def record_of_encoder(spec: ModelSpec, encoder: Encoder, vocab_files: dict[str, 
             t = spec.table(f.table)
             features[f.name] = sparse_rule(t.name, t.rows, "hash" if t.hashed else "vocab",
                                            f.max_len, digests.get(t.name), column)
-    labels = {name: {"column": encoder.source(name)} for name in _labels(spec)}
+    labels = {name: {"column": encoder.source(name)} for name in unique_labels(spec)}
     return EncoderRecord(spec.name, data_hash(spec), features, labels, dict(encoder.columns),
                          encoder.sequence_sep, vocab_files)
-
-
-def _labels(spec: ModelSpec) -> tuple[str, ...]:
-    from flowrec.data.layout import unique_labels
-
-    return unique_labels(spec)
 
 
 def record_of_dataset(path: Path, meta: DatasetMeta | None = None) -> EncoderRecord:
@@ -165,7 +159,7 @@ def synthetic_record(spec: ModelSpec) -> EncoderRecord:
         else:
             features[f.name] = sparse_rule(f.table, spec.table(f.table).rows, "synthetic", f.max_len,
                                            None, f.name)
-    labels = {name: {"column": name} for name in _labels(spec)}
+    labels = {name: {"column": name} for name in unique_labels(spec)}
     return EncoderRecord(spec.name, data_hash(spec), features, labels)
 
 

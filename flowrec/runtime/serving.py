@@ -34,15 +34,13 @@ from flowrec.data.encoder_record import (
     read_record,
     record_of_dataset,
 )
-from flowrec.graph.plan_io import plan_from_document, plan_json
+from flowrec.graph.plan_io import plan_from_document
 from flowrec.graph.types import Plan
-from flowrec.runtime.atomic import write_atomically
 from flowrec.runtime.checkpoint import (
     CheckpointError,
     check_tensors,
     checkpoint_path,
     load_checkpoint,
-    read_torch_file,
 )
 from flowrec.runtime.evaluate import evaluate
 from flowrec.runtime.lowering import LoweredModel, lower
