@@ -13,7 +13,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 API = ("train", "load", "Run", "StepEvent", "CheckpointEvent")
-__all__ = ["__version__", *API]
+__all__ = ["__version__", "load_model", *API]
 
 
 def __getattr__(name: str) -> Any:
@@ -22,3 +22,15 @@ def __getattr__(name: str) -> Any:
 
         return getattr(api, name)
     raise AttributeError(f"module 'flowrec' has no attribute {name!r}")
+
+
+def load_model(path):
+    """Load a model package written by `flowrec export` for scoring raw rows.
+
+    Example:
+        >>> model = flowrec.load_model("pkg/ml")  # doctest: +SKIP
+        >>> model.predict(raw_table)  # doctest: +SKIP  # one score column per head
+    """
+    from flowrec.runtime.predict import load_model as load
+
+    return load(path)

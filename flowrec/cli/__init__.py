@@ -8,7 +8,7 @@ from __future__ import annotations
 import typer
 
 from flowrec import __version__
-from flowrec.cli import data_cmds, doctor_cmd, plan_cmd, spec_cmds, train_cmds
+from flowrec.cli import data_cmds, doctor_cmd, export_cmd, plan_cmd, predict_cmd, spec_cmds, train_cmds
 
 app = typer.Typer(
     name="flowrec",
@@ -35,6 +35,8 @@ spec_cmds.register(app)
 plan_cmd.register(app)
 data_cmds.register(app)
 train_cmds.register(app)
+export_cmd.register(app)
+app.command("predict")(predict_cmd.predict)
 doctor_cmd.register(app)
 
 

@@ -97,6 +97,7 @@ def convert(
     rows_per_file: int = typer.Option(1 << 20, help="Rows per Parquet part file."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty OUT (atomically)."),
+    encoder_from: Optional[Path] = typer.Option(None, "--encoder-from", help="Encode with the encoder of this run, export package or encoded dataset (its vocabularies and statistics; unseen values go to row 0 or their hash bucket) instead of fitting a new one."),
 ) -> None:
     if on_error not in ("skip", "fail"):
         fail("--on-error must be skip or fail")
@@ -113,11 +114,17 @@ def convert(
         from rich.console import Console
 
         model = _spec(spec)
+        encoder = None
+        if encoder_from is not None:
+            from flowrec.data.encoder_record import find_record, load_encoder
+
+            encoder = load_encoder(find_record(encoder_from), model)
         with Progress(SpinnerColumn(), TextColumn("{task.description} {task.completed:,} rows"),
                       TimeElapsedColumn(), console=Console(stderr=True), disable=quiet) as bar:
             task = bar.add_task(f"converting {source.name}", total=None)
             return run_convert(model, fmt, [source], out, on_error, options, rows_per_file,
-                               progress=lambda n: bar.advance(task, n), overwrite=overwrite)
+                               progress=lambda n: bar.advance(task, n), overwrite=overwrite,
+                               encoder=encoder)
 
     report = _run(work)
     split = f" (train {report.split['train']:,}, test {report.split['test']:,})" if report.split else ""

@@ -1,4 +1,4 @@
-"""`flowrec train`, `flowrec eval` and `flowrec export`: run a plan, score and export checkpoints.
+"""`flowrec train` and `flowrec eval`: run a plan, score checkpoints (`flowrec export`: export_cmd).
 
 torch and the data stack are imported inside the commands, so other commands start fast.
 """
@@ -35,6 +35,8 @@ class RunRequest:
     quiet: bool
     json_out: bool
     report: bool
+    init_from: Path | None = None
+    fresh_optimizer: bool = False
 
 
 def train(
@@ -58,6 +60,8 @@ def train(
     dask: Optional[str] = typer.Option(None, "--dask", help="Read data partitions through Dask: a scheduler address (tcp://host:8786) of an existing cluster, or 'local' for a local cluster. Default: direct pyarrow reads (faster on one machine)."),
     interleave: Optional[bool] = typer.Option(None, "--interleave/--no-interleave", help="--no-interleave: sequential schedule (no micro-batches, cache exchanges inline) to compare with the planned overlap; same parameters."),
     nan_policy: Optional[str] = typer.Option(None, "--nan-policy", help="On a non-finite loss: stop (exit 2, the last checkpoint kept) or skip-batch (skip that batch's update and count it). Default: stop."),
+    init_from: Optional[Path] = typer.Option(None, "--init-from", help="Start from this trained run (folder or checkpoint): its tables, dense parameters and optimizer state, its plan and its encoder (the data must be encoded with it: `flowrec data convert ... --encoder-from RUN`). The run starts at step 0 and records its parent in run.json."),
+    fresh_optimizer: bool = typer.Option(False, "--fresh-optimizer", help="With --init-from: start the optimizer state afresh (parameters only)."),
     report: bool = typer.Option(False, "--report", help="After training, show measured step time, stage seconds, host<->device bytes and hit rates next to the planner's predictions."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     json_out: bool = typer.Option(False, "--json", help="Print the final result as JSON on stdout."),
@@ -80,7 +84,8 @@ def train(
              "plan": _text(plan_file), "profile": _text(profile),
              "epochs": epochs, "max_steps": max_steps, "eval_every": eval_every,
              "checkpoint_every": checkpoint_every, "interleave": interleave, "nan_policy": nan_policy}
-    request = RunRequest(spec_path, out, resume, overwrite, given, quiet, json_out, report)
+    request = RunRequest(spec_path, out, resume, overwrite, given, quiet, json_out, report, init_from,
+                         fresh_optimizer)
     try:
         _check_options(request)
         run_training(request)
@@ -105,6 +110,10 @@ def _check_options(request: RunRequest) -> None:
         fail(f"--nan-policy must be one of {', '.join(NAN_POLICIES)}, not {given['nan_policy']!r}")
     if request.resume is not None and request.overwrite:
         fail("--resume continues a run and --overwrite replaces it; give one of them")
+    if request.init_from is not None and request.resume is not None:
+        fail("--init-from starts a new run and --resume continues one; give one of them")
+    if request.fresh_optimizer and request.init_from is None:
+        fail("--fresh-optimizer applies to --init-from RUN only")
     if request.resume is not None and request.out is not None and request.out != request.resume:
         fail(f"--out {request.out} and --resume {request.resume} name different run folders")
 
@@ -177,6 +186,9 @@ def _train_in(request: RunRequest, spec, folder: Path) -> None:
         fail(str(exc))
     defaults = {"epochs": spec.training.epochs, "eval_every": spec.training.eval_every}
     settings, notes = merge_settings(request.given, recorded, defaults)
+    parent = request.init_from or ((recorded or {}).get("init_from") if state is None else None)
+    settings["init_from"] = str(parent) if parent else None
+    settings["fresh_optimizer"] = request.fresh_optimizer or bool((recorded or {}).get("fresh_optimizer"))
     for note in notes:
         _say(note)
     if resuming and state is None:
@@ -212,8 +224,11 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     profile = Path(settings["profile"]) if settings.get("profile") else None
     plan, device = plan_for_run(spec, settings["device"] or "auto", settings["device_budget"], plan_file, _say,
                                 profile)
+    parent = _parent_or_exit(settings) if state is None else None
     if state is not None:  # a resumed run continues with the plan it was trained with, unchanged
         plan = _stored_plan_or_exit(state, folder, plan)
+    elif parent is not None:  # a run started from another trains its plan (same model and layout)
+        plan = _stored_plan_or_exit(parent, Path(settings["init_from"]), plan)
     if spec.training.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
     try:
@@ -224,6 +239,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
         fail(f"out of memory building the model: {_one_line(exc)}. {_memory_hint()}", EXIT_OUT_OF_MEMORY)
     _say(session.data_note)
     _check_loop_settings(session, settings)
+    _adopt_encoder_or_exit(request, folder, session, settings.get("init_from") if state is None else None)
     if state is not None and state["spec"] != json.dumps(to_dict(session.spec), sort_keys=True):
         fail(f"{request.spec_path} differs from the spec the run in {folder} was trained with "
              f"(see {folder}/spec.json)")
@@ -245,6 +261,8 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
             _say(f"resuming {folder} at epoch {trainer.position.epoch}, batch {trainer.position.batch} "
                  f"(step {trainer.position.step})")
         else:
+            if parent is not None:
+                _start_from(trainer, parent, settings)
             clear_run_files(folder)
         write_run_file(folder, settings)
         _say(f"run folder {folder}; if it stops, continue with  {resume_cmd}")
@@ -317,6 +335,41 @@ def _console_hooks(trainer, quiet: bool):
                  f"evaluations; the best (step {trainer.stopper.state.best_step}) is in best/")
 
     return Hooks(on_eval=on_eval)
+
+
+def _parent_or_exit(settings: dict) -> dict | None:
+    """The checkpoint of the --init-from run (None without one)."""
+    from flowrec.runtime.checkpoint import CheckpointError, load_checkpoint
+
+    if not settings.get("init_from"):
+        return None
+    try:
+        return load_checkpoint(Path(settings["init_from"]))
+    except CheckpointError as exc:
+        fail(f"--init-from: {exc}")
+
+
+def _start_from(trainer, parent: dict, settings: dict) -> None:
+    """Load the parent run's parameters (and optimizer state) into the trainer, at step 0."""
+    from flowrec.cli.init_from import starting_state
+
+    fresh = trainer.optimizer.state_dict() if settings["fresh_optimizer"] else None
+    trainer.load_state(starting_state(parent, trainer.model.state_dict(), fresh), settings["init_from"])
+    _say(f"starting from {settings['init_from']} (parameters"
+         f"{'' if settings['fresh_optimizer'] else ' and optimizer state'}), at step 0")
+
+
+def _adopt_encoder_or_exit(request: RunRequest, folder: Path, session, parent: str | None) -> None:
+    """Record the run's encoder (its training data's); refuse data of another encoder."""
+    from flowrec.cli.run_encoder import adopt_encoder
+    from flowrec.data.layout import DataError
+
+    try:
+        adopt_encoder(session.spec, folder, session.train, session.eval, request.resume is not None,
+                      Path(parent) if parent else None)
+    except DataError as exc:
+        session.model.close()
+        fail(str(exc))
 
 
 def _stored_plan_or_exit(state: dict, folder: Path, fresh):
@@ -426,50 +479,6 @@ def _one_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def export(
-    run_dir: Path = typer.Argument(..., help="Run folder (with checkpoint.pt) or a checkpoint file."),
-    out: Path = typer.Argument(..., help="Output file for the serving model (e.g. model.pt); never a run's own file."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUT when it exists (never a run's checkpoint or other files)."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No 'wrote' line."),
-) -> None:
-    """Export a trained model for serving.
-
-    A plain torch module with one embedding table per logical table (no packing, no optimizer
-    state), loadable with `flowrec.runtime.serving.load_serving(path)`. The file is written whole
-    (temp file, then rename).
-    """
-    from flowrec.planner.contract import scoring_plan
-    from flowrec.runtime.serving import export_serving, load_trained
-
-    _check_export_target(run_dir, out, overwrite)
-    try:
-        trained = load_trained(run_dir, "cpu", scoring_plan)
-        export_serving(trained, out)
-    except (OSError, ValueError, RuntimeError) as exc:
-        fail(f"cannot export to {out}: {_one_line(exc)}" if isinstance(exc, OSError) else _one_line(exc))
-    except KeyboardInterrupt:
-        fail(f"interrupted (Ctrl-C); {out} was not written", EXIT_INTERRUPTED)
-    if not quiet:
-        typer.echo(f"wrote {out}")
-
-
-def _check_export_target(run_dir: Path, out: Path, overwrite: bool) -> None:
-    """Never over a checkpoint or another file of a run; an existing file only with --overwrite."""
-    from flowrec.runtime.checkpoint import checkpoint_path
-    from flowrec.runtime.rundir import is_inside_run
-
-    if out.is_dir():
-        fail(f"{out} is a folder; give a file name for the serving model, e.g. {out / 'model.pt'}")
-    source = checkpoint_path(run_dir)
-    if is_inside_run(out) or (out.exists() and source.exists() and out.samefile(source)):
-        fail(f"refusing to write {out}: it is a file of a training run (only that run writes there)")
-    if out.exists() and not overwrite:
-        fail(f"{out} exists; give --overwrite to replace it")
-    if not out.parent.is_dir():
-        fail(f"cannot export to {out}: folder {out.parent} does not exist")
-
-
 def register(app: typer.Typer) -> None:
     app.command("train")(train)
     app.command("eval")(evaluate_run)
-    app.command("export")(export)

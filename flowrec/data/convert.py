@@ -4,7 +4,9 @@ Reads a source chunk by chunk (bounded memory), encodes it for the spec and appe
 Parquet part files of at most `rows_per_file` rows. Vocabulary tables and standardized features
 need a first pass over the input (as DLRM's Criteo preprocessing does). With
 ``data.options.test_fraction`` the rows are split (seeded by ``split_seed``, per row index, so
-the split does not depend on chunking) into ``train/`` and ``test/`` datasets. Labels are checked
+the split does not depend on chunking) into ``train/`` and ``test/`` datasets; with
+``split_by: <timestamp column>`` the newest ``test_fraction`` of the rows are the test set (a first
+pass reads the column; rows at the cutoff time go to test). Labels are checked
 for their heads (`flowrec.data.labels`: binary 0/1, libsvm's -1/+1 mapped and counted). The
 output is written into a new folder and swapped in when complete (`flowrec.data.output`); a
 conversion that yields no rows is an error and leaves nothing.
@@ -26,6 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from flowrec.data.encode import Encoder, fit_encoder, needs_fit
+from flowrec.data.encoder_record import record_of_encoder
 from flowrec.data.error_log import ErrorLog, ErrorPolicy
 from flowrec.data.labels import PLUS_MINUS_FORMATS, check_labels, label_tasks
 from flowrec.data.layout import VOCAB_DIR, DataError, DatasetMeta, data_hash, unique_labels, write_meta
@@ -93,7 +96,8 @@ def split_mask(start: int, n: int, fraction: float, seed: int) -> np.ndarray:
 
 def convert(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_error: ErrorPolicy = "fail",
             options: dict[str, Any] | None = None, rows_per_file: int = ROWS_PER_FILE,
-            progress: Callable[[int], None] | None = None, overwrite: bool = False) -> ConvertReport:
+            progress: Callable[[int], None] | None = None, overwrite: bool = False,
+            encoder: Encoder | None = None) -> ConvertReport:
     """Convert raw files of a format to an encoded dataset in `out`.
 
     The dataset is written into a new sibling folder and renamed to `out` when complete
@@ -109,6 +113,8 @@ def convert(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_error: 
         rows_per_file: rows per Parquet part file.
         progress: called with the number of rows of each written chunk.
         overwrite: replace a non-empty `out`.
+        encoder: encode with this existing encoder (a run's, `flowrec.data.encoder_record`)
+            instead of fitting one: unseen values go to row 0 or their hash bucket.
 
     Raises:
         DataError: missing inputs, unreadable input, a malformed row with on_error="fail", an
@@ -121,14 +127,15 @@ def convert(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_error: 
         if not path.exists():
             raise DataError(f"input not found: {path}")
     with staged_output(Path(out), overwrite, inputs) as tmp:
-        report = _convert_into(spec, fmt, inputs, tmp, on_error, options or {}, rows_per_file, progress)
+        report = _convert_into(spec, fmt, inputs, tmp, on_error, options or {}, rows_per_file, progress,
+                               encoder)
         _check_rows(report, inputs, fmt)
     return replace(report, out=str(out), seconds=time.perf_counter() - started)
 
 
 def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_error: ErrorPolicy,
                   options: dict[str, Any], rows_per_file: int,
-                  progress: Callable[[int], None] | None) -> ConvertReport:
+                  progress: Callable[[int], None] | None, given: Encoder | None) -> ConvertReport:
     read = reader(fmt)
     opts = dict(spec.data.options) if spec.data is not None else {}
     opts.update(options)
@@ -136,7 +143,8 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
     for label in unique_labels(spec):
         if label not in columns and fmt in FORMAT_LABEL and label == "label":
             columns[label] = FORMAT_LABEL[fmt]
-    numeric = {columns.get(f.name, f.name) for f in spec.dense_features}
+    split_by = opts.get("split_by")
+    numeric = {columns.get(f.name, f.name) for f in spec.dense_features} | ({split_by} if split_by else set())
     numeric |= {columns.get(c, c) for c in unique_labels(spec)}
     tasks = label_tasks(spec, columns)
     mapped = [0]
@@ -154,7 +162,9 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
 
     logs: list[ErrorLog] = []
     sep = opts.get("sequence_sep", "^")
-    if needs_fit(spec):
+    if given is not None:
+        encoder = given
+    elif needs_fit(spec):
         encoder = fit_encoder(spec, (c for _, c in chunks(on_error)), columns, sep)
         logs.clear()
         mapped[0] = 0
@@ -162,6 +172,10 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
         encoder = Encoder(spec, columns, {}, {}, sep)
     fraction = float(opts.get("test_fraction", 0.0))
     seed = int(opts.get("split_seed", 0))
+    cutoff = _time_cutoff((c for _, c in chunks(on_error)), split_by, fraction) if split_by and fraction else None
+    if cutoff is not None:
+        logs.clear()
+        mapped[0] = 0
     writers = {"": PartWriter(out, rows_per_file)} if not fraction else {
         "train": PartWriter(out / "train", rows_per_file), "test": PartWriter(out / "test", rows_per_file)}
     seen = 0
@@ -169,8 +183,9 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
     for _, chunk in chunks(on_error):
         encoded = encoder.encode(chunk)
         if fraction:
-            test = pa.array(split_mask(seen, encoded.num_rows, fraction, seed))
-            for side, mask in (("test", test), ("train", pc.invert(test))):
+            test = (split_mask(seen, encoded.num_rows, fraction, seed) if cutoff is None
+                    else _times(chunk, split_by) >= cutoff)
+            for side, mask in (("test", pa.array(test)), ("train", pa.array(~test))):
                 writers[side].write(encoded.filter(mask))
                 stats[side].observe(chunk.filter(mask), encoded.filter(mask))
         else:
@@ -181,13 +196,33 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
             progress(encoded.num_rows)
     for name, w in writers.items():
         w.close()
-        _finish(spec, encoder, w, fmt, inputs, {"test_fraction": fraction, "split_seed": seed, "part": name}
-                if fraction else {})
+        split = {"test_fraction": fraction, "part": name}
+        split.update({"split_by": split_by, "cutoff": cutoff} if cutoff is not None else {"split_seed": seed})
+        _finish(spec, encoder, w, fmt, inputs, split if fraction else {})
         stats[name].write(w.out)
     examples = tuple(str(e) for log in logs for e in log.examples)
     return ConvertReport(str(out), seen, sum(w.files for w in writers.values()),
                          sum(log.count for log in logs), examples, 0.0,
                          {k: w.rows for k, w in writers.items() if k}, mapped[0])
+
+
+def _times(chunk: pa.Table, column: str) -> np.ndarray:
+    """The split column of a chunk as float64 (missing times count as the oldest)."""
+    if column not in chunk.column_names:
+        raise DataError(f"split_by: column {column!r} is not in the input (has "
+                        f"{[c for c in chunk.column_names[:12] if c != LINE_COLUMN]})")
+    values = pc.cast(chunk.column(column), pa.float64()).to_numpy(zero_copy_only=False)
+    return np.nan_to_num(values, nan=-np.inf)
+
+
+def _time_cutoff(chunks: Iterator[pa.Table], column: str, fraction: float) -> float:
+    """The time from which rows are test rows: the newest `fraction` of the rows (rows at the
+    cutoff time all go to test, so the test share can be a little larger)."""
+    times = np.sort(np.concatenate([_times(c, column) for c in chunks] or [np.zeros(0)]))
+    if not len(times):
+        return float("inf")
+    index = min(len(times) - max(int(round(len(times) * fraction)), 1), len(times) - 1)
+    return float(times[max(index, 0)])
 
 
 def _check_rows(report: ConvertReport, inputs: list[Path], fmt: str) -> None:
@@ -223,16 +258,21 @@ def _finish(spec: ModelSpec, encoder: Encoder, writer: PartWriter, fmt: str, inp
         for name, values in encoder.vocabs.items():
             pq.write_table(pa.table({"value": values}), writer.out / VOCAB_DIR / f"{name}.parquet")
             vocab_files[name] = f"{VOCAB_DIR}/{name}.parquet"
+    record = record_of_encoder(spec, encoder, vocab_files)
     encoding = {}
     for f in spec.sparse_features:
         t = spec.table(f.table)
         encoding[f.name] = {"table": t.name, "rows": t.rows, "mode": "hash" if t.hashed else "vocab",
-                            "max_len": f.max_len, "vocab_file": vocab_files.get(t.name)}
+                            "max_len": f.max_len, "vocab_file": vocab_files.get(t.name),
+                            "vocab_digest": record.features[f.name]["vocab"]}
     dense = {}
     for f in spec.dense_features:
         st = encoder.stats.get(f.name)
         dense[f.name] = {"transform": f.transform, "fill": f.fill,
                          "mean": st.mean if st else None, "std": st.std if st else None}
     meta = DatasetMeta(spec.name, data_hash(spec), writer.rows, unique_labels(spec), encoding, dense,
-                       {"format": fmt, "inputs": [str(p) for p in inputs]}, split)
+                       {"format": fmt, "inputs": [str(p) for p in inputs],
+                        "encoder": {"fingerprint": record.fingerprint, "columns": record.columns,
+                                    "sequence_sep": record.sequence_sep, "order": list(record.features)}},
+                       split)
     write_meta(writer.out, meta)

@@ -157,8 +157,9 @@ class Encoder:
         keep = as_strings(flat).is_valid().to_numpy(zero_copy_only=False)
         return _truncated_lists(values, rows, keep, feature.max_len)
 
-    def encode(self, raw: pa.Table) -> pa.Table:
-        """Encode one raw chunk; returns a table with the layout's columns in spec order."""
+    def encode(self, raw: pa.Table, labels: bool = True) -> pa.Table:
+        """Encode one raw chunk; returns a table with the layout's columns in spec order (the
+        label columns last, unless `labels` is False: rows to score need none)."""
         cols, names = [], []
         for f in self.spec.features:
             if isinstance(f, DenseFeature):
@@ -170,7 +171,7 @@ class Encoder:
             else:
                 cols.append(self.encode_sparse(f, raw))
             names.append(f.name)
-        for label in unique_labels(self.spec):
+        for label in unique_labels(self.spec) if labels else ():
             col = pc.cast(raw.column(self.source(label)), pa.float32())
             cols.append(col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col)
             names.append(label)

@@ -69,11 +69,12 @@ def checkpoint_path(path: Path) -> Path:
     return path / CHECKPOINT_NAME if path.is_dir() else path
 
 
-def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+def load_checkpoint(path: Path, map_location: str | torch.device = "cpu", mmap: bool = False) -> dict[str, Any]:
     """Load and check a checkpoint (`weights_only=True`: no code in the file runs).
 
     Args:
         path: a checkpoint file, or a run folder holding `checkpoint.pt`.
+        mmap: map the tensors from the file instead of reading them (export: no second copy).
 
     Raises:
         CheckpointError: missing, empty, truncated, damaged, foreign or hostile file, another
@@ -88,13 +89,13 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
         raise CheckpointError(f"cannot read checkpoint {path}: {exc.strerror}") from None
     if size == 0:
         raise CheckpointError(f"checkpoint {path} is empty (0 bytes)")
-    state = read_torch_file(path, map_location)
+    state = read_torch_file(path, map_location, mmap=mmap)
     check_structure(path, state)
     return state
 
 
 def read_torch_file(path: Path, map_location: str | torch.device = "cpu",
-                    what: str = "flowrec checkpoint") -> Any:
+                    what: str = "flowrec checkpoint", mmap: bool = False) -> Any:
     """`torch.load(weights_only=True)` with every failure as a one-line CheckpointError."""
     path = Path(path)
     try:
@@ -107,7 +108,7 @@ def read_torch_file(path: Path, map_location: str | torch.device = "cpu",
     try:
         with warnings.catch_warnings():  # torch warns about odd pickle protocols of damaged files
             warnings.simplefilter("ignore")
-            return torch.load(path, map_location=map_location, weights_only=True)
+            return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as exc:  # any failure to parse the file is a damaged file, reported in our words
         raise CheckpointError(f"{path} is not a usable {what}: {_reason(exc)}") from None
 

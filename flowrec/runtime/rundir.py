@@ -25,7 +25,8 @@ RUN_FILE = "run.json"  # the settings a run was started with; --resume restores 
 METRICS_FILE = "metrics.jsonl"
 RUN_FILES = (CHECKPOINT_NAME, METRICS_FILE, RUN_FILE, "spec.json", "plan.json")
 BEST_DIR = "best"  # the checkpoint of the best evaluation (early stopping)
-RUN_SUBFOLDERS = ("data", "tensorboard", BEST_DIR)  # bound raw data encoded for the run; TensorBoard logs
+RUN_SUBFOLDERS = ("data", "tensorboard", BEST_DIR, "encoder")  # bound raw data encoded for the run;
+# TensorBoard logs; the best checkpoint; the encoder of the run's data (flowrec.data.encoder_record)
 MAX_NUMBERED = 10_000  # runs/<name>-N tried before giving up
 
 

@@ -1,19 +1,22 @@
-"""Trained models outside training: load a run for scoring, export a plain module for serving.
+"""Trained models outside training: load a run for scoring, the serving module of a package.
 
 `load_trained(run, device, scoring)` rebuilds the model of a checkpoint from the spec and the plan
 stored in it (never planning again; `scoring` is the planner's rule that maps the trained plan to
-the one it is scored with, `flowrec.planner.contract.scoring_plan`) for `flowrec eval`. `export_serving` writes a serving model: one `nn.EmbeddingBag` per logical table
-(unpacked from the packed tables, no optimizer state) plus the dense operators; `load_serving`
-gives it back as a plain `torch.nn.Module` whose forward takes dense features and per-feature
-table-local ids.
+the one it is scored with, `flowrec.planner.contract.scoring_plan`) for `flowrec eval`.
+`ServingModel` is the model for serving: one table per logical table (unpacked from the packed
+tables, no optimizer state, fp32 or half) plus the dense operators; `flowrec.runtime.package`
+exports it with `torch.export` into a model package.
 
 Example:
-    >>> model = load_serving("model.pt")  # doctest: +SKIP
-    >>> probs = model(dense, {"C1": (ids, offsets), ...})  # (B, n_heads)
+    >>> serving = ServingModel(trained.spec, trained.model)  # doctest: +SKIP
+    >>> probs = serving(dense, {"C1": (ids, offsets), ...})  # (B, n_heads)
 """
 from __future__ import annotations
 
+import ctypes
 import json
+import mmap
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -23,15 +26,21 @@ import torch.nn.functional as F
 from torch import nn
 
 from flowrec.data.batches import StagingOptions, iterate_batches
-from flowrec.graph.plan_io import plan_from_document, plan_json
+from flowrec.data.encoder_record import (
+    ENCODER_FILE,
+    RUN_ENCODER_DIR,
+    EncoderRecord,
+    check_same_encoder,
+    read_record,
+    record_of_dataset,
+)
+from flowrec.graph.plan_io import plan_from_document
 from flowrec.graph.types import Plan
-from flowrec.runtime.atomic import write_atomically
 from flowrec.runtime.checkpoint import (
     CheckpointError,
     check_tensors,
     checkpoint_path,
     load_checkpoint,
-    read_torch_file,
 )
 from flowrec.runtime.evaluate import evaluate, group_slot
 from flowrec.runtime.lowering import LoweredModel, lower
@@ -40,7 +49,9 @@ from flowrec.spec.load import spec_from_dict
 from flowrec.spec.model import ModelSpec
 from flowrec.spec.validate import validate_document
 
-SERVING_FORMAT = "flowrec-serving"
+
+
+MADV_DONTNEED = 4  # Linux madvise advice: drop the pages of a mapping
 
 
 @dataclass
@@ -50,6 +61,12 @@ class Trained:
     spec: ModelSpec
     model: LoweredModel
     plan: Plan
+    encoder: EncoderRecord | None = None  # None for runs made before encoders were recorded
+
+    def check_data(self, path: Path) -> None:
+        """Raise DataError if the dataset at `path` was not encoded with the model's encoder."""
+        if self.encoder is not None:
+            check_same_encoder(self.encoder, record_of_dataset(Path(path)), str(path))
 
     def evaluate_dataset(self, path: Path, group_by: str | None = None) -> dict[str, dict[str, float]]:
         """Metrics per head on an encoded dataset (gAUC over `group_by`'s values when given)."""
@@ -58,6 +75,7 @@ class Trained:
         source = open_dataset(Path(path), self.spec)
         opts = StagingOptions(batch_size=self.spec.training.batch_size, shuffle=False, lookahead=0)
         try:
+            self.check_data(path)
             with iterate_batches(self.spec, source, opts, 0, 0, self.model.groups) as batches:
                 return evaluate(self.model, batches, self.spec.training.precision, group_by)
         finally:
@@ -85,22 +103,32 @@ def stored_plan(state: dict[str, Any], where: str) -> Plan:
                               f"{type(exc).__name__}: {exc}") from None
 
 
-def load_trained(run: Path, device: str, scoring: Callable[[Plan], Plan]) -> Trained:
+def load_trained(run: Path, device: str, scoring: Callable[[Plan], Plan], mmap: bool = False) -> Trained:
     """Restore the model of a run folder / checkpoint file on `device`, with its stored plan as
-    `scoring` maps it (the planner's rule for scoring a trained plan).
+    `scoring` maps it (the planner's rule for scoring a trained plan). With `mmap` (CPU), the
+    parameters are mapped from the checkpoint file, not copied (export of large tables).
 
     Raises:
         CheckpointError: a damaged or foreign checkpoint, or one that does not fit its spec's model.
     """
     source = checkpoint_path(Path(run))
-    state = load_checkpoint(source)
+    state = load_checkpoint(source, mmap=mmap)
     spec = _spec_of(state, source)
     dev = resolve_device(device)
     plan = scoring(stored_plan(state, str(run)))
-    model = lower(plan, spec, dev)
+    model = lower(plan, spec, "meta" if mmap else dev)  # mapped: the file's tensors are assigned
     check_tensors(source, "model", model.state_dict(), state["model"])
-    model.load_state_dict(state["model"])
-    return Trained(spec, model, plan)
+    model.load_state_dict(state["model"], assign=mmap)
+    if mmap:  # the load's content check read every page: give them back until they are used
+        for tensor in state["model"].values():
+            drop_mapped_pages(tensor)
+    return Trained(spec, model, plan, run_encoder(source))
+
+
+def run_encoder(checkpoint: Path) -> EncoderRecord | None:
+    """The encoder recorded next to a run's checkpoint, or None (a run made before encoders)."""
+    folder = Path(checkpoint).parent / RUN_ENCODER_DIR
+    return read_record(folder) if (folder / ENCODER_FILE).is_file() else None
 
 
 class ServingModel(nn.Module):
@@ -108,29 +136,40 @@ class ServingModel(nn.Module):
 
     Args:
         spec: the model spec.
-        lowered: a lowered model whose packed tables are split into per-table weights.
+        lowered: a lowered model whose packed tables are split into per-table weights (taken
+            from it group by group).
+        mapped: the lowered model's tables are mapped from a checkpoint file (`load_trained` with
+            mmap): the mapped pages of each table are given back once it is copied, so the tables
+            are held about once in memory.
 
     Forward:
         dense: dense features in spec order.  # (B, n_dense)
-        sparse: feature -> (ids, offsets): table-local ids and bag boundaries, one bag per
-            sample (include_last_offset).  # (nnz,), (B + 1,)
+        sparse: feature -> (ids, offsets): table-local ids and bag
+            boundaries, one bag per sample (include_last_offset).  # (nnz,), (B + 1,)
         Returns probabilities for binary heads, values for regression heads.  # (B, T)
     """
 
-    def __init__(self, spec: ModelSpec, lowered: LoweredModel) -> None:
+    def __init__(self, spec: ModelSpec, lowered: LoweredModel, mapped: bool = False) -> None:
         super().__init__()
         self.fields = {g.name: g.fields for g in lowered.groups}
         self.tasks = lowered.tasks
         weights, self.table_index = [], {}
         for g in lowered.groups:
-            emb = lowered.embeddings[g.name]
+            emb = lowered.embeddings.pop(g.name)  # the packed tables are freed group by group
             for slot in g.tables:
                 self.table_index[slot.table] = len(weights)
-                weights.append(nn.Parameter(emb.table_rows(slot.table).detach().clone().cpu(),
-                                            requires_grad=False))
+                rows = emb.table_rows(slot.table).detach()
+                weights.append(nn.Parameter(rows.to("cpu", copy=True), requires_grad=False))
+                if mapped:
+                    drop_mapped_pages(rows)
+            del emb
         self.tables = nn.ParameterList(weights)  # one (rows, D) table per logical table
-        lowered.embeddings = nn.ModuleDict()  # the dense part stays; packed tables are dropped
-        self.dense_model = lowered
+        self.dense_model = lowered  # the dense part of the model, without its packed tables
+
+    def cast_tables(self, dtype: torch.dtype) -> None:
+        """Store the tables in `dtype` (fp16 / bf16: half the bytes), one group at a time."""
+        for weight in self.tables:
+            weight.data = weight.data.to(dtype)
 
     def forward(self, dense: torch.Tensor, sparse: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         emb, masks = {}, {}
@@ -143,8 +182,8 @@ class ServingModel(nn.Module):
                     parts.append(_sequence(ids, offsets, weight, f.max_len))  # (B, L, D)
                 else:
                     mode = "mean" if f.pooling == "mean" else "sum"
-                    parts.append(F.embedding_bag(ids, weight, offsets, mode=mode,
-                                                 include_last_offset=True).unsqueeze(1))  # (B, 1, D)
+                    parts.append(F.embedding_bag(ids, weight, offsets, mode=mode, include_last_offset=True)
+                                 .float().unsqueeze(1))  # (B, 1, D)
             emb[group] = torch.cat(parts, dim=1)  # (B, S, D)
         for step in self.dense_model.steps:
             if step.kind == "target_attention":
@@ -158,40 +197,30 @@ class ServingModel(nn.Module):
                             for i, t in enumerate(self.tasks)], dim=1)
 
 
+def drop_mapped_pages(tensor: torch.Tensor) -> None:
+    """Give the pages of a FILE-MAPPED tensor back to the OS (Linux; they would be read from the file
+    again if touched). Never call it on other tensors: their contents would be lost."""
+    if sys.platform != "linux" or tensor.numel() == 0:
+        return
+    page = mmap.PAGESIZE
+    start = tensor.data_ptr()
+    end = start + tensor.numel() * tensor.element_size()
+    low, high = -(-start // page) * page, end // page * page
+    if high > low:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise(ctypes.c_void_p(low), ctypes.c_size_t(high - low), MADV_DONTNEED)
+
+
 def emb_len(fields: dict[str, Any], feature: str) -> int:
     return next(f.max_len for fs in fields.values() for f in fs if f.feature == feature)
 
 
 def _sequence(ids: torch.Tensor, offsets: torch.Tensor, weight: torch.Tensor, max_len: int) -> torch.Tensor:
     """Padded sequence lookup: the first max_len ids of each bag; padding rows are zeros.  # (B, L, D)"""
-    batch = offsets.numel() - 1
     lengths = (offsets[1:] - offsets[:-1]).clamp(max=max_len)  # (B,)
-    out = weight.new_zeros(batch, max_len, weight.shape[1])
     positions = torch.arange(max_len)
     valid = positions.unsqueeze(0) < lengths.unsqueeze(1)  # (B, L)
-    index = (offsets[:-1].unsqueeze(1) + positions.unsqueeze(0))[valid]
-    out[valid] = weight[ids[index]]
-    return out
-
-
-def export_serving(trained: Trained, path: Path) -> None:
-    """Write the serving model (spec + per-table weights + dense state) to `path`."""
-    serving = ServingModel(trained.spec, trained.model)
-    from flowrec.spec.load import to_dict
-
-    document = {"format": SERVING_FORMAT, "spec": json.dumps(to_dict(trained.spec)),
-                "plan": plan_json(trained.plan), "state": serving.state_dict()}
-    write_atomically(Path(path), lambda f: torch.save(document, f))
-
-
-def load_serving(path: Path) -> ServingModel:
-    """Load an exported serving model (`weights_only=True`) as a plain torch module on the CPU."""
-    state = read_torch_file(Path(path), "cpu", "flowrec serving model")
-    if not isinstance(state, dict) or state.get("format") != SERVING_FORMAT:
-        raise CheckpointError(f"{path} is not a flowrec serving model")
-    spec = _spec_of(state, path)
-    plan = stored_plan(state, str(path))
-    serving = ServingModel(spec, lower(plan, spec, "cpu"))
-    check_tensors(Path(path), "serving state", serving.state_dict(), state.get("state"))
-    serving.load_state_dict(state["state"])
-    return serving.eval()
+    padded = torch.cat([ids, ids.new_zeros(1)])  # index nnz: the padding id of short sequences
+    index = (offsets[:-1].unsqueeze(1) + positions.unsqueeze(0)).clamp(max=ids.numel())  # (B, L)
+    rows = torch.where(valid, padded[index], 0)  # (B, L)
+    return weight[rows].float() * valid.unsqueeze(2)  # padding positions are zeros

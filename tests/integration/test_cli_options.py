@@ -71,7 +71,7 @@ def test_train_profile_reaches_the_planner_and_quiet_commands(spec: Path, tmp_pa
     refused = runner.invoke(app, ["train", str(spec), "--data", str(data), "--profile", str(broken),
                                   "--out", str(tmp_path / "run2"), "-q"])
     assert refused.exit_code == 2 and "not a flowrec-access-profile" in refused.output
-    exported = runner.invoke(app, ["export", str(run), str(tmp_path / "m.pt"), "-q"])
+    exported = runner.invoke(app, ["export", str(run), str(tmp_path / "pkg"), "-q"])
     assert exported.exit_code == 0 and exported.stdout == ""
     scored = runner.invoke(app, ["eval", str(run), "--data", str(data), "-q", "--json", str(tmp_path / "m.json")])
     assert scored.exit_code == 0 and scored.stdout == ""

@@ -161,7 +161,7 @@ DAMAGED = {
 COMMANDS = {
     "resume": lambda root: ["train", str(root / "spec.yaml"), "--resume", str(root / "run"), "--quiet"],
     "eval": lambda root: ["eval", str(root / "run"), "--data", str(root / "data")],
-    "export": lambda root: ["export", str(root / "run"), str(root / "model.pt")],
+    "export": lambda root: ["export", str(root / "run"), str(root / "pkg")],
 }
 
 
@@ -175,7 +175,7 @@ def test_a_damaged_checkpoint_is_one_line_on_every_load_path(case: Path, damage:
     result = runner.invoke(app, COMMANDS[command](case))
     _one_line_exit_2(result, fragment, status_lines=late)
     assert _snapshot(case) == before
-    assert not (case / "PWNED").exists() and not (case / "model.pt").exists()
+    assert not (case / "PWNED").exists() and not (case / "pkg").exists()
 
 
 # ------------------------------------------------------------------ run folders and options
@@ -204,9 +204,10 @@ RUN_CASES = {
     "export_over_run_metrics": (lambda r: ["export", str(r / "run"), str(r / "run" / "metrics.jsonl"),
                                            "--overwrite"], "file of a training run"),
     "export_over_an_existing_file": (lambda r: ["export", str(r / "run"), str(r / "spec.yaml")],
-                                     "exists; give --overwrite"),
-    "export_to_a_folder": (lambda r: ["export", str(r / "run"), str(r / "data")], "is a folder"),
-    "export_into_a_missing_folder": (lambda r: ["export", str(r / "run"), str(r / "no" / "m.pt")],
+                                     "is a file; give a folder"),
+    "export_to_a_folder_of_other_files": (lambda r: ["export", str(r / "run"), str(r / "data")],
+                                          "is not empty; give --overwrite"),
+    "export_into_a_missing_folder": (lambda r: ["export", str(r / "run"), str(r / "no" / "pkg")],
                                      "does not exist"),
     "eval_of_no_checkpoint": (lambda r: ["eval", str(r / "nope"), "--data", str(r / "data")], "no checkpoint at"),
     "seed_beyond_63_bits": (lambda r: ["train", str(r / "spec.yaml"), "--seed", str(2**63)], "--seed must be in"),

@@ -150,15 +150,15 @@ def test_eval_and_export_score_like_the_trained_model(spec_file: Path, tmp_path:
              if json.loads(line)["event"] == "eval"][-1]
     assert metrics["ctr"]["auc"] == pytest.approx(final["metrics"]["ctr"]["auc"], abs=1e-9)
 
-    exported = runner.invoke(app, ["export", str(tmp_path / "run"), str(tmp_path / "model.pt")])
+    exported = runner.invoke(app, ["export", str(tmp_path / "run"), str(tmp_path / "pkg")])
     assert exported.exit_code == 0, exported.output
     from flowrec.data.batches import StagingOptions, iterate_batches
     from flowrec.data.dataset import ParquetSource
     from flowrec.planner.contract import scoring_plan
-    from flowrec.runtime.serving import load_serving, load_trained
+    from flowrec.runtime.serving import load_trained
 
     trained = load_trained(tmp_path / "run", "cpu", scoring_plan)
-    serving = load_serving(tmp_path / "model.pt")
+    serving = torch.export.load(tmp_path / "pkg" / "model.pt2").module()
     with iterate_batches(trained.spec, ParquetSource(data), StagingOptions(batch_size=64, shuffle=False)) as it:
         batch = next(it)
     with torch.no_grad():

@@ -1,0 +1,146 @@
+"""`flowrec export RUN OUT/`: write a model package (flowrec.runtime.package) from a trained run."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import typer
+
+from flowrec.cli.common import fail
+
+EXIT_INTERRUPTED = 130
+COMPARE_ROWS = 65_536  # evaluation rows the half-dtype score difference is measured on
+
+
+def export(
+    run_dir: Path = typer.Argument(..., help="Run folder (with checkpoint.pt) or a checkpoint file."),
+    out: Path = typer.Argument(..., help="Package folder to create (absent or empty); never inside a run folder."),
+    dtype: str = typer.Option("fp32", "--dtype", help="Table dtype in the package: fp32, fp16 or bf16 (half the bytes; the largest score difference on the run's evaluation data is reported)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUT when it holds a package or other files (never a run folder)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No summary lines."),
+) -> None:
+    """Export a trained run as a self-contained model package.
+
+    OUT/model.pt2 is a torch.export program over encoded inputs (dynamic batch; load it with
+    torch.export.load, no flowrec needed); OUT/encoder.json + vocab/ turn raw rows into those
+    inputs; spec.json, plan.json and manifest.json (versions, encoder fingerprint, metrics) describe
+    it. `flowrec predict OUT RAW` and `flowrec.load_model(OUT)` score raw rows with it. The package
+    is written into a temporary folder and renamed when complete.
+
+    \b
+    Examples:
+      flowrec export runs/ml pkg/ml
+      flowrec export runs/dlrm pkg/dlrm --dtype fp16
+    """
+    from flowrec.data.encoder_record import find_record
+    from flowrec.data.layout import DataError
+    from flowrec.planner.contract import scoring_plan
+    from flowrec.runtime.checkpoint import checkpoint_path
+    from flowrec.runtime.package import DTYPES, remove_partial, write_package
+    from flowrec.runtime.serving import load_trained
+
+    if dtype not in DTYPES:
+        fail(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
+    _check_target(run_dir, out, overwrite)
+    folder = checkpoint_path(run_dir).parent
+    staged = out.with_name(f".{out.name}.export-tmp")
+    remove_partial(staged)
+    try:
+        trained = load_trained(run_dir, "cpu", scoring_plan, mmap=True)  # tables mapped, not copied
+        encoder = trained.encoder or find_record(folder)
+        report = write_package(trained, staged, dtype, encoder, _last_eval(folder),
+                               _compare_rows(folder, trained) if dtype != "fp32" else None, mapped=True)
+        if out.exists():
+            shutil.rmtree(out)
+        staged.rename(out)
+    except (DataError, OSError, ValueError, RuntimeError) as exc:
+        remove_partial(staged)
+        fail(f"cannot export to {out}: {_one_line(exc)}")
+    except KeyboardInterrupt:
+        remove_partial(staged)
+        fail(f"interrupted (Ctrl-C); {out} was not written", EXIT_INTERRUPTED)
+    if quiet:
+        return
+    typer.echo(f"wrote {out} (model.pt2, encoder.json, spec.json, plan.json, manifest.json) in "
+               f"{report.seconds:.1f} s; tables {report.table_bytes / 2**20:,.1f} MiB {dtype}")
+    if report.max_score_diff is not None:
+        typer.echo(f"largest score difference {dtype} vs fp32: {report.max_score_diff:.2e} over "
+                   f"{report.compared_rows:,} rows")
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _check_target(run_dir: Path, out: Path, overwrite: bool) -> None:
+    """OUT: a new or empty folder, or (with --overwrite) a folder that holds no run."""
+    from flowrec.runtime.rundir import has_run, is_inside_run
+
+    if is_inside_run(out) or has_run(out) or (out / "run.json").exists():
+        fail(f"refusing to write {out}: it is a file of a training run or its folder (only that run writes there)")
+    if out.exists() and not out.is_dir():
+        fail(f"{out} is a file; give a folder for the model package, e.g. {out.with_suffix('')}")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        fail(f"{out} is not empty; give --overwrite to replace it")
+    if not out.parent.is_dir():
+        fail(f"cannot export to {out}: folder {out.parent} does not exist")
+
+
+def _last_eval(folder: Path) -> dict[str, Any]:
+    """The metrics of the run's last evaluation (metrics.jsonl), {} when it has none."""
+    path = folder / "metrics.jsonl"
+    last: dict[str, Any] = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and record.get("event") == "eval":
+                last = record.get("metrics", {})
+    return last
+
+
+def _compare_rows(folder: Path, trained) -> Iterator[Any] | None:
+    """Up to COMPARE_ROWS rows of the run's evaluation data (None when it had only synthetic data)."""
+    from flowrec.data.layout import META_FILE
+
+    data = _eval_data(folder)
+    if data is None or not (data / META_FILE).is_file():
+        return None
+    trained.check_data(data)
+    import pyarrow.dataset as ds
+
+    columns = [f.name for f in trained.spec.features]
+    scanner = ds.dataset(data, format="parquet", exclude_invalid_files=True).scanner(columns=columns)
+    return _head(scanner.to_batches(), COMPARE_ROWS)
+
+
+def _head(batches, limit: int) -> Iterator[Any]:
+    import pyarrow as pa
+
+    taken = 0
+    for batch in batches:
+        if taken >= limit:
+            return
+        batch = batch.slice(0, limit - taken)
+        taken += batch.num_rows
+        if batch.num_rows:
+            yield pa.Table.from_batches([batch])
+
+
+def _eval_data(folder: Path) -> Optional[Path]:
+    from flowrec.cli.run_settings import read_run_file
+
+    settings = read_run_file(folder) or {}
+    if settings.get("eval_data"):
+        return Path(settings["eval_data"])
+    data = Path(settings["data"]) if settings.get("data") else folder / "data"
+    return data / "test" if (data / "test").is_dir() else None
+
+
+def register(app: typer.Typer) -> None:
+    app.command("export")(export)

@@ -1,0 +1,127 @@
+"""`flowrec predict MODEL RAW --out scores.parquet`: score raw rows with a model package.
+
+Raw rows are read chunk by chunk in a training source format, encoded with the package's encoder
+and scored by its exported program; scores are appended to a Parquet file (bounded memory) that
+appears only when complete.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, List, Optional
+
+import typer
+
+from flowrec.cli.common import fail
+
+EXIT_INTERRUPTED = 130
+
+
+def predict(
+    model_dir: Path = typer.Argument(..., metavar="MODEL", help="Model package folder (from `flowrec export`)."),
+    raw: Path = typer.Argument(..., help="Raw rows: a file in a training source format (a folder for movielens)."),
+    out: Path = typer.Option(..., "--out", help="Scores file to write (Parquet): one column per head, then the --keep columns."),
+    fmt: Optional[str] = typer.Option(None, "--format", help="criteo | avazu | libsvm | libfm | csv | movielens | parquet. Default: the spec's data.format."),
+    keep: Optional[List[str]] = typer.Option(None, "--keep", help="Raw column to pass through to the scores file (repeatable)."),
+    on_error: str = typer.Option("fail", "--on-error", help="Malformed rows: skip (count, report) or fail."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUT when it exists."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+) -> None:
+    """Score raw rows: one score per head per row.
+
+    \b
+    Examples:
+      flowrec predict pkg/ml new_ratings.csv --format csv --out scores.parquet --keep user_id
+      flowrec predict pkg/dlrm day_24.tsv --out day_24_scores.parquet
+    """
+    from flowrec.data.layout import DataError
+
+    if on_error not in ("skip", "fail"):
+        fail("--on-error must be skip or fail")
+    if out.exists() and (out.is_dir() or not overwrite):
+        fail(f"{out} exists; give --overwrite to replace it" if not out.is_dir() else f"{out} is a folder")
+    if not out.parent.is_dir():
+        fail(f"cannot write {out}: folder {out.parent} does not exist")
+    if not raw.exists():
+        fail(f"input not found: {raw}")
+    staged = out.with_name(f".{out.name}.predict-tmp")
+    try:
+        rows, errors = _score(model_dir, raw, staged, fmt, list(keep or []), on_error, quiet)
+        staged.replace(out)
+    except (DataError, OSError, ValueError, RuntimeError) as exc:
+        staged.unlink(missing_ok=True)
+        fail(_one_line(exc))
+    except KeyboardInterrupt:
+        staged.unlink(missing_ok=True)
+        fail(f"interrupted (Ctrl-C); {out} was not written", EXIT_INTERRUPTED)
+    typer.echo(f"wrote {rows:,} scores to {out}")
+    if errors:
+        typer.echo(f"skipped {errors:,} malformed rows", err=True)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: list[str], on_error: str,
+           quiet: bool) -> tuple[int, int]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from rich.console import Console
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from flowrec.runtime.predict import load_model
+
+    model = load_model(model_dir)
+    chunks, log = _raw_chunks(model, raw, fmt, on_error)
+    writer, rows = None, 0
+    with Progress(SpinnerColumn(), TextColumn("{task.description} {task.completed:,} rows"),
+                  TimeElapsedColumn(), console=Console(stderr=True), disable=quiet) as bar:
+        task = bar.add_task(f"scoring {raw.name}", total=None)
+        try:
+            for chunk in chunks:
+                absent = [c for c in keep if c not in chunk.column_names]
+                if absent:
+                    raise ValueError(f"--keep {absent[0]}: no such column in {raw} "
+                                     f"(has {', '.join(chunk.column_names[:12])})")
+                scores = model.predict(chunk)
+                table = pa.Table.from_pandas(scores, preserve_index=False)
+                for name in keep:
+                    table = table.append_column(name, chunk.column(name))
+                if writer is None:
+                    writer = pq.ParquetWriter(staged, table.schema)
+                writer.write_table(table)
+                rows += table.num_rows
+                bar.advance(task, table.num_rows)
+        finally:
+            if writer is not None:
+                writer.close()
+    if writer is None:
+        raise ValueError(f"no rows to score in {raw}")
+    return rows, log.count
+
+
+def _raw_chunks(model, raw: Path, fmt: Optional[str], on_error: str) -> tuple[Any, Any]:
+    """Chunks of raw rows in the package spec's source format (labels optional)."""
+    from flowrec.data.errors import ErrorLog
+    from flowrec.data.sources import reader
+
+    spec = model.spec
+    fmt = fmt or (spec.data.format if spec.data is not None else None)
+    if fmt is None:
+        raise ValueError("the package's spec binds no data format; give --format")
+    log = ErrorLog(on_error, str(raw))
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        return _parquet_chunks(pq.ParquetFile(raw)), log
+    opts = dict(spec.data.options) if spec.data is not None else {}
+    numeric = {model.encoder.source(f.name) for f in spec.dense_features}
+    return reader(fmt)(raw, opts, log, numeric), log
+
+
+def _parquet_chunks(file) -> Any:
+    import pyarrow as pa
+
+    for batch in file.iter_batches(batch_size=1 << 16):
+        yield pa.Table.from_batches([batch])

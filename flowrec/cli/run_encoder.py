@@ -1,0 +1,65 @@
+"""The encoder a training run adopts: that of its training data, kept in ``RUN/encoder/``.
+
+A new run takes the encoder of its training dataset (its evaluation data must share it); a
+resumed run, and a run started ``--init-from`` another, must be given data of the encoder it
+already has. Data from another encoder is refused with one line naming the first differing
+feature (`flowrec.data.encoder_record`).
+"""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from flowrec.data.encoder_record import (
+    ENCODER_FILE,
+    RUN_ENCODER_DIR,
+    EncoderRecord,
+    check_same_encoder,
+    find_record,
+    read_record,
+    record_of_dataset,
+    synthetic_record,
+    write_record,
+)
+from flowrec.spec.model import ModelSpec
+
+
+def adopt_encoder(spec: ModelSpec, folder: Path, train: Any, evaluation: Any | None, resuming: bool,
+                  parent: Path | None = None) -> EncoderRecord:
+    """Check the data's encoders and record the run's in `folder`/encoder (returned).
+
+    Args:
+        spec: the run's spec.
+        folder: the run folder.
+        train: the training source (a dataset with `.path` and `.meta`, or synthetic in memory).
+        evaluation: the evaluation source, or None.
+        resuming: the run continues; its recorded encoder must match the data.
+        parent: the run this one starts from (--init-from); its encoder must match the data.
+
+    Raises:
+        DataError: one line naming the data and the first differing feature.
+    """
+    record = _record_of(spec, train)
+    if evaluation is not None:
+        check_same_encoder(record, _record_of(spec, evaluation), f"evaluation data {_where(evaluation)}")
+    target = Path(folder) / RUN_ENCODER_DIR
+    if parent is not None:
+        check_same_encoder(find_record(parent), record, f"training data {_where(train)}")
+    if resuming and (target / ENCODER_FILE).is_file():
+        own = read_record(target)
+        check_same_encoder(own, record, f"training data {_where(train)}")
+        return own
+    shutil.rmtree(target, ignore_errors=True)
+    write_record(record, target)  # encoder.json last: a killed write is written again on resume
+    return read_record(target)
+
+
+def _record_of(spec: ModelSpec, source: Any) -> EncoderRecord:
+    path = getattr(source, "path", None)
+    return record_of_dataset(Path(path), source.meta) if path is not None else synthetic_record(spec)
+
+
+def _where(source: Any) -> str:
+    path = getattr(source, "path", None)
+    return str(path) if path is not None else "(synthetic)"

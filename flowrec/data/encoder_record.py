@@ -1,0 +1,267 @@
+"""The encoder of a model: the rules that turn raw rows into ids and values, with a fingerprint.
+
+An encoder record lists, per feature in spec order, how its raw column is encoded: sparse features
+by their table (rows, hash or vocabulary, the vocabulary's digest, max_len), dense features by
+their fill, transform and statistics; labels by their source column. Its fingerprint is a hash of
+those rules: two datasets with the same fingerprint hold the same ids for the same raw values.
+
+Every encoded dataset carries its encoder (in ``_flowrec.json`` and ``_vocab/``); a run keeps the
+encoder of the data it was trained on in ``RUN/encoder/`` and an export package in ``encoder.json``
++ ``vocab/``. `check_same_encoder` refuses data from a different encoder with one line naming the
+first differing feature; `load_encoder` rebuilds the `Encoder` of a run, dataset or package so
+that new raw data is encoded exactly as the training data was (``--encoder-from``).
+
+Example:
+    >>> rec = record_of_dataset(Path("data/ml/train"))  # doctest: +SKIP
+    >>> check_same_encoder(rec, record_of_dataset(Path("data/ml/test")), "data/ml/test")  # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from flowrec.data.encode import DenseStats, Encoder
+from flowrec.data.layout import META_FILE, DataError, DatasetMeta, data_hash, read_meta, unique_labels
+from flowrec.spec.model import DenseFeature, ModelSpec
+
+ENCODER_FILE = "encoder.json"
+ENCODER_FORMAT = "flowrec-encoder"
+ENCODER_VERSION = 1
+RUN_ENCODER_DIR = "encoder"  # inside a run folder
+VOCAB_SUBDIR = "vocab"  # inside an encoder folder
+
+
+@dataclass(frozen=True)
+class EncoderRecord:
+    """What an encoder does, feature by feature, and where its vocabularies are.
+
+    Args:
+        spec: name of the spec the encoder was made for.
+        data_hash: `data_hash` of that spec (features and tables).
+        features: feature name -> rule, in spec order (see the module docstring).
+        labels: label name -> {"column": source column}.
+        columns: feature / label name -> source column (data.columns), for raw rows.
+        sequence_sep: separator of multi-hot values held in one string.
+        vocab_files: table -> absolute path of its vocabulary Parquet file.
+    """
+
+    spec: str
+    data_hash: str
+    features: dict[str, dict[str, Any]]
+    labels: dict[str, dict[str, Any]] = field(default_factory=dict)
+    columns: dict[str, str] = field(default_factory=dict)
+    sequence_sep: str = "^"
+    vocab_files: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def fingerprint(self) -> str:
+        doc = [self.data_hash, sorted(self.features.items()), sorted(self.labels.items())]
+        return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+
+    def document(self, vocab_prefix: str = VOCAB_SUBDIR) -> dict[str, Any]:
+        """The encoder.json document, vocabularies named relative to its folder."""
+        return {"format": ENCODER_FORMAT, "version": ENCODER_VERSION, "spec": self.spec,
+                "data_hash": self.data_hash, "fingerprint": self.fingerprint,
+                "features": self.features, "labels": self.labels, "columns": self.columns,
+                "sequence_sep": self.sequence_sep,
+                "vocab_files": {t: f"{vocab_prefix}/{t}.parquet" for t in self.vocab_files}}
+
+
+def vocab_digest(values: pa.Array) -> str:
+    """Hash of a vocabulary's values in row order (lengths + bytes of the strings)."""
+    values = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+    values = pa.array(values, pa.large_string()) if not pa.types.is_large_string(values.type) else values
+    offsets = np.frombuffer(values.buffers()[1], np.int64)[values.offset: values.offset + len(values) + 1]
+    data = values.buffers()[2]
+    h = hashlib.sha256(np.diff(offsets).tobytes())
+    if data is not None and len(offsets):
+        h.update(memoryview(data)[offsets[0]: offsets[-1]])
+    return h.hexdigest()[:16]
+
+
+def read_vocab(path: Path) -> pa.Array:
+    """The values of a vocabulary file (rows 1..)."""
+    try:
+        return pq.read_table(path, columns=["value"]).column("value").combine_chunks().cast(pa.string())
+    except (OSError, KeyError, pa.ArrowException) as exc:
+        raise DataError(f"{path}: unreadable vocabulary file ({type(exc).__name__})") from None
+
+
+def sparse_rule(table: str, rows: int, mode: str, max_len: int, digest: str | None, column: str) -> dict:
+    return {"kind": "sparse", "table": table, "rows": rows, "mode": mode, "max_len": max_len,
+            "vocab": digest, "column": column}
+
+
+def dense_rule(transform: str, fill: float, mean: float | None, std: float | None, column: str) -> dict:
+    return {"kind": "dense", "transform": transform, "fill": fill, "mean": mean, "std": std,
+            "column": column}
+
+
+def record_of_encoder(spec: ModelSpec, encoder: Encoder, vocab_files: dict[str, str]) -> EncoderRecord:
+    """The record of an encoder that a conversion used (vocabulary files already written)."""
+    features = {}
+    digests = {t: vocab_digest(v) for t, v in encoder.vocabs.items()}
+    for f in spec.features:
+        column = encoder.source(f.name)
+        if isinstance(f, DenseFeature):
+            st = encoder.stats.get(f.name)
+            features[f.name] = dense_rule(f.transform, f.fill, st.mean if st else None,
+                                          st.std if st else None, column)
+        else:
+            t = spec.table(f.table)
+            features[f.name] = sparse_rule(t.name, t.rows, "hash" if t.hashed else "vocab",
+                                           f.max_len, digests.get(t.name), column)
+    labels = {name: {"column": encoder.source(name)} for name in unique_labels(spec)}
+    return EncoderRecord(spec.name, data_hash(spec), features, labels, dict(encoder.columns),
+                         encoder.sequence_sep, vocab_files)
+
+
+def record_of_dataset(path: Path, meta: DatasetMeta | None = None) -> EncoderRecord:
+    """The encoder record of an encoded dataset folder (from its metadata and vocabulary files)."""
+    path = Path(path)
+    meta = meta or read_meta(path)
+    stored = meta.source.get("encoder", {})
+    columns = dict(stored.get("columns", {}))
+    features, vocab_files = {}, {}
+    for name, enc in meta.encoding.items():
+        digest = enc.get("vocab_digest")
+        if enc.get("vocab_file"):
+            vocab_files[enc["table"]] = str(path / enc["vocab_file"])
+            if digest is None:
+                digest = vocab_digest(read_vocab(path / enc["vocab_file"]))
+        features[name] = sparse_rule(enc["table"], enc["rows"], enc["mode"], enc["max_len"], digest,
+                                     columns.get(name, name))
+    for name, d in meta.dense.items():
+        features[name] = dense_rule(d["transform"], d["fill"], d.get("mean"), d.get("std"),
+                                    columns.get(name, name))
+    order = stored.get("order") or list(features)
+    ordered = {n: features[n] for n in order if n in features}
+    ordered.update({n: r for n, r in features.items() if n not in ordered})
+    labels = {name: {"column": columns.get(name, name)} for name in meta.labels}
+    return EncoderRecord(meta.spec, meta.data_hash, ordered, labels, columns,
+                         stored.get("sequence_sep", "^"), vocab_files)
+
+
+def synthetic_record(spec: ModelSpec) -> EncoderRecord:
+    """The encoder of synthetic data for `spec` (as `flowrec data synth` records it)."""
+    features = {}
+    for f in spec.features:
+        if isinstance(f, DenseFeature):
+            features[f.name] = dense_rule(f.transform, f.fill, None, None, f.name)
+        else:
+            features[f.name] = sparse_rule(f.table, spec.table(f.table).rows, "synthetic", f.max_len,
+                                           None, f.name)
+    labels = {name: {"column": name} for name in unique_labels(spec)}
+    return EncoderRecord(spec.name, data_hash(spec), features, labels)
+
+
+def read_record(folder: Path) -> EncoderRecord:
+    """The encoder record of an encoder folder (encoder.json + vocab/)."""
+    path = Path(folder) / ENCODER_FILE
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{path}: unreadable encoder ({type(exc).__name__})") from None
+    if not isinstance(doc, dict) or doc.get("format") != ENCODER_FORMAT:
+        raise DataError(f"{path} is not a flowrec encoder file")
+    try:
+        record = EncoderRecord(doc["spec"], doc["data_hash"], doc["features"], doc.get("labels", {}),
+                               doc.get("columns", {}), doc.get("sequence_sep", "^"),
+                               {t: str(Path(folder) / p) for t, p in doc.get("vocab_files", {}).items()})
+    except KeyError as exc:
+        raise DataError(f"{path}: encoder lacks the key {exc}") from None
+    if record.fingerprint != doc.get("fingerprint"):
+        raise DataError(f"{path} is damaged: its fingerprint does not match its rules")
+    return record
+
+
+def write_record(record: EncoderRecord, folder: Path) -> None:
+    """Write encoder.json and copies of the vocabulary files into `folder` (created)."""
+    folder = Path(folder)
+    (folder / VOCAB_SUBDIR).mkdir(parents=True, exist_ok=True)
+    for table, source in record.vocab_files.items():
+        target = folder / VOCAB_SUBDIR / f"{table}.parquet"
+        if Path(source).resolve() != target.resolve():
+            shutil.copyfile(source, target)
+    text = json.dumps(record.document(), indent=2) + "\n"
+    staged = folder / f".{ENCODER_FILE}.tmp"
+    staged.write_text(text)
+    staged.replace(folder / ENCODER_FILE)
+
+
+def find_record(path: Path) -> EncoderRecord:
+    """The encoder of a run folder, an export package, an encoder folder or an encoded dataset.
+
+    A split dataset (DIR/train, DIR/test) gives the encoder of its train part.
+
+    Raises:
+        DataError: `path` holds no encoder.
+    """
+    path = Path(path)
+    if path.is_file() and path.name == "checkpoint.pt":
+        path = path.parent
+    for folder in (path / RUN_ENCODER_DIR, path):
+        if (folder / ENCODER_FILE).is_file():
+            return read_record(folder)
+    if (path / META_FILE).is_file():
+        return record_of_dataset(path)
+    if (path / "train" / META_FILE).is_file():
+        return record_of_dataset(path / "train")
+    raise DataError(f"{path} holds no encoder: give a run folder, an export package or an encoded "
+                    "dataset (with _flowrec.json)")
+
+
+def first_difference(expected: EncoderRecord, found: EncoderRecord) -> str | None:
+    """A few words naming the first feature (or label) whose encoding differs, or None."""
+    for name, rule in expected.features.items():
+        other = found.features.get(name)
+        if other is None:
+            return f"feature {name!r} is missing"
+        keys = [k for k in rule if rule.get(k) != other.get(k)]
+        if keys:
+            return f"feature {name!r} differs in {_describe(keys[0])}"
+    extra = [n for n in found.features if n not in expected.features]
+    if extra:
+        return f"feature {extra[0]!r} is not in the model's encoder"
+    for name, rule in expected.labels.items():
+        if found.labels.get(name) != rule:
+            return f"label {name!r} differs"
+    if expected.data_hash != found.data_hash:
+        return "the spec's tables differ"
+    return None
+
+
+def _describe(key: str) -> str:
+    return {"vocab": "its vocabulary", "mean": "its statistics", "std": "its statistics"}.get(key, key)
+
+
+def check_same_encoder(expected: EncoderRecord, found: EncoderRecord, where: str) -> None:
+    """Raise DataError (one line) if `found` (the data at `where`) was encoded differently."""
+    diff = first_difference(expected, found)
+    if diff is not None:
+        raise DataError(f"{where} was encoded with another encoder (fingerprint {found.fingerprint}, "
+                        f"the model's is {expected.fingerprint}): {diff}; convert it with "
+                        "`flowrec data convert ... --encoder-from RUN`")
+
+
+def load_encoder(record: EncoderRecord, spec: ModelSpec) -> Encoder:
+    """The Encoder that applies `record` to raw tables for `spec` (same features and tables).
+
+    Raises:
+        DataError: the record was made for a spec with other features or tables.
+    """
+    if record.data_hash != data_hash(spec):
+        raise DataError(f"the encoder was made for spec {record.spec!r} whose features or tables "
+                        f"differ from spec {spec.name!r}'s")
+    vocabs = {t: read_vocab(Path(p)) for t, p in record.vocab_files.items()}
+    stats = {name: DenseStats(r["mean"], r["std"]) for name, r in record.features.items()
+             if r["kind"] == "dense" and r.get("mean") is not None}
+    return Encoder(spec, dict(record.columns), vocabs, stats, record.sequence_sep)

@@ -1,0 +1,116 @@
+"""Scoring raw rows with a model package: `load_model(path).predict(table)`.
+
+A `LoadedModel` holds the package's exported program (`torch.export.load`), its spec and its
+encoder. `predict` encodes raw columns exactly as the training data was encoded (the run's
+vocabularies, hash rule, fills and statistics; unseen values go to row 0 or their hash bucket)
+and returns one score per head per row: probabilities for binary heads, values for regression.
+
+Example:
+    >>> model = load_model("pkg/ml")  # doctest: +SKIP
+    >>> model.predict(pd.DataFrame({"user_id": [1], "item_id": [50], ...}))  # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import torch
+
+from flowrec.data.encode import Encoder
+from flowrec.data.encoder_record import EncoderRecord, find_record, load_encoder
+from flowrec.data.layout import DataError
+from flowrec.runtime.package import MODEL_FILE, SPEC_FILE, encoded_inputs, read_manifest
+from flowrec.spec.load import spec_from_dict
+from flowrec.spec.model import ModelSpec
+from flowrec.spec.validate import validate_document
+
+BATCH_ROWS = 65_536  # rows scored per call of the program
+
+
+@dataclass
+class LoadedModel:
+    """A model package loaded for scoring.
+
+    Args:
+        path: the package folder.
+        spec: the model spec.
+        record: the encoder record (rules, fingerprint).
+        encoder: the encoder applying it to raw tables.
+        program: the exported program's module: (dense, sparse) -> (B, n_heads).
+        manifest: the package manifest.
+    """
+
+    path: Path
+    spec: ModelSpec
+    record: EncoderRecord
+    encoder: Encoder
+    program: torch.nn.Module
+    manifest: dict[str, Any]
+
+    @property
+    def heads(self) -> list[str]:
+        return [h.name for h in self.spec.heads]
+
+    def raw_columns(self) -> list[str]:
+        """The raw columns `predict` reads (feature sources)."""
+        return [self.encoder.source(f.name) for f in self.spec.features]
+
+    def score_encoded(self, encoded: pa.Table) -> np.ndarray:
+        """Scores of encoded rows (the flowrec layout).  # (N, n_heads) float32"""
+        out = []
+        with torch.no_grad():
+            for start in range(0, encoded.num_rows, BATCH_ROWS):
+                dense, sparse = encoded_inputs(self.spec, encoded.slice(start, BATCH_ROWS))
+                out.append(self.program(dense, sparse).numpy())
+        return np.concatenate(out) if out else np.zeros((0, len(self.heads)), np.float32)
+
+    def predict(self, table: pa.Table | pd.DataFrame) -> pd.DataFrame:
+        """One score column per head for each raw row (pandas or Arrow table of raw columns).
+
+        Raises:
+            DataError: a raw column the model needs is missing.
+        """
+        raw = pa.Table.from_pandas(table, preserve_index=False) if isinstance(table, pd.DataFrame) else table
+        missing = [c for c in self.raw_columns() if c not in raw.column_names]
+        if missing:
+            raise DataError(f"the rows lack columns {missing} that model {self.spec.name!r} reads")
+        scores = self.score_encoded(self.encoder.encode(raw, labels=False))
+        return pd.DataFrame({h: scores[:, i] for i, h in enumerate(self.heads)})
+
+
+def load_model(path: str | Path) -> LoadedModel:
+    """Load a model package written by `flowrec export` (torch.export program + encoder).
+
+    Raises:
+        ValueError: `path` is not a package, or a part of it is missing or damaged (one line).
+    """
+    path = Path(path)
+    manifest = read_manifest(path)
+    spec = _spec(path / SPEC_FILE)
+    try:
+        record = find_record(path)
+    except DataError as exc:
+        raise ValueError(str(exc)) from None
+    if record.fingerprint != manifest.get("encoder_fingerprint"):
+        raise ValueError(f"{path}: encoder.json does not match the manifest's encoder fingerprint")
+    try:
+        program = torch.export.load(path / MODEL_FILE).module()
+    except Exception as exc:  # any failure to read the program is a damaged package
+        raise ValueError(f"{path / MODEL_FILE} is not a usable exported program ({type(exc).__name__})") from None
+    return LoadedModel(path, spec, record, load_encoder(record, spec), program, manifest)
+
+
+def _spec(path: Path) -> ModelSpec:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        raise ValueError(f"{path} is missing or not JSON") from None
+    issues = validate_document(doc) if isinstance(doc, dict) else ["not a mapping"]
+    if issues:
+        raise ValueError(f"{path} holds a spec that is not valid: {issues[0]}")
+    return spec_from_dict(doc)

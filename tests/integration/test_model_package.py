@@ -1,0 +1,202 @@
+"""From a run to production: `flowrec export` writes a package whose model.pt2 runs with torch alone,
+`flowrec predict` / `flowrec.load_model` score raw rows exactly as `flowrec eval` scores the same rows
+converted with `--encoder-from`, and bad inputs are one line with exit 2."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from flowrec.cli import app
+
+SPEC = """
+name: pkg_test
+features:
+  - {name: price, type: dense, transform: standardize}
+  - {name: user, type: categorical, vocab: 60, dim: 8}
+  - {name: city, type: categorical, hash_buckets: 50, dim: 8}
+  - {name: tags, type: categorical, vocab: 30, dim: 8, max_len: 4, pooling: mean}
+modules:
+  - {name: top, kind: mlp, inputs: ["@dense", "@sparse"], layers: [16]}
+heads:
+  - {name: ctr, input: top, task: binary, loss: bce}
+optimizer:
+  dense: {name: adam, lr: 0.01}
+  sparse: {name: adam, lr: 0.05}
+training: {batch_size: 128, epochs: 3, seed: 0}
+"""
+runner = CliRunner()
+
+
+def _raw(rows: int, seed: int) -> pd.DataFrame:
+    """Skewed raw rows whose label follows a hidden rule of user, tags and price."""
+    rng = np.random.default_rng(seed)
+    user = rng.zipf(1.3, rows) % 80  # values beyond the 59 vocabulary rows exist
+    tags = ["^".join(f"t{t}" for t in rng.zipf(1.5, rng.integers(0, 5)) % 40) for _ in range(rows)]
+    price = rng.lognormal(2.0, 1.0, rows)
+    logit = np.where(user % 3 == 0, 1.5, -1.0) + np.array([t.count("t1") for t in tags]) - 0.1 * price
+    label = (rng.random(rows) < 1 / (1 + np.exp(-logit))).astype(int)
+    return pd.DataFrame({"price": price, "user": [f"u{u}" for u in user],
+                         "city": rng.integers(0, 500, rows), "tags": tags, "label": label})
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("pkg")
+    (root / "spec.yaml").write_text(SPEC)
+    _raw(3000, 0).to_csv(root / "train.csv", index=False)
+    _raw(1000, 1).to_csv(root / "new.csv", index=False)
+    spec = str(root / "spec.yaml")
+    made = runner.invoke(app, ["data", "convert", "csv", str(root / "train.csv"), str(root / "data"),
+                               "--spec", spec, "-q"])
+    assert made.exit_code == 0, made.output
+    run = runner.invoke(app, ["train", spec, "--data", str(root / "data"), "--eval-data", str(root / "data"),
+                              "--out", str(root / "run"), "--quiet", "--device", "cpu"])
+    assert run.exit_code == 0, run.output
+    exported = runner.invoke(app, ["export", str(root / "run"), str(root / "pkg")])
+    assert exported.exit_code == 0, exported.output
+    return {"root": root, "spec": root / "spec.yaml", "run": root / "run", "pkg": root / "pkg"}
+
+
+def _predict(pkg: Path, raw: Path, out: Path, *extra: str):
+    return runner.invoke(app, ["predict", str(pkg), str(raw), "--format", "csv", "--out", str(out), "-q", *extra])
+
+
+def test_the_package_holds_everything_to_score_raw_rows(package):
+    pkg = package["pkg"]
+    manifest = json.loads((pkg / "manifest.json").read_text())
+    encoder = json.loads((pkg / "encoder.json").read_text())
+    assert manifest["format"] == "flowrec-model" and manifest["torch_version"] == torch.__version__
+    assert manifest["encoder_fingerprint"] == encoder["fingerprint"]
+    assert 0.5 < manifest["metrics_at_export"]["ctr"]["auc"] <= 1.0
+    assert (pkg / "vocab" / "user.parquet").is_file() and (pkg / "vocab" / "tags.parquet").is_file()
+    assert json.loads((pkg / "plan.json").read_text()) == json.loads((package["run"] / "plan.json").read_text())
+    assert json.loads((pkg / "spec.json").read_text())["name"] == "pkg_test"
+
+
+def test_predict_equals_eval_on_rows_converted_with_the_run_s_encoder(package):
+    from flowrec.runtime.metrics import auc
+
+    root = package["root"]
+    predicted = _predict(package["pkg"], root / "new.csv", root / "scores.parquet", "--keep", "label",
+                         "--keep", "user")
+    assert predicted.exit_code == 0, predicted.output
+    scores = pq.read_table(root / "scores.parquet").to_pandas()
+    assert list(scores.columns) == ["ctr", "label", "user"] and len(scores) == 1000
+    made = runner.invoke(app, ["data", "convert", "csv", str(root / "new.csv"), str(root / "new"), "--spec",
+                               str(package["spec"]), "--encoder-from", str(package["run"]), "-q"])
+    assert made.exit_code == 0, made.output
+    scored = runner.invoke(app, ["eval", str(package["run"]), "--data", str(root / "new"), "--json"])
+    assert scored.exit_code == 0, scored.output
+    expected = json.loads(scored.stdout)["ctr"]["auc"]
+    assert auc(scores["label"].astype(float).to_numpy(), scores["ctr"].to_numpy()) == pytest.approx(expected, abs=1e-6)
+
+    from flowrec.planner.contract import scoring_plan
+    from flowrec.runtime.serving import load_trained
+
+    trained = load_trained(package["run"], "cpu", scoring_plan)
+    reference = _plain_scores(trained, ds.dataset(root / "new", format="parquet").to_table())
+    np.testing.assert_allclose(scores["ctr"].to_numpy(), reference, rtol=0, atol=1e-6)
+
+
+def _plain_scores(trained, encoded) -> np.ndarray:
+    """Scores of the training model (packed tables, unchanged) on encoded rows."""
+    from flowrec.data.batches import StagingOptions, iterate_batches
+    from flowrec.data.dataset import MemorySource
+
+    out = []
+    source = MemorySource([encoded])
+    with iterate_batches(trained.spec, source, StagingOptions(batch_size=256, shuffle=False, lookahead=0), 0, 0,
+                         trained.model.groups) as batches, torch.no_grad():
+        for batch in batches:
+            out.append(torch.sigmoid(trained.model.eval()(batch))[:, 0].numpy())
+    return np.concatenate(out)
+
+
+BLOCKED = """
+import sys, json, torch
+sys.modules["flowrec"] = None  # importing flowrec fails in this process
+try:
+    import flowrec
+    raise SystemExit("flowrec was importable")
+except ImportError:
+    pass
+program = torch.export.load(sys.argv[1]).module()
+inputs = torch.load(sys.argv[2])
+with torch.no_grad():
+    scores = program(inputs["dense"], {k: (v[0], v[1]) for k, v in inputs["sparse"].items()})
+    one = program(inputs["dense"][:1], {k: (v[0][:int(v[1][1])], v[1][:2]) for k, v in inputs["sparse"].items()})
+torch.save({"scores": scores, "one": one}, sys.argv[3])
+"""
+
+
+def test_model_pt2_runs_with_torch_alone_and_matches_predict(package, tmp_path):
+    from flowrec.runtime.package import encoded_inputs
+    from flowrec.runtime.predict import load_model
+
+    model = load_model(package["pkg"])
+    raw = pd.read_csv(package["root"] / "new.csv")
+    import pyarrow as pa
+
+    encoded = model.encoder.encode(pa.Table.from_pandas(raw, preserve_index=False), labels=False)
+    dense, sparse = encoded_inputs(model.spec, encoded)
+    torch.save({"dense": dense, "sparse": sparse}, tmp_path / "inputs.pt")
+    (tmp_path / "blocked.py").write_text(BLOCKED)
+    done = subprocess.run([sys.executable, str(tmp_path / "blocked.py"), str(package["pkg"] / "model.pt2"),
+                           str(tmp_path / "inputs.pt"), str(tmp_path / "out.pt")], capture_output=True,
+                          text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = torch.load(tmp_path / "out.pt")
+    predicted = model.predict(raw)["ctr"].to_numpy()
+    np.testing.assert_allclose(got["scores"][:, 0].numpy(), predicted, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(got["one"][:, 0].numpy(), predicted[:1], rtol=0, atol=1e-6)
+
+
+def test_half_tables_store_half_the_bytes_and_report_the_score_difference(package):
+    root = package["root"]
+    made = runner.invoke(app, ["export", str(package["run"]), str(root / "pkg16"), "--dtype", "fp16"])
+    assert made.exit_code == 0, made.output
+    assert "largest score difference fp16 vs fp32" in made.output
+    full = json.loads((package["pkg"] / "manifest.json").read_text())
+    half = json.loads((root / "pkg16" / "manifest.json").read_text())
+    assert half["table_bytes"] * 2 == full["table_bytes"]
+    assert half["half_max_score_diff"]["rows"] == 3000 and 0 < half["half_max_score_diff"]["value"] < 1e-2
+    from flowrec.runtime.predict import load_model
+
+    raw = pd.read_csv(root / "new.csv")
+    a, b = load_model(package["pkg"]).predict(raw), load_model(root / "pkg16").predict(raw)
+    assert 0 < float((a["ctr"] - b["ctr"]).abs().max()) < 1e-2
+
+
+def test_bad_inputs_are_one_line_and_exit_2(package, tmp_path):
+    root = package["root"]
+    pd.read_csv(root / "new.csv").drop(columns=["tags"]).to_csv(tmp_path / "no_tags.csv", index=False)
+    cases = {
+        "not_a_package": (_predict(package["run"], root / "new.csv", tmp_path / "s.parquet"),
+                          "not a flowrec model package"),
+        "missing_column": (_predict(package["pkg"], tmp_path / "no_tags.csv", tmp_path / "s.parquet"),
+                           "lack columns ['tags']"),
+        "unknown_keep": (_predict(package["pkg"], root / "new.csv", tmp_path / "s.parquet", "--keep", "nope"),
+                         "--keep nope"),
+        "missing_raw": (_predict(package["pkg"], tmp_path / "none.csv", tmp_path / "s.parquet"), "not found"),
+        "bad_dtype": (runner.invoke(app, ["export", str(package["run"]), str(tmp_path / "p"), "--dtype", "int8"]),
+                      "--dtype must be one of"),
+        "export_into_the_run": (runner.invoke(app, ["export", str(package["run"]), str(package["run"])]),
+                                "training run"),
+        "export_over_a_package": (runner.invoke(app, ["export", str(package["run"]), str(package["pkg"])]),
+                                  "give --overwrite"),
+    }
+    for name, (result, fragment) in cases.items():
+        lines = result.stderr.strip().splitlines()
+        assert result.exit_code == 2 and len(lines) == 1 and fragment in lines[0], (name, result.output)
+        assert "Traceback" not in result.output, name
+    assert not (tmp_path / "s.parquet").exists() and not (tmp_path / "p").exists()
