@@ -141,7 +141,7 @@ class ShardedPackedEmbedding(torch.nn.Module):
         owners = owner_of(unique_ids, self.world_size)
         order = torch.sort(owners, stable=True).indices
         send_counts = torch.bincount(owners, minlength=self.world_size).tolist()
-        counts, work = start_counts(send_counts, self.process_group, ids.device)
+        counts, work = start_counts(send_counts, self.process_group, self.weight.device)
         yield work
         recv_counts = counts.tolist()
         wanted, work = start_exchange(unique_ids[order], send_counts, recv_counts, self.process_group)
