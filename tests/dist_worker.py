@@ -58,7 +58,14 @@ CASES = {
     "rep_mixed_adam_f64": ("replicated", "mixed", "adam", 2, "fp64"),
     "rep_sum_sgd_f32": ("replicated", "sum", "sgd", 3, "fp32"),
     "rw_interleave_f64": ("interleave", "mixed", "adam", 2, "fp64"),  # + a sum / adagrad group
+    "rw_one_sample_adam_f64": ("row_wise", "mixed", "adam", 2, "fp64"),  # ranks with no sample
 }
+BATCH_OF_CASE = {"rw_one_sample_adam_f64": 1}  # global batch when not GLOBAL_BATCH
+
+
+def max_abs(t: torch.Tensor) -> float:
+    """Largest absolute element (0 for an empty tensor)."""
+    return float(t.abs().max()) if t.numel() else 0.0
 
 
 def make_group(fields: str, optimizer: str, dim: int, dtype: str) -> PackedGroup:
@@ -92,10 +99,11 @@ def run_case(name: str, rank: int, world: int, pg: dist.ProcessGroup) -> dict:
         emb = ReplicatedPackedEmbedding(group, process_group=pg, seed=3)
         mine = slice(None)
     initial_bitwise = torch.equal(emb.weight, ref.weight[mine])
-    lo, hi = rank * GLOBAL_BATCH // world, (rank + 1) * GLOBAL_BATCH // world
+    size = BATCH_OF_CASE.get(name, GLOBAL_BATCH)
+    lo, hi = rank * size // world, (rank + 1) * size // world
     gen = torch.Generator().manual_seed(11)
-    batches = [random_batch(group, GLOBAL_BATCH, gen) for _ in range(STEPS)]
-    coefs = [torch.randn(GLOBAL_BATCH, group.bags_per_sample, dim, generator=gen, dtype=ref.weight.dtype)
+    batches = [random_batch(group, size, gen) for _ in range(STEPS)]
+    coefs = [torch.randn(size, group.bags_per_sample, dim, generator=gen, dtype=ref.weight.dtype)
              for _ in range(STEPS)]  # (B, S, D) each: a loss with varied gradients
     with torch.no_grad():  # the same parameters: every batch's forward bitwise
         forward_bitwise = all(
@@ -106,14 +114,14 @@ def run_case(name: str, rank: int, world: int, pg: dist.ProcessGroup) -> dict:
     train_forward_diff, looked_up = 0.0, 0
     for step, (batch, coef) in enumerate(zip(batches, coefs)):
         ref_out = ref(batch.ids, batch.offsets)
-        ((ref_out * coef).sum() / GLOBAL_BATCH).backward()
+        ((ref_out * coef).sum() / size).backward()
         ids, offsets = sample_slice(batch, lo, hi, group.bags_per_sample)
         out = emb(ids, offsets)
         if step == 0:  # the autograd path, still on the same parameters
             forward_bitwise &= torch.equal(out.detach(), ref_out.detach()[lo:hi])
-        train_forward_diff = max(train_forward_diff, float((out - ref_out[lo:hi]).detach().abs().max()))
+        train_forward_diff = max(train_forward_diff, max_abs(out.detach() - ref_out.detach()[lo:hi]))
         looked_up += ids.numel()
-        ((out * coef[lo:hi]).sum() / GLOBAL_BATCH).backward()
+        ((out * coef[lo:hi]).sum() / size).backward()
     if sharding == "row_wise":  # what left this rank, counted independently from the batches
         remote = [int((ids % world != rank).sum()) for ids in
                   (torch.unique(sample_slice(b, lo, hi, group.bags_per_sample)[0]) for b in batches)]

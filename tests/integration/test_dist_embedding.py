@@ -24,7 +24,7 @@ LAUNCH_TIMEOUT_S = 240
 TOLERANCE = {"fp64": 1e-12, "fp32": 1e-5}
 ALL_CASES = ("rw_sum_sgd_f64", "rw_mean_adagrad_f64", "rw_seq_rowwise_f64", "rw_mixed_adam_dim1_f64",
              "rw_mixed_adam_f32", "rw_mixed_rowwise_f32", "rep_mixed_adam_f64", "rep_sum_sgd_f32",
-             "rw_interleave_f64")
+             "rw_interleave_f64", "rw_one_sample_adam_f64")
 
 
 def free_port() -> int:
@@ -78,7 +78,7 @@ def check_equal(world: int, out: Path, cases: tuple[str, ...]) -> None:
 
 def test_two_ranks_equal_one_process(tmp_path):
     """Every optimizer, sum / mean / sequence bags, dim 1, fp64 and fp32, row-wise and replicated,
-    two groups with their exchanges interleaved;
+    two groups with their exchanges interleaved, a global batch of one sample (a rank with none);
     23 packed rows and a global batch of 11: uneven rows and uneven slices."""
     check_equal(2, tmp_path, ALL_CASES)
 

@@ -1,4 +1,4 @@
-"""Pooling at the requesting rank from the unique rows it received.
+"""Pooling at the requesting rank from the unique rows it received, and its backward.
 
 The same ops as `operators.embedding.PackedEmbeddingBag.lookup` (one sum `embedding_bag`, mean
 bags divided by their length), over the unique rows indexed by each id's position among them, so
@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from operators.casting import Casting, casted_row_grads
 
 
 def pool_unique(inverse: torch.Tensor, unique_rows: torch.Tensor, offsets: torch.Tensor,
@@ -36,3 +38,20 @@ def pool_unique(inverse: torch.Tensor, unique_rows: torch.Tensor, offsets: torch
         flags = mean_flags.repeat(out.shape[0] // bags_per_sample)
         out = out.div_(torch.where(flags, lengths, torch.ones_like(lengths)).unsqueeze(1))
     return out.view(-1, bags_per_sample, unique_rows.shape[1])
+
+
+def unique_row_grads(grad_out: torch.Tensor, casting: Casting, dim: int) -> torch.Tensor:
+    """One gradient per unique id of the batch (the casted gather-reduce of `grad_out`), also
+    for a rank whose slice of the global batch has no bag.
+
+    Args:
+        grad_out: gradient of the pooled output.  # (B, S, D)
+        casting: the batch's casting.
+        dim: D.
+
+    Returns:
+        Gradients in `casting.unique_ids` order.  # (U, D)
+    """
+    if casting.num_bags == 0:
+        return grad_out.new_zeros(0, dim)
+    return casted_row_grads(grad_out.reshape(casting.num_bags, dim), casting)

@@ -17,7 +17,8 @@ import torch
 import torch.distributed as dist
 
 from flowrec.graph.types import PackedGroup
-from operators.casting import Casting, casted_row_grads, compute_casting
+from flowrec.runtime.distributed.pooling import unique_row_grads
+from operators.casting import Casting, compute_casting
 from operators.embedding import PackedEmbeddingBag
 
 
@@ -87,7 +88,7 @@ class ReplicatedPackedEmbedding(torch.nn.Module):
         """Sum the touched rows' gradients over the ranks and update them on every rank."""
         if casting is None:
             casting = compute_casting(ids, offsets, self.table.mean_flags)
-        grads = casted_row_grads(grad_out.reshape(casting.num_bags, -1), casting)  # (U, D)
+        grads = unique_row_grads(grad_out, casting, self.weight.shape[1])  # (U, D)
         weight = self.weight
         buffer = torch.zeros(weight.shape[0], weight.shape[1] + 1, dtype=grads.dtype,
                              device=weight.device)  # (rows, D + 1): gradient, touched count

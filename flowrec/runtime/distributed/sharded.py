@@ -36,7 +36,7 @@ import torch.distributed as dist
 from flowrec.graph.types import PackedGroup
 from flowrec.runtime.distributed.exchange import start_counts, start_exchange
 from flowrec.runtime.distributed.groups import local_index, local_row_count, owned_rows, owner_of
-from flowrec.runtime.distributed.pooling import pool_unique
+from flowrec.runtime.distributed.pooling import pool_unique, unique_row_grads
 from flowrec.runtime.distributed.schedule import Steps, lookup_groups
 from operators.casting import Casting, casted_row_grads, compute_casting
 from operators.embedding import TORCH_DTYPES, init_table_rows, mean_bag_flags
@@ -141,7 +141,7 @@ class ShardedPackedEmbedding(torch.nn.Module):
         owners = owner_of(unique_ids, self.world_size)
         order = torch.sort(owners, stable=True).indices
         send_counts = torch.bincount(owners, minlength=self.world_size).tolist()
-        counts, work = start_counts(send_counts, self.process_group, ids.device)
+        counts, work = start_counts(send_counts, self.process_group, self.weight.device)
         yield work
         recv_counts = counts.tolist()
         wanted, work = start_exchange(unique_ids[order], send_counts, recv_counts, self.process_group)
@@ -163,7 +163,7 @@ class ShardedPackedEmbedding(torch.nn.Module):
         owners, summed per row in a fixed order, applied once per row."""
         if casting is None:
             casting = compute_casting(ids, offsets, self.mean_flags)
-        grads = casted_row_grads(grad_out.reshape(casting.num_bags, -1), casting)  # (U, D) sorted ids
+        grads = unique_row_grads(grad_out, casting, self.dim)  # (U, D) sorted ids
         received, work = start_exchange(grads.index_select(0, route.order), route.send_counts,
                                         route.recv_counts, self.process_group)  # (n, D)
         yield work
@@ -202,6 +202,8 @@ def sum_per_row(rows: torch.Tensor, grads: torch.Tensor) -> tuple[torch.Tensor, 
     Returns:
         The sorted unique rows and their summed gradients.  # (U,), (U, D)
     """
+    if rows.numel() == 0:
+        return rows, grads
     each = torch.arange(rows.numel() + 1, dtype=torch.int64, device=rows.device)  # one bag per gradient
     casting = compute_casting(rows, each)
     return casting.unique_ids, casted_row_grads(grads, casting)
