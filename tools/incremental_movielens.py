@@ -38,7 +38,7 @@ def flowrec(*args: str) -> tuple[str, float]:
 def slices(data: Path, out: Path) -> list[Path]:
     """Three CSV files of the ratings in time order, equal row counts."""
     sys.path.insert(0, str(REPO))
-    from flowrec.data.errors import ErrorLog
+    from flowrec.data.error_log import ErrorLog
     from flowrec.data.sources import read_movielens
 
     (table,) = list(read_movielens(data, {}, ErrorLog(), set()))

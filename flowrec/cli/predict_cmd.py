@@ -103,7 +103,7 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
 
 def _raw_chunks(model, raw: Path, fmt: Optional[str], on_error: str) -> tuple[Any, Any]:
     """Chunks of raw rows in the package spec's source format (labels optional)."""
-    from flowrec.data.errors import ErrorLog
+    from flowrec.data.error_log import ErrorLog
     from flowrec.data.sources import reader
 
     spec = model.spec

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from flowrec.cli import app
 from flowrec.data.convert import split_mask
-from flowrec.data.errors import ErrorLog
+from flowrec.data.error_log import ErrorLog
 from flowrec.data.sources import read_movielens
 
 runner = CliRunner()
@@ -50,7 +50,7 @@ def movielens_run(tmp_path_factory) -> dict[str, Path]:
 
 
 def _eval(run: Path, data: Path):
-    return runner.invoke(app, ["eval", str(run), "--data", str(data), "--json", "--device", "cpu"])
+    return runner.invoke(app, ["eval", str(run), "--data", str(data), "--json", "-", "--device", "cpu"])
 
 
 def _convert_csv(ml: dict[str, Path], out: Path, *extra: str):

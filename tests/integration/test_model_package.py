@@ -95,7 +95,7 @@ def test_predict_equals_eval_on_rows_converted_with_the_run_s_encoder(package):
     made = runner.invoke(app, ["data", "convert", "csv", str(root / "new.csv"), str(root / "new"), "--spec",
                                str(package["spec"]), "--encoder-from", str(package["run"]), "-q"])
     assert made.exit_code == 0, made.output
-    scored = runner.invoke(app, ["eval", str(package["run"]), "--data", str(root / "new"), "--json"])
+    scored = runner.invoke(app, ["eval", str(package["run"]), "--data", str(root / "new"), "--json", "-"])
     assert scored.exit_code == 0, scored.output
     expected = json.loads(scored.stdout)["ctr"]["auc"]
     assert auc(scores["label"].astype(float).to_numpy(), scores["ctr"].to_numpy()) == pytest.approx(expected, abs=1e-6)
