@@ -44,7 +44,8 @@ from flowrec.data.packed_ids import column_arrays, pack_group  # noqa: E402
 from flowrec.data.profile import profile_access, sample_rows  # noqa: E402
 from flowrec.data.synth import SynthConfig, synth_table  # noqa: E402
 from flowrec.graph.packing import group_layout  # noqa: E402
-from flowrec.runtime.caches import CACHE_MODULES, LRUEmbedding, hottest_rows  # noqa: E402
+from flowrec.runtime.caches import CACHE_MODULES, hottest_rows  # noqa: E402
+from flowrec.testing.lru import LRUEmbedding  # noqa: E402
 from flowrec.runtime.caches.fae_batches import HotColdBatcher, hot_samples  # noqa: E402
 from flowrec.spec import load_spec  # noqa: E402
 from operators.embedding import PackedEmbeddingBag  # noqa: E402

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-from test_cache_exact import cache_spec, groups_of, head_weights, loss_of, staged, window_rows  # noqa: E402
+from flowrec.testing.caches import cache_spec, groups_of, head_weights, loss_of, staged, window_rows  # noqa: E402
 
 from flowrec.runtime.caches import HostEmbedding, LookaheadEmbedding, StaticHotEmbedding, hottest_rows  # noqa: E402
 from operators.embedding import PackedEmbeddingBag  # noqa: E402

@@ -18,24 +18,9 @@ from flowrec.cli import app
 from flowrec.runtime import checkpoint as ckpt
 from flowrec.runtime import metrics, trainer
 from flowrec.runtime.rundir import claim_new_folder
+from flowrec.testing.specs import run_spec
 
-SPEC = """
-name: tiny_guard
-features:
-  - {name: d1, type: dense, transform: log1p}
-  - {name: user, type: categorical, hash_buckets: 50, dim: 4}
-  - {name: item, type: categorical, hash_buckets: 80, dim: 4}
-modules:
-  - {name: bottom, kind: mlp, inputs: ["@dense"], layers: [4]}
-  - {name: interact, kind: dot, inputs: [bottom, user, item]}
-  - {name: top, kind: mlp, inputs: [interact, bottom], layers: [8]}
-heads:
-  - {name: ctr, input: top, task: binary, loss: bce}
-optimizer:
-  dense: {name: adam, lr: 0.01}
-  sparse: {name: rowwise_adagrad, lr: 0.1}
-training: {batch_size: 32, epochs: 2, seed: 5}
-"""
+SPEC = run_spec()
 STEPS_PER_EPOCH = 13  # 400 rows / 32
 runner = CliRunner()
 

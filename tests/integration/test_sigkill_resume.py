@@ -18,24 +18,9 @@ from typer.testing import CliRunner
 
 from flowrec.cli import app
 from flowrec.runtime.checkpoint import load_checkpoint
+from flowrec.testing.specs import run_spec
 
-SPEC = """
-name: tiny_kill
-features:
-  - {name: d1, type: dense, transform: log1p}
-  - {name: user, type: categorical, hash_buckets: 50, dim: 4}
-  - {name: item, type: categorical, hash_buckets: 80, dim: 4}
-modules:
-  - {name: bottom, kind: mlp, inputs: ["@dense"], layers: [4]}
-  - {name: interact, kind: dot, inputs: [bottom, user, item]}
-  - {name: top, kind: mlp, inputs: [interact, bottom], layers: [8]}
-heads:
-  - {name: ctr, input: top, task: binary, loss: bce}
-optimizer:
-  dense: {name: adam, lr: 0.01}
-  sparse: {name: rowwise_adagrad, lr: 0.1}
-training: {batch_size: 16, epochs: 2, seed: 5}
-"""
+SPEC = run_spec("tiny_kill", batch_size=16)
 STEPS = 2 * 38  # 600 rows / 16 = 38 batches (the last one partial), 2 epochs
 KILLS = 10
 RUN_TIMEOUT_S = 120

@@ -9,7 +9,7 @@ import torch
 
 from flowrec.runtime.caches import StaticHotEmbedding, hottest_rows
 from flowrec.runtime.caches.fae_batches import HotColdBatcher, hot_samples, select_samples
-from test_cache_exact import CPU, assert_same, cache_spec, groups_of, head_weights, loss_of, staged, train_reference
+from flowrec.testing.caches import CPU, assert_same, cache_spec, groups_of, head_weights, loss_of, staged, train_reference
 
 
 def hot_modules(spec, batches, share: float, dtype: str = "fp64"):

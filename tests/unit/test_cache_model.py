@@ -11,7 +11,7 @@ from flowrec.planner.manager import make_plan
 from flowrec.runtime.caches import StaticHotEmbedding, collect_counters, hottest_rows
 from flowrec.runtime.lowering import lower
 from flowrec.runtime.step import make_dense_optimizer, train_step
-from test_cache_exact import cache_spec, staged, window_rows
+from flowrec.testing.caches import cache_spec, staged, window_rows
 
 
 def plan_with(spec, placement: str, cache_rows: dict[str, int]):

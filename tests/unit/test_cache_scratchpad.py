@@ -16,7 +16,7 @@ from flowrec.runtime.caches import LookaheadEmbedding
 from flowrec.runtime.caches.scratchpad import EMPTY, Scratchpad
 from flowrec.runtime.caches.counters import CacheCounters
 from operators.embedding import PackedEmbeddingBag
-from test_cache_exact import CPU, cache_spec, groups_of, head_weights, loss_of, staged, window_rows
+from flowrec.testing.caches import CPU, cache_spec, groups_of, head_weights, loss_of, staged, window_rows
 
 
 @pytest.mark.parametrize("window", [2, 4])

@@ -10,7 +10,7 @@ import torch
 from flowrec.runtime.caches import LookaheadEmbedding
 from flowrec.runtime.pipeline import TransferStage
 from operators.device import CpuEvent, CpuRuntime, CpuSideStream, runtime_for
-from test_cache_exact import cache_spec, groups_of, head_weights, loss_of, staged, window_rows
+from flowrec.testing.caches import cache_spec, groups_of, head_weights, loss_of, staged, window_rows
 
 
 def test_cpu_events_must_be_recorded_before_they_are_waited_for():

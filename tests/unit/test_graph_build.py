@@ -12,42 +12,7 @@ from flowrec.graph.kinds import OP_KINDS
 from flowrec.graph.verify import verify
 from flowrec.spec.load import spec_from_dict
 from flowrec.spec.model import ModelSpec
-
-TINY: dict[str, Any] = {
-    "name": "tiny",
-    "features": [
-        {"name": "d1", "type": "dense"},
-        {"name": "d2", "type": "dense", "transform": "log1p"},
-        {"name": "a", "type": "categorical", "vocab": 9, "dim": 4, "tags": ["emb"]},
-        {"name": "b", "type": "categorical", "hash_buckets": 20, "dim": 4, "tags": ["emb"]},
-        {"name": "c", "type": "categorical", "table": "shared", "max_len": 3, "pooling": "mean", "tags": ["emb"]},
-        {"name": "w", "type": "categorical", "hash_buckets": 7, "dim": 1, "tags": ["wide"]},
-        {"name": "hist", "type": "sequence", "table": "shared", "max_len": 5, "pooling": "none"},
-        {"name": "q", "type": "categorical", "table": "shared"},
-    ],
-    "tables": [{"name": "shared", "vocab": 30, "dim": 4}],
-    "modules": [
-        {"name": "bot", "kind": "mlp", "inputs": ["@dense"], "layers": [8, 4]},
-        {"name": "att", "kind": "target_attention", "inputs": ["q", "hist"], "hidden": [8]},
-        {"name": "inter", "kind": "dot", "inputs": ["bot", "@emb", "att"]},
-        {"name": "wide", "kind": "linear", "inputs": ["@wide", "d1"], "out": 1},
-        {"name": "top", "kind": "mlp", "inputs": ["inter", "bot"], "layers": [8]},
-        {"name": "t1", "kind": "mlp", "inputs": ["top"], "layers": [4]},
-        {"name": "t2", "kind": "mlp", "inputs": ["top"], "layers": [4]},
-        {"name": "final", "kind": "concat", "inputs": ["t1", "wide"]},
-    ],
-    "heads": [{"name": "h1", "input": "final"}, {"name": "h2", "input": "t2", "task": "regression"}],
-    "optimizer": {"dense": {"name": "adam", "lr": 0.001}, "sparse": {"name": "adagrad", "lr": 0.01}},
-    "training": {"batch_size": 1024},
-}
-
-
-def tiny_spec(**plan: Any) -> ModelSpec:
-    """The tiny spec with plan hints overridden (e.g. packing=False, cache="none")."""
-    doc = copy.deepcopy(TINY)
-    doc["plan"] = plan
-    return spec_from_dict(doc)
-
+from flowrec.testing.specs import TINY, tiny_spec
 
 def test_nodes_and_shapes():
     g = build_graph(tiny_spec())

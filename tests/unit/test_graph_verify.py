@@ -9,7 +9,7 @@ from flowrec.graph.build import build_graph
 from flowrec.graph.edges import Slot, input_slots, set_inputs
 from flowrec.graph.types import Op
 from flowrec.graph.verify import GraphError, check, verify
-from test_graph_build import tiny_spec
+from flowrec.testing.specs import tiny_spec
 
 
 @pytest.fixture

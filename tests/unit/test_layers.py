@@ -24,6 +24,8 @@ ALLOWED: dict[str, set[str]] = {
     "flowrec.data": {"flowrec.data", "flowrec.graph", "flowrec.spec", "operators"},  # casting in staging
     "operators": {"operators"},
     "flowrec.runtime": {"flowrec.runtime", "flowrec.data", "flowrec.graph", "flowrec.spec", "operators"},
+    "flowrec.testing": {"flowrec.testing", "flowrec.runtime", "flowrec.planner", "flowrec.data", "flowrec.graph",
+                        "flowrec.spec", "operators"},
     "flowrec.cli": {"flowrec.cli", "flowrec.runtime", "flowrec.planner", "flowrec.render", "flowrec.data",
                     "flowrec.graph", "flowrec.spec", "operators", "flowrec"},
 }

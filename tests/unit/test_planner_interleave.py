@@ -13,7 +13,7 @@ from flowrec.planner.passes.cache import cache, table_budget
 from flowrec.planner.passes.interleave import MICRO_BATCH_CHOICES, interleave
 from flowrec.planner.passes.pack import pack
 from flowrec.spec import load_spec
-from test_graph_build import tiny_spec
+from flowrec.testing.specs import tiny_spec
 
 
 def prepared(spec, target="cpu", budget=None):

@@ -13,7 +13,7 @@ from flowrec.planner.manager import PIPELINE, STAGES, PassFailure, PassManager, 
 from flowrec.graph.plan_io import plan_document, plan_json
 from flowrec.planner.report import text_report
 from flowrec.spec import load_spec
-from test_graph_build import tiny_spec
+from flowrec.testing.specs import tiny_spec
 
 
 def test_run_until_each_stage():

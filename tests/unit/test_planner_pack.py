@@ -13,7 +13,7 @@ from flowrec.graph.types import PassContext
 from flowrec.graph.verify import verify
 from flowrec.planner.passes.pack import pack
 from flowrec.spec.load import spec_from_dict
-from test_graph_build import TINY, tiny_spec
+from flowrec.testing.specs import TINY, tiny_spec, wide_spec
 
 
 def snapshot(g):
@@ -91,25 +91,6 @@ def test_packing_off_one_group_per_table():
     assert sorted(len(gr.tables) for gr in groups) == [1, 1, 1, 1]
     assert sum(1 for n in r.graph if r.graph.nodes[n]["op"].kind == "packed_embedding") == 4
     assert "packed_mlp" not in kinds(r.graph)
-
-
-def wide_spec(n_fields: int, seed: int = 0):
-    """A random wide spec: n categorical fields of dims 1/4/8/16, two sparse optimizers."""
-    rng = random.Random(seed)
-    feats = [{"name": "x", "type": "dense"}]
-    for i in range(n_fields):
-        f = {"name": f"f{i}", "type": "categorical", "hash_buckets": rng.randint(2, 5000),
-             "dim": rng.choice([1, 4, 8, 16]), "tags": ["wide"]}
-        if i % 7 == 0:
-            f["optimizer"] = {"name": "sgd", "lr": 0.1}
-        feats.append(f)
-    doc = {
-        "name": "wide", "features": feats,
-        "modules": [{"name": "lin", "kind": "linear", "inputs": ["@wide", "@dense"], "out": 1}],
-        "heads": [{"name": "ctr", "input": "lin"}],
-        "optimizer": {"dense": {"name": "adam", "lr": 0.001}, "sparse": {"name": "adagrad", "lr": 0.01}},
-    }
-    return spec_from_dict(doc)
 
 
 @pytest.mark.parametrize("seed", [0, 1])

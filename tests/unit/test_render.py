@@ -13,8 +13,8 @@ from flowrec.graph.build import build_graph
 from flowrec.render.drawing import GAP_X, MAX_BOX_W, MAX_PER_LAYER, Box, Layout, layout, to_dot, to_png, to_svg
 from flowrec.planner.manager import make_plan
 from flowrec.spec.load import load_spec
-from test_graph_build import tiny_spec
-from test_planner_pack import wide_spec
+from flowrec.testing.specs import tiny_spec
+from flowrec.testing.specs import wide_spec
 
 SVG = "{http://www.w3.org/2000/svg}"
 

@@ -1,0 +1,3 @@
+"""What tests, tools and benchmarks share: small specs (`specs`), cache-test helpers (`caches`) and
+the LRU demand-fetch baseline (`lru`). Nothing in flowrec's own code paths imports this package.
+"""
