@@ -53,6 +53,7 @@ def train(
     max_steps: Optional[int] = typer.Option(None, "--max-steps", min=1, help="Stop after this many steps in total."),
     eval_every: Optional[int] = typer.Option(None, "--eval-every", min=0, help="Evaluate every N steps (default: the spec's training.eval_every; 0 = at the end)."),
     checkpoint_every: Optional[int] = typer.Option(None, "--checkpoint-every", min=0, help="Also checkpoint every N steps (always at the end and on Ctrl-C). Default: 0."),
+    checkpoint_full_every: Optional[int] = typer.Option(None, "--checkpoint-full-every", min=1, help="A full checkpoint every K checkpoints; in between, incremental ones (only the rows touched since the previous checkpoint), all written in the background. Default: 1 (every checkpoint full, written inline)."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Override the spec's training seed (0 .. 2^63-1)."),
     dask: Optional[str] = typer.Option(None, "--dask", help="Read data partitions through Dask: a scheduler address (tcp://host:8786) of an existing cluster, or 'local' for a local cluster. Default: direct pyarrow reads (faster on one machine)."),
     interleave: Optional[bool] = typer.Option(None, "--interleave/--no-interleave", help="--no-interleave: sequential schedule (no micro-batches, cache exchanges inline) to compare with the planned overlap; same parameters."),
@@ -78,7 +79,8 @@ def train(
              "device": device, "device_budget": device_budget, "dask": dask, "cache": cache,
              "plan": _text(plan_file),
              "epochs": epochs, "max_steps": max_steps, "eval_every": eval_every,
-             "checkpoint_every": checkpoint_every, "interleave": interleave, "nan_policy": nan_policy}
+             "checkpoint_every": checkpoint_every, "checkpoint_full_every": checkpoint_full_every,
+             "interleave": interleave, "nan_policy": nan_policy}
     request = RunRequest(spec_path, out, resume, overwrite, given, quiet, json_out, report)
     try:
         _check_options(request)
@@ -222,6 +224,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
              f"(see {folder}/spec.json)")
     config = TrainConfig(epochs=settings["epochs"], out_dir=folder, eval_every=settings["eval_every"],
                          max_steps=settings["max_steps"], checkpoint_every=settings["checkpoint_every"],
+                         checkpoint_full_every=settings["checkpoint_full_every"],
                          progress=not request.quiet, interleave=settings["interleave"],
                          nan_policy=settings["nan_policy"])
     trainer = Trainer(session.spec, session.plan, session.model, config, plan_json(session.plan))

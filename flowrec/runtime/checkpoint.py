@@ -42,13 +42,16 @@ def write_state(state: dict[str, Any], file: Any) -> None:
 
 
 def save_checkpoint(path: Path, state: dict[str, Any],
-                    writer: Callable[[dict[str, Any], Any], None] | None = None) -> None:
+                    writer: Callable[[dict[str, Any], Any], None] | None = None) -> str:
     """Write `state` (plus its digest) atomically to `path`: temp file, fsync, rename.
 
     Args:
         path: the checkpoint file; its folder must exist.
         state: the checkpoint content (without `digest`).
         writer: serializes a dict to an open binary file (default `write_state`).
+
+    Returns:
+        The content digest written into the file.
 
     Raises:
         CheckpointError: the disk is full, the folder is not writable, ...; the previous checkpoint
@@ -61,6 +64,7 @@ def save_checkpoint(path: Path, state: dict[str, Any],
     except OSError as exc:
         raise CheckpointError(f"could not write checkpoint {path}: {exc.strerror or exc}; "
                               f"the previous checkpoint is intact") from None
+    return full["digest"]
 
 
 def checkpoint_path(path: Path) -> Path:
@@ -70,7 +74,8 @@ def checkpoint_path(path: Path) -> Path:
 
 
 def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load and check a checkpoint (`weights_only=True`: no code in the file runs).
+    """Load and check a checkpoint (`weights_only=True`: no code in the file runs), with its
+    incremental deltas applied (`flowrec.runtime.checkpoint_delta`): the newest state of the run.
 
     Args:
         path: a checkpoint file, or a run folder holding `checkpoint.pt`.
@@ -90,7 +95,9 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
         raise CheckpointError(f"checkpoint {path} is empty (0 bytes)")
     state = read_torch_file(path, map_location)
     check_structure(path, state)
-    return state
+    from flowrec.runtime.checkpoint_delta import apply_deltas  # deltas read the helpers above
+
+    return apply_deltas(path, state, map_location)
 
 
 def read_torch_file(path: Path, map_location: str | torch.device = "cpu",
@@ -124,7 +131,7 @@ def _reason(exc: BaseException) -> str:
 
 
 def check_structure(path: Path, state: Any) -> None:
-    """Format, version, keys, types and digest of a loaded checkpoint."""
+    """Format, version, keys, types and digest of a loaded full checkpoint."""
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(f"{path} is not a flowrec checkpoint (a torch file of something else)")
     if state.get("version") != CHECKPOINT_VERSION:
@@ -133,6 +140,11 @@ def check_structure(path: Path, state: Any) -> None:
     missing = [k for k in REQUIRED_KEYS if k not in state]
     if missing:
         raise CheckpointError(f"{path} is incomplete: missing {', '.join(missing)}")
+    check_structure_common(path, state)
+
+
+def check_structure_common(path: Path, state: dict[str, Any]) -> None:
+    """Types, position, RNG and digest: the checks full checkpoints and deltas share."""
     expected = {"spec": str, "plan": str, "model": dict, "dense_optimizer": dict, "rng": dict,
                 "position": dict, "skipped_batches": int, "digest": str}
     wrong = [k for k, kind in expected.items() if not isinstance(state[k], kind)]

@@ -35,13 +35,13 @@ from flowrec.runtime.checkpoint import (
     CheckpointError,
     check_tensors,
     load_checkpoint,
-    save_checkpoint,
 )
+from flowrec.runtime.checkpointer import Checkpointer
 from flowrec.runtime.evaluate import evaluate
 from flowrec.runtime.hostmem import tune_host_allocator
 from flowrec.runtime.lowering import LoweredModel
 from flowrec.runtime.metrics import MetricsLog
-from flowrec.runtime.nonfinite import LossGuard, NonFiniteLoss, TrainingStopped, first_non_finite
+from flowrec.runtime.nonfinite import LossGuard, NonFiniteLoss, TrainingStopped
 from flowrec.runtime.pipeline import TransferStage
 from flowrec.runtime.placement import HOST_SIDE
 from flowrec.runtime.progress import TrainProgress
@@ -61,6 +61,9 @@ class TrainConfig:
         eval_every: evaluate every N steps (None: the spec's training.eval_every; 0: only at the end).
         max_steps: stop after this many steps in total (None: no limit).
         checkpoint_every: also checkpoint every N steps (0: only at the end and on interrupt).
+        checkpoint_full_every: a full checkpoint every K checkpoints and incremental deltas (the
+            rows touched since the previous one) in between, written in the background; 1: every
+            checkpoint is full and written inline.
         progress: show the progress bar.
         workers: data packing threads.
         lookahead: staging lookahead window (>= 1 computes the casting index in the data stage).
@@ -80,6 +83,7 @@ class TrainConfig:
     eval_every: int | None = None
     max_steps: int | None = None
     checkpoint_every: int = 0
+    checkpoint_full_every: int = 1
     progress: bool = True
     workers: int = 2
     lookahead: int = 1
@@ -153,7 +157,9 @@ class Trainer:
         self._interrupt = GracefulInterrupt()
         self._per_epoch = 0
         self.skipped_batches = 0
-        self.checkpoint_step: int | None = None  # step of the newest checkpoint on disk
+        self.checkpointer = Checkpointer(Path(config.out_dir or ".") / CHECKPOINT_NAME,
+                                         config.checkpoint_full_every,
+                                         {g.name: g.rows for g in model.groups})
 
     # ---------------------------------------------------------------- data
     def staging(self, shuffle: bool | None = None, lookahead: int | None = None) -> StagingOptions:
@@ -207,10 +213,12 @@ class Trainer:
         try:
             return self._fit(train_source, eval_source, on_step, total)
         except TrainingStopped as exc:
+            self.checkpointer.drain()
             if self.log is not None:
                 self.log.write({"event": "stopped", "step": self.position.step, "reason": str(exc)})
             raise
         finally:
+            self.checkpointer.drain()
             self.model.close()
             if self.log is not None:
                 self.log.close()
@@ -242,6 +250,7 @@ class Trainer:
         if not interrupted and eval_source is not None:
             result.eval = self._evaluate(eval_source, final=True)
         self._checkpoint()
+        self._wait_checkpoints()
         result.stage_seconds = dict(self.stage_seconds)
         placement = {g.name: g.placement for g in self.model.groups}
         result.counters = {name: {"placement": placement[name], **snap}
@@ -266,6 +275,7 @@ class Trainer:
             for batch in batches:
                 t0 = time.perf_counter()
                 loss, skipped_head = self._step(batch)
+                self.checkpointer.mark(batch)
                 self.stage_seconds["compute"] += time.perf_counter() - t0
                 pos.batch, pos.step, pos.samples = batch.index + 1, pos.step + 1, pos.samples + batch.size
                 bar.update(batch.size, loss)
@@ -305,11 +315,14 @@ class Trainer:
             self.skipped_batches += 1
             return None, bad.head
 
+    @property
+    def checkpoint_step(self) -> int | None:
+        """Step of the newest checkpoint on disk (None: none yet)."""
+        return self.checkpointer.step
+
     def checkpoint_note(self) -> str:
         """What is on disk after a failure: the newest checkpoint's step, or that there is none."""
-        if self.checkpoint_step is None:
-            return "no checkpoint was written"
-        return f"the checkpoint of step {self.checkpoint_step} is kept"
+        return self.checkpointer.note()
 
     def _staged(self, train_source: Any) -> Any:
         """This epoch's batches from the current position (hot/cold batches under FAE)."""
@@ -366,19 +379,19 @@ class Trainer:
         torch.set_rng_state(state["rng"]["torch"])
         self.position = Position(**state["position"])
         self.skipped_batches = int(state.get("skipped_batches", 0))
-        self.checkpoint_step = self.position.step
+        self.checkpointer.restart_chain(self.position.step)
 
     def _checkpoint(self) -> None:
         if self.config.out_dir is None:
             return
         t0 = time.perf_counter()
-        state = self.state()
-        bad = first_non_finite(state["model"])
-        if bad is not None:
-            raise TrainingStopped(f"parameter {bad} is not finite at step {self.position.step}; "
-                                  f"not checkpointed, {self.checkpoint_note()}")
-        save_checkpoint(Path(self.config.out_dir) / CHECKPOINT_NAME, state)
-        self.checkpoint_step = self.position.step
+        self.checkpointer.save(self.state(), self.model.embeddings)
+        self.stage_seconds["checkpoint"] += time.perf_counter() - t0
+
+    def _wait_checkpoints(self) -> None:
+        """Wait for the background write in flight (the time training waits counts as checkpointing)."""
+        t0 = time.perf_counter()
+        self.checkpointer.wait()
         self.stage_seconds["checkpoint"] += time.perf_counter() - t0
 
     def _write_run_files(self, out: Path) -> None:
