@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from flowrec.runtime.checkpoint_format import CheckpointError, check_structure_common, read_torch_file
+
 DELTA_FORMAT = "flowrec-checkpoint-delta"
 DELTA_VERSION = 1
 DELTA_KEYS = ("format", "version", "digest", "base", "sequence", "spec", "plan", "model", "tables",
@@ -64,8 +66,6 @@ def apply_deltas(base_path: Path, state: dict[str, Any], map_location: Any = "cp
     Raises:
         CheckpointError: a damaged delta, a gap in the chain, or a delta that does not fit the base.
     """
-    from flowrec.runtime.checkpoint import CheckpointError, read_torch_file
-
     expected = 1
     for sequence, path in delta_files(base_path):
         delta = read_torch_file(path, map_location, "flowrec checkpoint delta")
@@ -82,8 +82,6 @@ def apply_deltas(base_path: Path, state: dict[str, Any], map_location: Any = "cp
 
 def check_delta(path: Path, delta: Any) -> None:
     """Format, version, keys, types and digest of a loaded delta."""
-    from flowrec.runtime.checkpoint import CheckpointError, check_structure_common
-
     if not isinstance(delta, dict) or delta.get("format") != DELTA_FORMAT:
         raise CheckpointError(f"{path} is not a flowrec checkpoint delta")
     if delta.get("version") != DELTA_VERSION:
@@ -99,8 +97,6 @@ def check_delta(path: Path, delta: Any) -> None:
 
 
 def _apply(path: Path, state: dict[str, Any], delta: dict[str, Any]) -> None:
-    from flowrec.runtime.checkpoint import CheckpointError
-
     model = state["model"]
     tables = {f"{group}.{name}" for group in delta["tables"] for name in TABLE_KEYS}
     if set(delta["model"]) | tables != set(model):
@@ -125,16 +121,12 @@ def _apply(path: Path, state: dict[str, Any], delta: dict[str, Any]) -> None:
 
 
 def _check_like(path: Path, key: str, ref: Any, value: Any) -> None:
-    from flowrec.runtime.checkpoint import CheckpointError
-
     if not isinstance(ref, torch.Tensor) or not isinstance(value, torch.Tensor) \
             or ref.shape != value.shape or ref.dtype != value.dtype:
         raise CheckpointError(f"{path} does not fit its base: model {key} differs in name, shape or dtype")
 
 
 def _check_rows(path: Path, key: str, target: Any, rows: torch.Tensor, values: Any) -> None:
-    from flowrec.runtime.checkpoint import CheckpointError
-
     if not isinstance(target, torch.Tensor) or target.dim() != 2:
         raise CheckpointError(f"{path} does not fit its base: no packed table {key}")
     if rows.dtype != torch.int64 or rows.dim() != 1 or (rows.numel() and (

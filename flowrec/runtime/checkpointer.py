@@ -5,8 +5,9 @@ With `full_every = 1` every checkpoint is a full one written inline (training wa
 holding only the rows touched since the previous checkpoint; both kinds are written on a
 background thread from a consistent snapshot taken on the training thread (touched rows, dense
 part, optimizer states, RNG and position are copied; then training continues). The first
-checkpoint of a process (a new run, or a resumed one) is always a full one. At most one write is
-in flight; the next checkpoint, the end of the run and every failure wait for it.
+checkpoint of a process (a new run, or a resumed one) is always a full one. Writes are
+queued in order on one writer thread; a full snapshot waits for the writes before it (so at most
+one copy of the tables is in memory); the end of the run and every failure wait for all of them.
 
 Example:
     >>> ckpt = Checkpointer(Path("runs/x/checkpoint.pt"), full_every=10, rows_of_group={"g0": 1000})  # doctest: +SKIP
@@ -49,11 +50,12 @@ class Checkpointer:
         self.full_every = max(1, int(full_every))
         self.rows_of_group = dict(rows_of_group)
         self.step: int | None = None  # step of the newest checkpoint on disk
-        self.seconds = {"full": [], "delta": []}  # write seconds of each checkpoint (background included)
+        self.seconds = {"full": [], "delta": []}  # per checkpoint: snapshot copy + write seconds
         self._dirty = DirtyRows()
         self._writer = BackgroundWriter()
-        self._base_digest: str | None = None
-        self._sequence = 0
+        self._base_digest: str | None = None  # digest of the full checkpoint on disk (writer thread)
+        self._chained = False  # a full checkpoint was queued, so deltas may follow (training thread)
+        self._queued = 0  # deltas queued on the current full checkpoint (training thread)
 
     @property
     def incremental(self) -> bool:
@@ -66,7 +68,7 @@ class Checkpointer:
 
     def restart_chain(self, step: int | None) -> None:
         """After loading a checkpoint: the next checkpoint is a full one."""
-        self._base_digest, self._sequence, self.step = None, 0, step
+        self._chained, self._queued, self.step = False, 0, step
 
     def save(self, state: dict[str, Any], embeddings: nn.ModuleDict) -> None:
         """Checkpoint `state` (the trainer's `state()`): a full one or a delta, inline or not.
@@ -75,9 +77,9 @@ class Checkpointer:
             TrainingStopped: a non-finite parameter (nothing is written).
             CheckpointError: this write failed (inline) or the previous background one did.
         """
-        self._writer.wait()
         step = state["position"]["step"]
-        if self._sequence + 1 >= self.full_every or self._base_digest is None:
+        if self._queued + 1 >= self.full_every or not self._chained:
+            self._writer.wait()  # at most one full snapshot in memory
             self._save_full(state, step)
         else:
             self._save_delta(state, embeddings, step)
@@ -85,41 +87,50 @@ class Checkpointer:
     def _save_full(self, state: dict[str, Any], step: int) -> None:
         _check_finite(state["model"], step, self.note())
         self._dirty.take()
+        self._chained, self._queued = True, 0
         state = {**state, "chain": os.urandom(NONCE_BYTES).hex()}
         if not self.incremental:
-            self._write_full(state, step, time.perf_counter())
+            self._write_full(state, step, 0.0)
             return
+        t0 = time.perf_counter()
         snapshot = {**state, "model": {k: v.detach().clone() for k, v in state["model"].items()},
                     "dense_optimizer": cloned(state["dense_optimizer"])}
-        self._writer.submit(lambda t0=time.perf_counter(): self._write_full(snapshot, step, t0))
+        copy_s = time.perf_counter() - t0
+        self._writer.submit(lambda: self._write_full(snapshot, step, copy_s))
 
-    def _write_full(self, state: dict[str, Any], step: int, t0: float) -> None:
+    def _write_full(self, state: dict[str, Any], step: int, copy_s: float) -> None:
+        t0 = time.perf_counter()
         self._base_digest = None  # a failed write leaves no base to chain on
-        digest = save_checkpoint(self.path, state)
+        try:
+            digest = save_checkpoint(self.path, state)
+        except BaseException:
+            self._chained = False
+            raise
         remove_deltas(self.path)
-        self._base_digest, self._sequence, self.step = digest, 0, step
-        self.seconds["full"].append(time.perf_counter() - t0)
+        self._base_digest, self.step = digest, step
+        self.seconds["full"].append(copy_s + time.perf_counter() - t0)
 
     def _save_delta(self, state: dict[str, Any], embeddings: nn.ModuleDict, step: int) -> None:
         t0 = time.perf_counter()
         dense = dense_state_from(state["model"], table_keys(embeddings))
         tables = delta_tables(embeddings, self._dirty.take())
         _check_finite({**dense, **{k + ".weight": v["weight"] for k, v in tables.items()}}, step, self.note())
-        self._sequence += 1
+        self._queued += 1
         delta = {key: state[key] for key in ("spec", "plan", "rng", "position", "skipped_batches")}
-        delta.update(format=DELTA_FORMAT, version=DELTA_VERSION, base=self._base_digest,
-                     sequence=self._sequence, model=dense, tables=tables,
-                     dense_optimizer=cloned(state["dense_optimizer"]))
-        self._writer.submit(lambda: self._write_delta(delta, step, t0))
+        delta.update(format=DELTA_FORMAT, version=DELTA_VERSION, sequence=self._queued, model=dense,
+                     tables=tables, dense_optimizer=cloned(state["dense_optimizer"]))
+        copy_s = time.perf_counter() - t0
+        self._writer.submit(lambda: self._write_delta(delta, step, copy_s))
 
-    def _write_delta(self, delta: dict[str, Any], step: int, t0: float) -> None:
+    def _write_delta(self, delta: dict[str, Any], step: int, copy_s: float) -> None:
+        t0 = time.perf_counter()
         try:
-            save_checkpoint(delta_path(self.path, delta["sequence"]), delta)
+            save_checkpoint(delta_path(self.path, delta["sequence"]), {**delta, "base": self._base_digest})
         except BaseException:
-            self._base_digest = None  # the chain has a hole: the next checkpoint is a full one
+            self._chained = False  # the chain has a hole: the next checkpoint is a full one
             raise
         self.step = step
-        self.seconds["delta"].append(time.perf_counter() - t0)
+        self.seconds["delta"].append(copy_s + time.perf_counter() - t0)
 
     def wait(self) -> None:
         """Block until the write in flight is on disk (raises its error)."""

@@ -13,6 +13,7 @@ Example:
 from __future__ import annotations
 
 import copy
+import queue
 import threading
 from typing import Any, Callable
 
@@ -79,34 +80,48 @@ def cloned(value: Any) -> Any:
 
 
 class BackgroundWriter:
-    """Runs one write at a time on a thread; `wait` joins it and re-raises its error."""
+    """Runs writes one after another, in order, on a worker thread.
+
+    `submit` queues a write and returns at once; `wait` blocks until every queued write is done
+    and re-raises the first error. After an error the writes still queued are dropped (a delta
+    must never follow a write that failed); the error surfaces at the next `submit` or `wait`.
+    """
 
     def __init__(self) -> None:
+        self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
     def submit(self, write: Callable[[], None]) -> None:
-        """Wait for the previous write, then start `write` on a thread."""
-        self.wait()
-        self._thread = threading.Thread(target=self._run, args=(write,), name="flowrec-checkpoint",
-                                        daemon=True)
-        self._thread.start()
+        """Queue `write` (raises the error of an earlier write instead, if there was one)."""
+        self._raise_error()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, name="flowrec-checkpoint", daemon=True)
+            self._thread.start()
+        self._queue.put(write)
 
-    def _run(self, write: Callable[[], None]) -> None:
-        try:
-            write()
-        except BaseException as exc:  # handed to the training thread at its next wait
-            self._error = exc
+    def _work(self) -> None:
+        while True:
+            write = self._queue.get()
+            try:
+                if write is not None and self._error is None:
+                    write()
+            except BaseException as exc:  # handed to the training thread at its next submit / wait
+                self._error = exc
+            finally:
+                self._queue.task_done()
 
     @property
-    def busy(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+    def pending(self) -> int:
+        """Writes queued or running."""
+        return self._queue.unfinished_tasks
 
     def wait(self) -> None:
-        """Block until the running write is done; raise its error, if any."""
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        """Block until every queued write is on disk; raise the first error, if any."""
+        self._queue.join()
+        self._raise_error()
+
+    def _raise_error(self) -> None:
         error, self._error = self._error, None
         if error is not None:
             raise error

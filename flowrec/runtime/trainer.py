@@ -259,7 +259,8 @@ class Trainer:
             self.log.write({"event": "end", "step": self.position.step, "samples": samples,
                             "seconds": seconds, "samples_per_s": result.samples_per_s,
                             "interrupted": interrupted, "stage_seconds": result.stage_seconds,
-                            "counters": result.counters, "skipped_batches": self.skipped_batches})
+                            "counters": result.counters, "skipped_batches": self.skipped_batches,
+                            "checkpoint_writes_s": self.checkpointer.seconds})
         return result
 
     def _done(self, total: int | None) -> bool:
