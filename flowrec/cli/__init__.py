@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import typer
 
-from flowrec.cli import data_cmds, doctor_cmd, plan_cmd, spec_cmds, train_cmds
+from flowrec.cli import calibrate_cmd, data_cmds, doctor_cmd, plan_cmd, spec_cmds, train_cmds
 
 app = typer.Typer(
     name="flowrec",
@@ -21,6 +21,7 @@ plan_cmd.register(app)
 data_cmds.register(app)
 train_cmds.register(app)
 doctor_cmd.register(app)
+calibrate_cmd.register(app)
 
 
 def main() -> None:

@@ -38,7 +38,7 @@ def plan(
     spec: Path = typer.Argument(..., help="Spec file (YAML or JSON)."),
     until: str = typer.Option("interleaved", "--until", help=f"Last stage: {', '.join(STAGES)}."),
     device_budget: Optional[str] = typer.Option(None, "--device-budget", help="Device memory, e.g. 4GiB."),
-    target: Optional[str] = typer.Option(None, "--target", help="Cost-model device: cpu, a100, h100."),
+    target: Optional[str] = typer.Option(None, "--target", help="Cost-model device: cpu, a100, h100 (datasheet constants), or a profile FILE from `flowrec calibrate`."),
     profile: Optional[Path] = typer.Option(None, "--profile", help="Access profile JSON (flowrec data profile)."),
     json_out: Optional[str] = typer.Option(None, "--json", help="Write the plan JSON to PATH, or - for stdout."),
     dot: Optional[str] = typer.Option(None, "--dot", help="Write DOT text to PATH, or - for stdout."),

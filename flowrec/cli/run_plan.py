@@ -20,8 +20,13 @@ from flowrec.spec.model import ModelSpec
 
 
 def plan_for_run(spec: ModelSpec, device_name: str, device_budget: str | None, plan_file: Path | None,
-                 status: Callable[[str], None] = lambda _: None) -> tuple[Plan, torch.device]:
-    """(plan, device) of a run; every problem is one line and exit 2 (`fail`)."""
+                 status: Callable[[str], None] = lambda _: None,
+                 target: str | None = None) -> tuple[Plan, torch.device]:
+    """(plan, device) of a run; every problem is one line and exit 2 (`fail`).
+
+    `target` is the cost model's device: a datasheet name or a calibrated profile file
+    (`flowrec calibrate`); default: the datasheet profile of the run's device.
+    """
     try:
         device = resolve_device(device_name if device_name != "auto" else spec.plan.device)
     except RuntimeError as exc:
@@ -37,7 +42,7 @@ def plan_for_run(spec: ModelSpec, device_name: str, device_budget: str | None, p
         status(f"plan: {plan_file} (target {plan.target}, {len(plan.meta.groups)} packed groups)")
         return plan, device
     try:
-        plan = make_plan(spec, target=cost_target(device), device_budget=device_budget)
+        plan = make_plan(spec, target=target or cost_target(device), device_budget=device_budget)
     except (ValueError, PassFailure) as exc:
         fail(str(exc))
     return plan, device

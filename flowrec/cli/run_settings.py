@@ -28,6 +28,7 @@ SETTINGS: dict[str, tuple[str, Any]] = {
     "dask": ("--dask", None),
     "cache": ("--cache", None),
     "plan": ("--plan", None),
+    "target": ("--target", None),
     "epochs": ("--epochs", None),
     "max_steps": ("--max-steps", None),
     "eval_every": ("--eval-every", None),

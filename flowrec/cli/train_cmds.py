@@ -48,6 +48,7 @@ def train(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the run in the --out folder (its checkpoint and metrics) with a new one."),
     device_budget: Optional[str] = typer.Option(None, "--device-budget", help="Device memory budget for the planner, e.g. 4GiB."),
     plan_file: Optional[Path] = typer.Option(None, "--plan", help="Train exactly this plan (from `flowrec plan SPEC --json FILE`, possibly edited: placements, cache rows, micro-batches, prefetch, group order), checked against the spec."),
+    target: Optional[str] = typer.Option(None, "--target", help="Cost-model device the plan is made for: cpu, a100, h100 (datasheet constants) or a profile FILE from `flowrec calibrate`. Default: the datasheet profile of --device."),
     cache: Optional[str] = typer.Option(None, "--cache", help="Cache policy for tables that do not fit the budget: auto, none (host), static_hot (FAE) or lookahead (ScratchPipe). Default: the spec's plan.cache."),
     rows: Optional[int] = typer.Option(None, "--rows", min=1, help="Synthetic training rows when no data is given or bound (+20% for evaluation). Default: 400000."),
     max_steps: Optional[int] = typer.Option(None, "--max-steps", min=1, help="Stop after this many steps in total."),
@@ -77,7 +78,7 @@ def train(
     """
     given = {"data": _text(data), "eval_data": _text(eval_data), "rows": rows, "seed": seed,
              "device": device, "device_budget": device_budget, "dask": dask, "cache": cache,
-             "plan": _text(plan_file),
+             "plan": _text(plan_file), "target": target,
              "epochs": epochs, "max_steps": max_steps, "eval_every": eval_every,
              "checkpoint_every": checkpoint_every, "checkpoint_full_every": checkpoint_full_every,
              "interleave": interleave, "nan_policy": nan_policy}
@@ -207,7 +208,8 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
         seed=settings["seed"], workdir=folder, dask=settings["dask"],
     )
     plan_file = Path(settings["plan"]) if settings.get("plan") and state is None else None
-    plan, device = plan_for_run(spec, settings["device"] or "auto", settings["device_budget"], plan_file, _say)
+    plan, device = plan_for_run(spec, settings["device"] or "auto", settings["device_budget"], plan_file, _say,
+                                settings["target"])
     if state is not None:  # a resumed run continues with the plan it was trained with, unchanged
         plan = _stored_plan_or_exit(state, folder, plan)
     if spec.training.deterministic:

@@ -14,6 +14,9 @@ Device profiles carry the constants, with units in their names. Sources and assu
   recommendation GEMMs reach `GEMM_EFFICIENCY` of peak; a kernel launch costs ~5 us.
 * Host-side staging (decode, encode, batch) runs ~20 M values/s per worker with 4 workers on the
   GPU hosts, 1 on the 2-core machine.
+* A profile file from `flowrec calibrate` (`--target FILE`) replaces the measured constants by
+  this machine's (GEMM throughput at the spec's shapes with efficiency 1, row gathers, memory
+  bandwidth, host<->device, launch overhead); `DeviceProfile.source` says which it is.
 
 Example:
     >>> DEVICES["h100"].hbm_gbps
@@ -21,12 +24,14 @@ Example:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from flowrec.graph.kinds import OP_KINDS, OPTIMIZERS, PLACEMENTS
 from flowrec.graph.types import DTYPE_BYTES, CostPrediction, OpGraph, PackedGroup
 from flowrec.planner.access import AccessModel, group_model
+from flowrec.planner.calibration import ProfileError, is_profile_path, profile_fields, read_profile
 
 GiB = 2**30  # bytes
 GEMM_EFFICIENCY = 0.5  # achieved fraction of peak FLOP/s on recsys-sized GEMMs
@@ -54,6 +59,8 @@ class DeviceProfile:
     host_gather_rows_per_s: float  # random row gathers from host memory (host-placed tables)
     launch_us: float  # per kernel
     staging_values_per_s: float  # host staging throughput (all workers), ids + dense values
+    gemm_efficiency: float = GEMM_EFFICIENCY  # achieved share of the *_tflops on recsys GEMMs
+    source: str = "datasheet"  # where the constants come from: datasheet, or calibrated FILE
 
     @property
     def overlaps(self) -> bool:
@@ -69,10 +76,27 @@ DEVICES: dict[str, DeviceProfile] = {
 
 
 def device_profile(name: str) -> DeviceProfile:
-    """The named profile. Raises ValueError listing the known ones."""
-    if name not in DEVICES:
-        raise ValueError(f"unknown target {name!r} (known: {', '.join(DEVICES)})")
-    return DEVICES[name]
+    """The named datasheet profile, or a calibrated one from a profile file (`flowrec calibrate`).
+
+    Raises:
+        ValueError: an unknown name (listing the known ones), or an unusable profile file.
+    """
+    if name in DEVICES:
+        return DEVICES[name]
+    if is_profile_path(name):
+        return _calibrated(name)
+    raise ValueError(f"unknown target {name!r} (known: {', '.join(DEVICES)}, or a profile file "
+                     f"from `flowrec calibrate`)")
+
+
+def _calibrated(path: str) -> DeviceProfile:
+    doc = read_profile(Path(path))
+    fields = profile_fields(doc, path)
+    if doc["base"] not in DEVICES:
+        raise ProfileError(f"{path}: base {doc['base']!r} is not a known device (known: {', '.join(DEVICES)})")
+    base = doc["base"]
+    return replace(DEVICES[base], **fields, name=f"{base} calibrated",
+                   source=f"calibrated {path} ({doc.get('created', '?')})")
 
 
 def default_budget(device: DeviceProfile) -> int:
@@ -209,7 +233,7 @@ def predict(graph: OpGraph, spec: Any, device: DeviceProfile, *, micro_batches: 
 
     peak = (device.bf16_tflops if spec.training.precision == "bf16" else device.fp32_tflops) * 1e12
     flops = sum(op.flops for op in dense_ops) * batch
-    dense = flops / (peak * GEMM_EFFICIENCY) + len(dense_ops) * launch_s
+    dense = flops / (peak * device.gemm_efficiency) + len(dense_ops) * launch_s
     backward = 2 * dense + backward_sparse
 
     stages = (("staging", staging), ("transfer", transfer), ("sparse", sparse),
