@@ -144,4 +144,5 @@ def is_inside_run(path: Path) -> bool:
     path = Path(path)
     parent = path.parent
     owned = (parent / LOCK_NAME).exists() or (parent / CHECKPOINT_NAME).exists() or (parent / RUN_FILE).exists()
-    return owned and (path.name in RUN_FILES + (LOCK_NAME,) or path.exists())
+    return owned and (path.name in RUN_FILES + (LOCK_NAME,) or is_delta_name(path.name, CHECKPOINT_NAME)
+                      or path.exists())
