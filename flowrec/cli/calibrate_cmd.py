@@ -11,7 +11,6 @@ import typer
 
 from flowrec.cli.common import fail, load_spec_or_exit
 
-DEFAULT_SPEC = "specs/dlrm_criteo.yaml"
 FALLBACK_SHAPES = [(4096, 512, 256), (4096, 256, 64)]  # without a spec: DLRM-sized layers
 CALIBRATE_HELP = """Measure this machine for the planner's cost model and save a device profile.
 
