@@ -209,7 +209,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     )
     plan_file = Path(settings["plan"]) if settings.get("plan") and state is None else None
     plan, device = plan_for_run(spec, settings["device"] or "auto", settings["device_budget"], plan_file, _say,
-                                settings["target"])
+                                settings["target"], settings["data"] if state is None else None)
     if state is not None:  # a resumed run continues with the plan it was trained with, unchanged
         plan = _stored_plan_or_exit(state, folder, plan)
     if spec.training.deterministic:

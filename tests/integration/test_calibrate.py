@@ -99,3 +99,16 @@ def test_gemm_shapes_follow_the_spec_and_the_default_path_is_per_kind(monkeypatc
     assert len(shapes) == len(set(shapes))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert default_profile_path("cuda") == tmp_path / "flowrec" / "device-cuda.json"
+
+
+def test_train_samples_its_data_to_predict_cache_traffic(tmp_path: Path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(TINY)
+    made = runner.invoke(app, ["data", "synth", str(spec), "--rows", "500", "--out", "data"])
+    assert made.exit_code == 0, made.output
+    sampled = runner.invoke(app, ["train", str(spec), "--data", "data", "--out", "a", "--max-steps", "2"])
+    assert sampled.exit_code == 0, sampled.output
+    assert "access profile: sampled 500 of 500 rows of data (seed 5)" in sampled.output
+    synthetic = runner.invoke(app, ["train", str(spec), "--rows", "100", "--out", "b", "--max-steps", "2"])
+    assert synthetic.exit_code == 0 and "access profile: none (no --data folder)" in synthetic.output
