@@ -2,18 +2,20 @@
 
 Calibrates this machine (`flowrec calibrate --out`, unless --profile is given), then for every spec
 in specs/ trains a few thousand synthetic rows (`flowrec data synth`, then `flowrec train SPEC
---data DIR --target PROFILE --json`, a few steps) and compares the plan's prediction (`plan.json` of the run: `cost.step_ms_overlap`,
+--data DIR --target PROFILE --json`, a few steps; the planner samples that data for its access
+model) and compares the plan's prediction (`plan.json` of the run: `cost.step_ms_overlap`,
 `cost.h2d_bytes_per_step`) with the measurement: compute seconds per step, as `flowrec train
---report` shows them (wall seconds per step are recorded too), and the groups' host<->device bytes
-from the cache counters. Bytes are compared only for specs with a group that is not
-device-resident (the counters exist only there).
+--report` shows them, of the steps after WARMUP_STEPS (two runs, the difference; wall seconds per
+step are recorded too), and the groups' host<->device bytes from the cache counters. Bytes are
+compared only for specs with a group that is not device-resident (the counters exist only
+there); `--device-budget` forces such placements.
 
 Ratios:
     costmodel_max_step_error: max over specs of |predicted / measured - 1| (target <= 0.10).
     costmodel_max_bytes_error: the same for host<->device bytes per step (target <= 0.20).
 
 Usage:
-    python tools/bench_costmodel.py [--steps 4] [--profile FILE] [--json bench/results/costmodel_cpu.json]
+    python tools/bench_costmodel.py [--steps 12] [--profile FILE] [--device-budget 64MiB] [--json PATH]
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 RUN_TIMEOUT_S = 1200
 SYNTH_ROWS = 8192  # synthetic rows per spec (every spec's batch is <= 4096)
 EPOCHS = 100  # enough epochs for --steps over a few thousand rows
+WARMUP_STEPS = 2  # steps whose compute time (first-call set-up) is not counted
 
 
 def flowrec(*args: str, cwd: Path) -> str:
@@ -41,18 +44,27 @@ def flowrec(*args: str, cwd: Path) -> str:
     return done.stdout
 
 
-def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path) -> dict[str, Any]:
-    out, data = tmp / spec.stem, tmp / f"{spec.stem}-data"
+def train_json(spec: Path, data: Path, profile: Path, steps: int, out: Path, tmp: Path,
+               budget: str | None) -> dict[str, Any]:
+    text = flowrec("train", str(spec), "--data", str(data), "--max-steps", str(steps), "--epochs", str(EPOCHS),
+                   "--target", str(profile), "--device", "cpu", "--out", str(out), "--quiet", "--json",
+                   "--eval-every", "0", *(["--device-budget", budget] if budget else []), cwd=tmp)
+    return json.loads(text[text.index("{"):])
+
+
+def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str | None) -> dict[str, Any]:
+    """Predicted vs measured for one spec; the measured step is the compute seconds of `steps`
+    steps beyond WARMUP_STEPS (a run of WARMUP_STEPS + steps minus one of WARMUP_STEPS)."""
+    data = tmp / f"{spec.stem}-data"
     flowrec("data", "synth", str(spec), "--rows", str(SYNTH_ROWS), "--out", str(data), cwd=tmp)
-    text = flowrec("train", str(spec), "--data", str(data), "--max-steps", str(steps), "--epochs", str(EPOCHS), "--target", str(profile),
-                   "--device", "cpu", "--out", str(out), "--quiet", "--json", "--eval-every", "0", cwd=tmp)
-    result = json.loads(text[text.index("{"):])
-    plan = json.loads((out / "plan.json").read_text())
+    warm = train_json(spec, data, profile, WARMUP_STEPS, tmp / f"{spec.stem}-warm", tmp, budget)
+    result = train_json(spec, data, profile, WARMUP_STEPS + steps, tmp / spec.stem, tmp, budget)
+    plan = json.loads((tmp / spec.stem / "plan.json").read_text())
     cost = plan["cost"]
-    measured_ms = result["stage_seconds"]["compute"] / max(result["steps"], 1) * 1e3
-    row = {"spec": spec.name, "steps": result["steps"], "batch": cost["batch_size"],
+    measured_ms = (result["stage_seconds"]["compute"] - warm["stage_seconds"]["compute"]) / steps * 1e3
+    row = {"spec": spec.name, "steps": steps, "batch": cost["batch_size"],
            "predicted_step_ms": cost["step_ms_overlap"], "measured_step_ms": measured_ms,
-           "measured_wall_step_ms": result["seconds"] / max(result["steps"], 1) * 1e3,
+           "measured_wall_step_ms": (result["seconds"] - warm["seconds"]) / steps * 1e3,
            "step_error": cost["step_ms_overlap"] / measured_ms - 1.0}
     if result["counters"]:
         groups = sum(c["h2d_bytes_per_step"] + c["d2h_bytes_per_step"] for c in result["counters"].values())
@@ -66,6 +78,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=12, help="training steps per spec (the first warms up)")
     parser.add_argument("--profile", type=Path, default=None, help="a profile from `flowrec calibrate` (default: calibrate now)")
+    parser.add_argument("--device-budget", default=None, help="device budget of every run (forces cache/host placements)")
     parser.add_argument("--specs", default="", help="comma-separated spec file names (default: all of specs/)")
     parser.add_argument("--json", type=Path, default=REPO / "bench/results/costmodel_cpu.json")
     args = parser.parse_args()
@@ -81,7 +94,7 @@ def main() -> None:
         rows = []
         for spec in specs:
             try:
-                rows.append(measure_spec(spec, Path(profile), args.steps, tmp))
+                rows.append(measure_spec(spec, Path(profile), args.steps, tmp, args.device_budget))
             except (RuntimeError, subprocess.TimeoutExpired) as exc:
                 rows.append({"spec": spec.name, "error": str(exc)})
             print(json.dumps(rows[-1]), flush=True)
@@ -90,6 +103,7 @@ def main() -> None:
     result = {
         "benchmark": "costmodel",
         "calibration": {k: v["value"] for k, v in calibration["measured"].items()},
+        "device_budget": args.device_budget,
         "specs": rows,
         "ratios": {"costmodel_max_step_error": max(steps) if steps else None,
                    "costmodel_max_bytes_error": max(byte_errors) if byte_errors else None},
