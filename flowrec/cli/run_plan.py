@@ -59,11 +59,10 @@ def sampled_access_profile(spec: ModelSpec, data: str | None,
                            status: Callable[[str], None]) -> dict[str, Any] | None:
     """An access profile of a seeded sample (about SAMPLE_ROWS rows) of the run's training data.
 
-    None without a dataset folder (synthetic data follows the planner's Zipf model); the status
-    line says which one the plan uses. A dataset that cannot be read is one line (`fail`).
+    None without a dataset folder (synthetic data follows the planner's Zipf model); a status line
+    says when the plan uses a sample. A dataset that cannot be read is one line (`fail`).
     """
     if data is None:
-        status("access profile: none (no --data folder): the planner predicts cache traffic from its Zipf model")
         return None
     from flowrec.data.layout import META_FILE, DataError
     from flowrec.data.profile import profile_access
