@@ -15,6 +15,8 @@ from typing import Any, Callable
 
 import torch
 
+from operators.device import cuda_devices, runtime_for
+
 GATHER_DIMS = (16, 32, 64, 128)  # embedding dims whose row gather / scatter rates are measured
 GATHER_TABLE_ROWS = 1_000_000
 GATHER_LOOKUPS = 200_000
@@ -24,8 +26,7 @@ REFERENCE_DIM = 16  # the profile's gather rate is for 64-byte rows (fp32, dim 1
 
 
 def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    runtime_for(device).synchronize()
 
 
 def best_seconds(run: Callable[[], Any], device: torch.device, min_seconds: float) -> float:
@@ -82,7 +83,7 @@ def copy_gbps(device: torch.device, min_seconds: float) -> float:
 
 def transfer_gbps(device: torch.device, min_seconds: float) -> tuple[float, float]:
     """Pinned host -> device and device -> host GB/s (CUDA only)."""
-    host = torch.ones(TRANSFER_BYTES // 4).pin_memory()
+    host = runtime_for(device).pin(torch.ones(TRANSFER_BYTES // 4))
     dev = torch.empty(TRANSFER_BYTES // 4, device=device)
     h2d = TRANSFER_BYTES / best_seconds(lambda: dev.copy_(host, non_blocking=True), device, min_seconds)
     d2h = TRANSFER_BYTES / best_seconds(lambda: host.copy_(dev, non_blocking=True), device, min_seconds)
@@ -98,7 +99,7 @@ def launch_us(device: torch.device, min_seconds: float) -> float:
 def memory_bytes(device: torch.device) -> int:
     """Total memory of the device (host RAM for the CPU)."""
     if device.type == "cuda":
-        return int(torch.cuda.get_device_properties(device).total_memory)
+        return next(d.total_bytes for d in cuda_devices() if d.index == (device.index or 0))
     import os
 
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
