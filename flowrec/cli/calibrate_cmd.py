@@ -37,7 +37,7 @@ def calibrate(
     spec: Optional[Path] = typer.Argument(None, help="Spec whose dense-layer GEMM shapes to measure (default: DLRM-sized layers)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
     out: Optional[Path] = typer.Option(None, "--out", help="Profile file to write (default: the user's cache folder)."),
-    seconds: float = typer.Option(0.3, "--seconds", min=0.01, max=10.0, help="Seconds spent per measured kernel."),
+    seconds: float = typer.Option(0.5, "--seconds", min=0.01, max=10.0, help="Seconds spent per measured kernel."),
 ) -> None:
     from flowrec.planner.calibration import default_profile_path, profile_document
     from flowrec.runtime.calibrate import calibrate as measure

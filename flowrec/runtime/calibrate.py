@@ -1,7 +1,7 @@
 """Measure this machine for the cost model: GEMMs, row gathers and scatters, memory, transfers.
 
 Each measurement repeats its kernel until `min_seconds` have passed (after one warm-up call) and
-keeps the best rate, so a whole calibration takes well under a minute. Results are
+keeps the mean rate (what a CPU quota sustains), so a whole calibration takes well under a minute. Results are
 {profile field: (value, how it was measured)} plus raw details per shape and dim; the CLI turns
 them into a device profile document (`flowrec.planner.calibration`).
 
@@ -29,18 +29,20 @@ def _sync(device: torch.device) -> None:
     runtime_for(device).synchronize()
 
 
-def best_seconds(run: Callable[[], Any], device: torch.device, min_seconds: float) -> float:
-    """Best wall seconds of one call of `run` (one warm-up call, then repeats until min_seconds)."""
+def mean_seconds(run: Callable[[], Any], device: torch.device, min_seconds: float) -> float:
+    """Mean wall seconds of one call of `run`: one warm-up call, then calls until `min_seconds`.
+
+    The mean, not the best: on a machine with a CPU quota (containers), short kernels run on
+    every core in bursts and the best call would report a rate the quota never sustains.
+    """
     run()
     _sync(device)
-    best, spent = float("inf"), 0.0
-    while spent < min_seconds:
-        t0 = time.perf_counter()
+    calls, t0 = 0, time.perf_counter()
+    while calls == 0 or time.perf_counter() - t0 < min_seconds:
         run()
-        _sync(device)
-        took = time.perf_counter() - t0
-        best, spent = min(best, took), spent + took
-    return best
+        calls += 1
+    _sync(device)
+    return (time.perf_counter() - t0) / calls
 
 
 def gemm_tflops(device: torch.device, shapes: list[tuple[int, int, int]], dtype: torch.dtype,
@@ -51,7 +53,7 @@ def gemm_tflops(device: torch.device, shapes: list[tuple[int, int, int]], dtype:
     for m, k, n in shapes:
         a = torch.randn(m, k, device=device, dtype=dtype)
         b = torch.randn(k, n, device=device, dtype=dtype)
-        seconds = best_seconds(lambda: a @ b, device, min_seconds)
+        seconds = mean_seconds(lambda: a @ b, device, min_seconds)
         flops = 2.0 * m * k * n
         per_shape[f"{m}x{k}x{n}"] = flops / seconds / 1e12
         total_flops, total_s = total_flops + flops, total_s + seconds
@@ -68,8 +70,8 @@ def gather_rates(device: torch.device, min_seconds: float, table_device: torch.d
         table = torch.zeros(GATHER_TABLE_ROWS, dim, device=table_device)
         ids = torch.randint(0, GATHER_TABLE_ROWS, (GATHER_LOOKUPS,), generator=gen).to(table_device)
         grads = torch.ones(GATHER_LOOKUPS, dim, device=table_device)
-        gathers[dim] = GATHER_LOOKUPS / best_seconds(lambda: table.index_select(0, ids), table_device, min_seconds)
-        scatters[dim] = GATHER_LOOKUPS / best_seconds(lambda: table.index_add_(0, ids, grads), table_device,
+        gathers[dim] = GATHER_LOOKUPS / mean_seconds(lambda: table.index_select(0, ids), table_device, min_seconds)
+        scatters[dim] = GATHER_LOOKUPS / mean_seconds(lambda: table.index_add_(0, ids, grads), table_device,
                                                       min_seconds)
     return gathers, scatters
 
@@ -78,22 +80,22 @@ def copy_gbps(device: torch.device, min_seconds: float) -> float:
     """Device memory bandwidth of a large copy, GB/s counting read + write."""
     src = torch.ones(COPY_BYTES // 4, device=device)
     dst = torch.empty_like(src)
-    return 2 * COPY_BYTES / best_seconds(lambda: dst.copy_(src), device, min_seconds) / 1e9
+    return 2 * COPY_BYTES / mean_seconds(lambda: dst.copy_(src), device, min_seconds) / 1e9
 
 
 def transfer_gbps(device: torch.device, min_seconds: float) -> tuple[float, float]:
     """Pinned host -> device and device -> host GB/s (CUDA only)."""
     host = runtime_for(device).pin(torch.ones(TRANSFER_BYTES // 4))
     dev = torch.empty(TRANSFER_BYTES // 4, device=device)
-    h2d = TRANSFER_BYTES / best_seconds(lambda: dev.copy_(host, non_blocking=True), device, min_seconds)
-    d2h = TRANSFER_BYTES / best_seconds(lambda: host.copy_(dev, non_blocking=True), device, min_seconds)
+    h2d = TRANSFER_BYTES / mean_seconds(lambda: dev.copy_(host, non_blocking=True), device, min_seconds)
+    d2h = TRANSFER_BYTES / mean_seconds(lambda: host.copy_(dev, non_blocking=True), device, min_seconds)
     return h2d / 1e9, d2h / 1e9
 
 
 def launch_us(device: torch.device, min_seconds: float) -> float:
     """Wall microseconds of a tiny kernel (the per-op overhead)."""
     x = torch.ones(8, device=device)
-    return best_seconds(lambda: x.add_(1.0), device, min_seconds) * 1e6
+    return mean_seconds(lambda: x.add_(1.0), device, min_seconds) * 1e6
 
 
 def memory_bytes(device: torch.device) -> int:
@@ -105,7 +107,7 @@ def memory_bytes(device: torch.device) -> int:
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
-def calibrate(device: torch.device, shapes: list[tuple[int, int, int]], min_seconds: float = 0.3,
+def calibrate(device: torch.device, shapes: list[tuple[int, int, int]], min_seconds: float = 0.5,
               ) -> tuple[dict[str, tuple[float | None, str]], dict[str, Any]]:
     """Measure every profile constant this machine can show.
 
@@ -123,8 +125,8 @@ def calibrate(device: torch.device, shapes: list[tuple[int, int, int]], min_seco
     shape_text = ", ".join(f"{m}x{k}x{n}" for m, k, n in shapes)
     measured: dict[str, tuple[float | None, str]] = {
         "memory_bytes": (memory_bytes(device), "total device memory (host RAM on the CPU)"),
-        "fp32_tflops": (fp32, f"fp32 GEMMs at the spec's shapes {shape_text}, FLOP-weighted, best of repeats"),
-        "bf16_tflops": (bf16, f"bf16 GEMMs at the spec's shapes {shape_text}, FLOP-weighted, best of repeats"),
+        "fp32_tflops": (fp32, f"fp32 GEMMs at the spec's shapes {shape_text}, FLOP-weighted, mean of repeats"),
+        "bf16_tflops": (bf16, f"bf16 GEMMs at the spec's shapes {shape_text}, FLOP-weighted, mean of repeats"),
         "gemm_efficiency": (1.0, "the TFLOP/s above are achieved rates at the spec's shapes"),
         "hbm_gbps": (copy_gbps(device, min_seconds), f"copy of {COPY_BYTES >> 20} MiB, read + write"),
         "gather_rows_per_s": (gathers[REFERENCE_DIM], f"index_select of {GATHER_LOOKUPS} random rows of dim "
