@@ -8,7 +8,8 @@ from __future__ import annotations
 import typer
 
 from flowrec import __version__
-from flowrec.cli import data_cmds, doctor_cmd, export_cmd, plan_cmd, predict_cmd, spec_cmds, train_cmds
+from flowrec.cli import (calibrate_cmd, data_cmds, doctor_cmd, export_cmd, plan_cmd, predict_cmd, spec_cmds,
+                         train_cmds)
 
 app = typer.Typer(
     name="flowrec",
@@ -38,6 +39,7 @@ train_cmds.register(app)
 export_cmd.register(app)
 app.command("predict")(predict_cmd.predict)
 doctor_cmd.register(app)
+calibrate_cmd.register(app)
 
 
 def main() -> None:

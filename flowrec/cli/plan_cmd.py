@@ -42,7 +42,7 @@ def plan(
     spec: Path = typer.Argument(..., help="Spec file (YAML or JSON)."),
     until: str = typer.Option("interleaved", "--until", help=f"Last stage: {', '.join(STAGES)}."),
     device_budget: Optional[str] = typer.Option(None, "--device-budget", help="Device memory, e.g. 4GiB."),
-    target: Optional[str] = typer.Option(None, "--target", help="Cost-model device: cpu, a100, h100."),
+    target: Optional[str] = typer.Option(None, "--target", help="Cost-model device: cpu, a100, h100 (datasheet constants), or a profile FILE from `flowrec calibrate`."),
     cache: Optional[str] = typer.Option(None, "--cache", help="Cache policy for tables that do not fit the budget: auto, none (host), static_hot (FAE) or lookahead (ScratchPipe). Default: the spec's plan.cache."),
     profile: Optional[Path] = typer.Option(None, "--profile", help="Access profile JSON (flowrec data profile)."),
     world_size: Optional[int] = typer.Option(None, "--world-size", min=1, max=1_000_000, help="Ranks to plan for (GPUs or CPU processes): per-rank memory, exchange bytes and step time. Default: WORLD_SIZE of the launch environment, else 1."),

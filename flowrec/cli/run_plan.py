@@ -7,7 +7,7 @@ Example:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -21,9 +21,16 @@ from flowrec.spec.model import ModelSpec
 
 def plan_for_run(spec: ModelSpec, device_name: str, device_budget: str | None, plan_file: Path | None,
                  status: Callable[[str], None] = lambda _: None,
-                 profile: Path | None = None) -> tuple[Plan, torch.device]:
-    """(plan, device) of a run; every problem is one line and exit 2 (`fail`). `profile` is an
-    access profile (`flowrec data profile --json`) for the planner's cache pass."""
+                 profile: Path | None = None, target: str | None = None,
+                 data: str | None = None) -> tuple[Plan, torch.device]:
+    """(plan, device) of a run; every problem is one line and exit 2 (`fail`).
+
+    `profile` is an access profile (`flowrec data profile --json`) for the planner's cache pass;
+    without one and with `data`, the run's encoded dataset folder, the planner predicts cache
+    traffic from a seeded sample of it (`sampled_access_profile`) instead of its Zipf model.
+    `target` is the cost model's device: a datasheet name or a calibrated profile file
+    (`flowrec calibrate`); default: the datasheet profile of the run's device.
+    """
     if launch_world_size() > 1:
         fail("this process was launched as one of several ranks (WORLD_SIZE > 1), but multi-process "
              "training is not in this release yet; plan for many ranks with `flowrec plan --world-size`")
@@ -45,7 +52,43 @@ def plan_for_run(spec: ModelSpec, device_name: str, device_budget: str | None, p
         status(f"plan: {plan_file} (target {plan.target}, {len(plan.meta.groups)} packed groups)")
         return plan, device
     try:
-        plan = make_plan(spec, target=cost_target(device), device_budget=device_budget, profile=profile)
+        access = profile if profile is not None else sampled_access_profile(spec, data, status)
+        plan = make_plan(spec, target=target or cost_target(device), device_budget=device_budget,
+                         profile=access)
     except (ValueError, OSError, PassFailure) as exc:
         fail(str(exc))
     return plan, device
+
+
+SAMPLE_ROWS = 20_000  # rows sampled at the start of a run to predict cache traffic
+
+
+def sampled_access_profile(spec: ModelSpec, data: str | None,
+                           status: Callable[[str], None]) -> dict[str, Any] | None:
+    """An access profile of a seeded sample (about SAMPLE_ROWS rows) of the run's training data.
+
+    None without a dataset folder (synthetic data follows the planner's Zipf model); a status line
+    says when the plan uses a sample. A dataset that cannot be read is one line (`fail`).
+    """
+    if data is None:
+        return None
+    from flowrec.data.layout import META_FILE, DataError
+    from flowrec.data.profile import profile_access
+    from flowrec.runtime.session import open_dataset
+
+    path = Path(data)
+    train = path / "train" if (path / "train" / META_FILE).is_file() else path
+    try:
+        source = open_dataset(train, spec)
+        try:
+            total = sum(source.partition_rows())
+            rate = min(1.0, SAMPLE_ROWS / max(total, 1))
+            profile = profile_access(spec, source, sample_rate=rate, seed=spec.training.seed)
+        finally:
+            source.close()
+    except (DataError, OSError, ValueError) as exc:
+        fail(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+    status(f"access profile: sampled {profile['samples']:,} of {total:,} rows of {train} "
+           f"(seed {spec.training.seed}) to predict cache traffic")
+    return profile
+

@@ -29,15 +29,17 @@ SETTINGS: dict[str, tuple[str, Any]] = {
     "cache": ("--cache", None),
     "plan": ("--plan", None),
     "profile": ("--profile", None),
+    "target": ("--target", None),
     "epochs": ("--epochs", None),
     "max_steps": ("--max-steps", None),
     "eval_every": ("--eval-every", None),
     "checkpoint_every": ("--checkpoint-every", 0),
+    "checkpoint_full_every": ("--checkpoint-full-every", 1),
     "interleave": ("--interleave/--no-interleave", True),
     "nan_policy": ("--nan-policy", "stop"),
 }
 
-INT_SETTINGS = ("rows", "seed", "epochs", "max_steps", "eval_every", "checkpoint_every")
+INT_SETTINGS = ("rows", "seed", "epochs", "max_steps", "eval_every", "checkpoint_every", "checkpoint_full_every")
 KINDS: dict[str, type] = {**{k: str for k in SETTINGS}, **{k: int for k in INT_SETTINGS}, "interleave": bool}
 CACHE_POLICIES = ("auto", "none", "static_hot", "lookahead")
 CHOICES = {"cache": CACHE_POLICIES, "nan_policy": NAN_POLICIES}

@@ -50,12 +50,14 @@ def train(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the run in the --out folder (its checkpoint and metrics) with a new one."),
     device_budget: Optional[str] = typer.Option(None, "--device-budget", help="Device memory budget for the planner, e.g. 4GiB."),
     plan_file: Optional[Path] = typer.Option(None, "--plan", help="Train exactly this plan (from `flowrec plan SPEC --json FILE`, possibly edited: placements, cache rows, micro-batches, prefetch, group order), checked against the spec."),
+    target: Optional[str] = typer.Option(None, "--target", help="Cost-model device the plan is made for: cpu, a100, h100 (datasheet constants) or a profile FILE from `flowrec calibrate`. Default: the datasheet profile of --device."),
     cache: Optional[str] = typer.Option(None, "--cache", help="Cache policy for tables that do not fit the budget: auto, none (host), static_hot (FAE) or lookahead (ScratchPipe). Default: the spec's plan.cache."),
     profile: Optional[Path] = typer.Option(None, "--profile", help="Access profile JSON (flowrec data profile --json) for the planner's placements, as `flowrec plan --profile`."),
     rows: Optional[int] = typer.Option(None, "--rows", min=1, help="Synthetic training rows when no data is given or bound (+20% for evaluation). Default: 400000."),
     max_steps: Optional[int] = typer.Option(None, "--max-steps", min=1, help="Stop after this many steps in total."),
     eval_every: Optional[int] = typer.Option(None, "--eval-every", min=0, help="Evaluate every N steps (default: the spec's training.eval_every; 0 = at the end)."),
     checkpoint_every: Optional[int] = typer.Option(None, "--checkpoint-every", min=0, help="Also checkpoint every N steps (always at the end and on Ctrl-C). Default: 0."),
+    checkpoint_full_every: Optional[int] = typer.Option(None, "--checkpoint-full-every", min=1, help="A full checkpoint every K checkpoints; in between, incremental ones (only the rows touched since the previous checkpoint), all written in the background. Default: 1 (every checkpoint full, written inline)."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Override the spec's training seed (0 .. 2^63-1)."),
     dask: Optional[str] = typer.Option(None, "--dask", help="Read data partitions through Dask: a scheduler address (tcp://host:8786) of an existing cluster, or 'local' for a local cluster. Default: direct pyarrow reads (faster on one machine)."),
     interleave: Optional[bool] = typer.Option(None, "--interleave/--no-interleave", help="--no-interleave: sequential schedule (no micro-batches, cache exchanges inline) to compare with the planned overlap; same parameters."),
@@ -81,9 +83,10 @@ def train(
     """
     given = {"data": _text(data), "eval_data": _text(eval_data), "rows": rows, "seed": seed,
              "device": device, "device_budget": device_budget, "dask": dask, "cache": cache,
-             "plan": _text(plan_file), "profile": _text(profile),
+             "plan": _text(plan_file), "profile": _text(profile), "target": target,
              "epochs": epochs, "max_steps": max_steps, "eval_every": eval_every,
-             "checkpoint_every": checkpoint_every, "interleave": interleave, "nan_policy": nan_policy}
+             "checkpoint_every": checkpoint_every, "checkpoint_full_every": checkpoint_full_every,
+             "interleave": interleave, "nan_policy": nan_policy}
     request = RunRequest(spec_path, out, resume, overwrite, given, quiet, json_out, report, init_from,
                          fresh_optimizer)
     try:
@@ -223,7 +226,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     plan_file = Path(settings["plan"]) if settings.get("plan") and state is None else None
     profile = Path(settings["profile"]) if settings.get("profile") else None
     plan, device = plan_for_run(spec, settings["device"] or "auto", settings["device_budget"], plan_file, _say,
-                                profile)
+                                profile, settings["target"], settings["data"] if state is None else None)
     parent = _parent_or_exit(settings) if state is None else None
     if state is not None:  # a resumed run continues with the plan it was trained with, unchanged
         plan = _stored_plan_or_exit(state, folder, plan)
@@ -245,6 +248,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
              f"(see {folder}/spec.json)")
     config = TrainConfig(epochs=settings["epochs"], out_dir=folder, eval_every=settings["eval_every"],
                          max_steps=settings["max_steps"], checkpoint_every=settings["checkpoint_every"],
+                         checkpoint_full_every=settings["checkpoint_full_every"],
                          progress=not request.quiet, interleave=settings["interleave"],
                          nan_policy=settings["nan_policy"])
     trainer = Trainer(session.spec, session.plan, session.model, config, plan_json(session.plan))

@@ -14,6 +14,9 @@ Device profiles carry the constants, with units in their names. Sources and assu
   recommendation GEMMs reach `GEMM_EFFICIENCY` of peak; a kernel launch costs ~5 us.
 * Host-side staging (decode, encode, batch) runs ~20 M values/s per worker with 4 workers on the
   GPU hosts, 1 on the 2-core machine.
+* A profile file from `flowrec calibrate` (`--target FILE`) replaces the measured constants by
+  this machine's (GEMM throughput at the spec's shapes with efficiency 1, row gathers, memory
+  bandwidth, host<->device, launch overhead); `DeviceProfile.source` says which it is.
 
 Example:
     >>> DEVICES["h100"].hbm_gbps
@@ -21,12 +24,14 @@ Example:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 from flowrec.graph.kinds import OP_KINDS, OPTIMIZERS, PLACEMENTS
 from flowrec.graph.types import DTYPE_BYTES, AccessProfile, CostPrediction, OpGraph, PackedGroup
 from flowrec.planner import exchange
 from flowrec.planner.access import AccessModel, group_model
+from flowrec.planner.calibration import ProfileError, is_profile_path, profile_fields, read_profile
 from flowrec.planner.exchange import link_for
 from flowrec.spec.model import ModelSpec
 
@@ -56,6 +61,8 @@ class DeviceProfile:
     host_gather_rows_per_s: float  # random row gathers from host memory (host-placed tables)
     launch_us: float  # per kernel
     staging_values_per_s: float  # host staging throughput (all workers), ids + dense values
+    gemm_efficiency: float = GEMM_EFFICIENCY  # achieved share of the *_tflops on recsys GEMMs
+    source: str = "datasheet"  # where the constants come from: datasheet, or calibrated FILE
 
     @property
     def overlaps(self) -> bool:
@@ -71,10 +78,27 @@ DEVICES: dict[str, DeviceProfile] = {
 
 
 def device_profile(name: str) -> DeviceProfile:
-    """The named profile. Raises ValueError listing the known ones."""
-    if name not in DEVICES:
-        raise ValueError(f"unknown target {name!r} (known: {', '.join(DEVICES)})")
-    return DEVICES[name]
+    """The named datasheet profile, or a calibrated one from a profile file (`flowrec calibrate`).
+
+    Raises:
+        ValueError: an unknown name (listing the known ones), or an unusable profile file.
+    """
+    if name in DEVICES:
+        return DEVICES[name]
+    if is_profile_path(name):
+        return _calibrated(name)
+    raise ValueError(f"unknown target {name!r} (known: {', '.join(DEVICES)}, or a profile file "
+                     f"from `flowrec calibrate`)")
+
+
+def _calibrated(path: str) -> DeviceProfile:
+    doc = read_profile(Path(path))
+    fields = profile_fields(doc, path)
+    if doc["base"] not in DEVICES:
+        raise ProfileError(f"{path}: base {doc['base']!r} is not a known device (known: {', '.join(DEVICES)})")
+    base = doc["base"]
+    return replace(DEVICES[base], **fields, name=f"{base} calibrated",
+                   source=f"calibrated {path} ({doc.get('created', '?')})")
 
 
 def default_budget(device: DeviceProfile) -> int:
@@ -220,7 +244,7 @@ def predict(graph: OpGraph, spec: ModelSpec, device: DeviceProfile, *, micro_bat
 
     peak = (device.bf16_tflops if spec.training.precision == "bf16" else device.fp32_tflops) * 1e12
     flops = sum(op.flops for op in dense_ops) * batch
-    dense = flops / (peak * GEMM_EFFICIENCY) + len(dense_ops) * launch_s
+    dense = flops / (peak * device.gemm_efficiency) + len(dense_ops) * launch_s
     backward = 2 * dense + backward_sparse
 
     stages = (("staging", staging), ("transfer", transfer), ("sparse", sparse),
@@ -237,7 +261,7 @@ def predict(graph: OpGraph, spec: ModelSpec, device: DeviceProfile, *, micro_bat
     traffic = exchange_traffic(graph, spec, units, batch, world, profile)
     exchange_s = 0.0
     if world > 1:
-        link = link_for(device.name, world)
+        link = link_for(device.name.split()[0], world)  # a calibrated profile keeps its base's links
         calls = sum(exchange.collectives(u.group) for u in units if u.group is not None) + traffic.dense_calls
         exchange_s = exchange.seconds(traffic.total, calls, link)
         serial += exchange_s

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from flowrec.runtime.atomic import TEMP_PREFIX, TEMP_SUFFIX, atomic_write, remove_stale_temps
 from flowrec.runtime.checkpoint import CHECKPOINT_NAME
+from flowrec.runtime.checkpoint_delta import is_delta_name, remove_deltas
 
 LOCK_NAME = ".flowrec.lock"
 RUN_FILE = "run.json"  # the settings a run was started with; --resume restores them
@@ -123,7 +124,8 @@ def foreign_entries(folder: Path) -> list[str]:
         return []
     own = set(RUN_FILES) | {LOCK_NAME} | set(RUN_SUBFOLDERS)
     return sorted(p.name for p in folder.iterdir()
-                  if p.name not in own and not (p.name.startswith(TEMP_PREFIX) and p.name.endswith(TEMP_SUFFIX)))
+                  if p.name not in own and not is_delta_name(p.name, CHECKPOINT_NAME)
+                  and not (p.name.startswith(TEMP_PREFIX) and p.name.endswith(TEMP_SUFFIX)))
 
 
 def has_run(folder: Path) -> bool:
@@ -141,6 +143,7 @@ def clear_run_files(folder: Path) -> None:
         if name != RUN_FILE:
             (Path(folder) / name).unlink(missing_ok=True)
     (Path(folder) / BEST_DIR / CHECKPOINT_NAME).unlink(missing_ok=True)
+    remove_deltas(Path(folder) / CHECKPOINT_NAME)
 
 
 def write_text(path: Path, text: str) -> None:
@@ -156,4 +159,5 @@ def is_inside_run(path: Path) -> bool:
     path = Path(path)
     parent = path.parent
     owned = (parent / LOCK_NAME).exists() or (parent / CHECKPOINT_NAME).exists() or (parent / RUN_FILE).exists()
-    return owned and (path.name in RUN_FILES + (LOCK_NAME,) or path.exists())
+    return owned and (path.name in RUN_FILES + (LOCK_NAME,) or is_delta_name(path.name, CHECKPOINT_NAME)
+                      or path.exists())

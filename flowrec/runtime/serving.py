@@ -42,6 +42,7 @@ from flowrec.runtime.checkpoint import (
     checkpoint_path,
     load_checkpoint,
 )
+from flowrec.runtime.checkpoint_delta import delta_files
 from flowrec.runtime.evaluate import evaluate, group_slot
 from flowrec.runtime.lowering import LoweredModel, lower
 from flowrec.runtime.session import open_dataset, resolve_device
@@ -119,7 +120,8 @@ def load_trained(run: Path, device: str, scoring: Callable[[Plan], Plan], mmap: 
     model = lower(plan, spec, "meta" if mmap else dev)  # mapped: the file's tensors are assigned
     check_tensors(source, "model", model.state_dict(), state["model"])
     model.load_state_dict(state["model"], assign=mmap)
-    if mmap:  # the load's content check read every page: give them back until they are used
+    if mmap and not delta_files(source):  # the content check read every page: give them back until
+        # they are used (not when deltas were applied: their rows live only in those private pages)
         for tensor in state["model"].values():
             drop_mapped_pages(tensor)
     return Trained(spec, model, plan, run_encoder(source))

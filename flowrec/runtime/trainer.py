@@ -37,6 +37,7 @@ from flowrec.runtime.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from flowrec.runtime.checkpointer import Checkpointer
 from flowrec.runtime.early_stop import EarlyStopper
 from flowrec.runtime.evaluate import Metrics, evaluate
 from flowrec.runtime.hostmem import tune_host_allocator
@@ -63,6 +64,9 @@ class TrainConfig:
         eval_every: evaluate every N steps (None: the spec's training.eval_every; 0: only at the end).
         max_steps: stop after this many steps in total (None: no limit).
         checkpoint_every: also checkpoint every N steps (0: only at the end and on interrupt).
+        checkpoint_full_every: a full checkpoint every K checkpoints and incremental deltas (the
+            rows touched since the previous one) in between, written in the background; 1: every
+            checkpoint is full and written inline.
         progress: show the progress bar.
         workers: data packing threads.
         lookahead: staging lookahead window (>= 1 computes the casting index in the data stage).
@@ -83,6 +87,7 @@ class TrainConfig:
     eval_every: int | None = None
     max_steps: int | None = None
     checkpoint_every: int = 0
+    checkpoint_full_every: int = 1
     progress: bool = True
     workers: int = 2
     lookahead: int = 1
@@ -202,7 +207,9 @@ class Trainer:
         self._interrupt = GracefulInterrupt()
         self._per_epoch = 0
         self.skipped_batches = 0
-        self.checkpoint_step: int | None = None  # step of the newest checkpoint on disk
+        self.checkpointer = Checkpointer(Path(config.out_dir or ".") / CHECKPOINT_NAME,
+                                         config.checkpoint_full_every,
+                                         {g.name: g.rows for g in model.groups})
 
     # ---------------------------------------------------------------- data
     def staging(self, shuffle: bool | None = None, lookahead: int | None = None) -> StagingOptions:
@@ -264,10 +271,12 @@ class Trainer:
         try:
             return self._fit(train_source, eval_source, total)
         except TrainingStopped as exc:
+            self.checkpointer.drain()
             if self.log is not None:
                 self.log.write({"event": "stopped", "step": self.position.step, "reason": str(exc)})
             raise
         finally:
+            self.checkpointer.drain()
             self.model.close()
             if self.log is not None:
                 self.log.close()
@@ -305,6 +314,7 @@ class Trainer:
         if not interrupted and eval_source is not None:
             result.eval = self._final_eval(eval_source)
         self._checkpoint()
+        self._wait_checkpoints()
         if self.stopper is not None:
             result.best_step = self.stopper.state.best_step
         result.stage_seconds = dict(self.stage_seconds)
@@ -316,7 +326,8 @@ class Trainer:
                             "seconds": seconds, "samples_per_s": result.samples_per_s,
                             "interrupted": interrupted, "stage_seconds": result.stage_seconds,
                             "counters": result.counters, "skipped_batches": self.skipped_batches,
-                            "stopped_early": self.stopped_early, "best_step": result.best_step})
+                            "stopped_early": self.stopped_early, "best_step": result.best_step,
+                            "checkpoint_writes_s": self.checkpointer.seconds})
         return result
 
     @property
@@ -336,6 +347,7 @@ class Trainer:
                 t0 = time.perf_counter()
                 lr_dense, lr_sparse = self.lr.apply(pos.step)
                 loss, skipped_head = self._step(batch)
+                self.checkpointer.mark(batch)
                 self.stage_seconds["compute"] += time.perf_counter() - t0
                 pos.batch, pos.step, pos.samples = batch.index + 1, pos.step + 1, pos.samples + batch.size
                 bar.update(batch.size, loss)
@@ -377,11 +389,14 @@ class Trainer:
             self.skipped_batches += 1
             return None, bad.head
 
+    @property
+    def checkpoint_step(self) -> int | None:
+        """Step of the newest checkpoint on disk (None: none yet)."""
+        return self.checkpointer.step
+
     def checkpoint_note(self) -> str:
         """What is on disk after a failure: the newest checkpoint's step, or that there is none."""
-        if self.checkpoint_step is None:
-            return "no checkpoint was written"
-        return f"the checkpoint of step {self.checkpoint_step} is kept"
+        return self.checkpointer.note()
 
     def _staged(self, train_source: Any) -> Any:
         """This epoch's batches from the current position (hot/cold batches under FAE)."""
@@ -468,7 +483,7 @@ class Trainer:
         torch.set_rng_state(state["rng"]["torch"])
         self.position = Position(**state["position"])
         self.skipped_batches = int(state.get("skipped_batches", 0))
-        self.checkpoint_step = self.position.step
+        self.checkpointer.restart_chain(self.position.step)
         self._load_loop_state(Path(source), state)
 
     def _load_loop_state(self, source: Path, state: dict[str, Any]) -> None:
@@ -489,16 +504,25 @@ class Trainer:
         if self.config.out_dir is None:
             return
         t0 = time.perf_counter()
-        state = self.state()
-        bad = first_non_finite(state["model"])
-        if bad is not None:
-            raise TrainingStopped(f"parameter {bad} is not finite at step {self.position.step}; "
-                                  f"not checkpointed, {self.checkpoint_note()}")
         folder = Path(self.config.out_dir) / BEST_DIR if best else Path(self.config.out_dir)
-        folder.mkdir(exist_ok=True)
-        save_checkpoint(folder / CHECKPOINT_NAME, state)
-        if not best:
-            self.checkpoint_step = self.position.step
+        if best:  # the best evaluation's checkpoint: always whole, written inline
+            state = self.state()
+            bad = first_non_finite(state["model"])
+            if bad is not None:
+                raise TrainingStopped(f"parameter {bad} is not finite at step {self.position.step}; "
+                                      f"not checkpointed, {self.checkpoint_note()}")
+            folder.mkdir(exist_ok=True)
+            save_checkpoint(folder / CHECKPOINT_NAME, state)
+        else:  # a full checkpoint or a delta on the last one (`Checkpointer`)
+            self.checkpointer.save(self.state(), self.model.embeddings)
+        self.stage_seconds["checkpoint"] += time.perf_counter() - t0
+        if self.hooks.on_checkpoint is not None:
+            self.hooks.on_checkpoint(self.position.step, folder / CHECKPOINT_NAME)
+
+    def _wait_checkpoints(self) -> None:
+        """Wait for the background write in flight (the time training waits counts as checkpointing)."""
+        t0 = time.perf_counter()
+        self.checkpointer.wait()
         self.stage_seconds["checkpoint"] += time.perf_counter() - t0
         if self.hooks.on_checkpoint is not None:
             self.hooks.on_checkpoint(self.position.step, folder / CHECKPOINT_NAME)

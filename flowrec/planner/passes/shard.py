@@ -54,7 +54,7 @@ def shard(graph: OpGraph, ctx: PassContext) -> PassResult:
 
 def _shard_groups(groups: tuple[PackedGroup, ...], ctx: PassContext) -> tuple[tuple[PackedGroup, ...], list[str]]:
     world = ctx.world_size
-    link = exchange.link_for(ctx.target, world)
+    link = exchange.link_for(device_profile(ctx.target).name.split()[0], world)  # calibrated: its base
     budget = ctx.device_budget_bytes if ctx.device_budget_bytes is not None else default_budget(device_profile(ctx.target))
     batch = -(-ctx.spec.training.batch_size // world)  # samples per rank
     out, notes = [], [f"world size {world} over {link.name} ({link.gbps:g} GB/s per rank, "

@@ -1,0 +1,95 @@
+"""Device profile documents: the cost model's constants measured on a machine (`flowrec calibrate`).
+
+A profile document is JSON: the datasheet profile it starts from (`base`), the constants measured
+here with how each was measured (`measured`: {field: {"value", "how"}}), the machine and the time.
+Fields not measured keep the base's datasheet value and are listed under `datasheet`. The planner
+loads a document given as `--target FILE` (`flowrec.planner.cost.device_profile`); the plan then
+names the profile and says it is calibrated. The default place is the user's cache folder
+(`$XDG_CACHE_HOME/flowrec/`, else `~/.cache/flowrec/`), one file per device kind.
+
+Example:
+    >>> doc = profile_document("cpu", {"hbm_gbps": (12.1, "copy 64 MiB")}, "x86_64", "2026-01-01T00:00:00Z")
+    >>> profile_fields(doc, "p.json")["hbm_gbps"]
+    12.1
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+PROFILE_FORMAT = "flowrec-device-profile"
+PROFILE_VERSION = 1
+MEASURABLE = ("memory_bytes", "hbm_gbps", "pcie_gbps", "fp32_tflops", "bf16_tflops", "gemm_efficiency",
+              "gather_rows_per_s", "host_gather_rows_per_s", "launch_us")
+
+
+class ProfileError(ValueError):
+    """A device profile document that cannot be used; one line naming the file."""
+
+
+def default_profile_path(kind: str) -> Path:
+    """Where `flowrec calibrate` saves the profile of a device kind (cpu, cuda) by default."""
+    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(root) / "flowrec" / f"device-{kind}.json"
+
+
+def profile_document(base: str, measured: Mapping[str, tuple[float | None, str]], machine: str,
+                     created: str, details: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The JSON document of a calibrated profile.
+
+    Args:
+        base: the datasheet profile whose unmeasured constants it keeps (cpu, a100, h100).
+        measured: field -> (value, how it was measured); value None: not measurable here.
+        machine: a description of the machine.
+        created: ISO time of the measurement.
+        details: raw measurements (per shape / per dim), kept for the reader.
+    """
+    unknown = sorted(set(measured) - set(MEASURABLE))
+    if unknown:
+        raise ValueError(f"not profile constants: {', '.join(unknown)}")
+    return {"format": PROFILE_FORMAT, "version": PROFILE_VERSION, "base": base, "machine": machine,
+            "created": created, "measured": {k: {"value": v, "how": how} for k, (v, how) in measured.items()},
+            "datasheet": sorted(set(MEASURABLE) - set(measured)), "details": dict(details or {})}
+
+
+def read_profile(path: Path) -> dict[str, Any]:
+    """Load a profile document. Raises ProfileError (one line naming the file)."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ProfileError(f"cannot read device profile {path}: {exc.strerror or exc}") from None
+    except ValueError:
+        raise ProfileError(f"{path} is not a device profile (not JSON)") from None
+    if not isinstance(doc, dict) or doc.get("format") != PROFILE_FORMAT:
+        raise ProfileError(f"{path} is not a flowrec device profile (make one with `flowrec calibrate`)")
+    if doc.get("version") != PROFILE_VERSION:
+        raise ProfileError(f"{path} is device profile version {doc.get('version')!r}; this flowrec reads "
+                           f"version {PROFILE_VERSION}")
+    return doc
+
+
+def profile_fields(doc: Mapping[str, Any], path: str) -> dict[str, Any]:
+    """The measured constants of a document, checked: {field: value} (pcie_gbps may be None)."""
+    measured = doc.get("measured")
+    if not isinstance(measured, dict) or not isinstance(doc.get("base"), str):
+        raise ProfileError(f"{path} is damaged: no base or measured constants")
+    fields = {}
+    for key, entry in measured.items():
+        value = entry.get("value") if isinstance(entry, dict) else entry
+        if key not in MEASURABLE:
+            raise ProfileError(f"{path}: {key} is not a device profile constant")
+        if value is None and key == "pcie_gbps":
+            fields[key] = None
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ProfileError(f"{path}: measured {key} must be a positive number, not {value!r}")
+        fields[key] = int(value) if key == "memory_bytes" else float(value)
+    return fields
+
+
+def is_profile_path(target: str) -> bool:
+    """A `--target` value that names a profile file rather than a datasheet profile."""
+    return target.endswith(".json") or os.sep in target

@@ -1,0 +1,127 @@
+"""Dirty-row tracking, consistent snapshots and the background checkpoint writer.
+
+`DirtyRows` marks the packed rows each training step touches (the batch's packed ids: the fused
+sparse update changes exactly the unique rows of a batch, under every placement). At a delta
+checkpoint the trainer copies those rows with their optimizer state, and the whole dense part, into
+a snapshot (`delta_snapshot`), clears the marks and lets training continue while a
+`BackgroundWriter` serializes, digests and atomically writes the snapshot.
+
+Example:
+    >>> dirty = DirtyRows(); dirty.mark(batch)  # doctest: +SKIP
+    >>> rows = dirty.take()  # {group: sorted unique rows (n,) int64}
+"""
+from __future__ import annotations
+
+import copy
+import queue
+import threading
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+EMBEDDINGS_PREFIX = "embeddings."
+
+
+class DirtyRows:
+    """Packed rows of each group touched since the last `take` (a bool mask per group)."""
+
+    def __init__(self) -> None:
+        self._masks: dict[str, torch.Tensor] = {}
+
+    def mark(self, batch: Any, rows_of_group: dict[str, int]) -> None:
+        """Mark every packed id of `batch` (ids stay on their device: no sync)."""
+        for name, gids in batch.groups.items():
+            mask = self._masks.get(name)
+            if mask is None:
+                mask = torch.zeros(rows_of_group[name], dtype=torch.bool, device=gids.ids.device)
+                self._masks[name] = mask
+            mask[gids.ids.to(mask.device, non_blocking=True)] = True
+
+    def take(self) -> dict[str, torch.Tensor]:
+        """Sorted touched rows per group (on the CPU), and clear the marks.  # {group: (n,) int64}"""
+        rows = {name: mask.nonzero().flatten().cpu() for name, mask in self._masks.items()}
+        for mask in self._masks.values():
+            mask.zero_()
+        return rows
+
+
+def packed_tables(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """The complete packed weight and optimizer state of an embedding module (any placement)."""
+    if hasattr(module, "full_tables"):
+        return module.full_tables()
+    return module.weight, module.state
+
+
+def delta_tables(embeddings: nn.ModuleDict, rows: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
+    """Copies of the `rows` of every packed group (groups without marks: no rows).
+
+    Returns:
+        {"embeddings.<group>": {"rows": (n,) int64, "weight": (n, D), "state": (n, k)}}
+    """
+    out = {}
+    for name, module in embeddings.items():
+        weight, state = packed_tables(module)
+        picked = rows.get(name, torch.zeros(0, dtype=torch.int64))
+        index = picked.to(weight.device)
+        out[f"{EMBEDDINGS_PREFIX}{name}"] = {"rows": picked.clone(), "weight": weight.index_select(0, index).cpu(),
+                                             "state": state.index_select(0, index.to(state.device)).cpu()}
+    return out
+
+
+def table_keys(embeddings: nn.ModuleDict) -> set[str]:
+    """State-dict keys of the packed tables: embeddings.<group>.weight / .state."""
+    return {f"{EMBEDDINGS_PREFIX}{name}.{part}" for name in embeddings for part in ("weight", "state")}
+
+
+def cloned(value: Any) -> Any:
+    """A deep copy of a checkpoint value whose tensors training may change in place."""
+    return copy.deepcopy(value)
+
+
+class BackgroundWriter:
+    """Runs writes one after another, in order, on a worker thread.
+
+    `submit` queues a write and returns at once; `wait` blocks until every queued write is done
+    and re-raises the first error. After an error the writes still queued are dropped (a delta
+    must never follow a write that failed); the error surfaces at the next `submit` or `wait`.
+    """
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def submit(self, write: Callable[[], None]) -> None:
+        """Queue `write` (raises the error of an earlier write instead, if there was one)."""
+        self._raise_error()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, name="flowrec-checkpoint", daemon=True)
+            self._thread.start()
+        self._queue.put(write)
+
+    def _work(self) -> None:
+        while True:
+            write = self._queue.get()
+            try:
+                if write is not None and self._error is None:
+                    write()
+            except BaseException as exc:  # handed to the training thread at its next submit / wait
+                self._error = exc
+            finally:
+                self._queue.task_done()
+
+    @property
+    def pending(self) -> int:
+        """Writes queued or running."""
+        return self._queue.unfinished_tasks
+
+    def wait(self) -> None:
+        """Block until every queued write is on disk; raise the first error, if any."""
+        self._queue.join()
+        self._raise_error()
+
+    def _raise_error(self) -> None:
+        error, self._error = self._error, None
+        if error is not None:
+            raise error

@@ -1,0 +1,114 @@
+"""`flowrec calibrate` writes a device profile; `--target FILE` on plan and train uses it; bad
+profile files are one-line errors."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from flowrec.cli import app
+from flowrec.cli.calibrate_cmd import gemm_shapes
+from flowrec.planner.calibration import MEASURABLE, ProfileError, default_profile_path, profile_fields
+from flowrec.planner.cost import DEVICES, device_profile
+from flowrec.spec import load_spec
+
+REPO = Path(__file__).resolve().parents[2]
+SPEC = REPO / "specs" / "dlrm_criteo.yaml"
+TINY = """
+name: tiny_cal
+features:
+  - {name: d1, type: dense, transform: log1p}
+  - {name: user, type: categorical, hash_buckets: 50, dim: 4}
+modules:
+  - {name: bottom, kind: mlp, inputs: ["@dense"], layers: [4]}
+  - {name: top, kind: mlp, inputs: [bottom, user], layers: [8]}
+heads:
+  - {name: ctr, input: top, task: binary, loss: bce}
+optimizer:
+  dense: {name: adam, lr: 0.01}
+  sparse: {name: rowwise_adagrad, lr: 0.1}
+training: {batch_size: 32, epochs: 1, seed: 5}
+"""
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def profile(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("cal") / "cpu.json"
+    result = runner.invoke(app, ["calibrate", str(SPEC), "--device", "cpu", "--seconds", "0.01", "--out", str(path)])
+    assert result.exit_code == 0, result.output
+    return path
+
+
+def test_the_profile_records_every_constant_and_how(profile: Path):
+    doc = json.loads(profile.read_text())
+    assert doc["base"] == "cpu" and set(doc["measured"]) | set(doc["datasheet"]) == set(MEASURABLE)
+    assert all(entry["how"] for entry in doc["measured"].values())
+    assert doc["measured"]["pcie_gbps"]["value"] is None  # the CPU is its own device
+    assert "4096x13x512" in doc["details"]["fp32_tflops_by_shape"]  # DLRM's first bottom layer
+    assert set(doc["details"]["gather_rows_per_s_by_dim"]) == {"16", "32", "64", "128"}
+    fields = profile_fields(doc, str(profile))
+    calibrated = device_profile(str(profile))
+    assert calibrated.fp32_tflops == fields["fp32_tflops"] != DEVICES["cpu"].fp32_tflops
+    assert calibrated.source.startswith(f"calibrated {profile}") and DEVICES["cpu"].source == "datasheet"
+
+
+def test_plan_with_a_calibrated_target_names_it(profile: Path):
+    result = runner.invoke(app, ["plan", str(SPEC), "--target", str(profile), "--json", "-"])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout)
+    assert plan["target"] == str(profile) and plan["cost"]["target"] == "cpu calibrated"
+    datasheet = json.loads(runner.invoke(app, ["plan", str(SPEC), "--json", "-"]).stdout)
+    assert datasheet["target"] == "cpu" and datasheet["cost"]["target"] == "cpu"
+    assert plan["cost"]["step_ms_overlap"] != datasheet["cost"]["step_ms_overlap"]
+
+
+def test_train_with_a_calibrated_target_runs_its_plan(profile: Path, tmp_path: Path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(TINY)
+    result = runner.invoke(app, ["train", str(spec), "--rows", "100", "--out", "run", "--quiet",
+                                 "--target", str(profile)])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "run" / "plan.json").read_text())["target"] == str(profile)
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["target"] == str(profile)
+
+
+@pytest.mark.parametrize("content, words", [
+    ("not json", "is not a device profile (not JSON)"),
+    ('{"format": "other"}', "is not a flowrec device profile"),
+    ('{"format": "flowrec-device-profile", "version": 1, "base": "cpu", "measured": {"hbm_gbps": {"value": -1}}}',
+     "measured hbm_gbps must be a positive number"),
+    ('{"format": "flowrec-device-profile", "version": 1, "base": "tpu", "measured": {}}', "base 'tpu' is not a known"),
+])
+def test_a_bad_profile_file_is_one_line(tmp_path: Path, content: str, words: str):
+    bad = tmp_path / "bad.json"
+    bad.write_text(content)
+    result = runner.invoke(app, ["plan", str(SPEC), "--target", str(bad)])
+    assert result.exit_code == 2 and words in result.output and str(bad) in result.output
+    assert "Traceback" not in result.output
+    with pytest.raises(ProfileError):
+        device_profile(str(bad))
+
+
+def test_gemm_shapes_follow_the_spec_and_the_default_path_is_per_kind(monkeypatch, tmp_path: Path):
+    shapes = gemm_shapes(load_spec(SPEC))
+    assert shapes[:4] == [(4096, 13, 512), (4096, 512, 256), (4096, 256, 64), (4096, 64, 16)]
+    assert len(shapes) == len(set(shapes))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert default_profile_path("cuda") == tmp_path / "flowrec" / "device-cuda.json"
+
+
+def test_train_samples_its_data_to_predict_cache_traffic(tmp_path: Path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(TINY)
+    made = runner.invoke(app, ["data", "synth", str(spec), "--rows", "500", "--out", "data"])
+    assert made.exit_code == 0, made.output
+    sampled = runner.invoke(app, ["train", str(spec), "--data", "data", "--out", "a", "--max-steps", "2"])
+    assert sampled.exit_code == 0, sampled.output
+    assert "access profile: sampled 500 of 500 rows of data (seed 5)" in sampled.output
+    synthetic = runner.invoke(app, ["train", str(spec), "--rows", "100", "--out", "b", "--max-steps", "2"])
+    assert synthetic.exit_code == 0 and "access profile" not in synthetic.output
