@@ -524,8 +524,6 @@ class Trainer:
         t0 = time.perf_counter()
         self.checkpointer.wait()
         self.stage_seconds["checkpoint"] += time.perf_counter() - t0
-        if self.hooks.on_checkpoint is not None:
-            self.hooks.on_checkpoint(self.position.step, folder / CHECKPOINT_NAME)
 
     def _write_run_files(self, out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)
