@@ -30,9 +30,12 @@ from flowrec.graph.types import STAGES, PackedGroup, PassRecord, Plan
 from flowrec.planner.cost import device_profile, predict
 from flowrec.planner.manager import make_plan
 from flowrec.planner.passes.cache import expected_hit_rate
+from flowrec.spec.json_scan import scan_json
 from flowrec.spec.model import ModelSpec
 from flowrec.spec.schemas import PLAN_SCHEMA, load_schema
 
+MAX_PLAN_BYTES = 256 * 2**20  # a plan of 1,000 fields is under 1 MiB
+MAX_PLAN_DEPTH = 32  # a plan nests 6 levels deep
 GROUP_DECISIONS = ("placement", "cache_rows", "expected_hit_rate", "sharding", "shards")  # editable per group
 
 
@@ -47,13 +50,21 @@ def read_plan_document(path: Path) -> dict[str, Any]:
         PlanError: unreadable, not JSON, not a flowrec plan, or schema errors (the first few).
     """
     try:
+        size = Path(path).stat().st_size
+        if size > MAX_PLAN_BYTES:
+            raise PlanError(f"{path}: {size:,} bytes is too large for a plan (at most {MAX_PLAN_BYTES:,})")
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise PlanError(f"{path}: cannot read the plan ({exc.__class__.__name__}: {exc})") from None
+    scan = scan_json(text, MAX_PLAN_DEPTH)
+    if scan.too_deep is not None:
+        raise PlanError(f"{path}: line {scan.too_deep}: nested deeper than {MAX_PLAN_DEPTH} levels; not a plan")
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
         raise PlanError(f"{path}: not JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+    if scan.problems:
+        raise PlanError(f"{path}: {scan.problems[0]}")
     return check_plan_document(doc, str(path))
 
 

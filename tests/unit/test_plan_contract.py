@@ -90,12 +90,15 @@ def test_bad_plans_are_one_line(repo: Path, tmp_path: Path, change, message):
 
 def test_unreadable_plan_files_are_one_line(repo: Path, tmp_path: Path):
     spec = load_spec(repo / "specs" / "movielens.yaml")
-    for name, content in (("empty.json", b""), ("latin.json", b"\xff\xfe{"), ("list.json", b"[1, 2]")):
+    for name, content in (("empty.json", b""), ("latin.json", b"\xff\xfe{"), ("list.json", b"[1, 2]"),
+                          ("deep.json", b"[" * 100_000 + b"]" * 100_000), ("nan.json", b'{"format": NaN}')):
         (tmp_path / name).write_bytes(content)
         with pytest.raises(PlanError):
             load_plan(tmp_path / name, spec)
     with pytest.raises(PlanError, match="cannot read"):
         load_plan(tmp_path / "missing.json", spec)
+    with pytest.raises(PlanError, match="cannot read"):
+        load_plan(tmp_path, spec)  # a folder
 
 
 def test_scoring_reads_cache_placements_from_the_host(repo: Path):
