@@ -19,6 +19,17 @@ from flowrec.runtime.session import cost_target, resolve_device
 from flowrec.spec.model import ModelSpec
 
 
+def device_for_run(spec: ModelSpec, device_name: str) -> torch.device:
+    """The device of a run (auto: the spec's hint, else CUDA when present); refuses multi-rank launches."""
+    if launch_world_size() > 1:
+        fail("this process was launched as one of several ranks (WORLD_SIZE > 1), but multi-process "
+             "training is not in this release yet; plan for many ranks with `flowrec plan --world-size`")
+    try:
+        return resolve_device(device_name if device_name != "auto" else spec.plan.device)
+    except RuntimeError as exc:
+        fail(str(exc))
+
+
 def plan_for_run(spec: ModelSpec, device_name: str, device_budget: str | None, plan_file: Path | None,
                  status: Callable[[str], None] = lambda _: None,
                  profile: Path | None = None, target: str | None = None,
@@ -31,13 +42,7 @@ def plan_for_run(spec: ModelSpec, device_name: str, device_budget: str | None, p
     `target` is the cost model's device: a datasheet name or a calibrated profile file
     (`flowrec calibrate`); default: the datasheet profile of the run's device.
     """
-    if launch_world_size() > 1:
-        fail("this process was launched as one of several ranks (WORLD_SIZE > 1), but multi-process "
-             "training is not in this release yet; plan for many ranks with `flowrec plan --world-size`")
-    try:
-        device = resolve_device(device_name if device_name != "auto" else spec.plan.device)
-    except RuntimeError as exc:
-        fail(str(exc))
+    device = device_for_run(spec, device_name)
     if plan_file is not None:
         if profile is not None:
             fail("--profile and --plan both decide placements: plan again with "

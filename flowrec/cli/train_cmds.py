@@ -204,7 +204,7 @@ def _train_in(request: RunRequest, spec, folder: Path) -> None:
 def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | None) -> None:
     import torch
 
-    from flowrec.cli.run_plan import plan_for_run
+    from flowrec.cli.run_plan import device_for_run, plan_for_run
     from flowrec.cli.run_settings import write_run_file
     from flowrec.data.layout import DataError
     from flowrec.graph.plan_io import plan_json
@@ -225,13 +225,16 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     )
     plan_file = Path(settings["plan"]) if settings.get("plan") and state is None else None
     profile = Path(settings["profile"]) if settings.get("profile") else None
-    plan, device = plan_for_run(spec, settings["device"] or "auto", settings["device_budget"], plan_file, _say,
-                                profile, settings["target"], settings["data"] if state is None else None)
     parent = _parent_or_exit(settings) if state is None else None
     if state is not None:  # a resumed run continues with the plan it was trained with, unchanged
-        plan = _stored_plan_or_exit(state, folder, plan)
+        device = device_for_run(spec, settings["device"] or "auto")
+        plan = _stored_plan_or_exit(state, folder, spec)
     elif parent is not None:  # a run started from another trains its plan (same model and layout)
-        plan = _stored_plan_or_exit(parent, Path(settings["init_from"]), plan)
+        device = device_for_run(spec, settings["device"] or "auto")
+        plan = _stored_plan_or_exit(parent, Path(settings["init_from"]), spec)
+    else:
+        plan, device = plan_for_run(spec, settings["device"] or "auto", settings["device_budget"], plan_file, _say,
+                                    profile, settings["target"], settings["data"])
     if spec.training.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
     try:
@@ -376,8 +379,9 @@ def _adopt_encoder_or_exit(request: RunRequest, folder: Path, session, parent: s
         fail(str(exc))
 
 
-def _stored_plan_or_exit(state: dict, folder: Path, fresh):
-    """The plan a resumed run was trained with (its checkpoint's), checked against the spec's model."""
+def _stored_plan_or_exit(state: dict, folder: Path, spec):
+    """The plan a run was trained with (its checkpoint's), checked against the spec's model."""
+    from flowrec.graph.plan_io import model_fingerprint
     from flowrec.runtime.checkpoint import CheckpointError
     from flowrec.runtime.serving import stored_plan
 
@@ -385,7 +389,7 @@ def _stored_plan_or_exit(state: dict, folder: Path, fresh):
         stored = stored_plan(state, str(folder / "checkpoint.pt"))
     except CheckpointError as exc:
         fail(str(exc))
-    if stored.spec_fingerprint != fresh.spec_fingerprint:
+    if stored.spec_fingerprint != model_fingerprint(spec):
         fail(f"the spec's model differs from the one the run in {folder} was trained with")
     return stored
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import networkx as nx
 
-from flowrec.graph.edges import Slot, input_slots
+from flowrec.graph.edges import Slot, input_slots, set_inputs
 from flowrec.graph.types import (
     MEMORY_PARTS,
     STAGES,
@@ -222,13 +222,8 @@ def plan_from_document(doc: dict[str, Any]) -> Plan:
     for node in doc["nodes"]:
         graph.add_node(node["name"], op=_op(node))
     for node in doc["nodes"]:
-        by_source: dict[str, list[Slot]] = {}
-        for s in sorted(node["inputs"], key=lambda s: s["port"]):
-            by_source.setdefault(s["source"], []).append(
-                Slot(s["port"], s["source"], tuple(s["fields"]), tuple(s["shape"])))
-        for source, slots in by_source.items():
-            graph.add_edge(source, node["name"], port=slots[0].port, slots=tuple(slots),
-                           fields=tuple(f for s in slots for f in s.fields))
+        set_inputs(graph, node["name"], [Slot(s["port"], s["source"], tuple(s["fields"]), tuple(s["shape"]))
+                                         for s in node["inputs"]])
     graph.graph["plan"] = PlanMeta(
         groups=tuple(_group(g) for g in doc["groups"]),
         micro_batches=doc["micro_batches"], prefetch=doc["prefetch"],

@@ -10,7 +10,7 @@ from the spec; a plan for another spec is refused.
 Example:
     >>> from flowrec.spec import load_spec
     >>> from flowrec.graph.plan_io import plan_document
-    >>> from flowrec.planner.manager import make_plan
+    >>> from flowrec.planner.manager import PassFailure, make_plan
 from flowrec.planner.passes.cache import expected_hit_rate
     >>> spec = load_spec("specs/movielens.yaml")
     >>> check_plan(plan_from_document(plan_document(make_plan(spec))), spec)
@@ -28,7 +28,7 @@ from flowrec.graph.kinds import PLACEMENTS
 from flowrec.graph.plan_io import model_fingerprint, plan_from_document
 from flowrec.graph.types import STAGES, PackedGroup, PassRecord, Plan
 from flowrec.planner.cost import device_profile, predict
-from flowrec.planner.manager import make_plan
+from flowrec.planner.manager import PassFailure, make_plan
 from flowrec.planner.passes.cache import expected_hit_rate
 from flowrec.spec.json_scan import scan_json
 from flowrec.spec.model import ModelSpec
@@ -105,7 +105,13 @@ def _first_difference(mine: dict[str, Any], reference: dict[str, Any], what: str
     return None
 
 
-def check_plan(plan: Plan, spec: ModelSpec, world_size: int = 1) -> list[str]:
+def planner_plan(plan: Plan, spec: ModelSpec, profile: dict[str, Any] | None = None) -> Plan:
+    """The planner's own plan for `plan`'s target, budget and world size (what an edit is compared with)."""
+    return make_plan(spec, target=plan.target, device_budget=plan.device_budget_bytes, profile=profile,
+                     world_size=plan.meta.world_size)
+
+
+def check_plan(plan: Plan, spec: ModelSpec, world_size: int = 1, own: Plan | None = None) -> list[str]:
     """Problems that keep `plan` from running with `spec` on `world_size` ranks (empty when it can run).
 
     The model must be the spec's (fingerprint and structure); decisions must be runnable:
@@ -121,7 +127,7 @@ def check_plan(plan: Plan, spec: ModelSpec, world_size: int = 1) -> list[str]:
                         f"again with --world-size {world_size}")
     if plan.stage != "interleaved":
         problems.append(f"the plan stops at stage {plan.stage!r}; only a full plan (stage interleaved) can run")
-    reference = _structure(make_plan(spec, until=plan.stage, target=plan.target, world_size=plan.meta.world_size))
+    reference = _structure(own if own is not None else planner_plan(plan, spec))
     mine = _structure(plan)
     for what in ("nodes", "groups"):
         diff = _first_difference(mine[what], reference[what], what[:-1])
@@ -160,11 +166,11 @@ def _decision_problems(plan: Plan, spec: ModelSpec) -> list[str]:
     return out
 
 
-def priced(plan: Plan, spec: ModelSpec, profile: dict[str, Any] | None = None) -> Plan:
+def priced(plan: Plan, spec: ModelSpec, profile: dict[str, Any] | None = None, own: Plan | None = None) -> Plan:
     """`plan` with the cost model's prediction for its own decisions, and a pass record that lists
-    where they differ from the planner's (an edited plan says what was edited)."""
-    own = make_plan(spec, target=plan.target, device_budget=plan.device_budget_bytes, profile=profile,
-                    world_size=plan.meta.world_size)
+    where they differ from the planner's (`own`, made here when not given; an edited plan says what
+    was edited)."""
+    own = own if own is not None else planner_plan(plan, spec, profile)
     notes = [f"group {g.name}: placement {g.placement}, {g.cache_rows:,} cache rows (planner: {o.placement}, "
              f"{o.cache_rows:,})" for g, o in zip(plan.meta.groups, own.meta.groups)
              if (g.placement, g.cache_rows) != (o.placement, o.cache_rows)]
@@ -184,10 +190,17 @@ def priced(plan: Plan, spec: ModelSpec, profile: dict[str, Any] | None = None) -
 def load_plan(path: Path, spec: ModelSpec, profile: dict[str, Any] | None = None, world_size: int = 1) -> Plan:
     """The plan in `path`, checked against `spec` and `world_size` and priced. Raises PlanError (one line)."""
     plan = plan_from_document(read_plan_document(path))
-    problems = check_plan(plan, spec, world_size)
+    own = None
+    if plan.spec_fingerprint == model_fingerprint(spec):  # planned once, for the check and the pricing
+        try:
+            own = planner_plan(plan, spec, profile)
+        except (ValueError, PassFailure) as exc:
+            raise PlanError(f"{path}: the planner cannot plan this spec for the plan's target and budget: "
+                            f"{exc}") from None
+    problems = check_plan(plan, spec, world_size, own)
     if problems:
         raise PlanError(f"{path}: " + "; ".join(problems))
-    return priced(plan, spec, profile)
+    return priced(plan, spec, profile, own)
 
 
 def scoring_plan(plan: Plan) -> Plan:

@@ -23,6 +23,7 @@ from flowrec.runtime.atomic import write_atomically
 from flowrec.runtime.checkpoint_delta import apply_deltas
 from flowrec.runtime.checkpoint_format import (
     CheckpointError,
+    check_header,
     check_structure_common,
     content_digest,
     read_torch_file,
@@ -101,14 +102,7 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu", mmap: 
 
 def check_structure(path: Path, state: Any) -> None:
     """Format, version, keys, types and digest of a loaded full checkpoint."""
-    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-        raise CheckpointError(f"{path} is not a flowrec checkpoint (a torch file of something else)")
-    if state.get("version") != CHECKPOINT_VERSION:
-        raise CheckpointError(f"{path} is checkpoint version {state.get('version')!r}; this flowrec reads "
-                              f"version {CHECKPOINT_VERSION}")
-    missing = [k for k in REQUIRED_KEYS if k not in state]
-    if missing:
-        raise CheckpointError(f"{path} is incomplete: missing {', '.join(missing)}")
+    check_header(path, state, CHECKPOINT_FORMAT, CHECKPOINT_VERSION, REQUIRED_KEYS, "flowrec checkpoint")
     check_structure_common(path, state)
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from flowrec.runtime.checkpoint_format import CheckpointError, check_structure_common, read_torch_file
+from flowrec.runtime.checkpoint_format import CheckpointError, check_header, check_structure_common, read_torch_file
 
 DELTA_FORMAT = "flowrec-checkpoint-delta"
 DELTA_VERSION = 1
@@ -82,14 +82,7 @@ def apply_deltas(base_path: Path, state: dict[str, Any], map_location: Any = "cp
 
 def check_delta(path: Path, delta: Any) -> None:
     """Format, version, keys, types and digest of a loaded delta."""
-    if not isinstance(delta, dict) or delta.get("format") != DELTA_FORMAT:
-        raise CheckpointError(f"{path} is not a flowrec checkpoint delta")
-    if delta.get("version") != DELTA_VERSION:
-        raise CheckpointError(f"{path} is delta version {delta.get('version')!r}; this flowrec reads "
-                              f"version {DELTA_VERSION}")
-    missing = [k for k in DELTA_KEYS if k not in delta]
-    if missing:
-        raise CheckpointError(f"{path} is incomplete: missing {', '.join(missing)}")
+    check_header(path, delta, DELTA_FORMAT, DELTA_VERSION, DELTA_KEYS, "flowrec checkpoint delta")
     if not isinstance(delta["base"], str) or not isinstance(delta["sequence"], int) \
             or not isinstance(delta["tables"], dict):
         raise CheckpointError(f"{path} is damaged: base, sequence or tables has the wrong type")

@@ -55,6 +55,18 @@ def _reason(exc: BaseException) -> str:
     return f"damaged or truncated ({type(exc).__name__})"
 
 
+def check_header(path: Path, doc: Any, fmt: str, version: int, keys: tuple[str, ...], what: str) -> None:
+    """`doc` is a dict of format `fmt` and `version` holding every one of `keys` (else one line)."""
+    if not isinstance(doc, dict) or doc.get("format") != fmt:
+        raise CheckpointError(f"{path} is not a {what}")
+    if doc.get("version") != version:
+        raise CheckpointError(f"{path} is {what} version {doc.get('version')!r}; this flowrec reads "
+                              f"version {version}")
+    missing = [k for k in keys if k not in doc]
+    if missing:
+        raise CheckpointError(f"{path} is incomplete: missing {', '.join(missing)}")
+
+
 def check_structure_common(path: Path, state: dict[str, Any]) -> None:
     """Types, position, RNG and digest: the checks full checkpoints and deltas share."""
     expected = {"spec": str, "plan": str, "model": dict, "dense_optimizer": dict, "rng": dict,
