@@ -15,9 +15,21 @@ EXIT_INVALID = 2  # invalid spec, option, data or profile
 
 
 def fail(message: str, code: int = EXIT_INVALID) -> NoReturn:
-    """Print `error: message` on stderr and exit with `code`."""
-    typer.echo(f"error: {message}", err=True)
+    """Print `error: message` on stderr (`error: rank R: message` in a multi-rank launch) and exit
+    with `code`."""
+    typer.echo(f"error: {rank_prefix()}{message}", err=True)
     raise typer.Exit(code)
+
+
+def rank_prefix() -> str:
+    """`rank R: ` in a multi-rank launch (torchrun's RANK and WORLD_SIZE), else nothing."""
+    size, rank = os.environ.get("WORLD_SIZE", "1"), os.environ.get("RANK", "0")
+    return f"rank {rank}: " if size.isdigit() and int(size) > 1 else ""
+
+
+def is_lead_rank() -> bool:
+    """This process reports for the run: one process, or rank 0 of a launch."""
+    return os.environ.get("RANK", "0") == "0"
 
 
 def launch_world_size() -> int:

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import torch
 
-from flowrec.cli.common import fail, launch_world_size
+from flowrec.cli.common import fail
 from flowrec.graph.types import Plan
 from flowrec.planner.contract import PlanError, load_plan
 from flowrec.planner.manager import PassFailure, make_plan
@@ -20,10 +20,7 @@ from flowrec.spec.model import ModelSpec
 
 
 def device_for_run(spec: ModelSpec, device_name: str) -> torch.device:
-    """The device of a run (auto: the spec's hint, else CUDA when present); refuses multi-rank launches."""
-    if launch_world_size() > 1:
-        fail("this process was launched as one of several ranks (WORLD_SIZE > 1), but multi-process "
-             "training is not in this release yet; plan for many ranks with `flowrec plan --world-size`")
+    """The device of a run (auto: the spec's hint, else CUDA when present)."""
     try:
         return resolve_device(device_name if device_name != "auto" else spec.plan.device)
     except RuntimeError as exc:
@@ -33,14 +30,15 @@ def device_for_run(spec: ModelSpec, device_name: str) -> torch.device:
 def plan_for_run(spec: ModelSpec, device_name: str, device_budget: str | None, plan_file: Path | None,
                  status: Callable[[str], None] = lambda _: None,
                  profile: Path | None = None, target: str | None = None,
-                 data: str | None = None) -> tuple[Plan, torch.device]:
+                 data: str | None = None, world_size: int = 1) -> tuple[Plan, torch.device]:
     """(plan, device) of a run; every problem is one line and exit 2 (`fail`).
 
     `profile` is an access profile (`flowrec data profile --json`) for the planner's cache pass;
     without one and with `data`, the run's encoded dataset folder, the planner predicts cache
     traffic from a seeded sample of it (`sampled_access_profile`) instead of its Zipf model.
     `target` is the cost model's device: a datasheet name or a calibrated profile file
-    (`flowrec calibrate`); default: the datasheet profile of the run's device.
+    (`flowrec calibrate`); default: the datasheet profile of the run's device. `world_size`: the
+    ranks of the run (the plan shards its groups over them).
     """
     device = device_for_run(spec, device_name)
     if plan_file is not None:
@@ -51,7 +49,7 @@ def plan_for_run(spec: ModelSpec, device_name: str, device_budget: str | None, p
             fail("--device-budget and --plan both decide placements: edit the plan's groups instead, "
                  "or plan again with `flowrec plan SPEC --device-budget ... --json FILE`")
         try:
-            plan = load_plan(plan_file, spec)
+            plan = load_plan(plan_file, spec, world_size=world_size)
         except PlanError as exc:
             fail(str(exc))
         status(f"plan: {plan_file} (target {plan.target}, {len(plan.meta.groups)} packed groups)")
@@ -59,7 +57,7 @@ def plan_for_run(spec: ModelSpec, device_name: str, device_budget: str | None, p
     try:
         access = profile if profile is not None else sampled_access_profile(spec, data, status)
         plan = make_plan(spec, target=target or cost_target(device), device_budget=device_budget,
-                         profile=access)
+                         profile=access, world_size=world_size)
     except (ValueError, OSError, PassFailure) as exc:
         fail(str(exc))
     return plan, device

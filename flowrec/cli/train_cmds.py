@@ -13,14 +13,17 @@ from typing import Optional
 
 import typer
 
-from flowrec.cli.common import fail, load_spec_or_exit
+from flowrec.cli.common import fail, is_lead_rank, load_spec_or_exit
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
 EXIT_OUT_OF_MEMORY = 3
+EXIT_RANK_FAILED = 4  # another rank died or hung: this one stopped at the --dist-timeout
 
 
 def _say(message: str) -> None:
-    typer.echo(message, err=True)
+    """A status line on stderr (rank 0 only, in a multi-rank launch)."""
+    if is_lead_rank():
+        typer.echo(message, err=True)
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,7 @@ class RunRequest:
     report: bool
     init_from: Path | None = None
     fresh_optimizer: bool = False
+    dist_timeout: float = 300.0
 
 
 def train(
@@ -67,6 +71,9 @@ def train(
     report: bool = typer.Option(False, "--report", help="After training, show measured step time, stage seconds, host<->device bytes and hit rates next to the planner's predictions."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     json_out: bool = typer.Option(False, "--json", help="Print the final result as JSON on stdout."),
+    nproc: int = typer.Option(1, "--nproc", min=1, help="Train on N local processes (ranks) through torch.distributed's launcher: row-wise sharded tables, data-parallel dense part, rank r trains slice r of every global batch (same parameters as one process, to rounding). For many nodes launch `torchrun ... -m flowrec train ...` instead. Default: 1."),
+    dist_timeout: float = typer.Option(300.0, "--dist-timeout", min=1.0, help="Seconds a rank waits for the others in a collective: a rank that died or hung makes the others exit (status 4) within this time, naming themselves. Default: 300."),
+    max_restarts: int = typer.Option(0, "--max-restarts", min=0, help="With --nproc: restart every rank up to N times after a failure; the run continues from its last checkpoint. Default: 0."),
 ) -> None:
     """Train a spec end to end: plan, stage data, train, evaluate, checkpoint.
 
@@ -80,6 +87,8 @@ def train(
       flowrec train specs/dlrm_criteo.yaml --data data/criteo/ --device cuda --out runs/exp1
       flowrec train specs/dlrm_criteo.yaml --resume runs/exp1
       flowrec train specs/dlrm_criteo.yaml --plan p.json   # a saved (edited) plan
+      flowrec train specs/movielens.yaml --nproc 2         # two ranks on this machine
+      flowrec train specs/movielens.yaml --resume runs/movielens --nproc 1   # continue on one
     """
     given = {"data": _text(data), "eval_data": _text(eval_data), "rows": rows, "seed": seed,
              "device": device, "device_budget": device_budget, "dask": dask, "cache": cache,
@@ -88,12 +97,50 @@ def train(
              "checkpoint_every": checkpoint_every, "checkpoint_full_every": checkpoint_full_every,
              "interleave": interleave, "nan_policy": nan_policy}
     request = RunRequest(spec_path, out, resume, overwrite, given, quiet, json_out, report, init_from,
-                         fresh_optimizer)
+                         fresh_optimizer, dist_timeout)
     try:
         _check_options(request)
-        run_training(request)
+        if nproc > 1 and _launch_size() == 1:
+            raise typer.Exit(_launch(request, nproc, max_restarts))
+        run_training(_restarted(request))
     except KeyboardInterrupt:
         fail("interrupted (Ctrl-C) before training started; nothing was trained", EXIT_INTERRUPTED)
+
+
+def _launch_size() -> int:
+    from flowrec.cli.ranks import launched_rank
+
+    return launched_rank()[0]
+
+
+def _launch(request: RunRequest, nproc: int, max_restarts: int) -> int:
+    """Run this command on `nproc` local ranks (the run folder chosen here when none is named)."""
+    from flowrec.cli.ranks import launch_ranks
+    from flowrec.runtime.rundir import RunFolderError, claim_new_folder
+
+    folder = None
+    if request.out is None and request.resume is None:
+        spec = load_spec_or_exit(request.spec_path)
+        try:
+            folder, lock = claim_new_folder(Path("runs"), spec.name)
+        except RunFolderError as exc:
+            fail(str(exc))
+        lock.release()  # rank 0 locks it again
+    _say(f"launching {nproc} ranks (torch.distributed.run, gloo on CPU / nccl on CUDA)")
+    return launch_ranks(nproc, max_restarts, folder)
+
+
+def _restarted(request: RunRequest) -> RunRequest:
+    """A rank restarted by the launcher (--max-restarts) continues the run from its checkpoint."""
+    from dataclasses import replace
+
+    from flowrec.cli.ranks import restart_count
+    from flowrec.runtime.rundir import has_run
+
+    if restart_count() and request.resume is None and request.out is not None and has_run(request.out):
+        _say(f"restart {restart_count()}: continuing {request.out} from its last checkpoint")
+        return replace(request, resume=request.out, out=None, overwrite=False)
+    return request
 
 
 def _text(path: Optional[Path]) -> Optional[str]:
@@ -127,6 +174,9 @@ def run_training(request: RunRequest) -> None:
 
     spec = load_spec_or_exit(request.spec_path)
     given = request.resume or request.out
+    if _launch_size() > 1:
+        _train_as_rank(request, spec, given)
+        return
     existed = given is not None and given.exists()
     try:
         folder, lock = _claim_folder(request, spec.name)
@@ -136,6 +186,50 @@ def run_training(request: RunRequest) -> None:
         _train_in(request, spec, folder)
     finally:
         lock.release() if existed else lock.release_and_remove_if_unused()
+
+
+def _train_as_rank(request: RunRequest, spec, folder: Path | None) -> None:
+    """One rank of a launch: join the others; rank 0 owns the run folder (lock), the others wait
+    for it, then every rank trains its part."""
+    from flowrec.cli.run_plan import device_for_run
+    from flowrec.runtime.distributed.world import WorldError, join_world, leave_world
+    from flowrec.runtime.rundir import RunFolderError
+
+    if folder is None:
+        fail("every rank must write to the same run folder: give --out DIR (or --resume DIR), or launch "
+             "with `flowrec train --nproc N`, which chooses one")
+    device = device_for_run(spec, request.given["device"] or "auto")
+    try:
+        world = join_world(request.dist_timeout, device)
+    except WorldError as exc:
+        fail(str(exc), EXIT_RANK_FAILED)
+    try:
+        lock = None
+        if world.lead:
+            existed = folder.exists()
+            try:
+                folder, lock = _claim_folder(request, spec.name)
+            except RunFolderError as exc:
+                fail(str(exc))
+        _rank_barrier(world, "the run folder")
+        try:
+            _train_in(request, spec, folder, world)
+        finally:
+            if lock is not None:
+                lock.release() if existed else lock.release_and_remove_if_unused()
+    finally:
+        leave_world()
+
+
+def _rank_barrier(world, what: str) -> None:
+    """Wait for every rank; a rank that died or hung is one line and exit status 4."""
+    try:
+        world.barrier()
+    except RuntimeError as exc:
+        from flowrec.runtime.distributed.world import first_line
+
+        fail(f"another rank failed or did not answer within {world.timeout_s:g} s while waiting for "
+             f"{what} ({first_line(exc)})", EXIT_RANK_FAILED)
 
 
 def _claim_folder(request: RunRequest, name: str):
@@ -172,7 +266,7 @@ def _claim_folder(request: RunRequest, name: str):
     return request.out, lock
 
 
-def _train_in(request: RunRequest, spec, folder: Path) -> None:
+def _train_in(request: RunRequest, spec, folder: Path, world=None) -> None:
     """Settings, checkpoint, session, then training, in a folder this process owns."""
     from dataclasses import replace
 
@@ -198,10 +292,10 @@ def _train_in(request: RunRequest, spec, folder: Path) -> None:
         _say(f"{folder} has no checkpoint yet: starting it again from step 0 with its recorded settings")
     if settings["cache"] is not None:
         spec = replace(spec, plan=replace(spec.plan, cache=settings["cache"]))
-    _run(request, spec, folder, settings, state)
+    _run(request, spec, folder, settings, state, world)
 
 
-def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | None) -> None:
+def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | None, world=None) -> None:
     import torch
 
     from flowrec.cli.run_plan import device_for_run, plan_for_run
@@ -226,26 +320,35 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     plan_file = Path(settings["plan"]) if settings.get("plan") and state is None else None
     profile = Path(settings["profile"]) if settings.get("profile") else None
     parent = _parent_or_exit(settings) if state is None else None
+    ranks = world.size if world is not None else 1
     if state is not None:  # a resumed run continues with the plan it was trained with, unchanged
         device = device_for_run(spec, settings["device"] or "auto")
-        plan = _stored_plan_or_exit(state, folder, spec)
+        plan = _for_ranks(_stored_plan_or_exit(state, folder, spec), spec, ranks)
     elif parent is not None:  # a run started from another trains its plan (same model and layout)
         device = device_for_run(spec, settings["device"] or "auto")
-        plan = _stored_plan_or_exit(parent, Path(settings["init_from"]), spec)
+        plan = _for_ranks(_stored_plan_or_exit(parent, Path(settings["init_from"]), spec), spec, ranks)
     else:
         plan, device = plan_for_run(spec, settings["device"] or "auto", settings["device_budget"], plan_file, _say,
-                                    profile, settings["target"], settings["data"])
+                                    profile, settings["target"], settings["data"], ranks)
+    if world is not None and settings["checkpoint_full_every"] not in (None, 1):
+        fail("--checkpoint-full-every (incremental checkpoints) is not yet supported with several ranks: "
+             "every checkpoint of a distributed run is full")
     if spec.training.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
     try:
-        session = prepare(spec, request.spec_path, opts, plan, device, status=_say)
+        if world is not None and not world.lead:  # rank 0 encodes bound data into the run folder first
+            _rank_barrier(world, "rank 0 to prepare the data")
+        session = prepare(spec, request.spec_path, opts, plan, device, status=_say, world=world)
+        if world is not None and world.lead:
+            _rank_barrier(world, "the other ranks to build their model")
     except (DataError, RuntimeError, ValueError) as exc:
         fail(str(exc))
     except torch.OutOfMemoryError as exc:
         fail(f"out of memory building the model: {_one_line(exc)}. {_memory_hint()}", EXIT_OUT_OF_MEMORY)
     _say(session.data_note)
     _check_loop_settings(session, settings)
-    _adopt_encoder_or_exit(request, folder, session, settings.get("init_from") if state is None else None)
+    if world is None or world.lead:
+        _adopt_encoder_or_exit(request, folder, session, settings.get("init_from") if state is None else None)
     if state is not None and state["spec"] != json.dumps(to_dict(session.spec), sort_keys=True):
         fail(f"{request.spec_path} differs from the spec the run in {folder} was trained with "
              f"(see {folder}/spec.json)")
@@ -255,7 +358,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
                          progress=not request.quiet, interleave=settings["interleave"],
                          nan_policy=settings["nan_policy"])
     trainer = Trainer(session.spec, session.plan, session.model, config, plan_json(session.plan))
-    hooks = _console_hooks(trainer, request.quiet)
+    hooks = _console_hooks(trainer, request.quiet) if trainer.lead else None
     resume_cmd = (f"flowrec train {shlex.quote(str(request.spec_path))} "
                   f"--resume {shlex.quote(str(folder))}")
     try:
@@ -270,9 +373,13 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
         else:
             if parent is not None:
                 _start_from(trainer, parent, settings)
-            clear_run_files(folder)
-        write_run_file(folder, settings)
+            if trainer.lead:
+                clear_run_files(folder)
+        if trainer.lead:
+            write_run_file(folder, settings)
         _say(f"run folder {folder}; if it stops, continue with  {resume_cmd}")
+        if world is not None:
+            _say(f"{world.size} ranks: {_sharding_line(session.plan)}")
         result = trainer.fit(session.train, session.eval, hooks=hooks)
     except (DataError, CheckpointError, MetricsError, RunFolderError, TrainingStopped) as exc:
         fail(str(exc))
@@ -284,6 +391,13 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     except torch.OutOfMemoryError as exc:
         fail(f"out of memory at step {trainer.position.step + 1} on {session.device}: {_one_line(exc)}; "
              f"{trainer.checkpoint_note()}. {_memory_hint()}", EXIT_OUT_OF_MEMORY)
+    except RuntimeError as exc:
+        if world is None:
+            raise
+        fail(f"stopped at step {trainer.position.step + 1}: another rank failed or did not answer within "
+             f"{world.timeout_s:g} s ({_one_line(exc)}); {trainer.checkpoint_note()}", EXIT_RANK_FAILED)
+    if not trainer.lead:
+        return
     _report(result, folder, request.json_out)
     if request.report:
         from flowrec.runtime.run_report import run_report
@@ -295,6 +409,26 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     if result.interrupted:
         _say(f"interrupted: checkpoint saved; continue with  {resume_cmd}")
         raise typer.Exit(EXIT_INTERRUPTED)
+
+
+def _for_ranks(plan, spec, ranks: int):
+    """A stored plan for this launch's ranks: sharded again when its world size differs."""
+    if plan.meta.world_size == ranks:
+        return plan
+    from flowrec.planner.contract import PlanError, resharded
+
+    try:
+        plan = resharded(plan, spec, ranks)
+    except PlanError as exc:
+        fail(str(exc))
+    _say(f"the run's plan was for {plan.meta.passes[-1].notes[0]}")
+    return plan
+
+
+def _sharding_line(plan) -> str:
+    """How the plan spreads its groups over the ranks, in a few words."""
+    kinds = [g.sharding for g in plan.meta.groups]
+    return ", ".join(f"{kinds.count(k)} group(s) {k}" for k in dict.fromkeys(kinds))
 
 
 def _check_loop_settings(session, settings: dict) -> None:

@@ -75,7 +75,9 @@ class Batch:
         groups: packed group name -> GroupIds.
         epoch: epoch number.
         index: batch number within the epoch.
-        size: B (the last batch may be smaller unless drop_last).
+        size: B, samples in this batch (the last batch may be smaller unless drop_last).
+        global_size: samples in the global batch this one is a rank's slice of (None: B, one
+            process); the loss of a slice is its share of the global batch's mean.
     """
 
     dense: torch.Tensor
@@ -84,6 +86,12 @@ class Batch:
     epoch: int
     index: int
     size: int
+    global_size: int | None = None
+
+    @property
+    def samples_in_step(self) -> int:
+        """Samples of the whole (global) batch of this step."""
+        return self.size if self.global_size is None else self.global_size
 
 
 @dataclass(frozen=True)
@@ -103,6 +111,9 @@ class StagingOptions:
         check: check every partition before batching it (`flowrec.data.checks`: ids inside their
             tables, finite dense values and labels, binary labels 0 or 1); off only to measure
             what the checks cost.
+        world_size: ranks training together (W); each batch is then this rank's slice of the
+            global batch (`rank_slice`): the global batches are the same for every W.
+        rank: this rank (0 .. W-1).
     """
 
     batch_size: int | None = None
@@ -115,10 +126,25 @@ class StagingOptions:
     lookahead: int = 0
     casting: bool = True
     check: bool = True
+    world_size: int = 1
+    rank: int = 0
 
 
 def batches_per_epoch(rows: int, batch_size: int, drop_last: bool) -> int:
     return rows // batch_size if drop_last else -(-rows // batch_size)
+
+
+def rank_slice(size: int, world_size: int, rank: int) -> tuple[int, int]:
+    """Samples [lo, hi) of a global batch of `size` that `rank` of `world_size` trains.
+
+    Contiguous, as even as possible (sizes differ by at most one; a rank may get none of a
+    final batch smaller than W), and together they cover the batch once.
+
+    Example:
+        >>> [rank_slice(5, 2, r) for r in range(2)]
+        [(0, 2), (2, 5)]
+    """
+    return rank * size // world_size, (rank + 1) * size // world_size
 
 
 @dataclass(frozen=True)
@@ -260,7 +286,15 @@ class BatchIterator:
                     continue
                 yield index, table.slice(k, bsz)
 
+    def _slice(self, table: pa.Table) -> tuple[pa.Table, int | None]:
+        """This rank's rows of a global batch, and the global batch's size (None: one process)."""
+        if self.opts.world_size == 1:
+            return table, None
+        lo, hi = rank_slice(table.num_rows, self.opts.world_size, self.opts.rank)
+        return table.slice(lo, hi - lo), table.num_rows
+
     def _pack(self, table: pa.Table, index: int) -> Batch:
+        table, global_size = self._slice(table)
         size = table.num_rows
         dense = _stack(table, [f.name for f in self.spec.dense_features], size)
         labels = _stack(table, list(_head_labels(self.spec)), size)
@@ -273,7 +307,7 @@ class BatchIterator:
                 groups[g.name] = GroupIds(ids_t, off_t, *batch_extras(g, ids_t, off_t, self.opts.casting))
             else:
                 groups[g.name] = GroupIds(ids_t, off_t)
-        return Batch(dense, labels, groups, self.epoch, index, size)
+        return Batch(dense, labels, groups, self.epoch, index, size, global_size)
 
     def _lookahead(self) -> None:
         window = LookaheadWindow(self.opts.lookahead)

@@ -214,3 +214,28 @@ def scoring_plan(plan: Plan) -> Plan:
                   if PLACEMENTS[g.placement].trains_only)
     meta = replace(plan.meta, groups=groups, passes=plan.meta.passes + (PassRecord("score", True, notes),))
     return plan.with_meta(meta)
+
+
+def resharded(plan: Plan, spec: ModelSpec, world_size: int) -> Plan:
+    """`plan` for another number of ranks: the `shard` pass run again on its groups (every other
+    decision kept), priced, with a `reshard` pass record saying from which world size. This is how
+    a run saved on W ranks continues on W' (its rows are mapped by the modulo rule on loading).
+
+    Raises:
+        PlanError: the plan cannot run on `world_size` ranks (e.g. a cache placement on several).
+    """
+    from flowrec.graph.types import PassContext
+    from flowrec.planner.passes.shard import shard
+
+    before = plan.meta.world_size
+    ctx = PassContext(spec=spec, target=plan.target, device_budget_bytes=plan.device_budget_bytes,
+                      world_size=world_size)
+    graph = shard(plan.graph, ctx).graph
+    meta = graph.graph["plan"]
+    record = PassRecord("reshard", True, (f"{before} rank(s); now sharded for {world_size}",))
+    problems = [p for p in _decision_problems(plan.with_meta(meta), spec) if "not yet supported" in p]
+    if problems:
+        raise PlanError(f"the run's plan cannot continue on {world_size} ranks: {problems[0]}")
+    moved = plan.with_meta(replace(meta, passes=meta.passes + (record,)))
+    cost = predict(moved.graph, spec, device_profile(plan.target), micro_batches=meta.micro_batches)
+    return replace(moved, cost=cost)

@@ -21,6 +21,7 @@ import torch
 
 from flowrec.runtime.atomic import write_atomically
 from flowrec.runtime.checkpoint_delta import apply_deltas
+from flowrec.runtime.checkpoint_shards import assemble_shards
 from flowrec.runtime.checkpoint_format import (
     CheckpointError,
     check_header,
@@ -75,7 +76,9 @@ def checkpoint_path(path: Path) -> Path:
 
 def load_checkpoint(path: Path, map_location: str | torch.device = "cpu", mmap: bool = False) -> dict[str, Any]:
     """Load and check a checkpoint (`weights_only=True`: no code in the file runs), with its
-    incremental deltas applied (`flowrec.runtime.checkpoint_delta`): the newest state of the run.
+    incremental deltas applied (`flowrec.runtime.checkpoint_delta`) and the shards of a
+    distributed run put back into whole tables (`flowrec.runtime.checkpoint_shards`): the newest
+    state of the run, in the single-process layout.
     `mmap` maps the base checkpoint's tensors instead of reading them into memory (export).
 
     Args:
@@ -97,7 +100,7 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu", mmap: 
         raise CheckpointError(f"checkpoint {path} is empty (0 bytes)")
     state = read_torch_file(path, map_location, mmap=mmap)
     check_structure(path, state)
-    return apply_deltas(path, state, map_location)
+    return assemble_shards(path, apply_deltas(path, state, map_location), map_location)
 
 
 def check_structure(path: Path, state: Any) -> None:

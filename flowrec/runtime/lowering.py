@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import networkx as nx
 import torch
@@ -85,12 +86,16 @@ class LoweredModel(nn.Module):
         seed: model seed (packed tables and dense init).
         tables: build the packed tables (False: the dense part only, for models that bring
             their own lookups, e.g. `flowrec.runtime.reference`; the dense init is the same).
+        world: the ranks of a distributed run (`distributed.World`; None: one process). Each
+            group is then built as the plan shards it (this rank's rows of a row-wise group) and
+            `embed` takes this rank's slice of the global batch.
     """
 
     def __init__(self, plan: Plan, spec: ModelSpec, device: torch.device | str = "cpu", seed: int = 0,
-                 tables: bool = True):
+                 tables: bool = True, world: Any = None):
         super().__init__()
         self.device = torch.device(device)
+        self.world = world
         self.groups: tuple[PackedGroup, ...] = tuple(plan.meta.groups)
         self.group_order = tuple(plan.meta.group_order) or tuple(g.name for g in self.groups)
         self.group_map = {g.name: g for g in self.groups}
@@ -99,7 +104,7 @@ class LoweredModel(nn.Module):
         self._executor: ThreadPoolExecutor | None = None
         with torch.random.fork_rng(devices=[]):  # seeded init without touching the process's RNG
             torch.manual_seed(seed)
-            self.embeddings = nn.ModuleDict(_embeddings(self.groups, seed, self.device) if tables else {})
+            self.embeddings = nn.ModuleDict(_embeddings(self.groups, seed, self.device, world) if tables else {})
             self._build_dense(plan.graph)
 
     def _build_dense(self, graph: nx.DiGraph) -> None:
@@ -146,6 +151,10 @@ class LoweredModel(nn.Module):
         lookahead: host gathers, cache exchanges) and device groups, the host-side groups are
         looked up on a worker thread while this thread gathers the device groups.
         """
+        if self.world is not None:  # every group's exchanges together, on every rank
+            from flowrec.runtime.distributed.model import embed_all
+
+            return embed_all(self, batch, self.interleave)
         side = [n for n in self.group_order if n in self.host_side]
         if not (self.interleave and side and len(side) < len(self.group_order)):
             return {name: self._lookup(name, batch) for name in self.group_order}
@@ -302,8 +311,14 @@ def _select_fields(out: torch.Tensor, group: PackedGroup, fields: tuple[str, ...
     return out.index_select(1, index)
 
 
-def _embeddings(groups: tuple[PackedGroup, ...], seed: int, device: torch.device) -> dict[str, nn.Module]:
-    """One embedding module per group for its placement. Raises GroupAllocationError naming the group."""
+def _embeddings(groups: tuple[PackedGroup, ...], seed: int, device: torch.device,
+                world: Any = None) -> dict[str, nn.Module]:
+    """One embedding module per group for its placement (and its sharding over `world`'s ranks).
+    Raises GroupAllocationError naming the group."""
+    if world is not None:
+        from flowrec.runtime.distributed.model import sharded_embeddings
+
+        return sharded_embeddings(groups, seed, device, world)
     out = {}
     for g in groups:
         try:
@@ -338,9 +353,11 @@ def _call_attention(op: nn.Module, step: NodeStep, inputs: list[torch.Tensor], m
 CALLS = {"args": _call_args, "flat": _call_flat, "stacked": _call_stacked, "attention": _call_attention}
 
 
-def lower(plan: Plan, spec: ModelSpec, device: torch.device | str = "cpu", seed: int | None = None) -> LoweredModel:
-    """Build the trainable model of `plan` on `device` (seed: the spec's training seed by default)."""
-    return LoweredModel(plan, spec, device, spec.training.seed if seed is None else seed)
+def lower(plan: Plan, spec: ModelSpec, device: torch.device | str = "cpu", seed: int | None = None,
+          world: Any = None) -> LoweredModel:
+    """Build the trainable model of `plan` on `device` (seed: the spec's training seed by default;
+    `world`: this rank's part of a distributed run)."""
+    return LoweredModel(plan, spec, device, spec.training.seed if seed is None else seed, world=world)
 
 
 def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:

@@ -87,8 +87,9 @@ def cost_target(device: torch.device) -> str:
 
 
 def prepare(spec: ModelSpec, spec_path: Path, opts: SessionOptions, plan: Plan, device: torch.device,
-            status: Callable[[str], None] = lambda _: None) -> Session:
-    """Resolve data and build the model of `plan` on `device` (the plan runs exactly as given)."""
+            status: Callable[[str], None] = lambda _: None, world: Any = None) -> Session:
+    """Resolve data and build the model of `plan` on `device` (the plan runs exactly as given;
+    `world`: this rank's part of a distributed run, its groups sharded as the plan says)."""
     if opts.seed is not None:
         spec = replace(spec, training=replace(spec.training, seed=opts.seed))
     train, evaluation, note = resolve_data(spec, spec_path, opts, status)
@@ -97,7 +98,7 @@ def prepare(spec: ModelSpec, spec_path: Path, opts: SessionOptions, plan: Plan, 
             status(f"group {g.name}: placement {g.placement} with {g.cache_rows:,} device rows")
     status(f"building model on {device} ({len(plan.meta.groups)} packed groups)")
     try:
-        model = lower(plan, spec, device)
+        model = lower(plan, spec, device, world=world)
     except GroupAllocationError as exc:
         raise RuntimeError(out_of_memory_message(plan, device, exc)) from None
     return Session(spec, plan, model, device, train, evaluation, note)

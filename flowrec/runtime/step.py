@@ -12,6 +12,7 @@ Example:
 from __future__ import annotations
 
 from contextlib import nullcontext
+from typing import Any
 
 import torch
 
@@ -27,11 +28,16 @@ def autocast_context(device: torch.device, precision: str):
 
 
 def train_step(model: LoweredModel, optimizer: torch.optim.Optimizer, batch: Batch,
-               micro_batches: int = 1, precision: str = "fp32", clip_grad_norm: float | None = None) -> float:
+               micro_batches: int = 1, precision: str = "fp32", clip_grad_norm: float | None = None,
+               parallel: Any = None) -> float:
     """Run one step on `batch`; returns the batch loss (mean over samples, weighted over heads).
 
     `clip_grad_norm` clips the global L2 norm of the dense parameters' gradients before the dense
     update (embedding rows are updated by their fused optimizer in the backward, unclipped).
+    `parallel` (a `distributed.DenseParallel`, several ranks): `batch` is this rank's slice of a
+    global batch, the dense forward runs through DDP, and the loss is this rank's share of the
+    global batch's mean, agreed over the ranks (the returned loss is the global one). Every rank
+    then runs the same micro-batches, some possibly empty.
     """
     optimizer.zero_grad(set_to_none=True)
     dense = batch.dense.to(model.device, non_blocking=True)
@@ -39,30 +45,53 @@ def train_step(model: LoweredModel, optimizer: torch.optim.Optimizer, batch: Bat
     masks = model.sequence_masks(batch)
     emb = model.embed(batch)  # sparse stage: {group: (B, S, D)}
     size = dense.shape[0]
-    chunks = max(1, min(micro_batches, size))
+    chunks = max(1, micro_batches) if parallel is not None else max(1, min(micro_batches, size))
     if chunks == 1:
         with autocast_context(model.device, precision):
-            logits = model.dense_forward(dense, emb, masks)  # (B, n_heads)
-        loss = model.loss(logits, labels)
+            logits = _dense(model, parallel, dense, emb, masks, True)  # (B, n_heads)
+        loss = _loss(model, parallel, logits, labels, batch.samples_in_step, 1.0)
         loss.backward()
         _dense_update(optimizer, clip_grad_norm)
-        return float(loss.detach())
+        return _reported(parallel, loss)
     leaves = {g: e.detach().requires_grad_(True) for g, e in emb.items()}
     bounds = torch.linspace(0, size, chunks + 1).round().long().tolist()
     total = 0.0
-    for lo, hi in zip(bounds, bounds[1:]):
-        if hi <= lo:
+    for i, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
+        if hi <= lo and parallel is None:
             continue
         part = {g: e[lo:hi] for g, e in leaves.items()}
         part_masks = {k: m[lo:hi] for k, m in masks.items()}
         with autocast_context(model.device, precision):
-            logits = model.dense_forward(dense[lo:hi], part, part_masks)
-        loss = model.loss(logits, labels[lo:hi]) * ((hi - lo) / size)
+            logits = _dense(model, parallel, dense[lo:hi], part, part_masks, i == chunks - 1)
+        loss = _loss(model, parallel, logits, labels[lo:hi], batch.samples_in_step, (hi - lo) / max(size, 1))
         loss.backward()
-        total += float(loss.detach())
+        total += _reported(parallel, loss)
     torch.autograd.backward([emb[g] for g in leaves], [leaves[g].grad for g in leaves])
     _dense_update(optimizer, clip_grad_norm)
     return total
+
+
+def _dense(model: LoweredModel, parallel: Any, dense: torch.Tensor, emb: dict[str, torch.Tensor],
+           masks: dict[str, torch.Tensor], sync: bool) -> torch.Tensor:
+    """Logits of the dense stage: the model's own, or through DDP (`sync`: all-reduce this
+    backward's gradients).  # (B, n_heads)"""
+    if parallel is None:
+        return model.dense_forward(dense, emb, masks)
+    return parallel.forward(dense, emb, masks, sync)
+
+
+def _loss(model: LoweredModel, parallel: Any, logits: torch.Tensor, labels: torch.Tensor,
+          global_size: int, share: float) -> torch.Tensor:
+    """The loss to differentiate: a micro-batch's `share` of the batch mean in one process; a
+    rank's samples' share of the global batch's mean with several."""
+    if parallel is None:
+        return model.loss(logits, labels) * share if share != 1.0 else model.loss(logits, labels)
+    return parallel.loss(logits, labels, global_size)
+
+
+def _reported(parallel: Any, loss: torch.Tensor) -> float:
+    """The loss to report: this process's, or the one the ranks agreed on (global)."""
+    return float(loss.detach()) if parallel is None else parallel.last.loss
 
 
 def _dense_update(optimizer: torch.optim.Optimizer, clip_grad_norm: float | None) -> None:

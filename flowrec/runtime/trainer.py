@@ -210,9 +210,25 @@ class Trainer:
         self.checkpointer = Checkpointer(Path(config.out_dir or ".") / CHECKPOINT_NAME,
                                          config.checkpoint_full_every,
                                          {g.name: g.rows for g in model.groups})
+        self.world = getattr(model, "world", None)  # the ranks of a distributed run (None: one process)
+        self.parallel = None
+        if self.world is not None:
+            from flowrec.runtime.distributed.data_parallel import DenseParallel
+
+            self.parallel = DenseParallel(model, self.world,
+                                          lambda: (self._interrupt.requested, self._stop_requested))
+
+    @property
+    def lead(self) -> bool:
+        """This process writes the run's shared files and reports (one process, or rank 0)."""
+        return self.world is None or self.world.lead
 
     # ---------------------------------------------------------------- data
-    def staging(self, shuffle: bool | None = None, lookahead: int | None = None) -> StagingOptions:
+    def staging(self, shuffle: bool | None = None, lookahead: int | None = None,
+                sliced: bool = True) -> StagingOptions:
+        """Staging of training batches (`sliced`: this rank's slice of each global batch) or, with
+        `sliced=False`, of whole batches (evaluation: every rank scores every sample)."""
+        ranks = {"world_size": self.world.size, "rank": self.world.rank} if self.world and sliced else {}
         return StagingOptions(
             batch_size=self.spec.training.batch_size,
             shuffle=self.config.shuffle if shuffle is None else shuffle,
@@ -221,10 +237,11 @@ class Trainer:
             workers=self.config.workers,
             prefetch=max(self.prefetch, 2),
             lookahead=self.lookahead if lookahead is None else lookahead,
+            **ranks,
         )
 
     def eval_batches(self, source: Any):
-        return iterate_batches(self.spec, source, self.staging(shuffle=False, lookahead=0), 0, 0,
+        return iterate_batches(self.spec, source, self.staging(shuffle=False, lookahead=0, sliced=False), 0, 0,
                                self.model.groups)
 
     # ---------------------------------------------------------------- loop
@@ -264,7 +281,7 @@ class Trainer:
         self.hooks = hooks if on_step is None else Hooks(on_step, hooks.on_eval, hooks.on_checkpoint)
         total = self.total_steps(train_source)
         self._start_schedule()
-        if cfg.out_dir is not None:
+        if cfg.out_dir is not None and self.lead:
             self._write_run_files(Path(cfg.out_dir))
             self.log = MetricsLog(Path(cfg.out_dir) / METRICS_FILE, cfg.tensorboard,
                                   keep_through_step=self.position.step)
@@ -293,7 +310,7 @@ class Trainer:
             self.hot_flags = assign_hot_rows(self.model, self.spec, train_source, seed=self.spec.training.seed)
         if self.hot_flags:  # hot/cold batches: the step count of an epoch is known only at its end
             total = cfg.max_steps
-        bar = TrainProgress(total, cfg.progress, initial=self.position.step)
+        bar = TrainProgress(total, cfg.progress and self.lead, initial=self.position.step)
         started = time.perf_counter()
         start_samples = self.position.samples
         loss = None
@@ -335,7 +352,23 @@ class Trainer:
         return self.stopper is not None and self.stopper.state.stopped
 
     def _done(self, total: int | None) -> bool:
-        return (total is not None and self.position.step >= total) or self.stopped_early or self._stop_requested
+        return (total is not None and self.position.step >= total) or self.stopped_early or self._stopping()
+
+    def _stopping(self) -> bool:
+        """A stop was requested (by a callback); with several ranks, as agreed at the last step."""
+        if self.parallel is not None:
+            return self._agreed(1)
+        return self._stop_requested
+
+    def _interrupted(self) -> bool:
+        """Ctrl-C asked to stop after this step; with several ranks, as agreed at the last step."""
+        if self.parallel is not None:
+            return self._agreed(0)
+        return self._interrupt.requested
+
+    def _agreed(self, flag: int) -> bool:
+        flags = self.parallel.last.flags
+        return len(flags) > flag and flags[flag]
 
     def _epoch(self, train_source: Any, eval_source: Any, bar: TrainProgress, total: int) -> float | None:
         pos = self.position
@@ -349,8 +382,9 @@ class Trainer:
                 loss, skipped_head = self._step(batch)
                 self.checkpointer.mark(batch)
                 self.stage_seconds["compute"] += time.perf_counter() - t0
-                pos.batch, pos.step, pos.samples = batch.index + 1, pos.step + 1, pos.samples + batch.size
-                bar.update(batch.size, loss)
+                pos.batch, pos.step = batch.index + 1, pos.step + 1
+                pos.samples += batch.samples_in_step
+                bar.update(batch.samples_in_step, loss)
                 if self.log is not None:
                     record = {"event": "train", "step": pos.step, "epoch": pos.epoch, "loss": loss,
                               "lr_dense": lr_dense, "lr_sparse": lr_sparse}
@@ -364,22 +398,23 @@ class Trainer:
                     self._periodic_eval(eval_source)
                 if self.config.checkpoint_every and pos.step % self.config.checkpoint_every == 0:
                     self._checkpoint()
-                if self._done(total) or self._interrupt.requested:
+                if self._done(total) or self._interrupted():
                     break
             else:
                 exhausted = True
             self.stage_seconds["staging_wait"] += batches.wait_s
         if exhausted or (not self.hot_flags and pos.batch >= self._per_epoch):
             pos.epoch, pos.batch = pos.epoch + 1, 0
-        if self._interrupt.requested:
+        if self._interrupted():
             raise KeyboardInterrupt
         return loss
 
     def _step(self, batch: Any) -> tuple[float | None, str | None]:
         """One guarded step: (loss, None), or (None, head) for a skipped non-finite batch."""
         try:
-            return train_step(LossGuard(self.model), self.optimizer, batch, self.micro_batches,
-                              self.precision, self.clip_grad_norm), None
+            model = LossGuard(self.model) if self.parallel is None else self.model  # ranks agree on it
+            return train_step(model, self.optimizer, batch, self.micro_batches, self.precision,
+                              self.clip_grad_norm, self.parallel), None
         except NonFiniteLoss as bad:
             step = self.position.step + 1
             if self.config.nan_policy != "skip-batch":
@@ -448,14 +483,15 @@ class Trainer:
             self.hooks.on_eval(event)
 
     # ---------------------------------------------------------------- state
-    def state(self) -> dict[str, Any]:
-        """The complete, `weights_only`-loadable state of the run."""
+    def state(self, model: dict[str, torch.Tensor] | None = None) -> dict[str, Any]:
+        """The complete, `weights_only`-loadable state of the run (`model`: its model state,
+        when already taken)."""
         return {
             "format": CHECKPOINT_FORMAT,
             "version": CHECKPOINT_VERSION,
             "spec": json.dumps(to_dict(self.spec), sort_keys=True),
             "plan": self.plan_document,
-            "model": self.model.state_dict(),
+            "model": self._model_state() if model is None else model,
             "dense_optimizer": self.optimizer.state_dict(),
             "rng": {"torch": torch.get_rng_state()},
             "position": asdict(self.position),
@@ -463,6 +499,24 @@ class Trainer:
             "schedule": {"horizon_steps": self.horizon_steps},
             "early_stopping": self.stopper.state_dict() if self.stopper is not None else None,
         }
+
+    def _model_state(self) -> dict[str, torch.Tensor]:
+        """The model's state for a checkpoint; with several ranks, all but the row-wise groups'
+        rows (each rank writes its own shard of those: `_checkpoint_sharded`)."""
+        if self.world is None:
+            return self.model.state_dict()
+        from flowrec.runtime.distributed.model import shard_state
+
+        return shard_state(self.model)[0]
+
+    def model_state_like(self) -> dict[str, torch.Tensor]:
+        """Tensors shaped like the model's state in the single-process layout (whole tables),
+        the layout every checkpoint loads in."""
+        if self.world is None:
+            return self.model.state_dict()
+        from flowrec.runtime.distributed.model import whole_state_like
+
+        return whole_state_like(self.model)
 
     def load_state(self, state: dict[str, Any], source: Path | str = "checkpoint") -> None:
         """Restore a checkpoint's parameters, optimizer state, RNG and data position.
@@ -472,10 +526,10 @@ class Trainer:
         """
         if state.get("format") != CHECKPOINT_FORMAT:
             raise CheckpointError(f"{source} is not a flowrec checkpoint")
-        check_tensors(Path(source), "model", self.model.state_dict(), state.get("model"))
+        check_tensors(Path(source), "model", self.model_state_like(), state.get("model"))
         check_optimizer_state(Path(source), self.optimizer, state.get("dense_optimizer"))
         try:
-            self.model.load_state_dict(state["model"])
+            self._load_model_state(state["model"])
             self.optimizer.load_state_dict(state["dense_optimizer"])
         except (RuntimeError, ValueError, KeyError, TypeError) as exc:
             raise CheckpointError(f"{source} does not fit the spec's model "
@@ -485,6 +539,15 @@ class Trainer:
         self.skipped_batches = int(state.get("skipped_batches", 0))
         self.checkpointer.restart_chain(self.position.step)
         self._load_loop_state(Path(source), state)
+
+    def _load_model_state(self, model_state: dict[str, torch.Tensor]) -> None:
+        """Load whole-table model state (each rank keeps its rows of row-wise groups)."""
+        if self.world is None:
+            self.model.load_state_dict(model_state)
+            return
+        from flowrec.runtime.distributed.model import load_whole_state
+
+        load_whole_state(self.model, model_state)
 
     def _load_loop_state(self, source: Path, state: dict[str, Any]) -> None:
         """The schedule's horizon and early stopping's state (absent in checkpoints of older runs)."""
@@ -505,7 +568,9 @@ class Trainer:
             return
         t0 = time.perf_counter()
         folder = Path(self.config.out_dir) / BEST_DIR if best else Path(self.config.out_dir)
-        if best:  # the best evaluation's checkpoint: always whole, written inline
+        if self.world is not None:  # every rank its shard, rank 0 the rest and the manifest
+            self._checkpoint_sharded(folder)
+        elif best:  # the best evaluation's checkpoint: always whole, written inline
             state = self.state()
             bad = first_non_finite(state["model"])
             if bad is not None:
@@ -518,6 +583,33 @@ class Trainer:
         self.stage_seconds["checkpoint"] += time.perf_counter() - t0
         if self.hooks.on_checkpoint is not None:
             self.hooks.on_checkpoint(self.position.step, folder / CHECKPOINT_NAME)
+
+    def _checkpoint_sharded(self, folder: Path) -> None:
+        """A distributed checkpoint (`checkpoint_shards`): the ranks agree that every parameter is
+        finite, each writes its shard, then rank 0 writes checkpoint.pt naming them all."""
+        import torch.distributed as dist
+
+        from flowrec.runtime.checkpoint_shards import manifest, remove_stale_shards, write_shard
+        from flowrec.runtime.distributed.model import shard_state
+
+        common, shards = shard_state(self.model)
+        bad = first_non_finite(common) or first_non_finite(
+            {f"embeddings.{g}.weight": part["weight"] for g, part in shards.items()})
+        if self.world.any(bad is not None):
+            raise TrainingStopped(f"parameter {bad or '(on another rank)'} is not finite at step "
+                                  f"{self.position.step}; not checkpointed, {self.checkpoint_note()}")
+        folder.mkdir(parents=True, exist_ok=True)
+        step = self.position.step
+        mine = write_shard(folder, step, self.world.rank, self.world.size, shards, save_checkpoint)
+        files: list[Any] = [None] * self.world.size
+        dist.all_gather_object(files, mine)
+        if self.world.lead:
+            state = self.state(common)
+            state["shards"] = manifest(step, self.world.size, files)
+            save_checkpoint(folder / CHECKPOINT_NAME, state)
+            remove_stale_shards(folder, [name for name, _ in files])
+        self.world.barrier()
+        self.checkpointer.restart_chain(step)  # the newest checkpoint on disk (every one is full)
 
     def _wait_checkpoints(self) -> None:
         """Wait for the background write in flight (the time training waits counts as checkpointing)."""

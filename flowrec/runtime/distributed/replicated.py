@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from flowrec.graph.types import PackedGroup
 from flowrec.runtime.distributed.pooling import unique_row_grads
+from flowrec.runtime.distributed.schedule import Steps
 from operators.casting import Casting, compute_casting
 from operators.embedding import PackedEmbeddingBag
 
@@ -83,9 +84,31 @@ class ReplicatedPackedEmbedding(torch.nn.Module):
         trigger = torch.empty(0, device=self.weight.device, requires_grad=True)
         return _ReplicatedLookup.apply(trigger, self, ids, offsets, casting)
 
+    def lookup_steps(self, ids: torch.Tensor, offsets: torch.Tensor) -> Steps:
+        """The lookup as steps (`schedule.drive`, beside sharded groups): local, no exchange;
+        returns the pooled output (B, S, D) and no route."""
+        yield from ()  # a step generator that never waits
+        return self.table.lookup(ids, offsets), None
+
+    def update_steps(self, route: None, ids: torch.Tensor, offsets: torch.Tensor, grad_out: torch.Tensor,
+                     casting: Casting | None = None) -> Steps:
+        """The update as steps: the all-reduce of the touched rows' gradients (started, then
+        waited for), and the same update on every rank."""
+        buffer = self._gradient_buffer(ids, offsets, grad_out, casting)
+        work = dist.all_reduce(buffer, group=self.process_group, async_op=True)
+        yield work
+        self._apply(buffer)
+
     def apply_gradients(self, ids: torch.Tensor, offsets: torch.Tensor, grad_out: torch.Tensor,
                         casting: Casting | None = None) -> None:
         """Sum the touched rows' gradients over the ranks and update them on every rank."""
+        buffer = self._gradient_buffer(ids, offsets, grad_out, casting)
+        dist.all_reduce(buffer, group=self.process_group)
+        self._apply(buffer)
+
+    def _gradient_buffer(self, ids: torch.Tensor, offsets: torch.Tensor, grad_out: torch.Tensor,
+                         casting: Casting | None) -> torch.Tensor:
+        """This rank's unique-row gradients and touched flags in a (rows, D + 1) buffer."""
         if casting is None:
             casting = compute_casting(ids, offsets, self.table.mean_flags)
         grads = unique_row_grads(grad_out, casting, self.weight.shape[1])  # (U, D)
@@ -93,7 +116,11 @@ class ReplicatedPackedEmbedding(torch.nn.Module):
         buffer = torch.zeros(weight.shape[0], weight.shape[1] + 1, dtype=grads.dtype,
                              device=weight.device)  # (rows, D + 1): gradient, touched count
         buffer.index_copy_(0, casting.unique_ids, torch.nn.functional.pad(grads, (0, 1), value=1.0))
-        dist.all_reduce(buffer, group=self.process_group)
+        return buffer
+
+    def _apply(self, buffer: torch.Tensor) -> None:
+        """Update the rows touched on any rank with their summed gradients."""
+        weight = self.weight
         self.bytes_reduced += buffer.numel() * buffer.element_size()
         rows = torch.nonzero(buffer[:, -1]).squeeze(1)  # (U_global,)
         self.table.optimizer.step(weight, self.state, rows, buffer.index_select(0, rows)[:, :-1])

@@ -1,0 +1,86 @@
+"""`flowrec train --nproc N`: N local ranks through torch.distributed's launcher, and what each
+rank of a launch (`--nproc`, or `torchrun ... -m flowrec train` on many nodes) does first.
+
+`--nproc N` re-runs the same command line under `python -m torch.distributed.run --standalone`
+(a free port chosen by the launcher's rendezvous), with the run folder fixed up front so that
+every rank writes to the same one. Under `--max-restarts K` the launcher restarts all ranks after
+a failure; a restarted rank 0 finds the run's checkpoint and continues it (`restarted_request`).
+
+Example:
+    >>> strip_options(["s.yaml", "--nproc", "2", "-q"], {"--nproc": True})
+    ['s.yaml', '-q']
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from flowrec.cli.common import fail
+
+LAUNCHER_OPTIONS = {"--nproc": True, "--max-restarts": True}  # ours, not the ranks' (takes a value)
+
+
+def strip_options(args: list[str], options: dict[str, bool]) -> list[str]:
+    """`args` without the given options (`--opt V` and `--opt=V` forms)."""
+    out, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in options:
+            skip = options[name] and "=" not in arg
+            continue
+        out.append(arg)
+    return out
+
+
+def command_args(argv: list[str]) -> list[str]:
+    """The arguments after the `train` command word of this process's command line."""
+    args = argv[1:]
+    if "train" not in args:
+        fail("--nproc: cannot find the train command in this command line; launch the ranks with torchrun")
+    return args[args.index("train") + 1:]
+
+
+def launch_ranks(nproc: int, max_restarts: int, folder: Path | None) -> int:
+    """Run this `flowrec train` command line on `nproc` local ranks; the launcher's exit status.
+
+    Args:
+        nproc: local processes (ranks).
+        max_restarts: restarts of every rank after a failure (from the last checkpoint).
+        folder: the run folder to pass as --out when the command names none.
+    """
+    args = strip_options(command_args(sys.argv), LAUNCHER_OPTIONS)
+    if folder is not None:
+        args += ["--out", str(folder)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           f"--max-restarts={max_restarts}", "--monitor-interval=0.5", "-m", "flowrec", "train", *args]
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(_threads_per_rank(nproc)))}
+    try:
+        return subprocess.run(cmd, env=env).returncode
+    except KeyboardInterrupt:
+        return 130
+
+
+def _threads_per_rank(nproc: int) -> int:
+    """CPU threads per rank: the machine's cores shared out (at least one)."""
+    return max(1, (os.cpu_count() or 1) // nproc)
+
+
+def launched_rank() -> tuple[int, int]:
+    """(world size, rank) of this process in a launch ((1, 0) outside one); bad values are one line."""
+    from flowrec.runtime.distributed.world import WorldError, launch_env
+
+    try:
+        return launch_env()
+    except WorldError as exc:
+        fail(str(exc))
+
+
+def restart_count() -> int:
+    """How often the launcher restarted the ranks of this job (0: the first attempt)."""
+    text = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return int(text) if text.isdigit() else 0

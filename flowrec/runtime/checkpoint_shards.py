@@ -1,0 +1,134 @@
+"""Checkpoints of a distributed run: one shard file per rank, tied by the manifest in checkpoint.pt.
+
+Each rank writes the rows it owns of every row-wise sharded group, with their optimizer state
+(packed ids, rows, state), to `checkpoint.shards/step<S>-rank<r>-of<W>.pt`, atomically and with a
+digest. When every rank has written, rank 0 writes `checkpoint.pt` (atomically, as one process
+does): the dense part, replicated tables, data position, RNG, plan and spec, plus a `shards`
+manifest naming the files and their digests. Shards of older steps are removed only after the new
+manifest is in place, so a kill at any moment leaves the previous checkpoint whole.
+
+Loading (`assemble_shards`, inside every `load_checkpoint`) checks each shard against the manifest
+and puts the rows back into whole tables by their packed ids, so the state is the single-process
+one: eval and export load it as they load any checkpoint, and a run resumed on W' ranks keeps
+each rank's rows by the modulo rule (`distributed.model.load_whole_state`).
+
+Example:
+    >>> state = load_checkpoint(Path("runs/exp1"))  # doctest: +SKIP  (shards assembled)
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from flowrec.runtime.checkpoint_format import CheckpointError, check_header, read_torch_file
+
+SHARDS_DIR = "checkpoint.shards"
+SHARD_FORMAT = "flowrec-checkpoint-shard"
+SHARD_VERSION = 1
+SHARD_KEYS = ("format", "version", "step", "rank", "world_size", "groups", "digest")
+
+
+def shard_name(step: int, rank: int, world_size: int) -> str:
+    """File name of rank `rank`'s shard of the checkpoint at `step`."""
+    return f"step{step:09d}-rank{rank}-of{world_size}.pt"
+
+
+def write_shard(folder: Path, step: int, rank: int, world_size: int,
+                groups: dict[str, dict[str, torch.Tensor]],
+                save: Callable[[Path, dict[str, Any]], str]) -> tuple[str, str]:
+    """Write this rank's shard (atomically, via `save`, which returns the digest).
+
+    Returns:
+        (file name, digest) for the manifest.
+    """
+    (folder / SHARDS_DIR).mkdir(parents=True, exist_ok=True)
+    name = shard_name(step, rank, world_size)
+    doc = {"format": SHARD_FORMAT, "version": SHARD_VERSION, "step": step, "rank": rank,
+           "world_size": world_size, "groups": groups}
+    return name, save(folder / SHARDS_DIR / name, doc)
+
+
+def manifest(step: int, world_size: int, files: list[tuple[str, str]]) -> dict[str, Any]:
+    """The `shards` entry of checkpoint.pt: the step, the world size and each rank's (file, digest)."""
+    return {"step": step, "world_size": world_size, "files": [name for name, _ in files],
+            "digests": [digest for _, digest in files]}
+
+
+def remove_stale_shards(folder: Path, keep: list[str]) -> None:
+    """Delete the shard files of older checkpoints (after the new manifest is written)."""
+    for path in (folder / SHARDS_DIR).glob("step*-rank*-of*.pt"):
+        if path.name not in keep:
+            path.unlink(missing_ok=True)
+
+
+def assemble_shards(path: Path, state: dict[str, Any], map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """The single-process state of a sharded checkpoint (unchanged when it has no `shards`).
+
+    Raises:
+        CheckpointError: a shard file missing, damaged, of another checkpoint, or whose rows do
+            not cover the table exactly once; one line naming the file.
+    """
+    entry = state.get("shards")
+    if entry is None:
+        return state
+    files, digests = _manifest_files(path, entry)
+    tables: dict[str, dict[str, Any]] = {}
+    for rank, (name, digest) in enumerate(zip(files, digests)):
+        shard_path = path.parent / SHARDS_DIR / name
+        if not shard_path.is_file():
+            raise CheckpointError(f"{path}: shard {shard_path} of rank {rank} is missing")
+        doc = read_torch_file(shard_path, map_location, what="flowrec checkpoint shard")
+        check_header(shard_path, doc, SHARD_FORMAT, SHARD_VERSION, SHARD_KEYS, "flowrec checkpoint shard")
+        if doc["digest"] != digest or doc["step"] != entry["step"] or doc["rank"] != rank:
+            raise CheckpointError(f"{shard_path} is not rank {rank}'s shard of the checkpoint in {path} "
+                                  f"(another step or a damaged file)")
+        _collect(shard_path, doc["groups"], tables)
+    model = dict(state["model"])
+    for group, parts in tables.items():
+        weight, opt = _whole(path, group, parts)
+        model[f"embeddings.{group}.weight"], model[f"embeddings.{group}.state"] = weight, opt
+    out = {k: v for k, v in state.items() if k != "shards"}
+    out["model"] = model
+    return out
+
+
+def _manifest_files(path: Path, entry: Any) -> tuple[list[str], list[str]]:
+    if not isinstance(entry, dict) or not isinstance(entry.get("files"), list) \
+            or not isinstance(entry.get("digests"), list) or len(entry["files"]) != len(entry["digests"]) \
+            or entry.get("world_size") != len(entry["files"]) or not isinstance(entry.get("step"), int):
+        raise CheckpointError(f"{path} is damaged: its shards manifest is not one")
+    names = entry["files"]
+    if any(not isinstance(n, str) or "/" in n or "\\" in n or n.startswith(".") for n in names):
+        raise CheckpointError(f"{path} is damaged: a shard file name is not a plain file name")
+    return names, entry["digests"]
+
+
+def _collect(shard_path: Path, groups: Any, tables: dict[str, dict[str, Any]]) -> None:
+    if not isinstance(groups, dict):
+        raise CheckpointError(f"{shard_path} is damaged: groups is not a dict")
+    for group, part in groups.items():
+        if not isinstance(part, dict) or not all(isinstance(part.get(k), torch.Tensor)
+                                                 for k in ("rows", "weight", "state")):
+            raise CheckpointError(f"{shard_path} is damaged: group {group!r} has no rows, weight and state")
+        rows, weight, opt = part["rows"], part["weight"], part["state"]
+        if rows.dtype != torch.int64 or rows.dim() != 1 or weight.shape[0] != rows.numel() \
+                or opt.shape[0] != rows.numel():
+            raise CheckpointError(f"{shard_path} is damaged: group {group!r} rows and tensors do not match")
+        tables.setdefault(group, {"rows": [], "weight": [], "state": []})
+        for key in ("rows", "weight", "state"):
+            tables[group][key].append(part[key])
+
+
+def _whole(path: Path, group: str, parts: dict[str, list[torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Whole table and optimizer state of a group from its shards' rows (each exactly once)."""
+    rows = torch.cat(parts["rows"])
+    n = rows.numel()
+    if n and (int(rows.min()) < 0 or int(rows.max()) >= n or torch.unique(rows).numel() != n):
+        raise CheckpointError(f"{path}: the shards of group {group} do not hold each of its rows once")
+    weight = torch.cat(parts["weight"])
+    opt = torch.cat(parts["state"])
+    whole_w = torch.empty_like(weight).index_copy_(0, rows, weight)
+    whole_s = torch.empty_like(opt).index_copy_(0, rows, opt)
+    return whole_w, whole_s

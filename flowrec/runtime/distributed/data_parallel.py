@@ -1,0 +1,114 @@
+"""Data parallelism of the dense part: `DistributedDataParallel` over the dense modules only.
+
+The packed tables are not parameters (their rows are updated in the embedding backward, across
+ranks by `ShardedPackedEmbedding` / `ReplicatedPackedEmbedding` on their own process group), so
+DDP wraps just the dense operators. Its gradient buckets are all-reduced as sums, not means: each
+rank's loss is its share of the global batch's mean (its samples' summed loss over the global
+batch size), so the summed gradients are those of one process on the whole global batch, for the
+dense parameters and the embedding rows alike, however unevenly the samples fall on the ranks.
+
+Example (on every rank):
+    >>> parallel = DenseParallel(model, world)  # doctest: +SKIP
+    >>> logits = parallel.forward(dense, emb, masks)
+"""
+from __future__ import annotations
+
+import inspect
+from contextlib import nullcontext
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from flowrec.runtime.distributed.world import Agreement, World
+from flowrec.runtime.nonfinite import NonFiniteLoss
+
+
+class _DenseStage(nn.Module):
+    """The dense operators of a lowered model as one module (what DDP wraps)."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.ops = model.ops
+        self._run = model.dense_forward  # a bound method: the model is not a submodule
+
+    def forward(self, dense: torch.Tensor, emb: dict[str, torch.Tensor],
+                masks: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self._run(dense, emb, masks)
+
+
+def _sum_buckets(group, bucket):  # DDP checks the runtime annotations; these are (ProcessGroup, GradBucket)
+    """DDP communication hook: all-reduce a gradient bucket as a sum (DDP's default averages).
+    Returns the future of the summed bucket."""
+    work = dist.all_reduce(bucket.buffer(), group=group, async_op=True)
+    return work.get_future().then(lambda fut: fut.value()[0])
+
+
+class DenseParallel:
+    """The dense forward through DDP, and the per-step agreement on the loss.
+
+    Args:
+        model: the lowered model (its dense parameters must all be in `model.ops`).
+        world: the ranks.
+        flags: returns this rank's stop requests (interrupt, stop) before each agreement.
+    """
+
+    def __init__(self, model: Any, world: World, flags: Callable[[], tuple[bool, ...]] = lambda: ()) -> None:
+        self.model, self.world, self.flags = model, world, flags
+        stage = _DenseStage(model)
+        outside = {id(p) for p in model.dense_parameters()} - {id(p) for p in stage.parameters()}
+        if outside:
+            raise ValueError(f"{len(outside)} dense parameter(s) outside the dense operators: "
+                             f"data parallelism would not synchronize them")
+        device_ids = [world.device.index] if world.device.type == "cuda" else None
+        self.ddp = DistributedDataParallel(stage, device_ids=device_ids, **_no_buffer_sync())
+        self.ddp.register_comm_hook(None, _sum_buckets)
+        self.last = Agreement(0.0, False, ())
+        self._synced_forward = False
+
+    def forward(self, dense: torch.Tensor, emb: dict[str, torch.Tensor], masks: dict[str, torch.Tensor],
+                sync: bool = True) -> torch.Tensor:
+        """The dense stage's logits; `sync=False` for a micro-batch whose gradients are only
+        accumulated (the last one of the step all-reduces them all)."""
+        self._synced_forward = sync
+        with nullcontext() if sync else self.ddp.no_sync():
+            return self.ddp(dense, emb, masks)
+
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor, global_size: int) -> torch.Tensor:
+        """This rank's share of the global batch's mean loss, agreed with every rank first.
+
+        Raises NonFiniteLoss on every rank when the loss of any rank is NaN or infinite (before
+        any backward, after releasing DDP's expectation of one), so all take the same decision.
+        """
+        n = labels.shape[0]
+        loss = self.model.loss(logits, labels) * (n / global_size) if n else logits.sum() * 0.0
+        self.last = self.world.agree(loss, self.flags())
+        if self.last.non_finite:
+            self._release()
+            value = float(loss.detach())
+            here = value != value or abs(value) == float("inf")
+            raise NonFiniteLoss(_head_of(self.model, logits, labels) if here else "(on another rank)",
+                                value if here else float("nan"))
+        return loss
+
+    def _release(self) -> None:
+        """End DDP's reduction of a forward whose backward will not run (zero gradients, no update)."""
+        if self._synced_forward:
+            params = [p for p in self.ddp.parameters() if p.requires_grad]
+            torch.stack([p.sum() for p in params]).sum().mul(0.0).backward()
+
+
+def _no_buffer_sync() -> dict[str, bool]:
+    """DDP's option to skip the per-forward buffer broadcast (the ranks' buffers are equal),
+    under its name in this torch (`forward_sync_buffers` replaced `broadcast_buffers`)."""
+    params = inspect.signature(DistributedDataParallel.__init__).parameters
+    return {"forward_sync_buffers": False} if "forward_sync_buffers" in params else {"broadcast_buffers": False}
+
+
+def _head_of(model: Any, logits: torch.Tensor, labels: torch.Tensor) -> str:
+    """The head whose loss is not finite (as the single-process guard names it)."""
+    from flowrec.runtime.nonfinite import LossGuard
+
+    return LossGuard(model)._bad_head(logits, labels)

@@ -1,0 +1,136 @@
+"""The ranks of a distributed run: process groups with timeouts, and the per-step agreement.
+
+`join_world` initializes torch.distributed from the launch environment (`torchrun` /
+`python -m torch.distributed.run` set RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT): gloo on CPU,
+nccl on CUDA, every collective bounded by `timeout_s`, so a dead or hung rank fails the others
+instead of hanging them. The default group carries DDP's gradient all-reduces and the per-step
+agreement; the embedding exchanges run on their own group (`groups.embedding_group`).
+
+Every step the ranks agree, in one small all-reduce, on the global loss, on whether any rank saw a
+non-finite loss and on whether any rank was asked to stop (Ctrl-C, a callback): every rank then
+takes the same decision after the same step, and no collective waits for a rank that left.
+
+Example (on every rank of a `torchrun` launch):
+    >>> world = join_world(timeout_s=300, device=torch.device("cpu"))  # doctest: +SKIP
+    >>> world.rank, world.size
+    (0, 2)
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from flowrec.runtime.distributed.groups import embedding_group
+
+DEFAULT_TIMEOUT_S = 300.0  # --dist-timeout default: a dead or hung rank fails the others within it
+
+
+class WorldError(RuntimeError):
+    """A distributed launch that cannot run (bad environment, a rank that failed); one line."""
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """What the ranks agreed on after a step's loss: the global loss (the mean over the global
+    batch), whether any rank's loss was non-finite, and each flag (e.g. asked to stop) OR-ed over
+    the ranks."""
+
+    loss: float
+    non_finite: bool
+    flags: tuple[bool, ...]
+
+
+@dataclass
+class World:
+    """This process's place among the ranks of a run.
+
+    Args:
+        size: W, the number of ranks.
+        rank: this rank (0 .. W-1); rank 0 writes the run folder's shared files.
+        embedding_group: the process group of the embedding exchanges.
+        timeout_s: seconds a collective waits for the other ranks.
+        device: the device the collectives' tensors live on (cpu for gloo, cuda for nccl).
+    """
+
+    size: int
+    rank: int
+    embedding_group: dist.ProcessGroup | None
+    timeout_s: float
+    device: torch.device
+
+    @property
+    def lead(self) -> bool:
+        """Rank 0, which writes the run's shared files and reports."""
+        return self.rank == 0
+
+    def agree(self, loss_share: torch.Tensor, flags: tuple[bool, ...] = ()) -> Agreement:
+        """Sum this rank's share of the global loss and OR the non-finite flag and `flags` over
+        every rank (one all-reduce on the default group; every rank passes as many flags)."""
+        value = float(loss_share.detach())
+        finite = value == value and abs(value) != float("inf")
+        values = torch.tensor([value if finite else 0.0, 0.0 if finite else 1.0, *map(float, flags)],
+                              dtype=torch.float64, device=self.device)
+        dist.all_reduce(values)
+        total, bad, *rest = values.tolist()
+        return Agreement(total, bad > 0, tuple(v > 0 for v in rest))
+
+    def any(self, flag: bool) -> bool:
+        """True on every rank when `flag` is true on any."""
+        t = torch.tensor([1.0 if flag else 0.0], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t)
+        return bool(t.item() > 0)
+
+    def barrier(self) -> None:
+        """Wait for every rank (bounded by the timeout)."""
+        dist.barrier(device_ids=[self.device.index] if self.device.type == "cuda" else None)
+
+
+def launch_env() -> tuple[int, int]:
+    """(world size, rank) from the launch environment (1, 0 without one); bad values raise WorldError."""
+    size_text, rank_text = os.environ.get("WORLD_SIZE", "1"), os.environ.get("RANK", "0")
+    if not size_text.isdigit() or int(size_text) < 1:
+        raise WorldError(f"the environment's WORLD_SIZE must be a positive integer, not {size_text!r}")
+    if not rank_text.isdigit() or int(rank_text) >= int(size_text):
+        raise WorldError(f"the environment's RANK must be in 0..{int(size_text) - 1}, not {rank_text!r}")
+    return int(size_text), int(rank_text)
+
+
+def join_world(timeout_s: float, device: torch.device) -> World:
+    """Initialize torch.distributed from the environment and make the embedding group.
+
+    Args:
+        timeout_s: seconds every collective (and the rendezvous) waits for the other ranks.
+        device: the run's device: gloo for cpu, nccl for cuda (each rank on cuda:LOCAL_RANK).
+    """
+    size, rank = launch_env()
+    for name in ("MASTER_ADDR", "MASTER_PORT"):
+        if name not in os.environ:
+            raise WorldError(f"WORLD_SIZE is {size} but {name} is not set: launch the ranks with "
+                             f"`flowrec train --nproc N` or torchrun")
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    try:
+        dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s),
+                                world_size=size, rank=rank)
+    except (RuntimeError, ValueError) as exc:
+        raise WorldError(f"could not join the other {size - 1} rank(s) within {timeout_s:g} s "
+                         f"({first_line(exc)})") from None
+    return World(size, rank, embedding_group(timeout_s), timeout_s, device)
+
+
+def leave_world() -> None:
+    """Destroy the process groups (idempotent)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type when empty)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
