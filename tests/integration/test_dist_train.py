@@ -1,0 +1,174 @@
+"""`flowrec train --nproc N` end to end on gloo: W ranks train the parameters one process trains,
+checkpoints reshard (2 -> 1, 1 -> 2), eval reads a sharded run, and a killed rank makes the
+other exit non-zero within --dist-timeout with one line.
+
+The spec is `flowrec.testing.specs.TINY` (sum, mean and sequence bags, a dim-1 table, target
+attention, two heads) with an odd batch size (uneven slices, a final batch smaller than the
+others); the plans are edited so one group is row-wise sharded and the other replicated, with two
+micro-batches (DDP's no_sync path).
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from flowrec.runtime.checkpoint import load_checkpoint
+from flowrec.testing.specs import TINY
+
+ROOT = Path(__file__).resolve().parents[2]
+TIMEOUT_S = 300  # every subprocess
+ROWS = 700  # training rows in 5 files: 7 global batches of 101 (the last one 94)
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK",
+                                                            "MASTER_ADDR", "MASTER_PORT")}
+    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    return env
+
+
+def flowrec(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "flowrec", *args], cwd=cwd, env=_env(), text=True,
+                          capture_output=True, timeout=TIMEOUT_S)
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> Path:
+    """A folder with the spec and plans for 1 and 2 ranks (one row-wise, one replicated group)."""
+    root = tmp_path_factory.mktemp("dist_train")
+    doc = copy.deepcopy(TINY)
+    doc["name"] = "tiny_dist"
+    doc["training"] = {"batch_size": 101, "epochs": 1, "seed": 7}
+    doc["heads"][1]["label"] = "label2"
+    (root / "spec.yaml").write_text(yaml.safe_dump(doc))
+    for world in (1, 2):
+        made = flowrec("plan", "spec.yaml", "--world-size", str(world), "--json", f"p{world}.json", cwd=root)
+        assert made.returncode == 0, made.stderr
+        plan = json.loads((root / f"p{world}.json").read_text())
+        assert len(plan["groups"]) == 2
+        for g, sharding in zip(plan["groups"], ("row_wise", "replicated")):
+            g["sharding"], g["shards"] = (sharding, world if sharding == "row_wise" else 1)
+        plan["micro_batches"] = 2
+        (root / f"p{world}.json").write_text(json.dumps(plan))
+    made = flowrec("data", "synth", "spec.yaml", "--rows", str(ROWS), "--rows-per-file", "150", "--out", "d",
+                   "--seed", "3", "-q", cwd=root)
+    assert made.returncode == 0, made.stderr
+    return root
+
+
+def train(work: Path, out: str, nproc: int, *extra: str) -> subprocess.CompletedProcess:
+    args = ["train", "spec.yaml", "--data", "d", "--eval-data", "d", "--out", out, "-q", "--eval-every", "0",
+            *extra]
+    if nproc > 1:
+        args += ["--nproc", str(nproc)]
+    done = flowrec(*args, cwd=work)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def assert_same_model(a: Path, b: Path, tol: float = 1e-5) -> None:
+    sa, sb = load_checkpoint(a), load_checkpoint(b)
+    assert sa["position"] == sb["position"]
+    assert sorted(sa["model"]) == sorted(sb["model"])
+    for key, value in sa["model"].items():
+        other = sb["model"][key]
+        assert value.shape == other.shape, key
+        assert torch.allclose(value, other, rtol=tol, atol=tol), (key, float((value - other).abs().max()))
+
+
+def test_two_ranks_train_what_one_process_trains(work):
+    train(work, "r1", 1, "--plan", "p1.json")
+    two = train(work, "r2", 2, "--plan", "p2.json")
+    assert "1 group(s) row_wise, 1 group(s) replicated" in two.stderr
+    shards = sorted(p.name for p in (work / "r2" / "checkpoint.shards").iterdir())
+    assert shards == ["step000000007-rank0-of2.pt", "step000000007-rank1-of2.pt"]
+    assert_same_model(work / "r1", work / "r2")
+    m1 = [json.loads(x) for x in (work / "r1" / "metrics.jsonl").read_text().splitlines()]
+    m2 = [json.loads(x) for x in (work / "r2" / "metrics.jsonl").read_text().splitlines()]
+    loss1 = [r["loss"] for r in m1 if r["event"] == "train"]
+    loss2 = [r["loss"] for r in m2 if r["event"] == "train"]
+    assert len(loss1) == len(loss2) == 7
+    assert loss1 == pytest.approx(loss2, rel=1e-5)  # the global loss, not rank 0's share
+    ev1 = [r for r in m1 if r["event"] == "eval"][-1]["metrics"]
+    ev2 = [r for r in m2 if r["event"] == "eval"][-1]["metrics"]
+    assert ev1["h1"]["auc"] == pytest.approx(ev2["h1"]["auc"], abs=1e-6)
+    # a sharded run is scored by one process like any other
+    scores = []
+    for run in ("r1", "r2"):
+        scored = flowrec("eval", run, "--data", "d", "--json", "-", cwd=work)
+        assert scored.returncode == 0, scored.stderr
+        scores.append(json.loads(scored.stdout)["h1"]["auc"])
+    assert scores[0] == pytest.approx(scores[1], abs=1e-6)
+    assert scores[1] == pytest.approx(ev2["h1"]["auc"], abs=1e-6)
+
+
+def test_resume_two_ranks_on_one_and_one_on_two(work):
+    full = "r_full"
+    train(work, full, 1, "--plan", "p1.json")
+    train(work, "r_2to1", 2, "--plan", "p2.json", "--max-steps", "3")
+    resumed = flowrec("train", "spec.yaml", "--resume", "r_2to1", "--max-steps", "1000", "-q", cwd=work)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "the run's plan was for 2 rank(s); now sharded for 1" in resumed.stderr
+    assert_same_model(work / full, work / "r_2to1")
+    train(work, "r_1to2", 1, "--plan", "p1.json", "--max-steps", "4")
+    resumed = flowrec("train", "spec.yaml", "--resume", "r_1to2", "--max-steps", "1000", "-q", "--nproc", "2",
+                      cwd=work)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_same_model(work / full, work / "r_1to2")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for_steps(metrics: Path, procs: list, steps: int) -> None:
+    """Until rank 0 has logged `steps` training steps (every rank still running)."""
+    deadline = time.monotonic() + TIMEOUT_S
+    while time.monotonic() < deadline:
+        if metrics.is_file() and sum('"event": "train"' in line for line in metrics.open()) >= steps:
+            return
+        assert all(p.poll() is None for p in procs), "a rank ended before the kill"
+        time.sleep(0.2)
+    pytest.fail(f"no {steps} training steps within {TIMEOUT_S} s")
+
+
+def test_a_killed_rank_makes_the_other_exit_within_the_timeout(work):
+    port, timeout_s = _free_port(), 8
+    procs = []
+    for rank in (0, 1):
+        env = {**_env(), "WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": str(rank),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "flowrec", "train", "spec.yaml", "--data", "d", "--epochs", "1000",
+             "--out", "r_kill", "-q", "--eval-every", "0", "--dist-timeout", str(timeout_s)],
+            cwd=work, env=env, stderr=subprocess.PIPE, text=True))
+    try:
+        _wait_for_steps(work / "r_kill" / "metrics.jsonl", procs, 3)
+        procs[1].send_signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        code = procs[0].wait(timeout=timeout_s + 60)
+        waited = time.monotonic() - killed_at
+        err = procs[0].stderr.read()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait(timeout=30)
+    assert code == 4, err[-2000:]
+    assert waited < timeout_s + 30
+    last = [line for line in err.splitlines() if line.strip()][-1]
+    assert last.startswith("error: rank 0: stopped at step ") and "another rank failed" in last, err[-2000:]
+    assert "Traceback" not in err
