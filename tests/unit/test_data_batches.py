@@ -154,3 +154,44 @@ def test_worker_error_reaches_the_consumer():
     with pytest.raises(KeyError):
         with iterate_batches(spec, MemorySource([bad]), StagingOptions(batch_size=64)) as it:
             list(it)
+
+
+def _rank_batches(spec, source, world: int, rank: int, workers: int, epoch: int = 1) -> list:
+    opts = StagingOptions(batch_size=64, shuffle_buffer=200, workers=workers, prefetch=2, world_size=world,
+                          rank=rank)
+    with iterate_batches(spec, source, opts, epoch) as it:
+        return list(it)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("partitions", [1, 7])
+@pytest.mark.parametrize("workers", [1, 3])
+def test_ranks_split_the_global_batches_of_one_process(world, partitions, workers):
+    """Rank r's batch k is slice r of the one-process batch k: together the ranks cover every row
+    of the epoch exactly once, in the same global batches, whatever W, partitions and workers."""
+    spec = make_spec()
+    source = MemorySource(split_table(make_table(spec), partitions))
+    whole = _rank_batches(spec, source, 1, 0, workers)
+    ranks = [_rank_batches(spec, source, world, r, workers) for r in range(world)]
+    assert all(len(batches) == len(whole) for batches in ranks)  # every rank runs every step
+    for k, batch in enumerate(whole):
+        parts = [ranks[r][k] for r in range(world)]
+        assert [p.index for p in parts] == [k] * world
+        assert [p.global_size for p in parts] == [batch.size] * world
+        assert sum(p.size for p in parts) == batch.size and max(p.size for p in parts) - min(p.size for p in parts) <= 1
+        assert np.concatenate([rids(p, spec) for p in parts]).tolist() == rids(batch, spec).tolist()
+        dense = np.concatenate([p.dense.numpy() for p in parts])
+        assert np.array_equal(dense, batch.dense.numpy())
+    seen = np.concatenate([rids(b, spec) for batches in ranks for b in batches])
+    assert sorted(seen.tolist()) == list(range(1, ROWS + 1))
+
+
+def test_a_final_batch_smaller_than_the_world_leaves_some_ranks_empty():
+    spec = make_spec()
+    source = MemorySource(split_table(make_table(spec, 65), 2))  # batches of 64 and 1
+    ranks = [_rank_batches(spec, source, 3, r, 2) for r in range(3)]
+    assert [[b.size for b in batches] for batches in ranks] == [[21, 0], [21, 0], [22, 1]]
+    empty = ranks[0][1]
+    assert all(ids.ids.numel() == 0 and ids.offsets.tolist() == [0] for ids in empty.groups.values())
+    assert empty.dense.shape == (0, 1) and empty.labels.shape == (0, 2)
+    assert [b.global_size for b in ranks[0]] == [64, 1]
