@@ -56,9 +56,10 @@ def launch_ranks(nproc: int, max_restarts: int, folder: Path | None) -> int:
     args = strip_options(command_args(sys.argv), LAUNCHER_OPTIONS)
     if folder is not None:
         args += ["--out", str(folder)]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+    cmd = [sys.executable, "-m", "flowrec.cli.ranks", "--standalone", f"--nproc-per-node={nproc}",
            f"--max-restarts={max_restarts}", "--monitor-interval=0.5", "-m", "flowrec", "train", *args]
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(_threads_per_rank(nproc)))}
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(_threads_per_rank(nproc))),
+           "LOGLEVEL": os.environ.get("LOGLEVEL", "ERROR")}
     try:
         return subprocess.run(cmd, env=env).returncode
     except KeyboardInterrupt:
@@ -84,3 +85,27 @@ def restart_count() -> int:
     """How often the launcher restarted the ranks of this job (0: the first attempt)."""
     text = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     return int(text) if text.isdigit() else 0
+
+
+def run_launcher(argv: list[str]) -> int:
+    """torch.distributed.run with `argv`, its failures as one line and an exit status: the first
+    failed rank's (its own message is above), or 128 + the signal that stopped the launcher."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    try:
+        run(parse_args(argv))
+    except ChildFailedError as exc:
+        rank, failure = exc.get_first_failure()
+        failed = ", ".join(str(r) for r in sorted(exc.failures))
+        print(f"error: training failed: rank(s) {failed} exited; the first, rank {rank}, with status "
+              f"{failure.exitcode} (its message is above)", file=sys.stderr)
+        return failure.exitcode if failure.exitcode and failure.exitcode > 0 else 1
+    except SignalException as exc:
+        return 128 + int(exc.sigval)
+    return 0
+
+
+if __name__ == "__main__":  # the launcher process of `flowrec train --nproc N`
+    sys.exit(run_launcher(sys.argv[1:]))
