@@ -278,3 +278,9 @@ def cuda_devices() -> list[CudaDeviceInfo]:
         free, total = torch.cuda.mem_get_info(index)
         out.append(CudaDeviceInfo(index, props.name, f"{props.major}.{props.minor}", int(total), int(free)))
     return out
+
+
+def select_device(device: torch.device) -> None:
+    """Make `device` this process's current CUDA device (one rank per GPU); nothing on CPU."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)

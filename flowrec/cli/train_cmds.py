@@ -330,6 +330,8 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     else:
         plan, device = plan_for_run(spec, settings["device"] or "auto", settings["device_budget"], plan_file, _say,
                                     profile, settings["target"], settings["data"], ranks)
+    if world is not None:
+        device = world.device  # cuda:LOCAL_RANK for each rank on CUDA
     if world is not None and settings["checkpoint_full_every"] not in (None, 1):
         fail("--checkpoint-full-every (incremental checkpoints) is not yet supported with several ranks: "
              "every checkpoint of a distributed run is full")
@@ -495,7 +497,10 @@ def _start_from(trainer, parent: dict, settings: dict) -> None:
     from flowrec.cli.init_from import starting_state
 
     fresh = trainer.optimizer.state_dict() if settings["fresh_optimizer"] else None
-    trainer.load_state(starting_state(parent, trainer.model.state_dict(), fresh), settings["init_from"])
+    if fresh is not None and trainer.world is not None:
+        fail("--fresh-optimizer is not yet supported with several ranks: start from the parent's optimizer "
+             "state, or train the first run of the new optimizer on one process")
+    trainer.load_state(starting_state(parent, trainer.model_state_like(), fresh), settings["init_from"])
     _say(f"starting from {settings['init_from']} (parameters"
          f"{'' if settings['fresh_optimizer'] else ' and optimizer state'}), at step 0")
 

@@ -172,3 +172,43 @@ def test_a_killed_rank_makes_the_other_exit_within_the_timeout(work):
     last = [line for line in err.splitlines() if line.strip()][-1]
     assert last.startswith("error: rank 0: stopped at step ") and "another rank failed" in last, err[-2000:]
     assert "Traceback" not in err
+
+
+def _descendants(pid: int) -> list[int]:
+    """Process ids below `pid` (Linux /proc), children first."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        kids = parents.get(todo.pop(0), [])
+        out += kids
+        todo += kids
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="finds the ranks through /proc")
+def test_max_restarts_ends_like_an_uninterrupted_run(work):
+    train(work, "r_ref6", 1, "--plan", "p1.json", "--epochs", "6")
+    cmd = [sys.executable, "-m", "flowrec", "train", "spec.yaml", "--data", "d", "--eval-data", "d", "--out",
+           "r_restart", "-q", "--eval-every", "0", "--plan", "p2.json", "--epochs", "6", "--checkpoint-every", "5",
+           "--nproc", "2", "--max-restarts", "1"]
+    job = subprocess.Popen(cmd, cwd=work, env=_env(), stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for_steps(work / "r_restart" / "metrics.jsonl", [job], 12)
+        cmdlines = {p: Path(f"/proc/{p}/cmdline").read_bytes() for p in _descendants(job.pid)}
+        ranks = [p for p, c in cmdlines.items() if b"flowrec\x00train" in c and b"flowrec.cli.ranks" not in c]
+        assert len(ranks) == 2, ranks
+        os.kill(ranks[-1], signal.SIGKILL)
+        err = job.communicate(timeout=TIMEOUT_S)[1]
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait(timeout=30)
+    assert job.returncode == 0, err[-3000:]
+    assert "restart 1: continuing r_restart from its last checkpoint" in err
+    assert_same_model(work / "r_ref6", work / "r_restart")

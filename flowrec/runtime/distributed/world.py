@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from flowrec.runtime.distributed.groups import embedding_group
+from operators.device import select_device
 
 DEFAULT_TIMEOUT_S = 300.0  # --dist-timeout default: a dead or hung rank fails the others within it
 
@@ -114,7 +115,7 @@ def join_world(timeout_s: float, device: torch.device) -> World:
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(device)
+        select_device(device)
     try:
         dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s),
                                 world_size=size, rank=rank)
