@@ -117,12 +117,25 @@ def join_world(timeout_s: float, device: torch.device) -> World:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         select_device(device)
     try:
-        dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s),
-                                world_size=size, rank=rank)
+        dist.init_process_group(backend=backend, store=_attempt_store(size, rank, timeout_s),
+                                timeout=timedelta(seconds=timeout_s), world_size=size, rank=rank)
     except (RuntimeError, ValueError) as exc:
         raise WorldError(f"could not join the other {size - 1} rank(s) within {timeout_s:g} s "
                          f"({first_line(exc)})") from None
     return World(size, rank, embedding_group(timeout_s), timeout_s, device)
+
+
+def _attempt_store(size: int, rank: int, timeout_s: float) -> dist.Store:
+    """The rendezvous store of this launch attempt: torchrun's agent store (or rank 0's own, without
+    an agent) under a prefix naming the attempt. A restarted job (--max-restarts) reuses the agent's
+    store, and without the prefix its process groups could read the addresses the ranks of the
+    failed attempt left there and wait for them until the timeout."""
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), size,
+                          is_master=rank == 0 and not agent, timeout=timedelta(seconds=timeout_s),
+                          wait_for_workers=False)
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"flowrec/attempt{attempt}/", store)
 
 
 def leave_world() -> None:
