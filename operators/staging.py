@@ -165,9 +165,11 @@ class Loss(nn.Module):
         return cls(config.get("losses", ["bce"]), config.get("weights"))
 
     def per_head(self, logits: Sequence[torch.Tensor], labels: torch.Tensor) -> list[torch.Tensor]:
-        """Unweighted loss of each head."""
+        """Unweighted loss of each head, in float32 at least (a float64 model keeps float64)."""
         labels = labels.unsqueeze(1) if labels.dim() == 1 else labels
-        return [LOSSES[name](logit.reshape(-1).float(), labels[:, i].float())
+        wide = any(logit.dtype == torch.float64 for logit in logits)
+        cast = (lambda t: t.double()) if wide else (lambda t: t.float())
+        return [LOSSES[name](cast(logit.reshape(-1)), cast(labels[:, i]))
                 for i, (name, logit) in enumerate(zip(self.losses, logits))]
 
     def forward(self, logits: Sequence[torch.Tensor] | torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -97,14 +97,14 @@ class ReplicatedPackedEmbedding(torch.nn.Module):
         buffer = self._gradient_buffer(ids, offsets, grad_out, casting)
         work = dist.all_reduce(buffer, group=self.process_group, async_op=True)
         yield work
-        self._apply(buffer)
+        self._update_rows(buffer)
 
     def apply_gradients(self, ids: torch.Tensor, offsets: torch.Tensor, grad_out: torch.Tensor,
                         casting: Casting | None = None) -> None:
         """Sum the touched rows' gradients over the ranks and update them on every rank."""
         buffer = self._gradient_buffer(ids, offsets, grad_out, casting)
         dist.all_reduce(buffer, group=self.process_group)
-        self._apply(buffer)
+        self._update_rows(buffer)
 
     def _gradient_buffer(self, ids: torch.Tensor, offsets: torch.Tensor, grad_out: torch.Tensor,
                          casting: Casting | None) -> torch.Tensor:
@@ -118,7 +118,7 @@ class ReplicatedPackedEmbedding(torch.nn.Module):
         buffer.index_copy_(0, casting.unique_ids, torch.nn.functional.pad(grads, (0, 1), value=1.0))
         return buffer
 
-    def _apply(self, buffer: torch.Tensor) -> None:
+    def _update_rows(self, buffer: torch.Tensor) -> None:
         """Update the rows touched on any rank with their summed gradients."""
         weight = self.weight
         self.bytes_reduced += buffer.numel() * buffer.element_size()

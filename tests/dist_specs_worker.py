@@ -1,0 +1,112 @@
+"""One rank of the every-spec distributed check (run by tests/integration/test_dist_specs.py).
+
+For every spec in specs/ with tables capped at MAX_ROWS rows and an odd global batch: plan for
+2 ranks, make the groups alternately row-wise and replicated, and train STEPS steps in float64 both as this
+rank of the distributed model (its slice of each global batch, DDP, sharded exchanges) and as one
+process on the whole batches (every rank runs that reference itself). Records, per spec, the
+largest difference of the logits of the first batch (same initial parameters) and of every
+parameter after training (whole tables assembled from the ranks' rows), relative to its scale.
+
+Writes `rank{r}.json` into the output folder.
+
+Usage (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set): python tests/dist_specs_worker.py OUT_DIR TIMEOUT_S
+"""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from flowrec.data.batches import StagingOptions, iterate_batches
+from flowrec.data.dataset import MemorySource, split_table
+from flowrec.data.synth import SynthConfig, synth_table
+from flowrec.planner.manager import make_plan
+from flowrec.runtime.distributed.data_parallel import DenseParallel
+from flowrec.runtime.distributed.model import shard_state
+from flowrec.runtime.distributed.world import join_world, leave_world
+from flowrec.runtime.lowering import lower
+from flowrec.runtime.step import make_dense_optimizer, train_step
+from flowrec.spec import load_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+MAX_ROWS = 300
+BATCH = 37
+STEPS = 6
+
+
+def shrunk(spec):
+    tables = tuple(replace(t, rows=min(t.rows, MAX_ROWS)) for t in spec.tables)
+    return replace(spec, tables=tables, training=replace(spec.training, batch_size=BATCH))
+
+
+def batches(spec, groups, world_size: int, rank: int) -> list:
+    table = synth_table(spec, BATCH * STEPS, SynthConfig(seed=9))
+    opts = StagingOptions(batch_size=BATCH, shuffle=False, workers=1, world_size=world_size, rank=rank)
+    with iterate_batches(spec, MemorySource(split_table(table, 2)), opts, groups=groups) as it:
+        return [replace(b, dense=b.dense.double(), labels=b.labels.double()) for b in it]
+
+
+def whole_tables(model) -> dict[str, torch.Tensor]:
+    """The distributed model's state with every row-wise table gathered whole (on every rank)."""
+    common, shards = shard_state(model)
+    out = dict(common)
+    for name, part in shards.items():
+        for key in ("weight", "state"):
+            pieces: list = [None] * dist.get_world_size()
+            dist.all_gather_object(pieces, (part["rows"], part[key]))
+            rows = torch.cat([p[0] for p in pieces])
+            values = torch.cat([p[1] for p in pieces])
+            out[f"embeddings.{name}.{key}"] = torch.empty_like(values).index_copy_(0, rows, values)
+    return out
+
+
+def check_spec(path: Path, world) -> dict:
+    spec = shrunk(load_spec(path))
+    plan = make_plan(spec, target="cpu", world_size=world.size)
+    groups = tuple(replace(g, sharding=s, shards=world.size if s == "row_wise" else 1)
+                   for g, s in zip(plan.meta.groups, ["row_wise", "replicated"] * len(plan.meta.groups)))
+    plan = plan.with_meta(replace(plan.meta, groups=groups))
+    ref = lower(plan, spec, "cpu").to(torch.float64)
+    model = lower(plan, spec, "cpu", world=world).to(torch.float64)
+    opt = spec.dense_optimizer
+    ref_opt = make_dense_optimizer(ref, opt.name, opt.lr, dict(opt.params))
+    dist_opt = make_dense_optimizer(model, opt.name, opt.lr, dict(opt.params))
+    parallel = DenseParallel(model, world)
+    whole = batches(spec, ref.groups, 1, 0)
+    mine = batches(spec, model.groups, world.size, world.rank)
+    with torch.no_grad():
+        lo = whole[0].size * world.rank // world.size
+        hi = whole[0].size * (world.rank + 1) // world.size
+        first = (model(mine[0]) - ref(whole[0])[lo:hi]).abs().max().item() if hi > lo else 0.0
+    losses = []
+    for a, b in zip(whole, mine):
+        ref_loss = train_step(ref, ref_opt, a)
+        dist_loss = train_step(model, dist_opt, b, parallel=parallel)
+        losses.append(abs(ref_loss - dist_loss) / max(abs(ref_loss), 1e-12))
+    got, want = whole_tables(model), ref.state_dict()
+    diffs = {}
+    for key, value in want.items():
+        scale = max(value.abs().max().item(), 1e-12) if value.numel() else 1.0
+        diffs[key] = (got[key] - value).abs().max().item() / scale if value.numel() else 0.0
+    sharding = sorted({g.sharding for g in plan.meta.groups})
+    return {"first_logits": first, "loss_rel": max(losses), "param_rel": max(diffs.values()),
+            "worst": max(diffs, key=diffs.get), "steps": len(mine), "sharding": sharding,
+            "keys": sorted(got) == sorted(want)}
+
+
+def main() -> None:
+    out, timeout_s = Path(sys.argv[1]), float(sys.argv[2])
+    world = join_world(timeout_s, torch.device("cpu"))
+    try:
+        report = {p.stem: check_spec(p, world) for p in sorted((ROOT / "specs").glob("*.yaml"))}
+    finally:
+        leave_world()
+    (out / f"rank{world.rank}.json").write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
