@@ -97,10 +97,13 @@ def convert(
     rows_per_file: int = typer.Option(1 << 20, help="Rows per Parquet part file."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty OUT (atomically)."),
-    encoder_from: Optional[Path] = typer.Option(None, "--encoder-from", help="Encode with the encoder of this run, export package or encoded dataset (its vocabularies and statistics; unseen values go to row 0 or their hash bucket) instead of fitting a new one."),
+    encoder_from: Optional[Path] = typer.Option(None, "--encoder-from", help="Encode with the encoder of this run, export package or encoded dataset (its vocabularies and statistics; unseen values go to row 0 or their hash bucket, or, in tables with vocab_spare, to the free rows after the vocabulary in order of first appearance) instead of fitting a new one."),
+    no_grow: bool = typer.Option(False, "--no-grow", help="With --encoder-from: keep the vocabularies as they are (unseen values go to row 0, as `flowrec predict` encodes them)."),
 ) -> None:
     if on_error not in ("skip", "fail"):
         fail("--on-error must be skip or fail")
+    if no_grow and encoder_from is None:
+        fail("--no-grow applies with --encoder-from only")
     options: dict[str, Any] = {}
     if test_fraction is not None:
         options["test_fraction"] = test_fraction
@@ -124,18 +127,33 @@ def convert(
             task = bar.add_task(f"converting {source.name}", total=None)
             return run_convert(model, fmt, [source], out, on_error, options, rows_per_file,
                                progress=lambda n: bar.advance(task, n), overwrite=overwrite,
-                               encoder=encoder)
+                               encoder=encoder, grow=not no_grow)
 
     report = _run(work)
     split = f" (train {report.split['train']:,}, test {report.split['test']:,})" if report.split else ""
     typer.echo(f"wrote {report.rows:,} rows in {report.files} files to {report.out}{split} "
                f"in {report.seconds:.1f}s")
+    for line in growth_lines(report.growth):
+        typer.echo(line)
     if report.labels_mapped:
         typer.echo(f"read {report.labels_mapped:,} labels -1 as 0 (the {fmt} -1/+1 convention)")
     if report.errors:
         typer.echo(f"skipped {report.errors:,} malformed rows:", err=True)
         for line in report.error_examples[:20]:
             typer.echo(f"  {line}", err=True)
+
+
+def growth_lines(growth) -> list[str]:
+    """One line per table whose vocabulary grew into its spare rows (or ran out of them)."""
+    lines = []
+    for g in growth:
+        rows = f"rows {g.first_row:,}..{g.first_row + g.added - 1:,}" if g.added else "no row"
+        lines.append(f"table {g.table}: {g.added:,} new values in spare rows ({rows}; "
+                     f"{g.free_left:,} free rows left)")
+        if g.overflow_values:
+            lines.append(f"table {g.table}: spare rows exhausted: {g.overflow_values:,} more new values "
+                         f"({g.overflow_rows:,} occurrences) went to row 0")
+    return lines
 
 
 def synth(

@@ -65,9 +65,10 @@ class Trained:
     encoder: EncoderRecord | None = None  # None for runs made before encoders were recorded
 
     def check_data(self, path: Path) -> None:
-        """Raise DataError if the dataset at `path` was not encoded with the model's encoder."""
+        """Raise DataError if the dataset at `path` was not encoded with the model's encoder (or an
+        extension of it into spare rows)."""
         if self.encoder is not None:
-            check_same_encoder(self.encoder, record_of_dataset(Path(path)), str(path))
+            check_same_encoder(self.encoder, record_of_dataset(Path(path)), str(path), extension=True)
 
     def evaluate_dataset(self, path: Path, group_by: str | None = None) -> dict[str, dict[str, float]]:
         """Metrics per head on an encoded dataset (gAUC over `group_by`'s values when given)."""
