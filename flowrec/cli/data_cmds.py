@@ -8,11 +8,14 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import typer
 
 from flowrec.cli.common import fail, load_spec_or_exit
+
+if TYPE_CHECKING:
+    from flowrec.data.vocab_growth import TableGrowth
 
 
 data_app = typer.Typer(
@@ -28,13 +31,18 @@ Categorical values are hashed or mapped through a vocabulary as the spec's table
 Binary heads take labels 0 or 1 (libsvm / libfm: -1 is read as 0, and counted); any other label
 is a malformed row. OUT must be absent or empty unless --overwrite, which replaces it only once
 the new dataset is complete. Converting no rows (empty, header-only or wrong-format input) is an
-error and leaves nothing behind.
+error and leaves nothing behind. With --encoder-from RUN the rows are encoded with a trained
+run's encoder; values its vocabularies lack take the spare rows of tables with vocab_spare (in
+order of first appearance; the output says how many, and how many went to row 0 when none was
+left) unless --no-grow.
 
 Examples:
 
   flowrec data convert criteo ~/criteo/day_0.tsv data/criteo/ --spec specs/dlrm_criteo.yaml
 
   flowrec data convert movielens ml-100k/ data/ml/ --spec specs/deepfm_movielens.yaml --test-fraction 0.2
+
+  flowrec data convert csv day2.csv data/day2/ --spec spec.yaml --encoder-from runs/day1
 """
 
 SYNTH_HELP = """Write synthetic data for any spec (Zipf-skewed ids, learnable labels) as Parquet.
@@ -143,7 +151,7 @@ def convert(
             typer.echo(f"  {line}", err=True)
 
 
-def growth_lines(growth) -> list[str]:
+def growth_lines(growth: Sequence[TableGrowth]) -> list[str]:
     """One line per table whose vocabulary grew into its spare rows (or ran out of them)."""
     lines = []
     for g in growth:

@@ -132,6 +132,8 @@ def convert(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_error: 
     for path in inputs:
         if not path.exists():
             raise DataError(f"input not found: {path}")
+    if encoder is not None:
+        _check_vocabularies(spec, encoder)
     with staged_output(Path(out), overwrite, inputs) as tmp:
         report = _convert_into(spec, fmt, inputs, tmp, on_error, options or {}, rows_per_file, progress,
                                encoder, grow)
@@ -234,6 +236,15 @@ def _time_cutoff(chunks: Iterator[pa.Table], column: str, fraction: float) -> fl
         return float("inf")
     index = min(len(times) - max(int(round(len(times) * fraction)), 1), len(times) - 1)
     return float(times[max(index, 0)])
+
+
+def _check_vocabularies(spec: ModelSpec, encoder: Encoder) -> None:
+    """Raise DataError if a given encoder lacks the vocabulary of a vocabulary table."""
+    lacking = [t.name for t in spec.tables if not t.hashed and t.name not in encoder.vocabs]
+    if lacking:
+        raise DataError(f"the encoder has no vocabulary for table {lacking[0]!r} (a run trained on "
+                        "synthetic data has none): encode raw data with the encoder of a run trained "
+                        "on converted data")
 
 
 def _check_rows(report: ConvertReport, inputs: list[Path], fmt: str) -> None:

@@ -174,3 +174,14 @@ def test_without_vocab_spare_new_values_go_to_row_0_as_before(tmp_path):
     assert _fingerprint(tmp_path / "d2") == _fingerprint(plain["run1"])
     encoder = json.loads((plain["run1"] / "encoder" / "encoder.json").read_text())
     assert "spare" not in encoder["features"]["user"]
+
+
+def test_the_encoder_of_a_synthetic_run_cannot_encode_raw_rows(day1, tmp_path):
+    run = runner.invoke(app, ["train", str(day1["spec"]), "--rows", "64", "--out", str(tmp_path / "synth"),
+                              "--quiet", "--device", "cpu"])
+    assert run.exit_code == 0, run.output
+    made = _convert(_csv(tmp_path / "raw.csv", ["u1"] * 4), tmp_path / "d", day1["spec"], "--encoder-from",
+                    str(tmp_path / "synth"))
+    errors = [line for line in made.stderr.splitlines() if line.startswith("error:")]
+    assert made.exit_code == 2 and len(errors) == 1, made.output
+    assert "no vocabulary for table 'user'" in errors[0] and not (tmp_path / "d").exists()
