@@ -58,6 +58,8 @@ def init_table_rows(table: str, rows: int, dim: int, seed: int = 0,
     """
     if out is None:
         out = torch.empty(rows, dim, dtype=dtype)
+    if out.device.type == "meta":  # no data to fill (a model restored by assignment, e.g. export)
+        return out
     gen = torch.Generator().manual_seed(table_seed(seed, table))  # host generator: the same rows on every device
     bound = (1.0 / rows) ** 0.5
     if out.device.type == "cpu":

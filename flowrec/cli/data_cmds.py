@@ -8,11 +8,14 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import typer
 
 from flowrec.cli.common import fail, load_spec_or_exit
+
+if TYPE_CHECKING:
+    from flowrec.data.vocab_growth import TableGrowth
 
 
 data_app = typer.Typer(
@@ -28,13 +31,18 @@ Categorical values are hashed or mapped through a vocabulary as the spec's table
 Binary heads take labels 0 or 1 (libsvm / libfm: -1 is read as 0, and counted); any other label
 is a malformed row. OUT must be absent or empty unless --overwrite, which replaces it only once
 the new dataset is complete. Converting no rows (empty, header-only or wrong-format input) is an
-error and leaves nothing behind.
+error and leaves nothing behind. With --encoder-from RUN the rows are encoded with a trained
+run's encoder; values its vocabularies lack take the spare rows of tables with vocab_spare (in
+order of first appearance; the output says how many, and how many went to row 0 when none was
+left) unless --no-grow.
 
 Examples:
 
   flowrec data convert criteo ~/criteo/day_0.tsv data/criteo/ --spec specs/dlrm_criteo.yaml
 
   flowrec data convert movielens ml-100k/ data/ml/ --spec specs/deepfm_movielens.yaml --test-fraction 0.2
+
+  flowrec data convert csv day2.csv data/day2/ --spec spec.yaml --encoder-from runs/day1
 """
 
 SYNTH_HELP = """Write synthetic data for any spec (Zipf-skewed ids, learnable labels) as Parquet.
@@ -97,10 +105,13 @@ def convert(
     rows_per_file: int = typer.Option(1 << 20, help="Rows per Parquet part file."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty OUT (atomically)."),
-    encoder_from: Optional[Path] = typer.Option(None, "--encoder-from", help="Encode with the encoder of this run, export package or encoded dataset (its vocabularies and statistics; unseen values go to row 0 or their hash bucket) instead of fitting a new one."),
+    encoder_from: Optional[Path] = typer.Option(None, "--encoder-from", help="Encode with the encoder of this run, export package or encoded dataset (its vocabularies and statistics; unseen values go to row 0 or their hash bucket, or, in tables with vocab_spare, to the free rows after the vocabulary in order of first appearance) instead of fitting a new one."),
+    no_grow: bool = typer.Option(False, "--no-grow", help="With --encoder-from: keep the vocabularies as they are (unseen values go to row 0, as `flowrec predict` encodes them)."),
 ) -> None:
     if on_error not in ("skip", "fail"):
         fail("--on-error must be skip or fail")
+    if no_grow and encoder_from is None:
+        fail("--no-grow applies with --encoder-from only")
     options: dict[str, Any] = {}
     if test_fraction is not None:
         options["test_fraction"] = test_fraction
@@ -124,18 +135,33 @@ def convert(
             task = bar.add_task(f"converting {source.name}", total=None)
             return run_convert(model, fmt, [source], out, on_error, options, rows_per_file,
                                progress=lambda n: bar.advance(task, n), overwrite=overwrite,
-                               encoder=encoder)
+                               encoder=encoder, grow=not no_grow)
 
     report = _run(work)
     split = f" (train {report.split['train']:,}, test {report.split['test']:,})" if report.split else ""
     typer.echo(f"wrote {report.rows:,} rows in {report.files} files to {report.out}{split} "
                f"in {report.seconds:.1f}s")
+    for line in growth_lines(report.growth):
+        typer.echo(line)
     if report.labels_mapped:
         typer.echo(f"read {report.labels_mapped:,} labels -1 as 0 (the {fmt} -1/+1 convention)")
     if report.errors:
         typer.echo(f"skipped {report.errors:,} malformed rows:", err=True)
         for line in report.error_examples[:20]:
             typer.echo(f"  {line}", err=True)
+
+
+def growth_lines(growth: Sequence[TableGrowth]) -> list[str]:
+    """One line per table whose vocabulary grew into its spare rows (or ran out of them)."""
+    lines = []
+    for g in growth:
+        rows = f"rows {g.first_row:,}..{g.first_row + g.added - 1:,}" if g.added else "no row"
+        lines.append(f"table {g.table}: {g.added:,} new values in spare rows ({rows}; "
+                     f"{g.free_left:,} free rows left)")
+        if g.overflow_values:
+            lines.append(f"table {g.table}: spare rows exhausted: {g.overflow_values:,} more new values "
+                         f"({g.overflow_rows:,} occurrences) went to row 0")
+    return lines
 
 
 def synth(

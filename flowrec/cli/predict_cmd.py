@@ -2,7 +2,8 @@
 
 Raw rows are read chunk by chunk in a training source format, encoded with the package's encoder
 and scored by its exported program; scores are appended to a Parquet file (bounded memory) that
-appears only when complete.
+appears only when complete. Labels are not needed: Criteo TSV files are read with or without the
+label column, as their first row says (40 fields: label first; 39: Criteo's test files).
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ def predict(
     Examples:
       flowrec predict pkg/ml new_ratings.csv --format csv --out scores.parquet --keep user_id
       flowrec predict pkg/dlrm day_24.tsv --out day_24_scores.parquet
+      flowrec predict pkg/dlrm test.txt --out test_scores.parquet    # Criteo test file: no label column
     """
     from flowrec.data.layout import DataError
 
@@ -104,7 +106,7 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
 def _raw_chunks(model, raw: Path, fmt: Optional[str], on_error: str) -> tuple[Any, Any]:
     """Chunks of raw rows in the package spec's source format (labels optional)."""
     from flowrec.data.error_log import ErrorLog
-    from flowrec.data.sources import reader
+    from flowrec.data.sources import FORMAT_ALIASES, criteo_has_label, reader
 
     spec = model.spec
     fmt = fmt or (spec.data.format if spec.data is not None else None)
@@ -116,6 +118,8 @@ def _raw_chunks(model, raw: Path, fmt: Optional[str], on_error: str) -> tuple[An
 
         return _parquet_chunks(pq.ParquetFile(raw)), log
     opts = dict(spec.data.options) if spec.data is not None else {}
+    if FORMAT_ALIASES.get(fmt, fmt) == "criteo_tsv":  # test files lack the label column
+        opts["has_label"] = criteo_has_label(raw)
     numeric = {model.encoder.source(f.name) for f in spec.dense_features}
     return reader(fmt)(raw, opts, log, numeric), log
 

@@ -2,7 +2,9 @@
 
 A new run takes the encoder of its training dataset (its evaluation data must share it); a
 resumed run, and a run started ``--init-from`` another, must be given data of the encoder it
-already has. Data from another encoder is refused with one line naming the first differing
+already has. Data whose encoder extends the model's into spare rows (`flowrec.data.vocab_growth`)
+is accepted as evaluation data and as training data of an ``--init-from`` run, whose encoder is
+then the extended one. Data from another encoder is refused with one line naming the first differing
 feature (`flowrec.data.encoder_record`).
 """
 from __future__ import annotations
@@ -35,17 +37,19 @@ def adopt_encoder(spec: ModelSpec, folder: Path, train: Any, evaluation: Any | N
         train: the training source (a dataset with `.path` and `.meta`, or synthetic in memory).
         evaluation: the evaluation source, or None.
         resuming: the run continues; its recorded encoder must match the data.
-        parent: the run this one starts from (--init-from); its encoder must match the data.
+        parent: the run this one starts from (--init-from); the data's encoder must be its encoder
+            or an extension of it into spare rows (then recorded as the run's).
 
     Raises:
         DataError: one line naming the data and the first differing feature.
     """
     record = _record_of(spec, train)
     if evaluation is not None:
-        check_same_encoder(record, _record_of(spec, evaluation), f"evaluation data {_where(evaluation)}")
+        check_same_encoder(record, _record_of(spec, evaluation), f"evaluation data {_where(evaluation)}",
+                           extension=True)
     target = Path(folder) / RUN_ENCODER_DIR
     if parent is not None:
-        check_same_encoder(find_record(parent), record, f"training data {_where(train)}")
+        check_same_encoder(find_record(parent), record, f"training data {_where(train)}", extension=True)
     if resuming and (target / ENCODER_FILE).is_file():
         own = read_record(target)
         check_same_encoder(own, record, f"training data {_where(train)}")

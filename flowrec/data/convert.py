@@ -6,7 +6,9 @@ need a first pass over the input (as DLRM's Criteo preprocessing does). With
 ``data.options.test_fraction`` the rows are split (seeded by ``split_seed``, per row index, so
 the split does not depend on chunking) into ``train/`` and ``test/`` datasets; with
 ``split_by: <timestamp column>`` the newest ``test_fraction`` of the rows are the test set (a first
-pass reads the column; rows at the cutoff time go to test). Labels are checked
+pass reads the column; rows at the cutoff time go to test). Encoding with an existing encoder
+whose tables reserve spare rows (``vocab_spare``) first finds the unseen values and gives them
+those rows (`flowrec.data.vocab_growth`); the dataset records the extended encoder. Labels are checked
 for their heads (`flowrec.data.labels`: binary 0/1, libsvm's -1/+1 mapped and counted). The
 output is written into a new folder and swapped in when complete (`flowrec.data.output`); a
 conversion that yields no rows is an error and leaves nothing.
@@ -35,6 +37,7 @@ from flowrec.data.layout import VOCAB_DIR, DataError, DatasetMeta, data_hash, un
 from flowrec.data.output import staged_output
 from flowrec.data.rawstats import RawStats
 from flowrec.data.sources import FORMAT_ALIASES, LINE_COLUMN, reader
+from flowrec.data.vocab_growth import TableGrowth, grow_encoder
 from flowrec.spec.model import ModelSpec
 
 ROWS_PER_FILE = 1 << 20  # rows per Parquet part file
@@ -54,6 +57,7 @@ class ConvertReport:
     seconds: float
     split: dict[str, int] = field(default_factory=dict)
     labels_mapped: int = 0  # libsvm/libfm labels -1 read as 0 (the -1/+1 convention)
+    growth: tuple[TableGrowth, ...] = ()  # spare rows given to new values (with a given encoder)
 
 
 class PartWriter:
@@ -97,7 +101,7 @@ def split_mask(start: int, n: int, fraction: float, seed: int) -> np.ndarray:
 def convert(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_error: ErrorPolicy = "fail",
             options: dict[str, Any] | None = None, rows_per_file: int = ROWS_PER_FILE,
             progress: Callable[[int], None] | None = None, overwrite: bool = False,
-            encoder: Encoder | None = None) -> ConvertReport:
+            encoder: Encoder | None = None, grow: bool = True) -> ConvertReport:
     """Convert raw files of a format to an encoded dataset in `out`.
 
     The dataset is written into a new sibling folder and renamed to `out` when complete
@@ -114,7 +118,9 @@ def convert(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_error: 
         progress: called with the number of rows of each written chunk.
         overwrite: replace a non-empty `out`.
         encoder: encode with this existing encoder (a run's, `flowrec.data.encoder_record`)
-            instead of fitting one: unseen values go to row 0 or their hash bucket.
+            instead of fitting one: unseen values go to row 0 or their hash bucket, or, in
+            tables with spare rows, to the free rows after the vocabulary.
+        grow: with `encoder`, give unseen values spare rows (False: row 0, as `predict` does).
 
     Raises:
         DataError: missing inputs, unreadable input, a malformed row with on_error="fail", an
@@ -126,16 +132,18 @@ def convert(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_error: 
     for path in inputs:
         if not path.exists():
             raise DataError(f"input not found: {path}")
+    if encoder is not None:
+        _check_vocabularies(spec, encoder)
     with staged_output(Path(out), overwrite, inputs) as tmp:
         report = _convert_into(spec, fmt, inputs, tmp, on_error, options or {}, rows_per_file, progress,
-                               encoder)
+                               encoder, grow)
         _check_rows(report, inputs, fmt)
     return replace(report, out=str(out), seconds=time.perf_counter() - started)
 
 
 def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_error: ErrorPolicy,
                   options: dict[str, Any], rows_per_file: int,
-                  progress: Callable[[int], None] | None, given: Encoder | None) -> ConvertReport:
+                  progress: Callable[[int], None] | None, given: Encoder | None, grow: bool) -> ConvertReport:
     read = reader(fmt)
     opts = dict(spec.data.options) if spec.data is not None else {}
     opts.update(options)
@@ -162,7 +170,12 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
 
     logs: list[ErrorLog] = []
     sep = opts.get("sequence_sep", "^")
-    if given is not None:
+    growth: tuple[TableGrowth, ...] = ()
+    if given is not None and grow:
+        encoder, growth = grow_encoder(given, (c for _, c in chunks(on_error)))
+        logs.clear()
+        mapped[0] = 0
+    elif given is not None:
         encoder = given
     elif needs_fit(spec):
         encoder = fit_encoder(spec, (c for _, c in chunks(on_error)), columns, sep)
@@ -203,7 +216,7 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
     examples = tuple(str(e) for log in logs for e in log.examples)
     return ConvertReport(str(out), seen, sum(w.files for w in writers.values()),
                          sum(log.count for log in logs), examples, 0.0,
-                         {k: w.rows for k, w in writers.items() if k}, mapped[0])
+                         {k: w.rows for k, w in writers.items() if k}, mapped[0], growth)
 
 
 def _times(chunk: pa.Table, column: str) -> np.ndarray:
@@ -223,6 +236,15 @@ def _time_cutoff(chunks: Iterator[pa.Table], column: str, fraction: float) -> fl
         return float("inf")
     index = min(len(times) - max(int(round(len(times) * fraction)), 1), len(times) - 1)
     return float(times[max(index, 0)])
+
+
+def _check_vocabularies(spec: ModelSpec, encoder: Encoder) -> None:
+    """Raise DataError if a given encoder lacks the vocabulary of a vocabulary table."""
+    lacking = [t.name for t in spec.tables if not t.hashed and t.name not in encoder.vocabs]
+    if lacking:
+        raise DataError(f"the encoder has no vocabulary for table {lacking[0]!r} (a run trained on "
+                        "synthetic data has none): encode raw data with the encoder of a run trained "
+                        "on converted data")
 
 
 def _check_rows(report: ConvertReport, inputs: list[Path], fmt: str) -> None:
@@ -265,6 +287,8 @@ def _finish(spec: ModelSpec, encoder: Encoder, writer: PartWriter, fmt: str, inp
         encoding[f.name] = {"table": t.name, "rows": t.rows, "mode": "hash" if t.hashed else "vocab",
                             "max_len": f.max_len, "vocab_file": vocab_files.get(t.name),
                             "vocab_digest": record.features[f.name]["vocab"]}
+        if t.vocab_spare:
+            encoding[f.name]["spare"] = t.vocab_spare
     dense = {}
     for f in spec.dense_features:
         st = encoder.stats.get(f.name)

@@ -59,9 +59,10 @@ def count_values(values: pa.Array, counter: Counter) -> None:
     counter.update(dict(zip(vc.field("values").to_pylist(), vc.field("counts").to_pylist())))
 
 
-def build_vocab(counter: Counter, rows: int, min_freq: int) -> pa.Array:
-    """Vocabulary (string values of rows 1..) of a table: frequent first, ties by value."""
-    kept = sorted(((-c, v) for v, c in counter.items() if c >= min_freq))[: rows - 1]
+def build_vocab(counter: Counter, size: int, min_freq: int) -> pa.Array:
+    """Vocabulary (string values of rows 1..) of a table: at most `size` values, frequent first,
+    ties by value."""
+    kept = sorted(((-c, v) for v, c in counter.items() if c >= min_freq))[:size]
     return pa.array([v for _, v in kept], pa.string())
 
 
@@ -208,7 +209,7 @@ def fit_encoder(spec: ModelSpec, chunks: Iterable[pa.Table], columns: dict[str, 
                 count_values(pc.list_flatten(values) if is_multi(f) else values, counters[f.table])
         for f in standardized:
             acc.add(f.name, dense_values(f, raw.column(probe.source(f.name))))
-    vocabs = {name: build_vocab(counters[name], t.rows, t.min_freq) for name, t in vocab_tables.items()}
+    vocabs = {name: build_vocab(counters[name], t.vocab_size, t.min_freq) for name, t in vocab_tables.items()}
     return Encoder(spec, columns, vocabs, acc.stats(), sequence_sep)
 
 

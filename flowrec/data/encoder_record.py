@@ -95,9 +95,13 @@ def read_vocab(path: Path) -> pa.Array:
         raise DataError(f"{path}: unreadable vocabulary file ({type(exc).__name__})") from None
 
 
-def sparse_rule(table: str, rows: int, mode: str, max_len: int, digest: str | None, column: str) -> dict:
-    return {"kind": "sparse", "table": table, "rows": rows, "mode": mode, "max_len": max_len,
+def sparse_rule(table: str, rows: int, mode: str, max_len: int, digest: str | None, column: str,
+                spare: int = 0) -> dict:
+    rule = {"kind": "sparse", "table": table, "rows": rows, "mode": mode, "max_len": max_len,
             "vocab": digest, "column": column}
+    if spare:  # only then: encoders without spare rows keep their fingerprints
+        rule["spare"] = spare
+    return rule
 
 
 def dense_rule(transform: str, fill: float, mean: float | None, std: float | None, column: str) -> dict:
@@ -118,7 +122,7 @@ def record_of_encoder(spec: ModelSpec, encoder: Encoder, vocab_files: dict[str, 
         else:
             t = spec.table(f.table)
             features[f.name] = sparse_rule(t.name, t.rows, "hash" if t.hashed else "vocab",
-                                           f.max_len, digests.get(t.name), column)
+                                           f.max_len, digests.get(t.name), column, t.vocab_spare)
     labels = {name: {"column": encoder.source(name)} for name in unique_labels(spec)}
     return EncoderRecord(spec.name, data_hash(spec), features, labels, dict(encoder.columns),
                          encoder.sequence_sep, vocab_files)
@@ -138,7 +142,7 @@ def record_of_dataset(path: Path, meta: DatasetMeta | None = None) -> EncoderRec
             if digest is None:
                 digest = vocab_digest(read_vocab(path / enc["vocab_file"]))
         features[name] = sparse_rule(enc["table"], enc["rows"], enc["mode"], enc["max_len"], digest,
-                                     columns.get(name, name))
+                                     columns.get(name, name), enc.get("spare", 0))
     for name, d in meta.dense.items():
         features[name] = dense_rule(d["transform"], d["fill"], d.get("mean"), d.get("std"),
                                     columns.get(name, name))
@@ -157,8 +161,9 @@ def synthetic_record(spec: ModelSpec) -> EncoderRecord:
         if isinstance(f, DenseFeature):
             features[f.name] = dense_rule(f.transform, f.fill, None, None, f.name)
         else:
-            features[f.name] = sparse_rule(f.table, spec.table(f.table).rows, "synthetic", f.max_len,
-                                           None, f.name)
+            t = spec.table(f.table)
+            features[f.name] = sparse_rule(t.name, t.rows, "synthetic", f.max_len, None, f.name,
+                                           t.vocab_spare)
     labels = {name: {"column": name} for name in unique_labels(spec)}
     return EncoderRecord(spec.name, data_hash(spec), features, labels)
 
@@ -219,13 +224,30 @@ def find_record(path: Path) -> EncoderRecord:
                     "dataset (with _flowrec.json)")
 
 
-def first_difference(expected: EncoderRecord, found: EncoderRecord) -> str | None:
-    """A few words naming the first feature (or label) whose encoding differs, or None."""
+def first_difference(expected: EncoderRecord, found: EncoderRecord, extension: bool = False) -> str | None:
+    """A few words naming the first feature (or label) whose encoding differs, or None.
+
+    Args:
+        expected: the model's encoder.
+        found: the data's encoder.
+        extension: accept a `found` whose vocabularies of tables with spare rows start with
+            `expected`'s and go on into the spare rows (`flowrec.data.vocab_growth`): every value
+            the model knows keeps its row.
+    """
+    extended: dict[str, bool] = {}
     for name, rule in expected.features.items():
         other = found.features.get(name)
         if other is None:
             return f"feature {name!r} is missing"
         keys = [k for k in rule if rule.get(k) != other.get(k)]
+        if keys == ["vocab"] and extension and rule.get("spare"):
+            table = rule["table"]
+            if table not in extended:
+                extended[table] = _extends(expected, found, table)
+            if extended[table]:
+                continue
+            return (f"feature {name!r} differs in its vocabulary (not the model's vocabulary "
+                    "extended into its spare rows)")
         if keys:
             return f"feature {name!r} differs in {_describe(keys[0])}"
     extra = [n for n in found.features if n not in expected.features]
@@ -239,13 +261,23 @@ def first_difference(expected: EncoderRecord, found: EncoderRecord) -> str | Non
     return None
 
 
+def _extends(expected: EncoderRecord, found: EncoderRecord, table: str) -> bool:
+    """True if `found`'s vocabulary of `table` is `expected`'s followed by more values."""
+    if table not in expected.vocab_files or table not in found.vocab_files:
+        return False
+    base, grown = read_vocab(Path(expected.vocab_files[table])), read_vocab(Path(found.vocab_files[table]))
+    return len(grown) > len(base) and grown.slice(0, len(base)).equals(base)
+
+
 def _describe(key: str) -> str:
     return {"vocab": "its vocabulary", "mean": "its statistics", "std": "its statistics"}.get(key, key)
 
 
-def check_same_encoder(expected: EncoderRecord, found: EncoderRecord, where: str) -> None:
-    """Raise DataError (one line) if `found` (the data at `where`) was encoded differently."""
-    diff = first_difference(expected, found)
+def check_same_encoder(expected: EncoderRecord, found: EncoderRecord, where: str,
+                       extension: bool = False) -> None:
+    """Raise DataError (one line) if `found` (the data at `where`) was encoded differently
+    (`extension`: an extension into spare rows is not different, see `first_difference`)."""
+    diff = first_difference(expected, found, extension)
     if diff is not None:
         raise DataError(f"{where} was encoded with another encoder (fingerprint {found.fingerprint}, "
                         f"the model's is {expected.fingerprint}): {diff}; convert it with "

@@ -84,7 +84,8 @@ def data_hash(spec: ModelSpec) -> str:
             doc.append(["dense", f.name, f.transform, f.fill])
         else:
             t = spec.table(f.table)
-            doc.append(["sparse", f.name, t.name, t.rows, t.hashed, t.min_freq, f.max_len])
+            spare = [t.vocab_spare] if t.vocab_spare else []  # specs without spare rows hash as before
+            doc.append(["sparse", f.name, t.name, t.rows, t.hashed, t.min_freq, f.max_len, *spare])
     return hashlib.sha256(json.dumps(doc).encode()).hexdigest()[:16]
 
 

@@ -40,10 +40,34 @@ Reader = Callable[[Path, dict[str, Any], ErrorLog, set[str]], Iterator[pa.Table]
 
 
 def read_criteo(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[str]) -> Iterator[pa.Table]:
-    """Criteo TSV: label, I1..I13, C1..C26, tab-separated, no header, empty = missing."""
+    """Criteo TSV: label, I1..I13, C1..C26, tab-separated, no header, empty = missing.
+
+    With ``options["has_label"]`` False, rows are in the layout of Criteo's test files: the same
+    columns without the label (39 fields).
+    """
+    names = CRITEO_COLUMNS if options.get("has_label", True) else CRITEO_COLUMNS[1:]
     numeric = set(numeric) | {"label"} | {c for c in CRITEO_COLUMNS if c.startswith("I")}
-    yield from csv_chunks(path, log, numeric, delimiter="\t", names=CRITEO_COLUMNS,
+    yield from csv_chunks(path, log, numeric, delimiter="\t", names=names,
                           required={"label"}, chunk_bytes=options.get("chunk_bytes", CHUNK_BYTES))
+
+
+def criteo_has_label(path: Path) -> bool:
+    """True if the Criteo TSV file's first row has the label (40 fields), False for the 39 fields of
+    Criteo's test files.
+
+    Raises:
+        DataError: the first row has another number of fields (or the file is empty).
+    """
+    try:
+        with open(path, "rb") as fh:
+            first = fh.readline(1 << 20).rstrip(b"\r\n")
+    except OSError as exc:
+        raise DataError(f"cannot read {path}: {exc.strerror or exc}") from None
+    fields = first.count(b"\t") + 1 if first else 0
+    if fields in (len(CRITEO_COLUMNS), len(CRITEO_COLUMNS) - 1):
+        return fields == len(CRITEO_COLUMNS)
+    raise DataError(f"{path}: line 1 has {fields} tab-separated fields; Criteo rows have "
+                    f"{len(CRITEO_COLUMNS)} (label first) or {len(CRITEO_COLUMNS) - 1} (test files, no label)")
 
 
 def read_avazu(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[str]) -> Iterator[pa.Table]:

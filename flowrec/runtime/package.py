@@ -32,6 +32,7 @@ import flowrec
 from flowrec.data.encoder_record import EncoderRecord, write_record
 from flowrec.data.layout import is_multi
 from flowrec.graph.plan_io import plan_json
+from flowrec.runtime.pt2_save import save_program
 from flowrec.runtime.serving import ServingModel, Trained
 from flowrec.spec.model import ModelSpec
 
@@ -113,7 +114,7 @@ def write_package(trained: Trained, out: Path, dtype: str, encoder: EncoderRecor
     diff, rows = _cast(serving, DTYPES[dtype], spec, compare) if dtype != "fp32" else (None, 0)
     program = export_program(serving, spec)
     out.mkdir(parents=True)
-    torch.export.save(program, out / MODEL_FILE)
+    save_program(program, out / MODEL_FILE)  # torch.export.save without a copy of each table
     del program
     write_record(encoder, out)
     from flowrec.spec.load import to_dict

@@ -65,9 +65,10 @@ class Trained:
     encoder: EncoderRecord | None = None  # None for runs made before encoders were recorded
 
     def check_data(self, path: Path) -> None:
-        """Raise DataError if the dataset at `path` was not encoded with the model's encoder."""
+        """Raise DataError if the dataset at `path` was not encoded with the model's encoder (or an
+        extension of it into spare rows)."""
         if self.encoder is not None:
-            check_same_encoder(self.encoder, record_of_dataset(Path(path)), str(path))
+            check_same_encoder(self.encoder, record_of_dataset(Path(path)), str(path), extension=True)
 
     def evaluate_dataset(self, path: Path, group_by: str | None = None) -> dict[str, dict[str, float]]:
         """Metrics per head on an encoded dataset (gAUC over `group_by`'s values when given)."""
@@ -142,7 +143,9 @@ class ServingModel(nn.Module):
             from it group by group).
         mapped: the lowered model's tables are mapped from a checkpoint file (`load_trained` with
             mmap): the mapped pages of each table are given back once it is copied, so the tables
-            are held about once in memory.
+            are held about once in memory (the largest are copied first, so the pages of a table
+            being copied come on top of the smaller ones copied after it: peak about the tables'
+            bytes plus the smallest).
 
     Forward:
         dense: dense features in spec order.  # (B, n_dense)
@@ -155,17 +158,18 @@ class ServingModel(nn.Module):
         super().__init__()
         self.fields = {g.name: g.fields for g in lowered.groups}
         self.tasks = lowered.tasks
-        weights, self.table_index = [], {}
+        copies: dict[str, nn.Parameter] = {}
         for g in lowered.groups:
             emb = lowered.embeddings.pop(g.name)  # the packed tables are freed group by group
-            for slot in g.tables:
-                self.table_index[slot.table] = len(weights)
+            for slot in sorted(g.tables, key=lambda s: -s.rows):
                 rows = emb.table_rows(slot.table).detach()
-                weights.append(nn.Parameter(rows.to("cpu", copy=True), requires_grad=False))
+                copies[slot.table] = nn.Parameter(rows.to("cpu", copy=True), requires_grad=False)
                 if mapped:
                     drop_mapped_pages(rows)
             del emb
-        self.tables = nn.ParameterList(weights)  # one (rows, D) table per logical table
+        order = [slot.table for g in lowered.groups for slot in g.tables]
+        self.table_index = {table: i for i, table in enumerate(order)}
+        self.tables = nn.ParameterList([copies.pop(t) for t in order])  # one (rows, D) table per logical table
         self.dense_model = lowered  # the dense part of the model, without its packed tables
 
     def cast_tables(self, dtype: torch.dtype) -> None:

@@ -118,7 +118,8 @@ def spec_from_dict(doc: dict[str, Any], base_dir: Path | None = None) -> ModelSp
 
 def _table(name: str, t: dict[str, Any]) -> TableSpec:
     hashed = "hash_buckets" in t
-    rows = int(t["hash_buckets"]) if hashed else int(t["vocab"]) + 1  # row 0: missing / unknown
+    spare = int(t.get("vocab_spare", 0))
+    rows = int(t["hash_buckets"]) if hashed else int(t["vocab"]) + 1 + spare  # row 0: missing / unknown
     return TableSpec(
         name=name,
         rows=rows,
@@ -127,6 +128,7 @@ def _table(name: str, t: dict[str, Any]) -> TableSpec:
         optimizer=_optimizer(t["optimizer"]) if t.get("optimizer") else None,
         dtype=t.get("dtype", "fp32"),
         min_freq=int(t.get("min_freq", 1)),
+        vocab_spare=spare,
     )
 
 
@@ -247,9 +249,11 @@ def _table_doc(t: TableSpec) -> dict[str, Any]:
     if t.hashed:
         out["hash_buckets"] = t.rows
     else:
-        out["vocab"] = t.rows - 1
+        out["vocab"] = t.vocab_size
         if t.min_freq != 1:
             out["min_freq"] = t.min_freq
+        if t.vocab_spare:
+            out["vocab_spare"] = t.vocab_spare
     if t.dtype != "fp32":
         out["dtype"] = t.dtype
     if t.optimizer is not None:

@@ -91,6 +91,9 @@ class TableSpec:
         optimizer: sparse optimizer override for this table (None: the spec's sparse optimizer).
         dtype: storage dtype of the rows.
         min_freq: minimum count for a value to get its own vocabulary row (vocabulary tables).
+        vocab_spare: rows reserved beyond the vocabulary (vocabulary tables; included in `rows`):
+            data encoded later with a run's encoder gives unseen values the free rows after the
+            vocabulary's last value (`flowrec.data.vocab_growth`).
     """
 
     name: str
@@ -100,6 +103,12 @@ class TableSpec:
     optimizer: OptimizerSpec | None = None
     dtype: Literal["fp32", "fp16", "bf16"] = "fp32"
     min_freq: int = 1
+    vocab_spare: int = 0
+
+    @property
+    def vocab_size(self) -> int:
+        """Values a fitted vocabulary keeps (rows 1..vocab_size); 0 for hashed tables."""
+        return 0 if self.hashed else self.rows - 1 - self.vocab_spare
 
 
 @dataclass(frozen=True)

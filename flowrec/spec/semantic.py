@@ -18,7 +18,7 @@ from flowrec.spec.units import parse_bytes
 from flowrec.spec.view import DocView
 
 INLINE_TABLE_KEYS = ("vocab", "hash_buckets")
-TABLE_ONLY_KEYS = ("dtype", "optimizer", "min_freq")  # settings of a table, not of a feature reading one
+TABLE_ONLY_KEYS = ("dtype", "optimizer", "min_freq", "vocab_spare")  # settings of a table, not of a feature reading one
 DEFAULT_LABEL = "label"
 SINGULAR = {"features": "feature", "tables": "table", "modules": "module", "heads": "head"}
 
