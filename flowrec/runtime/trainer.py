@@ -377,6 +377,7 @@ class Trainer:
         staged = self._staged(train_source)
         with TransferStage(staged, self.model.device, self.prefetch, self.host_groups) as batches:
             for batch in batches:
+                self._check_next(batch)
                 t0 = time.perf_counter()
                 lr_dense, lr_sparse = self.lr.apply(pos.step)
                 loss, skipped_head = self._step(batch)
@@ -408,6 +409,17 @@ class Trainer:
         if self._interrupted():
             raise KeyboardInterrupt
         return loss
+
+    def _check_next(self, batch: Any) -> None:
+        """Exactly once: a batch is trained only as the next one of the epoch (with several ranks,
+        every rank trains its slice of global batch k at step k, so a repeated or skipped batch from
+        the staging, e.g. a recomputed Dask task, can never pair different batches across ranks)."""
+        if self.hot_flags or batch.index == self.position.batch:
+            return
+        from flowrec.data.layout import DataError
+
+        raise DataError(f"the data staging delivered batch {batch.index} of epoch {self.position.epoch} where "
+                        f"batch {self.position.batch} was expected; nothing of it was trained")
 
     def _step(self, batch: Any) -> tuple[float | None, str | None]:
         """One guarded step: (loss, None), or (None, head) for a skipped non-finite batch."""

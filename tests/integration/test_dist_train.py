@@ -212,3 +212,11 @@ def test_max_restarts_ends_like_an_uninterrupted_run(work):
     assert job.returncode == 0, err[-3000:]
     assert "restart 1: continuing r_restart from its last checkpoint" in err
     assert_same_model(work / "r_ref6", work / "r_restart")
+
+
+def test_ranks_reading_through_dask_train_the_same(work):
+    """--dask local: each rank reads its partitions through a Dask cluster; same parameters."""
+    if not (work / "r1" / "checkpoint.pt").is_file():
+        train(work, "r1", 1, "--plan", "p1.json")
+    train(work, "r_dask", 2, "--plan", "p2.json", "--dask", "local")
+    assert_same_model(work / "r1", work / "r_dask")
