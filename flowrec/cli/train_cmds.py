@@ -100,6 +100,11 @@ def train(
                          fresh_optimizer, dist_timeout)
     try:
         _check_options(request)
+        if nproc > 1 and (checkpoint_full_every or 1) > 1:
+            fail("--checkpoint-full-every (incremental checkpoints) is not yet supported with several ranks: "
+                 "every checkpoint of a distributed run is full")
+        if nproc > 1 and fresh_optimizer:
+            fail("--fresh-optimizer is not yet supported with several ranks")
         if nproc > 1 and _launch_size() == 1:
             raise typer.Exit(_launch(request, nproc, max_restarts))
         run_training(_restarted(request))
