@@ -197,7 +197,8 @@ def _train_as_rank(request: RunRequest, spec, folder: Path | None) -> None:
     """One rank of a launch: join the others; rank 0 owns the run folder (lock), the others wait
     for it, then every rank trains its part."""
     from flowrec.cli.run_plan import device_for_run
-    from flowrec.runtime.distributed.world import WorldError, join_world, leave_world
+    from flowrec.cli.common import EXIT_INVALID
+    from flowrec.runtime.distributed.world import LaunchEnvError, WorldError, join_world, leave_world
     from flowrec.runtime.rundir import RunFolderError
 
     if folder is None:
@@ -207,7 +208,7 @@ def _train_as_rank(request: RunRequest, spec, folder: Path | None) -> None:
     try:
         world = join_world(request.dist_timeout, device)
     except WorldError as exc:
-        fail(str(exc), EXIT_RANK_FAILED)
+        fail(str(exc), EXIT_INVALID if isinstance(exc, LaunchEnvError) else EXIT_RANK_FAILED)
     try:
         lock = None
         if world.lead:

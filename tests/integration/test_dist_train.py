@@ -220,3 +220,21 @@ def test_ranks_reading_through_dask_train_the_same(work):
         train(work, "r1", 1, "--plan", "p1.json")
     train(work, "r_dask", 2, "--plan", "p2.json", "--dask", "local")
     assert_same_model(work / "r1", work / "r_dask")
+
+
+@pytest.mark.parametrize("env,args,message", [
+    ({"WORLD_SIZE": "2", "RANK": "0"}, ["--out", "r_bad"], "WORLD_SIZE is 2 but MASTER_ADDR is not set"),
+    ({"WORLD_SIZE": "2", "RANK": "5", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}, ["--out", "r_bad"],
+     "RANK must be in 0..1, not '5'"),
+    ({"WORLD_SIZE": "two"}, ["--out", "r_bad"], "WORLD_SIZE must be a positive integer"),
+    ({"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}, [],
+     "every rank must write to the same run folder"),
+    ({}, ["--out", "r_bad", "--nproc", "2", "--checkpoint-full-every", "3"], "not yet supported with several ranks"),
+])
+def test_a_bad_launch_is_one_line_and_writes_nothing(work, env, args, message):
+    done = subprocess.run([sys.executable, "-m", "flowrec", "train", "spec.yaml", "--data", "d", "-q", *args],
+                          cwd=work, env={**_env(), **env}, text=True, capture_output=True, timeout=TIMEOUT_S)
+    assert done.returncode == 2, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and message in lines[0], done.stderr
+    assert "Traceback" not in done.stderr and not (work / "r_bad").exists()

@@ -34,6 +34,10 @@ class WorldError(RuntimeError):
     """A distributed launch that cannot run (bad environment, a rank that failed); one line."""
 
 
+class LaunchEnvError(WorldError):
+    """The launch environment is incomplete or wrong (a usage error, not a failed rank)."""
+
+
 @dataclass(frozen=True)
 class Agreement:
     """What the ranks agreed on after a step's loss: the global loss (the mean over the global
@@ -94,9 +98,9 @@ def launch_env() -> tuple[int, int]:
     """(world size, rank) from the launch environment (1, 0 without one); bad values raise WorldError."""
     size_text, rank_text = os.environ.get("WORLD_SIZE", "1"), os.environ.get("RANK", "0")
     if not size_text.isdigit() or int(size_text) < 1:
-        raise WorldError(f"the environment's WORLD_SIZE must be a positive integer, not {size_text!r}")
+        raise LaunchEnvError(f"the environment's WORLD_SIZE must be a positive integer, not {size_text!r}")
     if not rank_text.isdigit() or int(rank_text) >= int(size_text):
-        raise WorldError(f"the environment's RANK must be in 0..{int(size_text) - 1}, not {rank_text!r}")
+        raise LaunchEnvError(f"the environment's RANK must be in 0..{int(size_text) - 1}, not {rank_text!r}")
     return int(size_text), int(rank_text)
 
 
@@ -110,7 +114,7 @@ def join_world(timeout_s: float, device: torch.device) -> World:
     size, rank = launch_env()
     for name in ("MASTER_ADDR", "MASTER_PORT"):
         if name not in os.environ:
-            raise WorldError(f"WORLD_SIZE is {size} but {name} is not set: launch the ranks with "
+            raise LaunchEnvError(f"WORLD_SIZE is {size} but {name} is not set: launch the ranks with "
                              f"`flowrec train --nproc N` or torchrun")
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
