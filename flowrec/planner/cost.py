@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from flowrec.graph.kinds import OP_KINDS, OPTIMIZERS, PLACEMENTS
-from flowrec.graph.types import DTYPE_BYTES, AccessProfile, CostPrediction, OpGraph, PackedGroup
+from flowrec.graph.types import ACCESS_NONE, DTYPE_BYTES, AccessProfile, CostPrediction, OpGraph, PackedGroup
 from flowrec.planner import exchange
 from flowrec.planner.access import AccessModel, group_model
 from flowrec.planner.calibration import ProfileError, is_profile_path, profile_fields, read_profile
@@ -63,6 +63,11 @@ class DeviceProfile:
     staging_values_per_s: float  # host staging throughput (all workers), ids + dense values
     gemm_efficiency: float = GEMM_EFFICIENCY  # achieved share of the *_tflops on recsys GEMMs
     source: str = "datasheet"  # where the constants come from: datasheet, or calibrated FILE
+
+    @property
+    def constants(self) -> str:
+        """Where the constants come from, as a plan shows it: "datasheet cpu" or "calibrated FILE (created T)"."""
+        return f"datasheet {self.name}" if self.source == "datasheet" else self.source
 
     @property
     def overlaps(self) -> bool:
@@ -204,6 +209,25 @@ def access_source(group: PackedGroup, profile: AccessProfile | None) -> str:
     return group_model(((t.table, t.rows, 1.0) for t in group.tables), profile)[1]
 
 
+def access_description(profile: AccessProfile | None, path: str | Path | None = None) -> str:
+    """What a prediction's cache traffic comes from (`CostPrediction.access_profile`).
+
+    Args:
+        profile: the access profile document, or None (the Zipf model of each table).
+        path: the file it was given as (`--profile`); None for one sampled by the caller.
+
+    Example:
+        >>> access_description({"samples": 2000, "sample_rate": 0.1})
+        'sampled: 2,000 rows of the training data (sample rate 0.1)'
+    """
+    if profile is None:
+        return ACCESS_NONE
+    rows = int(profile.get("samples", 0))
+    if path is not None:
+        return f"given {path} ({rows:,} sampled rows)"
+    return f"sampled: {rows:,} rows of the training data (sample rate {float(profile.get('sample_rate', 1.0)):g})"
+
+
 def _unit_bytes(u: _Unit, batch: int, window: int, profile: AccessProfile | None) -> float:
     """Host -> device bytes of one unit per step: ids, offsets and the rows it must move."""
     index = (batch * u.ids + batch * u.bags + 1) * INDEX_BYTES
@@ -214,9 +238,11 @@ def _unit_bytes(u: _Unit, batch: int, window: int, profile: AccessProfile | None
 
 
 def predict(graph: OpGraph, spec: ModelSpec, device: DeviceProfile, *, micro_batches: int = 1,
-            profile: AccessProfile | None = None) -> CostPrediction:
+            profile: AccessProfile | None = None, access: str | None = None) -> CostPrediction:
     """Predict one training step of `graph` on `device` (see the module docstring); with a world
-    size above 1 (the `shard` pass's), times, bytes and memory are one rank's, on its B / W samples."""
+    size above 1 (the `shard` pass's), times, bytes and memory are one rank's, on its B / W samples.
+    The prediction says where its constants come from and, as `access` (default:
+    `access_description(profile)`), what its cache traffic comes from."""
     meta = graph.graph.get("plan")
     world = meta.world_size if meta is not None else 1
     batch = -(-spec.training.batch_size // world)  # samples per rank
@@ -283,6 +309,8 @@ def predict(graph: OpGraph, spec: ModelSpec, device: DeviceProfile, *, micro_bat
         exchange_bytes_per_step=int(traffic.total),
         exchange_ms=round(exchange_s * 1e3, 6),
         group_exchange_bytes=tuple((name, int(b)) for name, b in traffic.by_group),
+        constants=device.constants,
+        access_profile=access if access is not None else access_description(profile),
     )
 
 
