@@ -69,6 +69,84 @@ def delta_tables(embeddings: nn.ModuleDict, rows: dict[str, torch.Tensor]) -> di
     return out
 
 
+SNAPSHOT_CHUNK_ROWS = 1 << 18  # rows copied per chunk of a full snapshot (between two lock holds)
+
+
+class _TableCopy:
+    """The copy of one packed group's tensors (weight, optimizer state) a `TableSnapshot` makes."""
+
+    def __init__(self, sources: tuple[torch.Tensor, ...]) -> None:
+        self.sources = sources
+        self.rows = sources[0].shape[0]
+        self.copies: tuple[torch.Tensor, ...] = ()
+        self.copied = 0  # rows [0, copied) are copied; later writes to them need no saving
+        self.saved: torch.Tensor | None = None  # (rows,) bool: saved before a write
+        self.pending: list[tuple[torch.Tensor, tuple[torch.Tensor, ...]]] = []  # (rows, their values)
+
+
+class TableSnapshot:
+    """A consistent copy of the packed tables, made off the training thread (copy-on-write).
+
+    Taken between two steps (`TableSnapshot(tables)`), it copies the tables in chunks of rows on
+    the writer thread (`copy`) while training goes on. Before a step changes rows, the training
+    thread calls `before_write(group, ids)`: the rows whose chunk is not copied yet are saved with
+    their current values, each once. When every chunk is copied the saved values are put back over
+    what the chunk copies caught, so the copy equals the tables at the moment the snapshot was
+    taken, at the cost of one small gather per step while the copy runs, instead of a copy of
+    every table on the training thread. Copies live in host memory.
+
+    Args:
+        tables: {group: (weight, state)}, the live packed tensors (rows first, equal row counts).
+        chunk_rows: rows copied between two takes of the lock (default `SNAPSHOT_CHUNK_ROWS`).
+
+    Example:
+        >>> snap = TableSnapshot({"g0": (weight, state)})   # doctest: +SKIP
+        >>> snap.before_write("g0", batch_ids)              # training thread, before the step
+        >>> copies = snap.copy()                            # writer thread: {"g0": (w, s)}
+    """
+
+    def __init__(self, tables: dict[str, tuple[torch.Tensor, ...]], chunk_rows: int | None = None) -> None:
+        self._parts = {name: _TableCopy(tuple(tensors)) for name, tensors in tables.items()}
+        self._chunk = max(1, int(chunk_rows or SNAPSHOT_CHUNK_ROWS))
+        self._lock = threading.Lock()
+
+    def before_write(self, group: str, ids: torch.Tensor) -> None:
+        """Save the rows among `ids` (packed ids, repeats allowed) that a step is about to change
+        and that are not copied yet (training thread, before the step)."""
+        part = self._parts.get(group)
+        if part is None:
+            return
+        with self._lock:
+            if part.copied >= part.rows:
+                return
+            ids = ids.to(part.sources[0].device)
+            ids = torch.unique(ids[ids >= part.copied])
+            if part.saved is None:
+                part.saved = torch.zeros(part.rows, dtype=torch.bool, device=ids.device)
+            ids = ids[~part.saved[ids]]
+            if ids.numel():
+                part.saved[ids] = True
+                part.pending.append((ids.cpu(), tuple(t.index_select(0, ids).cpu() for t in part.sources)))
+
+    def copy(self) -> dict[str, tuple[torch.Tensor, ...]]:
+        """Copy every table (writer thread); returns {group: copies of its tensors}, as of the snapshot."""
+        for part in self._parts.values():
+            part.copies = tuple(torch.empty(t.shape, dtype=t.dtype) for t in part.sources)
+            for start in range(0, part.rows, self._chunk):
+                end = min(part.rows, start + self._chunk)
+                for source, copy in zip(part.sources, part.copies):
+                    copy[start:end].copy_(source[start:end])
+                with self._lock:
+                    part.copied = end
+            with self._lock:
+                part.copied = part.rows
+                for rows, values in part.pending:
+                    for copy, value in zip(part.copies, values):
+                        copy.index_copy_(0, rows, value)
+                part.pending, part.saved = [], None
+        return {name: part.copies for name, part in self._parts.items()}
+
+
 def table_keys(embeddings: nn.ModuleDict) -> set[str]:
     """State-dict keys of the packed tables: embeddings.<group>.weight / .state."""
     return {f"{EMBEDDINGS_PREFIX}{name}.{part}" for name in embeddings for part in ("weight", "state")}
