@@ -6,9 +6,11 @@ in specs/ trains a few thousand synthetic rows (`flowrec data synth`, then `flow
 model) and compares the plan's prediction (`plan.json` of the run: `cost.step_ms_overlap`,
 `cost.h2d_bytes_per_step`) with the measurement: compute seconds per step, as `flowrec train
 --report` shows them, of the steps after WARMUP_STEPS (two runs, the difference; wall seconds per
-step are recorded too), and the groups' host<->device bytes from the cache counters. Bytes are
-compared only for specs with a group that is not device-resident (the counters exist only
-there); `--device-budget` forces such placements.
+step are recorded too), and the host<->device bytes of a step from the cache counters (every
+group's step traffic per sample times the batch, plus dense features and labels, as the plan
+counts them; hot rows placed at the start and rows written back for checkpoints are not step
+traffic). Bytes are compared only for specs with a group that is not device-resident (the
+counters exist only there); `--device-budget` forces such placements.
 
 Ratios:
     costmodel_max_step_error: max over specs of |predicted / measured - 1| (target <= 0.10).
@@ -28,11 +30,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from flowrec.spec import load_spec  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 RUN_TIMEOUT_S = 1200
 SYNTH_ROWS = 8192  # synthetic rows per spec (every spec's batch is <= 4096)
 EPOCHS = 100  # enough epochs for --steps over a few thousand rows
 WARMUP_STEPS = 2  # steps whose compute time (first-call set-up) is not counted
+FLOAT_BYTES = 4  # dense features and labels travel as float32
 
 
 def flowrec(*args: str, cwd: Path) -> str:
@@ -52,6 +58,14 @@ def train_json(spec: Path, data: Path, profile: Path, steps: int, out: Path, tmp
     return json.loads(text[text.index("{"):])
 
 
+def measured_bytes_per_step(counters: dict[str, Any], batch: int, dense_and_labels: int) -> float:
+    """Host<->device bytes of a full training step, as the plan predicts them: every group's step
+    traffic per sample times the batch (FAE's hot/cold batches and an epoch's last batch are
+    shorter), plus the dense features and labels (float32)."""
+    groups = sum((c["h2d_bytes"] + c["d2h_bytes"]) / max(c["samples"], 1) for c in counters.values())
+    return groups * batch + batch * dense_and_labels * FLOAT_BYTES
+
+
 def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str | None) -> dict[str, Any]:
     """Predicted vs measured for one spec; the measured step is the compute seconds of `steps`
     steps beyond WARMUP_STEPS (a run of WARMUP_STEPS + steps minus one of WARMUP_STEPS)."""
@@ -67,10 +81,12 @@ def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str |
            "measured_wall_step_ms": (result["seconds"] - warm["seconds"]) / steps * 1e3,
            "step_error": cost["step_ms_overlap"] / measured_ms - 1.0}
     if result["counters"]:
-        groups = sum(c["h2d_bytes_per_step"] + c["d2h_bytes_per_step"] for c in result["counters"].values())
-        row["measured_h2d_bytes"] = groups
+        model = load_spec(spec)
+        measured = measured_bytes_per_step(result["counters"], cost["batch_size"],
+                                           len(model.dense_features) + len(model.heads))
+        row["measured_h2d_bytes"] = measured
         row["predicted_h2d_bytes"] = cost["h2d_bytes_per_step"]
-        row["bytes_error"] = cost["h2d_bytes_per_step"] / groups - 1.0 if groups else None
+        row["bytes_error"] = cost["h2d_bytes_per_step"] / measured - 1.0 if measured else None
     return row
 
 
