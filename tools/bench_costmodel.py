@@ -17,7 +17,8 @@ Ratios:
     costmodel_max_bytes_error: the same for host<->device bytes per step (target <= 0.20).
 
 Usage:
-    python tools/bench_costmodel.py [--steps 12] [--profile FILE] [--device-budget 64MiB] [--json PATH]
+    python tools/bench_costmodel.py [--steps 12] [--profile FILE] [--device-budget 64MiB] [--cache POLICY]
+        [--specs a.yaml,b.yaml] [--json PATH]
 """
 from __future__ import annotations
 
@@ -51,10 +52,11 @@ def flowrec(*args: str, cwd: Path) -> str:
 
 
 def train_json(spec: Path, data: Path, profile: Path, steps: int, out: Path, tmp: Path,
-               budget: str | None) -> dict[str, Any]:
+               budget: str | None, cache: str | None) -> dict[str, Any]:
     text = flowrec("train", str(spec), "--data", str(data), "--max-steps", str(steps), "--epochs", str(EPOCHS),
                    "--target", str(profile), "--device", "cpu", "--out", str(out), "--quiet", "--json",
-                   "--eval-every", "0", *(["--device-budget", budget] if budget else []), cwd=tmp)
+                   "--eval-every", "0", *(["--device-budget", budget] if budget else []),
+                   *(["--cache", cache] if cache else []), cwd=tmp)
     return json.loads(text[text.index("{"):])
 
 
@@ -66,13 +68,14 @@ def measured_bytes_per_step(counters: dict[str, Any], batch: int, dense_and_labe
     return groups * batch + batch * dense_and_labels * FLOAT_BYTES
 
 
-def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str | None) -> dict[str, Any]:
+def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str | None,
+                 cache: str | None = None) -> dict[str, Any]:
     """Predicted vs measured for one spec; the measured step is the compute seconds of `steps`
     steps beyond WARMUP_STEPS (a run of WARMUP_STEPS + steps minus one of WARMUP_STEPS)."""
     data = tmp / f"{spec.stem}-data"
     flowrec("data", "synth", str(spec), "--rows", str(SYNTH_ROWS), "--out", str(data), cwd=tmp)
-    warm = train_json(spec, data, profile, WARMUP_STEPS, tmp / f"{spec.stem}-warm", tmp, budget)
-    result = train_json(spec, data, profile, WARMUP_STEPS + steps, tmp / spec.stem, tmp, budget)
+    warm = train_json(spec, data, profile, WARMUP_STEPS, tmp / f"{spec.stem}-warm", tmp, budget, cache)
+    result = train_json(spec, data, profile, WARMUP_STEPS + steps, tmp / spec.stem, tmp, budget, cache)
     plan = json.loads((tmp / spec.stem / "plan.json").read_text())
     cost = plan["cost"]
     measured_ms = (result["stage_seconds"]["compute"] - warm["stage_seconds"]["compute"]) / steps * 1e3
@@ -95,6 +98,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12, help="training steps per spec (the first warms up)")
     parser.add_argument("--profile", type=Path, default=None, help="a profile from `flowrec calibrate` (default: calibrate now)")
     parser.add_argument("--device-budget", default=None, help="device budget of every run (forces cache/host placements)")
+    parser.add_argument("--cache", default=None, help="cache policy of every run (auto, none, static_hot, lookahead)")
     parser.add_argument("--specs", default="", help="comma-separated spec file names (default: all of specs/)")
     parser.add_argument("--json", type=Path, default=REPO / "bench/results/costmodel_cpu.json")
     args = parser.parse_args()
@@ -110,7 +114,7 @@ def main() -> None:
         rows = []
         for spec in specs:
             try:
-                rows.append(measure_spec(spec, Path(profile), args.steps, tmp, args.device_budget))
+                rows.append(measure_spec(spec, Path(profile), args.steps, tmp, args.device_budget, args.cache))
             except (RuntimeError, subprocess.TimeoutExpired) as exc:
                 rows.append({"spec": spec.name, "error": str(exc)})
             print(json.dumps(rows[-1]), flush=True)
@@ -120,6 +124,7 @@ def main() -> None:
         "benchmark": "costmodel",
         "calibration": {k: v["value"] for k, v in calibration["measured"].items()},
         "device_budget": args.device_budget,
+        "cache": args.cache,
         "specs": rows,
         "ratios": {"costmodel_max_step_error": max(steps) if steps else None,
                    "costmodel_max_bytes_error": max(byte_errors) if byte_errors else None},
