@@ -145,6 +145,13 @@ def _group_unit(g: PackedGroup, profile: AccessProfile | None = None) -> _Unit:
                  g.bags_per_sample, g.placement, g.cache_rows, g.expected_hit_rate, g.shards)
 
 
+def epoch_batches(profile: AccessProfile | None, batch: int) -> float | None:
+    """Batches per epoch of the profiled dataset (its rows: sampled rows / sample rate), or None."""
+    if not profile or not profile.get("samples") or not profile.get("sample_rate"):
+        return None
+    return profile["samples"] / float(profile["sample_rate"]) / max(batch, 1)
+
+
 def ids_per_sample(group: PackedGroup, profile: AccessProfile | None) -> float:
     """Ids a sample looks up in a group: the profile's mean when it counts every member table
     (sequences and multi-hot fields are mostly shorter than their max_len), else the max_len sum."""
@@ -249,7 +256,7 @@ def _unit_bytes(u: _Unit, batch: int, window: int, profile: AccessProfile | None
         return index + 2 * u.row_bytes * new_rows_per_batch(u.group, batch, window, profile)
     if rule == "hot_cold" and u.group is not None:
         return index + hot_cold_bytes(group_access(u.group, profile), u.cache_rows, batch * u.ids, u.ids,
-                                      u.dim * u.elem, u.row_bytes)
+                                      u.dim * u.elem, u.row_bytes, epoch_batches(profile, batch))
     return index + (1.0 - u.hit_rate) * pooled
 
 

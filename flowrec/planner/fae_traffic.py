@@ -12,7 +12,9 @@ per batch, `h` the share of lookups that hit the hot rows and `n` ids per sample
 * cold rows per step: `c * sum over cold rows r of (1 - exp(-(L / c) * p_r))`, twice `dim` elements
   each (rows in, gradients out);
 * switches per batch: `s = 2 * min(p, c)` (the scarcer kind comes in isolated runs between the
-  other's: `flowrec.runtime.caches.fae_batches`); a switch writes the distinct hot rows touched
+  other's: `flowrec.runtime.caches.fae_batches`), plus 2 per epoch when the epoch's length is
+  known (the batcher empties both pools at the end of an epoch), at most 1; a switch writes the
+  distinct hot rows touched
   over the `1 / s` batches since the last one: `s * sum over hot rows r of (1 - exp(-L * p_r / s))`
   rows per step, each with its optimizer state. Without switches nothing is written back.
 
@@ -49,7 +51,7 @@ def _distinct(segments: list[tuple[float, float]], draws: float) -> float:
 
 
 def hot_cold_bytes(model: AccessModel, cache_rows: int, lookups: float, ids_per_sample: float,
-                   elem_row_bytes: int, row_bytes: int) -> float:
+                   elem_row_bytes: int, row_bytes: int, epoch_batches: float | None = None) -> float:
     """Row bytes a static_hot group moves per step (see the module docstring).
 
     Args:
@@ -59,6 +61,7 @@ def hot_cold_bytes(model: AccessModel, cache_rows: int, lookups: float, ids_per_
         ids_per_sample: ids per sample in the group.
         elem_row_bytes: bytes of one row's weights (dim * element size).
         row_bytes: bytes of one row with its optimizer state.
+        epoch_batches: batches per epoch, when known (an access profile knows the dataset's rows).
     """
     hot, cold = split_segments(model, cache_rows)
     hit = min(1.0, sum(count * p for count, p in hot))
@@ -68,6 +71,8 @@ def hot_cold_bytes(model: AccessModel, cache_rows: int, lookups: float, ids_per_
     if c > 0 and cold:
         moved += 2 * elem_row_bytes * c * _distinct(cold, lookups / c)
     switches = 2 * min(p_hot, c)
+    if epoch_batches and 0 < p_hot < 1:
+        switches = min(1.0, switches + 2 / max(epoch_batches, 1.0))
     if switches > 0 and hot:
         moved += row_bytes * switches * _distinct(hot, lookups / switches)
     return moved

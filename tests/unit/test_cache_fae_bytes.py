@@ -11,7 +11,7 @@ from flowrec.data.dataset import MemorySource, split_table
 from flowrec.data.profile import profile_access
 from flowrec.data.synth import SynthConfig, synth_table
 from flowrec.graph.types import DTYPE_BYTES
-from flowrec.planner.cost import INDEX_BYTES, group_access, ids_per_sample
+from flowrec.planner.cost import INDEX_BYTES, epoch_batches, group_access, ids_per_sample
 from flowrec.planner.fae_traffic import hot_cold_bytes
 from flowrec.runtime.caches import StaticHotEmbedding, hottest_rows
 from flowrec.runtime.caches.fae_batches import HotColdBatcher
@@ -42,7 +42,7 @@ def test_predicted_fae_bytes_per_sample_match_the_counters(share: float):
         n = ids_per_sample(group, profile)
         index = (BATCH * n + BATCH * group.bags_per_sample + 1) * INDEX_BYTES
         rows = hot_cold_bytes(group_access(group, profile), cap, BATCH * n, n,
-                              group.dim * DTYPE_BYTES[group.dtype], group.row_bytes())
+                              group.dim * DTYPE_BYTES[group.dtype], group.row_bytes(), epoch_batches(profile, BATCH))
         predicted = index + rows
         assert rows > 0 and snap["outside_bytes"] > 0
         assert abs(predicted / measured - 1) <= 0.2, (group.name, share, predicted, measured)
