@@ -107,9 +107,10 @@ class Checkpointer:
             return
         t0 = time.perf_counter()
         model = state["model"]
-        tables = TableSnapshot({name: tuple(model[f"{EMBEDDINGS_PREFIX}{name}.{part}"] for part in TABLE_KEYS)
-                                for name in embeddings})
-        head = {**state, "model": dense_state_from(model, table_keys(embeddings)),
+        keys = {name: tuple(f"{EMBEDDINGS_PREFIX}{name}.{part}" for part in TABLE_KEYS) for name in embeddings}
+        keys = {name: pair for name, pair in keys.items() if all(k in model for k in pair)}  # others: cloned
+        tables = TableSnapshot({name: tuple(model[k] for k in pair) for name, pair in keys.items()})
+        head = {**state, "model": dense_state_from(model, {k for pair in keys.values() for k in pair}),
                 "dense_optimizer": cloned(state["dense_optimizer"])}
         order = list(model)
         self._snapshot = tables
