@@ -107,9 +107,11 @@ class PlacementInfo:
         rows_on: where the group's master table lives: ``device`` or ``host``.
         cached: keeps `cache_rows` rows of it on the device.
         traffic: the cost model's row-traffic rule: ``misses`` (pooled rows of the lookups that
-            miss the device, share 1 - hit rate, travel to the device and their gradients back)
-            or ``window`` (rows new to the lookahead window travel, with their optimizer state, in
-            and out: ScratchPipe).
+            miss the device, share 1 - hit rate, travel to the device and their gradients back),
+            ``hot_cold`` (FAE: the distinct cold rows of cold batches travel in and their
+            gradients back; hot rows updated between hot/cold switches are written back:
+            `flowrec.planner.fae_traffic`) or ``window`` (rows new to the lookahead window travel,
+            with their optimizer state, in and out: ScratchPipe).
         trains_only: its schedule of row movement exists only while training; scoring reads the
             master table instead (`flowrec.planner.contract.scoring_plan`).
     """
@@ -117,7 +119,7 @@ class PlacementInfo:
     name: str
     rows_on: Literal["device", "host"]
     cached: bool
-    traffic: Literal["misses", "window"]
+    traffic: Literal["misses", "hot_cold", "window"]
     trains_only: bool
 
     @property
@@ -128,7 +130,7 @@ class PlacementInfo:
 
 PLACEMENTS: dict[str, PlacementInfo] = {p.name: p for p in (
     PlacementInfo("device", rows_on="device", cached=False, traffic="misses", trains_only=False),
-    PlacementInfo("static_hot", rows_on="host", cached=True, traffic="misses", trains_only=True),  # FAE
+    PlacementInfo("static_hot", rows_on="host", cached=True, traffic="hot_cold", trains_only=True),  # FAE
     PlacementInfo("lookahead", rows_on="host", cached=True, traffic="window", trains_only=True),  # ScratchPipe
     PlacementInfo("host", rows_on="host", cached=False, traffic="misses", trains_only=False),
 )}

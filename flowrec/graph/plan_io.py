@@ -41,6 +41,7 @@ from flowrec.spec.model import ModelSpec
 
 PLAN_FORMAT = "flowrec-plan"
 PLAN_VERSION = 1
+NOT_RECORDED = "not recorded"  # cost provenance of a plan written before plans recorded it
 FINGERPRINT_TRAINING = ("batch_size", "precision")  # training settings that shape the plan
 
 
@@ -145,6 +146,8 @@ def cost_document(c: CostPrediction) -> dict[str, Any]:
         "exchange_bytes_per_step": c.exchange_bytes_per_step,
         "exchange_ms": c.exchange_ms,
         "group_exchange_bytes": dict(c.group_exchange_bytes),
+        "constants": c.constants,
+        "access_profile": c.access_profile,
     }
 
 
@@ -210,6 +213,7 @@ def _cost(doc: dict[str, Any] | None) -> CostPrediction | None:
         world_size=doc["world_size"], exchange_bytes_per_step=doc["exchange_bytes_per_step"],
         exchange_ms=doc["exchange_ms"],
         group_exchange_bytes=tuple((g, b) for g, b in doc["group_exchange_bytes"].items()),
+        constants=doc.get("constants", NOT_RECORDED), access_profile=doc.get("access_profile", NOT_RECORDED),
     )
 
 

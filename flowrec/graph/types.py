@@ -210,6 +210,9 @@ class PassResult:
     notes: tuple[str, ...] = ()
 
 
+ACCESS_NONE = "none (Zipf model per table)"  # CostPrediction.access_profile without an access profile
+
+
 @dataclass(frozen=True)
 class CostPrediction:
     """Predicted cost of one training step (made by `flowrec.planner.cost.predict`).
@@ -231,6 +234,10 @@ class CostPrediction:
             all-reduce).
         exchange_ms: their time on the target's interconnect.
         group_exchange_bytes: (group, bytes one rank sends per step for it).
+        constants: where the device constants come from: "datasheet NAME", or "calibrated FILE
+            (created TIME)" for a profile measured by `flowrec calibrate`.
+        access_profile: what cache traffic and hit rates were predicted from: "none (Zipf model
+            per table)", "given FILE (N sampled rows)" or "sampled N rows ..." at the start of a run.
     """
 
     target: str
@@ -247,6 +254,8 @@ class CostPrediction:
     exchange_bytes_per_step: int = 0
     exchange_ms: float = 0.0
     group_exchange_bytes: tuple[tuple[str, int], ...] = ()
+    constants: str = "datasheet"
+    access_profile: str = ACCESS_NONE
 
 
 MEMORY_PARTS: tuple[str, ...] = ("tables", "caches", "activations", "dense", "exchange")  # CostPrediction.memory order

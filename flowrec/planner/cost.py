@@ -28,11 +28,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from flowrec.graph.kinds import OP_KINDS, OPTIMIZERS, PLACEMENTS
-from flowrec.graph.types import DTYPE_BYTES, AccessProfile, CostPrediction, OpGraph, PackedGroup
+from flowrec.graph.types import ACCESS_NONE, DTYPE_BYTES, AccessProfile, CostPrediction, OpGraph, PackedGroup
 from flowrec.planner import exchange
 from flowrec.planner.access import AccessModel, group_model
 from flowrec.planner.calibration import ProfileError, is_profile_path, profile_fields, read_profile
 from flowrec.planner.exchange import link_for
+from flowrec.planner.fae_traffic import hot_cold_bytes
 from flowrec.spec.model import ModelSpec
 
 GiB = 2**30  # bytes
@@ -63,6 +64,11 @@ class DeviceProfile:
     staging_values_per_s: float  # host staging throughput (all workers), ids + dense values
     gemm_efficiency: float = GEMM_EFFICIENCY  # achieved share of the *_tflops on recsys GEMMs
     source: str = "datasheet"  # where the constants come from: datasheet, or calibrated FILE
+
+    @property
+    def constants(self) -> str:
+        """Where the constants come from, as a plan shows it: "datasheet cpu" or "calibrated FILE (created T)"."""
+        return f"datasheet {self.name}" if self.source == "datasheet" else self.source
 
     @property
     def overlaps(self) -> bool:
@@ -121,7 +127,7 @@ class _Unit:
     dim: int
     elem: int
     row_bytes: int
-    ids: int  # ids per sample
+    ids: float  # ids per sample (mean)
     bags: int  # bags per sample
     placement: str
     cache_rows: int
@@ -134,15 +140,33 @@ class _Unit:
         return -(-self.rows // self.shards)
 
 
-def _group_unit(g: PackedGroup) -> _Unit:
-    return _Unit(g, g.rows, g.dim, DTYPE_BYTES[g.dtype], g.row_bytes(), sum(f.max_len for f in g.fields),
+def _group_unit(g: PackedGroup, profile: AccessProfile | None = None) -> _Unit:
+    return _Unit(g, g.rows, g.dim, DTYPE_BYTES[g.dtype], g.row_bytes(), ids_per_sample(g, profile),
                  g.bags_per_sample, g.placement, g.cache_rows, g.expected_hit_rate, g.shards)
+
+
+def epoch_batches(profile: AccessProfile | None, batch: int) -> float | None:
+    """Batches per epoch of the profiled dataset (its rows: sampled rows / sample rate), or None."""
+    if not profile or not profile.get("samples") or not profile.get("sample_rate"):
+        return None
+    return profile["samples"] / float(profile["sample_rate"]) / max(batch, 1)
+
+
+def ids_per_sample(group: PackedGroup, profile: AccessProfile | None) -> float:
+    """Ids a sample looks up in a group: the profile's mean when it counts every member table
+    (sequences and multi-hot fields are mostly shorter than their max_len), else the max_len sum."""
+    tables = (profile or {}).get("tables", {})
+    samples = (profile or {}).get("samples", 0)
+    names = {t.table for t in group.tables}
+    if samples and names <= set(tables):
+        return sum(float(tables[name].get("accesses", 0)) for name in names) / samples
+    return float(sum(f.max_len for f in group.fields))
 
 
 def group_step_seconds(group: PackedGroup, device: DeviceProfile, batch: int, window: int,
                        profile: AccessProfile | None) -> float:
     """Time per step a group's placement costs beyond device-resident: row traffic and host gathers."""
-    u = _group_unit(group)
+    u = _group_unit(group, profile)
     moved = _unit_bytes(u, batch, window, profile) - (batch * u.ids + batch * u.bags + 1) * INDEX_BYTES
     lookups = batch * u.ids
     window = PLACEMENTS[u.placement].traffic == "window"
@@ -151,13 +175,13 @@ def group_step_seconds(group: PackedGroup, device: DeviceProfile, batch: int, wi
     return moved / (link * 1e9) + host_rows / device.host_gather_rows_per_s
 
 
-def _units(graph: OpGraph) -> list[_Unit]:
+def _units(graph: OpGraph, profile: AccessProfile | None = None) -> list[_Unit]:
     groups = {g.name: g for g in graph.graph["plan"].groups} if "plan" in graph.graph else {}
     units = []
     for node in graph:
         op = graph.nodes[node]["op"]
         if op.kind == "packed_embedding":
-            units.append(_group_unit(groups[op.attr("group")]))
+            units.append(_group_unit(groups[op.attr("group")], profile))
         elif op.kind == "embedding_lookup":
             rows = op.attr("rows") if op.attr("owns_table") else 0
             units.append(_Unit(None, rows, op.attr("dim"), DTYPE_BYTES[op.dtype],
@@ -187,7 +211,7 @@ def activation_bytes(graph: OpGraph, batch: int) -> int:
 def new_rows_per_batch(unit_group: PackedGroup, batch: int, window: int, profile: AccessProfile | None) -> float:
     """Rows a lookahead scratchpad must fetch per batch: distinct rows of W+1 batches minus W."""
     model = group_access(unit_group, profile)
-    draws = batch * sum(f.max_len for f in unit_group.fields)
+    draws = batch * ids_per_sample(unit_group, profile)
     return max(0.0, model.distinct(draws * (window + 1)) - model.distinct(draws * window))
 
 
@@ -204,24 +228,49 @@ def access_source(group: PackedGroup, profile: AccessProfile | None) -> str:
     return group_model(((t.table, t.rows, 1.0) for t in group.tables), profile)[1]
 
 
+def access_description(profile: AccessProfile | None, path: str | Path | None = None) -> str:
+    """What a prediction's cache traffic comes from (`CostPrediction.access_profile`).
+
+    Args:
+        profile: the access profile document, or None (the Zipf model of each table).
+        path: the file it was given as (`--profile`); None for one sampled by the caller.
+
+    Example:
+        >>> access_description({"samples": 2000, "sample_rate": 0.1})
+        'sampled: 2,000 rows of the training data (sample rate 0.1)'
+    """
+    if profile is None:
+        return ACCESS_NONE
+    rows = int(profile.get("samples", 0))
+    if path is not None:
+        return f"given {path} ({rows:,} sampled rows)"
+    return f"sampled: {rows:,} rows of the training data (sample rate {float(profile.get('sample_rate', 1.0)):g})"
+
+
 def _unit_bytes(u: _Unit, batch: int, window: int, profile: AccessProfile | None) -> float:
     """Host -> device bytes of one unit per step: ids, offsets and the rows it must move."""
     index = (batch * u.ids + batch * u.bags + 1) * INDEX_BYTES
     pooled = 2 * batch * u.bags * u.dim * u.elem  # rows out and gradients back
-    if PLACEMENTS[u.placement].traffic == "window" and u.group is not None:
+    rule = PLACEMENTS[u.placement].traffic
+    if rule == "window" and u.group is not None:
         return index + 2 * u.row_bytes * new_rows_per_batch(u.group, batch, window, profile)
+    if rule == "hot_cold" and u.group is not None:
+        return index + hot_cold_bytes(group_access(u.group, profile), u.cache_rows, batch * u.ids, u.ids,
+                                      u.dim * u.elem, u.row_bytes, epoch_batches(profile, batch))
     return index + (1.0 - u.hit_rate) * pooled
 
 
 def predict(graph: OpGraph, spec: ModelSpec, device: DeviceProfile, *, micro_batches: int = 1,
-            profile: AccessProfile | None = None) -> CostPrediction:
+            profile: AccessProfile | None = None, access: str | None = None) -> CostPrediction:
     """Predict one training step of `graph` on `device` (see the module docstring); with a world
-    size above 1 (the `shard` pass's), times, bytes and memory are one rank's, on its B / W samples."""
+    size above 1 (the `shard` pass's), times, bytes and memory are one rank's, on its B / W samples.
+    The prediction says where its constants come from and, as `access` (default:
+    `access_description(profile)`), what its cache traffic comes from."""
     meta = graph.graph.get("plan")
     world = meta.world_size if meta is not None else 1
     batch = -(-spec.training.batch_size // world)  # samples per rank
     window = spec.plan.window
-    units = _units(graph)
+    units = _units(graph, profile)
     ops = [graph.nodes[n]["op"] for n in graph]
     dense_ops = [op for op in ops if op.kind not in SPARSE_KINDS | INPUT_KINDS]
     n_dense = len(spec.dense_features)
@@ -283,6 +332,8 @@ def predict(graph: OpGraph, spec: ModelSpec, device: DeviceProfile, *, micro_bat
         exchange_bytes_per_step=int(traffic.total),
         exchange_ms=round(exchange_s * 1e3, 6),
         group_exchange_bytes=tuple((name, int(b)) for name, b in traffic.by_group),
+        constants=device.constants,
+        access_profile=access if access is not None else access_description(profile),
     )
 
 

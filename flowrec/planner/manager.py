@@ -17,7 +17,7 @@ from flowrec.graph.build import build_graph
 from flowrec.graph.plan_io import model_fingerprint
 from flowrec.graph.types import OpGraph, PassContext, PassRecord, PassResult, Plan
 from flowrec.graph.verify import verify
-from flowrec.planner.cost import default_budget, device_profile, predict
+from flowrec.planner.cost import access_description, default_budget, device_profile, predict
 from flowrec.planner.passes.cache import cache
 from flowrec.planner.passes.meta import plan_meta
 from flowrec.planner.passes.interleave import interleave
@@ -114,20 +114,23 @@ def make_plan(spec: ModelSpec, *, until: str = "interleaved", device_budget: int
         device_budget: bytes or a size like "4GiB" (default: the spec's hint, else the target's
             memory minus a reserve).
         target: cost-model device (cpu, a100, h100; default from the spec).
-        profile: an access profile document or the path of one.
+        profile: an access profile document (one sampled by the caller) or the path of one (given);
+            the prediction records which (`CostPrediction.access_profile`).
         verify_passes: run the graph verifier after every pass.
         world_size: ranks the plan is for (`shard` pass); predictions are per rank.
     """
     name = resolve_target(spec, target)
-    if isinstance(profile, (str, Path)):
-        profile = load_profile(profile)
+    given = profile if isinstance(profile, (str, Path)) else None
+    if given is not None:
+        profile = load_profile(given)
     budget = parse_bytes(device_budget) if device_budget is not None else spec.plan.device_budget_bytes
     ctx = PassContext(spec=spec, target=name, device_budget_bytes=budget, profile=profile, world_size=world_size)
     graph, records = PassManager(verify=verify_passes).run_until(build_graph(spec), ctx, until)
     graph = graph.copy()
     graph.graph["plan"] = replace(plan_meta(graph), passes=records)
     device = device_profile(name)
-    cost = predict(graph, spec, device, micro_batches=plan_meta(graph).micro_batches, profile=profile)
+    cost = predict(graph, spec, device, micro_batches=plan_meta(graph).micro_batches, profile=profile,
+                   access=access_description(profile, given))
     return Plan(spec_name=spec.name, stage=until, target=name, graph=graph, cost=cost,
                 device_budget_bytes=budget if budget is not None else default_budget(device),
                 spec_fingerprint=model_fingerprint(spec))

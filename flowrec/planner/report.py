@@ -15,6 +15,9 @@ from flowrec.graph.types import Plan
 from flowrec.spec.units import format_bytes
 
 
+UNCALIBRATED_HINT = " (not calibrated: `flowrec calibrate`, then --target FILE)"
+
+
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
 
@@ -53,6 +56,8 @@ def text_report(plan: Plan) -> list[str]:
               + (f", group order {', '.join(plan.meta.group_order[:6])}" if plan.meta.group_order else ""), ""]
     lines += [f"predicted on {c.target} (batch {c.batch_size}"
               + (f", {-(-c.batch_size // world)} per rank):" if world > 1 else "):")]
+    lines += [f"  cost constants: {c.constants}" + (UNCALIBRATED_HINT if c.constants.startswith("datasheet") else ""),
+              f"  access profile: {c.access_profile}"]
     lines += ["  " + ", ".join(f"{s} {t:.3f} ms" for s, t in c.stage_ms)]
     lines += [f"  step {c.step_ms_serial:.3f} ms serial, {c.step_ms_overlap:.3f} ms overlapped "
               f"-> {c.samples_per_s:,.0f} samples/s",

@@ -3,15 +3,19 @@
 With `full_every = 1` every checkpoint is a full one written inline (training waits for it). With
 `full_every = K > 1` a full checkpoint is followed by K-1 deltas (`flowrec.runtime.checkpoint_delta`)
 holding only the rows touched since the previous checkpoint; both kinds are written on a
-background thread from a consistent snapshot taken on the training thread (touched rows, dense
-part, optimizer states, RNG and position are copied; then training continues). The first
-checkpoint of a process (a new run, or a resumed one) is always a full one. Writes are
-queued in order on one writer thread; a full snapshot waits for the writes before it (so at most
-one copy of the tables is in memory); the end of the run and every failure wait for all of them.
+background thread from a consistent snapshot. A delta's snapshot is taken on the training
+thread (touched rows, dense part, optimizer states, RNG and position are copied; then training
+continues). A full one copies only the dense part there; the packed tables are copied on the
+writer thread while training goes on, copy-on-write (`TableSnapshot`: `mark`, called before each
+step, saves the rows the step will change that are not copied yet), so a multi-GiB table costs
+training a few small gathers instead of a copy. The first checkpoint of a process (a new run, or a
+resumed one) is always a full one. Writes are queued in order on one writer thread; a full
+snapshot waits for the writes before it (so at most one copy of the tables is in memory); the end
+of the run and every failure wait for all of them.
 
 Example:
     >>> ckpt = Checkpointer(Path("runs/x/checkpoint.pt"), full_every=10, rows_of_group={"g0": 1000})  # doctest: +SKIP
-    >>> ckpt.mark(batch); ckpt.save(trainer.state(), model.embeddings)  # doctest: +SKIP
+    >>> ckpt.mark(batch); train_step(batch); ckpt.save(trainer.state(), model.embeddings)  # doctest: +SKIP
 """
 from __future__ import annotations
 
@@ -23,10 +27,12 @@ from typing import Any
 from torch import nn
 
 from flowrec.runtime.checkpoint import save_checkpoint
-from flowrec.runtime.checkpoint_delta import DELTA_FORMAT, DELTA_VERSION, delta_path, remove_deltas
+from flowrec.runtime.checkpoint_delta import DELTA_FORMAT, DELTA_VERSION, TABLE_KEYS, delta_path, remove_deltas
 from flowrec.runtime.incremental import (
+    EMBEDDINGS_PREFIX,
     BackgroundWriter,
     DirtyRows,
+    TableSnapshot,
     cloned,
     delta_tables,
     table_keys,
@@ -56,15 +62,22 @@ class Checkpointer:
         self._base_digest: str | None = None  # digest of the full checkpoint on disk (writer thread)
         self._chained = False  # a full checkpoint was queued, so deltas may follow (training thread)
         self._queued = 0  # deltas queued on the current full checkpoint (training thread)
+        self._snapshot: TableSnapshot | None = None  # tables of a full checkpoint being copied
 
     @property
     def incremental(self) -> bool:
         return self.full_every > 1
 
     def mark(self, batch: Any) -> None:
-        """Record the rows a training step on `batch` touches (only when writing deltas)."""
-        if self.incremental:
-            self._dirty.mark(batch, self.rows_of_group)
+        """Before a training step on `batch`: record the rows it will touch, and save those a full
+        checkpoint's table copy still needs (only when writing deltas)."""
+        if not self.incremental:
+            return
+        snapshot = self._snapshot
+        if snapshot is not None:
+            for name, gids in batch.groups.items():
+                snapshot.before_write(name, gids.ids)
+        self._dirty.mark(batch, self.rows_of_group)
 
     def restart_chain(self, step: int | None) -> None:
         """After loading a checkpoint: the next checkpoint is a full one."""
@@ -80,11 +93,11 @@ class Checkpointer:
         step = state["position"]["step"]
         if self._queued + 1 >= self.full_every or not self._chained:
             self._writer.wait()  # at most one full snapshot in memory
-            self._save_full(state, step)
+            self._save_full(state, embeddings, step)
         else:
             self._save_delta(state, embeddings, step)
 
-    def _save_full(self, state: dict[str, Any], step: int) -> None:
+    def _save_full(self, state: dict[str, Any], embeddings: nn.ModuleDict, step: int) -> None:
         _check_finite(state["model"], step, self.note())
         self._dirty.take()
         self._chained, self._queued = True, 0
@@ -93,10 +106,32 @@ class Checkpointer:
             self._write_full(state, step, 0.0)
             return
         t0 = time.perf_counter()
-        snapshot = {**state, "model": {k: v.detach().clone() for k, v in state["model"].items()},
-                    "dense_optimizer": cloned(state["dense_optimizer"])}
+        model = state["model"]
+        keys = {name: tuple(f"{EMBEDDINGS_PREFIX}{name}.{part}" for part in TABLE_KEYS) for name in embeddings}
+        keys = {name: pair for name, pair in keys.items() if all(k in model for k in pair)}  # others: cloned
+        tables = TableSnapshot({name: tuple(model[k] for k in pair) for name, pair in keys.items()})
+        head = {**state, "model": dense_state_from(model, {k for pair in keys.values() for k in pair}),
+                "dense_optimizer": cloned(state["dense_optimizer"])}
+        order = list(model)
+        self._snapshot = tables
         copy_s = time.perf_counter() - t0
-        self._writer.submit(lambda: self._write_full(snapshot, step, copy_s))
+        self._writer.submit(lambda: self._write_snapshot(head, tables, order, step, copy_s))
+
+    def _write_snapshot(self, head: dict[str, Any], tables: TableSnapshot, order: list[str], step: int,
+                        copy_s: float) -> None:
+        """Copy the tables of a full checkpoint (copy-on-write, see `TableSnapshot`), then write it."""
+        t0 = time.perf_counter()
+        try:
+            copies = tables.copy()
+        except BaseException:
+            self._base_digest, self._chained = None, False
+            raise
+        finally:
+            self._snapshot = None
+        parts = {f"{EMBEDDINGS_PREFIX}{name}.{part}": tensor for name, tensors in copies.items()
+                 for part, tensor in zip(TABLE_KEYS, tensors)}
+        model = {key: parts[key] if key in parts else head["model"][key] for key in order}
+        self._write_full({**head, "model": model}, step, copy_s + time.perf_counter() - t0)
 
     def _write_full(self, state: dict[str, Any], step: int, copy_s: float) -> None:
         t0 = time.perf_counter()

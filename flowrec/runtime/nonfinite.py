@@ -59,9 +59,26 @@ class LossGuard:
         return "(the weighted sum of the heads)"
 
 
+CHECK_CHUNK_ELEMS = 1 << 22  # elements per isfinite call: bounded temporaries on multi-GiB tables
+
+
 def first_non_finite(tensors: Mapping[str, torch.Tensor]) -> str | None:
     """The name of the first floating tensor holding NaN or inf, or None."""
     for name, t in tensors.items():
-        if isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and not all_finite(t):
             return name
     return None
+
+
+def all_finite(t: torch.Tensor) -> bool:
+    """Whether every element of a floating tensor is finite.
+
+    NaN and inf survive a sum (inf + finite = inf, inf - inf = NaN), so a finite sum proves every
+    element finite in one vectorized pass without a temporary as large as the tensor; a sum that
+    is not finite (a NaN or inf, or finite values overflowing it) is settled element-wise in chunks.
+    """
+    if bool(torch.isfinite(t.sum())):
+        return True
+    flat = t.reshape(-1)
+    return all(bool(torch.isfinite(flat[a:a + CHECK_CHUNK_ELEMS]).all())
+               for a in range(0, flat.numel(), CHECK_CHUNK_ELEMS))

@@ -28,6 +28,7 @@ def run_report(result: Any, plan: Any, batch_size: int, n_dense: int, n_heads: i
     wall_ms = result.seconds / steps * 1e3
     lines = [
         f"report ({result.steps} steps, batch {batch_size}; predictions for target {cost.target})",
+        f"  predicted from constants {cost.constants}; access profile {cost.access_profile}",
         f"  step time      measured {wall_ms:9.2f} ms wall, {compute_ms:9.2f} ms compute   "
         f"predicted {cost.step_ms_overlap:9.2f} ms overlapped, {cost.step_ms_serial:9.2f} ms serial",
         f"  samples/s      measured {result.samples_per_s:12,.0f}               predicted {cost.samples_per_s:12,.0f}",

@@ -380,8 +380,8 @@ class Trainer:
                 self._check_next(batch)
                 t0 = time.perf_counter()
                 lr_dense, lr_sparse = self.lr.apply(pos.step)
+                self.checkpointer.mark(batch)  # before the step: a full checkpoint may still be copying rows
                 loss, skipped_head = self._step(batch)
-                self.checkpointer.mark(batch)
                 self.stage_seconds["compute"] += time.perf_counter() - t0
                 pos.batch, pos.step = batch.index + 1, pos.step + 1
                 pos.samples += batch.samples_in_step

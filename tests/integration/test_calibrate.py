@@ -10,8 +10,12 @@ from typer.testing import CliRunner
 
 from flowrec.cli import app
 from flowrec.cli.calibrate_cmd import gemm_shapes
+from flowrec.graph.plan_io import NOT_RECORDED, plan_from_document, plan_json
+from flowrec.graph.types import ACCESS_NONE
 from flowrec.planner.calibration import MEASURABLE, ProfileError, default_profile_path, profile_fields
 from flowrec.planner.cost import DEVICES, device_profile
+from flowrec.planner.contract import read_plan_document
+from flowrec.planner.manager import make_plan
 from flowrec.spec import load_spec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,6 +67,23 @@ def test_plan_with_a_calibrated_target_names_it(profile: Path):
     datasheet = json.loads(runner.invoke(app, ["plan", str(SPEC), "--json", "-"]).stdout)
     assert datasheet["target"] == "cpu" and datasheet["cost"]["target"] == "cpu"
     assert plan["cost"]["step_ms_overlap"] != datasheet["cost"]["step_ms_overlap"]
+    assert plan["cost"]["constants"].startswith(f"calibrated {profile} (")
+    assert datasheet["cost"]["constants"] == "datasheet cpu"
+    assert plan["cost"]["access_profile"] == datasheet["cost"]["access_profile"] == ACCESS_NONE
+    text = runner.invoke(app, ["plan", str(SPEC), "--target", str(profile)]).output
+    assert f"cost constants: calibrated {profile} (" in text and "not calibrated" not in text
+    assert f"access profile: {ACCESS_NONE}" in text
+    uncalibrated = runner.invoke(app, ["plan", str(SPEC)]).output
+    assert "cost constants: datasheet cpu (not calibrated: `flowrec calibrate`, then --target FILE)" in uncalibrated
+
+
+def test_an_old_plan_without_provenance_reads_back_as_not_recorded(tmp_path: Path):
+    doc = json.loads(plan_json(make_plan(load_spec(SPEC))))
+    del doc["cost"]["constants"], doc["cost"]["access_profile"]
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(doc))
+    cost = plan_from_document(read_plan_document(old)).cost
+    assert cost.constants == cost.access_profile == NOT_RECORDED
 
 
 def test_train_with_a_calibrated_target_runs_its_plan(profile: Path, tmp_path: Path, monkeypatch):
@@ -110,5 +131,17 @@ def test_train_samples_its_data_to_predict_cache_traffic(tmp_path: Path, monkeyp
     sampled = runner.invoke(app, ["train", str(spec), "--data", "data", "--out", "a", "--max-steps", "2"])
     assert sampled.exit_code == 0, sampled.output
     assert "access profile: sampled 500 of 500 rows of data (seed 5)" in sampled.output
+    cost = json.loads((tmp_path / "a" / "plan.json").read_text())["cost"]
+    assert cost["access_profile"] == "sampled: 500 rows of the training data (sample rate 1)"
+    assert cost["constants"] == "datasheet cpu"
+    prof = tmp_path / "prof.json"
+    made = runner.invoke(app, ["data", "profile", str(spec), "data", "--sample-rate", "0.5", "--json", str(prof), "-q"])
+    assert made.exit_code == 0, made.output
+    given = runner.invoke(app, ["train", str(spec), "--data", "data", "--profile", str(prof), "--out", "c",
+                                "--max-steps", "2", "--report"])
+    assert given.exit_code == 0, given.output
+    samples = json.loads(prof.read_text())["samples"]
+    assert f"access profile given {prof} ({samples:,} sampled rows)" in given.output
+    assert "predicted from constants datasheet cpu" in given.output
     synthetic = runner.invoke(app, ["train", str(spec), "--rows", "100", "--out", "b", "--max-steps", "2"])
     assert synthetic.exit_code == 0 and "access profile" not in synthetic.output

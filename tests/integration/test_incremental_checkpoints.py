@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from flowrec.cli import app
 from flowrec.runtime.checkpoint import CheckpointError, content_digest, load_checkpoint
+from flowrec.runtime import incremental
 from flowrec.runtime.checkpoint_delta import delta_files, delta_path
 from flowrec.runtime.serving import ServingModel, load_trained
 from flowrec.planner.contract import scoring_plan
@@ -93,6 +94,28 @@ def test_resume_from_a_chain_ends_bitwise_equal(spec: Path, tmp_path: Path):
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()
              if '"event": "train"' in line]
     assert steps == list(range(1, STEPS + 1))
+
+
+def test_a_full_checkpoint_copied_while_training_runs_holds_the_state_of_its_step(spec: Path, tmp_path: Path,
+                                                                                   monkeypatch):
+    monkeypatch.setattr(incremental, "SNAPSHOT_CHUNK_ROWS", 1)  # a slow copy: later steps run during it
+    saved = []
+    real = incremental.TableSnapshot.before_write
+
+    def counting(self, group, ids):
+        before = sum(rows.numel() for part in self._parts.values() for rows, _ in part.pending)
+        real(self, group, ids)
+        saved.append(sum(rows.numel() for part in self._parts.values() for rows, _ in part.pending) - before)
+
+    monkeypatch.setattr(incremental.TableSnapshot, "before_write", counting)
+    run = tmp_path / "inc"
+    _train(spec, run, "--checkpoint-full-every", "3", "--max-steps", "28")  # full at 5 and 20, deltas after
+    _train(spec, tmp_path / "full20", "--max-steps", "20")
+    base = torch.load(run / "checkpoint.pt", weights_only=True)  # the full checkpoint alone, no deltas
+    reference = load_checkpoint(tmp_path / "full20")
+    assert base["position"]["step"] == 20
+    _assert_same_run(reference, base)
+    assert sum(saved) > 0  # rows were saved for the copy before steps changed them
 
 
 KILLER = """

@@ -6,6 +6,7 @@ import hashlib
 import io
 import os
 import shutil
+import struct
 import zipfile
 from pathlib import Path
 from typing import Callable
@@ -101,11 +102,12 @@ def _bytes(of: Callable[[bytes], bytes]) -> Callable[[Path, Path], None]:
 
 
 def _flip_tensor_byte(data: bytes) -> bytes:
-    """Flip one bit inside the bytes of the largest tensor record of the archive."""
+    """Flip one bit inside the bytes of the largest tensor record of the archive (located by its
+    local header: checkpoints carry no CRC-32, so zipfile would refuse to read the record)."""
     with zipfile.ZipFile(io.BytesIO(data)) as z:
         info = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
-        blob = z.read(info)
-    start = data.index(blob) + len(blob) // 2
+    name_len, extra_len = struct.unpack("<HH", data[info.header_offset + 26:info.header_offset + 30])
+    start = info.header_offset + 30 + name_len + extra_len + info.file_size // 2
     return data[:start] + bytes([data[start] ^ 0x04]) + data[start + 1:]
 
 

@@ -32,6 +32,10 @@ def test_dirty_rows_are_the_unique_ids_since_the_last_take():
     dirty.mark(_batch(a=torch.tensor([7, 7, 999]), b=torch.tensor([], dtype=torch.int64)), rows)
     again = dirty.take()
     assert again["a"].tolist() == [7, 999] and again["b"].numel() == 0
+    dirty.mark(_batch(a=torch.tensor([0, 8, 9, 15, 16]), b=torch.tensor([49, 0, 48])), rows)  # word edges, last row
+    edges = dirty.take()
+    assert edges["a"].tolist() == [0, 8, 9, 15, 16] and edges["b"].tolist() == [0, 48, 49]
+    assert all(t.numel() == 0 for t in dirty.take().values())
 
 
 def test_the_writer_keeps_order_and_reports_the_first_failure_once():

@@ -85,6 +85,7 @@ class CachedEmbedding(nn.Module):
         return pooled(working, local, offsets.to(self.device), self.mean_flags, self.group.bags_per_sample)
 
     def count_index(self, gids: Any) -> None:
+        """Count a training batch's ids and offsets (evaluation lookups are not step traffic)."""
         self.counters.add_index(gids.ids.numel(), gids.offsets.numel())
 
     def current_rows(self, rows: torch.Tensor) -> torch.Tensor:
@@ -103,17 +104,20 @@ class CachedEmbedding(nn.Module):
         raise NotImplementedError
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
-        self.sync_master()  # checkpoints hold the complete master table
+        with self.counters.outside_steps():  # checkpoints hold the complete master table
+            self.sync_master()
         super()._save_to_state_dict(destination, prefix, keep_vars)
 
     def full_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The complete packed weight and optimizer state (after a sync).  # (R, D), (R, k)"""
-        self.sync_master()
+        with self.counters.outside_steps():
+            self.sync_master()
         return self.master.weight, self.master.state
 
     def table_rows(self, table: str) -> torch.Tensor:
         """One logical table's rows (as `PackedEmbeddingBag.table_rows`), after a sync."""
-        self.sync_master()
+        with self.counters.outside_steps():
+            self.sync_master()
         return self.master.table_rows(table)
 
     def unique_rows(self, gids: Any) -> torch.Tensor:

@@ -1,9 +1,11 @@
 """Traffic and time counters of one embedding module: data the trainer logs and the report shows.
 
-Bytes are counted where they would cross the host-device link (on a CPU-only machine nothing
-moves, but the same logical transfers are counted): ids and offsets of the batch, rows fetched
-into a cache with their optimizer state, rows written back, pooled rows of host lookups and
-their gradients. Hits count lookups (ids) served by device-resident rows. Stall time is wall time
+Bytes of training steps are counted where they would cross the host-device link (on a CPU-only
+machine nothing moves, but the same logical transfers are counted): ids and offsets of the batch,
+rows fetched into a cache with their optimizer state, rows written back, pooled rows of host
+lookups and their gradients. Evaluation lookups are not step traffic and are not counted; a
+one-time placement of rows (a static_hot group's hot rows) and write-backs for a checkpoint or an
+evaluation are counted apart, as `outside_bytes`. Hits count lookups (ids) served by device-resident rows. Stall time is wall time
 the training thread spent waiting for a stage (exchange, host gather, sync), by stage name.
 
 Example:
@@ -27,8 +29,9 @@ class CacheCounters:
     """Running totals of one module (mutable accumulator; `snapshot()` returns plain data).
 
     Args:
-        h2d_bytes: host -> device bytes.
-        d2h_bytes: device -> host bytes.
+        h2d_bytes: host -> device bytes of training steps.
+        d2h_bytes: device -> host bytes of training steps.
+        outside_bytes: bytes moved either way outside training steps (`outside_steps`).
         rows_fetched: rows copied into device slots (with their optimizer state).
         rows_written_back: rows copied back to the host master copy.
         demand_rows: rows fetched while the training thread waited for them (not ahead).
@@ -37,10 +40,12 @@ class CacheCounters:
         steps: training steps counted.
         samples: samples looked up in training steps.
         stall_s: seconds the training thread waited, per stage.
+        outside: transfers now are outside training steps.
     """
 
     h2d_bytes: int = 0
     d2h_bytes: int = 0
+    outside_bytes: int = 0
     rows_fetched: int = 0
     rows_written_back: int = 0
     demand_rows: int = 0
@@ -49,14 +54,31 @@ class CacheCounters:
     steps: int = 0
     samples: int = 0
     stall_s: dict[str, float] = field(default_factory=dict)
+    outside: bool = False  # within `outside_steps`
 
     def add_h2d(self, nbytes: int, rows: int = 0) -> None:
-        self.h2d_bytes += int(nbytes)
+        if self.outside:
+            self.outside_bytes += int(nbytes)
+        else:
+            self.h2d_bytes += int(nbytes)
         self.rows_fetched += int(rows)
 
     def add_d2h(self, nbytes: int, rows: int = 0) -> None:
-        self.d2h_bytes += int(nbytes)
+        if self.outside:
+            self.outside_bytes += int(nbytes)
+        else:
+            self.d2h_bytes += int(nbytes)
         self.rows_written_back += int(rows)
+
+    @contextmanager
+    def outside_steps(self) -> Iterator[None]:
+        """Count the enclosed transfers as `outside_bytes` (placing hot rows at the start, writing
+        rows back for a checkpoint or an evaluation), not as traffic of the training steps."""
+        before, self.outside = self.outside, True
+        try:
+            yield
+        finally:
+            self.outside = before
 
     def add_index(self, nnz: int, num_offsets: int) -> None:
         """The batch's ids and offsets crossing to the device."""
@@ -86,7 +108,7 @@ class CacheCounters:
         """Totals and per-step / per-sample rates as a dict of plain numbers."""
         steps, samples = max(self.steps, 1), max(self.samples, 1)
         return {
-            "h2d_bytes": self.h2d_bytes, "d2h_bytes": self.d2h_bytes,
+            "h2d_bytes": self.h2d_bytes, "d2h_bytes": self.d2h_bytes, "outside_bytes": self.outside_bytes,
             "rows_fetched": self.rows_fetched, "rows_written_back": self.rows_written_back,
             "demand_rows": self.demand_rows,
             "lookups": self.lookups, "hits": self.hits,

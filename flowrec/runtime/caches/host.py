@@ -37,8 +37,8 @@ class HostEmbedding(PackedEmbeddingBag):
     def forward(self, ids: torch.Tensor, offsets: torch.Tensor, casting: Casting | None = None) -> torch.Tensor:
         out = super().forward(ids, offsets, casting)  # (B, S, D)
         c = self.counters
-        c.add_index(ids.numel(), offsets.numel())
         if torch.is_grad_enabled():
+            c.add_index(ids.numel(), offsets.numel())
             nbytes = out.numel() * out.element_size()
             c.add_h2d(nbytes)
             c.add_d2h(nbytes)  # the gradient of the pooled rows comes back

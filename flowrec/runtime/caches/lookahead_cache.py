@@ -110,9 +110,9 @@ class LookaheadEmbedding(SlotCache):
         self._stream = self.runtime.side_stream()
 
     def forward_group(self, gids: Any) -> torch.Tensor:
-        self.count_index(gids)
         if not torch.is_grad_enabled():
             return self.gather_lookup(gids.ids, gids.offsets)
+        self.count_index(gids)
         self.wait()
         self.stamp += 1
         rows = self.unique_rows(gids)

@@ -72,23 +72,25 @@ class StaticHotEmbedding(CachedEmbedding):
         if self.group.cache_rows and rows.numel() > self.group.cache_rows:
             raise CacheCapacityError(f"group {self.group.name}: {rows.numel():,} hot rows for "
                                      f"{self.group.cache_rows:,} slots")
-        self.sync_master()
+        with self.counters.outside_steps():
+            self.sync_master()
         self.hot_rows = rows
         self.hot_slot.fill_(NOT_HOT)
         self.hot_slot[rows] = torch.arange(rows.numel())
         w, s = self.master.read_rows(rows)
         self.hot.weight, self.hot.state = w.to(self.device), s.to(self.device)
         self.dirty = torch.zeros(rows.numel(), dtype=torch.bool)
-        self.counters.add_h2d(rows.numel() * self.row_bytes, rows.numel())
+        with self.counters.outside_steps():
+            self.counters.add_h2d(rows.numel() * self.row_bytes, rows.numel())
 
     def is_hot(self) -> torch.Tensor:
         """Hot flag of every packed row.  # (R,) bool"""
         return self.hot_slot != NOT_HOT
 
     def forward_group(self, gids: Any) -> torch.Tensor:
-        self.count_index(gids)
         if not torch.is_grad_enabled():
             return self.gather_lookup(gids.ids, gids.offsets)
+        self.count_index(gids)
         ids = gids.ids.cpu()
         slot_ids = self.hot_slot[ids]
         hot_hits = int((slot_ids != NOT_HOT).sum())
@@ -168,7 +170,18 @@ class StaticHotEmbedding(CachedEmbedding):
         self.dirty.zero_()
 
 
-def assign_hot_rows(model: Any, spec: Any, source: Any, sample_rate: float = 0.05,
+FAE_SAMPLE_RATE = 0.05  # FAE's profiling sample: 5 % of the training rows ...
+HOT_SAMPLE_ROWS = 20_000  # ... and at least this many (all of a small dataset), as the planner's
+# start-of-run sample (`flowrec.cli.run_plan.SAMPLE_ROWS`): with the same rate and seed both draw
+# the same rows, so the hot rows are those the plan predicted its hit rate and traffic for
+
+
+def hot_sample_rate(total_rows: int) -> float:
+    """The share of the training rows FAE's profiling step counts."""
+    return min(1.0, max(FAE_SAMPLE_RATE, HOT_SAMPLE_ROWS / max(total_rows, 1)))
+
+
+def assign_hot_rows(model: Any, spec: Any, source: Any, sample_rate: float | None = None,
                     seed: int = 0) -> dict[str, torch.Tensor]:
     """FAE's profiling step for a lowered model: sample the data, count row accesses, and load the
     hottest `cache_rows` rows of every static_hot group into its hot table.
@@ -177,7 +190,7 @@ def assign_hot_rows(model: Any, spec: Any, source: Any, sample_rate: float = 0.0
         model: a `LoweredModel` (its `embeddings`).
         spec: the model spec.
         source: the training data (a `PartitionSource`).
-        sample_rate: Bernoulli sample of the rows counted.
+        sample_rate: Bernoulli sample of the rows counted (default `hot_sample_rate`).
         seed: sampling seed.
 
     Returns:
@@ -189,7 +202,8 @@ def assign_hot_rows(model: Any, spec: Any, source: Any, sample_rate: float = 0.0
     modules = {n: m for n, m in model.embeddings.items() if isinstance(m, StaticHotEmbedding)}
     if not modules:
         return {}
-    table = sample_rows(spec, source, sample_rate, seed)
+    rate = sample_rate if sample_rate is not None else hot_sample_rate(sum(source.partition_rows()))
+    table = sample_rows(spec, source, rate, seed)
     cols = {f.name: column_arrays(table.column(f.name)) for f in spec.sparse_features}
     flags = {}
     for name, module in modules.items():
