@@ -1,0 +1,85 @@
+"""Sharded checkpoints (`runtime.checkpoint_shards`): whole tables put back from the ranks' rows by
+the modulo rule, and every damaged, missing or foreign shard refused with one line."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from flowrec.runtime.checkpoint import save_checkpoint
+from flowrec.runtime.checkpoint_format import CheckpointError
+from flowrec.runtime.checkpoint_shards import (SHARDS_DIR, assemble_shards, manifest, remove_stale_shards,
+                                               write_shard)
+from flowrec.runtime.distributed.groups import owned_rows
+
+ROWS, DIM = 11, 3
+
+
+def whole(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(ROWS, DIM, generator=gen), torch.rand(ROWS, 1, generator=gen)
+
+
+def write_run(folder: Path, world: int, step: int = 4) -> dict:
+    """Shards of one group saved by `world` ranks, and the state rank 0 would write."""
+    weight, state = whole(step)
+    files = []
+    for rank in range(world):
+        rows = owned_rows(ROWS, world, rank)
+        part = {"g": {"rows": rows, "weight": weight[rows], "state": state[rows]}}
+        files.append(write_shard(folder, step, rank, world, part, save_checkpoint))
+    return {"model": {"ops.w": torch.ones(2)}, "shards": manifest(step, world, files)}
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_shards_assemble_to_the_whole_tables(tmp_path, world):
+    state = write_run(tmp_path, world)
+    out = assemble_shards(tmp_path / "checkpoint.pt", state)
+    weight, opt = whole(4)
+    assert torch.equal(out["model"]["embeddings.g.weight"], weight)
+    assert torch.equal(out["model"]["embeddings.g.state"], opt)
+    assert "shards" not in out and torch.equal(out["model"]["ops.w"], torch.ones(2))
+
+
+def test_a_missing_shard_is_one_line(tmp_path):
+    state = write_run(tmp_path, 2)
+    (tmp_path / SHARDS_DIR / state["shards"]["files"][1]).unlink()
+    with pytest.raises(CheckpointError, match="shard .* of rank 1 is missing"):
+        assemble_shards(tmp_path / "checkpoint.pt", state)
+
+
+def test_a_shard_of_another_checkpoint_is_refused(tmp_path):
+    state = write_run(tmp_path, 2, step=4)
+    other = write_run(tmp_path, 2, step=8)
+    state["shards"]["files"][1] = other["shards"]["files"][1]
+    with pytest.raises(CheckpointError, match="is not rank 1's shard"):
+        assemble_shards(tmp_path / "checkpoint.pt", state)
+
+
+def test_rows_that_do_not_cover_the_table_once_are_refused(tmp_path):
+    weight, state = whole(1)
+    rows = torch.tensor([0, 1, 1], dtype=torch.int64)  # row 1 twice, row 2 never
+    files = [write_shard(tmp_path, 1, 0, 1, {"g": {"rows": rows, "weight": weight[:3], "state": state[:3]}},
+                         save_checkpoint)]
+    with pytest.raises(CheckpointError, match="do not hold each of its rows once"):
+        assemble_shards(tmp_path / "checkpoint.pt", {"model": {}, "shards": manifest(1, 1, files)})
+
+
+@pytest.mark.parametrize("entry", [
+    {"step": 1, "world_size": 2, "files": ["a.pt"], "digests": ["x"]},
+    {"step": 1, "world_size": 1, "files": ["../../etc/passwd"], "digests": ["x"]},
+    {"step": "1", "world_size": 1, "files": ["a.pt"], "digests": ["x"]},
+    "not a manifest",
+])
+def test_a_damaged_manifest_is_one_line(tmp_path, entry):
+    with pytest.raises(CheckpointError, match="damaged"):
+        assemble_shards(tmp_path / "checkpoint.pt", {"model": {}, "shards": entry})
+
+
+def test_only_the_shards_of_older_checkpoints_are_removed(tmp_path):
+    old = write_run(tmp_path, 2, step=4)
+    new = write_run(tmp_path, 2, step=8)
+    remove_stale_shards(tmp_path, new["shards"]["files"])
+    left = sorted(p.name for p in (tmp_path / SHARDS_DIR).iterdir())
+    assert left == sorted(new["shards"]["files"]) and not set(left) & set(old["shards"]["files"])
