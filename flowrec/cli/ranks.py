@@ -58,7 +58,9 @@ def launch_ranks(nproc: int, max_restarts: int, folder: Path | None) -> int:
         args += ["--out", str(folder)]
     cmd = [sys.executable, "-m", "flowrec.cli.ranks", "--standalone", f"--nproc-per-node={nproc}",
            f"--max-restarts={max_restarts}", "--monitor-interval=0.5", "-m", "flowrec", "train", *args]
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(_threads_per_rank(nproc))),
+    threads = str(_threads_per_rank(nproc))  # torch (OpenMP) and the numba sparse update: cores shared out
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", threads),
+           "NUMBA_NUM_THREADS": os.environ.get("NUMBA_NUM_THREADS", threads),
            "LOGLEVEL": os.environ.get("LOGLEVEL", "ERROR")}
     try:
         return subprocess.run(cmd, env=env).returncode
