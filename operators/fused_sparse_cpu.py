@@ -186,3 +186,4 @@ def fused_row_update(kind: int, weight: np.ndarray, state: np.ndarray, rows: np.
     chunks = _chunks(count)
     bounds = (np.arange(chunks + 1, dtype=np.int64) * count) // chunks
     _row_update_kernel(kind, weight, state, rows, grads, hp, betas64, bounds)
+

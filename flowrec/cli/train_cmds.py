@@ -113,8 +113,9 @@ def train(
 
 
 def _launch_size() -> int:
-    from flowrec.cli.ranks import launched_rank
+    from flowrec.cli.ranks import launched_rank, share_cores
 
+    share_cores()  # before anything imports numba
     return launched_rank()[0]
 
 

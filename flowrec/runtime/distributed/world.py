@@ -129,6 +129,7 @@ def join_world(timeout_s: float, device: torch.device) -> World:
     return World(size, rank, embedding_group(timeout_s), timeout_s, device)
 
 
+
 def _attempt_store(size: int, rank: int, timeout_s: float) -> dist.Store:
     """The rendezvous store of this launch attempt: torchrun's agent store (or rank 0's own, without
     an agent) under a prefix naming the attempt. A restarted job (--max-restarts) reuses the agent's
