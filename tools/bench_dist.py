@@ -14,7 +14,11 @@ bytes it sends (counts, ids, rows, row gradients). Beside the counted bytes per 
 Ratios: `dist_bytes_vs_torchrec_rw` (target <= 0.5) and `dist_bytes_predicted_vs_counted` (profiled
 prediction; target 0.9..1.1). Tables are capped (`--rows-cap`) so two ranks fit this machine.
 
-Usage: python tools/bench_dist.py [--quick] [--json bench/results/dist_cpu.json]
+End to end (`--train SPEC`, default specs/movielens.yaml when its data is in ../shared/data): the
+whole `flowrec train SPEC` on 1 and on 2 ranks (`--nproc 2`), `--repeats` times each, alternating:
+median samples/s and the final test AUC of each; ratio `train_w2_vs_w1_samples_per_s`.
+
+Usage: python tools/bench_dist.py [--quick] [--train SPEC | --no-train] [--json bench/results/dist_cpu.json]
 """
 from __future__ import annotations
 
@@ -105,7 +109,8 @@ def free_port() -> int:
 
 def run_world(world: int, args, folder: Path) -> list[dict]:
     port = free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    threads = str(max(1, (os.cpu_count() or 1) // world))  # the cores shared out, as `flowrec train --nproc`
+    env = {**os.environ, "OMP_NUM_THREADS": threads, "NUMBA_NUM_THREADS": threads}
     procs = [subprocess.Popen([sys.executable, __file__, "--worker", str(r), str(world), str(port),
                                str(folder / f"w{world}_r{r}.json"), str(args.rows_cap), str(args.batch),
                                str(args.steps)], env=env) for r in range(world)]
@@ -144,6 +149,27 @@ def predictions(spec, table, world: int) -> dict[str, float]:
     return out
 
 
+def end_to_end(spec: Path, repeats: int) -> dict:
+    """`flowrec train SPEC` on 1 and 2 ranks, alternating, `repeats` times each (medians)."""
+    import statistics
+
+    runs: dict[int, list[dict]] = {1: [], 2: []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(repeats):
+            for world in (1, 2):
+                cmd = [sys.executable, "-m", "flowrec", "train", str(spec), "--out", f"{tmp}/w{world}_{i}", "-q",
+                       "--json"] + (["--nproc", str(world)] if world > 1 else [])
+                done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S)
+                if done.returncode != 0:
+                    return {"skipped": f"flowrec train {spec.name} failed: {done.stderr.strip().splitlines()[-1]}"}
+                result = json.loads(done.stdout)
+                runs[world].append({"samples_per_s": round(result["samples_per_s"], 1),
+                                    "auc": {h: m.get("auc") for h, m in result["eval"].items()}})
+                print(f"train W={world}: {result['samples_per_s']:,.0f} samples/s", file=sys.stderr)
+    return {"spec": spec.name, **{f"world_{w}": {
+        "runs": r, "median_samples_per_s": statistics.median(x["samples_per_s"] for x in r)} for w, r in runs.items()}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small run for smoke tests")
@@ -151,9 +177,13 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4096, help="global batch")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
+    parser.add_argument("--train", type=Path, default=REPO / "specs" / "movielens.yaml",
+                        help="spec trained end to end on 1 and 2 ranks")
+    parser.add_argument("--no-train", action="store_true", help="skip the end-to-end runs")
+    parser.add_argument("--repeats", type=int, default=3, help="end-to-end runs per world size")
     args = parser.parse_args()
     if args.quick:
-        args.rows_cap, args.batch, args.steps = 20_000, 512, 4
+        args.rows_cap, args.batch, args.steps, args.no_train = 20_000, 512, 4, True
     spec = capped_spec(args.rows_cap, args.batch)
     group, table, _ = global_batches(spec, args.steps)
     results: dict = {"spec": SPEC.name, "rows_cap": args.rows_cap, "global_batch": args.batch,
@@ -185,6 +215,12 @@ def main() -> None:
                   file=sys.stderr)
     results["ratios"]["w2_vs_w1_samples_per_s"] = round(results["world_2"]["samples_per_s"]
                                                         / results["world_1"]["samples_per_s"], 4)
+    if not args.no_train:
+        train = end_to_end(args.train, args.repeats)
+        results["train"] = train
+        if "world_2" in train:
+            results["ratios"]["train_w2_vs_w1_samples_per_s"] = round(
+                train["world_2"]["median_samples_per_s"] / train["world_1"]["median_samples_per_s"], 4)
     text = json.dumps(results, indent=2, sort_keys=True) + "\n"
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
