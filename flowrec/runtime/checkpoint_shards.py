@@ -79,7 +79,7 @@ def assemble_shards(path: Path, state: dict[str, Any], map_location: str | torch
         shard_path = path.parent / SHARDS_DIR / name
         if not shard_path.is_file():
             raise CheckpointError(f"{path}: shard {shard_path} of rank {rank} is missing")
-        doc = read_torch_file(shard_path, map_location, what="flowrec checkpoint shard")
+        doc = read_torch_file(shard_path, map_location, what="flowrec checkpoint shard", mmap=True)
         check_header(shard_path, doc, SHARD_FORMAT, SHARD_VERSION, SHARD_KEYS, "flowrec checkpoint shard")
         if doc["digest"] != digest or doc["step"] != entry["step"] or doc["rank"] != rank:
             raise CheckpointError(f"{shard_path} is not rank {rank}'s shard of the checkpoint in {path} "
@@ -122,13 +122,22 @@ def _collect(shard_path: Path, groups: Any, tables: dict[str, dict[str, Any]]) -
 
 
 def _whole(path: Path, group: str, parts: dict[str, list[torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Whole table and optimizer state of a group from its shards' rows (each exactly once)."""
-    rows = torch.cat(parts["rows"])
-    n = rows.numel()
-    if n and (int(rows.min()) < 0 or int(rows.max()) >= n or torch.unique(rows).numel() != n):
-        raise CheckpointError(f"{path}: the shards of group {group} do not hold each of its rows once")
-    weight = torch.cat(parts["weight"])
-    opt = torch.cat(parts["state"])
-    whole_w = torch.empty_like(weight).index_copy_(0, rows, weight)
-    whole_s = torch.empty_like(opt).index_copy_(0, rows, opt)
-    return whole_w, whole_s
+    """Whole table and optimizer state of a group from its shards' rows (each row exactly once).
+
+    The shards are memory-mapped; each is copied once into the whole tensors (peak: the tables).
+    """
+    n = sum(rows.numel() for rows in parts["rows"])
+    first_w, first_s = parts["weight"][0], parts["state"][0]
+    weight = torch.empty((n, *first_w.shape[1:]), dtype=first_w.dtype)
+    opt = torch.empty((n, *first_s.shape[1:]), dtype=first_s.dtype)
+    seen = torch.zeros(n, dtype=torch.bool)
+    for rows, w, st in zip(parts["rows"], parts["weight"], parts["state"]):
+        if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= n or bool(seen[rows].any())
+                             or torch.unique(rows).numel() != rows.numel()):
+            raise CheckpointError(f"{path}: the shards of group {group} do not hold each of its rows once")
+        if w.shape[1:] != first_w.shape[1:] or st.shape[1:] != first_s.shape[1:]:
+            raise CheckpointError(f"{path}: the shards of group {group} have rows of different widths")
+        seen[rows] = True
+        weight.index_copy_(0, rows, w.to(weight.dtype))
+        opt.index_copy_(0, rows, st.to(opt.dtype))
+    return weight, opt
