@@ -145,7 +145,9 @@ def _wait_for_steps(metrics: Path, procs: list, steps: int) -> None:
     pytest.fail(f"no {steps} training steps within {TIMEOUT_S} s")
 
 
-def test_a_killed_rank_makes_the_other_exit_within_the_timeout(work):
+@pytest.mark.parametrize("how", [signal.SIGKILL, pytest.param(signal.SIGSTOP, marks=pytest.mark.slow)],
+                         ids=["dead", "hung"])  # hung: failed once in 9 runs here, cause not found (slow tier)
+def test_a_dead_or_hung_rank_makes_the_other_exit_within_the_timeout(work, how):
     port, timeout_s = _free_port(), 8
     procs = []
     for rank in (0, 1):
@@ -153,11 +155,11 @@ def test_a_killed_rank_makes_the_other_exit_within_the_timeout(work):
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "flowrec", "train", "spec.yaml", "--data", "d", "--epochs", "1000",
-             "--out", "r_kill", "-q", "--eval-every", "0", "--dist-timeout", str(timeout_s)],
+             "--out", f"r_kill_{how.name}", "-q", "--eval-every", "0", "--dist-timeout", str(timeout_s)],
             cwd=work, env=env, stderr=subprocess.PIPE, text=True))
     try:
-        _wait_for_steps(work / "r_kill" / "metrics.jsonl", procs, 3)
-        procs[1].send_signal(signal.SIGKILL)
+        _wait_for_steps(work / f"r_kill_{how.name}" / "metrics.jsonl", procs, 3)
+        procs[1].send_signal(how)
         killed_at = time.monotonic()
         code = procs[0].wait(timeout=timeout_s + 60)
         waited = time.monotonic() - killed_at
@@ -168,10 +170,10 @@ def test_a_killed_rank_makes_the_other_exit_within_the_timeout(work):
                 p.kill()
             p.wait(timeout=30)
     assert code == 4, err[-2000:]
-    assert waited < timeout_s + 30
+    assert waited < timeout_s + 30, (waited, err[-2000:])
     last = [line for line in err.splitlines() if line.strip()][-1]
     assert last.startswith("error: rank 0: stopped at step ") and "another rank failed" in last, err[-2000:]
-    assert "Traceback" not in err
+    assert "Traceback" not in err, err[-2000:]
 
 
 def _descendants(pid: int) -> list[int]:
