@@ -103,8 +103,6 @@ def train(
         if nproc > 1 and (checkpoint_full_every or 1) > 1:
             fail("--checkpoint-full-every (incremental checkpoints) is not yet supported with several ranks: "
                  "every checkpoint of a distributed run is full")
-        if nproc > 1 and fresh_optimizer:
-            fail("--fresh-optimizer is not yet supported with several ranks")
         if nproc > 1 and _launch_size() == 1:
             raise typer.Exit(_launch(request, nproc, max_restarts))
         run_training(_restarted(request))
@@ -504,10 +502,8 @@ def _start_from(trainer, parent: dict, settings: dict) -> None:
     from flowrec.cli.init_from import starting_state
 
     fresh = trainer.optimizer.state_dict() if settings["fresh_optimizer"] else None
-    if fresh is not None and trainer.world is not None:
-        fail("--fresh-optimizer is not yet supported with several ranks: start from the parent's optimizer "
-             "state, or train the first run of the new optimizer on one process")
-    trainer.load_state(starting_state(parent, trainer.model_state_like(), fresh), settings["init_from"])
+    model_state = trainer.model_state_like(initial_states=fresh is not None)
+    trainer.load_state(starting_state(parent, model_state, fresh), settings["init_from"])
     _say(f"starting from {settings['init_from']} (parameters"
          f"{'' if settings['fresh_optimizer'] else ' and optimizer state'}), at step 0")
 

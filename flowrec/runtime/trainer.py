@@ -521,14 +521,16 @@ class Trainer:
 
         return shard_state(self.model)[0]
 
-    def model_state_like(self) -> dict[str, torch.Tensor]:
+    def model_state_like(self, initial_states: bool = False) -> dict[str, torch.Tensor]:
         """Tensors shaped like the model's state in the single-process layout (whole tables),
-        the layout every checkpoint loads in."""
+        the layout every checkpoint loads in; `initial_states`: with the groups' initial sparse
+        optimizer states as values (one process: the model's own state as it is)."""
         if self.world is None:
             return self.model.state_dict()
-        from flowrec.runtime.distributed.model import whole_state_like
+        from flowrec.runtime.distributed.model import initial_whole_states, whole_state_like
 
-        return whole_state_like(self.model)
+        like = whole_state_like(self.model)
+        return {**like, **initial_whole_states(self.model)} if initial_states else like
 
     def load_state(self, state: dict[str, Any], source: Path | str = "checkpoint") -> None:
         """Restore a checkpoint's parameters, optimizer state, RNG and data position.

@@ -240,3 +240,13 @@ def test_a_bad_launch_is_one_line_and_writes_nothing(work, env, args, message):
     lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and message in lines[0], done.stderr
     assert "Traceback" not in done.stderr and not (work / "r_bad").exists()
+
+
+@pytest.mark.parametrize("fresh", [False, True], ids=["optimizer", "fresh_optimizer"])
+def test_init_from_on_two_ranks_equals_one_process(work, fresh):
+    if not (work / "r1" / "checkpoint.pt").is_file():
+        train(work, "r1", 1, "--plan", "p1.json")
+    extra = ["--init-from", "r1"] + (["--fresh-optimizer"] if fresh else [])
+    train(work, f"r_child1_{fresh}", 1, *extra)
+    train(work, f"r_child2_{fresh}", 2, *extra)
+    assert_same_model(work / f"r_child1_{fresh}", work / f"r_child2_{fresh}")

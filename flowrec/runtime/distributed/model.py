@@ -130,3 +130,16 @@ def load_whole_state(model: Any, state: dict[str, torch.Tensor]) -> None:
 def _sharded_key(model: Any, key: str) -> bool:
     parts = key.split(".")
     return parts[0] == "embeddings" and isinstance(model.embeddings[parts[1]], ShardedPackedEmbedding)
+
+
+def initial_whole_states(model: Any) -> dict[str, torch.Tensor]:
+    """Every group's initial sparse optimizer state, whole (single-process layout): what a run
+    started from another with a fresh optimizer loads."""
+    out: dict[str, torch.Tensor] = {}
+    for name, module in model.embeddings.items():
+        if isinstance(module, ShardedPackedEmbedding):
+            out[f"embeddings.{name}.state"] = module.optimizer.initial_state(
+                module.group.rows, module.group.dim, module.state.dtype, module.state.device)
+        elif isinstance(module, ReplicatedPackedEmbedding):
+            out[f"embeddings.{name}.state"] = module.state.clone()
+    return out
