@@ -26,7 +26,7 @@ from flowrec.data.dataset import MemorySource, split_table
 from flowrec.data.synth import SynthConfig, synth_table
 from flowrec.planner.manager import make_plan
 from flowrec.runtime.distributed.data_parallel import DenseParallel
-from flowrec.runtime.distributed.model import shard_state
+from flowrec.runtime.distributed.model import common_state, rank_shards
 from flowrec.runtime.distributed.world import join_world, leave_world
 from flowrec.runtime.lowering import lower
 from flowrec.runtime.step import make_dense_optimizer, train_step
@@ -52,8 +52,8 @@ def batches(spec, groups, world_size: int, rank: int) -> list:
 
 def whole_tables(model) -> dict[str, torch.Tensor]:
     """The distributed model's state with every row-wise table gathered whole (on every rank)."""
-    common, shards = shard_state(model)
-    out = dict(common)
+    shards = rank_shards(model)
+    out = common_state(model)
     for name, part in shards.items():
         for key in ("weight", "state"):
             pieces: list = [None] * dist.get_world_size()

@@ -42,24 +42,23 @@ class LossGuard:
     def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         loss = self._model.loss(logits, labels)
         if not bool(torch.isfinite(loss.detach()).all()):
-            raise NonFiniteLoss(self._bad_head(logits, labels), float(loss.detach()))
+            raise NonFiniteLoss(non_finite_head(self._model, logits, labels), float(loss.detach()))
         return loss
 
-    def _bad_head(self, logits: Any, labels: torch.Tensor) -> str:
-        names: Sequence[str] = getattr(self._model, "head_names", ())
-        per_head = getattr(self._model.loss, "per_head", None)
-        if per_head is None or not names:
-            return "(unknown)"
-        heads = list(logits.split(1, dim=1)) if isinstance(logits, torch.Tensor) else list(logits)
-        with torch.no_grad():
-            parts = per_head(heads, labels)
-        for name, part in zip(names, parts):
-            if not bool(torch.isfinite(part).all()):
-                return name
-        return "(the weighted sum of the heads)"
 
-
-CHECK_CHUNK_ELEMS = 1 << 22  # elements per isfinite call: bounded temporaries on multi-GiB tables
+def non_finite_head(model: Any, logits: Any, labels: torch.Tensor) -> str:
+    """The name of the head whose loss is NaN or infinite (`model.head_names`, `model.loss.per_head`)."""
+    names: Sequence[str] = getattr(model, "head_names", ())
+    per_head = getattr(model.loss, "per_head", None)
+    if per_head is None or not names:
+        return "(unknown)"
+    heads = list(logits.split(1, dim=1)) if isinstance(logits, torch.Tensor) else list(logits)
+    with torch.no_grad():
+        parts = per_head(heads, labels)
+    for name, part in zip(names, parts):
+        if not bool(torch.isfinite(part).all()):
+            return name
+    return "(the weighted sum of the heads)"
 
 
 def first_non_finite(tensors: Mapping[str, torch.Tensor]) -> str | None:

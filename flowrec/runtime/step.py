@@ -85,7 +85,7 @@ def _loss(model: LoweredModel, parallel: Any, logits: torch.Tensor, labels: torc
     """The loss to differentiate: a micro-batch's `share` of the batch mean in one process; a
     rank's samples' share of the global batch's mean with several."""
     if parallel is None:
-        return model.loss(logits, labels) * share if share != 1.0 else model.loss(logits, labels)
+        return model.loss(logits, labels) * share
     return parallel.loss(logits, labels, global_size)
 
 

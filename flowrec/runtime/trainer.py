@@ -517,9 +517,9 @@ class Trainer:
         rows (each rank writes its own shard of those: `_checkpoint_sharded`)."""
         if self.world is None:
             return self.model.state_dict()
-        from flowrec.runtime.distributed.model import shard_state
+        from flowrec.runtime.distributed.model import common_state
 
-        return shard_state(self.model)[0]
+        return common_state(self.model)
 
     def model_state_like(self, initial_states: bool = False) -> dict[str, torch.Tensor]:
         """Tensors shaped like the model's state in the single-process layout (whole tables),
@@ -604,9 +604,9 @@ class Trainer:
         import torch.distributed as dist
 
         from flowrec.runtime.checkpoint_shards import manifest, remove_stale_shards, write_shard
-        from flowrec.runtime.distributed.model import shard_state
+        from flowrec.runtime.distributed.model import common_state, rank_shards
 
-        common, shards = shard_state(self.model)
+        common, shards = common_state(self.model), rank_shards(self.model)
         bad = first_non_finite(common) or first_non_finite(
             {f"embeddings.{g}.weight": part["weight"] for g, part in shards.items()})
         if self.world.any(bad is not None):

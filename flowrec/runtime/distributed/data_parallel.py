@@ -14,6 +14,7 @@ Example (on every rank):
 from __future__ import annotations
 
 import inspect
+import math
 from contextlib import nullcontext
 from typing import Any, Callable
 
@@ -23,7 +24,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from flowrec.runtime.distributed.world import Agreement, World
-from flowrec.runtime.nonfinite import NonFiniteLoss
+from flowrec.runtime.nonfinite import NonFiniteLoss, non_finite_head
 
 
 class _DenseStage(nn.Module):
@@ -88,8 +89,8 @@ class DenseParallel:
         if self.last.non_finite:
             self._release()
             value = float(loss.detach())
-            here = value != value or abs(value) == float("inf")
-            raise NonFiniteLoss(_head_of(self.model, logits, labels) if here else "(on another rank)",
+            here = not math.isfinite(value)
+            raise NonFiniteLoss(non_finite_head(self.model, logits, labels) if here else "(on another rank)",
                                 value if here else float("nan"))
         return loss
 
@@ -106,9 +107,3 @@ def _no_buffer_sync() -> dict[str, bool]:
     params = inspect.signature(DistributedDataParallel.__init__).parameters
     return {"forward_sync_buffers": False} if "forward_sync_buffers" in params else {"broadcast_buffers": False}
 
-
-def _head_of(model: Any, logits: torch.Tensor, labels: torch.Tensor) -> str:
-    """The head whose loss is not finite (as the single-process guard names it)."""
-    from flowrec.runtime.nonfinite import LossGuard
-
-    return LossGuard(model)._bad_head(logits, labels)

@@ -6,10 +6,10 @@ of a step run together (`schedule.lookup_groups`: one autograd node, so every ra
 collectives in the same order, forward and backward; K-interleaving overlaps one group's exchange
 with another's gather or pooling).
 
-Checkpoint layout (`shard_state`, `load_shards`): the model's state in the single-process layout
-(`embeddings.<group>.weight` / `.state` of the whole table), except that a row-wise group's rows
-are given as (packed ids, rows, optimizer state) of this rank, so any world size can load them by
-the modulo rule.
+Checkpoint layout (`common_state`, `rank_shards`, `load_whole_state`): the model's state in the
+single-process layout (`embeddings.<group>.weight` / `.state` of the whole table; a replicated
+group has exactly these keys), except that a row-wise group's rows are given as (packed ids, rows,
+optimizer state) of this rank, so any world size can load them by the modulo rule.
 
 Example:
     >>> modules = sharded_embeddings(plan.meta.groups, seed, device, world)  # doctest: +SKIP
@@ -61,85 +61,58 @@ def embed_all(model: Any, batch: Any, interleave: bool) -> dict[str, torch.Tenso
     return dict(zip(names, outs))
 
 
-def shard_state(model: Any) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
-    """The model's state split for a checkpoint.
+def common_state(model: Any) -> dict[str, torch.Tensor]:
+    """The model's state in the single-process layout without the row-wise groups (dense
+    parameters, whole replicated tables): what rank 0 writes into checkpoint.pt."""
+    return {k: v for k, v in model.state_dict().items() if _sharded(model, k) is None}
 
-    Returns:
-        (common, shards): `common` in the single-process layout without the row-wise groups
-        (dense parameters, whole replicated tables); `shards` per row-wise group this rank's
-        packed ids, rows and optimizer state ({"rows", "weight", "state"}).
-    """
-    common: dict[str, torch.Tensor] = {}
-    shards: dict[str, dict[str, torch.Tensor]] = {}
-    modules = dict(model.embeddings.items())
-    for key, value in model.state_dict().items():
-        parts = key.split(".")
-        if parts[0] == "embeddings" and isinstance(modules.get(parts[1]), ShardedPackedEmbedding):
-            continue
-        if parts[0] == "embeddings" and isinstance(modules.get(parts[1]), ReplicatedPackedEmbedding):
-            key = ".".join(p for p in parts if p != "table")
-        common[key] = value
-    for name, module in modules.items():
+
+def rank_shards(model: Any) -> dict[str, dict[str, torch.Tensor]]:
+    """Per row-wise group, this rank's packed ids, rows and optimizer state (copies;
+    {"rows", "weight", "state"}): what this rank writes into its checkpoint shard."""
+    shards = {}
+    for name, module in model.embeddings.items():
         if isinstance(module, ShardedPackedEmbedding):
             rows, weight, state = module.shard_rows()
             shards[name] = {"rows": rows, "weight": weight, "state": state}
-    return common, shards
+    return shards
 
 
 def whole_state_like(model: Any) -> dict[str, torch.Tensor]:
-    """Meta tensors shaped like the model's state in the single-process layout (whole tables),
-    to check a checkpoint against before loading it."""
-    out: dict[str, torch.Tensor] = {}
-    modules = dict(model.embeddings.items())
+    """The model's state in the single-process layout, a row-wise group's tensors as meta tensors
+    of the whole table's shape: what a checkpoint is checked against before it is loaded."""
+    out = {}
     for key, value in model.state_dict().items():
-        parts = key.split(".")
-        module = modules.get(parts[1]) if parts[0] == "embeddings" else None
-        shape = value.shape
-        if isinstance(module, ShardedPackedEmbedding):
-            shape = torch.Size([module.group.rows, *value.shape[1:]])
-        elif isinstance(module, ReplicatedPackedEmbedding):
-            key = ".".join(p for p in parts if p != "table")
-        out[key] = torch.empty(shape, dtype=value.dtype, device="meta")
+        module = _sharded(model, key)
+        out[key] = value if module is None else torch.empty(
+            (module.group.rows, *value.shape[1:]), dtype=value.dtype, device="meta")
     return out
 
 
 def load_whole_state(model: Any, state: dict[str, torch.Tensor]) -> None:
     """Load a single-process-layout model state: each row-wise group keeps its own rows of the
-    whole tables (the modulo rule), replicated groups take the whole tables."""
-    rest: dict[str, torch.Tensor] = {}
+    whole tables (the modulo rule); everything else loads as in one process."""
     for name, module in model.embeddings.items():
-        prefix = f"embeddings.{name}."
         if isinstance(module, ShardedPackedEmbedding):
+            prefix = f"embeddings.{name}."
             weight, opt = state[prefix + "weight"], state[prefix + "state"]
             module.load_rows(torch.arange(weight.shape[0], dtype=torch.int64), weight, opt)
-        elif isinstance(module, ReplicatedPackedEmbedding):
-            rest[prefix + "table.weight"], rest[prefix + "table.state"] = state[prefix + "weight"], state[prefix + "state"]
-    for key, value in state.items():
-        parts = key.split(".")
-        if parts[0] == "embeddings" and isinstance(model.embeddings[parts[1]],
-                                                   (ShardedPackedEmbedding, ReplicatedPackedEmbedding)):
-            continue
-        rest[key] = value
-    own = model.state_dict()
-    missing = [k for k in own if k not in rest and not _sharded_key(model, k)]
+    rest = {k: v for k, v in state.items() if _sharded(model, k) is None}
+    missing = [k for k in model.load_state_dict(rest, strict=False).missing_keys if _sharded(model, k) is None]
     if missing:
         raise KeyError(f"missing {missing[0]}")
-    model.load_state_dict(rest, strict=False)
 
 
-def _sharded_key(model: Any, key: str) -> bool:
+def _sharded(model: Any, key: str) -> ShardedPackedEmbedding | None:
+    """The row-wise sharded module a state-dict key belongs to (None: another part)."""
     parts = key.split(".")
-    return parts[0] == "embeddings" and isinstance(model.embeddings[parts[1]], ShardedPackedEmbedding)
+    module = model.embeddings[parts[1]] if parts[0] == "embeddings" and parts[1] in model.embeddings else None
+    return module if isinstance(module, ShardedPackedEmbedding) else None
 
 
 def initial_whole_states(model: Any) -> dict[str, torch.Tensor]:
-    """Every group's initial sparse optimizer state, whole (single-process layout): what a run
-    started from another with a fresh optimizer loads."""
-    out: dict[str, torch.Tensor] = {}
-    for name, module in model.embeddings.items():
-        if isinstance(module, ShardedPackedEmbedding):
-            out[f"embeddings.{name}.state"] = module.optimizer.initial_state(
+    """The row-wise groups' initial sparse optimizer states, whole (single-process layout): what a
+    run started from another with a fresh optimizer loads (the other groups' are the model's own)."""
+    return {f"embeddings.{name}.state": module.optimizer.initial_state(
                 module.group.rows, module.group.dim, module.state.dtype, module.state.device)
-        elif isinstance(module, ReplicatedPackedEmbedding):
-            out[f"embeddings.{name}.state"] = module.state.clone()
-    return out
+            for name, module in model.embeddings.items() if isinstance(module, ShardedPackedEmbedding)}

@@ -29,7 +29,7 @@ class _ReplicatedLookup(torch.autograd.Function):
     @staticmethod
     def forward(ctx, trigger, module, ids, offsets, casting):
         ctx.module, ctx.ids, ctx.offsets, ctx.casting = module, ids, offsets, casting
-        return module.table.lookup(ids, offsets)
+        return module.lookup(ids, offsets)
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -37,8 +37,10 @@ class _ReplicatedLookup(torch.autograd.Function):
         return None, None, None, None, None
 
 
-class ReplicatedPackedEmbedding(torch.nn.Module):
-    """A whole packed table on every rank, updated with the gradients of every rank.
+class ReplicatedPackedEmbedding(PackedEmbeddingBag):
+    """A whole packed table on every rank, updated with the gradients of every rank: a
+    `PackedEmbeddingBag` (same buffers, same state-dict keys, same lookup) whose backward sums the
+    row gradients over the ranks first.
 
     Args:
         group: the packed group.
@@ -51,20 +53,9 @@ class ReplicatedPackedEmbedding(torch.nn.Module):
     def __init__(self, group: PackedGroup, process_group: dist.ProcessGroup | None = None,
                  seed: int = 0, device: torch.device | str | None = None,
                  dtype: torch.dtype | None = None):
-        super().__init__()
-        self.group, self.process_group = group, process_group
-        self.table = PackedEmbeddingBag(group, seed, device, dtype)
+        super().__init__(group, seed, device, dtype)
+        self.process_group = process_group
         self.bytes_reduced = 0  # bytes of the all-reduced buffers (a ring moves 2 (W-1)/W of it per rank)
-
-    @property
-    def weight(self) -> torch.Tensor:
-        """The whole packed table.  # (rows, D)"""
-        return self.table.weight
-
-    @property
-    def state(self) -> torch.Tensor:
-        """Its optimizer state.  # (rows, k)"""
-        return self.table.state
 
     def forward(self, ids: torch.Tensor, offsets: torch.Tensor,
                 casting: Casting | None = None) -> torch.Tensor:
@@ -80,7 +71,7 @@ class ReplicatedPackedEmbedding(torch.nn.Module):
             Pooled embeddings.  # (B_r, S, D)
         """
         if not torch.is_grad_enabled():
-            return self.table.lookup(ids, offsets)
+            return self.lookup(ids, offsets)
         trigger = torch.empty(0, device=self.weight.device, requires_grad=True)
         return _ReplicatedLookup.apply(trigger, self, ids, offsets, casting)
 
@@ -88,7 +79,7 @@ class ReplicatedPackedEmbedding(torch.nn.Module):
         """The lookup as steps (`schedule.drive`, beside sharded groups): local, no exchange;
         returns the pooled output (B, S, D) and no route."""
         yield from ()  # a step generator that never waits
-        return self.table.lookup(ids, offsets), None
+        return self.lookup(ids, offsets), None
 
     def update_steps(self, route: None, ids: torch.Tensor, offsets: torch.Tensor, grad_out: torch.Tensor,
                      casting: Casting | None = None) -> Steps:
@@ -110,7 +101,7 @@ class ReplicatedPackedEmbedding(torch.nn.Module):
                          casting: Casting | None) -> torch.Tensor:
         """This rank's unique-row gradients and touched flags in a (rows, D + 1) buffer."""
         if casting is None:
-            casting = compute_casting(ids, offsets, self.table.mean_flags)
+            casting = compute_casting(ids, offsets, self.mean_flags)
         grads = unique_row_grads(grad_out, casting, self.weight.shape[1])  # (U, D)
         weight = self.weight
         buffer = torch.zeros(weight.shape[0], weight.shape[1] + 1, dtype=grads.dtype,
@@ -123,4 +114,4 @@ class ReplicatedPackedEmbedding(torch.nn.Module):
         weight = self.weight
         self.bytes_reduced += buffer.numel() * buffer.element_size()
         rows = torch.nonzero(buffer[:, -1]).squeeze(1)  # (U_global,)
-        self.table.optimizer.step(weight, self.state, rows, buffer.index_select(0, rows)[:, :-1])
+        self.optimizer.step(weight, self.state, rows, buffer.index_select(0, rows)[:, :-1])

@@ -17,6 +17,7 @@ Example (on every rank of a `torchrun` launch):
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -76,7 +77,7 @@ class World:
         """Sum this rank's share of the global loss and OR the non-finite flag and `flags` over
         every rank (one all-reduce on the default group; every rank passes as many flags)."""
         value = float(loss_share.detach())
-        finite = value == value and abs(value) != float("inf")
+        finite = math.isfinite(value)
         values = torch.tensor([value if finite else 0.0, 0.0 if finite else 1.0, *map(float, flags)],
                               dtype=torch.float64, device=self.device)
         dist.all_reduce(values)
