@@ -14,6 +14,7 @@ Usage (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set): python tests/dist_specs_
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -100,7 +101,7 @@ def check_spec(path: Path, world) -> dict:
 
 def main() -> None:
     out, timeout_s = Path(sys.argv[1]), float(sys.argv[2])
-    world = join_world(timeout_s, torch.device("cpu"))
+    world = join_world(int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"]), timeout_s, torch.device("cpu"))
     try:
         report = {p.stem: check_spec(p, world) for p in sorted((ROOT / "specs").glob("*.yaml"))}
     finally:

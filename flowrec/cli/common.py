@@ -32,12 +32,15 @@ def is_lead_rank() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
-def launch_world_size() -> int:
-    """WORLD_SIZE of the launch environment (torchrun sets it), else 1; a bad value is one line."""
-    text = os.environ.get("WORLD_SIZE", "1")
-    if not text.isdigit() or int(text) < 1:
-        fail(f"the environment's WORLD_SIZE must be a positive integer, not {text!r}")
-    return int(text)
+def launch_env() -> tuple[int, int]:
+    """(WORLD_SIZE, RANK) of the launch environment (torchrun sets them), else (1, 0); a bad value
+    is one line and exit 2."""
+    size_text, rank_text = os.environ.get("WORLD_SIZE", "1"), os.environ.get("RANK", "0")
+    if not size_text.isdigit() or int(size_text) < 1:
+        fail(f"the environment's WORLD_SIZE must be a positive integer, not {size_text!r}")
+    if not rank_text.isdigit() or int(rank_text) >= int(size_text):
+        fail(f"the environment's RANK must be in 0..{int(size_text) - 1}, not {rank_text!r}")
+    return int(size_text), int(rank_text)
 
 
 def load_spec_or_exit(path: Path) -> ModelSpec:

@@ -7,7 +7,7 @@ from typing import Optional, get_args
 
 import typer
 
-from flowrec.cli.common import fail, launch_world_size, load_spec_or_exit
+from flowrec.cli.common import fail, launch_env, load_spec_or_exit
 from flowrec.render import to_dot, to_png, to_svg
 from flowrec.planner.manager import STAGES, PassFailure, make_plan
 from flowrec.graph.plan_io import plan_json
@@ -61,7 +61,7 @@ def plan(
         model = replace(model, plan=replace(model.plan, cache=cache))
     try:
         result = make_plan(model, until=until, device_budget=device_budget, target=target,
-                           profile=profile, world_size=world_size or launch_world_size())
+                           profile=profile, world_size=world_size or launch_env()[0])
     except (ValueError, OSError, PassFailure) as exc:
         fail(str(exc))
     for dest, text in ((json_out, lambda: plan_json(result)), (dot, lambda: to_dot(result.graph))):

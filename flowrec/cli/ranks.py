@@ -84,16 +84,6 @@ def share_cores() -> None:
     os.environ["NUMBA_NUM_THREADS"] = str(_threads_per_rank(int(local)))
 
 
-def launched_rank() -> tuple[int, int]:
-    """(world size, rank) of this process in a launch ((1, 0) outside one); bad values are one line."""
-    from flowrec.runtime.distributed.world import WorldError, launch_env
-
-    try:
-        return launch_env()
-    except WorldError as exc:
-        fail(str(exc))
-
-
 def restart_count() -> int:
     """How often the launcher restarted the ranks of this job (0: the first attempt)."""
     text = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")

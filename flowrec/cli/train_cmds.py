@@ -18,6 +18,8 @@ from flowrec.cli.common import fail, is_lead_rank, load_spec_or_exit
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
 EXIT_OUT_OF_MEMORY = 3
 EXIT_RANK_FAILED = 4  # another rank died or hung: this one stopped at the --dist-timeout
+NO_INCREMENTAL_ON_RANKS = ("--checkpoint-full-every (incremental checkpoints) is not yet supported with several "
+                           "ranks: every checkpoint of a distributed run is full")
 
 
 def _say(message: str) -> None:
@@ -96,13 +98,15 @@ def train(
              "epochs": epochs, "max_steps": max_steps, "eval_every": eval_every,
              "checkpoint_every": checkpoint_every, "checkpoint_full_every": checkpoint_full_every,
              "interleave": interleave, "nan_policy": nan_policy}
+    from flowrec.cli.ranks import share_cores
+
+    share_cores()  # several ranks on this machine: their share of the cores, before numba is imported
     request = RunRequest(spec_path, out, resume, overwrite, given, quiet, json_out, report, init_from,
                          fresh_optimizer, dist_timeout)
     try:
         _check_options(request)
         if nproc > 1 and (checkpoint_full_every or 1) > 1:
-            fail("--checkpoint-full-every (incremental checkpoints) is not yet supported with several ranks: "
-                 "every checkpoint of a distributed run is full")
+            fail(NO_INCREMENTAL_ON_RANKS)
         if nproc > 1 and _launch_size() == 1:
             raise typer.Exit(_launch(request, nproc, max_restarts))
         run_training(_restarted(request))
@@ -111,10 +115,9 @@ def train(
 
 
 def _launch_size() -> int:
-    from flowrec.cli.ranks import launched_rank, share_cores
+    from flowrec.cli.common import launch_env
 
-    share_cores()  # before anything imports numba
-    return launched_rank()[0]
+    return launch_env()[0]
 
 
 def _launch(request: RunRequest, nproc: int, max_restarts: int) -> int:
@@ -196,7 +199,7 @@ def _train_as_rank(request: RunRequest, spec, folder: Path | None) -> None:
     """One rank of a launch: join the others; rank 0 owns the run folder (lock), the others wait
     for it, then every rank trains its part."""
     from flowrec.cli.run_plan import device_for_run
-    from flowrec.cli.common import EXIT_INVALID
+    from flowrec.cli.common import EXIT_INVALID, launch_env
     from flowrec.runtime.distributed.world import LaunchEnvError, WorldError, join_world, leave_world
     from flowrec.runtime.rundir import RunFolderError
 
@@ -205,7 +208,7 @@ def _train_as_rank(request: RunRequest, spec, folder: Path | None) -> None:
              "with `flowrec train --nproc N`, which chooses one")
     device = device_for_run(spec, request.given["device"] or "auto")
     try:
-        world = join_world(request.dist_timeout, device)
+        world = join_world(*launch_env(), request.dist_timeout, device)
     except WorldError as exc:
         fail(str(exc), EXIT_INVALID if isinstance(exc, LaunchEnvError) else EXIT_RANK_FAILED)
     try:
@@ -338,8 +341,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     if world is not None:
         device = world.device  # cuda:LOCAL_RANK for each rank on CUDA
     if world is not None and settings["checkpoint_full_every"] not in (None, 1):
-        fail("--checkpoint-full-every (incremental checkpoints) is not yet supported with several ranks: "
-             "every checkpoint of a distributed run is full")
+        fail(NO_INCREMENTAL_ON_RANKS)
     if spec.training.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
     try:

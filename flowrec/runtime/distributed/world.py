@@ -11,7 +11,7 @@ non-finite loss and on whether any rank was asked to stop (Ctrl-C, a callback): 
 takes the same decision after the same step, and no collective waits for a rank that left.
 
 Example (on every rank of a `torchrun` launch):
-    >>> world = join_world(timeout_s=300, device=torch.device("cpu"))  # doctest: +SKIP
+    >>> world = join_world(2, rank, timeout_s=300, device=torch.device("cpu"))  # doctest: +SKIP
     >>> world.rank, world.size
     (0, 2)
 """
@@ -95,24 +95,16 @@ class World:
         dist.barrier(device_ids=[self.device.index] if self.device.type == "cuda" else None)
 
 
-def launch_env() -> tuple[int, int]:
-    """(world size, rank) from the launch environment (1, 0 without one); bad values raise WorldError."""
-    size_text, rank_text = os.environ.get("WORLD_SIZE", "1"), os.environ.get("RANK", "0")
-    if not size_text.isdigit() or int(size_text) < 1:
-        raise LaunchEnvError(f"the environment's WORLD_SIZE must be a positive integer, not {size_text!r}")
-    if not rank_text.isdigit() or int(rank_text) >= int(size_text):
-        raise LaunchEnvError(f"the environment's RANK must be in 0..{int(size_text) - 1}, not {rank_text!r}")
-    return int(size_text), int(rank_text)
-
-
-def join_world(timeout_s: float, device: torch.device) -> World:
-    """Initialize torch.distributed from the environment and make the embedding group.
+def join_world(size: int, rank: int, timeout_s: float, device: torch.device) -> World:
+    """Initialize torch.distributed (the rendezvous from MASTER_ADDR / MASTER_PORT) and make the
+    embedding group.
 
     Args:
+        size: W, the ranks of the launch (WORLD_SIZE).
+        rank: this rank (RANK).
         timeout_s: seconds every collective (and the rendezvous) waits for the other ranks.
         device: the run's device: gloo for cpu, nccl for cuda (each rank on cuda:LOCAL_RANK).
     """
-    size, rank = launch_env()
     for name in ("MASTER_ADDR", "MASTER_PORT"):
         if name not in os.environ:
             raise LaunchEnvError(f"WORLD_SIZE is {size} but {name} is not set: launch the ranks with "
