@@ -61,6 +61,9 @@ def non_finite_head(model: Any, logits: Any, labels: torch.Tensor) -> str:
     return "(the weighted sum of the heads)"
 
 
+CHECK_CHUNK_ELEMS = 1 << 22  # elements per isfinite call: bounded temporaries on multi-GiB tables
+
+
 def first_non_finite(tensors: Mapping[str, torch.Tensor]) -> str | None:
     """The name of the first floating tensor holding NaN or inf, or None."""
     for name, t in tensors.items():
