@@ -110,7 +110,10 @@ def _assert_same(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtyp
     if dtype == torch.float64:
         assert torch.equal(actual, expected), (actual - expected).abs().max()
     else:
-        torch.testing.assert_close(actual, expected, rtol=rtol, atol=1e-6)
+        # float32: the fused loop and the reference sum a row's gradients in different orders; a
+        # near-zero weight after cancelling terms of size ~1 keeps an absolute error of a few 1e-6
+        # (seen once at 1.7e-6 with atol 1e-6); a wrong update moves rows by about lr times a gradient
+        torch.testing.assert_close(actual, expected, rtol=rtol, atol=1e-5)
 
 
 @pytest.mark.parametrize("optimizer", OPTIMIZERS, ids=lambda o: o[0] + str(len(o[2])))
