@@ -1,13 +1,16 @@
 """The batch iterator: shuffled, prefetched, resumable batches in the operators' packed layout.
 
 One epoch is a stream of rows: the partitions in an order seeded by (seed, epoch), cut into
-chunks of `chunk_rows` rows (the shuffle buffer, a multiple of the batch size); each chunk is
-permuted by a generator seeded by (seed, epoch, chunk) and cut into batches. Every row is in
-exactly one chunk and one batch, whatever the partition and worker counts, and batch k of an
-epoch can be produced without the batches before it (`start_batch` resumes exactly).
+chunks of `chunk_rows` rows (the shuffle buffer, a multiple of the batch size); the rows of each
+chunk are shuffled into batches by a generator seeded by (seed, epoch, chunk), stratified so that
+a rank's slice of every batch comes from about 1/W of the chunk (`flowrec.data.strata`). Every
+row is in exactly one chunk and one batch, whatever the partition, row-group, worker and rank
+counts, the global batches are the same for every world size, and batch k of an epoch can be
+produced without the batches before it (`start_batch` resumes exactly). Unshuffled epochs (eval)
+keep the stream order.
 
-A reader thread reads partitions (reading the next one ahead), checks each one before using any
-of its rows (`flowrec.data.checks`: a bad id, value or label is a DataError naming the partition,
+A reader thread reads the row groups this rank's rows are in (the next chunk's ahead), checks
+each one before using any of its rows (`flowrec.data.checks`: a bad id, value or label is a DataError naming the partition,
 column and row, never a row of another table; a partition that passed is not checked again,
 `flowrec.data.checked`), permutes chunks and submits one
 packing task per batch to a pool of `workers` threads; the futures wait in a bounded queue
@@ -38,6 +41,7 @@ from flowrec.data.checks import ColumnRule, check_partition, partition_rules
 from flowrec.data.dataset import PartitionSource, partition_name
 from flowrec.data.lookahead import LookaheadWindow, batch_extras
 from flowrec.data.packed_ids import column_arrays, pack_group
+from flowrec.data.strata import STRATA, chunk_layout, needed_range
 from flowrec.graph.types import PackedGroup
 from flowrec.graph.packing import group_layout
 from flowrec.spec.model import ModelSpec
@@ -112,7 +116,8 @@ class StagingOptions:
             tables, finite dense values and labels, binary labels 0 or 1); off only to measure
             what the checks cost.
         world_size: ranks training together (W); each batch is then this rank's slice of the
-            global batch (`rank_slice`): the global batches are the same for every W.
+            global batch (`rank_slice`): the global batches are the same for every W, and a rank
+            reads only the row groups its slices are in (about 1/W of a shuffled epoch).
         rank: this rank (0 .. W-1).
     """
 
@@ -153,6 +158,7 @@ class EpochPlan:
 
     order: tuple[int, ...]
     rows: tuple[int, ...]  # rows per partition, in `order`
+    groups: tuple[tuple[int, ...], ...]  # rows per row group of each partition, in `order`
     chunk_rows: int
     seed: int
     epoch: int
@@ -162,19 +168,31 @@ class EpochPlan:
     def total(self) -> int:
         return sum(self.rows)
 
-    def chunk_permutation(self, chunk: int, n: int) -> np.ndarray | None:
+    def chunk_batches(self, chunk: int, batch_size: int) -> list[np.ndarray]:
+        """Chunk-local row indices of each global batch of `chunk` (`flowrec.data.strata`)."""
+        rows = min(self.chunk_rows, self.total - chunk * self.chunk_rows)
         if not self.shuffle:
-            return None
-        return np.random.default_rng([self.seed, self.epoch, chunk]).permutation(n)
+            return [np.arange(k, min(k + batch_size, rows)) for k in range(0, rows, batch_size)]
+        rng = np.random.default_rng([self.seed, self.epoch, chunk])
+        return chunk_layout(rows, batch_size, STRATA, rng)
 
 
-def epoch_plan(partition_rows: Sequence[int], batch_size: int, opts: StagingOptions, seed: int,
-               epoch: int) -> EpochPlan:
+def epoch_plan(partition_rows: Sequence[int], group_rows: Sequence[Sequence[int]], batch_size: int,
+               opts: StagingOptions, seed: int, epoch: int) -> EpochPlan:
     n = len(partition_rows)
     order = np.random.default_rng([seed, epoch]).permutation(n) if opts.shuffle else np.arange(n)
     chunk = -(-max(opts.shuffle_buffer, 1) // batch_size) * batch_size if opts.shuffle else 8 * batch_size
     return EpochPlan(tuple(int(i) for i in order), tuple(int(partition_rows[i]) for i in order),
-                     chunk, seed, epoch, opts.shuffle)
+                     tuple(tuple(int(r) for r in group_rows[i]) for i in order), chunk, seed, epoch, opts.shuffle)
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    """What a rank takes from one chunk: the stream rows it reads and, per batch, its rows of them."""
+
+    read_lo: int  # stream rows [read_lo, read_hi) to read
+    read_hi: int
+    batches: tuple[tuple[int, np.ndarray, int | None], ...]  # (batch index, rows from read_lo, global size)
 
 
 class BatchIterator:
@@ -185,7 +203,9 @@ class BatchIterator:
         self.spec, self.source, self.opts, self.groups = spec, source, opts, groups
         self.batch_size = opts.batch_size or spec.training.batch_size
         seed = spec.training.seed if opts.seed is None else opts.seed
-        self.plan = epoch_plan(source.partition_rows(), self.batch_size, opts, seed, epoch)
+        rows = source.partition_rows()
+        self.plan = epoch_plan(rows, [source.row_groups(i) for i in range(len(rows))], self.batch_size,
+                               opts, seed, epoch)
         self.epoch, self.start_batch = epoch, start_batch
         self.num_batches = batches_per_epoch(self.plan.total, self.batch_size, opts.drop_last)
         self.columns = _columns(spec)
@@ -260,41 +280,49 @@ class BatchIterator:
 
     def _read(self) -> None:
         try:
-            for index, table in self._raw_batches():
-                fut = self._pool.submit(self._pack, table, index)
+            for index, table, global_size in self._raw_batches():
+                fut = self._pool.submit(self._pack, table, index, global_size)
                 if not self._put(self._futures, fut):
                     return
             self._put(self._futures, None)
         except BaseException as exc:  # surfaced to the consumer
             self._put(self._futures, _failed(exc))
 
-    def _raw_batches(self) -> Iterator[tuple[int, pa.Table]]:
-        """(batch index, table of its rows) from start_batch on, in epoch order."""
-        plan, bsz = self.plan, self.batch_size
-        rules = partition_rules(self.spec, self.columns) if self.opts.check else ()
-        reader = _PartitionReader(self.source, plan, self.columns, rules)
-        first = self.start_batch * bsz // plan.chunk_rows
-        for chunk in range(first, -(-plan.total // plan.chunk_rows)):
+    def _chunks(self) -> Iterator[_Chunk]:
+        """This rank's part of each chunk from start_batch on, in epoch order."""
+        plan, bsz, opts = self.plan, self.batch_size, self.opts
+        for chunk in range(self.start_batch * bsz // plan.chunk_rows, -(-plan.total // plan.chunk_rows)):
             lo = chunk * plan.chunk_rows
-            table = reader.rows(lo, min(lo + plan.chunk_rows, plan.total))
-            perm = plan.chunk_permutation(chunk, table.num_rows)
-            if perm is not None:
-                table = table.take(pa.array(perm))
-            for k in range(0, table.num_rows, bsz):
-                index = (lo + k) // bsz
-                if index < self.start_batch or index >= self.num_batches:
-                    continue
-                yield index, table.slice(k, bsz)
+            kept = [(lo // bsz + k, rows) for k, rows in enumerate(plan.chunk_batches(chunk, bsz))
+                    if self.start_batch <= lo // bsz + k < self.num_batches]
+            if not kept:
+                continue
+            slices = [rank_slice(len(rows), opts.world_size, opts.rank) for _, rows in kept]
+            read_lo, read_hi = needed_range([rows for _, rows in kept], slices)
+            read_hi = max(read_hi, read_lo + 1)  # a rank with no rows here still gets the schema
+            yield _Chunk(lo + read_lo, lo + read_hi, tuple(
+                (index, rows[a:b] - read_lo, len(rows) if opts.world_size > 1 else None)
+                for (index, rows), (a, b) in zip(kept, slices)))
 
-    def _slice(self, table: pa.Table) -> tuple[pa.Table, int | None]:
-        """This rank's rows of a global batch, and the global batch's size (None: one process)."""
-        if self.opts.world_size == 1:
-            return table, None
-        lo, hi = rank_slice(table.num_rows, self.opts.world_size, self.opts.rank)
-        return table.slice(lo, hi - lo), table.num_rows
+    def _raw_batches(self) -> Iterator[tuple[int, pa.Table, int | None]]:
+        """(batch index, table of this rank's rows, global batch size or None) in epoch order."""
+        rules = partition_rules(self.spec, self.columns) if self.opts.check else ()
+        reader = _RowReader(self.source, self.plan, self.columns, rules)
+        chunks = self._chunks()
+        current = next(chunks, None)
+        while current is not None:
+            upcoming = next(chunks, None)
+            if upcoming is not None:
+                reader.prefetch(upcoming.read_lo, upcoming.read_hi)
+            table = reader.rows(current.read_lo, current.read_hi)
+            for index, rows, global_size in current.batches:
+                if self.plan.shuffle:
+                    yield index, table.take(pa.array(rows)), global_size
+                else:
+                    yield index, table.slice(int(rows[0]) if len(rows) else 0, len(rows)), global_size
+            current = upcoming
 
-    def _pack(self, table: pa.Table, index: int) -> Batch:
-        table, global_size = self._slice(table)
+    def _pack(self, table: pa.Table, index: int, global_size: int | None) -> Batch:
         size = table.num_rows
         dense = _stack(table, [f.name for f in self.spec.dense_features], size)
         labels = _stack(table, list(_head_labels(self.spec)), size)
@@ -330,40 +358,61 @@ class BatchIterator:
             self._put(self._out, _failed(exc))
 
 
-class _PartitionReader:
-    """Rows [lo, hi) of the epoch stream, reading each partition once and the next one ahead."""
+class _RowReader:
+    """Rows [lo, hi) of the epoch stream, reading only the row groups they touch.
+
+    Row groups are read once each (one still needed by the next range is kept), `prefetch` starts
+    reading a later range ahead, and every row group is checked before any of its rows is used; a
+    partition whose row groups all passed in this epoch is recorded as passed.
+    """
 
     def __init__(self, source: PartitionSource, plan: EpochPlan, columns: list[str],
                  rules: tuple[ColumnRule, ...]):
         self.source, self.plan, self.columns, self.rules = source, plan, columns, rules
-        self.starts = np.concatenate([[0], np.cumsum(plan.rows)]).astype(np.int64)
-        self.pending: dict[int, Any] = {}
+        self.pieces: list[tuple[int, int, int]] = []  # (partition position, row group, rows)
+        starts = [0]
+        for pos, groups in enumerate(plan.groups):
+            for g, n in enumerate(groups):
+                if n:
+                    self.pieces.append((pos, g, n))
+                    starts.append(starts[-1] + n)
+        self.starts = np.asarray(starts, np.int64)
+        self.pending: dict[int, Any] = {}  # piece -> future of its table
+        self.checked: dict[int, set[int]] = {}  # partition position -> row groups that passed
         self.key = rules_key(rules)
 
-    def _table(self, pos: int) -> pa.Table:
-        for p in (pos, pos + 1):
-            if p < len(self.plan.order) and p not in self.pending:
-                self.pending[p] = self.source.submit(self.plan.order[p], self.columns)
-        for p in [p for p in self.pending if p < pos]:
-            del self.pending[p]
-        table = self.pending[pos].result()
+    def _span(self, lo: int, hi: int) -> range:
+        return range(int(np.searchsorted(self.starts, lo, side="right")) - 1,
+                     int(np.searchsorted(self.starts, hi, side="left")))
+
+    def prefetch(self, lo: int, hi: int) -> None:
+        """Start reading the row groups of stream rows [lo, hi)."""
+        for i in self._span(lo, hi):
+            if i not in self.pending:
+                pos, group, _ = self.pieces[i]
+                self.pending[i] = self.source.submit(self.plan.order[pos], self.columns, [group])
+
+    def _piece(self, i: int) -> pa.Table:
+        table = self.pending[i].result()
+        pos, group, _ = self.pieces[i]
         index = self.plan.order[pos]
         if self.rules and not self.source.passed(index, self.key):
             check_partition(table, self.rules, partition_name(self.source, index))
-            self.source.add_passed(index, self.key)
+            done = self.checked.setdefault(pos, set())
+            done.add(group)
+            if len(done) == sum(1 for n in self.plan.groups[pos] if n):
+                self.source.add_passed(index, self.key)
         return table
 
     def rows(self, lo: int, hi: int) -> pa.Table:
+        self.prefetch(lo, hi)
+        for i in [i for i in self.pending if self.starts[i + 1] <= lo]:
+            del self.pending[i]
         parts = []
-        pos = int(np.searchsorted(self.starts, lo, side="right")) - 1
-        while lo < hi:
-            while self.plan.rows[pos] == 0:
-                pos += 1
-            start = int(self.starts[pos])
-            take = min(hi, start + self.plan.rows[pos]) - lo
-            parts.append(self._table(pos).slice(lo - start, take))
-            lo += take
-            pos += 1
+        for i in self._span(lo, hi):
+            start, end = int(self.starts[i]), int(self.starts[i + 1])
+            a, b = max(lo, start), min(hi, end)
+            parts.append(self._piece(i).slice(a - start, b - a))
         return pa.concat_tables(parts).combine_chunks() if len(parts) > 1 else parts[0]
 
 

@@ -41,6 +41,7 @@ from flowrec.data.vocab_growth import TableGrowth, grow_encoder
 from flowrec.spec.model import ModelSpec
 
 ROWS_PER_FILE = 1 << 20  # rows per Parquet part file
+ROW_GROUP_ROWS = 1 << 14  # rows per Parquet row group: the unit a rank reads (1/8 of a shuffle chunk)
 FORMAT_LABEL = {"avazu_csv": "click"}  # source label column when the spec names none
 SPLIT_MIX = np.uint64(0x9E3779B97F4A7C15)  # golden-ratio increment of splitmix64
 
@@ -61,7 +62,9 @@ class ConvertReport:
 
 
 class PartWriter:
-    """Appends encoded chunks to part-NNNNN.parquet files of at most `rows_per_file` rows."""
+    """Appends encoded chunks to part-NNNNN.parquet files of at most `rows_per_file` rows, in row
+    groups of at most ROW_GROUP_ROWS rows (so that a rank of a multi-process run reads about its
+    share of each shuffle chunk, `flowrec.data.strata`)."""
 
     def __init__(self, out: Path, rows_per_file: int):
         self.out, self.rows_per_file = out, rows_per_file
@@ -75,7 +78,7 @@ class PartWriter:
                 self._writer = pq.ParquetWriter(path, table.schema)
                 self.files += 1
             take = min(table.num_rows, self.rows_per_file - self._in_file)
-            self._writer.write_table(table.slice(0, take))
+            self._writer.write_table(table.slice(0, take), row_group_size=ROW_GROUP_ROWS)
             self._in_file += take
             self.rows += take
             table = table.slice(take)

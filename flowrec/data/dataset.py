@@ -1,8 +1,10 @@
 """Partition sources the batch iterator reads: Parquet directly, Parquet through Dask, memory.
 
-A source is a list of partitions with known row counts; `submit(i, columns)` starts reading
-partition i and returns a future (`.result()` gives a pyarrow Table of those columns), so the
-reader can overlap reading the next partition with cutting the current one. Opening a Parquet
+A source is a list of partitions with known row counts, each made of row groups (Parquet's);
+`submit(i, columns, row_groups)` starts reading those row groups of partition i (all by default)
+and returns a future (`.result()` gives a pyarrow Table of those columns), so the reader can
+overlap reading ahead with cutting what it has; `bytes_read` counts the stored bytes of the
+column chunks asked for (how `tools/bench_dist.py` measures what each rank reads). Opening a Parquet
 dataset checks that its part files hold the row count ``_flowrec.json`` records and that there is
 at least one row; what the rows hold is checked as they are read (`flowrec.data.checks`), once
 per partition: `passed` / `add_passed` remember the partitions that passed (for Parquet also in
@@ -18,6 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol, Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as pds
 import pyarrow.parquet as pq
@@ -31,9 +34,13 @@ IGNORED_PREFIXES = [".", "_"]  # metadata, vocabularies and hidden files are not
 class PartitionSource(Protocol):
     """Partitions with row counts, read asynchronously."""
 
+    bytes_read: int
+
     def partition_rows(self) -> list[int]: ...
 
-    def submit(self, index: int, columns: Sequence[str]) -> Any: ...
+    def row_groups(self, index: int) -> list[int]: ...
+
+    def submit(self, index: int, columns: Sequence[str], row_groups: Sequence[int] | None = None) -> Any: ...
 
     def close(self) -> None: ...
 
@@ -63,9 +70,12 @@ def parquet_files(path: str | Path) -> list[str]:
     return sorted(files)
 
 
-def _read(file: str, columns: Sequence[str]) -> pa.Table:
+def _read(file: str, columns: Sequence[str], row_groups: Sequence[int] | None = None) -> pa.Table:
     try:
-        return pq.read_table(file, columns=list(columns), use_threads=False)
+        if row_groups is None:
+            return pq.read_table(file, columns=list(columns), use_threads=False)
+        with pq.ParquetFile(file) as pf:
+            return pf.read_row_groups(list(row_groups), columns=list(columns), use_threads=False)
     except (pa.ArrowException, OSError) as exc:
         raise DataError(_read_error(file, columns, exc)) from None
 
@@ -82,25 +92,48 @@ def _read_error(file: str, columns: Sequence[str], exc: Exception) -> str:
     return f"{file}: unreadable Parquet part ({str(exc).splitlines()[0]})"
 
 
-def dataset_rows(path: Path, meta: DatasetMeta, files: Sequence[str]) -> list[int]:
-    """Rows of each part file, checked against ``_flowrec.json``.
+class PartLayout:
+    """Row groups of a Parquet part file: rows and stored bytes of each column chunk."""
+
+    def __init__(self, metadata: pq.FileMetaData):
+        self.rows = metadata.num_rows
+        self.group_rows = [metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)]
+        self._bytes: list[dict[str, int]] = []
+        for g in range(metadata.num_row_groups):
+            group = metadata.row_group(g)
+            sizes: dict[str, int] = {}
+            for c in range(group.num_columns):
+                chunk = group.column(c)
+                name = chunk.path_in_schema.split(".")[0]
+                sizes[name] = sizes.get(name, 0) + chunk.total_compressed_size
+            self._bytes.append(sizes)
+
+    def bytes_of(self, columns: Sequence[str], row_groups: Sequence[int] | None) -> int:
+        """Stored bytes of `columns` in `row_groups` (all by default)."""
+        groups = range(len(self.group_rows)) if row_groups is None else row_groups
+        return sum(self._bytes[g].get(c, 0) for g in groups for c in columns)
+
+
+def dataset_layout(path: Path, meta: DatasetMeta, files: Sequence[str]) -> list[PartLayout]:
+    """The row groups of each part file, their rows checked against ``_flowrec.json``.
 
     Raises:
         DataError: a part file is unreadable, the files hold another row count than the metadata
             records (stale or foreign part files), or the dataset has 0 rows.
     """
-    rows = []
+    layouts = []
     for f in files:
         try:
-            rows.append(pq.ParquetFile(f).metadata.num_rows)
+            layouts.append(PartLayout(pq.ParquetFile(f).metadata))
         except (pa.ArrowException, OSError) as exc:
             raise DataError(f"{f}: not a readable Parquet file ({str(exc).splitlines()[0]})") from None
+    rows = [part.rows for part in layouts]
     if sum(rows) != meta.rows:
         raise DataError(f"dataset {path}: its part files hold {sum(rows):,} rows but {META_FILE} records "
                         f"{meta.rows:,}: stale or foreign part files; convert it again with --overwrite")
     if not sum(rows):
         raise DataError(f"dataset {path} has 0 rows")
-    return rows
+    return layouts
 
 
 class ParquetSource:
@@ -115,15 +148,21 @@ class ParquetSource:
         self.path = Path(path)
         self.meta: DatasetMeta = read_meta(self.path)
         self.files = parquet_files(self.path)
-        self._rows = dataset_rows(self.path, self.meta, self.files)
+        self._parts = dataset_layout(self.path, self.meta, self.files)
         self._record = CheckRecord(self.path, self.files)
         self._pool = ThreadPoolExecutor(max(threads, 1), thread_name_prefix="flowrec-read")
+        self.bytes_read = 0
 
     def partition_rows(self) -> list[int]:
-        return list(self._rows)
+        return [part.rows for part in self._parts]
 
-    def submit(self, index: int, columns: Sequence[str]) -> Future:
-        return self._pool.submit(_read, self.files[index], tuple(columns))
+    def row_groups(self, index: int) -> list[int]:
+        return list(self._parts[index].group_rows)
+
+    def submit(self, index: int, columns: Sequence[str], row_groups: Sequence[int] | None = None) -> Future:
+        self.bytes_read += self._parts[index].bytes_of(columns, row_groups)
+        groups = None if row_groups is None else tuple(row_groups)
+        return self._pool.submit(_read, self.files[index], tuple(columns), groups)
 
     def passed(self, index: int, key: str) -> bool:
         return self._record.passed(index, key)
@@ -151,8 +190,9 @@ class DaskSource:
         self.path = Path(path)
         self.meta = read_meta(self.path)
         self.files = parquet_files(self.path)
-        self._rows = dataset_rows(self.path, self.meta, self.files)
+        self._parts = dataset_layout(self.path, self.meta, self.files)
         self._record = CheckRecord(self.path, self.files)
+        self.bytes_read = 0
         self._cluster = None
         if address is None:
             self._cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
@@ -161,10 +201,15 @@ class DaskSource:
         self._client = Client(address, set_as_default=False)
 
     def partition_rows(self) -> list[int]:
-        return list(self._rows)
+        return [part.rows for part in self._parts]
 
-    def submit(self, index: int, columns: Sequence[str]) -> Any:
-        return self._client.submit(_read, self.files[index], tuple(columns), pure=False)
+    def row_groups(self, index: int) -> list[int]:
+        return list(self._parts[index].group_rows)
+
+    def submit(self, index: int, columns: Sequence[str], row_groups: Sequence[int] | None = None) -> Any:
+        self.bytes_read += self._parts[index].bytes_of(columns, row_groups)
+        groups = None if row_groups is None else tuple(row_groups)
+        return self._client.submit(_read, self.files[index], tuple(columns), groups, pure=False)
 
     def passed(self, index: int, key: str) -> bool:
         return self._record.passed(index, key)
@@ -194,6 +239,7 @@ class MemorySource:
 
     Args:
         tables: encoded tables, one per partition.
+        group_rows: rows per row group (None: one row group per partition).
 
     Example:
         >>> src = MemorySource([pa.table({"x": [1, 2]}), pa.table({"x": [3]})])
@@ -201,15 +247,28 @@ class MemorySource:
         [2, 1]
     """
 
-    def __init__(self, tables: Sequence[pa.Table]):
+    def __init__(self, tables: Sequence[pa.Table], group_rows: int | None = None):
         self.tables = list(tables)
+        self.group_rows = group_rows
+        self.bytes_read = 0
         self._passed: set[tuple[int, str]] = set()
 
     def partition_rows(self) -> list[int]:
         return [t.num_rows for t in self.tables]
 
-    def submit(self, index: int, columns: Sequence[str]) -> _Done:
-        return _Done(self.tables[index].select(list(columns)))
+    def row_groups(self, index: int) -> list[int]:
+        n = self.tables[index].num_rows
+        step = self.group_rows or max(n, 1)
+        return [min(step, n - lo) for lo in range(0, n, step)] or [0]
+
+    def submit(self, index: int, columns: Sequence[str], row_groups: Sequence[int] | None = None) -> _Done:
+        table = self.tables[index].select(list(columns))
+        if row_groups is not None:
+            starts = np.concatenate([[0], np.cumsum(self.row_groups(index))])
+            table = pa.concat_tables([table.slice(int(starts[g]), int(starts[g + 1] - starts[g]))
+                                      for g in row_groups])
+        self.bytes_read += table.nbytes
+        return _Done(table)
 
     def passed(self, index: int, key: str) -> bool:
         return (index, key) in self._passed

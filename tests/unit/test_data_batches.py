@@ -7,6 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from flowrec.data import convert
 from flowrec.data.batches import StagingOptions, iterate_batches
 from flowrec.data.dataset import MemorySource, ParquetSource, split_table
 from flowrec.data.synth import SynthConfig, synth_dataset, synth_table
@@ -166,11 +167,13 @@ def _rank_batches(spec, source, world: int, rank: int, workers: int, epoch: int 
 @pytest.mark.parametrize("world", [2, 3])
 @pytest.mark.parametrize("partitions", [1, 7])
 @pytest.mark.parametrize("workers", [1, 3])
-def test_ranks_split_the_global_batches_of_one_process(world, partitions, workers):
+@pytest.mark.parametrize("group_rows", [None, 16])
+def test_ranks_split_the_global_batches_of_one_process(world, partitions, workers, group_rows):
     """Rank r's batch k is slice r of the one-process batch k: together the ranks cover every row
-    of the epoch exactly once, in the same global batches, whatever W, partitions and workers."""
+    of the epoch exactly once, in the same global batches, whatever W, partitions, row groups and
+    workers."""
     spec = make_spec()
-    source = MemorySource(split_table(make_table(spec), partitions))
+    source = MemorySource(split_table(make_table(spec), partitions), group_rows=group_rows)
     whole = _rank_batches(spec, source, 1, 0, workers)
     ranks = [_rank_batches(spec, source, world, r, workers) for r in range(world)]
     assert all(len(batches) == len(whole) for batches in ranks)  # every rank runs every step
@@ -184,6 +187,52 @@ def test_ranks_split_the_global_batches_of_one_process(world, partitions, worker
         assert np.array_equal(dense, batch.dense.numpy())
     seen = np.concatenate([rids(b, spec) for batches in ranks for b in batches])
     assert sorted(seen.tolist()) == list(range(1, ROWS + 1))
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_a_rank_reads_about_its_share_of_a_shuffled_epoch(world):
+    """With row groups much smaller than a shuffle chunk, rank r reads about 1/W of the epoch's bytes
+    (its strata of each chunk, plus at most a row group at each end); the ranks together read every
+    row; one process reads every row once."""
+    spec = make_spec()
+    tables = split_table(make_table(spec), 3)
+    opts = dict(batch_size=64, shuffle_buffer=512, workers=1, prefetch=2)
+
+    def epoch_bytes(rank: int, size: int) -> tuple[int, list]:
+        source = MemorySource(tables, group_rows=16)
+        with iterate_batches(spec, source, StagingOptions(**opts, world_size=size, rank=rank), 2) as it:
+            batches = list(it)
+        return source.bytes_read, batches
+
+    whole, _ = epoch_bytes(0, 1)
+    assert whole == sum(t.select(sorted(t.column_names)).nbytes for t in tables)
+    shares, seen = [], []
+    for rank in range(world):
+        read, batches = epoch_bytes(rank, world)
+        shares.append(read / whole)
+        seen += [rid for b in batches for rid in rids(b, spec).tolist()]
+    assert sorted(seen) == list(range(1, ROWS + 1))
+    assert max(shares) < 1 / world + 0.12, shares  # 512-row chunks, 16-row groups: <= 2 extra groups each
+    assert sum(shares) >= 1
+
+
+def test_parquet_ranks_read_their_row_groups(tmp_path, monkeypatch):
+    """Converted part files are cut into row groups; a rank of 2 reads about half the stored bytes
+    and gets exactly its slices of the global batches (checked against one process)."""
+    monkeypatch.setattr(convert, "ROW_GROUP_ROWS", 32)
+    spec = make_spec()
+    synth_dataset(spec, tmp_path / "d", ROWS, rows_per_file=400)
+    opts = dict(batch_size=64, shuffle_buffer=256, workers=1)
+    runs = []
+    for world, rank in [(1, 0), (2, 0), (2, 1)]:
+        src = ParquetSource(tmp_path / "d")
+        assert src.row_groups(0) == [32] * 12 + [16]
+        with iterate_batches(spec, src, StagingOptions(**opts, world_size=world, rank=rank), 1) as it:
+            runs.append(([b.dense.numpy() for b in it], src.bytes_read))
+        src.close()
+    (whole, total), (first, read0), (second, read1) = runs
+    assert all(np.array_equal(np.concatenate([a, b]), w) for w, a, b in zip(whole, first, second))
+    assert read0 / total < 0.65 and read1 / total < 0.65 and read0 + read1 >= total
 
 
 def test_a_final_batch_smaller_than_the_world_leaves_some_ranks_empty():
