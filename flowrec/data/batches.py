@@ -38,7 +38,7 @@ import torch
 
 from flowrec.data.checked import rules_key
 from flowrec.data.checks import ColumnRule, check_partition, partition_rules
-from flowrec.data.dataset import PartitionSource, partition_name
+from flowrec.data.dataset import PartitionSource, partition_name, token
 from flowrec.data.lookahead import LookaheadWindow, batch_extras
 from flowrec.data.packed_ids import column_arrays, pack_group
 from flowrec.data.strata import STRATA, chunk_layout, needed_range
@@ -304,25 +304,37 @@ class BatchIterator:
                 (index, rows[a:b] - read_lo, len(rows) if opts.world_size > 1 else None)
                 for (index, rows), (a, b) in zip(kept, slices)))
 
-    def _raw_batches(self) -> Iterator[tuple[int, pa.Table, int | None]]:
-        """(batch index, table of this rank's rows, global batch size or None) in epoch order."""
+    def _raw_batches(self) -> Iterator[tuple[int, Any, int | None]]:
+        """(batch index, this rank's rows: a table, or a `_Staged` batch of a Dask source, global
+        batch size or None) in epoch order."""
         rules = partition_rules(self.spec, self.columns) if self.opts.check else ()
-        reader = _RowReader(self.source, self.plan, self.columns, rules)
+        remote = getattr(self.source, "stage", None) is not None
+        reader = _RowReader(self.source, self.plan, self.columns, rules, remote)
+        run = token(getattr(self.source, "token", ""), self.columns, self.plan, self.batch_size,
+                    self.opts.world_size)
         chunks = self._chunks()
         current = next(chunks, None)
         while current is not None:
             upcoming = next(chunks, None)
             if upcoming is not None:
                 reader.prefetch(upcoming.read_lo, upcoming.read_hi)
-            table = reader.rows(current.read_lo, current.read_hi)
-            for index, rows, global_size in current.batches:
-                if self.plan.shuffle:
-                    yield index, table.take(pa.array(rows)), global_size
-                else:
-                    yield index, table.slice(int(rows[0]) if len(rows) else 0, len(rows)), global_size
+            if remote:
+                parts = reader.parts(current.read_lo, current.read_hi)
+                for index, rows, global_size in current.batches:
+                    key = (f"flowrec-batch-{run}", self.epoch, index, self.opts.rank)
+                    staged = self.source.stage(key, [p[:3] for p in parts], rows, not self.plan.shuffle)
+                    yield index, _Staged(staged, reader, [p[3] for p in parts]), global_size
+            else:
+                table = reader.rows(current.read_lo, current.read_hi)
+                for index, rows, global_size in current.batches:
+                    if self.plan.shuffle:
+                        yield index, table.take(pa.array(rows)), global_size
+                    else:
+                        yield index, table.slice(int(rows[0]) if len(rows) else 0, len(rows)), global_size
             current = upcoming
 
-    def _pack(self, table: pa.Table, index: int, global_size: int | None) -> Batch:
+    def _pack(self, rows: Any, index: int, global_size: int | None) -> Batch:
+        table = rows.result() if isinstance(rows, _Staged) else rows
         size = table.num_rows
         dense = _stack(table, [f.name for f in self.spec.dense_features], size)
         labels = _stack(table, list(_head_labels(self.spec)), size)
@@ -362,13 +374,15 @@ class _RowReader:
     """Rows [lo, hi) of the epoch stream, reading only the row groups they touch.
 
     Row groups are read once each (one still needed by the next range is kept), `prefetch` starts
-    reading a later range ahead, and every row group is checked before any of its rows is used; a
-    partition whose row groups all passed in this epoch is recorded as passed.
+    reading a later range ahead, and every row group is checked before any of its rows is used
+    (here, or with `remote` by the Dask task that reads it); a partition whose row groups all
+    passed in this epoch is recorded as passed.
     """
 
     def __init__(self, source: PartitionSource, plan: EpochPlan, columns: list[str],
-                 rules: tuple[ColumnRule, ...]):
+                 rules: tuple[ColumnRule, ...], remote: bool = False):
         self.source, self.plan, self.columns, self.rules = source, plan, columns, rules
+        self.remote = remote
         self.pieces: list[tuple[int, int, int]] = []  # (partition position, row group, rows)
         starts = [0]
         for pos, groups in enumerate(plan.groups):
@@ -380,40 +394,74 @@ class _RowReader:
         self.pending: dict[int, Any] = {}  # piece -> future of its table
         self.checked: dict[int, set[int]] = {}  # partition position -> row groups that passed
         self.key = rules_key(rules)
+        self._lock = threading.Lock()
 
     def _span(self, lo: int, hi: int) -> range:
         return range(int(np.searchsorted(self.starts, lo, side="right")) - 1,
                      int(np.searchsorted(self.starts, hi, side="left")))
+
+    def _unchecked(self, i: int) -> bool:
+        return bool(self.rules) and not self.source.passed(self.plan.order[self.pieces[i][0]], self.key)
 
     def prefetch(self, lo: int, hi: int) -> None:
         """Start reading the row groups of stream rows [lo, hi)."""
         for i in self._span(lo, hi):
             if i not in self.pending:
                 pos, group, _ = self.pieces[i]
-                self.pending[i] = self.source.submit(self.plan.order[pos], self.columns, [group])
+                if self.remote:
+                    rules = self.rules if self._unchecked(i) else ()
+                    self.pending[i] = self.source.submit(self.plan.order[pos], self.columns, [group], rules)
+                else:
+                    self.pending[i] = self.source.submit(self.plan.order[pos], self.columns, [group])
+
+    def passed(self, pieces: Sequence[int]) -> None:
+        """Record that row groups `pieces` passed the checks."""
+        for i in pieces:
+            pos, group, _ = self.pieces[i]
+            with self._lock:
+                done = self.checked.setdefault(pos, set())
+                complete = group not in done and len(done) + 1 == sum(1 for n in self.plan.groups[pos] if n)
+                done.add(group)
+            if complete and self.rules:
+                self.source.add_passed(self.plan.order[pos], self.key)
 
     def _piece(self, i: int) -> pa.Table:
         table = self.pending[i].result()
-        pos, group, _ = self.pieces[i]
-        index = self.plan.order[pos]
-        if self.rules and not self.source.passed(index, self.key):
-            check_partition(table, self.rules, partition_name(self.source, index))
-            done = self.checked.setdefault(pos, set())
-            done.add(group)
-            if len(done) == sum(1 for n in self.plan.groups[pos] if n):
-                self.source.add_passed(index, self.key)
+        if self._unchecked(i):
+            index = self.plan.order[self.pieces[i][0]]
+            pos, group, _ = self.pieces[i]
+            check_partition(table, self.rules, partition_name(self.source, index), sum(self.plan.groups[pos][:group]))
+            self.passed([i])
         return table
 
-    def rows(self, lo: int, hi: int) -> pa.Table:
+    def _overlaps(self, lo: int, hi: int) -> Iterator[tuple[int, int, int]]:
+        """(piece, a, b): rows [a, b) of each piece that [lo, hi) touches; drops pieces before lo."""
         self.prefetch(lo, hi)
         for i in [i for i in self.pending if self.starts[i + 1] <= lo]:
             del self.pending[i]
-        parts = []
         for i in self._span(lo, hi):
             start, end = int(self.starts[i]), int(self.starts[i + 1])
-            a, b = max(lo, start), min(hi, end)
-            parts.append(self._piece(i).slice(a - start, b - a))
+            yield i, max(lo, start) - start, min(hi, end) - start
+
+    def parts(self, lo: int, hi: int) -> list[tuple[Any, int, int, int]]:
+        """(future, a, b, piece) per row group of stream rows [lo, hi), unresolved (Dask)."""
+        return [(self.pending[i], a, b, i) for i, a, b in self._overlaps(lo, hi)]
+
+    def rows(self, lo: int, hi: int) -> pa.Table:
+        parts = [self._piece(i).slice(a, b - a) for i, a, b in self._overlaps(lo, hi)]
         return pa.concat_tables(parts).combine_chunks() if len(parts) > 1 else parts[0]
+
+
+class _Staged:
+    """A batch cut by a Dask task; its result marks the row groups it used as checked."""
+
+    def __init__(self, future: Any, reader: _RowReader, pieces: list[int]):
+        self.future, self.reader, self.pieces = future, reader, pieces
+
+    def result(self) -> pa.Table:
+        table = self.future.result()
+        self.reader.passed(self.pieces)
+        return table
 
 
 def _columns(spec: ModelSpec) -> list[str]:

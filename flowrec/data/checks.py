@@ -68,8 +68,15 @@ def partition_rules(spec: ModelSpec, columns: Sequence[str] | None = None) -> tu
     return tuple(r for r in rules if keep is None or r.name in keep)
 
 
-def check_partition(table: pa.Table, rules: Sequence[ColumnRule], where: str) -> None:
-    """Raise DataError naming `where`, the column and the first bad row if a rule is broken."""
+def check_partition(table: pa.Table, rules: Sequence[ColumnRule], where: str, first_row: int = 0) -> None:
+    """Raise DataError naming `where`, the column and the first bad row if a rule is broken.
+
+    Args:
+        table: rows of a partition (all of them, or some of its row groups).
+        rules: what to check.
+        where: how messages name the partition.
+        first_row: the partition row of the table's first row (rows are named within the partition).
+    """
     names = table.column_names
     present = set(names)
     for rule in rules:
@@ -81,9 +88,9 @@ def check_partition(table: pa.Table, rules: Sequence[ColumnRule], where: str) ->
         array = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
         prefix = f"{where}: column {rule.name!r}"
         if rule.kind == "ids":
-            _check_ids(array, rule, prefix)
+            _check_ids(array, rule, prefix, first_row)
         else:
-            _check_numbers(array, rule, prefix)
+            _check_numbers(array, rule, prefix, first_row)
 
 
 def _passes(col: pa.ChunkedArray, rule: ColumnRule) -> bool:
@@ -121,7 +128,7 @@ def _nulls(array: pa.Array) -> np.ndarray:
     return array.is_null().to_numpy(zero_copy_only=False)
 
 
-def _check_ids(array: pa.Array, rule: ColumnRule, prefix: str) -> None:
+def _check_ids(array: pa.Array, rule: ColumnRule, prefix: str, first_row: int) -> None:
     listed = pa.types.is_list(array.type) or pa.types.is_large_list(array.type)
     values = pc.list_flatten(array) if listed else array
     if not pa.types.is_integer(values.type):
@@ -136,13 +143,13 @@ def _check_ids(array: pa.Array, rule: ColumnRule, prefix: str) -> None:
     row = _row(array, int(bad[0]), listed) if len(bad) else len(array)
     null_rows = np.flatnonzero(_nulls(array)) if listed else np.zeros(0, np.int64)
     if len(null_rows) and null_rows[0] < row:
-        raise DataError(f"{prefix}: null list at row {null_rows[0]} (0-based); "
+        raise DataError(f"{prefix}: null list at row {null_rows[0] + first_row} (0-based); "
                         "a sample without ids is an empty list")
     i = int(bad[0])
     if null_value[i]:
-        raise DataError(f"{prefix}: null id at row {row} (0-based); a missing value is row 0")
+        raise DataError(f"{prefix}: null id at row {row + first_row} (0-based); a missing value is row 0")
     raise DataError(f"{prefix}: id {int(x[i])} outside [0, {rule.rows}) of table {rule.table!r} "
-                    f"at row {row} (0-based)")
+                    f"at row {row + first_row} (0-based)")
 
 
 def _row(array: pa.Array, value_index: int, listed: bool) -> int:
@@ -153,7 +160,7 @@ def _row(array: pa.Array, value_index: int, listed: bool) -> int:
     return int(np.searchsorted(offsets, value_index, side="right")) - 1
 
 
-def _check_numbers(array: pa.Array, rule: ColumnRule, prefix: str) -> None:
+def _check_numbers(array: pa.Array, rule: ColumnRule, prefix: str, first_row: int) -> None:
     if not (pa.types.is_floating(array.type) or pa.types.is_integer(array.type)):
         raise DataError(f"{prefix}: type {array.type}, expected float32 values")
     x = array.to_numpy(zero_copy_only=False)  # nulls read as nan
@@ -167,11 +174,12 @@ def _check_numbers(array: pa.Array, rule: ColumnRule, prefix: str) -> None:
     if not len(bad):
         return
     i = int(bad[0])
+    row = i + first_row
     if array.null_count and _nulls(array)[i]:
-        raise DataError(f"{prefix}: null value at row {i} (0-based); missing values are filled at conversion")
+        raise DataError(f"{prefix}: null value at row {row} (0-based); missing values are filled at conversion")
     if rule.kind == "binary":
-        raise DataError(f"{prefix}: label {float(x[i])!r} at row {i} (0-based) is not 0 or 1 "
+        raise DataError(f"{prefix}: label {float(x[i])!r} at row {row} (0-based) is not 0 or 1 "
                         f"(binary head {rule.table}); convert -1/+1 labels with `flowrec data convert`")
     problem = "value beyond float32" if np.isfinite(x[i]) else "non-finite value"
-    raise DataError(f"{prefix}: {problem} {float(x[i])!r} at row {i} (0-based); "
+    raise DataError(f"{prefix}: {problem} {float(x[i])!r} at row {row} (0-based); "
                     "dense and label values must be finite float32")

@@ -16,6 +16,7 @@ Example:
 """
 from __future__ import annotations
 
+import hashlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol, Sequence
@@ -25,7 +26,8 @@ import pyarrow as pa
 import pyarrow.dataset as pds
 import pyarrow.parquet as pq
 
-from flowrec.data.checked import CheckRecord
+from flowrec.data.checked import CheckRecord, fingerprint, rules_key
+from flowrec.data.checks import ColumnRule, check_partition
 from flowrec.data.layout import META_FILE, DataError, DatasetMeta, read_meta
 
 IGNORED_PREFIXES = [".", "_"]  # metadata, vocabularies and hidden files are not data
@@ -175,8 +177,37 @@ class ParquetSource:
         self._record.save()
 
 
+def token(*parts: Any) -> str:
+    """A short hash of `parts` (their repr): names Dask tasks by what they compute."""
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:20]
+
+
+def _read_checked(file: str, columns: Sequence[str], row_groups: Sequence[int] | None,
+                  rules: Sequence[ColumnRule], first_row: int) -> pa.Table:
+    """A Dask task: read row groups of a part file and check them (when `rules` are given);
+    `first_row` is the file row of the first one (messages name rows within the file)."""
+    table = _read(file, columns, row_groups)
+    if rules:
+        check_partition(table, tuple(rules), file, first_row)
+    return table
+
+
+def _cut(parts: Sequence[tuple[pa.Table, int, int]], rows: Any, contiguous: bool) -> pa.Table:
+    """A Dask task: rows `rows` of the concatenated slices [a, b) of `parts` (one batch of a rank)."""
+    tables = [t.slice(a, b - a) for t, a, b in parts]
+    table = pa.concat_tables(tables).combine_chunks() if len(tables) > 1 else tables[0]
+    if contiguous:
+        return table.slice(int(rows[0]) if len(rows) else 0, len(rows))
+    return table.take(pa.array(rows))
+
+
 class DaskSource:
-    """An encoded Parquet dataset whose partitions are read by Dask workers.
+    """An encoded Parquet dataset whose row groups are read, checked and cut into batches by Dask.
+
+    Every task has a key that names what it computes, so a recomputed task gives the same result
+    and runs on one cluster never mix: row-group reads are keyed by the part file's fingerprint,
+    its row group, columns and checks; `stage` submits a batch under the key its caller gives
+    (`flowrec.data.batches`: run token, epoch, batch, rank).
 
     Args:
         path: dataset directory.
@@ -193,6 +224,7 @@ class DaskSource:
         self._parts = dataset_layout(self.path, self.meta, self.files)
         self._record = CheckRecord(self.path, self.files)
         self.bytes_read = 0
+        self.token = token(self.files, [fingerprint(f) for f in self.files])
         self._cluster = None
         if address is None:
             self._cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
@@ -206,10 +238,20 @@ class DaskSource:
     def row_groups(self, index: int) -> list[int]:
         return list(self._parts[index].group_rows)
 
-    def submit(self, index: int, columns: Sequence[str], row_groups: Sequence[int] | None = None) -> Any:
+    def submit(self, index: int, columns: Sequence[str], row_groups: Sequence[int] | None = None,
+               rules: Sequence[ColumnRule] = ()) -> Any:
+        """Read (and check, with `rules`) row groups of partition `index` on the cluster."""
         self.bytes_read += self._parts[index].bytes_of(columns, row_groups)
         groups = None if row_groups is None else tuple(row_groups)
-        return self._client.submit(_read, self.files[index], tuple(columns), groups, pure=False)
+        key = (f"flowrec-read-{token(self.token, tuple(columns), rules_key(rules))}", index,
+               "all" if groups is None else ",".join(map(str, groups)))
+        first_row = sum(self._parts[index].group_rows[:groups[0]]) if groups else 0
+        return self._client.submit(_read_checked, self.files[index], tuple(columns), groups, tuple(rules),
+                                   first_row, key=key)
+
+    def stage(self, key: Any, parts: Sequence[tuple[Any, int, int]], rows: Any, contiguous: bool) -> Any:
+        """Cut one batch on the cluster: rows `rows` of the slices [a, b) of read futures, under `key`."""
+        return self._client.submit(_cut, list(parts), rows, contiguous, key=key)
 
     def passed(self, index: int, key: str) -> bool:
         return self._record.passed(index, key)
