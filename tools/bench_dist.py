@@ -12,7 +12,9 @@ bytes it sends (counts, ids, rows, row gradients). Beside the counted bytes per 
   CPU over gloo (docs/distributed.md).
 
 Ratios: `dist_bytes_vs_torchrec_rw` (target <= 0.5) and `dist_bytes_predicted_vs_counted` (profiled
-prediction; target 0.9..1.1). Tables are capped (`--rows-cap`) so two ranks fit this machine.
+prediction; target 0.9..1.1). Reads: the stored Parquet bytes each rank of W = 2 and 4 reads in one
+shuffled epoch of a synthetic DLRM-Criteo dataset, over what one process reads
+(`read_bytes_rank_vs_epoch_w2`, `_w4`: the largest rank's share; about 1/W is the aim). Tables are capped (`--rows-cap`) so two ranks fit this machine.
 
 End to end (`--train SPEC`, default specs/movielens.yaml when its data is in ../shared/data): the
 whole `flowrec train SPEC` on 1 and on 2 ranks (`--nproc 2`), `--repeats` times each, alternating:
@@ -170,6 +172,36 @@ def end_to_end(spec: Path, repeats: int) -> dict:
         "runs": r, "median_samples_per_s": statistics.median(x["samples_per_s"] for x in r)} for w, r in runs.items()}}
 
 
+def rank_reads(rows: int, worlds: tuple[int, ...] = (1, 2, 4)) -> dict:
+    """Stored bytes each rank reads in one shuffled epoch of a DLRM-Criteo-shaped Parquet dataset
+    (`flowrec data synth` layout: 2^18-row files, ROW_GROUP_ROWS-row groups, default staging)."""
+    from flowrec.data.batches import StagingOptions, iterate_batches
+    from flowrec.data.convert import ROW_GROUP_ROWS
+    from flowrec.data.dataset import ParquetSource
+    from flowrec.data.synth import SynthConfig, synth_dataset
+    from flowrec.spec import load_spec
+
+    spec = load_spec(SPEC)
+    out: dict = {"rows": rows, "row_group_rows": ROW_GROUP_ROWS, "batch": spec.training.batch_size}
+    with tempfile.TemporaryDirectory() as tmp:
+        synth_dataset(spec, Path(tmp) / "d", rows, SynthConfig(seed=3))
+        for world in worlds:
+            read = []
+            for rank in range(world):
+                source = ParquetSource(Path(tmp) / "d")
+                opts = StagingOptions(world_size=world, rank=rank)
+                with iterate_batches(spec, source, opts, epoch=1) as it:
+                    samples = sum(b.size for b in it)
+                source.close()
+                read.append({"bytes_read": source.bytes_read, "samples": samples})
+            out[f"world_{world}"] = read
+            print(f"reads W={world}: {[r['bytes_read'] for r in read]} bytes", file=sys.stderr)
+    whole = out["world_1"][0]["bytes_read"]
+    for world in worlds[1:]:
+        out[f"max_rank_share_w{world}"] = round(max(r["bytes_read"] for r in out[f"world_{world}"]) / whole, 4)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small run for smoke tests")
@@ -181,9 +213,10 @@ def main() -> None:
                         help="spec trained end to end on 1 and 2 ranks")
     parser.add_argument("--no-train", action="store_true", help="skip the end-to-end runs")
     parser.add_argument("--repeats", type=int, default=3, help="end-to-end runs per world size")
+    parser.add_argument("--read-rows", type=int, default=1 << 19, help="rows of the dataset whose reads per rank are counted")
     args = parser.parse_args()
     if args.quick:
-        args.rows_cap, args.batch, args.steps, args.no_train = 20_000, 512, 4, True
+        args.rows_cap, args.batch, args.steps, args.no_train, args.read_rows = 20_000, 512, 4, True, 1 << 16
     spec = capped_spec(args.rows_cap, args.batch)
     group, table, _ = global_batches(spec, args.steps)
     results: dict = {"spec": SPEC.name, "rows_cap": args.rows_cap, "global_batch": args.batch,
@@ -215,6 +248,9 @@ def main() -> None:
                   file=sys.stderr)
     results["ratios"]["w2_vs_w1_samples_per_s"] = round(results["world_2"]["samples_per_s"]
                                                         / results["world_1"]["samples_per_s"], 4)
+    results["reads"] = rank_reads(args.read_rows)
+    results["ratios"]["read_bytes_rank_vs_epoch_w2"] = results["reads"]["max_rank_share_w2"]
+    results["ratios"]["read_bytes_rank_vs_epoch_w4"] = results["reads"]["max_rank_share_w4"]
     if not args.no_train:
         train = end_to_end(args.train, args.repeats)
         results["train"] = train
