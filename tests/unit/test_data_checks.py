@@ -215,7 +215,7 @@ def test_each_part_file_is_checked_once_until_it_changes(tmp_path, monkeypatch):
     synth_dataset(spec, tmp_path / "d", 96, rows_per_file=32)
     calls = []
     real = batches.check_partition
-    monkeypatch.setattr(batches, "check_partition", lambda t, r, w: calls.append(w) or real(t, r, w))
+    monkeypatch.setattr(batches, "check_partition", lambda t, r, w, *row: calls.append(w) or real(t, r, w, *row))
 
     def epoch(source, epoch=0):
         with iterate_batches(spec, source, StagingOptions(batch_size=8), epoch=epoch) as it:
