@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from flowrec.cli.common import fail
@@ -62,10 +63,13 @@ def launch_ranks(nproc: int, max_restarts: int, folder: Path | None) -> int:
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", threads),
            "NUMBA_NUM_THREADS": os.environ.get("NUMBA_NUM_THREADS", threads),
            "LOGLEVEL": os.environ.get("LOGLEVEL", "ERROR")}
-    try:
-        return subprocess.run(cmd, env=env).returncode
-    except KeyboardInterrupt:
-        return 130
+    # the launcher leaves a torchelastic_* log folder per run in the temp folder: give it (and the
+    # ranks' temp files) a folder of this launch, removed when it ends
+    with tempfile.TemporaryDirectory(prefix="flowrec-ranks-", ignore_cleanup_errors=True) as tmp:
+        try:
+            return subprocess.run(cmd, env={**env, "TMPDIR": tmp}).returncode
+        except KeyboardInterrupt:
+            return 130
 
 
 def _threads_per_rank(nproc: int) -> int:
