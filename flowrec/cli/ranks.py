@@ -12,6 +12,7 @@ Example:
 """
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -59,10 +60,13 @@ def launch_ranks(nproc: int, max_restarts: int, folder: Path | None) -> int:
         args += ["--out", str(folder)]
     cmd = [sys.executable, "-m", "flowrec.cli.ranks", "--standalone", f"--nproc-per-node={nproc}",
            f"--max-restarts={max_restarts}", "--monitor-interval=0.5", "-m", "flowrec", "train", *args]
+    if not isinstance(logging.getLevelName(os.environ.get("LOGLEVEL", "ERROR").upper()), int):
+        fail(f"LOGLEVEL={os.environ['LOGLEVEL']!r} is not a logging level (DEBUG, INFO, WARNING, ERROR, "
+             "CRITICAL); torch.distributed's launcher reads it")
     threads = str(_threads_per_rank(nproc))  # torch (OpenMP) and the numba sparse update: cores shared out
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", threads),
            "NUMBA_NUM_THREADS": os.environ.get("NUMBA_NUM_THREADS", threads),
-           "LOGLEVEL": os.environ.get("LOGLEVEL", "ERROR")}
+           "LOGLEVEL": os.environ.get("LOGLEVEL", "CRITICAL").upper()}  # failures: one line of ours
     # the launcher leaves a torchelastic_* log folder per run in the temp folder: give it (and the
     # ranks' temp files) a folder of this launch, removed when it ends
     with tempfile.TemporaryDirectory(prefix="flowrec-ranks-", ignore_cleanup_errors=True) as tmp:
@@ -101,6 +105,8 @@ def run_launcher(argv: list[str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
+    # its own loggers name every failure again (with a timestamped prefix): ours is the one line
+    logging.getLogger("torch.distributed.elastic").setLevel(os.environ.get("LOGLEVEL", "CRITICAL").upper())
     try:
         run(parse_args(argv))
     except ChildFailedError as exc:
