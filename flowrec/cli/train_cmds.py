@@ -286,7 +286,9 @@ def _train_in(request: RunRequest, spec, folder: Path, world=None) -> None:
     has_checkpoint = resuming and (folder / CHECKPOINT_NAME).is_file()
     try:
         recorded = read_run_file(folder) if resuming else None
-        state = load_checkpoint(folder / CHECKPOINT_NAME) if has_checkpoint else None
+        # ranks map the checkpoint and copy only their rows (no rank assembles whole tables)
+        ranks = world is not None
+        state = load_checkpoint(folder / CHECKPOINT_NAME, mmap=ranks, lazy_shards=ranks) if has_checkpoint else None
     except (RunFolderError, CheckpointError) as exc:
         fail(str(exc))
     defaults = {"epochs": spec.training.epochs, "eval_every": spec.training.eval_every}

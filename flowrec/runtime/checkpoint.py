@@ -22,7 +22,7 @@ from torch.utils.serialization import config as serialization_config
 
 from flowrec.runtime.atomic import write_atomically
 from flowrec.runtime.checkpoint_delta import apply_deltas
-from flowrec.runtime.checkpoint_shards import assemble_shards
+from flowrec.runtime.checkpoint_shards import ShardRows, assemble_shards
 from flowrec.runtime.checkpoint_format import (
     CheckpointError,
     check_header,
@@ -81,7 +81,8 @@ def checkpoint_path(path: Path) -> Path:
     return path / CHECKPOINT_NAME if path.is_dir() else path
 
 
-def load_checkpoint(path: Path, map_location: str | torch.device = "cpu", mmap: bool = False) -> dict[str, Any]:
+def load_checkpoint(path: Path, map_location: str | torch.device = "cpu", mmap: bool = False,
+                    lazy_shards: bool = False) -> dict[str, Any]:
     """Load and check a checkpoint (`weights_only=True`: no code in the file runs), with its
     incremental deltas applied (`flowrec.runtime.checkpoint_delta`) and the shards of a
     distributed run put back into whole tables (`flowrec.runtime.checkpoint_shards`): the newest
@@ -91,6 +92,8 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu", mmap: 
     Args:
         path: a checkpoint file, or a run folder holding `checkpoint.pt`.
         mmap: map the tensors from the file instead of reading them (export: no second copy).
+        lazy_shards: leave a distributed run's row-wise tables as their shards (`ShardRows`), for
+            ranks that each copy only their own rows.
 
     Raises:
         CheckpointError: missing, empty, truncated, damaged, foreign or hostile file, another
@@ -107,7 +110,7 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu", mmap: 
         raise CheckpointError(f"checkpoint {path} is empty (0 bytes)")
     state = read_torch_file(path, map_location, mmap=mmap)
     check_structure(path, state)
-    return assemble_shards(path, apply_deltas(path, state, map_location), map_location)
+    return assemble_shards(path, apply_deltas(path, state, map_location), map_location, lazy=lazy_shards)
 
 
 def check_structure(path: Path, state: Any) -> None:
@@ -127,8 +130,9 @@ def check_tensors(path: Path, what: str, expected: Mapping[str, torch.Tensor], g
         raise CheckpointError(f"{path} does not fit the spec's model: {what} {detail}")
     for key, ref in expected.items():
         value = got[key]
-        if not isinstance(value, torch.Tensor) or value.shape != ref.shape or value.dtype != ref.dtype:
-            shown = (f"{tuple(value.shape)} {value.dtype}" if isinstance(value, torch.Tensor)
+        tensor = isinstance(value, (torch.Tensor, ShardRows))
+        if not tensor or value.shape != ref.shape or value.dtype != ref.dtype:
+            shown = (f"{tuple(value.shape)} {value.dtype}" if tensor
                      else type(value).__name__)
             raise CheckpointError(f"{path} does not fit the spec's model: {what} {key} is {shown}, "
                                   f"expected {tuple(ref.shape)} {ref.dtype}")

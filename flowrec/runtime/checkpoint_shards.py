@@ -9,8 +9,10 @@ manifest is in place, so a kill at any moment leaves the previous checkpoint who
 
 Loading (`assemble_shards`, inside every `load_checkpoint`) checks each shard against the manifest
 and puts the rows back into whole tables by their packed ids, so the state is the single-process
-one: eval and export load it as they load any checkpoint, and a run resumed on W' ranks keeps
-each rank's rows by the modulo rule (`distributed.model.load_whole_state`).
+one: eval and export load it as they load any checkpoint. A run resumed on W' ranks loads with
+`lazy=True`: each row-wise group's weight and state are then `ShardRows`, the memory-mapped shards
+as they are, and each rank copies only the rows it owns by the modulo rule
+(`distributed.model.load_whole_state`), so no rank holds a whole table.
 
 Example:
     >>> state = load_checkpoint(Path("runs/exp1"))  # doctest: +SKIP  (shards assembled)
@@ -63,8 +65,34 @@ def remove_stale_shards(folder: Path, keep: list[str]) -> None:
             path.unlink(missing_ok=True)
 
 
-def assemble_shards(path: Path, state: dict[str, Any], map_location: str | torch.device = "cpu") -> dict[str, Any]:
+class ShardRows:
+    """A whole table (weight or optimizer state) of a row-wise group, as its shards hold it: the
+    packed ids and rows of each shard, memory-mapped, never assembled unless `whole` is called.
+
+    It has the whole table's `shape` and `dtype`, so a checkpoint is checked against the model
+    before anything is copied.
+    """
+
+    def __init__(self, rows: list[torch.Tensor], values: list[torch.Tensor]):
+        self.parts = list(zip(rows, values))
+        n = sum(r.numel() for r in rows)
+        self.shape = torch.Size((n, *values[0].shape[1:]))
+        self.dtype = values[0].dtype
+
+    def whole(self) -> torch.Tensor:
+        """The assembled table (whole-table memory)."""
+        out = torch.empty(self.shape, dtype=self.dtype)
+        for rows, values in self.parts:
+            out.index_copy_(0, rows, values.to(self.dtype))
+        return out
+
+
+def assemble_shards(path: Path, state: dict[str, Any], map_location: str | torch.device = "cpu",
+                    lazy: bool = False) -> dict[str, Any]:
     """The single-process state of a sharded checkpoint (unchanged when it has no `shards`).
+
+    Args:
+        lazy: leave each row-wise group's tables as `ShardRows` (checked, not assembled).
 
     Raises:
         CheckpointError: a shard file missing, damaged, of another checkpoint, or whose rows do
@@ -87,7 +115,11 @@ def assemble_shards(path: Path, state: dict[str, Any], map_location: str | torch
         _collect(shard_path, doc["groups"], tables)
     model = dict(state["model"])
     for group, parts in tables.items():
-        weight, opt = _whole(path, group, parts)
+        _check_cover(path, group, parts)
+        if lazy:
+            weight, opt = ShardRows(parts["rows"], parts["weight"]), ShardRows(parts["rows"], parts["state"])
+        else:
+            weight, opt = ShardRows(parts["rows"], parts["weight"]).whole(), ShardRows(parts["rows"], parts["state"]).whole()
         model[f"embeddings.{group}.weight"], model[f"embeddings.{group}.state"] = weight, opt
     out = {k: v for k, v in state.items() if k != "shards"}
     out["model"] = model
@@ -121,23 +153,20 @@ def _collect(shard_path: Path, groups: Any, tables: dict[str, dict[str, Any]]) -
             tables[group][key].append(part[key])
 
 
-def _whole(path: Path, group: str, parts: dict[str, list[torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Whole table and optimizer state of a group from its shards' rows (each row exactly once).
+def _check_cover(path: Path, group: str, parts: dict[str, list[torch.Tensor]]) -> None:
+    """The shards of a group hold each of its rows exactly once, in rows of one width.
 
-    The shards are memory-mapped; each is copied once into the whole tensors (peak: the tables).
+    Raises:
+        CheckpointError: they do not.
     """
     n = sum(rows.numel() for rows in parts["rows"])
     first_w, first_s = parts["weight"][0], parts["state"][0]
-    weight = torch.empty((n, *first_w.shape[1:]), dtype=first_w.dtype)
-    opt = torch.empty((n, *first_s.shape[1:]), dtype=first_s.dtype)
     seen = torch.zeros(n, dtype=torch.bool)
     for rows, w, st in zip(parts["rows"], parts["weight"], parts["state"]):
         if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= n or bool(seen[rows].any())
                              or torch.unique(rows).numel() != rows.numel()):
             raise CheckpointError(f"{path}: the shards of group {group} do not hold each of its rows once")
-        if w.shape[1:] != first_w.shape[1:] or st.shape[1:] != first_s.shape[1:]:
+        if w.shape[1:] != first_w.shape[1:] or st.shape[1:] != first_s.shape[1:] \
+                or w.dtype != first_w.dtype or st.dtype != first_s.dtype:
             raise CheckpointError(f"{path}: the shards of group {group} have rows of different widths")
         seen[rows] = True
-        weight.index_copy_(0, rows, w.to(weight.dtype))
-        opt.index_copy_(0, rows, st.to(opt.dtype))
-    return weight, opt

@@ -83,3 +83,36 @@ def test_only_the_shards_of_older_checkpoints_are_removed(tmp_path):
     remove_stale_shards(tmp_path, new["shards"]["files"])
     left = sorted(p.name for p in (tmp_path / SHARDS_DIR).iterdir())
     assert left == sorted(new["shards"]["files"]) and not set(left) & set(old["shards"]["files"])
+
+
+@pytest.mark.parametrize("saved, loaded", [(2, 3), (3, 2), (2, 2), (1, 4)])
+def test_ranks_load_their_rows_from_the_shards_without_assembling(tmp_path, monkeypatch, saved, loaded):
+    """`lazy=True`: the tables stay as their memory-mapped shards (`ShardRows`, with the whole
+    table's shape); each rank of any W' copies exactly its rows by the modulo rule, and a row-wise
+    group never assembles the whole table."""
+    from torch import nn
+
+    from flowrec.graph.types import GroupField, PackedGroup, TableSlot
+    from flowrec.runtime.checkpoint_shards import ShardRows
+    from flowrec.runtime.distributed.model import load_whole_state
+    from flowrec.runtime.distributed.sharded import ShardedPackedEmbedding
+
+    state = write_run(tmp_path, saved)
+    out = assemble_shards(tmp_path / "checkpoint.pt", state, lazy=True)
+    lazy_w, lazy_s = out["model"]["embeddings.g.weight"], out["model"]["embeddings.g.state"]
+    weight, opt = whole(4)
+    assert isinstance(lazy_w, ShardRows) and lazy_w.shape == weight.shape and lazy_w.dtype == weight.dtype
+    assert torch.equal(lazy_w.whole(), weight) and torch.equal(lazy_s.whole(), opt)
+    group = PackedGroup("g", DIM, "fp32", ("rowwise_adagrad", 0.1, ()), (TableSlot("t", ROWS, 0),),
+                        (GroupField("f", "t", 1, "sum"),))
+    monkeypatch.setattr(ShardRows, "whole", lambda self: pytest.fail("a row-wise group assembled a table"))
+    for rank in range(loaded):
+        model = nn.Module()
+        model.embeddings = nn.ModuleDict({"g": ShardedPackedEmbedding(group, loaded, rank, seed=9)})
+        model.ops = nn.Module()
+        model.ops.register_buffer("w", torch.zeros(2))
+        load_whole_state(model, out["model"])
+        mine = owned_rows(ROWS, loaded, rank)
+        assert torch.equal(model.embeddings["g"].weight, weight[mine])
+        assert torch.equal(model.embeddings["g"].state, opt[mine])
+        assert torch.equal(model.ops.w, torch.ones(2))

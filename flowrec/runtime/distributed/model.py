@@ -23,6 +23,7 @@ from torch import nn
 
 from flowrec.graph.kinds import PLACEMENTS
 from flowrec.graph.types import PackedGroup
+from flowrec.runtime.checkpoint_shards import ShardRows
 from flowrec.runtime.distributed.replicated import ReplicatedPackedEmbedding
 from flowrec.runtime.distributed.schedule import lookup_groups
 from flowrec.runtime.distributed.sharded import ShardedPackedEmbedding
@@ -89,18 +90,29 @@ def whole_state_like(model: Any) -> dict[str, torch.Tensor]:
     return out
 
 
-def load_whole_state(model: Any, state: dict[str, torch.Tensor]) -> None:
+def load_whole_state(model: Any, state: dict[str, Any]) -> None:
     """Load a single-process-layout model state: each row-wise group keeps its own rows of the
-    whole tables (the modulo rule); everything else loads as in one process."""
+    whole tables (the modulo rule); everything else loads as in one process. A table may be given
+    as `ShardRows` (a sharded checkpoint, not assembled): a row-wise group then copies its rows
+    from each shard, and any other part is assembled first."""
     for name, module in model.embeddings.items():
         if isinstance(module, ShardedPackedEmbedding):
             prefix = f"embeddings.{name}."
             weight, opt = state[prefix + "weight"], state[prefix + "state"]
-            module.load_rows(torch.arange(weight.shape[0], dtype=torch.int64), weight, opt)
-    rest = {k: v for k, v in state.items() if _sharded(model, k) is None}
+            if isinstance(weight, ShardRows) and isinstance(opt, ShardRows):
+                for (rows, w), (_, st) in zip(weight.parts, opt.parts):
+                    module.load_rows(rows, w, st)
+            else:
+                weight, opt = _whole(weight), _whole(opt)
+                module.load_rows(torch.arange(weight.shape[0], dtype=torch.int64), weight, opt)
+    rest = {k: _whole(v) for k, v in state.items() if _sharded(model, k) is None}
     missing = [k for k in model.load_state_dict(rest, strict=False).missing_keys if _sharded(model, k) is None]
     if missing:
         raise KeyError(f"missing {missing[0]}")
+
+
+def _whole(value: Any) -> Any:
+    return value.whole() if isinstance(value, ShardRows) else value
 
 
 def _sharded(model: Any, key: str) -> ShardedPackedEmbedding | None:
