@@ -14,6 +14,7 @@ Example:
 """
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -32,6 +33,7 @@ from flowrec.runtime.checkpoint_format import (
 )
 
 CHECKPOINT_NAME = "checkpoint.pt"
+DISK_MARGIN = 1.05  # a write failing with less free space than this x the tensors' bytes: the disk is full
 CHECKPOINT_FORMAT = "flowrec-checkpoint"
 CHECKPOINT_VERSION = 2  # 2: content digest and skipped-batch count
 REQUIRED_KEYS = ("format", "version", "digest", "spec", "plan", "model", "dense_optimizer", "rng",
@@ -72,7 +74,33 @@ def save_checkpoint(path: Path, state: dict[str, Any],
     except OSError as exc:
         raise CheckpointError(f"could not write checkpoint {path}: {exc.strerror or exc}; "
                               f"the previous checkpoint is intact") from None
+    except RuntimeError as exc:  # torch's zip writer reports a full disk as "unexpected pos ..."
+        raise CheckpointError(f"could not write checkpoint {path}: {_write_failure(path, full, exc)}; "
+                              f"the previous checkpoint is intact") from None
     return full["digest"]
+
+
+def _write_failure(path: Path, state: dict[str, Any], exc: RuntimeError) -> str:
+    """Why torch.save failed: a disk without room for the state's tensors, else its first line."""
+    need = tensor_bytes(state)
+    try:
+        free = shutil.disk_usage(path.parent).free
+    except OSError:
+        free = None
+    if free is not None and free < need * DISK_MARGIN:
+        return f"its disk has {free / 2**20:,.0f} MiB free and the checkpoint needs about {need / 2**20:,.0f} MiB"
+    return f"torch.save failed ({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__})"
+
+
+def tensor_bytes(value: Any) -> int:
+    """Bytes of the tensors in a nested dict / list / tuple."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(tensor_bytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(tensor_bytes(v) for v in value)
+    return 0
 
 
 def checkpoint_path(path: Path) -> Path:
