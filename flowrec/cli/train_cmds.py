@@ -375,6 +375,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     try:
         if state is not None:
             trainer.load_state(state, folder / CHECKPOINT_NAME)
+            state.clear()  # the model has its copy: release the checkpoint's (memory-mapped) tensors
             if trainer.finished(session.train):
                 session.model.close()
                 _say(_finished_line(folder, trainer, settings))
