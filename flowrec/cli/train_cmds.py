@@ -343,7 +343,11 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     if world is not None:
         device = world.device  # cuda:LOCAL_RANK for each rank on CUDA
     if world is not None and settings["checkpoint_full_every"] not in (None, 1):
-        fail(NO_INCREMENTAL_ON_RANKS)
+        if request.given.get("checkpoint_full_every") is not None:
+            fail(NO_INCREMENTAL_ON_RANKS)
+        _say(f"the run wrote incremental checkpoints (--checkpoint-full-every {settings['checkpoint_full_every']}); "
+             f"on {world.size} ranks every checkpoint is a full one")
+        settings["checkpoint_full_every"] = 1
     if spec.training.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
     try:

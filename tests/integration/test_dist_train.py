@@ -128,6 +128,24 @@ def test_resume_two_ranks_on_one_and_one_on_two(work):
     assert_same_model(work / full, work / "r_1to2")
 
 
+def test_a_run_with_incremental_checkpoints_continues_on_two_ranks(work):
+    """Base + deltas of a one-process run are what 2 ranks resume from (each maps the base, applies
+    the deltas and keeps its rows); they then write full checkpoints, and say so."""
+    full = "r_full_inc"
+    train(work, full, 1, "--plan", "p1.json")
+    train(work, "r_inc", 1, "--plan", "p1.json", "--max-steps", "5", "--checkpoint-every", "1",
+          "--checkpoint-full-every", "3")
+    assert list((work / "r_inc").glob("checkpoint.delta-*.pt"))  # the newest state is base + deltas
+    resumed = flowrec("train", "spec.yaml", "--resume", "r_inc", "--max-steps", "1000", "-q", "--nproc", "2",
+                      cwd=work)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "on 2 ranks every checkpoint is a full one" in resumed.stderr
+    assert_same_model(work / full, work / "r_inc")
+    asked = flowrec("train", "spec.yaml", "--resume", "r_inc", "-q", "--nproc", "2", "--checkpoint-full-every", "3",
+                    cwd=work)
+    assert asked.returncode == 2 and "not yet supported with several ranks" in asked.stderr.strip().splitlines()[-1]
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
