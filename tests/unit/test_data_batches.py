@@ -244,3 +244,26 @@ def test_a_final_batch_smaller_than_the_world_leaves_some_ranks_empty():
     assert all(ids.ids.numel() == 0 and ids.offsets.tolist() == [0] for ids in empty.groups.values())
     assert empty.dense.shape == (0, 1) and empty.labels.shape == (0, 2)
     assert [b.global_size for b in ranks[0]] == [64, 1]
+
+
+def test_row_group_reads_name_bad_rows_within_the_file_and_skip_empty_parts(tmp_path, monkeypatch):
+    """Checked row group by row group, a bad id is still named by its row in the part file; an
+    empty part file (0 rows) between others is skipped."""
+    import pyarrow.parquet as pq
+
+    from flowrec.data.layout import DataError
+
+    monkeypatch.setattr(convert, "ROW_GROUP_ROWS", 32)
+    spec = make_spec()
+    synth_dataset(spec, tmp_path / "d", ROWS, rows_per_file=400)
+    parts = sorted((tmp_path / "d").glob("part-*.parquet"))
+    table = pq.read_table(parts[1])
+    pq.write_table(table.slice(0, 0), tmp_path / "d" / "part-00001a.parquet")  # sorts between 1 and 2
+    with iterate_batches(spec, ParquetSource(tmp_path / "d"), StagingOptions(batch_size=64, world_size=2, rank=1)) as it:
+        assert sum(b.size for b in it) == ROWS // 2
+    ids = table.column("a").to_numpy().copy()
+    ids[70] = 999  # the third row group of the file
+    pq.write_table(table.set_column(table.column_names.index("a"), "a", pa.array(ids)), parts[1], row_group_size=32)
+    with pytest.raises(DataError, match=rf"^{parts[1]}: column 'a': id 999 outside .* at row 70 \(0-based\)"):
+        with iterate_batches(spec, ParquetSource(tmp_path / "d"), StagingOptions(batch_size=64, shuffle=False)) as it:
+            list(it)
