@@ -38,7 +38,7 @@ import torch
 
 from flowrec.data.checked import rules_key
 from flowrec.data.checks import ColumnRule, check_partition, partition_rules
-from flowrec.data.dataset import PartitionSource, partition_name, token
+from flowrec.data.dataset import PartitionSource, partition_name, take_rows, token
 from flowrec.data.lookahead import LookaheadWindow, batch_extras
 from flowrec.data.packed_ids import column_arrays, pack_group
 from flowrec.data.strata import STRATA, chunk_layout, needed_range
@@ -306,7 +306,8 @@ class BatchIterator:
 
     def _raw_batches(self) -> Iterator[tuple[int, Any, int | None]]:
         """(batch index, this rank's rows: a table, or a `_Staged` batch of a Dask source, global
-        batch size or None) in epoch order."""
+        batch size or None) in epoch order. A chunk's rows for this rank are taken once, in batch
+        order, and cut into batches without copies."""
         rules = partition_rules(self.spec, self.columns) if self.opts.check else ()
         remote = getattr(self.source, "stage", None) is not None
         reader = _RowReader(self.source, self.plan, self.columns, rules, remote)
@@ -318,19 +319,27 @@ class BatchIterator:
             upcoming = next(chunks, None)
             if upcoming is not None:
                 reader.prefetch(upcoming.read_lo, upcoming.read_hi)
+            order = np.concatenate([rows for _, rows, _ in current.batches])
+            if not self.plan.shuffle and self.opts.world_size == 1:
+                order = None  # the stream order: the rows as read
             if remote:
                 parts = reader.parts(current.read_lo, current.read_hi)
-                for index, rows, global_size in current.batches:
-                    key = (f"flowrec-batch-{run}", self.epoch, index, self.opts.rank)
-                    staged = self.source.stage(key, [p[:3] for p in parts], rows, not self.plan.shuffle)
-                    yield index, _Staged(staged, reader, [p[3] for p in parts]), global_size
+                first = current.batches[0][0]
+                taken = self.source.stage_rows((f"flowrec-rows-{run}", self.epoch, first, self.opts.rank),
+                                               [p[:3] for p in parts], order)
+                pieces = [i for p in parts for i in p[3]]
             else:
-                table = reader.rows(current.read_lo, current.read_hi)
-                for index, rows, global_size in current.batches:
-                    if self.plan.shuffle:
-                        yield index, table.take(pa.array(rows)), global_size
-                    else:
-                        yield index, table.slice(int(rows[0]) if len(rows) else 0, len(rows)), global_size
+                taken = take_rows([(reader.rows(current.read_lo, current.read_hi), 0,
+                                    current.read_hi - current.read_lo)], order)
+            start = 0
+            for index, rows, global_size in current.batches:
+                if remote:
+                    key = (f"flowrec-batch-{run}", self.epoch, index, self.opts.rank)
+                    batch = _Staged(self.source.stage(key, taken, start, len(rows)), reader, pieces)
+                else:
+                    batch = taken.slice(start, len(rows))
+                yield index, batch, global_size
+                start += len(rows)
             current = upcoming
 
     def _pack(self, rows: Any, index: int, global_size: int | None) -> Batch:
@@ -370,11 +379,22 @@ class BatchIterator:
             self._put(self._out, _failed(exc))
 
 
+@dataclass
+class _Block:
+    """Consecutive row groups of one partition, read together (one read per partition and range)."""
+
+    future: Any  # of the rows of `pieces`
+    pieces: list[int]
+    first_row: int  # the partition row of its first row
+    checked: bool = False
+
+
 class _RowReader:
     """Rows [lo, hi) of the epoch stream, reading only the row groups they touch.
 
-    Row groups are read once each (one still needed by the next range is kept), `prefetch` starts
-    reading a later range ahead, and every row group is checked before any of its rows is used
+    The row groups a range needs that are not read yet are read in blocks (consecutive groups of
+    one partition, one read each); a block still needed by the next range is kept; `prefetch`
+    starts reading a later range ahead. Every block is checked before any of its rows is used
     (here, or with `remote` by the Dask task that reads it); a partition whose row groups all
     passed in this epoch is recorded as passed.
     """
@@ -391,7 +411,7 @@ class _RowReader:
                     self.pieces.append((pos, g, n))
                     starts.append(starts[-1] + n)
         self.starts = np.asarray(starts, np.int64)
-        self.pending: dict[int, Any] = {}  # piece -> future of its table
+        self.pending: dict[int, tuple[_Block, int]] = {}  # piece -> (its block, its first row in it)
         self.checked: dict[int, set[int]] = {}  # partition position -> row groups that passed
         self.key = rules_key(rules)
         self._lock = threading.Lock()
@@ -400,19 +420,30 @@ class _RowReader:
         return range(int(np.searchsorted(self.starts, lo, side="right")) - 1,
                      int(np.searchsorted(self.starts, hi, side="left")))
 
-    def _unchecked(self, i: int) -> bool:
-        return bool(self.rules) and not self.source.passed(self.plan.order[self.pieces[i][0]], self.key)
+    def _unchecked(self, pos: int) -> bool:
+        return bool(self.rules) and not self.source.passed(self.plan.order[pos], self.key)
 
     def prefetch(self, lo: int, hi: int) -> None:
-        """Start reading the row groups of stream rows [lo, hi)."""
-        for i in self._span(lo, hi):
-            if i not in self.pending:
-                pos, group, _ = self.pieces[i]
-                if self.remote:
-                    rules = self.rules if self._unchecked(i) else ()
-                    self.pending[i] = self.source.submit(self.plan.order[pos], self.columns, [group], rules)
-                else:
-                    self.pending[i] = self.source.submit(self.plan.order[pos], self.columns, [group])
+        """Start reading the row groups of stream rows [lo, hi) not read yet, in blocks."""
+        todo = [i for i in self._span(lo, hi) if i not in self.pending]
+        while todo:
+            pos = self.pieces[todo[0]][0]
+            run = [todo[0]]
+            while len(run) < len(todo) and todo[len(run)] == run[-1] + 1 and self.pieces[todo[len(run)]][0] == pos:
+                run.append(todo[len(run)])
+            todo = todo[len(run):]
+            groups = [self.pieces[i][1] for i in run]
+            index = self.plan.order[pos]
+            if self.remote:
+                rules = self.rules if self._unchecked(pos) else ()
+                future = self.source.submit(index, self.columns, groups, rules)
+            else:
+                future = self.source.submit(index, self.columns, groups)
+            block = _Block(future, run, sum(self.plan.groups[pos][:groups[0]]))
+            offset = 0
+            for i in run:
+                self.pending[i] = (block, offset)
+                offset += self.pieces[i][2]
 
     def passed(self, pieces: Sequence[int]) -> None:
         """Record that row groups `pieces` passed the checks."""
@@ -425,13 +456,13 @@ class _RowReader:
             if complete and self.rules:
                 self.source.add_passed(self.plan.order[pos], self.key)
 
-    def _piece(self, i: int) -> pa.Table:
-        table = self.pending[i].result()
-        if self._unchecked(i):
-            index = self.plan.order[self.pieces[i][0]]
-            pos, group, _ = self.pieces[i]
-            check_partition(table, self.rules, partition_name(self.source, index), sum(self.plan.groups[pos][:group]))
-            self.passed([i])
+    def _table(self, block: _Block) -> pa.Table:
+        table = block.future.result()
+        pos = self.pieces[block.pieces[0]][0]
+        if not block.checked and self._unchecked(pos):
+            check_partition(table, self.rules, partition_name(self.source, self.plan.order[pos]), block.first_row)
+            self.passed(block.pieces)
+        block.checked = True
         return table
 
     def _overlaps(self, lo: int, hi: int) -> Iterator[tuple[int, int, int]]:
@@ -443,13 +474,25 @@ class _RowReader:
             start, end = int(self.starts[i]), int(self.starts[i + 1])
             yield i, max(lo, start) - start, min(hi, end) - start
 
-    def parts(self, lo: int, hi: int) -> list[tuple[Any, int, int, int]]:
-        """(future, a, b, piece) per row group of stream rows [lo, hi), unresolved (Dask)."""
-        return [(self.pending[i], a, b, i) for i, a, b in self._overlaps(lo, hi)]
+    def _merged(self, lo: int, hi: int) -> list[tuple[_Block, int, int, list[int]]]:
+        """[lo, hi) as (block, a, b, pieces): rows [a, b) of each block it touches."""
+        out: list[tuple[_Block, int, int, list[int]]] = []
+        for i, a, b in self._overlaps(lo, hi):
+            block, offset = self.pending[i]
+            if out and out[-1][0] is block and out[-1][2] == offset + a:
+                out[-1] = (block, out[-1][1], offset + b, out[-1][3] + [i])
+            else:
+                out.append((block, offset + a, offset + b, [i]))
+        return out
+
+    def parts(self, lo: int, hi: int) -> list[tuple[Any, int, int, list[int]]]:
+        """(future, a, b, pieces) per block of stream rows [lo, hi), unresolved (Dask)."""
+        return [(block.future, a, b, pieces) for block, a, b, pieces in self._merged(lo, hi)]
 
     def rows(self, lo: int, hi: int) -> pa.Table:
-        parts = [self._piece(i).slice(a, b - a) for i, a, b in self._overlaps(lo, hi)]
-        return pa.concat_tables(parts).combine_chunks() if len(parts) > 1 else parts[0]
+        """Stream rows [lo, hi) (zero-copy slices of the blocks; columns may be in several chunks)."""
+        parts = [self._table(block).slice(a, b - a) for block, a, b, _ in self._merged(lo, hi)]
+        return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
 
 
 class _Staged:

@@ -192,13 +192,16 @@ def _read_checked(file: str, columns: Sequence[str], row_groups: Sequence[int] |
     return table
 
 
-def _cut(parts: Sequence[tuple[pa.Table, int, int]], rows: Any, contiguous: bool) -> pa.Table:
-    """A Dask task: rows `rows` of the concatenated slices [a, b) of `parts` (one batch of a rank)."""
+def take_rows(parts: Sequence[tuple[pa.Table, int, int]], order: Any) -> pa.Table:
+    """Rows `order` (None: all, in order) of the concatenated slices [a, b) of `parts`; columns
+    may stay in several chunks (pyarrow's take reads them in place)."""
     tables = [t.slice(a, b - a) for t, a, b in parts]
-    table = pa.concat_tables(tables).combine_chunks() if len(tables) > 1 else tables[0]
-    if contiguous:
-        return table.slice(int(rows[0]) if len(rows) else 0, len(rows))
-    return table.take(pa.array(rows))
+    table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+    return table if order is None else table.take(pa.array(order))
+
+
+def _batch(table: pa.Table, start: int, rows: int) -> pa.Table:
+    return table.slice(start, rows)
 
 
 class DaskSource:
@@ -206,8 +209,9 @@ class DaskSource:
 
     Every task has a key that names what it computes, so a recomputed task gives the same result
     and runs on one cluster never mix: row-group reads are keyed by the part file's fingerprint,
-    its row group, columns and checks; `stage` submits a batch under the key its caller gives
-    (`flowrec.data.batches`: run token, epoch, batch, rank).
+    its row group, columns and checks; `stage_rows` takes a rank's rows of a shuffle chunk and
+    `stage` cuts a batch of them, under the keys their caller gives (`flowrec.data.batches`: run
+    token, epoch, chunk or batch, rank).
 
     Args:
         path: dataset directory.
@@ -249,9 +253,13 @@ class DaskSource:
         return self._client.submit(_read_checked, self.files[index], tuple(columns), groups, tuple(rules),
                                    first_row, key=key)
 
-    def stage(self, key: Any, parts: Sequence[tuple[Any, int, int]], rows: Any, contiguous: bool) -> Any:
-        """Cut one batch on the cluster: rows `rows` of the slices [a, b) of read futures, under `key`."""
-        return self._client.submit(_cut, list(parts), rows, contiguous, key=key)
+    def stage_rows(self, key: Any, parts: Sequence[tuple[Any, int, int]], order: Any) -> Any:
+        """On the cluster, under `key`: rows `order` of the slices [a, b) of read futures (`take_rows`)."""
+        return self._client.submit(take_rows, list(parts), order, key=key)
+
+    def stage(self, key: Any, rows: Any, start: int, count: int) -> Any:
+        """On the cluster, under `key`: one batch, rows [start, start + count) of a `stage_rows` future."""
+        return self._client.submit(_batch, rows, start, count, key=key)
 
     def passed(self, index: int, key: str) -> bool:
         return self._record.passed(index, key)
