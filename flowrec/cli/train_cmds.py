@@ -412,6 +412,8 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
             raise
         fail(f"stopped at step {trainer.position.step + 1}: another rank failed or did not answer within "
              f"{world.timeout_s:g} s ({_one_line(exc)}); {trainer.checkpoint_note()}", EXIT_RANK_FAILED)
+    finally:
+        session.close_data()
     if not trainer.lead:
         return
     _report(result, folder, request.json_out)

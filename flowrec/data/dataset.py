@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 import hashlib
+import logging
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol, Sequence
@@ -232,7 +233,7 @@ class DaskSource:
         self._cluster = None
         if address is None:
             self._cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                                         dashboard_address=None)
+                                         dashboard_address=":0")  # a free port: never "8787 in use"
             address = self._cluster.scheduler_address
         self._client = Client(address, set_as_default=False)
 
@@ -271,7 +272,16 @@ class DaskSource:
         self._record.save()
         self._client.close()
         if self._cluster is not None:
-            self._cluster.close()
+            # its INFO lines about retiring workers and closing comms are not for users
+            names = [n for n in list(logging.root.manager.loggerDict) if n.split(".")[0] == "distributed"]
+            levels = {n: logging.getLogger(n).level for n in names}
+            for n in names:
+                logging.getLogger(n).setLevel(logging.ERROR)
+            try:
+                self._cluster.close()
+            finally:
+                for n, level in levels.items():
+                    logging.getLogger(n).setLevel(level)
 
 
 class _Done:

@@ -68,6 +68,11 @@ class Session:
     eval: Any | None
     data_note: str
 
+    def close_data(self) -> None:
+        """Close the data sources (their reader threads, check records, a local Dask cluster)."""
+        for source in {id(s): s for s in (self.train, self.eval) if s is not None}.values():
+            source.close()
+
 
 def resolve_device(name: str) -> torch.device:
     """auto -> cuda when available, else cpu; cuda without CUDA is a clear error."""
