@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import torch
 
+from flowrec.runtime import calibrate_ops as ops
 from operators.device import cuda_devices, runtime_for
 
 GATHER_DIMS = (16, 32, 64, 128)  # embedding dims whose row gather / scatter rates are measured
@@ -108,33 +109,35 @@ def memory_bytes(device: torch.device) -> int:
 
 
 def calibrate(device: torch.device, shapes: list[tuple[int, int, int]], min_seconds: float = 0.5,
-              ) -> tuple[dict[str, tuple[float | None, str]], dict[str, Any]]:
+              ) -> tuple[dict[str, tuple[Any, str]], dict[str, Any]]:
     """Measure every profile constant this machine can show.
 
     Args:
         device: the compute device.
         shapes: (m, k, n) GEMMs of the spec's dense layers at its batch size.
-        min_seconds: time spent per measured kernel (after a warm-up).
+        min_seconds: time spent per measured rate; each point of a fitted per-op cost gets
+            a quarter of it.
 
     Returns:
         ({profile field: (value, how)}, raw details).
     """
-    fp32, fp32_shapes = gemm_tflops(device, shapes, torch.float32, min_seconds)
     bf16, bf16_shapes = gemm_tflops(device, shapes, torch.bfloat16, min_seconds)
     gathers, scatters = gather_rates(device, min_seconds)
     shape_text = ", ".join(f"{m}x{k}x{n}" for m, k, n in shapes)
-    measured: dict[str, tuple[float | None, str]] = {
+    measured: dict[str, tuple[Any, str]] = {
         "memory_bytes": (memory_bytes(device), "total device memory (host RAM on the CPU)"),
-        "fp32_tflops": (fp32, f"fp32 GEMMs at the spec's shapes {shape_text}, FLOP-weighted, mean of repeats"),
         "bf16_tflops": (bf16, f"bf16 GEMMs at the spec's shapes {shape_text}, FLOP-weighted, mean of repeats"),
-        "gemm_efficiency": (1.0, "the TFLOP/s above are achieved rates at the spec's shapes"),
+        "gemm_efficiency": (1.0, "the TFLOP/s are achieved rates (fp32: fitted over GEMM shapes)"),
         "hbm_gbps": (copy_gbps(device, min_seconds), f"copy of {COPY_BYTES >> 20} MiB, read + write"),
         "gather_rows_per_s": (gathers[REFERENCE_DIM], f"index_select of {GATHER_LOOKUPS} random rows of dim "
                                                       f"{REFERENCE_DIM} fp32 from {GATHER_TABLE_ROWS} rows"),
         "launch_us": (launch_us(device, min_seconds), "wall time of an 8-element add"),
     }
-    details: dict[str, Any] = {"fp32_tflops_by_shape": fp32_shapes, "bf16_tflops_by_shape": bf16_shapes,
+    details: dict[str, Any] = {"bf16_tflops_by_shape": bf16_shapes,
                                "gather_rows_per_s_by_dim": gathers, "scatter_add_rows_per_s_by_dim": scatters}
+    op_measured, op_details = per_op_costs(device, shapes, min_seconds / 4)
+    measured.update(op_measured)
+    details.update(op_details)
     if device.type == "cuda":
         h2d, d2h = transfer_gbps(device, min_seconds)
         host_gathers, _ = gather_rates(torch.device("cpu"), min_seconds)
@@ -145,4 +148,44 @@ def calibrate(device: torch.device, shapes: list[tuple[int, int, int]], min_seco
         measured["pcie_gbps"] = (None, "the host is the device: no transfer stage")
         measured["host_gather_rows_per_s"] = (gathers[REFERENCE_DIM], "as gather_rows_per_s (same memory)")
     details["collective_gbps"] = "not measured: single process (collectives belong to the scale-out work)"
+    return measured, details
+
+
+def per_op_costs(device: torch.device, shapes: list[tuple[int, int, int]], seconds: float,
+                 ) -> tuple[dict[str, tuple[Any, str]], dict[str, Any]]:
+    """The fitted per-op constants (`flowrec.runtime.calibrate_ops`), `seconds` per timed point."""
+    def measure(run: Callable[[], Any]) -> float:
+        return mean_seconds(run, device, seconds)
+
+    (gemm_us, tflops, gemm_gbps), gemm_points = ops.gemm_fit(measure, device, shapes)
+    ew_us, ew_gbps, ew_points = ops.elementwise_fit(measure, device)
+    forward, updates, sparse_points = ops.sparse_fit(measure, device)
+    dense = ops.dense_update_fit(measure, device)
+    fit = "least squares on relative error over"
+    gemm_how = f"fp32 GEMMs t = fixed + FLOPs / rate + bytes / bandwidth, {fit} {len(gemm_points)} shapes " \
+               f"(the spec's forward and backward shapes and a grid)"
+    cases = f"{len(ops.SPARSE_CASES)} (ids, unique rows, dim) cases"
+    measured: dict[str, tuple[Any, str]] = {
+        "fp32_tflops": (tflops, gemm_how),
+        "gemm_us": (gemm_us, gemm_how),
+        "gemm_gbps": (gemm_gbps, gemm_how),
+        "op_us": (ops.autograd_op_us(measure, device), f"{ops.AUTOGRAD_CHAIN} tiny multiplies forward and "
+                                                       f"backward through autograd, per kernel"),
+        "elementwise_us": (ew_us, f"relu and its backward at {len(ops.ELEMENTWISE_SIZES)} sizes, "
+                                  f"t = fixed + bytes / bandwidth"),
+        "elementwise_gbps": (ew_gbps, "as elementwise_us"),
+        "sparse_fwd_us": (forward[0], f"PackedEmbeddingBag forward, t = fixed + ids x (a + b x dim), {fit} {cases}"),
+        "sparse_fwd_ns_per_id": (forward[1], "as sparse_fwd_us"),
+        "sparse_fwd_ns_per_elem": (forward[2], "as sparse_fwd_us"),
+        "sparse_update": ({k: list(v) for k, v in updates.items()},
+                          f"casting + fused_backward per sparse optimizer, t = fixed + ids x (a + b x dim) + "
+                          f"unique rows x (c + d x dim), {fit} {cases}"),
+        "dense_update": ({k: list(v) for k, v in dense.items()},
+                         f"torch.optim step per dense optimizer, t = tensors x a + elements x b, "
+                         f"{fit} {len(ops.DENSE_TENSORS)} parameter sets"),
+        "map_ns_per_id": (ops.map_ns_per_id(measure, device), f"int64 row map lookup of {ops.MAP_LOOKUPS} random "
+                                                              f"ids in {ops.MAP_ENTRIES} entries"),
+    }
+    details = {"gemm_us_by_shape": gemm_points, "elementwise_us_by_size": ew_points,
+               "sparse_backward_us_by_case": sparse_points}
     return measured, details

@@ -1,0 +1,201 @@
+"""Measure what a training step costs beyond its arithmetic: per-op overhead, elementwise passes,
+GEMMs of every shape (forward and backward), the dense optimizers, the sparse path.
+
+Every cost is fit as a linear model, fixed + rate x work, to timings at a few sizes
+(`fit_linear`: least squares on relative errors, coefficients kept non-negative), so it applies to
+shapes that were not measured. The sparse path is timed through the project's own operators
+(`operators.embedding.PackedEmbeddingBag`: the embedding-bag forward, then the casted
+gather-reduce and the fused row-wise update of every sparse optimizer), the dense optimizers
+through torch.optim as the runtime builds them (`flowrec.runtime.step.make_dense_optimizer`).
+
+Example:
+    >>> fit_linear([[1, 10], [1, 20], [1, 40]], [3.0, 5.0, 9.0])  # t = 1 + 0.2 x
+    [1.0, 0.2]
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from flowrec.graph.kinds import OPTIMIZERS
+from flowrec.runtime.step import make_dense_optimizer
+from operators.backends import fused_backward
+from operators.casting import compute_casting
+from operators.embedding import PackedEmbeddingBag
+from operators.packed_layout import BagField, Layout, TableRange
+
+ELEMENTWISE_SIZES = (1 << 16, 1 << 20, 1 << 22)  # fp32 elements of the timed activation passes
+AUTOGRAD_CHAIN = 32  # tiny ops of the per-op overhead chain
+GEMM_GRID = ((1024, 64, 64), (4096, 16, 256), (4096, 256, 256), (4096, 1024, 512), (16384, 64, 32),
+             (512, 4096, 16))  # (m, k, n) beyond the spec's: every regime (memory- and compute-bound)
+DENSE_TENSORS = ((32, 256), (4, 1 << 18), (16, 1 << 16))  # (tensors, elements each) per optimizer fit
+SPARSE_TABLE_ROWS = 1 << 18
+SPARSE_CASES = ((16384, SPARSE_TABLE_ROWS, 16), (131072, SPARSE_TABLE_ROWS, 16), (131072, 2048, 16),
+                (131072, SPARSE_TABLE_ROWS, 64), (16384, SPARSE_TABLE_ROWS, 64), (131072, 2048, 64))  # (ids, id range, dim)
+MAP_ENTRIES = 1 << 22  # int64 row map of the index lookups host and cached placements make per id
+MAP_LOOKUPS = 1 << 17
+
+Measure = Callable[[Callable[[], Any]], float]  # mean wall seconds of one call (`calibrate.mean_seconds`)
+
+
+def fit_linear(features: Sequence[Sequence[float]], seconds: Sequence[float]) -> list[float]:
+    """Non-negative coefficients c minimising sum(((features @ c) - t) / t)^2.
+
+    Relative errors, so that small kernels weigh as much as large ones; a coefficient the data
+    would make negative is dropped (set to 0) and the rest refit.
+
+    Args:
+        features: one row per timing (e.g. [1, work]).
+        seconds: the timings (positive).
+
+    Returns:
+        One coefficient per feature column.
+    """
+    x = np.asarray(features, dtype=np.float64)
+    t = np.asarray(seconds, dtype=np.float64)
+    if x.ndim != 2 or x.shape[0] != t.shape[0] or x.shape[0] < 1 or not (t > 0).all():
+        raise ValueError("fit_linear needs one positive timing per feature row")
+    weighted = x / t[:, None]
+    keep = list(range(x.shape[1]))
+    coef = np.zeros(x.shape[1])
+    while keep:
+        sol = np.linalg.lstsq(weighted[:, keep], np.ones(len(t)), rcond=None)[0]
+        if (sol >= 0).all():
+            coef[keep] = sol
+            break
+        keep.pop(int(np.argmin(sol)))
+    return [float(round(c, 15)) for c in coef]
+
+
+def autograd_op_us(measure: Measure, device: torch.device) -> float:
+    """Wall microseconds per autograd kernel (forward op or backward node) on tiny tensors."""
+    x = torch.ones(8, device=device, requires_grad=True)
+
+    def chain() -> None:
+        y = x
+        for _ in range(AUTOGRAD_CHAIN):
+            y = y * 1.0001
+        y.sum().backward()
+
+    kernels = 2 * (AUTOGRAD_CHAIN + 1)
+    return measure(chain) / kernels * 1e6
+
+
+def elementwise_fit(measure: Measure, device: torch.device) -> tuple[float, float, dict[str, float]]:
+    """(us per pass, GB/s) of activation passes: relu forward (read + write) and its backward
+    (read two, write one) at ELEMENTWISE_SIZES, fit t = fixed + bytes / bandwidth."""
+    rows, times, details = [], [], {}
+    for n in ELEMENTWISE_SIZES:
+        x = torch.randn(n, device=device)
+        g = torch.randn(n, device=device)
+        for name, run, streams in (("relu", lambda: torch.relu(x), 2),
+                                   ("relu_backward", lambda: torch.ops.aten.threshold_backward(g, x, 0.0), 3)):
+            seconds = measure(run)
+            rows.append([1.0, streams * 4.0 * n])
+            times.append(seconds)
+            details[f"{name}_{n}"] = seconds * 1e6
+    fixed, per_byte = fit_linear(rows, times)
+    return fixed * 1e6, (1.0 / per_byte / 1e9) if per_byte > 0 else 0.0, details
+
+
+def gemm_fit(measure: Measure, device: torch.device, shapes: Sequence[tuple[int, int, int]]
+             ) -> tuple[tuple[float, float, float], dict[str, float]]:
+    """Fit t = fixed + flops / rate + bytes / bandwidth to fp32 GEMMs: the spec's forward shapes,
+    their two backward GEMMs (dX: m x n x k, dW: k x m x n) and GEMM_GRID.
+
+    Returns:
+        ((fixed us, TFLOP/s, GB/s), {shape: measured us}).
+    """
+    todo: list[tuple[int, int, int]] = []
+    for m, k, n in shapes:
+        for shape in ((m, k, n), (m, n, k), (k, m, n)):
+            if shape not in todo:
+                todo.append(shape)
+    todo += [s for s in GEMM_GRID if s not in todo]
+    rows, times, details = [], [], {}
+    for m, k, n in todo:
+        a = torch.randn(m, k, device=device)
+        b = torch.randn(k, n, device=device)
+        seconds = measure(lambda: a @ b)
+        rows.append([1.0, 2.0 * m * k * n, 4.0 * (m * k + k * n + m * n)])
+        times.append(seconds)
+        details[f"{m}x{k}x{n}"] = seconds * 1e6
+    fixed, per_flop, per_byte = fit_linear(rows, times)
+    tflops = 1.0 / per_flop / 1e12 if per_flop > 0 else 0.0
+    gbps = 1.0 / per_byte / 1e9 if per_byte > 0 else 0.0
+    return (fixed * 1e6, tflops, gbps), details
+
+
+def dense_update_fit(measure: Measure, device: torch.device) -> dict[str, tuple[float, float]]:
+    """Per dense optimizer: (us per parameter tensor, ns per parameter element) of one step."""
+    out = {}
+    for name, info in OPTIMIZERS.items():
+        if not info.dense:
+            continue
+        rows, times = [], []
+        for tensors, elems in DENSE_TENSORS:
+            params = [torch.nn.Parameter(torch.randn(elems, device=device)) for _ in range(tensors)]
+            for p in params:
+                p.grad = torch.randn_like(p)
+            opt = make_dense_optimizer(SimpleNamespace(dense_parameters=lambda: params), name, 1e-3, {})
+            rows.append([float(tensors), float(tensors * elems)])
+            times.append(measure(opt.step))
+        per_tensor, per_elem = fit_linear(rows, times)
+        out[name] = (per_tensor * 1e6, per_elem * 1e9)
+    return out
+
+
+def _sparse_module(optimizer: str, dim: int, device: torch.device) -> PackedEmbeddingBag:
+    table = TableRange("t", SPARSE_TABLE_ROWS, 0)
+    layout = Layout("calibrate", dim, "fp32", (optimizer, 0.01, ()), (table,), (BagField("f", "t", 1, "sum"),))
+    return PackedEmbeddingBag(layout, device=device)
+
+
+def sparse_fit(measure: Measure, device: torch.device) -> tuple[list[float], dict[str, list[float]], dict[str, float]]:
+    """The sparse path at SPARSE_CASES: forward (`PackedEmbeddingBag` under autograd) t = fixed +
+    ids x (a + b x dim); backward as `_CastedEmbeddingBag.backward` runs it (casting, then the
+    gather-reduce and fused update of `fused_backward`) t = fixed + ids x (a + b x dim) + unique rows x (c_o + d_o x dim)
+    with the per-row part per sparse optimizer o (one joint fit).
+
+    Returns:
+        (forward [us, ns per id, ns per id and dim element],
+         {optimizer: backward [us, ns per id, ns per id elem, ns per unique row, ns per row elem]},
+         raw timings in us).
+    """
+    names = [n for n, info in OPTIMIZERS.items() if info.sparse]
+    gen = torch.Generator().manual_seed(0)
+    fwd_rows, fwd_t, bwd_rows, bwd_t, details = [], [], [], [], {}
+    for ids_n, id_range, dim in SPARSE_CASES:
+        ids = torch.randint(0, id_range, (ids_n,), generator=gen).to(device)
+        offsets = torch.arange(ids_n + 1, device=device)
+        unique = float(torch.unique(ids).numel())
+        grad = torch.ones(ids_n, dim, device=device)
+        for j, name in enumerate(names):
+            module = _sparse_module(name, dim, device)
+            if j == 0:
+                fwd_rows.append([1.0, ids_n, ids_n * dim])
+                fwd_t.append(measure(lambda: module(ids, offsets)))
+                details[f"forward_{ids_n}ids_d{dim}"] = fwd_t[-1] * 1e6
+            bwd_t.append(measure(lambda: fused_backward(module.weight, module.state, module.optimizer, grad,
+                                                         compute_casting(ids, offsets, None))))
+            row = [1.0, ids_n, ids_n * dim] + [0.0] * (2 * len(names))
+            row[3 + 2 * j], row[4 + 2 * j] = unique, unique * dim
+            bwd_rows.append(row)
+            details[f"{name}_{ids_n}ids_{int(unique)}rows_d{dim}"] = bwd_t[-1] * 1e6
+    forward = fit_linear(fwd_rows, fwd_t)
+    backward = fit_linear(bwd_rows, bwd_t)
+    shared = [backward[0] * 1e6, backward[1] * 1e9, backward[2] * 1e9]
+    per_opt = {name: shared + [backward[3 + 2 * j] * 1e9, backward[4 + 2 * j] * 1e9] for j, name in enumerate(names)}
+    return [forward[0] * 1e6, forward[1] * 1e9, forward[2] * 1e9], per_opt, details
+
+
+def map_ns_per_id(measure: Measure, device: torch.device) -> float:
+    """Nanoseconds per id of a random lookup in a large int64 row map (host and cached placements
+    map every id to a slot or a working row)."""
+    gen = torch.Generator().manual_seed(1)
+    table = torch.arange(MAP_ENTRIES, dtype=torch.int64)
+    ids = torch.randint(0, MAP_ENTRIES, (MAP_LOOKUPS,), generator=gen)
+    return measure(lambda: table[ids]) / MAP_LOOKUPS * 1e9
