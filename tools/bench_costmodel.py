@@ -3,10 +3,12 @@
 Calibrates this machine (`flowrec calibrate --out`, unless --profile is given), then for every spec
 in specs/ trains a few thousand synthetic rows (`flowrec data synth`, then `flowrec train SPEC
 --data DIR --target PROFILE --json`, a few steps; the planner samples that data for its access
-model) and compares the plan's prediction (`plan.json` of the run: `cost.step_ms_overlap`,
-`cost.h2d_bytes_per_step`) with the measurement: compute seconds per step, as `flowrec train
---report` shows them, of the steps after WARMUP_STEPS (two runs, the difference; wall seconds per
-step are recorded too), and the host<->device bytes of a step from the cache counters (every
+model) and compares the plan's prediction (`plan.json` of the run) with the measurement. Step time:
+the predicted compute of a step (`cost.step_ms_serial` minus the staging stage: what the trainer's
+compute seconds count; on the CPU staging runs between steps, `cost.step_ms_overlap` is the sum)
+against the median compute seconds of the steps after WARMUP_STEPS (each step timed as the
+trainer's guarded step call, `Trainer._step`, in the `flowrec train` process; the quartiles show
+the noise). Bytes: the host<->device bytes of a step from the cache counters (every
 group's step traffic per sample times the batch, plus dense features and labels, as the plan
 counts them; hot rows placed at the start and rows written back for checkpoints are not step
 traffic). Bytes are compared only for specs with a group that is not device-resident (the
@@ -42,9 +44,31 @@ WARMUP_STEPS = 2  # steps whose compute time (first-call set-up) is not counted
 FLOAT_BYTES = 4  # dense features and labels travel as float32
 
 
-def flowrec(*args: str, cwd: Path) -> str:
+STEP_TIMES = "FLOWREC_BENCH_STEP_SECONDS "  # the harness's last line: this marker, then JSON
+HARNESS = f"""
+import json, sys, time
+from flowrec.runtime import trainer
+seconds = []
+step = trainer.Trainer._step
+def timed(self, batch):
+    t0 = time.perf_counter()
+    out = step(self, batch)
+    seconds.append(time.perf_counter() - t0)
+    return out
+trainer.Trainer._step = timed
+from flowrec.cli import main
+sys.argv = ["flowrec", *sys.argv[1:]]
+try:
+    main()
+finally:
+    print("{STEP_TIMES}" + json.dumps(seconds), flush=True)
+"""
+
+
+def flowrec(*args: str, cwd: Path, timed: bool = False) -> str:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-m", "flowrec", *args], cwd=cwd, env=env, timeout=RUN_TIMEOUT_S,
+    command = ["-c", HARNESS] if timed else ["-m", "flowrec"]
+    done = subprocess.run([sys.executable, *command, *args], cwd=cwd, env=env, timeout=RUN_TIMEOUT_S,
                           capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"flowrec {' '.join(args)} failed: {done.stderr.strip().splitlines()[-1:]}")
@@ -52,12 +76,23 @@ def flowrec(*args: str, cwd: Path) -> str:
 
 
 def train_json(spec: Path, data: Path, profile: Path, steps: int, out: Path, tmp: Path,
-               budget: str | None, cache: str | None) -> dict[str, Any]:
+               budget: str | None, cache: str | None) -> tuple[dict[str, Any], list[float]]:
+    """The run's `--json` result and the compute seconds of each of its steps."""
     text = flowrec("train", str(spec), "--data", str(data), "--max-steps", str(steps), "--epochs", str(EPOCHS),
                    "--target", str(profile), "--device", "cpu", "--out", str(out), "--quiet", "--json",
                    "--eval-every", "0", *(["--device-budget", budget] if budget else []),
-                   *(["--cache", cache] if cache else []), cwd=tmp)
-    return json.loads(text[text.index("{"):])
+                   *(["--cache", cache] if cache else []), cwd=tmp, timed=True)
+    body, _, times = text.rpartition(STEP_TIMES)
+    return json.loads(body[body.index("{"):]), json.loads(times)
+
+
+def quantile(values: list[float], q: float) -> float:
+    """The q-quantile of `values` (linear interpolation)."""
+    ordered = sorted(values)
+    pos = q * (len(ordered) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
 def measured_bytes_per_step(counters: dict[str, Any], batch: int, dense_and_labels: int) -> float:
@@ -70,19 +105,22 @@ def measured_bytes_per_step(counters: dict[str, Any], batch: int, dense_and_labe
 
 def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str | None,
                  cache: str | None = None) -> dict[str, Any]:
-    """Predicted vs measured for one spec; the measured step is the compute seconds of `steps`
-    steps beyond WARMUP_STEPS (a run of WARMUP_STEPS + steps minus one of WARMUP_STEPS)."""
+    """Predicted vs measured for one spec: one run of WARMUP_STEPS + `steps` steps; the measured
+    step is the median compute time of the steps after WARMUP_STEPS."""
     data = tmp / f"{spec.stem}-data"
     flowrec("data", "synth", str(spec), "--rows", str(SYNTH_ROWS), "--out", str(data), cwd=tmp)
-    warm = train_json(spec, data, profile, WARMUP_STEPS, tmp / f"{spec.stem}-warm", tmp, budget, cache)
-    result = train_json(spec, data, profile, WARMUP_STEPS + steps, tmp / spec.stem, tmp, budget, cache)
+    result, seconds = train_json(spec, data, profile, WARMUP_STEPS + steps, tmp / spec.stem, tmp, budget, cache)
     plan = json.loads((tmp / spec.stem / "plan.json").read_text())
     cost = plan["cost"]
-    measured_ms = (result["stage_seconds"]["compute"] - warm["stage_seconds"]["compute"]) / steps * 1e3
-    row = {"spec": spec.name, "steps": steps, "batch": cost["batch_size"],
-           "predicted_step_ms": cost["step_ms_overlap"], "measured_step_ms": measured_ms,
-           "measured_wall_step_ms": (result["seconds"] - warm["seconds"]) / steps * 1e3,
-           "step_error": cost["step_ms_overlap"] / measured_ms - 1.0}
+    timed = [s * 1e3 for s in seconds[WARMUP_STEPS:]]
+    measured_ms = quantile(timed, 0.5)
+    predicted_ms = cost["step_ms_serial"] - cost["stage_ms"]["staging"]
+    row = {"spec": spec.name, "steps": len(timed), "batch": cost["batch_size"],
+           "predicted_step_ms": cost["step_ms_overlap"], "predicted_compute_ms": predicted_ms,
+           "predicted_stage_ms": cost["stage_ms"], "measured_step_ms": measured_ms,
+           "measured_step_ms_quartiles": [quantile(timed, 0.25), quantile(timed, 0.75)],
+           "measured_step_ms_mean": sum(timed) / len(timed),
+           "step_error": predicted_ms / measured_ms - 1.0}
     if result["counters"]:
         model = load_spec(spec)
         measured = measured_bytes_per_step(result["counters"], cost["batch_size"],
@@ -95,7 +133,7 @@ def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str |
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=12, help="training steps per spec (the first warms up)")
+    parser.add_argument("--steps", type=int, default=12, help=f"timed training steps per spec (after {WARMUP_STEPS} warm-up steps)")
     parser.add_argument("--profile", type=Path, default=None, help="a profile from `flowrec calibrate` (default: calibrate now)")
     parser.add_argument("--device-budget", default=None, help="device budget of every run (forces cache/host placements)")
     parser.add_argument("--cache", default=None, help="cache policy of every run (auto, none, static_hot, lookahead)")
@@ -123,10 +161,12 @@ def main() -> None:
     result = {
         "benchmark": "costmodel",
         "calibration": {k: v["value"] for k, v in calibration["measured"].items()},
+        "calibration_seconds": calibration.get("details", {}).get("seconds"),
         "device_budget": args.device_budget,
         "cache": args.cache,
         "specs": rows,
         "ratios": {"costmodel_max_step_error": max(steps) if steps else None,
+                   "costmodel_median_step_error": quantile(steps, 0.5) if steps else None,
                    "costmodel_max_bytes_error": max(byte_errors) if byte_errors else None},
         "bytes_compared_specs": [r["spec"] for r in rows if r.get("bytes_error") is not None],
     }

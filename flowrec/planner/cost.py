@@ -50,8 +50,10 @@ Table = tuple[tuple[str, tuple[float, ...]], ...]  # per-optimizer cost vectors,
 class DeviceProfile:
     """Constants of one target device (units in the names).
 
-    The per-op constants price the kernels of `flowrec.planner.op_work`: a GEMM costs `gemm_us` +
-    FLOPs / (TFLOP/s x efficiency) + bytes / `gemm_gbps`; an elementwise pass `elementwise_us` +
+    The per-op constants price the kernels of `flowrec.planner.op_work`: a dense layer (GEMM,
+    bias, activation) costs `gemm_us` + FLOPs / (TFLOP/s x efficiency) + bytes / `gemm_gbps`
+    forward and, with the `gemm_bwd_*` constants over the same FLOPs and bytes, backward; an
+    elementwise pass `elementwise_us` +
     bytes / `elementwise_gbps`; a kernel without data (views, autograd nodes) `op_us`. The sparse
     path of a group costs, forward, `sparse_fwd_us` + ids x (`sparse_fwd_ns_per_id` + dim x
     `sparse_fwd_ns_per_elem`) and, backward (casting, gather-reduce, fused update), per sparse
@@ -82,7 +84,10 @@ class DeviceProfile:
     elementwise_us: float = 0.0  # fixed part of an elementwise pass; 0: launch_us
     elementwise_gbps: float = 0.0  # bytes read + written per second / 1e9; 0: hbm_gbps
     gemm_us: float = 0.0  # fixed part of a GEMM; 0: launch_us
-    gemm_gbps: float = 0.0  # GEMM operand and result bytes per second / 1e9; 0: hbm_gbps
+    gemm_gbps: float = 0.0  # layer input, weight and output bytes per second / 1e9; 0: hbm_gbps
+    gemm_bwd_us: float = 0.0  # a layer's backward: fixed part; 0: 2 x gemm_us
+    gemm_bwd_tflops: float = 0.0  # its forward FLOPs per second / 1e12 (the backward does 2x); 0: the forward's / 2
+    gemm_bwd_gbps: float = 0.0  # its forward bytes per second / 1e9; 0: the forward's / 2
     sparse_fwd_us: float = 0.0  # fixed part of a group's lookup; 0: launch_us
     sparse_fwd_ns_per_id: float = 0.0  # 0: one random row gather per id (gather_rows_per_s)
     sparse_fwd_ns_per_elem: float = 0.0
@@ -137,10 +142,15 @@ class DeviceProfile:
         """Elementwise bytes per second."""
         return (self.elementwise_gbps or self.hbm_gbps) * 1e9
 
-    @property
-    def gemm_rate(self) -> float:
-        """GEMM operand bytes per second."""
-        return (self.gemm_gbps or self.hbm_gbps) * 1e9
+    def layer_constants(self, bf16: bool = False, backward: bool = False) -> tuple[float, float, float]:
+        """(fixed us, TFLOP/s, GB/s) of a dense layer, forward or backward (over the forward's
+        FLOPs and bytes: a backward does about twice the work)."""
+        tflops = self.bf16_tflops if bf16 else self.fp32_tflops
+        fixed, gbps = self.gemm_us or self.launch_us, self.gemm_gbps or self.hbm_gbps
+        if not backward:
+            return fixed, tflops, gbps
+        scale = (self.gemm_bwd_tflops / self.fp32_tflops) if self.gemm_bwd_tflops else 0.5
+        return (self.gemm_bwd_us or 2 * fixed, tflops * scale, self.gemm_bwd_gbps or gbps / 2)
 
 
 DEVICES: dict[str, DeviceProfile] = {
@@ -436,18 +446,19 @@ def dense_seconds(graph: OpGraph, device: DeviceProfile, batch: int, bf16: bool 
             continue
         work = op_work(op, batch, graph.in_degree(node))
         forward += kernel_seconds(work.forward, device, bf16)
-        backward += kernel_seconds(work.backward, device, bf16)
+        backward += kernel_seconds(work.backward, device, bf16, backward=True)
     return forward, backward
 
 
-def kernel_seconds(kernels: Kernels, device: DeviceProfile, bf16: bool = False) -> float:
-    """Seconds of a kernel list on `device` (see `DeviceProfile`)."""
-    peak = (device.bf16_tflops if bf16 else device.fp32_tflops) * 1e12 * device.gemm_efficiency
+def kernel_seconds(kernels: Kernels, device: DeviceProfile, bf16: bool = False, backward: bool = False) -> float:
+    """Seconds of a kernel list on `device` (see `DeviceProfile`); `backward`: its layers are
+    backward passes."""
+    fixed_us, tflops, gbps = device.layer_constants(bf16, backward)
+    peak = tflops * 1e12 * device.gemm_efficiency
     elem = 2 if bf16 else 4
     seconds = kernels.other * device.kernel_us("other") * 1e-6
     for m, k, n, count in kernels.gemms:
-        seconds += (device.kernel_us("gemm") * 1e-6 + count * 2.0 * m * k * n / peak
-                    + count * elem * (m * k + k * n + m * n) / device.gemm_rate)
+        seconds += fixed_us * 1e-6 + count * 2.0 * m * k * n / peak + count * elem * (m * k + k * n + m * n) / (gbps * 1e9)
     for moved in kernels.elementwise:
         seconds += device.kernel_us("elementwise") * 1e-6 + moved / device.elementwise_rate
     return seconds

@@ -1,18 +1,20 @@
 """What the runtime's kernels do for one dense op, forward and backward: the cost model's work list.
 
 For every dense op kind, a rule lists the kernels its lowered operator runs on a (micro-)batch
-of B samples: GEMMs as (m, k, n, count) (count same-shape GEMMs in one batched call), elementwise
-passes by the bytes they read and write, and kernels whose data is negligible (views, autograd
-bookkeeping, tiny losses). The backward of a GEMM (m, k, n) is its two GEMMs, dX (m, n, k) and
-dW (k, m, n). The rules follow `operators.dense` and `operators.interaction` (an activation pass
-reads and writes its tensor; its backward reads two and writes one; a bias gradient reads the
-output gradient once); `flowrec.planner.cost` prices each kernel with the device profile.
+of B samples: dense layers as (m, k, n, count) (a GEMM of m x k by k x n with its bias and
+activation; count same-shape GEMMs in one batched call), elementwise passes by the bytes they
+read and write, and kernels whose data is negligible (views, autograd bookkeeping, tiny losses).
+A layer's backward (dX and dW GEMMs, bias gradient, activation backward) is listed as the same
+(m, k, n, count) in the backward kernels: the device profile prices layers forward and backward
+separately, as `flowrec calibrate` measures them. The rules follow `operators.dense` and
+`operators.interaction` (an elementwise pass reads and writes its tensor; its backward reads
+two and writes one); `flowrec.planner.cost` prices each kernel with the device profile.
 
 Example:
     >>> from flowrec.graph.types import Op
     >>> op = Op("m", "mlp", ("B", 8), attrs=(("activation", "relu"), ("in_features", 4), ("layers", (8,))))
-    >>> op_work(op, 2, 1).forward.gemms
-    ((2, 4, 8, 1),)
+    >>> op_work(op, 2, 1).forward.gemms, op_work(op, 2, 1).backward.gemms
+    (((2, 4, 8, 1),), ((2, 4, 8, 1),))
 """
 from __future__ import annotations
 
@@ -29,7 +31,8 @@ class Kernels:
     """Kernels of one op in one direction.
 
     Args:
-        gemms: (m, k, n, count) per GEMM call (count: same-shape GEMMs batched in the call).
+        gemms: (m, k, n, count) per dense layer or GEMM call (count: same-shape GEMMs batched in
+            the call); in backward kernels, the backward of that layer.
         elementwise: bytes read + written by each elementwise pass.
         other: kernels with negligible data (views, autograd nodes, scalar ops).
     """
@@ -57,8 +60,8 @@ def _pass(*elements: float, streams: int = 2) -> Kernels:
 
 
 def _gemm(m: int, k: int, n: int, count: int = 1) -> OpWork:
-    """One GEMM and its backward (dX, dW)."""
-    return OpWork(Kernels(gemms=((m, k, n, count),)), Kernels(gemms=((m, n, k, count), (k, m, n, count)), other=1))
+    """One layer (GEMM, bias, activation) and its backward."""
+    return OpWork(Kernels(gemms=((m, k, n, count),)), Kernels(gemms=((m, k, n, count),)))
 
 
 def _join(*works: OpWork) -> OpWork:
@@ -76,17 +79,12 @@ def _assembly(rows: int, width: int, inputs: int) -> OpWork:
     return OpWork(_pass(rows * width), _pass(rows * width, streams=1) + _pass(rows * width))
 
 
-def _layers(rows: int, width: int, layers: tuple[int, ...], activation: str, count: int = 1,
-            activated_last: bool = True) -> OpWork:
-    """Linear layers with bias (+ activation) over `rows` rows, `count` of them batched."""
+def _layers(rows: int, width: int, layers: tuple[int, ...], count: int = 1) -> OpWork:
+    """Linear layers with bias and activation over `rows` rows, `count` of them batched."""
     works = []
-    for i, out in enumerate(layers):
+    for out in layers:
         gemm = _gemm(rows, width, out, count)
-        size = count * rows * out
-        act = activation != "none" and (activated_last or i < len(layers) - 1)
-        fwd = gemm.forward + (_pass(size) if act else Kernels())
-        bwd = gemm.backward + _pass(size, streams=1) + (_pass(size, streams=3) if act else Kernels())
-        works.append(OpWork(fwd, bwd, 2))
+        works.append(OpWork(gemm.forward, gemm.backward, 2))
         width = out
     return _join(*works)
 
@@ -94,18 +92,18 @@ def _layers(rows: int, width: int, layers: tuple[int, ...], activation: str, cou
 def _mlp(op: Op, batch: int, inputs: int) -> OpWork:
     width = op.attr("in_features")
     return _join(_assembly(batch, width, inputs),
-                 _layers(batch, width, tuple(op.attr("layers")), op.attr("activation", "relu")))
+                 _layers(batch, width, tuple(op.attr("layers"))))
 
 
 def _packed_mlp(op: Op, batch: int, inputs: int) -> OpWork:
     members, width = len(op.attr("members")), op.attr("in_features")
     stack = OpWork(_pass(members * batch * width), _pass(members * batch * width))
-    return _join(stack, _layers(batch, width, tuple(op.attr("layers")), op.attr("activation", "relu"), members))
+    return _join(stack, _layers(batch, width, tuple(op.attr("layers")), members))
 
 
 def _linear(op: Op, batch: int, inputs: int) -> OpWork:
     width = op.attr("in_features")
-    return _join(_assembly(batch, width, inputs), _layers(batch, width, (op.attr("out", 1),), "none"))
+    return _join(_assembly(batch, width, inputs), _layers(batch, width, (op.attr("out", 1),)))
 
 
 def _concat(op: Op, batch: int, inputs: int) -> OpWork:
@@ -118,7 +116,7 @@ def _cross(op: Op, batch: int, inputs: int) -> OpWork:
     size = batch * width
     per_layer = []
     for _ in range(op.attr("num_layers")):
-        proj = _layers(batch, width, (rank, width), "none") if rank else _layers(batch, width, (width,), "none")
+        proj = _layers(batch, width, (rank, width)) if rank else _layers(batch, width, (width,))
         mix = OpWork(_pass(size, size, streams=3), _pass(size, size, size, streams=3))  # x0 * p + x
         per_layer.append(_join(proj, mix))
     return _join(_assembly(batch, width, inputs), *per_layer)
@@ -132,9 +130,9 @@ def _fields(op: Op, batch: int) -> tuple[int, int, float]:
 def _dot(op: Op, batch: int, inputs: int) -> OpWork:
     num, dim, size = _fields(op, batch)
     pairs = batch * num * (num - 1) // 2
-    fwd = Kernels(gemms=((num, dim, num, batch),)) + _pass(pairs) + _pass(size)
-    bwd = (_pass(batch * num * num, streams=1) + _pass(pairs, pairs) + Kernels(gemms=((num, num, dim, batch),))
-           + _pass(size))
+    gram = _gemm(num, dim, num, batch)  # x @ x^T per sample; backward one (F x F) @ (F x D) per sample
+    fwd = gram.forward + _pass(pairs) + _pass(size)
+    bwd = _pass(batch * num * num, streams=1) + _pass(pairs, pairs) + gram.backward + _pass(size)
     return OpWork(fwd, bwd)
 
 
@@ -153,9 +151,9 @@ def _target_attention(op: Op, batch: int, inputs: int) -> OpWork:
     feats = OpWork(_pass(seq, seq, streams=3) + _pass(4 * seq) + Kernels(other=1),
                    _pass(4 * seq) + _pass(seq, seq, seq, streams=3) + _pass(seq, streams=1)
                    + _pass(seq, seq, seq, streams=3))  # q - k, q * k, cat; their grads, the expand's sum
-    unit = _layers(rows, 4 * dim, (*op.attr("hidden"), 1), "sigmoid", activated_last=False)
-    pool = OpWork(_pass(rows, rows) + Kernels(gemms=((1, length, dim, batch),), other=2),
-                  _pass(rows, rows) + Kernels(gemms=((1, dim, length, batch), (length, 1, dim, batch)), other=2))
+    unit = _layers(rows, 4 * dim, (*op.attr("hidden"), 1))
+    pool = _join(OpWork(_pass(rows, rows) + Kernels(other=2), _pass(rows, rows) + Kernels(other=2)),
+                 _gemm(1, length, dim, batch))  # masked_fill, then (1 x L) @ (L x D) per sample
     return _join(feats, unit, pool)
 
 

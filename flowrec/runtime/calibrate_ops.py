@@ -1,9 +1,11 @@
 """Measure what a training step costs beyond its arithmetic: per-op overhead, elementwise passes,
-GEMMs of every shape (forward and backward), the dense optimizers, the sparse path.
+dense layers of every shape (forward and backward), the dense optimizers, the sparse path.
 
-Every cost is fit as a linear model, fixed + rate x work, to timings at a few sizes
+Every cost is fit as a linear model, fixed + work / rate, to timings at a few sizes
 (`fit_linear`: least squares on relative errors, coefficients kept non-negative), so it applies to
-shapes that were not measured. The sparse path is timed through the project's own operators
+shapes that were not measured. Timings are medians (`flowrec.runtime.calibrate.median_seconds`).
+Dense layers are timed as the runtime runs them (`nn.Linear` and its activation under autograd,
+forward, then forward + backward). The sparse path is timed through the project's own operators
 (`operators.embedding.PackedEmbeddingBag`: the embedding-bag forward, then the casted
 gather-reduce and the fused row-wise update of every sparse optimizer), the dense optimizers
 through torch.optim as the runtime builds them (`flowrec.runtime.step.make_dense_optimizer`).
@@ -29,8 +31,8 @@ from operators.packed_layout import BagField, Layout, TableRange
 
 ELEMENTWISE_SIZES = (1 << 16, 1 << 20, 1 << 22)  # fp32 elements of the timed activation passes
 AUTOGRAD_CHAIN = 32  # tiny ops of the per-op overhead chain
-GEMM_GRID = ((1024, 64, 64), (4096, 16, 256), (4096, 256, 256), (4096, 1024, 512), (16384, 64, 32),
-             (512, 4096, 16))  # (m, k, n) beyond the spec's: every regime (memory- and compute-bound)
+LAYER_GRID = ((1024, 64, 64), (4096, 16, 256), (4096, 256, 256), (4096, 1024, 512), (16384, 64, 32),
+              (1024, 4096, 16))  # (m, k, n) beyond the spec's: every regime (memory- and compute-bound)
 DENSE_TENSORS = ((32, 256), (4, 1 << 18), (16, 1 << 16))  # (tensors, elements each) per optimizer fit
 SPARSE_TABLE_ROWS = 1 << 18
 SPARSE_CASES = ((16384, SPARSE_TABLE_ROWS, 16), (131072, SPARSE_TABLE_ROWS, 16), (131072, 2048, 16),
@@ -101,32 +103,41 @@ def elementwise_fit(measure: Measure, device: torch.device) -> tuple[float, floa
     return fixed * 1e6, (1.0 / per_byte / 1e9) if per_byte > 0 else 0.0, details
 
 
-def gemm_fit(measure: Measure, device: torch.device, shapes: Sequence[tuple[int, int, int]]
-             ) -> tuple[tuple[float, float, float], dict[str, float]]:
-    """Fit t = fixed + flops / rate + bytes / bandwidth to fp32 GEMMs: the spec's forward shapes,
-    their two backward GEMMs (dX: m x n x k, dW: k x m x n) and GEMM_GRID.
+def layer_fit(measure: Measure, device: torch.device, shapes: Sequence[tuple[int, int, int]]
+              ) -> tuple[tuple[float, float, float], tuple[float, float, float], dict[str, list[float]]]:
+    """A dense layer as the runtime runs it (`nn.Linear` + relu under autograd, fresh graph per
+    call) at the spec's shapes and LAYER_GRID (m samples, k in, n out): forward t = fixed +
+    flops / rate + bytes / bandwidth (bytes: input, weight and output), and the same for
+    forward + backward; the backward's constants are the difference.
 
     Returns:
-        ((fixed us, TFLOP/s, GB/s), {shape: measured us}).
+        ((fixed us, TFLOP/s, GB/s) forward, the same backward, {shape: [forward us, backward us]}).
     """
-    todo: list[tuple[int, int, int]] = []
-    for m, k, n in shapes:
-        for shape in ((m, k, n), (m, n, k), (k, m, n)):
-            if shape not in todo:
-                todo.append(shape)
-    todo += [s for s in GEMM_GRID if s not in todo]
-    rows, times, details = [], [], {}
+    todo = list(dict.fromkeys([*shapes, *LAYER_GRID]))
+    rows, fwd_t, both_t, details = [], [], [], {}
     for m, k, n in todo:
-        a = torch.randn(m, k, device=device)
-        b = torch.randn(k, n, device=device)
-        seconds = measure(lambda: a @ b)
+        layer = torch.nn.Linear(k, n, device=device)
+        x = torch.randn(m, k, device=device, requires_grad=True)
+        grad = torch.ones(m, n, device=device)
+        params = [x, *layer.parameters()]
+        fwd = measure(lambda: torch.relu(layer(x)))
+        both = measure(lambda: torch.autograd.grad(torch.relu(layer(x)), params, grad))
         rows.append([1.0, 2.0 * m * k * n, 4.0 * (m * k + k * n + m * n)])
-        times.append(seconds)
-        details[f"{m}x{k}x{n}"] = seconds * 1e6
-    fixed, per_flop, per_byte = fit_linear(rows, times)
-    tflops = 1.0 / per_flop / 1e12 if per_flop > 0 else 0.0
-    gbps = 1.0 / per_byte / 1e9 if per_byte > 0 else 0.0
-    return (fixed * 1e6, tflops, gbps), details
+        fwd_t.append(fwd)
+        both_t.append(both)
+        details[f"{m}x{k}x{n}"] = [fwd * 1e6, (both - fwd) * 1e6]
+    forward = fit_linear(rows, fwd_t)
+    total = fit_linear(rows, both_t)
+    backward = [max(t - f, 0.0) for t, f in zip(total, forward)]
+    return _layer_constants(forward), _layer_constants(backward), details
+
+
+def _layer_constants(coef: Sequence[float]) -> tuple[float, float, float]:
+    """(fixed us, TFLOP/s, GB/s) of fitted (seconds, seconds per FLOP, seconds per byte); a rate
+    the fit could not separate is 0."""
+    fixed, per_flop, per_byte = coef
+    return (fixed * 1e6, 1.0 / per_flop / 1e12 if per_flop > 0 else 0.0,
+            1.0 / per_byte / 1e9 if per_byte > 0 else 0.0)
 
 
 def dense_update_fit(measure: Measure, device: torch.device) -> dict[str, tuple[float, float]]:
@@ -155,10 +166,10 @@ def _sparse_module(optimizer: str, dim: int, device: torch.device) -> PackedEmbe
 
 
 def sparse_fit(measure: Measure, device: torch.device) -> tuple[list[float], dict[str, list[float]], dict[str, float]]:
-    """The sparse path at SPARSE_CASES: forward (`PackedEmbeddingBag` under autograd) t = fixed +
-    ids x (a + b x dim); backward as `_CastedEmbeddingBag.backward` runs it (casting, then the
-    gather-reduce and fused update of `fused_backward`) t = fixed + ids x (a + b x dim) + unique rows x (c_o + d_o x dim)
-    with the per-row part per sparse optimizer o (one joint fit).
+    """The sparse path at SPARSE_CASES. Forward (`PackedEmbeddingBag` under autograd): t = fixed +
+    ids x (a + b x dim). Backward as `_CastedEmbeddingBag.backward` runs it (casting, then the
+    gather-reduce and fused update of `fused_backward`): t = fixed + ids x (a + b x dim) + unique
+    rows x dim x c_o, the row update c_o per sparse optimizer o (one joint fit).
 
     Returns:
         (forward [us, ns per id, ns per id and dim element],
@@ -181,14 +192,14 @@ def sparse_fit(measure: Measure, device: torch.device) -> tuple[list[float], dic
                 details[f"forward_{ids_n}ids_d{dim}"] = fwd_t[-1] * 1e6
             bwd_t.append(measure(lambda: fused_backward(module.weight, module.state, module.optimizer, grad,
                                                          compute_casting(ids, offsets, None))))
-            row = [1.0, ids_n, ids_n * dim] + [0.0] * (2 * len(names))
-            row[3 + 2 * j], row[4 + 2 * j] = unique, unique * dim
+            row = [1.0, ids_n, ids_n * dim] + [0.0] * len(names)
+            row[3 + j] = unique * dim
             bwd_rows.append(row)
             details[f"{name}_{ids_n}ids_{int(unique)}rows_d{dim}"] = bwd_t[-1] * 1e6
     forward = fit_linear(fwd_rows, fwd_t)
     backward = fit_linear(bwd_rows, bwd_t)
-    shared = [backward[0] * 1e6, backward[1] * 1e9, backward[2] * 1e9]
-    per_opt = {name: shared + [backward[3 + 2 * j] * 1e9, backward[4 + 2 * j] * 1e9] for j, name in enumerate(names)}
+    shared = [backward[0] * 1e6, backward[1] * 1e9, backward[2] * 1e9, 0.0]
+    per_opt = {name: shared + [backward[3 + j] * 1e9] for j, name in enumerate(names)}
     return [forward[0] * 1e6, forward[1] * 1e9, forward[2] * 1e9], per_opt, details
 
 
