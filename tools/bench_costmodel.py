@@ -1,7 +1,8 @@
 """Cost-model benchmark: predicted against measured step time and host<->device bytes per spec.
 
-Calibrates this machine (`flowrec calibrate --out`, unless --profile is given), then for every spec
-in specs/ trains a few thousand synthetic rows (`flowrec data synth`, then `flowrec train SPEC
+For every spec in specs/: calibrates this machine for the spec (`flowrec calibrate SPEC --out`, its
+dense-layer shapes; right before its run, so that calibration and measurement see the same load on
+a shared machine; `--profile FILE` uses one given profile for every spec instead), then trains a few thousand synthetic rows (`flowrec data synth`, then `flowrec train SPEC
 --data DIR --target PROFILE --json`, a few steps; the planner samples that data for its access
 model) and compares the plan's prediction (`plan.json` of the run) with the measurement. Step time:
 the predicted compute of a step (`cost.step_ms_serial` minus the staging stage: what the trainer's
@@ -134,7 +135,8 @@ def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str |
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=12, help=f"timed training steps per spec (after {WARMUP_STEPS} warm-up steps)")
-    parser.add_argument("--profile", type=Path, default=None, help="a profile from `flowrec calibrate` (default: calibrate now)")
+    parser.add_argument("--profile", type=Path, default=None,
+                        help="a profile from `flowrec calibrate` for every spec (default: calibrate each spec before its run)")
     parser.add_argument("--device-budget", default=None, help="device budget of every run (forces cache/host placements)")
     parser.add_argument("--cache", default=None, help="cache policy of every run (auto, none, static_hot, lookahead)")
     parser.add_argument("--specs", default="", help="comma-separated spec file names (default: all of specs/)")
@@ -145,13 +147,15 @@ def main() -> None:
         specs = [s for s in specs if s.name in args.specs.split(",")]
     with tempfile.TemporaryDirectory(prefix="bench-cost-") as tmp_name:
         tmp = Path(tmp_name)
-        profile = args.profile or tmp / "profile.json"
-        if args.profile is None:
-            flowrec("calibrate", str(REPO / "specs/dlrm_criteo.yaml"), "--device", "cpu", "--out", str(profile), cwd=tmp)
-        calibration = json.loads(Path(profile).read_text())
-        rows = []
+        rows, calibrations = [], {}
         for spec in specs:
+            profile = args.profile or tmp / f"{spec.stem}-profile.json"
             try:
+                if args.profile is None:
+                    flowrec("calibrate", str(spec), "--device", "cpu", "--out", str(profile), cwd=tmp)
+                doc = json.loads(Path(profile).read_text())
+                calibrations[spec.name] = {"seconds": doc.get("details", {}).get("seconds"),
+                                           **{k: v["value"] for k, v in doc["measured"].items()}}
                 rows.append(measure_spec(spec, Path(profile), args.steps, tmp, args.device_budget, args.cache))
             except (RuntimeError, subprocess.TimeoutExpired) as exc:
                 rows.append({"spec": spec.name, "error": str(exc)})
@@ -160,8 +164,8 @@ def main() -> None:
     byte_errors = [abs(r["bytes_error"]) for r in rows if r.get("bytes_error") is not None]
     result = {
         "benchmark": "costmodel",
-        "calibration": {k: v["value"] for k, v in calibration["measured"].items()},
-        "calibration_seconds": calibration.get("details", {}).get("seconds"),
+        "calibration": calibrations if args.profile is None else {"given": str(args.profile),
+                                                                  **next(iter(calibrations.values()), {})},
         "device_budget": args.device_budget,
         "cache": args.cache,
         "specs": rows,

@@ -79,18 +79,20 @@ def shown_value(value) -> str:
 
 
 def gemm_shapes(spec) -> list[tuple[int, int, int]]:
-    """(batch, in, out) of every dense layer of the spec's MLPs, without repeats."""
+    """(rows, in, out) of every dense layer of the spec at its batch size, as the cost model lists
+    them (`flowrec.planner.op_work`: MLP, cross, linear and head layers, the attention unit on
+    batch x sequence rows), without repeats; batched small GEMMs (the dot's) are left out."""
     from flowrec.graph.build import build_graph
+    from flowrec.planner.op_work import RULES, op_work
 
     graph = build_graph(spec)
     batch = spec.training.batch_size
     shapes: list[tuple[int, int, int]] = []
     for node in graph:
         op = graph.nodes[node]["op"]
-        if op.kind != "mlp":
+        if op.kind not in RULES:
             continue
-        widths = [op.attr("in_features"), *op.attr("layers")]
-        for k, n in zip(widths, widths[1:]):
-            if (batch, k, n) not in shapes:
-                shapes.append((batch, k, n))
+        for m, k, n, count in op_work(op, batch, graph.in_degree(node)).forward.gemms:
+            if count == 1 and (m, k, n) not in shapes:
+                shapes.append((m, k, n))
     return shapes or FALLBACK_SHAPES

@@ -11,7 +11,7 @@ Example:
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -47,27 +47,31 @@ def mean_seconds(run: Callable[[], Any], device: torch.device, min_seconds: floa
     return (time.perf_counter() - t0) / calls
 
 
-def median_seconds(run: Callable[[], Any], device: torch.device, min_seconds: float,
-                   batch_seconds: float = 2e-3) -> float:
-    """Median wall seconds of one call of `run` over batches of calls of about `batch_seconds`
-    each, for `min_seconds` after a warm-up call: robust to the bursts of other processes on a
-    shared machine (a step's median is what `tools/bench_costmodel.py` compares with)."""
-    run()
-    _sync(device)
-    t0 = time.perf_counter()
-    run()
-    _sync(device)
-    reps = max(1, int(batch_seconds / max(time.perf_counter() - t0, 1e-9)))
-    means: list[float] = []
-    start = time.perf_counter()
-    while len(means) < 3 or time.perf_counter() - start < min_seconds:
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            run()
+def interleaved_seconds(runs: Sequence[Callable[[], Any]], device: torch.device, min_seconds: float,
+                        rounds: int = 5, batch_seconds: float = 2e-3) -> list[float]:
+    """Median wall seconds of one call of each of `runs`, timed in rounds: each round times a
+    batch of calls (about `batch_seconds`) of every run in turn, until `rounds` rounds and
+    `min_seconds` have passed. A burst of other processes on a shared machine then spoils one
+    round of every run rather than every round of one run, and the median leaves it out (a
+    step's median is what `tools/bench_costmodel.py` compares with)."""
+    reps = []
+    for run in runs:
+        run()
         _sync(device)
-        means.append((time.perf_counter() - t0) / reps)
-    means.sort()
-    return means[len(means) // 2]
+        t0 = time.perf_counter()
+        run()
+        _sync(device)
+        reps.append(max(1, int(batch_seconds / max(time.perf_counter() - t0, 1e-9))))
+    samples: list[list[float]] = [[] for _ in runs]
+    start = time.perf_counter()
+    while len(samples[0]) < rounds or time.perf_counter() - start < min_seconds:
+        for run, n, out in zip(runs, reps, samples):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                run()
+            _sync(device)
+            out.append((time.perf_counter() - t0) / n)
+    return [sorted(out)[len(out) // 2] for out in samples]
 
 
 def gemm_tflops(device: torch.device, shapes: list[tuple[int, int, int]], dtype: torch.dtype,
@@ -178,8 +182,8 @@ def calibrate(device: torch.device, shapes: list[tuple[int, int, int]], min_seco
 def per_op_costs(device: torch.device, shapes: list[tuple[int, int, int]], seconds: float,
                  ) -> tuple[dict[str, tuple[Any, str]], dict[str, Any]]:
     """The fitted per-op constants (`flowrec.runtime.calibrate_ops`), `seconds` per timed point."""
-    def measure(run: Callable[[], Any]) -> float:
-        return median_seconds(run, device, seconds)
+    def measure(runs: Sequence[Callable[[], Any]]) -> list[float]:
+        return interleaved_seconds(runs, device, seconds * len(runs))
 
     (gemm_us, tflops, gemm_gbps), backward, gemm_points = ops.layer_fit(measure, device, shapes)
     ew_us, ew_gbps, ew_points = ops.elementwise_fit(measure, device)

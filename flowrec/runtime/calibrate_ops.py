@@ -3,7 +3,8 @@ dense layers of every shape (forward and backward), the dense optimizers, the sp
 
 Every cost is fit as a linear model, fixed + work / rate, to timings at a few sizes
 (`fit_linear`: least squares on relative errors, coefficients kept non-negative), so it applies to
-shapes that were not measured. Timings are medians (`flowrec.runtime.calibrate.median_seconds`).
+shapes that were not measured. Timings are medians over interleaved rounds
+(`flowrec.runtime.calibrate.interleaved_seconds`).
 Dense layers are timed as the runtime runs them (`nn.Linear` and its activation under autograd,
 forward, then forward + backward). The sparse path is timed through the project's own operators
 (`operators.embedding.PackedEmbeddingBag`: the embedding-bag forward, then the casted
@@ -16,6 +17,7 @@ Example:
 """
 from __future__ import annotations
 
+from functools import partial
 from types import SimpleNamespace
 from typing import Any, Callable, Sequence
 
@@ -40,7 +42,7 @@ SPARSE_CASES = ((16384, SPARSE_TABLE_ROWS, 16), (131072, SPARSE_TABLE_ROWS, 16),
 MAP_ENTRIES = 1 << 22  # int64 row map of the index lookups host and cached placements make per id
 MAP_LOOKUPS = 1 << 17
 
-Measure = Callable[[Callable[[], Any]], float]  # mean wall seconds of one call (`calibrate.mean_seconds`)
+Measure = Callable[[Sequence[Callable[[], Any]]], list[float]]  # seconds per call of each (`calibrate.interleaved_seconds`)
 
 
 def fit_linear(features: Sequence[Sequence[float]], seconds: Sequence[float]) -> list[float]:
@@ -83,22 +85,21 @@ def autograd_op_us(measure: Measure, device: torch.device) -> float:
         y.sum().backward()
 
     kernels = 2 * (AUTOGRAD_CHAIN + 1)
-    return measure(chain) / kernels * 1e6
+    return measure([chain])[0] / kernels * 1e6
 
 
 def elementwise_fit(measure: Measure, device: torch.device) -> tuple[float, float, dict[str, float]]:
     """(us per pass, GB/s) of activation passes: relu forward (read + write) and its backward
     (read two, write one) at ELEMENTWISE_SIZES, fit t = fixed + bytes / bandwidth."""
-    rows, times, details = [], [], {}
+    rows, runs, names = [], [], []
     for n in ELEMENTWISE_SIZES:
         x = torch.randn(n, device=device)
         g = torch.randn(n, device=device)
-        for name, run, streams in (("relu", lambda: torch.relu(x), 2),
-                                   ("relu_backward", lambda: torch.ops.aten.threshold_backward(g, x, 0.0), 3)):
-            seconds = measure(run)
-            rows.append([1.0, streams * 4.0 * n])
-            times.append(seconds)
-            details[f"{name}_{n}"] = seconds * 1e6
+        runs += [partial(torch.relu, x), partial(torch.ops.aten.threshold_backward, g, x, 0.0)]
+        rows += [[1.0, 2 * 4.0 * n], [1.0, 3 * 4.0 * n]]  # read + write; read two, write one
+        names += [f"relu_{n}", f"relu_backward_{n}"]
+    times = measure(runs)
+    details = {name: t * 1e6 for name, t in zip(names, times)}
     fixed, per_byte = fit_linear(rows, times)
     return fixed * 1e6, (1.0 / per_byte / 1e9) if per_byte > 0 else 0.0, details
 
@@ -107,29 +108,33 @@ def layer_fit(measure: Measure, device: torch.device, shapes: Sequence[tuple[int
               ) -> tuple[tuple[float, float, float], tuple[float, float, float], dict[str, list[float]]]:
     """A dense layer as the runtime runs it (`nn.Linear` + relu under autograd, fresh graph per
     call) at the spec's shapes and LAYER_GRID (m samples, k in, n out): forward t = fixed +
-    flops / rate + bytes / bandwidth (bytes: input, weight and output), and the same for
-    forward + backward; the backward's constants are the difference.
+    flops / rate + bytes / bandwidth (bytes: input, weight and output), and the same for the
+    backward (forward + backward minus forward, per shape) over the forward's FLOPs and bytes.
 
     Returns:
         ((fixed us, TFLOP/s, GB/s) forward, the same backward, {shape: [forward us, backward us]}).
     """
     todo = list(dict.fromkeys([*shapes, *LAYER_GRID]))
-    rows, fwd_t, both_t, details = [], [], [], {}
+    rows, runs = [], []
     for m, k, n in todo:
         layer = torch.nn.Linear(k, n, device=device)
         x = torch.randn(m, k, device=device, requires_grad=True)
         grad = torch.ones(m, n, device=device)
-        params = [x, *layer.parameters()]
-        fwd = measure(lambda: torch.relu(layer(x)))
-        both = measure(lambda: torch.autograd.grad(torch.relu(layer(x)), params, grad))
+        runs += [partial(_layer_forward, layer, x), partial(_layer_backward, layer, x, grad)]
         rows.append([1.0, 2.0 * m * k * n, 4.0 * (m * k + k * n + m * n)])
-        fwd_t.append(fwd)
-        both_t.append(both)
-        details[f"{m}x{k}x{n}"] = [fwd * 1e6, (both - fwd) * 1e6]
-    forward = fit_linear(rows, fwd_t)
-    total = fit_linear(rows, both_t)
-    backward = [max(t - f, 0.0) for t, f in zip(total, forward)]
-    return _layer_constants(forward), _layer_constants(backward), details
+    times = measure(runs)
+    fwd_t = times[0::2]
+    bwd_t = [max(both - fwd, fwd / 10) for fwd, both in zip(times[0::2], times[1::2])]  # a noisy difference
+    details = {f"{m}x{k}x{n}": [f * 1e6, b * 1e6] for (m, k, n), f, b in zip(todo, fwd_t, bwd_t)}
+    return _layer_constants(fit_linear(rows, fwd_t)), _layer_constants(fit_linear(rows, bwd_t)), details
+
+
+def _layer_forward(layer: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    return torch.relu(layer(x))
+
+
+def _layer_backward(layer: torch.nn.Linear, x: torch.Tensor, grad: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return torch.autograd.grad(torch.relu(layer(x)), [x, *layer.parameters()], grad)
 
 
 def _layer_constants(coef: Sequence[float]) -> tuple[float, float, float]:
@@ -146,14 +151,15 @@ def dense_update_fit(measure: Measure, device: torch.device) -> dict[str, tuple[
     for name, info in OPTIMIZERS.items():
         if not info.dense:
             continue
-        rows, times = [], []
+        rows, runs = [], []
         for tensors, elems in DENSE_TENSORS:
             params = [torch.nn.Parameter(torch.randn(elems, device=device)) for _ in range(tensors)]
             for p in params:
                 p.grad = torch.randn_like(p)
-            opt = make_dense_optimizer(SimpleNamespace(dense_parameters=lambda: params), name, 1e-3, {})
+            runs.append(make_dense_optimizer(SimpleNamespace(dense_parameters=partial(list, params)),
+                                             name, 1e-3, {}).step)
             rows.append([float(tensors), float(tensors * elems)])
-            times.append(measure(opt.step))
+        times = measure(runs)
         per_tensor, per_elem = fit_linear(rows, times)
         out[name] = (per_tensor * 1e6, per_elem * 1e9)
     return out
@@ -184,23 +190,28 @@ def sparse_fit(measure: Measure, device: torch.device) -> tuple[list[float], dic
         offsets = torch.arange(ids_n + 1, device=device)
         unique = float(torch.unique(ids).numel())
         grad = torch.ones(ids_n, dim, device=device)
-        for j, name in enumerate(names):
-            module = _sparse_module(name, dim, device)
-            if j == 0:
-                fwd_rows.append([1.0, ids_n, ids_n * dim])
-                fwd_t.append(measure(lambda: module(ids, offsets)))
-                details[f"forward_{ids_n}ids_d{dim}"] = fwd_t[-1] * 1e6
-            bwd_t.append(measure(lambda: fused_backward(module.weight, module.state, module.optimizer, grad,
-                                                         compute_casting(ids, offsets, None))))
+        modules = [_sparse_module(name, dim, device) for name in names]
+        runs = [partial(modules[0], ids, offsets)] + [partial(_sparse_backward, m, ids, offsets, grad) for m in modules]
+        times = measure(runs)  # the optimizers of one case interleaved (all cases at once would hold ~1 GB)
+        fwd_rows.append([1.0, ids_n, ids_n * dim])
+        fwd_t.append(times[0])
+        details[f"forward_{ids_n}ids_d{dim}"] = times[0] * 1e6
+        for j, (name, seconds) in enumerate(zip(names, times[1:])):
             row = [1.0, ids_n, ids_n * dim] + [0.0] * len(names)
             row[3 + j] = unique * dim
             bwd_rows.append(row)
-            details[f"{name}_{ids_n}ids_{int(unique)}rows_d{dim}"] = bwd_t[-1] * 1e6
+            bwd_t.append(seconds)
+            details[f"{name}_{ids_n}ids_{int(unique)}rows_d{dim}"] = seconds * 1e6
     forward = fit_linear(fwd_rows, fwd_t)
     backward = fit_linear(bwd_rows, bwd_t)
     shared = [backward[0] * 1e6, backward[1] * 1e9, backward[2] * 1e9, 0.0]
     per_opt = {name: shared + [backward[3 + j] * 1e9] for j, name in enumerate(names)}
     return [forward[0] * 1e6, forward[1] * 1e9, forward[2] * 1e9], per_opt, details
+
+
+def _sparse_backward(module: PackedEmbeddingBag, ids: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor) -> None:
+    """What `_CastedEmbeddingBag.backward` runs without a staged casting."""
+    fused_backward(module.weight, module.state, module.optimizer, grad, compute_casting(ids, offsets, None))
 
 
 def map_ns_per_id(measure: Measure, device: torch.device) -> float:
@@ -209,4 +220,4 @@ def map_ns_per_id(measure: Measure, device: torch.device) -> float:
     gen = torch.Generator().manual_seed(1)
     table = torch.arange(MAP_ENTRIES, dtype=torch.int64)
     ids = torch.randint(0, MAP_ENTRIES, (MAP_LOOKUPS,), generator=gen)
-    return measure(lambda: table[ids]) / MAP_LOOKUPS * 1e9
+    return measure([partial(table.__getitem__, ids)])[0] / MAP_LOOKUPS * 1e9
