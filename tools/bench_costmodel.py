@@ -21,7 +21,7 @@ Ratios:
 
 Usage:
     python tools/bench_costmodel.py [--steps 12] [--profile FILE] [--device-budget 64MiB] [--cache POLICY]
-        [--specs a.yaml,b.yaml] [--json PATH]
+        [--specs a.yaml,b.yaml] [--threads N] [--json PATH]
 """
 from __future__ import annotations
 
@@ -66,8 +66,11 @@ finally:
 """
 
 
+THREADS: dict[str, str] = {}  # --threads: OMP_NUM_THREADS of every flowrec process (calibration and runs)
+
+
 def flowrec(*args: str, cwd: Path, timed: bool = False) -> str:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": str(REPO), **THREADS}
     command = ["-c", HARNESS] if timed else ["-m", "flowrec"]
     done = subprocess.run([sys.executable, *command, *args], cwd=cwd, env=env, timeout=RUN_TIMEOUT_S,
                           capture_output=True, text=True)
@@ -141,7 +144,11 @@ def main() -> None:
     parser.add_argument("--cache", default=None, help="cache policy of every run (auto, none, static_hot, lookahead)")
     parser.add_argument("--specs", default="", help="comma-separated spec file names (default: all of specs/)")
     parser.add_argument("--json", type=Path, default=REPO / "bench/results/costmodel_cpu.json")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="compute threads of calibration and runs (OMP_NUM_THREADS; default: torch's, one per core)")
     args = parser.parse_args()
+    if args.threads:
+        THREADS["OMP_NUM_THREADS"] = str(args.threads)
     specs = sorted((REPO / "specs").glob("*.yaml"))
     if args.specs:
         specs = [s for s in specs if s.name in args.specs.split(",")]
@@ -167,6 +174,7 @@ def main() -> None:
         "calibration": calibrations if args.profile is None else {"given": str(args.profile),
                                                                   **next(iter(calibrations.values()), {})},
         "device_budget": args.device_budget,
+        "threads": args.threads,
         "cache": args.cache,
         "specs": rows,
         "ratios": {"costmodel_max_step_error": max(steps) if steps else None,
