@@ -29,11 +29,13 @@ READABLE_VERSIONS = (1, 2)
 SCALARS = ("memory_bytes", "hbm_gbps", "pcie_gbps", "fp32_tflops", "bf16_tflops", "gemm_efficiency",
            "gather_rows_per_s", "host_gather_rows_per_s", "launch_us", "op_us", "elementwise_us",
            "elementwise_gbps", "gemm_us", "gemm_gbps", "gemm_bwd_us", "gemm_bwd_tflops", "gemm_bwd_gbps", "sparse_fwd_us", "sparse_fwd_ns_per_id",
-           "sparse_fwd_ns_per_elem", "map_ns_per_id")
+           "sparse_fwd_ns_per_elem", "map_ns_per_id", "map_small_ns_per_id", "alloc_threshold_bytes",
+           "alloc_ns_per_byte")
 TABLES = {"dense_update": 2, "sparse_update": 5}  # per-optimizer cost vectors: field -> length
 MEASURABLE = SCALARS + tuple(TABLES)
 ZERO_OK = frozenset({"sparse_fwd_us", "sparse_fwd_ns_per_id", "sparse_fwd_ns_per_elem", "gemm_us",
-                     "gemm_bwd_us", "elementwise_us", "op_us", "map_ns_per_id"})  # fitted parts a machine may show as nil
+                     "gemm_bwd_us", "elementwise_us", "op_us", "map_ns_per_id", "map_small_ns_per_id",
+                     "alloc_threshold_bytes", "alloc_ns_per_byte"})  # fitted parts a machine may show as nil
 
 
 class ProfileError(ValueError):

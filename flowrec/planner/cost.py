@@ -24,6 +24,7 @@ Example:
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -41,6 +42,7 @@ GiB = 2**30  # bytes
 GEMM_EFFICIENCY = 0.5  # achieved fraction of peak FLOP/s on recsys-sized GEMMs
 ACTIVATION_COPIES = 2  # forward activations kept for backward + their gradients
 INDEX_BYTES = 8  # int64 ids and offsets
+MAP_SMALL_ROWS, MAP_LARGE_ROWS = 1 << 20, 1 << 25  # the row maps `flowrec calibrate` times
 
 
 Table = tuple[tuple[str, tuple[float, ...]], ...]  # per-optimizer cost vectors, sorted by optimizer
@@ -91,7 +93,10 @@ class DeviceProfile:
     sparse_fwd_us: float = 0.0  # fixed part of a group's lookup; 0: launch_us
     sparse_fwd_ns_per_id: float = 0.0  # 0: one random row gather per id (gather_rows_per_s)
     sparse_fwd_ns_per_elem: float = 0.0
-    map_ns_per_id: float = 0.0  # 0: one random gather (gather_rows_per_s)
+    map_ns_per_id: float = 0.0  # a map of MAP_LARGE_ROWS rows or more; 0: one random gather (gather_rows_per_s)
+    map_small_ns_per_id: float = 0.0  # a map of MAP_SMALL_ROWS rows or fewer; 0: map_ns_per_id
+    alloc_threshold_bytes: float = 0.0  # tensors from this size on are fresh memory (page faults); 0: none
+    alloc_ns_per_byte: float = 0.0  # first touch of fresh memory, per byte
     dense_update: Table = ()  # () or a missing optimizer: passes over the parameters at hbm_gbps
     sparse_update: Table = ()  # () or a missing optimizer: gathers and row updates at the datasheet rates
 
@@ -131,11 +136,26 @@ class DeviceProfile:
         return value or self.launch_us
 
     @property
-    def per_id_ns(self) -> tuple[float, float, float]:
-        """(lookup ns per id, lookup ns per id elem, row-map ns per id)."""
+    def per_id_ns(self) -> tuple[float, float]:
+        """(lookup ns per id, lookup ns per id elem)."""
         gather_ns = 1e9 / self.gather_rows_per_s
         return (self.sparse_fwd_ns_per_id or (0.0 if self.sparse_fwd_ns_per_elem else gather_ns),
-                self.sparse_fwd_ns_per_elem, self.map_ns_per_id or gather_ns)
+                self.sparse_fwd_ns_per_elem)
+
+    def fresh_seconds(self, size: float) -> float:
+        """Page faults of a new tensor of `size` bytes (0 below the allocator's threshold)."""
+        if not self.alloc_threshold_bytes or size < self.alloc_threshold_bytes:
+            return 0.0
+        return size * self.alloc_ns_per_byte * 1e-9
+
+    def map_ns(self, rows: int) -> float:
+        """Nanoseconds per id of a random lookup in a row map of `rows` entries: the small and
+        large maps' costs, interpolated in log2(rows) between MAP_SMALL_ROWS and MAP_LARGE_ROWS."""
+        large = self.map_ns_per_id or 1e9 / self.gather_rows_per_s
+        small = self.map_small_ns_per_id or large
+        share = (math.log2(max(rows, 1)) - math.log2(MAP_SMALL_ROWS)) / (math.log2(MAP_LARGE_ROWS) - math.log2(MAP_SMALL_ROWS))
+        share = min(1.0, max(0.0, share))
+        return small + (large - small) * share
 
     @property
     def elementwise_rate(self) -> float:
@@ -417,14 +437,14 @@ def sparse_seconds(u: _Unit, device: DeviceProfile, batch: int, profile: AccessP
     the row map of every id and unique row, and the host rows' gathers."""
     ids = batch * u.ids
     distinct = _distinct_rows(u, ids, profile)
-    per_id, per_elem, map_ns = device.per_id_ns
+    per_id, per_elem = device.per_id_ns
     forward = device.kernel_us("sparse") * 1e-6 + ids * (per_id + u.dim * per_elem) * 1e-9
     fixed_us, id_ns, id_elem_ns, row_ns, row_elem_ns = device.sparse_update_cost(u.optimizer)
     backward = (fixed_us * 1e-6 + ids * (id_ns + u.dim * id_elem_ns) * 1e-9
                 + distinct * (row_ns + u.dim * row_elem_ns) * 1e-9)
     info = PLACEMENTS[u.placement]
     if info.rows_on == "host" or info.cached:
-        forward += (ids + distinct) * map_ns * 1e-9
+        forward += (ids + distinct) * device.map_ns(u.local_rows) * 1e-9
         forward += (1.0 - u.hit_rate) * distinct / device.host_gather_rows_per_s
     return forward, backward
 
@@ -461,7 +481,7 @@ def kernel_seconds(kernels: Kernels, device: DeviceProfile, bf16: bool = False, 
         seconds += fixed_us * 1e-6 + count * 2.0 * m * k * n / peak + count * elem * (m * k + k * n + m * n) / (gbps * 1e9)
     for moved in kernels.elementwise:
         seconds += device.kernel_us("elementwise") * 1e-6 + moved / device.elementwise_rate
-    return seconds
+    return seconds + sum(device.fresh_seconds(b) for b in kernels.fresh)
 
 
 def dense_update_seconds(graph: OpGraph, spec: ModelSpec, device: DeviceProfile) -> float:

@@ -35,14 +35,17 @@ class Kernels:
             the call); in backward kernels, the backward of that layer.
         elementwise: bytes read + written by each elementwise pass.
         other: kernels with negligible data (views, autograd nodes, scalar ops).
+        fresh: bytes of each tensor the kernels allocate (large ones cost page faults on a CPU).
     """
 
     gemms: tuple[tuple[int, int, int, int], ...] = ()
     elementwise: tuple[float, ...] = ()
     other: int = 0
+    fresh: tuple[float, ...] = ()
 
     def __add__(self, more: "Kernels") -> "Kernels":
-        return Kernels(self.gemms + more.gemms, self.elementwise + more.elementwise, self.other + more.other)
+        return Kernels(self.gemms + more.gemms, self.elementwise + more.elementwise, self.other + more.other,
+                       self.fresh + more.fresh)
 
 
 @dataclass(frozen=True)
@@ -54,14 +57,19 @@ class OpWork:
     param_tensors: int = 0
 
 
-def _pass(*elements: float, streams: int = 2) -> Kernels:
-    """Elementwise passes over tensors of `elements` fp32 values, each touching `streams` tensors."""
-    return Kernels(elementwise=tuple(streams * e * FLOAT_BYTES for e in elements))
+def _pass(*elements: float, streams: int = 2, fresh: bool = True) -> Kernels:
+    """Elementwise passes over tensors of `elements` fp32 values, each touching `streams` tensors
+    and writing a new one of its size (`fresh`; not for a reduction)."""
+    return Kernels(elementwise=tuple(streams * e * FLOAT_BYTES for e in elements),
+                   fresh=tuple(e * FLOAT_BYTES for e in elements) if fresh else ())
 
 
 def _gemm(m: int, k: int, n: int, count: int = 1) -> OpWork:
-    """One layer (GEMM, bias, activation) and its backward."""
-    return OpWork(Kernels(gemms=((m, k, n, count),)), Kernels(gemms=((m, k, n, count),)))
+    """One layer (GEMM, bias, activation) and its backward; the tensors each allocates: output and
+    activation; output gradient, dX and dW."""
+    out, x, w = count * m * n * FLOAT_BYTES, count * m * k * FLOAT_BYTES, count * k * n * FLOAT_BYTES
+    return OpWork(Kernels(gemms=((m, k, n, count),), fresh=(out, out)),
+                  Kernels(gemms=((m, k, n, count),), fresh=(out, x, w)))
 
 
 def _join(*works: OpWork) -> OpWork:
@@ -138,7 +146,7 @@ def _dot(op: Op, batch: int, inputs: int) -> OpWork:
 
 def _fm(op: Op, batch: int, inputs: int) -> OpWork:
     num, dim, size = _fields(op, batch)
-    fwd = _pass(size) + _pass(size, streams=1) + _pass(size) + _pass(size, streams=1) + Kernels(other=4)
+    fwd = _pass(size) + _pass(size, streams=1, fresh=False) + _pass(size) + _pass(size, streams=1, fresh=False) + Kernels(other=4)
     bwd = _pass(size, size, size, streams=3) + _pass(size) + Kernels(other=4)
     return OpWork(fwd, bwd)
 
@@ -149,7 +157,7 @@ def _target_attention(op: Op, batch: int, inputs: int) -> OpWork:
     rows = batch * length
     seq = float(rows * dim)
     feats = OpWork(_pass(seq, seq, streams=3) + _pass(4 * seq) + Kernels(other=1),
-                   _pass(4 * seq) + _pass(seq, seq, seq, streams=3) + _pass(seq, streams=1)
+                   _pass(4 * seq) + _pass(seq, seq, seq, streams=3) + _pass(seq, streams=1, fresh=False)
                    + _pass(seq, seq, seq, streams=3))  # q - k, q * k, cat; their grads, the expand's sum
     unit = _layers(rows, 4 * dim, (*op.attr("hidden"), 1))
     pool = _join(OpWork(_pass(rows, rows) + Kernels(other=2), _pass(rows, rows) + Kernels(other=2)),

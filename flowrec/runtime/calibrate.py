@@ -185,10 +185,16 @@ def per_op_costs(device: torch.device, shapes: list[tuple[int, int, int]], secon
     def measure(runs: Sequence[Callable[[], Any]]) -> list[float]:
         return interleaved_seconds(runs, device, seconds * len(runs))
 
-    (gemm_us, tflops, gemm_gbps), backward, gemm_points = ops.layer_fit(measure, device, shapes)
-    ew_us, ew_gbps, ew_points = ops.elementwise_fit(measure, device)
+    threshold, fault_ns, alloc_points = ops.alloc_fit(measure, device)
+
+    def fresh(size: float) -> float:
+        return size * fault_ns * 1e-9 if threshold and size >= threshold else 0.0
+
+    (gemm_us, tflops, gemm_gbps), backward, gemm_points = ops.layer_fit(measure, device, shapes, fresh)
+    ew_us, ew_gbps, ew_points = ops.elementwise_fit(measure, device, fresh)
     forward, updates, sparse_points = ops.sparse_fit(measure, device)
     dense = ops.dense_update_fit(measure, device)
+    small_map, large_map = ops.map_ns_per_id(measure, device)
     fit = "least squares on relative error over"
     gemm_how = f"fp32 nn.Linear + relu forward under autograd, t = fixed + FLOPs / rate + bytes / bandwidth, " \
                f"{fit} {len(gemm_points)} shapes (the spec's layers and a grid)"
@@ -215,12 +221,15 @@ def per_op_costs(device: torch.device, shapes: list[tuple[int, int, int]], secon
         "dense_update": ({k: list(v) for k, v in dense.items()},
                          f"torch.optim step per dense optimizer, t = tensors x a + elements x b, "
                          f"{fit} {len(ops.DENSE_TENSORS)} parameter sets"),
-        "map_ns_per_id": (ops.map_ns_per_id(measure, device), f"int64 row map lookup of {ops.MAP_LOOKUPS} random "
-                                                              f"ids in {ops.MAP_ENTRIES} entries"),
+        "alloc_threshold_bytes": (threshold or None, "smallest of fills of new tensors of 4-256 MiB costing at "
+                                                     "least half the largest's extra per byte over an existing one"),
+        "alloc_ns_per_byte": (fault_ns, "median extra of those fills per byte (fresh pages faulted in)"),
+        "map_small_ns_per_id": (small_map, f"int64 row map lookup of {ops.MAP_LOOKUPS} random ids in "
+                                           f"{ops.MAP_ENTRIES[0]} entries"),
+        "map_ns_per_id": (large_map, f"int64 row map lookup of {ops.MAP_LOOKUPS} random ids in {ops.MAP_ENTRIES[1]} entries"),
     }
-    unfitted = sorted(k for k, (v, _) in measured.items() if v == 0 and k in RATES)
+    unfitted = sorted(k for k, (v, _) in measured.items() if (v == 0 and k in RATES) or v is None)
     details = {"layer_us_by_shape": gemm_points, "elementwise_us_by_size": ew_points,
-               "sparse_backward_us_by_case": sparse_points,
-               "unfitted": [f"{k}: the timings did not separate a rate from the fixed part (datasheet kept)"
-                            for k in unfitted]}
+               "sparse_backward_us_by_case": sparse_points, "fresh_memory": alloc_points,
+               "unfitted": [f"{k}: not shown by the timings (datasheet kept)" for k in unfitted]}
     return {k: v for k, v in measured.items() if k not in unfitted}, details

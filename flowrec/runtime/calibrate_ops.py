@@ -39,7 +39,7 @@ DENSE_TENSORS = ((32, 256), (4, 1 << 18), (16, 1 << 16))  # (tensors, elements e
 SPARSE_TABLE_ROWS = 1 << 18
 SPARSE_CASES = ((16384, SPARSE_TABLE_ROWS, 16), (131072, SPARSE_TABLE_ROWS, 16), (131072, 2048, 16),
                 (131072, SPARSE_TABLE_ROWS, 64), (16384, SPARSE_TABLE_ROWS, 64), (131072, 2048, 64))  # (ids, id range, dim)
-MAP_ENTRIES = 1 << 22  # int64 row map of the index lookups host and cached placements make per id
+MAP_ENTRIES = (1 << 20, 1 << 25)  # int64 row maps (small, large) of the lookups host and cached placements make per id
 MAP_LOOKUPS = 1 << 17
 
 Measure = Callable[[Sequence[Callable[[], Any]]], list[float]]  # seconds per call of each (`calibrate.interleaved_seconds`)
@@ -88,9 +88,39 @@ def autograd_op_us(measure: Measure, device: torch.device) -> float:
     return measure([chain])[0] / kernels * 1e6
 
 
-def elementwise_fit(measure: Measure, device: torch.device) -> tuple[float, float, dict[str, float]]:
+ALLOC_SIZES = (1 << 20, 1 << 22, 1 << 24, 1 << 26)  # fp32 elements (4 MiB to 256 MiB) of the fresh-memory fit
+
+
+def alloc_fit(measure: Measure, device: torch.device) -> tuple[float, float, dict[str, float]]:
+    """(threshold bytes, ns per byte, raw) of fresh memory: filling a new tensor minus filling an
+    existing one, at ALLOC_SIZES. From the threshold on (the smallest size costing at least half
+    the largest's extra per byte) the allocator hands out new pages that fault in on first touch;
+    (0, 0) when no size shows it (or on a GPU: no page faults)."""
+    if device.type != "cpu":
+        return 0.0, 0.0, {}
+    runs = []
+    for n in ALLOC_SIZES:
+        existing = torch.empty(n)
+        runs += [partial(existing.fill_, 1.0), partial(_fresh_fill, n)]
+    times = measure(runs)
+    extra = [max(fresh - old, 0.0) / (4 * n) for n, old, fresh in zip(ALLOC_SIZES, times[0::2], times[1::2])]
+    details = {f"fresh_{4 * n >> 20}MiB_ns_per_byte": e * 1e9 for n, e in zip(ALLOC_SIZES, extra)}
+    if extra[-1] <= 0:
+        return 0.0, 0.0, details
+    first = next(i for i, e in enumerate(extra) if e >= extra[-1] / 2 and all(x >= extra[-1] / 2 for x in extra[i:]))
+    faulting = sorted(extra[first:])
+    return float(4 * ALLOC_SIZES[first]), faulting[len(faulting) // 2] * 1e9, details
+
+
+def _fresh_fill(n: int) -> torch.Tensor:
+    return torch.empty(n).fill_(1.0)
+
+
+def elementwise_fit(measure: Measure, device: torch.device,
+                    fresh: Callable[[float], float] = lambda size: 0.0) -> tuple[float, float, dict[str, float]]:
     """(us per pass, GB/s) of activation passes: relu forward (read + write) and its backward
-    (read two, write one) at ELEMENTWISE_SIZES, fit t = fixed + bytes / bandwidth."""
+    (read two, write one) at ELEMENTWISE_SIZES, fit t = fixed + bytes / bandwidth after taking
+    off `fresh(bytes)`, the page faults of each pass's new output."""
     rows, runs, names = [], [], []
     for n in ELEMENTWISE_SIZES:
         x = torch.randn(n, device=device)
@@ -100,16 +130,20 @@ def elementwise_fit(measure: Measure, device: torch.device) -> tuple[float, floa
         names += [f"relu_{n}", f"relu_backward_{n}"]
     times = measure(runs)
     details = {name: t * 1e6 for name, t in zip(names, times)}
+    times = [max(t - fresh(4.0 * n), t / 10) for t, n in zip(times, [n for n in ELEMENTWISE_SIZES for _ in (0, 1)])]
     fixed, per_byte = fit_linear(rows, times)
     return fixed * 1e6, (1.0 / per_byte / 1e9) if per_byte > 0 else 0.0, details
 
 
-def layer_fit(measure: Measure, device: torch.device, shapes: Sequence[tuple[int, int, int]]
+def layer_fit(measure: Measure, device: torch.device, shapes: Sequence[tuple[int, int, int]],
+              fresh: Callable[[float], float] = lambda size: 0.0,
               ) -> tuple[tuple[float, float, float], tuple[float, float, float], dict[str, list[float]]]:
     """A dense layer as the runtime runs it (`nn.Linear` + relu under autograd, fresh graph per
     call) at the spec's shapes and LAYER_GRID (m samples, k in, n out): forward t = fixed +
     flops / rate + bytes / bandwidth (bytes: input, weight and output), and the same for the
-    backward (forward + backward minus forward, per shape) over the forward's FLOPs and bytes.
+    backward (forward + backward minus forward, per shape) over the forward's FLOPs and bytes,
+    each after taking off `fresh(bytes)` for the tensors it allocates (as `flowrec.planner.op_work`
+    lists them: output and activation; output gradient, dX and dW).
 
     Returns:
         ((fixed us, TFLOP/s, GB/s) forward, the same backward, {shape: [forward us, backward us]}).
@@ -126,6 +160,9 @@ def layer_fit(measure: Measure, device: torch.device, shapes: Sequence[tuple[int
     fwd_t = times[0::2]
     bwd_t = [max(both - fwd, fwd / 10) for fwd, both in zip(times[0::2], times[1::2])]  # a noisy difference
     details = {f"{m}x{k}x{n}": [f * 1e6, b * 1e6] for (m, k, n), f, b in zip(todo, fwd_t, bwd_t)}
+    fwd_t = [max(t - 2 * fresh(4.0 * m * n), t / 10) for t, (m, k, n) in zip(fwd_t, todo)]
+    bwd_t = [max(t - fresh(4.0 * m * n) - fresh(4.0 * m * k) - fresh(4.0 * k * n), t / 10)
+             for t, (m, k, n) in zip(bwd_t, todo)]
     return _layer_constants(fit_linear(rows, fwd_t)), _layer_constants(fit_linear(rows, bwd_t)), details
 
 
@@ -214,10 +251,15 @@ def _sparse_backward(module: PackedEmbeddingBag, ids: torch.Tensor, offsets: tor
     fused_backward(module.weight, module.state, module.optimizer, grad, compute_casting(ids, offsets, None))
 
 
-def map_ns_per_id(measure: Measure, device: torch.device) -> float:
-    """Nanoseconds per id of a random lookup in a large int64 row map (host and cached placements
-    map every id to a slot or a working row)."""
+def map_ns_per_id(measure: Measure, device: torch.device) -> tuple[float, float]:
+    """Nanoseconds per id of random lookups in a small and a large int64 row map (MAP_ENTRIES):
+    host and cached placements map every id to a slot or a working row, in a map of the group's
+    rows (cache misses grow with it)."""
     gen = torch.Generator().manual_seed(1)
-    table = torch.arange(MAP_ENTRIES, dtype=torch.int64)
-    ids = torch.randint(0, MAP_ENTRIES, (MAP_LOOKUPS,), generator=gen)
-    return measure([partial(table.__getitem__, ids)])[0] / MAP_LOOKUPS * 1e9
+    runs = []
+    for entries in MAP_ENTRIES:
+        table = torch.arange(entries, dtype=torch.int64)
+        ids = torch.randint(0, entries, (MAP_LOOKUPS,), generator=gen)
+        runs.append(partial(table.__getitem__, ids))
+    small, large = measure(runs)
+    return small / MAP_LOOKUPS * 1e9, large / MAP_LOOKUPS * 1e9

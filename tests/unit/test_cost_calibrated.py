@@ -169,3 +169,26 @@ def test_dense_time_follows_the_batch_and_the_update_the_parameters(din):
 def test_every_measurable_constant_is_a_profile_field():
     fields = set(DEVICES["cpu"].__dataclass_fields__)
     assert set(MEASURABLE) <= fields
+
+
+def test_row_map_cost_grows_with_the_map_between_the_timed_sizes():
+    from flowrec.planner.cost import MAP_LARGE_ROWS, MAP_SMALL_ROWS
+
+    device = replace(DEVICES["cpu"], map_small_ns_per_id=4.0, map_ns_per_id=60.0)
+    assert device.map_ns(1000) == 4.0 and device.map_ns(MAP_SMALL_ROWS) == 4.0
+    assert device.map_ns(MAP_LARGE_ROWS * 4) == 60.0
+    middle = device.map_ns(int((MAP_SMALL_ROWS * MAP_LARGE_ROWS) ** 0.5))
+    assert middle == pytest.approx(32.0)
+
+
+def test_large_new_tensors_cost_page_faults_from_the_threshold_on(din):
+    cpu = DEVICES["cpu"]
+    assert cpu.fresh_seconds(1e9) == 0.0  # uncalibrated: no fresh-memory term
+    faulting = replace(cpu, alloc_threshold_bytes=8e6, alloc_ns_per_byte=0.3)
+    assert faulting.fresh_seconds(4e6) == 0.0 and faulting.fresh_seconds(1e8) == pytest.approx(0.03)
+    plan = make_plan(din, target="cpu")
+    base, slower = dense_seconds(plan.graph, cpu, 1024), dense_seconds(plan.graph, faulting, 1024)
+    assert slower[0] > base[0] and slower[1] > base[1]  # DIN's attention tensors are 16 MB
+    mlp = Op("m", "mlp", ("B", 8), attrs=(("activation", "relu"), ("in_features", 4), ("layers", (8,))))
+    work = op_work(mlp, 32, 1)
+    assert work.forward.fresh == (32 * 8 * 4, 32 * 8 * 4) and work.backward.fresh == (32 * 8 * 4, 32 * 4 * 4, 4 * 8 * 4)
