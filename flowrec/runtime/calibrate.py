@@ -49,11 +49,13 @@ def mean_seconds(run: Callable[[], Any], device: torch.device, min_seconds: floa
 
 def interleaved_seconds(runs: Sequence[Callable[[], Any]], device: torch.device, min_seconds: float,
                         rounds: int = 5, batch_seconds: float = 2e-3) -> list[float]:
-    """Median wall seconds of one call of each of `runs`, timed in rounds: each round times a
-    batch of calls (about `batch_seconds`) of every run in turn, until `rounds` rounds and
-    `min_seconds` have passed. A burst of other processes on a shared machine then spoils one
-    round of every run rather than every round of one run, and the median leaves it out (a
-    step's median is what `tools/bench_costmodel.py` compares with)."""
+    """Wall seconds of one call of each of `runs` on this machine without other load: timed in
+    rounds (each round times a batch of calls, about `batch_seconds`, of every run in turn,
+    until `rounds` rounds and `min_seconds` have passed), the fastest round of each. On a shared
+    machine a burst of other processes slows one round of every run rather than every round of
+    one run, and the fastest round leaves it out: the profile describes the machine, not its
+    neighbours' load at calibration time (which `tools/bench_costmodel.py` shows as the spread
+    of the measured steps)."""
     reps = []
     for run in runs:
         run()
@@ -71,7 +73,7 @@ def interleaved_seconds(runs: Sequence[Callable[[], Any]], device: torch.device,
                 run()
             _sync(device)
             out.append((time.perf_counter() - t0) / n)
-    return [sorted(out)[len(out) // 2] for out in samples]
+    return [min(out) for out in samples]
 
 
 def gemm_tflops(device: torch.device, shapes: list[tuple[int, int, int]], dtype: torch.dtype,
