@@ -200,7 +200,8 @@ def per_op_costs(device: torch.device, shapes: list[tuple[int, int, int]], secon
     fit = "least squares on relative error over"
     gemm_how = f"fp32 nn.Linear + relu forward under autograd, t = fixed + FLOPs / rate + bytes / bandwidth, " \
                f"{fit} {len(gemm_points)} shapes (the spec's layers and a grid)"
-    bwd_how = gemm_how.replace("forward under", "backward (forward + backward minus forward) under")
+    bwd_how = (f"the forward's constants x the median ratio of backward (forward + backward minus forward) to "
+               f"forward time over the same {len(gemm_points) - 1} shapes")
     cases = f"{len(ops.SPARSE_CASES)} (ids, unique rows, dim) cases"
     measured: dict[str, tuple[Any, str]] = {
         "fp32_tflops": (tflops, gemm_how),

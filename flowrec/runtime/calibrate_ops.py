@@ -137,13 +137,15 @@ def elementwise_fit(measure: Measure, device: torch.device,
 
 def layer_fit(measure: Measure, device: torch.device, shapes: Sequence[tuple[int, int, int]],
               fresh: Callable[[float], float] = lambda size: 0.0,
-              ) -> tuple[tuple[float, float, float], tuple[float, float, float], dict[str, list[float]]]:
+              ) -> tuple[tuple[float, float, float], tuple[float, float, float], dict[str, Any]]:
     """A dense layer as the runtime runs it (`nn.Linear` + relu under autograd, fresh graph per
     call) at the spec's shapes and LAYER_GRID (m samples, k in, n out): forward t = fixed +
-    flops / rate + bytes / bandwidth (bytes: input, weight and output), and the same for the
-    backward (forward + backward minus forward, per shape) over the forward's FLOPs and bytes,
-    each after taking off `fresh(bytes)` for the tensors it allocates (as `flowrec.planner.op_work`
-    lists them: output and activation; output gradient, dX and dW).
+    flops / rate + bytes / bandwidth (bytes: input, weight and output); the backward (forward +
+    backward minus forward, per shape) as the forward's constants times the median ratio of
+    backward to forward over the shapes (a difference of two timings is too noisy for a fit of
+    its own on a shared machine); each after taking off `fresh(bytes)` for the tensors it
+    allocates (as `flowrec.planner.op_work` lists them: output and activation; output gradient,
+    dX and dW).
 
     Returns:
         ((fixed us, TFLOP/s, GB/s) forward, the same backward, {shape: [forward us, backward us]}).
@@ -160,10 +162,14 @@ def layer_fit(measure: Measure, device: torch.device, shapes: Sequence[tuple[int
     fwd_t = times[0::2]
     bwd_t = [max(both - fwd, fwd / 10) for fwd, both in zip(times[0::2], times[1::2])]  # a noisy difference
     details = {f"{m}x{k}x{n}": [f * 1e6, b * 1e6] for (m, k, n), f, b in zip(todo, fwd_t, bwd_t)}
-    fwd_t = [max(t - 2 * fresh(4.0 * m * n), t / 10) for t, (m, k, n) in zip(fwd_t, todo)]
-    bwd_t = [max(t - fresh(4.0 * m * n) - fresh(4.0 * m * k) - fresh(4.0 * k * n), t / 10)
-             for t, (m, k, n) in zip(bwd_t, todo)]
-    return _layer_constants(fit_linear(rows, fwd_t)), _layer_constants(fit_linear(rows, bwd_t)), details
+    fwd_net = [max(t - 2 * fresh(4.0 * m * n), t / 10) for t, (m, k, n) in zip(fwd_t, todo)]
+    bwd_net = [max(t - fresh(4.0 * m * n) - fresh(4.0 * m * k) - fresh(4.0 * k * n), t / 10)
+               for t, (m, k, n) in zip(bwd_t, todo)]
+    forward = _layer_constants(fit_linear(rows, fwd_net))
+    ratios = sorted(b / f for b, f in zip(bwd_net, fwd_net))
+    ratio = ratios[len(ratios) // 2]
+    details["backward_over_forward"] = ratio
+    return forward, (forward[0] * ratio, forward[1] / ratio, forward[2] / ratio), details
 
 
 def _layer_forward(layer: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
