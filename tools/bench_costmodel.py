@@ -5,11 +5,11 @@ dense-layer shapes; right before its run, so that calibration and measurement se
 a shared machine; `--profile FILE` uses one given profile for every spec instead), then trains a few thousand synthetic rows (`flowrec data synth`, then `flowrec train SPEC
 --data DIR --target PROFILE --json`, a few steps; the planner samples that data for its access
 model) and compares the plan's prediction (`plan.json` of the run) with the measurement. Step time:
-the predicted compute of a step (`cost.step_ms_serial` minus the staging stage: what the trainer's
-compute seconds count; on the CPU staging runs between steps, `cost.step_ms_overlap` is the sum)
-against the median compute seconds of the steps after WARMUP_STEPS (each step timed as the
-trainer's guarded step call, `Trainer._step`, in the `flowrec train` process; the quartiles show
-the noise). Bytes: the host<->device bytes of a step from the cache counters (every
+the predicted step (`cost.step_ms_overlap`; on the CPU staging + compute, since the data threads
+run on the trainer's cores: their time shows up in the trainer's compute seconds, while it waits
+for batches for almost nothing) against the median compute seconds of the steps after
+WARMUP_STEPS (each step timed as the trainer's guarded step call, `Trainer._step`, in the
+`flowrec train` process; the quartiles show the noise). Bytes: the host<->device bytes of a step from the cache counters (every
 group's step traffic per sample times the batch, plus dense features and labels, as the plan
 counts them; hot rows placed at the start and rows written back for checkpoints are not step
 traffic). Bytes are compared only for specs with a group that is not device-resident (the
@@ -121,12 +121,14 @@ def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str |
     cost = plan["cost"]
     timed = [s * 1e3 for s in seconds[WARMUP_STEPS:]]
     measured_ms = quantile(timed, 0.5)
-    predicted_ms = cost["step_ms_serial"] - cost["stage_ms"]["staging"]
+    predicted_ms = cost["step_ms_overlap"]
     row = {"spec": spec.name, "steps": len(timed), "batch": cost["batch_size"],
-           "predicted_step_ms": cost["step_ms_overlap"], "predicted_compute_ms": predicted_ms,
+           "predicted_step_ms": predicted_ms,
+           "predicted_compute_ms": cost["step_ms_serial"] - cost["stage_ms"]["staging"],
            "predicted_stage_ms": cost["stage_ms"], "measured_step_ms": measured_ms,
            "measured_step_ms_quartiles": [quantile(timed, 0.25), quantile(timed, 0.75)],
            "measured_step_ms_mean": sum(timed) / len(timed),
+           "measured_staging_wait_ms": result["stage_seconds"].get("staging_wait", 0.0) / max(result["steps"], 1) * 1e3,
            "step_error": predicted_ms / measured_ms - 1.0,
            "step_error_fastest_quartile": predicted_ms / quantile(timed, 0.25) - 1.0}
     if result["counters"]:
