@@ -15,8 +15,12 @@ Device profiles carry the constants, with units in their names. Sources and assu
 * Host-side staging (decode, encode, batch) runs ~20 M values/s per worker with 4 workers on the
   GPU hosts, 1 on the 2-core machine.
 * A profile file from `flowrec calibrate` (`--target FILE`) replaces the measured constants by
-  this machine's (GEMM throughput at the spec's shapes with efficiency 1, row gathers, memory
-  bandwidth, host<->device, launch overhead); `DeviceProfile.source` says which it is.
+  this machine's (dense layers forward and backward fitted over the spec's shapes with efficiency
+  1, elementwise passes, autograd kernels, page faults of new tensors, the sparse lookup and fused
+  update per optimizer, the dense optimizer step, row maps and gathers, memory bandwidth,
+  host<->device); `DeviceProfile.source` says which it is. Compute is priced kernel by kernel
+  (`flowrec.planner.op_work`); uncalibrated profiles derive the per-op constants from their
+  datasheet rates.
 
 Example:
     >>> DEVICES["h100"].hbm_gbps
