@@ -12,7 +12,7 @@ gather-reduce and the fused row-wise update of every sparse optimizer), the dens
 through torch.optim as the runtime builds them (`flowrec.runtime.step.make_dense_optimizer`).
 
 Example:
-    >>> fit_linear([[1, 10], [1, 20], [1, 40]], [3.0, 5.0, 9.0])  # t = 1 + 0.2 x
+    >>> [round(c, 9) for c in fit_linear([[1, 10], [1, 20], [1, 40]], [3.0, 5.0, 9.0])]  # t = 1 + 0.2 x
     [1.0, 0.2]
 """
 from __future__ import annotations
