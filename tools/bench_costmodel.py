@@ -1,24 +1,30 @@
 """Cost-model benchmark: predicted against measured step time and host<->device bytes per spec.
 
-Calibrates this machine (`flowrec calibrate --out`, unless --profile is given), then for every spec
-in specs/ trains a few thousand synthetic rows (`flowrec data synth`, then `flowrec train SPEC
+For every spec in specs/: calibrates this machine for the spec (`flowrec calibrate SPEC --out`, its
+dense-layer shapes; right before its run, so that calibration and measurement see the same load on
+a shared machine; `--profile FILE` uses one given profile for every spec instead), then trains a few thousand synthetic rows (`flowrec data synth`, then `flowrec train SPEC
 --data DIR --target PROFILE --json`, a few steps; the planner samples that data for its access
-model) and compares the plan's prediction (`plan.json` of the run: `cost.step_ms_overlap`,
-`cost.h2d_bytes_per_step`) with the measurement: compute seconds per step, as `flowrec train
---report` shows them, of the steps after WARMUP_STEPS (two runs, the difference; wall seconds per
-step are recorded too), and the host<->device bytes of a step from the cache counters (every
+model) and compares the plan's prediction (`plan.json` of the run) with the measurement. Step time:
+the predicted step (`cost.step_ms_overlap`; on the CPU staging + compute, since the data threads
+run on the trainer's cores: their time shows up in the trainer's compute seconds, while it waits
+for batches for almost nothing) against the median compute seconds of the steps after
+WARMUP_STEPS (each step timed as the trainer's guarded step call, `Trainer._step`, in the
+`flowrec train` process; the quartiles show the noise). Bytes: the host<->device bytes of a step from the cache counters (every
 group's step traffic per sample times the batch, plus dense features and labels, as the plan
 counts them; hot rows placed at the start and rows written back for checkpoints are not step
 traffic). Bytes are compared only for specs with a group that is not device-resident (the
 counters exist only there); `--device-budget` forces such placements.
 
 Ratios:
-    costmodel_max_step_error: max over specs of |predicted / measured - 1| (target <= 0.10).
+    costmodel_max_step_error: max over specs of |predicted / measured - 1| (target <= 0.10), the
+        measured step being the median; costmodel_median_step_error: the median over specs;
+        costmodel_max_step_error_fastest_quartile: the same against each spec's fastest-quartile
+        step (less of the other processes' load on a shared machine).
     costmodel_max_bytes_error: the same for host<->device bytes per step (target <= 0.20).
 
 Usage:
     python tools/bench_costmodel.py [--steps 12] [--profile FILE] [--device-budget 64MiB] [--cache POLICY]
-        [--specs a.yaml,b.yaml] [--json PATH]
+        [--specs a.yaml,b.yaml] [--threads N] [--json PATH]
 """
 from __future__ import annotations
 
@@ -42,9 +48,34 @@ WARMUP_STEPS = 2  # steps whose compute time (first-call set-up) is not counted
 FLOAT_BYTES = 4  # dense features and labels travel as float32
 
 
-def flowrec(*args: str, cwd: Path) -> str:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-m", "flowrec", *args], cwd=cwd, env=env, timeout=RUN_TIMEOUT_S,
+STEP_TIMES = "FLOWREC_BENCH_STEP_SECONDS "  # the harness's last line: this marker, then JSON
+HARNESS = f"""
+import json, sys, time
+from flowrec.runtime import trainer
+seconds = []
+step = trainer.Trainer._step
+def timed(self, batch):
+    t0 = time.perf_counter()
+    out = step(self, batch)
+    seconds.append(time.perf_counter() - t0)
+    return out
+trainer.Trainer._step = timed
+from flowrec.cli import main
+sys.argv = ["flowrec", *sys.argv[1:]]
+try:
+    main()
+finally:
+    print("{STEP_TIMES}" + json.dumps(seconds), flush=True)
+"""
+
+
+THREADS: dict[str, str] = {}  # --threads: OMP_NUM_THREADS of every flowrec process (calibration and runs)
+
+
+def flowrec(*args: str, cwd: Path, timed: bool = False) -> str:
+    env = {**os.environ, "PYTHONPATH": str(REPO), **THREADS}
+    command = ["-c", HARNESS] if timed else ["-m", "flowrec"]
+    done = subprocess.run([sys.executable, *command, *args], cwd=cwd, env=env, timeout=RUN_TIMEOUT_S,
                           capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"flowrec {' '.join(args)} failed: {done.stderr.strip().splitlines()[-1:]}")
@@ -52,12 +83,23 @@ def flowrec(*args: str, cwd: Path) -> str:
 
 
 def train_json(spec: Path, data: Path, profile: Path, steps: int, out: Path, tmp: Path,
-               budget: str | None, cache: str | None) -> dict[str, Any]:
+               budget: str | None, cache: str | None) -> tuple[dict[str, Any], list[float]]:
+    """The run's `--json` result and the compute seconds of each of its steps."""
     text = flowrec("train", str(spec), "--data", str(data), "--max-steps", str(steps), "--epochs", str(EPOCHS),
                    "--target", str(profile), "--device", "cpu", "--out", str(out), "--quiet", "--json",
                    "--eval-every", "0", *(["--device-budget", budget] if budget else []),
-                   *(["--cache", cache] if cache else []), cwd=tmp)
-    return json.loads(text[text.index("{"):])
+                   *(["--cache", cache] if cache else []), cwd=tmp, timed=True)
+    body, _, times = text.rpartition(STEP_TIMES)
+    return json.loads(body[body.index("{"):]), json.loads(times)
+
+
+def quantile(values: list[float], q: float) -> float:
+    """The q-quantile of `values` (linear interpolation)."""
+    ordered = sorted(values)
+    pos = q * (len(ordered) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
 def measured_bytes_per_step(counters: dict[str, Any], batch: int, dense_and_labels: int) -> float:
@@ -70,19 +112,25 @@ def measured_bytes_per_step(counters: dict[str, Any], batch: int, dense_and_labe
 
 def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str | None,
                  cache: str | None = None) -> dict[str, Any]:
-    """Predicted vs measured for one spec; the measured step is the compute seconds of `steps`
-    steps beyond WARMUP_STEPS (a run of WARMUP_STEPS + steps minus one of WARMUP_STEPS)."""
+    """Predicted vs measured for one spec: one run of WARMUP_STEPS + `steps` steps; the measured
+    step is the median compute time of the steps after WARMUP_STEPS."""
     data = tmp / f"{spec.stem}-data"
     flowrec("data", "synth", str(spec), "--rows", str(SYNTH_ROWS), "--out", str(data), cwd=tmp)
-    warm = train_json(spec, data, profile, WARMUP_STEPS, tmp / f"{spec.stem}-warm", tmp, budget, cache)
-    result = train_json(spec, data, profile, WARMUP_STEPS + steps, tmp / spec.stem, tmp, budget, cache)
+    result, seconds = train_json(spec, data, profile, WARMUP_STEPS + steps, tmp / spec.stem, tmp, budget, cache)
     plan = json.loads((tmp / spec.stem / "plan.json").read_text())
     cost = plan["cost"]
-    measured_ms = (result["stage_seconds"]["compute"] - warm["stage_seconds"]["compute"]) / steps * 1e3
-    row = {"spec": spec.name, "steps": steps, "batch": cost["batch_size"],
-           "predicted_step_ms": cost["step_ms_overlap"], "measured_step_ms": measured_ms,
-           "measured_wall_step_ms": (result["seconds"] - warm["seconds"]) / steps * 1e3,
-           "step_error": cost["step_ms_overlap"] / measured_ms - 1.0}
+    timed = [s * 1e3 for s in seconds[WARMUP_STEPS:]]
+    measured_ms = quantile(timed, 0.5)
+    predicted_ms = cost["step_ms_overlap"]
+    row = {"spec": spec.name, "steps": len(timed), "batch": cost["batch_size"],
+           "predicted_step_ms": predicted_ms,
+           "predicted_compute_ms": cost["step_ms_serial"] - cost["stage_ms"]["staging"],
+           "predicted_stage_ms": cost["stage_ms"], "measured_step_ms": measured_ms,
+           "measured_step_ms_quartiles": [quantile(timed, 0.25), quantile(timed, 0.75)],
+           "measured_step_ms_mean": sum(timed) / len(timed),
+           "measured_staging_wait_ms": result["stage_seconds"].get("staging_wait", 0.0) / max(result["steps"], 1) * 1e3,
+           "step_error": predicted_ms / measured_ms - 1.0,
+           "step_error_fastest_quartile": predicted_ms / quantile(timed, 0.25) - 1.0}
     if result["counters"]:
         model = load_spec(spec)
         measured = measured_bytes_per_step(result["counters"], cost["batch_size"],
@@ -95,38 +143,50 @@ def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str |
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=12, help="training steps per spec (the first warms up)")
-    parser.add_argument("--profile", type=Path, default=None, help="a profile from `flowrec calibrate` (default: calibrate now)")
+    parser.add_argument("--steps", type=int, default=12, help=f"timed training steps per spec (after {WARMUP_STEPS} warm-up steps)")
+    parser.add_argument("--profile", type=Path, default=None,
+                        help="a profile from `flowrec calibrate` for every spec (default: calibrate each spec before its run)")
     parser.add_argument("--device-budget", default=None, help="device budget of every run (forces cache/host placements)")
     parser.add_argument("--cache", default=None, help="cache policy of every run (auto, none, static_hot, lookahead)")
     parser.add_argument("--specs", default="", help="comma-separated spec file names (default: all of specs/)")
     parser.add_argument("--json", type=Path, default=REPO / "bench/results/costmodel_cpu.json")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="compute threads of calibration and runs (OMP_NUM_THREADS; default: torch's, one per core)")
     args = parser.parse_args()
+    if args.threads:
+        THREADS["OMP_NUM_THREADS"] = str(args.threads)
     specs = sorted((REPO / "specs").glob("*.yaml"))
     if args.specs:
         specs = [s for s in specs if s.name in args.specs.split(",")]
     with tempfile.TemporaryDirectory(prefix="bench-cost-") as tmp_name:
         tmp = Path(tmp_name)
-        profile = args.profile or tmp / "profile.json"
-        if args.profile is None:
-            flowrec("calibrate", str(REPO / "specs/dlrm_criteo.yaml"), "--device", "cpu", "--out", str(profile), cwd=tmp)
-        calibration = json.loads(Path(profile).read_text())
-        rows = []
+        rows, calibrations = [], {}
         for spec in specs:
+            profile = args.profile or tmp / f"{spec.stem}-profile.json"
             try:
+                if args.profile is None:
+                    flowrec("calibrate", str(spec), "--device", "cpu", "--out", str(profile), cwd=tmp)
+                doc = json.loads(Path(profile).read_text())
+                calibrations[spec.name] = {"seconds": doc.get("details", {}).get("seconds"),
+                                           **{k: v["value"] for k, v in doc["measured"].items()}}
                 rows.append(measure_spec(spec, Path(profile), args.steps, tmp, args.device_budget, args.cache))
             except (RuntimeError, subprocess.TimeoutExpired) as exc:
                 rows.append({"spec": spec.name, "error": str(exc)})
             print(json.dumps(rows[-1]), flush=True)
     steps = [abs(r["step_error"]) for r in rows if "step_error" in r]
+    quick = [abs(r["step_error_fastest_quartile"]) for r in rows if "step_error" in r]
     byte_errors = [abs(r["bytes_error"]) for r in rows if r.get("bytes_error") is not None]
     result = {
         "benchmark": "costmodel",
-        "calibration": {k: v["value"] for k, v in calibration["measured"].items()},
+        "calibration": calibrations if args.profile is None else {"given": str(args.profile),
+                                                                  **next(iter(calibrations.values()), {})},
         "device_budget": args.device_budget,
+        "threads": args.threads,
         "cache": args.cache,
         "specs": rows,
         "ratios": {"costmodel_max_step_error": max(steps) if steps else None,
+                   "costmodel_median_step_error": quantile(steps, 0.5) if steps else None,
+                   "costmodel_max_step_error_fastest_quartile": max(quick) if quick else None,
                    "costmodel_max_bytes_error": max(byte_errors) if byte_errors else None},
         "bytes_compared_specs": [r["spec"] for r in rows if r.get("bytes_error") is not None],
     }

@@ -14,9 +14,12 @@ from flowrec.cli.common import fail, load_spec_or_exit
 FALLBACK_SHAPES = [(4096, 512, 256), (4096, 256, 64)]  # without a spec: DLRM-sized layers
 CALIBRATE_HELP = """Measure this machine for the planner's cost model and save a device profile.
 
-Measures, in well under a minute: GEMM throughput at the spec's dense-layer shapes in fp32 and
-bf16, random row gather and scatter rates by embedding dim, memory bandwidth, kernel overhead and,
-with CUDA, host<->device bandwidth. Saves a profile (default: the user's cache folder, one per
+Measures, in well under a minute: GEMMs (fixed cost, FLOP rate and bandwidth fitted over the
+spec's dense-layer shapes, forward and backward, and a grid; bf16 at the spec's shapes),
+elementwise passes, the per-kernel overhead of autograd, the project's sparse path (lookup, then
+casting and fused update per sparse optimizer, fitted per id and per unique row), each dense
+optimizer's step, random row gathers and scatters by embedding dim, memory bandwidth and, with
+CUDA, host<->device bandwidth. Saves a profile (default: the user's cache folder, one per
 device kind) recording each constant and how it was measured; use it with
 `flowrec plan SPEC --target FILE` and `flowrec train SPEC --target FILE`.
 
@@ -61,24 +64,35 @@ def calibrate(
     except OSError as exc:
         fail(f"cannot write device profile {path}: {exc.strerror or exc}")
     for key, entry in sorted(doc["measured"].items()):
-        shown = "n/a" if entry["value"] is None else f"{entry['value']:.4g}"
-        typer.echo(f"{key:24s} {shown:>12s}  ({entry['how']})")
+        typer.echo(f"{key:24s} {shown_value(entry['value']):>12s}  ({entry['how']})")
     typer.echo(f"measured in {details['seconds']:.1f} s; wrote {path} (use: flowrec plan SPEC --target {path})")
 
 
+def shown_value(value) -> str:
+    """A measured constant as `flowrec calibrate` prints it; per-optimizer tables one line each."""
+    if value is None:
+        return "n/a"
+    if isinstance(value, dict):
+        return "".join(f"\n  {name:22s} " + " ".join(f"{x:.4g}" for x in numbers)
+                       for name, numbers in sorted(value.items()))
+    return f"{value:.4g}"
+
+
 def gemm_shapes(spec) -> list[tuple[int, int, int]]:
-    """(batch, in, out) of every dense layer of the spec's MLPs, without repeats."""
+    """(rows, in, out) of every dense layer of the spec at its batch size, as the cost model lists
+    them (`flowrec.planner.op_work`: MLP, cross, linear and head layers, the attention unit on
+    batch x sequence rows), without repeats; batched small GEMMs (the dot's) are left out."""
     from flowrec.graph.build import build_graph
+    from flowrec.planner.op_work import RULES, op_work
 
     graph = build_graph(spec)
     batch = spec.training.batch_size
     shapes: list[tuple[int, int, int]] = []
     for node in graph:
         op = graph.nodes[node]["op"]
-        if op.kind != "mlp":
+        if op.kind not in RULES:
             continue
-        widths = [op.attr("in_features"), *op.attr("layers")]
-        for k, n in zip(widths, widths[1:]):
-            if (batch, k, n) not in shapes:
-                shapes.append((batch, k, n))
+        for m, k, n, count in op_work(op, batch, graph.in_degree(node)).forward.gemms:
+            if count == 1 and (m, k, n) not in shapes:
+                shapes.append((m, k, n))
     return shapes or FALLBACK_SHAPES

@@ -2,7 +2,9 @@
 
 A profile document is JSON: the datasheet profile it starts from (`base`), the constants measured
 here with how each was measured (`measured`: {field: {"value", "how"}}), the machine and the time.
-Fields not measured keep the base's datasheet value and are listed under `datasheet`. The planner
+A value is a number, or for the per-optimizer costs (`TABLES`) {optimizer: [numbers]}. Fields not
+measured keep the base's datasheet value and are listed under `datasheet`; version-1 documents
+(before the per-op constants) load with datasheet values for those. The planner
 loads a document given as `--target FILE` (`flowrec.planner.cost.device_profile`); the plan then
 names the profile and says it is calibrated. The default place is the user's cache folder
 (`$XDG_CACHE_HOME/flowrec/`, else `~/.cache/flowrec/`), one file per device kind.
@@ -19,10 +21,21 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
+from flowrec.graph.kinds import OPTIMIZERS
+
 PROFILE_FORMAT = "flowrec-device-profile"
-PROFILE_VERSION = 1
-MEASURABLE = ("memory_bytes", "hbm_gbps", "pcie_gbps", "fp32_tflops", "bf16_tflops", "gemm_efficiency",
-              "gather_rows_per_s", "host_gather_rows_per_s", "launch_us")
+PROFILE_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+SCALARS = ("memory_bytes", "hbm_gbps", "pcie_gbps", "fp32_tflops", "bf16_tflops", "gemm_efficiency",
+           "gather_rows_per_s", "host_gather_rows_per_s", "launch_us", "op_us", "elementwise_us",
+           "elementwise_gbps", "gemm_us", "gemm_gbps", "gemm_bwd_us", "gemm_bwd_tflops", "gemm_bwd_gbps", "sparse_fwd_us", "sparse_fwd_ns_per_id",
+           "sparse_fwd_ns_per_elem", "map_ns_per_id", "map_small_ns_per_id", "alloc_threshold_bytes",
+           "alloc_ns_per_byte")
+TABLES = {"dense_update": 2, "sparse_update": 5}  # per-optimizer cost vectors: field -> length
+MEASURABLE = SCALARS + tuple(TABLES)
+ZERO_OK = frozenset({"sparse_fwd_us", "sparse_fwd_ns_per_id", "sparse_fwd_ns_per_elem", "gemm_us",
+                     "gemm_bwd_us", "elementwise_us", "op_us", "map_ns_per_id", "map_small_ns_per_id",
+                     "alloc_threshold_bytes", "alloc_ns_per_byte"})  # fitted parts a machine may show as nil
 
 
 class ProfileError(ValueError):
@@ -35,13 +48,14 @@ def default_profile_path(kind: str) -> Path:
     return Path(root) / "flowrec" / f"device-{kind}.json"
 
 
-def profile_document(base: str, measured: Mapping[str, tuple[float | None, str]], machine: str,
+def profile_document(base: str, measured: Mapping[str, tuple[Any, str]], machine: str,
                      created: str, details: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The JSON document of a calibrated profile.
 
     Args:
         base: the datasheet profile whose unmeasured constants it keeps (cpu, a100, h100).
-        measured: field -> (value, how it was measured); value None: not measurable here.
+        measured: field -> (value, how it was measured); value None: not measurable here; a
+            per-optimizer table (`TABLES`) as {optimizer: [numbers]}.
         machine: a description of the machine.
         created: ISO time of the measurement.
         details: raw measurements (per shape / per dim), kept for the reader.
@@ -65,29 +79,55 @@ def read_profile(path: Path) -> dict[str, Any]:
         raise ProfileError(f"{path} is not a device profile (not JSON)") from None
     if not isinstance(doc, dict) or doc.get("format") != PROFILE_FORMAT:
         raise ProfileError(f"{path} is not a flowrec device profile (make one with `flowrec calibrate`)")
-    if doc.get("version") != PROFILE_VERSION:
+    if doc.get("version") not in READABLE_VERSIONS:
         raise ProfileError(f"{path} is device profile version {doc.get('version')!r}; this flowrec reads "
-                           f"version {PROFILE_VERSION}")
+                           f"versions {', '.join(map(str, READABLE_VERSIONS))}")
     return doc
 
 
 def profile_fields(doc: Mapping[str, Any], path: str) -> dict[str, Any]:
-    """The measured constants of a document, checked: {field: value} (pcie_gbps may be None)."""
+    """The measured constants of a document, checked: {field: value} (pcie_gbps may be None; a
+    per-optimizer table is a tuple of (optimizer, (numbers)) pairs, sorted)."""
     measured = doc.get("measured")
     if not isinstance(measured, dict) or not isinstance(doc.get("base"), str):
         raise ProfileError(f"{path} is damaged: no base or measured constants")
-    fields = {}
+    fields: dict[str, Any] = {}
     for key, entry in measured.items():
         value = entry.get("value") if isinstance(entry, dict) else entry
         if key not in MEASURABLE:
             raise ProfileError(f"{path}: {key} is not a device profile constant")
-        if value is None and key == "pcie_gbps":
+        if key in TABLES:
+            fields[key] = _table(value, key, path)
+        elif value is None and key == "pcie_gbps":
             fields[key] = None
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise ProfileError(f"{path}: measured {key} must be a positive number, not {value!r}")
-        fields[key] = int(value) if key == "memory_bytes" else float(value)
+        else:
+            fields[key] = _number(value, key, path)
     return fields
+
+
+def _number(value: Any, key: str, path: str) -> int | float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            value > 0 or (key in ZERO_OK and value == 0)):
+        raise ProfileError(f"{path}: measured {key} must be a positive number, not {value!r}")
+    return int(value) if key == "memory_bytes" else float(value)
+
+
+def _table(value: Any, key: str, path: str) -> tuple[tuple[str, tuple[float, ...]], ...]:
+    """A per-optimizer cost table: {optimizer: [TABLES[key] non-negative numbers]}."""
+    size = TABLES[key]
+    if not isinstance(value, dict) or not value:
+        raise ProfileError(f"{path}: measured {key} must map optimizers to {size} numbers each")
+    rows = []
+    for name, numbers in sorted(value.items()):
+        if name not in OPTIMIZERS:
+            raise ProfileError(f"{path}: measured {key} names {name!r}, not an optimizer "
+                               f"(known: {', '.join(OPTIMIZERS)})")
+        if (not isinstance(numbers, list) or len(numbers) != size
+                or any(isinstance(x, bool) or not isinstance(x, (int, float)) or x < 0 for x in numbers)):
+            raise ProfileError(f"{path}: measured {key}[{name!r}] must be {size} non-negative numbers, "
+                               f"not {numbers!r}")
+        rows.append((str(name), tuple(float(x) for x in numbers)))
+    return tuple(rows)
 
 
 def is_profile_path(target: str) -> bool:

@@ -15,8 +15,12 @@ Device profiles carry the constants, with units in their names. Sources and assu
 * Host-side staging (decode, encode, batch) runs ~20 M values/s per worker with 4 workers on the
   GPU hosts, 1 on the 2-core machine.
 * A profile file from `flowrec calibrate` (`--target FILE`) replaces the measured constants by
-  this machine's (GEMM throughput at the spec's shapes with efficiency 1, row gathers, memory
-  bandwidth, host<->device, launch overhead); `DeviceProfile.source` says which it is.
+  this machine's (dense layers forward and backward fitted over the spec's shapes with efficiency
+  1, elementwise passes, autograd kernels, page faults of new tensors, the sparse lookup and fused
+  update per optimizer, the dense optimizer step, row maps and gathers, memory bandwidth,
+  host<->device); `DeviceProfile.source` says which it is. Compute is priced kernel by kernel
+  (`flowrec.planner.op_work`); uncalibrated profiles derive the per-op constants from their
+  datasheet rates.
 
 Example:
     >>> DEVICES["h100"].hbm_gbps
@@ -24,6 +28,7 @@ Example:
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -34,17 +39,34 @@ from flowrec.planner.access import AccessModel, group_model
 from flowrec.planner.calibration import ProfileError, is_profile_path, profile_fields, read_profile
 from flowrec.planner.exchange import link_for
 from flowrec.planner.fae_traffic import hot_cold_bytes
+from flowrec.planner.op_work import Kernels, op_work
 from flowrec.spec.model import ModelSpec
 
 GiB = 2**30  # bytes
 GEMM_EFFICIENCY = 0.5  # achieved fraction of peak FLOP/s on recsys-sized GEMMs
 ACTIVATION_COPIES = 2  # forward activations kept for backward + their gradients
 INDEX_BYTES = 8  # int64 ids and offsets
+MAP_SMALL_ROWS, MAP_LARGE_ROWS = 1 << 20, 1 << 25  # the row maps `flowrec calibrate` times
+
+
+Table = tuple[tuple[str, tuple[float, ...]], ...]  # per-optimizer cost vectors, sorted by optimizer
 
 
 @dataclass(frozen=True)
 class DeviceProfile:
     """Constants of one target device (units in the names).
+
+    The per-op constants price the kernels of `flowrec.planner.op_work`: a dense layer (GEMM,
+    bias, activation) costs `gemm_us` + FLOPs / (TFLOP/s x efficiency) + bytes / `gemm_gbps`
+    forward and, with the `gemm_bwd_*` constants over the same FLOPs and bytes, backward; an
+    elementwise pass `elementwise_us` +
+    bytes / `elementwise_gbps`; a kernel without data (views, autograd nodes) `op_us`. The sparse
+    path of a group costs, forward, `sparse_fwd_us` + ids x (`sparse_fwd_ns_per_id` + dim x
+    `sparse_fwd_ns_per_elem`) and, backward (casting, gather-reduce, fused update), per sparse
+    optimizer `sparse_update` = (us, ns per id, ns per id and dim element, ns per unique row, ns
+    per unique row and dim element); host and cached placements map every id and unique row
+    through a row map (`map_ns_per_id` each). `dense_update` = per dense optimizer (us per
+    parameter tensor, ns per parameter element) of one step.
 
     Example:
         >>> DEVICES["cpu"].pcie_gbps is None
@@ -64,6 +86,23 @@ class DeviceProfile:
     staging_values_per_s: float  # host staging throughput (all workers), ids + dense values
     gemm_efficiency: float = GEMM_EFFICIENCY  # achieved share of the *_tflops on recsys GEMMs
     source: str = "datasheet"  # where the constants come from: datasheet, or calibrated FILE
+    op_us: float = 0.0  # per kernel without data; 0: launch_us
+    elementwise_us: float = 0.0  # fixed part of an elementwise pass; 0: launch_us
+    elementwise_gbps: float = 0.0  # bytes read + written per second / 1e9; 0: hbm_gbps
+    gemm_us: float = 0.0  # fixed part of a GEMM; 0: launch_us
+    gemm_gbps: float = 0.0  # layer input, weight and output bytes per second / 1e9; 0: hbm_gbps
+    gemm_bwd_us: float = 0.0  # a layer's backward: fixed part; 0: 2 x gemm_us
+    gemm_bwd_tflops: float = 0.0  # its forward FLOPs per second / 1e12 (the backward does 2x); 0: the forward's / 2
+    gemm_bwd_gbps: float = 0.0  # its forward bytes per second / 1e9; 0: the forward's / 2
+    sparse_fwd_us: float = 0.0  # fixed part of a group's lookup; 0: launch_us
+    sparse_fwd_ns_per_id: float = 0.0  # 0: one random row gather per id (gather_rows_per_s)
+    sparse_fwd_ns_per_elem: float = 0.0
+    map_ns_per_id: float = 0.0  # a map of MAP_LARGE_ROWS rows or more; 0: one random gather (gather_rows_per_s)
+    map_small_ns_per_id: float = 0.0  # a map of MAP_SMALL_ROWS rows or fewer; 0: map_ns_per_id
+    alloc_threshold_bytes: float = 0.0  # tensors from this size on are fresh memory (page faults); 0: none
+    alloc_ns_per_byte: float = 0.0  # first touch of fresh memory, per byte
+    dense_update: Table = ()  # () or a missing optimizer: passes over the parameters at hbm_gbps
+    sparse_update: Table = ()  # () or a missing optimizer: gathers and row updates at the datasheet rates
 
     @property
     def constants(self) -> str:
@@ -74,6 +113,68 @@ class DeviceProfile:
     def overlaps(self) -> bool:
         """Whether sparse and dense work can run concurrently (separate device and host)."""
         return self.pcie_gbps is not None
+
+    def dense_update_cost(self, optimizer: str) -> tuple[float, float]:
+        """(us per parameter tensor, ns per parameter element) of one dense optimizer step."""
+        measured = dict(self.dense_update).get(optimizer)
+        if measured is not None:
+            return measured[0], measured[1]
+        passes = 3 + 2 * OPTIMIZERS[optimizer].dense_state_copies  # param, grad, param out, states in + out
+        return 2 * self.launch_us, passes * 4 / self.hbm_gbps
+
+    def sparse_update_cost(self, optimizer: str) -> tuple[float, ...]:
+        """(us, ns per id, ns per id elem, ns per unique row, ns per unique row elem) of a
+        group's backward: casting, gather-reduce and fused update."""
+        measured = dict(self.sparse_update).get(optimizer)
+        if measured is not None:
+            return measured
+        opt = OPTIMIZERS[optimizer]
+        gather_ns = 1e9 / self.gather_rows_per_s
+        row_elem_ns = 2 * 4 * (1 + opt.state_per_elem) / self.hbm_gbps  # row and state read + written
+        return 2 * self.launch_us, 2 * gather_ns, 0.0, gather_ns, row_elem_ns
+
+    def kernel_us(self, kind: str) -> float:
+        """Fixed microseconds of a kernel: "gemm", "elementwise", "other" or "sparse"."""
+        value = {"gemm": self.gemm_us, "elementwise": self.elementwise_us, "other": self.op_us,
+                 "sparse": self.sparse_fwd_us}[kind]
+        return value or self.launch_us
+
+    @property
+    def per_id_ns(self) -> tuple[float, float]:
+        """(lookup ns per id, lookup ns per id elem)."""
+        gather_ns = 1e9 / self.gather_rows_per_s
+        return (self.sparse_fwd_ns_per_id or (0.0 if self.sparse_fwd_ns_per_elem else gather_ns),
+                self.sparse_fwd_ns_per_elem)
+
+    def fresh_seconds(self, size: float) -> float:
+        """Page faults of a new tensor of `size` bytes (0 below the allocator's threshold)."""
+        if not self.alloc_threshold_bytes or size < self.alloc_threshold_bytes:
+            return 0.0
+        return size * self.alloc_ns_per_byte * 1e-9
+
+    def map_ns(self, rows: int) -> float:
+        """Nanoseconds per id of a random lookup in a row map of `rows` entries: the small and
+        large maps' costs, interpolated in log2(rows) between MAP_SMALL_ROWS and MAP_LARGE_ROWS."""
+        large = self.map_ns_per_id or 1e9 / self.gather_rows_per_s
+        small = self.map_small_ns_per_id or large
+        share = (math.log2(max(rows, 1)) - math.log2(MAP_SMALL_ROWS)) / (math.log2(MAP_LARGE_ROWS) - math.log2(MAP_SMALL_ROWS))
+        share = min(1.0, max(0.0, share))
+        return small + (large - small) * share
+
+    @property
+    def elementwise_rate(self) -> float:
+        """Elementwise bytes per second."""
+        return (self.elementwise_gbps or self.hbm_gbps) * 1e9
+
+    def layer_constants(self, bf16: bool = False, backward: bool = False) -> tuple[float, float, float]:
+        """(fixed us, TFLOP/s, GB/s) of a dense layer, forward or backward (over the forward's
+        FLOPs and bytes: a backward does about twice the work)."""
+        tflops = self.bf16_tflops if bf16 else self.fp32_tflops
+        fixed, gbps = self.gemm_us or self.launch_us, self.gemm_gbps or self.hbm_gbps
+        if not backward:
+            return fixed, tflops, gbps
+        scale = (self.gemm_bwd_tflops / self.fp32_tflops) if self.gemm_bwd_tflops else 0.5
+        return (self.gemm_bwd_us or 2 * fixed, tflops * scale, self.gemm_bwd_gbps or gbps / 2)
 
 
 DEVICES: dict[str, DeviceProfile] = {
@@ -132,6 +233,7 @@ class _Unit:
     placement: str
     cache_rows: int
     hit_rate: float
+    optimizer: str  # sparse optimizer name
     shards: int = 1
 
     @property
@@ -142,7 +244,7 @@ class _Unit:
 
 def _group_unit(g: PackedGroup, profile: AccessProfile | None = None) -> _Unit:
     return _Unit(g, g.rows, g.dim, DTYPE_BYTES[g.dtype], g.row_bytes(), ids_per_sample(g, profile),
-                 g.bags_per_sample, g.placement, g.cache_rows, g.expected_hit_rate, g.shards)
+                 g.bags_per_sample, g.placement, g.cache_rows, g.expected_hit_rate, g.optimizer[0], g.shards)
 
 
 def epoch_batches(profile: AccessProfile | None, batch: int) -> float | None:
@@ -187,7 +289,7 @@ def _units(graph: OpGraph, profile: AccessProfile | None = None) -> list[_Unit]:
             units.append(_Unit(None, rows, op.attr("dim"), DTYPE_BYTES[op.dtype],
                                row_bytes(op.attr("dim"), op.dtype, op.attr("optimizer")),
                                op.attr("max_len"), 1 if op.attr("pooling") != "none" else op.attr("max_len"),
-                               "device", 0, 1.0))
+                               "device", 0, 1.0, op.attr("optimizer")))
     return units
 
 
@@ -271,10 +373,7 @@ def predict(graph: OpGraph, spec: ModelSpec, device: DeviceProfile, *, micro_bat
     batch = -(-spec.training.batch_size // world)  # samples per rank
     window = spec.plan.window
     units = _units(graph, profile)
-    ops = [graph.nodes[n]["op"] for n in graph]
-    dense_ops = [op for op in ops if op.kind not in SPARSE_KINDS | INPUT_KINDS]
     n_dense = len(spec.dense_features)
-    launch_s = device.launch_us * 1e-6
 
     ids = sum(u.ids for u in units)
     staging = batch * (ids + n_dense) / device.staging_values_per_s
@@ -282,27 +381,25 @@ def predict(graph: OpGraph, spec: ModelSpec, device: DeviceProfile, *, micro_bat
     h2d += batch * (n_dense + len(spec.heads)) * 4
     transfer = h2d / (device.pcie_gbps * 1e9) if device.pcie_gbps else 0.0
 
+    mb = max(1, micro_batches)
     sparse = backward_sparse = 0.0
     for u in units:
-        hit = u.hit_rate  # lookahead: 1.0 at train time (every row is fetched ahead)
-        lookups = batch * u.ids
-        sparse += launch_s + lookups * (hit / device.gather_rows_per_s
-                                        + (1 - hit) / device.host_gather_rows_per_s)
-        update = min(lookups, u.local_rows) * u.row_bytes * 2 / (device.hbm_gbps * 1e9)
-        backward_sparse += 2 * launch_s + lookups / device.gather_rows_per_s + update
+        forward_s, backward_s = sparse_seconds(u, device, batch, profile)
+        sparse += forward_s
+        backward_sparse += backward_s
 
-    peak = (device.bf16_tflops if spec.training.precision == "bf16" else device.fp32_tflops) * 1e12
-    flops = sum(op.flops for op in dense_ops) * batch
-    dense = flops / (peak * device.gemm_efficiency) + len(dense_ops) * launch_s
-    backward = 2 * dense + backward_sparse
+    bf16 = spec.training.precision == "bf16"
+    dense, dense_backward = dense_seconds(graph, device, -(-batch // mb), bf16)
+    dense, dense_backward = dense * mb, dense_backward * mb
+    update = dense_update_seconds(graph, spec, device)
+    backward = dense_backward + backward_sparse + update
 
     stages = (("staging", staging), ("transfer", transfer), ("sparse", sparse),
               ("dense", dense), ("backward", backward))
     serial = sum(t for _, t in stages)
-    mb = max(1, micro_batches)
     sparse_side, dense_side = transfer + sparse + backward_sparse, dense + backward - backward_sparse
     if device.overlaps and mb > 1:
-        extra = (mb - 1) * (len(dense_ops) + 3 * len(units)) * launch_s
+        extra = (mb - 1) * 3 * len(units) * device.launch_us * 1e-6
         device_time = max(sparse_side, dense_side) + min(sparse_side, dense_side) / mb + extra
     else:
         device_time = sparse_side + dense_side
@@ -335,6 +432,73 @@ def predict(graph: OpGraph, spec: ModelSpec, device: DeviceProfile, *, micro_bat
         constants=device.constants,
         access_profile=access if access is not None else access_description(profile),
     )
+
+
+def sparse_seconds(u: _Unit, device: DeviceProfile, batch: int, profile: AccessProfile | None
+                   ) -> tuple[float, float]:
+    """(forward, backward) seconds of one lookup unit on `batch` samples: the pooled lookup; the
+    casting, gather-reduce and fused update of its distinct rows; for host and cached placements
+    the row map of every id and unique row, and the host rows' gathers."""
+    ids = batch * u.ids
+    distinct = _distinct_rows(u, ids, profile)
+    per_id, per_elem = device.per_id_ns
+    forward = device.kernel_us("sparse") * 1e-6 + ids * (per_id + u.dim * per_elem) * 1e-9
+    fixed_us, id_ns, id_elem_ns, row_ns, row_elem_ns = device.sparse_update_cost(u.optimizer)
+    backward = (fixed_us * 1e-6 + ids * (id_ns + u.dim * id_elem_ns) * 1e-9
+                + distinct * (row_ns + u.dim * row_elem_ns) * 1e-9)
+    info = PLACEMENTS[u.placement]
+    if info.rows_on == "host" or info.cached:
+        forward += (ids + distinct) * device.map_ns(u.local_rows) * 1e-9
+        forward += (1.0 - u.hit_rate) * distinct / device.host_gather_rows_per_s
+    return forward, backward
+
+
+def _distinct_rows(u: _Unit, ids: float, profile: AccessProfile | None) -> float:
+    """Expected distinct rows of `ids` lookups of a unit (its access model; at most its rows)."""
+    if u.group is None:
+        return min(ids, float(u.rows)) if u.rows else ids
+    return min(group_access(u.group, profile).distinct(ids), float(u.local_rows))
+
+
+def dense_seconds(graph: OpGraph, device: DeviceProfile, batch: int, bf16: bool = False) -> tuple[float, float]:
+    """(forward, backward) seconds of the dense ops on a (micro-)batch of `batch` samples, each op
+    priced kernel by kernel (`flowrec.planner.op_work`)."""
+    forward = backward = 0.0
+    for node in graph:
+        op = graph.nodes[node]["op"]
+        if op.kind in SPARSE_KINDS | INPUT_KINDS:
+            continue
+        work = op_work(op, batch, graph.in_degree(node))
+        forward += kernel_seconds(work.forward, device, bf16)
+        backward += kernel_seconds(work.backward, device, bf16, backward=True)
+    return forward, backward
+
+
+def kernel_seconds(kernels: Kernels, device: DeviceProfile, bf16: bool = False, backward: bool = False) -> float:
+    """Seconds of a kernel list on `device` (see `DeviceProfile`); `backward`: its layers are
+    backward passes."""
+    fixed_us, tflops, gbps = device.layer_constants(bf16, backward)
+    peak = tflops * 1e12 * device.gemm_efficiency
+    elem = 2 if bf16 else 4
+    seconds = kernels.other * device.kernel_us("other") * 1e-6
+    for m, k, n, count in kernels.gemms:
+        seconds += fixed_us * 1e-6 + count * 2.0 * m * k * n / peak + count * elem * (m * k + k * n + m * n) / (gbps * 1e9)
+    for moved in kernels.elementwise:
+        seconds += device.kernel_us("elementwise") * 1e-6 + moved / device.elementwise_rate
+    return seconds + sum(device.fresh_seconds(b) for b in kernels.fresh)
+
+
+def dense_update_seconds(graph: OpGraph, spec: ModelSpec, device: DeviceProfile) -> float:
+    """Seconds of one dense optimizer step over the dense parameters (per tensor + per element)."""
+    tensors = elements = 0
+    for node in graph:
+        op = graph.nodes[node]["op"]
+        if op.kind in SPARSE_KINDS | INPUT_KINDS:
+            continue
+        tensors += op_work(op, 1, graph.in_degree(node)).param_tensors
+        elements += op.param_bytes // 4
+    per_tensor_us, per_elem_ns = device.dense_update_cost(spec.dense_optimizer.name)
+    return tensors * per_tensor_us * 1e-6 + elements * per_elem_ns * 1e-9
 
 
 @dataclass(frozen=True)

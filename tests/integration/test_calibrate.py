@@ -51,7 +51,8 @@ def test_the_profile_records_every_constant_and_how(profile: Path):
     assert doc["base"] == "cpu" and set(doc["measured"]) | set(doc["datasheet"]) == set(MEASURABLE)
     assert all(entry["how"] for entry in doc["measured"].values())
     assert doc["measured"]["pcie_gbps"]["value"] is None  # the CPU is its own device
-    assert "4096x13x512" in doc["details"]["fp32_tflops_by_shape"]  # DLRM's first bottom layer
+    points = doc["details"]["layer_us_by_shape"]  # the spec's layers and a grid
+    assert {"4096x13x512", "4096x367x512"} <= set(points)  # DLRM's first bottom and top layers
     assert set(doc["details"]["gather_rows_per_s_by_dim"]) == {"16", "32", "64", "128"}
     fields = profile_fields(doc, str(profile))
     calibrated = device_profile(str(profile))

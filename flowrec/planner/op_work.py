@@ -1,0 +1,195 @@
+"""What the runtime's kernels do for one dense op, forward and backward: the cost model's work list.
+
+For every dense op kind, a rule lists the kernels its lowered operator runs on a (micro-)batch
+of B samples: dense layers as (m, k, n, count) (a GEMM of m x k by k x n with its bias and
+activation; count same-shape GEMMs in one batched call), elementwise passes by the bytes they
+read and write, and kernels whose data is negligible (views, autograd bookkeeping, tiny losses).
+A layer's backward (dX and dW GEMMs, bias gradient, activation backward) is listed as the same
+(m, k, n, count) in the backward kernels: the device profile prices layers forward and backward
+separately, as `flowrec calibrate` measures them. The rules follow `operators.dense` and
+`operators.interaction` (an elementwise pass reads and writes its tensor; its backward reads
+two and writes one); `flowrec.planner.cost` prices each kernel with the device profile.
+
+Example:
+    >>> from flowrec.graph.types import Op
+    >>> op = Op("m", "mlp", ("B", 8), attrs=(("activation", "relu"), ("in_features", 4), ("layers", (8,))))
+    >>> op_work(op, 2, 1).forward.gemms, op_work(op, 2, 1).backward.gemms
+    (((2, 4, 8, 1),), ((2, 4, 8, 1),))
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from flowrec.graph.types import Op
+
+FLOAT_BYTES = 4  # activations and their gradients are fp32 (bf16 autocast: GEMM inputs only)
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """Kernels of one op in one direction.
+
+    Args:
+        gemms: (m, k, n, count) per dense layer or GEMM call (count: same-shape GEMMs batched in
+            the call); in backward kernels, the backward of that layer.
+        elementwise: bytes read + written by each elementwise pass.
+        other: kernels with negligible data (views, autograd nodes, scalar ops).
+        fresh: bytes of each tensor the kernels allocate (large ones cost page faults on a CPU).
+    """
+
+    gemms: tuple[tuple[int, int, int, int], ...] = ()
+    elementwise: tuple[float, ...] = ()
+    other: int = 0
+    fresh: tuple[float, ...] = ()
+
+    def __add__(self, more: "Kernels") -> "Kernels":
+        return Kernels(self.gemms + more.gemms, self.elementwise + more.elementwise, self.other + more.other,
+                       self.fresh + more.fresh)
+
+
+@dataclass(frozen=True)
+class OpWork:
+    """Forward and backward kernels of one op on a batch, and its dense parameter tensors."""
+
+    forward: Kernels = field(default_factory=Kernels)
+    backward: Kernels = field(default_factory=Kernels)
+    param_tensors: int = 0
+
+
+def _pass(*elements: float, streams: int = 2, fresh: bool = True) -> Kernels:
+    """Elementwise passes over tensors of `elements` fp32 values, each touching `streams` tensors
+    and writing a new one of its size (`fresh`; not for a reduction)."""
+    return Kernels(elementwise=tuple(streams * e * FLOAT_BYTES for e in elements),
+                   fresh=tuple(e * FLOAT_BYTES for e in elements) if fresh else ())
+
+
+def _gemm(m: int, k: int, n: int, count: int = 1) -> OpWork:
+    """One layer (GEMM, bias, activation) and its backward; the tensors each allocates: output and
+    activation; output gradient, dX and dW."""
+    out, x, w = count * m * n * FLOAT_BYTES, count * m * k * FLOAT_BYTES, count * k * n * FLOAT_BYTES
+    return OpWork(Kernels(gemms=((m, k, n, count),), fresh=(out, out)),
+                  Kernels(gemms=((m, k, n, count),), fresh=(out, x, w)))
+
+
+def _join(*works: OpWork) -> OpWork:
+    fwd, bwd, params = Kernels(), Kernels(), 0
+    for w in works:
+        fwd, bwd, params = fwd + w.forward, bwd + w.backward, params + w.param_tensors
+    return OpWork(fwd, bwd, params)
+
+
+def _assembly(rows: int, width: int, inputs: int) -> OpWork:
+    """Several inputs flattened into one (rows, width) tensor: a concatenating copy forward; a
+    zero-filled gradient written by slices backward."""
+    if inputs <= 1:
+        return OpWork()
+    return OpWork(_pass(rows * width), _pass(rows * width, streams=1) + _pass(rows * width))
+
+
+def _layers(rows: int, width: int, layers: tuple[int, ...], count: int = 1) -> OpWork:
+    """Linear layers with bias and activation over `rows` rows, `count` of them batched."""
+    works = []
+    for out in layers:
+        gemm = _gemm(rows, width, out, count)
+        works.append(OpWork(gemm.forward, gemm.backward, 2))
+        width = out
+    return _join(*works)
+
+
+def _mlp(op: Op, batch: int, inputs: int) -> OpWork:
+    width = op.attr("in_features")
+    return _join(_assembly(batch, width, inputs),
+                 _layers(batch, width, tuple(op.attr("layers"))))
+
+
+def _packed_mlp(op: Op, batch: int, inputs: int) -> OpWork:
+    members, width = len(op.attr("members")), op.attr("in_features")
+    stack = OpWork(_pass(members * batch * width), _pass(members * batch * width))
+    return _join(stack, _layers(batch, width, tuple(op.attr("layers")), members))
+
+
+def _linear(op: Op, batch: int, inputs: int) -> OpWork:
+    width = op.attr("in_features")
+    return _join(_assembly(batch, width, inputs), _layers(batch, width, (op.attr("out", 1),)))
+
+
+def _concat(op: Op, batch: int, inputs: int) -> OpWork:
+    size = batch * op.attr("in_features")
+    return OpWork(_pass(size), _pass(size) + Kernels(other=inputs))
+
+
+def _cross(op: Op, batch: int, inputs: int) -> OpWork:
+    width, rank = op.attr("in_features"), op.attr("low_rank")
+    size = batch * width
+    per_layer = []
+    for _ in range(op.attr("num_layers")):
+        proj = _layers(batch, width, (rank, width)) if rank else _layers(batch, width, (width,))
+        mix = OpWork(_pass(size, size, streams=3), _pass(size, size, size, streams=3))  # x0 * p + x
+        per_layer.append(_join(proj, mix))
+    return _join(_assembly(batch, width, inputs), *per_layer)
+
+
+def _fields(op: Op, batch: int) -> tuple[int, int, float]:
+    num, dim = op.attr("num_fields"), op.attr("dim")
+    return num, dim, float(batch * num * dim)
+
+
+def _dot(op: Op, batch: int, inputs: int) -> OpWork:
+    num, dim, size = _fields(op, batch)
+    pairs = batch * num * (num - 1) // 2
+    gram = _gemm(num, dim, num, batch)  # x @ x^T per sample; backward one (F x F) @ (F x D) per sample
+    fwd = gram.forward + _pass(pairs) + _pass(size)
+    bwd = _pass(batch * num * num, streams=1) + _pass(pairs, pairs) + gram.backward + _pass(size)
+    return OpWork(fwd, bwd)
+
+
+def _fm(op: Op, batch: int, inputs: int) -> OpWork:
+    num, dim, size = _fields(op, batch)
+    fwd = _pass(size) + _pass(size, streams=1, fresh=False) + _pass(size) + _pass(size, streams=1, fresh=False) + Kernels(other=4)
+    bwd = _pass(size, size, size, streams=3) + _pass(size) + Kernels(other=4)
+    return OpWork(fwd, bwd)
+
+
+def _target_attention(op: Op, batch: int, inputs: int) -> OpWork:
+    dim = op.out_shape[-1]
+    length = (op.attr("in_features") - dim) // dim
+    rows = batch * length
+    seq = float(rows * dim)
+    feats = OpWork(_pass(seq, seq, streams=3) + _pass(4 * seq) + Kernels(other=1),
+                   _pass(4 * seq) + _pass(seq, seq, seq, streams=3) + _pass(seq, streams=1, fresh=False)
+                   + _pass(seq, seq, seq, streams=3))  # q - k, q * k, cat; their grads, the expand's sum
+    unit = _layers(rows, 4 * dim, (*op.attr("hidden"), 1))
+    pool = _join(OpWork(_pass(rows, rows) + Kernels(other=2), _pass(rows, rows) + Kernels(other=2)),
+                 _gemm(1, length, dim, batch))  # masked_fill, then (1 x L) @ (L x D) per sample
+    return _join(feats, unit, pool)
+
+
+def _loss(op: Op, batch: int, inputs: int) -> OpWork:
+    heads = len(op.attr("heads") or ())
+    return OpWork(Kernels(other=4 * heads + 1), Kernels(other=4 * heads + 1))
+
+
+Rule = Callable[[Op, int, int], OpWork]
+
+RULES: dict[str, Rule] = {
+    "mlp": _mlp,
+    "packed_mlp": _packed_mlp,
+    "linear": _linear,
+    "head": _linear,
+    "concat": _concat,
+    "cross": _cross,
+    "dot": _dot,
+    "fm": _fm,
+    "target_attention": _target_attention,
+    "loss": _loss,
+}
+
+
+def op_work(op: Op, batch: int, inputs: int) -> OpWork:
+    """The kernels of a dense op on `batch` samples with `inputs` input edges.
+
+    Raises:
+        KeyError: a kind with no rule (every dense kind of `OP_KINDS` has one; a test checks it).
+    """
+    return RULES[op.kind](op, batch, inputs)

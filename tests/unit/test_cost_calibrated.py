@@ -1,0 +1,194 @@
+"""The calibrated cost model: fits recover known constants, profiles round-trip, uncalibrated
+targets say so, and predictions follow each per-op constant (no timing is asserted)."""
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from flowrec.graph.kinds import OP_KINDS, OPTIMIZERS
+from flowrec.graph.types import Op
+from flowrec.planner.calibration import (MEASURABLE, PROFILE_VERSION, ProfileError, profile_document,
+                                         profile_fields, read_profile)
+from flowrec.planner.cost import DEVICES, dense_seconds, dense_update_seconds, device_profile, predict
+from flowrec.planner.manager import make_plan
+from flowrec.planner.op_work import RULES, op_work
+from flowrec.runtime.calibrate_ops import fit_linear
+from flowrec.spec import load_spec
+
+
+@pytest.fixture
+def dlrm(repo):
+    return load_spec(repo / "specs" / "dlrm_criteo.yaml")
+
+
+@pytest.fixture
+def din(repo):
+    return load_spec(repo / "specs" / "din_taobao.yaml")
+
+
+def test_fit_recovers_fixed_and_rate_from_synthetic_timings():
+    sizes = [1e3, 1e5, 1e6, 4e6]
+    fixed, per_byte = 7e-6, 1 / 12e9  # 7 us + 12 GB/s
+    seconds = [fixed + s * per_byte for s in sizes]
+    got = fit_linear([[1.0, s] for s in sizes], seconds)
+    assert got[0] == pytest.approx(fixed, rel=1e-9) and got[1] == pytest.approx(per_byte, rel=1e-9)
+
+
+def test_fit_recovers_three_constants_under_noise():
+    rng = random.Random(3)
+    shapes = [(m, k, n) for m in (512, 4096) for k in (16, 256, 1024) for n in (32, 512)]
+    truth = (20e-6, 1 / 0.3e12, 1 / 30e9)  # 20 us, 0.3 TFLOP/s, 30 GB/s
+    rows = [[1.0, 2.0 * m * k * n, 4.0 * (m * k + k * n + m * n)] for m, k, n in shapes]
+    seconds = [sum(c * x for c, x in zip(truth, r)) * (1 + rng.uniform(-0.02, 0.02)) for r in rows]
+    got = fit_linear(rows, seconds)
+    assert got[1] == pytest.approx(truth[1], rel=0.05) and got[2] == pytest.approx(truth[2], rel=0.3)
+
+
+def test_fit_drops_a_coefficient_the_data_would_make_negative():
+    sizes = [1e3, 1e5, 1e6]
+    seconds = [5e-9 * s for s in sizes]  # pure rate: a free fit would give a slightly negative fixed part
+    seconds[0] *= 0.5
+    got = fit_linear([[1.0, s] for s in sizes], seconds)
+    assert got[0] == 0.0 and got[1] > 0
+    with pytest.raises(ValueError):
+        fit_linear([[1.0, 2.0]], [0.0])
+
+
+def _document(**measured):
+    return profile_document("cpu", measured, "test machine", "2026-01-01T00:00:00Z")
+
+
+def test_a_profile_with_per_optimizer_tables_round_trips(tmp_path: Path):
+    updates = {name: [1.0 + i, 2.0, 0.5, 0.0, 3.0 + i] for i, name in enumerate(n for n, o in OPTIMIZERS.items() if o.sparse)}
+    dense = {name: [10.0, 1.5] for name, o in OPTIMIZERS.items() if o.dense}
+    doc = _document(op_us=(4.0, "chain"), gemm_us=(0.0, "fit"), gemm_bwd_tflops=(0.1, "fit"),
+                    sparse_update=(updates, "fit"), dense_update=(dense, "fit"))
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(doc))
+    back = read_profile(path)
+    assert back["version"] == PROFILE_VERSION and back["measured"]["sparse_update"]["value"] == updates
+    assert "elementwise_gbps" in back["datasheet"] and "op_us" not in back["datasheet"]
+    device = device_profile(str(path))
+    assert device.op_us == 4.0 and device.gemm_us == 0.0 and device.gemm_bwd_tflops == 0.1
+    assert device.sparse_update_cost("adam") == tuple(updates["adam"])
+    assert device.dense_update_cost("adam") == (10.0, 1.5)
+    assert device.elementwise_gbps == DEVICES["cpu"].elementwise_gbps  # not measured: datasheet kept
+
+
+def test_an_uncalibrated_target_says_so_and_derives_its_per_op_costs():
+    cpu = DEVICES["cpu"]
+    assert cpu.constants == "datasheet cpu" and cpu.sparse_update == () and cpu.dense_update == ()
+    sgd, adam = cpu.sparse_update_cost("sgd"), cpu.sparse_update_cost("adam")
+    assert adam[4] > sgd[4]  # adam's two state elements per row element cost more than sgd's none
+    assert cpu.dense_update_cost("adam")[1] > cpu.dense_update_cost("sgd")[1]
+    assert cpu.layer_constants(backward=True)[1] < cpu.layer_constants()[1]  # backward: 2x the FLOPs
+
+
+def test_a_version_1_profile_still_loads(tmp_path: Path):
+    old = {"format": "flowrec-device-profile", "version": 1, "base": "cpu",
+           "measured": {"fp32_tflops": {"value": 0.3, "how": "x"}}}
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old))
+    device = device_profile(str(path))
+    assert device.fp32_tflops == 0.3 and device.op_us == DEVICES["cpu"].op_us
+
+
+@pytest.mark.parametrize("value, words", [
+    ({"lion": [1, 2, 3, 4, 5]}, "not an optimizer"),
+    ({"adam": [1, 2, 3]}, "must be 5 non-negative numbers"),
+    ({"adam": [1, 2, 3, 4, -5]}, "must be 5 non-negative numbers"),
+    ([1, 2, 3, 4, 5], "must map optimizers"),
+])
+def test_a_bad_per_optimizer_table_is_one_line(value, words):
+    doc = {"base": "cpu", "measured": {"sparse_update": {"value": value, "how": "x"}}}
+    with pytest.raises(ProfileError, match=words):
+        profile_fields(doc, "p.json")
+
+
+def test_a_zero_rate_is_refused_but_a_zero_fixed_part_is_not():
+    with pytest.raises(ProfileError, match="elementwise_gbps must be a positive number"):
+        profile_fields({"base": "cpu", "measured": {"elementwise_gbps": {"value": 0.0}}}, "p.json")
+    assert profile_fields({"base": "cpu", "measured": {"gemm_us": {"value": 0.0}}}, "p.json") == {"gemm_us": 0.0}
+
+
+def test_every_dense_kind_has_a_work_rule():
+    dense = {k for k, info in OP_KINDS.items() if info.cost == "dense"}
+    assert dense == set(RULES)
+
+
+def test_work_rules_follow_the_op():
+    mlp = Op("m", "mlp", ("B", 8), attrs=(("activation", "relu"), ("in_features", 4), ("layers", (16, 8))))
+    work = op_work(mlp, 32, 2)
+    assert work.forward.gemms == ((32, 4, 16, 1), (32, 16, 8, 1)) == work.backward.gemms
+    assert work.param_tensors == 4 and work.forward.elementwise  # two inputs: concatenated first
+    assert not op_work(mlp, 32, 1).forward.elementwise
+    att = Op("a", "target_attention", ("B", 16), attrs=(("hidden", (80, 40)), ("in_features", 16 * 51)))
+    assert op_work(att, 10, 2).forward.gemms[0] == (10 * 50, 64, 80, 1)  # the unit runs on B x L rows
+
+
+def test_predictions_rise_with_each_per_op_constant(dlrm):
+    plan = make_plan(dlrm, target="cpu")
+    cpu = DEVICES["cpu"]
+    base = predict(plan.graph, dlrm, cpu)
+    stages = dict(base.stage_ms)
+    slower = {
+        "op_us": replace(cpu, op_us=50.0),
+        "gemm_bwd_us": replace(cpu, gemm_bwd_us=500.0),
+        "elementwise_gbps": replace(cpu, elementwise_gbps=1.0),
+        "sparse_update": replace(cpu, sparse_update=(("rowwise_adagrad", (100.0, 50.0, 5.0, 0.0, 50.0)),)),
+        "dense_update": replace(cpu, dense_update=(("adam", (500.0, 10.0)),)),
+    }
+    for name, device in slower.items():
+        got = predict(plan.graph, dlrm, device)
+        assert got.step_ms_serial > base.step_ms_serial, name
+    assert dict(predict(plan.graph, dlrm, slower["gemm_bwd_us"]).stage_ms)["dense"] == stages["dense"]
+    assert dict(predict(plan.graph, dlrm, slower["op_us"]).stage_ms)["dense"] > stages["dense"]
+
+
+def test_micro_batches_pay_the_fixed_costs_again_on_the_cpu(dlrm):
+    plan = make_plan(dlrm, target="cpu")
+    one = predict(plan.graph, dlrm, DEVICES["cpu"], micro_batches=1)
+    four = predict(plan.graph, dlrm, DEVICES["cpu"], micro_batches=4)
+    assert dict(four.stage_ms)["dense"] > dict(one.stage_ms)["dense"]
+
+
+def test_dense_time_follows_the_batch_and_the_update_the_parameters(din):
+    plan = make_plan(din, target="cpu")
+    cpu = DEVICES["cpu"]
+    small, large = dense_seconds(plan.graph, cpu, 256), dense_seconds(plan.graph, cpu, 1024)
+    assert small[0] < large[0] and small[1] < large[1] and large[1] > large[0]
+    adam = dense_update_seconds(plan.graph, din, cpu)
+    sgd = dense_update_seconds(plan.graph, replace(din, dense_optimizer=replace(din.dense_optimizer, name="sgd")), cpu)
+    assert 0 < sgd < adam
+
+
+def test_every_measurable_constant_is_a_profile_field():
+    fields = set(DEVICES["cpu"].__dataclass_fields__)
+    assert set(MEASURABLE) <= fields
+
+
+def test_row_map_cost_grows_with_the_map_between_the_timed_sizes():
+    from flowrec.planner.cost import MAP_LARGE_ROWS, MAP_SMALL_ROWS
+
+    device = replace(DEVICES["cpu"], map_small_ns_per_id=4.0, map_ns_per_id=60.0)
+    assert device.map_ns(1000) == 4.0 and device.map_ns(MAP_SMALL_ROWS) == 4.0
+    assert device.map_ns(MAP_LARGE_ROWS * 4) == 60.0
+    middle = device.map_ns(int((MAP_SMALL_ROWS * MAP_LARGE_ROWS) ** 0.5))
+    assert middle == pytest.approx(32.0)
+
+
+def test_large_new_tensors_cost_page_faults_from_the_threshold_on(din):
+    cpu = DEVICES["cpu"]
+    assert cpu.fresh_seconds(1e9) == 0.0  # uncalibrated: no fresh-memory term
+    faulting = replace(cpu, alloc_threshold_bytes=8e6, alloc_ns_per_byte=0.3)
+    assert faulting.fresh_seconds(4e6) == 0.0 and faulting.fresh_seconds(1e8) == pytest.approx(0.03)
+    plan = make_plan(din, target="cpu")
+    base, slower = dense_seconds(plan.graph, cpu, 1024), dense_seconds(plan.graph, faulting, 1024)
+    assert slower[0] > base[0] and slower[1] > base[1]  # DIN's attention tensors are 16 MB
+    mlp = Op("m", "mlp", ("B", 8), attrs=(("activation", "relu"), ("in_features", 4), ("layers", (8,))))
+    work = op_work(mlp, 32, 1)
+    assert work.forward.fresh == (32 * 8 * 4, 32 * 8 * 4) and work.backward.fresh == (32 * 8 * 4, 32 * 4 * 4, 4 * 8 * 4)
