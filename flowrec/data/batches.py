@@ -30,6 +30,7 @@ import queue
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -157,16 +158,15 @@ class EpochPlan:
     """The row order of one epoch: partition order and chunking."""
 
     order: tuple[int, ...]
-    rows: tuple[int, ...]  # rows per partition, in `order`
     groups: tuple[tuple[int, ...], ...]  # rows per row group of each partition, in `order`
     chunk_rows: int
     seed: int
     epoch: int
     shuffle: bool
 
-    @property
+    @cached_property
     def total(self) -> int:
-        return sum(self.rows)
+        return sum(sum(g) for g in self.groups)
 
     def chunk_batches(self, chunk: int, batch_size: int) -> list[np.ndarray]:
         """Chunk-local row indices of each global batch of `chunk` (`flowrec.data.strata`)."""
@@ -177,13 +177,14 @@ class EpochPlan:
         return chunk_layout(rows, batch_size, STRATA, rng)
 
 
-def epoch_plan(partition_rows: Sequence[int], group_rows: Sequence[Sequence[int]], batch_size: int,
-               opts: StagingOptions, seed: int, epoch: int) -> EpochPlan:
-    n = len(partition_rows)
+def epoch_plan(group_rows: Sequence[Sequence[int]], batch_size: int, opts: StagingOptions, seed: int,
+               epoch: int) -> EpochPlan:
+    """The epoch's plan from the rows of each row group of each partition (`source.row_groups`)."""
+    n = len(group_rows)
     order = np.random.default_rng([seed, epoch]).permutation(n) if opts.shuffle else np.arange(n)
     chunk = -(-max(opts.shuffle_buffer, 1) // batch_size) * batch_size if opts.shuffle else 8 * batch_size
-    return EpochPlan(tuple(int(i) for i in order), tuple(int(partition_rows[i]) for i in order),
-                     tuple(tuple(int(r) for r in group_rows[i]) for i in order), chunk, seed, epoch, opts.shuffle)
+    return EpochPlan(tuple(int(i) for i in order), tuple(tuple(int(r) for r in group_rows[i]) for i in order),
+                     chunk, seed, epoch, opts.shuffle)
 
 
 @dataclass(frozen=True)
@@ -203,9 +204,8 @@ class BatchIterator:
         self.spec, self.source, self.opts, self.groups = spec, source, opts, groups
         self.batch_size = opts.batch_size or spec.training.batch_size
         seed = spec.training.seed if opts.seed is None else opts.seed
-        rows = source.partition_rows()
-        self.plan = epoch_plan(rows, [source.row_groups(i) for i in range(len(rows))], self.batch_size,
-                               opts, seed, epoch)
+        parts = range(len(source.partition_rows()))
+        self.plan = epoch_plan([source.row_groups(i) for i in parts], self.batch_size, opts, seed, epoch)
         self.epoch, self.start_batch = epoch, start_batch
         self.num_batches = batches_per_epoch(self.plan.total, self.batch_size, opts.drop_last)
         self.columns = _columns(spec)
@@ -329,8 +329,7 @@ class BatchIterator:
                                                [p[:3] for p in parts], order)
                 pieces = [i for p in parts for i in p[3]]
             else:
-                taken = take_rows([(reader.rows(current.read_lo, current.read_hi), 0,
-                                    current.read_hi - current.read_lo)], order)
+                taken = take_rows(reader.tables(current.read_lo, current.read_hi), order)
             start = 0
             for index, rows, global_size in current.batches:
                 if remote:
@@ -489,10 +488,9 @@ class _RowReader:
         """(future, a, b, pieces) per block of stream rows [lo, hi), unresolved (Dask)."""
         return [(block.future, a, b, pieces) for block, a, b, pieces in self._merged(lo, hi)]
 
-    def rows(self, lo: int, hi: int) -> pa.Table:
-        """Stream rows [lo, hi) (zero-copy slices of the blocks; columns may be in several chunks)."""
-        parts = [self._table(block).slice(a, b - a) for block, a, b, _ in self._merged(lo, hi)]
-        return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+    def tables(self, lo: int, hi: int) -> list[tuple[pa.Table, int, int]]:
+        """(table, a, b) per block of stream rows [lo, hi), read and checked (`take_rows` parts)."""
+        return [(self._table(block), a, b) for block, a, b, _ in self._merged(lo, hi)]
 
 
 class _Staged:

@@ -139,21 +139,16 @@ def dataset_layout(path: Path, meta: DatasetMeta, files: Sequence[str]) -> list[
     return layouts
 
 
-class ParquetSource:
-    """An encoded Parquet dataset read directly with pyarrow, one partition per file.
+class _ParquetParts:
+    """What both Parquet sources share: the part files, their row groups (checked against
+    ``_flowrec.json``), the record of partitions that passed the checks and the bytes asked for."""
 
-    Args:
-        path: dataset directory (with ``_flowrec.json``).
-        threads: reader threads (partitions read concurrently).
-    """
-
-    def __init__(self, path: str | Path, threads: int = 2):
+    def __init__(self, path: str | Path):
         self.path = Path(path)
         self.meta: DatasetMeta = read_meta(self.path)
         self.files = parquet_files(self.path)
         self._parts = dataset_layout(self.path, self.meta, self.files)
         self._record = CheckRecord(self.path, self.files)
-        self._pool = ThreadPoolExecutor(max(threads, 1), thread_name_prefix="flowrec-read")
         self.bytes_read = 0
 
     def partition_rows(self) -> list[int]:
@@ -162,16 +157,33 @@ class ParquetSource:
     def row_groups(self, index: int) -> list[int]:
         return list(self._parts[index].group_rows)
 
-    def submit(self, index: int, columns: Sequence[str], row_groups: Sequence[int] | None = None) -> Future:
-        self.bytes_read += self._parts[index].bytes_of(columns, row_groups)
-        groups = None if row_groups is None else tuple(row_groups)
-        return self._pool.submit(_read, self.files[index], tuple(columns), groups)
-
     def passed(self, index: int, key: str) -> bool:
         return self._record.passed(index, key)
 
     def add_passed(self, index: int, key: str) -> None:
         self._record.add(index, key)
+
+    def _count(self, index: int, columns: Sequence[str], row_groups: Sequence[int] | None) -> tuple[int, ...] | None:
+        """Count the stored bytes a read of `row_groups` (None: all) asks for; the groups as a tuple."""
+        self.bytes_read += self._parts[index].bytes_of(columns, row_groups)
+        return None if row_groups is None else tuple(row_groups)
+
+
+class ParquetSource(_ParquetParts):
+    """An encoded Parquet dataset read directly with pyarrow, one partition per file.
+
+    Args:
+        path: dataset directory (with ``_flowrec.json``).
+        threads: reader threads (partitions read concurrently).
+    """
+
+    def __init__(self, path: str | Path, threads: int = 2):
+        super().__init__(path)
+        self._pool = ThreadPoolExecutor(max(threads, 1), thread_name_prefix="flowrec-read")
+
+    def submit(self, index: int, columns: Sequence[str], row_groups: Sequence[int] | None = None) -> Future:
+        groups = self._count(index, columns, row_groups)
+        return self._pool.submit(_read, self.files[index], tuple(columns), groups)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
@@ -205,7 +217,7 @@ def _batch(table: pa.Table, start: int, rows: int) -> pa.Table:
     return table.slice(start, rows)
 
 
-class DaskSource:
+class DaskSource(_ParquetParts):
     """An encoded Parquet dataset whose row groups are read, checked and cut into batches by Dask.
 
     Every task has a key that names what it computes, so a recomputed task gives the same result
@@ -223,12 +235,7 @@ class DaskSource:
     def __init__(self, path: str | Path, address: str | None = None, workers: int = 2):
         from distributed import Client, LocalCluster
 
-        self.path = Path(path)
-        self.meta = read_meta(self.path)
-        self.files = parquet_files(self.path)
-        self._parts = dataset_layout(self.path, self.meta, self.files)
-        self._record = CheckRecord(self.path, self.files)
-        self.bytes_read = 0
+        super().__init__(path)
         self.token = token(self.files, [fingerprint(f) for f in self.files])
         self._cluster = None
         if address is None:
@@ -237,17 +244,10 @@ class DaskSource:
             address = self._cluster.scheduler_address
         self._client = Client(address, set_as_default=False)
 
-    def partition_rows(self) -> list[int]:
-        return [part.rows for part in self._parts]
-
-    def row_groups(self, index: int) -> list[int]:
-        return list(self._parts[index].group_rows)
-
     def submit(self, index: int, columns: Sequence[str], row_groups: Sequence[int] | None = None,
                rules: Sequence[ColumnRule] = ()) -> Any:
         """Read (and check, with `rules`) row groups of partition `index` on the cluster."""
-        self.bytes_read += self._parts[index].bytes_of(columns, row_groups)
-        groups = None if row_groups is None else tuple(row_groups)
+        groups = self._count(index, columns, row_groups)
         key = (f"flowrec-read-{token(self.token, tuple(columns), rules_key(rules))}", index,
                "all" if groups is None else ",".join(map(str, groups)))
         first_row = sum(self._parts[index].group_rows[:groups[0]]) if groups else 0
@@ -261,12 +261,6 @@ class DaskSource:
     def stage(self, key: Any, rows: Any, start: int, count: int) -> Any:
         """On the cluster, under `key`: one batch, rows [start, start + count) of a `stage_rows` future."""
         return self._client.submit(_batch, rows, start, count, key=key)
-
-    def passed(self, index: int, key: str) -> bool:
-        return self._record.passed(index, key)
-
-    def add_passed(self, index: int, key: str) -> None:
-        self._record.add(index, key)
 
     def close(self) -> None:
         self._record.save()
