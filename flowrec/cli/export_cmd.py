@@ -9,6 +9,7 @@ from typing import Any, Iterator, Optional
 import typer
 
 from flowrec.cli.common import fail
+from flowrec.runtime.messages import first_line
 
 EXIT_INTERRUPTED = 130
 COMPARE_ROWS = 65_536  # evaluation rows the half-dtype score difference is measured on
@@ -57,7 +58,7 @@ def export(
         staged.rename(out)
     except (DataError, OSError, ValueError, RuntimeError) as exc:
         remove_partial(staged)
-        fail(f"cannot export to {out}: {_one_line(exc)}")
+        fail(f"cannot export to {out}: {first_line(exc)}")
     except KeyboardInterrupt:
         remove_partial(staged)
         fail(f"interrupted (Ctrl-C); {out} was not written", EXIT_INTERRUPTED)
@@ -69,10 +70,6 @@ def export(
         typer.echo(f"largest score difference {dtype} vs fp32: {report.max_score_diff:.2e} over "
                    f"{report.compared_rows:,} rows")
 
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _check_target(run_dir: Path, out: Path, overwrite: bool) -> None:

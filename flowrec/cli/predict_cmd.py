@@ -13,6 +13,7 @@ from typing import Any, List, Optional
 import typer
 
 from flowrec.cli.common import fail
+from flowrec.runtime.messages import first_line
 
 EXIT_INTERRUPTED = 130
 
@@ -51,7 +52,7 @@ def predict(
         staged.replace(out)
     except (DataError, OSError, ValueError, RuntimeError) as exc:
         staged.unlink(missing_ok=True)
-        fail(_one_line(exc))
+        fail(first_line(exc))
     except KeyboardInterrupt:
         staged.unlink(missing_ok=True)
         fail(f"interrupted (Ctrl-C); {out} was not written", EXIT_INTERRUPTED)
@@ -59,10 +60,6 @@ def predict(
     if errors:
         typer.echo(f"skipped {errors:,} malformed rows", err=True)
 
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: list[str], on_error: str,

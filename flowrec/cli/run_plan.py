@@ -15,6 +15,7 @@ from flowrec.cli.common import fail
 from flowrec.graph.types import Plan
 from flowrec.planner.contract import PlanError, load_plan
 from flowrec.planner.manager import PassFailure, make_plan
+from flowrec.runtime.messages import first_line
 from flowrec.runtime.session import cost_target, resolve_device
 from flowrec.spec.model import ModelSpec
 
@@ -90,7 +91,7 @@ def sampled_access_profile(spec: ModelSpec, data: str | None,
         finally:
             source.close()
     except (DataError, OSError, ValueError) as exc:
-        fail(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+        fail(first_line(exc))
     status(f"access profile: sampled {profile['samples']:,} of {total:,} rows of {train} "
            f"(seed {spec.training.seed}) to predict cache traffic")
     return profile

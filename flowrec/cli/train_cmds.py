@@ -14,6 +14,7 @@ from typing import Optional
 import typer
 
 from flowrec.cli.common import fail, is_lead_rank, load_spec_or_exit
+from flowrec.runtime.messages import first_line
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
 EXIT_OUT_OF_MEMORY = 3
@@ -234,8 +235,6 @@ def _rank_barrier(world, what: str) -> None:
     try:
         world.barrier()
     except RuntimeError as exc:
-        from flowrec.runtime.distributed.world import first_line
-
         fail(f"another rank failed or did not answer within {world.timeout_s:g} s while waiting for "
              f"{what} ({first_line(exc)})", EXIT_RANK_FAILED)
 
@@ -359,7 +358,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     except (DataError, RuntimeError, ValueError) as exc:
         fail(str(exc))
     except torch.OutOfMemoryError as exc:
-        fail(f"out of memory building the model: {_one_line(exc)}. {_memory_hint()}", EXIT_OUT_OF_MEMORY)
+        fail(f"out of memory building the model: {first_line(exc)}. {_memory_hint()}", EXIT_OUT_OF_MEMORY)
     _say(session.data_note)
     _check_loop_settings(session, settings)
     if world is None or world.lead:
@@ -405,13 +404,13 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
         fail(f"interrupted (Ctrl-C) at step {trainer.position.step}; continue with  {resume_cmd}",
              EXIT_INTERRUPTED)
     except torch.OutOfMemoryError as exc:
-        fail(f"out of memory at step {trainer.position.step + 1} on {session.device}: {_one_line(exc)}; "
+        fail(f"out of memory at step {trainer.position.step + 1} on {session.device}: {first_line(exc)}; "
              f"{trainer.checkpoint_note()}. {_memory_hint()}", EXIT_OUT_OF_MEMORY)
     except RuntimeError as exc:
         if world is None:
             raise
         fail(f"stopped at step {trainer.position.step + 1}: another rank failed or did not answer within "
-             f"{world.timeout_s:g} s ({_one_line(exc)}); {trainer.checkpoint_note()}", EXIT_RANK_FAILED)
+             f"{world.timeout_s:g} s ({first_line(exc)}); {trainer.checkpoint_note()}", EXIT_RANK_FAILED)
     finally:
         session.close_data()
     if not trainer.lead:
@@ -611,7 +610,7 @@ def evaluate_run(
         trained = load_trained(run_dir, device, scoring_plan)
         metrics = trained.evaluate_dataset(data, group_by or trained.spec.training.eval_group_by)
     except (DataError, OSError, ValueError, RuntimeError) as exc:
-        fail(_one_line(exc))
+        fail(first_line(exc))
     except KeyboardInterrupt:
         fail("interrupted (Ctrl-C)", EXIT_INTERRUPTED)
     _write_metrics(metrics, json_out, quiet)
@@ -634,10 +633,6 @@ def _write_metrics(metrics: dict, json_out: Optional[str], quiet: bool = False) 
         except OSError as exc:
             fail(f"cannot write {json_out}: {exc.strerror or exc}")
 
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def register(app: typer.Typer) -> None:

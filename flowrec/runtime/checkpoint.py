@@ -31,6 +31,7 @@ from flowrec.runtime.checkpoint_format import (
     content_digest,
     read_torch_file,
 )
+from flowrec.runtime.messages import first_line
 
 CHECKPOINT_NAME = "checkpoint.pt"
 DISK_MARGIN = 1.05  # a write failing with less free space than this x the tensors' bytes: the disk is full
@@ -89,7 +90,7 @@ def _write_failure(path: Path, state: dict[str, Any], exc: RuntimeError) -> str:
         free = None
     if free is not None and free < need * DISK_MARGIN:
         return f"its disk has {free / 2**20:,.0f} MiB free and the checkpoint needs about {need / 2**20:,.0f} MiB"
-    return f"torch.save failed ({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__})"
+    return f"torch.save failed ({first_line(exc)})"
 
 
 def tensor_bytes(value: Any) -> int:

@@ -27,6 +27,7 @@ from flowrec.data.batches import Batch
 from flowrec.graph.edges import Slot, input_slots
 from flowrec.graph.kinds import OP_KINDS, PLACEMENTS
 from flowrec.graph.types import Op, PackedGroup, Plan
+from flowrec.runtime.messages import first_line
 from flowrec.runtime.placement import group_embedding
 from flowrec.spec.model import ModelSpec
 from operators import registry
@@ -324,7 +325,7 @@ def _embeddings(groups: tuple[PackedGroup, ...], seed: int, device: torch.device
         try:
             out[g.name] = group_embedding(g, seed, device)
         except (torch.OutOfMemoryError, MemoryError, RuntimeError) as exc:
-            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            reason = first_line(exc)
             if not isinstance(exc, (torch.OutOfMemoryError, MemoryError)) and "memory" not in reason.lower():
                 raise
             raise GroupAllocationError(g, reason) from None

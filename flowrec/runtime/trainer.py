@@ -42,6 +42,7 @@ from flowrec.runtime.early_stop import EarlyStopper
 from flowrec.runtime.evaluate import Metrics, evaluate
 from flowrec.runtime.hostmem import tune_host_allocator
 from flowrec.runtime.lowering import LoweredModel
+from flowrec.runtime.messages import first_line
 from flowrec.runtime.metrics import MetricsLog
 from flowrec.runtime.nonfinite import LossGuard, NonFiniteLoss, TrainingStopped, first_non_finite
 from flowrec.runtime.pipeline import TransferStage
@@ -547,7 +548,7 @@ class Trainer:
             self.optimizer.load_state_dict(state["dense_optimizer"])
         except (RuntimeError, ValueError, KeyError, TypeError) as exc:
             raise CheckpointError(f"{source} does not fit the spec's model "
-                                  f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+                                  f"({first_line(exc)})") from None
         torch.set_rng_state(state["rng"]["torch"])
         self.position = Position(**state["position"])
         self.skipped_batches = int(state.get("skipped_batches", 0))

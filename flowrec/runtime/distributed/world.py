@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from flowrec.runtime.distributed.groups import embedding_group
+from flowrec.runtime.messages import first_line
 from operators.device import select_device
 
 DEFAULT_TIMEOUT_S = 300.0  # --dist-timeout default: a dead or hung rank fails the others within it
@@ -140,9 +141,3 @@ def leave_world() -> None:
     """Destroy the process groups (idempotent)."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
-
-
-def first_line(exc: BaseException) -> str:
-    """The first line of an exception's message (its type when empty)."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
