@@ -54,6 +54,8 @@ from flowrec.runtime.step import make_dense_optimizer, train_step
 from flowrec.spec.load import to_dict
 from flowrec.spec.model import ModelSpec
 
+INTERRUPT_FLAG, STOP_FLAG = 0, 1  # the flags the ranks agree on each step (`DenseParallel`), in this order
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -357,17 +359,16 @@ class Trainer:
 
     def _stopping(self) -> bool:
         """A stop was requested (by a callback); with several ranks, as agreed at the last step."""
-        if self.parallel is not None:
-            return self._agreed(1)
-        return self._stop_requested
+        return self._agreed(STOP_FLAG, self._stop_requested)
 
     def _interrupted(self) -> bool:
         """Ctrl-C asked to stop after this step; with several ranks, as agreed at the last step."""
-        if self.parallel is not None:
-            return self._agreed(0)
-        return self._interrupt.requested
+        return self._agreed(INTERRUPT_FLAG, self._interrupt.requested)
 
-    def _agreed(self, flag: int) -> bool:
+    def _agreed(self, flag: int, local: bool) -> bool:
+        """`local` in one process; with several ranks, flag `flag` OR-ed over the ranks at the last step."""
+        if self.parallel is None:
+            return local
         flags = self.parallel.last.flags
         return len(flags) > flag and flags[flag]
 
