@@ -4,10 +4,10 @@ rank of a launch (`--nproc`, or `torchrun ... -m flowrec train` on many nodes) d
 `--nproc N` re-runs the same command line under `python -m torch.distributed.run --standalone`
 (a free port chosen by the launcher's rendezvous), with the run folder fixed up front so that
 every rank writes to the same one. Under `--max-restarts K` the launcher restarts all ranks after
-a failure; a restarted rank 0 finds the run's checkpoint and continues it (`restarted_request`).
+a failure; a restarted rank 0 finds the run's checkpoint and continues it (`train_cmds._restarted`).
 
 Example:
-    >>> strip_options(["s.yaml", "--nproc", "2", "-q"], {"--nproc": True})
+    >>> strip_options(["s.yaml", "--nproc", "2", "-q"], {"--nproc"})
     ['s.yaml', '-q']
 """
 from __future__ import annotations
@@ -21,19 +21,18 @@ from pathlib import Path
 
 from flowrec.cli.common import fail
 
-LAUNCHER_OPTIONS = {"--nproc": True, "--max-restarts": True}  # ours, not the ranks' (takes a value)
+LAUNCHER_OPTIONS = {"--nproc", "--max-restarts"}  # ours, not the ranks' (each takes a value)
 
 
-def strip_options(args: list[str], options: dict[str, bool]) -> list[str]:
-    """`args` without the given options (`--opt V` and `--opt=V` forms)."""
+def strip_options(args: list[str], options: set[str]) -> list[str]:
+    """`args` without the given options, each with its value (`--opt V` and `--opt=V` forms)."""
     out, skip = [], False
     for arg in args:
         if skip:
             skip = False
             continue
-        name = arg.split("=", 1)[0]
-        if name in options:
-            skip = options[name] and "=" not in arg
+        if arg.split("=", 1)[0] in options:
+            skip = "=" not in arg
             continue
         out.append(arg)
     return out
