@@ -171,7 +171,7 @@ class DeviceProfile:
         """(fixed us, TFLOP/s, GB/s) of a dense layer, forward or backward (over the forward's
         FLOPs and bytes: a backward does about twice the work)."""
         tflops = self.bf16_tflops if bf16 else self.fp32_tflops
-        fixed, gbps = self.gemm_us or self.launch_us, self.gemm_gbps or self.hbm_gbps
+        fixed, gbps = self.kernel_us("gemm"), self.gemm_gbps or self.hbm_gbps
         if not backward:
             return fixed, tflops, gbps
         scale = (self.gemm_bwd_tflops / self.fp32_tflops) if self.gemm_bwd_tflops else 0.5
