@@ -490,8 +490,9 @@ def kernel_seconds(kernels: Kernels, device: DeviceProfile, bf16: bool = False, 
     seconds = kernels.other * device.kernel_us("other") * 1e-6
     for m, k, n, count in kernels.gemms:
         seconds += fixed_us * 1e-6 + count * 2.0 * m * k * n / peak + count * elem * (m * k + k * n + m * n) / (gbps * 1e9)
+    elementwise_s, elementwise_rate = device.kernel_us("elementwise") * 1e-6, device.elementwise_rate
     for moved in kernels.elementwise:
-        seconds += device.kernel_us("elementwise") * 1e-6 + moved / device.elementwise_rate
+        seconds += elementwise_s + moved / elementwise_rate
     return seconds + sum(device.fresh_seconds(b) for b in kernels.fresh)
 
 
