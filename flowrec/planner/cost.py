@@ -31,9 +31,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Iterator
 
 from flowrec.graph.kinds import OP_KINDS, OPTIMIZERS, PLACEMENTS
-from flowrec.graph.types import ACCESS_NONE, DTYPE_BYTES, AccessProfile, CostPrediction, OpGraph, PackedGroup
+from flowrec.graph.types import ACCESS_NONE, DTYPE_BYTES, AccessProfile, CostPrediction, Op, OpGraph, PackedGroup
 from flowrec.planner import exchange
 from flowrec.planner.access import AccessModel, group_model
 from flowrec.planner.calibration import ProfileError, is_profile_path, profile_fields, read_profile
@@ -170,7 +171,7 @@ class DeviceProfile:
         """(fixed us, TFLOP/s, GB/s) of a dense layer, forward or backward (over the forward's
         FLOPs and bytes: a backward does about twice the work)."""
         tflops = self.bf16_tflops if bf16 else self.fp32_tflops
-        fixed, gbps = self.gemm_us or self.launch_us, self.gemm_gbps or self.hbm_gbps
+        fixed, gbps = self.kernel_us("gemm"), self.gemm_gbps or self.hbm_gbps
         if not backward:
             return fixed, tflops, gbps
         scale = (self.gemm_bwd_tflops / self.fp32_tflops) if self.gemm_bwd_tflops else 0.5
@@ -460,15 +461,21 @@ def _distinct_rows(u: _Unit, ids: float, profile: AccessProfile | None) -> float
     return min(group_access(u.group, profile).distinct(ids), float(u.local_rows))
 
 
+def _dense_ops(graph: OpGraph) -> Iterator[tuple[Op, int]]:
+    """(op, input edges) of every dense op of `graph` (neither sparse nor input)."""
+    skip = SPARSE_KINDS | INPUT_KINDS
+    for node in graph:
+        op = graph.nodes[node]["op"]
+        if op.kind not in skip:
+            yield op, graph.in_degree(node)
+
+
 def dense_seconds(graph: OpGraph, device: DeviceProfile, batch: int, bf16: bool = False) -> tuple[float, float]:
     """(forward, backward) seconds of the dense ops on a (micro-)batch of `batch` samples, each op
     priced kernel by kernel (`flowrec.planner.op_work`)."""
     forward = backward = 0.0
-    for node in graph:
-        op = graph.nodes[node]["op"]
-        if op.kind in SPARSE_KINDS | INPUT_KINDS:
-            continue
-        work = op_work(op, batch, graph.in_degree(node))
+    for op, inputs in _dense_ops(graph):
+        work = op_work(op, batch, inputs)
         forward += kernel_seconds(work.forward, device, bf16)
         backward += kernel_seconds(work.backward, device, bf16, backward=True)
     return forward, backward
@@ -483,19 +490,17 @@ def kernel_seconds(kernels: Kernels, device: DeviceProfile, bf16: bool = False, 
     seconds = kernels.other * device.kernel_us("other") * 1e-6
     for m, k, n, count in kernels.gemms:
         seconds += fixed_us * 1e-6 + count * 2.0 * m * k * n / peak + count * elem * (m * k + k * n + m * n) / (gbps * 1e9)
+    elementwise_s, elementwise_rate = device.kernel_us("elementwise") * 1e-6, device.elementwise_rate
     for moved in kernels.elementwise:
-        seconds += device.kernel_us("elementwise") * 1e-6 + moved / device.elementwise_rate
+        seconds += elementwise_s + moved / elementwise_rate
     return seconds + sum(device.fresh_seconds(b) for b in kernels.fresh)
 
 
 def dense_update_seconds(graph: OpGraph, spec: ModelSpec, device: DeviceProfile) -> float:
     """Seconds of one dense optimizer step over the dense parameters (per tensor + per element)."""
     tensors = elements = 0
-    for node in graph:
-        op = graph.nodes[node]["op"]
-        if op.kind in SPARSE_KINDS | INPUT_KINDS:
-            continue
-        tensors += op_work(op, 1, graph.in_degree(node)).param_tensors
+    for op, inputs in _dense_ops(graph):
+        tensors += op_work(op, 1, inputs).param_tensors
         elements += op.param_bytes // 4
     per_tensor_us, per_elem_ns = device.dense_update_cost(spec.dense_optimizer.name)
     return tensors * per_tensor_us * 1e-6 + elements * per_elem_ns * 1e-9

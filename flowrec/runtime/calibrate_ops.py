@@ -132,7 +132,7 @@ def elementwise_fit(measure: Measure, device: torch.device,
     details = {name: t * 1e6 for name, t in zip(names, times)}
     times = [max(t - fresh(4.0 * n), t / 10) for t, n in zip(times, [n for n in ELEMENTWISE_SIZES for _ in (0, 1)])]
     fixed, per_byte = fit_linear(rows, times)
-    return fixed * 1e6, (1.0 / per_byte / 1e9) if per_byte > 0 else 0.0, details
+    return fixed * 1e6, _rate(per_byte, 1e9), details
 
 
 def layer_fit(measure: Measure, device: torch.device, shapes: Sequence[tuple[int, int, int]],
@@ -184,8 +184,13 @@ def _layer_constants(coef: Sequence[float]) -> tuple[float, float, float]:
     """(fixed us, TFLOP/s, GB/s) of fitted (seconds, seconds per FLOP, seconds per byte); a rate
     the fit could not separate is 0."""
     fixed, per_flop, per_byte = coef
-    return (fixed * 1e6, 1.0 / per_flop / 1e12 if per_flop > 0 else 0.0,
-            1.0 / per_byte / 1e9 if per_byte > 0 else 0.0)
+    return fixed * 1e6, _rate(per_flop, 1e12), _rate(per_byte, 1e9)
+
+
+def _rate(seconds_per_unit: float, scale: float) -> float:
+    """A fitted cost per unit as units per second / `scale` (1e12: TFLOP/s, 1e9: GB/s); 0 when the
+    fit could not separate it (a 0 cost)."""
+    return 1.0 / seconds_per_unit / scale if seconds_per_unit > 0 else 0.0
 
 
 def dense_update_fit(measure: Measure, device: torch.device) -> dict[str, tuple[float, float]]:
