@@ -221,3 +221,28 @@ def test_result_does_not_depend_on_the_thread_count():
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+
+
+@pytest.mark.parametrize("name", ["adagrad", "adam"])
+def test_long_chunks_on_a_strided_table_equal_the_reference(name):
+    """Chunks of hundreds of unique rows (the prefetching path) on a table whose rows are views
+    into a wider array (row stride > dim): bitwise the plain reference, the rest untouched."""
+    gen = _seed()
+    optimizer = (name, 0.1, ())
+    group = PackedGroup("g", 6, "fp64", optimizer, (TableSlot("a", 5000, 0),),
+                        (GroupField("fa", "a", 4, "sum"), GroupField("fm", "a", 3, "mean")))
+    opt = make_optimizer(optimizer)
+    wide = torch.randn(group.rows, group.dim + 3, generator=gen, dtype=torch.float64)
+    weight = wide[:, :group.dim]  # (R, D), row stride D + 3
+    state = opt.initial_state(group.rows, group.dim, torch.float64)
+    state.add_(torch.rand(state.shape, generator=gen, dtype=torch.float64))
+    batch = random_batch(group, 3000, gen, empty_prob=0.1)
+    casting = compute_casting(batch.ids, batch.offsets, mean_bag_flags(group))
+    grad_out = torch.randn(casting.num_bags, group.dim, generator=gen, dtype=torch.float64)
+    assert casting.unique_ids.numel() > 64 * torch.get_num_threads()
+    ref_w, ref_s = weight.numpy().copy(), state.numpy().copy()
+    _reference_update(name, 0.1, dict(opt.params), ref_w, ref_s, grad_out.numpy(), casting)
+    padding = wide[:, group.dim:].clone()
+    opt.casted_step(weight, state, grad_out, casting)
+    assert torch.equal(weight, torch.from_numpy(ref_w)) and torch.equal(state, torch.from_numpy(ref_s))
+    assert torch.equal(wide[:, group.dim:], padding)
