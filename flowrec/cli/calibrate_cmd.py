@@ -19,7 +19,9 @@ spec's dense-layer shapes, forward and backward, and a grid; bf16 at the spec's 
 elementwise passes, the per-kernel overhead of autograd, the project's sparse path (lookup, then
 casting and fused update per sparse optimizer, fitted per id and per unique row), each dense
 optimizer's step, random row gathers and scatters by embedding dim, memory bandwidth and, with
-CUDA, host<->device bandwidth. Saves a profile (default: the user's cache folder, one per
+CUDA, host<->device bandwidth. With `--nproc N` (N >= 2) it also starts N processes (gloo on CPU,
+NCCL with one GPU each) and fits the collectives' bandwidth and per-call cost; sharded plans
+(`--world-size` up to one node) are then priced with them instead of the datasheet link. Saves a profile (default: the user's cache folder, one per
 device kind) recording each constant and how it was measured; use it with
 `flowrec plan SPEC --target FILE` and `flowrec train SPEC --target FILE`.
 
@@ -28,6 +30,8 @@ Examples:
   flowrec calibrate specs/dlrm_criteo.yaml
 
   flowrec calibrate specs/movielens.yaml --device cuda --out h100.json
+
+  flowrec calibrate specs/dlrm_criteo.yaml --nproc 2 --out cpu2.json
 """
 
 
@@ -41,6 +45,8 @@ def calibrate(
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
     out: Optional[Path] = typer.Option(None, "--out", help="Profile file to write (default: the user's cache folder)."),
     seconds: float = typer.Option(0.5, "--seconds", min=0.01, max=10.0, help="Seconds spent per measured kernel."),
+    nproc: int = typer.Option(1, "--nproc", min=1, max=64,
+                              help="Processes whose collectives to measure (1: none; CUDA: one GPU each)."),
 ) -> None:
     from flowrec.planner.calibration import default_profile_path, profile_document
     from flowrec.runtime.calibrate import calibrate as measure
@@ -51,8 +57,12 @@ def calibrate(
         dev = resolve_device(device)
     except RuntimeError as exc:
         fail(str(exc))
+    if dev.type == "cuda" and nproc > 1 and nproc > torch_cuda_count():
+        fail(f"--nproc {nproc} with CUDA needs one GPU per process; this machine has {torch_cuda_count()}")
     started = time.perf_counter()
     measured, details = measure(dev, shapes, seconds)
+    if nproc > 1:
+        measured.update(_collectives(nproc, dev.type, details))
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     machine = f"{platform.machine()} {platform.processor() or platform.platform()}, {dev.type}"
     details["seconds"] = round(time.perf_counter() - started, 3)
@@ -96,3 +106,26 @@ def gemm_shapes(spec) -> list[tuple[int, int, int]]:
             if count == 1 and (m, k, n) not in shapes:
                 shapes.append((m, k, n))
     return shapes or FALLBACK_SHAPES
+
+
+def _collectives(nproc: int, device_kind: str, details: dict) -> dict:
+    """Measured collective constants of `nproc` processes (exits with one line if they fail)."""
+    from flowrec.runtime.calibrate_collective import SIZES, CollectiveError, measure_collectives
+
+    typer.echo(f"timing collectives of {nproc} processes ...", err=True)
+    try:
+        fit = measure_collectives(nproc, device_kind)
+    except CollectiveError as exc:
+        fail(str(exc), code=1)
+    how = (f"{nproc} processes over {fit.backend}: all_to_all_single and all_reduce of {SIZES[0] >> 10} KiB to "
+           f"{SIZES[-1] >> 20} MiB per rank, slowest rank's median; t = fixed + bytes one rank sends / bandwidth")
+    details["collective_seconds_by_call"] = fit.points
+    return {"collective_gbps": (fit.gbps, how), "collective_us": (fit.us, how),
+            "collective_world_size": (nproc, "processes the collectives were measured with")}
+
+
+def torch_cuda_count() -> int:
+    """CUDA devices torch sees."""
+    import torch
+
+    return torch.cuda.device_count()

@@ -30,12 +30,13 @@ SCALARS = ("memory_bytes", "hbm_gbps", "pcie_gbps", "fp32_tflops", "bf16_tflops"
            "gather_rows_per_s", "host_gather_rows_per_s", "launch_us", "op_us", "elementwise_us",
            "elementwise_gbps", "gemm_us", "gemm_gbps", "gemm_bwd_us", "gemm_bwd_tflops", "gemm_bwd_gbps", "sparse_fwd_us", "sparse_fwd_ns_per_id",
            "sparse_fwd_ns_per_elem", "map_ns_per_id", "map_small_ns_per_id", "alloc_threshold_bytes",
-           "alloc_ns_per_byte")
+           "alloc_ns_per_byte", "collective_gbps", "collective_us", "collective_world_size")
+INTEGERS = frozenset({"memory_bytes", "collective_world_size"})
 TABLES = {"dense_update": 2, "sparse_update": 5}  # per-optimizer cost vectors: field -> length
 MEASURABLE = SCALARS + tuple(TABLES)
 ZERO_OK = frozenset({"sparse_fwd_us", "sparse_fwd_ns_per_id", "sparse_fwd_ns_per_elem", "gemm_us",
                      "gemm_bwd_us", "elementwise_us", "op_us", "map_ns_per_id", "map_small_ns_per_id",
-                     "alloc_threshold_bytes", "alloc_ns_per_byte"})  # fitted parts a machine may show as nil
+                     "alloc_threshold_bytes", "alloc_ns_per_byte", "collective_us"})  # fitted parts a machine may show as nil
 
 
 class ProfileError(ValueError):
@@ -109,7 +110,11 @@ def _number(value: Any, key: str, path: str) -> int | float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
             value > 0 or (key in ZERO_OK and value == 0)):
         raise ProfileError(f"{path}: measured {key} must be a positive number, not {value!r}")
-    return int(value) if key == "memory_bytes" else float(value)
+    if key in INTEGERS:
+        if value != int(value):
+            raise ProfileError(f"{path}: measured {key} must be a whole number, not {value!r}")
+        return int(value)
+    return float(value)
 
 
 def _table(value: Any, key: str, path: str) -> tuple[tuple[str, tuple[float, ...]], ...]:

@@ -95,6 +95,9 @@ class DeviceProfile:
     gemm_bwd_us: float = 0.0  # a layer's backward: fixed part; 0: 2 x gemm_us
     gemm_bwd_tflops: float = 0.0  # its forward FLOPs per second / 1e12 (the backward does 2x); 0: the forward's / 2
     gemm_bwd_gbps: float = 0.0  # its forward bytes per second / 1e9; 0: the forward's / 2
+    collective_gbps: float = 0.0  # measured collectives: bytes one rank sends per second / 1e9; 0: the target's link
+    collective_us: float = 0.0  # measured collectives: fixed cost of one call
+    collective_world_size: int = 0  # processes they were measured with (0: not measured)
     sparse_fwd_us: float = 0.0  # fixed part of a group's lookup; 0: launch_us
     sparse_fwd_ns_per_id: float = 0.0  # 0: one random row gather per id (gather_rows_per_s)
     sparse_fwd_ns_per_elem: float = 0.0
@@ -207,6 +210,17 @@ def _calibrated(path: str) -> DeviceProfile:
     base = doc["base"]
     return replace(DEVICES[base], **fields, name=f"{base} calibrated",
                    source=f"calibrated {path} ({doc.get('created', '?')})")
+
+
+def device_link(device: DeviceProfile, world_size: int) -> exchange.Interconnect:
+    """The interconnect of `world_size` ranks: the profile's measured collectives (`flowrec calibrate
+    --nproc`) within one node, else the target's datasheet link (`exchange.link_for`)."""
+    base = device.name.split()[0]
+    if device.collective_gbps and world_size <= exchange.GPUS_PER_NODE:
+        return exchange.Interconnect(
+            f"measured collectives ({device.collective_world_size} processes)", device.collective_gbps,
+            device.collective_us, device.source)
+    return link_for(base, world_size)
 
 
 def default_budget(device: DeviceProfile) -> int:
@@ -408,7 +422,7 @@ def predict(graph: OpGraph, spec: ModelSpec, device: DeviceProfile, *, micro_bat
     traffic = exchange_traffic(graph, spec, units, batch, world, profile)
     exchange_s = 0.0
     if world > 1:
-        link = link_for(device.name.split()[0], world)  # a calibrated profile keeps its base's links
+        link = device_link(device, world)
         calls = sum(exchange.collectives(u.group) for u in units if u.group is not None) + traffic.dense_calls
         exchange_s = exchange.seconds(traffic.total, calls, link)
         serial += exchange_s

@@ -177,7 +177,7 @@ def calibrate(device: torch.device, shapes: list[tuple[int, int, int]], min_seco
     else:
         measured["pcie_gbps"] = (None, "the host is the device: no transfer stage")
         measured["host_gather_rows_per_s"] = (gathers[REFERENCE_DIM], "as gather_rows_per_s (same memory)")
-    details["collective_gbps"] = "not measured: single process (collectives belong to the scale-out work)"
+    details["collective_gbps"] = "not measured: single process (`flowrec calibrate --nproc N` measures them)"
     return measured, details
 
 

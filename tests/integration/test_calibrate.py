@@ -41,9 +41,21 @@ runner = CliRunner()
 @pytest.fixture(scope="module")
 def profile(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("cal") / "cpu.json"
-    result = runner.invoke(app, ["calibrate", str(SPEC), "--device", "cpu", "--seconds", "0.01", "--out", str(path)])
+    result = runner.invoke(app, ["calibrate", str(SPEC), "--device", "cpu", "--seconds", "0.01", "--nproc", "2",
+                                 "--out", str(path)])
     assert result.exit_code == 0, result.output
     return path
+
+
+def test_nproc_measures_collectives_and_sharded_plans_use_them(profile: Path):
+    doc = json.loads(profile.read_text())
+    measured = doc["measured"]
+    assert measured["collective_world_size"]["value"] == 2 and measured["collective_gbps"]["value"] > 0
+    assert "2 processes over gloo" in measured["collective_gbps"]["how"]
+    assert len(doc["details"]["collective_seconds_by_call"]) >= 10
+    text = runner.invoke(app, ["plan", str(SPEC), "--target", str(profile), "--world-size", "2"]).output
+    gbps = device_profile(str(profile)).collective_gbps
+    assert f"world size 2 over measured collectives (2 processes) ({gbps:g} GB/s per rank" in text
 
 
 def test_the_profile_records_every_constant_and_how(profile: Path):

@@ -23,7 +23,7 @@ from dataclasses import replace
 
 from flowrec.graph.types import OpGraph, PackedGroup, PassContext, PassResult
 from flowrec.planner import exchange
-from flowrec.planner.cost import default_budget, device_profile, group_access
+from flowrec.planner.cost import default_budget, device_link, device_profile, group_access
 from flowrec.planner.passes.meta import plan_meta
 from flowrec.spec.units import format_bytes
 
@@ -54,7 +54,7 @@ def shard(graph: OpGraph, ctx: PassContext) -> PassResult:
 
 def _shard_groups(groups: tuple[PackedGroup, ...], ctx: PassContext) -> tuple[tuple[PackedGroup, ...], list[str]]:
     world = ctx.world_size
-    link = exchange.link_for(device_profile(ctx.target).name.split()[0], world)  # calibrated: its base
+    link = device_link(device_profile(ctx.target), world)
     budget = ctx.device_budget_bytes if ctx.device_budget_bytes is not None else default_budget(device_profile(ctx.target))
     batch = -(-ctx.spec.training.batch_size // world)  # samples per rank
     out, notes = [], [f"world size {world} over {link.name} ({link.gbps:g} GB/s per rank, "
