@@ -116,7 +116,10 @@ def worker(backend: str, rank: int, world_size: int, port: int) -> dict[str, flo
     import torch
     import torch.distributed as dist
 
+    from operators.device import select_device
+
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    select_device(device)  # NCCL: one GPU per rank
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=GROUP_TIMEOUT_S))
     try:
@@ -133,6 +136,9 @@ def _time_call(op: str, size: int, world_size: int, device: Any) -> float:
     import torch
     import torch.distributed as dist
 
+    from operators.device import runtime_for
+
+    runtime = runtime_for(device)
     elements = max(world_size, size // 4 // world_size * world_size)  # float32, divisible by W
     send = torch.rand(elements, device=device)
     recv = torch.empty_like(send)
@@ -144,8 +150,7 @@ def _time_call(op: str, size: int, world_size: int, device: Any) -> float:
             dist.all_to_all_single(recv, send)
         else:
             dist.all_reduce(send)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        runtime.synchronize()
         if i:
             times[i - 1] = time.perf_counter() - start
     slowest = times.to(device)
