@@ -14,7 +14,7 @@ writes the rows of its shards touched since the previous checkpoint to
 written. Loading applies them, in order, over the base's rows.
 
 Loading (`assemble_shards`, inside every `load_checkpoint`) checks each shard against the manifest
-and puts the rows back into whole tables by their packed ids, so the state is the single-process
+(its name, step, rank and content digest) and puts the rows back into whole tables by their packed ids, so the state is the single-process
 one: eval and export load it as they load any checkpoint. A run resumed on W' ranks loads with
 `lazy=True`: each row-wise group's weight and state are then `ShardRows`, the memory-mapped shards
 as they are, and each rank copies only the rows it owns by the modulo rule
@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import torch
 
-from flowrec.runtime.checkpoint_format import CheckpointError, check_header, read_torch_file
+from flowrec.runtime.checkpoint_format import CheckpointError, check_header, content_digest, read_torch_file
 
 SHARDS_DIR = "checkpoint.shards"
 SHARD_FORMAT = "flowrec-checkpoint-shard"
@@ -154,6 +154,8 @@ def _read_shards(path: Path, entry: Any, map_location: str | torch.device) -> di
         if doc["digest"] != digest or doc["step"] != entry["step"] or doc["rank"] != rank:
             raise CheckpointError(f"{shard_path} is not rank {rank}'s shard of the checkpoint in {path} "
                                   f"(another step or a damaged file)")
+        if content_digest({k: v for k, v in doc.items() if k != "digest"}) != digest:
+            raise CheckpointError(f"{shard_path} is damaged: its content does not match its digest")
         _collect(shard_path, doc["groups"], tables)
     return tables
 
