@@ -14,8 +14,8 @@ writes the rows of its shards touched since the previous checkpoint to
 written. Loading applies them, in order, over the base's rows.
 
 Loading (`assemble_shards`, inside every `load_checkpoint`) checks each shard against the manifest
-(its name, step, rank and content digest) and puts the rows back into whole tables by their packed ids, so the state is the single-process
-one: eval and export load it as they load any checkpoint. A run resumed on W' ranks loads with
+(its name, step, rank and content digest) and puts the rows back into whole tables by their
+packed ids, so the state is the single-process one: eval and export load it as they load any checkpoint. A run resumed on W' ranks loads with
 `lazy=True`: each row-wise group's weight and state are then `ShardRows`, the memory-mapped shards
 as they are, and each rank copies only the rows it owns by the modulo rule
 (`distributed.model.load_whole_state`), so no rank holds a whole table.
