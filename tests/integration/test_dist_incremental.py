@@ -51,8 +51,8 @@ def ok(done: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory) -> Path:
-    """Spec, plans for 1 and 2 ranks, data, an uninterrupted reference run and a 2-rank run
-    stopped at step 5 on a full checkpoint (step 2) and two deltas (steps 4 and 5)."""
+    """Spec, plans for 1 and 2 ranks, data, uninterrupted reference runs on 1 and 2 ranks, and a
+    2-rank run stopped at step 5 on a full checkpoint (step 2) and two deltas (steps 4 and 5)."""
     root = tmp_path_factory.mktemp("dist_incremental")
     doc = copy.deepcopy(TINY)
     doc["name"] = "tiny_dist_incremental"
@@ -72,6 +72,7 @@ def work(tmp_path_factory) -> Path:
     ok(flowrec("data", "synth", "spec.yaml", "--rows", str(ROWS), "--rows-per-file", "150", "--out", "d",
                "--seed", "3", "-q", cwd=root))
     ok(train(root, "ref", "--plan", "p1.json"))
+    ok(train(root, "ref2", "--plan", "p2.json", "--nproc", "2"))
     ok(train(root, "inc", "--plan", "p2.json", "--nproc", "2", "--max-steps", "5", *INCREMENTAL))
     return root
 
@@ -91,13 +92,15 @@ def copy_run(work: Path, name: str) -> str:
 
 
 def assert_same_model(a: Path, b: Path, tol: float = 1e-5) -> None:
+    """Same position and parameters (`tol` 0: bitwise)."""
     sa, sb = load_checkpoint(a), load_checkpoint(b)
     assert sa["position"] == sb["position"]
     assert sorted(sa["model"]) == sorted(sb["model"])
     for key, value in sa["model"].items():
         other = sb["model"][key]
         assert value.shape == other.shape, key
-        assert torch.allclose(value, other, rtol=tol, atol=tol), (key, float((value - other).abs().max()))
+        same = torch.equal(value, other) if tol == 0 else torch.allclose(value, other, rtol=tol, atol=tol)
+        assert same, (key, float((value - other).abs().max()))
 
 
 def shard_names(run: Path) -> list[str]:
@@ -115,6 +118,7 @@ def test_a_run_on_base_and_deltas_continues_on_two_ranks_and_on_one(work):
     on_two, on_one = copy_run(work, "inc_on2"), copy_run(work, "inc_on1")
     ok(resume(work, on_two, "--nproc", "2"))  # --checkpoint-full-every 3 as recorded
     assert_same_model(work / "ref", work / on_two)
+    assert_same_model(work / "ref2", work / on_two, tol=0.0)  # bitwise: an uninterrupted 2-rank run
     # a resumed process starts with a full checkpoint (step 6), then a delta (the end, step 7);
     # the files of the older chain are gone
     assert shard_names(work / on_two) == [
@@ -133,7 +137,7 @@ def test_a_kill_before_the_delta_manifest_leaves_the_previous_checkpoint(work):
     (work / name / "checkpoint.delta-000002.pt").unlink()
     assert load_checkpoint(work / name)["position"]["step"] == 4
     ok(resume(work, name, "--nproc", "2"))
-    assert_same_model(work / "ref", work / name)
+    assert_same_model(work / "ref2", work / name, tol=0.0)
     assert all(n.startswith(("step000000006-", "step000000007-")) for n in shard_names(work / name))
 
 
