@@ -19,8 +19,6 @@ from flowrec.runtime.messages import first_line
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
 EXIT_OUT_OF_MEMORY = 3
 EXIT_RANK_FAILED = 4  # another rank died or hung: this one stopped at the --dist-timeout
-NO_INCREMENTAL_ON_RANKS = ("--checkpoint-full-every (incremental checkpoints) is not yet supported with several "
-                           "ranks: every checkpoint of a distributed run is full")
 
 
 def _say(message: str) -> None:
@@ -64,7 +62,7 @@ def train(
     max_steps: Optional[int] = typer.Option(None, "--max-steps", min=1, help="Stop after this many steps in total."),
     eval_every: Optional[int] = typer.Option(None, "--eval-every", min=0, help="Evaluate every N steps (default: the spec's training.eval_every; 0 = at the end)."),
     checkpoint_every: Optional[int] = typer.Option(None, "--checkpoint-every", min=0, help="Also checkpoint every N steps (always at the end and on Ctrl-C). Default: 0."),
-    checkpoint_full_every: Optional[int] = typer.Option(None, "--checkpoint-full-every", min=1, help="A full checkpoint every K checkpoints; in between, incremental ones (only the rows touched since the previous checkpoint), all written in the background. Default: 1 (every checkpoint full, written inline)."),
+    checkpoint_full_every: Optional[int] = typer.Option(None, "--checkpoint-full-every", min=1, help="A full checkpoint every K checkpoints; in between, incremental ones (only the rows touched since the previous checkpoint), written in the background (with --nproc > 1: inline, each rank its rows). Default: 1 (every checkpoint full, written inline)."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Override the spec's training seed (0 .. 2^63-1)."),
     dask: Optional[str] = typer.Option(None, "--dask", help="Read data partitions through Dask: a scheduler address (tcp://host:8786) of an existing cluster, or 'local' for a local cluster. Default: direct pyarrow reads (faster on one machine)."),
     interleave: Optional[bool] = typer.Option(None, "--interleave/--no-interleave", help="--no-interleave: sequential schedule (no micro-batches, cache exchanges inline) to compare with the planned overlap; same parameters."),
@@ -106,8 +104,6 @@ def train(
                          fresh_optimizer, dist_timeout)
     try:
         _check_options(request)
-        if nproc > 1 and (checkpoint_full_every or 1) > 1:
-            fail(NO_INCREMENTAL_ON_RANKS)
         if nproc > 1 and _launch_size() == 1:
             raise typer.Exit(_launch(request, nproc, max_restarts))
         run_training(_restarted(request))
@@ -341,12 +337,6 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
                                     profile, settings["target"], settings["data"], ranks)
     if world is not None:
         device = world.device  # cuda:LOCAL_RANK for each rank on CUDA
-    if world is not None and settings["checkpoint_full_every"] not in (None, 1):
-        if request.given.get("checkpoint_full_every") is not None:
-            fail(NO_INCREMENTAL_ON_RANKS)
-        _say(f"the run wrote incremental checkpoints (--checkpoint-full-every {settings['checkpoint_full_every']}); "
-             f"on {world.size} ranks every checkpoint is a full one")
-        settings["checkpoint_full_every"] = 1
     if spec.training.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
     try:

@@ -10,6 +10,11 @@ when a new full checkpoint replaced the old one and the process died before remo
 ignored; a damaged delta, a gap in the chain or rows that do not fit the base are errors naming
 the file.
 
+A delta of a distributed run (version 2) also names, in `shards`, the delta shard file of each
+rank (the rows of its row-wise shards touched since the previous checkpoint; see
+`flowrec.runtime.checkpoint_shards`); its `tables` then hold the replicated groups. Applying it
+records those files for `assemble_shards`, which puts their rows over the base's shards.
+
 Example:
     >>> state = apply_deltas(Path("runs/x/checkpoint.pt"), base)  # doctest: +SKIP
 """
@@ -22,9 +27,11 @@ from typing import Any
 import torch
 
 from flowrec.runtime.checkpoint_format import CheckpointError, check_header, check_structure_common, read_torch_file
+from flowrec.runtime.checkpoint_shards import DELTA_SHARDS_KEY
 
 DELTA_FORMAT = "flowrec-checkpoint-delta"
 DELTA_VERSION = 1
+RANKS_DELTA_VERSION = 2  # a delta of a distributed run: it has `shards`
 DELTA_KEYS = ("format", "version", "digest", "base", "sequence", "spec", "plan", "model", "tables",
               "dense_optimizer", "rng", "position", "skipped_batches")
 CARRIED_KEYS = ("spec", "plan", "dense_optimizer", "rng", "position", "skipped_batches")
@@ -82,15 +89,19 @@ def apply_deltas(base_path: Path, state: dict[str, Any], map_location: Any = "cp
 
 def check_delta(path: Path, delta: Any) -> None:
     """Format, version, keys, types and digest of a loaded delta."""
-    check_header(path, delta, DELTA_FORMAT, DELTA_VERSION, DELTA_KEYS, "flowrec checkpoint delta")
+    ranks = isinstance(delta, dict) and delta.get("version") == RANKS_DELTA_VERSION
+    check_header(path, delta, DELTA_FORMAT, RANKS_DELTA_VERSION if ranks else DELTA_VERSION,
+                 DELTA_KEYS + (("shards",) if ranks else ()), "flowrec checkpoint delta")
     if not isinstance(delta["base"], str) or not isinstance(delta["sequence"], int) \
-            or not isinstance(delta["tables"], dict):
-        raise CheckpointError(f"{path} is damaged: base, sequence or tables has the wrong type")
+            or not isinstance(delta["tables"], dict) or (ranks and not isinstance(delta["shards"], dict)):
+        raise CheckpointError(f"{path} is damaged: base, sequence, tables or shards has the wrong type")
     check_structure_common(path, delta)
 
 
 def _apply(path: Path, state: dict[str, Any], delta: dict[str, Any]) -> None:
     model = state["model"]
+    if ("shards" in delta) != ("shards" in state):
+        raise CheckpointError(f"{path} does not fit its base: one of them is of a distributed run, the other not")
     tables = {f"{group}.{name}" for group in delta["tables"] for name in TABLE_KEYS}
     if set(delta["model"]) | tables != set(model):
         raise CheckpointError(f"{path} does not fit its base: its parameters are not those of the base")
@@ -111,6 +122,8 @@ def _apply(path: Path, state: dict[str, Any], delta: dict[str, Any]) -> None:
     model.update(delta["model"])
     for key in CARRIED_KEYS:
         state[key] = delta[key]
+    if "shards" in delta:
+        state.setdefault(DELTA_SHARDS_KEY, []).append((path, delta["shards"]))
 
 
 def _check_like(path: Path, key: str, ref: Any, value: Any) -> None:

@@ -28,6 +28,7 @@ from torch import nn
 
 from flowrec.runtime.checkpoint import save_checkpoint
 from flowrec.runtime.checkpoint_delta import DELTA_FORMAT, DELTA_VERSION, TABLE_KEYS, delta_path, remove_deltas
+from flowrec.runtime.checkpoint_shards import remove_stale_shards
 from flowrec.runtime.incremental import (
     EMBEDDINGS_PREFIX,
     BackgroundWriter,
@@ -142,6 +143,7 @@ class Checkpointer:
             self._chained = False
             raise
         remove_deltas(self.path)
+        remove_stale_shards(self.path.parent, [])  # a distributed run's, when it was resumed here
         self._base_digest, self.step = digest, step
         self.seconds["full"].append(copy_s + time.perf_counter() - t0)
 

@@ -210,16 +210,24 @@ class Trainer:
         self._interrupt = GracefulInterrupt()
         self._per_epoch = 0
         self.skipped_batches = 0
-        self.checkpointer = Checkpointer(Path(config.out_dir or ".") / CHECKPOINT_NAME,
-                                         config.checkpoint_full_every,
-                                         {g.name: g.rows for g in model.groups})
         self.world = getattr(model, "world", None)  # the ranks of a distributed run (None: one process)
+        self.checkpointer = self._make_checkpointer()
         self.parallel = None
         if self.world is not None:
             from flowrec.runtime.distributed.data_parallel import DenseParallel
 
             self.parallel = DenseParallel(model, self.world,
                                           lambda: (self._interrupt.requested, self._stop_requested))
+
+    def _make_checkpointer(self) -> Any:
+        """The run's checkpoint writer: `Checkpointer` (one process) or `RankCheckpointer` (ranks)."""
+        path = Path(self.config.out_dir or ".") / CHECKPOINT_NAME
+        rows = {g.name: g.rows for g in self.model.groups}
+        if self.world is None:
+            return Checkpointer(path, self.config.checkpoint_full_every, rows)
+        from flowrec.runtime.checkpoint_ranks import RankCheckpointer
+
+        return RankCheckpointer(path, self.config.checkpoint_full_every, rows, self.model, self.world)
 
     @property
     def lead(self) -> bool:
@@ -516,7 +524,7 @@ class Trainer:
 
     def _model_state(self) -> dict[str, torch.Tensor]:
         """The model's state for a checkpoint; with several ranks, all but the row-wise groups'
-        rows (each rank writes its own shard of those: `_checkpoint_sharded`)."""
+        rows (each rank writes its own shard of those: `checkpoint_ranks`)."""
         if self.world is None:
             return self.model.state_dict()
         from flowrec.runtime.distributed.model import common_state
@@ -584,8 +592,8 @@ class Trainer:
             return
         t0 = time.perf_counter()
         folder = Path(self.config.out_dir) / BEST_DIR if best else Path(self.config.out_dir)
-        if self.world is not None:  # every rank its shard, rank 0 the rest and the manifest
-            self._checkpoint_sharded(folder)
+        if self.world is not None:  # every rank its shard (or delta shard), rank 0 the manifest
+            self.checkpointer.save(self.state, folder, self.position.step, best=best)
         elif best:  # the best evaluation's checkpoint: always whole, written inline
             state = self.state()
             bad = first_non_finite(state["model"])
@@ -599,33 +607,6 @@ class Trainer:
         self.stage_seconds["checkpoint"] += time.perf_counter() - t0
         if self.hooks.on_checkpoint is not None:
             self.hooks.on_checkpoint(self.position.step, folder / CHECKPOINT_NAME)
-
-    def _checkpoint_sharded(self, folder: Path) -> None:
-        """A distributed checkpoint (`checkpoint_shards`): the ranks agree that every parameter is
-        finite, each writes its shard, then rank 0 writes checkpoint.pt naming them all."""
-        import torch.distributed as dist
-
-        from flowrec.runtime.checkpoint_shards import manifest, remove_stale_shards, write_shard
-        from flowrec.runtime.distributed.model import common_state, rank_shards
-
-        common, shards = common_state(self.model), rank_shards(self.model)
-        bad = first_non_finite(common) or first_non_finite(
-            {f"embeddings.{g}.weight": part["weight"] for g, part in shards.items()})
-        if self.world.any(bad is not None):
-            raise TrainingStopped(f"parameter {bad or '(on another rank)'} is not finite at step "
-                                  f"{self.position.step}; not checkpointed, {self.checkpoint_note()}")
-        folder.mkdir(parents=True, exist_ok=True)
-        step = self.position.step
-        mine = write_shard(folder, step, self.world.rank, self.world.size, shards, save_checkpoint)
-        files: list[Any] = [None] * self.world.size
-        dist.all_gather_object(files, mine)
-        if self.world.lead:
-            state = self.state(common)
-            state["shards"] = manifest(step, self.world.size, files)
-            save_checkpoint(folder / CHECKPOINT_NAME, state)
-            remove_stale_shards(folder, [name for name, _ in files])
-        self.world.barrier()
-        self.checkpointer.restart_chain(step)  # the newest checkpoint on disk (every one is full)
 
     def _wait_checkpoints(self) -> None:
         """Wait for the background write in flight (the time training waits counts as checkpointing)."""

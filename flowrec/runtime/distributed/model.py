@@ -6,10 +6,11 @@ of a step run together (`schedule.lookup_groups`: one autograd node, so every ra
 collectives in the same order, forward and backward; K-interleaving overlaps one group's exchange
 with another's gather or pooling).
 
-Checkpoint layout (`common_state`, `rank_shards`, `load_whole_state`): the model's state in the
-single-process layout (`embeddings.<group>.weight` / `.state` of the whole table; a replicated
-group has exactly these keys), except that a row-wise group's rows are given as (packed ids, rows,
-optimizer state) of this rank, so any world size can load them by the modulo rule.
+Checkpoint layout (`common_state`, `rank_shards`, `rank_delta_shards`, `load_whole_state`): the
+model's state in the single-process layout (`embeddings.<group>.weight` / `.state` of the whole
+table; a replicated group has exactly these keys), except that a row-wise group's rows are given as
+(packed ids, rows, optimizer state) of this rank, so any world size can load them by the modulo
+rule.
 
 Example:
     >>> modules = sharded_embeddings(plan.meta.groups, seed, device, world)  # doctest: +SKIP
@@ -24,6 +25,7 @@ from torch import nn
 from flowrec.graph.kinds import PLACEMENTS
 from flowrec.graph.types import PackedGroup
 from flowrec.runtime.checkpoint_shards import ShardRows
+from flowrec.runtime.distributed.groups import local_index, owner_of
 from flowrec.runtime.distributed.replicated import ReplicatedPackedEmbedding
 from flowrec.runtime.distributed.schedule import lookup_groups
 from flowrec.runtime.distributed.sharded import ShardedPackedEmbedding
@@ -77,6 +79,26 @@ def rank_shards(model: Any) -> dict[str, dict[str, torch.Tensor]]:
             rows, weight, state = module.shard_rows()
             shards[name] = {"rows": rows, "weight": weight, "state": state}
     return shards
+
+
+def rank_delta_shards(model: Any, rows: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
+    """Per row-wise group, the rows among `rows` (packed ids, every rank's) that this rank owns,
+    with their optimizer state (copies; {"rows", "weight", "state"}): its delta shard."""
+    shards = {}
+    for name, module in model.embeddings.items():
+        if isinstance(module, ShardedPackedEmbedding):
+            picked = rows.get(name, torch.zeros(0, dtype=torch.int64))
+            mine = picked[owner_of(picked, module.world_size) == module.rank]
+            local = local_index(mine, module.world_size)
+            shards[name] = {"rows": mine.clone(),
+                            "weight": module.weight.index_select(0, local.to(module.weight.device)).cpu(),
+                            "state": module.state.index_select(0, local.to(module.state.device)).cpu()}
+    return shards
+
+
+def replicated_embeddings(model: Any) -> dict[str, nn.Module]:
+    """The groups whose whole table every rank holds (rank 0 writes them, as one process does)."""
+    return {name: m for name, m in model.embeddings.items() if not isinstance(m, ShardedPackedEmbedding)}
 
 
 def whole_state_like(model: Any) -> dict[str, torch.Tensor]:
