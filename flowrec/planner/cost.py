@@ -18,9 +18,17 @@ Device profiles carry the constants, with units in their names. Sources and assu
   this machine's (dense layers forward and backward fitted over the spec's shapes with efficiency
   1, elementwise passes, autograd kernels, page faults of new tensors, the sparse lookup and fused
   update per optimizer, the dense optimizer step, row maps and gathers, memory bandwidth,
-  host<->device); `DeviceProfile.source` says which it is. Compute is priced kernel by kernel
-  (`flowrec.planner.op_work`); uncalibrated profiles derive the per-op constants from their
-  datasheet rates.
+  host<->device; the spec's own dense ops timed as whole operators, the per-step framework cost
+  and the staging rate of its batch pipeline); `DeviceProfile.source` says which it is. Compute
+  is priced kernel by kernel (`flowrec.planner.op_work`), a dense op with measured times
+  (`dense_ops`, by `op_work.op_signature`) by those; uncalibrated profiles derive the per-op
+  constants from their datasheet rates and have no framework cost.
+* A step costs `step_us` beyond its priced ops (the trainer's Python, `zero_grad`, the autograd
+  engine, the loss guard), counted in the dense stage. Staging runs at `staging_values_per_s`:
+  on a device with its own host (GPU) it overlaps the device's work; on the CPU the data threads
+  share the trainer's cores, so the step takes the staging time on top of its compute, and a
+  calibrated CPU profile measures that rate as the slowdown of real steps run while the pipeline
+  stages the next batches (values staged per second of step time lost).
 
 Example:
     >>> DEVICES["h100"].hbm_gbps
@@ -40,7 +48,7 @@ from flowrec.planner.access import AccessModel, group_model
 from flowrec.planner.calibration import ProfileError, is_profile_path, profile_fields, read_profile
 from flowrec.planner.exchange import link_for
 from flowrec.planner.fae_traffic import hot_cold_bytes
-from flowrec.planner.op_work import Kernels, op_work
+from flowrec.planner.op_work import Kernels, op_signature, op_work, outside_kernels
 from flowrec.spec.model import ModelSpec
 
 GiB = 2**30  # bytes
@@ -67,7 +75,9 @@ class DeviceProfile:
     optimizer `sparse_update` = (us, ns per id, ns per id and dim element, ns per unique row, ns
     per unique row and dim element); host and cached placements map every id and unique row
     through a row map (`map_ns_per_id` each). `dense_update` = per dense optimizer (us per
-    parameter tensor, ns per parameter element) of one step.
+    parameter tensor, ns per parameter element) of one step. `dense_ops` = per measured dense op
+    (`op_work.op_signature`) its forward and backward as fixed us + ns per sample, which price that
+    op instead of its kernels; `step_us` = the step's fixed framework cost.
 
     Example:
         >>> DEVICES["cpu"].pcie_gbps is None
@@ -104,6 +114,8 @@ class DeviceProfile:
     alloc_ns_per_byte: float = 0.0  # first touch of fresh memory, per byte
     dense_update: Table = ()  # () or a missing optimizer: passes over the parameters at hbm_gbps
     sparse_update: Table = ()  # () or a missing optimizer: gathers and row updates at the datasheet rates
+    step_us: float = 0.0  # per step, beyond the priced ops (framework: trainer, zero_grad, autograd engine)
+    dense_ops: Table = ()  # measured dense ops: (op signature, (fwd us, fwd ns per sample, bwd us, bwd ns per sample))
 
     @property
     def constants(self) -> str:
@@ -390,8 +402,8 @@ def predict(graph: OpGraph, spec: ModelSpec, device: DeviceProfile, *, micro_bat
         backward_sparse += backward_s
 
     bf16 = spec.training.precision == "bf16"
-    dense, dense_backward = dense_seconds(graph, device, -(-batch // mb), bf16)
-    dense, dense_backward = dense * mb, dense_backward * mb
+    dense, dense_backward = dense_seconds(graph, device, -(-batch // mb), bf16, spec.training.precision)
+    dense, dense_backward = dense * mb + device.step_us * 1e-6, dense_backward * mb
     update = dense_update_seconds(graph, spec, device)
     backward = dense_backward + backward_sparse + update
 
@@ -470,12 +482,22 @@ def _dense_ops(graph: OpGraph) -> Iterator[tuple[Op, int]]:
             yield op, graph.in_degree(node)
 
 
-def dense_seconds(graph: OpGraph, device: DeviceProfile, batch: int, bf16: bool = False) -> tuple[float, float]:
-    """(forward, backward) seconds of the dense ops on a (micro-)batch of `batch` samples, each op
-    priced kernel by kernel (`flowrec.planner.op_work`)."""
+def dense_seconds(graph: OpGraph, device: DeviceProfile, batch: int, bf16: bool = False,
+                  precision: str | None = None) -> tuple[float, float]:
+    """(forward, backward) seconds of the dense ops on a (micro-)batch of `batch` samples: an op
+    the profile measured (`dense_ops`, for the run's `precision`) by its measured times plus the
+    kernels the runtime runs around its module, any other kernel by kernel (`flowrec.planner.op_work`)."""
+    measured = dict(device.dense_ops)
+    precision = precision or ("bf16" if bf16 else "fp32")
     forward = backward = 0.0
     for op, inputs in _dense_ops(graph):
-        work = op_work(op, batch, inputs)
+        times = measured.get(op_signature(op, inputs, precision)) if measured else None
+        if times is None:
+            work = op_work(op, batch, inputs)
+        else:
+            work = outside_kernels(op, batch, inputs)
+            forward += (times[0] * 1e3 + times[1] * batch) * 1e-9
+            backward += (times[2] * 1e3 + times[3] * batch) * 1e-9
         forward += kernel_seconds(work.forward, device, bf16)
         backward += kernel_seconds(work.backward, device, bf16, backward=True)
     return forward, backward

@@ -1,0 +1,132 @@
+"""The spec's own part of `flowrec calibrate`: its dense ops, its per-step framework cost and its
+staging rate, measured on its plan once the machine's constants are known.
+
+Each measurement needs the ones before it in the profile: the dense ops are timed as whole
+operator modules (`flowrec.runtime.calibrate_step.op_seconds`) at a few batch sizes and fitted
+as fixed + per-sample time; the framework cost is what real training steps at tiny batch sizes
+(where the work terms nearly vanish) take beyond the prediction of the profile so far; the staging
+rate is the values staged per second that staging the next batches while the steps run adds to a
+step (CPU only: there the data threads share the trainer's cores; a GPU's host stages beside it).
+
+Example:
+    >>> measured, details = spec_constants(spec, torch.device("cpu"), measured, 0.5)  # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from flowrec.graph.kinds import OP_KINDS
+from flowrec.planner.calibration import profile_document
+from flowrec.planner.manager import make_plan
+from flowrec.planner.op_work import op_signature
+from flowrec.runtime.calibrate import interleaved_seconds
+from flowrec.runtime.calibrate_ops import fit_linear
+from flowrec.runtime.calibrate_step import op_seconds, step_seconds, with_batch
+from flowrec.runtime.session import cost_target
+from flowrec.spec.model import ModelSpec
+
+TINY_BATCHES = (16, 64)  # batch sizes of the framework-cost steps
+OP_BATCH_SHARES = (0, 4, 1)  # the dense ops' batch sizes: the smallest tiny batch, batch / 4, batch
+
+
+def spec_constants(spec: ModelSpec, device: torch.device, measured: dict[str, tuple[Any, str]],
+                   seconds: float) -> tuple[dict[str, tuple[Any, str]], dict[str, Any]]:
+    """({field: (value, how)}, details) of the spec's dense ops (`dense_ops`), framework cost
+    (`step_us`) and, on the CPU, staging rate (`staging_values_per_s`), on top of `measured` (the
+    machine's constants), `seconds` per timed op point."""
+    out: dict[str, tuple[Any, str]] = {}
+    with tempfile.TemporaryDirectory(prefix="flowrec-profile-") as tmp:
+        profile = Path(tmp) / "profile.json"
+
+        def plan_for(batch: int) -> Any:
+            _write(profile, device, {**measured, **out})
+            return make_plan(with_batch(spec, batch), target=str(profile))
+
+        ops, op_details = _dense_ops(spec, device, plan_for(spec.training.batch_size), seconds)
+        if ops:
+            out["dense_ops"] = (ops, f"each dense op's operator module on the inputs the runtime gives it, "
+                                     f"forward and forward + backward at batch sizes {_op_batches(spec)}, "
+                                     f"t = fixed + samples x rate per direction, least squares on relative error")
+        step_us, step_details = _framework_us(spec, device, plan_for)
+        out["step_us"] = (step_us, f"median wall time of real training steps at batch sizes {TINY_BATCHES} "
+                                   f"(staged beforehand) minus the profile's prediction of their compute, mean")
+        details: dict[str, Any] = {"dense_ops_by_node": op_details, "framework_us_by_batch": step_details}
+        if device.type == "cpu":
+            rate, staging_details = _staging_rate(spec, device, plan_for(spec.training.batch_size))
+            out["staging_values_per_s"] = (rate, "ids and dense values per batch over the median step time "
+                                                 "added by staging the next batches from Parquet files "
+                                                 "while the steps run (the data threads share the "
+                                                 "trainer's cores), at the spec's batch size")
+            details["staging"] = staging_details
+    return out, details
+
+
+def _write(path: Path, device: torch.device, measured: dict[str, tuple[Any, str]]) -> None:
+    doc = profile_document(cost_target(device), measured, "calibrating", "now")
+    path.write_text(json.dumps(doc), encoding="utf-8")
+
+
+def _op_batches(spec: ModelSpec) -> list[int]:
+    batch = spec.training.batch_size
+    sizes = [TINY_BATCHES[0] if share == 0 else max(1, batch // share) for share in OP_BATCH_SHARES]
+    return sorted(set(sizes))
+
+
+def _dense_ops(spec: ModelSpec, device: torch.device, plan: Any, seconds: float
+               ) -> tuple[dict[str, list[float]], dict[str, Any]]:
+    """{op signature: [fwd us, fwd ns per sample, bwd us, bwd ns per sample]}, raw per node."""
+    graph = plan.graph
+    nodes, signatures = [], {}
+    for node in graph:
+        op = graph.nodes[node]["op"]
+        if OP_KINDS[op.kind].role != "dense":
+            continue
+        signature = op_signature(op, graph.in_degree(node), spec.training.precision)
+        if signature not in signatures.values():
+            nodes.append(node)
+            signatures[node] = signature
+    if not nodes:
+        return {}, {}
+
+    def measure(runs):
+        return interleaved_seconds(runs, device, seconds * len(runs))
+
+    timings = op_seconds(plan, spec, device, nodes, _op_batches(spec), measure)
+    ops, details = {}, {}
+    for node, points in timings.items():
+        rows = [[1.0, float(b)] for b, _, _ in points]
+        fwd = fit_linear(rows, [f for _, f, _ in points])
+        bwd = fit_linear(rows, [b for _, _, b in points])
+        ops[signatures[node]] = [fwd[0] * 1e6, fwd[1] * 1e9, bwd[0] * 1e6, bwd[1] * 1e9]
+        details[node] = {"signature": signatures[node],
+                         "us_by_batch": {str(b): [f * 1e6, bw * 1e6] for b, f, bw in points}}
+    return ops, details
+
+
+def _framework_us(spec: ModelSpec, device: torch.device, plan_for) -> tuple[float, dict[str, Any]]:
+    """Mean over TINY_BATCHES of measured step minus predicted compute (us, at least 0), raw."""
+    residuals, details = [], {}
+    for batch in TINY_BATCHES:
+        plan = plan_for(batch)
+        stages = dict(plan.cost.stage_ms)
+        predicted_ms = plan.cost.step_ms_serial - stages["staging"] - stages["transfer"]
+        isolated, _, _ = step_seconds(plan, with_batch(spec, batch), device, concurrent=False)
+        measured_ms = statistics.median(isolated) * 1e3
+        residuals.append((measured_ms - predicted_ms) * 1e3)
+        details[str(batch)] = {"measured_ms": measured_ms, "predicted_ms": predicted_ms}
+    return max(0.0, statistics.mean(residuals)), details
+
+
+def _staging_rate(spec: ModelSpec, device: torch.device, plan: Any) -> tuple[float, dict[str, Any]]:
+    """Values staged per second of step time that staging adds (at least 1 us of it), raw."""
+    isolated, concurrent, values = step_seconds(plan, spec, device)
+    added = statistics.median(concurrent) - statistics.median(isolated)
+    details = {"isolated_ms": statistics.median(isolated) * 1e3, "concurrent_ms": statistics.median(concurrent) * 1e3,
+               "values_per_batch": values}
+    return values / max(added, 1e-6), details

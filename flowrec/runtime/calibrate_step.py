@@ -1,0 +1,169 @@
+"""Measure a spec's own model on this machine: its dense operators one by one, its whole training
+steps, and what staging its batches costs a step (what `flowrec calibrate` prices a spec's dense
+ops, its per-step framework cost and its staging rate from).
+
+`op_seconds` times each dense operator module of the lowered plan (`lowering.lower`) on the very
+inputs the runtime gives it (captured from a real dense forward at each batch size), forward and
+forward + backward, as `flowrec.runtime.calibrate.interleaved_seconds` times kernels.
+`step_seconds` times real training steps (`step.train_step`, guarded as the trainer guards it,
+the spec's dense optimizer, micro-batches as planned) on batches of synthetic rows: staged
+beforehand (the step's compute alone), or staged by the trainer's pipeline while the steps run
+(`flowrec.data.batches.iterate_batches` over an encoded Parquet dataset: read, check, pack, in
+its threads), which on a machine whose cores the data threads share with the trainer shows what
+staging costs a step.
+
+Example:
+    >>> isolated, concurrent, values = step_seconds(plan, spec, torch.device("cpu"))  # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from dataclasses import replace
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+
+from flowrec.data.batches import StagingOptions, iterate_batches
+from flowrec.data.dataset import MemorySource, ParquetSource
+from flowrec.data.synth import synth_dataset, synth_table
+from flowrec.runtime.hostmem import tune_host_allocator
+from flowrec.runtime.lowering import LoweredModel, lower
+from flowrec.runtime.nonfinite import LossGuard
+from flowrec.runtime.step import autocast_context, make_dense_optimizer, train_step
+from flowrec.spec.model import ModelSpec
+
+WARMUP_STEPS = 3  # first calls (allocations, lazy init) not timed
+STEPS = 12  # timed steps per measurement
+
+Measure = Callable[[Sequence[Callable[[], Any]]], list[float]]  # seconds per call of each
+
+
+def with_batch(spec: ModelSpec, batch: int) -> ModelSpec:
+    """`spec` with another training batch size."""
+    return replace(spec, training=replace(spec.training, batch_size=batch))
+
+
+def _options(spec: ModelSpec) -> StagingOptions:
+    """The trainer's staging of training batches (its default workers and prefetch, no lookahead)."""
+    return StagingOptions(batch_size=spec.training.batch_size, shuffle=True, seed=spec.training.seed, drop_last=True)
+
+
+def _staged(spec: ModelSpec, plan: Any, count: int) -> list[Any]:
+    """`count` batches of synthetic rows at the spec's batch size in the plan's layout, staged now."""
+    source = MemorySource([synth_table(spec, spec.training.batch_size * count)])
+    with iterate_batches(spec, source, _options(spec), 0, 0, tuple(plan.meta.groups)) as staged:
+        return list(staged)
+
+
+def _timed_steps(model: LoweredModel, spec: ModelSpec, plan: Any, batches: Iterable[Any]) -> list[float]:
+    """Wall seconds of a training step on each of `batches` after WARMUP_STEPS (fresh optimizer)."""
+    opt = spec.dense_optimizer
+    optimizer = make_dense_optimizer(model, opt.name, opt.lr, dict(opt.params))
+    guarded, micro = LossGuard(model), int(plan.meta.micro_batches)
+    seconds = []
+    for i, batch in enumerate(batches):
+        t0 = time.perf_counter()
+        train_step(guarded, optimizer, batch, micro, spec.training.precision, spec.training.clip_grad_norm)
+        if model.device.type == "cuda":
+            torch.cuda.synchronize(model.device)
+        if i >= WARMUP_STEPS:
+            seconds.append(time.perf_counter() - t0)
+    return seconds
+
+
+def step_seconds(plan: Any, spec: ModelSpec, device: torch.device, steps: int = STEPS,
+                 concurrent: bool = True) -> tuple[list[float], list[float], float]:
+    """(isolated, concurrent, values): wall seconds of `steps` training steps of `plan` on batches
+    staged beforehand, then (`concurrent`) of as many on batches the trainer's pipeline stages
+    from Parquet files while the steps run ([] without), and the ids and dense values staged per
+    batch."""
+    tune_host_allocator()  # as the trainer does: the allocator's thresholds decide page faults
+    count = WARMUP_STEPS + steps
+    model = lower(plan, spec, device)
+    try:
+        batches = _staged(spec, plan, count)
+        values = statistics.mean(_values(b) for b in batches)
+        isolated = _timed_steps(model, spec, plan, batches)
+        del batches
+        if not concurrent:
+            return isolated, [], values
+        with tempfile.TemporaryDirectory(prefix="flowrec-calibrate-") as tmp:
+            data = Path(tmp) / "data"
+            synth_dataset(spec, data, spec.training.batch_size * count)
+            source = ParquetSource(data)
+            try:
+                with iterate_batches(spec, source, _options(spec), 0, 0, tuple(plan.meta.groups)) as live:
+                    return isolated, _timed_steps(model, spec, plan, live), values
+            finally:
+                source.close()
+    finally:
+        model.close()
+
+
+def _values(batch: Any) -> float:
+    """Ids and dense values a batch carries."""
+    return float(sum(g.ids.numel() for g in batch.groups.values()) + batch.dense.numel())
+
+
+def op_seconds(plan: Any, spec: ModelSpec, device: torch.device, nodes: Sequence[str], batches: Sequence[int],
+               measure: Measure) -> dict[str, list[tuple[int, float, float]]]:
+    """Per dense node of `nodes`: (batch, forward seconds, backward seconds) at each of `batches`,
+    its operator module timed on the inputs the runtime gives it (the backward: forward +
+    backward through autograd, minus the forward), under the spec's precision."""
+    model = lower(plan, spec, device)
+    out: dict[str, list[tuple[int, float, float]]] = {n: [] for n in nodes}
+    try:
+        for size in batches:
+            sized = with_batch(spec, size)
+            captured = _captured_inputs(model, sized, _staged(sized, plan, 1)[0], nodes)
+            runs = []
+            for name in nodes:
+                args = captured[name]
+                runs += [partial(_forward, model.ops[name], args, spec.training.precision, device),
+                         partial(_forward_backward, model.ops[name], args, spec.training.precision, device)]
+            times = measure(runs)
+            for name, fwd, both in zip(nodes, times[0::2], times[1::2]):
+                out[name].append((size, fwd, max(both - fwd, fwd / 10)))  # a noisy difference
+    finally:
+        model.close()
+    return out
+
+
+def _captured_inputs(model: LoweredModel, spec: ModelSpec, batch: Any, nodes: Sequence[str]) -> dict[str, tuple]:
+    """The positional inputs of each node's module in a real dense forward of `batch`, detached
+    (those that needed a gradient as new leaves that do)."""
+    captured: dict[str, tuple] = {}
+
+    def keep(name: str, module: torch.nn.Module, args: tuple) -> None:
+        captured[name] = tuple(_leaf(a) for a in args)
+
+    hooks = [model.ops[n].register_forward_pre_hook(partial(keep, n)) for n in nodes]
+    try:
+        dense = batch.dense.to(model.device)
+        with autocast_context(model.device, spec.training.precision):
+            model.dense_forward(dense, model.embed(batch), model.sequence_masks(batch))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return captured
+
+
+def _leaf(value: Any) -> Any:
+    if not isinstance(value, torch.Tensor):
+        return value
+    return value.detach().requires_grad_(True) if value.requires_grad else value.detach()
+
+
+def _forward(module: torch.nn.Module, args: tuple, precision: str, device: torch.device) -> Any:
+    with autocast_context(device, precision):
+        return module(*args)
+
+
+def _forward_backward(module: torch.nn.Module, args: tuple, precision: str, device: torch.device) -> Any:
+    out = _forward(module, args, precision, device)
+    leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad] + list(module.parameters())
+    return torch.autograd.grad(out, leaves, torch.ones_like(out), allow_unused=True)
