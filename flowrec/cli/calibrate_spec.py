@@ -2,8 +2,8 @@
 staging rate, measured on its plan once the machine's constants are known.
 
 Each measurement needs the ones before it in the profile: the dense ops are timed as whole
-operator modules (`flowrec.runtime.calibrate_step.op_seconds`) at a few batch sizes and fitted
-as fixed + per-sample time; the framework cost is what real training steps at tiny batch sizes
+operator modules (`flowrec.runtime.calibrate_step.op_seconds`) at a few batch sizes (the cost
+model interpolates between them); the framework cost is what real training steps at tiny batch sizes
 (where the work terms nearly vanish) take beyond the prediction of the profile so far; the staging
 rate is the values staged per second that staging the next batches while the steps run adds to a
 step (CPU only: there the data threads share the trainer's cores; a GPU's host stages beside it).
@@ -26,7 +26,6 @@ from flowrec.planner.calibration import profile_document
 from flowrec.planner.manager import make_plan
 from flowrec.planner.op_work import op_signature
 from flowrec.runtime.calibrate import interleaved_seconds
-from flowrec.runtime.calibrate_ops import fit_linear
 from flowrec.runtime.calibrate_step import op_seconds, step_seconds, with_batch
 from flowrec.runtime.session import cost_target
 from flowrec.spec.model import ModelSpec
@@ -51,12 +50,12 @@ def spec_constants(spec: ModelSpec, device: torch.device, measured: dict[str, tu
         ops, op_details = _dense_ops(spec, device, plan_for(spec.training.batch_size), seconds)
         if ops:
             out["dense_ops"] = (ops, f"each dense op's operator module on the inputs the runtime gives it, "
-                                     f"forward and forward + backward at batch sizes {_op_batches(spec)}, "
-                                     f"t = fixed + samples x rate per direction, least squares on relative error")
+                                     f"forward and forward + backward (minus forward) at batch sizes "
+                                     f"{_op_batches(spec)}, fastest of interleaved rounds; linear between them")
         step_us, step_details = _framework_us(spec, device, plan_for)
         out["step_us"] = (step_us, f"median wall time of real training steps at batch sizes {TINY_BATCHES} "
                                    f"(staged beforehand) minus the profile's prediction of their compute, mean")
-        details: dict[str, Any] = {"dense_ops_by_node": op_details, "framework_us_by_batch": step_details}
+        details: dict[str, Any] = {"dense_op_signatures": op_details, "framework_us_by_batch": step_details}
         if device.type == "cpu":
             rate, staging_details = _staging_rate(spec, device, plan_for(spec.training.batch_size))
             out["staging_values_per_s"] = (rate, "ids and dense values per batch over the median step time "
@@ -80,7 +79,7 @@ def _op_batches(spec: ModelSpec) -> list[int]:
 
 def _dense_ops(spec: ModelSpec, device: torch.device, plan: Any, seconds: float
                ) -> tuple[dict[str, list[float]], dict[str, Any]]:
-    """{op signature: [fwd us, fwd ns per sample, bwd us, bwd ns per sample]}, raw per node."""
+    """{op signature: [batch, forward us, backward us] at each of `_op_batches`}, {node: signature}."""
     graph = plan.graph
     nodes, signatures = [], {}
     for node in graph:
@@ -98,15 +97,9 @@ def _dense_ops(spec: ModelSpec, device: torch.device, plan: Any, seconds: float
         return interleaved_seconds(runs, device, seconds * len(runs))
 
     timings = op_seconds(plan, spec, device, nodes, _op_batches(spec), measure)
-    ops, details = {}, {}
-    for node, points in timings.items():
-        rows = [[1.0, float(b)] for b, _, _ in points]
-        fwd = fit_linear(rows, [f for _, f, _ in points])
-        bwd = fit_linear(rows, [b for _, _, b in points])
-        ops[signatures[node]] = [fwd[0] * 1e6, fwd[1] * 1e9, bwd[0] * 1e6, bwd[1] * 1e9]
-        details[node] = {"signature": signatures[node],
-                         "us_by_batch": {str(b): [f * 1e6, bw * 1e6] for b, f, bw in points}}
-    return ops, details
+    ops = {signatures[node]: [x for b, f, bw in points for x in (float(b), f * 1e6, bw * 1e6)]
+           for node, points in timings.items()}
+    return ops, {node: signatures[node] for node in nodes}
 
 
 def _framework_us(spec: ModelSpec, device: torch.device, plan_for) -> tuple[float, dict[str, Any]]:

@@ -34,7 +34,7 @@ SCALARS = ("memory_bytes", "hbm_gbps", "pcie_gbps", "fp32_tflops", "bf16_tflops"
            "sparse_fwd_ns_per_elem", "map_ns_per_id", "map_small_ns_per_id", "alloc_threshold_bytes",
            "alloc_ns_per_byte", "step_us", "staging_values_per_s", "staging_share")
 TABLES = {"dense_update": 2, "sparse_update": 5}  # per-optimizer cost vectors: field -> length
-OP_TABLES = {"dense_ops": 4}  # per measured dense op (its `op_work.op_signature`): field -> length
+OP_TABLES = {"dense_ops": 3}  # per measured dense op (`op_work.op_signature`): (batch, fwd us, bwd us) points
 MEASURABLE = SCALARS + tuple(TABLES) + tuple(OP_TABLES)
 ZERO_OK = frozenset({"sparse_fwd_us", "sparse_fwd_ns_per_id", "sparse_fwd_ns_per_elem", "gemm_us",
                      "gemm_bwd_us", "elementwise_us", "op_us", "map_ns_per_id", "map_small_ns_per_id",
@@ -119,19 +119,21 @@ def _number(value: Any, key: str, path: str) -> int | float:
 
 def _table(value: Any, key: str, path: str) -> tuple[tuple[str, tuple[float, ...]], ...]:
     """A per-optimizer cost table, {optimizer: [TABLES[key] non-negative numbers]}, or a dense-op
-    table, {op signature: [OP_TABLES[key] non-negative numbers]}."""
-    size = TABLES.get(key) or OP_TABLES[key]
-    keys = "optimizers" if key in TABLES else "op signatures"
+    table, {op signature: [points of OP_TABLES[key] non-negative numbers, one or more]}."""
+    per_op = key in OP_TABLES
+    size = OP_TABLES[key] if per_op else TABLES[key]
+    keys, wanted = ("op signatures", f"a multiple of {size}") if per_op else ("optimizers", str(size))
     if not isinstance(value, dict) or not value:
-        raise ProfileError(f"{path}: measured {key} must map {keys} to {size} numbers each")
+        raise ProfileError(f"{path}: measured {key} must map {keys} to {wanted} numbers each")
     rows = []
     for name, numbers in sorted(value.items()):
-        if key in TABLES and name not in OPTIMIZERS:
+        if not per_op and name not in OPTIMIZERS:
             raise ProfileError(f"{path}: measured {key} names {name!r}, not an optimizer "
                                f"(known: {', '.join(OPTIMIZERS)})")
-        if (not isinstance(numbers, list) or len(numbers) != size
+        count = len(numbers) if isinstance(numbers, list) else -1
+        if (count <= 0 or (count % size if per_op else count != size)
                 or any(isinstance(x, bool) or not isinstance(x, (int, float)) or x < 0 for x in numbers)):
-            raise ProfileError(f"{path}: measured {key}[{name!r}] must be {size} non-negative numbers, "
+            raise ProfileError(f"{path}: measured {key}[{name!r}] must be {wanted} non-negative numbers, "
                                f"not {numbers!r}")
         rows.append((str(name), tuple(float(x) for x in numbers)))
     return tuple(rows)

@@ -76,8 +76,8 @@ class DeviceProfile:
     per unique row and dim element); host and cached placements map every id and unique row
     through a row map (`map_ns_per_id` each). `dense_update` = per dense optimizer (us per
     parameter tensor, ns per parameter element) of one step. `dense_ops` = per measured dense op
-    (`op_work.op_signature`) its forward and backward as fixed us + ns per sample, which price that
-    op instead of its kernels; `step_us` = the step's fixed framework cost.
+    (`op_work.op_signature`) its forward and backward us at a few batch sizes, which price that op
+    instead of its kernels (`measured_op_seconds`); `step_us` = the step's fixed framework cost.
 
     Example:
         >>> DEVICES["cpu"].pcie_gbps is None
@@ -115,7 +115,7 @@ class DeviceProfile:
     dense_update: Table = ()  # () or a missing optimizer: passes over the parameters at hbm_gbps
     sparse_update: Table = ()  # () or a missing optimizer: gathers and row updates at the datasheet rates
     step_us: float = 0.0  # per step, beyond the priced ops (framework: trainer, zero_grad, autograd engine)
-    dense_ops: Table = ()  # measured dense ops: (op signature, (fwd us, fwd ns per sample, bwd us, bwd ns per sample))
+    dense_ops: Table = ()  # measured dense ops: (op signature, (batch, fwd us, bwd us) points by batch)
 
     @property
     def constants(self) -> str:
@@ -496,11 +496,32 @@ def dense_seconds(graph: OpGraph, device: DeviceProfile, batch: int, bf16: bool 
             work = op_work(op, batch, inputs)
         else:
             work = outside_kernels(op, batch, inputs)
-            forward += (times[0] * 1e3 + times[1] * batch) * 1e-9
-            backward += (times[2] * 1e3 + times[3] * batch) * 1e-9
+            op_forward, op_backward = measured_op_seconds(times, batch)
+            forward, backward = forward + op_forward, backward + op_backward
         forward += kernel_seconds(work.forward, device, bf16)
         backward += kernel_seconds(work.backward, device, bf16, backward=True)
     return forward, backward
+
+
+def measured_op_seconds(points: tuple[float, ...], batch: int) -> tuple[float, float]:
+    """(forward, backward) seconds of a measured op on `batch` samples: linear in the batch between
+    the two measured batch sizes nearest to it (beyond the measured ones, through the two at that
+    end), at least 0.
+
+    Example:
+        >>> measured_op_seconds((16, 10.0, 20.0, 1024, 1000.0, 2000.0), 520)
+        (0.000505, 0.00101)
+    """
+    rows = sorted(zip(points[0::3], points[1::3], points[2::3]))
+    if len(rows) == 1:
+        b, fwd, bwd = rows[0]
+        return fwd * batch / b * 1e-6, bwd * batch / b * 1e-6
+    i = 1
+    while i < len(rows) - 1 and rows[i][0] < batch:
+        i += 1
+    (b0, f0, g0), (b1, f1, g1) = rows[i - 1], rows[i]
+    share = (batch - b0) / (b1 - b0)
+    return max(0.0, f0 + (f1 - f0) * share) * 1e-6, max(0.0, g0 + (g1 - g0) * share) * 1e-6
 
 
 def kernel_seconds(kernels: Kernels, device: DeviceProfile, bf16: bool = False, backward: bool = False) -> float:
