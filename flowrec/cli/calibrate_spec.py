@@ -4,7 +4,8 @@ staging rate, measured on its plan once the machine's constants are known.
 Each measurement needs the ones before it in the profile: the dense ops are timed as whole
 operator modules (`flowrec.runtime.calibrate_step.op_seconds`) at a few batch sizes (the cost
 model interpolates between them); the framework cost is what real training steps at tiny batch sizes
-(where the work terms nearly vanish) take beyond the prediction of the profile so far; the staging
+(where the work terms nearly vanish; the fastest step, as the ops keep their fastest round) take
+beyond the prediction of the profile so far; the staging
 rate is the values staged per second that staging the next batches while the steps run adds to a
 step (CPU only: there the data threads share the trainer's cores; a GPU's host stages beside it).
 
@@ -31,6 +32,7 @@ from flowrec.runtime.session import cost_target
 from flowrec.spec.model import ModelSpec
 
 TINY_BATCHES = (16, 64)  # batch sizes of the framework-cost steps
+TINY_STEPS = 12  # timed steps at each
 OP_BATCH_SHARES = (0, 4, 1)  # the dense ops' batch sizes: the smallest tiny batch, batch / 4, batch
 
 
@@ -53,15 +55,17 @@ def spec_constants(spec: ModelSpec, device: torch.device, measured: dict[str, tu
                                      f"forward and forward + backward (minus forward) at batch sizes "
                                      f"{_op_batches(spec)}, fastest of interleaved rounds; linear between them")
         step_us, step_details = _framework_us(spec, device, plan_for)
-        out["step_us"] = (step_us, f"median wall time of real training steps at batch sizes {TINY_BATCHES} "
+        out["step_us"] = (step_us, f"fastest of {TINY_STEPS} real training steps at batch sizes {TINY_BATCHES} "
                                    f"(staged beforehand) minus the profile's prediction of their compute, mean")
         details: dict[str, Any] = {"dense_op_signatures": op_details, "framework_us_by_batch": step_details}
         if device.type == "cpu":
             rate, staging_details = _staging_rate(spec, device, plan_for(spec.training.batch_size))
             out["staging_values_per_s"] = (rate, "ids and dense values per batch over the median step time "
-                                                 "added by staging the next batches from Parquet files "
-                                                 "while the steps run (the data threads share the "
-                                                 "trainer's cores), at the spec's batch size")
+                                                 "that staging the next batch from Parquet files as the "
+                                                 "trainer does adds (a step on a batch from the running "
+                                                 "pipeline minus the next step, on a batch staged before; "
+                                                 "the data threads share the trainer's cores), at the "
+                                                 "spec's batch size")
             details["staging"] = staging_details
     return out, details
 
@@ -103,14 +107,14 @@ def _dense_ops(spec: ModelSpec, device: torch.device, plan: Any, seconds: float
 
 
 def _framework_us(spec: ModelSpec, device: torch.device, plan_for) -> tuple[float, dict[str, Any]]:
-    """Mean over TINY_BATCHES of measured step minus predicted compute (us, at least 0), raw."""
+    """Mean over TINY_BATCHES of the fastest step minus the predicted compute (us, at least 0), raw."""
     residuals, details = [], {}
     for batch in TINY_BATCHES:
         plan = plan_for(batch)
         stages = dict(plan.cost.stage_ms)
         predicted_ms = plan.cost.step_ms_serial - stages["staging"] - stages["transfer"]
-        isolated, _, _ = step_seconds(plan, with_batch(spec, batch), device, concurrent=False)
-        measured_ms = statistics.median(isolated) * 1e3
+        isolated, _, _ = step_seconds(plan, with_batch(spec, batch), device, TINY_STEPS, concurrent=False)
+        measured_ms = min(isolated) * 1e3  # the machine's, not a burst of other load's
         residuals.append((measured_ms - predicted_ms) * 1e3)
         details[str(batch)] = {"measured_ms": measured_ms, "predicted_ms": predicted_ms}
     return max(0.0, statistics.mean(residuals)), details
@@ -119,7 +123,7 @@ def _framework_us(spec: ModelSpec, device: torch.device, plan_for) -> tuple[floa
 def _staging_rate(spec: ModelSpec, device: torch.device, plan: Any) -> tuple[float, dict[str, Any]]:
     """Values staged per second of step time that staging adds (at least 1 us of it), raw."""
     isolated, concurrent, values = step_seconds(plan, spec, device)
-    added = statistics.median(concurrent) - statistics.median(isolated)
+    added = statistics.median(c - i for c, i in zip(concurrent, isolated))
     details = {"isolated_ms": statistics.median(isolated) * 1e3, "concurrent_ms": statistics.median(concurrent) * 1e3,
                "values_per_batch": values}
     return values / max(added, 1e-6), details

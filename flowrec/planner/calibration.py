@@ -6,7 +6,7 @@ A value is a number, or for the per-optimizer costs (`TABLES`) {optimizer: [numb
 measured dense ops (`OP_TABLES`) {op signature: [numbers]}. Fields not measured keep the base's
 datasheet value and are listed under `datasheet`; older documents load with datasheet values for
 what they lack (version 1: the per-op constants; version 2: the measured dense ops, the per-step
-framework cost and the staging rate and share). The planner
+framework cost and the staging rate). The planner
 loads a document given as `--target FILE` (`flowrec.planner.cost.device_profile`); the plan then
 names the profile and says it is calibrated. The default place is the user's cache folder
 (`$XDG_CACHE_HOME/flowrec/`, else `~/.cache/flowrec/`), one file per device kind.
@@ -32,14 +32,13 @@ SCALARS = ("memory_bytes", "hbm_gbps", "pcie_gbps", "fp32_tflops", "bf16_tflops"
            "gather_rows_per_s", "host_gather_rows_per_s", "launch_us", "op_us", "elementwise_us",
            "elementwise_gbps", "gemm_us", "gemm_gbps", "gemm_bwd_us", "gemm_bwd_tflops", "gemm_bwd_gbps", "sparse_fwd_us", "sparse_fwd_ns_per_id",
            "sparse_fwd_ns_per_elem", "map_ns_per_id", "map_small_ns_per_id", "alloc_threshold_bytes",
-           "alloc_ns_per_byte", "step_us", "staging_values_per_s", "staging_share")
+           "alloc_ns_per_byte", "step_us", "staging_values_per_s")
 TABLES = {"dense_update": 2, "sparse_update": 5}  # per-optimizer cost vectors: field -> length
 OP_TABLES = {"dense_ops": 3}  # per measured dense op (`op_work.op_signature`): (batch, fwd us, bwd us) points
 MEASURABLE = SCALARS + tuple(TABLES) + tuple(OP_TABLES)
 ZERO_OK = frozenset({"sparse_fwd_us", "sparse_fwd_ns_per_id", "sparse_fwd_ns_per_elem", "gemm_us",
                      "gemm_bwd_us", "elementwise_us", "op_us", "map_ns_per_id", "map_small_ns_per_id",
-                     "alloc_threshold_bytes", "alloc_ns_per_byte", "step_us",
-                     "staging_share"})  # fitted parts a machine may show as nil
+                     "alloc_threshold_bytes", "alloc_ns_per_byte", "step_us"})  # fitted parts a machine may show as nil
 
 
 class ProfileError(ValueError):

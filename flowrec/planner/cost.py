@@ -45,7 +45,7 @@ from flowrec.graph.kinds import OP_KINDS, OPTIMIZERS, PLACEMENTS
 from flowrec.graph.types import ACCESS_NONE, DTYPE_BYTES, AccessProfile, CostPrediction, Op, OpGraph, PackedGroup
 from flowrec.planner import exchange
 from flowrec.planner.access import AccessModel, group_model
-from flowrec.planner.calibration import ProfileError, is_profile_path, profile_fields, read_profile
+from flowrec.planner.calibration import MEASURABLE, ProfileError, is_profile_path, profile_fields, read_profile
 from flowrec.planner.exchange import link_for
 from flowrec.planner.fae_traffic import hot_cold_bytes
 from flowrec.planner.op_work import Kernels, op_signature, op_work, outside_kernels
@@ -119,7 +119,8 @@ class DeviceProfile:
 
     @property
     def constants(self) -> str:
-        """Where the constants come from, as a plan shows it: "datasheet cpu" or "calibrated FILE (created T)"."""
+        """Where the constants come from, as a plan shows it: "datasheet cpu" or "calibrated FILE
+        (created T)", naming the constants the profile did not measure (datasheet or derived)."""
         return f"datasheet {self.name}" if self.source == "datasheet" else self.source
 
     @property
@@ -217,8 +218,10 @@ def _calibrated(path: str) -> DeviceProfile:
     if doc["base"] not in DEVICES:
         raise ProfileError(f"{path}: base {doc['base']!r} is not a known device (known: {', '.join(DEVICES)})")
     base = doc["base"]
+    kept = sorted(set(MEASURABLE) - set(fields))  # older documents lack the newer constants
+    note = f"; datasheet or derived: {', '.join(kept)}" if kept else ""
     return replace(DEVICES[base], **fields, name=f"{base} calibrated",
-                   source=f"calibrated {path} ({doc.get('created', '?')})")
+                   source=f"calibrated {path} ({doc.get('created', '?')}{note})")
 
 
 def default_budget(device: DeviceProfile) -> int:

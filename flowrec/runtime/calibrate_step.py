@@ -8,9 +8,9 @@ forward + backward, as `flowrec.runtime.calibrate.interleaved_seconds` times ker
 `step_seconds` times real training steps (`step.train_step`, guarded as the trainer guards it,
 the spec's dense optimizer, micro-batches as planned) on batches of synthetic rows: staged
 beforehand (the step's compute alone), or staged by the trainer's pipeline while the steps run
-(`flowrec.data.batches.iterate_batches` over an encoded Parquet dataset: read, check, pack, in
-its threads), which on a machine whose cores the data threads share with the trainer shows what
-staging costs a step.
+(`flowrec.data.batches.iterate_batches` over an encoded Parquet dataset: read, check, pack and
+the casting index, in its threads, as the trainer stages them), the two alternating; on a machine
+whose cores the data threads share with the trainer, their difference is what staging costs a step.
 
 Example:
     >>> isolated, concurrent, values = step_seconds(plan, spec, torch.device("cpu"))  # doctest: +SKIP
@@ -23,7 +23,7 @@ import time
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 
@@ -34,10 +34,11 @@ from flowrec.runtime.hostmem import tune_host_allocator
 from flowrec.runtime.lowering import LoweredModel, lower
 from flowrec.runtime.nonfinite import LossGuard
 from flowrec.runtime.step import autocast_context, make_dense_optimizer, train_step
+from flowrec.runtime.trainer import TrainConfig
 from flowrec.spec.model import ModelSpec
 
 WARMUP_STEPS = 3  # first calls (allocations, lazy init) not timed
-STEPS = 12  # timed steps per measurement
+STEPS = 8  # timed steps per measurement (of each kind)
 
 Measure = Callable[[Sequence[Callable[[], Any]]], list[float]]  # seconds per call of each
 
@@ -47,61 +48,71 @@ def with_batch(spec: ModelSpec, batch: int) -> ModelSpec:
     return replace(spec, training=replace(spec.training, batch_size=batch))
 
 
-def _options(spec: ModelSpec) -> StagingOptions:
-    """The trainer's staging of training batches (its default workers and prefetch, no lookahead)."""
-    return StagingOptions(batch_size=spec.training.batch_size, shuffle=True, seed=spec.training.seed, drop_last=True)
+def _options(spec: ModelSpec, plan: Any) -> StagingOptions:
+    """The trainer's staging of training batches: its default workers and prefetch, and its
+    lookahead (the casting index is computed in the data stage; the plan's window for lookahead
+    placements)."""
+    placements = {g.placement for g in plan.meta.groups}
+    lookahead = max(TrainConfig.lookahead, spec.plan.window if "lookahead" in placements else 0)
+    return StagingOptions(batch_size=spec.training.batch_size, shuffle=True, seed=spec.training.seed,
+                          drop_last=True, lookahead=lookahead)
 
 
 def _staged(spec: ModelSpec, plan: Any, count: int) -> list[Any]:
     """`count` batches of synthetic rows at the spec's batch size in the plan's layout, staged now."""
     source = MemorySource([synth_table(spec, spec.training.batch_size * count)])
-    with iterate_batches(spec, source, _options(spec), 0, 0, tuple(plan.meta.groups)) as staged:
+    with iterate_batches(spec, source, _options(spec, plan), 0, 0, tuple(plan.meta.groups)) as staged:
         return list(staged)
 
 
-def _timed_steps(model: LoweredModel, spec: ModelSpec, plan: Any, batches: Iterable[Any]) -> list[float]:
-    """Wall seconds of a training step on each of `batches` after WARMUP_STEPS (fresh optimizer)."""
+def _step_times(model: LoweredModel, spec: ModelSpec, plan: Any, batches: Iterable[Any]) -> list[float]:
+    """Wall seconds of a training step on each of `batches` (a fresh dense optimizer)."""
     opt = spec.dense_optimizer
     optimizer = make_dense_optimizer(model, opt.name, opt.lr, dict(opt.params))
     guarded, micro = LossGuard(model), int(plan.meta.micro_batches)
     seconds = []
-    for i, batch in enumerate(batches):
+    for batch in batches:
         t0 = time.perf_counter()
         train_step(guarded, optimizer, batch, micro, spec.training.precision, spec.training.clip_grad_norm)
         if model.device.type == "cuda":
             torch.cuda.synchronize(model.device)
-        if i >= WARMUP_STEPS:
-            seconds.append(time.perf_counter() - t0)
+        seconds.append(time.perf_counter() - t0)
     return seconds
 
 
 def step_seconds(plan: Any, spec: ModelSpec, device: torch.device, steps: int = STEPS,
                  concurrent: bool = True) -> tuple[list[float], list[float], float]:
-    """(isolated, concurrent, values): wall seconds of `steps` training steps of `plan` on batches
-    staged beforehand, then (`concurrent`) of as many on batches the trainer's pipeline stages
-    from Parquet files while the steps run ([] without), and the ids and dense values staged per
-    batch."""
+    """(isolated, concurrent, values): wall seconds of `steps` training steps of `plan` (after
+    WARMUP_STEPS) on batches staged beforehand and, with `concurrent`, of as many on batches the
+    trainer's pipeline stages from Parquet files while the steps run ([] without), the two kinds
+    alternating so that a burst of other load meets both; and the ids and dense values per batch."""
     tune_host_allocator()  # as the trainer does: the allocator's thresholds decide page faults
     count = WARMUP_STEPS + steps
     model = lower(plan, spec, device)
     try:
         batches = _staged(spec, plan, count)
         values = statistics.mean(_values(b) for b in batches)
-        isolated = _timed_steps(model, spec, plan, batches)
-        del batches
         if not concurrent:
-            return isolated, [], values
+            return _step_times(model, spec, plan, batches)[WARMUP_STEPS:], [], values
         with tempfile.TemporaryDirectory(prefix="flowrec-calibrate-") as tmp:
             data = Path(tmp) / "data"
-            synth_dataset(spec, data, spec.training.batch_size * count)
+            synth_dataset(spec, data, spec.training.batch_size * (count + 1))
             source = ParquetSource(data)
             try:
-                with iterate_batches(spec, source, _options(spec), 0, 0, tuple(plan.meta.groups)) as live:
-                    return isolated, _timed_steps(model, spec, plan, live), values
+                with iterate_batches(spec, source, _options(spec, plan), 0, 0, tuple(plan.meta.groups)) as live:
+                    times = _step_times(model, spec, plan, _alternating(live, batches))
             finally:
                 source.close()
+        return times[1::2][WARMUP_STEPS:], times[0::2][WARMUP_STEPS:], values
     finally:
         model.close()
+
+
+def _alternating(live: Iterable[Any], staged: list[Any]) -> Iterator[Any]:
+    """A batch from the live pipeline (its threads then stage the next), then one staged before."""
+    for fresh, ready in zip(live, staged):
+        yield fresh
+        yield ready
 
 
 def _values(batch: Any) -> float:
@@ -113,23 +124,27 @@ def op_seconds(plan: Any, spec: ModelSpec, device: torch.device, nodes: Sequence
                measure: Measure) -> dict[str, list[tuple[int, float, float]]]:
     """Per dense node of `nodes`: (batch, forward seconds, backward seconds) at each of `batches`,
     its operator module timed on the inputs the runtime gives it (the backward: forward +
-    backward through autograd, minus the forward), under the spec's precision."""
+    backward through autograd, minus the forward), under the spec's precision; every node and
+    batch size in one interleaved measurement, so that a burst of other load slows one round of
+    each rather than every round of one batch size."""
+    tune_host_allocator()  # as the trainer does: the allocator's thresholds decide page faults
     model = lower(plan, spec, device)
-    out: dict[str, list[tuple[int, float, float]]] = {n: [] for n in nodes}
     try:
+        points, runs = [], []
         for size in batches:
             sized = with_batch(spec, size)
             captured = _captured_inputs(model, sized, _staged(sized, plan, 1)[0], nodes)
-            runs = []
             for name in nodes:
                 args = captured[name]
+                points.append((name, size))
                 runs += [partial(_forward, model.ops[name], args, spec.training.precision, device),
                          partial(_forward_backward, model.ops[name], args, spec.training.precision, device)]
-            times = measure(runs)
-            for name, fwd, both in zip(nodes, times[0::2], times[1::2]):
-                out[name].append((size, fwd, max(both - fwd, fwd / 10)))  # a noisy difference
+        times = measure(runs)
     finally:
         model.close()
+    out: dict[str, list[tuple[int, float, float]]] = {n: [] for n in nodes}
+    for (name, size), fwd, both in zip(points, times[0::2], times[1::2]):
+        out[name].append((size, fwd, max(both - fwd, fwd / 10)))  # a noisy difference
     return out
 
 
