@@ -5,9 +5,9 @@ Each measurement needs the ones before it in the profile: the dense ops are time
 operator modules (`flowrec.runtime.calibrate_step.op_seconds`) at a few batch sizes (the cost
 model interpolates between them); the framework cost is what real training steps at tiny batch sizes
 (where the work terms nearly vanish; the fastest step, as the ops keep their fastest round) take
-beyond the prediction of the profile so far; the staging
-rate is the values staged per second that staging the next batches while the steps run adds to a
-step (CPU only: there the data threads share the trainer's cores; a GPU's host stages beside it).
+beyond the prediction of the profile so far; the staging rate is the values the trainer's batch
+pipeline stages per CPU second (CPU only: there the data threads share the trainer's cores, so
+their CPU time is taken from its steps; a GPU's host stages beside the device).
 
 Example:
     >>> measured, details = spec_constants(spec, torch.device("cpu"), measured, 0.5)  # doctest: +SKIP
@@ -27,7 +27,7 @@ from flowrec.planner.calibration import profile_document
 from flowrec.planner.manager import make_plan
 from flowrec.planner.op_work import op_signature
 from flowrec.runtime.calibrate import interleaved_seconds
-from flowrec.runtime.calibrate_step import op_seconds, step_seconds, with_batch
+from flowrec.runtime.calibrate_step import op_seconds, staging_cpu_seconds, step_seconds, with_batch
 from flowrec.runtime.session import cost_target
 from flowrec.spec.model import ModelSpec
 
@@ -59,13 +59,11 @@ def spec_constants(spec: ModelSpec, device: torch.device, measured: dict[str, tu
                                    f"(staged beforehand) minus the profile's prediction of their compute, mean")
         details: dict[str, Any] = {"dense_op_signatures": op_details, "framework_us_by_batch": step_details}
         if device.type == "cpu":
-            rate, staging_details = _staging_rate(spec, device, plan_for(spec.training.batch_size))
-            out["staging_values_per_s"] = (rate, "ids and dense values per batch over the median step time "
-                                                 "that staging the next batch from Parquet files as the "
-                                                 "trainer does adds (a step on a batch from the running "
-                                                 "pipeline minus the next step, on a batch staged before; "
-                                                 "the data threads share the trainer's cores), at the "
-                                                 "spec's batch size")
+            rate, staging_details = _staging_rate(spec, plan_for(spec.training.batch_size))
+            out["staging_values_per_s"] = (rate, "ids and dense values per process CPU second of the "
+                                                 "trainer's batch pipeline (Parquet read, checks, packing, "
+                                                 "casting index) run alone at the spec's batch size: the "
+                                                 "data threads take that from the trainer's cores")
             details["staging"] = staging_details
     return out, details
 
@@ -113,17 +111,14 @@ def _framework_us(spec: ModelSpec, device: torch.device, plan_for) -> tuple[floa
         plan = plan_for(batch)
         stages = dict(plan.cost.stage_ms)
         predicted_ms = plan.cost.step_ms_serial - stages["staging"] - stages["transfer"]
-        isolated, _, _ = step_seconds(plan, with_batch(spec, batch), device, TINY_STEPS, concurrent=False)
+        isolated = step_seconds(plan, with_batch(spec, batch), device, TINY_STEPS)
         measured_ms = min(isolated) * 1e3  # the machine's, not a burst of other load's
         residuals.append((measured_ms - predicted_ms) * 1e3)
         details[str(batch)] = {"measured_ms": measured_ms, "predicted_ms": predicted_ms}
     return max(0.0, statistics.mean(residuals)), details
 
 
-def _staging_rate(spec: ModelSpec, device: torch.device, plan: Any) -> tuple[float, dict[str, Any]]:
-    """Values staged per second of step time that staging adds (at least 1 us of it), raw."""
-    isolated, concurrent, values = step_seconds(plan, spec, device)
-    added = statistics.median(c - i for c, i in zip(concurrent, isolated))
-    details = {"isolated_ms": statistics.median(isolated) * 1e3, "concurrent_ms": statistics.median(concurrent) * 1e3,
-               "values_per_batch": values}
-    return values / max(added, 1e-6), details
+def _staging_rate(spec: ModelSpec, plan: Any) -> tuple[float, dict[str, Any]]:
+    """Values staged per CPU second of the trainer's batch pipeline, raw."""
+    cpu_s, values = staging_cpu_seconds(spec, plan)
+    return values / max(cpu_s, 1e-6), {"cpu_ms_per_batch": cpu_s * 1e3, "values_per_batch": values}

@@ -27,8 +27,8 @@ Device profiles carry the constants, with units in their names. Sources and assu
   engine, the loss guard), counted in the dense stage. Staging runs at `staging_values_per_s`:
   on a device with its own host (GPU) it overlaps the device's work; on the CPU the data threads
   share the trainer's cores, so the step takes the staging time on top of its compute, and a
-  calibrated CPU profile measures that rate as the slowdown of real steps run while the pipeline
-  stages the next batches (values staged per second of step time lost).
+  calibrated CPU profile measures that rate in values per CPU second of the trainer's pipeline
+  (which also computes the casting index: a calibrated sparse backward leaves it out).
 
 Example:
     >>> DEVICES["h100"].hbm_gbps

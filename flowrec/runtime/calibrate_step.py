@@ -6,14 +6,14 @@ ops, its per-step framework cost and its staging rate from).
 inputs the runtime gives it (captured from a real dense forward at each batch size), forward and
 forward + backward, as `flowrec.runtime.calibrate.interleaved_seconds` times kernels.
 `step_seconds` times real training steps (`step.train_step`, guarded as the trainer guards it,
-the spec's dense optimizer, micro-batches as planned) on batches of synthetic rows: staged
-beforehand (the step's compute alone), or staged by the trainer's pipeline while the steps run
+the spec's dense optimizer, micro-batches as planned) on batches of synthetic rows staged
+beforehand as the trainer stages them (the casting index included): the step's compute alone.
+`staging_cpu_seconds` runs the trainer's batch pipeline alone
 (`flowrec.data.batches.iterate_batches` over an encoded Parquet dataset: read, check, pack and
-the casting index, in its threads, as the trainer stages them), the two alternating; on a machine
-whose cores the data threads share with the trainer, their difference is what staging costs a step.
+the casting index, in its threads) and returns its process CPU seconds per batch.
 
 Example:
-    >>> isolated, concurrent, values = step_seconds(plan, spec, torch.device("cpu"))  # doctest: +SKIP
+    >>> seconds = step_seconds(plan, spec, torch.device("cpu"))  # doctest: +SKIP
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import time
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
@@ -80,39 +80,35 @@ def _step_times(model: LoweredModel, spec: ModelSpec, plan: Any, batches: Iterab
     return seconds
 
 
-def step_seconds(plan: Any, spec: ModelSpec, device: torch.device, steps: int = STEPS,
-                 concurrent: bool = True) -> tuple[list[float], list[float], float]:
-    """(isolated, concurrent, values): wall seconds of `steps` training steps of `plan` (after
-    WARMUP_STEPS) on batches staged beforehand and, with `concurrent`, of as many on batches the
-    trainer's pipeline stages from Parquet files while the steps run ([] without), the two kinds
-    alternating so that a burst of other load meets both; and the ids and dense values per batch."""
+def step_seconds(plan: Any, spec: ModelSpec, device: torch.device, steps: int = STEPS) -> list[float]:
+    """Wall seconds of `steps` training steps of `plan` (after WARMUP_STEPS) on batches staged
+    beforehand as the trainer stages them (the step's compute alone)."""
     tune_host_allocator()  # as the trainer does: the allocator's thresholds decide page faults
-    count = WARMUP_STEPS + steps
     model = lower(plan, spec, device)
     try:
-        batches = _staged(spec, plan, count)
-        values = statistics.mean(_values(b) for b in batches)
-        if not concurrent:
-            return _step_times(model, spec, plan, batches)[WARMUP_STEPS:], [], values
-        with tempfile.TemporaryDirectory(prefix="flowrec-calibrate-") as tmp:
-            data = Path(tmp) / "data"
-            synth_dataset(spec, data, spec.training.batch_size * (count + 1))
-            source = ParquetSource(data)
-            try:
-                with iterate_batches(spec, source, _options(spec, plan), 0, 0, tuple(plan.meta.groups)) as live:
-                    times = _step_times(model, spec, plan, _alternating(live, batches))
-            finally:
-                source.close()
-        return times[1::2][WARMUP_STEPS:], times[0::2][WARMUP_STEPS:], values
+        return _step_times(model, spec, plan, _staged(spec, plan, WARMUP_STEPS + steps))[WARMUP_STEPS:]
     finally:
         model.close()
 
 
-def _alternating(live: Iterable[Any], staged: list[Any]) -> Iterator[Any]:
-    """A batch from the live pipeline (its threads then stage the next), then one staged before."""
-    for fresh, ready in zip(live, staged):
-        yield fresh
-        yield ready
+def staging_cpu_seconds(spec: ModelSpec, plan: Any, batches: int = STEPS) -> tuple[float, float]:
+    """(process CPU seconds, ids and dense values) per batch of the trainer's batch pipeline run
+    alone over `batches` + 1 batches of synthetic rows written as an encoded Parquet dataset (the
+    first batch, the epoch's start, not counted): on a machine whose cores the data threads share
+    with the trainer, the compute time they take from its steps."""
+    with tempfile.TemporaryDirectory(prefix="flowrec-calibrate-") as tmp:
+        data = Path(tmp) / "data"
+        synth_dataset(spec, data, spec.training.batch_size * (batches + 1))
+        source = ParquetSource(data)
+        try:
+            with iterate_batches(spec, source, _options(spec, plan), 0, 0, tuple(plan.meta.groups)) as live:
+                first = next(iter(live))
+                cpu0, values = time.process_time(), [_values(first)]
+                values += [_values(b) for b in live]
+                cpu = time.process_time() - cpu0
+        finally:
+            source.close()
+    return cpu / max(len(values) - 1, 1), statistics.mean(values)
 
 
 def _values(batch: Any) -> float:
