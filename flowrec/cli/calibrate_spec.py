@@ -99,9 +99,25 @@ def _dense_ops(spec: ModelSpec, device: torch.device, plan: Any, seconds: float
         return interleaved_seconds(runs, device, seconds * len(runs))
 
     timings = op_seconds(plan, spec, device, nodes, _op_batches(spec), measure)
-    ops = {signatures[node]: [x for b, f, bw in points for x in (float(b), f * 1e6, bw * 1e6)]
+    ops = {signatures[node]: [x for b, f, bw in monotone(points) for x in (float(b), f * 1e6, bw * 1e6)]
            for node, points in timings.items()}
     return ops, {node: signatures[node] for node in nodes}
+
+
+def monotone(points: list[tuple[int, float, float]]) -> list[tuple[int, float, float]]:
+    """(batch, forward, backward) points with no time above a larger batch's: an op does not get
+    slower on fewer samples, so such a point was slowed by other load (on a shared CPU a parallel
+    region waits for its threads' time slices whatever its size) and takes the larger batch's time.
+
+    Example:
+        >>> monotone([(16, 5.0, 1.0), (1024, 2.0, 4.0), (4096, 8.0, 9.0)])
+        [(16, 2.0, 1.0), (1024, 2.0, 4.0), (4096, 8.0, 9.0)]
+    """
+    out, fwd, bwd = [], float("inf"), float("inf")
+    for batch, f, b in sorted(points, reverse=True):
+        fwd, bwd = min(f, fwd), min(b, bwd)
+        out.append((batch, fwd, bwd))
+    return out[::-1]
 
 
 def _framework_us(spec: ModelSpec, device: torch.device, plan_for) -> tuple[float, dict[str, Any]]:

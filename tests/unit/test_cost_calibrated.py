@@ -291,3 +291,12 @@ def test_a_version_2_profile_loads_and_the_plan_names_what_it_lacks(tmp_path: Pa
     assert "op_us" not in named and "fp32_tflops" not in named
     plan = make_plan(dlrm, target=str(path))
     assert "step_us" in plan.cost.constants
+
+
+def test_measured_op_points_never_fall_as_the_batch_grows():
+    from flowrec.cli.calibrate_spec import monotone
+
+    loaded = [(1024, 9.0, 3.0), (16, 12.0, 0.5), (256, 1.0, 6.0)]  # batch 16's forward and 256's backward slowed
+    assert monotone(loaded) == [(16, 1.0, 0.5), (256, 1.0, 3.0), (1024, 9.0, 3.0)]
+    calm = [(16, 1.0, 2.0), (256, 3.0, 5.0), (1024, 9.0, 20.0)]
+    assert monotone(calm) == calm
