@@ -53,7 +53,8 @@ def spec_constants(spec: ModelSpec, device: torch.device, measured: dict[str, tu
         if ops:
             out["dense_ops"] = (ops, f"each dense op's operator module on the inputs the runtime gives it, "
                                      f"forward and forward + backward (minus forward) at batch sizes "
-                                     f"{_op_batches(spec)}, fastest of interleaved rounds; linear between them")
+                                     f"{_op_batches(spec)}, fastest of interleaved rounds, none above a larger "
+                                     f"batch's; linear between them")
         step_us, step_details = _framework_us(spec, device, plan_for)
         out["step_us"] = (step_us, f"fastest of {TINY_STEPS} real training steps at batch sizes {TINY_BATCHES} "
                                    f"(staged beforehand) minus the profile's prediction of their compute, mean")

@@ -38,7 +38,7 @@ from flowrec.runtime.trainer import TrainConfig
 from flowrec.spec.model import ModelSpec
 
 WARMUP_STEPS = 3  # first calls (allocations, lazy init) not timed
-STEPS = 8  # timed steps per measurement (of each kind)
+STEPS = 8  # timed steps per measurement; batches whose staging is timed
 
 Measure = Callable[[Sequence[Callable[[], Any]]], list[float]]  # seconds per call of each
 
