@@ -36,6 +36,7 @@ from flowrec.runtime.nonfinite import LossGuard
 from flowrec.runtime.step import autocast_context, make_dense_optimizer, train_step
 from flowrec.runtime.trainer import TrainConfig
 from flowrec.spec.model import ModelSpec
+from operators.device import runtime_for
 
 WARMUP_STEPS = 3  # first calls (allocations, lazy init) not timed
 STEPS = 8  # timed steps per measurement; batches whose staging is timed
@@ -74,8 +75,7 @@ def _step_times(model: LoweredModel, spec: ModelSpec, plan: Any, batches: Iterab
     for batch in batches:
         t0 = time.perf_counter()
         train_step(guarded, optimizer, batch, micro, spec.training.precision, spec.training.clip_grad_norm)
-        if model.device.type == "cuda":
-            torch.cuda.synchronize(model.device)
+        runtime_for(model.device).synchronize()
         seconds.append(time.perf_counter() - t0)
     return seconds
 
