@@ -19,9 +19,13 @@ spec's dense-layer shapes, forward and backward, and a grid; bf16 at the spec's 
 elementwise passes, the per-kernel overhead of autograd, the project's sparse path (lookup, then
 casting and fused update per sparse optimizer, fitted per id and per unique row), each dense
 optimizer's step, random row gathers and scatters by embedding dim, memory bandwidth and, with
-CUDA, host<->device bandwidth. With `--nproc N` (N >= 2) it also starts N processes (gloo on CPU,
-NCCL with one GPU each) and fits the collectives' bandwidth and per-call cost; sharded plans
-(`--world-size` up to one node) are then priced with them instead of the datasheet link. Saves a profile (default: the user's cache folder, one per
+CUDA, host<->device bandwidth. With a spec, also the spec itself: each of its dense ops as a
+whole operator (fixed + per-sample time, forward and backward), the per-step framework cost
+(real training steps at tiny batch sizes minus their predicted compute) and, on the CPU, what
+staging its batches adds to a step. With `--nproc N` (N >= 2) it also starts N processes (gloo on
+CPU, NCCL with one GPU each) and fits the collectives' bandwidth and per-call cost; sharded plans
+(`--world-size` up to one node) are then priced with them instead of the datasheet link. Saves a
+profile (default: the user's cache folder, one per
 device kind) recording each constant and how it was measured; use it with
 `flowrec plan SPEC --target FILE` and `flowrec train SPEC --target FILE`.
 
@@ -41,7 +45,7 @@ def register(app: typer.Typer) -> None:
 
 
 def calibrate(
-    spec: Optional[Path] = typer.Argument(None, help="Spec whose dense-layer GEMM shapes to measure (default: DLRM-sized layers)."),
+    spec: Optional[Path] = typer.Argument(None, help="Spec whose dense layers, ops, steps and staging to measure (default: DLRM-sized layers only)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
     out: Optional[Path] = typer.Option(None, "--out", help="Profile file to write (default: the user's cache folder)."),
     seconds: float = typer.Option(0.5, "--seconds", min=0.01, max=10.0, help="Seconds spent per measured kernel."),
@@ -52,7 +56,8 @@ def calibrate(
     from flowrec.runtime.calibrate import calibrate as measure
     from flowrec.runtime.session import cost_target, resolve_device
 
-    shapes = gemm_shapes(load_spec_or_exit(spec)) if spec is not None else FALLBACK_SHAPES
+    model = load_spec_or_exit(spec) if spec is not None else None
+    shapes = gemm_shapes(model) if model is not None else FALLBACK_SHAPES
     try:
         dev = resolve_device(device)
     except RuntimeError as exc:
@@ -61,6 +66,12 @@ def calibrate(
         fail(f"--nproc {nproc} with CUDA needs one GPU per process; this machine has {torch_cuda_count()}")
     started = time.perf_counter()
     measured, details = measure(dev, shapes, seconds)
+    if model is not None:
+        from flowrec.cli.calibrate_spec import spec_constants
+
+        own, own_details = spec_constants(model, dev, measured, seconds / 4)
+        measured.update(own)
+        details.update(own_details)
     if nproc > 1:
         measured.update(_collectives(nproc, dev.type, details))
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

@@ -2,9 +2,11 @@
 
 A profile document is JSON: the datasheet profile it starts from (`base`), the constants measured
 here with how each was measured (`measured`: {field: {"value", "how"}}), the machine and the time.
-A value is a number, or for the per-optimizer costs (`TABLES`) {optimizer: [numbers]}. Fields not
-measured keep the base's datasheet value and are listed under `datasheet`; version-1 documents
-(before the per-op constants) load with datasheet values for those. The planner
+A value is a number, or for the per-optimizer costs (`TABLES`) {optimizer: [numbers]}, or for the
+measured dense ops (`OP_TABLES`) {op signature: [numbers]}. Fields not measured keep the base's
+datasheet value and are listed under `datasheet`; older documents load with datasheet values for
+what they lack (version 1: the per-op constants; version 2: the measured dense ops, the per-step
+framework cost and the staging rate). The planner
 loads a document given as `--target FILE` (`flowrec.planner.cost.device_profile`); the plan then
 names the profile and says it is calibrated. The default place is the user's cache folder
 (`$XDG_CACHE_HOME/flowrec/`, else `~/.cache/flowrec/`), one file per device kind.
@@ -24,19 +26,23 @@ from typing import Any, Mapping
 from flowrec.graph.kinds import OPTIMIZERS
 
 PROFILE_FORMAT = "flowrec-device-profile"
-PROFILE_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+PROFILE_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 SCALARS = ("memory_bytes", "hbm_gbps", "pcie_gbps", "fp32_tflops", "bf16_tflops", "gemm_efficiency",
            "gather_rows_per_s", "host_gather_rows_per_s", "launch_us", "op_us", "elementwise_us",
            "elementwise_gbps", "gemm_us", "gemm_gbps", "gemm_bwd_us", "gemm_bwd_tflops", "gemm_bwd_gbps", "sparse_fwd_us", "sparse_fwd_ns_per_id",
            "sparse_fwd_ns_per_elem", "map_ns_per_id", "map_small_ns_per_id", "alloc_threshold_bytes",
-           "alloc_ns_per_byte", "collective_gbps", "collective_us", "collective_world_size")
+           "alloc_ns_per_byte", "step_us", "staging_values_per_s", "collective_gbps", "collective_us",
+           "collective_world_size")
 INTEGERS = frozenset({"memory_bytes", "collective_world_size"})
+COLLECTIVE = frozenset({"collective_gbps", "collective_us", "collective_world_size"})  # with --nproc only
 TABLES = {"dense_update": 2, "sparse_update": 5}  # per-optimizer cost vectors: field -> length
-MEASURABLE = SCALARS + tuple(TABLES)
+OP_TABLES = {"dense_ops": 3}  # per measured dense op (`op_work.op_signature`): (batch, fwd us, bwd us) points
+MEASURABLE = SCALARS + tuple(TABLES) + tuple(OP_TABLES)
 ZERO_OK = frozenset({"sparse_fwd_us", "sparse_fwd_ns_per_id", "sparse_fwd_ns_per_elem", "gemm_us",
                      "gemm_bwd_us", "elementwise_us", "op_us", "map_ns_per_id", "map_small_ns_per_id",
-                     "alloc_threshold_bytes", "alloc_ns_per_byte", "collective_us"})  # fitted parts a machine may show as nil
+                     "alloc_threshold_bytes", "alloc_ns_per_byte", "step_us",
+                     "collective_us"})  # fitted parts a machine may show as nil
 
 
 class ProfileError(ValueError):
@@ -56,7 +62,8 @@ def profile_document(base: str, measured: Mapping[str, tuple[Any, str]], machine
     Args:
         base: the datasheet profile whose unmeasured constants it keeps (cpu, a100, h100).
         measured: field -> (value, how it was measured); value None: not measurable here; a
-            per-optimizer table (`TABLES`) as {optimizer: [numbers]}.
+            per-optimizer table (`TABLES`) as {optimizer: [numbers]}, a dense-op table
+            (`OP_TABLES`) as {op signature: [numbers]}.
         machine: a description of the machine.
         created: ISO time of the measurement.
         details: raw measurements (per shape / per dim), kept for the reader.
@@ -88,7 +95,7 @@ def read_profile(path: Path) -> dict[str, Any]:
 
 def profile_fields(doc: Mapping[str, Any], path: str) -> dict[str, Any]:
     """The measured constants of a document, checked: {field: value} (pcie_gbps may be None; a
-    per-optimizer table is a tuple of (optimizer, (numbers)) pairs, sorted)."""
+    per-optimizer or dense-op table is a tuple of (optimizer or signature, (numbers)) pairs, sorted)."""
     measured = doc.get("measured")
     if not isinstance(measured, dict) or not isinstance(doc.get("base"), str):
         raise ProfileError(f"{path} is damaged: no base or measured constants")
@@ -97,7 +104,7 @@ def profile_fields(doc: Mapping[str, Any], path: str) -> dict[str, Any]:
         value = entry.get("value") if isinstance(entry, dict) else entry
         if key not in MEASURABLE:
             raise ProfileError(f"{path}: {key} is not a device profile constant")
-        if key in TABLES:
+        if key in TABLES or key in OP_TABLES:
             fields[key] = _table(value, key, path)
         elif value is None and key == "pcie_gbps":
             fields[key] = None
@@ -118,18 +125,22 @@ def _number(value: Any, key: str, path: str) -> int | float:
 
 
 def _table(value: Any, key: str, path: str) -> tuple[tuple[str, tuple[float, ...]], ...]:
-    """A per-optimizer cost table: {optimizer: [TABLES[key] non-negative numbers]}."""
-    size = TABLES[key]
+    """A per-optimizer cost table, {optimizer: [TABLES[key] non-negative numbers]}, or a dense-op
+    table, {op signature: [points of OP_TABLES[key] non-negative numbers, one or more]}."""
+    per_op = key in OP_TABLES
+    size = OP_TABLES[key] if per_op else TABLES[key]
+    keys, wanted = ("op signatures", f"a multiple of {size}") if per_op else ("optimizers", str(size))
     if not isinstance(value, dict) or not value:
-        raise ProfileError(f"{path}: measured {key} must map optimizers to {size} numbers each")
+        raise ProfileError(f"{path}: measured {key} must map {keys} to {wanted} numbers each")
     rows = []
     for name, numbers in sorted(value.items()):
-        if name not in OPTIMIZERS:
+        if not per_op and name not in OPTIMIZERS:
             raise ProfileError(f"{path}: measured {key} names {name!r}, not an optimizer "
                                f"(known: {', '.join(OPTIMIZERS)})")
-        if (not isinstance(numbers, list) or len(numbers) != size
+        count = len(numbers) if isinstance(numbers, list) else -1
+        if (count <= 0 or (count % size if per_op else count != size)
                 or any(isinstance(x, bool) or not isinstance(x, (int, float)) or x < 0 for x in numbers)):
-            raise ProfileError(f"{path}: measured {key}[{name!r}] must be {size} non-negative numbers, "
+            raise ProfileError(f"{path}: measured {key}[{name!r}] must be {wanted} non-negative numbers, "
                                f"not {numbers!r}")
         rows.append((str(name), tuple(float(x) for x in numbers)))
     return tuple(rows)

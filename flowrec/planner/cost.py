@@ -18,9 +18,17 @@ Device profiles carry the constants, with units in their names. Sources and assu
   this machine's (dense layers forward and backward fitted over the spec's shapes with efficiency
   1, elementwise passes, autograd kernels, page faults of new tensors, the sparse lookup and fused
   update per optimizer, the dense optimizer step, row maps and gathers, memory bandwidth,
-  host<->device); `DeviceProfile.source` says which it is. Compute is priced kernel by kernel
-  (`flowrec.planner.op_work`); uncalibrated profiles derive the per-op constants from their
-  datasheet rates.
+  host<->device; the spec's own dense ops timed as whole operators, the per-step framework cost
+  and the staging rate of its batch pipeline); `DeviceProfile.source` says which it is. Compute
+  is priced kernel by kernel (`flowrec.planner.op_work`), a dense op with measured times
+  (`dense_ops`, by `op_work.op_signature`) by those; uncalibrated profiles derive the per-op
+  constants from their datasheet rates and have no framework cost.
+* A step costs `step_us` beyond its priced ops (the trainer's Python, `zero_grad`, the autograd
+  engine, the loss guard), counted in the dense stage. Staging runs at `staging_values_per_s`:
+  on a device with its own host (GPU) it overlaps the device's work; on the CPU the data threads
+  share the trainer's cores, so the step takes the staging time on top of its compute, and a
+  calibrated CPU profile measures that rate in values per CPU second of the trainer's pipeline
+  (which also computes the casting index: a calibrated sparse backward leaves it out).
 
 Example:
     >>> DEVICES["h100"].hbm_gbps
@@ -37,10 +45,11 @@ from flowrec.graph.kinds import OP_KINDS, OPTIMIZERS, PLACEMENTS
 from flowrec.graph.types import ACCESS_NONE, DTYPE_BYTES, AccessProfile, CostPrediction, Op, OpGraph, PackedGroup
 from flowrec.planner import exchange
 from flowrec.planner.access import AccessModel, group_model
-from flowrec.planner.calibration import ProfileError, is_profile_path, profile_fields, read_profile
+from flowrec.planner.calibration import (COLLECTIVE, MEASURABLE, ProfileError, is_profile_path, profile_fields,
+                                         read_profile)
 from flowrec.planner.exchange import link_for
 from flowrec.planner.fae_traffic import hot_cold_bytes
-from flowrec.planner.op_work import Kernels, op_work
+from flowrec.planner.op_work import Kernels, op_signature, op_work, outside_kernels
 from flowrec.spec.model import ModelSpec
 
 GiB = 2**30  # bytes
@@ -67,7 +76,9 @@ class DeviceProfile:
     optimizer `sparse_update` = (us, ns per id, ns per id and dim element, ns per unique row, ns
     per unique row and dim element); host and cached placements map every id and unique row
     through a row map (`map_ns_per_id` each). `dense_update` = per dense optimizer (us per
-    parameter tensor, ns per parameter element) of one step.
+    parameter tensor, ns per parameter element) of one step. `dense_ops` = per measured dense op
+    (`op_work.op_signature`) its forward and backward us at a few batch sizes, which price that op
+    instead of its kernels (`measured_op_seconds`); `step_us` = the step's fixed framework cost.
 
     Example:
         >>> DEVICES["cpu"].pcie_gbps is None
@@ -107,10 +118,13 @@ class DeviceProfile:
     alloc_ns_per_byte: float = 0.0  # first touch of fresh memory, per byte
     dense_update: Table = ()  # () or a missing optimizer: passes over the parameters at hbm_gbps
     sparse_update: Table = ()  # () or a missing optimizer: gathers and row updates at the datasheet rates
+    step_us: float = 0.0  # per step, beyond the priced ops (framework: trainer, zero_grad, autograd engine)
+    dense_ops: Table = ()  # measured dense ops: (op signature, (batch, fwd us, bwd us) points by batch)
 
     @property
     def constants(self) -> str:
-        """Where the constants come from, as a plan shows it: "datasheet cpu" or "calibrated FILE (created T)"."""
+        """Where the constants come from, as a plan shows it: "datasheet cpu" or "calibrated FILE
+        (created T)", naming the constants the profile did not measure (datasheet or derived)."""
         return f"datasheet {self.name}" if self.source == "datasheet" else self.source
 
     @property
@@ -208,8 +222,12 @@ def _calibrated(path: str) -> DeviceProfile:
     if doc["base"] not in DEVICES:
         raise ProfileError(f"{path}: base {doc['base']!r} is not a known device (known: {', '.join(DEVICES)})")
     base = doc["base"]
+    # older documents lack the newer constants; collectives (measured with --nproc only) are named
+    # by the shard pass's note, which says which link it priced
+    kept = sorted(set(MEASURABLE) - set(fields) - COLLECTIVE)
+    note = f"; datasheet or derived: {', '.join(kept)}" if kept else ""
     return replace(DEVICES[base], **fields, name=f"{base} calibrated",
-                   source=f"calibrated {path} ({doc.get('created', '?')})")
+                   source=f"calibrated {path} ({doc.get('created', '?')}{note})")
 
 
 def device_link(device: DeviceProfile, world_size: int) -> exchange.Interconnect:
@@ -404,8 +422,8 @@ def predict(graph: OpGraph, spec: ModelSpec, device: DeviceProfile, *, micro_bat
         backward_sparse += backward_s
 
     bf16 = spec.training.precision == "bf16"
-    dense, dense_backward = dense_seconds(graph, device, -(-batch // mb), bf16)
-    dense, dense_backward = dense * mb, dense_backward * mb
+    dense, dense_backward = dense_seconds(graph, device, -(-batch // mb), bf16, spec.training.precision)
+    dense, dense_backward = dense * mb + device.step_us * 1e-6, dense_backward * mb
     update = dense_update_seconds(graph, spec, device)
     backward = dense_backward + backward_sparse + update
 
@@ -484,15 +502,46 @@ def _dense_ops(graph: OpGraph) -> Iterator[tuple[Op, int]]:
             yield op, graph.in_degree(node)
 
 
-def dense_seconds(graph: OpGraph, device: DeviceProfile, batch: int, bf16: bool = False) -> tuple[float, float]:
-    """(forward, backward) seconds of the dense ops on a (micro-)batch of `batch` samples, each op
-    priced kernel by kernel (`flowrec.planner.op_work`)."""
+def dense_seconds(graph: OpGraph, device: DeviceProfile, batch: int, bf16: bool = False,
+                  precision: str | None = None) -> tuple[float, float]:
+    """(forward, backward) seconds of the dense ops on a (micro-)batch of `batch` samples: an op
+    the profile measured (`dense_ops`, for the run's `precision`) by its measured times plus the
+    kernels the runtime runs around its module, any other kernel by kernel (`flowrec.planner.op_work`)."""
+    measured = dict(device.dense_ops)
+    precision = precision or ("bf16" if bf16 else "fp32")
     forward = backward = 0.0
     for op, inputs in _dense_ops(graph):
-        work = op_work(op, batch, inputs)
+        times = measured.get(op_signature(op, inputs, precision)) if measured else None
+        if times is None:
+            work = op_work(op, batch, inputs)
+        else:
+            work = outside_kernels(op, batch, inputs)
+            op_forward, op_backward = measured_op_seconds(times, batch)
+            forward, backward = forward + op_forward, backward + op_backward
         forward += kernel_seconds(work.forward, device, bf16)
         backward += kernel_seconds(work.backward, device, bf16, backward=True)
     return forward, backward
+
+
+def measured_op_seconds(points: tuple[float, ...], batch: int) -> tuple[float, float]:
+    """(forward, backward) seconds of a measured op on `batch` samples: linear in the batch between
+    the two measured batch sizes nearest to it (beyond the measured ones, through the two at that
+    end), at least 0.
+
+    Example:
+        >>> measured_op_seconds((16, 10.0, 20.0, 1024, 1000.0, 2000.0), 520)
+        (0.000505, 0.00101)
+    """
+    rows = sorted(zip(points[0::3], points[1::3], points[2::3]))
+    if len(rows) == 1:
+        b, fwd, bwd = rows[0]
+        return fwd * batch / b * 1e-6, bwd * batch / b * 1e-6
+    i = 1
+    while i < len(rows) - 1 and rows[i][0] < batch:
+        i += 1
+    (b0, f0, g0), (b1, f1, g1) = rows[i - 1], rows[i]
+    share = (batch - b0) / (b1 - b0)
+    return max(0.0, f0 + (f1 - f0) * share) * 1e-6, max(0.0, g0 + (g1 - g0) * share) * 1e-6
 
 
 def kernel_seconds(kernels: Kernels, device: DeviceProfile, bf16: bool = False, backward: bool = False) -> float:

@@ -10,6 +10,11 @@ separately, as `flowrec calibrate` measures them. The rules follow `operators.de
 `operators.interaction` (an elementwise pass reads and writes its tensor; its backward reads
 two and writes one); `flowrec.planner.cost` prices each kernel with the device profile.
 
+A calibrated profile may also hold an op measured as a whole (`flowrec calibrate` times the
+operator module the runtime builds for it, at a few batch sizes): `op_signature` names it, and
+`outside_kernels` lists the kernels the runtime runs around the module (the assembly of several
+inputs into one), which the measurement does not hold.
+
 Example:
     >>> from flowrec.graph.types import Op
     >>> op = Op("m", "mlp", ("B", 8), attrs=(("activation", "relu"), ("in_features", 4), ("layers", (8,))))
@@ -18,6 +23,7 @@ Example:
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -184,6 +190,39 @@ RULES: dict[str, Rule] = {
     "target_attention": _target_attention,
     "loss": _loss,
 }
+
+
+def op_signature(op: Op, inputs: int, precision: str) -> str:
+    """A short name of what a dense op computes (kind, attributes, output shape, input count,
+    precision): the key of its measured times in a calibrated profile.
+
+    Example:
+        >>> op = Op("m", "mlp", ("B", 8), attrs=(("activation", "relu"), ("in_features", 4), ("layers", (8,))))
+        >>> op_signature(op, 1, "fp32")
+        'mlp/369598ed262c'
+    """
+    text = repr((op.kind, op.attrs, op.out_shape, inputs, precision))
+    return f"{op.kind}/{hashlib.sha1(text.encode()).hexdigest()[:12]}"
+
+
+def outside_kernels(op: Op, batch: int, inputs: int) -> OpWork:
+    """The kernels of an op that the runtime runs outside its operator module: what its work list
+    adds for `inputs` input edges over one (the assembly of several inputs into one tensor)."""
+    full, single = op_work(op, batch, inputs), op_work(op, batch, 1)
+    return OpWork(_less(full.forward, single.forward), _less(full.backward, single.backward))
+
+
+def _less(full: Kernels, single: Kernels) -> Kernels:
+    """The kernels of `full` beyond those of `single` (which lists a prefix-free subset)."""
+    def rest(items: tuple, fewer: tuple) -> tuple:
+        left = list(items)
+        for item in fewer:
+            if item in left:
+                left.remove(item)
+        return tuple(left)
+
+    return Kernels(rest(full.gemms, single.gemms), rest(full.elementwise, single.elementwise),
+                   max(0, full.other - single.other), rest(full.fresh, single.fresh))
 
 
 def op_work(op: Op, batch: int, inputs: int) -> OpWork:

@@ -219,7 +219,8 @@ def per_op_costs(device: torch.device, shapes: list[tuple[int, int, int]], secon
         "sparse_fwd_ns_per_id": (forward[1], "as sparse_fwd_us"),
         "sparse_fwd_ns_per_elem": (forward[2], "as sparse_fwd_us"),
         "sparse_update": ({k: list(v) for k, v in updates.items()},
-                          f"casting + fused_backward per sparse optimizer, t = fixed + ids x (a + b x dim) + "
+                          f"fused_backward per sparse optimizer on a staged casting (computed by the data "
+                          f"pipeline in training), t = fixed + ids x (a + b x dim) + "
                           f"unique rows x dim x c (c per optimizer), {fit} {cases}"),
         "dense_update": ({k: list(v) for k, v in dense.items()},
                          f"torch.optim step per dense optimizer, t = tensors x a + elements x b, "

@@ -10,12 +10,14 @@ from typer.testing import CliRunner
 
 from flowrec.cli import app
 from flowrec.cli.calibrate_cmd import gemm_shapes
+from flowrec.graph.kinds import OP_KINDS
 from flowrec.graph.plan_io import NOT_RECORDED, plan_from_document, plan_json
 from flowrec.graph.types import ACCESS_NONE
 from flowrec.planner.calibration import MEASURABLE, ProfileError, default_profile_path, profile_fields
 from flowrec.planner.cost import DEVICES, device_profile
 from flowrec.planner.contract import read_plan_document
 from flowrec.planner.manager import make_plan
+from flowrec.planner.op_work import op_signature
 from flowrec.spec import load_spec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -66,8 +68,16 @@ def test_the_profile_records_every_constant_and_how(profile: Path):
     points = doc["details"]["layer_us_by_shape"]  # the spec's layers and a grid
     assert {"4096x13x512", "4096x367x512"} <= set(points)  # DLRM's first bottom and top layers
     assert set(doc["details"]["gather_rows_per_s_by_dim"]) == {"16", "32", "64", "128"}
+    graph = make_plan(load_spec(SPEC), target=str(profile)).graph
+    dense = {op_signature(graph.nodes[n]["op"], graph.in_degree(n), "fp32") for n in graph
+             if OP_KINDS[graph.nodes[n]["op"].kind].role == "dense"}
+    ops = doc["measured"]["dense_ops"]["value"]
+    assert set(ops) == dense and all(p[0::3] == [16.0, 1024.0, 4096.0] for p in ops.values())
+    assert set(doc["details"]["framework_us_by_batch"]) == {"16", "64"}
+    assert doc["measured"]["step_us"]["value"] >= 0 and doc["measured"]["staging_values_per_s"]["value"] > 0
     fields = profile_fields(doc, str(profile))
     calibrated = device_profile(str(profile))
+    assert calibrated.dense_ops and "datasheet or derived" not in calibrated.constants
     assert calibrated.fp32_tflops == fields["fp32_tflops"] != DEVICES["cpu"].fp32_tflops
     assert calibrated.source.startswith(f"calibrated {profile}") and DEVICES["cpu"].source == "datasheet"
 

@@ -13,9 +13,10 @@ from flowrec.graph.kinds import OP_KINDS, OPTIMIZERS
 from flowrec.graph.types import Op
 from flowrec.planner.calibration import (MEASURABLE, PROFILE_VERSION, ProfileError, profile_document,
                                          profile_fields, read_profile)
-from flowrec.planner.cost import DEVICES, dense_seconds, dense_update_seconds, device_profile, predict
+from flowrec.planner.cost import (DEVICES, dense_seconds, dense_update_seconds, device_profile, measured_op_seconds,
+                                  predict)
 from flowrec.planner.manager import make_plan
-from flowrec.planner.op_work import RULES, op_work
+from flowrec.planner.op_work import RULES, op_signature, op_work, outside_kernels
 from flowrec.runtime.calibrate_ops import fit_linear
 from flowrec.spec import load_spec
 
@@ -192,3 +193,110 @@ def test_large_new_tensors_cost_page_faults_from_the_threshold_on(din):
     mlp = Op("m", "mlp", ("B", 8), attrs=(("activation", "relu"), ("in_features", 4), ("layers", (8,))))
     work = op_work(mlp, 32, 1)
     assert work.forward.fresh == (32 * 8 * 4, 32 * 8 * 4) and work.backward.fresh == (32 * 8 * 4, 32 * 4 * 4, 4 * 8 * 4)
+
+
+def _signatures(plan, spec):
+    graph = plan.graph
+    return {n: op_signature(graph.nodes[n]["op"], graph.in_degree(n), spec.training.precision) for n in graph
+            if OP_KINDS[graph.nodes[n]["op"].kind].role == "dense"}
+
+
+def test_a_measured_op_is_exact_at_its_points_and_linear_between():
+    points = (16, 10.0, 30.0, 256, 100.0, 200.0, 1024, 900.0, 1000.0)  # (batch, fwd us, bwd us)
+    for batch, fwd, bwd in zip(points[0::3], points[1::3], points[2::3]):
+        assert measured_op_seconds(points, batch) == pytest.approx((fwd * 1e-6, bwd * 1e-6))
+    assert measured_op_seconds(points, 640) == pytest.approx((500e-6, 600e-6))  # halfway 256 -> 1024
+    assert measured_op_seconds(points, 2048) == pytest.approx((1966.6667e-6, 2066.6667e-6))  # the last slope on
+    assert measured_op_seconds(points, 1) == pytest.approx((4.375e-6, 19.375e-6))  # below: the first slope
+    assert measured_op_seconds((100, 1.0, 1.0, 200, 101.0, 201.0), 10) == (0.0, 0.0)  # never below 0
+    assert measured_op_seconds((100, 5.0, 7.0), 300) == pytest.approx((15e-6, 21e-6))  # one point: proportional
+
+
+def test_a_measured_op_replaces_its_kernels_but_not_its_input_assembly(din):
+    plan = make_plan(din, target="cpu")
+    cpu = DEVICES["cpu"]
+    signatures = _signatures(plan, din)
+    attention = signatures["attention"]
+    base = dense_seconds(plan.graph, cpu, 1024, precision="fp32")
+    slow = replace(cpu, dense_ops=((attention, (1024.0, 50_000.0, 90_000.0)),))
+    fast = replace(cpu, dense_ops=((attention, (1024.0, 1.0, 1.0)),))
+    got_slow = dense_seconds(plan.graph, slow, 1024, precision="fp32")
+    got_fast = dense_seconds(plan.graph, fast, 1024, precision="fp32")
+    assert got_slow[0] > base[0] > got_fast[0] and got_slow[1] > base[1] > got_fast[1]
+    assert got_slow[0] - got_fast[0] == pytest.approx((50_000.0 - 1.0) * 1e-6)
+    assert dense_seconds(plan.graph, slow, 1024, precision="bf16") == dense_seconds(plan.graph, cpu, 1024, precision="bf16")
+    att = plan.graph.nodes["attention"]["op"]
+    assert outside_kernels(att, 1024, 1) == outside_kernels(att, 1024, 1).__class__()  # nothing outside its module
+    mlp = Op("m", "mlp", ("B", 8), attrs=(("activation", "relu"), ("in_features", 4), ("layers", (8,))))
+    around = outside_kernels(mlp, 32, 2)
+    assert around.forward.elementwise == (2 * 32 * 4 * 4,) and not around.forward.gemms  # the concatenating copy
+
+
+def test_op_signatures_tell_ops_precisions_and_input_counts_apart(din):
+    plan = make_plan(din, target="cpu")
+    signatures = _signatures(plan, din)
+    assert len(set(signatures.values())) == len(signatures) and signatures == _signatures(plan, din)
+    att = plan.graph.nodes["attention"]["op"]
+    assert op_signature(att, 2, "fp32") != op_signature(att, 2, "bf16") != op_signature(att, 3, "bf16")
+    assert signatures["attention"].startswith("target_attention/")
+
+
+def test_prediction_rises_with_the_framework_cost_and_falls_with_the_staging_rate(dlrm):
+    plan = make_plan(dlrm, target="cpu")
+    cpu = DEVICES["cpu"]
+    base = predict(plan.graph, dlrm, cpu)
+    framework = predict(plan.graph, dlrm, replace(cpu, step_us=700.0))
+    assert dict(framework.stage_ms)["dense"] == pytest.approx(dict(base.stage_ms)["dense"] + 0.7)
+    assert framework.step_ms_overlap == pytest.approx(base.step_ms_overlap + 0.7)
+    faster = predict(plan.graph, dlrm, replace(cpu, staging_values_per_s=cpu.staging_values_per_s * 4))
+    assert dict(faster.stage_ms)["staging"] == pytest.approx(dict(base.stage_ms)["staging"] / 4, rel=1e-3)
+    assert faster.step_ms_overlap < base.step_ms_overlap  # on the CPU staging takes the trainer's cores
+
+
+def test_new_profile_fields_round_trip(tmp_path: Path, din):
+    plan = make_plan(din, target="cpu")
+    attention = _signatures(plan, din)["attention"]
+    ops = {attention: [16.0, 200.0, 500.0, 1024.0, 9000.0, 20000.0]}
+    doc = _document(step_us=(450.0, "tiny steps"), staging_values_per_s=(3e8, "staged"), dense_ops=(ops, "timed"))
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(doc))
+    device = device_profile(str(path))
+    assert device.step_us == 450.0 and device.staging_values_per_s == 3e8
+    assert device.dense_ops == ((attention, tuple(ops[attention])),)
+    assert "datasheet or derived" in device.constants and "step_us" not in device.constants.split("derived:")[1]
+    assert dense_seconds(plan.graph, device, 1024, precision="fp32")[0] > 9000e-6
+
+
+@pytest.mark.parametrize("value, words", [
+    ({"mlp/abc": [16.0, 1.0]}, "must be a multiple of 3 non-negative numbers"),
+    ({"mlp/abc": [16.0, 1.0, -2.0]}, "must be a multiple of 3 non-negative numbers"),
+    ({"mlp/abc": []}, "must be a multiple of 3 non-negative numbers"),
+    ([16.0, 1.0, 2.0], "must map op signatures"),
+])
+def test_a_bad_dense_op_table_is_one_line(value, words):
+    doc = {"base": "cpu", "measured": {"dense_ops": {"value": value, "how": "x"}}}
+    with pytest.raises(ProfileError, match=words):
+        profile_fields(doc, "p.json")
+
+
+def test_a_version_2_profile_loads_and_the_plan_names_what_it_lacks(tmp_path: Path, dlrm):
+    old = {"format": "flowrec-device-profile", "version": 2, "base": "cpu", "created": "T",
+           "measured": {"fp32_tflops": {"value": 0.3, "how": "x"}, "op_us": {"value": 3.0, "how": "x"}}}
+    path = tmp_path / "v2.json"
+    path.write_text(json.dumps(old))
+    device = device_profile(str(path))
+    assert device.step_us == 0.0 and device.dense_ops == () and device.staging_values_per_s == DEVICES["cpu"].staging_values_per_s
+    named = device.constants.split("datasheet or derived: ")[1].rstrip(")").split(", ")
+    assert {"step_us", "dense_ops", "staging_values_per_s", "elementwise_gbps"} <= set(named)
+    assert "op_us" not in named and "fp32_tflops" not in named
+    plan = make_plan(dlrm, target=str(path))
+    assert "step_us" in plan.cost.constants
+
+
+def test_measured_op_points_never_fall_as_the_batch_grows():
+    from flowrec.cli.calibrate_spec import monotone
+
+    loaded = [(1024, 9.0, 3.0), (16, 12.0, 0.5), (256, 1.0, 6.0)]  # batch 16's forward and 256's backward slowed
+    assert monotone(loaded) == [(16, 1.0, 0.5), (256, 1.0, 3.0), (1024, 9.0, 3.0)]
+    calm = [(16, 1.0, 2.0), (256, 3.0, 5.0), (1024, 9.0, 20.0)]
+    assert monotone(calm) == calm
