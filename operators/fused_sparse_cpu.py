@@ -73,6 +73,15 @@ def _prefetch_row(typingctx, table, row):
 
 
 @njit(inline="always", cache=True)
+def _prefetch_ahead(weight, state, rows, u, end):
+    """Prefetch the table and state rows of unique row u + PREFETCH_ROWS of a chunk ending at `end`."""
+    if u + PREFETCH_ROWS < end:
+        _prefetch_row(weight, rows[u + PREFETCH_ROWS])
+        if state.shape[1] > 0:
+            _prefetch_row(state, rows[u + PREFETCH_ROWS])
+
+
+@njit(inline="always", cache=True)
 def _sgd_row(w, g, hp):
     lr = hp[0]
     for j in range(w.shape[0]):
@@ -155,7 +164,7 @@ def _chunks(rows: int) -> int:
 @njit(parallel=True, cache=True, nogil=True)
 def _fused_casted_kernel(kind, weight, state, grad_out, sorted_bags, unique_offsets, rows, scale,
                          hp, betas64, bounds):
-    dim, width = weight.shape[1], state.shape[1]
+    dim = weight.shape[1]
     nnz = sorted_bags.shape[0]
     weighted = scale.shape[0] > 0
     for c in prange(bounds.shape[0] - 1):
@@ -163,10 +172,7 @@ def _fused_casted_kernel(kind, weight, state, grad_out, sorted_bags, unique_offs
         tmp = np.empty(2, weight.dtype)
         end = bounds[c + 1]
         for u in range(bounds[c], end):
-            if u + PREFETCH_ROWS < end:
-                _prefetch_row(weight, rows[u + PREFETCH_ROWS])
-                if width > 0:
-                    _prefetch_row(state, rows[u + PREFETCH_ROWS])
+            _prefetch_ahead(weight, state, rows, u, end)
             acc[:] = 0
             for p in range(unique_offsets[u], unique_offsets[u + 1]):
                 if p + PREFETCH_IDS < nnz:
@@ -185,16 +191,13 @@ def _fused_casted_kernel(kind, weight, state, grad_out, sorted_bags, unique_offs
 
 @njit(parallel=True, cache=True, nogil=True)
 def _row_update_kernel(kind, weight, state, rows, grads, hp, betas64, bounds):
-    dim, width = weight.shape[1], state.shape[1]
+    dim = weight.shape[1]
     for c in prange(bounds.shape[0] - 1):
         acc = np.empty(dim, weight.dtype)
         tmp = np.empty(2, weight.dtype)
         end = bounds[c + 1]
         for u in range(bounds[c], end):
-            if u + PREFETCH_ROWS < end:
-                _prefetch_row(weight, rows[u + PREFETCH_ROWS])
-                if width > 0:
-                    _prefetch_row(state, rows[u + PREFETCH_ROWS])
+            _prefetch_ahead(weight, state, rows, u, end)
             acc[:] = grads[u]
             r = rows[u]
             _update_row(kind, weight[r], state[r], acc, hp, betas64, tmp)
