@@ -28,7 +28,7 @@ from statistics import median
 from typing import Any
 
 from flowrec.runtime.calibrate_ops import fit_linear
-from flowrec.runtime.doctor import free_port
+from flowrec.runtime.doctor import free_port, run_local_ranks
 
 SIZES = (2**14, 2**16, 2**18, 2**20, 2**22, 2**24)  # bytes per rank of each timed call
 OPS = ("all_to_all", "all_reduce")
@@ -72,25 +72,12 @@ def measure_collectives(world_size: int, device_kind: str, timeout_s: float = TI
         if torch.cuda.device_count() < world_size:
             raise CollectiveError(f"NCCL collectives of {world_size} processes need {world_size} GPUs "
                                   f"(found {torch.cuda.device_count()})")
-    port = free_port()
-    procs = [subprocess.Popen([sys.executable, "-m", "flowrec.runtime.calibrate_collective", backend, str(rank),
-                               str(world_size), str(port)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for rank in range(world_size)]
-    outputs: list[tuple[int, str, str]] = []
-    deadline = time.monotonic() + timeout_s
     try:
-        for proc in procs:
-            out, err = proc.communicate(timeout=max(deadline - time.monotonic(), 1))
-            outputs.append((proc.returncode, out.strip(), err.strip()))
+        outputs = run_local_ranks("flowrec.runtime.calibrate_collective", backend, world_size, free_port(),
+                                  timeout_s)
     except subprocess.TimeoutExpired:
         raise CollectiveError(f"{backend} collectives of {world_size} processes: no result within "
                               f"{timeout_s:g} s") from None
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
     for rank, (code, _, err) in enumerate(outputs):
         if code != 0:
             last = err.splitlines()[-1] if err else f"exit {code}"

@@ -259,28 +259,38 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def check_collective(backend: str, world: int = 2) -> tuple[str, str]:
-    """`world` processes all-reduce their rank + 1 over `backend`; each must see the sum."""
-    port = free_port()
-    procs = [subprocess.Popen([sys.executable, "-m", "flowrec.runtime.doctor", backend, str(rank), str(world),
-                               str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def run_local_ranks(module: str, backend: str, world: int, port: int, timeout_s: float,
+                    ) -> list[tuple[int, str, str]]:
+    """Run `python -m module BACKEND RANK WORLD PORT` as `world` local processes (rendezvous on
+    `port`); (exit code, stdout, stderr) of each, stripped. Every process is killed and reaped
+    when they do not all finish within `timeout_s` (then `subprocess.TimeoutExpired`)."""
+    procs = [subprocess.Popen([sys.executable, "-m", module, backend, str(rank), str(world), str(port)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for rank in range(world)]
     outputs = []
-    deadline = time.monotonic() + COLLECTIVE_TIMEOUT_S
+    deadline = time.monotonic() + timeout_s
     try:
         for proc in procs:
             out, err = proc.communicate(timeout=max(deadline - time.monotonic(), 1))
-            outputs.append((proc.returncode, out.strip(), err.strip().splitlines()[-1:] or [""]))
-    except subprocess.TimeoutExpired:
-        return "fail", f"{backend}: no result within {COLLECTIVE_TIMEOUT_S} s"
+            outputs.append((proc.returncode, out.strip(), err.strip()))
     finally:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+    return outputs
+
+
+def check_collective(backend: str, world: int = 2) -> tuple[str, str]:
+    """`world` processes all-reduce their rank + 1 over `backend`; each must see the sum."""
+    port = free_port()
+    try:
+        outputs = run_local_ranks("flowrec.runtime.doctor", backend, world, port, COLLECTIVE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return "fail", f"{backend}: no result within {COLLECTIVE_TIMEOUT_S} s"
     want = str(float(world * (world + 1) // 2))
-    bad = [f"rank {r}: exit {code}, {out or err[0]}" for r, (code, out, err) in enumerate(outputs)
-           if code != 0 or out != want]
+    bad = [f"rank {r}: exit {code}, {out or (err.splitlines()[-1:] or [''])[0]}"
+           for r, (code, out, err) in enumerate(outputs) if code != 0 or out != want]
     if bad:
         return "fail", f"{backend} all_reduce: " + "; ".join(bad)
     return "pass", f"{world} processes, {backend} all_reduce = {want} on port {port}"

@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +22,7 @@ import yaml
 
 from flowrec.runtime.checkpoint import load_checkpoint
 from flowrec.runtime.checkpoint_format import read_torch_file
+from flowrec.testing.ranks import assert_same_model, run_flowrec
 from flowrec.testing.specs import TINY
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,16 +31,8 @@ ROWS = 700  # training rows: 7 global batches of 101 (the last one 94)
 INCREMENTAL = ("--checkpoint-every", "2", "--checkpoint-full-every", "3")  # full @2, deltas @4 and @5 (the end)
 
 
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK",
-                                                            "MASTER_ADDR", "MASTER_PORT")}
-    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    return env
-
-
 def flowrec(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flowrec", *args], cwd=cwd, env=_env(), text=True,
-                          capture_output=True, timeout=TIMEOUT_S)
+    return run_flowrec(*args, cwd=cwd, root=ROOT, timeout_s=TIMEOUT_S)
 
 
 def ok(done: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
@@ -89,18 +80,6 @@ def copy_run(work: Path, name: str) -> str:
     shutil.copytree(work / "inc", work / name)
     (work / name / ".flowrec.lock").unlink(missing_ok=True)
     return name
-
-
-def assert_same_model(a: Path, b: Path, tol: float = 1e-5) -> None:
-    """Same position and parameters (`tol` 0: bitwise)."""
-    sa, sb = load_checkpoint(a), load_checkpoint(b)
-    assert sa["position"] == sb["position"]
-    assert sorted(sa["model"]) == sorted(sb["model"])
-    for key, value in sa["model"].items():
-        other = sb["model"][key]
-        assert value.shape == other.shape, key
-        same = torch.equal(value, other) if tol == 0 else torch.allclose(value, other, rtol=tol, atol=tol)
-        assert same, (key, float((value - other).abs().max()))
 
 
 def shard_names(run: Path) -> list[str]:

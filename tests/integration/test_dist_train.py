@@ -20,10 +20,9 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 
-from flowrec.runtime.checkpoint import load_checkpoint
+from flowrec.testing.ranks import assert_same_model, run_flowrec, subprocess_env
 from flowrec.testing.specs import TINY
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,15 +31,11 @@ ROWS = 700  # training rows in 5 files: 7 global batches of 101 (the last one 94
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK",
-                                                            "MASTER_ADDR", "MASTER_PORT")}
-    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    return env
+    return subprocess_env(ROOT)
 
 
 def flowrec(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flowrec", *args], cwd=cwd, env=_env(), text=True,
-                          capture_output=True, timeout=TIMEOUT_S)
+    return run_flowrec(*args, cwd=cwd, root=ROOT, timeout_s=TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")
@@ -75,16 +70,6 @@ def train(work: Path, out: str, nproc: int, *extra: str) -> subprocess.Completed
     done = flowrec(*args, cwd=work)
     assert done.returncode == 0, done.stderr[-3000:]
     return done
-
-
-def assert_same_model(a: Path, b: Path, tol: float = 1e-5) -> None:
-    sa, sb = load_checkpoint(a), load_checkpoint(b)
-    assert sa["position"] == sb["position"]
-    assert sorted(sa["model"]) == sorted(sb["model"])
-    for key, value in sa["model"].items():
-        other = sb["model"][key]
-        assert value.shape == other.shape, key
-        assert torch.allclose(value, other, rtol=tol, atol=tol), (key, float((value - other).abs().max()))
 
 
 def test_two_ranks_train_what_one_process_trains(work):

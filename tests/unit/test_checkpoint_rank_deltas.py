@@ -65,11 +65,8 @@ def test_delta_shards_go_over_the_base_in_order(tmp_path, world):
 
 @pytest.mark.parametrize("saved, loaded", [(2, 3), (2, 1), (3, 2)])
 def test_ranks_load_base_and_delta_rows_without_assembling(tmp_path, monkeypatch, saved, loaded):
-    from torch import nn
-
     from flowrec.graph.types import GroupField, PackedGroup, TableSlot
-    from flowrec.runtime.distributed.model import load_whole_state
-    from flowrec.runtime.distributed.sharded import ShardedPackedEmbedding
+    from flowrec.testing.ranks import load_on_ranks
 
     state, weight, opt = chain(tmp_path, saved)
     out = assemble_shards(tmp_path / "checkpoint.pt", state, lazy=True)
@@ -78,12 +75,7 @@ def test_ranks_load_base_and_delta_rows_without_assembling(tmp_path, monkeypatch
     group = PackedGroup("g", DIM, "fp32", ("rowwise_adagrad", 0.1, ()), (TableSlot("t", ROWS, 0),),
                         (GroupField("f", "t", 1, "sum"),))
     monkeypatch.setattr(ShardRows, "whole", lambda self: pytest.fail("a row-wise group assembled a table"))
-    for rank in range(loaded):
-        model = nn.Module()
-        model.embeddings = nn.ModuleDict({"g": ShardedPackedEmbedding(group, loaded, rank, seed=9)})
-        model.ops = nn.Module()
-        model.ops.register_buffer("w", torch.zeros(2))
-        load_whole_state(model, out["model"])
+    for rank, model in enumerate(load_on_ranks(out["model"], group, loaded)):
         mine = owned_rows(ROWS, loaded, rank)
         assert torch.equal(model.embeddings["g"].weight, weight[mine])
         assert torch.equal(model.embeddings["g"].state, opt[mine])

@@ -90,12 +90,9 @@ def test_ranks_load_their_rows_from_the_shards_without_assembling(tmp_path, monk
     """`lazy=True`: the tables stay as their memory-mapped shards (`ShardRows`, with the whole
     table's shape); each rank of any W' copies exactly its rows by the modulo rule, and a row-wise
     group never assembles the whole table."""
-    from torch import nn
-
     from flowrec.graph.types import GroupField, PackedGroup, TableSlot
     from flowrec.runtime.checkpoint_shards import ShardRows
-    from flowrec.runtime.distributed.model import load_whole_state
-    from flowrec.runtime.distributed.sharded import ShardedPackedEmbedding
+    from flowrec.testing.ranks import load_on_ranks
 
     state = write_run(tmp_path, saved)
     out = assemble_shards(tmp_path / "checkpoint.pt", state, lazy=True)
@@ -106,12 +103,7 @@ def test_ranks_load_their_rows_from_the_shards_without_assembling(tmp_path, monk
     group = PackedGroup("g", DIM, "fp32", ("rowwise_adagrad", 0.1, ()), (TableSlot("t", ROWS, 0),),
                         (GroupField("f", "t", 1, "sum"),))
     monkeypatch.setattr(ShardRows, "whole", lambda self: pytest.fail("a row-wise group assembled a table"))
-    for rank in range(loaded):
-        model = nn.Module()
-        model.embeddings = nn.ModuleDict({"g": ShardedPackedEmbedding(group, loaded, rank, seed=9)})
-        model.ops = nn.Module()
-        model.ops.register_buffer("w", torch.zeros(2))
-        load_whole_state(model, out["model"])
+    for rank, model in enumerate(load_on_ranks(out["model"], group, loaded)):
         mine = owned_rows(ROWS, loaded, rank)
         assert torch.equal(model.embeddings["g"].weight, weight[mine])
         assert torch.equal(model.embeddings["g"].state, opt[mine])

@@ -1,0 +1,62 @@
+"""What the distributed tests share: running `flowrec` as a subprocess outside any launch,
+comparing two runs' checkpoints, and per-rank models loaded from a (lazy) checkpoint state.
+
+Example:
+    >>> done = run_flowrec("plan", "spec.yaml", cwd=work, root=REPO, timeout_s=300)  # doctest: +SKIP
+    >>> assert_same_model(work / "r1", work / "r2", tol=0.0)  # doctest: +SKIP  (bitwise)
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+LAUNCH_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def subprocess_env(root: Path) -> dict[str, str]:
+    """This environment without a launch's variables, with `root` importable and one thread per process."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
+    env.update(PYTHONPATH=str(root), OMP_NUM_THREADS="1")
+    return env
+
+
+def run_flowrec(*args: str, cwd: Path, root: Path, timeout_s: float) -> subprocess.CompletedProcess:
+    """`python -m flowrec ARGS` in `cwd` (`subprocess_env`), output captured, within `timeout_s`."""
+    return subprocess.run([sys.executable, "-m", "flowrec", *args], cwd=cwd, env=subprocess_env(root), text=True,
+                          capture_output=True, timeout=timeout_s)
+
+
+def assert_same_model(a: Path, b: Path, tol: float = 1e-5) -> None:
+    """Two runs' checkpoints hold the same position and parameters (`tol` 0: bitwise)."""
+    from flowrec.runtime.checkpoint import load_checkpoint
+
+    sa, sb = load_checkpoint(a), load_checkpoint(b)
+    assert sa["position"] == sb["position"]
+    assert sorted(sa["model"]) == sorted(sb["model"])
+    for key, value in sa["model"].items():
+        other = sb["model"][key]
+        assert value.shape == other.shape, key
+        same = torch.equal(value, other) if tol == 0 else torch.allclose(value, other, rtol=tol, atol=tol)
+        assert same, (key, float((value - other).abs().max()))
+
+
+def load_on_ranks(model_state: dict[str, Any], group: Any, world: int, seed: int = 9) -> list[torch.nn.Module]:
+    """One model per rank of `world` (a `ShardedPackedEmbedding` `embeddings.g` of `group` and a
+    zero buffer `ops.w`), each loaded from `model_state` by `load_whole_state`."""
+    from flowrec.runtime.distributed.model import load_whole_state
+    from flowrec.runtime.distributed.sharded import ShardedPackedEmbedding
+
+    models = []
+    for rank in range(world):
+        model = torch.nn.Module()
+        model.embeddings = torch.nn.ModuleDict({"g": ShardedPackedEmbedding(group, world, rank, seed=seed)})
+        model.ops = torch.nn.Module()
+        model.ops.register_buffer("w", torch.zeros(2))
+        load_whole_state(model, model_state)
+        models.append(model)
+    return models
