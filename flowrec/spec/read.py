@@ -2,11 +2,14 @@
 
 The order is what makes it safe: the file must be a regular file of at most `MAX_SPEC_BYTES`;
 its bytes must be UTF-8 text (a UTF-16 / UTF-32 file, a binary file or an empty one is named as
-such); then a streaming pre-scan bounds the nesting depth (`MAX_DEPTH`) and the number of values
-after alias expansion (`MAX_VALUES`, so "billion laughs" is refused by arithmetic, without
-building anything). Only then is the document built: YAML by the safe loader (libyaml's when built
-in; the depth bound keeps it from recursing too deep), `*.json` by the JSON parser; duplicate keys
-and JSON's NaN / Infinity literals are refused, each with its line. Every problem is one line.
+such); then flowrec's own scan of the text bounds the nesting depth (`MAX_DEPTH`) before any parser
+sees it, so the limit and its message are flowrec's whatever parser version is installed (parsers
+bound nesting themselves, each at its own depth and in its own words); then a streaming pass over
+the parser's events checks the depth exactly, refuses tags that are not plain YAML values (say
+`!!python/object`) and bounds the number of values after alias expansion (`MAX_VALUES`, so
+"billion laughs" is refused by arithmetic, without building anything). Only then is the document
+built: YAML by the safe loader (libyaml's when built in), `*.json` by the JSON parser; duplicate
+keys and JSON's NaN / Infinity literals are refused, each with its line. Every problem is one line.
 
 Example:
     >>> read_document("specs/dlrm_criteo.yaml")["name"]
@@ -27,6 +30,7 @@ from yaml.events import AliasEvent, CollectionEndEvent, CollectionStartEvent, Sc
 from flowrec.spec.errors import SpecError, SpecIssue
 from flowrec.spec.json_scan import scan_json
 from flowrec.spec.schema_errors import show
+from flowrec.spec.yaml_scan import yaml_too_deep
 
 MAX_SPEC_BYTES = 16 * 2**20  # a spec is a small text file; wide_1000.yaml (1,000 fields) is 80 KB
 MAX_DEPTH = 64  # nested lists / mappings; the example specs use 4
@@ -39,6 +43,7 @@ _BOMS = (  # longest first: the UTF-32-LE mark starts with the UTF-16-LE one
 # YAML 1.2 / JSON floats: also read exponents without a dot (1e-3, 1e-08) as numbers, not text.
 _EXP_FLOAT = re.compile(r"^[-+]?[0-9][0-9_]*(\.[0-9_]*)?[eE][-+]?[0-9]+$")
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+_STANDARD_TAG = "tag:yaml.org,2002:"
 
 
 class _SpecLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # C parser when built with libyaml
@@ -73,6 +78,7 @@ class _SpecLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # C parser wh
 
 
 _SpecLoader.add_implicit_resolver("tag:yaml.org,2002:float", _EXP_FLOAT, list("-+0123456789"))
+_PLAIN_TAGS = frozenset(tag for tag in _SpecLoader.yaml_constructors if tag is not None) | {"!"}
 
 
 def read_document(path: str | Path) -> Any:
@@ -149,6 +155,9 @@ def _line_col(data: bytes | str, offset: int) -> tuple[int, int]:
 
 def parse_yaml(text: str) -> Any:
     """Pre-scan, then build a YAML document; every problem raised as a one-line `SpecError`."""
+    deep = yaml_too_deep(text, MAX_DEPTH)
+    if deep is not None:
+        raise _fail(f"line {deep[0]}, column {deep[1]}: the document nests deeper than {MAX_DEPTH} levels")
     try:
         _prescan(text)
         loader = _SpecLoader(text)
@@ -164,10 +173,14 @@ def parse_yaml(text: str) -> Any:
 
 
 def _prescan(text: str) -> None:
-    """Walk the YAML events once: bound the depth and the values after alias expansion."""
+    """Walk the YAML events once: bound the depth and the values after alias expansion, refuse tags."""
     open_sizes: list[list[Any]] = []  # per open collection: [anchor, values so far]
     sizes: dict[str, int] = {}  # anchor -> values of its node, expanded
     for event in yaml.parse(text, Loader=_SpecLoader):
+        tag = getattr(event, "tag", None)
+        if tag is not None and tag not in _PLAIN_TAGS:
+            shown = "!!" + tag[len(_STANDARD_TAG):] if tag.startswith(_STANDARD_TAG) else tag
+            raise _fail(f"{_at(event)}: the tag {shown} is not allowed in a spec (plain YAML values only)")
         if isinstance(event, CollectionStartEvent):
             open_sizes.append([event.anchor, 1])
             if len(open_sizes) > MAX_DEPTH:

@@ -31,6 +31,10 @@ LAUGHS = 'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n' + "".
     f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 9)}]\n" for i in range(9))
 DEEP_BRACKETS = "[" * 30_000 + "]" * 30_000
 EMPTY_MAPPING = "the file is empty; a spec is a mapping with name, features, modules, heads and optimizer"
+# Ends an expected line whose rest is a dependency's own words (the parser's, Python's): the test
+# checks flowrec's part (file, position, what flowrec says) and that some reason follows, never
+# the dependency's wording, which a new release may change.
+ANY = "<the parser's reason>"
 
 
 def _spec(edit: Callable[[dict], None]) -> str:
@@ -69,9 +73,10 @@ CASES: list[tuple[str, str, str | bytes, str]] = [
     ("deep_block", "s.yaml", "".join(" " * i + f"k{i}:\n" for i in range(80)) + " " * 80 + "1\n",
      "line 65, column 65: the document nests deeper than 64 levels"),
     ("python_tag", "s.yaml", "name: !!python/object/apply:os.system [echo hi]\n",
-     "line 1, column 7: not valid YAML/JSON: could not determine a constructor for the tag "
-     "'tag:yaml.org,2002:python/object/apply:os.system'"),
-    ("set_tagged_key", "s.yaml", "!!set name: x\n", "line 1, column 1: not valid YAML/JSON: found unhashable key"),
+     "line 1, column 7: the tag !!python/object/apply:os.system is not allowed in a spec (plain YAML values only)"),
+    ("local_tag", "s.yaml", "name: !shell rm\n",
+     "line 1, column 7: the tag !shell is not allowed in a spec (plain YAML values only)"),
+    ("set_tagged_key", "s.yaml", "!!set name: x\n", "line 1, column 1: not valid YAML/JSON: " + ANY),
     ("latin1", "s.yaml", BASE_TEXT.replace("Shared-bottom", "Shared-bottóm").encode("latin-1"),
      "line 6, column 25: not UTF-8 text (byte 0xf3); save the file as UTF-8"),
     ("utf16_bom", "s.yaml", BASE_TEXT.encode("utf-16"), "the file is UTF-16 text; save it as UTF-8"),
@@ -95,13 +100,12 @@ CASES: list[tuple[str, str, str | bytes, str]] = [
     ("json_infinity", "s.json", '{\n"name": -Infinity}', "line 2: -Infinity is not a JSON number (JSON has no NaN or Infinity)"),
     ("json_deep", "s.json", DEEP_BRACKETS, "line 1: the document nests deeper than 64 levels"),
     ("int_5000_digits", "s.yaml", "name: x\nseed: " + "1" * 5000 + "\n",
-     "line 2, column 7: not valid YAML/JSON: cannot read this value: Exceeds the limit (4300 digits) for integer "
-     "string conversion: value has 5000 digits"),
+     "line 2, column 7: not valid YAML/JSON: cannot read this value: " + ANY),
     ("json_int_5000_digits", "s.json", '{"seed": ' + "1" * 5000 + "}",
-     "not valid JSON: Exceeds the limit (4300 digits) for integer string conversion: value has 5000 digits"),
+     "not valid JSON: " + ANY),
     ("impossible_date", "s.yaml", "name: x\nwhen: 2020-13-45\n",
-     "line 2, column 7: not valid YAML/JSON: cannot read this value: month must be in 1..12"),
-    ("json_syntax", "s.json", '{"name": "a",\n}', "line 2, column 1: not valid JSON: Expecting property name enclosed in double quotes"),
+     "line 2, column 7: not valid YAML/JSON: cannot read this value: " + ANY),
+    ("json_syntax", "s.json", '{"name": "a",\n}', "line 2, column 1: not valid JSON: " + ANY),
     ("lr_nan", "s.yaml", _spec(_set("optimizer.sparse.lr", NAN)), "optimizer.sparse.lr: must be a finite number, not nan"),
     ("lr_inf", "s.yaml", _spec(_set("optimizer.sparse.lr", INF)), "optimizer.sparse.lr: must be a finite number, not inf"),
     ("lr_huge", "s.yaml", _spec(_set("optimizer.dense.lr", 1e300)), "optimizer.dense.lr: must be <= 1000"),
@@ -155,7 +159,13 @@ def test_hostile_spec_one_line_exit_2(runner, tmp_path, command, name, filename,
     spec.write_bytes(data)
     result = runner.invoke(app, _args(command, spec, tmp_path))
     assert result.exit_code == 2, result.output
-    assert result.output.splitlines() == [f"{spec}: {expected.format(spec=spec)}"]
+    lines = result.output.splitlines()
+    assert len(lines) == 1, result.output
+    if expected.endswith(ANY):
+        prefix = f"{spec}: {expected[:-len(ANY)]}"
+        assert lines[0].startswith(prefix) and len(lines[0]) > len(prefix), lines[0]
+    else:
+        assert lines == [f"{spec}: {expected.format(spec=spec)}"]
     assert result.exception is None or isinstance(result.exception, SystemExit)
     assert spec.read_bytes() == data
     assert not (tmp_path / "run").exists()
