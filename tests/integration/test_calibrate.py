@@ -13,11 +13,12 @@ from flowrec.cli.calibrate_cmd import gemm_shapes
 from flowrec.graph.kinds import OP_KINDS
 from flowrec.graph.plan_io import NOT_RECORDED, plan_from_document, plan_json
 from flowrec.graph.types import ACCESS_NONE
-from flowrec.planner.calibration import MEASURABLE, ProfileError, default_profile_path, profile_fields
+from flowrec.planner.calibration import COLLECTIVE, MEASURABLE, ProfileError, default_profile_path, profile_fields
 from flowrec.planner.cost import DEVICES, device_profile
 from flowrec.planner.contract import read_plan_document
 from flowrec.planner.manager import make_plan
 from flowrec.planner.op_work import op_signature
+from flowrec.runtime import calibrate_ops
 from flowrec.spec import load_spec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -77,9 +78,48 @@ def test_the_profile_records_every_constant_and_how(profile: Path):
     assert doc["measured"]["step_us"]["value"] >= 0 and doc["measured"]["staging_values_per_s"]["value"] > 0
     fields = profile_fields(doc, str(profile))
     calibrated = device_profile(str(profile))
-    assert calibrated.dense_ops and "datasheet or derived" not in calibrated.constants
-    assert calibrated.fp32_tflops == fields["fp32_tflops"] != DEVICES["cpu"].fp32_tflops
-    assert calibrated.source.startswith(f"calibrated {profile}") and DEVICES["cpu"].source == "datasheet"
+    assert calibrated.dense_ops and calibrated.source.startswith(f"calibrated {profile}")
+    _fallbacks_are_named(doc, calibrated.constants)
+    # on a loaded machine a rate may not show in the timings: the datasheet's then, and said so
+    assert calibrated.fp32_tflops == fields.get("fp32_tflops", DEVICES["cpu"].fp32_tflops)
+    assert DEVICES["cpu"].source == "datasheet"
+
+
+def _fallbacks_are_named(doc: dict, constants: str) -> None:
+    """Every constant the profile kept from the datasheet is named in the plan's constants line
+    (collectives, measured with --nproc only, are named by the shard pass), and a rate the timings
+    did not show is among them with its reason."""
+    kept = sorted(set(doc["datasheet"]) - COLLECTIVE)
+    unfitted = [line.split(":")[0] for line in doc["details"].get("unfitted", [])]
+    assert set(unfitted) <= set(kept) and not set(unfitted) & set(doc["measured"])
+    if kept:
+        assert constants.endswith(f"; datasheet or derived: {', '.join(kept)})"), constants
+    else:
+        assert "datasheet or derived" not in constants, constants
+
+
+def test_a_rate_the_timings_do_not_show_falls_back_to_the_datasheet_and_is_named(tmp_path, monkeypatch):
+    """Forced: the layer fit cannot separate a bandwidth (as on a loaded machine); the profile
+    keeps the datasheet's, lists it as unfitted, and the plan's constants line names it."""
+    real_fit = calibrate_ops.layer_fit
+
+    def no_bandwidth(*args, **kwargs):
+        (fixed, tflops, _), backward, points = real_fit(*args, **kwargs)
+        return (fixed, tflops, 0.0), backward, points
+
+    monkeypatch.setattr(calibrate_ops, "layer_fit", no_bandwidth)
+    path = tmp_path / "loaded.json"
+    result = runner.invoke(app, ["calibrate", "--device", "cpu", "--seconds", "0.01", "--out", str(path)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(path.read_text())
+    assert "gemm_gbps" in doc["datasheet"] and "gemm_gbps" not in doc["measured"]
+    assert "gemm_gbps: not shown by the timings (datasheet kept)" in doc["details"]["unfitted"]
+    calibrated = device_profile(str(path))
+    assert calibrated.gemm_gbps == DEVICES["cpu"].gemm_gbps
+    _fallbacks_are_named(doc, calibrated.constants)
+    assert "gemm_gbps" in calibrated.constants.split("datasheet or derived: ")[1]
+    text = runner.invoke(app, ["plan", str(SPEC), "--target", str(path)]).output
+    assert "datasheet or derived: " in text and "gemm_gbps" in text
 
 
 def test_plan_with_a_calibrated_target_names_it(profile: Path):
