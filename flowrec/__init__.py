@@ -2,6 +2,8 @@
 
 The Python API (`flowrec.train`, `flowrec.load`, `Run`; see docs/python.md) lives in `flowrec.api`
 and is imported on first use, so `import flowrec` (and every CLI command) stays free of torch.
+This module is the face only: it imports nothing at load and no flowrec module imports it
+(`flowrec.version` holds `__version__`).
 
 Example:
     >>> import flowrec
@@ -11,16 +13,19 @@ from __future__ import annotations
 
 from typing import Any
 
-__version__ = "0.1.0"
 API = ("train", "load", "Run", "StepEvent", "CheckpointEvent")
 __all__ = ["__version__", "load_model", *API]
 
 
 def __getattr__(name: str) -> Any:
-    if name in API:
-        from flowrec import api
+    if name == "__version__":
+        from flowrec.version import __version__
 
-        return getattr(api, name)
+        return __version__
+    if name in API:
+        import flowrec.api
+
+        return getattr(flowrec.api, name)
     raise AttributeError(f"module 'flowrec' has no attribute {name!r}")
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import typer
 
-from flowrec import __version__
+from flowrec.version import __version__
 from flowrec.cli import (calibrate_cmd, data_cmds, doctor_cmd, export_cmd, plan_cmd, predict_cmd, spec_cmds,
                          train_cmds)
 

@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-import flowrec
+from flowrec.version import __version__
 from flowrec.data.encoder_record import EncoderRecord, write_record
 from flowrec.data.layout import is_multi
 from flowrec.graph.plan_io import plan_json
@@ -130,7 +130,7 @@ def write_package(trained: Trained, out: Path, dtype: str, encoder: EncoderRecor
 def _manifest(spec: ModelSpec, dtype: str, encoder: EncoderRecord, metrics: dict[str, Any],
               table_bytes: int, diff: float | None, rows: int) -> dict[str, Any]:
     return {
-        "format": PACKAGE_FORMAT, "version": PACKAGE_VERSION, "flowrec_version": flowrec.__version__,
+        "format": PACKAGE_FORMAT, "version": PACKAGE_VERSION, "flowrec_version": __version__,
         "torch_version": torch.__version__, "encoder_fingerprint": encoder.fingerprint, "dtype": dtype,
         "table_bytes": table_bytes, "model": MODEL_FILE, "spec_name": spec.name,
         "inputs": {"dense": [f.name for f in spec.dense_features],

@@ -23,12 +23,20 @@ ALLOWED: dict[str, set[str]] = {
     "flowrec.render": {"flowrec.render", "flowrec.graph", "flowrec.spec"},
     "flowrec.data": {"flowrec.data", "flowrec.graph", "flowrec.spec", "operators"},  # casting in staging
     "operators": {"operators"},
-    "flowrec.runtime": {"flowrec.runtime", "flowrec.data", "flowrec.graph", "flowrec.spec", "operators"},
+    "flowrec.runtime": {"flowrec.runtime", "flowrec.data", "flowrec.graph", "flowrec.spec", "operators",
+                        "flowrec.version"},  # a package records the version that wrote it
     "flowrec.testing": {"flowrec.testing", "flowrec.runtime", "flowrec.planner", "flowrec.data", "flowrec.graph",
                         "flowrec.spec", "operators"},
     "flowrec.cli": {"flowrec.cli", "flowrec.runtime", "flowrec.planner", "flowrec.render", "flowrec.data",
-                    "flowrec.graph", "flowrec.spec", "operators", "flowrec"},
+                    "flowrec.graph", "flowrec.spec", "operators", "flowrec.version"},
+    "flowrec.api": {"flowrec.api", "flowrec.runtime", "flowrec.planner", "flowrec.data", "flowrec.graph",
+                    "flowrec.spec", "operators"},
+    "flowrec.version": {"flowrec.version"},
+    "flowrec.__main__": {"flowrec.__main__", "flowrec.cli"},
+    # the face (flowrec/__init__.py): reaches the API, the version and the model loader on first use
+    "flowrec": {"flowrec.api", "flowrec.version", "flowrec.runtime"},
 }
+ROOT = "flowrec"  # the face: no module imports it (`flowrec.version` holds the version)
 PLANNING = ("flowrec.spec", "flowrec.graph", "flowrec.planner", "flowrec.render")
 HEAVY = ("torch", "dask", "distributed", "cupy", "pyarrow")
 
@@ -57,8 +65,11 @@ def imports(path: Path, name: str | None = None) -> set[str]:
 
 
 def layer(module: str) -> str | None:
+    """The layer of a project module (None for a module outside flowrec and operators)."""
+    if module == ROOT:
+        return ROOT
     return next((name for name in sorted(ALLOWED, key=len, reverse=True)
-                 if module == name or module.startswith(name + ".")), None)
+                 if name != ROOT and (module == name or module.startswith(name + "."))), None)
 
 
 def sources() -> list[Path]:
@@ -95,13 +106,26 @@ def test_planning_imports_no_device_stack():
     assert not problems, "\n".join(problems)
 
 
+def test_every_module_is_in_a_layer():
+    assert sorted(m for m in project_modules() if layer(m) is None) == []
+
+
+def test_nobody_imports_the_face():
+    """`import flowrec` or `from flowrec import x` inside the package would run the face (and,
+    through it, the API) from any module: the circle the face once closed through the exporter."""
+    problems = [f"{module_name(p)} imports {ROOT}" for p in sources()
+                if module_name(p) != ROOT and ROOT in imports(p)]
+    assert not problems, "\n".join(problems)
+
+
 def test_no_import_cycles_between_modules():
+    """Edges into a module's own packages count too (`flowrec.x` importing `flowrec` is one)."""
     known = project_modules()
     graph = nx.DiGraph()
     for path in sources():
         me = module_name(path)
         for target in imports(path):
-            if target in known and target != me and not me.startswith(target + "."):
+            if target in known and target != me:
                 graph.add_edge(me, target)
     cycles = list(nx.simple_cycles(graph))
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c + [c[0]]) for c in cycles[:5])
@@ -111,6 +135,8 @@ def test_no_import_cycles_between_modules():
     ("operators.planted", "from flowrec.graph.types import PackedGroup\n"),
     ("flowrec.data.planted", "def f():\n    from flowrec.planner.manager import make_plan\n"),
     ("flowrec.runtime.planted", "from ..planner import contract\n"),
+    ("flowrec.runtime.planted", "import flowrec\n"),
+    ("flowrec.version", "from flowrec.spec import load_spec\n"),
 ])
 def test_the_checker_sees_a_planted_violation(tmp_path: Path, name: str, bad: str):
     planted = tmp_path / "planted.py"
