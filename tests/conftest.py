@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from tiers import tiers_of
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("FLOWREC_SHARED_DATA", REPO.parent / "shared" / "data"))
 
@@ -19,12 +21,29 @@ def _cuda_available() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
+    _mark_tiers(items)
     if _cuda_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA (no GPU on this machine)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def _mark_tiers(items) -> None:
+    """Mark each test with its tier (tests/tiers.py); a file in no tier stops the run, named."""
+    missing = set()
+    for item in items:
+        path = item.path.resolve().relative_to(REPO).as_posix()
+        marks = tiers_of(path, getattr(item, "originalname", None) or item.name.split("[")[0])
+        if marks is None:
+            missing.add(path)
+            continue
+        for mark in sorted(marks):
+            item.add_marker(getattr(pytest.mark, mark))
+    if missing:
+        raise pytest.UsageError(f"{', '.join(sorted(missing))}: in no test tier; add each file to FILES in "
+                                f"tests/tiers.py (fast, processes, e2e or fuzz)")
 
 
 @pytest.fixture(autouse=True, scope="session")

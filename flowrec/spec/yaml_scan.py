@@ -44,6 +44,7 @@ class _State:
     flow: int = 0  # open flow collections
     quote: str = ""  # the quote character of a quoted scalar that continues on the next line
     block_scalar: int | None = None  # lines deeper than this column belong to a block scalar
+    node_start: bool = True  # in flow context: the next character may start a node
 
     def roll(self, column: int, line: int) -> None:
         """A block collection at `column`: a new level when it is deeper than the current one."""
@@ -149,25 +150,62 @@ def _scan_after_node(state: _State, line: str, pos: int, number: int) -> None:
 
 
 def _scan_flow(state: _State, line: str, pos: int, number: int) -> None:
-    """Count brackets inside flow collections (no plain text in flow context may hold one)."""
-    while (m := _FLOW_SPECIAL.search(line, pos)) is not None:
-        char, pos = m.group(), m.end()
-        if char in "[{":
+    """Count brackets inside flow collections. No plain text in flow context may hold a bracket,
+    a comma or ': '; a quote opens a quoted scalar only where a node starts (`it's` is text)."""
+    while pos < len(line):
+        char = line[pos]
+        if char in " \t":
+            pos += 1
+        elif char == "#" and (pos == 0 or line[pos - 1] in " \t"):
+            return
+        elif char in "[{":
             state.flow += 1
-            state.check(number, m.start())
+            state.node_start = True
+            state.check(number, pos)
+            pos += 1
         elif char in "]}":
             state.flow = max(state.flow - 1, 0)
+            state.node_start = False
+            pos += 1
             if state.flow == 0:
                 _scan_after_node(state, line, pos, number)
                 return
-        elif char in "\"'":
-            end = _quote_end(line, pos, char)
+        elif char in ",:" and (char == "," or pos + 1 == len(line) or line[pos + 1] in " \t,[]{}"):
+            state.node_start = True
+            pos += 1
+        elif char in "\"'" and state.node_start:
+            end = _quote_end(line, pos + 1, char)
             if end is None:
                 state.quote = char
                 return
+            state.node_start = False
             pos = end
-        elif char == "#" and (m.start() == 0 or line[m.start() - 1] in " \t"):
-            return
+        elif state.node_start and char in "&!":  # an anchor or a tag: the node follows it
+            pos = _token_end(line, pos)
+        elif char == "?" and line[pos + 1:pos + 2] in ("", " ", "\t"):  # an explicit key
+            state.node_start = True
+            pos += 1
+        else:
+            state.node_start = False
+            pos = _plain_end(line, pos)
+
+
+def _plain_end(line: str, pos: int) -> int:
+    """Index of the flow indicator or comment that ends plain text started at `pos`."""
+    while pos < len(line):
+        char = line[pos]
+        if char in ",[]{}" or (char == ":" and (pos + 1 == len(line) or line[pos + 1] in " \t,[]{}")):
+            return pos
+        if char == "#" and line[pos - 1] in " \t":
+            return pos
+        pos += 1
+    return pos
+
+
+def _token_end(line: str, pos: int) -> int:
+    while pos < len(line) and line[pos] not in " \t,[]{}":
+        pos += 1
+    return pos
 
 
 def _quote_end(line: str, pos: int, quote: str) -> int | None:

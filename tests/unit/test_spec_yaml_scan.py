@@ -7,6 +7,7 @@ styles, with brackets, '#' and quotes inside text that must not count.
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -53,7 +54,7 @@ def _value_depth(value: Any) -> int:
     return 0
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=int(os.environ.get("FLOWREC_FUZZ_EXAMPLES", "150")), deadline=None)
 @given(value=VALUES, style=st.sampled_from([False, True, None]), indent=st.sampled_from([2, 4]))
 def test_scan_never_counts_more_than_the_document_has(value, style, indent):
     text = yaml.safe_dump(value, default_flow_style=style, indent=indent, width=30)

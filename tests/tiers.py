@@ -1,0 +1,100 @@
+"""Every test file's tier, in one table: what a test costs decides when it runs.
+
+    fast       (no marker)  CPU-only checks of a few seconds at most: `python -m pytest` runs
+                            these (the README's test line; about a minute on 2 cores)
+    processes               starts processes: ranks, the CLI in a subprocess, benchmark scripts
+    e2e                     trains a model end to end (the CLI's train, the Python API, runs
+                            resumed and exported)
+    fuzz                    thorough randomized and hostile-input sweeps
+    thorough                exactness sweeps that train (every cache policy against the resident
+                            model, packed training against the reference) and the largest planning
+                            and kernel cases (wide_1000 for 64 ranks, long chunks): seconds each
+    slow, gpu               marked in the files themselves, as before: minutes; CUDA
+
+`.ci/run` runs the fast tier, then the other CPU tiers (`-m "(processes or e2e or fuzz or
+thorough) and not gpu and not slow"`), so every CPU test runs in CI once. A file
+missing from `FILES` fails collection with a message that names this table, so a new file
+cannot land in a tier silently; `TESTS` moves single tests of a file to another tier.
+"""
+from __future__ import annotations
+
+TIERS = ("processes", "e2e", "fuzz", "thorough")
+FAST: frozenset[str] = frozenset()
+
+FILES: dict[str, frozenset[str]] = {
+    # unit: planning, operators, caches, data staging: fast unless noted
+    **{f"tests/unit/{name}.py": FAST for name in (
+        "test_cache_model",
+        "test_cache_scratchpad", "test_checkpoint_rank_deltas", "test_checkpoint_shards",
+        "test_cost_calibrated", "test_data_batches", "test_data_cachesim", "test_data_checks",
+        "test_data_dask", "test_data_lookahead_synth", "test_data_profile_hot", "test_data_strata",
+        "test_evalmetrics", "test_fake_cuda_runtime", "test_fake_cuda_static", "test_gpu_report",
+        "test_graph_build", "test_graph_verify", "test_incremental_rows", "test_kernels_nvrtc",
+        "test_layers", "test_operators_backends", "test_operators_casting", "test_operators_dense",
+        "test_operators_embedding", "test_operators_fused_update", "test_passes_literal",
+        "test_plan_contract", "test_planner_cache", "test_planner_cost", "test_planner_interleave",
+        "test_planner_manager", "test_planner_pack", "test_planner_shard", "test_pt2_save",
+        "test_render", "test_runtime_hostmem", "test_runtime_session", "test_spec_limits",
+        "test_spec_roundtrip", "test_spec_training", "test_spec_validate", "test_spec_yaml_scan",
+        "test_table_snapshot", "test_train_loop_parts", "test_vocab_growth",
+        "test_calibrate_collective",
+    )},
+    "tests/unit/test_cache_bench.py": frozenset({"processes"}),
+    "tests/unit/test_operators_bench.py": frozenset({"processes"}),
+    "tests/unit/test_fake_cuda_tier.py": frozenset({"processes"}),
+    "tests/unit/test_spec_fuzz.py": frozenset({"fuzz"}),
+    **{f"tests/unit/{name}.py": frozenset({"thorough"}) for name in (
+        "test_cache_exact", "test_cache_fae", "test_cache_fae_bytes", "test_cache_model", "test_train_reference",
+    )},
+    # integration: the CLI, runs, data conversion, distributed training
+    **{f"tests/integration/{name}.py": FAST for name in (
+        "test_cli_doctor", "test_cli_plan", "test_cli_spec", "test_cli_spec_hostile", "test_dist_rows",
+    )},
+    **{f"tests/integration/{name}.py": frozenset({"processes"}) for name in (
+        "test_bench_dist_smoke", "test_bench_train_smoke", "test_data_bench", "test_dist_embedding",
+        "test_dist_incremental", "test_dist_specs", "test_dist_train", "test_sigkill_resume",
+    )},
+    **{f"tests/integration/{name}.py": frozenset({"e2e"}) for name in (
+        "test_calibrate", "test_cli_options", "test_data_convert", "test_data_diagnostics",
+        "test_encoder_travels", "test_incremental", "test_incremental_checkpoints", "test_model_package",
+        "test_predict_criteo", "test_python_api", "test_run_guarantees", "test_run_hostile", "test_train",
+        "test_train_loop", "test_train_plan", "test_vocab_spare",
+    )},
+    **{f"tests/integration/{name}.py": frozenset({"fuzz"}) for name in (
+        "test_checkpoint_fuzz", "test_data_fuzz", "test_data_hostile",
+    )},
+    # gpu: marked `gpu` in the files (skipped without CUDA)
+    **{f"tests/gpu/{name}.py": FAST for name in ("test_cache_gpu", "test_device_gpu", "test_operators_gpu")},
+}
+
+# single tests whose cost differs from their file's ("file::test name", parameters left out)
+TESTS: dict[str, frozenset[str]] = {
+    "tests/unit/test_calibrate_collective.py::test_two_gloo_processes_give_a_usable_fit": frozenset({"processes"}),
+    "tests/unit/test_calibrate_collective.py::test_processes_that_do_not_finish_in_time_are_killed_and_named":
+        frozenset({"processes"}),
+    "tests/unit/test_render.py::test_svg_is_deterministic_across_processes": frozenset({"processes"}),
+    "tests/integration/test_cli_plan.py::test_planning_imports_no_torch_or_dask": frozenset({"processes"}),
+    "tests/integration/test_cli_spec_hostile.py::test_loader_crashers_in_subprocess": frozenset({"processes"}),
+    "tests/integration/test_cli_spec_hostile.py::test_fifo_as_spec_does_not_block": frozenset({"processes"}),
+    "tests/integration/test_cli_doctor.py::test_doctor_on_this_machine": frozenset({"processes"}),
+    "tests/integration/test_cli_doctor.py::test_a_collective_that_cannot_start_fails": frozenset({"processes"}),
+    "tests/unit/test_spec_yaml_scan.py::test_scan_never_counts_more_than_the_document_has": frozenset({"fuzz"}),
+    **{f"tests/unit/{test}": frozenset({"thorough"}) for test in (
+        "test_planner_shard.py::test_wide_1000_on_64_h100s_has_bytes_per_rank_for_every_group",
+        "test_planner_shard.py::test_more_ranks_less_memory_and_link_changes_across_nodes",
+        "test_plan_contract.py::test_plan_round_trips_through_json",
+        "test_plan_contract.py::test_cpu_without_budget_keeps_every_table_resident",
+        "test_operators_fused_update.py::test_long_chunks_on_a_strided_table_equal_the_reference",
+        "test_planner_manager.py::test_every_spec_plans_validates_and_is_deterministic",
+        "test_cache_scratchpad.py::test_planner_bytes_per_step_match_counters",
+    )},
+}
+
+
+def tiers_of(path: str, test: str) -> frozenset[str] | None:
+    """The tier markers of test `test` (its function name) in file `path` (relative to the repo,
+    with `/`); None when the file is in no tier."""
+    override = TESTS.get(f"{path}::{test}")
+    if override is not None:
+        return override
+    return FILES.get(path)
