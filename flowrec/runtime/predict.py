@@ -11,7 +11,6 @@ Example:
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,9 +21,11 @@ import pyarrow as pa
 import torch
 
 from flowrec.data.encode import Encoder
-from flowrec.data.encoder_record import EncoderRecord, find_record, load_encoder
+from flowrec.data.encoder_record import ENCODER_FILE, EncoderRecord, find_record, load_encoder
 from flowrec.data.layout import DataError
-from flowrec.runtime.package import MODEL_FILE, SPEC_FILE, encoded_inputs, read_manifest
+from flowrec.runtime.package import MODEL_FILE, SPEC_FILE, encoded_inputs, read_manifest, verify_files
+from flowrec.runtime.pt2_check import check_archive
+from flowrec.spec.json_doc import read_json_document
 from flowrec.spec.load import spec_from_dict
 from flowrec.spec.model import ModelSpec
 from flowrec.spec.validate import validate_document
@@ -86,30 +87,38 @@ class LoadedModel:
 def load_model(path: str | Path) -> LoadedModel:
     """Load a model package written by `flowrec export` (torch.export program + encoder).
 
+    The package is untrusted input: every file is checked against the digest its manifest records,
+    and model.pt2 is checked to hold plain tensors and ATen operators only (`check_archive`),
+    before torch reads it; nothing in it is unpickled or run.
+
     Raises:
-        ValueError: `path` is not a package, or a part of it is missing or damaged (one line).
+        ValueError: `path` is not a package, or a part of it is missing, damaged, changed or refused (one line).
     """
     path = Path(path)
     manifest = read_manifest(path)
-    spec = _spec(path / SPEC_FILE)
     try:
+        verify_files(path, manifest, [MODEL_FILE, SPEC_FILE, ENCODER_FILE])
         record = find_record(path)
+        verify_files(path, manifest, [str(Path(p).relative_to(path)) for p in record.vocab_files.values()])
+        spec = _spec(path / SPEC_FILE)
+        encoder = load_encoder(record, spec)
     except DataError as exc:
         raise ValueError(str(exc)) from None
     if record.fingerprint != manifest.get("encoder_fingerprint"):
         raise ValueError(f"{path}: encoder.json does not match the manifest's encoder fingerprint")
+    check_archive(path / MODEL_FILE)
     try:
         program = torch.export.load(path / MODEL_FILE).module()
     except Exception as exc:  # any failure to read the program is a damaged package
         raise ValueError(f"{path / MODEL_FILE} is not a usable exported program ({type(exc).__name__})") from None
-    return LoadedModel(path, spec, record, load_encoder(record, spec), program, manifest)
+    return LoadedModel(path, spec, record, encoder, program, manifest)
 
 
 def _spec(path: Path) -> ModelSpec:
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
-        raise ValueError(f"{path} is missing or not JSON") from None
+        doc = read_json_document(path)
+    except ValueError as exc:
+        raise ValueError(f"{path} is missing or not JSON: {exc}") from None
     issues = validate_document(doc) if isinstance(doc, dict) else ["not a mapping"]
     if issues:
         raise ValueError(f"{path} holds a spec that is not valid: {issues[0]}")
