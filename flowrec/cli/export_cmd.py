@@ -17,9 +17,9 @@ COMPARE_ROWS = 65_536  # evaluation rows the half-dtype score difference is meas
 
 def export(
     run_dir: Path = typer.Argument(..., help="Run folder (with checkpoint.pt) or a checkpoint file."),
-    out: Path = typer.Argument(..., help="Package folder to create (absent or empty); never inside a run folder."),
+    out: Path = typer.Argument(..., help="Package folder to create (absent or empty); never inside a run folder, package or dataset."),
     dtype: str = typer.Option("fp32", "--dtype", help="Table dtype in the package: fp32, fp16 or bf16 (half the bytes; the largest score difference on the run's evaluation data is reported)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUT when it holds a package or other files (never a run folder)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUT when it holds a model package or other files (never a run folder, dataset or encoder)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No summary lines."),
 ) -> None:
     """Export a trained run as a self-contained model package.
@@ -44,8 +44,8 @@ def export(
 
     if dtype not in DTYPES:
         fail(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
-    _check_target(run_dir, out, overwrite)
     folder = checkpoint_path(run_dir).parent
+    _check_target(folder, out, overwrite)
     staged = out.with_name(f".{out.name}.export-tmp")
     remove_partial(staged)
     try:
@@ -72,18 +72,16 @@ def export(
 
 
 
-def _check_target(run_dir: Path, out: Path, overwrite: bool) -> None:
-    """OUT: a new or empty folder, or (with --overwrite) a folder that holds no run."""
-    from flowrec.runtime.rundir import has_run, is_inside_run
+def _check_target(folder: Path, out: Path, overwrite: bool) -> None:
+    """OUT: a new or empty folder, or (with --overwrite) a model package; never in or over the run
+    folder or any folder flowrec owns for something else (`flowrec.data.output_guard`)."""
+    from flowrec.data.layout import DataError
+    from flowrec.data.output_guard import check_folder_output
 
-    if is_inside_run(out) or has_run(out) or (out / "run.json").exists():
-        fail(f"refusing to write {out}: it is a file of a training run or its folder (only that run writes there)")
-    if out.exists() and not out.is_dir():
-        fail(f"{out} is a file; give a folder for the model package, e.g. {out.with_suffix('')}")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        fail(f"{out} is not empty; give --overwrite to replace it")
-    if not out.parent.is_dir():
-        fail(f"cannot export to {out}: folder {out.parent} does not exist")
+    try:
+        check_folder_output(out, [folder], overwrite, "a model package")
+    except DataError as exc:
+        fail(str(exc))
 
 
 def _last_eval(folder: Path) -> dict[str, Any]:

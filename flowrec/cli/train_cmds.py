@@ -594,6 +594,7 @@ def evaluate_run(
     group_by: Optional[str] = typer.Option(None, "--group-by", help="A one-id categorical feature (e.g. user_id): also report gAUC, the AUC of each of its values weighted by its samples. Default: the spec's training.eval_group_by."),
     json_out: Optional[str] = typer.Option(None, "--json", help="Also write the metrics as JSON to this file ('-': stdout, instead of the table)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No table on stdout (with --json FILE: only the file)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the --json FILE when it exists (never a file of a run, package or dataset)."),
 ) -> None:
     """Score a trained checkpoint on a dataset.
 
@@ -608,10 +609,13 @@ def evaluate_run(
       flowrec eval runs/ml/best --data runs/ml/data/test --json -
     """
     from flowrec.data.layout import DataError
+    from flowrec.data.output_guard import check_file_output
     from flowrec.planner.contract import scoring_plan
     from flowrec.runtime.serving import load_trained
 
     try:
+        if json_out not in (None, "-"):
+            check_file_output(Path(json_out), [run_dir, data], overwrite)
         trained = load_trained(run_dir, device, scoring_plan)
         metrics = trained.evaluate_dataset(data, group_by or trained.spec.training.eval_group_by)
     except (DataError, OSError, ValueError, RuntimeError) as exc:
@@ -633,8 +637,11 @@ def _write_metrics(metrics: dict, json_out: Optional[str], quiet: bool = False) 
     for line in [] if quiet else metrics_table(metrics):
         typer.echo(line)
     if json_out is not None:
+        from flowrec.data.output_guard import atomic_output
+
         try:
-            Path(json_out).write_text(text, encoding="utf-8")
+            with atomic_output(Path(json_out)) as tmp:
+                tmp.write_text(text, encoding="utf-8")
         except OSError as exc:
             fail(f"cannot write {json_out}: {exc.strerror or exc}")
 

@@ -23,6 +23,7 @@ import torch
 from flowrec.data.encode import Encoder
 from flowrec.data.encoder_record import ENCODER_FILE, EncoderRecord, find_record, load_encoder
 from flowrec.data.layout import DataError
+from flowrec.data.sources import FLOAT32_MAX
 from flowrec.runtime.package import MODEL_FILE, SPEC_FILE, encoded_inputs, read_manifest, verify_files
 from flowrec.runtime.pt2_check import check_archive
 from flowrec.spec.json_doc import read_json_document
@@ -74,12 +75,15 @@ class LoadedModel:
         """One score column per head for each raw row (pandas or Arrow table of raw columns).
 
         Raises:
-            DataError: a raw column the model needs is missing.
+            DataError: a raw column the model needs is missing, or a dense value is not a finite
+                float32 (missing values: null, or NaN in a DataFrame).
         """
         raw = pa.Table.from_pandas(table, preserve_index=False) if isinstance(table, pd.DataFrame) else table
         missing = [c for c in self.raw_columns() if c not in raw.column_names]
         if missing:
             raise DataError(f"the rows lack columns {missing} that model {self.spec.name!r} reads")
+        for f in self.spec.dense_features:
+            check_finite(raw.column(self.encoder.source(f.name)), self.encoder.source(f.name))
         scores = self.score_encoded(self.encoder.encode(raw, labels=False))
         return pd.DataFrame({h: scores[:, i] for i, h in enumerate(self.heads)})
 
@@ -123,3 +127,19 @@ def _spec(path: Path) -> ModelSpec:
     if issues:
         raise ValueError(f"{path} holds a spec that is not valid: {issues[0]}")
     return spec_from_dict(doc)
+
+
+def check_finite(column: pa.ChunkedArray | pa.Array, name: str) -> None:
+    """Raise DataError naming the first row whose dense value is present but not a finite float32
+    (inf, NaN stored as a value, beyond float32): CSV input refuses the same values."""
+    try:
+        values = pa.chunked_array([column]) if isinstance(column, pa.Array) else column
+        x = values.cast(pa.float64()).to_numpy(zero_copy_only=False)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        raise DataError(f"column {name} holds values that are not numbers (type {column.type})") from None
+    present = ~np.asarray(values.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+    with np.errstate(invalid="ignore"):
+        wrong = np.flatnonzero(present & ~(np.abs(x) <= FLOAT32_MAX))
+    if len(wrong):
+        raise DataError(f"row {int(wrong[0]) + 1}: dense column {name} holds {x[wrong[0]]!r}; dense values "
+                        f"must be finite float32 numbers ({len(wrong):,} such rows)")
