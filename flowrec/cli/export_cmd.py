@@ -1,7 +1,6 @@
 """`flowrec export RUN OUT/`: write a model package (flowrec.runtime.package) from a trained run."""
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 from typing import Any, Iterator, Optional
@@ -10,6 +9,7 @@ import typer
 
 from flowrec.cli.common import fail
 from flowrec.runtime.messages import first_line
+from flowrec.spec.json_doc import parse_json_text
 
 EXIT_INTERRUPTED = 130
 COMPARE_ROWS = 65_536  # evaluation rows the half-dtype score difference is measured on
@@ -91,7 +91,7 @@ def _last_eval(folder: Path) -> dict[str, Any]:
     if path.is_file():
         for line in path.read_text().splitlines():
             try:
-                record = json.loads(line)
+                record = parse_json_text(line, str(path))
             except ValueError:
                 continue
             if isinstance(record, dict) and record.get("event") == "eval":

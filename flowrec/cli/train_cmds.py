@@ -19,6 +19,7 @@ from flowrec.runtime.messages import first_line
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
 EXIT_OUT_OF_MEMORY = 3
 EXIT_RANK_FAILED = 4  # another rank died or hung: this one stopped at the --dist-timeout
+MAX_DIST_TIMEOUT_S = 7 * 24 * 3600  # a week: the largest --dist-timeout (torch's timedelta overflows far above)
 
 
 def _say(message: str) -> None:
@@ -73,7 +74,7 @@ def train(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     json_out: bool = typer.Option(False, "--json", help="Print the final result as JSON on stdout."),
     nproc: int = typer.Option(1, "--nproc", min=1, help="Train on N local processes (ranks) through torch.distributed's launcher: row-wise sharded tables, data-parallel dense part, rank r trains slice r of every global batch (same parameters as one process, to rounding). For many nodes launch `torchrun ... -m flowrec train ...` instead. Default: 1."),
-    dist_timeout: float = typer.Option(300.0, "--dist-timeout", min=1.0, help="Seconds a rank waits for the others in a collective: a rank that died or hung makes the others exit (status 4) within this time, naming themselves. Default: 300."),
+    dist_timeout: float = typer.Option(300.0, "--dist-timeout", help="Seconds a rank waits for the others in a collective (1 .. 604800, a week): a rank that died or hung makes the others exit (status 4) within this time, naming themselves. Default: 300."),
     max_restarts: int = typer.Option(0, "--max-restarts", min=0, help="With --nproc: restart every rank up to N times after a failure; the run continues from its last checkpoint. Default: 0."),
 ) -> None:
     """Train a spec end to end: plan, stage data, train, evaluate, checkpoint.
@@ -162,6 +163,9 @@ def _check_options(request: RunRequest) -> None:
         fail(f"--cache must be one of {', '.join(CACHE_POLICIES)}, not {given['cache']!r}")
     if given["nan_policy"] is not None and given["nan_policy"] not in NAN_POLICIES:
         fail(f"--nan-policy must be one of {', '.join(NAN_POLICIES)}, not {given['nan_policy']!r}")
+    if not 1.0 <= request.dist_timeout <= MAX_DIST_TIMEOUT_S:  # NaN fails both comparisons
+        fail(f"--dist-timeout must be a number of seconds in 1..{MAX_DIST_TIMEOUT_S} (a week), "
+             f"not {request.dist_timeout!r}")
     if request.resume is not None and request.overwrite:
         fail("--resume continues a run and --overwrite replaces it; give one of them")
     if request.init_from is not None and request.resume is not None:
