@@ -71,14 +71,14 @@ def owning_folder(path: Path) -> tuple[Path, str] | None:
 def check_file_output(out: Path, inputs: Sequence[Path], overwrite: bool, option: str = "--overwrite") -> None:
     """Raise OutputError unless the file `out` may be (re)written by a command reading `inputs`."""
     out = Path(out)
-    if out.is_dir():
-        raise OutputError(f"{out} is a folder; give a file name")
     if not out.parent.is_dir():
         raise OutputError(f"cannot write {out}: folder {out.parent} does not exist")
     owned = owning_folder(out.parent)
     if owned is not None:
-        raise OutputError(f"refusing to write {out}: {owned[0]} is {owned[1]}'s folder (flowrec writes there "
-                          "only for it); write the output elsewhere")
+        raise OutputError(f"refusing to write {out}: it lies in {owned[0]}, {owned[1]}'s folder (flowrec "
+                          "writes there only for it); write the output elsewhere")
+    if out.is_dir():
+        raise OutputError(f"{out} is a folder; give a file name")
     _check_inputs(out, inputs)
     if os.path.lexists(out) and not overwrite:
         raise OutputError(f"{out} exists; give {option} to replace it")
@@ -88,14 +88,14 @@ def check_folder_output(out: Path, inputs: Sequence[Path], overwrite: bool, kind
     """Raise OutputError unless the folder `out` may be created, or replaced (with `overwrite`)
     when it is empty or holds `kind` ("a model package", "a dataset")."""
     out = Path(out)
-    if os.path.lexists(out) and not out.is_dir():
-        raise OutputError(f"{out} is a file; give a folder for the output")
     if not out.parent.is_dir():
         raise OutputError(f"cannot write {out}: folder {out.parent} does not exist")
     owned = owning_folder(out.parent)
     if owned is not None:
         raise OutputError(f"refusing to write {out}: it lies in {owned[0]}, {owned[1]}'s folder (flowrec "
                           "writes there only for it)")
+    if os.path.lexists(out) and not out.is_dir():
+        raise OutputError(f"{out} is a file; give a folder for the output")
     owner = owner_of(out) if out.is_dir() else None
     if owner is not None and owner != kind:
         raise OutputError(f"refusing to write {out}: it is {owner}'s folder, not {kind}'s")
@@ -105,13 +105,14 @@ def check_folder_output(out: Path, inputs: Sequence[Path], overwrite: bool, kind
 
 
 def _check_inputs(out: Path, inputs: Sequence[Path]) -> None:
-    """The output is none of the inputs, holds none, lies in none, and shares no file (inode)."""
+    """The output is none of the inputs, holds none, and is no file of one (same inode: a hard
+    link, or a file inside an input folder); a new file inside an input folder replaces nothing."""
     target = out.resolve()
     written = _identity(out)
     for given in inputs:
         source = Path(given).resolve()
-        if target == source or source.is_relative_to(target) or target.is_relative_to(source):
-            raise OutputError(f"refusing to write {out}: it would replace or lie in the input {given}")
+        if target == source or source.is_relative_to(target):
+            raise OutputError(f"refusing to write {out}: it would replace the input {given}")
         if written is not None and written in _identities(source):
             raise OutputError(f"refusing to write {out}: it is the input {given} (the same file, linked)")
 
