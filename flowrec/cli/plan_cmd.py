@@ -55,9 +55,8 @@ def plan(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace output files that exist (never a file of a run, package or dataset, nor an input)."),
 ) -> None:
     model = load_spec_or_exit(spec)
-    files = {p: Path(p) for p in (json_out, dot, svg, png) if p is not None and str(p) != "-"}
-    guard_outputs(list(files.values()), [spec, profile, Path(target) if target and is_profile_path(target) else None],
-                  overwrite)
+    files = [Path(p) for p in (json_out, dot, svg, png) if p is not None and str(p) != "-"]
+    guard_outputs(files, [spec, profile, Path(target) if target and is_profile_path(target) else None], overwrite)
     if until not in STAGES:
         fail(f"--until must be one of {', '.join(STAGES)}, not {until!r}")
     if cache is not None:

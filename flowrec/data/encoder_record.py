@@ -208,6 +208,7 @@ def write_record(record: EncoderRecord, folder: Path) -> None:
     for table, source in record.vocab_files.items():
         target = folder / VOCAB_SUBDIR / f"{plain_name(table, 'vocabulary table')}.parquet"
         if Path(source).resolve() != target.resolve():
+            checked_vocab(record, table)  # a changed vocabulary is refused, never copied on
             shutil.copyfile(source, target)
     text = json.dumps(record.document(), indent=2) + "\n"
     staged = folder / f".{ENCODER_FILE}.tmp"

@@ -13,7 +13,7 @@ Example:
     >>> plain_name("../x", "table")
     Traceback (most recent call last):
     ...
-    flowrec.data.layout.DataError: table '../x' is not a plain name (no '/', '\\\\', '..' or control characters)
+    flowrec.data.layout.DataError: table '../x' is not a plain name (one file name: no slashes, no '..', no control characters)
 """
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ def plain_name(name: object, what: str) -> str:
     """`name` if it is one plain path component (what a table or file name must be), else DataError."""
     if (not isinstance(name, str) or not name or name in (".", "..") or _UNSAFE.search(name)
             or len(name) > MAX_NAME_CHARS):
-        raise DataError(f"{what} {str(name)[:80]!r} is not a plain name (no '/', '\\\\', '..' or control "
-                        "characters)")
+        raise DataError(f"{what} {str(name)[:80]!r} is not a plain name (one file name: no slashes, no '..', "
+                        "no control characters)")
     return name
 
 

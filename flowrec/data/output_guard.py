@@ -73,7 +73,7 @@ def check_file_output(out: Path, inputs: Sequence[Path], overwrite: bool, option
     out = Path(out)
     if not out.parent.is_dir():
         raise OutputError(f"cannot write {out}: folder {out.parent} does not exist")
-    owned = owning_folder(out.parent)
+    owned = owning_folder(out.parent) or owning_folder(out.resolve().parent)  # a link into such a folder
     if owned is not None:
         raise OutputError(f"refusing to write {out}: it lies in {owned[0]}, {owned[1]}'s folder (flowrec "
                           "writes there only for it); write the output elsewhere")
@@ -112,7 +112,8 @@ def _check_inputs(out: Path, inputs: Sequence[Path]) -> None:
     for given in inputs:
         source = Path(given).resolve()
         if target == source or source.is_relative_to(target):
-            raise OutputError(f"refusing to write {out}: it would replace the input {given}")
+            raise OutputError(f"refusing to write {out}: it would replace {given}, which this command reads "
+                              "(or writes as another output)")
         if written is not None and written in _identities(source):
             raise OutputError(f"refusing to write {out}: it is the input {given} (the same file, linked)")
 
