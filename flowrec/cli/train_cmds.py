@@ -382,8 +382,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
                          nan_policy=settings["nan_policy"])
     trainer = Trainer(session.spec, session.plan, session.model, config, plan_json(session.plan))
     hooks = _console_hooks(trainer, request.quiet) if trainer.lead else None
-    resume_cmd = (f"flowrec train {shlex.quote(str(request.spec_path))} "
-                  f"--resume {shlex.quote(str(folder))}")
+    resume_cmd = _resume_command(request.spec_path, folder)
     try:
         if state is not None:
             trainer.load_state(state, folder / CHECKPOINT_NAME)
@@ -435,6 +434,15 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     if result.interrupted:
         _say(f"interrupted: checkpoint saved; continue with  {resume_cmd}")
         raise typer.Exit(EXIT_INTERRUPTED)
+
+
+def _resume_command(spec_path: Path, folder: Path) -> str:
+    """The command that continues this run as it was launched (`--nproc N` for N local ranks)."""
+    from flowrec.cli.ranks import launched_nproc
+
+    nproc = launched_nproc()
+    return (f"flowrec train {shlex.quote(str(spec_path))} --resume {shlex.quote(str(folder))}"
+            f"{f' --nproc {nproc}' if nproc and nproc > 1 else ''}")
 
 
 def _for_ranks(plan, spec, ranks: int):

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from flowrec.graph.kinds import OPTIMIZERS
-from flowrec.spec.json_doc import read_json_document
+from flowrec.spec.json_doc import NotJsonError, read_json_document
 
 PROFILE_FORMAT = "flowrec-device-profile"
 PROFILE_VERSION = 3
@@ -82,8 +82,10 @@ def read_profile(path: Path) -> dict[str, Any]:
     path = Path(path)
     try:
         doc = read_json_document(path)
+    except NotJsonError:
+        raise ProfileError(f"{path} is not a device profile (not JSON)") from None
     except ValueError as exc:
-        raise ProfileError(f"{path} is not a readable device profile: {exc}") from None
+        raise ProfileError(f"cannot read device profile {path}: {exc}") from None
     if not isinstance(doc, dict) or doc.get("format") != PROFILE_FORMAT:
         raise ProfileError(f"{path} is not a flowrec device profile (make one with `flowrec calibrate`)")
     if doc.get("version") not in READABLE_VERSIONS:

@@ -24,6 +24,10 @@ from flowrec.spec.json_scan import scan_json
 from flowrec.spec.read import MAX_DEPTH, MAX_SPEC_BYTES
 
 
+class NotJsonError(ValueError):
+    """The text is within the limits but is not JSON (one line)."""
+
+
 def read_json_document(path: str | Path, finite: bool = False, max_bytes: int = MAX_SPEC_BYTES) -> Any:
     """The JSON document in `path` (see the module docstring). Raises ValueError (one line)."""
     path = Path(path)
@@ -58,4 +62,4 @@ def parse_json_text(text: str, where: str, finite: bool = False) -> Any:
     try:
         return json.loads(text)
     except ValueError as exc:
-        raise ValueError(f"{where} is not JSON ({exc})") from None
+        raise NotJsonError(f"{where} is not JSON ({exc})") from None
