@@ -75,8 +75,8 @@ class LoadedModel:
         """One score column per head for each raw row (pandas or Arrow table of raw columns).
 
         Raises:
-            DataError: a raw column the model needs is missing, or a dense value is not a finite
-                float32 (missing values: null, or NaN in a DataFrame).
+            DataError: a raw column the model needs is missing, or a dense value is infinite or
+                beyond float32 (null and NaN are missing values, filled as the encoder says).
         """
         raw = pa.Table.from_pandas(table, preserve_index=False) if isinstance(table, pd.DataFrame) else table
         missing = [c for c in self.raw_columns() if c not in raw.column_names]
@@ -130,16 +130,15 @@ def _spec(path: Path) -> ModelSpec:
 
 
 def check_finite(column: pa.ChunkedArray | pa.Array, name: str) -> None:
-    """Raise DataError naming the first row whose dense value is present but not a finite float32
-    (inf, NaN stored as a value, beyond float32): CSV input refuses the same values."""
+    """Raise DataError naming the first row whose dense value is infinite or beyond float32, as CSV
+    input refuses them (null and NaN are missing values, filled, as CSV's empty and `nan` are)."""
     try:
         values = pa.chunked_array([column]) if isinstance(column, pa.Array) else column
         x = values.cast(pa.float64()).to_numpy(zero_copy_only=False)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
         raise DataError(f"column {name} holds values that are not numbers (type {column.type})") from None
-    present = ~np.asarray(values.is_null().to_numpy(zero_copy_only=False), dtype=bool)
     with np.errstate(invalid="ignore"):
-        wrong = np.flatnonzero(present & ~(np.abs(x) <= FLOAT32_MAX))
+        wrong = np.flatnonzero(np.abs(x) > FLOAT32_MAX)  # NaN (and null, read as NaN) compares False
     if len(wrong):
-        raise DataError(f"row {int(wrong[0]) + 1}: dense column {name} holds {x[wrong[0]]!r}; dense values "
-                        f"must be finite float32 numbers ({len(wrong):,} such rows)")
+        raise DataError(f"row {int(wrong[0]) + 1}: dense column {name} holds {float(x[wrong[0]])!r}; dense "
+                        f"values must be finite float32 numbers ({len(wrong):,} such rows)")

@@ -88,7 +88,8 @@ def test_a_signal_to_the_launch_stops_every_rank_and_the_printed_command_continu
                            stderr=subprocess.PIPE, text=True)
     try:
         launch = _wait_for_ranks_training(job, work / out / "metrics.jsonl")
-        ranks = [p for p in launch if b"flowrec\x00train" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        cmdlines = {p: Path(f"/proc/{p}/cmdline").read_bytes() for p in launch}
+        ranks = [p for p, c in cmdlines.items() if b"flowrec\x00train" in c and b"flowrec.cli.ranks" not in c]
         assert len(ranks) == 2, ranks
         job.send_signal(sig)
         err = job.communicate(timeout=EXIT_S)[1]

@@ -275,7 +275,7 @@ VALUES = {  # case -> (argv, flowrec's words, what to prepare, status lines may 
     "resume_with_nested_run_json": (train("--resume", "{r}/run"), "nested deeper", _write("run/run.json", NESTED),
                                     False),
     "parquet_rows_with_inf": (predict_rows(), "must be finite float32", _parquet_with(math.inf), False),
-    "parquet_rows_with_nan_as_a_value": (predict_rows(), "must be finite float32", _parquet_with(math.nan), False),
+    "parquet_rows_with_minus_inf": (predict_rows(), "must be finite float32", _parquet_with(-math.inf), False),
     "parquet_rows_beyond_float32": (predict_rows(), "must be finite float32", _parquet_with(1e300), False),
     "keep_a_head": (predict_rows("--keep", "ctr"), "already has a column ctr", _parquet_with(1.0), False),
     "keep_twice": (predict_rows("--keep", "user", "--keep", "user"), "given twice", _parquet_with(1.0), False),
@@ -324,3 +324,18 @@ def test_a_dataframe_with_inf_in_a_dense_column_is_refused_by_the_api(case: Path
         model.predict(rows)
     rows.loc[5, "price"] = np.nan  # a missing value in a DataFrame: filled as the encoder says
     assert np.isfinite(model.predict(rows)["ctr"].to_numpy()).all()
+
+
+def test_nan_in_a_parquet_dense_column_is_a_missing_value_as_in_csv(case: Path):
+    """Parquet's NaN stored as a value scores like CSV's `nan` text: a missing value, filled."""
+    _parquet_with(math.nan)(case)
+    pd.read_parquet(case / "rows.parquet").assign(price=lambda d: d["price"].astype(str)).to_csv(
+        case / "rows.csv", index=False)
+    assert "nan" in (case / "rows.csv").read_text()
+    for fmt, rows in (("parquet", "rows.parquet"), ("csv", "rows.csv")):
+        done = runner.invoke(app, ["predict", str(case / "pkg"), str(case / rows), "--format", fmt, "-q", "--out",
+                                   str(case / f"{fmt}.parquet")])
+        assert done.exit_code == 0, done.output
+    a, b = pd.read_parquet(case / "parquet.parquet"), pd.read_parquet(case / "csv.parquet")
+    assert np.isfinite(a["ctr"]).all()
+    np.testing.assert_allclose(a["ctr"], b["ctr"], rtol=0, atol=1e-6)
