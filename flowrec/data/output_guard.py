@@ -33,7 +33,7 @@ OWNERS = (
     ("an encoder", {"encoder.json": b'"flowrec-encoder"'}),
 )
 MARKER_BYTES = 1 << 16  # bytes of a marker file searched for its format name
-MAX_INPUT_FILES = 100_000  # files of an input folder compared by inode (a dataset's part files)
+MAX_INPUT_FILES = 100_000  # files of a folder looked at (an input's part files, a replaced folder's entries)
 
 
 class OutputError(DataError):
@@ -102,6 +102,21 @@ def check_folder_output(out: Path, inputs: Sequence[Path], overwrite: bool, kind
     _check_inputs(out, inputs)
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise OutputError(f"{out} is not empty; give --overwrite to replace it")
+    held = _owned_below(out) if owner is None and out.is_dir() else None
+    if held is not None:
+        raise OutputError(f"refusing to replace {out}: it holds {held[1]}'s folder {held[0]}, which only "
+                          "that owner writes")
+
+
+def _owned_below(folder: Path) -> tuple[Path, str] | None:
+    """The first folder below `folder` that flowrec owns (bounded walk), or None."""
+    for n, path in enumerate(folder.rglob("*")):
+        if n >= MAX_INPUT_FILES:
+            return None
+        owner = owner_of(path) if path.is_dir() and not path.is_symlink() else None
+        if owner is not None:
+            return path, owner
+    return None
 
 
 def _check_inputs(out: Path, inputs: Sequence[Path]) -> None:

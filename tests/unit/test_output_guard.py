@@ -9,7 +9,14 @@ import pytest
 
 from flowrec.data.layout import META_FILE, DataError
 from flowrec.data.names import inside, plain_name
-from flowrec.data.output_guard import OWNERS, OutputError, atomic_output, check_file_output, owner_of
+from flowrec.data.output_guard import (
+    OWNERS,
+    OutputError,
+    atomic_output,
+    check_file_output,
+    check_folder_output,
+    owner_of,
+)
 from flowrec.spec.json_doc import parse_json_text
 
 
@@ -82,3 +89,15 @@ def test_nan_is_refused_only_where_numbers_must_be_finite():
     assert math.isnan(parse_json_text('{"a": NaN}', "x.json")["a"])
     with pytest.raises(ValueError, match="NaN"):
         parse_json_text('{"a": NaN}', "x.json", finite=True)
+
+
+def test_overwrite_never_replaces_a_folder_that_holds_a_run_or_dataset(tmp_path: Path):
+    (tmp_path / "out" / "runs" / "x").mkdir(parents=True)
+    (tmp_path / "out" / "notes.txt").write_text("mine")
+    check_folder_output(tmp_path / "out", [], overwrite=True, kind="a model package")
+    (tmp_path / "out" / "runs" / "x" / "checkpoint.pt").write_bytes(b"")
+    with pytest.raises(OutputError, match="holds a training run's folder"):
+        check_folder_output(tmp_path / "out", [], overwrite=True, kind="a model package")
+    (tmp_path / "ds" / "train").mkdir(parents=True)
+    (tmp_path / "ds" / "train" / META_FILE).write_text("{}")
+    check_folder_output(tmp_path / "ds", [], overwrite=True, kind="a dataset")  # its own kind: replaced whole
