@@ -64,6 +64,7 @@ GUARD_NODES = (ast.Expression, ast.Compare, ast.BinOp, ast.UnaryOp, ast.BoolOp, 
 GUARD_NAMES = {"L", "math"}
 GUARD_ATTRIBUTES = {"size", "stride", "storage_offset", "dim", "isnan", "inf"}
 _PLAIN_TEXT = re.compile(r"[^'\"\\\n\r]*")  # a string constant of a guard (it is pasted into code)
+_LINE_BREAKS = re.compile(r"[\r\x00]")  # Python reads a lone CR as a line break: never in generated comments
 
 
 class ArchiveError(ValueError):
@@ -156,6 +157,9 @@ def _check_program(doc: dict, path: Path) -> None:
         raise ArchiveError(f"{path}: {PROGRAM} has no graph_module")
     for guard in doc.get("guards_code") or []:
         _check_guard(guard, path)
+    if any(isinstance(v, str) and _LINE_BREAKS.search(v) for _, v in _walk(doc)):
+        raise ArchiveError(f"{path}: {PROGRAM} holds text with a carriage return or NUL (which would end a line "
+                           "of the code torch generates from it)")
     for key, value in _walk(doc):
         if key == "target" and isinstance(value, str) and not (TARGET.fullmatch(value) or value in SYM_OPS):
             raise ArchiveError(f"{path}: the program calls {value[:80]!r}, not an ATen operator")

@@ -183,6 +183,8 @@ ARCHIVES = {  # case -> (edit of the archive given the marker path, flowrec's wo
     "parameter_name_as_code": (program_edit(lambda d, m: d["graph_module"]["signature"]["input_specs"][0][
         "parameter"].update(parameter_name='x") or __import__("os").system("touch ' + str(m) + '") or ("')),
         "names a parameter"),
+    "stack_trace_with_a_carriage_return": (program_edit(lambda d, m: _first_node(d)["metadata"].update(
+        stack_trace=f'File "x.py", line 1, in f\n    y = 1\rimport os; os.system("touch {m}")')), "carriage return"),
     "nested_program": (lambda m: lambda e: e.update({ROOT + "models/model.json": b"[" * 100_000}), "nested deeper"),
     "not_a_zip": (lambda m: None, "not a zip archive"),
     "empty": (lambda m: None, "is empty"),
