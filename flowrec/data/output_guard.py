@@ -79,6 +79,9 @@ def check_file_output(out: Path, inputs: Sequence[Path], overwrite: bool, option
                           "writes there only for it); write the output elsewhere")
     if out.is_dir():
         raise OutputError(f"{out} is a folder; give a file name")
+    if os.path.lexists(out) and not out.is_file():
+        raise OutputError(f"refusing to write {out}: it is not a regular file (a device, pipe, socket or "
+                          "broken link)")
     _check_inputs(out, inputs)
     if os.path.lexists(out) and not overwrite:
         raise OutputError(f"{out} exists; give {option} to replace it")

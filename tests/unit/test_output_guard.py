@@ -3,6 +3,7 @@ the old file, names from files stay in their folder, JSON documents are bounded.
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -101,3 +102,13 @@ def test_overwrite_never_replaces_a_folder_that_holds_a_run_or_dataset(tmp_path:
     (tmp_path / "ds" / "train").mkdir(parents=True)
     (tmp_path / "ds" / "train" / META_FILE).write_text("{}")
     check_folder_output(tmp_path / "ds", [], overwrite=True, kind="a dataset")  # its own kind: replaced whole
+
+
+def test_an_existing_output_that_is_not_a_regular_file_is_refused(tmp_path: Path):
+    os.mkfifo(tmp_path / "pipe")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    for name in ("pipe", "dangling"):
+        with pytest.raises(OutputError, match="not a regular file"):
+            check_file_output(tmp_path / name, [], overwrite=True)
+    with pytest.raises(OutputError, match="not a regular file"):
+        check_file_output(Path("/dev/null"), [], overwrite=True)
