@@ -21,7 +21,7 @@ import pyarrow as pa
 import torch
 
 from flowrec.data.encode import Encoder
-from flowrec.data.encoder_record import ENCODER_FILE, EncoderRecord, find_record, load_encoder
+from flowrec.data.encoder_record import ENCODER_FILE, EncoderRecord, load_encoder, read_record
 from flowrec.data.layout import DataError
 from flowrec.data.sources import FLOAT32_MAX
 from flowrec.runtime.package import MODEL_FILE, SPEC_FILE, encoded_inputs, read_manifest, verify_files
@@ -102,7 +102,7 @@ def load_model(path: str | Path) -> LoadedModel:
     manifest = read_manifest(path)
     try:
         verify_files(path, manifest, [MODEL_FILE, SPEC_FILE, ENCODER_FILE])
-        record = find_record(path)
+        record = read_record(path)  # the package's own encoder.json (verified), never a folder below it
         verify_files(path, manifest, [str(Path(p).relative_to(path)) for p in record.vocab_files.values()])
         spec = _spec(path / SPEC_FILE)
         encoder = load_encoder(record, spec)
