@@ -327,3 +327,13 @@ def test_an_untouched_package_still_scores(case: Path):
                                  "--out", str(case / "scores.parquet"), "-q"])
     assert result.exit_code == 0, result.output
     assert len(pd.read_parquet(case / "scores.parquet")) == 50
+
+
+def test_files_the_manifest_does_not_list_are_never_read(case: Path):
+    """An encoder folder planted below the package (which `find_record` would prefer) is ignored."""
+    (case / "pkg" / "encoder").mkdir()
+    (case / "pkg" / "encoder" / "encoder.json").write_text('{"format": "flowrec-encoder", "version": 99}')
+    result = runner.invoke(app, ["predict", str(case / "pkg"), str(case / "new.csv"), "--format", "csv",
+                                 "--out", str(case / "scores.parquet"), "-q"])
+    assert result.exit_code == 0, result.output
+    assert len(pd.read_parquet(case / "scores.parquet")) == 50
