@@ -1,7 +1,7 @@
 """SIGTERM or SIGINT to `flowrec train --nproc 2` (what `kill`, `timeout` and schedulers send) reaches
 torch's launcher and both ranks: they checkpoint after the current step and exit, no process of the
 launch is left, and the printed resume command (which keeps `--nproc 2`) ends the run with the
-parameters of an uninterrupted one."""
+parameters of an uninterrupted one. SIGTERM to one process checkpoints as Ctrl-C does."""
 from __future__ import annotations
 
 import copy
@@ -38,9 +38,9 @@ def work(tmp_path_factory) -> Path:
     return root
 
 
-def _args(out: str) -> list[str]:
+def _args(out: str, nproc: int = 2) -> list[str]:
     return ["train", "spec.yaml", "--data", "d", "--out", out, "-q", "--eval-every", "0", "--checkpoint-every", "4",
-            "--nproc", "2"]
+            *(["--nproc", str(nproc)] if nproc > 1 else [])]
 
 
 def _descendants(pid: int) -> list[int]:
@@ -110,3 +110,25 @@ def test_a_signal_to_the_launch_stops_every_rank_and_the_printed_command_continu
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming" in resumed.stderr
     assert_same_model(work / f"ref_{sig.name}", work / out, tol=0)
+
+
+def test_sigterm_to_one_process_checkpoints_like_ctrl_c(work: Path):
+    """SIGTERM (not only Ctrl-C) stops a one-process run after its step, with a checkpoint to continue."""
+    reference = run_flowrec(*_args("ref_one", 1), cwd=work, root=ROOT, timeout_s=TIMEOUT_S)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    job = subprocess.Popen([sys.executable, "-m", "flowrec", *_args("run_one", 1)], cwd=work,
+                           env=subprocess_env(ROOT), stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for_ranks_training(job, work / "run_one" / "metrics.jsonl")
+        job.send_signal(signal.SIGTERM)
+        err = job.communicate(timeout=EXIT_S)[1]
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait(timeout=30)
+    assert job.returncode == 130 and "interrupted: checkpoint saved" in err, err[-3000:]
+    words = shlex.split(err.split("continue with  ")[-1].splitlines()[0])
+    assert words[-2:] == ["--resume", "run_one"], words
+    resumed = run_flowrec(*words[1:], cwd=work, root=ROOT, timeout_s=TIMEOUT_S)
+    assert resumed.returncode == 0 and "resuming" in resumed.stderr, resumed.stderr[-3000:]
+    assert_same_model(work / "ref_one", work / "run_one", tol=0)
