@@ -51,6 +51,8 @@ def owner_of(folder: Path) -> str | None:
 def _marks(path: Path, needle: bytes | None) -> bool:
     if needle is None:
         return os.path.lexists(path)
+    if not path.is_file():  # never open a pipe or a device named like a marker (it could block)
+        return False
     try:
         with open(path, "rb") as f:
             return needle in f.read(MARKER_BYTES)
@@ -68,7 +70,7 @@ def owning_folder(path: Path) -> tuple[Path, str] | None:
     return None
 
 
-def check_file_output(out: Path, inputs: Sequence[Path], overwrite: bool, option: str = "--overwrite") -> None:
+def check_file_output(out: Path, inputs: Sequence[Path], overwrite: bool) -> None:
     """Raise OutputError unless the file `out` may be (re)written by a command reading `inputs`."""
     out = Path(out)
     if not out.parent.is_dir():
@@ -84,7 +86,7 @@ def check_file_output(out: Path, inputs: Sequence[Path], overwrite: bool, option
                           "broken link)")
     _check_inputs(out, inputs)
     if os.path.lexists(out) and not overwrite:
-        raise OutputError(f"{out} exists; give {option} to replace it")
+        raise OutputError(f"{out} exists; give --overwrite to replace it")
 
 
 def check_folder_output(out: Path, inputs: Sequence[Path], overwrite: bool, kind: str) -> None:
