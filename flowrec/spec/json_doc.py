@@ -32,7 +32,8 @@ def read_json_document(path: str | Path, finite: bool = False, max_bytes: int = 
     """The JSON document in `path` (see the module docstring). Raises ValueError (one line)."""
     path = Path(path)
     try:
-        with open(path, "rb") as f:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a pipe named like the file must not block
+        with open(fd, "rb") as f:
             info = os.fstat(f.fileno())
             if not stat.S_ISREG(info.st_mode):
                 raise ValueError(f"{path} is not a regular file")

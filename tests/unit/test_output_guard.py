@@ -112,3 +112,14 @@ def test_an_existing_output_that_is_not_a_regular_file_is_refused(tmp_path: Path
             check_file_output(tmp_path / name, [], overwrite=True)
     with pytest.raises(OutputError, match="not a regular file"):
         check_file_output(Path("/dev/null"), [], overwrite=True)
+
+
+def test_a_pipe_named_like_a_json_document_is_refused_without_blocking(tmp_path: Path):
+    from flowrec.spec.json_doc import read_json_document
+
+    os.mkfifo(tmp_path / "run.json")
+    with pytest.raises(ValueError, match="not a regular file"):
+        read_json_document(tmp_path / "run.json")
+    (tmp_path / "pkg").mkdir()
+    os.mkfifo(tmp_path / "pkg" / "manifest.json")
+    assert owner_of(tmp_path / "pkg") is None  # a marker whose content is read is never opened as a pipe
