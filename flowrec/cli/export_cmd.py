@@ -1,7 +1,6 @@
 """`flowrec export RUN OUT/`: write a model package (flowrec.runtime.package) from a trained run."""
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -37,6 +36,7 @@ def export(
     """
     from flowrec.data.encoder_record import find_record
     from flowrec.data.layout import DataError
+    from flowrec.data.output_guard import replace_folder
     from flowrec.planner.contract import scoring_plan
     from flowrec.runtime.checkpoint import checkpoint_path
     from flowrec.runtime.package import DTYPES, remove_partial, write_package
@@ -53,9 +53,7 @@ def export(
         encoder = trained.encoder or find_record(folder)
         report = write_package(trained, staged, dtype, encoder, _last_eval(folder),
                                _compare_rows(folder, trained) if dtype != "fp32" else None, mapped=True)
-        if out.exists():
-            shutil.rmtree(out)
-        staged.rename(out)
+        replace_folder(staged, out)  # the old package stays until the new one is in place
     except (DataError, OSError, ValueError, RuntimeError) as exc:
         remove_partial(staged)
         fail(f"cannot export to {out}: {first_line(exc)}")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -172,3 +173,20 @@ def atomic_output(out: Path) -> Iterator[Path]:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def replace_folder(new: Path, out: Path) -> None:
+    """Rename the complete folder `new` to `out`; an existing `out` is moved aside first, put back
+    if the rename fails, and deleted after, so `out` is always the old folder or the new one."""
+    new, out = Path(new), Path(out)
+    if not os.path.lexists(out):
+        os.rename(new, out)
+        return
+    old = out.parent / f".{out.name}.old-{os.getpid()}-{secrets.token_hex(4)}"
+    os.rename(out, old)
+    try:
+        os.rename(new, out)
+    except OSError:
+        os.rename(old, out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)

@@ -17,6 +17,7 @@ from flowrec.data.output_guard import (
     check_file_output,
     check_folder_output,
     owner_of,
+    replace_folder,
 )
 from flowrec.spec.json_doc import parse_json_text
 
@@ -123,3 +124,16 @@ def test_a_pipe_named_like_a_json_document_is_refused_without_blocking(tmp_path:
     (tmp_path / "pkg").mkdir()
     os.mkfifo(tmp_path / "pkg" / "manifest.json")
     assert owner_of(tmp_path / "pkg") is None  # a marker whose content is read is never opened as a pipe
+
+
+def test_replacing_a_folder_keeps_the_old_one_when_the_new_cannot_be_moved_in(tmp_path: Path):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "old.txt").write_text("old")
+    with pytest.raises(OSError):
+        replace_folder(tmp_path / "missing", tmp_path / "out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"] and (tmp_path / "out" / "old.txt").is_file()
+    (tmp_path / "new").mkdir()
+    (tmp_path / "new" / "new.txt").write_text("new")
+    replace_folder(tmp_path / "new", tmp_path / "out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["new.txt"]
