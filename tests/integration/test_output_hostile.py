@@ -176,6 +176,10 @@ def test_overwrite_replaces_an_output_of_its_own_atomically(case: Path):
     again = runner.invoke(app, eval_json("m.json", "--overwrite")(case))
     assert scored.exit_code == 0 and again.exit_code == 0, scored.output + again.output
     assert "ctr" in json.loads((case / "m.json").read_text())
+    (case / "pkg" / "notes.txt").write_text("of the old package")
+    exported = runner.invoke(app, ["export", str(case / "run"), str(case / "pkg"), "--overwrite", "-q"])
+    assert exported.exit_code == 0, exported.output
+    assert not (case / "pkg" / "notes.txt").exists() and (case / "pkg" / "model.pt2").is_file()
     assert sorted(p.name for p in case.iterdir() if p.name.startswith(".")) == []  # no temp file left
 
 
