@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from flowrec.cli.common import fail, load_spec_or_exit
+from flowrec.cli.common import fail, guard_outputs, load_spec_or_exit, write_output
 
 FALLBACK_SHAPES = [(4096, 512, 256), (4096, 256, 64)]  # without a spec: DLRM-sized layers
 CALIBRATE_HELP = """Measure this machine for the planner's cost model and save a device profile.
@@ -51,12 +51,15 @@ def calibrate(
     seconds: float = typer.Option(0.5, "--seconds", min=0.01, max=10.0, help="Seconds spent per measured kernel."),
     nproc: int = typer.Option(1, "--nproc", min=1, max=64,
                               help="Processes whose collectives to measure (1: none; CUDA: one GPU each)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the --out file when it exists (the default profile is always replaced)."),
 ) -> None:
     from flowrec.planner.calibration import default_profile_path, profile_document
     from flowrec.runtime.calibrate import calibrate as measure
     from flowrec.runtime.session import cost_target, resolve_device
 
     model = load_spec_or_exit(spec) if spec is not None else None
+    if out is not None:
+        guard_outputs([out], [spec], overwrite)
     shapes = gemm_shapes(model) if model is not None else FALLBACK_SHAPES
     try:
         dev = resolve_device(device)
@@ -81,9 +84,9 @@ def calibrate(
     path = out or default_profile_path(dev.type)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     except OSError as exc:
         fail(f"cannot write device profile {path}: {exc.strerror or exc}")
+    write_output(path, lambda tmp: tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n", encoding="utf-8"))
     for key, entry in sorted(doc["measured"].items()):
         typer.echo(f"{key:24s} {shown_value(entry['value']):>12s}  ({entry['how']})")
     typer.echo(f"measured in {details['seconds']:.1f} s; wrote {path} (use: flowrec plan SPEC --target {path})")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import NoReturn
+from typing import Callable, NoReturn, Sequence
 
 import typer
 
@@ -51,3 +51,28 @@ def load_spec_or_exit(path: Path) -> ModelSpec:
         for issue in exc.issues:
             typer.echo(f"{path}: {issue}", err=True)
         raise typer.Exit(EXIT_INVALID)
+
+
+def guard_outputs(outputs: Sequence[Path], inputs: Sequence[Path | None], overwrite: bool) -> None:
+    """Check every output file against the output guard (`flowrec.data.output_guard`) before any
+    work: one line and exit 2 for the first refused; two outputs naming one file are refused too."""
+    from flowrec.data.layout import DataError
+    from flowrec.data.output_guard import check_file_output
+
+    given = [p for p in inputs if p is not None]
+    for i, out in enumerate(outputs):
+        try:
+            check_file_output(out, [*given, *outputs[:i]], overwrite)
+        except DataError as exc:
+            fail(str(exc))
+
+
+def write_output(out: Path, write: Callable[[Path], object]) -> None:
+    """`write(tmp)` then rename tmp over `out` (atomic); an OSError is one line and exit 2."""
+    from flowrec.data.output_guard import atomic_output
+
+    try:
+        with atomic_output(out) as tmp:
+            write(tmp)
+    except OSError as exc:
+        fail(f"cannot write {out}: {exc.strerror or exc}")

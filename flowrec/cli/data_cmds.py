@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import typer
 
-from flowrec.cli.common import fail, load_spec_or_exit
+from flowrec.cli.common import fail, guard_outputs, load_spec_or_exit, write_output
 
 if TYPE_CHECKING:
     from flowrec.data.vocab_growth import TableGrowth
@@ -122,9 +122,11 @@ def convert(
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
         from flowrec.data.convert import convert as run_convert
+        from flowrec.data.output_guard import check_folder_output
         from rich.console import Console
 
         model = _spec(spec)
+        check_folder_output(out, [source, spec, *([encoder_from] if encoder_from else [])], overwrite, "a dataset")
         encoder = None
         if encoder_from is not None:
             from flowrec.data.encoder_record import find_record, load_encoder
@@ -179,7 +181,10 @@ def synth(
 
         from flowrec.data.synth import SynthConfig, synth_dataset
 
+        from flowrec.data.output_guard import check_folder_output
+
         model = _spec(spec)
+        check_folder_output(out, [spec], overwrite, "a dataset")
         start = time.perf_counter()
         meta = synth_dataset(model, out, rows, SynthConfig(seed=seed, alpha=alpha), rows_per_file,
                              overwrite)
@@ -202,7 +207,10 @@ def profile(
     png: Optional[Path] = typer.Option(None, "--png", help="Write a skew / hit-rate plot here."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the access profile JSON here."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Only warnings (and the files asked for)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the --json / --png files when they exist."),
 ) -> None:
+    guard_outputs([p for p in (json_out, png) if p is not None], [spec, data], overwrite)
+
     def work():
         from flowrec.data.dataset import ParquetSource
         from flowrec.data.layout import check_spec
@@ -218,9 +226,9 @@ def profile(
         finally:
             source.close()
         if json_out is not None:
-            json_out.write_text(json.dumps(prof, indent=1) + "\n")
+            write_output(json_out, lambda tmp: tmp.write_text(json.dumps(prof, indent=1) + "\n"))
         if png is not None:
-            plot_profile(prof, str(png))
+            write_output(png, lambda tmp: plot_profile(prof, str(tmp)))
         return prof
 
     prof = _run(work)

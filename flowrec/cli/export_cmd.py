@@ -1,8 +1,6 @@
 """`flowrec export RUN OUT/`: write a model package (flowrec.runtime.package) from a trained run."""
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -10,6 +8,7 @@ import typer
 
 from flowrec.cli.common import fail
 from flowrec.runtime.messages import first_line
+from flowrec.spec.json_doc import parse_json_text
 
 EXIT_INTERRUPTED = 130
 COMPARE_ROWS = 65_536  # evaluation rows the half-dtype score difference is measured on
@@ -17,9 +16,9 @@ COMPARE_ROWS = 65_536  # evaluation rows the half-dtype score difference is meas
 
 def export(
     run_dir: Path = typer.Argument(..., help="Run folder (with checkpoint.pt) or a checkpoint file."),
-    out: Path = typer.Argument(..., help="Package folder to create (absent or empty); never inside a run folder."),
+    out: Path = typer.Argument(..., help="Package folder to create (absent or empty); never inside a run folder, package or dataset."),
     dtype: str = typer.Option("fp32", "--dtype", help="Table dtype in the package: fp32, fp16 or bf16 (half the bytes; the largest score difference on the run's evaluation data is reported)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUT when it holds a package or other files (never a run folder)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUT when it holds a model package or other files (never a run folder, dataset or encoder)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No summary lines."),
 ) -> None:
     """Export a trained run as a self-contained model package.
@@ -37,6 +36,7 @@ def export(
     """
     from flowrec.data.encoder_record import find_record
     from flowrec.data.layout import DataError
+    from flowrec.data.output_guard import replace_folder
     from flowrec.planner.contract import scoring_plan
     from flowrec.runtime.checkpoint import checkpoint_path
     from flowrec.runtime.package import DTYPES, remove_partial, write_package
@@ -44,8 +44,8 @@ def export(
 
     if dtype not in DTYPES:
         fail(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
-    _check_target(run_dir, out, overwrite)
     folder = checkpoint_path(run_dir).parent
+    _check_target(folder, out, overwrite)
     staged = out.with_name(f".{out.name}.export-tmp")
     remove_partial(staged)
     try:
@@ -53,9 +53,7 @@ def export(
         encoder = trained.encoder or find_record(folder)
         report = write_package(trained, staged, dtype, encoder, _last_eval(folder),
                                _compare_rows(folder, trained) if dtype != "fp32" else None, mapped=True)
-        if out.exists():
-            shutil.rmtree(out)
-        staged.rename(out)
+        replace_folder(staged, out)  # the old package stays until the new one is in place
     except (DataError, OSError, ValueError, RuntimeError) as exc:
         remove_partial(staged)
         fail(f"cannot export to {out}: {first_line(exc)}")
@@ -72,18 +70,16 @@ def export(
 
 
 
-def _check_target(run_dir: Path, out: Path, overwrite: bool) -> None:
-    """OUT: a new or empty folder, or (with --overwrite) a folder that holds no run."""
-    from flowrec.runtime.rundir import has_run, is_inside_run
+def _check_target(folder: Path, out: Path, overwrite: bool) -> None:
+    """OUT: a new or empty folder, or (with --overwrite) a model package; never in or over the run
+    folder or any folder flowrec owns for something else (`flowrec.data.output_guard`)."""
+    from flowrec.data.layout import DataError
+    from flowrec.data.output_guard import check_folder_output
 
-    if is_inside_run(out) or has_run(out) or (out / "run.json").exists():
-        fail(f"refusing to write {out}: it is a file of a training run or its folder (only that run writes there)")
-    if out.exists() and not out.is_dir():
-        fail(f"{out} is a file; give a folder for the model package, e.g. {out.with_suffix('')}")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        fail(f"{out} is not empty; give --overwrite to replace it")
-    if not out.parent.is_dir():
-        fail(f"cannot export to {out}: folder {out.parent} does not exist")
+    try:
+        check_folder_output(out, [folder], overwrite, "a model package")
+    except DataError as exc:
+        fail(str(exc))
 
 
 def _last_eval(folder: Path) -> dict[str, Any]:
@@ -93,7 +89,7 @@ def _last_eval(folder: Path) -> dict[str, Any]:
     if path.is_file():
         for line in path.read_text().splitlines():
             try:
-                record = json.loads(line)
+                record = parse_json_text(line, str(path))
             except ValueError:
                 continue
             if isinstance(record, dict) and record.get("event") == "eval":

@@ -7,7 +7,8 @@ from typing import Optional, get_args
 
 import typer
 
-from flowrec.cli.common import fail, launch_env, load_spec_or_exit
+from flowrec.cli.common import fail, guard_outputs, launch_env, load_spec_or_exit, write_output
+from flowrec.planner.calibration import is_profile_path
 from flowrec.render import to_dot, to_png, to_svg
 from flowrec.planner.manager import STAGES, PassFailure, make_plan
 from flowrec.graph.plan_io import plan_json
@@ -51,8 +52,11 @@ def plan(
     svg: Optional[Path] = typer.Option(None, "--svg", help="Write an SVG drawing to PATH."),
     png: Optional[Path] = typer.Option(None, "--png", help="Write a PNG drawing to PATH (matplotlib)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No text report (only the files asked for)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace output files that exist (never a file of a run, package or dataset, nor an input)."),
 ) -> None:
     model = load_spec_or_exit(spec)
+    files = [Path(p) for p in (json_out, dot, svg, png) if p is not None and str(p) != "-"]
+    guard_outputs(files, [spec, profile, Path(target) if target and is_profile_path(target) else None], overwrite)
     if until not in STAGES:
         fail(f"--until must be one of {', '.join(STAGES)}, not {until!r}")
     if cache is not None:
@@ -68,10 +72,10 @@ def plan(
         if dest == "-":
             typer.echo(text(), nl=False)
         elif dest is not None:
-            Path(dest).write_text(text(), encoding="utf-8")
+            write_output(Path(dest), lambda tmp, text=text: tmp.write_text(text(), encoding="utf-8"))
     if svg is not None:
-        svg.write_text(to_svg(result), encoding="utf-8")
+        write_output(svg, lambda tmp: tmp.write_text(to_svg(result), encoding="utf-8"))
     if png is not None:
-        to_png(result, png)
+        write_output(png, lambda tmp: to_png(result, tmp))
     if "-" not in (json_out, dot) and not quiet:
         typer.echo("\n".join(text_report(result)))

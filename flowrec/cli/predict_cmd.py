@@ -37,24 +37,19 @@ def predict(
       flowrec predict pkg/dlrm test.txt --out test_scores.parquet    # Criteo test file: no label column
     """
     from flowrec.data.layout import DataError
+    from flowrec.data.output_guard import atomic_output, check_file_output
 
     if on_error not in ("skip", "fail"):
         fail("--on-error must be skip or fail")
-    if out.exists() and (out.is_dir() or not overwrite):
-        fail(f"{out} exists; give --overwrite to replace it" if not out.is_dir() else f"{out} is a folder")
-    if not out.parent.is_dir():
-        fail(f"cannot write {out}: folder {out.parent} does not exist")
     if not raw.exists():
         fail(f"input not found: {raw}")
-    staged = out.with_name(f".{out.name}.predict-tmp")
     try:
-        rows, errors = _score(model_dir, raw, staged, fmt, list(keep or []), on_error, quiet)
-        staged.replace(out)
+        check_file_output(out, [model_dir, raw], overwrite)
+        with atomic_output(out) as staged:
+            rows, errors = _score(model_dir, raw, staged, fmt, list(keep or []), on_error, quiet)
     except (DataError, OSError, ValueError, RuntimeError) as exc:
-        staged.unlink(missing_ok=True)
         fail(first_line(exc))
     except KeyboardInterrupt:
-        staged.unlink(missing_ok=True)
         fail(f"interrupted (Ctrl-C); {out} was not written", EXIT_INTERRUPTED)
     typer.echo(f"wrote {rows:,} scores to {out}")
     if errors:
@@ -72,6 +67,7 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
     from flowrec.runtime.predict import load_model
 
     model = load_model(model_dir)
+    _check_keep(keep, model.heads)
     chunks, log = _raw_chunks(model, raw, fmt, on_error)
     writer, rows = None, 0
     with Progress(SpinnerColumn(), TextColumn("{task.description} {task.completed:,} rows"),
@@ -96,8 +92,25 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
             if writer is not None:
                 writer.close()
     if writer is None:
-        raise ValueError(f"no rows to score in {raw}")
+        raise ValueError(_no_rows(raw, log))
     return rows, log.count
+
+
+def _check_keep(keep: list[str], heads: list[str]) -> None:
+    """--keep names: each once, none a score column's (a head's) name."""
+    for name in keep:
+        if name in heads:
+            raise ValueError(f"--keep {name}: the scores file already has a column {name} (the head's "
+                             "scores); keep another column")
+        if keep.count(name) > 1:
+            raise ValueError(f"--keep {name} is given twice")
+
+
+def _no_rows(raw: Path, log: Any) -> str:
+    """Why nothing was scored: no data rows, or every row was malformed (the first one named)."""
+    if log.count:
+        return f"no rows to score in {raw}: all {log.count:,} data rows are malformed; the first: {log.examples[0]}"
+    return f"no rows to score in {raw}"
 
 
 def _raw_chunks(model, raw: Path, fmt: Optional[str], on_error: str) -> tuple[Any, Any]:

@@ -14,14 +14,19 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, Iterator
 
 from flowrec.cli.common import fail
 
 LAUNCHER_OPTIONS = {"--nproc", "--max-restarts"}  # ours, not the ranks' (each takes a value)
+NPROC_ENV = "FLOWREC_NPROC"  # set for the ranks of `--nproc N`: their resume command says --nproc N
+FORWARDED = (signal.SIGTERM, signal.SIGINT)  # sent on from `flowrec train --nproc` to torch's launcher
 
 
 def strip_options(args: list[str], options: set[str]) -> list[str]:
@@ -68,11 +73,57 @@ def launch_ranks(nproc: int, max_restarts: int, folder: Path | None) -> int:
            "LOGLEVEL": os.environ.get("LOGLEVEL", "CRITICAL").upper()}  # failures: one line of ours
     # the launcher leaves a torchelastic_* log folder per run in the temp folder: give it (and the
     # ranks' temp files) a folder of this launch, removed when it ends
-    with tempfile.TemporaryDirectory(prefix="flowrec-ranks-", ignore_cleanup_errors=True) as tmp:
-        try:
-            return subprocess.run(cmd, env={**env, "TMPDIR": tmp}).returncode
-        except KeyboardInterrupt:
-            return 130
+    with tempfile.TemporaryDirectory(prefix="flowrec-ranks-", ignore_cleanup_errors=True) as tmp, \
+            forwarded_signals() as forwarder:
+        # its own session: a terminal's Ctrl-C reaches it once, through this process, not twice
+        launcher = subprocess.Popen(cmd, env={**env, "TMPDIR": tmp, NPROC_ENV: str(nproc)}, start_new_session=True)
+        forwarder.attach(launcher)
+        return launcher.wait()
+
+
+class SignalForwarder:
+    """Sends the first SIGTERM or SIGINT this process gets to its child (torch's launcher, which
+    sends it on to every rank, waits for them to checkpoint and exit, and kills the ones still
+    running after its shutdown timeout), once the child exists. Later signals are not sent on: a
+    second one would cut the launcher's shutdown short."""
+
+    def __init__(self) -> None:
+        self.child: subprocess.Popen | None = None
+        self.signum: int | None = None
+        self.sent = False
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        if self.signum is None:
+            self.signum = signum
+            self._send()
+
+    def attach(self, child: subprocess.Popen) -> None:
+        self.child = child
+        self._send()
+
+    def _send(self) -> None:
+        if self.child is not None and self.signum is not None and not self.sent and self.child.poll() is None:
+            self.sent = True
+            self.child.send_signal(self.signum)
+
+
+@contextmanager
+def forwarded_signals() -> Iterator[SignalForwarder]:
+    """While the block runs, SIGTERM and SIGINT do not end this process (which would leave the
+    launcher and the ranks running as orphans) but go to the child given to the forwarder."""
+    forwarder = SignalForwarder()
+    previous = {sig: signal.signal(sig, forwarder) for sig in FORWARDED}
+    try:
+        yield forwarder
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def launched_nproc() -> int | None:
+    """N of the `flowrec train --nproc N` launch this rank belongs to (None: not launched that way)."""
+    text = os.environ.get(NPROC_ENV, "")
+    return int(text) if text.isdigit() else None
 
 
 def _threads_per_rank(nproc: int) -> int:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from flowrec.runtime.nonfinite import NAN_POLICIES
+from flowrec.spec.json_doc import read_json_document
 from flowrec.runtime.rundir import RUN_FILE, RunFolderError, write_text
 
 MAX_SEED = 2**63 - 1  # seeds are 0..2^63-1 (numpy and torch generators take 64-bit seeds)
@@ -41,6 +42,9 @@ SETTINGS: dict[str, tuple[str, Any]] = {
 
 INT_SETTINGS = ("rows", "seed", "epochs", "max_steps", "eval_every", "checkpoint_every", "checkpoint_full_every")
 KINDS: dict[str, type] = {**{k: str for k in SETTINGS}, **{k: int for k in INT_SETTINGS}, "interleave": bool}
+REQUIRED = ("data", "eval_data", "rows", "seed", "epochs", "max_steps", "eval_every")  # every run.json holds
+# them (flowrec train and flowrec.train write them); without one, --resume would silently train
+# something else (the spec's bound data instead of the run's --data, another length)
 CACHE_POLICIES = ("auto", "none", "static_hot", "lookahead")
 CHOICES = {"cache": CACHE_POLICIES, "nan_policy": NAN_POLICIES}
 
@@ -51,9 +55,9 @@ def read_run_file(folder: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        recorded = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise RunFolderError(f"{path} is damaged ({type(exc).__name__}); it records how the run was "
+        recorded = read_json_document(path)
+    except ValueError as exc:
+        raise RunFolderError(f"{path} is damaged ({exc}); it records how the run was "
                              f"started, so the run cannot be resumed") from None
     if not isinstance(recorded, dict):
         raise RunFolderError(f"{path} is damaged (not a JSON object)")
@@ -61,6 +65,10 @@ def read_run_file(folder: Path) -> dict[str, Any] | None:
         problem = setting_problem(key, value)
         if problem is not None:
             raise RunFolderError(f"{path} is damaged: {key} {problem}")
+    missing = [key for key in REQUIRED if key not in recorded]
+    if missing:
+        raise RunFolderError(f"{path} is damaged: it lacks the setting {missing[0]} ({len(missing)} of "
+                             f"{len(REQUIRED)} missing), so the run cannot be resumed as it was started")
     return recorded
 
 

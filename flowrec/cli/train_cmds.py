@@ -19,6 +19,7 @@ from flowrec.runtime.messages import first_line
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
 EXIT_OUT_OF_MEMORY = 3
 EXIT_RANK_FAILED = 4  # another rank died or hung: this one stopped at the --dist-timeout
+MAX_DIST_TIMEOUT_S = 7 * 24 * 3600  # a week: the largest --dist-timeout (torch's timedelta overflows far above)
 
 
 def _say(message: str) -> None:
@@ -73,7 +74,7 @@ def train(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     json_out: bool = typer.Option(False, "--json", help="Print the final result as JSON on stdout."),
     nproc: int = typer.Option(1, "--nproc", min=1, help="Train on N local processes (ranks) through torch.distributed's launcher: row-wise sharded tables, data-parallel dense part, rank r trains slice r of every global batch (same parameters as one process, to rounding). For many nodes launch `torchrun ... -m flowrec train ...` instead. Default: 1."),
-    dist_timeout: float = typer.Option(300.0, "--dist-timeout", min=1.0, help="Seconds a rank waits for the others in a collective: a rank that died or hung makes the others exit (status 4) within this time, naming themselves. Default: 300."),
+    dist_timeout: float = typer.Option(300.0, "--dist-timeout", help="Seconds a rank waits for the others in a collective (1 .. 604800, a week): a rank that died or hung makes the others exit (status 4) within this time, naming themselves. Default: 300."),
     max_restarts: int = typer.Option(0, "--max-restarts", min=0, help="With --nproc: restart every rank up to N times after a failure; the run continues from its last checkpoint. Default: 0."),
 ) -> None:
     """Train a spec end to end: plan, stage data, train, evaluate, checkpoint.
@@ -162,6 +163,9 @@ def _check_options(request: RunRequest) -> None:
         fail(f"--cache must be one of {', '.join(CACHE_POLICIES)}, not {given['cache']!r}")
     if given["nan_policy"] is not None and given["nan_policy"] not in NAN_POLICIES:
         fail(f"--nan-policy must be one of {', '.join(NAN_POLICIES)}, not {given['nan_policy']!r}")
+    if not 1.0 <= request.dist_timeout <= MAX_DIST_TIMEOUT_S:  # NaN fails both comparisons
+        fail(f"--dist-timeout must be a number of seconds in 1..{MAX_DIST_TIMEOUT_S} (a week), "
+             f"not {request.dist_timeout!r}")
     if request.resume is not None and request.overwrite:
         fail("--resume continues a run and --overwrite replaces it; give one of them")
     if request.init_from is not None and request.resume is not None:
@@ -378,8 +382,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
                          nan_policy=settings["nan_policy"])
     trainer = Trainer(session.spec, session.plan, session.model, config, plan_json(session.plan))
     hooks = _console_hooks(trainer, request.quiet) if trainer.lead else None
-    resume_cmd = (f"flowrec train {shlex.quote(str(request.spec_path))} "
-                  f"--resume {shlex.quote(str(folder))}")
+    resume_cmd = _resume_command(request.spec_path, folder)
     try:
         if state is not None:
             trainer.load_state(state, folder / CHECKPOINT_NAME)
@@ -431,6 +434,15 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     if result.interrupted:
         _say(f"interrupted: checkpoint saved; continue with  {resume_cmd}")
         raise typer.Exit(EXIT_INTERRUPTED)
+
+
+def _resume_command(spec_path: Path, folder: Path) -> str:
+    """The command that continues this run as it was launched (`--nproc N` for N local ranks)."""
+    from flowrec.cli.ranks import launched_nproc
+
+    nproc = launched_nproc()
+    return (f"flowrec train {shlex.quote(str(spec_path))} --resume {shlex.quote(str(folder))}"
+            f"{f' --nproc {nproc}' if nproc and nproc > 1 else ''}")
 
 
 def _for_ranks(plan, spec, ranks: int):
@@ -594,6 +606,7 @@ def evaluate_run(
     group_by: Optional[str] = typer.Option(None, "--group-by", help="A one-id categorical feature (e.g. user_id): also report gAUC, the AUC of each of its values weighted by its samples. Default: the spec's training.eval_group_by."),
     json_out: Optional[str] = typer.Option(None, "--json", help="Also write the metrics as JSON to this file ('-': stdout, instead of the table)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No table on stdout (with --json FILE: only the file)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the --json FILE when it exists (never a file of a run, package or dataset)."),
 ) -> None:
     """Score a trained checkpoint on a dataset.
 
@@ -608,10 +621,13 @@ def evaluate_run(
       flowrec eval runs/ml/best --data runs/ml/data/test --json -
     """
     from flowrec.data.layout import DataError
+    from flowrec.data.output_guard import check_file_output
     from flowrec.planner.contract import scoring_plan
     from flowrec.runtime.serving import load_trained
 
     try:
+        if json_out not in (None, "-"):
+            check_file_output(Path(json_out), [run_dir, data], overwrite)
         trained = load_trained(run_dir, device, scoring_plan)
         metrics = trained.evaluate_dataset(data, group_by or trained.spec.training.eval_group_by)
     except (DataError, OSError, ValueError, RuntimeError) as exc:
@@ -633,8 +649,11 @@ def _write_metrics(metrics: dict, json_out: Optional[str], quiet: bool = False) 
     for line in [] if quiet else metrics_table(metrics):
         typer.echo(line)
     if json_out is not None:
+        from flowrec.data.output_guard import atomic_output
+
         try:
-            Path(json_out).write_text(text, encoding="utf-8")
+            with atomic_output(Path(json_out)) as tmp:
+                tmp.write_text(text, encoding="utf-8")
         except OSError as exc:
             fail(f"cannot write {json_out}: {exc.strerror or exc}")
 

@@ -24,6 +24,7 @@ import os
 import secrets
 import threading
 from pathlib import Path
+from flowrec.spec.json_doc import read_json_document
 from typing import Sequence
 
 from flowrec.data.checks import ColumnRule
@@ -77,7 +78,7 @@ class CheckRecord:
 
     def _load(self) -> dict[str, dict[str, list[str]]]:
         try:
-            doc = json.loads(self.path.read_text())
+            doc = read_json_document(self.path)
         except (OSError, ValueError):
             return {}
         parts = doc.get("parts") if isinstance(doc, dict) and doc.get("format") == RECORD_FORMAT else None

@@ -168,6 +168,8 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
                 _check_columns(chunk, spec, columns, path)
                 chunk, n = check_labels(chunk, tasks, log, fmt in PLUS_MINUS_FORMATS)
                 mapped[0] += n
+                if split_by and float(opts.get("test_fraction", 0.0)):
+                    chunk = _with_times(chunk, split_by, log)
                 if chunk.num_rows:
                     yield log, chunk
 
@@ -223,12 +225,24 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
 
 
 def _times(chunk: pa.Table, column: str) -> np.ndarray:
-    """The split column of a chunk as float64 (missing times count as the oldest)."""
+    """The split column of a chunk as float64 (rows without a time were taken out as malformed)."""
     if column not in chunk.column_names:
         raise DataError(f"split_by: column {column!r} is not in the input (has "
                         f"{[c for c in chunk.column_names[:12] if c != LINE_COLUMN]})")
-    values = pc.cast(chunk.column(column), pa.float64()).to_numpy(zero_copy_only=False)
-    return np.nan_to_num(values, nan=-np.inf)
+    return pc.cast(chunk.column(column), pa.float64()).to_numpy(zero_copy_only=False)
+
+
+def _with_times(chunk: pa.Table, column: str, log: ErrorLog) -> pa.Table:
+    """The chunk without rows that have no time in the split_by column: each is a malformed row
+    (named, counted, skipped or fatal by --on-error), never silently a training row."""
+    missing = np.isnan(pc.cast(chunk.column(column), pa.float64()).to_numpy(zero_copy_only=False)) \
+        if column in chunk.column_names else np.zeros(0, bool)
+    if not missing.any():
+        return chunk
+    lines = chunk.column(LINE_COLUMN).to_numpy()
+    for i in np.flatnonzero(missing):
+        log.add(int(lines[i]), f"no time in column {column} (split_by needs one on every row)")
+    return chunk.filter(pa.array(~missing))
 
 
 def _time_cutoff(chunks: Iterator[pa.Table], column: str, fraction: float) -> float:

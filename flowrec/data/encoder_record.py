@@ -30,6 +30,8 @@ import pyarrow.parquet as pq
 
 from flowrec.data.encode import DenseStats, Encoder
 from flowrec.data.layout import META_FILE, DataError, DatasetMeta, data_hash, read_meta, unique_labels
+from flowrec.data.names import inside, plain_name
+from flowrec.spec.json_doc import read_json_document
 from flowrec.spec.model import DenseFeature, ModelSpec
 
 ENCODER_FILE = "encoder.json"
@@ -137,10 +139,12 @@ def record_of_dataset(path: Path, meta: DatasetMeta | None = None) -> EncoderRec
     features, vocab_files = {}, {}
     for name, enc in meta.encoding.items():
         digest = enc.get("vocab_digest")
+        plain_name(enc["table"], f"{path / META_FILE}: encoding.{name}.table")
         if enc.get("vocab_file"):
-            vocab_files[enc["table"]] = str(path / enc["vocab_file"])
+            vocab = inside(path, enc["vocab_file"], f"{path / META_FILE}: encoding.{name}.vocab_file")
+            vocab_files[enc["table"]] = str(vocab)
             if digest is None:
-                digest = vocab_digest(read_vocab(path / enc["vocab_file"]))
+                digest = vocab_digest(read_vocab(vocab))
         features[name] = sparse_rule(enc["table"], enc["rows"], enc["mode"], enc["max_len"], digest,
                                      columns.get(name, name), enc.get("spare", 0))
     for name, d in meta.dense.items():
@@ -172,20 +176,29 @@ def read_record(folder: Path) -> EncoderRecord:
     """The encoder record of an encoder folder (encoder.json + vocab/)."""
     path = Path(folder) / ENCODER_FILE
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise DataError(f"{path}: unreadable encoder ({type(exc).__name__})") from None
+        doc = read_json_document(path)
+    except ValueError as exc:
+        raise DataError(f"unreadable encoder: {exc}") from None
     if not isinstance(doc, dict) or doc.get("format") != ENCODER_FORMAT:
         raise DataError(f"{path} is not a flowrec encoder file")
+    if doc.get("version") != ENCODER_VERSION:
+        raise DataError(f"{path}: encoder format version {doc.get('version')!r} (this flowrec reads version "
+                        f"{ENCODER_VERSION})")
     try:
         record = EncoderRecord(doc["spec"], doc["data_hash"], doc["features"], doc.get("labels", {}),
                                doc.get("columns", {}), doc.get("sequence_sep", "^"),
-                               {t: str(Path(folder) / p) for t, p in doc.get("vocab_files", {}).items()})
-    except KeyError as exc:
-        raise DataError(f"{path}: encoder lacks the key {exc}") from None
+                               _vocab_paths(Path(folder), doc.get("vocab_files", {}), path))
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise DataError(f"{path}: encoder lacks the key {exc} or holds a value of the wrong kind") from None
     if record.fingerprint != doc.get("fingerprint"):
         raise DataError(f"{path} is damaged: its fingerprint does not match its rules")
     return record
+
+
+def _vocab_paths(folder: Path, files: dict[str, Any], where: Path) -> dict[str, str]:
+    """table -> path of its vocabulary file; each table a plain name, each file inside `folder`."""
+    return {plain_name(t, f"{where}: vocab_files table"): str(inside(folder, p, f"{where}: vocab_files.{t}"))
+            for t, p in files.items()}
 
 
 def write_record(record: EncoderRecord, folder: Path) -> None:
@@ -193,8 +206,9 @@ def write_record(record: EncoderRecord, folder: Path) -> None:
     folder = Path(folder)
     (folder / VOCAB_SUBDIR).mkdir(parents=True, exist_ok=True)
     for table, source in record.vocab_files.items():
-        target = folder / VOCAB_SUBDIR / f"{table}.parquet"
+        target = folder / VOCAB_SUBDIR / f"{plain_name(table, 'vocabulary table')}.parquet"
         if Path(source).resolve() != target.resolve():
+            checked_vocab(record, table)  # a changed vocabulary is refused, never copied on
             shutil.copyfile(source, target)
     text = json.dumps(record.document(), indent=2) + "\n"
     staged = folder / f".{ENCODER_FILE}.tmp"
@@ -293,7 +307,19 @@ def load_encoder(record: EncoderRecord, spec: ModelSpec) -> Encoder:
     if record.data_hash != data_hash(spec):
         raise DataError(f"the encoder was made for spec {record.spec!r} whose features or tables "
                         f"differ from spec {spec.name!r}'s")
-    vocabs = {t: read_vocab(Path(p)) for t, p in record.vocab_files.items()}
+    vocabs = {t: checked_vocab(record, t) for t in record.vocab_files}
     stats = {name: DenseStats(r["mean"], r["std"]) for name, r in record.features.items()
              if r["kind"] == "dense" and r.get("mean") is not None}
     return Encoder(spec, dict(record.columns), vocabs, stats, record.sequence_sep)
+
+
+def checked_vocab(record: EncoderRecord, table: str) -> pa.Array:
+    """The vocabulary of `table`, refused (DataError) unless its digest is the one the record's
+    rules hold (a reordered or edited vocabulary file would silently change every id)."""
+    path = Path(record.vocab_files[table])
+    values = read_vocab(path)
+    expected = {r.get("vocab") for r in record.features.values() if r.get("table") == table}
+    if expected and expected != {vocab_digest(values)}:
+        raise DataError(f"{path}: the vocabulary of table {table!r} does not match the digest its encoder "
+                        "records (edited, reordered or replaced)")
+    return values

@@ -26,7 +26,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flowrec.spec.json_doc import parse_json_text
 from flowrec.spec.model import DenseFeature, ModelSpec, SparseFeature
+from flowrec.spec.read import MAX_SPEC_BYTES
 
 META_FILE = "_flowrec.json"
 META_FORMAT = "flowrec-dataset"
@@ -68,10 +70,20 @@ class DatasetMeta:
         return json.dumps(doc, indent=2, sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "DatasetMeta":
-        doc = json.loads(text)
-        if doc.get("format") != META_FORMAT:
-            raise DataError(f"not a flowrec dataset metadata file (format {doc.get('format')!r})")
+    def from_json(cls, text: str, where: str = META_FILE) -> "DatasetMeta":
+        """Parse `_flowrec.json` text (nesting, size and duplicate keys bounded as for specs).
+
+        Raises:
+            DataError: not a flowrec dataset metadata document of this version.
+            ValueError, KeyError, TypeError: not JSON, or a key is missing or of the wrong kind.
+        """
+        doc = parse_json_text(text, where)
+        if not isinstance(doc, dict) or doc.get("format") != META_FORMAT:
+            raise DataError(f"not a flowrec dataset metadata file (format "
+                            f"{doc.get('format') if isinstance(doc, dict) else None!r})")
+        if doc.get("version") != META_VERSION:
+            raise DataError(f"dataset metadata version {doc.get('version')!r} (this flowrec reads version "
+                            f"{META_VERSION}); convert the data again")
         keys = ("spec", "data_hash", "rows", "encoding", "dense", "source", "split")
         return cls(labels=tuple(doc["labels"]), **{k: doc[k] for k in keys if k in doc})
 
@@ -118,9 +130,20 @@ def read_meta(path: str | Path) -> DatasetMeta:
         raise DataError(f"{path} is not a flowrec dataset (no {META_FILE}); convert it first "
                         "with `flowrec data convert` or `flowrec data synth`")
     try:
-        return DatasetMeta.from_json(meta.read_text())
-    except (ValueError, KeyError) as exc:
-        raise DataError(f"{meta}: unreadable metadata ({exc})") from None
+        return DatasetMeta.from_json(read_text(meta), str(meta))
+    except DataError as exc:
+        raise DataError(f"{meta}: {exc}") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise DataError(f"{meta}: unreadable metadata ({type(exc).__name__}: {exc})") from None
+
+
+def read_text(path: Path) -> str:
+    """The text of a metadata file of at most MAX_SPEC_BYTES (ValueError otherwise)."""
+    with open(path, "rb") as f:
+        data = f.read(MAX_SPEC_BYTES + 1)
+    if len(data) > MAX_SPEC_BYTES:
+        raise ValueError(f"larger than {MAX_SPEC_BYTES:,} bytes")
+    return data.decode("utf-8")
 
 
 def write_meta(path: str | Path, meta: DatasetMeta) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from flowrec.data.layout import DataError
+from flowrec.data.output_guard import replace_folder
 
 
 def check_output(out: Path, overwrite: bool, inputs: Sequence[Path] = ()) -> None:
@@ -60,14 +61,4 @@ def staged_output(out: Path, overwrite: bool, inputs: Sequence[Path] = ()) -> It
 def _swap(new: Path, out: Path, overwrite: bool) -> None:
     """Rename `new` to `out`; an existing `out` is moved aside first and deleted after."""
     check_output(out, overwrite)  # another process may have written there meanwhile
-    if not out.exists():
-        os.rename(new, out)
-        return
-    old = out.parent / f".{out.name}.old-{os.getpid()}-{secrets.token_hex(4)}"
-    os.rename(out, old)
-    try:
-        os.rename(new, out)
-    except OSError:
-        os.rename(old, out)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
+    replace_folder(new, out)

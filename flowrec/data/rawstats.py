@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from flowrec.spec.json_doc import read_json_document
 from typing import Any
 
 import numpy as np
@@ -91,8 +92,8 @@ def read_stats(folder: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        doc = read_json_document(path)
+    except ValueError:
         return None
     return doc if isinstance(doc, dict) else None
 

@@ -125,6 +125,8 @@ def csv_chunks(path: Path, log: ErrorLog, numeric: set[str], delimiter: str, nam
             with _undecodable_rows(path, failures):
                 batch = reader.read_next_batch()
         except StopIteration:
+            if failures:  # the last rows were malformed (a file whose only row is): fail on them
+                raise failures[0] from None
             return
         except pa.ArrowInvalid as exc:
             raise (failures[0] if failures else DataError(f"{path}: unreadable input ({exc})")) from None

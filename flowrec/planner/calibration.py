@@ -18,12 +18,13 @@ Example:
 """
 from __future__ import annotations
 
-import json
+import math
 import os
 from pathlib import Path
 from typing import Any, Mapping
 
 from flowrec.graph.kinds import OPTIMIZERS
+from flowrec.spec.json_doc import NotJsonError, read_json_document
 
 PROFILE_FORMAT = "flowrec-device-profile"
 PROFILE_VERSION = 3
@@ -80,11 +81,11 @@ def read_profile(path: Path) -> dict[str, Any]:
     """Load a profile document. Raises ProfileError (one line naming the file)."""
     path = Path(path)
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ProfileError(f"cannot read device profile {path}: {exc.strerror or exc}") from None
-    except ValueError:
+        doc = read_json_document(path)
+    except NotJsonError:
         raise ProfileError(f"{path} is not a device profile (not JSON)") from None
+    except ValueError as exc:
+        raise ProfileError(f"cannot read device profile {path}: {exc}") from None
     if not isinstance(doc, dict) or doc.get("format") != PROFILE_FORMAT:
         raise ProfileError(f"{path} is not a flowrec device profile (make one with `flowrec calibrate`)")
     if doc.get("version") not in READABLE_VERSIONS:
@@ -114,7 +115,7 @@ def profile_fields(doc: Mapping[str, Any], path: str) -> dict[str, Any]:
 
 
 def _number(value: Any, key: str, path: str) -> int | float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not (
             value > 0 or (key in ZERO_OK and value == 0)):
         raise ProfileError(f"{path}: measured {key} must be a positive number, not {value!r}")
     if key in INTEGERS:
@@ -139,8 +140,9 @@ def _table(value: Any, key: str, path: str) -> tuple[tuple[str, tuple[float, ...
                                f"(known: {', '.join(OPTIMIZERS)})")
         count = len(numbers) if isinstance(numbers, list) else -1
         if (count <= 0 or (count % size if per_op else count != size)
-                or any(isinstance(x, bool) or not isinstance(x, (int, float)) or x < 0 for x in numbers)):
-            raise ProfileError(f"{path}: measured {key}[{name!r}] must be {wanted} non-negative numbers, "
+                or any(isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 <= x < math.inf
+                       for x in numbers)):
+            raise ProfileError(f"{path}: measured {key}[{name!r}] must be {wanted} finite non-negative numbers, "
                                f"not {numbers!r}")
         rows.append((str(name), tuple(float(x) for x in numbers)))
     return tuple(rows)

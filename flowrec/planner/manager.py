@@ -8,7 +8,6 @@ Example:
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -23,6 +22,7 @@ from flowrec.planner.passes.meta import plan_meta
 from flowrec.planner.passes.interleave import interleave
 from flowrec.planner.passes.pack import pack
 from flowrec.planner.passes.shard import shard
+from flowrec.spec.json_doc import read_json_document
 from flowrec.spec.model import ModelSpec
 from flowrec.spec.units import parse_bytes
 
@@ -97,7 +97,7 @@ def load_profile(path: str | Path | None) -> dict[str, Any] | None:
     """Read an access profile (`flowrec data profile` output). Raises ValueError if malformed."""
     if path is None:
         return None
-    doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    doc = read_json_document(path)
     if not isinstance(doc, dict) or doc.get("format") != "flowrec-access-profile" or doc.get("version") != 1:
         raise ValueError(f"{path}: not a flowrec-access-profile version 1 document")
     return doc

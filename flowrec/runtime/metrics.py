@@ -12,6 +12,7 @@ import json
 import math
 import os
 from pathlib import Path
+from flowrec.spec.json_doc import parse_json_text
 from typing import Any
 
 import numpy as np
@@ -92,7 +93,7 @@ def read_records(path: Path) -> list[dict[str, Any]]:
     records = []
     for line in Path(path).read_bytes().split(b"\n"):
         try:
-            record = json.loads(line)
+            record = parse_json_text(line.decode('utf-8', 'replace'), str(path))
         except ValueError:
             continue
         if isinstance(record, dict):

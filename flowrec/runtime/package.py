@@ -10,13 +10,15 @@ A package is a folder:
 - ``encoder.json`` + ``vocab/``: the encoder that turns raw columns into those inputs.
 - ``spec.json``, ``plan.json``: the spec and the plan the run was trained with.
 - ``manifest.json``: format, flowrec and torch versions, encoder fingerprint, table dtype, the
-  inputs in order, the heads and the run's last evaluation metrics.
+  inputs in order, the heads, the run's last evaluation metrics and the SHA-256 of every other file
+  (``files``): `verify_files` refuses a package any of whose files changed, before any is read.
 
 Example:
     >>> report = write_package(trained, Path("pkg"), "fp32", metrics, run=Path("runs/ml"))  # doctest: +SKIP
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import time
@@ -31,13 +33,15 @@ import torch
 from flowrec.version import __version__
 from flowrec.data.encoder_record import EncoderRecord, write_record
 from flowrec.data.layout import is_multi
+from flowrec.data.names import inside
 from flowrec.graph.plan_io import plan_json
 from flowrec.runtime.pt2_save import save_program
 from flowrec.runtime.serving import ServingModel, Trained
+from flowrec.spec.json_doc import read_json_document
 from flowrec.spec.model import ModelSpec
 
 PACKAGE_FORMAT = "flowrec-model"
-PACKAGE_VERSION = 1
+PACKAGE_VERSION = 2  # 2: manifest.json records the digest of every file
 MODEL_FILE = "model.pt2"
 MANIFEST_FILE = "manifest.json"
 SPEC_FILE = "spec.json"
@@ -123,6 +127,7 @@ def write_package(trained: Trained, out: Path, dtype: str, encoder: EncoderRecor
     (out / PLAN_FILE).write_text(plan_json(trained.plan) + "\n")
     table_bytes = sum(t.numel() * t.element_size() for t in serving.tables)
     manifest = _manifest(spec, dtype, encoder, metrics, table_bytes, diff, rows)
+    manifest["files"] = file_digests(out)
     (out / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return ExportReport(str(out), time.perf_counter() - started, table_bytes, diff, rows)
 
@@ -170,16 +175,49 @@ def _comparison_inputs(spec: ModelSpec, compare: Iterator[pa.Table] | None) -> I
 
 
 def read_manifest(folder: Path) -> dict[str, Any]:
-    """The manifest of a package folder. Raises ValueError (one line) when it is not a package."""
+    """The manifest of a package folder. Raises ValueError (one line) when it is not a package of
+    this format version."""
     path = Path(folder) / MANIFEST_FILE
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
-        raise ValueError(f"{folder} is not a flowrec model package (no readable {MANIFEST_FILE}); "
+        doc = read_json_document(path)
+    except ValueError as exc:
+        raise ValueError(f"{folder} is not a flowrec model package (no readable {MANIFEST_FILE}: {exc}); "
                          "make one with `flowrec export RUN OUT/`") from None
     if not isinstance(doc, dict) or doc.get("format") != PACKAGE_FORMAT:
         raise ValueError(f"{path} is not a flowrec model package manifest")
+    if doc.get("version") != PACKAGE_VERSION:
+        raise ValueError(f"{path}: package format version {doc.get('version')!r} (this flowrec reads "
+                         f"version {PACKAGE_VERSION}); export the run again with this flowrec")
     return doc
+
+
+def file_digests(folder: Path) -> dict[str, str]:
+    """SHA-256 of every file of a package folder but its manifest, by path relative to it."""
+    folder = Path(folder)
+    return {str(p.relative_to(folder)): _sha256(p) for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.name != MANIFEST_FILE}
+
+
+def verify_files(folder: Path, manifest: dict[str, Any], needed: list[str]) -> None:
+    """Raise ValueError (one line) unless every file the manifest lists (and each of `needed`) is a
+    plain file inside `folder` whose SHA-256 is the recorded one."""
+    listed = manifest.get("files")
+    if not isinstance(listed, dict) or not all(isinstance(d, str) for d in listed.values()):
+        raise ValueError(f"{Path(folder) / MANIFEST_FILE} records no file digests")
+    for name in needed:
+        if name not in listed:
+            raise ValueError(f"{folder}: {name} is not among the files its manifest records")
+    for name, digest in listed.items():
+        path = inside(Path(folder), name, f"file {name!r} of the manifest")
+        if not path.is_file():
+            raise ValueError(f"{path} is missing (the package is incomplete)")
+        if _sha256(path) != digest:
+            raise ValueError(f"{path} does not match the digest its manifest records (changed or damaged)")
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def remove_partial(out: Path) -> None:

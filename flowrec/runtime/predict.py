@@ -11,7 +11,6 @@ Example:
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,9 +21,12 @@ import pyarrow as pa
 import torch
 
 from flowrec.data.encode import Encoder
-from flowrec.data.encoder_record import EncoderRecord, find_record, load_encoder
+from flowrec.data.encoder_record import ENCODER_FILE, EncoderRecord, load_encoder, read_record
 from flowrec.data.layout import DataError
-from flowrec.runtime.package import MODEL_FILE, SPEC_FILE, encoded_inputs, read_manifest
+from flowrec.data.sources import FLOAT32_MAX
+from flowrec.runtime.package import MODEL_FILE, SPEC_FILE, encoded_inputs, read_manifest, verify_files
+from flowrec.runtime.pt2_check import check_archive
+from flowrec.spec.json_doc import read_json_document
 from flowrec.spec.load import spec_from_dict
 from flowrec.spec.model import ModelSpec
 from flowrec.spec.validate import validate_document
@@ -73,12 +75,15 @@ class LoadedModel:
         """One score column per head for each raw row (pandas or Arrow table of raw columns).
 
         Raises:
-            DataError: a raw column the model needs is missing.
+            DataError: a raw column the model needs is missing, or a dense value is infinite or
+                beyond float32 (null and NaN are missing values, filled as the encoder says).
         """
         raw = pa.Table.from_pandas(table, preserve_index=False) if isinstance(table, pd.DataFrame) else table
         missing = [c for c in self.raw_columns() if c not in raw.column_names]
         if missing:
             raise DataError(f"the rows lack columns {missing} that model {self.spec.name!r} reads")
+        for f in self.spec.dense_features:
+            check_finite(raw.column(self.encoder.source(f.name)), self.encoder.source(f.name))
         scores = self.score_encoded(self.encoder.encode(raw, labels=False))
         return pd.DataFrame({h: scores[:, i] for i, h in enumerate(self.heads)})
 
@@ -86,31 +91,54 @@ class LoadedModel:
 def load_model(path: str | Path) -> LoadedModel:
     """Load a model package written by `flowrec export` (torch.export program + encoder).
 
+    The package is untrusted input: every file is checked against the digest its manifest records,
+    and model.pt2 is checked to hold plain tensors and ATen operators only (`check_archive`),
+    before torch reads it; nothing in it is unpickled or run.
+
     Raises:
-        ValueError: `path` is not a package, or a part of it is missing or damaged (one line).
+        ValueError: `path` is not a package, or a part of it is missing, damaged, changed or refused (one line).
     """
     path = Path(path)
     manifest = read_manifest(path)
-    spec = _spec(path / SPEC_FILE)
     try:
-        record = find_record(path)
+        verify_files(path, manifest, [MODEL_FILE, SPEC_FILE, ENCODER_FILE])
+        record = read_record(path)  # the package's own encoder.json (verified), never a folder below it
+        verify_files(path, manifest, [str(Path(p).relative_to(path)) for p in record.vocab_files.values()])
+        spec = _spec(path / SPEC_FILE)
+        encoder = load_encoder(record, spec)
     except DataError as exc:
         raise ValueError(str(exc)) from None
     if record.fingerprint != manifest.get("encoder_fingerprint"):
         raise ValueError(f"{path}: encoder.json does not match the manifest's encoder fingerprint")
+    check_archive(path / MODEL_FILE)
     try:
         program = torch.export.load(path / MODEL_FILE).module()
     except Exception as exc:  # any failure to read the program is a damaged package
         raise ValueError(f"{path / MODEL_FILE} is not a usable exported program ({type(exc).__name__})") from None
-    return LoadedModel(path, spec, record, load_encoder(record, spec), program, manifest)
+    return LoadedModel(path, spec, record, encoder, program, manifest)
 
 
 def _spec(path: Path) -> ModelSpec:
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
-        raise ValueError(f"{path} is missing or not JSON") from None
+        doc = read_json_document(path)
+    except ValueError as exc:
+        raise ValueError(f"{path} is missing or not JSON: {exc}") from None
     issues = validate_document(doc) if isinstance(doc, dict) else ["not a mapping"]
     if issues:
         raise ValueError(f"{path} holds a spec that is not valid: {issues[0]}")
     return spec_from_dict(doc)
+
+
+def check_finite(column: pa.ChunkedArray | pa.Array, name: str) -> None:
+    """Raise DataError naming the first row whose dense value is infinite or beyond float32, as CSV
+    input refuses them (null and NaN are missing values, filled, as CSV's empty and `nan` are)."""
+    try:
+        values = pa.chunked_array([column]) if isinstance(column, pa.Array) else column
+        x = values.cast(pa.float64()).to_numpy(zero_copy_only=False)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        raise DataError(f"column {name} holds values that are not numbers (type {column.type})") from None
+    with np.errstate(invalid="ignore"):
+        wrong = np.flatnonzero(np.abs(x) > FLOAT32_MAX)  # NaN (and null, read as NaN) compares False
+    if len(wrong):
+        raise DataError(f"row {int(wrong[0]) + 1}: dense column {name} holds {float(x[wrong[0]])!r}; dense "
+                        f"values must be finite float32 numbers ({len(wrong):,} such rows)")

@@ -152,12 +152,3 @@ def write_text(path: Path, text: str) -> None:
         atomic_write(Path(path), text.encode())
     except OSError as exc:
         raise RunFolderError(f"cannot write {path}: {exc.strerror or exc}") from None
-
-
-def is_inside_run(path: Path) -> bool:
-    """`path` is a run's own file (checkpoint, metrics, settings, lock) or lies in a locked/run folder."""
-    path = Path(path)
-    parent = path.parent
-    owned = (parent / LOCK_NAME).exists() or (parent / CHECKPOINT_NAME).exists() or (parent / RUN_FILE).exists()
-    return owned and (path.name in RUN_FILES + (LOCK_NAME,) or is_delta_name(path.name, CHECKPOINT_NAME)
-                      or path.exists())

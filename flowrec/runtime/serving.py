@@ -14,7 +14,6 @@ Example:
 from __future__ import annotations
 
 import ctypes
-import json
 import mmap
 import sys
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from flowrec.data.encoder_record import (
 )
 from flowrec.graph.plan_io import plan_from_document
 from flowrec.graph.types import Plan
+from flowrec.spec.json_doc import parse_json_text
 from flowrec.runtime.checkpoint import (
     CheckpointError,
     check_tensors,
@@ -86,7 +86,7 @@ class Trained:
 
 def _spec_of(state: dict[str, Any], source: Path | str = "the file") -> ModelSpec:
     try:
-        doc = json.loads(state["spec"])
+        doc = parse_json_text(state["spec"], f"the spec in {source}")
     except (TypeError, ValueError):
         raise CheckpointError(f"{source} is damaged: its spec is not JSON") from None
     issues = validate_document(doc) if isinstance(doc, dict) else ["not a mapping"]
@@ -99,7 +99,7 @@ def stored_plan(state: dict[str, Any], where: str) -> Plan:
     """The plan a checkpoint (or export) was trained with. Raises CheckpointError when it has none."""
     text = state.get("plan") or ""
     try:
-        return plan_from_document(json.loads(text))
+        return plan_from_document(parse_json_text(text, f"the plan in {where}"))
     except (ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"{where} holds no complete plan (made by an older flowrec?): "
                               f"{type(exc).__name__}: {exc}") from None

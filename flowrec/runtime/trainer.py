@@ -656,12 +656,15 @@ class _Skipping:
 
 
 class GracefulInterrupt:
-    """Within `with`: the first Ctrl-C asks the loop to stop after the current step (so the
-    checkpoint is consistent); a second one interrupts at once. Only in the main thread."""
+    """Within `with`: the first Ctrl-C or SIGTERM (what `kill`, `timeout` and schedulers send, and
+    what torch's launcher forwards to every rank) asks the loop to stop after the current step (so
+    the checkpoint is consistent); a second one interrupts at once. Only in the main thread."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self) -> None:
         self.requested = False
-        self._previous = None
+        self._previous: dict[int, Any] = {}
 
     def _handle(self, signum, frame) -> None:
         if self.requested:
@@ -671,13 +674,13 @@ class GracefulInterrupt:
     def __enter__(self) -> "GracefulInterrupt":
         self.requested = False
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
+            self._previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-            self._previous = None
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous = {}
 
 
 def resume_state(run_dir: Path) -> dict[str, Any]:

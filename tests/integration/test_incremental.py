@@ -79,6 +79,23 @@ def test_split_by_a_missing_column_is_one_line(tmp_path):
     assert made.exit_code == 2 and "split_by: column 'when'" in made.stderr and not (tmp_path / "d").exists()
 
 
+def test_split_by_rows_without_a_time_are_malformed_rows_not_training_rows(tmp_path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC + "data: {format: csv, path: x, options: {split_by: ts, test_fraction: 0.25}}\n")
+    raw = pd.read_csv(_raw(tmp_path / "raw.csv", 1000, 3, 10_000))
+    raw.loc[[5, 700], "ts"] = None
+    raw.to_csv(tmp_path / "raw.csv", index=False)
+    refused = _convert(tmp_path / "raw.csv", tmp_path / "d", spec)
+    lines = refused.stderr.strip().splitlines()
+    assert refused.exit_code == 2 and len(lines) == 1, refused.output
+    assert "raw.csv:7: no time in column ts" in lines[0] and not (tmp_path / "d").exists()
+    skipped = _convert(tmp_path / "raw.csv", tmp_path / "d", spec, "--on-error", "skip")
+    assert skipped.exit_code == 0 and "skipped 2 malformed rows" in skipped.stderr, skipped.output
+    train = ds.dataset(tmp_path / "d" / "train", format="parquet").to_table().column("ts").to_numpy()
+    test = ds.dataset(tmp_path / "d" / "test", format="parquet").to_table().column("ts").to_numpy()
+    assert len(train) + len(test) == 998 and np.isfinite(train).all()
+
+
 def _tables(run: Path) -> torch.Tensor:
     state = torch.load(run / "checkpoint.pt", weights_only=True)["model"]
     return next(v for k, v in state.items() if k.endswith(".weight") and k.startswith("embeddings"))

@@ -187,13 +187,15 @@ RUN_CASES = {
     "damaged_run_json": (COMMANDS["resume"], "run.json is damaged"),
     "run_json_of_wrong_types": (COMMANDS["resume"], "run.json is damaged: rows must be a non-negative integer"),
     "export_over_the_checkpoint": (lambda r: ["export", str(r / "run"), str(r / "run" / "checkpoint.pt")],
-                                   "file of a training run"),
+                                   "a training run's folder"),
     "export_over_run_metrics": (lambda r: ["export", str(r / "run"), str(r / "run" / "metrics.jsonl"),
-                                           "--overwrite"], "file of a training run"),
+                                           "--overwrite"], "a training run's folder"),
     "export_over_an_existing_file": (lambda r: ["export", str(r / "run"), str(r / "spec.yaml")],
                                      "is a file; give a folder"),
-    "export_to_a_folder_of_other_files": (lambda r: ["export", str(r / "run"), str(r / "data")],
+    "export_to_a_folder_of_other_files": (lambda r: ["export", str(r / "run"), str(r / "other")],
                                           "is not empty; give --overwrite"),
+    "export_over_a_dataset": (lambda r: ["export", str(r / "run"), str(r / "data"), "--overwrite"],
+                              "a dataset's folder"),
     "export_into_a_missing_folder": (lambda r: ["export", str(r / "run"), str(r / "no" / "pkg")],
                                      "does not exist"),
     "eval_of_no_checkpoint": (lambda r: ["eval", str(r / "nope"), "--data", str(r / "data")], "no checkpoint at"),
@@ -212,6 +214,9 @@ def test_a_hostile_run_folder_or_option_is_one_line(case: Path, name: str, monke
         (case / "run" / "run.json").write_text('{"epochs": 2, "rows":')
     if name == "run_json_of_wrong_types":
         (case / "run" / "run.json").write_text('{"epochs": 2, "rows": "many"}')
+    if name == "export_to_a_folder_of_other_files":
+        (case / "other").mkdir()
+        (case / "other" / "notes.txt").write_text("not a package")
     before = _snapshot(case)
     lock = RunLock.acquire(case / "run") if "locked" in name else None
     try:

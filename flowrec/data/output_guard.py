@@ -1,0 +1,192 @@
+"""The one output guard of every command that writes (predict, eval, export, convert, synth,
+calibrate, plan, profile).
+
+An output never lands inside a folder flowrec owns for something else (a training run, a model
+package, a dataset, an encoder folder: found by their marker files, in the output's folder and
+every folder above it, symlinks resolved), never on one of the command's inputs (same resolved
+path, inside an input folder, or the same file through a hard link: same st_dev / st_ino), and
+never over an existing file without ``overwrite``. Files are written through `atomic_output`: a
+temp file in the same folder renamed over the target when complete, so a failure or a kill
+leaves the old file (or none).
+
+Example:
+    >>> check_file_output(Path("scores.parquet"), [Path("pkg"), Path("rows.csv")], overwrite=False)  # doctest: +SKIP
+    >>> with atomic_output(Path("scores.parquet")) as tmp:  # doctest: +SKIP
+    ...     write(tmp)
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from flowrec.data.layout import META_FILE, DataError
+
+# what marks a folder as owned, and by what: marker file -> the bytes its start must hold (None:
+# any file); tests hold these names equal to the owners' constants
+OWNERS = (
+    ("a training run", {"checkpoint.pt": None, "run.json": None, ".flowrec.lock": None}),
+    ("a model package", {"manifest.json": b'"flowrec-model"'}),
+    ("a dataset", {META_FILE: None, f"train/{META_FILE}": None}),
+    ("an encoder", {"encoder.json": b'"flowrec-encoder"'}),
+)
+MARKER_BYTES = 1 << 16  # bytes of a marker file searched for its format name
+MAX_INPUT_FILES = 100_000  # files of a folder looked at (an input's part files, a replaced folder's entries)
+
+
+class OutputError(DataError):
+    """An output the guard refuses; the message is one line naming it."""
+
+
+def owner_of(folder: Path) -> str | None:
+    """What owns `folder` ("a training run", "a model package", ...), or None."""
+    for owner, markers in OWNERS:
+        if any(_marks(Path(folder) / name, needle) for name, needle in markers.items()):
+            return owner
+    return None
+
+
+def _marks(path: Path, needle: bytes | None) -> bool:
+    if needle is None:
+        return os.path.lexists(path)
+    if not path.is_file():  # never open a pipe or a device named like a marker (it could block)
+        return False
+    try:
+        with open(path, "rb") as f:
+            return needle in f.read(MARKER_BYTES)
+    except OSError:
+        return False
+
+
+def owning_folder(path: Path) -> tuple[Path, str] | None:
+    """The nearest folder at or above `path` (resolved) that flowrec owns, with its owner."""
+    resolved = Path(path).resolve()
+    for folder in (resolved, *resolved.parents):
+        owner = owner_of(folder)
+        if owner is not None:
+            return folder, owner
+    return None
+
+
+def check_file_output(out: Path, inputs: Sequence[Path], overwrite: bool) -> None:
+    """Raise OutputError unless the file `out` may be (re)written by a command reading `inputs`."""
+    out = Path(out)
+    if not out.parent.is_dir():
+        raise OutputError(f"cannot write {out}: folder {out.parent} does not exist")
+    owned = owning_folder(out.parent) or owning_folder(out.resolve().parent)  # a link into such a folder
+    if owned is not None:
+        raise OutputError(f"refusing to write {out}: it lies in {owned[0]}, {owned[1]}'s folder (flowrec "
+                          "writes there only for it); write the output elsewhere")
+    if out.is_dir():
+        raise OutputError(f"{out} is a folder; give a file name")
+    if os.path.lexists(out) and not out.is_file():
+        raise OutputError(f"refusing to write {out}: it is not a regular file (a device, pipe, socket or "
+                          "broken link)")
+    _check_inputs(out, inputs)
+    if os.path.lexists(out) and not overwrite:
+        raise OutputError(f"{out} exists; give --overwrite to replace it")
+
+
+def check_folder_output(out: Path, inputs: Sequence[Path], overwrite: bool, kind: str) -> None:
+    """Raise OutputError unless the folder `out` may be created, or replaced (with `overwrite`)
+    when it is empty or holds `kind` ("a model package", "a dataset")."""
+    out = Path(out)
+    if not out.parent.is_dir():
+        raise OutputError(f"cannot write {out}: folder {out.parent} does not exist")
+    owned = owning_folder(out.parent)
+    if owned is not None:
+        raise OutputError(f"refusing to write {out}: it lies in {owned[0]}, {owned[1]}'s folder (flowrec "
+                          "writes there only for it)")
+    if os.path.lexists(out) and not out.is_dir():
+        raise OutputError(f"{out} is a file; give a folder for the output")
+    owner = owner_of(out) if out.is_dir() else None
+    if owner is not None and owner != kind:
+        raise OutputError(f"refusing to write {out}: it is {owner}'s folder, not {kind}'s")
+    _check_inputs(out, inputs)
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise OutputError(f"{out} is not empty; give --overwrite to replace it")
+    held = _owned_below(out) if owner is None and out.is_dir() else None
+    if held is not None:
+        raise OutputError(f"refusing to replace {out}: it holds {held[1]}'s folder {held[0]}, which only "
+                          "that owner writes")
+
+
+def _owned_below(folder: Path) -> tuple[Path, str] | None:
+    """The first folder below `folder` that flowrec owns (bounded walk), or None."""
+    for n, path in enumerate(folder.rglob("*")):
+        if n >= MAX_INPUT_FILES:
+            return None
+        owner = owner_of(path) if path.is_dir() and not path.is_symlink() else None
+        if owner is not None:
+            return path, owner
+    return None
+
+
+def _check_inputs(out: Path, inputs: Sequence[Path]) -> None:
+    """The output is none of the inputs, holds none, and is no file of one (same inode: a hard
+    link, or a file inside an input folder); a new file inside an input folder replaces nothing."""
+    target = out.resolve()
+    written = _identity(out)
+    for given in inputs:
+        source = Path(given).resolve()
+        if target == source or source.is_relative_to(target):
+            raise OutputError(f"refusing to write {out}: it would replace {given}, which this command reads "
+                              "(or writes as another output)")
+        if written is not None and written in _identities(source):
+            raise OutputError(f"refusing to write {out}: it is the input {given} (the same file, linked)")
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
+
+
+def _identities(path: Path) -> set[tuple[int, int]]:
+    """(st_dev, st_ino) of `path` and, for a folder, of the files in it (bounded)."""
+    found = {i for i in [_identity(path)] if i is not None}
+    if path.is_dir():
+        for n, child in enumerate(path.rglob("*")):
+            if n >= MAX_INPUT_FILES:
+                break
+            identity = _identity(child)
+            if identity is not None:
+                found.add(identity)
+    return found
+
+
+@contextmanager
+def atomic_output(out: Path) -> Iterator[Path]:
+    """Yield a temp path next to `out`; renamed over `out` when the block completes, removed when it
+    fails (the old `out`, if any, is untouched until the rename)."""
+    out = Path(out)
+    tmp = out.parent / f".{out.stem}.{os.getpid()}-{secrets.token_hex(4)}.tmp{out.suffix}"  # suffix kept: writers
+    # such as matplotlib choose the format by it
+    try:
+        yield tmp
+        os.replace(tmp, out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def replace_folder(new: Path, out: Path) -> None:
+    """Rename the complete folder `new` to `out`; an existing `out` is moved aside first, put back
+    if the rename fails, and deleted after, so `out` is always the old folder or the new one."""
+    new, out = Path(new), Path(out)
+    if not os.path.lexists(out):
+        os.rename(new, out)
+        return
+    old = out.parent / f".{out.name}.old-{os.getpid()}-{secrets.token_hex(4)}"
+    os.rename(out, old)
+    try:
+        os.rename(new, out)
+    except OSError:
+        os.rename(old, out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,134 @@
+"""SIGTERM or SIGINT to `flowrec train --nproc 2` (what `kill`, `timeout` and schedulers send) reaches
+torch's launcher and both ranks: they checkpoint after the current step and exit, no process of the
+launch is left, and the printed resume command (which keeps `--nproc 2`) ends the run with the
+parameters of an uninterrupted one. SIGTERM to one process checkpoints as Ctrl-C does."""
+from __future__ import annotations
+
+import copy
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flowrec.testing.ranks import assert_same_model, run_flowrec, subprocess_env
+from flowrec.testing.specs import TINY
+
+ROOT = Path(__file__).resolve().parents[2]
+TIMEOUT_S = 300  # every subprocess
+EXIT_S = 120  # from the signal to the last process of the launch gone
+pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="finds the ranks through /proc")
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("nproc_signals")
+    doc = copy.deepcopy(TINY)
+    doc["name"] = "tiny_signals"
+    doc["training"] = {"batch_size": 50, "epochs": 4, "seed": 7}
+    doc["heads"][1]["label"] = "label2"
+    (root / "spec.yaml").write_text(yaml.safe_dump(doc))
+    made = run_flowrec("data", "synth", "spec.yaml", "--rows", "600", "--out", "d", "--seed", "3", "-q", cwd=root,
+                       root=ROOT, timeout_s=TIMEOUT_S)
+    assert made.returncode == 0, made.stderr
+    return root
+
+
+def _args(out: str, nproc: int = 2) -> list[str]:
+    return ["train", "spec.yaml", "--data", "d", "--out", out, "-q", "--eval-every", "0", "--checkpoint-every", "4",
+            *(["--nproc", str(nproc)] if nproc > 1 else [])]
+
+
+def _descendants(pid: int) -> list[int]:
+    """Process ids below `pid` (Linux /proc)."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        kids = parents.get(todo.pop(0), [])
+        out += kids
+        todo += kids
+    return out
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for its parent counts as gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _wait_for_ranks_training(job: subprocess.Popen, metrics: Path) -> list[int]:
+    """The launch's processes once rank 0 has logged a few training steps."""
+    deadline = time.monotonic() + TIMEOUT_S
+    while time.monotonic() < deadline:
+        assert job.poll() is None, "the run ended before the signal"
+        if metrics.is_file() and sum('"event": "train"' in line for line in metrics.open()) >= 3:
+            return _descendants(job.pid)
+        time.sleep(0.1)
+    pytest.fail(f"no training steps within {TIMEOUT_S} s")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint"])
+def test_a_signal_to_the_launch_stops_every_rank_and_the_printed_command_continues_it(work: Path, sig):
+    reference = run_flowrec(*_args(f"ref_{sig.name}"), cwd=work, root=ROOT, timeout_s=TIMEOUT_S)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    out = f"run_{sig.name}"
+    job = subprocess.Popen([sys.executable, "-m", "flowrec", *_args(out)], cwd=work, env=subprocess_env(ROOT),
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        launch = _wait_for_ranks_training(job, work / out / "metrics.jsonl")
+        cmdlines = {p: Path(f"/proc/{p}/cmdline").read_bytes() for p in launch}
+        ranks = [p for p, c in cmdlines.items() if b"flowrec\x00train" in c and b"flowrec.cli.ranks" not in c]
+        assert len(ranks) == 2, ranks
+        job.send_signal(sig)
+        err = job.communicate(timeout=EXIT_S)[1]
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait(timeout=30)
+    deadline = time.monotonic() + EXIT_S
+    while any(_alive(p) for p in launch) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [p for p in launch if _alive(p)], err[-3000:]
+    assert job.returncode == 128 + sig, err[-3000:]
+    printed = [line for line in err.splitlines() if "continue with  flowrec" in line]
+    assert printed and "Traceback" not in err, err[-3000:]
+    words = shlex.split(printed[-1].split("continue with  ", 1)[1])
+    assert words[:1] == ["flowrec"] and words[-2:] == ["--nproc", "2"], printed[-1]
+    resumed = run_flowrec(*words[1:], cwd=work, root=ROOT, timeout_s=TIMEOUT_S)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming" in resumed.stderr
+    assert_same_model(work / f"ref_{sig.name}", work / out, tol=0)
+
+
+def test_sigterm_to_one_process_checkpoints_like_ctrl_c(work: Path):
+    """SIGTERM (not only Ctrl-C) stops a one-process run after its step, with a checkpoint to continue."""
+    reference = run_flowrec(*_args("ref_one", 1), cwd=work, root=ROOT, timeout_s=TIMEOUT_S)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    job = subprocess.Popen([sys.executable, "-m", "flowrec", *_args("run_one", 1)], cwd=work,
+                           env=subprocess_env(ROOT), stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for_ranks_training(job, work / "run_one" / "metrics.jsonl")
+        job.send_signal(signal.SIGTERM)
+        err = job.communicate(timeout=EXIT_S)[1]
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait(timeout=30)
+    assert job.returncode == 130 and "interrupted: checkpoint saved" in err, err[-3000:]
+    words = shlex.split(err.split("continue with  ")[-1].splitlines()[0])
+    assert words[-2:] == ["--resume", "run_one"], words
+    resumed = run_flowrec(*words[1:], cwd=work, root=ROOT, timeout_s=TIMEOUT_S)
+    assert resumed.returncode == 0 and "resuming" in resumed.stderr, resumed.stderr[-3000:]
+    assert_same_model(work / "ref_one", work / "run_one", tol=0)

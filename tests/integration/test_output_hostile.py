@@ -1,0 +1,344 @@
+"""Hostile outputs, datasets and values, one row per case: an output never lands in a run, package or
+dataset folder, never over an input (paths, symbolic and hard links), never over a file without
+--overwrite; names from a dataset's or encoder's JSON stay inside their folder; values that would
+silently give wrong results (non-finite dense inputs, a run.json without its settings, NaN in a
+device profile) and inputs that gave tracebacks are one line with exit 2, and nothing changes."""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from flowrec.cli import app
+
+SPEC = """
+name: out_hostile
+features:
+  - {name: price, type: dense, transform: standardize}
+  - {name: user, type: categorical, vocab: 40, dim: 4}
+  - {name: city, type: categorical, hash_buckets: 20, dim: 4}
+modules:
+  - {name: top, kind: mlp, inputs: ["@dense", "@sparse"], layers: [8]}
+heads:
+  - {name: ctr, input: top, task: binary, loss: bce}
+optimizer:
+  dense: {name: adam, lr: 0.01}
+  sparse: {name: adam, lr: 0.05}
+training: {batch_size: 64, epochs: 1, seed: 0}
+"""
+runner = CliRunner()
+
+
+def raw_rows(rows: int, seed: int) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    user = rng.integers(0, 50, rows)
+    return pd.DataFrame({"price": rng.lognormal(2.0, 1.0, rows), "user": [f"u{u}" for u in user],
+                         "city": rng.integers(0, 90, rows), "label": (user % 3 == 0).astype(int)})
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> Path:
+    """spec.yaml, new.csv, an encoded dataset (data/, with vocabularies), a run and its package."""
+    root = tmp_path_factory.mktemp("out_hostile")
+    (root / "spec.yaml").write_text(SPEC)
+    raw_rows(600, 0).to_csv(root / "train.csv", index=False)
+    raw_rows(40, 1).to_csv(root / "new.csv", index=False)
+    steps = [["data", "convert", "csv", str(root / "train.csv"), str(root / "data"), "--spec", str(root / "spec.yaml"),
+              "-q"],
+             ["train", str(root / "spec.yaml"), "--data", str(root / "data"), "--out", str(root / "run"), "-q",
+              "--device", "cpu"],
+             ["export", str(root / "run"), str(root / "pkg"), "-q"]]
+    for argv in steps:
+        done = runner.invoke(app, argv)
+        assert done.exit_code == 0, done.output
+    (root / "train.csv").unlink()
+    return root
+
+
+@pytest.fixture
+def case(base: Path, tmp_path: Path) -> Path:
+    for name in ("spec.yaml", "new.csv", "data", "run", "pkg"):
+        src, dst = base / name, tmp_path / name
+        shutil.copytree(src, dst) if src.is_dir() else shutil.copy(src, dst)
+    return tmp_path
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    """Every file (links as their target's name) with its digest; the run's lock file aside."""
+    found = {}
+    for p in sorted(folder.rglob("*")):
+        if p.is_symlink():
+            found[str(p.relative_to(folder))] = "-> " + os.readlink(p)
+        elif p.is_file() and p.name != ".flowrec.lock":
+            found[str(p.relative_to(folder))] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return found
+
+
+def one_line_exit_2(result, fragment: str, status_lines: bool = False) -> None:
+    """Exit 2 with one `error:` line, the last on stderr (status lines above it when allowed)."""
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == 2, result.output
+    assert [line for line in lines if line.startswith("error: ")] == lines[-1:], result.stderr
+    assert status_lines or len(lines) == 1, result.stderr
+    assert fragment in lines[-1], lines[-1]
+    assert "Traceback" not in result.output
+
+
+def predict(*extra: str) -> Callable[[Path], list[str]]:
+    return lambda r: ["predict", str(r / "pkg"), str(r / "new.csv"), "--format", "csv", "-q", *extra]
+
+
+def out(name: str, *extra: str) -> Callable[[Path], list[str]]:
+    """predict into `name` (relative to the case folder)."""
+    return lambda r: predict("--out", str(r / name), *extra)(r)
+
+
+def eval_json(name: str, *extra: str) -> Callable[[Path], list[str]]:
+    return lambda r: ["eval", str(r / "run"), "--data", str(r / "data"), "-q", "--json", str(r / name), *extra]
+
+
+def _link(name: str, target: str, hard: bool = False) -> Callable[[Path], None]:
+    def make(r: Path) -> None:
+        (os.link if hard else os.symlink)(r / target, r / name)
+    return make
+
+
+OUTPUTS = {  # case -> (argv, flowrec's words, what to prepare first)
+    "predict_over_the_run_checkpoint": (out("run/checkpoint.pt", "--overwrite"), "a training run's folder", None),
+    "predict_into_a_run_folder": (out("run/scores.parquet"), "a training run's folder", None),
+    "predict_over_its_raw_input": (out("new.csv", "--overwrite"), "which this command reads", None),
+    "predict_over_the_package_program": (out("pkg/model.pt2", "--overwrite"), "a model package's folder", None),
+    "predict_into_a_dataset": (out("data/scores.parquet"), "a dataset's folder", None),
+    "predict_through_a_link_into_the_run": (out("s.parquet", "--overwrite"), "a training run's folder",
+                                            _link("s.parquet", "run/checkpoint.pt")),
+    "predict_over_a_hard_link_of_its_input": (out("copy.csv", "--overwrite"), "the same file, linked",
+                                              _link("copy.csv", "new.csv", hard=True)),
+    "predict_over_a_file_without_overwrite": (out("spec.yaml"), "exists; give --overwrite", None),
+    "eval_json_over_run_json": (eval_json("run/run.json"), "a training run's folder", None),
+    "eval_json_over_the_checkpoint": (eval_json("run/checkpoint.pt", "--overwrite"), "a training run's folder", None),
+    "eval_json_over_the_dataset_meta": (eval_json("data/_flowrec.json", "--overwrite"), "a dataset's folder", None),
+    "eval_json_over_a_file_without_overwrite": (eval_json("spec.yaml"), "exists; give --overwrite", None),
+    "export_into_the_run": (lambda r: ["export", str(r / "run"), str(r / "run" / "pkg")], "a training run's folder",
+                            None),
+    "export_over_a_dataset": (lambda r: ["export", str(r / "run"), str(r / "data"), "--overwrite"],
+                              "a dataset's folder", None),
+    "export_into_a_package": (lambda r: ["export", str(r / "run"), str(r / "pkg" / "vocab")],
+                              "a model package's folder", None),
+    "plan_json_over_its_spec": (lambda r: ["plan", str(r / "spec.yaml"), "-q", "--json", str(r / "spec.yaml"),
+                                           "--overwrite"], "which this command reads", None),
+    "plan_json_into_the_run": (lambda r: ["plan", str(r / "spec.yaml"), "-q", "--json", str(r / "run" / "plan.json"),
+                                          "--overwrite"], "a training run's folder", None),
+    "plan_two_outputs_in_one_file": (lambda r: ["plan", str(r / "spec.yaml"), "-q", "--json", str(r / "p.txt"),
+                                                "--dot", str(r / "p.txt")], "writes as another output", None),
+    "calibrate_into_the_run": (lambda r: ["calibrate", str(r / "spec.yaml"), "--out", str(r / "run" / "cpu.json")],
+                               "a training run's folder", None),
+    "convert_into_the_run": (lambda r: ["data", "convert", "csv", str(r / "new.csv"), str(r / "run" / "d2"), "--spec",
+                                        str(r / "spec.yaml"), "-q"], "a training run's folder", None),
+    "convert_over_the_package": (lambda r: ["data", "convert", "csv", str(r / "new.csv"), str(r / "pkg"), "--spec",
+                                            str(r / "spec.yaml"), "-q", "--overwrite"], "a model package's folder", None),
+    "convert_over_its_source_folder": (lambda r: ["data", "convert", "csv", str(r / "new.csv"), str(r), "--spec",
+                                                  str(r / "spec.yaml"), "-q", "--overwrite"],
+                                       "which this command reads", None),
+    "synth_into_the_package": (lambda r: ["data", "synth", str(r / "spec.yaml"), "--rows", "10", "--out",
+                                          str(r / "pkg" / "x")], "a model package's folder", None),
+    "profile_json_into_the_run": (lambda r: ["data", "profile", str(r / "spec.yaml"), str(r / "data"), "-q", "--json",
+                                             str(r / "run" / "p.json")], "a training run's folder", None),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OUTPUTS))
+def test_an_output_never_lands_on_what_flowrec_reads_or_owns(case: Path, name: str, monkeypatch):
+    monkeypatch.chdir(case)
+    argv_of, fragment, prepare = OUTPUTS[name]
+    if prepare is not None:
+        prepare(case)
+    before = snapshot(case)
+    result = runner.invoke(app, argv_of(case))
+    one_line_exit_2(result, fragment)
+    assert snapshot(case) == before
+
+
+def test_overwrite_replaces_an_output_of_its_own_atomically(case: Path):
+    (case / "scores.parquet").write_text("old")
+    made = runner.invoke(app, out("scores.parquet", "--overwrite")(case))
+    assert made.exit_code == 0, made.output
+    assert len(pd.read_parquet(case / "scores.parquet")) == 40
+    scored = runner.invoke(app, eval_json("m.json")(case))
+    again = runner.invoke(app, eval_json("m.json", "--overwrite")(case))
+    assert scored.exit_code == 0 and again.exit_code == 0, scored.output + again.output
+    assert "ctr" in json.loads((case / "m.json").read_text())
+    (case / "pkg" / "notes.txt").write_text("of the old package")
+    exported = runner.invoke(app, ["export", str(case / "run"), str(case / "pkg"), "--overwrite", "-q"])
+    assert exported.exit_code == 0, exported.output
+    assert not (case / "pkg" / "notes.txt").exists() and (case / "pkg" / "model.pt2").is_file()
+    assert sorted(p.name for p in case.iterdir() if p.name.startswith(".")) == []  # no temp file left
+
+
+# ------------------------------------------------------------------ names from files, values, tracebacks
+def _meta(edit: Callable[[dict], None], folder: str = "data") -> Callable[[Path], None]:
+    def make(r: Path) -> None:
+        doc = json.loads((r / folder / "_flowrec.json").read_text())
+        edit(doc)
+        (r / folder / "_flowrec.json").write_text(json.dumps(doc))
+    return make
+
+
+def _run_encoder(edit: Callable[[dict], None]) -> Callable[[Path], None]:
+    def make(r: Path) -> None:
+        doc = json.loads((r / "run" / "encoder" / "encoder.json").read_text())
+        edit(doc)
+        (r / "run" / "encoder" / "encoder.json").write_text(json.dumps(doc))
+    return make
+
+
+def _vocab_link_out(r: Path) -> None:
+    vocab = r / "data" / "_vocab" / "user.parquet"
+    shutil.copy(vocab, r / "outside.parquet")
+    vocab.unlink()
+    vocab.symlink_to(r / "outside.parquet")
+
+
+def _parquet_with(value: float) -> Callable[[Path], None]:
+    """The raw rows as Parquet, row 4's price `value` (a NaN stored as a value, not as null)."""
+    def make(r: Path) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        rows = pd.read_csv(r / "new.csv")
+        price = rows["price"].to_numpy().copy()
+        price[3] = value
+        table = pa.Table.from_pandas(rows.drop(columns=["price"]), preserve_index=False)
+        pq.write_table(table.append_column("price", pa.array(price, from_pandas=False)), r / "rows.parquet")
+    return make
+
+
+def _profile(measured: dict) -> Callable[[Path], None]:
+    def make(r: Path) -> None:
+        from flowrec.planner.calibration import profile_document
+
+        doc = profile_document("cpu", {k: (v, "planted") for k, v in measured.items()}, "x", "2026-01-01T00:00:00Z")
+        (r / "prof.json").write_text(json.dumps(doc))
+    return make
+
+
+def _shuffle_vocab(path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    values = pq.read_table(path).column("value").to_pylist()
+    pq.write_table(pa.table({"value": values[1:] + values[:1]}), path)
+
+
+def _write(name: str, text: str) -> Callable[[Path], None]:
+    return lambda r: (r / name).write_text(text)
+
+
+def train(*extra: str) -> Callable[[Path], list[str]]:
+    return lambda r: ["train", str(r / "spec.yaml"), "-q", "--device", "cpu", *extra]
+
+
+def predict_rows(*extra: str) -> Callable[[Path], list[str]]:
+    return lambda r: ["predict", str(r / "pkg"), str(r / "rows.parquet"), "--format", "parquet", "-q", "--out",
+                      str(r / "s.parquet"), *extra]
+
+
+NESTED = "[" * 200_000
+VALUES = {  # case -> (argv, flowrec's words, what to prepare, status lines may come first)
+    "dataset_table_up_and_out": (train("--data", "{r}/data", "--out", "{r}/r2"), "not a plain name",
+                                 _meta(lambda d: d["encoding"]["user"].update(table="../../X")), True),
+    "dataset_vocab_file_absolute": (train("--data", "{r}/data", "--out", "{r}/r2"), "not a relative path",
+                                    _meta(lambda d: d["encoding"]["user"].update(vocab_file="/etc/passwd")), True),
+    "dataset_vocab_file_up_and_out": (train("--data", "{r}/data", "--out", "{r}/r2"), "not a plain name",
+                                      _meta(lambda d: d["encoding"]["user"].update(vocab_file="../new.csv")), True),
+    "dataset_vocab_links_out": (train("--data", "{r}/data", "--out", "{r}/r2"), "leads outside", _vocab_link_out,
+                                True),
+    "encoder_from_a_hostile_dataset": (lambda r: ["data", "convert", "csv", str(r / "new.csv"), str(r / "d2"), "--spec",
+                                                  str(r / "spec.yaml"), "-q", "--encoder-from", str(r / "data")],
+                                       "not a plain name", _meta(lambda d: d["encoding"]["user"].update(table="a/b")),
+                                       False),
+    "dataset_meta_of_another_version": (train("--data", "{r}/data", "--out", "{r}/r2"), "metadata version 9",
+                                        _meta(lambda d: d.update(version=9)), False),
+    "nested_dataset_meta": (train("--data", "{r}/data", "--out", "{r}/r2"), "nested deeper",
+                            _write("data/_flowrec.json", NESTED), False),
+    "run_encoder_vocab_up_and_out": (lambda r: ["export", str(r / "run"), str(r / "p2"), "-q"], "not a plain name",
+                                     _run_encoder(lambda d: d["vocab_files"].update(user="../../new.csv")), False),
+    "run_encoder_vocab_reordered": (lambda r: ["export", str(r / "run"), str(r / "p2"), "-q"],
+                                    "does not match the digest its encoder records",
+                                    lambda r: _shuffle_vocab(r / "run" / "encoder" / "vocab" / "user.parquet"), False),
+    "resume_with_run_json_without_settings": (train("--resume", "{r}/run"), "lacks the setting",
+                                              _write("run/run.json", '{"epochs": 2}'), False),
+    "resume_with_nested_run_json": (train("--resume", "{r}/run"), "nested deeper", _write("run/run.json", NESTED),
+                                    False),
+    "parquet_rows_with_inf": (predict_rows(), "must be finite float32", _parquet_with(math.inf), False),
+    "parquet_rows_with_minus_inf": (predict_rows(), "must be finite float32", _parquet_with(-math.inf), False),
+    "parquet_rows_beyond_float32": (predict_rows(), "must be finite float32", _parquet_with(1e300), False),
+    "keep_a_head": (predict_rows("--keep", "ctr"), "already has a column ctr", _parquet_with(1.0), False),
+    "keep_twice": (predict_rows("--keep", "user", "--keep", "user"), "given twice", _parquet_with(1.0), False),
+    "only_row_malformed": (lambda r: ["predict", str(r / "pkg"), str(r / "one.csv"), "--format", "csv", "-q", "--out",
+                                      str(r / "s.parquet")], "one.csv:2", _write("one.csv", "price,user,city\n1.0,u1\n"),
+                           False),
+    "profile_with_nan_in_dense_ops": (lambda r: ["plan", str(r / "spec.yaml"), "-q", "--target", str(r / "prof.json")],
+                                      "finite non-negative numbers",
+                                      _profile({"dense_ops": {"mlp": [64.0, math.nan, 1.0]}}), False),
+    "profile_with_an_infinite_rate": (lambda r: ["plan", str(r / "spec.yaml"), "-q", "--target", str(r / "prof.json")],
+                                      "must be a positive number", _profile({"hbm_gbps": math.inf}), False),
+    "plan_target_nested": (lambda r: ["plan", str(r / "spec.yaml"), "-q", "--target", str(r / "deep.json")],
+                           "nested deeper", _write("deep.json", NESTED), False),
+    "train_target_nested": (train("--target", "{r}/deep.json", "--out", "{r}/r2"), "nested deeper",
+                            _write("deep.json", NESTED), False),
+    "dist_timeout_inf": (train("--dist-timeout", "inf"), "--dist-timeout must be", None, False),
+    "dist_timeout_nan": (train("--dist-timeout", "nan"), "--dist-timeout must be", None, False),
+    "dist_timeout_too_long": (train("--dist-timeout", "1e30"), "--dist-timeout must be", None, False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VALUES))
+def test_a_hostile_name_or_value_is_one_line_and_changes_nothing(case: Path, name: str, monkeypatch):
+    monkeypatch.chdir(case)
+    argv_of, fragment, prepare, status_lines = VALUES[name]
+    if prepare is not None:
+        prepare(case)
+    before = snapshot(case)
+    argv = [a.format(r=case) for a in argv_of(case)]
+    result = runner.invoke(app, argv)
+    one_line_exit_2(result, fragment, status_lines)
+    assert snapshot(case) == before
+    assert not any(p.exists() for p in (case / "r2", case / "d2", case / "p2", case / "s.parquet", case / "runs"))
+    assert not (case.parent / "X").exists() and not (case.parent / "X.parquet").exists()
+
+
+def test_a_dataframe_with_inf_in_a_dense_column_is_refused_by_the_api(case: Path):
+    from flowrec.data.layout import DataError
+    from flowrec.runtime.predict import load_model
+
+    model = load_model(case / "pkg")
+    rows = pd.read_csv(case / "new.csv")
+    assert len(model.predict(rows)) == 40
+    rows.loc[5, "price"] = np.inf
+    with pytest.raises(DataError, match="row 6: dense column price"):
+        model.predict(rows)
+    rows.loc[5, "price"] = np.nan  # a missing value in a DataFrame: filled as the encoder says
+    assert np.isfinite(model.predict(rows)["ctr"].to_numpy()).all()
+
+
+def test_nan_in_a_parquet_dense_column_is_a_missing_value_as_in_csv(case: Path):
+    """Parquet's NaN stored as a value scores like CSV's `nan` text: a missing value, filled."""
+    _parquet_with(math.nan)(case)
+    pd.read_parquet(case / "rows.parquet").to_csv(case / "rows.csv", index=False, na_rep="nan")
+    assert "nan" in (case / "rows.csv").read_text()
+    for fmt, rows in (("parquet", "rows.parquet"), ("csv", "rows.csv")):
+        done = runner.invoke(app, ["predict", str(case / "pkg"), str(case / rows), "--format", fmt, "-q", "--out",
+                                   str(case / f"{fmt}.parquet")])
+        assert done.exit_code == 0, done.output
+    a, b = pd.read_parquet(case / "parquet.parquet"), pd.read_parquet(case / "csv.parquet")
+    assert np.isfinite(a["ctr"]).all()
+    np.testing.assert_allclose(a["ctr"], b["ctr"], rtol=0, atol=1e-6)

@@ -1,0 +1,339 @@
+"""Hostile model packages, one row per case: a package is untrusted input. Each case gives one line
+and exit 2 through `flowrec predict` (and ValueError through `flowrec.load_model`), runs nothing
+from the package (marker files never appear), writes nothing and changes nothing."""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from flowrec.cli import app
+from flowrec.runtime.predict import load_model
+
+SPEC = """
+name: pkg_hostile
+features:
+  - {name: price, type: dense, transform: standardize}
+  - {name: user, type: categorical, vocab: 40, dim: 4}
+  - {name: city, type: categorical, hash_buckets: 20, dim: 4}
+modules:
+  - {name: top, kind: mlp, inputs: ["@dense", "@sparse"], layers: [8]}
+heads:
+  - {name: ctr, input: top, task: binary, loss: bce}
+optimizer:
+  dense: {name: adam, lr: 0.01}
+  sparse: {name: adam, lr: 0.05}
+training: {batch_size: 64, epochs: 1, seed: 0}
+"""
+runner = CliRunner()
+ROOT = "model/"  # the archive's root folder (torch names it after the file)
+
+
+def raw_rows(rows: int, seed: int) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    user = rng.integers(0, 50, rows)
+    return pd.DataFrame({"price": rng.lognormal(2.0, 1.0, rows), "user": [f"u{u}" for u in user],
+                         "city": rng.integers(0, 90, rows), "label": (user % 3 == 0).astype(int)})
+
+
+class Payload:
+    """A pickle that would create `marker` when loaded without weights_only."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> Path:
+    """A trained run of the package test's spec, its package and raw rows to score."""
+    root = tmp_path_factory.mktemp("pkg_hostile")
+    (root / "spec.yaml").write_text(SPEC)
+    raw_rows(600, 0).to_csv(root / "train.csv", index=False)
+    raw_rows(50, 1).to_csv(root / "new.csv", index=False)
+    spec = str(root / "spec.yaml")
+    made = runner.invoke(app, ["data", "convert", "csv", str(root / "train.csv"), str(root / "data"), "--spec",
+                               spec, "-q"])
+    assert made.exit_code == 0, made.output
+    run = runner.invoke(app, ["train", spec, "--data", str(root / "data"), "--out", str(root / "run"), "--quiet",
+                              "--device", "cpu"])
+    assert run.exit_code == 0, run.output
+    exported = runner.invoke(app, ["export", str(root / "run"), str(root / "pkg")])
+    assert exported.exit_code == 0, exported.output
+    return root
+
+
+@pytest.fixture
+def case(base: Path, tmp_path: Path) -> Path:
+    """A private copy of the package and the raw rows."""
+    shutil.copytree(base / "pkg", tmp_path / "pkg")
+    shutil.copy(base / "new.csv", tmp_path / "new.csv")
+    return tmp_path
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def one_line_exit_2(result, fragment: str) -> None:
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == 2, result.output
+    assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0], result.stderr
+    assert "Traceback" not in result.output
+
+
+def redigest(pkg: Path) -> None:
+    """Rewrite the manifest's digests to the files as they are now (an attacker controls both)."""
+    manifest = json.loads((pkg / "manifest.json").read_text())
+    manifest["files"] = {str(p.relative_to(pkg)): hashlib.sha256(p.read_bytes()).hexdigest()
+                         for p in sorted(pkg.rglob("*")) if p.is_file() and p.name != "manifest.json"}
+    (pkg / "manifest.json").write_text(json.dumps(manifest))
+
+
+def rewrite_archive(pkg: Path, edit: Callable[[dict[str, bytes]], None]) -> None:
+    """Edit the entries of model.pt2 (name -> bytes) and write it again as a plain zip."""
+    path = pkg / "model.pt2"
+    with zipfile.ZipFile(path) as z:
+        entries = {i.filename: z.read(i) for i in z.infolist()}
+    edit(entries)
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        for name, data in entries.items():
+            z.writestr(name, data)
+
+
+def pickled(marker: Path) -> bytes:
+    buffer = io.BytesIO()
+    torch.save({"w": Payload(marker)}, buffer)
+    return buffer.getvalue()
+
+
+def edit_json(entries: dict[str, bytes], name: str, edit: Callable[[dict], None]) -> None:
+    doc = json.loads(entries[ROOT + name])
+    edit(doc)
+    entries[ROOT + name] = json.dumps(doc).encode()
+
+
+def pickled_weight(marker: Path) -> Callable[[dict[str, bytes]], None]:
+    """The first weight's record says use_pickle, and its bytes are a hostile pickle."""
+    def edit(entries: dict[str, bytes]) -> None:
+        config = json.loads(entries[ROOT + "data/weights/model_weights_config.json"])
+        meta = next(iter(config["config"].values()))
+        meta["use_pickle"] = True
+        entries[ROOT + "data/weights/" + meta["path_name"]] = pickled(marker)
+        entries[ROOT + "data/weights/model_weights_config.json"] = json.dumps(config).encode()
+    return edit
+
+
+def pickled_constant(marker: Path) -> Callable[[dict[str, bytes]], None]:
+    def edit(entries: dict[str, bytes]) -> None:
+        entries[ROOT + "data/constants/tensor_constant0"] = pickled(marker)
+        edit_json(entries, "data/constants/model_constants_config.json", lambda d: d["config"].update(
+            c={"path_name": "tensor_constant0", "is_param": False, "use_pickle": True, "tensor_meta": None}))
+    return edit
+
+
+def extra_entry(name: str, data: Callable[[Path], bytes]) -> Callable[[Path], Callable[[dict[str, bytes]], None]]:
+    return lambda marker: lambda entries: entries.update({ROOT + name: data(marker)})
+
+
+def program_edit(edit: Callable[[dict, Path], None]) -> Callable[[Path], Callable[[dict[str, bytes]], None]]:
+    return lambda marker: lambda entries: edit_json(entries, "models/model.json", lambda d: edit(d, marker))
+
+
+def _first_node(doc: dict) -> dict:
+    return doc["graph_module"]["graph"]["nodes"][0]
+
+
+def _first_expr(doc: dict) -> dict:
+    return next(iter(doc["graph_module"]["graph"]["sym_int_values"].values()))["as_expr"]
+
+
+SYSTEM = "__import__('os').system('touch {m}')"
+ARCHIVES = {  # case -> (edit of the archive given the marker path, flowrec's words)
+    "pickled_weight": (pickled_weight, "needs pickle"),
+    "pickled_constant": (pickled_constant, "needs pickle"),
+    "pickled_example_inputs": (extra_entry("data/sample_inputs/model.pt", pickled), "example inputs need pickle"),
+    "custom_object": (extra_entry("data/constants/custom_obj0", pickled), "never hold"),
+    "legacy_weights_file": (extra_entry("data/weights/model.pt", pickled), "never hold"),
+    "compiled_library": (extra_entry("data/aotinductor/model/model.so", lambda m: b"\x7fELF"), "never hold"),
+    "guard_that_runs_code": (program_edit(lambda d, m: d.update(guards_code=[SYSTEM.format(m=m)])), "a guard"),
+    "guard_breaking_out_of_its_message": (program_edit(lambda d, m: d.update(
+        guards_code=["1 == 'a\" + str(__import__(\"os\").system(\"touch " + str(m) + "\")) + \"'"])), "a guard"),
+    "shape_expression_that_runs_code": (program_edit(lambda d, m: _first_expr(d).update(
+        expr_str=SYSTEM.format(m=m))), "shape expression"),
+    "target_outside_aten": (program_edit(lambda d, m: _first_node(d).update(target="torch.save")), "not an ATen"),
+    "parameter_name_as_code": (program_edit(lambda d, m: d["graph_module"]["signature"]["input_specs"][0][
+        "parameter"].update(parameter_name='x") or __import__("os").system("touch ' + str(m) + '") or ("')),
+        "names a parameter"),
+    "stack_trace_with_a_carriage_return": (program_edit(lambda d, m: _first_node(d)["metadata"].update(
+        stack_trace=f'File "x.py", line 1, in f\n    y = 1\rimport os; os.system("touch {m}")')), "carriage return"),
+    "nested_program": (lambda m: lambda e: e.update({ROOT + "models/model.json": b"[" * 100_000}), "nested deeper"),
+    "not_a_zip": (lambda m: None, "not a zip archive"),
+    "empty": (lambda m: None, "is empty"),
+}
+
+
+def _plant(pkg: Path, name: str, marker: Path) -> None:
+    if name == "not_a_zip":
+        (pkg / "model.pt2").write_bytes((pkg / "model.pt2").read_bytes()[:200])
+    elif name == "empty":
+        (pkg / "model.pt2").write_bytes(b"")
+    else:
+        rewrite_archive(pkg, ARCHIVES[name][0](marker))
+    redigest(pkg)
+
+
+def _sym_int_values_present(base: Path) -> bool:
+    with zipfile.ZipFile(base / "pkg" / "model.pt2") as z:
+        doc = json.loads(z.read(ROOT + "models/model.json"))
+    return bool(doc["graph_module"]["graph"]["sym_int_values"])
+
+
+@pytest.mark.parametrize("name", sorted(ARCHIVES))
+def test_a_hostile_model_pt2_is_refused_before_any_of_it_runs(case: Path, base: Path, name: str):
+    if name == "shape_expression_that_runs_code":
+        assert _sym_int_values_present(base)  # the exported program has shape expressions to plant in
+    marker = case / "PWNED"
+    _plant(case / "pkg", name, marker)
+    before = snapshot(case)
+    result = runner.invoke(app, ["predict", str(case / "pkg"), str(case / "new.csv"), "--format", "csv",
+                                 "--out", str(case / "scores.parquet"), "-q"])
+    one_line_exit_2(result, ARCHIVES[name][1])
+    with pytest.raises(ValueError, match=ARCHIVES[name][1]):
+        load_model(case / "pkg")
+    assert not marker.exists()
+    assert snapshot(case) == before and not (case / "scores.parquet").exists()
+
+
+PROOF = """
+import sys, torch
+try:
+    program = torch.export.load(sys.argv[1])
+    args, kwargs = program.example_inputs
+    program.module()(*args, **kwargs)
+except Exception:
+    pass
+"""
+
+
+@pytest.mark.parametrize("name", ["pickled_weight", "pickled_example_inputs", "guard_that_runs_code",
+                                  "shape_expression_that_runs_code", "guard_breaking_out_of_its_message"])
+def test_the_planted_payload_runs_when_torch_loads_the_archive_unchecked(case: Path, name: str):
+    """The refusal above is what keeps the marker away: torch alone runs the payload (when loading the
+    archive, or at the first call of its program)."""
+    marker = case / "PWNED"
+    _plant(case / "pkg", name, marker)
+    done = subprocess.run([sys.executable, "-c", PROOF, str(case / "pkg" / "model.pt2")], capture_output=True,
+                          timeout=300, cwd=case)
+    assert marker.exists(), done.stderr[-2000:]
+
+
+# ------------------------------------------------------------------ the other files of a package
+def _reorder_vocab(pkg: Path) -> None:
+    path = pkg / "vocab" / "user.parquet"
+    values = pq.read_table(path).column("value").to_pylist()
+    pq.write_table(pa.table({"value": values[1:] + values[:1]}), path)
+
+
+def _manifest(edit: Callable[[dict], None]) -> Callable[[Path], None]:
+    def make(pkg: Path) -> None:
+        doc = json.loads((pkg / "manifest.json").read_text())
+        edit(doc)
+        (pkg / "manifest.json").write_text(json.dumps(doc))
+    return make
+
+
+def _encoder(edit: Callable[[dict], None], digests: bool = True) -> Callable[[Path], None]:
+    def make(pkg: Path) -> None:
+        doc = json.loads((pkg / "encoder.json").read_text())
+        edit(doc)
+        (pkg / "encoder.json").write_text(json.dumps(doc))
+        if digests:
+            redigest(pkg)
+    return make
+
+
+def _then_redigest(make: Callable[[Path], None]) -> Callable[[Path], None]:
+    def both(pkg: Path) -> None:
+        make(pkg)
+        redigest(pkg)
+    return both
+
+
+def _vocab_link_out(pkg: Path) -> None:
+    outside = pkg.parent / "elsewhere.parquet"
+    shutil.copy(pkg / "vocab" / "user.parquet", outside)
+    (pkg / "vocab" / "user.parquet").unlink()
+    (pkg / "vocab" / "user.parquet").symlink_to(outside)
+
+
+FILES = {
+    "reordered_vocabulary": (_reorder_vocab, "does not match the digest its manifest records"),
+    "reordered_vocabulary_digests_rewritten": (_then_redigest(_reorder_vocab), "does not match the digest its encoder"),
+    "changed_spec": (lambda p: (p / "spec.json").write_text((p / "spec.json").read_text() + " "),
+                     "does not match the digest"),
+    "truncated_model": (lambda p: (p / "model.pt2").write_bytes((p / "model.pt2").read_bytes()[:999]),
+                        "does not match the digest"),
+    "missing_model": (lambda p: (p / "model.pt2").unlink(), "is missing"),
+    "no_digests": (_manifest(lambda d: d.pop("files")), "records no file digests"),
+    "manifest_hides_the_model": (_manifest(lambda d: d["files"].pop("model.pt2")), "not among the files"),
+    "manifest_names_a_file_outside": (_manifest(lambda d: d["files"].update({"../new.csv": "0" * 64})),
+                                      "not a plain name"),
+    "package_of_another_version": (_manifest(lambda d: d.update(version=99)), "package format version 99"),
+    "nested_manifest": (lambda p: (p / "manifest.json").write_text("[" * 100_000), "nested deeper"),
+    "encoder_of_another_version": (_encoder(lambda d: d.update(version=7)), "encoder format version 7"),
+    "encoder_vocab_up_and_out": (_encoder(lambda d: d["vocab_files"].update(user="../new.csv")), "not a plain name"),
+    "encoder_vocab_absolute": (_encoder(lambda d: d["vocab_files"].update(user="/etc/passwd")),
+                               "not a relative path"),
+    "encoder_table_with_a_slash": (_encoder(lambda d: d["vocab_files"].update({"a/b": "vocab/user.parquet"})),
+                                   "not a plain name"),
+    "vocab_links_out_of_the_package": (_then_redigest(_vocab_link_out), "leads outside"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FILES))
+def test_a_changed_or_hostile_package_file_is_one_line(case: Path, name: str):
+    make, fragment = FILES[name]
+    make(case / "pkg")
+    before = snapshot(case)
+    result = runner.invoke(app, ["predict", str(case / "pkg"), str(case / "new.csv"), "--format", "csv",
+                                 "--out", str(case / "scores.parquet"), "-q"])
+    one_line_exit_2(result, fragment)
+    with pytest.raises(ValueError, match=fragment):
+        load_model(case / "pkg")
+    assert snapshot(case) == before and not (case / "scores.parquet").exists()
+
+
+def test_an_untouched_package_still_scores(case: Path):
+    result = runner.invoke(app, ["predict", str(case / "pkg"), str(case / "new.csv"), "--format", "csv",
+                                 "--out", str(case / "scores.parquet"), "-q"])
+    assert result.exit_code == 0, result.output
+    assert len(pd.read_parquet(case / "scores.parquet")) == 50
+
+
+def test_files_the_manifest_does_not_list_are_never_read(case: Path):
+    """An encoder folder planted below the package (which `find_record` would prefer) is ignored."""
+    (case / "pkg" / "encoder").mkdir()
+    (case / "pkg" / "encoder" / "encoder.json").write_text('{"format": "flowrec-encoder", "version": 99}')
+    result = runner.invoke(app, ["predict", str(case / "pkg"), str(case / "new.csv"), "--format", "csv",
+                                 "--out", str(case / "scores.parquet"), "-q"])
+    assert result.exit_code == 0, result.output
+    assert len(pd.read_parquet(case / "scores.parquet")) == 50

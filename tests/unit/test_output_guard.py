@@ -1,0 +1,139 @@
+"""The output guard's parts: its marker names are the owners' own file names, a failed write leaves
+the old file, names from files stay in their folder, JSON documents are bounded."""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import pytest
+
+from flowrec.data.layout import META_FILE, DataError
+from flowrec.data.names import inside, plain_name
+from flowrec.data.output_guard import (
+    OWNERS,
+    OutputError,
+    atomic_output,
+    check_file_output,
+    check_folder_output,
+    owner_of,
+    replace_folder,
+)
+from flowrec.spec.json_doc import parse_json_text
+
+
+def test_the_marker_files_are_the_owners_own_names():
+    from flowrec.data.encoder_record import ENCODER_FILE, ENCODER_FORMAT
+    from flowrec.runtime.checkpoint import CHECKPOINT_NAME
+    from flowrec.runtime.package import MANIFEST_FILE, PACKAGE_FORMAT
+    from flowrec.runtime.rundir import LOCK_NAME, RUN_FILE
+
+    markers = dict(OWNERS)
+    assert set(markers["a training run"]) == {CHECKPOINT_NAME, RUN_FILE, LOCK_NAME}
+    assert markers["a model package"] == {MANIFEST_FILE: f'"{PACKAGE_FORMAT}"'.encode()}
+    assert markers["an encoder"] == {ENCODER_FILE: f'"{ENCODER_FORMAT}"'.encode()}
+    assert set(markers["a dataset"]) == {META_FILE, f"train/{META_FILE}"}
+
+
+def test_a_manifest_of_another_program_does_not_make_a_package(tmp_path: Path):
+    (tmp_path / "manifest.json").write_text('{"format": "web-app"}')
+    assert owner_of(tmp_path) is None
+    (tmp_path / "manifest.json").write_text('{"format": "flowrec-model"}')
+    assert owner_of(tmp_path) == "a model package"
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temp(tmp_path: Path):
+    out = tmp_path / "scores.parquet"
+    out.write_text("old")
+    with pytest.raises(RuntimeError):
+        with atomic_output(out) as tmp:
+            tmp.write_text("half")
+            raise RuntimeError("disk full")
+    assert out.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["scores.parquet"]
+    with atomic_output(out) as tmp:
+        tmp.write_text("new")
+    assert out.read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["scores.parquet"]
+
+
+def test_a_file_output_in_a_folder_below_a_run_is_refused(tmp_path: Path):
+    (tmp_path / "run" / "sub").mkdir(parents=True)
+    (tmp_path / "run" / "checkpoint.pt").write_bytes(b"")
+    with pytest.raises(OutputError, match="a training run's folder"):
+        check_file_output(tmp_path / "run" / "sub" / "x.json", [], overwrite=True)
+    check_file_output(tmp_path / "x.json", [], overwrite=False)
+
+
+@pytest.mark.parametrize("name", ["..", ".", "a/b", "a\\b", "", "x\x00y", "x\ny", 7, None, "n" * 256])
+def test_a_name_that_is_not_one_plain_file_name_is_refused(name):
+    with pytest.raises(DataError, match="not a plain name"):
+        plain_name(name, "table")
+
+
+def test_a_relative_path_must_stay_inside_its_folder(tmp_path: Path):
+    (tmp_path / "pkg" / "vocab").mkdir(parents=True)
+    (tmp_path / "secret.parquet").write_text("x")
+    (tmp_path / "pkg" / "vocab" / "link.parquet").symlink_to(tmp_path / "secret.parquet")
+    assert inside(tmp_path / "pkg", "vocab/user.parquet", "vocab") == tmp_path / "pkg" / "vocab" / "user.parquet"
+    for bad, words in (("/etc/passwd", "not a relative path"), ("vocab/../../secret.parquet", "not a plain name"),
+                       ("vocab/link.parquet", "leads outside")):
+        with pytest.raises(DataError, match=words):
+            inside(tmp_path / "pkg", bad, "vocab")
+
+
+@pytest.mark.parametrize("text, words", [("[" * 10_000, "nested deeper"), ('{"a": 1, "a": 2}', "duplicate key"),
+                                         ("", "is empty"), ("{", "is not JSON")])
+def test_a_json_document_is_bounded_before_it_is_parsed(text: str, words: str):
+    with pytest.raises(ValueError, match=words):
+        parse_json_text(text, "x.json")
+
+
+def test_nan_is_refused_only_where_numbers_must_be_finite():
+    assert math.isnan(parse_json_text('{"a": NaN}', "x.json")["a"])
+    with pytest.raises(ValueError, match="NaN"):
+        parse_json_text('{"a": NaN}', "x.json", finite=True)
+
+
+def test_overwrite_never_replaces_a_folder_that_holds_a_run_or_dataset(tmp_path: Path):
+    (tmp_path / "out" / "runs" / "x").mkdir(parents=True)
+    (tmp_path / "out" / "notes.txt").write_text("mine")
+    check_folder_output(tmp_path / "out", [], overwrite=True, kind="a model package")
+    (tmp_path / "out" / "runs" / "x" / "checkpoint.pt").write_bytes(b"")
+    with pytest.raises(OutputError, match="holds a training run's folder"):
+        check_folder_output(tmp_path / "out", [], overwrite=True, kind="a model package")
+    (tmp_path / "ds" / "train").mkdir(parents=True)
+    (tmp_path / "ds" / "train" / META_FILE).write_text("{}")
+    check_folder_output(tmp_path / "ds", [], overwrite=True, kind="a dataset")  # its own kind: replaced whole
+
+
+def test_an_existing_output_that_is_not_a_regular_file_is_refused(tmp_path: Path):
+    os.mkfifo(tmp_path / "pipe")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    for name in ("pipe", "dangling"):
+        with pytest.raises(OutputError, match="not a regular file"):
+            check_file_output(tmp_path / name, [], overwrite=True)
+    with pytest.raises(OutputError, match="not a regular file"):
+        check_file_output(Path("/dev/null"), [], overwrite=True)
+
+
+def test_a_pipe_named_like_a_json_document_is_refused_without_blocking(tmp_path: Path):
+    from flowrec.spec.json_doc import read_json_document
+
+    os.mkfifo(tmp_path / "run.json")
+    with pytest.raises(ValueError, match="not a regular file"):
+        read_json_document(tmp_path / "run.json")
+    (tmp_path / "pkg").mkdir()
+    os.mkfifo(tmp_path / "pkg" / "manifest.json")
+    assert owner_of(tmp_path / "pkg") is None  # a marker whose content is read is never opened as a pipe
+
+
+def test_replacing_a_folder_keeps_the_old_one_when_the_new_cannot_be_moved_in(tmp_path: Path):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "old.txt").write_text("old")
+    with pytest.raises(OSError):
+        replace_folder(tmp_path / "missing", tmp_path / "out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"] and (tmp_path / "out" / "old.txt").is_file()
+    (tmp_path / "new").mkdir()
+    (tmp_path / "new" / "new.txt").write_text("new")
+    replace_folder(tmp_path / "new", tmp_path / "out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["new.txt"]
