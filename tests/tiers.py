@@ -36,7 +36,7 @@ FILES: dict[str, frozenset[str]] = {
         "test_planner_manager", "test_planner_pack", "test_planner_shard", "test_pt2_save",
         "test_render", "test_runtime_hostmem", "test_runtime_session", "test_spec_limits",
         "test_spec_roundtrip", "test_spec_training", "test_spec_validate", "test_spec_yaml_scan",
-        "test_table_snapshot", "test_train_loop_parts", "test_vocab_growth",
+        "test_table_snapshot", "test_train_loop_parts", "test_vocab_growth", "test_output_guard",
         "test_calibrate_collective",
     )},
     "tests/unit/test_cache_bench.py": frozenset({"processes"}),
@@ -53,12 +53,13 @@ FILES: dict[str, frozenset[str]] = {
     **{f"tests/integration/{name}.py": frozenset({"processes"}) for name in (
         "test_bench_dist_smoke", "test_bench_train_smoke", "test_data_bench", "test_dist_embedding",
         "test_dist_incremental", "test_dist_specs", "test_dist_train", "test_sigkill_resume",
+        "test_nproc_signals",
     )},
     **{f"tests/integration/{name}.py": frozenset({"e2e"}) for name in (
         "test_calibrate", "test_cli_options", "test_data_convert", "test_data_diagnostics",
         "test_encoder_travels", "test_incremental", "test_incremental_checkpoints", "test_model_package",
         "test_predict_criteo", "test_python_api", "test_run_guarantees", "test_run_hostile", "test_train",
-        "test_train_loop", "test_train_plan", "test_vocab_spare",
+        "test_train_loop", "test_train_plan", "test_vocab_spare", "test_output_hostile", "test_package_hostile",
     )},
     **{f"tests/integration/{name}.py": frozenset({"fuzz"}) for name in (
         "test_checkpoint_fuzz", "test_data_fuzz", "test_data_hostile",

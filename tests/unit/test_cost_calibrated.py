@@ -100,8 +100,9 @@ def test_a_version_1_profile_still_loads(tmp_path: Path):
 
 @pytest.mark.parametrize("value, words", [
     ({"lion": [1, 2, 3, 4, 5]}, "not an optimizer"),
-    ({"adam": [1, 2, 3]}, "must be 5 non-negative numbers"),
-    ({"adam": [1, 2, 3, 4, -5]}, "must be 5 non-negative numbers"),
+    ({"adam": [1, 2, 3]}, "must be 5 finite non-negative numbers"),
+    ({"adam": [1, 2, 3, 4, -5]}, "must be 5 finite non-negative numbers"),
+    ({"adam": [1, 2, 3, 4, float("nan")]}, "must be 5 finite non-negative numbers"),
     ([1, 2, 3, 4, 5], "must map optimizers"),
 ])
 def test_a_bad_per_optimizer_table_is_one_line(value, words):
@@ -268,9 +269,9 @@ def test_new_profile_fields_round_trip(tmp_path: Path, din):
 
 
 @pytest.mark.parametrize("value, words", [
-    ({"mlp/abc": [16.0, 1.0]}, "must be a multiple of 3 non-negative numbers"),
-    ({"mlp/abc": [16.0, 1.0, -2.0]}, "must be a multiple of 3 non-negative numbers"),
-    ({"mlp/abc": []}, "must be a multiple of 3 non-negative numbers"),
+    ({"mlp/abc": [16.0, 1.0]}, "must be a multiple of 3 finite non-negative numbers"),
+    ({"mlp/abc": [16.0, 1.0, -2.0]}, "must be a multiple of 3 finite non-negative numbers"),
+    ({"mlp/abc": []}, "must be a multiple of 3 finite non-negative numbers"),
     ([16.0, 1.0, 2.0], "must map op signatures"),
 ])
 def test_a_bad_dense_op_table_is_one_line(value, words):
