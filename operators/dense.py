@@ -105,9 +105,12 @@ class PackedMLP(nn.Module):
 
     @classmethod
     def from_config(cls, config: dict[str, Any], input_shapes: Shapes) -> "PackedMLP":
-        num = config.get("num") or len(input_shapes)
-        in_features = config.get("in_features") or int(input_shapes[0][-1])
-        return cls(num, in_features, config["layers"], config.get("activation", "relu"))
+        """K is the number of members (`member_ports`: each member's range of input slots; without
+        it, one slot per member), each member's input width its slots' flat width."""
+        ports = config.get("member_ports") or [(i, i + 1) for i in range(len(input_shapes))]
+        a, b = ports[0]
+        in_features = config.get("in_features") or flat_width(input_shapes[a:b])
+        return cls(len(ports), in_features, config["layers"], config.get("activation", "relu"))
 
     @classmethod
     def from_mlps(cls, mlps: Sequence[MLP], activation: str = "relu") -> "PackedMLP":
