@@ -67,6 +67,11 @@ OP_KINDS: dict[str, KindInfo] = {k.name: k for k in (
 )}
 
 
+# Per-layer options of mlp / packed_mlp nodes (attrs present only when the spec sets them): MLPs
+# pack together only when these are equal, and the plan report lists the nodes that set them.
+MLP_LAYER_OPTIONS = ("norm", "dropout")
+
+
 @dataclass(frozen=True)
 class OptimizerInfo:
     """Facts about one optimizer.

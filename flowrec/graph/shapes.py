@@ -42,17 +42,23 @@ def _width(shapes: Sequence[Shape]) -> int:
     return sum(prod(s) for s in shapes)
 
 
-def _mlp_stack(width: int, layers: Sequence[int]) -> tuple[int, int]:
+NORM_FLOPS = 4  # per unit and sample: subtract, scale, multiply, add (batch or layer norm)
+NORM_PARAMS = 2  # per unit: scale and shift
+
+
+def _mlp_stack(width: int, layers: Sequence[int], norm: str | None = None) -> tuple[int, int]:
+    """FLOPs per sample and parameters of linear layers (with a norm after each unless none)."""
+    normed = norm not in (None, "none")
     flops = params = 0
     for out in layers:
-        flops += 2 * width * out
-        params += width * out + out
+        flops += 2 * width * out + (NORM_FLOPS * out if normed else 0)
+        params += width * out + out + (NORM_PARAMS * out if normed else 0)
         width = out
     return flops, params
 
 
 def _mlp(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
-    flops, params = _mlp_stack(_width(shapes), attrs["layers"])
+    flops, params = _mlp_stack(_width(shapes), attrs["layers"], attrs.get("norm"))
     return Sizing((attrs["layers"][-1],), flops, params)
 
 
@@ -61,7 +67,7 @@ def _packed_mlp(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
     widths = [_width(shapes[a:b]) for a, b in attrs["member_ports"]]
     if len(set(widths)) != 1:
         raise ShapeError(f"packed_mlp members have different input widths {widths}")
-    flops, params = _mlp_stack(widths[0], attrs["layers"])
+    flops, params = _mlp_stack(widths[0], attrs["layers"], attrs.get("norm"))
     return Sizing((len(members), attrs["layers"][-1]), flops * len(members), params * len(members))
 
 

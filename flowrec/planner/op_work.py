@@ -103,16 +103,30 @@ def _layers(rows: int, width: int, layers: tuple[int, ...], count: int = 1) -> O
     return _join(*works)
 
 
+def _regularizers(op: Op, rows: int, count: int = 1) -> OpWork:
+    """Norm (statistics + normalise forward, two passes back; scale and shift per layer) and
+    dropout (mask + scale forward, one masked pass back) of every layer of an MLP."""
+    works = []
+    for out in op.attr("layers"):
+        size = count * rows * out
+        if op.attr("norm", "none") != "none":
+            works.append(OpWork(_pass(size, fresh=False) + _pass(size), _pass(size, size), 2))
+        if op.attr("dropout", 0.0):
+            works.append(OpWork(_pass(size, size), _pass(size)))
+    return _join(*works)
+
+
 def _mlp(op: Op, batch: int, inputs: int) -> OpWork:
     width = op.attr("in_features")
     return _join(_assembly(batch, width, inputs),
-                 _layers(batch, width, tuple(op.attr("layers"))))
+                 _layers(batch, width, tuple(op.attr("layers"))), _regularizers(op, batch))
 
 
 def _packed_mlp(op: Op, batch: int, inputs: int) -> OpWork:
     members, width = len(op.attr("members")), op.attr("in_features")
     stack = OpWork(_pass(members * batch * width), _pass(members * batch * width))
-    return _join(stack, _layers(batch, width, tuple(op.attr("layers")), members))
+    return _join(stack, _layers(batch, width, tuple(op.attr("layers")), members),
+                 _regularizers(op, batch, members))
 
 
 def _linear(op: Op, batch: int, inputs: int) -> OpWork:

@@ -10,6 +10,9 @@ Example:
 """
 from __future__ import annotations
 
+from typing import Any
+
+from flowrec.graph.kinds import MLP_LAYER_OPTIONS
 from flowrec.graph.plan_io import dense_packing, stage_members
 from flowrec.graph.types import Plan
 from flowrec.spec.units import format_bytes
@@ -48,6 +51,8 @@ def text_report(plan: Plan) -> list[str]:
         lines += ["packed groups:"] + _table(header, rows) + [""]
     for d in dense_packing(plan):
         lines.append(f"dense packing: {d['node']} = {', '.join(d['members'])} (layers {d['layers']})")
+    for node, options in regularised(plan):
+        lines.append(f"regularised: {node} ({', '.join(f'{k} {v}' for k, v in options)})")
     stages = stage_members(plan)
     if any(stages.values()):
         lines += ["stages:"] + [f"  {s:<9} {len(n):>4} op(s)  {', '.join(n[:6])}{' ...' if len(n) > 6 else ''}"
@@ -70,3 +75,14 @@ def text_report(plan: Plan) -> list[str]:
         lines.append(f"pass {p.name}: {'changed' if p.modified else 'no change'}")
         lines += [f"  {n}" for n in p.notes]
     return lines
+
+
+def regularised(plan: Plan) -> list[tuple[str, tuple[tuple[str, Any], ...]]]:
+    """(node, ((option, value), ...)) of every dense node with a norm or dropout."""
+    out = []
+    for node in plan.graph:
+        op = plan.graph.nodes[node]["op"]
+        options = tuple((k, op.attr(k)) for k in MLP_LAYER_OPTIONS if op.attr(k) not in (None, "none", 0, 0.0))
+        if options:
+            out.append((node, options))
+    return out

@@ -32,8 +32,10 @@ from flowrec.runtime.placement import group_embedding
 from flowrec.spec.model import ModelSpec
 from operators import registry
 from operators.dense import concat_flat
+from operators.regularize import SeededDropout
 
 GATHER_MIN_SLOTS = 4  # from this many input slots on, one gather replaces per-slot slices + cat
+NOISE_MIX = 1_000_003  # a prime mixing (model seed, step, dropout layer) into one dropout seed
 
 
 class GroupAllocationError(RuntimeError):
@@ -107,6 +109,7 @@ class LoweredModel(nn.Module):
             torch.manual_seed(seed)
             self.embeddings = nn.ModuleDict(_embeddings(self.groups, seed, self.device, world) if tables else {})
             self._build_dense(plan.graph)
+        self._bind_noise(seed)
 
     def _build_dense(self, graph: nx.DiGraph) -> None:
         """The registry operators of the dense nodes, in topological order, and the loss."""
@@ -140,6 +143,23 @@ class LoweredModel(nn.Module):
         self.tasks = tuple(graph.nodes[h]["op"].attr("task", "binary") for h in self.head_nodes)
         self.ops.to(self.device)
         self.loss.to(self.device)
+
+    def _bind_noise(self, seed: int) -> None:
+        """Dropout layers are reseeded every step from (seed, steps taken); the step count is a
+        buffer of the model's state (only when it has dropout), so a checkpoint carries it."""
+        self.noise = [m for m in self.ops.modules() if isinstance(m, SeededDropout)]
+        self.noise_seed = seed
+        if self.noise:
+            self.register_buffer("noise_steps", torch.zeros((), dtype=torch.int64))
+
+    def reseed_noise(self) -> None:
+        """Seed every dropout layer for the next training step and count the step."""
+        if not self.noise:
+            return
+        base = self.noise_seed * NOISE_MIX + int(self.noise_steps)
+        for i, module in enumerate(self.noise):
+            module.reseed((base * NOISE_MIX + i) % (1 << 63))
+        self.noise_steps += 1
 
     def dense_parameters(self) -> list[nn.Parameter]:
         """Parameters trained by torch.optim (packed tables are updated in their backward)."""

@@ -8,7 +8,7 @@ Changes:
       nodes of its fields by ``ids_<group>`` (sparse_input) -> ``emb_<group>`` (packed_embedding,
       out (B, S, D)); consumers take their fields through the edge's slots; runs of pooled
       fields of one group feeding one consumer merge into one (F, D) slot;
-    * independent MLPs with equal layers, activation and input width become one ``packed_mlp``
+    * independent MLPs with equal layers, activation, norm, dropout and input width become one ``packed_mlp``
       node (attr ``members``) whose output (B, M, out) consumers slice by member name.
 
 Afterwards: no ``embedding_lookup``/``pooling`` node is left, every field is in exactly one
@@ -23,6 +23,7 @@ import networkx as nx
 
 from flowrec.graph.build import make_op
 from flowrec.graph.edges import Slot, input_slots, set_inputs
+from flowrec.graph.kinds import MLP_LAYER_OPTIONS
 from flowrec.graph.shapes import sizing
 from flowrec.graph.types import DTYPE_BYTES, OpGraph, PackedGroup, PassContext, PassResult
 from flowrec.graph.packing import group_layout
@@ -118,7 +119,8 @@ def _pack_mlps(g: OpGraph) -> list[str]:
         op = g.nodes[node]["op"]
         if op.kind != "mlp":
             continue
-        key = (op.attr("layers"), op.attr("activation"), op.attr("in_features"), op.dtype)
+        key = (op.attr("layers"), op.attr("activation"), op.attr("in_features"), op.dtype,
+               *(op.attr(k) for k in MLP_LAYER_OPTIONS))
         clusters = buckets.setdefault(key, [])
         related = nx.ancestors(g, node) | nx.descendants(g, node)
         home = next((c for c in clusters if not related & set(c)), None)
@@ -146,7 +148,8 @@ def _pack_mlp_cluster(g: OpGraph, members: list[str]) -> str:
         ranges.append((len(slots), len(slots) + len(mine)))
         slots += [Slot(len(slots) + i, s.source, s.fields, s.shape) for i, s in enumerate(mine)]
     attrs = {"members": tuple(members), "member_ports": tuple(ranges), "layers": first.attr("layers"),
-             "activation": first.attr("activation"), "in_features": first.attr("in_features")}
+             "activation": first.attr("activation"), "in_features": first.attr("in_features"),
+             **{k: first.attr(k) for k in MLP_LAYER_OPTIONS if first.attr(k) is not None}}
     size = sizing("packed_mlp", attrs, [s.shape for s in slots])
     g.add_node(name, op=make_op(name, "packed_mlp", size.out, attrs, dtype=first.dtype,
                                 flops=size.flops, param_bytes=size.params * 4))

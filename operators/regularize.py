@@ -1,0 +1,141 @@
+"""Per-layer regularisers of MLPs: seeded dropout, batch norm and layer norm (plain and packed).
+
+Order inside one MLP layer: linear -> norm -> activation -> dropout. Train/eval behaviour follows
+`nn.Module.train()`: in eval mode dropout is the identity and batch norm uses its running
+statistics, so scoring and export are deterministic.
+
+Dropout draws its mask from its own `torch.Generator`, reseeded by the training step
+(`reseed`), so a run's masks depend only on the seeds drawn from the process RNG (which a
+checkpoint carries): a resumed run draws the same masks as an uninterrupted one.
+
+Batch norm over micro-batches (D-interleaving) normalises each micro-batch by its own statistics
+and updates the running statistics once per micro-batch ("ghost" batch norm): the maths of a
+full-batch statistic cannot be split. A training micro-batch of one sample has no variance: it is
+normalised by the running statistics, which it leaves unchanged.
+
+Example:
+    >>> norm = make_norm("layer", 4)
+    >>> norm(torch.randn(3, 4)).shape
+    torch.Size([3, 4])
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+NORMS = ("none", "batch", "layer")  # the `norm` values of an mlp (schema enum)
+BN_MOMENTUM = 0.1  # running-statistics momentum (torch's default)
+NORM_EPS = 1e-5  # variance epsilon of batch and layer norm (torch's default)
+
+
+class SeededDropout(nn.Module):
+    """Inverted dropout with its own generator: keeps each value with 1 - p, scaled by 1 / (1 - p).
+
+    Args:
+        p: drop probability, 0 <= p < 1.
+
+    Example:
+        >>> d = SeededDropout(0.5); d.reseed(7)
+        >>> a = d(torch.ones(2, 3)); d.reseed(7); torch.equal(a, d(torch.ones(2, 3)))
+        True
+    """
+
+    def __init__(self, p: float):
+        super().__init__()
+        self.p = float(p)
+        self.seed = 0
+        self._generator: torch.Generator | None = None
+
+    def reseed(self, seed: int) -> None:
+        """Start a fresh mask stream from `seed` (the next forward draws from it)."""
+        self.seed, self._generator = int(seed), None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        if self._generator is None or self._generator.device != x.device:
+            self._generator = torch.Generator(device=x.device)
+            self._generator.manual_seed(self.seed)
+        keep = torch.rand(x.shape, generator=self._generator, device=x.device) >= self.p
+        return x * keep.to(x.dtype) / (1.0 - self.p)
+
+
+class GhostBatchNorm(nn.BatchNorm1d):
+    """`nn.BatchNorm1d` over (B, C); outside training (and for a one-sample training batch, which
+    has no variance) it is the affine map of the running statistics, written out so that
+    `torch.export` traces it with no guard on the batch size."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and x.shape[0] > 1:
+            return super().forward(x)
+        scale = self.weight * torch.rsqrt(self.running_var + self.eps)  # (C,)
+        return x * scale + (self.bias - self.running_mean * scale)
+
+
+class PackedLayerNorm(nn.Module):
+    """Layer norm of K members at once: x (K, B, C) normalised over C, member-wise affine.
+
+    Example:
+        >>> PackedLayerNorm(2, 4)(torch.randn(2, 3, 4)).shape
+        torch.Size([2, 3, 4])
+    """
+
+    def __init__(self, num: int, width: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(num, 1, width))  # (K, 1, C)
+        self.bias = nn.Parameter(torch.zeros(num, 1, width))  # (K, 1, C)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, x.shape[-1:], eps=NORM_EPS) * self.weight + self.bias
+
+
+class PackedBatchNorm(nn.Module):
+    """Batch norm of K members at once: x (K, B, C) is a (B, K * C) batch norm, one channel per
+    member and unit, so its statistics are exactly each member's own.
+
+    Example:
+        >>> PackedBatchNorm(2, 4)(torch.randn(2, 3, 4)).shape
+        torch.Size([2, 3, 4])
+    """
+
+    def __init__(self, num: int, width: int):
+        super().__init__()
+        self.num, self.width = num, width
+        self.norm = GhostBatchNorm(num * width, eps=NORM_EPS, momentum=BN_MOMENTUM)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        k, b, c = x.shape
+        if self.norm.training and b > 1:
+            flat = x.permute(1, 0, 2).reshape(b, k * c)  # (B, K * C)
+            return self.norm(flat).reshape(b, k, c).permute(1, 0, 2)  # (K, B, C)
+        return self._frozen(x)
+
+    def _frozen(self, x: torch.Tensor) -> torch.Tensor:
+        """The affine map of the running statistics, per member (no reshape of the batch)."""
+        norm = self.norm
+        scale = norm.weight * torch.rsqrt(norm.running_var + norm.eps)  # (K * C,)
+        shift = norm.bias - norm.running_mean * scale
+        return x * scale.view(self.num, 1, self.width) + shift.view(self.num, 1, self.width)
+
+
+def make_norm(norm: str, width: int) -> nn.Module:
+    """The norm layer of one MLP layer of `width` units (`norm`: none, batch or layer)."""
+    builders = {"none": lambda: nn.Identity(),
+                "batch": lambda: GhostBatchNorm(width, eps=NORM_EPS, momentum=BN_MOMENTUM),
+                "layer": lambda: nn.LayerNorm(width, eps=NORM_EPS)}
+    return _pick(builders, norm)()
+
+
+def make_packed_norm(norm: str, num: int, width: int) -> nn.Module:
+    """The norm layer of one packed MLP layer: K members of `width` units."""
+    builders = {"none": lambda: nn.Identity(),
+                "batch": lambda: PackedBatchNorm(num, width),
+                "layer": lambda: PackedLayerNorm(num, width)}
+    return _pick(builders, norm)()
+
+
+def _pick(builders: dict, norm: str):
+    if norm not in builders:
+        raise KeyError(f"unknown norm {norm!r}; known: {', '.join(NORMS)}")
+    return builders[norm]
