@@ -82,8 +82,8 @@ class MLP(nn.Module):
         return x
 
 
-def _dropout(p: float) -> nn.Module:
-    return SeededDropout(p) if p else nn.Identity()
+def _dropout(p: float, batch_dim: int = 0) -> nn.Module:
+    return SeededDropout(p, batch_dim) if p else nn.Identity()
 
 
 class PackedMLP(nn.Module):
@@ -115,7 +115,7 @@ class PackedMLP(nn.Module):
             nn.init.uniform_(w, -bound, bound)
             nn.init.uniform_(b, -bound, bound)
         self.norms = nn.ModuleList(make_packed_norm(norm, num, b) for b in layers)
-        self.drops = nn.ModuleList(_dropout(dropout) for _ in layers)
+        self.drops = nn.ModuleList(_dropout(dropout, batch_dim=1) for _ in layers)
         self.act = get_activation(activation)
 
     @classmethod

@@ -4,9 +4,9 @@ Order inside one MLP layer: linear -> norm -> activation -> dropout. Train/eval 
 `nn.Module.train()`: in eval mode dropout is the identity and batch norm uses its running
 statistics, so scoring and export are deterministic.
 
-Dropout draws its mask from its own `torch.Generator`, reseeded by the training step
-(`reseed`), so a run's masks depend only on the seeds drawn from the process RNG (which a
-checkpoint carries): a resumed run draws the same masks as an uninterrupted one.
+Dropout masks are a hash of (seed, position) with the seed set by the training step (`reseed`,
+from the training seed and the step count, which the model state carries): a resumed run draws the
+same masks as an uninterrupted one, and micro-batches draw the full batch's mask.
 
 Batch norm over micro-batches (D-interleaving) normalises each micro-batch by its own statistics
 and updates the running statistics once per micro-batch ("ghost" batch norm): the maths of a
@@ -27,13 +27,22 @@ from torch.nn import functional as F
 NORMS = ("none", "batch", "layer")  # the `norm` values of an mlp (schema enum)
 BN_MOMENTUM = 0.1  # running-statistics momentum (torch's default)
 NORM_EPS = 1e-5  # variance epsilon of batch and layer norm (torch's default)
+MASK32 = 0xFFFFFFFF  # dropout hashes work on 32-bit values held in int64
+HASH_MUL = 0x45D9F3B  # multiplier of the 32-bit multiply-xorshift hash (fits int64 products)
 
 
 class SeededDropout(nn.Module):
-    """Inverted dropout with its own generator: keeps each value with 1 - p, scaled by 1 / (1 - p).
+    """Inverted dropout whose mask is a hash of (seed, position): keeps each value with 1 - p,
+    scaled by 1 / (1 - p).
+
+    The value at unit c (of C per row) of the r-th row drawn since the last `reseed` is kept iff
+    ``hash32((hash32(r * C + c) + seed) mod 2**32) >= p * 2**32`` (`hash32`: two multiply-xorshift
+    rounds). No generator state: the same on every device, and successive calls continue the row
+    count, so micro-batches of a step (in order) draw exactly the full batch's mask.
 
     Args:
         p: drop probability, 0 <= p < 1.
+        batch_dim: the batch axis of the inputs (1 for packed (K, B, C) inputs).
 
     Example:
         >>> d = SeededDropout(0.5); d.reseed(7)
@@ -41,24 +50,42 @@ class SeededDropout(nn.Module):
         True
     """
 
-    def __init__(self, p: float):
+    def __init__(self, p: float, batch_dim: int = 0):
         super().__init__()
-        self.p = float(p)
+        self.p, self.batch_dim = float(p), batch_dim
         self.seed = 0
-        self._generator: torch.Generator | None = None
+        self.rows = 0  # rows drawn since the last reseed
 
     def reseed(self, seed: int) -> None:
-        """Start a fresh mask stream from `seed` (the next forward draws from it)."""
-        self.seed, self._generator = int(seed), None
+        """Start the mask stream of `seed` at row 0."""
+        self.seed, self.rows = int(seed) & MASK32, 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0.0:
             return x
-        if self._generator is None or self._generator.device != x.device:
-            self._generator = torch.Generator(device=x.device)
-            self._generator.manual_seed(self.seed)
-        keep = torch.rand(x.shape, generator=self._generator, device=x.device) >= self.p
+        bits = hash32((hash32(self._positions(x)) + self.seed) & MASK32)
+        keep = bits >= int(self.p * (1 << 32))
         return x * keep.to(x.dtype) / (1.0 - self.p)
+
+    def _positions(self, x: torch.Tensor) -> torch.Tensor:
+        """Position of every value: (row drawn since reseed) * units per row + unit.  # x.shape"""
+        rows = x.shape[self.batch_dim]
+        per_row = list(x.shape)
+        per_row[self.batch_dim] = 1
+        width = x.numel() // max(rows, 1)
+        unit = torch.arange(width, device=x.device).view(per_row)
+        along = [1] * x.dim()
+        along[self.batch_dim] = rows
+        row = torch.arange(self.rows, self.rows + rows, device=x.device).view(along)
+        self.rows += rows
+        return row * width + unit
+
+
+def hash32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash of int64 values in [0, 2**32) (multiply-xorshift, two rounds)."""
+    x = (((x >> 16) ^ x) * HASH_MUL) & MASK32
+    x = (((x >> 16) ^ x) * HASH_MUL) & MASK32
+    return (x >> 16) ^ x
 
 
 class GhostBatchNorm(nn.BatchNorm1d):

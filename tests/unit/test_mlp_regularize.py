@@ -1,12 +1,13 @@
 """mlp dropout, batch norm and layer norm against plain PyTorch (train and eval), packed and not.
 
 References are `nn.Sequential` stacks of `nn.Linear`, `nn.BatchNorm1d` / `nn.LayerNorm` and ReLU
-carrying the same weights; dropout masks are the documented `torch.rand(generator) >= p`.
+carrying the same weights; dropout masks are the documented hash of (seed, position), in numpy.
 """
 from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -71,15 +72,28 @@ def test_mlp_norm_equals_plain_pytorch_train_and_eval(norm):
         assert not torch.equal(mlp.norms[0].running_mean, torch.zeros(12, dtype=torch.float64))
 
 
-def test_dropout_mask_is_seeded_and_eval_is_identity():
+def hash32(x: np.ndarray) -> np.ndarray:
+    """The documented 32-bit multiply-xorshift hash, in numpy uint64."""
+    for _ in range(2):
+        x = (((x >> np.uint64(16)) ^ x) * np.uint64(0x45D9F3B)) & np.uint64(0xFFFFFFFF)
+    return (x >> np.uint64(16)) ^ x
+
+
+def documented_keep(seed: int, first_row: int, rows: int, width: int, p: float) -> torch.Tensor:
+    """Keep mask of rows [first_row, first_row + rows) of `width` units: hash of (seed, position)."""
+    pos = np.arange(first_row * width, (first_row + rows) * width, dtype=np.uint64)
+    bits = hash32((hash32(pos) + np.uint64(seed)) & np.uint64(0xFFFFFFFF))
+    return torch.from_numpy((bits >= np.uint64(int(p * 2 ** 32))).reshape(rows, width))
+
+
+def test_dropout_mask_is_the_documented_hash_and_eval_is_identity():
     drop = SeededDropout(0.3)
-    x = skewed(40, 9, seed=1)
+    x = skewed(400, 9, seed=1)
     drop.reseed(11)
     a = drop(x)
-    gen = torch.Generator().manual_seed(11)
-    keep = torch.rand(x.shape, generator=gen) >= 0.3
+    keep = documented_keep(11, 0, 400, 9, 0.3)
     torch.testing.assert_close(a, x * keep / 0.7)
-    assert 0.5 < keep.double().mean() < 0.9
+    assert 0.65 < keep.double().mean() < 0.75
     drop.reseed(11)
     assert torch.equal(drop(x), a)
     drop.reseed(12)
@@ -88,12 +102,26 @@ def test_dropout_mask_is_seeded_and_eval_is_identity():
     assert torch.equal(drop(x), x)
 
 
+def test_dropout_over_micro_batches_draws_the_full_batch_mask():
+    x = skewed(3, 20, 5, seed=2)  # packed layout (K, B, C)
+    drop = SeededDropout(0.4, batch_dim=1)
+    drop.reseed(5)
+    full = drop(x)
+    drop.reseed(5)
+    parts = torch.cat([drop(x[:, :7]), drop(x[:, 7:8]), drop(x[:, 8:])], dim=1)
+    assert torch.equal(parts, full)
+    plain = SeededDropout(0.4)
+    plain.reseed(5)
+    flat = x.permute(1, 0, 2).reshape(20, 15)  # row r holds its K * C units in order
+    assert torch.equal(plain(flat).reshape(20, 3, 5).permute(1, 0, 2), full)
+
+
 def test_mlp_dropout_applies_after_the_activation():
     mlp = registry.create("mlp", {"layers": [6], "dropout": 0.5}, [(4,)]).double()
     x = skewed(30, 4, seed=3)
     mlp.drops[0].reseed(5)
     got = mlp(x)
-    keep = torch.rand((30, 6), generator=torch.Generator().manual_seed(5)) >= 0.5
+    keep = documented_keep(5, 0, 30, 6, 0.5)
     torch.testing.assert_close(got, torch.relu(mlp.layers[0](x)) * keep / 0.5)
     mlp.eval()
     torch.testing.assert_close(mlp(x), torch.relu(mlp.layers[0](x)))

@@ -1,5 +1,6 @@
 """Training with mlp dropout / norms: seeded, bitwise equal on resume, eval deterministic, and
-layer norm equal under micro-batching (batch norm is per micro-batch: test_mlp_regularize)."""
+dropout and layer norm equal under micro-batching (batch norm is per micro-batch:
+test_mlp_regularize)."""
 from __future__ import annotations
 
 import random
@@ -99,9 +100,9 @@ def test_eval_is_deterministic_and_uses_running_statistics():
     assert not torch.equal(noisy, one), "training mode drops units"
 
 
-def test_layer_norm_micro_batches_equal_full_batch():
+def test_layer_norm_and_dropout_micro_batches_equal_full_batch():
     seed = random.randrange(1 << 30)
-    spec = regularised_spec(seed % 1000, {"norm": "layer"}, {"norm": "layer"})
+    spec = regularised_spec(seed % 1000, {"norm": "layer", "dropout": 0.3}, {"norm": "layer", "dropout": 0.2})
     plan = make_plan(spec, target="cpu")
     batches = staged(spec, plan, seed, 4)
     full, full_opt = fresh(spec, plan)
