@@ -65,7 +65,8 @@ class MLP(nn.Module):
                  norm: str = "none", dropout: float = 0.0):
         super().__init__()
         widths = [in_features, *layers]
-        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(widths, widths[1:]))
+        bias = norm != "batch"  # batch norm subtracts any bias: the layer has none
+        self.layers = nn.ModuleList(nn.Linear(a, b, bias=bias) for a, b in zip(widths, widths[1:]))
         self.norms = nn.ModuleList(make_norm(norm, b) for b in layers)
         self.drops = nn.ModuleList(_dropout(dropout) for _ in layers)
         self.act = get_activation(activation)
@@ -108,12 +109,13 @@ class PackedMLP(nn.Module):
         widths = [in_features, *layers]
         self.weights = nn.ParameterList(
             nn.Parameter(torch.empty(num, a, b)) for a, b in zip(widths, widths[1:]))  # (K, In, Out)
-        self.biases = nn.ParameterList(
-            nn.Parameter(torch.empty(num, 1, b)) for b in widths[1:])  # (K, 1, Out)
-        for w, b in zip(self.weights, self.biases):
+        self.biases = nn.ParameterList(  # none before batch norm, as in `MLP`
+            nn.Parameter(torch.empty(num, 1, b)) for b in widths[1:] if norm != "batch")  # (K, 1, Out)
+        for i, w in enumerate(self.weights):
             bound = w.shape[1] ** -0.5  # nn.Linear's default init range
             nn.init.uniform_(w, -bound, bound)
-            nn.init.uniform_(b, -bound, bound)
+            if self.biases:
+                nn.init.uniform_(self.biases[i], -bound, bound)
         self.norms = nn.ModuleList(make_packed_norm(norm, num, b) for b in layers)
         self.drops = nn.ModuleList(_dropout(dropout, batch_dim=1) for _ in layers)
         self.act = get_activation(activation)
@@ -140,8 +142,9 @@ class PackedMLP(nn.Module):
         return packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for w, b, norm, drop in zip(self.weights, self.biases, self.norms, self.drops):
-            x = drop(self.act(norm(torch.baddbmm(b, x, w))))  # (K, B, Out)
+        for i, (w, norm, drop) in enumerate(zip(self.weights, self.norms, self.drops)):
+            y = torch.baddbmm(self.biases[i], x, w) if self.biases else torch.bmm(x, w)  # (K, B, Out)
+            x = drop(self.act(norm(y)))
         return x
 
 

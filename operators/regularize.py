@@ -20,6 +20,8 @@ Example:
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -56,9 +58,9 @@ class SeededDropout(nn.Module):
         self.seed = 0
         self.rows = 0  # rows drawn since the last reseed
 
-    def reseed(self, seed: int) -> None:
-        """Start the mask stream of `seed` at row 0."""
-        self.seed, self.rows = int(seed) & MASK32, 0
+    def reseed(self, seed: int, first_row: int = 0) -> None:
+        """Start the mask stream of `seed` at `first_row` (a rank's first row of the global batch)."""
+        self.seed, self.rows = int(seed) & MASK32, int(first_row)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0.0:
@@ -89,15 +91,43 @@ def hash32(x: torch.Tensor) -> torch.Tensor:
 
 
 class GhostBatchNorm(nn.BatchNorm1d):
-    """`nn.BatchNorm1d` over (B, C); outside training (and for a one-sample training batch, which
-    has no variance) it is the affine map of the running statistics, written out so that
-    `torch.export` traces it with no guard on the batch size."""
+    """`nn.BatchNorm1d` over (B, C) with three differences.
+
+    Outside training, and for a one-sample training batch (no variance), it is the affine map of
+    the running statistics, written out so that `torch.export` traces it with no guard on the
+    batch size. With `reduce` set (a differentiable sum over the ranks of a distributed run), the
+    statistics are those of the ranks' slices together, i.e. of the global batch.
+    """
+
+    reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.training and x.shape[0] > 1:
-            return super().forward(x)
+        if not self.training:
+            return self._frozen(x)
+        if self.reduce is not None:
+            return self._synced(x)
+        return super().forward(x) if x.shape[0] > 1 else self._frozen(x)
+
+    def _frozen(self, x: torch.Tensor) -> torch.Tensor:
         scale = self.weight * torch.rsqrt(self.running_var + self.eps)  # (C,)
         return x * scale + (self.bias - self.running_mean * scale)
+
+    def _synced(self, x: torch.Tensor) -> torch.Tensor:
+        """Batch norm by the statistics of every rank's rows (sums and count all-reduced)."""
+        c = x.shape[1]
+        count = x.new_full((1,), float(x.shape[0]))
+        sums = self.reduce(torch.cat([x.sum(0), (x * x).sum(0), count]))  # (2C + 1,)
+        n = float(sums[-1].detach())
+        if n < 2:
+            return self._frozen(x)
+        mean = sums[:c] / n
+        var = (sums[c:2 * c] / n - mean * mean).clamp_min(0.0)  # biased, as torch normalises
+        with torch.no_grad():
+            m = self.momentum
+            self.running_mean.mul_(1 - m).add_(mean.detach(), alpha=m)
+            self.running_var.mul_(1 - m).add_(var.detach() * (n / (n - 1)), alpha=m)
+            self.num_batches_tracked.add_(1)
+        return (x - mean) * torch.rsqrt(var + self.eps) * self.weight + self.bias
 
 
 class PackedLayerNorm(nn.Module):

@@ -79,10 +79,12 @@ def check_spec(path: Path, world) -> dict:
     parallel = DenseParallel(model, world)
     whole = batches(spec, ref.groups, 1, 0)
     mine = batches(spec, model.groups, world.size, world.rank)
-    with torch.no_grad():
+    with torch.no_grad():  # eval mode: logits of the parameters alone (no batch statistics, no dropout)
+        model.eval(), ref.eval()
         lo = whole[0].size * world.rank // world.size
         hi = whole[0].size * (world.rank + 1) // world.size
         first = (model(mine[0]) - ref(whole[0])[lo:hi]).abs().max().item() if hi > lo else 0.0
+        model.train(), ref.train()
     losses = []
     for a, b in zip(whole, mine):
         ref_loss = train_step(ref, ref_opt, a)

@@ -47,12 +47,13 @@ NORM_PARAMS = 2  # per unit: scale and shift
 
 
 def _mlp_stack(width: int, layers: Sequence[int], norm: str | None = None) -> tuple[int, int]:
-    """FLOPs per sample and parameters of linear layers (with a norm after each unless none)."""
-    normed = norm not in (None, "none")
+    """FLOPs per sample and parameters of linear layers (with a norm after each unless none; no
+    bias before a batch norm)."""
+    normed, bias = norm not in (None, "none"), norm != "batch"  # no bias before batch norm
     flops = params = 0
     for out in layers:
         flops += 2 * width * out + (NORM_FLOPS * out if normed else 0)
-        params += width * out + out + (NORM_PARAMS * out if normed else 0)
+        params += width * out + (out if bias else 0) + (NORM_PARAMS * out if normed else 0)
         width = out
     return flops, params
 

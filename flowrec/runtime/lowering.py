@@ -32,7 +32,7 @@ from flowrec.runtime.placement import group_embedding
 from flowrec.spec.model import ModelSpec
 from operators import registry
 from operators.dense import concat_flat
-from operators.regularize import SeededDropout
+from operators.regularize import GhostBatchNorm, SeededDropout
 
 GATHER_MIN_SLOTS = 4  # from this many input slots on, one gather replaces per-slot slices + cat
 NOISE_MIX = 1_000_003  # a prime mixing (model seed, step, dropout layer) into one dropout seed
@@ -146,19 +146,27 @@ class LoweredModel(nn.Module):
 
     def _bind_noise(self, seed: int) -> None:
         """Dropout layers are reseeded every step from (seed, steps taken); the step count is a
-        buffer of the model's state (only when it has dropout), so a checkpoint carries it."""
+        buffer of the model's state (only when it has dropout), so a checkpoint carries it. Over
+        several ranks, batch norm layers sum their statistics over the ranks."""
         self.noise = [m for m in self.ops.modules() if isinstance(m, SeededDropout)]
         self.noise_seed = seed
+        if self.world is not None:  # batch norm by the global batch's statistics
+            from flowrec.runtime.distributed.data_parallel import sum_over_ranks
+
+            for module in self.ops.modules():
+                if isinstance(module, GhostBatchNorm):
+                    module.reduce = sum_over_ranks
         if self.noise:
             self.register_buffer("noise_steps", torch.zeros((), dtype=torch.int64))
 
-    def reseed_noise(self) -> None:
-        """Seed every dropout layer for the next training step and count the step."""
+    def reseed_noise(self, first_row: int = 0) -> None:
+        """Seed every dropout layer for the next training step and count the step (`first_row`:
+        this rank's first row of the global batch, so its masks are the one-process masks)."""
         if not self.noise:
             return
         base = self.noise_seed * NOISE_MIX + int(self.noise_steps)
         for i, module in enumerate(self.noise):
-            module.reseed((base * NOISE_MIX + i) % (1 << 63))
+            module.reseed((base * NOISE_MIX + i) % (1 << 63), first_row)
         self.noise_steps += 1
 
     def dense_parameters(self) -> list[nn.Parameter]:

@@ -31,7 +31,8 @@ def plain_reference(mlp: MLP, norm: str) -> nn.Sequential:
     """Linear -> norm -> ReLU per layer, with `mlp`'s weights and norm parameters."""
     parts: list[nn.Module] = []
     for layer, ours in zip(mlp.layers, mlp.norms):
-        linear = nn.Linear(layer.in_features, layer.out_features, dtype=torch.float64)
+        linear = nn.Linear(layer.in_features, layer.out_features, bias=layer.bias is not None,
+                           dtype=torch.float64)
         linear.load_state_dict(layer.state_dict())
         theirs = NORM_MODULES[norm](layer.out_features)
         theirs.load_state_dict(ours.state_dict())
@@ -127,6 +128,13 @@ def test_mlp_dropout_applies_after_the_activation():
     torch.testing.assert_close(mlp(x), torch.relu(mlp.layers[0](x)))
 
 
+def test_no_bias_before_batch_norm():
+    batch = registry.create("mlp", {"layers": [5, 3], "norm": "batch"}, [(4,)])
+    layer = registry.create("mlp", {"layers": [5, 3], "norm": "layer"}, [(4,)])
+    assert all(l.bias is None for l in batch.layers) and all(l.bias is not None for l in layer.layers)
+    assert len(PackedMLP(2, 4, [5, 3], norm="batch").biases) == 0
+
+
 @pytest.mark.parametrize("norm", ["batch", "layer"])
 def test_packed_mlp_with_norm_equals_separate_mlps(norm):
     seed = random.randrange(1 << 30)
@@ -155,9 +163,10 @@ def test_packed_mlp_with_norm_equals_separate_mlps(norm):
 def copy_into_packed(mlps: list[MLP], packed: PackedMLP) -> None:
     """Stack the members' linear weights and norm parameters / statistics into `packed`."""
     with torch.no_grad():
-        for i, (w, b) in enumerate(zip(packed.weights, packed.biases)):
+        for i, w in enumerate(packed.weights):
             w.copy_(torch.stack([m.layers[i].weight.t() for m in mlps]))
-            b.copy_(torch.stack([m.layers[i].bias.unsqueeze(0) for m in mlps]))
+            if packed.biases:
+                packed.biases[i].copy_(torch.stack([m.layers[i].bias.unsqueeze(0) for m in mlps]))
             norm = packed.norms[i]
             inner = getattr(norm, "norm", None)
             if inner is None:  # layer norm: (K, 1, C) affines
