@@ -205,7 +205,7 @@ class Linear(nn.Module):
 
 
 class Head(Linear):
-    """Projection to one logit per sample: x (B, In) -> (B, 1).
+    """Projection to a head's logits: x (B, In) -> (B, out) (one, or one per class: `out`).
 
     Example:
         >>> Head.from_config({}, [(8,)])(torch.randn(2, 8)).shape
@@ -214,7 +214,7 @@ class Head(Linear):
 
     @classmethod
     def from_config(cls, config: dict[str, Any], input_shapes: Shapes) -> "Head":
-        return cls(config.get("in_features") or flat_width(input_shapes), 1)
+        return cls(config.get("in_features") or flat_width(input_shapes), config.get("out", 1))
 
 
 def concat_flat(inputs: Sequence[torch.Tensor]) -> torch.Tensor:

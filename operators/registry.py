@@ -14,7 +14,8 @@ from torch import nn
 from operators.dense import MLP, Concat, Cross, Head, Linear, PackedMLP
 from operators.embedding import PackedEmbeddingBag
 from operators.interaction import FM, Dot, TargetAttention
-from operators.staging import (DenseInput, EmbeddingLookup, LabelInput, Loss, Pooling,
+from operators.losses import Loss
+from operators.staging import (DenseInput, EmbeddingLookup, LabelInput, Pooling,
                                SparseInput)
 
 OPERATORS: dict[str, type[nn.Module]] = {

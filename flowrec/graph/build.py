@@ -27,6 +27,7 @@ from flowrec.spec.model import (
     SELECTOR_PREFIX,
     SELECTOR_SPARSE,
     DenseFeature,
+    HeadSpec,
     ModelSpec,
     ModuleSpec,
     SparseFeature,
@@ -78,8 +79,9 @@ def build_graph(spec: ModelSpec) -> OpGraph:
         attrs = {"columns": tuple(f.name for f in dense),
                  "transforms": tuple((f.name, f.transform, f.fill) for f in dense)}
         g.add_node(DENSE_NODE, op=make_op(DENSE_NODE, "dense_input", (len(dense),), attrs))
-    labels = {"heads": tuple(h.name for h in spec.heads), "labels": tuple(h.label or "" for h in spec.heads)}
-    g.add_node(LABEL_NODE, op=make_op(LABEL_NODE, "label_input", (len(spec.heads),), labels))
+    labels = {"heads": tuple(h.name for h in spec.heads), "labels": tuple(h.label or "" for h in spec.heads),
+              **({"weights": weights} if (weights := _weight_columns(spec)) else {})}
+    g.add_node(LABEL_NODE, op=make_op(LABEL_NODE, "label_input", sizing("label_input", labels, []).out, labels))
     outputs: dict[str, Slot] = {}
     owned: set[str] = set()
     tables = spec.table_map
@@ -96,19 +98,55 @@ def build_graph(spec: ModelSpec) -> OpGraph:
         if slot is None or h.input not in spec_module_names(spec):
             raise ValueError(f"head {h.name}: unknown input module {h.input!r}")
         attrs = {"task": h.task, "loss": h.loss, "weight": h.weight, "label": h.label or "",
-                 "in_features": prod(slot.shape)}
+                 "in_features": prod(slot.shape), **_head_options(h)}
         size = sizing("head", attrs, [slot.shape])
         g.add_node(name, op=make_op(name, "head", size.out, attrs, dtype=precision,
                                     flops=size.flops, param_bytes=size.params * PARAM_BYTES))
         set_inputs(g, name, [slot])
-    loss_slots = [Slot(i, f"head_{h.name}", (), (1,)) for i, h in enumerate(spec.heads)]
-    loss_slots.append(Slot(len(loss_slots), LABEL_NODE, (), (len(spec.heads),)))
+    loss_slots = [Slot(i, f"head_{h.name}", (), (h.width,)) for i, h in enumerate(spec.heads)]
+    loss_slots.append(Slot(len(loss_slots), LABEL_NODE, (), g.nodes[LABEL_NODE]["op"].out_shape[1:]))
     attrs = {"heads": tuple(h.name for h in spec.heads), "losses": tuple(h.loss for h in spec.heads),
-             "weights": tuple(h.weight for h in spec.heads)}
+             "weights": tuple(h.weight for h in spec.heads), **_loss_options(spec)}
     size = sizing("loss", attrs, [s.shape for s in loss_slots])
     g.add_node(LOSS_NODE, op=make_op(LOSS_NODE, "loss", size.out, attrs, flops=size.flops))
     set_inputs(g, LOSS_NODE, loss_slots)
     return g
+
+
+def _weight_columns(spec: ModelSpec) -> tuple[str, ...]:
+    """Sample-weight columns, each once in head order (after the head labels in the label tensor)."""
+    return tuple(dict.fromkeys(h.sample_weight for h in spec.heads if h.sample_weight is not None))
+
+
+def _head_options(h: HeadSpec) -> dict[str, Any]:
+    """Head attributes beyond the defaults (absent when unused, so plans without them are unchanged)."""
+    out: dict[str, Any] = {}
+    if h.num_classes is not None:
+        out["out"] = h.num_classes
+    if h.sample_weight is not None:
+        out["sample_weight"] = h.sample_weight
+    if h.trained_where is not None:
+        out["trained_where"] = (h.trained_where.label, h.trained_where.equals)
+    return out
+
+
+def _loss_options(spec: ModelSpec) -> dict[str, Any]:
+    """The loss's per-head logit widths, sample-weight columns and task-space masks, as columns of
+    the label tensor (-1: none); each only when some head uses it."""
+    out: dict[str, Any] = {}
+    if any(h.width != 1 for h in spec.heads):
+        out["widths"] = tuple(h.width for h in spec.heads)
+    weights = _weight_columns(spec)
+    if weights:
+        first = len(spec.heads)
+        out["sample_weights"] = tuple(first + weights.index(h.sample_weight) if h.sample_weight else -1
+                                      for h in spec.heads)
+    default = spec.data.label if spec.data is not None else "label"
+    column = {h.label or default: i for i, h in enumerate(spec.heads)}
+    if any(h.trained_where is not None for h in spec.heads):
+        out["masks"] = tuple((column[h.trained_where.label], h.trained_where.equals) if h.trained_where
+                             else (-1, 0.0) for h in spec.heads)
+    return out
 
 
 def spec_module_names(spec: ModelSpec) -> set[str]:

@@ -117,8 +117,8 @@ def _target_attention(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizi
 
 
 def _head(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
-    width = _width(shapes)
-    return Sizing((1,), 2 * width, width + 1)
+    width, out = _width(shapes), attrs.get("out", 1)  # out: classes of a multiclass head
+    return Sizing((out,), 2 * width * out, width * out + out)
 
 
 def _loss(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
@@ -134,7 +134,7 @@ def _sparse_input(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
 
 
 def _label_input(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
-    return Sizing((len(attrs["heads"]),))
+    return Sizing((len(attrs["heads"]) + len(attrs.get("weights", ())),))  # labels, then sample weights
 
 
 def _one_input(kind: str, shapes: Sequence[Shape], expected: Shape) -> None:

@@ -141,6 +141,7 @@ class LoweredModel(nn.Module):
         self.head_names = tuple(loss_op.attr("heads", ()))
         self.loss = registry.create("loss", dict(loss_op.attrs), [])
         self.tasks = tuple(graph.nodes[h]["op"].attr("task", "binary") for h in self.head_nodes)
+        self.head_widths = tuple(graph.nodes[h]["op"].attr("out", 1) for h in self.head_nodes)
         self.ops.to(self.device)
         self.loss.to(self.device)
 
@@ -239,7 +240,7 @@ class LoweredModel(nn.Module):
             masks: valid positions per target-attention node (`sequence_masks`).  # {node: (B, L)}
 
         Returns:
-            Logits, one column per head.  # (B, n_heads)
+            Logits, one column per head (one per class of a multiclass head).  # (B, sum of head widths)
         """
         values: dict[str, torch.Tensor] = {}
         for step in self.steps:
@@ -249,7 +250,7 @@ class LoweredModel(nn.Module):
                 continue
             inputs = [self._slot_value(s, dense, emb, values) for s in step.slots]
             values[step.name] = CALLS[OP_KINDS[step.kind].inputs](op, step, inputs, masks)
-        return torch.cat([_at_least_fp32(values[h]).reshape(-1, 1) for h in self.head_nodes], dim=1)
+        return torch.cat([_at_least_fp32(values[h]).flatten(1) for h in self.head_nodes], dim=1)
 
     def _slot_value(self, slot: Slot, dense: torch.Tensor, emb: dict[str, torch.Tensor],
                     values: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -32,9 +32,11 @@ from flowrec.spec.model import (
     ScheduleSpec,
     SparseFeature,
     TableSpec,
+    TrainedWhere,
     TrainingSpec,
 )
 from flowrec.spec.read import read_document
+from flowrec.spec.tasks import TASKS
 from flowrec.spec.units import parse_bytes
 from flowrec.spec.validate import validate_document
 
@@ -94,12 +96,7 @@ def spec_from_dict(doc: dict[str, Any], base_dir: Path | None = None) -> ModelSp
         for m in doc["modules"]
     )
     heads = tuple(
-        HeadSpec(
-            h["name"], h["input"], h.get("task", "binary"),
-            h.get("loss", "bce" if h.get("task", "binary") == "binary" else "mse"),
-            float(h.get("weight", 1.0)), h.get("label"),
-        )
-        for h in doc["heads"]
+        _head(h) for h in doc["heads"]
     )
     return ModelSpec(
         name=doc["name"],
@@ -113,6 +110,17 @@ def spec_from_dict(doc: dict[str, Any], base_dir: Path | None = None) -> ModelSp
         training=_training(doc.get("training", {})),
         data=_data(doc["data"]) if doc.get("data") else None,
         plan=_plan(doc.get("plan", {})),
+    )
+
+
+def _head(h: dict[str, Any]) -> HeadSpec:
+    task = h.get("task", "binary")
+    where = h.get("trained_where")
+    return HeadSpec(
+        h["name"], h["input"], task, h.get("loss", TASKS[task].losses[0]), float(h.get("weight", 1.0)),
+        h.get("label"), h.get("sample_weight"),
+        TrainedWhere(where["label"], float(where["equals"])) if where is not None else None,
+        h.get("num_classes"),
     )
 
 
@@ -267,6 +275,12 @@ def _head_doc(h: HeadSpec) -> dict[str, Any]:
         out["weight"] = h.weight
     if h.label is not None:
         out["label"] = h.label
+    if h.sample_weight is not None:
+        out["sample_weight"] = h.sample_weight
+    if h.trained_where is not None:
+        out["trained_where"] = {"label": h.trained_where.label, "equals": h.trained_where.equals}
+    if h.num_classes is not None:
+        out["num_classes"] = h.num_classes
     return out
 
 

@@ -19,8 +19,8 @@ DenseTransform = Literal["none", "log1p", "standardize"]
 Pooling = Literal["sum", "mean", "none"]
 ModuleKind = Literal["mlp", "dot", "fm", "cross", "target_attention", "linear", "concat"]
 OptimizerName = Literal["sgd", "adagrad", "rowwise_adagrad", "adam"]
-TaskKind = Literal["binary", "regression"]
-LossName = Literal["bce", "mse"]
+TaskKind = Literal["binary", "regression", "multiclass"]
+LossName = Literal["bce", "mse", "softmax_ce"]
 CachePolicy = Literal["auto", "none", "static_hot", "lookahead"]
 Precision = Literal["fp32", "bf16"]
 
@@ -145,8 +145,30 @@ class ModuleSpec:
 
 
 @dataclass(frozen=True)
+class TrainedWhere:
+    """A head's task space: it trains (and is evaluated) only on rows whose `label` column equals
+    `equals` (ESMM: the conversion head on clicked rows)."""
+
+    label: str
+    equals: float
+
+
+@dataclass(frozen=True)
 class HeadSpec:
-    """A task head: a final projection of one module's output to one logit, plus its loss."""
+    """A task head: a final projection of one module's output to its logits (one, or one per class
+    of a multiclass head), plus its loss.
+
+    Args:
+        name: unique head name.
+        input: the module it reads.
+        task: binary, regression or multiclass.
+        loss: bce, mse or softmax_ce (the task's).
+        weight: weight of its loss in the total.
+        label: label column (default: the data binding's label).
+        sample_weight: a data column weighting each row's loss (None: 1 each).
+        trained_where: its task space (None: every row).
+        num_classes: classes of a multiclass head (its label holds 0 .. num_classes - 1).
+    """
 
     name: str
     input: str
@@ -154,6 +176,14 @@ class HeadSpec:
     loss: LossName = "bce"
     weight: float = 1.0
     label: str | None = None  # label column; defaults to the data binding's label
+    sample_weight: str | None = None
+    trained_where: TrainedWhere | None = None
+    num_classes: int | None = None
+
+    @property
+    def width(self) -> int:
+        """Logits per row: num_classes for a multiclass head, else 1."""
+        return self.num_classes or 1
 
 
 @dataclass(frozen=True)
