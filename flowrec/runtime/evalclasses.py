@@ -23,7 +23,7 @@ class MulticlassAccumulator:
     """
 
     def __init__(self, k: int = TOP_K) -> None:
-        self.k = k
+        self.k = k  # at most the number of classes, once a batch was seen
         self.n = 0
         self.correct = 0
         self.in_top_k = 0
@@ -33,7 +33,7 @@ class MulticlassAccumulator:
         del groups  # grouped metrics are for binary heads
         labels = np.asarray(labels).reshape(-1).astype(np.int64)
         probs = np.asarray(probs, dtype=np.float64).reshape(labels.size, -1)
-        k = min(self.k, probs.shape[1])
+        k = self.k = min(self.k, probs.shape[1])
         rows = np.arange(labels.size)
         own = probs[rows, labels]  # (B,)
         rank = (probs > own[:, None]).sum(axis=1)  # classes strictly more probable than the label
