@@ -15,6 +15,7 @@ from operators.dense import MLP, Concat, Cross, Head, Linear, PackedMLP
 from operators.embedding import PackedEmbeddingBag
 from operators.interaction import FM, Dot, TargetAttention
 from operators.losses import Loss
+from operators.moe import MMoE
 from operators.staging import (DenseInput, EmbeddingLookup, LabelInput, Pooling,
                                SparseInput)
 
@@ -35,6 +36,7 @@ OPERATORS: dict[str, type[nn.Module]] = {
     "concat": Concat,
     "head": Head,
     "loss": Loss,
+    "moe": MMoE,
 }
 
 

@@ -32,6 +32,7 @@ from flowrec.spec.model import (
     ModuleSpec,
     SparseFeature,
     TableSpec,
+    split_output,
 )
 
 DENSE_NODE = "input_dense"
@@ -45,6 +46,7 @@ MODULE_DEFAULTS: dict[str, dict[str, Any]] = {
     "cross": {"num_layers": 3, "low_rank": None},
     "linear": {"out": 1},
     "target_attention": {"hidden": (64, 32)},
+    "moe": {"activation": "relu", "gate_layers": ()},
 }
 
 
@@ -94,8 +96,8 @@ def build_graph(spec: ModelSpec) -> OpGraph:
     precision = spec.training.precision
     for h in spec.heads:
         name = f"head_{h.name}"
-        slot = outputs.get(h.input)
-        if slot is None or h.input not in spec_module_names(spec):
+        slot = _module_output(spec, h.input, outputs, g)
+        if slot is None:
             raise ValueError(f"head {h.name}: unknown input module {h.input!r}")
         attrs = {"task": h.task, "loss": h.loss, "weight": h.weight, "label": h.label or "",
                  "in_features": prod(slot.shape), **_head_options(h)}
@@ -111,6 +113,19 @@ def build_graph(spec: ModelSpec) -> OpGraph:
     g.add_node(LOSS_NODE, op=make_op(LOSS_NODE, "loss", size.out, attrs, flops=size.flops))
     set_inputs(g, LOSS_NODE, loss_slots)
     return g
+
+
+def _module_output(spec: ModelSpec, ref: str, outputs: dict[str, Slot], g: OpGraph) -> Slot | None:
+    """The slot of a module's output, or of one named output ("experts.click": that head's
+    (width,) part); None when `ref` names no module."""
+    split = split_output(ref, {m.name: m.kind for m in spec.modules})
+    if split is None or split[0] not in outputs:
+        return None
+    module, output = split
+    if output is None:
+        return outputs[module]
+    shape = g.nodes[module]["op"].out_shape[2:]  # (B, n_outputs, width...) -> (width...)
+    return Slot(0, module, (output,), shape)
 
 
 def _weight_columns(spec: ModelSpec) -> tuple[str, ...]:
@@ -149,10 +164,6 @@ def _loss_options(spec: ModelSpec) -> dict[str, Any]:
     return out
 
 
-def spec_module_names(spec: ModelSpec) -> set[str]:
-    return {m.name for m in spec.modules}
-
-
 def _add_feature(g: OpGraph, spec: ModelSpec, f: SparseFeature, table: TableSpec, owned: set[str]) -> Slot:
     """ids -> lookup (-> pooling); the first lookup of a table owns its parameters."""
     ids, lookup, pool = f"ids_{f.name}", f"lookup_{f.name}", f"pool_{f.name}"
@@ -180,7 +191,8 @@ def _add_feature(g: OpGraph, spec: ModelSpec, f: SparseFeature, table: TableSpec
 def _module_order(spec: ModelSpec) -> list[ModuleSpec]:
     """Modules in dependency order, spec order breaking ties."""
     by_name = {m.name: m for m in spec.modules}
-    deps = {m.name: [i for i in m.inputs if i in by_name] for m in spec.modules}
+    kinds = {m.name: m.kind for m in spec.modules}
+    deps = {m.name: [s[0] for i in m.inputs if (s := split_output(i, kinds)) is not None] for m in spec.modules}
     order: list[ModuleSpec] = []
     done: set[str] = set()
     while len(order) < len(spec.modules):
@@ -211,6 +223,8 @@ def _resolve(spec: ModelSpec, inputs: tuple[str, ...], outputs: dict[str, Slot],
             dense_slot(tuple(f.name for f in spec.dense_features if tag in f.tags))
             chosen = [f for f in spec.sparse_features if tag in f.tags]
             slots.extend([replace(outputs[f.name], port=len(slots) + i) for i, f in enumerate(chosen)])
+        elif (slot := _module_output(spec, ref, outputs, g)) is not None:
+            slots.append(replace(slot, port=len(slots)))
         elif ref in outputs:
             slots.append(replace(outputs[ref], port=len(slots)))
         elif any(isinstance(f, DenseFeature) and f.name == ref for f in spec.features):

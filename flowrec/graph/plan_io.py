@@ -121,6 +121,13 @@ def dense_packing(plan: Plan) -> list[dict[str, Any]]:
              "in_features": op.attr("in_features")} for op in ops if op.kind == "packed_mlp"]
 
 
+def packed_experts(plan: Plan) -> list[dict[str, Any]]:
+    """The mixtures whose experts run as one batched kernel (the `pack` pass's ``packed``)."""
+    ops = [plan.graph.nodes[n]["op"] for n in plan.graph]
+    return [{"node": op.name, "experts": op.attr("experts"), "layers": list(op.attr("expert_layers")),
+             "in_features": op.attr("in_features")} for op in ops if op.attr("packed")]
+
+
 def stage_members(plan: Plan) -> dict[str, list[str]]:
     stages: dict[str, list[str]] = {s: [] for s in STAGES}
     for node in plan.graph:

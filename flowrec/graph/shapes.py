@@ -72,6 +72,16 @@ def _packed_mlp(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
     return Sizing((len(members), attrs["layers"][-1]), flops * len(members), params * len(members))
 
 
+def _moe(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
+    """MMoE: E experts over the input, one softmax gate per head: out (heads, expert width)."""
+    width, experts, heads = _width(shapes), attrs["experts"], len(attrs["heads"])
+    e_flops, e_params = _mlp_stack(width, attrs["expert_layers"])
+    g_flops, g_params = _mlp_stack(width, tuple(attrs["gate_layers"]) + (experts,))
+    out = attrs["expert_layers"][-1]
+    mix = 2 * heads * experts * out  # the gate-weighted sum of the experts, per head
+    return Sizing((heads, out), experts * e_flops + heads * g_flops + mix, experts * e_params + heads * g_params)
+
+
 def _linear(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
     width, out = _width(shapes), attrs["out"]
     return Sizing((out,), 2 * width * out, width * out + out)
@@ -178,6 +188,7 @@ RULES: dict[str, Rule] = {
     "target_attention": _target_attention,
     "head": _head,
     "loss": _loss,
+    "moe": _moe,
 }
 
 

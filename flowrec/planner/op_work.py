@@ -129,6 +129,18 @@ def _packed_mlp(op: Op, batch: int, inputs: int) -> OpWork:
                  _regularizers(op, batch, members))
 
 
+def _moe(op: Op, batch: int, inputs: int) -> OpWork:
+    """Experts (one batched call of E when packed, else E calls), one gate per head, the mix."""
+    width, experts, heads = op.attr("in_features"), op.attr("experts"), len(op.attr("heads"))
+    layers = tuple(op.attr("expert_layers"))
+    expert = _layers(batch, width, layers, experts) if op.attr("packed") else \
+        _join(*[_layers(batch, width, layers) for _ in range(experts)])
+    gates = _join(*[_layers(batch, width, tuple(op.attr("gate_layers")) + (experts,)) for _ in range(heads)])
+    mix = batch * experts * layers[-1]
+    return _join(_assembly(batch, width, inputs), expert, gates,
+                 OpWork(_pass(*[mix] * heads), _pass(*[mix] * heads)))
+
+
 def _linear(op: Op, batch: int, inputs: int) -> OpWork:
     width = op.attr("in_features")
     return _join(_assembly(batch, width, inputs), _layers(batch, width, (op.attr("out", 1),)))
@@ -195,6 +207,7 @@ Rule = Callable[[Op, int, int], OpWork]
 RULES: dict[str, Rule] = {
     "mlp": _mlp,
     "packed_mlp": _packed_mlp,
+    "moe": _moe,
     "linear": _linear,
     "head": _linear,
     "concat": _concat,

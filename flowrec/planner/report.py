@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from flowrec.graph.kinds import MLP_LAYER_OPTIONS
-from flowrec.graph.plan_io import dense_packing, stage_members
+from flowrec.graph.plan_io import dense_packing, packed_experts, stage_members
 from flowrec.graph.types import Plan
 from flowrec.spec.units import format_bytes
 
@@ -51,6 +51,8 @@ def text_report(plan: Plan) -> list[str]:
         lines += ["packed groups:"] + _table(header, rows) + [""]
     for d in dense_packing(plan):
         lines.append(f"dense packing: {d['node']} = {', '.join(d['members'])} (layers {d['layers']})")
+    for d in packed_experts(plan):
+        lines.append(f"dense packing: {d['node']} = {d['experts']} experts (layers {d['layers']}) in one kernel")
     for node, options in regularised(plan):
         lines.append(f"regularised: {node} ({', '.join(f'{k} {v}' for k, v in options)})")
     for node, options in head_options(plan):

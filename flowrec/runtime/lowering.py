@@ -129,8 +129,8 @@ class LoweredModel(nn.Module):
             self.steps.append(NodeStep(name, op.kind, slots, tuple(op.attr("members", ())),
                                        tuple(op.attr("member_ports", ()))))
         self.ops = nn.ModuleDict(ops)
-        self.packed_members = {step.name: step.members for step in self.steps
-                               if OP_KINDS[step.kind].inputs == "stacked"}
+        self.packed_members = {step.name: tuple(graph.nodes[step.name]["op"].attr(named))
+                               for step in self.steps if (named := OP_KINDS[step.kind].named_outputs)}
         self.gathers = {step.name: gather for step in self.steps if OP_KINDS[step.kind].gathers
                         and len(step.slots) >= GATHER_MIN_SLOTS
                         for gather in [self._flat_gather(step)] if gather is not None}
@@ -263,7 +263,7 @@ class LoweredModel(nn.Module):
             group = self.node_group[slot.source]
             return _select_fields(emb[group], self.group_map[group], slot.fields)
         value = values[slot.source]
-        if slot.fields and slot.source in self.packed_members:
+        if slot.fields and slot.source in self.packed_members:  # one named output (member, head)
             return value[:, self.packed_members[slot.source].index(slot.fields[0])]  # (B, Out)
         return value
 

@@ -17,12 +17,36 @@ from typing import Any, Literal, Mapping
 
 DenseTransform = Literal["none", "log1p", "standardize"]
 Pooling = Literal["sum", "mean", "none"]
-ModuleKind = Literal["mlp", "dot", "fm", "cross", "target_attention", "linear", "concat"]
+ModuleKind = Literal["mlp", "dot", "fm", "cross", "target_attention", "linear", "concat", "moe"]
 OptimizerName = Literal["sgd", "adagrad", "rowwise_adagrad", "adam"]
 TaskKind = Literal["binary", "regression", "multiclass"]
 LossName = Literal["bce", "mse", "softmax_ce"]
 CachePolicy = Literal["auto", "none", "static_hot", "lookahead"]
 Precision = Literal["fp32", "bf16"]
+
+# Module kinds with named outputs, and the parameter listing the names: a module input or a head
+# reads one as "<module>.<name>" (e.g. "experts.click").
+NAMED_OUTPUT_KINDS = {"moe": "heads"}
+
+
+def split_output(token: str, kinds: Mapping[str, str]) -> tuple[str, str | None] | None:
+    """The module (and named output) an input token names, given module name -> kind.
+
+    Returns:
+        (token, None) for a module; (module, output) for "<module>.<output>" of a module whose kind
+        has named outputs (the output need not exist: callers check it); None otherwise.
+
+    Example:
+        >>> split_output("experts.click", {"experts": "moe"}), split_output("top", {"top": "mlp"})
+        (('experts', 'click'), ('top', None))
+    """
+    if token in kinds:
+        return token, None
+    module, dot, output = token.rpartition(".")
+    if dot and kinds.get(module) in NAMED_OUTPUT_KINDS:
+        return module, output
+    return None
+
 
 # Built-in input selectors a module may name in `inputs` (besides features and modules).
 SELECTOR_DENSE = "@dense"  # all dense features concatenated: (B, n_dense)

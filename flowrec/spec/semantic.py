@@ -12,7 +12,7 @@ Example:
 from __future__ import annotations
 
 from flowrec.spec.errors import SpecIssue
-from flowrec.spec.module_checks import MODULE_CHECKS
+from flowrec.spec.module_checks import MODULE_CHECKS, output_problem, output_ref
 from flowrec.spec.schema_errors import did_you_mean, show
 from flowrec.spec.tasks import TASKS
 from flowrec.spec.units import parse_bytes
@@ -93,10 +93,13 @@ def check_heads(view: DocView) -> list[SpecIssue]:
     issues = []
     for h in view.items("heads"):
         name = h.get("input", str)
-        if name is not None and name not in modules:
+        found = output_ref(view, name) if name is not None else None
+        if name is not None and found is None:
             what = (f"{name!r} is a feature; a head reads a module's output" if name in features
                     else f"unknown module {name!r}")
             issues.append(SpecIssue(f"{h.path}.input", what + did_you_mean(name, modules)))
+        elif found is not None and (problem := output_problem(*found)) is not None:
+            issues.append(SpecIssue(f"{h.path}.input", problem))
         if h.clean:
             issues += _head_task(h)
     return issues + _task_spaces(view)

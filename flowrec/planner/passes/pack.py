@@ -23,7 +23,7 @@ import networkx as nx
 
 from flowrec.graph.build import make_op
 from flowrec.graph.edges import Slot, input_slots, set_inputs
-from flowrec.graph.kinds import MLP_LAYER_OPTIONS
+from flowrec.graph.kinds import MLP_LAYER_OPTIONS, OP_KINDS
 from flowrec.graph.shapes import sizing
 from flowrec.graph.types import DTYPE_BYTES, OpGraph, PackedGroup, PassContext, PassResult
 from flowrec.graph.packing import group_layout
@@ -45,7 +45,7 @@ def pack(graph: OpGraph, ctx: PassContext) -> PassResult:
         g.graph["plan"] = replace(plan_meta(g), groups=groups)
         notes += _group_notes(groups, packing)
     if packing:
-        notes += _pack_mlps(g)
+        notes += _pack_mlps(g) + _pack_experts(g)
     if not notes:
         return PassResult(graph, False, ("nothing left to pack",))
     return PassResult(reorder(g), True, tuple(notes))
@@ -135,6 +135,21 @@ def _pack_mlps(g: OpGraph) -> list[str]:
                 name = _pack_mlp_cluster(g, members)
                 notes.append(f"dense: {len(members)} independent MLPs {members} with layers "
                              f"{list(key[0])} on {key[2]} inputs -> {name} (one batched kernel)")
+    return notes
+
+
+def _pack_experts(g: OpGraph) -> list[str]:
+    """The same-shape experts of each mixture (kinds that `pack`) become one batched kernel."""
+    notes = []
+    for node in list(g):
+        op = g.nodes[node]["op"]
+        if not OP_KINDS[op.kind].packs or op.attr("packed") or op.attr("experts", 1) < 2:
+            continue
+        attrs = dict(op.attrs)
+        attrs["packed"] = True
+        g.nodes[node]["op"] = replace(op, attrs=tuple(sorted(attrs.items())))
+        notes.append(f"dense: {node}: {op.attr('experts')} experts with layers {list(op.attr('expert_layers'))} "
+                     f"-> one batched kernel")
     return notes
 
 
