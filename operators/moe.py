@@ -48,11 +48,7 @@ class MMoE(nn.Module):
                  heads: Sequence[str], activation: str = "relu", packed: bool = True):
         super().__init__()
         self.num_experts = experts
-        self.packed = packed
-        if packed:
-            self.experts = PackedMLP(experts, in_features, expert_layers, activation)
-        else:
-            self.experts = nn.ModuleList(MLP(in_features, expert_layers, activation) for _ in range(experts))
+        self.experts = _experts(experts, in_features, expert_layers, activation, packed)
         self.gates = nn.ModuleList(Gate(in_features, gate_layers, experts, activation) for _ in heads)
 
     @classmethod
@@ -63,11 +59,79 @@ class MMoE(nn.Module):
 
     def expert_outputs(self, x: torch.Tensor) -> torch.Tensor:
         """Every expert's output.  # (E, B, D)"""
-        if self.packed:
-            return self.experts(x.unsqueeze(0).expand(self.num_experts, *x.shape))
-        return torch.stack([expert(x) for expert in self.experts])
+        return self.experts(x.unsqueeze(0).expand(self.num_experts, *x.shape))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         experts = self.expert_outputs(x)  # (E, B, D)
-        mixed = [torch.einsum("be,ebd->bd", gate(x), experts) for gate in self.gates]  # H x (B, D)
-        return torch.stack(mixed, dim=1)  # (B, H, D)
+        return torch.stack([_mix(gate(x), experts) for gate in self.gates], dim=1)  # (B, H, D)
+
+
+class PLE(nn.Module):
+    """Progressive layered extraction (Tang et al. RecSys 2020): `levels` CGC layers. In each,
+    every head has `task_experts` experts of its own and all share `shared_experts`; a head's gate
+    mixes its own and the shared experts; below the last level a shared gate mixes every expert
+    into the next level's shared input. x (B, In) -> (B, H, D).
+
+    The experts of a level (H * task_experts + shared_experts, inputs stacked) run as one batched
+    kernel when packed.
+
+    Example:
+        >>> ple = PLE(6, levels=2, shared_experts=1, task_experts=2, expert_layers=[4], gate_layers=[],
+        ...           heads=["a", "b"])
+        >>> ple(torch.randn(5, 6)).shape
+        torch.Size([5, 2, 4])
+    """
+
+    def __init__(self, in_features: int, levels: int, shared_experts: int, task_experts: int,
+                 expert_layers: Sequence[int], gate_layers: Sequence[int], heads: Sequence[str],
+                 activation: str = "relu", packed: bool = True):
+        super().__init__()
+        self.heads, self.shared, self.task = len(heads), shared_experts, task_experts
+        count = self.heads * task_experts + shared_experts
+        widths = [in_features] + [expert_layers[-1]] * (levels - 1)
+        self.experts = nn.ModuleList(_experts(count, w, expert_layers, activation, packed) for w in widths)
+        self.task_gates = nn.ModuleList(
+            nn.ModuleList(Gate(w, gate_layers, task_experts + shared_experts, activation) for _ in heads)
+            for w in widths)
+        self.shared_gates = nn.ModuleList(Gate(w, gate_layers, count, activation) for w in widths[:-1])
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], input_shapes: Shapes) -> "PLE":
+        return cls(config.get("in_features") or flat_width(input_shapes), config.get("levels", 1),
+                   config.get("shared_experts", 1), config["task_experts"], config["expert_layers"],
+                   config.get("gate_layers", ()), config["heads"], config.get("activation", "relu"),
+                   config.get("packed", False))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        inputs, shared = [x] * self.heads, x  # per-head inputs, shared input
+        for level, experts in enumerate(self.experts):
+            stacked = [inp for inp in inputs for _ in range(self.task)] + [shared] * self.shared
+            outs = experts(torch.stack(stacked))  # (K, B, D): head 0's, head 1's, ..., shared
+            common = outs[self.heads * self.task:]
+            inputs = [_mix(gate(inputs[h]), torch.cat([outs[h * self.task:(h + 1) * self.task], common]))
+                      for h, gate in enumerate(self.task_gates[level])]
+            if level < len(self.shared_gates):
+                shared = _mix(self.shared_gates[level](shared), outs)
+        return torch.stack(inputs, dim=1)  # (B, H, D)
+
+
+class UnpackedExperts(nn.Module):
+    """K expert MLPs run one by one on stacked inputs: (K, B, In) -> (K, B, D)."""
+
+    def __init__(self, count: int, in_features: int, layers: Sequence[int], activation: str):
+        super().__init__()
+        self.mlps = nn.ModuleList(MLP(in_features, layers, activation) for _ in range(count))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.stack([mlp(x[k]) for k, mlp in enumerate(self.mlps)])
+
+
+def _experts(count: int, in_features: int, layers: Sequence[int], activation: str, packed: bool) -> nn.Module:
+    if packed:
+        return PackedMLP(count, in_features, layers, activation)
+    return UnpackedExperts(count, in_features, layers, activation)
+
+
+def _mix(weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+    """Gate-weighted sum: weights (B, E), experts (E, B, D) -> (B, D)."""
+    return torch.einsum("be,ebd->bd", weights, experts)

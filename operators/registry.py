@@ -15,7 +15,7 @@ from operators.dense import MLP, Concat, Cross, Head, Linear, PackedMLP
 from operators.embedding import PackedEmbeddingBag
 from operators.interaction import FM, Dot, TargetAttention
 from operators.losses import Loss
-from operators.moe import MMoE
+from operators.moe import MMoE, PLE
 from operators.staging import (DenseInput, EmbeddingLookup, LabelInput, Pooling,
                                SparseInput)
 
@@ -37,6 +37,7 @@ OPERATORS: dict[str, type[nn.Module]] = {
     "head": Head,
     "loss": Loss,
     "moe": MMoE,
+    "ple": PLE,
 }
 
 

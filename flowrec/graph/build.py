@@ -47,6 +47,7 @@ MODULE_DEFAULTS: dict[str, dict[str, Any]] = {
     "linear": {"out": 1},
     "target_attention": {"hidden": (64, 32)},
     "moe": {"activation": "relu", "gate_layers": ()},
+    "ple": {"activation": "relu", "gate_layers": (), "levels": 1, "shared_experts": 1},
 }
 
 

@@ -63,6 +63,7 @@ OP_KINDS: dict[str, KindInfo] = {k.name: k for k in (
     KindInfo("mlp", "dense", "dense", "flat", "dense", gathers=True),
     KindInfo("packed_mlp", "dense", "dense", "stacked", "dense", named_outputs="members"),  # same-shape MLPs
     KindInfo("moe", "dense", "dense", "flat", "dense", gathers=True, named_outputs="heads", packs=True),  # MMoE
+    KindInfo("ple", "dense", "dense", "flat", "dense", gathers=True, named_outputs="heads", packs=True),  # CGC levels
     KindInfo("dot", "dense", "dense", "args", "dense"),
     KindInfo("fm", "dense", "dense", "args", "dense"),
     KindInfo("cross", "dense", "dense", "flat", "dense", gathers=True),

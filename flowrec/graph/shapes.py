@@ -82,6 +82,27 @@ def _moe(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
     return Sizing((heads, out), experts * e_flops + heads * g_flops + mix, experts * e_params + heads * g_params)
 
 
+def _ple(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
+    """PLE: per level, H * task + shared experts, a gate per head and (below the top) a shared gate."""
+    heads, task, shared = len(attrs["heads"]), attrs["task_experts"], attrs["shared_experts"]
+    count, out, gate_layers = heads * task + shared, attrs["expert_layers"][-1], tuple(attrs["gate_layers"])
+    flops = params = 0
+    width = _width(shapes)
+    for level in range(attrs["levels"]):
+        e_flops, e_params = _mlp_stack(width, attrs["expert_layers"])
+        t_flops, t_params = _mlp_stack(width, gate_layers + (task + shared,))
+        s_flops, s_params = _mlp_stack(width, gate_layers + (count,)) if level < attrs["levels"] - 1 else (0, 0)
+        flops += count * e_flops + heads * t_flops + s_flops + 2 * (heads * (task + shared) + count) * out
+        params += count * e_params + heads * t_params + s_params
+        width = out
+    return Sizing((heads, out), flops, params)
+
+
+def expert_count(attrs: Mapping[str, Any]) -> int:
+    """Experts of a mixture (per level for ple): the `experts` of moe, else heads * task + shared."""
+    return attrs.get("experts") or len(attrs["heads"]) * attrs["task_experts"] + attrs["shared_experts"]
+
+
 def _linear(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
     width, out = _width(shapes), attrs["out"]
     return Sizing((out,), 2 * width * out, width * out + out)
@@ -189,6 +210,7 @@ RULES: dict[str, Rule] = {
     "head": _head,
     "loss": _loss,
     "moe": _moe,
+    "ple": _ple,
 }
 
 

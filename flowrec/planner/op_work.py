@@ -16,7 +16,8 @@ operator module the runtime builds for it, at a few batch sizes): `op_signature`
 inputs into one), which the measurement does not hold.
 
 Example:
-    >>> from flowrec.graph.types import Op
+    >>> from flowrec.graph.shapes import expert_count
+from flowrec.graph.types import Op
     >>> op = Op("m", "mlp", ("B", 8), attrs=(("activation", "relu"), ("in_features", 4), ("layers", (8,))))
     >>> op_work(op, 2, 1).forward.gemms, op_work(op, 2, 1).backward.gemms
     (((2, 4, 8, 1),), ((2, 4, 8, 1),))
@@ -27,6 +28,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Callable
 
+from flowrec.graph.shapes import expert_count
 from flowrec.graph.types import Op
 
 FLOAT_BYTES = 4  # activations and their gradients are fp32 (bf16 autocast: GEMM inputs only)
@@ -141,6 +143,24 @@ def _moe(op: Op, batch: int, inputs: int) -> OpWork:
                  OpWork(_pass(*[mix] * heads), _pass(*[mix] * heads)))
 
 
+def _ple(op: Op, batch: int, inputs: int) -> OpWork:
+    """Per level: the experts (one batched call when packed), the gates, the mixes."""
+    width, levels, heads = op.attr("in_features"), op.attr("levels"), len(op.attr("heads"))
+    layers, count = tuple(op.attr("expert_layers")), expert_count(dict(op.attrs))
+    gate = tuple(op.attr("gate_layers"))
+    works = [_assembly(batch, width, inputs)]
+    for level in range(levels):
+        works.append(OpWork(_pass(count * batch * width), _pass(count * batch * width)))  # stacked inputs
+        works.append(_layers(batch, width, layers, count) if op.attr("packed") else
+                     _join(*[_layers(batch, width, layers) for _ in range(count)]))
+        gates = heads + (level < levels - 1)
+        works += [_layers(batch, width, gate + (count,)) for _ in range(gates)]
+        mix = batch * count * layers[-1]
+        works.append(OpWork(_pass(*[mix] * gates), _pass(*[mix] * gates)))
+        width = layers[-1]
+    return _join(*works)
+
+
 def _linear(op: Op, batch: int, inputs: int) -> OpWork:
     width = op.attr("in_features")
     return _join(_assembly(batch, width, inputs), _layers(batch, width, (op.attr("out", 1),)))
@@ -208,6 +228,7 @@ RULES: dict[str, Rule] = {
     "mlp": _mlp,
     "packed_mlp": _packed_mlp,
     "moe": _moe,
+    "ple": _ple,
     "linear": _linear,
     "head": _linear,
     "concat": _concat,

@@ -17,7 +17,7 @@ from typing import Any, Literal, Mapping
 
 DenseTransform = Literal["none", "log1p", "standardize"]
 Pooling = Literal["sum", "mean", "none"]
-ModuleKind = Literal["mlp", "dot", "fm", "cross", "target_attention", "linear", "concat", "moe"]
+ModuleKind = Literal["mlp", "dot", "fm", "cross", "target_attention", "linear", "concat", "moe", "ple"]
 OptimizerName = Literal["sgd", "adagrad", "rowwise_adagrad", "adam"]
 TaskKind = Literal["binary", "regression", "multiclass"]
 LossName = Literal["bce", "mse", "softmax_ce"]
@@ -26,7 +26,7 @@ Precision = Literal["fp32", "bf16"]
 
 # Module kinds with named outputs, and the parameter listing the names: a module input or a head
 # reads one as "<module>.<name>" (e.g. "experts.click").
-NAMED_OUTPUT_KINDS = {"moe": "heads"}
+NAMED_OUTPUT_KINDS = {"moe": "heads", "ple": "heads"}
 
 
 def split_output(token: str, kinds: Mapping[str, str]) -> tuple[str, str | None] | None:

@@ -127,7 +127,7 @@ def copy_unpacked_into_packed(unpacked, packed) -> None:
         for name, p in unpacked.ops.named_parameters():
             if name in ours:
                 ours[name].copy_(p)
-        src, dst = unpacked.ops["experts"].experts, packed.ops["experts"].experts
+        src, dst = unpacked.ops["experts"].experts.mlps, packed.ops["experts"].experts
         for i, (w, b) in enumerate(zip(dst.weights, dst.biases)):
             w.copy_(torch.stack([m.layers[i].weight.t() for m in src]))
             b.copy_(torch.stack([m.layers[i].bias.unsqueeze(0) for m in src]))
@@ -150,7 +150,7 @@ def test_packed_experts_train_as_unpacked_experts():
     with torch.no_grad():
         for b in batches[:2]:
             torch.testing.assert_close(packed(b), unpacked(b), msg=lambda m: f"seed {seed}: {m}")
-    src = unpacked.ops["experts"].experts
+    src = unpacked.ops["experts"].experts.mlps
     for i, w in enumerate(packed.ops["experts"].experts.weights):
         torch.testing.assert_close(w, torch.stack([m.layers[i].weight.t() for m in src]).detach(),
                                    rtol=1e-9, atol=1e-11)
@@ -180,14 +180,14 @@ def test_one_expert_with_its_constant_gate_is_the_shared_bottom_model():
         with torch.no_grad():
             model.load_state_dict({k: v for k, v in base.state_dict().items() if not k.startswith("ops.experts")},
                                   strict=False)
-            for ours, theirs in zip(model.ops["experts"].experts[0].layers, base.ops["experts"].layers):
+            for ours, theirs in zip(model.ops["experts"].experts.mlps[0].layers, base.ops["experts"].layers):
                 ours.load_state_dict(theirs.state_dict())
 
     mixture = trained(spec_m, _unpacked(plan_m), batches, same_start)
     bottom = trained(spec_s, plan_s, batches, lambda m: m.load_state_dict(base.state_dict()))
     with torch.no_grad():
         torch.testing.assert_close(mixture(batches[0]), bottom(batches[0]), msg=lambda m: f"seed {seed}: {m}")
-    for ours, theirs in zip(mixture.ops["experts"].experts[0].layers, bottom.ops["experts"].layers):
+    for ours, theirs in zip(mixture.ops["experts"].experts.mlps[0].layers, bottom.ops["experts"].layers):
         torch.testing.assert_close(ours.weight, theirs.weight, rtol=1e-9, atol=1e-11)
     gate = mixture.ops["experts"].gates[0].out.weight
     assert gate.grad is not None and torch.all(gate.grad == 0), "a one-expert gate is constant"

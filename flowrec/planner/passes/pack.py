@@ -24,7 +24,7 @@ import networkx as nx
 from flowrec.graph.build import make_op
 from flowrec.graph.edges import Slot, input_slots, set_inputs
 from flowrec.graph.kinds import MLP_LAYER_OPTIONS, OP_KINDS
-from flowrec.graph.shapes import sizing
+from flowrec.graph.shapes import expert_count, sizing
 from flowrec.graph.types import DTYPE_BYTES, OpGraph, PackedGroup, PassContext, PassResult
 from flowrec.graph.packing import group_layout
 from flowrec.planner.passes.meta import plan_meta, reorder
@@ -143,13 +143,13 @@ def _pack_experts(g: OpGraph) -> list[str]:
     notes = []
     for node in list(g):
         op = g.nodes[node]["op"]
-        if not OP_KINDS[op.kind].packs or op.attr("packed") or op.attr("experts", 1) < 2:
+        if not OP_KINDS[op.kind].packs or op.attr("packed") or expert_count(dict(op.attrs)) < 2:
             continue
         attrs = dict(op.attrs)
         attrs["packed"] = True
         g.nodes[node]["op"] = replace(op, attrs=tuple(sorted(attrs.items())))
-        notes.append(f"dense: {node}: {op.attr('experts')} experts with layers {list(op.attr('expert_layers'))} "
-                     f"-> one batched kernel")
+        notes.append(f"dense: {node}: {expert_count(attrs)} experts with layers {list(op.attr('expert_layers'))} "
+                     f"-> one batched kernel" + (" per level" if op.attr("levels") else ""))
     return notes
 
 
