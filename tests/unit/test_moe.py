@@ -22,7 +22,7 @@ from flowrec.runtime.lowering import lower
 from flowrec.runtime.step import make_dense_optimizer, train_step
 from flowrec.spec import spec_from_dict
 from flowrec.spec.validate import validate_document
-from operators.moe import MMoE
+from operators.moe import PLE, MMoE
 
 BATCH = 48
 STEPS = 20
@@ -222,3 +222,70 @@ def test_named_outputs_are_checked_with_every_error():
     assert "no output 'lik'" in issues["modules[2].inputs[0]"]
     assert "no output 'clik'" in issues["heads[0].input"]
     assert "modules[0].layers" in issues
+
+
+def plain_expert(packed, k: int) -> nn.Sequential:
+    """Expert k of a `PackedMLP` as nn.Linear + ReLU layers."""
+    layers = []
+    for w, b in zip(packed.weights, packed.biases):
+        linear = nn.Linear(w.shape[1], w.shape[2], dtype=torch.float64)
+        with torch.no_grad():
+            linear.weight.copy_(w[k].t())
+            linear.bias.copy_(b[k, 0])
+        layers += [linear, nn.ReLU()]
+    return nn.Sequential(*layers)
+
+
+def plain_ple(ours: PLE, x: torch.Tensor) -> torch.Tensor:
+    """PLE written out level by level (experts: each head's own, then the shared ones)."""
+    heads, task, shared = ours.heads, ours.task, ours.shared
+    xs, xshared = [x] * heads, x
+    for level, packed in enumerate(ours.experts):
+        experts = [plain_expert(packed, k) for k in range(heads * task + shared)]
+        own = [[experts[h * task + t](xs[h]) for t in range(task)] for h in range(heads)]
+        common = [experts[heads * task + s](xshared) for s in range(shared)]
+        new = []
+        for h in range(heads):
+            gate = ours.task_gates[level][h]
+            w = torch.softmax(gate.out(gate.hidden(xs[h])), dim=1)
+            new.append(sum(w[:, i:i + 1] * e for i, e in enumerate(own[h] + common)))
+        if level < len(ours.shared_gates):
+            gate = ours.shared_gates[level]
+            w = torch.softmax(gate.out(gate.hidden(xshared)), dim=1)
+            every = [e for h in range(heads) for e in own[h]] + common
+            xshared = sum(w[:, i:i + 1] * e for i, e in enumerate(every))
+        xs = new
+    return torch.stack(xs, dim=1)
+
+
+def test_packed_ple_equals_plain_pytorch_forward_and_gradients():
+    seed = random.randrange(1 << 30)
+    torch.manual_seed(seed)
+    ours = PLE(7, levels=2, shared_experts=2, task_experts=2, expert_layers=[10, 6], gate_layers=[4],
+               heads=["a", "b", "c"], packed=True).double()
+    x = skewed(29, 7, seed=seed).requires_grad_(True)
+    x_ref = x.detach().clone().requires_grad_(True)
+    out = ours(x)
+    ref = plain_ple(ours, x_ref)
+    torch.testing.assert_close(out, ref, msg=lambda m: f"seed {seed}: {m}")
+    weights = skewed(*out.shape, seed=seed + 1)
+    (out * weights).sum().backward()
+    (ref * weights).sum().backward()
+    torch.testing.assert_close(x.grad, x_ref.grad, msg=lambda m: f"seed {seed}: {m}")
+
+
+def test_unpacked_ple_equals_packed():
+    torch.manual_seed(3)
+    packed = PLE(5, levels=2, shared_experts=1, task_experts=2, expert_layers=[6], gate_layers=[],
+                 heads=["a", "b"], packed=True).double()
+    unpacked = PLE(5, levels=2, shared_experts=1, task_experts=2, expert_layers=[6], gate_layers=[],
+                   heads=["a", "b"], packed=False).double()
+    with torch.no_grad():
+        for p_level, u_level in zip(packed.experts, unpacked.experts):
+            for k, mlp in enumerate(u_level.mlps):
+                mlp.layers[0].weight.copy_(p_level.weights[0][k].t())
+                mlp.layers[0].bias.copy_(p_level.biases[0][k, 0])
+        unpacked.task_gates.load_state_dict(packed.task_gates.state_dict())
+        unpacked.shared_gates.load_state_dict(packed.shared_gates.state_dict())
+    x = skewed(11, 5, seed=4)
+    torch.testing.assert_close(unpacked(x), packed(x))
