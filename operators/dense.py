@@ -219,7 +219,7 @@ class Head(Linear):
 
 def concat_flat(inputs: Sequence[torch.Tensor]) -> torch.Tensor:
     """Flatten each input per sample and concatenate: -> (B, sum of widths)."""
-    flat = [x.reshape(x.shape[0], -1) for x in inputs]
+    flat = [x if x.dim() == 2 else x.reshape(x.shape[0], -1) for x in inputs]  # 2-D: as is (no guard)
     return flat[0] if len(flat) == 1 else torch.cat(flat, dim=1)
 
 

@@ -59,7 +59,7 @@ class MMoE(nn.Module):
 
     def expert_outputs(self, x: torch.Tensor) -> torch.Tensor:
         """Every expert's output.  # (E, B, D)"""
-        return self.experts(x.unsqueeze(0).expand(self.num_experts, *x.shape))
+        return self.experts(torch.stack([x] * self.num_experts))  # a stack, not an expand: it exports
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         experts = self.expert_outputs(x)  # (E, B, D)
@@ -134,4 +134,4 @@ def _experts(count: int, in_features: int, layers: Sequence[int], activation: st
 
 def _mix(weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
     """Gate-weighted sum: weights (B, E), experts (E, B, D) -> (B, D)."""
-    return torch.einsum("be,ebd->bd", weights, experts)
+    return (weights.t().unsqueeze(2) * experts).sum(dim=0)  # elementwise: exports with a dynamic batch

@@ -1,6 +1,6 @@
-"""A model with mlp batch norm and dropout (packed towers included) exports and predicts: the package
-scores raw rows as the trained model does in eval mode (running statistics, no dropout), and one
-row scores as it does within a batch."""
+"""Models with mlp batch norm and dropout, and with moe / ple mixtures (packed towers and experts
+included), export and predict: the package scores raw rows as the trained model does in eval mode
+(running statistics, no dropout), and one row scores as it does within a batch."""
 from __future__ import annotations
 
 import numpy as np
@@ -30,6 +30,26 @@ optimizer:
   sparse: {name: adam, lr: 0.05}
 training: {batch_size: 128, epochs: 2, seed: 0}
 """
+MIXTURES = """
+name: mix_pkg
+features:
+  - {name: price, type: dense, transform: standardize}
+  - {name: user, type: categorical, vocab: 60, dim: 8}
+  - {name: city, type: categorical, hash_buckets: 50, dim: 8}
+modules:
+  - {name: experts, kind: moe, inputs: ["@dense", "@sparse"], experts: 3, expert_layers: [16, 8], heads: [a, b]}
+  - {name: levels, kind: ple, inputs: ["@dense", "@sparse"], levels: 2, task_experts: 1, shared_experts: 2,
+     expert_layers: [8], gate_layers: [4], heads: [a]}
+  - {name: t1, kind: mlp, inputs: [experts.a, levels.a], layers: [8]}
+  - {name: t2, kind: mlp, inputs: [experts.b, levels.a], layers: [8]}
+  - {name: top, kind: concat, inputs: [t1, t2]}
+heads:
+  - {name: ctr, input: top, task: binary, loss: bce}
+optimizer:
+  dense: {name: adam, lr: 0.01}
+  sparse: {name: adam, lr: 0.05}
+training: {batch_size: 128, epochs: 2, seed: 0}
+"""
 runner = CliRunner()
 
 
@@ -43,10 +63,10 @@ def raw_rows(rows: int, seed: int) -> pd.DataFrame:
                          "city": rng.integers(0, 500, rows), "label": label})
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
+@pytest.fixture(scope="module", params=["regularised", "mixtures"])
+def run(request, tmp_path_factory):
     root = tmp_path_factory.mktemp("regpkg")
-    (root / "spec.yaml").write_text(SPEC)
+    (root / "spec.yaml").write_text(SPEC if request.param == "regularised" else MIXTURES)
     raw_rows(2000, 0).to_csv(root / "train.csv", index=False)
     spec = str(root / "spec.yaml")
     made = runner.invoke(app, ["data", "convert", "csv", str(root / "train.csv"), str(root / "data"),
@@ -71,8 +91,11 @@ def test_package_scores_as_the_eval_mode_model(run):
     predicted = model.predict(raw)["ctr"].to_numpy()
     trained = load_trained(run / "run", "cpu", scoring_plan)
     assert "packed_t1_x2" in trained.model.ops
-    norm = trained.model.ops["bottom"].norms[0]
-    assert int(norm.num_batches_tracked) > 0 and not torch.all(norm.running_mean == 0)
+    if "bottom" in trained.model.ops:
+        norm = trained.model.ops["bottom"].norms[0]
+        assert int(norm.num_batches_tracked) > 0 and not torch.all(norm.running_mean == 0)
+    else:
+        assert trained.model.ops["experts"].experts.weights[0].shape[0] == 3  # packed experts
     encoded = model.encoder.encode(pa.Table.from_pandas(raw, preserve_index=False), labels=False)
     dense, sparse = encoded_inputs(model.spec, encoded)
     program = torch.export.load(str(run / "pkg" / "model.pt2")).module()
