@@ -7,13 +7,14 @@ Two comparisons, each model trained by `flowrec.api.train` on the spec's data bi
   shared-bottom (one 128-64 MLP under both towers), MMoE (4 experts of 128-64, a gate per head)
   and PLE (one CGC level: 1 expert per head + 2 shared, 128-64);
 - regularisation: DeepFM (specs/movielens.yaml) against the same DeepFM with batch norm and
-  dropout 0.2 in its deep part (specs/deepfm_regularized.yaml).
+  dropout 0.2 in its deep part and L2 on the item table (specs/deepfm_regularized.yaml).
 
 Prints one line per model and head (mean and standard deviation over the seeds) and writes every
 run's metrics to JSON.
 
 Usage:
-    python tools/bench_mtl.py [--seeds 0,1,2] [--epochs N] [--json bench/results/mtl_movielens_cpu.json]
+    python tools/bench_mtl.py [--seeds 0,1,2] [--epochs N] [--comparisons multitask,regularisation]
+                              [--json bench/results/mtl_movielens_cpu.json]
 """
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ def multitask_variants() -> dict[str, dict[str, Any]]:
 
 
 def regularisation_variants() -> dict[str, dict[str, Any]]:
-    return {"deepfm": spec_doc("movielens"), "deepfm_bn_dropout": spec_doc("deepfm_regularized")}
+    return {"deepfm": spec_doc("movielens"), "deepfm_regularized": spec_doc("deepfm_regularized")}
 
 
 def run(doc: dict[str, Any], seed: int, epochs: int | None) -> dict[str, Any]:
@@ -83,6 +84,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--epochs", type=int, default=None, help="override the specs' epochs")
+    parser.add_argument("--comparisons", default="multitask,regularisation")
     parser.add_argument("--json", default=str(REPO / "bench" / "results" / "mtl_movielens_cpu.json"))
     args = parser.parse_args()
     data = Path(spec_doc("mmoe_movielens")["data"]["path"])
@@ -92,7 +94,10 @@ def main() -> int:
     seeds = [int(s) for s in args.seeds.split(",")]
     report: dict[str, Any] = {"machine": platform.machine(), "torch": torch.__version__,
                               "threads": torch.get_num_threads(), "seeds": seeds, "comparisons": {}}
+    chosen = args.comparisons.split(",")
     for comparison, variants in (("multitask", multitask_variants()), ("regularisation", regularisation_variants())):
+        if comparison not in chosen:
+            continue
         report["comparisons"][comparison] = {}
         for name, doc in variants.items():
             runs = [run(doc, seed, args.epochs) for seed in seeds]

@@ -137,6 +137,7 @@ def _table(name: str, t: dict[str, Any]) -> TableSpec:
         dtype=t.get("dtype", "fp32"),
         min_freq=int(t.get("min_freq", 1)),
         vocab_spare=spare,
+        l2=float(t.get("l2", 0.0)),
     )
 
 
@@ -266,6 +267,8 @@ def _table_doc(t: TableSpec) -> dict[str, Any]:
         out["dtype"] = t.dtype
     if t.optimizer is not None:
         out["optimizer"] = _optimizer_doc(t.optimizer)
+    if t.l2:
+        out["l2"] = t.l2
     return out
 
 

@@ -118,6 +118,8 @@ class TableSpec:
         vocab_spare: rows reserved beyond the vocabulary (vocabulary tables; included in `rows`):
             data encoded later with a run's encoder gives unseen values the free rows after the
             vocabulary's last value (`flowrec.data.vocab_growth`).
+        l2: L2 coefficient on the rows a step touches: each touched row's gradient gains l2 * row
+            in the fused sparse update (added to its optimizer's weight_decay).
     """
 
     name: str
@@ -128,6 +130,7 @@ class TableSpec:
     dtype: Literal["fp32", "fp16", "bf16"] = "fp32"
     min_freq: int = 1
     vocab_spare: int = 0
+    l2: float = 0.0
 
     @property
     def vocab_size(self) -> int:
@@ -321,4 +324,10 @@ class ModelSpec:
         return {t.name: t for t in self.tables}
 
     def table_optimizer(self, table: TableSpec) -> OptimizerSpec:
-        return table.optimizer or self.sparse_optimizer
+        """The table's sparse optimizer (its own or the spec's), its `l2` added to weight_decay."""
+        opt = table.optimizer or self.sparse_optimizer
+        if not table.l2:
+            return opt
+        params = dict(opt.params)
+        params["weight_decay"] = params.get("weight_decay", 0.0) + table.l2
+        return OptimizerSpec(opt.name, opt.lr, tuple(sorted(params.items())))
