@@ -62,8 +62,6 @@ OP_KINDS: dict[str, KindInfo] = {k.name: k for k in (
     KindInfo("packed_embedding", "sparse", "sparse", "none", "sparse"),  # every field of a group (B, F, D)
     KindInfo("mlp", "dense", "dense", "flat", "dense", gathers=True),
     KindInfo("packed_mlp", "dense", "dense", "stacked", "dense", named_outputs="members"),  # same-shape MLPs
-    KindInfo("moe", "dense", "dense", "flat", "dense", gathers=True, named_outputs="heads", packs=True),  # MMoE
-    KindInfo("ple", "dense", "dense", "flat", "dense", gathers=True, named_outputs="heads", packs=True),  # CGC levels
     KindInfo("dot", "dense", "dense", "args", "dense"),
     KindInfo("fm", "dense", "dense", "args", "dense"),
     KindInfo("cross", "dense", "dense", "flat", "dense", gathers=True),
@@ -72,6 +70,8 @@ OP_KINDS: dict[str, KindInfo] = {k.name: k for k in (
     KindInfo("concat", "dense", "dense", "args", "dense", gathers=True),
     KindInfo("head", "dense", "dense", "flat", "dense", gathers=True),  # one logit per task
     KindInfo("loss", "backward", "loss", "none", "dense"),
+    KindInfo("moe", "dense", "dense", "flat", "dense", gathers=True, named_outputs="heads", packs=True),  # MMoE
+    KindInfo("ple", "dense", "dense", "flat", "dense", gathers=True, named_outputs="heads", packs=True),  # CGC levels
 )}
 
 
