@@ -15,6 +15,7 @@ from operators.dense import MLP, Concat, Cross, Head, Linear, PackedMLP
 from operators.embedding import PackedEmbeddingBag
 from operators.interaction import FM, Dot, TargetAttention
 from operators.losses import Loss
+from operators.custom import CustomModule
 from operators.moe import MMoE, PLE
 from operators.staging import (DenseInput, EmbeddingLookup, LabelInput, Pooling,
                                SparseInput)
@@ -38,6 +39,7 @@ OPERATORS: dict[str, type[nn.Module]] = {
     "loss": Loss,
     "moe": MMoE,
     "ple": PLE,
+    "custom": CustomModule,
 }
 
 

@@ -43,6 +43,20 @@ def launch_env() -> tuple[int, int]:
     return int(size_text), int(rank_text)
 
 
+def planned_spec_or_exit(path: Path) -> ModelSpec:
+    """`load_spec_or_exit`, then the output width of every custom module measured by importing its
+    class (`flowrec.runtime.custom`); a class that cannot be used is one line per module, exit 2."""
+    from flowrec.runtime.custom import resolve_custom
+
+    spec = load_spec_or_exit(path)
+    try:
+        return resolve_custom(spec)
+    except SpecError as exc:
+        for issue in exc.issues:
+            typer.echo(f"{path}: {issue}", err=True)
+        raise typer.Exit(EXIT_INVALID)
+
+
 def load_spec_or_exit(path: Path) -> ModelSpec:
     """Load a spec; on problems print one line per issue (`path: location: message`) and exit 2."""
     try:

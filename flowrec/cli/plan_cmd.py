@@ -7,7 +7,7 @@ from typing import Optional, get_args
 
 import typer
 
-from flowrec.cli.common import fail, launch_env, load_spec_or_exit
+from flowrec.cli.common import fail, launch_env, planned_spec_or_exit
 from flowrec.render import to_dot, to_png, to_svg
 from flowrec.planner.manager import STAGES, PassFailure, make_plan
 from flowrec.graph.plan_io import plan_json
@@ -52,7 +52,7 @@ def plan(
     png: Optional[Path] = typer.Option(None, "--png", help="Write a PNG drawing to PATH (matplotlib)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No text report (only the files asked for)."),
 ) -> None:
-    model = load_spec_or_exit(spec)
+    model = planned_spec_or_exit(spec)
     if until not in STAGES:
         fail(f"--until must be one of {', '.join(STAGES)}, not {until!r}")
     if cache is not None:

@@ -71,6 +71,17 @@ def build_graph(spec: ModelSpec) -> OpGraph:
     Raises:
         ValueError: on references the spec validator should have rejected.
     """
+    g, outputs = _sources(spec)
+    for m in _module_order(spec):
+        slots = _resolve(spec, m.inputs, outputs, g)
+        _add_module(g, spec, m, slots)
+        outputs[m.name] = Slot(0, m.name, (), g.nodes[m.name]["op"].out_shape[1:])
+    _add_heads_and_loss(g, spec, outputs)
+    return g
+
+
+def _sources(spec: ModelSpec) -> tuple[OpGraph, dict[str, Slot]]:
+    """The graph's inputs and feature lookups, and the output slot of every sparse feature."""
     used = {f.table for f in spec.sparse_features}
     g: OpGraph = nx.DiGraph(
         name=spec.name,
@@ -90,10 +101,10 @@ def build_graph(spec: ModelSpec) -> OpGraph:
     tables = spec.table_map
     for f in spec.sparse_features:
         outputs[f.name] = _add_feature(g, spec, f, tables[f.table], owned)
-    for m in _module_order(spec):
-        slots = _resolve(spec, m.inputs, outputs, g)
-        _add_module(g, spec, m, slots)
-        outputs[m.name] = Slot(0, m.name, (), g.nodes[m.name]["op"].out_shape[1:])
+    return g, outputs
+
+
+def _add_heads_and_loss(g: OpGraph, spec: ModelSpec, outputs: dict[str, Slot]) -> None:
     precision = spec.training.precision
     for h in spec.heads:
         name = f"head_{h.name}"
@@ -113,7 +124,6 @@ def build_graph(spec: ModelSpec) -> OpGraph:
     size = sizing("loss", attrs, [s.shape for s in loss_slots])
     g.add_node(LOSS_NODE, op=make_op(LOSS_NODE, "loss", size.out, attrs, flops=size.flops))
     set_inputs(g, LOSS_NODE, loss_slots)
-    return g
 
 
 def _module_output(spec: ModelSpec, ref: str, outputs: dict[str, Slot], g: OpGraph) -> Slot | None:
@@ -187,6 +197,18 @@ def _add_feature(g: OpGraph, spec: ModelSpec, f: SparseFeature, table: TableSpec
     g.add_node(pool, op=make_op(pool, "pooling", psize.out, attrs, dtype=table.dtype, flops=psize.flops))
     set_inputs(g, pool, [Slot(0, lookup, (), size.out)])
     return Slot(0, pool, (), psize.out)
+
+
+def module_input_width(spec: ModelSpec, name: str) -> int:
+    """The flat input width of module `name`, built from the features and the modules before it in
+    dependency order (its own output width, e.g. a custom module's, need not be known yet)."""
+    g, outputs = _sources(spec)
+    for m in _module_order(spec):
+        if m.name == name:
+            return sum(prod(s.shape) for s in _resolve(spec, m.inputs, outputs, g))
+        _add_module(g, spec, m, _resolve(spec, m.inputs, outputs, g))
+        outputs[m.name] = Slot(0, m.name, (), g.nodes[m.name]["op"].out_shape[1:])
+    raise ValueError(f"unknown module {name!r}")
 
 
 def _module_order(spec: ModelSpec) -> list[ModuleSpec]:

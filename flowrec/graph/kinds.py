@@ -72,6 +72,7 @@ OP_KINDS: dict[str, KindInfo] = {k.name: k for k in (
     KindInfo("loss", "backward", "loss", "none", "dense"),
     KindInfo("moe", "dense", "dense", "flat", "dense", gathers=True, named_outputs="heads", packs=True),  # MMoE
     KindInfo("ple", "dense", "dense", "flat", "dense", gathers=True, named_outputs="heads", packs=True),  # CGC levels
+    KindInfo("custom", "dense", "dense", "flat", "dense", gathers=True),  # a user's nn.Module by class path
 )}
 
 

@@ -103,6 +103,14 @@ def expert_count(attrs: Mapping[str, Any]) -> int:
     return attrs.get("experts") or len(attrs["heads"]) * attrs["task_experts"] + attrs["shared_experts"]
 
 
+def _custom(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
+    """A user's module: the width its planning dry run measured; its FLOPs and parameters are unknown."""
+    if attrs.get("out_width") is None:
+        raise ShapeError(f"custom module {attrs.get('class')}: output width unknown (flowrec measures it "
+                         f"by a dry run when planning through its CLI or API)")
+    return Sizing((attrs["out_width"],))
+
+
 def _linear(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
     width, out = _width(shapes), attrs["out"]
     return Sizing((out,), 2 * width * out, width * out + out)
@@ -211,6 +219,7 @@ RULES: dict[str, Rule] = {
     "loss": _loss,
     "moe": _moe,
     "ple": _ple,
+    "custom": _custom,
 }
 
 

@@ -161,6 +161,12 @@ def _ple(op: Op, batch: int, inputs: int) -> OpWork:
     return _join(*works)
 
 
+def _custom(op: Op, batch: int, inputs: int) -> OpWork:
+    """A user's module, unknown dense work until calibrated: a pass over its input and output."""
+    width, out = op.attr("in_features"), op.attr("out_width")
+    return _join(_assembly(batch, width, inputs), OpWork(_pass(batch * (width + out)), _pass(batch * (width + out))))
+
+
 def _linear(op: Op, batch: int, inputs: int) -> OpWork:
     width = op.attr("in_features")
     return _join(_assembly(batch, width, inputs), _layers(batch, width, (op.attr("out", 1),)))
@@ -229,6 +235,7 @@ RULES: dict[str, Rule] = {
     "packed_mlp": _packed_mlp,
     "moe": _moe,
     "ple": _ple,
+    "custom": _custom,
     "linear": _linear,
     "head": _linear,
     "concat": _concat,

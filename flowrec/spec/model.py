@@ -17,7 +17,7 @@ from typing import Any, Literal, Mapping
 
 DenseTransform = Literal["none", "log1p", "standardize"]
 Pooling = Literal["sum", "mean", "none"]
-ModuleKind = Literal["mlp", "dot", "fm", "cross", "target_attention", "linear", "concat", "moe", "ple"]
+ModuleKind = Literal["mlp", "dot", "fm", "cross", "target_attention", "linear", "concat", "moe", "ple", "custom"]
 OptimizerName = Literal["sgd", "adagrad", "rowwise_adagrad", "adam"]
 TaskKind = Literal["binary", "regression", "multiclass"]
 LossName = Literal["bce", "mse", "softmax_ce"]

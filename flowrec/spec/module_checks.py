@@ -110,6 +110,7 @@ def _output_width(module: Item) -> int | None:
 _WIDTH_RULES: dict[str, Callable[[Item, list[Field]], int | None]] = {
     "moe": lambda m, fs: len(m.body["heads"]) * m.body["expert_layers"][-1],
     "ple": lambda m, fs: len(m.body["heads"]) * m.body["expert_layers"][-1],
+    "custom": lambda m, fs: m.body.get("out_width"),  # None until the planning dry run fills it
     "mlp": lambda m, fs: m.body["layers"][-1],
     "linear": lambda m, fs: m.body.get("out", 1),
     "fm": lambda m, fs: 1,
