@@ -9,7 +9,7 @@ import typer
 
 from flowrec.spec.errors import SpecError
 from flowrec.spec.load import load_spec
-from flowrec.spec.model import ModelSpec
+from flowrec.spec.model import ModelSpec, unresolved_modules
 
 EXIT_INVALID = 2  # invalid spec, option, data or profile
 
@@ -46,9 +46,11 @@ def launch_env() -> tuple[int, int]:
 def planned_spec_or_exit(path: Path) -> ModelSpec:
     """`load_spec_or_exit`, then the output width of every custom module measured by importing its
     class (`flowrec.runtime.custom`); a class that cannot be used is one line per module, exit 2."""
+    spec = load_spec_or_exit(path)
+    if not unresolved_modules(spec):
+        return spec  # nothing to import (planning stays free of torch)
     from flowrec.runtime.custom import resolve_custom
 
-    spec = load_spec_or_exit(path)
     try:
         return resolve_custom(spec)
     except SpecError as exc:

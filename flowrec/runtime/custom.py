@@ -19,7 +19,7 @@ import torch
 
 from flowrec.graph.build import module_input_width
 from flowrec.spec.errors import SpecError, SpecIssue
-from flowrec.spec.model import ModelSpec, ModuleSpec
+from flowrec.spec.model import ModelSpec, ModuleSpec, unresolved_modules
 from operators.custom import CustomModuleError, build_custom
 
 DRY_RUN_BATCH = 2  # samples of the meta-device dry run
@@ -33,7 +33,7 @@ def resolve_custom(spec: ModelSpec) -> ModelSpec:
     """
     issues = []
     for index, module in enumerate(spec.modules):
-        if module.kind != "custom" or module.param("out_width") is not None:
+        if module.name not in unresolved_modules(spec):
             continue
         try:
             width = dry_run_width(module, module_input_width(spec, module.name))

@@ -48,6 +48,16 @@ def split_output(token: str, kinds: Mapping[str, str]) -> tuple[str, str | None]
     return None
 
 
+# Module kinds whose output width is learned by importing their class and running it on the meta
+# device when planning (`flowrec.runtime.custom`), stored as their `out_width` parameter.
+DRY_RUN_KINDS = ("custom",)
+
+
+def unresolved_modules(spec: "ModelSpec") -> list[str]:
+    """Modules whose output width is still to be learned by a dry run (no `out_width` yet)."""
+    return [m.name for m in spec.modules if m.kind in DRY_RUN_KINDS and m.param("out_width") is None]
+
+
 # Built-in input selectors a module may name in `inputs` (besides features and modules).
 SELECTOR_DENSE = "@dense"  # all dense features concatenated: (B, n_dense)
 SELECTOR_SPARSE = "@sparse"  # all pooled categorical/multi-hot embeddings: (B, F, D) fields
