@@ -12,7 +12,7 @@ Example:
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from torch import nn
