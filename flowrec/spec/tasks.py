@@ -36,6 +36,6 @@ class TaskInfo:
 TASKS: dict[str, TaskInfo] = {t.name: t for t in (
     TaskInfo("binary", ("bce",), ("auc", "gauc", "pr_auc", "logloss", "ne", "calibration"), "binary", "sigmoid"),
     TaskInfo("regression", ("mse",), ("mse", "mae"), "finite", "identity"),
-    TaskInfo("multiclass", ("softmax_ce",), ("accuracy", "accuracy_at_k", "logloss"), "class", "softmax",
+    TaskInfo("multiclass", ("softmax_ce",), ("accuracy", "accuracy_at_k", "logloss", "auc"), "class", "softmax",
              classes=True),
 )}

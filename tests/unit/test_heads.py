@@ -141,9 +141,24 @@ def test_evaluation_reports_each_task_on_its_task_space():
     clicked = int(sum((b.labels[:, 0] == 1).sum() for b in batches))
     assert metrics["click"]["samples"] == 4 * BATCH and metrics["conv"]["samples"] == clicked < 4 * BATCH
     genre = metrics["genre"]
-    assert set(genre) == {"accuracy", "accuracy_at_k", "logloss", "k", "samples"}
+    assert set(genre) == {"accuracy", "accuracy_at_k", "logloss", "k", "auc", "samples"}
+    assert 0.5 < genre["auc"] <= 1.0  # the class follows the hidden logit (synthetic labels)
     assert 0.0 <= genre["accuracy"] <= genre["accuracy_at_k"] <= 1.0 and genre["k"] == 5
     assert genre["logloss"] > 0
+
+
+def test_macro_auc_is_the_mean_one_vs_rest_auc():
+    from flowrec.runtime.evalclasses import MulticlassAccumulator
+    from flowrec.runtime.metrics import auc
+
+    gen = torch.Generator().manual_seed(random.randrange(1 << 30))
+    labels = torch.randint(0, 3, (200,), generator=gen).numpy()
+    probs = torch.softmax(torch.randn(200, 3, generator=gen) + 2 * F.one_hot(torch.from_numpy(labels), 3), 1)
+    acc = MulticlassAccumulator()
+    acc.update(labels[:90], probs[:90].numpy())
+    acc.update(labels[90:], probs[90:].numpy())
+    expected = sum(auc((labels == c).astype(float), probs[:, c].numpy()) for c in range(3)) / 3
+    assert acc.result()["auc"] == pytest.approx(expected, abs=1e-12)
 
 
 @pytest.mark.parametrize("change,where,says", [
