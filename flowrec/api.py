@@ -139,10 +139,11 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
     from flowrec.runtime.rundir import RunFolderError, clear_run_files, foreign_entries, has_run, open_folder
     from flowrec.runtime.session import SessionOptions, cost_target, prepare, resolve_device
     from flowrec.runtime.trainer import TrainConfig, Trainer
+    from flowrec.runtime.custom import resolve_custom
     from flowrec.spec.load import load_spec
 
     spec_path = Path(spec) if not isinstance(spec, ModelSpec) else Path.cwd() / f"{spec.name}.yaml"
-    model_spec = load_spec(spec_path) if not isinstance(spec, ModelSpec) else spec
+    model_spec = resolve_custom(load_spec(spec_path) if not isinstance(spec, ModelSpec) else spec)
     folder = Path(out) if out is not None else None
     lock = None
     if folder is not None:

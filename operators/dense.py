@@ -16,13 +16,15 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
+from operators.regularize import SeededDropout, make_norm, make_packed_norm
+
 Shapes = Sequence[tuple[int, ...]]
 
 # Activations of MLP layers, applied in place to the fresh output of a linear layer (which the
 # linear's backward does not need): no extra (B, Out) allocation per layer.
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "relu": torch.relu_, "sigmoid": torch.sigmoid_, "tanh": torch.tanh_,
-    "gelu": nn.functional.gelu, "none": lambda x: x,
+    "gelu": nn.functional.gelu, "silu": nn.functional.silu, "none": lambda x: x,
 }
 
 
@@ -45,33 +47,44 @@ def flat_width(shapes: Shapes) -> int:
 
 
 class MLP(nn.Module):
-    """Stack of Linear layers, the activation after each: x (B, In) -> (B, layers[-1]).
+    """Stack of layers, each linear -> norm -> activation -> dropout: x (B, In) -> (B, layers[-1]).
 
     Args:
         in_features: input width.
         layers: output width of each layer.
-        activation: relu (default), sigmoid, tanh, gelu or none.
+        activation: relu (default), sigmoid, tanh, gelu, silu or none.
+        norm: none (default), batch or layer (`operators.regularize`).
+        dropout: drop probability after each layer's activation (0: none).
 
     Example:
-        >>> MLP(4, [3, 2])(torch.randn(5, 4)).shape
+        >>> MLP(4, [3, 2], norm="layer", dropout=0.1)(torch.randn(5, 4)).shape
         torch.Size([5, 2])
     """
 
-    def __init__(self, in_features: int, layers: Sequence[int], activation: str = "relu"):
+    def __init__(self, in_features: int, layers: Sequence[int], activation: str = "relu",
+                 norm: str = "none", dropout: float = 0.0):
         super().__init__()
         widths = [in_features, *layers]
-        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(widths, widths[1:]))
+        bias = norm != "batch"  # batch norm subtracts any bias: the layer has none
+        self.layers = nn.ModuleList(nn.Linear(a, b, bias=bias) for a, b in zip(widths, widths[1:]))
+        self.norms = nn.ModuleList(make_norm(norm, b) for b in layers)
+        self.drops = nn.ModuleList(_dropout(dropout) for _ in layers)
         self.act = get_activation(activation)
 
     @classmethod
     def from_config(cls, config: dict[str, Any], input_shapes: Shapes) -> "MLP":
         in_features = config.get("in_features") or flat_width(input_shapes)
-        return cls(in_features, config["layers"], config.get("activation", "relu"))
+        return cls(in_features, config["layers"], config.get("activation", "relu"),
+                   config.get("norm", "none"), config.get("dropout", 0.0))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = self.act(layer(x))
+        for layer, norm, drop in zip(self.layers, self.norms, self.drops):
+            x = drop(self.act(norm(layer(x))))
         return x
+
+
+def _dropout(p: float, batch_dim: int = 0) -> nn.Module:
+    return SeededDropout(p, batch_dim) if p else nn.Identity()
 
 
 class PackedMLP(nn.Module):
@@ -81,7 +94,7 @@ class PackedMLP(nn.Module):
         num: K, the number of MLPs.
         in_features: input width of each.
         layers: output widths.
-        activation: as in `MLP`.
+        activation, norm, dropout: as in `MLP` (norm statistics and affines are per member).
 
     Example:
         >>> mlps = [MLP(4, [3]) for _ in range(2)]
@@ -90,24 +103,32 @@ class PackedMLP(nn.Module):
         torch.Size([2, 5, 3])
     """
 
-    def __init__(self, num: int, in_features: int, layers: Sequence[int], activation: str = "relu"):
+    def __init__(self, num: int, in_features: int, layers: Sequence[int], activation: str = "relu",
+                 norm: str = "none", dropout: float = 0.0):
         super().__init__()
         widths = [in_features, *layers]
         self.weights = nn.ParameterList(
             nn.Parameter(torch.empty(num, a, b)) for a, b in zip(widths, widths[1:]))  # (K, In, Out)
-        self.biases = nn.ParameterList(
-            nn.Parameter(torch.empty(num, 1, b)) for b in widths[1:])  # (K, 1, Out)
-        for w, b in zip(self.weights, self.biases):
+        self.biases = nn.ParameterList(  # none before batch norm, as in `MLP`
+            nn.Parameter(torch.empty(num, 1, b)) for b in widths[1:] if norm != "batch")  # (K, 1, Out)
+        for i, w in enumerate(self.weights):
             bound = w.shape[1] ** -0.5  # nn.Linear's default init range
             nn.init.uniform_(w, -bound, bound)
-            nn.init.uniform_(b, -bound, bound)
+            if self.biases:
+                nn.init.uniform_(self.biases[i], -bound, bound)
+        self.norms = nn.ModuleList(make_packed_norm(norm, num, b) for b in layers)
+        self.drops = nn.ModuleList(_dropout(dropout, batch_dim=1) for _ in layers)
         self.act = get_activation(activation)
 
     @classmethod
     def from_config(cls, config: dict[str, Any], input_shapes: Shapes) -> "PackedMLP":
-        num = config.get("num") or len(input_shapes)
-        in_features = config.get("in_features") or int(input_shapes[0][-1])
-        return cls(num, in_features, config["layers"], config.get("activation", "relu"))
+        """K is the number of members (`member_ports`: each member's range of input slots; without
+        it, one slot per member), each member's input width its slots' flat width."""
+        ports = config.get("member_ports") or [(i, i + 1) for i in range(len(input_shapes))]
+        a, b = ports[0]
+        in_features = config.get("in_features") or flat_width(input_shapes[a:b])
+        return cls(len(ports), in_features, config["layers"], config.get("activation", "relu"),
+                   config.get("norm", "none"), config.get("dropout", 0.0))
 
     @classmethod
     def from_mlps(cls, mlps: Sequence[MLP], activation: str = "relu") -> "PackedMLP":
@@ -121,8 +142,9 @@ class PackedMLP(nn.Module):
         return packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for w, b in zip(self.weights, self.biases):
-            x = self.act(torch.baddbmm(b, x, w))  # (K, B, Out)
+        for i, (w, norm, drop) in enumerate(zip(self.weights, self.norms, self.drops)):
+            y = torch.baddbmm(self.biases[i], x, w) if self.biases else torch.bmm(x, w)  # (K, B, Out)
+            x = drop(self.act(norm(y)))
         return x
 
 
@@ -183,7 +205,7 @@ class Linear(nn.Module):
 
 
 class Head(Linear):
-    """Projection to one logit per sample: x (B, In) -> (B, 1).
+    """Projection to a head's logits: x (B, In) -> (B, out) (one, or one per class: `out`).
 
     Example:
         >>> Head.from_config({}, [(8,)])(torch.randn(2, 8)).shape
@@ -192,12 +214,12 @@ class Head(Linear):
 
     @classmethod
     def from_config(cls, config: dict[str, Any], input_shapes: Shapes) -> "Head":
-        return cls(config.get("in_features") or flat_width(input_shapes), 1)
+        return cls(config.get("in_features") or flat_width(input_shapes), config.get("out", 1))
 
 
 def concat_flat(inputs: Sequence[torch.Tensor]) -> torch.Tensor:
     """Flatten each input per sample and concatenate: -> (B, sum of widths)."""
-    flat = [x.reshape(x.shape[0], -1) for x in inputs]
+    flat = [x if x.dim() == 2 else x.reshape(x.shape[0], -1) for x in inputs]  # 2-D: as is (no guard)
     return flat[0] if len(flat) == 1 else torch.cat(flat, dim=1)
 
 

@@ -14,7 +14,10 @@ from torch import nn
 from operators.dense import MLP, Concat, Cross, Head, Linear, PackedMLP
 from operators.embedding import PackedEmbeddingBag
 from operators.interaction import FM, Dot, TargetAttention
-from operators.staging import (DenseInput, EmbeddingLookup, LabelInput, Loss, Pooling,
+from operators.losses import Loss
+from operators.custom import CustomModule
+from operators.moe import MMoE, PLE
+from operators.staging import (DenseInput, EmbeddingLookup, LabelInput, Pooling,
                                SparseInput)
 
 OPERATORS: dict[str, type[nn.Module]] = {
@@ -34,6 +37,9 @@ OPERATORS: dict[str, type[nn.Module]] = {
     "concat": Concat,
     "head": Head,
     "loss": Loss,
+    "moe": MMoE,
+    "ple": PLE,
+    "custom": CustomModule,
 }
 
 

@@ -12,7 +12,7 @@ Example:
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -131,49 +131,3 @@ class Pooling(nn.Module):
         if self.mode == "mean":
             pooled = pooled / lengths.clamp_min(1).unsqueeze(1).to(x.dtype)
         return pooled
-
-
-LOSSES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
-    "bce": nn.functional.binary_cross_entropy_with_logits,
-    "mse": nn.functional.mse_loss,
-}
-
-
-class Loss(nn.Module):
-    """Weighted sum of per-head losses (multi-task): logits [(B, 1), ...], labels (B, T) -> scalar.
-
-    Args:
-        losses: loss name per head (bce = BCE with logits, mse).
-        weights: weight per head (default 1 each).
-
-    Example:
-        >>> loss = Loss(["bce", "mse"], [1.0, 0.5])
-        >>> float(loss([torch.zeros(2, 1), torch.ones(2, 1)], torch.tensor([[1.0, 1.0], [0.0, 1.0]])))
-        0.6931...
-    """
-
-    def __init__(self, losses: Sequence[str], weights: Sequence[float] | None = None):
-        super().__init__()
-        unknown = [name for name in losses if name not in LOSSES]
-        if unknown:
-            raise KeyError(f"unknown losses {unknown}; known: {sorted(LOSSES)}")
-        self.losses = list(losses)
-        self.weights = list(weights) if weights is not None else [1.0] * len(losses)
-
-    @classmethod
-    def from_config(cls, config: dict[str, Any], input_shapes: Shapes) -> "Loss":
-        return cls(config.get("losses", ["bce"]), config.get("weights"))
-
-    def per_head(self, logits: Sequence[torch.Tensor], labels: torch.Tensor) -> list[torch.Tensor]:
-        """Unweighted loss of each head, in float32 at least (a float64 model keeps float64)."""
-        labels = labels.unsqueeze(1) if labels.dim() == 1 else labels
-        wide = any(logit.dtype == torch.float64 for logit in logits)
-        cast = (lambda t: t.double()) if wide else (lambda t: t.float())
-        return [LOSSES[name](cast(logit.reshape(-1)), cast(labels[:, i]))
-                for i, (name, logit) in enumerate(zip(self.losses, logits))]
-
-    def forward(self, logits: Sequence[torch.Tensor] | torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        if isinstance(logits, torch.Tensor):
-            logits = list(logits.split(1, dim=1))
-        parts = self.per_head(logits, labels)
-        return sum(w * part for w, part in zip(self.weights, parts))

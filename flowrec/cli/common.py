@@ -9,7 +9,7 @@ import typer
 
 from flowrec.spec.errors import SpecError
 from flowrec.spec.load import load_spec
-from flowrec.spec.model import ModelSpec
+from flowrec.spec.model import ModelSpec, unresolved_modules
 
 EXIT_INVALID = 2  # invalid spec, option, data or profile
 
@@ -41,6 +41,22 @@ def launch_env() -> tuple[int, int]:
     if not rank_text.isdigit() or int(rank_text) >= int(size_text):
         fail(f"the environment's RANK must be in 0..{int(size_text) - 1}, not {rank_text!r}")
     return int(size_text), int(rank_text)
+
+
+def planned_spec_or_exit(path: Path) -> ModelSpec:
+    """`load_spec_or_exit`, then the output width of every custom module measured by importing its
+    class (`flowrec.runtime.custom`); a class that cannot be used is one line per module, exit 2."""
+    spec = load_spec_or_exit(path)
+    if not unresolved_modules(spec):
+        return spec  # nothing to import (planning stays free of torch)
+    from flowrec.runtime.custom import resolve_custom
+
+    try:
+        return resolve_custom(spec)
+    except SpecError as exc:
+        for issue in exc.issues:
+            typer.echo(f"{path}: {issue}", err=True)
+        raise typer.Exit(EXIT_INVALID)
 
 
 def load_spec_or_exit(path: Path) -> ModelSpec:

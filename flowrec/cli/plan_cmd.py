@@ -7,7 +7,7 @@ from typing import Optional, get_args
 
 import typer
 
-from flowrec.cli.common import fail, guard_outputs, launch_env, load_spec_or_exit, write_output
+from flowrec.cli.common import fail, guard_outputs, launch_env, planned_spec_or_exit, write_output
 from flowrec.planner.calibration import is_profile_path
 from flowrec.render import to_dot, to_png, to_svg
 from flowrec.planner.manager import STAGES, PassFailure, make_plan
@@ -54,7 +54,7 @@ def plan(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No text report (only the files asked for)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace output files that exist (never a file of a run, package or dataset, nor an input)."),
 ) -> None:
-    model = load_spec_or_exit(spec)
+    model = planned_spec_or_exit(spec)
     files = [Path(p) for p in (json_out, dot, svg, png) if p is not None and str(p) != "-"]
     guard_outputs(files, [spec, profile, Path(target) if target and is_profile_path(target) else None], overwrite)
     if until not in STAGES:

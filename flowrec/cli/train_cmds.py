@@ -13,7 +13,7 @@ from typing import Optional
 
 import typer
 
-from flowrec.cli.common import fail, is_lead_rank, load_spec_or_exit
+from flowrec.cli.common import fail, is_lead_rank, load_spec_or_exit, planned_spec_or_exit
 from flowrec.runtime.messages import first_line
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
@@ -180,7 +180,7 @@ def run_training(request: RunRequest) -> None:
     """Own the run folder for the whole run (lock), then resolve the settings and train."""
     from flowrec.runtime.rundir import RunFolderError
 
-    spec = load_spec_or_exit(request.spec_path)
+    spec = planned_spec_or_exit(request.spec_path)
     given = request.resume or request.out
     if _launch_size() > 1:
         _train_as_rank(request, spec, given)

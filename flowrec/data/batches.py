@@ -40,6 +40,7 @@ import torch
 from flowrec.data.checked import rules_key
 from flowrec.data.checks import ColumnRule, check_partition, partition_rules
 from flowrec.data.dataset import PartitionSource, partition_name, take_rows, token
+from flowrec.data.layout import batch_label_columns
 from flowrec.data.lookahead import LookaheadWindow, batch_extras
 from flowrec.data.packed_ids import column_arrays, pack_group
 from flowrec.data.strata import STRATA, chunk_layout, needed_range
@@ -345,7 +346,7 @@ class BatchIterator:
         table = rows.result() if isinstance(rows, _Staged) else rows
         size = table.num_rows
         dense = _stack(table, [f.name for f in self.spec.dense_features], size)
-        labels = _stack(table, list(_head_labels(self.spec)), size)
+        labels = _stack(table, list(batch_label_columns(self.spec)), size)
         cols = {f.name: column_arrays(table.column(f.name)) for f in self.spec.sparse_features}
         groups = {}
         for g in self.groups:
@@ -507,12 +508,7 @@ class _Staged:
 
 def _columns(spec: ModelSpec) -> list[str]:
     names = [f.name for f in spec.features]
-    return names + [c for c in dict.fromkeys(_head_labels(spec)) if c not in names]
-
-
-def _head_labels(spec: ModelSpec) -> tuple[str, ...]:
-    default = spec.data.label if spec.data is not None else "label"
-    return tuple(h.label or default for h in spec.heads)
+    return names + [c for c in dict.fromkeys(batch_label_columns(spec)) if c not in names]
 
 
 def _stack(table: pa.Table, names: list[str], size: int) -> torch.Tensor:

@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from flowrec.data.layout import DataError, label_columns
+from flowrec.data.layout import DataError, label_columns, weight_columns
 from flowrec.spec.model import ModelSpec
 
 RuleKind = Literal["ids", "finite", "binary"]
@@ -64,6 +64,7 @@ def partition_rules(spec: ModelSpec, columns: Sequence[str] | None = None) -> tu
             binary[label].append(head.name)
     rules += [ColumnRule(label, "binary", table=", ".join(heads)) if heads else ColumnRule(label, "finite")
               for label, heads in binary.items()]
+    rules += [ColumnRule(w, "finite") for w in weight_columns(spec) if w not in binary]
     keep = None if columns is None else set(columns)
     return tuple(r for r in rules if keep is None or r.name in keep)
 

@@ -107,8 +107,20 @@ def label_columns(spec: ModelSpec) -> tuple[str, ...]:
     return tuple(h.label or default for h in spec.heads)
 
 
+def weight_columns(spec: ModelSpec) -> tuple[str, ...]:
+    """Sample-weight columns of the heads that have one, in head order, each once."""
+    return tuple(dict.fromkeys(h.sample_weight for h in spec.heads if h.sample_weight is not None))
+
+
+def batch_label_columns(spec: ModelSpec) -> tuple[str, ...]:
+    """Columns of a batch's label tensor: the label of each head in head order, then the
+    sample-weight columns (`weight_columns`)."""
+    return label_columns(spec) + weight_columns(spec)
+
+
 def unique_labels(spec: ModelSpec) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(label_columns(spec)))
+    """Every label and sample-weight column, each once (what datasets carry besides features)."""
+    return tuple(dict.fromkeys(batch_label_columns(spec)))
 
 
 def is_multi(feature: SparseFeature) -> bool:

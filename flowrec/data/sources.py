@@ -340,7 +340,7 @@ def read_movielens(path: Path, options: dict[str, Any], log: ErrorLog, numeric: 
     """The MovieLens-100k folder (u.data, u.user, u.item latin-1, u.genre) as one table.
 
     Columns: user_id, item_id, rating, timestamp, age, gender, occupation, zip_code, genres
-    (list of genre names), release_year, label (rating >= 4).
+    (list of genre names), release_year, label (rating >= 4), rating_5 (rating == 5).
     """
     del options, log
     files = {n: path / n for n in ("u.data", "u.user", "u.item", "u.genre")}
@@ -361,11 +361,12 @@ def read_movielens(path: Path, options: dict[str, Any], log: ErrorLog, numeric: 
     })
     df = ratings.merge(users, on="user_id", how="left").merge(items, on="item_id", how="left")
     df["label"] = (df["rating"] >= 4).astype(np.float64)
+    df["rating_5"] = (df["rating"] == 5).astype(np.float64)
     cols = ["user_id", "item_id", "rating", "timestamp", "age", "gender", "occupation", "zip_code",
-            "genres", "release_year", "label"]
+            "genres", "release_year", "label", "rating_5"]
     df = df[cols]
     table = pa.Table.from_pandas(df, preserve_index=False)
-    numeric = set(numeric) | {"rating", "label"}
+    numeric = set(numeric) | {"rating", "label", "rating_5"}
     out = {c: (pc.cast(table[c], pa.float64()) if c in numeric else table[c]) for c in cols}
     yield pa.table({**out, LINE_COLUMN: pa.array(np.arange(1, len(df) + 1), pa.int64())})
 

@@ -25,6 +25,7 @@ from flowrec.data.convert import PartWriter
 from flowrec.data.layout import DataError, DatasetMeta, data_hash, is_multi, unique_labels, write_meta
 from flowrec.data.output import staged_output
 from flowrec.spec.model import DenseFeature, ModelSpec, SparseFeature
+from flowrec.spec.tasks import TASKS
 
 BLOCK_ROWS = 1 << 16  # rows per seeded generation block
 ZIPF_ALPHA = 1.1  # default skew, near real CTR data
@@ -125,13 +126,34 @@ def _block(spec: ModelSpec, cfg: SynthConfig, block: int, n: int) -> pa.Table:
         logit += (1.0 - cfg.dense_weight) * w * np.sqrt(3.0 / n_sparse)
     logit = LOGIT_SCALE * logit + LOGIT_BIAS
     tasks = {h.label or (spec.data.label if spec.data else "label"): h.task for h in spec.heads}
+    classes = {h.label or (spec.data.label if spec.data else "label"): h.width for h in spec.heads}
     for label in unique_labels(spec):
-        if tasks[label] == "binary":
-            y = (rng.random(n) < 1.0 / (1.0 + np.exp(-logit))).astype(np.float32)
-        else:
-            y = (logit + 0.1 * rng.standard_normal(n)).astype(np.float32)
-        cols[label] = pa.array(y)
+        cols[label] = pa.array(_label(tasks.get(label), classes.get(label, 1), logit, rng))
     return pa.table(cols)
+
+
+def _label(task: str | None, classes: int, logit: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """A label column of `task` following the hidden logit (None: a sample-weight column, > 0)."""
+    if task is None:
+        return rng.uniform(0.25, 2.0, len(logit)).astype(np.float32)
+    return SYNTH_LABELS[TASKS[task].labels](logit, classes, rng).astype(np.float32)
+
+
+def _binary(logit: np.ndarray, classes: int, rng: np.random.Generator) -> np.ndarray:
+    return rng.random(len(logit)) < 1.0 / (1.0 + np.exp(-logit))
+
+
+def _finite(logit: np.ndarray, classes: int, rng: np.random.Generator) -> np.ndarray:
+    return logit + 0.1 * rng.standard_normal(len(logit))
+
+
+def _class(logit: np.ndarray, classes: int, rng: np.random.Generator) -> np.ndarray:
+    """The quantile band of the noisy logit: class 0 .. classes - 1."""
+    edges = np.quantile(logit, np.linspace(0, 1, classes + 1)[1:-1])
+    return np.searchsorted(edges, logit + 0.5 * np.std(logit) * rng.standard_normal(len(logit)))
+
+
+SYNTH_LABELS = {"binary": _binary, "finite": _finite, "class": _class}  # by `TaskInfo.labels`
 
 
 def _dense(f: DenseFeature, rng: np.random.Generator, n: int) -> np.ndarray:

@@ -27,10 +27,12 @@ from flowrec.spec.model import (
     SELECTOR_PREFIX,
     SELECTOR_SPARSE,
     DenseFeature,
+    HeadSpec,
     ModelSpec,
     ModuleSpec,
     SparseFeature,
     TableSpec,
+    split_output,
 )
 
 DENSE_NODE = "input_dense"
@@ -44,6 +46,8 @@ MODULE_DEFAULTS: dict[str, dict[str, Any]] = {
     "cross": {"num_layers": 3, "low_rank": None},
     "linear": {"out": 1},
     "target_attention": {"hidden": (64, 32)},
+    "moe": {"activation": "relu", "gate_layers": ()},
+    "ple": {"activation": "relu", "gate_layers": (), "levels": 1, "shared_experts": 1},
 }
 
 
@@ -67,6 +71,17 @@ def build_graph(spec: ModelSpec) -> OpGraph:
     Raises:
         ValueError: on references the spec validator should have rejected.
     """
+    g, outputs = _sources(spec)
+    for m in _module_order(spec):
+        slots = _resolve(spec, m.inputs, outputs, g)
+        _add_module(g, spec, m, slots)
+        outputs[m.name] = Slot(0, m.name, (), g.nodes[m.name]["op"].out_shape[1:])
+    _add_heads_and_loss(g, spec, outputs)
+    return g
+
+
+def _sources(spec: ModelSpec) -> tuple[OpGraph, dict[str, Slot]]:
+    """The graph's inputs and feature lookups, and the output slot of every sparse feature."""
     used = {f.table for f in spec.sparse_features}
     g: OpGraph = nx.DiGraph(
         name=spec.name,
@@ -78,41 +93,86 @@ def build_graph(spec: ModelSpec) -> OpGraph:
         attrs = {"columns": tuple(f.name for f in dense),
                  "transforms": tuple((f.name, f.transform, f.fill) for f in dense)}
         g.add_node(DENSE_NODE, op=make_op(DENSE_NODE, "dense_input", (len(dense),), attrs))
-    labels = {"heads": tuple(h.name for h in spec.heads), "labels": tuple(h.label or "" for h in spec.heads)}
-    g.add_node(LABEL_NODE, op=make_op(LABEL_NODE, "label_input", (len(spec.heads),), labels))
+    labels = {"heads": tuple(h.name for h in spec.heads), "labels": tuple(h.label or "" for h in spec.heads),
+              **({"weights": weights} if (weights := _weight_columns(spec)) else {})}
+    g.add_node(LABEL_NODE, op=make_op(LABEL_NODE, "label_input", sizing("label_input", labels, []).out, labels))
     outputs: dict[str, Slot] = {}
     owned: set[str] = set()
     tables = spec.table_map
     for f in spec.sparse_features:
         outputs[f.name] = _add_feature(g, spec, f, tables[f.table], owned)
-    for m in _module_order(spec):
-        slots = _resolve(spec, m.inputs, outputs, g)
-        _add_module(g, spec, m, slots)
-        outputs[m.name] = Slot(0, m.name, (), g.nodes[m.name]["op"].out_shape[1:])
+    return g, outputs
+
+
+def _add_heads_and_loss(g: OpGraph, spec: ModelSpec, outputs: dict[str, Slot]) -> None:
     precision = spec.training.precision
     for h in spec.heads:
         name = f"head_{h.name}"
-        slot = outputs.get(h.input)
-        if slot is None or h.input not in spec_module_names(spec):
+        slot = _module_output(spec, h.input, outputs, g)
+        if slot is None:
             raise ValueError(f"head {h.name}: unknown input module {h.input!r}")
         attrs = {"task": h.task, "loss": h.loss, "weight": h.weight, "label": h.label or "",
-                 "in_features": prod(slot.shape)}
+                 "in_features": prod(slot.shape), **_head_options(h)}
         size = sizing("head", attrs, [slot.shape])
         g.add_node(name, op=make_op(name, "head", size.out, attrs, dtype=precision,
                                     flops=size.flops, param_bytes=size.params * PARAM_BYTES))
         set_inputs(g, name, [slot])
-    loss_slots = [Slot(i, f"head_{h.name}", (), (1,)) for i, h in enumerate(spec.heads)]
-    loss_slots.append(Slot(len(loss_slots), LABEL_NODE, (), (len(spec.heads),)))
+    loss_slots = [Slot(i, f"head_{h.name}", (), (h.width,)) for i, h in enumerate(spec.heads)]
+    loss_slots.append(Slot(len(loss_slots), LABEL_NODE, (), g.nodes[LABEL_NODE]["op"].out_shape[1:]))
     attrs = {"heads": tuple(h.name for h in spec.heads), "losses": tuple(h.loss for h in spec.heads),
-             "weights": tuple(h.weight for h in spec.heads)}
+             "weights": tuple(h.weight for h in spec.heads), **_loss_options(spec)}
     size = sizing("loss", attrs, [s.shape for s in loss_slots])
     g.add_node(LOSS_NODE, op=make_op(LOSS_NODE, "loss", size.out, attrs, flops=size.flops))
     set_inputs(g, LOSS_NODE, loss_slots)
-    return g
 
 
-def spec_module_names(spec: ModelSpec) -> set[str]:
-    return {m.name for m in spec.modules}
+def _module_output(spec: ModelSpec, ref: str, outputs: dict[str, Slot], g: OpGraph) -> Slot | None:
+    """The slot of a module's output, or of one named output ("experts.click": that head's
+    (width,) part); None when `ref` names no module."""
+    split = split_output(ref, {m.name: m.kind for m in spec.modules})
+    if split is None or split[0] not in outputs:
+        return None
+    module, output = split
+    if output is None:
+        return outputs[module]
+    shape = g.nodes[module]["op"].out_shape[2:]  # (B, n_outputs, width...) -> (width...)
+    return Slot(0, module, (output,), shape)
+
+
+def _weight_columns(spec: ModelSpec) -> tuple[str, ...]:
+    """Sample-weight columns, each once in head order (after the head labels in the label tensor)."""
+    return tuple(dict.fromkeys(h.sample_weight for h in spec.heads if h.sample_weight is not None))
+
+
+def _head_options(h: HeadSpec) -> dict[str, Any]:
+    """Head attributes beyond the defaults (absent when unused, so plans without them are unchanged)."""
+    out: dict[str, Any] = {}
+    if h.num_classes is not None:
+        out["out"] = h.num_classes
+    if h.sample_weight is not None:
+        out["sample_weight"] = h.sample_weight
+    if h.trained_where is not None:
+        out["trained_where"] = (h.trained_where.label, h.trained_where.equals)
+    return out
+
+
+def _loss_options(spec: ModelSpec) -> dict[str, Any]:
+    """The loss's per-head logit widths, sample-weight columns and task-space masks, as columns of
+    the label tensor (-1: none); each only when some head uses it."""
+    out: dict[str, Any] = {}
+    if any(h.width != 1 for h in spec.heads):
+        out["widths"] = tuple(h.width for h in spec.heads)
+    weights = _weight_columns(spec)
+    if weights:
+        first = len(spec.heads)
+        out["sample_weights"] = tuple(first + weights.index(h.sample_weight) if h.sample_weight else -1
+                                      for h in spec.heads)
+    default = spec.data.label if spec.data is not None else "label"
+    column = {h.label or default: i for i, h in enumerate(spec.heads)}
+    if any(h.trained_where is not None for h in spec.heads):
+        out["masks"] = tuple((column[h.trained_where.label], h.trained_where.equals) if h.trained_where
+                             else (-1, 0.0) for h in spec.heads)
+    return out
 
 
 def _add_feature(g: OpGraph, spec: ModelSpec, f: SparseFeature, table: TableSpec, owned: set[str]) -> Slot:
@@ -139,10 +199,23 @@ def _add_feature(g: OpGraph, spec: ModelSpec, f: SparseFeature, table: TableSpec
     return Slot(0, pool, (), psize.out)
 
 
+def module_input_width(spec: ModelSpec, name: str) -> int:
+    """The flat input width of module `name`, built from the features and the modules before it in
+    dependency order (its own output width, e.g. a custom module's, need not be known yet)."""
+    g, outputs = _sources(spec)
+    for m in _module_order(spec):
+        if m.name == name:
+            return sum(prod(s.shape) for s in _resolve(spec, m.inputs, outputs, g))
+        _add_module(g, spec, m, _resolve(spec, m.inputs, outputs, g))
+        outputs[m.name] = Slot(0, m.name, (), g.nodes[m.name]["op"].out_shape[1:])
+    raise ValueError(f"unknown module {name!r}")
+
+
 def _module_order(spec: ModelSpec) -> list[ModuleSpec]:
     """Modules in dependency order, spec order breaking ties."""
     by_name = {m.name: m for m in spec.modules}
-    deps = {m.name: [i for i in m.inputs if i in by_name] for m in spec.modules}
+    kinds = {m.name: m.kind for m in spec.modules}
+    deps = {m.name: [s[0] for i in m.inputs if (s := split_output(i, kinds)) is not None] for m in spec.modules}
     order: list[ModuleSpec] = []
     done: set[str] = set()
     while len(order) < len(spec.modules):
@@ -173,6 +246,8 @@ def _resolve(spec: ModelSpec, inputs: tuple[str, ...], outputs: dict[str, Slot],
             dense_slot(tuple(f.name for f in spec.dense_features if tag in f.tags))
             chosen = [f for f in spec.sparse_features if tag in f.tags]
             slots.extend([replace(outputs[f.name], port=len(slots) + i) for i, f in enumerate(chosen)])
+        elif (slot := _module_output(spec, ref, outputs, g)) is not None:
+            slots.append(replace(slot, port=len(slots)))
         elif ref in outputs:
             slots.append(replace(outputs[ref], port=len(slots)))
         elif any(isinstance(f, DenseFeature) and f.name == ref for f in spec.features):

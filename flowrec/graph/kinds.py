@@ -37,6 +37,10 @@ class KindInfo:
         cost: the cost model's class: ``input`` (staged, no compute), ``sparse`` (lookups and
             their fused update), ``dense`` (GEMM-like compute with dense parameters).
         gathers: a node with many flat inputs may have them assembled by one column gather.
+        named_outputs: the attribute listing the names of its outputs (consumers take one by
+            name: a slot with that one field), or None for one unnamed output.
+        packs: the `pack` pass may pack its same-shape sub-networks into one batched kernel (attr
+            ``packed``): the experts of a mixture.
     """
 
     name: str
@@ -45,6 +49,8 @@ class KindInfo:
     inputs: InputConvention
     cost: CostClass
     gathers: bool = False
+    named_outputs: str | None = None
+    packs: bool = False
 
 
 OP_KINDS: dict[str, KindInfo] = {k.name: k for k in (
@@ -55,7 +61,7 @@ OP_KINDS: dict[str, KindInfo] = {k.name: k for k in (
     KindInfo("pooling", "sparse", "sparse", "none", "sparse"),  # bag reduction (B, D)
     KindInfo("packed_embedding", "sparse", "sparse", "none", "sparse"),  # every field of a group (B, F, D)
     KindInfo("mlp", "dense", "dense", "flat", "dense", gathers=True),
-    KindInfo("packed_mlp", "dense", "dense", "stacked", "dense"),  # same-shape MLPs as one batched kernel
+    KindInfo("packed_mlp", "dense", "dense", "stacked", "dense", named_outputs="members"),  # same-shape MLPs
     KindInfo("dot", "dense", "dense", "args", "dense"),
     KindInfo("fm", "dense", "dense", "args", "dense"),
     KindInfo("cross", "dense", "dense", "flat", "dense", gathers=True),
@@ -64,7 +70,15 @@ OP_KINDS: dict[str, KindInfo] = {k.name: k for k in (
     KindInfo("concat", "dense", "dense", "args", "dense", gathers=True),
     KindInfo("head", "dense", "dense", "flat", "dense", gathers=True),  # one logit per task
     KindInfo("loss", "backward", "loss", "none", "dense"),
+    KindInfo("moe", "dense", "dense", "flat", "dense", gathers=True, named_outputs="heads", packs=True),  # MMoE
+    KindInfo("ple", "dense", "dense", "flat", "dense", gathers=True, named_outputs="heads", packs=True),  # CGC levels
+    KindInfo("custom", "dense", "dense", "flat", "dense", gathers=True),  # a user's nn.Module by class path
 )}
+
+
+# Per-layer options of mlp / packed_mlp nodes (attrs present only when the spec sets them): MLPs
+# pack together only when these are equal, and the plan report lists the nodes that set them.
+MLP_LAYER_OPTIONS = ("norm", "dropout")
 
 
 @dataclass(frozen=True)

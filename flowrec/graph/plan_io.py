@@ -24,6 +24,7 @@ from typing import Any
 import networkx as nx
 
 from flowrec.graph.edges import Slot, input_slots, set_inputs
+from flowrec.graph.shapes import expert_count
 from flowrec.graph.types import (
     MEMORY_PARTS,
     STAGES,
@@ -119,6 +120,13 @@ def dense_packing(plan: Plan) -> list[dict[str, Any]]:
     ops = [plan.graph.nodes[n]["op"] for n in plan.graph]
     return [{"node": op.name, "members": list(op.attr("members")), "layers": list(op.attr("layers")),
              "in_features": op.attr("in_features")} for op in ops if op.kind == "packed_mlp"]
+
+
+def packed_experts(plan: Plan) -> list[dict[str, Any]]:
+    """The mixtures whose experts run as one batched kernel (the `pack` pass's ``packed``)."""
+    ops = [plan.graph.nodes[n]["op"] for n in plan.graph]
+    return [{"node": op.name, "experts": expert_count(dict(op.attrs)), "layers": list(op.attr("expert_layers")),
+             "in_features": op.attr("in_features")} for op in ops if op.attr("packed")]
 
 
 def stage_members(plan: Plan) -> dict[str, list[str]]:

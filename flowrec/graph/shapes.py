@@ -42,17 +42,24 @@ def _width(shapes: Sequence[Shape]) -> int:
     return sum(prod(s) for s in shapes)
 
 
-def _mlp_stack(width: int, layers: Sequence[int]) -> tuple[int, int]:
+NORM_FLOPS = 4  # per unit and sample: subtract, scale, multiply, add (batch or layer norm)
+NORM_PARAMS = 2  # per unit: scale and shift
+
+
+def _mlp_stack(width: int, layers: Sequence[int], norm: str | None = None) -> tuple[int, int]:
+    """FLOPs per sample and parameters of linear layers (with a norm after each unless none; no
+    bias before a batch norm)."""
+    normed, bias = norm not in (None, "none"), norm != "batch"  # no bias before batch norm
     flops = params = 0
     for out in layers:
-        flops += 2 * width * out
-        params += width * out + out
+        flops += 2 * width * out + (NORM_FLOPS * out if normed else 0)
+        params += width * out + (out if bias else 0) + (NORM_PARAMS * out if normed else 0)
         width = out
     return flops, params
 
 
 def _mlp(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
-    flops, params = _mlp_stack(_width(shapes), attrs["layers"])
+    flops, params = _mlp_stack(_width(shapes), attrs["layers"], attrs.get("norm"))
     return Sizing((attrs["layers"][-1],), flops, params)
 
 
@@ -61,8 +68,47 @@ def _packed_mlp(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
     widths = [_width(shapes[a:b]) for a, b in attrs["member_ports"]]
     if len(set(widths)) != 1:
         raise ShapeError(f"packed_mlp members have different input widths {widths}")
-    flops, params = _mlp_stack(widths[0], attrs["layers"])
+    flops, params = _mlp_stack(widths[0], attrs["layers"], attrs.get("norm"))
     return Sizing((len(members), attrs["layers"][-1]), flops * len(members), params * len(members))
+
+
+def _moe(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
+    """MMoE: E experts over the input, one softmax gate per head: out (heads, expert width)."""
+    width, experts, heads = _width(shapes), attrs["experts"], len(attrs["heads"])
+    e_flops, e_params = _mlp_stack(width, attrs["expert_layers"])
+    g_flops, g_params = _mlp_stack(width, tuple(attrs["gate_layers"]) + (experts,))
+    out = attrs["expert_layers"][-1]
+    mix = 2 * heads * experts * out  # the gate-weighted sum of the experts, per head
+    return Sizing((heads, out), experts * e_flops + heads * g_flops + mix, experts * e_params + heads * g_params)
+
+
+def _ple(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
+    """PLE: per level, H * task + shared experts, a gate per head and (below the top) a shared gate."""
+    heads, task, shared = len(attrs["heads"]), attrs["task_experts"], attrs["shared_experts"]
+    count, out, gate_layers = heads * task + shared, attrs["expert_layers"][-1], tuple(attrs["gate_layers"])
+    flops = params = 0
+    width = _width(shapes)
+    for level in range(attrs["levels"]):
+        e_flops, e_params = _mlp_stack(width, attrs["expert_layers"])
+        t_flops, t_params = _mlp_stack(width, gate_layers + (task + shared,))
+        s_flops, s_params = _mlp_stack(width, gate_layers + (count,)) if level < attrs["levels"] - 1 else (0, 0)
+        flops += count * e_flops + heads * t_flops + s_flops + 2 * (heads * (task + shared) + count) * out
+        params += count * e_params + heads * t_params + s_params
+        width = out
+    return Sizing((heads, out), flops, params)
+
+
+def expert_count(attrs: Mapping[str, Any]) -> int:
+    """Experts of a mixture (per level for ple): the `experts` of moe, else heads * task + shared."""
+    return attrs.get("experts") or len(attrs["heads"]) * attrs["task_experts"] + attrs["shared_experts"]
+
+
+def _custom(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
+    """A user's module: the width its planning dry run measured; its FLOPs and parameters are unknown."""
+    if attrs.get("out_width") is None:
+        raise ShapeError(f"custom module {attrs.get('class')}: output width unknown (flowrec measures it "
+                         f"by a dry run when planning through its CLI or API)")
+    return Sizing((attrs["out_width"],))
 
 
 def _linear(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
@@ -110,8 +156,8 @@ def _target_attention(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizi
 
 
 def _head(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
-    width = _width(shapes)
-    return Sizing((1,), 2 * width, width + 1)
+    width, out = _width(shapes), attrs.get("out", 1)  # out: classes of a multiclass head
+    return Sizing((out,), 2 * width * out, width * out + out)
 
 
 def _loss(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
@@ -127,7 +173,7 @@ def _sparse_input(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
 
 
 def _label_input(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
-    return Sizing((len(attrs["heads"]),))
+    return Sizing((len(attrs["heads"]) + len(attrs.get("weights", ())),))  # labels, then sample weights
 
 
 def _one_input(kind: str, shapes: Sequence[Shape], expected: Shape) -> None:
@@ -171,6 +217,9 @@ RULES: dict[str, Rule] = {
     "target_attention": _target_attention,
     "head": _head,
     "loss": _loss,
+    "moe": _moe,
+    "ple": _ple,
+    "custom": _custom,
 }
 
 

@@ -111,16 +111,20 @@ def _packed_slot(src: Op, fields: tuple[str, ...]) -> tuple[int, ...] | str:
     return (len(fields), dim)
 
 
-def _packed_mlp_slot(src: Op, fields: tuple[str, ...]) -> tuple[int, ...] | str:
-    if len(fields) != 1 or fields[0] not in src.attr("members"):
-        return f"takes one member of {src.attr('members')}, got {list(fields)}"
-    return (src.attr("layers")[-1],)
+def _named_slot(src: Op, fields: tuple[str, ...]) -> tuple[int, ...] | str:
+    """A slot of an op with named outputs (`KindInfo.named_outputs`): the whole output, or one."""
+    if not fields:
+        return tuple(src.out_shape[1:])
+    names = src.attr(OP_KINDS[src.kind].named_outputs)
+    if len(fields) != 1 or fields[0] not in names:
+        return f"takes one output of {tuple(names)}, got {list(fields)}"
+    return tuple(src.out_shape[2:])
 
 
 SLOT_RULES: dict[str, Callable[[Op, tuple[str, ...]], tuple[int, ...] | str]] = {
     "dense_input": _dense_slot,
     "packed_embedding": _packed_slot,
-    "packed_mlp": _packed_mlp_slot,
+    **{kind: _named_slot for kind, info in OP_KINDS.items() if info.named_outputs},
 }
 
 

@@ -16,7 +16,8 @@ operator module the runtime builds for it, at a few batch sizes): `op_signature`
 inputs into one), which the measurement does not hold.
 
 Example:
-    >>> from flowrec.graph.types import Op
+    >>> from flowrec.graph.shapes import expert_count
+from flowrec.graph.types import Op
     >>> op = Op("m", "mlp", ("B", 8), attrs=(("activation", "relu"), ("in_features", 4), ("layers", (8,))))
     >>> op_work(op, 2, 1).forward.gemms, op_work(op, 2, 1).backward.gemms
     (((2, 4, 8, 1),), ((2, 4, 8, 1),))
@@ -27,6 +28,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Callable
 
+from flowrec.graph.shapes import expert_count
 from flowrec.graph.types import Op
 
 FLOAT_BYTES = 4  # activations and their gradients are fp32 (bf16 autocast: GEMM inputs only)
@@ -103,16 +105,66 @@ def _layers(rows: int, width: int, layers: tuple[int, ...], count: int = 1) -> O
     return _join(*works)
 
 
+def _regularizers(op: Op, rows: int, count: int = 1) -> OpWork:
+    """Norm (statistics + normalise forward, two passes back; scale and shift per layer) and
+    dropout (mask + scale forward, one masked pass back) of every layer of an MLP."""
+    works = []
+    for out in op.attr("layers"):
+        size = count * rows * out
+        if op.attr("norm", "none") != "none":
+            works.append(OpWork(_pass(size, fresh=False) + _pass(size), _pass(size, size), 2))
+        if op.attr("dropout", 0.0):
+            works.append(OpWork(_pass(size, size), _pass(size)))
+    return _join(*works)
+
+
 def _mlp(op: Op, batch: int, inputs: int) -> OpWork:
     width = op.attr("in_features")
     return _join(_assembly(batch, width, inputs),
-                 _layers(batch, width, tuple(op.attr("layers"))))
+                 _layers(batch, width, tuple(op.attr("layers"))), _regularizers(op, batch))
 
 
 def _packed_mlp(op: Op, batch: int, inputs: int) -> OpWork:
     members, width = len(op.attr("members")), op.attr("in_features")
     stack = OpWork(_pass(members * batch * width), _pass(members * batch * width))
-    return _join(stack, _layers(batch, width, tuple(op.attr("layers")), members))
+    return _join(stack, _layers(batch, width, tuple(op.attr("layers")), members),
+                 _regularizers(op, batch, members))
+
+
+def _moe(op: Op, batch: int, inputs: int) -> OpWork:
+    """Experts (one batched call of E when packed, else E calls), one gate per head, the mix."""
+    width, experts, heads = op.attr("in_features"), op.attr("experts"), len(op.attr("heads"))
+    layers = tuple(op.attr("expert_layers"))
+    expert = _layers(batch, width, layers, experts) if op.attr("packed") else \
+        _join(*[_layers(batch, width, layers) for _ in range(experts)])
+    gates = _join(*[_layers(batch, width, tuple(op.attr("gate_layers")) + (experts,)) for _ in range(heads)])
+    mix = batch * experts * layers[-1]
+    return _join(_assembly(batch, width, inputs), expert, gates,
+                 OpWork(_pass(*[mix] * heads), _pass(*[mix] * heads)))
+
+
+def _ple(op: Op, batch: int, inputs: int) -> OpWork:
+    """Per level: the experts (one batched call when packed), the gates, the mixes."""
+    width, levels, heads = op.attr("in_features"), op.attr("levels"), len(op.attr("heads"))
+    layers, count = tuple(op.attr("expert_layers")), expert_count(dict(op.attrs))
+    gate = tuple(op.attr("gate_layers"))
+    works = [_assembly(batch, width, inputs)]
+    for level in range(levels):
+        works.append(OpWork(_pass(count * batch * width), _pass(count * batch * width)))  # stacked inputs
+        works.append(_layers(batch, width, layers, count) if op.attr("packed") else
+                     _join(*[_layers(batch, width, layers) for _ in range(count)]))
+        gates = heads + (level < levels - 1)
+        works += [_layers(batch, width, gate + (count,)) for _ in range(gates)]
+        mix = batch * count * layers[-1]
+        works.append(OpWork(_pass(*[mix] * gates), _pass(*[mix] * gates)))
+        width = layers[-1]
+    return _join(*works)
+
+
+def _custom(op: Op, batch: int, inputs: int) -> OpWork:
+    """A user's module, unknown dense work until calibrated: a pass over its input and output."""
+    width, out = op.attr("in_features"), op.attr("out_width")
+    return _join(_assembly(batch, width, inputs), OpWork(_pass(batch * (width + out)), _pass(batch * (width + out))))
 
 
 def _linear(op: Op, batch: int, inputs: int) -> OpWork:
@@ -181,6 +233,9 @@ Rule = Callable[[Op, int, int], OpWork]
 RULES: dict[str, Rule] = {
     "mlp": _mlp,
     "packed_mlp": _packed_mlp,
+    "moe": _moe,
+    "ple": _ple,
+    "custom": _custom,
     "linear": _linear,
     "head": _linear,
     "concat": _concat,

@@ -10,7 +10,10 @@ Example:
 """
 from __future__ import annotations
 
-from flowrec.graph.plan_io import dense_packing, stage_members
+from typing import Any
+
+from flowrec.graph.kinds import MLP_LAYER_OPTIONS
+from flowrec.graph.plan_io import dense_packing, packed_experts, stage_members
 from flowrec.graph.types import Plan
 from flowrec.spec.units import format_bytes
 
@@ -48,6 +51,12 @@ def text_report(plan: Plan) -> list[str]:
         lines += ["packed groups:"] + _table(header, rows) + [""]
     for d in dense_packing(plan):
         lines.append(f"dense packing: {d['node']} = {', '.join(d['members'])} (layers {d['layers']})")
+    for d in packed_experts(plan):
+        lines.append(f"dense packing: {d['node']} = {d['experts']} experts (layers {d['layers']}) in one kernel")
+    for node, options in regularised(plan):
+        lines.append(f"regularised: {node} ({', '.join(f'{k} {v}' for k, v in options)})")
+    for node, options in head_options(plan):
+        lines.append(f"head {node}: " + ", ".join(options))
     stages = stage_members(plan)
     if any(stages.values()):
         lines += ["stages:"] + [f"  {s:<9} {len(n):>4} op(s)  {', '.join(n[:6])}{' ...' if len(n) > 6 else ''}"
@@ -70,3 +79,32 @@ def text_report(plan: Plan) -> list[str]:
         lines.append(f"pass {p.name}: {'changed' if p.modified else 'no change'}")
         lines += [f"  {n}" for n in p.notes]
     return lines
+
+
+def regularised(plan: Plan) -> list[tuple[str, tuple[tuple[str, Any], ...]]]:
+    """(node, ((option, value), ...)) of every dense node with a norm or dropout."""
+    out = []
+    for node in plan.graph:
+        op = plan.graph.nodes[node]["op"]
+        options = tuple((k, op.attr(k)) for k in MLP_LAYER_OPTIONS if op.attr(k) not in (None, "none", 0, 0.0))
+        if options:
+            out.append((node, options))
+    return out
+
+
+def head_options(plan: Plan) -> list[tuple[str, list[str]]]:
+    """(head node, option texts) of every head with classes, a sample weight or a task space."""
+    out = []
+    for node in plan.graph:
+        op = plan.graph.nodes[node]["op"]
+        if op.kind != "head":
+            continue
+        options = [f"{op.attr('out')} classes"] if op.attr("out") is not None else []
+        if op.attr("sample_weight") is not None:
+            options.append(f"sample weight {op.attr('sample_weight')}")
+        if op.attr("trained_where") is not None:
+            label, value = op.attr("trained_where")
+            options.append(f"trained where {label} == {value:g}")
+        if options:
+            out.append((node, options))
+    return out

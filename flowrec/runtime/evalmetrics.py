@@ -29,7 +29,7 @@ import numpy as np
 EPS = 1e-7  # probability clamp for logloss
 BINARY_METRICS = ("auc", "gauc", "pr_auc", "logloss", "ne", "calibration")
 REGRESSION_METRICS = ("mse", "mae")
-HIGHER_IS_BETTER = frozenset({"auc", "gauc", "pr_auc"})
+HIGHER_IS_BETTER = frozenset({"auc", "gauc", "pr_auc", "accuracy", "accuracy_at_k"})
 COMPACT_EVERY = 1 << 20  # buffered samples before an accumulator merges duplicate keys
 
 

@@ -13,8 +13,10 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 
+from flowrec.runtime.evalclasses import MulticlassAccumulator
 from flowrec.runtime.evalmetrics import BinaryAccumulator, RegressionAccumulator
 from flowrec.runtime.lowering import LoweredModel
+from flowrec.runtime.scores import head_columns, scores
 from flowrec.runtime.step import autocast_context
 
 Metrics = dict[str, dict[str, float]]
@@ -50,7 +52,8 @@ def batch_groups(batch: Any, slot: tuple[str, int, int]) -> np.ndarray:
 
 @torch.no_grad()
 def predict(model: LoweredModel, batches: Iterable[Any], precision: str = "fp32") -> tuple[np.ndarray, np.ndarray]:
-    """Predictions (probabilities for binary heads, values for regression) and labels.  # (N, T), (N, T)"""
+    """Scores (`scores.scores`: one column per head, one per class of a multiclass head) and the label
+    columns.  # (N, sum of head widths), (N, T [+ sample weights])"""
     preds, labels = [], []
     for batch_preds, batch in _scored(model, batches, precision):
         preds.append(batch_preds)
@@ -67,10 +70,7 @@ def _scored(model: LoweredModel, batches: Iterable[Any], precision: str):
     try:
         for batch in batches:
             with torch.no_grad(), autocast_context(model.device, precision):
-                out = model(batch).float()  # (B, T)
-            for i, task in enumerate(model.tasks):
-                if task == "binary":
-                    out[:, i] = torch.sigmoid(out[:, i])
+                out = scores(model(batch).float(), model.tasks, model.head_widths)  # (B, sum of widths)
             yield out.cpu().numpy(), batch
     finally:
         model.train(was_training)
@@ -90,13 +90,29 @@ def evaluate(model: LoweredModel, batches: Iterable[Any], precision: str = "fp32
         GroupByError: `group_by` is not a one-id categorical feature of the model.
     """
     slot = group_slot(model, group_by) if group_by is not None else None
-    accs = [BinaryAccumulator(grouped=slot is not None) if task == "binary" else RegressionAccumulator()
-            for task in model.tasks]
-    samples = 0
+    accs = [ACCUMULATORS[task](slot is not None) for task in model.tasks]
+    samples = [0] * len(accs)
+    columns = head_columns(model.head_widths)
     for preds, batch in _scored(model, batches, precision):
-        labels = batch.labels.cpu().numpy()  # (B, T)
+        labels = batch.labels.cpu().numpy()  # (B, T [+ sample weights])
         groups = batch_groups(batch, slot) if slot is not None else None
         for i, acc in enumerate(accs):
-            acc.update(labels[:, i], preds[:, i], groups)
-        samples += preds.shape[0]
-    return {head: {**acc.result(), "samples": samples} for head, acc in zip(model.head_names, accs)}
+            rows = _task_space(model, labels, i)
+            head_preds = preds[:, columns[i]] if model.head_widths[i] > 1 else preds[:, columns[i].start]
+            acc.update(labels[rows, i], head_preds[rows], groups[rows] if groups is not None else None)
+            samples[i] += int(np.count_nonzero(rows))
+    return {head: {**acc.result(), "samples": n} for head, acc, n in zip(model.head_names, accs, samples)}
+
+
+def _task_space(model: LoweredModel, labels: np.ndarray, head: int) -> np.ndarray:
+    """Rows of a batch in head `head`'s task space (`trained_where`; every row without one).  # (B,) bool"""
+    column, value = model.loss.masks[head]
+    return labels[:, column] == value if column >= 0 else np.ones(labels.shape[0], bool)
+
+
+# The streaming metrics of each task (argument: grouped, for gAUC of binary heads).
+ACCUMULATORS = {
+    "binary": lambda grouped: BinaryAccumulator(grouped=grouped),
+    "regression": lambda grouped: RegressionAccumulator(),
+    "multiclass": lambda grouped: MulticlassAccumulator(),
+}

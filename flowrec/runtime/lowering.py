@@ -32,8 +32,10 @@ from flowrec.runtime.placement import group_embedding
 from flowrec.spec.model import ModelSpec
 from operators import registry
 from operators.dense import concat_flat
+from operators.regularize import GhostBatchNorm, SeededDropout
 
 GATHER_MIN_SLOTS = 4  # from this many input slots on, one gather replaces per-slot slices + cat
+NOISE_MIX = 1_000_003  # a prime mixing (model seed, step, dropout layer) into one dropout seed
 
 
 class GroupAllocationError(RuntimeError):
@@ -107,6 +109,7 @@ class LoweredModel(nn.Module):
             torch.manual_seed(seed)
             self.embeddings = nn.ModuleDict(_embeddings(self.groups, seed, self.device, world) if tables else {})
             self._build_dense(plan.graph)
+        self._bind_noise(seed)
 
     def _build_dense(self, graph: nx.DiGraph) -> None:
         """The registry operators of the dense nodes, in topological order, and the loss."""
@@ -126,8 +129,8 @@ class LoweredModel(nn.Module):
             self.steps.append(NodeStep(name, op.kind, slots, tuple(op.attr("members", ())),
                                        tuple(op.attr("member_ports", ()))))
         self.ops = nn.ModuleDict(ops)
-        self.packed_members = {step.name: step.members for step in self.steps
-                               if OP_KINDS[step.kind].inputs == "stacked"}
+        self.packed_members = {step.name: tuple(graph.nodes[step.name]["op"].attr(named))
+                               for step in self.steps if (named := OP_KINDS[step.kind].named_outputs)}
         self.gathers = {step.name: gather for step in self.steps if OP_KINDS[step.kind].gathers
                         and len(step.slots) >= GATHER_MIN_SLOTS
                         for gather in [self._flat_gather(step)] if gather is not None}
@@ -138,8 +141,34 @@ class LoweredModel(nn.Module):
         self.head_names = tuple(loss_op.attr("heads", ()))
         self.loss = registry.create("loss", dict(loss_op.attrs), [])
         self.tasks = tuple(graph.nodes[h]["op"].attr("task", "binary") for h in self.head_nodes)
+        self.head_widths = tuple(graph.nodes[h]["op"].attr("out", 1) for h in self.head_nodes)
         self.ops.to(self.device)
         self.loss.to(self.device)
+
+    def _bind_noise(self, seed: int) -> None:
+        """Dropout layers are reseeded every step from (seed, steps taken); the step count is a
+        buffer of the model's state (only when it has dropout), so a checkpoint carries it. Over
+        several ranks, batch norm layers sum their statistics over the ranks."""
+        self.noise = [m for m in self.ops.modules() if isinstance(m, SeededDropout)]
+        self.noise_seed = seed
+        if self.world is not None:  # batch norm by the global batch's statistics
+            from flowrec.runtime.distributed.data_parallel import sum_over_ranks
+
+            for module in self.ops.modules():
+                if isinstance(module, GhostBatchNorm):
+                    module.reduce = sum_over_ranks
+        if self.noise:
+            self.register_buffer("noise_steps", torch.zeros((), dtype=torch.int64))
+
+    def reseed_noise(self, first_row: int = 0) -> None:
+        """Seed every dropout layer for the next training step and count the step (`first_row`:
+        this rank's first row of the global batch, so its masks are the one-process masks)."""
+        if not self.noise:
+            return
+        base = self.noise_seed * NOISE_MIX + int(self.noise_steps)
+        for i, module in enumerate(self.noise):
+            module.reseed((base * NOISE_MIX + i) % (1 << 63), first_row)
+        self.noise_steps += 1
 
     def dense_parameters(self) -> list[nn.Parameter]:
         """Parameters trained by torch.optim (packed tables are updated in their backward)."""
@@ -211,7 +240,7 @@ class LoweredModel(nn.Module):
             masks: valid positions per target-attention node (`sequence_masks`).  # {node: (B, L)}
 
         Returns:
-            Logits, one column per head.  # (B, n_heads)
+            Logits, one column per head (one per class of a multiclass head).  # (B, sum of head widths)
         """
         values: dict[str, torch.Tensor] = {}
         for step in self.steps:
@@ -221,7 +250,7 @@ class LoweredModel(nn.Module):
                 continue
             inputs = [self._slot_value(s, dense, emb, values) for s in step.slots]
             values[step.name] = CALLS[OP_KINDS[step.kind].inputs](op, step, inputs, masks)
-        return torch.cat([_at_least_fp32(values[h]).reshape(-1, 1) for h in self.head_nodes], dim=1)
+        return torch.cat([_at_least_fp32(values[h]).flatten(1) for h in self.head_nodes], dim=1)
 
     def _slot_value(self, slot: Slot, dense: torch.Tensor, emb: dict[str, torch.Tensor],
                     values: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -234,7 +263,7 @@ class LoweredModel(nn.Module):
             group = self.node_group[slot.source]
             return _select_fields(emb[group], self.group_map[group], slot.fields)
         value = values[slot.source]
-        if slot.fields and slot.source in self.packed_members:
+        if slot.fields and slot.source in self.packed_members:  # one named output (member, head)
             return value[:, self.packed_members[slot.source].index(slot.fields[0])]  # (B, Out)
         return value
 

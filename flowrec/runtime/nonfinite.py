@@ -52,7 +52,7 @@ def non_finite_head(model: Any, logits: Any, labels: torch.Tensor) -> str:
     per_head = getattr(model.loss, "per_head", None)
     if per_head is None or not names:
         return "(unknown)"
-    heads = list(logits.split(1, dim=1)) if isinstance(logits, torch.Tensor) else list(logits)
+    heads = model.loss.split(logits) if isinstance(logits, torch.Tensor) else list(logits)
     with torch.no_grad():
         parts = per_head(heads, labels)
     for name, part in zip(names, parts):

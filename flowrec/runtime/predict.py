@@ -63,16 +63,19 @@ class LoadedModel:
         return [self.encoder.source(f.name) for f in self.spec.features]
 
     def score_encoded(self, encoded: pa.Table) -> np.ndarray:
-        """Scores of encoded rows (the flowrec layout).  # (N, n_heads) float32"""
+        """Scores of encoded rows (the flowrec layout): one column per head, one per class of a
+        multiclass head.  # (N, sum of head widths) float32"""
         out = []
         with torch.no_grad():
             for start in range(0, encoded.num_rows, BATCH_ROWS):
                 dense, sparse = encoded_inputs(self.spec, encoded.slice(start, BATCH_ROWS))
                 out.append(self.program(dense, sparse).numpy())
-        return np.concatenate(out) if out else np.zeros((0, len(self.heads)), np.float32)
+        width = sum(h.width for h in self.spec.heads)
+        return np.concatenate(out) if out else np.zeros((0, width), np.float32)
 
     def predict(self, table: pa.Table | pd.DataFrame) -> pd.DataFrame:
-        """One score column per head for each raw row (pandas or Arrow table of raw columns).
+        """One score column per head for each raw row (pandas or Arrow table of raw columns); a
+        multiclass head's column holds each row's class probabilities.
 
         Raises:
             DataError: a raw column the model needs is missing, or a dense value is infinite or
@@ -85,7 +88,12 @@ class LoadedModel:
         for f in self.spec.dense_features:
             check_finite(raw.column(self.encoder.source(f.name)), self.encoder.source(f.name))
         scores = self.score_encoded(self.encoder.encode(raw, labels=False))
-        return pd.DataFrame({h: scores[:, i] for i, h in enumerate(self.heads)})
+        out, start = {}, 0
+        for head in self.spec.heads:  # a multiclass head: a list of class probabilities per row
+            part = scores[:, start:start + head.width]
+            out[head.name] = part[:, 0] if head.width == 1 else list(part)
+            start += head.width
+        return pd.DataFrame(out)
 
 
 def load_model(path: str | Path) -> LoadedModel:

@@ -45,6 +45,7 @@ from flowrec.runtime.checkpoint import (
 from flowrec.runtime.checkpoint_delta import delta_files
 from flowrec.runtime.evaluate import evaluate, group_slot
 from flowrec.runtime.lowering import LoweredModel, lower
+from flowrec.runtime.scores import scores
 from flowrec.runtime.session import open_dataset, resolve_device
 from flowrec.spec.load import spec_from_dict
 from flowrec.spec.model import ModelSpec
@@ -151,7 +152,8 @@ class ServingModel(nn.Module):
         dense: dense features in spec order.  # (B, n_dense)
         sparse: feature -> (ids, offsets): table-local ids and bag
             boundaries, one bag per sample (include_last_offset).  # (nnz,), (B + 1,)
-        Returns probabilities for binary heads, values for regression heads.  # (B, T)
+        Returns probabilities for binary heads, values for regression heads, a probability per
+        class for multiclass heads, side by side in head order.  # (B, sum of head widths)
     """
 
     def __init__(self, spec: ModelSpec, lowered: LoweredModel, mapped: bool = False) -> None:
@@ -199,8 +201,7 @@ class ServingModel(nn.Module):
                 positions = torch.arange(emb_len(self.fields, seq_feature))
                 masks[step.name] = positions.unsqueeze(0) < lengths.unsqueeze(1)  # (B, L)
         logits = self.dense_model.dense_forward(dense, emb, masks)
-        return torch.stack([torch.sigmoid(logits[:, i]) if t == "binary" else logits[:, i]
-                            for i, t in enumerate(self.tasks)], dim=1)
+        return scores(logits, self.tasks, self.dense_model.head_widths)
 
 
 def drop_mapped_pages(tensor: torch.Tensor) -> None:

@@ -40,6 +40,7 @@ def train_step(model: LoweredModel, optimizer: torch.optim.Optimizer, batch: Bat
     then runs the same micro-batches, some possibly empty.
     """
     optimizer.zero_grad(set_to_none=True)
+    model.reseed_noise(0 if parallel is None else parallel.first_row(batch.samples_in_step))  # dropout masks
     dense = batch.dense.to(model.device, non_blocking=True)
     labels = batch.labels.to(model.device, non_blocking=True)
     masks = model.sequence_masks(batch)

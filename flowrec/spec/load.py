@@ -32,9 +32,11 @@ from flowrec.spec.model import (
     ScheduleSpec,
     SparseFeature,
     TableSpec,
+    TrainedWhere,
     TrainingSpec,
 )
 from flowrec.spec.read import read_document
+from flowrec.spec.tasks import TASKS
 from flowrec.spec.units import parse_bytes
 from flowrec.spec.validate import validate_document
 
@@ -94,12 +96,7 @@ def spec_from_dict(doc: dict[str, Any], base_dir: Path | None = None) -> ModelSp
         for m in doc["modules"]
     )
     heads = tuple(
-        HeadSpec(
-            h["name"], h["input"], h.get("task", "binary"),
-            h.get("loss", "bce" if h.get("task", "binary") == "binary" else "mse"),
-            float(h.get("weight", 1.0)), h.get("label"),
-        )
-        for h in doc["heads"]
+        _head(h) for h in doc["heads"]
     )
     return ModelSpec(
         name=doc["name"],
@@ -116,6 +113,17 @@ def spec_from_dict(doc: dict[str, Any], base_dir: Path | None = None) -> ModelSp
     )
 
 
+def _head(h: dict[str, Any]) -> HeadSpec:
+    task = h.get("task", "binary")
+    where = h.get("trained_where")
+    return HeadSpec(
+        h["name"], h["input"], task, h.get("loss", TASKS[task].losses[0]), float(h.get("weight", 1.0)),
+        h.get("label"), h.get("sample_weight"),
+        TrainedWhere(where["label"], float(where["equals"])) if where is not None else None,
+        h.get("num_classes"),
+    )
+
+
 def _table(name: str, t: dict[str, Any]) -> TableSpec:
     hashed = "hash_buckets" in t
     spare = int(t.get("vocab_spare", 0))
@@ -129,6 +137,7 @@ def _table(name: str, t: dict[str, Any]) -> TableSpec:
         dtype=t.get("dtype", "fp32"),
         min_freq=int(t.get("min_freq", 1)),
         vocab_spare=spare,
+        l2=float(t.get("l2", 0.0)),
     )
 
 
@@ -258,6 +267,8 @@ def _table_doc(t: TableSpec) -> dict[str, Any]:
         out["dtype"] = t.dtype
     if t.optimizer is not None:
         out["optimizer"] = _optimizer_doc(t.optimizer)
+    if t.l2:
+        out["l2"] = t.l2
     return out
 
 
@@ -267,6 +278,12 @@ def _head_doc(h: HeadSpec) -> dict[str, Any]:
         out["weight"] = h.weight
     if h.label is not None:
         out["label"] = h.label
+    if h.sample_weight is not None:
+        out["sample_weight"] = h.sample_weight
+    if h.trained_where is not None:
+        out["trained_where"] = {"label": h.trained_where.label, "equals": h.trained_where.equals}
+    if h.num_classes is not None:
+        out["num_classes"] = h.num_classes
     return out
 
 

@@ -17,12 +17,46 @@ from typing import Any, Literal, Mapping
 
 DenseTransform = Literal["none", "log1p", "standardize"]
 Pooling = Literal["sum", "mean", "none"]
-ModuleKind = Literal["mlp", "dot", "fm", "cross", "target_attention", "linear", "concat"]
+ModuleKind = Literal["mlp", "dot", "fm", "cross", "target_attention", "linear", "concat", "moe", "ple", "custom"]
 OptimizerName = Literal["sgd", "adagrad", "rowwise_adagrad", "adam"]
-TaskKind = Literal["binary", "regression"]
-LossName = Literal["bce", "mse"]
+TaskKind = Literal["binary", "regression", "multiclass"]
+LossName = Literal["bce", "mse", "softmax_ce"]
 CachePolicy = Literal["auto", "none", "static_hot", "lookahead"]
 Precision = Literal["fp32", "bf16"]
+
+# Module kinds with named outputs, and the parameter listing the names: a module input or a head
+# reads one as "<module>.<name>" (e.g. "experts.click").
+NAMED_OUTPUT_KINDS = {"moe": "heads", "ple": "heads"}
+
+
+def split_output(token: str, kinds: Mapping[str, str]) -> tuple[str, str | None] | None:
+    """The module (and named output) an input token names, given module name -> kind.
+
+    Returns:
+        (token, None) for a module; (module, output) for "<module>.<output>" of a module whose kind
+        has named outputs (the output need not exist: callers check it); None otherwise.
+
+    Example:
+        >>> split_output("experts.click", {"experts": "moe"}), split_output("top", {"top": "mlp"})
+        (('experts', 'click'), ('top', None))
+    """
+    if token in kinds:
+        return token, None
+    module, dot, output = token.rpartition(".")
+    if dot and kinds.get(module) in NAMED_OUTPUT_KINDS:
+        return module, output
+    return None
+
+
+# Module kinds whose output width is learned by importing their class and running it on the meta
+# device when planning (`flowrec.runtime.custom`), stored as their `out_width` parameter.
+DRY_RUN_KINDS = ("custom",)
+
+
+def unresolved_modules(spec: "ModelSpec") -> list[str]:
+    """Modules whose output width is still to be learned by a dry run (no `out_width` yet)."""
+    return [m.name for m in spec.modules if m.kind in DRY_RUN_KINDS and m.param("out_width") is None]
+
 
 # Built-in input selectors a module may name in `inputs` (besides features and modules).
 SELECTOR_DENSE = "@dense"  # all dense features concatenated: (B, n_dense)
@@ -94,6 +128,8 @@ class TableSpec:
         vocab_spare: rows reserved beyond the vocabulary (vocabulary tables; included in `rows`):
             data encoded later with a run's encoder gives unseen values the free rows after the
             vocabulary's last value (`flowrec.data.vocab_growth`).
+        l2: L2 coefficient on the rows a step touches: each touched row's gradient gains l2 * row
+            in the fused sparse update (added to its optimizer's weight_decay).
     """
 
     name: str
@@ -104,6 +140,7 @@ class TableSpec:
     dtype: Literal["fp32", "fp16", "bf16"] = "fp32"
     min_freq: int = 1
     vocab_spare: int = 0
+    l2: float = 0.0
 
     @property
     def vocab_size(self) -> int:
@@ -145,8 +182,30 @@ class ModuleSpec:
 
 
 @dataclass(frozen=True)
+class TrainedWhere:
+    """A head's task space: it trains (and is evaluated) only on rows whose `label` column equals
+    `equals` (ESMM: the conversion head on clicked rows)."""
+
+    label: str
+    equals: float
+
+
+@dataclass(frozen=True)
 class HeadSpec:
-    """A task head: a final projection of one module's output to one logit, plus its loss."""
+    """A task head: a final projection of one module's output to its logits (one, or one per class
+    of a multiclass head), plus its loss.
+
+    Args:
+        name: unique head name.
+        input: the module it reads.
+        task: binary, regression or multiclass.
+        loss: bce, mse or softmax_ce (the task's).
+        weight: weight of its loss in the total.
+        label: label column (default: the data binding's label).
+        sample_weight: a data column weighting each row's loss (None: 1 each).
+        trained_where: its task space (None: every row).
+        num_classes: classes of a multiclass head (its label holds 0 .. num_classes - 1).
+    """
 
     name: str
     input: str
@@ -154,6 +213,14 @@ class HeadSpec:
     loss: LossName = "bce"
     weight: float = 1.0
     label: str | None = None  # label column; defaults to the data binding's label
+    sample_weight: str | None = None
+    trained_where: TrainedWhere | None = None
+    num_classes: int | None = None
+
+    @property
+    def width(self) -> int:
+        """Logits per row: num_classes for a multiclass head, else 1."""
+        return self.num_classes or 1
 
 
 @dataclass(frozen=True)
@@ -267,4 +334,10 @@ class ModelSpec:
         return {t.name: t for t in self.tables}
 
     def table_optimizer(self, table: TableSpec) -> OptimizerSpec:
-        return table.optimizer or self.sparse_optimizer
+        """The table's sparse optimizer (its own or the spec's), its `l2` added to weight_decay."""
+        opt = table.optimizer or self.sparse_optimizer
+        if not table.l2:
+            return opt
+        params = dict(opt.params)
+        params["weight_decay"] = params.get("weight_decay", 0.0) + table.l2
+        return OptimizerSpec(opt.name, opt.lr, tuple(sorted(params.items())))

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from flowrec.spec.errors import SpecIssue
-from flowrec.spec.model import SELECTOR_DENSE, SELECTOR_PREFIX, SELECTOR_SPARSE
+from flowrec.spec.model import NAMED_OUTPUT_KINDS, SELECTOR_DENSE, SELECTOR_PREFIX, SELECTOR_SPARSE, split_output
 from flowrec.spec.schema_errors import did_you_mean
 from flowrec.spec.view import DocView, Field, Item
 
@@ -23,26 +23,48 @@ MAX_NAMES_SHOWN = 3  # field names quoted per dim group in a shape message
 
 @dataclass(frozen=True)
 class Ref:
-    """One resolved module input: the features or the module it stands for."""
+    """One resolved module input: the features or the module (and its named output) it stands for."""
 
     index: int
     token: str
     features: tuple[Item, ...] = ()
     module: Item | None = None
+    output: str | None = None
+
+
+def module_kinds(view: DocView) -> dict[str, str]:
+    """Module name -> kind (of the modules that have both)."""
+    return {n: m.body["kind"] for n, m in view.by_name("modules").items() if isinstance(m.body.get("kind"), str)}
+
+
+def output_ref(view: DocView, token: str) -> tuple[Item, str | None] | None:
+    """The module (and named output) `token` reads, if it reads a module (`split_output`)."""
+    split = split_output(token, module_kinds(view))
+    return None if split is None else (view.by_name("modules")[split[0]], split[1])
 
 
 def resolve(view: DocView, module: Item) -> list[Ref]:
     """Known inputs of a module (unknown names and empty selectors are left out)."""
-    features, modules = view.by_name("features"), view.by_name("modules")
+    features = view.by_name("features")
     refs = []
     for j, token in enumerate(module.inputs or ()):
         if token.startswith(SELECTOR_PREFIX):
             refs.append(Ref(j, token, tuple(view.selector_features(token))))
         elif token in features:
             refs.append(Ref(j, token, (features[token],)))
-        elif token in modules:
-            refs.append(Ref(j, token, module=modules[token]))
+        elif (found := output_ref(view, token)) is not None:
+            refs.append(Ref(j, token, module=found[0], output=found[1]))
     return refs
+
+
+def output_problem(module: Item, output: str | None) -> str | None:
+    """Why a module has no such named output (None: it has it, or none was named)."""
+    if output is None:
+        return None
+    names = module.body.get(NAMED_OUTPUT_KINDS.get(module.body.get("kind"), ""), ())
+    if output in names:
+        return None
+    return f"module {module.name!r} has no output {output!r} (outputs: {', '.join(map(str, names))})"
 
 
 @dataclass
@@ -56,7 +78,8 @@ class Shapes:
         out: list[Field] = []
         for ref in resolve(self.view, module):
             if ref.module is not None:
-                out.append(Field(ref.token, self.width(ref.module, visiting)))
+                width = self.width(ref.module, visiting) if ref.output is None else _output_width(ref.module)
+                out.append(Field(ref.token, width))
             else:
                 out.extend(self.view.feature_fields(list(ref.features), ref.token))
         return out
@@ -79,7 +102,15 @@ def _sum(fields: list[Field]) -> int | None:
     return sum(f.width for f in fields)
 
 
+def _output_width(module: Item) -> int | None:
+    """Width of one named output of a module (a moe head: the experts' last layer)."""
+    return module.body["expert_layers"][-1] if module.clean else None
+
+
 _WIDTH_RULES: dict[str, Callable[[Item, list[Field]], int | None]] = {
+    "moe": lambda m, fs: len(m.body["heads"]) * m.body["expert_layers"][-1],
+    "ple": lambda m, fs: len(m.body["heads"]) * m.body["expert_layers"][-1],
+    "custom": lambda m, fs: m.body.get("out_width"),  # None until the planning dry run fills it
     "mlp": lambda m, fs: m.body["layers"][-1],
     "linear": lambda m, fs: m.body.get("out", 1),
     "fm": lambda m, fs: 1,
@@ -108,8 +139,12 @@ def check_inputs(view: DocView) -> list[SpecIssue]:
                     issues.append(SpecIssue(path, _empty_selector(token, selectors)))
             elif token == m.name:
                 issues.append(SpecIssue(path, f"module {token!r} cannot read its own output"))
-            elif token not in features and token not in modules:
+            elif token in features:
+                continue
+            elif (found := output_ref(view, token)) is None:
                 issues.append(SpecIssue(path, _unknown_input(token, list(features), list(modules))))
+            elif (problem := output_problem(*found)) is not None:
+                issues.append(SpecIssue(path, problem))
     return issues
 
 
@@ -158,7 +193,9 @@ def _bad_query(ref: Ref) -> bool:
 def check_cycles(view: DocView) -> list[SpecIssue]:
     """Module inputs must form a DAG; each cycle is named once."""
     modules = view.by_name("modules")
-    edges = {n: [t for t in (m.inputs or ()) if t in modules and t != n] for n, m in modules.items()}
+    kinds = module_kinds(view)
+    edges = {n: [s[0] for t in (m.inputs or ()) if (s := split_output(t, kinds)) is not None and s[0] != n]
+             for n, m in modules.items()}
     state: dict[str, int] = {}  # 1: on the DFS stack, 2: done
     issues = []
 
@@ -240,15 +277,17 @@ def check_reach(view: DocView) -> list[SpecIssue]:
     mods, heads = view.by_name("modules"), view.items("heads")
     if "heads" in view.bad_sections or any(m.inputs is None for m in view.items("modules")):
         return []
-    if any(h.get("input", str) not in mods for h in heads):
+    kinds = module_kinds(view)
+    reads = [split_output(h.get("input", str) or "", kinds) for h in heads]
+    if any(r is None for r in reads):
         return []  # a head reading an unknown name is reported by check_heads
-    todo = [h.body["input"] for h in heads if h.body["input"] in mods]
+    todo = [r[0] for r in reads]
     reached: set[str] = set()
     while todo:
         name = todo.pop()
         if name not in reached:
             reached.add(name)
-            todo.extend(t for t in mods[name].inputs or () if t in mods)
+            todo.extend(s[0] for t in mods[name].inputs or () if (s := split_output(t, kinds)) is not None)
     return [
         SpecIssue(m.path, f"module {name!r} does not feed any head (its output would be unused)")
         for name, m in mods.items() if name not in reached

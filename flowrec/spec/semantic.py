@@ -12,10 +12,11 @@ Example:
 from __future__ import annotations
 
 from flowrec.spec.errors import SpecIssue
-from flowrec.spec.module_checks import MODULE_CHECKS
+from flowrec.spec.module_checks import MODULE_CHECKS, output_problem, output_ref
 from flowrec.spec.schema_errors import did_you_mean, show
+from flowrec.spec.tasks import TASKS
 from flowrec.spec.units import parse_bytes
-from flowrec.spec.view import DocView
+from flowrec.spec.view import DocView, Item
 
 INLINE_TABLE_KEYS = ("vocab", "hash_buckets")
 TABLE_ONLY_KEYS = ("dtype", "optimizer", "min_freq", "vocab_spare")  # settings of a table, not of a feature reading one
@@ -92,12 +93,50 @@ def check_heads(view: DocView) -> list[SpecIssue]:
     issues = []
     for h in view.items("heads"):
         name = h.get("input", str)
-        if name is not None and name not in modules:
+        found = output_ref(view, name) if name is not None else None
+        if name is not None and found is None:
             what = (f"{name!r} is a feature; a head reads a module's output" if name in features
                     else f"unknown module {name!r}")
             issues.append(SpecIssue(f"{h.path}.input", what + did_you_mean(name, modules)))
-        if h.clean and h.body.get("task") == "regression" and h.body.get("loss") == "bce":
-            issues.append(SpecIssue(f"{h.path}.loss", "loss 'bce' needs task binary (use mse for regression)"))
+        elif found is not None and (problem := output_problem(*found)) is not None:
+            issues.append(SpecIssue(f"{h.path}.input", problem))
+        if h.clean:
+            issues += _head_task(h)
+    return issues + _task_spaces(view)
+
+
+def _head_task(h: Item) -> list[SpecIssue]:
+    """The loss is one of the task's; num_classes is given exactly for multiclass heads."""
+    task = TASKS[h.body.get("task", "binary")]
+    issues = []
+    loss = h.body.get("loss")
+    if loss is not None and loss not in task.losses:
+        owner = next(t for t in TASKS.values() if loss in t.losses)
+        issues.append(SpecIssue(f"{h.path}.loss", f"loss {loss!r} needs task {owner.name} (use "
+                                                   f"{' or '.join(task.losses)} for {task.name})"))
+    if task.classes and "num_classes" not in h.body:
+        issues.append(SpecIssue(f"{h.path}.num_classes", f"a {task.name} head needs num_classes"))
+    if not task.classes and "num_classes" in h.body:
+        issues.append(SpecIssue(f"{h.path}.num_classes", f"only a multiclass head has classes (task {task.name})"))
+    return issues
+
+
+def _task_spaces(view: DocView) -> list[SpecIssue]:
+    """trained_where names the label of another binary or multiclass head."""
+    heads = [h for h in view.items("heads") if h.clean]
+    default = (view.section("data") or {}).get("label", DEFAULT_LABEL)
+    labels = {h.get("label", str, default): h for h in heads}
+    issues = []
+    for h in heads:
+        where = h.body.get("trained_where")
+        if where is None:
+            continue
+        other = labels.get(where["label"])
+        if other is None or other is h:
+            known = sorted(set(labels) - {h.get("label", str, default)})
+            issues.append(SpecIssue(f"{h.path}.trained_where.label",
+                                    f"{where['label']!r} is not the label of another head "
+                                    f"(labels of the other heads: {', '.join(known) or 'none'})"))
     return issues
 
 
@@ -144,8 +183,7 @@ def check_budget(view: DocView) -> list[SpecIssue]:
     return []
 
 
-METRICS_BY_TASK = {"binary": ("auc", "gauc", "pr_auc", "logloss", "ne", "calibration"),
-                   "regression": ("mse", "mae")}
+METRICS_BY_TASK = {name: task.metrics for name, task in TASKS.items()}
 
 
 def check_group_by(view: DocView) -> list[SpecIssue]:

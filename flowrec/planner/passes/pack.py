@@ -8,7 +8,7 @@ Changes:
       nodes of its fields by ``ids_<group>`` (sparse_input) -> ``emb_<group>`` (packed_embedding,
       out (B, S, D)); consumers take their fields through the edge's slots; runs of pooled
       fields of one group feeding one consumer merge into one (F, D) slot;
-    * independent MLPs with equal layers, activation and input width become one ``packed_mlp``
+    * independent MLPs with equal layers, activation, norm, dropout and input width become one ``packed_mlp``
       node (attr ``members``) whose output (B, M, out) consumers slice by member name.
 
 Afterwards: no ``embedding_lookup``/``pooling`` node is left, every field is in exactly one
@@ -23,7 +23,8 @@ import networkx as nx
 
 from flowrec.graph.build import make_op
 from flowrec.graph.edges import Slot, input_slots, set_inputs
-from flowrec.graph.shapes import sizing
+from flowrec.graph.kinds import MLP_LAYER_OPTIONS, OP_KINDS
+from flowrec.graph.shapes import expert_count, sizing
 from flowrec.graph.types import DTYPE_BYTES, OpGraph, PackedGroup, PassContext, PassResult
 from flowrec.graph.packing import group_layout
 from flowrec.planner.passes.meta import plan_meta, reorder
@@ -44,7 +45,7 @@ def pack(graph: OpGraph, ctx: PassContext) -> PassResult:
         g.graph["plan"] = replace(plan_meta(g), groups=groups)
         notes += _group_notes(groups, packing)
     if packing:
-        notes += _pack_mlps(g)
+        notes += _pack_mlps(g) + _pack_experts(g)
     if not notes:
         return PassResult(graph, False, ("nothing left to pack",))
     return PassResult(reorder(g), True, tuple(notes))
@@ -118,7 +119,8 @@ def _pack_mlps(g: OpGraph) -> list[str]:
         op = g.nodes[node]["op"]
         if op.kind != "mlp":
             continue
-        key = (op.attr("layers"), op.attr("activation"), op.attr("in_features"), op.dtype)
+        key = (op.attr("layers"), op.attr("activation"), op.attr("in_features"), op.dtype,
+               *(op.attr(k) for k in MLP_LAYER_OPTIONS))
         clusters = buckets.setdefault(key, [])
         related = nx.ancestors(g, node) | nx.descendants(g, node)
         home = next((c for c in clusters if not related & set(c)), None)
@@ -136,6 +138,21 @@ def _pack_mlps(g: OpGraph) -> list[str]:
     return notes
 
 
+def _pack_experts(g: OpGraph) -> list[str]:
+    """The same-shape experts of each mixture (kinds that `pack`) become one batched kernel."""
+    notes = []
+    for node in list(g):
+        op = g.nodes[node]["op"]
+        if not OP_KINDS[op.kind].packs or op.attr("packed") or expert_count(dict(op.attrs)) < 2:
+            continue
+        attrs = dict(op.attrs)
+        attrs["packed"] = True
+        g.nodes[node]["op"] = replace(op, attrs=tuple(sorted(attrs.items())))
+        notes.append(f"dense: {node}: {expert_count(attrs)} experts with layers {list(op.attr('expert_layers'))} "
+                     f"-> one batched kernel" + (" per level" if op.attr("levels") else ""))
+    return notes
+
+
 def _pack_mlp_cluster(g: OpGraph, members: list[str]) -> str:
     first = g.nodes[members[0]]["op"]
     name = f"packed_{members[0]}_x{len(members)}"
@@ -146,7 +163,8 @@ def _pack_mlp_cluster(g: OpGraph, members: list[str]) -> str:
         ranges.append((len(slots), len(slots) + len(mine)))
         slots += [Slot(len(slots) + i, s.source, s.fields, s.shape) for i, s in enumerate(mine)]
     attrs = {"members": tuple(members), "member_ports": tuple(ranges), "layers": first.attr("layers"),
-             "activation": first.attr("activation"), "in_features": first.attr("in_features")}
+             "activation": first.attr("activation"), "in_features": first.attr("in_features"),
+             **{k: first.attr(k) for k in MLP_LAYER_OPTIONS if first.attr(k) is not None}}
     size = sizing("packed_mlp", attrs, [s.shape for s in slots])
     g.add_node(name, op=make_op(name, "packed_mlp", size.out, attrs, dtype=first.dtype,
                                 flops=size.flops, param_bytes=size.params * 4))

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from flowrec.data.batches import rank_slice
 from flowrec.runtime.distributed.world import Agreement, World
 from flowrec.runtime.nonfinite import NonFiniteLoss, non_finite_head
 
@@ -77,6 +78,10 @@ class DenseParallel:
         with nullcontext() if sync else self.ddp.no_sync():
             return self.ddp(dense, emb, masks)
 
+    def first_row(self, global_size: int) -> int:
+        """This rank's first row of a global batch of `global_size` (`batches.rank_slice`)."""
+        return rank_slice(global_size, self.world.size, self.world.rank)[0]
+
     def loss(self, logits: torch.Tensor, labels: torch.Tensor, global_size: int) -> torch.Tensor:
         """This rank's share of the global batch's mean loss, agreed with every rank first.
 
@@ -99,6 +104,14 @@ class DenseParallel:
         if self._synced_forward:
             params = [p for p in self.ddp.parameters() if p.requires_grad]
             torch.stack([p.sum() for p in params]).sum().mul(0.0).backward()
+
+
+def sum_over_ranks(values: torch.Tensor) -> torch.Tensor:
+    """The sum of `values` over every rank (default group), differentiable: its gradient is the
+    sum of the ranks' gradients (batch norm statistics of the global batch)."""
+    from torch.distributed.nn.functional import all_reduce
+
+    return all_reduce(values)
 
 
 def _no_buffer_sync() -> dict[str, bool]:

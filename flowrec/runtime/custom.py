@@ -1,0 +1,66 @@
+"""Custom modules at planning: import each `custom` module's class and learn its output width by a
+dry run on the meta device (no memory, no compute), before the planner sees the spec.
+
+`validate` never imports user code; planning, training and export do (through the CLI and API).
+Every problem (a class path that does not import, a constructor or forward that fails on the dry
+run, sparse parameters) is a `SpecError` issue at the module's path: one line, exit 2.
+
+Example:
+    >>> spec = resolve_custom(load_spec("specs/custom_gate.yaml"))  # doctest: +SKIP
+    >>> spec.modules[1].param("out_width")  # doctest: +SKIP
+    16
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from math import prod
+
+import torch
+
+from flowrec.graph.build import module_input_width
+from flowrec.spec.errors import SpecError, SpecIssue
+from flowrec.spec.model import ModelSpec, ModuleSpec, unresolved_modules
+from operators.custom import CustomModuleError, build_custom
+
+DRY_RUN_BATCH = 2  # samples of the meta-device dry run
+
+
+def resolve_custom(spec: ModelSpec) -> ModelSpec:
+    """`spec` with the `out_width` of every custom module that lacks one measured.
+
+    Raises:
+        SpecError: every custom module that cannot be used, each at its path.
+    """
+    issues = []
+    for index, module in enumerate(spec.modules):
+        if module.name not in unresolved_modules(spec):
+            continue
+        try:
+            width = dry_run_width(module, module_input_width(spec, module.name))
+        except CustomModuleError as exc:
+            issues.append(SpecIssue(f"modules[{index}].class", str(exc)))
+            continue
+        params = dict(module.params)
+        params["out_width"] = width
+        modules = list(spec.modules)
+        modules[index] = replace(module, params=tuple(sorted(params.items())))
+        spec = replace(spec, modules=tuple(modules))
+    if issues:
+        raise SpecError(issues)
+    return spec
+
+
+def dry_run_width(module: ModuleSpec, in_width: int) -> int:
+    """Output width per sample of a custom module on a (DRY_RUN_BATCH, in_width) meta input."""
+    with torch.device("meta"):
+        inner = build_custom(module.param("class"), module.param("params", {}))
+        x = torch.empty(DRY_RUN_BATCH, in_width)
+    try:
+        out = inner(x)
+    except Exception as exc:  # a user's forward may raise anything
+        raise CustomModuleError(f"{module.param('class')} failed on a ({DRY_RUN_BATCH}, {in_width}) input: "
+                                f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
+    if not isinstance(out, torch.Tensor) or out.dim() < 2 or out.shape[0] != DRY_RUN_BATCH:
+        raise CustomModuleError(f"{module.param('class')} must return one (B, ...) tensor, got "
+                                f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}")
+    return int(prod(out.shape[1:]))

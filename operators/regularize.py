@@ -1,0 +1,198 @@
+"""Per-layer regularisers of MLPs: seeded dropout, batch norm and layer norm (plain and packed).
+
+Order inside one MLP layer: linear -> norm -> activation -> dropout. Train/eval behaviour follows
+`nn.Module.train()`: in eval mode dropout is the identity and batch norm uses its running
+statistics, so scoring and export are deterministic.
+
+Dropout masks are a hash of (seed, position) with the seed set by the training step (`reseed`,
+from the training seed and the step count, which the model state carries): a resumed run draws the
+same masks as an uninterrupted one, and micro-batches draw the full batch's mask.
+
+Batch norm over micro-batches (D-interleaving) normalises each micro-batch by its own statistics
+and updates the running statistics once per micro-batch ("ghost" batch norm): the maths of a
+full-batch statistic cannot be split. A training micro-batch of one sample has no variance: it is
+normalised by the running statistics, which it leaves unchanged.
+
+Example:
+    >>> norm = make_norm("layer", 4)
+    >>> norm(torch.randn(3, 4)).shape
+    torch.Size([3, 4])
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+NORMS = ("none", "batch", "layer")  # the `norm` values of an mlp (schema enum)
+BN_MOMENTUM = 0.1  # running-statistics momentum (torch's default)
+NORM_EPS = 1e-5  # variance epsilon of batch and layer norm (torch's default)
+MASK32 = 0xFFFFFFFF  # dropout hashes work on 32-bit values held in int64
+HASH_MUL = 0x45D9F3B  # multiplier of the 32-bit multiply-xorshift hash (fits int64 products)
+
+
+class SeededDropout(nn.Module):
+    """Inverted dropout whose mask is a hash of (seed, position): keeps each value with 1 - p,
+    scaled by 1 / (1 - p).
+
+    The value at unit c (of C per row) of the r-th row drawn since the last `reseed` is kept iff
+    ``hash32((hash32(r * C + c) + seed) mod 2**32) >= p * 2**32`` (`hash32`: two multiply-xorshift
+    rounds). No generator state: the same on every device, and successive calls continue the row
+    count, so micro-batches of a step (in order) draw exactly the full batch's mask.
+
+    Args:
+        p: drop probability, 0 <= p < 1.
+        batch_dim: the batch axis of the inputs (1 for packed (K, B, C) inputs).
+
+    Example:
+        >>> d = SeededDropout(0.5); d.reseed(7)
+        >>> a = d(torch.ones(2, 3)); d.reseed(7); torch.equal(a, d(torch.ones(2, 3)))
+        True
+    """
+
+    def __init__(self, p: float, batch_dim: int = 0):
+        super().__init__()
+        self.p, self.batch_dim = float(p), batch_dim
+        self.seed = 0
+        self.rows = 0  # rows drawn since the last reseed
+
+    def reseed(self, seed: int, first_row: int = 0) -> None:
+        """Start the mask stream of `seed` at `first_row` (a rank's first row of the global batch)."""
+        self.seed, self.rows = int(seed) & MASK32, int(first_row)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        bits = hash32((hash32(self._positions(x)) + self.seed) & MASK32)
+        keep = bits >= int(self.p * (1 << 32))
+        return x * keep.to(x.dtype) / (1.0 - self.p)
+
+    def _positions(self, x: torch.Tensor) -> torch.Tensor:
+        """Position of every value: (row drawn since reseed) * units per row + unit.  # x.shape"""
+        rows = x.shape[self.batch_dim]
+        per_row = list(x.shape)
+        per_row[self.batch_dim] = 1
+        width = x.numel() // max(rows, 1)
+        unit = torch.arange(width, device=x.device).view(per_row)
+        along = [1] * x.dim()
+        along[self.batch_dim] = rows
+        row = torch.arange(self.rows, self.rows + rows, device=x.device).view(along)
+        self.rows += rows
+        return row * width + unit
+
+
+def hash32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash of int64 values in [0, 2**32) (multiply-xorshift, two rounds)."""
+    x = (((x >> 16) ^ x) * HASH_MUL) & MASK32
+    x = (((x >> 16) ^ x) * HASH_MUL) & MASK32
+    return (x >> 16) ^ x
+
+
+class GhostBatchNorm(nn.BatchNorm1d):
+    """`nn.BatchNorm1d` over (B, C) with three differences.
+
+    Outside training, and for a one-sample training batch (no variance), it is the affine map of
+    the running statistics, written out so that `torch.export` traces it with no guard on the
+    batch size. With `reduce` set (a differentiable sum over the ranks of a distributed run), the
+    statistics are those of the ranks' slices together, i.e. of the global batch.
+    """
+
+    reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training:
+            return self._frozen(x)
+        if self.reduce is not None:
+            return self._synced(x)
+        return super().forward(x) if x.shape[0] > 1 else self._frozen(x)
+
+    def _frozen(self, x: torch.Tensor) -> torch.Tensor:
+        scale = self.weight * torch.rsqrt(self.running_var + self.eps)  # (C,)
+        return x * scale + (self.bias - self.running_mean * scale)
+
+    def _synced(self, x: torch.Tensor) -> torch.Tensor:
+        """Batch norm by the statistics of every rank's rows (sums and count all-reduced)."""
+        c = x.shape[1]
+        count = x.new_full((1,), float(x.shape[0]))
+        sums = self.reduce(torch.cat([x.sum(0), (x * x).sum(0), count]))  # (2C + 1,)
+        n = float(sums[-1].detach())
+        if n < 2:
+            return self._frozen(x)
+        mean = sums[:c] / n
+        var = (sums[c:2 * c] / n - mean * mean).clamp_min(0.0)  # biased, as torch normalises
+        with torch.no_grad():
+            m = self.momentum
+            self.running_mean.mul_(1 - m).add_(mean.detach(), alpha=m)
+            self.running_var.mul_(1 - m).add_(var.detach() * (n / (n - 1)), alpha=m)
+            self.num_batches_tracked.add_(1)
+        return (x - mean) * torch.rsqrt(var + self.eps) * self.weight + self.bias
+
+
+class PackedLayerNorm(nn.Module):
+    """Layer norm of K members at once: x (K, B, C) normalised over C, member-wise affine.
+
+    Example:
+        >>> PackedLayerNorm(2, 4)(torch.randn(2, 3, 4)).shape
+        torch.Size([2, 3, 4])
+    """
+
+    def __init__(self, num: int, width: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(num, 1, width))  # (K, 1, C)
+        self.bias = nn.Parameter(torch.zeros(num, 1, width))  # (K, 1, C)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, x.shape[-1:], eps=NORM_EPS) * self.weight + self.bias
+
+
+class PackedBatchNorm(nn.Module):
+    """Batch norm of K members at once: x (K, B, C) is a (B, K * C) batch norm, one channel per
+    member and unit, so its statistics are exactly each member's own.
+
+    Example:
+        >>> PackedBatchNorm(2, 4)(torch.randn(2, 3, 4)).shape
+        torch.Size([2, 3, 4])
+    """
+
+    def __init__(self, num: int, width: int):
+        super().__init__()
+        self.num, self.width = num, width
+        self.norm = GhostBatchNorm(num * width, eps=NORM_EPS, momentum=BN_MOMENTUM)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        k, b, c = x.shape
+        if self.norm.training and b > 1:
+            flat = x.permute(1, 0, 2).reshape(b, k * c)  # (B, K * C)
+            return self.norm(flat).reshape(b, k, c).permute(1, 0, 2)  # (K, B, C)
+        return self._frozen(x)
+
+    def _frozen(self, x: torch.Tensor) -> torch.Tensor:
+        """The affine map of the running statistics, per member (no reshape of the batch)."""
+        norm = self.norm
+        scale = norm.weight * torch.rsqrt(norm.running_var + norm.eps)  # (K * C,)
+        shift = norm.bias - norm.running_mean * scale
+        return x * scale.view(self.num, 1, self.width) + shift.view(self.num, 1, self.width)
+
+
+def make_norm(norm: str, width: int) -> nn.Module:
+    """The norm layer of one MLP layer of `width` units (`norm`: none, batch or layer)."""
+    builders = {"none": lambda: nn.Identity(),
+                "batch": lambda: GhostBatchNorm(width, eps=NORM_EPS, momentum=BN_MOMENTUM),
+                "layer": lambda: nn.LayerNorm(width, eps=NORM_EPS)}
+    return _pick(builders, norm)()
+
+
+def make_packed_norm(norm: str, num: int, width: int) -> nn.Module:
+    """The norm layer of one packed MLP layer: K members of `width` units."""
+    builders = {"none": lambda: nn.Identity(),
+                "batch": lambda: PackedBatchNorm(num, width),
+                "layer": lambda: PackedLayerNorm(num, width)}
+    return _pick(builders, norm)()
+
+
+def _pick(builders: dict, norm: str):
+    if norm not in builders:
+        raise KeyError(f"unknown norm {norm!r}; known: {', '.join(NORMS)}")
+    return builders[norm]

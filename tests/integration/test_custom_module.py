@@ -1,0 +1,91 @@
+"""A custom module from a file outside the repository trains, resumes, exports, and the package
+predicts in a process where that file no longer exists; a bad class path is one line, exit 2."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from flowrec.cli import app
+
+REPO = Path(__file__).resolve().parents[2]
+BLOCKS = textwrap.dedent('''
+    import torch
+    from torch import nn
+
+
+    class GatedCross(nn.Module):
+        def __init__(self, in_features, rank):
+            super().__init__()
+            self.gate = nn.Linear(in_features, in_features)
+            self.down = nn.Linear(in_features, rank)
+            self.up = nn.Linear(rank, 2 * rank)
+
+        def forward(self, x):
+            return torch.relu(self.up(self.down(x * torch.sigmoid(self.gate(x)))))
+''')
+SPEC = """
+name: custom_cli
+features:
+  - {{name: price, type: dense}}
+  - {{name: user_id, type: categorical, hash_buckets: 500, dim: 8}}
+  - {{name: item_id, type: categorical, hash_buckets: 500, dim: 8}}
+modules:
+  - {{name: bottom, kind: mlp, inputs: ["@sparse", price], layers: [16]}}
+  - {{name: mine, kind: custom, class: "{path}:{cls}", inputs: [bottom], params: {{in_features: 16, rank: 4}}}}
+  - {{name: top, kind: mlp, inputs: [mine, bottom], layers: [8]}}
+heads:
+  - {{name: click, input: top}}
+optimizer:
+  dense: {{name: adam, lr: 0.01}}
+  sparse: {{name: adagrad, lr: 0.05}}
+training: {{batch_size: 128, seed: 0}}
+"""
+PREDICT = """
+import sys
+import pandas as pd
+from flowrec.runtime.predict import load_model
+scores = load_model(sys.argv[1]).predict(pd.DataFrame({"price": [1.0, 2.5], "user_id": ["a", "b"],
+                                                       "item_id": ["c", "d"]}))
+assert list(scores.columns) == ["click"] and scores["click"].between(0, 1).all()
+assert not any(name.startswith("flowrec_custom_") for name in sys.modules)
+print("scored", len(scores))
+"""
+runner = CliRunner()
+
+
+def test_custom_module_trains_resumes_exports_and_predicts_without_its_file(tmp_path):
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "blocks.py").write_text(BLOCKS)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.format(path=user / "blocks.py", cls="GatedCross"))
+    run = tmp_path / "run"
+    first = runner.invoke(app, ["train", str(spec), "--rows", "2000", "--max-steps", "4", "--out", str(run), "-q"])
+    assert first.exit_code == 0, first.output
+    resumed = runner.invoke(app, ["train", str(spec), "--resume", str(run), "--max-steps", "8", "-q"])
+    assert resumed.exit_code == 0, resumed.output
+    exported = runner.invoke(app, ["export", str(run), str(tmp_path / "pkg")])
+    assert exported.exit_code == 0, exported.output
+    (user / "blocks.py").unlink()
+    (tmp_path / "predict.py").write_text(PREDICT)
+    done = subprocess.run([sys.executable, str(tmp_path / "predict.py"), str(tmp_path / "pkg")],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "scored 2" in done.stdout
+
+
+def test_a_bad_class_path_is_one_line_and_exit_2(tmp_path):
+    (tmp_path / "blocks.py").write_text(BLOCKS)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.format(path=tmp_path / "blocks.py", cls="Nope"))
+    result = runner.invoke(app, ["train", str(spec), "--rows", "500", "--max-steps", "1", "--out",
+                                 str(tmp_path / "run")])
+    assert result.exit_code == 2
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "modules[1].class" in lines[0] and "cannot import" in lines[0], result.output
+    assert "Traceback" not in result.output

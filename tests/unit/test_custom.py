@@ -1,0 +1,142 @@
+"""The `custom` kind: a user's nn.Module from a file outside the repository, its width learned by a
+meta-device dry run, trained as plain PyTorch trains it, and every unusable class one issue."""
+from __future__ import annotations
+
+import copy
+import random
+import textwrap
+from dataclasses import replace
+
+import pytest
+import torch
+
+from flowrec.data.batches import StagingOptions, iterate_batches
+from flowrec.data.dataset import MemorySource, split_table
+from flowrec.data.synth import SynthConfig, synth_table
+from flowrec.planner.manager import make_plan
+from flowrec.runtime.custom import resolve_custom
+from flowrec.runtime.lowering import lower
+from flowrec.runtime.step import make_dense_optimizer, train_step
+from flowrec.spec import spec_from_dict
+from flowrec.spec.errors import SpecError
+from flowrec.spec.validate import validate_document
+from operators.custom import import_class
+
+BATCH = 32
+BLOCKS = textwrap.dedent('''
+    import torch
+    from torch import nn
+
+
+    class GatedCross(nn.Module):
+        def __init__(self, in_features, rank):
+            super().__init__()
+            self.gate = nn.Linear(in_features, in_features)
+            self.down = nn.Linear(in_features, rank)
+            self.up = nn.Linear(rank, 2 * rank)
+
+        def forward(self, x):
+            return torch.relu(self.up(self.down(x * torch.sigmoid(self.gate(x)))))
+
+
+    class Sparse(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = nn.Embedding(10, 4, sparse=True)
+
+        def forward(self, x):
+            return x
+
+
+    class Broken(nn.Module):
+        def forward(self, x):
+            raise RuntimeError("not today")
+''')
+
+
+@pytest.fixture()
+def blocks(tmp_path):
+    path = tmp_path / "blocks.py"
+    path.write_text(BLOCKS)
+    return path
+
+
+def custom_doc(blocks, cls: str = "GatedCross", params: dict | None = None) -> dict:
+    return {
+        "name": "custom",
+        "features": [
+            {"name": "x0", "type": "dense"},
+            {"name": "user", "type": "categorical", "hash_buckets": 200, "dim": 8},
+            {"name": "item", "type": "categorical", "hash_buckets": 300, "dim": 8},
+        ],
+        "modules": [
+            {"name": "bottom", "kind": "mlp", "inputs": ["@dense", "@sparse"], "layers": [12]},
+            {"name": "mine", "kind": "custom", "class": f"{blocks}:{cls}", "inputs": ["bottom", "user"],
+             "params": {"in_features": 20, "rank": 3} if params is None else params},
+            {"name": "top", "kind": "mlp", "inputs": ["mine"], "layers": [4]},
+        ],
+        "heads": [{"name": "ctr", "input": "top"}],
+        "optimizer": {"dense": {"name": "sgd", "lr": 0.05}, "sparse": {"name": "sgd", "lr": 0.05}},
+        "training": {"batch_size": BATCH, "seed": 1},
+    }
+
+
+def test_width_is_learned_by_the_dry_run_and_validate_imports_nothing(blocks):
+    doc = custom_doc(blocks)
+    doc["modules"][1]["class"] = f"{blocks.parent / 'absent.py'}:GatedCross"
+    assert validate_document(doc) == []  # validate never imports the class
+    spec = resolve_custom(spec_from_dict(custom_doc(blocks)))
+    assert spec.modules[1].param("out_width") == 6  # 2 * rank
+    plan = make_plan(spec, target="cpu")
+    assert plan.graph.nodes["mine"]["op"].out_shape == ("B", 6)
+    assert plan.graph.nodes["mine"]["op"].attr("in_features") == 20
+
+
+def test_training_equals_the_user_module_in_plain_pytorch(blocks):
+    seed = random.randrange(1 << 30)
+    spec = resolve_custom(spec_from_dict(custom_doc(blocks)))
+    plan = make_plan(spec, target="cpu")
+    table = synth_table(spec, BATCH * 20, SynthConfig(seed=seed))
+    opts = StagingOptions(batch_size=BATCH, shuffle=False, lookahead=1, workers=1)
+    with iterate_batches(spec, MemorySource(split_table(table, 2)), opts, 0, 0, plan.meta.groups) as it:
+        batches = [replace(b, dense=b.dense.double(), labels=b.labels.double()) for b in it]
+    model = lower(plan, spec, "cpu").double()
+    user = copy.deepcopy(model.ops["mine"].inner)  # the user's module, trained by hand below
+    ref = copy.deepcopy(model)
+    opt = make_dense_optimizer(model, "sgd", 0.05, {})
+    ref_opt = torch.optim.SGD([p for n, p in ref.named_parameters() if not n.startswith("ops.mine")]
+                              + list(user.parameters()), lr=0.05)
+    group = plan.meta.groups[0]
+    for batch in batches:
+        train_step(model, opt, batch)
+        ref_opt.zero_grad(set_to_none=True)
+        emb = ref.embed(batch)[group.name]  # (B, 2, D): user, item
+        bottom = ref.ops["bottom"](torch.cat([batch.dense, emb.flatten(1)], dim=1))
+        mine = user(torch.cat([bottom, emb[:, 0]], dim=1))
+        logits = ref.ops["head_ctr"](ref.ops["top"](mine))
+        torch.nn.functional.binary_cross_entropy_with_logits(logits[:, 0], batch.labels[:, 0]).backward()
+        ref_opt.step()
+    for a, b in zip(model.ops["mine"].inner.parameters(), user.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11, msg=lambda m: f"seed {seed}: {m}")
+
+
+@pytest.mark.parametrize("cls,params,says", [
+    ("Missing", None, "cannot import"),
+    ("GatedCross", {"in_features": 20, "rank": 3, "bogus": 1}, "unexpected keyword"),
+    ("GatedCross", {"in_features": 19, "rank": 3}, "failed on a (2, 20) input"),
+    ("Broken", {}, "not today"),
+    ("Sparse", {}, "sparse parameters"),
+])
+def test_an_unusable_class_is_one_issue_at_its_path(blocks, cls, params, says):
+    doc = custom_doc(blocks, cls, params)
+    with pytest.raises(SpecError) as err:
+        resolve_custom(spec_from_dict(doc))
+    (issue,) = err.value.issues
+    assert issue.path == "modules[1].class" and says in issue.message and "\n" not in issue.message
+
+
+def test_class_paths_import_modules_and_files(blocks):
+    assert import_class("torch.nn:Linear") is torch.nn.Linear
+    assert import_class(f"{blocks}:GatedCross").__name__ == "GatedCross"
+    with pytest.raises(ValueError, match="not a torch.nn.Module"):
+        import_class("collections:OrderedDict")
