@@ -55,7 +55,8 @@ class ColumnRule:
 
 def partition_rules(spec: ModelSpec, columns: Sequence[str] | None = None) -> tuple[ColumnRule, ...]:
     """The rules of the spec's columns (all, or those in `columns`), in spec order."""
-    rules = [ColumnRule(f.name, "ids", spec.table(f.table).rows, f.table) for f in spec.sparse_features]
+    rules = [ColumnRule(f.name, "ids", spec.table(f.table).rows, f.table) for f in spec.sparse_features
+             if spec.table(f.table).managed is None]  # a managed table's column holds raw-id hashes
     rules += [ColumnRule(f.name, "finite") for f in spec.dense_features]
     binary: dict[str, list[str]] = {}
     for head, label in zip(spec.heads, label_columns(spec)):
