@@ -1,0 +1,161 @@
+"""The managed tables' maps as model state, and the reset of evicted rows.
+
+`ManagedState` is the `managed` submodule of a lowered model: the maps as of the last trained
+step (the data stage runs ahead on its own copies, `flowrec.data.managed_stage`). Its state dict
+holds each map's arrays under ``managed.<table>.<keys|row|count|last|free|clock>``, next to the
+tables' rows and optimizer state in the same model state, so every checkpoint (full or delta:
+a delta carries the whole model state but the packed tables) and every load restores rows,
+optimizer state and the map together. The trainer calls `before_step` (reset the rows an
+eviction pass freed, wherever they live: table, host master or cache slots) and `after_step`
+(replay the batch's map step, checking it freed the same rows).
+
+Example:
+    >>> state = ManagedState(spec, groups)                  # doctest: +SKIP
+    >>> state.before_step(model.embeddings, batch); train_step(...); state.after_step(batch)  # doctest: +SKIP
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from flowrec.data.managed import STATE_KEYS, ManagedMap
+from flowrec.data.managed_stage import Remapper
+from flowrec.graph.types import PackedGroup
+from flowrec.spec.model import ModelSpec
+from operators.embedding import table_seed
+
+MANAGED_PREFIX = "managed."  # model-state keys of the maps (their lengths vary with the map)
+
+
+class ManagedState(nn.Module):
+    """The maps of a spec's managed tables (see the module docstring).
+
+    Args:
+        spec: the model spec.
+        groups: the packed layout.
+        seed: model seed (seeds the fresh rows of a reset).
+    """
+
+    def __init__(self, spec: ModelSpec, groups: tuple[PackedGroup, ...], seed: int = 0):
+        super().__init__()
+        self.spec, self.groups, self.seed = spec, groups, seed
+        self.maps = {t.name: ManagedMap(t.managed) for t in spec.tables if t.managed is not None}
+        self.slots = {t.table: (g.name, t.row_offset, t.rows) for g in groups for t in g.tables}
+
+    def __bool__(self) -> bool:
+        return bool(self.maps)
+
+    def remapper(self, train: bool) -> Remapper | None:
+        """A data-stage remapper on copies of the maps (None without managed tables)."""
+        if not self.maps:
+            return None
+        return Remapper(self.spec, self.groups, {t: m.copy() for t, m in self.maps.items()}, train)
+
+    def before_step(self, embeddings: nn.ModuleDict, batch: Any) -> None:
+        """Reset the rows this batch's eviction pass freed: fresh weights, initial optimizer state."""
+        managed = batch.managed
+        if managed is None:
+            return
+        clock = next(iter(managed.clocks.values()), 0)
+        for group, rows in managed.resets.items():
+            module = embeddings[group]
+            weights = torch.cat([self._fresh(table, rows, clock) for table in self._tables(group)])
+            order = torch.cat([rows[(rows >= off) & (rows < off + n)] for _, off, n in self._ranges(group)])
+            state = module_optimizer(module).initial_state(len(order), weights.shape[1], torch.float32)
+            reset_rows(module, order, weights, state)
+
+    def after_step(self, batch: Any) -> None:
+        """Replay the batch's map steps on these maps (they then hold the state after the batch).
+
+        Raises:
+            RuntimeError: the replay disagrees with the data stage (clock or freed rows).
+        """
+        managed = batch.managed
+        if managed is None:
+            return
+        for table, (unique, counts) in managed.steps.items():
+            m = self.maps[table]
+            if m.clock != managed.clocks[table]:
+                raise RuntimeError(f"managed table {table}: the data stage was at step {managed.clocks[table]}, "
+                                   f"the model's map at {m.clock}")
+            freed, _ = m.step_counts(unique, counts)
+            group, offset, _ = self.slots[table]
+            staged = managed.resets.get(group, torch.zeros(0, dtype=torch.int64)).numpy()
+            mine = staged[(staged >= offset) & (staged < offset + m.spec.rows)] - offset
+            if not np.array_equal(np.sort(freed), mine):
+                raise RuntimeError(f"managed table {table}: the replayed eviction freed other rows")
+
+    def _tables(self, group: str) -> list[str]:
+        return [t for t, (g, _, _) in self.slots.items() if g == group and t in self.maps]
+
+    def _ranges(self, group: str) -> list[tuple[str, int, int]]:
+        return [(t, self.slots[t][1], self.slots[t][2]) for t in self._tables(group)]
+
+    def _fresh(self, table: str, packed_rows: torch.Tensor, clock: int) -> torch.Tensor:
+        """Fresh weights of a table's rows among `packed_rows`: uniform(+-sqrt(1/rows)) as the
+        initial rows, from a generator seeded by (model seed, table, map clock).  # (n, D)"""
+        _, offset, rows = self.slots[table]
+        n = int(((packed_rows >= offset) & (packed_rows < offset + rows)).sum())
+        dim = self.spec.table(table).dim
+        gen = torch.Generator().manual_seed((table_seed(self.seed, table) * 31 + clock) % (2**63 - 1))
+        bound = (1.0 / rows) ** 0.5
+        return torch.empty(n, dim).uniform_(-bound, bound, generator=gen)
+
+    def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
+        for table, m in self.maps.items():
+            for key, value in m.state().items():
+                destination[f"{prefix}{table}.{key}"] = torch.from_numpy(value)
+
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, local_metadata: Any, strict: bool,
+                              missing_keys: list, unexpected_keys: list, error_msgs: list) -> None:
+        for table, m in self.maps.items():
+            keys = {k: f"{prefix}{table}.{k}" for k in STATE_KEYS}
+            absent = [full for full in keys.values() if full not in state_dict]
+            if absent:
+                missing_keys.extend(absent)
+                continue
+            try:
+                m.load({k: state_dict[full].cpu().numpy() for k, full in keys.items()})
+            except ValueError as exc:
+                error_msgs.append(f"managed table {table}: {exc}")
+        known = {f"{prefix}{t}.{k}" for t in self.maps for k in STATE_KEYS}
+        if strict:
+            unexpected_keys.extend(k for k in state_dict if k.startswith(prefix) and k not in known)
+
+
+def managed_state(spec: ModelSpec, groups: tuple[PackedGroup, ...], seed: int, world: Any = None
+                  ) -> ManagedState | None:
+    """The maps of a model's managed tables (None without any).
+
+    Raises:
+        ValueError: managed tables under several ranks or in a static_hot group (not supported).
+    """
+    managed = {t.name for t in spec.tables if t.managed is not None}
+    if not managed:
+        return None
+    if world is not None:
+        raise ValueError(f"managed tables ({', '.join(sorted(managed))}) train in one process only for now "
+                         "(no --nproc)")
+    for g in groups:
+        if g.placement == "static_hot" and any(t.table in managed for t in g.tables):
+            raise ValueError(f"group {g.name} holds managed tables and is planned static_hot, which cannot "
+                             "follow their changing rows; use --cache lookahead or --cache none")
+    return ManagedState(spec, groups, seed)
+
+
+def module_optimizer(module: nn.Module) -> Any:
+    """The sparse optimizer of an embedding module (any placement)."""
+    return module.optimizer
+
+
+def reset_rows(module: nn.Module, rows: torch.Tensor, weights: torch.Tensor, state: torch.Tensor) -> None:
+    """Overwrite packed `rows` (weights and optimizer state) wherever the module keeps them."""
+    reset = getattr(module, "reset_rows", None)
+    if reset is not None:
+        reset(rows, weights, state)
+        return
+    module.write_rows(rows.to(module.weight.device), weights.to(module.weight.device),
+                      state.to(module.state.device))
