@@ -95,14 +95,10 @@ class ManagedState(nn.Module):
         return [(t, self.slots[t][1], self.slots[t][2]) for t in self._tables(group)]
 
     def _fresh(self, table: str, packed_rows: torch.Tensor, clock: int) -> torch.Tensor:
-        """Fresh weights of a table's rows among `packed_rows`: uniform(+-sqrt(1/rows)) as the
-        initial rows, from a generator seeded by (model seed, table, map clock).  # (n, D)"""
+        """Fresh weights of a table's rows among `packed_rows` (`fresh_rows`).  # (n, D)"""
         _, offset, rows = self.slots[table]
         n = int(((packed_rows >= offset) & (packed_rows < offset + rows)).sum())
-        dim = self.spec.table(table).dim
-        gen = torch.Generator().manual_seed((table_seed(self.seed, table) * 31 + clock) % (2**63 - 1))
-        bound = (1.0 / rows) ** 0.5
-        return torch.empty(n, dim).uniform_(-bound, bound, generator=gen)
+        return fresh_rows(self.seed, table, rows, n, self.spec.table(table).dim, clock)
 
     def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
         for table, m in self.maps.items():
@@ -144,6 +140,14 @@ def managed_state(spec: ModelSpec, groups: tuple[PackedGroup, ...], seed: int, w
             raise ValueError(f"group {g.name} holds managed tables and is planned static_hot, which cannot "
                              "follow their changing rows; use --cache lookahead or --cache none")
     return ManagedState(spec, groups, seed)
+
+
+def fresh_rows(seed: int, table: str, table_rows: int, n: int, dim: int, clock: int) -> torch.Tensor:
+    """Weights of `n` rows of a managed table reset at map step `clock`, in row order: uniform
+    (+-sqrt(1/table_rows)) as initial rows, from a generator seeded by (seed, table, clock).  # (n, D)"""
+    gen = torch.Generator().manual_seed((table_seed(seed, table) * 31 + clock) % (2**63 - 1))
+    bound = (1.0 / table_rows) ** 0.5
+    return torch.empty(n, dim).uniform_(-bound, bound, generator=gen)
 
 
 def module_optimizer(module: nn.Module) -> Any:
