@@ -75,6 +75,9 @@ def train(
     nproc: int = typer.Option(1, "--nproc", min=1, help="Train on N local processes (ranks) through torch.distributed's launcher: row-wise sharded tables, data-parallel dense part, rank r trains slice r of every global batch (same parameters as one process, to rounding). For many nodes launch `torchrun ... -m flowrec train ...` instead. Default: 1."),
     dist_timeout: float = typer.Option(300.0, "--dist-timeout", min=1.0, help="Seconds a rank waits for the others in a collective: a rank that died or hung makes the others exit (status 4) within this time, naming themselves. Default: 300."),
     max_restarts: int = typer.Option(0, "--max-restarts", min=0, help="With --nproc: restart every rank up to N times after a failure; the run continues from its last checkpoint. Default: 0."),
+    follow_dir: Optional[Path] = typer.Option(None, "--follow", help="Continuous training: train each day partition (an encoded dataset folder) under this folder in order of name into --out/days/<day>, each from the day before (--init-from), after scoring the day before's model on it (progressive validation in --out/metrics.jsonl); resumes a day cut short, never trains a day twice."),
+    follow_wait: float = typer.Option(0.0, "--follow-wait", min=0.0, help="With --follow: seconds to wait for a new day partition to land before stopping. Default: 0 (stop when none is waiting)."),
+    follow_once: bool = typer.Option(False, "--follow-once", help="With --follow: train at most one new day, then stop."),
 ) -> None:
     """Train a spec end to end: plan, stage data, train, evaluate, checkpoint.
 
@@ -104,6 +107,11 @@ def train(
                          fresh_optimizer, dist_timeout)
     try:
         _check_options(request)
+        if follow_dir is not None:
+            from flowrec.cli.follow import follow
+
+            follow(request, follow_dir, follow_wait, follow_once, run_training)
+            return
         if nproc > 1 and _launch_size() == 1:
             raise typer.Exit(_launch(request, nproc, max_restarts))
         run_training(_restarted(request))

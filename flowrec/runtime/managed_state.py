@@ -142,6 +142,12 @@ def managed_state(spec: ModelSpec, groups: tuple[PackedGroup, ...], seed: int, w
     return ManagedState(spec, groups, seed)
 
 
+def eval_remapper(model: Any) -> Remapper | None:
+    """The data stage's lookup-only maps of a model's managed tables (None without any)."""
+    managed = getattr(model, "managed", None)
+    return managed.remapper(train=False) if managed is not None else None
+
+
 def fresh_rows(seed: int, table: str, table_rows: int, n: int, dim: int, clock: int) -> torch.Tensor:
     """Weights of `n` rows of a managed table reset at map step `clock`, in row order: uniform
     (+-sqrt(1/table_rows)) as initial rows, from a generator seeded by (seed, table, clock).  # (n, D)"""

@@ -1,0 +1,68 @@
+"""`flowrec train --follow DAYS`: each day partition trains from the day before (managed maps
+kept), after progressive validation on it; days are never trained twice; a stream rerun after
+its days are done trains nothing; the result equals chaining `--init-from` by hand."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from flowrec.cli import app
+from flowrec.runtime.checkpoint import load_checkpoint
+
+SPEC = Path(__file__).with_name("test_managed_runs.py").read_text().split('SPEC = """')[1].split('"""')[0]
+runner = CliRunner()
+
+
+@pytest.fixture
+def days(tmp_path: Path, monkeypatch) -> tuple[Path, Path]:
+    monkeypatch.chdir(tmp_path)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.replace("epochs: 2", "epochs: 1"))
+    folder = tmp_path / "days"
+    for seed, name in enumerate(["2026-11-01", "2026-11-02", "2026-11-03"]):
+        made = runner.invoke(app, ["data", "synth", str(spec), "--rows", "320", "--seed", str(seed + 1),
+                                   "--out", str(folder / name)])
+        assert made.exit_code == 0, made.output
+    return spec, folder
+
+
+def _follow(spec: Path, days: Path, out: Path, *args: str):
+    result = runner.invoke(app, ["train", str(spec), "--follow", str(days), "--out", str(out), "--quiet",
+                                 "--device", "cpu", *args])
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def test_follow_trains_each_day_once_with_progressive_validation(days, tmp_path: Path):
+    spec, folder = days
+    out = tmp_path / "stream"
+    _follow(spec, folder, out, "--follow-once")
+    assert json.loads((out / "follow.json").read_text())["days"] == ["2026-11-01"]
+    _follow(spec, folder, out)
+    assert json.loads((out / "follow.json").read_text())["days"] == ["2026-11-01", "2026-11-02", "2026-11-03"]
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [(x["day"], x["model"]) for x in lines] == [("2026-11-02", "2026-11-01"), ("2026-11-03", "2026-11-02")]
+    assert all(0.0 <= x["metrics"]["ctr"]["auc"] <= 1.0 for x in lines)
+    first = load_checkpoint(out / "days" / "2026-11-01")["model"]
+    last = load_checkpoint(out / "days" / "2026-11-03")["model"]
+    steps = 320 // 16
+    assert int(first["managed.users.clock"][0]) == steps
+    assert int(last["managed.users.clock"][0]) == 3 * steps  # the map went on across days
+    before = (out / "days" / "2026-11-03" / "checkpoint.pt").stat().st_mtime_ns
+    _follow(spec, folder, out)  # nothing new: nothing trained again
+    assert (out / "days" / "2026-11-03" / "checkpoint.pt").stat().st_mtime_ns == before
+
+    by_hand = tmp_path / "by_hand"
+    previous = None
+    for name in ["2026-11-01", "2026-11-02", "2026-11-03"]:
+        args = ["train", str(spec), "--data", str(folder / name), "--out", str(by_hand / name), "--quiet",
+                "--device", "cpu"] + (["--init-from", str(previous)] if previous else [])
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, result.output
+        previous = by_hand / name
+    mine = load_checkpoint(by_hand / "2026-11-03")["model"]
+    assert all(torch.equal(mine[k], last[k]) for k in mine)
