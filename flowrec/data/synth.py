@@ -99,12 +99,14 @@ def hidden_weight(rows: np.ndarray, salt: np.uint64) -> np.ndarray:
     return (h >> np.uint64(11)).astype(np.float64) / float(1 << 52) - 1.0
 
 
-def _stored(ids: np.ndarray, table: TableSpec, salt: np.uint64) -> np.ndarray:
+def _stored(ids: np.ndarray, table: TableSpec) -> np.ndarray:
     """The column values of drawn ids: rows, or for a managed table raw ids (a bijective 64-bit
-    scramble of the drawn ids, never MISSING_ID)."""
+    scramble of the drawn ids by the table's name alone, so a value keeps its raw id whatever
+    the seed: data synthesised with other seeds are other days of the same users, never
+    MISSING_ID)."""
     if table.managed is None:
         return ids
-    raw = _mix(ids.astype(np.uint64) ^ salt).view(np.int64)
+    raw = _mix(ids.astype(np.uint64) ^ _salt(table.name, 0)).view(np.int64)
     return np.where(raw == MISSING_ID, 1, raw)
 
 
@@ -129,11 +131,11 @@ def _block(spec: ModelSpec, cfg: SynthConfig, block: int, n: int) -> pa.Table:
             offsets = np.concatenate([[0], np.cumsum(lengths)])
             w = np.add.reduceat(np.append(hidden_weight(ids, salt), 0.0), offsets[:-1])
             w = np.where(lengths > 0, w / np.maximum(lengths, 1), 0.0)
-            cols[f.name] = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(_stored(ids, table, salt)))
+            cols[f.name] = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(_stored(ids, table)))
         else:
             ids = rank_to_row(zipf_ranks(rng, space - 1, n, cfg.alpha), space, salt)
             w = hidden_weight(ids, salt)
-            cols[f.name] = pa.array(_stored(ids, table, salt))
+            cols[f.name] = pa.array(_stored(ids, table))
         logit += (1.0 - cfg.dense_weight) * w * np.sqrt(3.0 / n_sparse)
     logit = LOGIT_SCALE * logit + LOGIT_BIAS
     tasks = {h.label or (spec.data.label if spec.data else "label"): h.task for h in spec.heads}

@@ -9,6 +9,8 @@ A package is a folder:
   bag per sample. It returns (B, n_heads): probabilities for binary heads, values for regression.
 - ``encoder.json`` + ``vocab/``: the encoder that turns raw columns into those inputs.
 - ``spec.json``, ``plan.json``: the spec and the plan the run was trained with.
+- ``managed/<table>.parquet``: for managed tables, the raw ids holding a row and their rows
+  (`flowrec.runtime.managed_serving`); scoring remaps raw ids with them as evaluation does.
 - ``manifest.json``: format, flowrec and torch versions, encoder fingerprint, table dtype, the
   inputs in order, the heads and the run's last evaluation metrics.
 
@@ -32,6 +34,7 @@ import flowrec
 from flowrec.data.encoder_record import EncoderRecord, write_record
 from flowrec.data.layout import is_multi
 from flowrec.graph.plan_io import plan_json
+from flowrec.runtime.managed_serving import write_maps
 from flowrec.runtime.pt2_save import save_program
 from flowrec.runtime.serving import ServingModel, Trained
 from flowrec.spec.model import ModelSpec
@@ -110,10 +113,12 @@ def write_package(trained: Trained, out: Path, dtype: str, encoder: EncoderRecor
     """
     started = time.perf_counter()
     spec = trained.spec
+    out.mkdir(parents=True)
+    write_maps(trained.model, out)  # the managed maps: scoring remaps raw ids as evaluation does
+    trained.model.managed = None
     serving = ServingModel(spec, trained.model, mapped)
     diff, rows = _cast(serving, DTYPES[dtype], spec, compare) if dtype != "fp32" else (None, 0)
     program = export_program(serving, spec)
-    out.mkdir(parents=True)
     save_program(program, out / MODEL_FILE)  # torch.export.save without a copy of each table
     del program
     write_record(encoder, out)

@@ -12,7 +12,7 @@ Example:
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ import torch
 from flowrec.data.encode import Encoder
 from flowrec.data.encoder_record import EncoderRecord, find_record, load_encoder
 from flowrec.data.layout import DataError
+from flowrec.runtime.managed_serving import Maps, read_maps, remap_inputs
 from flowrec.runtime.package import MODEL_FILE, SPEC_FILE, encoded_inputs, read_manifest
 from flowrec.spec.load import spec_from_dict
 from flowrec.spec.model import ModelSpec
@@ -43,6 +44,7 @@ class LoadedModel:
         encoder: the encoder applying it to raw tables.
         program: the exported program's module: (dense, sparse) -> (B, n_heads).
         manifest: the package manifest.
+        maps: the maps of managed tables (`flowrec.runtime.managed_serving`).
     """
 
     path: Path
@@ -51,6 +53,7 @@ class LoadedModel:
     encoder: Encoder
     program: torch.nn.Module
     manifest: dict[str, Any]
+    maps: Maps = field(default_factory=dict)
 
     @property
     def heads(self) -> list[str]:
@@ -66,6 +69,7 @@ class LoadedModel:
         with torch.no_grad():
             for start in range(0, encoded.num_rows, BATCH_ROWS):
                 dense, sparse = encoded_inputs(self.spec, encoded.slice(start, BATCH_ROWS))
+                sparse = remap_inputs(self.spec, sparse, self.maps)
                 out.append(self.program(dense, sparse).numpy())
         return np.concatenate(out) if out else np.zeros((0, len(self.heads)), np.float32)
 
@@ -102,7 +106,7 @@ def load_model(path: str | Path) -> LoadedModel:
         program = torch.export.load(path / MODEL_FILE).module()
     except Exception as exc:  # any failure to read the program is a damaged package
         raise ValueError(f"{path / MODEL_FILE} is not a usable exported program ({type(exc).__name__})") from None
-    return LoadedModel(path, spec, record, load_encoder(record, spec), program, manifest)
+    return LoadedModel(path, spec, record, load_encoder(record, spec), program, manifest, read_maps(path, spec))
 
 
 def _spec(path: Path) -> ModelSpec:

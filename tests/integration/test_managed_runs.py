@@ -90,3 +90,39 @@ def test_eval_reads_the_map(spec: Path, tmp_path: Path):
     scored = runner.invoke(app, ["eval", str(run), "--data", str(data), "--json", str(tmp_path / "m.json")])
     assert scored.exit_code == 0, scored.output
     assert "auc" in (tmp_path / "m.json").read_text()
+
+
+def test_export_then_predict_equals_eval_on_unseen_evicted_and_admitted_ids(spec: Path, tmp_path: Path):
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from flowrec.data.batches import StagingOptions, iterate_batches
+    from flowrec.data.managed import NO_ROW
+    from flowrec.planner.contract import scoring_plan
+    from flowrec.runtime.managed_state import eval_remapper
+    from flowrec.runtime.predict import load_model
+    from flowrec.runtime.serving import load_trained
+    from flowrec.runtime.session import open_dataset
+
+    run, data, pkg = tmp_path / "run", tmp_path / "synth", tmp_path / "pkg"
+    _train(spec, run)
+    made = runner.invoke(app, ["data", "synth", str(spec), "--rows", "400", "--out", str(data), "--seed", "9"])
+    assert made.exit_code == 0, made.output
+    exported = runner.invoke(app, ["export", str(run), str(pkg)])
+    assert exported.exit_code == 0, exported.output
+    trained = load_trained(run, "cpu", scoring_plan)
+    users = trained.model.managed.maps["users"]
+    rows = pq.read_table(data)
+    ids = rows.column("user").to_numpy()
+    known = np.isin(ids, users.keys)
+    held = users.lookup(ids) != NO_ROW
+    assert held.any() and (known & ~held).any() and (~known).any()  # admitted, waiting/evicted, unseen
+    source = open_dataset(data, trained.spec)
+    opts = StagingOptions(batch_size=64, shuffle=False, lookahead=0)
+    with torch.no_grad(), iterate_batches(trained.spec, source, opts, 0, 0, trained.model.groups,
+                                          remap=eval_remapper(trained.model)) as batches:
+        expected = torch.cat([torch.sigmoid(trained.model(b)) for b in batches]).numpy()
+    source.close()
+    scores = load_model(pkg).score_encoded(rows)
+    assert scores.shape == expected.shape
+    assert float(np.abs(scores - expected).max()) <= 1e-6
