@@ -16,6 +16,7 @@ from flowrec.data.managed import NO_ROW
 from flowrec.data.synth import SynthConfig, synth_table
 from flowrec.planner.manager import make_plan
 from flowrec.runtime.caches.lookahead_cache import LookaheadEmbedding
+from flowrec.runtime.caches.static_hot import StaticHotEmbedding
 from flowrec.runtime.lowering import lower
 from flowrec.runtime.managed_state import ManagedState, fresh_rows
 from flowrec.runtime.reference import ReferenceModel, reference_optimizers, reference_step
@@ -118,7 +119,15 @@ def test_managed_training_equals_plain_reference(evict):
     assert committed["free"].tolist() == ref_map.free
 
 
-def test_lookahead_cache_serves_no_evicted_row():
+def _cache(kind: str, group, seed: int):
+    if kind == "lookahead":
+        return LookaheadEmbedding(group, seed, torch.device("cpu"), capacity=130, record=True)
+    hot = torch.arange(0, group.rows, 3)  # every third row hot: batches mix hot and cold rows
+    return StaticHotEmbedding(replace(group, cache_rows=len(hot)), seed, torch.device("cpu"), hot_rows=hot)
+
+
+@pytest.mark.parametrize("kind", ["lookahead", "static_hot"])
+def test_caches_serve_no_evicted_row(kind):
     seed = random.randrange(1 << 30)
     spec = managed_spec(seed % 1000, items=400)
     plan = make_plan(spec, target="cpu")
@@ -126,7 +135,7 @@ def test_lookahead_cache_serves_no_evicted_row():
     window = 2  # a window pins at most 2 * BATCH item rows and the 30 user rows: 126 < 130 slots < 430 rows
     _, batches = raw_and_batches(spec, seed, window, (group,))
     resident = PackedEmbeddingBag(group, seed=spec.training.seed)
-    cache = LookaheadEmbedding(group, spec.training.seed, torch.device("cpu"), capacity=130, record=True)
+    cache = _cache(kind, group, spec.training.seed)
     states = [ManagedState(spec, (group,), spec.training.seed) for _ in range(2)]
     head = torch.randn(group.bags_per_sample, group.dim, dtype=torch.float64)
     reset = 0
@@ -138,8 +147,10 @@ def test_lookahead_cache_serves_no_evicted_row():
         reset += len(batch.managed.resets.get(group.name, []))
         torch.tanh(resident(gids.ids, gids.offsets, gids.casting) * head).sum().backward()
         torch.tanh(cache.forward_group(gids) * head).sum().backward()
-    cache.close()
-    assert reset > 0 and any(x.evicted for x in cache.pad.log)  # managed and cache evictions both ran
+    if kind == "lookahead":
+        cache.close()
+        assert any(x.evicted for x in cache.pad.log)  # the cache evicted rows too
+        assert cache.counters.demand_rows <= 2 * group.bags_per_sample * BATCH  # only the pipeline fill missed
+    assert reset > 0
     weight, state = cache.full_tables()
     assert torch.equal(weight, resident.weight) and torch.equal(state, resident.state)
-    assert cache.counters.demand_rows <= 2 * group.bags_per_sample * BATCH  # only the pipeline fill missed
