@@ -96,6 +96,7 @@ def _progressive(run: Path, previous: Path, day: Path) -> None:
     """Score the previous day's model on `day` before training on it; one line in metrics.jsonl."""
     from flowrec.data.layout import DataError
     from flowrec.planner.contract import scoring_plan
+    from flowrec.runtime.rundir import write_text
     from flowrec.runtime.checkpoint import CheckpointError
     from flowrec.runtime.serving import load_trained
 
@@ -105,5 +106,6 @@ def _progressive(run: Path, previous: Path, day: Path) -> None:
     except (CheckpointError, DataError) as exc:
         fail(str(exc))
     line = {"event": "progressive", "day": day.name, "model": previous.name, "metrics": metrics}
-    with open(run / "metrics.jsonl", "a") as f:
-        f.write(json.dumps(line) + "\n")
+    path = run / "metrics.jsonl"
+    kept = [x for x in path.read_text().splitlines() if json.loads(x).get("day") != day.name] if path.is_file() else []
+    write_text(path, "".join(x + "\n" for x in kept + [json.dumps(line)]))  # once per day, also after a crash

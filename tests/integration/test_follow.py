@@ -66,3 +66,34 @@ def test_follow_trains_each_day_once_with_progressive_validation(days, tmp_path:
         previous = by_hand / name
     mine = load_checkpoint(by_hand / "2026-11-03")["model"]
     assert all(torch.equal(mine[k], last[k]) for k in mine)
+
+
+def test_a_kill_during_a_day_then_the_same_command_ends_bitwise_equal(days, tmp_path: Path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    spec, folder = days
+    whole = tmp_path / "whole"
+    _follow(spec, folder, whole, "--checkpoint-every", "3")
+    cut = tmp_path / "cut"
+    argv = [sys.executable, "-m", "flowrec", "train", str(spec), "--follow", str(folder), "--out", str(cut),
+            "--quiet", "--device", "cpu", "--checkpoint-every", "3"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    target = cut / "days" / "2026-11-02" / "checkpoint.pt"
+    deadline = time.monotonic() + 300
+    while not target.is_file() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert target.is_file() and "2026-11-03" not in (cut / "follow.json").read_text()  # cut in the middle of day 2
+    again = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, timeout=600)
+    assert again.returncode == 0, again.stderr.decode()[-2000:]
+    a = load_checkpoint(whole / "days" / "2026-11-03")["model"]
+    b = load_checkpoint(cut / "days" / "2026-11-03")["model"]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    days_scored = [json.loads(x)["day"] for x in (cut / "metrics.jsonl").read_text().splitlines()]
+    assert days_scored == ["2026-11-02", "2026-11-03"]
