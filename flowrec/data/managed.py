@@ -41,7 +41,8 @@ from flowrec.data.raw_ids import MISSING_ID
 from flowrec.spec.model import ManagedSpec
 
 NO_ROW = -1  # the row of an id that has none (reads the default)
-STATE_KEYS = ("keys", "row", "count", "last", "free", "clock")
+STATE_KEYS = ("keys", "row", "count", "last", "free", "clock", "stats")
+STATS = ("admitted", "evicted", "expired")  # ids given a row, rows lost in a contest, rows lost by TTL
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,7 @@ class ManagedMap:
         self.last = np.zeros(0, np.int64)  # (M,) clock of the last step that saw the id
         self.free = np.arange(spec.rows, dtype=np.int64)  # sorted free rows
         self.clock = 0  # steps taken
+        self.stats = np.zeros(len(STATS), np.int64)  # totals since the map began (STATS)
 
     def step(self, ids: np.ndarray) -> MapStep:
         """Count, admit and remap one batch's raw ids (all occurrences of the table)."""
@@ -136,15 +138,21 @@ class ManagedMap:
         waiting = pos[(self.row[pos] == NO_ROW) & (self.count[pos] >= self.spec.admit_min_count)]
         if not len(waiting) or not len(self.free):
             return
-        take = self._order(waiting)[:len(self.free)]
+        self._give(self._order(waiting))
+
+    def _give(self, ordered: np.ndarray) -> None:
+        """Free rows, lowest first, to entries `ordered` (best first) while free rows last."""
+        take = ordered[:len(self.free)]
         self.row[take] = self.free[:len(take)]
         self.free = self.free[len(take):]
+        self.stats[0] += len(take)
 
     def _evict(self) -> np.ndarray:
         """The eviction pass (rule 1); returns the freed rows, sorted."""
         ttl = self.spec.ttl_steps
         drop = (self.clock - self.last > ttl) if ttl is not None else np.zeros(len(self.keys), bool)
         freed = [self.row[drop & (self.row != NO_ROW)]]
+        self.stats[2] += len(freed[0])
         self._keep(~drop)
         holders = np.flatnonzero(self.row != NO_ROW)
         eligible = np.flatnonzero((self.row == NO_ROW) & (self._decayed(slice(None)) >= self.spec.admit_min_count))
@@ -153,14 +161,13 @@ class ManagedMap:
             losers = self._order(contenders)[self.spec.rows:]
             losers = losers[self.row[losers] != NO_ROW]
             freed.append(self.row[losers])
+            self.stats[1] += len(losers)
             self.row[losers] = NO_ROW
         freed_rows = np.sort(np.concatenate(freed))
         self.free = np.sort(np.concatenate([self.free, freed_rows]))
         waiting = eligible[self.row[eligible] == NO_ROW]
         if len(waiting) and len(self.free):
-            take = self._order(waiting)[:len(self.free)]
-            self.row[take] = self.free[:len(take)]
-            self.free = self.free[len(take):]
+            self._give(self._order(waiting))
         self._bound_waiting()
         return freed_rows
 
@@ -185,7 +192,8 @@ class ManagedMap:
     def state(self) -> dict[str, np.ndarray]:
         """The map as arrays (`STATE_KEYS`): what a checkpoint saves."""
         return {"keys": self.keys.copy(), "row": self.row.copy(), "count": self.count.copy(),
-                "last": self.last.copy(), "free": self.free.copy(), "clock": np.array([self.clock], np.int64)}
+                "last": self.last.copy(), "free": self.free.copy(), "clock": np.array([self.clock], np.int64),
+                "stats": self.stats.copy()}
 
     def load(self, state: dict[str, np.ndarray]) -> "ManagedMap":
         """Restore `state()`; returns self.
@@ -202,7 +210,14 @@ class ManagedMap:
             raise ValueError(f"a managed map of {len(keys)} ids does not fit a table of {self.spec.rows} rows")
         self.keys, self.row, self.count, self.last, self.free = keys, row, count, last, free
         self.clock = int(np.asarray(state["clock"]).reshape(-1)[0])
+        self.stats = np.asarray(state["stats"], np.int64).reshape(-1)[:len(STATS)].copy()
         return self
+
+    def report(self) -> dict[str, int]:
+        """Occupancy and totals: rows, rows held, ids waiting for a row, admitted, evicted, expired."""
+        held = int((self.row != NO_ROW).sum())
+        return {"rows": self.spec.rows, "held": held, "waiting": len(self.keys) - held,
+                **{name: int(v) for name, v in zip(STATS, self.stats)}}
 
     def copy(self) -> "ManagedMap":
         return ManagedMap(self.spec).load(self.state())

@@ -42,12 +42,14 @@ class ManagedBatch:
         resets: group -> packed rows freed by an eviction pass, reset before the batch trains.
         clocks: table -> the map's clock before this batch (the step number it replays at).
         defaults: lookups that read the default row (missing, not admitted, evicted).
+        lookups: lookups of managed tables in the batch.
     """
 
     steps: dict[str, tuple[np.ndarray, np.ndarray]]
     resets: dict[str, torch.Tensor]
     clocks: dict[str, int]
     defaults: int
+    lookups: int = 0
 
 
 class Remapper:
@@ -72,7 +74,7 @@ class Remapper:
     def remap(self, cols: dict[str, Column]) -> tuple[dict[str, Column], ManagedBatch]:
         """Columns with rows instead of raw ids (DROPPED for the default) and what the maps did."""
         cols = dict(cols)
-        steps, resets, clocks, defaults = {}, {}, {}, 0
+        steps, resets, clocks, defaults, lookups = {}, {}, {}, 0, 0
         for table, m in self.maps.items():
             names = self.features[table]
             flat = np.concatenate([_values(cols[n]) for n in names]) if names else np.zeros(0, np.int64)
@@ -88,13 +90,15 @@ class Remapper:
             else:
                 rows = m.lookup(flat)
             defaults += int((rows == NO_ROW).sum())
+            lookups += len(rows)
             rows = np.where(rows == NO_ROW, DROPPED, rows)
             start = 0
             for n in names:
                 k = len(_values(cols[n]))
                 cols[n] = _with_values(cols[n], rows[start:start + k])
                 start += k
-        return cols, ManagedBatch(steps, {g: torch.sort(r).values for g, r in resets.items()}, clocks, defaults)
+        return cols, ManagedBatch(steps, {g: torch.sort(r).values for g, r in resets.items()}, clocks, defaults,
+                                  lookups)
 
     def in_turn(self, turn: int, stopped: Callable[[], bool], work: Callable[[], Any]) -> Any:
         """Run `work` as turn number `turn` (0, 1, ... in submission order), after turn - 1;

@@ -44,6 +44,7 @@ class ManagedState(nn.Module):
         self.spec, self.groups, self.seed = spec, groups, seed
         self.maps = {t.name: ManagedMap(t.managed) for t in spec.tables if t.managed is not None}
         self.slots = {t.table: (g.name, t.row_offset, t.rows) for g in groups for t in g.tables}
+        self.lookups = [0, 0]  # managed lookups trained by this process, and those that read the default
 
     def __bool__(self) -> bool:
         return bool(self.maps)
@@ -76,6 +77,8 @@ class ManagedState(nn.Module):
         managed = batch.managed
         if managed is None:
             return
+        self.lookups[0] += managed.lookups
+        self.lookups[1] += managed.defaults
         for table, (unique, counts) in managed.steps.items():
             m = self.maps[table]
             if m.clock != managed.clocks[table]:
@@ -87,6 +90,13 @@ class ManagedState(nn.Module):
             mine = staged[(staged >= offset) & (staged < offset + m.spec.rows)] - offset
             if not np.array_equal(np.sort(freed), mine):
                 raise RuntimeError(f"managed table {table}: the replayed eviction freed other rows")
+
+    def report(self) -> dict[str, object]:
+        """Per table occupancy and totals (`ManagedMap.report`), and the share of this process's
+        trained managed lookups that read the default row."""
+        trained, defaults = self.lookups
+        return {"tables": {t: m.report() for t, m in self.maps.items()},
+                "default_lookup_share": round(defaults / trained, 6) if trained else None}
 
     def _tables(self, group: str) -> list[str]:
         return [t for t, (g, _, _) in self.slots.items() if g == group and t in self.maps]

@@ -159,6 +159,7 @@ class TrainResult:
     stopped_early: bool = False
     stop_requested: bool = False
     best_step: int | None = None
+    managed: dict[str, Any] | None = None  # managed tables: occupancy, admitted, evicted, default lookups
 
 
 class Trainer:
@@ -354,13 +355,16 @@ class Trainer:
         placement = {g.name: g.placement for g in self.model.groups}
         result.counters = {name: {"placement": placement[name], **snap}
                            for name, snap in collect_counters(self.model).items()}
+        managed = getattr(self.model, "managed", None)
+        result.managed = managed.report() if managed is not None else None
         if self.log is not None:
             self.log.write({"event": "end", "step": self.position.step, "samples": samples,
                             "seconds": seconds, "samples_per_s": result.samples_per_s,
                             "interrupted": interrupted, "stage_seconds": result.stage_seconds,
                             "counters": result.counters, "skipped_batches": self.skipped_batches,
                             "stopped_early": self.stopped_early, "best_step": result.best_step,
-                            "checkpoint_writes_s": self.checkpointer.seconds})
+                            "checkpoint_writes_s": self.checkpointer.seconds,
+                            **({"managed": result.managed} if result.managed else {})})
         return result
 
     @property
