@@ -72,6 +72,7 @@ def prefill(state: ManagedState, spec, plan, batches: int, every_steps: int) -> 
         remap = state.remapper(train=True)
         for b in staged(spec, plan, BATCH, 1000 + k, remap):
             state.after_step(b)
+    state.sync()
 
 
 def main() -> None:
@@ -113,6 +114,9 @@ def main() -> None:
             if k >= 2:
                 arm["step_s"].append(t2 - t1)
                 arm["replay_s"].append((t1 - t0) + (t3 - t2))
+    t0 = time.perf_counter()
+    state.sync()  # replays still queued at the end (off the training thread)
+    tail_s = time.perf_counter() - t0
     med = statistics.median
     step_h, step_m = med(arms["hashed"]["step_s"]), med(arms["managed"]["step_s"])
     remap_s, replay_s = med(remap.seconds[2:]), med(arms["managed"]["replay_s"])

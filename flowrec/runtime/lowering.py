@@ -202,6 +202,8 @@ class LoweredModel(nn.Module):
             close = getattr(module, "close", None)
             if close is not None:
                 close()
+        if self.managed is not None:
+            self.managed.close()
 
     def dense_forward(self, dense: torch.Tensor, emb: dict[str, torch.Tensor],
                       masks: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -7,7 +7,9 @@ tables' rows and optimizer state in the same model state, so every checkpoint (f
 a delta carries the whole model state but the packed tables) and every load restores rows,
 optimizer state and the map together. The trainer calls `before_step` (reset the rows an
 eviction pass freed, wherever they live: table, host master or cache slots) and `after_step`
-(replay the batch's map step, checking it freed the same rows).
+(queue the replay of the batch's map step, checking it freed the same rows). The replays run in
+order on a worker thread, off the training thread; everything that reads the maps (state dict,
+remapper, report) first waits for the replays queued so far.
 
 Example:
     >>> state = ManagedState(spec, groups)                  # doctest: +SKIP
@@ -15,6 +17,8 @@ Example:
 """
 from __future__ import annotations
 
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -22,7 +26,7 @@ import torch
 from torch import nn
 
 from flowrec.data.managed import STATE_KEYS, ManagedMap
-from flowrec.data.managed_stage import Remapper
+from flowrec.data.managed_stage import ManagedBatch, Remapper
 from flowrec.graph.types import PackedGroup
 from flowrec.spec.model import ModelSpec
 from operators.embedding import table_seed
@@ -45,6 +49,8 @@ class ManagedState(nn.Module):
         self.maps = {t.name: ManagedMap(t.managed) for t in spec.tables if t.managed is not None}
         self.slots = {t.table: (g.name, t.row_offset, t.rows) for g in groups for t in g.tables}
         self.lookups = [0, 0]  # managed lookups trained by this process, and those that read the default
+        self._replays: deque[Future] = deque()
+        self._pool: ThreadPoolExecutor | None = None
 
     def __bool__(self) -> bool:
         return bool(self.maps)
@@ -53,6 +59,7 @@ class ManagedState(nn.Module):
         """A data-stage remapper on copies of the maps (None without managed tables)."""
         if not self.maps:
             return None
+        self.sync()
         return Remapper(self.spec, self.groups, {t: m.copy() for t, m in self.maps.items()}, train)
 
     def before_step(self, embeddings: nn.ModuleDict, batch: Any) -> None:
@@ -69,16 +76,37 @@ class ManagedState(nn.Module):
             reset_rows(module, order, weights, state)
 
     def after_step(self, batch: Any) -> None:
-        """Replay the batch's map steps on these maps (they then hold the state after the batch).
-
-        Raises:
-            RuntimeError: the replay disagrees with the data stage (clock or freed rows).
-        """
+        """Queue the replay of the batch's map steps on these maps (in batch order, on a worker
+        thread); `sync` waits for it. A replay that disagrees with the data stage (clock or freed
+        rows) raises RuntimeError at the next `sync`."""
         managed = batch.managed
         if managed is None:
             return
         self.lookups[0] += managed.lookups
         self.lookups[1] += managed.defaults
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="flowrec-managed-replay")
+        self._replays.append(self._pool.submit(self._replay, managed))
+
+    def sync(self) -> None:
+        """Wait for the queued replays: the maps then hold the state after the last trained batch.
+
+        Raises:
+            RuntimeError: a replay disagreed with the data stage.
+        """
+        while self._replays:
+            self._replays.popleft().result()
+
+    def close(self) -> None:
+        """Wait for the queued replays and stop the worker thread."""
+        try:
+            self.sync()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
+
+    def _replay(self, managed: ManagedBatch) -> None:
         for table, (unique, counts) in managed.steps.items():
             m = self.maps[table]
             if m.clock != managed.clocks[table]:
@@ -94,6 +122,7 @@ class ManagedState(nn.Module):
     def report(self) -> dict[str, object]:
         """Per table occupancy and totals (`ManagedMap.report`), and the share of this process's
         trained managed lookups that read the default row."""
+        self.sync()
         trained, defaults = self.lookups
         return {"tables": {t: m.report() for t, m in self.maps.items()},
                 "default_lookup_share": round(defaults / trained, 6) if trained else None}
@@ -111,12 +140,14 @@ class ManagedState(nn.Module):
         return fresh_rows(self.seed, table, rows, n, self.spec.table(table).dim, clock)
 
     def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
+        self.sync()
         for table, m in self.maps.items():
             for key, value in m.state().items():
                 destination[f"{prefix}{table}.{key}"] = torch.from_numpy(value)
 
     def _load_from_state_dict(self, state_dict: dict, prefix: str, local_metadata: Any, strict: bool,
                               missing_keys: list, unexpected_keys: list, error_msgs: list) -> None:
+        self.sync()
         for table, m in self.maps.items():
             keys = {k: f"{prefix}{table}.{k}" for k in STATE_KEYS}
             absent = [full for full in keys.values() if full not in state_dict]

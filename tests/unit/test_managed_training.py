@@ -114,6 +114,7 @@ def test_managed_training_equals_plain_reference(evict):
     for t in ("users", "item"):
         torch.testing.assert_close(model.embeddings[groups[0].name].table_rows(t), ref.table(t).weight.detach(),
                                    rtol=1e-9, atol=1e-11, msg=lambda m: f"seed {seed}, table {t}: {m}")
+    model.managed.sync()
     committed = model.managed.maps["users"].state()
     assert committed["keys"].tolist() == sorted(ref_map.ids)
     assert committed["free"].tolist() == ref_map.free
@@ -152,5 +153,7 @@ def test_caches_serve_no_evicted_row(kind):
         assert any(x.evicted for x in cache.pad.log)  # the cache evicted rows too
         assert cache.counters.demand_rows <= 2 * group.bags_per_sample * BATCH  # only the pipeline fill missed
     assert reset > 0
+    for s in states:
+        s.sync()  # the replays agreed with the data stage
     weight, state = cache.full_tables()
     assert torch.equal(weight, resident.weight) and torch.equal(state, resident.state)
