@@ -104,3 +104,18 @@ def test_raw_values_keep_a_stable_64_bit_hash():
     assert again.column("user").to_numpy().tolist() == user[3:].tolist()  # stable across chunks and runs
     item = out.column("item").to_numpy()
     assert item.min() >= 1 and item.max() < 100  # hashed tables are unchanged
+
+
+def test_data_checks_take_any_raw_id_but_refuse_nulls_and_non_integers():
+    from flowrec.data.checks import check_partition, partition_rules
+    from flowrec.data.layout import DataError
+
+    spec = spec_from_dict(copy.deepcopy(BASE))
+    rules = [r for r in partition_rules(spec) if r.name in ("user", "hist")]
+    ok = pa.table({"user": pa.array([-(1 << 62), 5, 1 << 62], pa.int64()),
+                   "hist": pa.array([[-3, 1 << 40], [], [7]], pa.list_(pa.int64()))})
+    check_partition(ok, rules, "part-0")
+    with pytest.raises(DataError, match="null id at row 1"):
+        check_partition(ok.set_column(0, "user", pa.array([1, None, 3], pa.int64())), rules, "part-0")
+    with pytest.raises(DataError, match="expected int64"):
+        check_partition(ok.set_column(0, "user", pa.array([1.5, 2.0, 3.0])), rules, "part-0")
