@@ -587,6 +587,9 @@ def _report(result, run_dir: Path, json_out: bool) -> None:
                      f"{run_dir / 'best'}")
     elif result.stop_requested:
         lines.append(f"stopped at step {result.steps} on request")
+    from flowrec.runtime.managed_state import managed_lines
+
+    lines += managed_lines(result.managed)
     lines.append(f"run folder: {run_dir} (checkpoint.pt, metrics.jsonl, plan.json)")
     for line in lines:
         _say(line)

@@ -183,6 +183,17 @@ def managed_state(spec: ModelSpec, groups: tuple[PackedGroup, ...], seed: int, w
     return ManagedState(spec, groups, seed)
 
 
+def managed_lines(report: dict[str, Any] | None) -> list[str]:
+    """Console lines of a run's managed report (`ManagedState.report`): one per table."""
+    if not report:
+        return []
+    share = report.get("default_lookup_share")
+    tail = f"; {100 * share:.1f}% of trained lookups read the default row" if share is not None else ""
+    return [f"managed {table}: {r['held']:,}/{r['rows']:,} rows held, {r['waiting']:,} ids waiting, "
+            f"{r['admitted']:,} admitted, {r['evicted']:,} evicted, {r['expired']:,} expired{tail}"
+            for table, r in report["tables"].items()]
+
+
 def eval_remapper(model: Any) -> Remapper | None:
     """The data stage's lookup-only maps of a model's managed tables (None without any)."""
     managed = getattr(model, "managed", None)

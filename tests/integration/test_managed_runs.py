@@ -60,7 +60,14 @@ def _assert_same_run(a: dict, b: dict) -> None:
 
 
 def test_checkpoint_holds_rows_and_map_as_one_key_set(spec: Path, tmp_path: Path):
-    _train(spec, tmp_path / "run")
+    import json
+
+    result = _train(spec, tmp_path / "run")
+    end = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()][-1]
+    users = end["managed"]["tables"]["users"]
+    assert f"managed users: {users['held']}/200 rows held" in result.output
+    assert users["admitted"] - users["evicted"] - users["expired"] == users["held"] <= 200
+    assert users["evicted"] + users["expired"] > 0 and 0 < end["managed"]["default_lookup_share"] < 1
     model = load_checkpoint(tmp_path / "run")["model"]
     keys, row, free = (model[f"managed.users.{k}"] for k in ("keys", "row", "free"))
     assert int(model["managed.users.clock"][0]) == STEPS
