@@ -8,8 +8,9 @@ it trains into RUN/days/<day>/ from the previous day's run (`--init-from`: table
 state, managed maps and encoder carry over), which checkpoints as any run. RUN/follow.json lists
 the days done, written after each; a day already listed is never trained again, and a day whose
 folder holds a checkpoint but is not listed (a crash) is resumed (`--resume`: bitwise equal to an
-uninterrupted run). With `--follow-wait S` it waits up to S seconds for a new day to land
-before it stops; `--follow-once` trains at most one new day.
+uninterrupted run). With `--follow-export` each day's model package is written to
+RUN/export/<day>/ before the day is recorded. With `--follow-wait S` it waits up to S seconds for
+a new day to land before it stops; `--follow-once` trains at most one new day.
 
 Example:
     $ flowrec train spec.yaml --follow days/ --out runs/stream --follow-wait 3600
@@ -26,6 +27,7 @@ from flowrec.cli.common import fail
 
 FOLLOW_FILE = "follow.json"
 DAYS_DIR = "days"
+EXPORT_DIR = "export"
 POLL_S = 1.0  # seconds between looks for a new day
 
 
@@ -48,7 +50,7 @@ def _record(run: Path, days: list[str]) -> None:
     write_text(run / FOLLOW_FILE, json.dumps({"days": days}, indent=2) + "\n")
 
 
-def follow(request, days: Path, wait_s: float, once: bool, train: Callable) -> None:
+def follow(request, days: Path, wait_s: float, once: bool, train: Callable, export: bool = False) -> None:
     """Train each new day of `days` into `request.out` (see the module docstring).
 
     Args:
@@ -57,6 +59,7 @@ def follow(request, days: Path, wait_s: float, once: bool, train: Callable) -> N
         wait_s: seconds to wait for a new day before stopping.
         once: train at most one new day.
         train: `run_training`, called with one request per day.
+        export: after each day, also write its model package to RUN/export/<day>/.
     """
     run = request.out
     if run is None:
@@ -77,6 +80,8 @@ def follow(request, days: Path, wait_s: float, once: bool, train: Callable) -> N
         if previous is not None:
             _progressive(run, previous, day)
         train(_day_request(request, run / DAYS_DIR / day.name, day, previous))
+        if export:
+            _export(run / DAYS_DIR / day.name, run / EXPORT_DIR / day.name)
         _record(run, done + [day.name])
         trained += 1
         deadline = time.monotonic() + wait_s
@@ -90,6 +95,14 @@ def _day_request(request, folder: Path, day: Path, previous: Path | None):
     if (folder / "checkpoint.pt").is_file():
         return replace(request, out=None, resume=folder, overwrite=False, given=given, init_from=None)
     return replace(request, out=folder, resume=None, overwrite=True, given=given, init_from=previous)
+
+
+def _export(day_run: Path, out: Path) -> None:
+    """The day's model package (replacing one a crash left before the day was recorded)."""
+    from flowrec.cli.export_cmd import export
+
+    out.parent.mkdir(exist_ok=True)
+    export(day_run, out, dtype="fp32", overwrite=True, quiet=True)
 
 
 def _progressive(run: Path, previous: Path, day: Path) -> None:

@@ -78,6 +78,7 @@ def train(
     follow_dir: Optional[Path] = typer.Option(None, "--follow", help="Continuous training: train each day partition (an encoded dataset folder) under this folder in order of name into --out/days/<day>, each from the day before (--init-from), after scoring the day before's model on it (progressive validation in --out/metrics.jsonl); resumes a day cut short, never trains a day twice."),
     follow_wait: float = typer.Option(0.0, "--follow-wait", min=0.0, help="With --follow: seconds to wait for a new day partition to land before stopping. Default: 0 (stop when none is waiting)."),
     follow_once: bool = typer.Option(False, "--follow-once", help="With --follow: train at most one new day, then stop."),
+    follow_export: bool = typer.Option(False, "--follow-export", help="With --follow: after each day, write its model package to --out/export/<day> (as `flowrec export`)."),
 ) -> None:
     """Train a spec end to end: plan, stage data, train, evaluate, checkpoint.
 
@@ -110,7 +111,7 @@ def train(
         if follow_dir is not None:
             from flowrec.cli.follow import follow
 
-            follow(request, follow_dir, follow_wait, follow_once, run_training)
+            follow(request, follow_dir, follow_wait, follow_once, run_training, follow_export)
             return
         if nproc > 1 and _launch_size() == 1:
             raise typer.Exit(_launch(request, nproc, max_restarts))

@@ -40,8 +40,12 @@ def _follow(spec: Path, days: Path, out: Path, *args: str):
 def test_follow_trains_each_day_once_with_progressive_validation(days, tmp_path: Path):
     spec, folder = days
     out = tmp_path / "stream"
-    _follow(spec, folder, out, "--follow-once")
+    _follow(spec, folder, out, "--follow-once", "--follow-export")
     assert json.loads((out / "follow.json").read_text())["days"] == ["2026-11-01"]
+    from flowrec.runtime.predict import load_model
+
+    package = load_model(out / "export" / "2026-11-01")  # the day's package, with its managed map
+    assert package.maps["users"][0].size > 0
     _follow(spec, folder, out)
     assert json.loads((out / "follow.json").read_text())["days"] == ["2026-11-01", "2026-11-02", "2026-11-03"]
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
