@@ -3,7 +3,8 @@
 Each day is an encoded dataset folder under DAYS (one with ``_flowrec.json``: a conversion
 renames it into place only when complete), taken in order of name. For each day not trained yet:
 the model of the previous day is first scored on it (progressive validation: metrics on data it
-has not seen, one ``{"event": "progressive", "day", "metrics"}`` line in RUN/metrics.jsonl), then
+has not seen, one ``{"event": "progressive", "step": <day number>, "day", "metrics"}`` line in
+RUN/metrics.jsonl, and TensorBoard scalars ``progressive/<head>/<metric>``), then
 it trains into RUN/days/<day>/ from the previous day's run (`--init-from`: tables, optimizer
 state, managed maps and encoder carry over), which checkpoints as any run. RUN/follow.json lists
 the days done, written after each; a day already listed is never trained again, and a day whose
@@ -78,7 +79,7 @@ def follow(request, days: Path, wait_s: float, once: bool, train: Callable, expo
         day = todo[0]
         previous = run / DAYS_DIR / done[-1] if done else None
         if previous is not None:
-            _progressive(run, previous, day)
+            _progressive(run, previous, day, len(done) + 1)
         train(_day_request(request, run / DAYS_DIR / day.name, day, previous))
         if export:
             _export(run / DAYS_DIR / day.name, run / EXPORT_DIR / day.name)
@@ -105,20 +106,25 @@ def _export(day_run: Path, out: Path) -> None:
     export(day_run, out, dtype="fp32", overwrite=True, quiet=True)
 
 
-def _progressive(run: Path, previous: Path, day: Path) -> None:
-    """Score the previous day's model on `day` before training on it; one line in metrics.jsonl."""
+def _progressive(run: Path, previous: Path, day: Path, number: int) -> None:
+    """Score the previous day's model on `day` (the stream's day `number`, 1-based) before training
+    on it: one line in metrics.jsonl (step = `number`, kept once after a crash) and TensorBoard
+    scalars `progressive/<head>/<metric>`."""
     from flowrec.data.layout import DataError
     from flowrec.planner.contract import scoring_plan
-    from flowrec.runtime.rundir import write_text
     from flowrec.runtime.checkpoint import CheckpointError
+    from flowrec.runtime.metrics import MetricsError, MetricsLog
     from flowrec.runtime.serving import load_trained
 
     try:
-        trained = load_trained(previous, "cpu", scoring_plan)
-        metrics = trained.evaluate_dataset(day)
-    except (CheckpointError, DataError) as exc:
+        metrics = load_trained(previous, "cpu", scoring_plan).evaluate_dataset(day)
+        log = MetricsLog(run / "metrics.jsonl", keep_through_step=number - 1)
+    except (CheckpointError, DataError, MetricsError) as exc:
         fail(str(exc))
-    line = {"event": "progressive", "day": day.name, "model": previous.name, "metrics": metrics}
-    path = run / "metrics.jsonl"
-    kept = [x for x in path.read_text().splitlines() if json.loads(x).get("day") != day.name] if path.is_file() else []
-    write_text(path, "".join(x + "\n" for x in kept + [json.dumps(line)]))  # once per day, also after a crash
+    try:
+        log.write({"event": "progressive", "step": number, "day": day.name, "model": previous.name,
+                   "metrics": metrics})
+        log.scalars(number, {f"progressive/{head}/{name}": value for head, values in metrics.items()
+                             for name, value in values.items() if name != "samples"})
+    finally:
+        log.close()
