@@ -109,7 +109,7 @@ def managed_report(run: Path, dataset: Path, rows: dict[str, int]) -> dict[str, 
     sys.path.insert(0, str(REPO))
     import torch
 
-    from flowrec.data.managed import NO_ROW, ManagedMap
+    from flowrec.data.managed import NO_ROW, STATE_KEYS, ManagedMap
     from flowrec.spec.model import ManagedSpec
 
     state = torch.load(run / "checkpoint.pt", weights_only=True)["model"]
@@ -117,13 +117,11 @@ def managed_report(run: Path, dataset: Path, rows: dict[str, int]) -> dict[str, 
     out = {}
     for name in IDS:
         table = TABLES[name]
-        arrays = {k: state[f"managed.{table}.{k}"].numpy() for k in ("keys", "row", "count", "last", "free", "clock")}
+        arrays = {k: state[f"managed.{table}.{k}"].numpy() for k in STATE_KEYS}
         m = ManagedMap(ManagedSpec(rows=rows[name])).load(arrays)
         held = arrays["row"][arrays["row"] != NO_ROW]
         looked = m.lookup(test.column(name).to_numpy())
-        out[name] = {"rows": rows[name], "rows_held": int(len(held)),
-                     "collisions": int(len(held) - len(np.unique(held))),
-                     "ids_known_without_row": int((arrays["row"] == NO_ROW).sum()),
+        out[name] = {**m.report(), "collisions": int(len(held) - len(np.unique(held))),
                      "test_lookups_default": round(float((looked == NO_ROW).mean()), 4)}
     return out
 

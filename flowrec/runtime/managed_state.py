@@ -52,9 +52,6 @@ class ManagedState(nn.Module):
         self._replays: deque[Future] = deque()
         self._pool: ThreadPoolExecutor | None = None
 
-    def __bool__(self) -> bool:
-        return bool(self.maps)
-
     def remapper(self, train: bool) -> Remapper | None:
         """A data-stage remapper on copies of the maps (None without managed tables)."""
         if not self.maps:
