@@ -133,3 +133,16 @@ def test_export_then_predict_equals_eval_on_unseen_evicted_and_admitted_ids(spec
     scores = load_model(pkg).score_encoded(rows)
     assert scores.shape == expected.shape
     assert float(np.abs(scores - expected).max()) <= 1e-6
+
+
+def test_a_lookahead_cache_run_equals_a_resident_run(spec: Path, tmp_path: Path):
+    import json
+
+    _train(spec, tmp_path / "resident", "--max-steps", "30")
+    cached = _train(spec, tmp_path / "cached", "--max-steps", "30", "--device-budget", "20KiB", "--cache", "lookahead")
+    plan = json.loads((tmp_path / "cached" / "plan.json").read_text())
+    assert {g["placement"] for g in plan["groups"]} == {"lookahead"}, cached.output
+    a, b = load_checkpoint(tmp_path / "resident")["model"], load_checkpoint(tmp_path / "cached")["model"]
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], rtol=1e-5, atol=1e-6, msg=lambda m: f"{key}: {m}")
