@@ -109,6 +109,7 @@ def train(
     try:
         _check_options(request)
         if follow_dir is not None:
+            _check_follow(request, nproc)
             from flowrec.cli.follow import follow
 
             follow(request, follow_dir, follow_wait, follow_once, run_training, follow_export)
@@ -118,6 +119,15 @@ def train(
         run_training(_restarted(request))
     except KeyboardInterrupt:
         fail("interrupted (Ctrl-C) before training started; nothing was trained", EXIT_INTERRUPTED)
+
+
+def _check_follow(request: RunRequest, nproc: int) -> None:
+    """--follow takes its data from the day folders and its runs from --out."""
+    clashes = [flag for flag, given in (("--data", request.given.get("data")), ("--resume", request.resume),
+                                        ("--init-from", request.init_from), ("--nproc", nproc > 1)) if given]
+    if clashes:
+        fail(f"--follow trains each day folder into --out/days/<day> from the day before: "
+             f"it takes no {', '.join(clashes)}")
 
 
 def _launch_size() -> int:

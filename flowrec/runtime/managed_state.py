@@ -191,6 +191,14 @@ def managed_lines(report: dict[str, Any] | None) -> list[str]:
             for table, r in report["tables"].items()]
 
 
+def fresh_remapper(spec: ModelSpec, groups: tuple[PackedGroup, ...]) -> Remapper | None:
+    """A training remapper on empty maps (measurements that stage batches without a model's
+    maps); None without managed tables."""
+    if not any(t.managed is not None for t in spec.tables):
+        return None
+    return ManagedState(spec, groups).remapper(train=True)
+
+
 def eval_remapper(model: Any) -> Remapper | None:
     """The data stage's lookup-only maps of a model's managed tables (None without any)."""
     managed = getattr(model, "managed", None)

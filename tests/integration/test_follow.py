@@ -101,3 +101,13 @@ def test_a_kill_during_a_day_then_the_same_command_ends_bitwise_equal(days, tmp_
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     days_scored = [json.loads(x)["day"] for x in (cut / "metrics.jsonl").read_text().splitlines()]
     assert days_scored == ["2026-11-02", "2026-11-03"]
+
+
+@pytest.mark.parametrize("extra, flag", [(["--data", "x"], "--data"), (["--resume", "x"], "--resume"),
+                                         (["--init-from", "x"], "--init-from")])
+def test_follow_refuses_flags_that_name_another_run_or_data(days, tmp_path: Path, extra: list, flag: str):
+    spec, folder = days
+    result = runner.invoke(app, ["train", str(spec), "--follow", str(folder), "--out", str(tmp_path / "s"), *extra])
+    assert result.exit_code == 2
+    assert flag in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "s").exists()
