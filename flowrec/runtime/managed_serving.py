@@ -7,7 +7,7 @@ without a row from their bags, exactly as evaluation does (`flowrec.data.managed
 unknown, never admitted or evicted id reads the default (nothing).
 
 Example:
-    >>> write_maps(trained.model, Path("pkg"))            # doctest: +SKIP
+    >>> write_maps(maps_of(trained.model), Path("pkg"))   # doctest: +SKIP
     >>> sparse = remap_inputs(spec, sparse, read_maps(Path("pkg"), spec))  # doctest: +SKIP
 """
 from __future__ import annotations
@@ -28,15 +28,22 @@ MANAGED_DIR = "managed"
 Maps = dict[str, tuple[np.ndarray, np.ndarray]]  # table -> (sorted raw ids, their rows)
 
 
-def write_maps(model: Any, out: Path) -> None:
-    """Write the held ids of every managed map of a lowered model into `out/managed/`."""
+def maps_of(model: Any) -> Maps:
+    """The held ids and rows of every managed map of a lowered model (none without managed tables)."""
     managed = getattr(model, "managed", None)
     if managed is None:
+        return {}
+    managed.sync()
+    return {table: (m.keys[m.row != NO_ROW], m.row[m.row != NO_ROW]) for table, m in managed.maps.items()}
+
+
+def write_maps(maps: Maps, out: Path) -> None:
+    """Write `maps` (`maps_of`) into `out/managed/`, one Parquet file per managed table."""
+    if not maps:
         return
     (out / MANAGED_DIR).mkdir()
-    for table, m in managed.maps.items():
-        held = m.row != NO_ROW
-        pq.write_table(pa.table({"key": m.keys[held], "row": m.row[held]}), out / MANAGED_DIR / f"{table}.parquet")
+    for table, (keys, rows) in maps.items():
+        pq.write_table(pa.table({"key": keys, "row": rows}), out / MANAGED_DIR / f"{table}.parquet")
 
 
 def read_maps(folder: Path, spec: ModelSpec) -> Maps:

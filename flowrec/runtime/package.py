@@ -34,7 +34,7 @@ import flowrec
 from flowrec.data.encoder_record import EncoderRecord, write_record
 from flowrec.data.layout import is_multi
 from flowrec.graph.plan_io import plan_json
-from flowrec.runtime.managed_serving import write_maps
+from flowrec.runtime.managed_serving import Maps, maps_of, remap_inputs, write_maps
 from flowrec.runtime.pt2_save import save_program
 from flowrec.runtime.serving import ServingModel, Trained
 from flowrec.spec.model import ModelSpec
@@ -114,10 +114,11 @@ def write_package(trained: Trained, out: Path, dtype: str, encoder: EncoderRecor
     started = time.perf_counter()
     spec = trained.spec
     out.mkdir(parents=True)
-    write_maps(trained.model, out)  # the managed maps: scoring remaps raw ids as evaluation does
+    maps = maps_of(trained.model)
+    write_maps(maps, out)  # the managed maps: scoring remaps raw ids as evaluation does
     trained.model.managed = None
     serving = ServingModel(spec, trained.model, mapped)
-    diff, rows = _cast(serving, DTYPES[dtype], spec, compare) if dtype != "fp32" else (None, 0)
+    diff, rows = _cast(serving, DTYPES[dtype], spec, compare, maps) if dtype != "fp32" else (None, 0)
     program = export_program(serving, spec)
     save_program(program, out / MODEL_FILE)  # torch.export.save without a copy of each table
     del program
@@ -147,11 +148,13 @@ def _manifest(spec: ModelSpec, dtype: str, encoder: EncoderRecord, metrics: dict
 
 
 def _cast(serving: ServingModel, dtype: torch.dtype, spec: ModelSpec,
-          compare: Iterator[pa.Table] | None) -> tuple[float, int]:
+          compare: Iterator[pa.Table] | None, maps: Maps | None = None) -> tuple[float, int]:
     """Cast the tables to `dtype`; the largest |score - fp32 score| over the compared rows (4096
     random rows when no evaluation data is given) and their count."""
     with torch.no_grad():
         inputs = list(_comparison_inputs(spec, compare))
+        if compare is not None:  # encoded rows: managed features hold raw ids
+            inputs = [(d, remap_inputs(spec, s, maps or {})) for d, s in inputs]
         reference = [serving(dense, sparse) for dense, sparse in inputs]
         serving.cast_tables(dtype)
         worst = max(float((serving(d, s) - r).abs().max()) for (d, s), r in zip(inputs, reference))

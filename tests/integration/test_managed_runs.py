@@ -146,3 +146,20 @@ def test_a_lookahead_cache_run_equals_a_resident_run(spec: Path, tmp_path: Path)
     assert a.keys() == b.keys()
     for key in a:
         torch.testing.assert_close(b[key], a[key], rtol=1e-5, atol=1e-6, msg=lambda m: f"{key}: {m}")
+
+
+def test_a_half_precision_export_compares_on_remapped_eval_rows(spec: Path, tmp_path: Path):
+    import json
+
+    for name, seed in (("train", "3"), ("test", "4")):
+        made = runner.invoke(app, ["data", "synth", str(spec), "--rows", "400", "--out", str(tmp_path / name),
+                                   "--seed", seed])
+        assert made.exit_code == 0, made.output
+    run = tmp_path / "run"
+    trained = runner.invoke(app, ["train", str(spec), "--data", str(tmp_path / "train"), "--eval-data",
+                                  str(tmp_path / "test"), "--out", str(run), "--quiet", "--device", "cpu"])
+    assert trained.exit_code == 0, trained.output
+    exported = runner.invoke(app, ["export", str(run), str(tmp_path / "pkg"), "--dtype", "bf16"])
+    assert exported.exit_code == 0, exported.output
+    manifest = json.loads((tmp_path / "pkg" / "manifest.json").read_text())
+    assert manifest["half_max_score_diff"]["rows"] == 400 and manifest["half_max_score_diff"]["value"] < 0.05
