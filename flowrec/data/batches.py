@@ -41,7 +41,7 @@ from flowrec.data.checked import rules_key
 from flowrec.data.checks import ColumnRule, check_partition, partition_rules
 from flowrec.data.dataset import PartitionSource, partition_name, take_rows, token
 from flowrec.data.lookahead import LookaheadWindow, batch_extras
-from flowrec.data.managed_stage import Remapper, drop_defaults
+from flowrec.data.managed_stage import Remapper, cut_columns, drop_defaults
 from flowrec.data.packed_ids import column_arrays, pack_group
 from flowrec.data.strata import STRATA, chunk_layout, needed_range
 from flowrec.graph.types import PackedGroup
@@ -300,12 +300,20 @@ class BatchIterator:
                     if self.start_batch <= lo // bsz + k < self.num_batches]
             if not kept:
                 continue
-            slices = [rank_slice(len(rows), opts.world_size, opts.rank) for _, rows in kept]
+            slices = [self._read_slice(len(rows)) for _, rows in kept]
             read_lo, read_hi = needed_range([rows for _, rows in kept], slices)
             read_hi = max(read_hi, read_lo + 1)  # a rank with no rows here still gets the schema
             yield _Chunk(lo + read_lo, lo + read_hi, tuple(
                 (index, rows[a:b] - read_lo, len(rows) if opts.world_size > 1 else None)
                 for (index, rows), (a, b) in zip(kept, slices)))
+
+    def _read_slice(self, size: int) -> tuple[int, int]:
+        """Samples of a global batch this rank reads: its slice, or with managed tables on several
+        ranks the whole batch (every rank steps its replica of the maps on the global batch's ids,
+        then keeps its slice: `_pack`)."""
+        if self.remap is not None and self.opts.world_size > 1:
+            return 0, size
+        return rank_slice(size, self.opts.world_size, self.opts.rank)
 
     def _raw_batches(self) -> Iterator[tuple[int, Any, int | None]]:
         """(batch index, this rank's rows: a table, or a `_Staged` batch of a Dask source, global
@@ -346,9 +354,6 @@ class BatchIterator:
 
     def _pack(self, rows: Any, index: int, global_size: int | None, turn: int = 0) -> Batch:
         table = rows.result() if isinstance(rows, _Staged) else rows
-        size = table.num_rows
-        dense = _stack(table, [f.name for f in self.spec.dense_features], size)
-        labels = _stack(table, list(_head_labels(self.spec)), size)
         cols = {f.name: column_arrays(table.column(f.name)) for f in self.spec.sparse_features}
         managed = None
         if self.remap is not None:  # raw ids -> rows, one batch at a time in epoch order
@@ -357,6 +362,12 @@ class BatchIterator:
             if done is None:
                 raise RuntimeError("the batch iterator was closed")
             cols, managed = done
+            if self.opts.world_size > 1:  # the whole global batch was read and remapped: keep this rank's slice
+                lo, hi = rank_slice(table.num_rows, self.opts.world_size, self.opts.rank)
+                table, cols = table.slice(lo, hi - lo), cut_columns(cols, lo, hi)
+        size = table.num_rows
+        dense = _stack(table, [f.name for f in self.spec.dense_features], size)
+        labels = _stack(table, list(_head_labels(self.spec)), size)
         groups = {}
         for g in self.groups:
             ids, offsets = pack_group(g, cols, size)

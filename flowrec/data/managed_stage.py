@@ -129,6 +129,18 @@ def drop_defaults(ids: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.
     return ids[keep], out
 
 
+def cut_columns(cols: dict[str, Column], lo: int, hi: int) -> dict[str, Column]:
+    """Samples [lo, hi) of a batch's columns (one-hot ids, or (values, offsets) lists)."""
+    out: dict[str, Column] = {}
+    for name, col in cols.items():
+        if isinstance(col, tuple):
+            values, offsets = col
+            out[name] = (values[offsets[lo]:offsets[hi]], offsets[lo:hi + 1] - offsets[lo])
+        else:
+            out[name] = col[lo:hi]
+    return out
+
+
 def fold_raw_ids(spec: ModelSpec, cols: dict[str, Column]) -> dict[str, Column]:
     """Managed columns folded into their tables' rows by hash (a stand-in for the rows the map
     would give: profiles and samples that only estimate accesses, before any map exists)."""

@@ -160,19 +160,16 @@ class ManagedState(nn.Module):
             unexpected_keys.extend(k for k in state_dict if k.startswith(prefix) and k not in known)
 
 
-def managed_state(spec: ModelSpec, groups: tuple[PackedGroup, ...], seed: int, world: Any = None
-                  ) -> ManagedState | None:
-    """The maps of a model's managed tables (None without any).
+def managed_state(spec: ModelSpec, groups: tuple[PackedGroup, ...], seed: int) -> ManagedState | None:
+    """The maps of a model's managed tables (None without any). Under several ranks every rank
+    holds a replica, stepped on the global batch's ids (`BatchIterator._pack`).
 
     Raises:
-        ValueError: managed tables under several ranks or in a static_hot group (not supported).
+        ValueError: managed tables in a static_hot group (not supported).
     """
     managed = {t.name for t in spec.tables if t.managed is not None}
     if not managed:
         return None
-    if world is not None:
-        raise ValueError(f"managed tables ({', '.join(sorted(managed))}) train in one process only for now "
-                         "(no --nproc)")
     for g in groups:
         if g.placement == "static_hot" and any(t.table in managed for t in g.tables):
             raise ValueError(f"group {g.name} holds managed tables and is planned static_hot, which cannot "
@@ -220,8 +217,8 @@ def module_optimizer(module: nn.Module) -> Any:
 
 def reset_rows(module: nn.Module, rows: torch.Tensor, weights: torch.Tensor, state: torch.Tensor) -> None:
     """Overwrite packed `rows` (weights and optimizer state) wherever the module keeps them."""
-    reset = getattr(module, "reset_rows", None)
-    if reset is not None:
+    reset = getattr(module, "reset_rows", None) or getattr(module, "load_rows", None)  # load_rows: a
+    if reset is not None:  # row-wise shard keeps the rows it owns
         reset(rows, weights, state)
         return
     module.write_rows(rows.to(module.weight.device), weights.to(module.weight.device),
