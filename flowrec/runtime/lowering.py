@@ -108,7 +108,7 @@ class LoweredModel(nn.Module):
             torch.manual_seed(seed)
             self.embeddings = nn.ModuleDict(_embeddings(self.groups, seed, self.device, world) if tables else {})
             self._build_dense(plan.graph)
-        self.managed = managed_state(spec, self.groups, seed)
+        self.managed = managed_state(spec, self.groups, seed) if tables else None  # the maps go with the tables
 
     def _build_dense(self, graph: nx.DiGraph) -> None:
         """The registry operators of the dense nodes, in topological order, and the loss."""
