@@ -48,7 +48,8 @@ def flowrec(*args: str) -> float:
     return time.perf_counter() - started
 
 
-def arm_spec(arm: str, data: Path, out: Path, rows: dict[str, int], every_steps: int) -> Path:
+def arm_spec(arm: str, data: Path, out: Path, rows: dict[str, int], every_steps: int, evict: str = "lfu",
+             admit: int = 1) -> Path:
     """specs/movielens.yaml for one arm (time split, absolute data path)."""
     doc = yaml.safe_load(SPEC.read_text())
     doc["name"] = f"movielens_{arm}"
@@ -66,7 +67,8 @@ def arm_spec(arm: str, data: Path, out: Path, rows: dict[str, int], every_steps:
         dim = feature.pop("dim")
         feature["table"] = TABLES[name]
         tables.append({"name": TABLES[name], "dim": dim,
-                       "managed": {"rows": rows[name], "evict": "lfu", "every_steps": every_steps}})
+                       "managed": {"rows": rows[name], "evict": evict, "admit_min_count": admit,
+                                   "every_steps": every_steps}})
     if tables:
         doc["tables"] = tables
     path = out / f"{arm}.yaml"

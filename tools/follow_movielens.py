@@ -132,6 +132,9 @@ def main() -> None:
     parser.add_argument("--slices", type=int, default=6)
     parser.add_argument("--epochs", type=int, default=3, help="epochs per day")
     parser.add_argument("--every-steps", type=int, default=10, help="managed eviction interval, steps")
+    parser.add_argument("--evict", default="lfu", choices=("lfu", "lru", "decayed_lfu"), help="managed eviction score")
+    parser.add_argument("--admit", type=int, default=1, help="managed admit_min_count")
+    parser.add_argument("--arms", default="hashed,managed,vocab_spare", help="arms to run, comma-separated")
     args = parser.parse_args()
     if not (args.data / "u.data").is_file():
         raise SystemExit(f"error: {args.data} is not the MovieLens-100k folder (no u.data)")
@@ -140,9 +143,11 @@ def main() -> None:
     rows = {name: -(-n // 2) for name, n in bench.distinct_ids(args.data).items()}
     spare = spare_ids(raws)
     specs = {"hashed": bench.arm_spec("hashed", args.data, args.out, rows, args.every_steps),
-             "managed": bench.arm_spec("managed", args.data, args.out, rows, args.every_steps),
+             "managed": bench.arm_spec("managed", args.data, args.out, rows, args.every_steps, args.evict, args.admit),
              "vocab_spare": spare_spec(args.out, args.data, spare)}
+    specs = {arm: spec for arm, spec in specs.items() if arm in args.arms.split(",")}
     result: dict = {"slices": args.slices, "epochs_per_day": args.epochs, "rows": rows, "vocab_spare": spare,
+                    "managed": {"evict": args.evict, "admit_min_count": args.admit, "every_steps": args.every_steps},
                     "progressive_auc": {}, "hashed_ids_sharing_a_row": hashed_sharing(raws, rows)}
     for arm, spec in specs.items():
         days, stream = args.out / f"{arm}_days", args.out / f"{arm}_stream"
