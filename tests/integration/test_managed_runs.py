@@ -133,6 +133,9 @@ def test_export_then_predict_equals_eval_on_unseen_evicted_and_admitted_ids(spec
     scores = load_model(pkg).score_encoded(rows)
     assert scores.shape == expected.shape
     assert float(np.abs(scores - expected).max()) <= 1e-6
+    (pkg / "managed" / "users.parquet").write_bytes(b"not parquet")
+    with pytest.raises(ValueError, match="managed table 'users'"):
+        load_model(pkg)
 
 
 def test_a_lookahead_cache_run_equals_a_resident_run(spec: Path, tmp_path: Path):
