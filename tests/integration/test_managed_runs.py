@@ -171,6 +171,6 @@ def test_a_half_precision_export_compares_on_remapped_eval_rows(spec: Path, tmp_
 def test_plan_shows_managed_tables_at_capacity(spec: Path):
     shown = runner.invoke(app, ["plan", str(spec)])
     assert shown.exit_code == 0, shown.output
-    assert "managed table users: 200 rows, priced at capacity; admit at 2, lfu every 4 steps, ttl 30 steps" \\
+    assert "managed table users: 200 rows, priced at capacity; admit at 2, lfu every 4 steps, ttl 30 steps" \
         in shown.output
     assert "3,200" in shown.output  # the packed group's rows: 200 managed + 3,000 hashed
