@@ -124,7 +124,7 @@ def main() -> None:
         "batch": BATCH, "timed_steps": args.steps, "prefill_batches": args.prefill, "every_steps": args.every_steps,
         "threads": torch.get_num_threads(), "load_average": os.getloadavg(),
         "ids_held_largest_tables": dict(sorted(held.items(), key=lambda kv: -kv[1])[:3]),
-        "ids_in_maps": int(sum(len(m.keys) for m in remap.maps.values())),
+        "ids_in_maps": int(sum(len(m.entries()) for m in remap.maps.values())),
         "step_s_hashed": round(step_h, 4), "step_s_managed": round(step_m, 4),
         "remap_s_data_stage": round(remap_s, 4), "replay_and_reset_s_training_thread": round(replay_s, 4),
         "remap_share_of_step": round(remap_s / step_h, 4),

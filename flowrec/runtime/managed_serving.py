@@ -34,7 +34,8 @@ def maps_of(model: Any) -> Maps:
     if managed is None:
         return {}
     managed.sync()
-    return {table: (m.keys[m.row != NO_ROW], m.row[m.row != NO_ROW]) for table, m in managed.maps.items()}
+    entries = {table: m.entries() for table, m in managed.maps.items()}
+    return {table: (e.keys[e.row != NO_ROW], e.row[e.row != NO_ROW]) for table, e in entries.items()}
 
 
 def write_maps(maps: Maps, out: Path) -> None:

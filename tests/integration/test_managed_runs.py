@@ -121,7 +121,7 @@ def test_export_then_predict_equals_eval_on_unseen_evicted_and_admitted_ids(spec
     users = trained.model.managed.maps["users"]
     rows = pq.read_table(data)
     ids = rows.column("user").to_numpy()
-    known = np.isin(ids, users.keys)
+    known = np.isin(ids, users.entries().keys)
     held = users.lookup(ids) != NO_ROW
     assert held.any() and (known & ~held).any() and (~known).any()  # admitted, waiting/evicted, unseen
     source = open_dataset(data, trained.spec)

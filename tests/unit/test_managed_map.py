@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flowrec.data.managed import NO_ROW, ManagedMap
+from flowrec.data.managed import BUFFER_IDS, NO_ROW, ManagedMap
 from flowrec.testing.managed_ref import DictMap
 from flowrec.data.raw_ids import MISSING_ID
 from flowrec.spec.model import ManagedSpec
@@ -28,10 +28,11 @@ SPECS = [
 ]
 
 
+@pytest.mark.parametrize("buffer_ids", [BUFFER_IDS, 5])  # 5: the buffer of new ids merges between passes too
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.evict}-admit{s.admit_min_count}-ttl{s.ttl_steps}")
-def test_map_equals_dict_reference(spec):
+def test_map_equals_dict_reference(spec, buffer_ids):
     rng = np.random.default_rng()  # fresh ids each run: the rule must hold for any stream
-    fast, ref = ManagedMap(spec), DictMap(spec)
+    fast, ref = ManagedMap(spec, buffer_ids), DictMap(spec)
     evicted = admitted_late = 0
     for ids in zipf_stream(rng, steps=60, batch=50, distinct=400):
         got = fast.step(ids)
@@ -55,11 +56,11 @@ def test_state_round_trip_continues_identically():
     spec = SPECS[2]
     rng = np.random.default_rng()
     stream = list(zipf_stream(rng, steps=30, batch=40, distinct=200))
-    whole, half = ManagedMap(spec), ManagedMap(spec)
+    whole, half = ManagedMap(spec, buffer_ids=7), ManagedMap(spec, buffer_ids=7)
     for ids in stream[:15]:
         whole.step(ids)
         half.step(ids)
-    resumed = ManagedMap(spec).load(half.state())
+    resumed = ManagedMap(spec, buffer_ids=7).load(half.state())  # buffer merged into the state
     for ids in stream[15:]:
         a, b = whole.step(ids), resumed.step(ids)
         assert a.rows.tolist() == b.rows.tolist() and a.resets.tolist() == b.resets.tolist()
