@@ -41,8 +41,17 @@ def landed_days(days: Path) -> list[Path]:
 
 
 def done_days(run: Path) -> list[str]:
+    """The days the stream in `run` trained, in order (none yet: [])."""
     path = run / FOLLOW_FILE
-    return json.loads(path.read_text())["days"] if path.is_file() else []
+    if not path.is_file():
+        return []
+    try:
+        days = json.loads(path.read_text())["days"]
+    except (ValueError, KeyError, TypeError):
+        fail(f"{path} is damaged (not a list of days); the day folders under {run / DAYS_DIR} are intact")
+    if not isinstance(days, list) or not all(isinstance(d, str) for d in days):
+        fail(f"{path} is damaged (not a list of days); the day folders under {run / DAYS_DIR} are intact")
+    return days
 
 
 def _record(run: Path, days: list[str]) -> None:
@@ -66,7 +75,6 @@ def follow(request, days: Path, wait_s: float, once: bool, train: Callable, expo
     if run is None:
         fail("--follow needs --out (the stream's folder)")
     run.mkdir(parents=True, exist_ok=True)
-    trained = 0
     deadline = time.monotonic() + wait_s
     while True:
         done = done_days(run)
@@ -77,6 +85,8 @@ def follow(request, days: Path, wait_s: float, once: bool, train: Callable, expo
             time.sleep(POLL_S)
             continue
         day = todo[0]
+        if done and day.name < done[-1]:
+            fail(f"day {day.name} landed after day {done[-1]} was trained; days train in order of name")
         previous = run / DAYS_DIR / done[-1] if done else None
         if previous is not None:
             _progressive(run, previous, day, len(done) + 1)
@@ -84,7 +94,6 @@ def follow(request, days: Path, wait_s: float, once: bool, train: Callable, expo
         if export:
             _export(run / DAYS_DIR / day.name, run / EXPORT_DIR / day.name)
         _record(run, done + [day.name])
-        trained += 1
         deadline = time.monotonic() + wait_s
         if once:
             return

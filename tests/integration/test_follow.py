@@ -111,3 +111,19 @@ def test_follow_refuses_flags_that_name_another_run_or_data(days, tmp_path: Path
     assert result.exit_code == 2
     assert flag in result.output and "Traceback" not in result.output
     assert not (tmp_path / "s").exists()
+
+
+def test_a_day_landing_before_the_last_trained_one_is_refused(days, tmp_path: Path):
+    import shutil
+
+    spec, folder = days
+    out = tmp_path / "stream"
+    _follow(spec, folder, out, "--follow-once")
+    _follow(spec, folder, out, "--follow-once")
+    shutil.copytree(folder / "2026-11-01", folder / "2026-10-31")  # lands late, named earlier
+    late = runner.invoke(app, ["train", str(spec), "--follow", str(folder), "--out", str(out), "--quiet"])
+    assert late.exit_code == 2 and "2026-10-31" in late.output and "Traceback" not in late.output
+    assert json.loads((out / "follow.json").read_text())["days"] == ["2026-11-01", "2026-11-02"]
+    (out / "follow.json").write_text("{oops")
+    damaged = runner.invoke(app, ["train", str(spec), "--follow", str(folder), "--out", str(out), "--quiet"])
+    assert damaged.exit_code == 2 and "follow.json" in damaged.output and "Traceback" not in damaged.output
