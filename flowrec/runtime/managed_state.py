@@ -2,7 +2,7 @@
 
 `ManagedState` is the `managed` submodule of a lowered model: the maps as of the last trained
 step (the data stage runs ahead on its own copies, `flowrec.data.managed_stage`). Its state dict
-holds each map's arrays under ``managed.<table>.<keys|row|count|last|free|clock>``, next to the
+holds each map's arrays under ``managed.<table>.<keys|row|count|last|free|clock|stats>``, next to the
 tables' rows and optimizer state in the same model state, so every checkpoint (full or delta:
 a delta carries the whole model state but the packed tables) and every load restores rows,
 optimizer state and the map together. The trainer calls `before_step` (reset the rows an
