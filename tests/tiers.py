@@ -38,6 +38,7 @@ FILES: dict[str, frozenset[str]] = {
         "test_spec_roundtrip", "test_spec_training", "test_spec_validate", "test_spec_yaml_scan",
         "test_table_snapshot", "test_train_loop_parts", "test_vocab_growth", "test_output_guard",
         "test_custom", "test_heads", "test_mlp_regularize", "test_moe", "test_packed_mlp_lowering", "test_table_l2",
+        "test_managed_spec", "test_managed_map",
         "test_calibrate_collective",
     )},
     "tests/unit/test_cache_bench.py": frozenset({"processes"}),
@@ -46,7 +47,7 @@ FILES: dict[str, frozenset[str]] = {
     "tests/unit/test_spec_fuzz.py": frozenset({"fuzz"}),
     **{f"tests/unit/{name}.py": frozenset({"thorough"}) for name in (
         "test_cache_exact", "test_cache_fae", "test_cache_fae_bytes", "test_cache_model", "test_train_reference",
-        "test_mlp_regularize_training",
+        "test_mlp_regularize_training", "test_managed_training",
     )},
     # integration: the CLI, runs, data conversion, distributed training
     **{f"tests/integration/{name}.py": FAST for name in (
@@ -55,14 +56,14 @@ FILES: dict[str, frozenset[str]] = {
     **{f"tests/integration/{name}.py": frozenset({"processes"}) for name in (
         "test_bench_dist_smoke", "test_bench_train_smoke", "test_data_bench", "test_dist_embedding",
         "test_dist_incremental", "test_dist_specs", "test_dist_train", "test_sigkill_resume",
-        "test_nproc_signals",
+        "test_nproc_signals", "test_dist_managed",
     )},
     **{f"tests/integration/{name}.py": frozenset({"e2e"}) for name in (
         "test_calibrate", "test_cli_options", "test_data_convert", "test_data_diagnostics",
         "test_encoder_travels", "test_incremental", "test_incremental_checkpoints", "test_model_package",
         "test_predict_criteo", "test_python_api", "test_run_guarantees", "test_run_hostile", "test_train",
         "test_train_loop", "test_train_plan", "test_vocab_spare", "test_output_hostile", "test_package_hostile",
-        "test_custom_module", "test_heads_package", "test_regularize_package",
+        "test_custom_module", "test_heads_package", "test_regularize_package", "test_managed_runs", "test_follow",
     )},
     **{f"tests/integration/{name}.py": frozenset({"fuzz"}) for name in (
         "test_checkpoint_fuzz", "test_data_fuzz", "test_data_hostile",

@@ -41,10 +41,11 @@ class ColumnRule:
 
     Args:
         name: column name.
-        kind: "ids" (integers in [0, rows)), "finite" (dense features, regression labels),
-            "binary" (labels of binary heads: exactly 0 or 1) or "classes" (labels of multiclass
-            heads: whole numbers in [0, rows)).
-        rows: rows of the table (ids), classes of the head (classes).
+        kind: "ids" (integers in [0, rows), any integer when rows is 0), "finite" (dense features,
+            regression labels), "binary" (labels of binary heads: exactly 0 or 1) or "classes"
+            (labels of multiclass heads: whole numbers in [0, rows)).
+        rows: rows of the table (ids; 0: raw ids of a managed table, any int64), classes of the
+            head (classes).
         table: the table's name (ids only), or the heads reading the label (binary, classes), for messages.
     """
 
@@ -56,7 +57,7 @@ class ColumnRule:
 
 def partition_rules(spec: ModelSpec, columns: Sequence[str] | None = None) -> tuple[ColumnRule, ...]:
     """The rules of the spec's columns (all, or those in `columns`), in spec order."""
-    rules = [ColumnRule(f.name, "ids", spec.table(f.table).rows, f.table) for f in spec.sparse_features]
+    rules = [ColumnRule(f.name, "ids", _id_bound(spec, f.table), f.table) for f in spec.sparse_features]
     rules += [ColumnRule(f.name, "finite") for f in spec.dense_features]
     binary: dict[str, list[str]] = {}
     classes: dict[str, list[tuple[int, str]]] = {}
@@ -80,6 +81,12 @@ def _label_rule(label: str, binary_heads: list[str], class_heads: list[tuple[int
         return ColumnRule(label, "classes", rows=min(n for n, _ in class_heads),
                           table=", ".join(name for _, name in class_heads))
     return ColumnRule(label, "finite")
+
+
+def _id_bound(spec: ModelSpec, table: str) -> int:
+    """Ids of a table are in [0, rows); a managed table's column holds raw-id hashes: any int64 (0)."""
+    t = spec.table(table)
+    return 0 if t.managed is not None else t.rows
 
 
 def check_partition(table: pa.Table, rules: Sequence[ColumnRule], where: str, first_row: int = 0) -> None:
@@ -122,7 +129,7 @@ def _passes(col: pa.ChunkedArray, rule: ColumnRule) -> bool:
         if not pa.types.is_integer(chunk.type) and (rule.kind == "ids" or not pa.types.is_floating(chunk.type)):
             return False
         x = chunk.to_numpy()
-        if rule.kind == "ids":
+        if rule.kind == "ids" and rule.rows:
             unsigned = x.view(f"u{x.itemsize}") if x.dtype.kind == "i" else x  # negatives become huge
             if unsigned.max() >= rule.rows:
                 return False
@@ -152,11 +159,11 @@ def _check_ids(array: pa.Array, rule: ColumnRule, prefix: str, first_row: int) -
         raise DataError(f"{prefix}: type {array.type}, expected int64 row ids (or a list of them)")
     if not array.null_count and not values.null_count:
         low_high = pc.min_max(values)
-        if not len(values) or (low_high["min"].as_py() >= 0 and low_high["max"].as_py() < rule.rows):
+        if not len(values) or not rule.rows or (low_high["min"].as_py() >= 0 and low_high["max"].as_py() < rule.rows):
             return
     null_value = _nulls(values)
     x = values.fill_null(0).to_numpy(zero_copy_only=False)
-    bad = np.flatnonzero(null_value | (x < 0) | (x >= rule.rows))
+    bad = np.flatnonzero(null_value | (((x < 0) | (x >= rule.rows)) if rule.rows else False))
     row = _row(array, int(bad[0]), listed) if len(bad) else len(array)
     null_rows = np.flatnonzero(_nulls(array)) if listed else np.zeros(0, np.int64)
     if len(null_rows) and null_rows[0] < row:

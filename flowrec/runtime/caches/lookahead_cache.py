@@ -87,6 +87,18 @@ class SlotCache(CachedEmbedding):
         self.wait()
         self.pad.clear()
 
+    def reset_rows(self, rows: torch.Tensor, weights: torch.Tensor, state: torch.Tensor) -> None:
+        """Overwrite packed `rows` in the master and in the slots holding them (they stay resident)."""
+        self.wait()
+        self.master.write_rows(rows, weights, state)
+        slots = self.pad.slot_of[rows]
+        hit = slots != EMPTY
+        if bool(hit.any()):
+            dev = slots[hit].to(self.device)
+            self.pad.weight.index_copy_(0, dev, weights[hit].to(self.device, self.pad.weight.dtype))
+            if self.pad.state.shape[1]:
+                self.pad.state.index_copy_(0, dev, state[hit].to(self.device, self.pad.state.dtype))
+
 
 class LookaheadEmbedding(SlotCache):
     """ScratchPipe's lookahead cache (see the module docstring).
