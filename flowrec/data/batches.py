@@ -63,6 +63,9 @@ class GroupIds:
         casting: tensor-casting index (lookahead only), else None.
         unique: sorted unique rows of this batch (lookahead only).  # (U,) int64
         window_unique: sorted unique rows of this batch and the next W-1 (lookahead only).
+        horizon_rows: sorted unique rows of the H batches after the window (lookahead with a
+            horizon only).  # (K,) int64
+        horizon_next: batches from this one to each horizon row's first use there (W..W+H-1).  # (K,) int64
     """
 
     ids: torch.Tensor
@@ -70,6 +73,8 @@ class GroupIds:
     casting: Any = None
     unique: torch.Tensor | None = None
     window_unique: torch.Tensor | None = None
+    horizon_rows: torch.Tensor | None = None
+    horizon_next: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -116,6 +121,9 @@ class StagingOptions:
         workers: packing threads.
         prefetch: batches staged ahead (bounded queue).
         lookahead: window W in batches for lookahead extraction (0: off).
+        horizon: H, batches after the window whose rows are also attached, with their next use
+            (`GroupIds.horizon_rows`), for the lookahead cache's choice of victims (0: none;
+            lookahead only). The data stage then holds W + H batches.
         casting: attach the casting index when lookahead is on.
         check: check every partition before batching it (`flowrec.data.checks`: ids inside their
             tables, finite dense values and labels, binary labels 0 or 1); off only to measure
@@ -134,6 +142,7 @@ class StagingOptions:
     workers: int = 2
     prefetch: int = 4
     lookahead: int = 0
+    horizon: int = 0
     casting: bool = True
     check: bool = True
     world_size: int = 1
@@ -382,7 +391,7 @@ class BatchIterator:
         return Batch(dense, labels, groups, self.epoch, index, size, global_size, managed)
 
     def _lookahead(self) -> None:
-        window = LookaheadWindow(self.opts.lookahead)
+        window = LookaheadWindow(self.opts.lookahead, self.opts.horizon)
         try:
             while True:
                 item = self._get(self._futures)

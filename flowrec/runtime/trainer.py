@@ -55,6 +55,7 @@ from flowrec.spec.load import to_dict
 from flowrec.spec.model import ModelSpec
 
 INTERRUPT_FLAG, STOP_FLAG = 0, 1  # the flags the ranks agree on each step (`DenseParallel`), in this order
+HORIZON_WINDOWS = 3  # lookahead caches: staged horizon, in windows, that victims are chosen by
 
 
 @dataclass(frozen=True)
@@ -204,6 +205,7 @@ class Trainer:
         self.host_groups = frozenset(g.name for g in model.groups if g.placement in HOST_SIDE)
         placements = {g.placement for g in model.groups}
         self.lookahead = max(config.lookahead, spec.plan.window if "lookahead" in placements else 0)
+        self.horizon = HORIZON_WINDOWS * self.lookahead if "lookahead" in placements else 0
         model.set_interleave(config.interleave)
         self.hot_flags: dict[str, torch.Tensor] | None = None if "static_hot" in placements else {}
         self.log: MetricsLog | None = None
@@ -249,6 +251,7 @@ class Trainer:
             workers=self.config.workers,
             prefetch=max(self.prefetch, 2),
             lookahead=self.lookahead if lookahead is None else lookahead,
+            horizon=self.horizon,
             **ranks,
         )
 
