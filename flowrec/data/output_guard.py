@@ -30,7 +30,9 @@ from flowrec.data.layout import META_FILE, DataError
 OWNERS = (
     ("a training run", {"checkpoint.pt": None, "run.json": None, ".flowrec.lock": None}),
     ("a model package", {"manifest.json": b'"flowrec-model"'}),
-    ("a dataset", {META_FILE: None, f"train/{META_FILE}": None}),
+    # a split written by `data convert --test-fraction` (OUT/train, OUT/test) owns OUT; a dataset a
+    # user happened to name `train` (its record holds no split part) does not own its parent
+    ("a dataset", {META_FILE: None, f"train/{META_FILE}": b'"part": "train"'}),
     ("an encoder", {"encoder.json": b'"flowrec-encoder"'}),
 )
 MARKER_BYTES = 1 << 16  # bytes of a marker file searched for its format name

@@ -133,8 +133,8 @@ def test_export_then_predict_equals_eval_on_unseen_evicted_and_admitted_ids(spec
     scores = load_model(pkg).score_encoded(rows)
     assert scores.shape == expected.shape
     assert float(np.abs(scores - expected).max()) <= 1e-6
-    (pkg / "managed" / "users.parquet").write_bytes(b"not parquet")
-    with pytest.raises(ValueError, match="managed table 'users'"):
+    (pkg / "managed" / "users.parquet").write_bytes(b"not parquet")  # a damaged map is refused before it is read
+    with pytest.raises(ValueError, match=r"managed/users\.parquet does not match the digest its manifest records"):
         load_model(pkg)
 
 

@@ -101,8 +101,12 @@ def test_overwrite_never_replaces_a_folder_that_holds_a_run_or_dataset(tmp_path:
     with pytest.raises(OutputError, match="holds a training run's folder"):
         check_folder_output(tmp_path / "out", [], overwrite=True, kind="a model package")
     (tmp_path / "ds" / "train").mkdir(parents=True)
-    (tmp_path / "ds" / "train" / META_FILE).write_text("{}")
+    (tmp_path / "ds" / "train" / META_FILE).write_text('{"split": {"part": "train"}}')
     check_folder_output(tmp_path / "ds", [], overwrite=True, kind="a dataset")  # its own kind: replaced whole
+    (tmp_path / "mine" / "train").mkdir(parents=True)
+    (tmp_path / "mine" / "train" / META_FILE).write_text('{"split": {}}')  # a dataset named train, not a split
+    with pytest.raises(OutputError, match="holds a dataset's folder"):
+        check_folder_output(tmp_path / "mine", [], overwrite=True, kind="a dataset")
 
 
 def test_an_existing_output_that_is_not_a_regular_file_is_refused(tmp_path: Path):
@@ -163,3 +167,14 @@ def test_missing_folders_above_an_output_are_made_only_once_every_check_passed(t
     with pytest.raises(OutputError, match="which this command reads"):
         guard(tmp_path / "x" / "y", inputs=[tmp_path / "x" / "y" / "rows.csv"])
     assert not (tmp_path / "x").exists()
+
+
+def test_a_split_owns_its_root_and_a_dataset_named_train_does_not(tmp_path: Path):
+    split, hand = tmp_path / "split", tmp_path / "hand"
+    for root, record in ((split, '{"split": {"part": "train", "test_fraction": 0.1}}'), (hand, '{"split": {}}')):
+        (root / "train").mkdir(parents=True)
+        (root / "train" / META_FILE).write_text(record)
+    assert owner_of(split) == "a dataset" and owner_of(hand) is None
+    check_folder_output(hand / "test", [], False, "a dataset")  # the user's test set beside their train set
+    with pytest.raises(OutputError, match="a dataset's folder"):
+        check_folder_output(split / "extra", [], False, "a dataset")
