@@ -62,7 +62,7 @@ FILES: dict[str, frozenset[str]] = {
         "test_encoder_travels", "test_incremental", "test_incremental_checkpoints", "test_model_package",
         "test_predict_criteo", "test_python_api", "test_run_guarantees", "test_run_hostile", "test_train",
         "test_train_loop", "test_train_plan", "test_vocab_spare", "test_output_hostile", "test_package_hostile",
-        "test_custom_module", "test_heads_package", "test_regularize_package",
+        "test_custom_module", "test_heads_package", "test_regularize_package", "test_tower_package",
     )},
     **{f"tests/integration/{name}.py": frozenset({"fuzz"}) for name in (
         "test_checkpoint_fuzz", "test_data_fuzz", "test_data_hostile",

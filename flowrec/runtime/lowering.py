@@ -31,7 +31,7 @@ from flowrec.runtime.messages import first_line
 from flowrec.runtime.placement import group_embedding
 from flowrec.spec.model import ModelSpec
 from operators import registry
-from operators.dense import concat_flat
+from operators.dense import concat_flat, flat_rows
 from operators.regularize import GhostBatchNorm, SeededDropout
 
 GATHER_MIN_SLOTS = 4  # from this many input slots on, one gather replaces per-slot slices + cat
@@ -376,7 +376,7 @@ def _call_stacked(op: nn.Module, step: NodeStep, inputs: list[torch.Tensor], mas
 
 def _call_attention(op: nn.Module, step: NodeStep, inputs: list[torch.Tensor], masks: dict[str, torch.Tensor]):
     query, seq = inputs[0], inputs[1]  # (B, ...), (B, L, D)
-    return op(query.reshape(query.shape[0], -1), seq, masks[step.name])
+    return op(flat_rows(query), seq, masks[step.name])
 
 
 # How a dense operator takes its inputs, by the input convention of its kind (`kinds.OP_KINDS`).
