@@ -310,12 +310,13 @@ class LoweredModel(nn.Module):
         return flat if gather.index is None else flat.index_select(1, gather.index.to(flat.device))
 
     def sequence_masks(self, batch: Batch) -> dict[str, torch.Tensor]:
-        """Valid positions of each target-attention node's sequence: its non-empty bags."""
+        """Valid positions of each sequence-reading node's sequence: its non-empty bags."""
         masks = {}
         for step in self.steps:
-            if OP_KINDS[step.kind].inputs != "attention":
+            seq_slot = OP_KINDS[step.kind].sequence_slot
+            if seq_slot is None:
                 continue
-            slot = step.slots[1]
+            slot = step.slots[seq_slot]
             group_name = self.node_group[slot.source]
             group = self.group_map[group_name]
             offsets = batch.groups[group_name].offsets
@@ -379,8 +380,13 @@ def _call_attention(op: nn.Module, step: NodeStep, inputs: list[torch.Tensor], m
     return op(flat_rows(query), seq, masks[step.name])
 
 
+def _call_sequence(op: nn.Module, step: NodeStep, inputs: list[torch.Tensor], masks: dict[str, torch.Tensor]):
+    return op(inputs[0], masks[step.name])  # (B, L, D), (B, L)
+
+
 # How a dense operator takes its inputs, by the input convention of its kind (`kinds.OP_KINDS`).
-CALLS = {"args": _call_args, "flat": _call_flat, "stacked": _call_stacked, "attention": _call_attention}
+CALLS = {"args": _call_args, "flat": _call_flat, "stacked": _call_stacked, "attention": _call_attention,
+         "sequence": _call_sequence}
 
 
 def lower(plan: Plan, spec: ModelSpec, device: torch.device | str = "cpu", seed: int | None = None,
