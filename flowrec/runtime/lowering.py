@@ -3,7 +3,7 @@
 One `PackedEmbeddingBag` per packed group (placement `device`: on the compute device; `host`: in
 host memory, gathered on the host, rows travel to the device and gradients come back), one
 operator from the registry per dense node (mlp, packed_mlp, dot, fm, cross, target_attention,
-linear, concat, head), and the loss. The forward walks the dense nodes in topological order,
+self_attention, linear, concat, head, ...), and the loss. The forward walks the dense nodes in topological order,
 assembling each node's inputs from its edge slots (fields of a packed embedding output, columns
 of the dense input, members of a packed MLP, whole module outputs).
 

@@ -112,3 +112,57 @@ def test_dropout_trains_and_is_off_in_eval():
     att.eval()
     assert not torch.allclose(trained, att(seq, mask))
     torch.testing.assert_close(att(seq, mask), att(seq, mask))
+
+
+SPEC = {
+    "name": "sa",
+    "features": [{"name": "item", "type": "categorical", "table": "items"},
+                 {"name": "hist", "type": "sequence", "table": "items", "max_len": 10, "pooling": "none"}],
+    "tables": [{"name": "items", "vocab": 50, "dim": 8}],
+    "modules": [{"name": "enc", "kind": "self_attention", "inputs": ["hist"], "num_heads": 2, "num_layers": 1},
+                {"name": "top", "kind": "mlp", "inputs": ["enc", "item"], "layers": [4]}],
+    "heads": [{"name": "ctr", "input": "top"}],
+    "optimizer": {"dense": {"name": "adam", "lr": 0.001}, "sparse": {"name": "adam", "lr": 0.001}},
+}
+
+
+def test_cost_model_prices_layers_and_the_quadratic_attention():
+    import copy
+
+    from flowrec.graph.build import build_graph
+    from flowrec.planner.op_work import op_work
+    from flowrec.spec.load import spec_from_dict
+
+    def work(layers: int, length: int):
+        doc = copy.deepcopy(SPEC)
+        doc["modules"][0]["num_layers"] = layers
+        doc["features"][1]["max_len"] = length
+        op = build_graph(spec_from_dict(doc)).nodes["enc"]["op"]
+        return op, op_work(op, 64, 1)
+
+    op, one = work(1, 10)
+    assert op.out_shape == ("B", 8) and op.flops > 0 and op.param_bytes > 0
+    assert (10, 4, 10, 128) in one.forward.gemms  # q k^T per (sample, head)
+    _, two = work(2, 10)
+    assert len(two.forward.gemms) == 2 * len(one.forward.gemms) > 0
+    _, longer = work(1, 20)
+    assert sum(longer.forward.elementwise) > 2 * sum(one.forward.elementwise)
+
+
+def test_invalid_options_are_reported_together_with_their_paths():
+    import copy
+
+    from flowrec.spec.validate import validate_document
+
+    doc = copy.deepcopy(SPEC)
+    doc["modules"][0].update(num_heads=3, norm="middle", inputs=["hist", "item"])
+    doc["modules"][1]["inputs"] = ["enc", "hist"]
+    issues = [str(i) for i in validate_document(doc)]
+    text = "\n".join(issues)
+    assert "modules[0].norm" in text and "modules[0].inputs" in text, text
+    doc = copy.deepcopy(SPEC)
+    doc["modules"][0]["num_heads"] = 3
+    doc["modules"][1]["inputs"] = ["enc", "hist"]
+    text = "\n".join(str(i) for i in validate_document(doc))
+    assert "modules[0].num_heads" in text and "3 heads do not divide the sequence dim 8" in text, text
+    assert "modules[1].inputs[1]" in text and "pooling none" in text, text
