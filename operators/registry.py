@@ -17,6 +17,7 @@ from operators.interaction import FM, Dot, TargetAttention
 from operators.losses import Loss
 from operators.custom import CustomModule
 from operators.attention import SelfAttention
+from operators.similarity import Similarity
 from operators.moe import MMoE, PLE
 from operators.staging import (DenseInput, EmbeddingLookup, LabelInput, Pooling,
                                SparseInput)
@@ -35,6 +36,7 @@ OPERATORS: dict[str, type[nn.Module]] = {
     "cross": Cross,
     "target_attention": TargetAttention,
     "self_attention": SelfAttention,
+    "similarity": Similarity,
     "linear": Linear,
     "concat": Concat,
     "head": Head,

@@ -71,6 +71,7 @@ OP_KINDS: dict[str, KindInfo] = {k.name: k for k in (
     KindInfo("cross", "dense", "dense", "flat", "dense", gathers=True),
     KindInfo("target_attention", "dense", "dense", "attention", "dense", sequence_slot=1),  # DIN
     KindInfo("self_attention", "dense", "dense", "sequence", "dense", sequence_slot=0),  # transformer encoder
+    KindInfo("similarity", "dense", "dense", "args", "dense"),  # dot / cosine of two towers
     KindInfo("linear", "dense", "dense", "args", "dense", gathers=True),
     KindInfo("concat", "dense", "dense", "args", "dense", gathers=True),
     KindInfo("head", "dense", "dense", "flat", "dense", gathers=True),  # one logit per task

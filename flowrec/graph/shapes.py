@@ -155,6 +155,13 @@ def _target_attention(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizi
     return Sizing((dim,), length * (flops + 2 * dim), params)
 
 
+def _similarity(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
+    if len(shapes) != 2 or prod(shapes[0]) != prod(shapes[1]):
+        raise ShapeError(f"similarity takes two vectors of one width, got {list(shapes)}")
+    width = prod(shapes[0])
+    return Sizing((1,), (8 if attrs["metric"] == "cosine" else 2) * width)
+
+
 def _self_attention(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
     if len(shapes) != 1 or len(shapes[0]) != 2:
         raise ShapeError(f"self_attention takes [sequence (L, D)], got {list(shapes)}")
@@ -229,6 +236,7 @@ RULES: dict[str, Rule] = {
     "fm": _fm,
     "target_attention": _target_attention,
     "self_attention": _self_attention,
+    "similarity": _similarity,
     "head": _head,
     "loss": _loss,
     "moe": _moe,

@@ -223,6 +223,14 @@ def _target_attention(op: Op, batch: int, inputs: int) -> OpWork:
     return _join(feats, unit, pool)
 
 
+def _similarity(op: Op, batch: int, inputs: int) -> OpWork:
+    size = float(batch * op.attr("in_features") // 2)  # each tower's (B, D)
+    norms = OpWork(_pass(size, size) + Kernels(other=2), _pass(size, size, size, size) + Kernels(other=2)) \
+        if op.attr("metric") == "cosine" else OpWork()
+    product = OpWork(_pass(size) + _pass(size, streams=1, fresh=False), _pass(size, size, streams=3))
+    return _join(norms, product)  # normalise each tower (cosine); product and row sum, then their grads
+
+
 def _self_attention(op: Op, batch: int, inputs: int) -> OpWork:
     dim = op.out_shape[-1]
     length = op.attr("in_features") // dim
@@ -262,6 +270,7 @@ RULES: dict[str, Rule] = {
     "fm": _fm,
     "target_attention": _target_attention,
     "self_attention": _self_attention,
+    "similarity": _similarity,
     "loss": _loss,
 }
 

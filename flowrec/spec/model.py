@@ -17,8 +17,8 @@ from typing import Any, Literal, Mapping
 
 DenseTransform = Literal["none", "log1p", "standardize"]
 Pooling = Literal["sum", "mean", "none"]
-ModuleKind = Literal["mlp", "dot", "fm", "cross", "target_attention", "self_attention", "linear", "concat", "moe", "ple",
-                     "custom"]
+ModuleKind = Literal["mlp", "dot", "fm", "cross", "target_attention", "self_attention", "similarity", "linear", "concat",
+                     "moe", "ple", "custom"]
 OptimizerName = Literal["sgd", "adagrad", "rowwise_adagrad", "adam"]
 TaskKind = Literal["binary", "regression", "multiclass"]
 LossName = Literal["bce", "mse", "softmax_ce"]

@@ -2,7 +2,7 @@
 
 A `dot` over two module outputs (a user tower and an item tower) in a spec without dense features
 trained, but `flowrec export` failed with a batch constraint violation; so did an mlp over a module
-output and an embedding field. Both read a field slice of a packed lookup, which was flattened by
+output and an embedding field. The `similarity` kind of two towers is covered the same way. Both read a field slice of a packed lookup, which was flattened by
 a `reshape` that asks whether the batch is 1. The package must score raw rows as the trained model
 does, for a batch and for one row.
 """
@@ -41,6 +41,12 @@ modules:
   - {name: user_tower, kind: mlp, inputs: [user, tags], layers: [8]}
   - {name: item_tower, kind: mlp, inputs: [item, tags], layers: [8]}
   - {name: score, kind: dot, inputs: [user_tower, item_tower]}
+""",
+    "cosine_of_towers": """
+modules:
+  - {name: user_tower, kind: mlp, inputs: [user], layers: [8], norm: layer}
+  - {name: item_tower, kind: mlp, inputs: [item, tags], layers: [8]}
+  - {name: score, kind: similarity, inputs: [user_tower, item_tower], metric: cosine, temperature: 0.1}
 """,
     "mlp_of_module_and_field": """
 modules:
