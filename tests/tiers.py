@@ -24,7 +24,7 @@ FAST: frozenset[str] = frozenset()
 FILES: dict[str, frozenset[str]] = {
     # unit: planning, operators, caches, data staging: fast unless noted
     **{f"tests/unit/{name}.py": FAST for name in (
-        "test_cache_model",
+        "test_cache_model", "test_cache_next_use",
         "test_cache_scratchpad", "test_checkpoint_rank_deltas", "test_checkpoint_shards",
         "test_cost_calibrated", "test_data_batches", "test_data_cachesim", "test_data_checks",
         "test_data_dask", "test_data_lookahead_synth", "test_data_profile_hot", "test_data_strata",
@@ -37,7 +37,8 @@ FILES: dict[str, frozenset[str]] = {
         "test_render", "test_runtime_hostmem", "test_runtime_session", "test_spec_limits",
         "test_spec_roundtrip", "test_spec_training", "test_spec_validate", "test_spec_yaml_scan",
         "test_table_snapshot", "test_train_loop_parts", "test_vocab_growth", "test_output_guard",
-        "test_custom", "test_self_attention", "test_similarity", "test_heads", "test_mlp_regularize", "test_moe", "test_packed_mlp_lowering", "test_table_l2",
+        "test_custom", "test_heads", "test_mlp_regularize", "test_moe", "test_packed_mlp_lowering", "test_table_l2",
+        "test_managed_spec", "test_managed_map", "test_self_attention", "test_similarity",
         "test_calibrate_collective",
     )},
     "tests/unit/test_cache_bench.py": frozenset({"processes"}),
@@ -46,7 +47,7 @@ FILES: dict[str, frozenset[str]] = {
     "tests/unit/test_spec_fuzz.py": frozenset({"fuzz"}),
     **{f"tests/unit/{name}.py": frozenset({"thorough"}) for name in (
         "test_cache_exact", "test_cache_fae", "test_cache_fae_bytes", "test_cache_model", "test_train_reference",
-        "test_mlp_regularize_training",
+        "test_mlp_regularize_training", "test_managed_training",
     )},
     # integration: the CLI, runs, data conversion, distributed training
     **{f"tests/integration/{name}.py": FAST for name in (
@@ -55,14 +56,15 @@ FILES: dict[str, frozenset[str]] = {
     **{f"tests/integration/{name}.py": frozenset({"processes"}) for name in (
         "test_bench_dist_smoke", "test_bench_train_smoke", "test_data_bench", "test_dist_embedding",
         "test_dist_incremental", "test_dist_specs", "test_dist_train", "test_sigkill_resume",
-        "test_nproc_signals",
+        "test_nproc_signals", "test_dist_managed",
     )},
     **{f"tests/integration/{name}.py": frozenset({"e2e"}) for name in (
         "test_calibrate", "test_cli_options", "test_data_convert", "test_data_diagnostics",
         "test_encoder_travels", "test_incremental", "test_incremental_checkpoints", "test_model_package",
         "test_predict_criteo", "test_python_api", "test_run_guarantees", "test_run_hostile", "test_train",
         "test_train_loop", "test_train_plan", "test_vocab_spare", "test_output_hostile", "test_package_hostile",
-        "test_custom_module", "test_heads_package", "test_regularize_package", "test_tower_package", "test_sequence_package",
+        "test_custom_module", "test_heads_package", "test_regularize_package", "test_managed_runs", "test_follow",
+        "test_tower_package", "test_sequence_package",
     )},
     **{f"tests/integration/{name}.py": frozenset({"fuzz"}) for name in (
         "test_checkpoint_fuzz", "test_data_fuzz", "test_data_hostile",
@@ -90,6 +92,10 @@ TESTS: dict[str, frozenset[str]] = {
         "test_plan_contract.py::test_cpu_without_budget_keeps_every_table_resident",
         "test_operators_fused_update.py::test_long_chunks_on_a_strided_table_equal_the_reference",
         "test_planner_manager.py::test_every_spec_plans_validates_and_is_deterministic",
+        "test_moe.py::test_packed_experts_train_as_unpacked_experts",
+        "test_moe.py::test_one_expert_with_its_constant_gate_is_the_shared_bottom_model",
+        "test_custom.py::test_training_equals_the_user_module_in_plain_pytorch",
+        "test_heads.py::test_training_equals_reference_with_the_hand_written_loss",
         "test_cache_scratchpad.py::test_planner_bytes_per_step_match_counters",
     )},
 }

@@ -40,7 +40,7 @@ Examples:
 
   flowrec data convert criteo ~/criteo/day_0.tsv data/criteo/ --spec specs/dlrm_criteo.yaml
 
-  flowrec data convert movielens ml-100k/ data/ml/ --spec specs/deepfm_movielens.yaml --test-fraction 0.2
+  flowrec data convert movielens ml-100k/ data/ml/ --spec specs/movielens.yaml --test-fraction 0.2
 
   flowrec data convert csv day2.csv data/day2/ --spec spec.yaml --encoder-from runs/day1
 """

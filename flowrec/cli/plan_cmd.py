@@ -12,7 +12,7 @@ from flowrec.planner.calibration import is_profile_path
 from flowrec.render import to_dot, to_png, to_svg
 from flowrec.planner.manager import STAGES, PassFailure, make_plan
 from flowrec.graph.plan_io import plan_json
-from flowrec.planner.report import text_report
+from flowrec.planner.report import managed_report, text_report
 from flowrec.spec.model import CachePolicy
 
 PLAN_HELP = """Compile a spec into an optimized plan and report it.
@@ -78,4 +78,4 @@ def plan(
     if png is not None:
         write_output(png, lambda tmp: to_png(result, tmp))
     if "-" not in (json_out, dot) and not quiet:
-        typer.echo("\n".join(text_report(result)))
+        typer.echo("\n".join(text_report(result) + managed_report(model)))

@@ -76,6 +76,10 @@ def train(
     nproc: int = typer.Option(1, "--nproc", min=1, help="Train on N local processes (ranks) through torch.distributed's launcher: row-wise sharded tables, data-parallel dense part, rank r trains slice r of every global batch (same parameters as one process, to rounding). For many nodes launch `torchrun ... -m flowrec train ...` instead. Default: 1."),
     dist_timeout: float = typer.Option(300.0, "--dist-timeout", help="Seconds a rank waits for the others in a collective (1 .. 604800, a week): a rank that died or hung makes the others exit (status 4) within this time, naming themselves. Default: 300."),
     max_restarts: int = typer.Option(0, "--max-restarts", min=0, help="With --nproc: restart every rank up to N times after a failure; the run continues from its last checkpoint. Default: 0."),
+    follow_dir: Optional[Path] = typer.Option(None, "--follow", help="Continuous training: train each day partition (an encoded dataset folder) under this folder in order of name into --out/days/<day>, each from the day before (--init-from), after scoring the day before's model on it (progressive validation in --out/metrics.jsonl); resumes a day cut short, never trains a day twice."),
+    follow_wait: float = typer.Option(0.0, "--follow-wait", min=0.0, help="With --follow: seconds to wait for a new day partition to land before stopping. Default: 0 (stop when none is waiting)."),
+    follow_once: bool = typer.Option(False, "--follow-once", help="With --follow: train at most one new day, then stop."),
+    follow_export: bool = typer.Option(False, "--follow-export", help="With --follow: after each day, write its model package to --out/export/<day> (as `flowrec export`)."),
 ) -> None:
     """Train a spec end to end: plan, stage data, train, evaluate, checkpoint.
 
@@ -105,11 +109,26 @@ def train(
                          fresh_optimizer, dist_timeout)
     try:
         _check_options(request)
+        if follow_dir is not None:
+            _check_follow(request, nproc)
+            from flowrec.cli.follow import follow
+
+            follow(request, follow_dir, follow_wait, follow_once, run_training, follow_export)
+            return
         if nproc > 1 and _launch_size() == 1:
             raise typer.Exit(_launch(request, nproc, max_restarts))
         run_training(_restarted(request))
     except KeyboardInterrupt:
         fail("interrupted (Ctrl-C) before training started; nothing was trained", EXIT_INTERRUPTED)
+
+
+def _check_follow(request: RunRequest, nproc: int) -> None:
+    """--follow takes its data from the day folders and its runs from --out."""
+    clashes = [flag for flag, given in (("--data", request.given.get("data")), ("--resume", request.resume),
+                                        ("--init-from", request.init_from), ("--nproc", nproc > 1)) if given]
+    if clashes:
+        fail(f"--follow trains each day folder into --out/days/<day> from the day before: "
+             f"it takes no {', '.join(clashes)}")
 
 
 def _launch_size() -> int:
@@ -591,6 +610,9 @@ def _report(result, run_dir: Path, json_out: bool) -> None:
                      f"{run_dir / 'best'}")
     elif result.stop_requested:
         lines.append(f"stopped at step {result.steps} on request")
+    from flowrec.runtime.managed_state import managed_lines
+
+    lines += managed_lines(result.managed)
     lines.append(f"run folder: {run_dir} (checkpoint.pt, metrics.jsonl, plan.json)")
     for line in lines:
         _say(line)

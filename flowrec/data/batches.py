@@ -42,6 +42,7 @@ from flowrec.data.checks import ColumnRule, check_partition, partition_rules
 from flowrec.data.dataset import PartitionSource, partition_name, take_rows, token
 from flowrec.data.layout import batch_label_columns
 from flowrec.data.lookahead import LookaheadWindow, batch_extras
+from flowrec.data.managed_stage import Remapper, cut_columns, drop_defaults
 from flowrec.data.packed_ids import column_arrays, pack_group
 from flowrec.data.strata import STRATA, chunk_layout, needed_range
 from flowrec.graph.types import PackedGroup
@@ -62,6 +63,9 @@ class GroupIds:
         casting: tensor-casting index (lookahead only), else None.
         unique: sorted unique rows of this batch (lookahead only).  # (U,) int64
         window_unique: sorted unique rows of this batch and the next W-1 (lookahead only).
+        horizon_rows: sorted unique rows of the H batches after the window (lookahead with a
+            horizon only).  # (K,) int64
+        horizon_next: batches from this one to each horizon row's first use there (W..W+H-1).  # (K,) int64
     """
 
     ids: torch.Tensor
@@ -69,6 +73,8 @@ class GroupIds:
     casting: Any = None
     unique: torch.Tensor | None = None
     window_unique: torch.Tensor | None = None
+    horizon_rows: torch.Tensor | None = None
+    horizon_next: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +90,7 @@ class Batch:
         size: B, samples in this batch (the last batch may be smaller unless drop_last).
         global_size: samples in the global batch this one is a rank's slice of (None: B, one
             process); the loss of a slice is its share of the global batch's mean.
+        managed: what the managed tables' maps did for this batch (None: no managed tables).
     """
 
     dense: torch.Tensor
@@ -93,6 +100,7 @@ class Batch:
     index: int
     size: int
     global_size: int | None = None
+    managed: Any = None  # `flowrec.data.managed_stage.ManagedBatch` of a spec with managed tables
 
     @property
     def samples_in_step(self) -> int:
@@ -113,6 +121,9 @@ class StagingOptions:
         workers: packing threads.
         prefetch: batches staged ahead (bounded queue).
         lookahead: window W in batches for lookahead extraction (0: off).
+        horizon: H, batches after the window whose rows are also attached, with their next use
+            (`GroupIds.horizon_rows`), for the lookahead cache's choice of victims (0: none;
+            lookahead only). The data stage then holds W + H batches.
         casting: attach the casting index when lookahead is on.
         check: check every partition before batching it (`flowrec.data.checks`: ids inside their
             tables, finite dense values and labels, binary labels 0 or 1); off only to measure
@@ -131,6 +142,7 @@ class StagingOptions:
     workers: int = 2
     prefetch: int = 4
     lookahead: int = 0
+    horizon: int = 0
     casting: bool = True
     check: bool = True
     world_size: int = 1
@@ -201,8 +213,8 @@ class BatchIterator:
     """Iterator over the batches of one epoch; a context manager that stops its threads on exit."""
 
     def __init__(self, spec: ModelSpec, source: PartitionSource, opts: StagingOptions, epoch: int,
-                 start_batch: int, groups: tuple[PackedGroup, ...]):
-        self.spec, self.source, self.opts, self.groups = spec, source, opts, groups
+                 start_batch: int, groups: tuple[PackedGroup, ...], remap: Remapper | None = None):
+        self.spec, self.source, self.opts, self.groups, self.remap = spec, source, opts, groups, remap
         self.batch_size = opts.batch_size or spec.training.batch_size
         seed = spec.training.seed if opts.seed is None else opts.seed
         parts = range(len(source.partition_rows()))
@@ -281,8 +293,8 @@ class BatchIterator:
 
     def _read(self) -> None:
         try:
-            for index, table, global_size in self._raw_batches():
-                fut = self._pool.submit(self._pack, table, index, global_size)
+            for turn, (index, table, global_size) in enumerate(self._raw_batches()):
+                fut = self._pool.submit(self._pack, table, index, global_size, turn)
                 if not self._put(self._futures, fut):
                     return
             self._put(self._futures, None)
@@ -298,12 +310,20 @@ class BatchIterator:
                     if self.start_batch <= lo // bsz + k < self.num_batches]
             if not kept:
                 continue
-            slices = [rank_slice(len(rows), opts.world_size, opts.rank) for _, rows in kept]
+            slices = [self._read_slice(len(rows)) for _, rows in kept]
             read_lo, read_hi = needed_range([rows for _, rows in kept], slices)
             read_hi = max(read_hi, read_lo + 1)  # a rank with no rows here still gets the schema
             yield _Chunk(lo + read_lo, lo + read_hi, tuple(
                 (index, rows[a:b] - read_lo, len(rows) if opts.world_size > 1 else None)
                 for (index, rows), (a, b) in zip(kept, slices)))
+
+    def _read_slice(self, size: int) -> tuple[int, int]:
+        """Samples of a global batch this rank reads: its slice, or with managed tables on several
+        ranks the whole batch (every rank steps its replica of the maps on the global batch's ids,
+        then keeps its slice: `_pack`)."""
+        if self.remap is not None and self.opts.world_size > 1:
+            return 0, size
+        return rank_slice(size, self.opts.world_size, self.opts.rank)
 
     def _raw_batches(self) -> Iterator[tuple[int, Any, int | None]]:
         """(batch index, this rank's rows: a table, or a `_Staged` batch of a Dask source, global
@@ -342,24 +362,36 @@ class BatchIterator:
                 start += len(rows)
             current = upcoming
 
-    def _pack(self, rows: Any, index: int, global_size: int | None) -> Batch:
+    def _pack(self, rows: Any, index: int, global_size: int | None, turn: int = 0) -> Batch:
         table = rows.result() if isinstance(rows, _Staged) else rows
+        cols = {f.name: column_arrays(table.column(f.name)) for f in self.spec.sparse_features}
+        managed = None
+        if self.remap is not None:  # raw ids -> rows, one batch at a time in epoch order
+            remap = self.remap
+            done = remap.in_turn(turn, self._stop.is_set, lambda: remap.remap(cols))
+            if done is None:
+                raise RuntimeError("the batch iterator was closed")
+            cols, managed = done
+            if self.opts.world_size > 1:  # the whole global batch was read and remapped: keep this rank's slice
+                lo, hi = rank_slice(table.num_rows, self.opts.world_size, self.opts.rank)
+                table, cols = table.slice(lo, hi - lo), cut_columns(cols, lo, hi)
         size = table.num_rows
         dense = _stack(table, [f.name for f in self.spec.dense_features], size)
         labels = _stack(table, list(batch_label_columns(self.spec)), size)
-        cols = {f.name: column_arrays(table.column(f.name)) for f in self.spec.sparse_features}
         groups = {}
         for g in self.groups:
             ids, offsets = pack_group(g, cols, size)
+            if managed is not None and g.name in self.remap.groups:
+                ids, offsets = drop_defaults(ids, offsets)
             ids_t, off_t = torch.from_numpy(ids), torch.from_numpy(offsets)
             if self.opts.lookahead > 0:
                 groups[g.name] = GroupIds(ids_t, off_t, *batch_extras(g, ids_t, off_t, self.opts.casting))
             else:
                 groups[g.name] = GroupIds(ids_t, off_t)
-        return Batch(dense, labels, groups, self.epoch, index, size, global_size)
+        return Batch(dense, labels, groups, self.epoch, index, size, global_size, managed)
 
     def _lookahead(self) -> None:
-        window = LookaheadWindow(self.opts.lookahead)
+        window = LookaheadWindow(self.opts.lookahead, self.opts.horizon)
         try:
             while True:
                 item = self._get(self._futures)
@@ -535,7 +567,7 @@ def _drain(q: queue.Queue) -> None:
 
 def iterate_batches(spec: ModelSpec, source: PartitionSource, opts: StagingOptions = StagingOptions(),
                     epoch: int = 0, start_batch: int = 0,
-                    groups: tuple[PackedGroup, ...] | None = None) -> BatchIterator:
+                    groups: tuple[PackedGroup, ...] | None = None, remap: Remapper | None = None) -> BatchIterator:
     """Batches of one epoch, from batch `start_batch` on (same order as an uninterrupted run).
 
     Args:
@@ -545,6 +577,10 @@ def iterate_batches(spec: ModelSpec, source: PartitionSource, opts: StagingOptio
         epoch: epoch number (seeds the order).
         start_batch: first batch index to yield (resume).
         groups: packed layout (default: `group_layout(spec)`, the plan's layout).
+        remap: the maps of the spec's managed tables (`flowrec.data.managed_stage`); a spec with
+            managed tables needs one (their columns hold raw ids, not rows).
     """
+    if remap is None and any(t.managed is not None for t in spec.tables):
+        raise ValueError(f"spec {spec.name!r} has managed tables: batches need their maps (remap=)")
     return BatchIterator(spec, source, opts, epoch, start_batch,
-                         groups if groups is not None else group_layout(spec))
+                         groups if groups is not None else group_layout(spec), remap)

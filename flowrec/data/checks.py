@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 from flowrec.data.layout import DataError, label_columns, weight_columns
 from flowrec.spec.model import ModelSpec
 
-RuleKind = Literal["ids", "finite", "binary"]
+RuleKind = Literal["ids", "finite", "binary", "classes"]
 FLOAT32_MAX = float(np.finfo(np.float32).max)  # larger values become inf in a batch
 
 
@@ -41,10 +41,12 @@ class ColumnRule:
 
     Args:
         name: column name.
-        kind: "ids" (integers in [0, rows)), "finite" (dense features, regression labels) or
-            "binary" (labels of binary heads: exactly 0 or 1).
-        rows: rows of the table (ids only).
-        table: the table's name (ids only), or the heads reading the label (binary), for messages.
+        kind: "ids" (integers in [0, rows), any integer when rows is 0), "finite" (dense features,
+            regression labels), "binary" (labels of binary heads: exactly 0 or 1) or "classes"
+            (labels of multiclass heads: whole numbers in [0, rows)).
+        rows: rows of the table (ids; 0: raw ids of a managed table, any int64), classes of the
+            head (classes).
+        table: the table's name (ids only), or the heads reading the label (binary, classes), for messages.
     """
 
     name: str
@@ -55,18 +57,36 @@ class ColumnRule:
 
 def partition_rules(spec: ModelSpec, columns: Sequence[str] | None = None) -> tuple[ColumnRule, ...]:
     """The rules of the spec's columns (all, or those in `columns`), in spec order."""
-    rules = [ColumnRule(f.name, "ids", spec.table(f.table).rows, f.table) for f in spec.sparse_features]
+    rules = [ColumnRule(f.name, "ids", _id_bound(spec, f.table), f.table) for f in spec.sparse_features]
     rules += [ColumnRule(f.name, "finite") for f in spec.dense_features]
     binary: dict[str, list[str]] = {}
+    classes: dict[str, list[tuple[int, str]]] = {}
     for head, label in zip(spec.heads, label_columns(spec)):
         binary.setdefault(label, [])
         if head.task == "binary":
             binary[label].append(head.name)
-    rules += [ColumnRule(label, "binary", table=", ".join(heads)) if heads else ColumnRule(label, "finite")
-              for label, heads in binary.items()]
+        elif head.task == "multiclass":
+            classes.setdefault(label, []).append((head.num_classes, head.name))
+    rules += [_label_rule(label, heads, classes.get(label, [])) for label, heads in binary.items()]
     rules += [ColumnRule(w, "finite") for w in weight_columns(spec) if w not in binary]
     keep = None if columns is None else set(columns)
     return tuple(r for r in rules if keep is None or r.name in keep)
+
+
+def _label_rule(label: str, binary_heads: list[str], class_heads: list[tuple[int, str]]) -> ColumnRule:
+    """The strictest rule of the heads reading `label`: binary, else class indices, else finite."""
+    if binary_heads:
+        return ColumnRule(label, "binary", table=", ".join(binary_heads))
+    if class_heads:
+        return ColumnRule(label, "classes", rows=min(n for n, _ in class_heads),
+                          table=", ".join(name for _, name in class_heads))
+    return ColumnRule(label, "finite")
+
+
+def _id_bound(spec: ModelSpec, table: str) -> int:
+    """Ids of a table are in [0, rows); a managed table's column holds raw-id hashes: any int64 (0)."""
+    t = spec.table(table)
+    return 0 if t.managed is not None else t.rows
 
 
 def check_partition(table: pa.Table, rules: Sequence[ColumnRule], where: str, first_row: int = 0) -> None:
@@ -109,12 +129,15 @@ def _passes(col: pa.ChunkedArray, rule: ColumnRule) -> bool:
         if not pa.types.is_integer(chunk.type) and (rule.kind == "ids" or not pa.types.is_floating(chunk.type)):
             return False
         x = chunk.to_numpy()
-        if rule.kind == "ids":
+        if rule.kind == "ids" and rule.rows:
             unsigned = x.view(f"u{x.itemsize}") if x.dtype.kind == "i" else x  # negatives become huge
             if unsigned.max() >= rule.rows:
                 return False
         elif rule.kind == "binary":
             if np.count_nonzero((x != 0) & (x != 1)):
+                return False
+        elif rule.kind == "classes":
+            if np.count_nonzero(~_class_index(x, rule.rows)):
                 return False
         elif x.dtype != np.float32:
             return False
@@ -136,11 +159,11 @@ def _check_ids(array: pa.Array, rule: ColumnRule, prefix: str, first_row: int) -
         raise DataError(f"{prefix}: type {array.type}, expected int64 row ids (or a list of them)")
     if not array.null_count and not values.null_count:
         low_high = pc.min_max(values)
-        if not len(values) or (low_high["min"].as_py() >= 0 and low_high["max"].as_py() < rule.rows):
+        if not len(values) or not rule.rows or (low_high["min"].as_py() >= 0 and low_high["max"].as_py() < rule.rows):
             return
     null_value = _nulls(values)
     x = values.fill_null(0).to_numpy(zero_copy_only=False)
-    bad = np.flatnonzero(null_value | (x < 0) | (x >= rule.rows))
+    bad = np.flatnonzero(null_value | (((x < 0) | (x >= rule.rows)) if rule.rows else False))
     row = _row(array, int(bad[0]), listed) if len(bad) else len(array)
     null_rows = np.flatnonzero(_nulls(array)) if listed else np.zeros(0, np.int64)
     if len(null_rows) and null_rows[0] < row:
@@ -168,6 +191,8 @@ def _check_numbers(array: pa.Array, rule: ColumnRule, prefix: str, first_row: in
     with np.errstate(invalid="ignore", over="ignore"):  # inf - inf in the sum; nan compares
         if rule.kind == "binary":
             bad = np.flatnonzero((x != 0) & (x != 1))
+        elif rule.kind == "classes":
+            bad = np.flatnonzero(~_class_index(x, rule.rows))
         elif not array.null_count and x.dtype == np.float32 and np.isfinite(np.add.reduce(x, dtype=np.float64)):
             return
         else:
@@ -181,6 +206,15 @@ def _check_numbers(array: pa.Array, rule: ColumnRule, prefix: str, first_row: in
     if rule.kind == "binary":
         raise DataError(f"{prefix}: label {float(x[i])!r} at row {row} (0-based) is not 0 or 1 "
                         f"(binary head {rule.table}); convert -1/+1 labels with `flowrec data convert`")
+    if rule.kind == "classes":
+        raise DataError(f"{prefix}: label {float(x[i])!r} at row {row} (0-based) is not a class index "
+                        f"0 .. {rule.rows - 1} (multiclass head {rule.table})")
     problem = "value beyond float32" if np.isfinite(x[i]) else "non-finite value"
     raise DataError(f"{prefix}: {problem} {float(x[i])!r} at row {row} (0-based); "
                     "dense and label values must be finite float32")
+
+
+def _class_index(x: np.ndarray, classes: int) -> np.ndarray:
+    """Which values are whole numbers in [0, classes) (NaN is not)."""
+    with np.errstate(invalid="ignore"):
+        return (x >= 0) & (x < classes) & (x == np.floor(x))

@@ -33,7 +33,8 @@ from flowrec.data.encode import Encoder, fit_encoder, needs_fit
 from flowrec.data.encoder_record import record_of_encoder
 from flowrec.data.error_log import ErrorLog, ErrorPolicy
 from flowrec.data.labels import PLUS_MINUS_FORMATS, check_labels, label_tasks
-from flowrec.data.layout import VOCAB_DIR, DataError, DatasetMeta, data_hash, unique_labels, write_meta
+from flowrec.data.layout import (VOCAB_DIR, DataError, DatasetMeta, data_hash, encoded_rows, encoding_mode,
+                                 unique_labels, write_meta)
 from flowrec.data.output import staged_output
 from flowrec.data.rawstats import RawStats
 from flowrec.data.sources import FORMAT_ALIASES, LINE_COLUMN, reader
@@ -257,7 +258,7 @@ def _time_cutoff(chunks: Iterator[pa.Table], column: str, fraction: float) -> fl
 
 def _check_vocabularies(spec: ModelSpec, encoder: Encoder) -> None:
     """Raise DataError if a given encoder lacks the vocabulary of a vocabulary table."""
-    lacking = [t.name for t in spec.tables if not t.hashed and t.name not in encoder.vocabs]
+    lacking = [t.name for t in spec.tables if t.has_vocab and t.name not in encoder.vocabs]
     if lacking:
         raise DataError(f"the encoder has no vocabulary for table {lacking[0]!r} (a run trained on "
                         "synthetic data has none): encode raw data with the encoder of a run trained "
@@ -301,7 +302,7 @@ def _finish(spec: ModelSpec, encoder: Encoder, writer: PartWriter, fmt: str, inp
     encoding = {}
     for f in spec.sparse_features:
         t = spec.table(f.table)
-        encoding[f.name] = {"table": t.name, "rows": t.rows, "mode": "hash" if t.hashed else "vocab",
+        encoding[f.name] = {"table": t.name, "rows": encoded_rows(t), "mode": encoding_mode(t),
                             "max_len": f.max_len, "vocab_file": vocab_files.get(t.name),
                             "vocab_digest": record.features[f.name]["vocab"]}
         if t.vocab_spare:

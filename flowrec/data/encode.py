@@ -23,21 +23,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from flowrec.data.layout import is_multi, unique_labels
+from flowrec.data.raw_ids import as_strings, raw_id_hashes
 from flowrec.spec.model import DenseFeature, ModelSpec, SparseFeature
-
-
-def as_strings(values: pa.Array) -> pa.Array:
-    """The values as strings, empty strings as nulls."""
-    if isinstance(values, pa.ChunkedArray):
-        values = values.combine_chunks()
-    if not pa.types.is_string(values.type) and not pa.types.is_large_string(values.type):
-        if pa.types.is_floating(values.type):  # 3.0 -> "3": floats that hold ids
-            whole = pc.equal(values, pc.floor(values))
-            ints = pc.cast(values, pa.int64(), safe=False)
-            values = pc.if_else(whole, pc.cast(ints, pa.string()), pc.cast(values, pa.string()))
-        else:
-            values = pc.cast(values, pa.string())
-    return pc.if_else(pc.equal(values, ""), pa.scalar(None, pa.string()), values)
 
 
 def hash_rows(values: pa.Array, rows: int) -> np.ndarray:
@@ -149,7 +136,9 @@ class Encoder:
         values = self.sparse_values(feature, raw)
         multi = is_multi(feature)
         flat = pc.list_flatten(values) if multi else values
-        if table.hashed:
+        if table.managed is not None:
+            rows = raw_id_hashes(flat)
+        elif table.hashed:
             rows = hash_rows(flat, table.rows)
         else:
             rows = vocab_rows(flat, self.vocabs[table.name])
@@ -198,7 +187,7 @@ def fit_encoder(spec: ModelSpec, chunks: Iterable[pa.Table], columns: dict[str, 
                 sequence_sep: str = "^") -> Encoder:
     """One pass over raw chunks to build the vocabularies and dense statistics the spec needs."""
     probe = Encoder(spec, columns, {}, {}, sequence_sep)
-    vocab_tables = {t.name: t for t in spec.tables if not t.hashed}
+    vocab_tables = {t.name: t for t in spec.tables if t.has_vocab}
     counters: dict[str, Counter] = {name: Counter() for name in vocab_tables}
     acc = StatsAccumulator()
     standardized = [f for f in spec.dense_features if f.transform == "standardize"]
@@ -215,5 +204,5 @@ def fit_encoder(spec: ModelSpec, chunks: Iterable[pa.Table], columns: dict[str, 
 
 def needs_fit(spec: ModelSpec) -> bool:
     """True if encoding needs a first pass (vocabulary tables or standardized features)."""
-    return any(not t.hashed for t in spec.tables) or any(
+    return any(t.has_vocab for t in spec.tables) or any(
         f.transform == "standardize" for f in spec.dense_features)

@@ -29,7 +29,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from flowrec.data.encode import DenseStats, Encoder
-from flowrec.data.layout import META_FILE, DataError, DatasetMeta, data_hash, read_meta, unique_labels
+from flowrec.data.layout import (META_FILE, DataError, DatasetMeta, data_hash, encoded_rows, encoding_mode,
+                                 read_meta, unique_labels)
 from flowrec.data.names import inside, plain_name
 from flowrec.spec.json_doc import read_json_document
 from flowrec.spec.model import DenseFeature, ModelSpec
@@ -123,7 +124,7 @@ def record_of_encoder(spec: ModelSpec, encoder: Encoder, vocab_files: dict[str, 
                                           st.std if st else None, column)
         else:
             t = spec.table(f.table)
-            features[f.name] = sparse_rule(t.name, t.rows, "hash" if t.hashed else "vocab",
+            features[f.name] = sparse_rule(t.name, encoded_rows(t), encoding_mode(t),
                                            f.max_len, digests.get(t.name), column, t.vocab_spare)
     labels = {name: {"column": encoder.source(name)} for name in unique_labels(spec)}
     return EncoderRecord(spec.name, data_hash(spec), features, labels, dict(encoder.columns),
@@ -166,7 +167,7 @@ def synthetic_record(spec: ModelSpec) -> EncoderRecord:
             features[f.name] = dense_rule(f.transform, f.fill, None, None, f.name)
         else:
             t = spec.table(f.table)
-            features[f.name] = sparse_rule(t.name, t.rows, "synthetic", f.max_len, None, f.name,
+            features[f.name] = sparse_rule(t.name, encoded_rows(t), "synthetic", f.max_len, None, f.name,
                                            t.vocab_spare)
     labels = {name: {"column": name} for name in unique_labels(spec)}
     return EncoderRecord(spec.name, data_hash(spec), features, labels)

@@ -1,7 +1,8 @@
 """Labels of raw input rows: what each head accepts, and the libsvm/libfm -1/+1 convention.
 
-A binary head trains on labels that are exactly 0 or 1; a regression head on finite numbers. Any
-other value (2, 7, 0.5, nan, inf, a missing label) makes its row malformed: reported with its line
+A binary head trains on labels that are exactly 0 or 1; a multiclass head of N classes on class
+indices 0 .. N-1 (whole numbers); a regression head on finite numbers. Any other value (2, 7, 0.5,
+nan, inf, a missing label) makes its row malformed: reported with its line
 number and skipped or fatal by the ``--on-error`` policy. libsvm and libfm files often write the
 classes as -1/+1: for those formats -1 is read as 0 (+1 is 1 already) and the rewritten labels are
 counted in the conversion report.
@@ -28,12 +29,25 @@ PLUS_MINUS_FORMATS = ("libsvm",)  # formats whose binary labels may be written -
 
 
 def label_tasks(spec: ModelSpec, columns: dict[str, str]) -> dict[str, str]:
-    """Source label column -> "binary" (any binary head reads it) or "regression"."""
+    """Source label column -> "binary" (any binary head reads it), else "multiclass:N" (the
+    fewest classes of the multiclass heads reading it), else "regression"."""
     tasks: dict[str, str] = {}
     for head, label in zip(spec.heads, label_columns(spec)):
         source = columns.get(label, label)
-        tasks[source] = "binary" if head.task == "binary" or tasks.get(source) == "binary" else "regression"
+        tasks[source] = _stricter(tasks.get(source, "regression"), _task(head))
     return tasks
+
+
+def _task(head) -> str:
+    return f"multiclass:{head.num_classes}" if head.task == "multiclass" else head.task
+
+
+def _stricter(a: str, b: str) -> str:
+    """The rule a label read by heads of both tasks must obey (binary labels are class indices too)."""
+    if "binary" in (a, b):
+        return "binary"
+    classes = [int(t.split(":")[1]) for t in (a, b) if t.startswith("multiclass:")]
+    return f"multiclass:{min(classes)}" if classes else "regression"
 
 
 def check_labels(table: pa.Table, tasks: dict[str, str], log: ErrorLog,
@@ -56,6 +70,10 @@ def check_labels(table: pa.Table, tasks: dict[str, str], log: ErrorLog,
             ok = (y == 0) | (y == 1) | minus[name]
             allowed = "0 or 1 (or -1/+1)" if plus_minus else "0 or 1"
             reason = f"not {allowed} for a binary head"
+        elif task.startswith("multiclass:"):
+            classes = int(task.split(":")[1])
+            ok = (y >= 0) & (y < classes) & (y == np.floor(y))
+            reason = f"not a class index 0 .. {classes - 1} for a multiclass head"
         else:
             ok = np.isfinite(y)
             reason = "not a finite number for a regression head"

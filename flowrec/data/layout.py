@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from flowrec.spec.json_doc import parse_json_text
-from flowrec.spec.model import DenseFeature, ModelSpec, SparseFeature
+from flowrec.spec.model import DenseFeature, ModelSpec, SparseFeature, TableSpec
 from flowrec.spec.read import MAX_SPEC_BYTES
 
 META_FILE = "_flowrec.json"
@@ -96,9 +96,24 @@ def data_hash(spec: ModelSpec) -> str:
             doc.append(["dense", f.name, f.transform, f.fill])
         else:
             t = spec.table(f.table)
+            if t.managed is not None:  # raw-id hashes: the data serves any capacity
+                doc.append(["sparse", f.name, t.name, "managed", f.max_len])
+                continue
             spare = [t.vocab_spare] if t.vocab_spare else []  # specs without spare rows hash as before
             doc.append(["sparse", f.name, t.name, t.rows, t.hashed, t.min_freq, f.max_len, *spare])
     return hashlib.sha256(json.dumps(doc).encode()).hexdigest()[:16]
+
+
+def encoding_mode(table: TableSpec) -> str:
+    """How a table's column is encoded: "managed" (raw-id hashes), "hash" or "vocab" (rows)."""
+    if table.managed is not None:
+        return "managed"
+    return "hash" if table.hashed else "vocab"
+
+
+def encoded_rows(table: TableSpec) -> int:
+    """The rows an encoding rule records: 0 for a managed table (its data holds no rows)."""
+    return 0 if table.managed is not None else table.rows
 
 
 def label_columns(spec: ModelSpec) -> tuple[str, ...]:

@@ -2,8 +2,10 @@
 
 Computed on CPU in the staging threads, ahead of the trainer (ScratchPipe's lookahead; the
 casting of Kwon et al., HPCA 2021): the window of batch i is batches i..i+W-1 of the epoch
-(shorter at the end of the epoch). The casting comes from `operators.casting.compute_casting`
-with the group's mean-pooling flags per bag position.
+(shorter at the end of the epoch). With a horizon H the rows of batches i+W..i+W+H-1 are
+attached too, each with the distance to its first use there, so that the lookahead cache can
+evict by next use. The casting comes from `operators.casting.compute_casting` with the group's
+mean-pooling flags per bag position.
 
 Example:
     >>> win = LookaheadWindow(2)
@@ -56,20 +58,43 @@ def union_sorted(parts: list[torch.Tensor]) -> torch.Tensor:
     return torch.from_numpy(x[keep])
 
 
+def first_uses(parts: list[torch.Tensor], first: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sorted unique rows, index of the first part using each, plus `first`) of sorted unique
+    tensors `parts`.  # (K,), (K,) int64
+
+    Example:
+        >>> rows, at = first_uses([torch.tensor([2, 5]), torch.tensor([1, 5])], first=3)
+        >>> rows.tolist(), at.tolist()
+        ([1, 2, 5], [4, 3, 3])
+    """
+    if not parts:
+        return torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64)
+    rows = np.concatenate([p.numpy() for p in parts])
+    at = np.repeat(np.arange(first, first + len(parts)), [len(p) for p in parts])
+    order = np.argsort(rows, kind="stable")  # the earliest part first among equal rows
+    rows, at = rows[order], at[order]
+    keep = np.empty(len(rows), bool)
+    keep[:1] = True
+    np.not_equal(rows[1:], rows[:-1], out=keep[1:])
+    return torch.from_numpy(rows[keep]), torch.from_numpy(at[keep])
+
+
 class LookaheadWindow:
-    """Holds the last W batches; emits a batch once the W-1 batches after it are known.
+    """Holds the last W + H batches; emits a batch once the W + H - 1 batches after it are known.
 
     Args:
         window: W, batches per window (the batch itself included).
+        horizon: H, batches after the window whose rows are attached with their next use (0: none).
     """
 
-    def __init__(self, window: int):
+    def __init__(self, window: int, horizon: int = 0):
         self.window = max(int(window), 1)
+        self.horizon = max(int(horizon), 0)
         self._held: deque = deque()
 
     def push(self, batch: Any) -> Iterator[Any]:
         self._held.append(batch)
-        if len(self._held) >= self.window:
+        if len(self._held) >= self.window + self.horizon:
             yield self._emit()
 
     def flush(self) -> Iterator[Any]:
@@ -78,9 +103,14 @@ class LookaheadWindow:
 
     def _emit(self) -> Any:
         head = self._held[0]
+        held = list(self._held)
+        inside, beyond = held[:self.window], held[self.window:]
         groups = {}
         for name, g in head.groups.items():
-            rows = union_sorted([b.groups[name].unique for b in self._held])
+            rows = union_sorted([b.groups[name].unique for b in inside])
             groups[name] = replace(g, window_unique=rows)
+            if self.horizon:
+                later, nxt = first_uses([b.groups[name].unique for b in beyond], self.window)
+                groups[name] = replace(groups[name], horizon_rows=later, horizon_next=nxt)
         self._held.popleft()
         return replace(head, groups=groups)

@@ -74,9 +74,8 @@ def owning_folder(path: Path) -> tuple[Path, str] | None:
 def check_file_output(out: Path, inputs: Sequence[Path], overwrite: bool) -> None:
     """Raise OutputError unless the file `out` may be (re)written by a command reading `inputs`."""
     out = Path(out)
-    if not out.parent.is_dir():
-        raise OutputError(f"cannot write {out}: folder {out.parent} does not exist")
-    owned = owning_folder(out.parent) or owning_folder(out.resolve().parent)  # a link into such a folder
+    parent = _existing_parent(out)
+    owned = owning_folder(parent) or owning_folder(out.resolve().parent)  # a link into such a folder
     if owned is not None:
         raise OutputError(f"refusing to write {out}: it lies in {owned[0]}, {owned[1]}'s folder (flowrec "
                           "writes there only for it); write the output elsewhere")
@@ -88,15 +87,14 @@ def check_file_output(out: Path, inputs: Sequence[Path], overwrite: bool) -> Non
     _check_inputs(out, inputs)
     if os.path.lexists(out) and not overwrite:
         raise OutputError(f"{out} exists; give --overwrite to replace it")
+    _make_parents(out)
 
 
 def check_folder_output(out: Path, inputs: Sequence[Path], overwrite: bool, kind: str) -> None:
     """Raise OutputError unless the folder `out` may be created, or replaced (with `overwrite`)
     when it is empty or holds `kind` ("a model package", "a dataset")."""
     out = Path(out)
-    if not out.parent.is_dir():
-        raise OutputError(f"cannot write {out}: folder {out.parent} does not exist")
-    owned = owning_folder(out.parent)
+    owned = owning_folder(_existing_parent(out))
     if owned is not None:
         raise OutputError(f"refusing to write {out}: it lies in {owned[0]}, {owned[1]}'s folder (flowrec "
                           "writes there only for it)")
@@ -112,6 +110,26 @@ def check_folder_output(out: Path, inputs: Sequence[Path], overwrite: bool, kind
     if held is not None:
         raise OutputError(f"refusing to replace {out}: it holds {held[1]}'s folder {held[0]}, which only "
                           "that owner writes")
+    _make_parents(out)
+
+
+def _existing_parent(out: Path) -> Path:
+    """The nearest folder above `out` that exists (missing ones are made once every check passed);
+    a file on the way is an error."""
+    for folder in out.absolute().parents:
+        if folder.is_dir():
+            return folder
+        if os.path.lexists(folder):
+            raise OutputError(f"cannot write {out}: {folder} is not a folder")
+    raise OutputError(f"cannot write {out}: no folder above it exists")
+
+
+def _make_parents(out: Path) -> None:
+    """Create the missing folders above `out` (as `mkdir -p`), after every check passed."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"cannot create folder {out.parent}: {exc.strerror or exc}") from None
 
 
 def _owned_below(folder: Path) -> tuple[Path, str] | None:

@@ -26,6 +26,7 @@ import pyarrow as pa
 from flowrec.data.cachesim import batch_trace, capacities_for, hit_rate_curves
 from flowrec.data.checks import check_partition, partition_rules
 from flowrec.data.dataset import PartitionSource, partition_name
+from flowrec.data.managed_stage import fold_raw_ids
 from flowrec.data.packed_ids import column_arrays, pack_group
 from flowrec.graph.packing import group_layout
 from flowrec.spec.model import ModelSpec
@@ -87,6 +88,7 @@ def profile_access(spec: ModelSpec, source: PartitionSource, sample_rate: float 
     n = table.num_rows
     groups = group_layout(spec)
     cols = {f.name: column_arrays(table.column(f.name)) for f in spec.sparse_features}
+    cols = fold_raw_ids(spec, cols)  # managed tables: a row per raw id, estimated by hash
     packed = {g.name: pack_group(g, cols, n) for g in groups}
     tables: dict[str, Any] = {}
     for g in groups:

@@ -22,9 +22,10 @@ import numpy as np
 import pyarrow as pa
 
 from flowrec.data.convert import PartWriter
-from flowrec.data.layout import DataError, DatasetMeta, data_hash, is_multi, unique_labels, write_meta
+from flowrec.data.layout import DataError, DatasetMeta, data_hash, encoded_rows, is_multi, unique_labels, write_meta
+from flowrec.data.raw_ids import MISSING_ID
 from flowrec.data.output import staged_output
-from flowrec.spec.model import DenseFeature, ModelSpec, SparseFeature
+from flowrec.spec.model import DenseFeature, ModelSpec, SparseFeature, TableSpec
 from flowrec.spec.tasks import TASKS
 
 BLOCK_ROWS = 1 << 16  # rows per seeded generation block
@@ -32,6 +33,7 @@ ZIPF_ALPHA = 1.1  # default skew, near real CTR data
 LOGIT_SCALE = 2.5  # spread of the hidden logits (higher: more learnable)
 LOGIT_BIAS = -1.0  # hidden bias: about a 30% positive rate
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+MANAGED_SPACE = 2  # a managed table's synthetic ids: this many distinct values per row of capacity
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,17 @@ def hidden_weight(rows: np.ndarray, salt: np.uint64) -> np.ndarray:
     return (h >> np.uint64(11)).astype(np.float64) / float(1 << 52) - 1.0
 
 
+def _stored(ids: np.ndarray, table: TableSpec) -> np.ndarray:
+    """The column values of drawn ids: rows, or for a managed table raw ids (a bijective 64-bit
+    scramble of the drawn ids by the table's name alone, so a value keeps its raw id whatever
+    the seed: data synthesised with other seeds are other days of the same users, never
+    MISSING_ID)."""
+    if table.managed is None:
+        return ids
+    raw = _mix(ids.astype(np.uint64) ^ _salt(table.name, 0)).view(np.int64)
+    return np.where(raw == MISSING_ID, 1, raw)
+
+
 def _block(spec: ModelSpec, cfg: SynthConfig, block: int, n: int) -> pa.Table:
     rng = np.random.default_rng([cfg.seed, block])
     logit = np.zeros(n)
@@ -112,17 +125,18 @@ def _block(spec: ModelSpec, cfg: SynthConfig, block: int, n: int) -> pa.Table:
             continue
         table = spec.table(f.table)
         salt = _salt(table.name, cfg.seed)
+        space = table.rows if table.managed is None else MANAGED_SPACE * table.rows + 1
         if is_multi(f):
             lengths = rng.integers(0, f.max_len + 1, n)
-            ids = rank_to_row(zipf_ranks(rng, table.rows - 1, int(lengths.sum()), cfg.alpha), table.rows, salt)
+            ids = rank_to_row(zipf_ranks(rng, space - 1, int(lengths.sum()), cfg.alpha), space, salt)
             offsets = np.concatenate([[0], np.cumsum(lengths)])
             w = np.add.reduceat(np.append(hidden_weight(ids, salt), 0.0), offsets[:-1])
             w = np.where(lengths > 0, w / np.maximum(lengths, 1), 0.0)
-            cols[f.name] = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(ids))
+            cols[f.name] = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(_stored(ids, table)))
         else:
-            ids = rank_to_row(zipf_ranks(rng, table.rows - 1, n, cfg.alpha), table.rows, salt)
+            ids = rank_to_row(zipf_ranks(rng, space - 1, n, cfg.alpha), space, salt)
             w = hidden_weight(ids, salt)
-            cols[f.name] = pa.array(ids)
+            cols[f.name] = pa.array(_stored(ids, table))
         logit += (1.0 - cfg.dense_weight) * w * np.sqrt(3.0 / n_sparse)
     logit = LOGIT_SCALE * logit + LOGIT_BIAS
     tasks = {h.label or (spec.data.label if spec.data else "label"): h.task for h in spec.heads}
@@ -193,7 +207,7 @@ def _write(spec: ModelSpec, out: Path, rows: int, cfg: SynthConfig, rows_per_fil
     for table in synth_blocks(spec, rows, cfg):
         writer.write(table)
     writer.close()
-    encoding = {f.name: {"table": f.table, "rows": spec.table(f.table).rows, "mode": "synthetic",
+    encoding = {f.name: {"table": f.table, "rows": encoded_rows(spec.table(f.table)), "mode": "synthetic",
                          "max_len": f.max_len} for f in spec.sparse_features}
     dense = {f.name: {"transform": f.transform, "fill": f.fill, "mean": None, "std": None}
              for f in spec.dense_features}

@@ -15,6 +15,7 @@ from typing import Any
 from flowrec.graph.kinds import MLP_LAYER_OPTIONS
 from flowrec.graph.plan_io import dense_packing, packed_experts, stage_members
 from flowrec.graph.types import Plan
+from flowrec.spec.model import ModelSpec
 from flowrec.spec.units import format_bytes
 
 
@@ -28,6 +29,20 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
         return "  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip()
 
     return [fmt(header), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows]
+
+
+def managed_report(spec: ModelSpec) -> list[str]:
+    """One line per managed table of `spec`: its capacity (what the plan prices) and its map's rules
+    (nothing for a spec without managed tables)."""
+    out = []
+    for t in spec.tables:
+        m = t.managed
+        if m is None:
+            continue
+        rules = f"admit at {m.admit_min_count}, {m.evict}" + (f" (decay {m.decay:g})" if m.evict == "decayed_lfu" else "")
+        rules += f" every {m.every_steps:,} steps" + (f", ttl {m.ttl_steps:,} steps" if m.ttl_steps else "")
+        out.append(f"managed table {t.name}: {m.rows:,} rows, priced at capacity; {rules}")
+    return out
 
 
 def text_report(plan: Plan) -> list[str]:

@@ -32,6 +32,7 @@ from flowrec.data.dataset import MemorySource, ParquetSource
 from flowrec.data.synth import synth_dataset, synth_table
 from flowrec.runtime.hostmem import tune_host_allocator
 from flowrec.runtime.lowering import LoweredModel, lower
+from flowrec.runtime.managed_state import fresh_remapper
 from flowrec.runtime.nonfinite import LossGuard
 from flowrec.runtime.step import autocast_context, make_dense_optimizer, train_step
 from flowrec.runtime.trainer import TrainConfig
@@ -62,7 +63,8 @@ def _options(spec: ModelSpec, plan: Any) -> StagingOptions:
 def _staged(spec: ModelSpec, plan: Any, count: int) -> list[Any]:
     """`count` batches of synthetic rows at the spec's batch size in the plan's layout, staged now."""
     source = MemorySource([synth_table(spec, spec.training.batch_size * count)])
-    with iterate_batches(spec, source, _options(spec, plan), 0, 0, tuple(plan.meta.groups)) as staged:
+    with iterate_batches(spec, source, _options(spec, plan), 0, 0, tuple(plan.meta.groups),
+                         remap=fresh_remapper(spec, tuple(plan.meta.groups))) as staged:
         return list(staged)
 
 
@@ -101,7 +103,8 @@ def staging_cpu_seconds(spec: ModelSpec, plan: Any, batches: int = STEPS) -> tup
         synth_dataset(spec, data, spec.training.batch_size * (batches + 1))
         source = ParquetSource(data)
         try:
-            with iterate_batches(spec, source, _options(spec, plan), 0, 0, tuple(plan.meta.groups)) as live:
+            with iterate_batches(spec, source, _options(spec, plan), 0, 0, tuple(plan.meta.groups),
+                                 remap=fresh_remapper(spec, tuple(plan.meta.groups))) as live:
                 first = next(iter(live))
                 cpu0, values = time.process_time(), [_values(first)]
                 values += [_values(b) for b in live]

@@ -28,6 +28,7 @@ import torch
 
 from flowrec.runtime.checkpoint_format import CheckpointError, check_header, check_structure_common, read_torch_file
 from flowrec.runtime.checkpoint_shards import DELTA_SHARDS_KEY
+from flowrec.runtime.managed_state import MANAGED_PREFIX
 
 DELTA_FORMAT = "flowrec-checkpoint-delta"
 DELTA_VERSION = 1
@@ -127,8 +128,11 @@ def _apply(path: Path, state: dict[str, Any], delta: dict[str, Any]) -> None:
 
 
 def _check_like(path: Path, key: str, ref: Any, value: Any) -> None:
+    """A delta's tensor fits the base's (a managed map's arrays may change length: ids come and go)."""
+    resized = key.startswith(MANAGED_PREFIX) and isinstance(ref, torch.Tensor) and isinstance(value, torch.Tensor) \
+        and ref.dim() == value.dim()
     if not isinstance(ref, torch.Tensor) or not isinstance(value, torch.Tensor) \
-            or ref.shape != value.shape or ref.dtype != value.dtype:
+            or (ref.shape != value.shape and not resized) or ref.dtype != value.dtype:
         raise CheckpointError(f"{path} does not fit its base: model {key} differs in name, shape or dtype")
 
 

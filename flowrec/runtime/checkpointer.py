@@ -36,6 +36,7 @@ from flowrec.runtime.incremental import (
     TableSnapshot,
     cloned,
     delta_tables,
+    reset_rows_of,
     table_keys,
 )
 from flowrec.runtime.nonfinite import TrainingStopped, first_non_finite
@@ -78,6 +79,8 @@ class Checkpointer:
         if snapshot is not None:
             for name, gids in batch.groups.items():
                 snapshot.before_write(name, gids.ids)
+            for name, rows in reset_rows_of(batch).items():
+                snapshot.before_write(name, rows)
         self._dirty.mark(batch, self.rows_of_group)
 
     def restart_chain(self, step: int | None) -> None:

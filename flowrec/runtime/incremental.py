@@ -38,18 +38,30 @@ class DirtyRows:
         self._masks: dict[str, torch.Tensor] = {}
 
     def mark(self, batch: Any, rows_of_group: dict[str, int]) -> None:
-        """Mark every packed id of `batch` (ids stay on their device: no sync)."""
+        """Mark every packed id of `batch` and the rows its managed tables reset (ids stay on
+        their device: no sync)."""
         for name, gids in batch.groups.items():
-            mask = self._masks.get(name)
-            if mask is None:
-                words = -(-rows_of_group[name] // MASK_WORD)
-                mask = torch.zeros(words * MASK_WORD, dtype=torch.bool, device=gids.ids.device)
-                self._masks[name] = mask
-            mask[gids.ids.to(mask.device, non_blocking=True)] = True
+            self._mark(name, gids.ids, rows_of_group)
+        for name, rows in reset_rows_of(batch).items():
+            self._mark(name, rows, rows_of_group)
+
+    def _mark(self, name: str, ids: torch.Tensor, rows_of_group: dict[str, int]) -> None:
+        mask = self._masks.get(name)
+        if mask is None:
+            words = -(-rows_of_group[name] // MASK_WORD)
+            mask = torch.zeros(words * MASK_WORD, dtype=torch.bool, device=ids.device)
+            self._masks[name] = mask
+        mask[ids.to(mask.device, non_blocking=True)] = True
 
     def take(self) -> dict[str, torch.Tensor]:
         """Sorted touched rows per group (on the CPU), and clear the marks.  # {group: (n,) int64}"""
         return {name: _take_marks(mask).cpu() for name, mask in self._masks.items()}
+
+
+def reset_rows_of(batch: Any) -> dict[str, torch.Tensor]:
+    """Packed rows a batch's managed-table eviction resets before it trains (group -> rows)."""
+    managed = getattr(batch, "managed", None)
+    return managed.resets if managed is not None else {}
 
 
 def _take_marks(mask: torch.Tensor) -> torch.Tensor:

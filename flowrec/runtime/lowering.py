@@ -27,6 +27,7 @@ from flowrec.data.batches import Batch
 from flowrec.graph.edges import Slot, input_slots
 from flowrec.graph.kinds import OP_KINDS, PLACEMENTS
 from flowrec.graph.types import Op, PackedGroup, Plan
+from flowrec.runtime.managed_state import managed_state
 from flowrec.runtime.messages import first_line
 from flowrec.runtime.placement import group_embedding
 from flowrec.spec.model import ModelSpec
@@ -110,6 +111,7 @@ class LoweredModel(nn.Module):
             self.embeddings = nn.ModuleDict(_embeddings(self.groups, seed, self.device, world) if tables else {})
             self._build_dense(plan.graph)
         self._bind_noise(seed)
+        self.managed = managed_state(spec, self.groups, seed) if tables else None  # the maps go with the tables
 
     def _build_dense(self, graph: nx.DiGraph) -> None:
         """The registry operators of the dense nodes, in topological order, and the loss."""
@@ -229,6 +231,8 @@ class LoweredModel(nn.Module):
             close = getattr(module, "close", None)
             if close is not None:
                 close()
+        if self.managed is not None:
+            self.managed.close()
 
     def dense_forward(self, dense: torch.Tensor, emb: dict[str, torch.Tensor],
                       masks: dict[str, torch.Tensor]) -> torch.Tensor:

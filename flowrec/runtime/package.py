@@ -9,6 +9,8 @@ A package is a folder:
   bag per sample. It returns (B, n_heads): probabilities for binary heads, values for regression.
 - ``encoder.json`` + ``vocab/``: the encoder that turns raw columns into those inputs.
 - ``spec.json``, ``plan.json``: the spec and the plan the run was trained with.
+- ``managed/<table>.parquet``: for managed tables, the raw ids holding a row and their rows
+  (`flowrec.runtime.managed_serving`); scoring remaps raw ids with them as evaluation does.
 - ``manifest.json``: format, flowrec and torch versions, encoder fingerprint, table dtype, the
   inputs in order, the heads, the run's last evaluation metrics and the SHA-256 of every other file
   (``files``): `verify_files` refuses a package any of whose files changed, before any is read.
@@ -35,6 +37,7 @@ from flowrec.data.encoder_record import EncoderRecord, write_record
 from flowrec.data.layout import is_multi
 from flowrec.data.names import inside
 from flowrec.graph.plan_io import plan_json
+from flowrec.runtime.managed_serving import Maps, maps_of, remap_inputs, write_maps
 from flowrec.runtime.pt2_save import save_program
 from flowrec.runtime.serving import ServingModel, Trained
 from flowrec.spec.json_doc import read_json_document
@@ -114,10 +117,13 @@ def write_package(trained: Trained, out: Path, dtype: str, encoder: EncoderRecor
     """
     started = time.perf_counter()
     spec = trained.spec
-    serving = ServingModel(spec, trained.model, mapped)
-    diff, rows = _cast(serving, DTYPES[dtype], spec, compare) if dtype != "fp32" else (None, 0)
-    program = export_program(serving, spec)
     out.mkdir(parents=True)
+    maps = maps_of(trained.model)
+    write_maps(maps, out)  # the managed maps: scoring remaps raw ids as evaluation does
+    trained.model.managed = None
+    serving = ServingModel(spec, trained.model, mapped)
+    diff, rows = _cast(serving, DTYPES[dtype], spec, compare, maps) if dtype != "fp32" else (None, 0)
+    program = export_program(serving, spec)
     save_program(program, out / MODEL_FILE)  # torch.export.save without a copy of each table
     del program
     write_record(encoder, out)
@@ -147,11 +153,13 @@ def _manifest(spec: ModelSpec, dtype: str, encoder: EncoderRecord, metrics: dict
 
 
 def _cast(serving: ServingModel, dtype: torch.dtype, spec: ModelSpec,
-          compare: Iterator[pa.Table] | None) -> tuple[float, int]:
+          compare: Iterator[pa.Table] | None, maps: Maps | None = None) -> tuple[float, int]:
     """Cast the tables to `dtype`; the largest |score - fp32 score| over the compared rows (4096
     random rows when no evaluation data is given) and their count."""
     with torch.no_grad():
         inputs = list(_comparison_inputs(spec, compare))
+        if compare is not None:  # encoded rows: managed features hold raw ids
+            inputs = [(d, remap_inputs(spec, s, maps or {})) for d, s in inputs]
         reference = [serving(dense, sparse) for dense, sparse in inputs]
         serving.cast_tables(dtype)
         worst = max(float((serving(d, s) - r).abs().max()) for (d, s), r in zip(inputs, reference))

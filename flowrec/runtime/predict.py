@@ -11,7 +11,7 @@ Example:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from flowrec.data.encode import Encoder
 from flowrec.data.encoder_record import ENCODER_FILE, EncoderRecord, load_encoder, read_record
 from flowrec.data.layout import DataError
 from flowrec.data.sources import FLOAT32_MAX
+from flowrec.runtime.managed_serving import Maps, read_maps, remap_inputs
 from flowrec.runtime.package import MODEL_FILE, SPEC_FILE, encoded_inputs, read_manifest, verify_files
 from flowrec.runtime.pt2_check import check_archive
 from flowrec.spec.json_doc import read_json_document
@@ -45,6 +46,7 @@ class LoadedModel:
         encoder: the encoder applying it to raw tables.
         program: the exported program's module: (dense, sparse) -> (B, n_heads).
         manifest: the package manifest.
+        maps: the maps of managed tables (`flowrec.runtime.managed_serving`).
     """
 
     path: Path
@@ -53,6 +55,7 @@ class LoadedModel:
     encoder: Encoder
     program: torch.nn.Module
     manifest: dict[str, Any]
+    maps: Maps = field(default_factory=dict)
 
     @property
     def heads(self) -> list[str]:
@@ -69,6 +72,7 @@ class LoadedModel:
         with torch.no_grad():
             for start in range(0, encoded.num_rows, BATCH_ROWS):
                 dense, sparse = encoded_inputs(self.spec, encoded.slice(start, BATCH_ROWS))
+                sparse = remap_inputs(self.spec, sparse, self.maps)
                 out.append(self.program(dense, sparse).numpy())
         width = sum(h.width for h in self.spec.heads)
         return np.concatenate(out) if out else np.zeros((0, width), np.float32)
@@ -123,7 +127,7 @@ def load_model(path: str | Path) -> LoadedModel:
         program = torch.export.load(path / MODEL_FILE).module()
     except Exception as exc:  # any failure to read the program is a damaged package
         raise ValueError(f"{path / MODEL_FILE} is not a usable exported program ({type(exc).__name__})") from None
-    return LoadedModel(path, spec, record, encoder, program, manifest)
+    return LoadedModel(path, spec, record, encoder, program, manifest, read_maps(path, spec))
 
 
 def _spec(path: Path) -> ModelSpec:

@@ -47,6 +47,7 @@ from flowrec.runtime.checkpoint_delta import delta_files
 from flowrec.runtime.evaluate import evaluate, group_slot
 from flowrec.runtime.lowering import LoweredModel, lower
 from flowrec.runtime.scores import scores
+from flowrec.runtime.managed_state import eval_remapper
 from flowrec.runtime.session import open_dataset, resolve_device
 from flowrec.spec.load import spec_from_dict
 from flowrec.spec.model import ModelSpec
@@ -80,7 +81,8 @@ class Trained:
         opts = StagingOptions(batch_size=self.spec.training.batch_size, shuffle=False, lookahead=0)
         try:
             self.check_data(path)
-            with iterate_batches(self.spec, source, opts, 0, 0, self.model.groups) as batches:
+            with iterate_batches(self.spec, source, opts, 0, 0, self.model.groups,
+                                 remap=eval_remapper(self.model)) as batches:
                 return evaluate(self.model, batches, self.spec.training.precision, group_by)
         finally:
             source.close()

@@ -55,6 +55,7 @@ from flowrec.spec.load import to_dict
 from flowrec.spec.model import ModelSpec
 
 INTERRUPT_FLAG, STOP_FLAG = 0, 1  # the flags the ranks agree on each step (`DenseParallel`), in this order
+HORIZON_WINDOWS = 3  # lookahead caches: staged horizon, in windows, that victims are chosen by
 
 
 @dataclass(frozen=True)
@@ -159,6 +160,7 @@ class TrainResult:
     stopped_early: bool = False
     stop_requested: bool = False
     best_step: int | None = None
+    managed: dict[str, Any] | None = None  # managed tables: occupancy, admitted, evicted, default lookups
 
 
 class Trainer:
@@ -203,6 +205,7 @@ class Trainer:
         self.host_groups = frozenset(g.name for g in model.groups if g.placement in HOST_SIDE)
         placements = {g.placement for g in model.groups}
         self.lookahead = max(config.lookahead, spec.plan.window if "lookahead" in placements else 0)
+        self.horizon = HORIZON_WINDOWS * self.lookahead if "lookahead" in placements else 0
         model.set_interleave(config.interleave)
         self.hot_flags: dict[str, torch.Tensor] | None = None if "static_hot" in placements else {}
         self.log: MetricsLog | None = None
@@ -248,12 +251,18 @@ class Trainer:
             workers=self.config.workers,
             prefetch=max(self.prefetch, 2),
             lookahead=self.lookahead if lookahead is None else lookahead,
+            horizon=self.horizon,
             **ranks,
         )
 
     def eval_batches(self, source: Any):
         return iterate_batches(self.spec, source, self.staging(shuffle=False, lookahead=0, sliced=False), 0, 0,
-                               self.model.groups)
+                               self.model.groups, remap=self._remapper(train=False))
+
+    def _remapper(self, train: bool) -> Any:
+        """The data stage's maps of managed tables: copies of the model's (None without any)."""
+        managed = getattr(self.model, "managed", None)
+        return managed.remapper(train) if managed is not None else None
 
     # ---------------------------------------------------------------- loop
     def total_steps(self, train_source: Any) -> int | None:
@@ -349,13 +358,16 @@ class Trainer:
         placement = {g.name: g.placement for g in self.model.groups}
         result.counters = {name: {"placement": placement[name], **snap}
                            for name, snap in collect_counters(self.model).items()}
+        managed = getattr(self.model, "managed", None)
+        result.managed = managed.report() if managed is not None else None
         if self.log is not None:
             self.log.write({"event": "end", "step": self.position.step, "samples": samples,
                             "seconds": seconds, "samples_per_s": result.samples_per_s,
                             "interrupted": interrupted, "stage_seconds": result.stage_seconds,
                             "counters": result.counters, "skipped_batches": self.skipped_batches,
                             "stopped_early": self.stopped_early, "best_step": result.best_step,
-                            "checkpoint_writes_s": self.checkpointer.seconds})
+                            "checkpoint_writes_s": self.checkpointer.seconds,
+                            **({"managed": result.managed} if result.managed else {})})
         return result
 
     @property
@@ -433,10 +445,13 @@ class Trainer:
 
     def _step(self, batch: Any) -> tuple[float | None, str | None]:
         """One guarded step: (loss, None), or (None, head) for a skipped non-finite batch."""
+        managed = getattr(self.model, "managed", None)
+        if managed is not None:
+            managed.before_step(self.model.embeddings, batch)
         try:
             model = LossGuard(self.model) if self.parallel is None else self.model  # ranks agree on it
-            return train_step(model, self.optimizer, batch, self.micro_batches, self.precision,
-                              self.clip_grad_norm, self.parallel), None
+            result = train_step(model, self.optimizer, batch, self.micro_batches, self.precision,
+                                self.clip_grad_norm, self.parallel), None
         except NonFiniteLoss as bad:
             step = self.position.step + 1
             if self.config.nan_policy != "skip-batch":
@@ -444,7 +459,10 @@ class Trainer:
                                       f"training stopped, {self.checkpoint_note()} (--nan-policy skip-batch skips "
                                       f"such batches)") from None
             self.skipped_batches += 1
-            return None, bad.head
+            result = None, bad.head
+        if managed is not None:  # the map moves on with the data stage, trained or skipped
+            managed.after_step(batch)
+        return result
 
     @property
     def checkpoint_step(self) -> int | None:
@@ -460,7 +478,7 @@ class Trainer:
         pos = self.position
         if not self.hot_flags:
             return iterate_batches(self.spec, train_source, self.staging(), pos.epoch, pos.batch,
-                                   self.model.groups)
+                                   self.model.groups, remap=self._remapper(train=True))
         staged = iterate_batches(self.spec, train_source, self.staging(), pos.epoch, 0, self.model.groups)
         batcher = HotColdBatcher(staged, self.hot_flags, self.model.groups, self.spec.training.batch_size,
                                  self.config.hot_run, self.config.cold_run)

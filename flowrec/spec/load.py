@@ -25,6 +25,7 @@ from flowrec.spec.model import (
     EarlyStoppingSpec,
     FrozenMapping,
     HeadSpec,
+    ManagedSpec,
     ModelSpec,
     ModuleSpec,
     OptimizerSpec,
@@ -125,6 +126,11 @@ def _head(h: dict[str, Any]) -> HeadSpec:
 
 
 def _table(name: str, t: dict[str, Any]) -> TableSpec:
+    if "managed" in t:
+        managed = _managed(t["managed"])
+        return TableSpec(name=name, rows=managed.rows, dim=int(t["dim"]), hashed=False,
+                         optimizer=_optimizer(t["optimizer"]) if t.get("optimizer") else None,
+                         dtype=t.get("dtype", "fp32"), managed=managed)
     hashed = "hash_buckets" in t
     spare = int(t.get("vocab_spare", 0))
     rows = int(t["hash_buckets"]) if hashed else int(t["vocab"]) + 1 + spare  # row 0: missing / unknown
@@ -139,6 +145,13 @@ def _table(name: str, t: dict[str, Any]) -> TableSpec:
         vocab_spare=spare,
         l2=float(t.get("l2", 0.0)),
     )
+
+
+def _managed(m: dict[str, Any]) -> ManagedSpec:
+    ttl = m.get("ttl_steps")
+    return ManagedSpec(rows=int(m["rows"]), admit_min_count=int(m.get("admit_min_count", 1)),
+                       evict=m.get("evict", "lfu"), decay=float(m.get("decay", 0.5)),
+                       every_steps=int(m.get("every_steps", 1000)), ttl_steps=None if ttl is None else int(ttl))
 
 
 def _optimizer(o: dict[str, Any]) -> OptimizerSpec:
@@ -255,7 +268,9 @@ def _feature_doc(f: DenseFeature | SparseFeature, spec: ModelSpec) -> dict[str, 
 
 def _table_doc(t: TableSpec) -> dict[str, Any]:
     out: dict[str, Any] = {"name": t.name, "dim": t.dim}
-    if t.hashed:
+    if t.managed is not None:
+        out["managed"] = _managed_doc(t.managed)
+    elif t.hashed:
         out["hash_buckets"] = t.rows
     else:
         out["vocab"] = t.vocab_size
@@ -269,6 +284,16 @@ def _table_doc(t: TableSpec) -> dict[str, Any]:
         out["optimizer"] = _optimizer_doc(t.optimizer)
     if t.l2:
         out["l2"] = t.l2
+    return out
+
+
+def _managed_doc(m: ManagedSpec) -> dict[str, Any]:
+    out: dict[str, Any] = {"rows": m.rows, "admit_min_count": m.admit_min_count, "evict": m.evict}
+    if m.evict == "decayed_lfu":
+        out["decay"] = m.decay
+    out["every_steps"] = m.every_steps
+    if m.ttl_steps is not None:
+        out["ttl_steps"] = m.ttl_steps
     return out
 
 

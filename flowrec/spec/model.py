@@ -23,6 +23,7 @@ OptimizerName = Literal["sgd", "adagrad", "rowwise_adagrad", "adam"]
 TaskKind = Literal["binary", "regression", "multiclass"]
 LossName = Literal["bce", "mse", "softmax_ce"]
 CachePolicy = Literal["auto", "none", "static_hot", "lookahead"]
+EvictPolicy = Literal["lfu", "lru", "decayed_lfu"]
 Precision = Literal["fp32", "bf16"]
 
 # Module kinds with named outputs, and the parameter listing the names: a module input or a head
@@ -115,6 +116,28 @@ Feature = DenseFeature | SparseFeature
 
 
 @dataclass(frozen=True)
+class ManagedSpec:
+    """The id-to-row map of a managed (collisionless) table (`flowrec.data.managed`).
+
+    Args:
+        rows: capacity: raw ids holding a row at once (the table's rows).
+        admit_min_count: occurrences before an id gets a row; until then it reads the default
+            (an empty contribution) and trains nothing.
+        evict: lfu, lru or decayed_lfu: the score by which ids keep their rows at an eviction pass.
+        decay: decayed_lfu only: factor a count keeps per `every_steps` steps without the id.
+        every_steps: map steps (batches) between eviction passes.
+        ttl_steps: ids unseen for more than this many map steps lose their row (None: never).
+    """
+
+    rows: int
+    admit_min_count: int = 1
+    evict: EvictPolicy = "lfu"
+    decay: float = 0.5
+    every_steps: int = 1000
+    ttl_steps: int | None = None
+
+
+@dataclass(frozen=True)
 class TableSpec:
     """An embedding table; several features may share one.
 
@@ -131,6 +154,8 @@ class TableSpec:
             vocabulary's last value (`flowrec.data.vocab_growth`).
         l2: L2 coefficient on the rows a step touches: each touched row's gradient gains l2 * row
             in the fused sparse update (added to its optimizer's weight_decay).
+        managed: the id-to-row map of a managed table (None: a hashed or vocabulary table). A
+            managed table has `managed.rows` rows and `hashed` False; its data holds raw-id hashes.
     """
 
     name: str
@@ -142,11 +167,17 @@ class TableSpec:
     min_freq: int = 1
     vocab_spare: int = 0
     l2: float = 0.0
+    managed: ManagedSpec | None = None
 
     @property
     def vocab_size(self) -> int:
-        """Values a fitted vocabulary keeps (rows 1..vocab_size); 0 for hashed tables."""
-        return 0 if self.hashed else self.rows - 1 - self.vocab_spare
+        """Values a fitted vocabulary keeps (rows 1..vocab_size); 0 for hashed and managed tables."""
+        return 0 if self.hashed or self.managed else self.rows - 1 - self.vocab_spare
+
+    @property
+    def has_vocab(self) -> bool:
+        """True for a vocabulary table (neither hashed nor managed)."""
+        return not self.hashed and self.managed is None
 
 
 @dataclass(frozen=True)

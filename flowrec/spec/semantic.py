@@ -79,6 +79,17 @@ def check_tables(view: DocView) -> list[SpecIssue]:
     return issues
 
 
+def check_managed(view: DocView) -> list[SpecIssue]:
+    """A managed table's `decay` goes with `evict: decayed_lfu`."""
+    issues = []
+    for t in view.items("tables"):
+        managed = t.body.get("managed") if t.clean else None
+        if isinstance(managed, dict) and "decay" in managed and managed.get("evict") != "decayed_lfu":
+            issues.append(SpecIssue(f"{t.path}.managed.decay", "'decay' applies to evict: decayed_lfu "
+                                                               f"(this table evicts by {managed.get('evict', 'lfu')})"))
+    return issues
+
+
 def check_pooling(view: DocView) -> list[SpecIssue]:
     """Pooling none is for sequence features only."""
     return [
@@ -224,6 +235,6 @@ def check_early_stopping(view: DocView) -> list[SpecIssue]:
 
 
 SEMANTIC_CHECKS = (
-    check_duplicates, check_tables, check_pooling, *MODULE_CHECKS, check_heads, check_data, check_labels,
+    check_duplicates, check_tables, check_managed, check_pooling, *MODULE_CHECKS, check_heads, check_data, check_labels,
     check_budget, check_group_by, check_early_stopping,
 )

@@ -170,6 +170,42 @@ def test_labels_binary_regression_and_plus_minus():
     assert label_tasks(spec, {"label": "clk"}) == {"clk": "regression"}
 
 
+def multiclass_spec(classes: int):
+    return spec_from_dict({"name": "t", "optimizer": OPT, "training": {"batch_size": 8},
+           "features": [{"name": "d", "type": "dense"},
+                        {"name": "a", "type": "categorical", "hash_buckets": 30, "dim": 4}],
+           "modules": [{"name": "m", "kind": "mlp", "inputs": ["@dense", "@sparse"], "layers": [4]}],
+           "heads": [{"name": "genre", "input": "m", "task": "multiclass", "num_classes": classes,
+                      "loss": "softmax_ce"}]})
+
+
+@pytest.mark.parametrize("bad", [-1.0, 5.0, 2.5, float("nan"), 1e9])
+def test_multiclass_labels_are_class_indices(bad):
+    """A multiclass label outside 0 .. N-1, or not whole, names its row (never a torch error at
+    the loss); labels drawn at random, skewed to the low classes, pass."""
+    rng = np.random.default_rng()
+    spec = multiclass_spec(5)
+    (rule,) = [r for r in partition_rules(spec) if r.name == "label"]
+    assert (rule.kind, rule.rows, rule.table) == ("classes", 5, "genre")
+    y = np.minimum(rng.zipf(1.5, 200) - 1, 4).astype(np.float32)
+    check_partition(pa.table({"label": y}), [rule], "p")
+    row = int(rng.integers(0, 200))
+    y[row] = bad
+    with pytest.raises(DataError, match=rf"p: column 'label': label .* at row {row + 10} \(0-based\) is not a class "
+                                        rf"index 0 \.\. 4 \(multiclass head genre\)"):
+        check_partition(pa.table({"label": y}), [rule], "p", first_row=10)
+
+
+def test_multiclass_labels_at_conversion():
+    raw = pa.table({"y": [0.0, 4.0, 5.0, -1.0, 1.5, None, 2.0], LINE_COLUMN: [1, 2, 3, 4, 5, 6, 7]})
+    log = ErrorLog("skip", "f")
+    table, _ = check_labels(raw, {"y": "multiclass:5"}, log, plus_minus=True)
+    assert table.column("y").to_pylist() == [0.0, 4.0, 2.0]
+    assert [e.line for e in log.examples] == [3, 4, 5, 6]
+    assert "not a class index 0 .. 4 for a multiclass head" in log.examples[0].reason
+    assert label_tasks(multiclass_spec(5), {}) == {"label": "multiclass:5"}
+
+
 def test_staged_output_swaps_only_a_complete_folder(tmp_path):
     out = tmp_path / "ds"
     with staged_output(out, overwrite=False) as tmp:

@@ -137,3 +137,29 @@ def test_replacing_a_folder_keeps_the_old_one_when_the_new_cannot_be_moved_in(tm
     replace_folder(tmp_path / "new", tmp_path / "out")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["new.txt"]
+
+
+@pytest.mark.parametrize("check", ["file", "folder"])
+def test_missing_folders_above_an_output_are_made_only_once_every_check_passed(tmp_path: Path, check):
+    """As `mkdir -p`: `export RUN a/b/pkg` and `--out reports/x/s.parquet` make a/b and reports/x;
+    under a file, or under a folder flowrec owns, nothing is made."""
+    def guard(out: Path, inputs=(), overwrite=False):
+        if check == "file":
+            check_file_output(out, list(inputs), overwrite)
+        else:
+            check_folder_output(out, list(inputs), overwrite, "a model package")
+
+    guard(tmp_path / "a" / "b" / "out")
+    assert (tmp_path / "a" / "b").is_dir() and not (tmp_path / "a" / "b" / "out").exists()
+    (tmp_path / "f.txt").write_text("x")
+    with pytest.raises(OutputError, match=r"f\.txt is not a folder"):
+        guard(tmp_path / "f.txt" / "c" / "out")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text("{}")
+    with pytest.raises(OutputError, match="a training run's folder"):
+        guard(run / "new" / "deeper" / "out")
+    assert not (run / "new").exists()
+    with pytest.raises(OutputError, match="which this command reads"):
+        guard(tmp_path / "x" / "y", inputs=[tmp_path / "x" / "y" / "rows.csv"])
+    assert not (tmp_path / "x").exists()

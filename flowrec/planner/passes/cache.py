@@ -65,8 +65,9 @@ def cache(graph: OpGraph, ctx: PassContext) -> PassResult:
             raise ValueError(f"cache placement {policy} is not yet supported for sharded groups (world size "
                              f"{meta.world_size}); use plan.cache auto or none, or train on one process")
         policy = "none"  # a rank's shard is on its device or, when it does not fit, on its host
+    managed = frozenset(t.name for t in spec.tables if t.managed is not None)
     groups, notes = place(meta.groups, budget, device, policy, spec.training.batch_size,
-                          spec.plan.window, ctx.profile)
+                          spec.plan.window, ctx.profile, managed)
     if not device.overlaps and ctx.device_budget_bytes is None and any(g.placement != "device" for g in groups):
         groups = tuple(replace(g, placement="device", cache_rows=0, expected_hit_rate=1.0) for g in groups)
         notes.append(f"target {device.name}: host memory is the device and no budget was given, so every "
@@ -91,8 +92,11 @@ def table_budget(graph: OpGraph, ctx: PassContext) -> int:
 
 
 def place(groups: tuple[PackedGroup, ...], budget: int, device: DeviceProfile, policy: str,
-          batch: int, window: int, profile: object) -> tuple[tuple[PackedGroup, ...], list[str]]:
-    """Placement of every group under `budget` bytes; returns the groups (input order) and notes."""
+          batch: int, window: int, profile: object, managed: frozenset[str] = frozenset()
+          ) -> tuple[tuple[PackedGroup, ...], list[str]]:
+    """Placement of every group under `budget` bytes; returns the groups (input order) and notes.
+    Groups holding `managed` tables are never static_hot (FAE's hot/cold batches reorder samples
+    across the batches a managed map remaps in order)."""
     order = sorted(groups, key=lambda g: (-g.bytes_per_rank, g.name))
     decided: dict[str, PackedGroup] = {}
     notes: list[str] = []
@@ -105,7 +109,8 @@ def place(groups: tuple[PackedGroup, ...], budget: int, device: DeviceProfile, p
             notes.append(f"{len(order) - i} group(s) fit on the device ({format_bytes(g.bytes_per_rank + rest)})")
             break
         share = remaining - min(rest, remaining // 2)
-        chosen, why = _choose(g, share, device, policy, batch, window, profile)
+        chosen, why = _choose(g, share, device, policy, batch, window, profile,
+                              any(t.table in managed for t in g.tables))
         decided[g.name] = chosen
         remaining -= chosen.cache_rows * g.row_bytes()
         notes.append(f"{g.name} ({format_bytes(g.bytes_per_rank)}) does not fit: {why}")
@@ -121,7 +126,7 @@ def expected_hit_rate(g: PackedGroup, profile: object) -> float:
 
 
 def _choose(g: PackedGroup, share: int, device: DeviceProfile, policy: str, batch: int, window: int,
-            profile: object) -> tuple[PackedGroup, str]:
+            profile: object, managed: bool = False) -> tuple[PackedGroup, str]:
     fit_rows = min(g.rows, max(0, share) // g.row_bytes())
     model = group_access(g, profile)
     draws = batch * sum(f.max_len for f in g.fields)
@@ -133,7 +138,7 @@ def _choose(g: PackedGroup, share: int, device: DeviceProfile, policy: str, batc
         "host": replace(g, placement="host", cache_rows=0, expected_hit_rate=0.0),
     }
     source = access_source(g, profile)
-    feasible = [p for p in POLICY_ORDER if p != "lookahead" or need <= fit_rows]
+    feasible = [p for p in POLICY_ORDER if (p != "lookahead" or need <= fit_rows) and not (managed and p == "static_hot")]
     if policy == "none":
         return options["host"], "cache policy none -> host"
     if policy == "lookahead" and need > fit_rows:
@@ -142,6 +147,9 @@ def _choose(g: PackedGroup, share: int, device: DeviceProfile, policy: str, batc
             f"{need:,} rows ({format_bytes(need * g.row_bytes())}) but {fit_rows:,} rows fit in the device "
             f"budget left for it ({format_bytes(max(share, 0))}); raise the device budget, shorten "
             f"plan.window, or use cache: auto or static_hot")
+    if policy == "static_hot" and managed:
+        raise ValueError(f"group {g.name} holds managed tables, which static_hot cannot follow (its hot/cold "
+                         "batches reorder samples); use cache: auto, lookahead or none")
     if policy in ("static_hot", "lookahead"):
         pick = options[policy]
         if pick.cache_rows < 1:

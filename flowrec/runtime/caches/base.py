@@ -103,6 +103,14 @@ class CachedEmbedding(nn.Module):
     def forward_group(self, gids: Any) -> torch.Tensor:
         raise NotImplementedError
 
+    def reset_rows(self, rows: torch.Tensor, weights: torch.Tensor, state: torch.Tensor) -> None:
+        """Overwrite packed `rows` and their optimizer state (a managed table's eviction) in the
+        master and in every device copy, so no copy serves the evicted values."""
+        with self.counters.outside_steps():
+            self.sync_master()
+            self.master.write_rows(rows, weights, state)
+            self.reload_from_master()
+
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         with self.counters.outside_steps():  # checkpoints hold the complete master table
             self.sync_master()

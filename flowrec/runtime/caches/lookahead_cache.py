@@ -5,10 +5,12 @@ The data stage attaches to batch i, per group, the unique rows of batches i..i+W
 earlier batch trained) unless it is the first batch or W = 1, in which case the exchange runs
 first (a counted stall). The cache then starts the exchange for the window of batch i, pinning
 every row that batches i..i+W-1 use, so the rows of batch i+W-1 arrive while batch i trains in
-place on its slots; victims (least recently used first) are never rows of batches i..i+W-1 and
-are written back, with their optimizer state, before their slot is reused. The exchange runs on
-a worker thread on a side stream that first waits for the work queued so far (`operators.device`:
-a CUDA stream, or the CPU runtime's synchronous one); with
+place on its slots; victims are never rows of batches i..i+W-1 and are written back, with their
+optimizer state, before their slot is reused. Victims use the future the data stage knows
+(`victims.NextUseFirst`): rows that no batch of the horizon after the window uses go first,
+fewest uses since their fetch first, then the rows the horizon uses, furthest next use first.
+The exchange runs on a worker thread on a side stream that first waits for the work queued so
+far (`operators.device`: a CUDA stream, or the CPU runtime's synchronous one); with
 `interleave=False` it runs inline. Capacity comes from the plan's `cache_rows`; a window that
 does not fit is a `CacheCapacityError`.
 
@@ -27,6 +29,7 @@ from flowrec.graph.types import PackedGroup
 from flowrec.runtime.caches.base import CachedEmbedding
 from flowrec.runtime.caches.scratchpad import EMPTY, Scratchpad
 from flowrec.runtime.caches.slots import SlotTable, remap_casting, slot_bag
+from flowrec.runtime.caches.victims import Horizon, LeastRecent, NextUseFirst, VictimPolicy
 from operators.device import DeviceEvent
 
 
@@ -41,11 +44,13 @@ class SlotCache(CachedEmbedding):
         record: keep the scratchpad's exchange log.
     """
 
+    victims: type[VictimPolicy] = LeastRecent
+
     def __init__(self, group: PackedGroup, seed: int, device: torch.device, capacity: int | None = None,
                  record: bool = False):
         super().__init__(group, seed, device)
         self.pad = Scratchpad(self.master, capacity if capacity is not None else group.cache_rows,
-                              self.device, self.counters, record)
+                              self.device, self.counters, record, self.victims())
         self.slots = SlotTable(self.pad.weight, self.pad.state, self.optimizer,
                                None if self.mean_flags is None else self.mean_flags.to(self.device),
                                group.bags_per_sample)
@@ -87,6 +92,25 @@ class SlotCache(CachedEmbedding):
         self.wait()
         self.pad.clear()
 
+    def reset_rows(self, rows: torch.Tensor, weights: torch.Tensor, state: torch.Tensor) -> None:
+        """Overwrite packed `rows` in the master and in the slots holding them (they stay resident)."""
+        self.wait()
+        self.master.write_rows(rows, weights, state)
+        slots = self.pad.slot_of[rows]
+        hit = slots != EMPTY
+        if bool(hit.any()):
+            dev = slots[hit].to(self.device)
+            self.pad.weight.index_copy_(0, dev, weights[hit].to(self.device, self.pad.weight.dtype))
+            if self.pad.state.shape[1]:
+                self.pad.state.index_copy_(0, dev, state[hit].to(self.device, self.pad.state.dtype))
+
+
+def horizon_of(gids: Any) -> Horizon | None:
+    """The data stage's rows after the window with their next use, or None (no horizon staged)."""
+    if gids.horizon_rows is None:
+        return None
+    return Horizon(gids.horizon_rows.cpu(), gids.horizon_next.cpu())
+
 
 class LookaheadEmbedding(SlotCache):
     """ScratchPipe's lookahead cache (see the module docstring).
@@ -100,6 +124,8 @@ class LookaheadEmbedding(SlotCache):
             current batch trains (False: inline, the sequential schedule).
         record: keep the scratchpad's exchange log.
     """
+
+    victims = NextUseFirst
 
     def __init__(self, group: PackedGroup, seed: int, device: torch.device, capacity: int | None = None,
                  interleave: bool = True, record: bool = False):
@@ -117,23 +143,23 @@ class LookaheadEmbedding(SlotCache):
         self.stamp += 1
         rows = self.unique_rows(gids)
         window = gids.window_unique.cpu() if gids.window_unique is not None else rows
+        horizon = horizon_of(gids)
         missing = int((self.pad.slot_of[rows] == EMPTY).sum())
         if missing:  # pipeline fill (first batch, or W = 1): the batch waits for its rows
             self.counters.demand_rows += missing
             with self.counters.stall("exchange"):
-                self.pad.exchange(rows, window, self.stamp)
-        self.pad.touch(rows, self.stamp)
+                self.pad.exchange(rows, window, self.stamp, horizon)
         if self.interleave and window.numel() > rows.numel():
-            self._pending = self._executor().submit(self._exchange, window, self._ready_event())
+            self._pending = self._executor().submit(self._exchange, window, horizon, self._ready_event())
         else:
             with self.counters.stall("exchange"):
-                self.pad.exchange(window, window, self.stamp)
+                self.pad.exchange(window, window, self.stamp, horizon)
         return self.train_lookup(gids, rows)
 
-    def _exchange(self, window: torch.Tensor, ready: DeviceEvent) -> DeviceEvent:
+    def _exchange(self, window: torch.Tensor, horizon: Horizon | None, ready: DeviceEvent) -> DeviceEvent:
         with self._stream.use():
             self._stream.wait(ready)
-            self.pad.exchange(window, window, self.stamp)
+            self.pad.exchange(window, window, self.stamp, horizon)
             return self._stream.record()
 
     def _ready_event(self) -> DeviceEvent:

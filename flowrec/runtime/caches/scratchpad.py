@@ -2,8 +2,9 @@
 
 `exchange(needed, pinned)` makes every row of `needed` resident: it fetches the missing rows
 with their optimizer state into free slots, and when none are free it evicts resident rows that
-are not `pinned` (least recently used first), writing each victim's row and state back to the
-master before its slot is reused. A row is therefore written back before it can be read again,
+are not `pinned` (in the order of its victim policy, `flowrec.runtime.caches.victims`: least
+recently used first by default), writing each victim's row and state back to the master before
+its slot is reused. A row is therefore written back before it can be read again,
 and a pinned row (one an in-flight batch uses) is never evicted; a request that cannot be met is
 a `CacheCapacityError`, never a silent miss. Maps live on the host; slot rows on the device.
 
@@ -20,6 +21,7 @@ import torch
 
 from flowrec.runtime.caches.base import CacheCapacityError
 from flowrec.runtime.caches.counters import CacheCounters
+from flowrec.runtime.caches.victims import Horizon, LeastRecent, SlotState, VictimPolicy
 from operators.embedding import PackedEmbeddingBag
 
 EMPTY = -1  # slot_of / row_of value of "none"
@@ -43,10 +45,11 @@ class Scratchpad:
         device: where the slots live.
         counters: traffic counters to add fetches and write-backs to.
         record: keep a log of every exchange (`log`) for checking.
+        victims: the victim policy (default `LeastRecent`).
     """
 
     def __init__(self, master: PackedEmbeddingBag, capacity: int, device: torch.device,
-                 counters: CacheCounters, record: bool = False):
+                 counters: CacheCounters, record: bool = False, victims: VictimPolicy | None = None):
         if capacity < 1:
             raise CacheCapacityError(f"a scratchpad needs at least one slot, got {capacity}")
         self.master, self.capacity, self.device, self.counters = master, int(capacity), device, counters
@@ -56,6 +59,8 @@ class Scratchpad:
         self.slot_of = torch.full((master.weight.shape[0],), EMPTY, dtype=torch.int64)  # (R,)
         self.row_of = torch.full((capacity,), EMPTY, dtype=torch.int64)  # (C,)
         self.last_use = torch.zeros(capacity, dtype=torch.int64)  # (C,) stamp of the last use
+        self.uses = torch.zeros(capacity, dtype=torch.int64)  # (C,) batches that used it since its fetch
+        self.victims = victims if victims is not None else LeastRecent()
         self.row_bytes = (dim * master.weight.element_size() + width * master.state.element_size())
         self.log: list[Exchange] | None = [] if record else None
 
@@ -63,9 +68,10 @@ class Scratchpad:
     def resident(self) -> int:
         return int((self.row_of != EMPTY).sum())
 
-    def exchange(self, needed: torch.Tensor, pinned: torch.Tensor, stamp: int) -> None:
+    def exchange(self, needed: torch.Tensor, pinned: torch.Tensor, stamp: int,
+                 horizon: Horizon | None = None) -> None:
         """Make `needed` (sorted unique rows) resident without evicting `pinned` (sorted unique,
-        a superset of `needed`)."""
+        a superset of `needed`); `horizon` is what the victim policy may know of later batches."""
         if pinned.numel() > self.capacity:
             raise CacheCapacityError(
                 f"{pinned.numel():,} rows must be resident together but the cache has "
@@ -74,7 +80,7 @@ class Scratchpad:
         if not missing.numel():
             return
         free = (self.row_of == EMPTY).nonzero().flatten()
-        victims = self._victims(missing.numel() - free.numel(), pinned)
+        victims = self._victims(missing.numel() - free.numel(), pinned, horizon)
         evicted = self.row_of[victims]
         if victims.numel():
             self._write_back(victims, evicted)
@@ -88,16 +94,18 @@ class Scratchpad:
         self.slot_of[missing] = slots
         self.row_of[slots] = missing
         self.last_use[slots] = stamp
+        self.uses[slots] = 0
         if self.log is not None:
             self.log.append(Exchange(stamp, tuple(missing.tolist()), tuple(evicted.tolist())))
 
-    def _victims(self, n: int, pinned: torch.Tensor) -> torch.Tensor:
+    def _victims(self, n: int, pinned: torch.Tensor, horizon: Horizon | None) -> torch.Tensor:
+        """The first `n` slots of the policy's order among resident rows not `pinned`.  # (n,) int64"""
         if n <= 0:
             return torch.zeros(0, dtype=torch.int64)
         occupied = (self.row_of != EMPTY).nonzero().flatten()
         free_to_go = occupied[~torch.isin(self.row_of[occupied], pinned)]
-        order = torch.argsort(self.last_use[free_to_go], stable=True)
-        return free_to_go[order[:n]]
+        state = SlotState(self.row_of[free_to_go], self.last_use[free_to_go], self.uses[free_to_go])
+        return free_to_go[self.victims.order(state, horizon)[:n]]
 
     def _write_back(self, slots: torch.Tensor, rows: torch.Tensor) -> None:
         dev_slots = slots.to(self.device)
@@ -108,9 +116,11 @@ class Scratchpad:
         self.row_of[slots] = EMPTY
 
     def touch(self, rows: torch.Tensor, stamp: int) -> torch.Tensor:
-        """Slots of resident `rows`, stamped as used now.  # (n,) int64"""
+        """Slots of resident sorted unique `rows`, stamped and counted as used now (call once a
+        batch).  # (n,) int64"""
         slots = self.slot_of[rows]
         self.last_use[slots] = stamp
+        self.uses[slots] += 1
         return slots
 
     def flush(self) -> None:
@@ -128,6 +138,7 @@ class Scratchpad:
         self.slot_of.fill_(EMPTY)
         self.row_of.fill_(EMPTY)
         self.last_use.zero_()
+        self.uses.zero_()
 
     def current_rows(self, rows: torch.Tensor) -> torch.Tensor:
         """Current weights of `rows`: resident ones from their slots, the rest from the master.  # (n, D)"""

@@ -1,0 +1,139 @@
+"""`flowrec train SPEC --follow DAYS --out RUN`: continuous training on a stream of day partitions.
+
+Each day is an encoded dataset folder under DAYS (one with ``_flowrec.json``: a conversion
+renames it into place only when complete), taken in order of name. For each day not trained yet:
+the model of the previous day is first scored on it (progressive validation: metrics on data it
+has not seen, one ``{"event": "progressive", "step": <day number>, "day", "metrics"}`` line in
+RUN/metrics.jsonl, and TensorBoard scalars ``progressive/<head>/<metric>``), then
+it trains into RUN/days/<day>/ from the previous day's run (`--init-from`: tables, optimizer
+state, managed maps and encoder carry over), which checkpoints as any run. RUN/follow.json lists
+the days done, written after each; a day already listed is never trained again, and a day whose
+folder holds a checkpoint but is not listed (a crash) is resumed (`--resume`: bitwise equal to an
+uninterrupted run). With `--follow-export` each day's model package is written to
+RUN/export/<day>/ before the day is recorded. With `--follow-wait S` it waits up to S seconds for
+a new day to land before it stops; `--follow-once` trains at most one new day.
+
+Example:
+    $ flowrec train spec.yaml --follow days/ --out runs/stream --follow-wait 3600
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable
+
+from flowrec.cli.common import fail
+
+FOLLOW_FILE = "follow.json"
+DAYS_DIR = "days"
+EXPORT_DIR = "export"
+POLL_S = 1.0  # seconds between looks for a new day
+
+
+def landed_days(days: Path) -> list[Path]:
+    """Day partitions under `days` that are complete datasets, in order of name."""
+    if not days.is_dir():
+        fail(f"--follow {days}: not a folder")
+    return sorted(p for p in days.iterdir() if p.is_dir() and (p / "_flowrec.json").is_file()
+                  and not p.name.startswith((".", "_")))
+
+
+def done_days(run: Path) -> list[str]:
+    """The days the stream in `run` trained, in order (none yet: [])."""
+    path = run / FOLLOW_FILE
+    if not path.is_file():
+        return []
+    try:
+        days = json.loads(path.read_text())["days"]
+    except (ValueError, KeyError, TypeError):
+        fail(f"{path} is damaged (not a list of days); the day folders under {run / DAYS_DIR} are intact")
+    if not isinstance(days, list) or not all(isinstance(d, str) for d in days):
+        fail(f"{path} is damaged (not a list of days); the day folders under {run / DAYS_DIR} are intact")
+    return days
+
+
+def _record(run: Path, days: list[str]) -> None:
+    from flowrec.runtime.rundir import write_text
+
+    write_text(run / FOLLOW_FILE, json.dumps({"days": days}, indent=2) + "\n")
+
+
+def follow(request, days: Path, wait_s: float, once: bool, train: Callable, export: bool = False) -> None:
+    """Train each new day of `days` into `request.out` (see the module docstring).
+
+    Args:
+        request: the `RunRequest` of the command (its out folder is the stream's folder).
+        days: the folder the day partitions land in.
+        wait_s: seconds to wait for a new day before stopping.
+        once: train at most one new day.
+        train: `run_training`, called with one request per day.
+        export: after each day, also write its model package to RUN/export/<day>/.
+    """
+    run = request.out
+    if run is None:
+        fail("--follow needs --out (the stream's folder)")
+    run.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + wait_s
+    while True:
+        done = done_days(run)
+        todo = [d for d in landed_days(days) if d.name not in done]
+        if not todo:
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(POLL_S)
+            continue
+        day = todo[0]
+        if done and day.name < done[-1]:
+            fail(f"day {day.name} landed after day {done[-1]} was trained; days train in order of name")
+        previous = run / DAYS_DIR / done[-1] if done else None
+        if previous is not None:
+            _progressive(run, previous, day, len(done) + 1)
+        train(_day_request(request, run / DAYS_DIR / day.name, day, previous))
+        if export:
+            _export(run / DAYS_DIR / day.name, run / EXPORT_DIR / day.name)
+        _record(run, done + [day.name])
+        deadline = time.monotonic() + wait_s
+        if once:
+            return
+
+
+def _day_request(request, folder: Path, day: Path, previous: Path | None):
+    """The run request of one day: resume its folder after a crash, else start it from the previous day."""
+    given = {**request.given, "data": str(day)}
+    if (folder / "checkpoint.pt").is_file():
+        return replace(request, out=None, resume=folder, overwrite=False, given=given, init_from=None)
+    return replace(request, out=folder, resume=None, overwrite=True, given=given, init_from=previous)
+
+
+def _export(day_run: Path, out: Path) -> None:
+    """The day's model package (replacing one a crash left before the day was recorded)."""
+    from flowrec.cli.export_cmd import export
+
+    out.parent.mkdir(exist_ok=True)
+    export(day_run, out, dtype="fp32", overwrite=True, quiet=True)
+
+
+def _progressive(run: Path, previous: Path, day: Path, number: int) -> None:
+    """Score the previous day's model on `day` (the stream's day `number`, 1-based) before training
+    on it: one line in metrics.jsonl (step = `number`, kept once after a crash) and TensorBoard
+    scalars `progressive/<head>/<metric>`."""
+    from flowrec.data.layout import DataError
+    from flowrec.planner.contract import scoring_plan
+    from flowrec.runtime.checkpoint import CheckpointError
+    from flowrec.runtime.metrics import MetricsError, MetricsLog
+    from flowrec.runtime.serving import load_trained
+
+    try:
+        metrics = load_trained(previous, "cpu", scoring_plan).evaluate_dataset(day)
+        log = MetricsLog(run / "metrics.jsonl", keep_through_step=number - 1)
+    except (CheckpointError, DataError, MetricsError) as exc:
+        fail(str(exc))
+    try:
+        log.write({"event": "progressive", "step": number, "day": day.name, "model": previous.name,
+                   "metrics": metrics})
+        log.scalars(number, {f"progressive/{head}/{name}": value for head, values in metrics.items()
+                             for name, value in values.items() if name != "samples"})
+    finally:
+        log.close()

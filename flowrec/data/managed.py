@@ -1,0 +1,308 @@
+"""The id-to-row map of a managed table: admission by count, eviction every N steps.
+
+Decision (from the peers in issue 27): sorted raw ids searched by bisection, as TorchRec's
+managed-collision modules (MCH/ZCH) keep them, over parallel numpy arrays (``keys`` sorted,
+``row``, ``count``, ``last``), instead of a hash map (Monolith's cuckoo tables, HierarchicalKV):
+one `np.searchsorted` remaps a whole batch with no Python loop, the state is a few flat arrays
+that are saved and restored as they are, and the O(map) work happens only at merges: new ids
+wait in a small sorted buffer (`BUFFER_IDS`) searched beside the main entries (`Entries`), which
+is merged into them at every eviction pass (where ids are also deleted) or when it is full, as
+ZCH buffers new ids; a batch that brings new ids moves the buffer, not the map.
+
+The rule, per step (one batch), exactly as the plain dict reference `flowrec.testing.managed_ref`:
+
+1. If ``clock > 0`` and ``clock % every_steps == 0``: an eviction pass (`_evict`). Ids unseen for
+   more than ``ttl_steps`` steps are dropped. Then the contenders (ids holding a row, and ids
+   without one whose count reaches ``admit_min_count``) compete: if there are more than
+   ``rows``, the best ``rows`` by score keep or get a row and the other row holders lose theirs.
+   Ids without a row are bounded to the best ``rows`` of them. Every freed row is *reset* (its
+   weights and optimizer state start afresh before this step trains).
+2. Each distinct raw id of the batch adds its occurrences to its count (decayed first under
+   decayed_lfu) and its last step becomes ``clock``; unknown ids enter without a row.
+3. Ids of the batch without a row whose count reaches ``admit_min_count`` take free rows, lowest
+   row first, best score first, while free rows last.
+4. Each occurrence reads its id's row, or -1 (the default: missing, not admitted, evicted).
+
+Scores (higher keeps the row; ties by the other field, then the smaller raw id): lfu: (count,
+last); lru: (last, count); decayed_lfu: (count * decay ** ((clock - last) / every_steps), last).
+
+Example:
+    >>> from flowrec.spec.model import ManagedSpec
+    >>> m = ManagedMap(ManagedSpec(rows=2, admit_min_count=2))
+    >>> m.step(np.array([5, 5, 9])).rows.tolist()
+    [0, 0, -1]
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from flowrec.data.raw_ids import MISSING_ID
+from flowrec.spec.model import ManagedSpec
+
+NO_ROW = -1  # the row of an id that has none (reads the default)
+STATE_KEYS = ("keys", "row", "count", "last", "free", "clock", "stats")
+STATS = ("admitted", "evicted", "expired")
+BUFFER_IDS = 1 << 16  # new ids held in the sorted buffer before it is merged into the main entries  # ids given a row, rows lost in a contest, rows lost by TTL
+
+
+@dataclass(frozen=True)
+class MapStep:
+    """What one step of a map did.
+
+    Args:
+        rows: the row of each input id, NO_ROW for the default.  # (N,) int64
+        resets: rows freed by this step's eviction pass, sorted (reset before the step trains).
+        unique: the distinct raw ids of the step (MISSING_ID excluded), sorted.  # (U,) int64
+        counts: their occurrences.  # (U,) int64
+    """
+
+    rows: np.ndarray
+    resets: np.ndarray
+    unique: np.ndarray
+    counts: np.ndarray
+
+
+class Entries:
+    """Raw ids sorted, with their row (or NO_ROW), count and last step: parallel arrays.
+
+    Args:
+        keys: sorted unique raw ids.  # (M,) int64
+        row: row of each, NO_ROW when it has none.  # (M,) int64
+        count: occurrences (decayed under decayed_lfu as of `last`).  # (M,) float64
+        last: map step that last saw each.  # (M,) int64
+    """
+
+    def __init__(self, keys: np.ndarray | None = None, row: np.ndarray | None = None,
+                 count: np.ndarray | None = None, last: np.ndarray | None = None):
+        self.keys = np.zeros(0, np.int64) if keys is None else keys
+        self.row = np.zeros(0, np.int64) if row is None else row
+        self.count = np.zeros(0, np.float64) if count is None else count
+        self.last = np.zeros(0, np.int64) if last is None else last
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def find(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(position, found) of each of `ids` (positions of unfound ids are insertion points)."""
+        pos = np.searchsorted(self.keys, ids)
+        found = pos < len(self.keys)
+        found[found] = self.keys[pos[found]] == ids[found]
+        return pos, found
+
+    def add(self, ids: np.ndarray, counts: np.ndarray, clock: int) -> None:
+        """Insert sorted `ids` (none present) without a row, seen `counts` times at `clock`."""
+        at = np.searchsorted(self.keys, ids)
+        self.keys = np.insert(self.keys, at, ids)
+        self.row = np.insert(self.row, at, NO_ROW)
+        self.count = np.insert(self.count, at, counts.astype(np.float64))
+        self.last = np.insert(self.last, at, clock)
+
+    def keep(self, mask: np.ndarray) -> None:
+        self.keys, self.row = self.keys[mask], self.row[mask]
+        self.count, self.last = self.count[mask], self.last[mask]
+
+    def merged(self, other: "Entries") -> "Entries":
+        """Both sets of entries (disjoint ids) as one, sorted."""
+        if not len(other):
+            return self
+        order = np.argsort(np.concatenate([self.keys, other.keys]), kind="stable")
+        return Entries(*(np.concatenate([a, b])[order] for a, b in
+                         ((self.keys, other.keys), (self.row, other.row), (self.count, other.count),
+                          (self.last, other.last))))
+
+
+class ManagedMap:
+    """The id-to-row map of one managed table (see the module docstring).
+
+    Ids new since the last merge wait in a small sorted buffer (`recent`) searched beside the main
+    entries and merged into them at each eviction pass or when it exceeds `buffer_ids`, so a batch
+    that brings new ids moves the buffer, not the whole map (TorchRec ZCH buffers new ids alike).
+
+    Args:
+        spec: the table's managed settings.
+        buffer_ids: ids the buffer holds before it is merged.
+    """
+
+    def __init__(self, spec: ManagedSpec, buffer_ids: int = BUFFER_IDS):
+        self.spec, self.buffer_ids = spec, buffer_ids
+        self.main, self.recent = Entries(), Entries()
+        self.free = np.arange(spec.rows, dtype=np.int64)  # sorted free rows
+        self.clock = 0  # steps taken
+        self.stats = np.zeros(len(STATS), np.int64)  # totals since the map began (STATS)
+
+    def step(self, ids: np.ndarray) -> MapStep:
+        """Count, admit and remap one batch's raw ids (all occurrences of the table)."""
+        valid = ids != MISSING_ID
+        unique, inverse, counts = np.unique(ids[valid], return_inverse=True, return_counts=True)
+        resets, unique_rows = self.step_counts(unique, counts)
+        rows = np.full(len(ids), NO_ROW, np.int64)
+        rows[valid] = unique_rows[inverse.reshape(-1)]
+        return MapStep(rows, resets, unique, counts)
+
+    def step_counts(self, unique: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """One step from the batch's sorted distinct ids and their occurrences.
+
+        Returns:
+            (rows freed and reset by this step's eviction pass, the row of each distinct id).
+        """
+        resets = self._evict() if self.clock > 0 and self.clock % self.spec.every_steps == 0 else _EMPTY
+        known = np.zeros(len(unique), bool)
+        for part in (self.main, self.recent):
+            pos, found = part.find(unique)
+            hit = pos[found]
+            part.count[hit] = self._decayed(part, hit) + counts[found]
+            part.last[hit] = self.clock
+            known |= found
+        if not known.all():
+            self.recent.add(unique[~known], counts[~known], self.clock)
+            if len(self.recent) > self.buffer_ids:
+                self._merge()
+        rows = self._admit(unique)
+        self.clock += 1
+        return resets, rows
+
+    def lookup(self, ids: np.ndarray) -> np.ndarray:
+        """Rows of raw ids without counting them (evaluation, serving): NO_ROW for unknown ids."""
+        out = np.full(len(ids), NO_ROW, np.int64)
+        for part in (self.main, self.recent):
+            pos, found = part.find(ids)
+            out[found] = part.row[pos[found]]
+        out[ids == MISSING_ID] = NO_ROW
+        return out
+
+    def _merge(self) -> None:
+        self.main, self.recent = self.main.merged(self.recent), Entries()
+
+    def _decayed(self, part: Entries, at: np.ndarray | slice) -> np.ndarray:
+        """Counts of entries `at` as of now (decayed_lfu: by the steps since each was seen)."""
+        if self.spec.evict != "decayed_lfu":
+            return part.count[at]
+        idle = (self.clock - part.last[at]) / self.spec.every_steps
+        return part.count[at] * self.spec.decay ** idle
+
+    def _keys_of(self, part: Entries, at: np.ndarray) -> tuple[np.ndarray, ...]:
+        """lexsort keys of entries `at`, best score first: (raw id, -second, -first)."""
+        score = self._decayed(part, at)
+        first, second = (part.last[at], score) if self.spec.evict == "lru" else (score, part.last[at])
+        return part.keys[at], -second, -first
+
+    def _order(self, part: Entries, at: np.ndarray) -> np.ndarray:
+        """Entries `at` best score first (ties by the smaller raw id)."""
+        return at[np.lexsort(self._keys_of(part, at))]
+
+    def _admit(self, unique: np.ndarray) -> np.ndarray:
+        """Free rows to the batch's ids that have none and reached the admission count (ids of
+        both parts ranked together); returns the row of each of `unique` (all in the map)."""
+        located = [(part, *part.find(unique)) for part in (self.main, self.recent)]
+        waiting = [pos[found][(part.row[pos[found]] == NO_ROW)
+                              & (part.count[pos[found]] >= self.spec.admit_min_count)]
+                   for part, pos, found in located]
+        if len(self.free) and sum(len(w) for w in waiting):
+            keys = [np.concatenate(k) for k in zip(*(self._keys_of(part, w) for (part, _, _), w in
+                                                     zip(located, waiting)))]
+            take = np.lexsort(keys)[:len(self.free)]
+            rows = np.empty(len(keys[0]), np.int64)
+            rows[take] = self.free[:len(take)]
+            given = np.zeros(len(keys[0]), bool)
+            given[take] = True
+            start = 0
+            for (part, _, _), w in zip(located, waiting):
+                mine = slice(start, start + len(w))
+                part.row[w[given[mine]]] = rows[mine][given[mine]]
+                start += len(w)
+            self.free = self.free[len(take):]
+            self.stats[0] += len(take)
+        out = np.full(len(unique), NO_ROW, np.int64)
+        for part, pos, found in located:
+            out[found] = part.row[pos[found]]
+        return out
+
+    def _give(self, part: Entries, ordered: np.ndarray) -> None:
+        """Free rows, lowest first, to entries `ordered` (best first) while free rows last."""
+        take = ordered[:len(self.free)]
+        part.row[take] = self.free[:len(take)]
+        self.free = self.free[len(take):]
+        self.stats[0] += len(take)
+
+    def _evict(self) -> np.ndarray:
+        """The eviction pass (rule 1) on the merged entries; returns the freed rows, sorted."""
+        self._merge()
+        m, ttl = self.main, self.spec.ttl_steps
+        drop = (self.clock - m.last > ttl) if ttl is not None else np.zeros(len(m), bool)
+        freed = [m.row[drop & (m.row != NO_ROW)]]
+        self.stats[2] += len(freed[0])
+        m.keep(~drop)
+        holders = np.flatnonzero(m.row != NO_ROW)
+        eligible = np.flatnonzero((m.row == NO_ROW) & (self._decayed(m, slice(None)) >= self.spec.admit_min_count))
+        contenders = np.concatenate([holders, eligible])
+        if len(contenders) > self.spec.rows:
+            losers = self._order(m, contenders)[self.spec.rows:]
+            losers = losers[m.row[losers] != NO_ROW]
+            freed.append(m.row[losers])
+            self.stats[1] += len(losers)
+            m.row[losers] = NO_ROW
+        freed_rows = np.sort(np.concatenate(freed))
+        self.free = np.sort(np.concatenate([self.free, freed_rows]))
+        waiting = eligible[m.row[eligible] == NO_ROW]
+        if len(waiting) and len(self.free):
+            self._give(m, self._order(m, waiting))
+        self._bound_waiting()
+        return freed_rows
+
+    def _bound_waiting(self) -> None:
+        """Keep at most `rows` ids without a row: the best scored."""
+        m = self.main
+        waiting = np.flatnonzero(m.row == NO_ROW)
+        if len(waiting) <= self.spec.rows:
+            return
+        keep = np.ones(len(m), bool)
+        keep[self._order(m, waiting)[self.spec.rows:]] = False
+        m.keep(keep)
+
+    @property
+    def occupied(self) -> int:
+        """Rows held by ids."""
+        return self.spec.rows - len(self.free)
+
+    def entries(self) -> Entries:
+        """Every id of the map (main and buffer) as one sorted set of entries (copies)."""
+        both = self.main.merged(self.recent)
+        return Entries(both.keys.copy(), both.row.copy(), both.count.copy(), both.last.copy())
+
+    def state(self) -> dict[str, np.ndarray]:
+        """The map as arrays (`STATE_KEYS`): what a checkpoint saves (the buffer merged)."""
+        e = self.entries()
+        return {"keys": e.keys, "row": e.row, "count": e.count, "last": e.last, "free": self.free.copy(),
+                "clock": np.array([self.clock], np.int64), "stats": self.stats.copy()}
+
+    def load(self, state: dict[str, np.ndarray]) -> "ManagedMap":
+        """Restore `state()`; returns self.
+
+        Raises:
+            ValueError: arrays of different lengths, or rows that do not fit the capacity.
+        """
+        keys, row = np.asarray(state["keys"], np.int64), np.asarray(state["row"], np.int64)
+        count, last = np.asarray(state["count"], np.float64), np.asarray(state["last"], np.int64)
+        free = np.asarray(state["free"], np.int64)
+        held = row[row != NO_ROW]
+        if not (len(keys) == len(row) == len(count) == len(last)) or len(held) + len(free) != self.spec.rows \
+                or (len(keys) > 1 and bool((np.diff(keys) <= 0).any())):
+            raise ValueError(f"a managed map of {len(keys)} ids does not fit a table of {self.spec.rows} rows")
+        self.main, self.recent, self.free = Entries(keys, row, count, last), Entries(), free
+        self.clock = int(np.asarray(state["clock"]).reshape(-1)[0])
+        self.stats = np.asarray(state["stats"], np.int64).reshape(-1)[:len(STATS)].copy()
+        return self
+
+    def report(self) -> dict[str, int]:
+        """Occupancy and totals: rows, rows held, ids waiting for a row, admitted, evicted, expired."""
+        held = self.occupied
+        return {"rows": self.spec.rows, "held": held, "waiting": len(self.main) + len(self.recent) - held,
+                **{name: int(v) for name, v in zip(STATS, self.stats)}}
+
+    def copy(self) -> "ManagedMap":
+        return ManagedMap(self.spec, self.buffer_ids).load(self.state())
+
+
+_EMPTY = np.zeros(0, np.int64)

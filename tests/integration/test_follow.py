@@ -1,0 +1,129 @@
+"""`flowrec train --follow DAYS`: each day partition trains from the day before (managed maps
+kept), after progressive validation on it; days are never trained twice; a stream rerun after
+its days are done trains nothing; the result equals chaining `--init-from` by hand."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from flowrec.cli import app
+from flowrec.runtime.checkpoint import load_checkpoint
+
+SPEC = Path(__file__).with_name("test_managed_runs.py").read_text().split('SPEC = """')[1].split('"""')[0]
+runner = CliRunner()
+
+
+@pytest.fixture
+def days(tmp_path: Path, monkeypatch) -> tuple[Path, Path]:
+    monkeypatch.chdir(tmp_path)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.replace("epochs: 2", "epochs: 1"))
+    folder = tmp_path / "days"
+    for seed, name in enumerate(["2026-11-01", "2026-11-02", "2026-11-03"]):
+        made = runner.invoke(app, ["data", "synth", str(spec), "--rows", "320", "--seed", str(seed + 1),
+                                   "--out", str(folder / name)])
+        assert made.exit_code == 0, made.output
+    return spec, folder
+
+
+def _follow(spec: Path, days: Path, out: Path, *args: str):
+    result = runner.invoke(app, ["train", str(spec), "--follow", str(days), "--out", str(out), "--quiet",
+                                 "--device", "cpu", *args])
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def test_follow_trains_each_day_once_with_progressive_validation(days, tmp_path: Path):
+    spec, folder = days
+    out = tmp_path / "stream"
+    _follow(spec, folder, out, "--follow-once", "--follow-export")
+    assert json.loads((out / "follow.json").read_text())["days"] == ["2026-11-01"]
+    from flowrec.runtime.predict import load_model
+
+    package = load_model(out / "export" / "2026-11-01")  # the day's package, with its managed map
+    assert package.maps["users"][0].size > 0
+    _follow(spec, folder, out)
+    assert json.loads((out / "follow.json").read_text())["days"] == ["2026-11-01", "2026-11-02", "2026-11-03"]
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [(x["day"], x["model"]) for x in lines] == [("2026-11-02", "2026-11-01"), ("2026-11-03", "2026-11-02")]
+    assert all(0.0 <= x["metrics"]["ctr"]["auc"] <= 1.0 for x in lines)
+    first = load_checkpoint(out / "days" / "2026-11-01")["model"]
+    last = load_checkpoint(out / "days" / "2026-11-03")["model"]
+    steps = 320 // 16
+    assert int(first["managed.users.clock"][0]) == steps
+    assert int(last["managed.users.clock"][0]) == 3 * steps  # the map went on across days
+    before = (out / "days" / "2026-11-03" / "checkpoint.pt").stat().st_mtime_ns
+    _follow(spec, folder, out)  # nothing new: nothing trained again
+    assert (out / "days" / "2026-11-03" / "checkpoint.pt").stat().st_mtime_ns == before
+
+    by_hand = tmp_path / "by_hand"
+    previous = None
+    for name in ["2026-11-01", "2026-11-02", "2026-11-03"]:
+        args = ["train", str(spec), "--data", str(folder / name), "--out", str(by_hand / name), "--quiet",
+                "--device", "cpu"] + (["--init-from", str(previous)] if previous else [])
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, result.output
+        previous = by_hand / name
+    mine = load_checkpoint(by_hand / "2026-11-03")["model"]
+    assert all(torch.equal(mine[k], last[k]) for k in mine)
+
+
+def test_a_kill_during_a_day_then_the_same_command_ends_bitwise_equal(days, tmp_path: Path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    spec, folder = days
+    whole = tmp_path / "whole"
+    _follow(spec, folder, whole, "--checkpoint-every", "3")
+    cut = tmp_path / "cut"
+    argv = [sys.executable, "-m", "flowrec", "train", str(spec), "--follow", str(folder), "--out", str(cut),
+            "--quiet", "--device", "cpu", "--checkpoint-every", "3"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    target = cut / "days" / "2026-11-02" / "checkpoint.pt"
+    deadline = time.monotonic() + 300
+    while not target.is_file() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert target.is_file() and "2026-11-03" not in (cut / "follow.json").read_text()  # cut in the middle of day 2
+    again = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, timeout=600)
+    assert again.returncode == 0, again.stderr.decode()[-2000:]
+    a = load_checkpoint(whole / "days" / "2026-11-03")["model"]
+    b = load_checkpoint(cut / "days" / "2026-11-03")["model"]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    days_scored = [json.loads(x)["day"] for x in (cut / "metrics.jsonl").read_text().splitlines()]
+    assert days_scored == ["2026-11-02", "2026-11-03"]
+
+
+@pytest.mark.parametrize("extra, flag", [(["--data", "x"], "--data"), (["--resume", "x"], "--resume"),
+                                         (["--init-from", "x"], "--init-from")])
+def test_follow_refuses_flags_that_name_another_run_or_data(days, tmp_path: Path, extra: list, flag: str):
+    spec, folder = days
+    result = runner.invoke(app, ["train", str(spec), "--follow", str(folder), "--out", str(tmp_path / "s"), *extra])
+    assert result.exit_code == 2
+    assert flag in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "s").exists()
+
+
+def test_a_day_landing_before_the_last_trained_one_is_refused(days, tmp_path: Path):
+    import shutil
+
+    spec, folder = days
+    out = tmp_path / "stream"
+    _follow(spec, folder, out, "--follow-once")
+    _follow(spec, folder, out, "--follow-once")
+    shutil.copytree(folder / "2026-11-01", folder / "2026-10-31")  # lands late, named earlier
+    late = runner.invoke(app, ["train", str(spec), "--follow", str(folder), "--out", str(out), "--quiet"])
+    assert late.exit_code == 2 and "2026-10-31" in late.output and "Traceback" not in late.output
+    assert json.loads((out / "follow.json").read_text())["days"] == ["2026-11-01", "2026-11-02"]
+    (out / "follow.json").write_text("{oops")
+    damaged = runner.invoke(app, ["train", str(spec), "--follow", str(folder), "--out", str(out), "--quiet"])
+    assert damaged.exit_code == 2 and "follow.json" in damaged.output and "Traceback" not in damaged.output

@@ -1,0 +1,176 @@
+"""Runs with managed tables: the map is saved with the rows in full and incremental checkpoints,
+a resumed run ends bitwise equal to an uninterrupted one, eval reads the map."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from flowrec.cli import app
+from flowrec.runtime.checkpoint import load_checkpoint
+
+SPEC = """
+name: tiny_managed
+features:
+  - {name: d1, type: dense, transform: log1p}
+  - {name: user, type: categorical, table: users}
+  - {name: friends, type: sequence, table: users, max_len: 3, pooling: sum}
+  - {name: item, type: categorical, hash_buckets: 3000, dim: 4}
+tables:
+  - name: users
+    dim: 4
+    managed: {rows: 200, admit_min_count: 2, evict: lfu, every_steps: 4, ttl_steps: 30}
+modules:
+  - {name: bottom, kind: mlp, inputs: ["@dense"], layers: [4]}
+  - {name: interact, kind: dot, inputs: [bottom, user, friends, item]}
+  - {name: top, kind: mlp, inputs: [interact, bottom], layers: [8]}
+heads:
+  - {name: ctr, input: top, task: binary, loss: bce}
+optimizer:
+  dense: {name: adam, lr: 0.01}
+  sparse: {name: rowwise_adagrad, lr: 0.1}
+training: {batch_size: 16, epochs: 2, seed: 5}
+"""
+STEPS = 2 * 38  # 600 rows / 16, 2 epochs
+runner = CliRunner()
+
+
+@pytest.fixture
+def spec(tmp_path: Path, monkeypatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "spec.yaml"
+    path.write_text(SPEC)
+    return path
+
+
+def _train(spec: Path, out: Path, *args: str):
+    result = runner.invoke(app, ["train", str(spec), "--rows", "600", "--out", str(out), "--quiet",
+                                 "--checkpoint-every", "5", "--device", "cpu", *args])
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def _assert_same_run(a: dict, b: dict) -> None:
+    assert a["position"] == b["position"]
+    assert a["model"].keys() == b["model"].keys()
+    different = [k for k in a["model"] if not torch.equal(a["model"][k], b["model"][k])]
+    assert not different, different
+
+
+def test_checkpoint_holds_rows_and_map_as_one_key_set(spec: Path, tmp_path: Path):
+    import json
+
+    result = _train(spec, tmp_path / "run")
+    end = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()][-1]
+    users = end["managed"]["tables"]["users"]
+    assert f"managed users: {users['held']}/200 rows held" in result.output
+    assert users["admitted"] - users["evicted"] - users["expired"] == users["held"] <= 200
+    assert users["evicted"] + users["expired"] > 0 and 0 < end["managed"]["default_lookup_share"] < 1
+    model = load_checkpoint(tmp_path / "run")["model"]
+    keys, row, free = (model[f"managed.users.{k}"] for k in ("keys", "row", "free"))
+    assert int(model["managed.users.clock"][0]) == STEPS
+    held = row[row >= 0]
+    assert held.numel() + free.numel() == 200 and held.unique().numel() == held.numel()
+    assert keys.numel() > held.numel()  # ids waiting for admission (or evicted) are in the map too
+    assert torch.all(keys[1:] > keys[:-1])
+
+
+@pytest.mark.parametrize("full_every", ["1", "3"])
+def test_resume_ends_bitwise_equal(spec: Path, tmp_path: Path, full_every: str):
+    _train(spec, tmp_path / "whole", "--checkpoint-full-every", full_every)
+    run = tmp_path / "parts"
+    _train(spec, run, "--checkpoint-full-every", full_every, "--max-steps", "27")
+    assert int(load_checkpoint(run)["model"]["managed.users.clock"][0]) in (25, 27)
+    resumed = runner.invoke(app, ["train", str(spec), "--resume", str(run), "--max-steps", str(STEPS), "--quiet"])
+    assert resumed.exit_code == 0, resumed.output
+    _assert_same_run(load_checkpoint(tmp_path / "whole"), load_checkpoint(run))
+
+
+def test_eval_reads_the_map(spec: Path, tmp_path: Path):
+    _train(spec, tmp_path / "run")
+    run = tmp_path / "run"
+    data = tmp_path / "synth"
+    made = runner.invoke(app, ["data", "synth", str(spec), "--rows", "300", "--out", str(data), "--seed", "9"])
+    assert made.exit_code == 0, made.output
+    scored = runner.invoke(app, ["eval", str(run), "--data", str(data), "--json", str(tmp_path / "m.json")])
+    assert scored.exit_code == 0, scored.output
+    assert "auc" in (tmp_path / "m.json").read_text()
+
+
+def test_export_then_predict_equals_eval_on_unseen_evicted_and_admitted_ids(spec: Path, tmp_path: Path):
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from flowrec.data.batches import StagingOptions, iterate_batches
+    from flowrec.data.managed import NO_ROW
+    from flowrec.planner.contract import scoring_plan
+    from flowrec.runtime.managed_state import eval_remapper
+    from flowrec.runtime.predict import load_model
+    from flowrec.runtime.serving import load_trained
+    from flowrec.runtime.session import open_dataset
+
+    run, data, pkg = tmp_path / "run", tmp_path / "synth", tmp_path / "pkg"
+    _train(spec, run)
+    made = runner.invoke(app, ["data", "synth", str(spec), "--rows", "400", "--out", str(data), "--seed", "9"])
+    assert made.exit_code == 0, made.output
+    exported = runner.invoke(app, ["export", str(run), str(pkg)])
+    assert exported.exit_code == 0, exported.output
+    trained = load_trained(run, "cpu", scoring_plan)
+    users = trained.model.managed.maps["users"]
+    rows = pq.read_table(data)
+    ids = rows.column("user").to_numpy()
+    known = np.isin(ids, users.entries().keys)
+    held = users.lookup(ids) != NO_ROW
+    assert held.any() and (known & ~held).any() and (~known).any()  # admitted, waiting/evicted, unseen
+    source = open_dataset(data, trained.spec)
+    opts = StagingOptions(batch_size=64, shuffle=False, lookahead=0)
+    with torch.no_grad(), iterate_batches(trained.spec, source, opts, 0, 0, trained.model.groups,
+                                          remap=eval_remapper(trained.model)) as batches:
+        expected = torch.cat([torch.sigmoid(trained.model(b)) for b in batches]).numpy()
+    source.close()
+    scores = load_model(pkg).score_encoded(rows)
+    assert scores.shape == expected.shape
+    assert float(np.abs(scores - expected).max()) <= 1e-6
+    (pkg / "managed" / "users.parquet").write_bytes(b"not parquet")
+    with pytest.raises(ValueError, match="managed table 'users'"):
+        load_model(pkg)
+
+
+def test_a_lookahead_cache_run_equals_a_resident_run(spec: Path, tmp_path: Path):
+    import json
+
+    _train(spec, tmp_path / "resident", "--max-steps", "30")
+    cached = _train(spec, tmp_path / "cached", "--max-steps", "30", "--device-budget", "20KiB", "--cache", "lookahead")
+    plan = json.loads((tmp_path / "cached" / "plan.json").read_text())
+    assert {g["placement"] for g in plan["groups"]} == {"lookahead"}, cached.output
+    a, b = load_checkpoint(tmp_path / "resident")["model"], load_checkpoint(tmp_path / "cached")["model"]
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], rtol=1e-5, atol=1e-6, msg=lambda m: f"{key}: {m}")
+
+
+def test_a_half_precision_export_compares_on_remapped_eval_rows(spec: Path, tmp_path: Path):
+    import json
+
+    for name, seed in (("train", "3"), ("test", "4")):
+        made = runner.invoke(app, ["data", "synth", str(spec), "--rows", "400", "--out", str(tmp_path / name),
+                                   "--seed", seed])
+        assert made.exit_code == 0, made.output
+    run = tmp_path / "run"
+    trained = runner.invoke(app, ["train", str(spec), "--data", str(tmp_path / "train"), "--eval-data",
+                                  str(tmp_path / "test"), "--out", str(run), "--quiet", "--device", "cpu"])
+    assert trained.exit_code == 0, trained.output
+    exported = runner.invoke(app, ["export", str(run), str(tmp_path / "pkg"), "--dtype", "bf16"])
+    assert exported.exit_code == 0, exported.output
+    manifest = json.loads((tmp_path / "pkg" / "manifest.json").read_text())
+    assert manifest["half_max_score_diff"]["rows"] == 400 and manifest["half_max_score_diff"]["value"] < 0.05
+
+
+def test_plan_shows_managed_tables_at_capacity(spec: Path):
+    shown = runner.invoke(app, ["plan", str(spec)])
+    assert shown.exit_code == 0, shown.output
+    assert "managed table users: 200 rows, priced at capacity; admit at 2, lfu every 4 steps, ttl 30 steps" \
+        in shown.output
+    assert "3,200" in shown.output  # the packed group's rows: 200 managed + 3,000 hashed

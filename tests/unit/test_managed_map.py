@@ -1,0 +1,82 @@
+"""The managed map equals a plain dict-based reference on fresh random Zipf-skewed id streams."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from flowrec.data.managed import BUFFER_IDS, NO_ROW, ManagedMap
+from flowrec.testing.managed_ref import DictMap
+from flowrec.data.raw_ids import MISSING_ID
+from flowrec.spec.model import ManagedSpec
+
+
+def zipf_stream(rng: np.random.Generator, steps: int, batch: int, distinct: int, alpha: float = 1.2):
+    """Batches of raw 64-bit ids: Zipf ranks over `distinct` values, scrambled, some missing."""
+    keys = rng.integers(-(1 << 62), 1 << 62, distinct)
+    for _ in range(steps):
+        ranks = np.minimum(rng.zipf(alpha, batch) - 1, distinct - 1)
+        ids = keys[ranks]
+        ids[rng.random(batch) < 0.05] = MISSING_ID
+        yield ids
+
+
+SPECS = [
+    ManagedSpec(rows=40, admit_min_count=1, evict="lfu", every_steps=3),
+    ManagedSpec(rows=40, admit_min_count=3, evict="lru", every_steps=4, ttl_steps=6),
+    ManagedSpec(rows=15, admit_min_count=2, evict="decayed_lfu", decay=0.8, every_steps=2),
+    ManagedSpec(rows=60, admit_min_count=2, evict="lfu", every_steps=5, ttl_steps=3),
+]
+
+
+@pytest.mark.parametrize("buffer_ids", [BUFFER_IDS, 5])  # 5: the buffer of new ids merges between passes too
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.evict}-admit{s.admit_min_count}-ttl{s.ttl_steps}")
+def test_map_equals_dict_reference(spec, buffer_ids):
+    rng = np.random.default_rng()  # fresh ids each run: the rule must hold for any stream
+    fast, ref = ManagedMap(spec, buffer_ids), DictMap(spec)
+    evicted = admitted_late = 0
+    for ids in zipf_stream(rng, steps=60, batch=50, distinct=400):
+        got = fast.step(ids)
+        rows, resets = ref.step(ids.tolist())
+        assert got.rows.tolist() == rows
+        assert got.resets.tolist() == resets
+        evicted += len(resets)
+        assigned = got.rows[got.rows != NO_ROW]
+        keys = ids[got.rows != NO_ROW]
+        for row in np.unique(assigned):  # a row holds one id at a time: no collisions
+            assert len(np.unique(keys[assigned == row])) == 1
+        admitted_late += int((got.rows == NO_ROW).sum() - (ids == MISSING_ID).sum())
+    assert evicted > 0 and admitted_late > 0  # the stream exercised eviction and the default row
+    state = fast.state()
+    assert state["keys"].tolist() == sorted(ref.ids)
+    assert state["row"].tolist() == [NO_ROW if ref.ids[k][0] is None else ref.ids[k][0] for k in sorted(ref.ids)]
+    assert state["free"].tolist() == ref.free
+
+
+def test_state_round_trip_continues_identically():
+    spec = SPECS[2]
+    rng = np.random.default_rng()
+    stream = list(zipf_stream(rng, steps=30, batch=40, distinct=200))
+    whole, half = ManagedMap(spec, buffer_ids=7), ManagedMap(spec, buffer_ids=7)
+    for ids in stream[:15]:
+        whole.step(ids)
+        half.step(ids)
+    resumed = ManagedMap(spec, buffer_ids=7).load(half.state())  # buffer merged into the state
+    for ids in stream[15:]:
+        a, b = whole.step(ids), resumed.step(ids)
+        assert a.rows.tolist() == b.rows.tolist() and a.resets.tolist() == b.resets.tolist()
+
+
+def test_lookup_neither_counts_nor_admits():
+    m = ManagedMap(ManagedSpec(rows=4, admit_min_count=2))
+    m.step(np.array([11, 11, 12]))
+    before = m.state()
+    assert m.lookup(np.array([11, 12, 13, MISSING_ID])).tolist() == [0, NO_ROW, NO_ROW, NO_ROW]
+    after = m.state()
+    assert all(np.array_equal(before[k], after[k]) for k in before)
+
+
+def test_load_refuses_a_map_of_another_capacity():
+    m = ManagedMap(ManagedSpec(rows=4))
+    m.step(np.array([1, 2, 3]))
+    with pytest.raises(ValueError, match="does not fit"):
+        ManagedMap(ManagedSpec(rows=8)).load(m.state())
