@@ -18,6 +18,12 @@ from torch import nn
 
 from operators.regularize import SeededDropout, make_norm, make_packed_norm
 
+try:  # private, guard-free: False where the layout cannot be decided without a shape guard
+    from torch._prims_common import is_contiguous_or_false
+except ImportError:  # another torch: every (B, ...) input is copied before it is flattened
+    def is_contiguous_or_false(x: torch.Tensor) -> bool:
+        return False
+
 Shapes = Sequence[tuple[int, ...]]
 
 # Activations of MLP layers, applied in place to the fresh output of a linear layer (which the
@@ -217,9 +223,23 @@ class Head(Linear):
         return cls(config.get("in_features") or flat_width(input_shapes), config.get("out", 1))
 
 
+def flat_rows(x: torch.Tensor) -> torch.Tensor:
+    """One row per sample: (B, ...) -> (B, width); a 2-D input as is.
+
+    A contiguous input is viewed. Any other (a field slice of a packed lookup (B, S, D)) is copied
+    into a contiguous tensor first: `reshape` would ask whether B == 1 to decide if it can view
+    it, a shape guard that makes `torch.export` fail on the dynamic batch.
+    """
+    if x.dim() == 2:
+        return x
+    if not is_contiguous_or_false(x):
+        x = x.clone(memory_format=torch.contiguous_format)
+    return x.view(x.shape[0], -1)
+
+
 def concat_flat(inputs: Sequence[torch.Tensor]) -> torch.Tensor:
     """Flatten each input per sample and concatenate: -> (B, sum of widths)."""
-    flat = [x if x.dim() == 2 else x.reshape(x.shape[0], -1) for x in inputs]  # 2-D: as is (no guard)
+    flat = [flat_rows(x) for x in inputs]
     return flat[0] if len(flat) == 1 else torch.cat(flat, dim=1)
 
 

@@ -16,6 +16,8 @@ from operators.embedding import PackedEmbeddingBag
 from operators.interaction import FM, Dot, TargetAttention
 from operators.losses import Loss
 from operators.custom import CustomModule
+from operators.attention import SelfAttention
+from operators.similarity import Similarity
 from operators.moe import MMoE, PLE
 from operators.staging import (DenseInput, EmbeddingLookup, LabelInput, Pooling,
                                SparseInput)
@@ -33,6 +35,8 @@ OPERATORS: dict[str, type[nn.Module]] = {
     "fm": FM,
     "cross": Cross,
     "target_attention": TargetAttention,
+    "self_attention": SelfAttention,
+    "similarity": Similarity,
     "linear": Linear,
     "concat": Concat,
     "head": Head,

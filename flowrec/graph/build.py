@@ -46,6 +46,9 @@ MODULE_DEFAULTS: dict[str, dict[str, Any]] = {
     "cross": {"num_layers": 3, "low_rank": None},
     "linear": {"out": 1},
     "target_attention": {"hidden": (64, 32)},
+    "similarity": {"metric": "dot", "temperature": 1.0},
+    "self_attention": {"num_heads": 1, "num_layers": 1, "norm": "post", "causal": False, "positional": "learned",
+                       "dropout": 0.0, "output": "last"},
     "moe": {"activation": "relu", "gate_layers": ()},
     "ple": {"activation": "relu", "gate_layers": (), "levels": 1, "shared_experts": 1},
 }

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 Role = Literal["source", "sparse", "dense", "loss"]
-InputConvention = Literal["none", "args", "flat", "stacked", "attention"]
+InputConvention = Literal["none", "args", "flat", "stacked", "attention", "sequence"]
 CostClass = Literal["input", "sparse", "dense"]
 
 
@@ -33,7 +33,8 @@ class KindInfo:
         inputs: how the lowered operator takes its input slots: ``none`` (not called by the dense
             forward), ``args`` (one tensor per slot), ``flat`` (slots flattened and concatenated
             into one (B, In) tensor), ``stacked`` (per-member flat inputs stacked into (K, B, In):
-            packed MLPs), ``attention`` (query, sequence and the sequence's valid mask).
+            packed MLPs), ``attention`` (query, sequence and the sequence's valid mask),
+            ``sequence`` (a sequence and its valid mask).
         cost: the cost model's class: ``input`` (staged, no compute), ``sparse`` (lookups and
             their fused update), ``dense`` (GEMM-like compute with dense parameters).
         gathers: a node with many flat inputs may have them assembled by one column gather.
@@ -41,6 +42,8 @@ class KindInfo:
             name: a slot with that one field), or None for one unnamed output.
         packs: the `pack` pass may pack its same-shape sub-networks into one batched kernel (attr
             ``packed``): the experts of a mixture.
+        sequence_slot: the input slot that is a pooling-none sequence (B, L, D), whose valid
+            positions (B, L) the lowered operator also takes; None when it reads no sequence.
     """
 
     name: str
@@ -51,6 +54,7 @@ class KindInfo:
     gathers: bool = False
     named_outputs: str | None = None
     packs: bool = False
+    sequence_slot: int | None = None
 
 
 OP_KINDS: dict[str, KindInfo] = {k.name: k for k in (
@@ -65,7 +69,9 @@ OP_KINDS: dict[str, KindInfo] = {k.name: k for k in (
     KindInfo("dot", "dense", "dense", "args", "dense"),
     KindInfo("fm", "dense", "dense", "args", "dense"),
     KindInfo("cross", "dense", "dense", "flat", "dense", gathers=True),
-    KindInfo("target_attention", "dense", "dense", "attention", "dense"),
+    KindInfo("target_attention", "dense", "dense", "attention", "dense", sequence_slot=1),  # DIN
+    KindInfo("self_attention", "dense", "dense", "sequence", "dense", sequence_slot=0),  # transformer encoder
+    KindInfo("similarity", "dense", "dense", "args", "dense"),  # dot / cosine of two towers
     KindInfo("linear", "dense", "dense", "args", "dense", gathers=True),
     KindInfo("concat", "dense", "dense", "args", "dense", gathers=True),
     KindInfo("head", "dense", "dense", "flat", "dense", gathers=True),  # one logit per task

@@ -155,6 +155,26 @@ def _target_attention(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizi
     return Sizing((dim,), length * (flops + 2 * dim), params)
 
 
+def _similarity(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
+    if len(shapes) != 2 or prod(shapes[0]) != prod(shapes[1]):
+        raise ShapeError(f"similarity takes two vectors of one width, got {list(shapes)}")
+    width = prod(shapes[0])
+    return Sizing((1,), (8 if attrs["metric"] == "cosine" else 2) * width)
+
+
+def _self_attention(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
+    if len(shapes) != 1 or len(shapes[0]) != 2:
+        raise ShapeError(f"self_attention takes [sequence (L, D)], got {list(shapes)}")
+    length, dim = shapes[0]
+    if dim % attrs["num_heads"]:
+        raise ShapeError(f"self_attention: {attrs['num_heads']} heads do not divide dim {dim}")
+    ffn = attrs.get("ffn") or 4 * dim
+    flops = 2 * length * (4 * dim * dim + 2 * dim * ffn) + 4 * length * length * dim  # projections, ffn, attention
+    params = 4 * dim * dim + 2 * dim * ffn + ffn + 8 * dim  # q/k/v/out with biases, ffn, two LayerNorms
+    positions = length * dim if attrs["positional"] == "learned" else 0
+    return Sizing((dim,), attrs["num_layers"] * flops, attrs["num_layers"] * params + positions)
+
+
 def _head(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
     width, out = _width(shapes), attrs.get("out", 1)  # out: classes of a multiclass head
     return Sizing((out,), 2 * width * out, width * out + out)
@@ -215,6 +235,8 @@ RULES: dict[str, Rule] = {
     "dot": _dot,
     "fm": _fm,
     "target_attention": _target_attention,
+    "self_attention": _self_attention,
+    "similarity": _similarity,
     "head": _head,
     "loss": _loss,
     "moe": _moe,

@@ -223,6 +223,32 @@ def _target_attention(op: Op, batch: int, inputs: int) -> OpWork:
     return _join(feats, unit, pool)
 
 
+def _similarity(op: Op, batch: int, inputs: int) -> OpWork:
+    size = float(batch * op.attr("in_features") // 2)  # each tower's (B, D)
+    norms = OpWork(_pass(size, size) + Kernels(other=2), _pass(size, size, size, size) + Kernels(other=2)) \
+        if op.attr("metric") == "cosine" else OpWork()
+    product = OpWork(_pass(size) + _pass(size, streams=1, fresh=False), _pass(size, size, streams=3))
+    return _join(norms, product)  # normalise each tower (cosine); product and row sum, then their grads
+
+
+def _self_attention(op: Op, batch: int, inputs: int) -> OpWork:
+    dim = op.out_shape[-1]
+    length = op.attr("in_features") // dim
+    heads, ffn = op.attr("num_heads"), op.attr("ffn") or 4 * dim
+    rows, seq, scores = batch * length, float(batch * length * dim), float(batch * heads * length * length)
+    drops = 3 if op.attr("dropout") else 0
+    attention = OpWork(_pass(scores, scores) + Kernels(other=2), _pass(scores, scores, scores) + Kernels(other=2))
+    layer = _join(_layers(rows, dim, (3 * dim,)),  # q, k, v projections
+                  _gemm(length, dim // heads, length, batch * heads),  # q k^T per (sample, head)
+                  attention,  # mask and softmax
+                  _gemm(length, length, dim // heads, batch * heads),  # weights @ v
+                  _layers(rows, dim, (dim,)),  # output projection
+                  _layers(rows, dim, (ffn, dim)),  # feed-forward
+                  OpWork(_pass(*[seq] * (4 + drops)), _pass(*[seq] * (6 + drops))))  # residuals, norms, dropout
+    ends = OpWork(_pass(seq, seq), _pass(seq, seq))  # positions added, last / mean pooled
+    return _join(ends, *[layer] * op.attr("num_layers"))
+
+
 def _loss(op: Op, batch: int, inputs: int) -> OpWork:
     heads = len(op.attr("heads") or ())
     return OpWork(Kernels(other=4 * heads + 1), Kernels(other=4 * heads + 1))
@@ -243,6 +269,8 @@ RULES: dict[str, Rule] = {
     "dot": _dot,
     "fm": _fm,
     "target_attention": _target_attention,
+    "self_attention": _self_attention,
+    "similarity": _similarity,
     "loss": _loss,
 }
 

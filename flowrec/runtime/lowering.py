@@ -3,7 +3,7 @@
 One `PackedEmbeddingBag` per packed group (placement `device`: on the compute device; `host`: in
 host memory, gathered on the host, rows travel to the device and gradients come back), one
 operator from the registry per dense node (mlp, packed_mlp, dot, fm, cross, target_attention,
-linear, concat, head), and the loss. The forward walks the dense nodes in topological order,
+self_attention, linear, concat, head, ...), and the loss. The forward walks the dense nodes in topological order,
 assembling each node's inputs from its edge slots (fields of a packed embedding output, columns
 of the dense input, members of a packed MLP, whole module outputs).
 
@@ -32,7 +32,7 @@ from flowrec.runtime.messages import first_line
 from flowrec.runtime.placement import group_embedding
 from flowrec.spec.model import ModelSpec
 from operators import registry
-from operators.dense import concat_flat
+from operators.dense import concat_flat, flat_rows
 from operators.regularize import GhostBatchNorm, SeededDropout
 
 GATHER_MIN_SLOTS = 4  # from this many input slots on, one gather replaces per-slot slices + cat
@@ -314,12 +314,13 @@ class LoweredModel(nn.Module):
         return flat if gather.index is None else flat.index_select(1, gather.index.to(flat.device))
 
     def sequence_masks(self, batch: Batch) -> dict[str, torch.Tensor]:
-        """Valid positions of each target-attention node's sequence: its non-empty bags."""
+        """Valid positions of each sequence-reading node's sequence: its non-empty bags."""
         masks = {}
         for step in self.steps:
-            if OP_KINDS[step.kind].inputs != "attention":
+            seq_slot = OP_KINDS[step.kind].sequence_slot
+            if seq_slot is None:
                 continue
-            slot = step.slots[1]
+            slot = step.slots[seq_slot]
             group_name = self.node_group[slot.source]
             group = self.group_map[group_name]
             offsets = batch.groups[group_name].offsets
@@ -380,11 +381,16 @@ def _call_stacked(op: nn.Module, step: NodeStep, inputs: list[torch.Tensor], mas
 
 def _call_attention(op: nn.Module, step: NodeStep, inputs: list[torch.Tensor], masks: dict[str, torch.Tensor]):
     query, seq = inputs[0], inputs[1]  # (B, ...), (B, L, D)
-    return op(query.reshape(query.shape[0], -1), seq, masks[step.name])
+    return op(flat_rows(query), seq, masks[step.name])
+
+
+def _call_sequence(op: nn.Module, step: NodeStep, inputs: list[torch.Tensor], masks: dict[str, torch.Tensor]):
+    return op(inputs[0], masks[step.name])  # (B, L, D), (B, L)
 
 
 # How a dense operator takes its inputs, by the input convention of its kind (`kinds.OP_KINDS`).
-CALLS = {"args": _call_args, "flat": _call_flat, "stacked": _call_stacked, "attention": _call_attention}
+CALLS = {"args": _call_args, "flat": _call_flat, "stacked": _call_stacked, "attention": _call_attention,
+         "sequence": _call_sequence}
 
 
 def lower(plan: Plan, spec: ModelSpec, device: torch.device | str = "cpu", seed: int | None = None,

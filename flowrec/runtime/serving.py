@@ -33,6 +33,7 @@ from flowrec.data.encoder_record import (
     read_record,
     record_of_dataset,
 )
+from flowrec.graph.kinds import OP_KINDS
 from flowrec.graph.plan_io import plan_from_document
 from flowrec.graph.types import Plan
 from flowrec.spec.json_doc import parse_json_text
@@ -196,8 +197,9 @@ class ServingModel(nn.Module):
                                  .float().unsqueeze(1))  # (B, 1, D)
             emb[group] = torch.cat(parts, dim=1)  # (B, S, D)
         for step in self.dense_model.steps:
-            if step.kind == "target_attention":
-                seq_feature = step.slots[1].fields[0]
+            seq_slot = OP_KINDS[step.kind].sequence_slot
+            if seq_slot is not None:
+                seq_feature = step.slots[seq_slot].fields[0]
                 ids, offsets = sparse[seq_feature]
                 lengths = (offsets[1:] - offsets[:-1]).clamp(max=emb_len(self.fields, seq_feature))
                 positions = torch.arange(emb_len(self.fields, seq_feature))

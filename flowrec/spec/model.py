@@ -17,7 +17,8 @@ from typing import Any, Literal, Mapping
 
 DenseTransform = Literal["none", "log1p", "standardize"]
 Pooling = Literal["sum", "mean", "none"]
-ModuleKind = Literal["mlp", "dot", "fm", "cross", "target_attention", "linear", "concat", "moe", "ple", "custom"]
+ModuleKind = Literal["mlp", "dot", "fm", "cross", "target_attention", "self_attention", "similarity", "linear", "concat",
+                     "moe", "ple", "custom"]
 OptimizerName = Literal["sgd", "adagrad", "rowwise_adagrad", "adam"]
 TaskKind = Literal["binary", "regression", "multiclass"]
 LossName = Literal["bce", "mse", "softmax_ce"]
@@ -197,7 +198,7 @@ class ModuleSpec:
 
     Args:
         name: unique module name.
-        kind: one of mlp, dot, fm, cross, target_attention, linear, concat.
+        kind: one of `ModuleKind`.
         inputs: feature names, module names or selectors (`@dense`, `@sparse`, `@<tag>`).
         params: kind-specific settings, e.g. `layers` for mlp, `num_layers` for cross,
             `query`/`sequence` roles for target attention.

@@ -4,7 +4,7 @@ Each check is ``check(view) -> list[SpecIssue]`` and reads only what the schema 
 Width rules (used for the shape checks): a pooled sparse feature is a field of its dim; a dense
 input is one field of as many values as dense features; a module's output is one field of its
 width: mlp -> last layer, linear -> out, fm -> 1, dot -> F(F-1)/2 for F fields, concat / cross ->
-sum of input widths, target_attention -> the sequence dim.
+sum of input widths, target_attention and self_attention -> the sequence dim, similarity -> 1.
 """
 from __future__ import annotations
 
@@ -17,6 +17,11 @@ from flowrec.spec.schema_errors import did_you_mean
 from flowrec.spec.view import DocView, Field, Item
 
 TARGET_ATTENTION = "target_attention"
+SELF_ATTENTION = "self_attention"
+SIMILARITY = "similarity"
+# The input (by index) of the kinds that read a pooling-none sequence, named in messages.
+SEQUENCE_INPUT = {TARGET_ATTENTION: (1, "second input"), SELF_ATTENTION: (0, "input")}
+SEQUENCE_READERS = "a target_attention module (as its second input) or a self_attention module"
 FIELD_KINDS = ("dot", "fm")  # kinds whose fields must share one dim
 MAX_NAMES_SHOWN = 3  # field names quoted per dim group in a shape message
 
@@ -118,6 +123,8 @@ _WIDTH_RULES: dict[str, Callable[[Item, list[Field]], int | None]] = {
     "concat": lambda m, fs: _sum(fs),
     "cross": lambda m, fs: _sum(fs),
     "target_attention": lambda m, fs: fs[1].width if len(fs) == 2 and fs[1].sequence else None,
+    "self_attention": lambda m, fs: fs[0].width if len(fs) == 1 and fs[0].sequence else None,
+    "similarity": lambda m, fs: 1,
 }
 
 
@@ -163,20 +170,22 @@ def _unknown_input(token: str, features: list[str], modules: list[str]) -> str:
 
 
 def check_sequences(view: DocView) -> list[SpecIssue]:
-    """Pooling-none sequences only as the second input of target_attention; its query a vector."""
+    """Pooling-none sequences only as the sequence input of target_attention / self_attention;
+    the query of target_attention a vector."""
     issues = []
     for m in view.items("modules"):
         kind = m.body.get("kind")
+        seq_index, seq_name = SEQUENCE_INPUT.get(kind, (None, ""))
         for ref in resolve(view, m):
             path = f"{m.path}.inputs[{ref.index}]"
             seqs = [f.name for f in ref.features if f.unpooled]
-            is_seq_slot = kind == TARGET_ATTENTION and ref.index == 1
+            is_seq_slot = ref.index == seq_index
             if seqs and not is_seq_slot:
                 via = f" (through {ref.token!r})" if ref.token.startswith(SELECTOR_PREFIX) else ""
-                issues.append(SpecIssue(path, f"sequence feature {seqs[0]!r}{via} has pooling none: only a "
-                                              "target_attention module can read it, as its second input"))
+                issues.append(SpecIssue(path, f"sequence feature {seqs[0]!r}{via} has pooling none: only "
+                                              f"{SEQUENCE_READERS} can read it"))
             if is_seq_slot and m.clean and not (len(ref.features) == 1 and seqs):
-                issues.append(SpecIssue(path, "the second input of target_attention must be one sequence "
+                issues.append(SpecIssue(path, f"the {seq_name} of {kind} must be one sequence "
                                               "feature with pooling none"))
             if kind == TARGET_ATTENTION and ref.index == 0 and m.clean and _bad_query(ref):
                 issues.append(SpecIssue(path, "the query of target_attention must be one pooled sparse "
@@ -216,12 +225,16 @@ def check_cycles(view: DocView) -> list[SpecIssue]:
 
 
 def check_shapes(view: DocView) -> list[SpecIssue]:
-    """dot / fm fields share one dim; target_attention query and sequence share one dim."""
+    """dot / fm fields share one dim; target_attention query and sequence share one dim;
+    self_attention heads divide its sequence dim; similarity reads two vectors of one width."""
     shapes = Shapes(view)
     issues = []
     for m in view.items("modules"):
         kind = m.body.get("kind")
-        if not m.clean or kind not in (*FIELD_KINDS, TARGET_ATTENTION):
+        if not m.clean or kind not in (*FIELD_KINDS, TARGET_ATTENTION, *_OWN_SHAPE_CHECKS):
+            continue
+        if kind in _OWN_SHAPE_CHECKS:
+            issues += _OWN_SHAPE_CHECKS[kind](m, shapes)
             continue
         fields = shapes.fields(m)
         known = [f for f in fields if f.width is not None]
@@ -234,6 +247,30 @@ def check_shapes(view: DocView) -> list[SpecIssue]:
             issues.append(SpecIssue(f"{m.path}.inputs", f"target_attention query {q.label!r} has dim {q.width} "
                                                         f"but sequence {s.label!r} has dim {s.width}"))
     return issues
+
+
+def _heads_divide(module: Item, shapes: Shapes) -> list[SpecIssue]:
+    heads, dim = module.body.get("num_heads", 1), shapes.width(module)
+    if dim is None or dim % heads == 0:
+        return []
+    return [SpecIssue(f"{module.path}.num_heads", f"{heads} heads do not divide the sequence dim {dim}")]
+
+
+def _two_vectors(module: Item, shapes: Shapes) -> list[SpecIssue]:
+    fields = shapes.fields(module)
+    if len(fields) != 2 and _all_resolved(shapes.view, module):
+        return [SpecIssue(f"{module.path}.inputs", f"similarity needs two vectors (one field each), got "
+                                                   f"{len(fields)} fields")]
+    widths = [f.width for f in fields]
+    if len(fields) == 2 and None not in widths and widths[0] != widths[1]:
+        return [SpecIssue(f"{module.path}.inputs", f"similarity needs two vectors of one width, got "
+                                                   f"{_dims(fields)}")]
+    return []
+
+
+# Kinds with a shape rule of their own: (module, the memoised widths) -> issues.
+_OWN_SHAPE_CHECKS: dict[str, Callable[[Item, Shapes], list[SpecIssue]]] = {
+    SELF_ATTENTION: _heads_divide, SIMILARITY: _two_vectors}
 
 
 def _dims_differ(view: DocView, module: Item, known: list[Field]) -> bool:

@@ -107,11 +107,11 @@ CASES: list[tuple[str, Mutation, list[tuple[str, str]]]] = [
                            "share it, or rename one")]),
     ("pooling_none_categorical", lambda d: d["features"][2].update(pooling="none"),
      [("features[2].pooling", "pooling 'none' is only for sequence features (type: sequence)"),
-      ("modules[2].inputs[1]", "sequence feature 'user' has pooling none: only a target_attention module can read "
-                               "it, as its second input")]),
+      ("modules[2].inputs[1]", "sequence feature 'user' has pooling none: only a target_attention module (as its "
+                               "second input) or a self_attention module can read it")]),
     ("sequence_through_tag", lambda d: d["features"][4].update(tags=["wide"]),
      [("modules[3].inputs[0]", "sequence feature 'hist' (through '@wide') has pooling none: only a "
-                               "target_attention module can read it, as its second input")]),
+                               "target_attention module (as its second input) or a self_attention module can read it")]),
     ("head_unknown_module", lambda d: d["heads"][0].update(input="tpo"),
      [("heads[0].input", "unknown module 'tpo' (did you mean 'top'?)")]),
     ("head_reads_feature", lambda d: d["heads"][0].update(input="user"),
