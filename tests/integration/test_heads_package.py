@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flowrec.cli import app
+from package_flow import train_and_export
 
 CLASSES = 4
 SPEC = f"""
@@ -51,18 +52,7 @@ def raw_rows(rows: int, seed: int) -> pd.DataFrame:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     root = tmp_path_factory.mktemp("headspkg")
-    (root / "spec.yaml").write_text(SPEC)
-    raw_rows(2000, 0).to_csv(root / "train.csv", index=False)
-    spec = str(root / "spec.yaml")
-    made = runner.invoke(app, ["data", "convert", "csv", str(root / "train.csv"), str(root / "data"),
-                               "--spec", spec, "-q"])
-    assert made.exit_code == 0, made.output
-    trained = runner.invoke(app, ["train", spec, "--data", str(root / "data"), "--out", str(root / "run"),
-                                  "--quiet", "--device", "cpu"])
-    assert trained.exit_code == 0, trained.output
-    exported = runner.invoke(app, ["export", str(root / "run"), str(root / "pkg")])
-    assert exported.exit_code == 0, exported.output
-    return root
+    return train_and_export(root, SPEC, raw_rows(2000, 0))
 
 
 def test_eval_json_reports_each_head(run):

@@ -8,9 +8,8 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 import torch
-from typer.testing import CliRunner
 
-from flowrec.cli import app
+from package_flow import train_and_export
 
 SPEC = """
 name: reg_pkg
@@ -50,7 +49,6 @@ optimizer:
   sparse: {name: adam, lr: 0.05}
 training: {batch_size: 128, epochs: 2, seed: 0}
 """
-runner = CliRunner()
 
 
 def raw_rows(rows: int, seed: int) -> pd.DataFrame:
@@ -66,18 +64,7 @@ def raw_rows(rows: int, seed: int) -> pd.DataFrame:
 @pytest.fixture(scope="module", params=["regularised", "mixtures"])
 def run(request, tmp_path_factory):
     root = tmp_path_factory.mktemp("regpkg")
-    (root / "spec.yaml").write_text(SPEC if request.param == "regularised" else MIXTURES)
-    raw_rows(2000, 0).to_csv(root / "train.csv", index=False)
-    spec = str(root / "spec.yaml")
-    made = runner.invoke(app, ["data", "convert", "csv", str(root / "train.csv"), str(root / "data"),
-                               "--spec", spec, "-q"])
-    assert made.exit_code == 0, made.output
-    trained = runner.invoke(app, ["train", spec, "--data", str(root / "data"), "--out", str(root / "run"),
-                                  "--quiet", "--device", "cpu"])
-    assert trained.exit_code == 0, trained.output
-    exported = runner.invoke(app, ["export", str(root / "run"), str(root / "pkg")])
-    assert exported.exit_code == 0, exported.output
-    return root
+    return train_and_export(root, SPEC if request.param == "regularised" else MIXTURES, raw_rows(2000, 0))
 
 
 def test_package_scores_as_the_eval_mode_model(run):

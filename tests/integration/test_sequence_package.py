@@ -9,9 +9,8 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 import torch
-from typer.testing import CliRunner
 
-from flowrec.cli import app
+from package_flow import train_and_export
 from tests.integration.test_tower_package import eval_scores
 
 SPEC = """
@@ -34,7 +33,6 @@ optimizer:
 training: {batch_size: 128, epochs: 2, seed: 0}
 """
 VARIANTS = {"post_last": ("post", "false", "last"), "pre_causal_mean": ("pre", "true", "mean")}
-runner = CliRunner()
 
 
 def raw_rows(rows: int, seed: int) -> pd.DataFrame:
@@ -53,17 +51,7 @@ def run(request, tmp_path_factory):
     root = tmp_path_factory.mktemp("seqpkg")
     norm, causal, output = VARIANTS[request.param]
     spec = SPEC.replace("NORM", norm).replace("CAUSAL", causal).replace("OUTPUT", output)
-    (root / "spec.yaml").write_text(spec)
-    raw_rows(1500, 0).to_csv(root / "train.csv", index=False)
-    made = runner.invoke(app, ["data", "convert", "csv", str(root / "train.csv"), str(root / "data"),
-                               "--spec", str(root / "spec.yaml"), "-q"])
-    assert made.exit_code == 0, made.output
-    trained = runner.invoke(app, ["train", str(root / "spec.yaml"), "--data", str(root / "data"),
-                                  "--out", str(root / "run"), "--quiet", "--device", "cpu"])
-    assert trained.exit_code == 0, trained.output
-    exported = runner.invoke(app, ["export", str(root / "run"), str(root / "pkg")])
-    assert exported.exit_code == 0, exported.output
-    return root
+    return train_and_export(root, spec, raw_rows(1500, 0))
 
 
 def test_package_scores_as_the_eval_mode_model(run):

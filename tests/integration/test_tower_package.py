@@ -13,9 +13,8 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 import torch
-from typer.testing import CliRunner
 
-from flowrec.cli import app
+from package_flow import train_and_export
 
 HEAD = """
 features:
@@ -54,7 +53,6 @@ modules:
   - {name: score, kind: mlp, inputs: [user_tower, item, tags], layers: [4]}
 """,
 }
-runner = CliRunner()
 
 
 def raw_rows(rows: int, seed: int) -> pd.DataFrame:
@@ -70,18 +68,7 @@ def raw_rows(rows: int, seed: int) -> pd.DataFrame:
 @pytest.fixture(scope="module", params=sorted(MODULES))
 def run(request, tmp_path_factory):
     root = tmp_path_factory.mktemp("towers")
-    (root / "spec.yaml").write_text(f"name: {request.param}\n" + HEAD + MODULES[request.param])
-    raw_rows(1500, 0).to_csv(root / "train.csv", index=False)
-    spec = str(root / "spec.yaml")
-    made = runner.invoke(app, ["data", "convert", "csv", str(root / "train.csv"), str(root / "data"),
-                               "--spec", spec, "-q"])
-    assert made.exit_code == 0, made.output
-    trained = runner.invoke(app, ["train", spec, "--data", str(root / "data"), "--out", str(root / "run"),
-                                  "--quiet", "--device", "cpu"])
-    assert trained.exit_code == 0, trained.output
-    exported = runner.invoke(app, ["export", str(root / "run"), str(root / "pkg")])
-    assert exported.exit_code == 0, exported.output
-    return root
+    return train_and_export(root, f"name: {request.param}\n" + HEAD + MODULES[request.param], raw_rows(1500, 0))
 
 
 def test_package_scores_as_the_trained_model(run):
