@@ -79,12 +79,14 @@ def check_spec(path: Path, world) -> dict:
     parallel = DenseParallel(model, world)
     whole = batches(spec, ref.groups, 1, 0)
     mine = batches(spec, model.groups, world.size, world.rank)
-    with torch.no_grad():  # eval mode: logits of the parameters alone (no batch statistics, no dropout)
-        model.eval(), ref.eval()
-        lo = whole[0].size * world.rank // world.size
-        hi = whole[0].size * (world.rank + 1) // world.size
+    lo = whole[0].size * world.rank // world.size
+    hi = whole[0].size * (world.rank + 1) // world.size
+    model.eval()  # eval mode: logits of the parameters alone (no batch statistics, no dropout)
+    ref.eval()
+    with torch.no_grad():
         embed, first, logits_rel = first_batch(model, ref, mine[0], whole[0], slice(lo, hi))
-        model.train(), ref.train()
+    model.train()
+    ref.train()
     losses = []
     for a, b in zip(whole, mine):
         ref_loss = train_step(ref, ref_opt, a)

@@ -54,9 +54,7 @@ def planned_spec_or_exit(path: Path) -> ModelSpec:
     try:
         return resolve_custom(spec)
     except SpecError as exc:
-        for issue in exc.issues:
-            typer.echo(f"{path}: {issue}", err=True)
-        raise typer.Exit(EXIT_INVALID)
+        _exit_with_issues(path, exc)
 
 
 def load_spec_or_exit(path: Path) -> ModelSpec:
@@ -64,9 +62,13 @@ def load_spec_or_exit(path: Path) -> ModelSpec:
     try:
         return load_spec(path)
     except SpecError as exc:
-        for issue in exc.issues:
-            typer.echo(f"{path}: {issue}", err=True)
-        raise typer.Exit(EXIT_INVALID)
+        _exit_with_issues(path, exc)
+
+
+def _exit_with_issues(path: Path, exc: SpecError) -> NoReturn:
+    for issue in exc.issues:
+        typer.echo(f"{path}: {issue}", err=True)
+    raise typer.Exit(EXIT_INVALID)
 
 
 def guard_outputs(outputs: Sequence[Path], inputs: Sequence[Path | None], overwrite: bool) -> None:

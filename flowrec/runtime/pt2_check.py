@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import ast
 import io
-import json
 import re
 import zipfile
 from pathlib import Path
@@ -26,13 +25,12 @@ from typing import Any, Iterator
 
 import torch
 
-from flowrec.spec.json_scan import scan_json
-from flowrec.spec.read import MAX_DEPTH, MAX_SPEC_BYTES
+from flowrec.spec.json_doc import parse_json_text
+from flowrec.spec.read import MAX_SPEC_BYTES
 
 MAX_PROGRAM_BYTES = 16 * MAX_SPEC_BYTES  # models/model.json (a 1,000-field model's graph is a few MB)
 MAX_CONFIG_BYTES = MAX_SPEC_BYTES  # weights / constants configs
 MAX_SAMPLE_BYTES = MAX_SPEC_BYTES  # the example inputs the program was traced with
-PROGRAM_DEPTH = MAX_DEPTH  # nesting of models/model.json (flowrec's programs: 10)
 WEIGHTS_CONFIG = "data/weights/model_weights_config.json"
 CONSTANTS_CONFIG = "data/constants/model_constants_config.json"
 PROGRAM = "models/model.json"
@@ -125,13 +123,10 @@ def _json(archive: zipfile.ZipFile, names: dict[str, zipfile.ZipInfo], name: str
         text = archive.read(info).decode("utf-8")
     except (OSError, zipfile.BadZipFile, UnicodeDecodeError, ValueError) as exc:
         raise ArchiveError(f"{path}: {name} is unreadable ({type(exc).__name__})") from None
-    scan = scan_json(text, PROGRAM_DEPTH)
-    if scan.too_deep is not None:
-        raise ArchiveError(f"{path}: {name} is nested deeper than {PROGRAM_DEPTH} levels")
     try:
-        doc = json.loads(text)
-    except ValueError:
-        raise ArchiveError(f"{path}: {name} is not JSON") from None
+        doc = parse_json_text(text, f"{path}: {name}")  # the limits of every JSON flowrec reads
+    except ValueError as exc:
+        raise ArchiveError(str(exc)) from None
     if not isinstance(doc, dict):
         raise ArchiveError(f"{path}: {name} is not a JSON object")
     return doc

@@ -27,6 +27,7 @@ _KEY_END = re.compile(r":(?=\s|$)")  # a block mapping key ends at ': ' or ':' a
 _COMMENT = re.compile(r"(^|\s)#")
 _PROPERTY = re.compile(r"[&!]\S*\s+")  # an anchor or a tag before a node
 _BLOCK_SCALAR = re.compile(r"[|>][-+0-9]*\s*(#.*)?$")
+_DOCUMENT_MARK = re.compile(r"(---|\.\.\.)(\s|$)")  # a document start or end at column 0
 
 
 class _TooDeep(Exception):
@@ -90,7 +91,7 @@ def _scan_line(state: _State, line: str, number: int) -> None:
         state.block_scalar = None
     if not stripped or stripped.startswith("#") or (column == 0 and stripped.startswith("%")):
         return
-    if column == 0 and re.match(r"(---|\.\.\.)(\s|$)", stripped):
+    if column == 0 and _DOCUMENT_MARK.match(stripped):
         state.indents.clear()
         _scan_node(state, line, 3, number, key_allowed=False)
         return
