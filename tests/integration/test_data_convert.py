@@ -103,9 +103,11 @@ def test_movielens_columns_and_split(shared_data, tmp_path):
 
     (table,) = list(read_movielens(shared_data / "movielens-100k", {}, ErrorLog(), set()))
     assert table.column_names == ["user_id", "item_id", "rating", "timestamp", "age", "gender",
-                                  "occupation", "zip_code", "genres", "release_year", "label", "__line__"]
+                                  "occupation", "zip_code", "genres", "release_year", "label", "rating_5",
+                                  "__line__"]
     assert table.num_rows == 100_000
     assert table.column("label").to_numpy().tolist() == (table.column("rating").to_numpy() >= 4).tolist()
+    assert table.column("rating_5").to_numpy().tolist() == (table.column("rating").to_numpy() == 5).tolist()
     assert "Animation" in table.column("genres")[0].as_py() or table.column("genres")[0].as_py()
     spec = small_spec([{"name": "user_id", "type": "categorical", "vocab": 943, "dim": 4},
                        {"name": "genres", "type": "sequence", "vocab": 19, "dim": 4, "max_len": 6}],
