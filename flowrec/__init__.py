@@ -36,6 +36,6 @@ def load_model(path):
         >>> model = flowrec.load_model("pkg/ml")  # doctest: +SKIP
         >>> model.predict(raw_table)  # doctest: +SKIP  # one score column per head
     """
-    from flowrec.runtime.predict import load_model as load
+    from flowrec.serving.predict import load_model as load
 
     return load(path)

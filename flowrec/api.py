@@ -55,7 +55,7 @@ class Run:
         spec: the model spec.
         run_dir: the run folder (None for a run trained with `out=None`: nothing on disk).
         result: what `train` returned (None for a loaded run).
-        trained: the model as scored (`flowrec.runtime.serving.Trained`).
+        trained: the model as scored (`flowrec.serving.trained.Trained`).
     """
 
     spec: ModelSpec
@@ -76,7 +76,7 @@ class Run:
         """The records of the run's metrics.jsonl: one per step (loss, learning rates), evaluation, end."""
         if self.run_dir is None:
             return []
-        from flowrec.runtime.metrics import read_records
+        from flowrec.runtime.run_log import read_records
         from flowrec.runtime.rundir import METRICS_FILE
 
         return read_records(self.run_dir / METRICS_FILE)
@@ -91,11 +91,11 @@ def load(run_dir: str | Path, device: str = "auto") -> Run:
     """A finished run (or a checkpoint file, or RUN/best) loaded for scoring.
 
     Raises:
-        flowrec.runtime.checkpoint.CheckpointError: a damaged or foreign checkpoint.
+        flowrec.runtime.checkpoint.store.CheckpointError: a damaged or foreign checkpoint.
     """
     from flowrec.planner.contract import scoring_plan
-    from flowrec.runtime.checkpoint import checkpoint_path
-    from flowrec.runtime.serving import load_trained
+    from flowrec.runtime.checkpoint.store import checkpoint_path
+    from flowrec.serving.trained import load_trained
 
     trained = load_trained(Path(run_dir), device, scoring_plan)
     folder = checkpoint_path(Path(run_dir)).parent
@@ -133,52 +133,57 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
         flowrec.runtime.rundir.RunFolderError: `out` is in use, holds a run, or is not a run folder.
         flowrec.data.layout.DataError: the data does not fit the spec.
         flowrec.runtime.nonfinite.TrainingStopped: a non-finite loss stopped training.
+        flowrec.runs.errors.RunError: the device, the plan or the memory of this machine cannot run it.
     """
     from flowrec.graph.plan_io import plan_json
-    from flowrec.planner.manager import make_plan
-    from flowrec.runtime.rundir import RunFolderError, clear_run_files, foreign_entries, has_run, open_folder
-    from flowrec.runtime.session import SessionOptions, cost_target, prepare, resolve_device
-    from flowrec.runtime.trainer import TrainConfig, Trainer
+    from flowrec.runs.errors import RunError
+    from flowrec.runs.folder import claim_run_folder
+    from flowrec.runs.plan import plan_for_run
+    from flowrec.runs.settings import write_run_file
+    from flowrec.runs.start import record_encoder, run_settings, start_session, train_config
     from flowrec.runtime.custom import resolve_custom
+    from flowrec.runtime.rundir import clear_run_files
+    from flowrec.runtime.trainer import Trainer
+    from flowrec.serving.trained import Trained
     from flowrec.spec.load import load_spec
 
     spec_path = Path(spec) if not isinstance(spec, ModelSpec) else Path.cwd() / f"{spec.name}.yaml"
     model_spec = resolve_custom(load_spec(spec_path) if not isinstance(spec, ModelSpec) else spec)
     folder = Path(out) if out is not None else None
-    lock = None
-    if folder is not None:
-        foreign = foreign_entries(folder)
-        if foreign:
-            raise RunFolderError(f"{folder} is not empty and is not a flowrec run folder (it holds {foreign[0]})")
-        lock = open_folder(folder)
+    given = {"data": _text(data), "eval_data": _text(eval_data), "rows": rows, "seed": seed, "device": device,
+             "device_budget": device_budget, "epochs": epochs, "max_steps": max_steps, "eval_every": eval_every,
+             "checkpoint_every": checkpoint_every}
+    settings, _ = run_settings(given, model_spec)
+    lock = claim_run_folder(folder, None, overwrite, model_spec.name, "overwrite=True")[1] if folder else None
     try:
+        # the same plan as `flowrec train` (sampled access profile of the data included) and the same run.json
+        plan, dev = plan_for_run(model_spec, settings["device"], settings["device_budget"], None,
+                                 data=settings["data"])
+        session = start_session(model_spec, spec_path, settings, folder, plan, dev)
         if folder is not None:
-            if has_run(folder) and not overwrite:
-                raise RunFolderError(f"{folder} already holds a run (checkpoint.pt); give overwrite=True to "
-                                     f"replace it")
+            record_encoder(session, folder, False, None)
             clear_run_files(folder)
-        dev = resolve_device(device if device != "auto" else model_spec.plan.device)
-        plan = make_plan(model_spec, target=cost_target(dev), device_budget=device_budget)
-        opts = SessionOptions(data=_path(data), eval_data=_path(eval_data), device=device,
-                              device_budget=device_budget, synthetic_rows=rows, seed=seed, workdir=folder)
-        session = prepare(model_spec, spec_path, opts, plan, dev)
-        config = TrainConfig(epochs=epochs, out_dir=folder, eval_every=eval_every, max_steps=max_steps,
-                             checkpoint_every=checkpoint_every, progress=progress)
-        trainer = Trainer(session.spec, session.plan, session.model, config, plan_json(session.plan))
+        trainer = Trainer(session.spec, session.plan, session.model, train_config(settings, folder, progress),
+                          plan_json(session.plan))
         if folder is not None:
-            _write_settings(folder, trainer, data, eval_data, rows, seed, device, device_budget, max_steps,
-                            checkpoint_every)
+            write_run_file(folder, settings)
         result = trainer.fit(session.train, session.eval, hooks=_hooks(trainer, on_step, on_eval, on_checkpoint))
+    except RunError as exc:
+        raise _typed(exc) from None
     finally:
         if lock is not None:
             lock.release()
-    from flowrec.runtime.serving import Trained
-
     return Run(session.spec, folder, result, Trained(session.spec, session.model, session.plan))
 
 
-def _path(value: str | Path | None) -> Path | None:
-    return Path(value) if value is not None else None
+def _typed(exc: Any) -> BaseException:
+    """The documented exception of a lifecycle error: the lower layer's own (a `DataError` for data
+    that does not fit) when it reports one, else the `RunError` (a ValueError: device, plan)."""
+    return exc.cause if exc.cause is not None else exc
+
+
+def _text(value: str | Path | None) -> str | None:
+    return str(value) if value is not None else None
 
 
 def _hooks(trainer: Any, on_step: Callback | None, on_eval: Callback | None,
@@ -199,18 +204,3 @@ def _hooks(trainer: Any, on_step: Callback | None, on_eval: Callback | None,
 
     return Hooks(step if on_step else None, evaluation if on_eval else None,
                       checkpoint if on_checkpoint else None)
-
-
-def _write_settings(folder: Path, trainer: Any, data: Any, eval_data: Any, rows: int, seed: int | None,
-                    device: str, device_budget: str | None, max_steps: int | None, checkpoint_every: int) -> None:
-    """run.json as `flowrec train` writes it, so `flowrec train SPEC --resume OUT` continues the run."""
-    import json
-
-    from flowrec.runtime.rundir import RUN_FILE, write_text
-
-    settings = {"data": str(data) if data is not None else None,
-                "eval_data": str(eval_data) if eval_data is not None else None, "rows": rows, "seed": seed,
-                "device": device, "device_budget": device_budget, "dask": None, "cache": None, "plan": None,
-                "epochs": trainer.epochs, "max_steps": max_steps, "eval_every": trainer.eval_every,
-                "checkpoint_every": checkpoint_every, "interleave": True, "nan_policy": "stop"}
-    write_text(folder / RUN_FILE, json.dumps(settings, indent=2, sort_keys=True) + "\n")

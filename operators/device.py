@@ -280,6 +280,11 @@ def cuda_devices() -> list[CudaDeviceInfo]:
     return out
 
 
+def device_name(device: torch.device) -> str:
+    """The product name of a CUDA device ("" for any other device)."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else ""
+
+
 def select_device(device: torch.device) -> None:
     """Make `device` this process's current CUDA device (one rank per GPU); nothing on CPU."""
     if device.type == "cuda":

@@ -27,7 +27,7 @@ from flowrec.data.dataset import MemorySource, split_table
 from flowrec.data.synth import SynthConfig, synth_table
 from flowrec.planner.manager import make_plan
 from flowrec.runtime.distributed.data_parallel import DenseParallel
-from flowrec.runtime.distributed.model import common_state, rank_shards
+from flowrec.runtime.checkpoint.layout import common_state, rank_shards
 from flowrec.runtime.distributed.world import join_world, leave_world
 from flowrec.runtime.lowering import lower
 from flowrec.runtime.step import make_dense_optimizer, train_step

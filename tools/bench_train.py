@@ -40,8 +40,8 @@ from flowrec.data.batches import StagingOptions, iterate_batches
 from flowrec.data.dataset import MemorySource, split_table
 from flowrec.data.synth import SynthConfig, synth_table
 from flowrec.runtime.lowering import LoweredModel, lower
-from flowrec.runtime.metrics import auc
-from flowrec.runtime.reference import ReferenceModel, bag_slots, reference_optimizers, reference_step, unpack_field
+from flowrec.runtime.run_log import auc
+from flowrec.measure.reference import ReferenceModel, bag_slots, reference_optimizers, reference_step, unpack_field
 from flowrec.planner.manager import make_plan
 from flowrec.runtime.step import autocast_context, make_dense_optimizer, train_step
 from flowrec.spec import load_spec

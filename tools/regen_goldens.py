@@ -1,4 +1,6 @@
-"""Regenerate the golden plans: tests/golden/<spec>.plan.json and <spec>.plan.txt for every spec.
+"""Regenerate the golden plans: tests/golden/<spec>.plan.json and <spec>.plan.txt for every spec,
+and <spec>.lowering.txt: the module tree and every parameter's and buffer's shape and dtype of the
+plan lowered on the meta device (no memory), so a move of the runtime is proven behaviour-free.
 
 Usage:
     .venv/bin/python tools/regen_goldens.py            # rewrite every golden
@@ -19,11 +21,28 @@ REPO = Path(__file__).resolve().parents[1]
 GOLDEN = REPO / "tests" / "golden"
 
 
+def lowering_text(plan, spec) -> str:
+    """The lowered model of `plan` on the meta device: one line per module (name and class) and per
+    parameter and buffer (name, shape, dtype, trainable or not), in registration order."""
+    from flowrec.runtime.lowering import lower
+
+    model = lower(plan, spec, device="meta")
+    lines = [f"module {name or '<root>'}: {type(m).__module__}.{type(m).__qualname__}"
+             for name, m in model.named_modules()]
+    lines += [f"param {name}: {tuple(p.shape)} {str(p.dtype).removeprefix('torch.')}"
+              f"{'' if p.requires_grad else ' frozen'}" for name, p in model.named_parameters()]
+    lines += [f"buffer {name}: {tuple(b.shape)} {str(b.dtype).removeprefix('torch.')}"
+              for name, b in model.named_buffers()]
+    return "\n".join(lines) + "\n"
+
+
 def golden_texts(spec_path: Path) -> dict[str, str]:
     """Golden file name -> content for one spec (default target and budget of the spec)."""
-    plan = make_plan(load_spec(spec_path))
+    spec = load_spec(spec_path)
+    plan = make_plan(spec)
     stem = spec_path.stem
-    return {f"{stem}.plan.json": plan_json(plan), f"{stem}.plan.txt": "\n".join(text_report(plan)) + "\n"}
+    return {f"{stem}.plan.json": plan_json(plan), f"{stem}.plan.txt": "\n".join(text_report(plan)) + "\n",
+            f"{stem}.lowering.txt": lowering_text(plan, spec)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -54,8 +54,9 @@ def calibrate(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the --out file when it exists (the default profile is always replaced)."),
 ) -> None:
     from flowrec.planner.calibration import default_profile_path, profile_document
-    from flowrec.runtime.calibrate import calibrate as measure
-    from flowrec.runtime.session import cost_target, resolve_device
+    from flowrec.measure.calibrate import calibrate as measure
+    from flowrec.runs.plan import cost_target
+    from flowrec.runtime.session import resolve_device
 
     model = load_spec_or_exit(spec) if spec is not None else None
     if out is not None:
@@ -70,7 +71,7 @@ def calibrate(
     started = time.perf_counter()
     measured, details = measure(dev, shapes, seconds)
     if model is not None:
-        from flowrec.cli.calibrate_spec import spec_constants
+        from flowrec.measure.spec import spec_constants
 
         own, own_details = spec_constants(model, dev, measured, seconds / 4)
         measured.update(own)
@@ -124,7 +125,7 @@ def gemm_shapes(spec) -> list[tuple[int, int, int]]:
 
 def _collectives(nproc: int, device_kind: str, details: dict) -> dict:
     """Measured collective constants of `nproc` processes (exits with one line if they fail)."""
-    from flowrec.runtime.calibrate_collective import SIZES, CollectiveError, measure_collectives
+    from flowrec.measure.collective import SIZES, CollectiveError, measure_collectives
 
     typer.echo(f"timing collectives of {nproc} processes ...", err=True)
     try:

@@ -31,7 +31,7 @@ def register(app: typer.Typer) -> None:
 
 def doctor(as_json: bool = typer.Option(False, "--json", help="Print the report as JSON.")) -> None:
     from flowrec.planner.manager import make_plan
-    from flowrec.runtime.doctor import run_doctor
+    from flowrec.measure.doctor import run_doctor
 
     report = run_doctor(lambda spec: make_plan(spec, target="cpu"),
                         status=lambda s: None if as_json else typer.echo(f"... {s}", err=True))

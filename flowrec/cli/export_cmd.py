@@ -1,4 +1,4 @@
-"""`flowrec export RUN OUT/`: write a model package (flowrec.runtime.package) from a trained run."""
+"""`flowrec export RUN OUT/`: write a model package (flowrec.serving.package) from a trained run."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -38,9 +38,9 @@ def export(
     from flowrec.data.layout import DataError
     from flowrec.data.output_guard import replace_folder
     from flowrec.planner.contract import scoring_plan
-    from flowrec.runtime.checkpoint import checkpoint_path
-    from flowrec.runtime.package import DTYPES, remove_partial, write_package
-    from flowrec.runtime.serving import load_trained
+    from flowrec.runtime.checkpoint.store import checkpoint_path
+    from flowrec.serving.export import DTYPES, remove_partial, write_package
+    from flowrec.serving.trained import load_trained
 
     if dtype not in DTYPES:
         fail(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
@@ -126,7 +126,7 @@ def _head(batches, limit: int) -> Iterator[Any]:
 
 
 def _eval_data(folder: Path) -> Optional[Path]:
-    from flowrec.cli.run_settings import read_run_file
+    from flowrec.runs.settings import read_run_file
 
     settings = read_run_file(folder) or {}
     if settings.get("eval_data"):

@@ -121,9 +121,9 @@ def _progressive(run: Path, previous: Path, day: Path, number: int) -> None:
     scalars `progressive/<head>/<metric>`."""
     from flowrec.data.layout import DataError
     from flowrec.planner.contract import scoring_plan
-    from flowrec.runtime.checkpoint import CheckpointError
-    from flowrec.runtime.metrics import MetricsError, MetricsLog
-    from flowrec.runtime.serving import load_trained
+    from flowrec.runtime.checkpoint.store import CheckpointError
+    from flowrec.runtime.run_log import MetricsError, MetricsLog
+    from flowrec.serving.trained import load_trained
 
     try:
         metrics = load_trained(previous, "cpu", scoring_plan).evaluate_dataset(day)

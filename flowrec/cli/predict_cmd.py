@@ -64,7 +64,7 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
     from rich.console import Console
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from flowrec.runtime.predict import load_model
+    from flowrec.serving.predict import load_model
 
     model = load_model(model_dir)
     _check_keep(keep, model.heads)

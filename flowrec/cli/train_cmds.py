@@ -172,7 +172,7 @@ def _text(path: Optional[Path]) -> Optional[str]:
 
 
 def _check_options(request: RunRequest) -> None:
-    from flowrec.cli.run_settings import CACHE_POLICIES, MAX_SEED
+    from flowrec.runs.settings import CACHE_POLICIES, MAX_SEED
     from flowrec.runtime.nonfinite import NAN_POLICIES
 
     given = request.given
@@ -218,7 +218,8 @@ def run_training(request: RunRequest) -> None:
 def _train_as_rank(request: RunRequest, spec, folder: Path | None) -> None:
     """One rank of a launch: join the others; rank 0 owns the run folder (lock), the others wait
     for it, then every rank trains its part."""
-    from flowrec.cli.run_plan import device_for_run
+    from flowrec.runs.errors import RunError
+    from flowrec.runs.plan import device_for_run
     from flowrec.cli.common import EXIT_INVALID, launch_env
     from flowrec.runtime.distributed.world import LaunchEnvError, WorldError, join_world, leave_world
     from flowrec.runtime.rundir import RunFolderError
@@ -226,7 +227,10 @@ def _train_as_rank(request: RunRequest, spec, folder: Path | None) -> None:
     if folder is None:
         fail("every rank must write to the same run folder: give --out DIR (or --resume DIR), or launch "
              "with `flowrec train --nproc N`, which chooses one")
-    device = device_for_run(spec, request.given["device"] or "auto")
+    try:
+        device = device_for_run(spec, request.given["device"] or "auto")
+    except RunError as exc:
+        fail(str(exc), exc.code)
     try:
         world = join_world(*launch_env(), request.dist_timeout, device)
     except WorldError as exc:
@@ -274,45 +278,28 @@ def _rank_barrier(world, what: str) -> None:
 
 
 def _claim_folder(request: RunRequest, name: str):
-    from flowrec.runtime.rundir import (
-        RUN_FILE,
-        RunFolderError,
-        claim_new_folder,
-        foreign_entries,
-        has_run,
-        open_folder,
-    )
+    from flowrec.runs.folder import claim_run_folder
 
-    if request.resume is not None:
-        folder = request.resume
-        if folder.exists() and not folder.is_dir():
-            raise RunFolderError(f"{folder} is a file, not a run folder")
-        if not folder.is_dir():
-            raise RunFolderError(f"nothing to resume: {folder} does not exist")
-        if not has_run(folder) and not (folder / RUN_FILE).is_file():
-            raise RunFolderError(f"nothing to resume: {folder} has no checkpoint.pt or run.json")
-        return folder, open_folder(folder)
-    if request.out is None:
-        return claim_new_folder(Path("runs"), name)
-    foreign = foreign_entries(request.out)
-    if foreign:
-        raise RunFolderError(f"{request.out} is not empty and is not a flowrec run folder (it holds "
-                             f"{', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); give an empty "
-                             f"or new folder")
-    lock = open_folder(request.out)
-    if has_run(request.out) and not request.overwrite:
-        lock.release()
-        raise RunFolderError(f"{request.out} already holds a run (checkpoint.pt): continue it with "
-                             f"--resume {request.out}, or replace it with --overwrite")
-    return request.out, lock
+    return claim_run_folder(request.out, request.resume, request.overwrite, name)
 
 
 def _train_in(request: RunRequest, spec, folder: Path, world=None) -> None:
+    """Train in a folder this process owns; a `RunError` of the run lifecycle is its one line."""
+    from flowrec.runs.errors import RunError
+
+    try:
+        _train_in_folder(request, spec, folder, world)
+    except RunError as exc:
+        fail(str(exc), exc.code)
+
+
+def _train_in_folder(request: RunRequest, spec, folder: Path, world=None) -> None:
     """Settings, checkpoint, session, then training, in a folder this process owns."""
     from dataclasses import replace
 
-    from flowrec.cli.run_settings import merge_settings, read_run_file
-    from flowrec.runtime.checkpoint import CHECKPOINT_NAME, CheckpointError, load_checkpoint
+    from flowrec.runs.settings import read_run_file
+    from flowrec.runs.start import run_settings
+    from flowrec.runtime.checkpoint.store import CHECKPOINT_NAME, CheckpointError, load_checkpoint
     from flowrec.runtime.rundir import RunFolderError
 
     resuming = request.resume is not None
@@ -324,11 +311,9 @@ def _train_in(request: RunRequest, spec, folder: Path, world=None) -> None:
         state = load_checkpoint(folder / CHECKPOINT_NAME, mmap=ranks, lazy_shards=ranks) if has_checkpoint else None
     except (RunFolderError, CheckpointError) as exc:
         fail(str(exc))
-    defaults = {"epochs": spec.training.epochs, "eval_every": spec.training.eval_every}
-    settings, notes = merge_settings(request.given, recorded, defaults)
     parent = request.init_from or ((recorded or {}).get("init_from") if state is None else None)
-    settings["init_from"] = str(parent) if parent else None
-    settings["fresh_optimizer"] = request.fresh_optimizer or bool((recorded or {}).get("fresh_optimizer"))
+    settings, notes = run_settings(request.given, spec, recorded, parent,
+                                   request.fresh_optimizer or bool((recorded or {}).get("fresh_optimizer")))
     for note in notes:
         _say(note)
     if resuming and state is None:
@@ -341,25 +326,19 @@ def _train_in(request: RunRequest, spec, folder: Path, world=None) -> None:
 def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | None, world=None) -> None:
     import torch
 
-    from flowrec.cli.run_plan import device_for_run, plan_for_run
-    from flowrec.cli.run_settings import write_run_file
+    from flowrec.runs.plan import device_for_run, plan_for_run
+    from flowrec.runs.settings import write_run_file
     from flowrec.data.layout import DataError
     from flowrec.graph.plan_io import plan_json
     from flowrec.runtime.caches.base import CacheCapacityError
-    from flowrec.runtime.checkpoint import CHECKPOINT_NAME, CheckpointError
-    from flowrec.runtime.metrics import MetricsError
+    from flowrec.runtime.checkpoint.store import CHECKPOINT_NAME, CheckpointError
+    from flowrec.runtime.run_log import MetricsError
     from flowrec.runtime.nonfinite import TrainingStopped
     from flowrec.runtime.rundir import RunFolderError, clear_run_files
-    from flowrec.runtime.session import SessionOptions, prepare
-    from flowrec.runtime.trainer import TrainConfig, Trainer
+    from flowrec.runs.start import memory_hint, record_encoder, start_session, train_config
+    from flowrec.runtime.trainer import Trainer
     from flowrec.spec.load import to_dict
 
-    opts = SessionOptions(
-        data=Path(settings["data"]) if settings["data"] else None,
-        eval_data=Path(settings["eval_data"]) if settings["eval_data"] else None,
-        device=settings["device"], device_budget=settings["device_budget"], synthetic_rows=settings["rows"],
-        seed=settings["seed"], workdir=folder, dask=settings["dask"],
-    )
     plan_file = Path(settings["plan"]) if settings.get("plan") and state is None else None
     profile = Path(settings["profile"]) if settings.get("profile") else None
     parent = _parent_or_exit(settings) if state is None else None
@@ -375,30 +354,25 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
                                     profile, settings["target"], settings["data"], ranks)
     if world is not None:
         device = world.device  # cuda:LOCAL_RANK for each rank on CUDA
-    if spec.training.deterministic:
-        torch.use_deterministic_algorithms(True, warn_only=True)
-    try:
-        if world is not None and not world.lead:  # rank 0 encodes bound data into the run folder first
+
+    def before() -> None:  # rank 0 encodes bound data into the run folder first
+        if world is not None and not world.lead:
             _rank_barrier(world, "rank 0 to prepare the data")
-        session = prepare(spec, request.spec_path, opts, plan, device, status=_say, world=world)
+
+    def after() -> None:
         if world is not None and world.lead:
             _rank_barrier(world, "the other ranks to build their model")
-    except (DataError, RuntimeError, ValueError) as exc:
-        fail(str(exc))
-    except torch.OutOfMemoryError as exc:
-        fail(f"out of memory building the model: {first_line(exc)}. {_memory_hint()}", EXIT_OUT_OF_MEMORY)
+
+    session = start_session(spec, request.spec_path, settings, folder, plan, device, _say, world, before, after)
     _say(session.data_note)
     _check_loop_settings(session, settings)
     if world is None or world.lead:
-        _adopt_encoder_or_exit(request, folder, session, settings.get("init_from") if state is None else None)
+        record_encoder(session, folder, request.resume is not None,
+                       settings.get("init_from") if state is None else None)
     if state is not None and state["spec"] != json.dumps(to_dict(session.spec), sort_keys=True):
         fail(f"{request.spec_path} differs from the spec the run in {folder} was trained with "
              f"(see {folder}/spec.json)")
-    config = TrainConfig(epochs=settings["epochs"], out_dir=folder, eval_every=settings["eval_every"],
-                         max_steps=settings["max_steps"], checkpoint_every=settings["checkpoint_every"],
-                         checkpoint_full_every=settings["checkpoint_full_every"],
-                         progress=not request.quiet, interleave=settings["interleave"],
-                         nan_policy=settings["nan_policy"])
+    config = train_config(settings, folder, progress=not request.quiet)
     trainer = Trainer(session.spec, session.plan, session.model, config, plan_json(session.plan))
     hooks = _console_hooks(trainer, request.quiet) if trainer.lead else None
     resume_cmd = _resume_command(request.spec_path, folder)
@@ -432,7 +406,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
              EXIT_INTERRUPTED)
     except torch.OutOfMemoryError as exc:
         fail(f"out of memory at step {trainer.position.step + 1} on {session.device}: {first_line(exc)}; "
-             f"{trainer.checkpoint_note()}. {_memory_hint()}", EXIT_OUT_OF_MEMORY)
+             f"{trainer.checkpoint_note()}. {memory_hint()}", EXIT_OUT_OF_MEMORY)
     except RuntimeError as exc:
         if world is None:
             raise
@@ -487,7 +461,7 @@ def _sharding_line(plan) -> str:
 def _check_loop_settings(session, settings: dict) -> None:
     """Say what the run will not do: evaluate (no test split), log to TensorBoard (not installed);
     refuse early stopping without evaluations during training."""
-    from flowrec.runtime.metrics import tensorboard_available
+    from flowrec.runtime.run_log import tensorboard_available
 
     stopping = session.spec.training.early_stopping
     if session.eval is None:
@@ -533,7 +507,7 @@ def _console_hooks(trainer, quiet: bool):
 
 def _parent_or_exit(settings: dict) -> dict | None:
     """The checkpoint of the --init-from run (None without one)."""
-    from flowrec.runtime.checkpoint import CheckpointError, load_checkpoint
+    from flowrec.runtime.checkpoint.store import CheckpointError, load_checkpoint
 
     if not settings.get("init_from"):
         return None
@@ -545,7 +519,7 @@ def _parent_or_exit(settings: dict) -> dict | None:
 
 def _start_from(trainer, parent: dict, settings: dict) -> None:
     """Load the parent run's parameters (and optimizer state) into the trainer, at step 0."""
-    from flowrec.cli.init_from import starting_state
+    from flowrec.runs.init_from import starting_state
 
     fresh = trainer.optimizer.state_dict() if settings["fresh_optimizer"] else None
     model_state = trainer.model_state_like(initial_states=fresh is not None)
@@ -554,24 +528,11 @@ def _start_from(trainer, parent: dict, settings: dict) -> None:
          f"{'' if settings['fresh_optimizer'] else ' and optimizer state'}), at step 0")
 
 
-def _adopt_encoder_or_exit(request: RunRequest, folder: Path, session, parent: str | None) -> None:
-    """Record the run's encoder (its training data's); refuse data of another encoder."""
-    from flowrec.cli.run_encoder import adopt_encoder
-    from flowrec.data.layout import DataError
-
-    try:
-        adopt_encoder(session.spec, folder, session.train, session.eval, request.resume is not None,
-                      Path(parent) if parent else None)
-    except DataError as exc:
-        session.model.close()
-        fail(str(exc))
-
-
 def _stored_plan_or_exit(state: dict, folder: Path, spec):
     """The plan a run was trained with (its checkpoint's), checked against the spec's model."""
     from flowrec.graph.plan_io import model_fingerprint
-    from flowrec.runtime.checkpoint import CheckpointError
-    from flowrec.runtime.serving import stored_plan
+    from flowrec.runtime.checkpoint.store import CheckpointError
+    from flowrec.serving.trained import stored_plan
 
     try:
         stored = stored_plan(state, str(folder / "checkpoint.pt"))
@@ -580,14 +541,6 @@ def _stored_plan_or_exit(state: dict, folder: Path, spec):
     if stored.spec_fingerprint != model_fingerprint(spec):
         fail(f"the spec's model differs from the one the run in {folder} was trained with")
     return stored
-
-
-def _memory_hint() -> str:
-    import torch
-
-    if torch.cuda.is_available():
-        return "Give a smaller --device-budget (more tables on host or cache placements) or use --device cpu"
-    return "Use a machine with more memory, or a smaller model or batch size"
 
 
 def _finished_line(folder: Path, trainer, settings: dict) -> str:
@@ -645,7 +598,7 @@ def evaluate_run(
     from flowrec.data.layout import DataError
     from flowrec.data.output_guard import check_file_output
     from flowrec.planner.contract import scoring_plan
-    from flowrec.runtime.serving import load_trained
+    from flowrec.serving.trained import load_trained
 
     try:
         if json_out not in (None, "-"):
@@ -662,7 +615,7 @@ def evaluate_run(
 def _write_metrics(metrics: dict, json_out: Optional[str], quiet: bool = False) -> None:
     """The table on stdout, and the JSON (NaN as null) to a file or, for '-', stdout instead."""
     from flowrec.cli.metrics_table import metrics_table
-    from flowrec.runtime.metrics import jsonable
+    from flowrec.runtime.run_log import jsonable
 
     text = json.dumps(jsonable(metrics), indent=2, sort_keys=True) + "\n"
     if json_out == "-":

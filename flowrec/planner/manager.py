@@ -22,6 +22,7 @@ from flowrec.planner.passes.meta import plan_meta
 from flowrec.planner.passes.interleave import interleave
 from flowrec.planner.passes.pack import pack
 from flowrec.planner.passes.shard import shard
+from flowrec.planner.targets import resolve_target
 from flowrec.spec.json_doc import read_json_document
 from flowrec.spec.model import ModelSpec
 from flowrec.spec.units import parse_bytes
@@ -84,13 +85,6 @@ class PassManager:
             records.append(PassRecord(name, result.modified, result.notes))
             graph = result.graph
         return graph, tuple(records)
-
-
-def resolve_target(spec: ModelSpec, target: str | None) -> str:
-    """The cost-model target: argument, spec hint, a100 for `device: cuda`, else cpu."""
-    name = target or spec.plan.target or ("a100" if spec.plan.device == "cuda" else "cpu")
-    device_profile(name)
-    return name
 
 
 def load_profile(path: str | Path | None) -> dict[str, Any] | None:

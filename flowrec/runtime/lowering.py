@@ -89,7 +89,7 @@ class LoweredModel(nn.Module):
         device: compute device.
         seed: model seed (packed tables and dense init).
         tables: build the packed tables (False: the dense part only, for models that bring
-            their own lookups, e.g. `flowrec.runtime.reference`; the dense init is the same).
+            their own lookups, e.g. `flowrec.measure.reference`; the dense init is the same).
         world: the ranks of a distributed run (`distributed.World`; None: one process). Each
             group is then built as the plan shards it (this rank's rows of a row-wise group) and
             `embed` takes this rank's slice of the global batch.

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flowrec.runtime.atomic import TEMP_PREFIX, TEMP_SUFFIX, atomic_write, remove_stale_temps
-from flowrec.runtime.checkpoint import CHECKPOINT_NAME
-from flowrec.runtime.checkpoint_delta import is_delta_name, remove_deltas
+from flowrec.runtime.checkpoint.store import CHECKPOINT_NAME
+from flowrec.runtime.checkpoint.delta import is_delta_name, remove_deltas
 
 LOCK_NAME = ".flowrec.lock"
 RUN_FILE = "run.json"  # the settings a run was started with; --resume restores them

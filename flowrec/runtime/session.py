@@ -83,14 +83,6 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def cost_target(device: torch.device) -> str:
-    """The cost-model profile of a device (cpu, a100, h100)."""
-    if device.type != "cuda":
-        return "cpu"
-    name = torch.cuda.get_device_name(device).lower()
-    return "a100" if "a100" in name else "h100"
-
-
 def prepare(spec: ModelSpec, spec_path: Path, opts: SessionOptions, plan: Plan, device: torch.device,
             status: Callable[[str], None] = lambda _: None, world: Any = None) -> Session:
     """Resolve data and build the model of `plan` on `device` (the plan runs exactly as given;

@@ -19,6 +19,8 @@ import torch
 from flowrec.data.batches import Batch
 from flowrec.runtime.lowering import LoweredModel
 
+DEFAULT_LOOKAHEAD = 1  # staging lookahead window of a run (>= 1: the casting index is built in the data stage)
+
 
 def autocast_context(device: torch.device, precision: str):
     """bf16 autocast for the dense stage when the plan asks for it, else a no-op."""

@@ -28,7 +28,7 @@ from flowrec.data.batches import StagingOptions, batches_per_epoch, iterate_batc
 from flowrec.runtime.caches.counters import collect_counters
 from flowrec.runtime.caches.fae_batches import COLD_RUN, HOT_RUN, HotColdBatcher
 from flowrec.runtime.caches.static_hot import assign_hot_rows
-from flowrec.runtime.checkpoint import (
+from flowrec.runtime.checkpoint.store import (
     CHECKPOINT_FORMAT,
     CHECKPOINT_NAME,
     CHECKPOINT_VERSION,
@@ -37,20 +37,20 @@ from flowrec.runtime.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from flowrec.runtime.checkpointer import Checkpointer
-from flowrec.runtime.early_stop import EarlyStopper
-from flowrec.runtime.evaluate import Metrics, evaluate
+from flowrec.runtime.checkpoint.checkpointer import Checkpointer
+from flowrec.runtime.evaluation.early_stop import EarlyStopper
+from flowrec.runtime.evaluation.evaluate import Metrics, evaluate
 from flowrec.runtime.hostmem import tune_host_allocator
 from flowrec.runtime.lowering import LoweredModel
 from flowrec.runtime.messages import first_line
-from flowrec.runtime.metrics import MetricsLog
+from flowrec.runtime.run_log import MetricsLog
 from flowrec.runtime.nonfinite import LossGuard, NonFiniteLoss, TrainingStopped, first_non_finite
 from flowrec.runtime.pipeline import TransferStage
 from flowrec.runtime.placement import HOST_SIDE
 from flowrec.runtime.progress import TrainProgress
 from flowrec.runtime.rundir import BEST_DIR, METRICS_FILE, write_text
-from flowrec.runtime.schedule import LRController, LRSchedule, sparse_optimizers
-from flowrec.runtime.step import make_dense_optimizer, train_step
+from flowrec.runtime.lr_schedule import LRController, LRSchedule, sparse_optimizers
+from flowrec.runtime.step import DEFAULT_LOOKAHEAD, make_dense_optimizer, train_step
 from flowrec.spec.load import to_dict
 from flowrec.spec.model import ModelSpec
 
@@ -94,7 +94,7 @@ class TrainConfig:
     checkpoint_full_every: int = 1
     progress: bool = True
     workers: int = 2
-    lookahead: int = 1
+    lookahead: int = DEFAULT_LOOKAHEAD
     shuffle: bool = True
     tensorboard: bool = True
     drop_last: bool = False
@@ -228,7 +228,7 @@ class Trainer:
         rows = {g.name: g.rows for g in self.model.groups}
         if self.world is None:
             return Checkpointer(path, self.config.checkpoint_full_every, rows)
-        from flowrec.runtime.checkpoint_ranks import RankCheckpointer
+        from flowrec.runtime.checkpoint.ranks import RankCheckpointer
 
         return RankCheckpointer(path, self.config.checkpoint_full_every, rows, self.model, self.world)
 
@@ -545,7 +545,7 @@ class Trainer:
         rows (each rank writes its own shard of those: `checkpoint_ranks`)."""
         if self.world is None:
             return self.model.state_dict()
-        from flowrec.runtime.distributed.model import common_state
+        from flowrec.runtime.checkpoint.layout import common_state
 
         return common_state(self.model)
 
@@ -555,7 +555,7 @@ class Trainer:
         optimizer states as values (one process: the model's own state as it is)."""
         if self.world is None:
             return self.model.state_dict()
-        from flowrec.runtime.distributed.model import initial_whole_states, whole_state_like
+        from flowrec.runtime.checkpoint.layout import initial_whole_states, whole_state_like
 
         like = whole_state_like(self.model)
         return {**like, **initial_whole_states(self.model)} if initial_states else like
@@ -587,7 +587,7 @@ class Trainer:
         if self.world is None:
             self.model.load_state_dict(model_state)
             return
-        from flowrec.runtime.distributed.model import load_whole_state
+        from flowrec.runtime.checkpoint.layout import load_whole_state
 
         load_whole_state(self.model, model_state)
 

@@ -33,7 +33,7 @@ def run_flowrec(*args: str, cwd: Path, root: Path, timeout_s: float) -> subproce
 
 def assert_same_model(a: Path, b: Path, tol: float = 1e-5) -> None:
     """Two runs' checkpoints hold the same position and parameters (`tol` 0: bitwise)."""
-    from flowrec.runtime.checkpoint import load_checkpoint
+    from flowrec.runtime.checkpoint.store import load_checkpoint
 
     sa, sb = load_checkpoint(a), load_checkpoint(b)
     assert sa["position"] == sb["position"]
@@ -48,7 +48,7 @@ def assert_same_model(a: Path, b: Path, tol: float = 1e-5) -> None:
 def load_on_ranks(model_state: dict[str, Any], group: Any, world: int, seed: int = 9) -> list[torch.nn.Module]:
     """One model per rank of `world` (a `ShardedPackedEmbedding` `embeddings.g` of `group` and a
     zero buffer `ops.w`), each loaded from `model_state` by `load_whole_state`."""
-    from flowrec.runtime.distributed.model import load_whole_state
+    from flowrec.runtime.checkpoint.layout import load_whole_state
     from flowrec.runtime.distributed.sharded import ShardedPackedEmbedding
 
     models = []

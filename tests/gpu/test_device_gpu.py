@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from test_kernels_nvrtc import _case, _twin  # noqa: E402
 
 from flowrec.planner.manager import make_plan  # noqa: E402
-from flowrec.runtime.doctor import check_training  # noqa: E402
+from flowrec.measure.doctor import check_training  # noqa: E402
 from operators.cupy_kernels import fused_rowwise_update, rowwise_launch  # noqa: E402
 from operators.device import CudaRuntime, cupy_usable, runtime_for  # noqa: E402
 from operators.sparse_optim import make_optimizer  # noqa: E402

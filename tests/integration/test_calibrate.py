@@ -18,7 +18,7 @@ from flowrec.planner.cost import DEVICES, device_profile
 from flowrec.planner.contract import read_plan_document
 from flowrec.planner.manager import make_plan
 from flowrec.planner.op_work import op_signature
-from flowrec.runtime import calibrate_ops
+from flowrec.measure import ops as calibrate_ops
 from flowrec.spec import load_spec
 
 REPO = Path(__file__).resolve().parents[2]

@@ -9,8 +9,8 @@ from typer.testing import CliRunner
 
 from flowrec.cli import app
 from flowrec.cli.doctor_cmd import text_lines
-from flowrec.runtime import doctor
-from flowrec.runtime.doctor import Check, DoctorReport
+from flowrec.measure import doctor
+from flowrec.measure.doctor import Check, DoctorReport
 
 runner = CliRunner()
 

@@ -88,7 +88,7 @@ def test_early_stopping_without_evaluations_is_refused(spec: Path, tmp_path: Pat
 
 
 def test_missing_tensorboard_is_one_line(spec: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from flowrec.runtime import metrics
+    from flowrec.runtime import run_log as metrics
 
     monkeypatch.setattr(metrics, "tensorboard_available", lambda: False)
     result = runner.invoke(app, ["train", str(spec), "--rows", "300", "--out", str(tmp_path / "r"), "-q"])
@@ -99,7 +99,7 @@ def test_missing_tensorboard_is_one_line(spec: Path, tmp_path: Path, monkeypatch
 
 
 def test_tensorboard_tags_of_log_records() -> None:
-    from flowrec.runtime.metrics import tensorboard_scalars
+    from flowrec.runtime.run_log import tensorboard_scalars
 
     train = {"event": "train", "step": 3, "epoch": 0, "loss": 0.5, "lr_dense": 0.1, "lr_sparse": 0.2,
              "skipped": True}

@@ -47,7 +47,7 @@ training: {{batch_size: 128, seed: 0}}
 PREDICT = """
 import sys
 import pandas as pd
-from flowrec.runtime.predict import load_model
+from flowrec.serving.predict import load_model
 scores = load_model(sys.argv[1]).predict(pd.DataFrame({"price": [1.0, 2.5], "user_id": ["a", "b"],
                                                        "item_id": ["c", "d"]}))
 assert list(scores.columns) == ["click"] and scores["click"].between(0, 1).all()

@@ -20,8 +20,8 @@ import pytest
 import torch
 import yaml
 
-from flowrec.runtime.checkpoint import load_checkpoint
-from flowrec.runtime.checkpoint_format import read_torch_file
+from flowrec.runtime.checkpoint.store import load_checkpoint
+from flowrec.runtime.checkpoint.format import read_torch_file
 from flowrec.testing.ranks import assert_same_model, run_flowrec
 from flowrec.testing.specs import TINY
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-from flowrec.runtime.checkpoint import load_checkpoint
+from flowrec.runtime.checkpoint.store import load_checkpoint
 from flowrec.testing.ranks import assert_same_model, run_flowrec
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -78,7 +78,7 @@ def test_data_with_its_own_vocabulary_is_refused_by_eval(movielens_run):
 
 def test_encoder_from_gives_the_scores_of_the_run_s_own_test_split(movielens_run):
     from flowrec.planner.contract import scoring_plan
-    from flowrec.runtime.serving import load_trained
+    from flowrec.serving.trained import load_trained
 
     same = movielens_run["root"] / "same_encoder"
     made = _convert_csv(movielens_run, same, "--encoder-from", str(movielens_run["run"]))

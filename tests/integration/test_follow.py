@@ -11,7 +11,7 @@ import torch
 from typer.testing import CliRunner
 
 from flowrec.cli import app
-from flowrec.runtime.checkpoint import load_checkpoint
+from flowrec.runtime.checkpoint.store import load_checkpoint
 
 SPEC = Path(__file__).with_name("test_managed_runs.py").read_text().split('SPEC = """')[1].split('"""')[0]
 runner = CliRunner()
@@ -42,7 +42,7 @@ def test_follow_trains_each_day_once_with_progressive_validation(days, tmp_path:
     out = tmp_path / "stream"
     _follow(spec, folder, out, "--follow-once", "--follow-export")
     assert json.loads((out / "follow.json").read_text())["days"] == ["2026-11-01"]
-    from flowrec.runtime.predict import load_model
+    from flowrec.serving.predict import load_model
 
     package = load_model(out / "export" / "2026-11-01")  # the day's package, with its managed map
     assert package.maps["users"][0].size > 0

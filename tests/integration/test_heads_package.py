@@ -69,7 +69,7 @@ def test_eval_json_reports_each_head(run):
 
 
 def test_predict_gives_per_head_outputs(run):
-    from flowrec.runtime.predict import load_model
+    from flowrec.serving.predict import load_model
 
     model = load_model(run / "pkg")
     scores = model.predict(raw_rows(300, 1).drop(columns=["click", "conv", "segment", "w"]))

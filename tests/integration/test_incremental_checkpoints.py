@@ -16,10 +16,10 @@ import torch
 from typer.testing import CliRunner
 
 from flowrec.cli import app
-from flowrec.runtime.checkpoint import CheckpointError, content_digest, load_checkpoint
-from flowrec.runtime import incremental
-from flowrec.runtime.checkpoint_delta import delta_files, delta_path
-from flowrec.runtime.serving import ServingModel, load_trained
+from flowrec.runtime.checkpoint.store import CheckpointError, content_digest, load_checkpoint
+from flowrec.runtime.checkpoint import incremental
+from flowrec.runtime.checkpoint.delta import delta_files, delta_path
+from flowrec.serving.trained import ServingModel, load_trained
 from flowrec.planner.contract import scoring_plan
 
 SPEC = """
@@ -120,7 +120,7 @@ def test_a_full_checkpoint_copied_while_training_runs_holds_the_state_of_its_ste
 
 KILLER = """
 import os, signal, sys
-import flowrec.runtime.checkpoint as ckpt
+import flowrec.runtime.checkpoint.store as ckpt
 real = ckpt.write_state
 seen = {"deltas": 0}
 def dying(state, file):

@@ -9,7 +9,7 @@ import torch
 from typer.testing import CliRunner
 
 from flowrec.cli import app
-from flowrec.runtime.checkpoint import load_checkpoint
+from flowrec.runtime.checkpoint.store import load_checkpoint
 
 SPEC = """
 name: tiny_managed
@@ -107,8 +107,8 @@ def test_export_then_predict_equals_eval_on_unseen_evicted_and_admitted_ids(spec
     from flowrec.data.managed import NO_ROW
     from flowrec.planner.contract import scoring_plan
     from flowrec.runtime.managed_state import eval_remapper
-    from flowrec.runtime.predict import load_model
-    from flowrec.runtime.serving import load_trained
+    from flowrec.serving.predict import load_model
+    from flowrec.serving.trained import load_trained
     from flowrec.runtime.session import open_dataset
 
     run, data, pkg = tmp_path / "run", tmp_path / "synth", tmp_path / "pkg"

@@ -84,7 +84,7 @@ def test_the_package_holds_everything_to_score_raw_rows(package):
 
 
 def test_predict_equals_eval_on_rows_converted_with_the_run_s_encoder(package):
-    from flowrec.runtime.metrics import auc
+    from flowrec.runtime.run_log import auc
 
     root = package["root"]
     predicted = _predict(package["pkg"], root / "new.csv", root / "scores.parquet", "--keep", "label",
@@ -101,7 +101,7 @@ def test_predict_equals_eval_on_rows_converted_with_the_run_s_encoder(package):
     assert auc(scores["label"].astype(float).to_numpy(), scores["ctr"].to_numpy()) == pytest.approx(expected, abs=1e-6)
 
     from flowrec.planner.contract import scoring_plan
-    from flowrec.runtime.serving import load_trained
+    from flowrec.serving.trained import load_trained
 
     trained = load_trained(package["run"], "cpu", scoring_plan)
     reference = _plain_scores(trained, ds.dataset(root / "new", format="parquet").to_table())
@@ -140,8 +140,8 @@ torch.save({"scores": scores, "one": one}, sys.argv[3])
 
 
 def test_model_pt2_runs_with_torch_alone_and_matches_predict(package, tmp_path):
-    from flowrec.runtime.package import encoded_inputs
-    from flowrec.runtime.predict import load_model
+    from flowrec.serving.package import encoded_inputs
+    from flowrec.serving.predict import load_model
 
     model = load_model(package["pkg"])
     raw = pd.read_csv(package["root"] / "new.csv")
@@ -170,7 +170,7 @@ def test_half_tables_store_half_the_bytes_and_report_the_score_difference(packag
     half = json.loads((root / "pkg16" / "manifest.json").read_text())
     assert half["table_bytes"] * 2 == full["table_bytes"]
     assert half["half_max_score_diff"]["rows"] == 3000 and 0 < half["half_max_score_diff"]["value"] < 1e-2
-    from flowrec.runtime.predict import load_model
+    from flowrec.serving.predict import load_model
 
     raw = pd.read_csv(root / "new.csv")
     a, b = load_model(package["pkg"]).predict(raw), load_model(root / "pkg16").predict(raw)

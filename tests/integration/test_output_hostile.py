@@ -318,7 +318,7 @@ def test_a_hostile_name_or_value_is_one_line_and_changes_nothing(case: Path, nam
 
 def test_a_dataframe_with_inf_in_a_dense_column_is_refused_by_the_api(case: Path):
     from flowrec.data.layout import DataError
-    from flowrec.runtime.predict import load_model
+    from flowrec.serving.predict import load_model
 
     model = load_model(case / "pkg")
     rows = pd.read_csv(case / "new.csv")

@@ -23,7 +23,7 @@ import torch
 from typer.testing import CliRunner
 
 from flowrec.cli import app
-from flowrec.runtime.predict import load_model
+from flowrec.serving.predict import load_model
 
 SPEC = """
 name: pkg_hostile

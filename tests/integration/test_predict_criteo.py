@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flowrec.cli import app
-from flowrec.runtime.metrics import auc
+from flowrec.runtime.run_log import auc
 
 SPEC = """
 name: criteo_predict

@@ -16,8 +16,9 @@ import torch
 from typer.testing import CliRunner
 
 from flowrec.cli import app
-from flowrec.runtime import checkpoint as ckpt
-from flowrec.runtime import metrics, trainer
+from flowrec.runtime.checkpoint import store as ckpt
+from flowrec.runtime import trainer
+from flowrec.runtime import run_log as metrics
 from flowrec.runtime.rundir import claim_new_folder
 from flowrec.testing.specs import run_spec
 

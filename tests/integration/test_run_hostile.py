@@ -16,7 +16,7 @@ import torch
 from typer.testing import CliRunner
 
 from flowrec.cli import app
-from flowrec.runtime import checkpoint as ckpt
+from flowrec.runtime.checkpoint import store as ckpt
 from flowrec.runtime.rundir import RunLock
 from flowrec.testing.specs import run_spec
 

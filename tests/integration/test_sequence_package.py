@@ -56,9 +56,9 @@ def run(request, tmp_path_factory):
 
 def test_package_scores_as_the_eval_mode_model(run):
     from flowrec.planner.contract import scoring_plan
-    from flowrec.runtime.package import encoded_inputs
-    from flowrec.runtime.predict import load_model
-    from flowrec.runtime.serving import load_trained
+    from flowrec.serving.package import encoded_inputs
+    from flowrec.serving.predict import load_model
+    from flowrec.serving.trained import load_trained
 
     model = load_model(run / "pkg")
     raw = raw_rows(300, 1)

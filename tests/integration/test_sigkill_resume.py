@@ -17,7 +17,7 @@ import torch
 from typer.testing import CliRunner
 
 from flowrec.cli import app
-from flowrec.runtime.checkpoint import load_checkpoint
+from flowrec.runtime.checkpoint.store import load_checkpoint
 from flowrec.testing.specs import run_spec
 
 SPEC = run_spec("tiny_kill", batch_size=16)

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from flowrec.cli import app
 from flowrec.graph.plan_io import plan_json
 from flowrec.planner.manager import make_plan
-from flowrec.runtime.checkpoint import load_checkpoint
+from flowrec.runtime.checkpoint.store import load_checkpoint
 from flowrec.runtime.session import SessionOptions, prepare
 from flowrec.runtime.trainer import TrainConfig, Trainer
 from flowrec.spec import load_spec
@@ -155,7 +155,7 @@ def test_eval_and_export_score_like_the_trained_model(spec_file: Path, tmp_path:
     from flowrec.data.batches import StagingOptions, iterate_batches
     from flowrec.data.dataset import ParquetSource
     from flowrec.planner.contract import scoring_plan
-    from flowrec.runtime.serving import load_trained
+    from flowrec.serving.trained import load_trained
 
     trained = load_trained(tmp_path / "run", "cpu", scoring_plan)
     serving = torch.export.load(tmp_path / "pkg" / "model.pt2").module()
@@ -169,7 +169,7 @@ def test_eval_and_export_score_like_the_trained_model(spec_file: Path, tmp_path:
 
 def _per_feature(model, batch) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """Unpack a packed batch into per-feature table-local (ids, offsets), one bag per sample."""
-    from flowrec.runtime.reference import unpack_field
+    from flowrec.measure.reference import unpack_field
 
     out = {}
     for group in model.groups:

@@ -16,8 +16,8 @@ import yaml
 from typer.testing import CliRunner
 
 from flowrec.cli import app
-from flowrec.runtime.checkpoint import load_checkpoint
-from flowrec.runtime.metrics import read_records
+from flowrec.runtime.checkpoint.store import load_checkpoint
+from flowrec.runtime.run_log import read_records
 
 runner = CliRunner()
 HEAD = "rating_ge_4"
@@ -103,8 +103,8 @@ def test_eval_group_by_matches_pandas_and_sklearn(full_run, tmp_path: Path):
 
     from flowrec.data.batches import StagingOptions, iterate_batches
     from flowrec.planner.contract import scoring_plan
-    from flowrec.runtime.evaluate import predict
-    from flowrec.runtime.serving import load_trained
+    from flowrec.runtime.evaluation.evaluate import predict
+    from flowrec.serving.trained import load_trained
     from flowrec.runtime.session import open_dataset
 
     _, run, _ = full_run

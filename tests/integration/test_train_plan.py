@@ -8,7 +8,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from flowrec.cli import app
-from flowrec.runtime.checkpoint import load_checkpoint
+from flowrec.runtime.checkpoint.store import load_checkpoint
 
 SPEC = """
 name: plan_edit

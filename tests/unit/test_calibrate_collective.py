@@ -14,7 +14,7 @@ from flowrec.planner import exchange
 from flowrec.planner.calibration import ProfileError, profile_document, profile_fields
 from flowrec.planner.cost import DEVICES, device_link, device_profile
 from flowrec.planner.manager import make_plan
-from flowrec.runtime.calibrate_collective import (OPS, SIZES, CollectiveError, fit_collectives,
+from flowrec.measure.collective import (OPS, SIZES, CollectiveError, fit_collectives,
                                                   measure_collectives, sent_bytes)
 from flowrec.spec import load_spec
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from flowrec.runtime.checkpoint import save_checkpoint
-from flowrec.runtime.checkpoint_format import CheckpointError
-from flowrec.runtime.checkpoint_shards import (DELTA_SHARDS_KEY, SHARDS_DIR, ShardRows, assemble_shards,
+from flowrec.runtime.checkpoint.store import save_checkpoint
+from flowrec.runtime.checkpoint.format import CheckpointError
+from flowrec.runtime.checkpoint.shards import (DELTA_SHARDS_KEY, SHARDS_DIR, ShardRows, assemble_shards,
                                                manifest, remove_stale_shards, write_shard)
 from flowrec.runtime.distributed.groups import owned_rows, owner_of
 

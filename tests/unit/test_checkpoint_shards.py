@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from flowrec.runtime.checkpoint import save_checkpoint
-from flowrec.runtime.checkpoint_format import CheckpointError
-from flowrec.runtime.checkpoint_shards import (SHARDS_DIR, assemble_shards, manifest, remove_stale_shards,
+from flowrec.runtime.checkpoint.store import save_checkpoint
+from flowrec.runtime.checkpoint.format import CheckpointError
+from flowrec.runtime.checkpoint.shards import (SHARDS_DIR, assemble_shards, manifest, remove_stale_shards,
                                                write_shard)
 from flowrec.runtime.distributed.groups import owned_rows
 
@@ -91,7 +91,7 @@ def test_ranks_load_their_rows_from_the_shards_without_assembling(tmp_path, monk
     table's shape); each rank of any W' copies exactly its rows by the modulo rule, and a row-wise
     group never assembles the whole table."""
     from flowrec.graph.types import GroupField, PackedGroup, TableSlot
-    from flowrec.runtime.checkpoint_shards import ShardRows
+    from flowrec.runtime.checkpoint.shards import ShardRows
     from flowrec.testing.ranks import load_on_ranks
 
     state = write_run(tmp_path, saved)

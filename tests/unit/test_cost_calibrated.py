@@ -17,7 +17,7 @@ from flowrec.planner.cost import (DEVICES, dense_seconds, dense_update_seconds, 
                                   predict)
 from flowrec.planner.manager import make_plan
 from flowrec.planner.op_work import RULES, op_signature, op_work, outside_kernels
-from flowrec.runtime.calibrate_ops import fit_linear
+from flowrec.measure.ops import fit_linear
 from flowrec.spec import load_spec
 
 
@@ -295,7 +295,7 @@ def test_a_version_2_profile_loads_and_the_plan_names_what_it_lacks(tmp_path: Pa
 
 
 def test_measured_op_points_never_fall_as_the_batch_grows():
-    from flowrec.cli.calibrate_spec import monotone
+    from flowrec.measure.spec import monotone
 
     loaded = [(1024, 9.0, 3.0), (16, 12.0, 0.5), (256, 1.0, 6.0)]  # batch 16's forward and 256's backward slowed
     assert monotone(loaded) == [(16, 1.0, 0.5), (256, 1.0, 3.0), (1024, 9.0, 3.0)]

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from flowrec.runtime import evalmetrics as em
+from flowrec.runtime.evaluation import metrics as em
 
 sk = pytest.importorskip("sklearn.metrics")
 pd = pytest.importorskip("pandas")

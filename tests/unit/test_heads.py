@@ -17,9 +17,9 @@ from flowrec.data.batches import StagingOptions, iterate_batches
 from flowrec.data.dataset import MemorySource, split_table
 from flowrec.data.synth import SynthConfig, synth_table
 from flowrec.planner.manager import make_plan
-from flowrec.runtime.evaluate import evaluate
+from flowrec.runtime.evaluation.evaluate import evaluate
 from flowrec.runtime.lowering import lower
-from flowrec.runtime.reference import ReferenceModel, reference_optimizers
+from flowrec.measure.reference import ReferenceModel, reference_optimizers
 from flowrec.runtime.step import make_dense_optimizer, train_step
 from flowrec.spec import spec_from_dict
 from flowrec.spec.validate import validate_document
@@ -148,8 +148,8 @@ def test_evaluation_reports_each_task_on_its_task_space():
 
 
 def test_macro_auc_is_the_mean_one_vs_rest_auc():
-    from flowrec.runtime.evalclasses import MulticlassAccumulator
-    from flowrec.runtime.metrics import auc
+    from flowrec.runtime.evaluation.classes import MulticlassAccumulator
+    from flowrec.runtime.run_log import auc
 
     gen = torch.Generator().manual_seed(random.randrange(1 << 30))
     labels = torch.randint(0, 3, (200,), generator=gen).numpy()

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from flowrec.runtime.checkpoint_delta import delta_files, delta_path, is_delta_name
-from flowrec.runtime.incremental import BackgroundWriter, DirtyRows
+from flowrec.runtime.checkpoint.delta import delta_files, delta_path, is_delta_name
+from flowrec.runtime.checkpoint.incremental import BackgroundWriter, DirtyRows
 
 
 def _batch(**ids: torch.Tensor) -> SimpleNamespace:

@@ -19,7 +19,7 @@ from flowrec.runtime.caches.lookahead_cache import LookaheadEmbedding
 from flowrec.runtime.caches.static_hot import StaticHotEmbedding
 from flowrec.runtime.lowering import lower
 from flowrec.runtime.managed_state import ManagedState, fresh_rows
-from flowrec.runtime.reference import ReferenceModel, reference_optimizers, reference_step
+from flowrec.measure.reference import ReferenceModel, reference_optimizers, reference_step
 from flowrec.runtime.step import make_dense_optimizer, train_step
 from flowrec.spec import spec_from_dict
 from flowrec.testing.managed_ref import DictMap

@@ -24,8 +24,8 @@ from flowrec.spec.json_doc import parse_json_text
 
 def test_the_marker_files_are_the_owners_own_names():
     from flowrec.data.encoder_record import ENCODER_FILE, ENCODER_FORMAT
-    from flowrec.runtime.checkpoint import CHECKPOINT_NAME
-    from flowrec.runtime.package import MANIFEST_FILE, PACKAGE_FORMAT
+    from flowrec.runtime.checkpoint.store import CHECKPOINT_NAME
+    from flowrec.serving.package import MANIFEST_FILE, PACKAGE_FORMAT
     from flowrec.runtime.rundir import LOCK_NAME, RUN_FILE
 
     markers = dict(OWNERS)

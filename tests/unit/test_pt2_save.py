@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from flowrec.runtime.pt2_save import save_program, zero_copy_supported
+from flowrec.serving.pt2_save import save_program, zero_copy_supported
 
 
 class _Tables(torch.nn.Module):

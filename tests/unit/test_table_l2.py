@@ -19,7 +19,7 @@ from flowrec.graph.packing import group_layout
 from flowrec.planner.manager import make_plan
 from flowrec.runtime.caches import HostEmbedding, LookaheadEmbedding, StaticHotEmbedding, hottest_rows
 from flowrec.runtime.lowering import lower
-from flowrec.runtime.reference import ReferenceModel
+from flowrec.measure.reference import ReferenceModel
 from flowrec.runtime.step import make_dense_optimizer, train_step
 from flowrec.spec import spec_from_dict
 from flowrec.testing.caches import (CPU, assert_same, head_weights, loss_of, train_cached, train_reference,

@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from flowrec.runtime.incremental import TableSnapshot
+from flowrec.runtime.checkpoint.incremental import TableSnapshot
 from flowrec.runtime.nonfinite import all_finite, first_non_finite
 
 

@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from flowrec.runtime.early_stop import EarlyStopper
-from flowrec.runtime.schedule import LRController, LRSchedule
+from flowrec.runtime.evaluation.early_stop import EarlyStopper
+from flowrec.runtime.lr_schedule import LRController, LRSchedule
 from flowrec.runtime.step import _dense_update
 from flowrec.spec.model import EarlyStoppingSpec, ScheduleSpec
 from operators.sparse_optim import make_optimizer

@@ -16,7 +16,7 @@ from flowrec.data.batches import StagingOptions, iterate_batches
 from flowrec.data.dataset import MemorySource, split_table
 from flowrec.data.synth import SynthConfig, synth_table
 from flowrec.runtime.lowering import lower
-from flowrec.runtime.reference import ReferenceModel, TorchRowwiseAdagrad, reference_optimizers, reference_step
+from flowrec.measure.reference import ReferenceModel, TorchRowwiseAdagrad, reference_optimizers, reference_step
 from flowrec.planner.manager import make_plan
 from flowrec.runtime.step import make_dense_optimizer, train_step
 from flowrec.spec import spec_from_dict

@@ -172,7 +172,7 @@ class StaticHotEmbedding(CachedEmbedding):
 
 FAE_SAMPLE_RATE = 0.05  # FAE's profiling sample: 5 % of the training rows ...
 HOT_SAMPLE_ROWS = 20_000  # ... and at least this many (all of a small dataset), as the planner's
-# start-of-run sample (`flowrec.cli.run_plan.SAMPLE_ROWS`): with the same rate and seed both draw
+# start-of-run sample (`flowrec.runs.plan.SAMPLE_ROWS`): with the same rate and seed both draw
 # the same rows, so the hot rows are those the plan predicted its hit rate and traffic for
 
 

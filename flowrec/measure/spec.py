@@ -1,0 +1,142 @@
+"""The spec's own part of `flowrec calibrate`: its dense ops, its per-step framework cost and its
+staging rate, measured on its plan once the machine's constants are known.
+
+Each measurement needs the ones before it in the profile: the dense ops are timed as whole
+operator modules (`flowrec.measure.step.op_seconds`) at a few batch sizes (the cost
+model interpolates between them); the framework cost is what real training steps at tiny batch sizes
+(where the work terms nearly vanish; the fastest step, as the ops keep their fastest round) take
+beyond the prediction of the profile so far; the staging rate is the values the trainer's batch
+pipeline stages per CPU second (CPU only: there the data threads share the trainer's cores, so
+their CPU time is taken from its steps; a GPU's host stages beside the device).
+
+Example:
+    >>> measured, details = spec_constants(spec, torch.device("cpu"), measured, 0.5)  # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from flowrec.graph.kinds import OP_KINDS
+from flowrec.planner.calibration import profile_document
+from flowrec.planner.manager import make_plan
+from flowrec.planner.op_work import op_signature
+from flowrec.planner.targets import target_for_device
+from flowrec.measure.calibrate import interleaved_seconds
+from flowrec.measure.step import op_seconds, staging_cpu_seconds, step_seconds, with_batch
+from flowrec.spec.model import ModelSpec
+from operators.device import device_name
+
+TINY_BATCHES = (16, 64)  # batch sizes of the framework-cost steps
+TINY_STEPS = 12  # timed steps at each
+OP_BATCH_SHARES = (0, 4, 1)  # the dense ops' batch sizes: the smallest tiny batch, batch / 4, batch
+
+
+def spec_constants(spec: ModelSpec, device: torch.device, measured: dict[str, tuple[Any, str]],
+                   seconds: float) -> tuple[dict[str, tuple[Any, str]], dict[str, Any]]:
+    """({field: (value, how)}, details) of the spec's dense ops (`dense_ops`), framework cost
+    (`step_us`) and, on the CPU, staging rate (`staging_values_per_s`), on top of `measured` (the
+    machine's constants), `seconds` per timed op point."""
+    out: dict[str, tuple[Any, str]] = {}
+    with tempfile.TemporaryDirectory(prefix="flowrec-profile-") as tmp:
+        profile = Path(tmp) / "profile.json"
+
+        def plan_for(batch: int) -> Any:
+            _write(profile, device, {**measured, **out})
+            return make_plan(with_batch(spec, batch), target=str(profile))
+
+        ops, op_details = _dense_ops(spec, device, plan_for(spec.training.batch_size), seconds)
+        if ops:
+            out["dense_ops"] = (ops, f"each dense op's operator module on the inputs the runtime gives it, "
+                                     f"forward and forward + backward (minus forward) at batch sizes "
+                                     f"{_op_batches(spec)}, fastest of interleaved rounds, none above a larger "
+                                     f"batch's; linear between them")
+        step_us, step_details = _framework_us(spec, device, plan_for)
+        out["step_us"] = (step_us, f"fastest of {TINY_STEPS} real training steps at batch sizes {TINY_BATCHES} "
+                                   f"(staged beforehand) minus the profile's prediction of their compute, mean")
+        details: dict[str, Any] = {"dense_op_signatures": op_details, "framework_us_by_batch": step_details}
+        if device.type == "cpu":
+            rate, staging_details = _staging_rate(spec, plan_for(spec.training.batch_size))
+            out["staging_values_per_s"] = (rate, "ids and dense values per process CPU second of the "
+                                                 "trainer's batch pipeline (Parquet read, checks, packing, "
+                                                 "casting index) run alone at the spec's batch size: the "
+                                                 "data threads take that from the trainer's cores")
+            details["staging"] = staging_details
+    return out, details
+
+
+def _write(path: Path, device: torch.device, measured: dict[str, tuple[Any, str]]) -> None:
+    doc = profile_document(target_for_device(device.type, device_name(device)), measured, "calibrating", "now")
+    path.write_text(json.dumps(doc), encoding="utf-8")
+
+
+def _op_batches(spec: ModelSpec) -> list[int]:
+    batch = spec.training.batch_size
+    sizes = [TINY_BATCHES[0] if share == 0 else max(1, batch // share) for share in OP_BATCH_SHARES]
+    return sorted(set(sizes))
+
+
+def _dense_ops(spec: ModelSpec, device: torch.device, plan: Any, seconds: float
+               ) -> tuple[dict[str, list[float]], dict[str, Any]]:
+    """{op signature: [batch, forward us, backward us] at each of `_op_batches`}, {node: signature}."""
+    graph = plan.graph
+    nodes, signatures = [], {}
+    for node in graph:
+        op = graph.nodes[node]["op"]
+        if OP_KINDS[op.kind].role != "dense":
+            continue
+        signature = op_signature(op, graph.in_degree(node), spec.training.precision)
+        if signature not in signatures.values():
+            nodes.append(node)
+            signatures[node] = signature
+    if not nodes:
+        return {}, {}
+
+    def measure(runs):
+        return interleaved_seconds(runs, device, seconds * len(runs))
+
+    timings = op_seconds(plan, spec, device, nodes, _op_batches(spec), measure)
+    ops = {signatures[node]: [x for b, f, bw in monotone(points) for x in (float(b), f * 1e6, bw * 1e6)]
+           for node, points in timings.items()}
+    return ops, {node: signatures[node] for node in nodes}
+
+
+def monotone(points: list[tuple[int, float, float]]) -> list[tuple[int, float, float]]:
+    """(batch, forward, backward) points with no time above a larger batch's: an op does not get
+    slower on fewer samples, so such a point was slowed by other load (on a shared CPU a parallel
+    region waits for its threads' time slices whatever its size) and takes the larger batch's time.
+
+    Example:
+        >>> monotone([(16, 5.0, 1.0), (1024, 2.0, 4.0), (4096, 8.0, 9.0)])
+        [(16, 2.0, 1.0), (1024, 2.0, 4.0), (4096, 8.0, 9.0)]
+    """
+    out, fwd, bwd = [], float("inf"), float("inf")
+    for batch, f, b in sorted(points, reverse=True):
+        fwd, bwd = min(f, fwd), min(b, bwd)
+        out.append((batch, fwd, bwd))
+    return out[::-1]
+
+
+def _framework_us(spec: ModelSpec, device: torch.device, plan_for) -> tuple[float, dict[str, Any]]:
+    """Mean over TINY_BATCHES of the fastest step minus the predicted compute (us, at least 0), raw."""
+    residuals, details = [], {}
+    for batch in TINY_BATCHES:
+        plan = plan_for(batch)
+        stages = dict(plan.cost.stage_ms)
+        predicted_ms = plan.cost.step_ms_serial - stages["staging"] - stages["transfer"]
+        isolated = step_seconds(plan, with_batch(spec, batch), device, TINY_STEPS)
+        measured_ms = min(isolated) * 1e3  # the machine's, not a burst of other load's
+        residuals.append((measured_ms - predicted_ms) * 1e3)
+        details[str(batch)] = {"measured_ms": measured_ms, "predicted_ms": predicted_ms}
+    return max(0.0, statistics.mean(residuals)), details
+
+
+def _staging_rate(spec: ModelSpec, plan: Any) -> tuple[float, dict[str, Any]]:
+    """Values staged per CPU second of the trainer's batch pipeline, raw."""
+    cpu_s, values = staging_cpu_seconds(spec, plan)
+    return values / max(cpu_s, 1e-6), {"cpu_ms_per_batch": cpu_s * 1e3, "values_per_batch": values}

@@ -1,0 +1,182 @@
+"""Measure a spec's own model on this machine: its dense operators one by one, its whole training
+steps, and what staging its batches costs a step (what `flowrec calibrate` prices a spec's dense
+ops, its per-step framework cost and its staging rate from).
+
+`op_seconds` times each dense operator module of the lowered plan (`lowering.lower`) on the very
+inputs the runtime gives it (captured from a real dense forward at each batch size), forward and
+forward + backward, as `flowrec.measure.calibrate.interleaved_seconds` times kernels.
+`step_seconds` times real training steps (`step.train_step`, guarded as the trainer guards it,
+the spec's dense optimizer, micro-batches as planned) on batches of synthetic rows staged
+beforehand as the trainer stages them (the casting index included): the step's compute alone.
+`staging_cpu_seconds` runs the trainer's batch pipeline alone
+(`flowrec.data.batches.iterate_batches` over an encoded Parquet dataset: read, check, pack and
+the casting index, in its threads) and returns its process CPU seconds per batch.
+
+Example:
+    >>> seconds = step_seconds(plan, spec, torch.device("cpu"))  # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from dataclasses import replace
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+
+from flowrec.data.batches import StagingOptions, iterate_batches
+from flowrec.data.dataset import MemorySource, ParquetSource
+from flowrec.data.synth import synth_dataset, synth_table
+from flowrec.runtime.hostmem import tune_host_allocator
+from flowrec.runtime.lowering import LoweredModel, lower
+from flowrec.runtime.managed_state import fresh_remapper
+from flowrec.runtime.nonfinite import LossGuard
+from flowrec.runtime.step import DEFAULT_LOOKAHEAD, autocast_context, make_dense_optimizer, train_step
+from flowrec.spec.model import ModelSpec
+from operators.device import runtime_for
+
+WARMUP_STEPS = 3  # first calls (allocations, lazy init) not timed
+STEPS = 8  # timed steps per measurement; batches whose staging is timed
+
+Measure = Callable[[Sequence[Callable[[], Any]]], list[float]]  # seconds per call of each
+
+
+def with_batch(spec: ModelSpec, batch: int) -> ModelSpec:
+    """`spec` with another training batch size."""
+    return replace(spec, training=replace(spec.training, batch_size=batch))
+
+
+def _options(spec: ModelSpec, plan: Any) -> StagingOptions:
+    """The trainer's staging of training batches: its default workers and prefetch, and its
+    lookahead (the casting index is computed in the data stage; the plan's window for lookahead
+    placements)."""
+    placements = {g.placement for g in plan.meta.groups}
+    lookahead = max(DEFAULT_LOOKAHEAD, spec.plan.window if "lookahead" in placements else 0)
+    return StagingOptions(batch_size=spec.training.batch_size, shuffle=True, seed=spec.training.seed,
+                          drop_last=True, lookahead=lookahead)
+
+
+def _staged(spec: ModelSpec, plan: Any, count: int) -> list[Any]:
+    """`count` batches of synthetic rows at the spec's batch size in the plan's layout, staged now."""
+    source = MemorySource([synth_table(spec, spec.training.batch_size * count)])
+    with iterate_batches(spec, source, _options(spec, plan), 0, 0, tuple(plan.meta.groups),
+                         remap=fresh_remapper(spec, tuple(plan.meta.groups))) as staged:
+        return list(staged)
+
+
+def _step_times(model: LoweredModel, spec: ModelSpec, plan: Any, batches: Iterable[Any]) -> list[float]:
+    """Wall seconds of a training step on each of `batches` (a fresh dense optimizer)."""
+    opt = spec.dense_optimizer
+    optimizer = make_dense_optimizer(model, opt.name, opt.lr, dict(opt.params))
+    guarded, micro = LossGuard(model), int(plan.meta.micro_batches)
+    seconds = []
+    for batch in batches:
+        t0 = time.perf_counter()
+        train_step(guarded, optimizer, batch, micro, spec.training.precision, spec.training.clip_grad_norm)
+        runtime_for(model.device).synchronize()
+        seconds.append(time.perf_counter() - t0)
+    return seconds
+
+
+def step_seconds(plan: Any, spec: ModelSpec, device: torch.device, steps: int = STEPS) -> list[float]:
+    """Wall seconds of `steps` training steps of `plan` (after WARMUP_STEPS) on batches staged
+    beforehand as the trainer stages them (the step's compute alone)."""
+    tune_host_allocator()  # as the trainer does: the allocator's thresholds decide page faults
+    model = lower(plan, spec, device)
+    try:
+        return _step_times(model, spec, plan, _staged(spec, plan, WARMUP_STEPS + steps))[WARMUP_STEPS:]
+    finally:
+        model.close()
+
+
+def staging_cpu_seconds(spec: ModelSpec, plan: Any, batches: int = STEPS) -> tuple[float, float]:
+    """(process CPU seconds, ids and dense values) per batch of the trainer's batch pipeline run
+    alone over `batches` + 1 batches of synthetic rows written as an encoded Parquet dataset (the
+    first batch, the epoch's start, not counted): on a machine whose cores the data threads share
+    with the trainer, the compute time they take from its steps."""
+    with tempfile.TemporaryDirectory(prefix="flowrec-calibrate-") as tmp:
+        data = Path(tmp) / "data"
+        synth_dataset(spec, data, spec.training.batch_size * (batches + 1))
+        source = ParquetSource(data)
+        try:
+            with iterate_batches(spec, source, _options(spec, plan), 0, 0, tuple(plan.meta.groups),
+                                 remap=fresh_remapper(spec, tuple(plan.meta.groups))) as live:
+                first = next(iter(live))
+                cpu0, values = time.process_time(), [_values(first)]
+                values += [_values(b) for b in live]
+                cpu = time.process_time() - cpu0
+        finally:
+            source.close()
+    return cpu / max(len(values) - 1, 1), statistics.mean(values)
+
+
+def _values(batch: Any) -> float:
+    """Ids and dense values a batch carries."""
+    return float(sum(g.ids.numel() for g in batch.groups.values()) + batch.dense.numel())
+
+
+def op_seconds(plan: Any, spec: ModelSpec, device: torch.device, nodes: Sequence[str], batches: Sequence[int],
+               measure: Measure) -> dict[str, list[tuple[int, float, float]]]:
+    """Per dense node of `nodes`: (batch, forward seconds, backward seconds) at each of `batches`,
+    its operator module timed on the inputs the runtime gives it (the backward: forward +
+    backward through autograd, minus the forward), under the spec's precision; every node and
+    batch size in one interleaved measurement, so that a burst of other load slows one round of
+    each rather than every round of one batch size."""
+    tune_host_allocator()  # as the trainer does: the allocator's thresholds decide page faults
+    model = lower(plan, spec, device)
+    try:
+        points, runs = [], []
+        for size in batches:
+            sized = with_batch(spec, size)
+            captured = _captured_inputs(model, sized, _staged(sized, plan, 1)[0], nodes)
+            for name in nodes:
+                args = captured[name]
+                points.append((name, size))
+                runs += [partial(_forward, model.ops[name], args, spec.training.precision, device),
+                         partial(_forward_backward, model.ops[name], args, spec.training.precision, device)]
+        times = measure(runs)
+    finally:
+        model.close()
+    out: dict[str, list[tuple[int, float, float]]] = {n: [] for n in nodes}
+    for (name, size), fwd, both in zip(points, times[0::2], times[1::2]):
+        out[name].append((size, fwd, max(both - fwd, fwd / 10)))  # a noisy difference
+    return out
+
+
+def _captured_inputs(model: LoweredModel, spec: ModelSpec, batch: Any, nodes: Sequence[str]) -> dict[str, tuple]:
+    """The positional inputs of each node's module in a real dense forward of `batch`, detached
+    (those that needed a gradient as new leaves that do)."""
+    captured: dict[str, tuple] = {}
+
+    def keep(name: str, module: torch.nn.Module, args: tuple) -> None:
+        captured[name] = tuple(_leaf(a) for a in args)
+
+    hooks = [model.ops[n].register_forward_pre_hook(partial(keep, n)) for n in nodes]
+    try:
+        dense = batch.dense.to(model.device)
+        with autocast_context(model.device, spec.training.precision):
+            model.dense_forward(dense, model.embed(batch), model.sequence_masks(batch))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return captured
+
+
+def _leaf(value: Any) -> Any:
+    if not isinstance(value, torch.Tensor):
+        return value
+    return value.detach().requires_grad_(True) if value.requires_grad else value.detach()
+
+
+def _forward(module: torch.nn.Module, args: tuple, precision: str, device: torch.device) -> Any:
+    with autocast_context(device, precision):
+        return module(*args)
+
+
+def _forward_backward(module: torch.nn.Module, args: tuple, precision: str, device: torch.device) -> Any:
+    out = _forward(module, args, precision, device)
+    leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad] + list(module.parameters())
+    return torch.autograd.grad(out, leaves, torch.ones_like(out), allow_unused=True)

@@ -1,0 +1,41 @@
+"""The one rule from a device to the cost model's target (its datasheet profile).
+
+A target is a datasheet name (`cpu`, `a100`, `h100`) or a calibrated profile file from
+`flowrec calibrate`. Every caller that knows a device (a run, `flowrec calibrate`) or only the
+spec's device hint (`flowrec plan`) asks here, so one device never gets two targets.
+
+Example:
+    >>> target_for_device("cuda", "NVIDIA H200")
+    'h100'
+    >>> target_for_device("cuda", "")  # a CUDA device of unknown name: the A100 datasheet
+    'a100'
+    >>> target_for_device("cpu")
+    'cpu'
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from flowrec.planner.cost import device_profile
+
+if TYPE_CHECKING:
+    from flowrec.spec.model import ModelSpec
+
+HOPPER = ("h100", "h200", "gh200")  # device names priced with the H100 datasheet
+
+
+def target_for_device(kind: str, name: str = "") -> str:
+    """The datasheet target of a device of `kind` (torch's device type) named `name` (the CUDA
+    device name; empty when unknown): cpu off CUDA, h100 for Hopper parts, else a100."""
+    if kind != "cuda":
+        return "cpu"
+    lowered = name.lower()
+    return "h100" if any(h in lowered for h in HOPPER) else "a100"
+
+
+def resolve_target(spec: ModelSpec, target: str | None) -> str:
+    """The cost-model target of a plan: the argument, else the spec's `plan.target`, else the rule
+    above for the spec's device hint. Raises ValueError for an unknown name or a bad profile."""
+    name = target or spec.plan.target or target_for_device("cuda" if spec.plan.device == "cuda" else "cpu")
+    device_profile(name)
+    return name

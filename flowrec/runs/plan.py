@@ -1,0 +1,108 @@
+"""The plan a run executes (`flowrec train` and `flowrec.train` alike): a saved plan file (checked
+against the spec) or the planner's plan for the run's device, its cache pass fed a sampled access
+profile of the run's data. The runtime then runs it unchanged. Every problem is a `RunError`.
+
+Example:
+    >>> plan, device = plan_for_run(spec, "auto", None, None)  # doctest: +SKIP
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from flowrec.graph.types import Plan
+from flowrec.planner.contract import PlanError, load_plan
+from flowrec.planner.manager import PassFailure, make_plan
+from flowrec.runtime.messages import first_line
+from flowrec.planner.targets import target_for_device
+from flowrec.runs.errors import RunError
+from flowrec.runtime.session import resolve_device
+from flowrec.spec.model import ModelSpec
+from operators.device import device_name
+
+
+def device_for_run(spec: ModelSpec, device_name: str) -> torch.device:
+    """The device of a run (auto: the spec's hint, else CUDA when present)."""
+    try:
+        return resolve_device(device_name if device_name != "auto" else spec.plan.device)
+    except RuntimeError as exc:
+        raise RunError(str(exc)) from None
+
+
+def cost_target(device: torch.device) -> str:
+    """The cost-model target of a device (`flowrec.planner.targets`: the one rule)."""
+    return target_for_device(device.type, device_name(device))
+
+
+def plan_for_run(spec: ModelSpec, device_name: str, device_budget: str | None, plan_file: Path | None,
+                 status: Callable[[str], None] = lambda _: None,
+                 profile: Path | None = None, target: str | None = None,
+                 data: str | None = None, world_size: int = 1) -> tuple[Plan, torch.device]:
+    """(plan, device) of a run; every problem is a `RunError` (one line).
+
+    `profile` is an access profile (`flowrec data profile --json`) for the planner's cache pass;
+    without one and with `data`, the run's encoded dataset folder, the planner predicts cache
+    traffic from a seeded sample of it (`sampled_access_profile`) instead of its Zipf model.
+    `target` is the cost model's device: a datasheet name or a calibrated profile file
+    (`flowrec calibrate`); default: the datasheet profile of the run's device. `world_size`: the
+    ranks of the run (the plan shards its groups over them).
+    """
+    device = device_for_run(spec, device_name)
+    if plan_file is not None:
+        if profile is not None:
+            raise RunError("--profile and --plan both decide placements: plan again with "
+                           "`flowrec plan SPEC --profile ... --json FILE`, or give only one")
+        if device_budget is not None:
+            raise RunError("--device-budget and --plan both decide placements: edit the plan's groups "
+                           "instead, or plan again with `flowrec plan SPEC --device-budget ... --json FILE`")
+        try:
+            plan = load_plan(plan_file, spec, world_size=world_size)
+        except PlanError as exc:
+            raise RunError(str(exc)) from None
+        status(f"plan: {plan_file} (target {plan.target}, {len(plan.meta.groups)} packed groups)")
+        return plan, device
+    try:
+        access = profile if profile is not None else sampled_access_profile(spec, data, status)
+        plan = make_plan(spec, target=target or cost_target(device), device_budget=device_budget,
+                         profile=access, world_size=world_size)
+    except RunError:
+        raise
+    except (ValueError, OSError, PassFailure) as exc:
+        raise RunError(str(exc)) from None
+    return plan, device
+
+
+SAMPLE_ROWS = 20_000  # rows sampled at the start of a run to predict cache traffic
+
+
+def sampled_access_profile(spec: ModelSpec, data: str | None,
+                           status: Callable[[str], None]) -> dict[str, Any] | None:
+    """An access profile of a seeded sample (about SAMPLE_ROWS rows) of the run's training data.
+
+    None without a dataset folder (synthetic data follows the planner's Zipf model); a status line
+    says when the plan uses a sample. A dataset that cannot be read is a `RunError`.
+    """
+    if data is None:
+        return None
+    from flowrec.data.layout import META_FILE, DataError
+    from flowrec.data.profile import profile_access
+    from flowrec.runtime.session import open_dataset
+
+    path = Path(data)
+    train = path / "train" if (path / "train" / META_FILE).is_file() else path
+    try:
+        source = open_dataset(train, spec)
+        try:
+            total = sum(source.partition_rows())
+            rate = min(1.0, SAMPLE_ROWS / max(total, 1))
+            profile = profile_access(spec, source, sample_rate=rate, seed=spec.training.seed)
+        finally:
+            source.close()
+    except (DataError, OSError, ValueError) as exc:
+        raise RunError(first_line(exc)) from None
+    status(f"access profile: sampled {profile['samples']:,} of {total:,} rows of {train} "
+           f"(seed {spec.training.seed}) to predict cache traffic")
+    return profile
+

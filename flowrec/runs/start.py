@@ -1,0 +1,95 @@
+"""Starting a run, the same way for `flowrec train` and `flowrec.train`: its settings (run.json),
+its training configuration, its session (data and model of the plan) and its encoder.
+
+Every step raises `RunError` (one line, an exit status) and prints nothing: status lines go to the
+`status` callable the caller gives.
+
+Example:
+    >>> settings, notes = run_settings({"max_steps": 5}, spec)  # doctest: +SKIP
+    >>> session = start_session(spec, spec_path, settings, folder, plan, device)  # doctest: +SKIP
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from flowrec.data.layout import DataError
+from flowrec.graph.types import Plan
+from flowrec.runs.encoder import adopt_encoder
+from flowrec.runs.errors import EXIT_OUT_OF_MEMORY, RunError
+from flowrec.runs.settings import merge_settings
+from flowrec.runtime.messages import first_line
+from flowrec.runtime.session import Session, SessionOptions, prepare
+from flowrec.runtime.trainer import TrainConfig
+from flowrec.spec.model import ModelSpec
+
+
+
+def memory_hint() -> str:
+    """What to change after running out of memory, for this machine."""
+    if torch.cuda.is_available():
+        return "Give a smaller --device-budget (more tables on host or cache placements) or use --device cpu"
+    return "Use a machine with more memory, or a smaller model or batch size"
+
+
+def run_settings(given: dict[str, Any], spec: ModelSpec, recorded: dict[str, Any] | None = None,
+                 init_from: Path | str | None = None, fresh_optimizer: bool = False,
+                 ) -> tuple[dict[str, Any], list[str]]:
+    """The settings a run records in run.json: every given value, else the recorded one (a resumed
+    run), else the default; with its parent run (`init_from`) and optimizer choice. Returns
+    (settings, notes), the notes saying what was restored or overridden."""
+    defaults = {"epochs": spec.training.epochs, "eval_every": spec.training.eval_every}
+    settings, notes = merge_settings(given, recorded, defaults)
+    settings["init_from"] = str(init_from) if init_from else None
+    settings["fresh_optimizer"] = bool(fresh_optimizer)
+    return settings, notes
+
+
+def session_options(settings: dict[str, Any], folder: Path | None) -> SessionOptions:
+    return SessionOptions(
+        data=Path(settings["data"]) if settings["data"] else None,
+        eval_data=Path(settings["eval_data"]) if settings["eval_data"] else None,
+        device=settings["device"], device_budget=settings["device_budget"], synthetic_rows=settings["rows"],
+        seed=settings["seed"], workdir=folder, dask=settings["dask"])
+
+
+def train_config(settings: dict[str, Any], folder: Path | None, progress: bool) -> TrainConfig:
+    """The trainer's configuration of a run with these settings."""
+    return TrainConfig(epochs=settings["epochs"], out_dir=folder, eval_every=settings["eval_every"],
+                       max_steps=settings["max_steps"], checkpoint_every=settings["checkpoint_every"],
+                       checkpoint_full_every=settings["checkpoint_full_every"], progress=progress,
+                       interleave=settings["interleave"], nan_policy=settings["nan_policy"])
+
+
+def start_session(spec: ModelSpec, spec_path: Path, settings: dict[str, Any], folder: Path | None, plan: Plan,
+                  device: torch.device, status: Callable[[str], None] = lambda _: None,
+                  world: Any = None, before: Callable[[], None] = lambda: None,
+                  after: Callable[[], None] = lambda: None) -> Session:
+    """The run's data and the model of `plan` on `device` (`before`/`after`: the ranks' barriers
+    around building it). Raises `RunError` for data that does not fit and for running out of memory."""
+    if spec.training.deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    before()
+    try:
+        session = prepare(spec, spec_path, session_options(settings, folder), plan, device, status=status,
+                          world=world)
+    except (DataError, RuntimeError, ValueError) as exc:
+        if isinstance(exc, torch.OutOfMemoryError):
+            raise RunError(f"out of memory building the model: {first_line(exc)}. {memory_hint()}",
+                           EXIT_OUT_OF_MEMORY) from None
+        raise RunError(str(exc), cause=exc) from None
+    after()
+    return session
+
+
+def record_encoder(session: Session, folder: Path, resuming: bool, parent: str | Path | None) -> None:
+    """Record the run's encoder (its training data's) in the run folder; data of another encoder is
+    a `RunError` (the model is closed first)."""
+    try:
+        adopt_encoder(session.spec, folder, session.train, session.eval, resuming,
+                      Path(parent) if parent else None)
+    except DataError as exc:
+        session.model.close()
+        raise RunError(str(exc), cause=exc) from None

@@ -1,0 +1,201 @@
+"""When and how a run checkpoints: full checkpoints, incremental deltas, inline or in the background.
+
+With `full_every = 1` every checkpoint is a full one written inline (training waits for it). With
+`full_every = K > 1` a full checkpoint is followed by K-1 deltas (`flowrec.runtime.checkpoint.delta`)
+holding only the rows touched since the previous checkpoint; both kinds are written on a
+background thread from a consistent snapshot. A delta's snapshot is taken on the training
+thread (touched rows, dense part, optimizer states, RNG and position are copied; then training
+continues). A full one copies only the dense part there; the packed tables are copied on the
+writer thread while training goes on, copy-on-write (`TableSnapshot`: `mark`, called before each
+step, saves the rows the step will change that are not copied yet), so a multi-GiB table costs
+training a few small gathers instead of a copy. The first checkpoint of a process (a new run, or a
+resumed one) is always a full one. Writes are queued in order on one writer thread; a full
+snapshot waits for the writes before it (so at most one copy of the tables is in memory); the end
+of the run and every failure wait for all of them.
+
+Example:
+    >>> ckpt = Checkpointer(Path("runs/x/checkpoint.pt"), full_every=10, rows_of_group={"g0": 1000})  # doctest: +SKIP
+    >>> ckpt.mark(batch); train_step(batch); ckpt.save(trainer.state(), model.embeddings)  # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from flowrec.runtime.checkpoint.store import save_checkpoint
+from flowrec.runtime.checkpoint.delta import DELTA_FORMAT, DELTA_VERSION, TABLE_KEYS, delta_path, remove_deltas
+from flowrec.runtime.checkpoint.shards import remove_stale_shards
+from flowrec.runtime.checkpoint.incremental import (
+    EMBEDDINGS_PREFIX,
+    BackgroundWriter,
+    DirtyRows,
+    TableSnapshot,
+    cloned,
+    delta_tables,
+    reset_rows_of,
+    table_keys,
+)
+from flowrec.runtime.nonfinite import TrainingStopped, first_non_finite
+
+NONCE_BYTES = 8  # random id of a full checkpoint, so deltas never apply to another run's base
+
+
+class Checkpointer:
+    """Writes the checkpoints of one run (see the module docstring).
+
+    Args:
+        path: the full checkpoint file (`<run>/checkpoint.pt`).
+        full_every: a full checkpoint every K checkpoints (1: all full, written inline).
+        rows_of_group: packed rows of each group (the size of its dirty mask).
+    """
+
+    def __init__(self, path: Path, full_every: int, rows_of_group: dict[str, int]) -> None:
+        self.path = Path(path)
+        self.full_every = max(1, int(full_every))
+        self.rows_of_group = dict(rows_of_group)
+        self.step: int | None = None  # step of the newest checkpoint on disk
+        self.seconds = {"full": [], "delta": []}  # per checkpoint: snapshot copy + write seconds
+        self._dirty = DirtyRows()
+        self._writer = BackgroundWriter()
+        self._base_digest: str | None = None  # digest of the full checkpoint on disk (writer thread)
+        self._chained = False  # a full checkpoint was queued, so deltas may follow (training thread)
+        self._queued = 0  # deltas queued on the current full checkpoint (training thread)
+        self._snapshot: TableSnapshot | None = None  # tables of a full checkpoint being copied
+
+    @property
+    def incremental(self) -> bool:
+        return self.full_every > 1
+
+    def mark(self, batch: Any) -> None:
+        """Before a training step on `batch`: record the rows it will touch, and save those a full
+        checkpoint's table copy still needs (only when writing deltas)."""
+        if not self.incremental:
+            return
+        snapshot = self._snapshot
+        if snapshot is not None:
+            for name, gids in batch.groups.items():
+                snapshot.before_write(name, gids.ids)
+            for name, rows in reset_rows_of(batch).items():
+                snapshot.before_write(name, rows)
+        self._dirty.mark(batch, self.rows_of_group)
+
+    def restart_chain(self, step: int | None) -> None:
+        """After loading a checkpoint: the next checkpoint is a full one."""
+        self._chained, self._queued, self.step = False, 0, step
+
+    def save(self, state: dict[str, Any], embeddings: nn.ModuleDict) -> None:
+        """Checkpoint `state` (the trainer's `state()`): a full one or a delta, inline or not.
+
+        Raises:
+            TrainingStopped: a non-finite parameter (nothing is written).
+            CheckpointError: this write failed (inline) or the previous background one did.
+        """
+        step = state["position"]["step"]
+        if self._queued + 1 >= self.full_every or not self._chained:
+            self._writer.wait()  # at most one full snapshot in memory
+            self._save_full(state, embeddings, step)
+        else:
+            self._save_delta(state, embeddings, step)
+
+    def _save_full(self, state: dict[str, Any], embeddings: nn.ModuleDict, step: int) -> None:
+        _check_finite(state["model"], step, self.note())
+        self._dirty.take()
+        self._chained, self._queued = True, 0
+        state = {**state, "chain": os.urandom(NONCE_BYTES).hex()}
+        if not self.incremental:
+            self._write_full(state, step, 0.0)
+            return
+        t0 = time.perf_counter()
+        model = state["model"]
+        keys = {name: tuple(f"{EMBEDDINGS_PREFIX}{name}.{part}" for part in TABLE_KEYS) for name in embeddings}
+        keys = {name: pair for name, pair in keys.items() if all(k in model for k in pair)}  # others: cloned
+        tables = TableSnapshot({name: tuple(model[k] for k in pair) for name, pair in keys.items()})
+        head = {**state, "model": dense_state_from(model, {k for pair in keys.values() for k in pair}),
+                "dense_optimizer": cloned(state["dense_optimizer"])}
+        order = list(model)
+        self._snapshot = tables
+        copy_s = time.perf_counter() - t0
+        self._writer.submit(lambda: self._write_snapshot(head, tables, order, step, copy_s))
+
+    def _write_snapshot(self, head: dict[str, Any], tables: TableSnapshot, order: list[str], step: int,
+                        copy_s: float) -> None:
+        """Copy the tables of a full checkpoint (copy-on-write, see `TableSnapshot`), then write it."""
+        t0 = time.perf_counter()
+        try:
+            copies = tables.copy()
+        except BaseException:
+            self._base_digest, self._chained = None, False
+            raise
+        finally:
+            self._snapshot = None
+        parts = {f"{EMBEDDINGS_PREFIX}{name}.{part}": tensor for name, tensors in copies.items()
+                 for part, tensor in zip(TABLE_KEYS, tensors)}
+        model = {key: parts[key] if key in parts else head["model"][key] for key in order}
+        self._write_full({**head, "model": model}, step, copy_s + time.perf_counter() - t0)
+
+    def _write_full(self, state: dict[str, Any], step: int, copy_s: float) -> None:
+        t0 = time.perf_counter()
+        self._base_digest = None  # a failed write leaves no base to chain on
+        try:
+            digest = save_checkpoint(self.path, state)
+        except BaseException:
+            self._chained = False
+            raise
+        remove_deltas(self.path)
+        remove_stale_shards(self.path.parent, [])  # a distributed run's, when it was resumed here
+        self._base_digest, self.step = digest, step
+        self.seconds["full"].append(copy_s + time.perf_counter() - t0)
+
+    def _save_delta(self, state: dict[str, Any], embeddings: nn.ModuleDict, step: int) -> None:
+        t0 = time.perf_counter()
+        dense = dense_state_from(state["model"], table_keys(embeddings))
+        tables = delta_tables(embeddings, self._dirty.take())
+        _check_finite({**dense, **{k + ".weight": v["weight"] for k, v in tables.items()}}, step, self.note())
+        self._queued += 1
+        delta = {key: state[key] for key in ("spec", "plan", "rng", "position", "skipped_batches")}
+        delta.update(format=DELTA_FORMAT, version=DELTA_VERSION, sequence=self._queued, model=dense,
+                     tables=tables, dense_optimizer=cloned(state["dense_optimizer"]))
+        copy_s = time.perf_counter() - t0
+        self._writer.submit(lambda: self._write_delta(delta, step, copy_s))
+
+    def _write_delta(self, delta: dict[str, Any], step: int, copy_s: float) -> None:
+        t0 = time.perf_counter()
+        try:
+            save_checkpoint(delta_path(self.path, delta["sequence"]), {**delta, "base": self._base_digest})
+        except BaseException:
+            self._chained = False  # the chain has a hole: the next checkpoint is a full one
+            raise
+        self.step = step
+        self.seconds["delta"].append(copy_s + time.perf_counter() - t0)
+
+    def wait(self) -> None:
+        """Block until the write in flight is on disk (raises its error)."""
+        self._writer.wait()
+
+    def drain(self) -> None:
+        """Wait for the write in flight, dropping its error (another error is on its way)."""
+        try:
+            self._writer.wait()
+        except Exception:
+            pass
+
+    def note(self) -> str:
+        """What is on disk after a failure: the newest checkpoint's step, or that there is none."""
+        if self.step is None:
+            return "no checkpoint was written"
+        return f"the checkpoint of step {self.step} is kept"
+
+
+def dense_state_from(model_state: dict[str, Any], tables: set[str]) -> dict[str, Any]:
+    """Copies of a state dict's tensors other than the packed tables."""
+    return {k: v.detach().clone().cpu() for k, v in model_state.items() if k not in tables}
+
+
+def _check_finite(tensors: dict[str, Any], step: int, note: str) -> None:
+    bad = first_non_finite(tensors)
+    if bad is not None:
+        raise TrainingStopped(f"parameter {bad} is not finite at step {step}; not checkpointed, {note}")

@@ -1,0 +1,66 @@
+"""Streaming exact metrics of a multiclass head: accuracy, accuracy@k, logloss and (up to
+AUC_MAX_CLASSES classes) the macro one-vs-rest AUC.
+
+Example:
+    >>> acc = MulticlassAccumulator(k=2)
+    >>> acc.update(np.array([0, 2]), np.array([[0.7, 0.2, 0.1], [0.5, 0.3, 0.2]]))
+    >>> acc.result()["accuracy"], acc.result()["accuracy_at_k"]
+    (0.5, 0.5)
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from flowrec.runtime.evaluation.metrics import EPS, BinaryAccumulator
+
+TOP_K = 5  # accuracy@k: the label among the k most probable classes (k = min(5, classes))
+AUC_MAX_CLASSES = 64  # macro AUC keeps one exact AUC accumulator per class up to this many classes
+
+
+class MulticlassAccumulator:
+    """Feed (class labels (B,), class probabilities (B, C)) per batch.
+
+    Args:
+        k: the k of accuracy@k.
+    """
+
+    def __init__(self, k: int = TOP_K) -> None:
+        self.k = k  # at most the number of classes, once a batch was seen
+        self.per_class: list[BinaryAccumulator] | None = None  # one-vs-rest AUC per class
+        self.n = 0
+        self.correct = 0
+        self.in_top_k = 0
+        self.loss_sum = 0.0
+
+    def update(self, labels: np.ndarray, probs: np.ndarray, groups: np.ndarray | None = None) -> None:
+        del groups  # grouped metrics are for binary heads
+        labels = np.asarray(labels).reshape(-1).astype(np.int64)
+        probs = np.asarray(probs, dtype=np.float64).reshape(labels.size, -1)
+        k = self.k = min(self.k, probs.shape[1])
+        rows = np.arange(labels.size)
+        own = probs[rows, labels]  # (B,)
+        rank = (probs > own[:, None]).sum(axis=1)  # classes strictly more probable than the label
+        self.n += labels.size
+        self.correct += int((rank == 0).sum())
+        self.in_top_k += int((rank < k).sum())
+        self.loss_sum += float(-np.log(np.clip(own, EPS, 1.0)).sum())
+        if self.per_class is None and probs.shape[1] <= AUC_MAX_CLASSES:
+            self.per_class = [BinaryAccumulator() for _ in range(probs.shape[1])]
+        for c, acc in enumerate(self.per_class or ()):
+            acc.update(labels == c, probs[:, c])
+
+    def result(self) -> dict[str, float]:
+        if not self.n:
+            nan = float("nan")
+            return {"accuracy": nan, "accuracy_at_k": nan, "logloss": nan, "k": float(self.k)}
+        out = {"accuracy": self.correct / self.n, "accuracy_at_k": self.in_top_k / self.n,
+               "logloss": self.loss_sum / self.n, "k": float(self.k)}
+        if self.per_class is not None:
+            out["auc"] = _macro_auc(self.per_class)
+        return out
+
+
+def _macro_auc(per_class: list[BinaryAccumulator]) -> float:
+    """Mean one-vs-rest AUC over the classes that have both positives and negatives (NaN: none)."""
+    aucs = [a.result()["auc"] for a in per_class if 0 < a.label_sum < a.n]
+    return float(np.mean(aucs)) if aucs else float("nan")

@@ -1,0 +1,84 @@
+"""Early stopping (`training.early_stopping`): watch one head's evaluation metric, remember the best
+value and stop after `patience` evaluations without an improvement larger than `min_delta`.
+
+Its state (best value and step, evaluations without improvement, whether it stopped) travels in
+the checkpoint, so a resumed run stops where an uninterrupted one does.
+
+Example:
+    >>> from flowrec.spec.model import EarlyStoppingSpec
+    >>> stopper = EarlyStopper.of(EarlyStoppingSpec("auc", patience=1), "ctr")
+    >>> stopper.observe({"ctr": {"auc": 0.7}}, 10).improved
+    True
+    >>> stopper.observe({"ctr": {"auc": 0.69}}, 20).stop
+    True
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from flowrec.runtime.evaluation.metrics import HIGHER_IS_BETTER
+from flowrec.spec.model import EarlyStoppingSpec
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What one evaluation meant: a new best, and whether to stop now."""
+
+    improved: bool
+    stop: bool
+
+
+@dataclass
+class StopperState:
+    best: float | None = None
+    best_step: int | None = None
+    bad_evals: int = 0
+    stopped: bool = False
+
+
+class EarlyStopper:
+    """Decides after each evaluation whether it improved on the best one and whether to stop.
+
+    Args:
+        head: the head watched.
+        metric: its metric.
+        mode: "max" or "min".
+        patience: evaluations without improvement before stopping.
+        min_delta: an improvement must exceed this.
+    """
+
+    def __init__(self, head: str, metric: str, mode: str, patience: int, min_delta: float) -> None:
+        self.head, self.metric, self.mode = head, metric, mode
+        self.patience, self.min_delta = patience, min_delta
+        self.state = StopperState()
+
+    @classmethod
+    def of(cls, spec: EarlyStoppingSpec, first_head: str) -> "EarlyStopper":
+        mode = spec.mode or ("max" if spec.metric in HIGHER_IS_BETTER else "min")
+        return cls(spec.head or first_head, spec.metric, mode, spec.patience, spec.min_delta)
+
+    @property
+    def watched(self) -> str:
+        return f"{self.head}/{self.metric}"
+
+    def observe(self, metrics: dict[str, dict[str, float]], step: int) -> Verdict:
+        """Take the evaluation of `step`; a NaN value never improves."""
+        value = metrics.get(self.head, {}).get(self.metric, float("nan"))
+        s = self.state
+        better = value is not None and not math.isnan(value) and (
+            s.best is None or (value > s.best + self.min_delta if self.mode == "max"
+                               else value < s.best - self.min_delta))
+        if better:
+            s.best, s.best_step, s.bad_evals = float(value), step, 0
+        else:
+            s.bad_evals += 1
+        s.stopped = s.bad_evals >= self.patience
+        return Verdict(better, s.stopped)
+
+    def state_dict(self) -> dict[str, Any]:
+        return asdict(self.state)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.state = StopperState(**state)

@@ -1,0 +1,110 @@
+"""The model package of `flowrec export`: everything needed to score raw rows, torch alone for ids.
+
+A package is a folder:
+
+- ``model.pt2``: a `torch.export` program of the serving model (`ServingModel`) over encoded
+  inputs, with a dynamic batch dimension. Load it with ``torch.export.load(path).module()`` (no
+  flowrec import) and call it with ``dense`` (B, n_dense) float32 in spec order and ``sparse``, a
+  dict feature -> (ids, offsets): int64 table-local ids (nnz,) and bag boundaries (B + 1,), one
+  bag per sample. It returns (B, n_heads): probabilities for binary heads, values for regression.
+- ``encoder.json`` + ``vocab/``: the encoder that turns raw columns into those inputs.
+- ``spec.json``, ``plan.json``: the spec and the plan the run was trained with.
+- ``managed/<table>.parquet``: for managed tables, the raw ids holding a row and their rows
+  (`flowrec.serving.managed`); scoring remaps raw ids with them as evaluation does.
+- ``manifest.json``: format, flowrec and torch versions, encoder fingerprint, table dtype, the
+  inputs in order, the heads, the run's last evaluation metrics and the SHA-256 of every other file
+  (``files``): `verify_files` refuses a package any of whose files changed, before any is read.
+
+The format and its checks live here, apart from the writer (`flowrec.serving.export`), so that
+scoring a package (`flowrec.serving.predict`) imports nothing of the training runtime.
+
+Example:
+    >>> verify_files(Path("pkg"), read_manifest(Path("pkg")), [MODEL_FILE])  # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from flowrec.data.layout import is_multi
+from flowrec.data.names import inside
+from flowrec.spec.json_doc import read_json_document
+from flowrec.spec.model import ModelSpec
+
+PACKAGE_FORMAT = "flowrec-model"
+PACKAGE_VERSION = 2  # 2: manifest.json records the digest of every file
+MODEL_FILE = "model.pt2"
+MANIFEST_FILE = "manifest.json"
+SPEC_FILE = "spec.json"
+PLAN_FILE = "plan.json"
+
+
+def encoded_inputs(spec: ModelSpec, table: pa.Table) -> tuple[torch.Tensor, dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+    """The model's inputs from an encoded table (the flowrec layout): dense (B, n_dense), and per
+    sparse feature (ids (nnz,), offsets (B + 1,))."""
+    n = table.num_rows
+    dense = [table.column(f.name).to_numpy().astype(np.float32) for f in spec.dense_features]
+    dense_t = torch.from_numpy(np.stack(dense, axis=1)) if dense else torch.zeros(n, 0)
+    sparse = {}
+    for f in spec.sparse_features:
+        col = table.column(f.name).combine_chunks()
+        if is_multi(f):
+            offsets = col.offsets.to_numpy().astype(np.int64)
+            ids = col.values.to_numpy().astype(np.int64)[offsets[0]: offsets[-1]]
+            sparse[f.name] = (torch.from_numpy(ids), torch.from_numpy(offsets - offsets[0]))
+        else:
+            sparse[f.name] = (torch.from_numpy(col.to_numpy().astype(np.int64)), torch.arange(n + 1))
+    return dense_t, sparse
+
+
+def read_manifest(folder: Path) -> dict[str, Any]:
+    """The manifest of a package folder. Raises ValueError (one line) when it is not a package of
+    this format version."""
+    path = Path(folder) / MANIFEST_FILE
+    try:
+        doc = read_json_document(path)
+    except ValueError as exc:
+        raise ValueError(f"{folder} is not a flowrec model package (no readable {MANIFEST_FILE}: {exc}); "
+                         "make one with `flowrec export RUN OUT/`") from None
+    if not isinstance(doc, dict) or doc.get("format") != PACKAGE_FORMAT:
+        raise ValueError(f"{path} is not a flowrec model package manifest")
+    if doc.get("version") != PACKAGE_VERSION:
+        raise ValueError(f"{path}: package format version {doc.get('version')!r} (this flowrec reads "
+                         f"version {PACKAGE_VERSION}); export the run again with this flowrec")
+    return doc
+
+
+def file_digests(folder: Path) -> dict[str, str]:
+    """SHA-256 of every file of a package folder but its manifest, by path relative to it."""
+    folder = Path(folder)
+    return {str(p.relative_to(folder)): _sha256(p) for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.name != MANIFEST_FILE}
+
+
+def verify_files(folder: Path, manifest: dict[str, Any], needed: list[str]) -> None:
+    """Raise ValueError (one line) unless every file the manifest lists (and each of `needed`) is a
+    plain file inside `folder` whose SHA-256 is the recorded one."""
+    listed = manifest.get("files")
+    if not isinstance(listed, dict) or not all(isinstance(d, str) for d in listed.values()):
+        raise ValueError(f"{Path(folder) / MANIFEST_FILE} records no file digests")
+    for name in needed:
+        if name not in listed:
+            raise ValueError(f"{folder}: {name} is not among the files its manifest records")
+    for name, digest in listed.items():
+        path = inside(Path(folder), name, f"file {name!r} of the manifest")
+        if not path.is_file():
+            raise ValueError(f"{path} is missing (the package is incomplete)")
+        if _sha256(path) != digest:
+            raise ValueError(f"{path} does not match the digest its manifest records (changed or damaged)")
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+

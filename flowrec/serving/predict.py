@@ -1,0 +1,156 @@
+"""Scoring raw rows with a model package: `load_model(path).predict(table)`.
+
+A `LoadedModel` holds the package's exported program (`torch.export.load`), its spec and its
+encoder. `predict` encodes raw columns exactly as the training data was encoded (the run's
+vocabularies, hash rule, fills and statistics; unseen values go to row 0 or their hash bucket)
+and returns one score per head per row: probabilities for binary heads, values for regression.
+
+Example:
+    >>> model = load_model("pkg/ml")  # doctest: +SKIP
+    >>> model.predict(pd.DataFrame({"user_id": [1], "item_id": [50], ...}))  # doctest: +SKIP
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import torch
+
+from flowrec.data.encode import Encoder
+from flowrec.data.encoder_record import ENCODER_FILE, EncoderRecord, load_encoder, read_record
+from flowrec.data.layout import DataError
+from flowrec.data.sources import FLOAT32_MAX
+from flowrec.serving.managed import Maps, read_maps, remap_inputs
+from flowrec.serving.package import MODEL_FILE, SPEC_FILE, encoded_inputs, read_manifest, verify_files
+from flowrec.serving.pt2_check import check_archive
+from flowrec.spec.json_doc import read_json_document
+from flowrec.spec.load import spec_from_dict
+from flowrec.spec.model import ModelSpec
+from flowrec.spec.validate import validate_document
+
+BATCH_ROWS = 65_536  # rows scored per call of the program
+
+
+@dataclass
+class LoadedModel:
+    """A model package loaded for scoring.
+
+    Args:
+        path: the package folder.
+        spec: the model spec.
+        record: the encoder record (rules, fingerprint).
+        encoder: the encoder applying it to raw tables.
+        program: the exported program's module: (dense, sparse) -> (B, n_heads).
+        manifest: the package manifest.
+        maps: the maps of managed tables (`flowrec.serving.managed`).
+    """
+
+    path: Path
+    spec: ModelSpec
+    record: EncoderRecord
+    encoder: Encoder
+    program: torch.nn.Module
+    manifest: dict[str, Any]
+    maps: Maps = field(default_factory=dict)
+
+    @property
+    def heads(self) -> list[str]:
+        return [h.name for h in self.spec.heads]
+
+    def raw_columns(self) -> list[str]:
+        """The raw columns `predict` reads (feature sources)."""
+        return [self.encoder.source(f.name) for f in self.spec.features]
+
+    def score_encoded(self, encoded: pa.Table) -> np.ndarray:
+        """Scores of encoded rows (the flowrec layout): one column per head, one per class of a
+        multiclass head.  # (N, sum of head widths) float32"""
+        out = []
+        with torch.no_grad():
+            for start in range(0, encoded.num_rows, BATCH_ROWS):
+                dense, sparse = encoded_inputs(self.spec, encoded.slice(start, BATCH_ROWS))
+                sparse = remap_inputs(self.spec, sparse, self.maps)
+                out.append(self.program(dense, sparse).numpy())
+        width = sum(h.width for h in self.spec.heads)
+        return np.concatenate(out) if out else np.zeros((0, width), np.float32)
+
+    def predict(self, table: pa.Table | pd.DataFrame) -> pd.DataFrame:
+        """One score column per head for each raw row (pandas or Arrow table of raw columns); a
+        multiclass head's column holds each row's class probabilities.
+
+        Raises:
+            DataError: a raw column the model needs is missing, or a dense value is infinite or
+                beyond float32 (null and NaN are missing values, filled as the encoder says).
+        """
+        raw = pa.Table.from_pandas(table, preserve_index=False) if isinstance(table, pd.DataFrame) else table
+        missing = [c for c in self.raw_columns() if c not in raw.column_names]
+        if missing:
+            raise DataError(f"the rows lack columns {missing} that model {self.spec.name!r} reads")
+        for f in self.spec.dense_features:
+            check_finite(raw.column(self.encoder.source(f.name)), self.encoder.source(f.name))
+        scores = self.score_encoded(self.encoder.encode(raw, labels=False))
+        out, start = {}, 0
+        for head in self.spec.heads:  # a multiclass head: a list of class probabilities per row
+            part = scores[:, start:start + head.width]
+            out[head.name] = part[:, 0] if head.width == 1 else list(part)
+            start += head.width
+        return pd.DataFrame(out)
+
+
+def load_model(path: str | Path) -> LoadedModel:
+    """Load a model package written by `flowrec export` (torch.export program + encoder).
+
+    The package is untrusted input: every file is checked against the digest its manifest records,
+    and model.pt2 is checked to hold plain tensors and ATen operators only (`check_archive`),
+    before torch reads it; nothing in it is unpickled or run.
+
+    Raises:
+        ValueError: `path` is not a package, or a part of it is missing, damaged, changed or refused (one line).
+    """
+    path = Path(path)
+    manifest = read_manifest(path)
+    try:
+        verify_files(path, manifest, [MODEL_FILE, SPEC_FILE, ENCODER_FILE])
+        record = read_record(path)  # the package's own encoder.json (verified), never a folder below it
+        verify_files(path, manifest, [str(Path(p).relative_to(path)) for p in record.vocab_files.values()])
+        spec = _spec(path / SPEC_FILE)
+        encoder = load_encoder(record, spec)
+    except DataError as exc:
+        raise ValueError(str(exc)) from None
+    if record.fingerprint != manifest.get("encoder_fingerprint"):
+        raise ValueError(f"{path}: encoder.json does not match the manifest's encoder fingerprint")
+    check_archive(path / MODEL_FILE)
+    try:
+        program = torch.export.load(path / MODEL_FILE).module()
+    except Exception as exc:  # any failure to read the program is a damaged package
+        raise ValueError(f"{path / MODEL_FILE} is not a usable exported program ({type(exc).__name__})") from None
+    return LoadedModel(path, spec, record, encoder, program, manifest, read_maps(path, spec))
+
+
+def _spec(path: Path) -> ModelSpec:
+    try:
+        doc = read_json_document(path)
+    except ValueError as exc:
+        raise ValueError(f"{path} is missing or not JSON: {exc}") from None
+    issues = validate_document(doc) if isinstance(doc, dict) else ["not a mapping"]
+    if issues:
+        raise ValueError(f"{path} holds a spec that is not valid: {issues[0]}")
+    return spec_from_dict(doc)
+
+
+def check_finite(column: pa.ChunkedArray | pa.Array, name: str) -> None:
+    """Raise DataError naming the first row whose dense value is infinite or beyond float32, as CSV
+    input refuses them (null and NaN are missing values, filled, as CSV's empty and `nan` are)."""
+    try:
+        values = pa.chunked_array([column]) if isinstance(column, pa.Array) else column
+        x = values.cast(pa.float64()).to_numpy(zero_copy_only=False)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        raise DataError(f"column {name} holds values that are not numbers (type {column.type})") from None
+    with np.errstate(invalid="ignore"):
+        wrong = np.flatnonzero(np.abs(x) > FLOAT32_MAX)  # NaN (and null, read as NaN) compares False
+    if len(wrong):
+        raise DataError(f"row {int(wrong[0]) + 1}: dense column {name} holds {float(x[wrong[0]])!r}; dense "
+                        f"values must be finite float32 numbers ({len(wrong):,} such rows)")

@@ -1,0 +1,237 @@
+"""Trained models outside training: load a run for scoring, the serving module of a package.
+
+`load_trained(run, device, scoring)` rebuilds the model of a checkpoint from the spec and the plan
+stored in it (never planning again; `scoring` is the planner's rule that maps the trained plan to
+the one it is scored with, `flowrec.planner.contract.scoring_plan`) for `flowrec eval`.
+`ServingModel` is the model for serving: one table per logical table (unpacked from the packed
+tables, no optimizer state, fp32 or half) plus the dense operators; `flowrec.serving.package`
+exports it with `torch.export` into a model package.
+
+Example:
+    >>> serving = ServingModel(trained.spec, trained.model)  # doctest: +SKIP
+    >>> probs = serving(dense, {"C1": (ids, offsets), ...})  # (B, n_heads)
+"""
+from __future__ import annotations
+
+import ctypes
+import mmap
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from flowrec.data.batches import StagingOptions, iterate_batches
+from flowrec.data.encoder_record import (
+    ENCODER_FILE,
+    RUN_ENCODER_DIR,
+    EncoderRecord,
+    check_same_encoder,
+    read_record,
+    record_of_dataset,
+)
+from flowrec.graph.kinds import OP_KINDS
+from flowrec.graph.plan_io import plan_from_document
+from flowrec.graph.types import Plan
+from flowrec.spec.json_doc import parse_json_text
+from flowrec.runtime.checkpoint.store import (
+    CheckpointError,
+    check_tensors,
+    checkpoint_path,
+    load_checkpoint,
+)
+from flowrec.runtime.checkpoint.delta import delta_files
+from flowrec.runtime.evaluation.evaluate import evaluate, group_slot
+from flowrec.runtime.lowering import LoweredModel, lower
+from flowrec.runtime.evaluation.scores import scores
+from flowrec.runtime.managed_state import eval_remapper
+from flowrec.runtime.session import open_dataset, resolve_device
+from flowrec.spec.load import spec_from_dict
+from flowrec.spec.model import ModelSpec
+from flowrec.spec.validate import validate_document
+
+
+
+MADV_DONTNEED = 4  # Linux madvise advice: drop the pages of a mapping
+
+
+@dataclass
+class Trained:
+    """A model restored from a checkpoint, with its spec and the plan it is scored with."""
+
+    spec: ModelSpec
+    model: LoweredModel
+    plan: Plan
+    encoder: EncoderRecord | None = None  # None for runs made before encoders were recorded
+
+    def check_data(self, path: Path) -> None:
+        """Raise DataError if the dataset at `path` was not encoded with the model's encoder (or an
+        extension of it into spare rows)."""
+        if self.encoder is not None:
+            check_same_encoder(self.encoder, record_of_dataset(Path(path)), str(path), extension=True)
+
+    def evaluate_dataset(self, path: Path, group_by: str | None = None) -> dict[str, dict[str, float]]:
+        """Metrics per head on an encoded dataset (gAUC over `group_by`'s values when given)."""
+        if group_by is not None:  # a feature that cannot group fails before any data is read
+            group_slot(self.model, group_by)
+        source = open_dataset(Path(path), self.spec)
+        opts = StagingOptions(batch_size=self.spec.training.batch_size, shuffle=False, lookahead=0)
+        try:
+            self.check_data(path)
+            with iterate_batches(self.spec, source, opts, 0, 0, self.model.groups,
+                                 remap=eval_remapper(self.model)) as batches:
+                return evaluate(self.model, batches, self.spec.training.precision, group_by)
+        finally:
+            source.close()
+
+
+def _spec_of(state: dict[str, Any], source: Path | str = "the file") -> ModelSpec:
+    try:
+        doc = parse_json_text(state["spec"], f"the spec in {source}")
+    except (TypeError, ValueError):
+        raise CheckpointError(f"{source} is damaged: its spec is not JSON") from None
+    issues = validate_document(doc) if isinstance(doc, dict) else ["not a mapping"]
+    if issues:
+        raise CheckpointError(f"{source} holds a spec that is not valid: {issues[0]}")
+    return spec_from_dict(doc)
+
+
+def stored_plan(state: dict[str, Any], where: str) -> Plan:
+    """The plan a checkpoint (or export) was trained with. Raises CheckpointError when it has none."""
+    text = state.get("plan") or ""
+    try:
+        return plan_from_document(parse_json_text(text, f"the plan in {where}"))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{where} holds no complete plan (made by an older flowrec?): "
+                              f"{type(exc).__name__}: {exc}") from None
+
+
+def load_trained(run: Path, device: str, scoring: Callable[[Plan], Plan], mmap: bool = False) -> Trained:
+    """Restore the model of a run folder / checkpoint file on `device`, with its stored plan as
+    `scoring` maps it (the planner's rule for scoring a trained plan). With `mmap` (CPU), the
+    parameters are mapped from the checkpoint file, not copied (export of large tables).
+
+    Raises:
+        CheckpointError: a damaged or foreign checkpoint, or one that does not fit its spec's model.
+    """
+    source = checkpoint_path(Path(run))
+    state = load_checkpoint(source, mmap=mmap)
+    spec = _spec_of(state, source)
+    dev = resolve_device(device)
+    plan = scoring(stored_plan(state, str(run)))
+    model = lower(plan, spec, "meta" if mmap else dev)  # mapped: the file's tensors are assigned
+    check_tensors(source, "model", model.state_dict(), state["model"])
+    model.load_state_dict(state["model"], assign=mmap)
+    if mmap and not delta_files(source):  # the content check read every page: give them back until
+        # they are used (not when deltas were applied: their rows live only in those private pages)
+        for tensor in state["model"].values():
+            drop_mapped_pages(tensor)
+    return Trained(spec, model, plan, run_encoder(source))
+
+
+def run_encoder(checkpoint: Path) -> EncoderRecord | None:
+    """The encoder recorded next to a run's checkpoint, or None (a run made before encoders)."""
+    folder = Path(checkpoint).parent / RUN_ENCODER_DIR
+    return read_record(folder) if (folder / ENCODER_FILE).is_file() else None
+
+
+class ServingModel(nn.Module):
+    """A trained model for serving: per-table embedding bags + the dense operators.
+
+    Args:
+        spec: the model spec.
+        lowered: a lowered model whose packed tables are split into per-table weights (taken
+            from it group by group).
+        mapped: the lowered model's tables are mapped from a checkpoint file (`load_trained` with
+            mmap): the mapped pages of each table are given back once it is copied, so the tables
+            are held about once in memory (the largest are copied first, so the pages of a table
+            being copied come on top of the smaller ones copied after it: peak about the tables'
+            bytes plus the smallest).
+
+    Forward:
+        dense: dense features in spec order.  # (B, n_dense)
+        sparse: feature -> (ids, offsets): table-local ids and bag
+            boundaries, one bag per sample (include_last_offset).  # (nnz,), (B + 1,)
+        Returns probabilities for binary heads, values for regression heads, a probability per
+        class for multiclass heads, side by side in head order.  # (B, sum of head widths)
+    """
+
+    def __init__(self, spec: ModelSpec, lowered: LoweredModel, mapped: bool = False) -> None:
+        super().__init__()
+        self.fields = {g.name: g.fields for g in lowered.groups}
+        self.tasks = lowered.tasks
+        copies: dict[str, nn.Parameter] = {}
+        for g in lowered.groups:
+            emb = lowered.embeddings.pop(g.name)  # the packed tables are freed group by group
+            for slot in sorted(g.tables, key=lambda s: -s.rows):
+                rows = emb.table_rows(slot.table).detach()
+                copies[slot.table] = nn.Parameter(rows.to("cpu", copy=True), requires_grad=False)
+                if mapped:
+                    drop_mapped_pages(rows)
+            del emb
+        order = [slot.table for g in lowered.groups for slot in g.tables]
+        self.table_index = {table: i for i, table in enumerate(order)}
+        self.tables = nn.ParameterList([copies.pop(t) for t in order])  # one (rows, D) table per logical table
+        self.dense_model = lowered  # the dense part of the model, without its packed tables
+
+    def cast_tables(self, dtype: torch.dtype) -> None:
+        """Store the tables in `dtype` (fp16 / bf16: half the bytes), one group at a time."""
+        for weight in self.tables:
+            weight.data = weight.data.to(dtype)
+
+    def forward(self, dense: torch.Tensor, sparse: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        emb, masks = {}, {}
+        for group, fields in self.fields.items():
+            parts = []
+            for f in fields:
+                ids, offsets = sparse[f.feature]
+                weight = self.tables[self.table_index[f.table]]
+                if f.pooling == "none":
+                    parts.append(_sequence(ids, offsets, weight, f.max_len))  # (B, L, D)
+                else:
+                    mode = "mean" if f.pooling == "mean" else "sum"
+                    parts.append(F.embedding_bag(ids, weight, offsets, mode=mode, include_last_offset=True)
+                                 .float().unsqueeze(1))  # (B, 1, D)
+            emb[group] = torch.cat(parts, dim=1)  # (B, S, D)
+        for step in self.dense_model.steps:
+            seq_slot = OP_KINDS[step.kind].sequence_slot
+            if seq_slot is not None:
+                seq_feature = step.slots[seq_slot].fields[0]
+                ids, offsets = sparse[seq_feature]
+                lengths = (offsets[1:] - offsets[:-1]).clamp(max=emb_len(self.fields, seq_feature))
+                positions = torch.arange(emb_len(self.fields, seq_feature))
+                masks[step.name] = positions.unsqueeze(0) < lengths.unsqueeze(1)  # (B, L)
+        logits = self.dense_model.dense_forward(dense, emb, masks)
+        return scores(logits, self.tasks, self.dense_model.head_widths)
+
+
+def drop_mapped_pages(tensor: torch.Tensor) -> None:
+    """Give the pages of a FILE-MAPPED tensor back to the OS (Linux; they would be read from the file
+    again if touched). Never call it on other tensors: their contents would be lost."""
+    if sys.platform != "linux" or tensor.numel() == 0:
+        return
+    page = mmap.PAGESIZE
+    start = tensor.data_ptr()
+    end = start + tensor.numel() * tensor.element_size()
+    low, high = -(-start // page) * page, end // page * page
+    if high > low:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise(ctypes.c_void_p(low), ctypes.c_size_t(high - low), MADV_DONTNEED)
+
+
+def emb_len(fields: dict[str, Any], feature: str) -> int:
+    return next(f.max_len for fs in fields.values() for f in fs if f.feature == feature)
+
+
+def _sequence(ids: torch.Tensor, offsets: torch.Tensor, weight: torch.Tensor, max_len: int) -> torch.Tensor:
+    """Padded sequence lookup: the first max_len ids of each bag; padding rows are zeros.  # (B, L, D)"""
+    lengths = (offsets[1:] - offsets[:-1]).clamp(max=max_len)  # (B,)
+    positions = torch.arange(max_len)
+    valid = positions.unsqueeze(0) < lengths.unsqueeze(1)  # (B, L)
+    padded = torch.cat([ids, ids.new_zeros(1)])  # index nnz: the padding id of short sequences
+    index = (offsets[:-1].unsqueeze(1) + positions.unsqueeze(0)).clamp(max=ids.numel())  # (B, L)
+    rows = torch.where(valid, padded[index], 0)  # (B, L)
+    return weight[rows].float() * valid.unsqueeze(2)  # padding positions are zeros
