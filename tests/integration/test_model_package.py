@@ -200,3 +200,28 @@ def test_bad_inputs_are_one_line_and_exit_2(package, tmp_path):
         assert result.exit_code == 2 and len(lines) == 1 and fragment in lines[0], (name, result.output)
         assert "Traceback" not in result.output, name
     assert not (tmp_path / "s.parquet").exists() and not (tmp_path / "p").exists()
+
+
+LOAD_ONLY = """
+import sys
+import pandas as pd
+import flowrec
+model = flowrec.load_model(sys.argv[1])
+scores = model.predict(pd.read_csv(sys.argv[2]))
+assert len(scores) == 1000, len(scores)
+loaded = sorted(m for m in sys.modules if m == "flowrec.runtime" or m.startswith("flowrec.runtime."))
+print("RUNTIME:" + ",".join(loaded))
+print("SERVING:" + ",".join(sorted(m for m in sys.modules if m.startswith("flowrec.serving"))))
+"""
+
+
+def test_scoring_a_package_imports_no_training_runtime(package, tmp_path):
+    """`flowrec.load_model` + predict in a fresh interpreter: no `flowrec.runtime` module is loaded."""
+    (tmp_path / "load_only.py").write_text(LOAD_ONLY)
+    done = subprocess.run([sys.executable, str(tmp_path / "load_only.py"), str(package["pkg"]),
+                           str(package["root"] / "new.csv")], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = dict(line.split(":", 1) for line in done.stdout.splitlines() if line.startswith(("RUNTIME:", "SERVING:")))
+    assert "flowrec.serving.predict" in lines["SERVING"].split(",")  # the check saw the scoring path load
+    assert lines["RUNTIME"] == ""
