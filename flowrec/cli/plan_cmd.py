@@ -10,7 +10,7 @@ import typer
 from flowrec.cli.common import fail, guard_outputs, launch_env, planned_spec_or_exit, write_output
 from flowrec.planner.calibration import is_profile_path
 from flowrec.render import to_dot, to_png, to_svg
-from flowrec.planner.manager import STAGES, PassFailure, make_plan
+from flowrec.planner.manager import STAGES, PassFailure, load_profile, make_plan
 from flowrec.graph.plan_io import plan_json
 from flowrec.planner.report import managed_report, text_report
 from flowrec.spec.model import CachePolicy
@@ -65,7 +65,7 @@ def plan(
         model = replace(model, plan=replace(model.plan, cache=cache))
     try:
         result = make_plan(model, until=until, device_budget=device_budget, target=target,
-                           profile=profile, world_size=world_size or launch_env()[0])
+                           profile=load_profile(profile), world_size=world_size or launch_env()[0])
     except (ValueError, OSError, PassFailure) as exc:
         fail(str(exc))
     for dest, text in ((json_out, lambda: plan_json(result)), (dot, lambda: to_dot(result.graph))):

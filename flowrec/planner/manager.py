@@ -87,18 +87,22 @@ class PassManager:
         return graph, tuple(records)
 
 
+GIVEN_AS = "given_as"  # key of an access profile read from a file: the file (for the plan's record)
+
+
 def load_profile(path: str | Path | None) -> dict[str, Any] | None:
-    """Read an access profile (`flowrec data profile` output). Raises ValueError if malformed."""
+    """Read an access profile (`flowrec data profile` output) into the record `make_plan` takes;
+    it remembers the file it came from. Raises ValueError if malformed."""
     if path is None:
         return None
     doc = read_json_document(path)
     if not isinstance(doc, dict) or doc.get("format") != "flowrec-access-profile" or doc.get("version") != 1:
         raise ValueError(f"{path}: not a flowrec-access-profile version 1 document")
-    return doc
+    return {**doc, GIVEN_AS: str(path)}
 
 
 def make_plan(spec: ModelSpec, *, until: str = "interleaved", device_budget: int | str | None = None,
-              target: str | None = None, profile: dict[str, Any] | str | Path | None = None,
+              target: str | None = None, profile: dict[str, Any] | None = None,
               verify_passes: bool = False, world_size: int = 1) -> Plan:
     """Build the graph of `spec` and run the pass pipeline up to `until`.
 
@@ -108,15 +112,17 @@ def make_plan(spec: ModelSpec, *, until: str = "interleaved", device_budget: int
         device_budget: bytes or a size like "4GiB" (default: the spec's hint, else the target's
             memory minus a reserve).
         target: cost-model device (cpu, a100, h100; default from the spec).
-        profile: an access profile document (one sampled by the caller) or the path of one (given);
-            the prediction records which (`CostPrediction.access_profile`).
+        profile: an access profile record: sampled by the caller, or read from a file with
+            `load_profile` (planning reads no files); the prediction records which
+            (`CostPrediction.access_profile`).
         verify_passes: run the graph verifier after every pass.
         world_size: ranks the plan is for (`shard` pass); predictions are per rank.
     """
     name = resolve_target(spec, target)
-    given = profile if isinstance(profile, (str, Path)) else None
-    if given is not None:
-        profile = load_profile(given)
+    if profile is not None and not isinstance(profile, dict):
+        raise TypeError(f"make_plan takes an access profile record, not {type(profile).__name__}; "
+                        f"read a file with load_profile")
+    given = profile.get(GIVEN_AS) if profile is not None else None
     budget = parse_bytes(device_budget) if device_budget is not None else spec.plan.device_budget_bytes
     ctx = PassContext(spec=spec, target=name, device_budget_bytes=budget, profile=profile, world_size=world_size)
     graph, records = PassManager(verify=verify_passes).run_until(build_graph(spec), ctx, until)

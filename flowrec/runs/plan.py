@@ -14,7 +14,7 @@ import torch
 
 from flowrec.graph.types import Plan
 from flowrec.planner.contract import PlanError, load_plan
-from flowrec.planner.manager import PassFailure, make_plan
+from flowrec.planner.manager import PassFailure, load_profile, make_plan
 from flowrec.runtime.messages import first_line
 from flowrec.planner.targets import target_for_device
 from flowrec.runs.errors import RunError
@@ -64,7 +64,7 @@ def plan_for_run(spec: ModelSpec, device_name: str, device_budget: str | None, p
         status(f"plan: {plan_file} (target {plan.target}, {len(plan.meta.groups)} packed groups)")
         return plan, device
     try:
-        access = profile if profile is not None else sampled_access_profile(spec, data, status)
+        access = load_profile(profile) if profile is not None else sampled_access_profile(spec, data, status)
         plan = make_plan(spec, target=target or cost_target(device), device_budget=device_budget,
                          profile=access, world_size=world_size)
     except RunError:

@@ -9,7 +9,7 @@ import pytest
 from flowrec.graph.build import build_graph
 from flowrec.graph.types import PassContext, PassResult
 from flowrec.graph.verify import verify
-from flowrec.planner.manager import PIPELINE, STAGES, PassFailure, PassManager, make_plan
+from flowrec.planner.manager import PIPELINE, STAGES, PassFailure, PassManager, load_profile, make_plan
 from flowrec.graph.plan_io import plan_document, plan_json
 from flowrec.planner.report import text_report
 from flowrec.spec import load_spec
@@ -81,8 +81,11 @@ def test_plan_with_profile_and_budget(tmp_path):
                "tables": {"shared": {"rows": 31, "accesses": 100, "distinct": 20, "hot_cdf": [[3, 0.9]]}}}
     path = tmp_path / "profile.json"
     path.write_text(json.dumps(profile))
-    plan = make_plan(spec, profile=path, device_budget="1GiB", target="a100")
+    plan = make_plan(spec, profile=load_profile(path), device_budget="1GiB", target="a100")
     assert plan.device_budget_bytes == 2**30
+    assert plan.cost.access_profile.startswith(f"given {path}")
     path.write_text(json.dumps({"format": "other"}))
     with pytest.raises(ValueError, match="flowrec-access-profile"):
+        load_profile(path)
+    with pytest.raises(TypeError, match="load_profile"):  # planning reads no files
         make_plan(spec, profile=path)
