@@ -101,7 +101,7 @@ def sampled_access_profile(spec: ModelSpec, data: str | None,
         finally:
             source.close()
     except (DataError, OSError, ValueError) as exc:
-        raise RunError(first_line(exc)) from None
+        raise RunError(first_line(exc), cause=exc) from None
     status(f"access profile: sampled {profile['samples']:,} of {total:,} rows of {train} "
            f"(seed {spec.training.seed}) to predict cache traffic")
     return profile
