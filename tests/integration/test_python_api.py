@@ -37,3 +37,18 @@ def test_a_run_folder_with_a_run_needs_overwrite(tmp_path: Path, monkeypatch: py
     again = flowrec.train(spec, out=tmp_path / "run", overwrite=True, rows=1000, max_steps=3,
                           on_checkpoint=lambda e: seen.append((e.step, e.path.name)))
     assert again.result.steps == 3 and seen[-1] == (3, "checkpoint.pt")
+
+
+def test_lifecycle_errors_keep_their_documented_types(tmp_path: Path) -> None:
+    """`flowrec.train` raises the lower layer's error (DataError) and a RunError (a ValueError) for a
+    device or budget it cannot use; nothing is written."""
+    from flowrec.data.layout import DataError
+    from flowrec.runs.errors import RunError
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text((DOC.read_text().split('Path("tiny.yaml").write_text("""')[1]).split('""")')[0])
+    with pytest.raises(DataError, match="not found"):
+        flowrec.train(spec, data=tmp_path / "missing", out=tmp_path / "run", max_steps=1)
+    with pytest.raises(RunError, match="byte size"):
+        flowrec.train(spec, device_budget="lots", out=tmp_path / "run", rows=500, max_steps=1)
+    assert not (tmp_path / "run" / "checkpoint.pt").exists() and not (tmp_path / "run" / "run.json").exists()
