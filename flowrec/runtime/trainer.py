@@ -542,7 +542,7 @@ class Trainer:
 
     def _model_state(self) -> dict[str, torch.Tensor]:
         """The model's state for a checkpoint; with several ranks, all but the row-wise groups'
-        rows (each rank writes its own shard of those: `checkpoint_ranks`)."""
+        rows (each rank writes its own shard of those: `flowrec.runtime.checkpoint.ranks`)."""
         if self.world is None:
             return self.model.state_dict()
         from flowrec.runtime.checkpoint.layout import common_state
