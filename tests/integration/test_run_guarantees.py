@@ -222,12 +222,12 @@ def test_trimming_drops_later_steps_and_a_torn_line(tmp_path: Path):
 
 
 def test_ctrl_c_during_start_up_is_one_line_and_exit_130(spec: Path, tmp_path: Path, monkeypatch):
-    import flowrec.runtime.session as session
+    import flowrec.runs.start as start
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(session, "prepare", interrupted)
+    monkeypatch.setattr(start, "prepare", interrupted)  # the session the run lifecycle prepares
     result = _train(spec, "--out", str(tmp_path / "run"))
     assert result.exit_code == 130, result.output
     lines = result.stderr.strip().splitlines()
