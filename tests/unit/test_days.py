@@ -3,6 +3,7 @@ ids of managed tables per day (and the new ones) equal a plain-Python count over
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 import numpy as np
@@ -91,9 +92,14 @@ def test_inspect_days_counts_distinct_and_new_ids_as_sets_do(days):
         assert entry["managed"]["users"] == {"distinct_ids": len(ids), "new_ids": len(ids - seen)}
         assert entry["rows"] == len(raw[entry["day"]])
         seen |= ids
-    shown = runner.invoke(app, ["data", "inspect", str(folder), "--follow-order", "date:ts"])
+    shown = runner.invoke(app, ["data", "inspect", str(folder), "--follow-order", "date:ts", "--json"])
     assert shown.exit_code == 0, shown.output
-    assert "b  " in shown.output and str(got[0]["managed"]["users"]["distinct_ids"]) in shown.output
+    assert json.loads(shown.output) == {"order": "date:ts", "days": got}
+    table = runner.invoke(app, ["data", "inspect", str(folder)]).output.splitlines()
+    assert [line.split()[0] for line in table[1:]] == ["a", "b", "c"]
+    one = runner.invoke(app, ["data", "inspect", str(folder / "b")])
+    ids = raw_ids(raw["b"])
+    assert f"managed table users: {len(ids):,} distinct raw ids" in one.output
 
 
 def test_follow_order_needs_follow_and_a_known_form(days, tmp_path: Path):
