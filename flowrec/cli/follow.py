@@ -42,7 +42,7 @@ def landed_days(days: Path, order: DayOrder = DayOrder()) -> list[Path]:
     try:
         return day_partitions(days, order)
     except DataError as exc:
-        fail(f"--follow {days}: {exc}")
+        fail(f"--follow: {exc}")
 
 
 def done_days(run: Path, order: DayOrder | None = None) -> list[str]:
@@ -98,8 +98,7 @@ def follow(request, days: Path, wait_s: float, once: bool, train: Callable, expo
             time.sleep(POLL_S)
             continue
         day = todo[0]
-        last = next((d for d in landed if done and d.name == done[-1]), None)
-        if last is not None and day_key(day, order) < day_key(last, order):
+        if done and _before(day, done[-1], landed, order):
             fail(f"day {day.name} landed after day {done[-1]} was trained; days train in order "
                  f"{'of name' if order.column is None else 'of column ' + repr(order.column)}")
         previous = run / DAYS_DIR / done[-1] if done else None
@@ -112,6 +111,15 @@ def follow(request, days: Path, wait_s: float, once: bool, train: Callable, expo
         deadline = time.monotonic() + wait_s
         if once:
             return
+
+
+def _before(day: Path, last: str, landed: list[Path], order: DayOrder) -> bool:
+    """True when `day` comes before the day trained last (by name; by date while that day is still
+    among the landed ones)."""
+    if order.column is None:
+        return day.name < last
+    trained = next((d for d in landed if d.name == last), None)
+    return trained is not None and day_key(day, order) < day_key(trained, order)
 
 
 def _day_request(request, folder: Path, day: Path, previous: Path | None):
