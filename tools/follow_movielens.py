@@ -9,8 +9,11 @@ with `--follow`, each day from the day before, and are scored on each day before
 - `hashed`: user_id and item_id hashed into half as many rows as there are distinct ids;
 - `managed`: user_id and item_id in managed tables with the same rows (LFU, admission at first
   sight, eviction every `--every-steps` steps);
-- `vocab_spare`: vocabulary tables with spare rows for every id the later slices bring (no
-  collisions, more rows: the ceiling of a fixed table).
+- `vocab_spare`: vocabulary tables with the same rows: day 1's most frequent ids (at most rows - 1)
+  and the rest spare rows, taken first come, first served by the ids the later slices bring
+  (then unknown ids share row 0);
+- `vocab_full` (only with `--arms ...,vocab_full`): vocabulary tables with a spare row for every
+  id the later slices bring (no collisions, twice the rows: the ceiling of a fixed table).
 
 Writes JSON: per day the progressive AUC of each arm; the managed maps at the end (rows held,
 collisions among them, admitted, evicted); the share of hashed ids that share a row.
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -67,14 +71,32 @@ def spare_ids(paths: list[Path]) -> dict[str, int]:
             for name in bench.IDS}
 
 
-def spare_spec(out: Path, data: Path, spare: dict[str, int]) -> Path:
+def first_day_ids(paths: list[Path]) -> dict[str, int]:
+    """Per id feature: distinct values of day 1."""
+    first = pacsv.read_csv(paths[0])
+    return {name: len(set(first.column(name).to_pylist())) for name in bench.IDS}
+
+
+def equal_rows_vocab(first: dict[str, int], rows: dict[str, int]) -> dict[str, dict[str, int]]:
+    """Vocabulary and spare rows per id feature so that vocab + 1 + spare == rows (day 1's most
+    frequent ids first; the rows left are spare)."""
+    out = {}
+    for name, n in rows.items():
+        vocab = min(first[name], n - 1)
+        out[name] = {"vocab": vocab, "spare": n - 1 - vocab}
+    return out
+
+
+def spare_spec(out: Path, data: Path, sizes: dict[str, dict[str, int]], arm: str) -> Path:
+    """specs/movielens.yaml with vocabulary tables of the given vocabulary and spare rows."""
     path = bench.arm_spec("vocab", data, out, {}, 0)
     doc = yaml.safe_load(path.read_text())
-    doc["name"] = "movielens_vocab_spare"
+    doc["name"] = f"movielens_{arm}"
     for feature in doc["features"]:
-        if feature["name"] in spare:
-            feature["vocab_spare"] = spare[feature["name"]]
-    target = out / "vocab_spare.yaml"
+        if feature["name"] in sizes:
+            feature["vocab"] = sizes[feature["name"]]["vocab"]
+            feature["vocab_spare"] = sizes[feature["name"]]["spare"]
+    target = out / f"{arm}.yaml"
     target.write_text(yaml.safe_dump(doc, sort_keys=False))
     return target
 
@@ -141,12 +163,16 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     raws = day_slices(args.data, args.out, args.slices)
     rows = {name: -(-n // 2) for name, n in bench.distinct_ids(args.data).items()}
-    spare = spare_ids(raws)
+    distinct = bench.distinct_ids(args.data)
+    equal = equal_rows_vocab(first_day_ids(raws), rows)
+    full = {name: {"vocab": distinct[name], "spare": n} for name, n in spare_ids(raws).items()}
     specs = {"hashed": bench.arm_spec("hashed", args.data, args.out, rows, args.every_steps),
              "managed": bench.arm_spec("managed", args.data, args.out, rows, args.every_steps, args.evict, args.admit),
-             "vocab_spare": spare_spec(args.out, args.data, spare)}
+             "vocab_spare": spare_spec(args.out, args.data, equal, "vocab_spare"),
+             "vocab_full": spare_spec(args.out, args.data, full, "vocab_full")}
     specs = {arm: spec for arm, spec in specs.items() if arm in args.arms.split(",")}
-    result: dict = {"slices": args.slices, "epochs_per_day": args.epochs, "rows": rows, "vocab_spare": spare,
+    result: dict = {"slices": args.slices, "epochs_per_day": args.epochs, "rows": rows,
+                    "vocab_spare": equal, "vocab_full": full,
                     "managed": {"evict": args.evict, "admit_min_count": args.admit, "every_steps": args.every_steps},
                     "progressive_auc": {}, "hashed_ids_sharing_a_row": hashed_sharing(raws, rows)}
     for arm, spec in specs.items():
@@ -158,8 +184,19 @@ def main() -> None:
         if arm == "managed":
             result["managed_at_end"] = managed_end(stream, raws[-1].stem)
         print(arm, json.dumps(result["progressive_auc"][arm]))
+    result["load_average"] = [round(x, 2) for x in os.getloadavg()]
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2) + "\n")
+    print(slice_table(result["progressive_auc"]))
+
+
+def slice_table(auc: dict[str, dict[str, float]]) -> str:
+    """Progressive AUC per day (rows) and arm (columns)."""
+    arms = list(auc)
+    days = sorted({d for per in auc.values() for d in per})
+    lines = ["day    " + " ".join(f"{a:>11}" for a in arms)]
+    lines += [f"{d:<6} " + " ".join(f"{auc[a].get(d, float('nan')):>11.4f}" for a in arms) for d in days]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -263,6 +263,33 @@ def _show_profile(prof: dict, quiet: bool) -> None:
                    f"{b['hot_sample_fraction']:.1%} expected over the whole data")
 
 
+def _inspect_days(folder: Path, order_text: str, as_json: bool) -> None:
+    """`data inspect DAYS`: per day partition, its rows and, per managed table, the distinct raw ids
+    it brings and how many no earlier day brought."""
+    from flowrec.data.days import inspect_days, parse_order
+
+    try:
+        order = parse_order(order_text)
+    except ValueError as exc:
+        fail(f"--follow-order: {exc}")
+    days = _run(lambda: inspect_days(folder, order))
+    if not days:
+        fail(f"{folder}: neither an encoded dataset nor a folder of day partitions (datasets with _flowrec.json)")
+    if as_json:
+        typer.echo(json.dumps({"order": str(order), "days": days}, indent=1))
+        return
+    tables = sorted({t for d in days for t in d["managed"]})
+    head = ["day", *(["first date"] if order.column else []), "rows",
+            *[f"{t} {k}" for t in tables for k in ("distinct ids", "new ids")]]
+    rows = [[d["day"], *([format(d["date"], "g") if isinstance(d["date"], float) else d["date"]] if order.column else []),
+             format(d["rows"], ","),
+             *[format(d["managed"].get(t, {}).get(k, 0), ",") for t in tables for k in ("distinct_ids", "new_ids")]]
+            for d in days]
+    widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
+    for r in [head, *rows]:
+        typer.echo("  ".join(str(v).ljust(w) if i == 0 else str(v).rjust(w) for i, (v, w) in enumerate(zip(r, widths))))
+
+
 def inspect_table(columns: list[dict], has_raw: bool) -> list[str]:
     """Lines of the column table: full type names; raw columns when conversion recorded them."""
     def cell(c: dict, key: str, fmt: str = ",") -> str:
@@ -281,9 +308,16 @@ def inspect_table(columns: list[dict], has_raw: bool) -> list[str]:
 
 
 def inspect(
-    path: Path = typer.Argument(..., help="Encoded dataset directory."),
+    path: Path = typer.Argument(..., help="Encoded dataset directory, or a folder of day partitions (as `train --follow` reads): then one line per day."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    follow_order: str = typer.Option("name", "--follow-order", help="For a folder of day partitions: their order, `name` or `date:COLUMN` (as `train --follow-order`)."),
 ) -> None:
+    from flowrec.data.layout import META_FILE
+
+    if not (path / META_FILE).is_file() and path.is_dir():
+        _inspect_days(path, follow_order, as_json)
+        return
+
     def work():
         from flowrec.data.inspect import inspect_dataset
 
@@ -298,6 +332,10 @@ def inspect(
                f"(spec {meta['spec']}, data hash {meta['data_hash']}, source {meta['source'].get('format')})")
     for line in inspect_table(info["columns"], info["raw"] is not None):
         typer.echo(line)
+    for table, m in ((info["raw"] or {}).get("managed") or {}).items():
+        bound = "at least " if m.get("distinct_is_lower_bound") else ""
+        typer.echo(f"managed table {table}: {bound}{m['distinct_ids']:,} distinct raw ids in {m['lookups']:,} "
+                   f"lookups ({', '.join(m['features'])})")
     for warning in info["warnings"]:
         typer.echo(f"warning: {warning}", err=True)
     if info["raw"] is None:

@@ -1,13 +1,16 @@
 """`flowrec train SPEC --follow DAYS --out RUN`: continuous training on a stream of day partitions.
 
 Each day is an encoded dataset folder under DAYS (one with ``_flowrec.json``: a conversion
-renames it into place only when complete), taken in order of name. For each day not trained yet:
+renames it into place only when complete), taken in order of name, or with `--follow-order
+date:COLUMN` by the first date of COLUMN that conversion recorded for it (`flowrec.data.days`).
+For each day not trained yet:
 the model of the previous day is first scored on it (progressive validation: metrics on data it
 has not seen, one ``{"event": "progressive", "step": <day number>, "day", "metrics"}`` line in
 RUN/metrics.jsonl, and TensorBoard scalars ``progressive/<head>/<metric>``), then
 it trains into RUN/days/<day>/ from the previous day's run (`--init-from`: tables, optimizer
 state, managed maps and encoder carry over), which checkpoints as any run. RUN/follow.json lists
-the days done, written after each; a day already listed is never trained again, and a day whose
+the days done and their order, written after each; a day already listed is never trained again, a
+day that lands before the last day trained is refused, and so is another order than the stream's, and a day whose
 folder holds a checkpoint but is not listed (a crash) is resumed (`--resume`: bitwise equal to an
 uninterrupted run). With `--follow-export` each day's model package is written to
 RUN/export/<day>/ before the day is recorded. With `--follow-wait S` it waits up to S seconds for
@@ -25,6 +28,8 @@ from pathlib import Path
 from typing import Callable
 
 from flowrec.cli.common import fail
+from flowrec.data.days import DayOrder, day_key, day_partitions
+from flowrec.data.layout import DataError
 
 FOLLOW_FILE = "follow.json"
 DAYS_DIR = "days"
@@ -32,35 +37,41 @@ EXPORT_DIR = "export"
 POLL_S = 1.0  # seconds between looks for a new day
 
 
-def landed_days(days: Path) -> list[Path]:
-    """Day partitions under `days` that are complete datasets, in order of name."""
-    if not days.is_dir():
-        fail(f"--follow {days}: not a folder")
-    return sorted(p for p in days.iterdir() if p.is_dir() and (p / "_flowrec.json").is_file()
-                  and not p.name.startswith((".", "_")))
+def landed_days(days: Path, order: DayOrder = DayOrder()) -> list[Path]:
+    """Day partitions under `days` that are complete datasets, in `order`."""
+    try:
+        return day_partitions(days, order)
+    except DataError as exc:
+        fail(f"--follow: {exc}")
 
 
-def done_days(run: Path) -> list[str]:
-    """The days the stream in `run` trained, in order (none yet: [])."""
+def done_days(run: Path, order: DayOrder | None = None) -> list[str]:
+    """The days the stream in `run` trained, in order (none yet: []); with `order`, fails when the
+    stream was ordered otherwise (a stream written before orders were recorded went by name)."""
     path = run / FOLLOW_FILE
     if not path.is_file():
         return []
     try:
-        days = json.loads(path.read_text())["days"]
-    except (ValueError, KeyError, TypeError):
+        doc = json.loads(path.read_text())
+        days, recorded = doc["days"], doc.get("order", "name")
+    except (ValueError, KeyError, TypeError, AttributeError):
         fail(f"{path} is damaged (not a list of days); the day folders under {run / DAYS_DIR} are intact")
     if not isinstance(days, list) or not all(isinstance(d, str) for d in days):
         fail(f"{path} is damaged (not a list of days); the day folders under {run / DAYS_DIR} are intact")
+    if order is not None and days and recorded != str(order):
+        fail(f"the stream in {run} takes its days in order {recorded!r}, not {str(order)!r}: "
+             f"rerun with --follow-order {recorded}")
     return days
 
 
-def _record(run: Path, days: list[str]) -> None:
+def _record(run: Path, days: list[str], order: DayOrder) -> None:
     from flowrec.runtime.rundir import write_text
 
-    write_text(run / FOLLOW_FILE, json.dumps({"days": days}, indent=2) + "\n")
+    write_text(run / FOLLOW_FILE, json.dumps({"days": days, "order": str(order)}, indent=2) + "\n")
 
 
-def follow(request, days: Path, wait_s: float, once: bool, train: Callable, export: bool = False) -> None:
+def follow(request, days: Path, wait_s: float, once: bool, train: Callable, export: bool = False,
+           order: DayOrder = DayOrder()) -> None:
     """Train each new day of `days` into `request.out` (see the module docstring).
 
     Args:
@@ -70,6 +81,7 @@ def follow(request, days: Path, wait_s: float, once: bool, train: Callable, expo
         once: train at most one new day.
         train: `run_training`, called with one request per day.
         export: after each day, also write its model package to RUN/export/<day>/.
+        order: how the day partitions are ordered (by name or a date column).
     """
     run = request.out
     if run is None:
@@ -77,26 +89,37 @@ def follow(request, days: Path, wait_s: float, once: bool, train: Callable, expo
     run.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + wait_s
     while True:
-        done = done_days(run)
-        todo = [d for d in landed_days(days) if d.name not in done]
+        done = done_days(run, order)
+        landed = landed_days(days, order)
+        todo = [d for d in landed if d.name not in done]
         if not todo:
             if time.monotonic() >= deadline:
                 return
             time.sleep(POLL_S)
             continue
         day = todo[0]
-        if done and day.name < done[-1]:
-            fail(f"day {day.name} landed after day {done[-1]} was trained; days train in order of name")
+        if done and _before(day, done[-1], landed, order):
+            fail(f"day {day.name} landed after day {done[-1]} was trained; days train in order "
+                 f"{'of name' if order.column is None else 'of column ' + repr(order.column)}")
         previous = run / DAYS_DIR / done[-1] if done else None
         if previous is not None:
             _progressive(run, previous, day, len(done) + 1)
         train(_day_request(request, run / DAYS_DIR / day.name, day, previous))
         if export:
             _export(run / DAYS_DIR / day.name, run / EXPORT_DIR / day.name)
-        _record(run, done + [day.name])
+        _record(run, done + [day.name], order)
         deadline = time.monotonic() + wait_s
         if once:
             return
+
+
+def _before(day: Path, last: str, landed: list[Path], order: DayOrder) -> bool:
+    """True when `day` comes before the day trained last (by name; by date while that day is still
+    among the landed ones)."""
+    if order.column is None:
+        return day.name < last
+    trained = next((d for d in landed if d.name == last), None)
+    return trained is not None and day_key(day, order) < day_key(trained, order)
 
 
 def _day_request(request, folder: Path, day: Path, previous: Path | None):

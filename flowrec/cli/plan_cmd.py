@@ -1,6 +1,7 @@
 """`flowrec plan`: compile a spec, run the planner passes and show the plan."""
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Optional, get_args
@@ -52,6 +53,7 @@ def plan(
     svg: Optional[Path] = typer.Option(None, "--svg", help="Write an SVG drawing to PATH."),
     png: Optional[Path] = typer.Option(None, "--png", help="Write a PNG drawing to PATH (matplotlib)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No text report (only the files asked for)."),
+    managed_from: Optional[Path] = typer.Option(None, "--managed-from", help="A trained run of this spec: the report adds, per managed table, what its map held and did at the run's end (rows held, ids waiting, admitted, evicted, expired, lookups that read the default row)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace output files that exist (never a file of a run, package or dataset, nor an input)."),
 ) -> None:
     model = planned_spec_or_exit(spec)
@@ -78,4 +80,23 @@ def plan(
     if png is not None:
         write_output(png, lambda tmp: to_png(result, tmp))
     if "-" not in (json_out, dot) and not quiet:
-        typer.echo("\n".join(text_report(result) + managed_report(model)))
+        trained = run_managed(managed_from) if managed_from is not None else None
+        typer.echo("\n".join(text_report(result) + managed_report(model, trained)))
+
+
+def run_managed(run: Path) -> dict:
+    """The managed report of a run's last end event in RUN/metrics.jsonl (exit 2 when it has none)."""
+    path = run / "metrics.jsonl"
+    if not path.is_file():
+        fail(f"--managed-from {run}: not a run folder (no metrics.jsonl)")
+    found = None
+    for line in path.read_text().splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict) and event.get("event") == "end" and isinstance(event.get("managed"), dict):
+            found = event["managed"]
+    if found is None:
+        fail(f"--managed-from {run}: the run recorded no managed tables (none in its spec, or it never ended)")
+    return found

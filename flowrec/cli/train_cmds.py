@@ -79,6 +79,7 @@ def train(
     follow_dir: Optional[Path] = typer.Option(None, "--follow", help="Continuous training: train each day partition (an encoded dataset folder) under this folder in order of name into --out/days/<day>, each from the day before (--init-from), after scoring the day before's model on it (progressive validation in --out/metrics.jsonl); resumes a day cut short, never trains a day twice."),
     follow_wait: float = typer.Option(0.0, "--follow-wait", min=0.0, help="With --follow: seconds to wait for a new day partition to land before stopping. Default: 0 (stop when none is waiting)."),
     follow_once: bool = typer.Option(False, "--follow-once", help="With --follow: train at most one new day, then stop."),
+    follow_order: str = typer.Option("name", "--follow-order", help="With --follow: the order of the day partitions: `name` (default), or `date:COLUMN`, by the first date of COLUMN that conversion recorded for each day (data option date_column, or split_by) or of a stored numeric column COLUMN; ties by name."),
     follow_export: bool = typer.Option(False, "--follow-export", help="With --follow: after each day, write its model package to --out/export/<day> (as `flowrec export`)."),
 ) -> None:
     """Train a spec end to end: plan, stage data, train, evaluate, checkpoint.
@@ -109,17 +110,30 @@ def train(
                          fresh_optimizer, dist_timeout)
     try:
         _check_options(request)
+        if follow_dir is None and follow_order != "name":
+            fail("--follow-order orders the day partitions of --follow: give --follow DAYS")
         if follow_dir is not None:
             _check_follow(request, nproc)
             from flowrec.cli.follow import follow
 
-            follow(request, follow_dir, follow_wait, follow_once, run_training, follow_export)
+            follow(request, follow_dir, follow_wait, follow_once, run_training, follow_export,
+                   _follow_order(follow_order))
             return
         if nproc > 1 and _launch_size() == 1:
             raise typer.Exit(_launch(request, nproc, max_restarts))
         run_training(_restarted(request))
     except KeyboardInterrupt:
         fail("interrupted (Ctrl-C) before training started; nothing was trained", EXIT_INTERRUPTED)
+
+
+def _follow_order(text: str):
+    """--follow-order as a `DayOrder` (exit 2 on a bad form)."""
+    from flowrec.data.days import parse_order
+
+    try:
+        return parse_order(text)
+    except ValueError as exc:
+        fail(f"--follow-order: {exc}")
 
 
 def _check_follow(request: RunRequest, nproc: int) -> None:
@@ -563,7 +577,7 @@ def _report(result, run_dir: Path, json_out: bool) -> None:
                      f"{run_dir / 'best'}")
     elif result.stop_requested:
         lines.append(f"stopped at step {result.steps} on request")
-    from flowrec.runtime.managed_state import managed_lines
+    from flowrec.planner.report import managed_lines
 
     lines += managed_lines(result.managed)
     lines.append(f"run folder: {run_dir} (checkpoint.pt, metrics.jsonl, plan.json)")

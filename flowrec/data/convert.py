@@ -198,7 +198,7 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
     writers = {"": PartWriter(out, rows_per_file)} if not fraction else {
         "train": PartWriter(out / "train", rows_per_file), "test": PartWriter(out / "test", rows_per_file)}
     seen = 0
-    stats = {name: RawStats(spec, columns) for name in writers}
+    stats = {name: RawStats(spec, columns, opts.get("date_column", split_by)) for name in writers}
     for _, chunk in chunks(on_error):
         encoded = encoder.encode(chunk)
         if fraction:

@@ -43,8 +43,8 @@ from flowrec.spec.model import ManagedSpec
 
 NO_ROW = -1  # the row of an id that has none (reads the default)
 STATE_KEYS = ("keys", "row", "count", "last", "free", "clock", "stats")
-STATS = ("admitted", "evicted", "expired")
-BUFFER_IDS = 1 << 16  # new ids held in the sorted buffer before it is merged into the main entries  # ids given a row, rows lost in a contest, rows lost by TTL
+STATS = ("admitted", "evicted", "expired")  # ids given a row, rows lost in a contest, rows lost by TTL
+BUFFER_IDS = 1 << 16  # new ids held in the sorted buffer before it is merged into the main entries
 
 
 @dataclass(frozen=True)
@@ -93,24 +93,35 @@ class Entries:
 
     def add(self, ids: np.ndarray, counts: np.ndarray, clock: int) -> None:
         """Insert sorted `ids` (none present) without a row, seen `counts` times at `clock`."""
-        at = np.searchsorted(self.keys, ids)
-        self.keys = np.insert(self.keys, at, ids)
-        self.row = np.insert(self.row, at, NO_ROW)
-        self.count = np.insert(self.count, at, counts.astype(np.float64))
-        self.last = np.insert(self.last, at, clock)
+        self._insert(np.searchsorted(self.keys, ids), ids, np.full(len(ids), NO_ROW, np.int64),
+                     counts.astype(np.float64), np.full(len(ids), clock, np.int64))
+
+    def _insert(self, at: np.ndarray, keys: np.ndarray, row: np.ndarray, count: np.ndarray,
+                last: np.ndarray) -> None:
+        """Insert entries at their (nondecreasing) insertion points `at`: one pass per array, no sort."""
+        slots = at + np.arange(len(at))  # their positions in the grown arrays
+        old = np.ones(len(self.keys) + len(at), bool)
+        old[slots] = False
+        grown = []
+        for mine, new in ((self.keys, keys), (self.row, row), (self.count, count), (self.last, last)):
+            out = np.empty(len(old), mine.dtype)
+            out[slots] = new
+            out[old] = mine
+            grown.append(out)
+        self.keys, self.row, self.count, self.last = grown
 
     def keep(self, mask: np.ndarray) -> None:
         self.keys, self.row = self.keys[mask], self.row[mask]
         self.count, self.last = self.count[mask], self.last[mask]
 
     def merged(self, other: "Entries") -> "Entries":
-        """Both sets of entries (disjoint ids) as one, sorted."""
+        """Both sets of entries (disjoint ids) as one, sorted: `other` inserted into a copy of these
+        (linear in the entries, no sort)."""
         if not len(other):
             return self
-        order = np.argsort(np.concatenate([self.keys, other.keys]), kind="stable")
-        return Entries(*(np.concatenate([a, b])[order] for a, b in
-                         ((self.keys, other.keys), (self.row, other.row), (self.count, other.count),
-                          (self.last, other.last))))
+        out = Entries(self.keys, self.row, self.count, self.last)
+        out._insert(np.searchsorted(self.keys, other.keys), other.keys, other.row, other.count, other.last)
+        return out
 
 
 class ManagedMap:
@@ -144,22 +155,33 @@ class ManagedMap:
     def step_counts(self, unique: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """One step from the batch's sorted distinct ids and their occurrences.
 
+        Each id is searched once in the main entries and, when it is not there, once in the
+        buffer (after the new ids enter it); admission reuses those positions.
+
         Returns:
             (rows freed and reset by this step's eviction pass, the row of each distinct id).
         """
         resets = self._evict() if self.clock > 0 and self.clock % self.spec.every_steps == 0 else _EMPTY
-        known = np.zeros(len(unique), bool)
-        for part in (self.main, self.recent):
-            pos, found = part.find(unique)
+        main, recent = self.main, self.recent
+        pos, in_main = main.find(unique)
+        at_main = pos[in_main]
+        main.count[at_main] = self._decayed(main, at_main) + counts[in_main]
+        main.last[at_main] = self.clock
+        rest = np.flatnonzero(~in_main)  # ids of the batch not in the main entries
+        at_recent = _EMPTY
+        if len(rest):
+            ids = unique[rest]
+            pos, found = recent.find(ids)
             hit = pos[found]
-            part.count[hit] = self._decayed(part, hit) + counts[found]
-            part.last[hit] = self.clock
-            known |= found
-        if not known.all():
-            self.recent.add(unique[~known], counts[~known], self.clock)
-            if len(self.recent) > self.buffer_ids:
-                self._merge()
-        rows = self._admit(unique)
+            recent.count[hit] = self._decayed(recent, hit) + counts[rest[found]]
+            recent.last[hit] = self.clock
+            if not found.all():
+                recent.add(ids[~found], counts[rest[~found]], self.clock)
+                pos = np.searchsorted(recent.keys, ids)
+            at_recent = pos
+        rows = self._admit(len(unique), ((main, np.flatnonzero(in_main), at_main), (recent, rest, at_recent)))
+        if len(self.recent) > self.buffer_ids:
+            self._merge()
         self.clock += 1
         return resets, rows
 
@@ -192,31 +214,35 @@ class ManagedMap:
         """Entries `at` best score first (ties by the smaller raw id)."""
         return at[np.lexsort(self._keys_of(part, at))]
 
-    def _admit(self, unique: np.ndarray) -> np.ndarray:
+    def _admit(self, n: int, located: tuple[tuple[Entries, np.ndarray, np.ndarray], ...]) -> np.ndarray:
         """Free rows to the batch's ids that have none and reached the admission count (ids of
-        both parts ranked together); returns the row of each of `unique` (all in the map)."""
-        located = [(part, *part.find(unique)) for part in (self.main, self.recent)]
-        waiting = [pos[found][(part.row[pos[found]] == NO_ROW)
-                              & (part.count[pos[found]] >= self.spec.admit_min_count)]
-                   for part, pos, found in located]
-        if len(self.free) and sum(len(w) for w in waiting):
-            keys = [np.concatenate(k) for k in zip(*(self._keys_of(part, w) for (part, _, _), w in
-                                                     zip(located, waiting)))]
-            take = np.lexsort(keys)[:len(self.free)]
-            rows = np.empty(len(keys[0]), np.int64)
-            rows[take] = self.free[:len(take)]
-            given = np.zeros(len(keys[0]), bool)
-            given[take] = True
-            start = 0
-            for (part, _, _), w in zip(located, waiting):
-                mine = slice(start, start + len(w))
-                part.row[w[given[mine]]] = rows[mine][given[mine]]
-                start += len(w)
-            self.free = self.free[len(take):]
-            self.stats[0] += len(take)
-        out = np.full(len(unique), NO_ROW, np.int64)
-        for part, pos, found in located:
-            out[found] = part.row[pos[found]]
+        both parts ranked together); returns the row of each of the batch's `n` distinct ids.
+
+        Args:
+            n: distinct ids of the batch.
+            located: per part, (entries, which of the distinct ids it holds, their positions in it).
+        """
+        if len(self.free):
+            waiting = [at[(part.row[at] == NO_ROW) & (part.count[at] >= self.spec.admit_min_count)]
+                       for part, _, at in located]
+            if sum(len(w) for w in waiting):
+                keys = [np.concatenate(k) for k in zip(*(self._keys_of(part, w) for (part, _, _), w in
+                                                         zip(located, waiting)))]
+                take = np.lexsort(keys)[:len(self.free)]
+                rows = np.empty(len(keys[0]), np.int64)
+                rows[take] = self.free[:len(take)]
+                given = np.zeros(len(keys[0]), bool)
+                given[take] = True
+                start = 0
+                for (part, _, _), w in zip(located, waiting):
+                    mine = slice(start, start + len(w))
+                    part.row[w[given[mine]]] = rows[mine][given[mine]]
+                    start += len(w)
+                self.free = self.free[len(take):]
+                self.stats[0] += len(take)
+        out = np.full(n, NO_ROW, np.int64)
+        for part, which, at in located:
+            out[which] = part.row[at]
         return out
 
     def _give(self, part: Entries, ordered: np.ndarray) -> None:

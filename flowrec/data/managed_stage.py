@@ -18,7 +18,7 @@ Example:
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
@@ -43,6 +43,7 @@ class ManagedBatch:
         clocks: table -> the map's clock before this batch (the step number it replays at).
         defaults: lookups that read the default row (missing, not admitted, evicted).
         lookups: lookups of managed tables in the batch.
+        tables: table -> (its lookups, those that read the default row).
     """
 
     steps: dict[str, tuple[np.ndarray, np.ndarray]]
@@ -50,6 +51,7 @@ class ManagedBatch:
     clocks: dict[str, int]
     defaults: int
     lookups: int = 0
+    tables: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 class Remapper:
@@ -74,7 +76,7 @@ class Remapper:
     def remap(self, cols: dict[str, Column]) -> tuple[dict[str, Column], ManagedBatch]:
         """Columns with rows instead of raw ids (DROPPED for the default) and what the maps did."""
         cols = dict(cols)
-        steps, resets, clocks, defaults, lookups = {}, {}, {}, 0, 0
+        steps, resets, clocks, defaults, lookups, tables = {}, {}, {}, 0, 0, {}
         for table, m in self.maps.items():
             names = self.features[table]
             flat = np.concatenate([_values(cols[n]) for n in names]) if names else np.zeros(0, np.int64)
@@ -89,7 +91,8 @@ class Remapper:
                     resets[group] = torch.cat([resets[group], packed]) if group in resets else packed
             else:
                 rows = m.lookup(flat)
-            defaults += int((rows == NO_ROW).sum())
+            tables[table] = (len(rows), int((rows == NO_ROW).sum()))
+            defaults += tables[table][1]
             lookups += len(rows)
             rows = np.where(rows == NO_ROW, DROPPED, rows)
             start = 0
@@ -98,7 +101,7 @@ class Remapper:
                 cols[n] = _with_values(cols[n], rows[start:start + k])
                 start += k
         return cols, ManagedBatch(steps, {g: torch.sort(r).values for g, r in resets.items()}, clocks, defaults,
-                                  lookups)
+                                  lookups, tables)
 
     def in_turn(self, turn: int, stopped: Callable[[], bool], work: Callable[[], Any]) -> Any:
         """Run `work` as turn number `turn` (0, 1, ... in submission order), after turn - 1;

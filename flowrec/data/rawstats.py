@@ -1,6 +1,9 @@
 """What conversion saw in the raw data, before encoding filled or hashed it away: missing rates of
-the raw dense columns, the label mean of each label, and per hashed one-id feature the distinct
-raw values next to the rows they occupy (values hashed into one row are merged: collisions).
+the raw dense columns, the label mean of each label, per hashed one-id feature the distinct
+raw values next to the rows they occupy (values hashed into one row are merged: collisions), per
+managed table the distinct raw ids the data brings (what its map must hold or turn away), and,
+with a date column (data option ``date_column``, else ``split_by``), the range of its values
+(`flowrec train --follow DAYS --follow-order date:COLUMN` orders day partitions by it).
 
 Written beside the dataset as `_flowrec_stats.json`; `flowrec data inspect` shows it.
 
@@ -21,7 +24,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from flowrec.data.encode import as_strings
-from flowrec.data.layout import unique_labels
+from flowrec.data.layout import DataError, unique_labels
+from flowrec.data.raw_ids import MISSING_ID
 from flowrec.spec.model import ModelSpec
 
 STATS_FILE = "_flowrec_stats.json"
@@ -35,10 +39,17 @@ class RawStats:
     Args:
         spec: the model spec.
         columns: feature / label name -> raw column name (the spec's data.columns).
+        date_column: raw column whose range is recorded (None: none).
     """
 
-    def __init__(self, spec: ModelSpec, columns: dict[str, str]) -> None:
-        self.spec, self.columns = spec, columns
+    def __init__(self, spec: ModelSpec, columns: dict[str, str], date_column: str | None = None) -> None:
+        self.spec, self.columns, self.date_column = spec, columns, date_column
+        self.dates: list[Any] = []  # the smallest and largest date seen so far (none yet: [])
+        self.managed = {t.name: [f.name for f in spec.sparse_features if f.table == t.name]
+                        for t in spec.tables if t.managed is not None}
+        self.managed_ids: dict[str, set] = {name: set() for name in self.managed}
+        self.managed_lookups = {name: 0 for name in self.managed}
+        self.managed_capped: set[str] = set()
         self.rows = 0
         self.dense_missing = {f.name: 0 for f in spec.dense_features}
         self.label_sums = {label: 0.0 for label in unique_labels(spec)}
@@ -68,6 +79,32 @@ class RawStats:
             seen.update(values.to_pylist())
             if len(seen) > DISTINCT_CAP:
                 self.capped.add(f.name)
+        for table, features in self.managed.items():
+            for name in features:
+                ids = _flat_ids(encoded.column(name))
+                ids = ids[ids != MISSING_ID]
+                self.managed_lookups[table] += len(ids)
+                if table not in self.managed_capped:
+                    self.managed_ids[table].update(np.unique(ids).tolist())
+                    if len(self.managed_ids[table]) > DISTINCT_CAP:
+                        self.managed_capped.add(table)
+        if self.date_column is not None:
+            self._observe_dates(raw)
+
+    def _observe_dates(self, raw: pa.Table) -> None:
+        """Widen the date range by a chunk's date column (numbers, or strings such as ISO dates)."""
+        if self.date_column not in raw.column_names:
+            raise DataError(f"date_column: column {self.date_column!r} is not in the input (has "
+                            f"{[c for c in raw.column_names[:12] if not c.startswith('__')]})")
+        col = raw.column(self.date_column)
+        col = _as_dates(col)
+        lo, hi = (v.as_py() for v in pc.min_max(col).values())
+        if lo is None:
+            return
+        if self.dates and type(lo) is not type(self.dates[0]):
+            raise DataError(f"date_column: column {self.date_column!r} holds numbers in some chunks and "
+                            "text in others")
+        self.dates = [lo, hi] if not self.dates else [min(self.dates[0], lo), max(self.dates[1], hi)]
 
     def summary(self) -> dict[str, Any]:
         """The statistics as a JSON-able document."""
@@ -80,6 +117,11 @@ class RawStats:
                                 "distinct_values": len(self.distinct[f.name]),
                                 "distinct_is_lower_bound": f.name in self.capped,
                                 "occupied_rows": int(self.occupied[f.name].sum())} for f in self.hashed},
+            **({"managed": {t: {"features": features, "distinct_ids": len(self.managed_ids[t]),
+                                "distinct_is_lower_bound": t in self.managed_capped, "lookups": self.managed_lookups[t]}
+                            for t, features in self.managed.items()}} if self.managed else {}),
+            **({"dates": {"column": self.date_column, "min": self.dates[0], "max": self.dates[1]}}
+               if self.dates else {}),
         }
 
     def write(self, folder: Path) -> None:
@@ -96,6 +138,26 @@ def read_stats(folder: Path) -> dict[str, Any] | None:
     except ValueError:
         return None
     return doc if isinstance(doc, dict) else None
+
+
+def _as_dates(col: pa.ChunkedArray) -> pa.Array:
+    """A date column as float64 when it holds numbers (text read from CSV included), else as text
+    (ISO dates order as text)."""
+    if pa.types.is_integer(col.type) or pa.types.is_floating(col.type):
+        return pc.cast(col, pa.float64())
+    text = as_strings(col)
+    try:
+        return pc.cast(text, pa.float64())
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return text
+
+
+def _flat_ids(col: pa.ChunkedArray) -> np.ndarray:
+    """The raw ids of a managed column (one id per row, or a list per row) as one array.  # (N,) int64"""
+    col = col.combine_chunks()
+    if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
+        col = pc.list_flatten(col)
+    return col.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
 
 
 def merged_values(entry: dict[str, Any]) -> int:

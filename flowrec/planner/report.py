@@ -31,9 +31,11 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return [fmt(header), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows]
 
 
-def managed_report(spec: ModelSpec) -> list[str]:
+def managed_report(spec: ModelSpec, trained: dict[str, Any] | None = None) -> list[str]:
     """One line per managed table of `spec`: its capacity (what the plan prices) and its map's rules
-    (nothing for a spec without managed tables)."""
+    (nothing for a spec without managed tables); with `trained` (a run's managed report, as
+    `managed_lines` takes it), a second line per table: what its map holds and did."""
+    tables = (trained or {}).get("tables", {})
     out = []
     for t in spec.tables:
         m = t.managed
@@ -42,7 +44,27 @@ def managed_report(spec: ModelSpec) -> list[str]:
         rules = f"admit at {m.admit_min_count}, {m.evict}" + (f" (decay {m.decay:g})" if m.evict == "decayed_lfu" else "")
         rules += f" every {m.every_steps:,} steps" + (f", ttl {m.ttl_steps:,} steps" if m.ttl_steps else "")
         out.append(f"managed table {t.name}: {m.rows:,} rows, priced at capacity; {rules}")
+        if t.name in tables:
+            out.append(f"  trained: {table_line(tables[t.name])}")
     return out
+
+
+def managed_lines(report: dict[str, Any] | None) -> list[str]:
+    """Console lines of a run's managed report (`ManagedState.report`): one per table."""
+    if not report:
+        return []
+    return [f"managed {table}: {table_line(r)}" for table, r in report["tables"].items()]
+
+
+def table_line(r: dict[str, Any]) -> str:
+    """One table of a managed report: occupancy, totals, default-row lookups (when counted)."""
+    line = (f"{r['held']:,}/{r['rows']:,} rows held ({100 * r['held'] / max(r['rows'], 1):.1f}%), "
+            f"{r['waiting']:,} ids waiting, {r['admitted']:,} admitted, {r['evicted']:,} evicted, "
+            f"{r['expired']:,} expired")
+    if r.get("lookups"):
+        line += (f"; {r['default_lookups']:,} of {r['lookups']:,} trained lookups "
+                 f"({100 * r['default_lookups'] / r['lookups']:.1f}%) read the default row")
+    return line
 
 
 def text_report(plan: Plan) -> list[str]:

@@ -49,6 +49,7 @@ class ManagedState(nn.Module):
         self.maps = {t.name: ManagedMap(t.managed) for t in spec.tables if t.managed is not None}
         self.slots = {t.table: (g.name, t.row_offset, t.rows) for g in groups for t in g.tables}
         self.lookups = [0, 0]  # managed lookups trained by this process, and those that read the default
+        self.table_lookups = {t: [0, 0] for t in self.maps}  # the same per table
         self._replays: deque[Future] = deque()
         self._pool: ThreadPoolExecutor | None = None
 
@@ -81,6 +82,9 @@ class ManagedState(nn.Module):
             return
         self.lookups[0] += managed.lookups
         self.lookups[1] += managed.defaults
+        for table, (n, defaults) in managed.tables.items():
+            self.table_lookups[table][0] += n
+            self.table_lookups[table][1] += defaults
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="flowrec-managed-replay")
         self._replays.append(self._pool.submit(self._replay, managed))
@@ -117,11 +121,13 @@ class ManagedState(nn.Module):
                 raise RuntimeError(f"managed table {table}: the replayed eviction freed other rows")
 
     def report(self) -> dict[str, object]:
-        """Per table occupancy and totals (`ManagedMap.report`), and the share of this process's
-        trained managed lookups that read the default row."""
+        """Per table occupancy and totals (`ManagedMap.report`) with this process's trained lookups
+        and those that read the default row, and the share of all its trained managed lookups
+        that read the default row."""
         self.sync()
         trained, defaults = self.lookups
-        return {"tables": {t: m.report() for t, m in self.maps.items()},
+        return {"tables": {t: {**m.report(), "lookups": self.table_lookups[t][0],
+                               "default_lookups": self.table_lookups[t][1]} for t, m in self.maps.items()},
                 "default_lookup_share": round(defaults / trained, 6) if trained else None}
 
     def _tables(self, group: str) -> list[str]:
@@ -175,17 +181,6 @@ def managed_state(spec: ModelSpec, groups: tuple[PackedGroup, ...], seed: int) -
             raise ValueError(f"group {g.name} holds managed tables and is planned static_hot, which cannot "
                              "follow their changing rows; use --cache lookahead or --cache none")
     return ManagedState(spec, groups, seed)
-
-
-def managed_lines(report: dict[str, Any] | None) -> list[str]:
-    """Console lines of a run's managed report (`ManagedState.report`): one per table."""
-    if not report:
-        return []
-    share = report.get("default_lookup_share")
-    tail = f"; {100 * share:.1f}% of trained lookups read the default row" if share is not None else ""
-    return [f"managed {table}: {r['held']:,}/{r['rows']:,} rows held, {r['waiting']:,} ids waiting, "
-            f"{r['admitted']:,} admitted, {r['evicted']:,} evicted, {r['expired']:,} expired{tail}"
-            for table, r in report["tables"].items()]
 
 
 def fresh_remapper(spec: ModelSpec, groups: tuple[PackedGroup, ...]) -> Remapper | None:

@@ -127,3 +127,37 @@ def test_a_day_landing_before_the_last_trained_one_is_refused(days, tmp_path: Pa
     (out / "follow.json").write_text("{oops")
     damaged = runner.invoke(app, ["train", str(spec), "--follow", str(folder), "--out", str(out), "--quiet"])
     assert damaged.exit_code == 2 and "follow.json" in damaged.output and "Traceback" not in damaged.output
+
+
+def test_days_follow_a_date_column_and_a_stream_keeps_its_order(tmp_path: Path, monkeypatch):
+    """Days converted with data option date_column train in date order (not name order); the
+    stream refuses another order, and a day dated before the last day trained."""
+    import numpy as np
+
+    from tests.unit.test_days import write_day
+
+    monkeypatch.chdir(tmp_path)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.replace("epochs: 2", "epochs: 1") + "data: {format: csv, path: raw, options: {date_column: ts}}\n")
+    rng = np.random.default_rng()
+    folder, first = tmp_path / "days", None
+    for name, start in (("b", 1000), ("a", 3000), ("c", 2000), ("0", 500)):
+        write_day(tmp_path / f"{name}.csv", rng, start)
+        target = folder / name if name != "0" else tmp_path / "late" / name
+        extra = ["--encoder-from", str(first)] if first else []
+        made = runner.invoke(app, ["data", "convert", "csv", str(tmp_path / f"{name}.csv"), str(target),
+                                   "--spec", str(spec), "-q", *extra])
+        assert made.exit_code == 0, made.output
+        first = first or target
+    out = tmp_path / "stream"
+    _follow(spec, folder, out, "--follow-order", "date:ts", "--follow-once")
+    _follow(spec, folder, out, "--follow-order", "date:ts", "--follow-once")
+    assert json.loads((out / "follow.json").read_text()) == {"days": ["b", "c"], "order": "date:ts"}
+    other = runner.invoke(app, ["train", str(spec), "--follow", str(folder), "--out", str(out), "--quiet",
+                                "--device", "cpu"])
+    assert other.exit_code == 2 and "--follow-order date:ts" in other.output
+    (tmp_path / "late" / "0").rename(folder / "0")  # lands dated before the days trained
+    late = runner.invoke(app, ["train", str(spec), "--follow", str(folder), "--out", str(out), "--quiet",
+                               "--device", "cpu", "--follow-order", "date:ts"])
+    assert late.exit_code == 2 and "landed after day c" in late.output
+    assert json.loads((out / "follow.json").read_text())["days"] == ["b", "c"]

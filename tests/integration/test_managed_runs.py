@@ -68,6 +68,15 @@ def test_checkpoint_holds_rows_and_map_as_one_key_set(spec: Path, tmp_path: Path
     assert f"managed users: {users['held']}/200 rows held" in result.output
     assert users["admitted"] - users["evicted"] - users["expired"] == users["held"] <= 200
     assert users["evicted"] + users["expired"] > 0 and 0 < end["managed"]["default_lookup_share"] < 1
+    assert users["default_lookups"] == round(end["managed"]["default_lookup_share"] * users["lookups"])
+    assert users["lookups"] >= 600 * 2  # one user per row and the friends lists, each epoch
+    assert f"{users['default_lookups']:,} of {users['lookups']:,} trained lookups" in result.output
+    planned = runner.invoke(app, ["plan", str(spec), "--managed-from", str(tmp_path / "run")])
+    assert planned.exit_code == 0, planned.output
+    assert f"trained: {users['held']}/200 rows held" in planned.output
+    assert f"{users['admitted']:,} admitted, {users['evicted']:,} evicted" in planned.output
+    refused = runner.invoke(app, ["plan", str(spec), "--managed-from", str(tmp_path)])
+    assert refused.exit_code == 2 and "no metrics.jsonl" in refused.output
     model = load_checkpoint(tmp_path / "run")["model"]
     keys, row, free = (model[f"managed.users.{k}"] for k in ("keys", "row", "free"))
     assert int(model["managed.users.clock"][0]) == STEPS

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flowrec.data.managed import BUFFER_IDS, NO_ROW, ManagedMap
+from flowrec.data.managed import BUFFER_IDS, NO_ROW, Entries, ManagedMap
 from flowrec.testing.managed_ref import DictMap
 from flowrec.data.raw_ids import MISSING_ID
 from flowrec.spec.model import ManagedSpec
@@ -80,3 +80,23 @@ def test_load_refuses_a_map_of_another_capacity():
     m.step(np.array([1, 2, 3]))
     with pytest.raises(ValueError, match="does not fit"):
         ManagedMap(ManagedSpec(rows=8)).load(m.state())
+
+
+def test_entries_merge_equals_a_sort_of_both():
+    """The buffer's merge (insertion at searched positions, no sort) equals sorting both sets."""
+    rng = np.random.default_rng()
+    keys = rng.choice(np.arange(-(1 << 40), 1 << 40, 7919), 900, replace=False)
+    cols = (keys, rng.integers(-1, 50, 900), rng.random(900) * 9, rng.integers(0, 99, 900))
+    split = rng.random(900) < 0.3
+    parts = []
+    for mask in (~split, split):
+        order = np.argsort(cols[0][mask])
+        parts.append(Entries(*(c[mask][order] for c in cols)))
+    got = parts[0].merged(parts[1])
+    order = np.argsort(keys)
+    for mine, want in zip((got.keys, got.row, got.count, got.last), cols):
+        assert mine.tolist() == want[order].tolist()
+    grown = Entries(*(c.copy() for c in (parts[0].keys, parts[0].row, parts[0].count, parts[0].last)))
+    grown.add(parts[1].keys, parts[1].count, 5)
+    assert grown.keys.tolist() == keys[order].tolist()
+    assert grown.row[np.isin(grown.keys, parts[1].keys)].tolist() == [NO_ROW] * int(split.sum())

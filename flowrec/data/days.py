@@ -1,0 +1,150 @@
+"""Day partitions: the encoded datasets under one folder that `flowrec train --follow` trains in order.
+
+A day partition is a complete encoded dataset folder (one with ``_flowrec.json``; a conversion
+renames it into place only when complete) directly under the folder, its name not starting with
+``.`` or ``_``. Days are taken in order of name (``name``, the default) or by a date column
+(``date:COLUMN``): the smallest value of COLUMN that conversion recorded for the day (data option
+``date_column``, or ``split_by``, in ``_flowrec_stats.json``), else the smallest value of a stored
+numeric column COLUMN; ties by name. `day_ids` gives the distinct raw ids of a day's managed
+tables (what `flowrec data inspect DAYS` shows per day, new ids included).
+
+Example:
+    >>> order = parse_order("date:timestamp")  # doctest: +SKIP
+    >>> [d.name for d in day_partitions(Path("days"), order)]  # doctest: +SKIP
+    ['2026-11-01', '2026-11-02']
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from flowrec.data.dataset import parquet_files
+from flowrec.data.layout import META_FILE, DataError, read_meta
+from flowrec.data.raw_ids import MISSING_ID
+from flowrec.data.rawstats import read_stats
+
+ORDERS = ("name", "date:COLUMN")  # the accepted forms of an order
+
+
+@dataclass(frozen=True)
+class DayOrder:
+    """How day partitions are ordered.
+
+    Args:
+        column: the date column (None: by name).
+    """
+
+    column: str | None = None
+
+    def __str__(self) -> str:
+        return "name" if self.column is None else f"date:{self.column}"
+
+
+def parse_order(text: str) -> DayOrder:
+    """`name` or `date:COLUMN` (raises ValueError otherwise)."""
+    if text == "name":
+        return DayOrder()
+    kind, _, column = text.partition(":")
+    if kind != "date" or not column.strip():
+        raise ValueError(f"day order {text!r}: use one of {', '.join(ORDERS)}")
+    return DayOrder(column.strip())
+
+
+def landed(folder: Path) -> list[Path]:
+    """The complete day partitions under `folder`, in order of name (raises DataError if it is not a folder)."""
+    if not folder.is_dir():
+        raise DataError(f"{folder}: not a folder")
+    return sorted(p for p in folder.iterdir() if p.is_dir() and (p / META_FILE).is_file()
+                  and not p.name.startswith((".", "_")))
+
+
+def day_partitions(folder: Path, order: DayOrder) -> list[Path]:
+    """The complete day partitions under `folder` in `order` (raises DataError when a day has no date)."""
+    days = landed(folder)
+    if order.column is None:
+        return days
+    keys = {day.name: day_key(day, order) for day in days}
+    kinds = {type(k[0]) for k in keys.values()}
+    if len(kinds) > 1:
+        raise DataError(f"date column {order.column!r} holds numbers for some days and text for others: "
+                        "days cannot be ordered by it")
+    return sorted(days, key=lambda d: keys[d.name])
+
+
+def day_key(day: Path, order: DayOrder) -> tuple[Any, str]:
+    """The sort key of one day: (its first date, its name); (name,) when ordered by name."""
+    if order.column is None:
+        return (day.name,)
+    stats = read_stats(day) or {}
+    dates = stats.get("dates")
+    if isinstance(dates, dict) and dates.get("column") == order.column and dates.get("min") is not None:
+        return dates["min"], day.name
+    stored = _stored_min(day, order.column)
+    if stored is None:
+        raise DataError(f"day {day.name}: no dates of column {order.column!r} (convert it with the data option "
+                        f"date_column: {order.column}, or store the column)")
+    return stored, day.name
+
+
+def _stored_min(day: Path, column: str) -> float | None:
+    """The smallest value of a stored numeric column of the day (None: no such column)."""
+    files = parquet_files(day)
+    if not files or column not in pq.read_schema(files[0]).names:
+        return None
+    lows = []
+    for f in files:
+        col = pq.read_table(f, columns=[column]).column(column)
+        if not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)):
+            return None
+        low = pc.min(col).as_py()
+        if low is not None:
+            lows.append(float(low))
+    return min(lows) if lows else None
+
+
+def day_ids(day: Path) -> dict[str, np.ndarray]:
+    """Managed table -> the sorted distinct raw ids of the day (all its features, missing excluded)."""
+    meta = read_meta(day)
+    features: dict[str, list[str]] = {}
+    for name, enc in meta.encoding.items():
+        if enc.get("mode") == "managed":
+            features.setdefault(enc["table"], []).append(name)
+    if not features:
+        return {}
+    files = parquet_files(day)
+    out = {}
+    for table, names in features.items():
+        parts = []
+        for f in files:
+            for col in pq.read_table(f, columns=names).columns:
+                col = col.combine_chunks()
+                if pa.types.is_list(col.type):
+                    col = pc.list_flatten(col)
+                parts.append(col.to_numpy(zero_copy_only=False).astype(np.int64, copy=False))
+        ids = np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+        out[table] = ids[ids != MISSING_ID]
+    return out
+
+
+def inspect_days(folder: Path, order: DayOrder) -> list[dict[str, Any]]:
+    """Per day in `order`: its rows, its first date (when ordered by one) and, per managed table,
+    the distinct raw ids it brings and how many of them no earlier day brought."""
+    seen: dict[str, np.ndarray] = {}
+    out = []
+    for day in day_partitions(folder, order):
+        entry: dict[str, Any] = {"day": day.name, "rows": read_meta(day).rows, "managed": {}}
+        if order.column is not None:
+            entry["date"] = day_key(day, order)[0]
+        for table, ids in day_ids(day).items():
+            before = seen.get(table, np.zeros(0, np.int64))
+            new = int(len(ids) - np.isin(ids, before, assume_unique=True).sum())
+            entry["managed"][table] = {"distinct_ids": int(len(ids)), "new_ids": new}
+            seen[table] = np.union1d(before, ids)
+        out.append(entry)
+    return out

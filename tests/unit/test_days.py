@@ -1,0 +1,112 @@
+"""Day partitions: ordered by name or by a date column that conversion records; the distinct raw
+ids of managed tables per day (and the new ones) equal a plain-Python count over the raw files."""
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from flowrec.cli import app
+from flowrec.data.days import DayOrder, day_key, day_partitions, inspect_days, parse_order
+from flowrec.data.layout import DataError
+from flowrec.data.rawstats import read_stats
+
+SPEC = Path(__file__).parents[1].joinpath("integration", "test_managed_runs.py").read_text() \
+    .split('SPEC = """')[1].split('"""')[0]
+DATES = {"a": 3000, "b": 1000, "c": 2000}  # first date of each day: date order b, c, a (not name order)
+runner = CliRunner()
+
+
+def write_day(path: Path, rng: np.random.Generator, start: int, rows: int = 60) -> list[dict]:
+    users = [f"u{k}" for k in rng.zipf(1.3, rows) % 90]
+    lines = []
+    for i, user in enumerate(users):
+        friends = "^".join(f"u{k}" for k in rng.integers(0, 120, rng.integers(0, 4)))
+        lines.append({"d1": float(rng.random() * 5), "user": user if rng.random() > 0.1 else "",
+                      "friends": friends, "item": f"i{rng.integers(0, 50)}", "label": int(rng.random() < 0.3),
+                      "ts": start + int(rng.integers(0, 900))})
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(lines[0]))
+        writer.writeheader()
+        writer.writerows(lines)
+    return lines
+
+
+def raw_ids(lines: list[dict]) -> set[str]:
+    return {x["user"] for x in lines if x["user"]} | {v for x in lines for v in x["friends"].split("^") if v}
+
+
+@pytest.fixture
+def days(tmp_path: Path) -> tuple[Path, Path, dict[str, list[dict]]]:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC + "data: {format: csv, path: raw, options: {date_column: ts}}\n")
+    rng = np.random.default_rng()
+    folder, raw = tmp_path / "days", {}
+    for name, start in DATES.items():
+        raw[name] = write_day(tmp_path / f"{name}.csv", rng, start)
+        made = runner.invoke(app, ["data", "convert", "csv", str(tmp_path / f"{name}.csv"), str(folder / name),
+                                   "--spec", str(spec), "-q"])
+        assert made.exit_code == 0, made.output
+    return spec, folder, raw
+
+
+def test_conversion_records_dates_and_distinct_managed_ids(days):
+    _, folder, raw = days
+    for name, lines in raw.items():
+        stats = read_stats(folder / name)
+        ts = [x["ts"] for x in lines]
+        assert stats["dates"] == {"column": "ts", "min": float(min(ts)), "max": float(max(ts))}
+        managed = stats["managed"]["users"]
+        assert managed["features"] == ["user", "friends"]
+        assert managed["distinct_ids"] == len(raw_ids(lines))
+        looked = sum(1 for x in lines if x["user"]) + sum(len([v for v in x["friends"].split("^") if v]) for x in lines)
+        assert managed["lookups"] == looked
+
+
+def test_days_in_order_of_name_or_date(days):
+    _, folder, _ = days
+    assert [d.name for d in day_partitions(folder, parse_order("name"))] == ["a", "b", "c"]
+    assert [d.name for d in day_partitions(folder, parse_order("date:ts"))] == ["b", "c", "a"]
+    assert day_key(folder / "b", DayOrder("ts"))[0] >= DATES["b"]
+    with pytest.raises(DataError, match="date_column: other"):
+        day_partitions(folder, DayOrder("other"))
+
+
+@pytest.mark.parametrize("text", ["date", "date:", "size", "date: "])
+def test_bad_orders_are_refused(text):
+    with pytest.raises(ValueError, match="day order"):
+        parse_order(text)
+
+
+def test_inspect_days_counts_distinct_and_new_ids_as_sets_do(days):
+    _, folder, raw = days
+    got = inspect_days(folder, DayOrder("ts"))
+    seen: set[str] = set()
+    assert [x["day"] for x in got] == ["b", "c", "a"]
+    for entry in got:
+        ids = raw_ids(raw[entry["day"]])
+        assert entry["managed"]["users"] == {"distinct_ids": len(ids), "new_ids": len(ids - seen)}
+        assert entry["rows"] == len(raw[entry["day"]])
+        seen |= ids
+    shown = runner.invoke(app, ["data", "inspect", str(folder), "--follow-order", "date:ts", "--json"])
+    assert shown.exit_code == 0, shown.output
+    assert json.loads(shown.output) == {"order": "date:ts", "days": got}
+    table = runner.invoke(app, ["data", "inspect", str(folder)]).output.splitlines()
+    assert [line.split()[0] for line in table[1:]] == ["a", "b", "c"]
+    one = runner.invoke(app, ["data", "inspect", str(folder / "b")])
+    ids = raw_ids(raw["b"])
+    assert f"managed table users: {len(ids):,} distinct raw ids" in one.output
+
+
+def test_follow_order_needs_follow_and_a_known_form(days, tmp_path: Path):
+    spec, folder, _ = days
+    bad = runner.invoke(app, ["train", str(spec), "--follow", str(folder), "--out", str(tmp_path / "s"),
+                              "--follow-order", "size"])
+    assert bad.exit_code == 2 and "--follow-order" in bad.output
+    alone = runner.invoke(app, ["train", str(spec), "--data", str(folder / "a"), "--out", str(tmp_path / "t"),
+                                "--follow-order", "date:ts"])
+    assert alone.exit_code == 2 and "give --follow" in alone.output
