@@ -1,0 +1,129 @@
+"""A full checkpoint streamed from the live tables while training changes them (`save_streamed`)
+is the checkpoint of the state when its snapshot was taken: the same tensors and the same digest
+as `save_checkpoint` of a copy made then, it loads through `load_checkpoint`, a stopped write
+leaves the previous checkpoint intact, and the writer holds a bounded number of rows."""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from flowrec.runtime.checkpoint import CHECKPOINT_FORMAT, CHECKPOINT_VERSION, load_checkpoint, save_checkpoint
+from flowrec.runtime.checkpoint_format import content_digest, read_torch_file
+from flowrec.runtime.checkpoint_stream import save_streamed
+from flowrec.runtime.incremental import TableSnapshot
+
+STREAMS = {"embeddings.a.weight": ("a", 0), "embeddings.a.state": ("a", 1),
+           "embeddings.b.weight": ("b", 0), "embeddings.b.state": ("b", 1)}
+
+
+def _state(gen: torch.Generator, dtype: torch.dtype) -> dict:
+    """A checkpoint-shaped state: two packed groups (one with an empty optimizer state), dense
+    parameters (one a view into a larger storage), a dense optimizer state, RNG and position."""
+    backing = torch.randn(40, 3, generator=gen, dtype=dtype)
+    model = {"bottom.weight": torch.randn(6, 5, generator=gen, dtype=dtype),
+             "embeddings.a.weight": torch.randn(3000, 8, generator=gen, dtype=dtype),
+             "embeddings.a.state": torch.rand(3000, 1, generator=gen, dtype=dtype),
+             "embeddings.b.weight": torch.randn(500, 4, generator=gen, dtype=dtype),
+             "embeddings.b.state": torch.zeros(500, 0, dtype=dtype),
+             "top.bias": backing[7:9]}
+    optimizer = {"state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.randn(6, 5, generator=gen, dtype=dtype)}},
+                 "param_groups": [{"lr": 0.01, "params": [0]}]}
+    return {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "spec": "{}", "plan": "{}",
+            "model": model, "dense_optimizer": optimizer, "rng": {"torch": torch.get_rng_state()},
+            "position": {"epoch": 0, "batch": 4, "step": 4, "samples": 64}, "skipped_batches": 0}
+
+
+def _tables(state: dict) -> dict[str, tuple[torch.Tensor, ...]]:
+    model = state["model"]
+    return {g: (model[f"embeddings.{g}.weight"], model[f"embeddings.{g}.state"]) for g in ("a", "b")}
+
+
+def _step(tables: dict, snap: TableSnapshot, gen: torch.Generator) -> None:
+    """One 'training step': skewed ids with repeats, saved first, then changed in place."""
+    for name, (weight, state) in tables.items():
+        ids = (torch.rand(200, generator=gen) ** 3 * weight.shape[0]).long()
+        snap.before_write(name, ids)
+        weight.index_add_(0, ids, torch.randn(ids.numel(), weight.shape[1], generator=gen, dtype=weight.dtype))
+        if state.shape[1]:
+            state.index_add_(0, ids, torch.rand(ids.numel(), state.shape[1], generator=gen, dtype=state.dtype))
+
+
+def _frozen(state: dict) -> dict:
+    return {**state, "model": {k: v.clone() for k, v in state["model"].items()}}
+
+
+@pytest.mark.parametrize("seed, dtype, chunk_rows", [(0, torch.float64, 7), (1, torch.float32, 64),
+                                                     (2, torch.float32, None)])
+def test_a_write_while_rows_change_equals_the_checkpoint_of_the_snapshot(tmp_path: Path, seed: int,
+                                                                        dtype: torch.dtype, chunk_rows):
+    gen = torch.Generator().manual_seed(seed)
+    state = _state(gen, dtype)
+    expected = _frozen(state)
+    tables = _tables(state)
+    snap = TableSnapshot(tables, chunk_rows=chunk_rows)
+    _step(tables, snap, gen)  # after the snapshot was taken, before the write started
+    out: dict = {}
+    writer = threading.Thread(target=lambda: out.update(
+        digest=save_streamed(tmp_path / "checkpoint.pt", state, STREAMS, snap)))
+    writer.start()
+    during = 0
+    while writer.is_alive() or during == 0:
+        _step(tables, snap, gen)
+        during += writer.is_alive()
+    writer.join(60)
+    save_checkpoint(tmp_path / "reference.pt", expected)
+    got = read_torch_file(tmp_path / "checkpoint.pt")
+    reference = read_torch_file(tmp_path / "reference.pt")
+    assert out["digest"] == got["digest"] == reference["digest"] == content_digest(expected)
+    assert got["model"].keys() == expected["model"].keys()
+    assert all(torch.equal(got["model"][k], expected["model"][k]) for k in expected["model"])
+    assert torch.equal(got["dense_optimizer"]["state"][0]["exp_avg"], expected["dense_optimizer"]["state"][0]["exp_avg"])
+    assert not torch.equal(state["model"]["embeddings.a.weight"], expected["model"]["embeddings.a.weight"])
+    loaded = load_checkpoint(tmp_path / "checkpoint.pt")  # format, keys and digest checked
+    assert loaded["position"] == expected["position"]
+
+
+def test_a_stopped_write_leaves_the_previous_checkpoint_and_no_temp_file(tmp_path: Path):
+    gen = torch.Generator().manual_seed(3)
+    path = tmp_path / "checkpoint.pt"
+    save_checkpoint(path, _state(gen, torch.float32))
+    before = path.read_bytes()
+    state = _state(gen, torch.float32)
+    snap = TableSnapshot(_tables(state), chunk_rows=100)
+    seen = []
+
+    def stop_at_third_chunk(key: str, rows: torch.Tensor) -> None:
+        seen.append(key)
+        if len(seen) == 3:
+            raise ValueError("not finite")
+
+    with pytest.raises(ValueError, match="not finite"):
+        save_streamed(path, state, STREAMS, snap, stop_at_third_chunk)
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt"]
+    snap.close()
+    snap.before_write("a", torch.arange(3000))  # closed: nothing is saved any more
+    assert not any(stream.pending for stream in snap._parts["a"])
+
+
+def test_the_writer_holds_one_chunk_and_the_saved_rows_not_written_yet():
+    gen = torch.Generator().manual_seed(5)
+    weight = torch.randn(3000, 8, generator=gen, dtype=torch.float64)
+    snap = TableSnapshot({"a": (weight,)}, chunk_rows=50)
+    stream = snap._parts["a"][0]
+    saved_total = held_most = 0
+    for start, rows in snap.chunks("a", 0):
+        end = start + rows.shape[0]
+        assert rows.shape == (min(50, 3000 - start), 8)
+        assert all(int(r.min()) >= end for r, _ in stream.pending)  # rows written are dropped
+        ids = (torch.rand(40, generator=gen) ** 2 * 3000).long()
+        held = sum(r.numel() for r, _ in stream.pending)
+        snap.before_write("a", ids)
+        saved_total += sum(r.numel() for r, _ in stream.pending) - held
+        held_most = max(held_most, sum(r.numel() for r, _ in stream.pending))
+        weight.index_add_(0, ids, torch.ones(40, 8, dtype=torch.float64))
+    assert not stream.pending and saved_total > held_most > 0
+    row_bytes = 8 * 8
+    assert 50 * row_bytes <= snap.peak_extra_bytes <= 50 * row_bytes + held_most * (row_bytes + 8)
