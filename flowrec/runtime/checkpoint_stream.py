@@ -54,6 +54,7 @@ def save_streamed(path: Path, state: dict[str, Any], streams: Mapping[str, tuple
 
     Raises:
         CheckpointError: the write failed; the previous checkpoint at `path` is untouched.
+        Exception: whatever `check` raised, as raised (the previous checkpoint is untouched too).
     """
     path = Path(path)
     model = dict(state["model"])
@@ -78,6 +79,8 @@ def save_streamed(path: Path, state: dict[str, Any], streams: Mapping[str, tuple
 
     try:
         write_atomically_at(path, write)
+    except _Stopped as stop:  # `check` refused a chunk: its own error, not a write failure
+        raise stop.error from None
     except OSError as exc:
         raise CheckpointError(f"could not write checkpoint {path}: {exc.strerror or exc}; "
                               f"the previous checkpoint is intact") from None
@@ -85,6 +88,14 @@ def save_streamed(path: Path, state: dict[str, Any], streams: Mapping[str, tuple
         raise CheckpointError(f"could not write checkpoint {path}: {write_failure(path, content, exc)}; "
                               f"the previous checkpoint is intact") from None
     return digests[0]
+
+
+class _Stopped(Exception):
+    """`check` refused a chunk with `error`."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 class _ContentWriter:
@@ -116,7 +127,10 @@ class _ContentWriter:
         self.written.add(offset)
         for start, rows in self.snapshot.chunks(group, index):
             if self.check is not None:
-                self.check(key, rows)
+                try:
+                    self.check(key, rows)
+                except Exception as exc:
+                    raise _Stopped(exc) from None
             data = rows.reshape(-1).view(torch.uint8).numpy()
             if data.size:
                 _pwrite_all(self.fd, data, offset + start * row_bytes)

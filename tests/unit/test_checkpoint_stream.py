@@ -1,7 +1,8 @@
 """A full checkpoint streamed from the live tables while training changes them (`save_streamed`)
 is the checkpoint of the state when its snapshot was taken: the same tensors and the same digest
 as `save_checkpoint` of a copy made then, it loads through `load_checkpoint`, a stopped write
-leaves the previous checkpoint intact, and the writer holds a bounded number of rows."""
+leaves the previous checkpoint intact (also when a table value is not finite), and the writer
+holds a bounded number of rows."""
 from __future__ import annotations
 
 import threading
@@ -13,7 +14,9 @@ import torch
 from flowrec.runtime.checkpoint import CHECKPOINT_FORMAT, CHECKPOINT_VERSION, load_checkpoint, save_checkpoint
 from flowrec.runtime.checkpoint_format import content_digest, read_torch_file
 from flowrec.runtime.checkpoint_stream import save_streamed
+from flowrec.runtime.checkpointer import Checkpointer
 from flowrec.runtime.incremental import TableSnapshot
+from flowrec.runtime.nonfinite import TrainingStopped
 
 STREAMS = {"embeddings.a.weight": ("a", 0), "embeddings.a.state": ("a", 1),
            "embeddings.b.weight": ("b", 0), "embeddings.b.state": ("b", 1)}
@@ -127,3 +130,23 @@ def test_the_writer_holds_one_chunk_and_the_saved_rows_not_written_yet():
     assert not stream.pending and saved_total > held_most > 0
     row_bytes = 8 * 8
     assert 50 * row_bytes <= snap.peak_extra_bytes <= 50 * row_bytes + held_most * (row_bytes + 8)
+
+
+def test_a_non_finite_table_value_stops_the_streamed_write_and_keeps_the_last_checkpoint(tmp_path: Path):
+    gen = torch.Generator().manual_seed(6)
+    path = tmp_path / "checkpoint.pt"
+    ckpt = Checkpointer(path, full_every=3, rows_of_group={"a": 3000, "b": 500})
+    groups = {"a": None, "b": None}  # a full checkpoint reads only the group names
+    ckpt.save(_state(gen, torch.float32), groups)
+    ckpt.wait()
+    assert load_checkpoint(path)["position"]["step"] == 4 and ckpt.step == 4
+    bad = _state(gen, torch.float32)
+    bad["position"] = {**bad["position"], "step": 8}
+    bad["model"]["embeddings.a.weight"][2345, 3] = float("nan")  # finite sum elsewhere: found chunk by chunk
+    ckpt.restart_chain(4)  # the next checkpoint is a full one
+    ckpt.save(bad, groups)  # queued: the training thread checked only the dense part
+    with pytest.raises(TrainingStopped, match="embeddings.a.weight is not finite at step 8; not checkpointed, "
+                                              "the checkpoint of step 4 is kept"):
+        ckpt.wait()
+    assert load_checkpoint(path)["position"]["step"] == 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt"]
