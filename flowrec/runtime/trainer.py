@@ -25,6 +25,7 @@ from typing import Any, Callable
 import torch
 
 from flowrec.data.batches import StagingOptions, batches_per_epoch, iterate_batches
+from flowrec.data.cores import thread_budget
 from flowrec.runtime.caches.counters import collect_counters
 from flowrec.runtime.caches.fae_batches import COLD_RUN, HOT_RUN, HotColdBatcher
 from flowrec.runtime.caches.static_hot import assign_hot_rows
@@ -93,7 +94,7 @@ class TrainConfig:
     checkpoint_every: int = 0
     checkpoint_full_every: int = 1
     progress: bool = True
-    workers: int = 2
+    workers: int = field(default_factory=lambda: thread_budget().workers)  # <= the usable cores
     lookahead: int = 1
     shuffle: bool = True
     tensorboard: bool = True
