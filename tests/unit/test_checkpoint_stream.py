@@ -15,7 +15,7 @@ from flowrec.runtime.checkpoint import CHECKPOINT_FORMAT, CHECKPOINT_VERSION, lo
 from flowrec.runtime.checkpoint_format import content_digest, read_torch_file
 from flowrec.runtime.checkpoint_stream import save_streamed
 from flowrec.runtime.checkpointer import Checkpointer
-from flowrec.runtime.incremental import TableSnapshot
+from flowrec.runtime.incremental import TableSnapshot, copy_rows
 from flowrec.runtime.nonfinite import TrainingStopped
 
 STREAMS = {"embeddings.a.weight": ("a", 0), "embeddings.a.state": ("a", 1),
@@ -152,3 +152,15 @@ def test_a_non_finite_table_value_stops_the_streamed_write_and_keeps_the_last_ch
         ckpt.wait()
     assert load_checkpoint(path)["position"]["step"] == 4
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.int64])
+def test_copy_rows_equals_torch_copy_contiguous_or_not(dtype: torch.dtype):
+    gen = torch.Generator().manual_seed(7)
+    source = (torch.randn(300, 6, generator=gen) * 1000).to(dtype)
+    for src in (source[17:211], source.t().contiguous().t()[5:90], source[:, 1:4]):  # plain, strided, a column slice
+        dst = torch.full(src.shape, -1, dtype=dtype)
+        copy_rows(dst, src)
+        assert torch.equal(dst, src)
+    empty = torch.zeros(5, 0, dtype=dtype)
+    copy_rows(torch.empty(5, 0, dtype=dtype), empty)
