@@ -5,7 +5,10 @@ once with every checkpoint full and written inline (`--checkpoint-full-every 1`,
 default), once incremental (`--checkpoint-full-every K`: a full checkpoint, then K-1 deltas of the
 touched rows, all written in the background). From each run's `metrics.jsonl` end record it takes
 the seconds of every full and delta checkpoint (snapshot copy + write) and the seconds training
-waited on checkpoints (`stage_seconds.checkpoint`), and from the run folder the file sizes.
+waited on checkpoints (`stage_seconds.checkpoint`, listed per checkpoint in `checkpoint_stalls`,
+the end of the run's wait for the writes in flight included), the most host memory a streamed full
+checkpoint's writer held (`checkpoint_extra_bytes`), and from the run folder the file sizes. The
+load average before and after goes into the JSON (the machine is shared).
 
 Ratios:
     checkpoint_delta_vs_full: median delta checkpoint seconds / median full checkpoint seconds.
@@ -65,6 +68,8 @@ def summary(job: dict[str, Any]) -> dict[str, Any]:
         "median_full_s": statistics.median(writes["full"]) if writes["full"] else None,
         "median_delta_s": statistics.median(writes["delta"]) if writes["delta"] else None,
         "training_waited_on_checkpoints_s": stages["checkpoint"],
+        "stall_per_checkpoint_s": end.get("checkpoint_stalls"),
+        "writer_extra_bytes": end.get("checkpoint_extra_bytes"),
         "compute_s": stages["compute"],
         "train_wall_s": train_wall,
         "stall_share": stages["checkpoint"] / train_wall,
@@ -80,16 +85,19 @@ def main() -> None:
     parser.add_argument("--full-every", type=int, default=10, help="K of the incremental run")
     parser.add_argument("--json", type=Path, default=REPO / "bench/results/checkpoint_cpu.json")
     args = parser.parse_args()
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-ckpt-") as tmp:
         full = summary(run_job(Path(tmp) / "full", args.rows, 1))
         incremental = summary(run_job(Path(tmp) / "inc", args.rows, args.full_every))
+    load_after = os.getloadavg()
     result = {
         "benchmark": "checkpoint",
         "spec": SPEC,
         "rows": args.rows,
         "checkpoint_every": CHECKPOINT_EVERY,
         "full_every": args.full_every,
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(),
+                    "loadavg_before": load_before, "loadavg_after": load_after},
         "full_only": full,
         "incremental": incremental,
         "ratios": {

@@ -19,19 +19,23 @@ steps each system is scored on the same held-out synthetic rows (AUC).
 
 Usage:
     /work/trvenv/bin/python tools/bench_train.py [--quick] [--json PATH] [--models dlrm,wide1000] [--steps N]
+        [--competitors N]   # N CPU-bound processes beside both systems (a shared machine)
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -381,6 +385,29 @@ def table(doc: dict) -> str:
     return "\n".join(lines)
 
 
+COMPETITOR = "while True:\n    pass\n"  # one core's worth of pure CPU work, no memory traffic
+COMPETITOR_STOP_S = 10.0
+
+
+@contextlib.contextmanager
+def competitors(count: int) -> Iterator[None]:
+    """`count` CPU-bound processes running until the block ends (flowrec and TorchRec alternate
+    step by step inside it, so both share the cores with them alike)."""
+    procs = [subprocess.Popen([sys.executable, "-c", COMPETITOR], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(COMPETITOR_STOP_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(COMPETITOR_STOP_S)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="small tables and batches, few steps (smoke run)")
@@ -391,7 +418,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=BATCH, help="batch size (not with --quick)")
     parser.add_argument("--precisions", default="fp32,bf16", help="comma list of fp32, bf16")
     parser.add_argument("--skip-plain", action="store_true", help="leave out the plain model")
+    parser.add_argument("--competitors", type=int, default=0,
+                        help="CPU-bound processes (a busy loop each) running beside every system for the whole "
+                             "run, as on a shared machine (default 0)")
     args = parser.parse_args()
+    if args.competitors < 0:
+        parser.error("--competitors must be >= 0")
     args.models = [m for m in args.models.split(",") if m]
     unknown = set(args.models) - set(MODELS)
     if unknown:
@@ -399,7 +431,9 @@ def main() -> None:
     args.precisions = [p for p in args.precisions.split(",") if p]
     args.steps = args.steps or (2 if args.quick else 10)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
-    doc = report(args)
+    with competitors(args.competitors):
+        doc = report(args)
+    doc["competitors"] = args.competitors
     print(table(doc))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

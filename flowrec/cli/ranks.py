@@ -67,7 +67,9 @@ def launch_ranks(nproc: int, max_restarts: int, folder: Path | None) -> int:
     if not isinstance(logging.getLevelName(os.environ.get("LOGLEVEL", "ERROR").upper()), int):
         fail(f"LOGLEVEL={os.environ['LOGLEVEL']!r} is not a logging level (DEBUG, INFO, WARNING, ERROR, "
              "CRITICAL); torch.distributed's launcher reads it")
-    threads = str(_threads_per_rank(nproc))  # torch (OpenMP) and the numba sparse update: cores shared out
+    from flowrec.data.cores import thread_budget
+
+    threads = str(thread_budget(ranks=nproc).compute)  # torch (OpenMP), numba: the usable cores shared out
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", threads),
            "NUMBA_NUM_THREADS": os.environ.get("NUMBA_NUM_THREADS", threads),
            "LOGLEVEL": os.environ.get("LOGLEVEL", "CRITICAL").upper()}  # failures: one line of ours
@@ -126,20 +128,24 @@ def launched_nproc() -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def _threads_per_rank(nproc: int) -> int:
-    """CPU threads per rank: the machine's cores shared out (at least one)."""
-    return max(1, (os.cpu_count() or 1) // nproc)
-
-
 def share_cores() -> None:
-    """In a launch with several ranks on this machine (LOCAL_WORLD_SIZE), give each rank its share
-    of the cores for the numba sparse update (NUMBA_NUM_THREADS, read when numba is imported, so
-    this runs first); torchrun already does so for torch (OMP_NUM_THREADS). Oversubscribed, two
-    ranks on two cores trained MovieLens 3.5x slower. A value set by the user is kept."""
-    local = os.environ.get("LOCAL_WORLD_SIZE", "1")
-    if "NUMBA_NUM_THREADS" in os.environ or not local.isdigit() or int(local) < 2:
-        return
-    os.environ["NUMBA_NUM_THREADS"] = str(_threads_per_rank(int(local)))
+    """Size the compute threads to this process's share of the cores it may use (affinity and
+    cgroup CPU quota, `flowrec.data.cores`), shared out among the ranks of a launch on this
+    machine (LOCAL_WORLD_SIZE): NUMBA_NUM_THREADS for the numba sparse update (read when numba is
+    imported, so this runs first) and torch's intra-op threads (torchrun already sets
+    OMP_NUM_THREADS for ranks). Oversubscribed, two ranks on two cores trained MovieLens 3.5x
+    slower; a process held to one core by a quota ran two-thread parallel regions at the speed of
+    one thread that waits. A value set by the user is kept."""
+    from flowrec.data.cores import thread_budget
+
+    compute = thread_budget().compute
+    if "NUMBA_NUM_THREADS" not in os.environ and compute < (os.cpu_count() or 1):
+        os.environ["NUMBA_NUM_THREADS"] = str(compute)
+    if "OMP_NUM_THREADS" not in os.environ:
+        import torch
+
+        if torch.get_num_threads() > compute:
+            torch.set_num_threads(compute)
 
 
 def restart_count() -> int:

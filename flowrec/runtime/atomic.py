@@ -24,12 +24,18 @@ def write_atomically(path: Path, write: Callable[[BinaryIO], None]) -> None:
     Raises:
         OSError: from the write (disk full, permissions); `path` is untouched, no temp file is left.
     """
+    write_atomically_at(path, lambda f, _: write(f))
+
+
+def write_atomically_at(path: Path, write: Callable[[BinaryIO, Path], None]) -> None:
+    """`write_atomically`, with the temp file's path handed to `write(file, temp_path)` too (a
+    writer that reads back what it wrote)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, suffix=TEMP_SUFFIX, dir=path.parent)
     try:
         os.fchmod(fd, _mode_of(path))
         with os.fdopen(fd, "wb") as f:
-            write(f)
+            write(f, Path(tmp))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

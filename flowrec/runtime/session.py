@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import torch
 
+from flowrec.data.cores import thread_budget
 from flowrec.data.dataset import MemorySource, ParquetSource, split_table
 from flowrec.data.layout import DataError, META_FILE, check_spec, read_meta
 from flowrec.graph.kinds import PLACEMENTS
@@ -136,7 +137,7 @@ def open_dataset(path: Path, spec: ModelSpec, dask: str | None = None) -> Any:
     """An encoded dataset checked against the spec, read directly or through Dask."""
     check_spec(read_meta(path), spec)
     if dask is None:
-        return ParquetSource(path)
+        return ParquetSource(path, threads=thread_budget().readers)
     from flowrec.data.dataset import DaskSource
 
     return DaskSource(path, address=None if dask == "local" else dask)

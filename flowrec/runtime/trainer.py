@@ -25,6 +25,7 @@ from typing import Any, Callable
 import torch
 
 from flowrec.data.batches import StagingOptions, batches_per_epoch, iterate_batches
+from flowrec.data.cores import thread_budget
 from flowrec.runtime.caches.counters import collect_counters
 from flowrec.runtime.caches.fae_batches import COLD_RUN, HOT_RUN, HotColdBatcher
 from flowrec.runtime.caches.static_hot import assign_hot_rows
@@ -93,7 +94,7 @@ class TrainConfig:
     checkpoint_every: int = 0
     checkpoint_full_every: int = 1
     progress: bool = True
-    workers: int = 2
+    workers: int = field(default_factory=lambda: thread_budget().workers)  # <= the usable cores
     lookahead: int = DEFAULT_LOOKAHEAD
     shuffle: bool = True
     tensorboard: bool = True
@@ -210,6 +211,8 @@ class Trainer:
         self.hot_flags: dict[str, torch.Tensor] | None = None if "static_hot" in placements else {}
         self.log: MetricsLog | None = None
         self.stage_seconds = {"staging_wait": 0.0, "compute": 0.0, "eval": 0.0, "checkpoint": 0.0}
+        self.checkpoint_stalls: list[dict[str, Any]] = []  # per checkpoint: step, seconds training waited
+        self._training = False  # in the loop of steps (checkpoints there get a metrics record each)
         self._interrupt = GracefulInterrupt()
         self._per_epoch = 0
         self.skipped_batches = 0
@@ -336,12 +339,14 @@ class Trainer:
         loss = None
         interrupted = False
         try:
+            self._training = True
             with self._interrupt:
                 while self.position.epoch < self.epochs and not self._done(total):
                     loss = self._epoch(train_source, eval_source, bar, total) or loss
         except KeyboardInterrupt:
             interrupted = True
         finally:
+            self._training = False
             bar.close()
         seconds = time.perf_counter() - started
         samples = self.position.samples - start_samples
@@ -367,6 +372,8 @@ class Trainer:
                             "counters": result.counters, "skipped_batches": self.skipped_batches,
                             "stopped_early": self.stopped_early, "best_step": result.best_step,
                             "checkpoint_writes_s": self.checkpointer.seconds,
+                            "checkpoint_stalls": self.checkpoint_stalls,
+                            "checkpoint_extra_bytes": getattr(self.checkpointer, "extra_bytes", []),
                             **({"managed": result.managed} if result.managed else {})})
         return result
 
@@ -622,7 +629,7 @@ class Trainer:
             save_checkpoint(folder / CHECKPOINT_NAME, state)
         else:  # a full checkpoint or a delta on the last one (`Checkpointer`)
             self.checkpointer.save(self.state(), self.model.embeddings)
-        self.stage_seconds["checkpoint"] += time.perf_counter() - t0
+        self._stalled(time.perf_counter() - t0, best=best)
         if self.hooks.on_checkpoint is not None:
             self.hooks.on_checkpoint(self.position.step, folder / CHECKPOINT_NAME)
 
@@ -630,7 +637,17 @@ class Trainer:
         """Wait for the background write in flight (the time training waits counts as checkpointing)."""
         t0 = time.perf_counter()
         self.checkpointer.wait()
-        self.stage_seconds["checkpoint"] += time.perf_counter() - t0
+        self._stalled(time.perf_counter() - t0, wait=True)
+
+    def _stalled(self, seconds: float, **kind: bool) -> None:
+        """Count `seconds` training waited on a checkpoint (or, `wait`, on the writes in flight at
+        the end). Each is listed in the end record; those taken while training runs also get a
+        `checkpoint` record when they happen."""
+        self.stage_seconds["checkpoint"] += seconds
+        stall = {"step": self.position.step, "stall_s": seconds, **{k: v for k, v in kind.items() if v}}
+        self.checkpoint_stalls.append(stall)
+        if self.log is not None and self._training:
+            self.log.write({"event": "checkpoint", **stall})
 
     def _write_run_files(self, out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,5 @@
-"""Smoke test of tools/bench_train.py --quick: it runs and writes a complete JSON (no timing asserted)."""
+"""Smoke test of tools/bench_train.py --quick (with one CPU-bound competitor process beside it): it
+runs and writes a complete JSON (no timing asserted)."""
 from __future__ import annotations
 
 import json
@@ -16,11 +17,11 @@ def test_bench_train_quick_writes_figures(tmp_path):
     out = tmp_path / "train.json"
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
     proc = subprocess.run([sys.executable, "tools/bench_train.py", "--quick", "--models", "dlrm",
-                           "--precisions", "fp32", "--json", str(out)],
+                           "--precisions", "fp32", "--competitors", "1", "--json", str(out)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(out.read_text())
-    assert doc["device"] == "cpu" and doc["quick"] is True
+    assert doc["device"] == "cpu" and doc["quick"] is True and doc["competitors"] == 1
     assert set(RATIOS) <= set(doc["ratios"])
     figs = doc["models"]["dlrm"]["precisions"]["fp32"]
     for name in ("flowrec", "plain"):

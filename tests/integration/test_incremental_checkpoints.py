@@ -98,14 +98,14 @@ def test_resume_from_a_chain_ends_bitwise_equal(spec: Path, tmp_path: Path):
 
 def test_a_full_checkpoint_copied_while_training_runs_holds_the_state_of_its_step(spec: Path, tmp_path: Path,
                                                                                    monkeypatch):
-    monkeypatch.setattr(incremental, "SNAPSHOT_CHUNK_ROWS", 1)  # a slow copy: later steps run during it
+    monkeypatch.setattr(incremental, "SNAPSHOT_CHUNK_BYTES", 1)  # a slow write: later steps run during it
     saved = []
     real = incremental.TableSnapshot.before_write
 
     def counting(self, group, ids):
-        before = sum(rows.numel() for part in self._parts.values() for rows, _ in part.pending)
-        real(self, group, ids)
-        saved.append(sum(rows.numel() for part in self._parts.values() for rows, _ in part.pending) - before)
+        real(self, group, ids)  # rows saved so far in this snapshot (the marks grow until the write ends)
+        saved.append(sum(int(s.saved.sum()) for streams in self._parts.values() for s in streams
+                         if s.saved is not None))
 
     monkeypatch.setattr(incremental.TableSnapshot, "before_write", counting)
     run = tmp_path / "inc"
@@ -154,6 +154,63 @@ def test_a_kill_during_a_delta_write_resumes_bitwise_equal(spec: Path, tmp_path:
     assert resumed.returncode == 0, resumed.stderr.decode()
     _assert_same_run(load_checkpoint(tmp_path / "full"), load_checkpoint(run))
     assert not list(run.glob(".ckpt-*"))
+
+
+STREAM_KILLER = """
+import os, signal, sys
+import flowrec.runtime.checkpoint.checkpointer as checkpointer
+import flowrec.runtime.checkpoint.stream as stream
+import flowrec.runtime.checkpoint.incremental as incremental
+incremental.SNAPSHOT_CHUNK_BYTES = 64  # many chunks: the kill lands inside the tables
+real_save, real_pwrite = checkpointer.save_streamed, stream._pwrite_all
+seen = {"fulls": 0, "writes": 0}
+def counting(*args, **kwargs):
+    seen["fulls"] += 1
+    return real_save(*args, **kwargs)
+def dying(fd, data, offset):
+    if seen["fulls"] == int(os.environ["KILL_AT_FULL"]):
+        seen["writes"] += 1
+        if seen["writes"] == 40:
+            os.kill(os.getpid(), signal.SIGKILL)
+    real_pwrite(fd, data, offset)
+checkpointer.save_streamed, stream._pwrite_all = counting, dying
+from flowrec.cli import main
+sys.argv = ["flowrec", *sys.argv[1:]]
+main()
+"""
+
+
+def test_a_kill_during_a_streamed_full_write_keeps_the_chain_and_resumes_bitwise_equal(spec: Path, tmp_path: Path):
+    _train(spec, tmp_path / "full")
+    run = tmp_path / "inc"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "KILL_AT_FULL": "2"}
+    argv = [sys.executable, "-c", textwrap.dedent(STREAM_KILLER), "train", str(spec), "--rows", "600", "--out",
+            str(run), "--quiet", "--checkpoint-every", "5", "--checkpoint-full-every", "4"]
+    killed = subprocess.run(argv, cwd=tmp_path, env=env, timeout=RUN_TIMEOUT_S, capture_output=True)
+    assert killed.returncode == -9, killed.stderr.decode()
+    assert list(run.glob(".ckpt-*.tmp"))  # the kill left part of the second full checkpoint behind
+    # full at step 5, deltas at 10, 15, 20; the full one of step 25 died while its tables were written
+    assert load_checkpoint(run)["position"]["step"] == 20 and len(delta_files(run / "checkpoint.pt")) == 3
+    resumed = subprocess.run([sys.executable, "-m", "flowrec", "train", str(spec), "--resume", str(run),
+                              "--quiet"], cwd=tmp_path, env=env, timeout=RUN_TIMEOUT_S, capture_output=True)
+    assert resumed.returncode == 0, resumed.stderr.decode()
+    _assert_same_run(load_checkpoint(tmp_path / "full"), load_checkpoint(run))
+    assert not list(run.glob(".ckpt-*"))
+
+
+def test_metrics_list_the_stall_of_every_checkpoint(spec: Path, tmp_path: Path):
+    run = tmp_path / "inc"
+    _train(spec, run, "--checkpoint-full-every", "4", "--max-steps", "20")
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    during = [r for r in records if r["event"] == "checkpoint"]
+    assert [r["step"] for r in during] == [5, 10, 15, 20]
+    end = records[-1]
+    assert end["event"] == "end"
+    stalls = end["checkpoint_stalls"]
+    assert [s["step"] for s in stalls] == [5, 10, 15, 20, 20, 20] and stalls[-1]["wait"]
+    assert all(s["stall_s"] >= 0 for s in stalls)
+    assert abs(sum(s["stall_s"] for s in stalls) - end["stage_seconds"]["checkpoint"]) < 1e-9
+    assert len(end["checkpoint_extra_bytes"]) == 2 and min(end["checkpoint_extra_bytes"]) > 0  # full at 5 and 20
 
 
 def test_eval_and_export_read_base_and_deltas(spec: Path, tmp_path: Path):

@@ -5,13 +5,16 @@ With `full_every = 1` every checkpoint is a full one written inline (training wa
 holding only the rows touched since the previous checkpoint; both kinds are written on a
 background thread from a consistent snapshot. A delta's snapshot is taken on the training
 thread (touched rows, dense part, optimizer states, RNG and position are copied; then training
-continues). A full one copies only the dense part there; the packed tables are copied on the
-writer thread while training goes on, copy-on-write (`TableSnapshot`: `mark`, called before each
-step, saves the rows the step will change that are not copied yet), so a multi-GiB table costs
-training a few small gathers instead of a copy. The first checkpoint of a process (a new run, or a
-resumed one) is always a full one. Writes are queued in order on one writer thread; a full
-snapshot waits for the writes before it (so at most one copy of the tables is in memory); the end
-of the run and every failure wait for all of them.
+continues). A full one copies only the dense part there; the packed tables are streamed into the
+file by the writer thread while training goes on (`flowrec.runtime.checkpoint.stream.save_streamed`), copy-on-write
+by chunks (`TableSnapshot`: `mark`, called before each step, saves the rows the step will change
+that are not written yet), so a multi-GiB table costs training a few small gathers instead of a
+copy, and the writer holds one chunk of rows and the saved rows, never a copy of the tables. The
+tables' finiteness is checked chunk by chunk as they are written (a non-finite value stops the
+write; the error reaches training at its next checkpoint or at the end). The first checkpoint of
+a process (a new run, or a resumed one) is always a full one. Writes are queued in order on one
+writer thread; a full snapshot waits for the writes before it; the end of the run and every
+failure wait for all of them. `stalls` lists the seconds training waited on each checkpoint.
 
 Example:
     >>> ckpt = Checkpointer(Path("runs/x/checkpoint.pt"), full_every=10, rows_of_group={"g0": 1000})  # doctest: +SKIP
@@ -22,13 +25,14 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from torch import nn
 
 from flowrec.runtime.checkpoint.store import save_checkpoint
 from flowrec.runtime.checkpoint.delta import DELTA_FORMAT, DELTA_VERSION, TABLE_KEYS, delta_path, remove_deltas
 from flowrec.runtime.checkpoint.shards import remove_stale_shards
+from flowrec.runtime.checkpoint.stream import save_streamed
 from flowrec.runtime.checkpoint.incremental import (
     EMBEDDINGS_PREFIX,
     BackgroundWriter,
@@ -39,7 +43,7 @@ from flowrec.runtime.checkpoint.incremental import (
     reset_rows_of,
     table_keys,
 )
-from flowrec.runtime.nonfinite import TrainingStopped, first_non_finite
+from flowrec.runtime.nonfinite import TrainingStopped, all_finite, first_non_finite
 
 NONCE_BYTES = 8  # random id of a full checkpoint, so deltas never apply to another run's base
 
@@ -59,6 +63,7 @@ class Checkpointer:
         self.rows_of_group = dict(rows_of_group)
         self.step: int | None = None  # step of the newest checkpoint on disk
         self.seconds = {"full": [], "delta": []}  # per checkpoint: snapshot copy + write seconds
+        self.extra_bytes: list[int] = []  # per streamed full checkpoint: most host bytes it held
         self._dirty = DirtyRows()
         self._writer = BackgroundWriter()
         self._base_digest: str | None = None  # digest of the full checkpoint on disk (writer thread)
@@ -102,46 +107,50 @@ class Checkpointer:
             self._save_delta(state, embeddings, step)
 
     def _save_full(self, state: dict[str, Any], embeddings: nn.ModuleDict, step: int) -> None:
-        _check_finite(state["model"], step, self.note())
         self._dirty.take()
         self._chained, self._queued = True, 0
         state = {**state, "chain": os.urandom(NONCE_BYTES).hex()}
         if not self.incremental:
+            _check_finite(state["model"], step, self.note())
             self._write_full(state, step, 0.0)
             return
         t0 = time.perf_counter()
         model = state["model"]
         keys = {name: tuple(f"{EMBEDDINGS_PREFIX}{name}.{part}" for part in TABLE_KEYS) for name in embeddings}
         keys = {name: pair for name, pair in keys.items() if all(k in model for k in pair)}  # others: cloned
+        streams = {key: (name, index) for name, pair in keys.items() for index, key in enumerate(pair)}
+        dense = dense_state_from(model, set(streams))
+        _check_finite(dense, step, self.note())
         tables = TableSnapshot({name: tuple(model[k] for k in pair) for name, pair in keys.items()})
-        head = {**state, "model": dense_state_from(model, {k for pair in keys.values() for k in pair}),
+        head = {**state, "model": {key: model[key] if key in streams else dense[key] for key in model},
                 "dense_optimizer": cloned(state["dense_optimizer"])}
-        order = list(model)
         self._snapshot = tables
         copy_s = time.perf_counter() - t0
-        self._writer.submit(lambda: self._write_snapshot(head, tables, order, step, copy_s))
+        self._writer.submit(lambda: self._write_snapshot(head, tables, streams, step, copy_s))
 
-    def _write_snapshot(self, head: dict[str, Any], tables: TableSnapshot, order: list[str], step: int,
-                        copy_s: float) -> None:
-        """Copy the tables of a full checkpoint (copy-on-write, see `TableSnapshot`), then write it."""
-        t0 = time.perf_counter()
+    def _write_snapshot(self, head: dict[str, Any], tables: TableSnapshot, streams: dict[str, tuple[str, int]],
+                        step: int, copy_s: float) -> None:
+        """Write a full checkpoint, its tables streamed from the snapshot (see `save_streamed`)."""
+        note = self.note()
+
+        def finite(key: str, rows: Any) -> None:
+            if rows.is_floating_point() and not all_finite(rows):
+                raise TrainingStopped(f"parameter {key} is not finite at step {step}; not checkpointed, {note}")
+
         try:
-            copies = tables.copy()
-        except BaseException:
-            self._base_digest, self._chained = None, False
-            raise
+            self._write_full(head, step, copy_s,
+                             lambda path, state: save_streamed(path, state, streams, tables, finite))
         finally:
+            tables.close()
             self._snapshot = None
-        parts = {f"{EMBEDDINGS_PREFIX}{name}.{part}": tensor for name, tensors in copies.items()
-                 for part, tensor in zip(TABLE_KEYS, tensors)}
-        model = {key: parts[key] if key in parts else head["model"][key] for key in order}
-        self._write_full({**head, "model": model}, step, copy_s + time.perf_counter() - t0)
+            self.extra_bytes.append(tables.peak_extra_bytes)
 
-    def _write_full(self, state: dict[str, Any], step: int, copy_s: float) -> None:
+    def _write_full(self, state: dict[str, Any], step: int, copy_s: float,
+                    save: Callable[[Path, dict[str, Any]], str] = save_checkpoint) -> None:
         t0 = time.perf_counter()
         self._base_digest = None  # a failed write leaves no base to chain on
         try:
-            digest = save_checkpoint(self.path, state)
+            digest = save(self.path, state)
         except BaseException:
             self._chained = False
             raise

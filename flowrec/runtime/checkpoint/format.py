@@ -14,7 +14,7 @@ import hashlib
 import struct
 import warnings
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
@@ -86,28 +86,38 @@ def check_structure_common(path: Path, state: dict[str, Any]) -> None:
         raise CheckpointError(f"{path} is damaged: its content does not match its digest")
 
 
-def content_digest(value: Any) -> str:
-    """SHA-256 of a checkpoint's content: structure, numbers, strings and tensor bytes."""
+def content_digest(value: Any, tensor_bytes: Callable[[torch.Tensor], Iterable[Any]] | None = None) -> str:
+    """SHA-256 of a checkpoint's content: structure, numbers, strings and tensor bytes.
+
+    Args:
+        value: the checkpoint content.
+        tensor_bytes: the bytes of a tensor's content, in order, as buffers (default: the tensor's
+            own; a streamed checkpoint hands out its tables' rows as taken, chunk by chunk).
+    """
     h = hashlib.sha256()
-    _feed(h, value)
+    _feed(h, value, tensor_bytes or _own_bytes)
     return h.hexdigest()
 
 
-def _feed(h: Any, value: Any) -> None:
+def _own_bytes(t: torch.Tensor) -> Iterable[Any]:
+    t = t.detach().cpu().contiguous()
+    return (t.reshape(-1).view(torch.uint8).numpy(),) if t.numel() else ()
+
+
+def _feed(h: Any, value: Any, tensor_bytes: Callable[[torch.Tensor], Iterable[Any]]) -> None:
     if isinstance(value, torch.Tensor):
-        t = value.detach().cpu().contiguous()
-        h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
-        if t.numel():
-            h.update(t.reshape(-1).view(torch.uint8).numpy())
+        h.update(f"T{value.dtype}{tuple(value.shape)}".encode())
+        for part in tensor_bytes(value):
+            h.update(part)
     elif isinstance(value, Mapping):
         h.update(b"D%d" % len(value))
         for key in sorted(value, key=repr):
-            _feed(h, key)
-            _feed(h, value[key])
+            _feed(h, key, tensor_bytes)
+            _feed(h, value[key], tensor_bytes)
     elif isinstance(value, (list, tuple)):
         h.update(b"L%d" % len(value))
         for item in value:
-            _feed(h, item)
+            _feed(h, item, tensor_bytes)
     elif isinstance(value, bool) or value is None:
         h.update(f"B{value}".encode())
     elif isinstance(value, int):

@@ -15,8 +15,9 @@ from __future__ import annotations
 import copy
 import queue
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -97,82 +98,165 @@ def delta_tables(embeddings: nn.ModuleDict, rows: dict[str, torch.Tensor]) -> di
     return out
 
 
-SNAPSHOT_CHUNK_ROWS = 1 << 18  # rows copied per chunk of a full snapshot (between two lock holds)
+SNAPSHOT_CHUNK_BYTES = 1 << 20  # bytes of one chunk of a streamed table (the writer's one buffer)
 
 
-class _TableCopy:
-    """The copy of one packed group's tensors (weight, optimizer state) a `TableSnapshot` makes."""
+class _TensorStream:
+    """One live tensor of a `TableSnapshot`: how far it is written and the rows saved for it.
 
-    def __init__(self, sources: tuple[torch.Tensor, ...]) -> None:
-        self.sources = sources
-        self.rows = sources[0].shape[0]
-        self.copies: tuple[torch.Tensor, ...] = ()
-        self.copied = 0  # rows [0, copied) are copied; later writes to them need no saving
+    Rows saved by a step arrive as a sorted batch in `pending`; the writer merges the batches into
+    one sorted `held` array (at most once per step) and, chunk by chunk, takes the rows of the chunk
+    from its front, so each chunk costs one binary search however many steps saved rows.
+    """
+
+    def __init__(self, source: torch.Tensor, chunk_rows: int | None) -> None:
+        self.source = source
+        self.rows = source.shape[0]
+        row_bytes = max(1, source[:1].numel() * source.element_size())
+        self.chunk = max(1, int(chunk_rows or SNAPSHOT_CHUNK_BYTES // row_bytes))
+        self.done = 0  # rows [0, done) are written; later writes to them need no saving
         self.saved: torch.Tensor | None = None  # (rows,) bool: saved before a write
-        self.pending: list[tuple[torch.Tensor, tuple[torch.Tensor, ...]]] = []  # (rows, their values)
+        self.pending: list[tuple[torch.Tensor, torch.Tensor]] = []  # per step: (sorted rows (n,), values)
+        self.held_rows = torch.zeros(0, dtype=torch.int64)  # (m,) sorted, all >= done: merged saves
+        self.held_values = torch.zeros((0, *source.shape[1:]), dtype=source.dtype)
+
+    def merge(self) -> None:
+        """Fold the pending batches into the sorted held rows (rows are saved once: no repeats)."""
+        if not self.pending:
+            return
+        rows = torch.cat([self.held_rows, *(r for r, _ in self.pending)])
+        values = torch.cat([self.held_values, *(v for _, v in self.pending)])
+        order = torch.argsort(rows)
+        self.held_rows, self.held_values, self.pending = rows[order], values[order], []
+
+    def take(self, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The held rows below `end` with their values, dropped from what is held."""
+        self.merge()
+        cut = int(torch.searchsorted(self.held_rows, torch.tensor([end]))[0])
+        taken = self.held_rows[:cut], self.held_values[:cut]
+        self.held_rows, self.held_values = self.held_rows[cut:], self.held_values[cut:]
+        return taken
+
+    def held(self) -> torch.Tensor:
+        """Every saved row not written yet."""
+        return torch.cat([self.held_rows, *(r for r, _ in self.pending)])
+
+    @property
+    def held_bytes(self) -> int:
+        """Host bytes of the saved rows (what the held arrays' storages hold, written rows included
+        until the next merge drops them)."""
+        held = self.held_rows.untyped_storage().nbytes() + self.held_values.untyped_storage().nbytes()
+        return held + sum(v.numel() * v.element_size() + r.numel() * 8 for r, v in self.pending)
 
 
 class TableSnapshot:
-    """A consistent copy of the packed tables, made off the training thread (copy-on-write).
+    """A consistent image of the packed tables, streamed off the training thread (copy-on-write).
 
-    Taken between two steps (`TableSnapshot(tables)`), it copies the tables in chunks of rows on
-    the writer thread (`copy`) while training goes on. Before a step changes rows, the training
-    thread calls `before_write(group, ids)`: the rows whose chunk is not copied yet are saved with
-    their current values, each once. When every chunk is copied the saved values are put back over
-    what the chunk copies caught, so the copy equals the tables at the moment the snapshot was
-    taken, at the cost of one small gather per step while the copy runs, instead of a copy of
-    every table on the training thread. Copies live in host memory.
+    Taken between two steps (`TableSnapshot(tables)`), it hands the writer thread each tensor in
+    chunks of rows (`chunks`), copied into one reused host buffer, while training goes on. Before
+    a step changes rows, the training thread calls `before_write(group, ids)`: the rows not written
+    yet are saved with their current values, each once, and put over what the chunk copy caught, so
+    every chunk holds the rows as they were when the snapshot was taken. Training pays one small
+    gather per step while the write runs; the extra memory is the buffer of the tensor in hand plus the
+    saved rows not written yet (a row's saved value is dropped when its chunk is written).
+    `peak_extra_bytes` records the most it held.
 
     Args:
         tables: {group: (weight, state)}, the live packed tensors (rows first, equal row counts).
-        chunk_rows: rows copied between two takes of the lock (default `SNAPSHOT_CHUNK_ROWS`).
+        chunk_rows: rows per chunk (default: `SNAPSHOT_CHUNK_BYTES` of rows).
 
     Example:
         >>> snap = TableSnapshot({"g0": (weight, state)})   # doctest: +SKIP
         >>> snap.before_write("g0", batch_ids)              # training thread, before the step
-        >>> copies = snap.copy()                            # writer thread: {"g0": (w, s)}
+        >>> for start, rows in snap.chunks("g0", 0): ...    # writer thread: rows start.. as taken
     """
 
     def __init__(self, tables: dict[str, tuple[torch.Tensor, ...]], chunk_rows: int | None = None) -> None:
-        self._parts = {name: _TableCopy(tuple(tensors)) for name, tensors in tables.items()}
-        self._chunk = max(1, int(chunk_rows or SNAPSHOT_CHUNK_ROWS))
+        self._parts = {name: tuple(_TensorStream(t, chunk_rows) for t in tensors) for name, tensors in tables.items()}
         self._lock = threading.Lock()
+        self.peak_extra_bytes = 0  # most host bytes held at once: chunk buffers + saved rows
 
     def before_write(self, group: str, ids: torch.Tensor) -> None:
         """Save the rows among `ids` (packed ids, repeats allowed) that a step is about to change
-        and that are not copied yet (training thread, before the step)."""
-        part = self._parts.get(group)
-        if part is None:
-            return
+        and that are not written yet (training thread, before the step)."""
+        streams = self._parts.get(group, ())
         with self._lock:
-            if part.copied >= part.rows:
+            open_ = [s for s in streams if s.done < s.rows]
+            if not open_:
                 return
-            ids = ids.to(part.sources[0].device)
-            ids = torch.unique(ids[ids >= part.copied])
-            if part.saved is None:
-                part.saved = torch.zeros(part.rows, dtype=torch.bool, device=ids.device)
-            ids = ids[~part.saved[ids]]
-            if ids.numel():
-                part.saved[ids] = True
-                part.pending.append((ids.cpu(), tuple(t.index_select(0, ids).cpu() for t in part.sources)))
+            ids = torch.unique(ids.to(open_[0].source.device))
+            for stream in open_:
+                rows = ids[ids >= stream.done]
+                if stream.saved is None:
+                    stream.saved = torch.zeros(stream.rows, dtype=torch.bool, device=ids.device)
+                rows = rows[~stream.saved[rows]]
+                if rows.numel():
+                    stream.saved[rows] = True
+                    stream.pending.append((rows.cpu(), stream.source.index_select(0, rows).cpu()))
+            self._note_extra()
+
+    def chunks(self, group: str, index: int) -> Iterator[tuple[int, torch.Tensor]]:
+        """(first row, rows as taken) of tensor `index` of `group`, chunk by chunk (writer thread).
+
+        Each chunk is a view of one buffer that the next chunk overwrites: use it before asking
+        for the next.
+        """
+        stream = self._parts[group][index]
+        source = stream.source
+        buffer = torch.empty((min(stream.chunk, stream.rows), *source.shape[1:]), dtype=source.dtype)
+        for start in range(0, stream.rows, stream.chunk):
+            end = min(stream.rows, start + stream.chunk)
+            view = buffer[: end - start]
+            copy_rows(view, source[start:end])  # rows a step changes meanwhile were saved first
+            with self._lock:
+                self.peak_extra_bytes = max(self.peak_extra_bytes,
+                                            self._extra_bytes() + buffer.numel() * buffer.element_size())
+                rows, values = stream.take(end)
+                if rows.numel():
+                    view.index_copy_(0, rows - start, values)
+                stream.done = end
+            yield start, view
+        with self._lock:
+            self._finish(stream)
+
+    def close(self) -> None:
+        """Stop saving rows (the write is over, done or failed); drop what was saved."""
+        with self._lock:
+            for streams in self._parts.values():
+                for stream in streams:
+                    self._finish(stream)
 
     def copy(self) -> dict[str, tuple[torch.Tensor, ...]]:
-        """Copy every table (writer thread); returns {group: copies of its tensors}, as of the snapshot."""
-        for part in self._parts.values():
-            part.copies = tuple(torch.empty(t.shape, dtype=t.dtype) for t in part.sources)
-            for start in range(0, part.rows, self._chunk):
-                end = min(part.rows, start + self._chunk)
-                for source, copy in zip(part.sources, part.copies):
-                    copy[start:end].copy_(source[start:end])
-                with self._lock:
-                    part.copied = end
-            with self._lock:
-                part.copied = part.rows
-                for rows, values in part.pending:
-                    for copy, value in zip(part.copies, values):
-                        copy.index_copy_(0, rows, value)
-                part.pending, part.saved = [], None
-        return {name: part.copies for name, part in self._parts.items()}
+        """Whole copies of every table as taken: {group: copies of its tensors} (tests, small tables)."""
+        out = {}
+        for name, streams in self._parts.items():
+            copies = tuple(torch.empty(s.source.shape, dtype=s.source.dtype) for s in streams)
+            for index, copy_ in enumerate(copies):
+                for start, rows in self.chunks(name, index):
+                    copy_[start:start + rows.shape[0]] = rows
+            out[name] = copies
+        return out
+
+    @staticmethod
+    def _finish(stream: _TensorStream) -> None:
+        stream.done, stream.pending, stream.saved = stream.rows, [], None
+        stream.held_rows, stream.held_values = stream.held_rows[:0], stream.held_values[:0]
+
+    def _extra_bytes(self) -> int:
+        return sum(s.held_bytes for streams in self._parts.values() for s in streams)
+
+    def _note_extra(self) -> None:
+        self.peak_extra_bytes = max(self.peak_extra_bytes, self._extra_bytes())
+
+
+def copy_rows(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """`dst.copy_(src)`; between contiguous host tensors one plain memcpy (numpy), because torch's
+    parallel copy is many times slower on a loaded machine (a 2-core box under load: 1 MiB chunks
+    of a 0.5 GiB table in 4-5 s instead of 0.05-0.2 s) and the writer thread must stay cheap."""
+    if src.device.type != "cpu" or not (src.is_contiguous() and dst.is_contiguous()) or not src.numel():
+        dst.copy_(src)
+        return
+    np.copyto(dst.reshape(-1).view(torch.uint8).numpy(), src.detach().reshape(-1).view(torch.uint8).numpy())
 
 
 def table_keys(embeddings: nn.ModuleDict) -> set[str]:

@@ -77,12 +77,12 @@ def save_checkpoint(path: Path, state: dict[str, Any],
         raise CheckpointError(f"could not write checkpoint {path}: {exc.strerror or exc}; "
                               f"the previous checkpoint is intact") from None
     except RuntimeError as exc:  # torch's zip writer reports a full disk as "unexpected pos ..."
-        raise CheckpointError(f"could not write checkpoint {path}: {_write_failure(path, full, exc)}; "
+        raise CheckpointError(f"could not write checkpoint {path}: {write_failure(path, full, exc)}; "
                               f"the previous checkpoint is intact") from None
     return full["digest"]
 
 
-def _write_failure(path: Path, state: dict[str, Any], exc: RuntimeError) -> str:
+def write_failure(path: Path, state: dict[str, Any], exc: RuntimeError) -> str:
     """Why torch.save failed: a disk without room for the state's tensors, else its first line."""
     need = tensor_bytes(state)
     try:

@@ -1,0 +1,166 @@
+"""A full checkpoint streamed from the live tables while training changes them (`save_streamed`)
+is the checkpoint of the state when its snapshot was taken: the same tensors and the same digest
+as `save_checkpoint` of a copy made then, it loads through `load_checkpoint`, a stopped write
+leaves the previous checkpoint intact (also when a table value is not finite), and the writer
+holds a bounded number of rows."""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from flowrec.runtime.checkpoint.store import CHECKPOINT_FORMAT, CHECKPOINT_VERSION, load_checkpoint, save_checkpoint
+from flowrec.runtime.checkpoint.format import content_digest, read_torch_file
+from flowrec.runtime.checkpoint.stream import save_streamed
+from flowrec.runtime.checkpoint.checkpointer import Checkpointer
+from flowrec.runtime.checkpoint.incremental import TableSnapshot, copy_rows
+from flowrec.runtime.nonfinite import TrainingStopped
+
+STREAMS = {"embeddings.a.weight": ("a", 0), "embeddings.a.state": ("a", 1),
+           "embeddings.b.weight": ("b", 0), "embeddings.b.state": ("b", 1)}
+
+
+def _state(gen: torch.Generator, dtype: torch.dtype) -> dict:
+    """A checkpoint-shaped state: two packed groups (one with an empty optimizer state), dense
+    parameters (one a view into a larger storage), a dense optimizer state, RNG and position."""
+    backing = torch.randn(40, 3, generator=gen, dtype=dtype)
+    model = {"bottom.weight": torch.randn(6, 5, generator=gen, dtype=dtype),
+             "embeddings.a.weight": torch.randn(3000, 8, generator=gen, dtype=dtype),
+             "embeddings.a.state": torch.rand(3000, 1, generator=gen, dtype=dtype),
+             "embeddings.b.weight": torch.randn(500, 4, generator=gen, dtype=dtype),
+             "embeddings.b.state": torch.zeros(500, 0, dtype=dtype),
+             "top.bias": backing[7:9]}
+    optimizer = {"state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.randn(6, 5, generator=gen, dtype=dtype)}},
+                 "param_groups": [{"lr": 0.01, "params": [0]}]}
+    return {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "spec": "{}", "plan": "{}",
+            "model": model, "dense_optimizer": optimizer, "rng": {"torch": torch.get_rng_state()},
+            "position": {"epoch": 0, "batch": 4, "step": 4, "samples": 64}, "skipped_batches": 0}
+
+
+def _tables(state: dict) -> dict[str, tuple[torch.Tensor, ...]]:
+    model = state["model"]
+    return {g: (model[f"embeddings.{g}.weight"], model[f"embeddings.{g}.state"]) for g in ("a", "b")}
+
+
+def _step(tables: dict, snap: TableSnapshot, gen: torch.Generator) -> None:
+    """One 'training step': skewed ids with repeats, saved first, then changed in place."""
+    for name, (weight, state) in tables.items():
+        ids = (torch.rand(200, generator=gen) ** 3 * weight.shape[0]).long()
+        snap.before_write(name, ids)
+        weight.index_add_(0, ids, torch.randn(ids.numel(), weight.shape[1], generator=gen, dtype=weight.dtype))
+        if state.shape[1]:
+            state.index_add_(0, ids, torch.rand(ids.numel(), state.shape[1], generator=gen, dtype=state.dtype))
+
+
+def _frozen(state: dict) -> dict:
+    return {**state, "model": {k: v.clone() for k, v in state["model"].items()}}
+
+
+@pytest.mark.parametrize("seed, dtype, chunk_rows", [(0, torch.float64, 7), (1, torch.float32, 64),
+                                                     (2, torch.float32, None), (3, torch.bfloat16, 33)])
+def test_a_write_while_rows_change_equals_the_checkpoint_of_the_snapshot(tmp_path: Path, seed: int,
+                                                                        dtype: torch.dtype, chunk_rows):
+    gen = torch.Generator().manual_seed(seed)
+    state = _state(gen, dtype)
+    expected = _frozen(state)
+    tables = _tables(state)
+    snap = TableSnapshot(tables, chunk_rows=chunk_rows)
+    _step(tables, snap, gen)  # after the snapshot was taken, before the write started
+    out: dict = {}
+    writer = threading.Thread(target=lambda: out.update(
+        digest=save_streamed(tmp_path / "checkpoint.pt", state, STREAMS, snap)))
+    writer.start()
+    during = 0
+    while writer.is_alive() or during == 0:
+        _step(tables, snap, gen)
+        during += writer.is_alive()
+    writer.join(60)
+    save_checkpoint(tmp_path / "reference.pt", expected)
+    got = read_torch_file(tmp_path / "checkpoint.pt")
+    reference = read_torch_file(tmp_path / "reference.pt")
+    assert out["digest"] == got["digest"] == reference["digest"] == content_digest(expected)
+    assert got["model"].keys() == expected["model"].keys()
+    assert all(torch.equal(got["model"][k], expected["model"][k]) for k in expected["model"])
+    assert torch.equal(got["dense_optimizer"]["state"][0]["exp_avg"], expected["dense_optimizer"]["state"][0]["exp_avg"])
+    assert not torch.equal(state["model"]["embeddings.a.weight"], expected["model"]["embeddings.a.weight"])
+    loaded = load_checkpoint(tmp_path / "checkpoint.pt")  # format, keys and digest checked
+    assert loaded["position"] == expected["position"]
+
+
+def test_a_stopped_write_leaves_the_previous_checkpoint_and_no_temp_file(tmp_path: Path):
+    gen = torch.Generator().manual_seed(3)
+    path = tmp_path / "checkpoint.pt"
+    save_checkpoint(path, _state(gen, torch.float32))
+    before = path.read_bytes()
+    state = _state(gen, torch.float32)
+    snap = TableSnapshot(_tables(state), chunk_rows=100)
+    seen = []
+
+    def stop_at_third_chunk(key: str, rows: torch.Tensor) -> None:
+        seen.append(key)
+        if len(seen) == 3:
+            raise ValueError("not finite")
+
+    with pytest.raises(ValueError, match="not finite"):
+        save_streamed(path, state, STREAMS, snap, stop_at_third_chunk)
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt"]
+    snap.close()
+    snap.before_write("a", torch.arange(3000))  # closed: nothing is saved any more
+    assert not any(stream.held().numel() for stream in snap._parts["a"])
+
+
+def test_the_writer_holds_one_chunk_and_the_saved_rows_not_written_yet():
+    gen = torch.Generator().manual_seed(5)
+    weight = torch.randn(3000, 8, generator=gen, dtype=torch.float64)
+    snap = TableSnapshot({"a": (weight,)}, chunk_rows=50)
+    stream = snap._parts["a"][0]
+    saved_total = held_most = 0
+    for start, rows in snap.chunks("a", 0):
+        end = start + rows.shape[0]
+        assert rows.shape == (min(50, 3000 - start), 8)
+        assert bool((stream.held() >= end).all())  # rows written are dropped
+        ids = (torch.rand(40, generator=gen) ** 2 * 3000).long()
+        held = stream.held().numel()
+        snap.before_write("a", ids)
+        saved_total += stream.held().numel() - held
+        held_most = max(held_most, stream.held().numel())
+        weight.index_add_(0, ids, torch.ones(40, 8, dtype=torch.float64))
+    assert not stream.held().numel() and saved_total > held_most > 0
+    row_bytes = 8 * 8
+    # the buffer, plus the saved rows (written ones stay in the merged arrays until the next merge)
+    assert 50 * row_bytes <= snap.peak_extra_bytes <= 50 * row_bytes + 2 * held_most * (row_bytes + 8)
+    assert snap.peak_extra_bytes < weight.numel() * weight.element_size() / 2
+
+
+def test_a_non_finite_table_value_stops_the_streamed_write_and_keeps_the_last_checkpoint(tmp_path: Path):
+    gen = torch.Generator().manual_seed(6)
+    path = tmp_path / "checkpoint.pt"
+    ckpt = Checkpointer(path, full_every=3, rows_of_group={"a": 3000, "b": 500})
+    groups = {"a": None, "b": None}  # a full checkpoint reads only the group names
+    ckpt.save(_state(gen, torch.float32), groups)
+    ckpt.wait()
+    assert load_checkpoint(path)["position"]["step"] == 4 and ckpt.step == 4
+    bad = _state(gen, torch.float32)
+    bad["position"] = {**bad["position"], "step": 8}
+    bad["model"]["embeddings.a.weight"][2345, 3] = float("nan")  # finite sum elsewhere: found chunk by chunk
+    ckpt.restart_chain(4)  # the next checkpoint is a full one
+    ckpt.save(bad, groups)  # queued: the training thread checked only the dense part
+    with pytest.raises(TrainingStopped, match="embeddings.a.weight is not finite at step 8; not checkpointed, "
+                                              "the checkpoint of step 4 is kept"):
+        ckpt.wait()
+    assert load_checkpoint(path)["position"]["step"] == 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.int64])
+def test_copy_rows_equals_torch_copy_contiguous_or_not(dtype: torch.dtype):
+    gen = torch.Generator().manual_seed(7)
+    source = (torch.randn(300, 6, generator=gen) * 1000).to(dtype)
+    for src in (source[17:211], source.t().contiguous().t()[5:90], source[:, 1:4]):  # plain, strided, a column slice
+        dst = torch.full(src.shape, -1, dtype=dtype)
+        copy_rows(dst, src)
+        assert torch.equal(dst, src)
+    empty = torch.zeros(5, 0, dtype=dtype)
+    copy_rows(torch.empty(5, 0, dtype=dtype), empty)

@@ -1,0 +1,79 @@
+"""The cores a process may use: affinity capped by a cgroup CPU quota (v2 `cpu.max`, v1
+`cpu.cfs_quota_us`), read from a fake cgroup tree; threads sized from them."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from flowrec.data.cores import cgroup_quota, thread_budget, usable_cores
+
+
+def _v2(tmp_path: Path, limits: dict[str, str], member: str = "/user.slice/job") -> tuple[Path, Path]:
+    """A cgroup v2 tree with `cpu.max` files ({relative folder: content}) and the membership file."""
+    root = tmp_path / "cgroup"
+    for folder, text in limits.items():
+        (root / folder).mkdir(parents=True, exist_ok=True)
+        (root / folder / "cpu.max").write_text(text)
+    (root / member.strip("/")).mkdir(parents=True, exist_ok=True)
+    proc = tmp_path / "proc_self_cgroup"
+    proc.write_text(f"0::{member}\n")
+    return root, proc
+
+
+@pytest.mark.parametrize("cpu_max, affinity, expected", [
+    ("150000 100000\n", set(range(8)), 1),   # 1.5 cores of quota: one whole core
+    ("250000 100000\n", set(range(8)), 2),
+    ("400000 100000\n", {0, 3}, 2),           # the affinity is tighter
+    ("max 100000\n", set(range(6)), 6),       # no quota
+    ("50000 100000\n", {0, 1}, 1),            # half a core: still one thread
+])
+def test_a_cgroup_v2_quota_caps_the_affinity(tmp_path: Path, cpu_max: str, affinity: set[int], expected: int):
+    root, proc = _v2(tmp_path, {"user.slice/job": cpu_max})
+    assert usable_cores(affinity, root, proc) == expected
+
+
+def test_the_tightest_quota_of_the_cgroup_and_its_parents_wins(tmp_path: Path):
+    root, proc = _v2(tmp_path, {"user.slice": "300000 100000", "user.slice/job": "max 100000"})
+    assert cgroup_quota(root, proc) == pytest.approx(3.0)
+    assert usable_cores(set(range(16)), root, proc) == 3
+    (root / "user.slice" / "job" / "cpu.max").write_text("120000 50000")  # 2.4 cores
+    assert cgroup_quota(root, proc) == pytest.approx(2.4) and usable_cores(set(range(16)), root, proc) == 2
+
+
+def test_a_cgroup_v1_quota(tmp_path: Path):
+    root = tmp_path / "cgroup"
+    folder = root / "cpu,cpuacct" / "docker" / "abc"
+    folder.mkdir(parents=True)
+    (folder / "cpu.cfs_quota_us").write_text("200000\n")
+    (folder / "cpu.cfs_period_us").write_text("100000\n")
+    proc = tmp_path / "proc_self_cgroup"
+    proc.write_text("5:memory:/docker/abc\n3:cpu,cpuacct:/docker/abc\n0::/\n")
+    assert cgroup_quota(root, proc) == pytest.approx(2.0)
+    assert usable_cores(set(range(4)), root, proc) == 2
+    (folder / "cpu.cfs_quota_us").write_text("-1\n")  # no quota
+    assert cgroup_quota(root, proc) is None and usable_cores(set(range(4)), root, proc) == 4
+
+
+def test_no_cgroup_files_means_the_affinity(tmp_path: Path):
+    assert cgroup_quota(tmp_path / "none", tmp_path / "missing") is None
+    assert usable_cores({2, 5, 7}, tmp_path / "none", tmp_path / "missing") == 3
+    root, proc = _v2(tmp_path, {"x": "garbage"}, member="/x")
+    assert cgroup_quota(root, proc) is None
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no affinity on this platform")
+def test_the_default_reads_this_process_affinity():
+    assert 1 <= usable_cores() <= len(os.sched_getaffinity(0))
+
+
+def test_threads_fit_the_cores_and_the_ranks():
+    assert thread_budget(1, 1) == thread_budget(1, 4)
+    one = thread_budget(1, 1)
+    assert (one.workers, one.readers, one.compute) == (1, 1, 1)
+    many = thread_budget(16, 1)
+    assert (many.workers, many.readers, many.compute) == (2, 2, 16)
+    shared = thread_budget(8, 4)
+    assert (shared.workers, shared.readers, shared.compute) == (2, 2, 2)
+    assert thread_budget(3, 2).compute == 1
