@@ -219,7 +219,11 @@ class Head(Linear):
     """
 
     @classmethod
-    def from_config(cls, config: dict[str, Any], input_shapes: Shapes) -> "Head":
+    def from_config(cls, config: dict[str, Any], input_shapes: Shapes) -> nn.Module:
+        if config.get("task") == "retrieval":  # the towers pass through to the retrieval loss
+            from operators.retrieval import RetrievalHead
+
+            return RetrievalHead.from_config(config, input_shapes)
         return cls(config.get("in_features") or flat_width(input_shapes), config.get("out", 1))
 
 

@@ -177,6 +177,8 @@ def _self_attention(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing
 
 def _head(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
     width, out = _width(shapes), attrs.get("out", 1)  # out: classes of a multiclass head
+    if attrs.get("task") == "retrieval":  # the two towers side by side, no projection
+        return Sizing((width,), 0, 0)
     return Sizing((out,), 2 * width * out, width * out + out)
 
 

@@ -263,7 +263,7 @@ RULES: dict[str, Rule] = {
     "ple": _ple,
     "custom": _custom,
     "linear": _linear,
-    "head": _linear,
+    "head": lambda op, batch, inputs: (_concat if op.attr("task") == "retrieval" else _linear)(op, batch, inputs),
     "concat": _concat,
     "cross": _cross,
     "dot": _dot,

@@ -15,7 +15,9 @@ import torch
 
 from flowrec.runtime.evalclasses import MulticlassAccumulator
 from flowrec.runtime.evalmetrics import BinaryAccumulator, RegressionAccumulator
+from flowrec.runtime.evalretrieval import RankingAccumulator
 from flowrec.runtime.lowering import LoweredModel
+from flowrec.runtime.retrieval import catalogue_vectors, item_labels
 from flowrec.runtime.scores import head_columns, scores
 from flowrec.runtime.step import autocast_context
 
@@ -90,11 +92,11 @@ def evaluate(model: LoweredModel, batches: Iterable[Any], precision: str = "fp32
         GroupByError: `group_by` is not a one-id categorical feature of the model.
     """
     slot = group_slot(model, group_by) if group_by is not None else None
-    accs = [ACCUMULATORS[task](slot is not None) for task in model.tasks]
+    accs = [ACCUMULATORS[task](model, i, slot is not None) for i, task in enumerate(model.tasks)]
     samples = [0] * len(accs)
     columns = head_columns(model.head_widths)
     for preds, batch in _scored(model, batches, precision):
-        labels = batch.labels.cpu().numpy()  # (B, T [+ sample weights])
+        labels = item_labels(model.retrieval, batch, batch.labels).cpu().numpy()  # (B, T [+ sample weights])
         groups = batch_groups(batch, slot) if slot is not None else None
         for i, acc in enumerate(accs):
             rows = _task_space(model, labels, i)
@@ -110,9 +112,19 @@ def _task_space(model: LoweredModel, labels: np.ndarray, head: int) -> np.ndarra
     return labels[:, column] == value if column >= 0 else np.ones(labels.shape[0], bool)
 
 
-# The streaming metrics of each task (argument: grouped, for gAUC of binary heads).
+def _ranking(model: LoweredModel, head: int) -> RankingAccumulator:
+    """A retrieval head's metrics over the catalogue of its item tower, as the model is now."""
+    binding = model.retrieval
+    attrs = binding.attrs
+    return RankingAccumulator(catalogue_vectors(model, binding), attrs["metric"], attrs["temperature"],
+                              tuple(attrs["top_k"]))
+
+
+# The streaming metrics of each task (arguments: the model, the head's index, grouped: gAUC of
+# binary heads, per-user recall and NDCG of retrieval heads).
 ACCUMULATORS = {
-    "binary": lambda grouped: BinaryAccumulator(grouped=grouped),
-    "regression": lambda grouped: RegressionAccumulator(),
-    "multiclass": lambda grouped: MulticlassAccumulator(),
+    "binary": lambda model, head, grouped: BinaryAccumulator(grouped=grouped),
+    "regression": lambda model, head, grouped: RegressionAccumulator(),
+    "multiclass": lambda model, head, grouped: MulticlassAccumulator(),
+    "retrieval": lambda model, head, grouped: _ranking(model, head),
 }

@@ -30,6 +30,7 @@ from flowrec.graph.types import Op, PackedGroup, Plan
 from flowrec.runtime.managed_state import managed_state
 from flowrec.runtime.messages import first_line
 from flowrec.runtime.placement import group_embedding
+from flowrec.runtime.retrieval import bind, check_sampled_placement
 from flowrec.spec.model import ModelSpec
 from operators import registry
 from operators.dense import concat_flat, flat_rows
@@ -111,6 +112,9 @@ class LoweredModel(nn.Module):
             self.embeddings = nn.ModuleDict(_embeddings(self.groups, seed, self.device, world) if tables else {})
             self._build_dense(plan.graph)
         self._bind_noise(seed)
+        self.retrieval = bind(plan.graph, self.group_map, spec, self.steps, self.head_nodes)
+        if self.retrieval is not None and self.retrieval.sampled:
+            check_sampled_placement(self.group_map[self.retrieval.group], world)
         self.managed = managed_state(spec, self.groups, seed) if tables else None  # the maps go with the tables
 
     def _build_dense(self, graph: nx.DiGraph) -> None:

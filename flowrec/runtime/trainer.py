@@ -50,6 +50,7 @@ from flowrec.runtime.placement import HOST_SIDE
 from flowrec.runtime.progress import TrainProgress
 from flowrec.runtime.rundir import BEST_DIR, METRICS_FILE, write_text
 from flowrec.runtime.schedule import LRController, LRSchedule, sparse_optimizers
+from flowrec.runtime.retrieval import item_counts
 from flowrec.runtime.step import make_dense_optimizer, train_step
 from flowrec.spec.load import to_dict
 from flowrec.spec.model import ModelSpec
@@ -301,6 +302,9 @@ class Trainer:
         self.hooks = hooks if on_step is None else Hooks(on_step, hooks.on_eval, hooks.on_checkpoint)
         total = self.total_steps(train_source)
         self._start_schedule()
+        retrieval = self.model.retrieval
+        if retrieval is not None and retrieval.needs_counts:  # logQ / unigram: the items' training frequency
+            retrieval.set_counts(item_counts(train_source, retrieval.item_feature), self.model.device)
         if cfg.out_dir is not None and self.lead:
             self._write_run_files(Path(cfg.out_dir))
             self.log = MetricsLog(Path(cfg.out_dir) / METRICS_FILE, cfg.tensorboard,

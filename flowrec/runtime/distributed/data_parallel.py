@@ -82,14 +82,14 @@ class DenseParallel:
         """This rank's first row of a global batch of `global_size` (`batches.rank_slice`)."""
         return rank_slice(global_size, self.world.size, self.world.rank)[0]
 
-    def loss(self, logits: torch.Tensor, labels: torch.Tensor, global_size: int) -> torch.Tensor:
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor, global_size: int, cands: Any = None) -> torch.Tensor:
         """This rank's share of the global batch's mean loss, agreed with every rank first.
 
         Raises NonFiniteLoss on every rank when the loss of any rank is NaN or infinite (before
         any backward, after releasing DDP's expectation of one), so all take the same decision.
         """
         n = labels.shape[0]
-        loss = self.model.loss(logits, labels) * (n / global_size) if n else logits.sum() * 0.0
+        loss = self.model.loss(logits, labels, cands) * (n / global_size) if n else logits.sum() * 0.0
         self.last = self.world.agree(loss, self.flags())
         if self.last.non_finite:
             self._release()
