@@ -23,11 +23,9 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from operators.similarity import EPS
 
@@ -127,18 +125,3 @@ def retrieval_loss(x: torch.Tensor, items: torch.Tensor, cand: Candidates | None
         raise ValueError("sampled negatives: the step gave no sampled items (Candidates.vectors)")
     return sampled_softmax(q, v, items, cand, metric, temperature)
 
-
-class RetrievalHead(nn.Module):
-    """A retrieval head: the query and item towers side by side, no projection.  # (B, 2D) -> (B, 2D)
-
-    Example:
-        >>> RetrievalHead()(torch.ones(3, 8)).shape
-        torch.Size([3, 8])
-    """
-
-    @classmethod
-    def from_config(cls, config: dict[str, Any], input_shapes: Sequence[tuple[int, ...]]) -> "RetrievalHead":
-        return cls()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x

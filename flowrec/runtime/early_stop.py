@@ -59,7 +59,8 @@ class EarlyStopper:
 
     @classmethod
     def of(cls, spec: EarlyStoppingSpec, first_head: str) -> "EarlyStopper":
-        mode = spec.mode or ("max" if spec.metric in HIGHER_IS_BETTER or spec.metric.partition("@")[0] in RANKING_METRICS else "min")
+        higher = spec.metric in HIGHER_IS_BETTER or spec.metric.partition("@")[0] in RANKING_METRICS
+        mode = spec.mode or ("max" if higher else "min")
         return cls(spec.head or first_head, spec.metric, mode, spec.patience, spec.min_delta)
 
     @property

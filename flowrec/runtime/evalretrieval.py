@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from flowrec.spec.tasks import RANK_METRICS
-from operators.retrieval import pair_scores, row_scores, towers
+from operators.retrieval import pair_scores, towers
 
 SCORE_CHUNK = 65_536  # catalogue items scored per matrix product
 
@@ -69,14 +69,25 @@ class RankingAccumulator:
 @torch.no_grad()
 def rank_items(query: torch.Tensor, items: torch.Tensor, catalogue: torch.Tensor, metric: str,
                temperature: float) -> np.ndarray:
-    """Each positive's rank among the catalogue (items outside 1 .. V: V).  # (B,) int64"""
+    """Each positive's rank among the catalogue (items outside 1 .. V: V).  # (B,) int64
+
+    Ranks are computed in chunks of the catalogue; when the catalogue fits one chunk (the usual
+    case) the product is computed once."""
     size = len(catalogue)
     inside = (items >= 1) & (items <= size)
-    own = catalogue[(items.clamp(1, max(size, 1)) - 1).to(catalogue.device)]  # (B, D)
-    pos = row_scores(query, own, metric, temperature).unsqueeze(1)  # (B, 1)
-    above = torch.zeros(len(items), dtype=torch.int64, device=query.device)
-    for lo in range(0, size, SCORE_CHUNK):
+    column = (items.clamp(1, max(size, 1)) - 1).to(query.device)  # (B,)
+    pos = torch.empty(len(items), 1, dtype=query.dtype, device=query.device)  # (B, 1)
+    chunks = range(0, size, SCORE_CHUNK)
+    cache = {}
+    for lo in chunks:  # the positive's score from the very product it is ranked in
         scores = pair_scores(query, catalogue[lo:lo + SCORE_CHUNK], metric, temperature)  # (B, chunk)
+        if len(chunks) == 1:
+            cache[lo] = scores
+        here = (column >= lo) & (column < lo + scores.shape[1])
+        pos[here, 0] = scores[here, column[here] - lo]
+    above = torch.zeros(len(items), dtype=torch.int64, device=query.device)
+    for lo in chunks:
+        scores = cache[lo] if lo in cache else pair_scores(query, catalogue[lo:lo + SCORE_CHUNK], metric, temperature)
         above += (scores >= pos).sum(dim=1)
     ranks = (above - 1).clamp_min(0).cpu()  # the positive itself scores >= itself
     return torch.where(inside, ranks, torch.full_like(ranks, size)).numpy()

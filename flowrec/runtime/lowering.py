@@ -260,6 +260,10 @@ class LoweredModel(nn.Module):
             values[step.name] = CALLS[OP_KINDS[step.kind].inputs](op, step, inputs, masks)
         return torch.cat([_at_least_fp32(values[h]).flatten(1) for h in self.head_nodes], dim=1)
 
+    def run_step(self, step: NodeStep, inputs: list[torch.Tensor], masks: dict[str, torch.Tensor]) -> torch.Tensor:
+        """One dense node on its assembled inputs, by its kind's input convention."""
+        return CALLS[OP_KINDS[step.kind].inputs](self.ops[step.name], step, inputs, masks)
+
     def _slot_value(self, slot: Slot, dense: torch.Tensor, emb: dict[str, torch.Tensor],
                     values: dict[str, torch.Tensor]) -> torch.Tensor:
         if slot.source == self.dense_node:

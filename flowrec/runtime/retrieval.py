@@ -27,7 +27,6 @@ import torch
 
 from flowrec.data.batches import Batch, GroupIds
 from flowrec.graph.edges import Slot, input_slots
-from flowrec.graph.kinds import OP_KINDS
 from flowrec.graph.types import PackedGroup
 from operators.dense import flat_rows
 from operators.retrieval import Candidates
@@ -156,7 +155,8 @@ def with_negatives(binding: RetrievalBinding, group: PackedGroup, batch: Batch, 
 
     The group's precomputed casting and lookahead rows no longer describe it and are dropped
     (the backward computes its casting), so it runs on placements device and host only."""
-    return replace(batch, groups={**batch.groups, binding.group: _grown(binding, group, batch.groups[binding.group], items)})
+    grown = _grown(binding, group, batch.groups[binding.group], items)
+    return replace(batch, groups={**batch.groups, binding.group: grown})
 
 
 def _grown(binding: RetrievalBinding, group: PackedGroup, ids: GroupIds, items: torch.Tensor) -> GroupIds:
@@ -178,14 +178,9 @@ def item_vectors(model: Any, binding: RetrievalBinding, rows: torch.Tensor) -> t
     emb = {binding.group: full}
     dense = rows.new_zeros(n, len(model.dense_columns))
     values: dict[str, torch.Tensor] = {}
-    from flowrec.runtime.lowering import CALLS  # the lowering's own input conventions
-
     for step in model.steps:
-        if step.name not in binding.item_steps:
-            continue
-        op = model.ops[step.name]
-        inputs = [model._slot_value(s, dense, emb, values) for s in step.slots]
-        values[step.name] = CALLS[OP_KINDS[step.kind].inputs](op, step, inputs, {})
+        if step.name in binding.item_steps:
+            values[step.name] = model.run_step(step, [model._slot_value(s, dense, emb, values) for s in step.slots], {})
     return flat_rows(model._slot_value(binding.item_slot, dense, emb, values))
 
 

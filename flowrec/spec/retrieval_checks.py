@@ -7,7 +7,7 @@ table's rows, and negatives and catalogue vectors are the item tower applied to 
 
 Example:
     >>> from flowrec.spec.view import DocView
-    >>> check_retrieval(DocView({"heads": [{"name": "h", "input": "m", "top_k": [5]}]}))[0].message
+    >>> check_retrieval(DocView.of({"heads": [{"name": "h", "input": "m", "top_k": [5]}]}, bad=frozenset()))[0].message
     'only a retrieval head has top_k (task binary)'
 """
 from __future__ import annotations
@@ -95,5 +95,6 @@ def _item_problem(view: DocView, item: Item) -> str | None:
         return f"feature {item.name!r} must be a one-id categorical feature (the item id)"
     table = view.by_name("tables").get(item.body.get("table", "")) if "table" in item.body else item
     if table is not None and ("hash_buckets" in table.body or "managed" in table.body):
-        return f"feature {item.name!r} must use a vocabulary table (the catalogue is its rows), not a hashed or managed one"
+        return (f"feature {item.name!r} must use a vocabulary table (the catalogue is its rows), "
+                "not a hashed or managed one")
     return None
