@@ -41,12 +41,16 @@ class Candidates:
         ids: their item ids.  # (N,) int64
         log_q: per item of the table, log of its sampling probability (None: no correction).  # (V,)
         num: N, draws per step (expected count N p of a sampled candidate).
+        batch: in-batch candidates of a global batch split over ranks: (item vectors of every
+            rank's rows (B, D), their item ids (B,), the global row of this rank's first row);
+            None: the rows given to the loss are the whole batch.
     """
 
     vectors: torch.Tensor | None = None
     ids: torch.Tensor | None = None
     log_q: torch.Tensor | None = None
     num: int = 0
+    batch: tuple[torch.Tensor, torch.Tensor, int] | None = None
 
 
 def towers(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -70,24 +74,25 @@ def row_scores(q: torch.Tensor, v: torch.Tensor, metric: str, temperature: float
 
 
 def in_batch_softmax(q: torch.Tensor, v: torch.Tensor, items: torch.Tensor, metric: str, temperature: float,
-                     log_q: torch.Tensor | None = None) -> torch.Tensor:
-    """Per-row softmax cross-entropy over the batch's items.  # (B,)
+                     log_q: torch.Tensor | None = None, first: int = 0) -> torch.Tensor:
+    """Per-row softmax cross-entropy over the batch's items.  # (Bq,)
 
     Args:
-        q: query vectors.  # (B, D)
-        v: item vectors of the batch's items.  # (B, D)
-        items: the batch's item ids.  # (B,) int64
+        q: query vectors of rows first .. first + Bq - 1 of the batch.  # (Bq, D)
+        v: item vectors of every row of the batch.  # (B, D)
+        items: item ids of every row of the batch.  # (B,) int64
         metric: dot or cosine.
         temperature: scores are divided by it.
         log_q: log frequency of each item id (None: no logQ correction).  # (V,)
+        first: the batch row of q's first row (a rank's slice of a global batch).
     """
-    logits = pair_scores(q, v, metric, temperature)  # (B, B)
+    logits = pair_scores(q, v, metric, temperature)  # (Bq, B)
     if log_q is not None:
         logits = logits - log_q[items].to(logits.dtype).unsqueeze(0)
-    same = items.unsqueeze(0) == items.unsqueeze(1)  # (B, B)
-    same.fill_diagonal_(False)
+    target = torch.arange(first, first + q.shape[0], device=q.device)  # (Bq,)
+    same = items.unsqueeze(0) == items[target].unsqueeze(1)  # (Bq, B)
+    same[torch.arange(q.shape[0], device=q.device), target] = False
     logits = logits.masked_fill(same, MASKED)
-    target = torch.arange(q.shape[0], device=q.device)
     return F.cross_entropy(logits, target, reduction="none")
 
 
@@ -120,6 +125,9 @@ def retrieval_loss(x: torch.Tensor, items: torch.Tensor, cand: Candidates | None
     q, v = towers(x)
     cand = cand if cand is not None else Candidates()
     if negatives == "in_batch":
+        if cand.batch is not None:  # every rank's rows are candidates
+            v_all, items_all, first = cand.batch
+            return in_batch_softmax(q, v_all.to(q.dtype), items_all, metric, temperature, cand.log_q, first)
         return in_batch_softmax(q, v, items, metric, temperature, cand.log_q)
     if cand.vectors is None:
         raise ValueError("sampled negatives: the step gave no sampled items (Candidates.vectors)")

@@ -212,6 +212,13 @@ def item_counts(source: Any, feature: str) -> np.ndarray:
     return counts
 
 
+def head_items(model: Any, binding: RetrievalBinding, logits: torch.Tensor, labels: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The item-tower vectors and item ids of the rows of a step.  # (B, Dv), (B,) int64"""
+    out = model.loss.split(logits)[binding.head]  # (B, Dq + Dv)
+    return out[:, out.shape[1] // 2:], labels[:, binding.head].long()
+
+
 def split_negatives(binding: RetrievalBinding, size: int, emb: dict[str, torch.Tensor]
                     ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """The batch's own lookups and the sampled items' item-bag rows: with sampled negatives the

@@ -12,13 +12,15 @@ Example:
 from __future__ import annotations
 
 from contextlib import nullcontext
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from flowrec.data.batches import Batch
 from flowrec.runtime.lowering import LoweredModel
-from flowrec.runtime.retrieval import candidates, draw_negatives, item_labels, split_negatives, with_negatives
+from flowrec.runtime.retrieval import (candidates, draw_negatives, head_items, item_labels, split_negatives,
+                                       with_negatives)
 
 
 def autocast_context(device: torch.device, precision: str):
@@ -61,6 +63,8 @@ def train_step(model: LoweredModel, optimizer: torch.optim.Optimizer, batch: Bat
         with autocast_context(model.device, precision):
             logits = _dense(model, parallel, dense, emb, masks, True)  # (B, n_heads)
             cands = candidates(model, binding, negatives, neg_rows)
+            if parallel is not None and binding is not None and not binding.sampled:  # every rank's items
+                cands = replace(cands, batch=parallel.gather_items(*head_items(model, binding, logits, labels)))
         loss = _loss(model, parallel, logits, labels, batch.samples_in_step, 1.0, cands)
         loss.backward()
         _dense_update(optimizer, clip_grad_norm)
