@@ -124,6 +124,8 @@ def _add_heads_and_loss(g: OpGraph, spec: ModelSpec, outputs: dict[str, Slot]) -
         g.add_node(name, op=make_op(name, "head", size.out, attrs, dtype=precision,
                                     flops=size.flops, param_bytes=size.params * PARAM_BYTES))
         set_inputs(g, name, slots)
+        if h.retrieval is not None and not g.out_degree(slot.source):  # the head scores the towers itself
+            g.remove_node(slot.source)
     widths = [g.nodes[f"head_{h.name}"]["op"].out_shape[1] for h in spec.heads]
     loss_slots = [Slot(i, f"head_{h.name}", (), (w,)) for i, (h, w) in enumerate(zip(spec.heads, widths))]
     loss_slots.append(Slot(len(loss_slots), LABEL_NODE, (), g.nodes[LABEL_NODE]["op"].out_shape[1:]))
