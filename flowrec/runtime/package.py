@@ -39,6 +39,7 @@ from flowrec.data.names import inside
 from flowrec.graph.plan_io import plan_json
 from flowrec.runtime.managed_serving import Maps, maps_of, remap_inputs, write_maps
 from flowrec.runtime.pt2_save import save_program
+from flowrec.runtime.retrieval_serving import retrieval_export
 from flowrec.runtime.serving import ServingModel, Trained
 from flowrec.spec.json_doc import read_json_document
 from flowrec.spec.model import ModelSpec
@@ -103,7 +104,7 @@ def export_program(serving: ServingModel, spec: ModelSpec) -> torch.export.Expor
 
 
 def write_package(trained: Trained, out: Path, dtype: str, encoder: EncoderRecord, metrics: dict[str, Any],
-                  compare: Iterator[pa.Table] | None = None, mapped: bool = False) -> ExportReport:
+                  compare: Iterator[pa.Table] | None = None, mapped: bool = False, index: str = "auto") -> ExportReport:
     """Write the model package of a trained model into the (new, empty) folder `out`.
 
     Args:
@@ -114,16 +115,18 @@ def write_package(trained: Trained, out: Path, dtype: str, encoder: EncoderRecor
         metrics: the run's last evaluation metrics (head -> metric -> value).
         compare: encoded tables to measure the largest score difference of a half dtype on.
         mapped: the trained tables are mapped from the checkpoint file (`load_trained(mmap=True)`).
+        index: a retrieval run's item index: auto, exact or faiss (`retrieval_serving`).
     """
     started = time.perf_counter()
     spec = trained.spec
     out.mkdir(parents=True)
+    retrieval = retrieval_export(trained, encoder, index)  # the catalogue, before the tables move
     maps = maps_of(trained.model)
     write_maps(maps, out)  # the managed maps: scoring remaps raw ids as evaluation does
     trained.model.managed = None
     serving = ServingModel(spec, trained.model, mapped)
     diff, rows = _cast(serving, DTYPES[dtype], spec, compare, maps) if dtype != "fp32" else (None, 0)
-    program = export_program(serving, spec)
+    program = export_program(serving, spec) if retrieval is None else retrieval.export_program(serving, spec)
     save_program(program, out / MODEL_FILE)  # torch.export.save without a copy of each table
     del program
     write_record(encoder, out)
@@ -133,6 +136,8 @@ def write_package(trained: Trained, out: Path, dtype: str, encoder: EncoderRecor
     (out / PLAN_FILE).write_text(plan_json(trained.plan) + "\n")
     table_bytes = sum(t.numel() * t.element_size() for t in serving.tables)
     manifest = _manifest(spec, dtype, encoder, metrics, table_bytes, diff, rows)
+    if retrieval is not None:
+        manifest["retrieval"] = retrieval.write(out)
     manifest["files"] = file_digests(out)
     (out / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return ExportReport(str(out), time.perf_counter() - started, table_bytes, diff, rows)

@@ -18,7 +18,6 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from types import SimpleNamespace
 from typing import Any
 
 import networkx as nx
@@ -187,8 +186,15 @@ def item_vectors(model: Any, binding: RetrievalBinding, rows: torch.Tensor) -> t
 def lookup_items(model: Any, binding: RetrievalBinding, items: torch.Tensor) -> torch.Tensor:
     """Pooled item-bag rows of `items` through the group's own lookup (no gradient).  # (N, D)"""
     empty = GroupIds(torch.empty(0, dtype=torch.int64), torch.zeros(1, dtype=torch.int64))
-    fake = SimpleNamespace(groups={binding.group: _grown(binding, model.group_map[binding.group], empty, items)})
-    return model._lookup(binding.group, fake)[:, binding.bag]
+    grown = _grown(binding, model.group_map[binding.group], empty, items)
+    module = model.embeddings[binding.group]
+    if getattr(module, "takes_group_ids", False):  # a cache module reads its staged rows
+        rows = module.forward_group(grown)
+    else:
+        device = module.weight.device
+        rows = module(grown.ids.to(device), grown.offsets.to(device), None)
+    dense_device = model.device if model.device.type != "meta" else rows.device  # export: mapped tables
+    return rows[:, binding.bag].to(dense_device)
 
 
 @torch.no_grad()
@@ -197,7 +203,7 @@ def catalogue_vectors(model: Any, binding: RetrievalBinding) -> torch.Tensor:
     out = []
     for lo in range(1, binding.vocab + 1, CATALOGUE_CHUNK):
         items = torch.arange(lo, min(lo + CATALOGUE_CHUNK, binding.vocab + 1))
-        out.append(item_vectors(model, binding, lookup_items(model, binding, items).to(model.device)).float())
+        out.append(item_vectors(model, binding, lookup_items(model, binding, items)).float())
     return torch.cat(out)
 
 
