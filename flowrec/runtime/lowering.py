@@ -393,7 +393,7 @@ def _call_attention(op: nn.Module, step: NodeStep, inputs: list[torch.Tensor], m
 
 
 def _call_sequence(op: nn.Module, step: NodeStep, inputs: list[torch.Tensor], masks: dict[str, torch.Tensor]):
-    return op(inputs[0], masks[step.name])  # (B, L, D), (B, L)
+    return op(inputs[0], masks[step.name], *[flat_rows(x) for x in inputs[1:]])  # (B, L, D), (B, L) [, (B, D)]
 
 
 # How a dense operator takes its inputs, by the input convention of its kind (`kinds.OP_KINDS`).
