@@ -318,3 +318,21 @@ def test_item_tower_must_read_one_item_id():
     doc["training"]["early_stopping"] = {"metric": "hr@50"}
     issues = validate_document(doc)
     assert [i.path for i in issues] == ["training.early_stopping.metric"] and "hr@5" in issues[0].message
+
+
+def test_ranking_metrics_are_maximised_by_early_stopping():
+    from flowrec.runtime.early_stop import EarlyStopper
+    from flowrec.spec.model import EarlyStoppingSpec
+
+    for metric in ("hr@100", "recall@10", "ndcg@10", "mrr"):
+        assert EarlyStopper.of(EarlyStoppingSpec(metric), "retrieve").mode == "max"
+    assert EarlyStopper.of(EarlyStoppingSpec("logloss"), "ctr").mode == "min"
+
+
+def test_sampled_negatives_refuse_a_cached_item_group():
+    spec = spec_from_dict(retrieval_doc(0, {"kind": "sampled", "num": 8}, False))
+    plan = make_plan(spec, target="cpu")
+    groups = tuple(replace(g, placement="lookahead", cache_rows=16) for g in plan.meta.groups)
+    with pytest.raises(ValueError, match="placement device or host .* lookahead"):
+        lower(plan.with_meta(replace(plan.meta, groups=groups)), spec, "cpu")
+    lower(plan, spec, "cpu")  # device placement: fine
