@@ -66,7 +66,9 @@ def output_problem(module: Item, output: str | None) -> str | None:
     """Why a module has no such named output (None: it has it, or none was named)."""
     if output is None:
         return None
-    names = module.body.get(NAMED_OUTPUT_KINDS.get(module.body.get("kind"), ""), ())
+    kind = module.body.get("kind")
+    names = module.body.get(NAMED_OUTPUT_KINDS.get(kind, "") if isinstance(kind, str) else "", ())
+    names = names if isinstance(names, list | tuple) else ()
     if output in names:
         return None
     return f"module {module.name!r} has no output {output!r} (outputs: {', '.join(map(str, names))})"
@@ -175,7 +177,7 @@ def check_sequences(view: DocView) -> list[SpecIssue]:
     issues = []
     for m in view.items("modules"):
         kind = m.body.get("kind")
-        seq_index, seq_name = SEQUENCE_INPUT.get(kind, (None, ""))
+        seq_index, seq_name = SEQUENCE_INPUT.get(kind, (None, "")) if isinstance(kind, str) else (None, "")
         for ref in resolve(view, m):
             path = f"{m.path}.inputs[{ref.index}]"
             seqs = [f.name for f in ref.features if f.unpooled]

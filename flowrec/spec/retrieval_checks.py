@@ -93,7 +93,8 @@ def _item_problem(view: DocView, item: Item) -> str | None:
     """Why a feature cannot be the item id (None: it can)."""
     if item.body.get("type") != "categorical" or item.body.get("max_len", 1) != 1:
         return f"feature {item.name!r} must be a one-id categorical feature (the item id)"
-    table = view.by_name("tables").get(item.body.get("table", "")) if "table" in item.body else item
+    name = item.body.get("table")
+    table = view.by_name("tables").get(name) if isinstance(name, str) else item
     if table is not None and ("hash_buckets" in table.body or "managed" in table.body):
         return (f"feature {item.name!r} must use a vocabulary table (the catalogue is its rows), "
                 "not a hashed or managed one")

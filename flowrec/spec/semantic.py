@@ -228,9 +228,10 @@ def check_early_stopping(view: DocView) -> list[SpecIssue]:
     metric, where = stopping["metric"], "training.early_stopping.metric"
     task = head.body.get("task", "binary") if head is not None else "binary"
     reported = METRICS_BY_TASK.get(task, ())
-    if task in TASKS and TASKS[task].ranks:
+    if isinstance(task, str) and task in TASKS and TASKS[task].ranks:
         top_k = head.body.get("top_k", DEFAULT_TOP_K)
-        reported = retrieval_metric_names(tuple(sorted(set(top_k)))) if isinstance(top_k, list | tuple) else ()
+        whole = isinstance(top_k, list | tuple) and all(type(k) is int for k in top_k)
+        reported = retrieval_metric_names(tuple(sorted(set(top_k)))) if whole else ()
     if head is not None and metric not in reported:
         return [SpecIssue(where, f"head {head.name!r} is a {task} head; it reports {', '.join(reported)}")]
     if metric == "gauc" and not isinstance(training.get("eval_group_by"), str):

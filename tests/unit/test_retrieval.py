@@ -336,3 +336,18 @@ def test_sampled_negatives_refuse_a_cached_item_group():
     with pytest.raises(ValueError, match="placement device or host .* lookahead"):
         lower(plan.with_meta(replace(plan.meta, groups=groups)), spec, "cpu")
     lower(plan, spec, "cpu")  # device placement: fine
+
+
+@pytest.mark.parametrize("where", [("heads", 0, "task"), ("heads", 0, "input"), ("heads", 0, "negatives"),
+                                   ("heads", 0, "top_k"), ("modules", 1, "inputs"), ("modules", 2, "inputs"),
+                                   ("modules", 2, "kind"), ("features", 2, "table"), ("features", 2, "max_len"),
+                                   ("training", None, "early_stopping")])
+def test_hostile_values_in_a_retrieval_spec_are_one_line_errors(where):
+    import copy
+
+    for value in (None, 1.5, [1], {"a": 1}, "x", -3, True, "item", "score"):
+        doc = copy.deepcopy(retrieval_doc(0, {"kind": "in_batch"}, False))
+        node = doc[where[0]] if where[1] is None else doc[where[0]][where[1]]
+        node[where[2]] = value
+        issues = validate_document(doc)  # never an exception
+        assert all("\n" not in str(i) for i in issues), (where, value)
