@@ -180,7 +180,7 @@ def _retrieval_head(g: OpGraph, spec: ModelSpec, h: HeadSpec, slot: Slot) -> tup
                     "temperature": sim.attr("temperature", 1.0), "item_feature": item_feature,
                     "negatives": r.negatives.kind, "num_negatives": r.negatives.num,
                     "distribution": r.negatives.distribution, "logq_correction": r.logq_correction,
-                    "top_k": r.top_k}
+                    "top_k": r.top_k, **({"exclude_seen": True} if r.exclude_seen else {})}
 
 
 def _tower_feature(modules: dict[str, ModuleSpec], features: set[str], token: str) -> str:

@@ -13,7 +13,10 @@ of their rows (a query depends on the user's features only):
 - ``mrr``: mean of 1 / (rank + 1) over rows (0 for an item outside the catalogue).
 
 Without grouping every row is its own user (recall@K = hr@K). Scores are computed in chunks of
-the catalogue, so memory is (batch, chunk) whatever the catalogue's size.
+the catalogue, so memory is (batch, chunk) whatever the catalogue's size. With `seen` (a head's
+`exclude_seen`), the items a row's user has in the training data are left out of its ranking (they
+neither count above the positive nor, being absent, take a place of the top K); the positive
+itself always stays.
 
 Example:
     >>> acc = RankingAccumulator(torch.eye(3), "dot", 1.0, (1,))
@@ -23,7 +26,7 @@ Example:
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -44,8 +47,10 @@ class RankingAccumulator:
         top_k: the cut-offs K.
     """
 
-    def __init__(self, catalogue: torch.Tensor, metric: str, temperature: float, top_k: Sequence[int]) -> None:
+    def __init__(self, catalogue: torch.Tensor, metric: str, temperature: float, top_k: Sequence[int],
+                 seen: "SeenItems | None" = None) -> None:
         self.catalogue, self.metric, self.temperature = catalogue, metric, float(temperature)
+        self.seen = seen
         self.top_k = tuple(top_k)
         self.ranks: list[np.ndarray] = []
         self.groups: list[np.ndarray] = []
@@ -56,7 +61,10 @@ class RankingAccumulator:
             return
         query, _ = towers(torch.as_tensor(np.asarray(outputs), dtype=self.catalogue.dtype,
                                           device=self.catalogue.device).reshape(items.size, -1))
-        self.ranks.append(rank_items(query, torch.as_tensor(items), self.catalogue, self.metric, self.temperature))
+        excluded = self.seen.mask(np.asarray(groups).reshape(-1), len(self.catalogue)) \
+            if self.seen is not None and groups is not None else None
+        self.ranks.append(rank_items(query, torch.as_tensor(items), self.catalogue, self.metric, self.temperature,
+                                     excluded))
         self.groups.append(np.asarray(groups).reshape(-1) if groups is not None
                            else np.arange(items.size) + sum(len(r) for r in self.ranks[:-1]))
 
@@ -68,7 +76,7 @@ class RankingAccumulator:
 
 @torch.no_grad()
 def rank_items(query: torch.Tensor, items: torch.Tensor, catalogue: torch.Tensor, metric: str,
-               temperature: float) -> np.ndarray:
+               temperature: float, excluded: torch.Tensor | None = None) -> np.ndarray:
     """Each positive's rank among the catalogue (items outside 1 .. V: V).  # (B,) int64
 
     Ranks are computed in chunks of the catalogue; when the catalogue fits one chunk (the usual
@@ -86,11 +94,55 @@ def rank_items(query: torch.Tensor, items: torch.Tensor, catalogue: torch.Tensor
         here = (column >= lo) & (column < lo + scores.shape[1])
         pos[here, 0] = scores[here, column[here] - lo]
     above = torch.zeros(len(items), dtype=torch.int64, device=query.device)
+    if excluded is not None:  # (B, V) bool: never the positive itself
+        excluded = excluded.to(query.device).clone()
+        excluded[torch.arange(len(items), device=query.device)[inside], column[inside]] = False
     for lo in chunks:
         scores = cache[lo] if lo in cache else pair_scores(query, catalogue[lo:lo + SCORE_CHUNK], metric, temperature)
-        above += (scores >= pos).sum(dim=1)
+        higher = scores >= pos
+        if excluded is not None:
+            higher &= ~excluded[:, lo:lo + scores.shape[1]]
+        above += higher.sum(dim=1)
     ranks = (above - 1).clamp_min(0).cpu()  # the positive itself scores >= itself
     return torch.where(inside, ranks, torch.full_like(ranks, size)).numpy()
+
+
+class SeenItems:
+    """The items each user has in the training data (a user feature's and the item feature's
+    columns), as sorted pairs.
+
+    Args:
+        users: user id of each pair.  # (P,) int64
+        items: item id (table row) of each pair.  # (P,) int64
+    """
+
+    def __init__(self, users: np.ndarray, items: np.ndarray) -> None:
+        pairs = np.unique(np.stack([np.asarray(users, np.int64), np.asarray(items, np.int64)], 1), axis=0)
+        self.users, self.items = pairs[:, 0], pairs[:, 1]
+
+    @classmethod
+    def of(cls, source: Any, user: str, item: str) -> "SeenItems":
+        """The pairs of every partition of a training source."""
+        users, items = [], []
+        for i in range(len(source.partition_rows())):
+            table = source.submit(i, [user, item]).result()
+            users.append(table.column(user).to_numpy().astype(np.int64))
+            items.append(table.column(item).to_numpy().astype(np.int64))
+        return cls(np.concatenate(users) if users else np.zeros(0, np.int64),
+                   np.concatenate(items) if items else np.zeros(0, np.int64))
+
+    def mask(self, users: np.ndarray, catalogue: int) -> torch.Tensor:
+        """Per row, the catalogue items (rows 1 .. V at columns 0 .. V-1) its user has seen.  # (B, V) bool"""
+        out = torch.zeros(len(users), catalogue, dtype=torch.bool)
+        lo = np.searchsorted(self.users, users, side="left")
+        hi = np.searchsorted(self.users, users, side="right")
+        counts = hi - lo
+        rows = np.repeat(np.arange(len(users)), counts)
+        picks = np.concatenate([np.arange(a, b) for a, b in zip(lo, hi)]) if counts.sum() else np.zeros(0, np.int64)
+        cols = self.items[picks] - 1
+        keep = (cols >= 0) & (cols < catalogue)
+        out[torch.from_numpy(rows[keep]), torch.from_numpy(cols[keep])] = True
+        return out
 
 
 def ranking_metrics(ranks: np.ndarray, groups: np.ndarray, catalogue: int, top_k: Sequence[int]) -> dict[str, float]:

@@ -131,7 +131,8 @@ def _retrieval(h: dict[str, Any]) -> RetrievalSpec:
     neg = h.get("negatives", {})
     negatives = Negatives(neg.get("kind", "in_batch"), int(neg.get("num", 0)), neg.get("distribution", "uniform"))
     return RetrievalSpec(negatives, bool(h.get("logq_correction", False)),
-                         tuple(sorted(set(int(k) for k in h.get("top_k", DEFAULT_TOP_K)))))
+                         tuple(sorted(set(int(k) for k in h.get("top_k", DEFAULT_TOP_K)))),
+                         bool(h.get("exclude_seen", False)))
 
 
 def _table(name: str, t: dict[str, Any]) -> TableSpec:
@@ -324,6 +325,8 @@ def _head_doc(h: HeadSpec) -> dict[str, Any]:
                                                  if neg.kind == "sampled" else {})}
         out["logq_correction"] = h.retrieval.logq_correction
         out["top_k"] = list(h.retrieval.top_k)
+        if h.retrieval.exclude_seen:
+            out["exclude_seen"] = True
     return out
 
 

@@ -247,11 +247,14 @@ class RetrievalSpec:
         negatives: in-batch or sampled.
         logq_correction: subtract log(expected count) of each candidate from its logit.
         top_k: cut-offs K of hr@K, recall@K and ndcg@K.
+        exclude_seen: evaluation leaves out of each user's ranking the items the user has in the
+            training data (users: `training.eval_group_by`).
     """
 
     negatives: Negatives = Negatives()
     logq_correction: bool = False
     top_k: tuple[int, ...] = (10, 100)
+    exclude_seen: bool = False
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,8 @@ from flowrec.spec.model import SELECTOR_PREFIX
 from flowrec.spec.tasks import TASKS
 from flowrec.spec.view import DocView, Item
 
-RETRIEVAL_FIELDS = ("negatives", "logq_correction", "top_k")  # fields only a retrieval head may set
+# fields only a retrieval head may set
+RETRIEVAL_FIELDS = ("negatives", "logq_correction", "top_k", "exclude_seen")
 
 
 def check_retrieval(view: DocView) -> list[SpecIssue]:
@@ -35,6 +36,10 @@ def check_retrieval(view: DocView) -> list[SpecIssue]:
                        for key in RETRIEVAL_FIELDS if key in h.body]
             continue
         ranking.append(h)
+        users = (view.section("training") or {}).get("eval_group_by")
+        if h.body.get("exclude_seen") and not isinstance(users, str):
+            issues.append(SpecIssue(f"{h.path}.exclude_seen", "exclude_seen needs training.eval_group_by (the user "
+                                                              "feature whose training items are left out)"))
         issues += _negatives(h)
         issues += _towers(view, h)
     if len(ranking) > 1:

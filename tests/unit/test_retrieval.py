@@ -351,3 +351,43 @@ def test_hostile_values_in_a_retrieval_spec_are_one_line_errors(where):
         node[where[2]] = value
         issues = validate_document(doc)  # never an exception
         assert all("\n" not in str(i) for i in issues), (where, value)
+
+
+def test_seen_items_are_left_out_of_each_users_ranking():
+    """Brute force: drop the user's training items (not the positive) from the catalogue, rank."""
+    from flowrec.runtime.evalretrieval import SeenItems
+
+    rng = np.random.default_rng(random.randrange(1 << 30))
+    vocab, d, users = 40, 5, 6
+    catalogue = torch.from_numpy(rng.integers(-20, 21, size=(vocab, d)) / 4)
+    query = rng.integers(-20, 21, size=(users, d)) / 4
+    train_users = rng.integers(0, users, 150)
+    train_items = rng.integers(1, vocab + 1, 150)
+    seen = SeenItems(train_users, train_items)
+    groups = np.arange(users).repeat(3)
+    items = rng.integers(1, vocab + 1, len(groups))
+    outputs = np.concatenate([query[groups], np.zeros((len(groups), d))], 1)
+    plain, excluding = (RankingAccumulator(catalogue, "dot", 1.0, (5,), s) for s in (None, seen))
+    for acc in (plain, excluding):
+        acc.update(items, outputs, groups)
+    scores = query[groups] @ catalogue.numpy().T
+    ranks = []
+    for r, u in enumerate(groups):
+        dropped = set(train_items[train_users == u].tolist()) - {int(items[r])}
+        keep = [c for c in range(vocab) if c + 1 not in dropped and c + 1 != items[r]]
+        ranks.append(int(sum(scores[r, c] >= scores[r, items[r] - 1] for c in keep)))
+    assert np.concatenate(excluding.ranks).tolist() == ranks
+    assert sum(ranks) < int(np.concatenate(plain.ranks).sum())  # something was left out
+    assert excluding.result()["hr@5"] >= plain.result()["hr@5"]
+
+
+def test_exclude_seen_needs_the_user_feature():
+    doc = retrieval_doc(0, {"kind": "in_batch"}, False)
+    doc["heads"][0]["exclude_seen"] = True
+    assert [(i.path, "eval_group_by" in i.message) for i in validate_document(doc)] == [
+        ("heads[0].exclude_seen", True)]
+    doc["training"]["eval_group_by"] = "user"
+    assert validate_document(doc) == []
+    spec = spec_from_dict(doc)
+    assert spec.heads[0].retrieval.exclude_seen
+    assert make_plan(spec, target="cpu").graph.nodes["head_retrieve"]["op"].attr("exclude_seen") is True
