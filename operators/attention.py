@@ -12,10 +12,10 @@ Keys at padding positions are masked; with ``causal``, position i also sees only
 A row with an empty sequence outputs zeros. ``output: last`` is the state at the last valid
 position, ``mean`` the mean over the valid positions, ``target`` (BST) the state of a target
 vector (the candidate item) that joins the sequence as one more position after its L positions
-(position L of the table, never masked), so the sequence is read in the light of the candidate. Dropout (hash-seeded, like the mlp's: no
-generator state) is applied where `torch.nn.TransformerEncoderLayer` applies it to the attention
-output, after the feed-forward activation and to the feed-forward output; attention
-probabilities are not dropped.
+(position L of the table, never masked), so the sequence is read in the light of the candidate.
+Dropout (hash-seeded, like the mlp's: no generator state) is applied where
+`torch.nn.TransformerEncoderLayer` applies it to the attention output, after the feed-forward
+activation and to the feed-forward output; attention probabilities are not dropped.
 
 Example:
     >>> att = SelfAttention(4, length=3, num_heads=2)
