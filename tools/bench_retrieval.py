@@ -4,8 +4,9 @@ seeds, beside a popularity ranking.
 The protocol of the TensorFlow Recommenders basic-retrieval tutorial: every rating is a (user,
 movie) positive, a random 80/20 split of the ratings (the spec's binding, split seed 0: the same
 split for every run), and each test rating ranks all 1,682 movies. specs/two_tower_movielens.yaml
-(user id -> movie id, dim 32, dot product, in-batch softmax) is trained by `flowrec.api.train`
-once per seed; only the training seed changes. The popularity baseline ranks every user's
+(user id -> movie id, dim 32, dot product, in-batch softmax with logQ correction) and the same
+spec without logQ correction are trained by `flowrec.api.train` once per seed; only the training
+seed changes. The popularity baseline ranks every user's
 movies by their number of training ratings (ties: lower movie row first) and is scored by the
 same metric code (`flowrec.runtime.evalretrieval.ranking_metrics`) on the same test rows:
 
@@ -23,6 +24,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import platform
@@ -96,27 +98,34 @@ def main() -> int:
         print(f"MovieLens 100K not found at {doc['data']['path']}; nothing to measure")
         return 0
     seeds = [int(s) for s in args.seeds.split(",")]
-    runs = []
+    plain = copy.deepcopy(doc)
+    plain["heads"][0]["logq_correction"] = False
+    variants = {"two-tower": doc, "no-logQ": plain}  # the spec as written; the same without logQ
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
     with tempfile.TemporaryDirectory(prefix="bench_retrieval_") as tmp:
         data = None
-        for seed in seeds:
-            runs.append(train(doc, seed, args.epochs, Path(tmp) / f"seed{seed}", data))
-            data = data or Path(tmp) / f"seed{seed}" / "data"  # the first run's conversion serves the rest
-            m = runs[-1]["metrics"]
-            print(f"two-tower seed {seed}: " + ", ".join(f"{k} {m[k]:.4f}" for k in REPORTED)
-                  + f" ({runs[-1]['seconds']:.1f} s)", flush=True)
+        for name, variant in variants.items():
+            for seed in seeds:
+                folder = Path(tmp) / f"{name}{seed}"
+                runs[name].append(train(variant, seed, args.epochs, folder, data))
+                data = data or folder / "data"  # the first run's conversion serves the rest
+                m = runs[name][-1]["metrics"]
+                print(f"{name} seed {seed}: " + ", ".join(f"{k} {m[k]:.4f}" for k in REPORTED)
+                      + f" ({runs[name][-1]['seconds']:.1f} s)", flush=True)
         pop = popularity(data)
-    two_tower = {k: summary([r["metrics"][k] for r in runs]) for k in REPORTED}
+    summaries = {name: {k: summary([r["metrics"][k] for r in rs]) for k in REPORTED} for name, rs in runs.items()}
     print(f"{'model':<12} " + " ".join(f"{k:>17}" for k in REPORTED))
-    print(f"{'two-tower':<12} " + " ".join(f"{two_tower[k]['mean']:.4f} +- {two_tower[k]['std']:.4f}"
-                                           for k in REPORTED))
+    for name, s in summaries.items():
+        print(f"{name:<12} " + " ".join(f"{s[k]['mean']:.4f} +- {s[k]['std']:.4f}" for k in REPORTED))
     print(f"{'popularity':<12} " + " ".join(f"{pop[k]:>17.4f}" for k in REPORTED))
+    two_tower = summaries["two-tower"]
     print(f"HR@100 {two_tower['hr@100']['mean']:.4f} vs the TFRS tutorial's {TFRS_HR100} "
           f"({'at least' if two_tower['hr@100']['mean'] >= TFRS_HR100 else 'BELOW'})")
     report = {"spec": f"specs/{SPEC}.yaml", "protocol": "MovieLens 100K, random 80/20 split of ratings (split "
               "seed 0), every test rating ranks all 1,682 movies, no exclusion of training items",
               "machine": platform.machine(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-              "load": os.getloadavg(), "seeds": seeds, "two_tower": {"summary": two_tower, "runs": runs},
+              "load": os.getloadavg(), "seeds": seeds,
+              "models": {name: {"summary": summaries[name], "runs": runs[name]} for name in variants},
               "popularity": pop, "tfrs_tutorial_hr100": TFRS_HR100}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
