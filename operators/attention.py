@@ -10,10 +10,12 @@ sequence) then `num_layers` encoder layers, each multi-head self-attention (torc
 
 Keys at padding positions are masked; with ``causal``, position i also sees only positions <= i.
 A row with an empty sequence outputs zeros. ``output: last`` is the state at the last valid
-position, ``mean`` the mean over the valid positions. Dropout (hash-seeded, like the mlp's: no
-generator state) is applied where `torch.nn.TransformerEncoderLayer` applies it to the attention
-output, after the feed-forward activation and to the feed-forward output; attention
-probabilities are not dropped.
+position, ``mean`` the mean over the valid positions, ``target`` (BST) the state of a target
+vector (the candidate item) that joins the sequence as one more position after its L positions
+(position L of the table, never masked), so the sequence is read in the light of the candidate.
+Dropout (hash-seeded, like the mlp's: no generator state) is applied where
+`torch.nn.TransformerEncoderLayer` applies it to the attention output, after the feed-forward
+activation and to the feed-forward output; attention probabilities are not dropped.
 
 Example:
     >>> att = SelfAttention(4, length=3, num_heads=2)
@@ -32,7 +34,7 @@ from operators.regularize import SeededDropout
 
 Shapes = Sequence[tuple[int, ...]]
 NORMS = ("post", "pre")
-OUTPUTS = ("last", "mean")
+OUTPUTS = ("last", "mean", "target")
 LN_EPS = 1e-5  # torch.nn.TransformerEncoderLayer's layer_norm_eps
 
 
@@ -79,11 +81,12 @@ class EncoderLayer(nn.Module):
 
 
 class SelfAttention(nn.Module):
-    """Transformer encoder over a padded sequence: seq (B, L, D), mask (B, L) bool -> (B, D).
+    """Transformer encoder over a padded sequence: seq (B, L, D), mask (B, L) bool [, target (B, D)]
+    -> (B, D).
 
     Args:
         dim: D.
-        length: L (positions of the learned position table).
+        length: positions of the learned position table (L, or L + 1 with output target).
         num_heads: attention heads.
         num_layers: encoder layers.
         ffn: feed-forward width (default 4 D).
@@ -91,7 +94,8 @@ class SelfAttention(nn.Module):
         norm: ``post`` or ``pre`` (LayerNorm placement).
         causal: position i attends only to positions <= i.
         positional: ``learned`` (an (L, D) table added to the sequence) or ``none``.
-        output: ``last`` (the last valid position) or ``mean`` (over the valid positions).
+        output: ``last`` (the last valid position), ``mean`` (over the valid positions) or ``target``
+            (the target's position, appended after the sequence).
     """
 
     def __init__(self, dim: int, length: int, num_heads: int = 1, num_layers: int = 1, ffn: int | None = None,
@@ -106,16 +110,22 @@ class SelfAttention(nn.Module):
     @classmethod
     def from_config(cls, config: dict[str, Any], input_shapes: Shapes) -> "SelfAttention":
         length, dim = (int(d) for d in input_shapes[0][-2:])
+        length += 1 if config.get("output") == "target" else 0  # the target's position
         return cls(dim, length, config.get("num_heads", 1), config.get("num_layers", 1), config.get("ffn"),
                    config.get("dropout", 0.0), config.get("norm", "post"), config.get("causal", False),
                    config.get("positional", "learned"), config.get("output", "last"))
 
-    def forward(self, seq: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, seq: torch.Tensor, mask: torch.Tensor, target: torch.Tensor | None = None) -> torch.Tensor:
+        if self.output == "target":
+            if target is None:
+                raise ValueError("self_attention output target: the forward needs the target vector")
+            seq = torch.cat([seq, target.reshape(seq.shape[0], 1, seq.shape[2]).to(seq.dtype)], dim=1)  # (B, L+1, D)
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)  # (B, L+1)
         x = seq if self.positions is None else seq + self.positions
         allowed = self._allowed(mask)
         for layer in self.layers:
             x = layer(x, allowed)
-        return self._pool(x, mask)
+        return x[:, -1] if self.output == "target" else self._pool(x, mask)
 
     def _allowed(self, mask: torch.Tensor) -> torch.Tensor:
         """Which keys each query may attend to.  # (B, 1, L, L) bool

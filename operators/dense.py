@@ -219,8 +219,23 @@ class Head(Linear):
     """
 
     @classmethod
-    def from_config(cls, config: dict[str, Any], input_shapes: Shapes) -> "Head":
+    def from_config(cls, config: dict[str, Any], input_shapes: Shapes) -> nn.Module:
+        if config.get("task") == "retrieval":  # the towers pass through to the retrieval loss
+            return RetrievalHead()
         return cls(config.get("in_features") or flat_width(input_shapes), config.get("out", 1))
+
+
+class RetrievalHead(nn.Module):
+    """A retrieval head: the query and item towers side by side, no projection
+    (`operators.retrieval` scores them).  # (B, 2D) -> (B, 2D)
+
+    Example:
+        >>> RetrievalHead()(torch.ones(3, 8)).shape
+        torch.Size([3, 8])
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
 
 
 def flat_rows(x: torch.Tensor) -> torch.Tensor:

@@ -39,7 +39,7 @@ FILES: dict[str, frozenset[str]] = {
         "test_table_snapshot", "test_checkpoint_stream", "test_cores", "test_train_loop_parts", "test_vocab_growth", "test_output_guard",
         "test_custom", "test_heads", "test_mlp_regularize", "test_moe", "test_packed_mlp_lowering", "test_table_l2",
         "test_managed_spec", "test_managed_map", "test_days", "test_self_attention", "test_similarity",
-        "test_calibrate_collective", "test_targets",
+        "test_retrieval", "test_calibrate_collective", "test_targets",
     )},
     "tests/unit/test_cache_bench.py": frozenset({"processes"}),
     "tests/unit/test_operators_bench.py": frozenset({"processes"}),
@@ -64,7 +64,7 @@ FILES: dict[str, frozenset[str]] = {
         "test_predict_criteo", "test_python_api", "test_run_guarantees", "test_run_hostile", "test_train",
         "test_train_loop", "test_train_plan", "test_vocab_spare", "test_output_hostile", "test_package_hostile",
         "test_custom_module", "test_heads_package", "test_regularize_package", "test_managed_runs", "test_follow",
-        "test_tower_package", "test_sequence_package", "test_runs_lifecycle",
+        "test_tower_package", "test_sequence_package", "test_runs_lifecycle", "test_retrieval_serving",
     )},
     **{f"tests/integration/{name}.py": frozenset({"fuzz"}) for name in (
         "test_checkpoint_fuzz", "test_data_fuzz", "test_data_hostile",
@@ -96,6 +96,7 @@ TESTS: dict[str, frozenset[str]] = {
         "test_moe.py::test_one_expert_with_its_constant_gate_is_the_shared_bottom_model",
         "test_custom.py::test_training_equals_the_user_module_in_plain_pytorch",
         "test_heads.py::test_training_equals_reference_with_the_hand_written_loss",
+        "test_retrieval.py::test_training_equals_the_reference",
         "test_cache_scratchpad.py::test_planner_bytes_per_step_match_counters",
     )},
 }

@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 CONSTRAINTS = REPO / "constraints.txt"
 TORCH = "torch==2.13.0"  # the CPU build CI uses; GPU users install their CUDA build of torch first
-EXTRAS = ".[dev,gpucheck,tensorboard]"  # every optional group the tests or CI install
+EXTRAS = ".[dev,gpucheck,tensorboard,ann]"  # every optional group the tests or CI install
 INSTALL_TIMEOUT_S = 1800
 HEADER = """\
 # Tested versions of every package a fresh install of flowrec takes (all extras but gpu).

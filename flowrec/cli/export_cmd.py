@@ -20,6 +20,7 @@ def export(
     dtype: str = typer.Option("fp32", "--dtype", help="Table dtype in the package: fp32, fp16 or bf16 (half the bytes; the largest score difference on the run's evaluation data is reported)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUT when it holds a model package or other files (never a run folder, dataset or encoder)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No summary lines."),
+    index: str = typer.Option("auto", "--index", help="Retrieval runs: the item index beside items.parquet: faiss (an exact flat inner-product index; needs the ann extra, faiss-cpu), exact (none: predict --top-k scores every item in torch) or auto (faiss when installed)."),
 ) -> None:
     """Export a trained run as a self-contained model package.
 
@@ -33,6 +34,11 @@ def export(
     Examples:
       flowrec export runs/ml pkg/ml
       flowrec export runs/dlrm pkg/dlrm --dtype fp16
+      flowrec export runs/tt pkg/tt --index faiss    # retrieval: query tower + items.parquet + items.faiss
+
+    A run with a retrieval head exports its query tower as model.pt2 (raw user rows -> query
+    vectors), every catalogue item's vector with its raw id (items.parquet) and, with --index
+    faiss, an exact index; `flowrec predict OUT RAW --top-k K` returns each row's K best items.
     """
     from flowrec.data.encoder_record import find_record
     from flowrec.data.layout import DataError
@@ -52,7 +58,8 @@ def export(
         trained = load_trained(run_dir, "cpu", scoring_plan, mmap=True)  # tables mapped, not copied
         encoder = trained.encoder or find_record(folder)
         report = write_package(trained, staged, dtype, encoder, _last_eval(folder),
-                               _compare_rows(folder, trained) if dtype != "fp32" else None, mapped=True)
+                               _compare_rows(folder, trained) if dtype != "fp32" else None, mapped=True,
+                               index=index)
         replace_folder(staged, out)  # the old package stays until the new one is in place
     except (DataError, OSError, ValueError, RuntimeError) as exc:
         remove_partial(staged)

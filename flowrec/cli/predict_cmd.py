@@ -27,6 +27,7 @@ def predict(
     on_error: str = typer.Option("fail", "--on-error", help="Malformed rows: skip (count, report) or fail."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUT when it exists."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    top_k: Optional[int] = typer.Option(None, "--top-k", min=1, max=100_000, help="Retrieval packages: write each row's K best items (columns items: raw item ids, best first; scores) instead of head scores."),
 ) -> None:
     """Score raw rows: one score per head per row.
 
@@ -35,6 +36,7 @@ def predict(
       flowrec predict pkg/ml new_ratings.csv --format csv --out scores.parquet --keep user_id
       flowrec predict pkg/dlrm day_24.tsv --out day_24_scores.parquet
       flowrec predict pkg/dlrm test.txt --out test_scores.parquet    # Criteo test file: no label column
+      flowrec predict pkg/tt users.csv --format csv --top-k 10 --out recs.parquet --keep user_id
     """
     from flowrec.data.layout import DataError
     from flowrec.data.output_guard import atomic_output, check_file_output
@@ -46,7 +48,7 @@ def predict(
     try:
         check_file_output(out, [model_dir, raw], overwrite)
         with atomic_output(out) as staged:
-            rows, errors = _score(model_dir, raw, staged, fmt, list(keep or []), on_error, quiet)
+            rows, errors = _score(model_dir, raw, staged, fmt, list(keep or []), on_error, quiet, top_k)
     except (DataError, OSError, ValueError, RuntimeError) as exc:
         fail(first_line(exc))
     except KeyboardInterrupt:
@@ -58,7 +60,7 @@ def predict(
 
 
 def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: list[str], on_error: str,
-           quiet: bool) -> tuple[int, int]:
+           quiet: bool, top_k: Optional[int] = None) -> tuple[int, int]:
     import pyarrow as pa
     import pyarrow.parquet as pq
     from rich.console import Console
@@ -67,7 +69,9 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
     from flowrec.serving.predict import load_model
 
     model = load_model(model_dir)
-    _check_keep(keep, model.heads)
+    if top_k is not None and model.items is None:
+        raise ValueError(f"{model_dir} has no retrieval head: --top-k needs a package of a retrieval run")
+    _check_keep(keep, ["items", "scores"] if top_k is not None else model.heads)
     chunks, log = _raw_chunks(model, raw, fmt, on_error)
     writer, rows = None, 0
     with Progress(SpinnerColumn(), TextColumn("{task.description} {task.completed:,} rows"),
@@ -79,7 +83,7 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
                 if absent:
                     raise ValueError(f"--keep {absent[0]}: no such column in {raw} "
                                      f"(has {', '.join(chunk.column_names[:12])})")
-                scores = model.predict(chunk)
+                scores = model.predict(chunk) if top_k is None else model.recommend(chunk, top_k)
                 table = pa.Table.from_pandas(scores, preserve_index=False)
                 for name in keep:
                     table = table.append_column(name, chunk.column(name))

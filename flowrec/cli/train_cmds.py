@@ -596,12 +596,14 @@ def evaluate_run(
     json_out: Optional[str] = typer.Option(None, "--json", help="Also write the metrics as JSON to this file ('-': stdout, instead of the table)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No table on stdout (with --json FILE: only the file)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the --json FILE when it exists (never a file of a run, package or dataset)."),
+    seen: Optional[Path] = typer.Option(None, "--seen", help="Retrieval heads with exclude_seen: the training dataset whose (user, item) pairs are left out of each user's ranking. Default: the run's training data."),
 ) -> None:
     """Score a trained checkpoint on a dataset.
 
     Exact, per head: AUC, PR-AUC (average precision), logloss, NE (logloss over the entropy of the
     label mean), calibration (mean prediction over mean label) and, with --group-by, gAUC for binary
-    heads; MSE and MAE for regression heads.
+    heads; MSE and MAE for regression heads; hr@K, recall@K, ndcg@K and mrr over the whole item
+    catalogue for retrieval heads.
 
     \b
     Examples:
@@ -618,12 +620,26 @@ def evaluate_run(
         if json_out not in (None, "-"):
             check_file_output(Path(json_out), [run_dir, data], overwrite)
         trained = load_trained(run_dir, device, scoring_plan)
-        metrics = trained.evaluate_dataset(data, group_by or trained.spec.training.eval_group_by)
+        metrics = trained.evaluate_dataset(data, group_by or trained.spec.training.eval_group_by,
+                                           seen or _run_train_data(run_dir))
     except (DataError, OSError, ValueError, RuntimeError) as exc:
         fail(first_line(exc))
     except KeyboardInterrupt:
         fail("interrupted (Ctrl-C)", EXIT_INTERRUPTED)
     _write_metrics(metrics, json_out, quiet)
+
+
+def _run_train_data(run_dir: Path) -> Optional[Path]:
+    """The training data a run recorded (run.json's --data, else RUN/data), its train split when
+    split; None when it has none (the run trained on synthetic data)."""
+    from flowrec.runs.settings import read_run_file
+    from flowrec.runtime.checkpoint.store import checkpoint_path
+
+    folder = checkpoint_path(run_dir).parent
+    folder = folder.parent if folder.name == "best" else folder
+    settings = read_run_file(folder) or {}
+    data = Path(settings["data"]) if settings.get("data") else folder / "data"
+    return data / "train" if (data / "train").is_dir() else (data if (data / "_flowrec.json").is_file() else None)
 
 
 def _write_metrics(metrics: dict, json_out: Optional[str], quiet: bool = False) -> None:

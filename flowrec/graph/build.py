@@ -19,7 +19,7 @@ from typing import Any
 
 import networkx as nx
 
-from flowrec.graph.edges import Slot, set_inputs
+from flowrec.graph.edges import Slot, input_slots, set_inputs
 from flowrec.graph.shapes import sizing
 from flowrec.graph.types import DTYPE_BYTES, Op, OpGraph
 from flowrec.spec.model import (
@@ -114,16 +114,23 @@ def _add_heads_and_loss(g: OpGraph, spec: ModelSpec, outputs: dict[str, Slot]) -
         slot = _module_output(spec, h.input, outputs, g)
         if slot is None:
             raise ValueError(f"head {h.name}: unknown input module {h.input!r}")
+        slots = [slot]
         attrs = {"task": h.task, "loss": h.loss, "weight": h.weight, "label": h.label or "",
                  "in_features": prod(slot.shape), **_head_options(h)}
-        size = sizing("head", attrs, [slot.shape])
+        if h.retrieval is not None:  # the towers themselves: the loss scores every pair of the batch
+            slots, more = _retrieval_head(g, spec, h, slot)
+            attrs.update(more)
+        size = sizing("head", attrs, [s.shape for s in slots])
         g.add_node(name, op=make_op(name, "head", size.out, attrs, dtype=precision,
                                     flops=size.flops, param_bytes=size.params * PARAM_BYTES))
-        set_inputs(g, name, [slot])
-    loss_slots = [Slot(i, f"head_{h.name}", (), (h.width,)) for i, h in enumerate(spec.heads)]
+        set_inputs(g, name, slots)
+        if h.retrieval is not None and not g.out_degree(slot.source):  # the head scores the towers itself
+            g.remove_node(slot.source)
+    widths = [g.nodes[f"head_{h.name}"]["op"].out_shape[1] for h in spec.heads]
+    loss_slots = [Slot(i, f"head_{h.name}", (), (w,)) for i, (h, w) in enumerate(zip(spec.heads, widths))]
     loss_slots.append(Slot(len(loss_slots), LABEL_NODE, (), g.nodes[LABEL_NODE]["op"].out_shape[1:]))
     attrs = {"heads": tuple(h.name for h in spec.heads), "losses": tuple(h.loss for h in spec.heads),
-             "weights": tuple(h.weight for h in spec.heads), **_loss_options(spec)}
+             "weights": tuple(h.weight for h in spec.heads), **_loss_options(spec, widths, g)}
     size = sizing("loss", attrs, [s.shape for s in loss_slots])
     g.add_node(LOSS_NODE, op=make_op(LOSS_NODE, "loss", size.out, attrs, flops=size.flops))
     set_inputs(g, LOSS_NODE, loss_slots)
@@ -159,12 +166,40 @@ def _head_options(h: HeadSpec) -> dict[str, Any]:
     return out
 
 
-def _loss_options(spec: ModelSpec) -> dict[str, Any]:
+def _retrieval_head(g: OpGraph, spec: ModelSpec, h: HeadSpec, slot: Slot) -> tuple[list[Slot], dict[str, Any]]:
+    """A retrieval head's input slots (the similarity's query and item towers) and attributes: its
+    width (query then item vector), the similarity's metric and temperature, the item-id feature
+    and the negatives."""
+    sim = g.nodes[slot.source]["op"]
+    towers = input_slots(g, slot.source)
+    modules = {m.name: m for m in spec.modules}
+    item_feature = _tower_feature(modules, {f.name for f in spec.features}, modules[slot.source].inputs[1])
+    r = h.retrieval
+    width = sum(prod(s.shape) for s in towers)
+    return towers, {"out": width, "in_features": width, "metric": sim.attr("metric", "dot"),
+                    "temperature": sim.attr("temperature", 1.0), "item_feature": item_feature,
+                    "negatives": r.negatives.kind, "num_negatives": r.negatives.num,
+                    "distribution": r.negatives.distribution, "logq_correction": r.logq_correction,
+                    "top_k": r.top_k, **({"exclude_seen": True} if r.exclude_seen else {})}
+
+
+def _tower_feature(modules: dict[str, ModuleSpec], features: set[str], token: str) -> str:
+    """The one feature an item tower depends on (checked by `spec.retrieval_checks`)."""
+    return token if token in features else _tower_feature(modules, features, modules[token].inputs[0])
+
+
+def _loss_options(spec: ModelSpec, widths: list[int] | None = None, g: OpGraph | None = None) -> dict[str, Any]:
     """The loss's per-head logit widths, sample-weight columns and task-space masks, as columns of
-    the label tensor (-1: none); each only when some head uses it."""
+    the label tensor (-1: none), and the retrieval head's softmax; each only when some head uses it."""
     out: dict[str, Any] = {}
-    if any(h.width != 1 for h in spec.heads):
-        out["widths"] = tuple(h.width for h in spec.heads)
+    widths = widths if widths is not None else [h.width for h in spec.heads]
+    if any(w != 1 for w in widths):
+        out["widths"] = tuple(widths)
+    for i, h in enumerate(spec.heads):
+        if h.retrieval is not None and g is not None:
+            op = g.nodes[f"head_{h.name}"]["op"]
+            out["retrieval"] = (i, op.attr("metric"), op.attr("temperature"), h.retrieval.negatives.kind,
+                                h.retrieval.logq_correction)
     weights = _weight_columns(spec)
     if weights:
         first = len(spec.heads)

@@ -163,9 +163,14 @@ def _similarity(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
 
 
 def _self_attention(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
-    if len(shapes) != 1 or len(shapes[0]) != 2:
-        raise ShapeError(f"self_attention takes [sequence (L, D)], got {list(shapes)}")
+    target = attrs.get("output") == "target"
+    if len(shapes) != 1 + target or len(shapes[0]) != 2:
+        raise ShapeError(f"self_attention takes [sequence (L, D)]{' and a target (D,)' if target else ''}, "
+                         f"got {list(shapes)}")
     length, dim = shapes[0]
+    if target and prod(shapes[1]) != dim:
+        raise ShapeError(f"self_attention: the target has width {prod(shapes[1])}, the sequence dim {dim}")
+    length += target  # the target joins the sequence
     if dim % attrs["num_heads"]:
         raise ShapeError(f"self_attention: {attrs['num_heads']} heads do not divide dim {dim}")
     ffn = attrs.get("ffn") or 4 * dim
@@ -177,6 +182,8 @@ def _self_attention(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing
 
 def _head(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
     width, out = _width(shapes), attrs.get("out", 1)  # out: classes of a multiclass head
+    if attrs.get("task") == "retrieval":  # the two towers side by side, no projection
+        return Sizing((width,), 0, 0)
     return Sizing((out,), 2 * width * out, width * out + out)
 
 

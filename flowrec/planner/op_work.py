@@ -172,6 +172,11 @@ def _linear(op: Op, batch: int, inputs: int) -> OpWork:
     return _join(_assembly(batch, width, inputs), _layers(batch, width, (op.attr("out", 1),)))
 
 
+def _head(op: Op, batch: int, inputs: int) -> OpWork:
+    """A head's projection; a retrieval head passes its towers through (a copy)."""
+    return (_concat if op.attr("task") == "retrieval" else _linear)(op, batch, inputs)
+
+
 def _concat(op: Op, batch: int, inputs: int) -> OpWork:
     size = batch * op.attr("in_features")
     return OpWork(_pass(size), _pass(size) + Kernels(other=inputs))
@@ -263,7 +268,7 @@ RULES: dict[str, Rule] = {
     "ple": _ple,
     "custom": _custom,
     "linear": _linear,
-    "head": _linear,
+    "head": _head,
     "concat": _concat,
     "cross": _cross,
     "dot": _dot,

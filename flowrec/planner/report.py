@@ -137,6 +137,12 @@ def head_options(plan: Plan) -> list[tuple[str, list[str]]]:
         if op.kind != "head":
             continue
         options = [f"{op.attr('out')} classes"] if op.attr("out") is not None else []
+        if op.attr("task") == "retrieval":
+            negatives = op.attr("negatives") + (f" ({op.attr('num_negatives')}, {op.attr('distribution')})"
+                                                 if op.attr("negatives") == "sampled" else "")
+            options = [f"retrieval of {op.attr('item_feature')}", f"{negatives} negatives",
+                       f"{op.attr('metric')} / {op.attr('temperature'):g}"]
+            options += ["logQ correction"] if op.attr("logq_correction") else []
         if op.attr("sample_weight") is not None:
             options.append(f"sample weight {op.attr('sample_weight')}")
         if op.attr("trained_where") is not None:

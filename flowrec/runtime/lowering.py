@@ -30,6 +30,7 @@ from flowrec.graph.types import Op, PackedGroup, Plan
 from flowrec.runtime.managed_state import managed_state
 from flowrec.runtime.messages import first_line
 from flowrec.runtime.placement import group_embedding
+from flowrec.runtime.retrieval import bind, check_sampled_placement
 from flowrec.spec.model import ModelSpec
 from operators import registry
 from operators.dense import concat_flat, flat_rows
@@ -111,6 +112,9 @@ class LoweredModel(nn.Module):
             self.embeddings = nn.ModuleDict(_embeddings(self.groups, seed, self.device, world) if tables else {})
             self._build_dense(plan.graph)
         self._bind_noise(seed)
+        self.retrieval = bind(plan.graph, self.group_map, spec, self.steps, self.head_nodes)
+        if self.retrieval is not None and self.retrieval.sampled:
+            check_sampled_placement(self.group_map[self.retrieval.group], world)
         self.managed = managed_state(spec, self.groups, seed) if tables else None  # the maps go with the tables
 
     def _build_dense(self, graph: nx.DiGraph) -> None:
@@ -256,6 +260,10 @@ class LoweredModel(nn.Module):
             values[step.name] = CALLS[OP_KINDS[step.kind].inputs](op, step, inputs, masks)
         return torch.cat([_at_least_fp32(values[h]).flatten(1) for h in self.head_nodes], dim=1)
 
+    def run_step(self, step: NodeStep, inputs: list[torch.Tensor], masks: dict[str, torch.Tensor]) -> torch.Tensor:
+        """One dense node on its assembled inputs, by its kind's input convention."""
+        return CALLS[OP_KINDS[step.kind].inputs](self.ops[step.name], step, inputs, masks)
+
     def _slot_value(self, slot: Slot, dense: torch.Tensor, emb: dict[str, torch.Tensor],
                     values: dict[str, torch.Tensor]) -> torch.Tensor:
         if slot.source == self.dense_node:
@@ -385,7 +393,7 @@ def _call_attention(op: nn.Module, step: NodeStep, inputs: list[torch.Tensor], m
 
 
 def _call_sequence(op: nn.Module, step: NodeStep, inputs: list[torch.Tensor], masks: dict[str, torch.Tensor]):
-    return op(inputs[0], masks[step.name])  # (B, L, D), (B, L)
+    return op(inputs[0], masks[step.name], *[flat_rows(x) for x in inputs[1:]])  # (B, L, D), (B, L) [, (B, D)]
 
 
 # How a dense operator takes its inputs, by the input convention of its kind (`kinds.OP_KINDS`).

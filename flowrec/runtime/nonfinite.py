@@ -39,14 +39,14 @@ class LossGuard:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._model, name)
 
-    def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        loss = self._model.loss(logits, labels)
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor, cands: Any = None) -> torch.Tensor:
+        loss = self._model.loss(logits, labels, cands)
         if not bool(torch.isfinite(loss.detach()).all()):
-            raise NonFiniteLoss(non_finite_head(self._model, logits, labels), float(loss.detach()))
+            raise NonFiniteLoss(non_finite_head(self._model, logits, labels, cands), float(loss.detach()))
         return loss
 
 
-def non_finite_head(model: Any, logits: Any, labels: torch.Tensor) -> str:
+def non_finite_head(model: Any, logits: Any, labels: torch.Tensor, cands: Any = None) -> str:
     """The name of the head whose loss is NaN or infinite (`model.head_names`, `model.loss.per_head`)."""
     names: Sequence[str] = getattr(model, "head_names", ())
     per_head = getattr(model.loss, "per_head", None)
@@ -54,7 +54,7 @@ def non_finite_head(model: Any, logits: Any, labels: torch.Tensor) -> str:
         return "(unknown)"
     heads = model.loss.split(logits) if isinstance(logits, torch.Tensor) else list(logits)
     with torch.no_grad():
-        parts = per_head(heads, labels)
+        parts = per_head(heads, labels, cands)
     for name, part in zip(names, parts):
         if not bool(torch.isfinite(part).all()):
             return name

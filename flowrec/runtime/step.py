@@ -12,12 +12,15 @@ Example:
 from __future__ import annotations
 
 from contextlib import nullcontext
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from flowrec.data.batches import Batch
 from flowrec.runtime.lowering import LoweredModel
+from flowrec.runtime.retrieval import (candidates, draw_negatives, head_items, item_labels, split_negatives,
+                                       with_negatives)
 
 DEFAULT_LOOKAHEAD = 1  # staging lookahead window of a run (>= 1: the casting index is built in the data stage)
 
@@ -44,15 +47,27 @@ def train_step(model: LoweredModel, optimizer: torch.optim.Optimizer, batch: Bat
     optimizer.zero_grad(set_to_none=True)
     model.reseed_noise(0 if parallel is None else parallel.first_row(batch.samples_in_step))  # dropout masks
     dense = batch.dense.to(model.device, non_blocking=True)
-    labels = batch.labels.to(model.device, non_blocking=True)
+    binding = getattr(model, "retrieval", None)
+    labels = item_labels(binding, batch, batch.labels).to(model.device, non_blocking=True)
     masks = model.sequence_masks(batch)
-    emb = model.embed(batch)  # sparse stage: {group: (B, S, D)}
+    if binding is not None and binding.sampled:  # one lookup of the item group: batch, then negatives
+        negatives = draw_negatives(binding, model.noise_seed, batch)
+        emb, neg_rows = split_negatives(binding, batch.size, model.embed(
+            with_negatives(binding, model.group_map[binding.group], batch, negatives)))
+    else:
+        negatives, neg_rows = None, None
+        emb = model.embed(batch)  # sparse stage: {group: (B, S, D)}
     size = dense.shape[0]
     chunks = max(1, micro_batches) if parallel is not None else max(1, min(micro_batches, size))
+    if binding is not None:  # in-batch negatives are the whole batch: one softmax, one chunk
+        chunks = 1
     if chunks == 1:
         with autocast_context(model.device, precision):
             logits = _dense(model, parallel, dense, emb, masks, True)  # (B, n_heads)
-        loss = _loss(model, parallel, logits, labels, batch.samples_in_step, 1.0)
+            cands = candidates(model, binding, negatives, neg_rows)
+            if parallel is not None and binding is not None and not binding.sampled:  # every rank's items
+                cands = replace(cands, batch=parallel.gather_items(*head_items(model, binding, logits, labels)))
+        loss = _loss(model, parallel, logits, labels, batch.samples_in_step, 1.0, cands)
         loss.backward()
         _dense_update(optimizer, clip_grad_norm)
         return _reported(parallel, loss)
@@ -84,12 +99,13 @@ def _dense(model: LoweredModel, parallel: Any, dense: torch.Tensor, emb: dict[st
 
 
 def _loss(model: LoweredModel, parallel: Any, logits: torch.Tensor, labels: torch.Tensor,
-          global_size: int, share: float) -> torch.Tensor:
+          global_size: int, share: float, cands: Any = None) -> torch.Tensor:
     """The loss to differentiate: a micro-batch's `share` of the batch mean in one process; a
-    rank's samples' share of the global batch's mean with several."""
+    rank's samples' share of the global batch's mean with several (`cands`: a retrieval head's
+    candidates, `flowrec.runtime.retrieval.candidates`)."""
     if parallel is None:
-        return model.loss(logits, labels) * share
-    return parallel.loss(logits, labels, global_size)
+        return model.loss(logits, labels, cands) * share
+    return parallel.loss(logits, labels, global_size, cands)
 
 
 def _reported(parallel: Any, loss: torch.Tensor) -> float:
@@ -107,7 +123,7 @@ def _dense_update(optimizer: torch.optim.Optimizer, clip_grad_norm: float | None
 
 def make_dense_optimizer(model: LoweredModel, name: str, lr: float, params: dict[str, float]) -> torch.optim.Optimizer:
     """torch.optim optimizer of the dense parameters from the spec's dense optimizer."""
-    dense = model.dense_parameters()
+    dense = model.dense_parameters() or [torch.nn.Parameter(torch.zeros(0))]  # towers of embeddings alone
     wd = params.get("weight_decay", 0.0)
     if name == "adam":
         return torch.optim.Adam(dense, lr=lr, betas=(params.get("beta1", 0.9), params.get("beta2", 0.999)),

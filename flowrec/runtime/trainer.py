@@ -51,6 +51,8 @@ from flowrec.runtime.placement import HOST_SIDE
 from flowrec.runtime.progress import TrainProgress
 from flowrec.runtime.rundir import BEST_DIR, METRICS_FILE, write_text
 from flowrec.runtime.lr_schedule import LRController, LRSchedule, sparse_optimizers
+from flowrec.runtime.evaluation.retrieval import SeenItems
+from flowrec.runtime.retrieval import item_counts
 from flowrec.runtime.step import DEFAULT_LOOKAHEAD, make_dense_optimizer, train_step
 from flowrec.spec.load import to_dict
 from flowrec.spec.model import ModelSpec
@@ -304,6 +306,11 @@ class Trainer:
         self.hooks = hooks if on_step is None else Hooks(on_step, hooks.on_eval, hooks.on_checkpoint)
         total = self.total_steps(train_source)
         self._start_schedule()
+        retrieval = self.model.retrieval
+        if retrieval is not None and retrieval.needs_counts:  # logQ / unigram: the items' training frequency
+            retrieval.set_counts(item_counts(train_source, retrieval.item_feature), self.model.device)
+        if retrieval is not None and retrieval.attrs.get("exclude_seen") and self.eval_group_by:
+            self.seen = SeenItems.of(train_source, self.eval_group_by, retrieval.item_feature)
         if cfg.out_dir is not None and self.lead:
             self._write_run_files(Path(cfg.out_dir))
             self.log = MetricsLog(Path(cfg.out_dir) / METRICS_FILE, cfg.tensorboard,
@@ -494,7 +501,7 @@ class Trainer:
     def _evaluate(self, source: Any) -> Metrics:
         t0 = time.perf_counter()
         with self.eval_batches(source) as batches:
-            metrics = evaluate(self.model, batches, self.precision, self.eval_group_by)
+            metrics = evaluate(self.model, batches, self.precision, self.eval_group_by, getattr(self, "seen", None))
         self.stage_seconds["eval"] += time.perf_counter() - t0
         return metrics
 

@@ -23,6 +23,7 @@ from flowrec.serving.managed import Maps, maps_of, remap_inputs, write_maps
 from flowrec.serving.package import (MANIFEST_FILE, MODEL_FILE, PACKAGE_FORMAT, PACKAGE_VERSION, PLAN_FILE,
                                      SPEC_FILE, encoded_inputs, file_digests)
 from flowrec.serving.pt2_save import save_program
+from flowrec.serving.retrieval import retrieval_export
 from flowrec.serving.trained import ServingModel, Trained
 from flowrec.spec.model import ModelSpec
 
@@ -62,7 +63,7 @@ def export_program(serving: ServingModel, spec: ModelSpec) -> torch.export.Expor
 
 
 def write_package(trained: Trained, out: Path, dtype: str, encoder: EncoderRecord, metrics: dict[str, Any],
-                  compare: Iterator[pa.Table] | None = None, mapped: bool = False) -> ExportReport:
+                  compare: Iterator[pa.Table] | None = None, mapped: bool = False, index: str = "auto") -> ExportReport:
     """Write the model package of a trained model into the (new, empty) folder `out`.
 
     Args:
@@ -73,16 +74,18 @@ def write_package(trained: Trained, out: Path, dtype: str, encoder: EncoderRecor
         metrics: the run's last evaluation metrics (head -> metric -> value).
         compare: encoded tables to measure the largest score difference of a half dtype on.
         mapped: the trained tables are mapped from the checkpoint file (`load_trained(mmap=True)`).
+        index: a retrieval run's item index: auto, exact or faiss (`flowrec.serving.retrieval`).
     """
     started = time.perf_counter()
     spec = trained.spec
     out.mkdir(parents=True)
+    retrieval = retrieval_export(trained, encoder, index)  # the catalogue, before the tables move
     maps = maps_of(trained.model)
     write_maps(maps, out)  # the managed maps: scoring remaps raw ids as evaluation does
     trained.model.managed = None
     serving = ServingModel(spec, trained.model, mapped)
     diff, rows = _cast(serving, DTYPES[dtype], spec, compare, maps) if dtype != "fp32" else (None, 0)
-    program = export_program(serving, spec)
+    program = export_program(serving, spec) if retrieval is None else retrieval.export_program(serving, spec)
     save_program(program, out / MODEL_FILE)  # torch.export.save without a copy of each table
     del program
     write_record(encoder, out)
@@ -92,6 +95,8 @@ def write_package(trained: Trained, out: Path, dtype: str, encoder: EncoderRecor
     (out / PLAN_FILE).write_text(plan_json(trained.plan) + "\n")
     table_bytes = sum(t.numel() * t.element_size() for t in serving.tables)
     manifest = _manifest(spec, dtype, encoder, metrics, table_bytes, diff, rows)
+    if retrieval is not None:
+        manifest["retrieval"] = retrieval.write(out)
     manifest["files"] = file_digests(out)
     (out / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return ExportReport(str(out), time.perf_counter() - started, table_bytes, diff, rows)

@@ -27,6 +27,7 @@ from flowrec.data.sources import FLOAT32_MAX
 from flowrec.serving.managed import Maps, read_maps, remap_inputs
 from flowrec.serving.package import MODEL_FILE, SPEC_FILE, encoded_inputs, read_manifest, verify_files
 from flowrec.serving.pt2_check import check_archive
+from flowrec.serving.retrieval_index import ITEMS_FILE, ItemIndex, load_items
 from flowrec.spec.json_doc import read_json_document
 from flowrec.spec.load import spec_from_dict
 from flowrec.spec.model import ModelSpec
@@ -56,14 +57,55 @@ class LoadedModel:
     program: torch.nn.Module
     manifest: dict[str, Any]
     maps: Maps = field(default_factory=dict)
+    items: ItemIndex | None = None  # a retrieval package's items: the program is its query tower
 
     @property
     def heads(self) -> list[str]:
         return [h.name for h in self.spec.heads]
 
     def raw_columns(self) -> list[str]:
-        """The raw columns `predict` reads (feature sources)."""
-        return [self.encoder.source(f.name) for f in self.spec.features]
+        """The raw columns `predict` reads (feature sources; a retrieval package's query features)."""
+        item = self.manifest["retrieval"]["item_feature"] if self.items is not None else None
+        return [self.encoder.source(f.name) for f in self.spec.features if f.name != item]
+
+    def recommend(self, table: pa.Table | pd.DataFrame, k: int) -> pd.DataFrame:
+        """A retrieval package's k best items for each raw row: columns ``items`` (raw item ids,
+        best first) and ``scores`` (similarity over temperature), lists per row.
+
+        Raises:
+            ValueError: the package has no retrieval head.
+            DataError: a raw column the query tower needs is missing (as `predict`).
+        """
+        if self.items is None:
+            raise ValueError(f"{self.path} has no retrieval head: --top-k needs a package of a retrieval run")
+        raw = pa.Table.from_pandas(table, preserve_index=False) if isinstance(table, pd.DataFrame) else table
+        self._check_raw(raw)
+        item = self.manifest["retrieval"]["item_feature"]
+        source = self.encoder.source(item)
+        if source in raw.column_names:  # the item column is not an input of the query tower
+            raw = raw.drop_columns([source])
+        raw = raw.append_column(source, pa.nulls(raw.num_rows, pa.string()))
+        encoded = self.encoder.encode(raw, labels=False)
+        rows, scores = [], []
+        with torch.no_grad():
+            for start in range(0, encoded.num_rows, BATCH_ROWS):
+                dense, sparse = encoded_inputs(self.spec, encoded.slice(start, BATCH_ROWS))
+                sparse = remap_inputs(self.spec, sparse, self.maps)
+                del sparse[item]
+                best, values = self.items.top_k(self.program(dense, sparse), k)
+                rows.append(best)
+                scores.append(values)
+        best = np.concatenate(rows) if rows else np.zeros((0, k), np.int64)
+        values = np.concatenate(scores) if scores else np.zeros((0, k), np.float32)
+        names = self.items.raw_items
+        return pd.DataFrame({"items": [[names[r] for r in row] for row in best], "scores": list(values)})
+
+    def _check_raw(self, raw: pa.Table) -> None:
+        missing = [c for c in self.raw_columns() if c not in raw.column_names]
+        if missing:
+            raise DataError(f"the rows lack columns {missing} that model {self.spec.name!r} reads")
+        for f in self.spec.dense_features:
+            check_finite(raw.column(self.encoder.source(f.name)), self.encoder.source(f.name))
 
     def score_encoded(self, encoded: pa.Table) -> np.ndarray:
         """Scores of encoded rows (the flowrec layout): one column per head, one per class of a
@@ -85,6 +127,9 @@ class LoadedModel:
             DataError: a raw column the model needs is missing, or a dense value is infinite or
                 beyond float32 (null and NaN are missing values, filled as the encoder says).
         """
+        if self.items is not None:
+            raise ValueError(f"{self.path} is a retrieval package (its program is the query tower): "
+                             "ask for items with recommend / predict --top-k")
         raw = pa.Table.from_pandas(table, preserve_index=False) if isinstance(table, pd.DataFrame) else table
         missing = [c for c in self.raw_columns() if c not in raw.column_names]
         if missing:
@@ -127,7 +172,11 @@ def load_model(path: str | Path) -> LoadedModel:
         program = torch.export.load(path / MODEL_FILE).module()
     except Exception as exc:  # any failure to read the program is a damaged package
         raise ValueError(f"{path / MODEL_FILE} is not a usable exported program ({type(exc).__name__})") from None
-    return LoadedModel(path, spec, record, encoder, program, manifest, read_maps(path, spec))
+    items = None
+    if "retrieval" in manifest:
+        verify_files(path, manifest, [ITEMS_FILE])
+        items = load_items(path, manifest, spec)
+    return LoadedModel(path, spec, record, encoder, program, manifest, read_maps(path, spec), items)
 
 
 def _spec(path: Path) -> ModelSpec:

@@ -73,8 +73,11 @@ class Trained:
         if self.encoder is not None:
             check_same_encoder(self.encoder, record_of_dataset(Path(path)), str(path), extension=True)
 
-    def evaluate_dataset(self, path: Path, group_by: str | None = None) -> dict[str, dict[str, float]]:
-        """Metrics per head on an encoded dataset (gAUC over `group_by`'s values when given)."""
+    def evaluate_dataset(self, path: Path, group_by: str | None = None,
+                         seen: Path | None = None) -> dict[str, dict[str, float]]:
+        """Metrics per head on an encoded dataset (gAUC over `group_by`'s values when given;
+        `seen`: a training dataset whose (user, item) pairs a retrieval head with exclude_seen
+        leaves out of each user's ranking)."""
         if group_by is not None:  # a feature that cannot group fails before any data is read
             group_slot(self.model, group_by)
         source = open_dataset(Path(path), self.spec)
@@ -83,9 +86,25 @@ class Trained:
             self.check_data(path)
             with iterate_batches(self.spec, source, opts, 0, 0, self.model.groups,
                                  remap=eval_remapper(self.model)) as batches:
-                return evaluate(self.model, batches, self.spec.training.precision, group_by)
+                return evaluate(self.model, batches, self.spec.training.precision, group_by,
+                                _seen_of(self, seen, group_by))
         finally:
             source.close()
+
+
+def _seen_of(trained: "Trained", path: Path | None, group_by: str | None) -> Any:
+    """The training pairs of `path` for a retrieval head with exclude_seen (None otherwise)."""
+    binding = trained.model.retrieval
+    if path is None or binding is None or not binding.attrs.get("exclude_seen") or group_by is None:
+        return None
+    from flowrec.runtime.evaluation.retrieval import SeenItems
+
+    trained.check_data(path)
+    source = open_dataset(Path(path), trained.spec)
+    try:
+        return SeenItems.of(source, group_by, binding.item_feature)
+    finally:
+        source.close()
 
 
 def _spec_of(state: dict[str, Any], source: Path | str = "the file") -> ModelSpec:

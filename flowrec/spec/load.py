@@ -28,8 +28,10 @@ from flowrec.spec.model import (
     ManagedSpec,
     ModelSpec,
     ModuleSpec,
+    Negatives,
     OptimizerSpec,
     PlanHints,
+    RetrievalSpec,
     ScheduleSpec,
     SparseFeature,
     TableSpec,
@@ -37,7 +39,7 @@ from flowrec.spec.model import (
     TrainingSpec,
 )
 from flowrec.spec.read import read_document
-from flowrec.spec.tasks import TASKS
+from flowrec.spec.tasks import DEFAULT_TOP_K, TASKS
 from flowrec.spec.units import parse_bytes
 from flowrec.spec.validate import validate_document
 
@@ -121,8 +123,16 @@ def _head(h: dict[str, Any]) -> HeadSpec:
         h["name"], h["input"], task, h.get("loss", TASKS[task].losses[0]), float(h.get("weight", 1.0)),
         h.get("label"), h.get("sample_weight"),
         TrainedWhere(where["label"], float(where["equals"])) if where is not None else None,
-        h.get("num_classes"),
+        h.get("num_classes"), _retrieval(h) if TASKS[task].ranks else None,
     )
+
+
+def _retrieval(h: dict[str, Any]) -> RetrievalSpec:
+    neg = h.get("negatives", {})
+    negatives = Negatives(neg.get("kind", "in_batch"), int(neg.get("num", 0)), neg.get("distribution", "uniform"))
+    return RetrievalSpec(negatives, bool(h.get("logq_correction", False)),
+                         tuple(sorted(set(int(k) for k in h.get("top_k", DEFAULT_TOP_K)))),
+                         bool(h.get("exclude_seen", False)))
 
 
 def _table(name: str, t: dict[str, Any]) -> TableSpec:
@@ -309,6 +319,14 @@ def _head_doc(h: HeadSpec) -> dict[str, Any]:
         out["trained_where"] = {"label": h.trained_where.label, "equals": h.trained_where.equals}
     if h.num_classes is not None:
         out["num_classes"] = h.num_classes
+    if h.retrieval is not None:
+        neg = h.retrieval.negatives
+        out["negatives"] = {"kind": neg.kind, **({"num": neg.num, "distribution": neg.distribution}
+                                                 if neg.kind == "sampled" else {})}
+        out["logq_correction"] = h.retrieval.logq_correction
+        out["top_k"] = list(h.retrieval.top_k)
+        if h.retrieval.exclude_seen:
+            out["exclude_seen"] = True
     return out
 
 

@@ -20,8 +20,8 @@ Pooling = Literal["sum", "mean", "none"]
 ModuleKind = Literal["mlp", "dot", "fm", "cross", "target_attention", "self_attention", "similarity", "linear", "concat",
                      "moe", "ple", "custom"]
 OptimizerName = Literal["sgd", "adagrad", "rowwise_adagrad", "adam"]
-TaskKind = Literal["binary", "regression", "multiclass"]
-LossName = Literal["bce", "mse", "softmax_ce"]
+TaskKind = Literal["binary", "regression", "multiclass", "retrieval"]
+LossName = Literal["bce", "mse", "softmax_ce", "sampled_softmax"]
 CachePolicy = Literal["auto", "none", "static_hot", "lookahead"]
 EvictPolicy = Literal["lfu", "lru", "decayed_lfu"]
 Precision = Literal["fp32", "bf16"]
@@ -223,6 +223,41 @@ class TrainedWhere:
 
 
 @dataclass(frozen=True)
+class Negatives:
+    """The negatives of a retrieval head's softmax.
+
+    Args:
+        kind: ``in_batch`` (the batch's other items; the same item twice is not a negative) or
+            ``sampled`` (`num` items drawn per step from the item table).
+        num: items drawn per step (sampled only).
+        distribution: ``uniform`` over the catalogue or ``unigram`` (by the item's frequency in
+            the training data) (sampled only).
+    """
+
+    kind: Literal["in_batch", "sampled"] = "in_batch"
+    num: int = 0
+    distribution: Literal["uniform", "unigram"] = "uniform"
+
+
+@dataclass(frozen=True)
+class RetrievalSpec:
+    """What a retrieval head adds: its negatives, logQ correction and the metrics' cut-offs.
+
+    Args:
+        negatives: in-batch or sampled.
+        logq_correction: subtract log(expected count) of each candidate from its logit.
+        top_k: cut-offs K of hr@K, recall@K and ndcg@K.
+        exclude_seen: evaluation leaves out of each user's ranking the items the user has in the
+            training data (users: `training.eval_group_by`).
+    """
+
+    negatives: Negatives = Negatives()
+    logq_correction: bool = False
+    top_k: tuple[int, ...] = (10, 100)
+    exclude_seen: bool = False
+
+
+@dataclass(frozen=True)
 class HeadSpec:
     """A task head: a final projection of one module's output to its logits (one, or one per class
     of a multiclass head), plus its loss.
@@ -237,6 +272,7 @@ class HeadSpec:
         sample_weight: a data column weighting each row's loss (None: 1 each).
         trained_where: its task space (None: every row).
         num_classes: classes of a multiclass head (its label holds 0 .. num_classes - 1).
+        retrieval: negatives, logQ and cut-offs of a retrieval head (None for other tasks).
     """
 
     name: str
@@ -248,10 +284,12 @@ class HeadSpec:
     sample_weight: str | None = None
     trained_where: TrainedWhere | None = None
     num_classes: int | None = None
+    retrieval: RetrievalSpec | None = None
 
     @property
     def width(self) -> int:
-        """Logits per row: num_classes for a multiclass head, else 1."""
+        """Logits per row: num_classes for a multiclass head, else 1 (a retrieval head's width is
+        its two towers' widths, known from the graph: `flowrec.graph.build`)."""
         return self.num_classes or 1
 
 

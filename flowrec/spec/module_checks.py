@@ -66,7 +66,9 @@ def output_problem(module: Item, output: str | None) -> str | None:
     """Why a module has no such named output (None: it has it, or none was named)."""
     if output is None:
         return None
-    names = module.body.get(NAMED_OUTPUT_KINDS.get(module.body.get("kind"), ""), ())
+    kind = module.body.get("kind")
+    names = module.body.get(NAMED_OUTPUT_KINDS.get(kind, "") if isinstance(kind, str) else "", ())
+    names = names if isinstance(names, list | tuple) else ()
     if output in names:
         return None
     return f"module {module.name!r} has no output {output!r} (outputs: {', '.join(map(str, names))})"
@@ -123,7 +125,7 @@ _WIDTH_RULES: dict[str, Callable[[Item, list[Field]], int | None]] = {
     "concat": lambda m, fs: _sum(fs),
     "cross": lambda m, fs: _sum(fs),
     "target_attention": lambda m, fs: fs[1].width if len(fs) == 2 and fs[1].sequence else None,
-    "self_attention": lambda m, fs: fs[0].width if len(fs) == 1 and fs[0].sequence else None,
+    "self_attention": lambda m, fs: fs[0].width if len(fs) in (1, 2) and fs[0].sequence else None,
     "similarity": lambda m, fs: 1,
 }
 
@@ -175,7 +177,7 @@ def check_sequences(view: DocView) -> list[SpecIssue]:
     issues = []
     for m in view.items("modules"):
         kind = m.body.get("kind")
-        seq_index, seq_name = SEQUENCE_INPUT.get(kind, (None, ""))
+        seq_index, seq_name = SEQUENCE_INPUT.get(kind, (None, "")) if isinstance(kind, str) else (None, "")
         for ref in resolve(view, m):
             path = f"{m.path}.inputs[{ref.index}]"
             seqs = [f.name for f in ref.features if f.unpooled]
@@ -250,7 +252,16 @@ def check_shapes(view: DocView) -> list[SpecIssue]:
 
 
 def _heads_divide(module: Item, shapes: Shapes) -> list[SpecIssue]:
+    """Heads divide the sequence dim; with output target there is a target of that width (and
+    only then a second input)."""
     heads, dim = module.body.get("num_heads", 1), shapes.width(module)
+    target = module.body.get("output") == "target"
+    if _attention_inputs(module) is not None:
+        return []  # check_attention_inputs reports it
+    fields = shapes.fields(module)
+    if target and len(fields) == 2 and None not in (fields[1].width, dim) and fields[1].width != dim:
+        return [SpecIssue(f"{module.path}.inputs", f"the target {fields[1].label!r} has width {fields[1].width}, "
+                                                   f"the sequence dim is {dim}")]
     if dim is None or dim % heads == 0:
         return []
     return [SpecIssue(f"{module.path}.num_heads", f"{heads} heads do not divide the sequence dim {dim}")]
@@ -331,4 +342,23 @@ def check_reach(view: DocView) -> list[SpecIssue]:
     ]
 
 
-MODULE_CHECKS = (check_inputs, check_sequences, check_cycles, check_shapes, check_usage, check_reach)
+def _attention_inputs(module: Item) -> SpecIssue | None:
+    """A self_attention reads [sequence], or [sequence, target] with output target."""
+    if module.body.get("kind") != SELF_ATTENTION or not isinstance(module.inputs, tuple):
+        return None
+    target, count = module.body.get("output") == "target", len(module.inputs)
+    if target and count != 2:
+        return SpecIssue(f"{module.path}.inputs", "self_attention with output target reads [sequence, target] "
+                                                  f"(got {count} input{'s' if count != 1 else ''})")
+    if not target and count == 2:
+        return SpecIssue(f"{module.path}.inputs", "a second input (the target) needs output: target")
+    return None
+
+
+def check_attention_inputs(view: DocView) -> list[SpecIssue]:
+    """Input counts of self_attention modules (their other options may be wrong too)."""
+    return [issue for m in view.items("modules") if (issue := _attention_inputs(m)) is not None]
+
+
+MODULE_CHECKS = (check_inputs, check_sequences, check_cycles, check_shapes, check_usage, check_reach,
+                 check_attention_inputs)

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from flowrec.spec.errors import SpecIssue
 from flowrec.spec.module_checks import MODULE_CHECKS, output_problem, output_ref
+from flowrec.spec.retrieval_checks import check_retrieval
 from flowrec.spec.schema_errors import did_you_mean, show
-from flowrec.spec.tasks import TASKS
+from flowrec.spec.tasks import DEFAULT_TOP_K, TASKS, retrieval_metric_names
 from flowrec.spec.units import parse_bytes
 from flowrec.spec.view import DocView, Item
 
@@ -227,6 +228,10 @@ def check_early_stopping(view: DocView) -> list[SpecIssue]:
     metric, where = stopping["metric"], "training.early_stopping.metric"
     task = head.body.get("task", "binary") if head is not None else "binary"
     reported = METRICS_BY_TASK.get(task, ())
+    if isinstance(task, str) and task in TASKS and TASKS[task].ranks:
+        top_k = head.body.get("top_k", DEFAULT_TOP_K)
+        whole = isinstance(top_k, list | tuple) and all(type(k) is int for k in top_k)
+        reported = retrieval_metric_names(tuple(sorted(set(top_k)))) if whole else ()
     if head is not None and metric not in reported:
         return [SpecIssue(where, f"head {head.name!r} is a {task} head; it reports {', '.join(reported)}")]
     if metric == "gauc" and not isinstance(training.get("eval_group_by"), str):
@@ -236,5 +241,5 @@ def check_early_stopping(view: DocView) -> list[SpecIssue]:
 
 SEMANTIC_CHECKS = (
     check_duplicates, check_tables, check_managed, check_pooling, *MODULE_CHECKS, check_heads, check_data, check_labels,
-    check_budget, check_group_by, check_early_stopping,
+    check_budget, check_group_by, check_early_stopping, check_retrieval,
 )

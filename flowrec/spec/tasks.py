@@ -23,6 +23,8 @@ class TaskInfo:
         score: how a logit becomes a score: ``sigmoid`` (a probability), ``identity`` or
             ``softmax`` (one probability per class).
         classes: the head has one logit per class (`num_classes`), else one.
+        ranks: it ranks a catalogue (retrieval): its metrics are named per cut-off K
+            (``hr@10``, `retrieval_metric_names`) and its label column is replaced by the item id.
     """
 
     name: str
@@ -31,6 +33,7 @@ class TaskInfo:
     labels: Literal["binary", "finite", "class"]
     score: Literal["sigmoid", "identity", "softmax"]
     classes: bool = False
+    ranks: bool = False
 
 
 TASKS: dict[str, TaskInfo] = {t.name: t for t in (
@@ -38,4 +41,20 @@ TASKS: dict[str, TaskInfo] = {t.name: t for t in (
     TaskInfo("regression", ("mse",), ("mse", "mae"), "finite", "identity"),
     TaskInfo("multiclass", ("softmax_ce",), ("accuracy", "accuracy_at_k", "logloss", "auc"), "class", "softmax",
              classes=True),
+    # two towers: softmax over in-batch or sampled negatives; metrics over the whole item catalogue
+    TaskInfo("retrieval", ("sampled_softmax",), ("hr", "recall", "ndcg", "mrr"), "finite", "identity",
+             ranks=True),
 )}
+
+DEFAULT_TOP_K = (10, 100)  # cut-offs K of a retrieval head's metrics when the spec gives none
+RANK_METRICS = ("hr", "recall", "ndcg")  # retrieval metrics cut at K; mrr is over the whole ranking
+
+
+def retrieval_metric_names(top_k: tuple[int, ...]) -> tuple[str, ...]:
+    """The metrics a retrieval head reports for its cut-offs.
+
+    Example:
+        >>> retrieval_metric_names((10,))
+        ('hr@10', 'recall@10', 'ndcg@10', 'mrr')
+    """
+    return tuple(f"{m}@{k}" for k in top_k for m in RANK_METRICS) + ("mrr",)

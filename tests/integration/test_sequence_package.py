@@ -22,7 +22,7 @@ features:
 tables:
   - {name: items, hash_buckets: 80, dim: 8}
 modules:
-  - {name: history, kind: self_attention, inputs: [clicks], num_heads: 2, num_layers: 2, norm: NORM,
+  - {name: history, kind: self_attention, inputs: INPUTS, num_heads: 2, num_layers: 2, norm: NORM,
      causal: CAUSAL, output: OUTPUT, dropout: 0.2}
   - {name: top, kind: mlp, inputs: [history, item, "@dense"], layers: [8]}
 heads:
@@ -32,7 +32,8 @@ optimizer:
   sparse: {name: adam, lr: 0.05}
 training: {batch_size: 128, epochs: 2, seed: 0}
 """
-VARIANTS = {"post_last": ("post", "false", "last"), "pre_causal_mean": ("pre", "true", "mean")}
+VARIANTS = {"post_last": ("post", "false", "last", "[clicks]"), "pre_causal_mean": ("pre", "true", "mean", "[clicks]"),
+            "post_target": ("post", "false", "target", "[clicks, item]")}  # BST: the candidate joins
 
 
 def raw_rows(rows: int, seed: int) -> pd.DataFrame:
@@ -49,8 +50,8 @@ def raw_rows(rows: int, seed: int) -> pd.DataFrame:
 @pytest.fixture(scope="module", params=sorted(VARIANTS))
 def run(request, tmp_path_factory):
     root = tmp_path_factory.mktemp("seqpkg")
-    norm, causal, output = VARIANTS[request.param]
-    spec = SPEC.replace("NORM", norm).replace("CAUSAL", causal).replace("OUTPUT", output)
+    norm, causal, output, inputs = VARIANTS[request.param]
+    spec = SPEC.replace("NORM", norm).replace("CAUSAL", causal).replace("OUTPUT", output).replace("INPUTS", inputs)
     return train_and_export(root, spec, raw_rows(1500, 0))
 
 

@@ -166,3 +166,32 @@ def test_invalid_options_are_reported_together_with_their_paths():
     text = "\n".join(str(i) for i in validate_document(doc))
     assert "modules[0].num_heads" in text and "3 heads do not divide the sequence dim 8" in text, text
     assert "modules[1].inputs[1]" in text and "pooling none" in text, text
+
+
+@pytest.mark.parametrize("norm,causal", [("post", False), ("pre", True)])
+def test_target_output_equals_the_encoder_over_sequence_then_target(norm, causal):
+    """output target (BST): the encoder over [sequence padded to L, target] with the padding keys
+    masked; the output is the target position's state (forward and gradients)."""
+    config = {"num_heads": 2, "num_layers": 2, "ffn": 12, "norm": norm, "causal": causal, "output": "target"}
+    torch.manual_seed(5)
+    att = registry.create("self_attention", config, [(6, 8), (8,)]).double()
+    assert att.positions.shape == (7, 8)  # the target's position after the sequence's six
+    enc = reference(att, 2, norm == "pre")
+    seq, mask = skewed_batch(29, 6, 8, seed=13)
+    target = torch.randn(29, 8, generator=torch.Generator().manual_seed(2), dtype=torch.float64) + 0.3
+    seq_a, seq_b = seq.clone().requires_grad_(), seq.clone().requires_grad_()
+    tgt_a, tgt_b = target.clone().requires_grad_(), target.clone().requires_grad_()
+    got = att(seq_a, mask, tgt_a)
+    full = torch.cat([seq_b, tgt_b.unsqueeze(1)], dim=1)
+    full_mask = torch.cat([mask, torch.ones(29, 1, dtype=torch.bool)], dim=1)
+    upper = torch.triu(torch.ones(7, 7, dtype=torch.bool), 1) if causal else None
+    want = enc(full + att.positions.detach(), mask=upper, src_key_padding_mask=~full_mask)[:, -1]
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    weights = torch.randn_like(got)
+    (got * weights).sum().backward()
+    (want * weights).sum().backward()
+    torch.testing.assert_close(seq_a.grad, seq_b.grad, rtol=1e-9, atol=1e-10)
+    torch.testing.assert_close(tgt_a.grad, tgt_b.grad, rtol=1e-9, atol=1e-10)
+    assert float(tgt_a.grad.abs().sum()) > 0  # the target is read
+    other = att(seq, mask, target.flip(0))  # another candidate: another output for the same history
+    assert not torch.allclose(other, got.detach())

@@ -76,9 +76,15 @@ def _pack_group(g: OpGraph, group: PackedGroup) -> None:
             Slot(s.port, emb, (old[s.source],), s.shape) if s.source in old else s
             for s in input_slots(g, node)
         ]
-        set_inputs(g, node, _merge_pooled(slots, group))
+        set_inputs(g, node, slots if _keeps_slots(g.nodes[node]["op"]) else _merge_pooled(slots, group))
     for f in group.fields:
         g.remove_nodes_from([f"ids_{f.feature}", f"lookup_{f.feature}", f"pool_{f.feature}"])
+
+
+def _keeps_slots(op) -> bool:
+    """Nodes whose inputs are distinct vectors, one per slot, never merged into one (F, D) slot:
+    a similarity's two towers, a retrieval head's query and item towers."""
+    return op.kind == "similarity" or (op.kind == "head" and op.attr("task") == "retrieval")
 
 
 def _merge_pooled(slots: list[Slot], group: PackedGroup) -> list[Slot]:

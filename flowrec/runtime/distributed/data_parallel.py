@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import warnings
 from contextlib import nullcontext
 from typing import Any, Callable
 
@@ -65,8 +66,11 @@ class DenseParallel:
             raise ValueError(f"{len(outside)} dense parameter(s) outside the dense operators: "
                              f"data parallelism would not synchronize them")
         device_ids = [world.device.index] if world.device.type == "cuda" else None
-        self.ddp = DistributedDataParallel(stage, device_ids=device_ids, **_no_buffer_sync())
-        self.ddp.register_comm_hook(None, _sum_buckets)
+        self.stage = stage
+        self.ddp = None  # a model of embeddings alone (two towers of ids) has nothing for DDP to sync
+        if any(p.requires_grad for p in stage.parameters()):
+            self.ddp = DistributedDataParallel(stage, device_ids=device_ids, **_no_buffer_sync())
+            self.ddp.register_comm_hook(None, _sum_buckets)
         self.last = Agreement(0.0, False, ())
         self._synced_forward = False
 
@@ -75,6 +79,8 @@ class DenseParallel:
         """The dense stage's logits; `sync=False` for a micro-batch whose gradients are only
         accumulated (the last one of the step all-reduces them all)."""
         self._synced_forward = sync
+        if self.ddp is None:
+            return self.stage(dense, emb, masks)
         with nullcontext() if sync else self.ddp.no_sync():
             return self.ddp(dense, emb, masks)
 
@@ -82,14 +88,18 @@ class DenseParallel:
         """This rank's first row of a global batch of `global_size` (`batches.rank_slice`)."""
         return rank_slice(global_size, self.world.size, self.world.rank)[0]
 
-    def loss(self, logits: torch.Tensor, labels: torch.Tensor, global_size: int) -> torch.Tensor:
+    def gather_items(self, vectors: torch.Tensor, items: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """A retrieval head's in-batch candidates over every rank (`gather_over_ranks`)."""
+        return gather_over_ranks(vectors, items, self.world)
+
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor, global_size: int, cands: Any = None) -> torch.Tensor:
         """This rank's share of the global batch's mean loss, agreed with every rank first.
 
         Raises NonFiniteLoss on every rank when the loss of any rank is NaN or infinite (before
         any backward, after releasing DDP's expectation of one), so all take the same decision.
         """
         n = labels.shape[0]
-        loss = self.model.loss(logits, labels) * (n / global_size) if n else logits.sum() * 0.0
+        loss = self.model.loss(logits, labels, cands) * (n / global_size) if n else logits.sum() * 0.0
         self.last = self.world.agree(loss, self.flags())
         if self.last.non_finite:
             self._release()
@@ -101,9 +111,33 @@ class DenseParallel:
 
     def _release(self) -> None:
         """End DDP's reduction of a forward whose backward will not run (zero gradients, no update)."""
-        if self._synced_forward:
+        if self._synced_forward and self.ddp is not None:
             params = [p for p in self.ddp.parameters() if p.requires_grad]
             torch.stack([p.sum() for p in params]).sum().mul(0.0).backward()
+
+
+def gather_over_ranks(values: torch.Tensor, ids: torch.Tensor, world: Any) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Every rank's rows of `values` (differentiable: a row's gradient goes back to its rank,
+    summed over the ranks that used it) and `ids`, in rank order, and this rank's first row.
+    Ranks may hold different row counts (none, too): rows are padded to the largest for the
+    collective and cut after.  # (B_r, D), (B_r,) -> (B, D), (B,), int"""
+    from torch.distributed.nn.functional import all_gather
+
+    count = torch.tensor([values.shape[0]], dtype=torch.int64)
+    counts = [torch.zeros(1, dtype=torch.int64) for _ in range(world.size)]
+    dist.all_gather(counts, count)
+    sizes = [int(c) for c in counts]
+    most = max(sizes)
+    pad = most - values.shape[0]
+    padded = torch.cat([values, values.new_zeros(pad, values.shape[1])]) if pad else values
+    padded_ids = torch.cat([ids, ids.new_full((pad,), -1)]) if pad else ids
+    with warnings.catch_warnings():  # its deprecation notice; the replacement has no gloo backward here
+        warnings.simplefilter("ignore", FutureWarning)
+        parts = all_gather(padded.contiguous())
+    id_parts = [torch.empty_like(padded_ids) for _ in range(world.size)]
+    dist.all_gather(id_parts, padded_ids.contiguous())
+    rows = torch.cat([p[:n] for p, n in zip(parts, sizes)])
+    return rows, torch.cat([p[:n] for p, n in zip(id_parts, sizes)]), sum(sizes[:world.rank])
 
 
 def sum_over_ranks(values: torch.Tensor) -> torch.Tensor:

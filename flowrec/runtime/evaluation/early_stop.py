@@ -19,7 +19,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from flowrec.runtime.evaluation.metrics import HIGHER_IS_BETTER
+from flowrec.spec.tasks import TASKS
 from flowrec.spec.model import EarlyStoppingSpec
+
+RANKING_METRICS = frozenset(TASKS["retrieval"].metrics)  # hr@K, recall@K, ndcg@K, mrr: higher is better
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,8 @@ class EarlyStopper:
 
     @classmethod
     def of(cls, spec: EarlyStoppingSpec, first_head: str) -> "EarlyStopper":
-        mode = spec.mode or ("max" if spec.metric in HIGHER_IS_BETTER else "min")
+        higher = spec.metric in HIGHER_IS_BETTER or spec.metric.partition("@")[0] in RANKING_METRICS
+        mode = spec.mode or ("max" if higher else "min")
         return cls(spec.head or first_head, spec.metric, mode, spec.patience, spec.min_delta)
 
     @property

@@ -15,9 +15,12 @@ import torch
 
 from flowrec.runtime.evaluation.classes import MulticlassAccumulator
 from flowrec.runtime.evaluation.metrics import BinaryAccumulator, RegressionAccumulator
+from flowrec.runtime.evaluation.retrieval import RankingAccumulator, SeenItems
 from flowrec.runtime.lowering import LoweredModel
+from flowrec.runtime.retrieval import catalogue_vectors, item_labels
 from flowrec.runtime.evaluation.scores import head_columns, scores
 from flowrec.runtime.step import autocast_context
+from flowrec.spec.tasks import TASKS
 
 Metrics = dict[str, dict[str, float]]
 
@@ -77,24 +80,27 @@ def _scored(model: LoweredModel, batches: Iterable[Any], precision: str):
 
 
 def evaluate(model: LoweredModel, batches: Iterable[Any], precision: str = "fp32",
-             group_by: str | None = None) -> Metrics:
+             group_by: str | None = None, seen: SeenItems | None = None) -> Metrics:
     """Score every batch of `batches` into streaming exact metrics per head.
 
     Args:
         model: the lowered model.
         batches: staged batches (labels in head order).
         precision: the dense-stage precision.
-        group_by: a one-id categorical feature; binary heads then also report gAUC over its values.
+        group_by: a one-id categorical feature; binary heads then also report gAUC over its values
+            (retrieval heads: per-user recall and NDCG).
+        seen: the (user, item) pairs of the training data, for a retrieval head with exclude_seen.
 
     Raises:
         GroupByError: `group_by` is not a one-id categorical feature of the model.
     """
     slot = group_slot(model, group_by) if group_by is not None else None
-    accs = [ACCUMULATORS[task](slot is not None) for task in model.tasks]
+    accs = [ACCUMULATORS[task](model, i, slot is not None, *([seen] if TASKS[task].ranks else []))
+            for i, task in enumerate(model.tasks)]
     samples = [0] * len(accs)
     columns = head_columns(model.head_widths)
     for preds, batch in _scored(model, batches, precision):
-        labels = batch.labels.cpu().numpy()  # (B, T [+ sample weights])
+        labels = item_labels(model.retrieval, batch, batch.labels).cpu().numpy()  # (B, T [+ sample weights])
         groups = batch_groups(batch, slot) if slot is not None else None
         for i, acc in enumerate(accs):
             rows = _task_space(model, labels, i)
@@ -110,9 +116,23 @@ def _task_space(model: LoweredModel, labels: np.ndarray, head: int) -> np.ndarra
     return labels[:, column] == value if column >= 0 else np.ones(labels.shape[0], bool)
 
 
-# The streaming metrics of each task (argument: grouped, for gAUC of binary heads).
+def _ranking(model: LoweredModel, head: int, seen: SeenItems | None) -> RankingAccumulator:
+    """A retrieval head's metrics over the catalogue of its item tower, as the model is now
+    (`seen`: the training items left out of each user's ranking, for a head with exclude_seen)."""
+    binding = model.retrieval
+    attrs = binding.attrs
+    if attrs.get("exclude_seen") and seen is None:
+        raise ValueError(f"head {model.head_names[head]} excludes each user's training items: give the training "
+                         "data (flowrec eval --seen DIR)")
+    return RankingAccumulator(catalogue_vectors(model, binding), attrs["metric"], attrs["temperature"],
+                              tuple(attrs["top_k"]), seen if attrs.get("exclude_seen") else None)
+
+
+# The streaming metrics of each task (arguments: the model, the head's index, grouped: gAUC of
+# binary heads, per-user recall and NDCG of retrieval heads).
 ACCUMULATORS = {
-    "binary": lambda grouped: BinaryAccumulator(grouped=grouped),
-    "regression": lambda grouped: RegressionAccumulator(),
-    "multiclass": lambda grouped: MulticlassAccumulator(),
+    "binary": lambda model, head, grouped: BinaryAccumulator(grouped=grouped),
+    "regression": lambda model, head, grouped: RegressionAccumulator(),
+    "multiclass": lambda model, head, grouped: MulticlassAccumulator(),
+    "retrieval": lambda model, head, grouped, seen=None: _ranking(model, head, seen),
 }

@@ -1,0 +1,165 @@
+"""Exact retrieval metrics over the full item catalogue, streaming over batches of (user, item) rows.
+
+Each evaluation row is a query (its query-tower vector) and its positive item. The positive's
+rank is the number of catalogue items (rows 1 .. vocab) scoring at least as high, other than
+itself (ties count against it; an item outside the catalogue, e.g. unknown, ranks last). With the
+rows grouped by a user feature (`training.eval_group_by`), a user's test items are the positives
+of their rows (a query depends on the user's features only):
+
+- ``hr@K``: share of rows whose item ranks in the top K (TF Recommenders' top-K accuracy);
+- ``recall@K``: per user, share of their test items in the top K; mean over users;
+- ``ndcg@K``: per user, sum of 1 / log2(rank + 2) over their items in the top K, over the best
+  possible sum for their number of items (at most K); mean over users;
+- ``mrr``: mean of 1 / (rank + 1) over rows (0 for an item outside the catalogue).
+
+Without grouping every row is its own user (recall@K = hr@K). Scores are computed in chunks of
+the catalogue, so memory is (batch, chunk) whatever the catalogue's size. With `seen` (a head's
+`exclude_seen`), the items a row's user has in the training data are left out of its ranking (they
+neither count above the positive nor, being absent, take a place of the top K); the positive
+itself always stays.
+
+Example:
+    >>> acc = RankingAccumulator(torch.eye(3), "dot", 1.0, (1,))
+    >>> acc.update(np.array([1, 2]), np.array([[1.0, 0, 0, 0, 0, 0], [1.0, 0, 0, 0, 0, 0]]))
+    >>> acc.result()["hr@1"]
+    0.5
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from flowrec.spec.tasks import RANK_METRICS
+from operators.retrieval import pair_scores, towers
+
+SCORE_CHUNK = 65_536  # catalogue items scored per matrix product
+
+
+class RankingAccumulator:
+    """Feed (item ids (B,), head outputs [query | item] (B, 2D), groups (B,) or None) per batch.
+
+    Args:
+        catalogue: item-tower vectors of items 1 .. V, row r - 1 for item r.  # (V, D)
+        metric: dot or cosine.
+        temperature: the similarity's temperature (ranks do not depend on it; kept for scores).
+        top_k: the cut-offs K.
+    """
+
+    def __init__(self, catalogue: torch.Tensor, metric: str, temperature: float, top_k: Sequence[int],
+                 seen: "SeenItems | None" = None) -> None:
+        self.catalogue, self.metric, self.temperature = catalogue, metric, float(temperature)
+        self.seen = seen
+        self.top_k = tuple(top_k)
+        self.ranks: list[np.ndarray] = []
+        self.groups: list[np.ndarray] = []
+
+    def update(self, items: np.ndarray, outputs: np.ndarray, groups: np.ndarray | None = None) -> None:
+        items = np.asarray(items).reshape(-1).astype(np.int64)
+        if items.size == 0:
+            return
+        query, _ = towers(torch.as_tensor(np.asarray(outputs), dtype=self.catalogue.dtype,
+                                          device=self.catalogue.device).reshape(items.size, -1))
+        excluded = self.seen.mask(np.asarray(groups).reshape(-1), len(self.catalogue)) \
+            if self.seen is not None and groups is not None else None
+        self.ranks.append(rank_items(query, torch.as_tensor(items), self.catalogue, self.metric, self.temperature,
+                                     excluded))
+        self.groups.append(np.asarray(groups).reshape(-1) if groups is not None
+                           else np.arange(items.size) + sum(len(r) for r in self.ranks[:-1]))
+
+    def result(self) -> dict[str, float]:
+        ranks = np.concatenate(self.ranks) if self.ranks else np.zeros(0, np.int64)
+        groups = np.concatenate(self.groups) if self.groups else np.zeros(0, np.int64)
+        return ranking_metrics(ranks, groups, len(self.catalogue), self.top_k)
+
+
+@torch.no_grad()
+def rank_items(query: torch.Tensor, items: torch.Tensor, catalogue: torch.Tensor, metric: str,
+               temperature: float, excluded: torch.Tensor | None = None) -> np.ndarray:
+    """Each positive's rank among the catalogue (items outside 1 .. V: V).  # (B,) int64
+
+    Ranks are computed in chunks of the catalogue; when the catalogue fits one chunk (the usual
+    case) the product is computed once."""
+    size = len(catalogue)
+    inside = (items >= 1) & (items <= size)
+    column = (items.clamp(1, max(size, 1)) - 1).to(query.device)  # (B,)
+    pos = torch.empty(len(items), 1, dtype=query.dtype, device=query.device)  # (B, 1)
+    chunks = range(0, size, SCORE_CHUNK)
+    cache = {}
+    for lo in chunks:  # the positive's score from the very product it is ranked in
+        scores = pair_scores(query, catalogue[lo:lo + SCORE_CHUNK], metric, temperature)  # (B, chunk)
+        if len(chunks) == 1:
+            cache[lo] = scores
+        here = (column >= lo) & (column < lo + scores.shape[1])
+        pos[here, 0] = scores[here, column[here] - lo]
+    above = torch.zeros(len(items), dtype=torch.int64, device=query.device)
+    if excluded is not None:  # (B, V) bool: never the positive itself
+        excluded = excluded.to(query.device).clone()
+        excluded[torch.arange(len(items), device=query.device)[inside], column[inside]] = False
+    for lo in chunks:
+        scores = cache[lo] if lo in cache else pair_scores(query, catalogue[lo:lo + SCORE_CHUNK], metric, temperature)
+        higher = scores >= pos
+        if excluded is not None:
+            higher &= ~excluded[:, lo:lo + scores.shape[1]]
+        above += higher.sum(dim=1)
+    ranks = (above - 1).clamp_min(0).cpu()  # the positive itself scores >= itself
+    return torch.where(inside, ranks, torch.full_like(ranks, size)).numpy()
+
+
+class SeenItems:
+    """The items each user has in the training data (a user feature's and the item feature's
+    columns), as sorted pairs.
+
+    Args:
+        users: user id of each pair.  # (P,) int64
+        items: item id (table row) of each pair.  # (P,) int64
+    """
+
+    def __init__(self, users: np.ndarray, items: np.ndarray) -> None:
+        pairs = np.unique(np.stack([np.asarray(users, np.int64), np.asarray(items, np.int64)], 1), axis=0)
+        self.users, self.items = pairs[:, 0], pairs[:, 1]
+
+    @classmethod
+    def of(cls, source: Any, user: str, item: str) -> "SeenItems":
+        """The pairs of every partition of a training source."""
+        users, items = [], []
+        for i in range(len(source.partition_rows())):
+            table = source.submit(i, [user, item]).result()
+            users.append(table.column(user).to_numpy().astype(np.int64))
+            items.append(table.column(item).to_numpy().astype(np.int64))
+        return cls(np.concatenate(users) if users else np.zeros(0, np.int64),
+                   np.concatenate(items) if items else np.zeros(0, np.int64))
+
+    def mask(self, users: np.ndarray, catalogue: int) -> torch.Tensor:
+        """Per row, the catalogue items (rows 1 .. V at columns 0 .. V-1) its user has seen.  # (B, V) bool"""
+        out = torch.zeros(len(users), catalogue, dtype=torch.bool)
+        lo = np.searchsorted(self.users, users, side="left")
+        hi = np.searchsorted(self.users, users, side="right")
+        counts = hi - lo
+        rows = np.repeat(np.arange(len(users)), counts)
+        picks = np.concatenate([np.arange(a, b) for a, b in zip(lo, hi)]) if counts.sum() else np.zeros(0, np.int64)
+        cols = self.items[picks] - 1
+        keep = (cols >= 0) & (cols < catalogue)
+        out[torch.from_numpy(rows[keep]), torch.from_numpy(cols[keep])] = True
+        return out
+
+
+def ranking_metrics(ranks: np.ndarray, groups: np.ndarray, catalogue: int, top_k: Sequence[int]) -> dict[str, float]:
+    """hr@K, recall@K, ndcg@K and mrr from each row's rank and user (module docstring)."""
+    out: dict[str, float] = {}
+    if ranks.size == 0:
+        return {**{f"{m}@{k}": float("nan") for k in top_k for m in RANK_METRICS}, "mrr": float("nan")}
+    _, user = np.unique(groups, return_inverse=True)
+    per_user = np.bincount(user)  # test items per user
+    users = len(per_user)
+    gain = 1.0 / np.log2(ranks + 2.0)
+    for k in top_k:
+        hit = ranks < k
+        out[f"hr@{k}"] = float(hit.mean())
+        out[f"recall@{k}"] = float((np.bincount(user, weights=hit, minlength=users) / per_user).mean())
+        dcg = np.bincount(user, weights=np.where(hit, gain, 0.0), minlength=users)
+        ideal = np.cumsum(1.0 / np.log2(np.arange(k) + 2.0))[np.minimum(per_user, k) - 1]
+        out[f"ndcg@{k}"] = float((dcg / ideal).mean())
+    out["mrr"] = float(np.where(ranks < catalogue, 1.0 / (ranks + 1.0), 0.0).mean())
+    return {name: out[name] for name in [f"{m}@{k}" for k in top_k for m in RANK_METRICS] + ["mrr"]}

@@ -1,0 +1,244 @@
+"""The runtime side of a retrieval head: item ids, sampled negatives, item vectors, the catalogue.
+
+- Item ids: each row's item is read from the batch's own packed lookups (the item-id feature's
+  bag in its group, minus the table's row offset) and written into the head's label column, so
+  the loss, evaluation and every rank see the same ids as the lookups.
+- Sampled negatives: N items per step drawn by a generator seeded by (seed, epoch, batch) (a
+  resumed run draws what an uninterrupted one draws), uniform over the catalogue (rows 1 ..
+  vocab) or by training frequency, appended to the batch as N extra samples of the item's group
+  (only the item bag filled), so the one lookup of that group reads them and its casted backward
+  updates their rows once per step with the batch's rows.
+- Item vectors: the item tower (the dense nodes between the item-id feature and the head) run on
+  item rows: for negatives in training, for the whole catalogue in evaluation and export.
+
+Example:
+    >>> binding = model.retrieval                          # doctest: +SKIP
+    >>> labels = item_labels(binding, batch, batch.labels)  # doctest: +SKIP
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import networkx as nx
+import numpy as np
+import torch
+
+from flowrec.data.batches import Batch, GroupIds
+from flowrec.graph.edges import Slot, input_slots
+from flowrec.graph.types import PackedGroup
+from operators.dense import flat_rows
+from operators.retrieval import Candidates
+
+SAMPLE_MIX = 1_000_003  # a prime mixing (seed, epoch, batch) into the negatives' generator seed
+CATALOGUE_CHUNK = 65_536  # items per item-tower call when scoring the whole catalogue
+
+
+@dataclass
+class RetrievalBinding:
+    """Where a retrieval head's items live in a lowered model.
+
+    Args:
+        head: the head's index (its label column and loss position).
+        node: the head node.
+        item_feature: the item-id feature.
+        group: the packed group holding it.
+        bag: its bag within a sample's bags of that group.
+        row_offset: its table's first packed row.
+        vocab: catalogue size: items are table rows 1 .. vocab.
+        item_slot: the head's item-tower input slot.
+        item_steps: dense nodes the item tower needs, in the model's order.
+        attrs: the head node's attributes (metric, temperature, negatives, ...).
+        log_q: log sampling probability per table row (`set_counts`; None before).  # (rows,)
+    """
+
+    head: int
+    node: str
+    item_feature: str
+    group: str
+    bag: int
+    row_offset: int
+    vocab: int
+    item_slot: Slot
+    item_steps: tuple[str, ...]
+    attrs: dict[str, Any]
+    bags: int = 1
+    log_q: torch.Tensor | None = None
+    probs: torch.Tensor | None = None
+
+    @property
+    def sampled(self) -> bool:
+        return self.attrs["negatives"] == "sampled"
+
+    @property
+    def needs_counts(self) -> bool:
+        """It needs item frequencies of the training data (logQ, or unigram sampling)."""
+        return bool(self.attrs["logq_correction"]) or (self.sampled and self.attrs["distribution"] == "unigram")
+
+    def set_counts(self, counts: np.ndarray, device: torch.device) -> None:
+        """Item frequencies from the training data (table rows; row 0 and rows past the vocab are
+        never drawn): the sampling distribution and its logs."""
+        counts = np.asarray(counts, np.float64)[: self.vocab + 1].copy()
+        counts = np.pad(counts, (0, self.vocab + 1 - len(counts)))
+        counts[0] = 0.0
+        if self.sampled and self.attrs["distribution"] == "uniform":
+            counts[1:] = 1.0
+        counts[1:] = np.maximum(counts[1:], 0.5)  # an item never seen in training is drawn rarely, not never
+        p = counts / counts.sum()
+        self.probs = torch.tensor(p, device=device)
+        self.log_q = torch.log(self.probs.clamp_min(1e-30)) if self.attrs["logq_correction"] else None
+
+
+def bind(graph: nx.DiGraph, groups: dict[str, PackedGroup], spec: Any, steps: list[Any],
+         head_nodes: list[str]) -> RetrievalBinding | None:
+    """The retrieval head of a lowered model (None when it has none)."""
+    for i, node in enumerate(head_nodes):
+        op = graph.nodes[node]["op"]
+        if op.attr("task") != "retrieval":
+            continue
+        attrs = dict(op.attrs)
+        feature = attrs["item_feature"]
+        group = next(g for g in groups.values() if any(f.feature == feature for f in g.fields))
+        table = next(f.table for f in group.fields if f.feature == feature)
+        item_slot = input_slots(graph, node)[1]
+        needed = nx.ancestors(graph, item_slot.source) | {item_slot.source}
+        return RetrievalBinding(
+            i, node, feature, group.name, group.field_bags()[feature].start, group.row_offsets[table],
+            spec.table(table).vocab_size, item_slot,
+            tuple(s.name for s in steps if s.name in needed), attrs, group.bags_per_sample)
+    return None
+
+
+def check_sampled_placement(group: PackedGroup, world: Any) -> None:
+    """Sampled negatives join the item group's lookup outside the data stage, so they run where
+    that lookup is a plain one: one process, placement device or host.
+
+    Raises:
+        ValueError: a cached placement (static_hot, lookahead) or several ranks (one line).
+    """
+    if group.placement not in ("device", "host"):
+        raise ValueError(f"sampled negatives need the item table's group {group.name} on placement device or "
+                         f"host (planned: {group.placement}); set plan.cache: none")
+    if world is not None:
+        raise ValueError("sampled negatives run in one process (--nproc 1); in_batch negatives run on several")
+
+
+def batch_items(binding: RetrievalBinding, batch: Batch) -> torch.Tensor:
+    """Each row's item id (table row) from the batch's packed lookups.  # (B,) int64"""
+    ids = batch.groups[binding.group]
+    starts = ids.offsets[:-1].view(-1, binding.bags)[:, binding.bag]
+    return ids.ids[starts] - binding.row_offset
+
+
+def item_labels(binding: RetrievalBinding | None, batch: Batch, labels: torch.Tensor) -> torch.Tensor:
+    """The label tensor with the retrieval head's column holding each row's item id (as is
+    without a retrieval head).  # (B, T [+ weights])"""
+    if binding is None or batch.size == 0:
+        return labels
+    labels = labels.clone()
+    labels[:, binding.head] = batch_items(binding, batch).to(labels.device, labels.dtype)
+    return labels
+
+
+def draw_negatives(binding: RetrievalBinding, seed: int, batch: Batch) -> torch.Tensor:
+    """The step's sampled items (table rows), seeded by (seed, epoch, batch index).  # (N,) int64"""
+    if binding.probs is None:
+        raise RuntimeError("sampled negatives: item frequencies were not set (RetrievalBinding.set_counts)")
+    gen = torch.Generator().manual_seed((seed * SAMPLE_MIX + batch.epoch) * SAMPLE_MIX + batch.index)
+    return torch.multinomial(binding.probs.cpu().float(), binding.attrs["num_negatives"], replacement=True,
+                             generator=gen)
+
+
+def with_negatives(binding: RetrievalBinding, group: PackedGroup, batch: Batch, items: torch.Tensor) -> Batch:
+    """The batch with N extra samples in the item's group, each with only the item bag filled.
+
+    The group's precomputed casting and lookahead rows no longer describe it and are dropped
+    (the backward computes its casting), so it runs on placements device and host only."""
+    grown = _grown(binding, group, batch.groups[binding.group], items)
+    return replace(batch, groups={**batch.groups, binding.group: grown})
+
+
+def _grown(binding: RetrievalBinding, group: PackedGroup, ids: GroupIds, items: torch.Tensor) -> GroupIds:
+    """A group's ids with one extra sample per item, only its item bag filled."""
+    width = group.bags_per_sample
+    lengths = torch.zeros(len(items), width, dtype=torch.int64)
+    lengths[:, binding.bag] = 1
+    extra = ids.offsets[-1] + torch.cumsum(lengths.reshape(-1), 0).to(ids.offsets.device)
+    rows = (items + binding.row_offset).to(ids.ids.device, ids.ids.dtype)
+    return GroupIds(torch.cat([ids.ids, rows]), torch.cat([ids.offsets, extra]))
+
+
+def item_vectors(model: Any, binding: RetrievalBinding, rows: torch.Tensor) -> torch.Tensor:
+    """The item tower on item rows (pooled lookups of the item bag).  # (N, D) -> (N, Dv)"""
+    group = model.group_map[binding.group]
+    n = rows.shape[0]
+    full = rows.new_zeros(n, group.bags_per_sample, rows.shape[-1])
+    full = full.index_copy(1, torch.tensor([binding.bag], device=rows.device), rows.view(n, 1, -1))
+    emb = {binding.group: full}
+    dense = rows.new_zeros(n, len(model.dense_columns))
+    values: dict[str, torch.Tensor] = {}
+    for step in model.steps:
+        if step.name in binding.item_steps:
+            values[step.name] = model.run_step(step, [model._slot_value(s, dense, emb, values) for s in step.slots], {})
+    return flat_rows(model._slot_value(binding.item_slot, dense, emb, values))
+
+
+def lookup_items(model: Any, binding: RetrievalBinding, items: torch.Tensor) -> torch.Tensor:
+    """Pooled item-bag rows of `items` through the group's own lookup (no gradient).  # (N, D)"""
+    empty = GroupIds(torch.empty(0, dtype=torch.int64), torch.zeros(1, dtype=torch.int64))
+    grown = _grown(binding, model.group_map[binding.group], empty, items)
+    module = model.embeddings[binding.group]
+    if getattr(module, "takes_group_ids", False):  # a cache module reads its staged rows
+        rows = module.forward_group(grown)
+    else:
+        device = module.weight.device
+        rows = module(grown.ids.to(device), grown.offsets.to(device), None)
+    dense_device = model.device if model.device.type != "meta" else rows.device  # export: mapped tables
+    return rows[:, binding.bag].to(dense_device)
+
+
+@torch.no_grad()
+def catalogue_vectors(model: Any, binding: RetrievalBinding) -> torch.Tensor:
+    """Item-tower vectors of every catalogue item, row r - 1 for item r (1 .. vocab).  # (V, Dv)"""
+    out = []
+    for lo in range(1, binding.vocab + 1, CATALOGUE_CHUNK):
+        items = torch.arange(lo, min(lo + CATALOGUE_CHUNK, binding.vocab + 1))
+        out.append(item_vectors(model, binding, lookup_items(model, binding, items)).float())
+    return torch.cat(out)
+
+
+def item_counts(source: Any, feature: str) -> np.ndarray:
+    """How often each item row occurs in a training source's item-id column.  # (rows,) int64"""
+    counts = np.zeros(0, np.int64)
+    for i in range(len(source.partition_rows())):
+        col = source.submit(i, [feature]).result().column(feature).to_numpy().astype(np.int64)
+        more = np.bincount(col)
+        counts = np.pad(counts, (0, max(0, len(more) - len(counts))))
+        counts[: len(more)] += more
+    return counts
+
+
+def head_items(model: Any, binding: RetrievalBinding, logits: torch.Tensor, labels: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The item-tower vectors and item ids of the rows of a step.  # (B, Dv), (B,) int64"""
+    out = model.loss.split(logits)[binding.head]  # (B, Dq + Dv)
+    return out[:, out.shape[1] // 2:], labels[:, binding.head].long()
+
+
+def split_negatives(binding: RetrievalBinding, size: int, emb: dict[str, torch.Tensor]
+                    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """The batch's own lookups and the sampled items' item-bag rows: with sampled negatives the
+    item group's lookup holds B + N samples.  # {group: (B, S, D)}, (N, D)"""
+    rows = emb[binding.group]
+    return {**emb, binding.group: rows[:size]}, rows[size:, binding.bag]
+
+
+def candidates(model: Any, binding: RetrievalBinding | None, negatives: torch.Tensor | None,
+               rows: torch.Tensor | None) -> Candidates | None:
+    """The loss's candidates: logQ, and the sampled items' ids and item-tower vectors."""
+    if binding is None:
+        return None
+    if negatives is None or rows is None:
+        return Candidates(log_q=binding.log_q)
+    vectors = item_vectors(model, binding, rows)
+    return Candidates(vectors, negatives.to(vectors.device), binding.log_q, int(binding.attrs["num_negatives"]))

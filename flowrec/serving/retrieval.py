@@ -1,0 +1,134 @@
+"""Serving a retrieval model: the query tower as the package's program, every item's vector, an index.
+
+`flowrec export` of a run with a retrieval head writes, beside the usual package files:
+
+- ``model.pt2``: the query tower: (dense, sparse of every feature but the item id) -> the query
+  vectors (B, D) (`QueryTower`; torch alone runs it, as any package program);
+- ``items.parquet``: one row per catalogue item (table rows 1 .. vocab): ``item`` (the raw item id
+  the encoder maps to that row; null for a row no value was fitted to), ``row``, ``vector`` (its
+  item-tower vector, float32);
+- ``items.faiss`` (only with the ``ann`` extra, faiss-cpu, and index ``faiss``): an exact flat
+  inner-product index of the vectors (unit-normalised first for a cosine metric).
+
+The manifest's ``retrieval`` entry records the head, the metric and temperature, the dimension, the
+items and the index kind (``exact`` or ``faiss_flat_ip``); loading refuses a package whose index
+does not match it (kind, metric, size or dimension).
+
+Example:
+    >>> pkg = load_model("pkg/tt")                 # doctest: +SKIP
+    >>> pkg.recommend(users, k=10)                 # doctest: +SKIP
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from torch import nn
+
+from flowrec.data.encoder_record import EncoderRecord, read_vocab
+from flowrec.data.layout import is_multi
+from flowrec.runtime.retrieval import catalogue_vectors
+from flowrec.serving.retrieval_index import INDEX_FILE, ITEMS_FILE, faiss_module, for_index
+
+EXAMPLE_BATCH = 4  # rows of the example inputs the query program is traced with (the batch is dynamic)
+
+
+class QueryTower(nn.Module):
+    """The query tower of a serving model: its retrieval head's query columns, the item id fed
+    as row 0 (the item tower's output is dropped).  # -> (B, Dq)"""
+
+    def __init__(self, serving: nn.Module, item_feature: str, columns: tuple[int, int]) -> None:
+        super().__init__()
+        self.serving, self.item_feature, self.columns = serving, item_feature, columns
+
+    def forward(self, dense: torch.Tensor, sparse: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        b = dense.shape[0]
+        item = (torch.zeros(b, dtype=torch.int64), torch.arange(b + 1))
+        out = self.serving(dense, {**sparse, self.item_feature: item})
+        return out[:, self.columns[0]:self.columns[1]]
+
+
+@dataclass
+class RetrievalExport:
+    """What a retrieval run adds to its package (computed before the tables move to serving)."""
+
+    head: str
+    item_feature: str
+    metric: str
+    temperature: float
+    vectors: np.ndarray  # (V, D) float32, item r at row r - 1
+    raw_items: pa.Array  # (V,) raw item ids (string; null where no value was fitted)
+    index: str
+    query_columns: tuple[int, int]
+
+    def query_features(self, spec: Any) -> list[Any]:
+        return [f for f in spec.sparse_features if f.name != self.item_feature]
+
+    def export_program(self, serving: nn.Module, spec: Any) -> torch.export.ExportedProgram:
+        """`torch.export` of the query tower with a dynamic batch and dynamic ids per feature."""
+        tower = QueryTower(serving, self.item_feature, self.query_columns).eval()
+        features = self.query_features(spec)
+        batch = torch.export.Dim("batch", min=1, max=1 << 30)
+        shapes = ({0: batch}, {f.name: ({0: torch.export.Dim(f"nnz_{i}", min=0, max=1 << 34)}, {0: batch + 1})
+                               for i, f in enumerate(features)})
+        b = EXAMPLE_BATCH
+        example = {f.name: (torch.zeros(b * (2 if is_multi(f) else 1), dtype=torch.int64),
+                            torch.arange(b + 1) * (2 if is_multi(f) else 1)) for f in features}
+        from torch.fx.experimental import _config as fx_config
+
+        with fx_config.patch(backed_size_oblivious=True):
+            return torch.export.export(tower, (torch.zeros(b, len(spec.dense_features)), example),
+                                       dynamic_shapes=shapes, strict=False)
+
+    def write(self, out: Path) -> dict[str, Any]:
+        """items.parquet (and items.faiss); the manifest's `retrieval` entry."""
+        vectors = pa.FixedSizeListArray.from_arrays(pa.array(self.vectors.reshape(-1), pa.float32()),
+                                                    self.vectors.shape[1])
+        rows = pa.array(np.arange(1, len(self.vectors) + 1, dtype=np.int64))
+        pq.write_table(pa.table({"item": self.raw_items, "row": rows, "vector": vectors}), out / ITEMS_FILE)
+        if self.index == "faiss_flat_ip":
+            faiss = faiss_module()
+            index = faiss.IndexFlatIP(self.vectors.shape[1])
+            index.add(for_index(self.vectors, self.metric))
+            faiss.write_index(index, str(out / INDEX_FILE))
+        return {"head": self.head, "item_feature": self.item_feature, "metric": self.metric,
+                "temperature": self.temperature, "dim": int(self.vectors.shape[1]),
+                "items": len(self.vectors), "items_file": ITEMS_FILE,
+                "index": {"kind": self.index, "file": INDEX_FILE if self.index == "faiss_flat_ip" else None}}
+
+
+def retrieval_export(trained: Any, encoder: EncoderRecord, index: str = "auto") -> RetrievalExport | None:
+    """The retrieval part of a run's package (None without a retrieval head).
+
+    Args:
+        trained: the restored run (its lowered model still holds its packed tables).
+        encoder: the run's encoder (the item table's vocabulary gives the raw ids).
+        index: ``auto`` (faiss_flat_ip when faiss is importable, else exact), ``exact`` or ``faiss``.
+
+    Raises:
+        ValueError: index ``faiss`` without faiss installed (one line).
+    """
+    binding = trained.model.retrieval
+    if binding is None:
+        return None
+    if index not in ("auto", "exact", "faiss"):
+        raise ValueError(f"index {index!r}: use auto, exact or faiss")
+    if index == "faiss" and faiss_module() is None:
+        raise ValueError("index faiss needs faiss-cpu: pip install 'flowrec[ann]' (or -c constraints.txt faiss-cpu)")
+    kind = "exact" if index == "exact" or (index == "auto" and faiss_module() is None) else "faiss_flat_ip"
+    vectors = catalogue_vectors(trained.model, binding).cpu().numpy().astype(np.float32)
+    table = next(f.table for f in trained.spec.sparse_features if f.name == binding.item_feature)
+    vocab = read_vocab(Path(encoder.vocab_files[table])) if table in encoder.vocab_files else pa.array([], pa.string())
+    raw = vocab.to_pylist()[: len(vectors)]
+    raw += [None] * (len(vectors) - len(raw))
+    spec_head = trained.spec.heads[binding.head]
+    start = sum(w for w in trained.model.head_widths[: binding.head])
+    half = trained.model.head_widths[binding.head] // 2
+    return RetrievalExport(spec_head.name, binding.item_feature, binding.attrs["metric"],
+                           float(binding.attrs["temperature"]), vectors, pa.array(raw, pa.string()), kind,
+                           (start, start + half))

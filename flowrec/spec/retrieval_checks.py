@@ -1,0 +1,106 @@
+"""Checks of retrieval heads (`task: retrieval`): what they read and the fields only they have.
+
+A retrieval head reads a `similarity` module of two towers: the first input is the query tower,
+the second the item tower. The item tower must depend on exactly one feature, a one-id
+categorical feature of a vocabulary table (the item id): the whole catalogue is then that
+table's rows, and negatives and catalogue vectors are the item tower applied to rows of it.
+
+Example:
+    >>> from flowrec.spec.view import DocView
+    >>> check_retrieval(DocView.of({"heads": [{"name": "h", "input": "m", "top_k": [5]}]}, bad=frozenset()))[0].message
+    'only a retrieval head has top_k (task binary)'
+"""
+from __future__ import annotations
+
+from flowrec.spec.errors import SpecIssue
+from flowrec.spec.module_checks import SIMILARITY, output_ref
+from flowrec.spec.model import SELECTOR_PREFIX
+from flowrec.spec.tasks import TASKS
+from flowrec.spec.view import DocView, Item
+
+# fields only a retrieval head may set
+RETRIEVAL_FIELDS = ("negatives", "logq_correction", "top_k", "exclude_seen")
+
+
+def check_retrieval(view: DocView) -> list[SpecIssue]:
+    """Retrieval heads read a similarity of a query tower and an item tower over one item-id
+    feature; their negatives are complete; other heads set none of their fields; one at most."""
+    issues: list[SpecIssue] = []
+    ranking = []
+    for h in view.items("heads"):
+        if not h.clean:
+            continue
+        task = h.body.get("task", "binary")
+        if not TASKS[task].ranks:
+            issues += [SpecIssue(f"{h.path}.{key}", f"only a retrieval head has {key} (task {task})")
+                       for key in RETRIEVAL_FIELDS if key in h.body]
+            continue
+        ranking.append(h)
+        users = (view.section("training") or {}).get("eval_group_by")
+        if h.body.get("exclude_seen") and not isinstance(users, str):
+            issues.append(SpecIssue(f"{h.path}.exclude_seen", "exclude_seen needs training.eval_group_by (the user "
+                                                              "feature whose training items are left out)"))
+        issues += _negatives(h)
+        issues += _towers(view, h)
+    if len(ranking) > 1:
+        issues.append(SpecIssue(f"{ranking[1].path}.task", f"one retrieval head per model (also {ranking[0].name!r})"))
+    return issues
+
+
+def _negatives(h: Item) -> list[SpecIssue]:
+    neg = h.body.get("negatives") or {}
+    path = f"{h.path}.negatives"
+    if neg.get("kind", "in_batch") == "sampled":
+        return [] if "num" in neg else [SpecIssue(f"{path}.num", "sampled negatives need num (items drawn per step)")]
+    return [SpecIssue(f"{path}.{key}", f"{key} is for sampled negatives (kind in_batch)")
+            for key in ("num", "distribution") if key in neg]
+
+
+def _towers(view: DocView, h: Item) -> list[SpecIssue]:
+    """The head reads a similarity module whose item tower depends on one item-id feature."""
+    path = f"{h.path}.input"
+    found = output_ref(view, h.body.get("input", ""))
+    if found is None or found[0].body.get("kind") != SIMILARITY:
+        return [SpecIssue(path, "a retrieval head reads a similarity module (inputs: [query tower, item tower])")]
+    inputs = found[0].inputs or ()
+    if len(inputs) != 2:
+        return []  # the similarity's own check reports it
+    features, problem = item_features(view, inputs[1])
+    if problem is not None:
+        return [SpecIssue(path, f"item tower {inputs[1]!r}: {problem}")]
+    if len(features) != 1:
+        return [SpecIssue(path, f"item tower {inputs[1]!r} must read exactly one feature, the item id "
+                                f"(reads {', '.join(sorted(features)) or 'none'})")]
+    item = view.by_name("features")[next(iter(features))]
+    return [SpecIssue(path, f"item tower {inputs[1]!r}: {why}")] if (why := _item_problem(view, item)) else []
+
+
+def item_features(view: DocView, token: str, seen: frozenset[str] = frozenset()) -> tuple[set[str], str | None]:
+    """The features a module input depends on, through modules (and a problem, if any)."""
+    features = view.by_name("features")
+    if token.startswith(SELECTOR_PREFIX):
+        return set(), f"reads the selector {token!r}; name the item id feature"
+    if token in features:
+        return {token}, None
+    found = output_ref(view, token)
+    if found is None or found[0].name in seen:
+        return set(), None  # unknown names and cycles are reported by the module checks
+    out: set[str] = set()
+    for inner in found[0].inputs or ():
+        more, problem = item_features(view, inner, seen | {found[0].name or ""})
+        if problem is not None:
+            return out, problem
+        out |= more
+    return out, None
+
+
+def _item_problem(view: DocView, item: Item) -> str | None:
+    """Why a feature cannot be the item id (None: it can)."""
+    if item.body.get("type") != "categorical" or item.body.get("max_len", 1) != 1:
+        return f"feature {item.name!r} must be a one-id categorical feature (the item id)"
+    name = item.body.get("table")
+    table = view.by_name("tables").get(name) if isinstance(name, str) else item
+    if table is not None and ("hash_buckets" in table.body or "managed" in table.body):
+        return (f"feature {item.name!r} must use a vocabulary table (the catalogue is its rows), "
+                "not a hashed or managed one")
+    return None

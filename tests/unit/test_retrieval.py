@@ -1,0 +1,393 @@
+"""Retrieval heads: the softmax losses against hand computations, training against a plain
+PyTorch reference, the ranking metrics against brute force, and the spec's one-line errors.
+
+The reference trains flowrec's unpacked reference model (per-table `nn.EmbeddingBag`, autograd,
+torch.optim SGD) with the retrieval loss written out row by row here (float64); flowrec trains
+with its packed table, fused sparse update and `operators.retrieval`.
+"""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+from torch.nn import functional as F
+
+from flowrec.data.batches import StagingOptions, iterate_batches
+from flowrec.data.dataset import MemorySource, split_table
+from flowrec.data.synth import SynthConfig, synth_table
+from flowrec.planner.manager import make_plan
+from flowrec.runtime.evaluation.retrieval import RankingAccumulator, ranking_metrics
+from flowrec.runtime.evaluation.evaluate import evaluate
+from flowrec.runtime.lowering import lower
+from flowrec.measure.reference import ReferenceModel, reference_optimizers
+from flowrec.runtime.retrieval import batch_items, catalogue_vectors, draw_negatives, item_counts
+from flowrec.runtime.step import make_dense_optimizer, train_step
+from flowrec.spec import spec_from_dict
+from flowrec.spec.validate import validate_document
+from operators.retrieval import Candidates, in_batch_softmax, sampled_softmax
+
+BATCH = 32
+ITEMS = 60
+
+
+def _logsumexp(values: list[float]) -> float:
+    top = max(values)
+    return top + math.log(sum(math.exp(v - top) for v in values))
+
+
+def _score(q: torch.Tensor, v: torch.Tensor, metric: str, temperature: float) -> float:
+    if metric == "cosine":
+        return float(q @ v) / (float(q.norm()) * float(v.norm())) / temperature
+    return float(q @ v) / temperature
+
+
+def hand_in_batch(q, v, items, metric, temperature, log_q=None) -> list[float]:
+    """Row i: -log softmax over the batch's items, duplicates of item i (other rows) left out."""
+    out = []
+    for i in range(len(items)):
+        logits = []
+        for j in range(len(items)):
+            if j != i and items[j] == items[i]:
+                continue
+            s = _score(q[i], v[j], metric, temperature) - (float(log_q[items[j]]) if log_q is not None else 0.0)
+            logits.append((j == i, s))
+        pos = next(s for own, s in logits if own)
+        out.append(_logsumexp([s for _, s in logits]) - pos)
+    return out
+
+
+def hand_sampled(q, v, items, neg_v, neg_ids, metric, temperature, log_q=None) -> list[float]:
+    """Row i: -log softmax over [its item, the sampled items other than its item], each logit
+    lowered by log(N p) with logQ."""
+    n = len(neg_ids)
+    corr = (lambda item: math.log(n * math.exp(float(log_q[item])))) if log_q is not None else (lambda item: 0.0)
+    out = []
+    for i in range(len(items)):
+        pos = _score(q[i], v[i], metric, temperature) - corr(int(items[i]))
+        negs = [_score(q[i], neg_v[k], metric, temperature) - corr(int(neg_ids[k]))
+                for k in range(n) if int(neg_ids[k]) != int(items[i])]
+        out.append(_logsumexp([pos] + negs) - pos)
+    return out
+
+
+def _random_case(gen, b=12, d=5, n=9, vocab=7):
+    q = torch.randn(b, d, generator=gen, dtype=torch.float64) * 2
+    v = torch.randn(b, d, generator=gen, dtype=torch.float64)
+    items = torch.randint(1, vocab, (b,), generator=gen)  # few items: duplicates and hits for sure
+    neg_ids = torch.randint(1, vocab, (n,), generator=gen)
+    neg_v = torch.randn(n, d, generator=gen, dtype=torch.float64)
+    probs = torch.rand(vocab, generator=gen, dtype=torch.float64) ** 3 + 1e-3
+    return q, v, items, neg_ids, neg_v, torch.log(probs / probs.sum())
+
+
+@pytest.mark.parametrize("metric,temperature", [("dot", 1.0), ("cosine", 0.07)])
+@pytest.mark.parametrize("logq", [False, True])
+def test_in_batch_softmax_equals_the_masked_reference(metric, temperature, logq):
+    gen = torch.Generator().manual_seed(random.randrange(1 << 30))
+    q, v, items, _, _, log_q = _random_case(gen)
+    assert len(set(items.tolist())) < len(items)  # duplicates present
+    lq = log_q if logq else None
+    ours = in_batch_softmax(q, v, items, metric, temperature, lq)
+    assert ours.dtype == torch.float64
+    assert ours.tolist() == pytest.approx(hand_in_batch(q, v, items, metric, temperature, lq), rel=1e-12)
+
+
+@pytest.mark.parametrize("metric,temperature", [("dot", 0.5), ("cosine", 0.1)])
+@pytest.mark.parametrize("logq", [False, True])
+def test_sampled_softmax_equals_a_hand_computation(metric, temperature, logq):
+    gen = torch.Generator().manual_seed(random.randrange(1 << 30))
+    q, v, items, neg_ids, neg_v, log_q = _random_case(gen)
+    assert bool((neg_ids.unsqueeze(0) == items.unsqueeze(1)).any())  # accidental hits present
+    cand = Candidates(neg_v, neg_ids, log_q if logq else None, len(neg_ids))
+    ours = sampled_softmax(q, v, items, cand, metric, temperature)
+    expected = hand_sampled(q, v, items, neg_v, neg_ids, metric, temperature, log_q if logq else None)
+    assert ours.tolist() == pytest.approx(expected, rel=1e-12)
+
+
+def test_log_q_changes_the_loss():
+    """The correction is applied (skewed frequencies): the two losses differ."""
+    gen = torch.Generator().manual_seed(random.randrange(1 << 30))
+    q, v, items, neg_ids, neg_v, log_q = _random_case(gen)
+    plain = in_batch_softmax(q, v, items, "dot", 1.0)
+    assert not torch.allclose(plain, in_batch_softmax(q, v, items, "dot", 1.0, log_q))
+
+
+def retrieval_doc(seed: int, negatives: dict, logq: bool, tower: bool = True) -> dict:
+    modules = [{"name": "user_tower", "kind": "mlp", "inputs": ["user", "age"], "layers": [8]}]
+    if tower:
+        modules.append({"name": "item_tower", "kind": "mlp", "inputs": ["item"], "layers": [8]})
+    modules.append({"name": "score", "kind": "similarity", "inputs": ["user_tower", "item_tower" if tower else "item"],
+                    "metric": "cosine", "temperature": 0.2})
+    return {
+        "name": "two_tower",
+        "features": [
+            {"name": "user", "type": "categorical", "vocab": 40, "dim": 8},
+            {"name": "age", "type": "categorical", "vocab": 5, "dim": 8},
+            {"name": "item", "type": "categorical", "vocab": ITEMS, "dim": 8},
+        ],
+        "modules": modules,
+        "heads": [{"name": "retrieve", "input": "score", "task": "retrieval", "negatives": negatives,
+                   "logq_correction": logq, "top_k": [5, 20]}],
+        "optimizer": {"dense": {"name": "sgd", "lr": 0.3}, "sparse": {"name": "sgd", "lr": 0.3}},
+        "training": {"batch_size": BATCH, "seed": seed},
+    }
+
+
+def staged(spec, plan, seed: int, steps: int):
+    table = synth_table(spec, BATCH * steps, SynthConfig(seed=seed, alpha=1.2))
+    source = MemorySource(split_table(table, 2))
+    opts = StagingOptions(batch_size=BATCH, shuffle=False, workers=1)
+    with iterate_batches(spec, source, opts, 0, 0, plan.meta.groups) as it:
+        batches = [replace(b, dense=b.dense.double(), labels=b.labels.double()) for b in it]
+    return batches, table, source
+
+
+def reference_loss(ref: ReferenceModel, batch, items: torch.Tensor, binding, negs, spec) -> torch.Tensor:
+    """The retrieval loss of the reference model, row by row (float64)."""
+    out = ref(batch)  # (B, 2D): query | item tower
+    d = out.shape[1] // 2
+    q, v = out[:, :d], out[:, d:]
+    log_q = binding.log_q
+    metric, temp = "cosine", 0.2
+    if negs is None:
+        rows = []
+        for i in range(len(items)):
+            keep = [j for j in range(len(items)) if j == i or items[j] != items[i]]
+            s = torch.stack([F.cosine_similarity(q[i], v[j], dim=0) / temp
+                             - (log_q[items[j]] if log_q is not None else 0.0) for j in keep])
+            rows.append(torch.logsumexp(s, 0) - s[keep.index(i)])
+        return torch.stack(rows).mean()
+    rows_emb = ref.table("item").weight[negs]  # the sampled items' rows, through the item tower
+    neg_v = ref.dense_model.ops["item_tower"](rows_emb)
+    n = len(negs)
+    zero = torch.zeros((), dtype=torch.float64)
+    corr = (lambda t: log_q[t] + math.log(n)) if log_q is not None else (lambda t: zero)
+    rows = []
+    for i in range(len(items)):
+        keep = [k for k in range(n) if negs[k] != items[i]]
+        pos = F.cosine_similarity(q[i], v[i], dim=0) / temp - corr(items[i])
+        s = torch.stack([pos] + [F.cosine_similarity(q[i], neg_v[k], dim=0) / temp - corr(negs[k]) for k in keep])
+        rows.append(torch.logsumexp(s, 0) - pos)
+    return torch.stack(rows).mean()
+
+
+@pytest.mark.parametrize("negatives,logq", [
+    ({"kind": "in_batch"}, True),
+    ({"kind": "sampled", "num": 16, "distribution": "unigram"}, True),
+    ({"kind": "sampled", "num": 16, "distribution": "uniform"}, False),
+])
+def test_training_equals_the_reference(negatives, logq):
+    """Ten SGD steps of flowrec (packed table, fused update; sampled items in the item group's one
+    lookup) equal a plain PyTorch two-tower trained with the hand-written loss."""
+    seed = random.randrange(1 << 30)
+    spec = spec_from_dict(retrieval_doc(seed % 1000, negatives, logq))
+    plan = make_plan(spec, target="cpu")
+    batches, table, source = staged(spec, plan, seed, 10)
+    model = lower(plan, spec, "cpu").double()
+    binding = model.retrieval
+    counts = item_counts(source, "item")
+    seen = np.unique(table.column("item"))
+    assert counts.sum() == BATCH * 10 and np.array_equal(counts[: ITEMS + 1].nonzero()[0], seen)
+    binding.set_counts(counts, torch.device("cpu"))
+    binding.probs, binding.log_q = (binding.probs.double(),
+                                    binding.log_q.double() if binding.log_q is not None else None)
+    optimizer = make_dense_optimizer(model, "sgd", 0.3, {})
+    ref = ReferenceModel(plan, spec).double()
+    ref_opts = reference_optimizers(ref, spec)
+    for batch in batches:
+        items = batch_items(binding, batch)
+        assert items.tolist() == table.column("item").to_pylist()[batch.index * BATCH:(batch.index + 1) * BATCH]
+        negs = draw_negatives(binding, model.noise_seed, batch) if binding.sampled else None
+        ours = train_step(model, optimizer, batch)
+        for opt in ref_opts:
+            opt.zero_grad(set_to_none=True)
+        theirs = reference_loss(ref, batch, items, binding, negs, spec)
+        theirs.backward()
+        for opt in ref_opts:
+            opt.step()
+        assert ours == pytest.approx(float(theirs.detach()), rel=1e-9), f"seed {seed}"
+    ref_params = dict(ref.dense_model.ops.named_parameters())
+    for name, p in model.ops.named_parameters():
+        torch.testing.assert_close(p, ref_params[name].detach(), rtol=1e-7, atol=1e-9,
+                                   msg=lambda m: f"seed {seed}: {name}: {m}")
+    for group in model.groups:
+        for slot in group.tables:
+            torch.testing.assert_close(model.embeddings[group.name].table_rows(slot.table),
+                                       ref.table(slot.table).weight.detach(), rtol=1e-7, atol=1e-9)
+
+
+def brute_force(query, catalogue, items, groups, top_k):
+    """Full sort of every query's scores; per-user top-K lists; recall and NDCG from the lists."""
+    scores = query @ catalogue.T  # (B, V), item r at column r - 1
+    out = {}
+    users = sorted(set(groups.tolist()))
+    for k in top_k:
+        hits, recalls, ndcgs = [], [], []
+        for u in users:
+            rows = np.flatnonzero(groups == u)
+            order = sorted(range(len(catalogue)), key=lambda c: (-scores[rows[0], c], c))
+            top = [c + 1 for c in order[:k]]
+            relevant = set(items[rows].tolist())
+            for r in rows:  # a row's own ranking (same query for a user here)
+                own = sorted(range(len(catalogue)), key=lambda c: -scores[r, c])
+                hits.append(1.0 if own.index(items[r] - 1) < k else 0.0)
+            recalls.append(len(relevant & set(top)) / len(relevant))
+            dcg = sum(1 / math.log2(i + 2) for i, c in enumerate(top) if c in relevant)
+            ideal = sum(1 / math.log2(i + 2) for i in range(min(len(relevant), k)))
+            ndcgs.append(dcg / ideal)
+        out[f"hr@{k}"], out[f"recall@{k}"], out[f"ndcg@{k}"] = np.mean(hits), np.mean(recalls), np.mean(ndcgs)
+    ranks = [sorted(range(len(catalogue)), key=lambda c: -scores[r, c]).index(items[r] - 1) for r in range(len(items))]
+    out["mrr"] = float(np.mean([1 / (x + 1) for x in ranks]))
+    return out
+
+
+def test_ranking_metrics_equal_brute_force():
+    seed = random.randrange(1 << 30)
+    rng = np.random.default_rng(seed)
+    users, per_user, vocab, d = 9, 4, 50, 6
+    while True:  # multiples of 1/8: every score is exact, whatever the summation order; no ties
+        user_q = rng.integers(-40, 41, size=(users, d)) / 8
+        catalogue = (rng.integers(-40, 41, size=(vocab, d)) + 4 * (np.arange(vocab) % 5)[:, None]) / 8  # skewed
+        scores = user_q @ catalogue.T
+        if all(len(set(row)) == vocab for row in scores.tolist()):
+            break
+    groups = np.repeat(np.arange(users) * 7 + 3, per_user)
+    query = np.repeat(user_q, per_user, axis=0)
+    items = np.concatenate([rng.choice(np.arange(1, vocab + 1), per_user, replace=False) for _ in range(users)])
+    acc = RankingAccumulator(torch.from_numpy(catalogue), "dot", 1.0, (3, 10))
+    order = rng.permutation(len(items))  # rows of a user spread over batches
+    for part in np.array_split(order, 4):
+        acc.update(items[part], np.concatenate([query[part], np.zeros_like(query[part])], 1), groups[part])
+    ours = acc.result()
+    expected = brute_force(query, catalogue, items, groups, (3, 10))
+    assert set(ours) == set(expected)
+    for name, value in expected.items():
+        assert ours[name] == pytest.approx(value, abs=1e-12), f"{name}, seed {seed}"
+    assert 0 < ours["recall@10"] < 1 and ours["ndcg@10"] > 0  # hits and misses both (a few users of 9 at least)
+
+
+def test_ranking_metrics_per_row_and_outside_the_catalogue():
+    ranks = np.array([0, 4, 50])  # the last: an item outside a catalogue of 50
+    out = ranking_metrics(ranks, np.arange(3), 50, (1, 5))
+    assert out["hr@1"] == out["recall@1"] == pytest.approx(1 / 3)
+    assert out["hr@5"] == pytest.approx(2 / 3)
+    assert out["ndcg@5"] == pytest.approx((1 + 1 / math.log2(6)) / 3)
+    assert out["mrr"] == pytest.approx((1 + 1 / 5) / 3)
+
+
+def test_evaluation_scores_the_whole_catalogue():
+    spec = spec_from_dict(retrieval_doc(1, {"kind": "in_batch"}, False))
+    plan = make_plan(spec, target="cpu")
+    batches, table, _ = staged(spec, plan, 5, 3)
+    model = lower(plan, spec, "cpu")
+    cat = catalogue_vectors(model, model.retrieval)
+    assert cat.shape == (ITEMS, 8)
+    rows = model.embeddings[model.retrieval.group].table_rows("item")[1:ITEMS + 1]
+    torch.testing.assert_close(cat, model.ops["item_tower"](rows))  # the item tower on every row
+    metrics = evaluate(model, batches)["retrieve"]
+    assert set(metrics) == {"hr@5", "recall@5", "ndcg@5", "hr@20", "recall@20", "ndcg@20", "mrr", "samples"}
+    assert metrics["samples"] == 3 * BATCH and 0 <= metrics["hr@5"] <= metrics["hr@20"] <= 1
+
+
+@pytest.mark.parametrize("change,where,says", [
+    ({"negatives": {"kind": "sampled"}}, "heads[0].negatives.num", "need num"),
+    ({"negatives": {"kind": "in_batch", "num": 5}}, "heads[0].negatives.num", "for sampled"),
+    ({"negatives": {"kind": "random"}}, "heads[0].negatives.kind", "must be one of"),
+    ({"top_k": [0]}, "heads[0].top_k[0]", ">= 1"),
+    ({"input": "user_tower"}, "heads[0].input", "reads a similarity module"),
+    ({"task": "binary"}, "heads[0].negatives", "only a retrieval head"),
+])
+def test_bad_retrieval_fields_are_one_line_errors(change, where, says):
+    doc = retrieval_doc(0, {"kind": "in_batch"}, False)
+    doc["heads"][0].update(change)
+    issues = validate_document(doc)
+    assert any(i.path == where and says in i.message for i in issues), issues
+    assert all("\n" not in str(i) for i in issues)
+
+
+def test_item_tower_must_read_one_item_id():
+    doc = retrieval_doc(0, {"kind": "in_batch"}, False)
+    doc["modules"][1]["inputs"] = ["item", "age"]
+    issues = validate_document(doc)
+    assert [(i.path, "exactly one feature" in i.message) for i in issues] == [("heads[0].input", True)]
+    doc = retrieval_doc(0, {"kind": "in_batch"}, False)
+    doc["training"]["early_stopping"] = {"metric": "hr@50"}
+    issues = validate_document(doc)
+    assert [i.path for i in issues] == ["training.early_stopping.metric"] and "hr@5" in issues[0].message
+
+
+def test_ranking_metrics_are_maximised_by_early_stopping():
+    from flowrec.runtime.evaluation.early_stop import EarlyStopper
+    from flowrec.spec.model import EarlyStoppingSpec
+
+    for metric in ("hr@100", "recall@10", "ndcg@10", "mrr"):
+        assert EarlyStopper.of(EarlyStoppingSpec(metric), "retrieve").mode == "max"
+    assert EarlyStopper.of(EarlyStoppingSpec("logloss"), "ctr").mode == "min"
+
+
+def test_sampled_negatives_refuse_a_cached_item_group():
+    spec = spec_from_dict(retrieval_doc(0, {"kind": "sampled", "num": 8}, False))
+    plan = make_plan(spec, target="cpu")
+    groups = tuple(replace(g, placement="lookahead", cache_rows=16) for g in plan.meta.groups)
+    with pytest.raises(ValueError, match="placement device or host .* lookahead"):
+        lower(plan.with_meta(replace(plan.meta, groups=groups)), spec, "cpu")
+    lower(plan, spec, "cpu")  # device placement: fine
+
+
+@pytest.mark.parametrize("where", [("heads", 0, "task"), ("heads", 0, "input"), ("heads", 0, "negatives"),
+                                   ("heads", 0, "top_k"), ("modules", 1, "inputs"), ("modules", 2, "inputs"),
+                                   ("modules", 2, "kind"), ("features", 2, "table"), ("features", 2, "max_len"),
+                                   ("training", None, "early_stopping")])
+def test_hostile_values_in_a_retrieval_spec_are_one_line_errors(where):
+    import copy
+
+    for value in (None, 1.5, [1], {"a": 1}, "x", -3, True, "item", "score"):
+        doc = copy.deepcopy(retrieval_doc(0, {"kind": "in_batch"}, False))
+        node = doc[where[0]] if where[1] is None else doc[where[0]][where[1]]
+        node[where[2]] = value
+        issues = validate_document(doc)  # never an exception
+        assert all("\n" not in str(i) for i in issues), (where, value)
+
+
+def test_seen_items_are_left_out_of_each_users_ranking():
+    """Brute force: drop the user's training items (not the positive) from the catalogue, rank."""
+    from flowrec.runtime.evaluation.retrieval import SeenItems
+
+    rng = np.random.default_rng(random.randrange(1 << 30))
+    vocab, d, users = 40, 5, 6
+    catalogue = torch.from_numpy(rng.integers(-20, 21, size=(vocab, d)) / 4)
+    query = rng.integers(-20, 21, size=(users, d)) / 4
+    train_users = rng.integers(0, users, 150)
+    train_items = rng.integers(1, vocab + 1, 150)
+    seen = SeenItems(train_users, train_items)
+    groups = np.arange(users).repeat(3)
+    items = rng.integers(1, vocab + 1, len(groups))
+    outputs = np.concatenate([query[groups], np.zeros((len(groups), d))], 1)
+    plain, excluding = (RankingAccumulator(catalogue, "dot", 1.0, (5,), s) for s in (None, seen))
+    for acc in (plain, excluding):
+        acc.update(items, outputs, groups)
+    scores = query[groups] @ catalogue.numpy().T
+    ranks = []
+    for r, u in enumerate(groups):
+        dropped = set(train_items[train_users == u].tolist()) - {int(items[r])}
+        keep = [c for c in range(vocab) if c + 1 not in dropped and c + 1 != items[r]]
+        ranks.append(int(sum(scores[r, c] >= scores[r, items[r] - 1] for c in keep)))
+    assert np.concatenate(excluding.ranks).tolist() == ranks
+    assert sum(ranks) < int(np.concatenate(plain.ranks).sum())  # something was left out
+    assert excluding.result()["hr@5"] >= plain.result()["hr@5"]
+
+
+def test_exclude_seen_needs_the_user_feature():
+    doc = retrieval_doc(0, {"kind": "in_batch"}, False)
+    doc["heads"][0]["exclude_seen"] = True
+    assert [(i.path, "eval_group_by" in i.message) for i in validate_document(doc)] == [
+        ("heads[0].exclude_seen", True)]
+    doc["training"]["eval_group_by"] = "user"
+    assert validate_document(doc) == []
+    spec = spec_from_dict(doc)
+    assert spec.heads[0].retrieval.exclude_seen
+    assert make_plan(spec, target="cpu").graph.nodes["head_retrieve"]["op"].attr("exclude_seen") is True
