@@ -21,7 +21,9 @@ Example:
 """
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -32,6 +34,7 @@ from flowrec.data.days import DayOrder, day_key, day_partitions
 from flowrec.data.layout import DataError
 
 FOLLOW_FILE = "follow.json"
+LOCK_FILE = ".follow.lock"  # held by the one --follow process of a stream folder
 DAYS_DIR = "days"
 EXPORT_DIR = "export"
 POLL_S = 1.0  # seconds between looks for a new day
@@ -48,11 +51,13 @@ def landed_days(days: Path, order: DayOrder = DayOrder()) -> list[Path]:
 def done_days(run: Path, order: DayOrder | None = None) -> list[str]:
     """The days the stream in `run` trained, in order (none yet: []); with `order`, fails when the
     stream was ordered otherwise (a stream written before orders were recorded went by name)."""
+    from flowrec.spec.json_doc import read_json_document
+
     path = run / FOLLOW_FILE
-    if not path.is_file():
+    if not os.path.lexists(path):
         return []
-    try:
-        doc = json.loads(path.read_text())
+    try:  # the limits of every JSON flowrec reads: a regular file, bounded size and nesting
+        doc = read_json_document(path)
         days, recorded = doc["days"], doc.get("order", "name")
     except (ValueError, KeyError, TypeError, AttributeError):
         fail(f"{path} is damaged (not a list of days); the day folders under {run / DAYS_DIR} are intact")
@@ -86,7 +91,55 @@ def follow(request, days: Path, wait_s: float, once: bool, train: Callable, expo
     run = request.out
     if run is None:
         fail("--follow needs --out (the stream's folder)")
-    run.mkdir(parents=True, exist_ok=True)
+    _check_stream_folder(run)
+    try:
+        run.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        fail(f"cannot create the stream folder {run}: {exc.strerror or exc}")
+    lock = _lock_stream(run)
+    try:
+        _follow_days(request, run, days, wait_s, once, train, export, order)
+    finally:
+        os.close(lock)
+
+
+def _check_stream_folder(run: Path) -> None:
+    """The stream's folder is no folder flowrec owns for something else (a run, a dataset, a
+    package, an encoder) and lies in none: its metrics.jsonl and follow.json would land among
+    their files."""
+    from flowrec.data.output_guard import owning_folder
+
+    if run.exists() and not run.is_dir():
+        fail(f"--out {run} is a file; give the stream's folder")
+    owned = owning_folder(run)
+    if owned is not None:
+        fail(f"refusing to use {run} as the stream's folder: "
+             f"{'it is' if owned[0] == run.resolve() else 'it lies in ' + str(owned[0]) + ','} "
+             f"{owned[1]}'s folder; give a folder of its own")
+
+
+def _lock_stream(run: Path) -> int:
+    """Hold RUN/.follow.lock for this process alone (a second --follow on the same --out is
+    refused, naming the first's pid); returns the descriptor to close when done."""
+    path = run / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        fail(f"cannot lock the stream folder {run}: {exc.strerror or exc}")
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        fail(f"the stream folder {run} is in use by another flowrec train --follow (pid {holder})")
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def _follow_days(request, run: Path, days: Path, wait_s: float, once: bool, train: Callable, export: bool,
+                 order: DayOrder) -> None:
+    """The loop of `follow`, with the stream folder locked."""
     deadline = time.monotonic() + wait_s
     while True:
         done = done_days(run, order)

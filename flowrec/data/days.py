@@ -15,6 +15,7 @@ Example:
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ import pyarrow.parquet as pq
 from flowrec.data.dataset import parquet_files
 from flowrec.data.layout import META_FILE, DataError, read_meta
 from flowrec.data.raw_ids import MISSING_ID
-from flowrec.data.rawstats import read_stats
+from flowrec.data.rawstats import STATS_FILE, read_stats
 
 ORDERS = ("name", "date:COLUMN")  # the accepted forms of an order
 
@@ -84,26 +85,49 @@ def day_key(day: Path, order: DayOrder) -> tuple[Any, str]:
     stats = read_stats(day) or {}
     dates = stats.get("dates")
     if isinstance(dates, dict) and dates.get("column") == order.column and dates.get("min") is not None:
-        return dates["min"], day.name
-    stored = _stored_min(day, order.column)
+        return _recorded_date(day, dates["min"], order.column), day.name
+    try:
+        stored = _stored_min(day, order.column)
+    except (OSError, pa.ArrowException) as exc:
+        raise DataError(f"day {day.name}: cannot read column {order.column!r}: {str(exc).splitlines()[0]:.200}") from None
     if stored is None:
         raise DataError(f"day {day.name}: no dates of column {order.column!r} (convert it with the data option "
                         f"date_column: {order.column}, or store the column)")
     return stored, day.name
 
 
+MAX_DATE_CHARS = 200  # a recorded date longer than this is not a date
+
+
+def _recorded_date(day: Path, value: Any, column: str) -> float | str:
+    """The first date conversion recorded for the day: a finite number (as float, so integer and
+    float records order together) or text; anything else (a hand-edited or damaged stats file:
+    NaN, a list, true) is a DataError rather than a silently wrong order."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    if isinstance(value, str) and len(value) <= MAX_DATE_CHARS:
+        return value
+    raise DataError(f"day {day.name}: {STATS_FILE} is damaged: the first date of column {column!r} is "
+                    f"{value!r:.60}, not a finite number or a date text; convert the day again")
+
+
 def _stored_min(day: Path, column: str) -> float | None:
-    """The smallest value of a stored numeric column of the day (None: no such column)."""
+    """The smallest value of a stored numeric column of the day (None: no such column). An
+    encoded categorical column (ids, not dates) is refused, and so is one that holds only NaN."""
     files = parquet_files(day)
     if not files or column not in pq.read_schema(files[0]).names:
         return None
+    if column in read_meta(day).encoding:
+        raise DataError(f"day {day.name}: column {column!r} is an encoded categorical feature (ids, not "
+                        f"dates): days cannot be ordered by it; convert them with the data option "
+                        f"date_column: COLUMN")
     lows = []
     for f in files:
         col = pq.read_table(f, columns=[column]).column(column)
         if not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)):
             return None
         low = pc.min(col).as_py()
-        if low is not None:
+        if low is not None and math.isfinite(low):
             lows.append(float(low))
     return min(lows) if lows else None
 
