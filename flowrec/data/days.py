@@ -61,8 +61,16 @@ def landed(folder: Path) -> list[Path]:
     """The complete day partitions under `folder`, in order of name (raises DataError if it is not a folder)."""
     if not folder.is_dir():
         raise DataError(f"{folder}: not a folder")
-    return sorted(p for p in folder.iterdir() if p.is_dir() and (p / META_FILE).is_file()
+    days = sorted(p for p in folder.iterdir() if p.is_dir() and (p / META_FILE).is_file()
                   and not p.name.startswith((".", "_")))
+    seen: dict[Path, str] = {}
+    for day in days:  # a day linked in under two names would train twice
+        target = day.resolve()
+        if target in seen:
+            raise DataError(f"days {seen[target]} and {day.name} under {folder} are the same folder "
+                            f"({target}, through a link): remove one")
+        seen[target] = day.name
+    return days
 
 
 def day_partitions(folder: Path, order: DayOrder) -> list[Path]:
