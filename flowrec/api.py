@@ -116,7 +116,9 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
         data: encoded dataset folder (DIR/train + DIR/test when split); default: the spec's data
             binding, else `rows` synthetic rows (+20% for evaluation).
         eval_data: encoded evaluation dataset folder.
-        out: run folder (checkpoint.pt, metrics.jsonl, best/, TensorBoard); None writes nothing.
+        out: run folder (checkpoint.pt, metrics.jsonl, best/, TensorBoard); None writes no run
+            folder (raw data bound in the spec is still encoded into runs/<spec name>/data, as
+            `flowrec train` encodes it for its default folder).
             A folder holding a run needs `overwrite=True`; `flowrec train SPEC --resume OUT`
             continues a run started here.
         overwrite: replace the run in `out`.
@@ -163,6 +165,7 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
         if problem is not None:
             raise RunError(f"{key} {problem}")
     settings, _ = run_settings(given, model_spec)
+    existed = folder is not None and folder.exists()
     lock = claim_run_folder(folder, None, overwrite, model_spec.name, "overwrite=True")[1] if folder else None
     try:
         # the same plan as `flowrec train` (sampled access profile of the data included) and the same run.json
@@ -180,8 +183,8 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
     except RunError as exc:
         raise _typed(exc) from None
     finally:
-        if lock is not None:
-            lock.release()
+        if lock is not None:  # a refused run leaves no folder it made (as `flowrec train`)
+            lock.release() if existed else lock.release_and_remove_if_unused()
     return Run(session.spec, folder, result, Trained(session.spec, session.model, session.plan))
 
 
