@@ -1,0 +1,254 @@
+"""Hostile and careless input to the run lifecycle and the continuous-training options: every bad
+input is a typed exception from `flowrec.train` (a `RunError` for an argument) or one line and exit
+2 from the CLI, before anything is written; nothing is ordered or reported silently wrong."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+import flowrec
+from flowrec.cli import app
+from flowrec.cli.follow import LOCK_FILE, _lock_stream, done_days
+from flowrec.cli.plan_cmd import run_managed
+from flowrec.data.days import DayOrder, day_partitions, parse_order
+from flowrec.data.layout import DataError
+from flowrec.runs.errors import RunError
+from flowrec.runtime.rundir import RunFolderError
+from flowrec.spec.load import load_spec
+from flowrec.testing.specs import run_spec
+
+runner = CliRunner()
+MANAGED_SPEC = Path(__file__).parents[1].joinpath("integration", "test_managed_runs.py").read_text() \
+    .split('SPEC = """')[1].split('"""')[0]
+
+
+@pytest.fixture
+def spec(tmp_path: Path) -> Path:
+    path = tmp_path / "s.yaml"
+    path.write_text(run_spec("hostile", batch_size=32, epochs=1))
+    return path
+
+
+def _synth(spec: Path, out: Path, seed: int = 1) -> Path:
+    made = runner.invoke(app, ["data", "synth", str(spec), "--rows", "120", "--seed", str(seed), "--out", str(out),
+                               "-q"])
+    assert made.exit_code == 0, made.output
+    return out
+
+
+def _listing(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("argument, value, says", [
+    ("epochs", 0, "epochs must be at least 1"),
+    ("epochs", "3", "epochs must be a non-negative integer"),
+    ("max_steps", -2, "max_steps must be a non-negative integer"),
+    ("max_steps", True, "max_steps must be a non-negative integer, not True"),
+    ("max_steps", 1.5, "max_steps must be a non-negative integer"),
+    ("rows", 0, "rows must be at least 1"),
+    ("seed", -1, "seed must be a non-negative integer"),
+    ("seed", 2**70, "seed must be in 0.."),
+    ("eval_every", -3, "eval_every must be a non-negative integer"),
+    ("checkpoint_every", -1, "checkpoint_every must be a non-negative integer"),
+    ("on_step", 5, "on_step must be a callable"),
+    ("on_eval", "print", "on_eval must be a callable"),
+    ("overwrite", "yes", "overwrite must be True or False"),
+    ("data", 3, "data must be a folder path"),
+    ("out", 3.0, "out must be a folder path"),
+    ("device", None, "device must be a device name"),
+    ("device_budget", 4096, "device_budget must be a byte size"),
+])
+def test_train_refuses_a_bad_argument_before_writing_anything(spec: Path, tmp_path: Path, argument: str,
+                                                              value, says: str) -> None:
+    out = tmp_path / "run"
+    kwargs = {"out": out, "max_steps": 2, argument: value}
+    with pytest.raises(RunError, match=says) as caught:
+        flowrec.train(spec, **kwargs)
+    assert "\n" not in str(caught.value)
+    assert not out.exists()
+
+
+def test_train_refuses_a_spec_of_the_wrong_kind(tmp_path: Path) -> None:
+    with pytest.raises(RunError, match="spec must be a spec file path or a ModelSpec"):
+        flowrec.train(3, out=tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_refused_run_leaves_no_folder_it_made(spec: Path, tmp_path: Path) -> None:
+    with pytest.raises(DataError):
+        flowrec.train(spec, data=tmp_path / "missing", out=tmp_path / "run", max_steps=1)
+    assert not (tmp_path / "run").exists()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    with pytest.raises(RunError):
+        flowrec.train(spec, device_budget="lots", out=kept, rows=200, max_steps=1)
+    assert kept.is_dir()  # a folder the user made stays
+
+
+def test_a_run_folder_inside_a_dataset_package_or_run_is_refused(spec: Path, tmp_path: Path) -> None:
+    data = _synth(spec, tmp_path / "data")
+    before = _listing(data)
+    with pytest.raises(RunFolderError, match="a dataset's folder"):
+        flowrec.train(spec, data=data, out=data / "run", max_steps=1)
+    cli = runner.invoke(app, ["train", str(spec), "--data", str(data), "--out", str(data / "sub" / "run"),
+                              "--max-steps", "1", "-q"])
+    assert cli.exit_code == 2 and "a dataset's folder" in cli.output
+    assert len(cli.output.strip().splitlines()) == 1, cli.output
+    (tmp_path / "link").symlink_to(data)
+    with pytest.raises(RunFolderError, match="a dataset's folder"):
+        flowrec.train(spec, data=data, out=tmp_path / "link" / "run", max_steps=1)
+    assert _listing(data) == before  # nothing landed among the dataset's part files
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "manifest.json").write_text('{"format": "flowrec-model"}')
+    with pytest.raises(RunFolderError, match="a model package's folder"):
+        flowrec.train(spec, data=data, out=package / "run", max_steps=1)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "run.json").write_text("{}")
+    with pytest.raises(RunFolderError, match="a training run's folder"):
+        flowrec.train(spec, data=data, out=other / "nested", max_steps=1)
+    assert not (package / "run").exists() and not (other / "nested").exists()
+
+
+@pytest.mark.parametrize("recorded", ["NaN", "[1]", "true", '{"a": 1}', json.dumps("9" * 300)])
+def test_a_damaged_recorded_date_is_refused_not_ordered(spec: Path, tmp_path: Path, recorded: str) -> None:
+    days = tmp_path / "days"
+    for seed, name in enumerate(["d1", "d2"]):
+        _synth(spec, days / name, seed + 1)
+        (days / name / "_flowrec_stats.json").write_text(
+            '{"dates": {"column": "ts", "min": %s, "max": 9}}' % (recorded if name == "d1" else "5.0"))
+    with pytest.raises(DataError, match="day d1: _flowrec_stats.json is damaged") as caught:
+        day_partitions(days, parse_order("date:ts"))
+    assert "\n" not in str(caught.value)
+    inspect = runner.invoke(app, ["data", "inspect", str(days), "--follow-order", "date:ts"])
+    assert inspect.exit_code == 2 and "is damaged" in inspect.output
+    follow = runner.invoke(app, ["train", str(spec), "--follow", str(days), "--out", str(tmp_path / "stream"),
+                                 "--follow-order", "date:ts", "-q"])
+    assert follow.exit_code == 2 and "is damaged" in follow.output
+    assert not (tmp_path / "stream" / "follow.json").exists()
+
+
+def test_integer_and_float_dates_order_together(spec: Path, tmp_path: Path) -> None:
+    days = tmp_path / "days"
+    for seed, (name, low) in enumerate([("a", "30"), ("b", "10.5"), ("c", "20")]):
+        _synth(spec, days / name, seed + 1)
+        (days / name / "_flowrec_stats.json").write_text('{"dates": {"column": "ts", "min": %s, "max": 99}}' % low)
+    assert [d.name for d in day_partitions(days, DayOrder("ts"))] == ["b", "c", "a"]
+
+
+def test_days_are_not_ordered_by_an_encoded_categorical_column(spec: Path, tmp_path: Path) -> None:
+    days = tmp_path / "days"
+    for seed, name in enumerate(["d1", "d2"]):
+        _synth(spec, days / name, seed + 1)
+    with pytest.raises(DataError, match="'user' is an encoded categorical feature"):
+        day_partitions(days, DayOrder("user"))
+    assert [d.name for d in day_partitions(days, DayOrder("d1"))] in (["d1", "d2"], ["d2", "d1"])  # dense: fine
+
+
+def test_a_day_linked_in_twice_is_refused(spec: Path, tmp_path: Path) -> None:
+    days = tmp_path / "days"
+    _synth(spec, days / "d1")
+    (days / "d1-again").symlink_to(days / "d1")
+    with pytest.raises(DataError, match="days d1 and d1-again .* are the same folder"):
+        day_partitions(days, DayOrder())
+
+
+@pytest.mark.parametrize("damage", ["deep", "fifo", "folder", "utf16"])
+def test_a_damaged_follow_record_is_one_line(tmp_path: Path, capsys, damage: str) -> None:
+    path = tmp_path / "follow.json"
+    if damage == "deep":
+        path.write_text("[" * 100_000)
+    elif damage == "fifo":
+        os.mkfifo(path)  # must not block
+    elif damage == "folder":
+        path.mkdir()
+    else:
+        path.write_bytes('{"days": []}'.encode("utf-16"))
+    with pytest.raises(typer.Exit) as caught:
+        done_days(tmp_path)
+    assert caught.value.exit_code == 2
+    err = capsys.readouterr().err
+    assert "follow.json is damaged" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_second_follow_on_the_same_stream_is_refused(spec: Path, tmp_path: Path) -> None:
+    days = tmp_path / "days"
+    _synth(spec, days / "d1")
+    stream = tmp_path / "stream"
+    stream.mkdir()
+    held = _lock_stream(stream)
+    try:
+        second = runner.invoke(app, ["train", str(spec), "--follow", str(days), "--out", str(stream), "-q"])
+        assert second.exit_code == 2 and f"pid {os.getpid()}" in second.output, second.output
+        assert "in use by another flowrec train --follow" in second.output
+        assert sorted(p.name for p in stream.iterdir()) == [LOCK_FILE]  # nothing trained, nothing recorded
+    finally:
+        os.close(held)
+    again = _lock_stream(stream)  # released: the next one gets it
+    os.close(again)
+
+
+def test_a_stream_folder_owned_by_a_dataset_or_run_is_refused(spec: Path, tmp_path: Path) -> None:
+    days = tmp_path / "days"
+    _synth(spec, days / "d1")
+    before = _listing(days)
+    for out, says in ((days / "d1", "it is a dataset's folder"), (days / "d1" / "stream", "it lies in")):
+        refused = runner.invoke(app, ["train", str(spec), "--follow", str(days), "--out", str(out), "-q"])
+        assert refused.exit_code == 2 and says in refused.output, refused.output
+    assert _listing(days) == before
+
+
+def _managed_run(tmp_path: Path, report) -> Path:
+    run = tmp_path / "run"
+    run.mkdir(exist_ok=True)
+    text = report if isinstance(report, str) else json.dumps({"event": "end", "step": 3, "managed": report})
+    (run / "metrics.jsonl").write_text('{"event": "step", "step": 1}\n' + text + "\n")
+    return run
+
+
+GOOD = {"rows": 200, "held": 5, "waiting": 1, "admitted": 6, "evicted": 1, "expired": 0, "lookups": 9,
+        "default_lookups": 2}
+
+
+@pytest.mark.parametrize("report, says", [
+    ({"tables": {"users": {**GOOD, "held": "x"}}}, "held is 'x'"),
+    ({"tables": {"users": {**GOOD, "held": 1e300}}}, "held is 1e+300"),
+    ({"tables": {"users": {**GOOD, "default_lookups": -1}}}, "default_lookups is -1"),
+    ({"tables": {"users": {**GOOD, "rows": True}}}, "rows is True"),
+    ({"tables": [1]}, "lists no tables"),
+    ({"tables": {"other": GOOD}}, "no managed table 'users' of spec"),
+    ("[" * 100_000, "recorded no managed tables"),
+])
+def test_plan_managed_from_refuses_a_damaged_report(tmp_path: Path, capsys, report, says: str) -> None:
+    spec = tmp_path / "m.yaml"
+    spec.write_text(MANAGED_SPEC)
+    run = _managed_run(tmp_path, report)
+    with pytest.raises(typer.Exit) as caught:
+        run_managed(run, load_spec(spec))
+    assert caught.value.exit_code == 2
+    err = capsys.readouterr().err
+    assert says in err and len(err.strip().splitlines()) == 1, err
+    cli = runner.invoke(app, ["plan", str(spec), "--managed-from", str(run), "--json", str(tmp_path / "p.json")])
+    assert cli.exit_code == 2 and not (tmp_path / "p.json").exists()  # refused before any output
+
+
+def test_plan_managed_from_shows_a_good_report(tmp_path: Path) -> None:
+    spec = tmp_path / "m.yaml"
+    spec.write_text(MANAGED_SPEC)
+    run = _managed_run(tmp_path, {"tables": {"users": GOOD}})
+    assert run_managed(run, load_spec(spec))["tables"]["users"] == GOOD
+    shown = runner.invoke(app, ["plan", str(spec), "--managed-from", str(run)])
+    assert shown.exit_code == 0 and "5/200 rows held" in shown.output, shown.output
+
+
+def test_inspect_refuses_a_follow_order_for_one_dataset(spec: Path, tmp_path: Path) -> None:
+    data = _synth(spec, tmp_path / "data")
+    result = runner.invoke(app, ["data", "inspect", str(data), "--follow-order", "date:ts"])
+    assert result.exit_code == 2 and "one dataset" in result.output
