@@ -92,6 +92,7 @@ def follow(request, days: Path, wait_s: float, once: bool, train: Callable, expo
     if run is None:
         fail("--follow needs --out (the stream's folder)")
     _check_stream_folder(run)
+    existed = run.exists()
     try:
         run.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -100,7 +101,15 @@ def follow(request, days: Path, wait_s: float, once: bool, train: Callable, expo
     try:
         _follow_days(request, run, days, wait_s, once, train, export, order)
     finally:
-        os.close(lock)
+        if not existed and [p.name for p in run.iterdir()] == [LOCK_FILE]:  # refused: leave no folder
+            (run / LOCK_FILE).unlink()
+            os.close(lock)
+            try:
+                run.rmdir()
+            except OSError:  # something appeared in it meanwhile: keep it
+                pass
+        else:
+            os.close(lock)
 
 
 def _check_stream_folder(run: Path) -> None:

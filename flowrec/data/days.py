@@ -61,6 +61,8 @@ def landed(folder: Path) -> list[Path]:
     """The complete day partitions under `folder`, in order of name (raises DataError if it is not a folder)."""
     if not folder.is_dir():
         raise DataError(f"{folder}: not a folder")
+    if _split_of(folder):  # its train and test parts are no days (test would train first)
+        raise DataError(f"{folder} is one dataset split into train/ and test/, not a folder of day partitions")
     days = sorted(p for p in folder.iterdir() if p.is_dir() and (p / META_FILE).is_file()
                   and not p.name.startswith((".", "_")))
     seen: dict[Path, str] = {}
@@ -71,6 +73,18 @@ def landed(folder: Path) -> list[Path]:
                             f"({target}, through a link): remove one")
         seen[target] = day.name
     return days
+
+
+def _split_of(folder: Path) -> bool:
+    """True when `folder` holds the train/test parts of one split dataset (`data convert --test-fraction`)."""
+    for part in ("train", "test"):
+        if (folder / part / META_FILE).is_file():
+            try:
+                if read_meta(folder / part).split.get("part") == part:
+                    return True
+            except (DataError, ValueError, AttributeError):
+                continue
+    return False
 
 
 def day_partitions(folder: Path, order: DayOrder) -> list[Path]:

@@ -252,3 +252,20 @@ def test_inspect_refuses_a_follow_order_for_one_dataset(spec: Path, tmp_path: Pa
     data = _synth(spec, tmp_path / "data")
     result = runner.invoke(app, ["data", "inspect", str(data), "--follow-order", "date:ts"])
     assert result.exit_code == 2 and "one dataset" in result.output
+
+
+def test_a_split_dataset_is_no_folder_of_days(spec: Path, tmp_path: Path) -> None:
+    split = tmp_path / "split"
+    for part in ("train", "test"):
+        _synth(spec, split / part)
+    for part in ("train", "test"):  # as `data convert --test-fraction` records them
+        meta = json.loads((split / part / "_flowrec.json").read_text())
+        meta["split"] = {"part": part, "test_fraction": 0.2, "split_seed": 1}
+        (split / part / "_flowrec.json").write_text(json.dumps(meta))
+    with pytest.raises(DataError, match="split into train/ and test/"):
+        day_partitions(split, DayOrder())
+    inspect = runner.invoke(app, ["data", "inspect", str(split)])
+    assert inspect.exit_code == 2 and "not a folder of day partitions" in inspect.output
+    follow = runner.invoke(app, ["train", str(spec), "--follow", str(split), "--out", str(tmp_path / "stream"), "-q"])
+    assert follow.exit_code == 2 and "not a folder of day partitions" in follow.output
+    assert not (tmp_path / "stream").exists()  # a refused stream leaves no folder it made
