@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -92,7 +93,13 @@ def day_partitions(folder: Path, order: DayOrder) -> list[Path]:
     days = landed(folder)
     if order.column is None:
         return days
-    keys = {day.name: day_key(day, order) for day in days}
+    dated = {day.name: _dated(day, order.column) for day in days}
+    sources = {source: name for name, (_, source) in dated.items()}
+    if len(sources) > 1:  # raw dates of some days against stored (possibly transformed) values of others
+        raise DataError(f"day {sources['recorded']} has the dates of column {order.column!r} that conversion "
+                        f"recorded, day {sources['stored']} only its stored values: convert every day with "
+                        f"the data option date_column: {order.column}")
+    keys = {name: (value, name) for name, (value, _) in dated.items()}
     kinds = {type(k[0]) for k in keys.values()}
     if len(kinds) > 1:
         raise DataError(f"date column {order.column!r} holds numbers for some days and text for others: "
@@ -104,10 +111,21 @@ def day_key(day: Path, order: DayOrder) -> tuple[Any, str]:
     """The sort key of one day: (its first date, its name); (name,) when ordered by name."""
     if order.column is None:
         return (day.name,)
-    stats = read_stats(day) or {}
-    dates = stats.get("dates")
+    return _dated(day, order.column)[0], day.name
+
+
+def _dated(day: Path, column: str) -> tuple[Any, str]:
+    """(the first date of `column` in the day, where it comes from: "recorded" by conversion or
+    "stored" in the day's parts). A stats file that cannot be read is a DataError, never a silent
+    fall back to the stored column (its values may be transformed: another scale)."""
+    order = DayOrder(column)
+    stats = read_stats(day)
+    if stats is None and os.path.lexists(day / STATS_FILE):
+        raise DataError(f"day {day.name}: {STATS_FILE} is damaged (not a readable JSON object within the "
+                        f"limits); convert the day again")
+    dates = (stats or {}).get("dates")
     if isinstance(dates, dict) and dates.get("column") == order.column and dates.get("min") is not None:
-        return _recorded_date(day, dates["min"], order.column), day.name
+        return _recorded_date(day, dates["min"], order.column), "recorded"
     try:
         stored = _stored_min(day, order.column)
     except (OSError, pa.ArrowException) as exc:
@@ -115,7 +133,7 @@ def day_key(day: Path, order: DayOrder) -> tuple[Any, str]:
     if stored is None:
         raise DataError(f"day {day.name}: no dates of column {order.column!r} (convert it with the data option "
                         f"date_column: {order.column}, or store the column)")
-    return stored, day.name
+    return stored, "stored"
 
 
 MAX_DATE_CHARS = 200  # a recorded date longer than this is not a date

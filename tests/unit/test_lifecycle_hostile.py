@@ -269,3 +269,17 @@ def test_a_split_dataset_is_no_folder_of_days(spec: Path, tmp_path: Path) -> Non
     follow = runner.invoke(app, ["train", str(spec), "--follow", str(split), "--out", str(tmp_path / "stream"), "-q"])
     assert follow.exit_code == 2 and "not a folder of day partitions" in follow.output
     assert not (tmp_path / "stream").exists()  # a refused stream leaves no folder it made
+
+
+@pytest.mark.parametrize("other", ["damaged", "absent"])
+def test_recorded_dates_never_mix_with_stored_values(spec: Path, tmp_path: Path, other: str) -> None:
+    """d1 is a stored dense column (transformed values); a day whose recorded dates are unreadable
+    or absent must not be keyed by them next to days keyed by recorded raw dates."""
+    days = tmp_path / "days"
+    for seed, name in enumerate(["a", "b"]):
+        _synth(spec, days / name, seed + 1)
+    (days / "a" / "_flowrec_stats.json").write_text('{"dates": {"column": "d1", "min": 1000.0, "max": 2000.0}}')
+    if other == "damaged":
+        (days / "b" / "_flowrec_stats.json").write_text('{"dates": ' * 100 + "}" * 100)
+    with pytest.raises(DataError, match="is damaged" if other == "damaged" else "only its stored values"):
+        day_partitions(days, DayOrder("d1"))
