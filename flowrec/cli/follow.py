@@ -61,12 +61,18 @@ def done_days(run: Path, order: DayOrder | None = None) -> list[str]:
         days, recorded = doc["days"], doc.get("order", "name")
     except (ValueError, KeyError, TypeError, AttributeError):
         fail(f"{path} is damaged (not a list of days); the day folders under {run / DAYS_DIR} are intact")
-    if not isinstance(days, list) or not all(isinstance(d, str) for d in days):
+    if not isinstance(days, list) or not all(isinstance(d, str) and _plain_name(d) for d in days) \
+            or len(set(days)) != len(days):  # a name with a path in it would lead the stream elsewhere
         fail(f"{path} is damaged (not a list of days); the day folders under {run / DAYS_DIR} are intact")
     if order is not None and days and recorded != str(order):
         fail(f"the stream in {run} takes its days in order {recorded!r}, not {str(order)!r}: "
              f"rerun with --follow-order {recorded}")
     return days
+
+
+def _plain_name(name: str) -> bool:
+    """A day's folder name: one path component, neither `.` nor `..`."""
+    return bool(name) and name not in (".", "..") and "/" not in name and "\\" not in name and "\0" not in name
 
 
 def _record(run: Path, days: list[str], order: DayOrder) -> None:

@@ -283,3 +283,13 @@ def test_recorded_dates_never_mix_with_stored_values(spec: Path, tmp_path: Path,
         (days / "b" / "_flowrec_stats.json").write_text('{"dates": ' * 100 + "}" * 100)
     with pytest.raises(DataError, match="is damaged" if other == "damaged" else "only its stored values"):
         day_partitions(days, DayOrder("d1"))
+
+
+@pytest.mark.parametrize("days", [["../../elsewhere"], ["a/b"], [".."], [""], ["d1", "d1"], [3]])
+def test_a_follow_record_naming_no_plain_day_is_damaged(tmp_path: Path, capsys, days: list) -> None:
+    (tmp_path / "follow.json").write_text(json.dumps({"days": days, "order": "name"}))
+    with pytest.raises(typer.Exit):
+        done_days(tmp_path)
+    assert "follow.json is damaged" in capsys.readouterr().err
+    (tmp_path / "follow.json").write_text(json.dumps({"days": ["d1", "d2"], "order": "name"}))
+    assert done_days(tmp_path) == ["d1", "d2"]
