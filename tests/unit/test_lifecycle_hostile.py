@@ -293,3 +293,22 @@ def test_a_follow_record_naming_no_plain_day_is_damaged(tmp_path: Path, capsys, 
     assert "follow.json is damaged" in capsys.readouterr().err
     (tmp_path / "follow.json").write_text(json.dumps({"days": ["d1", "d2"], "order": "name"}))
     assert done_days(tmp_path) == ["d1", "d2"]
+
+
+def test_overwriting_a_run_folder_in_use_is_refused_and_keeps_it(spec: Path, tmp_path: Path) -> None:
+    from flowrec.runtime.rundir import RunLock
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text('{"kept": true}')
+    (run / "checkpoint.pt").write_bytes(b"the other run's checkpoint")
+    held = RunLock.acquire(run)
+    try:
+        with pytest.raises(RunFolderError, match=f"in use by another flowrec run \\(pid {os.getpid()}\\)"):
+            flowrec.train(spec, out=run, overwrite=True, rows=200, max_steps=1)
+        cli = runner.invoke(app, ["train", str(spec), "--out", str(run), "--overwrite", "--rows", "200", "-q"])
+        assert cli.exit_code == 2 and "in use" in cli.output
+    finally:
+        held.release()
+    assert (run / "run.json").read_text() == '{"kept": true}'
+    assert (run / "checkpoint.pt").read_bytes() == b"the other run's checkpoint"
