@@ -62,7 +62,7 @@ def read_run_file(folder: Path) -> dict[str, Any] | None:
     if not isinstance(recorded, dict):
         raise RunFolderError(f"{path} is damaged (not a JSON object)")
     for key, value in recorded.items():
-        problem = setting_problem(key, value)
+        problem = given_problem(key, value)  # the flags' bounds too: max_steps 0 would train nothing
         if problem is not None:
             raise RunFolderError(f"{path} is damaged: {key} {problem}")
     missing = [key for key in REQUIRED if key not in recorded]

@@ -312,3 +312,20 @@ def test_overwriting_a_run_folder_in_use_is_refused_and_keeps_it(spec: Path, tmp
         held.release()
     assert (run / "run.json").read_text() == '{"kept": true}'
     assert (run / "checkpoint.pt").read_bytes() == b"the other run's checkpoint"
+
+
+@pytest.mark.parametrize("key, value", [("max_steps", 0), ("epochs", 0), ("rows", 0), ("checkpoint_full_every", 0),
+                                        ("seed", -1), ("eval_every", True)])
+def test_a_recorded_setting_out_of_the_flags_range_is_damaged(spec: Path, tmp_path: Path, key: str, value) -> None:
+    from flowrec.runs.settings import read_run_file
+
+    run = tmp_path / "run"
+    run.mkdir()
+    recorded = {"data": None, "eval_data": None, "rows": 100, "seed": None, "epochs": 1, "max_steps": 2,
+                "eval_every": 0, key: value}
+    (run / "run.json").write_text(json.dumps(recorded))
+    with pytest.raises(RunFolderError, match=f"run.json is damaged: {key} must be"):
+        read_run_file(run)
+    resumed = runner.invoke(app, ["train", str(spec), "--resume", str(run), "-q"])
+    assert resumed.exit_code == 2 and "is damaged" in resumed.output
+    assert sorted(p.name for p in run.iterdir()) == [".flowrec.lock", "run.json"]  # nothing trained
