@@ -192,6 +192,8 @@ def _check_options(request: RunRequest) -> None:
     given = request.given
     if given["seed"] is not None and not 0 <= given["seed"] <= MAX_SEED:
         fail(f"--seed must be in 0..{MAX_SEED} (2^63-1), not {given['seed']}")
+    if given["device"] is not None and not given["device"].strip():  # `or "auto"` would hide it
+        fail("--device must be auto, cpu or cuda[:N], not an empty string")
     if given["cache"] is not None and given["cache"] not in CACHE_POLICIES:
         fail(f"--cache must be one of {', '.join(CACHE_POLICIES)}, not {given['cache']!r}")
     if given["nan_policy"] is not None and given["nan_policy"] not in NAN_POLICIES:
