@@ -29,9 +29,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
+import typer
+
 from flowrec.cli.common import fail
 from flowrec.data.days import DayOrder, day_key, day_partitions
-from flowrec.data.layout import DataError
+from flowrec.data.layout import META_FILE, DataError
 
 FOLLOW_FILE = "follow.json"
 LOCK_FILE = ".follow.lock"  # held by the one --follow process of a stream folder
@@ -156,12 +158,16 @@ def _follow_days(request, run: Path, days: Path, wait_s: float, once: bool, trai
                  order: DayOrder) -> None:
     """The loop of `follow`, with the stream folder locked."""
     deadline = time.monotonic() + wait_s
+    trained = 0
     while True:
         done = done_days(run, order)
         landed = landed_days(days, order)
         todo = [d for d in landed if d.name not in done]
         if not todo:
             if time.monotonic() >= deadline:
+                if not trained:  # a mistyped DAYS (raw files, an empty folder) says so
+                    typer.echo(f"no new day partition under {days} (encoded dataset folders with "
+                               f"{META_FILE}); {len(done)} day(s) trained in {run} so far", err=True)
                 return
             time.sleep(POLL_S)
             continue
@@ -173,6 +179,7 @@ def _follow_days(request, run: Path, days: Path, wait_s: float, once: bool, trai
         if previous is not None:
             _progressive(run, previous, day, len(done) + 1)
         train(_day_request(request, run / DAYS_DIR / day.name, day, previous))
+        trained += 1
         if export:
             _export(run / DAYS_DIR / day.name, run / EXPORT_DIR / day.name)
         _record(run, done + [day.name], order)

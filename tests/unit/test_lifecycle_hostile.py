@@ -338,3 +338,12 @@ def test_an_empty_device_is_refused_by_the_cli_and_the_api(spec: Path, tmp_path:
     with pytest.raises(RunError):
         flowrec.train(spec, device="", out=tmp_path / "api", rows=200, max_steps=1)
     assert not (tmp_path / "cli").exists() and not (tmp_path / "api").exists()
+
+
+def test_a_follow_with_no_day_to_train_says_so(spec: Path, tmp_path: Path) -> None:
+    raw = tmp_path / "raw"  # a mistyped DAYS: raw files, no encoded day partitions
+    raw.mkdir()
+    (raw / "2026-11-01.csv").write_text("a,b\n1,2\n")
+    result = runner.invoke(app, ["train", str(spec), "--follow", str(raw), "--out", str(tmp_path / "stream"), "-q"])
+    assert result.exit_code == 0 and "no new day partition under" in result.output, result.output
+    assert "0 day(s) trained" in result.output and not (tmp_path / "stream").exists()
