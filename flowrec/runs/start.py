@@ -93,3 +93,20 @@ def record_encoder(session: Session, folder: Path, resuming: bool, parent: str |
     except DataError as exc:
         session.model.close()
         raise RunError(str(exc), cause=exc) from None
+
+
+def check_early_stopping(session: Session, settings: dict[str, Any]) -> None:
+    """Early stopping needs evaluations during training: an evaluation set and `eval_every`
+    (`flowrec train` and `flowrec.train` alike). Raises `RunError` (the model is closed first)."""
+    if session.spec.training.early_stopping is None:
+        return
+    problem = None
+    if session.eval is None:
+        problem = ("training.early_stopping needs an evaluation set: give --eval-data (eval_data=), or data "
+                   "with a test split")
+    elif not settings["eval_every"]:
+        problem = ("training.early_stopping needs evaluations during training: set training.eval_every in the "
+                   "spec or give --eval-every N (eval_every=)")
+    if problem is not None:
+        session.model.close()
+        raise RunError(problem)

@@ -347,3 +347,18 @@ def test_a_follow_with_no_day_to_train_says_so(spec: Path, tmp_path: Path) -> No
     result = runner.invoke(app, ["train", str(spec), "--follow", str(raw), "--out", str(tmp_path / "stream"), "-q"])
     assert result.exit_code == 0 and "no new day partition under" in result.output, result.output
     assert "0 day(s) trained" in result.output and not (tmp_path / "stream").exists()
+
+
+def test_early_stopping_without_evaluations_is_refused_by_the_api_as_by_the_cli(spec: Path, tmp_path: Path) -> None:
+    stopping = tmp_path / "es.yaml"
+    stopping.write_text(spec.read_text().replace("epochs: 1", "epochs: 1, early_stopping: {metric: auc, patience: 2}"))
+    assert "early_stopping" in stopping.read_text()
+    data = _synth(spec, tmp_path / "data")
+    with pytest.raises(RunError, match="training.early_stopping needs an evaluation set"):
+        flowrec.train(stopping, data=data, out=tmp_path / "api", max_steps=2)
+    cli = runner.invoke(app, ["train", str(stopping), "--data", str(data), "--out", str(tmp_path / "cli"),
+                              "--max-steps", "2", "-q"])
+    assert cli.exit_code == 2 and "training.early_stopping needs an evaluation set" in cli.output
+    with pytest.raises(RunError, match="needs evaluations during training"):
+        flowrec.train(stopping, data=data, eval_data=data, eval_every=0, out=tmp_path / "api", max_steps=2)
+    assert not (tmp_path / "api").exists() and not (tmp_path / "cli").exists()
