@@ -155,6 +155,8 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
     _check_arguments(spec=spec, data=data, eval_data=eval_data, out=out, on_step=on_step, on_eval=on_eval,
                      on_checkpoint=on_checkpoint, overwrite=overwrite, progress=progress, device=device,
                      device_budget=device_budget)
+    if isinstance(spec, ModelSpec):
+        _check_model_spec(spec)
     spec_path = Path(spec) if not isinstance(spec, ModelSpec) else Path.cwd() / f"{spec.name}.yaml"
     model_spec = resolve_custom(load_spec(spec_path) if not isinstance(spec, ModelSpec) else spec)
     folder = Path(out) if out is not None else None
@@ -215,6 +217,22 @@ def _check_arguments(**arguments: Any) -> None:
         refuse("device", "a device name (auto, cpu, cuda)")
     if arguments["device_budget"] is not None and not isinstance(arguments["device_budget"], str):
         refuse("device_budget", "a byte size such as '4GiB', or None")
+
+
+def _check_model_spec(spec: ModelSpec) -> None:
+    """A `ModelSpec` built or changed in Python (`dataclasses.replace`) is held to the rules of a
+    spec file: `SpecError` with every problem (batch_size 0 divided by zero, epochs 0 trained nothing)."""
+    from flowrec.runs.errors import RunError
+    from flowrec.spec.errors import SpecError
+    from flowrec.spec.load import to_dict
+    from flowrec.spec.validate import validate_document
+
+    try:
+        issues = validate_document(to_dict(spec))
+    except (TypeError, ValueError, AttributeError, KeyError) as exc:  # a field of the wrong kind
+        raise RunError(f"spec {getattr(spec, 'name', '?')!r} cannot be read as a spec: {exc}") from None
+    if issues:
+        raise SpecError(issues, f"ModelSpec {spec.name!r}")
 
 
 def _typed(exc: Any) -> BaseException:

@@ -362,3 +362,17 @@ def test_early_stopping_without_evaluations_is_refused_by_the_api_as_by_the_cli(
     with pytest.raises(RunError, match="needs evaluations during training"):
         flowrec.train(stopping, data=data, eval_data=data, eval_every=0, out=tmp_path / "api", max_steps=2)
     assert not (tmp_path / "api").exists() and not (tmp_path / "cli").exists()
+
+
+@pytest.mark.parametrize("field, value", [("batch_size", 0), ("batch_size", -5), ("epochs", 0)])
+def test_an_invalid_model_spec_object_is_refused_like_a_spec_file(spec: Path, tmp_path: Path, field: str,
+                                                                  value: int) -> None:
+    import dataclasses
+
+    from flowrec.spec.errors import SpecError
+
+    loaded = load_spec(spec)
+    bad = dataclasses.replace(loaded, training=dataclasses.replace(loaded.training, **{field: value}))
+    with pytest.raises(SpecError, match=f"training.{field}: must be >= 1"):
+        flowrec.train(bad, out=tmp_path / "run", rows=200, max_steps=2)
+    assert not (tmp_path / "run").exists()
