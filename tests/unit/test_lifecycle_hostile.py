@@ -376,3 +376,20 @@ def test_an_invalid_model_spec_object_is_refused_like_a_spec_file(spec: Path, tm
     with pytest.raises(SpecError, match=f"training.{field}: must be >= 1"):
         flowrec.train(bad, out=tmp_path / "run", rows=200, max_steps=2)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_callback_that_raises_leaves_the_run_resumable_and_unlocked(spec: Path, tmp_path: Path) -> None:
+    from flowrec.runtime.rundir import RunLock
+
+    def broken(event) -> None:
+        if event.step == 2:
+            raise RuntimeError("a bug in the user's callback")
+
+    run = tmp_path / "run"
+    with pytest.raises(RuntimeError, match="a bug in the user's callback"):
+        flowrec.train(spec, out=run, rows=200, max_steps=3, checkpoint_every=1, on_step=broken)
+    RunLock.acquire(run).release()  # the lock was released
+    resumed = runner.invoke(app, ["train", str(spec), "--resume", str(run), "-q"])
+    assert resumed.exit_code == 0, resumed.output
+    assert "resuming" in resumed.output and "(step 1)" in resumed.output  # from the last checkpoint
+    assert flowrec.load(run).history[-1]["step"] == 3
