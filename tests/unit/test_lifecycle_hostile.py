@@ -393,3 +393,35 @@ def test_a_callback_that_raises_leaves_the_run_resumable_and_unlocked(spec: Path
     assert resumed.exit_code == 0, resumed.output
     assert "resuming" in resumed.output and "(step 1)" in resumed.output  # from the last checkpoint
     assert flowrec.load(run).history[-1]["step"] == 3
+
+
+@pytest.mark.parametrize("damage", [
+    lambda d: d["managed"]["users"].update(distinct_ids="lots"),
+    lambda d: d["hashed"]["item"].update(occupied_rows=-1),
+    lambda d: d.update(label_mean={"label": "high"}),
+    lambda d: d.update(hashed=[1, 2]),
+    lambda d: d["dense_missing"].update(d1=3),
+    lambda d: d.update(rows=True),
+])
+def test_damaged_raw_statistics_are_ignored_with_a_warning(tmp_path: Path, damage) -> None:
+    import csv
+
+    from flowrec.data.rawstats import read_stats
+
+    spec = tmp_path / "m.yaml"
+    spec.write_text(MANAGED_SPEC + "data: {format: csv, path: raw, options: {date_column: ts}}\n")
+    with (tmp_path / "x.csv").open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["d1", "user", "friends", "item", "label", "ts"])
+        writer.writerows([[0.5 * i, f"u{i % 7}", "", f"i{i % 5}", i % 2, 1000 + i] for i in range(40)])
+    data = tmp_path / "x"
+    made = runner.invoke(app, ["data", "convert", "csv", str(tmp_path / "x.csv"), str(data), "--spec", str(spec), "-q"])
+    assert made.exit_code == 0, made.output
+    good = read_stats(data)
+    assert good is not None and good["managed"]["users"]["distinct_ids"] == 7  # what conversion wrote passes
+    damage(good)
+    (data / "_flowrec_stats.json").write_text(json.dumps(good))
+    assert read_stats(data) is None
+    shown = runner.invoke(app, ["data", "inspect", str(data)])
+    assert shown.exit_code == 0 and "_flowrec_stats.json is damaged" in shown.output, shown.output
+    assert "Traceback" not in shown.output
