@@ -32,7 +32,7 @@ from typing import Callable
 import typer
 
 from flowrec.cli.common import fail
-from flowrec.data.days import DayOrder, day_key, day_partitions
+from flowrec.data.days import DayOrder, day_key, day_partitions, parse_order
 from flowrec.data.layout import META_FILE, DataError
 
 FOLLOW_FILE = "follow.json"
@@ -66,6 +66,13 @@ def done_days(run: Path, order: DayOrder | None = None) -> list[str]:
     if not isinstance(days, list) or not all(isinstance(d, str) and _plain_name(d) for d in days) \
             or len(set(days)) != len(days):  # a name with a path in it would lead the stream elsewhere
         fail(f"{path} is damaged (not a list of days); the day folders under {run / DAYS_DIR} are intact")
+    try:
+        valid_order = isinstance(recorded, str) and str(parse_order(recorded)) == recorded
+    except ValueError:
+        valid_order = False
+    if not valid_order:  # the rerun command below must be one that works
+        fail(f"{path} is damaged (its order {recorded!r:.60} is neither name nor date:COLUMN); the day "
+             f"folders under {run / DAYS_DIR} are intact")
     if order is not None and days and recorded != str(order):
         fail(f"the stream in {run} takes its days in order {recorded!r}, not {str(order)!r}: "
              f"rerun with --follow-order {recorded}")

@@ -425,3 +425,15 @@ def test_damaged_raw_statistics_are_ignored_with_a_warning(tmp_path: Path, damag
     shown = runner.invoke(app, ["data", "inspect", str(data)])
     assert shown.exit_code == 0 and "_flowrec_stats.json is damaged" in shown.output, shown.output
     assert "Traceback" not in shown.output
+
+
+@pytest.mark.parametrize("order", [5, None, "date:", "by size", "date: ts"])
+def test_a_follow_record_with_no_usable_order_is_damaged(tmp_path: Path, capsys, order) -> None:
+    (tmp_path / "follow.json").write_text(json.dumps({"days": ["d1"], "order": order}))
+    with pytest.raises(typer.Exit):
+        done_days(tmp_path, DayOrder())
+    assert "follow.json is damaged (its order" in capsys.readouterr().err
+    (tmp_path / "follow.json").write_text(json.dumps({"days": ["d1"], "order": "date:ts"}))
+    assert done_days(tmp_path) == ["d1"]
+    (tmp_path / "follow.json").write_text(json.dumps({"days": ["d1"]}))  # written before orders were recorded
+    assert done_days(tmp_path, DayOrder()) == ["d1"]
