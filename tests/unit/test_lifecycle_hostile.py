@@ -437,3 +437,17 @@ def test_a_follow_record_with_no_usable_order_is_damaged(tmp_path: Path, capsys,
     assert done_days(tmp_path) == ["d1"]
     (tmp_path / "follow.json").write_text(json.dumps({"days": ["d1"]}))  # written before orders were recorded
     assert done_days(tmp_path, DayOrder()) == ["d1"]
+
+
+def test_more_synthetic_rows_than_memory_holds_are_refused_at_once(spec: Path, tmp_path: Path) -> None:
+    from flowrec.data.synth import SynthConfig, synth_table
+    from flowrec.runs.start import synthetic_bytes
+
+    loaded = load_spec(spec)
+    assert synthetic_bytes(loaded, 1000) >= synth_table(loaded, 1200, SynthConfig(seed=1)).nbytes  # an upper estimate
+    rows = 10**14  # petabytes: more than any machine holds
+    with pytest.raises(RunError, match="synthetic rows take about .* GiB in memory"):
+        flowrec.train(spec, out=tmp_path / "api", rows=rows, max_steps=1)
+    cli = runner.invoke(app, ["train", str(spec), "--rows", str(rows), "--out", str(tmp_path / "cli"), "-q"])
+    assert cli.exit_code == 2 and "give fewer --rows" in cli.output
+    assert not (tmp_path / "api").exists() and not (tmp_path / "cli").exists()
