@@ -116,7 +116,9 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
         data: encoded dataset folder (DIR/train + DIR/test when split); default: the spec's data
             binding, else `rows` synthetic rows (+20% for evaluation).
         eval_data: encoded evaluation dataset folder.
-        out: run folder (checkpoint.pt, metrics.jsonl, best/, TensorBoard); None writes nothing.
+        out: run folder (checkpoint.pt, metrics.jsonl, best/, TensorBoard); None writes no run
+            folder (raw data bound in the spec is still encoded into runs/<spec name>/data, as
+            `flowrec train` encodes it for its default folder).
             A folder holding a run needs `overwrite=True`; `flowrec train SPEC --resume OUT`
             continues a run started here.
         overwrite: replace the run in `out`.
@@ -133,33 +135,47 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
         flowrec.runtime.rundir.RunFolderError: `out` is in use, holds a run, or is not a run folder.
         flowrec.data.layout.DataError: the data does not fit the spec.
         flowrec.runtime.nonfinite.TrainingStopped: a non-finite loss stopped training.
-        flowrec.runs.errors.RunError: the device, the plan or the memory of this machine cannot run it.
+        flowrec.runs.errors.RunError: an argument of the wrong kind or out of range (epochs=0, seed=-1,
+            a callback that is not callable), or the device, the plan or the memory of this machine
+            cannot run it.
     """
     from flowrec.graph.plan_io import plan_json
     from flowrec.runs.errors import RunError
     from flowrec.runs.folder import claim_run_folder
     from flowrec.runs.plan import plan_for_run
-    from flowrec.runs.settings import write_run_file
-    from flowrec.runs.start import record_encoder, run_settings, start_session, train_config
+    from flowrec.runs.settings import given_problem, write_run_file
+    from flowrec.runs.start import (check_early_stopping, record_encoder, run_settings, start_session,
+                                     train_config)
     from flowrec.runtime.custom import resolve_custom
     from flowrec.runtime.rundir import clear_run_files
     from flowrec.runtime.trainer import Trainer
     from flowrec.serving.trained import Trained
     from flowrec.spec.load import load_spec
 
+    _check_arguments(spec=spec, data=data, eval_data=eval_data, out=out, on_step=on_step, on_eval=on_eval,
+                     on_checkpoint=on_checkpoint, overwrite=overwrite, progress=progress, device=device,
+                     device_budget=device_budget)
+    if isinstance(spec, ModelSpec):
+        _check_model_spec(spec)
     spec_path = Path(spec) if not isinstance(spec, ModelSpec) else Path.cwd() / f"{spec.name}.yaml"
     model_spec = resolve_custom(load_spec(spec_path) if not isinstance(spec, ModelSpec) else spec)
     folder = Path(out) if out is not None else None
     given = {"data": _text(data), "eval_data": _text(eval_data), "rows": rows, "seed": seed, "device": device,
              "device_budget": device_budget, "epochs": epochs, "max_steps": max_steps, "eval_every": eval_every,
              "checkpoint_every": checkpoint_every}
+    for key, value in given.items():
+        problem = given_problem(key, value)
+        if problem is not None:
+            raise RunError(f"{key} {problem}")
     settings, _ = run_settings(given, model_spec)
+    existed = folder is not None and folder.exists()
     lock = claim_run_folder(folder, None, overwrite, model_spec.name, "overwrite=True")[1] if folder else None
     try:
         # the same plan as `flowrec train` (sampled access profile of the data included) and the same run.json
         plan, dev = plan_for_run(model_spec, settings["device"], settings["device_budget"], None,
                                  data=settings["data"])
         session = start_session(model_spec, spec_path, settings, folder, plan, dev)
+        check_early_stopping(session, settings)
         if folder is not None:
             record_encoder(session, folder, False, None)
             clear_run_files(folder)
@@ -171,9 +187,52 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
     except RunError as exc:
         raise _typed(exc) from None
     finally:
-        if lock is not None:
-            lock.release()
+        if lock is not None:  # a refused run leaves no folder it made (as `flowrec train`)
+            lock.release() if existed else lock.release_and_remove_if_unused()
     return Run(session.spec, folder, result, Trained(session.spec, session.model, session.plan))
+
+
+def _check_arguments(**arguments: Any) -> None:
+    """Refuse an argument of the wrong kind before anything is read or written (a `RunError`, one
+    line naming it): paths are str or os.PathLike, callbacks callable, switches bool."""
+    import os
+
+    from flowrec.runs.errors import RunError
+
+    def refuse(name: str, wanted: str) -> None:
+        raise RunError(f"{name} must be {wanted}, not {arguments[name]!r:.80}")
+
+    if not isinstance(arguments["spec"], (str, os.PathLike, ModelSpec)):
+        refuse("spec", "a spec file path or a ModelSpec")
+    for name in ("data", "eval_data", "out"):
+        if arguments[name] is not None and not isinstance(arguments[name], (str, os.PathLike)):
+            refuse(name, "a folder path (str or pathlib.Path) or None")
+    for name in ("on_step", "on_eval", "on_checkpoint"):
+        if arguments[name] is not None and not callable(arguments[name]):
+            refuse(name, "a callable or None")
+    for name in ("overwrite", "progress"):
+        if not isinstance(arguments[name], bool):
+            refuse(name, "True or False")
+    if not isinstance(arguments["device"], str):
+        refuse("device", "a device name (auto, cpu, cuda)")
+    if arguments["device_budget"] is not None and not isinstance(arguments["device_budget"], str):
+        refuse("device_budget", "a byte size such as '4GiB', or None")
+
+
+def _check_model_spec(spec: ModelSpec) -> None:
+    """A `ModelSpec` built or changed in Python (`dataclasses.replace`) is held to the rules of a
+    spec file: `SpecError` with every problem (batch_size 0 divided by zero, epochs 0 trained nothing)."""
+    from flowrec.runs.errors import RunError
+    from flowrec.spec.errors import SpecError
+    from flowrec.spec.load import to_dict
+    from flowrec.spec.validate import validate_document
+
+    try:
+        issues = validate_document(to_dict(spec))
+    except (TypeError, ValueError, AttributeError, KeyError) as exc:  # a field of the wrong kind
+        raise RunError(f"spec {getattr(spec, 'name', '?')!r} cannot be read as a spec: {exc}") from None
+    if issues:
+        raise SpecError(issues, f"ModelSpec {spec.name!r}")
 
 
 def _typed(exc: Any) -> BaseException:

@@ -41,6 +41,7 @@ FILES: dict[str, frozenset[str]] = {
         "test_managed_spec", "test_managed_map", "test_days", "test_self_attention", "test_similarity",
         "test_retrieval", "test_calibrate_collective", "test_targets",
     )},
+    "tests/unit/test_lifecycle_hostile.py": FAST,  # hostile input to runs, --follow, plan --managed-from
     "tests/unit/test_cache_bench.py": frozenset({"processes"}),
     "tests/unit/test_operators_bench.py": frozenset({"processes"}),
     "tests/unit/test_fake_cuda_tier.py": frozenset({"processes"}),

@@ -317,6 +317,8 @@ def inspect(
     if not (path / META_FILE).is_file() and path.is_dir():
         _inspect_days(path, follow_order, as_json)
         return
+    if follow_order != "name":
+        fail(f"--follow-order orders the day partitions of a folder of days; {path} is one dataset")
 
     def work():
         from flowrec.data.inspect import inspect_dataset

@@ -21,17 +21,22 @@ Example:
 """
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
+import typer
+
 from flowrec.cli.common import fail
-from flowrec.data.days import DayOrder, day_key, day_partitions
-from flowrec.data.layout import DataError
+from flowrec.data.days import DayOrder, day_key, day_partitions, parse_order
+from flowrec.data.layout import META_FILE, DataError
 
 FOLLOW_FILE = "follow.json"
+LOCK_FILE = ".follow.lock"  # held by the one --follow process of a stream folder
 DAYS_DIR = "days"
 EXPORT_DIR = "export"
 POLL_S = 1.0  # seconds between looks for a new day
@@ -48,20 +53,35 @@ def landed_days(days: Path, order: DayOrder = DayOrder()) -> list[Path]:
 def done_days(run: Path, order: DayOrder | None = None) -> list[str]:
     """The days the stream in `run` trained, in order (none yet: []); with `order`, fails when the
     stream was ordered otherwise (a stream written before orders were recorded went by name)."""
+    from flowrec.spec.json_doc import read_json_document
+
     path = run / FOLLOW_FILE
-    if not path.is_file():
+    if not os.path.lexists(path):
         return []
-    try:
-        doc = json.loads(path.read_text())
+    try:  # the limits of every JSON flowrec reads: a regular file, bounded size and nesting
+        doc = read_json_document(path)
         days, recorded = doc["days"], doc.get("order", "name")
     except (ValueError, KeyError, TypeError, AttributeError):
         fail(f"{path} is damaged (not a list of days); the day folders under {run / DAYS_DIR} are intact")
-    if not isinstance(days, list) or not all(isinstance(d, str) for d in days):
+    if not isinstance(days, list) or not all(isinstance(d, str) and _plain_name(d) for d in days) \
+            or len(set(days)) != len(days):  # a name with a path in it would lead the stream elsewhere
         fail(f"{path} is damaged (not a list of days); the day folders under {run / DAYS_DIR} are intact")
+    try:
+        valid_order = isinstance(recorded, str) and str(parse_order(recorded)) == recorded
+    except ValueError:
+        valid_order = False
+    if not valid_order:  # the rerun command below must be one that works
+        fail(f"{path} is damaged (its order {recorded!r:.60} is neither name nor date:COLUMN); the day "
+             f"folders under {run / DAYS_DIR} are intact")
     if order is not None and days and recorded != str(order):
         fail(f"the stream in {run} takes its days in order {recorded!r}, not {str(order)!r}: "
              f"rerun with --follow-order {recorded}")
     return days
+
+
+def _plain_name(name: str) -> bool:
+    """A day's folder name: one path component, neither `.` nor `..`."""
+    return bool(name) and name not in (".", "..") and "/" not in name and "\\" not in name and "\0" not in name
 
 
 def _record(run: Path, days: list[str], order: DayOrder) -> None:
@@ -86,14 +106,75 @@ def follow(request, days: Path, wait_s: float, once: bool, train: Callable, expo
     run = request.out
     if run is None:
         fail("--follow needs --out (the stream's folder)")
-    run.mkdir(parents=True, exist_ok=True)
+    _check_stream_folder(run)
+    existed = run.exists()
+    try:
+        run.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        fail(f"cannot create the stream folder {run}: {exc.strerror or exc}")
+    lock = _lock_stream(run)
+    try:
+        _follow_days(request, run, days, wait_s, once, train, export, order)
+    finally:
+        if not existed and [p.name for p in run.iterdir()] == [LOCK_FILE]:  # refused: leave no folder
+            (run / LOCK_FILE).unlink()
+            os.close(lock)
+            try:
+                run.rmdir()
+            except OSError:  # something appeared in it meanwhile: keep it
+                pass
+        else:
+            os.close(lock)
+
+
+def _check_stream_folder(run: Path) -> None:
+    """The stream's folder is no folder flowrec owns for something else (a run, a dataset, a
+    package, an encoder) and lies in none: its metrics.jsonl and follow.json would land among
+    their files."""
+    from flowrec.data.output_guard import owning_folder
+
+    if run.exists() and not run.is_dir():
+        fail(f"--out {run} is a file; give the stream's folder")
+    owned = owning_folder(run)
+    if owned is not None:
+        fail(f"refusing to use {run} as the stream's folder: "
+             f"{'it is' if owned[0] == run.resolve() else 'it lies in ' + str(owned[0]) + ','} "
+             f"{owned[1]}'s folder; give a folder of its own")
+
+
+def _lock_stream(run: Path) -> int:
+    """Hold RUN/.follow.lock for this process alone (a second --follow on the same --out is
+    refused, naming the first's pid); returns the descriptor to close when done."""
+    path = run / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        fail(f"cannot lock the stream folder {run}: {exc.strerror or exc}")
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        fail(f"the stream folder {run} is in use by another flowrec train --follow (pid {holder})")
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def _follow_days(request, run: Path, days: Path, wait_s: float, once: bool, train: Callable, export: bool,
+                 order: DayOrder) -> None:
+    """The loop of `follow`, with the stream folder locked."""
     deadline = time.monotonic() + wait_s
+    trained = 0
     while True:
         done = done_days(run, order)
         landed = landed_days(days, order)
         todo = [d for d in landed if d.name not in done]
         if not todo:
             if time.monotonic() >= deadline:
+                if not trained:  # a mistyped DAYS (raw files, an empty folder) says so
+                    typer.echo(f"no new day partition under {days} (encoded dataset folders with "
+                               f"{META_FILE}); {len(done)} day(s) trained in {run} so far", err=True)
                 return
             time.sleep(POLL_S)
             continue
@@ -105,6 +186,7 @@ def follow(request, days: Path, wait_s: float, once: bool, train: Callable, expo
         if previous is not None:
             _progressive(run, previous, day, len(done) + 1)
         train(_day_request(request, run / DAYS_DIR / day.name, day, previous))
+        trained += 1
         if export:
             _export(run / DAYS_DIR / day.name, run / EXPORT_DIR / day.name)
         _record(run, done + [day.name], order)

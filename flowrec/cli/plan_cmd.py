@@ -1,7 +1,6 @@
 """`flowrec plan`: compile a spec, run the planner passes and show the plan."""
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Optional, get_args
@@ -59,6 +58,7 @@ def plan(
     model = planned_spec_or_exit(spec)
     files = [Path(p) for p in (json_out, dot, svg, png) if p is not None and str(p) != "-"]
     guard_outputs(files, [spec, profile, Path(target) if target and is_profile_path(target) else None], overwrite)
+    trained = run_managed(managed_from, model) if managed_from is not None else None  # before any output
     if until not in STAGES:
         fail(f"--until must be one of {', '.join(STAGES)}, not {until!r}")
     if cache is not None:
@@ -80,23 +80,55 @@ def plan(
     if png is not None:
         write_output(png, lambda tmp: to_png(result, tmp))
     if "-" not in (json_out, dot) and not quiet:
-        trained = run_managed(managed_from) if managed_from is not None else None
         typer.echo("\n".join(text_report(result) + managed_report(model, trained)))
 
 
-def run_managed(run: Path) -> dict:
-    """The managed report of a run's last end event in RUN/metrics.jsonl (exit 2 when it has none)."""
+MANAGED_COUNTS = ("rows", "held", "waiting", "admitted", "evicted", "expired")  # every table of a report
+MANAGED_OPTIONAL = ("lookups", "default_lookups")  # counted by later runs
+
+
+def run_managed(run: Path, spec) -> dict:
+    """The managed report of a run's last end event in RUN/metrics.jsonl, read within the JSON
+    limits (`flowrec.runtime.run_log.read_records`); exit 2 when it has none, when it is damaged
+    (a table's counts not non-negative integers) or when it lacks a managed table of `spec`."""
+    from flowrec.runtime.run_log import read_records
+
     path = run / "metrics.jsonl"
-    if not path.is_file():
+    if not run.is_dir() or not path.is_file():
         fail(f"--managed-from {run}: not a run folder (no metrics.jsonl)")
+    try:
+        records = read_records(path)
+    except OSError as exc:
+        fail(f"--managed-from {run}: cannot read {path}: {exc.strerror or exc}")
     found = None
-    for line in path.read_text().splitlines():
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(event, dict) and event.get("event") == "end" and isinstance(event.get("managed"), dict):
+    for event in records:
+        if event.get("event") == "end" and isinstance(event.get("managed"), dict):
             found = event["managed"]
     if found is None:
         fail(f"--managed-from {run}: the run recorded no managed tables (none in its spec, or it never ended)")
+    tables = found.get("tables")
+    if not isinstance(tables, dict):
+        fail(f"--managed-from {run}: {path} is damaged (its managed report lists no tables)")
+    for name, counts in tables.items():
+        problem = _counts_problem(counts)
+        if problem is not None:
+            fail(f"--managed-from {run}: {path} is damaged (managed table {str(name)[:60]!r}: {problem})")
+    wanted = [t.name for t in spec.tables if t.managed is not None]
+    missing = [name for name in wanted if name not in tables]
+    if missing:
+        fail(f"--managed-from {run}: the run has no managed table {missing[0]!r} of spec {spec.name} (it has "
+             f"{', '.join(map(str, tables)) or 'none'}); give a run of this spec")
     return found
+
+
+def _counts_problem(counts) -> str | None:
+    """Why one table of a managed report cannot be shown, or None."""
+    if not isinstance(counts, dict):
+        return "not an object"
+    for key in MANAGED_COUNTS + MANAGED_OPTIONAL:
+        if key not in counts and key in MANAGED_OPTIONAL:
+            continue
+        value = counts.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            return f"{key} is {value!r:.40}, not a non-negative integer"
+    return None

@@ -192,6 +192,8 @@ def _check_options(request: RunRequest) -> None:
     given = request.given
     if given["seed"] is not None and not 0 <= given["seed"] <= MAX_SEED:
         fail(f"--seed must be in 0..{MAX_SEED} (2^63-1), not {given['seed']}")
+    if given["device"] is not None and not given["device"].strip():  # `or "auto"` would hide it
+        fail("--device must be auto, cpu or cuda[:N], not an empty string")
     if given["cache"] is not None and given["cache"] not in CACHE_POLICIES:
         fail(f"--cache must be one of {', '.join(CACHE_POLICIES)}, not {given['cache']!r}")
     if given["nan_policy"] is not None and given["nan_policy"] not in NAN_POLICIES:
@@ -477,15 +479,16 @@ def _check_loop_settings(session, settings: dict) -> None:
     refuse early stopping without evaluations during training."""
     from flowrec.runtime.run_log import tensorboard_available
 
-    stopping = session.spec.training.early_stopping
+    from flowrec.runs.errors import RunError
+    from flowrec.runs.start import check_early_stopping
+
+    try:
+        check_early_stopping(session, settings)
+    except RunError as exc:
+        fail(str(exc), exc.code)
     if session.eval is None:
-        if stopping is not None:
-            fail("training.early_stopping needs an evaluation set: give --eval-data, or data with a test split")
         _say("no evaluation set (the data has no test split and no --eval-data was given): evaluation is "
              "skipped; give --eval-data DIR to evaluate")
-    elif stopping is not None and not settings["eval_every"]:
-        fail("training.early_stopping needs evaluations during training: set training.eval_every in the "
-             "spec or give --eval-every N")
     if not tensorboard_available():
         _say("TensorBoard is not installed: metrics go to metrics.jsonl only "
              "(pip install 'flowrec[tensorboard]' to also log them for TensorBoard)")

@@ -15,6 +15,8 @@ Example:
 """
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +29,7 @@ import pyarrow.parquet as pq
 from flowrec.data.dataset import parquet_files
 from flowrec.data.layout import META_FILE, DataError, read_meta
 from flowrec.data.raw_ids import MISSING_ID
-from flowrec.data.rawstats import read_stats
+from flowrec.data.rawstats import STATS_FILE, read_stats
 
 ORDERS = ("name", "date:COLUMN")  # the accepted forms of an order
 
@@ -60,8 +62,30 @@ def landed(folder: Path) -> list[Path]:
     """The complete day partitions under `folder`, in order of name (raises DataError if it is not a folder)."""
     if not folder.is_dir():
         raise DataError(f"{folder}: not a folder")
-    return sorted(p for p in folder.iterdir() if p.is_dir() and (p / META_FILE).is_file()
+    if _split_of(folder):  # its train and test parts are no days (test would train first)
+        raise DataError(f"{folder} is one dataset split into train/ and test/, not a folder of day partitions")
+    days = sorted(p for p in folder.iterdir() if p.is_dir() and (p / META_FILE).is_file()
                   and not p.name.startswith((".", "_")))
+    seen: dict[Path, str] = {}
+    for day in days:  # a day linked in under two names would train twice
+        target = day.resolve()
+        if target in seen:
+            raise DataError(f"days {seen[target]} and {day.name} under {folder} are the same folder "
+                            f"({target}, through a link): remove one")
+        seen[target] = day.name
+    return days
+
+
+def _split_of(folder: Path) -> bool:
+    """True when `folder` holds the train/test parts of one split dataset (`data convert --test-fraction`)."""
+    for part in ("train", "test"):
+        if (folder / part / META_FILE).is_file():
+            try:
+                if read_meta(folder / part).split.get("part") == part:
+                    return True
+            except (DataError, ValueError, AttributeError):
+                continue
+    return False
 
 
 def day_partitions(folder: Path, order: DayOrder) -> list[Path]:
@@ -69,7 +93,13 @@ def day_partitions(folder: Path, order: DayOrder) -> list[Path]:
     days = landed(folder)
     if order.column is None:
         return days
-    keys = {day.name: day_key(day, order) for day in days}
+    dated = {day.name: _dated(day, order.column) for day in days}
+    sources = {source: name for name, (_, source) in dated.items()}
+    if len(sources) > 1:  # raw dates of some days against stored (possibly transformed) values of others
+        raise DataError(f"day {sources['recorded']} has the dates of column {order.column!r} that conversion "
+                        f"recorded, day {sources['stored']} only its stored values: convert every day with "
+                        f"the data option date_column: {order.column}")
+    keys = {name: (value, name) for name, (value, _) in dated.items()}
     kinds = {type(k[0]) for k in keys.values()}
     if len(kinds) > 1:
         raise DataError(f"date column {order.column!r} holds numbers for some days and text for others: "
@@ -81,29 +111,63 @@ def day_key(day: Path, order: DayOrder) -> tuple[Any, str]:
     """The sort key of one day: (its first date, its name); (name,) when ordered by name."""
     if order.column is None:
         return (day.name,)
-    stats = read_stats(day) or {}
-    dates = stats.get("dates")
+    return _dated(day, order.column)[0], day.name
+
+
+def _dated(day: Path, column: str) -> tuple[Any, str]:
+    """(the first date of `column` in the day, where it comes from: "recorded" by conversion or
+    "stored" in the day's parts). A stats file that cannot be read is a DataError, never a silent
+    fall back to the stored column (its values may be transformed: another scale)."""
+    order = DayOrder(column)
+    stats = read_stats(day)
+    if stats is None and os.path.lexists(day / STATS_FILE):
+        raise DataError(f"day {day.name}: {STATS_FILE} is damaged (not a readable JSON object within the "
+                        f"limits); convert the day again")
+    dates = (stats or {}).get("dates")
     if isinstance(dates, dict) and dates.get("column") == order.column and dates.get("min") is not None:
-        return dates["min"], day.name
-    stored = _stored_min(day, order.column)
+        return _recorded_date(day, dates["min"], order.column), "recorded"
+    try:
+        stored = _stored_min(day, order.column)
+    except (OSError, pa.ArrowException) as exc:
+        raise DataError(f"day {day.name}: cannot read column {order.column!r}: {str(exc).splitlines()[0]:.200}") from None
     if stored is None:
         raise DataError(f"day {day.name}: no dates of column {order.column!r} (convert it with the data option "
                         f"date_column: {order.column}, or store the column)")
-    return stored, day.name
+    return stored, "stored"
+
+
+MAX_DATE_CHARS = 200  # a recorded date longer than this is not a date
+
+
+def _recorded_date(day: Path, value: Any, column: str) -> float | str:
+    """The first date conversion recorded for the day: a finite number (as float, so integer and
+    float records order together) or text; anything else (a hand-edited or damaged stats file:
+    NaN, a list, true) is a DataError rather than a silently wrong order."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    if isinstance(value, str) and len(value) <= MAX_DATE_CHARS:
+        return value
+    raise DataError(f"day {day.name}: {STATS_FILE} is damaged: the first date of column {column!r} is "
+                    f"{value!r:.60}, not a finite number or a date text; convert the day again")
 
 
 def _stored_min(day: Path, column: str) -> float | None:
-    """The smallest value of a stored numeric column of the day (None: no such column)."""
+    """The smallest value of a stored numeric column of the day (None: no such column). An
+    encoded categorical column (ids, not dates) is refused, and so is one that holds only NaN."""
     files = parquet_files(day)
     if not files or column not in pq.read_schema(files[0]).names:
         return None
+    if column in read_meta(day).encoding:
+        raise DataError(f"day {day.name}: column {column!r} is an encoded categorical feature (ids, not "
+                        f"dates): days cannot be ordered by it; convert them with the data option "
+                        f"date_column: COLUMN")
     lows = []
     for f in files:
         col = pq.read_table(f, columns=[column]).column(column)
         if not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)):
             return None
         low = pc.min(col).as_py()
-        if low is not None:
+        if low is not None and math.isfinite(low):
             lows.append(float(low))
     return min(lows) if lows else None
 

@@ -14,6 +14,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import asdict
+import os
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ import pyarrow.parquet as pq
 
 from flowrec.data.dataset import parquet_files
 from flowrec.data.layout import DataError, read_meta
-from flowrec.data.rawstats import MERGE_WARN, merged_values, read_stats
+from flowrec.data.rawstats import MERGE_WARN, STATS_FILE, merged_values, read_stats
 
 SCAN_ROWS = 1_000_000  # rows scanned for the per-column summary
 
@@ -51,7 +52,7 @@ def inspect_dataset(path: str | Path, scan_rows: int = SCAN_ROWS) -> dict[str, A
     return {"path": str(path), "rows": int(sum(rows_per_file)), "meta_rows": meta.rows, "partitions": len(files),
             "rows_per_partition": {"min": min(rows_per_file), "max": max(rows_per_file)},
             "scanned_rows": scanned, "columns": columns, "meta": asdict(meta), "raw": raw,
-            "warnings": hashing_warnings(raw)}
+            "warnings": hashing_warnings(raw) + _damaged_stats(Path(path), raw)}
 
 
 def _with_raw(column: dict[str, Any], raw: dict[str, Any] | None) -> dict[str, Any]:
@@ -68,6 +69,13 @@ def _with_raw(column: dict[str, Any], raw: dict[str, Any] | None) -> dict[str, A
         column.update(distinct_raw=entry["distinct_values"], occupied_rows=entry["occupied_rows"],
                       merged=merged_values(entry))
     return column
+
+
+def _damaged_stats(path: Path, raw: dict[str, Any] | None) -> list[str]:
+    """A warning when the dataset holds a raw-statistics file that cannot be used (it is ignored)."""
+    if raw is not None or not os.path.lexists(path / STATS_FILE):
+        return []
+    return [f"{path / STATS_FILE} is damaged (not the statistics conversion writes): ignored"]
 
 
 def hashing_warnings(raw: dict[str, Any] | None) -> list[str]:

@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from flowrec.spec.json_doc import read_json_document
 from typing import Any
@@ -137,7 +138,50 @@ def read_stats(folder: Path) -> dict[str, Any] | None:
         doc = read_json_document(path)
     except ValueError:
         return None
-    return doc if isinstance(doc, dict) else None
+    return doc if isinstance(doc, dict) and stats_problem(doc) is None else None
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# per section: the fields of each entry and the test each must pass (a field absent from an older file passes)
+_SECTIONS = {
+    "dense_missing": {"missing": _count, "rate": _number},
+    "hashed": {"table": lambda v: isinstance(v, str), "rows": _count, "distinct_values": _count,
+               "occupied_rows": _count, "distinct_is_lower_bound": lambda v: isinstance(v, bool)},
+    "managed": {"features": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+                "distinct_ids": _count, "lookups": _count, "distinct_is_lower_bound": lambda v: isinstance(v, bool)},
+}
+
+
+def stats_problem(doc: dict[str, Any]) -> str | None:
+    """Why a raw-statistics document cannot be used as conversion wrote it (a hand-edited or damaged
+    file: a count that is text, a section that is a list), or None. `read_stats` treats such a
+    file as absent; the first date of `dates` is checked where days are ordered (`flowrec.data.days`)."""
+    if "rows" in doc and not _count(doc["rows"]):
+        return f"rows is {doc['rows']!r:.40}"
+    for section, fields in _SECTIONS.items():
+        entries = doc.get(section, {})
+        if not isinstance(entries, dict):
+            return f"{section} is not an object"
+        for name, entry in entries.items():
+            if not isinstance(entry, dict):
+                return f"{section}.{name} is not an object"
+            for key, good in fields.items():
+                if key in entry and not good(entry[key]):
+                    return f"{section}.{name}.{key} is {entry[key]!r:.40}"
+    means = doc.get("label_mean", {})
+    if not isinstance(means, dict) or not all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
+                                              for v in means.values()):
+        return "label_mean is not an object of numbers"
+    if "dates" in doc and not isinstance(doc["dates"], dict):
+        return "dates is not an object"
+    return None
 
 
 def _as_dates(col: pa.ChunkedArray) -> pa.Array:

@@ -27,7 +27,9 @@ def claim_run_folder(out: Path | None, resume: Path | None, overwrite: bool, nam
             raise RunFolderError(f"nothing to resume: {folder} has no checkpoint.pt or run.json")
         return folder, open_folder(folder)
     if out is None:
+        _check_not_inside_owned(Path("runs") / name)
         return claim_new_folder(Path("runs"), name)
+    _check_not_inside_owned(out)
     foreign = foreign_entries(out)
     if foreign:
         raise RunFolderError(f"{out} is not empty and is not a flowrec run folder (it holds "
@@ -39,3 +41,25 @@ def claim_run_folder(out: Path | None, resume: Path | None, overwrite: bool, nam
         raise RunFolderError(f"{out} already holds a run (checkpoint.pt): continue it with "
                              f"--resume {out}, or replace it with {replace_with}")
     return out, lock
+
+
+def _check_not_inside_owned(out: Path) -> None:
+    """A new run folder never lies inside a folder flowrec owns for something else (a dataset, a
+    model package, an encoder, another run: `flowrec.data.output_guard`), links resolved; its
+    checkpoint would land among their files (a dataset would read it as a part file)."""
+    from flowrec.data.output_guard import OutputError, owning_folder
+
+    above = Path(out).absolute().parent
+    while not above.is_dir() and above != above.parent:
+        if above.exists():
+            raise RunFolderError(f"cannot create run folder {out}: {above} is not a folder")
+        above = above.parent
+    owned = None
+    for folder in (above, Path(out).resolve().parent):  # and where a link named `out` leads
+        try:
+            owned = owned or owning_folder(folder)
+        except (OSError, OutputError):
+            pass
+    if owned is not None:
+        raise RunFolderError(f"refusing to put run folder {out} in {owned[0]}, {owned[1]}'s folder "
+                             f"(flowrec writes there only for it); give a folder elsewhere")

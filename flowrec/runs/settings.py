@@ -62,7 +62,7 @@ def read_run_file(folder: Path) -> dict[str, Any] | None:
     if not isinstance(recorded, dict):
         raise RunFolderError(f"{path} is damaged (not a JSON object)")
     for key, value in recorded.items():
-        problem = setting_problem(key, value)
+        problem = given_problem(key, value)  # the flags' bounds too: max_steps 0 would train nothing
         if problem is not None:
             raise RunFolderError(f"{path} is damaged: {key} {problem}")
     missing = [key for key in REQUIRED if key not in recorded]
@@ -88,6 +88,20 @@ def setting_problem(key: str, value: Any) -> str | None:
     if key == "seed" and value > MAX_SEED:
         return f"must be in 0..{MAX_SEED}"
     return None
+
+
+# the smallest value a given setting takes (`flowrec train`'s option bounds; the API checks the same)
+GIVEN_MIN = {"rows": 1, "seed": 0, "epochs": 1, "max_steps": 1, "eval_every": 0, "checkpoint_every": 0,
+             "checkpoint_full_every": 1}
+
+
+def given_problem(key: str, value: Any) -> str | None:
+    """Why a value given for a new run (an API argument) cannot be used, or None: the recorded
+    settings' kinds and choices, and the command line's bounds (no bool for a number)."""
+    problem = setting_problem(key, value)
+    if problem is None and key in GIVEN_MIN and value is not None and value < GIVEN_MIN[key]:
+        problem = f"must be at least {GIVEN_MIN[key]}, not {value!r}"
+    return problem
 
 
 def write_run_file(folder: Path, settings: dict[str, Any]) -> None:

@@ -10,6 +10,7 @@ Example:
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Callable
 
@@ -69,6 +70,7 @@ def start_session(spec: ModelSpec, spec_path: Path, settings: dict[str, Any], fo
                   after: Callable[[], None] = lambda: None) -> Session:
     """The run's data and the model of `plan` on `device` (`before`/`after`: the ranks' barriers
     around building it). Raises `RunError` for data that does not fit and for running out of memory."""
+    check_synthetic_rows(spec, settings)
     if spec.training.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
     before()
@@ -93,3 +95,47 @@ def record_encoder(session: Session, folder: Path, resuming: bool, parent: str |
     except DataError as exc:
         session.model.close()
         raise RunError(str(exc), cause=exc) from None
+
+
+def check_early_stopping(session: Session, settings: dict[str, Any]) -> None:
+    """Early stopping needs evaluations during training: an evaluation set and `eval_every`
+    (`flowrec train` and `flowrec.train` alike). Raises `RunError` (the model is closed first)."""
+    if session.spec.training.early_stopping is None:
+        return
+    problem = None
+    if session.eval is None:
+        problem = ("training.early_stopping needs an evaluation set: give --eval-data (eval_data=), or data "
+                   "with a test split")
+    elif not settings["eval_every"]:
+        problem = ("training.early_stopping needs evaluations during training: set training.eval_every in the "
+                   "spec or give --eval-every N (eval_every=)")
+    if problem is not None:
+        session.model.close()
+        raise RunError(problem)
+
+
+def synthetic_bytes(spec: ModelSpec, rows: int) -> int:
+    """An upper estimate of the memory `rows` synthetic training rows (+20% for evaluation) take:
+    8 bytes per dense value and label, 8 per id of a sparse feature plus its list offset."""
+    from flowrec.runtime.session import EVAL_FRACTION
+
+    per_row = 8 * (len(spec.dense_features) + len(spec.heads)) + sum(8 * f.max_len + 4 for f in spec.sparse_features)
+    return int(rows * (1 + EVAL_FRACTION)) * per_row
+
+
+def check_synthetic_rows(spec: ModelSpec, settings: dict[str, Any]) -> None:
+    """Synthetic rows are generated in memory (their peak about `synthetic_bytes`): more than this
+    machine's memory cannot fit (the run would swap or be killed after minutes, or seem to hang),
+    so it is a `RunError` at once."""
+    if settings.get("data") or spec.data is not None:
+        return
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return
+    need = synthetic_bytes(spec, settings["rows"])
+    if memory > 0 and need > memory:
+        raise RunError(f"--rows {settings['rows']:,} synthetic rows take about {need / 2**30:,.1f} GiB in "
+                       f"memory, more than this machine's {memory / 2**30:,.1f} GiB: give fewer "
+                       f"--rows (rows=), or a dataset (`flowrec data synth SPEC --rows N --out DIR` writes "
+                       f"one to disk)")

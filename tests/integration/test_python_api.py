@@ -29,7 +29,8 @@ def test_the_documented_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyP
 def test_a_run_folder_with_a_run_needs_overwrite(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     spec = tmp_path / "s.yaml"
     spec.write_text((DOC.read_text().split('Path("tiny.yaml").write_text("""')[1]).split('""")')[0])
-    run = flowrec.train(spec, out=tmp_path / "run", rows=1000, max_steps=2, eval_every=0)
+    # (no eval_every=0: the spec stops early, which needs evaluations during training, as in `flowrec train`)
+    run = flowrec.train(spec, out=tmp_path / "run", rows=1000, max_steps=2)
     assert run.result.steps == 2 and run.metrics["click"]["samples"] == 200
     with pytest.raises(RunFolderError, match="already holds a run"):
         flowrec.train(spec, out=tmp_path / "run", rows=1000, max_steps=2)

@@ -1,0 +1,453 @@
+"""Hostile and careless input to the run lifecycle and the continuous-training options: every bad
+input is a typed exception from `flowrec.train` (a `RunError` for an argument) or one line and exit
+2 from the CLI, before anything is written; nothing is ordered or reported silently wrong."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+import flowrec
+from flowrec.cli import app
+from flowrec.cli.follow import LOCK_FILE, _lock_stream, done_days
+from flowrec.cli.plan_cmd import run_managed
+from flowrec.data.days import DayOrder, day_partitions, parse_order
+from flowrec.data.layout import DataError
+from flowrec.runs.errors import RunError
+from flowrec.runtime.rundir import RunFolderError
+from flowrec.spec.load import load_spec
+from flowrec.testing.specs import run_spec
+
+runner = CliRunner()
+MANAGED_SPEC = Path(__file__).parents[1].joinpath("integration", "test_managed_runs.py").read_text() \
+    .split('SPEC = """')[1].split('"""')[0]
+
+
+@pytest.fixture
+def spec(tmp_path: Path) -> Path:
+    path = tmp_path / "s.yaml"
+    path.write_text(run_spec("hostile", batch_size=32, epochs=1))
+    return path
+
+
+def _synth(spec: Path, out: Path, seed: int = 1) -> Path:
+    made = runner.invoke(app, ["data", "synth", str(spec), "--rows", "120", "--seed", str(seed), "--out", str(out),
+                               "-q"])
+    assert made.exit_code == 0, made.output
+    return out
+
+
+def _listing(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("argument, value, says", [
+    ("epochs", 0, "epochs must be at least 1"),
+    ("epochs", "3", "epochs must be a non-negative integer"),
+    ("max_steps", -2, "max_steps must be a non-negative integer"),
+    ("max_steps", True, "max_steps must be a non-negative integer, not True"),
+    ("max_steps", 1.5, "max_steps must be a non-negative integer"),
+    ("rows", 0, "rows must be at least 1"),
+    ("seed", -1, "seed must be a non-negative integer"),
+    ("seed", 2**70, "seed must be in 0.."),
+    ("eval_every", -3, "eval_every must be a non-negative integer"),
+    ("checkpoint_every", -1, "checkpoint_every must be a non-negative integer"),
+    ("on_step", 5, "on_step must be a callable"),
+    ("on_eval", "print", "on_eval must be a callable"),
+    ("overwrite", "yes", "overwrite must be True or False"),
+    ("data", 3, "data must be a folder path"),
+    ("out", 3.0, "out must be a folder path"),
+    ("device", None, "device must be a device name"),
+    ("device_budget", 4096, "device_budget must be a byte size"),
+])
+def test_train_refuses_a_bad_argument_before_writing_anything(spec: Path, tmp_path: Path, argument: str,
+                                                              value, says: str) -> None:
+    out = tmp_path / "run"
+    kwargs = {"out": out, "max_steps": 2, argument: value}
+    with pytest.raises(RunError, match=says) as caught:
+        flowrec.train(spec, **kwargs)
+    assert "\n" not in str(caught.value)
+    assert not out.exists()
+
+
+def test_train_refuses_a_spec_of_the_wrong_kind(tmp_path: Path) -> None:
+    with pytest.raises(RunError, match="spec must be a spec file path or a ModelSpec"):
+        flowrec.train(3, out=tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_refused_run_leaves_no_folder_it_made(spec: Path, tmp_path: Path) -> None:
+    with pytest.raises(DataError):
+        flowrec.train(spec, data=tmp_path / "missing", out=tmp_path / "run", max_steps=1)
+    assert not (tmp_path / "run").exists()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    with pytest.raises(RunError):
+        flowrec.train(spec, device_budget="lots", out=kept, rows=200, max_steps=1)
+    assert kept.is_dir()  # a folder the user made stays
+
+
+def test_a_run_folder_inside_a_dataset_package_or_run_is_refused(spec: Path, tmp_path: Path) -> None:
+    data = _synth(spec, tmp_path / "data")
+    before = _listing(data)
+    with pytest.raises(RunFolderError, match="a dataset's folder"):
+        flowrec.train(spec, data=data, out=data / "run", max_steps=1)
+    cli = runner.invoke(app, ["train", str(spec), "--data", str(data), "--out", str(data / "sub" / "run"),
+                              "--max-steps", "1", "-q"])
+    assert cli.exit_code == 2 and "a dataset's folder" in cli.output
+    assert len(cli.output.strip().splitlines()) == 1, cli.output
+    (tmp_path / "link").symlink_to(data)
+    with pytest.raises(RunFolderError, match="a dataset's folder"):
+        flowrec.train(spec, data=data, out=tmp_path / "link" / "run", max_steps=1)
+    assert _listing(data) == before  # nothing landed among the dataset's part files
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "manifest.json").write_text('{"format": "flowrec-model"}')
+    with pytest.raises(RunFolderError, match="a model package's folder"):
+        flowrec.train(spec, data=data, out=package / "run", max_steps=1)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "run.json").write_text("{}")
+    with pytest.raises(RunFolderError, match="a training run's folder"):
+        flowrec.train(spec, data=data, out=other / "nested", max_steps=1)
+    assert not (package / "run").exists() and not (other / "nested").exists()
+
+
+@pytest.mark.parametrize("recorded", ["NaN", "[1]", "true", '{"a": 1}', json.dumps("9" * 300)])
+def test_a_damaged_recorded_date_is_refused_not_ordered(spec: Path, tmp_path: Path, recorded: str) -> None:
+    days = tmp_path / "days"
+    for seed, name in enumerate(["d1", "d2"]):
+        _synth(spec, days / name, seed + 1)
+        (days / name / "_flowrec_stats.json").write_text(
+            '{"dates": {"column": "ts", "min": %s, "max": 9}}' % (recorded if name == "d1" else "5.0"))
+    with pytest.raises(DataError, match="day d1: _flowrec_stats.json is damaged") as caught:
+        day_partitions(days, parse_order("date:ts"))
+    assert "\n" not in str(caught.value)
+    inspect = runner.invoke(app, ["data", "inspect", str(days), "--follow-order", "date:ts"])
+    assert inspect.exit_code == 2 and "is damaged" in inspect.output
+    follow = runner.invoke(app, ["train", str(spec), "--follow", str(days), "--out", str(tmp_path / "stream"),
+                                 "--follow-order", "date:ts", "-q"])
+    assert follow.exit_code == 2 and "is damaged" in follow.output
+    assert not (tmp_path / "stream" / "follow.json").exists()
+
+
+def test_integer_and_float_dates_order_together(spec: Path, tmp_path: Path) -> None:
+    days = tmp_path / "days"
+    for seed, (name, low) in enumerate([("a", "30"), ("b", "10.5"), ("c", "20")]):
+        _synth(spec, days / name, seed + 1)
+        (days / name / "_flowrec_stats.json").write_text('{"dates": {"column": "ts", "min": %s, "max": 99}}' % low)
+    assert [d.name for d in day_partitions(days, DayOrder("ts"))] == ["b", "c", "a"]
+
+
+def test_days_are_not_ordered_by_an_encoded_categorical_column(spec: Path, tmp_path: Path) -> None:
+    days = tmp_path / "days"
+    for seed, name in enumerate(["d1", "d2"]):
+        _synth(spec, days / name, seed + 1)
+    with pytest.raises(DataError, match="'user' is an encoded categorical feature"):
+        day_partitions(days, DayOrder("user"))
+    assert [d.name for d in day_partitions(days, DayOrder("d1"))] in (["d1", "d2"], ["d2", "d1"])  # dense: fine
+
+
+def test_a_day_linked_in_twice_is_refused(spec: Path, tmp_path: Path) -> None:
+    days = tmp_path / "days"
+    _synth(spec, days / "d1")
+    (days / "d1-again").symlink_to(days / "d1")
+    with pytest.raises(DataError, match="days d1 and d1-again .* are the same folder"):
+        day_partitions(days, DayOrder())
+
+
+@pytest.mark.parametrize("damage", ["deep", "fifo", "folder", "utf16"])
+def test_a_damaged_follow_record_is_one_line(tmp_path: Path, capsys, damage: str) -> None:
+    path = tmp_path / "follow.json"
+    if damage == "deep":
+        path.write_text("[" * 100_000)
+    elif damage == "fifo":
+        os.mkfifo(path)  # must not block
+    elif damage == "folder":
+        path.mkdir()
+    else:
+        path.write_bytes('{"days": []}'.encode("utf-16"))
+    with pytest.raises(typer.Exit) as caught:
+        done_days(tmp_path)
+    assert caught.value.exit_code == 2
+    err = capsys.readouterr().err
+    assert "follow.json is damaged" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_second_follow_on_the_same_stream_is_refused(spec: Path, tmp_path: Path) -> None:
+    days = tmp_path / "days"
+    _synth(spec, days / "d1")
+    stream = tmp_path / "stream"
+    stream.mkdir()
+    held = _lock_stream(stream)
+    try:
+        second = runner.invoke(app, ["train", str(spec), "--follow", str(days), "--out", str(stream), "-q"])
+        assert second.exit_code == 2 and f"pid {os.getpid()}" in second.output, second.output
+        assert "in use by another flowrec train --follow" in second.output
+        assert sorted(p.name for p in stream.iterdir()) == [LOCK_FILE]  # nothing trained, nothing recorded
+    finally:
+        os.close(held)
+    again = _lock_stream(stream)  # released: the next one gets it
+    os.close(again)
+
+
+def test_a_stream_folder_owned_by_a_dataset_or_run_is_refused(spec: Path, tmp_path: Path) -> None:
+    days = tmp_path / "days"
+    _synth(spec, days / "d1")
+    before = _listing(days)
+    for out, says in ((days / "d1", "it is a dataset's folder"), (days / "d1" / "stream", "it lies in")):
+        refused = runner.invoke(app, ["train", str(spec), "--follow", str(days), "--out", str(out), "-q"])
+        assert refused.exit_code == 2 and says in refused.output, refused.output
+    assert _listing(days) == before
+
+
+def _managed_run(tmp_path: Path, report) -> Path:
+    run = tmp_path / "run"
+    run.mkdir(exist_ok=True)
+    text = report if isinstance(report, str) else json.dumps({"event": "end", "step": 3, "managed": report})
+    (run / "metrics.jsonl").write_text('{"event": "step", "step": 1}\n' + text + "\n")
+    return run
+
+
+GOOD = {"rows": 200, "held": 5, "waiting": 1, "admitted": 6, "evicted": 1, "expired": 0, "lookups": 9,
+        "default_lookups": 2}
+
+
+@pytest.mark.parametrize("report, says", [
+    ({"tables": {"users": {**GOOD, "held": "x"}}}, "held is 'x'"),
+    ({"tables": {"users": {**GOOD, "held": 1e300}}}, "held is 1e+300"),
+    ({"tables": {"users": {**GOOD, "default_lookups": -1}}}, "default_lookups is -1"),
+    ({"tables": {"users": {**GOOD, "rows": True}}}, "rows is True"),
+    ({"tables": [1]}, "lists no tables"),
+    ({"tables": {"other": GOOD}}, "no managed table 'users' of spec"),
+    ("[" * 100_000, "recorded no managed tables"),
+])
+def test_plan_managed_from_refuses_a_damaged_report(tmp_path: Path, capsys, report, says: str) -> None:
+    spec = tmp_path / "m.yaml"
+    spec.write_text(MANAGED_SPEC)
+    run = _managed_run(tmp_path, report)
+    with pytest.raises(typer.Exit) as caught:
+        run_managed(run, load_spec(spec))
+    assert caught.value.exit_code == 2
+    err = capsys.readouterr().err
+    assert says in err and len(err.strip().splitlines()) == 1, err
+    cli = runner.invoke(app, ["plan", str(spec), "--managed-from", str(run), "--json", str(tmp_path / "p.json")])
+    assert cli.exit_code == 2 and not (tmp_path / "p.json").exists()  # refused before any output
+
+
+def test_plan_managed_from_shows_a_good_report(tmp_path: Path) -> None:
+    spec = tmp_path / "m.yaml"
+    spec.write_text(MANAGED_SPEC)
+    run = _managed_run(tmp_path, {"tables": {"users": GOOD}})
+    assert run_managed(run, load_spec(spec))["tables"]["users"] == GOOD
+    shown = runner.invoke(app, ["plan", str(spec), "--managed-from", str(run)])
+    assert shown.exit_code == 0 and "5/200 rows held" in shown.output, shown.output
+
+
+def test_inspect_refuses_a_follow_order_for_one_dataset(spec: Path, tmp_path: Path) -> None:
+    data = _synth(spec, tmp_path / "data")
+    result = runner.invoke(app, ["data", "inspect", str(data), "--follow-order", "date:ts"])
+    assert result.exit_code == 2 and "one dataset" in result.output
+
+
+def test_a_split_dataset_is_no_folder_of_days(spec: Path, tmp_path: Path) -> None:
+    split = tmp_path / "split"
+    for part in ("train", "test"):
+        _synth(spec, split / part)
+    for part in ("train", "test"):  # as `data convert --test-fraction` records them
+        meta = json.loads((split / part / "_flowrec.json").read_text())
+        meta["split"] = {"part": part, "test_fraction": 0.2, "split_seed": 1}
+        (split / part / "_flowrec.json").write_text(json.dumps(meta))
+    with pytest.raises(DataError, match="split into train/ and test/"):
+        day_partitions(split, DayOrder())
+    inspect = runner.invoke(app, ["data", "inspect", str(split)])
+    assert inspect.exit_code == 2 and "not a folder of day partitions" in inspect.output
+    follow = runner.invoke(app, ["train", str(spec), "--follow", str(split), "--out", str(tmp_path / "stream"), "-q"])
+    assert follow.exit_code == 2 and "not a folder of day partitions" in follow.output
+    assert not (tmp_path / "stream").exists()  # a refused stream leaves no folder it made
+
+
+@pytest.mark.parametrize("other", ["damaged", "absent"])
+def test_recorded_dates_never_mix_with_stored_values(spec: Path, tmp_path: Path, other: str) -> None:
+    """d1 is a stored dense column (transformed values); a day whose recorded dates are unreadable
+    or absent must not be keyed by them next to days keyed by recorded raw dates."""
+    days = tmp_path / "days"
+    for seed, name in enumerate(["a", "b"]):
+        _synth(spec, days / name, seed + 1)
+    (days / "a" / "_flowrec_stats.json").write_text('{"dates": {"column": "d1", "min": 1000.0, "max": 2000.0}}')
+    if other == "damaged":
+        (days / "b" / "_flowrec_stats.json").write_text('{"dates": ' * 100 + "}" * 100)
+    with pytest.raises(DataError, match="is damaged" if other == "damaged" else "only its stored values"):
+        day_partitions(days, DayOrder("d1"))
+
+
+@pytest.mark.parametrize("days", [["../../elsewhere"], ["a/b"], [".."], [""], ["d1", "d1"], [3]])
+def test_a_follow_record_naming_no_plain_day_is_damaged(tmp_path: Path, capsys, days: list) -> None:
+    (tmp_path / "follow.json").write_text(json.dumps({"days": days, "order": "name"}))
+    with pytest.raises(typer.Exit):
+        done_days(tmp_path)
+    assert "follow.json is damaged" in capsys.readouterr().err
+    (tmp_path / "follow.json").write_text(json.dumps({"days": ["d1", "d2"], "order": "name"}))
+    assert done_days(tmp_path) == ["d1", "d2"]
+
+
+def test_overwriting_a_run_folder_in_use_is_refused_and_keeps_it(spec: Path, tmp_path: Path) -> None:
+    from flowrec.runtime.rundir import RunLock
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text('{"kept": true}')
+    (run / "checkpoint.pt").write_bytes(b"the other run's checkpoint")
+    held = RunLock.acquire(run)
+    try:
+        with pytest.raises(RunFolderError, match=f"in use by another flowrec run \\(pid {os.getpid()}\\)"):
+            flowrec.train(spec, out=run, overwrite=True, rows=200, max_steps=1)
+        cli = runner.invoke(app, ["train", str(spec), "--out", str(run), "--overwrite", "--rows", "200", "-q"])
+        assert cli.exit_code == 2 and "in use" in cli.output
+    finally:
+        held.release()
+    assert (run / "run.json").read_text() == '{"kept": true}'
+    assert (run / "checkpoint.pt").read_bytes() == b"the other run's checkpoint"
+
+
+@pytest.mark.parametrize("key, value", [("max_steps", 0), ("epochs", 0), ("rows", 0), ("checkpoint_full_every", 0),
+                                        ("seed", -1), ("eval_every", True)])
+def test_a_recorded_setting_out_of_the_flags_range_is_damaged(spec: Path, tmp_path: Path, key: str, value) -> None:
+    from flowrec.runs.settings import read_run_file
+
+    run = tmp_path / "run"
+    run.mkdir()
+    recorded = {"data": None, "eval_data": None, "rows": 100, "seed": None, "epochs": 1, "max_steps": 2,
+                "eval_every": 0, key: value}
+    (run / "run.json").write_text(json.dumps(recorded))
+    with pytest.raises(RunFolderError, match=f"run.json is damaged: {key} must be"):
+        read_run_file(run)
+    resumed = runner.invoke(app, ["train", str(spec), "--resume", str(run), "-q"])
+    assert resumed.exit_code == 2 and "is damaged" in resumed.output
+    assert sorted(p.name for p in run.iterdir()) == [".flowrec.lock", "run.json"]  # nothing trained
+
+
+def test_an_empty_device_is_refused_by_the_cli_and_the_api(spec: Path, tmp_path: Path) -> None:
+    cli = runner.invoke(app, ["train", str(spec), "--device", "", "--out", str(tmp_path / "cli"), "--rows", "200",
+                              "--max-steps", "1", "-q"])
+    assert cli.exit_code == 2 and "--device must be" in cli.output, cli.output
+    with pytest.raises(RunError):
+        flowrec.train(spec, device="", out=tmp_path / "api", rows=200, max_steps=1)
+    assert not (tmp_path / "cli").exists() and not (tmp_path / "api").exists()
+
+
+def test_a_follow_with_no_day_to_train_says_so(spec: Path, tmp_path: Path) -> None:
+    raw = tmp_path / "raw"  # a mistyped DAYS: raw files, no encoded day partitions
+    raw.mkdir()
+    (raw / "2026-11-01.csv").write_text("a,b\n1,2\n")
+    result = runner.invoke(app, ["train", str(spec), "--follow", str(raw), "--out", str(tmp_path / "stream"), "-q"])
+    assert result.exit_code == 0 and "no new day partition under" in result.output, result.output
+    assert "0 day(s) trained" in result.output and not (tmp_path / "stream").exists()
+
+
+def test_early_stopping_without_evaluations_is_refused_by_the_api_as_by_the_cli(spec: Path, tmp_path: Path) -> None:
+    stopping = tmp_path / "es.yaml"
+    stopping.write_text(spec.read_text().replace("epochs: 1", "epochs: 1, early_stopping: {metric: auc, patience: 2}"))
+    assert "early_stopping" in stopping.read_text()
+    data = _synth(spec, tmp_path / "data")
+    with pytest.raises(RunError, match="training.early_stopping needs an evaluation set"):
+        flowrec.train(stopping, data=data, out=tmp_path / "api", max_steps=2)
+    cli = runner.invoke(app, ["train", str(stopping), "--data", str(data), "--out", str(tmp_path / "cli"),
+                              "--max-steps", "2", "-q"])
+    assert cli.exit_code == 2 and "training.early_stopping needs an evaluation set" in cli.output
+    with pytest.raises(RunError, match="needs evaluations during training"):
+        flowrec.train(stopping, data=data, eval_data=data, eval_every=0, out=tmp_path / "api", max_steps=2)
+    assert not (tmp_path / "api").exists() and not (tmp_path / "cli").exists()
+
+
+@pytest.mark.parametrize("field, value", [("batch_size", 0), ("batch_size", -5), ("epochs", 0)])
+def test_an_invalid_model_spec_object_is_refused_like_a_spec_file(spec: Path, tmp_path: Path, field: str,
+                                                                  value: int) -> None:
+    import dataclasses
+
+    from flowrec.spec.errors import SpecError
+
+    loaded = load_spec(spec)
+    bad = dataclasses.replace(loaded, training=dataclasses.replace(loaded.training, **{field: value}))
+    with pytest.raises(SpecError, match=f"training.{field}: must be >= 1"):
+        flowrec.train(bad, out=tmp_path / "run", rows=200, max_steps=2)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_callback_that_raises_leaves_the_run_resumable_and_unlocked(spec: Path, tmp_path: Path) -> None:
+    from flowrec.runtime.rundir import RunLock
+
+    def broken(event) -> None:
+        if event.step == 2:
+            raise RuntimeError("a bug in the user's callback")
+
+    run = tmp_path / "run"
+    with pytest.raises(RuntimeError, match="a bug in the user's callback"):
+        flowrec.train(spec, out=run, rows=200, max_steps=3, checkpoint_every=1, on_step=broken)
+    RunLock.acquire(run).release()  # the lock was released
+    resumed = runner.invoke(app, ["train", str(spec), "--resume", str(run), "-q"])
+    assert resumed.exit_code == 0, resumed.output
+    assert "resuming" in resumed.output and "(step 1)" in resumed.output  # from the last checkpoint
+    assert flowrec.load(run).history[-1]["step"] == 3
+
+
+@pytest.mark.parametrize("damage", [
+    lambda d: d["managed"]["users"].update(distinct_ids="lots"),
+    lambda d: d["hashed"]["item"].update(occupied_rows=-1),
+    lambda d: d.update(label_mean={"label": "high"}),
+    lambda d: d.update(hashed=[1, 2]),
+    lambda d: d["dense_missing"].update(d1=3),
+    lambda d: d.update(rows=True),
+])
+def test_damaged_raw_statistics_are_ignored_with_a_warning(tmp_path: Path, damage) -> None:
+    import csv
+
+    from flowrec.data.rawstats import read_stats
+
+    spec = tmp_path / "m.yaml"
+    spec.write_text(MANAGED_SPEC + "data: {format: csv, path: raw, options: {date_column: ts}}\n")
+    with (tmp_path / "x.csv").open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["d1", "user", "friends", "item", "label", "ts"])
+        writer.writerows([[0.5 * i, f"u{i % 7}", "", f"i{i % 5}", i % 2, 1000 + i] for i in range(40)])
+    data = tmp_path / "x"
+    made = runner.invoke(app, ["data", "convert", "csv", str(tmp_path / "x.csv"), str(data), "--spec", str(spec), "-q"])
+    assert made.exit_code == 0, made.output
+    good = read_stats(data)
+    assert good is not None and good["managed"]["users"]["distinct_ids"] == 7  # what conversion wrote passes
+    damage(good)
+    (data / "_flowrec_stats.json").write_text(json.dumps(good))
+    assert read_stats(data) is None
+    shown = runner.invoke(app, ["data", "inspect", str(data)])
+    assert shown.exit_code == 0 and "_flowrec_stats.json is damaged" in shown.output, shown.output
+    assert "Traceback" not in shown.output
+
+
+@pytest.mark.parametrize("order", [5, None, "date:", "by size", "date: ts"])
+def test_a_follow_record_with_no_usable_order_is_damaged(tmp_path: Path, capsys, order) -> None:
+    (tmp_path / "follow.json").write_text(json.dumps({"days": ["d1"], "order": order}))
+    with pytest.raises(typer.Exit):
+        done_days(tmp_path, DayOrder())
+    assert "follow.json is damaged (its order" in capsys.readouterr().err
+    (tmp_path / "follow.json").write_text(json.dumps({"days": ["d1"], "order": "date:ts"}))
+    assert done_days(tmp_path) == ["d1"]
+    (tmp_path / "follow.json").write_text(json.dumps({"days": ["d1"]}))  # written before orders were recorded
+    assert done_days(tmp_path, DayOrder()) == ["d1"]
+
+
+def test_more_synthetic_rows_than_memory_holds_are_refused_at_once(spec: Path, tmp_path: Path) -> None:
+    from flowrec.data.synth import SynthConfig, synth_table
+    from flowrec.runs.start import synthetic_bytes
+
+    loaded = load_spec(spec)
+    assert synthetic_bytes(loaded, 1000) >= synth_table(loaded, 1200, SynthConfig(seed=1)).nbytes  # an upper estimate
+    rows = 10**14  # petabytes: more than any machine holds
+    with pytest.raises(RunError, match="synthetic rows take about .* GiB in memory"):
+        flowrec.train(spec, out=tmp_path / "api", rows=rows, max_steps=1)
+    cli = runner.invoke(app, ["train", str(spec), "--rows", str(rows), "--out", str(tmp_path / "cli"), "-q"])
+    assert cli.exit_code == 2 and "give fewer --rows" in cli.output
+    assert not (tmp_path / "api").exists() and not (tmp_path / "cli").exists()
