@@ -15,8 +15,9 @@ Example:
 from __future__ import annotations
 
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 from torch.utils.serialization import config as serialization_config
@@ -71,15 +72,23 @@ def save_checkpoint(path: Path, state: dict[str, Any],
     """
     path = Path(path)
     full = {**state, "digest": content_digest(state)}
-    try:
+    with write_errors(path, full):
         write_atomically(path, lambda f: (writer or write_state)(full, f))
+    return full["digest"]
+
+
+@contextmanager
+def write_errors(path: Path, state: dict[str, Any]) -> Iterator[None]:
+    """A failed write of checkpoint `path` (holding `state`) as one `CheckpointError` line that
+    says the previous checkpoint is intact (the write is atomic)."""
+    try:
+        yield
     except OSError as exc:
         raise CheckpointError(f"could not write checkpoint {path}: {exc.strerror or exc}; "
                               f"the previous checkpoint is intact") from None
     except RuntimeError as exc:  # torch's zip writer reports a full disk as "unexpected pos ..."
-        raise CheckpointError(f"could not write checkpoint {path}: {write_failure(path, full, exc)}; "
+        raise CheckpointError(f"could not write checkpoint {path}: {write_failure(path, state, exc)}; "
                               f"the previous checkpoint is intact") from None
-    return full["digest"]
 
 
 def write_failure(path: Path, state: dict[str, Any], exc: RuntimeError) -> str:

@@ -28,7 +28,7 @@ import torch
 from torch.utils.serialization import config as serialization_config
 
 from flowrec.runtime.atomic import write_atomically_at
-from flowrec.runtime.checkpoint.store import write_failure
+from flowrec.runtime.checkpoint.store import write_errors
 from flowrec.runtime.checkpoint.format import CheckpointError, content_digest
 from flowrec.runtime.checkpoint.incremental import TableSnapshot
 
@@ -78,15 +78,10 @@ def save_streamed(path: Path, state: dict[str, Any], streams: Mapping[str, tuple
         digests.append(digest)
 
     try:
-        write_atomically_at(path, write)
+        with write_errors(path, content):
+            write_atomically_at(path, write)
     except _Stopped as stop:  # `check` refused a chunk: its own error, not a write failure
         raise stop.error from None
-    except OSError as exc:
-        raise CheckpointError(f"could not write checkpoint {path}: {exc.strerror or exc}; "
-                              f"the previous checkpoint is intact") from None
-    except RuntimeError as exc:  # torch's zip writer reports a full disk as "unexpected pos ..."
-        raise CheckpointError(f"could not write checkpoint {path}: {write_failure(path, content, exc)}; "
-                              f"the previous checkpoint is intact") from None
     return digests[0]
 
 
