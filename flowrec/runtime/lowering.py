@@ -33,6 +33,7 @@ from flowrec.runtime.placement import group_embedding
 from flowrec.spec.model import ModelSpec
 from operators import registry
 from operators.dense import concat_flat, flat_rows
+from operators.device import CompiledCall, runtime_for
 from operators.regularize import GhostBatchNorm, SeededDropout
 
 GATHER_MIN_SLOTS = 4  # from this many input slots on, one gather replaces per-slot slices + cat
@@ -106,6 +107,7 @@ class LoweredModel(nn.Module):
         self.host_side = frozenset(g.name for g in self.groups if PLACEMENTS[g.placement].host_side)
         self.interleave = True  # K-interleaving of host-side and device lookups (see `embed`)
         self._executor: ThreadPoolExecutor | None = None
+        self.compiled: CompiledCall | None = None  # the compiled dense stage (`compile_dense`)
         with torch.random.fork_rng(devices=[]):  # seeded init without touching the process's RNG
             torch.manual_seed(seed)
             self.embeddings = nn.ModuleDict(_embeddings(self.groups, seed, self.device, world) if tables else {})
@@ -234,9 +236,18 @@ class LoweredModel(nn.Module):
         if self.managed is not None:
             self.managed.close()
 
+    def compile_dense(self, on: bool = True) -> CompiledCall | None:
+        """Run the training dense stage compiled (`torch.compile` through the device runtime,
+        eager where compiling fails) or eagerly (`on` False). Evaluation (no grad) stays eager:
+        its shapes and graphs differ and it runs too rarely to repay a compile. One process only
+        (DDP wraps the eager forward)."""
+        self.compiled = runtime_for(self.device).compile(self._dense_eager) if on and self.world is None else None
+        return self.compiled
+
     def dense_forward(self, dense: torch.Tensor, emb: dict[str, torch.Tensor],
                       masks: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Dense stage: every dense node in topological order.
+        """Dense stage: every dense node in topological order (compiled when `compile_dense`
+        was asked for and grad is on).
 
         Args:
             dense: dense features.  # (B, n_dense)
@@ -246,6 +257,12 @@ class LoweredModel(nn.Module):
         Returns:
             Logits, one column per head (one per class of a multiclass head).  # (B, sum of head widths)
         """
+        if self.compiled is not None and torch.is_grad_enabled():
+            return self.compiled(dense, emb, masks)
+        return self._dense_eager(dense, emb, masks)
+
+    def _dense_eager(self, dense: torch.Tensor, emb: dict[str, torch.Tensor],
+                     masks: dict[str, torch.Tensor]) -> torch.Tensor:
         values: dict[str, torch.Tensor] = {}
         for step in self.steps:
             op = self.ops[step.name]
