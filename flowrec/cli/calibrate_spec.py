@@ -1,11 +1,13 @@
-"""The spec's own part of `flowrec calibrate`: its dense ops, its per-step framework cost and its
-staging rate, measured on its plan once the machine's constants are known.
+"""The spec's own part of `flowrec calibrate`: its dense ops, its per-step framework cost, its
+compute scale and its staging rate, measured on its plan once the machine's constants are known.
 
 Each measurement needs the ones before it in the profile: the dense ops are timed as whole
 operator modules (`flowrec.runtime.calibrate_step.op_seconds`) at a few batch sizes (the cost
 model interpolates between them); the framework cost is what real training steps at tiny batch sizes
 (where the work terms nearly vanish; the fastest step, as the ops keep their fastest round) take
-beyond the prediction of the profile so far; the staging rate is the values the trainer's batch
+beyond the prediction of the profile so far; the compute scale is what real steps at the spec's
+batch size (the median step) take beyond that fixed cost, over the work the profile prices op by
+op (in a step the ops share caches, the allocator and the autograd engine); the staging rate is the values the trainer's batch
 pipeline stages per CPU second (CPU only: there the data threads share the trainer's cores, so
 their CPU time is taken from its steps; a GPU's host stages beside the device).
 
@@ -34,12 +36,14 @@ from flowrec.spec.model import ModelSpec
 TINY_BATCHES = (16, 64)  # batch sizes of the framework-cost steps
 TINY_STEPS = 12  # timed steps at each
 OP_BATCH_SHARES = (0, 4, 1)  # the dense ops' batch sizes: the smallest tiny batch, batch / 4, batch
+FULL_STEPS = 8  # timed full-batch steps of the compute scale
+COMPUTE_SCALE_RANGE = (0.25, 4.0)  # beyond these the ops' own measurements are wrong, not their sum
 
 
 def spec_constants(spec: ModelSpec, device: torch.device, measured: dict[str, tuple[Any, str]],
                    seconds: float) -> tuple[dict[str, tuple[Any, str]], dict[str, Any]]:
     """({field: (value, how)}, details) of the spec's dense ops (`dense_ops`), framework cost
-    (`step_us`) and, on the CPU, staging rate (`staging_values_per_s`), on top of `measured` (the
+    (`step_us`), compute scale (`compute_scale`) and, on the CPU, staging rate (`staging_values_per_s`), on top of `measured` (the
     machine's constants), `seconds` per timed op point."""
     out: dict[str, tuple[Any, str]] = {}
     with tempfile.TemporaryDirectory(prefix="flowrec-profile-") as tmp:
@@ -58,7 +62,12 @@ def spec_constants(spec: ModelSpec, device: torch.device, measured: dict[str, tu
         step_us, step_details = _framework_us(spec, device, plan_for)
         out["step_us"] = (step_us, f"fastest of {TINY_STEPS} real training steps at batch sizes {TINY_BATCHES} "
                                    f"(staged beforehand) minus the profile's prediction of their compute, mean")
-        details: dict[str, Any] = {"dense_op_signatures": op_details, "framework_us_by_batch": step_details}
+        scale, scale_details = _compute_scale(spec, device, plan_for, step_us)
+        out["compute_scale"] = (scale, f"median of {FULL_STEPS} real training steps at the spec's batch size "
+                                       f"(staged beforehand) minus step_us, over the profile's prediction of "
+                                       f"their sparse, dense and update work")
+        details: dict[str, Any] = {"dense_op_signatures": op_details, "framework_us_by_batch": step_details,
+                                   "compute_scale": scale_details}
         if device.type == "cpu":
             rate, staging_details = _staging_rate(spec, plan_for(spec.training.batch_size))
             out["staging_values_per_s"] = (rate, "ids and dense values per process CPU second of the "
@@ -133,6 +142,20 @@ def _framework_us(spec: ModelSpec, device: torch.device, plan_for) -> tuple[floa
         residuals.append((measured_ms - predicted_ms) * 1e3)
         details[str(batch)] = {"measured_ms": measured_ms, "predicted_ms": predicted_ms}
     return max(0.0, statistics.mean(residuals)), details
+
+
+def _compute_scale(spec: ModelSpec, device: torch.device, plan_for, step_us: float) -> tuple[float, dict[str, Any]]:
+    """The spec's real full-batch step (median: as this machine runs it now) beyond `step_us`,
+    over the profile's prediction of the step's work (its ops priced one by one, `step_us`
+    included in the profile), within COMPUTE_SCALE_RANGE; raw."""
+    plan = plan_for(spec.training.batch_size)
+    stages = dict(plan.cost.stage_ms)
+    fixed_ms = step_us * 1e-3
+    work_ms = plan.cost.step_ms_serial - stages["staging"] - stages["transfer"] - fixed_ms
+    measured_ms = statistics.median(step_seconds(plan, spec, device, FULL_STEPS)) * 1e3
+    low, high = COMPUTE_SCALE_RANGE
+    scale = min(high, max(low, (measured_ms - fixed_ms) / work_ms)) if work_ms > 0 else 1.0
+    return scale, {"measured_ms": measured_ms, "predicted_work_ms": work_ms, "step_us": step_us}
 
 
 def _staging_rate(spec: ModelSpec, plan: Any) -> tuple[float, dict[str, Any]]:

@@ -301,3 +301,32 @@ def test_measured_op_points_never_fall_as_the_batch_grows():
     assert monotone(loaded) == [(16, 1.0, 0.5), (256, 1.0, 3.0), (1024, 9.0, 3.0)]
     calm = [(16, 1.0, 2.0), (256, 3.0, 5.0), (1024, 9.0, 20.0)]
     assert monotone(calm) == calm
+
+
+def test_compute_scale_prices_the_work_not_the_fixed_cost(dlrm):
+    plan = make_plan(dlrm, target="cpu")
+    cpu = replace(DEVICES["cpu"], step_us=700.0)
+    base, scaled = (dict(predict(plan.graph, dlrm, replace(cpu, compute_scale=s)).stage_ms) for s in (1.0, 1.5))
+    assert scaled["sparse"] == pytest.approx(base["sparse"] * 1.5) and base["sparse"] > 0
+    assert scaled["backward"] == pytest.approx(base["backward"] * 1.5) and base["backward"] > 0
+    assert scaled["dense"] == pytest.approx((base["dense"] - 0.7) * 1.5 + 0.7)
+    assert scaled["staging"] == base["staging"] and scaled["transfer"] == base["transfer"]
+
+
+def test_compute_scale_is_the_full_steps_work_over_the_priced_work(dlrm, monkeypatch, tmp_path: Path):
+    from flowrec.cli import calibrate_spec
+
+    plan = make_plan(dlrm, target="cpu")
+    stages = dict(plan.cost.stage_ms)
+    work_ms = plan.cost.step_ms_serial - stages["staging"] - stages["transfer"] - 0.3  # its step_us: 300 us
+    factor = random.uniform(0.6, 2.5)
+    for measured_ms, expected in ((0.3 + factor * work_ms, factor), (work_ms * 100, 4.0), (0.0, 0.25)):
+        monkeypatch.setattr(calibrate_spec, "step_seconds",
+                            lambda *a, ms=measured_ms: [ms * 1e-3 * (1 + i % 3 / 1e6) for i in range(8)])
+        scale, details = calibrate_spec._compute_scale(dlrm, None, lambda batch: plan, 300.0)
+        assert scale == pytest.approx(expected, rel=1e-4)
+        assert details["measured_ms"] == pytest.approx(measured_ms, rel=1e-5)
+    profile = tmp_path / "p.json"
+    profile.write_text(json.dumps(profile_document("cpu", {"compute_scale": (1.7, "steps")}, "m", "t")))
+    assert device_profile(str(profile)).compute_scale == 1.7
+    assert device_profile("cpu").compute_scale == 1.0  # not measured: the parts' sum
