@@ -212,5 +212,5 @@ def _write_settings(folder: Path, trainer: Any, data: Any, eval_data: Any, rows:
                 "eval_data": str(eval_data) if eval_data is not None else None, "rows": rows, "seed": seed,
                 "device": device, "device_budget": device_budget, "dask": None, "cache": None, "plan": None,
                 "epochs": trainer.epochs, "max_steps": max_steps, "eval_every": trainer.eval_every,
-                "checkpoint_every": checkpoint_every, "interleave": True, "nan_policy": "stop"}
+                "checkpoint_every": checkpoint_every, "interleave": True, "compile": False, "nan_policy": "stop"}
     write_text(folder / RUN_FILE, json.dumps(settings, indent=2, sort_keys=True) + "\n")
