@@ -39,7 +39,7 @@ FILES: dict[str, frozenset[str]] = {
         "test_table_snapshot", "test_train_loop_parts", "test_vocab_growth", "test_output_guard",
         "test_custom", "test_heads", "test_mlp_regularize", "test_moe", "test_packed_mlp_lowering", "test_table_l2",
         "test_managed_spec", "test_managed_map", "test_self_attention", "test_similarity",
-        "test_calibrate_collective", "test_compiled_fallback", "test_dense_optimizer_fused",
+        "test_calibrate_collective", "test_compiled_fallback", "test_dense_optimizer_fused", "test_source_mlp",
     )},
     "tests/unit/test_cache_bench.py": frozenset({"processes"}),
     "tests/unit/test_operators_bench.py": frozenset({"processes"}),

@@ -64,10 +64,15 @@ class FlatGather:
         sources: source nodes in order (dense input, packed lookups, module outputs).
         index: columns of cat(sources flattened) in the node's input order, None when that is
             every column in order.  # (In,) int64
+        widths: each source's flat width.
+        inverse: where each column of cat(sources flattened) goes in the node's input, when
+            `index` is a permutation of them (None otherwise, or when `index` is None).  # (In,) int64
     """
 
     sources: tuple[str, ...]
     index: torch.Tensor | None
+    widths: tuple[int, ...] = ()
+    inverse: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -138,6 +143,7 @@ class LoweredModel(nn.Module):
         self.gathers = {step.name: gather for step in self.steps if OP_KINDS[step.kind].gathers
                         and len(step.slots) >= GATHER_MIN_SLOTS
                         for gather in [self._flat_gather(step)] if gather is not None}
+        self.source_mlps, self.skipped = _source_mlps(graph, self.steps, self.gathers, self.ops)
         loss_name = next(n for n in graph.nodes if graph.nodes[n]["op"].kind == "loss")
         loss_op: Op = graph.nodes[loss_name]["op"]
         self.head_nodes = [s.source for s in input_slots(graph, loss_name)
@@ -266,6 +272,12 @@ class LoweredModel(nn.Module):
         values: dict[str, torch.Tensor] = {}
         for step in self.steps:
             op = self.ops[step.name]
+            if step.name in self.skipped:  # its one reader takes its sources (`source_mlps`)
+                continue
+            if step.name in self.source_mlps:
+                gather = self.gathers[self.source_mlps[step.name]]
+                values[step.name] = op.forward_sources(self._sources(gather, dense, emb, values), gather.inverse)
+                continue
             if step.name in self.gathers:
                 values[step.name] = op(self._gathered(self.gathers[step.name], dense, emb, values))
                 continue
@@ -312,13 +324,20 @@ class LoweredModel(nn.Module):
                 sources[slot.source] = width
                 width += full
             columns.extend(sources[slot.source] + c for c in cols)
+        starts = list(sources.values()) + [width]
+        widths = tuple(b - a for a, b in zip(starts, starts[1:]))
         if columns == list(range(width)):
-            return FlatGather(tuple(sources), None)
-        return FlatGather(tuple(sources), torch.tensor(columns, dtype=torch.int64, device=self.device))
+            return FlatGather(tuple(sources), None, widths)
+        index = torch.tensor(columns, dtype=torch.int64, device=self.device)
+        inverse = None
+        if sorted(columns) == list(range(width)):  # a permutation: each source column used once
+            inverse = torch.empty_like(index)
+            inverse[index] = torch.arange(width, device=self.device)
+        return FlatGather(tuple(sources), index, widths, inverse)
 
-    def _gathered(self, gather: FlatGather, dense: torch.Tensor, emb: dict[str, torch.Tensor],
-                  values: dict[str, torch.Tensor]) -> torch.Tensor:
-        """A node's flat input assembled by its `FlatGather`.  # (B, In)"""
+    def _sources(self, gather: FlatGather, dense: torch.Tensor, emb: dict[str, torch.Tensor],
+                 values: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        """The whole sources of a `FlatGather`, in its order, as they are (B, ...)."""
         parts = []
         for source in gather.sources:
             if source == self.dense_node:
@@ -327,7 +346,12 @@ class LoweredModel(nn.Module):
                 parts.append(emb[self.node_group[source]])
             else:
                 parts.append(values[source])
-        flat = concat_flat(parts)  # (B, sum of source widths)
+        return parts
+
+    def _gathered(self, gather: FlatGather, dense: torch.Tensor, emb: dict[str, torch.Tensor],
+                  values: dict[str, torch.Tensor]) -> torch.Tensor:
+        """A node's flat input assembled by its `FlatGather`.  # (B, In)"""
+        flat = concat_flat(self._sources(gather, dense, emb, values))  # (B, sum of source widths)
         return flat if gather.index is None else flat.index_select(1, gather.index.to(flat.device))
 
     def sequence_masks(self, batch: Batch) -> dict[str, torch.Tensor]:
@@ -349,6 +373,40 @@ class LoweredModel(nn.Module):
     def forward(self, batch: Batch) -> torch.Tensor:
         dense = batch.dense.to(self.device, non_blocking=True)
         return self.dense_forward(dense, self.embed(batch), self.sequence_masks(batch))
+
+
+def _source_mlps(graph: nx.DiGraph, steps: list[NodeStep], gathers: dict[str, FlatGather],
+                 ops: nn.ModuleDict) -> tuple[dict[str, str], frozenset[str]]:
+    """MLPs that take their gathered input as its whole sources ({mlp: node whose gather it
+    takes}), and the concat nodes they make unnecessary.
+
+    An MLP's first layer is linear in its input, so a permutation of the input's columns is a
+    permutation of the layer's weight columns (`MLP.forward_sources`): the (B, In) gather and its
+    scatter in the backward (the largest copies of a wide model's step) become a gather of the
+    (Out, In) weight. Taken: an MLP whose own input is a permutation gather, or whose one input is
+    a concat node's permutation gather read by nothing else.
+    """
+    kinds = {step.name: step for step in steps}
+    fused: dict[str, str] = {}
+    skipped = set()
+    for step in steps:
+        if step.kind != "mlp" or not hasattr(ops[step.name], "forward_sources"):
+            continue
+        if step.name in gathers:
+            owner = step.name
+        elif (len(step.slots) == 1 and not step.slots[0].fields and step.slots[0].source in gathers
+              and kinds.get(step.slots[0].source, step).kind == "concat"
+              and graph.out_degree(step.slots[0].source) == 1):
+            owner = step.slots[0].source
+            skipped.add(owner)
+        else:
+            continue
+        gather = gathers[owner]
+        if gather.index is None or gather.inverse is not None:
+            fused[step.name] = owner
+        else:
+            skipped.discard(owner)
+    return fused, frozenset(skipped)
 
 
 def _select_fields(out: torch.Tensor, group: PackedGroup, fields: tuple[str, ...]) -> torch.Tensor:
