@@ -57,6 +57,8 @@ EVAL_ROWS = 32_768
 QUICK_EVAL_ROWS = 2_048
 PLAIN_MEMORY_SHARE = 0.6  # the plain model may use this share of the available memory
 PLAIN_BYTES_PER_TABLE_BYTE = 4.3  # weight + dense grad + Adam exp_avg + exp_avg_sq (+ slack)
+EAGER_TWIN_COPIES = 8  # the eager flowrec twin runs only where this many copies of the tables fit in
+# the available memory (flowrec, its twin, TorchRec twice, and their optimizer state and batches)
 
 
 @dataclass
@@ -70,6 +72,7 @@ class System:
     note: str = ""
     profile: Callable[[Any], dict[str, float]] | None = None  # one step, seconds per stage
     setup_s: float = 0.0  # one-off time before the first step (compiling the dense stage)
+    close: Callable[[], None] = lambda: None  # free what outlives the system (compiled code)
 
 
 # ---------------------------------------------------------------- systems
@@ -98,8 +101,12 @@ def flowrec_system(plan: Any, spec: Any, precision: str, compile_dense: bool = F
                            lambda emb: model.loss(_logits(model, batch, emb, precision), batch.labels),
                            optimizer.step)
 
+    def close() -> None:
+        model.close()  # drops the compiled stage too
+        torch._dynamo.reset()  # dynamo's caches hold the compiled graphs and, through them, the tables
+
     return System("flowrec", lambda b: train_step(model, optimizer, b, micro, precision), predict,
-                  note=note, profile=profile if micro == 1 else None, setup_s=round(setup, 2))
+                  note=note, profile=profile if micro == 1 else None, setup_s=round(setup, 2), close=close)
 
 
 def _logits(model: Any, batch: Any, emb: dict, precision: str) -> torch.Tensor:
@@ -311,6 +318,11 @@ def capped_spec(spec: Any, max_rows: int | None, batch: int) -> Any:
     return replace(spec, tables=tables, training=replace(spec.training, batch_size=batch))
 
 
+def table_bytes(spec: Any) -> int:
+    """Bytes of the spec's tables (float32 rows)."""
+    return sum(t.rows * t.dim * 4 for t in spec.tables)
+
+
 def available_bytes() -> int:
     for line in Path("/proc/meminfo").read_text().splitlines():
         if line.startswith("MemAvailable:"):
@@ -386,7 +398,7 @@ def bench_model(key: str, args: argparse.Namespace) -> dict:
               "plain_tables_capped_at": plain_cap, "precisions": {}}
     for precision in args.precisions:
         systems = [flowrec_system(plan, spec, precision, args.compile, batches[0])]
-        if args.compile:
+        if args.compile and table_bytes(spec) * EAGER_TWIN_COPIES < available_bytes():
             eager = flowrec_system(plan, spec, precision)
             systems.append(replace(eager, name="flowrec_eager", note=eager.note + "; dense stage eager"))
         candidates = [torchrec_system(plan, spec, precision)]
@@ -396,6 +408,8 @@ def bench_model(key: str, args: argparse.Namespace) -> dict:
         figures = run_systems(systems, batches, eval_batches, args.warmup, args.profile_steps)
         if "torchrec" not in figures and "torchrec_shared_dense" in figures:
             figures["torchrec"] = figures["torchrec_shared_dense"]  # no TorchRec model for this spec
+        for s in systems:
+            s.close()
         del systems, candidates
         gc.collect()
         if not args.skip_plain:

@@ -6,7 +6,7 @@ operator modules (`flowrec.runtime.calibrate_step.op_seconds`) at a few batch si
 model interpolates between them); the framework cost is what real training steps at tiny batch sizes
 (where the work terms nearly vanish; the fastest step, as the ops keep their fastest round) take
 beyond the prediction of the profile so far; the compute scale is what real steps at the spec's
-batch size (the median step) take beyond that fixed cost, over the work the profile prices op by
+batch size (the fastest step) take beyond that fixed cost, over the work the profile prices op by
 op (in a step the ops share caches, the allocator and the autograd engine); the staging rate is the values the trainer's batch
 pipeline stages per CPU second (CPU only: there the data threads share the trainer's cores, so
 their CPU time is taken from its steps; a GPU's host stages beside the device).
@@ -65,7 +65,7 @@ def spec_constants(spec: ModelSpec, device: torch.device, measured: dict[str, tu
         out["step_us"] = (step_us, f"fastest of {TINY_STEPS} real training steps at batch sizes {TINY_BATCHES} "
                                    f"(staged beforehand) minus the profile's prediction of their compute, mean")
         scale, scale_details = _compute_scale(spec, device, plan_for, step_us)
-        out["compute_scale"] = (scale, f"median of {FULL_STEPS} real training steps at the spec's batch size "
+        out["compute_scale"] = (scale, f"fastest of {FULL_STEPS} real training steps at the spec's batch size "
                                        f"(staged beforehand) minus step_us, over the profile's prediction of "
                                        f"their sparse, dense and update work")
         details: dict[str, Any] = {"dense_op_signatures": op_details, "framework_us_by_batch": step_details,
@@ -147,14 +147,15 @@ def _framework_us(spec: ModelSpec, device: torch.device, plan_for) -> tuple[floa
 
 
 def _compute_scale(spec: ModelSpec, device: torch.device, plan_for, step_us: float) -> tuple[float, dict[str, Any]]:
-    """The spec's real full-batch step (median: as this machine runs it now) beyond `step_us`,
+    """The spec's real full-batch step (the fastest, as the ops keep their fastest round and
+    `step_us` its fastest steps: the machine, not a burst of its neighbours) beyond `step_us`,
     over the profile's prediction of the step's work (its ops priced one by one, `step_us`
     included in the profile), within COMPUTE_SCALE_RANGE; raw."""
     plan = plan_for(spec.training.batch_size)
     stages = dict(plan.cost.stage_ms)
     fixed_ms = step_us * 1e-3
     work_ms = plan.cost.step_ms_serial - stages["staging"] - stages["transfer"] - fixed_ms
-    measured_ms = statistics.median(step_seconds(plan, spec, device, FULL_STEPS)) * 1e3
+    measured_ms = min(step_seconds(plan, spec, device, FULL_STEPS)) * 1e3
     low, high = COMPUTE_SCALE_RANGE
     scale = min(high, max(low, (measured_ms - fixed_ms) / work_ms)) if work_ms > 0 else 1.0
     return scale, {"measured_ms": measured_ms, "predicted_work_ms": work_ms, "step_us": step_us}

@@ -231,7 +231,9 @@ class LoweredModel(nn.Module):
                 module.interleave = on
 
     def close(self) -> None:
-        """Stop the K-interleaving worker and the embedding modules' own workers."""
+        """Stop the K-interleaving worker and the embedding modules' own workers; drop the
+        compiled dense stage."""
+        self.compiled = None
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
