@@ -26,10 +26,11 @@ import torch
 
 from flowrec.graph.kinds import OP_KINDS
 from flowrec.planner.calibration import profile_document
+from flowrec.planner.cost import dense_seconds, dense_update_seconds, device_profile
 from flowrec.planner.manager import make_plan
 from flowrec.planner.op_work import op_signature
 from flowrec.runtime.calibrate import interleaved_seconds
-from flowrec.runtime.calibrate_step import op_seconds, staging_cpu_seconds, step_seconds, with_batch
+from flowrec.runtime.calibrate_step import dense_step_seconds, op_seconds, staging_cpu_seconds, step_seconds, with_batch
 from flowrec.runtime.session import cost_target
 from flowrec.spec.model import ModelSpec
 
@@ -64,10 +65,10 @@ def spec_constants(spec: ModelSpec, device: torch.device, measured: dict[str, tu
         step_us, step_details = _framework_us(spec, device, plan_for)
         out["step_us"] = (step_us, f"fastest of {TINY_STEPS} real training steps at batch sizes {TINY_BATCHES} "
                                    f"(staged beforehand) minus the profile's prediction of their compute, mean")
-        scale, scale_details = _compute_scale(spec, device, plan_for, step_us)
-        out["compute_scale"] = (scale, f"fastest of {FULL_STEPS} real training steps at the spec's batch size "
-                                       f"(staged beforehand) minus step_us, over the profile's prediction of "
-                                       f"their sparse, dense and update work")
+        scale, scale_details = _compute_scale(spec, device, plan_for, profile)
+        out["compute_scale"] = (scale, f"dense part (forward, loss, backward to the lookups, dense update) of "
+                                       f"real training steps at the spec's batch size, fastest of {FULL_STEPS}, "
+                                       f"over the profile's prediction of it")
         details: dict[str, Any] = {"dense_op_signatures": op_details, "framework_us_by_batch": step_details,
                                    "compute_scale": scale_details}
         if device.type == "cpu":
@@ -146,19 +147,22 @@ def _framework_us(spec: ModelSpec, device: torch.device, plan_for) -> tuple[floa
     return max(0.0, statistics.mean(residuals)), details
 
 
-def _compute_scale(spec: ModelSpec, device: torch.device, plan_for, step_us: float) -> tuple[float, dict[str, Any]]:
-    """The spec's real full-batch step (the fastest, as the ops keep their fastest round and
-    `step_us` its fastest steps: the machine, not a burst of its neighbours) beyond `step_us`,
-    over the profile's prediction of the step's work (its ops priced one by one, `step_us`
-    included in the profile), within COMPUTE_SCALE_RANGE; raw."""
-    plan = plan_for(spec.training.batch_size)
-    stages = dict(plan.cost.stage_ms)
-    fixed_ms = step_us * 1e-3
-    work_ms = plan.cost.step_ms_serial - stages["staging"] - stages["transfer"] - fixed_ms
-    measured_ms = min(step_seconds(plan, spec, device, FULL_STEPS)) * 1e3
+def _compute_scale(spec: ModelSpec, device: torch.device, plan_for, profile: Path) -> tuple[float, dict[str, Any]]:
+    """The dense part of the spec's real full-batch steps (the fastest, as the ops keep their
+    fastest round: the machine, not a burst of its neighbours) over the profile's prediction of
+    it (dense forward and backward op by op, the dense update), within COMPUTE_SCALE_RANGE; raw.
+    Only the dense side: it runs the same whatever the placements, so the scale holds for a plan
+    with another device budget (the sparse side's cost depends on them and is priced as such)."""
+    plan = plan_for(spec.training.batch_size)  # writes `profile` as measured so far
+    priced = device_profile(str(profile))
+    graph, batch, micro = plan.graph, spec.training.batch_size, max(1, int(plan.meta.micro_batches))
+    forward, backward = dense_seconds(graph, priced, -(-batch // micro), spec.training.precision == "bf16",
+                                      spec.training.precision)
+    work_ms = ((forward + backward) * micro + dense_update_seconds(graph, spec, priced)) * 1e3
+    measured_ms = min(dense_step_seconds(plan, spec, device, FULL_STEPS)) * 1e3
     low, high = COMPUTE_SCALE_RANGE
-    scale = min(high, max(low, (measured_ms - fixed_ms) / work_ms)) if work_ms > 0 else 1.0
-    return scale, {"measured_ms": measured_ms, "predicted_work_ms": work_ms, "step_us": step_us}
+    scale = min(high, max(low, measured_ms / work_ms)) if work_ms > 0 else 1.0
+    return scale, {"measured_dense_ms": measured_ms, "predicted_dense_ms": work_ms}
 
 
 def _staging_rate(spec: ModelSpec, plan: Any) -> tuple[float, dict[str, Any]]:

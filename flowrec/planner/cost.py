@@ -79,9 +79,9 @@ class DeviceProfile:
     parameter tensor, ns per parameter element) of one step. `dense_ops` = per measured dense op
     (`op_work.op_signature`) its forward and backward us at a few batch sizes, which price that op
     instead of its kernels (`measured_op_seconds`); `step_us` = the step's fixed framework cost;
-    `compute_scale` = what the spec's own full-batch steps take beyond the sum of their parts
+    `compute_scale` = what the dense part of the spec's own full-batch steps takes over its ops
     priced one by one (ops in a step share caches, the allocator and the autograd engine), as a
-    factor on the step's sparse, dense and update work (1: not measured).
+    factor on the dense forward, backward and update (1: not measured).
 
     Example:
         >>> DEVICES["cpu"].pcie_gbps is None
@@ -123,7 +123,7 @@ class DeviceProfile:
     sparse_update: Table = ()  # () or a missing optimizer: gathers and row updates at the datasheet rates
     step_us: float = 0.0  # per step, beyond the priced ops (framework: trainer, zero_grad, autograd engine)
     dense_ops: Table = ()  # measured dense ops: (op signature, (batch, fwd us, bwd us) points by batch)
-    compute_scale: float = 1.0  # a spec's real full-batch step compute / the sum of its priced parts (in situ)
+    compute_scale: float = 1.0  # a spec's real full-batch dense part / its ops priced one by one (in situ)
 
     @property
     def constants(self) -> str:
@@ -419,12 +419,12 @@ def predict(graph: OpGraph, spec: ModelSpec, device: DeviceProfile, *, micro_bat
     transfer = h2d / (device.pcie_gbps * 1e9) if device.pcie_gbps else 0.0
 
     mb = max(1, micro_batches)
-    scale = device.compute_scale
+    scale = device.compute_scale  # the dense side's in-situ factor
     sparse = backward_sparse = 0.0
     for u in units:
         forward_s, backward_s = sparse_seconds(u, device, batch, profile)
-        sparse += forward_s * scale
-        backward_sparse += backward_s * scale
+        sparse += forward_s
+        backward_sparse += backward_s
 
     bf16 = spec.training.precision == "bf16"
     dense, dense_backward = dense_seconds(graph, device, -(-batch // mb), bf16, spec.training.precision)

@@ -93,6 +93,39 @@ def step_seconds(plan: Any, spec: ModelSpec, device: torch.device, steps: int = 
         model.close()
 
 
+def dense_step_seconds(plan: Any, spec: ModelSpec, device: torch.device, steps: int = STEPS) -> list[float]:
+    """Wall seconds of the dense part of `steps` training steps of `plan` (after WARMUP_STEPS):
+    the dense forward, the loss, its backward down to the lookups (taken as leaves, looked up
+    before the clock starts: the sparse side is not timed) and the dense optimizer step, with
+    micro-batches as planned, on batches staged beforehand."""
+    tune_host_allocator()
+    model = lower(plan, spec, device)
+    try:
+        opt = spec.dense_optimizer
+        optimizer = make_dense_optimizer(model, opt.name, opt.lr, dict(opt.params))
+        micro = max(1, int(plan.meta.micro_batches))
+        seconds = []
+        for batch in _staged(spec, plan, WARMUP_STEPS + steps):
+            with torch.no_grad():
+                looked = model.embed(batch)
+            emb = {g: e.detach().requires_grad_(True) for g, e in looked.items()}
+            masks = model.sequence_masks(batch)
+            t0 = time.perf_counter()
+            optimizer.zero_grad(set_to_none=True)
+            bounds = torch.linspace(0, batch.dense.shape[0], micro + 1).round().long().tolist()
+            for lo, hi in zip(bounds, bounds[1:]):
+                with autocast_context(model.device, spec.training.precision):
+                    logits = model.dense_forward(batch.dense[lo:hi], {g: e[lo:hi] for g, e in emb.items()},
+                                                 {k: m[lo:hi] for k, m in masks.items()})
+                model.loss(logits, batch.labels[lo:hi]).backward()
+            optimizer.step()
+            runtime_for(model.device).synchronize()
+            seconds.append(time.perf_counter() - t0)
+        return seconds[WARMUP_STEPS:]
+    finally:
+        model.close()
+
+
 def staging_cpu_seconds(spec: ModelSpec, plan: Any, batches: int = STEPS) -> tuple[float, float]:
     """(process CPU seconds, ids and dense values) per batch of the trainer's batch pipeline run
     alone over `batches` + 1 batches of synthetic rows written as an encoded Parquet dataset (the
