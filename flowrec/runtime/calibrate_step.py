@@ -182,18 +182,21 @@ def op_seconds(plan: Any, spec: ModelSpec, device: torch.device, nodes: Sequence
 
 def _captured_inputs(model: LoweredModel, spec: ModelSpec, batch: Any, nodes: Sequence[str]) -> dict[str, tuple]:
     """The positional inputs of each node's module in a real dense forward of `batch`, detached
-    (those that needed a gradient as new leaves that do)."""
+    (those that needed a gradient as new leaves that do). Every module is called as such: an MLP
+    that takes its gather's sources (`LoweredModel.source_mlps`) takes the gathered input here."""
     captured: dict[str, tuple] = {}
 
     def keep(name: str, module: torch.nn.Module, args: tuple) -> None:
         captured[name] = tuple(_leaf(a) for a in args)
 
     hooks = [model.ops[n].register_forward_pre_hook(partial(keep, n)) for n in nodes]
+    model.fuse_sources = False
     try:
         dense = batch.dense.to(model.device)
         with autocast_context(model.device, spec.training.precision):
             model.dense_forward(dense, model.embed(batch), model.sequence_masks(batch))
     finally:
+        model.fuse_sources = True
         for hook in hooks:
             hook.remove()
     return captured

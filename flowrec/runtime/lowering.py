@@ -144,6 +144,7 @@ class LoweredModel(nn.Module):
                         and len(step.slots) >= GATHER_MIN_SLOTS
                         for gather in [self._flat_gather(step)] if gather is not None}
         self.source_mlps, self.skipped = _source_mlps(graph, self.steps, self.gathers, self.ops)
+        self.fuse_sources = True  # False: every module called on its gathered input (op calibration)
         loss_name = next(n for n in graph.nodes if graph.nodes[n]["op"].kind == "loss")
         loss_op: Op = graph.nodes[loss_name]["op"]
         self.head_nodes = [s.source for s in input_slots(graph, loss_name)
@@ -274,9 +275,9 @@ class LoweredModel(nn.Module):
         values: dict[str, torch.Tensor] = {}
         for step in self.steps:
             op = self.ops[step.name]
-            if step.name in self.skipped:  # its one reader takes its sources (`source_mlps`)
+            if step.name in self.skipped and self.fuse_sources:  # its one reader takes its sources
                 continue
-            if step.name in self.source_mlps:
+            if step.name in self.source_mlps and self.fuse_sources:
                 gather = self.gathers[self.source_mlps[step.name]]
                 values[step.name] = op.forward_sources(self._sources(gather, dense, emb, values), gather.inverse)
                 continue

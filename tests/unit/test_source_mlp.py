@@ -69,7 +69,7 @@ def test_source_mlp_equals_the_gathered_forward(through_concat, dtype, tol):
     owner = fused.gathers[fused.source_mlps["deep"]]
     assert owner.inverse is not None and len(plan.meta.groups) >= 2, f"seed {seed}: no permutation to test"
     gathered = copy.deepcopy(fused)
-    gathered.source_mlps, gathered.skipped = {}, frozenset()
+    gathered.fuse_sources = False  # as op calibration runs it: every module on its gathered input
     assert list(fused.state_dict()) == list(gathered.state_dict())
     dense, labels, batch = batch_of(spec, plan, seed, dtype)
     logits, grads = run(fused, dense, labels, batch)
@@ -93,3 +93,16 @@ def test_forward_sources_with_a_permutation_and_in_order():
     torch.testing.assert_close(mlp.forward_sources(parts, inverse), mlp(flat[:, perm]), rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(mlp.forward_sources(parts), mlp(flat), rtol=1e-12, atol=1e-12)
     assert not torch.allclose(mlp.forward_sources(parts, inverse), mlp(flat))  # the permutation matters
+
+
+def test_op_calibration_captures_every_module_of_a_source_mlp_model():
+    from flowrec.runtime.calibrate_step import _captured_inputs
+
+    seed = random.randrange(1 << 30)
+    spec = wide_spec(seed % 10_000, True)
+    plan = make_plan(spec, target="cpu")
+    model = lower(plan, spec, "cpu")
+    dense, labels, batch = batch_of(spec, plan, seed, torch.float32)
+    captured = _captured_inputs(model, spec, batch, ["deep_in", "deep"])
+    assert set(captured) == {"deep_in", "deep"} and model.fuse_sources  # restored
+    assert captured["deep"][0].shape[1] == model.ops["deep"].layers[0].in_features
