@@ -398,9 +398,10 @@ def bench_model(key: str, args: argparse.Namespace) -> dict:
               "plain_tables_capped_at": plain_cap, "precisions": {}}
     for precision in args.precisions:
         systems = [flowrec_system(plan, spec, precision, args.compile, batches[0])]
-        if args.compile and table_bytes(spec) * EAGER_TWIN_COPIES < available_bytes():
-            eager = flowrec_system(plan, spec, precision)
-            systems.append(replace(eager, name="flowrec_eager", note=eager.note + "; dense stage eager"))
+        if args.compile and args.eager_twin and table_bytes(spec) * EAGER_TWIN_COPIES < available_bytes():
+            twin = flowrec_system(plan, spec, precision)
+            systems.append(replace(twin, name="flowrec_eager", note=twin.note + "; dense stage eager"))
+            del twin
         candidates = [torchrec_system(plan, spec, precision)]
         if key == "dlrm":
             candidates.append(torchrec_dlrm_system(plan, spec, precision))
@@ -408,9 +409,9 @@ def bench_model(key: str, args: argparse.Namespace) -> dict:
         figures = run_systems(systems, batches, eval_batches, args.warmup, args.profile_steps)
         if "torchrec" not in figures and "torchrec_shared_dense" in figures:
             figures["torchrec"] = figures["torchrec_shared_dense"]  # no TorchRec model for this spec
-        for s in systems:
-            s.close()
-        del systems, candidates
+        for system in systems:
+            system.close()
+        del systems, candidates, system
         gc.collect()
         if not args.skip_plain:
             plain = [plain_system(plan, spec, precision, plain_cap)]
@@ -509,6 +510,9 @@ def main() -> None:
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
                         help="flowrec's dense stage compiled (torch.compile, inductor), the eager one beside it "
                              "as flowrec_eager (default); --no-compile: eager only")
+    parser.add_argument("--eager-twin", action="store_true",
+                        help="with the compiled flowrec, also run it eagerly (flowrec_eager) where 8 table copies fit "
+                             "in memory (a full run with it was OOM-killed on 24 GB)")
     parser.add_argument("--profile-steps", type=int, default=None,
                         help="steps profiled per stage after the timed ones (default 5; quick 1; 0: none)")
     args = parser.parse_args()
