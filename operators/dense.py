@@ -88,6 +88,35 @@ class MLP(nn.Module):
             x = drop(self.act(norm(layer(x))))
         return x
 
+    def forward_sources(self, sources: Sequence[torch.Tensor], inverse: torch.Tensor | None = None) -> torch.Tensor:
+        """`forward(cat(sources flattened)[:, index])` without building that input: the first
+        layer's weight columns are permuted into the sources' layout (`inverse`: where each column
+        of the sources goes in the input, None: in order) and split per source, one GEMM each.
+        The same function; the sums run in another order (allclose, not bitwise).
+
+        Example:
+            >>> mlp, a, b = MLP(5, [3]), torch.randn(2, 2), torch.randn(2, 3)
+            >>> perm = torch.tensor([3, 0, 4, 1, 2])
+            >>> inverse = torch.argsort(perm)
+            >>> torch.allclose(mlp.forward_sources([a, b], inverse), mlp(torch.cat([a, b], 1)[:, perm]))
+            True
+        """
+        first = self.layers[0]
+        weight = first.weight if inverse is None else first.weight.index_select(1, inverse)  # (Out, In)
+        x, start = None, 0
+        for part in sources:
+            flat = flat_rows(part)  # (B, w)
+            w = weight[:, start:start + flat.shape[1]]
+            start += flat.shape[1]
+            if x is None:
+                x = nn.functional.linear(flat, w, first.bias)
+            else:
+                x = torch.addmm(x, flat, w.t())
+        x = self.drops[0](self.act(self.norms[0](x)))
+        for layer, norm, drop in zip(self.layers[1:], self.norms[1:], self.drops[1:]):
+            x = drop(self.act(norm(layer(x))))
+        return x
+
 
 def _dropout(p: float, batch_dim: int = 0) -> nn.Module:
     return SeededDropout(p, batch_dim) if p else nn.Identity()

@@ -18,10 +18,11 @@ Example:
 from __future__ import annotations
 
 import importlib
+import warnings
 from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -114,6 +115,14 @@ class DeviceRuntime(ABC):
     @abstractmethod
     def launch(self, kernel: KernelSource, config: LaunchConfig, args: tuple[Any, ...]) -> None:
         """Launch `kernel` on the current stream; tensors in `args` are passed by pointer."""
+
+    def compile(self, fn: Callable[..., Any], backend: Any = "inductor") -> "CompiledCall":
+        """`fn` (the dense stage) compiled for this device, eager where compiling fails.
+
+        CPU: inductor's C++ backend (fused pointwise kernels around the GEMMs). CUDA: inductor's
+        Triton backend; the same region is the candidate for CUDA graphs (mode "reduce-overhead").
+        """
+        return CompiledCall(fn, backend)
 
 
 class CpuEvent(DeviceEvent):
@@ -224,6 +233,65 @@ def _cuda_event(event: DeviceEvent) -> Any:
     if not isinstance(event, CudaEvent):
         raise TypeError(f"a CUDA runtime got a {type(event).__name__}")
     return event.event
+
+
+class CompiledCall:
+    """`fn` through `torch.compile`, falling back to eager for good when compiling fails.
+
+    Compilation happens on a call (each new input shape or autocast state compiles once more); a
+    failure there (no C++ compiler, an unsupported operator, a backend error) or a `torch.compile`
+    that is missing or refuses `fn` leaves `failure` set (one line) and the call is run eagerly.
+    An error that eager raises as well is the caller's: it propagates unchanged and compiling
+    stays on.
+
+    Args:
+        fn: the function to compile (tensors in, tensors out).
+        backend: torch.compile backend ("inductor"; tests pass a failing one).
+
+    Example:
+        >>> call = CompiledCall(lambda x: torch.relu(x) * 2)  # doctest: +SKIP
+        >>> call(torch.randn(4)).shape  # doctest: +SKIP
+        torch.Size([4])
+    """
+
+    def __init__(self, fn: Callable[..., Any], backend: Any = "inductor") -> None:
+        self.eager = fn
+        self.failure: str | None = None
+        self.calls = 0  # calls that ran the compiled code
+        try:
+            self._compiled: Callable[..., Any] | None = torch.compile(fn, backend=backend, dynamic=False)
+        except Exception as exc:  # torch.compile missing, or refusing fn (an unsupported Python)
+            self._compiled = None
+            self.failure = _first_line(exc)
+
+    @property
+    def active(self) -> bool:
+        """True while calls run the compiled code."""
+        return self._compiled is not None
+
+    def __call__(self, *args: Any) -> Any:
+        if self._compiled is None:
+            return self.eager(*args)
+        try:
+            out = self._compiled(*args)
+        except Exception as exc:
+            out = self.eager(*args)  # raises when the error is the caller's (compiled stays on)
+            self._compiled = None  # a compile failure: eager from now on
+            self.failure = _first_line(exc)
+            warnings.warn(f"torch.compile failed, the dense stage runs eagerly: {self.failure}", stacklevel=2)
+            return out
+        self.calls += 1
+        return out
+
+
+def _first_line(exc: BaseException) -> str:
+    """The root cause of `exc` in one line (a backend's error is wrapped by torch._dynamo)."""
+    root, seen = exc, {id(exc)}
+    while (inner := getattr(root, "inner_exception", None) or root.__cause__) is not None and id(inner) not in seen:
+        root = inner
+        seen.add(id(inner))
+    text = str(root).strip().splitlines()
+    return f"{type(root).__name__}: {text[0] if text else ''}"[:300]
 
 
 def runtime_for(device: torch.device | str) -> DeviceRuntime:

@@ -39,18 +39,24 @@ class Dot(nn.Module):
         return cls()
 
     def pairs(self, num: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """Flat positions of the strict upper triangle (row * F + col) and of its mirror image
-        (col * F + row).  # (F (F - 1) / 2,) each"""
+        """Flat positions of the strict upper triangle (row * F + col), and for every position
+        of the F x F matrix the pair it mirrors (row < col: its own pair, row > col: the pair
+        (col, row), the diagonal: P, a zero column).  # (P,), (F * F,) with P = F (F - 1) / 2"""
         key = (num, device)
         if key not in self._pairs:
             rows, cols = torch.triu_indices(num, num, offset=1, device=device)
-            self._pairs[key] = (rows * num + cols, cols * num + rows)
+            upper = rows * num + cols
+            mirror = torch.full((num * num,), upper.numel(), dtype=torch.int64, device=device)
+            pair = torch.arange(upper.numel(), device=device)
+            mirror[upper] = pair
+            mirror[cols * num + rows] = pair
+            self._pairs[key] = (upper, mirror)
         return self._pairs[key]
 
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
         x = as_fields(inputs)  # (B, F, D)
-        upper, lower = self.pairs(x.shape[1], x.device)
-        return _TriuDot.apply(x, upper, lower)  # (B, F (F - 1) / 2)
+        upper, mirror = self.pairs(x.shape[1], x.device)
+        return _TriuDot.apply(x, upper, mirror)  # (B, F (F - 1) / 2)
 
 
 class _TriuDot(torch.autograd.Function):
@@ -58,23 +64,24 @@ class _TriuDot(torch.autograd.Function):
 
     Forward: gram = x x^T, then one column gather of the flattened gram. Backward: since
     gram = x x^T, dx = (G + G^T) x where G holds the pair gradients in the upper triangle; the
-    symmetric G + G^T is written directly (pair gradients copied to both mirror positions, plain
-    index_copy, no accumulating scatter), then one bmm, in the input's dtype (also under autocast).
+    symmetric G + G^T is gathered directly (every position takes its pair's gradient, the
+    diagonal a zero: one gather, no zero fill and no scatter), then one bmm, in the input's dtype
+    (also under autocast).
     """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, upper: torch.Tensor, lower: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(x, upper, lower)
+    def forward(ctx, x: torch.Tensor, upper: torch.Tensor, mirror: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, mirror)
         gram = torch.bmm(x, x.transpose(1, 2))  # (B, F, F)
         return gram.reshape(x.shape[0], -1).index_select(1, upper)  # (B, P)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        x, upper, lower = ctx.saved_tensors
+        x, mirror = ctx.saved_tensors
         batch, num = x.shape[0], x.shape[1]
         grad = grad.to(x.dtype)
-        sym = grad.new_zeros(batch, num * num)
-        sym.index_copy_(1, upper, grad).index_copy_(1, lower, grad)
+        padded = torch.cat([grad, grad.new_zeros(batch, 1)], dim=1)  # (B, P + 1): column P is the diagonal's 0
+        sym = padded.index_select(1, mirror)  # (B, F * F)
         return torch.bmm(sym.view(batch, num, num), x), None, None  # (B, F, D)
 
 

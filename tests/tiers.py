@@ -39,7 +39,8 @@ FILES: dict[str, frozenset[str]] = {
         "test_table_snapshot", "test_checkpoint_stream", "test_cores", "test_train_loop_parts", "test_vocab_growth", "test_output_guard",
         "test_custom", "test_heads", "test_mlp_regularize", "test_moe", "test_packed_mlp_lowering", "test_table_l2",
         "test_managed_spec", "test_managed_map", "test_days", "test_self_attention", "test_similarity",
-        "test_retrieval", "test_calibrate_collective", "test_targets",
+        "test_retrieval", "test_calibrate_collective", "test_targets", "test_compiled_fallback",
+        "test_dense_optimizer_fused", "test_source_mlp",
     )},
     "tests/unit/test_lifecycle_hostile.py": FAST,  # hostile input to runs, --follow, plan --managed-from
     "tests/unit/test_cache_bench.py": frozenset({"processes"}),
@@ -48,7 +49,7 @@ FILES: dict[str, frozenset[str]] = {
     "tests/unit/test_spec_fuzz.py": frozenset({"fuzz"}),
     **{f"tests/unit/{name}.py": frozenset({"thorough"}) for name in (
         "test_cache_exact", "test_cache_fae", "test_cache_fae_bytes", "test_cache_model", "test_train_reference",
-        "test_mlp_regularize_training", "test_managed_training",
+        "test_mlp_regularize_training", "test_managed_training", "test_compiled_dense",
     )},
     # integration: the CLI, runs, data conversion, distributed training
     **{f"tests/integration/{name}.py": FAST for name in (
@@ -63,7 +64,7 @@ FILES: dict[str, frozenset[str]] = {
         "test_calibrate", "test_cli_options", "test_data_convert", "test_data_diagnostics",
         "test_encoder_travels", "test_incremental", "test_incremental_checkpoints", "test_model_package",
         "test_predict_criteo", "test_python_api", "test_run_guarantees", "test_run_hostile", "test_train",
-        "test_train_loop", "test_train_plan", "test_vocab_spare", "test_output_hostile", "test_package_hostile",
+        "test_train_loop", "test_train_plan", "test_train_compile", "test_vocab_spare", "test_output_hostile", "test_package_hostile",
         "test_custom_module", "test_heads_package", "test_regularize_package", "test_managed_runs", "test_follow",
         "test_tower_package", "test_sequence_package", "test_runs_lifecycle", "test_retrieval_serving",
     )},

@@ -20,6 +20,8 @@ steps each system is scored on the same held-out synthetic rows (AUC).
 Usage:
     /work/trvenv/bin/python tools/bench_train.py [--quick] [--json PATH] [--models dlrm,wide1000] [--steps N]
         [--competitors N]   # N CPU-bound processes beside both systems (a shared machine)
+        [--no-compile] [--profile-steps N]
+    (any python with torch, torchrec and flowrec's dependencies: /work/shared/tools/torchrec-venv.sh DIR makes one)
 """
 from __future__ import annotations
 
@@ -59,6 +61,8 @@ EVAL_ROWS = 32_768
 QUICK_EVAL_ROWS = 2_048
 PLAIN_MEMORY_SHARE = 0.6  # the plain model may use this share of the available memory
 PLAIN_BYTES_PER_TABLE_BYTE = 4.3  # weight + dense grad + Adam exp_avg + exp_avg_sq (+ slack)
+EAGER_TWIN_COPIES = 8  # the eager flowrec twin runs only where this many copies of the tables fit in
+# the available memory (flowrec, its twin, TorchRec twice, and their optimizer state and batches)
 
 
 @dataclass
@@ -70,21 +74,80 @@ class System:
     predict: Callable[[Any], torch.Tensor]
     prepare: Callable[[Any], Any] = lambda batch: batch
     note: str = ""
+    profile: Callable[[Any], dict[str, float]] | None = None  # one step, seconds per stage
+    setup_s: float = 0.0  # one-off time before the first step (compiling the dense stage)
+    close: Callable[[], None] = lambda: None  # free what outlives the system (compiled code)
 
 
 # ---------------------------------------------------------------- systems
-def flowrec_system(plan: Any, spec: Any, precision: str) -> System:
+def flowrec_system(plan: Any, spec: Any, precision: str, compile_dense: bool = False,
+                   first: Any = None) -> System:
     model = lower(plan, spec, "cpu")
     opt = spec.dense_optimizer
     optimizer = make_dense_optimizer(model, opt.name, opt.lr, dict(opt.params))
     micro = int(plan.meta.micro_batches)
+    note = f"micro_batches={micro}"
+    setup = 0.0
+    if compile_dense:
+        call = model.compile_dense()
+        start = time.perf_counter()
+        _compile_once(model, first, precision)
+        setup = time.perf_counter() - start
+        note += f"; dense stage compiled ({'inductor' if call.active else 'failed: ' + str(call.failure)}, {setup:.1f} s)"
 
     def predict(batch: Any) -> torch.Tensor:
         with torch.no_grad(), autocast_context(model.device, precision):
             return model(batch).float()
 
+    def profile(batch: Any) -> dict[str, float]:
+        optimizer.zero_grad(set_to_none=True)
+        return stage_times(lambda: model.embed(batch),
+                           lambda emb: model.loss(_logits(model, batch, emb, precision), batch.labels),
+                           optimizer.step)
+
+    def close() -> None:
+        model.close()  # drops the compiled stage too
+        torch._dynamo.reset()  # dynamo's caches hold the compiled graphs and, through them, the tables
+
     return System("flowrec", lambda b: train_step(model, optimizer, b, micro, precision), predict,
-                  note=f"micro_batches={micro}")
+                  note=note, profile=profile if micro == 1 else None, setup_s=round(setup, 2), close=close)
+
+
+def _logits(model: Any, batch: Any, emb: dict, precision: str) -> torch.Tensor:
+    with autocast_context(model.device, precision):
+        return model.dense_forward(batch.dense, emb, model.sequence_masks(batch))
+
+
+def _compile_once(model: Any, batch: Any, precision: str) -> None:
+    """Run the compiled dense stage forward and backward once on lookups that are not the
+    tables' (the compile happens here, nothing is updated)."""
+    emb = {g: e.detach().requires_grad_(True) for g, e in model.embed(batch).items()}
+    _logits(model, batch, emb, precision).float().sum().backward()
+    model.zero_grad(set_to_none=True)
+
+
+def stage_times(lookup: Callable[[], Any], forward: Callable[[Any], torch.Tensor],
+                dense_update: Callable[[], None]) -> dict[str, float]:
+    """Seconds per stage of one step: sparse lookup, dense forward + loss, dense backward (until
+    the first lookup's gradient is ready), sparse backward with the fused row update, dense
+    optimizer step."""
+    t0 = time.perf_counter()
+    emb = lookup()
+    t1 = time.perf_counter()
+    loss = forward(emb)
+    t2 = time.perf_counter()
+    ready: list[float] = []
+    outputs = list(emb.values()) if isinstance(emb, dict) else [emb]
+    handles = [e.register_hook(lambda g: ready.append(time.perf_counter())) for e in outputs if e.requires_grad]
+    loss.backward()
+    t3 = time.perf_counter()
+    for h in handles:
+        h.remove()
+    dense_update()
+    t4 = time.perf_counter()
+    mid = min(ready) if ready else t3
+    return {"sparse_lookup": t1 - t0, "dense_forward_loss": t2 - t1, "dense_backward": mid - t2,
+            "sparse_backward_update": t3 - mid, "dense_optimizer": t4 - t3, "step": t4 - t0}
 
 
 def plain_system(plan: Any, spec: Any, precision: str, max_rows: int | None) -> System:
@@ -226,8 +289,19 @@ def torchrec_dlrm_system(plan: Any, spec: Any, precision: str) -> System | None:
         with torch.no_grad():
             return forward(inputs[0], inputs[1])
 
+    def profile(inputs: Any) -> dict[str, float]:
+        kjt, x, labels = inputs
+        optimizer.zero_grad(set_to_none=True)
+
+        def dense(emb: torch.Tensor) -> torch.Tensor:
+            with autocast_context(torch.device("cpu"), precision):
+                logits = over(interaction(dense_arch(x), emb)).float()
+            return loss_fn(logits, labels[:, :1])
+
+        return stage_times(lambda: next(iter(lookups(kjt).values())), dense, optimizer.step)
+
     return System("torchrec", step, predict, prepare,
-                  note=note + "; torchrec.models.dlrm DenseArch/InteractionArch/OverArch")
+                  note=note + "; torchrec.models.dlrm DenseArch/InteractionArch/OverArch", profile=profile)
 
 
 def fbgemm_dim(dim: int) -> int:
@@ -246,6 +320,11 @@ def staged_batches(spec: Any, plan: Any, rows: int, seed: int, batch: int, looka
 def capped_spec(spec: Any, max_rows: int | None, batch: int) -> Any:
     tables = spec.tables if max_rows is None else tuple(replace(t, rows=min(t.rows, max_rows)) for t in spec.tables)
     return replace(spec, tables=tables, training=replace(spec.training, batch_size=batch))
+
+
+def table_bytes(spec: Any) -> int:
+    """Bytes of the spec's tables (float32 rows)."""
+    return sum(t.rows * t.dim * 4 for t in spec.tables)
 
 
 def available_bytes() -> int:
@@ -272,10 +351,13 @@ def plain_row_cap(spec: Any) -> int | None:
 
 
 # ---------------------------------------------------------------- measurement
-def run_systems(systems: list[System], batches: list, eval_batches: list, warmup: int) -> dict[str, dict]:
-    """Alternate the systems step by step over the same batches; then score each."""
+def run_systems(systems: list[System], batches: list, eval_batches: list, warmup: int,
+                profile_steps: int = 0) -> dict[str, dict]:
+    """Alternate the systems step by step over the same batches; then profile the stages of
+    `profile_steps` more steps (alternating too, on the first batches again); then score each."""
     inputs = {s.name: [s.prepare(b) for b in batches] for s in systems}
     times: dict[str, list[float]] = {s.name: [] for s in systems}
+    stages: dict[str, list[dict[str, float]]] = {s.name: [] for s in systems if s.profile is not None}
     losses: dict[str, float] = {}
     for i in range(len(batches)):
         for s in systems:
@@ -283,6 +365,10 @@ def run_systems(systems: list[System], batches: list, eval_batches: list, warmup
             losses[s.name] = s.step(inputs[s.name][i])
             if i >= warmup:
                 times[s.name].append(time.perf_counter() - start)
+    for i in range(profile_steps):
+        for s in systems:
+            if s.profile is not None:
+                stages[s.name].append(s.profile(inputs[s.name][i % len(batches)]))
     del inputs
     labels = torch.cat([b.labels[:, 0] for b in eval_batches]).numpy()
     out = {}
@@ -293,6 +379,11 @@ def run_systems(systems: list[System], batches: list, eval_batches: list, warmup
         out[s.name] = {"ms_per_step": round(ms, 2), "samples_per_s": round(size / ms * 1e3, 1),
                        "auc": round(float(auc(labels, preds)), 5), "final_loss": round(losses[s.name], 5),
                        "timed_steps": len(times[s.name]), "note": s.note}
+        if s.setup_s:
+            out[s.name]["setup_s"] = s.setup_s
+        if stages.get(s.name):
+            out[s.name]["profile_ms"] = {k: round(statistics.median(p[k] for p in stages[s.name]) * 1e3, 2)
+                                         for k in stages[s.name][0]}
     return out
 
 
@@ -310,15 +401,21 @@ def bench_model(key: str, args: argparse.Namespace) -> dict:
               "table_rows": sum(t.rows for t in spec.tables), "tables_capped_at": cap,
               "plain_tables_capped_at": plain_cap, "precisions": {}}
     for precision in args.precisions:
-        systems = [flowrec_system(plan, spec, precision)]
+        systems = [flowrec_system(plan, spec, precision, args.compile, batches[0])]
+        if args.compile and args.eager_twin and table_bytes(spec) * EAGER_TWIN_COPIES < available_bytes():
+            twin = flowrec_system(plan, spec, precision)
+            systems.append(replace(twin, name="flowrec_eager", note=twin.note + "; dense stage eager"))
+            del twin
         candidates = [torchrec_system(plan, spec, precision)]
         if key == "dlrm":
             candidates.append(torchrec_dlrm_system(plan, spec, precision))
         systems += [s for s in candidates if s is not None]
-        figures = run_systems(systems, batches, eval_batches, args.warmup)
+        figures = run_systems(systems, batches, eval_batches, args.warmup, args.profile_steps)
         if "torchrec" not in figures and "torchrec_shared_dense" in figures:
             figures["torchrec"] = figures["torchrec_shared_dense"]  # no TorchRec model for this spec
-        del systems, candidates
+        for system in systems:
+            system.close()
+        del systems, candidates, system
         gc.collect()
         if not args.skip_plain:
             plain = [plain_system(plan, spec, precision, plain_cap)]
@@ -356,9 +453,11 @@ def report(args: argparse.Namespace) -> dict:
             ratios[f"flowrec_vs_torchrec_{key}{suffix}"] = ratio(figs.get("flowrec"), figs.get("torchrec"))
             ratios[f"flowrec_vs_torchrec_shared_dense_{key}{suffix}"] = ratio(
                 figs.get("flowrec"), figs.get("torchrec_shared_dense"))
+            ratios[f"compiled_vs_eager_{key}{suffix}"] = ratio(figs.get("flowrec"), figs.get("flowrec_eager"))
     return {
         "benchmark": "train_step",
         "quick": args.quick,
+        "profile_steps": args.profile_steps,
         "device": "cpu",
         "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
                     "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
@@ -373,13 +472,16 @@ def table(doc: dict) -> str:
     lines = [f"{'model':10} {'prec':5} {'system':21} {'ms/step':>9} {'samples/s':>11} {'AUC':>7}  note"]
     for key, model in doc["models"].items():
         for precision, figs in model["precisions"].items():
-            for name in ("flowrec", "torchrec", "torchrec_shared_dense", "plain"):
+            for name in ("flowrec", "flowrec_eager", "torchrec", "torchrec_shared_dense", "plain"):
+                if name == "flowrec_eager" and name not in figs:
+                    continue
                 f = figs.get(name)
                 if f is None:
                     lines.append(f"{key:10} {precision:5} {name:21} {'n/a':>9}")
                     continue
                 lines.append(f"{key:10} {precision:5} {name:21} {f['ms_per_step']:9.1f} {f['samples_per_s']:11.0f} "
                              f"{f['auc']:7.4f}  {f['note']}")
+    lines += profile_table(doc)
     lines.append("ratios (speed-up of flowrec, ms/step of the other / flowrec's, one run):")
     lines += [f"  {k}: {v}" for k, v in doc["ratios"].items()]
     return "\n".join(lines)
@@ -408,6 +510,20 @@ def competitors(count: int) -> Iterator[None]:
                 proc.wait(COMPETITOR_STOP_S)
 
 
+def profile_table(doc: dict) -> list[str]:
+    """Per stage, ms per step (median of the profiled steps), flowrec vs TorchRec."""
+    lines = []
+    for key, model in doc["models"].items():
+        for precision, figs in model["precisions"].items():
+            mine, theirs = (figs.get("flowrec") or {}).get("profile_ms"), (figs.get("torchrec") or {}).get("profile_ms")
+            if not mine or not theirs:
+                continue
+            lines.append(f"profile {key} {precision} (ms per step, median of {doc['profile_steps']} steps): "
+                         f"{'stage':24} {'flowrec':>9} {'torchrec':>9}")
+            lines += [f"  {stage:24} {mine[stage]:9.2f} {theirs[stage]:9.2f}" for stage in mine]
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="small tables and batches, few steps (smoke run)")
@@ -421,6 +537,14 @@ def main() -> None:
     parser.add_argument("--competitors", type=int, default=0,
                         help="CPU-bound processes (a busy loop each) running beside every system for the whole "
                              "run, as on a shared machine (default 0)")
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
+                        help="flowrec's dense stage compiled (torch.compile, inductor), the eager one beside it "
+                             "as flowrec_eager (default); --no-compile: eager only")
+    parser.add_argument("--eager-twin", action="store_true",
+                        help="with the compiled flowrec, also run it eagerly (flowrec_eager) where 8 table copies fit "
+                             "in memory (a full run with it was OOM-killed on 24 GB)")
+    parser.add_argument("--profile-steps", type=int, default=None,
+                        help="steps profiled per stage after the timed ones (default 5; quick 1; 0: none)")
     args = parser.parse_args()
     if args.competitors < 0:
         parser.error("--competitors must be >= 0")
@@ -431,6 +555,8 @@ def main() -> None:
     args.precisions = [p for p in args.precisions.split(",") if p]
     args.steps = args.steps or (2 if args.quick else 10)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
+    if args.profile_steps is None:
+        args.profile_steps = 1 if args.quick else 5
     with competitors(args.competitors):
         doc = report(args)
     doc["competitors"] = args.competitors

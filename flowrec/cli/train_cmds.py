@@ -67,6 +67,7 @@ def train(
     seed: Optional[int] = typer.Option(None, "--seed", help="Override the spec's training seed (0 .. 2^63-1)."),
     dask: Optional[str] = typer.Option(None, "--dask", help="Read data partitions through Dask: a scheduler address (tcp://host:8786) of an existing cluster, or 'local' for a local cluster. Default: direct pyarrow reads (faster on one machine)."),
     interleave: Optional[bool] = typer.Option(None, "--interleave/--no-interleave", help="--no-interleave: sequential schedule (no micro-batches, cache exchanges inline) to compare with the planned overlap; same parameters."),
+    compile_dense: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="Compile the dense stage (torch.compile, inductor; eager where compiling fails): faster steps after a one-off compile of tens of seconds, so for long runs. Same parameters (allclose). Default: off."),
     nan_policy: Optional[str] = typer.Option(None, "--nan-policy", help="On a non-finite loss: stop (exit 2, the last checkpoint kept) or skip-batch (skip that batch's update and count it). Default: stop."),
     init_from: Optional[Path] = typer.Option(None, "--init-from", help="Start from this trained run (folder or checkpoint): its tables, dense parameters and optimizer state, its plan and its encoder (the data must be encoded with it: `flowrec data convert ... --encoder-from RUN`). The run starts at step 0 and records its parent in run.json."),
     fresh_optimizer: bool = typer.Option(False, "--fresh-optimizer", help="With --init-from: start the optimizer state afresh (parameters only)."),
@@ -102,7 +103,7 @@ def train(
              "plan": _text(plan_file), "profile": _text(profile), "target": target,
              "epochs": epochs, "max_steps": max_steps, "eval_every": eval_every,
              "checkpoint_every": checkpoint_every, "checkpoint_full_every": checkpoint_full_every,
-             "interleave": interleave, "nan_policy": nan_policy}
+             "interleave": interleave, "compile": compile_dense, "nan_policy": nan_policy}
     from flowrec.cli.ranks import share_cores
 
     share_cores()  # several ranks on this machine: their share of the cores, before numba is imported

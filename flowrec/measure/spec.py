@@ -1,11 +1,13 @@
-"""The spec's own part of `flowrec calibrate`: its dense ops, its per-step framework cost and its
-staging rate, measured on its plan once the machine's constants are known.
+"""The spec's own part of `flowrec calibrate`: its dense ops, its per-step framework cost, its
+compute scale and its staging rate, measured on its plan once the machine's constants are known.
 
 Each measurement needs the ones before it in the profile: the dense ops are timed as whole
 operator modules (`flowrec.measure.step.op_seconds`) at a few batch sizes (the cost
 model interpolates between them); the framework cost is what real training steps at tiny batch sizes
 (where the work terms nearly vanish; the fastest step, as the ops keep their fastest round) take
-beyond the prediction of the profile so far; the staging rate is the values the trainer's batch
+beyond the prediction of the profile so far; the compute scale is what real steps at the spec's
+batch size (the fastest step) take beyond that fixed cost, over the work the profile prices op by
+op (in a step the ops share caches, the allocator and the autograd engine); the staging rate is the values the trainer's batch
 pipeline stages per CPU second (CPU only: there the data threads share the trainer's cores, so
 their CPU time is taken from its steps; a GPU's host stages beside the device).
 
@@ -24,23 +26,28 @@ import torch
 
 from flowrec.graph.kinds import OP_KINDS
 from flowrec.planner.calibration import profile_document
+from flowrec.planner.cost import dense_seconds, dense_update_seconds, device_profile
 from flowrec.planner.manager import make_plan
 from flowrec.planner.op_work import op_signature
 from flowrec.planner.targets import target_for_device
 from flowrec.measure.calibrate import interleaved_seconds
-from flowrec.measure.step import op_seconds, staging_cpu_seconds, step_seconds, with_batch
+from flowrec.measure.step import dense_step_seconds, op_seconds, staging_cpu_seconds, step_seconds, with_batch
 from flowrec.spec.model import ModelSpec
 from operators.device import device_name
 
 TINY_BATCHES = (16, 64)  # batch sizes of the framework-cost steps
 TINY_STEPS = 12  # timed steps at each
 OP_BATCH_SHARES = (0, 4, 1)  # the dense ops' batch sizes: the smallest tiny batch, batch / 4, batch
+FULL_STEPS = 8  # timed full-batch steps of the compute scale
+COMPUTE_SCALE_RANGE = (0.1, 1000.0)  # a sanity bound: on a busy shared CPU every parallel region of a
+# real step can wait for a time slice, and steps of a small model then take 100x their ops' fastest
+# rounds (measured: a 1 ms step taking 130 ms under a load of 5 on 2 cores)
 
 
 def spec_constants(spec: ModelSpec, device: torch.device, measured: dict[str, tuple[Any, str]],
                    seconds: float) -> tuple[dict[str, tuple[Any, str]], dict[str, Any]]:
     """({field: (value, how)}, details) of the spec's dense ops (`dense_ops`), framework cost
-    (`step_us`) and, on the CPU, staging rate (`staging_values_per_s`), on top of `measured` (the
+    (`step_us`), compute scale (`compute_scale`) and, on the CPU, staging rate (`staging_values_per_s`), on top of `measured` (the
     machine's constants), `seconds` per timed op point."""
     out: dict[str, tuple[Any, str]] = {}
     with tempfile.TemporaryDirectory(prefix="flowrec-profile-") as tmp:
@@ -59,7 +66,12 @@ def spec_constants(spec: ModelSpec, device: torch.device, measured: dict[str, tu
         step_us, step_details = _framework_us(spec, device, plan_for)
         out["step_us"] = (step_us, f"fastest of {TINY_STEPS} real training steps at batch sizes {TINY_BATCHES} "
                                    f"(staged beforehand) minus the profile's prediction of their compute, mean")
-        details: dict[str, Any] = {"dense_op_signatures": op_details, "framework_us_by_batch": step_details}
+        scale, scale_details = _compute_scale(spec, device, plan_for, profile)
+        out["compute_scale"] = (scale, f"dense part (forward, loss, backward to the lookups, dense update) of "
+                                       f"real training steps at the spec's batch size, fastest of {FULL_STEPS}, "
+                                       f"over the profile's prediction of it")
+        details: dict[str, Any] = {"dense_op_signatures": op_details, "framework_us_by_batch": step_details,
+                                   "compute_scale": scale_details}
         if device.type == "cpu":
             rate, staging_details = _staging_rate(spec, plan_for(spec.training.batch_size))
             out["staging_values_per_s"] = (rate, "ids and dense values per process CPU second of the "
@@ -134,6 +146,24 @@ def _framework_us(spec: ModelSpec, device: torch.device, plan_for) -> tuple[floa
         residuals.append((measured_ms - predicted_ms) * 1e3)
         details[str(batch)] = {"measured_ms": measured_ms, "predicted_ms": predicted_ms}
     return max(0.0, statistics.mean(residuals)), details
+
+
+def _compute_scale(spec: ModelSpec, device: torch.device, plan_for, profile: Path) -> tuple[float, dict[str, Any]]:
+    """The dense part of the spec's real full-batch steps (the fastest, as the ops keep their
+    fastest round: the machine, not a burst of its neighbours) over the profile's prediction of
+    it (dense forward and backward op by op, the dense update), within COMPUTE_SCALE_RANGE; raw.
+    Only the dense side: it runs the same whatever the placements, so the scale holds for a plan
+    with another device budget (the sparse side's cost depends on them and is priced as such)."""
+    plan = plan_for(spec.training.batch_size)  # writes `profile` as measured so far
+    priced = device_profile(str(profile))
+    graph, batch, micro = plan.graph, spec.training.batch_size, max(1, int(plan.meta.micro_batches))
+    forward, backward = dense_seconds(graph, priced, -(-batch // micro), spec.training.precision == "bf16",
+                                      spec.training.precision)
+    work_ms = ((forward + backward) * micro + dense_update_seconds(graph, spec, priced)) * 1e3
+    measured_ms = min(dense_step_seconds(plan, spec, device, FULL_STEPS)) * 1e3
+    low, high = COMPUTE_SCALE_RANGE
+    scale = min(high, max(low, measured_ms / work_ms)) if work_ms > 0 else 1.0
+    return scale, {"measured_dense_ms": measured_ms, "predicted_dense_ms": work_ms}
 
 
 def _staging_rate(spec: ModelSpec, plan: Any) -> tuple[float, dict[str, Any]]:

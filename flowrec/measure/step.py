@@ -92,6 +92,39 @@ def step_seconds(plan: Any, spec: ModelSpec, device: torch.device, steps: int = 
         model.close()
 
 
+def dense_step_seconds(plan: Any, spec: ModelSpec, device: torch.device, steps: int = STEPS) -> list[float]:
+    """Wall seconds of the dense part of `steps` training steps of `plan` (after WARMUP_STEPS):
+    the dense forward, the loss, its backward down to the lookups (taken as leaves, looked up
+    before the clock starts: the sparse side is not timed) and the dense optimizer step, with
+    micro-batches as planned, on batches staged beforehand."""
+    tune_host_allocator()
+    model = lower(plan, spec, device)
+    try:
+        opt = spec.dense_optimizer
+        optimizer = make_dense_optimizer(model, opt.name, opt.lr, dict(opt.params))
+        micro = max(1, int(plan.meta.micro_batches))
+        seconds = []
+        for batch in _staged(spec, plan, WARMUP_STEPS + steps):
+            with torch.no_grad():
+                looked = model.embed(batch)
+            emb = {g: e.detach().requires_grad_(True) for g, e in looked.items()}
+            masks = model.sequence_masks(batch)
+            t0 = time.perf_counter()
+            optimizer.zero_grad(set_to_none=True)
+            bounds = torch.linspace(0, batch.dense.shape[0], micro + 1).round().long().tolist()
+            for lo, hi in zip(bounds, bounds[1:]):
+                with autocast_context(model.device, spec.training.precision):
+                    logits = model.dense_forward(batch.dense[lo:hi], {g: e[lo:hi] for g, e in emb.items()},
+                                                 {k: m[lo:hi] for k, m in masks.items()})
+                model.loss(logits, batch.labels[lo:hi]).backward()
+            optimizer.step()
+            runtime_for(model.device).synchronize()
+            seconds.append(time.perf_counter() - t0)
+        return seconds[WARMUP_STEPS:]
+    finally:
+        model.close()
+
+
 def staging_cpu_seconds(spec: ModelSpec, plan: Any, batches: int = STEPS) -> tuple[float, float]:
     """(process CPU seconds, ids and dense values) per batch of the trainer's batch pipeline run
     alone over `batches` + 1 batches of synthetic rows written as an encoded Parquet dataset (the
@@ -148,18 +181,21 @@ def op_seconds(plan: Any, spec: ModelSpec, device: torch.device, nodes: Sequence
 
 def _captured_inputs(model: LoweredModel, spec: ModelSpec, batch: Any, nodes: Sequence[str]) -> dict[str, tuple]:
     """The positional inputs of each node's module in a real dense forward of `batch`, detached
-    (those that needed a gradient as new leaves that do)."""
+    (those that needed a gradient as new leaves that do). Every module is called as such: an MLP
+    that takes its gather's sources (`LoweredModel.source_mlps`) takes the gathered input here."""
     captured: dict[str, tuple] = {}
 
     def keep(name: str, module: torch.nn.Module, args: tuple) -> None:
         captured[name] = tuple(_leaf(a) for a in args)
 
     hooks = [model.ops[n].register_forward_pre_hook(partial(keep, n)) for n in nodes]
+    model.fuse_sources = False
     try:
         dense = batch.dense.to(model.device)
         with autocast_context(model.device, spec.training.precision):
             model.dense_forward(dense, model.embed(batch), model.sequence_masks(batch))
     finally:
+        model.fuse_sources = True
         for hook in hooks:
             hook.remove()
     return captured

@@ -6,7 +6,7 @@ A value is a number, or for the per-optimizer costs (`TABLES`) {optimizer: [numb
 measured dense ops (`OP_TABLES`) {op signature: [numbers]}. Fields not measured keep the base's
 datasheet value and are listed under `datasheet`; older documents load with datasheet values for
 what they lack (version 1: the per-op constants; version 2: the measured dense ops, the per-step
-framework cost and the staging rate). The planner
+framework cost and the staging rate; a version 3 document without `compute_scale`: 1). The planner
 loads a document given as `--target FILE` (`flowrec.planner.cost.device_profile`); the plan then
 names the profile and says it is calibrated. The default place is the user's cache folder
 (`$XDG_CACHE_HOME/flowrec/`, else `~/.cache/flowrec/`), one file per device kind.
@@ -34,7 +34,7 @@ SCALARS = ("memory_bytes", "hbm_gbps", "pcie_gbps", "fp32_tflops", "bf16_tflops"
            "elementwise_gbps", "gemm_us", "gemm_gbps", "gemm_bwd_us", "gemm_bwd_tflops", "gemm_bwd_gbps", "sparse_fwd_us", "sparse_fwd_ns_per_id",
            "sparse_fwd_ns_per_elem", "map_ns_per_id", "map_small_ns_per_id", "alloc_threshold_bytes",
            "alloc_ns_per_byte", "step_us", "staging_values_per_s", "collective_gbps", "collective_us",
-           "collective_world_size")
+           "collective_world_size", "compute_scale")
 INTEGERS = frozenset({"memory_bytes", "collective_world_size"})
 COLLECTIVE = frozenset({"collective_gbps", "collective_us", "collective_world_size"})  # with --nproc only
 TABLES = {"dense_update": 2, "sparse_update": 5}  # per-optimizer cost vectors: field -> length

@@ -78,7 +78,10 @@ class DeviceProfile:
     through a row map (`map_ns_per_id` each). `dense_update` = per dense optimizer (us per
     parameter tensor, ns per parameter element) of one step. `dense_ops` = per measured dense op
     (`op_work.op_signature`) its forward and backward us at a few batch sizes, which price that op
-    instead of its kernels (`measured_op_seconds`); `step_us` = the step's fixed framework cost.
+    instead of its kernels (`measured_op_seconds`); `step_us` = the step's fixed framework cost;
+    `compute_scale` = what the dense part of the spec's own full-batch steps takes over its ops
+    priced one by one (ops in a step share caches, the allocator and the autograd engine), as a
+    factor on the dense forward, backward and update (1: not measured).
 
     Example:
         >>> DEVICES["cpu"].pcie_gbps is None
@@ -120,6 +123,7 @@ class DeviceProfile:
     sparse_update: Table = ()  # () or a missing optimizer: gathers and row updates at the datasheet rates
     step_us: float = 0.0  # per step, beyond the priced ops (framework: trainer, zero_grad, autograd engine)
     dense_ops: Table = ()  # measured dense ops: (op signature, (batch, fwd us, bwd us) points by batch)
+    compute_scale: float = 1.0  # a spec's real full-batch dense part / its ops priced one by one (in situ)
 
     @property
     def constants(self) -> str:
@@ -415,6 +419,7 @@ def predict(graph: OpGraph, spec: ModelSpec, device: DeviceProfile, *, micro_bat
     transfer = h2d / (device.pcie_gbps * 1e9) if device.pcie_gbps else 0.0
 
     mb = max(1, micro_batches)
+    scale = device.compute_scale  # the dense side's in-situ factor
     sparse = backward_sparse = 0.0
     for u in units:
         forward_s, backward_s = sparse_seconds(u, device, batch, profile)
@@ -423,8 +428,8 @@ def predict(graph: OpGraph, spec: ModelSpec, device: DeviceProfile, *, micro_bat
 
     bf16 = spec.training.precision == "bf16"
     dense, dense_backward = dense_seconds(graph, device, -(-batch // mb), bf16, spec.training.precision)
-    dense, dense_backward = dense * mb + device.step_us * 1e-6, dense_backward * mb
-    update = dense_update_seconds(graph, spec, device)
+    dense, dense_backward = dense * mb * scale + device.step_us * 1e-6, dense_backward * mb * scale
+    update = dense_update_seconds(graph, spec, device) * scale
     backward = dense_backward + backward_sparse + update
 
     stages = (("staging", staging), ("transfer", transfer), ("sparse", sparse),

@@ -37,11 +37,13 @@ SETTINGS: dict[str, tuple[str, Any]] = {
     "checkpoint_every": ("--checkpoint-every", 0),
     "checkpoint_full_every": ("--checkpoint-full-every", 1),
     "interleave": ("--interleave/--no-interleave", True),
+    "compile": ("--compile/--no-compile", False),
     "nan_policy": ("--nan-policy", "stop"),
 }
 
 INT_SETTINGS = ("rows", "seed", "epochs", "max_steps", "eval_every", "checkpoint_every", "checkpoint_full_every")
-KINDS: dict[str, type] = {**{k: str for k in SETTINGS}, **{k: int for k in INT_SETTINGS}, "interleave": bool}
+KINDS: dict[str, type] = {**{k: str for k in SETTINGS}, **{k: int for k in INT_SETTINGS}, "interleave": bool,
+                           "compile": bool}
 REQUIRED = ("data", "eval_data", "rows", "seed", "epochs", "max_steps", "eval_every")  # every run.json holds
 # them (flowrec train and flowrec.train write them); without one, --resume would silently train
 # something else (the spec's bound data instead of the run's --data, another length)

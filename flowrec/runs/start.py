@@ -61,7 +61,8 @@ def train_config(settings: dict[str, Any], folder: Path | None, progress: bool) 
     return TrainConfig(epochs=settings["epochs"], out_dir=folder, eval_every=settings["eval_every"],
                        max_steps=settings["max_steps"], checkpoint_every=settings["checkpoint_every"],
                        checkpoint_full_every=settings["checkpoint_full_every"], progress=progress,
-                       interleave=settings["interleave"], nan_policy=settings["nan_policy"])
+                       interleave=settings["interleave"], compile_dense=bool(settings.get("compile")),
+                       nan_policy=settings["nan_policy"])
 
 
 def start_session(spec: ModelSpec, spec_path: Path, settings: dict[str, Any], folder: Path | None, plan: Plan,

@@ -34,6 +34,7 @@ from flowrec.runtime.retrieval import bind, check_sampled_placement
 from flowrec.spec.model import ModelSpec
 from operators import registry
 from operators.dense import concat_flat, flat_rows
+from operators.device import CompiledCall, runtime_for
 from operators.regularize import GhostBatchNorm, SeededDropout
 
 GATHER_MIN_SLOTS = 4  # from this many input slots on, one gather replaces per-slot slices + cat
@@ -64,10 +65,15 @@ class FlatGather:
         sources: source nodes in order (dense input, packed lookups, module outputs).
         index: columns of cat(sources flattened) in the node's input order, None when that is
             every column in order.  # (In,) int64
+        widths: each source's flat width.
+        inverse: where each column of cat(sources flattened) goes in the node's input, when
+            `index` is a permutation of them (None otherwise, or when `index` is None).  # (In,) int64
     """
 
     sources: tuple[str, ...]
     index: torch.Tensor | None
+    widths: tuple[int, ...] = ()
+    inverse: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -107,6 +113,7 @@ class LoweredModel(nn.Module):
         self.host_side = frozenset(g.name for g in self.groups if PLACEMENTS[g.placement].host_side)
         self.interleave = True  # K-interleaving of host-side and device lookups (see `embed`)
         self._executor: ThreadPoolExecutor | None = None
+        self.compiled: CompiledCall | None = None  # the compiled dense stage (`compile_dense`)
         with torch.random.fork_rng(devices=[]):  # seeded init without touching the process's RNG
             torch.manual_seed(seed)
             self.embeddings = nn.ModuleDict(_embeddings(self.groups, seed, self.device, world) if tables else {})
@@ -140,6 +147,8 @@ class LoweredModel(nn.Module):
         self.gathers = {step.name: gather for step in self.steps if OP_KINDS[step.kind].gathers
                         and len(step.slots) >= GATHER_MIN_SLOTS
                         for gather in [self._flat_gather(step)] if gather is not None}
+        self.source_mlps, self.skipped = _source_mlps(graph, self.steps, self.gathers, self.ops)
+        self.fuse_sources = True  # False: every module called on its gathered input (op calibration)
         loss_name = next(n for n in graph.nodes if graph.nodes[n]["op"].kind == "loss")
         loss_op: Op = graph.nodes[loss_name]["op"]
         self.head_nodes = [s.source for s in input_slots(graph, loss_name)
@@ -227,7 +236,9 @@ class LoweredModel(nn.Module):
                 module.interleave = on
 
     def close(self) -> None:
-        """Stop the K-interleaving worker and the embedding modules' own workers."""
+        """Stop the K-interleaving worker and the embedding modules' own workers; drop the
+        compiled dense stage."""
+        self.compiled = None
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
@@ -238,9 +249,18 @@ class LoweredModel(nn.Module):
         if self.managed is not None:
             self.managed.close()
 
+    def compile_dense(self, on: bool = True) -> CompiledCall | None:
+        """Run the training dense stage compiled (`torch.compile` through the device runtime,
+        eager where compiling fails) or eagerly (`on` False). Evaluation (no grad) stays eager:
+        its shapes and graphs differ and it runs too rarely to repay a compile. One process only
+        (DDP wraps the eager forward)."""
+        self.compiled = runtime_for(self.device).compile(self._dense_eager) if on and self.world is None else None
+        return self.compiled
+
     def dense_forward(self, dense: torch.Tensor, emb: dict[str, torch.Tensor],
                       masks: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Dense stage: every dense node in topological order.
+        """Dense stage: every dense node in topological order (compiled when `compile_dense`
+        was asked for and grad is on).
 
         Args:
             dense: dense features.  # (B, n_dense)
@@ -250,9 +270,21 @@ class LoweredModel(nn.Module):
         Returns:
             Logits, one column per head (one per class of a multiclass head).  # (B, sum of head widths)
         """
+        if self.compiled is not None and torch.is_grad_enabled():
+            return self.compiled(dense, emb, masks)
+        return self._dense_eager(dense, emb, masks)
+
+    def _dense_eager(self, dense: torch.Tensor, emb: dict[str, torch.Tensor],
+                     masks: dict[str, torch.Tensor]) -> torch.Tensor:
         values: dict[str, torch.Tensor] = {}
         for step in self.steps:
             op = self.ops[step.name]
+            if step.name in self.skipped and self.fuse_sources:  # its one reader takes its sources
+                continue
+            if step.name in self.source_mlps and self.fuse_sources:
+                gather = self.gathers[self.source_mlps[step.name]]
+                values[step.name] = op.forward_sources(self._sources(gather, dense, emb, values), gather.inverse)
+                continue
             if step.name in self.gathers:
                 values[step.name] = op(self._gathered(self.gathers[step.name], dense, emb, values))
                 continue
@@ -303,13 +335,20 @@ class LoweredModel(nn.Module):
                 sources[slot.source] = width
                 width += full
             columns.extend(sources[slot.source] + c for c in cols)
+        starts = list(sources.values()) + [width]
+        widths = tuple(b - a for a, b in zip(starts, starts[1:]))
         if columns == list(range(width)):
-            return FlatGather(tuple(sources), None)
-        return FlatGather(tuple(sources), torch.tensor(columns, dtype=torch.int64, device=self.device))
+            return FlatGather(tuple(sources), None, widths)
+        index = torch.tensor(columns, dtype=torch.int64, device=self.device)
+        inverse = None
+        if sorted(columns) == list(range(width)):  # a permutation: each source column used once
+            inverse = torch.empty_like(index)
+            inverse[index] = torch.arange(width, device=self.device)
+        return FlatGather(tuple(sources), index, widths, inverse)
 
-    def _gathered(self, gather: FlatGather, dense: torch.Tensor, emb: dict[str, torch.Tensor],
-                  values: dict[str, torch.Tensor]) -> torch.Tensor:
-        """A node's flat input assembled by its `FlatGather`.  # (B, In)"""
+    def _sources(self, gather: FlatGather, dense: torch.Tensor, emb: dict[str, torch.Tensor],
+                 values: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        """The whole sources of a `FlatGather`, in its order, as they are (B, ...)."""
         parts = []
         for source in gather.sources:
             if source == self.dense_node:
@@ -318,7 +357,12 @@ class LoweredModel(nn.Module):
                 parts.append(emb[self.node_group[source]])
             else:
                 parts.append(values[source])
-        flat = concat_flat(parts)  # (B, sum of source widths)
+        return parts
+
+    def _gathered(self, gather: FlatGather, dense: torch.Tensor, emb: dict[str, torch.Tensor],
+                  values: dict[str, torch.Tensor]) -> torch.Tensor:
+        """A node's flat input assembled by its `FlatGather`.  # (B, In)"""
+        flat = concat_flat(self._sources(gather, dense, emb, values))  # (B, sum of source widths)
         return flat if gather.index is None else flat.index_select(1, gather.index.to(flat.device))
 
     def sequence_masks(self, batch: Batch) -> dict[str, torch.Tensor]:
@@ -340,6 +384,40 @@ class LoweredModel(nn.Module):
     def forward(self, batch: Batch) -> torch.Tensor:
         dense = batch.dense.to(self.device, non_blocking=True)
         return self.dense_forward(dense, self.embed(batch), self.sequence_masks(batch))
+
+
+def _source_mlps(graph: nx.DiGraph, steps: list[NodeStep], gathers: dict[str, FlatGather],
+                 ops: nn.ModuleDict) -> tuple[dict[str, str], frozenset[str]]:
+    """MLPs that take their gathered input as its whole sources ({mlp: node whose gather it
+    takes}), and the concat nodes they make unnecessary.
+
+    An MLP's first layer is linear in its input, so a permutation of the input's columns is a
+    permutation of the layer's weight columns (`MLP.forward_sources`): the (B, In) gather and its
+    scatter in the backward (the largest copies of a wide model's step) become a gather of the
+    (Out, In) weight. Taken: an MLP whose own input is a permutation gather, or whose one input is
+    a concat node's permutation gather read by nothing else.
+    """
+    kinds = {step.name: step for step in steps}
+    fused: dict[str, str] = {}
+    skipped = set()
+    for step in steps:
+        if step.kind != "mlp" or not hasattr(ops[step.name], "forward_sources"):
+            continue
+        if step.name in gathers:
+            owner = step.name
+        elif (len(step.slots) == 1 and not step.slots[0].fields and step.slots[0].source in gathers
+              and kinds.get(step.slots[0].source, step).kind == "concat"
+              and graph.out_degree(step.slots[0].source) == 1):
+            owner = step.slots[0].source
+            skipped.add(owner)
+        else:
+            continue
+        gather = gathers[owner]
+        if gather.index is None or gather.inverse is not None:
+            fused[step.name] = owner
+        else:
+            skipped.discard(owner)
+    return fused, frozenset(skipped)
 
 
 def _select_fields(out: torch.Tensor, group: PackedGroup, fields: tuple[str, ...]) -> torch.Tensor:

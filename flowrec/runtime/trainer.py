@@ -82,6 +82,9 @@ class TrainConfig:
         drop_last: drop the last partial batch of each epoch.
         interleave: overlap work as planned (micro-batches, cache exchanges on a side thread /
             stream); False gives the sequential schedule for comparison (same parameters).
+        compile_dense: compile the training dense stage (`LoweredModel.compile_dense`: torch.compile
+            through the device runtime, eager where compiling fails). Opt-in: the first step pays
+            a compile of tens of seconds, which short runs do not earn back.
         hot_run: FAE interleaving rate, hot batches in a row (static_hot placements).
         cold_run: cold batches in a row.
         nan_policy: on a non-finite loss, "stop" (raise TrainingStopped; nothing of the batch is
@@ -102,6 +105,7 @@ class TrainConfig:
     tensorboard: bool = True
     drop_last: bool = False
     interleave: bool = True
+    compile_dense: bool = False
     hot_run: int = HOT_RUN
     cold_run: int = COLD_RUN
     nan_policy: str = "stop"
@@ -210,6 +214,8 @@ class Trainer:
         self.lookahead = max(config.lookahead, spec.plan.window if "lookahead" in placements else 0)
         self.horizon = HORIZON_WINDOWS * self.lookahead if "lookahead" in placements else 0
         model.set_interleave(config.interleave)
+        if config.compile_dense:
+            model.compile_dense()
         self.hot_flags: dict[str, torch.Tensor] | None = None if "static_hot" in placements else {}
         self.log: MetricsLog | None = None
         self.stage_seconds = {"staging_wait": 0.0, "compute": 0.0, "eval": 0.0, "checkpoint": 0.0}

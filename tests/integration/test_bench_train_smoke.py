@@ -17,7 +17,7 @@ def test_bench_train_quick_writes_figures(tmp_path):
     out = tmp_path / "train.json"
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
     proc = subprocess.run([sys.executable, "tools/bench_train.py", "--quick", "--models", "dlrm",
-                           "--precisions", "fp32", "--competitors", "1", "--json", str(out)],
+                           "--precisions", "fp32", "--competitors", "1", "--eager-twin", "--json", str(out)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(out.read_text())
@@ -31,3 +31,10 @@ def test_bench_train_quick_writes_figures(tmp_path):
     assert doc["ratios"]["flowrec_vs_plain_wide1000"] is None  # not run
     assert (doc["ratios"]["flowrec_vs_torchrec_dlrm"] is None) == (figs["torchrec"] is None)
     assert "flowrec" in proc.stdout and "plain" in proc.stdout
+    # the compiled dense stage beside the eager one, and the stage profile
+    assert "dense stage compiled (inductor" in figs["flowrec"]["note"] and figs["flowrec"]["setup_s"] > 0
+    assert figs["flowrec_eager"]["ms_per_step"] > 0 and doc["ratios"]["compiled_vs_eager_dlrm"] > 0
+    stages = figs["flowrec"]["profile_ms"]
+    assert set(stages) == {"sparse_lookup", "dense_forward_loss", "dense_backward", "sparse_backward_update",
+                           "dense_optimizer", "step"}
+    assert stages["step"] >= max(v for k, v in stages.items() if k != "step") > 0

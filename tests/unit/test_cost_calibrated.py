@@ -301,3 +301,47 @@ def test_measured_op_points_never_fall_as_the_batch_grows():
     assert monotone(loaded) == [(16, 1.0, 0.5), (256, 1.0, 3.0), (1024, 9.0, 3.0)]
     calm = [(16, 1.0, 2.0), (256, 3.0, 5.0), (1024, 9.0, 20.0)]
     assert monotone(calm) == calm
+
+
+def test_compute_scale_prices_the_dense_side_only(dlrm):
+    plan = make_plan(dlrm, target="cpu")
+    cpu = replace(DEVICES["cpu"], step_us=700.0)
+    base, scaled = (dict(predict(plan.graph, dlrm, replace(cpu, compute_scale=s)).stage_ms) for s in (1.0, 1.5))
+    forward, backward = dense_seconds(plan.graph, cpu, dlrm.training.batch_size)
+    update = dense_update_seconds(plan.graph, dlrm, cpu)
+    assert forward > 0 and backward > 0 and update > 0
+    assert scaled["dense"] == pytest.approx(base["dense"] + forward * 0.5 * 1e3)  # step_us unscaled
+    assert scaled["backward"] == pytest.approx(base["backward"] + (backward + update) * 0.5 * 1e3)
+    assert scaled["sparse"] == base["sparse"] > 0 and scaled["staging"] == base["staging"]
+
+
+def test_compute_scale_is_the_measured_dense_part_over_its_priced_ops(dlrm, monkeypatch, tmp_path: Path):
+    from flowrec.measure import spec as calibrate_spec
+
+    plan = make_plan(dlrm, target="cpu")
+    profile = tmp_path / "p.json"
+    profile.write_text(json.dumps(profile_document("cpu", {"step_us": (300.0, "tiny steps")}, "m", "t")))
+    priced = device_profile(str(profile))
+    forward, backward = dense_seconds(plan.graph, priced, dlrm.training.batch_size)
+    work_ms = (forward + backward + dense_update_seconds(plan.graph, dlrm, priced)) * 1e3
+    factor = random.uniform(0.6, 2.5)
+    for measured_ms, expected in ((factor * work_ms, factor), (work_ms * 5000, 1000.0), (0.0, 0.1)):
+        monkeypatch.setattr(calibrate_spec, "dense_step_seconds",
+                            lambda *a, ms=measured_ms: [ms * 1e-3 * (1 + i % 3 / 2) for i in range(8)])  # fastest: ms
+        scale, details = calibrate_spec._compute_scale(dlrm, None, lambda batch: plan, profile)
+        assert scale == pytest.approx(expected, rel=1e-4)
+        assert details["measured_dense_ms"] == pytest.approx(measured_ms, rel=1e-5)
+    profile.write_text(json.dumps(profile_document("cpu", {"compute_scale": (1.7, "steps")}, "m", "t")))
+    assert device_profile(str(profile)).compute_scale == 1.7
+    assert device_profile("cpu").compute_scale == 1.0  # not measured: the ops' sum
+
+
+def test_dense_step_seconds_times_real_dense_steps(repo):
+    import torch
+
+    from flowrec.measure.step import dense_step_seconds, with_batch
+
+    spec = with_batch(load_spec(repo / "specs" / "din_taobao.yaml"), 64)  # attention and masks
+    plan = make_plan(spec, target="cpu")
+    seconds = dense_step_seconds(plan, spec, torch.device("cpu"), 3)
+    assert len(seconds) == 3 and all(0 < s < 60 for s in seconds)
