@@ -40,7 +40,7 @@ FILES: dict[str, frozenset[str]] = {
         "test_custom", "test_heads", "test_mlp_regularize", "test_moe", "test_packed_mlp_lowering", "test_table_l2",
         "test_managed_spec", "test_managed_map", "test_days", "test_self_attention", "test_similarity",
         "test_retrieval", "test_calibrate_collective", "test_targets", "test_compiled_fallback",
-        "test_dense_optimizer_fused", "test_source_mlp",
+        "test_dense_optimizer_fused", "test_source_mlp", "test_next_item_data",
     )},
     "tests/unit/test_lifecycle_hostile.py": FAST,  # hostile input to runs, --follow, plan --managed-from
     "tests/unit/test_cache_bench.py": frozenset({"processes"}),
@@ -67,6 +67,7 @@ FILES: dict[str, frozenset[str]] = {
         "test_train_loop", "test_train_plan", "test_train_compile", "test_vocab_spare", "test_output_hostile", "test_package_hostile",
         "test_custom_module", "test_heads_package", "test_regularize_package", "test_managed_runs", "test_follow",
         "test_tower_package", "test_sequence_package", "test_runs_lifecycle", "test_retrieval_serving",
+        "test_sasrec_train",
     )},
     **{f"tests/integration/{name}.py": frozenset({"fuzz"}) for name in (
         "test_checkpoint_fuzz", "test_data_fuzz", "test_data_hostile",

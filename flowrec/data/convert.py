@@ -37,6 +37,7 @@ from flowrec.data.layout import (VOCAB_DIR, DataError, DatasetMeta, data_hash, e
                                  unique_labels, write_meta)
 from flowrec.data.output import staged_output
 from flowrec.data.rawstats import RawStats
+from flowrec.data.sequences import TEST_COLUMN, split_option
 from flowrec.data.sources import FORMAT_ALIASES, LINE_COLUMN, reader
 from flowrec.data.vocab_growth import TableGrowth, grow_encoder
 from flowrec.spec.model import ModelSpec
@@ -151,6 +152,7 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
     read = reader(fmt)
     opts = dict(spec.data.options) if spec.data is not None else {}
     opts.update(options)
+    last_out = split_option(opts) == "leave_last_out"
     columns = dict(spec.data.columns) if spec.data is not None else {}
     for label in unique_labels(spec):
         if label not in columns and fmt in FORMAT_LABEL and label == "label":
@@ -195,15 +197,18 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
     if cutoff is not None:
         logs.clear()
         mapped[0] = 0
-    writers = {"": PartWriter(out, rows_per_file)} if not fraction else {
+    writers = {"": PartWriter(out, rows_per_file)} if not (fraction or last_out) else {
         "train": PartWriter(out / "train", rows_per_file), "test": PartWriter(out / "test", rows_per_file)}
     seen = 0
     stats = {name: RawStats(spec, columns, opts.get("date_column", split_by)) for name in writers}
     for _, chunk in chunks(on_error):
         encoded = encoder.encode(chunk)
+        if last_out:
+            test = _last_rows(chunk)
         if fraction:
             test = (split_mask(seen, encoded.num_rows, fraction, seed) if cutoff is None
                     else _times(chunk, split_by) >= cutoff)
+        if fraction or last_out:
             for side, mask in (("test", pa.array(test)), ("train", pa.array(~test))):
                 writers[side].write(encoded.filter(mask))
                 stats[side].observe(chunk.filter(mask), encoded.filter(mask))
@@ -217,12 +222,22 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
         w.close()
         split = {"test_fraction": fraction, "part": name}
         split.update({"split_by": split_by, "cutoff": cutoff} if cutoff is not None else {"split_seed": seed})
-        _finish(spec, encoder, w, fmt, inputs, split if fraction else {})
+        if last_out:
+            split = {"split": "leave_last_out", "part": name}
+        _finish(spec, encoder, w, fmt, inputs, split if fraction or last_out else {})
         stats[name].write(w.out)
     examples = tuple(str(e) for log in logs for e in log.examples)
     return ConvertReport(str(out), seen, sum(w.files for w in writers.values()),
                          sum(log.count for log in logs), examples, 0.0,
                          {k: w.rows for k, w in writers.items() if k}, mapped[0], growth)
+
+
+def _last_rows(chunk: pa.Table) -> np.ndarray:
+    """Leave-last-out: the reader's marker of each user's last example."""
+    if TEST_COLUMN not in chunk.column_names:
+        raise DataError("data option split: leave_last_out needs per-user sequences (format movielens with "
+                        "data option sequence: {max_len: L})")
+    return chunk.column(TEST_COLUMN).to_numpy(zero_copy_only=False).astype(bool)
 
 
 def _times(chunk: pa.Table, column: str) -> np.ndarray:

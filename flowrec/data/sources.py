@@ -28,6 +28,7 @@ import pyarrow.csv as pcsv
 
 from flowrec.data.error_log import ErrorLog
 from flowrec.data.layout import DataError
+from flowrec.data.sequences import HISTORY_COLUMN, TEST_COLUMN, next_item_rows, sequence_length
 
 CHUNK_BYTES = 16 << 20  # bytes of text per streamed chunk
 LIBSVM_CHUNK_LINES = 65536  # lines per libsvm chunk
@@ -341,8 +342,11 @@ def read_movielens(path: Path, options: dict[str, Any], log: ErrorLog, numeric: 
 
     Columns: user_id, item_id, rating, timestamp, age, gender, occupation, zip_code, genres
     (list of genre names), release_year, label (rating >= 4), rating_5 (rating == 5).
+    With ``options["sequence"] = {max_len: L}`` the rows are next-item examples with a
+    ``history`` column (`flowrec.data.sequences`).
     """
-    del options, log
+    del log
+    max_len = sequence_length(options)
     files = {n: path / n for n in ("u.data", "u.user", "u.item", "u.genre")}
     for name, f in files.items():
         if not f.is_file():
@@ -364,11 +368,16 @@ def read_movielens(path: Path, options: dict[str, Any], log: ErrorLog, numeric: 
     df["rating_5"] = (df["rating"] == 5).astype(np.float64)
     cols = ["user_id", "item_id", "rating", "timestamp", "age", "gender", "occupation", "zip_code",
             "genres", "release_year", "label", "rating_5"]
+    df[LINE_COLUMN] = np.arange(1, len(df) + 1)  # u.data line of each rating (left merges keep the order)
+    if max_len is not None:
+        df = next_item_rows(df, max_len)
+        cols += [HISTORY_COLUMN, TEST_COLUMN]
+    lines = df[LINE_COLUMN].to_numpy()
     df = df[cols]
     table = pa.Table.from_pandas(df, preserve_index=False)
     numeric = set(numeric) | {"rating", "label", "rating_5"}
     out = {c: (pc.cast(table[c], pa.float64()) if c in numeric else table[c]) for c in cols}
-    yield pa.table({**out, LINE_COLUMN: pa.array(np.arange(1, len(df) + 1), pa.int64())})
+    yield pa.table({**out, LINE_COLUMN: pa.array(lines, pa.int64())})
 
 
 READERS: dict[str, Reader] = {
