@@ -144,8 +144,7 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
     from flowrec.runs.folder import claim_run_folder
     from flowrec.runs.plan import plan_for_run
     from flowrec.runs.settings import given_problem, write_run_file
-    from flowrec.runs.start import (check_early_stopping, record_encoder, run_settings, start_session,
-                                     train_config)
+    from flowrec.runs.start import record_encoder, run_settings, start_session, train_config
     from flowrec.runtime.custom import resolve_custom
     from flowrec.runtime.rundir import clear_run_files
     from flowrec.runtime.trainer import Trainer
@@ -175,7 +174,6 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
         plan, dev = plan_for_run(model_spec, settings["device"], settings["device_budget"], None,
                                  data=settings["data"])
         session = start_session(model_spec, spec_path, settings, folder, plan, dev)
-        check_early_stopping(session, settings)
         if folder is not None:
             record_encoder(session, folder, False, None)
             clear_run_files(folder)

@@ -382,7 +382,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
 
     session = start_session(spec, request.spec_path, settings, folder, plan, device, _say, world, before, after)
     _say(session.data_note)
-    _check_loop_settings(session, settings)
+    _check_loop_settings(session)
     if world is None or world.lead:
         record_encoder(session, folder, request.resume is not None,
                        settings.get("init_from") if state is None else None)
@@ -475,18 +475,11 @@ def _sharding_line(plan) -> str:
     return ", ".join(f"{kinds.count(k)} group(s) {k}" for k in dict.fromkeys(kinds))
 
 
-def _check_loop_settings(session, settings: dict) -> None:
-    """Say what the run will not do: evaluate (no test split), log to TensorBoard (not installed);
-    refuse early stopping without evaluations during training."""
+def _check_loop_settings(session) -> None:
+    """Say what the run will not do: evaluate (no test split), log to TensorBoard (not installed).
+    (Early stopping without evaluations is refused when the session starts: `runs.start`.)"""
     from flowrec.runtime.run_log import tensorboard_available
 
-    from flowrec.runs.errors import RunError
-    from flowrec.runs.start import check_early_stopping
-
-    try:
-        check_early_stopping(session, settings)
-    except RunError as exc:
-        fail(str(exc), exc.code)
     if session.eval is None:
         _say("no evaluation set (the data has no test split and no --eval-data was given): evaluation is "
              "skipped; give --eval-data DIR to evaluate")

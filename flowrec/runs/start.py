@@ -70,7 +70,8 @@ def start_session(spec: ModelSpec, spec_path: Path, settings: dict[str, Any], fo
                   world: Any = None, before: Callable[[], None] = lambda: None,
                   after: Callable[[], None] = lambda: None) -> Session:
     """The run's data and the model of `plan` on `device` (`before`/`after`: the ranks' barriers
-    around building it). Raises `RunError` for data that does not fit and for running out of memory."""
+    around building it). Raises `RunError` for data that does not fit, for running out of memory and
+    for early stopping without evaluations during training."""
     check_synthetic_rows(spec, settings)
     if spec.training.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
@@ -84,6 +85,7 @@ def start_session(spec: ModelSpec, spec_path: Path, settings: dict[str, Any], fo
                            EXIT_OUT_OF_MEMORY) from None
         raise RunError(str(exc), cause=exc) from None
     after()
+    check_early_stopping(session, settings)
     return session
 
 
