@@ -21,7 +21,6 @@ Example:
 """
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import time
@@ -34,6 +33,7 @@ import typer
 from flowrec.cli.common import fail
 from flowrec.data.days import DayOrder, day_key, day_partitions, parse_order
 from flowrec.data.layout import META_FILE, DataError
+from flowrec.runtime.rundir import RunFolderError, RunLock
 
 FOLLOW_FILE = "follow.json"
 LOCK_FILE = ".follow.lock"  # held by the one --follow process of a stream folder
@@ -112,19 +112,14 @@ def follow(request, days: Path, wait_s: float, once: bool, train: Callable, expo
         run.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         fail(f"cannot create the stream folder {run}: {exc.strerror or exc}")
-    lock = _lock_stream(run)
+    try:  # a second --follow on the same --out is refused, naming the first's pid
+        lock = RunLock.acquire(run, LOCK_FILE, "the stream folder", "flowrec train --follow")
+    except RunFolderError as exc:
+        fail(str(exc))
     try:
         _follow_days(request, run, days, wait_s, once, train, export, order)
     finally:
-        if not existed and [p.name for p in run.iterdir()] == [LOCK_FILE]:  # refused: leave no folder
-            (run / LOCK_FILE).unlink()
-            os.close(lock)
-            try:
-                run.rmdir()
-            except OSError:  # something appeared in it meanwhile: keep it
-                pass
-        else:
-            os.close(lock)
+        lock.release() if existed else lock.release_and_remove_if_unused()  # refused: leave no folder
 
 
 def _check_stream_folder(run: Path) -> None:
@@ -140,25 +135,6 @@ def _check_stream_folder(run: Path) -> None:
         fail(f"refusing to use {run} as the stream's folder: "
              f"{'it is' if owned[0] == run.resolve() else 'it lies in ' + str(owned[0]) + ','} "
              f"{owned[1]}'s folder; give a folder of its own")
-
-
-def _lock_stream(run: Path) -> int:
-    """Hold RUN/.follow.lock for this process alone (a second --follow on the same --out is
-    refused, naming the first's pid); returns the descriptor to close when done."""
-    path = run / LOCK_FILE
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as exc:
-        fail(f"cannot lock the stream folder {run}: {exc.strerror or exc}")
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        fail(f"the stream folder {run} is in use by another flowrec train --follow (pid {holder})")
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
 
 
 def _follow_days(request, run: Path, days: Path, wait_s: float, once: bool, train: Callable, export: bool,

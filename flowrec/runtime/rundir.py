@@ -41,24 +41,27 @@ class RunLock:
 
     folder: Path
     fd: int
+    name: str = LOCK_NAME
 
     @classmethod
-    def acquire(cls, folder: Path) -> "RunLock":
-        """Lock `folder` (which must exist) or raise RunFolderError naming the holder's pid."""
-        path = Path(folder) / LOCK_NAME
+    def acquire(cls, folder: Path, name: str = LOCK_NAME, what: str = "run folder",
+                holder: str = "flowrec run") -> "RunLock":
+        """Lock `folder` (which must exist) with its file `name`, or raise RunFolderError naming the
+        holder's pid (`what` names the folder, `holder` the kind of process, in the message)."""
+        path = Path(folder) / name
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
-            raise RunFolderError(f"cannot lock run folder {folder}: {exc.strerror}") from None
+            raise RunFolderError(f"cannot lock {what} {folder}: {exc.strerror}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            holder = _read_pid(fd)
+            pid = _read_pid(fd)
             os.close(fd)
-            raise RunFolderError(f"run folder {folder} is in use by another flowrec run (pid {holder})") from None
+            raise RunFolderError(f"{what} {folder} is in use by another {holder} (pid {pid})") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        return cls(Path(folder), fd)
+        return cls(Path(folder), fd, name)
 
     def release(self) -> None:
         if self.fd >= 0:
@@ -68,8 +71,8 @@ class RunLock:
     def release_and_remove_if_unused(self) -> None:
         """Release; a folder that holds nothing but the lock (the run failed before writing
         anything) is removed, so a refused run leaves no trace."""
-        if self.fd >= 0 and {p.name for p in self.folder.iterdir()} == {LOCK_NAME}:
-            (self.folder / LOCK_NAME).unlink()  # while still holding the lock
+        if self.fd >= 0 and {p.name for p in self.folder.iterdir()} == {self.name}:
+            (self.folder / self.name).unlink()  # while still holding the lock
             self.release()
             try:
                 self.folder.rmdir()

@@ -13,12 +13,12 @@ from typer.testing import CliRunner
 
 import flowrec
 from flowrec.cli import app
-from flowrec.cli.follow import LOCK_FILE, _lock_stream, done_days
+from flowrec.cli.follow import LOCK_FILE, done_days
 from flowrec.cli.plan_cmd import run_managed
 from flowrec.data.days import DayOrder, day_partitions, parse_order
 from flowrec.data.layout import DataError
 from flowrec.runs.errors import RunError
-from flowrec.runtime.rundir import RunFolderError
+from flowrec.runtime.rundir import RunFolderError, RunLock
 from flowrec.spec.load import load_spec
 from flowrec.testing.specs import run_spec
 
@@ -183,16 +183,15 @@ def test_a_second_follow_on_the_same_stream_is_refused(spec: Path, tmp_path: Pat
     _synth(spec, days / "d1")
     stream = tmp_path / "stream"
     stream.mkdir()
-    held = _lock_stream(stream)
+    held = RunLock.acquire(stream, LOCK_FILE)
     try:
         second = runner.invoke(app, ["train", str(spec), "--follow", str(days), "--out", str(stream), "-q"])
         assert second.exit_code == 2 and f"pid {os.getpid()}" in second.output, second.output
         assert "in use by another flowrec train --follow" in second.output
         assert sorted(p.name for p in stream.iterdir()) == [LOCK_FILE]  # nothing trained, nothing recorded
     finally:
-        os.close(held)
-    again = _lock_stream(stream)  # released: the next one gets it
-    os.close(again)
+        held.release()
+    RunLock.acquire(stream, LOCK_FILE).release()  # released: the next one gets it
 
 
 def test_a_stream_folder_owned_by_a_dataset_or_run_is_refused(spec: Path, tmp_path: Path) -> None:
