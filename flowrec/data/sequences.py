@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from flowrec.data.layout import DataError
+from flowrec.spec.model import FrozenMapping
 
 TEST_COLUMN = "__test__"  # bool: the row is its user's last example (leave-last-out)
 HISTORY_COLUMN = "history"
@@ -43,8 +44,8 @@ def sequence_length(options: dict[str, Any]) -> int | None:
     seq = options.get("sequence")
     if seq is None:
         return None
-    if isinstance(seq, tuple) and all(isinstance(p, tuple) and len(p) == 2 for p in seq):
-        seq = dict(seq)  # a spec's options hold nested mappings as frozen pairs
+    if isinstance(seq, FrozenMapping):
+        seq = dict(seq)  # a spec's options hold nested mappings frozen
     if not isinstance(seq, dict) or set(seq) != {"max_len"}:
         raise DataError(f"data option sequence must be {{max_len: L}} (got {seq!r})")
     n = seq["max_len"]

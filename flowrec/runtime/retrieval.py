@@ -85,8 +85,9 @@ class RetrievalBinding:
             counts[1:] = 1.0
         counts[1:] = np.maximum(counts[1:], 0.5)  # an item never seen in training is drawn rarely, not never
         p = counts / counts.sum()
-        self.probs = torch.tensor(p, device=device)
-        self.log_q = torch.log(self.probs.clamp_min(1e-30)) if self.attrs["logq_correction"] else None
+        self.probs = torch.tensor(p)  # on the host, where every step draws from it
+        self.log_q = torch.log(torch.tensor(p, device=device).clamp_min(1e-30)) \
+            if self.attrs["logq_correction"] else None
 
 
 def bind(graph: nx.DiGraph, groups: dict[str, PackedGroup], spec: Any, steps: list[Any],
@@ -145,7 +146,7 @@ def draw_negatives(binding: RetrievalBinding, seed: int, batch: Batch) -> torch.
     if binding.probs is None:
         raise RuntimeError("sampled negatives: item frequencies were not set (RetrievalBinding.set_counts)")
     gen = torch.Generator().manual_seed((seed * SAMPLE_MIX + batch.epoch) * SAMPLE_MIX + batch.index)
-    return torch.multinomial(binding.probs.cpu().float(), binding.attrs["num_negatives"], replacement=True,
+    return torch.multinomial(binding.probs.float(), binding.attrs["num_negatives"], replacement=True,
                              generator=gen)
 
 

@@ -198,6 +198,7 @@ class Trainer:
                                sparse_optimizers(model.embeddings), opt.lr, spec.sparse_optimizer.lr)
         self.clip_grad_norm = training.clip_grad_norm
         self.eval_group_by = config.eval_group_by or training.eval_group_by
+        self.seen = None  # a retrieval head's training items per user, set at fit when it excludes them
         self.stopper = (EarlyStopper.of(training.early_stopping, spec.heads[0].name)
                         if training.early_stopping is not None else None)
         self.hooks = Hooks()
@@ -507,7 +508,7 @@ class Trainer:
     def _evaluate(self, source: Any) -> Metrics:
         t0 = time.perf_counter()
         with self.eval_batches(source) as batches:
-            metrics = evaluate(self.model, batches, self.precision, self.eval_group_by, getattr(self, "seen", None))
+            metrics = evaluate(self.model, batches, self.precision, self.eval_group_by, self.seen)
         self.stage_seconds["eval"] += time.perf_counter() - t0
         return metrics
 

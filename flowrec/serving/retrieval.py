@@ -32,6 +32,7 @@ from torch import nn
 
 from flowrec.data.encoder_record import EncoderRecord, read_vocab
 from flowrec.data.layout import is_multi
+from flowrec.runtime.evaluation.scores import head_columns
 from flowrec.runtime.retrieval import catalogue_vectors
 from flowrec.serving.retrieval_index import INDEX_FILE, ITEMS_FILE, faiss_module, for_index
 
@@ -127,8 +128,8 @@ def retrieval_export(trained: Any, encoder: EncoderRecord, index: str = "auto") 
     raw = vocab.to_pylist()[: len(vectors)]
     raw += [None] * (len(vectors) - len(raw))
     spec_head = trained.spec.heads[binding.head]
-    start = sum(w for w in trained.model.head_widths[: binding.head])
-    half = trained.model.head_widths[binding.head] // 2
+    columns = head_columns(trained.model.head_widths)[binding.head]
+    start, half = columns.start, (columns.stop - columns.start) // 2
     return RetrievalExport(spec_head.name, binding.item_feature, binding.attrs["metric"],
                            float(binding.attrs["temperature"]), vectors, pa.array(raw, pa.string()), kind,
                            (start, start + half))

@@ -54,6 +54,7 @@ class RankingAccumulator:
         self.top_k = tuple(top_k)
         self.ranks: list[np.ndarray] = []
         self.groups: list[np.ndarray] = []
+        self.rows = 0  # rows ranked so far (a row's own group when there is no group column)
 
     def update(self, items: np.ndarray, outputs: np.ndarray, groups: np.ndarray | None = None) -> None:
         items = np.asarray(items).reshape(-1).astype(np.int64)
@@ -66,7 +67,8 @@ class RankingAccumulator:
         self.ranks.append(rank_items(query, torch.as_tensor(items), self.catalogue, self.metric, self.temperature,
                                      excluded))
         self.groups.append(np.asarray(groups).reshape(-1) if groups is not None
-                           else np.arange(items.size) + sum(len(r) for r in self.ranks[:-1]))
+                           else np.arange(items.size) + self.rows)
+        self.rows += items.size
 
     def result(self) -> dict[str, float]:
         ranks = np.concatenate(self.ranks) if self.ranks else np.zeros(0, np.int64)
