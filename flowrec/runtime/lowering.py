@@ -65,14 +65,12 @@ class FlatGather:
         sources: source nodes in order (dense input, packed lookups, module outputs).
         index: columns of cat(sources flattened) in the node's input order, None when that is
             every column in order.  # (In,) int64
-        widths: each source's flat width.
         inverse: where each column of cat(sources flattened) goes in the node's input, when
             `index` is a permutation of them (None otherwise, or when `index` is None).  # (In,) int64
     """
 
     sources: tuple[str, ...]
     index: torch.Tensor | None
-    widths: tuple[int, ...] = ()
     inverse: torch.Tensor | None = None
 
 
@@ -335,16 +333,14 @@ class LoweredModel(nn.Module):
                 sources[slot.source] = width
                 width += full
             columns.extend(sources[slot.source] + c for c in cols)
-        starts = list(sources.values()) + [width]
-        widths = tuple(b - a for a, b in zip(starts, starts[1:]))
         if columns == list(range(width)):
-            return FlatGather(tuple(sources), None, widths)
+            return FlatGather(tuple(sources), None)
         index = torch.tensor(columns, dtype=torch.int64, device=self.device)
         inverse = None
         if sorted(columns) == list(range(width)):  # a permutation: each source column used once
             inverse = torch.empty_like(index)
             inverse[index] = torch.arange(width, device=self.device)
-        return FlatGather(tuple(sources), index, widths, inverse)
+        return FlatGather(tuple(sources), index, inverse)
 
     def _sources(self, gather: FlatGather, dense: torch.Tensor, emb: dict[str, torch.Tensor],
                  values: dict[str, torch.Tensor]) -> list[torch.Tensor]:
