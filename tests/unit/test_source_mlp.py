@@ -38,6 +38,20 @@ def wide_spec(seed: int, through_concat: bool):
     })
 
 
+def permuted_spec(through_concat: bool):
+    """(seed, spec, plan) of a fresh random wide spec whose deep fields do not already lie in their
+    packed order: one whose MLP input is a permutation of whole sources (about 1 in 20 draws is in
+    order already and needs no gather, so there is nothing to fuse)."""
+    node = "deep_in" if through_concat else "deep"
+    for _ in range(50):
+        seed = random.randrange(1 << 30)
+        spec = wide_spec(seed % 10_000, through_concat)
+        plan = make_plan(spec, target="cpu")
+        if lower(plan, spec, "meta").gathers.get(node) is not None:
+            return seed, spec, plan
+    raise AssertionError("no random wide spec with permuted fields in 50 draws")
+
+
 def batch_of(spec, plan, seed: int, dtype: torch.dtype):
     table = synth_table(spec, BATCH, SynthConfig(seed=seed, alpha=1.2))
     opts = StagingOptions(batch_size=BATCH, shuffle=False, lookahead=1, workers=1)
@@ -60,9 +74,7 @@ def run(model, dense, labels, batch):
 @pytest.mark.parametrize("through_concat", [True, False])
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
 def test_source_mlp_equals_the_gathered_forward(through_concat, dtype, tol):
-    seed = random.randrange(1 << 30)
-    spec = wide_spec(seed % 10_000, through_concat)
-    plan = make_plan(spec, target="cpu")
+    seed, spec, plan = permuted_spec(through_concat)
     fused = lower(plan, spec, "cpu").to(dtype)
     assert fused.source_mlps == {"deep": "deep_in" if through_concat else "deep"}, f"seed {seed}"
     assert fused.skipped == (frozenset({"deep_in"}) if through_concat else frozenset())
@@ -98,9 +110,7 @@ def test_forward_sources_with_a_permutation_and_in_order():
 def test_op_calibration_captures_every_module_of_a_source_mlp_model():
     from flowrec.measure.step import _captured_inputs
 
-    seed = random.randrange(1 << 30)
-    spec = wide_spec(seed % 10_000, True)
-    plan = make_plan(spec, target="cpu")
+    seed, spec, plan = permuted_spec(True)
     model = lower(plan, spec, "cpu")
     dense, labels, batch = batch_of(spec, plan, seed, torch.float32)
     captured = _captured_inputs(model, spec, batch, ["deep_in", "deep"])
