@@ -31,7 +31,7 @@ from typing import Callable
 import typer
 
 from flowrec.cli.common import fail
-from flowrec.data.days import DayOrder, day_key, day_partitions, parse_order
+from flowrec.data.days import DayOrder, day_partitions, parse_order
 from flowrec.data.layout import META_FILE, DataError
 from flowrec.runtime.rundir import RunFolderError, RunLock
 
@@ -173,11 +173,11 @@ def _follow_days(request, run: Path, days: Path, wait_s: float, once: bool, trai
 
 def _before(day: Path, last: str, landed: list[Path], order: DayOrder) -> bool:
     """True when `day` comes before the day trained last (by name; by date while that day is still
-    among the landed ones)."""
+    among the landed ones, which `day_partitions` sorted by the same key: no day is dated again)."""
     if order.column is None:
         return day.name < last
-    trained = next((d for d in landed if d.name == last), None)
-    return trained is not None and day_key(day, order) < day_key(trained, order)
+    names = [d.name for d in landed]
+    return last in names and names.index(day.name) < names.index(last)
 
 
 def _day_request(request, folder: Path, day: Path, previous: Path | None):
