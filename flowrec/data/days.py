@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 from flowrec.data.dataset import parquet_files
 from flowrec.data.layout import META_FILE, DataError, read_meta
 from flowrec.data.raw_ids import MISSING_ID
-from flowrec.data.rawstats import STATS_FILE, read_stats
+from flowrec.data.rawstats import STATS_FILE, flat_ids, read_stats
 
 ORDERS = ("name", "date:COLUMN")  # the accepted forms of an order
 
@@ -186,11 +186,7 @@ def day_ids(day: Path) -> dict[str, np.ndarray]:
     for table, names in features.items():
         parts = []
         for f in files:
-            for col in pq.read_table(f, columns=names).columns:
-                col = col.combine_chunks()
-                if pa.types.is_list(col.type):
-                    col = pc.list_flatten(col)
-                parts.append(col.to_numpy(zero_copy_only=False).astype(np.int64, copy=False))
+            parts += [flat_ids(col) for col in pq.read_table(f, columns=names).columns]
         ids = np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
         out[table] = ids[ids != MISSING_ID]
     return out

@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 
 from flowrec.data.encode import as_strings
 from flowrec.data.layout import DataError, unique_labels
+from flowrec.data.packed_ids import column_arrays
 from flowrec.data.raw_ids import MISSING_ID
 from flowrec.spec.model import ModelSpec
 
@@ -82,7 +83,7 @@ class RawStats:
                 self.capped.add(f.name)
         for table, features in self.managed.items():
             for name in features:
-                ids = _flat_ids(encoded.column(name))
+                ids = flat_ids(encoded.column(name))
                 ids = ids[ids != MISSING_ID]
                 self.managed_lookups[table] += len(ids)
                 if table not in self.managed_capped:
@@ -196,12 +197,10 @@ def _as_dates(col: pa.ChunkedArray) -> pa.Array:
         return text
 
 
-def _flat_ids(col: pa.ChunkedArray) -> np.ndarray:
+def flat_ids(col: pa.ChunkedArray) -> np.ndarray:
     """The raw ids of a managed column (one id per row, or a list per row) as one array.  # (N,) int64"""
-    col = col.combine_chunks()
-    if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
-        col = pc.list_flatten(col)
-    return col.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    ids = column_arrays(col)
+    return ids[0] if isinstance(ids, tuple) else ids
 
 
 def merged_values(entry: dict[str, Any]) -> int:
