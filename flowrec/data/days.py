@@ -15,11 +15,12 @@ Example:
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
@@ -27,7 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from flowrec.data.dataset import parquet_files
-from flowrec.data.layout import META_FILE, DataError, read_meta
+from flowrec.data.layout import META_FILE, DataError, DatasetMeta, read_meta
 from flowrec.data.raw_ids import MISSING_ID
 from flowrec.data.rawstats import STATS_FILE, flat_ids, read_stats
 
@@ -90,10 +91,16 @@ def _split_of(folder: Path) -> bool:
 
 def day_partitions(folder: Path, order: DayOrder) -> list[Path]:
     """The complete day partitions under `folder` in `order` (raises DataError when a day has no date)."""
+    return [day for day, _ in _ordered(folder, order, read_meta)]
+
+
+def _ordered(folder: Path, order: DayOrder, meta: Callable[[Path], DatasetMeta]) -> list[tuple[Path, Any]]:
+    """(day, its first date; None when ordered by name) per complete day under `folder`, in `order`:
+    each day dated once. `meta` reads a day's meta (a caller that reads it again passes a cached one)."""
     days = landed(folder)
     if order.column is None:
-        return days
-    dated = {day.name: _dated(day, order.column) for day in days}
+        return [(day, None) for day in days]
+    dated = {day.name: _dated(day, order.column, meta) for day in days}
     sources = {source: name for name, (_, source) in dated.items()}
     if len(sources) > 1:  # raw dates of some days against stored (possibly transformed) values of others
         raise DataError(f"day {sources['recorded']} has the dates of column {order.column!r} that conversion "
@@ -104,17 +111,17 @@ def day_partitions(folder: Path, order: DayOrder) -> list[Path]:
     if len(kinds) > 1:
         raise DataError(f"date column {order.column!r} holds numbers for some days and text for others: "
                         "days cannot be ordered by it")
-    return sorted(days, key=lambda d: keys[d.name])
+    return [(day, keys[day.name][0]) for day in sorted(days, key=lambda d: keys[d.name])]
 
 
 def day_key(day: Path, order: DayOrder) -> tuple[Any, str]:
     """The sort key of one day: (its first date, its name); (name,) when ordered by name."""
     if order.column is None:
         return (day.name,)
-    return _dated(day, order.column)[0], day.name
+    return _dated(day, order.column, read_meta)[0], day.name
 
 
-def _dated(day: Path, column: str) -> tuple[Any, str]:
+def _dated(day: Path, column: str, meta: Callable[[Path], DatasetMeta]) -> tuple[Any, str]:
     """(the first date of `column` in the day, where it comes from: "recorded" by conversion or
     "stored" in the day's parts). A stats file that cannot be read is a DataError, never a silent
     fall back to the stored column (its values may be transformed: another scale)."""
@@ -127,7 +134,7 @@ def _dated(day: Path, column: str) -> tuple[Any, str]:
     if isinstance(dates, dict) and dates.get("column") == order.column and dates.get("min") is not None:
         return _recorded_date(day, dates["min"], order.column), "recorded"
     try:
-        stored = _stored_min(day, order.column)
+        stored = _stored_min(day, order.column, meta)
     except (OSError, pa.ArrowException) as exc:
         raise DataError(f"day {day.name}: cannot read column {order.column!r}: {str(exc).splitlines()[0]:.200}") from None
     if stored is None:
@@ -151,13 +158,13 @@ def _recorded_date(day: Path, value: Any, column: str) -> float | str:
                     f"{value!r:.60}, not a finite number or a date text; convert the day again")
 
 
-def _stored_min(day: Path, column: str) -> float | None:
+def _stored_min(day: Path, column: str, meta: Callable[[Path], DatasetMeta]) -> float | None:
     """The smallest value of a stored numeric column of the day (None: no such column). An
     encoded categorical column (ids, not dates) is refused, and so is one that holds only NaN."""
     files = parquet_files(day)
     if not files or column not in pq.read_schema(files[0]).names:
         return None
-    if column in read_meta(day).encoding:
+    if column in meta(day).encoding:
         raise DataError(f"day {day.name}: column {column!r} is an encoded categorical feature (ids, not "
                         f"dates): days cannot be ordered by it; convert them with the data option "
                         f"date_column: COLUMN")
@@ -172,9 +179,10 @@ def _stored_min(day: Path, column: str) -> float | None:
     return min(lows) if lows else None
 
 
-def day_ids(day: Path) -> dict[str, np.ndarray]:
-    """Managed table -> the sorted distinct raw ids of the day (all its features, missing excluded)."""
-    meta = read_meta(day)
+def day_ids(day: Path, meta: DatasetMeta | None = None) -> dict[str, np.ndarray]:
+    """Managed table -> the sorted distinct raw ids of the day (all its features, missing excluded;
+    `meta`: the day's meta when the caller has read it)."""
+    meta = read_meta(day) if meta is None else meta
     features: dict[str, list[str]] = {}
     for name, enc in meta.encoding.items():
         if enc.get("mode") == "managed":
@@ -195,13 +203,14 @@ def day_ids(day: Path) -> dict[str, np.ndarray]:
 def inspect_days(folder: Path, order: DayOrder) -> list[dict[str, Any]]:
     """Per day in `order`: its rows, its first date (when ordered by one) and, per managed table,
     the distinct raw ids it brings and how many of them no earlier day brought."""
+    meta = functools.cache(read_meta)  # each day's meta read once (dating may need it too)
     seen: dict[str, np.ndarray] = {}
     out = []
-    for day in day_partitions(folder, order):
-        entry: dict[str, Any] = {"day": day.name, "rows": read_meta(day).rows, "managed": {}}
+    for day, date in _ordered(folder, order, meta):
+        entry: dict[str, Any] = {"day": day.name, "rows": meta(day).rows, "managed": {}}
         if order.column is not None:
-            entry["date"] = day_key(day, order)[0]
-        for table, ids in day_ids(day).items():
+            entry["date"] = date
+        for table, ids in day_ids(day, meta(day)).items():
             before = seen.get(table, np.zeros(0, np.int64))
             new = int(len(ids) - np.isin(ids, before, assume_unique=True).sum())
             entry["managed"][table] = {"distinct_ids": int(len(ids)), "new_ids": new}

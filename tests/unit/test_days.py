@@ -102,6 +102,32 @@ def test_inspect_days_counts_distinct_and_new_ids_as_sets_do(days):
     assert f"managed table users: {len(ids):,} distinct raw ids" in one.output
 
 
+@pytest.mark.parametrize("order", ["ts", "d1", None])  # recorded dates, a stored column, by name
+def test_inspect_days_dates_each_day_once_and_reads_its_meta_once(days, monkeypatch, order):
+    import flowrec.data.days as days_module
+    _, folder, _ = days
+    want = inspect_days(folder, DayOrder(order))
+    calls: dict[str, list[str]] = {"meta": [], "dated": []}
+    read_meta, dated = days_module.read_meta, days_module._dated
+
+    def counted_meta(path):
+        calls["meta"].append(Path(path).name)
+        return read_meta(path)
+
+    def counted_dated(day, *args):
+        calls["dated"].append(day.name)
+        return dated(day, *args)
+
+    monkeypatch.setattr(days_module, "read_meta", counted_meta)
+    monkeypatch.setattr(days_module, "_dated", counted_dated)
+    assert inspect_days(folder, DayOrder(order)) == want
+    assert sorted(calls["meta"]) == ["a", "b", "c"]
+    assert sorted(calls["dated"]) == ([] if order is None else ["a", "b", "c"])
+    assert [x["day"] for x in want] == (["a", "b", "c"] if order is None else
+                                        sorted("abc", key=lambda d: min(x["d1" if order == "d1" else "ts"]
+                                                                        for x in days[2][d])))
+
+
 def test_follow_order_needs_follow_and_a_known_form(days, tmp_path: Path):
     spec, folder, _ = days
     bad = runner.invoke(app, ["train", str(spec), "--follow", str(folder), "--out", str(tmp_path / "s"),
