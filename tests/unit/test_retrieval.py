@@ -381,6 +381,29 @@ def test_seen_items_are_left_out_of_each_users_ranking():
     assert excluding.result()["hr@5"] >= plain.result()["hr@5"]
 
 
+@pytest.mark.parametrize("trial", range(4))
+def test_seen_items_mask_equals_the_per_row_mask(trial):
+    """The vectorised mask equals one built row by row (plain Python sets) on random ragged pairs:
+    skewed users (some with many items, some with none), items outside the catalogue, repeated and
+    unknown users among the rows, and no rows at all."""
+    from flowrec.runtime.evaluation.retrieval import SeenItems
+
+    rng = np.random.default_rng(random.randrange(1 << 30))
+    vocab = int(rng.integers(1, 60))
+    pairs = int(rng.integers(0, 400)) if trial else 0
+    users = rng.zipf(1.5, pairs) % 30 - 3  # negative and skewed ids
+    items = rng.integers(-2, vocab + 5, pairs)  # some outside 1 .. vocab
+    seen = SeenItems(users, items)
+    for rows in (rng.integers(-5, 35, int(rng.integers(1, 50))), np.zeros(0, np.int64)):
+        want = torch.zeros(len(rows), vocab, dtype=torch.bool)
+        for r, u in enumerate(rows.tolist()):
+            for item in set(items[users == u].tolist()):
+                if 1 <= item <= vocab:
+                    want[r, item - 1] = True
+        got = seen.mask(rows, vocab)
+        assert got.shape == want.shape and torch.equal(got, want)
+
+
 def test_exclude_seen_needs_the_user_feature():
     doc = retrieval_doc(0, {"kind": "in_batch"}, False)
     doc["heads"][0]["exclude_seen"] = True

@@ -140,7 +140,8 @@ class SeenItems:
         hi = np.searchsorted(self.users, users, side="right")
         counts = hi - lo
         rows = np.repeat(np.arange(len(users)), counts)
-        picks = np.concatenate([np.arange(a, b) for a, b in zip(lo, hi)]) if counts.sum() else np.zeros(0, np.int64)
+        starts = np.cumsum(counts) - counts  # where each row's pairs start among the picks
+        picks = np.arange(int(counts.sum())) + np.repeat(lo - starts, counts)  # lo .. hi - 1 per row
         cols = self.items[picks] - 1
         keep = (cols >= 0) & (cols < catalogue)
         out[torch.from_numpy(rows[keep]), torch.from_numpy(cols[keep])] = True
