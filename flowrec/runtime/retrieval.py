@@ -210,13 +210,25 @@ def catalogue_vectors(model: Any, binding: RetrievalBinding) -> torch.Tensor:
 
 def item_counts(source: Any, feature: str) -> np.ndarray:
     """How often each item row occurs in a training source's item-id column.  # (rows,) int64"""
+    return read_items(source, feature)[0]
+
+
+def read_items(source: Any, item: str, user: str | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """One pass over a training source's item-id column (and `user`'s column): how often each item
+    row occurs, and with `user` the distinct (user, item) pairs, sorted.  # (rows,) int64, (P, 2) int64 | None"""
     counts = np.zeros(0, np.int64)
+    pairs = []
     for i in range(len(source.partition_rows())):
-        col = source.submit(i, [feature]).result().column(feature).to_numpy().astype(np.int64)
+        table = source.submit(i, [item] if user is None else [user, item]).result()
+        col = table.column(item).to_numpy().astype(np.int64)
         more = np.bincount(col)
         counts = np.pad(counts, (0, max(0, len(more) - len(counts))))
         counts[: len(more)] += more
-    return counts
+        if user is not None:
+            pairs.append(np.unique(np.stack([table.column(user).to_numpy().astype(np.int64), col], 1), axis=0))
+    if user is None:
+        return counts, None
+    return counts, (np.unique(np.concatenate(pairs), axis=0) if pairs else np.zeros((0, 2), np.int64))
 
 
 def head_items(model: Any, binding: RetrievalBinding, logits: torch.Tensor, labels: torch.Tensor

@@ -52,7 +52,7 @@ from flowrec.runtime.progress import TrainProgress
 from flowrec.runtime.rundir import BEST_DIR, METRICS_FILE, write_text
 from flowrec.runtime.lr_schedule import LRController, LRSchedule, sparse_optimizers
 from flowrec.runtime.evaluation.retrieval import SeenItems
-from flowrec.runtime.retrieval import item_counts
+from flowrec.runtime.retrieval import read_items
 from flowrec.runtime.step import DEFAULT_LOOKAHEAD, make_dense_optimizer, train_step
 from flowrec.spec.load import to_dict
 from flowrec.spec.model import ModelSpec
@@ -314,10 +314,13 @@ class Trainer:
         total = self.total_steps(train_source)
         self._start_schedule()
         retrieval = self.model.retrieval
-        if retrieval is not None and retrieval.needs_counts:  # logQ / unigram: the items' training frequency
-            retrieval.set_counts(item_counts(train_source, retrieval.item_feature), self.model.device)
-        if retrieval is not None and retrieval.attrs.get("exclude_seen") and self.eval_group_by:
-            self.seen = SeenItems.of(train_source, self.eval_group_by, retrieval.item_feature)
+        seen = retrieval is not None and retrieval.attrs.get("exclude_seen") and self.eval_group_by
+        if retrieval is not None and (retrieval.needs_counts or seen):  # one pass over the item column
+            counts, pairs = read_items(train_source, retrieval.item_feature, self.eval_group_by if seen else None)
+            if retrieval.needs_counts:  # logQ / unigram: the items' training frequency
+                retrieval.set_counts(counts, self.model.device)
+            if pairs is not None:
+                self.seen = SeenItems.from_pairs(pairs)
         if cfg.out_dir is not None and self.lead:
             self._write_run_files(Path(cfg.out_dir))
             self.log = MetricsLog(Path(cfg.out_dir) / METRICS_FILE, cfg.tensorboard,

@@ -404,6 +404,65 @@ def test_seen_items_mask_equals_the_per_row_mask(trial):
         assert got.shape == want.shape and torch.equal(got, want)
 
 
+class CountingSource:
+    """A source that counts the partitions it is asked for (and which columns)."""
+
+    def __init__(self, source) -> None:
+        self.source, self.asked = source, []
+
+    def partition_rows(self):
+        return self.source.partition_rows()
+
+    def submit(self, i, columns):
+        self.asked.append((i, tuple(columns)))
+        return self.source.submit(i, columns)
+
+
+def test_item_counts_and_seen_pairs_come_from_one_pass_that_equals_plain_counting():
+    from flowrec.runtime.evaluation.retrieval import SeenItems
+    from flowrec.runtime.retrieval import read_items
+
+    seed = random.randrange(1 << 30)
+    spec = spec_from_dict(retrieval_doc(seed % 1000, {"kind": "in_batch"}, False))
+    table = synth_table(spec, 300, SynthConfig(seed=seed, alpha=1.2))
+    users, items = table.column("user").to_pylist(), table.column("item").to_pylist()
+    source = CountingSource(MemorySource(split_table(table, 3)))
+    counts, pairs = read_items(source, "item", "user")
+    assert sorted(source.asked) == [(i, ("user", "item")) for i in range(3)]  # each partition once
+    assert counts.tolist() == [items.count(r) for r in range(max(items) + 1)]
+    assert [tuple(p) for p in pairs.tolist()] == sorted(set(zip(users, items)))
+    seen = SeenItems.from_pairs(pairs)
+    assert (seen.users.tolist(), seen.items.tolist()) == tuple(map(list, zip(*sorted(set(zip(users, items))))))
+    again = SeenItems.of(source, "user", "item")
+    assert np.array_equal(again.users, seen.users) and np.array_equal(again.items, seen.items)
+    assert np.array_equal(item_counts(source, "item"), counts) and source.asked[-1][1] == ("item",)
+
+
+def test_the_trainer_reads_the_item_column_once_for_counts_and_seen_items(monkeypatch, tmp_path):
+    """A unigram sampler (counts) with exclude_seen (pairs): one read_items pass, its results used."""
+    import flowrec
+    import flowrec.runtime.trainer as trainer_module
+
+    doc = retrieval_doc(3, {"kind": "sampled", "num": 8, "distribution": "unigram"}, True)
+    doc["heads"][0]["exclude_seen"] = True
+    doc["training"]["eval_group_by"] = "user"
+    passes = []
+    read_items = trainer_module.read_items
+
+    def counted(source, item, user=None):
+        passes.append((item, user))
+        out = read_items(source, item, user)
+        passes.append(out)
+        return out
+
+    monkeypatch.setattr(trainer_module, "read_items", counted)
+    run = flowrec.train(spec_from_dict(doc), rows=600, max_steps=2, seed=1, out=tmp_path / "run")
+    assert passes[0] == ("item", "user") and len(passes) == 2
+    counts, pairs = passes[1]
+    assert counts.sum() == 600 and len(pairs) == len({tuple(p) for p in pairs.tolist()})
+    assert run is not None
+
+
 def test_exclude_seen_needs_the_user_feature():
     doc = retrieval_doc(0, {"kind": "in_batch"}, False)
     doc["heads"][0]["exclude_seen"] = True

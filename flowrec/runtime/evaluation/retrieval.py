@@ -31,6 +31,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from flowrec.runtime.retrieval import read_items
 from flowrec.spec.tasks import RANK_METRICS
 from operators.retrieval import pair_scores, towers
 
@@ -125,13 +126,12 @@ class SeenItems:
     @classmethod
     def of(cls, source: Any, user: str, item: str) -> "SeenItems":
         """The pairs of every partition of a training source."""
-        users, items = [], []
-        for i in range(len(source.partition_rows())):
-            table = source.submit(i, [user, item]).result()
-            users.append(table.column(user).to_numpy().astype(np.int64))
-            items.append(table.column(item).to_numpy().astype(np.int64))
-        return cls(np.concatenate(users) if users else np.zeros(0, np.int64),
-                   np.concatenate(items) if items else np.zeros(0, np.int64))
+        return cls.from_pairs(read_items(source, item, user)[1])
+
+    @classmethod
+    def from_pairs(cls, pairs: np.ndarray) -> "SeenItems":
+        """From (user, item) pairs, e.g. `read_items`' (read in the pass that counts the items).  # (P, 2)"""
+        return cls(pairs[:, 0], pairs[:, 1])
 
     def mask(self, users: np.ndarray, catalogue: int) -> torch.Tensor:
         """Per row, the catalogue items (rows 1 .. V at columns 0 .. V-1) its user has seen.  # (B, V) bool"""
