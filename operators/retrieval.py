@@ -59,11 +59,34 @@ def towers(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return x[:, :half], x[:, half:]
 
 
-def pair_scores(q: torch.Tensor, v: torch.Tensor, metric: str, temperature: float) -> torch.Tensor:
-    """Similarity of every query with every item.  # (Bq, D), (Bv, D) -> (Bq, Bv)"""
+def pair_scores(q: torch.Tensor, v: torch.Tensor, metric: str, temperature: float,
+                unit_items: bool = False) -> torch.Tensor:
+    """Similarity of every query with every item (`unit_items`: v's rows are already
+    `unit_rows`, e.g. a catalogue's from a `UnitRows`).  # (Bq, D), (Bv, D) -> (Bq, Bv)"""
     if metric == "cosine":
-        q, v = F.normalize(q, dim=1, eps=EPS), F.normalize(v, dim=1, eps=EPS)
+        q, v = F.normalize(q, dim=1, eps=EPS), v if unit_items else unit_rows(v)
     return q @ v.T / temperature
+
+
+def unit_rows(v: torch.Tensor) -> torch.Tensor:
+    """The rows of v scaled to unit length (what cosine scores them as).  # (N, D)"""
+    return F.normalize(v, dim=1, eps=EPS)
+
+
+class UnitRows:
+    """A catalogue's unit rows for cosine scoring, normalised once per version of the catalogue:
+    again when it is another tensor or was written in place (torch counts its writes), so the
+    rows it gives are never those of an older catalogue."""
+
+    def __init__(self) -> None:
+        self._of: tuple[torch.Tensor, int] | None = None  # the catalogue (held: its id stays its own), its version
+        self._rows: torch.Tensor | None = None
+
+    def __call__(self, catalogue: torch.Tensor) -> torch.Tensor:
+        if self._of is None or self._of[0] is not catalogue or self._of[1] != catalogue._version:
+            self._rows = unit_rows(catalogue)
+            self._of = (catalogue, catalogue._version)
+        return self._rows
 
 
 def row_scores(q: torch.Tensor, v: torch.Tensor, metric: str, temperature: float) -> torch.Tensor:

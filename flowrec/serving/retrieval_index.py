@@ -9,7 +9,7 @@ Example:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 
-from operators.retrieval import pair_scores
+from operators.retrieval import UnitRows, pair_scores
 
 ITEMS_FILE = "items.parquet"
 INDEX_FILE = "items.faiss"
@@ -50,6 +50,7 @@ class ItemIndex:
     metric: str
     temperature: float
     faiss_index: Any = None  # a faiss index (exact, flat inner product), or None: exact torch search
+    units: UnitRows = field(default_factory=UnitRows, repr=False)  # cosine: the vectors normalised once
 
     def top_k(self, query: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The k best items of each query, best first: (rows into the items, scores = the
@@ -58,7 +59,9 @@ class ItemIndex:
         if self.faiss_index is not None:
             scores, rows = self.faiss_index.search(for_index(query.numpy(), self.metric), k)
             return rows.astype(np.int64), (scores / self.temperature).astype(np.float32)
-        scores = pair_scores(query.float(), self.vectors, self.metric, self.temperature)  # (B, V)
+        cosine = self.metric == "cosine"
+        vectors = self.units(self.vectors) if cosine else self.vectors
+        scores = pair_scores(query.float(), vectors, self.metric, self.temperature, cosine)  # (B, V)
         best = torch.topk(scores, k, dim=1)
         return best.indices.numpy(), best.values.numpy()
 

@@ -463,6 +463,71 @@ def test_the_trainer_reads_the_item_column_once_for_counts_and_seen_items(monkey
     assert run is not None
 
 
+@pytest.mark.parametrize("chunk", [7, 1 << 16])  # several catalogue chunks, and one
+def test_a_cosine_catalogue_is_normalised_once_per_version_and_ranks_are_bitwise_unchanged(monkeypatch, chunk):
+    """Ranks over several batches equal the per-batch-normalising path exactly; the catalogue's rows
+    are normalised once, and again only after the catalogue changes (in place, or replaced)."""
+    import operators.retrieval as ops
+    import flowrec.runtime.evaluation.retrieval as evaluation
+
+    monkeypatch.setattr(evaluation, "SCORE_CHUNK", chunk)
+    rng = np.random.default_rng(random.randrange(1 << 30))
+    vocab, d = 40, 6
+    catalogue = torch.from_numpy(rng.standard_normal((vocab, d)) * rng.integers(1, 9, (vocab, 1))).float()
+    calls = []
+    unit_rows = ops.unit_rows
+    monkeypatch.setattr(ops, "unit_rows", lambda v: calls.append(len(v)) or unit_rows(v))
+    acc = RankingAccumulator(catalogue, "cosine", 0.3, (5,))
+
+    def batch():
+        items = rng.integers(1, vocab + 3, 16)  # some outside the catalogue
+        return items, np.concatenate([rng.standard_normal((16, d)), np.zeros((16, d))], 1)
+
+    def old_ranks(items, outputs):  # the catalogue normalised per batch (and per chunk), as before
+        query = torch.as_tensor(outputs, dtype=torch.float32)[:, :d]
+        return evaluation.rank_items(query, torch.as_tensor(items), acc.catalogue, "cosine", 0.3)
+
+    for step in range(6):
+        if step == 3:
+            catalogue.mul_(torch.from_numpy(rng.uniform(-2, 2, (vocab, 1))).float())  # trained further in place
+        if step == 5:
+            acc.catalogue = torch.from_numpy(rng.standard_normal((vocab, d))).float()  # a new catalogue
+        items, outputs = batch()
+        acc.update(items, outputs)
+        got = acc.ranks[-1]
+        before = len(calls)
+        assert np.array_equal(got, old_ranks(items, outputs))
+        del calls[before:]  # the reference's own normalisations
+    assert calls == [vocab] * 3  # once, after the in-place change, after the replacement
+
+
+def test_served_cosine_items_are_normalised_once_per_version_and_score_bitwise_as_before(monkeypatch):
+    import operators.retrieval as ops
+    from flowrec.serving.retrieval_index import ItemIndex
+    from operators.retrieval import pair_scores
+
+    rng = np.random.default_rng(random.randrange(1 << 30))
+    vectors = torch.from_numpy(rng.standard_normal((30, 5)) * rng.integers(1, 9, (30, 1))).float()
+    index = ItemIndex(list(range(30)), vectors, "cosine", 0.5)
+    calls = []
+    unit_rows = ops.unit_rows
+    monkeypatch.setattr(ops, "unit_rows", lambda v: calls.append(len(v)) or unit_rows(v))
+    for step in range(4):
+        if step == 2:
+            vectors.mul_(torch.from_numpy(rng.uniform(-2, 2, (30, 1))).float())
+        query = torch.from_numpy(rng.standard_normal((8, 5))).float()
+        rows, scores = index.top_k(query, 6)
+        before = len(calls)
+        want = torch.topk(pair_scores(query, vectors, "cosine", 0.5), 6, dim=1)  # per call, as before
+        del calls[before:]
+        assert np.array_equal(rows, want.indices.numpy()) and np.array_equal(scores, want.values.numpy())
+    assert calls == [30, 30]  # once, and once after the vectors changed
+    dot = ItemIndex(list(range(30)), vectors, "dot", 0.5)
+    query = torch.from_numpy(rng.standard_normal((8, 5))).float()
+    assert np.array_equal(dot.top_k(query, 6)[1], torch.topk(query @ vectors.T / 0.5, 6, dim=1).values.numpy())
+    assert calls == [30, 30]
+
+
 def test_exclude_seen_needs_the_user_feature():
     doc = retrieval_doc(0, {"kind": "in_batch"}, False)
     doc["heads"][0]["exclude_seen"] = True

@@ -33,7 +33,7 @@ import torch
 
 from flowrec.runtime.retrieval import read_items
 from flowrec.spec.tasks import RANK_METRICS
-from operators.retrieval import pair_scores, towers
+from operators.retrieval import UnitRows, pair_scores, towers
 
 SCORE_CHUNK = 65_536  # catalogue items scored per matrix product
 
@@ -51,6 +51,7 @@ class RankingAccumulator:
     def __init__(self, catalogue: torch.Tensor, metric: str, temperature: float, top_k: Sequence[int],
                  seen: "SeenItems | None" = None) -> None:
         self.catalogue, self.metric, self.temperature = catalogue, metric, float(temperature)
+        self.units = UnitRows()  # cosine: the catalogue normalised once, not per batch
         self.seen = seen
         self.top_k = tuple(top_k)
         self.ranks: list[np.ndarray] = []
@@ -65,8 +66,10 @@ class RankingAccumulator:
                                           device=self.catalogue.device).reshape(items.size, -1))
         excluded = self.seen.mask(np.asarray(groups).reshape(-1), len(self.catalogue)) \
             if self.seen is not None and groups is not None else None
-        self.ranks.append(rank_items(query, torch.as_tensor(items), self.catalogue, self.metric, self.temperature,
-                                     excluded))
+        cosine = self.metric == "cosine"
+        catalogue = self.units(self.catalogue) if cosine else self.catalogue
+        self.ranks.append(rank_items(query, torch.as_tensor(items), catalogue, self.metric, self.temperature,
+                                     excluded, unit_catalogue=cosine))
         self.groups.append(np.asarray(groups).reshape(-1) if groups is not None
                            else np.arange(items.size) + self.rows)
         self.rows += items.size
@@ -79,11 +82,12 @@ class RankingAccumulator:
 
 @torch.no_grad()
 def rank_items(query: torch.Tensor, items: torch.Tensor, catalogue: torch.Tensor, metric: str,
-               temperature: float, excluded: torch.Tensor | None = None) -> np.ndarray:
+               temperature: float, excluded: torch.Tensor | None = None, unit_catalogue: bool = False) -> np.ndarray:
     """Each positive's rank among the catalogue (items outside 1 .. V: V).  # (B,) int64
 
     Ranks are computed in chunks of the catalogue; when the catalogue fits one chunk (the usual
-    case) the product is computed once."""
+    case) the product is computed once. `unit_catalogue`: its rows are already unit length
+    (cosine; `UnitRows`)."""
     size = len(catalogue)
     inside = (items >= 1) & (items <= size)
     column = (items.clamp(1, max(size, 1)) - 1).to(query.device)  # (B,)
@@ -91,7 +95,7 @@ def rank_items(query: torch.Tensor, items: torch.Tensor, catalogue: torch.Tensor
     chunks = range(0, size, SCORE_CHUNK)
     cache = {}
     for lo in chunks:  # the positive's score from the very product it is ranked in
-        scores = pair_scores(query, catalogue[lo:lo + SCORE_CHUNK], metric, temperature)  # (B, chunk)
+        scores = pair_scores(query, catalogue[lo:lo + SCORE_CHUNK], metric, temperature, unit_catalogue)  # (B, chunk)
         if len(chunks) == 1:
             cache[lo] = scores
         here = (column >= lo) & (column < lo + scores.shape[1])
@@ -101,7 +105,8 @@ def rank_items(query: torch.Tensor, items: torch.Tensor, catalogue: torch.Tensor
         excluded = excluded.to(query.device).clone()
         excluded[torch.arange(len(items), device=query.device)[inside], column[inside]] = False
     for lo in chunks:
-        scores = cache[lo] if lo in cache else pair_scores(query, catalogue[lo:lo + SCORE_CHUNK], metric, temperature)
+        scores = cache[lo] if lo in cache else pair_scores(query, catalogue[lo:lo + SCORE_CHUNK], metric,
+                                                           temperature, unit_catalogue)
         higher = scores >= pos
         if excluded is not None:
             higher &= ~excluded[:, lo:lo + scores.shape[1]]
