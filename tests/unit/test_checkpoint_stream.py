@@ -134,6 +134,55 @@ def test_the_writer_holds_one_chunk_and_the_saved_rows_not_written_yet():
     assert snap.peak_extra_bytes < weight.numel() * weight.element_size() / 2
 
 
+def _recounted(snap: TableSnapshot) -> int:
+    """The host bytes every stream holds, counted from scratch (what the running total must equal)."""
+    total = 0
+    for streams in snap._parts.values():
+        for s in streams:
+            total += s.held_rows.untyped_storage().nbytes() + s.held_values.untyped_storage().nbytes()
+            total += sum(v.numel() * v.element_size() + r.numel() * 8 for r, v in s.pending)
+    return total
+
+
+def test_the_running_total_of_held_bytes_equals_a_recount_after_every_step_and_chunk():
+    """Two groups (one state empty), skewed ids, steps between chunks of both tensors of a group
+    and before any chunk: the total kept per change equals a recount at every point, and the peak
+    is the most of (recount, recount + the chunk buffer at a chunk)."""
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 1 << 30, (1,))))
+    tables = {"a": (torch.randn(900, 6, generator=gen), torch.rand(900, 1, generator=gen)),
+              "b": (torch.randn(300, 4, generator=gen), torch.zeros(300, 0))}
+    snap = TableSnapshot(tables, chunk_rows=37)
+    peak = 0
+
+    def step(group: str) -> None:
+        nonlocal peak
+        rows = len(tables[group][0])
+        ids = (torch.rand(int(torch.randint(1, 60, (1,), generator=gen)), generator=gen) ** 3 * rows).long()
+        snap.before_write(group, ids)
+        assert snap._held[0] == _recounted(snap)
+        peak = max(peak, snap._held[0])
+        for t in tables[group]:
+            t.index_add_(0, ids, torch.ones(len(ids), *t.shape[1:]))
+
+    step("a"), step("b")
+    for group in ("a", "b"):
+        for index in range(2):
+            chunks = snap.chunks(group, index)
+            t = tables[group][index]
+            buffer = min(37, len(t)) * t[:1].numel() * t.element_size()
+            while True:
+                before = _recounted(snap)  # what a chunk notes with its buffer, before it takes its rows
+                if next(chunks, None) is None:
+                    break
+                peak = max(peak, before + buffer)
+                assert snap._held[0] == _recounted(snap)
+                step("a"), step("b")
+            assert snap._held[0] == _recounted(snap)
+    snap.close()
+    assert snap._held[0] == _recounted(snap)
+    assert snap.peak_extra_bytes == peak > 0
+
+
 def test_a_non_finite_table_value_stops_the_streamed_write_and_keeps_the_last_checkpoint(tmp_path: Path):
     gen = torch.Generator().manual_seed(6)
     path = tmp_path / "checkpoint.pt"

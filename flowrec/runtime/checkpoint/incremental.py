@@ -107,10 +107,14 @@ class _TensorStream:
     Rows saved by a step arrive as a sorted batch in `pending`; the writer merges the batches into
     one sorted `held` array (at most once per step) and, chunk by chunk, takes the rows of the chunk
     from its front, so each chunk costs one binary search however many steps saved rows.
+    `held_bytes` is kept as they change, and so is the snapshot's total of them (`total`, shared by
+    its streams): no step recounts them.
     """
 
-    def __init__(self, source: torch.Tensor, chunk_rows: int | None) -> None:
+    def __init__(self, source: torch.Tensor, chunk_rows: int | None, total: list[int]) -> None:
         self.source = source
+        self.total = total  # [the host bytes every stream of the snapshot holds]
+        self.held_bytes = 0  # host bytes of the saved rows (below)
         self.rows = source.shape[0]
         row_bytes = max(1, source[:1].numel() * source.element_size())
         self.chunk = max(1, int(chunk_rows or SNAPSHOT_CHUNK_BYTES // row_bytes))
@@ -120,6 +124,11 @@ class _TensorStream:
         self.held_rows = torch.zeros(0, dtype=torch.int64)  # (m,) sorted, all >= done: merged saves
         self.held_values = torch.zeros((0, *source.shape[1:]), dtype=source.dtype)
 
+    def save(self, rows: torch.Tensor, values: torch.Tensor) -> None:
+        """Hold the rows a step saved (sorted, none held yet) with their values."""
+        self.pending.append((rows, values))
+        self._held(self.held_bytes + values.numel() * values.element_size() + rows.numel() * 8)
+
     def merge(self) -> None:
         """Fold the pending batches into the sorted held rows (rows are saved once: no repeats)."""
         if not self.pending:
@@ -128,6 +137,13 @@ class _TensorStream:
         values = torch.cat([self.held_values, *(v for _, v in self.pending)])
         order = torch.argsort(rows)
         self.held_rows, self.held_values, self.pending = rows[order], values[order], []
+        self._held(self._storage_bytes())
+
+    def finish(self) -> None:
+        """Written (or given up): nothing more to save or hold."""
+        self.done, self.pending, self.saved = self.rows, [], None
+        self.held_rows, self.held_values = self.held_rows[:0], self.held_values[:0]
+        self._held(self._storage_bytes())
 
     def take(self, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The held rows below `end` with their values, dropped from what is held."""
@@ -141,12 +157,14 @@ class _TensorStream:
         """Every saved row not written yet."""
         return torch.cat([self.held_rows, *(r for r, _ in self.pending)])
 
-    @property
-    def held_bytes(self) -> int:
-        """Host bytes of the saved rows (what the held arrays' storages hold, written rows included
-        until the next merge drops them)."""
-        held = self.held_rows.untyped_storage().nbytes() + self.held_values.untyped_storage().nbytes()
-        return held + sum(v.numel() * v.element_size() + r.numel() * 8 for r, v in self.pending)
+    def _storage_bytes(self) -> int:
+        """What the held arrays' storages hold (written rows included until the next merge drops
+        them); the pending batches are merged in or dropped when this is asked."""
+        return self.held_rows.untyped_storage().nbytes() + self.held_values.untyped_storage().nbytes()
+
+    def _held(self, held_bytes: int) -> None:
+        self.total[0] += held_bytes - self.held_bytes
+        self.held_bytes = held_bytes
 
 
 class TableSnapshot:
@@ -172,7 +190,9 @@ class TableSnapshot:
     """
 
     def __init__(self, tables: dict[str, tuple[torch.Tensor, ...]], chunk_rows: int | None = None) -> None:
-        self._parts = {name: tuple(_TensorStream(t, chunk_rows) for t in tensors) for name, tensors in tables.items()}
+        self._held = [0]  # host bytes of the rows every stream holds: a running total
+        self._parts = {name: tuple(_TensorStream(t, chunk_rows, self._held) for t in tensors)
+                       for name, tensors in tables.items()}
         self._lock = threading.Lock()
         self.peak_extra_bytes = 0  # most host bytes held at once: chunk buffers + saved rows
 
@@ -192,7 +212,7 @@ class TableSnapshot:
                 rows = rows[~stream.saved[rows]]
                 if rows.numel():
                     stream.saved[rows] = True
-                    stream.pending.append((rows.cpu(), stream.source.index_select(0, rows).cpu()))
+                    stream.save(rows.cpu(), stream.source.index_select(0, rows).cpu())
             self._note_extra()
 
     def chunks(self, group: str, index: int) -> Iterator[tuple[int, torch.Tensor]]:
@@ -210,21 +230,21 @@ class TableSnapshot:
             copy_rows(view, source[start:end])  # rows a step changes meanwhile were saved first
             with self._lock:
                 self.peak_extra_bytes = max(self.peak_extra_bytes,
-                                            self._extra_bytes() + buffer.numel() * buffer.element_size())
+                                            self._held[0] + buffer.numel() * buffer.element_size())
                 rows, values = stream.take(end)
                 if rows.numel():
                     view.index_copy_(0, rows - start, values)
                 stream.done = end
             yield start, view
         with self._lock:
-            self._finish(stream)
+            stream.finish()
 
     def close(self) -> None:
         """Stop saving rows (the write is over, done or failed); drop what was saved."""
         with self._lock:
             for streams in self._parts.values():
                 for stream in streams:
-                    self._finish(stream)
+                    stream.finish()
 
     def copy(self) -> dict[str, tuple[torch.Tensor, ...]]:
         """Whole copies of every table as taken: {group: copies of its tensors} (tests, small tables)."""
@@ -237,16 +257,8 @@ class TableSnapshot:
             out[name] = copies
         return out
 
-    @staticmethod
-    def _finish(stream: _TensorStream) -> None:
-        stream.done, stream.pending, stream.saved = stream.rows, [], None
-        stream.held_rows, stream.held_values = stream.held_rows[:0], stream.held_values[:0]
-
-    def _extra_bytes(self) -> int:
-        return sum(s.held_bytes for streams in self._parts.values() for s in streams)
-
     def _note_extra(self) -> None:
-        self.peak_extra_bytes = max(self.peak_extra_bytes, self._extra_bytes())
+        self.peak_extra_bytes = max(self.peak_extra_bytes, self._held[0])
 
 
 def copy_rows(dst: torch.Tensor, src: torch.Tensor) -> None:
