@@ -118,7 +118,8 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
         eval_data: encoded evaluation dataset folder.
         out: run folder (checkpoint.pt, metrics.jsonl, best/, TensorBoard); None writes no run
             folder (raw data bound in the spec is still encoded into runs/<spec name>/data, as
-            `flowrec train` encodes it for its default folder).
+            `flowrec train` encodes it for its default folder; once: a call started meanwhile
+            waits for it, then reuses it).
             A folder holding a run needs `overwrite=True`; `flowrec train SPEC --resume OUT`
             continues a run started here.
         overwrite: replace the run in `out`.

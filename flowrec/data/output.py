@@ -11,12 +11,13 @@ Example:
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import secrets
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from flowrec.data.layout import DataError
 from flowrec.data.output_guard import replace_folder
@@ -62,3 +63,29 @@ def _swap(new: Path, out: Path, overwrite: bool) -> None:
     """Rename `new` to `out`; an existing `out` is moved aside first and deleted after."""
     check_output(out, overwrite)  # another process may have written there meanwhile
     replace_folder(new, out)
+
+
+@contextmanager
+def folder_locked(folder: Path, waiting: Callable[[], None] = lambda: None) -> Iterator[None]:
+    """Hold an exclusive lock on `folder` itself (flock on the folder, no lock file left behind),
+    waiting while another process holds it (`waiting` is called once before waiting); released
+    when the block ends or the process dies. It serialises writers of one of its subfolders (two
+    runs encoding the same bound data) without touching what a run folder's own lock guards.
+
+    Raises:
+        DataError: the folder cannot be created or opened.
+    """
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:
+        raise DataError(f"cannot lock {folder}: {exc.strerror or exc}") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            waiting()
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)

@@ -154,8 +154,11 @@ def dataset_pair(path: Path, spec: ModelSpec, dask: str | None = None) -> tuple[
 
 def bound_dataset(spec: ModelSpec, spec_path: Path, workdir: Path | None,
                   status: Callable[[str], None]) -> Path:
-    """Encode the spec's bound raw data once (reused while it exists)."""
+    """Encode the spec's bound raw data once (reused while it exists). Encoding holds a lock on
+    the folder it goes in (runs/<spec name> without a run folder), so two runs started together
+    encode it once: the second waits, then reuses it (never a clash or a half-replaced folder)."""
     from flowrec.data.convert import convert
+    from flowrec.data.output import folder_locked
 
     assert spec.data is not None
     raw = (spec_path.parent / spec.data.path).resolve()
@@ -164,10 +167,17 @@ def bound_dataset(spec: ModelSpec, spec_path: Path, workdir: Path | None,
     if not raw.exists():
         raise DataError(f"the spec's data binding points to {raw}, which does not exist")
     out = (workdir or Path("runs") / spec.name) / "data"
-    if (out / META_FILE).is_file() or (out / "train" / META_FILE).is_file():
+
+    def encoded() -> bool:
+        return (out / META_FILE).is_file() or (out / "train" / META_FILE).is_file()
+
+    if encoded():
         return out
-    status(f"encoding {spec.data.format} data from {raw} into {out}")
-    convert(spec, spec.data.format, [raw], out)
+    with folder_locked(out.parent, lambda: status(f"waiting for another flowrec process encoding into {out}")):
+        if encoded():  # it did, while this one waited
+            return out
+        status(f"encoding {spec.data.format} data from {raw} into {out}")
+        convert(spec, spec.data.format, [raw], out)
     return out
 
 

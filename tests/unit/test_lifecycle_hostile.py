@@ -450,3 +450,66 @@ def test_more_synthetic_rows_than_memory_holds_are_refused_at_once(spec: Path, t
     cli = runner.invoke(app, ["train", str(spec), "--rows", str(rows), "--out", str(tmp_path / "cli"), "-q"])
     assert cli.exit_code == 2 and "give fewer --rows" in cli.output
     assert not (tmp_path / "api").exists() and not (tmp_path / "cli").exists()
+
+
+def _bound_csv_spec(tmp_path: Path, rows: int = 80) -> Path:
+    """The managed spec bound to a raw CSV file of `rows` random rows (skewed ids)."""
+    import csv
+    import random
+
+    rng = random.Random()
+    with (tmp_path / "raw.csv").open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["d1", "user", "friends", "item", "label"])
+        for _ in range(rows):
+            writer.writerow([rng.random() * 5, f"u{int(rng.paretovariate(1.2)) % 50}",
+                             "^".join(f"u{rng.randrange(80)}" for _ in range(rng.randrange(4))),
+                             f"i{rng.randrange(40)}", int(rng.random() < 0.3)])
+    path = tmp_path / "bound.yaml"
+    path.write_text(MANAGED_SPEC + "data: {format: csv, path: raw.csv}\n")
+    return path
+
+
+def test_bound_data_is_encoded_once_by_two_runs_started_together(tmp_path: Path, monkeypatch) -> None:
+    """Two runs without a run folder (`flowrec.train(out=None)`) encode the spec's raw data into
+    runs/<name>/data: the second waits for the first and reuses its folder, instead of encoding
+    it again over the folder the first is already reading (or failing on it)."""
+    import threading
+    import time
+
+    import flowrec.data.convert as convert_module
+    from flowrec.data.layout import read_meta
+    from flowrec.runtime.session import bound_dataset
+
+    spec_path = _bound_csv_spec(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    real, calls = convert_module.convert, []
+
+    def slow_convert(*args, **kwargs):
+        calls.append(args[-1])
+        time.sleep(0.5)  # the other run arrives meanwhile
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(convert_module, "convert", slow_convert)
+    loaded, results, notes = load_spec(spec_path), [], []
+    start = threading.Barrier(2)
+
+    def run() -> None:
+        start.wait()
+        try:
+            results.append(bound_dataset(loaded, spec_path, None, notes.append))
+        except Exception as exc:  # noqa: BLE001 - the test reports it
+            results.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    out = Path("runs") / "tiny_managed" / "data"
+    assert results == [out, out] and len(calls) == 1
+    assert read_meta(out).rows == 80
+    assert sum("waiting for another flowrec process" in n for n in notes) == 1
+    assert sorted(p.name for p in out.parent.iterdir()) == ["data"]  # no lock file, no partial left
+    again = flowrec.train(spec_path, out=None, max_steps=1)  # the API reuses it, encoding nothing
+    assert len(calls) == 1 and again.result.steps == 1
