@@ -150,6 +150,9 @@ def read_meta(path: str | Path) -> DatasetMeta:
         DataError: if the directory or its metadata is missing or unreadable.
     """
     path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise DataError(f"{path} is a file, not a dataset folder: give the folder holding {META_FILE} "
+                        "(raw files are converted into one by `flowrec data convert`)")
     if not path.is_dir():
         raise DataError(f"dataset directory not found: {path}")
     meta = path / META_FILE

@@ -513,3 +513,20 @@ def test_bound_data_is_encoded_once_by_two_runs_started_together(tmp_path: Path,
     assert sorted(p.name for p in out.parent.iterdir()) == ["data"]  # no lock file, no partial left
     again = flowrec.train(spec_path, out=None, max_steps=1)  # the API reuses it, encoding nothing
     assert len(calls) == 1 and again.result.steps == 1
+
+
+def test_data_naming_a_file_says_it_is_a_file_not_a_dataset_folder(spec: Path, tmp_path: Path) -> None:
+    """A raw file given where a dataset folder goes: one line saying what it is (CLI exit 2, a
+    DataError from the API), not "directory not found"; nothing written."""
+    raw = tmp_path / "clicks.csv"
+    raw.write_text("d1,label\n1,0\n")
+    says = f"{raw} is a file, not a dataset folder: give the folder holding _flowrec.json"
+    with pytest.raises(DataError, match="is a file, not a dataset folder"):
+        flowrec.train(spec, data=raw, out=tmp_path / "api", max_steps=1)
+    for args in (["train", str(spec), "--data", str(raw), "--out", str(tmp_path / "cli"), "-q"],
+                 ["data", "inspect", str(raw)]):
+        shown = runner.invoke(app, args)
+        assert shown.exit_code == 2 and says in shown.output and "not found" not in shown.output, shown.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["clicks.csv", "s.yaml"]
+    missing = runner.invoke(app, ["data", "inspect", str(tmp_path / "none")])
+    assert missing.exit_code == 2 and "dataset directory not found" in missing.output
