@@ -20,6 +20,7 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT
 EXIT_OUT_OF_MEMORY = 3
 EXIT_RANK_FAILED = 4  # another rank died or hung: this one stopped at the --dist-timeout
 MAX_DIST_TIMEOUT_S = 7 * 24 * 3600  # a week: the largest --dist-timeout (torch's timedelta overflows far above)
+MAX_FOLLOW_WAIT_S = 7 * 24 * 3600  # a week: the longest --follow-wait (inf would wait forever)
 
 
 def _say(message: str) -> None:
@@ -78,7 +79,7 @@ def train(
     dist_timeout: float = typer.Option(300.0, "--dist-timeout", help="Seconds a rank waits for the others in a collective (1 .. 604800, a week): a rank that died or hung makes the others exit (status 4) within this time, naming themselves. Default: 300."),
     max_restarts: int = typer.Option(0, "--max-restarts", min=0, help="With --nproc: restart every rank up to N times after a failure; the run continues from its last checkpoint. Default: 0."),
     follow_dir: Optional[Path] = typer.Option(None, "--follow", help="Continuous training: train each day partition (an encoded dataset folder) under this folder in order of name into --out/days/<day>, each from the day before (--init-from), after scoring the day before's model on it (progressive validation in --out/metrics.jsonl); resumes a day cut short, never trains a day twice."),
-    follow_wait: float = typer.Option(0.0, "--follow-wait", min=0.0, help="With --follow: seconds to wait for a new day partition to land before stopping. Default: 0 (stop when none is waiting)."),
+    follow_wait: float = typer.Option(0.0, "--follow-wait", help="With --follow: seconds to wait for a new day partition to land before stopping (0 .. 604800, a week). Default: 0 (stop when none is waiting)."),
     follow_once: bool = typer.Option(False, "--follow-once", help="With --follow: train at most one new day, then stop."),
     follow_order: str = typer.Option("name", "--follow-order", help="With --follow: the order of the day partitions: `name` (default), or `date:COLUMN`, by the first date of COLUMN that conversion recorded for each day (data option date_column, or split_by) or of a stored numeric column COLUMN; ties by name."),
     follow_export: bool = typer.Option(False, "--follow-export", help="With --follow: after each day, write its model package to --out/export/<day> (as `flowrec export`)."),
@@ -111,6 +112,8 @@ def train(
                          fresh_optimizer, dist_timeout)
     try:
         _check_options(request)
+        if not 0.0 <= follow_wait <= MAX_FOLLOW_WAIT_S:  # NaN fails both comparisons
+            fail(f"--follow-wait must be a number of seconds in 0..{MAX_FOLLOW_WAIT_S} (a week), not {follow_wait!r}")
         if follow_dir is None and follow_order != "name":
             fail("--follow-order orders the day partitions of --follow: give --follow DAYS")
         if follow_dir is not None:

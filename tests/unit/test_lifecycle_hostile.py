@@ -530,3 +530,26 @@ def test_data_naming_a_file_says_it_is_a_file_not_a_dataset_folder(spec: Path, t
     assert sorted(p.name for p in tmp_path.iterdir()) == ["clicks.csv", "s.yaml"]
     missing = runner.invoke(app, ["data", "inspect", str(tmp_path / "none")])
     assert missing.exit_code == 2 and "dataset directory not found" in missing.output
+
+
+@pytest.mark.parametrize("wait", ["inf", "-inf", "nan", "-1", "1e300", "604801"])
+def test_a_follow_wait_out_of_range_is_one_line(spec: Path, tmp_path: Path, wait: str) -> None:
+    """--follow-wait inf used to wait forever (nan and huge values too): refused, with the bounds."""
+    days = tmp_path / "days"
+    _synth(spec, days / "d1")
+    shown = runner.invoke(app, ["train", str(spec), "--follow", str(days), "--out", str(tmp_path / "stream"),
+                                "--follow-wait", wait, "-q"])
+    assert shown.exit_code == 2, shown.output
+    assert shown.output.strip().splitlines() == [
+        f"error: --follow-wait must be a number of seconds in 0..604800 (a week), not {float(wait)!r}"]
+    assert not (tmp_path / "stream").exists()
+    shown = runner.invoke(app, ["train", "--help"], env={"COLUMNS": "400"}).output
+    assert "(0 .. 604800, a week)" in " ".join(shown.replace("│", " ").split())
+
+
+def test_the_longest_follow_wait_is_accepted(spec: Path, tmp_path: Path) -> None:
+    days = tmp_path / "days"
+    _synth(spec, days / "d1")
+    shown = runner.invoke(app, ["train", str(spec), "--follow", str(days), "--out", str(tmp_path / "stream"),
+                                "--follow-wait", "604800", "--follow-once", "--max-steps", "2", "-q"])
+    assert shown.exit_code == 0, shown.output  # one day trained, then stops (--follow-once): no wait
