@@ -115,7 +115,8 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
             to the current folder).
         data: encoded dataset folder (DIR/train + DIR/test when split); default: the spec's data
             binding, else `rows` synthetic rows (+20% for evaluation).
-        eval_data: encoded evaluation dataset folder.
+        eval_data: encoded evaluation dataset folder (instead of a split's test part; needs
+            `data` or data bound in the spec, not synthetic rows).
         out: run folder (checkpoint.pt, metrics.jsonl, best/, TensorBoard); None writes no run
             folder (raw data bound in the spec is still encoded into runs/<spec name>/data, as
             `flowrec train` encodes it for its default folder; once: a call started meanwhile

@@ -49,7 +49,7 @@ class RunRequest:
 def train(
     spec_path: Path = typer.Argument(..., help="Model spec (YAML or JSON)."),
     data: Optional[Path] = typer.Option(None, "--data", help="Encoded dataset folder (from `flowrec data convert` or `flowrec data synth`); DIR/train and DIR/test when split. Default: the spec's data binding, else synthetic data."),
-    eval_data: Optional[Path] = typer.Option(None, "--eval-data", help="Encoded evaluation dataset folder."),
+    eval_data: Optional[Path] = typer.Option(None, "--eval-data", help="Encoded evaluation dataset folder (instead of a split's test part; needs --data or data bound in the spec, not synthetic rows)."),
     epochs: Optional[int] = typer.Option(None, "--epochs", min=1, help="Epochs (default: the spec's training.epochs)."),
     device: Optional[str] = typer.Option(None, "--device", help="auto (cuda if available, else cpu), cpu or cuda. Default: auto."),
     out: Optional[Path] = typer.Option(None, "--out", help="Run folder (default: runs/<spec name>, numbered if taken). A folder holding a run is refused unless --resume or --overwrite."),

@@ -129,7 +129,12 @@ def resolve_data(spec: ModelSpec, spec_path: Path, opts: SessionOptions,
     if spec.data is not None:
         folder = bound_dataset(spec, spec_path, opts.workdir, status)
         train, evaluation = dataset_pair(folder, spec, opts.dask)
+        if opts.eval_data is not None:  # given, it evaluates instead of the bound data's test split
+            evaluation = open_dataset(Path(opts.eval_data), spec, opts.dask)
         return train, evaluation, f"data: {spec.data.format} at {spec.data.path} (encoded in {folder})"
+    if opts.eval_data is not None:  # it would be ignored: synthetic rows have their own evaluation rows
+        raise DataError(f"evaluation data {opts.eval_data} needs training data encoded alike: give the training "
+                        "data too (--data, data=, or data bound in the spec), not synthetic rows")
     return synthetic_sources(spec, opts.synthetic_rows, status)
 
 

@@ -553,3 +553,33 @@ def test_the_longest_follow_wait_is_accepted(spec: Path, tmp_path: Path) -> None
     shown = runner.invoke(app, ["train", str(spec), "--follow", str(days), "--out", str(tmp_path / "stream"),
                                 "--follow-wait", "604800", "--follow-once", "--max-steps", "2", "-q"])
     assert shown.exit_code == 0, shown.output  # one day trained, then stops (--follow-once): no wait
+
+
+def test_eval_data_without_training_data_is_refused_not_ignored(spec: Path, tmp_path: Path) -> None:
+    """--eval-data (eval_data=) with synthetic training rows used to be ignored silently (a whole
+    synthetic run, evaluated on synthetic rows): refused, nothing written."""
+    held_out = _synth(spec, tmp_path / "held_out", seed=2)
+    with pytest.raises(DataError, match="needs training data encoded alike"):
+        flowrec.train(spec, eval_data=held_out, out=tmp_path / "api", max_steps=1)
+    shown = runner.invoke(app, ["train", str(spec), "--eval-data", str(held_out), "--out", str(tmp_path / "cli"),
+                                "--max-steps", "1", "-q"])
+    assert shown.exit_code == 2 and "needs training data encoded alike" in shown.output, shown.output
+    assert len(shown.output.strip().splitlines()) == 1
+    assert not (tmp_path / "api").exists() and not (tmp_path / "cli").exists()
+
+
+def test_eval_data_replaces_the_bound_datas_evaluation(tmp_path: Path, monkeypatch) -> None:
+    """With data bound in the spec, eval_data is what the run evaluates on (it was ignored)."""
+    from flowrec.data.layout import read_meta
+
+    spec_path = _bound_csv_spec(tmp_path, rows=64)
+    monkeypatch.chdir(tmp_path)
+    held_out = tmp_path / "held_out"
+    made = runner.invoke(app, ["data", "convert", "csv", str(tmp_path / "raw.csv"), str(held_out),
+                               "--spec", str(spec_path), "-q"])
+    assert made.exit_code == 0, made.output
+    seen = []
+    run = flowrec.train(spec_path, eval_data=held_out, out=tmp_path / "run", max_steps=2,
+                        on_eval=lambda e: seen.append(e))
+    assert read_meta(held_out).rows == 64 and run.result.steps == 2
+    assert seen and all(head["samples"] == 64 for head in seen[-1].metrics.values())
