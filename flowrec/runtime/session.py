@@ -124,18 +124,33 @@ def resolve_data(spec: ModelSpec, spec_path: Path, opts: SessionOptions,
     if opts.data is not None:
         train, evaluation = dataset_pair(Path(opts.data), spec, opts.dask)
         if opts.eval_data is not None:
-            evaluation = open_dataset(Path(opts.eval_data), spec, opts.dask)
+            evaluation = _replace_evaluation(train, evaluation, Path(opts.eval_data), spec, opts.dask)
         return train, evaluation, f"data: {opts.data}"
     if spec.data is not None:
         folder = bound_dataset(spec, spec_path, opts.workdir, status)
         train, evaluation = dataset_pair(folder, spec, opts.dask)
         if opts.eval_data is not None:  # given, it evaluates instead of the bound data's test split
-            evaluation = open_dataset(Path(opts.eval_data), spec, opts.dask)
+            evaluation = _replace_evaluation(train, evaluation, Path(opts.eval_data), spec, opts.dask)
         return train, evaluation, f"data: {spec.data.format} at {spec.data.path} (encoded in {folder})"
     if opts.eval_data is not None:  # it would be ignored: synthetic rows have their own evaluation rows
         raise DataError(f"evaluation data {opts.eval_data} needs training data encoded alike: give the training "
                         "data too (--data, data=, or data bound in the spec), not synthetic rows")
     return synthetic_sources(spec, opts.synthetic_rows, status)
+
+
+def _replace_evaluation(train: Any, split_test: Any | None, path: Path, spec: ModelSpec,
+                        dask: str | None) -> Any:
+    """The evaluation source opened from `path`, closing the dataset's own test split it replaces
+    (left open, its readers lived as long as the run); when `path` is refused, the training
+    source is closed too (nothing is left open behind the error)."""
+    try:
+        return open_dataset(path, spec, dask)
+    except BaseException:
+        train.close()
+        raise
+    finally:
+        if split_test is not None:
+            split_test.close()
 
 
 def open_dataset(path: Path, spec: ModelSpec, dask: str | None = None) -> Any:

@@ -583,3 +583,33 @@ def test_eval_data_replaces_the_bound_datas_evaluation(tmp_path: Path, monkeypat
                         on_eval=lambda e: seen.append(e))
     assert read_meta(held_out).rows == 64 and run.result.steps == 2
     assert seen and all(head["samples"] == 64 for head in seen[-1].metrics.values())
+
+
+def test_eval_data_closes_the_test_split_it_replaces(spec: Path, tmp_path: Path, monkeypatch) -> None:
+    """A dataset's own test split, replaced by eval_data, is closed (its readers used to stay open
+    for the whole run); a failure to open eval_data still closes it."""
+    from flowrec.runtime import session
+
+    closed: list[str] = []
+
+    class Source:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def close(self) -> None:
+            closed.append(self.name)
+
+    monkeypatch.setattr(session, "dataset_pair", lambda *a: (Source("train"), Source("test")))
+    monkeypatch.setattr(session, "open_dataset", lambda path, *a: Source(f"eval:{Path(path).name}"))
+    model = load_spec(spec)
+    opts = session.SessionOptions(data=tmp_path / "d", eval_data=tmp_path / "held")
+    train, evaluation, _ = session.resolve_data(model, spec, opts, lambda _: None)
+    assert (train.name, evaluation.name, closed) == ("train", "eval:held", ["test"])
+
+    def refused(path, *a):
+        raise DataError(f"{path}: not a dataset")
+
+    monkeypatch.setattr(session, "open_dataset", refused)
+    with pytest.raises(DataError, match="not a dataset"):
+        session.resolve_data(model, spec, opts, lambda _: None)
+    assert closed == ["test", "train", "test"]
