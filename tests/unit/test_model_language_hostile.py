@@ -1,0 +1,162 @@
+"""Hostile and careless specs of the newer model-language kinds (custom modules, heads, retrieval,
+sequences, managed tables): every bad spec is one line per problem with its path and exit 2 from
+the CLI, never a traceback, never a partly written run; a user's module cannot corrupt stdout."""
+from __future__ import annotations
+
+import copy
+import json
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from flowrec.cli import app
+from flowrec.spec.validate import validate_document
+
+runner = CliRunner()
+SPECS = Path(__file__).parents[2] / "specs"
+
+BLOCKS = textwrap.dedent('''
+    import sys
+    from torch import nn
+
+
+    class Prints(nn.Module):
+        def __init__(self, n):
+            super().__init__()
+            print("HELLO FROM INIT")
+            self.lin = nn.Linear(n, 4)
+
+        def forward(self, x):
+            print("HELLO FROM FORWARD")
+            return self.lin(x)
+
+
+    class Exits(nn.Module):
+        def __init__(self):
+            super().__init__()
+            sys.exit(3)
+
+
+    class ExitsInForward(nn.Module):
+        def forward(self, x):
+            raise SystemExit(4)
+
+
+    class Empty(nn.Module):
+        def forward(self, x):
+            return x[:, :0]
+
+
+    class Huge(nn.Module):
+        def forward(self, x):
+            return x.unsqueeze(-1).expand(-1, -1, 100000).unsqueeze(-1).expand(-1, -1, -1, 100000)
+
+
+    class Raises(nn.Module):
+        def __init__(self):
+            super().__init__()
+            raise ValueError("first line\\nsecond line")
+''')
+
+
+@pytest.fixture
+def blocks(tmp_path: Path) -> Path:
+    path = tmp_path / "blocks.py"
+    path.write_text(BLOCKS)
+    (tmp_path / "boom.py").write_text("raise RuntimeError('module level boom')\n")
+    return path
+
+
+def custom_doc(cls: str, params: dict | None = None, out_width: int | None = None) -> dict[str, Any]:
+    mine: dict[str, Any] = {"name": "mine", "kind": "custom", "class": cls, "inputs": ["bottom"]}
+    if params is not None:
+        mine["params"] = params
+    if out_width is not None:
+        mine["out_width"] = out_width
+    return {
+        "name": "hostile_custom",
+        "features": [{"name": "x0", "type": "dense"},
+                     {"name": "u", "type": "categorical", "hash_buckets": 100, "dim": 4}],
+        "modules": [{"name": "bottom", "kind": "mlp", "inputs": ["@dense", "@sparse"], "layers": [8]}, mine,
+                    {"name": "top", "kind": "mlp", "inputs": ["mine"], "layers": [4]}],
+        "heads": [{"name": "ctr", "input": "top"}],
+        "optimizer": {"dense": {"name": "sgd", "lr": 0.05}, "sparse": {"name": "sgd", "lr": 0.05}},
+        "training": {"batch_size": 32},
+    }
+
+
+def _write(tmp_path: Path, doc: dict, name: str = "s.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def _one_line_error(result, path: str, says: str) -> None:
+    assert result.exit_code == 2, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert any(f"{path}: " in line and says in line for line in lines), result.output
+    assert "Traceback" not in result.output
+
+
+# ---- custom modules: the plan-time dry run ---------------------------------------------------
+
+
+@pytest.mark.parametrize("cls, params, says", [
+    ("Exits", None, "failed: SystemExit: 3"),
+    ("ExitsInForward", None, "failed on a (2, 8) input: SystemExit: 4"),
+    ("Empty", None, "returns 0 values per sample"),
+    ("Huge", None, "returns 80,000,000,000 values per sample"),
+    ("Raises", None, "failed: ValueError: first line"),
+])
+def test_an_unusable_custom_class_is_one_line_at_plan(tmp_path, blocks, cls, params, says):
+    spec = _write(tmp_path, custom_doc(f"{blocks}:{cls}", params))
+    result = runner.invoke(app, ["plan", str(spec)])
+    _one_line_error(result, "modules[1].class", says)
+    assert "second line" not in result.output
+
+
+@pytest.mark.parametrize("cls, says", [
+    ("{tmp}/boom.py:X", "cannot import '{tmp}/boom.py:X': RuntimeError: module level boom"),
+    ("..relative:X", "cannot import '..relative:X': TypeError"),
+    ("torch.nn:Linear", "returns 100,000,000,000 values per sample"),
+])
+def test_a_class_path_that_cannot_be_used_is_one_line(tmp_path, blocks, cls, says):
+    params = {"in_features": 8, "out_features": 10**11} if cls == "torch.nn:Linear" else None
+    spec = _write(tmp_path, custom_doc(cls.format(tmp=tmp_path), params))
+    result = runner.invoke(app, ["plan", str(spec)])
+    _one_line_error(result, "modules[1].class", says.format(tmp=tmp_path))
+
+
+def test_a_file_that_failed_to_import_is_imported_again(tmp_path, blocks):
+    spec = _write(tmp_path, custom_doc(f"{tmp_path}/boom.py:Fixed"))
+    assert runner.invoke(app, ["plan", str(spec)]).exit_code == 2
+    (tmp_path / "boom.py").write_text("from torch import nn\n\n\nclass Fixed(nn.Linear):\n"
+                                      "    def __init__(self):\n        super().__init__(8, 3)\n")
+    result = runner.invoke(app, ["plan", str(spec), "--json", "-"])
+    assert result.exit_code == 0, result.output
+    mine = next(n for n in json.loads(result.stdout)["nodes"] if n["name"] == "mine")
+    assert mine["out_shape"] == ["B", 3]
+
+
+def test_what_a_custom_module_prints_does_not_corrupt_plan_json(tmp_path, blocks):
+    spec = _write(tmp_path, custom_doc(f"{blocks}:Prints", {"n": 8}))
+    result = runner.invoke(app, ["plan", str(spec), "--json", "-"])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout)  # stdout is the plan alone
+    assert "HELLO FROM INIT" not in result.stdout and "HELLO FROM INIT" in result.stderr
+    assert any(n["name"] == "mine" and n["out_shape"] == ["B", 4] for n in plan["nodes"])
+
+
+def test_a_wrong_out_width_is_refused_before_training(tmp_path):
+    spec = _write(tmp_path, custom_doc("torch.nn:Linear", {"in_features": 8, "out_features": 6}, out_width=5))
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["train", str(spec), "--rows", "64", "--out", str(out), "-q"])
+    assert result.exit_code == 2, result.output
+    assert "returns 6 values per sample, not its out_width 5" in result.output
+    assert "Traceback" not in result.output
+    assert not out.exists()
