@@ -160,3 +160,86 @@ def test_a_wrong_out_width_is_refused_before_training(tmp_path):
     assert "returns 6 values per sample, not its out_width 5" in result.output
     assert "Traceback" not in result.output
     assert not out.exists()
+
+
+# ---- heads: early stopping, task spaces ------------------------------------------------------
+
+
+def _spec(name: str) -> dict[str, Any]:
+    return yaml.safe_load((SPECS / name).read_text())
+
+
+def _issues(doc: dict) -> list[tuple[str, str]]:
+    return [(i.path, i.message) for i in validate_document(doc)]
+
+
+@pytest.mark.parametrize("metric", ["accuracy", "accuracy_at_k", "logloss", "auc"])
+def test_early_stopping_may_watch_every_metric_a_multiclass_head_reports(metric):
+    doc = _spec("esmm_multitask.yaml")
+    doc["training"].update(eval_every=10, early_stopping={"metric": metric, "head": "category"})
+    assert _issues(doc) == []
+
+
+def test_early_stopping_on_the_auc_of_more_classes_than_it_is_reported_for_is_refused():
+    doc = _spec("esmm_multitask.yaml")
+    doc["heads"][2]["num_classes"] = 65
+    doc["training"].update(eval_every=10, early_stopping={"metric": "auc", "head": "category"})
+    assert _issues(doc) == [("training.early_stopping.metric",
+                             "head 'category' has 65 classes: its auc is reported up to 64 classes; watch "
+                             "accuracy, accuracy_at_k or logloss")]
+
+
+@pytest.mark.parametrize("label, equals, says", [
+    ("click", 0.5, "head 'click' is binary: its label 'click' holds 0 or 1, never 0.5"),
+    ("click", 7, "head 'click' is binary: its label 'click' holds 0 or 1, never 7"),
+    ("category", 8, "head 'category' has 8 classes: its label 'category' holds a class index 0 .. 7, never 8"),
+    ("category", 2.5, "never 2.5"),
+    ("category", -1, "never -1"),
+])
+def test_a_task_space_no_row_can_be_in_is_refused(label, equals, says):
+    doc = _spec("esmm_multitask.yaml")
+    doc["heads"][1]["trained_where"] = {"label": label, "equals": equals}
+    issues = _issues(doc)
+    assert len(issues) == 1 and issues[0][0] == "heads[1].trained_where.equals" and says in issues[0][1], issues
+
+
+@pytest.mark.parametrize("label, equals", [("click", 0), ("click", 1.0), ("category", 7), ("category", 3.0)])
+def test_a_task_space_rows_can_be_in_is_accepted(label, equals):
+    doc = _spec("esmm_multitask.yaml")
+    doc["heads"][1]["trained_where"] = {"label": label, "equals": equals}
+    assert _issues(doc) == []
+
+
+def test_a_problem_in_one_head_is_not_reported_again_at_the_task_space_of_another():
+    doc = _spec("esmm_multitask.yaml")
+    doc["heads"][0]["weight"] = 0  # head 'click' (whose label the conversion head's space names) is faulty
+    assert _issues(doc) == [("heads[0].weight", "must be > 0")]
+
+
+# ---- retrieval and next-item data ------------------------------------------------------------
+
+
+def test_exclude_seen_grouped_by_the_item_id_is_refused():
+    doc = _spec("two_tower_movielens.yaml")
+    doc["heads"][0]["exclude_seen"] = True
+    doc["training"]["eval_group_by"] = "item_id"
+    assert _issues(doc) == [("heads[0].exclude_seen",
+                             "exclude_seen groups by the user: training.eval_group_by 'item_id' is the item id")]
+    doc["training"]["eval_group_by"] = "user_id"
+    assert _issues(doc) == []
+
+
+def test_a_history_feature_shorter_than_the_sequence_option_is_refused():
+    doc = _spec("sasrec_movielens.yaml")
+    doc["data"]["options"]["sequence"]["max_len"] = 50  # the feature keeps 20: the 20 oldest of 50
+    issues = _issues(doc)
+    assert [path for path, _ in issues] == ["features[1].max_len"], issues
+    assert "keeps the first 20 of the up to 50 previous items" in issues[0][1]
+    doc["data"]["options"]["sequence"]["max_len"] = 10  # shorter histories are padded: fine
+    assert _issues(doc) == []
+    doc["data"]["options"]["sequence"]["max_len"] = 50
+    doc["data"]["columns"] = {"item_id": "item_id"}
+    doc["features"][1]["name"] = "past"  # a feature not reading the history column is not concerned
+    doc["modules"][0]["inputs"] = ["past"]
+    doc["data"]["options"]["sequence"]["max_len"] = 50
+    assert [path for path, _ in _issues(doc)] == []
