@@ -243,3 +243,46 @@ def test_a_history_feature_shorter_than_the_sequence_option_is_refused():
     doc["modules"][0]["inputs"] = ["past"]
     doc["data"]["options"]["sequence"]["max_len"] = 50
     assert [path for path, _ in _issues(doc)] == []
+
+
+# ---- heads: sample-weight columns in the data ------------------------------------------------
+
+
+def _esmm_rows(tmp_path: Path, weight: str) -> tuple[Path, Path]:
+    doc = _spec("esmm_multitask.yaml")
+    for f in doc["features"]:
+        if "hash_buckets" in f:
+            f["hash_buckets"] = 100
+    spec = _write(tmp_path, doc, "esmm.yaml")
+    lines = ["price,user_id,item_id,shop_id,click,conversion,category,w"]
+    lines += [f"{i / 7:.3f},{i % 5},{i % 11},{i % 3},{i % 2},{(i // 2) % 2},{i % 8},{0.5 + i % 3}" for i in range(20)]
+    lines[4] = lines[4].rsplit(",", 1)[0] + f",{weight}"
+    raw = tmp_path / "rows.csv"
+    raw.write_text("\n".join(lines) + "\n")
+    return spec, raw
+
+
+@pytest.mark.parametrize("weight, says", [
+    ("-1", "sample weight -1.0 in column w: not a finite number >= 0 for a sample weight"),
+    ("nan", "missing sample weight in column w"),
+    ("", "missing sample weight in column w"),
+    ("inf", "non-finite value 'inf' in column w"),
+])
+def test_a_bad_sample_weight_is_a_malformed_row_at_conversion(tmp_path, weight, says):
+    spec, raw = _esmm_rows(tmp_path, weight)
+    out = tmp_path / "data"
+    result = runner.invoke(app, ["data", "convert", "csv", str(raw), str(out), "--spec", str(spec), "-q"])
+    assert result.exit_code == 2, result.output
+    assert "malformed row at" in result.output and says in result.output, result.output
+    assert not out.exists()
+    skipped = runner.invoke(app, ["data", "convert", "csv", str(raw), str(out), "--spec", str(spec), "-q",
+                                  "--on-error", "skip"])
+    assert skipped.exit_code == 0, skipped.output
+    assert json.loads((out / "_flowrec.json").read_text())["rows"] == 19
+
+
+def test_a_good_sample_weight_of_zero_converts(tmp_path):
+    spec, raw = _esmm_rows(tmp_path, "0")
+    out = tmp_path / "data"
+    result = runner.invoke(app, ["data", "convert", "csv", str(raw), str(out), "--spec", str(spec), "-q"])
+    assert result.exit_code == 0, result.output
