@@ -187,3 +187,20 @@ def test_eval_refuses_seen_for_a_run_without_exclude_seen(made):
     assert "--seen applies to a retrieval head with exclude_seen: true" in result.output
     assert result.output.count("error:") == 1
     assert _invoke(["eval", made / "seen", "--data", data, "--seen", made / "data" / "train", "-q"]).exit_code == 0
+
+
+def test_export_refuses_an_index_a_run_cannot_have(made, tmp_path):
+    spec = tmp_path / "ranker.yaml"
+    doc = _two_tower(False)
+    doc["heads"][0] = {"name": "click", "input": "score"}  # the towers as a pointwise ranker: no catalogue
+    spec.write_text(yaml.safe_dump(doc))
+    assert _invoke(["train", spec, "--rows", "500", "--out", tmp_path / "run", "-q", "--device", "cpu"]).exit_code == 0
+    for index, says in (("faiss", "index 'faiss': only a run with a retrieval head has an item index"),
+                        ("exact", "index 'exact': only a run with a retrieval head has an item index"),
+                        ("hnsw", "--index must be one of auto, exact, faiss, not 'hnsw'")):
+        result = _invoke(["export", tmp_path / "run", tmp_path / "pkg", "--index", index])
+        assert result.exit_code == 2 and says in result.output, result.output
+        assert not (tmp_path / "pkg").exists()
+    assert _invoke(["export", tmp_path / "run", tmp_path / "pkg", "-q"]).exit_code == 0
+    result = _invoke(["export", made / "seen", tmp_path / "pkg2", "--index", "hnsw"])
+    assert result.exit_code == 2 and "--index must be one of auto, exact, faiss, not 'hnsw'" in result.output
