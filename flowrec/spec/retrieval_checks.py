@@ -75,7 +75,25 @@ def _towers(view: DocView, h: Item) -> list[SpecIssue]:
         return [SpecIssue(path, f"item tower {inputs[1]!r} must read exactly one feature, the item id "
                                 f"(reads {', '.join(sorted(features)) or 'none'})")]
     item = view.by_name("features")[next(iter(features))]
-    return [SpecIssue(path, f"item tower {inputs[1]!r}: {why}")] if (why := _item_problem(view, item)) else []
+    if (why := _item_problem(view, item)) is not None:
+        return [SpecIssue(path, f"item tower {inputs[1]!r}: {why}")]
+    if _reads(view, inputs[0], item.name or ""):
+        return [SpecIssue(path, f"query tower {inputs[0]!r} reads the item id {item.name!r}: a query must not see "
+                                "the item it is scored against (training would learn the answer, and serving "
+                                "has no item)")]
+    return []
+
+
+def _reads(view: DocView, token: str, feature: str, seen: frozenset[str] = frozenset()) -> bool:
+    """Whether a module input depends on `feature` (directly, through a selector or a module)."""
+    if token.startswith(SELECTOR_PREFIX):
+        return any(f.name == feature for f in view.selector_features(token))
+    if token in view.by_name("features"):
+        return token == feature
+    found = output_ref(view, token)
+    if found is None or found[0].name in seen:
+        return False
+    return any(_reads(view, inner, feature, seen | {found[0].name or ""}) for inner in found[0].inputs or ())
 
 
 def _item_feature(view: DocView, h: Item) -> str | None:

@@ -286,3 +286,15 @@ def test_a_good_sample_weight_of_zero_converts(tmp_path):
     out = tmp_path / "data"
     result = runner.invoke(app, ["data", "convert", "csv", str(raw), str(out), "--spec", str(spec), "-q"])
     assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("query_inputs", [["user_id", "item_id"], ["@sparse"]])
+def test_a_query_tower_that_reads_the_item_id_is_refused(query_inputs):
+    doc = _spec("two_tower_movielens.yaml")
+    doc["modules"] = [{"name": "q", "kind": "mlp", "inputs": query_inputs, "layers": [32]},
+                      {"name": "score", "kind": "similarity", "inputs": ["q", "item_id"]}]
+    issues = _issues(doc)
+    assert [path for path, _ in issues] == ["heads[0].input"], issues
+    assert "query tower 'q' reads the item id 'item_id'" in issues[0][1]
+    doc["modules"][0]["inputs"] = ["user_id"]
+    assert _issues(doc) == []
