@@ -12,7 +12,7 @@ Example:
 from __future__ import annotations
 
 from flowrec.spec.errors import SpecIssue
-from flowrec.spec.model import HISTORY_COLUMN
+from flowrec.spec.model import HISTORY_COLUMN, NAMED_OUTPUT_KINDS
 from flowrec.spec.module_checks import MODULE_CHECKS, output_problem, output_ref
 from flowrec.spec.retrieval_checks import check_retrieval
 from flowrec.spec.schema_errors import did_you_mean, show
@@ -40,6 +40,14 @@ def check_duplicates(view: DocView) -> list[SpecIssue]:
         if m.name in features:
             issues.append(SpecIssue(f"{m.path}.name", f"module name {m.name!r} is also a feature "
                                                       f"({features[m.name].path}); inputs naming it would be ambiguous"))
+    outputs = {f"{m.name}.{name}": m for m in view.items("modules")
+               for name in m.get(NAMED_OUTPUT_KINDS.get(m.get("kind", str, ""), ""), list, []) if isinstance(name, str)}
+    for item in (*view.items("features"), *view.items("modules")):
+        if item.name in outputs:
+            owner = outputs[item.name]
+            issues.append(SpecIssue(f"{item.path}.name", f"{SINGULAR[item.section]} name {item.name!r} is also an "
+                                                         f"output of module {owner.name!r} ({owner.path}); inputs "
+                                                         "naming it would be ambiguous"))
     for f in view.items("features"):
         if f.is_sparse and "table" not in f.body and f.name in tables:
             issues.append(SpecIssue(f"{f.path}.name", f"the inline table of feature {f.name!r} clashes with "

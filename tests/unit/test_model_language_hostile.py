@@ -298,3 +298,21 @@ def test_a_query_tower_that_reads_the_item_id_is_refused(query_inputs):
     assert "query tower 'q' reads the item id 'item_id'" in issues[0][1]
     doc["modules"][0]["inputs"] = ["user_id"]
     assert _issues(doc) == []
+
+
+# ---- moe / ple: named outputs ----------------------------------------------------------------
+
+
+def test_a_name_equal_to_a_named_output_is_refused():
+    """A module named 'experts.like' beside moe 'experts' with output 'like': towers reading
+    'experts.like' were silently wired to the module, not to the mixture's output."""
+    doc = _spec("mmoe_movielens.yaml")
+    doc["modules"].insert(1, {"name": "experts.like", "kind": "mlp", "inputs": ["@sparse"], "layers": [3]})
+    doc["modules"].append({"name": "x", "kind": "mlp", "inputs": ["experts.like"], "layers": [2]})
+    doc["heads"].append({"name": "third", "input": "x", "label": "third"})
+    assert _issues(doc) == [("modules[1].name", "module name 'experts.like' is also an output of module 'experts' "
+                                                "(modules[0]); inputs naming it would be ambiguous")]
+    doc = _spec("mmoe_movielens.yaml")
+    doc["features"][0]["name"] = "experts.love"
+    assert _issues(doc) == [("features[0].name", "feature name 'experts.love' is also an output of module "
+                                                 "'experts' (modules[0]); inputs naming it would be ambiguous")]
