@@ -24,7 +24,7 @@ from flowrec.data.encode import Encoder
 from flowrec.data.encoder_record import ENCODER_FILE, EncoderRecord, load_encoder, read_record
 from flowrec.data.layout import DataError
 from flowrec.data.sources import FLOAT32_MAX
-from flowrec.serving.managed import Maps, read_maps, remap_inputs
+from flowrec.serving.managed import MANAGED_DIR, Maps, read_maps, remap_inputs
 from flowrec.serving.package import MODEL_FILE, SPEC_FILE, encoded_inputs, read_manifest, verify_files
 from flowrec.serving.pt2_check import check_archive
 from flowrec.serving.retrieval_index import ITEMS_FILE, ItemIndex, load_items
@@ -184,6 +184,7 @@ def load_model(path: str | Path) -> LoadedModel:
     if "retrieval" in manifest:
         verify_files(path, manifest, [ITEMS_FILE])
         items = load_items(path, manifest, spec)
+    verify_files(path, manifest, [f"{MANAGED_DIR}/{t.name}.parquet" for t in spec.tables if t.managed is not None])
     return LoadedModel(path, spec, record, encoder, program, manifest, read_maps(path, spec), items)
 
 

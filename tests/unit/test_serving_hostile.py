@@ -204,3 +204,55 @@ def test_export_refuses_an_index_a_run_cannot_have(made, tmp_path):
     assert _invoke(["export", tmp_path / "run", tmp_path / "pkg", "-q"]).exit_code == 0
     result = _invoke(["export", made / "seen", tmp_path / "pkg2", "--index", "hnsw"])
     assert result.exit_code == 2 and "--index must be one of auto, exact, faiss, not 'hnsw'" in result.output
+
+
+MANAGED = {
+    "name": "hostile_managed",
+    "features": [{"name": "user", "type": "categorical", "table": "users"},
+                 {"name": "item", "type": "categorical", "hash_buckets": 100, "dim": 8}],
+    "tables": [{"name": "users", "dim": 8, "managed": {"rows": 50, "every_steps": 5}}],
+    "modules": [{"name": "top", "kind": "mlp", "inputs": ["@sparse"], "layers": [8]}],
+    "heads": [{"name": "ctr", "input": "top"}],
+    "optimizer": {"dense": {"name": "adam", "lr": 0.001}, "sparse": {"name": "adagrad", "lr": 0.01}},
+    "training": {"batch_size": 32},
+}
+
+
+@pytest.fixture(scope="module")
+def managed_pkg(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("managed_hostile")
+    (root / "spec.yaml").write_text(yaml.safe_dump(MANAGED))
+    assert _invoke(["train", root / "spec.yaml", "--rows", "400", "--out", root / "run", "-q",
+                    "--device", "cpu"]).exit_code == 0
+    assert _invoke(["export", root / "run", root / "pkg", "-q"]).exit_code == 0
+    return root / "pkg"
+
+
+def _tampered_map(managed_pkg: Path, tmp_path: Path, table: pa.Table, listed: bool) -> Path:
+    pkg = tmp_path / "pkg"
+    shutil.copytree(managed_pkg, pkg)
+    pq.write_table(table, pkg / "managed" / "users.parquet")
+    doc = json.loads((pkg / "manifest.json").read_text())
+    if listed:
+        doc["files"]["managed/users.parquet"] = _sha(pkg / "managed" / "users.parquet")
+    else:
+        doc["files"].pop("managed/users.parquet")
+    (pkg / "manifest.json").write_text(json.dumps(doc))
+    return pkg
+
+
+def test_a_managed_map_left_out_of_the_manifest_is_refused(managed_pkg, tmp_path):
+    """Its digest was never checked: a changed map (every id on row 0) loaded and scored."""
+    original = pq.read_table(managed_pkg / "managed" / "users.parquet")
+    zeros = pa.table({"key": original.column("key"), "row": pa.array([0] * original.num_rows, pa.int64())})
+    with pytest.raises(ValueError, match="managed/users.parquet is not among the files its manifest records"):
+        load_model(_tampered_map(managed_pkg, tmp_path, zeros, listed=False))
+
+
+def test_a_managed_map_of_text_keys_is_refused(managed_pkg, tmp_path):
+    original = pq.read_table(managed_pkg / "managed" / "users.parquet")
+    text = pa.table({"key": pa.array([str(k) for k in original.column("key").to_pylist()]),
+                     "row": original.column("row")})
+    with pytest.raises(ValueError, match="the map of managed table 'users' is missing or damaged"):
+        load_model(_tampered_map(managed_pkg, tmp_path, text, listed=True))
+    assert load_model(managed_pkg).predict(pd.DataFrame({"user": ["1", "2"], "item": ["4", "5"]})).shape == (2, 1)
