@@ -141,7 +141,12 @@ class CustomModule(nn.Module):
             if width != declared:
                 raise CustomModuleError(f"custom module {config['class']} returns {width} values per sample, "
                                         f"not its out_width {declared}: correct out_width or leave it out")
-        return cls(build_custom(config["class"], params))
+        inner = build_custom(config["class"], params)
+        meta = [name for name, t in (*inner.named_parameters(), *inner.named_buffers()) if t.is_meta]
+        if meta:
+            raise CustomModuleError(f"{config['class']} keeps {', '.join(meta[:3])} on the meta device (no values): "
+                                    "create its tensors without device='meta'")
+        return cls(inner)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.inner(x)

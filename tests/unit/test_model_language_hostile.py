@@ -21,6 +21,7 @@ SPECS = Path(__file__).parents[2] / "specs"
 
 BLOCKS = textwrap.dedent('''
     import sys
+    import torch
     from torch import nn
 
 
@@ -54,6 +55,15 @@ BLOCKS = textwrap.dedent('''
     class Huge(nn.Module):
         def forward(self, x):
             return x.unsqueeze(-1).expand(-1, -1, 100000).unsqueeze(-1).expand(-1, -1, -1, 100000)
+
+
+    class MetaParam(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.empty(8, 4, device="meta"))
+
+        def forward(self, x):
+            return x @ self.w
 
 
     class Raises(nn.Module):
@@ -316,3 +326,14 @@ def test_a_name_equal_to_a_named_output_is_refused():
     doc["features"][0]["name"] = "experts.love"
     assert _issues(doc) == [("features[0].name", "feature name 'experts.love' is also an output of module "
                                                  "'experts' (modules[0]); inputs naming it would be ambiguous")]
+
+
+def test_a_custom_module_with_meta_parameters_is_refused_before_training(tmp_path, blocks):
+    """It plans (the dry run is on the meta device anyway) but has no values to train."""
+    spec = _write(tmp_path, custom_doc(f"{blocks}:MetaParam"))
+    assert runner.invoke(app, ["plan", str(spec)]).exit_code == 0
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["train", str(spec), "--rows", "64", "--out", str(out), "-q"])
+    assert result.exit_code == 2, result.output
+    assert "MetaParam keeps w on the meta device (no values)" in result.output
+    assert not out.exists()
