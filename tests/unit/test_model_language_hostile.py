@@ -3,7 +3,6 @@ sequences, managed tables): every bad spec is one line per problem with its path
 the CLI, never a traceback, never a partly written run; a user's module cannot corrupt stdout."""
 from __future__ import annotations
 
-import copy
 import json
 import textwrap
 from pathlib import Path
