@@ -14,10 +14,12 @@ Example:
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import importlib.util
 import sys
+from math import prod
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -27,8 +29,18 @@ from torch import nn
 from operators.dense import Shapes
 
 
+MAX_OUT_WIDTH = 16_777_216  # values per sample a custom module may return (the spec's out_width bound)
+DRY_RUN_BATCH = 2  # samples of the meta-device dry run
+
+
 class CustomModuleError(ValueError):
     """A custom class that cannot be used (import, construction, sparse parameters); one line."""
+
+
+def _why(exc: BaseException) -> str:
+    """`Type: first line of the message` of a user's exception (one line)."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
 
 
 def import_class(path: str) -> type:
@@ -41,8 +53,8 @@ def import_class(path: str) -> type:
     try:
         module = _load_file(module_name) if module_name.endswith(".py") else importlib.import_module(module_name)
         cls = getattr(module, class_name)
-    except (ImportError, AttributeError, OSError, SyntaxError) as exc:
-        raise CustomModuleError(f"cannot import {path!r}: {type(exc).__name__}: {exc}") from None
+    except (Exception, SystemExit) as exc:  # importing runs the module's top level: anything may fail
+        raise CustomModuleError(f"cannot import {path!r}: {_why(exc)}") from None
     if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
         raise CustomModuleError(f"{path!r} is not a torch.nn.Module class")
     return cls
@@ -58,7 +70,11 @@ def _load_file(file: str) -> Any:
         raise ImportError(f"no Python file at {path}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]  # a failed import leaves no half-run module behind for the next try
+        raise
     return module
 
 
@@ -67,14 +83,41 @@ def build_custom(path: str, params: Mapping[str, Any]) -> nn.Module:
     cls = import_class(path)
     try:
         module = cls(**dict(params))
-    except Exception as exc:  # a user's constructor may raise anything
-        raise CustomModuleError(f"{path}(**{dict(params)}) failed: {type(exc).__name__}: {exc}") from None
+    except (Exception, SystemExit) as exc:  # a user's constructor may raise anything, sys.exit included
+        raise CustomModuleError(f"{path}(**{dict(params)}) failed: {_why(exc)}") from None
     sparse = [name for name, m in module.named_modules()
               if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.sparse]
     if sparse:
         raise CustomModuleError(f"{path} has sparse parameters ({', '.join(sparse)}): declare tables as flowrec "
                                 f"features instead")
     return module
+
+
+def meta_width(path: str, params: Mapping[str, Any], in_width: int) -> int:
+    """Output width per sample of `Class(**params)` on a (DRY_RUN_BATCH, in_width) input, by a dry
+    run on the meta device (no memory, no compute). Whatever the user's code prints goes to stderr,
+    so that machine-readable output on stdout (`flowrec plan --json -`) stays clean.
+
+    Raises:
+        CustomModuleError: the class cannot be imported or built, its forward fails, or it does not
+            return one (B, ...) tensor of 1 .. MAX_OUT_WIDTH values per sample.
+    """
+    with contextlib.redirect_stdout(sys.stderr):
+        with torch.device("meta"):
+            inner = build_custom(path, params)
+            x = torch.empty(DRY_RUN_BATCH, in_width)
+        try:
+            out = inner(x)
+        except (Exception, SystemExit) as exc:  # a user's forward may raise anything
+            raise CustomModuleError(f"{path} failed on a ({DRY_RUN_BATCH}, {in_width}) input: {_why(exc)}") from None
+    if not isinstance(out, torch.Tensor) or out.dim() < 2 or out.shape[0] != DRY_RUN_BATCH:
+        raise CustomModuleError(f"{path} must return one (B, ...) tensor, got "
+                                f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}")
+    width = int(prod(out.shape[1:]))
+    if not 1 <= width <= MAX_OUT_WIDTH:
+        raise CustomModuleError(f"{path} returns {width:,} values per sample ({tuple(out.shape)} for "
+                                f"{DRY_RUN_BATCH} samples); a custom module returns 1 .. {MAX_OUT_WIDTH:,}")
+    return width
 
 
 class CustomModule(nn.Module):
@@ -86,7 +129,24 @@ class CustomModule(nn.Module):
 
     @classmethod
     def from_config(cls, config: dict[str, Any], input_shapes: Shapes) -> "CustomModule":
-        return cls(build_custom(config["class"], _mapping(config.get("params", {}))))
+        """The module; a spec's own `out_width` is checked against the class first (a meta dry run).
+
+        Raises:
+            CustomModuleError: the class cannot be used, or returns another width than `out_width`.
+        """
+        params = _mapping(config.get("params", {}))
+        declared = config.get("out_width")
+        if declared is not None:
+            width = meta_width(config["class"], params, sum(prod(s) for s in input_shapes))
+            if width != declared:
+                raise CustomModuleError(f"custom module {config['class']} returns {width} values per sample, "
+                                        f"not its out_width {declared}: correct out_width or leave it out")
+        inner = build_custom(config["class"], params)
+        meta = [name for name, t in (*inner.named_parameters(), *inner.named_buffers()) if t.is_meta]
+        if meta:
+            raise CustomModuleError(f"{config['class']} keeps {', '.join(meta[:3])} on the meta device (no values): "
+                                    "create its tensors without device='meta'")
+        return cls(inner)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.inner(x)

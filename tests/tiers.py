@@ -43,6 +43,8 @@ FILES: dict[str, frozenset[str]] = {
         "test_dense_optimizer_fused", "test_source_mlp", "test_next_item_data",
     )},
     "tests/unit/test_lifecycle_hostile.py": FAST,  # hostile input to runs, --follow, plan --managed-from
+    "tests/unit/test_model_language_hostile.py": FAST,  # hostile specs of custom, heads, retrieval, sequences
+    "tests/unit/test_serving_hostile.py": frozenset({"e2e"}),  # tampered retrieval packages, eval options
     "tests/unit/test_cache_bench.py": frozenset({"processes"}),
     "tests/unit/test_operators_bench.py": frozenset({"processes"}),
     "tests/unit/test_fake_cuda_tier.py": frozenset({"processes"}),

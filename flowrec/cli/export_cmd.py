@@ -46,10 +46,13 @@ def export(
     from flowrec.planner.contract import scoring_plan
     from flowrec.runtime.checkpoint.store import checkpoint_path
     from flowrec.serving.export import DTYPES, remove_partial, write_package
+    from flowrec.serving.retrieval import INDEX_CHOICES
     from flowrec.serving.trained import load_trained
 
     if dtype not in DTYPES:
         fail(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
+    if index not in INDEX_CHOICES:
+        fail(f"--index must be one of {', '.join(INDEX_CHOICES)}, not {index!r}")
     folder = checkpoint_path(run_dir).parent
     _check_target(folder, out, overwrite)
     staged = out.with_name(f".{out.name}.export-tmp")

@@ -620,6 +620,9 @@ def evaluate_run(
         if json_out not in (None, "-"):
             check_file_output(Path(json_out), [run_dir, data], overwrite)
         trained = load_trained(run_dir, device, scoring_plan)
+        if seen is not None and not trained.excludes_seen:
+            raise ValueError(f"--seen applies to a retrieval head with exclude_seen: true; {run_dir} has none "
+                             "(its evaluation leaves nothing out)")
         metrics = trained.evaluate_dataset(data, group_by or trained.spec.training.eval_group_by,
                                            seen or _run_train_data(run_dir))
     except (DataError, OSError, ValueError, RuntimeError) as exc:

@@ -1,8 +1,9 @@
 """Labels of raw input rows: what each head accepts, and the libsvm/libfm -1/+1 convention.
 
 A binary head trains on labels that are exactly 0 or 1; a multiclass head of N classes on class
-indices 0 .. N-1 (whole numbers); a regression head on finite numbers. Any other value (2, 7, 0.5,
-nan, inf, a missing label) makes its row malformed: reported with its line
+indices 0 .. N-1 (whole numbers); a regression head on finite numbers; a sample-weight column holds
+finite numbers >= 0. Any other value (2, 7, 0.5, -1 as a weight, nan, inf, a missing label) makes
+its row malformed: reported with its line
 number and skipped or fatal by the ``--on-error`` policy. libsvm and libfm files often write the
 classes as -1/+1: for those formats -1 is read as 0 (+1 is 1 already) and the rewritten labels are
 counted in the conversion report.
@@ -21,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from flowrec.data.error_log import ErrorLog
-from flowrec.data.layout import label_columns
+from flowrec.data.layout import label_columns, weight_columns
 from flowrec.data.sources import LINE_COLUMN
 from flowrec.spec.model import ModelSpec
 
@@ -30,11 +31,15 @@ PLUS_MINUS_FORMATS = ("libsvm",)  # formats whose binary labels may be written -
 
 def label_tasks(spec: ModelSpec, columns: dict[str, str]) -> dict[str, str]:
     """Source label column -> "binary" (any binary head reads it), else "multiclass:N" (the
-    fewest classes of the multiclass heads reading it), else "regression"."""
+    fewest classes of the multiclass heads reading it), else "weight" (a head's sample weights),
+    else "regression"."""
     tasks: dict[str, str] = {}
     for head, label in zip(spec.heads, label_columns(spec)):
         source = columns.get(label, label)
         tasks[source] = _stricter(tasks.get(source, "regression"), _task(head))
+    for weight in weight_columns(spec):
+        source = columns.get(weight, weight)
+        tasks[source] = _stricter(tasks.get(source, "regression"), "weight")
     return tasks
 
 
@@ -47,7 +52,9 @@ def _stricter(a: str, b: str) -> str:
     if "binary" in (a, b):
         return "binary"
     classes = [int(t.split(":")[1]) for t in (a, b) if t.startswith("multiclass:")]
-    return f"multiclass:{min(classes)}" if classes else "regression"
+    if classes:
+        return f"multiclass:{min(classes)}"
+    return "weight" if "weight" in (a, b) else "regression"
 
 
 def check_labels(table: pa.Table, tasks: dict[str, str], log: ErrorLog,
@@ -74,14 +81,18 @@ def check_labels(table: pa.Table, tasks: dict[str, str], log: ErrorLog,
             classes = int(task.split(":")[1])
             ok = (y >= 0) & (y < classes) & (y == np.floor(y))
             reason = f"not a class index 0 .. {classes - 1} for a multiclass head"
+        elif task == "weight":
+            ok = np.isfinite(y) & (y >= 0)
+            reason = "not a finite number >= 0 for a sample weight"
         else:
             ok = np.isfinite(y)
             reason = "not a finite number for a regression head"
         for i in np.flatnonzero(~ok & ~bad):
             bad[i] = True
             missing = table.column(name)[i].as_py() is None
-            log.add(int(lines[i]), f"missing label in column {name}" if missing else
-                    f"label {float(y[i])!r} in column {name}: {reason}")
+            what = "sample weight" if task == "weight" else "label"
+            log.add(int(lines[i]), f"missing {what} in column {name}" if missing else
+                    f"{what} {float(y[i])!r} in column {name}: {reason}")
     mapped = 0
     for name, is_minus in minus.items():
         if is_minus.any():

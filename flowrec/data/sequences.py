@@ -27,10 +27,9 @@ import numpy as np
 import pandas as pd
 
 from flowrec.data.layout import DataError
-from flowrec.spec.model import FrozenMapping
+from flowrec.spec.model import HISTORY_COLUMN, FrozenMapping
 
 TEST_COLUMN = "__test__"  # bool: the row is its user's last example (leave-last-out)
-HISTORY_COLUMN = "history"
 SPLITS = ("leave_last_out",)
 MAX_HISTORY = 10_000
 

@@ -13,16 +13,11 @@ Example:
 from __future__ import annotations
 
 from dataclasses import replace
-from math import prod
-
-import torch
 
 from flowrec.graph.build import module_input_width
 from flowrec.spec.errors import SpecError, SpecIssue
 from flowrec.spec.model import ModelSpec, ModuleSpec, unresolved_modules
-from operators.custom import CustomModuleError, build_custom
-
-DRY_RUN_BATCH = 2  # samples of the meta-device dry run
+from operators.custom import CustomModuleError, meta_width
 
 
 def resolve_custom(spec: ModelSpec) -> ModelSpec:
@@ -52,15 +47,4 @@ def resolve_custom(spec: ModelSpec) -> ModelSpec:
 
 def dry_run_width(module: ModuleSpec, in_width: int) -> int:
     """Output width per sample of a custom module on a (DRY_RUN_BATCH, in_width) meta input."""
-    with torch.device("meta"):
-        inner = build_custom(module.param("class"), module.param("params", {}))
-        x = torch.empty(DRY_RUN_BATCH, in_width)
-    try:
-        out = inner(x)
-    except Exception as exc:  # a user's forward may raise anything
-        raise CustomModuleError(f"{module.param('class')} failed on a ({DRY_RUN_BATCH}, {in_width}) input: "
-                                f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
-    if not isinstance(out, torch.Tensor) or out.dim() < 2 or out.shape[0] != DRY_RUN_BATCH:
-        raise CustomModuleError(f"{module.param('class')} must return one (B, ...) tensor, got "
-                                f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}")
-    return int(prod(out.shape[1:]))
+    return meta_width(module.param("class"), module.param("params", {}), in_width)

@@ -59,7 +59,9 @@ def read_maps(folder: Path, spec: ModelSpec) -> Maps:
             continue
         path = Path(folder) / MANAGED_DIR / f"{t.name}.parquet"
         try:
-            table = pq.read_table(path)
+            table = pq.read_table(path, columns=["key", "row"])
+            if not all(pa.types.is_integer(table.schema.field(c).type) for c in ("key", "row")):
+                raise KeyError("key and row must be integers")
             keys, rows = table.column("key").to_numpy(), table.column("row").to_numpy()
         except (OSError, KeyError, pa.ArrowException):
             raise ValueError(f"{path}: the map of managed table {t.name!r} is missing or damaged") from None

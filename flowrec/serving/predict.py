@@ -24,7 +24,7 @@ from flowrec.data.encode import Encoder
 from flowrec.data.encoder_record import ENCODER_FILE, EncoderRecord, load_encoder, read_record
 from flowrec.data.layout import DataError
 from flowrec.data.sources import FLOAT32_MAX
-from flowrec.serving.managed import Maps, read_maps, remap_inputs
+from flowrec.serving.managed import MANAGED_DIR, Maps, read_maps, remap_inputs
 from flowrec.serving.package import MODEL_FILE, SPEC_FILE, encoded_inputs, read_manifest, verify_files
 from flowrec.serving.pt2_check import check_archive
 from flowrec.serving.retrieval_index import ITEMS_FILE, ItemIndex, load_items
@@ -101,9 +101,17 @@ class LoadedModel:
         return pd.DataFrame({"items": [[names[r] for r in row] for row in best], "scores": list(values)})
 
     def _check_raw(self, raw: pa.Table) -> None:
+        """Raise DataError unless raw rows can be encoded: every column the model reads, finite dense
+        values, a vocabulary for every vocabulary table (a run on synthetic data has none)."""
         missing = [c for c in self.raw_columns() if c not in raw.column_names]
         if missing:
             raise DataError(f"the rows lack columns {missing} that model {self.spec.name!r} reads")
+        tables = [self.spec.table(f.table) for f in self.spec.sparse_features]
+        unfitted = sorted({t.name for t in tables if t.managed is None and not t.hashed and t.name not in
+                           self.encoder.vocabs})
+        if unfitted:
+            raise DataError(f"model {self.spec.name!r} has no vocabulary for its tables {unfitted} (a run on "
+                            "synthetic data): raw rows cannot be encoded; train on converted data to score them")
         for f in self.spec.dense_features:
             check_finite(raw.column(self.encoder.source(f.name)), self.encoder.source(f.name))
 
@@ -131,11 +139,7 @@ class LoadedModel:
             raise ValueError(f"{self.path} is a retrieval package (its program is the query tower): "
                              "ask for items with recommend / predict --top-k")
         raw = pa.Table.from_pandas(table, preserve_index=False) if isinstance(table, pd.DataFrame) else table
-        missing = [c for c in self.raw_columns() if c not in raw.column_names]
-        if missing:
-            raise DataError(f"the rows lack columns {missing} that model {self.spec.name!r} reads")
-        for f in self.spec.dense_features:
-            check_finite(raw.column(self.encoder.source(f.name)), self.encoder.source(f.name))
+        self._check_raw(raw)
         scores = self.score_encoded(self.encoder.encode(raw, labels=False))
         out, start = {}, 0
         for head in self.spec.heads:  # a multiclass head: a list of class probabilities per row
@@ -173,9 +177,14 @@ def load_model(path: str | Path) -> LoadedModel:
     except Exception as exc:  # any failure to read the program is a damaged package
         raise ValueError(f"{path / MODEL_FILE} is not a usable exported program ({type(exc).__name__})") from None
     items = None
+    if ("retrieval" in manifest) != any(h.task == "retrieval" for h in spec.heads):
+        raise ValueError(f"{path}: the manifest {'has' if 'retrieval' in manifest else 'lacks'} a retrieval entry "
+                         f"and its spec {'has no' if 'retrieval' in manifest else 'has a'} retrieval head; "
+                         "export the run again")
     if "retrieval" in manifest:
         verify_files(path, manifest, [ITEMS_FILE])
         items = load_items(path, manifest, spec)
+    verify_files(path, manifest, [f"{MANAGED_DIR}/{t.name}.parquet" for t in spec.tables if t.managed is not None])
     return LoadedModel(path, spec, record, encoder, program, manifest, read_maps(path, spec), items)
 
 

@@ -103,6 +103,8 @@ class RetrievalExport:
                 "index": {"kind": self.index, "file": INDEX_FILE if self.index == "faiss_flat_ip" else None}}
 
 
+INDEX_CHOICES = ("auto", "exact", "faiss")  # `flowrec export --index`
+
 def retrieval_export(trained: Any, encoder: EncoderRecord, index: str = "auto") -> RetrievalExport | None:
     """The retrieval part of a run's package (None without a retrieval head).
 
@@ -112,13 +114,16 @@ def retrieval_export(trained: Any, encoder: EncoderRecord, index: str = "auto") 
         index: ``auto`` (faiss_flat_ip when faiss is importable, else exact), ``exact`` or ``faiss``.
 
     Raises:
-        ValueError: index ``faiss`` without faiss installed (one line).
+        ValueError: an unknown index, ``exact`` or ``faiss`` for a run without a retrieval head, or
+            ``faiss`` without faiss installed (one line).
     """
+    if index not in INDEX_CHOICES:
+        raise ValueError(f"index {index!r}: use auto, exact or faiss")
     binding = trained.model.retrieval
     if binding is None:
+        if index != "auto":
+            raise ValueError(f"index {index!r}: only a run with a retrieval head has an item index")
         return None
-    if index not in ("auto", "exact", "faiss"):
-        raise ValueError(f"index {index!r}: use auto, exact or faiss")
     if index == "faiss" and faiss_module() is None:
         raise ValueError("index faiss needs faiss-cpu: pip install 'flowrec[ann]' (or -c constraints.txt faiss-cpu)")
     kind = "exact" if index == "exact" or (index == "auto" and faiss_module() is None) else "faiss_flat_ip"

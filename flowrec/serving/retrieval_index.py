@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
@@ -69,34 +71,77 @@ class ItemIndex:
 def load_items(path: Path, manifest: dict[str, Any], spec: Any) -> ItemIndex:
     """The items (and index) of a retrieval package, checked against its manifest and spec.
 
+    The manifest is not digest-checked (it holds the digests), so each of its retrieval fields is
+    checked against the spec or the items file before use.
+
     Raises:
-        ValueError: a missing or mismatched items file or index (kind, metric, size, dimension),
-            one line.
+        ValueError: a missing or mismatched items file or index (kind, metric, temperature, item
+            feature, size, dimension), or items that cannot be scored, one line.
     """
-    entry = manifest["retrieval"]
+    entry = manifest.get("retrieval")
+    if not isinstance(entry, dict):
+        raise ValueError(f"{path}: the manifest's retrieval entry is not a mapping")
     head = next((h for h in spec.heads if h.name == entry.get("head")), None)
     if head is None or head.task != "retrieval":
         raise ValueError(f"{path}: the manifest's retrieval head {entry.get('head')!r} is not a retrieval head "
                          "of its spec")
-    similarity = next(m for m in spec.modules if m.name == head.input)
-    if entry.get("metric") != similarity.param("metric", "dot"):
-        raise ValueError(f"{path}: the index's metric {entry.get('metric')!r} is not the model's "
-                         f"({similarity.param('metric', 'dot')!r}); export the run again")
-    table = pq.read_table(path / ITEMS_FILE)
-    vectors = np.stack(table.column("vector").to_numpy(zero_copy_only=False)).astype(np.float32) \
-        if table.num_rows else np.zeros((0, entry["dim"]), np.float32)
-    if vectors.shape != (entry["items"], entry["dim"]):
-        raise ValueError(f"{path / ITEMS_FILE}: {vectors.shape} vectors, the manifest records "
-                         f"({entry['items']}, {entry['dim']})")
-    kind = entry["index"]["kind"]
+    modules = {m.name: m for m in spec.modules}
+    similarity = modules[head.input]
+    expected = {"metric": similarity.param("metric", "dot"), "temperature": similarity.param("temperature", 1.0),
+                "item_feature": _item_feature(modules, {f.name for f in spec.features}, similarity.inputs[1])}
+    for key, value in expected.items():
+        if entry.get(key) != value or type(entry.get(key)) is bool:
+            raise ValueError(f"{path}: the index's {key} {entry.get(key)!r} is not the model's ({value!r}); "
+                             "export the run again")
+    items, dim, index = entry.get("items"), entry.get("dim"), entry.get("index")
+    if not all(type(n) is int and n >= 1 for n in (items, dim)) or not isinstance(index, dict):
+        raise ValueError(f"{path}: the manifest's retrieval entry records no item count, dimension or index")
+    kind = index.get("kind")
     if kind not in INDEX_KINDS:
         raise ValueError(f"{path}: index kind {kind!r} is not one this flowrec reads ({', '.join(INDEX_KINDS)})")
-    index = None
+    raw_items, vectors = _read_items(path / ITEMS_FILE, items, dim)
+    faiss_index = None
     faiss = faiss_module()
     if kind == "faiss_flat_ip" and faiss is not None:
         # the exact flat index is rebuilt from the checked vectors: an index file from a package is
         # untrusted input, and faiss's reader is C++ parsing it; items.faiss is for other programs
-        index = faiss.IndexFlatIP(vectors.shape[1])
-        index.add(for_index(vectors, entry["metric"]))
-    return ItemIndex(table.column("item").to_pylist(), torch.from_numpy(vectors), entry["metric"],
-                     float(entry["temperature"]), index)
+        faiss_index = faiss.IndexFlatIP(vectors.shape[1])
+        faiss_index.add(for_index(vectors, entry["metric"]))
+    return ItemIndex(raw_items, torch.from_numpy(vectors), entry["metric"], float(entry["temperature"]), faiss_index)
+
+
+def _item_feature(modules: dict[str, Any], features: set[str], token: str) -> str:
+    """The one feature an item tower depends on (its first input, down to a feature)."""
+    while token not in features:
+        token = modules[token].inputs[0]
+    return token
+
+
+def _read_items(file: Path, items: int, dim: int) -> tuple[list[Any], np.ndarray]:
+    """The raw ids and vectors of items.parquet: `items` distinct ids (or nulls), each with `dim`
+    finite float32 values.  # list of V ids, (V, D) float32
+
+    Raises:
+        ValueError: the file does not hold them (one line).
+    """
+    try:
+        table = pq.read_table(file, columns=["item", "vector"])
+    except (OSError, ValueError, KeyError, pa.ArrowException) as exc:
+        raise ValueError(f"{file} is not an items file of item and vector columns ({type(exc).__name__})") from None
+    vector = table.column("vector").combine_chunks()
+    kind = vector.type
+    lists = pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)
+    if not lists or not (pa.types.is_floating(kind.value_type) or pa.types.is_integer(kind.value_type)):
+        raise ValueError(f"{file}: column vector holds {kind}, not lists of numbers")
+    lengths = pc.list_value_length(vector).to_numpy(zero_copy_only=False)
+    if table.num_rows != items or vector.null_count or (lengths != dim).any():
+        raise ValueError(f"{file}: {table.num_rows} vectors of lengths {sorted(set(lengths.tolist()))[:3]}, the "
+                         f"manifest records {items} of {dim}")
+    flat = vector.flatten().to_numpy(zero_copy_only=False).astype(np.float64)
+    if not np.isfinite(flat).all() or (np.abs(flat) > np.finfo(np.float32).max).any():
+        raise ValueError(f"{file}: item vectors hold values that are not finite float32 numbers")
+    ids = table.column("item").to_pylist()
+    named = [i for i in ids if i is not None]  # null: a row no raw value was fitted to (spare, synthetic)
+    if len(set(named)) != len(named):
+        raise ValueError(f"{file}: the item ids are not distinct")
+    return ids, np.ascontiguousarray(flat.reshape(items, dim), dtype=np.float32)

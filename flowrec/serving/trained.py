@@ -67,6 +67,12 @@ class Trained:
     plan: Plan
     encoder: EncoderRecord | None = None  # None for runs made before encoders were recorded
 
+    @property
+    def excludes_seen(self) -> bool:
+        """The model has a retrieval head with exclude_seen (evaluation leaves users' training items out)."""
+        binding = self.model.retrieval
+        return binding is not None and bool(binding.attrs.get("exclude_seen"))
+
     def check_data(self, path: Path) -> None:
         """Raise DataError if the dataset at `path` was not encoded with the model's encoder (or an
         extension of it into spare rows)."""
@@ -95,8 +101,10 @@ class Trained:
 def _seen_of(trained: "Trained", path: Path | None, group_by: str | None) -> Any:
     """The training pairs of `path` for a retrieval head with exclude_seen (None otherwise)."""
     binding = trained.model.retrieval
-    if path is None or binding is None or not binding.attrs.get("exclude_seen") or group_by is None:
+    if path is None or not trained.excludes_seen or group_by is None:
         return None
+    if group_by == binding.item_feature:
+        raise ValueError(f"cannot group by {group_by!r} with exclude_seen: it is the item id; group by the user")
     from flowrec.runtime.evaluation.retrieval import SeenItems
 
     trained.check_data(path)

@@ -64,6 +64,7 @@ def unresolved_modules(spec: "ModelSpec") -> list[str]:
 SELECTOR_DENSE = "@dense"  # all dense features concatenated: (B, n_dense)
 SELECTOR_SPARSE = "@sparse"  # all pooled categorical/multi-hot embeddings: (B, F, D) fields
 SELECTOR_PREFIX = "@"  # "@<tag>": every feature carrying that tag
+HISTORY_COLUMN = "history"  # the column of previous items that next-item data (option sequence) writes
 
 
 class FrozenMapping(tuple):

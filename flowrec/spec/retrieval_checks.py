@@ -40,6 +40,9 @@ def check_retrieval(view: DocView) -> list[SpecIssue]:
         if h.body.get("exclude_seen") and not isinstance(users, str):
             issues.append(SpecIssue(f"{h.path}.exclude_seen", "exclude_seen needs training.eval_group_by (the user "
                                                               "feature whose training items are left out)"))
+        elif h.body.get("exclude_seen") and users == _item_feature(view, h):
+            issues.append(SpecIssue(f"{h.path}.exclude_seen", f"exclude_seen groups by the user: "
+                                                              f"training.eval_group_by {users!r} is the item id"))
         issues += _negatives(h)
         issues += _towers(view, h)
     if len(ranking) > 1:
@@ -72,7 +75,33 @@ def _towers(view: DocView, h: Item) -> list[SpecIssue]:
         return [SpecIssue(path, f"item tower {inputs[1]!r} must read exactly one feature, the item id "
                                 f"(reads {', '.join(sorted(features)) or 'none'})")]
     item = view.by_name("features")[next(iter(features))]
-    return [SpecIssue(path, f"item tower {inputs[1]!r}: {why}")] if (why := _item_problem(view, item)) else []
+    if (why := _item_problem(view, item)) is not None:
+        return [SpecIssue(path, f"item tower {inputs[1]!r}: {why}")]
+    if _reads(view, inputs[0], item.name or ""):
+        return [SpecIssue(path, f"query tower {inputs[0]!r} reads the item id {item.name!r}: a query must not see "
+                                "the item it is scored against (training would learn the answer, and serving "
+                                "has no item)")]
+    return []
+
+
+def _reads(view: DocView, token: str, feature: str, seen: frozenset[str] = frozenset()) -> bool:
+    """Whether a module input depends on `feature` (directly, through a selector or a module)."""
+    if token.startswith(SELECTOR_PREFIX):
+        return any(f.name == feature for f in view.selector_features(token))
+    if token in view.by_name("features"):
+        return token == feature
+    found = output_ref(view, token)
+    if found is None or found[0].name in seen:
+        return False
+    return any(_reads(view, inner, feature, seen | {found[0].name or ""}) for inner in found[0].inputs or ())
+
+
+def _item_feature(view: DocView, h: Item) -> str | None:
+    """The item-id feature of a retrieval head's item tower (None when it has not exactly one)."""
+    found = output_ref(view, h.body.get("input", ""))
+    inputs = (found[0].inputs or ()) if found is not None else ()
+    features = item_features(view, inputs[1])[0] if len(inputs) == 2 else set()
+    return next(iter(features)) if len(features) == 1 else None
 
 
 def item_features(view: DocView, token: str, seen: frozenset[str] = frozenset()) -> tuple[set[str], str | None]:

@@ -12,10 +12,11 @@ Example:
 from __future__ import annotations
 
 from flowrec.spec.errors import SpecIssue
+from flowrec.spec.model import HISTORY_COLUMN, NAMED_OUTPUT_KINDS
 from flowrec.spec.module_checks import MODULE_CHECKS, output_problem, output_ref
 from flowrec.spec.retrieval_checks import check_retrieval
 from flowrec.spec.schema_errors import did_you_mean, show
-from flowrec.spec.tasks import DEFAULT_TOP_K, TASKS, retrieval_metric_names
+from flowrec.spec.tasks import AUC_MAX_CLASSES, DEFAULT_TOP_K, TASKS, retrieval_metric_names
 from flowrec.spec.units import parse_bytes
 from flowrec.spec.view import DocView, Item
 
@@ -39,6 +40,14 @@ def check_duplicates(view: DocView) -> list[SpecIssue]:
         if m.name in features:
             issues.append(SpecIssue(f"{m.path}.name", f"module name {m.name!r} is also a feature "
                                                       f"({features[m.name].path}); inputs naming it would be ambiguous"))
+    outputs = {f"{m.name}.{name}": m for m in view.items("modules")
+               for name in m.get(NAMED_OUTPUT_KINDS.get(m.get("kind", str, ""), ""), list, []) if isinstance(name, str)}
+    for item in (*view.items("features"), *view.items("modules")):
+        if item.name in outputs:
+            owner = outputs[item.name]
+            issues.append(SpecIssue(f"{item.path}.name", f"{SINGULAR[item.section]} name {item.name!r} is also an "
+                                                         f"output of module {owner.name!r} ({owner.path}); inputs "
+                                                         "naming it would be ambiguous"))
     for f in view.items("features"):
         if f.is_sparse and "table" not in f.body and f.name in tables:
             issues.append(SpecIssue(f"{f.path}.name", f"the inline table of feature {f.name!r} clashes with "
@@ -134,14 +143,17 @@ def _head_task(h: Item) -> list[SpecIssue]:
 
 
 def _task_spaces(view: DocView) -> list[SpecIssue]:
-    """trained_where names the label of another binary or multiclass head."""
-    heads = [h for h in view.items("heads") if h.clean]
+    """trained_where names the label of another head and a value it can hold (0 or 1 for a binary
+    head, a class index for a multiclass one). Every head lends its label, also one with a problem
+    elsewhere, so that one problem is reported once."""
     default = (view.section("data") or {}).get("label", DEFAULT_LABEL)
-    labels = {h.get("label", str, default): h for h in heads}
+    labels: dict[str, Item] = {}
+    for h in view.items("heads"):
+        labels.setdefault(h.get("label", str, default), h)
     issues = []
-    for h in heads:
+    for h in view.items("heads"):
         where = h.body.get("trained_where")
-        if where is None:
+        if not h.clean or where is None:
             continue
         other = labels.get(where["label"])
         if other is None or other is h:
@@ -149,18 +161,55 @@ def _task_spaces(view: DocView) -> list[SpecIssue]:
             issues.append(SpecIssue(f"{h.path}.trained_where.label",
                                     f"{where['label']!r} is not the label of another head "
                                     f"(labels of the other heads: {', '.join(known) or 'none'})"))
+        elif (problem := _space_value(other, where["label"], where["equals"])) is not None:
+            issues.append(SpecIssue(f"{h.path}.trained_where.equals", problem))
     return issues
 
 
+def _space_value(other: Item, label: str, equals: float) -> str | None:
+    """Why no row of `other`'s label can equal `equals` (None: some can)."""
+    task = TASKS.get(other.body.get("task", "binary"))
+    if task is None:
+        return None
+    if task.labels == "binary" and equals not in (0, 1):
+        return (f"head {other.name!r} is binary: its label {label!r} holds 0 or 1, never {equals!r} "
+                "(the task space would be empty)")
+    classes = other.body.get("num_classes")
+    if task.labels == "class" and isinstance(classes, int) and not (
+            float(equals).is_integer() and 0 <= equals < classes):
+        return (f"head {other.name!r} has {classes} classes: its label {label!r} holds a class index "
+                f"0 .. {classes - 1}, never {equals!r} (the task space would be empty)")
+    return None
+
+
 def check_data(view: DocView) -> list[SpecIssue]:
-    """data.columns keys name features."""
+    """data.columns keys name features; a feature reading next-item histories keeps them whole."""
     data = view.section("data")
     columns = data.get("columns", {}) if data else {}
     features = view.by_name("features")
     return [
         SpecIssue(f"data.columns.{key}", f"unknown feature {key!r}{did_you_mean(key, features)}")
         for key in columns if key not in features
-    ]
+    ] + _history_lengths(view, data or {}, columns if isinstance(columns, dict) else {})
+
+
+def _history_lengths(view: DocView, data: dict, columns: dict) -> list[SpecIssue]:
+    """The data option `sequence: {max_len: L}` writes up to L previous items, oldest first, and a
+    feature keeps the first max_len of a list: a shorter feature would drop the most recent items."""
+    options = data.get("options")
+    sequence = options.get("sequence") if isinstance(options, dict) else None
+    length = sequence.get("max_len") if isinstance(sequence, dict) else None
+    if type(length) is not int:
+        return []  # malformed options are the data reader's one-line errors
+    issues = []
+    for f in view.items("features"):
+        kept = f.get("max_len", int, 1)
+        if f.is_sparse and columns.get(f.name, f.name) == HISTORY_COLUMN and kept < length:
+            issues.append(SpecIssue(f"{f.path}.max_len", f"feature {f.name!r} keeps the first {kept} of the up to "
+                                                         f"{length} previous items (oldest first) that data option "
+                                                         f"sequence.max_len gives, dropping the most recent ones: "
+                                                         f"make them equal"))
+    return issues
 
 
 def check_labels(view: DocView) -> list[SpecIssue]:
@@ -234,6 +283,10 @@ def check_early_stopping(view: DocView) -> list[SpecIssue]:
         reported = retrieval_metric_names(tuple(sorted(set(top_k)))) if whole else ()
     if head is not None and metric not in reported:
         return [SpecIssue(where, f"head {head.name!r} is a {task} head; it reports {', '.join(reported)}")]
+    classes = head.body.get("num_classes") if head is not None else None
+    if metric == "auc" and task == "multiclass" and isinstance(classes, int) and classes > AUC_MAX_CLASSES:
+        return [SpecIssue(where, f"head {head.name!r} has {classes} classes: its auc is reported up to "
+                                 f"{AUC_MAX_CLASSES} classes; watch accuracy, accuracy_at_k or logloss")]
     if metric == "gauc" and not isinstance(training.get("eval_group_by"), str):
         return [SpecIssue(where, "gauc needs training.eval_group_by (the feature whose values are the groups)")]
     return []

@@ -46,6 +46,7 @@ TASKS: dict[str, TaskInfo] = {t.name: t for t in (
              ranks=True),
 )}
 
+AUC_MAX_CLASSES = 64  # a multiclass head reports its macro AUC up to this many classes (one exact AUC each)
 DEFAULT_TOP_K = (10, 100)  # cut-offs K of a retrieval head's metrics when the spec gives none
 RANK_METRICS = ("hr", "recall", "ndcg")  # retrieval metrics cut at K; mrr is over the whole ranking
 

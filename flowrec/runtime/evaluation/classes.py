@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 
 from flowrec.runtime.evaluation.metrics import EPS, BinaryAccumulator
+from flowrec.spec.tasks import AUC_MAX_CLASSES
 
 TOP_K = 5  # accuracy@k: the label among the k most probable classes (k = min(5, classes))
-AUC_MAX_CLASSES = 64  # macro AUC keeps one exact AUC accumulator per class up to this many classes
 
 
 class MulticlassAccumulator:

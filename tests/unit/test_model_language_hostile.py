@@ -1,0 +1,338 @@
+"""Hostile and careless specs of the newer model-language kinds (custom modules, heads, retrieval,
+sequences, managed tables): every bad spec is one line per problem with its path and exit 2 from
+the CLI, never a traceback, never a partly written run; a user's module cannot corrupt stdout."""
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from flowrec.cli import app
+from flowrec.spec.validate import validate_document
+
+runner = CliRunner()
+SPECS = Path(__file__).parents[2] / "specs"
+
+BLOCKS = textwrap.dedent('''
+    import sys
+    import torch
+    from torch import nn
+
+
+    class Prints(nn.Module):
+        def __init__(self, n):
+            super().__init__()
+            print("HELLO FROM INIT")
+            self.lin = nn.Linear(n, 4)
+
+        def forward(self, x):
+            print("HELLO FROM FORWARD")
+            return self.lin(x)
+
+
+    class Exits(nn.Module):
+        def __init__(self):
+            super().__init__()
+            sys.exit(3)
+
+
+    class ExitsInForward(nn.Module):
+        def forward(self, x):
+            raise SystemExit(4)
+
+
+    class Empty(nn.Module):
+        def forward(self, x):
+            return x[:, :0]
+
+
+    class Huge(nn.Module):
+        def forward(self, x):
+            return x.unsqueeze(-1).expand(-1, -1, 100000).unsqueeze(-1).expand(-1, -1, -1, 100000)
+
+
+    class MetaParam(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.empty(8, 4, device="meta"))
+
+        def forward(self, x):
+            return x @ self.w
+
+
+    class Raises(nn.Module):
+        def __init__(self):
+            super().__init__()
+            raise ValueError("first line\\nsecond line")
+''')
+
+
+@pytest.fixture
+def blocks(tmp_path: Path) -> Path:
+    path = tmp_path / "blocks.py"
+    path.write_text(BLOCKS)
+    (tmp_path / "boom.py").write_text("raise RuntimeError('module level boom')\n")
+    return path
+
+
+def custom_doc(cls: str, params: dict | None = None, out_width: int | None = None) -> dict[str, Any]:
+    mine: dict[str, Any] = {"name": "mine", "kind": "custom", "class": cls, "inputs": ["bottom"]}
+    if params is not None:
+        mine["params"] = params
+    if out_width is not None:
+        mine["out_width"] = out_width
+    return {
+        "name": "hostile_custom",
+        "features": [{"name": "x0", "type": "dense"},
+                     {"name": "u", "type": "categorical", "hash_buckets": 100, "dim": 4}],
+        "modules": [{"name": "bottom", "kind": "mlp", "inputs": ["@dense", "@sparse"], "layers": [8]}, mine,
+                    {"name": "top", "kind": "mlp", "inputs": ["mine"], "layers": [4]}],
+        "heads": [{"name": "ctr", "input": "top"}],
+        "optimizer": {"dense": {"name": "sgd", "lr": 0.05}, "sparse": {"name": "sgd", "lr": 0.05}},
+        "training": {"batch_size": 32},
+    }
+
+
+def _write(tmp_path: Path, doc: dict, name: str = "s.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def _one_line_error(result, path: str, says: str) -> None:
+    assert result.exit_code == 2, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert any(f"{path}: " in line and says in line for line in lines), result.output
+    assert "Traceback" not in result.output
+
+
+# ---- custom modules: the plan-time dry run ---------------------------------------------------
+
+
+@pytest.mark.parametrize("cls, params, says", [
+    ("Exits", None, "failed: SystemExit: 3"),
+    ("ExitsInForward", None, "failed on a (2, 8) input: SystemExit: 4"),
+    ("Empty", None, "returns 0 values per sample"),
+    ("Huge", None, "returns 80,000,000,000 values per sample"),
+    ("Raises", None, "failed: ValueError: first line"),
+])
+def test_an_unusable_custom_class_is_one_line_at_plan(tmp_path, blocks, cls, params, says):
+    spec = _write(tmp_path, custom_doc(f"{blocks}:{cls}", params))
+    result = runner.invoke(app, ["plan", str(spec)])
+    _one_line_error(result, "modules[1].class", says)
+    assert "second line" not in result.output
+
+
+@pytest.mark.parametrize("cls, says", [
+    ("{tmp}/boom.py:X", "cannot import '{tmp}/boom.py:X': RuntimeError: module level boom"),
+    ("..relative:X", "cannot import '..relative:X': TypeError"),
+    ("torch.nn:Linear", "returns 100,000,000,000 values per sample"),
+])
+def test_a_class_path_that_cannot_be_used_is_one_line(tmp_path, blocks, cls, says):
+    params = {"in_features": 8, "out_features": 10**11} if cls == "torch.nn:Linear" else None
+    spec = _write(tmp_path, custom_doc(cls.format(tmp=tmp_path), params))
+    result = runner.invoke(app, ["plan", str(spec)])
+    _one_line_error(result, "modules[1].class", says.format(tmp=tmp_path))
+
+
+def test_a_file_that_failed_to_import_is_imported_again(tmp_path, blocks):
+    spec = _write(tmp_path, custom_doc(f"{tmp_path}/boom.py:Fixed"))
+    assert runner.invoke(app, ["plan", str(spec)]).exit_code == 2
+    (tmp_path / "boom.py").write_text("from torch import nn\n\n\nclass Fixed(nn.Linear):\n"
+                                      "    def __init__(self):\n        super().__init__(8, 3)\n")
+    result = runner.invoke(app, ["plan", str(spec), "--json", "-"])
+    assert result.exit_code == 0, result.output
+    mine = next(n for n in json.loads(result.stdout)["nodes"] if n["name"] == "mine")
+    assert mine["out_shape"] == ["B", 3]
+
+
+def test_what_a_custom_module_prints_does_not_corrupt_plan_json(tmp_path, blocks):
+    spec = _write(tmp_path, custom_doc(f"{blocks}:Prints", {"n": 8}))
+    result = runner.invoke(app, ["plan", str(spec), "--json", "-"])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout)  # stdout is the plan alone
+    assert "HELLO FROM INIT" not in result.stdout and "HELLO FROM INIT" in result.stderr
+    assert any(n["name"] == "mine" and n["out_shape"] == ["B", 4] for n in plan["nodes"])
+
+
+def test_a_wrong_out_width_is_refused_before_training(tmp_path):
+    spec = _write(tmp_path, custom_doc("torch.nn:Linear", {"in_features": 8, "out_features": 6}, out_width=5))
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["train", str(spec), "--rows", "64", "--out", str(out), "-q"])
+    assert result.exit_code == 2, result.output
+    assert "returns 6 values per sample, not its out_width 5" in result.output
+    assert "Traceback" not in result.output
+    assert not out.exists()
+
+
+# ---- heads: early stopping, task spaces ------------------------------------------------------
+
+
+def _spec(name: str) -> dict[str, Any]:
+    return yaml.safe_load((SPECS / name).read_text())
+
+
+def _issues(doc: dict) -> list[tuple[str, str]]:
+    return [(i.path, i.message) for i in validate_document(doc)]
+
+
+@pytest.mark.parametrize("metric", ["accuracy", "accuracy_at_k", "logloss", "auc"])
+def test_early_stopping_may_watch_every_metric_a_multiclass_head_reports(metric):
+    doc = _spec("esmm_multitask.yaml")
+    doc["training"].update(eval_every=10, early_stopping={"metric": metric, "head": "category"})
+    assert _issues(doc) == []
+
+
+def test_early_stopping_on_the_auc_of_more_classes_than_it_is_reported_for_is_refused():
+    doc = _spec("esmm_multitask.yaml")
+    doc["heads"][2]["num_classes"] = 65
+    doc["training"].update(eval_every=10, early_stopping={"metric": "auc", "head": "category"})
+    assert _issues(doc) == [("training.early_stopping.metric",
+                             "head 'category' has 65 classes: its auc is reported up to 64 classes; watch "
+                             "accuracy, accuracy_at_k or logloss")]
+
+
+@pytest.mark.parametrize("label, equals, says", [
+    ("click", 0.5, "head 'click' is binary: its label 'click' holds 0 or 1, never 0.5"),
+    ("click", 7, "head 'click' is binary: its label 'click' holds 0 or 1, never 7"),
+    ("category", 8, "head 'category' has 8 classes: its label 'category' holds a class index 0 .. 7, never 8"),
+    ("category", 2.5, "never 2.5"),
+    ("category", -1, "never -1"),
+])
+def test_a_task_space_no_row_can_be_in_is_refused(label, equals, says):
+    doc = _spec("esmm_multitask.yaml")
+    doc["heads"][1]["trained_where"] = {"label": label, "equals": equals}
+    issues = _issues(doc)
+    assert len(issues) == 1 and issues[0][0] == "heads[1].trained_where.equals" and says in issues[0][1], issues
+
+
+@pytest.mark.parametrize("label, equals", [("click", 0), ("click", 1.0), ("category", 7), ("category", 3.0)])
+def test_a_task_space_rows_can_be_in_is_accepted(label, equals):
+    doc = _spec("esmm_multitask.yaml")
+    doc["heads"][1]["trained_where"] = {"label": label, "equals": equals}
+    assert _issues(doc) == []
+
+
+def test_a_problem_in_one_head_is_not_reported_again_at_the_task_space_of_another():
+    doc = _spec("esmm_multitask.yaml")
+    doc["heads"][0]["weight"] = 0  # head 'click' (whose label the conversion head's space names) is faulty
+    assert _issues(doc) == [("heads[0].weight", "must be > 0")]
+
+
+# ---- retrieval and next-item data ------------------------------------------------------------
+
+
+def test_exclude_seen_grouped_by_the_item_id_is_refused():
+    doc = _spec("two_tower_movielens.yaml")
+    doc["heads"][0]["exclude_seen"] = True
+    doc["training"]["eval_group_by"] = "item_id"
+    assert _issues(doc) == [("heads[0].exclude_seen",
+                             "exclude_seen groups by the user: training.eval_group_by 'item_id' is the item id")]
+    doc["training"]["eval_group_by"] = "user_id"
+    assert _issues(doc) == []
+
+
+def test_a_history_feature_shorter_than_the_sequence_option_is_refused():
+    doc = _spec("sasrec_movielens.yaml")
+    doc["data"]["options"]["sequence"]["max_len"] = 50  # the feature keeps 20: the 20 oldest of 50
+    issues = _issues(doc)
+    assert [path for path, _ in issues] == ["features[1].max_len"], issues
+    assert "keeps the first 20 of the up to 50 previous items" in issues[0][1]
+    doc["data"]["options"]["sequence"]["max_len"] = 10  # shorter histories are padded: fine
+    assert _issues(doc) == []
+    doc["data"]["options"]["sequence"]["max_len"] = 50
+    doc["data"]["columns"] = {"item_id": "item_id"}
+    doc["features"][1]["name"] = "past"  # a feature not reading the history column is not concerned
+    doc["modules"][0]["inputs"] = ["past"]
+    doc["data"]["options"]["sequence"]["max_len"] = 50
+    assert [path for path, _ in _issues(doc)] == []
+
+
+# ---- heads: sample-weight columns in the data ------------------------------------------------
+
+
+def _esmm_rows(tmp_path: Path, weight: str) -> tuple[Path, Path]:
+    doc = _spec("esmm_multitask.yaml")
+    for f in doc["features"]:
+        if "hash_buckets" in f:
+            f["hash_buckets"] = 100
+    spec = _write(tmp_path, doc, "esmm.yaml")
+    lines = ["price,user_id,item_id,shop_id,click,conversion,category,w"]
+    lines += [f"{i / 7:.3f},{i % 5},{i % 11},{i % 3},{i % 2},{(i // 2) % 2},{i % 8},{0.5 + i % 3}" for i in range(20)]
+    lines[4] = lines[4].rsplit(",", 1)[0] + f",{weight}"
+    raw = tmp_path / "rows.csv"
+    raw.write_text("\n".join(lines) + "\n")
+    return spec, raw
+
+
+@pytest.mark.parametrize("weight, says", [
+    ("-1", "sample weight -1.0 in column w: not a finite number >= 0 for a sample weight"),
+    ("nan", "missing sample weight in column w"),
+    ("", "missing sample weight in column w"),
+    ("inf", "non-finite value 'inf' in column w"),
+])
+def test_a_bad_sample_weight_is_a_malformed_row_at_conversion(tmp_path, weight, says):
+    spec, raw = _esmm_rows(tmp_path, weight)
+    out = tmp_path / "data"
+    result = runner.invoke(app, ["data", "convert", "csv", str(raw), str(out), "--spec", str(spec), "-q"])
+    assert result.exit_code == 2, result.output
+    assert "malformed row at" in result.output and says in result.output, result.output
+    assert not out.exists()
+    skipped = runner.invoke(app, ["data", "convert", "csv", str(raw), str(out), "--spec", str(spec), "-q",
+                                  "--on-error", "skip"])
+    assert skipped.exit_code == 0, skipped.output
+    assert json.loads((out / "_flowrec.json").read_text())["rows"] == 19
+
+
+def test_a_good_sample_weight_of_zero_converts(tmp_path):
+    spec, raw = _esmm_rows(tmp_path, "0")
+    out = tmp_path / "data"
+    result = runner.invoke(app, ["data", "convert", "csv", str(raw), str(out), "--spec", str(spec), "-q"])
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("query_inputs", [["user_id", "item_id"], ["@sparse"]])
+def test_a_query_tower_that_reads_the_item_id_is_refused(query_inputs):
+    doc = _spec("two_tower_movielens.yaml")
+    doc["modules"] = [{"name": "q", "kind": "mlp", "inputs": query_inputs, "layers": [32]},
+                      {"name": "score", "kind": "similarity", "inputs": ["q", "item_id"]}]
+    issues = _issues(doc)
+    assert [path for path, _ in issues] == ["heads[0].input"], issues
+    assert "query tower 'q' reads the item id 'item_id'" in issues[0][1]
+    doc["modules"][0]["inputs"] = ["user_id"]
+    assert _issues(doc) == []
+
+
+# ---- moe / ple: named outputs ----------------------------------------------------------------
+
+
+def test_a_name_equal_to_a_named_output_is_refused():
+    """A module named 'experts.like' beside moe 'experts' with output 'like': towers reading
+    'experts.like' were silently wired to the module, not to the mixture's output."""
+    doc = _spec("mmoe_movielens.yaml")
+    doc["modules"].insert(1, {"name": "experts.like", "kind": "mlp", "inputs": ["@sparse"], "layers": [3]})
+    doc["modules"].append({"name": "x", "kind": "mlp", "inputs": ["experts.like"], "layers": [2]})
+    doc["heads"].append({"name": "third", "input": "x", "label": "third"})
+    assert _issues(doc) == [("modules[1].name", "module name 'experts.like' is also an output of module 'experts' "
+                                                "(modules[0]); inputs naming it would be ambiguous")]
+    doc = _spec("mmoe_movielens.yaml")
+    doc["features"][0]["name"] = "experts.love"
+    assert _issues(doc) == [("features[0].name", "feature name 'experts.love' is also an output of module "
+                                                 "'experts' (modules[0]); inputs naming it would be ambiguous")]
+
+
+def test_a_custom_module_with_meta_parameters_is_refused_before_training(tmp_path, blocks):
+    """It plans (the dry run is on the meta device anyway) but has no values to train."""
+    spec = _write(tmp_path, custom_doc(f"{blocks}:MetaParam"))
+    assert runner.invoke(app, ["plan", str(spec)]).exit_code == 0
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["train", str(spec), "--rows", "64", "--out", str(out), "-q"])
+    assert result.exit_code == 2, result.output
+    assert "MetaParam keeps w on the meta device (no values)" in result.output
+    assert not out.exists()

@@ -1,0 +1,258 @@
+"""Hostile and careless input to the serving and evaluation of the newer heads: a retrieval package
+whose manifest or items were tampered with is refused with one line (its manifest is not
+digest-checked, so every retrieval field is checked against the spec and the items), never a
+traceback or silently different scores; `flowrec eval` options that cannot apply are refused.
+
+One two-tower run on synthetic data (exclude_seen, grouped by user), exported with the exact search."""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from flowrec.cli import app
+from flowrec.data.layout import DataError
+from flowrec.serving.predict import load_model
+
+runner = CliRunner()
+SPECS = Path(__file__).parents[2] / "specs"
+USERS = pd.DataFrame({"user_id": ["1", "2", "3", "99999", "abc"]})
+
+
+def _two_tower(exclude_seen: bool) -> dict[str, Any]:
+    doc = yaml.safe_load((SPECS / "two_tower_movielens.yaml").read_text())
+    doc.pop("data")
+    doc["heads"][0]["exclude_seen"] = exclude_seen
+    doc["training"].update(batch_size=256, epochs=1)
+    return doc
+
+
+def _invoke(args: list) -> Any:
+    result = runner.invoke(app, [str(a) for a in args])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert "Traceback" not in result.output
+    return result
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory) -> Path:
+    """Runs `seen` (exclude_seen) and `plain` on converted rows, `synthetic` on synthetic data; `pkg`
+    and `synthetic_pkg` their exports."""
+    root = tmp_path_factory.mktemp("serving_hostile")
+    rng = np.random.default_rng(0)
+    rows = pd.DataFrame({"user_id": rng.integers(1, 944, 3000), "item_id": rng.zipf(1.3, 3000) % 1682 + 1,
+                         "label": 1})
+    rows.to_csv(root / "rows.csv", index=False)
+    for name, exclude in (("seen", True), ("plain", False)):
+        (root / f"{name}.yaml").write_text(yaml.safe_dump(_two_tower(exclude)))
+    result = _invoke(["data", "convert", "csv", root / "rows.csv", root / "data", "--spec", root / "seen.yaml",
+                      "--test-fraction", "0.2"])
+    assert result.exit_code == 0, result.output
+    for name, data in (("seen", ["--data", root / "data"]), ("plain", ["--data", root / "data"]),
+                       ("synthetic", ["--rows", "1000"])):
+        spec = root / ("plain.yaml" if name == "synthetic" else f"{name}.yaml")
+        result = _invoke(["train", spec, *data, "--out", root / name, "-q", "--device", "cpu"])
+        assert result.exit_code == 0, result.output
+    for run, pkg in (("seen", "pkg"), ("synthetic", "synthetic_pkg")):
+        result = _invoke(["export", root / run, root / pkg, "--index", "exact", "-q"])
+        assert result.exit_code == 0, result.output
+    return root
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _tampered(made: Path, tmp_path: Path, manifest: Callable[[dict], Any] | None = None,
+              items: Callable[[pa.Table], pa.Table] | None = None) -> Path:
+    """A copy of the package with its manifest and / or items changed (the items' digest recorded
+    again, as a hostile package would)."""
+    pkg = tmp_path / "pkg"
+    shutil.copytree(made / "pkg", pkg)
+    doc = json.loads((pkg / "manifest.json").read_text())
+    if items is not None:
+        pq.write_table(items(pq.read_table(pkg / "items.parquet")), pkg / "items.parquet")
+        doc["files"]["items.parquet"] = _sha(pkg / "items.parquet")
+    if manifest is not None:
+        manifest(doc)
+    (pkg / "manifest.json").write_text(json.dumps(doc))
+    return pkg
+
+
+def _refused(pkg: Path, tmp_path: Path, says: str) -> None:
+    with pytest.raises(ValueError, match=None) as caught:
+        load_model(pkg)
+    assert says in str(caught.value) and "\n" not in str(caught.value), caught.value
+    raw, out = tmp_path / "users.csv", tmp_path / "recs.parquet"
+    USERS.to_csv(raw, index=False)
+    result = _invoke(["predict", pkg, raw, "--format", "csv", "--top-k", "3", "--out", out, "-q"])
+    assert result.exit_code == 2 and says in result.output, result.output
+    assert not out.exists()
+
+
+def _entry(change: Callable[[dict], Any]) -> Callable[[dict], Any]:
+    return lambda doc: change(doc["retrieval"])
+
+
+@pytest.mark.parametrize("change, says", [
+    (lambda doc: doc.update(retrieval="faiss"), "the manifest's retrieval entry is not a mapping"),
+    (lambda doc: doc.update(retrieval=None), "the manifest's retrieval entry is not a mapping"),
+    (lambda doc: doc.pop("retrieval"), "the manifest lacks a retrieval entry and its spec has a retrieval head"),
+    (_entry(lambda e: e.update(temperature=0)), "the index's temperature 0 is not the model's (1.0)"),
+    (_entry(lambda e: e.update(temperature=-1.0)), "the index's temperature -1.0 is not the model's (1.0)"),
+    (_entry(lambda e: e.update(temperature=10)), "the index's temperature 10 is not the model's (1.0)"),
+    (_entry(lambda e: e.pop("temperature")), "the index's temperature None is not the model's (1.0)"),
+    (_entry(lambda e: e.update(item_feature="user_id")), "the index's item_feature 'user_id' is not the model's"),
+    (_entry(lambda e: e.pop("dim")), "records no item count, dimension or index"),
+    (_entry(lambda e: e.update(dim="32")), "records no item count, dimension or index"),
+    (_entry(lambda e: e.update(items=0)), "records no item count, dimension or index"),
+    (_entry(lambda e: e.pop("index")), "records no item count, dimension or index"),
+    (_entry(lambda e: e.update(index="faiss")), "records no item count, dimension or index"),
+    (_entry(lambda e: e.update(items=e["items"] + 1)), "the manifest records"),
+])
+def test_a_tampered_retrieval_manifest_is_refused(made, tmp_path, change, says):
+    _refused(_tampered(made, tmp_path, manifest=change), tmp_path, says)
+
+
+def _column(name: str, values: pa.Array) -> Callable[[pa.Table], pa.Table]:
+    return lambda t: t.set_column(t.column_names.index(name), name, values)
+
+
+def _vectors(first: list[float] | None, dim: int = 32, kind: pa.DataType = pa.float32()) -> Callable:
+    def change(t: pa.Table) -> pa.Table:
+        rows = [list(v) for v in t.column("vector").to_pylist()]
+        rows[0] = first
+        return _column("vector", pa.array(rows, pa.list_(kind)))(t)
+    return change
+
+
+@pytest.mark.parametrize("change, says", [
+    (_vectors([float("nan")] * 32), "item vectors hold values that are not finite float32 numbers"),
+    (_vectors([float("inf")] * 32), "item vectors hold values that are not finite float32 numbers"),
+    (_vectors([1e300] * 32, kind=pa.float64()), "item vectors hold values that are not finite float32 numbers"),
+    (_vectors([0.5] * 31), "vectors of lengths"),
+    (_vectors(None), "vectors of lengths"),
+    (lambda t: _column("vector", pa.array([["a"]] * t.num_rows))(t), "not lists of numbers"),
+    (lambda t: _column("vector", pa.array([{"a": 1}] * t.num_rows))(t), "not lists of numbers"),
+    (lambda t: t.drop_columns(["item"]), "is not an items file of item and vector columns"),
+    (lambda t: t.drop_columns(["vector"]), "is not an items file of item and vector columns"),
+    (lambda t: _column("item", pa.array([f"i{r % 7}" for r in range(t.num_rows)]))(t), "the item ids are not distinct"),
+])
+def test_tampered_items_are_refused(made, tmp_path, change, says):
+    _refused(_tampered(made, tmp_path, items=change), tmp_path, says)
+
+
+def test_an_untouched_package_recommends_the_same_items_as_an_unread_index_file_changes_nothing(made, tmp_path):
+    """The index file is never parsed (rebuilt from the checked vectors): a package whose index entry
+    names another file scores exactly as the original."""
+    pkg = _tampered(made, tmp_path, manifest=_entry(lambda e: e["index"].update(file="../../etc/passwd")))
+    ours, theirs = load_model(made / "pkg").recommend(USERS, 5), load_model(pkg).recommend(USERS, 5)
+    assert ours["items"].map(list).tolist() == theirs["items"].map(list).tolist()
+    assert np.array_equal(np.stack(ours["scores"]), np.stack(theirs["scores"]))
+
+
+def test_raw_rows_for_a_package_of_a_run_on_synthetic_data_are_refused(made, tmp_path):
+    """Its vocabulary tables have no raw values: encoding raw rows failed with a KeyError."""
+    model = load_model(made / "synthetic_pkg")
+    with pytest.raises(DataError, match="has no vocabulary for its tables"):
+        model.recommend(USERS, 3)
+    raw, out = tmp_path / "users.csv", tmp_path / "recs.parquet"
+    USERS.to_csv(raw, index=False)
+    result = _invoke(["predict", made / "synthetic_pkg", raw, "--format", "csv", "--top-k", "3", "--out", out])
+    assert result.exit_code == 2 and "raw rows cannot be encoded" in result.output
+    assert not out.exists()
+
+
+def test_eval_refuses_grouping_exclude_seen_by_the_item_id(made):
+    data = made / "data" / "test"
+    result = _invoke(["eval", made / "seen", "--data", data, "--group-by", "item_id"])
+    assert result.exit_code == 2
+    assert "cannot group by 'item_id' with exclude_seen: it is the item id" in result.output
+
+
+def test_eval_refuses_seen_for_a_run_without_exclude_seen(made):
+    data = made / "data" / "test"
+    result = _invoke(["eval", made / "plain", "--data", data, "--seen", made / "data" / "train"])
+    assert result.exit_code == 2
+    assert "--seen applies to a retrieval head with exclude_seen: true" in result.output
+    assert result.output.count("error:") == 1
+    assert _invoke(["eval", made / "seen", "--data", data, "--seen", made / "data" / "train", "-q"]).exit_code == 0
+
+
+def test_export_refuses_an_index_a_run_cannot_have(made, tmp_path):
+    spec = tmp_path / "ranker.yaml"
+    doc = _two_tower(False)
+    doc["heads"][0] = {"name": "click", "input": "score"}  # the towers as a pointwise ranker: no catalogue
+    spec.write_text(yaml.safe_dump(doc))
+    assert _invoke(["train", spec, "--rows", "500", "--out", tmp_path / "run", "-q", "--device", "cpu"]).exit_code == 0
+    for index, says in (("faiss", "index 'faiss': only a run with a retrieval head has an item index"),
+                        ("exact", "index 'exact': only a run with a retrieval head has an item index"),
+                        ("hnsw", "--index must be one of auto, exact, faiss, not 'hnsw'")):
+        result = _invoke(["export", tmp_path / "run", tmp_path / "pkg", "--index", index])
+        assert result.exit_code == 2 and says in result.output, result.output
+        assert not (tmp_path / "pkg").exists()
+    assert _invoke(["export", tmp_path / "run", tmp_path / "pkg", "-q"]).exit_code == 0
+    result = _invoke(["export", made / "seen", tmp_path / "pkg2", "--index", "hnsw"])
+    assert result.exit_code == 2 and "--index must be one of auto, exact, faiss, not 'hnsw'" in result.output
+
+
+MANAGED = {
+    "name": "hostile_managed",
+    "features": [{"name": "user", "type": "categorical", "table": "users"},
+                 {"name": "item", "type": "categorical", "hash_buckets": 100, "dim": 8}],
+    "tables": [{"name": "users", "dim": 8, "managed": {"rows": 50, "every_steps": 5}}],
+    "modules": [{"name": "top", "kind": "mlp", "inputs": ["@sparse"], "layers": [8]}],
+    "heads": [{"name": "ctr", "input": "top"}],
+    "optimizer": {"dense": {"name": "adam", "lr": 0.001}, "sparse": {"name": "adagrad", "lr": 0.01}},
+    "training": {"batch_size": 32},
+}
+
+
+@pytest.fixture(scope="module")
+def managed_pkg(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("managed_hostile")
+    (root / "spec.yaml").write_text(yaml.safe_dump(MANAGED))
+    assert _invoke(["train", root / "spec.yaml", "--rows", "400", "--out", root / "run", "-q",
+                    "--device", "cpu"]).exit_code == 0
+    assert _invoke(["export", root / "run", root / "pkg", "-q"]).exit_code == 0
+    return root / "pkg"
+
+
+def _tampered_map(managed_pkg: Path, tmp_path: Path, table: pa.Table, listed: bool) -> Path:
+    pkg = tmp_path / "pkg"
+    shutil.copytree(managed_pkg, pkg)
+    pq.write_table(table, pkg / "managed" / "users.parquet")
+    doc = json.loads((pkg / "manifest.json").read_text())
+    if listed:
+        doc["files"]["managed/users.parquet"] = _sha(pkg / "managed" / "users.parquet")
+    else:
+        doc["files"].pop("managed/users.parquet")
+    (pkg / "manifest.json").write_text(json.dumps(doc))
+    return pkg
+
+
+def test_a_managed_map_left_out_of_the_manifest_is_refused(managed_pkg, tmp_path):
+    """Its digest was never checked: a changed map (every id on row 0) loaded and scored."""
+    original = pq.read_table(managed_pkg / "managed" / "users.parquet")
+    zeros = pa.table({"key": original.column("key"), "row": pa.array([0] * original.num_rows, pa.int64())})
+    with pytest.raises(ValueError, match="managed/users.parquet is not among the files its manifest records"):
+        load_model(_tampered_map(managed_pkg, tmp_path, zeros, listed=False))
+
+
+def test_a_managed_map_of_text_keys_is_refused(managed_pkg, tmp_path):
+    original = pq.read_table(managed_pkg / "managed" / "users.parquet")
+    text = pa.table({"key": pa.array([str(k) for k in original.column("key").to_pylist()]),
+                     "row": original.column("row")})
+    with pytest.raises(ValueError, match="the map of managed table 'users' is missing or damaged"):
+        load_model(_tampered_map(managed_pkg, tmp_path, text, listed=True))
+    assert load_model(managed_pkg).predict(pd.DataFrame({"user": ["1", "2"], "item": ["4", "5"]})).shape == (2, 1)
