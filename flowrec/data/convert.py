@@ -322,6 +322,8 @@ def _finish(spec: ModelSpec, encoder: Encoder, writer: PartWriter, fmt: str, inp
                             "vocab_digest": record.features[f.name]["vocab"]}
         if t.vocab_spare:
             encoding[f.name]["spare"] = t.vocab_spare
+        if f.truncate != "first":
+            encoding[f.name]["truncate"] = f.truncate
     dense = {}
     for f in spec.dense_features:
         st = encoder.stats.get(f.name)

@@ -145,7 +145,7 @@ class Encoder:
         if not multi:
             return pa.array(rows, pa.int64())
         keep = as_strings(flat).is_valid().to_numpy(zero_copy_only=False)
-        return _truncated_lists(values, rows, keep, feature.max_len)
+        return truncated_lists(values, rows, keep, feature.max_len, feature.truncate)
 
     def encode(self, raw: pa.Table, labels: bool = True) -> pa.Table:
         """Encode one raw chunk; returns a table with the layout's columns in spec order (the
@@ -168,15 +168,32 @@ class Encoder:
         return pa.Table.from_arrays(cols, names=names)
 
 
-def _truncated_lists(values: pa.Array, rows: np.ndarray, keep: np.ndarray, max_len: int) -> pa.Array:
-    """List array of the encoded ids per sample: missing elements dropped, first max_len kept."""
+def truncated_lists(values: pa.Array, rows: np.ndarray, keep: np.ndarray, max_len: int,
+                    truncate: str = "first") -> pa.Array:
+    """List array of the encoded ids per sample: missing elements dropped, then the first max_len
+    kept (`truncate` "first") or the last max_len (`truncate` "last": the most recent items of a
+    history), in their order. The one rule of conversion and of scoring raw rows (`Encoder`).
+
+    Args:
+        values: the raw list array (N samples), for its offsets.
+        rows: encoded row of every flattened element (missing ones included).
+        keep: per flattened element, whether it is present (not missing).
+
+    Example:
+        >>> lists = pa.array([["a", None, "b", "c"]])
+        >>> keep = np.array([True, False, True, True])
+        >>> truncated_lists(lists, np.array([1, 0, 2, 3]), keep, 2, "last").to_pylist()
+        [[2, 3]]
+    """
     offsets = values.offsets.to_numpy() - values.offsets[0].as_py()  # (N + 1,)
     lengths = np.diff(offsets)
     sample = np.repeat(np.arange(len(lengths)), lengths)[keep]
     rows = rows[keep]
     counts = np.bincount(sample, minlength=len(lengths))
     starts = np.cumsum(counts) - counts
-    position = np.arange(len(rows)) - np.repeat(starts, counts)
+    position = np.arange(len(rows)) - np.repeat(starts, counts)  # index within its sample's kept ids
+    if truncate == "last":
+        position = np.repeat(counts, counts) - 1 - position  # index from the sample's end
     short = position < max_len
     new_counts = np.minimum(counts, max_len)
     new_offsets = np.concatenate([[0], np.cumsum(new_counts)]).astype(np.int32)

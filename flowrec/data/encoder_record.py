@@ -99,11 +99,13 @@ def read_vocab(path: Path) -> pa.Array:
 
 
 def sparse_rule(table: str, rows: int, mode: str, max_len: int, digest: str | None, column: str,
-                spare: int = 0) -> dict:
+                spare: int = 0, truncate: str = "first") -> dict:
     rule = {"kind": "sparse", "table": table, "rows": rows, "mode": mode, "max_len": max_len,
             "vocab": digest, "column": column}
     if spare:  # only then: encoders without spare rows keep their fingerprints
         rule["spare"] = spare
+    if truncate != "first":  # likewise: lists that keep their first ids (the default) hash as before
+        rule["truncate"] = truncate
     return rule
 
 
@@ -125,7 +127,7 @@ def record_of_encoder(spec: ModelSpec, encoder: Encoder, vocab_files: dict[str, 
         else:
             t = spec.table(f.table)
             features[f.name] = sparse_rule(t.name, encoded_rows(t), encoding_mode(t),
-                                           f.max_len, digests.get(t.name), column, t.vocab_spare)
+                                           f.max_len, digests.get(t.name), column, t.vocab_spare, f.truncate)
     labels = {name: {"column": encoder.source(name)} for name in unique_labels(spec)}
     return EncoderRecord(spec.name, data_hash(spec), features, labels, dict(encoder.columns),
                          encoder.sequence_sep, vocab_files)
@@ -147,7 +149,7 @@ def record_of_dataset(path: Path, meta: DatasetMeta | None = None) -> EncoderRec
             if digest is None:
                 digest = vocab_digest(read_vocab(vocab))
         features[name] = sparse_rule(enc["table"], enc["rows"], enc["mode"], enc["max_len"], digest,
-                                     columns.get(name, name), enc.get("spare", 0))
+                                     columns.get(name, name), enc.get("spare", 0), enc.get("truncate", "first"))
     for name, d in meta.dense.items():
         features[name] = dense_rule(d["transform"], d["fill"], d.get("mean"), d.get("std"),
                                     columns.get(name, name))

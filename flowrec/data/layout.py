@@ -49,7 +49,8 @@ class DatasetMeta:
         data_hash: `data_hash(spec)` of that spec.
         rows: number of rows.
         labels: label columns.
-        encoding: per sparse feature {"table", "rows", "mode": hash|vocab, "max_len"}.
+        encoding: per sparse feature {"table", "rows", "mode": hash|vocab, "max_len"} (+ "truncate"
+            when it is "last").
         dense: per dense feature {"transform", "fill", "mean", "std"}.
         source: where the data came from (format, paths, synth settings).
         split: {"test_fraction", "split_seed"} when the data was split, else {}.
@@ -97,10 +98,11 @@ def data_hash(spec: ModelSpec) -> str:
         else:
             t = spec.table(f.table)
             if t.managed is not None:  # raw-id hashes: the data serves any capacity
-                doc.append(["sparse", f.name, t.name, "managed", f.max_len])
+                doc.append(["sparse", f.name, t.name, "managed", f.max_len] + (["last"] if f.truncate == "last" else []))
                 continue
             spare = [t.vocab_spare] if t.vocab_spare else []  # specs without spare rows hash as before
-            doc.append(["sparse", f.name, t.name, t.rows, t.hashed, t.min_freq, f.max_len, *spare])
+            last = ["last"] if f.truncate == "last" else []  # `first` (the default) hashes as before
+            doc.append(["sparse", f.name, t.name, t.rows, t.hashed, t.min_freq, f.max_len, *spare, *last])
     return hashlib.sha256(json.dumps(doc).encode()).hexdigest()[:16]
 
 

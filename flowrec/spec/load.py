@@ -88,7 +88,7 @@ def spec_from_dict(doc: dict[str, Any], base_dir: Path | None = None) -> ModelSp
         kind = f["type"]
         max_len = int(f.get("max_len", 1))
         pooling = f.get("pooling", "sum")
-        features.append(SparseFeature(f["name"], table, max_len, pooling, tags, kind))
+        features.append(SparseFeature(f["name"], table, max_len, pooling, tags, kind, f.get("truncate", "first")))
     modules = tuple(
         ModuleSpec(
             m["name"],
@@ -270,6 +270,8 @@ def _feature_doc(f: DenseFeature | SparseFeature, spec: ModelSpec) -> dict[str, 
         out = {"name": f.name, "type": f.kind, "table": f.table}
         if f.kind == "sequence" or f.max_len != 1:
             out["max_len"] = f.max_len
+        if f.truncate != "first":  # the default is left out: dumps of existing specs are unchanged
+            out["truncate"] = f.truncate
         out["pooling"] = f.pooling
     if f.tags:
         out["tags"] = list(f.tags)

@@ -17,6 +17,7 @@ from typing import Any, Literal, Mapping
 
 DenseTransform = Literal["none", "log1p", "standardize"]
 Pooling = Literal["sum", "mean", "none"]
+Truncate = Literal["first", "last"]  # which ids a list longer than max_len keeps
 ModuleKind = Literal["mlp", "dot", "fm", "cross", "target_attention", "self_attention", "similarity", "linear", "concat",
                      "moe", "ple", "custom"]
 OptimizerName = Literal["sgd", "adagrad", "rowwise_adagrad", "adam"]
@@ -103,6 +104,9 @@ class SparseFeature:
         pooling: how a bag of ids reduces to one vector; `none` keeps the sequence (B, L, D)
             for target attention.
         tags: free labels a module can select with `@tag`.
+        kind: categorical or sequence (the spec's `type`).
+        truncate: which ids a raw list longer than max_len keeps: `first` (default) or `last`
+            (the most recent items of a behaviour history).
     """
 
     name: str
@@ -111,6 +115,7 @@ class SparseFeature:
     pooling: Pooling = "sum"
     tags: tuple[str, ...] = ()
     kind: Literal["categorical", "sequence"] = "categorical"
+    truncate: Truncate = "first"
 
 
 Feature = DenseFeature | SparseFeature

@@ -195,7 +195,8 @@ def check_data(view: DocView) -> list[SpecIssue]:
 
 def _history_lengths(view: DocView, data: dict, columns: dict) -> list[SpecIssue]:
     """The data option `sequence: {max_len: L}` writes up to L previous items, oldest first, and a
-    feature keeps the first max_len of a list: a shorter feature would drop the most recent items."""
+    feature keeps the first max_len of a list (unless `truncate: last`): a shorter feature would
+    drop the most recent items."""
     options = data.get("options")
     sequence = options.get("sequence") if isinstance(options, dict) else None
     length = sequence.get("max_len") if isinstance(sequence, dict) else None
@@ -204,11 +205,13 @@ def _history_lengths(view: DocView, data: dict, columns: dict) -> list[SpecIssue
     issues = []
     for f in view.items("features"):
         kept = f.get("max_len", int, 1)
-        if f.is_sparse and columns.get(f.name, f.name) == HISTORY_COLUMN and kept < length:
+        last = f.get("truncate", str, "first") == "last"
+        if f.is_sparse and columns.get(f.name, f.name) == HISTORY_COLUMN and kept < length and not last:
             issues.append(SpecIssue(f"{f.path}.max_len", f"feature {f.name!r} keeps the first {kept} of the up to "
                                                          f"{length} previous items (oldest first) that data option "
                                                          f"sequence.max_len gives, dropping the most recent ones: "
-                                                         f"make them equal"))
+                                                         f"make them equal, or keep the last {kept} with "
+                                                         f"truncate: last"))
     return issues
 
 
