@@ -215,6 +215,10 @@ def _check_arguments(**arguments: Any) -> None:
             refuse(name, "True or False")
     if not isinstance(arguments["device"], str):
         refuse("device", "a device name (auto, cpu, cuda)")
+    from flowrec.runtime.session import device_problem
+
+    if device_problem(arguments["device"]) is not None:
+        raise RunError(f"device {device_problem(arguments['device'])}")
     if arguments["device_budget"] is not None and not isinstance(arguments["device_budget"], str):
         refuse("device_budget", "a byte size such as '4GiB', or None")
 

@@ -12,6 +12,7 @@ from flowrec.planner.calibration import is_profile_path
 from flowrec.render import to_dot, to_png, to_svg
 from flowrec.planner.manager import STAGES, PassFailure, load_profile, make_plan
 from flowrec.graph.plan_io import plan_json
+from flowrec.planner.fit import host_is_device, misfit
 from flowrec.planner.report import managed_report, text_report
 from flowrec.spec.model import CachePolicy
 
@@ -70,6 +71,7 @@ def plan(
                            profile=load_profile(profile), world_size=world_size or launch_env()[0])
     except (ValueError, OSError, PassFailure) as exc:
         fail(str(exc))
+    warning = memory_warning(result)
     for dest, text in ((json_out, lambda: plan_json(result)), (dot, lambda: to_dot(result.graph))):
         if dest == "-":
             typer.echo(text(), nl=False)
@@ -80,7 +82,26 @@ def plan(
     if png is not None:
         write_output(png, lambda tmp: to_png(result, tmp))
     if "-" not in (json_out, dot) and not quiet:
-        typer.echo("\n".join(text_report(result) + managed_report(model, trained)))
+        report = text_report(result)
+        typer.echo("\n".join(report[:1] + ([warning] if warning else []) + report[1:] + managed_report(model, trained)))
+    elif warning:
+        typer.echo(warning, err=True)
+
+
+def memory_warning(plan) -> str | None:
+    """A line when the plan's estimated peak memory exceeds its target's memory (with the margin of
+    `flowrec.planner.fit`): on a host target (cpu) this machine's available memory, on a GPU target
+    the plan's device budget; None when it fits."""
+    from flowrec.data.hostmemory import available_memory_bytes
+
+    if host_is_device(plan):
+        limit = available_memory_bytes()
+        if limit is None:
+            return None
+        problem = misfit(plan, limit, "host memory available on this machine", host_is_device=True)
+    else:
+        problem = misfit(plan, plan.device_budget_bytes, f"device budget on {plan.target}")
+    return f"warning: {problem}: it cannot run there (`flowrec train` refuses it)" if problem else None
 
 
 MANAGED_COUNTS = ("rows", "held", "waiting", "admitted", "evicted", "expired")  # every table of a report

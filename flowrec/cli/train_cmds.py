@@ -192,12 +192,13 @@ def _text(path: Optional[Path]) -> Optional[str]:
 def _check_options(request: RunRequest) -> None:
     from flowrec.runs.settings import CACHE_POLICIES, MAX_SEED
     from flowrec.runtime.nonfinite import NAN_POLICIES
+    from flowrec.runtime.session import device_problem
 
     given = request.given
     if given["seed"] is not None and not 0 <= given["seed"] <= MAX_SEED:
         fail(f"--seed must be in 0..{MAX_SEED} (2^63-1), not {given['seed']}")
-    if given["device"] is not None and not given["device"].strip():  # `or "auto"` would hide it
-        fail("--device must be auto, cpu or cuda[:N], not an empty string")
+    if given["device"] is not None and device_problem(given["device"]):  # `or "auto"` would hide ""
+        fail(f"--device {device_problem(given['device'])}")
     if given["cache"] is not None and given["cache"] not in CACHE_POLICIES:
         fail(f"--cache must be one of {', '.join(CACHE_POLICIES)}, not {given['cache']!r}")
     if given["nan_policy"] is not None and given["nan_policy"] not in NAN_POLICIES:
@@ -614,8 +615,11 @@ def evaluate_run(
     from flowrec.data.layout import DataError
     from flowrec.data.output_guard import check_file_output
     from flowrec.planner.contract import scoring_plan
+    from flowrec.runtime.session import device_problem
     from flowrec.serving.trained import load_trained
 
+    if device_problem(device) is not None:  # before the run is read (torch's words otherwise)
+        fail(f"--device {device_problem(device)}")
     try:
         if json_out not in (None, "-"):
             check_file_output(Path(json_out), [run_dir, data], overwrite)

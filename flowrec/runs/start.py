@@ -16,8 +16,11 @@ from typing import Any, Callable
 
 import torch
 
+from flowrec.data.cores import local_ranks
+from flowrec.data.hostmemory import available_memory_bytes
 from flowrec.data.layout import DataError
 from flowrec.graph.types import Plan
+from flowrec.planner.fit import misfit
 from flowrec.runs.encoder import adopt_encoder
 from flowrec.runs.errors import EXIT_OUT_OF_MEMORY, RunError
 from flowrec.runs.settings import merge_settings
@@ -33,6 +36,25 @@ def memory_hint() -> str:
     if torch.cuda.is_available():
         return "Give a smaller --device-budget (more tables on host or cache placements) or use --device cpu"
     return "Use a machine with more memory, or a smaller model or batch size"
+
+
+def check_plan_fits(plan: Plan, device: torch.device, world: Any = None) -> None:
+    """Refuse a plan whose estimated peak memory exceeds the memory of the device it would run on
+    (`flowrec.planner.fit`, with its margin), before anything is built or written: on the CPU the
+    host memory available (shared by the ranks of this machine), on CUDA the device's free memory.
+    A `RunError` (exit 2) naming the peak, the limit and the largest contributors."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        problem = misfit(plan, int(free), f"free memory on {device}")
+    else:
+        available = available_memory_bytes()
+        if available is None:
+            return
+        ranks = local_ranks() if world is not None else 1
+        problem = misfit(plan, available // max(1, ranks), "host memory available"
+                         + (f" to each of {ranks} ranks" if ranks > 1 else ""), host_is_device=True)
+    if problem is not None:
+        raise RunError(f"{problem}; nothing was built. {memory_hint()}")
 
 
 def run_settings(given: dict[str, Any], spec: ModelSpec, recorded: dict[str, Any] | None = None,
@@ -72,6 +94,7 @@ def start_session(spec: ModelSpec, spec_path: Path, settings: dict[str, Any], fo
     """The run's data and the model of `plan` on `device` (`before`/`after`: the ranks' barriers
     around building it). Raises `RunError` for data that does not fit, for running out of memory and
     for early stopping without evaluations during training."""
+    check_plan_fits(plan, device, world)
     check_synthetic_rows(spec, settings)
     if spec.training.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)

@@ -75,8 +75,27 @@ class Session:
             source.close()
 
 
+def device_problem(name: str) -> str | None:
+    """Why `name` is no device (`--device`, `device=`): None for auto and every name torch reads,
+    else the rest of one line ("must be auto, cpu or cuda[:N], not ..."). The one check of
+    train, eval, calibrate and the API."""
+    if not name.strip():  # torch.device("") says "Device string must not be empty"
+        return "must be auto, cpu or cuda[:N], not an empty string"
+    if name == "auto":
+        return None
+    try:
+        torch.device(name)
+    except RuntimeError:
+        return f"must be auto, cpu or cuda[:N], not {name[:40]!r}"
+    return None
+
+
 def resolve_device(name: str) -> torch.device:
-    """auto -> cuda when available, else cpu; cuda without CUDA is a clear error."""
+    """auto -> cuda when available, else cpu; a bad name or cuda without CUDA is a clear error
+    (RuntimeError, one line)."""
+    problem = device_problem(name)
+    if problem is not None:
+        raise RuntimeError(f"--device {problem}")
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():

@@ -1,0 +1,71 @@
+"""The host memory this process can still take: what a run may allocate before the kernel's
+OOM killer or the container's limit stops it.
+
+- `/proc/meminfo` MemAvailable (the kernel's estimate of memory available without swapping:
+  free memory plus reclaimable page cache), not MemTotal: memory other processes hold is gone.
+- capped by the process's memory cgroup and each parent up to the root: v2 `memory.max` minus
+  `memory.current`, v1 `memory.limit_in_bytes` minus `memory.usage_in_bytes` (a container's limit
+  is reached long before the machine's memory runs out).
+
+Example:
+    >>> available_memory_bytes()  # doctest: +SKIP
+    23622320128
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from flowrec.data.cores import CGROUP_ROOT, PROC_CGROUP, _folders
+
+MEMINFO = Path("/proc/meminfo")
+
+
+def available_memory_bytes(meminfo: Path = MEMINFO, cgroup_root: Path = CGROUP_ROOT,
+                           proc_cgroup: Path = PROC_CGROUP) -> int | None:
+    """Bytes this process can still allocate (see the module docstring), or None where the
+    platform says nothing (no /proc)."""
+    known = [b for b in (_mem_available(meminfo), *_cgroup_room(cgroup_root, proc_cgroup)) if b is not None]
+    return max(0, min(known)) if known else None
+
+
+def _mem_available(meminfo: Path) -> int | None:
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _cgroup_room(cgroup_root: Path, proc_cgroup: Path) -> list[int | None]:
+    """Limit minus usage of every memory cgroup of this process (v2 and v1)."""
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        return []
+    rooms: list[int | None] = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if controllers == "":
+            rooms += [_room(f / "memory.max", f / "memory.current") for f in _folders(cgroup_root, path)]
+        elif "memory" in controllers.split(","):
+            rooms += [_room(f / "memory.limit_in_bytes", f / "memory.usage_in_bytes")
+                      for f in _folders(cgroup_root / "memory", path)]
+    return rooms
+
+
+UNLIMITED = 1 << 60  # cgroup v1 writes "no limit" as a page-rounded 2^63 - 1
+
+
+def _room(limit_file: Path, usage_file: Path) -> int | None:
+    try:
+        limit, usage = limit_file.read_text().strip(), usage_file.read_text().strip()
+        if limit == "max" or int(limit) >= UNLIMITED:
+            return None
+        return int(limit) - int(usage)
+    except (OSError, ValueError):
+        return None

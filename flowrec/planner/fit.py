@@ -1,0 +1,107 @@
+"""Does a plan fit the memory it runs in? The planner's peak estimate against a limit.
+
+The need of a plan is the cost model's peak device memory (`CostPrediction.peak_memory_bytes`:
+device-resident tables, caches, one micro-batch of activations, dense parameters with their
+gradients and optimizer state, exchange buffers); where the host's memory *is* the device (the
+cpu target, a run on the CPU) the rows the plan leaves on the host count too. Its contributors are
+the same terms by packed group and by dense node, largest first.
+
+The limit is the caller's: `flowrec plan` compares with the plan's device budget on a GPU target
+and with this machine's available host memory on a host target; a run compares with the memory
+of the device it runs on (`flowrec.runs.start`). A plan is refused only when its need exceeds
+the limit by `FIT_MARGIN`: the estimate is an upper estimate of the real peak, so a plan just
+above the limit may still run, and refusing it would be wrong.
+
+Example:
+    >>> from flowrec.spec import load_spec
+    >>> from flowrec.planner.manager import make_plan
+    >>> misfit(make_plan(load_spec("specs/dlrm_criteo.yaml")), 64 * 2**30, "device budget") is None
+    True
+"""
+from __future__ import annotations
+
+from flowrec.graph.kinds import PLACEMENTS
+from flowrec.graph.types import Plan
+from flowrec.planner.cost import SPARSE_KINDS, device_profile
+from flowrec.spec.units import format_bytes
+
+# Measured with tools/bench_peak_memory.py (bench/results/peak_memory_cpu.json): the estimate is
+# within 0.75x .. 1.25x of the measured peak of a short CPU run (tables, activations and dense
+# state dominated cases). A plan is refused only when its estimate exceeds the limit by more
+# than this factor, so that an estimate above the real peak never refuses a plan that would run.
+FIT_MARGIN = 1.5
+SHOWN = 3  # contributors named in the one line
+
+
+def host_is_device(plan: Plan) -> bool:
+    """True where the plan's device memory is host memory (the cpu target: nothing overlaps, as in
+    the cache pass's rule)."""
+    return not device_profile(plan.target).overlaps
+
+
+def plan_need(plan: Plan, host_is_device: bool) -> tuple[int, list[tuple[str, int]]]:
+    """(bytes, contributors) of the memory `plan` needs on its device (with `host_is_device`, the
+    host rows too); contributors are (what, bytes), largest first, and sum to the bytes; `what`
+    holds a ``{}`` where its size goes."""
+    if plan.cost is None:
+        return 0, []
+    parts: list[tuple[str, int]] = []
+    groups = plan.meta.groups
+    memory = dict(plan.cost.memory)
+    tables = [(g, g.bytes_per_rank) for g in groups if host_is_device or PLACEMENTS[g.placement].rows_on == "device"]
+    parts += _spread(memory.get("tables", 0) + (_host_rows(plan) if host_is_device else 0),
+                     [(f"group {g.name} ({_members(g)}): {{}} of embedding rows with optimizer state", b) for g, b in tables])
+    parts += _spread(memory.get("caches", 0),
+                     [(f"group {g.name}: {{}} of cache ({g.cache_rows:,} rows)", g.cache_rows * g.row_bytes)
+                      for g in groups if PLACEMENTS[g.placement].cached])
+    parts += _spread(memory.get("dense", 0), _dense_nodes(plan))
+    local = -(-plan.cost.batch_size // plan.meta.world_size) // max(1, plan.cost.micro_batches)
+    parts.append((f"activations: {{}} for {local:,} samples kept for backward", memory.get("activations", 0)))
+    if "exchange" in memory:
+        parts.append(("exchange buffers: {}", memory["exchange"]))
+    parts = sorted((p for p in parts if p[1] > 0), key=lambda p: (-p[1], p[0]))
+    return sum(b for _, b in parts), parts
+
+
+def misfit(plan: Plan, limit_bytes: int, limit_name: str, host_is_device: bool = False) -> str | None:
+    """The one line saying that `plan` needs more than `limit_bytes` (`limit_name`, e.g. "host
+    memory available") times `FIT_MARGIN`, naming its largest contributors; None when it fits."""
+    need, parts = plan_need(plan, host_is_device)
+    if need <= limit_bytes * FIT_MARGIN:
+        return None
+    shown = "; ".join(what.format(format_bytes(b)) for what, b in parts[:SHOWN])
+    return (f"plan {plan.spec_name} needs about {format_bytes(need)} at its peak, more than the "
+            f"{format_bytes(limit_bytes)} of {limit_name} (largest: {shown})")
+
+
+def _spread(total: int, items: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    """`items` scaled to sum to `total` (the cost model's figure), or one line when there are none."""
+    weight = sum(b for _, b in items)
+    if total <= 0:
+        return []
+    if weight <= 0:
+        return [(items[0][0] if items else "other: {}", total)]
+    scaled = [(what, total * b // weight) for what, b in items]
+    scaled[0] = (scaled[0][0], scaled[0][1] + total - sum(b for _, b in scaled))
+    return scaled
+
+
+def _host_rows(plan: Plan) -> int:
+    """Bytes of the rows the plan keeps on the host (host and cache placements)."""
+    return sum(g.bytes_per_rank for g in plan.meta.groups if PLACEMENTS[g.placement].rows_on == "host")
+
+
+def _members(group) -> str:
+    names = [t.table for t in group.tables]
+    return f"tables {', '.join(names[:3])}" + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def _dense_nodes(plan: Plan) -> list[tuple[str, int]]:
+    """(module node, bytes of its parameters) of every dense node with parameters."""
+    out = []
+    for node in plan.graph:
+        op = plan.graph.nodes[node]["op"]
+        if op.kind not in SPARSE_KINDS and op.param_bytes > 0:
+            out.append((f"module {node}: {{}} of dense parameters, gradients and optimizer state", op.param_bytes))
+    return out
+
