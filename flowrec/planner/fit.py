@@ -52,7 +52,7 @@ def plan_need(plan: Plan, host_is_device: bool) -> tuple[int, list[tuple[str, in
     parts += _spread(memory.get("tables", 0) + (_host_rows(plan) if host_is_device else 0),
                      [(f"group {g.name} ({_members(g)}): {{}} of embedding rows with optimizer state", b) for g, b in tables])
     parts += _spread(memory.get("caches", 0),
-                     [(f"group {g.name}: {{}} of cache ({g.cache_rows:,} rows)", g.cache_rows * g.row_bytes)
+                     [(f"group {g.name}: {{}} of cache ({g.cache_rows:,} rows)", g.cache_rows * g.row_bytes())
                       for g in groups if PLACEMENTS[g.placement].cached])
     parts += _spread(memory.get("dense", 0), _dense_nodes(plan))
     local = -(-plan.cost.batch_size // plan.meta.world_size) // max(1, plan.cost.micro_batches)

@@ -1,0 +1,147 @@
+"""A plan that cannot fit its memory: `flowrec plan` says so, `flowrec train` and `flowrec.train`
+refuse it in one line before anything is built or written; plans of the example specs are not
+warned; the margin; the host memory reading; `--device ""` in flowrec's words.
+
+Fast tier: the refused runs allocate nothing (the process's memory high-water mark barely moves).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from flowrec.cli import app
+from flowrec.cli.plan_cmd import memory_warning
+from flowrec.data.hostmemory import available_memory_bytes
+from flowrec.planner.fit import FIT_MARGIN, misfit, plan_need
+from flowrec.planner.manager import make_plan
+from flowrec.runs.errors import RunError
+from flowrec.spec import load_spec
+
+runner = CliRunner()
+REPO = Path(__file__).resolve().parents[2]
+HUGE = """
+name: huge_moe
+features:
+  - {name: user_id, type: categorical, vocab: 943, dim: 16}
+  - {name: item_id, type: categorical, vocab: 1682, dim: 16}
+  - {name: genres, type: categorical, vocab: 19, dim: 16, max_len: 6, pooling: mean}
+modules:
+  - {name: experts, kind: moe, inputs: ["@sparse"], experts: 1024, expert_layers: [65536, 65536], heads: [like]}
+  - {name: like_tower, kind: mlp, inputs: [experts.like], layers: [32]}
+heads:
+  - {name: like, input: like_tower, task: binary, loss: bce, label: label}
+optimizer:
+  dense: {name: adam, lr: 0.001}
+  sparse: {name: adam, lr: 0.001}
+training: {batch_size: 1024, epochs: 1, seed: 0}
+"""
+MiB = 2**20
+
+
+def high_water() -> int:
+    """This process's peak resident memory so far (bytes)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+@pytest.fixture
+def huge(tmp_path):
+    path = tmp_path / "huge.yaml"
+    path.write_text(HUGE)
+    return path
+
+
+def test_plan_warns_in_text_and_with_json(huge):
+    r = runner.invoke(app, ["plan", str(huge)])
+    assert r.exit_code == 0, r.output
+    warning = r.output.splitlines()[1]
+    assert warning.startswith("warning: plan huge_moe needs about 64.") and "TiB at its peak" in warning
+    assert "host memory available on this machine" in warning
+    assert "largest: module experts: 64." in warning and "of dense parameters" in warning
+    r = runner.invoke(app, ["plan", str(huge), "--json", "-"])
+    assert r.exit_code == 0
+    assert json.loads(r.stdout)["spec"] == "huge_moe"  # the document stays the plan, unchanged
+    assert "warning: plan huge_moe needs about 64." in r.stderr
+    r = runner.invoke(app, ["plan", str(huge), "--target", "h100"])
+    assert "of device budget on h100" in r.output.splitlines()[1]
+
+
+def test_train_refuses_before_building_or_writing(huge, tmp_path):
+    before = high_water()
+    r = runner.invoke(app, ["train", str(huge), "--out", str(tmp_path / "run"), "--device", "cpu", "--max-steps", "1"])
+    assert r.exit_code == 2, r.output
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert lines[-1].startswith("error: plan huge_moe needs about 64.") and "host memory available" in lines[-1]
+    assert "module experts: 64." in lines[-1] and "Traceback" not in r.output
+    assert not (tmp_path / "run").exists()
+    assert high_water() - before < 200 * MiB  # nothing of the model was allocated
+
+
+def test_api_refuses_with_a_run_error(huge, tmp_path):
+    import flowrec
+
+    before = high_water()
+    with pytest.raises(RunError, match=r"needs about 64\.\d TiB at its peak, more than the .* of host memory"):
+        flowrec.train(huge, out=tmp_path / "run", device="cpu", max_steps=1)
+    assert not (tmp_path / "run").exists()
+    assert high_water() - before < 200 * MiB
+
+
+@pytest.mark.parametrize("spec", sorted(p.name for p in (REPO / "specs").glob("*.yaml")))
+def test_example_specs_are_not_warned(spec):
+    plan = make_plan(load_spec(REPO / "specs" / spec))
+    assert memory_warning(plan) is None
+    assert misfit(replace(plan, target="h100"), 76 * 2**30, "device budget") is None
+
+
+def test_the_margin_and_the_contributors(huge):
+    plan = make_plan(load_spec(huge))
+    need, parts = plan_need(plan, host_is_device=True)
+    assert need == sum(b for _, b in parts) == plan.cost.peak_memory_bytes  # cpu target: every group resident
+    assert parts[0][0].startswith("module experts") and parts[0][1] > 0.99 * need
+    assert misfit(plan, int(need / FIT_MARGIN) + 1, "x", True) is None  # within the margin: runs may fit
+    line = misfit(plan, int(need / FIT_MARGIN) - 1, "x", True)
+    assert line is not None and line.count("; ") == 2  # the three largest contributors
+
+
+def test_host_rows_count_where_the_host_is_the_device(repo):
+    plan = make_plan(load_spec(repo / "specs" / "dlrm_criteo.yaml"), target="cpu", device_budget="64MiB")
+    hosted = sum(g.bytes_per_rank for g in plan.meta.groups if g.placement != "device")
+    assert hosted > 0
+    assert plan_need(plan, True)[0] - plan_need(plan, False)[0] == hosted
+
+
+def test_available_memory_reads_meminfo_and_the_cgroup_limits(tmp_path):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       32000000 kB\nMemFree:  100 kB\nMemAvailable:   20000000 kB\n")
+    cgroup = tmp_path / "cgroup"
+    cgroup.write_text("0::/job\n4:memory:/job\n")
+    root = tmp_path / "fs"
+    (root / "job").mkdir(parents=True)
+    assert available_memory_bytes(meminfo, root, cgroup) == 20000000 * 1024  # no limit files: meminfo
+    (root / "job" / "memory.max").write_text("8589934592\n")
+    (root / "job" / "memory.current").write_text("1073741824\n")
+    assert available_memory_bytes(meminfo, root, cgroup) == 7 * 2**30  # v2 limit minus usage
+    (root / "memory" / "job").mkdir(parents=True)
+    (root / "memory" / "job" / "memory.limit_in_bytes").write_text(str(4 * 2**30))
+    (root / "memory" / "job" / "memory.usage_in_bytes").write_text(str(3 * 2**30))
+    assert available_memory_bytes(meminfo, root, cgroup) == 2**30  # v1, tighter
+    (root / "job" / "memory.max").write_text("max\n")
+    (root / "memory" / "job" / "memory.limit_in_bytes").write_text("9223372036854771712")
+    assert available_memory_bytes(meminfo, root, cgroup) == 20000000 * 1024
+    assert available_memory_bytes(tmp_path / "absent", root, tmp_path / "absent") is None
+
+
+@pytest.mark.parametrize("device", ["", " ", "nowhere"])
+def test_a_bad_device_is_one_flowrec_line(device, tmp_path):
+    for args in (["eval", str(tmp_path / "run"), "--data", str(tmp_path / "data")], ["train", str(REPO / "specs" / "movielens.yaml")]):
+        r = runner.invoke(app, [*args, "--device", device])
+        assert r.exit_code == 2, r.output
+        assert r.stderr.strip().splitlines()[-1].startswith("error: --device must be auto, cpu or cuda[:N], not ")
+        assert "Device string" not in r.output and "Expected one of" not in r.output
