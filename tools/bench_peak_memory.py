@@ -22,10 +22,11 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-CASES = {  # name -> (spec file, experts, expert layers): None keeps the spec's
-    "din_taobao": ("din_taobao.yaml", None, None),
-    "dlrm_criteo": ("dlrm_criteo.yaml", None, None),
-    "mmoe_16x2048": ("mmoe_movielens.yaml", 16, [2048, 2048]),
+CASES = {  # name -> (spec file, experts, expert layers, batch size): None keeps the spec's
+    "din_taobao": ("din_taobao.yaml", None, None, None),
+    "dlrm_criteo": ("dlrm_criteo.yaml", None, None, None),
+    "mmoe_16x2048": ("mmoe_movielens.yaml", 16, [2048, 2048], None),
+    "dlrm_criteo_b65536": ("dlrm_criteo.yaml", None, None, 65536),  # activations a quarter of the need
 }
 
 CHILD = r"""
@@ -41,7 +42,11 @@ def rss(key):
     raise SystemExit(key + " not found")
 
 path, experts, layers, steps, rows = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+batch = json.loads(sys.argv[6])
 spec = load_spec(path)
+if batch is not None:
+    spec = replace(spec, training=replace(spec.training, batch_size=batch))
+    rows = max(rows, 2 * batch)
 if experts is not None:
     mods = tuple(replace(m, params=tuple((k, experts if k == "experts" else tuple(layers) if k == "expert_layers" else v)
                                            for k, v in m.params)) if m.kind == "moe" else m for m in spec.modules)
@@ -61,9 +66,9 @@ print(json.dumps({"estimate_bytes": need, "measured_bytes": rss("VmHWM") - base,
 """
 
 
-def measure(spec: str, experts, layers, steps: int, rows: int) -> dict:
+def measure(spec: str, experts, layers, batch, steps: int, rows: int) -> dict:
     out = subprocess.run([sys.executable, "-c", CHILD, str(REPO / "specs" / spec), json.dumps(experts),
-                          json.dumps(layers), str(steps), str(rows)], capture_output=True, text=True,
+                          json.dumps(layers), str(steps), str(rows), json.dumps(batch)], capture_output=True, text=True,
                          timeout=1200, env={**os.environ, "PYTHONPATH": str(REPO)}, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -75,8 +80,8 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     results = {}
-    for name, (spec, experts, layers) in CASES.items():
-        r = measure(spec, experts, layers, args.steps, args.rows)
+    for name, (spec, experts, layers, batch) in CASES.items():
+        r = measure(spec, experts, layers, batch, args.steps, args.rows)
         r["estimate_over_measured"] = round(r["estimate_bytes"] / r["measured_bytes"], 3)
         results[name] = r
         print(f"{name:14s} estimate {r['estimate_bytes'] / 2**20:9.1f} MiB  measured {r['measured_bytes'] / 2**20:9.1f} MiB"
