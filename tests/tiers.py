@@ -68,7 +68,7 @@ FILES: dict[str, frozenset[str]] = {
         "test_predict_criteo", "test_python_api", "test_run_guarantees", "test_run_hostile", "test_train",
         "test_train_loop", "test_train_plan", "test_train_compile", "test_vocab_spare", "test_output_hostile", "test_package_hostile",
         "test_custom_module", "test_heads_package", "test_regularize_package", "test_managed_runs", "test_follow",
-        "test_tower_package", "test_sequence_package", "test_runs_lifecycle", "test_retrieval_serving",
+        "test_tower_package", "test_sequence_package", "test_truncate_package", "test_runs_lifecycle", "test_retrieval_serving",
         "test_sasrec_train",
     )},
     **{f"tests/integration/{name}.py": frozenset({"fuzz"}) for name in (

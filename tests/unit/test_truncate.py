@@ -17,7 +17,7 @@ import pytest
 
 from flowrec.data.convert import convert
 from flowrec.data.encode import truncated_lists
-from flowrec.data.encoder_record import load_encoder, record_of_dataset
+from flowrec.data.encoder_record import load_encoder, read_record, record_of_dataset, write_record
 from flowrec.data.layout import DataError, check_spec, data_hash, read_meta
 from flowrec.spec import spec_from_dict
 from flowrec.spec.load import to_dict
@@ -90,6 +90,12 @@ def test_conversion_and_raw_row_scoring_keep_the_last_ids(tmp_path):
         present = [s for s in (text.split("^") if isinstance(text, str) else []) if s != ""]  # "": missing
         assert ids == [rows.get(s, 0) for s in present][-4:]
     assert any(len([s for s in str(t).split("^") if s]) > 4 for t in raw["clicks"])
+    record = record_of_dataset(tmp_path / "data")
+    assert record.features["clicks"]["truncate"] == "last"
+    write_record(record, tmp_path / "pkg_encoder")  # what a run and an export package keep
+    packaged = load_encoder(read_record(tmp_path / "pkg_encoder"), spec)
+    assert packaged.encode(pa.Table.from_pandas(raw, preserve_index=False), labels=False).column(
+        "clicks").to_pylist() == converted
     first = spec_from_dict(spec_doc("first"))
     with pytest.raises(DataError, match="data hash"):  # data of one rule never trains with the other
         check_spec(read_meta(tmp_path / "data"), first)
