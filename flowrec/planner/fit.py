@@ -80,6 +80,20 @@ def misfit(plan: Plan, limit_bytes: int, limit_name: str, host_is_device: bool =
             f"{format_bytes(limit_bytes)} of {limit_name} (largest: {shown})")
 
 
+def host_misfit(plan: Plan, limit_bytes: int, limit_name: str) -> str | None:
+    """The one line saying that the rows a device plan keeps on the host (host and cache
+    placements: their whole tables) need more than `limit_bytes` of host memory times
+    `FIT_MARGIN`; None when they fit."""
+    hosted = sorted(((g.name, g.bytes_per_rank) for g in plan.meta.groups
+                     if PLACEMENTS[g.placement].rows_on == "host"), key=lambda p: (-p[1], p[0]))
+    need = sum(b for _, b in hosted)
+    if need <= limit_bytes * FIT_MARGIN:
+        return None
+    shown = "; ".join(f"group {name}: {format_bytes(b)}" for name, b in hosted[:SHOWN])
+    return (f"plan {plan.spec_name} keeps about {format_bytes(need)} of embedding rows on the host, more than "
+            f"the {format_bytes(limit_bytes)} of {limit_name} (largest: {shown})")
+
+
 def _spread(total: int, items: list[tuple[str, int]]) -> list[tuple[str, int]]:
     """`items` scaled to sum to `total` (the cost model's figure), or one line when there are none."""
     weight = sum(b for _, b in items)

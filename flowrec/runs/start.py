@@ -20,7 +20,7 @@ from flowrec.data.cores import local_ranks
 from flowrec.data.hostmemory import available_memory_bytes
 from flowrec.data.layout import DataError
 from flowrec.graph.types import Plan
-from flowrec.planner.fit import misfit
+from flowrec.planner.fit import host_misfit, misfit
 from flowrec.runs.encoder import adopt_encoder
 from flowrec.runs.errors import EXIT_OUT_OF_MEMORY, RunError
 from flowrec.runs.settings import merge_settings
@@ -41,11 +41,15 @@ def memory_hint() -> str:
 def check_plan_fits(plan: Plan, device: torch.device, world: Any = None) -> None:
     """Refuse a plan whose estimated peak memory exceeds the memory of the device it would run on
     (`flowrec.planner.fit`, with its margin), before anything is built or written: on the CPU the
-    host memory available (shared by the ranks of this machine), on CUDA the device's free memory.
+    host memory available (shared by the ranks of this machine), on CUDA the device's free memory
+    and, for the rows the plan keeps on the host, the host memory available.
     A `RunError` (exit 2) naming the peak, the limit and the largest contributors."""
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         problem = misfit(plan, int(free), f"free memory on {device}")
+        available = available_memory_bytes()
+        if problem is None and available is not None:
+            problem = host_misfit(plan, available, "host memory available")
     else:
         available = available_memory_bytes()
         if available is None:

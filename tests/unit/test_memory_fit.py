@@ -145,3 +145,31 @@ def test_a_bad_device_is_one_flowrec_line(device, tmp_path):
         assert r.exit_code == 2, r.output
         assert r.stderr.strip().splitlines()[-1].startswith("error: --device must be auto, cpu or cuda[:N], not ")
         assert "Device string" not in r.output and "Expected one of" not in r.output
+
+
+def test_a_cuda_run_is_checked_against_the_device_free_memory(huge, repo, monkeypatch):
+    import torch
+
+    from flowrec.runs.start import check_plan_fits
+
+    plan = make_plan(load_spec(huge), target="h100")
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (70 * 2**30, 80 * 2**30))
+    with pytest.raises(RunError, match=r"more than the 70\.0 GiB of free memory on cuda \(largest: module experts"):
+        check_plan_fits(plan, torch.device("cuda"))
+    check_plan_fits(make_plan(load_spec(repo / "specs" / "dlrm_criteo.yaml"), target="h100"), torch.device("cuda"))
+
+
+def test_a_cuda_run_checks_the_rows_it_keeps_on_the_host(repo, monkeypatch):
+    import torch
+
+    import flowrec.runs.start as start
+
+    plan = make_plan(load_spec(repo / "specs" / "dlrm_criteo.yaml"), target="h100", device_budget="64MiB")
+    hosted = sum(g.bytes_per_rank for g in plan.meta.groups if g.placement != "device")
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (70 * 2**30, 80 * 2**30))
+    monkeypatch.setattr(start, "available_memory_bytes", lambda: hosted // 2)
+    with pytest.raises(RunError, match=r"keeps about 2\.\d GiB of embedding rows on the host, more than .* host memory "
+                                       r"available \(largest: group g0_d16"):
+        start.check_plan_fits(plan, torch.device("cuda"))
+    monkeypatch.setattr(start, "available_memory_bytes", lambda: hosted)
+    start.check_plan_fits(plan, torch.device("cuda"))
