@@ -101,10 +101,15 @@ def check_managed(view: DocView) -> list[SpecIssue]:
 
 
 def check_pooling(view: DocView) -> list[SpecIssue]:
-    """Pooling none is for sequence features only."""
+    """Pooling none is for sequence features only; truncate for lists only."""
     return [
         SpecIssue(f"{f.path}.pooling", "pooling 'none' is only for sequence features (type: sequence)")
         for f in view.items("features") if f.clean and f.body["type"] == "categorical" and f.unpooled
+    ] + [
+        SpecIssue(f"{f.path}.truncate", "truncate picks which ids of a list a feature keeps: only for lists "
+                                        "(max_len > 1 or type: sequence), not a one-id feature")
+        for f in view.items("features") if f.clean and f.body["type"] == "categorical" and "truncate" in f.body
+        and f.get("max_len", int, 1) == 1
     ]
 
 

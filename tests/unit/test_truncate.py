@@ -123,3 +123,11 @@ def test_a_short_history_feature_is_refused_unless_it_keeps_the_last_items(trunc
     doc["data"] = {"format": "movielens", "path": "ml", "options": {"sequence": {"max_len": 10}}}
     paths = [i.path for i in validate_document(doc)]
     assert paths == ([] if truncate == "last" else ["features[1].max_len"])
+
+
+def test_truncate_on_a_one_id_feature_is_refused():
+    doc = spec_doc()
+    doc["features"][0]["truncate"] = "last"
+    assert [i.path for i in validate_document(doc)] == ["features[0].truncate"]
+    doc["features"][0]["max_len"] = 3  # a multi-hot bag: a list
+    assert validate_document(doc) == []
