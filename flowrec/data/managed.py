@@ -34,7 +34,7 @@ Example:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -327,8 +327,142 @@ class ManagedMap:
         return {"rows": self.spec.rows, "held": held, "waiting": len(self.main) + len(self.recent) - held,
                 **{name: int(v) for name, v in zip(STATS, self.stats)}}
 
+    def state_keys(self) -> tuple[str, ...]:
+        """The keys of `state()`."""
+        return STATE_KEYS
+
     def copy(self) -> "ManagedMap":
         return ManagedMap(self.spec, self.buffer_ids).load(self.state())
 
 
 _EMPTY = np.zeros(0, np.int64)
+
+
+def shard_of(ids: np.ndarray, shards: int) -> np.ndarray:
+    """The virtual shard of each raw id: splitmix64's finalizer of the 64-bit id, modulo `shards`
+    (a stable mixing, so neighbouring raw ids spread over the shards).  # (N,) int64"""
+    if shards == 1:
+        return np.zeros(len(ids), np.int64)
+    x = np.asarray(ids, np.int64).view(np.uint64)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    x = x ^ (x >> np.uint64(31))
+    return (x % np.uint64(shards)).astype(np.int64)
+
+
+def shard_rows(rows: int, shards: int, shard: int) -> int:
+    """Rows of a table of `rows` that shard `shard` of `shards` manages: those with r % shards == shard."""
+    return (rows - shard + shards - 1) // shards
+
+
+def shard_spec(spec: ManagedSpec, shard: int) -> ManagedSpec:
+    """The settings of one shard's map: the table's, with the shard's share of the rows."""
+    return replace(spec, rows=shard_rows(spec.rows, spec.shards, shard), shards=1)
+
+
+class ShardedMap:
+    """The map of a managed table of `spec.shards` virtual shards (S > 1): S independent
+    `ManagedMap`s, shard s = `shard_of(id)` managing the table's rows r with r % S == s (its local
+    row l is the table's row l * S + s), each with its own contest, free rows and clock. Every
+    shard steps at every batch (with the batch's ids of that shard, maybe none), so their clocks
+    agree. The split depends on the spec only, never on the ranks that train it.
+
+    Args:
+        spec: the table's managed settings (rows: the whole table's).
+        buffer_ids: ids each shard's buffer holds before it is merged.
+    """
+
+    def __init__(self, spec: ManagedSpec, buffer_ids: int = BUFFER_IDS):
+        self.spec, self.buffer_ids = spec, buffer_ids
+        self.shards = [ManagedMap(shard_spec(spec, s), buffer_ids) for s in range(spec.shards)]
+
+    @property
+    def clock(self) -> int:
+        return self.shards[0].clock
+
+    def step(self, ids: np.ndarray) -> MapStep:
+        """Count, admit and remap one batch's raw ids, each in its shard (`ManagedMap.step`)."""
+        valid = ids != MISSING_ID
+        unique, inverse, counts = np.unique(ids[valid], return_inverse=True, return_counts=True)
+        resets, unique_rows = self.step_counts(unique, counts)
+        rows = np.full(len(ids), NO_ROW, np.int64)
+        rows[valid] = unique_rows[inverse.reshape(-1)]
+        return MapStep(rows, resets, unique, counts)
+
+    def step_counts(self, unique: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """One step of every shard on the batch's sorted distinct ids of it (`ManagedMap.step_counts`).
+
+        Returns:
+            (the table's rows freed by the shards' eviction passes, sorted; the row of each id).
+        """
+        which = shard_of(unique, len(self.shards))
+        rows = np.full(len(unique), NO_ROW, np.int64)
+        freed = []
+        for s, m in enumerate(self.shards):
+            sel = np.flatnonzero(which == s)
+            resets, got = m.step_counts(unique[sel], counts[sel])
+            rows[sel] = self.to_table(got, s)
+            freed.append(self.to_table(resets, s))
+        return np.sort(np.concatenate(freed)), rows
+
+    def to_table(self, local: np.ndarray, shard: int) -> np.ndarray:
+        """A shard's local rows as the table's rows (NO_ROW kept)."""
+        return np.where(local == NO_ROW, NO_ROW, local * len(self.shards) + shard)
+
+    def lookup(self, ids: np.ndarray) -> np.ndarray:
+        """Rows of raw ids without counting them: NO_ROW for unknown ids."""
+        which = shard_of(ids, len(self.shards))
+        out = np.full(len(ids), NO_ROW, np.int64)
+        for s, m in enumerate(self.shards):
+            sel = np.flatnonzero(which == s)
+            out[sel] = self.to_table(m.lookup(ids[sel]), s)
+        return out
+
+    @property
+    def occupied(self) -> int:
+        return sum(m.occupied for m in self.shards)
+
+    def entries(self) -> Entries:
+        """Every id of every shard, with the table's rows, as one sorted set of entries (copies)."""
+        parts = [m.entries() for m in self.shards]
+        keys = np.concatenate([e.keys for e in parts])
+        order = np.argsort(keys, kind="stable")
+        return Entries(keys[order], np.concatenate([self.to_table(e.row, s) for s, e in enumerate(parts)])[order],
+                       np.concatenate([e.count for e in parts])[order], np.concatenate([e.last for e in parts])[order])
+
+    def state(self) -> dict[str, np.ndarray]:
+        """Every shard's arrays (`ManagedMap.state`, local rows) under ``shard<s>.<key>``."""
+        return {f"shard{s}.{k}": v for s, m in enumerate(self.shards) for k, v in m.state().items()}
+
+    def state_keys(self) -> list[str]:
+        return [f"shard{s}.{k}" for s in range(len(self.shards)) for k in STATE_KEYS]
+
+    def load(self, state: dict[str, np.ndarray]) -> "ShardedMap":
+        """Restore `state()`; returns self.
+
+        Raises:
+            ValueError: a shard's arrays do not fit it, or the shards' clocks differ.
+        """
+        for s, m in enumerate(self.shards):
+            try:
+                m.load({k: state[f"shard{s}.{k}"] for k in STATE_KEYS})
+            except ValueError as exc:
+                raise ValueError(f"shard {s} of {len(self.shards)}: {exc}") from None
+        if len({m.clock for m in self.shards}) > 1:
+            raise ValueError(f"the clocks of the {len(self.shards)} shards differ")
+        return self
+
+    def report(self) -> dict[str, int]:
+        """The shards' `ManagedMap.report` summed (the table's totals) and their number."""
+        parts = [m.report() for m in self.shards]
+        return {**{k: sum(p[k] for p in parts) for k in parts[0]}, "shards": len(self.shards)}
+
+    def copy(self) -> "ShardedMap":
+        out = ShardedMap(self.spec, self.buffer_ids)
+        out.shards = [m.copy() for m in self.shards]
+        return out
+
+
+def new_map(spec: ManagedSpec, buffer_ids: int = BUFFER_IDS) -> "ManagedMap | ShardedMap":
+    """The map of a managed table: one `ManagedMap` (one shard), or a `ShardedMap` of `spec.shards`."""
+    return ManagedMap(spec, buffer_ids) if spec.shards == 1 else ShardedMap(spec, buffer_ids)

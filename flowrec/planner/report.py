@@ -43,7 +43,8 @@ def managed_report(spec: ModelSpec, trained: dict[str, Any] | None = None) -> li
             continue
         rules = f"admit at {m.admit_min_count}, {m.evict}" + (f" (decay {m.decay:g})" if m.evict == "decayed_lfu" else "")
         rules += f" every {m.every_steps:,} steps" + (f", ttl {m.ttl_steps:,} steps" if m.ttl_steps else "")
-        out.append(f"managed table {t.name}: {m.rows:,} rows, priced at capacity; {rules}")
+        shards = f" in {m.shards:,} shards" if m.shards > 1 else ""
+        out.append(f"managed table {t.name}: {m.rows:,} rows{shards}, priced at capacity; {rules}")
         if t.name in tables:
             out.append(f"  trained: {table_line(tables[t.name])}")
     return out
@@ -61,6 +62,8 @@ def table_line(r: dict[str, Any]) -> str:
     line = (f"{r['held']:,}/{r['rows']:,} rows held ({100 * r['held'] / max(r['rows'], 1):.1f}%), "
             f"{r['waiting']:,} ids waiting, {r['admitted']:,} admitted, {r['evicted']:,} evicted, "
             f"{r['expired']:,} expired")
+    if isinstance(r.get("shards"), int) and r["shards"] > 1:
+        line += f" (totals of {r['shards']:,} shards)"
     if r.get("lookups"):
         line += (f"; {r['default_lookups']:,} of {r['lookups']:,} trained lookups "
                  f"({100 * r['default_lookups'] / r['lookups']:.1f}%) read the default row")

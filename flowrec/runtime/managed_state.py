@@ -2,7 +2,8 @@
 
 `ManagedState` is the `managed` submodule of a lowered model: the maps as of the last trained
 step (the data stage runs ahead on its own copies, `flowrec.data.managed_stage`). Its state dict
-holds each map's arrays under ``managed.<table>.<keys|row|count|last|free|clock|stats>``, next to the
+holds each map's arrays under ``managed.<table>.<keys|row|count|last|free|clock|stats>`` (a map of
+S > 1 virtual shards: ``managed.<table>.shard<s>.<key>`` for every shard), next to the
 tables' rows and optimizer state in the same model state, so every checkpoint (full or delta:
 a delta carries the whole model state but the packed tables) and every load restores rows,
 optimizer state and the map together. The trainer calls `before_step` (reset the rows an
@@ -25,7 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from flowrec.data.managed import STATE_KEYS, ManagedMap
+from flowrec.data.managed import new_map
 from flowrec.data.managed_stage import ManagedBatch, Remapper
 from flowrec.graph.types import PackedGroup
 from flowrec.spec.model import ModelSpec
@@ -46,7 +47,7 @@ class ManagedState(nn.Module):
     def __init__(self, spec: ModelSpec, groups: tuple[PackedGroup, ...], seed: int = 0):
         super().__init__()
         self.spec, self.groups, self.seed = spec, groups, seed
-        self.maps = {t.name: ManagedMap(t.managed) for t in spec.tables if t.managed is not None}
+        self.maps = {t.name: new_map(t.managed) for t in spec.tables if t.managed is not None}
         self.slots = {t.table: (g.name, t.row_offset, t.rows) for g in groups for t in g.tables}
         self.lookups = [0, 0]  # managed lookups trained by this process, and those that read the default
         self.table_lookups = {t: [0, 0] for t in self.maps}  # the same per table
@@ -152,7 +153,7 @@ class ManagedState(nn.Module):
                               missing_keys: list, unexpected_keys: list, error_msgs: list) -> None:
         self.sync()
         for table, m in self.maps.items():
-            keys = {k: f"{prefix}{table}.{k}" for k in STATE_KEYS}
+            keys = {k: f"{prefix}{table}.{k}" for k in m.state_keys()}
             absent = [full for full in keys.values() if full not in state_dict]
             if absent:
                 missing_keys.extend(absent)
@@ -161,7 +162,7 @@ class ManagedState(nn.Module):
                 m.load({k: state_dict[full].cpu().numpy() for k, full in keys.items()})
             except ValueError as exc:
                 error_msgs.append(f"managed table {table}: {exc}")
-        known = {f"{prefix}{t}.{k}" for t in self.maps for k in STATE_KEYS}
+        known = {f"{prefix}{t}.{k}" for t, m in self.maps.items() for k in m.state_keys()}
         if strict:
             unexpected_keys.extend(k for k in state_dict if k.startswith(prefix) and k not in known)
 
