@@ -367,18 +367,24 @@ class ShardedMap:
     shard steps at every batch (with the batch's ids of that shard, maybe none), so their clocks
     agree. The split depends on the spec only, never on the ranks that train it.
 
+    A rank of a distributed run holds only the shards it owns (`owned`; `owner_shards`): the
+    others are None, their ids get NO_ROW here, and the map's clock still moves at every step.
+
     Args:
         spec: the table's managed settings (rows: the whole table's).
         buffer_ids: ids each shard's buffer holds before it is merged.
+        owned: the shards this map holds (None: all).
     """
 
-    def __init__(self, spec: ManagedSpec, buffer_ids: int = BUFFER_IDS):
+    def __init__(self, spec: ManagedSpec, buffer_ids: int = BUFFER_IDS, owned: tuple[int, ...] | None = None):
         self.spec, self.buffer_ids = spec, buffer_ids
-        self.shards = [ManagedMap(shard_spec(spec, s), buffer_ids) for s in range(spec.shards)]
+        self.owned = tuple(range(spec.shards)) if owned is None else tuple(sorted(owned))
+        self.shards: list[ManagedMap | None] = [
+            ManagedMap(shard_spec(spec, s), buffer_ids) if s in self.owned else None for s in range(spec.shards)]
+        self.clock = 0  # steps taken (every held shard's clock)
 
-    @property
-    def clock(self) -> int:
-        return self.shards[0].clock
+    def _held(self):
+        return ((s, self.shards[s]) for s in self.owned)
 
     def step(self, ids: np.ndarray) -> MapStep:
         """Count, admit and remap one batch's raw ids, each in its shard (`ManagedMap.step`)."""
@@ -390,19 +396,21 @@ class ShardedMap:
         return MapStep(rows, resets, unique, counts)
 
     def step_counts(self, unique: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """One step of every shard on the batch's sorted distinct ids of it (`ManagedMap.step_counts`).
+        """One step of every held shard on the batch's sorted distinct ids of it
+        (`ManagedMap.step_counts`; ids of shards not held get NO_ROW).
 
         Returns:
             (the table's rows freed by the shards' eviction passes, sorted; the row of each id).
         """
         which = shard_of(unique, len(self.shards))
         rows = np.full(len(unique), NO_ROW, np.int64)
-        freed = []
-        for s, m in enumerate(self.shards):
+        freed = [_EMPTY]
+        for s, m in self._held():
             sel = np.flatnonzero(which == s)
             resets, got = m.step_counts(unique[sel], counts[sel])
             rows[sel] = self.to_table(got, s)
             freed.append(self.to_table(resets, s))
+        self.clock += 1
         return np.sort(np.concatenate(freed)), rows
 
     def to_table(self, local: np.ndarray, shard: int) -> np.ndarray:
@@ -410,57 +418,73 @@ class ShardedMap:
         return np.where(local == NO_ROW, NO_ROW, local * len(self.shards) + shard)
 
     def lookup(self, ids: np.ndarray) -> np.ndarray:
-        """Rows of raw ids without counting them: NO_ROW for unknown ids."""
+        """Rows of raw ids without counting them: NO_ROW for unknown ids (and ids of shards not held)."""
         which = shard_of(ids, len(self.shards))
         out = np.full(len(ids), NO_ROW, np.int64)
-        for s, m in enumerate(self.shards):
+        for s, m in self._held():
             sel = np.flatnonzero(which == s)
             out[sel] = self.to_table(m.lookup(ids[sel]), s)
         return out
 
     @property
     def occupied(self) -> int:
-        return sum(m.occupied for m in self.shards)
+        return sum(m.occupied for _, m in self._held())
 
     def entries(self) -> Entries:
-        """Every id of every shard, with the table's rows, as one sorted set of entries (copies)."""
-        parts = [m.entries() for m in self.shards]
-        keys = np.concatenate([e.keys for e in parts])
+        """Every id of every held shard, with the table's rows, as one sorted set of entries (copies)."""
+        parts = [(s, m.entries()) for s, m in self._held()]
+        if not parts:
+            return Entries()
+        keys = np.concatenate([e.keys for _, e in parts])
         order = np.argsort(keys, kind="stable")
-        return Entries(keys[order], np.concatenate([self.to_table(e.row, s) for s, e in enumerate(parts)])[order],
-                       np.concatenate([e.count for e in parts])[order], np.concatenate([e.last for e in parts])[order])
+        return Entries(keys[order], np.concatenate([self.to_table(e.row, s) for s, e in parts])[order],
+                       np.concatenate([e.count for _, e in parts])[order],
+                       np.concatenate([e.last for _, e in parts])[order])
 
     def state(self) -> dict[str, np.ndarray]:
-        """Every shard's arrays (`ManagedMap.state`, local rows) under ``shard<s>.<key>``."""
-        return {f"shard{s}.{k}": v for s, m in enumerate(self.shards) for k, v in m.state().items()}
+        """Every held shard's arrays (`ManagedMap.state`, local rows) under ``shard<s>.<key>``."""
+        return {f"shard{s}.{k}": v for s, m in self._held() for k, v in m.state().items()}
 
-    def state_keys(self) -> list[str]:
-        return [f"shard{s}.{k}" for s in range(len(self.shards)) for k in STATE_KEYS]
+    def state_keys(self, every: bool = False) -> list[str]:
+        """The keys of `state()` (`every`: of all S shards, held or not)."""
+        shards = range(len(self.shards)) if every else self.owned
+        return [f"shard{s}.{k}" for s in shards for k in STATE_KEYS]
 
     def load(self, state: dict[str, np.ndarray]) -> "ShardedMap":
-        """Restore `state()`; returns self.
+        """Restore the held shards from `state()` of any holder of them (keys of other shards are
+        ignored); returns self.
 
         Raises:
             ValueError: a shard's arrays do not fit it, or the shards' clocks differ.
         """
-        for s, m in enumerate(self.shards):
+        for s, m in self._held():
             try:
                 m.load({k: state[f"shard{s}.{k}"] for k in STATE_KEYS})
             except ValueError as exc:
                 raise ValueError(f"shard {s} of {len(self.shards)}: {exc}") from None
-        if len({m.clock for m in self.shards}) > 1:
-            raise ValueError(f"the clocks of the {len(self.shards)} shards differ")
+        clocks = {int(np.asarray(v).reshape(-1)[0]) for k, v in state.items() if k.endswith(".clock")}
+        if len(clocks) != 1:
+            raise ValueError(f"the clocks of the {len(self.shards)} shards differ" if clocks else "no shard's clock")
+        self.clock = clocks.pop()
         return self
 
     def report(self) -> dict[str, int]:
-        """The shards' `ManagedMap.report` summed (the table's totals) and their number."""
-        parts = [m.report() for m in self.shards]
-        return {**{k: sum(p[k] for p in parts) for k in parts[0]}, "shards": len(self.shards)}
+        """The held shards' `ManagedMap.report` summed (the table's totals when all are held) and S."""
+        parts = [m.report() for _, m in self._held()]
+        keys = ("rows", "held", "waiting", *STATS)
+        return {**{k: sum(p[k] for p in parts) for k in keys}, "shards": len(self.shards)}
 
     def copy(self) -> "ShardedMap":
-        out = ShardedMap(self.spec, self.buffer_ids)
-        out.shards = [m.copy() for m in self.shards]
+        out = ShardedMap(self.spec, self.buffer_ids, self.owned)
+        out.shards = [None if m is None else m.copy() for m in self.shards]
+        out.clock = self.clock
         return out
+
+
+def owner_shards(shards: int, world_size: int, rank: int) -> tuple[int, ...]:
+    """The virtual shards rank `rank` of `world_size` owns: s % world_size == rank (none when
+    rank >= shards)."""
+    return tuple(range(rank, shards, world_size))
 
 
 def new_map(spec: ManagedSpec, buffer_ids: int = BUFFER_IDS) -> "ManagedMap | ShardedMap":

@@ -67,7 +67,17 @@ def whole_state_like(model: Any) -> dict[str, torch.Tensor]:
         module = _sharded(model, key)
         out[key] = value if module is None else torch.empty(
             (module.group.rows, *value.shape[1:]), dtype=value.dtype, device="meta")
+    managed = getattr(model, "managed", None)
+    if managed is not None:  # an owner rank holds some shards of a map; the checkpoint holds all
+        out.update({k: v for k, v in managed.whole_like().items() if k not in out})
     return out
+
+
+def managed_state_of_all_ranks(model: Any) -> dict[str, torch.Tensor]:
+    """Every shard's map arrays when the managed maps live on owner ranks (a collective: every
+    rank calls it at the same checkpoint; rank 0 writes them into checkpoint.pt); {} otherwise."""
+    managed = getattr(model, "managed", None)
+    return managed.gathered_state() if managed is not None else {}
 
 
 def load_whole_state(model: Any, state: dict[str, Any]) -> None:

@@ -35,7 +35,8 @@ from flowrec.runtime.checkpoint.store import save_checkpoint
 from flowrec.runtime.checkpoint.delta import DELTA_FORMAT, RANKS_DELTA_VERSION, delta_path, remove_deltas
 from flowrec.runtime.checkpoint.format import CheckpointError
 from flowrec.runtime.checkpoint.shards import manifest, remove_stale_shards, write_shard
-from flowrec.runtime.checkpoint.layout import common_state, rank_delta_shards, rank_shards, replicated_embeddings
+from flowrec.runtime.checkpoint.layout import (common_state, managed_state_of_all_ranks, rank_delta_shards, rank_shards,
+                                               replicated_embeddings)
 from flowrec.runtime.checkpoint.incremental import EMBEDDINGS_PREFIX, DirtyRows, delta_tables
 from flowrec.runtime.nonfinite import TrainingStopped, first_non_finite
 
@@ -113,7 +114,7 @@ class RankCheckpointer:
 
     def _save_full(self, state_of: StateOf, folder: Path, step: int) -> str | None:
         """Every rank its shard, then rank 0 checkpoint.pt naming them; returns its digest (rank 0)."""
-        common, shards = common_state(self.model), rank_shards(self.model)
+        common, shards = {**common_state(self.model), **managed_state_of_all_ranks(self.model)}, rank_shards(self.model)
         self._agree_finite(common, shards, step)
         folder.mkdir(parents=True, exist_ok=True)
         files = self._write_shards(lambda: write_shard(folder, step, self.world.rank, self.world.size,
@@ -132,7 +133,7 @@ class RankCheckpointer:
     def _save_delta(self, state_of: StateOf, folder: Path, step: int) -> None:
         """Every rank the touched rows it owns, then rank 0 the delta manifest naming them."""
         rows = self._all_touched_rows()
-        common = common_state(self.model)
+        common = {**common_state(self.model), **managed_state_of_all_ranks(self.model)}
         replicated = replicated_embeddings(self.model)
         tables = delta_tables(replicated, rows) if self.world.lead else {}
         table_keys = {f"{EMBEDDINGS_PREFIX}{name}.{part}" for name in replicated for part in ("weight", "state")}
