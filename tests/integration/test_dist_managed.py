@@ -1,6 +1,8 @@
-"""Managed tables under `flowrec train --nproc 2` (gloo): every rank steps its replica of the maps
-on the global batch's ids and resets the evicted rows it owns; two ranks train the parameters and
-the maps one process trains, and a two-rank checkpoint resumes on one process."""
+"""Managed tables under `flowrec train --nproc 2` (gloo). One shard: every rank steps its replica
+of the maps on the global batch's ids and resets the evicted rows it owns. Four virtual shards:
+each rank owns two and remaps their ids (`flowrec.runtime.managed_owner`). Either way two ranks
+train the parameters and the maps one process trains (with the lookahead cache too), and a
+two-rank checkpoint (with deltas) resumes on one process and a one-process one on two ranks."""
 from __future__ import annotations
 
 import copy
@@ -119,6 +121,13 @@ def test_owner_ranks_train_the_shards_and_rows_one_process_trains(owners: Path):
     for key in ("held", "waiting", "admitted", "evicted", "expired", "shards", "lookups", "default_lookups"):
         assert end["managed"]["tables"]["users"][key] == one_end["managed"]["tables"]["users"][key], key
     assert two.returncode == 0
+    # distributed groups take no cache placement; one process under the lookahead cache equals them too
+    train(owners, "o1_la", 1, "--cache", "lookahead", "--device-budget", "24KiB")
+    plan = json.loads((owners / "o1_la" / "plan.json").read_text())
+    assert {g["placement"] for g in plan["groups"]} == {"lookahead"}
+    assert_same_model(owners / "o1_la", owners / "o2")
+    cached = _maps(owners / "o1_la")
+    assert all(torch.equal(cached[k], two_maps[k]) for k in two_maps)
 
 
 def test_owner_rank_checkpoints_regroup_whole_shards_at_another_world_size(owners: Path):
