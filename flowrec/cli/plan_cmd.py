@@ -80,7 +80,7 @@ def plan(
     if png is not None:
         write_output(png, lambda tmp: to_png(result, tmp))
     if "-" not in (json_out, dot) and not quiet:
-        typer.echo("\n".join(text_report(result) + managed_report(model, trained)))
+        typer.echo("\n".join(text_report(result) + managed_report(model, trained, result.meta.world_size)))
 
 
 MANAGED_COUNTS = ("rows", "held", "waiting", "admitted", "evicted", "expired")  # every table of a report

@@ -232,3 +232,15 @@ def test_plan_shows_managed_tables_at_capacity(spec: Path):
     assert "managed table users: 200 rows, priced at capacity; admit at 2, lfu every 4 steps, ttl 30 steps" \
         in shown.output
     assert "3,200" in shown.output  # the packed group's rows: 200 managed + 3,000 hashed
+
+
+def test_plan_shows_the_owner_ranks_of_virtual_shards(sharded: Path, spec: Path):
+    shown = runner.invoke(app, ["plan", str(sharded), "--world-size", "2"])
+    assert shown.exit_code == 0, shown.output
+    assert "managed table users: 200 rows in 3 shards, priced at capacity" in shown.output
+    assert "under 2 ranks: rank w owns the shards s % 2 == w (2, 1 shards) and remaps their ids" in shown.output
+    shown = runner.invoke(app, ["plan", str(sharded), "--world-size", "5"])
+    assert shown.exit_code == 0, shown.output
+    assert "(1, 1, 1, 0, 0 shards) and remaps their ids; ranks 3 to 4 own none of its shards" in shown.output
+    replicas = runner.invoke(app, ["plan", str(spec), "--world-size", "2"])
+    assert replicas.exit_code == 0 and "under 2 ranks" not in replicas.output  # one shard: replicas, as before

@@ -91,3 +91,43 @@ def test_sharded_state_round_trip_continues_identically():
         ShardedMap(spec).load(bad)
     with pytest.raises(ValueError, match="shard 0 of 3"):
         ShardedMap(replace(spec, rows=spec.rows + 30)).load(state)
+
+
+@pytest.mark.parametrize("world", [2, 3, 5])
+def test_owned_shards_together_equal_the_whole_map(world):
+    """Maps of the shards each of `world` ranks owns (s % world == rank; with 4 shards and 5 ranks
+    rank 4 owns none), each stepped on its shards' ids, give the whole map's rows and resets;
+    their states together load into the whole map, and any of them loads from the whole map's."""
+    from flowrec.data.managed import owner_shards
+
+    spec = replace(SPECS[3], rows=37, shards=4)
+    rng = np.random.default_rng()
+    whole = ShardedMap(spec, buffer_ids=9)
+    parts = [ShardedMap(spec, buffer_ids=9, owned=owner_shards(4, world, w)) for w in range(world)]
+    assert sorted(s for p in parts for s in p.owned) == [0, 1, 2, 3]
+    for ids in zipf_stream(rng, steps=40, batch=60, distinct=300):
+        valid = ids[ids != MISSING_ID]
+        unique, counts = np.unique(valid, return_counts=True)
+        freed, rows = whole.step_counts(unique, counts)
+        owner = shard_of(unique, 4) % world
+        got_rows = np.full(len(unique), -7, np.int64)
+        got_freed = []
+        for w, p in enumerate(parts):
+            mine = owner == w
+            f, r = p.step_counts(unique[mine], counts[mine])
+            got_rows[mine] = r
+            got_freed.append(f)
+        assert got_rows.tolist() == rows.tolist()
+        assert np.sort(np.concatenate(got_freed)).tolist() == freed.tolist()
+    assert {p.clock for p in parts} == {whole.clock} == {40}
+    merged = {k: v for p in parts for k, v in p.state().items()}
+    assert sorted(merged) == sorted(whole.state_keys())
+    again = ShardedMap(spec).load(merged)
+    assert again.entries().keys.tolist() == whole.entries().keys.tolist()
+    assert again.entries().row.tolist() == whole.entries().row.tolist()
+    for w in range(world):
+        part = ShardedMap(spec, owned=owner_shards(4, world, w)).load(whole.state())
+        assert part.clock == 40 and part.state_keys() == parts[w].state_keys()
+        assert all(np.array_equal(part.state()[k], parts[w].state()[k]) for k in part.state_keys())
+    report = {k: sum(p.report()[k] for p in parts) for k in ("held", "admitted", "evicted", "expired")}
+    assert report == {k: whole.report()[k] for k in report}
