@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from flowrec.data.managed import STATE_KEYS, ShardedMap, new_map, owner_shards
+from flowrec.data.managed import ShardedMap, new_map, owner_shards
 from flowrec.data.managed_stage import ManagedBatch, Remapper
 from flowrec.graph.types import PackedGroup
 from flowrec.spec.model import ModelSpec

@@ -9,7 +9,6 @@ import pytest
 
 from flowrec.data.managed import NO_ROW, ManagedMap, ShardedMap, new_map, shard_of, shard_rows
 from flowrec.data.raw_ids import MISSING_ID
-from flowrec.spec.model import ManagedSpec
 from flowrec.testing.managed_ref import ShardedDictMap, dict_shard
 from test_managed_map import SPECS, zipf_stream
 
