@@ -162,16 +162,15 @@ class ManagedState(nn.Module):
         return {f"{MANAGED_PREFIX}{t}.{k}": torch.zeros(0, dtype=torch.float64 if k.endswith("count") else torch.int64)
                 for t, m in self.maps.items() for k in self._all_keys(m)}
 
-    def gathered_state(self) -> dict[str, torch.Tensor]:
-        """Every shard's arrays from its owner rank (a collective: every rank calls it at the same
-        checkpoint), as `managed.<table>.shard<s>.<key>`; {} unless the maps live on owner ranks."""
+    def owned_state(self) -> dict[str, torch.Tensor]:
+        """The arrays of the virtual shards this rank owns, as `managed.<table>.shard<s>.<key>`,
+        when the maps live on owner ranks (each rank writes them into its checkpoint shard); {}
+        otherwise."""
         if not self.owners:
             return {}
         self.sync()
-        every: list[Any] = [None] * self.world.size
-        dist.all_gather_object(every, {t: m.state() for t, m in self.maps.items()})
-        return {f"{MANAGED_PREFIX}{t}.{k}": torch.from_numpy(v) for part in every for t, state in part.items()
-                for k, v in state.items()}
+        return {f"{MANAGED_PREFIX}{t}.{k}": torch.from_numpy(v) for t, m in self.maps.items()
+                for k, v in m.state().items()}
 
     def _tables(self, group: str) -> list[str]:
         return [t for t, (g, _, _) in self.slots.items() if g == group and t in self.maps]

@@ -13,6 +13,7 @@ import pytest
 import torch
 import yaml
 
+from flowrec.runtime.checkpoint.format import read_torch_file
 from flowrec.runtime.checkpoint.store import load_checkpoint
 from flowrec.testing.ranks import assert_same_model, run_flowrec
 
@@ -121,6 +122,11 @@ def test_owner_ranks_train_the_shards_and_rows_one_process_trains(owners: Path):
     for key in ("held", "waiting", "admitted", "evicted", "expired", "shards", "lookups", "default_lookups"):
         assert end["managed"]["tables"]["users"][key] == one_end["managed"]["tables"]["users"][key], key
     assert two.returncode == 0
+    raw = read_torch_file(owners / "o2" / "checkpoint.pt", "cpu")  # each rank wrote its own shards' maps
+    assert not any(k.startswith("managed.") for k in raw["model"])
+    for rank, name in enumerate(raw["shards"]["files"]):
+        doc = read_torch_file(owners / "o2" / "checkpoint.shards" / name, "cpu")
+        assert sorted({k.split(".")[2] for k in doc["managed"]}) == [f"shard{rank}", f"shard{rank + 2}"]
     # distributed groups take no cache placement; one process under the lookahead cache equals them too
     train(owners, "o1_la", 1, "--cache", "lookahead", "--device-budget", "24KiB")
     plan = json.loads((owners / "o1_la" / "plan.json").read_text())
