@@ -314,7 +314,7 @@ class ManagedMap:
         free = np.asarray(state["free"], np.int64)
         held = row[row != NO_ROW]
         if not (len(keys) == len(row) == len(count) == len(last)) or len(held) + len(free) != self.spec.rows \
-                or (len(keys) > 1 and bool((np.diff(keys) <= 0).any())):
+                or (len(keys) > 1 and bool((keys[1:] <= keys[:-1]).any())):
             raise ValueError(f"a managed map of {len(keys)} ids does not fit a table of {self.spec.rows} rows")
         self.main, self.recent, self.free = Entries(keys, row, count, last), Entries(), free
         self.clock = int(np.asarray(state["clock"]).reshape(-1)[0])
