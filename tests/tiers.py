@@ -38,7 +38,7 @@ FILES: dict[str, frozenset[str]] = {
         "test_spec_roundtrip", "test_spec_training", "test_spec_validate", "test_spec_yaml_scan",
         "test_table_snapshot", "test_checkpoint_stream", "test_cores", "test_train_loop_parts", "test_vocab_growth", "test_output_guard",
         "test_custom", "test_heads", "test_mlp_regularize", "test_moe", "test_packed_mlp_lowering", "test_table_l2",
-        "test_managed_spec", "test_managed_map", "test_days", "test_self_attention", "test_similarity",
+        "test_managed_spec", "test_managed_map", "test_managed_shards", "test_days", "test_self_attention", "test_similarity",
         "test_retrieval", "test_calibrate_collective", "test_targets", "test_compiled_fallback",
         "test_dense_optimizer_fused", "test_source_mlp", "test_next_item_data", "test_truncate", "test_memory_fit",
     )},
@@ -60,6 +60,7 @@ FILES: dict[str, frozenset[str]] = {
     **{f"tests/integration/{name}.py": frozenset({"processes"}) for name in (
         "test_bench_dist_smoke", "test_bench_train_smoke", "test_data_bench", "test_dist_embedding",
         "test_dist_incremental", "test_dist_specs", "test_dist_train", "test_sigkill_resume",
+        "test_dist_managed_owner",
         "test_nproc_signals", "test_dist_managed",
     )},
     **{f"tests/integration/{name}.py": frozenset({"e2e"}) for name in (

@@ -9,10 +9,13 @@ training thread), the replay of the map step and the reset of evicted rows on th
 thread (`before_step` + `after_step`), and `train_step` of each arm. The remap is also timed in
 CPU seconds of its thread, which a loaded machine inflates less than the wall clock. With `--prefill N` every
 map first takes N synthetic batches (not timed), so the maps are measured as full as a long
-run leaves them. Writes JSON (medians over the timed batches).
+run leaves them. With `--shards S` (S > 1) a third arm stages the same batches through maps of S
+virtual shards per table (`managed.shards`, at most a table's rows), prefilled alike, and its
+remap is timed beside the one-shard remap (data stage only: it trains nothing). Writes JSON
+(medians over the timed batches).
 
 Usage:
-    python tools/bench_managed_remap.py --json bench/results/managed_remap_cpu.json [--steps 12] [--prefill 40]
+    python tools/bench_managed_remap.py --json bench/results/managed_remap_cpu.json [--steps 12] [--prefill 40] [--shards 8]
 """
 from __future__ import annotations
 
@@ -57,8 +60,9 @@ class TimedRemapper(Remapper):
         return out
 
 
-def managed_spec(spec, every_steps: int):
-    tables = tuple(replace(t, hashed=False, managed=ManagedSpec(rows=t.rows, every_steps=every_steps))
+def managed_spec(spec, every_steps: int, shards: int = 1):
+    tables = tuple(replace(t, hashed=False, managed=ManagedSpec(rows=t.rows, every_steps=every_steps,
+                                                               shards=min(shards, t.rows)))
                    for t in spec.tables)
     return replace(spec, name=spec.name + "_managed", tables=tables)
 
@@ -85,7 +89,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12, help="timed steps (after 2 warm-up steps)")
     parser.add_argument("--prefill", type=int, default=40, help="batches each map takes before the timed ones")
     parser.add_argument("--every-steps", type=int, default=1000)
+    parser.add_argument("--shards", type=int, default=1, help="also time the remap through maps of this many "
+                                                                "virtual shards per table (data stage only)")
     args = parser.parse_args()
+    if args.shards < 1:
+        parser.error("--shards must be >= 1")
     torch.set_num_threads(max(1, torch.get_num_threads()))
     hashed = load_spec(REPO / "specs" / "dlrm_criteo.yaml")
     managed = managed_spec(hashed, args.every_steps)
@@ -103,6 +111,16 @@ def main() -> None:
     remap = TimedRemapper(managed, plan.meta.groups, {t: m.copy() for t, m in state.maps.items()}, train=True)
     remap.seconds, remap.cpu_seconds = [], []
     batches = {"hashed": staged(hashed, plan, rows, 0, None), "managed": staged(managed, plan, rows, 0, remap)}
+    sharded = None
+    if args.shards > 1:
+        sharded_spec = managed_spec(hashed, args.every_steps, args.shards)
+        sharded_state = ManagedState(sharded_spec, plan.meta.groups)
+        prefill(sharded_state, sharded_spec, plan, args.prefill, args.every_steps)
+        sharded = TimedRemapper(sharded_spec, plan.meta.groups,
+                                {t: m.copy() for t, m in sharded_state.maps.items()}, train=True)
+        sharded.seconds, sharded.cpu_seconds = [], []
+        staged(sharded_spec, plan, rows, 0, sharded)
+        del sharded_state
     for k in range(args.steps + 2):
         for name, arm in arms.items():
             batch, model = batches[name][k], arm["model"]
@@ -135,6 +153,10 @@ def main() -> None:
         "remap_share_of_step": round(remap_s / step_h, 4),
         "training_thread_share_of_step": round(replay_s / step_h, 4),
     }
+    if sharded is not None:
+        result.update({"shards": args.shards, "remap_s_data_stage_sharded": round(med(sharded.seconds[2:]), 4),
+                       "remap_thread_cpu_s_data_stage_sharded": round(med(sharded.cpu_seconds[2:]), 4),
+                       "ids_in_maps_sharded": int(sum(len(m.entries()) for m in sharded.maps.values()))})
     print(json.dumps(result, indent=2))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2) + "\n")

@@ -83,7 +83,7 @@ def plan(
         write_output(png, lambda tmp: to_png(result, tmp))
     if "-" not in (json_out, dot) and not quiet:
         report = text_report(result)
-        typer.echo("\n".join(report[:1] + ([warning] if warning else []) + report[1:] + managed_report(model, trained)))
+        typer.echo("\n".join(report[:1] + ([warning] if warning else []) + report[1:] + managed_report(model, trained, result.meta.world_size)))
     elif warning:
         typer.echo(warning, err=True)
 

@@ -319,9 +319,9 @@ class BatchIterator:
 
     def _read_slice(self, size: int) -> tuple[int, int]:
         """Samples of a global batch this rank reads: its slice, or with managed tables on several
-        ranks the whole batch (every rank steps its replica of the maps on the global batch's ids,
-        then keeps its slice: `_pack`)."""
-        if self.remap is not None and self.opts.world_size > 1:
+        ranks whose maps are replicated the whole batch (every rank steps its replica of the maps
+        on the global batch's ids, then keeps its slice: `_pack`; owner ranks read their slice)."""
+        if self.remap is not None and self.opts.world_size > 1 and getattr(self.remap, "replicated", True):
             return 0, size
         return rank_slice(size, self.opts.world_size, self.opts.rank)
 
@@ -372,7 +372,8 @@ class BatchIterator:
             if done is None:
                 raise RuntimeError("the batch iterator was closed")
             cols, managed = done
-            if self.opts.world_size > 1:  # the whole global batch was read and remapped: keep this rank's slice
+            if self.opts.world_size > 1 and getattr(remap, "replicated", True):  # the whole global batch was
+                # read and remapped by this rank's replica of the maps: keep this rank's slice
                 lo, hi = rank_slice(table.num_rows, self.opts.world_size, self.opts.rank)
                 table, cols = table.slice(lo, hi - lo), cut_columns(cols, lo, hi)
         size = table.num_rows

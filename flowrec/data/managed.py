@@ -34,7 +34,7 @@ Example:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -314,7 +314,7 @@ class ManagedMap:
         free = np.asarray(state["free"], np.int64)
         held = row[row != NO_ROW]
         if not (len(keys) == len(row) == len(count) == len(last)) or len(held) + len(free) != self.spec.rows \
-                or (len(keys) > 1 and bool((np.diff(keys) <= 0).any())):
+                or (len(keys) > 1 and bool((keys[1:] <= keys[:-1]).any())):
             raise ValueError(f"a managed map of {len(keys)} ids does not fit a table of {self.spec.rows} rows")
         self.main, self.recent, self.free = Entries(keys, row, count, last), Entries(), free
         self.clock = int(np.asarray(state["clock"]).reshape(-1)[0])
@@ -327,8 +327,166 @@ class ManagedMap:
         return {"rows": self.spec.rows, "held": held, "waiting": len(self.main) + len(self.recent) - held,
                 **{name: int(v) for name, v in zip(STATS, self.stats)}}
 
+    def state_keys(self) -> tuple[str, ...]:
+        """The keys of `state()`."""
+        return STATE_KEYS
+
     def copy(self) -> "ManagedMap":
         return ManagedMap(self.spec, self.buffer_ids).load(self.state())
 
 
 _EMPTY = np.zeros(0, np.int64)
+
+
+def shard_of(ids: np.ndarray, shards: int) -> np.ndarray:
+    """The virtual shard of each raw id: splitmix64's finalizer of the 64-bit id, modulo `shards`
+    (a stable mixing, so neighbouring raw ids spread over the shards).  # (N,) int64"""
+    if shards == 1:
+        return np.zeros(len(ids), np.int64)
+    x = np.asarray(ids, np.int64).view(np.uint64)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    x = x ^ (x >> np.uint64(31))
+    return (x % np.uint64(shards)).astype(np.int64)
+
+
+def shard_rows(rows: int, shards: int, shard: int) -> int:
+    """Rows of a table of `rows` that shard `shard` of `shards` manages: those with r % shards == shard."""
+    return (rows - shard + shards - 1) // shards
+
+
+def shard_spec(spec: ManagedSpec, shard: int) -> ManagedSpec:
+    """The settings of one shard's map: the table's, with the shard's share of the rows."""
+    return replace(spec, rows=shard_rows(spec.rows, spec.shards, shard), shards=1)
+
+
+class ShardedMap:
+    """The map of a managed table of `spec.shards` virtual shards (S > 1): S independent
+    `ManagedMap`s, shard s = `shard_of(id)` managing the table's rows r with r % S == s (its local
+    row l is the table's row l * S + s), each with its own contest, free rows and clock. Every
+    shard steps at every batch (with the batch's ids of that shard, maybe none), so their clocks
+    agree. The split depends on the spec only, never on the ranks that train it.
+
+    A rank of a distributed run holds only the shards it owns (`owned`; `owner_shards`): the
+    others are None, their ids get NO_ROW here, and the map's clock still moves at every step.
+
+    Args:
+        spec: the table's managed settings (rows: the whole table's).
+        buffer_ids: ids each shard's buffer holds before it is merged.
+        owned: the shards this map holds (None: all).
+    """
+
+    def __init__(self, spec: ManagedSpec, buffer_ids: int = BUFFER_IDS, owned: tuple[int, ...] | None = None):
+        self.spec, self.buffer_ids = spec, buffer_ids
+        self.owned = tuple(range(spec.shards)) if owned is None else tuple(sorted(owned))
+        self.shards: list[ManagedMap | None] = [
+            ManagedMap(shard_spec(spec, s), buffer_ids) if s in self.owned else None for s in range(spec.shards)]
+        self.clock = 0  # steps taken (every held shard's clock)
+
+    def _held(self):
+        return ((s, self.shards[s]) for s in self.owned)
+
+    def step(self, ids: np.ndarray) -> MapStep:
+        """Count, admit and remap one batch's raw ids, each in its shard (`ManagedMap.step`)."""
+        valid = ids != MISSING_ID
+        unique, inverse, counts = np.unique(ids[valid], return_inverse=True, return_counts=True)
+        resets, unique_rows = self.step_counts(unique, counts)
+        rows = np.full(len(ids), NO_ROW, np.int64)
+        rows[valid] = unique_rows[inverse.reshape(-1)]
+        return MapStep(rows, resets, unique, counts)
+
+    def step_counts(self, unique: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """One step of every held shard on the batch's sorted distinct ids of it
+        (`ManagedMap.step_counts`; ids of shards not held get NO_ROW).
+
+        Returns:
+            (the table's rows freed by the shards' eviction passes, sorted; the row of each id).
+        """
+        which = shard_of(unique, len(self.shards))
+        rows = np.full(len(unique), NO_ROW, np.int64)
+        freed = [_EMPTY]
+        for s, m in self._held():
+            sel = np.flatnonzero(which == s)
+            resets, got = m.step_counts(unique[sel], counts[sel])
+            rows[sel] = self.to_table(got, s)
+            freed.append(self.to_table(resets, s))
+        self.clock += 1
+        return np.sort(np.concatenate(freed)), rows
+
+    def to_table(self, local: np.ndarray, shard: int) -> np.ndarray:
+        """A shard's local rows as the table's rows (NO_ROW kept)."""
+        return np.where(local == NO_ROW, NO_ROW, local * len(self.shards) + shard)
+
+    def lookup(self, ids: np.ndarray) -> np.ndarray:
+        """Rows of raw ids without counting them: NO_ROW for unknown ids (and ids of shards not held)."""
+        which = shard_of(ids, len(self.shards))
+        out = np.full(len(ids), NO_ROW, np.int64)
+        for s, m in self._held():
+            sel = np.flatnonzero(which == s)
+            out[sel] = self.to_table(m.lookup(ids[sel]), s)
+        return out
+
+    @property
+    def occupied(self) -> int:
+        return sum(m.occupied for _, m in self._held())
+
+    def entries(self) -> Entries:
+        """Every id of every held shard, with the table's rows, as one sorted set of entries (copies)."""
+        parts = [(s, m.entries()) for s, m in self._held()]
+        if not parts:
+            return Entries()
+        keys = np.concatenate([e.keys for _, e in parts])
+        order = np.argsort(keys, kind="stable")
+        return Entries(keys[order], np.concatenate([self.to_table(e.row, s) for s, e in parts])[order],
+                       np.concatenate([e.count for _, e in parts])[order],
+                       np.concatenate([e.last for _, e in parts])[order])
+
+    def state(self) -> dict[str, np.ndarray]:
+        """Every held shard's arrays (`ManagedMap.state`, local rows) under ``shard<s>.<key>``."""
+        return {f"shard{s}.{k}": v for s, m in self._held() for k, v in m.state().items()}
+
+    def state_keys(self, every: bool = False) -> list[str]:
+        """The keys of `state()` (`every`: of all S shards, held or not)."""
+        shards = range(len(self.shards)) if every else self.owned
+        return [f"shard{s}.{k}" for s in shards for k in STATE_KEYS]
+
+    def load(self, state: dict[str, np.ndarray]) -> "ShardedMap":
+        """Restore the held shards from `state()` of any holder of them (keys of other shards are
+        ignored); returns self.
+
+        Raises:
+            ValueError: a shard's arrays do not fit it, or the shards' clocks differ.
+        """
+        for s, m in self._held():
+            try:
+                m.load({k: state[f"shard{s}.{k}"] for k in STATE_KEYS})
+            except ValueError as exc:
+                raise ValueError(f"shard {s} of {len(self.shards)}: {exc}") from None
+        clocks = {int(np.asarray(v).reshape(-1)[0]) for k, v in state.items() if k.endswith(".clock")}
+        if len(clocks) != 1:
+            raise ValueError(f"the clocks of the {len(self.shards)} shards differ" if clocks else "no shard's clock")
+        self.clock = clocks.pop()
+        return self
+
+    def report(self) -> dict[str, int]:
+        """The held shards' `ManagedMap.report` summed (the table's totals when all are held) and S."""
+        parts = [m.report() for _, m in self._held()]
+        keys = ("rows", "held", "waiting", *STATS)
+        return {**{k: sum(p[k] for p in parts) for k in keys}, "shards": len(self.shards)}
+
+    def copy(self) -> "ShardedMap":
+        out = ShardedMap(self.spec, self.buffer_ids, self.owned)
+        out.shards = [None if m is None else m.copy() for m in self.shards]
+        out.clock = self.clock
+        return out
+
+
+def owner_shards(shards: int, world_size: int, rank: int) -> tuple[int, ...]:
+    """The virtual shards rank `rank` of `world_size` owns: s % world_size == rank (none when
+    rank >= shards)."""
+    return tuple(range(rank, shards, world_size))
+
+
+def new_map(spec: ManagedSpec, buffer_ids: int = BUFFER_IDS) -> "ManagedMap | ShardedMap":
+    """The map of a managed table: one `ManagedMap` (one shard), or a `ShardedMap` of `spec.shards`."""
+    return ManagedMap(spec, buffer_ids) if spec.shards == 1 else ShardedMap(spec, buffer_ids)

@@ -64,6 +64,8 @@ class Remapper:
         train: step the maps (count, admit, evict) or only look ids up.
     """
 
+    replicated = True  # under several ranks: this rank's maps are replicas, stepped on the whole batch
+
     def __init__(self, spec: ModelSpec, groups: tuple[PackedGroup, ...], maps: dict[str, ManagedMap],
                  train: bool):
         self.maps, self.train = maps, train

@@ -31,11 +31,14 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return [fmt(header), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows]
 
 
-def managed_report(spec: ModelSpec, trained: dict[str, Any] | None = None) -> list[str]:
+def managed_report(spec: ModelSpec, trained: dict[str, Any] | None = None, world_size: int = 1) -> list[str]:
     """One line per managed table of `spec`: its capacity (what the plan prices) and its map's rules
     (nothing for a spec without managed tables); with `trained` (a run's managed report, as
-    `managed_lines` takes it), a second line per table: what its map holds and did."""
+    `managed_lines` takes it), a second line per table: what its map holds and did; under
+    `world_size` > 1 ranks, where its map lives (owner ranks of its virtual shards, or replicas)."""
     tables = (trained or {}).get("tables", {})
+    managed = [t.managed for t in spec.tables if t.managed is not None]
+    owners = world_size > 1 and bool(managed) and all(m.shards > 1 for m in managed)
     out = []
     for t in spec.tables:
         m = t.managed
@@ -43,9 +46,21 @@ def managed_report(spec: ModelSpec, trained: dict[str, Any] | None = None) -> li
             continue
         rules = f"admit at {m.admit_min_count}, {m.evict}" + (f" (decay {m.decay:g})" if m.evict == "decayed_lfu" else "")
         rules += f" every {m.every_steps:,} steps" + (f", ttl {m.ttl_steps:,} steps" if m.ttl_steps else "")
-        out.append(f"managed table {t.name}: {m.rows:,} rows, priced at capacity; {rules}")
+        shards = f" in {m.shards:,} shards" if m.shards > 1 else ""
+        out.append(f"managed table {t.name}: {m.rows:,} rows{shards}, priced at capacity; {rules}")
         if t.name in tables:
             out.append(f"  trained: {table_line(tables[t.name])}")
+        if owners:
+            owned = [len(range(w, m.shards, world_size)) for w in range(world_size)]
+            line = (f"  under {world_size} ranks: rank w owns the shards s % {world_size} == w "
+                    f"({', '.join(map(str, owned))} shards) and remaps their ids")
+            if m.shards < world_size:
+                idle = f"rank {m.shards}" if m.shards == world_size - 1 else f"ranks {m.shards} to {world_size - 1}"
+                line += f"; {idle} own{'s' if m.shards == world_size - 1 else ''} none of its shards"
+            out.append(line)
+        elif world_size > 1 and m.shards > 1:
+            out.append(f"  under {world_size} ranks: every rank holds a replica of the maps (a managed table "
+                       "of one shard needs one); give every managed table shards > 1 for owner ranks")
     return out
 
 
@@ -61,6 +76,8 @@ def table_line(r: dict[str, Any]) -> str:
     line = (f"{r['held']:,}/{r['rows']:,} rows held ({100 * r['held'] / max(r['rows'], 1):.1f}%), "
             f"{r['waiting']:,} ids waiting, {r['admitted']:,} admitted, {r['evicted']:,} evicted, "
             f"{r['expired']:,} expired")
+    if isinstance(r.get("shards"), int) and r["shards"] > 1:
+        line += f" (totals of {r['shards']:,} shards)"
     if r.get("lookups"):
         line += (f"; {r['default_lookups']:,} of {r['lookups']:,} trained lookups "
                  f"({100 * r['default_lookups'] / r['lookups']:.1f}%) read the default row")

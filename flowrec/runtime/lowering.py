@@ -120,7 +120,7 @@ class LoweredModel(nn.Module):
         self.retrieval = bind(plan.graph, self.group_map, spec, self.steps, self.head_nodes)
         if self.retrieval is not None and self.retrieval.sampled:
             check_sampled_placement(self.group_map[self.retrieval.group], world)
-        self.managed = managed_state(spec, self.groups, seed) if tables else None  # the maps go with the tables
+        self.managed = managed_state(spec, self.groups, seed, world) if tables else None  # the maps go with the tables
 
     def _build_dense(self, graph: nx.DiGraph) -> None:
         """The registry operators of the dense nodes, in topological order, and the loss."""

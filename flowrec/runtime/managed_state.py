@@ -2,7 +2,8 @@
 
 `ManagedState` is the `managed` submodule of a lowered model: the maps as of the last trained
 step (the data stage runs ahead on its own copies, `flowrec.data.managed_stage`). Its state dict
-holds each map's arrays under ``managed.<table>.<keys|row|count|last|free|clock|stats>``, next to the
+holds each map's arrays under ``managed.<table>.<keys|row|count|last|free|clock|stats>`` (a map of
+S > 1 virtual shards: ``managed.<table>.shard<s>.<key>`` for every shard), next to the
 tables' rows and optimizer state in the same model state, so every checkpoint (full or delta:
 a delta carries the whole model state but the packed tables) and every load restores rows,
 optimizer state and the map together. The trainer calls `before_step` (reset the rows an
@@ -23,9 +24,10 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch import nn
 
-from flowrec.data.managed import STATE_KEYS, ManagedMap
+from flowrec.data.managed import ShardedMap, new_map, owner_shards
 from flowrec.data.managed_stage import ManagedBatch, Remapper
 from flowrec.graph.types import PackedGroup
 from flowrec.spec.model import ModelSpec
@@ -43,10 +45,16 @@ class ManagedState(nn.Module):
         seed: model seed (seeds the fresh rows of a reset).
     """
 
-    def __init__(self, spec: ModelSpec, groups: tuple[PackedGroup, ...], seed: int = 0):
+    def __init__(self, spec: ModelSpec, groups: tuple[PackedGroup, ...], seed: int = 0, world: Any = None):
         super().__init__()
-        self.spec, self.groups, self.seed = spec, groups, seed
-        self.maps = {t.name: ManagedMap(t.managed) for t in spec.tables if t.managed is not None}
+        self.spec, self.groups, self.seed, self.world = spec, groups, seed, world
+        managed = [t for t in spec.tables if t.managed is not None]
+        self.owners = owner_ranks(spec, world)
+        if self.owners:  # this rank's shards only (`flowrec.runtime.managed_owner`)
+            self.maps = {t.name: ShardedMap(t.managed, owned=owner_shards(t.managed.shards, world.size, world.rank))
+                         for t in managed}
+        else:
+            self.maps = {t.name: new_map(t.managed) for t in managed}
         self.slots = {t.table: (g.name, t.row_offset, t.rows) for g in groups for t in g.tables}
         self.lookups = [0, 0]  # managed lookups trained by this process, and those that read the default
         self.table_lookups = {t: [0, 0] for t in self.maps}  # the same per table
@@ -58,7 +66,13 @@ class ManagedState(nn.Module):
         if not self.maps:
             return None
         self.sync()
-        return Remapper(self.spec, self.groups, {t: m.copy() for t, m in self.maps.items()}, train)
+        maps = {t: m.copy() for t, m in self.maps.items()}
+        if self.owners:
+            from flowrec.runtime.managed_owner import OwnerRemapper
+
+            group = self.world.data_groups[0 if train else 1]
+            return OwnerRemapper(self.spec, self.groups, maps, train, self.world, group)
+        return Remapper(self.spec, self.groups, maps, train)
 
     def before_step(self, embeddings: nn.ModuleDict, batch: Any) -> None:
         """Reset the rows this batch's eviction pass freed: fresh weights, initial optimizer state."""
@@ -117,6 +131,8 @@ class ManagedState(nn.Module):
             group, offset, _ = self.slots[table]
             staged = managed.resets.get(group, torch.zeros(0, dtype=torch.int64)).numpy()
             mine = staged[(staged >= offset) & (staged < offset + m.spec.rows)] - offset
+            if self.owners:  # the rows of the shards this rank owns
+                mine = mine[np.isin(mine % m.spec.shards, m.owned)]
             if not np.array_equal(np.sort(freed), mine):
                 raise RuntimeError(f"managed table {table}: the replayed eviction freed other rows")
 
@@ -126,9 +142,35 @@ class ManagedState(nn.Module):
         that read the default row."""
         self.sync()
         trained, defaults = self.lookups
-        return {"tables": {t: {**m.report(), "lookups": self.table_lookups[t][0],
-                               "default_lookups": self.table_lookups[t][1]} for t, m in self.maps.items()},
-                "default_lookup_share": round(defaults / trained, 6) if trained else None}
+        tables = {t: {**m.report(), "lookups": self.table_lookups[t][0],
+                      "default_lookups": self.table_lookups[t][1]} for t, m in self.maps.items()}
+        if self.owners:  # every rank's shards and lookups (a collective: every rank calls report)
+            every: list[Any] = [None] * self.world.size
+            dist.all_gather_object(every, (tables, trained, defaults))
+            tables = {t: {k: sum(part[0][t][k] for part in every) if k != "shards" else v for k, v in r.items()}
+                      for t, r in tables.items()}
+            trained, defaults = sum(part[1] for part in every), sum(part[2] for part in every)
+        return {"tables": tables, "default_lookup_share": round(defaults / trained, 6) if trained else None}
+
+    @staticmethod
+    def _all_keys(m: Any) -> list[str]:
+        return m.state_keys(every=True) if isinstance(m, ShardedMap) else list(m.state_keys())
+
+    def whole_like(self) -> dict[str, torch.Tensor]:
+        """Every map's state keys, every shard's (an owner rank holds some), as empty tensors of
+        their dtypes: what a checkpoint of the whole model holds (`checkpoint.layout`)."""
+        return {f"{MANAGED_PREFIX}{t}.{k}": torch.zeros(0, dtype=torch.float64 if k.endswith("count") else torch.int64)
+                for t, m in self.maps.items() for k in self._all_keys(m)}
+
+    def owned_state(self) -> dict[str, torch.Tensor]:
+        """The arrays of the virtual shards this rank owns, as `managed.<table>.shard<s>.<key>`,
+        when the maps live on owner ranks (each rank writes them into its checkpoint shard); {}
+        otherwise."""
+        if not self.owners:
+            return {}
+        self.sync()
+        return {f"{MANAGED_PREFIX}{t}.{k}": torch.from_numpy(v) for t, m in self.maps.items()
+                for k, v in m.state().items()}
 
     def _tables(self, group: str) -> list[str]:
         return [t for t, (g, _, _) in self.slots.items() if g == group and t in self.maps]
@@ -152,23 +194,35 @@ class ManagedState(nn.Module):
                               missing_keys: list, unexpected_keys: list, error_msgs: list) -> None:
         self.sync()
         for table, m in self.maps.items():
-            keys = {k: f"{prefix}{table}.{k}" for k in STATE_KEYS}
+            keys = {k: f"{prefix}{table}.{k}" for k in m.state_keys()}
             absent = [full for full in keys.values() if full not in state_dict]
             if absent:
                 missing_keys.extend(absent)
                 continue
+            every = {k[len(prefix) + len(table) + 1:]: v for k, v in state_dict.items()
+                     if k.startswith(f"{prefix}{table}.")}  # an owner rank's map: every shard's clock too
             try:
-                m.load({k: state_dict[full].cpu().numpy() for k, full in keys.items()})
+                m.load({k: v.cpu().numpy() for k, v in every.items()})
             except ValueError as exc:
                 error_msgs.append(f"managed table {table}: {exc}")
-        known = {f"{prefix}{t}.{k}" for t in self.maps for k in STATE_KEYS}
+        known = {f"{prefix}{t}.{k}" for t, m in self.maps.items() for k in self._all_keys(m)}
         if strict:
             unexpected_keys.extend(k for k in state_dict if k.startswith(prefix) and k not in known)
 
 
-def managed_state(spec: ModelSpec, groups: tuple[PackedGroup, ...], seed: int) -> ManagedState | None:
-    """The maps of a model's managed tables (None without any). Under several ranks every rank
-    holds a replica, stepped on the global batch's ids (`BatchIterator._pack`).
+def owner_ranks(spec: ModelSpec, world: Any) -> bool:
+    """Whether the managed tables' maps live on owner ranks (`flowrec.runtime.managed_owner`):
+    under several ranks when every managed table has more than one virtual shard. Otherwise
+    every rank holds a replica of every map, stepped on the global batch's ids."""
+    managed = [t.managed for t in spec.tables if t.managed is not None]
+    return world is not None and world.size > 1 and bool(managed) and all(m.shards > 1 for m in managed)
+
+
+def managed_state(spec: ModelSpec, groups: tuple[PackedGroup, ...], seed: int, world: Any = None
+                  ) -> ManagedState | None:
+    """The maps of a model's managed tables (None without any). Under several ranks, either each
+    rank holds the shards it owns (`owner_ranks`) or every rank holds a replica, stepped on the
+    global batch's ids (`BatchIterator._pack`).
 
     Raises:
         ValueError: managed tables in a static_hot group (not supported).
@@ -180,7 +234,7 @@ def managed_state(spec: ModelSpec, groups: tuple[PackedGroup, ...], seed: int) -
         if g.placement == "static_hot" and any(t.table in managed for t in g.tables):
             raise ValueError(f"group {g.name} holds managed tables and is planned static_hot, which cannot "
                              "follow their changing rows; use --cache lookahead or --cache none")
-    return ManagedState(spec, groups, seed)
+    return ManagedState(spec, groups, seed, world)
 
 
 def fresh_remapper(spec: ModelSpec, groups: tuple[PackedGroup, ...]) -> Remapper | None:

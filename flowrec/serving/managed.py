@@ -65,7 +65,7 @@ def read_maps(folder: Path, spec: ModelSpec) -> Maps:
             keys, rows = table.column("key").to_numpy(), table.column("row").to_numpy()
         except (OSError, KeyError, pa.ArrowException):
             raise ValueError(f"{path}: the map of managed table {t.name!r} is missing or damaged") from None
-        if (len(keys) > 1 and bool((np.diff(keys) <= 0).any())) or (len(rows) and (rows.min() < 0 or rows.max() >= t.rows)):
+        if (len(keys) > 1 and bool((keys[1:] <= keys[:-1]).any())) or (len(rows) and (rows.min() < 0 or rows.max() >= t.rows)):
             raise ValueError(f"{path}: the map of managed table {t.name!r} is damaged (ids unsorted or rows "
                              f"outside [0, {t.rows}))")
         out[t.name] = (keys, rows)

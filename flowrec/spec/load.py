@@ -161,7 +161,8 @@ def _managed(m: dict[str, Any]) -> ManagedSpec:
     ttl = m.get("ttl_steps")
     return ManagedSpec(rows=int(m["rows"]), admit_min_count=int(m.get("admit_min_count", 1)),
                        evict=m.get("evict", "lfu"), decay=float(m.get("decay", 0.5)),
-                       every_steps=int(m.get("every_steps", 1000)), ttl_steps=None if ttl is None else int(ttl))
+                       every_steps=int(m.get("every_steps", 1000)), ttl_steps=None if ttl is None else int(ttl),
+                       shards=int(m.get("shards", 1)))
 
 
 def _optimizer(o: dict[str, Any]) -> OptimizerSpec:
@@ -306,6 +307,8 @@ def _managed_doc(m: ManagedSpec) -> dict[str, Any]:
     out["every_steps"] = m.every_steps
     if m.ttl_steps is not None:
         out["ttl_steps"] = m.ttl_steps
+    if m.shards != 1:
+        out["shards"] = m.shards
     return out
 
 

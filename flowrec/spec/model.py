@@ -133,6 +133,8 @@ class ManagedSpec:
         decay: decayed_lfu only: factor a count keeps per `every_steps` steps without the id.
         every_steps: map steps (batches) between eviction passes.
         ttl_steps: ids unseen for more than this many map steps lose their row (None: never).
+        shards: virtual shards of the map (`flowrec.data.managed.ShardedMap`): shard s manages the
+            rows r % shards == s with its own contest; under several ranks, the unit of ownership.
     """
 
     rows: int
@@ -141,6 +143,7 @@ class ManagedSpec:
     decay: float = 0.5
     every_steps: int = 1000
     ttl_steps: int | None = None
+    shards: int = 1
 
 
 @dataclass(frozen=True)

@@ -90,13 +90,17 @@ def check_tables(view: DocView) -> list[SpecIssue]:
 
 
 def check_managed(view: DocView) -> list[SpecIssue]:
-    """A managed table's `decay` goes with `evict: decayed_lfu`."""
+    """A managed table's `decay` goes with `evict: decayed_lfu`; its `shards` are at most its rows."""
     issues = []
     for t in view.items("tables"):
         managed = t.body.get("managed") if t.clean else None
         if isinstance(managed, dict) and "decay" in managed and managed.get("evict") != "decayed_lfu":
             issues.append(SpecIssue(f"{t.path}.managed.decay", "'decay' applies to evict: decayed_lfu "
                                                                f"(this table evicts by {managed.get('evict', 'lfu')})"))
+        if isinstance(managed, dict) and isinstance(managed.get("shards"), int) and isinstance(managed.get("rows"), int) \
+                and managed["shards"] > managed["rows"]:
+            issues.append(SpecIssue(f"{t.path}.managed.shards", f"must be <= rows ({managed['rows']}): every shard "
+                                                                "manages at least one row"))
     return issues
 
 

@@ -77,3 +77,52 @@ class DictMap:
         self.clock += 1
         rows = [NO_ROW if k == MISSING_ID or self.ids[k][0] is None else self.ids[k][0] for k in batch]
         return rows, resets
+
+
+MASK64 = (1 << 64) - 1
+
+
+def dict_shard(key: int, shards: int) -> int:
+    """splitmix64's finalizer of a raw id (as unsigned 64 bits) modulo `shards`, in Python ints."""
+    x = key & MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    return (x ^ (x >> 31)) % shards
+
+
+class ShardedDictMap:
+    """`spec.shards` independent `DictMap`s: shard s takes the ids with `dict_shard(id) == s` and
+    the table's rows r with r % shards == s (its local row l is row l * shards + s).
+
+    Args:
+        spec: the table's managed settings (rows: the whole table's).
+    """
+
+    def __init__(self, spec: ManagedSpec):
+        n = spec.shards
+        self.n = n
+        self.maps = [DictMap(ManagedSpec(rows=len(range(s, spec.rows, n)), admit_min_count=spec.admit_min_count,
+                                         evict=spec.evict, decay=spec.decay, every_steps=spec.every_steps,
+                                         ttl_steps=spec.ttl_steps)) for s in range(n)]
+
+    def step(self, batch: list[int]) -> tuple[list[int], list[int]]:
+        rows, resets = [NO_ROW] * len(batch), []
+        for s, m in enumerate(self.maps):
+            mine = [i for i, k in enumerate(batch) if k != MISSING_ID and dict_shard(k, self.n) == s]
+            got, freed = m.step([batch[i] for i in mine])
+            for i, r in zip(mine, got):
+                rows[i] = NO_ROW if r == NO_ROW else r * self.n + s
+            resets += [r * self.n + s for r in freed]
+        return rows, sorted(resets)
+
+    def held(self) -> dict[int, int]:
+        """Raw id -> table row of every id holding one."""
+        return {k: v[0] * self.n + s for s, m in enumerate(self.maps) for k, v in m.ids.items() if v[0] is not None}
+
+    @property
+    def clock(self) -> int:
+        return self.maps[0].clock
+
+    def keys(self) -> list[int]:
+        """Every raw id of every shard, sorted."""
+        return sorted(k for m in self.maps for k in m.ids)

@@ -45,6 +45,15 @@ def spec(tmp_path: Path, monkeypatch) -> Path:
     return path
 
 
+@pytest.fixture
+def sharded(tmp_path: Path, monkeypatch) -> Path:
+    """The spec with its managed table split in 3 virtual shards (200 rows: 67, 67, 66)."""
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "sharded.yaml"
+    path.write_text(SPEC.replace("ttl_steps: 30}", "ttl_steps: 30, shards: 3}"))
+    return path
+
+
 def _train(spec: Path, out: Path, *args: str):
     result = runner.invoke(app, ["train", str(spec), "--rows", "600", "--out", str(out), "--quiet",
                                  "--checkpoint-every", "5", "--device", "cpu", *args])
@@ -86,6 +95,42 @@ def test_checkpoint_holds_rows_and_map_as_one_key_set(spec: Path, tmp_path: Path
     assert torch.all(keys[1:] > keys[:-1])
 
 
+def test_sharded_checkpoint_holds_every_shard_as_one_key_set(sharded: Path, tmp_path: Path):
+    import json
+
+    result = _train(sharded, tmp_path / "run")
+    end = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()][-1]
+    users = end["managed"]["tables"]["users"]
+    assert users["shards"] == 3 and users["rows"] == 200
+    assert f"managed users: {users['held']}/200 rows held" in result.output and "(totals of 3 shards)" in result.output
+    assert users["admitted"] - users["evicted"] - users["expired"] == users["held"] <= 200
+    assert users["evicted"] + users["expired"] > 0
+    model = load_checkpoint(tmp_path / "run")["model"]
+    assert not any(k.startswith("managed.users.keys") for k in model)
+    held_rows = []
+    for s, capacity in enumerate((67, 67, 66)):
+        keys, row, free = (model[f"managed.users.shard{s}.{k}"] for k in ("keys", "row", "free"))
+        assert int(model[f"managed.users.shard{s}.clock"][0]) == STEPS
+        held = row[row >= 0]
+        assert held.numel() + free.numel() == capacity and torch.all(keys[1:] > keys[:-1])
+        held_rows.append(held * 3 + s)  # the table's rows of the shard
+    every = torch.cat(held_rows)
+    assert every.unique().numel() == every.numel() == users["held"]
+    planned = runner.invoke(app, ["plan", str(sharded), "--managed-from", str(tmp_path / "run")])
+    assert planned.exit_code == 0, planned.output
+    assert "managed table users: 200 rows in 3 shards, priced at capacity" in planned.output
+    assert f"trained: {users['held']}/200 rows held" in planned.output
+
+
+def test_sharded_resume_ends_bitwise_equal(sharded: Path, tmp_path: Path):
+    _train(sharded, tmp_path / "whole", "--checkpoint-full-every", "3")
+    run = tmp_path / "parts"
+    _train(sharded, run, "--checkpoint-full-every", "3", "--max-steps", "27")
+    resumed = runner.invoke(app, ["train", str(sharded), "--resume", str(run), "--max-steps", str(STEPS), "--quiet"])
+    assert resumed.exit_code == 0, resumed.output
+    _assert_same_run(load_checkpoint(tmp_path / "whole"), load_checkpoint(run))
+
+
 @pytest.mark.parametrize("full_every", ["1", "3"])
 def test_resume_ends_bitwise_equal(spec: Path, tmp_path: Path, full_every: str):
     _train(spec, tmp_path / "whole", "--checkpoint-full-every", full_every)
@@ -108,7 +153,9 @@ def test_eval_reads_the_map(spec: Path, tmp_path: Path):
     assert "auc" in (tmp_path / "m.json").read_text()
 
 
-def test_export_then_predict_equals_eval_on_unseen_evicted_and_admitted_ids(spec: Path, tmp_path: Path):
+@pytest.mark.parametrize("shards", [1, 3])
+def test_export_then_predict_equals_eval_on_unseen_evicted_and_admitted_ids(spec: Path, sharded: Path,
+                                                                           tmp_path: Path, shards: int):
     import numpy as np
     import pyarrow.parquet as pq
 
@@ -121,6 +168,7 @@ def test_export_then_predict_equals_eval_on_unseen_evicted_and_admitted_ids(spec
     from flowrec.runtime.session import open_dataset
 
     run, data, pkg = tmp_path / "run", tmp_path / "synth", tmp_path / "pkg"
+    spec = spec if shards == 1 else sharded
     _train(spec, run)
     made = runner.invoke(app, ["data", "synth", str(spec), "--rows", "400", "--out", str(data), "--seed", "9"])
     assert made.exit_code == 0, made.output
@@ -128,6 +176,7 @@ def test_export_then_predict_equals_eval_on_unseen_evicted_and_admitted_ids(spec
     assert exported.exit_code == 0, exported.output
     trained = load_trained(run, "cpu", scoring_plan)
     users = trained.model.managed.maps["users"]
+    assert len(getattr(users, "shards", [users])) == shards
     rows = pq.read_table(data)
     ids = rows.column("user").to_numpy()
     known = np.isin(ids, users.entries().keys)
@@ -141,7 +190,7 @@ def test_export_then_predict_equals_eval_on_unseen_evicted_and_admitted_ids(spec
     source.close()
     scores = load_model(pkg).score_encoded(rows)
     assert scores.shape == expected.shape
-    assert float(np.abs(scores - expected).max()) <= 1e-6
+    assert float(np.abs(scores - expected).max()) == 0.0
     (pkg / "managed" / "users.parquet").write_bytes(b"not parquet")  # a damaged map is refused before it is read
     with pytest.raises(ValueError, match=r"managed/users\.parquet does not match the digest its manifest records"):
         load_model(pkg)
@@ -183,3 +232,15 @@ def test_plan_shows_managed_tables_at_capacity(spec: Path):
     assert "managed table users: 200 rows, priced at capacity; admit at 2, lfu every 4 steps, ttl 30 steps" \
         in shown.output
     assert "3,200" in shown.output  # the packed group's rows: 200 managed + 3,000 hashed
+
+
+def test_plan_shows_the_owner_ranks_of_virtual_shards(sharded: Path, spec: Path):
+    shown = runner.invoke(app, ["plan", str(sharded), "--world-size", "2"])
+    assert shown.exit_code == 0, shown.output
+    assert "managed table users: 200 rows in 3 shards, priced at capacity" in shown.output
+    assert "under 2 ranks: rank w owns the shards s % 2 == w (2, 1 shards) and remaps their ids" in shown.output
+    shown = runner.invoke(app, ["plan", str(sharded), "--world-size", "5"])
+    assert shown.exit_code == 0, shown.output
+    assert "(1, 1, 1, 0, 0 shards) and remaps their ids; ranks 3 to 4 own none of its shards" in shown.output
+    replicas = runner.invoke(app, ["plan", str(spec), "--world-size", "2"])
+    assert replicas.exit_code == 0 and "under 2 ranks" not in replicas.output  # one shard: replicas, as before

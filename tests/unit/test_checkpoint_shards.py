@@ -108,3 +108,23 @@ def test_ranks_load_their_rows_from_the_shards_without_assembling(tmp_path, monk
         assert torch.equal(model.embeddings["g"].weight, weight[mine])
         assert torch.equal(model.embeddings["g"].state, opt[mine])
         assert torch.equal(model.ops.w, torch.ones(2))
+
+
+def test_each_ranks_managed_map_shards_join_the_model_state(tmp_path):
+    weight, state = whole(2)
+    maps = [{"managed.users.shard0.keys": torch.tensor([3, 9]), "managed.users.shard2.keys": torch.tensor([4])},
+            {"managed.users.shard1.keys": torch.tensor([-5, 7, 8])}]
+    files = []
+    for rank in range(2):
+        rows = owned_rows(ROWS, 2, rank)
+        part = {"g": {"rows": rows, "weight": weight[rows], "state": state[rows]}}
+        files.append(write_shard(tmp_path, 2, rank, 2, part, save_checkpoint, managed=maps[rank]))
+    out = assemble_shards(tmp_path / "checkpoint.pt", {"model": {"ops.w": torch.ones(2)}, "shards": manifest(2, 2, files)})
+    for part in maps:
+        for key, value in part.items():
+            assert torch.equal(out["model"][key], value)
+    assert torch.equal(out["model"]["embeddings.g.weight"], weight)
+    bad = [write_shard(tmp_path, 3, 0, 1, {"g": {"rows": torch.arange(ROWS), "weight": weight, "state": state}},
+                       save_checkpoint, managed={"embeddings.g.weight": weight[0]})]
+    with pytest.raises(CheckpointError, match="its managed maps are not arrays of managed keys"):
+        assemble_shards(tmp_path / "checkpoint.pt", {"model": {}, "shards": manifest(3, 1, bad)})

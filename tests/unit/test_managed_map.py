@@ -82,6 +82,20 @@ def test_load_refuses_a_map_of_another_capacity():
         ManagedMap(ManagedSpec(rows=8)).load(m.state())
 
 
+def test_load_takes_ids_further_apart_than_int64_differences_reach():
+    """Sorted raw ids at both ends of the 64-bit range (their difference overflows int64) load;
+    unsorted ones are refused."""
+    m = ManagedMap(ManagedSpec(rows=2))
+    far = np.array([-(1 << 63) + 5, (1 << 63) - 3, -7 * (1 << 60), 7 * (1 << 60)], np.int64)
+    m.step(far)
+    again = ManagedMap(ManagedSpec(rows=2)).load(m.state())
+    assert again.lookup(far).tolist() == m.lookup(far).tolist() and (m.lookup(far) >= 0).sum() == 2
+    state = m.state()
+    state["keys"] = state["keys"][::-1].copy()
+    with pytest.raises(ValueError, match="does not fit"):
+        ManagedMap(ManagedSpec(rows=2)).load(state)
+
+
 def test_entries_merge_equals_a_sort_of_both():
     """The buffer's merge (insertion at searched positions, no sort) equals sorting both sets."""
     rng = np.random.default_rng()

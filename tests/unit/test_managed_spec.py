@@ -62,6 +62,9 @@ def test_valid_base_round_trips():
     (lambda d: d["tables"][0].update(vocab=10), ("tables[0]", "needs exactly one of")),
     (lambda d: d["tables"][0].update(min_freq=2), ("tables[0]", "'min_freq' applies to vocabulary tables only")),
     (lambda d: _managed(d).update(evict="lru"), ("tables[0].managed.decay", "'decay' applies to evict: decayed_lfu")),
+    (lambda d: _managed(d).update(shards=0), ("tables[0].managed.shards", "must be >= 1")),
+    (lambda d: _managed(d).update(shards=2.5), ("tables[0].managed.shards", "must be an integer")),
+    (lambda d: _managed(d).update(shards=51), ("tables[0].managed.shards", "must be <= rows (50)")),
 ])
 def test_bad_managed_settings_name_their_path(mutate, expected):
     issues = _issues(mutate)
@@ -75,10 +78,21 @@ def test_every_problem_at_once():
     assert {"tables[0].managed.rows", "tables[0].managed.every_steps"} <= paths
 
 
+def test_shards_round_trip_and_default_to_one():
+    assert spec_from_dict(copy.deepcopy(BASE)).table("users").managed.shards == 1
+    assert "shards" not in to_dict(spec_from_dict(copy.deepcopy(BASE)))["tables"][0]["managed"]
+    doc = copy.deepcopy(BASE)
+    _managed(doc)["shards"] = 50  # as many shards as rows: one row each
+    assert validate_document(copy.deepcopy(doc)) == []
+    spec = spec_from_dict(doc)
+    assert spec.table("users").managed.shards == 50 and spec_from_dict(to_dict(spec)) == spec
+
+
 def test_data_hash_ignores_capacity_but_not_mode():
     small = spec_from_dict(copy.deepcopy(BASE))
     doc = copy.deepcopy(BASE)
     _managed(doc)["rows"] = 5000
+    _managed(doc)["shards"] = 7
     assert data_hash(spec_from_dict(doc)) == data_hash(small)
     hashed = copy.deepcopy(BASE)
     hashed["tables"][0] = {"name": "users", "dim": 8, "hash_buckets": 50}

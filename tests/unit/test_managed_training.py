@@ -22,13 +22,13 @@ from flowrec.runtime.managed_state import ManagedState, fresh_rows
 from flowrec.measure.reference import ReferenceModel, reference_optimizers, reference_step
 from flowrec.runtime.step import make_dense_optimizer, train_step
 from flowrec.spec import spec_from_dict
-from flowrec.testing.managed_ref import DictMap
+from flowrec.testing.managed_ref import DictMap, ShardedDictMap
 from operators.embedding import PackedEmbeddingBag
 
 BATCH, STEPS = 48, 14
 
 
-def managed_spec(seed: int, evict: str = "lfu", items: int = 50):
+def managed_spec(seed: int, evict: str = "lfu", items: int = 50, shards: int = 1):
     return spec_from_dict({
         "name": "managed_ref",
         "features": [
@@ -39,7 +39,7 @@ def managed_spec(seed: int, evict: str = "lfu", items: int = 50):
         ],
         "tables": [{"name": "users", "dim": 4,
                     "managed": {"rows": 30, "admit_min_count": 2, "evict": evict, "every_steps": 3,
-                                "ttl_steps": 7}}],
+                                "ttl_steps": 7, "shards": shards}}],
         "modules": [{"name": "top", "kind": "mlp", "inputs": ["@dense", "@sparse"], "layers": [8]}],
         "heads": [{"name": "ctr", "input": "top"}],
         "optimizer": {"dense": {"name": "sgd", "lr": 0.05}, "sparse": {"name": "adagrad", "lr": 0.1}},
@@ -57,7 +57,7 @@ def raw_and_batches(spec, seed: int, window: int, groups):
     return table, batches
 
 
-def reference_fields(spec, group, raw, ref_map: DictMap):
+def reference_fields(spec, group, raw, ref_map: DictMap | ShardedDictMap):
     """Plain per-field (local ids, offsets) of one raw batch; the managed table through the dict map."""
     users = raw.column("user").to_pylist()
     friends = raw.column("friends").to_pylist()
@@ -83,10 +83,10 @@ def reset_reference(ref, table_opt, resets, seed: int, clock: int) -> None:
         state["sum"][resets] = 0.0
 
 
-@pytest.mark.parametrize("evict", ["lfu", "decayed_lfu", "lru"])
-def test_managed_training_equals_plain_reference(evict):
+@pytest.mark.parametrize("evict, shards", [("lfu", 1), ("decayed_lfu", 1), ("lru", 1), ("lfu", 4), ("lru", 3)])
+def test_managed_training_equals_plain_reference(evict, shards):
     seed = random.randrange(1 << 30)
-    spec = managed_spec(seed % 1000, evict)
+    spec = managed_spec(seed % 1000, evict, shards=shards)
     plan = make_plan(spec, target="cpu")
     groups = plan.meta.groups
     assert len(groups) == 1  # users and item pack together: rows of both in one table
@@ -95,7 +95,8 @@ def test_managed_training_equals_plain_reference(evict):
     opt = make_dense_optimizer(model, "sgd", 0.05, {})
     ref = ReferenceModel(plan, spec).double()
     optimizers = reference_optimizers(ref, spec)
-    ref_map = DictMap(spec.table("users").managed)
+    managed = spec.table("users").managed
+    ref_map = DictMap(managed) if shards == 1 else ShardedDictMap(managed)
     resets_seen = defaults = 0
     for k, batch in enumerate(batches):
         raw = table.slice(k * BATCH, BATCH)
@@ -115,9 +116,15 @@ def test_managed_training_equals_plain_reference(evict):
         torch.testing.assert_close(model.embeddings[groups[0].name].table_rows(t), ref.table(t).weight.detach(),
                                    rtol=1e-9, atol=1e-11, msg=lambda m: f"seed {seed}, table {t}: {m}")
     model.managed.sync()
-    committed = model.managed.maps["users"].state()
-    assert committed["keys"].tolist() == sorted(ref_map.ids)
-    assert committed["free"].tolist() == ref_map.free
+    if shards == 1:
+        committed = model.managed.maps["users"].state()
+        assert committed["keys"].tolist() == sorted(ref_map.ids)
+        assert committed["free"].tolist() == ref_map.free
+    else:
+        entries = model.managed.maps["users"].entries()
+        assert entries.keys.tolist() == ref_map.keys()
+        held = entries.row != NO_ROW
+        assert dict(zip(entries.keys[held].tolist(), entries.row[held].tolist())) == ref_map.held()
 
 
 def _cache(kind: str, group, seed: int):
@@ -127,10 +134,10 @@ def _cache(kind: str, group, seed: int):
     return StaticHotEmbedding(replace(group, cache_rows=len(hot)), seed, torch.device("cpu"), hot_rows=hot)
 
 
-@pytest.mark.parametrize("kind", ["lookahead", "static_hot"])
-def test_caches_serve_no_evicted_row(kind):
+@pytest.mark.parametrize("kind, shards", [("lookahead", 1), ("static_hot", 1), ("lookahead", 4)])
+def test_caches_serve_no_evicted_row(kind, shards):
     seed = random.randrange(1 << 30)
-    spec = managed_spec(seed % 1000, items=400)
+    spec = managed_spec(seed % 1000, items=400, shards=shards)
     plan = make_plan(spec, target="cpu")
     group = replace(plan.meta.groups[0], dtype="fp64")
     window = 2  # a window pins at most 2 * BATCH item rows and the 30 user rows: 126 < 130 slots < 430 rows

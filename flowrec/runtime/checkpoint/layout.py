@@ -24,8 +24,18 @@ from flowrec.runtime.distributed.sharded import ShardedPackedEmbedding
 
 def common_state(model: Any) -> dict[str, torch.Tensor]:
     """The model's state in the single-process layout without the row-wise groups (dense
-    parameters, whole replicated tables): what rank 0 writes into checkpoint.pt."""
-    return {k: v for k, v in model.state_dict().items() if _sharded(model, k) is None}
+    parameters, whole replicated tables) nor, under owner ranks, the managed maps' shards: what
+    rank 0 writes into checkpoint.pt."""
+    owned = owned_maps(model)
+    return {k: v for k, v in model.state_dict().items() if _sharded(model, k) is None and k not in owned}
+
+
+def owned_maps(model: Any) -> dict[str, torch.Tensor]:
+    """The arrays of the managed maps' virtual shards this rank owns when the maps live on owner
+    ranks (`flowrec.runtime.managed_owner`): what this rank writes into its checkpoint shard
+    (full or delta); {} otherwise (replicas: rank 0 writes the maps into checkpoint.pt)."""
+    managed = getattr(model, "managed", None)
+    return managed.owned_state() if managed is not None else {}
 
 
 def rank_shards(model: Any) -> dict[str, dict[str, torch.Tensor]]:
@@ -67,6 +77,9 @@ def whole_state_like(model: Any) -> dict[str, torch.Tensor]:
         module = _sharded(model, key)
         out[key] = value if module is None else torch.empty(
             (module.group.rows, *value.shape[1:]), dtype=value.dtype, device="meta")
+    managed = getattr(model, "managed", None)
+    if managed is not None:  # an owner rank holds some shards of a map; the checkpoint holds all
+        out.update({k: v for k, v in managed.whole_like().items() if k not in out})
     return out
 
 

@@ -2,7 +2,8 @@
 
 A full checkpoint (`flowrec.runtime.checkpoint.shards`): every rank writes the rows it owns of
 each row-wise group to its shard file; when all have written, rank 0 writes `checkpoint.pt`
-naming them (dense part, replicated tables, position, RNG), then removes the older shards and
+naming them (dense part, replicated tables, position, RNG; under owner ranks of managed tables
+each shard also holds its rank's map shards), then removes the older shards and
 deltas. With `full_every = K > 1` it is followed by K-1 deltas: each rank marks the packed rows
 of its batches (`DirtyRows`); at a delta the ranks exchange their marks (one all-gather of the
 touched row numbers), so each knows every row any step changed. Each rank writes the touched rows
@@ -35,7 +36,8 @@ from flowrec.runtime.checkpoint.store import save_checkpoint
 from flowrec.runtime.checkpoint.delta import DELTA_FORMAT, RANKS_DELTA_VERSION, delta_path, remove_deltas
 from flowrec.runtime.checkpoint.format import CheckpointError
 from flowrec.runtime.checkpoint.shards import manifest, remove_stale_shards, write_shard
-from flowrec.runtime.checkpoint.layout import common_state, rank_delta_shards, rank_shards, replicated_embeddings
+from flowrec.runtime.checkpoint.layout import (common_state, owned_maps, rank_delta_shards, rank_shards,
+                                               replicated_embeddings)
 from flowrec.runtime.checkpoint.incremental import EMBEDDINGS_PREFIX, DirtyRows, delta_tables
 from flowrec.runtime.nonfinite import TrainingStopped, first_non_finite
 
@@ -116,8 +118,9 @@ class RankCheckpointer:
         common, shards = common_state(self.model), rank_shards(self.model)
         self._agree_finite(common, shards, step)
         folder.mkdir(parents=True, exist_ok=True)
+        maps = owned_maps(self.model)
         files = self._write_shards(lambda: write_shard(folder, step, self.world.rank, self.world.size,
-                                                       shards, save_checkpoint))
+                                                       shards, save_checkpoint, managed=maps))
         digest = None
         if self.world.lead:
             state = {**state_of(common), "chain": os.urandom(NONCE_BYTES).hex()}
@@ -140,8 +143,9 @@ class RankCheckpointer:
         shards = rank_delta_shards(self.model, rows)
         self._agree_finite({**dense, **{k + ".weight": v["weight"] for k, v in tables.items()}}, shards, step)
         sequence = self._written + 1
+        maps = owned_maps(self.model)
         files = self._write_shards(lambda: write_shard(folder, step, self.world.rank, self.world.size,
-                                                       shards, save_checkpoint, sequence))
+                                                       shards, save_checkpoint, sequence, managed=maps))
         digest = None
         if self.world.lead:
             state = state_of(common)

@@ -13,6 +13,11 @@ writes the rows of its shards touched since the previous checkpoint to
 `checkpoint.delta-<N>.pt` (`flowrec.runtime.checkpoint.delta`) naming them, after every rank has
 written. Loading applies them, in order, over the base's rows.
 
+Under owner ranks of managed tables (`flowrec.runtime.managed_owner`) each shard file also holds
+the arrays of the virtual shards of the maps its rank owns (`managed`, whole in a delta shard
+too); loading puts every rank's into the model state (a delta's replace the base's), so any
+world size regroups whole map shards.
+
 Loading (`assemble_shards`, inside every `load_checkpoint`) checks each shard against the manifest
 (its name, step, rank and content digest) and puts the rows back into whole tables by their
 packed ids, so the state is the single-process one: eval and export load it as they load any checkpoint. A run resumed on W' ranks loads with
@@ -47,11 +52,14 @@ def shard_name(step: int, rank: int, world_size: int, sequence: int = 0) -> str:
 
 def write_shard(folder: Path, step: int, rank: int, world_size: int,
                 groups: dict[str, dict[str, torch.Tensor]],
-                save: Callable[[Path, dict[str, Any]], str], sequence: int = 0) -> tuple[str, str]:
+                save: Callable[[Path, dict[str, Any]], str], sequence: int = 0,
+                managed: dict[str, torch.Tensor] | None = None) -> tuple[str, str]:
     """Write this rank's shard (atomically, via `save`, which returns the digest).
 
     Args:
         sequence: 0 for a full checkpoint's shard, N for delta N's (only the rows it changed).
+        managed: the arrays of the managed maps' virtual shards this rank owns
+            (``managed.<table>.shard<s>.<key>``, whole in a delta too), under owner ranks.
 
     Returns:
         (file name, digest) for the manifest.
@@ -60,6 +68,8 @@ def write_shard(folder: Path, step: int, rank: int, world_size: int,
     name = shard_name(step, rank, world_size, sequence)
     doc = {"format": SHARD_FORMAT, "version": SHARD_VERSION, "step": step, "rank": rank,
            "world_size": world_size, "groups": groups}
+    if managed:
+        doc["managed"] = managed
     return name, save(folder / SHARDS_DIR / name, doc)
 
 
@@ -119,17 +129,19 @@ def assemble_shards(path: Path, state: dict[str, Any], map_location: str | torch
     deltas = state.get(DELTA_SHARDS_KEY, [])
     if entry is None:
         return state
-    tables = _read_shards(path, entry, map_location)
+    maps: dict[str, torch.Tensor] = {}
+    tables = _read_shards(path, entry, map_location, maps)
     for group, parts in tables.items():
         _check_cover(path, group, parts)
     sizes = {group: sum(r.numel() for r in parts["rows"]) for group, parts in tables.items()}
     for delta_path, delta_entry in deltas:
-        patches = _read_shards(delta_path, delta_entry, map_location)
+        patches = _read_shards(delta_path, delta_entry, map_location, maps)  # a delta's maps replace the base's
         _check_patches(delta_path, tables, sizes, patches)
         for group, parts in patches.items():
             for key in ("rows", "weight", "state"):
                 tables[group][key] += parts[key]
     model = dict(state["model"])
+    model.update(maps)
     for group, parts in tables.items():
         weight = ShardRows(parts["rows"], parts["weight"], sizes[group])
         opt = ShardRows(parts["rows"], parts["state"], sizes[group])
@@ -140,9 +152,11 @@ def assemble_shards(path: Path, state: dict[str, Any], map_location: str | torch
     return out
 
 
-def _read_shards(path: Path, entry: Any, map_location: str | torch.device) -> dict[str, dict[str, Any]]:
+def _read_shards(path: Path, entry: Any, map_location: str | torch.device,
+                 maps: dict[str, torch.Tensor]) -> dict[str, dict[str, Any]]:
     """The groups of every shard `entry` (a manifest in `path`) names, checked against it:
-    {group: {"rows": [...], "weight": [...], "state": [...]}}, one item per shard."""
+    {group: {"rows": [...], "weight": [...], "state": [...]}}, one item per shard; the managed
+    maps' arrays the shards hold (owner ranks) go into `maps`."""
     files, digests = _manifest_files(path, entry)
     tables: dict[str, dict[str, Any]] = {}
     for rank, (name, digest) in enumerate(zip(files, digests)):
@@ -157,7 +171,16 @@ def _read_shards(path: Path, entry: Any, map_location: str | torch.device) -> di
         if content_digest({k: v for k, v in doc.items() if k != "digest"}) != digest:
             raise CheckpointError(f"{shard_path} is damaged: its content does not match its digest")
         _collect(shard_path, doc["groups"], tables)
+        _collect_maps(shard_path, doc.get("managed", {}), maps)
     return tables
+
+
+def _collect_maps(shard_path: Path, managed: Any, maps: dict[str, torch.Tensor]) -> None:
+    if not isinstance(managed, dict) or not all(
+            isinstance(k, str) and k.startswith("managed.") and isinstance(v, torch.Tensor) and v.dim() == 1
+            for k, v in managed.items()):
+        raise CheckpointError(f"{shard_path} is damaged: its managed maps are not arrays of managed keys")
+    maps.update(managed)
 
 
 def _check_patches(path: Path, tables: dict[str, dict[str, Any]], sizes: dict[str, int],

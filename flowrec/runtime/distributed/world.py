@@ -61,6 +61,8 @@ class World:
         embedding_group: the process group of the embedding exchanges.
         timeout_s: seconds a collective waits for the other ranks.
         device: the device the collectives' tensors live on (cpu for gloo, cuda for nccl).
+        data_groups: two gloo groups of every rank for the data stages' managed remap (training,
+            evaluation), so they never interleave with each other or with training's collectives.
     """
 
     size: int
@@ -68,6 +70,8 @@ class World:
     embedding_group: dist.ProcessGroup | None
     timeout_s: float
     device: torch.device
+    data_groups: tuple[dist.ProcessGroup, dist.ProcessGroup] | None = None  # gloo: the training and the
+    # evaluation data stage's managed remap (`flowrec.runtime.managed_owner`), beside training's collectives
 
     @property
     def lead(self) -> bool:
@@ -120,7 +124,9 @@ def join_world(size: int, rank: int, timeout_s: float, device: torch.device) -> 
     except (RuntimeError, ValueError) as exc:
         raise WorldError(f"could not join the other {size - 1} rank(s) within {timeout_s:g} s "
                          f"({first_line(exc)})") from None
-    return World(size, rank, embedding_group(timeout_s), timeout_s, device)
+    embedding = embedding_group(timeout_s)
+    data = tuple(dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s)) for _ in range(2))
+    return World(size, rank, embedding, timeout_s, device, data)
 
 
 

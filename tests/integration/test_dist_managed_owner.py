@@ -1,0 +1,183 @@
+"""Owner ranks' remap collectives over gloo (2 processes): each rank remaps its slice of each
+global batch through the owners of the ids' shards, and the rows, the freed rows and the owners'
+steps equal S plain dict references stepped on the whole batches (fresh Zipf streams); lookups
+of the whole batch equal the references' rows; a rank that dies, or lives but never takes part,
+makes the other fail (within the timeout), never hang.
+
+Each test starts 2 processes of this file (`python test_dist_managed_owner.py MODE RANK ...`, a
+free port chosen at run time, a timeout on the process group, on every collective and on every
+process, every process killed at the end).
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[2]
+STEPS, BATCH = 24, 40
+SPEC = {
+    "name": "owners",
+    "features": [{"name": "user", "type": "categorical", "table": "users"},
+                 {"name": "item", "type": "categorical", "table": "items"}],
+    "tables": [{"name": "users", "dim": 4, "managed": {"rows": 23, "admit_min_count": 2, "evict": "lfu",
+                                                       "every_steps": 3, "ttl_steps": 8, "shards": 4}},
+               {"name": "items", "dim": 4, "managed": {"rows": 17, "evict": "lru", "every_steps": 2, "shards": 3}}],
+    "modules": [{"name": "top", "kind": "mlp", "inputs": ["@sparse"], "layers": [4]}],
+    "heads": [{"name": "ctr", "input": "top"}],
+    "optimizer": {"dense": {"name": "sgd", "lr": 0.1}, "sparse": {"name": "sgd", "lr": 0.1}},
+}
+
+
+def stream(seed: int) -> list[dict[str, np.ndarray]]:
+    """Global batches of raw 64-bit ids per table: Zipf ranks over a few hundred values, some missing."""
+    rng = np.random.default_rng(seed)
+    keys = {t: rng.integers(-(1 << 62), 1 << 62, 300) for t in ("users", "items")}
+    out = []
+    for _ in range(STEPS):
+        batch = {}
+        for feature, table in (("user", "users"), ("item", "items")):
+            ids = keys[table][np.minimum(rng.zipf(1.3, BATCH) - 1, 299)]
+            ids[rng.random(BATCH) < 0.05] = 0
+            batch[feature] = ids
+        out.append(batch)
+    return out
+
+
+def worker(mode: str, rank: int, world: int, port: int, out: Path, seed: int, timeout_s: float) -> None:
+    from datetime import timedelta
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    from flowrec.data.batches import rank_slice
+    from flowrec.data.managed import ShardedMap, owner_shards
+    from flowrec.graph.packing import group_layout
+    from flowrec.runtime.managed_owner import OwnerRemapper
+    from flowrec.spec import spec_from_dict
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=timeout_s))
+    groups = [dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s)) for _ in range(2)]
+    spec = spec_from_dict(SPEC)
+    layout = group_layout(spec)
+    where = {t.table: (g.name, t.row_offset) for g in layout for t in g.tables}
+    me = SimpleNamespace(size=world, rank=rank, timeout_s=timeout_s)
+    maps = {t.name: ShardedMap(t.managed, owned=owner_shards(t.managed.shards, world, rank))
+            for t in spec.tables}
+    remap = OwnerRemapper(spec, layout, maps, True, me, groups[0])
+    if mode == "die" and rank == 1:
+        os._exit(0)  # a rank that dies before its first exchange
+    if mode == "hang" and rank == 1:
+        time.sleep(3 * timeout_s)  # a rank that lives but never takes part
+        os._exit(0)
+    report = {"rows": [], "resets": [], "steps": [], "lookups": [], "where": where, "owned": {t: m.owned for t, m in maps.items()}}
+    t0 = time.monotonic()
+    try:
+        for k, batch in enumerate(stream(seed)):
+            lo, hi = rank_slice(BATCH, world, rank)
+            cols, done = remap.in_turn(k, lambda: False, lambda: remap.remap({f: v[lo:hi] for f, v in batch.items()}))
+            report["rows"].append({f: c.tolist() for f, c in cols.items()})
+            report["resets"].append({g: r.tolist() for g, r in done.resets.items()})
+            report["steps"].append({t: [u.tolist(), c.tolist()] for t, (u, c) in done.steps.items()})
+            look = OwnerRemapper(spec, layout, {t: m.copy() for t, m in remap.maps.items()}, False, me, groups[1])
+            cols, _ = look.in_turn(0, lambda: False, lambda: look.remap(dict(batch)))
+            report["lookups"].append({f: c.tolist() for f, c in cols.items()})
+    except RuntimeError as exc:
+        report["error"] = str(exc)
+    report["seconds"] = time.monotonic() - t0
+    (out / f"rank{rank}.json").write_text(json.dumps(report))
+    os._exit(0)  # no teardown collective with a dead peer
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(mode: str, out: Path, seed: int, timeout_s: float) -> list[dict]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, __file__, mode, str(r), "2", str(port), str(out), str(seed),
+                               str(timeout_s)], cwd=REPO, env=env, stdout=(out / f"log{r}").open("wb"),
+                              stderr=subprocess.STDOUT) for r in range(2)]
+    try:
+        codes = [p.wait(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=30)
+    logs = [(out / f"log{r}").read_text(errors="replace")[-3000:] for r in range(2)]
+    assert codes == [0, 0], logs
+    return [json.loads((out / f"rank{r}.json").read_text()) if (out / f"rank{r}.json").exists() else None
+            for r in range(2)]
+
+
+def test_two_owner_ranks_remap_as_the_sharded_dict_reference(tmp_path: Path):
+    from flowrec.data.managed import NO_ROW
+    from flowrec.data.managed_stage import DROPPED
+    from flowrec.spec import spec_from_dict
+    from flowrec.testing.managed_ref import ShardedDictMap, dict_shard
+
+    seed = random.randrange(1 << 30)
+    ranks = launch("equal", tmp_path, seed, 60)
+    assert all("error" not in r for r in ranks), [r.get("error") for r in ranks]
+    spec = spec_from_dict(SPEC)
+    refs = {t.name: ShardedDictMap(t.managed) for t in spec.tables}
+    table_of = {"user": "users", "item": "items"}
+    where = ranks[0]["where"]
+    freed = shards_of_rank1 = 0
+    for k, batch in enumerate(stream(seed)):
+        expected_resets: dict[str, list[int]] = {}
+        for f, ids in batch.items():
+            t = table_of[f]
+            rows, resets = refs[t].step(ids.tolist())
+            got = ranks[0]["rows"][k][f] + ranks[1]["rows"][k][f]  # rank 0's slice, then rank 1's
+            assert got == [DROPPED if r == NO_ROW else r for r in rows], (seed, k, f)
+            group, offset = where[t]
+            expected_resets.setdefault(group, []).extend(r + offset for r in resets)
+            freed += len(resets)
+            held = {i: r for i, r in zip(ids.tolist(), rows) if r != NO_ROW}
+            look = [DROPPED if i == 0 or i not in held else held[i] for i in ids.tolist()]
+            for r in ranks:  # every rank's lookups of the whole batch, after the step
+                assert r["lookups"][k][f] == look, (seed, k, f)
+            for rank, r in enumerate(ranks):  # each owner stepped its shards on the global counts
+                unique, counts = r["steps"][k][t]
+                mine = sorted({i for i in ids.tolist() if i != 0 and dict_shard(i, refs[t].n) % 2 == rank})
+                assert unique == mine and counts == [ids.tolist().count(i) for i in mine], (seed, k, t)
+                shards_of_rank1 += rank == 1 and len(unique) > 0
+        for r in ranks:
+            assert {g: sorted(v) for g, v in r["resets"][k].items() if v} == \
+                {g: sorted(v) for g, v in expected_resets.items() if v}, (seed, k)
+    assert freed > 0 and shards_of_rank1 > 0  # evictions happened and both ranks owned ids
+    assert ranks[0]["owned"] == {"users": [0, 2], "items": [0, 2]} and ranks[1]["owned"] == {"users": [1, 3], "items": [1]}
+
+
+def test_a_dead_rank_fails_the_owner_exchange_within_the_timeout(tmp_path: Path):
+    ranks = launch("die", tmp_path, random.randrange(1 << 30), 3)
+    assert ranks[1] is None  # it died without a report
+    assert "error" in ranks[0] and ranks[0]["seconds"] < 30, ranks[0]  # gloo sees the closed connection
+    assert "Connection" in ranks[0]["error"] or "did not complete within 3 s" in ranks[0]["error"], ranks[0]["error"]
+
+
+def test_a_hung_rank_fails_the_owner_exchange_after_the_timeout(tmp_path: Path):
+    ranks = launch("hang", tmp_path, random.randrange(1 << 30), 3)
+    assert ranks[1] is None and "error" in ranks[0], ranks[0]
+    assert "managed remap: the exchange of id counts did not complete within 3 s" in ranks[0]["error"]
+    assert 2.9 <= ranks[0]["seconds"] < 30
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(REPO))
+    mode, rank, world, port, out, seed, timeout_s = sys.argv[1:8]
+    worker(mode, int(rank), int(world), int(port), Path(out), int(seed), float(timeout_s))
