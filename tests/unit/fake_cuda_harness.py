@@ -225,8 +225,15 @@ class Tape:
 
 
 def shrunk(spec: Any) -> Any:
-    """The spec with every table capped at MAX_ROWS rows and a small batch."""
-    tables = tuple(replace(t, rows=min(t.rows, MAX_ROWS)) for t in spec.tables)
+    """The spec with every table capped at MAX_ROWS rows and a small batch; a managed table admits
+    at first sight and expires ids unseen for a step at a pass every 2 steps, so that rows are
+    freed and reset within the STEPS steps (the resets run on the fake device too)."""
+    def small(t: Any) -> Any:
+        if t.managed is not None:
+            return replace(t, managed=replace(t.managed, admit_min_count=1, every_steps=2, ttl_steps=1))
+        return replace(t, rows=min(t.rows, MAX_ROWS))
+
+    tables = tuple(small(t) for t in spec.tables)
     return replace(spec, tables=tables, training=replace(spec.training, batch_size=BATCH))
 
 
@@ -243,15 +250,16 @@ def lowered_for_cuda(spec: Any, placement: str, cache_rows: Callable[[Any], int]
     return lower(plan.with_meta(replace(plan.meta, groups=groups)), spec, CUDA)
 
 
-def staged_batches(spec: Any, groups: Any) -> list[Any]:
-    """STEPS staged batches with lookahead (castings and window rows computed by the data stage)."""
+def staged_batches(spec: Any, groups: Any, remap: Any = None) -> list[Any]:
+    """STEPS staged batches with lookahead (castings and window rows computed by the data stage;
+    managed tables' raw ids remapped by `remap`, the data stage's copy of the model's maps)."""
     from flowrec.data.batches import StagingOptions, iterate_batches
     from flowrec.data.dataset import MemorySource, split_table
     from flowrec.data.synth import SynthConfig, synth_table
 
     table = synth_table(spec, BATCH * STEPS, SynthConfig(seed=5))
     opts = StagingOptions(batch_size=BATCH, shuffle=False, workers=1, lookahead=WINDOW)
-    with iterate_batches(spec, MemorySource(split_table(table, 1)), opts, groups=groups) as it:
+    with iterate_batches(spec, MemorySource(split_table(table, 1)), opts, groups=groups, remap=remap) as it:
         return list(it)
 
 
@@ -262,6 +270,9 @@ def run_step(model: Any, batch: Any, host_groups: frozenset[str]) -> None:
     stage = TransferStage(iter(()), CUDA, 1, host_groups)
     stage.close()
     moved = stage._move(batch)  # staging transfer
+    managed = getattr(model, "managed", None)
+    if managed is not None:  # rows the batch's eviction pass freed are reset where they live
+        managed.before_step(model.embeddings, moved)
     with Tape() as tape:
         emb = model.embed(moved)  # packed lookups, cache exchanges
     with torch.no_grad():
@@ -271,6 +282,8 @@ def run_step(model: Any, batch: Any, host_groups: frozenset[str]) -> None:
         if out.device.type != "cuda":
             raise RuntimeError(f"group {name}: lookup output on {out.device}, not on the compute device")
     tape.backward()  # casted backward + fused sparse update
+    if managed is not None:
+        managed.after_step(moved)  # the model's maps replay the batch's map step
 
 
 def check_spec(spec_path: Path, placements: list[str], mode: FakeCuda) -> list[dict[str, Any]]:
@@ -299,6 +312,7 @@ def check_spec(spec_path: Path, placements: list[str], mode: FakeCuda) -> list[d
         if placement in placements:
             out.append({"spec": spec_path.name, "placement": placement,
                         "findings": [asdict(f) for f in mode.findings], "accounted_d2h": mode.accounted,
+                        "reset_rows": state.get("resets", 0),
                         "seconds": round(time.perf_counter() - start, 2)})
     return out
 
@@ -316,7 +330,8 @@ def check_placement(spec: Any, placement: str, state: dict[str, Any], mode: Fake
 
     if placement == "device":
         model = lowered_for_cuda(spec, "device", lambda g: 0)
-        state["batches"] = staged_batches(spec, model.groups)
+        managed = getattr(model, "managed", None)
+        state["batches"] = staged_batches(spec, model.groups, managed.remapper(True) if managed else None)
         state["window"] = {g.name: max(b.groups[g.name].window_unique.numel() for b in state["batches"])
                            for g in model.groups}
     else:
@@ -334,6 +349,8 @@ def check_placement(spec: Any, placement: str, state: dict[str, Any], mode: Fake
         run_step(model, batch, host)
     mode.in_step = False
     model.close()
+    state["resets"] = sum(int(rows.numel()) for b in batches if b.managed is not None
+                          for rows in b.managed.resets.values())
 
 
 def load_plant(path: Path) -> None:
