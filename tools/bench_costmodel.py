@@ -7,9 +7,13 @@ a shared machine; `--profile FILE` uses one given profile for every spec instead
 model) and compares the plan's prediction (`plan.json` of the run) with the measurement. Step time:
 the predicted step (`cost.step_ms_overlap`; on the CPU staging + compute, since the data threads
 run on the trainer's cores: their time shows up in the trainer's compute seconds, while it waits
-for batches for almost nothing) against the median compute seconds of the steps after
-WARMUP_STEPS (each step timed as the trainer's guarded step call, `Trainer._step`, in the
-`flowrec train` process; the quartiles show the noise). Bytes: the host<->device bytes of a step from the cache counters (every
+for batches for almost nothing) against the compute seconds of the steps after WARMUP_STEPS
+(each step timed as the trainer's guarded step call, `Trainer._step`, in the `flowrec train`
+process), estimated by the same rule as calibration's timings (`flowrec.measure.robust`: the
+median of the steps other processes did not delay, else the wall time extrapolated to no delay;
+the run's own data threads are not other processes: the cores they take from the step are part
+of the step), so that prediction and measurement stand on the same footing on a shared machine;
+the plain median and quartiles show the load). Bytes: the host<->device bytes of a step from the cache counters (every
 group's step traffic per sample times the batch, plus dense features and labels, as the plan
 counts them; hot rows placed at the start and rows written back for checkpoints are not step
 traffic). Bytes are compared only for specs with a group that is not device-resident (the
@@ -17,13 +21,14 @@ counters exist only there); `--device-budget` forces such placements.
 
 Ratios:
     costmodel_max_step_error: max over specs of |predicted / measured - 1| (target <= 0.10), the
-        measured step being the median; costmodel_median_step_error: the median over specs;
+        measured step being the robust estimate; costmodel_median_step_error: the median over specs;
+        costmodel_max_step_error_wall_median: the same against the plain median wall time (the load included);
         costmodel_max_step_error_fastest_quartile: the same against each spec's fastest-quartile
         step (less of the other processes' load on a shared machine).
     costmodel_max_bytes_error: the same for host<->device bytes per step (target <= 0.20).
 
 Usage:
-    python tools/bench_costmodel.py [--steps 12] [--profile FILE] [--device-budget 64MiB] [--cache POLICY]
+    python tools/bench_costmodel.py [--steps 20] [--profile FILE] [--device-budget 64MiB] [--cache POLICY]
         [--specs a.yaml,b.yaml] [--threads N] [--json PATH]
 """
 from __future__ import annotations
@@ -38,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from flowrec.measure import robust  # noqa: E402
 from flowrec.spec import load_spec  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -50,14 +56,17 @@ FLOAT_BYTES = 4  # dense features and labels travel as float32
 
 STEP_TIMES = "FLOWREC_BENCH_STEP_SECONDS "  # the harness's last line: this marker, then JSON
 HARNESS = f"""
-import json, sys, time
+import json, sys
+from flowrec.measure import robust
 from flowrec.runtime import trainer
 seconds = []
 step = trainer.Trainer._step
+clock = robust.SchedClock(exclude=robust.python_side_threads)  # the data threads are the run's own
 def timed(self, batch):
-    t0 = time.perf_counter()
+    started = clock.start()
     out = step(self, batch)
-    seconds.append(time.perf_counter() - t0)
+    r = clock.stop(started)
+    seconds.append([r.wall, r.waited])
     return out
 trainer.Trainer._step = timed
 from flowrec.cli import main
@@ -83,8 +92,8 @@ def flowrec(*args: str, cwd: Path, timed: bool = False) -> str:
 
 
 def train_json(spec: Path, data: Path, profile: Path, steps: int, out: Path, tmp: Path,
-               budget: str | None, cache: str | None) -> tuple[dict[str, Any], list[float]]:
-    """The run's `--json` result and the compute seconds of each of its steps."""
+               budget: str | None, cache: str | None) -> tuple[dict[str, Any], list[list[float]]]:
+    """The run's `--json` result and [wall seconds, other processes' run-queue wait] of each of its steps."""
     text = flowrec("train", str(spec), "--data", str(data), "--max-steps", str(steps), "--epochs", str(EPOCHS),
                    "--target", str(profile), "--device", "cpu", "--out", str(out), "--quiet", "--json",
                    "--eval-every", "0", *(["--device-budget", budget] if budget else []),
@@ -113,24 +122,30 @@ def measured_bytes_per_step(counters: dict[str, Any], batch: int, dense_and_labe
 def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str | None,
                  cache: str | None = None) -> dict[str, Any]:
     """Predicted vs measured for one spec: one run of WARMUP_STEPS + `steps` steps; the measured
-    step is the median compute time of the steps after WARMUP_STEPS."""
+    step is the robust estimate (`flowrec.measure.robust`) over the steps after WARMUP_STEPS."""
     data = tmp / f"{spec.stem}-data"
     flowrec("data", "synth", str(spec), "--rows", str(SYNTH_ROWS), "--out", str(data), cwd=tmp)
     result, seconds = train_json(spec, data, profile, WARMUP_STEPS + steps, tmp / spec.stem, tmp, budget, cache)
     plan = json.loads((tmp / spec.stem / "plan.json").read_text())
     cost = plan["cost"]
-    timed = [s * 1e3 for s in seconds[WARMUP_STEPS:]]
-    measured_ms = quantile(timed, 0.5)
+    rounds = [robust.Round(w * 1e3, q * 1e3) for w, q in seconds[WARMUP_STEPS:]]
+    timed = [r.wall for r in rounds]
+    robust_ms = robust.estimate(rounds)
+    measured_ms = robust_ms.seconds
     predicted_ms = cost["step_ms_overlap"]
     row = {"spec": spec.name, "steps": len(timed), "batch": cost["batch_size"],
            "predicted_step_ms": predicted_ms,
            "predicted_compute_ms": cost["step_ms_serial"] - cost["stage_ms"]["staging"],
            "predicted_stage_ms": cost["stage_ms"], "measured_step_ms": measured_ms,
+           "measured_clean_steps": robust_ms.clean, "measured_method": robust_ms.method,
+           "measured_step_ms_median": quantile(timed, 0.5),
+           "measured_wait_ms_median": quantile([r.waited for r in rounds], 0.5),
            "measured_step_ms_quartiles": [quantile(timed, 0.25), quantile(timed, 0.75)],
            "measured_step_ms_mean": sum(timed) / len(timed),
            "measured_staging_wait_ms": result["stage_seconds"].get("staging_wait", 0.0) / max(result["steps"], 1) * 1e3,
            "step_error": predicted_ms / measured_ms - 1.0,
-           "step_error_fastest_quartile": predicted_ms / quantile(timed, 0.25) - 1.0}
+           "step_error_fastest_quartile": predicted_ms / quantile(timed, 0.25) - 1.0,
+           "step_error_wall_median": predicted_ms / quantile(timed, 0.5) - 1.0}
     if result["counters"]:
         model = load_spec(spec)
         measured = measured_bytes_per_step(result["counters"], cost["batch_size"],
@@ -143,7 +158,7 @@ def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str |
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=12, help=f"timed training steps per spec (after {WARMUP_STEPS} warm-up steps)")
+    parser.add_argument("--steps", type=int, default=20, help=f"timed training steps per spec (after {WARMUP_STEPS} warm-up steps)")
     parser.add_argument("--profile", type=Path, default=None,
                         help="a profile from `flowrec calibrate` for every spec (default: calibrate each spec before its run)")
     parser.add_argument("--device-budget", default=None, help="device budget of every run (forces cache/host placements)")
@@ -175,6 +190,7 @@ def main() -> None:
             print(json.dumps(rows[-1]), flush=True)
     steps = [abs(r["step_error"]) for r in rows if "step_error" in r]
     quick = [abs(r["step_error_fastest_quartile"]) for r in rows if "step_error" in r]
+    plain = [abs(r["step_error_wall_median"]) for r in rows if "step_error" in r]
     byte_errors = [abs(r["bytes_error"]) for r in rows if r.get("bytes_error") is not None]
     result = {
         "benchmark": "costmodel",
@@ -187,6 +203,7 @@ def main() -> None:
         "ratios": {"costmodel_max_step_error": max(steps) if steps else None,
                    "costmodel_median_step_error": quantile(steps, 0.5) if steps else None,
                    "costmodel_max_step_error_fastest_quartile": max(quick) if quick else None,
+                   "costmodel_max_step_error_wall_median": max(plain) if plain else None,
                    "costmodel_max_bytes_error": max(byte_errors) if byte_errors else None},
         "bytes_compared_specs": [r["spec"] for r in rows if r.get("bytes_error") is not None],
     }

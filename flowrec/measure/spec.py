@@ -30,6 +30,7 @@ from flowrec.planner.cost import dense_seconds, dense_update_seconds, device_pro
 from flowrec.planner.manager import make_plan
 from flowrec.planner.op_work import op_signature
 from flowrec.planner.targets import target_for_device
+from flowrec.measure import robust
 from flowrec.measure.calibrate import interleaved_seconds
 from flowrec.measure.step import dense_step_seconds, op_seconds, staging_cpu_seconds, step_seconds, with_batch
 from flowrec.spec.model import ModelSpec
@@ -141,10 +142,11 @@ def _framework_us(spec: ModelSpec, device: torch.device, plan_for) -> tuple[floa
         plan = plan_for(batch)
         stages = dict(plan.cost.stage_ms)
         predicted_ms = plan.cost.step_ms_serial - stages["staging"] - stages["transfer"]
-        isolated = step_seconds(plan, with_batch(spec, batch), device, TINY_STEPS)
-        measured_ms = min(isolated) * 1e3  # the machine's, not a burst of other load's
+        isolated = robust.LOG.add(robust.estimate(step_seconds(plan, with_batch(spec, batch), device, TINY_STEPS)))
+        measured_ms = isolated.seconds * 1e3  # the machine's, not its neighbours' load
         residuals.append((measured_ms - predicted_ms) * 1e3)
-        details[str(batch)] = {"measured_ms": measured_ms, "predicted_ms": predicted_ms}
+        details[str(batch)] = {"measured_ms": measured_ms, "predicted_ms": predicted_ms,
+                               "clean_steps": isolated.clean, "method": isolated.method}
     return max(0.0, statistics.mean(residuals)), details
 
 
@@ -160,10 +162,12 @@ def _compute_scale(spec: ModelSpec, device: torch.device, plan_for, profile: Pat
     forward, backward = dense_seconds(graph, priced, -(-batch // micro), spec.training.precision == "bf16",
                                       spec.training.precision)
     work_ms = ((forward + backward) * micro + dense_update_seconds(graph, spec, priced)) * 1e3
-    measured_ms = min(dense_step_seconds(plan, spec, device, FULL_STEPS)) * 1e3
+    timed = robust.LOG.add(robust.estimate(dense_step_seconds(plan, spec, device, FULL_STEPS)))
+    measured_ms = timed.seconds * 1e3
     low, high = COMPUTE_SCALE_RANGE
     scale = min(high, max(low, measured_ms / work_ms)) if work_ms > 0 else 1.0
-    return scale, {"measured_dense_ms": measured_ms, "predicted_dense_ms": work_ms}
+    return scale, {"measured_dense_ms": measured_ms, "predicted_dense_ms": work_ms,
+                   "clean_steps": timed.clean, "method": timed.method}
 
 
 def _staging_rate(spec: ModelSpec, plan: Any) -> tuple[float, dict[str, Any]]:
