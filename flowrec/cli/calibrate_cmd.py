@@ -97,8 +97,8 @@ def calibrate(
         typer.echo(f"{key:24s} {shown_value(entry['value']):>12s}  ({entry['how']})")
     timing = details["timing"]
     typer.echo(f"timed {timing['rounds']} rounds, {timing['rejected_rounds']} delayed by other processes "
-               f"({timing['extrapolated_measurements']} of {timing['measurements']} measurements extrapolated "
-               f"to no delay); load average {', '.join(f'{x:.2f}' for x in timing['loadavg_1min'])}")
+               f"({timing['extrapolated_measurements']} of {timing['measurements']} measurements without clean "
+               f"rounds: their fastest less its delay); load average {', '.join(f'{x:.2f}' for x in timing['loadavg_1min'])}")
     typer.echo(f"measured in {details['seconds']:.1f} s; wrote {path} (use: flowrec plan SPEC --target {path})")
 
 
