@@ -19,6 +19,11 @@ counts them; hot rows placed at the start and rows written back for checkpoints 
 traffic). Bytes are compared only for specs with a group that is not device-resident (the
 counters exist only there); `--device-budget` forces such placements.
 
+With `--nproc N` every calibration also measures this machine's collectives (`flowrec calibrate
+--nproc N`) and every run trains on N local ranks (gloo, through flowrec's launcher): the plan's
+per-rank step, its exchange priced by the measured link, against the slowest rank's step (the
+ranks meet in each step's collectives), estimated by the same rule.
+
 Ratios:
     costmodel_max_step_error: max over specs of |predicted / measured - 1| (target <= 0.10), the
         measured step being the robust estimate; costmodel_median_step_error: the median over specs;
@@ -29,13 +34,14 @@ Ratios:
 
 Usage:
     python tools/bench_costmodel.py [--steps 20] [--profile FILE] [--device-budget 64MiB] [--cache POLICY]
-        [--specs a.yaml,b.yaml] [--threads N] [--json PATH]
+        [--specs a.yaml,b.yaml] [--threads N] [--nproc N] [--json PATH]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -54,9 +60,10 @@ WARMUP_STEPS = 2  # steps whose compute time (first-call set-up) is not counted
 FLOAT_BYTES = 4  # dense features and labels travel as float32
 
 
-STEP_TIMES = "FLOWREC_BENCH_STEP_SECONDS "  # the harness's last line: this marker, then JSON
+TIMES_ENV = "FLOWREC_BENCH_TIMES"  # the folder each process of a run writes its step rounds to
+HARNESS_MODULE = "_bench_costmodel_harness"  # `python -m` it: `flowrec` with the trainer's step timed
 HARNESS = f"""
-import json, sys
+import json, os, sys
 from flowrec.measure import robust
 from flowrec.runtime import trainer
 seconds = []
@@ -69,21 +76,48 @@ def timed(self, batch):
     seconds.append([r.wall, r.waited])
     return out
 trainer.Trainer._step = timed
+def dump():
+    path = os.path.join(os.environ["{TIMES_ENV}"], "rank" + os.environ.get("RANK", "0") + ".json")
+    with open(path, "w") as f:
+        json.dump(seconds, f)
+hard_exit = os._exit
+def exiting(code):  # a finished rank ends without the interpreter's teardown (`train_cmds._exit_finished_rank`)
+    dump()
+    hard_exit(code)
+os._exit = exiting
 from flowrec.cli import main
 sys.argv = ["flowrec", *sys.argv[1:]]
 try:
     main()
 finally:
-    print("{STEP_TIMES}" + json.dumps(seconds), flush=True)
+    dump()
 """
 
 
 THREADS: dict[str, str] = {}  # --threads: OMP_NUM_THREADS of every flowrec process (calibration and runs)
 
 
-def flowrec(*args: str, cwd: Path, timed: bool = False) -> str:
-    env = {**os.environ, "PYTHONPATH": str(REPO), **THREADS}
-    command = ["-c", HARNESS] if timed else ["-m", "flowrec"]
+def flowrec(*args: str, cwd: Path, timed: bool = False, nproc: int = 1) -> str:
+    """Run `flowrec ARGS` (`timed`: through the harness, each step's rounds written under
+    cwd/times; `nproc` > 1: on that many local ranks through flowrec's launcher)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(cwd)]), **THREADS}
+    command = ["-m", "flowrec"]
+    if timed:
+        (cwd / f"{HARNESS_MODULE}.py").write_text(HARNESS)
+        times = cwd / "times"
+        shutil.rmtree(times, ignore_errors=True)
+        times.mkdir()
+        env[TIMES_ENV] = str(times)
+        command = ["-m", HARNESS_MODULE]
+    if nproc > 1:
+        from flowrec.cli.ranks import NPROC_ENV
+        from flowrec.data.cores import thread_budget
+
+        threads = str(thread_budget(ranks=nproc).compute)
+        env = {"OMP_NUM_THREADS": threads, "NUMBA_NUM_THREADS": threads, **env, NPROC_ENV: str(nproc),
+               "LOGLEVEL": "CRITICAL"}
+        command = ["-m", "flowrec.cli.ranks", "--standalone", f"--nproc-per-node={nproc}", "--max-restarts=0",
+                   "--monitor-interval=0.5", *command]
     done = subprocess.run([sys.executable, *command, *args], cwd=cwd, env=env, timeout=RUN_TIMEOUT_S,
                           capture_output=True, text=True)
     if done.returncode != 0:
@@ -92,14 +126,19 @@ def flowrec(*args: str, cwd: Path, timed: bool = False) -> str:
 
 
 def train_json(spec: Path, data: Path, profile: Path, steps: int, out: Path, tmp: Path,
-               budget: str | None, cache: str | None) -> tuple[dict[str, Any], list[list[float]]]:
-    """The run's `--json` result and [wall seconds, other processes' run-queue wait] of each of its steps."""
+               budget: str | None, cache: str | None, nproc: int = 1) -> tuple[dict[str, Any], list[robust.Round]]:
+    """The run's `--json` result (rank 0's) and a round per step: the slowest rank's wall seconds
+    (the ranks meet in every step's collectives) and that rank's wait for cores taken by other
+    processes (`flowrec.measure.robust`)."""
     text = flowrec("train", str(spec), "--data", str(data), "--max-steps", str(steps), "--epochs", str(EPOCHS),
                    "--target", str(profile), "--device", "cpu", "--out", str(out), "--quiet", "--json",
                    "--eval-every", "0", *(["--device-budget", budget] if budget else []),
-                   *(["--cache", cache] if cache else []), cwd=tmp, timed=True)
-    body, _, times = text.rpartition(STEP_TIMES)
-    return json.loads(body[body.index("{"):]), json.loads(times)
+                   *(["--cache", cache] if cache else []), cwd=tmp, timed=True, nproc=nproc)
+    ranks = [json.loads(p.read_text()) for p in sorted((tmp / "times").glob("rank*.json"))]
+    if len(ranks) != nproc or len({len(r) for r in ranks}) != 1:
+        raise RuntimeError(f"expected step times of {nproc} ranks with as many steps each, got {[len(r) for r in ranks]}")
+    rounds = [robust.Round(*max(per_rank, key=lambda wq: wq[0])) for per_rank in zip(*ranks)]
+    return json.loads(text[text.index("{"):text.rindex("}") + 1]), rounds
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -120,21 +159,24 @@ def measured_bytes_per_step(counters: dict[str, Any], batch: int, dense_and_labe
 
 
 def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str | None,
-                 cache: str | None = None) -> dict[str, Any]:
-    """Predicted vs measured for one spec: one run of WARMUP_STEPS + `steps` steps; the measured
-    step is the robust estimate (`flowrec.measure.robust`) over the steps after WARMUP_STEPS."""
+                 cache: str | None = None, nproc: int = 1) -> dict[str, Any]:
+    """Predicted vs measured for one spec: one run of WARMUP_STEPS + `steps` steps (on `nproc`
+    ranks); the measured step is the robust estimate (`flowrec.measure.robust`) over the steps
+    after WARMUP_STEPS."""
     data = tmp / f"{spec.stem}-data"
     flowrec("data", "synth", str(spec), "--rows", str(SYNTH_ROWS), "--out", str(data), cwd=tmp)
-    result, seconds = train_json(spec, data, profile, WARMUP_STEPS + steps, tmp / spec.stem, tmp, budget, cache)
+    result, seconds = train_json(spec, data, profile, WARMUP_STEPS + steps, tmp / spec.stem, tmp, budget, cache,
+                                 nproc)
     plan = json.loads((tmp / spec.stem / "plan.json").read_text())
     cost = plan["cost"]
-    rounds = [robust.Round(w * 1e3, q * 1e3) for w, q in seconds[WARMUP_STEPS:]]
+    rounds = [robust.Round(r.wall * 1e3, r.waited * 1e3) for r in seconds[WARMUP_STEPS:]]
     timed = [r.wall for r in rounds]
     robust_ms = robust.estimate(rounds)
     measured_ms = robust_ms.seconds
     predicted_ms = cost["step_ms_overlap"]
-    row = {"spec": spec.name, "steps": len(timed), "batch": cost["batch_size"],
-           "predicted_step_ms": predicted_ms,
+    row = {"spec": spec.name, "steps": len(timed), "batch": cost["batch_size"], "world_size": cost["world_size"],
+           "predicted_step_ms": predicted_ms, "predicted_exchange_ms": cost.get("exchange_ms", 0.0),
+           "predicted_exchange_bytes": cost.get("exchange_bytes_per_step", 0),
            "predicted_compute_ms": cost["step_ms_serial"] - cost["stage_ms"]["staging"],
            "predicted_stage_ms": cost["stage_ms"], "measured_step_ms": measured_ms,
            "measured_clean_steps": robust_ms.clean, "measured_method": robust_ms.method,
@@ -148,8 +190,8 @@ def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str |
            "step_error_wall_median": predicted_ms / quantile(timed, 0.5) - 1.0}
     if result["counters"]:
         model = load_spec(spec)
-        measured = measured_bytes_per_step(result["counters"], cost["batch_size"],
-                                           len(model.dense_features) + len(model.heads))
+        measured = measured_bytes_per_step(result["counters"], -(-cost["batch_size"] // cost["world_size"]),
+                                           len(model.dense_features) + len(model.heads))  # one rank's
         row["measured_h2d_bytes"] = measured
         row["predicted_h2d_bytes"] = cost["h2d_bytes_per_step"]
         row["bytes_error"] = cost["h2d_bytes_per_step"] / measured - 1.0 if measured else None
@@ -167,7 +209,13 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=REPO / "bench/results/costmodel_cpu.json")
     parser.add_argument("--threads", type=int, default=None,
                         help="compute threads of calibration and runs (OMP_NUM_THREADS; default: torch's, one per core)")
+    parser.add_argument("--nproc", type=int, default=1,
+                        help="ranks of every run (local processes, gloo); with N > 1 each calibration also measures "
+                             "the collectives (`flowrec calibrate --nproc N`), so the plan prices its exchange "
+                             "with this machine's link; the measured step is the slowest rank's")
     args = parser.parse_args()
+    if args.nproc < 1:
+        parser.error("--nproc must be at least 1")
     if args.threads:
         THREADS["OMP_NUM_THREADS"] = str(args.threads)
     specs = sorted((REPO / "specs").glob("*.yaml"))
@@ -180,11 +228,13 @@ def main() -> None:
             profile = args.profile or tmp / f"{spec.stem}-profile.json"
             try:
                 if args.profile is None:
-                    flowrec("calibrate", str(spec), "--device", "cpu", "--out", str(profile), cwd=tmp)
+                    flowrec("calibrate", str(spec), "--device", "cpu", "--out", str(profile),
+                            *(["--nproc", str(args.nproc)] if args.nproc > 1 else []), cwd=tmp)
                 doc = json.loads(Path(profile).read_text())
                 calibrations[spec.name] = {"seconds": doc.get("details", {}).get("seconds"),
                                            **{k: v["value"] for k, v in doc["measured"].items()}}
-                rows.append(measure_spec(spec, Path(profile), args.steps, tmp, args.device_budget, args.cache))
+                rows.append(measure_spec(spec, Path(profile), args.steps, tmp, args.device_budget, args.cache,
+                                         args.nproc))
             except (RuntimeError, subprocess.TimeoutExpired) as exc:
                 rows.append({"spec": spec.name, "error": str(exc)})
             print(json.dumps(rows[-1]), flush=True)
@@ -198,6 +248,7 @@ def main() -> None:
                                                                   **next(iter(calibrations.values()), {})},
         "device_budget": args.device_budget,
         "threads": args.threads,
+        "nproc": args.nproc,
         "cache": args.cache,
         "specs": rows,
         "ratios": {"costmodel_max_step_error": max(steps) if steps else None,
