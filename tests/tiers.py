@@ -56,7 +56,7 @@ FILES: dict[str, frozenset[str]] = {
         "test_cli_doctor", "test_cli_plan", "test_cli_spec", "test_cli_spec_hostile", "test_dist_rows",
     )},
     **{f"tests/integration/{name}.py": frozenset({"processes"}) for name in (
-        "test_bench_dist_smoke", "test_bench_train_smoke", "test_data_bench", "test_dist_embedding",
+        "test_bench_costmodel_smoke", "test_bench_dist_smoke", "test_bench_train_smoke", "test_data_bench", "test_dist_embedding",
         "test_dist_incremental", "test_dist_specs", "test_dist_train", "test_sigkill_resume",
         "test_nproc_signals", "test_dist_managed",
     )},
