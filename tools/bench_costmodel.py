@@ -94,7 +94,7 @@ finally:
 """
 
 
-THREADS: dict[str, str] = {}  # --threads: OMP_NUM_THREADS of every flowrec process (calibration and runs)
+THREADS: dict[str, str] = {}  # --threads: OMP_NUM_THREADS and NUMBA_NUM_THREADS of every flowrec process
 
 
 def flowrec(*args: str, cwd: Path, timed: bool = False, nproc: int = 1) -> str:
@@ -208,7 +208,7 @@ def main() -> None:
     parser.add_argument("--specs", default="", help="comma-separated spec file names (default: all of specs/)")
     parser.add_argument("--json", type=Path, default=REPO / "bench/results/costmodel_cpu.json")
     parser.add_argument("--threads", type=int, default=None,
-                        help="compute threads of calibration and runs (OMP_NUM_THREADS; default: torch's, one per core)")
+                        help="compute threads of calibration and runs (OMP_NUM_THREADS and NUMBA_NUM_THREADS; default: one per core)")
     parser.add_argument("--nproc", type=int, default=1,
                         help="ranks of every run (local processes, gloo); with N > 1 each calibration also measures "
                              "the collectives (`flowrec calibrate --nproc N`), so the plan prices its exchange "
@@ -217,7 +217,9 @@ def main() -> None:
     if args.nproc < 1:
         parser.error("--nproc must be at least 1")
     if args.threads:
-        THREADS["OMP_NUM_THREADS"] = str(args.threads)
+        # numba's OpenMP layer (the fused sparse kernels) sets the process's OpenMP threads to its own
+        # count when it starts, torch's included: both, or torch runs NUMBA_NUM_THREADS threads
+        THREADS.update(OMP_NUM_THREADS=str(args.threads), NUMBA_NUM_THREADS=str(args.threads))
     specs = sorted((REPO / "specs").glob("*.yaml"))
     if args.specs:
         specs = [s for s in specs if s.name in args.specs.split(",")]
