@@ -187,7 +187,8 @@ def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str |
            "measured_staging_wait_ms": result["stage_seconds"].get("staging_wait", 0.0) / max(result["steps"], 1) * 1e3,
            "step_error": predicted_ms / measured_ms - 1.0,
            "step_error_fastest_quartile": predicted_ms / quantile(timed, 0.25) - 1.0,
-           "step_error_wall_median": predicted_ms / quantile(timed, 0.5) - 1.0}
+           "step_error_wall_median": predicted_ms / quantile(timed, 0.5) - 1.0,
+           "measured_rounds_ms": [[round(r.wall, 4), round(r.waited, 4)] for r in rounds]}
     if result["counters"]:
         model = load_spec(spec)
         measured = measured_bytes_per_step(result["counters"], -(-cost["batch_size"] // cost["world_size"]),
