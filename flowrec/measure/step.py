@@ -148,6 +148,47 @@ def staging_cpu_seconds(spec: ModelSpec, plan: Any, batches: int = STEPS) -> tup
     return cpu / max(len(values) - 1, 1), statistics.mean(values)
 
 
+def live_step_seconds(plan: Any, spec: ModelSpec, device: torch.device, steps: int = STEPS
+                      ) -> tuple[list[robust.Round], list[robust.Round]]:
+    """Timed rounds (`flowrec.measure.robust`) of `steps` training steps of `plan` (after
+    WARMUP_STEPS) fed live by the trainer's batch pipeline over an encoded Parquet dataset of
+    synthetic rows, its data threads running beside the steps as in training (their CPU time is
+    the process's own: `robust.python_side_threads`), and as many on batches staged beforehand
+    (first; the same model and optimizer then continue live): (live, staged). The difference is what the data
+    threads cost the steps on this machine: cores and the interpreter lock shared."""
+    tune_host_allocator()
+    batches = WARMUP_STEPS + steps
+    with tempfile.TemporaryDirectory(prefix="flowrec-calibrate-") as tmp:
+        data = Path(tmp) / "data"
+        synth_dataset(spec, data, spec.training.batch_size * (batches + 1))
+        source = ParquetSource(data)
+        model = lower(plan, spec, device)
+        try:
+            opt = spec.dense_optimizer
+            optimizer = make_dense_optimizer(model, opt.name, opt.lr, dict(opt.params))
+            guarded, micro = LossGuard(model), int(plan.meta.micro_batches)
+            clock = robust.SchedClock(exclude=robust.python_side_threads)
+
+            def timed(batch: Any) -> robust.Round:
+                started = clock.start()
+                train_step(guarded, optimizer, batch, micro, spec.training.precision, spec.training.clip_grad_norm)
+                runtime_for(model.device).synchronize()
+                return clock.stop(started)
+
+            quiet = [timed(batch) for batch in _staged(spec, plan, batches)]
+            live = []
+            with iterate_batches(spec, source, _options(spec, plan), 0, 0, tuple(plan.meta.groups),
+                                 remap=fresh_remapper(spec, tuple(plan.meta.groups))) as pipeline:
+                for batch in pipeline:
+                    live.append(timed(batch))
+                    if len(live) == batches:
+                        break
+        finally:
+            model.close()
+            source.close()
+    return live[WARMUP_STEPS:], quiet[WARMUP_STEPS:]
+
+
 def _values(batch: Any) -> float:
     """Ids and dense values a batch carries."""
     return float(sum(g.ids.numel() for g in batch.groups.values()) + batch.dense.numel())
