@@ -41,6 +41,7 @@ FILES: dict[str, frozenset[str]] = {
         "test_managed_spec", "test_managed_map", "test_managed_shards", "test_days", "test_self_attention", "test_similarity",
         "test_retrieval", "test_calibrate_collective", "test_targets", "test_compiled_fallback",
         "test_dense_optimizer_fused", "test_source_mlp", "test_next_item_data", "test_truncate", "test_memory_fit",
+        "test_robust_timing", "test_cost_kinds",
     )},
     "tests/unit/test_lifecycle_hostile.py": FAST,  # hostile input to runs, --follow, plan --managed-from
     "tests/unit/test_model_language_hostile.py": FAST,  # hostile specs of custom, heads, retrieval, sequences
@@ -58,7 +59,7 @@ FILES: dict[str, frozenset[str]] = {
         "test_cli_doctor", "test_cli_plan", "test_cli_spec", "test_cli_spec_hostile", "test_dist_rows",
     )},
     **{f"tests/integration/{name}.py": frozenset({"processes"}) for name in (
-        "test_bench_dist_smoke", "test_bench_train_smoke", "test_data_bench", "test_dist_embedding",
+        "test_bench_costmodel_smoke", "test_bench_dist_smoke", "test_bench_train_smoke", "test_data_bench", "test_dist_embedding",
         "test_dist_incremental", "test_dist_specs", "test_dist_train", "test_sigkill_resume",
         "test_dist_managed_owner",
         "test_nproc_signals", "test_dist_managed",
@@ -107,6 +108,7 @@ TESTS: dict[str, frozenset[str]] = {
         "test_managed_map.py::test_entries_merge_equals_a_sort_of_both",
         "test_similarity.py::test_two_tower_trains_like_plain_pytorch",
         "test_cost_calibrated.py::test_dense_step_seconds_times_real_dense_steps",
+        "test_cost_calibrated.py::test_live_step_seconds_times_steps_fed_by_the_pipeline",
         "test_table_l2.py::test_training_with_table_l2_equals_the_loss_term_reference",
     )},
 }

@@ -7,30 +7,41 @@ a shared machine; `--profile FILE` uses one given profile for every spec instead
 model) and compares the plan's prediction (`plan.json` of the run) with the measurement. Step time:
 the predicted step (`cost.step_ms_overlap`; on the CPU staging + compute, since the data threads
 run on the trainer's cores: their time shows up in the trainer's compute seconds, while it waits
-for batches for almost nothing) against the median compute seconds of the steps after
-WARMUP_STEPS (each step timed as the trainer's guarded step call, `Trainer._step`, in the
-`flowrec train` process; the quartiles show the noise). Bytes: the host<->device bytes of a step from the cache counters (every
+for batches for almost nothing) against the compute seconds of the steps after WARMUP_STEPS
+(each step timed as the trainer's guarded step call, `Trainer._step`, in the `flowrec train`
+process), estimated by the same rule as calibration's timings (`flowrec.measure.robust`: the
+median of the steps other processes did not delay, else the fastest one less its wait;
+the run's own data threads are not other processes: the cores they take from the step are part
+of the step), so that prediction and measurement stand on the same footing on a shared machine;
+the plain median and quartiles show the load). Bytes: the host<->device bytes of a step from the cache counters (every
 group's step traffic per sample times the batch, plus dense features and labels, as the plan
 counts them; hot rows placed at the start and rows written back for checkpoints are not step
 traffic). Bytes are compared only for specs with a group that is not device-resident (the
 counters exist only there); `--device-budget` forces such placements.
 
+With `--nproc N` every calibration also measures this machine's collectives (`flowrec calibrate
+--nproc N`) and every run trains on N local ranks (gloo, through flowrec's launcher): the plan's
+per-rank step, its exchange priced by the measured link, against the slowest rank's step (the
+ranks meet in each step's collectives), estimated by the same rule.
+
 Ratios:
     costmodel_max_step_error: max over specs of |predicted / measured - 1| (target <= 0.10), the
-        measured step being the median; costmodel_median_step_error: the median over specs;
+        measured step being the robust estimate; costmodel_median_step_error: the median over specs;
+        costmodel_max_step_error_wall_median: the same against the plain median wall time (the load included);
         costmodel_max_step_error_fastest_quartile: the same against each spec's fastest-quartile
         step (less of the other processes' load on a shared machine).
     costmodel_max_bytes_error: the same for host<->device bytes per step (target <= 0.20).
 
 Usage:
-    python tools/bench_costmodel.py [--steps 12] [--profile FILE] [--device-budget 64MiB] [--cache POLICY]
-        [--specs a.yaml,b.yaml] [--threads N] [--json PATH]
+    python tools/bench_costmodel.py [--steps 20] [--profile FILE] [--device-budget 64MiB] [--cache POLICY]
+        [--specs a.yaml,b.yaml] [--threads N] [--nproc N] [--json PATH]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -38,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from flowrec.measure import robust  # noqa: E402
 from flowrec.spec import load_spec  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,33 +60,64 @@ WARMUP_STEPS = 2  # steps whose compute time (first-call set-up) is not counted
 FLOAT_BYTES = 4  # dense features and labels travel as float32
 
 
-STEP_TIMES = "FLOWREC_BENCH_STEP_SECONDS "  # the harness's last line: this marker, then JSON
+TIMES_ENV = "FLOWREC_BENCH_TIMES"  # the folder each process of a run writes its step rounds to
+HARNESS_MODULE = "_bench_costmodel_harness"  # `python -m` it: `flowrec` with the trainer's step timed
 HARNESS = f"""
-import json, sys, time
+import json, os, sys
+from flowrec.measure import robust
 from flowrec.runtime import trainer
 seconds = []
 step = trainer.Trainer._step
+clock = robust.SchedClock(exclude=robust.python_side_threads)  # the data threads are the run's own
 def timed(self, batch):
-    t0 = time.perf_counter()
+    started = clock.start()
     out = step(self, batch)
-    seconds.append(time.perf_counter() - t0)
+    r = clock.stop(started)
+    seconds.append([r.wall, r.waited])
     return out
 trainer.Trainer._step = timed
+def dump():
+    path = os.path.join(os.environ["{TIMES_ENV}"], "rank" + os.environ.get("RANK", "0") + ".json")
+    with open(path, "w") as f:
+        json.dump(seconds, f)
+hard_exit = os._exit
+def exiting(code):  # a finished rank ends without the interpreter's teardown (`train_cmds._exit_finished_rank`)
+    dump()
+    hard_exit(code)
+os._exit = exiting
 from flowrec.cli import main
 sys.argv = ["flowrec", *sys.argv[1:]]
 try:
     main()
 finally:
-    print("{STEP_TIMES}" + json.dumps(seconds), flush=True)
+    dump()
 """
 
 
-THREADS: dict[str, str] = {}  # --threads: OMP_NUM_THREADS of every flowrec process (calibration and runs)
+THREADS: dict[str, str] = {}  # --threads: OMP_NUM_THREADS and NUMBA_NUM_THREADS of every flowrec process
 
 
-def flowrec(*args: str, cwd: Path, timed: bool = False) -> str:
-    env = {**os.environ, "PYTHONPATH": str(REPO), **THREADS}
-    command = ["-c", HARNESS] if timed else ["-m", "flowrec"]
+def flowrec(*args: str, cwd: Path, timed: bool = False, nproc: int = 1) -> str:
+    """Run `flowrec ARGS` (`timed`: through the harness, each step's rounds written under
+    cwd/times; `nproc` > 1: on that many local ranks through flowrec's launcher)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(cwd)]), **THREADS}
+    command = ["-m", "flowrec"]
+    if timed:
+        (cwd / f"{HARNESS_MODULE}.py").write_text(HARNESS)
+        times = cwd / "times"
+        shutil.rmtree(times, ignore_errors=True)
+        times.mkdir()
+        env[TIMES_ENV] = str(times)
+        command = ["-m", HARNESS_MODULE]
+    if nproc > 1:
+        from flowrec.cli.ranks import NPROC_ENV
+        from flowrec.data.cores import thread_budget
+
+        threads = str(thread_budget(ranks=nproc).compute)
+        env = {"OMP_NUM_THREADS": threads, "NUMBA_NUM_THREADS": threads, **env, NPROC_ENV: str(nproc),
+               "LOGLEVEL": "CRITICAL"}
+        command = ["-m", "flowrec.cli.ranks", "--standalone", f"--nproc-per-node={nproc}", "--max-restarts=0",
+                   "--monitor-interval=0.5", *command]
     done = subprocess.run([sys.executable, *command, *args], cwd=cwd, env=env, timeout=RUN_TIMEOUT_S,
                           capture_output=True, text=True)
     if done.returncode != 0:
@@ -83,14 +126,19 @@ def flowrec(*args: str, cwd: Path, timed: bool = False) -> str:
 
 
 def train_json(spec: Path, data: Path, profile: Path, steps: int, out: Path, tmp: Path,
-               budget: str | None, cache: str | None) -> tuple[dict[str, Any], list[float]]:
-    """The run's `--json` result and the compute seconds of each of its steps."""
+               budget: str | None, cache: str | None, nproc: int = 1) -> tuple[dict[str, Any], list[robust.Round]]:
+    """The run's `--json` result (rank 0's) and a round per step: the slowest rank's wall seconds
+    (the ranks meet in every step's collectives) and that rank's wait for cores taken by other
+    processes (`flowrec.measure.robust`)."""
     text = flowrec("train", str(spec), "--data", str(data), "--max-steps", str(steps), "--epochs", str(EPOCHS),
                    "--target", str(profile), "--device", "cpu", "--out", str(out), "--quiet", "--json",
                    "--eval-every", "0", *(["--device-budget", budget] if budget else []),
-                   *(["--cache", cache] if cache else []), cwd=tmp, timed=True)
-    body, _, times = text.rpartition(STEP_TIMES)
-    return json.loads(body[body.index("{"):]), json.loads(times)
+                   *(["--cache", cache] if cache else []), cwd=tmp, timed=True, nproc=nproc)
+    ranks = [json.loads(p.read_text()) for p in sorted((tmp / "times").glob("rank*.json"))]
+    if len(ranks) != nproc or len({len(r) for r in ranks}) != 1:
+        raise RuntimeError(f"expected step times of {nproc} ranks with as many steps each, got {[len(r) for r in ranks]}")
+    rounds = [robust.Round(*max(per_rank, key=lambda wq: wq[0])) for per_rank in zip(*ranks)]
+    return json.loads(text[text.index("{"):text.rindex("}") + 1]), rounds
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -111,30 +159,40 @@ def measured_bytes_per_step(counters: dict[str, Any], batch: int, dense_and_labe
 
 
 def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str | None,
-                 cache: str | None = None) -> dict[str, Any]:
-    """Predicted vs measured for one spec: one run of WARMUP_STEPS + `steps` steps; the measured
-    step is the median compute time of the steps after WARMUP_STEPS."""
+                 cache: str | None = None, nproc: int = 1) -> dict[str, Any]:
+    """Predicted vs measured for one spec: one run of WARMUP_STEPS + `steps` steps (on `nproc`
+    ranks); the measured step is the robust estimate (`flowrec.measure.robust`) over the steps
+    after WARMUP_STEPS."""
     data = tmp / f"{spec.stem}-data"
     flowrec("data", "synth", str(spec), "--rows", str(SYNTH_ROWS), "--out", str(data), cwd=tmp)
-    result, seconds = train_json(spec, data, profile, WARMUP_STEPS + steps, tmp / spec.stem, tmp, budget, cache)
+    result, seconds = train_json(spec, data, profile, WARMUP_STEPS + steps, tmp / spec.stem, tmp, budget, cache,
+                                 nproc)
     plan = json.loads((tmp / spec.stem / "plan.json").read_text())
     cost = plan["cost"]
-    timed = [s * 1e3 for s in seconds[WARMUP_STEPS:]]
-    measured_ms = quantile(timed, 0.5)
+    rounds = [robust.Round(r.wall * 1e3, r.waited * 1e3) for r in seconds[WARMUP_STEPS:]]
+    timed = [r.wall for r in rounds]
+    robust_ms = robust.estimate(rounds)
+    measured_ms = robust_ms.seconds
     predicted_ms = cost["step_ms_overlap"]
-    row = {"spec": spec.name, "steps": len(timed), "batch": cost["batch_size"],
-           "predicted_step_ms": predicted_ms,
+    row = {"spec": spec.name, "steps": len(timed), "batch": cost["batch_size"], "world_size": cost["world_size"],
+           "predicted_step_ms": predicted_ms, "predicted_exchange_ms": cost.get("exchange_ms", 0.0),
+           "predicted_exchange_bytes": cost.get("exchange_bytes_per_step", 0),
            "predicted_compute_ms": cost["step_ms_serial"] - cost["stage_ms"]["staging"],
            "predicted_stage_ms": cost["stage_ms"], "measured_step_ms": measured_ms,
+           "measured_clean_steps": robust_ms.clean, "measured_method": robust_ms.method,
+           "measured_step_ms_median": quantile(timed, 0.5),
+           "measured_wait_ms_median": quantile([r.waited for r in rounds], 0.5),
            "measured_step_ms_quartiles": [quantile(timed, 0.25), quantile(timed, 0.75)],
            "measured_step_ms_mean": sum(timed) / len(timed),
            "measured_staging_wait_ms": result["stage_seconds"].get("staging_wait", 0.0) / max(result["steps"], 1) * 1e3,
            "step_error": predicted_ms / measured_ms - 1.0,
-           "step_error_fastest_quartile": predicted_ms / quantile(timed, 0.25) - 1.0}
+           "step_error_fastest_quartile": predicted_ms / quantile(timed, 0.25) - 1.0,
+           "step_error_wall_median": predicted_ms / quantile(timed, 0.5) - 1.0,
+           "measured_rounds_ms": [[round(r.wall, 4), round(r.waited, 4)] for r in rounds]}
     if result["counters"]:
         model = load_spec(spec)
-        measured = measured_bytes_per_step(result["counters"], cost["batch_size"],
-                                           len(model.dense_features) + len(model.heads))
+        measured = measured_bytes_per_step(result["counters"], -(-cost["batch_size"] // cost["world_size"]),
+                                           len(model.dense_features) + len(model.heads))  # one rank's
         row["measured_h2d_bytes"] = measured
         row["predicted_h2d_bytes"] = cost["h2d_bytes_per_step"]
         row["bytes_error"] = cost["h2d_bytes_per_step"] / measured - 1.0 if measured else None
@@ -143,7 +201,7 @@ def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str |
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=12, help=f"timed training steps per spec (after {WARMUP_STEPS} warm-up steps)")
+    parser.add_argument("--steps", type=int, default=20, help=f"timed training steps per spec (after {WARMUP_STEPS} warm-up steps)")
     parser.add_argument("--profile", type=Path, default=None,
                         help="a profile from `flowrec calibrate` for every spec (default: calibrate each spec before its run)")
     parser.add_argument("--device-budget", default=None, help="device budget of every run (forces cache/host placements)")
@@ -151,10 +209,18 @@ def main() -> None:
     parser.add_argument("--specs", default="", help="comma-separated spec file names (default: all of specs/)")
     parser.add_argument("--json", type=Path, default=REPO / "bench/results/costmodel_cpu.json")
     parser.add_argument("--threads", type=int, default=None,
-                        help="compute threads of calibration and runs (OMP_NUM_THREADS; default: torch's, one per core)")
+                        help="compute threads of calibration and runs (OMP_NUM_THREADS and NUMBA_NUM_THREADS; default: one per core)")
+    parser.add_argument("--nproc", type=int, default=1,
+                        help="ranks of every run (local processes, gloo); with N > 1 each calibration also measures "
+                             "the collectives (`flowrec calibrate --nproc N`), so the plan prices its exchange "
+                             "with this machine's link; the measured step is the slowest rank's")
     args = parser.parse_args()
+    if args.nproc < 1:
+        parser.error("--nproc must be at least 1")
     if args.threads:
-        THREADS["OMP_NUM_THREADS"] = str(args.threads)
+        # numba's OpenMP layer (the fused sparse kernels) sets the process's OpenMP threads to its own
+        # count when it starts, torch's included: both, or torch runs NUMBA_NUM_THREADS threads
+        THREADS.update(OMP_NUM_THREADS=str(args.threads), NUMBA_NUM_THREADS=str(args.threads))
     specs = sorted((REPO / "specs").glob("*.yaml"))
     if args.specs:
         specs = [s for s in specs if s.name in args.specs.split(",")]
@@ -165,16 +231,19 @@ def main() -> None:
             profile = args.profile or tmp / f"{spec.stem}-profile.json"
             try:
                 if args.profile is None:
-                    flowrec("calibrate", str(spec), "--device", "cpu", "--out", str(profile), cwd=tmp)
+                    flowrec("calibrate", str(spec), "--device", "cpu", "--out", str(profile),
+                            *(["--nproc", str(args.nproc)] if args.nproc > 1 else []), cwd=tmp)
                 doc = json.loads(Path(profile).read_text())
                 calibrations[spec.name] = {"seconds": doc.get("details", {}).get("seconds"),
                                            **{k: v["value"] for k, v in doc["measured"].items()}}
-                rows.append(measure_spec(spec, Path(profile), args.steps, tmp, args.device_budget, args.cache))
+                rows.append(measure_spec(spec, Path(profile), args.steps, tmp, args.device_budget, args.cache,
+                                         args.nproc))
             except (RuntimeError, subprocess.TimeoutExpired) as exc:
                 rows.append({"spec": spec.name, "error": str(exc)})
             print(json.dumps(rows[-1]), flush=True)
     steps = [abs(r["step_error"]) for r in rows if "step_error" in r]
     quick = [abs(r["step_error_fastest_quartile"]) for r in rows if "step_error" in r]
+    plain = [abs(r["step_error_wall_median"]) for r in rows if "step_error" in r]
     byte_errors = [abs(r["bytes_error"]) for r in rows if r.get("bytes_error") is not None]
     result = {
         "benchmark": "costmodel",
@@ -182,11 +251,13 @@ def main() -> None:
                                                                   **next(iter(calibrations.values()), {})},
         "device_budget": args.device_budget,
         "threads": args.threads,
+        "nproc": args.nproc,
         "cache": args.cache,
         "specs": rows,
         "ratios": {"costmodel_max_step_error": max(steps) if steps else None,
                    "costmodel_median_step_error": quantile(steps, 0.5) if steps else None,
                    "costmodel_max_step_error_fastest_quartile": max(quick) if quick else None,
+                   "costmodel_max_step_error_wall_median": max(plain) if plain else None,
                    "costmodel_max_bytes_error": max(byte_errors) if byte_errors else None},
         "bytes_compared_specs": [r["spec"] for r in rows if r.get("bytes_error") is not None],
     }

@@ -68,7 +68,10 @@ def calibrate(
         fail(str(exc))
     if dev.type == "cuda" and nproc > 1 and nproc > torch_cuda_count():
         fail(f"--nproc {nproc} with CUDA needs one GPU per process; this machine has {torch_cuda_count()}")
+    from flowrec.measure import robust
+
     started = time.perf_counter()
+    log = robust.reset_log()
     measured, details = measure(dev, shapes, seconds)
     if model is not None:
         from flowrec.measure.spec import spec_constants
@@ -81,6 +84,8 @@ def calibrate(
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     machine = f"{platform.machine()} {platform.processor() or platform.platform()}, {dev.type}"
     details["seconds"] = round(time.perf_counter() - started, 3)
+    log.note_load()
+    details["timing"] = log.summary()
     doc = profile_document(cost_target(dev), measured, machine, created, details)
     path = out or default_profile_path(dev.type)
     try:
@@ -90,6 +95,10 @@ def calibrate(
     write_output(path, lambda tmp: tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n", encoding="utf-8"))
     for key, entry in sorted(doc["measured"].items()):
         typer.echo(f"{key:24s} {shown_value(entry['value']):>12s}  ({entry['how']})")
+    timing = details["timing"]
+    typer.echo(f"timed {timing['rounds']} rounds, {timing['rejected_rounds']} delayed by other processes "
+               f"({timing['extrapolated_measurements']} of {timing['measurements']} measurements without clean "
+               f"rounds: their fastest less its delay); load average {', '.join(f'{x:.2f}' for x in timing['loadavg_1min'])}")
     typer.echo(f"measured in {details['seconds']:.1f} s; wrote {path} (use: flowrec plan SPEC --target {path})")
 
 

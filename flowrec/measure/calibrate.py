@@ -1,7 +1,9 @@
 """Measure this machine for the cost model: GEMMs, row gathers and scatters, memory, transfers.
 
-Each measurement repeats its kernel until `min_seconds` have passed (after one warm-up call) and
-keeps the mean rate (what a CPU quota sustains), so a whole calibration takes well under a minute. Results are
+Each measurement repeats its kernel in rounds until `min_seconds` have passed (after one warm-up
+call) and keeps what the machine does without other processes' load (`flowrec.measure.robust`: the
+median of the rounds no other process delayed, else the fastest one less its wait), so a
+whole calibration takes well under a minute on a loaded machine too. Results are
 {profile field: (value, how it was measured)} plus raw details per shape and dim; the CLI turns
 them into a device profile document (`flowrec.planner.calibration`).
 
@@ -11,11 +13,12 @@ Example:
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Any, Callable, Sequence
 
 import torch
 
-from flowrec.measure import ops
+from flowrec.measure import ops, robust
 from operators.device import cuda_devices, runtime_for
 
 GATHER_DIMS = (16, 32, 64, 128)  # embedding dims whose row gather / scatter rates are measured
@@ -32,30 +35,23 @@ def _sync(device: torch.device) -> None:
 
 
 def mean_seconds(run: Callable[[], Any], device: torch.device, min_seconds: float) -> float:
-    """Mean wall seconds of one call of `run`: one warm-up call, then calls until `min_seconds`.
-
-    The mean, not the best: on a machine with a CPU quota (containers), short kernels run on
-    every core in bursts and the best call would report a rate the quota never sustains.
-    """
-    run()
-    _sync(device)
-    calls, t0 = 0, time.perf_counter()
-    while calls == 0 or time.perf_counter() - t0 < min_seconds:
-        run()
-        calls += 1
-    _sync(device)
-    return (time.perf_counter() - t0) / calls
+    """Wall seconds of one call of `run` on this machine without other processes' load: one
+    warm-up call, then short rounds of calls (about 2 ms each, at least one call: short rounds
+    are the ones other processes leave alone) until `min_seconds` have passed and 8 rounds are
+    timed, estimated by `flowrec.measure.robust`
+    (the median clean round, else the fastest round less its run-queue wait)."""
+    return interleaved_seconds([run], device, min_seconds, rounds=8)[0]
 
 
 def interleaved_seconds(runs: Sequence[Callable[[], Any]], device: torch.device, min_seconds: float,
                         rounds: int = 5, batch_seconds: float = 2e-3) -> list[float]:
-    """Wall seconds of one call of each of `runs` on this machine without other load: timed in
-    rounds (each round times a batch of calls, about `batch_seconds`, of every run in turn,
-    until `rounds` rounds and `min_seconds` have passed), the fastest round of each. On a shared
-    machine a burst of other processes slows one round of every run rather than every round of
-    one run, and the fastest round leaves it out: the profile describes the machine, not its
-    neighbours' load at calibration time (which `tools/bench_costmodel.py` shows as the spread
-    of the measured steps)."""
+    """Wall seconds of one call of each of `runs` on this machine without other processes'
+    load: timed in rounds (each round times a batch of calls, about `batch_seconds`, of every run
+    in turn, until `rounds` rounds and `min_seconds` have passed), each round with the run-queue
+    wait other processes caused in it; per run the estimate of `flowrec.measure.robust` (the
+    median of the rounds that did not wait, else the fastest round less its wait; counted
+    in `robust.LOG`). The profile describes the machine, not its neighbours' load at
+    calibration time (which `tools/bench_costmodel.py` shows as the spread of the measured steps)."""
     reps = []
     for run in runs:
         run()
@@ -64,16 +60,13 @@ def interleaved_seconds(runs: Sequence[Callable[[], Any]], device: torch.device,
         run()
         _sync(device)
         reps.append(max(1, int(batch_seconds / max(time.perf_counter() - t0, 1e-9))))
-    samples: list[list[float]] = [[] for _ in runs]
+    samples: list[list[robust.Round]] = [[] for _ in runs]
     start = time.perf_counter()
+    sync = partial(_sync, device)
     while len(samples[0]) < rounds or time.perf_counter() - start < min_seconds:
         for run, n, out in zip(runs, reps, samples):
-            t0 = time.perf_counter()
-            for _ in range(n):
-                run()
-            _sync(device)
-            out.append((time.perf_counter() - t0) / n)
-    return [min(out) for out in samples]
+            out += robust.time_rounds(run, 1, n, sync)
+    return [robust.LOG.add(robust.estimate(out)).seconds for out in samples]
 
 
 def gemm_tflops(device: torch.device, shapes: list[tuple[int, int, int]], dtype: torch.dtype,

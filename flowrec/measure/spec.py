@@ -30,8 +30,10 @@ from flowrec.planner.cost import dense_seconds, dense_update_seconds, device_pro
 from flowrec.planner.manager import make_plan
 from flowrec.planner.op_work import op_signature
 from flowrec.planner.targets import target_for_device
+from flowrec.measure import robust
 from flowrec.measure.calibrate import interleaved_seconds
-from flowrec.measure.step import dense_step_seconds, op_seconds, staging_cpu_seconds, step_seconds, with_batch
+from flowrec.measure.step import (dense_step_seconds, live_step_seconds, op_seconds, staging_cpu_seconds,
+                                  step_seconds, with_batch)
 from flowrec.spec.model import ModelSpec
 from operators.device import device_name
 
@@ -39,6 +41,7 @@ TINY_BATCHES = (16, 64)  # batch sizes of the framework-cost steps
 TINY_STEPS = 12  # timed steps at each
 OP_BATCH_SHARES = (0, 4, 1)  # the dense ops' batch sizes: the smallest tiny batch, batch / 4, batch
 FULL_STEPS = 8  # timed full-batch steps of the compute scale
+LIVE_STEPS = 10  # timed steps fed live by the batch pipeline, then the same on staged batches (CPU)
 COMPUTE_SCALE_RANGE = (0.1, 1000.0)  # a sanity bound: on a busy shared CPU every parallel region of a
 # real step can wait for a time slice, and steps of a small model then take 100x their ops' fastest
 # rounds (measured: a 1 ms step taking 130 ms under a load of 5 on 2 cores)
@@ -73,11 +76,13 @@ def spec_constants(spec: ModelSpec, device: torch.device, measured: dict[str, tu
         details: dict[str, Any] = {"dense_op_signatures": op_details, "framework_us_by_batch": step_details,
                                    "compute_scale": scale_details}
         if device.type == "cpu":
-            rate, staging_details = _staging_rate(spec, plan_for(spec.training.batch_size))
-            out["staging_values_per_s"] = (rate, "ids and dense values per process CPU second of the "
-                                                 "trainer's batch pipeline (Parquet read, checks, packing, "
-                                                 "casting index) run alone at the spec's batch size: the "
-                                                 "data threads take that from the trainer's cores")
+            rate, staging_details = _staging_rate(spec, device, plan_for(spec.training.batch_size))
+            out["staging_values_per_s"] = (rate, "ids and dense values staged per second the trainer's batch "
+                                                 "pipeline (Parquet read, checks, packing, casting index, in its "
+                                                 "threads beside the steps) adds to real training steps at the "
+                                                 "spec's batch size: live steps minus the same steps on batches "
+                                                 "staged beforehand (timing rule), per batch; at least a tenth "
+                                                 "of the pipeline's CPU seconds per batch")
             details["staging"] = staging_details
     return out, details
 
@@ -141,10 +146,11 @@ def _framework_us(spec: ModelSpec, device: torch.device, plan_for) -> tuple[floa
         plan = plan_for(batch)
         stages = dict(plan.cost.stage_ms)
         predicted_ms = plan.cost.step_ms_serial - stages["staging"] - stages["transfer"]
-        isolated = step_seconds(plan, with_batch(spec, batch), device, TINY_STEPS)
-        measured_ms = min(isolated) * 1e3  # the machine's, not a burst of other load's
+        isolated = robust.LOG.add(robust.estimate(step_seconds(plan, with_batch(spec, batch), device, TINY_STEPS)))
+        measured_ms = isolated.seconds * 1e3  # the machine's, not its neighbours' load
         residuals.append((measured_ms - predicted_ms) * 1e3)
-        details[str(batch)] = {"measured_ms": measured_ms, "predicted_ms": predicted_ms}
+        details[str(batch)] = {"measured_ms": measured_ms, "predicted_ms": predicted_ms,
+                               "clean_steps": isolated.clean, "method": isolated.method}
     return max(0.0, statistics.mean(residuals)), details
 
 
@@ -160,13 +166,24 @@ def _compute_scale(spec: ModelSpec, device: torch.device, plan_for, profile: Pat
     forward, backward = dense_seconds(graph, priced, -(-batch // micro), spec.training.precision == "bf16",
                                       spec.training.precision)
     work_ms = ((forward + backward) * micro + dense_update_seconds(graph, spec, priced)) * 1e3
-    measured_ms = min(dense_step_seconds(plan, spec, device, FULL_STEPS)) * 1e3
+    timed = robust.LOG.add(robust.estimate(dense_step_seconds(plan, spec, device, FULL_STEPS)))
+    measured_ms = timed.seconds * 1e3
     low, high = COMPUTE_SCALE_RANGE
     scale = min(high, max(low, measured_ms / work_ms)) if work_ms > 0 else 1.0
-    return scale, {"measured_dense_ms": measured_ms, "predicted_dense_ms": work_ms}
+    return scale, {"measured_dense_ms": measured_ms, "predicted_dense_ms": work_ms,
+                   "clean_steps": timed.clean, "method": timed.method}
 
 
-def _staging_rate(spec: ModelSpec, plan: Any) -> tuple[float, dict[str, Any]]:
-    """Values staged per CPU second of the trainer's batch pipeline, raw."""
+def _staging_rate(spec: ModelSpec, device: torch.device, plan: Any) -> tuple[float, dict[str, Any]]:
+    """Values staged per second the data threads add to a real step (live steps minus staged
+    ones, `live_step_seconds`; at least a tenth of the pipeline's CPU seconds per batch, run
+    alone: a sanity bound on a difference of two timings), raw. The data threads share the
+    trainer's cores and its interpreter lock: what they cost a step is measured, not assumed to be
+    their CPU time."""
     cpu_s, values = staging_cpu_seconds(spec, plan)
-    return values / max(cpu_s, 1e-6), {"cpu_ms_per_batch": cpu_s * 1e3, "values_per_batch": values}
+    live, staged = (robust.LOG.add(robust.estimate(r)) for r in live_step_seconds(plan, spec, device, LIVE_STEPS))
+    added = max(live.seconds - staged.seconds, cpu_s / 10, 1e-6)
+    return values / added, {"cpu_ms_per_batch": cpu_s * 1e3, "values_per_batch": values,
+                            "live_step_ms": live.seconds * 1e3, "staged_step_ms": staged.seconds * 1e3,
+                            "added_ms_per_batch": added * 1e3, "live_method": live.method,
+                            "staged_method": staged.method}

@@ -30,6 +30,7 @@ import torch
 from flowrec.data.batches import StagingOptions, iterate_batches
 from flowrec.data.dataset import MemorySource, ParquetSource
 from flowrec.data.synth import synth_dataset, synth_table
+from flowrec.measure import robust
 from flowrec.runtime.hostmem import tune_host_allocator
 from flowrec.runtime.lowering import LoweredModel, lower
 from flowrec.runtime.managed_state import fresh_remapper
@@ -67,22 +68,23 @@ def _staged(spec: ModelSpec, plan: Any, count: int) -> list[Any]:
         return list(staged)
 
 
-def _step_times(model: LoweredModel, spec: ModelSpec, plan: Any, batches: Iterable[Any]) -> list[float]:
-    """Wall seconds of a training step on each of `batches` (a fresh dense optimizer)."""
+def _step_times(model: LoweredModel, spec: ModelSpec, plan: Any, batches: Iterable[Any]) -> list[robust.Round]:
+    """A timed round (`flowrec.measure.robust`) of a training step on each of `batches` (a fresh
+    dense optimizer)."""
     opt = spec.dense_optimizer
     optimizer = make_dense_optimizer(model, opt.name, opt.lr, dict(opt.params))
     guarded, micro = LossGuard(model), int(plan.meta.micro_batches)
     seconds = []
     for batch in batches:
-        t0 = time.perf_counter()
+        started = robust.CLOCK.start()
         train_step(guarded, optimizer, batch, micro, spec.training.precision, spec.training.clip_grad_norm)
         runtime_for(model.device).synchronize()
-        seconds.append(time.perf_counter() - t0)
+        seconds.append(robust.CLOCK.stop(started))
     return seconds
 
 
-def step_seconds(plan: Any, spec: ModelSpec, device: torch.device, steps: int = STEPS) -> list[float]:
-    """Wall seconds of `steps` training steps of `plan` (after WARMUP_STEPS) on batches staged
+def step_seconds(plan: Any, spec: ModelSpec, device: torch.device, steps: int = STEPS) -> list[robust.Round]:
+    """Timed rounds (wall seconds, foreign run-queue wait: `flowrec.measure.robust`) of `steps` training steps of `plan` (after WARMUP_STEPS) on batches staged
     beforehand as the trainer stages them (the step's compute alone)."""
     tune_host_allocator()  # as the trainer does: the allocator's thresholds decide page faults
     model = lower(plan, spec, device)
@@ -92,8 +94,8 @@ def step_seconds(plan: Any, spec: ModelSpec, device: torch.device, steps: int = 
         model.close()
 
 
-def dense_step_seconds(plan: Any, spec: ModelSpec, device: torch.device, steps: int = STEPS) -> list[float]:
-    """Wall seconds of the dense part of `steps` training steps of `plan` (after WARMUP_STEPS):
+def dense_step_seconds(plan: Any, spec: ModelSpec, device: torch.device, steps: int = STEPS) -> list[robust.Round]:
+    """Timed rounds (`flowrec.measure.robust`) of the dense part of `steps` training steps of `plan` (after WARMUP_STEPS):
     the dense forward, the loss, its backward down to the lookups (taken as leaves, looked up
     before the clock starts: the sparse side is not timed) and the dense optimizer step, with
     micro-batches as planned, on batches staged beforehand."""
@@ -109,7 +111,7 @@ def dense_step_seconds(plan: Any, spec: ModelSpec, device: torch.device, steps: 
                 looked = model.embed(batch)
             emb = {g: e.detach().requires_grad_(True) for g, e in looked.items()}
             masks = model.sequence_masks(batch)
-            t0 = time.perf_counter()
+            started = robust.CLOCK.start()
             optimizer.zero_grad(set_to_none=True)
             bounds = torch.linspace(0, batch.dense.shape[0], micro + 1).round().long().tolist()
             for lo, hi in zip(bounds, bounds[1:]):
@@ -119,7 +121,7 @@ def dense_step_seconds(plan: Any, spec: ModelSpec, device: torch.device, steps: 
                 model.loss(logits, batch.labels[lo:hi]).backward()
             optimizer.step()
             runtime_for(model.device).synchronize()
-            seconds.append(time.perf_counter() - t0)
+            seconds.append(robust.CLOCK.stop(started))
         return seconds[WARMUP_STEPS:]
     finally:
         model.close()
@@ -144,6 +146,47 @@ def staging_cpu_seconds(spec: ModelSpec, plan: Any, batches: int = STEPS) -> tup
         finally:
             source.close()
     return cpu / max(len(values) - 1, 1), statistics.mean(values)
+
+
+def live_step_seconds(plan: Any, spec: ModelSpec, device: torch.device, steps: int = STEPS
+                      ) -> tuple[list[robust.Round], list[robust.Round]]:
+    """Timed rounds (`flowrec.measure.robust`) of `steps` training steps of `plan` (after
+    WARMUP_STEPS) fed live by the trainer's batch pipeline over an encoded Parquet dataset of
+    synthetic rows, its data threads running beside the steps as in training (their CPU time is
+    the process's own: `robust.python_side_threads`), and as many on batches staged beforehand
+    (first; the same model and optimizer then continue live): (live, staged). The difference is what the data
+    threads cost the steps on this machine: cores and the interpreter lock shared."""
+    tune_host_allocator()
+    batches = WARMUP_STEPS + steps
+    with tempfile.TemporaryDirectory(prefix="flowrec-calibrate-") as tmp:
+        data = Path(tmp) / "data"
+        synth_dataset(spec, data, spec.training.batch_size * (batches + 1))
+        source = ParquetSource(data)
+        model = lower(plan, spec, device)
+        try:
+            opt = spec.dense_optimizer
+            optimizer = make_dense_optimizer(model, opt.name, opt.lr, dict(opt.params))
+            guarded, micro = LossGuard(model), int(plan.meta.micro_batches)
+            clock = robust.SchedClock(exclude=robust.python_side_threads)
+
+            def timed(batch: Any) -> robust.Round:
+                started = clock.start()
+                train_step(guarded, optimizer, batch, micro, spec.training.precision, spec.training.clip_grad_norm)
+                runtime_for(model.device).synchronize()
+                return clock.stop(started)
+
+            quiet = [timed(batch) for batch in _staged(spec, plan, batches)]
+            live = []
+            with iterate_batches(spec, source, _options(spec, plan), 0, 0, tuple(plan.meta.groups),
+                                 remap=fresh_remapper(spec, tuple(plan.meta.groups))) as pipeline:
+                for batch in pipeline:
+                    live.append(timed(batch))
+                    if len(live) == batches:
+                        break
+        finally:
+            model.close()
+            source.close()
+    return live[WARMUP_STEPS:], quiet[WARMUP_STEPS:]
 
 
 def _values(batch: Any) -> float:

@@ -49,7 +49,7 @@ from flowrec.planner.calibration import (COLLECTIVE, MEASURABLE, ProfileError, i
                                          read_profile)
 from flowrec.planner.exchange import link_for
 from flowrec.planner.fae_traffic import hot_cold_bytes
-from flowrec.planner.op_work import Kernels, op_signature, op_work, outside_kernels
+from flowrec.planner.op_work import Kernels, OpWork, op_signature, op_work, outside_kernels, retrieval_softmax
 from flowrec.spec.model import ModelSpec
 
 GiB = 2**30  # bytes
@@ -525,7 +525,25 @@ def dense_seconds(graph: OpGraph, device: DeviceProfile, batch: int, bf16: bool 
             forward, backward = forward + op_forward, backward + op_backward
         forward += kernel_seconds(work.forward, device, bf16)
         backward += kernel_seconds(work.backward, device, bf16, backward=True)
+        if op.kind == "loss" and op.attr("retrieval"):
+            softmax = retrieval_work(graph, op, batch)
+            forward += kernel_seconds(softmax.forward, device, bf16)
+            backward += kernel_seconds(softmax.backward, device, bf16, backward=True)
     return forward, backward
+
+
+def retrieval_work(graph: OpGraph, loss: Op, batch: int) -> OpWork:
+    """The kernels of the loss's retrieval softmax (`op_work.retrieval_softmax`) on `batch`
+    samples: its head's tower width, metric and candidates (in-batch: every rank's rows of the
+    batch; sampled: 1 + N)."""
+    index, metric = loss.attr("retrieval")[:2]
+    head = graph.nodes[f"head_{loss.attr('heads')[index]}"]["op"]
+    meta = graph.graph.get("plan")
+    world = meta.world_size if meta is not None else 1
+    sampled = head.attr("negatives") != "in_batch"
+    candidates = 1 + int(head.attr("num_negatives") or 0) if sampled else batch * world
+    return retrieval_softmax(batch, head.attr("in_features") // 2, candidates,
+                             bool(head.attr("logq_correction")), metric == "cosine")
 
 
 def measured_op_seconds(points: tuple[float, ...], batch: int) -> tuple[float, float]:

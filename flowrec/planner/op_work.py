@@ -254,6 +254,27 @@ def _self_attention(op: Op, batch: int, inputs: int) -> OpWork:
     return _join(ends, *[layer] * op.attr("num_layers"))
 
 
+def retrieval_softmax(batch: int, dim: int, candidates: int, logq: bool = False, cosine: bool = False) -> OpWork:
+    """A retrieval head's softmax, run in the loss (`operators.retrieval`): the (B x D) @ (D x C)
+    logits of every query against C candidates (in-batch: the batch's B items; sampled: the
+    positive and N sampled items), scaled by the temperature, logQ-corrected, duplicate items
+    masked, cross-entropy; backward the softmax's and mask's gradients and the GEMM's back to
+    the two towers. Cosine normalises both towers first.
+
+    Example:
+        >>> retrieval_softmax(1024, 32, 1024).forward.gemms
+        ((1024, 32, 1024, 1),)
+    """
+    logits, towers = float(batch * candidates), float(batch * dim + candidates * dim)
+    gemm = _gemm(batch, dim, candidates)
+    passes = 3 + int(logq)  # scale, (logQ,) duplicate mask, masked_fill
+    fwd = gemm.forward + _pass(*[logits] * passes) + _pass(logits, logits) + Kernels(other=4)  # + log_softmax
+    bwd = gemm.backward + _pass(logits, logits, streams=3) + _pass(*[logits] * (passes - 1)) + Kernels(other=4)
+    if cosine:
+        fwd, bwd = fwd + _pass(towers, towers), bwd + _pass(towers, towers, towers, streams=3)
+    return OpWork(fwd, bwd)
+
+
 def _loss(op: Op, batch: int, inputs: int) -> OpWork:
     heads = len(op.attr("heads") or ())
     return OpWork(Kernels(other=4 * heads + 1), Kernels(other=4 * heads + 1))

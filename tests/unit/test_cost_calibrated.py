@@ -18,6 +18,7 @@ from flowrec.planner.cost import (DEVICES, dense_seconds, dense_update_seconds, 
 from flowrec.planner.manager import make_plan
 from flowrec.planner.op_work import RULES, op_signature, op_work, outside_kernels
 from flowrec.measure.ops import fit_linear
+from flowrec.measure.robust import Round
 from flowrec.spec import load_spec
 
 
@@ -326,8 +327,9 @@ def test_compute_scale_is_the_measured_dense_part_over_its_priced_ops(dlrm, monk
     work_ms = (forward + backward + dense_update_seconds(plan.graph, dlrm, priced)) * 1e3
     factor = random.uniform(0.6, 2.5)
     for measured_ms, expected in ((factor * work_ms, factor), (work_ms * 5000, 1000.0), (0.0, 0.1)):
-        monkeypatch.setattr(calibrate_spec, "dense_step_seconds",
-                            lambda *a, ms=measured_ms: [ms * 1e-3 * (1 + i % 3 / 2) for i in range(8)])  # fastest: ms
+        monkeypatch.setattr(calibrate_spec, "dense_step_seconds",  # the slower steps waited for a core
+                            lambda *a, ms=measured_ms: [Round(ms * 1e-3 * (1 + i % 3 / 2), ms * 1e-3 * (i % 3 / 2))
+                                                        for i in range(8)])  # clean: ms
         scale, details = calibrate_spec._compute_scale(dlrm, None, lambda batch: plan, profile)
         assert scale == pytest.approx(expected, rel=1e-4)
         assert details["measured_dense_ms"] == pytest.approx(measured_ms, rel=1e-5)
@@ -344,4 +346,31 @@ def test_dense_step_seconds_times_real_dense_steps(repo):
     spec = with_batch(load_spec(repo / "specs" / "din_taobao.yaml"), 64)  # attention and masks
     plan = make_plan(spec, target="cpu")
     seconds = dense_step_seconds(plan, spec, torch.device("cpu"), 3)
-    assert len(seconds) == 3 and all(0 < s < 60 for s in seconds)
+    assert len(seconds) == 3 and all(0 < s.wall < 60 and 0 <= s.waited <= s.wall for s in seconds)
+
+
+def test_staging_rate_is_what_live_steps_add_over_staged_ones(dlrm, monkeypatch):
+    from flowrec.measure import spec as calibrate_spec
+
+    values, cpu_s = random.uniform(1e4, 1e5), random.uniform(1e-3, 5e-3)
+    monkeypatch.setattr(calibrate_spec, "staging_cpu_seconds", lambda *a: (cpu_s, values))
+    staged_s = random.uniform(5e-3, 2e-2)
+    for added, expected in ((cpu_s * 1.7, cpu_s * 1.7), (cpu_s / 3, cpu_s / 3), (-cpu_s, cpu_s / 10)):
+        live = [Round(staged_s + added + (i % 3) * 0.01, (i % 3) * 0.01) for i in range(9)]  # 3 clean rounds
+        monkeypatch.setattr(calibrate_spec, "live_step_seconds",
+                            lambda *a, live=live: (live, [Round(staged_s)] * 9))
+        rate, details = calibrate_spec._staging_rate(dlrm, None, None)
+        assert rate == pytest.approx(values / expected, rel=1e-6)
+        assert details["added_ms_per_batch"] == pytest.approx(expected * 1e3, rel=1e-6)
+
+
+def test_live_step_seconds_times_steps_fed_by_the_pipeline(repo):
+    import torch
+
+    from flowrec.measure.step import live_step_seconds, with_batch
+
+    spec = with_batch(load_spec(repo / "specs" / "movielens.yaml"), 64)
+    plan = make_plan(spec, target="cpu")
+    live, staged = live_step_seconds(plan, spec, torch.device("cpu"), 3)
+    assert len(live) == len(staged) == 3
+    assert all(0 < r.wall < 60 and 0 <= r.waited <= r.wall for r in live + staged)

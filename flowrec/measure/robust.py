@@ -1,0 +1,192 @@
+"""Timing on a shared machine: what a piece of work takes when other processes do not take the
+cores from it.
+
+Every calibration measurement (`flowrec calibrate`) and the benchmark's measured steps
+(`tools/bench_costmodel.py`) are timed in rounds. A round records its wall time and how long the
+process's compute threads were runnable but waiting for a core (the kernel's run-queue wait per
+thread, `/proc/self/task/*/schedstat`): the longest wait of any one of them (a thread never waits
+longer than the round), less the CPU time the process's own other threads (the data threads of a
+training run, `exclude`) ran meanwhile: that part is the process competing with itself, which a
+training step really pays. What is left is the time other processes took from the round.
+
+The rule (`estimate`):
+
+* a round is *clean* when that wait is at most `CLEAN_SHARE` of its wall time; the estimate is
+  the median wall time of the clean rounds when there are at least `MIN_CLEAN` (or every round
+  is clean);
+* otherwise (a busy machine: most rounds waited) the fastest round's wall time less its wait
+  (a round's wall less the wait is what the round took on the cores it got), at least a tenth of
+  the fastest round (a sanity bound).
+
+Process or thread CPU time is not the measure: a thread of a parallel region spins at its barrier
+while its partner waits for a core, so CPU time grows with the load as wall time does (measured
+here, at load 4.4 on 2 cores: a 512^3 GEMM took 23.8 ms wall, each of its 2 threads 8 ms on a core
+and 16 ms waiting for one, against 2.3 ms on 1 thread). The same spinning is why the extrapolated
+estimate of a parallel kernel on a busy machine is still above its time on free cores: the rule
+removes the waits, not the spinning they cause; `TimingLog` records how many measurements had no
+clean rounds. Without schedstat (not Linux) every round counts as clean: the median round.
+
+Example:
+    >>> estimate([Round(1e-3, 0.0), Round(1.2e-3, 0.0), Round(1.1e-3, 0.0), Round(9e-3, 8e-3)]).seconds
+    0.0011
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+CLEAN_SHARE = 0.05  # foreign run-queue wait a clean round may have, share of its wall time
+MIN_CLEAN = 3  # clean rounds the median needs; fewer: the fastest round less its wait
+TASKS = "/proc/self/task"
+
+
+@dataclass(frozen=True)
+class Round:
+    """One timed round, per call: wall seconds and the foreign run-queue wait in it (seconds)."""
+
+    wall: float
+    waited: float = 0.0
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A measurement's estimate and how it was reached."""
+
+    seconds: float
+    rounds: int
+    clean: int
+    method: str  # "clean": median of clean rounds; "extrapolated": the fastest round less its wait
+
+    @property
+    def rejected(self) -> int:
+        return self.rounds - self.clean
+
+
+def _schedstat() -> dict[int, tuple[int, int]]:
+    """{thread id: (ns on a core, ns waiting for one)} of this process's threads ({} without schedstat)."""
+    out = {}
+    try:
+        tids = os.listdir(TASKS)
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"{TASKS}/{tid}/schedstat", "rb") as f:
+                on_cpu, waited = f.read().split()[:2]
+            out[int(tid)] = (int(on_cpu), int(waited))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def python_side_threads() -> set[int]:
+    """Native ids of the process's Python threads other than the calling one (data threads)."""
+    me = threading.get_native_id()
+    return {t.native_id for t in threading.enumerate() if t.native_id is not None and t.native_id != me}
+
+
+class SchedClock:
+    """Wall time and foreign run-queue wait of this process (see the module docstring).
+
+    Args:
+        exclude: gives the ids of the process's own other threads (default: none), whose
+            run-queue wait is not counted and whose CPU time is taken from the compute threads' wait.
+        read: {thread id: (ns on cpu, ns waiting)} (default: schedstat; a test's fake).
+        wall: the wall clock (default: time.perf_counter).
+    """
+
+    def __init__(self, exclude: Callable[[], set[int]] = set, read: Callable[[], dict] = _schedstat,
+                 wall: Callable[[], float] = time.perf_counter) -> None:
+        self.exclude, self.read, self.wall = exclude, read, wall
+
+    def start(self) -> tuple[float, dict[int, tuple[int, int]]]:
+        return self.wall(), self.read()
+
+    def stop(self, started: tuple[float, dict[int, tuple[int, int]]], calls: int = 1) -> Round:
+        """The Round since `started` (`start()`), per call of `calls`."""
+        t1, after = self.wall(), self.read()
+        t0, before = started
+        own = self.exclude()
+        waited = own_cpu = 0
+        for tid, (cpu, wait) in after.items():
+            cpu0, wait0 = before.get(tid, (0, 0))
+            if tid in own:
+                own_cpu += cpu - cpu0
+            else:
+                waited = max(waited, wait - wait0)
+        foreign = max(0.0, (waited - own_cpu) * 1e-9)
+        return Round((t1 - t0) / calls, foreign / calls)
+
+
+CLOCK = SchedClock()
+
+
+def time_rounds(run: Callable[[], Any], rounds: int, calls: int = 1, sync: Callable[[], None] = lambda: None,
+                clock: SchedClock = CLOCK) -> list[Round]:
+    """`rounds` Rounds of `calls` calls of `run` each (`sync` before the clock stops)."""
+    out = []
+    for _ in range(rounds):
+        started = clock.start()
+        for _ in range(calls):
+            run()
+        sync()
+        out.append(clock.stop(started, calls))
+    return out
+
+
+def estimate(rounds: Iterable[Round | float]) -> Estimate:
+    """The rule of the module docstring over `rounds` (a bare number: a round with no wait)."""
+    rounds = [r if isinstance(r, Round) else Round(float(r)) for r in rounds]
+    if not rounds:
+        raise ValueError("no rounds to estimate from")
+    clean = [r.wall for r in rounds if r.waited <= CLEAN_SHARE * r.wall]
+    if len(clean) >= min(MIN_CLEAN, len(rounds)):
+        return Estimate(statistics.median(clean), len(rounds), len(clean), "clean")
+    fastest = min(r.wall for r in rounds)
+    return Estimate(max(min(r.wall - r.waited for r in rounds), fastest / 10), len(rounds), len(clean),
+                    "extrapolated")
+
+
+@dataclass
+class TimingLog:
+    """How a calibration's measurements were reached: rounds, rejected rounds, extrapolated
+    measurements, and the load average at its start and end (`summary`)."""
+
+    measurements: int = 0
+    rounds: int = 0
+    rejected: int = 0
+    extrapolated: int = 0
+    load: list[float] = field(default_factory=list)
+
+    def add(self, est: Estimate) -> Estimate:
+        self.measurements += 1
+        self.rounds += est.rounds
+        self.rejected += est.rejected
+        self.extrapolated += est.method == "extrapolated"
+        return est
+
+    def note_load(self) -> None:
+        try:
+            self.load.append(os.getloadavg()[0])
+        except OSError:
+            pass
+
+    def summary(self) -> dict[str, Any]:
+        return {"rule": f"rounds with foreign run-queue wait <= {CLEAN_SHARE:.0%} of wall are clean; the "
+                        f"median of clean rounds (>= {MIN_CLEAN}), else the fastest round's wall less its wait",
+                "measurements": self.measurements, "rounds": self.rounds, "rejected_rounds": self.rejected,
+                "extrapolated_measurements": self.extrapolated, "loadavg_1min": list(self.load)}
+
+
+LOG = TimingLog()  # the running calibration's log (`flowrec calibrate` resets it)
+
+
+def reset_log() -> TimingLog:
+    global LOG
+    LOG = TimingLog()
+    LOG.note_load()
+    return LOG

@@ -1,0 +1,104 @@
+"""The load-robust timing rule (`flowrec.measure.robust`): a fake clock and fake schedstat with
+injected descheduling give the un-inflated time; the process's own data threads are not load."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from flowrec.measure import robust
+from flowrec.measure.robust import Round, SchedClock, estimate, time_rounds
+
+
+class FakeMachine:
+    """A wall clock and per-thread (ns on cpu, ns waiting) counters that a fake `run` advances:
+    each call does `work` seconds, and with probability `p` is descheduled for `delay` seconds
+    (compute thread 1 waits; the wall grows by it). `own_cpu` seconds of a data thread (id 9)
+    run per call, and make compute thread 1 wait as long (the process competing with itself)."""
+
+    def __init__(self, work: float, p: float, delay: float, own_cpu: float = 0.0, seed: int = 0) -> None:
+        self.t, self.work, self.p, self.delay, self.own_cpu = 100.0, work, p, delay, own_cpu
+        self.threads = {1: [0, 0], 2: [0, 0], 9: [0, 0]}
+        self.rng = random.Random(seed)
+
+    def wall(self) -> float:
+        return self.t
+
+    def read(self) -> dict:
+        return {tid: tuple(v) for tid, v in self.threads.items()}
+
+    def run(self) -> None:
+        self.t += self.work + self.own_cpu
+        self.threads[1][0] += int(self.work * 1e9)
+        self.threads[2][0] += int(self.work * 1e9)  # a spinning partner: CPU time is no measure
+        self.threads[9][0] += int(self.own_cpu * 1e9)
+        self.threads[1][1] += int(self.own_cpu * 1e9)
+        if self.rng.random() < self.p:
+            delay = self.delay * self.rng.uniform(0.5, 2.0)
+            self.t += delay
+            self.threads[1][1] += int(delay * 1e9)
+            self.threads[2][0] += int(delay * 1e9)  # spins meanwhile
+
+
+def test_descheduled_rounds_are_rejected_and_the_clean_time_kept():
+    machine = FakeMachine(work=2e-3, p=0.6, delay=30e-3)
+    clock = SchedClock(read=machine.read, wall=machine.wall)
+    rounds = time_rounds(machine.run, 40, clock=clock)
+    walls = sorted(r.wall for r in rounds)
+    assert walls[len(walls) // 2] > 5e-3  # the plain median is inflated by the load
+    est = estimate(rounds)
+    assert est.method == "clean" and 0 < est.clean < 40 and est.rejected == 40 - est.clean
+    assert est.seconds == pytest.approx(2e-3, rel=1e-6)
+
+
+def test_every_round_delayed_extrapolates_to_no_wait():
+    machine = FakeMachine(work=3e-3, p=1.0, delay=20e-3, seed=3)
+    clock = SchedClock(read=machine.read, wall=machine.wall)
+    rounds = time_rounds(machine.run, 30, calls=2, clock=clock)
+    assert all(r.waited > robust.CLEAN_SHARE * r.wall for r in rounds)
+    est = estimate(rounds)
+    assert est.method == "extrapolated" and est.clean == 0
+    assert est.seconds == pytest.approx(3e-3, rel=1e-3)
+    assert est.seconds < min(r.wall for r in rounds) / 3
+
+
+def test_own_data_threads_are_part_of_the_step():
+    machine = FakeMachine(work=2e-3, p=0.0, delay=0.0, own_cpu=1e-3)
+    own = SchedClock(exclude=lambda: {9}, read=machine.read, wall=machine.wall)
+    est = estimate(time_rounds(machine.run, 10, clock=own), )
+    assert est.method == "clean" and est.seconds == pytest.approx(3e-3, rel=1e-6)  # not 2 ms
+    blind = SchedClock(read=machine.read, wall=machine.wall)  # data thread not known as the process's own
+    rounds = time_rounds(machine.run, 10, clock=blind)
+    assert all(r.waited == pytest.approx(1e-3) for r in rounds)
+
+
+def test_bare_numbers_and_the_log():
+    values = [random.uniform(1.0, 2.0) for _ in range(7)]
+    est = estimate(values)
+    assert est.method == "clean" and est.seconds == sorted(values)[3]
+    with pytest.raises(ValueError):
+        estimate([])
+    log = robust.TimingLog()
+    log.add(est)
+    log.add(estimate([Round(5.0, 4.0), Round(6.0, 5.0), Round(4.0, 3.0)]))
+    summary = log.summary()
+    assert summary["measurements"] == 2 and summary["rounds"] == 10 and summary["rejected_rounds"] == 3
+    assert summary["extrapolated_measurements"] == 1
+
+
+def test_real_clock_reads_this_process():
+    rounds = time_rounds(lambda: sum(range(20000)), 5)
+    assert len(rounds) == 5 and all(r.wall > 0 and r.waited >= 0 for r in rounds)
+    import threading
+
+    seen, stop = [], threading.Event()
+    worker = threading.Thread(target=lambda: (seen.append(threading.get_native_id()), stop.wait(10)))
+    worker.start()
+    try:
+        while not seen:
+            stop.wait(0.001)
+        assert seen[0] in robust.python_side_threads()
+        assert threading.get_native_id() not in robust.python_side_threads()
+    finally:
+        stop.set()
+        worker.join()
