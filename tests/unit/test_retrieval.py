@@ -534,3 +534,24 @@ def test_exclude_seen_needs_the_user_feature():
     spec = spec_from_dict(doc)
     assert spec.heads[0].retrieval.exclude_seen
     assert make_plan(spec, target="cpu").graph.nodes["head_retrieve"]["op"].attr("exclude_seen") is True
+
+
+def test_the_planner_prices_sampled_negatives_as_lookups_of_the_item_group():
+    """N drawn items per step are N more one-id samples of the item's group: a forced lookahead
+    scratchpad holds their rows too (it would run short otherwise), and the step costs more."""
+    import copy
+
+    from flowrec.planner.cost import step_lookups
+
+    base = retrieval_doc(0, {"kind": "in_batch"}, False)
+    base["features"][2]["vocab"] = 2_000_000  # a big catalogue: the group does not fit a small budget
+    base["plan"] = {"cache": "lookahead", "window": 2}
+    sampled = copy.deepcopy(base)
+    sampled["heads"][0]["negatives"] = {"kind": "sampled", "num": 4096}
+    plans = [make_plan(spec_from_dict(doc), target="h100", device_budget="24MiB") for doc in (base, sampled)]
+    (plain,), (drawn,) = ([g for g in p.meta.groups if any(f.feature == "item" for f in g.fields)] for p in plans)
+    assert step_lookups(plans[0].graph) == {} and step_lookups(plans[1].graph) == {drawn.name: 4096}
+    assert plain.placement == drawn.placement == "lookahead"
+    assert drawn.cache_rows > 10 * plain.cache_rows  # the distinct drawn items of W+1 steps (Zipf model)
+    assert plans[1].cost.h2d_bytes_per_step > plans[0].cost.h2d_bytes_per_step
+    assert plans[1].cost.step_ms_serial > plans[0].cost.step_ms_serial
