@@ -43,6 +43,7 @@ from flowrec.data.dataset import PartitionSource, partition_name, take_rows, tok
 from flowrec.data.layout import batch_label_columns
 from flowrec.data.lookahead import LookaheadWindow, batch_extras
 from flowrec.data.managed_stage import Remapper, cut_columns, drop_defaults
+from flowrec.data.negatives import NegativeSampler
 from flowrec.data.packed_ids import column_arrays, pack_group
 from flowrec.data.strata import STRATA, chunk_layout, needed_range
 from flowrec.graph.types import PackedGroup
@@ -91,6 +92,8 @@ class Batch:
         global_size: samples in the global batch this one is a rank's slice of (None: B, one
             process); the loss of a slice is its share of the global batch's mean.
         managed: what the managed tables' maps did for this batch (None: no managed tables).
+        negatives: a retrieval head's sampled items (table rows) of this step, appended to its
+            item group as N extra samples (`flowrec.data.negatives`; None: none).  # (N,) int64
     """
 
     dense: torch.Tensor
@@ -101,6 +104,7 @@ class Batch:
     size: int
     global_size: int | None = None
     managed: Any = None  # `flowrec.data.managed_stage.ManagedBatch` of a spec with managed tables
+    negatives: torch.Tensor | None = None
 
     @property
     def samples_in_step(self) -> int:
@@ -213,8 +217,10 @@ class BatchIterator:
     """Iterator over the batches of one epoch; a context manager that stops its threads on exit."""
 
     def __init__(self, spec: ModelSpec, source: PartitionSource, opts: StagingOptions, epoch: int,
-                 start_batch: int, groups: tuple[PackedGroup, ...], remap: Remapper | None = None):
+                 start_batch: int, groups: tuple[PackedGroup, ...], remap: Remapper | None = None,
+                 negatives: NegativeSampler | None = None):
         self.spec, self.source, self.opts, self.groups, self.remap = spec, source, opts, groups, remap
+        self.negatives = negatives
         self.batch_size = opts.batch_size or spec.training.batch_size
         seed = spec.training.seed if opts.seed is None else opts.seed
         parts = range(len(source.partition_rows()))
@@ -380,16 +386,20 @@ class BatchIterator:
         dense = _stack(table, [f.name for f in self.spec.dense_features], size)
         labels = _stack(table, list(batch_label_columns(self.spec)), size)
         groups = {}
+        sampler = self.negatives
+        items = None if sampler is None else sampler.draw(self.epoch, index)  # the same on every rank
         for g in self.groups:
             ids, offsets = pack_group(g, cols, size)
             if managed is not None and g.name in self.remap.groups:
                 ids, offsets = drop_defaults(ids, offsets)
             ids_t, off_t = torch.from_numpy(ids), torch.from_numpy(offsets)
+            if items is not None and g.name == sampler.group:  # before the casting and the window
+                ids_t, off_t = sampler.append(ids_t, off_t, items)
             if self.opts.lookahead > 0:
                 groups[g.name] = GroupIds(ids_t, off_t, *batch_extras(g, ids_t, off_t, self.opts.casting))
             else:
                 groups[g.name] = GroupIds(ids_t, off_t)
-        return Batch(dense, labels, groups, self.epoch, index, size, global_size, managed)
+        return Batch(dense, labels, groups, self.epoch, index, size, global_size, managed, items)
 
     def _lookahead(self) -> None:
         window = LookaheadWindow(self.opts.lookahead, self.opts.horizon)
@@ -568,7 +578,8 @@ def _drain(q: queue.Queue) -> None:
 
 def iterate_batches(spec: ModelSpec, source: PartitionSource, opts: StagingOptions = StagingOptions(),
                     epoch: int = 0, start_batch: int = 0,
-                    groups: tuple[PackedGroup, ...] | None = None, remap: Remapper | None = None) -> BatchIterator:
+                    groups: tuple[PackedGroup, ...] | None = None, remap: Remapper | None = None,
+                    negatives: NegativeSampler | None = None) -> BatchIterator:
     """Batches of one epoch, from batch `start_batch` on (same order as an uninterrupted run).
 
     Args:
@@ -580,8 +591,10 @@ def iterate_batches(spec: ModelSpec, source: PartitionSource, opts: StagingOptio
         groups: packed layout (default: `group_layout(spec)`, the plan's layout).
         remap: the maps of the spec's managed tables (`flowrec.data.managed_stage`); a spec with
             managed tables needs one (their columns hold raw ids, not rows).
+        negatives: a retrieval head's sampler: each batch's drawn items join its item group's
+            lookups (`flowrec.data.negatives`; training batches only).
     """
     if remap is None and any(t.managed is not None for t in spec.tables):
         raise ValueError(f"spec {spec.name!r} has managed tables: batches need their maps (remap=)")
     return BatchIterator(spec, source, opts, epoch, start_batch,
-                         groups if groups is not None else group_layout(spec), remap)
+                         groups if groups is not None else group_layout(spec), remap, negatives)

@@ -272,6 +272,11 @@ class _Unit:
     hit_rate: float
     optimizer: str  # sparse optimizer name
     shards: int = 1
+    step_ids: int = 0  # lookups per step beyond the samples' (a retrieval head's sampled negatives: N samples)
+
+    def lookups(self, batch: float) -> float:
+        """Ids looked up in a step of `batch` samples (the sampled negatives included)."""
+        return batch * self.ids + self.step_ids
 
     @property
     def local_rows(self) -> int:
@@ -279,9 +284,25 @@ class _Unit:
         return -(-self.rows // self.shards)
 
 
-def _group_unit(g: PackedGroup, profile: AccessProfile | None = None) -> _Unit:
+def _group_unit(g: PackedGroup, profile: AccessProfile | None = None, step_ids: int = 0) -> _Unit:
     return _Unit(g, g.rows, g.dim, DTYPE_BYTES[g.dtype], g.row_bytes(), ids_per_sample(g, profile),
-                 g.bags_per_sample, g.placement, g.cache_rows, g.expected_hit_rate, g.optimizer[0], g.shards)
+                 g.bags_per_sample, g.placement, g.cache_rows, g.expected_hit_rate, g.optimizer[0], g.shards,
+                 step_ids)
+
+
+def step_lookups(graph: OpGraph) -> dict[str, int]:
+    """Lookups per step a group makes beyond its samples' ids: a retrieval head's sampled
+    negatives, `num` per step (on every rank) in its item's group, as N extra one-id samples."""
+    meta = graph.graph.get("plan")
+    out: dict[str, int] = {}
+    for node in graph:
+        op = graph.nodes[node]["op"]
+        if meta is None or op.kind != "head" or op.attr("negatives") != "sampled":
+            continue
+        group = next((g for g in meta.groups if any(f.feature == op.attr("item_feature") for f in g.fields)), None)
+        if group is not None:
+            out[group.name] = out.get(group.name, 0) + int(op.attr("num_negatives"))
+    return out
 
 
 def epoch_batches(profile: AccessProfile | None, batch: int) -> float | None:
@@ -303,11 +324,12 @@ def ids_per_sample(group: PackedGroup, profile: AccessProfile | None) -> float:
 
 
 def group_step_seconds(group: PackedGroup, device: DeviceProfile, batch: int, window: int,
-                       profile: AccessProfile | None) -> float:
-    """Time per step a group's placement costs beyond device-resident: row traffic and host gathers."""
-    u = _group_unit(group, profile)
-    moved = _unit_bytes(u, batch, window, profile) - (batch * u.ids + batch * u.bags + 1) * INDEX_BYTES
-    lookups = batch * u.ids
+                       profile: AccessProfile | None, step_ids: int = 0) -> float:
+    """Time per step a group's placement costs beyond device-resident: row traffic and host gathers
+    (`step_ids`: its lookups per step beyond the samples', `step_lookups`)."""
+    u = _group_unit(group, profile, step_ids)
+    moved = _unit_bytes(u, batch, window, profile) - _index_bytes(u, batch)
+    lookups = u.lookups(batch)
     window = PLACEMENTS[u.placement].traffic == "window"
     host_rows = moved / (2 * u.row_bytes) if window else (1.0 - u.hit_rate) * lookups
     link = device.pcie_gbps or device.hbm_gbps
@@ -317,10 +339,11 @@ def group_step_seconds(group: PackedGroup, device: DeviceProfile, batch: int, wi
 def _units(graph: OpGraph, profile: AccessProfile | None = None) -> list[_Unit]:
     groups = {g.name: g for g in graph.graph["plan"].groups} if "plan" in graph.graph else {}
     units = []
+    extra = step_lookups(graph)
     for node in graph:
         op = graph.nodes[node]["op"]
         if op.kind == "packed_embedding":
-            units.append(_group_unit(groups[op.attr("group")], profile))
+            units.append(_group_unit(groups[op.attr("group")], profile, extra.get(op.attr("group"), 0)))
         elif op.kind == "embedding_lookup":
             rows = op.attr("rows") if op.attr("owns_table") else 0
             units.append(_Unit(None, rows, op.attr("dim"), DTYPE_BYTES[op.dtype],
@@ -347,10 +370,11 @@ def activation_bytes(graph: OpGraph, batch: int) -> int:
     return per_sample * batch * ACTIVATION_COPIES
 
 
-def new_rows_per_batch(unit_group: PackedGroup, batch: int, window: int, profile: AccessProfile | None) -> float:
+def new_rows_per_batch(unit_group: PackedGroup, batch: int, window: int, profile: AccessProfile | None,
+                       step_ids: int = 0) -> float:
     """Rows a lookahead scratchpad must fetch per batch: distinct rows of W+1 batches minus W."""
     model = group_access(unit_group, profile)
-    draws = batch * ids_per_sample(unit_group, profile)
+    draws = batch * ids_per_sample(unit_group, profile) + step_ids
     return max(0.0, model.distinct(draws * (window + 1)) - model.distinct(draws * window))
 
 
@@ -388,15 +412,20 @@ def access_description(profile: AccessProfile | None, path: str | Path | None = 
 
 def _unit_bytes(u: _Unit, batch: int, window: int, profile: AccessProfile | None) -> float:
     """Host -> device bytes of one unit per step: ids, offsets and the rows it must move."""
-    index = (batch * u.ids + batch * u.bags + 1) * INDEX_BYTES
-    pooled = 2 * batch * u.bags * u.dim * u.elem  # rows out and gradients back
+    index = _index_bytes(u, batch)
+    pooled = 2 * (batch + u.step_ids) * u.bags * u.dim * u.elem  # rows out and gradients back
     rule = PLACEMENTS[u.placement].traffic
     if rule == "window" and u.group is not None:
-        return index + 2 * u.row_bytes * new_rows_per_batch(u.group, batch, window, profile)
+        return index + 2 * u.row_bytes * new_rows_per_batch(u.group, batch, window, profile, u.step_ids)
     if rule == "hot_cold" and u.group is not None:
-        return index + hot_cold_bytes(group_access(u.group, profile), u.cache_rows, batch * u.ids, u.ids,
+        return index + hot_cold_bytes(group_access(u.group, profile), u.cache_rows, u.lookups(batch), u.ids,
                                       u.dim * u.elem, u.row_bytes, epoch_batches(profile, batch))
     return index + (1.0 - u.hit_rate) * pooled
+
+
+def _index_bytes(u: _Unit, batch: int) -> float:
+    """Ids and offsets of one unit per step (a sampled negative is one more sample of S bags)."""
+    return (u.lookups(batch) + (batch + u.step_ids) * u.bags + 1) * INDEX_BYTES
 
 
 def predict(graph: OpGraph, spec: ModelSpec, device: DeviceProfile, *, micro_batches: int = 1,
@@ -413,7 +442,7 @@ def predict(graph: OpGraph, spec: ModelSpec, device: DeviceProfile, *, micro_bat
     n_dense = len(spec.dense_features)
 
     ids = sum(u.ids for u in units)
-    staging = batch * (ids + n_dense) / device.staging_values_per_s
+    staging = (batch * (ids + n_dense) + sum(u.step_ids for u in units)) / device.staging_values_per_s
     h2d = sum(_unit_bytes(u, batch, window, profile) for u in units)
     h2d += batch * (n_dense + len(spec.heads)) * 4
     transfer = h2d / (device.pcie_gbps * 1e9) if device.pcie_gbps else 0.0
@@ -477,7 +506,7 @@ def sparse_seconds(u: _Unit, device: DeviceProfile, batch: int, profile: AccessP
     """(forward, backward) seconds of one lookup unit on `batch` samples: the pooled lookup; the
     casting, gather-reduce and fused update of its distinct rows; for host and cached placements
     the row map of every id and unique row, and the host rows' gathers."""
-    ids = batch * u.ids
+    ids = u.lookups(batch)
     distinct = _distinct_rows(u, ids, profile)
     per_id, per_elem = device.per_id_ns
     forward = device.kernel_us("sparse") * 1e-6 + ids * (per_id + u.dim * per_elem) * 1e-9
@@ -616,7 +645,7 @@ def exchange_traffic(graph: OpGraph, spec: ModelSpec, units: list[_Unit], batch:
         if u.group is None:
             continue
         if u.group.sharding == "row_wise":
-            distinct = group_access(u.group, profile).distinct(batch * u.ids)
+            distinct = group_access(u.group, profile).distinct(u.lookups(batch))
             sent = exchange.row_wise_bytes(u.group, distinct, world)
             buffers += int(2 * sent)  # send + receive
         else:

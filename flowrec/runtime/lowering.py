@@ -30,7 +30,7 @@ from flowrec.graph.types import Op, PackedGroup, Plan
 from flowrec.runtime.managed_state import managed_state
 from flowrec.runtime.messages import first_line
 from flowrec.runtime.placement import group_embedding
-from flowrec.runtime.retrieval import bind, check_sampled_placement
+from flowrec.runtime.retrieval import bind
 from flowrec.spec.model import ModelSpec
 from operators import registry
 from operators.dense import concat_flat, flat_rows
@@ -118,8 +118,6 @@ class LoweredModel(nn.Module):
             self._build_dense(plan.graph)
         self._bind_noise(seed)
         self.retrieval = bind(plan.graph, self.group_map, spec, self.steps, self.head_nodes)
-        if self.retrieval is not None and self.retrieval.sampled:
-            check_sampled_placement(self.group_map[self.retrieval.group], world)
         self.managed = managed_state(spec, self.groups, seed, world) if tables else None  # the maps go with the tables
 
     def _build_dense(self, graph: nx.DiGraph) -> None:
@@ -372,7 +370,7 @@ class LoweredModel(nn.Module):
             group_name = self.node_group[slot.source]
             group = self.group_map[group_name]
             offsets = batch.groups[group_name].offsets
-            lengths = (offsets[1:] - offsets[:-1]).view(-1, group.bags_per_sample)  # (B, S)
+            lengths = (offsets[1:] - offsets[:-1]).view(-1, group.bags_per_sample)[: batch.size]  # (B, S): no drawn items
             bags = group.field_bags()[slot.fields[0]]
             masks[step.name] = (lengths[:, bags] > 0).to(self.device, non_blocking=True)  # (B, L)
         return masks

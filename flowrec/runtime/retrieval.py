@@ -4,10 +4,11 @@
   bag in its group, minus the table's row offset) and written into the head's label column, so
   the loss, evaluation and every rank see the same ids as the lookups.
 - Sampled negatives: N items per step drawn by a generator seeded by (seed, epoch, batch) (a
-  resumed run draws what an uninterrupted one draws), uniform over the catalogue (rows 1 ..
-  vocab) or by training frequency, appended to the batch as N extra samples of the item's group
-  (only the item bag filled), so the one lookup of that group reads them and its casted backward
-  updates their rows once per step with the batch's rows.
+  resumed run and every rank draw what an uninterrupted one-process run draws), uniform over the
+  catalogue (rows 1 .. vocab) or by training frequency, appended in the data stage to the item
+  group's lookups as N extra samples (`flowrec.data.negatives`, only the item bag filled), so the
+  caches, the casting and the sharded exchange see them, and the one lookup of that group reads
+  them and its backward updates their rows once per step with the batch's rows.
 - Item vectors: the item tower (the dense nodes between the item-id feature and the head) run on
   item rows: for negatives in training, for the whole catalogue in evaluation and export.
 
@@ -17,7 +18,7 @@ Example:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import networkx as nx
@@ -25,12 +26,12 @@ import numpy as np
 import torch
 
 from flowrec.data.batches import Batch, GroupIds
+from flowrec.data.negatives import NegativeSampler, item_samples
 from flowrec.graph.edges import Slot, input_slots
 from flowrec.graph.types import PackedGroup
 from operators.dense import flat_rows
 from operators.retrieval import Candidates
 
-SAMPLE_MIX = 1_000_003  # a prime mixing (seed, epoch, batch) into the negatives' generator seed
 CATALOGUE_CHUNK = 65_536  # items per item-tower call when scoring the whole catalogue
 
 
@@ -110,24 +111,10 @@ def bind(graph: nx.DiGraph, groups: dict[str, PackedGroup], spec: Any, steps: li
     return None
 
 
-def check_sampled_placement(group: PackedGroup, world: Any) -> None:
-    """Sampled negatives join the item group's lookup outside the data stage, so they run where
-    that lookup is a plain one: one process, placement device or host.
-
-    Raises:
-        ValueError: a cached placement (static_hot, lookahead) or several ranks (one line).
-    """
-    if group.placement not in ("device", "host"):
-        raise ValueError(f"sampled negatives need the item table's group {group.name} on placement device or "
-                         f"host (planned: {group.placement}); set plan.cache: none")
-    if world is not None:
-        raise ValueError("sampled negatives run in one process (--nproc 1); in_batch negatives run on several")
-
-
 def batch_items(binding: RetrievalBinding, batch: Batch) -> torch.Tensor:
     """Each row's item id (table row) from the batch's packed lookups.  # (B,) int64"""
     ids = batch.groups[binding.group]
-    starts = ids.offsets[:-1].view(-1, binding.bags)[:, binding.bag]
+    starts = ids.offsets[:-1].view(-1, binding.bags)[: batch.size, binding.bag]  # not the drawn items after
     return ids.ids[starts] - binding.row_offset
 
 
@@ -141,32 +128,25 @@ def item_labels(binding: RetrievalBinding | None, batch: Batch, labels: torch.Te
     return labels
 
 
-def draw_negatives(binding: RetrievalBinding, seed: int, batch: Batch) -> torch.Tensor:
-    """The step's sampled items (table rows), seeded by (seed, epoch, batch index).  # (N,) int64"""
+def sampler(binding: RetrievalBinding, seed: int) -> NegativeSampler:
+    """The data stage's sampler of a sampled-negatives head (after `set_counts`)."""
     if binding.probs is None:
         raise RuntimeError("sampled negatives: item frequencies were not set (RetrievalBinding.set_counts)")
-    gen = torch.Generator().manual_seed((seed * SAMPLE_MIX + batch.epoch) * SAMPLE_MIX + batch.index)
-    return torch.multinomial(binding.probs.float(), binding.attrs["num_negatives"], replacement=True,
-                             generator=gen)
+    return NegativeSampler(binding.group, binding.bag, binding.bags, binding.row_offset,
+                           int(binding.attrs["num_negatives"]), binding.probs, seed)
 
 
-def with_negatives(binding: RetrievalBinding, group: PackedGroup, batch: Batch, items: torch.Tensor) -> Batch:
-    """The batch with N extra samples in the item's group, each with only the item bag filled.
-
-    The group's precomputed casting and lookahead rows no longer describe it and are dropped
-    (the backward computes its casting), so it runs on placements device and host only."""
-    grown = _grown(binding, group, batch.groups[binding.group], items)
-    return replace(batch, groups={**batch.groups, binding.group: grown})
+def draw_negatives(binding: RetrievalBinding, seed: int, batch: Batch) -> torch.Tensor:
+    """The step's sampled items (table rows), seeded by (seed, epoch, batch index).  # (N,) int64"""
+    return sampler(binding, seed).draw(batch.epoch, batch.index)
 
 
-def _grown(binding: RetrievalBinding, group: PackedGroup, ids: GroupIds, items: torch.Tensor) -> GroupIds:
-    """A group's ids with one extra sample per item, only its item bag filled."""
-    width = group.bags_per_sample
-    lengths = torch.zeros(len(items), width, dtype=torch.int64)
-    lengths[:, binding.bag] = 1
-    extra = ids.offsets[-1] + torch.cumsum(lengths.reshape(-1), 0).to(ids.offsets.device)
-    rows = (items + binding.row_offset).to(ids.ids.device, ids.ids.dtype)
-    return GroupIds(torch.cat([ids.ids, rows]), torch.cat([ids.offsets, extra]))
+def with_negatives(binding: RetrievalBinding, model: Any, batch: Batch) -> Batch:
+    """A batch with its drawn items in the item group: as staged, or (a batch staged without a
+    sampler) drawn and appended now, as the data stage would have."""
+    if batch.negatives is not None:
+        return batch
+    return sampler(binding, model.noise_seed).attach(batch, model.group_map[binding.group])
 
 
 def item_vectors(model: Any, binding: RetrievalBinding, rows: torch.Tensor) -> torch.Tensor:
@@ -186,8 +166,8 @@ def item_vectors(model: Any, binding: RetrievalBinding, rows: torch.Tensor) -> t
 
 def lookup_items(model: Any, binding: RetrievalBinding, items: torch.Tensor) -> torch.Tensor:
     """Pooled item-bag rows of `items` through the group's own lookup (no gradient).  # (N, D)"""
-    empty = GroupIds(torch.empty(0, dtype=torch.int64), torch.zeros(1, dtype=torch.int64))
-    grown = _grown(binding, model.group_map[binding.group], empty, items)
+    grown = GroupIds(*item_samples(torch.empty(0, dtype=torch.int64), torch.zeros(1, dtype=torch.int64), items,
+                                   binding.bag, binding.bags, binding.row_offset))
     module = model.embeddings[binding.group]
     if getattr(module, "takes_group_ids", False):  # a cache module reads its staged rows
         rows = module.forward_group(grown)

@@ -19,8 +19,7 @@ import torch
 
 from flowrec.data.batches import Batch
 from flowrec.runtime.lowering import LoweredModel
-from flowrec.runtime.retrieval import (candidates, draw_negatives, head_items, item_labels, split_negatives,
-                                       with_negatives)
+from flowrec.runtime.retrieval import candidates, head_items, item_labels, split_negatives, with_negatives
 
 DEFAULT_LOOKAHEAD = 1  # staging lookahead window of a run (>= 1: the casting index is built in the data stage)
 
@@ -51,9 +50,9 @@ def train_step(model: LoweredModel, optimizer: torch.optim.Optimizer, batch: Bat
     labels = item_labels(binding, batch, batch.labels).to(model.device, non_blocking=True)
     masks = model.sequence_masks(batch)
     if binding is not None and binding.sampled:  # one lookup of the item group: batch, then negatives
-        negatives = draw_negatives(binding, model.noise_seed, batch)
-        emb, neg_rows = split_negatives(binding, batch.size, model.embed(
-            with_negatives(binding, model.group_map[binding.group], batch, negatives)))
+        batch = with_negatives(binding, model, batch)  # staged by the data stage (drawn here otherwise)
+        negatives = batch.negatives
+        emb, neg_rows = split_negatives(binding, batch.size, model.embed(batch))
     else:
         negatives, neg_rows = None, None
         emb = model.embed(batch)  # sparse stage: {group: (B, S, D)}

@@ -52,7 +52,7 @@ from flowrec.runtime.progress import TrainProgress
 from flowrec.runtime.rundir import BEST_DIR, METRICS_FILE, write_text
 from flowrec.runtime.lr_schedule import LRController, LRSchedule, sparse_optimizers
 from flowrec.runtime.evaluation.retrieval import SeenItems
-from flowrec.runtime.retrieval import read_items
+from flowrec.runtime.retrieval import read_items, sampler as negative_sampler
 from flowrec.runtime.step import DEFAULT_LOOKAHEAD, make_dense_optimizer, train_step
 from flowrec.spec.load import to_dict
 from flowrec.spec.model import ModelSpec
@@ -500,13 +500,24 @@ class Trainer:
     def _staged(self, train_source: Any) -> Any:
         """This epoch's batches from the current position (hot/cold batches under FAE)."""
         pos = self.position
+        negatives = self._negatives()
         if not self.hot_flags:
             return iterate_batches(self.spec, train_source, self.staging(), pos.epoch, pos.batch,
-                                   self.model.groups, remap=self._remapper(train=True))
+                                   self.model.groups, remap=self._remapper(train=True), negatives=negatives)
         staged = iterate_batches(self.spec, train_source, self.staging(), pos.epoch, 0, self.model.groups)
         batcher = HotColdBatcher(staged, self.hot_flags, self.model.groups, self.spec.training.batch_size,
                                  self.config.hot_run, self.config.cold_run)
+        if negatives is not None:  # drawn for the hot and cold batches as formed (their own indices)
+            item_group = self.model.group_map[negatives.group]
+            return _Skipping(staged, (negatives.attach(b, item_group) for b in batcher if b.index >= pos.batch))
         return _Skipping(staged, (b for b in batcher if b.index >= pos.batch))
+
+    def _negatives(self) -> Any:
+        """The data stage's sampler of a retrieval head's sampled negatives (None without one)."""
+        binding = self.model.retrieval
+        if binding is None or not binding.sampled:
+            return None
+        return negative_sampler(binding, self.model.noise_seed)
 
     def _evaluate(self, source: Any) -> Metrics:
         t0 = time.perf_counter()

@@ -24,7 +24,7 @@ from flowrec.runtime.evaluation.retrieval import RankingAccumulator, ranking_met
 from flowrec.runtime.evaluation.evaluate import evaluate
 from flowrec.runtime.lowering import lower
 from flowrec.measure.reference import ReferenceModel, reference_optimizers
-from flowrec.runtime.retrieval import batch_items, catalogue_vectors, draw_negatives, item_counts
+from flowrec.runtime.retrieval import batch_items, catalogue_vectors, draw_negatives, item_counts, sampler
 from flowrec.runtime.step import make_dense_optimizer, train_step
 from flowrec.spec import spec_from_dict
 from flowrec.spec.validate import validate_document
@@ -137,11 +137,11 @@ def retrieval_doc(seed: int, negatives: dict, logq: bool, tower: bool = True) ->
     }
 
 
-def staged(spec, plan, seed: int, steps: int):
+def staged(spec, plan, seed: int, steps: int, negatives=None):
     table = synth_table(spec, BATCH * steps, SynthConfig(seed=seed, alpha=1.2))
     source = MemorySource(split_table(table, 2))
     opts = StagingOptions(batch_size=BATCH, shuffle=False, workers=1)
-    with iterate_batches(spec, source, opts, 0, 0, plan.meta.groups) as it:
+    with iterate_batches(spec, source, opts, 0, 0, plan.meta.groups, negatives=negatives) as it:
         batches = [replace(b, dense=b.dense.double(), labels=b.labels.double()) for b in it]
     return batches, table, source
 
@@ -195,14 +195,19 @@ def test_training_equals_the_reference(negatives, logq):
     binding.set_counts(counts, torch.device("cpu"))
     binding.probs, binding.log_q = (binding.probs.double(),
                                     binding.log_q.double() if binding.log_q is not None else None)
+    ours_batches = batches  # sampled: staged again, the data stage drawing the negatives into the item group
+    if binding.sampled:
+        ours_batches = staged(spec, plan, seed, 10, sampler(binding, model.noise_seed))[0]
     optimizer = make_dense_optimizer(model, "sgd", 0.3, {})
     ref = ReferenceModel(plan, spec).double()
     ref_opts = reference_optimizers(ref, spec)
-    for batch in batches:
+    for batch, own in zip(batches, ours_batches, strict=True):
         items = batch_items(binding, batch)
         assert items.tolist() == table.column("item").to_pylist()[batch.index * BATCH:(batch.index + 1) * BATCH]
         negs = draw_negatives(binding, model.noise_seed, batch) if binding.sampled else None
-        ours = train_step(model, optimizer, batch)
+        assert negs is None or torch.equal(own.negatives, negs)
+        assert torch.equal(batch_items(binding, own), items)
+        ours = train_step(model, optimizer, own)
         for opt in ref_opts:
             opt.zero_grad(set_to_none=True)
         theirs = reference_loss(ref, batch, items, binding, negs, spec)
@@ -327,15 +332,6 @@ def test_ranking_metrics_are_maximised_by_early_stopping():
     for metric in ("hr@100", "recall@10", "ndcg@10", "mrr"):
         assert EarlyStopper.of(EarlyStoppingSpec(metric), "retrieve").mode == "max"
     assert EarlyStopper.of(EarlyStoppingSpec("logloss"), "ctr").mode == "min"
-
-
-def test_sampled_negatives_refuse_a_cached_item_group():
-    spec = spec_from_dict(retrieval_doc(0, {"kind": "sampled", "num": 8}, False))
-    plan = make_plan(spec, target="cpu")
-    groups = tuple(replace(g, placement="lookahead", cache_rows=16) for g in plan.meta.groups)
-    with pytest.raises(ValueError, match="placement device or host .* lookahead"):
-        lower(plan.with_meta(replace(plan.meta, groups=groups)), spec, "cpu")
-    lower(plan, spec, "cpu")  # device placement: fine
 
 
 @pytest.mark.parametrize("where", [("heads", 0, "task"), ("heads", 0, "input"), ("heads", 0, "negatives"),
@@ -538,3 +534,24 @@ def test_exclude_seen_needs_the_user_feature():
     spec = spec_from_dict(doc)
     assert spec.heads[0].retrieval.exclude_seen
     assert make_plan(spec, target="cpu").graph.nodes["head_retrieve"]["op"].attr("exclude_seen") is True
+
+
+def test_the_planner_prices_sampled_negatives_as_lookups_of_the_item_group():
+    """N drawn items per step are N more one-id samples of the item's group: a forced lookahead
+    scratchpad holds their rows too (it would run short otherwise), and the step costs more."""
+    import copy
+
+    from flowrec.planner.cost import step_lookups
+
+    base = retrieval_doc(0, {"kind": "in_batch"}, False)
+    base["features"][2]["vocab"] = 2_000_000  # a big catalogue: the group does not fit a small budget
+    base["plan"] = {"cache": "lookahead", "window": 2}
+    sampled = copy.deepcopy(base)
+    sampled["heads"][0]["negatives"] = {"kind": "sampled", "num": 4096}
+    plans = [make_plan(spec_from_dict(doc), target="h100", device_budget="24MiB") for doc in (base, sampled)]
+    (plain,), (drawn,) = ([g for g in p.meta.groups if any(f.feature == "item" for f in g.fields)] for p in plans)
+    assert step_lookups(plans[0].graph) == {} and step_lookups(plans[1].graph) == {drawn.name: 4096}
+    assert plain.placement == drawn.placement == "lookahead"
+    assert drawn.cache_rows > 10 * plain.cache_rows  # the distinct drawn items of W+1 steps (Zipf model)
+    assert plans[1].cost.h2d_bytes_per_step > plans[0].cost.h2d_bytes_per_step
+    assert plans[1].cost.step_ms_serial > plans[0].cost.step_ms_serial

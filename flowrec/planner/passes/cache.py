@@ -12,7 +12,8 @@ Changes: each group's ``placement``, ``cache_rows`` and ``expected_hit_rate``:
   the remaining budget makes them all ``device``; else it gets a cache budget (the remaining
   budget less what the smaller groups need, at least half of it) and becomes
   ``static_hot`` (the hottest cache_rows rows on the device, FAE), ``lookahead`` (a scratchpad
-  for the distinct rows of W+1 batches times `LOOKAHEAD_MARGIN`, ScratchPipe; train-time hit rate
+  for the distinct rows of W+1 batches, a retrieval head's sampled negatives included, times
+  `LOOKAHEAD_MARGIN`, ScratchPipe; train-time hit rate
   1.0) or ``host`` (hit rate 0): the plan's cache hint forces a policy (``none`` -> host),
   ``auto`` takes the one the cost model prices lowest (row traffic plus host gathers per step).
 
@@ -44,6 +45,7 @@ from flowrec.planner.cost import (
     device_profile,
     group_access,
     group_step_seconds,
+    step_lookups,
 )
 from flowrec.planner.passes.meta import plan_meta
 from flowrec.spec.units import format_bytes
@@ -67,7 +69,7 @@ def cache(graph: OpGraph, ctx: PassContext) -> PassResult:
         policy = "none"  # a rank's shard is on its device or, when it does not fit, on its host
     managed = frozenset(t.name for t in spec.tables if t.managed is not None)
     groups, notes = place(meta.groups, budget, device, policy, spec.training.batch_size,
-                          spec.plan.window, ctx.profile, managed)
+                          spec.plan.window, ctx.profile, managed, step_lookups(graph))
     if not device.overlaps and ctx.device_budget_bytes is None and any(g.placement != "device" for g in groups):
         groups = tuple(replace(g, placement="device", cache_rows=0, expected_hit_rate=1.0) for g in groups)
         notes.append(f"target {device.name}: host memory is the device and no budget was given, so every "
@@ -92,11 +94,12 @@ def table_budget(graph: OpGraph, ctx: PassContext) -> int:
 
 
 def place(groups: tuple[PackedGroup, ...], budget: int, device: DeviceProfile, policy: str,
-          batch: int, window: int, profile: object, managed: frozenset[str] = frozenset()
-          ) -> tuple[tuple[PackedGroup, ...], list[str]]:
+          batch: int, window: int, profile: object, managed: frozenset[str] = frozenset(),
+          step_ids: dict[str, int] | None = None) -> tuple[tuple[PackedGroup, ...], list[str]]:
     """Placement of every group under `budget` bytes; returns the groups (input order) and notes.
     Groups holding `managed` tables are never static_hot (FAE's hot/cold batches reorder samples
-    across the batches a managed map remaps in order)."""
+    across the batches a managed map remaps in order). `step_ids`: a group's lookups per step
+    beyond its samples' (sampled negatives, `cost.step_lookups`), in its window and its price."""
     order = sorted(groups, key=lambda g: (-g.bytes_per_rank, g.name))
     decided: dict[str, PackedGroup] = {}
     notes: list[str] = []
@@ -110,7 +113,7 @@ def place(groups: tuple[PackedGroup, ...], budget: int, device: DeviceProfile, p
             break
         share = remaining - min(rest, remaining // 2)
         chosen, why = _choose(g, share, device, policy, batch, window, profile,
-                              any(t.table in managed for t in g.tables))
+                              any(t.table in managed for t in g.tables), (step_ids or {}).get(g.name, 0))
         decided[g.name] = chosen
         remaining -= chosen.cache_rows * g.row_bytes()
         notes.append(f"{g.name} ({format_bytes(g.bytes_per_rank)}) does not fit: {why}")
@@ -126,10 +129,10 @@ def expected_hit_rate(g: PackedGroup, profile: object) -> float:
 
 
 def _choose(g: PackedGroup, share: int, device: DeviceProfile, policy: str, batch: int, window: int,
-            profile: object, managed: bool = False) -> tuple[PackedGroup, str]:
+            profile: object, managed: bool = False, step_ids: int = 0) -> tuple[PackedGroup, str]:
     fit_rows = min(g.rows, max(0, share) // g.row_bytes())
     model = group_access(g, profile)
-    draws = batch * sum(f.max_len for f in g.fields)
+    draws = batch * sum(f.max_len for f in g.fields) + step_ids  # a step's ids, sampled negatives included
     need = min(g.rows, ceil(model.distinct(draws * (window + 1)) * LOOKAHEAD_MARGIN))
     options = {
         "static_hot": replace(g, placement="static_hot", cache_rows=fit_rows,
@@ -155,7 +158,7 @@ def _choose(g: PackedGroup, share: int, device: DeviceProfile, policy: str, batc
         if pick.cache_rows < 1:
             return options["host"], f"forced {policy}, but no device rows are left for a cache -> host"
         return pick, f"forced {policy}, {pick.cache_rows:,} cache rows ({source})"
-    costs = {p: group_step_seconds(options[p], device, batch, window, profile) for p in feasible}
+    costs = {p: group_step_seconds(options[p], device, batch, window, profile, step_ids) for p in feasible}
     best = min(feasible, key=lambda p: (costs[p], POLICY_ORDER.index(p)))
     priced = ", ".join(f"{p} {costs[p] * 1e3:.3f} ms" for p in feasible)
     pick = options[best]
