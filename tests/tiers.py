@@ -40,7 +40,7 @@ FILES: dict[str, frozenset[str]] = {
         "test_custom", "test_heads", "test_mlp_regularize", "test_moe", "test_packed_mlp_lowering", "test_table_l2",
         "test_managed_spec", "test_managed_map", "test_days", "test_self_attention", "test_similarity",
         "test_retrieval", "test_calibrate_collective", "test_targets", "test_compiled_fallback",
-        "test_dense_optimizer_fused", "test_source_mlp", "test_next_item_data",
+        "test_dense_optimizer_fused", "test_source_mlp", "test_next_item_data", "test_onednn_linear",
     )},
     "tests/unit/test_lifecycle_hostile.py": FAST,  # hostile input to runs, --follow, plan --managed-from
     "tests/unit/test_cache_bench.py": frozenset({"processes"}),
