@@ -100,3 +100,37 @@ def test_mlp_equals_plain_linear_stack(dtype: torch.dtype) -> None:
     for layer, ref in zip(mlp.layers, plain[::2]):
         assert torch.allclose(layer.weight.grad, ref.weight.grad, **tol)
         assert torch.allclose(layer.bias.grad, ref.bias.grad, **tol)
+
+
+def test_small_cpu_optimizer_steps_on_one_thread_bitwise() -> None:
+    """`make_dense_optimizer` on a small CPU model: its steps run with one thread and restore the
+    count after, and the parameters are bitwise those of the same optimizer stepping on all threads."""
+    from flowrec.runtime import step as step_mod
+
+    gen = torch.Generator().manual_seed(13)
+    params = [torch.nn.Parameter(_skewed(gen, 64, 33)) for _ in range(3)]
+    twins = [torch.nn.Parameter(p.detach().clone()) for p in params]
+
+    class _Model:
+        def __init__(self, ps):
+            self.ps = ps
+
+        def dense_parameters(self):
+            return self.ps
+
+    threads = torch.get_num_threads()
+    seen: list[int] = []
+    opt = step_mod.make_dense_optimizer(_Model(params), "adam", 1e-2, {})
+    opt.register_step_pre_hook(lambda *a: seen.append(torch.get_num_threads()))
+    plain = torch.optim.Adam(twins, lr=1e-2, fused=True)
+    for _ in range(3):
+        grads = [_skewed(gen, 64, 33) for _ in params]
+        for p, q, g in zip(params, twins, grads):
+            p.grad, q.grad = g.clone(), g.clone()
+        opt.step()
+        plain.step()
+        assert torch.get_num_threads() == threads
+    assert seen == [1, 1, 1]
+    for p, q in zip(params, twins):
+        assert torch.equal(p, q)
+        assert not torch.equal(p, q.detach() + 1)  # equality is informative
