@@ -10,7 +10,8 @@ gradient and weight gradient; the ReLU mask is read from the saved output and th
 is one column sum. Same function, sums in another order: allclose to `nn.Linear` + ReLU, not
 bitwise.
 
-Everything else (float64, bf16 where torch already calls oneDNN for `mm`, CUDA, a torch without
+Everything else (float64; bf16, where torch's `mm` already calls oneDNN: routing bf16 layers here
+measured 12% slower than autocast's own linear; CUDA; a torch without
 oneDNN, code being traced by `torch.compile` or `torch.export`) takes `nn.functional.linear`
 and an in-place ReLU: the same results as before this module existed.
 

@@ -134,3 +134,4 @@ def test_small_cpu_optimizer_steps_on_one_thread_bitwise() -> None:
     for p, q in zip(params, twins):
         assert torch.equal(p, q)
         assert not torch.equal(p, q.detach() + 1)  # equality is informative
+
