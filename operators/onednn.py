@@ -68,9 +68,19 @@ class _Linear(torch.autograd.Function):
             grad = torch.ops.aten.threshold_backward(grad, y, 0)  # 0 where the output was clamped
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         grad_x = _gemm(grad, weight.t(), None) if need_x else None  # (B, In)
-        grad_w = _gemm(grad.t(), x.t(), None) if need_w else None  # (Out, In)
+        grad_w = _weight_grad(grad, x) if need_w else None  # (Out, In)
         grad_b = grad.sum(0) if need_b and ctx.has_bias else None  # (Out,)
         return grad_x, grad_w, grad_b, None
+
+
+def _weight_grad(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """grad^T x.  # (Out, In)
+
+    oneDNN reads its first operand contiguous, so one transposed operand is copied: the narrower
+    one (grad^T x with grad^T copied, or (x^T grad)^T with x^T copied)."""
+    if grad.shape[1] <= x.shape[1]:
+        return _gemm(grad.t(), x.t(), None)
+    return _gemm(x.t(), grad.t(), None).t()
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
