@@ -135,3 +135,29 @@ def test_small_cpu_optimizer_steps_on_one_thread_bitwise() -> None:
         assert torch.equal(p, q)
         assert not torch.equal(p, q.detach() + 1)  # equality is informative
 
+
+
+def test_dot_under_cpu_autocast_is_fp32_rounded_once() -> None:
+    """DLRM's Dot under CPU bf16 autocast: the fp32 dots rounded to bf16 (bitwise), close to the
+    float64 pairs, and its field gradients equal the fp32 Dot's given the same pair gradients."""
+    from operators.interaction import Dot
+
+    gen = torch.Generator().manual_seed(19)
+    bottom = _skewed(gen, 200, 16).requires_grad_()
+    fields = (torch.randn(200, 26, 16, generator=gen) * torch.rand(200, 26, 1, generator=gen).pow(3) * 4 + 1e-3)
+    fields.requires_grad_()
+    dot = Dot()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = dot(bottom, fields)
+    ref = dot(bottom, fields)  # fp32
+    assert out.dtype == torch.bfloat16 and ref.dtype == torch.float32
+    assert torch.equal(out, ref.detach().bfloat16())
+    x = torch.cat([bottom.detach().double().unsqueeze(1), fields.detach().double()], 1)
+    rows, cols = torch.triu_indices(27, 27, offset=1)
+    exact = torch.bmm(x, x.transpose(1, 2))[:, rows, cols]
+    assert torch.allclose(out.double(), exact, rtol=1e-2, atol=1e-2 * float(exact.abs().max()))
+    grad = _skewed(gen, 200, out.shape[1])
+    got = torch.autograd.grad(out, (bottom, fields), grad.bfloat16())
+    want = torch.autograd.grad(ref, (bottom, fields), grad.bfloat16().float())
+    for g, w in zip(got, want):
+        assert g.dtype == torch.float32 and torch.equal(g, w)
