@@ -117,10 +117,7 @@ class MLP(nn.Module):
             flat = flat_rows(part)  # (B, w)
             w = weight[:, start:start + flat.shape[1]]
             start += flat.shape[1]
-            if x is None:
-                x = linear(flat, w, first.bias)
-            else:
-                x = torch.addmm(x, flat, w.t())
+            x = linear(flat, w, first.bias) if x is None else linear(flat, w, add=x)
         x = self.drops[0](self.act(self.norms[0](x)))
         for layer, norm, drop in zip(self.layers[1:], self.norms[1:], self.drops[1:]):
             x = drop(self._layer(layer, norm, x))

@@ -53,8 +53,12 @@ class _Linear(torch.autograd.Function):
     when its input needs no gradient)."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool) -> torch.Tensor:
-        y = _gemm(x, weight, bias, "relu" if relu else "none")  # (B, Out)
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool,
+                add: torch.Tensor | None) -> torch.Tensor:
+        if add is None:
+            y = _gemm(x, weight, bias, "relu" if relu else "none")  # (B, Out)
+        else:  # add + x weight^T (+ bias), the sum fused into the GEMM
+            y = _MKLDNN._linear_pointwise.binary(x, add, weight, bias, "add")
         ctx.relu = relu
         ctx.has_bias = bias is not None
         ctx.save_for_backward(x, weight, y if relu else None)
@@ -70,7 +74,8 @@ class _Linear(torch.autograd.Function):
         grad_x = _gemm(grad, weight.t(), None) if need_x else None  # (B, In)
         grad_w = _weight_grad(grad, x) if need_w else None  # (Out, In)
         grad_b = grad.sum(0) if need_b and ctx.has_bias else None  # (Out,)
-        return grad_x, grad_w, grad_b, None
+        grad_add = grad if ctx.needs_input_grad[4] else None
+        return grad_x, grad_w, grad_b, None, grad_add
 
 
 def _weight_grad(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -84,10 +89,20 @@ def _weight_grad(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           relu: bool = False) -> torch.Tensor:
-    """`relu(x @ weight.T + bias)` (without the ReLU when `relu` is False), by oneDNN where
-    `takes(x, weight)`, else `nn.functional.linear` (ReLU in place on its fresh output).  # (B, Out)"""
+           relu: bool = False, add: torch.Tensor | None = None) -> torch.Tensor:
+    """`relu(x @ weight.T + bias)` (without the ReLU when `relu` is False; `add`: plus this
+    (B, Out) tensor, no ReLU), by oneDNN where `takes(x, weight)`, else `nn.functional.linear` /
+    `addmm` (ReLU in place on the fresh output).  # (B, Out)
+
+    A weight that is a column slice of a larger one (a source MLP's part of its first layer) is
+    copied contiguous first: oneDNN reads such a strided weight so slowly that one 4096 x 1000 x
+    512 GEMM did not finish in 100 s (30 ms contiguous)."""
+    if relu and add is not None:
+        raise ValueError("linear: relu and add together are not supported")
     if takes(x, weight):
-        return _Linear.apply(x, weight, bias, relu)
+        weight = weight if weight.is_contiguous() or weight.t().is_contiguous() else weight.contiguous()
+        return _Linear.apply(x, weight, bias, relu, add)
+    if add is not None:
+        return torch.addmm(add, x, weight.t()) if bias is None else torch.addmm(add + bias, x, weight.t())
     y = torch.nn.functional.linear(x, weight, bias)
     return torch.relu_(y) if relu else y

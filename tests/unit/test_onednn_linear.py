@@ -161,3 +161,24 @@ def test_dot_under_cpu_autocast_is_fp32_rounded_once() -> None:
     want = torch.autograd.grad(ref, (bottom, fields), grad.bfloat16().float())
     for g, w in zip(got, want):
         assert g.dtype == torch.float32 and torch.equal(g, w)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_linear_add_and_column_slices(dtype: torch.dtype) -> None:
+    """`linear(x, w_slice, add=acc)` (a source MLP's accumulation) equals acc + x w_slice^T: value
+    and every gradient (the full weight's, the accumulator's, x's)."""
+    gen = torch.Generator().manual_seed(23)
+    full = torch.randn(12, 50, generator=gen, dtype=dtype, requires_grad=True)
+    x1, x2 = _skewed(gen, 90, 20).to(dtype).requires_grad_(), _skewed(gen, 90, 30).to(dtype).requires_grad_()
+    b = torch.randn(12, generator=gen, dtype=dtype, requires_grad=True)
+    y = onednn.linear(x2, full[:, 20:], add=onednn.linear(x1, full[:, :20], b))
+    yr = torch.addmm(torch.addmm(b, x1, full[:, :20].t()), x2, full[:, 20:].t())
+    grad = _skewed(gen, 90, 12).to(dtype)
+    got = torch.autograd.grad(y, (full, x1, x2, b), grad)
+    want = torch.autograd.grad(yr, (full, x1, x2, b), grad)
+    tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-4, atol=1e-3)
+    assert torch.allclose(y, yr, **tol)
+    for g, w in zip(got, want):
+        assert torch.allclose(g, w, **tol)
+    with pytest.raises(ValueError):
+        onednn.linear(x1, full[:, :20], relu=True, add=y)
