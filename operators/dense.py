@@ -16,6 +16,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
+from operators.onednn import linear
 from operators.regularize import SeededDropout, make_norm, make_packed_norm
 
 try:  # private, guard-free: False where the layout cannot be decided without a shape guard
@@ -76,6 +77,7 @@ class MLP(nn.Module):
         self.norms = nn.ModuleList(make_norm(norm, b) for b in layers)
         self.drops = nn.ModuleList(_dropout(dropout) for _ in layers)
         self.act = get_activation(activation)
+        self.fused_relu = activation == "relu" and norm == "none"  # the ReLU runs inside the GEMM
 
     @classmethod
     def from_config(cls, config: dict[str, Any], input_shapes: Shapes) -> "MLP":
@@ -85,8 +87,15 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer, norm, drop in zip(self.layers, self.norms, self.drops):
-            x = drop(self.act(norm(layer(x))))
+            x = drop(self._layer(layer, norm, x))
         return x
+
+    def _layer(self, layer: nn.Linear, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """act(norm(layer(x))): with no norm and a ReLU, one fused linear + ReLU
+        (`operators.onednn.linear`: oneDNN on the CPU in fp32).  # (B, Out)"""
+        if self.fused_relu:
+            return linear(x, layer.weight, layer.bias, relu=True)
+        return self.act(norm(linear(x, layer.weight, layer.bias)))
 
     def forward_sources(self, sources: Sequence[torch.Tensor], inverse: torch.Tensor | None = None) -> torch.Tensor:
         """`forward(cat(sources flattened)[:, index])` without building that input: the first
@@ -108,13 +117,10 @@ class MLP(nn.Module):
             flat = flat_rows(part)  # (B, w)
             w = weight[:, start:start + flat.shape[1]]
             start += flat.shape[1]
-            if x is None:
-                x = nn.functional.linear(flat, w, first.bias)
-            else:
-                x = torch.addmm(x, flat, w.t())
+            x = linear(flat, w, first.bias) if x is None else linear(flat, w, add=x)
         x = self.drops[0](self.act(self.norms[0](x)))
         for layer, norm, drop in zip(self.layers[1:], self.norms[1:], self.drops[1:]):
-            x = drop(self.act(norm(layer(x))))
+            x = drop(self._layer(layer, norm, x))
         return x
 
 

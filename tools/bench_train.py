@@ -20,7 +20,7 @@ steps each system is scored on the same held-out synthetic rows (AUC).
 Usage:
     /work/trvenv/bin/python tools/bench_train.py [--quick] [--json PATH] [--models dlrm,wide1000] [--steps N]
         [--competitors N]   # N CPU-bound processes beside both systems (a shared machine)
-        [--no-compile] [--profile-steps N]
+        [--compile [--eager-twin]] [--profile-steps N]
     (any python with torch, torchrec and flowrec's dependencies: /work/shared/tools/torchrec-venv.sh DIR makes one)
 """
 from __future__ import annotations
@@ -537,9 +537,11 @@ def main() -> None:
     parser.add_argument("--competitors", type=int, default=0,
                         help="CPU-bound processes (a busy loop each) running beside every system for the whole "
                              "run, as on a shared machine (default 0)")
-    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
-                        help="flowrec's dense stage compiled (torch.compile, inductor), the eager one beside it "
-                             "as flowrec_eager (default); --no-compile: eager only")
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
+                        help="flowrec's dense stage compiled (torch.compile, inductor; with --eager-twin the eager "
+                             "one beside it as flowrec_eager). Default: eager, as `flowrec train` runs by default "
+                             "(its fp32 linear layers call oneDNN, operators/onednn.py; compiled code calls aten's "
+                             "GEMMs)")
     parser.add_argument("--eager-twin", action="store_true",
                         help="with the compiled flowrec, also run it eagerly (flowrec_eager) where 8 table copies fit "
                              "in memory (a full run with it was OOM-killed on 24 GB)")

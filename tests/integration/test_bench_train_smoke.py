@@ -17,7 +17,7 @@ def test_bench_train_quick_writes_figures(tmp_path):
     out = tmp_path / "train.json"
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
     proc = subprocess.run([sys.executable, "tools/bench_train.py", "--quick", "--models", "dlrm",
-                           "--precisions", "fp32", "--competitors", "1", "--eager-twin", "--json", str(out)],
+                           "--precisions", "fp32", "--competitors", "1", "--compile", "--eager-twin", "--json", str(out)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(out.read_text())

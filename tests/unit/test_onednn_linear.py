@@ -1,0 +1,184 @@
+"""`operators.onednn.linear` (oneDNN GEMMs on the CPU) equals nn.Linear (+ ReLU): forward and every
+gradient, on fresh random skewed inputs; the MLP that uses it equals a plain nn.Linear stack."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from operators import onednn
+from operators.dense import MLP
+
+
+def _skewed(gen: torch.Generator, *shape: int) -> torch.Tensor:
+    """Heavy-tailed values with a few large rows (never zeros)."""
+    x = torch.randn(*shape, generator=gen) * torch.rand(shape[0], 1, generator=gen).pow(4).mul(20).add(0.1)
+    return x + 1e-3
+
+
+def _reference(x, w, b, relu):
+    y = nn.functional.linear(x, w, b)
+    return torch.relu(y) if relu else y
+
+
+@pytest.mark.parametrize("relu", [True, False])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_linear_equals_reference_fp32(relu: bool, bias: bool, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    batch, fan_in, out = 257 + seed * 64, 37 + seed * 13, 19 + seed * 7
+    x = _skewed(gen, batch, fan_in).requires_grad_()
+    w = (torch.randn(out, fan_in, generator=gen) * 0.3).requires_grad_()
+    b = torch.randn(out, generator=gen).requires_grad_() if bias else None
+    assert onednn.takes(x, w) == onednn.available()
+    y = onednn.linear(x, w, b, relu)
+    grad = _skewed(gen, batch, out)
+    got = torch.autograd.grad(y, [t for t in (x, w, b) if t is not None], grad)
+    ref_in = [t.detach().double().requires_grad_() for t in (x, w, b) if t is not None]
+    xr, wr, br = ref_in[0], ref_in[1], ref_in[2] if bias else None
+    yr = _reference(xr, wr, br, relu)
+    want = torch.autograd.grad(yr, ref_in, grad.double())
+    if relu:
+        assert (yr == 0).any() and (yr > 0).any()  # both sides of the ReLU are exercised
+    scale = yr.detach().abs().max()
+    assert torch.allclose(y.double(), yr, atol=1e-5 * float(scale), rtol=1e-5)
+    for g, r in zip(got, want):
+        assert g.dtype == torch.float32
+        assert torch.allclose(g.double(), r, atol=1e-5 * float(r.detach().abs().max()), rtol=1e-4)
+
+
+def test_linear_float64_is_plain_linear_bitwise() -> None:
+    """Float64 (no oneDNN kernel) takes nn.functional.linear: bitwise the plain layer, gradients too."""
+    gen = torch.Generator().manual_seed(3)
+    x = _skewed(gen, 50, 9).double().requires_grad_()
+    w = torch.randn(6, 9, generator=gen, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(6, generator=gen, dtype=torch.float64, requires_grad=True)
+    assert not onednn.takes(x, w)
+    y = onednn.linear(x, w, b, relu=True)
+    yr = torch.relu(nn.functional.linear(x, w, b))
+    assert torch.equal(y, yr)
+    g = torch.randn(50, 6, generator=gen, dtype=torch.float64)
+    for a, c in zip(torch.autograd.grad(y, (x, w, b), g), torch.autograd.grad(yr, (x, w, b), g)):
+        assert torch.equal(a, c)
+
+
+def test_strided_weight_view_and_no_input_grad() -> None:
+    """A column slice of a larger weight (as `MLP.forward_sources` passes) and an input without a
+    gradient: the right columns get gradients, the others none, and x gets none."""
+    gen = torch.Generator().manual_seed(5)
+    full = torch.randn(11, 30, generator=gen, requires_grad=True)
+    x = _skewed(gen, 64, 17)
+    y = onednn.linear(x, full[:, 4:21], None)
+    grad = _skewed(gen, 64, 11)
+    y.backward(grad)
+    ref = full.detach()[:, 4:21].double()
+    assert torch.allclose(y.double(), x.double() @ ref.t(), rtol=1e-5, atol=1e-4)
+    assert torch.allclose(full.grad[:, 4:21].double(), grad.double().t() @ x.double(), rtol=1e-5, atol=1e-3)
+    assert torch.count_nonzero(full.grad[:, :4]) == 0 and torch.count_nonzero(full.grad[:, 21:]) == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_mlp_equals_plain_linear_stack(dtype: torch.dtype) -> None:
+    """The DLRM-shaped MLP (fused linear + ReLU per layer) against nn.Linear + ReLU layers with the
+    same weights: logits and every parameter gradient (fp32 allclose, fp64 1e-12)."""
+    gen = torch.Generator().manual_seed(7)
+    torch.manual_seed(11)
+    mlp = MLP(13, [64, 32, 8]).to(dtype)
+    plain = nn.Sequential(*[m for layer in mlp.layers for m in (nn.Linear(layer.in_features, layer.out_features),
+                                                                  nn.ReLU())]).to(dtype)
+    with torch.no_grad():
+        for layer, ref in zip(mlp.layers, plain[::2]):
+            ref.weight.copy_(layer.weight)
+            ref.bias.copy_(layer.bias)
+    x = _skewed(gen, 513, 13).to(dtype)
+    y, yr = mlp(x), plain(x)
+    grad = _skewed(gen, 513, 8).to(dtype)
+    y.backward(grad)
+    yr.backward(grad)
+    tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-4, atol=1e-4)
+    assert torch.allclose(y, yr, **tol)
+    for layer, ref in zip(mlp.layers, plain[::2]):
+        assert torch.allclose(layer.weight.grad, ref.weight.grad, **tol)
+        assert torch.allclose(layer.bias.grad, ref.bias.grad, **tol)
+
+
+def test_small_cpu_optimizer_steps_on_one_thread_bitwise() -> None:
+    """`make_dense_optimizer` on a small CPU model: its steps run with one thread and restore the
+    count after, and the parameters are bitwise those of the same optimizer stepping on all threads."""
+    from flowrec.runtime import step as step_mod
+
+    gen = torch.Generator().manual_seed(13)
+    params = [torch.nn.Parameter(_skewed(gen, 64, 33)) for _ in range(3)]
+    twins = [torch.nn.Parameter(p.detach().clone()) for p in params]
+
+    class _Model:
+        def __init__(self, ps):
+            self.ps = ps
+
+        def dense_parameters(self):
+            return self.ps
+
+    threads = torch.get_num_threads()
+    seen: list[int] = []
+    opt = step_mod.make_dense_optimizer(_Model(params), "adam", 1e-2, {})
+    opt.register_step_pre_hook(lambda *a: seen.append(torch.get_num_threads()))
+    plain = torch.optim.Adam(twins, lr=1e-2, fused=True)
+    for _ in range(3):
+        grads = [_skewed(gen, 64, 33) for _ in params]
+        for p, q, g in zip(params, twins, grads):
+            p.grad, q.grad = g.clone(), g.clone()
+        opt.step()
+        plain.step()
+        assert torch.get_num_threads() == threads
+    assert seen == [1, 1, 1]
+    for p, q in zip(params, twins):
+        assert torch.equal(p, q)
+        assert not torch.equal(p, q.detach() + 1)  # equality is informative
+
+
+
+def test_dot_under_cpu_autocast_is_fp32_rounded_once() -> None:
+    """DLRM's Dot under CPU bf16 autocast: the fp32 dots rounded to bf16 (bitwise), close to the
+    float64 pairs, and its field gradients equal the fp32 Dot's given the same pair gradients."""
+    from operators.interaction import Dot
+
+    gen = torch.Generator().manual_seed(19)
+    bottom = _skewed(gen, 200, 16).requires_grad_()
+    fields = (torch.randn(200, 26, 16, generator=gen) * torch.rand(200, 26, 1, generator=gen).pow(3) * 4 + 1e-3)
+    fields.requires_grad_()
+    dot = Dot()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = dot(bottom, fields)
+    ref = dot(bottom, fields)  # fp32
+    assert out.dtype == torch.bfloat16 and ref.dtype == torch.float32
+    assert torch.equal(out, ref.detach().bfloat16())
+    x = torch.cat([bottom.detach().double().unsqueeze(1), fields.detach().double()], 1)
+    rows, cols = torch.triu_indices(27, 27, offset=1)
+    exact = torch.bmm(x, x.transpose(1, 2))[:, rows, cols]
+    assert torch.allclose(out.double(), exact, rtol=1e-2, atol=1e-2 * float(exact.abs().max()))
+    grad = _skewed(gen, 200, out.shape[1])
+    got = torch.autograd.grad(out, (bottom, fields), grad.bfloat16())
+    want = torch.autograd.grad(ref, (bottom, fields), grad.bfloat16().float())
+    for g, w in zip(got, want):
+        assert g.dtype == torch.float32 and torch.equal(g, w)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_linear_add_and_column_slices(dtype: torch.dtype) -> None:
+    """`linear(x, w_slice, add=acc)` (a source MLP's accumulation) equals acc + x w_slice^T: value
+    and every gradient (the full weight's, the accumulator's, x's)."""
+    gen = torch.Generator().manual_seed(23)
+    full = torch.randn(12, 50, generator=gen, dtype=dtype, requires_grad=True)
+    x1, x2 = _skewed(gen, 90, 20).to(dtype).requires_grad_(), _skewed(gen, 90, 30).to(dtype).requires_grad_()
+    b = torch.randn(12, generator=gen, dtype=dtype, requires_grad=True)
+    y = onednn.linear(x2, full[:, 20:], add=onednn.linear(x1, full[:, :20], b))
+    yr = torch.addmm(torch.addmm(b, x1, full[:, :20].t()), x2, full[:, 20:].t())
+    grad = _skewed(gen, 90, 12).to(dtype)
+    got = torch.autograd.grad(y, (full, x1, x2, b), grad)
+    want = torch.autograd.grad(yr, (full, x1, x2, b), grad)
+    tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-4, atol=1e-3)
+    assert torch.allclose(y, yr, **tol)
+    for g, w in zip(got, want):
+        assert torch.allclose(g, w, **tol)
+    with pytest.raises(ValueError):
+        onednn.linear(x1, full[:, :20], relu=True, add=y)
