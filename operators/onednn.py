@@ -29,18 +29,40 @@ _POINTWISE = getattr(_MKLDNN, "_linear_pointwise", None) if _MKLDNN is not None 
 
 
 def available() -> bool:
-    """oneDNN's linear is in this torch and usable on this CPU."""
-    return _POINTWISE is not None and torch.backends.mkldnn.is_available()
+    """oneDNN's linear is in this torch and works on this CPU: the op exists (it is internal to
+    torch and may go or change), and a small call with every post-op this module uses and a
+    transposed weight equals `nn.functional.linear` (a build or CPU where it is missing, raises or
+    disagrees takes the plain path instead, never an error mid-training)."""
+    global _AVAILABLE
+    if _AVAILABLE is None:
+        _AVAILABLE = _POINTWISE is not None and torch.backends.mkldnn.is_available() and _probe()
+    return _AVAILABLE
 
 
-_AVAILABLE = available()
+def _probe() -> bool:
+    gen = torch.Generator().manual_seed(7)
+    x, w, b = (torch.randn(*shape, generator=gen) for shape in ((5, 3), (4, 3), (4,)))
+    add = torch.randn(5, 4, generator=gen)
+    want = torch.nn.functional.linear(x, w, b)
+    try:
+        got = (_POINTWISE(x, w, b, "none", [], ""), _POINTWISE(x, w, b, "relu", [], ""),
+               _POINTWISE(x, w.t().contiguous().t(), None, "none", [], ""),
+               _MKLDNN._linear_pointwise.binary(x, add, w, b, "add"))
+    except Exception:  # noqa: BLE001 - any failure means: not usable here
+        return False
+    close = lambda a, e: a.shape == e.shape and bool(torch.allclose(a, e, rtol=1e-5, atol=1e-5))  # noqa: E731
+    return (close(got[0], want) and close(got[1], torch.relu(want)) and close(got[2], want - b)
+            and close(got[3], want + add))
+
+
+_AVAILABLE: bool | None = None  # probed at first use
 
 
 def takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `linear` runs (x, weight) through oneDNN: fp32 CPU tensors, eager code."""
-    return (_AVAILABLE and x.device.type == "cpu" and x.dtype == torch.float32
-            and weight.dtype == torch.float32 and x.dim() == 2 and not torch.compiler.is_compiling()
-            and not torch.is_autocast_enabled("cpu"))
+    return (x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
+            and x.dim() == 2 and not torch.compiler.is_compiling() and not torch.is_autocast_enabled("cpu")
+            and available())
 
 
 def _gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, post: str = "none") -> torch.Tensor:

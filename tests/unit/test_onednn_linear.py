@@ -182,3 +182,30 @@ def test_linear_add_and_column_slices(dtype: torch.dtype) -> None:
         assert torch.allclose(g, w, **tol)
     with pytest.raises(ValueError):
         onednn.linear(x1, full[:, :20], relu=True, add=y)
+
+
+def test_a_onednn_that_fails_its_probe_takes_the_plain_path(monkeypatch) -> None:
+    """Where torch's internal oneDNN op is missing, raises or disagrees on this CPU, `linear`
+    runs nn.functional.linear (probed once, at first use), with the same results."""
+    from operators import onednn
+
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(33, 17, generator=gen).pow(3)  # skewed
+    w, b = torch.randn(9, 17, generator=gen), torch.randn(9, generator=gen)
+    want = torch.relu(torch.nn.functional.linear(x, w, b))
+    for broken in ("raises", "disagrees", "missing"):
+        def raising(*a, **k):
+            raise RuntimeError("no oneDNN kernel here")
+
+        def wrong(x, w, b, *rest):
+            return torch.zeros(x.shape[0], w.shape[0])
+
+        monkeypatch.setattr(onednn, "_AVAILABLE", None)
+        monkeypatch.setattr(onednn, "_POINTWISE", {"raises": raising, "disagrees": wrong, "missing": None}[broken])
+        assert onednn.available() is False, broken
+        assert not onednn.takes(x, w)
+        assert torch.equal(onednn.linear(x, w, b, relu=True), want), broken
+    monkeypatch.setattr(onednn, "_AVAILABLE", None)
+    monkeypatch.undo()
+    onednn._AVAILABLE = None
+    assert onednn.available() is (onednn._POINTWISE is not None and torch.backends.mkldnn.is_available())
