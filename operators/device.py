@@ -348,6 +348,12 @@ def cuda_devices() -> list[CudaDeviceInfo]:
     return out
 
 
+def free_memory(device: torch.device) -> int:
+    """Bytes free on a CUDA device now (torch's and every other process's allocations excluded)."""
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(free)
+
+
 def device_name(device: torch.device) -> str:
     """The product name of a CUDA device ("" for any other device)."""
     return torch.cuda.get_device_name(device) if device.type == "cuda" else ""

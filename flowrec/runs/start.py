@@ -28,6 +28,7 @@ from flowrec.runtime.messages import first_line
 from flowrec.runtime.session import Session, SessionOptions, prepare
 from flowrec.runtime.trainer import TrainConfig
 from flowrec.spec.model import ModelSpec
+from operators.device import free_memory
 
 
 
@@ -45,8 +46,7 @@ def check_plan_fits(plan: Plan, device: torch.device, world: Any = None) -> None
     and, for the rows the plan keeps on the host, the host memory available.
     A `RunError` (exit 2) naming the peak, the limit and the largest contributors."""
     if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        problem = misfit(plan, int(free), f"free memory on {device}")
+        problem = misfit(plan, free_memory(device), f"free memory on {device}")
         available = available_memory_bytes()
         if problem is None and available is not None:
             problem = host_misfit(plan, available, "host memory available")
