@@ -35,6 +35,7 @@ from flowrec.runtime.hostmem import tune_host_allocator
 from flowrec.runtime.lowering import LoweredModel, lower
 from flowrec.runtime.managed_state import fresh_remapper
 from flowrec.runtime.nonfinite import LossGuard
+from flowrec.runtime.retrieval import candidates, draw_negatives, item_labels, split_negatives, with_negatives
 from flowrec.runtime.step import DEFAULT_LOOKAHEAD, autocast_context, make_dense_optimizer, train_step
 from flowrec.spec.model import ModelSpec
 from operators.device import runtime_for
@@ -98,17 +99,27 @@ def dense_step_seconds(plan: Any, spec: ModelSpec, device: torch.device, steps: 
     """Timed rounds (`flowrec.measure.robust`) of the dense part of `steps` training steps of `plan` (after WARMUP_STEPS):
     the dense forward, the loss, its backward down to the lookups (taken as leaves, looked up
     before the clock starts: the sparse side is not timed) and the dense optimizer step, with
-    micro-batches as planned, on batches staged beforehand."""
+    micro-batches as planned, on batches staged beforehand. A retrieval head's loss gets what
+    `train_step` gives it: the items as labels, logQ and any sampled items' vectors."""
     tune_host_allocator()
     model = lower(plan, spec, device)
     try:
         opt = spec.dense_optimizer
         optimizer = make_dense_optimizer(model, opt.name, opt.lr, dict(opt.params))
-        micro = max(1, int(plan.meta.micro_batches))
+        binding = getattr(model, "retrieval", None)
+        micro = 1 if binding is not None else max(1, int(plan.meta.micro_batches))  # as `train_step`
         seconds = []
         for batch in _staged(spec, plan, WARMUP_STEPS + steps):
+            labels = item_labels(binding, batch, batch.labels)  # a retrieval head's loss: as `train_step`'s
+            negatives, neg_rows = None, None
             with torch.no_grad():
-                looked = model.embed(batch)
+                if binding is not None and binding.sampled:  # the negatives' rows are looked up, not timed
+                    negatives = draw_negatives(binding, model.noise_seed, batch)
+                    looked, neg_rows = split_negatives(binding, batch.size, model.embed(
+                        with_negatives(binding, model.group_map[binding.group], batch, negatives)))
+                    neg_rows = neg_rows.detach().requires_grad_(True)
+                else:
+                    looked = model.embed(batch)
             emb = {g: e.detach().requires_grad_(True) for g, e in looked.items()}
             masks = model.sequence_masks(batch)
             started = robust.CLOCK.start()
@@ -118,7 +129,8 @@ def dense_step_seconds(plan: Any, spec: ModelSpec, device: torch.device, steps: 
                 with autocast_context(model.device, spec.training.precision):
                     logits = model.dense_forward(batch.dense[lo:hi], {g: e[lo:hi] for g, e in emb.items()},
                                                  {k: m[lo:hi] for k, m in masks.items()})
-                model.loss(logits, batch.labels[lo:hi]).backward()
+                    cands = candidates(model, binding, negatives, neg_rows)  # logQ, sampled items' vectors
+                model.loss(logits, labels[lo:hi], cands).backward()
             optimizer.step()
             runtime_for(model.device).synchronize()
             seconds.append(robust.CLOCK.stop(started))
