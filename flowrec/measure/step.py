@@ -35,7 +35,8 @@ from flowrec.runtime.hostmem import tune_host_allocator
 from flowrec.runtime.lowering import LoweredModel, lower
 from flowrec.runtime.managed_state import fresh_remapper
 from flowrec.runtime.nonfinite import LossGuard
-from flowrec.runtime.retrieval import candidates, draw_negatives, item_labels, split_negatives, with_negatives
+from flowrec.runtime.retrieval import (batch_items, candidates, draw_negatives, item_labels, split_negatives,
+                                      with_negatives)
 from flowrec.runtime.step import DEFAULT_LOOKAHEAD, autocast_context, make_dense_optimizer, train_step
 from flowrec.spec.model import ModelSpec
 from operators.device import runtime_for
@@ -69,6 +70,15 @@ def _staged(spec: ModelSpec, plan: Any, count: int) -> list[Any]:
         return list(staged)
 
 
+def _item_counts(model: LoweredModel, batches: Sequence[Any]) -> None:
+    """A retrieval head's item frequencies from `batches`, as the trainer sets them from its data
+    (the logQ correction and sampled negatives need them); nothing for other models."""
+    binding = getattr(model, "retrieval", None)
+    if binding is not None and binding.probs is None and batches:
+        items = torch.cat([batch_items(binding, batch) for batch in batches])
+        binding.set_counts(torch.bincount(items, minlength=binding.vocab + 1).numpy(), model.device)
+
+
 def _step_times(model: LoweredModel, spec: ModelSpec, plan: Any, batches: Iterable[Any]) -> list[robust.Round]:
     """A timed round (`flowrec.measure.robust`) of a training step on each of `batches` (a fresh
     dense optimizer)."""
@@ -90,7 +100,9 @@ def step_seconds(plan: Any, spec: ModelSpec, device: torch.device, steps: int = 
     tune_host_allocator()  # as the trainer does: the allocator's thresholds decide page faults
     model = lower(plan, spec, device)
     try:
-        return _step_times(model, spec, plan, _staged(spec, plan, WARMUP_STEPS + steps))[WARMUP_STEPS:]
+        batches = _staged(spec, plan, WARMUP_STEPS + steps)
+        _item_counts(model, batches)
+        return _step_times(model, spec, plan, batches)[WARMUP_STEPS:]
     finally:
         model.close()
 
@@ -108,8 +120,9 @@ def dense_step_seconds(plan: Any, spec: ModelSpec, device: torch.device, steps: 
         optimizer = make_dense_optimizer(model, opt.name, opt.lr, dict(opt.params))
         binding = getattr(model, "retrieval", None)
         micro = 1 if binding is not None else max(1, int(plan.meta.micro_batches))  # as `train_step`
-        seconds = []
-        for batch in _staged(spec, plan, WARMUP_STEPS + steps):
+        seconds, batches = [], _staged(spec, plan, WARMUP_STEPS + steps)
+        _item_counts(model, batches)
+        for batch in batches:
             labels = item_labels(binding, batch, batch.labels)  # a retrieval head's loss: as `train_step`'s
             negatives, neg_rows = None, None
             with torch.no_grad():
@@ -187,7 +200,9 @@ def live_step_seconds(plan: Any, spec: ModelSpec, device: torch.device, steps: i
                 runtime_for(model.device).synchronize()
                 return clock.stop(started)
 
-            quiet = [timed(batch) for batch in _staged(spec, plan, batches)]
+            quiet_batches = _staged(spec, plan, batches)
+            _item_counts(model, quiet_batches)
+            quiet = [timed(batch) for batch in quiet_batches]
             live = []
             with iterate_batches(spec, source, _options(spec, plan), 0, 0, tuple(plan.meta.groups),
                                  remap=fresh_remapper(spec, tuple(plan.meta.groups))) as pipeline:
