@@ -109,6 +109,7 @@ TESTS: dict[str, frozenset[str]] = {
         "test_managed_map.py::test_entries_merge_equals_a_sort_of_both",
         "test_similarity.py::test_two_tower_trains_like_plain_pytorch",
         "test_cost_calibrated.py::test_dense_step_seconds_times_real_dense_steps",
+        "test_cost_calibrated.py::test_dense_step_seconds_gives_a_retrieval_loss_what_train_step_does",
         "test_cost_calibrated.py::test_live_step_seconds_times_steps_fed_by_the_pipeline",
         "test_table_l2.py::test_training_with_table_l2_equals_the_loss_term_reference",
     )},

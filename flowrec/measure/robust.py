@@ -151,6 +151,41 @@ def estimate(rounds: Iterable[Round | float]) -> Estimate:
                     "extrapolated")
 
 
+@dataclass(frozen=True)
+class Fit:
+    """A constant fitted over several measurements: its value, the spread of the measurements
+    about it and how many of them were outliers."""
+
+    value: float
+    spread: float  # 1.4826 x the median absolute deviation of the leftovers (a standard deviation if normal)
+    low: float  # the smallest and largest leftover
+    high: float
+    points: int
+    outliers: int  # leftovers further than OUTLIER_SPREADS spreads from the value
+
+
+OUTLIER_SPREADS = 3.0
+
+
+def fit_offset(measured: Iterable[float], predicted: Iterable[float]) -> Fit:
+    """The constant `c` in `measured = predicted + c` over pairs of measurements and predictions
+    (a fixed cost beside priced work): the median of the leftovers `measured - predicted`, a
+    robust least-absolute-deviations fit. One measurement slowed by a neighbour's burst moves a
+    mean (and a two-point leftover) by its whole excess; it moves the median of five by nothing.
+
+    Example:
+        >>> fit_offset([1.5, 2.6, 3.4, 9.0, 5.5], [1.0, 2.0, 3.0, 4.0, 5.0]).value
+        0.5
+    """
+    left = [m - p for m, p in zip(measured, predicted, strict=True)]
+    if not left:
+        raise ValueError("no measurements to fit")
+    value = statistics.median(left)
+    spread = 1.4826 * statistics.median(abs(x - value) for x in left)
+    outliers = sum(abs(x - value) > OUTLIER_SPREADS * spread for x in left) if spread > 0 else 0
+    return Fit(value, spread, min(left), max(left), len(left), outliers)
+
+
 @dataclass
 class TimingLog:
     """How a calibration's measurements were reached: rounds, rejected rounds, extrapolated

@@ -17,7 +17,6 @@ Example:
 from __future__ import annotations
 
 import json
-import statistics
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -37,8 +36,9 @@ from flowrec.measure.step import (dense_step_seconds, live_step_seconds, op_seco
 from flowrec.spec.model import ModelSpec
 from operators.device import device_name
 
-TINY_BATCHES = (16, 64)  # batch sizes of the framework-cost steps
+TINY_BATCHES = (16, 32, 64, 128)  # batch sizes of the framework-cost steps
 TINY_STEPS = 12  # timed steps at each
+TINY_REPEATS = 2  # times each batch size is measured (interleaved: a burst of load hits one, not all)
 OP_BATCH_SHARES = (0, 4, 1)  # the dense ops' batch sizes: the smallest tiny batch, batch / 4, batch
 FULL_STEPS = 8  # timed full-batch steps of the compute scale
 LIVE_STEPS = 10  # timed steps fed live by the batch pipeline, then the same on staged batches (CPU)
@@ -67,8 +67,10 @@ def spec_constants(spec: ModelSpec, device: torch.device, measured: dict[str, tu
                                      f"{_op_batches(spec)}, fastest of interleaved rounds, none above a larger "
                                      f"batch's; linear between them")
         step_us, step_details = _framework_us(spec, device, plan_for)
-        out["step_us"] = (step_us, f"fastest of {TINY_STEPS} real training steps at batch sizes {TINY_BATCHES} "
-                                   f"(staged beforehand) minus the profile's prediction of their compute, mean")
+        out["step_us"] = (step_us, f"median over {TINY_REPEATS} x {len(TINY_BATCHES)} measurements (batch sizes "
+                                   f"{TINY_BATCHES}, interleaved) of real training steps (staged beforehand; "
+                                   f"{TINY_STEPS} steps each, timing rule) minus the profile's prediction of "
+                                   f"their compute: a robust fit of the fixed cost (spread in details)")
         scale, scale_details = _compute_scale(spec, device, plan_for, profile)
         out["compute_scale"] = (scale, f"dense part (forward, loss, backward to the lookups, dense update) of "
                                        f"real training steps at the spec's batch size, fastest of {FULL_STEPS}, "
@@ -140,18 +142,27 @@ def monotone(points: list[tuple[int, float, float]]) -> list[tuple[int, float, f
 
 
 def _framework_us(spec: ModelSpec, device: torch.device, plan_for) -> tuple[float, dict[str, Any]]:
-    """Mean over TINY_BATCHES of the fastest step minus the predicted compute (us, at least 0), raw."""
-    residuals, details = [], {}
-    for batch in TINY_BATCHES:
-        plan = plan_for(batch)
-        stages = dict(plan.cost.stage_ms)
-        predicted_ms = plan.cost.step_ms_serial - stages["staging"] - stages["transfer"]
-        isolated = robust.LOG.add(robust.estimate(step_seconds(plan, with_batch(spec, batch), device, TINY_STEPS)))
-        measured_ms = isolated.seconds * 1e3  # the machine's, not its neighbours' load
-        residuals.append((measured_ms - predicted_ms) * 1e3)
-        details[str(batch)] = {"measured_ms": measured_ms, "predicted_ms": predicted_ms,
-                               "clean_steps": isolated.clean, "method": isolated.method}
-    return max(0.0, statistics.mean(residuals)), details
+    """The per-step fixed cost (us, at least 0) fitted over TINY_REPEATS rounds of TINY_BATCHES
+    (`robust.fit_offset`: the median of the steps' leftovers beyond their predicted compute;
+    each step timed by the timing rule), and the raw points with the fit's spread."""
+    plans = {batch: plan_for(batch) for batch in TINY_BATCHES}
+    measured, predicted, points = [], [], []
+    for _ in range(TINY_REPEATS):
+        for batch, plan in plans.items():
+            stages = dict(plan.cost.stage_ms)
+            predicted_ms = plan.cost.step_ms_serial - stages["staging"] - stages["transfer"]
+            isolated = robust.LOG.add(robust.estimate(step_seconds(plan, with_batch(spec, batch), device,
+                                                                   TINY_STEPS)))
+            measured_ms = isolated.seconds * 1e3  # the machine's, not its neighbours' load
+            measured.append(measured_ms * 1e3)
+            predicted.append(predicted_ms * 1e3)
+            points.append({"batch": batch, "measured_ms": measured_ms, "predicted_ms": predicted_ms,
+                           "leftover_us": (measured_ms - predicted_ms) * 1e3, "clean_steps": isolated.clean,
+                           "method": isolated.method})
+    fit = robust.fit_offset(measured, predicted)
+    return max(0.0, fit.value), {"points": points, "fit": {"step_us": fit.value, "spread_us": fit.spread,
+                                                           "low_us": fit.low, "high_us": fit.high,
+                                                           "points": fit.points, "outliers": fit.outliers}}
 
 
 def _compute_scale(spec: ModelSpec, device: torch.device, plan_for, profile: Path) -> tuple[float, dict[str, Any]]:

@@ -35,6 +35,8 @@ from flowrec.runtime.hostmem import tune_host_allocator
 from flowrec.runtime.lowering import LoweredModel, lower
 from flowrec.runtime.managed_state import fresh_remapper
 from flowrec.runtime.nonfinite import LossGuard
+from flowrec.runtime.retrieval import (batch_items, candidates, draw_negatives, item_labels, split_negatives,
+                                      with_negatives)
 from flowrec.runtime.step import DEFAULT_LOOKAHEAD, autocast_context, make_dense_optimizer, train_step
 from flowrec.spec.model import ModelSpec
 from operators.device import runtime_for
@@ -68,6 +70,15 @@ def _staged(spec: ModelSpec, plan: Any, count: int) -> list[Any]:
         return list(staged)
 
 
+def _item_counts(model: LoweredModel, batches: Sequence[Any]) -> None:
+    """A retrieval head's item frequencies from `batches`, as the trainer sets them from its data
+    (the logQ correction and sampled negatives need them); nothing for other models."""
+    binding = getattr(model, "retrieval", None)
+    if binding is not None and binding.probs is None and batches:
+        items = torch.cat([batch_items(binding, batch) for batch in batches])
+        binding.set_counts(torch.bincount(items, minlength=binding.vocab + 1).numpy(), model.device)
+
+
 def _step_times(model: LoweredModel, spec: ModelSpec, plan: Any, batches: Iterable[Any]) -> list[robust.Round]:
     """A timed round (`flowrec.measure.robust`) of a training step on each of `batches` (a fresh
     dense optimizer)."""
@@ -89,7 +100,9 @@ def step_seconds(plan: Any, spec: ModelSpec, device: torch.device, steps: int = 
     tune_host_allocator()  # as the trainer does: the allocator's thresholds decide page faults
     model = lower(plan, spec, device)
     try:
-        return _step_times(model, spec, plan, _staged(spec, plan, WARMUP_STEPS + steps))[WARMUP_STEPS:]
+        batches = _staged(spec, plan, WARMUP_STEPS + steps)
+        _item_counts(model, batches)
+        return _step_times(model, spec, plan, batches)[WARMUP_STEPS:]
     finally:
         model.close()
 
@@ -98,17 +111,28 @@ def dense_step_seconds(plan: Any, spec: ModelSpec, device: torch.device, steps: 
     """Timed rounds (`flowrec.measure.robust`) of the dense part of `steps` training steps of `plan` (after WARMUP_STEPS):
     the dense forward, the loss, its backward down to the lookups (taken as leaves, looked up
     before the clock starts: the sparse side is not timed) and the dense optimizer step, with
-    micro-batches as planned, on batches staged beforehand."""
+    micro-batches as planned, on batches staged beforehand. A retrieval head's loss gets what
+    `train_step` gives it: the items as labels, logQ and any sampled items' vectors."""
     tune_host_allocator()
     model = lower(plan, spec, device)
     try:
         opt = spec.dense_optimizer
         optimizer = make_dense_optimizer(model, opt.name, opt.lr, dict(opt.params))
-        micro = max(1, int(plan.meta.micro_batches))
-        seconds = []
-        for batch in _staged(spec, plan, WARMUP_STEPS + steps):
+        binding = getattr(model, "retrieval", None)
+        micro = 1 if binding is not None else max(1, int(plan.meta.micro_batches))  # as `train_step`
+        seconds, batches = [], _staged(spec, plan, WARMUP_STEPS + steps)
+        _item_counts(model, batches)
+        for batch in batches:
+            labels = item_labels(binding, batch, batch.labels)  # a retrieval head's loss: as `train_step`'s
+            negatives, neg_rows = None, None
             with torch.no_grad():
-                looked = model.embed(batch)
+                if binding is not None and binding.sampled:  # the negatives' rows are looked up, not timed
+                    negatives = draw_negatives(binding, model.noise_seed, batch)
+                    looked, neg_rows = split_negatives(binding, batch.size, model.embed(
+                        with_negatives(binding, model.group_map[binding.group], batch, negatives)))
+                    neg_rows = neg_rows.detach().requires_grad_(True)
+                else:
+                    looked = model.embed(batch)
             emb = {g: e.detach().requires_grad_(True) for g, e in looked.items()}
             masks = model.sequence_masks(batch)
             started = robust.CLOCK.start()
@@ -118,7 +142,8 @@ def dense_step_seconds(plan: Any, spec: ModelSpec, device: torch.device, steps: 
                 with autocast_context(model.device, spec.training.precision):
                     logits = model.dense_forward(batch.dense[lo:hi], {g: e[lo:hi] for g, e in emb.items()},
                                                  {k: m[lo:hi] for k, m in masks.items()})
-                model.loss(logits, batch.labels[lo:hi]).backward()
+                    cands = candidates(model, binding, negatives, neg_rows)  # logQ, sampled items' vectors
+                model.loss(logits, labels[lo:hi], cands).backward()
             optimizer.step()
             runtime_for(model.device).synchronize()
             seconds.append(robust.CLOCK.stop(started))
@@ -175,7 +200,9 @@ def live_step_seconds(plan: Any, spec: ModelSpec, device: torch.device, steps: i
                 runtime_for(model.device).synchronize()
                 return clock.stop(started)
 
-            quiet = [timed(batch) for batch in _staged(spec, plan, batches)]
+            quiet_batches = _staged(spec, plan, batches)
+            _item_counts(model, quiet_batches)
+            quiet = [timed(batch) for batch in quiet_batches]
             live = []
             with iterate_batches(spec, source, _options(spec, plan), 0, 0, tuple(plan.meta.groups),
                                  remap=fresh_remapper(spec, tuple(plan.meta.groups))) as pipeline:

@@ -74,11 +74,15 @@ def test_the_profile_records_every_constant_and_how(profile: Path):
              if OP_KINDS[graph.nodes[n]["op"].kind].role == "dense"}
     ops = doc["measured"]["dense_ops"]["value"]
     assert set(ops) == dense and all(p[0::3] == [16.0, 1024.0, 4096.0] for p in ops.values())
-    assert set(doc["details"]["framework_us_by_batch"]) == {"16", "64"}
+    framework = doc["details"]["framework_us_by_batch"]  # the fixed cost's robust fit and its points
+    assert sorted({p["batch"] for p in framework["points"]}) == [16, 32, 64, 128]
+    assert framework["fit"]["points"] == len(framework["points"]) == 8 and framework["fit"]["spread_us"] >= 0
+    assert framework["fit"]["low_us"] <= framework["fit"]["step_us"] <= framework["fit"]["high_us"]
+    assert doc["measured"]["step_us"]["value"] == max(0.0, framework["fit"]["step_us"])
     timing = doc["details"]["timing"]  # the load-robust rule's account (`flowrec.measure.robust`)
     assert timing["rounds"] >= 5 * timing["measurements"] > 0 and 0 <= timing["rejected_rounds"] <= timing["rounds"]
     assert 0 <= timing["extrapolated_measurements"] <= timing["measurements"] and len(timing["loadavg_1min"]) == 2
-    assert all(d["method"] in ("clean", "extrapolated") for d in doc["details"]["framework_us_by_batch"].values())
+    assert all(d["method"] in ("clean", "extrapolated") for d in framework["points"])
     assert doc["measured"]["step_us"]["value"] >= 0 and doc["measured"]["staging_values_per_s"]["value"] > 0
     fields = profile_fields(doc, str(profile))
     calibrated = device_profile(str(profile))

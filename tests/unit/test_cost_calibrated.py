@@ -349,6 +349,50 @@ def test_dense_step_seconds_times_real_dense_steps(repo):
     assert len(seconds) == 3 and all(0 < s.wall < 60 and 0 <= s.waited <= s.wall for s in seconds)
 
 
+def test_dense_step_seconds_gives_a_retrieval_loss_what_train_step_does(repo, monkeypatch):
+    """The calibrated dense step of a retrieval spec runs the trainer's loss: the batch's items as
+    the head's labels and the logQ candidates, not the staged labels column alone."""
+    import torch
+
+    from flowrec.measure import step as measure_step
+    from flowrec.runtime.retrieval import batch_items
+
+    spec = with_batch_spec = measure_step.with_batch(load_spec(repo / "specs" / "two_tower_movielens.yaml"), 64)
+    plan = make_plan(with_batch_spec, target="cpu")
+    seen, real_lower = [], measure_step.lower
+
+    def lowered(*args, **kwargs):
+        model = real_lower(*args, **kwargs)
+        loss = model.loss
+
+        class Recording(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.inner = loss
+
+            def forward(self, logits, labels, cands=None):
+                seen.append((labels.detach().clone(), cands))
+                return self.inner(logits, labels, cands)
+
+            def __getattr__(self, name):
+                try:
+                    return super().__getattr__(name)
+                except AttributeError:
+                    return getattr(self.inner, name)
+
+        model.loss = Recording()
+        return model
+
+    monkeypatch.setattr(measure_step, "lower", lowered)
+    staged = measure_step._staged(spec, plan, 5)
+    monkeypatch.setattr(measure_step, "_staged", lambda *a: staged)
+    measure_step.dense_step_seconds(plan, spec, torch.device("cpu"), 2)
+    binding = real_lower(plan, spec, torch.device("cpu")).retrieval
+    assert len(seen) == 5 and all(cands is not None and cands.log_q is not None for _, cands in seen)
+    for (labels, _), batch in zip(seen, staged):
+        assert torch.equal(labels[:, binding.head].long(), batch_items(binding, batch))
+
+
 def test_staging_rate_is_what_live_steps_add_over_staged_ones(dlrm, monkeypatch):
     from flowrec.measure import spec as calibrate_spec
 

@@ -102,3 +102,33 @@ def test_real_clock_reads_this_process():
     finally:
         stop.set()
         worker.join()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_fixed_cost_fit_recovers_a_known_intercept_through_noise_and_outliers(seed):
+    """Synthetic steps: a known fixed cost plus priced work at several batch sizes and shapes, each
+    with noise, and two of the ten slowed by a neighbour's burst (+3 ms): the fit gives the fixed
+    cost within the noise, where a mean (the old two-point leftover's rule) is pulled far off."""
+    rng = random.Random(seed)
+    intercept, noise = 450.0, 20.0
+    predicted = [rng.uniform(100.0, 5000.0) for _ in range(10)]
+    measured = [p + intercept + rng.gauss(0.0, noise) for p in predicted]
+    slowed = rng.sample(range(10), 2)
+    for i in slowed:
+        measured[i] += 3000.0
+    fit = robust.fit_offset(measured, predicted)
+    assert abs(fit.value - intercept) < 3 * noise
+    assert fit.outliers >= 2
+    assert 0 < fit.spread < 5 * noise
+    assert fit.high - intercept > 2000  # the slowed points are reported, not hidden
+    mean = sum(m - p for m, p in zip(measured, predicted)) / len(measured)
+    assert abs(mean - intercept) > 500  # the fit matters: a mean is off by the outliers' share
+
+
+def test_fixed_cost_fit_refuses_nothing_and_mismatched_lengths():
+    with pytest.raises(ValueError):
+        robust.fit_offset([], [])
+    with pytest.raises(ValueError):
+        robust.fit_offset([1.0, 2.0], [1.0])
+    exact = robust.fit_offset([3.0, 4.0, 5.0], [1.0, 2.0, 3.0])
+    assert (exact.value, exact.spread, exact.outliers) == (2.0, 0.0, 0)
