@@ -151,3 +151,24 @@ def test_dot_gives_the_item_shift_no_gradient(metric):
         assert grad[:5].abs().max() > 1e-4, grad
         assert abs(float((shifted - loss).detach())) > 1e-4
     assert grad[5:].abs().max() > 1e-4, grad  # units dead on some items: a real gradient either way
+
+
+@pytest.mark.parametrize("metric", ["dot", "cosine"])
+def test_one_step_gradients_tensor_by_tensor(tmp_path, metric):
+    """tools/rank_grads.py: a first step's dense gradients and adagrad table steps on 2 ranks equal
+    one process's to float64 rounding, every tensor against the largest gradient (under a dot
+    product the item tower's last bias gets rounding noise alone, 1e-17)."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(_spec(metric, "adagrad", "adam")))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("RANK", None)
+    done = subprocess.run([sys.executable, str(ROOT / "tools" / "rank_grads.py"), str(spec), "--timeout",
+                           str(COLLECTIVE_TIMEOUT_S)], env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout)
+    assert abs(got["loss_one"] - got["loss_two"]) < 1e-14 * abs(got["loss_one"])
+    largest = max(v["scale"] for v in got["dense"].values())
+    assert set(got["dense"]) == {f"ops.{t}_tower.layers.0.{p}" for t in ("user", "item") for p in ("weight", "bias")}
+    for name, v in got["dense"].items():
+        assert v["diff"] < 1e-13 * largest, (name, v)
+    assert got["tables"] and all(0.09 < v["scale"] and v["diff"] < 1e-13 * v["scale"] for v in got["tables"].values())
