@@ -4,6 +4,7 @@ sparse adagrad and adam (dense adam, and SGD once): 6 steps of an odd global bat
 and the sharded exchange (tests/dist_specs_worker.py on these specs). A gradient applied as two
 partial updates (adagrad's accumulator seeing g1^2 + g2^2 for (g1 + g2)^2) or scaled differently
 per rank moves parameters by about lr, 10 orders of magnitude past these bounds.
+`test_one_step_gradients_tensor_by_tensor` compares a first step's gradients (tools/rank_grads.py).
 
 Under a dot product one tensor gets a wider bound, and `test_dot_gives_the_item_shift_no_gradient`
 shows why: an in-batch softmax of dot products is unchanged when every item vector moves by the
