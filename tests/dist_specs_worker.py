@@ -9,7 +9,8 @@ parameters; `first_batch`) and of every parameter after training (whole tables a
 
 Writes `rank{r}.json` into the output folder.
 
-Usage (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set): python tests/dist_specs_worker.py OUT_DIR TIMEOUT_S
+Usage (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set): python tests/dist_specs_worker.py OUT_DIR TIMEOUT_S [SPECS_DIR]
+(SPECS_DIR: check its specs instead of specs/; tests/integration/test_retrieval_ranks_exact.py)
 """
 from __future__ import annotations
 
@@ -100,7 +101,7 @@ def check_spec(path: Path, world) -> dict:
     sharding = sorted({g.sharding for g in plan.meta.groups})
     return {"first_embed": embed, "first_logits": first, "first_logits_rel": logits_rel,
             "loss_rel": max(losses), "param_rel": max(diffs.values()),
-            "worst": max(diffs, key=diffs.get), "steps": len(mine), "sharding": sharding,
+            "worst": max(diffs, key=diffs.get), "param_rels": diffs, "steps": len(mine), "sharding": sharding,
             "keys": sorted(got) == sorted(want)}
 
 
@@ -125,9 +126,10 @@ def first_batch(model, ref, mine, whole, rows: slice) -> tuple[float, float, flo
 
 def main() -> None:
     out, timeout_s = Path(sys.argv[1]), float(sys.argv[2])
+    specs = Path(sys.argv[3]) if len(sys.argv) > 3 else ROOT / "specs"
     world = join_world(int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"]), timeout_s, torch.device("cpu"))
     try:
-        report = {p.stem: check_spec(p, world) for p in sorted((ROOT / "specs").glob("*.yaml"))
+        report = {p.stem: check_spec(p, world) for p in sorted(specs.glob("*.yaml"))
               if "managed:" not in p.read_text()}  # managed tables: tests/integration/test_dist_managed*.py
     finally:
         leave_world()

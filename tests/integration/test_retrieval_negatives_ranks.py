@@ -8,13 +8,14 @@
   draws the same items); FAE's static_hot trains and resumes bitwise too.
 
 The spec has a user tower and an item tower (MLPs, so DDP has parameters), logQ correction and
-unigram sampling, an odd batch size (uneven rank slices, a smaller last batch). The ranks' run uses
-sparse SGD: adagrad's and adam's first step on a row is about lr x sign(gradient), which turns the
-rounding differences of near-zero summed gradients (ranks add in another order) into steps of lr
-(in-batch negatives show the same); the cached runs use adagrad (its state travels with its row).
-The metric is cosine: under a dot product the item tower's bias shifts every logit of a row alike,
-its gradient is rounding noise, and adam's steps on it differ in sign between any two summation
-orders.
+unigram sampling, an odd batch size (uneven rank slices, a smaller last batch), sparse adagrad.
+The ranks' runs are cosine (dense adam) and a dot product with dense SGD: under a dot product a
+softmax over item vectors is unchanged when they all move alike, so the item tower's last bias
+has a zero gradient in the units active on every candidate; what it gets is rounding noise whose
+sign depends on the summation order, and adam (eps 1e-8 against float32 noise of 1e-9) turns it
+into steps of a sizeable fraction of lr, one process and two ranks alike but different ones
+(docs/distributed.md; float64 on ranks: tests/integration/test_retrieval_ranks_exact.py). The
+cached runs use adagrad (its state travels with its row).
 """
 from __future__ import annotations
 
@@ -68,11 +69,15 @@ def _plan(root: Path, name: str, world: int, spec: str = "spec.yaml", **group: o
 def work(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("retrieval_ranks")
     (root / "spec.yaml").write_text(yaml.safe_dump(SPEC))
-    (root / "sgd.yaml").write_text(yaml.safe_dump({**SPEC, "optimizer": {**SPEC["optimizer"],
-                                                                        "sparse": {"name": "sgd", "lr": 0.1}}}))
+    score = {**SPEC["modules"][2], "metric": "dot"}
+    score.pop("temperature")
+    (root / "dot.yaml").write_text(yaml.safe_dump({**SPEC, "modules": [*SPEC["modules"][:2], score],
+                                                   "optimizer": {**SPEC["optimizer"],
+                                                                 "dense": {"name": "sgd", "lr": 0.1}}}))
     _plan(root, "p1.json", 1, placement="device", sharding="row_wise", shards=1)
-    _plan(root, "s1.json", 1, "sgd.yaml", placement="device", sharding="row_wise", shards=1)
-    _plan(root, "s2.json", 2, "sgd.yaml", placement="device", sharding="row_wise", shards=2)
+    _plan(root, "p2.json", 2, placement="device", sharding="row_wise", shards=2)
+    _plan(root, "dot1.json", 1, "dot.yaml", placement="device", sharding="row_wise", shards=1)
+    _plan(root, "dot2.json", 2, "dot.yaml", placement="device", sharding="row_wise", shards=2)
     made = flowrec("data", "synth", "spec.yaml", "--rows", str(ROWS), "--rows-per-file", "150", "--out", "d",
                    "--seed", "4", "-q", cwd=root)
     assert made.returncode == 0, made.stderr
@@ -91,12 +96,15 @@ def losses(run: Path) -> list[float]:
     return [r["loss"] for r in records if r["event"] == "train"]
 
 
-def test_two_ranks_train_what_one_process_trains(work):
-    train(work, "s1", "--plan", "s1.json", spec="sgd.yaml")
-    two = train(work, "s2", "--plan", "s2.json", "--nproc", "2", spec="sgd.yaml")
+@pytest.mark.parametrize(("one_run", "name"), [("r1", "p"), ("dot1", "dot")])
+def test_two_ranks_train_what_one_process_trains(work, one_run, name):
+    spec = "spec.yaml" if name == "p" else f"{name}.yaml"
+    if not (work / one_run).is_dir():
+        train(work, one_run, "--plan", f"{name}1.json", spec=spec)
+    two = train(work, f"{name}_two", "--plan", f"{name}2.json", "--nproc", "2", spec=spec)
     assert "1 group(s) row_wise" in two.stderr
-    assert_same_model(work / "s1", work / "s2")
-    one, two = losses(work / "s1"), losses(work / "s2")
+    assert_same_model(work / one_run, work / f"{name}_two")
+    one, two = losses(work / one_run), losses(work / f"{name}_two")
     assert len(one) == len(two) == 14
     assert one == pytest.approx(two, rel=1e-5)
 
