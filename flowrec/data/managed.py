@@ -35,6 +35,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Callable
 
 import numpy as np
 
@@ -124,6 +125,19 @@ class Entries:
         return out
 
 
+def step_ids(step_counts: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]],
+             ids: np.ndarray) -> MapStep:
+    """One map step on a batch's raw ids (every occurrence; MISSING_ID reads no row): its distinct
+    ids and occurrences go to `step_counts(unique, counts) -> (resets, rows of the distinct ids)`,
+    and each occurrence gets its id's row."""
+    valid = ids != MISSING_ID
+    unique, inverse, counts = np.unique(ids[valid], return_inverse=True, return_counts=True)
+    resets, unique_rows = step_counts(unique, counts)
+    rows = np.full(len(ids), NO_ROW, np.int64)
+    rows[valid] = unique_rows[inverse.reshape(-1)]
+    return MapStep(rows, resets, unique, counts)
+
+
 class ManagedMap:
     """The id-to-row map of one managed table (see the module docstring).
 
@@ -145,12 +159,7 @@ class ManagedMap:
 
     def step(self, ids: np.ndarray) -> MapStep:
         """Count, admit and remap one batch's raw ids (all occurrences of the table)."""
-        valid = ids != MISSING_ID
-        unique, inverse, counts = np.unique(ids[valid], return_inverse=True, return_counts=True)
-        resets, unique_rows = self.step_counts(unique, counts)
-        rows = np.full(len(ids), NO_ROW, np.int64)
-        rows[valid] = unique_rows[inverse.reshape(-1)]
-        return MapStep(rows, resets, unique, counts)
+        return step_ids(self.step_counts, ids)
 
     def step_counts(self, unique: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """One step from the batch's sorted distinct ids and their occurrences.
@@ -388,12 +397,7 @@ class ShardedMap:
 
     def step(self, ids: np.ndarray) -> MapStep:
         """Count, admit and remap one batch's raw ids, each in its shard (`ManagedMap.step`)."""
-        valid = ids != MISSING_ID
-        unique, inverse, counts = np.unique(ids[valid], return_inverse=True, return_counts=True)
-        resets, unique_rows = self.step_counts(unique, counts)
-        rows = np.full(len(ids), NO_ROW, np.int64)
-        rows[valid] = unique_rows[inverse.reshape(-1)]
-        return MapStep(rows, resets, unique, counts)
+        return step_ids(self.step_counts, ids)
 
     def step_counts(self, unique: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """One step of every held shard on the batch's sorted distinct ids of it
