@@ -6,6 +6,7 @@ holds a bounded number of rows."""
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -72,11 +73,12 @@ def test_a_write_while_rows_change_equals_the_checkpoint_of_the_snapshot(tmp_pat
     writer = threading.Thread(target=lambda: out.update(
         digest=save_streamed(tmp_path / "checkpoint.pt", state, STREAMS, snap)))
     writer.start()
-    during = 0
-    while writer.is_alive() or during == 0:
+    during, deadline = 0, time.monotonic() + 120
+    while (writer.is_alive() or during == 0) and time.monotonic() < deadline:  # steps back to back
         _step(tables, snap, gen)
         during += writer.is_alive()
     writer.join(60)
+    assert not writer.is_alive(), "the writer never finished while steps ran back to back (starved of the lock)"
     save_checkpoint(tmp_path / "reference.pt", expected)
     got = read_torch_file(tmp_path / "checkpoint.pt")
     reference = read_torch_file(tmp_path / "reference.pt")

@@ -12,9 +12,11 @@ Example:
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import queue
 import threading
+import time
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -167,6 +169,8 @@ class _TensorStream:
         self.held_bytes = held_bytes
 
 
+WRITER_TURN_S = 0.0002  # how long a step sleeps at a time while the writer waits for the lock
+
 class TableSnapshot:
     """A consistent image of the packed tables, streamed off the training thread (copy-on-write).
 
@@ -194,12 +198,19 @@ class TableSnapshot:
         self._parts = {name: tuple(_TensorStream(t, chunk_rows, self._held) for t in tensors)
                        for name, tensors in tables.items()}
         self._lock = threading.Lock()
+        # The writer asks for the lock once per chunk; the training thread takes it at every step.
+        # A plain lock is not fair: a thread that takes it again right after releasing it can keep
+        # a woken writer out for ever on busy cores (seen: a tight loop of tiny steps starved the
+        # writer for 10 minutes). So the writer says it is waiting, and a step hands it the lock
+        # first (`_yield_to_writer`).
+        self._writer_waiting = False
         self.peak_extra_bytes = 0  # most host bytes held at once: chunk buffers + saved rows
 
     def before_write(self, group: str, ids: torch.Tensor) -> None:
         """Save the rows among `ids` (packed ids, repeats allowed) that a step is about to change
         and that are not written yet (training thread, before the step)."""
         streams = self._parts.get(group, ())
+        self._yield_to_writer()
         with self._lock:
             open_ = [s for s in streams if s.done < s.rows]
             if not open_:
@@ -228,7 +239,7 @@ class TableSnapshot:
             end = min(stream.rows, start + stream.chunk)
             view = buffer[: end - start]
             copy_rows(view, source[start:end])  # rows a step changes meanwhile were saved first
-            with self._lock:
+            with self._writer_lock():
                 self.peak_extra_bytes = max(self.peak_extra_bytes,
                                             self._held[0] + buffer.numel() * buffer.element_size())
                 rows, values = stream.take(end)
@@ -236,8 +247,24 @@ class TableSnapshot:
                     view.index_copy_(0, rows - start, values)
                 stream.done = end
             yield start, view
-        with self._lock:
+        with self._writer_lock():
             stream.finish()
+
+    @contextlib.contextmanager
+    def _writer_lock(self) -> Iterator[None]:
+        """The lock, taken by the writer thread: waiting, it makes the next step wait for it."""
+        self._writer_waiting = True
+        try:
+            with self._lock:
+                self._writer_waiting = False
+                yield
+        finally:
+            self._writer_waiting = False
+
+    def _yield_to_writer(self) -> None:
+        """Training thread: while the writer waits for the lock, let it take the lock first."""
+        while self._writer_waiting:
+            time.sleep(WRITER_TURN_S)
 
     def close(self) -> None:
         """Stop saving rows (the write is over, done or failed); drop what was saved."""
