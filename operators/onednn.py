@@ -59,10 +59,13 @@ _AVAILABLE: bool | None = None  # probed at first use
 
 
 def takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `linear` runs (x, weight) through oneDNN: fp32 CPU tensors, eager code."""
+    """Whether `linear` runs (x, weight) through oneDNN: fp32 CPU tensors, eager code, training
+    (grad enabled). Inference (evaluation, scoring under no_grad) takes `nn.functional.linear`, the
+    kernel an exported package runs (`torch.export` traces the plain path), so `flowrec eval` and
+    `flowrec predict` give bitwise the same scores (a contract of docs/production.md)."""
     return (x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
-            and x.dim() == 2 and not torch.compiler.is_compiling() and not torch.is_autocast_enabled("cpu")
-            and available())
+            and x.dim() == 2 and torch.is_grad_enabled() and not torch.compiler.is_compiling()
+            and not torch.is_autocast_enabled("cpu") and available())
 
 
 def _gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, post: str = "none") -> torch.Tensor:

@@ -193,7 +193,8 @@ def _export(day_run: Path, out: Path) -> None:
     from flowrec.cli.export_cmd import export
 
     out.parent.mkdir(exist_ok=True)
-    export(day_run, out, dtype="fp32", overwrite=True, quiet=True)
+    export(day_run, out, dtype="fp32", overwrite=True, quiet=True, index="auto")  # every option given: typer
+    # defaults are OptionInfo objects when the command is called as a function
 
 
 def _progressive(run: Path, previous: Path, day: Path, number: int) -> None:

@@ -209,3 +209,21 @@ def test_a_onednn_that_fails_its_probe_takes_the_plain_path(monkeypatch) -> None
     monkeypatch.undo()
     onednn._AVAILABLE = None
     assert onednn.available() is (onednn._POINTWISE is not None and torch.backends.mkldnn.is_available())
+
+
+def test_inference_takes_the_plain_kernel_an_exported_package_runs() -> None:
+    """Under no_grad (evaluation, scoring) `linear` is nn.functional.linear bitwise, the kernel a
+    torch.export package runs, so eval and predict agree exactly; with grad it is oneDNN (not
+    bitwise the plain kernel on this CPU, allclose)."""
+    from operators import onednn
+
+    gen = torch.Generator().manual_seed(5)
+    x = _skewed(gen, 257, 96)
+    w, b = _skewed(gen, 48, 96), _skewed(gen, 48, 1).reshape(-1)
+    plain = torch.relu(torch.nn.functional.linear(x, w, b))
+    with torch.no_grad():
+        assert not onednn.takes(x, w)
+        assert torch.equal(onednn.linear(x, w, b, relu=True), plain)
+    wg = w.clone().requires_grad_(True)
+    assert onednn.takes(x, wg) is onednn.available()
+    assert torch.allclose(onednn.linear(x, wg, b, relu=True), plain, rtol=1e-4, atol=1e-4)
