@@ -318,9 +318,11 @@ class ManagedMap:
         Raises:
             ValueError: arrays of different lengths, or rows that do not fit the capacity.
         """
-        keys, row = np.asarray(state["keys"], np.int64), np.asarray(state["row"], np.int64)
-        count, last = np.asarray(state["count"], np.float64), np.asarray(state["last"], np.int64)
-        free = np.asarray(state["free"], np.int64)
+        # copies: the map changes its arrays in place as it steps, and must never change the
+        # caller's (a checkpoint's state dict, or a state loaded twice)
+        keys, row = np.array(state["keys"], np.int64), np.array(state["row"], np.int64)
+        count, last = np.array(state["count"], np.float64), np.array(state["last"], np.int64)
+        free = np.array(state["free"], np.int64)
         held = row[row != NO_ROW]
         if not (len(keys) == len(row) == len(count) == len(last)) or len(held) + len(free) != self.spec.rows \
                 or (len(keys) > 1 and bool((keys[1:] <= keys[:-1]).any())):

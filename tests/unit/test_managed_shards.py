@@ -78,12 +78,14 @@ def test_sharded_state_round_trip_continues_identically():
         half.step(ids)
     state = half.state()
     assert sorted(state) == sorted(half.state_keys())
+    kept = {k: v.copy() for k, v in state.items()}
     resumed = ShardedMap(spec, buffer_ids=7).load(state)
     copied = half.copy()
     for ids in stream[15:]:
         a, b, c = whole.step(ids), resumed.step(ids), copied.step(ids)
         assert a.rows.tolist() == b.rows.tolist() == c.rows.tolist()
         assert a.resets.tolist() == b.resets.tolist() == c.resets.tolist()
+    assert all(np.array_equal(state[k], kept[k]) for k in kept)  # loading took copies: stepping left them
     bad = dict(state)
     bad["shard1.clock"] = bad["shard1.clock"] + 1
     with pytest.raises(ValueError, match="clocks"):
