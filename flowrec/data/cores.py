@@ -51,25 +51,38 @@ def usable_cores(affinity: set[int] | None = None, cgroup_root: Path = CGROUP_RO
 
 def cgroup_quota(cgroup_root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_CGROUP) -> float | None:
     """CPU cores the process's cgroups allow (the tightest of its cgroup and its parents), or None."""
+    found = cgroup_folders("cpu", cgroup_root, proc_cgroup)
+    if found is None:
+        return None
+    v2, v1 = found
+    quotas = [_v2_quota(f) for f in v2] + [_v1_quota(f) for f in v1]
+    known = [q for q in quotas if q is not None]
+    return min(known) if known else None
+
+
+def cgroup_folders(controller: str, cgroup_root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_CGROUP,
+                   ) -> tuple[list[Path], list[Path]] | None:
+    """(cgroup v2 folders, cgroup v1 folders of `controller`) of this process's cgroup and each of
+    its parents, from `/proc/self/cgroup`; None when that cannot be read."""
     try:
         lines = proc_cgroup.read_text().splitlines()
     except OSError:
         return None
-    quotas = []
+    v2: list[Path] = []
+    v1: list[Path] = []
     for line in lines:
         parts = line.split(":", 2)
         if len(parts) != 3:
             continue
         _, controllers, path = parts
         if controllers == "":  # cgroup v2: 0::/path
-            quotas += [_v2_quota(folder) for folder in _folders(cgroup_root, path)]
-        elif "cpu" in controllers.split(","):  # cgroup v1: N:cpu,cpuacct:/path
+            v2 += _folders(cgroup_root, path)
+        elif controller in controllers.split(","):  # cgroup v1: N:cpu,cpuacct:/path
             mount = cgroup_root / controllers
             if not mount.is_dir():
-                mount = cgroup_root / "cpu"
-            quotas += [_v1_quota(folder) for folder in _folders(mount, path)]
-    known = [q for q in quotas if q is not None]
-    return min(known) if known else None
+                mount = cgroup_root / controller
+            v1 += _folders(mount, path)
+    return v2, v1
 
 
 def _folders(root: Path, path: str) -> list[Path]:

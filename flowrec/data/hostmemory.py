@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from flowrec.data.cores import CGROUP_ROOT, PROC_CGROUP, _folders
+from flowrec.data.cores import CGROUP_ROOT, PROC_CGROUP, cgroup_folders
 
 MEMINFO = Path("/proc/meminfo")
 
@@ -40,22 +40,12 @@ def _mem_available(meminfo: Path) -> int | None:
 
 def _cgroup_room(cgroup_root: Path, proc_cgroup: Path) -> list[int | None]:
     """Limit minus usage of every memory cgroup of this process (v2 and v1)."""
-    try:
-        lines = proc_cgroup.read_text().splitlines()
-    except OSError:
+    found = cgroup_folders("memory", cgroup_root, proc_cgroup)
+    if found is None:
         return []
-    rooms: list[int | None] = []
-    for line in lines:
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        _, controllers, path = parts
-        if controllers == "":
-            rooms += [_room(f / "memory.max", f / "memory.current") for f in _folders(cgroup_root, path)]
-        elif "memory" in controllers.split(","):
-            rooms += [_room(f / "memory.limit_in_bytes", f / "memory.usage_in_bytes")
-                      for f in _folders(cgroup_root / "memory", path)]
-    return rooms
+    v2, v1 = found
+    return ([_room(f / "memory.max", f / "memory.current") for f in v2]
+            + [_room(f / "memory.limit_in_bytes", f / "memory.usage_in_bytes") for f in v1])
 
 
 UNLIMITED = 1 << 60  # cgroup v1 writes "no limit" as a page-rounded 2^63 - 1
