@@ -63,8 +63,14 @@ def test_early_stopping_stops_and_keeps_best(full_run):
     steps_per_epoch = math.ceil(80_000 / 1024)  # MovieLens-100k, 80/20 split (19,934 test rows)
     assert end["stopped_early"] and end["step"] < 20 * steps_per_epoch
     assert evals[-1]["stop"] and not evals[-1]["best"] and evals[-1]["step"] == end["step"]
-    best = max(evals, key=lambda r: r["metrics"][HEAD]["auc"])
+    best = [r for r in evals if r["best"]][-1]  # an evaluation within min_delta of it is no new best
     assert end["best_step"] == best["step"] < end["step"]
+    running = None  # the rule replayed: a new best exceeds the last best by more than min_delta (0.0005)
+    for r in evals:
+        auc = r["metrics"][HEAD]["auc"]
+        assert r["best"] == (running is None or auc > running + 0.0005), (r["step"], auc, running)
+        running = auc if r["best"] else running
+    assert max(r["metrics"][HEAD]["auc"] for r in evals) <= best["metrics"][HEAD]["auc"] + 0.0005
     kept = load_checkpoint(run / "best" / "checkpoint.pt")
     assert kept["position"]["step"] == best["step"]
     assert "stopped early" in output and "new best: saved to best/" not in output  # --quiet: final table only

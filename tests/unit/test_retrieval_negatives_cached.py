@@ -144,12 +144,10 @@ def test_fae_hot_and_cold_batches_draw_their_own_negatives_and_train_what_the_de
     draw of its own (epoch, index), casting and window recomputed; static_hot equals device."""
     seed, spec, plan, source, counts = setup(steps=20)
     group = plan.meta.groups[0]
-    cap = group.rows * 2 // 3  # most samples hot, and some batches hot with their negatives too
-    model, opt = model_of(placed(plan, "static_hot", cap), spec, counts)
     reference, ref_opt = model_of(plan, spec, counts)
     staged = stage(spec, plan, source, None, window=1)
-    hot_rows = hottest_rows(torch.bincount(torch.cat([b.groups[group.name].ids for b in staged]),
-                                           minlength=group.rows), cap)
+    hot_rows = hot_rows_for_both_kinds(group, staged)
+    model, opt = model_of(placed(plan, "static_hot", hot_rows.numel()), spec, counts)
     model.embeddings[group.name].set_hot_rows(hot_rows)
     flags = {group.name: model.embeddings[group.name].is_hot()}
     draw = sampler(reference.retrieval, reference.noise_seed)
@@ -159,10 +157,29 @@ def test_fae_hot_and_cold_batches_draw_their_own_negatives_and_train_what_the_de
     for b in batches:  # the casting was recomputed over the batch and its negatives
         gids = b.groups[group.name]
         assert torch.equal(gids.casting.unique_ids, torch.unique(gids.ids))
+    kinds = ["hot" if bool(flags[group.name][b.groups[group.name].ids].all()) else "cold" for b in batches]
+    assert {"hot", "cold"} <= set(kinds), f"seed {seed}: {kinds}"
     ours, theirs = train(model, opt, batches), train(reference, ref_opt, batches)
     np.testing.assert_allclose(ours, theirs, rtol=1e-5, err_msg=f"seed {seed}")
     assert_same_model(model, reference, f"seed {seed} fae")
-    assert model.embeddings[group.name].switches > 0  # hot and cold batches both ran
+    turns = sum(a != b for a, b in zip(kinds, kinds[1:]))
+    assert model.embeddings[group.name].switches == turns, f"seed {seed}: {kinds}"
+
+
+def hot_rows_for_both_kinds(group, staged) -> torch.Tensor:
+    """Hot rows under which both batch kinds occur whatever the random stream: every item row (the
+    drawn negatives are items, so a batch of hot samples stays hot with its negatives), every age
+    row, and the most frequent users up to about 60% of the samples; the other users are cold."""
+    offsets = group.row_offsets
+    user_rows = torch.cat([b.groups[group.name].ids for b in staged])
+    user_rows = user_rows[(user_rows >= offsets["user"]) & (user_rows < offsets["user"] + 200)]
+    seen, freq = torch.unique(user_rows, return_counts=True)
+    order = torch.argsort(freq, descending=True, stable=True)
+    covered = torch.cumsum(freq[order], 0)
+    take = int((covered < 0.6 * user_rows.numel()).sum()) + 1
+    assert take < seen.numel()  # some seen users are cold: cold batches
+    fixed = [torch.arange(offsets[t], offsets[t] + n) for t, n in (("item", 300), ("age", 5))]
+    return torch.sort(torch.cat([*fixed, seen[order[:take]]])).values
 
 
 def test_a_batch_staged_without_a_sampler_draws_the_same_negatives_at_the_step():
