@@ -45,6 +45,7 @@ FILES: dict[str, frozenset[str]] = {
     )},
     "tests/unit/test_lifecycle_hostile.py": FAST,  # hostile input to runs, --follow, plan --managed-from
     "tests/unit/test_model_language_hostile.py": FAST,  # hostile specs of custom, heads, retrieval, sequences
+    "tests/unit/test_managed_hostile.py": FAST,  # edited or damaged managed map states
     "tests/unit/test_serving_hostile.py": frozenset({"e2e"}),  # tampered retrieval packages, eval options
     "tests/unit/test_cache_bench.py": frozenset({"processes"}),
     "tests/unit/test_operators_bench.py": frozenset({"processes"}),
@@ -93,6 +94,8 @@ TESTS: dict[str, frozenset[str]] = {
     "tests/integration/test_cli_doctor.py::test_doctor_on_this_machine": frozenset({"processes"}),
     "tests/integration/test_cli_doctor.py::test_a_collective_that_cannot_start_fails": frozenset({"processes"}),
     "tests/unit/test_spec_yaml_scan.py::test_scan_never_counts_more_than_the_document_has": frozenset({"fuzz"}),
+    "tests/unit/test_managed_hostile.py::test_a_checkpoint_with_an_edited_map_is_refused_by_resume_eval_and_export":
+        frozenset({"e2e"}),
     **{f"tests/unit/{test}": frozenset({"thorough"}) for test in (
         "test_planner_shard.py::test_wide_1000_on_64_h100s_has_bytes_per_rank_for_every_group",
         "test_planner_shard.py::test_more_ranks_less_memory_and_link_changes_across_nodes",

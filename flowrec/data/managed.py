@@ -316,20 +316,24 @@ class ManagedMap:
         """Restore `state()`; returns self.
 
         Raises:
-            ValueError: arrays of different lengths, or rows that do not fit the capacity.
+            ValueError: arrays of different lengths, or rows that do not fit the capacity, or
+                values no map holds (`check_state`): a damaged or edited state.
         """
         # copies: the map changes its arrays in place as it steps, and must never change the
         # caller's (a checkpoint's state dict, or a state loaded twice)
         keys, row = np.array(state["keys"], np.int64), np.array(state["row"], np.int64)
         count, last = np.array(state["count"], np.float64), np.array(state["last"], np.int64)
         free = np.array(state["free"], np.int64)
+        clock, stats = np.array(state["clock"], np.int64).reshape(-1), np.array(state["stats"], np.int64).reshape(-1)
         held = row[row != NO_ROW]
-        if not (len(keys) == len(row) == len(count) == len(last)) or len(held) + len(free) != self.spec.rows \
-                or (len(keys) > 1 and bool((keys[1:] <= keys[:-1]).any())):
+        if not (len(keys) == len(row) == len(count) == len(last)) or len(held) + len(free) != self.spec.rows:
             raise ValueError(f"a managed map of {len(keys)} ids does not fit a table of {self.spec.rows} rows")
+        problem = check_state(keys, row, count, last, free, clock, stats, self.spec.rows)
+        if problem:
+            raise ValueError(f"a managed map of {len(keys)} ids is damaged: {problem}")
         self.main, self.recent, self.free = Entries(keys, row, count, last), Entries(), free
-        self.clock = int(np.asarray(state["clock"]).reshape(-1)[0])
-        self.stats = np.asarray(state["stats"], np.int64).reshape(-1)[:len(STATS)].copy()
+        self.clock = int(clock[0])
+        self.stats = stats
         return self
 
     def report(self) -> dict[str, int]:
@@ -347,6 +351,33 @@ class ManagedMap:
 
 
 _EMPTY = np.zeros(0, np.int64)
+
+
+def check_state(keys: np.ndarray, row: np.ndarray, count: np.ndarray, last: np.ndarray, free: np.ndarray,
+                clock: np.ndarray, stats: np.ndarray, rows: int) -> str | None:
+    """What is wrong with a map's arrays (lengths already checked), or None: ids sorted and
+    distinct, every row of the table either held by exactly one id or free (free rows sorted), the
+    missing id holding no entry, counts are finite and >= 0, one clock >= 0 and no id seen after it, and the
+    totals are `STATS` counts >= 0. A map loaded from anything else would give two ids one row,
+    read rows outside the table or expire ids at random: silent wrong training."""
+    held = row[row != NO_ROW]
+    if len(clock) != 1 or clock[0] < 0:
+        return f"its clock is {clock.tolist()[:3]}, not one step count >= 0"
+    if len(stats) != len(STATS) or bool((stats < 0).any()):
+        return f"its totals are {stats.tolist()[:5]}, not {len(STATS)} counts >= 0 ({', '.join(STATS)})"
+    if len(keys) > 1 and bool((keys[1:] <= keys[:-1]).any()):
+        return "its ids are not sorted and distinct"
+    if bool((keys == MISSING_ID).any()):
+        return f"it holds the missing id ({MISSING_ID})"
+    if bool((row < NO_ROW).any()) or not np.array_equal(np.sort(np.concatenate([held, free])), np.arange(rows)):
+        return f"its held and free rows are not each of the rows 0 .. {rows - 1} once"
+    if len(free) > 1 and bool((free[1:] <= free[:-1]).any()):
+        return "its free rows are not sorted"
+    if not bool(np.isfinite(count).all()) or bool((count < 0).any()):
+        return "its counts are not finite numbers >= 0"
+    if bool((last < 0).any()) or bool((last > clock[0]).any()):
+        return f"it has ids last seen outside the steps 0 .. {int(clock[0])} it took"
+    return None
 
 
 def shard_of(ids: np.ndarray, shards: int) -> np.ndarray:
@@ -466,12 +497,15 @@ class ShardedMap:
         for s, m in self._held():
             try:
                 m.load({k: state[f"shard{s}.{k}"] for k in STATE_KEYS})
+                if bool((shard_of(m.main.keys, len(self.shards)) != s).any()):
+                    raise ValueError("it holds ids of other shards")
             except ValueError as exc:
                 raise ValueError(f"shard {s} of {len(self.shards)}: {exc}") from None
-        clocks = {int(np.asarray(v).reshape(-1)[0]) for k, v in state.items() if k.endswith(".clock")}
-        if len(clocks) != 1:
-            raise ValueError(f"the clocks of the {len(self.shards)} shards differ" if clocks else "no shard's clock")
-        self.clock = clocks.pop()
+        clocks = {tuple(np.asarray(v).reshape(-1).tolist()) for k, v in state.items() if k.endswith(".clock")}
+        if len(clocks) != 1 or len(next(iter(clocks))) != 1:
+            raise ValueError(f"the clocks of the {len(self.shards)} shards differ" if len(clocks) > 1
+                             else "no shard's clock" if not clocks else "its clock is not one step count")
+        self.clock = int(clocks.pop()[0])
         return self
 
     def report(self) -> dict[str, int]:

@@ -5,11 +5,18 @@ Example:
     'bad row'
     >>> first_line(KeyError())
     'KeyError'
+    >>> first_line(RuntimeError("Error(s) in loading state_dict for M:\\n\\tmanaged table t: damaged"))
+    'Error(s) in loading state_dict for M: managed table t: damaged'
 """
 from __future__ import annotations
 
 
 def first_line(exc: BaseException) -> str:
-    """The first line of an exception's message (its type's name when the message is empty)."""
+    """The first line of an exception's message (its type's name when the message is empty); a
+    first line that only announces what follows (ends with ':', as torch's `load_state_dict`
+    errors do) keeps the line after it, which says what is wrong."""
     text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    if not text:
+        return type(exc).__name__
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return f"{lines[0]} {lines[1]}" if lines[0].endswith(":") and len(lines) > 1 else lines[0]

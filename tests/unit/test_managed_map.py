@@ -92,7 +92,7 @@ def test_load_takes_ids_further_apart_than_int64_differences_reach():
     assert again.lookup(far).tolist() == m.lookup(far).tolist() and (m.lookup(far) >= 0).sum() == 2
     state = m.state()
     state["keys"] = state["keys"][::-1].copy()
-    with pytest.raises(ValueError, match="does not fit"):
+    with pytest.raises(ValueError, match="not sorted and distinct"):
         ManagedMap(ManagedSpec(rows=2)).load(state)
 
 

@@ -1,0 +1,174 @@
+"""Hostile input to managed tables: edited or damaged map states (a checkpoint's arrays, with its
+digest recomputed), refused in one line wherever they are loaded; never a traceback, never a map
+that gives two ids one row or rows outside the table."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from flowrec.data.managed import ManagedMap, ShardedMap, shard_of
+from flowrec.runtime.messages import first_line
+from flowrec.spec.model import ManagedSpec
+
+
+def _stepped(spec: ManagedSpec, steps: int = 12):
+    """A map (one shard or several) stepped on fresh random Zipf batches, with rows held and free."""
+    rng = np.random.default_rng()
+    m = ShardedMap(spec) if spec.shards > 1 else ManagedMap(spec)
+    for _ in range(steps):
+        ids = rng.zipf(1.3, 64).astype(np.int64) * 7919 + int(rng.integers(1, 50))
+        m.step(np.where(rng.random(64) < 0.5, -ids, ids))
+    return m
+
+
+def _edit(state: dict, prefix: str, how: str) -> dict:
+    """`state` with one hostile edit of the arrays under `prefix` (copies)."""
+    out = {k: np.array(v, copy=True) for k, v in state.items()}
+    row, free = out[prefix + "row"], out[prefix + "free"]
+    held = np.flatnonzero(row != -1)
+    unheld = np.flatnonzero(row == -1)
+    if how == "row_out_of_range":
+        row[held[0]] = 10**6
+    elif how == "row_negative":
+        row[held[0]] = -5
+    elif how == "row_twice":  # an id without a row takes a held one; a free row vanishes
+        row[unheld[0]] = row[held[0]]
+        out[prefix + "free"] = free[1:]
+    elif how == "free_twice":
+        free[1] = free[0]
+    elif how == "free_unsorted":
+        out[prefix + "free"] = free[::-1].copy()
+    elif how == "clock_empty":
+        out[prefix + "clock"] = np.zeros(0, np.int64)
+    elif how == "clock_negative":
+        out[prefix + "clock"] = np.array([-3])
+    elif how == "stats_empty":
+        out[prefix + "stats"] = np.zeros(0, np.int64)
+    elif how == "count_nan":
+        out[prefix + "count"][0] = np.nan
+    elif how == "count_negative":
+        out[prefix + "count"][:] = -1.0
+    elif how == "last_after_clock":
+        out[prefix + "last"][0] = int(out[prefix + "clock"][0]) + 5
+    elif how == "keys_unsorted":
+        out[prefix + "keys"] = out[prefix + "keys"][::-1].copy()
+    elif how == "missing_id":  # raw id 0 (a missing value) holding an entry
+        keys = out[prefix + "keys"]
+        keys[np.searchsorted(keys, 0) - 1] = 0
+        out[prefix + "keys"] = np.sort(keys)
+    return out
+
+
+EDITS = ("row_out_of_range", "row_negative", "row_twice", "free_twice", "free_unsorted", "clock_empty",
+         "clock_negative", "stats_empty", "count_nan", "count_negative", "last_after_clock", "keys_unsorted",
+         "missing_id")
+
+
+@pytest.mark.parametrize("how", EDITS)
+def test_an_edited_map_state_is_refused_in_one_line(how: str):
+    spec = ManagedSpec(rows=400, admit_min_count=2, every_steps=5)
+    m = _stepped(spec)
+    state = m.state()
+    assert 0 < m.occupied < 400 and (state["row"] == -1).any() and (state["keys"] < 0).any() and (state["keys"] > 0).any()
+    ManagedMap(spec).load(state)  # the state as written loads
+    with pytest.raises(ValueError) as info:
+        ManagedMap(spec).load(_edit(state, "", how))
+    assert "\n" not in str(info.value) and "managed map" in str(info.value)
+
+
+@pytest.mark.parametrize("how", ("row_twice", "clock_empty", "stats_empty", "last_after_clock"))
+def test_an_edited_shard_is_refused_naming_the_shard(how: str):
+    spec = ManagedSpec(rows=900, admit_min_count=2, every_steps=5, shards=3)
+    m = _stepped(spec)
+    state = m.state()
+    ShardedMap(spec).load(state)
+    with pytest.raises(ValueError, match="^shard 1 of 3: a managed map") as info:
+        ShardedMap(spec).load(_edit(state, "shard1.", how))
+    assert "\n" not in str(info.value)
+
+
+def test_an_id_moved_to_another_shard_is_refused():
+    """An id whose arrays sit in a shard it does not hash to would hold a row no lookup finds."""
+    spec = ManagedSpec(rows=900, admit_min_count=2, every_steps=5, shards=3)
+    state = _stepped(spec).state()
+    keys = state["shard0.keys"]
+    stranger = next(k for k in range(1, 10**6) if shard_of(np.array([k]), 3)[0] == 1 and k not in keys)
+    state["shard0.keys"] = np.sort(np.concatenate([keys[1:], [stranger]]))
+    assert shard_of(state["shard0.keys"], 3).tolist().count(1) == 1
+    with pytest.raises(ValueError, match="^shard 0 of 3: it holds ids of other shards"):
+        ShardedMap(spec).load(state)
+
+
+def test_shard_clocks_that_are_not_one_number_are_refused():
+    """An owner rank loads some shards; the clocks of the others must still be one step count."""
+    spec = ManagedSpec(rows=900, admit_min_count=2, every_steps=5, shards=3)
+    state = _stepped(spec).state()
+    state["shard2.clock"] = np.zeros(0, np.int64)
+    with pytest.raises(ValueError, match="clock"):
+        ShardedMap(spec, owned=(0,)).load(state)
+
+
+def test_torch_load_errors_keep_their_reason():
+    """torch's load_state_dict puts the reason on the line after its header: the one line keeps it."""
+    assert first_line(RuntimeError("Error(s) in loading state_dict for M:\n\tmanaged table u: damaged")) \
+        == "Error(s) in loading state_dict for M: managed table u: damaged"
+    assert first_line(ValueError("bad row\n  details")) == "bad row"
+    assert first_line(ValueError("header:")) == "header:"
+
+
+SPEC = """
+name: tiny_managed
+features:
+  - {name: d1, type: dense, transform: log1p}
+  - {name: user, type: categorical, table: users}
+  - {name: item, type: categorical, hash_buckets: 300, dim: 4}
+tables:
+  - name: users
+    dim: 4
+    managed: {rows: 300, admit_min_count: 2, evict: lfu, every_steps: 4, shards: 2}
+modules:
+  - {name: interact, kind: dot, inputs: [user, item]}
+  - {name: top, kind: mlp, inputs: [interact, d1], layers: [4]}
+heads:
+  - {name: ctr, input: top, task: binary, loss: bce}
+optimizer:
+  dense: {name: adam, lr: 0.01}
+  sparse: {name: rowwise_adagrad, lr: 0.1}
+training: {batch_size: 16, epochs: 1, seed: 5}
+"""
+
+
+def test_a_checkpoint_with_an_edited_map_is_refused_by_resume_eval_and_export(tmp_path: Path, monkeypatch):
+    """The digest is no signature: a checkpoint rewritten with a map giving one row to two ids (or a
+    row outside the table) is refused with exit 2 and the reason, by resume, eval and export."""
+    from flowrec.cli import app
+    from flowrec.runtime.checkpoint.store import load_checkpoint, save_checkpoint
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "spec.yaml").write_text(SPEC)
+    runner = CliRunner()
+    common = ["--rows", "200", "--device", "cpu", "--quiet"]
+    result = runner.invoke(app, ["train", "spec.yaml", "--out", "run", "--max-steps", "8", *common])
+    assert result.exit_code == 0, result.output
+    assert runner.invoke(app, ["data", "synth", "spec.yaml", "--rows", "50", "--out", "ds"]).exit_code == 0
+    state = load_checkpoint(tmp_path / "run" / "checkpoint.pt")
+    model = dict(state["model"])
+    for how in ("row_twice", "row_out_of_range"):
+        arrays = {k[len("managed.users."):]: v.numpy() for k, v in model.items() if k.startswith("managed.users.")}
+        edited = _edit(arrays, "shard0.", how)
+        import torch
+
+        body = {k: v for k, v in state.items() if k != "digest"}
+        body["model"] = {**model, **{f"managed.users.{k}": torch.from_numpy(v) for k, v in edited.items()}}
+        save_checkpoint(tmp_path / "run" / "checkpoint.pt", body)
+        for args in (["train", "spec.yaml", "--resume", "run", "--max-steps", "12", "--quiet"],
+                     ["eval", "run", "--data", "ds", "--device", "cpu"], ["export", "run", f"pkg_{how}"]):
+            result = runner.invoke(app, args)
+            assert result.exit_code == 2, (how, args, result.output)
+            last = result.output.strip().splitlines()[-1]
+            assert "shard 0 of 2: a managed map" in last and "held and free rows" in last, (how, args, result.output)
+            assert "Traceback" not in result.output
+        assert not (tmp_path / f"pkg_{how}").exists()
