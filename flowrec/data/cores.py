@@ -66,7 +66,7 @@ def cgroup_folders(controller: str, cgroup_root: Path = CGROUP_ROOT, proc_cgroup
     its parents, from `/proc/self/cgroup`; None when that cannot be read."""
     try:
         lines = proc_cgroup.read_text().splitlines()
-    except OSError:
+    except (OSError, ValueError):  # ValueError: bytes that are not text (UnicodeDecodeError)
         return None
     v2: list[Path] = []
     v1: list[Path] = []
@@ -94,7 +94,7 @@ def _folders(root: Path, path: str) -> list[Path]:
 def _v2_quota(folder: Path) -> float | None:
     try:
         fields = (folder / "cpu.max").read_text().split()
-    except OSError:
+    except (OSError, ValueError):
         return None
     if len(fields) != 2 or fields[0] == "max":
         return None
@@ -105,7 +105,7 @@ def _v1_quota(folder: Path) -> float | None:
     try:
         quota = (folder / "cpu.cfs_quota_us").read_text().strip()
         period = (folder / "cpu.cfs_period_us").read_text().strip()
-    except OSError:
+    except (OSError, ValueError):
         return None
     return _ratio(quota, period)
 

@@ -5,7 +5,11 @@ OOM killer or the container's limit stops it.
   free memory plus reclaimable page cache), not MemTotal: memory other processes hold is gone.
 - capped by the process's memory cgroup and each parent up to the root: v2 `memory.max` minus
   `memory.current`, v1 `memory.limit_in_bytes` minus `memory.usage_in_bytes` (a container's limit
-  is reached long before the machine's memory runs out).
+  is reached long before the machine's memory runs out), plus the cgroup's inactive file pages
+  (`memory.stat` `inactive_file`, v1 `total_inactive_file`): the usage counts the page cache of
+  every file the cgroup read or wrote, which the kernel reclaims before it refuses memory (the
+  working set of docker stats and the kubelet), so a container that just converted a dataset is
+  not taken for full. A limit that is not a number >= 0 says nothing.
 
 Example:
     >>> available_memory_bytes()  # doctest: +SKIP
@@ -32,7 +36,8 @@ def _mem_available(meminfo: Path) -> int | None:
     try:
         for line in meminfo.read_text().splitlines():
             if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024  # kB
+                kib = int(line.split()[1])
+                return kib * 1024 if kib >= 0 else None  # kB; a negative count says nothing
     except (OSError, ValueError, IndexError):
         return None
     return None
@@ -44,18 +49,33 @@ def _cgroup_room(cgroup_root: Path, proc_cgroup: Path) -> list[int | None]:
     if found is None:
         return []
     v2, v1 = found
-    return ([_room(f / "memory.max", f / "memory.current") for f in v2]
-            + [_room(f / "memory.limit_in_bytes", f / "memory.usage_in_bytes") for f in v1])
+    return ([_room(f / "memory.max", f / "memory.current", "inactive_file") for f in v2]
+            + [_room(f / "memory.limit_in_bytes", f / "memory.usage_in_bytes", "total_inactive_file") for f in v1])
 
 
 UNLIMITED = 1 << 60  # cgroup v1 writes "no limit" as a page-rounded 2^63 - 1
 
 
-def _room(limit_file: Path, usage_file: Path) -> int | None:
+def _room(limit_file: Path, usage_file: Path, reclaimable: str) -> int | None:
+    """Limit minus usage of one cgroup, plus its `reclaimable` page cache (a `memory.stat` field
+    of the same folder; 0 when unreadable); None without a limit or with one that is no count."""
     try:
         limit, usage = limit_file.read_text().strip(), usage_file.read_text().strip()
-        if limit == "max" or int(limit) >= UNLIMITED:
+        if limit == "max" or int(limit) >= UNLIMITED or int(limit) < 0:
             return None
-        return int(limit) - int(usage)
+        used = int(usage)
     except (OSError, ValueError):
         return None
+    return int(limit) - used + min(max(0, used), _stat_field(limit_file.parent / "memory.stat", reclaimable))
+
+
+def _stat_field(stat: Path, name: str) -> int:
+    """A byte count of a cgroup's `memory.stat` (``name value`` lines), 0 when absent or unreadable."""
+    try:
+        for line in stat.read_text().splitlines():
+            fields = line.split()
+            if len(fields) == 2 and fields[0] == name:
+                return max(0, int(fields[1]))
+    except (OSError, ValueError):
+        return 0
+    return 0

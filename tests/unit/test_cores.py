@@ -63,6 +63,24 @@ def test_no_cgroup_files_means_the_affinity(tmp_path: Path):
     assert cgroup_quota(root, proc) is None
 
 
+def test_cgroup_files_that_are_not_text_are_no_quota(tmp_path: Path):
+    """Bytes that do not decode (in cpu.max, the v1 quota or /proc/self/cgroup) read as no quota,
+    never a traceback at the start of every command."""
+    root, proc = _v2(tmp_path, {"x": "garbage"}, member="/x")
+    (root / "x" / "cpu.max").write_bytes(b"\xff\xfe 100000")
+    assert cgroup_quota(root, proc) is None and usable_cores({0, 1, 2}, root, proc) == 3
+    folder = root / "cpu" / "x"
+    folder.mkdir(parents=True)
+    (folder / "cpu.cfs_quota_us").write_bytes(b"\xff")
+    (folder / "cpu.cfs_period_us").write_text("100000")
+    proc.write_text("3:cpu:/x\n")
+    assert cgroup_quota(root, proc) is None
+    (folder / "cpu.cfs_quota_us").write_text("100000")
+    assert cgroup_quota(root, proc) == pytest.approx(1.0)  # the same tree with a readable quota
+    proc.write_bytes(b"\xff\xfe3:cpu:/x\n")
+    assert cgroup_quota(root, proc) is None and usable_cores({0, 1}, root, proc) == 2
+
+
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no affinity on this platform")
 def test_the_default_reads_this_process_affinity():
     assert 1 <= usable_cores() <= len(os.sched_getaffinity(0))

@@ -173,3 +173,40 @@ def test_a_cuda_run_checks_the_rows_it_keeps_on_the_host(repo, monkeypatch):
         start.check_plan_fits(plan, torch.device("cuda"))
     monkeypatch.setattr(start, "available_memory_bytes", lambda: hosted)
     start.check_plan_fits(plan, torch.device("cuda"))
+
+
+def test_reclaimable_page_cache_is_room_and_garbage_limits_say_nothing(tmp_path):
+    """The cgroup's usage counts its page cache: its inactive file pages (memory.stat) are room, as
+    the kernel reclaims them before refusing memory; a negative limit or MemAvailable, or files that
+    are not text, say nothing (they never make every run refused, nor raise)."""
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemAvailable:   20000000 kB\n")
+    cgroup = tmp_path / "cgroup"
+    cgroup.write_text("0::/job\n4:memory:/job\n")
+    root = tmp_path / "fs"
+    job, v1 = root / "job", root / "memory" / "job"
+    job.mkdir(parents=True)
+    v1.mkdir(parents=True)
+    (job / "memory.max").write_text(str(8 * 2**30))
+    (job / "memory.current").write_text(str(7 * 2**30))  # 5 GiB of it cached file pages, 3 inactive
+    (job / "memory.stat").write_text(f"anon {2 * 2**30}\nfile {5 * 2**30}\nactive_file {2 * 2**30}\n"
+                                     f"inactive_file {3 * 2**30}\n")
+    assert available_memory_bytes(meminfo, root, cgroup) == 4 * 2**30
+    (job / "memory.stat").write_text(f"inactive_file {9 * 2**30}\n")  # never more than the usage
+    assert available_memory_bytes(meminfo, root, cgroup) == 8 * 2**30
+    (job / "memory.stat").write_bytes(b"\xff\xfe inactive_file 5")
+    assert available_memory_bytes(meminfo, root, cgroup) == 2**30
+    (v1 / "memory.limit_in_bytes").write_text(str(6 * 2**30))
+    (v1 / "memory.usage_in_bytes").write_text(str(6 * 2**30))
+    (v1 / "memory.stat").write_text(f"cache {2**30}\ninactive_file 1\ntotal_inactive_file {2**29}\n")
+    assert available_memory_bytes(meminfo, root, cgroup) == 2**29  # v1: the hierarchy's total
+    for limit in ("-1", "", "lots", "1.5e9"):
+        (v1 / "memory.limit_in_bytes").write_text(limit)
+        (job / "memory.max").write_text(limit)
+        assert available_memory_bytes(meminfo, root, cgroup) == 20000000 * 1024, limit
+    (job / "memory.max").write_bytes(b"\xff\x00")
+    assert available_memory_bytes(meminfo, root, cgroup) == 20000000 * 1024
+    meminfo.write_text("MemAvailable:   -5 kB\n")
+    assert available_memory_bytes(meminfo, root, cgroup) is None
+    cgroup.write_bytes(b"\xff\xfe0::/job\n")
+    assert available_memory_bytes(meminfo, root, cgroup) is None
