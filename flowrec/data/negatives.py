@@ -52,7 +52,9 @@ class NegativeSampler:
 
     def draw(self, epoch: int, index: int) -> torch.Tensor:
         """The items (table rows) of batch `index` of `epoch`.  # (N,) int64"""
-        gen = torch.Generator().manual_seed((self.seed * SAMPLE_MIX + epoch) * SAMPLE_MIX + index)
+        # modulo 2^64 (torch takes an unsigned 64-bit seed): every seed of the spec's range
+        # (0 .. 2^63-1) draws; the seeds below about 1.8e7, the only ones that drew before, are unchanged
+        gen = torch.Generator().manual_seed(((self.seed * SAMPLE_MIX + epoch) * SAMPLE_MIX + index) % (1 << 64))
         return torch.multinomial(self.probs.float(), self.num, replacement=True, generator=gen)
 
     def append(self, ids: torch.Tensor, offsets: torch.Tensor, items: torch.Tensor

@@ -172,3 +172,22 @@ def test_a_checkpoint_with_an_edited_map_is_refused_by_resume_eval_and_export(tm
             assert "shard 0 of 2: a managed map" in last and "held and free rows" in last, (how, args, result.output)
             assert "Traceback" not in result.output
         assert not (tmp_path / f"pkg_{how}").exists()
+
+
+@pytest.mark.parametrize("seed", [18_500_000, 10**10, 2**63 - 1])
+def test_sampled_negatives_draw_for_every_seed_of_the_range(seed: int):
+    """The draw's generator seed mixes (seed, epoch, batch) modulo 2^64: a spec or --seed above
+    about 1.8e7 (the range goes to 2^63-1) crashed every step with torch's overflow; seeds below
+    draw what they drew before (checked here at 1.7e7, whose mix is above 2^63)."""
+    import torch
+
+    from flowrec.data.negatives import SAMPLE_MIX, NegativeSampler
+
+    probs = torch.rand(50, dtype=torch.float64)
+    probs[0] = 0
+    big = NegativeSampler("g0", 0, 1, 0, 7, probs, seed)
+    items = big.draw(3, 11)
+    assert items.shape == (7,) and bool((items > 0).all()) and torch.equal(items, big.draw(3, 11))
+    small = NegativeSampler("g0", 0, 1, 0, 7, probs, 17_000_000)
+    gen = torch.Generator().manual_seed((17_000_000 * SAMPLE_MIX + 3) * SAMPLE_MIX + 11)
+    assert torch.equal(small.draw(3, 11), torch.multinomial(probs.float(), 7, replacement=True, generator=gen))
