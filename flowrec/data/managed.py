@@ -421,8 +421,9 @@ class ShardedMap:
     def __init__(self, spec: ManagedSpec, buffer_ids: int = BUFFER_IDS, owned: tuple[int, ...] | None = None):
         self.spec, self.buffer_ids = spec, buffer_ids
         self.owned = tuple(range(spec.shards)) if owned is None else tuple(sorted(owned))
-        self.shards: list[ManagedMap | None] = [
-            ManagedMap(shard_spec(spec, s), buffer_ids) if s in self.owned else None for s in range(spec.shards)]
+        self.shards: list[ManagedMap | None] = [None] * spec.shards
+        for s in self.owned:
+            self.shards[s] = ManagedMap(shard_spec(spec, s), buffer_ids)
         self.clock = 0  # steps taken (every held shard's clock)
 
     def _held(self):

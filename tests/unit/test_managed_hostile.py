@@ -191,3 +191,21 @@ def test_sampled_negatives_draw_for_every_seed_of_the_range(seed: int):
     small = NegativeSampler("g0", 0, 1, 0, 7, probs, 17_000_000)
     gen = torch.Generator().manual_seed((17_000_000 * SAMPLE_MIX + 3) * SAMPLE_MIX + 11)
     assert torch.equal(small.draw(3, 11), torch.multinomial(probs.float(), 7, replacement=True, generator=gen))
+
+
+@pytest.mark.parametrize("shards, says", [(4097, "must be <= 4096"), (1_048_576, "must be <= 4096"),
+                                          (0, "must be >= 1"), (2.0, "must be an integer"),
+                                          (True, "must be an integer"), ("3", "must be an integer"),
+                                          (2_000_001, "must be <= 4096")])
+def test_shards_beyond_what_a_step_can_carry_are_refused(shards, says):
+    """Every shard steps at every batch (about 20 us each with no ids) and is seven checkpoint
+    arrays: a million shards (once valid) made a step take seconds and its maps' build quadratic."""
+    from flowrec.spec.validate import validate_document
+    import yaml
+
+    doc = yaml.safe_load(SPEC)
+    doc["tables"][0]["managed"].update(rows=2_000_000, shards=shards)
+    issues = [str(i) for i in validate_document(doc)]
+    assert len(issues) == 1 and "tables[0].managed.shards" in issues[0] and says in issues[0], issues
+    doc["tables"][0]["managed"]["shards"] = 4096
+    assert validate_document(doc) == []
