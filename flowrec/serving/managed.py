@@ -60,14 +60,18 @@ def read_maps(folder: Path, spec: ModelSpec) -> Maps:
         path = Path(folder) / MANAGED_DIR / f"{t.name}.parquet"
         try:
             table = pq.read_table(path, columns=["key", "row"])
-            if not all(pa.types.is_integer(table.schema.field(c).type) for c in ("key", "row")):
-                raise KeyError("key and row must be integers")
+            # int64 without nulls, as export writes them: nulls read as NaN floats, and uint64 ids
+            # are searched as floats beside the int64 hashes of raw values (both wrong rows)
+            if not all(table.schema.field(c).type == pa.int64() and table.column(c).null_count == 0
+                       for c in ("key", "row")):
+                raise KeyError("key and row must be int64 without nulls")
             keys, rows = table.column("key").to_numpy(), table.column("row").to_numpy()
         except (OSError, KeyError, pa.ArrowException):
             raise ValueError(f"{path}: the map of managed table {t.name!r} is missing or damaged") from None
-        if (len(keys) > 1 and bool((keys[1:] <= keys[:-1]).any())) or (len(rows) and (rows.min() < 0 or rows.max() >= t.rows)):
-            raise ValueError(f"{path}: the map of managed table {t.name!r} is damaged (ids unsorted or rows "
-                             f"outside [0, {t.rows}))")
+        if (len(keys) > 1 and bool((keys[1:] <= keys[:-1]).any())) or (len(rows) and (rows.min() < 0 or rows.max() >= t.rows)) \
+                or len(np.unique(rows)) != len(rows):
+            raise ValueError(f"{path}: the map of managed table {t.name!r} is damaged (ids unsorted, rows "
+                             f"outside [0, {t.rows}) or a row held by two ids)")
         out[t.name] = (keys, rows)
     return out
 

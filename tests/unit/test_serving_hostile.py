@@ -256,3 +256,25 @@ def test_a_managed_map_of_text_keys_is_refused(managed_pkg, tmp_path):
     with pytest.raises(ValueError, match="the map of managed table 'users' is missing or damaged"):
         load_model(_tampered_map(managed_pkg, tmp_path, text, listed=True))
     assert load_model(managed_pkg).predict(pd.DataFrame({"user": ["1", "2"], "item": ["4", "5"]})).shape == (2, 1)
+
+
+@pytest.mark.parametrize("how", ["null_row", "null_key", "uint64_keys", "row_twice"])
+def test_a_managed_map_no_export_writes_is_refused(managed_pkg, tmp_path, how):
+    """A map with its digest recorded again: a null row (read as NaN, cast to a garbage row), uint64
+    ids (searched as floats beside the int64 hashes) or two ids on one row loaded and scored."""
+    original = pq.read_table(managed_pkg / "managed" / "users.parquet")
+    keys, rows = original.column("key").to_numpy(), original.column("row").to_numpy()
+    assert len(keys) > 2 and bool((keys > 0).any())
+    if how == "null_row":
+        table = pa.table({"key": keys, "row": pa.array([None, *rows[1:].tolist()], pa.int64())})
+    elif how == "null_key":
+        table = pa.table({"key": pa.array([*keys[:-1].tolist(), None], pa.int64()), "row": rows})
+    elif how == "uint64_keys":  # the positive ids only: sorted as uint64 too
+        positive = keys > 0
+        table = pa.table({"key": pa.array(keys[positive].astype(np.uint64)), "row": rows[positive]})
+    else:
+        twice = rows.copy()
+        twice[1] = twice[0]
+        table = pa.table({"key": keys, "row": twice})
+    with pytest.raises(ValueError, match="the map of managed table 'users' is (missing or damaged|damaged)"):
+        load_model(_tampered_map(managed_pkg, tmp_path, table, listed=True))
