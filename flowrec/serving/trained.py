@@ -48,6 +48,7 @@ from flowrec.runtime.evaluation.evaluate import evaluate, group_slot
 from flowrec.runtime.lowering import LoweredModel, lower
 from flowrec.runtime.evaluation.scores import scores
 from flowrec.runtime.managed_state import eval_remapper
+from flowrec.runtime.messages import first_line
 from flowrec.runtime.session import open_dataset, resolve_device
 from flowrec.spec.load import spec_from_dict
 from flowrec.spec.model import ModelSpec
@@ -151,7 +152,12 @@ def load_trained(run: Path, device: str, scoring: Callable[[Plan], Plan], mmap: 
     plan = scoring(stored_plan(state, str(run)))
     model = lower(plan, spec, "meta" if mmap else dev)  # mapped: the file's tensors are assigned
     check_tensors(source, "model", model.state_dict(), state["model"])
-    model.load_state_dict(state["model"], assign=mmap)
+    try:
+        model.load_state_dict(state["model"], assign=mmap)
+    except (RuntimeError, ValueError) as exc:  # e.g. a managed map the checkpoint holds is damaged
+        if isinstance(exc, torch.OutOfMemoryError):
+            raise
+        raise CheckpointError(f"{source} does not fit the spec's model ({first_line(exc)})") from None
     if mmap and not delta_files(source):  # the content check read every page: give them back until
         # they are used (not when deltas were applied: their rows live only in those private pages)
         for tensor in state["model"].values():

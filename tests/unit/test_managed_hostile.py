@@ -143,9 +143,11 @@ training: {batch_size: 16, epochs: 1, seed: 5}
 
 def test_a_checkpoint_with_an_edited_map_is_refused_by_resume_eval_and_export(tmp_path: Path, monkeypatch):
     """The digest is no signature: a checkpoint rewritten with a map giving one row to two ids (or a
-    row outside the table) is refused with exit 2 and the reason, by resume, eval and export."""
+    row outside the table) is refused with exit 2 and the reason, by resume, eval and export, and
+    by `flowrec.load` with a CheckpointError."""
+    import flowrec
     from flowrec.cli import app
-    from flowrec.runtime.checkpoint.store import load_checkpoint, save_checkpoint
+    from flowrec.runtime.checkpoint.store import CheckpointError, load_checkpoint, save_checkpoint
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "spec.yaml").write_text(SPEC)
@@ -172,6 +174,8 @@ def test_a_checkpoint_with_an_edited_map_is_refused_by_resume_eval_and_export(tm
             assert "shard 0 of 2: a managed map" in last and "held and free rows" in last, (how, args, result.output)
             assert "Traceback" not in result.output
         assert not (tmp_path / f"pkg_{how}").exists()
+        with pytest.raises(CheckpointError, match="shard 0 of 2: a managed map .* held and free rows"):
+            flowrec.load(tmp_path / "run", device="cpu")  # the API's error, not torch's RuntimeError
 
 
 @pytest.mark.parametrize("seed", [18_500_000, 10**10, 2**63 - 1])
