@@ -312,8 +312,8 @@ class ManagedMap:
         return {"keys": e.keys, "row": e.row, "count": e.count, "last": e.last, "free": self.free.copy(),
                 "clock": np.array([self.clock], np.int64), "stats": self.stats.copy()}
 
-    def load(self, state: dict[str, np.ndarray]) -> "ManagedMap":
-        """Restore `state()`; returns self.
+    def load(self, state: dict[str, np.ndarray], check: bool = True) -> "ManagedMap":
+        """Restore `state()`; returns self (`check` False: a state this process made, `copy`).
 
         Raises:
             ValueError: arrays of different lengths, or rows that do not fit the capacity, or
@@ -328,7 +328,7 @@ class ManagedMap:
         held = row[row != NO_ROW]
         if not (len(keys) == len(row) == len(count) == len(last)) or len(held) + len(free) != self.spec.rows:
             raise ValueError(f"a managed map of {len(keys)} ids does not fit a table of {self.spec.rows} rows")
-        problem = check_state(keys, row, count, last, free, clock, stats, self.spec.rows)
+        problem = check_state(keys, row, count, last, free, clock, stats, self.spec.rows) if check else None
         if problem:
             raise ValueError(f"a managed map of {len(keys)} ids is damaged: {problem}")
         self.main, self.recent, self.free = Entries(keys, row, count, last), Entries(), free
@@ -347,7 +347,7 @@ class ManagedMap:
         return STATE_KEYS
 
     def copy(self) -> "ManagedMap":
-        return ManagedMap(self.spec, self.buffer_ids).load(self.state())
+        return ManagedMap(self.spec, self.buffer_ids).load(self.state(), check=False)
 
 
 _EMPTY = np.zeros(0, np.int64)
@@ -369,7 +369,9 @@ def check_state(keys: np.ndarray, row: np.ndarray, count: np.ndarray, last: np.n
         return "its ids are not sorted and distinct"
     if bool((keys == MISSING_ID).any()):
         return f"it holds the missing id ({MISSING_ID})"
-    if bool((row < NO_ROW).any()) or not np.array_equal(np.sort(np.concatenate([held, free])), np.arange(rows)):
+    every = np.concatenate([held, free])  # rows in all (their count was checked): each in range, none twice
+    if bool((row < NO_ROW).any()) or (len(every) and (every.min() < 0 or every.max() >= rows
+                                                      or np.bincount(every, minlength=rows).max() > 1)):
         return f"its held and free rows are not each of the rows 0 .. {rows - 1} once"
     if len(free) > 1 and bool((free[1:] <= free[:-1]).any()):
         return "its free rows are not sorted"
