@@ -97,7 +97,8 @@ def _type(error: ValidationError) -> list[str]:
     wanted = error.validator_value if isinstance(error.validator_value, list) else [error.validator_value]
     words = " or ".join(_JSON_TYPES.get(t, t) for t in wanted)
     hint = ""
-    if isinstance(error.instance, str) and {"number", "integer"} & set(wanted) and _is_float(error.instance):
+    if isinstance(error.instance, str) and {"number", "integer"} & set(wanted) and _is_float(error.instance) \
+            and "e" in error.instance.lower() and "inf" not in error.instance.lower():  # "3" quoted: no exponent
         hint = "; YAML reads exponents without a dot as text: write e.g. 1.0e-3"
     return [f"must be {words} (got {show(error.instance)}){hint}"]
 

@@ -213,3 +213,18 @@ def test_shards_beyond_what_a_step_can_carry_are_refused(shards, says):
     assert len(issues) == 1 and "tables[0].managed.shards" in issues[0] and says in issues[0], issues
     doc["tables"][0]["managed"]["shards"] = 4096
     assert validate_document(doc) == []
+
+
+def test_a_quoted_number_is_not_told_about_exponents():
+    """The YAML exponent hint is for text such as 1e-3 (YAML 1.1 reads it as text), not for a
+    number the user quoted ("3")."""
+    from flowrec.spec.validate import validate_document
+    import yaml
+
+    doc = yaml.safe_load(SPEC)
+    doc["tables"][0]["managed"]["shards"] = "3"
+    (issue,) = [str(i) for i in validate_document(doc)]
+    assert "must be an integer (got '3')" in issue and "exponent" not in issue
+    doc["tables"][0]["managed"]["shards"] = "2e0"
+    (issue,) = [str(i) for i in validate_document(doc)]
+    assert "YAML reads exponents without a dot as text" in issue
