@@ -22,7 +22,7 @@ import torch
 
 from flowrec.data.encode import Encoder
 from flowrec.data.encoder_record import ENCODER_FILE, EncoderRecord, load_encoder, read_record
-from flowrec.data.layout import DataError
+from flowrec.data.layout import DataError, is_multi
 from flowrec.data.sources import FLOAT32_MAX
 from flowrec.serving.managed import MANAGED_DIR, Maps, read_maps, remap_inputs
 from flowrec.serving.package import MODEL_FILE, SPEC_FILE, encoded_inputs, read_manifest, verify_files
@@ -78,7 +78,7 @@ class LoadedModel:
         """
         if self.items is None:
             raise ValueError(f"{self.path} has no retrieval head: --top-k needs a package of a retrieval run")
-        raw = pa.Table.from_pandas(table, preserve_index=False) if isinstance(table, pd.DataFrame) else table
+        raw = raw_table(table)
         self._check_raw(raw)
         item = self.manifest["retrieval"]["item_feature"]
         source = self.encoder.source(item)
@@ -114,6 +114,8 @@ class LoadedModel:
                             "synthetic data): raw rows cannot be encoded; train on converted data to score them")
         for f in self.spec.dense_features:
             check_finite(raw.column(self.encoder.source(f.name)), self.encoder.source(f.name))
+        for f in self.spec.sparse_features:
+            check_ids(raw.column(self.encoder.source(f.name)), self.encoder.source(f.name), is_multi(f))
 
     def score_encoded(self, encoded: pa.Table) -> np.ndarray:
         """Scores of encoded rows (the flowrec layout): one column per head, one per class of a
@@ -133,12 +135,13 @@ class LoadedModel:
 
         Raises:
             DataError: a raw column the model needs is missing, or a dense value is infinite or
-                beyond float32 (null and NaN are missing values, filled as the encoder says).
+                beyond float32 (null and NaN are missing values, filled as the encoder says), or
+                an id column holds no ids (nested lists, structs; a list for a one-id feature).
         """
         if self.items is not None:
             raise ValueError(f"{self.path} is a retrieval package (its program is the query tower): "
                              "ask for items with recommend / predict --top-k")
-        raw = pa.Table.from_pandas(table, preserve_index=False) if isinstance(table, pd.DataFrame) else table
+        raw = raw_table(table)
         self._check_raw(raw)
         scores = self.score_encoded(self.encoder.encode(raw, labels=False))
         out, start = {}, 0
@@ -197,6 +200,31 @@ def _spec(path: Path) -> ModelSpec:
     if issues:
         raise ValueError(f"{path} holds a spec that is not valid: {issues[0]}")
     return spec_from_dict(doc)
+
+
+def check_ids(column: pa.ChunkedArray | pa.Array, name: str, multi: bool) -> None:
+    """Raise DataError unless a sparse feature's raw column holds ids: plain values, or for a list
+    feature (multi-hot, sequence) lists of plain values or text to split (as CSV's `a^b`); nested
+    lists, structs and maps were an Arrow cast error naming no column."""
+    kind = column.type
+    if multi and (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
+        kind = kind.value_type
+    if pa.types.is_dictionary(kind):  # pandas categories: their values are the ids
+        kind = kind.value_type
+    if pa.types.is_nested(kind):
+        wanted = "ids or lists of ids" if multi else "one id per row"
+        raise DataError(f"column {name} holds {column.type}, not {wanted}")
+
+
+def raw_table(table: pa.Table | pd.DataFrame) -> pa.Table:
+    """Raw rows as an Arrow table; a pandas column Arrow cannot read (lists mixed with text, ...) is
+    a DataError naming it."""
+    if not isinstance(table, pd.DataFrame):
+        return table
+    try:
+        return pa.Table.from_pandas(table, preserve_index=False)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+        raise DataError(f"the rows cannot be read: {'; '.join(map(str, exc.args))}") from None
 
 
 def check_finite(column: pa.ChunkedArray | pa.Array, name: str) -> None:

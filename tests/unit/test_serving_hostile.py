@@ -278,3 +278,42 @@ def test_a_managed_map_no_export_writes_is_refused(managed_pkg, tmp_path, how):
         table = pa.table({"key": keys, "row": twice})
     with pytest.raises(ValueError, match="the map of managed table 'users' is (missing or damaged|damaged)"):
         load_model(_tampered_map(managed_pkg, tmp_path, table, listed=True))
+
+
+LISTS = {
+    "name": "hostile_lists",
+    "features": [{"name": "user", "type": "categorical", "hash_buckets": 100, "dim": 8},
+                 {"name": "tags", "type": "categorical", "hash_buckets": 50, "dim": 8, "max_len": 3,
+                  "pooling": "mean", "truncate": "last"}],
+    "modules": [{"name": "top", "kind": "mlp", "inputs": ["@sparse"], "layers": [8]}],
+    "heads": [{"name": "ctr", "input": "top"}],
+    "optimizer": {"dense": {"name": "adam", "lr": 0.001}, "sparse": {"name": "adagrad", "lr": 0.01}},
+    "training": {"batch_size": 32},
+}
+
+
+def test_raw_id_columns_of_the_wrong_shape_are_one_line_naming_the_column(tmp_path):
+    """Nested lists, structs or a list for a one-id feature (pandas or Parquet) were Arrow's cast
+    error naming no column (the API raised ArrowNotImplementedError); pandas categories and lists of
+    ids still score, and `truncate: last` keeps the last ids of a long list."""
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(LISTS))
+    assert _invoke(["train", tmp_path / "spec.yaml", "--rows", "300", "--out", tmp_path / "run", "-q",
+                    "--device", "cpu", "--max-steps", "3"]).exit_code == 0
+    assert _invoke(["export", tmp_path / "run", tmp_path / "pkg", "-q"]).exit_code == 0
+    model = load_model(tmp_path / "pkg")
+    good = model.predict(pd.DataFrame({"user": ["a", "b"], "tags": [["x", "y", "z", "w"], ["q"]]}))
+    assert good.shape == (2, 1)
+    same = model.predict(pd.DataFrame({"user": pd.Categorical(["a", "b"]), "tags": ["y^z^w", "q"]}))
+    assert np.array_equal(good["ctr"].to_numpy(), same["ctr"].to_numpy())  # the last 3 of 4, as text
+    for frame, says in (({"user": ["a", "b"], "tags": [[["x"]], []]}, "column tags holds list<item: list"),
+                        ({"user": ["a", "b"], "tags": [{"k": 1}, {"k": 2}]}, "column tags holds struct"),
+                        ({"user": [["a"], ["b"]], "tags": ["x", "y"]}, "column user holds list<item: string>, "
+                                                                      "not one id per row"),
+                        ({"user": ["a", "b"], "tags": [["x"], "y^z"]}, "Conversion failed for column tags")):
+        with pytest.raises(DataError, match=says.replace("[", r"\[")):
+            model.predict(pd.DataFrame(frame))
+    pq.write_table(pa.table({"user": pa.array([["a"], ["b"]]), "tags": ["x", "y"]}), tmp_path / "raw.parquet")
+    result = _invoke(["predict", tmp_path / "pkg", tmp_path / "raw.parquet", "--format", "parquet",
+                      "--out", tmp_path / "scores.parquet"])
+    assert result.exit_code == 2 and "column user holds list<element: string>, not one id per row" in result.output
+    assert not (tmp_path / "scores.parquet").exists()
