@@ -204,12 +204,20 @@ class OwnerRemapper(Remapper):
         return out
 
     def _exchange(self, send: torch.Tensor, send_counts: list[int], recv_counts: list[int], what: str) -> torch.Tensor:
+        if self._stopped():  # once closed, post nothing more on the group (see `_wait`)
+            raise RemapStopped("the batch iterator was closed")
         recv, work = start_exchange(send, send_counts, recv_counts, self.group)
         self._wait(work, what)
         return recv
 
     def _wait(self, work: Any, what: str) -> None:
-        """Wait for a collective, checking the stop flag; fail after the world's timeout."""
+        """Wait for a collective, checking the stop flag; fail after the world's timeout.
+
+        A stop abandons the batch between two of its collectives, so a stopped remapper must
+        post none after (`_exchange` checks first): gloo pairs the ranks' collectives on a group
+        by their order, and a next batch's first exchange posted where the other rank, not yet
+        stopped, sends this batch's next one is a size mismatch that aborts the process (the
+        end of a run under owner ranks crashed so)."""
         deadline = time.monotonic() + self.world.timeout_s
         while not work.is_completed():
             if self._stopped():

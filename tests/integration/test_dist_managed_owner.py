@@ -78,6 +78,8 @@ def worker(mode: str, rank: int, world: int, port: int, out: Path, seed: int, ti
     if mode == "hang" and rank == 1:
         time.sleep(3 * timeout_s)  # a rank that lives but never takes part
         os._exit(0)
+    if mode == "stop":
+        stop_between_exchanges(rank, remap, seed)
     report = {"rows": [], "resets": [], "steps": [], "lookups": [], "where": where, "owned": {t: m.owned for t, m in maps.items()}}
     t0 = time.monotonic()
     try:
@@ -95,6 +97,36 @@ def worker(mode: str, rank: int, world: int, port: int, out: Path, seed: int, ti
     report["seconds"] = time.monotonic() - t0
     (out / f"rank{rank}.json").write_text(json.dumps(report))
     os._exit(0)  # no teardown collective with a dead peer
+
+
+def stop_between_exchanges(rank: int, remap, seed: int) -> None:
+    """Both ranks' iterators close during batch 1, each in the wait of a different exchange: rank 0
+    in its third (rank 1 is slow to post it), rank 1 in its fourth. Rank 0 then still has its turn
+    for batch 2, and lives on for 3 s (a run evaluates and checkpoints after training)."""
+    import flowrec.runtime.managed_owner as owner
+
+    posted, waits = [0], [0]
+    start, wait = owner.start_exchange, remap._wait
+
+    def post(*args):
+        if rank == 1 and posted[0] == 6:
+            time.sleep(1.0)  # rank 1 is late to post batch 1's third exchange
+        posted[0] += 1
+        return start(*args)
+
+    def counted_wait(work, what):
+        waits[0] += 1
+        return wait(work, what)
+
+    owner.start_exchange, remap._wait = post, counted_wait
+    lo, hi = (0, BATCH // 2) if rank == 0 else (BATCH // 2, BATCH)
+    batches = [{f: v[lo:hi] for f, v in b.items()} for b in stream(seed)]
+    closed = (lambda: waits[0] >= 7) if rank == 0 else (lambda: waits[0] >= 8)
+    remap.in_turn(0, closed, lambda: remap.remap(batches[0]))
+    outcomes = [remap.in_turn(k, closed, lambda k=k: remap.remap(batches[k])) for k in (1, 2)]
+    time.sleep(3.0)  # a mismatched exchange from the other rank would abort this process now
+    (Path(sys.argv[5]) / f"rank{rank}.json").write_text(json.dumps({"posted": posted[0], "outcomes": outcomes}))
+    os._exit(0)
 
 
 def free_port() -> int:
@@ -161,6 +193,17 @@ def test_two_owner_ranks_remap_as_the_sharded_dict_reference(tmp_path: Path):
                 {g: sorted(v) for g, v in expected_resets.items() if v}, (seed, k)
     assert freed > 0 and shards_of_rank1 > 0  # evictions happened and both ranks owned ids
     assert ranks[0]["owned"] == {"users": [0, 2], "items": [0, 2]} and ranks[1]["owned"] == {"users": [1, 3], "items": [1]}
+
+
+def test_ranks_whose_iterators_close_at_different_exchanges_post_nothing_more(tmp_path: Path):
+    """The end of a run under owner ranks: each rank closes its data stage at its own moment, one
+    of them between two exchanges of a batch. A closed remapper posts no further collective; it
+    used to post the next batch's first exchange where the other rank sent this batch's rows,
+    and gloo aborted the process (`op.preamble.length <= op.nbytes`, seen at the end of a
+    `--nproc 2` run with incremental checkpoints)."""
+    ranks = launch("stop", tmp_path, random.randrange(1 << 30), 30)  # both processes exit 0 (`launch`)
+    assert [r["outcomes"] for r in ranks] == [[None, None], [None, None]], ranks  # both closed in batch 1
+    assert ranks[0]["posted"] == 7 and ranks[1]["posted"] == 8, ranks  # rank 0 posted nothing after it closed
 
 
 def test_a_dead_rank_fails_the_owner_exchange_within_the_timeout(tmp_path: Path):
