@@ -19,7 +19,8 @@ every rank every row, on a second group (evaluation may run while training batch
 
 Every wait polls the collective with the iterator's stop flag and the timeout: a rank that dies
 or stops makes the others fail within the timeout (RuntimeError), never hang; a stopped iterator
-abandons its collective (the run is ending, or the epoch's batches were all consumed).
+abandons its collective (the run is ending, or the epoch's batches were all consumed) and posts
+none after it (`_wait`).
 
 Example:
     >>> remap = OwnerRemapper(spec, groups, maps, True, world, world.data_groups[0])  # doctest: +SKIP
