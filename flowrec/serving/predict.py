@@ -114,8 +114,9 @@ class LoadedModel:
                             "synthetic data): raw rows cannot be encoded; train on converted data to score them")
         for f in self.spec.dense_features:
             check_finite(raw.column(self.encoder.source(f.name)), self.encoder.source(f.name))
-        for f in self.spec.sparse_features:
-            check_ids(raw.column(self.encoder.source(f.name)), self.encoder.source(f.name), is_multi(f))
+        for f in self.spec.sparse_features:  # (a retrieval query's rows lack the item column)
+            if self.encoder.source(f.name) in raw.column_names:
+                check_ids(raw.column(self.encoder.source(f.name)), self.encoder.source(f.name), is_multi(f))
 
     def score_encoded(self, encoded: pa.Table) -> np.ndarray:
         """Scores of encoded rows (the flowrec layout): one column per head, one per class of a
