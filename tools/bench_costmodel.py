@@ -10,7 +10,7 @@ run on the trainer's cores: their time shows up in the trainer's compute seconds
 for batches for almost nothing) against the compute seconds of the steps after WARMUP_STEPS
 (each step timed as the trainer's guarded step call, `Trainer._step`, in the `flowrec train`
 process), estimated by the same rule as calibration's timings (`flowrec.measure.robust`: the
-median of the steps other processes did not delay, else the fastest one less its wait;
+median of the steps other processes did not delay, else the median one less its wait;
 the run's own data threads are not other processes: the cores they take from the step are part
 of the step), so that prediction and measurement stand on the same footing on a shared machine;
 the plain median and quartiles show the load). Bytes: the host<->device bytes of a step from the cache counters (every
