@@ -62,7 +62,7 @@ def spec_constants(spec: ModelSpec, device: torch.device, measured: dict[str, tu
 
         ops, op_details = _dense_ops(spec, device, plan_for(spec.training.batch_size), seconds)
         if ops:
-            out["dense_ops"] = (ops, f"each dense op's operator module on the inputs the runtime gives it, "
+            out["dense_ops"] = (ops, f"each dense op's operator module and the loss on the inputs the runtime gives them, "
                                      f"forward and forward + backward (minus forward) at batch sizes "
                                      f"{_op_batches(spec)}, fastest of interleaved rounds, none above a larger "
                                      f"batch's; linear between them")
@@ -102,12 +102,13 @@ def _op_batches(spec: ModelSpec) -> list[int]:
 
 def _dense_ops(spec: ModelSpec, device: torch.device, plan: Any, seconds: float
                ) -> tuple[dict[str, list[float]], dict[str, Any]]:
-    """{op signature: [batch, forward us, backward us] at each of `_op_batches`}, {node: signature}."""
+    """{op signature: [batch, forward us, backward us] at each of `_op_batches`}, {node: signature}:
+    every dense op and the loss (a retrieval head's softmax over the batch is most of a step)."""
     graph = plan.graph
     nodes, signatures = [], {}
     for node in graph:
         op = graph.nodes[node]["op"]
-        if OP_KINDS[op.kind].role != "dense":
+        if OP_KINDS[op.kind].role not in ("dense", "loss"):
             continue
         signature = op_signature(op, graph.in_degree(node), spec.training.precision)
         if signature not in signatures.values():

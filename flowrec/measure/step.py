@@ -35,7 +35,7 @@ from flowrec.runtime.hostmem import tune_host_allocator
 from flowrec.runtime.lowering import LoweredModel, lower
 from flowrec.runtime.managed_state import fresh_remapper
 from flowrec.runtime.nonfinite import LossGuard
-from flowrec.runtime.retrieval import (batch_items, candidates, draw_negatives, item_labels, split_negatives,
+from flowrec.runtime.retrieval import (batch_items, candidates, item_labels, split_negatives,
                                       with_negatives)
 from flowrec.runtime.step import DEFAULT_LOOKAHEAD, autocast_context, make_dense_optimizer, train_step
 from flowrec.spec.model import ModelSpec
@@ -127,9 +127,9 @@ def dense_step_seconds(plan: Any, spec: ModelSpec, device: torch.device, steps: 
             negatives, neg_rows = None, None
             with torch.no_grad():
                 if binding is not None and binding.sampled:  # the negatives' rows are looked up, not timed
-                    negatives = draw_negatives(binding, model.noise_seed, batch)
-                    looked, neg_rows = split_negatives(binding, batch.size, model.embed(
-                        with_negatives(binding, model.group_map[binding.group], batch, negatives)))
+                    staged = with_negatives(binding, model, batch)  # as `train_step`
+                    negatives = staged.negatives
+                    looked, neg_rows = split_negatives(binding, batch.size, model.embed(staged))
                     neg_rows = neg_rows.detach().requires_grad_(True)
                 else:
                     looked = model.embed(batch)
@@ -223,23 +223,29 @@ def _values(batch: Any) -> float:
 
 def op_seconds(plan: Any, spec: ModelSpec, device: torch.device, nodes: Sequence[str], batches: Sequence[int],
                measure: Measure) -> dict[str, list[tuple[int, float, float]]]:
-    """Per dense node of `nodes`: (batch, forward seconds, backward seconds) at each of `batches`,
-    its operator module timed on the inputs the runtime gives it (the backward: forward +
-    backward through autograd, minus the forward), under the spec's precision; every node and
-    batch size in one interleaved measurement, so that a burst of other load slows one round of
-    each rather than every round of one batch size."""
+    """Per dense node of `nodes` (and the loss node, when named): (batch, forward seconds,
+    backward seconds) at each of `batches`, its operator module timed on the inputs the runtime
+    gives it (the loss: the step's logits, labels and a retrieval head's candidates; the backward:
+    forward + backward through autograd, minus the forward), under the spec's precision; every
+    node and batch size in one interleaved measurement, so that a burst of other load slows one
+    round of each rather than every round of one batch size."""
     tune_host_allocator()  # as the trainer does: the allocator's thresholds decide page faults
     model = lower(plan, spec, device)
+    loss = next((n for n in nodes if plan.graph.nodes[n]["op"].kind == "loss"), None)
     try:
         points, runs = [], []
         for size in batches:
             sized = with_batch(spec, size)
-            captured = _captured_inputs(model, sized, _staged(sized, plan, 1)[0], nodes)
+            batch = _staged(sized, plan, 1)[0]
+            _item_counts(model, [batch])
+            captured = _captured_inputs(model, sized, batch, [n for n in nodes if n != loss])
+            if loss is not None:
+                captured[loss] = _loss_inputs(model, sized, batch)
             for name in nodes:
-                args = captured[name]
+                module, args = model.loss if name == loss else model.ops[name], captured[name]
                 points.append((name, size))
-                runs += [partial(_forward, model.ops[name], args, spec.training.precision, device),
-                         partial(_forward_backward, model.ops[name], args, spec.training.precision, device)]
+                runs += [partial(_forward, module, args, spec.training.precision, device),
+                         partial(_forward_backward, module, args, spec.training.precision, device)]
         times = measure(runs)
     finally:
         model.close()
@@ -247,6 +253,25 @@ def op_seconds(plan: Any, spec: ModelSpec, device: torch.device, nodes: Sequence
     for (name, size), fwd, both in zip(points, times[0::2], times[1::2]):
         out[name].append((size, fwd, max(both - fwd, fwd / 10)))  # a noisy difference
     return out
+
+
+def _loss_inputs(model: LoweredModel, spec: ModelSpec, batch: Any) -> tuple:
+    """The loss's inputs in a training step on `batch`, as `train_step` gives them: the dense
+    forward's logits (a new leaf), the labels (a retrieval head's item ids in its column) and a
+    retrieval head's candidates (logQ; sampled items' vectors, without gradient)."""
+    binding = getattr(model, "retrieval", None)
+    labels = item_labels(binding, batch, batch.labels).to(model.device)
+    negatives = neg_rows = None
+    with torch.no_grad(), autocast_context(model.device, spec.training.precision):
+        if binding is not None and binding.sampled:
+            batch = with_negatives(binding, model, batch)
+            negatives = batch.negatives
+            emb, neg_rows = split_negatives(binding, batch.size, model.embed(batch))
+        else:
+            emb = model.embed(batch)
+        logits = model.dense_forward(batch.dense.to(model.device), emb, model.sequence_masks(batch))
+        cands = candidates(model, binding, negatives, neg_rows)
+    return logits.detach().requires_grad_(True), labels, cands
 
 
 def _captured_inputs(model: LoweredModel, spec: ModelSpec, batch: Any, nodes: Sequence[str]) -> dict[str, tuple]:
