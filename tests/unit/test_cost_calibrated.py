@@ -418,3 +418,76 @@ def test_live_step_seconds_times_steps_fed_by_the_pipeline(repo):
     live, staged = live_step_seconds(plan, spec, torch.device("cpu"), 3)
     assert len(live) == len(staged) == 3
     assert all(0 < r.wall < 60 and 0 <= r.waited <= r.wall for r in live + staged)
+
+
+def test_a_measured_loss_replaces_the_retrieval_softmax_kernels(repo):
+    """A retrieval head's in-batch softmax (B x B logits) is priced by its kernel list until the
+    profile measures the loss op as a whole; then by the measurement alone, and it grows with the
+    batch faster than linearly while unmeasured (B^2 logits)."""
+    from flowrec.planner.cost import kernel_seconds, retrieval_work
+
+    spec = load_spec(repo / "specs" / "two_tower_movielens.yaml")
+    plan = make_plan(spec, target="cpu")
+    graph, cpu = plan.graph, DEVICES["cpu"]
+    loss_node = next(n for n in graph if graph.nodes[n]["op"].kind == "loss")
+    loss = graph.nodes[loss_node]["op"]
+    signature = op_signature(loss, graph.in_degree(loss_node), "fp32")
+    base = dense_seconds(graph, cpu, 1024, precision="fp32")
+    softmax = retrieval_work(graph, loss, 1024)
+    own = op_work(loss, 1024, graph.in_degree(loss_node))
+    assert kernel_seconds(softmax.forward, cpu) > 0 and softmax.forward.gemms == ((1024, 32, 1024, 1),)
+    fast = replace(cpu, dense_ops=((signature, (1024.0, 1.0, 2.0)),))
+    got = dense_seconds(graph, fast, 1024, precision="fp32")
+    assert base[0] - got[0] == pytest.approx(kernel_seconds(softmax.forward, cpu) + kernel_seconds(own.forward, cpu)
+                                             - 1e-6)
+    assert base[1] - got[1] == pytest.approx(kernel_seconds(softmax.backward, cpu, backward=True)
+                                             + kernel_seconds(own.backward, cpu, backward=True) - 2e-6)
+    slow = replace(cpu, dense_ops=((signature, (256.0, 300.0, 400.0, 1024.0, 3400.0, 3300.0)),))
+    assert dense_seconds(graph, slow, 1024, precision="fp32")[0] - got[0] == pytest.approx((3400.0 - 1.0) * 1e-6)
+    small = dense_seconds(graph, cpu, 256, precision="fp32")
+    assert base[0] > 4 * small[0] or base[1] > 4 * small[1]  # unmeasured: the B x B logits
+
+
+def test_op_seconds_times_the_loss_on_what_train_step_gives_it(repo, monkeypatch):
+    """The loss node is timed like a dense op, at every batch size, on the dense forward's logits,
+    the batch's items as the retrieval head's labels and the logQ candidates; `_dense_ops` keys it
+    by the loss op's signature."""
+    import torch
+
+    from flowrec.measure import spec as measure_spec
+    from flowrec.measure import step as measure_step
+    from flowrec.runtime.retrieval import batch_items
+
+    spec = measure_step.with_batch(load_spec(repo / "specs" / "two_tower_movielens.yaml"), 64)
+    plan = make_plan(spec, target="cpu")
+    graph = plan.graph
+    loss_node = next(n for n in graph if graph.nodes[n]["op"].kind == "loss")
+    calls, real_loss_inputs = [], measure_step._loss_inputs
+
+    def recorded(model, sized, batch):
+        args = real_loss_inputs(model, sized, batch)
+        calls.append((model, batch, args))
+        return args
+
+    monkeypatch.setattr(measure_step, "_loss_inputs", recorded)
+    ran = []
+
+    def measure(runs):
+        ran.extend(run() for run in runs)
+        return [float(i + 1) for i in range(len(runs))]
+
+    timings = measure_step.op_seconds(plan, spec, torch.device("cpu"), ["head_retrieve", loss_node], [16, 64], measure)
+    assert [b for b, _, _ in timings[loss_node]] == [16, 64] and len(ran) == 8
+    assert len(calls) == 2
+    for model, batch, (logits, labels, cands) in calls:
+        binding = model.retrieval
+        assert logits.requires_grad and logits.shape[0] == batch.size
+        assert torch.equal(labels[:, binding.head].long(), batch_items(binding, batch))
+        assert cands is not None and cands.log_q is not None
+    assert all(isinstance(r, tuple) for r in ran[1::2])  # forward + backward: the gradients
+    monkeypatch.setattr(measure_spec, "op_seconds",
+                        lambda plan, spec, device, nodes, batches, measure: {n: [(b, 1e-6, 2e-6) for b in batches]
+                                                                              for n in nodes})
+    ops, details = measure_spec._dense_ops(spec, torch.device("cpu"), plan, 0.01)
+    loss_signature = op_signature(graph.nodes[loss_node]["op"], graph.in_degree(loss_node), "fp32")
+    assert loss_signature in ops and details[loss_node] == loss_signature
