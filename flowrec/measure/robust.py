@@ -5,9 +5,12 @@ Every calibration measurement (`flowrec calibrate`) and the benchmark's measured
 (`tools/bench_costmodel.py`) are timed in rounds. A round records its wall time and how long the
 process's compute threads were runnable but waiting for a core (the kernel's run-queue wait per
 thread, `/proc/self/task/*/schedstat`): the longest wait of any one of them, less the CPU time the
-process's own other threads (the data threads of a training run, `exclude`) ran meanwhile: that
-part is the process competing with itself, which a training step really pays. What is left is the
-time other processes took from the round.
+process's own other threads (the data threads of a training run, `exclude`) ran meanwhile beyond
+what the cores the compute threads leave free could run in the round (`usable_cores` less the
+compute threads, times the wall time): that part is the process competing with itself, which a
+training step really pays. What is left is the time other processes took from the round. (On
+this 2-core machine a one-thread step leaves a core to its data threads: their 4 ms of CPU per
+5 ms step do not make the step wait, and do not excuse a wait other processes caused.)
 
 The compute threads of a round are the calling thread (it runs the step's Python and its
 kernels) and, when the process computes on several threads (torch's or numba's thread count
@@ -50,6 +53,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
+
+from flowrec.data.cores import usable_cores
 
 CLEAN_SHARE = 0.05  # foreign run-queue wait a clean round may have, share of its wall time
 MIN_CLEAN = 3  # clean rounds the median needs; fewer: the median round less its wait
@@ -124,14 +129,15 @@ class SchedClock:
         caller: gives the calling thread's id (default: `threading.get_native_id`).
         threads: gives the process's compute thread count (default: `compute_threads`); with 1,
             only the caller's wait counts.
+        cores: gives the cores the process may use (default: `flowrec.data.cores.usable_cores`).
     """
 
     def __init__(self, exclude: Callable[[], set[int]] = set, read: Callable[[], dict] = _schedstat,
                  wall: Callable[[], float] = time.perf_counter,
                  caller: Callable[[], int] = threading.get_native_id,
-                 threads: Callable[[], int] = compute_threads) -> None:
+                 threads: Callable[[], int] = compute_threads, cores: Callable[[], int] = usable_cores) -> None:
         self.exclude, self.read, self.wall = exclude, read, wall
-        self.caller, self.threads = caller, threads
+        self.caller, self.threads, self.cores = caller, threads, cores
 
     def start(self) -> tuple[float, dict[int, tuple[int, int]]]:
         return self.wall(), self.read()
@@ -140,8 +146,9 @@ class SchedClock:
         """The Round since `started` (`start()`), per call of `calls`."""
         t1, after = self.wall(), self.read()
         t0, before = started
-        own, me, alone = self.exclude(), self.caller(), self.threads() <= 1
-        partner_ns = PARTNER_SHARE * (t1 - t0) * 1e9
+        own, me, threads = self.exclude(), self.caller(), self.threads()
+        alone, wall_ns = threads <= 1, (t1 - t0) * 1e9
+        partner_ns = PARTNER_SHARE * wall_ns
         waited = own_cpu = 0
         for tid, (cpu, wait) in after.items():
             cpu0, wait0 = before.get(tid, (0, 0))
@@ -149,6 +156,8 @@ class SchedClock:
                 own_cpu += cpu - cpu0
             elif tid == me or (not alone and cpu - cpu0 >= partner_ns):
                 waited = max(waited, wait - wait0)
+        if own_cpu:  # the part of the own threads' CPU time the free cores could not hold
+            own_cpu = max(0.0, own_cpu - max(0, self.cores() - threads) * wall_ns)
         foreign = max(0.0, (waited - own_cpu) * 1e-9)
         return Round((t1 - t0) / calls, foreign / calls)
 

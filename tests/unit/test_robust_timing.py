@@ -64,12 +64,28 @@ def test_every_round_delayed_extrapolates_to_no_wait():
 
 def test_own_data_threads_are_part_of_the_step():
     machine = FakeMachine(work=2e-3, p=0.0, delay=0.0, own_cpu=1e-3)
-    own = SchedClock(exclude=lambda: {9}, read=machine.read, wall=machine.wall, caller=lambda: 1)
+    full = dict(caller=lambda: 1, threads=lambda: 2, cores=lambda: 2)  # no core left to the data thread
+    own = SchedClock(exclude=lambda: {9}, read=machine.read, wall=machine.wall, **full)
     est = estimate(time_rounds(machine.run, 10, clock=own), )
     assert est.method == "clean" and est.seconds == pytest.approx(3e-3, rel=1e-6)  # not 2 ms
-    blind = SchedClock(read=machine.read, wall=machine.wall, caller=lambda: 1)  # data thread not known as the process's own
+    blind = SchedClock(read=machine.read, wall=machine.wall, **full)  # data thread not known as the process's own
     rounds = time_rounds(machine.run, 10, clock=blind)
     assert all(r.waited == pytest.approx(1e-3) for r in rounds)
+
+
+def test_data_threads_on_a_free_core_do_not_excuse_a_foreign_wait():
+    """One compute thread on 2 cores: the data thread's 1 ms per call fits the free core, so the
+    caller's 1 ms wait was other processes' (a foreign wait, not the step's own cost); with no
+    free core it is the process's own."""
+    machine = FakeMachine(work=2e-3, p=0.0, delay=0.0, own_cpu=1e-3)
+    spare = SchedClock(exclude=lambda: {9}, read=machine.read, wall=machine.wall, caller=lambda: 1,
+                       threads=lambda: 1, cores=lambda: 2)
+    rounds = time_rounds(machine.run, 5, clock=spare)
+    assert all(r.waited == pytest.approx(1e-3) for r in rounds)
+    assert estimate(rounds).seconds == pytest.approx(2e-3, rel=1e-6)
+    busy = SchedClock(exclude=lambda: {9}, read=machine.read, wall=machine.wall, caller=lambda: 1,
+                      threads=lambda: 1, cores=lambda: 1)
+    assert all(r.waited == 0.0 for r in time_rounds(machine.run, 5, clock=busy))
 
 
 class PoolMachine:
