@@ -216,3 +216,48 @@ def test_fixed_cost_fit_refuses_nothing_and_mismatched_lengths():
         robust.fit_offset([1.0, 2.0], [1.0])
     exact = robust.fit_offset([3.0, 4.0, 5.0], [1.0, 2.0, 3.0])
     assert (exact.value, exact.spread, exact.outliers) == (2.0, 0.0, 0)
+
+
+def test_step_measurements_go_on_while_too_few_rounds_are_clean(monkeypatch):
+    """`timed_steps`: warm-up calls untimed, then the asked steps; on a busy machine (no clean
+    round) more rounds, batches replayed, up to MORE_ROUNDS x steps; not replayed where a cache's
+    plan forbids it; no more once enough rounds are clean."""
+    from flowrec.measure import step as measure_step
+
+    def stepper(clean_every: int):
+        calls = []
+
+        def step(batch):
+            calls.append(batch)
+            waited = 0.0 if clean_every and len(calls) % clean_every == 0 else 5e-3
+            return Round(10e-3, waited)
+        return step, calls
+
+    batches = list(range(measure_step.WARMUP_STEPS + 4))
+    step, calls = stepper(0)
+    rounds = measure_step.timed_steps(step, batches, 4, replay=True)
+    assert len(rounds) == measure_step.MORE_ROUNDS * 4 and len(calls) == len(rounds) + measure_step.WARMUP_STEPS
+    assert calls[measure_step.WARMUP_STEPS:] == [batches[measure_step.WARMUP_STEPS + i % 4] for i in range(len(rounds))]
+    step, calls = stepper(0)
+    assert len(measure_step.timed_steps(step, batches, 4, replay=False)) == 4  # no replay: as far as the batches go
+    step, calls = stepper(1)
+    assert len(measure_step.timed_steps(step, batches, 4, replay=True)) == 4  # all clean: the asked steps
+    step, calls = stepper(3)
+    rounds = measure_step.timed_steps(step, batches, 4, replay=True)
+    clean = [i for i, r in enumerate(rounds) if r.waited == 0.0]
+    assert len(clean) == robust.MIN_CLEAN and clean[-1] == len(rounds) - 1 > 4  # on until the third clean one
+    monkeypatch.setattr(measure_step, "MORE_SECONDS", 0.0)
+    step, calls = stepper(0)
+    assert len(measure_step.timed_steps(step, batches, 4, replay=True)) == 4  # out of time
+
+
+def test_a_staged_batch_is_replayed_only_without_a_cache(repo):
+    from flowrec.measure.step import replayable
+    from flowrec.planner.manager import make_plan
+    from flowrec.spec import load_spec
+
+    spec = load_spec(repo / "specs" / "dlrm_criteo.yaml")
+    assert replayable(make_plan(spec, target="cpu"))
+    cached = make_plan(spec, target="cpu", device_budget=64 << 20)
+    assert any(g.placement in ("lookahead", "static_hot") for g in cached.meta.groups)
+    assert not replayable(cached)
