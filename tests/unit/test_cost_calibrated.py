@@ -388,8 +388,10 @@ def test_dense_step_seconds_gives_a_retrieval_loss_what_train_step_does(repo, mo
     monkeypatch.setattr(measure_step, "_staged", lambda *a: staged)
     measure_step.dense_step_seconds(plan, spec, torch.device("cpu"), 2)
     binding = real_lower(plan, spec, torch.device("cpu")).retrieval
-    assert len(seen) == 5 and all(cands is not None and cands.log_q is not None for _, cands in seen)
-    for (labels, _), batch in zip(seen, staged):
+    assert len(seen) >= 5 and all(cands is not None and cands.log_q is not None for _, cands in seen)
+    timed = staged[measure_step.WARMUP_STEPS:]  # replayed in turn on a busy machine (`timed_steps`)
+    order = staged[:measure_step.WARMUP_STEPS] + [timed[i % len(timed)] for i in range(len(seen) - len(staged) + len(timed))]
+    for (labels, _), batch in zip(seen, order, strict=True):
         assert torch.equal(labels[:, binding.head].long(), batch_items(binding, batch))
 
 
