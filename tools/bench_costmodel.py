@@ -234,8 +234,13 @@ def main() -> None:
                     flowrec("calibrate", str(spec), "--device", "cpu", "--out", str(profile),
                             *(["--nproc", str(args.nproc)] if args.nproc > 1 else []), cwd=tmp)
                 doc = json.loads(Path(profile).read_text())
-                calibrations[spec.name] = {"seconds": doc.get("details", {}).get("seconds"),
-                                           **{k: v["value"] for k, v in doc["measured"].items()}}
+                details = doc.get("details", {})
+                calibrations[spec.name] = {"seconds": details.get("seconds"),
+                                           **{k: v["value"] for k, v in doc["measured"].items()},
+                                           "how": {"compute_scale": details.get("compute_scale"),
+                                                   "step_us": details.get("framework_us_by_batch", {}).get("fit"),
+                                                   "staging": details.get("staging"),
+                                                   "timing": details.get("timing")}}
                 rows.append(measure_spec(spec, Path(profile), args.steps, tmp, args.device_budget, args.cache,
                                          args.nproc))
             except (RuntimeError, subprocess.TimeoutExpired) as exc:

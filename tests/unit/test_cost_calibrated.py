@@ -317,22 +317,36 @@ def test_compute_scale_prices_the_dense_side_only(dlrm):
 
 
 def test_compute_scale_is_the_measured_dense_part_over_its_priced_ops(dlrm, monkeypatch, tmp_path: Path):
+    """The scale is the dense part of full-batch steps less its fixed cost (its dense part at the
+    smallest tiny batch beyond the priced ops there, which step_us holds) over the priced ops, the
+    fastest of several measurements; a fixed cost of any size leaves it unchanged."""
     from flowrec.measure import spec as calibrate_spec
+    from flowrec.measure.step import with_batch
 
-    plan = make_plan(dlrm, target="cpu")
+    plans = {b: make_plan(with_batch(dlrm, b), target="cpu") for b in (calibrate_spec.TINY_BATCHES[0], 4096)}
     profile = tmp_path / "p.json"
     profile.write_text(json.dumps(profile_document("cpu", {"step_us": (300.0, "tiny steps")}, "m", "t")))
     priced = device_profile(str(profile))
-    forward, backward = dense_seconds(plan.graph, priced, dlrm.training.batch_size)
-    work_ms = (forward + backward + dense_update_seconds(plan.graph, dlrm, priced)) * 1e3
+    work = {b: calibrate_spec._dense_work_ms(plan, with_batch(dlrm, b), priced) for b, plan in plans.items()}
+    assert work[4096] > work[16] > 0
     factor = random.uniform(0.6, 2.5)
-    for measured_ms, expected in ((factor * work_ms, factor), (work_ms * 5000, 1000.0), (0.0, 0.1)):
-        monkeypatch.setattr(calibrate_spec, "dense_step_seconds",  # the slower steps waited for a core
-                            lambda *a, ms=measured_ms: [Round(ms * 1e-3 * (1 + i % 3 / 2), ms * 1e-3 * (i % 3 / 2))
-                                                        for i in range(8)])  # clean: ms
-        scale, details = calibrate_spec._compute_scale(dlrm, None, lambda batch: plan, profile)
-        assert scale == pytest.approx(expected, rel=1e-4)
-        assert details["measured_dense_ms"] == pytest.approx(measured_ms, rel=1e-5)
+    for fixed_ms in (0.0, 0.4, 3.0):
+        for full_ms, expected in ((factor * work[4096] + fixed_ms, factor), (work[4096] * 5000, 1000.0),
+                                  (fixed_ms, 0.1)):
+            calls = []
+
+            def fake(plan, spec, device, steps, full_ms=full_ms, fixed_ms=fixed_ms):
+                calls.append(spec.training.batch_size)
+                ms = full_ms if spec.training.batch_size == 4096 else work[16] + fixed_ms
+                slow = 1.5 if calls.count(spec.training.batch_size) == 1 else 1.0  # the first measurement: a burst
+                return [Round(ms * slow * 1e-3 * (1 + i % 3 / 2), ms * slow * 1e-3 * (i % 3 / 2)) for i in range(8)]
+
+            monkeypatch.setattr(calibrate_spec, "dense_step_seconds", fake)  # the slower steps waited for a core
+            scale, details = calibrate_spec._compute_scale(dlrm, None, lambda batch: plans[batch], profile)
+            assert scale == pytest.approx(expected, rel=1e-4)
+            assert details["measured_dense_ms"] == pytest.approx(full_ms, rel=1e-5)
+            assert details["fixed_ms"] == pytest.approx(fixed_ms, abs=1e-9)
+            assert calls.count(4096) >= 2  # the fastest of several measurements
     profile.write_text(json.dumps(profile_document("cpu", {"compute_scale": (1.7, "steps")}, "m", "t")))
     assert device_profile(str(profile)).compute_scale == 1.7
     assert device_profile("cpu").compute_scale == 1.0  # not measured: the ops' sum
