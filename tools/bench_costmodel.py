@@ -10,7 +10,7 @@ run on the trainer's cores: their time shows up in the trainer's compute seconds
 for batches for almost nothing) against the compute seconds of the steps after WARMUP_STEPS
 (each step timed as the trainer's guarded step call, `Trainer._step`, in the `flowrec train`
 process), estimated by the same rule as calibration's timings (`flowrec.measure.robust`: the
-median of the steps other processes did not delay, else the fastest one less its wait;
+median of the steps other processes did not delay, else the median one less its wait;
 the run's own data threads are not other processes: the cores they take from the step are part
 of the step), so that prediction and measurement stand on the same footing on a shared machine;
 the plain median and quartiles show the load). Bytes: the host<->device bytes of a step from the cache counters (every
@@ -34,7 +34,7 @@ Ratios:
 
 Usage:
     python tools/bench_costmodel.py [--steps 20] [--profile FILE] [--device-budget 64MiB] [--cache POLICY]
-        [--specs a.yaml,b.yaml] [--threads N] [--nproc N] [--json PATH]
+        [--specs a.yaml,b.yaml] [--threads N] [--nproc N] [--one-epoch] [--json PATH]
 """
 from __future__ import annotations
 
@@ -158,13 +158,23 @@ def measured_bytes_per_step(counters: dict[str, Any], batch: int, dense_and_labe
     return groups * batch + batch * dense_and_labels * FLOAT_BYTES
 
 
+def synth_rows(spec: Path, steps: int, one_epoch: bool) -> int:
+    """Synthetic rows of a spec's run: SYNTH_ROWS, or with `one_epoch` at least enough for every
+    step of the run in one epoch (no epoch's start, with its readers' and shuffle's set-up on the
+    data threads, inside the timed steps)."""
+    if not one_epoch:
+        return SYNTH_ROWS
+    return max(SYNTH_ROWS, load_spec(spec).training.batch_size * (WARMUP_STEPS + steps + 1))
+
+
 def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str | None,
-                 cache: str | None = None, nproc: int = 1) -> dict[str, Any]:
+                 cache: str | None = None, nproc: int = 1, one_epoch: bool = False) -> dict[str, Any]:
     """Predicted vs measured for one spec: one run of WARMUP_STEPS + `steps` steps (on `nproc`
     ranks); the measured step is the robust estimate (`flowrec.measure.robust`) over the steps
     after WARMUP_STEPS."""
     data = tmp / f"{spec.stem}-data"
-    flowrec("data", "synth", str(spec), "--rows", str(SYNTH_ROWS), "--out", str(data), cwd=tmp)
+    rows = synth_rows(spec, steps, one_epoch)
+    flowrec("data", "synth", str(spec), "--rows", str(rows), "--out", str(data), cwd=tmp)
     result, seconds = train_json(spec, data, profile, WARMUP_STEPS + steps, tmp / spec.stem, tmp, budget, cache,
                                  nproc)
     plan = json.loads((tmp / spec.stem / "plan.json").read_text())
@@ -174,7 +184,7 @@ def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str |
     robust_ms = robust.estimate(rounds)
     measured_ms = robust_ms.seconds
     predicted_ms = cost["step_ms_overlap"]
-    row = {"spec": spec.name, "steps": len(timed), "batch": cost["batch_size"], "world_size": cost["world_size"],
+    row = {"spec": spec.name, "steps": len(timed), "synth_rows": rows, "batch": cost["batch_size"], "world_size": cost["world_size"],
            "predicted_step_ms": predicted_ms, "predicted_exchange_ms": cost.get("exchange_ms", 0.0),
            "predicted_exchange_bytes": cost.get("exchange_bytes_per_step", 0),
            "predicted_compute_ms": cost["step_ms_serial"] - cost["stage_ms"]["staging"],
@@ -210,6 +220,9 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=REPO / "bench/results/costmodel_cpu.json")
     parser.add_argument("--threads", type=int, default=None,
                         help="compute threads of calibration and runs (OMP_NUM_THREADS and NUMBA_NUM_THREADS; default: one per core)")
+    parser.add_argument("--one-epoch", action="store_true",
+                        help=f"synthesize enough rows for every step of a run in one epoch (default: {SYNTH_ROWS} "
+                             f"rows, an epoch of 2-8 batches: its starts fall inside the timed steps)")
     parser.add_argument("--nproc", type=int, default=1,
                         help="ranks of every run (local processes, gloo); with N > 1 each calibration also measures "
                              "the collectives (`flowrec calibrate --nproc N`), so the plan prices its exchange "
@@ -234,10 +247,15 @@ def main() -> None:
                     flowrec("calibrate", str(spec), "--device", "cpu", "--out", str(profile),
                             *(["--nproc", str(args.nproc)] if args.nproc > 1 else []), cwd=tmp)
                 doc = json.loads(Path(profile).read_text())
-                calibrations[spec.name] = {"seconds": doc.get("details", {}).get("seconds"),
-                                           **{k: v["value"] for k, v in doc["measured"].items()}}
+                details = doc.get("details", {})
+                calibrations[spec.name] = {"seconds": details.get("seconds"),
+                                           **{k: v["value"] for k, v in doc["measured"].items()},
+                                           "how": {"compute_scale": details.get("compute_scale"),
+                                                   "step_us": details.get("framework_us_by_batch", {}).get("fit"),
+                                                   "staging": details.get("staging"),
+                                                   "timing": details.get("timing")}}
                 rows.append(measure_spec(spec, Path(profile), args.steps, tmp, args.device_budget, args.cache,
-                                         args.nproc))
+                                         args.nproc, args.one_epoch))
             except (RuntimeError, subprocess.TimeoutExpired) as exc:
                 rows.append({"spec": spec.name, "error": str(exc)})
             print(json.dumps(rows[-1]), flush=True)
@@ -253,6 +271,7 @@ def main() -> None:
         "threads": args.threads,
         "nproc": args.nproc,
         "cache": args.cache,
+        "one_epoch": args.one_epoch,
         "specs": rows,
         "ratios": {"costmodel_max_step_error": max(steps) if steps else None,
                    "costmodel_median_step_error": quantile(steps, 0.5) if steps else None,

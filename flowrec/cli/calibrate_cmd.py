@@ -98,7 +98,7 @@ def calibrate(
     timing = details["timing"]
     typer.echo(f"timed {timing['rounds']} rounds, {timing['rejected_rounds']} delayed by other processes "
                f"({timing['extrapolated_measurements']} of {timing['measurements']} measurements without clean "
-               f"rounds: their fastest less its delay); load average {', '.join(f'{x:.2f}' for x in timing['loadavg_1min'])}")
+               f"rounds: their median less its delay); load average {', '.join(f'{x:.2f}' for x in timing['loadavg_1min'])}")
     typer.echo(f"measured in {details['seconds']:.1f} s; wrote {path} (use: flowrec plan SPEC --target {path})")
 
 

@@ -2,7 +2,7 @@
 
 Each measurement repeats its kernel in rounds until `min_seconds` have passed (after one warm-up
 call) and keeps what the machine does without other processes' load (`flowrec.measure.robust`: the
-median of the rounds no other process delayed, else the fastest one less its wait), so a
+median of the rounds no other process delayed, else the median one less its wait), so a
 whole calibration takes well under a minute on a loaded machine too. Results are
 {profile field: (value, how it was measured)} plus raw details per shape and dim; the CLI turns
 them into a device profile document (`flowrec.planner.calibration`).
@@ -39,7 +39,7 @@ def mean_seconds(run: Callable[[], Any], device: torch.device, min_seconds: floa
     warm-up call, then short rounds of calls (about 2 ms each, at least one call: short rounds
     are the ones other processes leave alone) until `min_seconds` have passed and 8 rounds are
     timed, estimated by `flowrec.measure.robust`
-    (the median clean round, else the fastest round less its run-queue wait)."""
+    (the median clean round, else the median round less its run-queue wait)."""
     return interleaved_seconds([run], device, min_seconds, rounds=8)[0]
 
 
@@ -49,7 +49,7 @@ def interleaved_seconds(runs: Sequence[Callable[[], Any]], device: torch.device,
     load: timed in rounds (each round times a batch of calls, about `batch_seconds`, of every run
     in turn, until `rounds` rounds and `min_seconds` have passed), each round with the run-queue
     wait other processes caused in it; per run the estimate of `flowrec.measure.robust` (the
-    median of the rounds that did not wait, else the fastest round less its wait; counted
+    median of the rounds that did not wait, else the median round less its wait; counted
     in `robust.LOG`). The profile describes the machine, not its neighbours' load at
     calibration time (which `tools/bench_costmodel.py` shows as the spread of the measured steps)."""
     reps = []

@@ -4,24 +4,38 @@ cores from it.
 Every calibration measurement (`flowrec calibrate`) and the benchmark's measured steps
 (`tools/bench_costmodel.py`) are timed in rounds. A round records its wall time and how long the
 process's compute threads were runnable but waiting for a core (the kernel's run-queue wait per
-thread, `/proc/self/task/*/schedstat`): the longest wait of any one of them (a thread never waits
-longer than the round), less the CPU time the process's own other threads (the data threads of a
-training run, `exclude`) ran meanwhile: that part is the process competing with itself, which a
-training step really pays. What is left is the time other processes took from the round.
+thread, `/proc/self/task/*/schedstat`): the longest wait of any one of them, less the CPU time the
+process's own other threads (the data threads of a training run, `exclude`) ran meanwhile beyond
+what the cores the compute threads leave free could run in the round (`usable_cores` less the
+compute threads, times the wall time): that part is the process competing with itself, which a
+training step really pays. What is left is the time other processes took from the round. (On
+this 2-core machine a one-thread step leaves a core to its data threads: their 4 ms of CPU per
+5 ms step do not make the step wait, and do not excuse a wait other processes caused.)
+
+The compute threads of a round are the calling thread (it runs the step's Python and its
+kernels) and, when the process computes on several threads (torch's or numba's thread count
+above 1), the threads that ran on a core for at least `PARTNER_SHARE` of the round (the partners
+of its parallel regions). Other threads of the process are not on the step's path: a thread pool
+that barely ran (Arrow's readers between reads, jemalloc's background thread) may wait for a core
+for a whole time slice while the caller computes, and counting that wait would take from the
+round time the caller really spent on a core (measured here: a 23.5 ms round of 12 ms work with
+20 ms of such "wait").
 
 The rule (`estimate`):
 
 * a round is *clean* when that wait is at most `CLEAN_SHARE` of its wall time; the estimate is
   the median wall time of the clean rounds when there are at least `MIN_CLEAN` (or every round
   is clean);
-* otherwise (a busy machine: most rounds waited) the fastest round's wall time less its wait
-  (a round's wall less the wait is what the round took on the cores it got), at least a tenth of
-  the fastest round (a sanity bound).
+* otherwise (a busy machine: most rounds waited) the median over every round of its wall time
+  less its wait (what the round took on the cores it got), at least a tenth of the fastest
+  round (a sanity bound). The median, not the fastest: one round whose wait was over-counted
+  would otherwise set the whole estimate.
 
 Process or thread CPU time is not the measure: a thread of a parallel region spins at its barrier
 while its partner waits for a core, so CPU time grows with the load as wall time does (measured
 here, at load 4.4 on 2 cores: a 512^3 GEMM took 23.8 ms wall, each of its 2 threads 8 ms on a core
-and 16 ms waiting for one, against 2.3 ms on 1 thread). The same spinning is why the extrapolated
+and 16 ms waiting for one, against 2.3 ms on 1 thread), and schedstat's CPU time of a running
+thread advances by scheduler ticks (4 ms here). The same spinning is why the extrapolated
 estimate of a parallel kernel on a busy machine is still above its time on free cores: the rule
 removes the waits, not the spinning they cause; `TimingLog` records how many measurements had no
 clean rounds. Without schedstat (not Linux) every round counts as clean: the median round.
@@ -34,13 +48,17 @@ from __future__ import annotations
 
 import os
 import statistics
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
+from flowrec.data.cores import usable_cores
+
 CLEAN_SHARE = 0.05  # foreign run-queue wait a clean round may have, share of its wall time
-MIN_CLEAN = 3  # clean rounds the median needs; fewer: the fastest round less its wait
+MIN_CLEAN = 3  # clean rounds the median needs; fewer: the median round less its wait
+PARTNER_SHARE = 0.1  # a thread besides the caller is a compute partner of a round that it ran this share of
 TASKS = "/proc/self/task"
 
 
@@ -59,7 +77,7 @@ class Estimate:
     seconds: float
     rounds: int
     clean: int
-    method: str  # "clean": median of clean rounds; "extrapolated": the fastest round less its wait
+    method: str  # "clean": median of clean rounds; "extrapolated": the median round less its wait
 
     @property
     def rejected(self) -> int:
@@ -83,6 +101,17 @@ def _schedstat() -> dict[int, tuple[int, int]]:
     return out
 
 
+def compute_threads() -> int:
+    """Threads the process's kernels may run on: the larger of torch's and numba's thread counts
+    (1 where neither is loaded)."""
+    counts = [1]
+    for name in ("torch", "numba"):
+        module = sys.modules.get(name)
+        if module is not None and hasattr(module, "get_num_threads"):
+            counts.append(int(module.get_num_threads()))
+    return max(counts)
+
+
 def python_side_threads() -> set[int]:
     """Native ids of the process's Python threads other than the calling one (data threads)."""
     me = threading.get_native_id()
@@ -97,11 +126,18 @@ class SchedClock:
             run-queue wait is not counted and whose CPU time is taken from the compute threads' wait.
         read: {thread id: (ns on cpu, ns waiting)} (default: schedstat; a test's fake).
         wall: the wall clock (default: time.perf_counter).
+        caller: gives the calling thread's id (default: `threading.get_native_id`).
+        threads: gives the process's compute thread count (default: `compute_threads`); with 1,
+            only the caller's wait counts.
+        cores: gives the cores the process may use (default: `flowrec.data.cores.usable_cores`).
     """
 
     def __init__(self, exclude: Callable[[], set[int]] = set, read: Callable[[], dict] = _schedstat,
-                 wall: Callable[[], float] = time.perf_counter) -> None:
+                 wall: Callable[[], float] = time.perf_counter,
+                 caller: Callable[[], int] = threading.get_native_id,
+                 threads: Callable[[], int] = compute_threads, cores: Callable[[], int] = usable_cores) -> None:
         self.exclude, self.read, self.wall = exclude, read, wall
+        self.caller, self.threads, self.cores = caller, threads, cores
 
     def start(self) -> tuple[float, dict[int, tuple[int, int]]]:
         return self.wall(), self.read()
@@ -110,14 +146,18 @@ class SchedClock:
         """The Round since `started` (`start()`), per call of `calls`."""
         t1, after = self.wall(), self.read()
         t0, before = started
-        own = self.exclude()
+        own, me, threads = self.exclude(), self.caller(), self.threads()
+        alone, wall_ns = threads <= 1, (t1 - t0) * 1e9
+        partner_ns = PARTNER_SHARE * wall_ns
         waited = own_cpu = 0
         for tid, (cpu, wait) in after.items():
             cpu0, wait0 = before.get(tid, (0, 0))
             if tid in own:
                 own_cpu += cpu - cpu0
-            else:
+            elif tid == me or (not alone and cpu - cpu0 >= partner_ns):
                 waited = max(waited, wait - wait0)
+        if own_cpu:  # the part of the own threads' CPU time the free cores could not hold
+            own_cpu = max(0.0, own_cpu - max(0, self.cores() - threads) * wall_ns)
         foreign = max(0.0, (waited - own_cpu) * 1e-9)
         return Round((t1 - t0) / calls, foreign / calls)
 
@@ -147,8 +187,8 @@ def estimate(rounds: Iterable[Round | float]) -> Estimate:
     if len(clean) >= min(MIN_CLEAN, len(rounds)):
         return Estimate(statistics.median(clean), len(rounds), len(clean), "clean")
     fastest = min(r.wall for r in rounds)
-    return Estimate(max(min(r.wall - r.waited for r in rounds), fastest / 10), len(rounds), len(clean),
-                    "extrapolated")
+    return Estimate(max(statistics.median(r.wall - r.waited for r in rounds), fastest / 10), len(rounds),
+                    len(clean), "extrapolated")
 
 
 @dataclass(frozen=True)
@@ -212,7 +252,8 @@ class TimingLog:
 
     def summary(self) -> dict[str, Any]:
         return {"rule": f"rounds with foreign run-queue wait <= {CLEAN_SHARE:.0%} of wall are clean; the "
-                        f"median of clean rounds (>= {MIN_CLEAN}), else the fastest round's wall less its wait",
+                        f"median of clean rounds (>= {MIN_CLEAN}), else the median of the rounds' wall less their "
+                        f"wait (the caller's, and its partners' with several compute threads)",
                 "measurements": self.measurements, "rounds": self.rounds, "rejected_rounds": self.rejected,
                 "extrapolated_measurements": self.extrapolated, "loadavg_1min": list(self.load)}
 

@@ -23,19 +23,20 @@ import time
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
 from flowrec.data.batches import StagingOptions, iterate_batches
 from flowrec.data.dataset import MemorySource, ParquetSource
 from flowrec.data.synth import synth_dataset, synth_table
+from flowrec.graph.kinds import PLACEMENTS
 from flowrec.measure import robust
 from flowrec.runtime.hostmem import tune_host_allocator
 from flowrec.runtime.lowering import LoweredModel, lower
 from flowrec.runtime.managed_state import fresh_remapper
 from flowrec.runtime.nonfinite import LossGuard
-from flowrec.runtime.retrieval import (batch_items, candidates, draw_negatives, item_labels, split_negatives,
+from flowrec.runtime.retrieval import (batch_items, candidates, item_labels, split_negatives,
                                       with_negatives)
 from flowrec.runtime.step import DEFAULT_LOOKAHEAD, autocast_context, make_dense_optimizer, train_step
 from flowrec.spec.model import ModelSpec
@@ -43,6 +44,8 @@ from operators.device import runtime_for
 
 WARMUP_STEPS = 3  # first calls (allocations, lazy init) not timed
 STEPS = 8  # timed steps per measurement; batches whose staging is timed
+MORE_ROUNDS = 4  # a step measurement with too few clean rounds goes on up to this many times its steps
+MORE_SECONDS = 1.0  # ... within this many seconds of timing
 
 Measure = Callable[[Sequence[Callable[[], Any]]], list[float]]  # seconds per call of each
 
@@ -79,36 +82,65 @@ def _item_counts(model: LoweredModel, batches: Sequence[Any]) -> None:
         binding.set_counts(torch.bincount(items, minlength=binding.vocab + 1).numpy(), model.device)
 
 
-def _step_times(model: LoweredModel, spec: ModelSpec, plan: Any, batches: Iterable[Any]) -> list[robust.Round]:
-    """A timed round (`flowrec.measure.robust`) of a training step on each of `batches` (a fresh
-    dense optimizer)."""
+def timed_steps(step: Callable[[Any], robust.Round], batches: Sequence[Any], steps: int,
+                replay: bool) -> list[robust.Round]:
+    """Rounds of `step` (one timed call on a batch) on `batches`: the first WARMUP_STEPS calls
+    untimed (first-call set-up), then `steps` rounds; while fewer than `robust.MIN_CLEAN` of them
+    are clean (a busy machine: the rounds other processes left alone are the measure), more,
+    up to MORE_ROUNDS x `steps` rounds within MORE_SECONDS, the batches replayed in turn where
+    `replay` allows it (`replayable`), else as far as they go."""
+    for batch in batches[:WARMUP_STEPS]:
+        step(batch)
+    timed, out = batches[WARMUP_STEPS:], []
+    started = time.perf_counter()
+    while timed and (len(out) < steps or (sum(r.waited <= robust.CLEAN_SHARE * r.wall for r in out) < robust.MIN_CLEAN
+                                          and len(out) < MORE_ROUNDS * steps
+                                          and time.perf_counter() - started < MORE_SECONDS)):
+        if len(out) >= len(timed) and not replay:
+            break
+        out.append(step(timed[len(out) % len(timed)]))
+    return out
+
+
+def replayable(plan: Any) -> bool:
+    """Whether a staged batch may be stepped again: no group keeps a cache (a staged batch's cache
+    plan follows the batches before it)."""
+    return not any(PLACEMENTS[g.placement].cached for g in plan.meta.groups)
+
+
+def _step_times(model: LoweredModel, spec: ModelSpec, plan: Any, batches: Sequence[Any],
+                steps: int) -> list[robust.Round]:
+    """Timed rounds (`timed_steps`) of a training step on `batches` (a fresh dense optimizer)."""
     opt = spec.dense_optimizer
     optimizer = make_dense_optimizer(model, opt.name, opt.lr, dict(opt.params))
     guarded, micro = LossGuard(model), int(plan.meta.micro_batches)
-    seconds = []
-    for batch in batches:
+
+    def step(batch: Any) -> robust.Round:
         started = robust.CLOCK.start()
         train_step(guarded, optimizer, batch, micro, spec.training.precision, spec.training.clip_grad_norm)
         runtime_for(model.device).synchronize()
-        seconds.append(robust.CLOCK.stop(started))
-    return seconds
+        return robust.CLOCK.stop(started)
+
+    return timed_steps(step, batches, steps, replayable(plan))
 
 
 def step_seconds(plan: Any, spec: ModelSpec, device: torch.device, steps: int = STEPS) -> list[robust.Round]:
-    """Timed rounds (wall seconds, foreign run-queue wait: `flowrec.measure.robust`) of `steps` training steps of `plan` (after WARMUP_STEPS) on batches staged
-    beforehand as the trainer stages them (the step's compute alone)."""
+    """Timed rounds (wall seconds, foreign run-queue wait: `flowrec.measure.robust`) of at least
+    `steps` training steps of `plan` (after WARMUP_STEPS; more on a busy machine: `timed_steps`)
+    on batches staged beforehand as the trainer stages them (the step's compute alone)."""
     tune_host_allocator()  # as the trainer does: the allocator's thresholds decide page faults
     model = lower(plan, spec, device)
     try:
         batches = _staged(spec, plan, WARMUP_STEPS + steps)
         _item_counts(model, batches)
-        return _step_times(model, spec, plan, batches)[WARMUP_STEPS:]
+        return _step_times(model, spec, plan, batches, steps)
     finally:
         model.close()
 
 
 def dense_step_seconds(plan: Any, spec: ModelSpec, device: torch.device, steps: int = STEPS) -> list[robust.Round]:
-    """Timed rounds (`flowrec.measure.robust`) of the dense part of `steps` training steps of `plan` (after WARMUP_STEPS):
+    """Timed rounds (`flowrec.measure.robust`) of the dense part of at least `steps` training steps of `plan`
+    (after WARMUP_STEPS; more on a busy machine: `timed_steps`):
     the dense forward, the loss, its backward down to the lookups (taken as leaves, looked up
     before the clock starts: the sparse side is not timed) and the dense optimizer step, with
     micro-batches as planned, on batches staged beforehand. A retrieval head's loss gets what
@@ -120,16 +152,17 @@ def dense_step_seconds(plan: Any, spec: ModelSpec, device: torch.device, steps: 
         optimizer = make_dense_optimizer(model, opt.name, opt.lr, dict(opt.params))
         binding = getattr(model, "retrieval", None)
         micro = 1 if binding is not None else max(1, int(plan.meta.micro_batches))  # as `train_step`
-        seconds, batches = [], _staged(spec, plan, WARMUP_STEPS + steps)
+        batches = _staged(spec, plan, WARMUP_STEPS + steps)
         _item_counts(model, batches)
-        for batch in batches:
+
+        def step(batch: Any) -> robust.Round:
             labels = item_labels(binding, batch, batch.labels)  # a retrieval head's loss: as `train_step`'s
             negatives, neg_rows = None, None
             with torch.no_grad():
                 if binding is not None and binding.sampled:  # the negatives' rows are looked up, not timed
-                    negatives = draw_negatives(binding, model.noise_seed, batch)
-                    looked, neg_rows = split_negatives(binding, batch.size, model.embed(
-                        with_negatives(binding, model.group_map[binding.group], batch, negatives)))
+                    staged = with_negatives(binding, model, batch)  # as `train_step`
+                    negatives = staged.negatives
+                    looked, neg_rows = split_negatives(binding, batch.size, model.embed(staged))
                     neg_rows = neg_rows.detach().requires_grad_(True)
                 else:
                     looked = model.embed(batch)
@@ -146,8 +179,9 @@ def dense_step_seconds(plan: Any, spec: ModelSpec, device: torch.device, steps: 
                 model.loss(logits, labels[lo:hi], cands).backward()
             optimizer.step()
             runtime_for(model.device).synchronize()
-            seconds.append(robust.CLOCK.stop(started))
-        return seconds[WARMUP_STEPS:]
+            return robust.CLOCK.stop(started)
+
+        return timed_steps(step, batches, steps, replayable(plan))
     finally:
         model.close()
 
@@ -223,23 +257,29 @@ def _values(batch: Any) -> float:
 
 def op_seconds(plan: Any, spec: ModelSpec, device: torch.device, nodes: Sequence[str], batches: Sequence[int],
                measure: Measure) -> dict[str, list[tuple[int, float, float]]]:
-    """Per dense node of `nodes`: (batch, forward seconds, backward seconds) at each of `batches`,
-    its operator module timed on the inputs the runtime gives it (the backward: forward +
-    backward through autograd, minus the forward), under the spec's precision; every node and
-    batch size in one interleaved measurement, so that a burst of other load slows one round of
-    each rather than every round of one batch size."""
+    """Per dense node of `nodes` (and the loss node, when named): (batch, forward seconds,
+    backward seconds) at each of `batches`, its operator module timed on the inputs the runtime
+    gives it (the loss: the step's logits, labels and a retrieval head's candidates; the backward:
+    forward + backward through autograd, minus the forward), under the spec's precision; every
+    node and batch size in one interleaved measurement, so that a burst of other load slows one
+    round of each rather than every round of one batch size."""
     tune_host_allocator()  # as the trainer does: the allocator's thresholds decide page faults
     model = lower(plan, spec, device)
+    loss = next((n for n in nodes if plan.graph.nodes[n]["op"].kind == "loss"), None)
     try:
         points, runs = [], []
         for size in batches:
             sized = with_batch(spec, size)
-            captured = _captured_inputs(model, sized, _staged(sized, plan, 1)[0], nodes)
+            batch = _staged(sized, plan, 1)[0]
+            _item_counts(model, [batch])
+            captured = _captured_inputs(model, sized, batch, [n for n in nodes if n != loss])
+            if loss is not None:
+                captured[loss] = _loss_inputs(model, sized, batch)
             for name in nodes:
-                args = captured[name]
+                module, args = model.loss if name == loss else model.ops[name], captured[name]
                 points.append((name, size))
-                runs += [partial(_forward, model.ops[name], args, spec.training.precision, device),
-                         partial(_forward_backward, model.ops[name], args, spec.training.precision, device)]
+                runs += [partial(_forward, module, args, spec.training.precision, device),
+                         partial(_forward_backward, module, args, spec.training.precision, device)]
         times = measure(runs)
     finally:
         model.close()
@@ -247,6 +287,25 @@ def op_seconds(plan: Any, spec: ModelSpec, device: torch.device, nodes: Sequence
     for (name, size), fwd, both in zip(points, times[0::2], times[1::2]):
         out[name].append((size, fwd, max(both - fwd, fwd / 10)))  # a noisy difference
     return out
+
+
+def _loss_inputs(model: LoweredModel, spec: ModelSpec, batch: Any) -> tuple:
+    """The loss's inputs in a training step on `batch`, as `train_step` gives them: the dense
+    forward's logits (a new leaf), the labels (a retrieval head's item ids in its column) and a
+    retrieval head's candidates (logQ; sampled items' vectors, without gradient)."""
+    binding = getattr(model, "retrieval", None)
+    labels = item_labels(binding, batch, batch.labels).to(model.device)
+    negatives = neg_rows = None
+    with torch.no_grad(), autocast_context(model.device, spec.training.precision):
+        if binding is not None and binding.sampled:
+            batch = with_negatives(binding, model, batch)
+            negatives = batch.negatives
+            emb, neg_rows = split_negatives(binding, batch.size, model.embed(batch))
+        else:
+            emb = model.embed(batch)
+        logits = model.dense_forward(batch.dense.to(model.device), emb, model.sequence_masks(batch))
+        cands = candidates(model, binding, negatives, neg_rows)
+    return logits.detach().requires_grad_(True), labels, cands
 
 
 def _captured_inputs(model: LoweredModel, spec: ModelSpec, batch: Any, nodes: Sequence[str]) -> dict[str, tuple]:

@@ -20,8 +20,9 @@ Device profiles carry the constants, with units in their names. Sources and assu
   update per optimizer, the dense optimizer step, row maps and gathers, memory bandwidth,
   host<->device; the spec's own dense ops timed as whole operators, the per-step framework cost
   and the staging rate of its batch pipeline); `DeviceProfile.source` says which it is. Compute
-  is priced kernel by kernel (`flowrec.planner.op_work`), a dense op with measured times
-  (`dense_ops`, by `op_work.op_signature`) by those; uncalibrated profiles derive the per-op
+  is priced kernel by kernel (`flowrec.planner.op_work`), a dense op or the loss with measured
+  times (`dense_ops`, by `op_work.op_signature`; a measured loss holds a retrieval head's softmax)
+  by those; uncalibrated profiles derive the per-op
   constants from their datasheet rates and have no framework cost.
 * A step costs `step_us` beyond its priced ops (the trainer's Python, `zero_grad`, the autograd
   engine, the loss guard), counted in the dense stage. Staging runs at `staging_values_per_s`:
@@ -538,9 +539,10 @@ def _dense_ops(graph: OpGraph) -> Iterator[tuple[Op, int]]:
 
 def dense_seconds(graph: OpGraph, device: DeviceProfile, batch: int, bf16: bool = False,
                   precision: str | None = None) -> tuple[float, float]:
-    """(forward, backward) seconds of the dense ops on a (micro-)batch of `batch` samples: an op
-    the profile measured (`dense_ops`, for the run's `precision`) by its measured times plus the
-    kernels the runtime runs around its module, any other kernel by kernel (`flowrec.planner.op_work`)."""
+    """(forward, backward) seconds of the dense ops and the loss on a (micro-)batch of `batch`
+    samples: an op the profile measured (`dense_ops`, for the run's `precision`) by its measured
+    times plus the kernels the runtime runs around its module, any other kernel by kernel
+    (`flowrec.planner.op_work`; an unmeasured retrieval loss adds its softmax's kernels)."""
     measured = dict(device.dense_ops)
     precision = precision or ("bf16" if bf16 else "fp32")
     forward = backward = 0.0
@@ -554,7 +556,7 @@ def dense_seconds(graph: OpGraph, device: DeviceProfile, batch: int, bf16: bool 
             forward, backward = forward + op_forward, backward + op_backward
         forward += kernel_seconds(work.forward, device, bf16)
         backward += kernel_seconds(work.backward, device, bf16, backward=True)
-        if op.kind == "loss" and op.attr("retrieval"):
+        if times is None and op.kind == "loss" and op.attr("retrieval"):  # measured: the loss holds it
             softmax = retrieval_work(graph, op, batch)
             forward += kernel_seconds(softmax.forward, device, bf16)
             backward += kernel_seconds(softmax.backward, device, bf16, backward=True)

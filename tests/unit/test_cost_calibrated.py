@@ -317,22 +317,36 @@ def test_compute_scale_prices_the_dense_side_only(dlrm):
 
 
 def test_compute_scale_is_the_measured_dense_part_over_its_priced_ops(dlrm, monkeypatch, tmp_path: Path):
+    """The scale is the dense part of full-batch steps less its fixed cost (its dense part at the
+    smallest tiny batch beyond the priced ops there, which step_us holds) over the priced ops, the
+    fastest of several measurements; a fixed cost of any size leaves it unchanged."""
     from flowrec.measure import spec as calibrate_spec
+    from flowrec.measure.step import with_batch
 
-    plan = make_plan(dlrm, target="cpu")
+    plans = {b: make_plan(with_batch(dlrm, b), target="cpu") for b in (calibrate_spec.TINY_BATCHES[0], 4096)}
     profile = tmp_path / "p.json"
     profile.write_text(json.dumps(profile_document("cpu", {"step_us": (300.0, "tiny steps")}, "m", "t")))
     priced = device_profile(str(profile))
-    forward, backward = dense_seconds(plan.graph, priced, dlrm.training.batch_size)
-    work_ms = (forward + backward + dense_update_seconds(plan.graph, dlrm, priced)) * 1e3
+    work = {b: calibrate_spec._dense_work_ms(plan, with_batch(dlrm, b), priced) for b, plan in plans.items()}
+    assert work[4096] > work[16] > 0
     factor = random.uniform(0.6, 2.5)
-    for measured_ms, expected in ((factor * work_ms, factor), (work_ms * 5000, 1000.0), (0.0, 0.1)):
-        monkeypatch.setattr(calibrate_spec, "dense_step_seconds",  # the slower steps waited for a core
-                            lambda *a, ms=measured_ms: [Round(ms * 1e-3 * (1 + i % 3 / 2), ms * 1e-3 * (i % 3 / 2))
-                                                        for i in range(8)])  # clean: ms
-        scale, details = calibrate_spec._compute_scale(dlrm, None, lambda batch: plan, profile)
-        assert scale == pytest.approx(expected, rel=1e-4)
-        assert details["measured_dense_ms"] == pytest.approx(measured_ms, rel=1e-5)
+    for fixed_ms in (0.0, 0.4, 3.0):
+        for full_ms, expected in ((factor * work[4096] + fixed_ms, factor), (work[4096] * 5000, 1000.0),
+                                  (fixed_ms, 0.1)):
+            calls = []
+
+            def fake(plan, spec, device, steps, full_ms=full_ms, fixed_ms=fixed_ms):
+                calls.append(spec.training.batch_size)
+                ms = full_ms if spec.training.batch_size == 4096 else work[16] + fixed_ms
+                slow = 1.5 if calls.count(spec.training.batch_size) == 1 else 1.0  # the first measurement: a burst
+                return [Round(ms * slow * 1e-3 * (1 + i % 3 / 2), ms * slow * 1e-3 * (i % 3 / 2)) for i in range(8)]
+
+            monkeypatch.setattr(calibrate_spec, "dense_step_seconds", fake)  # the slower steps waited for a core
+            scale, details = calibrate_spec._compute_scale(dlrm, None, lambda batch: plans[batch], profile)
+            assert scale == pytest.approx(expected, rel=1e-4)
+            assert details["measured_dense_ms"] == pytest.approx(full_ms, rel=1e-5)
+            assert details["fixed_ms"] == pytest.approx(fixed_ms, abs=1e-9)
+            assert calls.count(4096) >= 2  # the fastest of several measurements
     profile.write_text(json.dumps(profile_document("cpu", {"compute_scale": (1.7, "steps")}, "m", "t")))
     assert device_profile(str(profile)).compute_scale == 1.7
     assert device_profile("cpu").compute_scale == 1.0  # not measured: the ops' sum
@@ -346,7 +360,7 @@ def test_dense_step_seconds_times_real_dense_steps(repo):
     spec = with_batch(load_spec(repo / "specs" / "din_taobao.yaml"), 64)  # attention and masks
     plan = make_plan(spec, target="cpu")
     seconds = dense_step_seconds(plan, spec, torch.device("cpu"), 3)
-    assert len(seconds) == 3 and all(0 < s.wall < 60 and 0 <= s.waited <= s.wall for s in seconds)
+    assert 3 <= len(seconds) <= 12 and all(0 < s.wall < 60 and 0 <= s.waited <= s.wall for s in seconds)
 
 
 def test_dense_step_seconds_gives_a_retrieval_loss_what_train_step_does(repo, monkeypatch):
@@ -388,8 +402,10 @@ def test_dense_step_seconds_gives_a_retrieval_loss_what_train_step_does(repo, mo
     monkeypatch.setattr(measure_step, "_staged", lambda *a: staged)
     measure_step.dense_step_seconds(plan, spec, torch.device("cpu"), 2)
     binding = real_lower(plan, spec, torch.device("cpu")).retrieval
-    assert len(seen) == 5 and all(cands is not None and cands.log_q is not None for _, cands in seen)
-    for (labels, _), batch in zip(seen, staged):
+    assert len(seen) >= 5 and all(cands is not None and cands.log_q is not None for _, cands in seen)
+    timed = staged[measure_step.WARMUP_STEPS:]  # replayed in turn on a busy machine (`timed_steps`)
+    order = staged[:measure_step.WARMUP_STEPS] + [timed[i % len(timed)] for i in range(len(seen) - len(staged) + len(timed))]
+    for (labels, _), batch in zip(seen, order, strict=True):
         assert torch.equal(labels[:, binding.head].long(), batch_items(binding, batch))
 
 
@@ -418,3 +434,76 @@ def test_live_step_seconds_times_steps_fed_by_the_pipeline(repo):
     live, staged = live_step_seconds(plan, spec, torch.device("cpu"), 3)
     assert len(live) == len(staged) == 3
     assert all(0 < r.wall < 60 and 0 <= r.waited <= r.wall for r in live + staged)
+
+
+def test_a_measured_loss_replaces_the_retrieval_softmax_kernels(repo):
+    """A retrieval head's in-batch softmax (B x B logits) is priced by its kernel list until the
+    profile measures the loss op as a whole; then by the measurement alone, and it grows with the
+    batch faster than linearly while unmeasured (B^2 logits)."""
+    from flowrec.planner.cost import kernel_seconds, retrieval_work
+
+    spec = load_spec(repo / "specs" / "two_tower_movielens.yaml")
+    plan = make_plan(spec, target="cpu")
+    graph, cpu = plan.graph, DEVICES["cpu"]
+    loss_node = next(n for n in graph if graph.nodes[n]["op"].kind == "loss")
+    loss = graph.nodes[loss_node]["op"]
+    signature = op_signature(loss, graph.in_degree(loss_node), "fp32")
+    base = dense_seconds(graph, cpu, 1024, precision="fp32")
+    softmax = retrieval_work(graph, loss, 1024)
+    own = op_work(loss, 1024, graph.in_degree(loss_node))
+    assert kernel_seconds(softmax.forward, cpu) > 0 and softmax.forward.gemms == ((1024, 32, 1024, 1),)
+    fast = replace(cpu, dense_ops=((signature, (1024.0, 1.0, 2.0)),))
+    got = dense_seconds(graph, fast, 1024, precision="fp32")
+    assert base[0] - got[0] == pytest.approx(kernel_seconds(softmax.forward, cpu) + kernel_seconds(own.forward, cpu)
+                                             - 1e-6)
+    assert base[1] - got[1] == pytest.approx(kernel_seconds(softmax.backward, cpu, backward=True)
+                                             + kernel_seconds(own.backward, cpu, backward=True) - 2e-6)
+    slow = replace(cpu, dense_ops=((signature, (256.0, 300.0, 400.0, 1024.0, 3400.0, 3300.0)),))
+    assert dense_seconds(graph, slow, 1024, precision="fp32")[0] - got[0] == pytest.approx((3400.0 - 1.0) * 1e-6)
+    small = dense_seconds(graph, cpu, 256, precision="fp32")
+    assert base[0] > 4 * small[0] or base[1] > 4 * small[1]  # unmeasured: the B x B logits
+
+
+def test_op_seconds_times_the_loss_on_what_train_step_gives_it(repo, monkeypatch):
+    """The loss node is timed like a dense op, at every batch size, on the dense forward's logits,
+    the batch's items as the retrieval head's labels and the logQ candidates; `_dense_ops` keys it
+    by the loss op's signature."""
+    import torch
+
+    from flowrec.measure import spec as measure_spec
+    from flowrec.measure import step as measure_step
+    from flowrec.runtime.retrieval import batch_items
+
+    spec = measure_step.with_batch(load_spec(repo / "specs" / "two_tower_movielens.yaml"), 64)
+    plan = make_plan(spec, target="cpu")
+    graph = plan.graph
+    loss_node = next(n for n in graph if graph.nodes[n]["op"].kind == "loss")
+    calls, real_loss_inputs = [], measure_step._loss_inputs
+
+    def recorded(model, sized, batch):
+        args = real_loss_inputs(model, sized, batch)
+        calls.append((model, batch, args))
+        return args
+
+    monkeypatch.setattr(measure_step, "_loss_inputs", recorded)
+    ran = []
+
+    def measure(runs):
+        ran.extend(run() for run in runs)
+        return [float(i + 1) for i in range(len(runs))]
+
+    timings = measure_step.op_seconds(plan, spec, torch.device("cpu"), ["head_retrieve", loss_node], [16, 64], measure)
+    assert [b for b, _, _ in timings[loss_node]] == [16, 64] and len(ran) == 8
+    assert len(calls) == 2
+    for model, batch, (logits, labels, cands) in calls:
+        binding = model.retrieval
+        assert logits.requires_grad and logits.shape[0] == batch.size
+        assert torch.equal(labels[:, binding.head].long(), batch_items(binding, batch))
+        assert cands is not None and cands.log_q is not None
+    assert all(isinstance(r, tuple) for r in ran[1::2])  # forward + backward: the gradients
+    monkeypatch.setattr(measure_spec, "op_seconds",
+                        lambda plan, spec, device, nodes, batches, measure: {n: [(b, 1e-6, 2e-6) for b in batches]
+                                                                              for n in nodes})
+    ops, details = measure_spec._dense_ops(spec, torch.device("cpu"), plan, 0.01)
+    loss_signature = op_signature(graph.nodes[loss_node]["op"], graph.in_degree(loss_node), "fp32")
+    assert loss_signature in ops and details[loss_node] == loss_signature

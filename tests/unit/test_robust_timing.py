@@ -42,7 +42,7 @@ class FakeMachine:
 
 def test_descheduled_rounds_are_rejected_and_the_clean_time_kept():
     machine = FakeMachine(work=2e-3, p=0.6, delay=30e-3)
-    clock = SchedClock(read=machine.read, wall=machine.wall)
+    clock = SchedClock(read=machine.read, wall=machine.wall, caller=lambda: 1)
     rounds = time_rounds(machine.run, 40, clock=clock)
     walls = sorted(r.wall for r in rounds)
     assert walls[len(walls) // 2] > 5e-3  # the plain median is inflated by the load
@@ -53,7 +53,7 @@ def test_descheduled_rounds_are_rejected_and_the_clean_time_kept():
 
 def test_every_round_delayed_extrapolates_to_no_wait():
     machine = FakeMachine(work=3e-3, p=1.0, delay=20e-3, seed=3)
-    clock = SchedClock(read=machine.read, wall=machine.wall)
+    clock = SchedClock(read=machine.read, wall=machine.wall, caller=lambda: 1)
     rounds = time_rounds(machine.run, 30, calls=2, clock=clock)
     assert all(r.waited > robust.CLEAN_SHARE * r.wall for r in rounds)
     est = estimate(rounds)
@@ -64,12 +64,96 @@ def test_every_round_delayed_extrapolates_to_no_wait():
 
 def test_own_data_threads_are_part_of_the_step():
     machine = FakeMachine(work=2e-3, p=0.0, delay=0.0, own_cpu=1e-3)
-    own = SchedClock(exclude=lambda: {9}, read=machine.read, wall=machine.wall)
+    full = dict(caller=lambda: 1, threads=lambda: 2, cores=lambda: 2)  # no core left to the data thread
+    own = SchedClock(exclude=lambda: {9}, read=machine.read, wall=machine.wall, **full)
     est = estimate(time_rounds(machine.run, 10, clock=own), )
     assert est.method == "clean" and est.seconds == pytest.approx(3e-3, rel=1e-6)  # not 2 ms
-    blind = SchedClock(read=machine.read, wall=machine.wall)  # data thread not known as the process's own
+    blind = SchedClock(read=machine.read, wall=machine.wall, **full)  # data thread not known as the process's own
     rounds = time_rounds(machine.run, 10, clock=blind)
     assert all(r.waited == pytest.approx(1e-3) for r in rounds)
+
+
+def test_data_threads_on_a_free_core_do_not_excuse_a_foreign_wait():
+    """One compute thread on 2 cores: the data thread's 1 ms per call fits the free core, so the
+    caller's 1 ms wait was other processes' (a foreign wait, not the step's own cost); with no
+    free core it is the process's own."""
+    machine = FakeMachine(work=2e-3, p=0.0, delay=0.0, own_cpu=1e-3)
+    spare = SchedClock(exclude=lambda: {9}, read=machine.read, wall=machine.wall, caller=lambda: 1,
+                       threads=lambda: 1, cores=lambda: 2)
+    rounds = time_rounds(machine.run, 5, clock=spare)
+    assert all(r.waited == pytest.approx(1e-3) for r in rounds)
+    assert estimate(rounds).seconds == pytest.approx(2e-3, rel=1e-6)
+    busy = SchedClock(exclude=lambda: {9}, read=machine.read, wall=machine.wall, caller=lambda: 1,
+                      threads=lambda: 1, cores=lambda: 1)
+    assert all(r.waited == 0.0 for r in time_rounds(machine.run, 5, clock=busy))
+
+
+class PoolMachine:
+    """The caller (thread 1) computes `work` seconds per call on a core it never waits for; a
+    partner (thread 2) of its parallel regions runs as long and waits `partner_wait` seconds, which
+    the caller's call waits for too (the wall grows by it); a pool thread (thread 3) runs 10 us and
+    waits `pool_wait` seconds for a core meanwhile (not on the call's path)."""
+
+    def __init__(self, work: float, partner_wait: float, pool_wait: float) -> None:
+        self.t, self.work, self.partner_wait, self.pool_wait = 10.0, work, partner_wait, pool_wait
+        self.threads = {1: [0, 0], 2: [0, 0], 3: [0, 0]}
+
+    def wall(self) -> float:
+        return self.t
+
+    def read(self) -> dict:
+        return {tid: tuple(v) for tid, v in self.threads.items()}
+
+    def run(self) -> None:
+        self.t += self.work + self.partner_wait
+        self.threads[1][0] += int((self.work + self.partner_wait) * 1e9)  # spins at the barrier
+        self.threads[2][0] += int(self.work * 1e9)
+        self.threads[2][1] += int(self.partner_wait * 1e9)
+        self.threads[3][0] += 10_000
+        self.threads[3][1] += int(self.pool_wait * 1e9)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_pool_thread_waiting_beside_the_caller_is_not_the_rounds_wait(threads):
+    machine = PoolMachine(work=4e-3, partner_wait=0.0, pool_wait=3.5e-3)
+    clock = SchedClock(read=machine.read, wall=machine.wall, caller=lambda: 1, threads=lambda: threads)
+    rounds = time_rounds(machine.run, 5, clock=clock)
+    assert all(r.waited == 0.0 for r in rounds)  # the pool thread ran 10 us of a 4 ms round
+    est = estimate(rounds)
+    assert est.method == "clean" and est.seconds == pytest.approx(4e-3)
+    counted = SchedClock(read=machine.read, wall=machine.wall, caller=lambda: 3, threads=lambda: threads)
+    assert time_rounds(machine.run, 1, clock=counted)[0].waited == pytest.approx(3.5e-3)  # the caller's own wait counts
+
+
+def test_a_partner_of_a_parallel_region_is_waited_for_with_several_threads_only():
+    machine = PoolMachine(work=4e-3, partner_wait=6e-3, pool_wait=0.0)
+    several = SchedClock(read=machine.read, wall=machine.wall, caller=lambda: 1, threads=lambda: 2)
+    rounds = time_rounds(machine.run, 5, clock=several)
+    assert all(r.waited == pytest.approx(6e-3) for r in rounds)
+    assert estimate(rounds).seconds == pytest.approx(4e-3)
+    one = SchedClock(read=machine.read, wall=machine.wall, caller=lambda: 1, threads=lambda: 1)
+    assert all(r.waited == 0.0 for r in time_rounds(machine.run, 3, clock=one))
+
+
+def test_one_over_counted_round_does_not_set_the_extrapolated_estimate():
+    rounds = [Round(24e-3, 12e-3 + random.Random(i).uniform(-3e-4, 3e-4)) for i in range(19)]
+    rounds.append(Round(23.5e-3, 20e-3))  # its wait over-counted: 3.5 ms left of a 12 ms step
+    est = estimate(rounds)
+    assert est.method == "extrapolated" and est.clean == 0
+    assert est.seconds == pytest.approx(12e-3, rel=0.03)
+
+
+def test_compute_threads_follows_torch():
+    import torch
+
+    saved = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert robust.compute_threads() >= 1
+        torch.set_num_threads(2)
+        assert robust.compute_threads() >= 2
+    finally:
+        torch.set_num_threads(saved)
 
 
 def test_bare_numbers_and_the_log():
@@ -132,3 +216,48 @@ def test_fixed_cost_fit_refuses_nothing_and_mismatched_lengths():
         robust.fit_offset([1.0, 2.0], [1.0])
     exact = robust.fit_offset([3.0, 4.0, 5.0], [1.0, 2.0, 3.0])
     assert (exact.value, exact.spread, exact.outliers) == (2.0, 0.0, 0)
+
+
+def test_step_measurements_go_on_while_too_few_rounds_are_clean(monkeypatch):
+    """`timed_steps`: warm-up calls untimed, then the asked steps; on a busy machine (no clean
+    round) more rounds, batches replayed, up to MORE_ROUNDS x steps; not replayed where a cache's
+    plan forbids it; no more once enough rounds are clean."""
+    from flowrec.measure import step as measure_step
+
+    def stepper(clean_every: int):
+        calls = []
+
+        def step(batch):
+            calls.append(batch)
+            waited = 0.0 if clean_every and len(calls) % clean_every == 0 else 5e-3
+            return Round(10e-3, waited)
+        return step, calls
+
+    batches = list(range(measure_step.WARMUP_STEPS + 4))
+    step, calls = stepper(0)
+    rounds = measure_step.timed_steps(step, batches, 4, replay=True)
+    assert len(rounds) == measure_step.MORE_ROUNDS * 4 and len(calls) == len(rounds) + measure_step.WARMUP_STEPS
+    assert calls[measure_step.WARMUP_STEPS:] == [batches[measure_step.WARMUP_STEPS + i % 4] for i in range(len(rounds))]
+    step, calls = stepper(0)
+    assert len(measure_step.timed_steps(step, batches, 4, replay=False)) == 4  # no replay: as far as the batches go
+    step, calls = stepper(1)
+    assert len(measure_step.timed_steps(step, batches, 4, replay=True)) == 4  # all clean: the asked steps
+    step, calls = stepper(3)
+    rounds = measure_step.timed_steps(step, batches, 4, replay=True)
+    clean = [i for i, r in enumerate(rounds) if r.waited == 0.0]
+    assert len(clean) == robust.MIN_CLEAN and clean[-1] == len(rounds) - 1 > 4  # on until the third clean one
+    monkeypatch.setattr(measure_step, "MORE_SECONDS", 0.0)
+    step, calls = stepper(0)
+    assert len(measure_step.timed_steps(step, batches, 4, replay=True)) == 4  # out of time
+
+
+def test_a_staged_batch_is_replayed_only_without_a_cache(repo):
+    from flowrec.measure.step import replayable
+    from flowrec.planner.manager import make_plan
+    from flowrec.spec import load_spec
+
+    spec = load_spec(repo / "specs" / "dlrm_criteo.yaml")
+    assert replayable(make_plan(spec, target="cpu"))
+    cached = make_plan(spec, target="cpu", device_budget=64 << 20)
+    assert any(g.placement in ("lookahead", "static_hot") for g in cached.meta.groups)
+    assert not replayable(cached)
