@@ -233,3 +233,54 @@ def test_inference_takes_the_plain_kernel_an_exported_package_runs() -> None:
     wg = w.clone().requires_grad_(True)
     assert onednn.takes(x, wg) is onednn.available()
     assert torch.allclose(onednn.linear(x, wg, b, relu=True), plain, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("permuted", [True, False])
+@pytest.mark.parametrize("autocast", [False, True])
+def test_linear_sources_equals_the_per_source_chain(permuted: bool, autocast: bool) -> None:
+    """`linear_sources` (a source MLP's first layer as one node) against the per-source `linear`
+    chain over column slices of the permuted weight that it replaces: bitwise the same output and
+    gradients (weight, bias, each source; a source without a gradient gets none), fp32 through
+    oneDNN and under bf16 autocast; and close to the float64 product with the permuted columns."""
+    gen = torch.Generator().manual_seed(29)
+    weight = torch.randn(7, 20, generator=gen, requires_grad=True)
+    bias = torch.randn(7, generator=gen, requires_grad=True)
+    perm = torch.randperm(20, generator=gen)
+    inverse = torch.empty_like(perm)
+    inverse[perm] = torch.arange(20)
+    inverse = inverse if permuted else None
+    flats = [_skewed(gen, 50, 3).requires_grad_(), _skewed(gen, 50, 12).requires_grad_(), _skewed(gen, 50, 5)]
+
+    def chain() -> torch.Tensor:
+        w = weight if inverse is None else weight.index_select(1, inverse)
+        y, start = None, 0
+        for f in flats:
+            part = w[:, start:start + f.shape[1]]
+            start += f.shape[1]
+            y = onednn.linear(f, part, bias) if y is None else onednn.linear(f, part, add=y)
+        return y
+
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        got, want = onednn.linear_sources(flats, weight, bias, inverse), chain()
+    assert got.dtype == want.dtype == (torch.bfloat16 if autocast else torch.float32)
+    assert torch.equal(got, want)
+    cols = perm if permuted else torch.arange(20)
+    exact = torch.cat(flats, 1).detach().double()[:, cols] @ weight.detach().double().t() + bias.detach().double()
+    assert torch.allclose(got.double(), exact, rtol=2e-2 if autocast else 1e-5, atol=1e-2 * float(exact.abs().max()))
+    grad = _skewed(gen, 50, 7).to(got.dtype)
+    leaves = [weight, bias, flats[0], flats[1]]
+    for g, w in zip(torch.autograd.grad(got, leaves, grad), torch.autograd.grad(want, leaves, grad)):
+        assert g.dtype == torch.float32 and torch.equal(g, w) and torch.count_nonzero(w) > 0
+
+
+def test_linear_sources_declines_what_it_does_not_cover() -> None:
+    """float64, no grad, and widths that do not add up to the weight's columns take the caller's
+    per-source chain (None)."""
+    gen = torch.Generator().manual_seed(31)
+    weight = torch.randn(4, 9, generator=gen)
+    flats = [_skewed(gen, 8, 4), _skewed(gen, 8, 5)]
+    assert onednn.linear_sources(flats, weight, None, None) is not None
+    assert onednn.linear_sources([f.double() for f in flats], weight.double(), None, None) is None
+    assert onednn.linear_sources(flats[:1], weight, None, None) is None
+    with torch.no_grad():
+        assert onednn.linear_sources(flats, weight, None, None) is None
