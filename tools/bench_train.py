@@ -9,7 +9,12 @@ the same synthetic Zipf batches (flowrec's synth) and the same initial parameter
 - plain: what simple CTR libraries do, one `nn.EmbeddingBag` per field with dense gradients and
   Adam on everything (`ReferenceModel` with `plain=True` optimizers);
 - torchrec: `FusedEmbeddingBagCollection` with the spec's sparse optimizer fused (e.g.
-  EXACT_ROWWISE_ADAGRAD) and the same dense part and dense optimizer (when torchrec imports).
+  EXACT_ROWWISE_ADAGRAD) and the dense part a TorchRec user writes, with the spec's layer sizes
+  and dense optimizer (when torchrec imports): DLRM, TorchRec's own DenseArch / InteractionArch /
+  OverArch; wide_1000 (TorchRec ships no wide & deep model), `KeyedTensor.regroup` and stock
+  `torch.nn` layers. The `torchrec` ratios use this figure;
+- torchrec_shared_dense: the same fused embeddings with flowrec's own dense operators (isolates
+  the sparse side: every flowrec dense speed-up speeds it up too).
 
 Inputs of every system are built from the staged batches before the clock starts (flowrec's
 casting, the plain model's per-field ids, TorchRec's KeyedJaggedTensor). flowrec and TorchRec
@@ -316,18 +321,10 @@ def torchrec_wide_system(plan: Any, spec: Any, precision: str) -> System | None:
     from torchrec.sparse.jagged_tensor import KeyedTensor
 
     prepare, _, note, ebc = sparse
-    modules = {m.name: m for m in spec.modules}
-    wide_tag, deep_tags = _tag(modules["wide"].inputs[0]), {_tag(i) for i in modules["deep_in"].inputs}
-    wide = [f.name for f in spec.sparse_features if wide_tag in f.tags]
-    deep = [f.name for f in spec.sparse_features if deep_tags & set(f.tags)]
-    dims = {f.name: spec.table(f.table).dim for f in spec.sparse_features}
-    if any(dims[f] != 1 for f in wide) or any(dims[f] % 4 for f in deep):
-        return None  # the layout below: dim-1 wide fields (padded to 4, column 0 used), deep dims % 4 == 0
-    torch.manual_seed(spec.training.seed)
-    linear_wide = torch.nn.Linear(len(wide), int(modules["wide"].param("out", 1)))
-    widths = [len(spec.dense_features) + sum(dims[f] for f in deep), *modules["deep"].param("layers")]
-    mlp = torch.nn.Sequential(*[m for a, b in zip(widths, widths[1:]) for m in (torch.nn.Linear(a, b), torch.nn.ReLU())])
-    head = torch.nn.Linear(linear_wide.out_features + widths[-1], 1)
+    layout = stock_wide_dense(spec)
+    if layout is None:
+        return None
+    wide, deep, linear_wide, mlp, head = layout
     params = [*linear_wide.parameters(), *mlp.parameters(), *head.parameters()]
     opt = spec.dense_optimizer
     optimizer = torch.optim.Adam(params, lr=opt.lr) if opt.name == "adam" else torch.optim.SGD(params, lr=opt.lr)
@@ -362,6 +359,28 @@ def torchrec_wide_system(plan: Any, spec: Any, precision: str) -> System | None:
 
     return System("torchrec", step, predict, prepare, profile=profile,
                   note=note + "; KeyedTensor.regroup + stock torch.nn wide & deep (nn.Linear, nn.Sequential)")
+
+
+def stock_wide_dense(spec: Any) -> tuple | None:
+    """The wide fields, the deep fields and the stock torch layers of a wide & deep spec (modules
+    `wide`, `deep_in`, `deep`): (wide, deep, nn.Linear, nn.Sequential, nn.Linear head), seeded
+    with the spec's seed; None when its layout is not the one `torchrec_wide_system` reads (dim-1
+    wide fields, padded to 4 by FBGEMM with column 0 used; deep dims multiples of 4)."""
+    modules = {m.name: m for m in spec.modules}
+    if not {"wide", "deep_in", "deep"} <= set(modules):
+        return None
+    wide_tag, deep_tags = _tag(modules["wide"].inputs[0]), {_tag(i) for i in modules["deep_in"].inputs}
+    wide = [f.name for f in spec.sparse_features if wide_tag in f.tags]
+    deep = [f.name for f in spec.sparse_features if deep_tags & set(f.tags)]
+    dims = {f.name: spec.table(f.table).dim for f in spec.sparse_features}
+    if any(dims[f] != 1 for f in wide) or any(dims[f] % 4 for f in deep):
+        return None
+    torch.manual_seed(spec.training.seed)
+    linear_wide = torch.nn.Linear(len(wide), int(modules["wide"].param("out", 1)))
+    widths = [len(spec.dense_features) + sum(dims[f] for f in deep), *modules["deep"].param("layers")]
+    mlp = torch.nn.Sequential(*[m for a, b in zip(widths, widths[1:]) for m in (torch.nn.Linear(a, b), torch.nn.ReLU())])
+    head = torch.nn.Linear(linear_wide.out_features + widths[-1], 1)
+    return wide, deep, linear_wide, mlp, head
 
 
 def _tag(selector: str) -> str:
