@@ -378,7 +378,8 @@ def stock_wide_dense(spec: Any) -> tuple | None:
     torch.manual_seed(spec.training.seed)
     linear_wide = torch.nn.Linear(len(wide), int(modules["wide"].param("out", 1)))
     widths = [len(spec.dense_features) + sum(dims[f] for f in deep), *modules["deep"].param("layers")]
-    mlp = torch.nn.Sequential(*[m for a, b in zip(widths, widths[1:]) for m in (torch.nn.Linear(a, b), torch.nn.ReLU())])
+    mlp = torch.nn.Sequential(*[m for a, b in zip(widths, widths[1:])
+                                for m in (torch.nn.Linear(a, b), torch.nn.ReLU())])
     head = torch.nn.Linear(linear_wide.out_features + widths[-1], 1)
     return wide, deep, linear_wide, mlp, head
 

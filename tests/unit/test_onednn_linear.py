@@ -146,8 +146,8 @@ def test_dot_under_cpu_autocast_equals_autocast_ops(fields_count: int) -> None:
 
     gen = torch.Generator().manual_seed(19)
     bottom = _skewed(gen, 200, 16).requires_grad_()
-    fields = (torch.randn(200, fields_count, 16, generator=gen) * torch.rand(200, fields_count, 1, generator=gen).pow(3) * 4
-              + 1e-3).requires_grad_()
+    scale = torch.rand(200, fields_count, 1, generator=gen).pow(3) * 4
+    fields = (torch.randn(200, fields_count, 16, generator=gen) * scale + 1e-3).requires_grad_()
     num = fields_count + 1
     rows, cols = torch.triu_indices(num, num, offset=1)
     with torch.autocast("cpu", dtype=torch.bfloat16):
