@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
-from operators.onednn import linear
+from operators.onednn import linear, linear_sources
 from operators.regularize import SeededDropout, make_norm, make_packed_norm
 
 try:  # private, guard-free: False where the layout cannot be decided without a shape guard
@@ -111,13 +111,15 @@ class MLP(nn.Module):
             True
         """
         first = self.layers[0]
-        weight = first.weight if inverse is None else first.weight.index_select(1, inverse)  # (Out, In)
-        x, start = None, 0
-        for part in sources:
-            flat = flat_rows(part)  # (B, w)
-            w = weight[:, start:start + flat.shape[1]]
-            start += flat.shape[1]
-            x = linear(flat, w, first.bias) if x is None else linear(flat, w, add=x)
+        flats = [flat_rows(part) for part in sources]  # (B, w) each
+        x = linear_sources(flats, first.weight, first.bias, inverse)  # (B, Out): one node, CPU training
+        if x is None:
+            weight = first.weight if inverse is None else first.weight.index_select(1, inverse)  # (Out, In)
+            start = 0
+            for flat in flats:
+                w = weight[:, start:start + flat.shape[1]]
+                start += flat.shape[1]
+                x = linear(flat, w, first.bias) if x is None else linear(flat, w, add=x)
         x = self.drops[0](self.act(self.norms[0](x)))
         for layer, norm, drop in zip(self.layers[1:], self.norms[1:], self.drops[1:]):
             x = drop(self._layer(layer, norm, x))

@@ -131,3 +131,91 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         return torch.addmm(add, x, weight.t()) if bias is None else torch.addmm(add + bias, x, weight.t())
     y = torch.nn.functional.linear(x, weight, bias)
     return torch.relu_(y) if relu else y
+
+
+def linear_sources(flats: list[torch.Tensor], weight: torch.Tensor, bias: torch.Tensor | None,
+                   inverse: torch.Tensor | None) -> torch.Tensor | None:
+    """`cat(flats, 1) @ weight[:, inverse]^T + bias` (inverse None: columns in order), as one
+    autograd node on the CPU: one GEMM per source accumulated into the output, and a backward that
+    writes each source's weight-gradient columns straight into one full gradient. None where it
+    does not apply (the caller runs its per-source `linear` chain): no grad, traced code, not the
+    CPU, a float64 layer, or widths that do not cover the weight.  # (B, Out)
+
+    Per-source `linear` calls on column slices of a permuted weight make autograd build the
+    weight's gradient as, per source, a zero-filled full-size tensor with the slice copied in,
+    summed over sources, then an `index_add` into another zero-filled one (wide_1000's first layer,
+    512 x 10,472: five full-size adds, six zero fills and an index_add per step, ~55 ms of one
+    core at batch 1024, batch-independent). Here: one `index_select` of the weight's columns per
+    source in the forward, one `index_copy_` per source in the backward, each column written once.
+    fp32 (grad enabled, no autocast) runs oneDNN as `linear` does, bitwise its results; under CPU
+    autocast every operand is cast to the autocast dtype as autocast's `addmm` would cast it
+    (values bitwise; weight gradients rounded once to the autocast dtype, then widened).
+    """
+    if not (flats and flats[0].device.type == "cpu" and torch.is_grad_enabled()
+            and not torch.compiler.is_compiling() and weight.dtype == torch.float32
+            and sum(f.shape[1] for f in flats) == weight.shape[1]):
+        return None
+    low = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
+    if low is None and not (all(f.dtype == torch.float32 for f in flats) and available()):
+        return None
+    return _Sources.apply(weight, bias, inverse, low, *flats)
+
+
+class _Sources(torch.autograd.Function):
+    """y = sum_i flats_i W_i^T + b, W_i the weight's columns of source i (see `linear_sources`)."""
+
+    @staticmethod
+    def forward(ctx, weight: torch.Tensor, bias: torch.Tensor | None, inverse: torch.Tensor | None,
+                low: torch.dtype | None, *flats: torch.Tensor) -> torch.Tensor:
+        bounds, start = [], 0
+        for f in flats:
+            bounds.append((start, start + f.shape[1]))
+            start += f.shape[1]
+        cols = [None if inverse is None else inverse[a:b] for a, b in bounds]
+        parts = [weight[:, a:b].contiguous() if c is None else weight.index_select(1, c)
+                 for (a, b), c in zip(bounds, cols)]  # (Out, w_i) each
+        with torch.autocast("cpu", enabled=False):
+            if low is not None:
+                xs = [f.to(low) for f in flats]
+                parts = [p.to(low) for p in parts]
+                y = torch.addmm(bias.to(low), xs[0], parts[0].t()) if bias is not None else xs[0] @ parts[0].t()
+                for x, p in zip(xs[1:], parts[1:]):
+                    y = torch.addmm(y, x, p.t())
+            else:
+                xs = list(flats)
+                y = _gemm(xs[0], parts[0], bias)
+                for x, p in zip(xs[1:], parts[1:]):
+                    y = _MKLDNN._linear_pointwise.binary(x, y, p, None, "add")
+        ctx.bounds, ctx.cols, ctx.low, ctx.has_bias = bounds, cols, low, bias is not None
+        ctx.dtypes = [f.dtype for f in flats]
+        ctx.save_for_backward(*xs, *parts)
+        return y  # (B, Out)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        saved = ctx.saved_tensors
+        count = len(ctx.bounds)
+        xs, parts = saved[:count], saved[count:]
+        grad = grad.contiguous()
+        need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grads_x: list[torch.Tensor | None] = []
+        full = None
+        with torch.autocast("cpu", enabled=False):
+            if ctx.low is not None:
+                grad = grad.to(ctx.low)
+            if need_w:
+                full = torch.empty(parts[0].shape[0], sum(b - a for a, b in ctx.bounds), dtype=torch.float32)
+            for i, (x, p, (a, b), c) in enumerate(zip(xs, parts, ctx.bounds, ctx.cols)):
+                if ctx.needs_input_grad[4 + i]:
+                    gx = grad @ p if ctx.low is not None else _gemm(grad, p.t(), None)  # (B, w_i)
+                    grads_x.append(gx.to(ctx.dtypes[i]))
+                else:
+                    grads_x.append(None)
+                if full is not None:
+                    gw = grad.t() @ x if ctx.low is not None else _weight_grad(grad, x)  # (Out, w_i)
+                    if c is None:
+                        full[:, a:b] = gw
+                    else:
+                        full.index_copy_(1, c, gw.float())
+            grad_b = grad.sum(0).float() if need_b and ctx.has_bias else None
+        return (full, grad_b, None, None, *grads_x)

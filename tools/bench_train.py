@@ -9,7 +9,12 @@ the same synthetic Zipf batches (flowrec's synth) and the same initial parameter
 - plain: what simple CTR libraries do, one `nn.EmbeddingBag` per field with dense gradients and
   Adam on everything (`ReferenceModel` with `plain=True` optimizers);
 - torchrec: `FusedEmbeddingBagCollection` with the spec's sparse optimizer fused (e.g.
-  EXACT_ROWWISE_ADAGRAD) and the same dense part and dense optimizer (when torchrec imports).
+  EXACT_ROWWISE_ADAGRAD) and the dense part a TorchRec user writes, with the spec's layer sizes
+  and dense optimizer (when torchrec imports): DLRM, TorchRec's own DenseArch / InteractionArch /
+  OverArch; wide_1000 (TorchRec ships no wide & deep model), `KeyedTensor.regroup` and stock
+  `torch.nn` layers. The `torchrec` ratios use this figure;
+- torchrec_shared_dense: the same fused embeddings with flowrec's own dense operators (isolates
+  the sparse side: every flowrec dense speed-up speeds it up too).
 
 Inputs of every system are built from the staged batches before the clock starts (flowrec's
 casting, the plain model's per-field ids, TorchRec's KeyedJaggedTensor). flowrec and TorchRec
@@ -219,7 +224,7 @@ def _torchrec_sparse(plan: Any, spec: Any) -> tuple | None:
     note = f"FusedEmbeddingBagCollection, fused {fused[0].__name__}"
     if padded:
         note += f"; {padded} fields padded to dim 4 (FBGEMM needs dim % 4 == 0), column 0 used"
-    return prepare, lookups, note
+    return prepare, lookups, note, ebc
 
 
 def torchrec_system(plan: Any, spec: Any, precision: str) -> System | None:
@@ -227,7 +232,7 @@ def torchrec_system(plan: Any, spec: Any, precision: str) -> System | None:
     sparse = _torchrec_sparse(plan, spec)
     if sparse is None:
         return None
-    prepare, lookups, note = sparse
+    prepare, lookups, note, _ = sparse
     dense = LoweredModel(plan, spec, "cpu", spec.training.seed, tables=False)
     opt = spec.dense_optimizer
     optimizer = make_dense_optimizer(dense, opt.name, opt.lr, dict(opt.params))
@@ -259,7 +264,7 @@ def torchrec_dlrm_system(plan: Any, spec: Any, precision: str) -> System | None:
         return None
     from torchrec.models.dlrm import DenseArch, InteractionArch, OverArch
 
-    prepare, lookups, note = sparse
+    prepare, lookups, note, _ = sparse
     modules = {m.name: m for m in spec.modules}
     bottom, top = modules["bottom"].param("layers"), modules["top"].param("layers")
     num_sparse = len(spec.sparse_features)
@@ -302,6 +307,86 @@ def torchrec_dlrm_system(plan: Any, spec: Any, precision: str) -> System | None:
 
     return System("torchrec", step, predict, prepare,
                   note=note + "; torchrec.models.dlrm DenseArch/InteractionArch/OverArch", profile=profile)
+
+
+def torchrec_wide_system(plan: Any, spec: Any, precision: str) -> System | None:
+    """What a TorchRec user writes for wide_1000 (TorchRec ships no wide & deep model): fused
+    embeddings, `KeyedTensor.regroup` into the wide and the deep fields, and a stock torch dense
+    part with the spec's sizes: `nn.Linear` over the wide fields, `nn.Sequential` of
+    `nn.Linear` + `nn.ReLU` over [dense features, deep fields], a `nn.Linear` head over
+    [wide, deep]; torch's default init (seeded), BCE loss, torch.optim dense optimizer."""
+    sparse = _torchrec_sparse(plan, spec)
+    if sparse is None:
+        return None
+    from torchrec.sparse.jagged_tensor import KeyedTensor
+
+    prepare, _, note, ebc = sparse
+    layout = stock_wide_dense(spec)
+    if layout is None:
+        return None
+    wide, deep, linear_wide, mlp, head = layout
+    params = [*linear_wide.parameters(), *mlp.parameters(), *head.parameters()]
+    opt = spec.dense_optimizer
+    optimizer = torch.optim.Adam(params, lr=opt.lr) if opt.name == "adam" else torch.optim.SGD(params, lr=opt.lr)
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+
+    def lookup(kjt: Any) -> dict[str, torch.Tensor]:
+        w, d = KeyedTensor.regroup([ebc(kjt)], [wide, deep])  # (B, 4 |wide|), (B, sum of deep dims)
+        return {"wide": w, "deep": d}
+
+    def dense(emb: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        w = emb["wide"].view(x.shape[0], len(wide), 4)[..., 0]  # (B, |wide|)
+        with autocast_context(torch.device("cpu"), precision):
+            out = torch.cat([linear_wide(w), mlp(torch.cat([x, emb["deep"]], 1))], 1)
+            return head(out).float()  # (B, 1)
+
+    def step(inputs: Any) -> float:
+        kjt, x, labels = inputs
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(dense(lookup(kjt), x), labels[:, :1])
+        loss.backward()
+        optimizer.step()
+        return float(loss.detach())
+
+    def predict(inputs: Any) -> torch.Tensor:
+        with torch.no_grad():
+            return dense(lookup(inputs[0]), inputs[1])
+
+    def profile(inputs: Any) -> dict[str, float]:
+        kjt, x, labels = inputs
+        optimizer.zero_grad(set_to_none=True)
+        return stage_times(lambda: lookup(kjt), lambda emb: loss_fn(dense(emb, x), labels[:, :1]), optimizer.step)
+
+    return System("torchrec", step, predict, prepare, profile=profile,
+                  note=note + "; KeyedTensor.regroup + stock torch.nn wide & deep (nn.Linear, nn.Sequential)")
+
+
+def stock_wide_dense(spec: Any) -> tuple | None:
+    """The wide fields, the deep fields and the stock torch layers of a wide & deep spec (modules
+    `wide`, `deep_in`, `deep`): (wide, deep, nn.Linear, nn.Sequential, nn.Linear head), seeded
+    with the spec's seed; None when its layout is not the one `torchrec_wide_system` reads (dim-1
+    wide fields, padded to 4 by FBGEMM with column 0 used; deep dims multiples of 4)."""
+    modules = {m.name: m for m in spec.modules}
+    if not {"wide", "deep_in", "deep"} <= set(modules):
+        return None
+    wide_tag, deep_tags = _tag(modules["wide"].inputs[0]), {_tag(i) for i in modules["deep_in"].inputs}
+    wide = [f.name for f in spec.sparse_features if wide_tag in f.tags]
+    deep = [f.name for f in spec.sparse_features if deep_tags & set(f.tags)]
+    dims = {f.name: spec.table(f.table).dim for f in spec.sparse_features}
+    if any(dims[f] != 1 for f in wide) or any(dims[f] % 4 for f in deep):
+        return None
+    torch.manual_seed(spec.training.seed)
+    linear_wide = torch.nn.Linear(len(wide), int(modules["wide"].param("out", 1)))
+    widths = [len(spec.dense_features) + sum(dims[f] for f in deep), *modules["deep"].param("layers")]
+    mlp = torch.nn.Sequential(*[m for a, b in zip(widths, widths[1:])
+                                for m in (torch.nn.Linear(a, b), torch.nn.ReLU())])
+    head = torch.nn.Linear(linear_wide.out_features + widths[-1], 1)
+    return wide, deep, linear_wide, mlp, head
+
+
+def _tag(selector: str) -> str:
+    """`@deep` -> `deep` (a module input selecting features by tag)."""
+    return selector[1:] if selector.startswith("@") else selector
 
 
 def fbgemm_dim(dim: int) -> int:
@@ -407,8 +492,8 @@ def bench_model(key: str, args: argparse.Namespace) -> dict:
             systems.append(replace(twin, name="flowrec_eager", note=twin.note + "; dense stage eager"))
             del twin
         candidates = [torchrec_system(plan, spec, precision)]
-        if key == "dlrm":
-            candidates.append(torchrec_dlrm_system(plan, spec, precision))
+        stock = {"dlrm": torchrec_dlrm_system, "wide1000": torchrec_wide_system}[key]
+        candidates.append(stock(plan, spec, precision))
         systems += [s for s in candidates if s is not None]
         figures = run_systems(systems, batches, eval_batches, args.warmup, args.profile_steps)
         if "torchrec" not in figures and "torchrec_shared_dense" in figures:

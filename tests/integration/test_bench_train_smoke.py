@@ -8,6 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 REPO = Path(__file__).resolve().parents[2]
 RATIOS = ("flowrec_vs_plain_dlrm", "flowrec_vs_torchrec_dlrm", "flowrec_vs_plain_wide1000",
           "flowrec_vs_torchrec_wide1000")
@@ -38,3 +41,30 @@ def test_bench_train_quick_writes_figures(tmp_path):
     assert set(stages) == {"sparse_lookup", "dense_forward_loss", "dense_backward", "sparse_backward_update",
                            "dense_optimizer", "step"}
     assert stages["step"] >= max(v for k, v in stages.items() if k != "step") > 0
+
+
+def test_torchrec_wide_model_is_the_specs_model():
+    """The stock TorchRec wide & deep of the benchmark (run where torchrec imports): its layers have
+    the widths of flowrec's lowered wide_1000 (every wide field, every deep column, the spec's
+    layers), and a few steps on staged batches train it (finite losses, scores for every row)."""
+    pytest.importorskip("torchrec")
+    sys.path.insert(0, str(REPO / "tools"))
+    import bench_train as bt
+    from flowrec.planner.manager import make_plan
+    from flowrec.runtime.lowering import LoweredModel
+    from flowrec.spec import load_spec
+
+    spec = bt.capped_spec(load_spec(REPO / bt.MODELS["wide1000"]), 500, 64)
+    plan = make_plan(spec, target="cpu")
+    system = bt.torchrec_wide_system(plan, spec, "fp32")
+    wide, deep, *layers = bt.stock_wide_dense(spec)
+    assert len(wide) + len(deep) == len(spec.sparse_features) and not set(wide) & set(deep)
+    shapes = lambda params: sorted(tuple(p.shape) for p in params)  # noqa: E731
+    flowrec_shapes = shapes(LoweredModel(plan, spec, "cpu", 0, tables=False).dense_parameters())
+    assert shapes(p for layer in layers for p in layer.parameters()) == flowrec_shapes
+    assert max(flowrec_shapes)[1] > 10_000  # the deep layer over every deep column
+    batches = bt.staged_batches(spec, plan, 64 * 3, 1, 64, lookahead=1)
+    losses = [system.step(system.prepare(b)) for b in batches]
+    assert all(0 < loss < 10 for loss in losses)
+    scores = system.predict(system.prepare(batches[0]))
+    assert scores.shape == (64, 1) and torch.isfinite(scores).all()
