@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -95,6 +96,8 @@ def median(values: list[float]) -> float:
 def run_variant(mode: str, spec: Path, data: Path, tmp: Path, steps: int, budget: str | None,
                 env: dict[str, str], profile: Path | None = None) -> dict[str, float]:
     out = tmp / f"{mode}.json"
+    run_dir = tmp / f"run-{mode}"
+    shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run each repeat
     env = {**env, "GAP_MODE": mode, "GAP_OUT": str(out), "GAP_STEPS": str(WARMUP_STEPS + steps)}
     foreign = None
     if mode.endswith("foreign_mem"):
@@ -103,7 +106,7 @@ def run_variant(mode: str, spec: Path, data: Path, tmp: Path, steps: int, budget
     try:
         subprocess.run([sys.executable, "-m", "_step_gap_harness", "train", str(spec), "--data", str(data),
                         "--max-steps", str(WARMUP_STEPS + steps), "--epochs", "1", "--device", "cpu",
-                        "--out", str(tmp / f"run-{mode}"), "--quiet", "--json", "--eval-every", "0",
+                        "--out", str(run_dir), "--quiet", "--json", "--eval-every", "0",
                         *(["--device-budget", budget] if budget else []),
                         *(["--target", str(profile)] if profile else [])],
                        cwd=tmp, env=env, check=True, capture_output=True, timeout=600)
