@@ -119,9 +119,9 @@ def run_variant(mode: str, spec: Path, data: Path, tmp: Path, steps: int, budget
     result["data_cpu_ms_mean"] = sum(r["data_cpu_ms"] for r in rows) / len(rows)
     clean = [r["wall_ms"] for r in rows if r["waited_ms"] <= 0.05 * r["wall_ms"]]  # robust.py's clean rounds
     result["clean_steps"] = len(clean)
-    result["wall_ms_clean"] = median(clean) if clean else float("nan")
+    result["wall_ms_clean"] = median(clean) if clean else None
     result["steps"] = len(rows)
-    return {k: round(v, 4) for k, v in result.items()}
+    return {k: None if v is None else round(v, 4) for k, v in result.items()}
 
 
 def main() -> None:
@@ -157,9 +157,10 @@ def main() -> None:
                                    args.profile)}
                 print(json.dumps(row), flush=True)
                 runs.append(row)
-    summary = {mode: {key: median([r[key] for r in runs if r["variant"] == mode])
+    summary = {mode: {key: median([r[key] for r in runs if r["variant"] == mode and r[key] is not None] or [float("inf")])
                       for key in ("wall_ms", "wall_ms_clean", "train_step_ms", "cpu_ms", "waited_ms", "data_cpu_ms_mean")}
                for mode in VARIANTS}
+    summary = {m: {k: None if v == float("inf") else v for k, v in s.items()} for m, s in summary.items()}
     result = {"benchmark": "step_gap", "spec": args.spec.name, "device_budget": args.device_budget,
               "threads": args.threads, "profile": str(args.profile) if args.profile else None, "steps": args.steps, "repeats": args.repeats, "runs": runs,
               "median_over_repeats": summary}
