@@ -157,12 +157,14 @@ def main() -> None:
                                    args.profile)}
                 print(json.dumps(row), flush=True)
                 runs.append(row)
-    summary = {mode: {key: median([r[key] for r in runs if r["variant"] == mode and r[key] is not None] or [float("inf")])
-                      for key in ("wall_ms", "wall_ms_clean", "train_step_ms", "cpu_ms", "waited_ms", "data_cpu_ms_mean")}
-               for mode in VARIANTS}
-    summary = {m: {k: None if v == float("inf") else v for k, v in s.items()} for m, s in summary.items()}
+    keys = ("wall_ms", "wall_ms_clean", "train_step_ms", "cpu_ms", "waited_ms", "data_cpu_ms_mean")
+    summary = {}
+    for mode in VARIANTS:
+        values = {key: [r[key] for r in runs if r["variant"] == mode and r[key] is not None] for key in keys}
+        summary[mode] = {key: median(v) if v else None for key, v in values.items()}
     result = {"benchmark": "step_gap", "spec": args.spec.name, "device_budget": args.device_budget,
-              "threads": args.threads, "profile": str(args.profile) if args.profile else None, "steps": args.steps, "repeats": args.repeats, "runs": runs,
+              "threads": args.threads, "profile": str(args.profile) if args.profile else None,
+              "steps": args.steps, "repeats": args.repeats, "runs": runs,
               "median_over_repeats": summary}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2) + "\n")
