@@ -212,7 +212,8 @@ class OwnerRemapper(Remapper):
         return recv
 
     def _wait(self, work: Any, what: str) -> None:
-        """Wait for a collective, checking the stop flag; fail after the world's timeout.
+        """Wait for a collective, checking the stop flag; fail after the world's timeout (or when
+        the collective fails: the group's own timeout is the same, so either may fire first).
 
         A stop abandons the batch between two of its collectives, so a stopped remapper must
         post none after (`_exchange` checks first): gloo pairs the ranks' collectives on a group
@@ -227,5 +228,10 @@ class OwnerRemapper(Remapper):
                 raise RuntimeError(f"managed remap: the exchange of {what} did not complete within "
                                    f"{self.world.timeout_s:g} s (another rank died or stopped)")
             time.sleep(POLL_S)
-        work.wait()
+        try:
+            work.wait()
+        except RuntimeError as exc:  # gloo's own timeout (the group's, the same seconds) or a closed peer
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise RuntimeError(f"managed remap: the exchange of {what} failed (another rank died or stopped): "
+                               f"{reason}") from exc
 

@@ -210,14 +210,16 @@ def test_a_dead_rank_fails_the_owner_exchange_within_the_timeout(tmp_path: Path)
     ranks = launch("die", tmp_path, random.randrange(1 << 30), 3)
     assert ranks[1] is None  # it died without a report
     assert "error" in ranks[0] and ranks[0]["seconds"] < 30, ranks[0]  # gloo sees the closed connection
-    assert "Connection" in ranks[0]["error"] or "did not complete within 3 s" in ranks[0]["error"], ranks[0]["error"]
+    assert "Connection" in ranks[0]["error"] or "managed remap: the exchange of" in ranks[0]["error"], ranks[0]["error"]
 
 
 def test_a_hung_rank_fails_the_owner_exchange_after_the_timeout(tmp_path: Path):
     ranks = launch("hang", tmp_path, random.randrange(1 << 30), 3)
     assert ranks[1] is None and "error" in ranks[0], ranks[0]
-    assert "managed remap: the exchange of id counts did not complete within 3 s" in ranks[0]["error"]
-    assert 2.9 <= ranks[0]["seconds"] < 30
+    error = ranks[0]["error"]  # our deadline, or gloo's timeout on the group (the same 3 s) first
+    assert error.startswith("managed remap: the exchange of id counts "), error
+    assert "did not complete within 3 s" in error or "failed (another rank died or stopped)" in error, error
+    assert "\n" not in error and 2.9 <= ranks[0]["seconds"] < 30
 
 
 if __name__ == "__main__":

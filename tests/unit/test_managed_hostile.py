@@ -228,3 +228,26 @@ def test_a_quoted_number_is_not_told_about_exponents():
     doc["tables"][0]["managed"]["shards"] = "2e0"
     (issue,) = [str(i) for i in validate_document(doc)]
     assert "YAML reads exponents without a dot as text" in issue
+
+
+def test_a_failed_owner_exchange_is_one_line_naming_the_exchange():
+    """gloo's own timeout on the group (the same seconds as the remapper's deadline) may fire
+    first: the collective then completes with gloo's error, which the remapper reports in its own
+    one line naming the exchange, with gloo's first line as the reason."""
+    from types import SimpleNamespace
+
+    from flowrec.runtime.managed_owner import OwnerRemapper
+
+    class Failed:
+        def is_completed(self):
+            return True
+
+        def wait(self):
+            raise RuntimeError("[gloo/transport/tcp/unbound_buffer.cc:129] Timed out waiting 3000ms\nsecond line")
+
+    me = SimpleNamespace(world=SimpleNamespace(timeout_s=3.0), _stopped=lambda: False)
+    with pytest.raises(RuntimeError) as err:
+        OwnerRemapper._wait(me, Failed(), "id counts")
+    text = str(err.value)
+    assert text.startswith("managed remap: the exchange of id counts failed (another rank died or stopped): ")
+    assert text.endswith("Timed out waiting 3000ms") and "\n" not in text
