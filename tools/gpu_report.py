@@ -13,6 +13,7 @@ writes nothing.
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import re
 import subprocess
@@ -97,8 +98,14 @@ def device_slug() -> str | None:
 
 
 def takes_device(script: Path) -> bool:
-    """Whether a benchmark script has a `--device` option."""
-    return "--device" in script.read_text()
+    """Whether a benchmark script has a `--device` option: an `add_argument("--device", ...)` call
+    in its source (a script that only passes `--device cpu` to `flowrec` has none, and would fail
+    on `--device cuda`)."""
+    tree = ast.parse(script.read_text(), filename=str(script))
+    return any(isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+               and node.func.attr == "add_argument"
+               and any(isinstance(a, ast.Constant) and a.value == "--device" for a in node.args)
+               for node in ast.walk(tree))
 
 
 def run_gpu_tests(slug: str) -> dict[str, Any]:
