@@ -40,6 +40,7 @@ from flowrec.data.packed_ids import Column
 from flowrec.data.raw_ids import MISSING_ID
 from flowrec.graph.types import PackedGroup
 from flowrec.runtime.distributed.exchange import start_exchange
+from flowrec.runtime.messages import first_line
 from flowrec.spec.model import ModelSpec
 
 POLL_S = 0.0005  # seconds between checks of a collective in flight
@@ -231,7 +232,6 @@ class OwnerRemapper(Remapper):
         try:
             work.wait()
         except RuntimeError as exc:  # gloo's own timeout (the group's, the same seconds) or a closed peer
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise RuntimeError(f"managed remap: the exchange of {what} failed (another rank died or stopped): "
-                               f"{reason}") from exc
+                               f"{first_line(exc)}") from exc
 
