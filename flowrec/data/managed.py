@@ -518,8 +518,8 @@ class ShardedMap:
         return {**{k: sum(p[k] for p in parts) for k in keys}, "shards": len(self.shards)}
 
     def copy(self) -> "ShardedMap":
-        out = ShardedMap(self.spec, self.buffer_ids, self.owned)
-        out.shards = [None if m is None else m.copy() for m in self.shards]
+        out = ShardedMap(self.spec, self.buffer_ids, owned=())  # no fresh shards, only to be replaced
+        out.owned, out.shards = self.owned, [None if m is None else m.copy() for m in self.shards]
         out.clock = self.clock
         return out
 
