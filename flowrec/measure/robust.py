@@ -129,7 +129,8 @@ class SchedClock:
         caller: gives the calling thread's id (default: `threading.get_native_id`).
         threads: gives the process's compute thread count (default: `compute_threads`); with 1,
             only the caller's wait counts.
-        cores: gives the cores the process may use (default: `flowrec.data.cores.usable_cores`).
+        cores: gives the cores the process may use (default: `flowrec.data.cores.usable_cores`;
+            asked once).
     """
 
     def __init__(self, exclude: Callable[[], set[int]] = set, read: Callable[[], dict] = _schedstat,
@@ -138,6 +139,7 @@ class SchedClock:
                  threads: Callable[[], int] = compute_threads, cores: Callable[[], int] = usable_cores) -> None:
         self.exclude, self.read, self.wall = exclude, read, wall
         self.caller, self.threads, self.cores = caller, threads, cores
+        self._cores: int | None = None  # `cores()` read once (cgroup files), at the first round that needs it
 
     def start(self) -> tuple[float, dict[int, tuple[int, int]]]:
         return self.wall(), self.read()
@@ -157,7 +159,9 @@ class SchedClock:
             elif tid == me or (not alone and cpu - cpu0 >= partner_ns):
                 waited = max(waited, wait - wait0)
         if own_cpu:  # the part of the own threads' CPU time the free cores could not hold
-            own_cpu = max(0.0, own_cpu - max(0, self.cores() - threads) * wall_ns)
+            if self._cores is None:
+                self._cores = self.cores()
+            own_cpu = max(0.0, own_cpu - max(0, self._cores - threads) * wall_ns)
         foreign = max(0.0, (waited - own_cpu) * 1e-9)
         return Round((t1 - t0) / calls, foreign / calls)
 
