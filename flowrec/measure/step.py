@@ -36,8 +36,7 @@ from flowrec.runtime.hostmem import tune_host_allocator
 from flowrec.runtime.lowering import LoweredModel, lower
 from flowrec.runtime.managed_state import fresh_remapper
 from flowrec.runtime.nonfinite import LossGuard
-from flowrec.runtime.retrieval import (batch_items, candidates, item_labels, split_negatives,
-                                      with_negatives)
+from flowrec.runtime.retrieval import batch_items, candidates, embed_step, item_labels
 from flowrec.runtime.step import DEFAULT_LOOKAHEAD, autocast_context, make_dense_optimizer, train_step
 from flowrec.spec.model import ModelSpec
 from operators.device import runtime_for
@@ -157,15 +156,10 @@ def dense_step_seconds(plan: Any, spec: ModelSpec, device: torch.device, steps: 
 
         def step(batch: Any) -> robust.Round:
             labels = item_labels(binding, batch, batch.labels)  # a retrieval head's loss: as `train_step`'s
-            negatives, neg_rows = None, None
-            with torch.no_grad():
-                if binding is not None and binding.sampled:  # the negatives' rows are looked up, not timed
-                    staged = with_negatives(binding, model, batch)  # as `train_step`
-                    negatives = staged.negatives
-                    looked, neg_rows = split_negatives(binding, batch.size, model.embed(staged))
-                    neg_rows = neg_rows.detach().requires_grad_(True)
-                else:
-                    looked = model.embed(batch)
+            with torch.no_grad():  # the lookups (and a sampled head's negatives' rows): not timed
+                _, looked, negatives, neg_rows = embed_step(model, binding, batch)  # as `train_step`
+            if neg_rows is not None:
+                neg_rows = neg_rows.detach().requires_grad_(True)
             emb = {g: e.detach().requires_grad_(True) for g, e in looked.items()}
             masks = model.sequence_masks(batch)
             started = robust.CLOCK.start()
@@ -295,14 +289,8 @@ def _loss_inputs(model: LoweredModel, spec: ModelSpec, batch: Any) -> tuple:
     retrieval head's candidates (logQ; sampled items' vectors, without gradient)."""
     binding = getattr(model, "retrieval", None)
     labels = item_labels(binding, batch, batch.labels).to(model.device)
-    negatives = neg_rows = None
     with torch.no_grad(), autocast_context(model.device, spec.training.precision):
-        if binding is not None and binding.sampled:
-            batch = with_negatives(binding, model, batch)
-            negatives = batch.negatives
-            emb, neg_rows = split_negatives(binding, batch.size, model.embed(batch))
-        else:
-            emb = model.embed(batch)
+        batch, emb, negatives, neg_rows = embed_step(model, binding, batch)
         logits = model.dense_forward(batch.dense.to(model.device), emb, model.sequence_masks(batch))
         cands = candidates(model, binding, negatives, neg_rows)
     return logits.detach().requires_grad_(True), labels, cands

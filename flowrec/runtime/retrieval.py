@@ -226,6 +226,18 @@ def split_negatives(binding: RetrievalBinding, size: int, emb: dict[str, torch.T
     return {**emb, binding.group: rows[:size]}, rows[size:, binding.bag]
 
 
+def embed_step(model: Any, binding: RetrievalBinding | None, batch: Batch
+               ) -> tuple[Batch, dict[str, torch.Tensor], torch.Tensor | None, torch.Tensor | None]:
+    """The sparse stage of a training step: (the batch, its lookups, the sampled negatives, their
+    item-bag rows). A sampled head's negatives (staged by the data stage, drawn here otherwise)
+    are looked up in the item group's one lookup, after the batch's samples, and split off."""
+    if binding is not None and binding.sampled:
+        batch = with_negatives(binding, model, batch)
+        emb, rows = split_negatives(binding, batch.size, model.embed(batch))
+        return batch, emb, batch.negatives, rows
+    return batch, model.embed(batch), None, None
+
+
 def candidates(model: Any, binding: RetrievalBinding | None, negatives: torch.Tensor | None,
                rows: torch.Tensor | None) -> Candidates | None:
     """The loss's candidates: logQ, and the sampled items' ids and item-tower vectors."""

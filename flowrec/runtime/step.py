@@ -19,7 +19,7 @@ import torch
 
 from flowrec.data.batches import Batch
 from flowrec.runtime.lowering import LoweredModel
-from flowrec.runtime.retrieval import candidates, head_items, item_labels, split_negatives, with_negatives
+from flowrec.runtime.retrieval import candidates, embed_step, head_items, item_labels
 
 DEFAULT_LOOKAHEAD = 1  # staging lookahead window of a run (>= 1: the casting index is built in the data stage)
 
@@ -49,13 +49,7 @@ def train_step(model: LoweredModel, optimizer: torch.optim.Optimizer, batch: Bat
     binding = getattr(model, "retrieval", None)
     labels = item_labels(binding, batch, batch.labels).to(model.device, non_blocking=True)
     masks = model.sequence_masks(batch)
-    if binding is not None and binding.sampled:  # one lookup of the item group: batch, then negatives
-        batch = with_negatives(binding, model, batch)  # staged by the data stage (drawn here otherwise)
-        negatives = batch.negatives
-        emb, neg_rows = split_negatives(binding, batch.size, model.embed(batch))
-    else:
-        negatives, neg_rows = None, None
-        emb = model.embed(batch)  # sparse stage: {group: (B, S, D)}
+    batch, emb, negatives, neg_rows = embed_step(model, binding, batch)  # sparse stage: {group: (B, S, D)}
     size = dense.shape[0]
     chunks = max(1, micro_batches) if parallel is not None else max(1, min(micro_batches, size))
     if binding is not None:  # in-batch negatives are the whole batch: one softmax, one chunk
