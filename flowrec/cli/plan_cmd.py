@@ -1,6 +1,7 @@
 """`flowrec plan`: compile a spec, run the planner passes and show the plan."""
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Optional, get_args
@@ -12,7 +13,7 @@ from flowrec.planner.calibration import is_profile_path
 from flowrec.render import to_dot, to_png, to_svg
 from flowrec.planner.manager import STAGES, PassFailure, load_profile, make_plan
 from flowrec.graph.plan_io import plan_json
-from flowrec.planner.fit import host_is_device, misfit
+from flowrec.planner.fit import host_fit, host_is_device, misfit
 from flowrec.planner.report import managed_report, text_report
 from flowrec.spec.model import CachePolicy
 
@@ -47,7 +48,8 @@ def plan(
     target: Optional[str] = typer.Option(None, "--target", help="Cost-model device: cpu, a100, h100 (datasheet constants), or a profile FILE from `flowrec calibrate`."),
     cache: Optional[str] = typer.Option(None, "--cache", help="Cache policy for tables that do not fit the budget: auto, none (host), static_hot (FAE) or lookahead (ScratchPipe). Default: the spec's plan.cache."),
     profile: Optional[Path] = typer.Option(None, "--profile", help="Access profile JSON (flowrec data profile)."),
-    world_size: Optional[int] = typer.Option(None, "--world-size", min=1, max=1_000_000, help="Ranks to plan for (GPUs or CPU processes): per-rank memory, exchange bytes and step time. Default: WORLD_SIZE of the launch environment, else 1."),
+    world_size: Optional[int] = typer.Option(None, "--world-size", min=1, max=1_000_000, help="Ranks to plan for (GPUs or CPU processes): per-rank memory, exchange bytes and step time. On a host target (cpu) each rank's peak is checked against its share of this machine's available host memory (divided by --local-ranks), the rule `flowrec train --nproc N` applies. Default: WORLD_SIZE of the launch environment, else 1."),
+    local_ranks: Optional[int] = typer.Option(None, "--local-ranks", min=1, max=1_000_000, help="Ranks of the --world-size that share one machine's host memory (a host target's memory check divides the available host memory by it, as `flowrec train --nproc N` does). Default: LOCAL_WORLD_SIZE of the launch environment, else the world size (every rank on this machine, as `--nproc` runs them)."),
     json_out: Optional[str] = typer.Option(None, "--json", help="Write the plan JSON to PATH, or - for stdout."),
     dot: Optional[str] = typer.Option(None, "--dot", help="Write DOT text to PATH, or - for stdout."),
     svg: Optional[Path] = typer.Option(None, "--svg", help="Write an SVG drawing to PATH."),
@@ -71,7 +73,7 @@ def plan(
                            profile=load_profile(profile), world_size=world_size or launch_env()[0])
     except (ValueError, OSError, PassFailure) as exc:
         fail(str(exc))
-    warning = memory_warning(result)
+    warning = memory_warning(result, plan_local_ranks(local_ranks, result.meta.world_size))
     for dest, text in ((json_out, lambda: plan_json(result)), (dot, lambda: to_dot(result.graph))):
         if dest == "-":
             typer.echo(text(), nl=False)
@@ -88,17 +90,31 @@ def plan(
         typer.echo(warning, err=True)
 
 
-def memory_warning(plan) -> str | None:
+def plan_local_ranks(given: int | None, world_size: int) -> int:
+    """The ranks of a plan for `world_size` ranks that share this machine's host memory: `given`
+    (--local-ranks), else LOCAL_WORLD_SIZE of the launch environment, else all of them (as
+    `flowrec train --nproc W` runs them); at most `world_size`. Exit 2 when `given` exceeds it."""
+    if given is not None:
+        if given > world_size:
+            fail(f"--local-ranks {given}: more than the {world_size} ranks planned for (--world-size); "
+                 "the ranks of one machine are some of the world's")
+        return given
+    text = os.environ.get("LOCAL_WORLD_SIZE", "")
+    return min(int(text), world_size) if text.isdigit() and int(text) > 0 else world_size
+
+
+def memory_warning(plan, local_ranks: int | None = None) -> str | None:
     """A line when the plan's estimated peak memory exceeds its target's memory (with the margin of
-    `flowrec.planner.fit`): on a host target (cpu) this machine's available memory, on a GPU target
-    the plan's device budget; None when it fits."""
+    `flowrec.planner.fit`): on a host target (cpu) one rank's share of this machine's available
+    memory (`host_share` over `local_ranks`, default the plan's world size: the rule of `flowrec
+    train`), on a GPU target the plan's device budget; None when it fits."""
     from flowrec.data.hostmemory import available_memory_bytes
 
     if host_is_device(plan):
         limit = available_memory_bytes()
         if limit is None:
             return None
-        problem = misfit(plan, limit, "host memory available on this machine", host_is_device=True)
+        problem = host_fit(plan, limit, plan.meta.world_size if local_ranks is None else local_ranks)
     else:
         problem = misfit(plan, plan.device_budget_bytes, f"device budget on {plan.target}")
     return f"warning: {problem}: it cannot run there (`flowrec train` refuses it)" if problem else None

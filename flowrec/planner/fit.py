@@ -8,7 +8,12 @@ the same terms by packed group and by dense node, largest first.
 
 The limit is the caller's: `flowrec plan` compares with the plan's device budget on a GPU target
 and with this machine's available host memory on a host target; a run compares with the memory
-of the device it runs on (`flowrec.runs.start`). A plan is refused only when its need exceeds
+of the device it runs on (`flowrec.runs.start`). Host memory is shared by the ranks of one
+machine, so both commands take the same rule, `host_share`: each of N local ranks may use an
+N-th of the available host memory (`flowrec train --nproc N` and a torchrun launch: N =
+LOCAL_WORLD_SIZE; `flowrec plan --world-size W`: `--local-ranks`, else LOCAL_WORLD_SIZE, else W,
+all ranks on this machine as `--nproc W` runs them). `host_fit` is that check for a plan whose
+device is the host; `host_misfit` takes the share for the rows a GPU plan keeps on the host. A plan is refused only when its need exceeds
 the limit by more than `FIT_MARGIN`: the estimate stayed below the measured peak of every run
 measured (so a need above the limit cannot fit), and the margin keeps a plan near its limit,
 whose estimate might over-count, from being refused on the estimate alone.
@@ -92,6 +97,36 @@ def host_misfit(plan: Plan, limit_bytes: int, limit_name: str) -> str | None:
     shown = "; ".join(f"group {name}: {format_bytes(b)}" for name, b in hosted[:SHOWN])
     return (f"plan {plan.spec_name} keeps about {format_bytes(need)} of embedding rows on the host, more than "
             f"the {format_bytes(limit_bytes)} of {limit_name} (largest: {shown})")
+
+
+def host_share(available_bytes: int, local_ranks: int) -> tuple[int, str]:
+    """The host memory one of `local_ranks` processes of this machine may use, and its name in a
+    line: an equal share of the available bytes (every rank holds its own tables, activations and
+    buffers, all in the same memory). The one rule of `flowrec plan` and `flowrec train`.
+
+    Args:
+        available_bytes: host memory available to this process (`flowrec.data.hostmemory`).
+        local_ranks: ranks that share it (1: a single process; below 1 counts as 1).
+
+    Returns:
+        (bytes per rank, e.g. "host memory available to each of 2 ranks on this machine (31.0 GiB in all)").
+
+    Example:
+        >>> host_share(8 * 2**30, 4)
+        (2147483648, 'host memory available to each of 4 ranks on this machine (8.0 GiB in all)')
+    """
+    ranks = max(1, int(local_ranks))
+    if ranks == 1:
+        return available_bytes, "host memory available on this machine"
+    return (available_bytes // ranks, f"host memory available to each of {ranks} ranks on this machine "
+                                      f"({format_bytes(available_bytes)} in all)")
+
+
+def host_fit(plan: Plan, available_bytes: int, local_ranks: int) -> str | None:
+    """`misfit` of a plan whose device is the host against one rank's `host_share` (host rows
+    counted): the check of `flowrec plan` on a host target and of a CPU run, rank or not."""
+    limit, name = host_share(available_bytes, local_ranks)
+    return misfit(plan, limit, name, host_is_device=True)
 
 
 def _spread(total: int, items: list[tuple[str, int]]) -> list[tuple[str, int]]:

@@ -20,7 +20,7 @@ from flowrec.data.cores import local_ranks
 from flowrec.data.hostmemory import available_memory_bytes
 from flowrec.data.layout import DataError
 from flowrec.graph.types import Plan
-from flowrec.planner.fit import host_misfit, misfit
+from flowrec.planner.fit import host_fit, host_misfit, host_share, misfit
 from flowrec.runs.encoder import adopt_encoder
 from flowrec.runs.errors import EXIT_OUT_OF_MEMORY, RunError
 from flowrec.runs.settings import merge_settings
@@ -41,22 +41,21 @@ def memory_hint() -> str:
 
 def check_plan_fits(plan: Plan, device: torch.device, world: Any = None) -> None:
     """Refuse a plan whose estimated peak memory exceeds the memory of the device it would run on
-    (`flowrec.planner.fit`, with its margin), before anything is built or written: on the CPU the
-    host memory available (shared by the ranks of this machine), on CUDA the device's free memory
-    and, for the rows the plan keeps on the host, the host memory available.
+    (`flowrec.planner.fit`, with its margin), before anything is built or written: on the CPU this
+    rank's share of the host memory available (`host_share`: the ranks of this machine share it,
+    the rule `flowrec plan --world-size` applies too), on CUDA the device's free memory and, for
+    the rows the plan keeps on the host, the same share of the host memory.
     A `RunError` (exit 2) naming the peak, the limit and the largest contributors."""
+    ranks = local_ranks() if world is not None else 1
+    available = available_memory_bytes()
     if device.type == "cuda":
         problem = misfit(plan, free_memory(device), f"free memory on {device}")
-        available = available_memory_bytes()
         if problem is None and available is not None:
-            problem = host_misfit(plan, available, "host memory available")
+            problem = host_misfit(plan, *host_share(available, ranks))
     else:
-        available = available_memory_bytes()
         if available is None:
             return
-        ranks = local_ranks() if world is not None else 1
-        problem = misfit(plan, available // max(1, ranks), "host memory available"
-                         + (f" to each of {ranks} ranks" if ranks > 1 else ""), host_is_device=True)
+        problem = host_fit(plan, available, ranks)
     if problem is not None:
         raise RunError(f"{problem}; nothing was built. {memory_hint()}")
 

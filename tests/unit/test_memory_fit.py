@@ -169,7 +169,7 @@ def test_a_cuda_run_checks_the_rows_it_keeps_on_the_host(repo, monkeypatch):
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (70 * 2**30, 80 * 2**30))
     monkeypatch.setattr(start, "available_memory_bytes", lambda: hosted // 2)
     with pytest.raises(RunError, match=r"keeps about 2\.\d GiB of embedding rows on the host, more than .* host memory "
-                                       r"available \(largest: group g0_d16"):
+                                       r"available on this machine \(largest: group g0_d16"):
         start.check_plan_fits(plan, torch.device("cuda"))
     monkeypatch.setattr(start, "available_memory_bytes", lambda: hosted)
     start.check_plan_fits(plan, torch.device("cuda"))
@@ -210,3 +210,75 @@ def test_reclaimable_page_cache_is_room_and_garbage_limits_say_nothing(tmp_path)
     assert available_memory_bytes(meminfo, root, cgroup) is None
     cgroup.write_bytes(b"\xff\xfe0::/job\n")
     assert available_memory_bytes(meminfo, root, cgroup) is None
+
+
+def _two_rank_plan_and_room(repo):
+    """A 2-rank plan of dlrm_criteo on the cpu target and host memory that holds one rank's peak
+    (with the margin) but not two: 1.5 times the need."""
+    plan = make_plan(load_spec(repo / "specs" / "dlrm_criteo.yaml"), target="cpu", world_size=2)
+    need = plan_need(plan, host_is_device=True)[0]
+    assert need > 0
+    return plan, int(need * 1.5)
+
+
+def test_plan_for_ranks_checks_each_rank_against_its_share_of_the_host(repo, monkeypatch):
+    """`flowrec plan --world-size 2` divides this machine's host memory by the ranks on it, as
+    `flowrec train --nproc 2` does (it compared each rank's need with all of it)."""
+    import flowrec.data.hostmemory as hostmemory
+
+    plan, room = _two_rank_plan_and_room(repo)
+    monkeypatch.setattr(hostmemory, "available_memory_bytes", lambda: room)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    spec = str(repo / "specs" / "dlrm_criteo.yaml")
+    r = runner.invoke(app, ["plan", spec, "--target", "cpu", "--world-size", "2"])
+    assert r.exit_code == 0, r.output
+    warning = r.output.splitlines()[1]
+    assert warning.startswith("warning: plan dlrm_criteo needs about "), warning
+    assert "host memory available to each of 2 ranks on this machine" in warning, warning
+    for args, env in ((["--local-ranks", "1"], None), ([], "1")):  # one of the 2 ranks on this machine: it fits
+        if env is not None:
+            monkeypatch.setenv("LOCAL_WORLD_SIZE", env)
+        r = runner.invoke(app, ["plan", spec, "--target", "cpu", "--world-size", "2", *args])
+        assert r.exit_code == 0 and "warning" not in r.output, (args, env, r.output)
+        monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    r = runner.invoke(app, ["plan", spec, "--world-size", "2", "--local-ranks", "3"])
+    assert r.exit_code == 2 and "--local-ranks 3: more than the 2 ranks planned for" in r.stderr, r.output
+
+
+def test_train_ranks_and_plan_apply_one_rule(repo, monkeypatch):
+    """A rank of `flowrec train --nproc 2` (LOCAL_WORLD_SIZE 2) refuses the plan that `flowrec
+    plan --world-size 2` warns about, in the same words and against the same share."""
+    import torch
+
+    import flowrec.data.hostmemory as hostmemory
+    import flowrec.runs.start as start
+
+    plan, room = _two_rank_plan_and_room(repo)
+    monkeypatch.setattr(hostmemory, "available_memory_bytes", lambda: room)
+    monkeypatch.setattr(start, "available_memory_bytes", lambda: room)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    warning = memory_warning(plan, 2)
+    assert warning is not None and warning.startswith("warning: ")
+    with pytest.raises(RunError) as refused:
+        start.check_plan_fits(plan, torch.device("cpu"), world=object())
+    assert str(refused.value).startswith(warning.removeprefix("warning: ").split(": it cannot run there")[0] + "; ")
+    start.check_plan_fits(plan, torch.device("cpu"))  # one process: all of the memory, it fits
+    assert memory_warning(plan, 1) is None
+
+
+def test_cuda_ranks_share_the_host_for_the_rows_they_keep_there(repo, monkeypatch):
+    """Two CUDA ranks of one machine each keep their host rows in the same host memory: each is
+    checked against half of it (it was checked against all of it)."""
+    import torch
+
+    import flowrec.runs.start as start
+
+    plan = make_plan(load_spec(repo / "specs" / "dlrm_criteo.yaml"), target="h100", device_budget="64MiB")
+    hosted = sum(g.bytes_per_rank for g in plan.meta.groups if g.placement != "device")
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (70 * 2**30, 80 * 2**30))
+    monkeypatch.setattr(start, "available_memory_bytes", lambda: int(hosted * 1.5))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    start.check_plan_fits(plan, torch.device("cuda"))  # one process: 1.5x its host rows
+    with pytest.raises(RunError, match=r"keeps about 2\.\d GiB of embedding rows on the host, more than the .* of host "
+                                       r"memory available to each of 2 ranks on this machine \(.* in all\)"):
+        start.check_plan_fits(plan, torch.device("cuda"), world=object())
