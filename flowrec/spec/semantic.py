@@ -89,9 +89,20 @@ def check_tables(view: DocView) -> list[SpecIssue]:
     return issues
 
 
+# Managed shards of all tables together (a table without `shards` counts 1). Every shard steps at
+# every batch, with ids or without, in the data stage and again in the model's replay: measured
+# 16 to 19 us a shard on an empty batch, 24 to 33 us with 4,096 Zipf ids (tools/bench_managed_shards.py,
+# bench/results/managed_shard_step_cpu.json, 2 CPU cores), so 4,096 shards are about 0.1 s of map
+# work a batch, the order of a whole DLRM step, and 1,000 tables of 4,096 shards (what the per-table
+# bound alone allowed) about 100 s. The bound equals the per-table one: one table may use it all.
+MAX_MANAGED_SHARDS = 4096
+
+
 def check_managed(view: DocView) -> list[SpecIssue]:
-    """A managed table's `decay` goes with `evict: decayed_lfu`; its `shards` are at most its rows."""
+    """A managed table's `decay` goes with `evict: decayed_lfu`; its `shards` are at most its rows;
+    the shards of all managed tables together are at most `MAX_MANAGED_SHARDS`."""
     issues = []
+    shards: list[tuple[int, Item]] = []
     for t in view.items("tables"):
         managed = t.body.get("managed") if t.clean else None
         if isinstance(managed, dict) and "decay" in managed and managed.get("evict") != "decayed_lfu":
@@ -101,6 +112,18 @@ def check_managed(view: DocView) -> list[SpecIssue]:
                 and managed["shards"] > managed["rows"]:
             issues.append(SpecIssue(f"{t.path}.managed.shards", f"must be <= rows ({managed['rows']}): every shard "
                                                                 "manages at least one row"))
+        if isinstance(managed, dict):
+            count = managed.get("shards", 1)
+            shards.append((count if isinstance(count, int) and not isinstance(count, bool) else 1, t))
+    total = sum(n for n, _ in shards)
+    if total > MAX_MANAGED_SHARDS:
+        most, where = max(shards, key=lambda p: p[0])
+        issues.append(SpecIssue("tables", f"the {len(shards):,} managed tables have {total:,} shards in all "
+                                          f"(managed.shards summed, 1 where not given), more than {MAX_MANAGED_SHARDS:,}: "
+                                          "every shard steps at every batch, about 20 to 30 us each even "
+                                          "without ids, so the maps would cost about "
+                                          f"{total * 25e-6:,.1f} s a batch; give fewer shards (the most: "
+                                          f"{where.path}.managed.shards, {most:,})"))
     return issues
 
 

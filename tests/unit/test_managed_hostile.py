@@ -3,6 +3,7 @@ digest recomputed), refused in one line wherever they are loaded; never a traceb
 that gives two ids one row or rows outside the table."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -251,3 +252,58 @@ def test_a_failed_owner_exchange_is_one_line_naming_the_exchange():
     text = str(err.value)
     assert text.startswith("managed remap: the exchange of id counts failed (another rank died or stopped): ")
     assert text.endswith("Timed out waiting 3000ms") and "\n" not in text
+
+
+def _many_managed(shards: list[int | None]) -> dict:
+    """A spec of one managed table per entry of `shards` (None: no `shards` key, one shard), each
+    read by its own feature."""
+    features = [{"name": f"f{i}", "type": "categorical", "table": f"t{i}"} for i in range(len(shards))]
+    tables = [{"name": f"t{i}", "dim": 4, "managed": {"rows": 8192, **({} if s is None else {"shards": s})}}
+              for i, s in enumerate(shards)]
+    return {"name": "many_managed", "features": features, "tables": tables,
+            "modules": [{"name": "top", "kind": "mlp", "inputs": ["@sparse"], "layers": [4]}],
+            "heads": [{"name": "ctr", "input": "top"}],
+            "optimizer": {"dense": {"name": "sgd", "lr": 0.1}, "sparse": {"name": "sgd", "lr": 0.1}}}
+
+
+@pytest.mark.parametrize("shards, total, most", [
+    ([4096] * 1000, "4,096,000", "tables[0].managed.shards, 4,096"),  # each table within its own bound
+    ([2048, 2049], "4,097", "tables[1].managed.shards, 2,049"),
+    ([4094, None, 1, None], "4,097", "tables[0].managed.shards, 4,094"),  # a table without shards counts 1
+])
+def test_the_shards_of_all_managed_tables_together_are_bounded(shards, total, most):
+    """Every shard of every table steps at every batch (about 20 to 30 us each, measured by
+    tools/bench_managed_shards.py): 1,000 tables of 4,096 shards passed validation and would have
+    stepped 4M maps a batch. One issue at `tables`, with the total, the bound and the reason."""
+    from flowrec.spec.semantic import MAX_MANAGED_SHARDS
+    from flowrec.spec.validate import validate_document
+
+    issues = [(i.path, i.message) for i in validate_document(_many_managed(shards))]
+    assert len(issues) == 1 and issues[0][0] == "tables", issues[:3]
+    message = issues[0][1]
+    assert f"have {total} shards in all" in message and f"more than {MAX_MANAGED_SHARDS:,}" in message, message
+    assert "every shard steps at every batch" in message and f"(the most: {most})" in message, message
+    assert f"the {len(shards):,} managed tables" in message and "\n" not in message
+
+
+@pytest.mark.parametrize("shards", [[2048, 2048], [4093, None, 1, None], [4096], [None] * 40])
+def test_managed_shards_up_to_the_bound_are_valid(shards):
+    from flowrec.spec.validate import validate_document
+
+    assert validate_document(_many_managed(shards)) == []
+
+
+def test_too_many_shards_in_all_is_one_line_and_exit_2_from_the_cli(tmp_path):
+    """`flowrec validate` and `flowrec plan` refuse the spec with its path, nothing planned."""
+    from typer.testing import CliRunner
+
+    from flowrec.cli import app
+
+    path = tmp_path / "many.json"
+    path.write_text(json.dumps(_many_managed([3000, 3000])))
+    for command in (["validate", str(path)], ["plan", str(path), "--json", str(tmp_path / "p.json")]):
+        r = CliRunner().invoke(app, command)
+        assert r.exit_code == 2, r.output
+        assert "tables: the 2 managed tables have 6,000 shards in all" in r.output, r.output
+        assert "Traceback" not in r.output
+    assert not (tmp_path / "p.json").exists()
