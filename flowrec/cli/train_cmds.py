@@ -369,7 +369,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
         plan = _for_ranks(_stored_plan_or_exit(state, folder, spec), spec, ranks)
     elif parent is not None:  # a run started from another trains its plan (same model and layout)
         device = device_for_run(spec, settings["device"] or "auto")
-        plan = _for_ranks(_stored_plan_or_exit(parent, Path(settings["init_from"]), spec), spec, ranks)
+        plan = _for_ranks(_stored_plan_or_exit(parent, Path(settings["init_from"]), spec, True), spec, ranks)
     else:
         plan, device = plan_for_run(spec, settings["device"] or "auto", settings["device_budget"], plan_file, _say,
                                     profile, settings["target"], settings["data"], ranks)
@@ -543,9 +543,12 @@ def _start_from(trainer, parent: dict, settings: dict) -> None:
          f"{'' if settings['fresh_optimizer'] else ' and optimizer state'}), at step 0")
 
 
-def _stored_plan_or_exit(state: dict, folder: Path, spec):
-    """The plan a run was trained with (its checkpoint's), checked against the spec's model."""
+def _stored_plan_or_exit(state: dict, folder: Path, spec, starting_from: bool = False):
+    """The plan a run was trained with (its checkpoint's), checked against the spec's model; a
+    changed model is refused in one line naming the managed settings that differ
+    (`flowrec.runs.changes`). `starting_from`: the run is --init-from's, not --resume's."""
     from flowrec.graph.plan_io import model_fingerprint
+    from flowrec.runs.changes import changed_model_line
     from flowrec.runtime.checkpoint.store import CheckpointError
     from flowrec.serving.trained import stored_plan
 
@@ -554,7 +557,7 @@ def _stored_plan_or_exit(state: dict, folder: Path, spec):
     except CheckpointError as exc:
         fail(str(exc))
     if stored.spec_fingerprint != model_fingerprint(spec):
-        fail(f"the spec's model differs from the one the run in {folder} was trained with")
+        fail(changed_model_line(str(folder), state, spec, starting_from))
     return stored
 
 

@@ -244,3 +244,51 @@ def test_plan_shows_the_owner_ranks_of_virtual_shards(sharded: Path, spec: Path)
     assert "(1, 1, 1, 0, 0 shards) and remaps their ids; ranks 3 to 4 own none of its shards" in shown.output
     replicas = runner.invoke(app, ["plan", str(spec), "--world-size", "2"])
     assert replicas.exit_code == 0 and "under 2 ranks" not in replicas.output  # one shard: replicas, as before
+
+
+def _files(folder: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file under `folder`: its bytes and modification time (ns); the folder's lock file
+    (which the process that claims the folder rewrites with its pid) by its bytes only."""
+    return {str(p.relative_to(folder)): (p.read_bytes(), 0 if p.name == ".flowrec.lock" else p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_resuming_with_other_shards_names_the_table_and_both_counts(sharded: Path, tmp_path: Path):
+    """A resume whose spec changes managed.shards (the checkpoint's map keys) said only "the spec's
+    model differs": it names the table, both counts and what to do; exit 2, the run untouched.
+    Rows (also the layout) and a rule (not the layout) are named with both values too."""
+    run = tmp_path / "run"
+    _train(sharded, run, "--max-steps", "10")
+    before = _files(run)
+    assert "checkpoint.pt" in before
+    cases = [
+        ("shards: 3}", "shards: 4}", ["table 'users': managed.shards 3 in the run, 4 in the spec (it changes the "
+                                     "checkpoint's layout: one map per shard, managed.users.shard<s>.*",
+                                     "To go on, keep shards: 3 in table 'users' to resume it, or start a new run "
+                                     "(another --out) with the new value"]),
+        ("ttl_steps: 30, shards: 3}", "ttl_steps: 30}", ["managed.shards 3 in the run, 1 in the spec"]),
+        ("rows: 200, admit_min_count: 2, evict: lfu", "rows: 240, admit_min_count: 2, evict: lru",
+         ["table 'users': managed.rows 200 in the run, 240 in the spec (it changes the checkpoint's layout: the "
+          "table's rows", "; table 'users': managed.evict lfu in the run, lru in the spec (it changes which ids "
+          "hold rows)", "keep rows: 200 in table 'users', evict: lfu in table 'users' to resume it",
+          "with the new values"]),
+    ]
+    for old, new, says in cases:
+        changed = tmp_path / "changed.yaml"
+        changed.write_text(sharded.read_text().replace(old, new))
+        assert changed.read_text() != sharded.read_text()
+        r = runner.invoke(app, ["train", str(changed), "--resume", str(run), "--quiet", "--device", "cpu",
+                                "--max-steps", "20"])
+        assert r.exit_code == 2, r.output
+        line = r.stderr.strip().splitlines()[-1]
+        assert line.startswith(f"error: the spec's model differs from the one the run in {run} was trained with: "), line
+        assert all(s in line for s in says), (line, says)
+        assert "Traceback" not in r.output
+        assert _files(run) == before  # nothing written, replaced or added
+    r = runner.invoke(app, ["train", str(changed), "--init-from", str(run), "--out", str(tmp_path / "child"),
+                            "--quiet", "--device", "cpu", "--rows", "600"])
+    assert r.exit_code == 2, r.output
+    line = r.stderr.strip().splitlines()[-1]
+    assert "managed.rows 200 in the run, 240 in the spec" in line and "to start from this run, or train without " \
+           "--init-from" in line, line
+    assert _files(run) == before

@@ -133,3 +133,41 @@ def test_data_checks_take_any_raw_id_but_refuse_nulls_and_non_integers():
         check_partition(ok.set_column(0, "user", pa.array([1, None, 3], pa.int64())), rules, "part-0")
     with pytest.raises(DataError, match="expected int64"):
         check_partition(ok.set_column(0, "user", pa.array([1.5, 2.0, 3.0])), rules, "part-0")
+
+
+def test_changes_of_managed_settings_are_named_with_both_values():
+    """What `flowrec train --resume / --init-from` says when the spec's managed settings differ
+    from the run's (`flowrec.runs.changes`): every changed field with both values, layout or not;
+    a table managed on one side only; the generic line when the spec cannot be read."""
+    import json
+
+    from flowrec.runs.changes import changed_model_line, managed_changes
+
+    old = spec_from_dict(copy.deepcopy(BASE))
+    doc = copy.deepcopy(BASE)
+    _managed(doc).update(shards=5, every_steps=20)
+    del _managed(doc)["ttl_steps"]
+    new = spec_from_dict(doc)
+    assert managed_changes(old, old) == []
+    phrases = [c.phrase() for c in managed_changes(old, new)]
+    assert phrases == [
+        "table 'users': managed.every_steps 10 in the run, 20 in the spec (it changes which ids hold rows)",
+        "table 'users': managed.ttl_steps 40 in the run, not set in the spec (it changes which ids hold rows)",
+        "table 'users': managed.shards 1 in the run, 5 in the spec (it changes the checkpoint's layout: one map per "
+        "shard, managed.users.shard<s>.*, and each id's shard and row follow from the count)"], phrases
+    hashed = copy.deepcopy(BASE)
+    hashed["tables"][0] = {"name": "users", "dim": 8, "hash_buckets": 50}
+    (change,) = managed_changes(old, spec_from_dict(hashed))
+    assert change.phrase().startswith("table 'users' is managed in the run, not in the spec (it changes the checkpoint's")
+    assert change.keep() == "table 'users' managed"
+    (change,) = managed_changes(spec_from_dict(hashed), old)
+    assert change.phrase().startswith("table 'users' is managed in the spec, not in the run")
+    state = {"spec": json.dumps(to_dict(old))}
+    line = changed_model_line("runs/a", state, new, starting_from=False)
+    assert line.startswith("the spec's model differs from the one the run in runs/a was trained with: table 'users': "
+                           "managed.every_steps 10 in the run, 20 in the spec"), line
+    assert line.endswith("To go on, keep every_steps: 10 in table 'users', ttl_steps: 40 in table 'users', shards: 1 "
+                         "in table 'users' to resume it, or start a new run (another --out) with the new values"), line
+    for damaged in ({"spec": "{not json"}, {"spec": json.dumps({"name": 3})}, {}):
+        assert changed_model_line("runs/a", damaged, new, False) == \
+            "the spec's model differs from the one the run in runs/a was trained with"

@@ -1,0 +1,128 @@
+"""What a spec changes in the model of a run it would resume or start from, in words.
+
+A run resumes (`--resume`) or starts from another (`--init-from`) only with the model it was
+trained with (`flowrec.graph.plan_io.model_fingerprint`). When the fingerprints differ, the
+generic line ("the spec's model differs") leaves the user to diff the specs; for the settings of
+managed tables this module names the table, the field and both values, and says whether the
+change alters the checkpoint's layout:
+
+- `managed.shards`: the checkpoint holds one map per shard (`managed.<table>.shard<s>.*`) and an
+  id's shard and row follow from S (`shard_of(id) % S`, rows `r % S == s`): another S is another
+  set of keys, and another contest for every id. No conversion exists: start a new run, or keep
+  the old S.
+- `managed.rows`: the table's rows (the embedding rows and optimizer state) and every shard's
+  capacity and free rows.
+- a table managed in one spec and not in the other: map keys on one side only.
+- the map's rules (`admit_min_count`, `evict`, `decay`, `every_steps`, `ttl_steps`) keep the
+  layout but change the model a run continues (which ids hold rows), so they are named too.
+
+Example:
+    >>> [c.phrase() for c in managed_changes(old_spec, new_spec)]  # doctest: +SKIP
+    ["table 'users': managed.shards 4 in the run, 8 in the spec (it changes the checkpoint's layout: ...)"]
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+from typing import Any
+
+from flowrec.spec.model import ManagedSpec, ModelSpec
+
+LAYOUT_FIELDS = {
+    "shards": "it changes the checkpoint's layout: one map per shard, managed.{table}.shard<s>.*, and each id's "
+              "shard and row follow from the count",
+    "rows": "it changes the checkpoint's layout: the table's rows and optimizer state, and every map's capacity",
+}
+
+
+def recorded_spec(state: dict[str, Any]) -> ModelSpec | None:
+    """The spec a checkpoint recorded (its `spec` entry), or None when it cannot be read as one."""
+    from flowrec.spec.load import spec_from_dict
+
+    try:
+        return spec_from_dict(json.loads(state["spec"]))
+    except Exception:  # any damage: the caller falls back to its generic line
+        return None
+
+
+@dataclass(frozen=True)
+class Change:
+    """One managed setting of one table that differs. `field` None: the table is managed on one
+    side only (`old` / `new`: whether it is managed in the run / the spec)."""
+
+    table: str
+    field: str | None
+    old: Any
+    new: Any
+
+    def phrase(self) -> str:
+        """E.g. "table 'users': managed.shards 4 in the run, 8 in the spec (it changes the checkpoint's layout: ...)"."""
+        if self.field is None:
+            where, other = ("the run", "the spec") if self.old else ("the spec", "the run")
+            return (f"table {self.table!r} is managed in {where}, not in {other} (it changes the checkpoint's "
+                    "layout: the map's arrays are on one side only)")
+        why = LAYOUT_FIELDS.get(self.field)
+        return (f"table {self.table!r}: managed.{self.field} {_value(self.old)} in the run, {_value(self.new)} in "
+                "the spec" + (f" ({why.format(table=self.table)})" if why else " (it changes which ids hold rows)"))
+
+    def keep(self) -> str:
+        """What to leave as the run had it, e.g. "shards: 4 in table 'users'"."""
+        if self.field is None:
+            return f"table {self.table!r} {'managed' if self.old else 'not managed'}"
+        return f"{self.field}: {_value(self.old)} in table {self.table!r}"
+
+
+def managed_changes(old: ModelSpec, new: ModelSpec) -> list[Change]:
+    """Every managed setting that differs between `old` (the run's spec) and `new` (the spec
+    given), in table order of `old` then of tables only `new` has; empty when none does.
+
+    Args:
+        old: the spec the run was trained with.
+        new: the spec given to resume it or start from it.
+
+    Returns:
+        The changes (`Change.phrase` says each in words).
+    """
+    before = {t.name: t.managed for t in old.tables}
+    after = {t.name: t.managed for t in new.tables}
+    out: list[Change] = []
+    for name in [*before, *(n for n in after if n not in before)]:
+        a, b = before.get(name), after.get(name)
+        if a is None and b is None:
+            continue
+        if (a is None) != (b is None):
+            out.append(Change(name, None, a is not None, b is not None))
+            continue
+        out += [Change(name, f.name, getattr(a, f.name), getattr(b, f.name))
+                for f in fields(ManagedSpec) if getattr(a, f.name) != getattr(b, f.name)]
+    return out
+
+
+def _value(value: Any) -> str:
+    return "not set" if value is None else f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) \
+        else str(value)
+
+
+def changed_model_line(folder: str, state: dict[str, Any], spec: ModelSpec, starting_from: bool) -> str:
+    """The one line refusing `spec` for the run in `folder` (whose checkpoint is `state`): the
+    managed settings that differ, with what to do, or the generic line when none does.
+
+    Args:
+        folder: the run folder (or checkpoint) resumed or started from.
+        state: its checkpoint (the `spec` entry is read).
+        spec: the spec given.
+        starting_from: True for `--init-from` (a new run from that one), False for `--resume`.
+
+    Returns:
+        The line, without "error: ".
+    """
+    line = f"the spec's model differs from the one the run in {folder} was trained with"
+    old = recorded_spec(state)
+    changes = managed_changes(old, spec) if old is not None else []
+    if not changes:
+        return line
+    keep = ", ".join(c.keep() for c in changes)
+    todo = (f"keep {keep} to start from this run, or train without --init-from" if starting_from
+            else f"keep {keep} to resume it, or start a new run (another --out) with the new "
+                 f"value{'s' if len(changes) > 1 else ''}")
+    return f"{line}: {'; '.join(c.phrase() for c in changes)}. To go on, {todo}"
