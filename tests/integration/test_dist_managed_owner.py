@@ -1,10 +1,12 @@
-"""Owner ranks' remap collectives over gloo (2 processes): each rank remaps its slice of each
+"""Owner ranks' remap collectives over gloo (2 and 3 processes): each rank remaps its slice of each
 global batch through the owners of the ids' shards, and the rows, the freed rows and the owners'
 steps equal S plain dict references stepped on the whole batches (fresh Zipf streams); lookups
-of the whole batch equal the references' rows; a rank that dies, or lives but never takes part,
-makes the other fail (within the timeout), never hang.
+of the whole batch equal the references' rows; with 3 ranks (uneven slices, a rank owning no
+shard of a table) rows, freed rows, lookups, counts and every shard's final map arrays equal one
+process's remapper bitwise; a rank that dies, or lives but never takes part, makes the other
+fail (within the timeout), never hang.
 
-Each test starts 2 processes of this file (`python test_dist_managed_owner.py MODE RANK ...`, a
+Each test starts 2 (or 3) processes of this file (`python test_dist_managed_owner.py MODE RANK ...`, a
 free port chosen at run time, a timeout on the process group, on every collective and on every
 process, every process killed at the end).
 """
@@ -34,6 +36,16 @@ SPEC = {
     "heads": [{"name": "ctr", "input": "top"}],
     "optimizer": {"dense": {"name": "sgd", "lr": 0.1}, "sparse": {"name": "sgd", "lr": 0.1}},
 }
+
+
+def spec_doc(mode: str) -> dict:
+    """The spec of a mode: SPEC, or for "few" SPEC with 2 item shards (under 3 ranks, rank 2 owns
+    no shard of that table: it still sends, receives and resets)."""
+    if mode != "few":
+        return SPEC
+    doc = json.loads(json.dumps(SPEC))
+    doc["tables"][1]["managed"]["shards"] = 2
+    return doc
 
 
 def stream(seed: int) -> list[dict[str, np.ndarray]]:
@@ -66,7 +78,7 @@ def worker(mode: str, rank: int, world: int, port: int, out: Path, seed: int, ti
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=timeout_s))
     groups = [dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s)) for _ in range(2)]
-    spec = spec_from_dict(SPEC)
+    spec = spec_from_dict(spec_doc(mode))
     layout = group_layout(spec)
     where = {t.table: (g.name, t.row_offset) for g in layout for t in g.tables}
     me = SimpleNamespace(size=world, rank=rank, timeout_s=timeout_s)
@@ -95,6 +107,7 @@ def worker(mode: str, rank: int, world: int, port: int, out: Path, seed: int, ti
     except RuntimeError as exc:
         report["error"] = str(exc)
     report["seconds"] = time.monotonic() - t0
+    np.savez(out / f"maps{rank}.npz", **{f"{t}.{k}": v for t, m in remap.maps.items() for k, v in m.state().items()})
     (out / f"rank{rank}.json").write_text(json.dumps(report))
     os._exit(0)  # no teardown collective with a dead peer
 
@@ -135,24 +148,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(mode: str, out: Path, seed: int, timeout_s: float) -> list[dict]:
+def launch(mode: str, out: Path, seed: int, timeout_s: float, world: int = 2) -> list[dict]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1"}
     port = free_port()
-    procs = [subprocess.Popen([sys.executable, __file__, mode, str(r), "2", str(port), str(out), str(seed),
+    procs = [subprocess.Popen([sys.executable, __file__, mode, str(r), str(world), str(port), str(out), str(seed),
                                str(timeout_s)], cwd=REPO, env=env, stdout=(out / f"log{r}").open("wb"),
-                              stderr=subprocess.STDOUT) for r in range(2)]
+                              stderr=subprocess.STDOUT) for r in range(world)]
     try:
-        codes = [p.wait(timeout=120) for p in procs]
+        deadline = time.monotonic() + 120  # all processes together
+        codes = [p.wait(timeout=max(1.0, deadline - time.monotonic())) for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait(timeout=30)
-    logs = [(out / f"log{r}").read_text(errors="replace")[-3000:] for r in range(2)]
-    assert codes == [0, 0], logs
+    logs = [(out / f"log{r}").read_text(errors="replace")[-3000:] for r in range(world)]
+    assert codes == [0] * world, logs
     return [json.loads((out / f"rank{r}.json").read_text()) if (out / f"rank{r}.json").exists() else None
-            for r in range(2)]
+            for r in range(world)]
 
 
 def test_two_owner_ranks_remap_as_the_sharded_dict_reference(tmp_path: Path):
@@ -193,6 +207,51 @@ def test_two_owner_ranks_remap_as_the_sharded_dict_reference(tmp_path: Path):
                 {g: sorted(v) for g, v in expected_resets.items() if v}, (seed, k)
     assert freed > 0 and shards_of_rank1 > 0  # evictions happened and both ranks owned ids
     assert ranks[0]["owned"] == {"users": [0, 2], "items": [0, 2]} and ranks[1]["owned"] == {"users": [1, 3], "items": [1]}
+
+
+def test_three_owner_ranks_remap_and_step_the_maps_one_process_does(tmp_path: Path):
+    """3 owner ranks, uneven slices (14, 13, 13 of 40) and uneven ownership (users: 4 shards, rank 0
+    owns 0 and 3; items: 2 shards, rank 2 owns none): each slice's rows, every rank's freed rows and
+    lookups of the whole batch, each owner's global counts, and at the end every owned shard's map
+    arrays, bitwise equal to one process's `Remapper` over maps of all shards on the whole batches."""
+    from flowrec.data.managed import STATE_KEYS, ShardedMap, owner_shards, shard_of
+    from flowrec.data.managed_stage import Remapper
+    from flowrec.graph.packing import group_layout
+    from flowrec.spec import spec_from_dict
+
+    seed = random.randrange(1 << 30)
+    ranks = launch("few", tmp_path, seed, 60, world=3)
+    assert all("error" not in r for r in ranks), [r.get("error") for r in ranks]
+    spec = spec_from_dict(spec_doc("few"))
+    layout = group_layout(spec)
+    one = Remapper(spec, layout, {t.name: ShardedMap(t.managed) for t in spec.tables}, train=True)
+    table_of = {"user": "users", "item": "items"}
+    freed = 0
+    for k, batch in enumerate(stream(seed)):
+        cols, done = one.remap(dict(batch))
+        look, _ = Remapper(spec, layout, {t: m.copy() for t, m in one.maps.items()}, train=False).remap(dict(batch))
+        for f in batch:
+            assert sum((r["rows"][k][f] for r in ranks), []) == cols[f].tolist(), (seed, k, f)  # slices in rank order
+            assert [r["lookups"][k][f] for r in ranks] == [look[f].tolist()] * 3, (seed, k, f)
+        resets = {g: v.tolist() for g, v in done.resets.items() if len(v)}
+        freed += sum(len(v) for v in resets.values())
+        for rank, r in enumerate(ranks):
+            assert {g: sorted(v) for g, v in r["resets"][k].items() if v} == resets, (seed, k, rank)
+            for t, m in one.maps.items():
+                unique, counts = done.steps[t]
+                mine = np.isin(shard_of(unique, len(m.shards)), owner_shards(len(m.shards), 3, rank))
+                assert r["steps"][k].get(t, [[], []]) == [unique[mine].tolist(), counts[mine].tolist()], (seed, k, t)
+    assert freed > 0  # evictions happened
+    assert [r["owned"] for r in ranks] == [{"users": [0, 3], "items": [0]}, {"users": [1], "items": [1]},
+                                           {"users": [2], "items": []}]
+    whole = {f"{t}.{k}": v for t, m in one.maps.items() for k, v in m.state().items()}
+    seen = set()
+    for rank in range(3):
+        with np.load(tmp_path / f"maps{rank}.npz") as got:
+            for key in got.files:
+                assert got[key].dtype == whole[key].dtype and np.array_equal(got[key], whole[key]), (seed, rank, key)
+            seen |= set(got.files)
+    assert seen == set(whole) and len(whole) == len(STATE_KEYS) * (4 + 2)  # every shard's arrays, on its owner
 
 
 def test_ranks_whose_iterators_close_at_different_exchanges_post_nothing_more(tmp_path: Path):
