@@ -96,7 +96,7 @@ def plan_local_ranks(given: int | None, world_size: int) -> int:
     `flowrec train --nproc W` runs them); at most `world_size`. Exit 2 when `given` exceeds it."""
     if given is not None:
         if given > world_size:
-            fail(f"--local-ranks {given}: more than the {world_size} ranks planned for (--world-size); "
+            fail(f"--local-ranks {given}: more than the {world_size} rank{'s' if world_size != 1 else ''} planned for (--world-size); "
                  "the ranks of one machine are some of the world's")
         return given
     text = os.environ.get("LOCAL_WORLD_SIZE", "")

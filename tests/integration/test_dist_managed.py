@@ -88,7 +88,7 @@ def owners(tmp_path_factory) -> Path:
     doc.update(name="tiny_dist_owners", training={"batch_size": 45, "epochs": 1, "seed": 7})
     doc["tables"][0]["managed"].update(rows=40, every_steps=3, shards=4)
     (root / "spec.yaml").write_text(yaml.safe_dump(doc))
-    for world in (1, 2):
+    for world in (1, 2, 3):
         made = flowrec("plan", "spec.yaml", "--world-size", str(world), "--json", f"p{world}.json", cwd=root)
         assert made.returncode == 0, made.stderr
         plan = json.loads((root / f"p{world}.json").read_text())
@@ -151,3 +151,26 @@ def test_owner_rank_checkpoints_regroup_whole_shards_at_another_world_size(owner
     assert_same_model(owners / "o_full", owners / "o_cut1")
     full, cut = _maps(owners / "o_full"), _maps(owners / "o_cut1")
     assert all(torch.equal(full[k], cut[k]) for k in full)
+
+
+def test_three_owner_ranks_train_the_shards_and_rows_one_process_trains(owners: Path):
+    """3 ranks over 4 shards (rank 0 owns shards 0 and 3, ranks 1 and 2 one each; slices of 15 of
+    the 45 samples; the rows row-wise over 3 ranks): the parameters, the maps bitwise and the
+    report's totals are one process's; each rank's checkpoint shard holds the maps it owns."""
+    if not (owners / "o1" / "checkpoint.pt").is_file():
+        train(owners, "o1", 1, "--plan", "p1.json")
+    train(owners, "o3", 3, "--plan", "p3.json", "--checkpoint-full-every", "2", "--checkpoint-every", "4")
+    assert_same_model(owners / "o1", owners / "o3")
+    one_maps, three_maps = _maps(owners / "o1"), _maps(owners / "o3")
+    assert sorted(three_maps) == sorted(one_maps) and len(one_maps) == 4 * 7
+    different = [k for k in one_maps if not torch.equal(one_maps[k], three_maps[k])]
+    assert not different, different
+    stats = sum(one_maps[f"managed.users.shard{s}.stats"] for s in range(4)).tolist()
+    assert stats[1] + stats[2] > 0  # rows were evicted or expired, and reset on every rank
+    ends = [[json.loads(x) for x in (owners / run / "metrics.jsonl").read_text().splitlines()][-1] for run in ("o1", "o3")]
+    assert ends[0]["managed"]["tables"]["users"] == ends[1]["managed"]["tables"]["users"]
+    raw = read_torch_file(owners / "o3" / "checkpoint.pt", "cpu")
+    owned = [sorted({k.split(".")[2] for k in read_torch_file(owners / "o3" / "checkpoint.shards" / name, "cpu")["managed"]})
+             for name in raw["shards"]["files"]]
+    assert owned == [["shard0", "shard3"], ["shard1"], ["shard2"]], owned
+
