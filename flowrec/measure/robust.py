@@ -168,7 +168,8 @@ class SchedClock:
             if self._cores is None:
                 self._cores = self.cores()
             own_cpu = max(0.0, own_cpu - max(0, self._cores - threads) * wall_ns)
-        foreign = max(0.0, (waited - own_cpu) * 1e-9)
+        # the counters span the round and the reads at its ends: a wait during a read is not the round's
+        foreign = min(max(0.0, (waited - own_cpu) * 1e-9), t1 - t0)
         return Round((t1 - t0) / calls, foreign / calls)
 
 
