@@ -35,6 +35,7 @@ Ratios:
 Usage:
     python tools/bench_costmodel.py [--steps 20] [--profile FILE] [--device-budget 64MiB] [--cache POLICY]
         [--specs a.yaml,b.yaml] [--threads N] [--nproc N] [--one-epoch] [--json PATH]
+    python tools/bench_costmodel.py --merge part1.json,part2.json --json PATH
 """
 from __future__ import annotations
 
@@ -209,6 +210,65 @@ def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str |
     return row
 
 
+OPTIONS = ("device_budget", "threads", "nproc", "cache", "one_epoch")  # a result's run options (--merge: all equal)
+
+
+def summarize(rows: list[dict[str, Any]], calibrations: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
+    """The result document of per-spec `rows` (`measure_spec`, or {"spec", "error"}): the rows, the
+    calibrations, the run `options` (OPTIONS) and the ratios over every row with a step error."""
+    steps = [abs(r["step_error"]) for r in rows if "step_error" in r]
+    quick = [abs(r["step_error_fastest_quartile"]) for r in rows if "step_error" in r]
+    plain = [abs(r["step_error_wall_median"]) for r in rows if "step_error" in r]
+    byte_errors = [abs(r["bytes_error"]) for r in rows if r.get("bytes_error") is not None]
+    return {
+        "benchmark": "costmodel",
+        "calibration": calibrations,
+        **options,
+        "specs": rows,
+        "ratios": {"costmodel_max_step_error": max(steps) if steps else None,
+                   "costmodel_median_step_error": quantile(steps, 0.5) if steps else None,
+                   "costmodel_max_step_error_fastest_quartile": max(quick) if quick else None,
+                   "costmodel_max_step_error_wall_median": max(plain) if plain else None,
+                   "costmodel_max_bytes_error": max(byte_errors) if byte_errors else None},
+        "bytes_compared_specs": [r["spec"] for r in rows if r.get("bytes_error") is not None],
+    }
+
+
+def merge(paths: list[Path]) -> dict[str, Any]:
+    """One result of several runs' results (parts of one benchmark run with `--specs`, each under a
+    short exclusive hold of a shared machine, and reruns of single specs): their rows by spec name
+    in name order, a later file's row replacing an earlier one's, each spec's calibration with its
+    row, the ratios over the merged rows; every part's run options must be equal, and the
+    result records its `parts`.
+
+    Raises:
+        SystemExit: (2) a part that is not a result of this benchmark, a given profile (not per spec
+            calibrations), or options that differ, in one line naming the file.
+    """
+    rows: dict[str, dict[str, Any]] = {}
+    calibrations: dict[str, Any] = {}
+    options = None
+    for path in paths:
+        try:
+            doc = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            raise SystemExit(f"{path}: not a bench_costmodel result ({exc})") from None
+        if not isinstance(doc, dict) or doc.get("benchmark") != "costmodel" or "given" in doc.get("calibration", {}):
+            raise SystemExit(f"{path}: not a bench_costmodel result with per-spec calibrations")
+        these = {name: doc.get(name) for name in OPTIONS}
+        if options is not None and these != options:
+            raise SystemExit(f"{path}: run options {these} differ from the first part's {options}")
+        options = these
+        for row in doc["specs"]:
+            rows[row["spec"]] = row
+            if row["spec"] in doc["calibration"]:
+                calibrations[row["spec"]] = doc["calibration"][row["spec"]]
+    ordered = [rows[name] for name in sorted(rows)]
+    result = summarize(ordered, {name: calibrations[name] for name in sorted(calibrations)}, options or {})
+    result["parts"] = [str(p) for p in paths]
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20, help=f"timed training steps per spec (after {WARMUP_STEPS} warm-up steps)")
@@ -227,7 +287,20 @@ def main() -> None:
                         help="ranks of every run (local processes, gloo); with N > 1 each calibration also measures "
                              "the collectives (`flowrec calibrate --nproc N`), so the plan prices its exchange "
                              "with this machine's link; the measured step is the slowest rank's")
+    parser.add_argument("--merge", default="",
+                        help="comma-separated result files of parts of one run (--specs) to merge into --json "
+                             "(rows by spec, a later file's replacing an earlier's; ratios recomputed); runs nothing")
     args = parser.parse_args()
+    if args.merge:
+        try:
+            result = merge([Path(p) for p in args.merge.split(",")])
+        except SystemExit as exc:
+            print(f"bench_costmodel: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        print(json.dumps(result["ratios"], indent=2))
+        return
     if args.nproc < 1:
         parser.error("--nproc must be at least 1")
     if args.threads:
@@ -259,27 +332,9 @@ def main() -> None:
             except (RuntimeError, subprocess.TimeoutExpired) as exc:
                 rows.append({"spec": spec.name, "error": str(exc)})
             print(json.dumps(rows[-1]), flush=True)
-    steps = [abs(r["step_error"]) for r in rows if "step_error" in r]
-    quick = [abs(r["step_error_fastest_quartile"]) for r in rows if "step_error" in r]
-    plain = [abs(r["step_error_wall_median"]) for r in rows if "step_error" in r]
-    byte_errors = [abs(r["bytes_error"]) for r in rows if r.get("bytes_error") is not None]
-    result = {
-        "benchmark": "costmodel",
-        "calibration": calibrations if args.profile is None else {"given": str(args.profile),
-                                                                  **next(iter(calibrations.values()), {})},
-        "device_budget": args.device_budget,
-        "threads": args.threads,
-        "nproc": args.nproc,
-        "cache": args.cache,
-        "one_epoch": args.one_epoch,
-        "specs": rows,
-        "ratios": {"costmodel_max_step_error": max(steps) if steps else None,
-                   "costmodel_median_step_error": quantile(steps, 0.5) if steps else None,
-                   "costmodel_max_step_error_fastest_quartile": max(quick) if quick else None,
-                   "costmodel_max_step_error_wall_median": max(plain) if plain else None,
-                   "costmodel_max_bytes_error": max(byte_errors) if byte_errors else None},
-        "bytes_compared_specs": [r["spec"] for r in rows if r.get("bytes_error") is not None],
-    }
+    result = summarize(rows, calibrations if args.profile is None else
+                       {"given": str(args.profile), **next(iter(calibrations.values()), {})},
+                       {name: getattr(args, name) for name in OPTIONS})
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result["ratios"], indent=2))

@@ -3,8 +3,8 @@ dense layers of every shape (forward and backward), the dense optimizers, the sp
 
 Every cost is fit as a linear model, fixed + work / rate, to timings at a few sizes
 (`fit_linear`: least squares on relative errors, coefficients kept non-negative), so it applies to
-shapes that were not measured. Timings are the fastest of interleaved rounds
-(`flowrec.measure.calibrate.interleaved_seconds`).
+shapes that were not measured. Timings are interleaved rounds estimated by the timing rule
+(`flowrec.measure.calibrate.interleaved_seconds`, `flowrec.measure.robust`).
 Dense layers are timed as the runtime runs them (`nn.Linear` and its activation under autograd,
 forward, then forward + backward). The sparse path is timed through the project's own operators
 (`operators.embedding.PackedEmbeddingBag`: the embedding-bag forward, then the casted

@@ -4,12 +4,19 @@ compute scale and its staging rate, measured on its plan once the machine's cons
 Each measurement needs the ones before it in the profile: the dense ops are timed as whole
 operator modules (`flowrec.measure.step.op_seconds`) at a few batch sizes (the cost
 model interpolates between them); the framework cost is what real training steps at tiny batch sizes
-(where the work terms nearly vanish; the fastest step, as the ops keep their fastest round) take
-beyond the prediction of the profile so far; the compute scale is what real steps at the spec's
-batch size (the fastest step) take beyond that fixed cost, over the work the profile prices op by
-op (in a step the ops share caches, the allocator and the autograd engine); the staging rate is the values the trainer's batch
+(where the work terms nearly vanish) take beyond the prediction of the profile so far; the compute
+scale is what real steps at the spec's batch size take beyond that fixed cost, over the work the
+profile prices op by op (in a step the ops share caches, the allocator and the autograd engine); the staging rate is the values the trainer's batch
 pipeline stages per CPU second (CPU only: there the data threads share the trainer's cores, so
 their CPU time is taken from its steps; a GPU's host stages beside the device).
+
+One timing rule for every measurement (`flowrec.measure.robust.estimate`: the median of the
+rounds other processes did not delay, else the median round less its wait), the rule
+`tools/bench_costmodel.py` estimates a run's measured step by: a step measurement pools the
+rounds of all its blocks into one estimate rather than keeping its fastest block. The fastest of
+several medians is a lower bound (it keeps the quietest spell of a shared host, whose
+neighbours' memory traffic slows a round without any run-queue wait), while the run it predicts
+is measured at its median; calibrating by the fastest priced every step below its median.
 
 Example:
     >>> measured, details = spec_constants(spec, torch.device("cpu"), measured, 0.5)  # doctest: +SKIP
@@ -42,7 +49,7 @@ TINY_STEPS = 12  # timed steps at each
 TINY_REPEATS = 2  # times each batch size is measured (interleaved: a burst of load hits one, not all)
 OP_BATCH_SHARES = (0, 4, 1)  # the dense ops' batch sizes: the smallest tiny batch, batch / 4, batch
 FULL_STEPS = 8  # timed full-batch steps of the compute scale
-FULL_BLOCKS = 3  # measurements of a dense part for the compute scale (the fastest counts) ...
+FULL_BLOCKS = 3  # measurements of a dense part for the compute scale (their rounds pooled) ...
 FULL_BLOCK_SECONDS = 1.5  # ... a further one while this many seconds have not passed
 LIVE_STEPS = 10  # timed steps fed live by the batch pipeline, then the same on staged batches (CPU)
 COMPUTE_SCALE_RANGE = (0.1, 1000.0)  # a sanity bound: on a busy shared CPU every parallel region of a
@@ -67,7 +74,7 @@ def spec_constants(spec: ModelSpec, device: torch.device, measured: dict[str, tu
         if ops:
             out["dense_ops"] = (ops, f"each dense op's operator module and the loss on the inputs the runtime gives them, "
                                      f"forward and forward + backward (minus forward) at batch sizes "
-                                     f"{_op_batches(spec)}, fastest of interleaved rounds, none above a larger "
+                                     f"{_op_batches(spec)}, interleaved rounds (timing rule), none above a larger "
                                      f"batch's; linear between them")
         step_us, step_details = _framework_us(spec, device, plan_for)
         out["step_us"] = (step_us, f"median over {TINY_REPEATS} x {len(TINY_BATCHES)} measurements (batch sizes "
@@ -76,8 +83,8 @@ def spec_constants(spec: ModelSpec, device: torch.device, measured: dict[str, tu
                                    f"their compute: a robust fit of the fixed cost (spread in details)")
         scale, scale_details = _compute_scale(spec, device, plan_for, profile)
         out["compute_scale"] = (scale, f"dense part (forward, loss, backward to the lookups, dense update) of "
-                                       f"real training steps at the spec's batch size (timing rule, fastest of up "
-                                       f"to {FULL_BLOCKS} measurements) less its fixed cost (the same at batch "
+                                       f"real training steps at the spec's batch size (timing rule over the rounds of "
+                                       f"up to {FULL_BLOCKS} measurements) less its fixed cost (the same at batch "
                                        f"{TINY_BATCHES[0]} beyond its priced ops: in step_us), over the profile's "
                                        f"prediction of it")
         details: dict[str, Any] = {"dense_op_signatures": op_details, "framework_us_by_batch": step_details,
@@ -179,7 +186,7 @@ def _compute_scale(spec: ModelSpec, device: torch.device, plan_for, profile: Pat
     and is priced as such). The fixed cost is what the dense part of steps at the smallest tiny
     batch takes beyond its priced ops: the framework cost (`step_us`, fitted on whole tiny steps)
     holds it already, and a scale over it would count it twice (a 1.8 ms step priced 2.8 ms).
-    Each dense part is the fastest of up to FULL_BLOCKS measurements (`_dense_ms`)."""
+    Each dense part is the timing rule over the rounds of up to FULL_BLOCKS measurements (`_dense_ms`)."""
     plan = plan_for(spec.training.batch_size)  # writes `profile` as measured so far
     priced = device_profile(str(profile))
     work_ms = _dense_work_ms(plan, spec, priced)
@@ -208,17 +215,19 @@ def _dense_work_ms(plan: Any, spec: ModelSpec, priced: Any) -> float:
 
 
 def _dense_ms(plan: Any, spec: ModelSpec, device: torch.device) -> tuple[robust.Estimate, float]:
-    """(the fastest estimate, its ms) of the dense part of real steps (`dense_step_seconds`, the
-    timing rule) over up to FULL_BLOCKS measurements, a further one while FULL_BLOCK_SECONDS have
-    not passed: a burst of load that schedstat does not show (a neighbour's memory traffic on a
-    shared host) slows one measurement, not the fastest of several."""
-    started, best = time.perf_counter(), None
+    """(the estimate, its ms) of the dense part of real steps (`dense_step_seconds`) by the timing
+    rule over the rounds of up to FULL_BLOCKS measurements pooled, a further one while
+    FULL_BLOCK_SECONDS have not passed: the blocks spread the rounds over time, so that a burst of
+    load schedstat does not show (a neighbour's memory traffic on a shared host) slows a minority
+    of them, and the median is taken as the benchmark takes a run's (the module docstring: the
+    fastest block would be a lower bound)."""
+    started, rounds = time.perf_counter(), []
     for _ in range(FULL_BLOCKS):
-        est = robust.LOG.add(robust.estimate(dense_step_seconds(plan, spec, device, FULL_STEPS)))
-        best = est if best is None or est.seconds < best.seconds else best
+        rounds += dense_step_seconds(plan, spec, device, FULL_STEPS)
         if time.perf_counter() - started > FULL_BLOCK_SECONDS:
             break
-    return best, best.seconds * 1e3
+    est = robust.LOG.add(robust.estimate(rounds))
+    return est, est.seconds * 1e3
 
 
 def _staging_rate(spec: ModelSpec, device: torch.device, plan: Any) -> tuple[float, dict[str, Any]]:

@@ -75,7 +75,7 @@ class DeviceProfile:
     path of a group costs, forward, `sparse_fwd_us` + ids x (`sparse_fwd_ns_per_id` + dim x
     `sparse_fwd_ns_per_elem`) and, backward (casting, gather-reduce, fused update), per sparse
     optimizer `sparse_update` = (us, ns per id, ns per id and dim element, ns per unique row, ns
-    per unique row and dim element); host and cached placements map every id and unique row
+    per unique row and dim element); cached placements map every id and unique row
     through a row map (`map_ns_per_id` each). `dense_update` = per dense optimizer (us per
     parameter tensor, ns per parameter element) of one step. `dense_ops` = per measured dense op
     (`op_work.op_signature`) its forward and backward us at a few batch sizes, which price that op
@@ -505,8 +505,15 @@ def predict(graph: OpGraph, spec: ModelSpec, device: DeviceProfile, *, micro_bat
 def sparse_seconds(u: _Unit, device: DeviceProfile, batch: int, profile: AccessProfile | None
                    ) -> tuple[float, float]:
     """(forward, backward) seconds of one lookup unit on `batch` samples: the pooled lookup; the
-    casting, gather-reduce and fused update of its distinct rows; for host and cached placements
-    the row map of every id and unique row, and the host rows' gathers."""
+    casting, gather-reduce and fused update of its distinct rows; for cached placements the row
+    map of every id and unique row (ids to slots) and the gathers of the rows they miss; for a
+    `host` table on a device with its own host, the host's gathers of its rows.
+
+    A `host` table has no row map (`HostEmbedding` looks its ids up in the packed table as a
+    device-resident one does), and where the host is the device (the CPU: no link) its lookup is
+    the host gather already: pricing a map and a second gather there put 191 ms on wide_1000's
+    1.6 s step (a 64 MiB budget makes its six groups host tables), whose lookups measured the same
+    host-placed or resident (99-120 against 100-107 ms a batch of 8,192 on this 2-core CPU)."""
     ids = u.lookups(batch)
     distinct = _distinct_rows(u, ids, profile)
     per_id, per_elem = device.per_id_ns
@@ -515,8 +522,9 @@ def sparse_seconds(u: _Unit, device: DeviceProfile, batch: int, profile: AccessP
     backward = (fixed_us * 1e-6 + ids * (id_ns + u.dim * id_elem_ns) * 1e-9
                 + distinct * (row_ns + u.dim * row_elem_ns) * 1e-9)
     info = PLACEMENTS[u.placement]
-    if info.rows_on == "host" or info.cached:
+    if info.cached:
         forward += (ids + distinct) * device.map_ns(u.local_rows) * 1e-9
+    if info.cached or (info.rows_on == "host" and device.pcie_gbps is not None):
         forward += (1.0 - u.hit_rate) * distinct / device.host_gather_rows_per_s
     return forward, backward
 

@@ -170,6 +170,24 @@ def test_bare_numbers_and_the_log():
     assert summary["extrapolated_measurements"] == 1
 
 
+def test_the_clocks_own_reads_are_outside_the_round():
+    """Reading schedstat takes time (per thread of the process): a round holds the work between
+    start and stop, not the counters' reads at either end, however many threads there are."""
+    for threads in (1, 30):
+        machine = FakeMachine(work=2e-3, p=0.0, delay=0.0)
+        read_seconds = 20e-6 * threads
+
+        def read(machine=machine, read_seconds=read_seconds):
+            machine.t += read_seconds + 5e-3
+            machine.threads[1][1] += int(5e-3 * 1e9)  # descheduled 5 ms while reading: outside the round
+            return machine.read()
+
+        clock = SchedClock(read=read, wall=machine.wall, caller=lambda: 1, threads=lambda: 1)
+        rounds = time_rounds(machine.run, 5, clock=clock)
+        assert [r.wall for r in rounds] == pytest.approx([2e-3] * 5, abs=1e-12)
+        assert all(0 < r.waited <= r.wall for r in rounds)
+
+
 def test_real_clock_reads_this_process():
     rounds = time_rounds(lambda: sum(range(20000)), 5)
     assert len(rounds) == 5 and all(r.wall > 0 and r.waited >= 0 for r in rounds)

@@ -1,0 +1,67 @@
+"""tools/bench_costmodel.py --merge: parts of one run (each under its own short exclusive hold of
+a shared machine) make one result: rows by spec, a rerun's row replacing the first, the ratios
+recomputed over the merged rows; parts of different runs are refused in one line (exit 2)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("bench_costmodel", REPO / "tools" / "bench_costmodel.py")
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+OPTIONS = {"device_budget": "64MiB", "threads": 1, "nproc": 1, "cache": None, "one_epoch": False}
+
+
+def _row(spec: str, error: float, bytes_error: float | None = None) -> dict:
+    row = {"spec": spec, "step_error": error, "step_error_fastest_quartile": error * 1.5,
+           "step_error_wall_median": error * 2}
+    if bytes_error is not None:
+        row["bytes_error"] = bytes_error
+    return row
+
+
+def _part(path: Path, rows: list[dict], **options) -> Path:
+    calibration = {r["spec"]: {"step_us": random.uniform(100, 900)} for r in rows if "error" not in r}
+    path.write_text(json.dumps(bench.summarize(rows, calibration, {**OPTIONS, **options})))
+    return path
+
+
+def test_parts_merge_into_one_result_with_the_ratios_of_all_rows(tmp_path):
+    first = _part(tmp_path / "a.json", [_row("b.yaml", -0.30), _row("a.yaml", 0.04, 0.02)])
+    second = _part(tmp_path / "b.json", [_row("c.yaml", 0.07, -0.15), {"spec": "d.yaml", "error": "failed"}])
+    rerun = _part(tmp_path / "c.json", [_row("b.yaml", -0.08)])
+    out = tmp_path / "all.json"
+    done = subprocess.run([sys.executable, "tools/bench_costmodel.py", "--merge", f"{first},{second},{rerun}",
+                           "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(out.read_text())
+    assert [r["spec"] for r in doc["specs"]] == ["a.yaml", "b.yaml", "c.yaml", "d.yaml"]
+    assert doc["specs"][1]["step_error"] == -0.08  # the rerun's row
+    assert sorted(doc["calibration"]) == ["a.yaml", "b.yaml", "c.yaml"]
+    assert doc["calibration"]["b.yaml"] == json.loads(rerun.read_text())["calibration"]["b.yaml"]
+    ratios = doc["ratios"]
+    assert ratios["costmodel_max_step_error"] == pytest.approx(0.08)
+    assert ratios["costmodel_median_step_error"] == pytest.approx(0.07)
+    assert ratios["costmodel_max_step_error_wall_median"] == pytest.approx(0.16)
+    assert ratios["costmodel_max_bytes_error"] == pytest.approx(0.15)
+    assert doc["bytes_compared_specs"] == ["a.yaml", "c.yaml"]
+    assert {k: doc[k] for k in OPTIONS} == OPTIONS and len(doc["parts"]) == 3
+
+
+@pytest.mark.parametrize("other", [{"device_budget": None}, {"nproc": 2}, {"threads": 2}])
+def test_parts_of_different_runs_are_refused_in_one_line(tmp_path, other):
+    first = _part(tmp_path / "a.json", [_row("a.yaml", 0.01)])
+    second = _part(tmp_path / "b.json", [_row("b.yaml", 0.02)], **other)
+    done = subprocess.run([sys.executable, "tools/bench_costmodel.py", "--merge", f"{first},{second}",
+                           "--json", str(tmp_path / "all.json")], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2 and str(second) in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "all.json").exists()
