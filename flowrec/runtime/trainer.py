@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import json
+import os
 import signal
 import threading
 import time
@@ -59,6 +60,9 @@ from flowrec.spec.model import ModelSpec
 
 INTERRUPT_FLAG, STOP_FLAG = 0, 1  # the flags the ranks agree on each step (`DenseParallel`), in this order
 HORIZON_WINDOWS = 3  # lookahead caches: staged horizon, in windows, that victims are chosen by
+# "inline": a distributed run writes its checkpoints on the training thread (the behaviour before
+# background writes, for comparison: tools/bench_checkpoint.py --nproc 2); default: in the background
+RANK_CHECKPOINTS_ENV = "FLOWREC_RANK_CHECKPOINTS"
 
 
 @dataclass(frozen=True)
@@ -242,7 +246,8 @@ class Trainer:
             return Checkpointer(path, self.config.checkpoint_full_every, rows)
         from flowrec.runtime.checkpoint.ranks import RankCheckpointer
 
-        return RankCheckpointer(path, self.config.checkpoint_full_every, rows, self.model, self.world)
+        background = os.environ.get(RANK_CHECKPOINTS_ENV, "background") != "inline"
+        return RankCheckpointer(path, self.config.checkpoint_full_every, rows, self.model, self.world, background)
 
     @property
     def lead(self) -> bool:
