@@ -307,7 +307,8 @@ class RankCheckpointer:
 
         Raises:
             TrainingStopped / CheckpointError: a rank's write or rank 0's manifest failed (the
-                same error on every rank), or a rank did not answer within the timeout.
+                same error on every rank).
+            RankLost: a rank did not answer within the run's timeout (it died or hangs).
         """
         assert self._writer is not None
         group = self._writer.group
@@ -315,8 +316,8 @@ class RankCheckpointer:
         try:
             dist.all_gather_object(outcomes, mine, group=group)
         except RuntimeError as exc:
-            raise CheckpointError(f"the checkpoint of step {step} was not committed: another rank did not "
-                                  f"answer within the timeout ({first_line(exc)})") from None
+            raise RankLost(f"the checkpoint of step {step} was not committed: another rank did not "
+                           f"answer ({first_line(exc)})") from None
         failed = next((o for o in outcomes if o[0] != "ok"), None)
         if failed is not None:
             raise ERRORS[failed[0]](failed[1])
@@ -325,8 +326,8 @@ class RankCheckpointer:
         try:
             dist.broadcast_object_list(lead, src=0, group=group)
         except RuntimeError as exc:
-            raise CheckpointError(f"the checkpoint of step {step} was not committed: rank 0 did not "
-                                  f"answer within the timeout ({first_line(exc)})") from None
+            raise RankLost(f"the checkpoint of step {step} was not committed: rank 0 did not "
+                           f"answer ({first_line(exc)})") from None
         kind, value = lead[0]
         if kind != "ok":
             raise ERRORS[kind](value)
@@ -334,7 +335,10 @@ class RankCheckpointer:
 
     def _agree(self, failure: BaseException | None, bad: str | None = None, step: int | None = None) -> None:
         """Training thread, every rank: raise on all ranks when any knows of a failed write or of
-        a non-finite dense parameter (one all-reduce; the messages are gathered only then)."""
+        a non-finite dense parameter (one all-reduce; the messages are gathered only then). A
+        rank lost in a commit is raised here at once: the others lost it too (or are gone)."""
+        if isinstance(failure, RankLost):
+            raise failure
         if not self.world.any(failure is not None or bad is not None):
             return
         if failure is not None:
@@ -465,6 +469,11 @@ class RankCheckpointer:
         if self.step is None:
             return "no checkpoint was written"
         return f"the checkpoint of step {self.step} is kept"
+
+
+class RankLost(RuntimeError):
+    """A rank did not answer a checkpoint's commit within the run's timeout (a RuntimeError, as
+    the failures of training's collectives: the command reports it as another rank failing)."""
 
 
 def _attempt(write: Callable[[], Any]) -> Outcome:
