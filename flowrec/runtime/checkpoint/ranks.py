@@ -26,8 +26,10 @@ for a consistent snapshot, as in one process (`flowrec.runtime.checkpoint.checkp
   knows which of its rows a step writes once the ids were exchanged, so the snapshot is fed by
   `ShardedPackedEmbedding.before_write`, called with the local rows right before the step's
   sparse update (and before a managed table's resets) writes them: the rows not yet written are
-  saved first, exactly those, once. A delta copies its touched rows there, as in one process
-  (they are few).
+  saved first, exactly those, once. The same call marks those rows for the next delta, so a
+  delta needs no exchange of the batches' marks (only the replicated groups' marks are
+  all-gathered, when there are any, for rank 0); a delta copies its touched rows there, as in one
+  process (they are few).
 * on this rank's writer thread, in checkpoint order: the shard file, streamed chunk by chunk from
   the snapshot (`save_streamed`: one chunk buffer and the saved rows, never a copy of the
   tables), its weights checked finite chunk by chunk; then the commit, on the dedicated gloo
@@ -121,10 +123,15 @@ class RankCheckpointer:
         group = getattr(world, "checkpoint_group", None)
         self._writer = _CommitWriter(group) if background and group is not None else None
         self._snapshot: TableSnapshot | None = None  # this rank's rows of a full checkpoint being written
+        # background: the local rows of its row-wise groups this rank's updates wrote since the last
+        # checkpoint, marked by the updates themselves (no exchange of the batches' marks)
+        self._owned = DirtyRows()
+        self._local_rows: dict[str, int] = {}
         if self._writer is not None:
             for name, module in model.embeddings.items():
                 if isinstance(module, ShardedPackedEmbedding):
                     module.before_write = self._saver(name)
+                    self._local_rows[name] = int(module.weight.shape[0])
 
     @property
     def incremental(self) -> bool:
@@ -138,12 +145,15 @@ class RankCheckpointer:
     def mark(self, batch: Any) -> None:
         """Before a training step on `batch` (this rank's slice): record the rows it touches (a
         full snapshot's rows are saved by the owners' updates themselves: `before_write`)."""
-        if self.incremental:
-            self._dirty.mark(batch, self.rows_of_group)
+        if self.incremental:  # background: the row-wise groups' rows are marked by their owners
+            self._dirty.mark(batch, self.rows_of_group, skip=self._local_rows)
 
     def _saver(self, name: str) -> Callable[[torch.Tensor], None]:
-        """The `before_write` of group `name`'s module: save its local rows for the snapshot."""
+        """The `before_write` of group `name`'s module: mark its local rows for the next delta and
+        save them for the snapshot of a full checkpoint being written."""
         def before_write(rows: torch.Tensor) -> None:
+            if self.incremental:
+                self._owned.mark_rows(name, rows, self._local_rows)
             snapshot = self._snapshot
             if snapshot is not None:
                 snapshot.before_write(name, rows)
@@ -196,17 +206,18 @@ class RankCheckpointer:
         if not delta:
             self._agree(self._writer.finish())  # at most one snapshot of the tables alive
             self._dirty.take()
+            self._owned.take()
         failure = self._writer.failure()
         folder.mkdir(parents=True, exist_ok=True)
         common = common_state(self.model)
         if delta:
-            rows = self._all_touched_rows()
             replicated = replicated_embeddings(self.model)
+            rows = self._all_touched_rows() if replicated else {}  # every rank's, for rank 0
             tables = delta_tables(replicated, rows) if self.world.lead else {}
             table_keys = {f"{EMBEDDINGS_PREFIX}{n}.{part}" for n in replicated for part in ("weight", "state")}
             dense = ({k: v.detach().clone().cpu() for k, v in common.items() if k not in table_keys}
                      if self.world.lead else {})  # the same on every rank: rank 0 writes and checks it
-            shards = rank_delta_shards(self.model, rows)
+            shards = self._owned_delta_shards()
             checked = {**dense, **{k + ".weight": v["weight"] for k, v in tables.items()},
                        **{f"{EMBEDDINGS_PREFIX}{g}.weight": part["weight"] for g, part in shards.items()}}
         else:
@@ -240,6 +251,20 @@ class RankCheckpointer:
             head["chain"] = os.urandom(NONCE_BYTES).hex()
         copy_s = time.perf_counter() - t0
         self._writer.submit(step, lambda: self._write_full(folder, step, snapshot, maps, head, copy_s))
+
+    def _owned_delta_shards(self) -> dict[str, dict[str, torch.Tensor]]:
+        """This rank's delta shard: per row-wise group, the rows its updates wrote since the last
+        checkpoint (packed ids, rows, optimizer state; copies), and the marks cleared."""
+        written = self._owned.take()
+        shards = {}
+        for name, module in self.model.embeddings.items():
+            if isinstance(module, ShardedPackedEmbedding):
+                local = written.get(name, torch.zeros(0, dtype=torch.int64))
+                index = local.to(module.weight.device)
+                shards[name] = {"rows": local * module.world_size + module.rank,
+                                "weight": module.weight.index_select(0, index).cpu(),
+                                "state": module.state.index_select(0, index.to(module.state.device)).cpu()}
+        return shards
 
     def _write_full(self, folder: Path, step: int, snapshot: TableSnapshot, maps: dict[str, torch.Tensor],
                     head: dict[str, Any] | None, copy_s: float) -> None:
