@@ -90,6 +90,7 @@ def summary(job: dict[str, Any]) -> dict[str, Any]:
         "median_delta_s": statistics.median(writes["delta"]) if writes["delta"] else None,
         "training_waited_on_checkpoints_s": stages["checkpoint"],
         "stall_per_checkpoint_s": end.get("checkpoint_stalls"),
+        "end_wait_s": sum(r["stall_s"] for r in end.get("checkpoint_stalls") or [] if r.get("wait")),
         "writer_extra_bytes": end.get("checkpoint_extra_bytes"),
         "compute_s": stages["compute"],
         "train_wall_s": train_wall,
