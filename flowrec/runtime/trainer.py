@@ -77,7 +77,8 @@ class TrainConfig:
         checkpoint_every: also checkpoint every N steps (0: only at the end and on interrupt).
         checkpoint_full_every: a full checkpoint every K checkpoints and incremental deltas (the
             rows touched since the previous one) in between, written in the background; 1: every
-            checkpoint is full and written inline.
+            checkpoint is full and written inline (with several ranks every checkpoint is written
+            in the background: `flowrec.runtime.checkpoint.ranks`).
         progress: show the progress bar.
         workers: data packing threads.
         lookahead: staging lookahead window (>= 1 computes the casting index in the data stage).

@@ -173,9 +173,12 @@ class RankCheckpointer:
             step: the training step the run is at.
 
         Raises:
-            TrainingStopped: a non-finite parameter on any rank (nothing is written).
+            TrainingStopped: a non-finite parameter on any rank (nothing is written), here or
+                (background) in an earlier checkpoint's shard, found as it was written.
             CheckpointError: a rank could not write its part, here or (background) in an earlier
                 checkpoint's write (the previous checkpoint is intact).
+            RankLost: (background) a rank did not answer an earlier checkpoint's commit within
+                the run's timeout.
         """
         t0 = time.perf_counter()
         if best:
