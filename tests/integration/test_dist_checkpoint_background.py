@@ -76,7 +76,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_ranks(work: Path, out: str, hold: str | None, *extra: str, resuming: bool = False) -> list[subprocess.Popen]:
+def start_ranks(work: Path, out: str, hold: str | None, *extra: str, resuming: bool = False,
+                env_extra: dict[str, str] | None = None) -> list[subprocess.Popen]:
     """The 2 ranks of `flowrec train` into (or `resuming`) `out`, started directly (no launcher),
     with the checkpoint writer of one of them held (`hold`: "RANK:STEP") when given."""
     port = _free_port()
@@ -89,6 +90,7 @@ def start_ranks(work: Path, out: str, hold: str | None, *extra: str, resuming: b
                "PYTHONPATH": os.pathsep.join([str(ROOT), str(FAULTS)])}
         if hold is not None:
             env["FLOWREC_TEST_HOLD_CHECKPOINT"] = f"{hold}:{marks}"
+        env.update(env_extra or {})
         where = ["--resume", out] if resuming else ["--data", "d", "--out", out, "--eval-every", "0",
                                                      "--plan", "p2.json"]
         procs.append(subprocess.Popen(
@@ -220,3 +222,30 @@ def test_a_failing_shard_write_on_one_rank_fails_every_rank_and_keeps_the_checkp
     shutil.rmtree(blocker)
     ok(resume(work, run))
     assert_same_model(work / "ref2", work / run, tol=0.0)
+
+
+def test_inline_rank_checkpoints_still_resume_bitwise(work):
+    """FLOWREC_RANK_CHECKPOINTS=inline (the comparison switch of tools/bench_checkpoint.py
+    --nproc 2) writes on the training thread: a run stopped on base + deltas resumes, inline too,
+    bitwise like the uninterrupted run, and no shard is left unnamed."""
+    run, inline = "inline", {"FLOWREC_RANK_CHECKPOINTS": "inline"}
+    for code, err in finish(start_ranks(work, run, None, "--max-steps", "5", "--checkpoint-every", "2",
+                                        "--checkpoint-full-every", "3", env_extra=inline)):
+        assert code == 0, err[-3000:]
+    assert load_checkpoint(work / run)["position"]["step"] == 5
+    (work / run / ".flowrec.lock").unlink(missing_ok=True)
+    for code, err in finish(start_ranks(work, run, None, "--max-steps", "1000", resuming=True, env_extra=inline)):
+        assert code == 0, err[-3000:]
+    assert_same_model(work / "ref2", work / run, tol=0.0)
+    named = set(_named_shards(work / run))
+    assert named == {p.name for p in (work / run / "checkpoint.shards").iterdir()}
+
+
+def _named_shards(run: Path) -> list[str]:
+    """The shard files the run's manifests name (checkpoint.pt and its deltas)."""
+    from flowrec.runtime.checkpoint.format import read_torch_file
+
+    names = []
+    for path in [run / "checkpoint.pt", *sorted(run.glob("checkpoint.delta-*.pt"))]:
+        names += read_torch_file(path, "cpu")["shards"]["files"]
+    return names
