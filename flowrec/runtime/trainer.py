@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import json
+import os
 import signal
 import threading
 import time
@@ -59,6 +60,9 @@ from flowrec.spec.model import ModelSpec
 
 INTERRUPT_FLAG, STOP_FLAG = 0, 1  # the flags the ranks agree on each step (`DenseParallel`), in this order
 HORIZON_WINDOWS = 3  # lookahead caches: staged horizon, in windows, that victims are chosen by
+# "inline": a distributed run writes its checkpoints on the training thread (the behaviour before
+# background writes, for comparison: tools/bench_checkpoint.py --nproc 2); default: in the background
+RANK_CHECKPOINTS_ENV = "FLOWREC_RANK_CHECKPOINTS"
 
 
 @dataclass(frozen=True)
@@ -73,7 +77,8 @@ class TrainConfig:
         checkpoint_every: also checkpoint every N steps (0: only at the end and on interrupt).
         checkpoint_full_every: a full checkpoint every K checkpoints and incremental deltas (the
             rows touched since the previous one) in between, written in the background; 1: every
-            checkpoint is full and written inline.
+            checkpoint is full and written inline (with several ranks every checkpoint is written
+            in the background: `flowrec.runtime.checkpoint.ranks`).
         progress: show the progress bar.
         workers: data packing threads.
         lookahead: staging lookahead window (>= 1 computes the casting index in the data stage).
@@ -242,7 +247,8 @@ class Trainer:
             return Checkpointer(path, self.config.checkpoint_full_every, rows)
         from flowrec.runtime.checkpoint.ranks import RankCheckpointer
 
-        return RankCheckpointer(path, self.config.checkpoint_full_every, rows, self.model, self.world)
+        background = os.environ.get(RANK_CHECKPOINTS_ENV, "background") != "inline"
+        return RankCheckpointer(path, self.config.checkpoint_full_every, rows, self.model, self.world, background)
 
     @property
     def lead(self) -> bool:

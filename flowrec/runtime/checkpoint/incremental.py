@@ -17,7 +17,7 @@ import copy
 import queue
 import threading
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Container, Iterator
 
 import numpy as np
 import torch
@@ -40,13 +40,19 @@ class DirtyRows:
     def __init__(self) -> None:
         self._masks: dict[str, torch.Tensor] = {}
 
-    def mark(self, batch: Any, rows_of_group: dict[str, int]) -> None:
+    def mark(self, batch: Any, rows_of_group: dict[str, int], skip: Container[str] = ()) -> None:
         """Mark every packed id of `batch` and the rows its managed tables reset (ids stay on
-        their device: no sync)."""
+        their device: no sync), except in the groups of `skip`."""
         for name, gids in batch.groups.items():
-            self._mark(name, gids.ids, rows_of_group)
+            if name not in skip:
+                self._mark(name, gids.ids, rows_of_group)
         for name, rows in reset_rows_of(batch).items():
-            self._mark(name, rows, rows_of_group)
+            if name not in skip:
+                self._mark(name, rows, rows_of_group)
+
+    def mark_rows(self, name: str, rows: torch.Tensor, rows_of_group: dict[str, int]) -> None:
+        """Mark `rows` of group `name` (a mask of `rows_of_group[name]` rows)."""
+        self._mark(name, rows, rows_of_group)
 
     def _mark(self, name: str, ids: torch.Tensor, rows_of_group: dict[str, int]) -> None:
         mask = self._masks.get(name)

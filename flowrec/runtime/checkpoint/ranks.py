@@ -11,20 +11,61 @@ it owns, with their optimizer state, to its delta shard file; when all have writ
 writes the delta manifest `checkpoint.delta-<N>.pt` (the dense part, the touched rows of the
 replicated groups, position, RNG, and the delta shards with their digests). A kill before the
 manifest is in place leaves the previous checkpoint (base and earlier deltas) whole; the orphan
-delta shards are removed with the next full checkpoint's older files.
+delta shards are removed with the next full checkpoint's older files. The first checkpoint of a
+process is a full one; a best-evaluation checkpoint is always full, written inline after the
+writes in flight, and leaves the chain alone.
 
-Every write here is inline (training waits): the ranks agree that each one is on disk before
-rank 0 names it, with collectives on the training thread. A delta's writes are the touched rows
-only, so their cost follows the rows touched, not the tables. The first checkpoint of a process
-is a full one; a best-evaluation checkpoint is always full and leaves the chain alone.
+Background writes (the default, when the world has a `checkpoint_group`): training waits only
+for a consistent snapshot, as in one process (`flowrec.runtime.checkpoint.checkpointer`):
+
+* at the checkpoint step, on the training thread: the ranks agree (one all-reduce, as before)
+  that no earlier write failed and that the dense part is finite; rank 0 copies the common state
+  (dense part, replicated tables, dense optimizer, position, RNG); every rank copies the managed
+  map shards it owns and starts a copy-on-write `TableSnapshot` of its own rows of each row-wise
+  group. Rows are not copied: an owner's rows change by every rank's batches, and only the owner
+  knows which of its rows a step writes once the ids were exchanged, so the snapshot is fed by
+  `ShardedPackedEmbedding.before_write`, called with the local rows right before the step's
+  sparse update (and before a managed table's resets) writes them: the rows not yet written are
+  saved first, exactly those, once. The same call marks those rows for the next delta, so a
+  delta needs no exchange of the batches' marks (only the replicated groups' marks are
+  all-gathered, when there are any, for rank 0); a delta copies its touched rows there, as in one
+  process (they are few).
+* on this rank's writer thread, in checkpoint order: the shard file, streamed chunk by chunk from
+  the snapshot (`save_streamed`: one chunk buffer and the saved rows, never a copy of the
+  tables), its weights checked finite chunk by chunk; then the commit, on the dedicated gloo
+  group `World.checkpoint_group` (created once by every rank with the run's --dist-timeout and
+  used only by the writer threads, so its collectives never interleave with training's, which
+  run on the other groups): an all-gather of every rank's (file, digest) or error; if all wrote,
+  rank 0 writes the manifest (atomically) and removes the older files; a broadcast of rank 0's
+  outcome. Every rank's writer runs the same jobs in the same order (checkpoints are at the same
+  steps on every rank, and a job never skips its collectives: a failed write sends its error),
+  so the commits pair up. A shard is named by a manifest only after every rank's is on disk.
+
+Failures: a write failing on any rank (disk full, unwritable folder, a non-finite chunk) reaches
+every rank through the commit's all-gather, so all mark it in the same job; jobs queued after a
+failed one are dropped on every rank until training has taken the error. Training learns it at
+its next checkpoint (the agreement above: every rank raises the first rank's error, a
+`CheckpointError` or `TrainingStopped`, one line) or at the end (`wait`, then the same
+agreement); the previous checkpoint stays whole, since no manifest names the failed write's
+files. A rank that dies leaves the others' commit collective waiting at most --dist-timeout
+(then its error is one line naming the checkpoint's step), beside training's own collectives,
+which fail within the same timeout; a kill -9 of any rank at any moment leaves the last
+committed checkpoint whole (its files are removed only after a newer manifest is in place).
+A full snapshot waits for the writes before it (at most one snapshot of the tables alive); the
+end of the run and every failure path (`wait`, `drain`) wait for all of them. Inline writes
+(`background=False`, or no checkpoint group) do all of it on the training thread, with the
+collectives on the default group (the behaviour before background writes; for comparison).
 
 Example:
     >>> ckpt = RankCheckpointer(Path("runs/x/checkpoint.pt"), 3, {"g0": 1000}, model, world)  # doctest: +SKIP
     >>> ckpt.mark(batch); train_step(batch); ckpt.save(trainer.state, Path("runs/x"), step)  # doctest: +SKIP
+    >>> ckpt.wait()  # doctest: +SKIP  (the end of the run: every write committed, or its error)
 """
 from __future__ import annotations
 
 import os
+import queue
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -38,13 +79,18 @@ from flowrec.runtime.checkpoint.format import CheckpointError
 from flowrec.runtime.checkpoint.shards import manifest, remove_stale_shards, write_shard
 from flowrec.runtime.checkpoint.layout import (common_state, owned_maps, rank_delta_shards, rank_shards,
                                                replicated_embeddings)
-from flowrec.runtime.checkpoint.incremental import EMBEDDINGS_PREFIX, DirtyRows, delta_tables
-from flowrec.runtime.nonfinite import TrainingStopped, first_non_finite
+from flowrec.runtime.checkpoint.incremental import EMBEDDINGS_PREFIX, DirtyRows, TableSnapshot, cloned, delta_tables
+from flowrec.runtime.checkpoint.stream import save_streamed
+from flowrec.runtime.distributed.sharded import ShardedPackedEmbedding
+from flowrec.runtime.messages import first_line
+from flowrec.runtime.nonfinite import TrainingStopped, all_finite, first_non_finite
 
 CHECKPOINT_NAME = "checkpoint.pt"
 NONCE_BYTES = 8  # random id of a full checkpoint, so deltas never apply to another run's base
 DELTA_STATE_KEYS = ("spec", "plan", "rng", "position", "skipped_batches", "dense_optimizer")
 StateOf = Callable[[dict[str, torch.Tensor]], dict[str, Any]]  # the trainer's state(model)
+Outcome = tuple[str, Any]  # ("ok", value) or (error kind: "stopped" | "error", one-line message)
+ERRORS = {"stopped": TrainingStopped, "error": CheckpointError}
 
 
 class RankCheckpointer:
@@ -56,30 +102,62 @@ class RankCheckpointer:
         rows_of_group: packed rows of each group (the size of its dirty mask).
         model: the lowered distributed model (`distributed.model`).
         world: this rank's `World`.
+        background: write on a writer thread, committed on `world.checkpoint_group` (inline
+            when False or when the world has no such group).
     """
 
     def __init__(self, path: Path, full_every: int, rows_of_group: dict[str, int], model: Any,
-                 world: Any) -> None:
+                 world: Any, background: bool = True) -> None:
         self.path = Path(path)
         self.full_every = max(1, int(full_every))
         self.rows_of_group = dict(rows_of_group)
         self.model, self.world = model, world
-        self.step: int | None = None  # step of the newest checkpoint on disk
-        self.seconds = {"full": [], "delta": []}  # per checkpoint: seconds training waited
+        self.step: int | None = None  # step of the newest checkpoint on disk (committed)
+        self.seconds = {"full": [], "delta": []}  # per checkpoint: snapshot copy + write + commit seconds
+        self.extra_bytes: list[int] = []  # per streamed full checkpoint: most host bytes its writer held
         self._dirty = DirtyRows()
         self._base_digest: str | None = None  # digest of the full checkpoint on disk (rank 0)
-        self._chained = False  # a full checkpoint is on disk, so deltas may follow
-        self._written = 0  # deltas written on the current full checkpoint
-        self._lead_error: str | None = None  # rank 0: why its manifest write failed
+        self._chained = False  # a full checkpoint is on disk (or queued), so deltas may follow
+        self._written = 0  # deltas written (or queued) on the current full checkpoint
+        self._lead_error: str | None = None  # rank 0: why its manifest write failed (inline)
+        group = getattr(world, "checkpoint_group", None)
+        self._writer = _CommitWriter(group) if background and group is not None else None
+        self._snapshot: TableSnapshot | None = None  # this rank's rows of a full checkpoint being written
+        # background: the local rows of its row-wise groups this rank's updates wrote since the last
+        # checkpoint, marked by the updates themselves (no exchange of the batches' marks)
+        self._owned = DirtyRows()
+        self._local_rows: dict[str, int] = {}
+        if self._writer is not None:
+            for name, module in model.embeddings.items():
+                if isinstance(module, ShardedPackedEmbedding):
+                    module.before_write = self._saver(name)
+                    self._local_rows[name] = int(module.weight.shape[0])
 
     @property
     def incremental(self) -> bool:
         return self.full_every > 1
 
+    @property
+    def background(self) -> bool:
+        """Writes run on a writer thread (committed on the checkpoint group)."""
+        return self._writer is not None
+
     def mark(self, batch: Any) -> None:
-        """Before a training step on `batch` (this rank's slice): record the rows it touches."""
-        if self.incremental:
-            self._dirty.mark(batch, self.rows_of_group)
+        """Before a training step on `batch` (this rank's slice): record the rows it touches (a
+        full snapshot's rows are saved by the owners' updates themselves: `before_write`)."""
+        if self.incremental:  # background: the row-wise groups' rows are marked by their owners
+            self._dirty.mark(batch, self.rows_of_group, skip=self._local_rows)
+
+    def _saver(self, name: str) -> Callable[[torch.Tensor], None]:
+        """The `before_write` of group `name`'s module: mark its local rows for the next delta and
+        save them for the snapshot of a full checkpoint being written."""
+        def before_write(rows: torch.Tensor) -> None:
+            if self.incremental:
+                self._owned.mark_rows(name, rows, self._local_rows)
+            snapshot = self._snapshot
+            if snapshot is not None:
+                snapshot.before_write(name, rows)
+        return before_write
 
     def restart_chain(self, step: int | None) -> None:
         """After loading a checkpoint: the next checkpoint is a full one."""
@@ -87,7 +165,7 @@ class RankCheckpointer:
 
     def save(self, state_of: StateOf, folder: Path, step: int, best: bool = False) -> None:
         """Checkpoint the run into `folder`: a full one or a delta on the last one (every rank
-        calls it at the same step).
+        calls it at the same step); in the background, only its snapshot is taken here.
 
         Args:
             state_of: the trainer's `state(model)`: the run's state around a model state.
@@ -95,24 +173,218 @@ class RankCheckpointer:
             step: the training step the run is at.
 
         Raises:
-            TrainingStopped: a non-finite parameter on any rank (nothing is written).
-            CheckpointError: a rank could not write its part (the previous checkpoint is intact).
+            TrainingStopped: a non-finite parameter on any rank (nothing is written), here or
+                (background) in an earlier checkpoint's shard, found as it was written.
+            CheckpointError: a rank could not write its part, here or (background) in an earlier
+                checkpoint's write (the previous checkpoint is intact).
+            RankLost: (background) a rank did not answer an earlier checkpoint's commit within
+                the run's timeout.
         """
         t0 = time.perf_counter()
         if best:
+            if self._writer is not None:
+                self._agree(self._writer.finish())  # the writes before it, committed
             self._save_full(state_of, folder, step)
             return
-        if self.incremental and self._chained and self._written + 1 < self.full_every:
+        delta = self.incremental and self._chained and self._written + 1 < self.full_every
+        if self._writer is not None:
+            self._queue(state_of, folder, step, delta)
+        elif delta:
             self._save_delta(state_of, folder, step)
             self.seconds["delta"].append(time.perf_counter() - t0)
+            self.step = step
         else:
             self._dirty.take()
             self._chained = False  # a failed full write leaves no base to chain on
             self._base_digest = self._save_full(state_of, folder, step)
             self._chained, self._written = True, 0
             self.seconds["full"].append(time.perf_counter() - t0)
-        self.step = step
+            self.step = step
 
+    # ------------------------------------------------------------ background
+    def _queue(self, state_of: StateOf, folder: Path, step: int, delta: bool) -> None:
+        """Take the snapshot of a full checkpoint or a delta and queue its write and commit."""
+        assert self._writer is not None
+        t0 = time.perf_counter()
+        if not delta:
+            self._agree(self._writer.finish())  # at most one snapshot of the tables alive
+            self._dirty.take()
+            self._owned.take()
+        failure = self._writer.failure()
+        folder.mkdir(parents=True, exist_ok=True)
+        common = common_state(self.model)
+        if delta:
+            replicated = replicated_embeddings(self.model)
+            rows = self._all_touched_rows() if replicated else {}  # every rank's, for rank 0
+            tables = delta_tables(replicated, rows) if self.world.lead else {}
+            table_keys = {f"{EMBEDDINGS_PREFIX}{n}.{part}" for n in replicated for part in ("weight", "state")}
+            dense = ({k: v.detach().clone().cpu() for k, v in common.items() if k not in table_keys}
+                     if self.world.lead else {})  # the same on every rank: rank 0 writes and checks it
+            shards = self._owned_delta_shards()
+            checked = {**dense, **{k + ".weight": v["weight"] for k, v in tables.items()},
+                       **{f"{EMBEDDINGS_PREFIX}{g}.weight": part["weight"] for g, part in shards.items()}}
+        else:
+            dense = {k: v.detach().clone().cpu() for k, v in common.items()} if self.world.lead else {}
+            checked = dense  # the rows of the shards: chunk by chunk as they are written
+        bad = first_non_finite(checked)
+        self._agree(failure, bad, step)
+        maps = {k: v.clone() for k, v in owned_maps(self.model).items()}
+        head = None
+        if self.world.lead:
+            state = state_of(dense if not delta else common)
+            head = {k: cloned(v) for k, v in state.items() if k != "model"}
+            head["model"] = dense if not delta else None
+        if delta:
+            sequence = self._written + 1
+            self._written = sequence
+            lead_state = None
+            if head is not None:
+                lead_state = {key: head[key] for key in DELTA_STATE_KEYS}
+                lead_state.update(format=DELTA_FORMAT, version=RANKS_DELTA_VERSION, sequence=sequence,
+                                  model=dense, tables=tables)
+            copy_s = time.perf_counter() - t0
+            self._writer.submit(step, lambda: self._write_delta(folder, step, sequence, shards, maps,
+                                                                lead_state, copy_s))
+            return
+        snapshot = TableSnapshot({name: (m.weight, m.state) for name, m in self.model.embeddings.items()
+                                  if isinstance(m, ShardedPackedEmbedding)})
+        self._snapshot = snapshot
+        self._chained, self._written = True, 0
+        if head is not None:
+            head["chain"] = os.urandom(NONCE_BYTES).hex()
+        copy_s = time.perf_counter() - t0
+        self._writer.submit(step, lambda: self._write_full(folder, step, snapshot, maps, head, copy_s))
+
+    def _owned_delta_shards(self) -> dict[str, dict[str, torch.Tensor]]:
+        """This rank's delta shard: per row-wise group, the rows its updates wrote since the last
+        checkpoint (packed ids, rows, optimizer state; copies), and the marks cleared."""
+        written = self._owned.take()
+        shards = {}
+        for name, module in self.model.embeddings.items():
+            if isinstance(module, ShardedPackedEmbedding):
+                local = written.get(name, torch.zeros(0, dtype=torch.int64))
+                index = local.to(module.weight.device)
+                shards[name] = {"rows": local * module.world_size + module.rank,
+                                "weight": module.weight.index_select(0, index).cpu(),
+                                "state": module.state.index_select(0, index.to(module.state.device)).cpu()}
+        return shards
+
+    def _write_full(self, folder: Path, step: int, snapshot: TableSnapshot, maps: dict[str, torch.Tensor],
+                    head: dict[str, Any] | None, copy_s: float) -> None:
+        """Writer thread: this rank's shard streamed from `snapshot`, then the commit."""
+        t0 = time.perf_counter()
+        note = self.note()
+        try:
+            mine = _attempt(lambda: self._stream_shard(folder, step, snapshot, maps, note))
+        finally:
+            self._snapshot = None
+            snapshot.close()
+            self.extra_bytes.append(snapshot.peak_extra_bytes)
+
+        def commit(files: list[tuple[str, str]]) -> str:
+            target = folder / CHECKPOINT_NAME
+            state = {**head, "shards": manifest(step, self.world.size, files)}
+            digest = save_checkpoint(target, state)
+            remove_deltas(target)
+            remove_stale_shards(folder, [name for name, _ in files])
+            return digest
+
+        digest = self._commit(step, mine, commit)
+        self._base_digest = digest if self.world.lead else None
+        self.step = step
+        self.seconds["full"].append(copy_s + time.perf_counter() - t0)
+
+    def _stream_shard(self, folder: Path, step: int, snapshot: TableSnapshot, maps: dict[str, torch.Tensor],
+                      note: str) -> tuple[str, str]:
+        """This rank's full shard, each group's weight and state streamed from `snapshot`."""
+        groups, streams = {}, {}
+        for name, module in self.model.embeddings.items():
+            if isinstance(module, ShardedPackedEmbedding):
+                groups[name] = {"rows": module.packed_rows, "weight": module.weight, "state": module.state}
+                streams[("groups", name, "weight")] = (name, 0)
+                streams[("groups", name, "state")] = (name, 1)
+
+        def finite(key: str, rows: torch.Tensor) -> None:
+            if key.endswith(".weight") and rows.is_floating_point() and not all_finite(rows):
+                group = key.split(".")[1]
+                raise TrainingStopped(f"parameter {EMBEDDINGS_PREFIX}{group}.weight is not finite at step {step} "
+                                      f"(rank {self.world.rank}); not checkpointed, {note}")
+
+        return write_shard(folder, step, self.world.rank, self.world.size, groups,
+                           lambda path, doc: save_streamed(path, doc, streams, snapshot, finite), managed=maps)
+
+    def _write_delta(self, folder: Path, step: int, sequence: int, shards: dict[str, dict[str, torch.Tensor]],
+                     maps: dict[str, torch.Tensor], lead_state: dict[str, Any] | None, copy_s: float) -> None:
+        """Writer thread: this rank's delta shard, then the commit."""
+        t0 = time.perf_counter()
+        mine = _attempt(lambda: write_shard(folder, step, self.world.rank, self.world.size, shards,
+                                            save_checkpoint, sequence, managed=maps))
+
+        def commit(files: list[tuple[str, str]]) -> str:
+            state = {**lead_state, "base": self._base_digest, "shards": manifest(step, self.world.size, files)}
+            return save_checkpoint(delta_path(folder / CHECKPOINT_NAME, sequence), state)
+
+        self._commit(step, mine, commit)
+        self.step = step
+        self.seconds["delta"].append(copy_s + time.perf_counter() - t0)
+
+    def _commit(self, step: int, mine: Outcome, lead_write: Callable[[list[tuple[str, str]]], str]) -> str | None:
+        """Writer thread, every rank: gather every rank's shard outcome on the checkpoint group;
+        if all wrote, rank 0 writes the manifest naming them (`lead_write`); its outcome is
+        broadcast. Returns the manifest's digest (rank 0; None elsewhere).
+
+        Raises:
+            TrainingStopped / CheckpointError: a rank's write or rank 0's manifest failed (the
+                same error on every rank).
+            RankLost: a rank did not answer within the run's timeout (it died or hangs).
+        """
+        assert self._writer is not None
+        group = self._writer.group
+        outcomes: list[Any] = [None] * self.world.size
+        try:
+            dist.all_gather_object(outcomes, mine, group=group)
+        except RuntimeError as exc:
+            raise RankLost(f"the checkpoint of step {step} was not committed: another rank did not "
+                           f"answer ({first_line(exc)})") from None
+        failed = next((o for o in outcomes if o[0] != "ok"), None)
+        if failed is not None:
+            raise ERRORS[failed[0]](failed[1])
+        files = [tuple(o[1]) for o in outcomes]
+        lead: list[Any] = [_attempt(lambda: lead_write(files)) if self.world.lead else None]
+        try:
+            dist.broadcast_object_list(lead, src=0, group=group)
+        except RuntimeError as exc:
+            raise RankLost(f"the checkpoint of step {step} was not committed: rank 0 did not "
+                           f"answer ({first_line(exc)})") from None
+        kind, value = lead[0]
+        if kind != "ok":
+            raise ERRORS[kind](value)
+        return value if self.world.lead else None
+
+    def _agree(self, failure: BaseException | None, bad: str | None = None, step: int | None = None) -> None:
+        """Training thread, every rank: raise on all ranks when any knows of a failed write or of
+        a non-finite dense parameter (one all-reduce; the messages are gathered only then). A
+        rank lost in a commit is raised here at once: the others lost it too (or are gone)."""
+        if isinstance(failure, RankLost):
+            raise failure
+        if not self.world.any(failure is not None or bad is not None):
+            return
+        if failure is not None:
+            mine: Outcome = ("stopped" if isinstance(failure, TrainingStopped) else "error", str(failure))
+        elif bad is not None:
+            mine = ("stopped", f"parameter {bad} is not finite at step {step}; not checkpointed, {self.note()}")
+        else:
+            mine = ("ok", None)
+        every: list[Any] = [None] * self.world.size
+        dist.all_gather_object(every, mine)
+        kind, message = next(o for o in every if o[0] != "ok")
+        self._chained = False  # the chain may have a hole: the next checkpoint is a full one
+        if self._writer is not None:  # this rank's writer fails in the same job: wait for it, take it
+            self._writer.finish()
+            self._writer.accept_after_failure()
+        raise ERRORS[kind](message)
+
+    # ---------------------------------------------------------------- inline
     def _save_full(self, state_of: StateOf, folder: Path, step: int) -> str | None:
         """Every rank its shard, then rank 0 checkpoint.pt naming them; returns its digest (rank 0)."""
         common, shards = common_state(self.model), rank_shards(self.model)
@@ -206,13 +478,90 @@ class RankCheckpointer:
             raise CheckpointError(message)
 
     def wait(self) -> None:
-        """Nothing to wait for: every write of a distributed run is inline."""
+        """Block until every queued write is committed on every rank (the end of a run).
+
+        Raises:
+            TrainingStopped / CheckpointError: a write failed on any rank (every rank raises it).
+        """
+        if self._writer is not None:
+            self._agree(self._writer.finish())
 
     def drain(self) -> None:
-        """Nothing to wait for: every write of a distributed run is inline."""
+        """On a failure path: wait for the writes in flight (each done, failed, or timed out
+        within the run's timeout), dropping their errors (another error is on its way)."""
+        if self._writer is not None:
+            self._writer.finish()
 
     def note(self) -> str:
         """What is on disk after a failure: the newest checkpoint's step, or that there is none."""
         if self.step is None:
             return "no checkpoint was written"
         return f"the checkpoint of step {self.step} is kept"
+
+
+class RankLost(RuntimeError):
+    """A rank did not answer a checkpoint's commit within the run's timeout (a RuntimeError, as
+    the failures of training's collectives: the command reports it as another rank failing)."""
+
+
+def _attempt(write: Callable[[], Any]) -> Outcome:
+    """("ok", what `write` returned), or the error it raised as (kind, one line)."""
+    try:
+        return "ok", write()
+    except TrainingStopped as exc:
+        return "stopped", str(exc)
+    except Exception as exc:  # disk full, unwritable folder, a bug: every rank must learn it
+        return "error", str(exc) if isinstance(exc, CheckpointError) else first_line(exc)
+
+
+class _CommitWriter:
+    """The writer thread of one rank: jobs run one after another, in submission order.
+
+    A job that raises is this rank's failure; since every job's commit is collective, every rank
+    fails in the same job. Jobs queued after a failure are dropped on every rank until training
+    has taken it (`failure` ... `accept_after_failure`), so the ranks keep running the same jobs.
+
+    Args:
+        group: the gloo group the jobs' commits use (`World.checkpoint_group`).
+    """
+
+    def __init__(self, group: Any) -> None:
+        self.group = group
+        self._queue: queue.Queue[tuple[int, Callable[[], None]]] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._failure: BaseException | None = None
+        self._submitted = 0  # jobs submitted (training thread)
+        self._accept_from = 0  # jobs numbered below it are dropped (queued before a failure was taken)
+
+    def submit(self, step: int, job: Callable[[], None]) -> None:
+        """Queue `job` (the checkpoint of `step`) behind the others."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, name="flowrec-rank-checkpoint", daemon=True)
+            self._thread.start()
+        self._queue.put((self._submitted, job))
+        self._submitted += 1
+
+    def _work(self) -> None:
+        while True:
+            number, job = self._queue.get()
+            try:
+                if self._failure is None and number >= self._accept_from:
+                    job()
+            except BaseException as exc:  # taken by the training thread at its next checkpoint or wait
+                self._failure = exc
+            finally:
+                self._queue.task_done()
+
+    def failure(self) -> BaseException | None:
+        """The failure of a job done so far, if any (without waiting)."""
+        return self._failure
+
+    def finish(self) -> BaseException | None:
+        """Wait for every queued job; the failure, if one failed."""
+        self._queue.join()
+        return self._failure
+
+    def accept_after_failure(self) -> None:
+        """Training has taken the failure: drop the jobs queued so far, run the next ones."""
+        self._accept_from = self._submitted
+        self._failure = None

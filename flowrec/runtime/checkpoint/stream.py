@@ -36,7 +36,7 @@ DIGEST_BYTES = 32  # SHA-256; the placeholder is as many random bytes, in hex li
 PICKLE_RECORD = "data.pkl"
 
 
-def save_streamed(path: Path, state: dict[str, Any], streams: Mapping[str, tuple[str, int]],
+def save_streamed(path: Path, state: dict[str, Any], streams: Mapping[str | tuple[str, ...], tuple[str, int]],
                   snapshot: TableSnapshot,
                   check: Callable[[str, torch.Tensor], None] | None = None) -> str:
     """Write `state` to `path` atomically, its tables streamed from `snapshot` (module docstring).
@@ -45,7 +45,9 @@ def save_streamed(path: Path, state: dict[str, Any], streams: Mapping[str, tuple
         path: the checkpoint file; its folder must exist.
         state: the checkpoint content (without `digest`); `state["model"][key]` for each key of
             `streams` is the live table (only its shape and dtype are read).
-        streams: model key -> (group, tensor index) of the snapshot that holds its rows.
+        streams: model key -> (group, tensor index) of the snapshot that holds its rows; a key
+            may also be a tuple of nested keys from the top of `state` (a rank's shard:
+            ("groups", group, "weight")).
         snapshot: the tables as taken.
         check: called with (key, rows) on each chunk before it is written (raise to stop the write).
 
@@ -57,13 +59,14 @@ def save_streamed(path: Path, state: dict[str, Any], streams: Mapping[str, tuple
         Exception: whatever `check` raised, as raised (the previous checkpoint is untouched too).
     """
     path = Path(path)
-    model = dict(state["model"])
+    content: dict[str, Any] = dict(state)
     stand_ins: dict[int, tuple[str, str, int]] = {}
     for key, (group, index) in streams.items():
-        live = model[key]
-        model[key] = torch.empty(live.shape, dtype=live.dtype)  # never touched: no memory
-        stand_ins[id(model[key])] = (key, group, index)
-    content = {**state, "model": model}
+        where = ("model", key) if isinstance(key, str) else tuple(key)
+        live = _at(state, where)
+        stand_in = torch.empty(live.shape, dtype=live.dtype)  # never touched: no memory
+        content = _put(content, where, stand_in)
+        stand_ins[id(stand_in)] = (key if isinstance(key, str) else ".".join(where), group, index)
     digests: list[str] = []
 
     def write(f: BinaryIO, tmp: Path) -> None:
@@ -83,6 +86,22 @@ def save_streamed(path: Path, state: dict[str, Any], streams: Mapping[str, tuple
     except _Stopped as stop:  # `check` refused a chunk: its own error, not a write failure
         raise stop.error from None
     return digests[0]
+
+
+def _at(state: Mapping[str, Any], where: tuple[str, ...]) -> Any:
+    """The value at nested keys `where` of `state`."""
+    value: Any = state
+    for key in where:
+        value = value[key]
+    return value
+
+
+def _put(state: dict[str, Any], where: tuple[str, ...], value: Any) -> dict[str, Any]:
+    """A copy of `state` with `value` at nested keys `where` (the dicts on the way copied, the
+    caller's left as they are)."""
+    out = dict(state)
+    out[where[0]] = value if len(where) == 1 else _put(state[where[0]], where[1:], value)
+    return out
 
 
 class _Stopped(Exception):

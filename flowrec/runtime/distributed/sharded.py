@@ -29,6 +29,7 @@ Example (on every rank, after `torch.distributed.init_process_group`):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -98,6 +99,9 @@ class ShardedPackedEmbedding(torch.nn.Module):
         flags = mean_bag_flags(group)
         self.register_buffer("mean_flags", flags.to(device) if bool(flags.any()) else None, persistent=False)
         self.bytes_sent = {part: 0 for part in EXCHANGE_PARTS}  # bytes this rank sent to other ranks
+        # called with the local rows a step (or a reset) is about to overwrite, before it does:
+        # a checkpoint's copy-on-write snapshot saves those it has not written yet
+        self.before_write: Callable[[torch.Tensor], None] | None = None
 
     @property
     def packed_rows(self) -> torch.Tensor:
@@ -128,6 +132,8 @@ class ShardedPackedEmbedding(torch.nn.Module):
             raise ValueError(f"group {self.group.name}: packed rows outside [0, {self.group.rows})")
         mine = owner_of(packed, self.world_size) == self.rank
         local = local_index(packed[mine], self.world_size).to(self.weight.device)
+        if self.before_write is not None:
+            self.before_write(local)
         self.weight.index_copy_(0, local, weights[mine].to(self.weight))
         if self.state.shape[1]:
             self.state.index_copy_(0, local, state[mine].to(self.state))
@@ -169,6 +175,8 @@ class ShardedPackedEmbedding(torch.nn.Module):
         yield work
         self.bytes_sent["grads"] += self._to_others(route.send_counts) * self.dim * grads.element_size()
         rows, summed = sum_per_row(route.served, received)
+        if self.before_write is not None:
+            self.before_write(rows)
         self.optimizer.step(self.weight, self.state, rows, summed)
 
     def forward(self, ids: torch.Tensor, offsets: torch.Tensor,

@@ -63,6 +63,9 @@ class World:
         device: the device the collectives' tensors live on (cpu for gloo, cuda for nccl).
         data_groups: two gloo groups of every rank for the data stages' managed remap (training,
             evaluation), so they never interleave with each other or with training's collectives.
+        checkpoint_group: a gloo group of every rank used only by the checkpoint writer threads
+            (`flowrec.runtime.checkpoint.ranks`: each checkpoint's commit, in checkpoint order),
+            beside training's collectives; None: checkpoints are committed on the training thread.
     """
 
     size: int
@@ -72,6 +75,7 @@ class World:
     device: torch.device
     data_groups: tuple[dist.ProcessGroup, dist.ProcessGroup] | None = None  # gloo: the training and the
     # evaluation data stage's managed remap (`flowrec.runtime.managed_owner`), beside training's collectives
+    checkpoint_group: dist.ProcessGroup | None = None  # gloo: the checkpoint writers' commits
 
     @property
     def lead(self) -> bool:
@@ -126,7 +130,8 @@ def join_world(size: int, rank: int, timeout_s: float, device: torch.device) -> 
                          f"({first_line(exc)})") from None
     embedding = embedding_group(timeout_s)
     data = tuple(dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s)) for _ in range(2))
-    return World(size, rank, embedding, timeout_s, device, data)
+    commits = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+    return World(size, rank, embedding, timeout_s, device, data, commits)
 
 
 

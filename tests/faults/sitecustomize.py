@@ -1,0 +1,48 @@
+"""Fault injection for the ranks of `flowrec train` in tests (this folder is put on PYTHONPATH only
+by tests/integration/test_dist_checkpoint_background.py; Python imports this module at start-up).
+
+FLOWREC_TEST_HOLD_CHECKPOINT="RANK:STEP:DIR" makes rank RANK's checkpoint writer thread, at the
+checkpoint of step STEP (before its shard of a full checkpoint is streamed, or before its delta
+shard is written), write its process id to DIR/held-rank<RANK>-step<STEP> and wait until
+DIR/release exists (at most HOLD_S seconds), while training goes on. Without the variable (or in a
+process that is not a rank) nothing is changed.
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+HOLD_S = 120.0
+
+
+def _install(setting: str) -> None:
+    from flowrec.runtime.checkpoint.ranks import RankCheckpointer
+
+    rank, step, folder = setting.split(":", 2)
+    if os.environ.get("RANK") != rank:
+        return
+
+    def hold(at: int) -> None:
+        if at != int(step):
+            return
+        (Path(folder) / f"held-rank{rank}-step{at}").write_text(str(os.getpid()))
+        deadline = time.monotonic() + HOLD_S
+        while not (Path(folder) / "release").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    stream, delta = RankCheckpointer._stream_shard, RankCheckpointer._write_delta
+
+    def held_stream(self, folder_, at, *args, **kwargs):
+        hold(at)
+        return stream(self, folder_, at, *args, **kwargs)
+
+    def held_delta(self, folder_, at, *args, **kwargs):
+        hold(at)
+        return delta(self, folder_, at, *args, **kwargs)
+
+    RankCheckpointer._stream_shard, RankCheckpointer._write_delta = held_stream, held_delta
+
+
+if os.environ.get("FLOWREC_TEST_HOLD_CHECKPOINT") and "RANK" in os.environ:
+    _install(os.environ["FLOWREC_TEST_HOLD_CHECKPOINT"])
