@@ -79,7 +79,9 @@ from flowrec.runtime.checkpoint.format import CheckpointError
 from flowrec.runtime.checkpoint.shards import manifest, remove_stale_shards, write_shard
 from flowrec.runtime.checkpoint.layout import (common_state, owned_maps, rank_delta_shards, rank_shards,
                                                replicated_embeddings)
-from flowrec.runtime.checkpoint.incremental import EMBEDDINGS_PREFIX, DirtyRows, TableSnapshot, cloned, delta_tables
+from flowrec.runtime.checkpoint.checkpointer import dense_state_from
+from flowrec.runtime.checkpoint.incremental import (EMBEDDINGS_PREFIX, DirtyRows, TableSnapshot, cloned, delta_tables,
+                                                    table_keys)
 from flowrec.runtime.checkpoint.stream import save_streamed
 from flowrec.runtime.distributed.sharded import ShardedPackedEmbedding
 from flowrec.runtime.messages import first_line
@@ -217,14 +219,13 @@ class RankCheckpointer:
             replicated = replicated_embeddings(self.model)
             rows = self._all_touched_rows() if replicated else {}  # every rank's, for rank 0
             tables = delta_tables(replicated, rows) if self.world.lead else {}
-            table_keys = {f"{EMBEDDINGS_PREFIX}{n}.{part}" for n in replicated for part in ("weight", "state")}
-            dense = ({k: v.detach().clone().cpu() for k, v in common.items() if k not in table_keys}
-                     if self.world.lead else {})  # the same on every rank: rank 0 writes and checks it
+            # the same on every rank: rank 0 writes and checks it
+            dense = dense_state_from(common, table_keys(replicated)) if self.world.lead else {}
             shards = self._owned_delta_shards()
             checked = {**dense, **{k + ".weight": v["weight"] for k, v in tables.items()},
                        **{f"{EMBEDDINGS_PREFIX}{g}.weight": part["weight"] for g, part in shards.items()}}
         else:
-            dense = {k: v.detach().clone().cpu() for k, v in common.items()} if self.world.lead else {}
+            dense = dense_state_from(common, set()) if self.world.lead else {}
             checked = dense  # the rows of the shards: chunk by chunk as they are written
         bad = first_non_finite(checked)
         self._agree(failure, bad, step)
@@ -243,7 +244,7 @@ class RankCheckpointer:
                 lead_state.update(format=DELTA_FORMAT, version=RANKS_DELTA_VERSION, sequence=sequence,
                                   model=dense, tables=tables)
             copy_s = time.perf_counter() - t0
-            self._writer.submit(step, lambda: self._write_delta(folder, step, sequence, shards, maps,
+            self._writer.submit(lambda: self._write_delta(folder, step, sequence, shards, maps,
                                                                 lead_state, copy_s))
             return
         snapshot = TableSnapshot({name: (m.weight, m.state) for name, m in self.model.embeddings.items()
@@ -253,21 +254,17 @@ class RankCheckpointer:
         if head is not None:
             head["chain"] = os.urandom(NONCE_BYTES).hex()
         copy_s = time.perf_counter() - t0
-        self._writer.submit(step, lambda: self._write_full(folder, step, snapshot, maps, head, copy_s))
+        self._writer.submit(lambda: self._write_full(folder, step, snapshot, maps, head, copy_s))
 
     def _owned_delta_shards(self) -> dict[str, dict[str, torch.Tensor]]:
-        """This rank's delta shard: per row-wise group, the rows its updates wrote since the last
-        checkpoint (packed ids, rows, optimizer state; copies), and the marks cleared."""
+        """This rank's delta shard (`rank_delta_shards`): per row-wise group, the rows its updates
+        wrote since the last checkpoint, and the marks cleared."""
         written = self._owned.take()
-        shards = {}
-        for name, module in self.model.embeddings.items():
-            if isinstance(module, ShardedPackedEmbedding):
-                local = written.get(name, torch.zeros(0, dtype=torch.int64))
-                index = local.to(module.weight.device)
-                shards[name] = {"rows": local * module.world_size + module.rank,
-                                "weight": module.weight.index_select(0, index).cpu(),
-                                "state": module.state.index_select(0, index.to(module.state.device)).cpu()}
-        return shards
+        packed = {}
+        for name, local in written.items():  # marked by the row-wise groups' updates only
+            module = self.model.embeddings[name]
+            packed[name] = local * module.world_size + module.rank
+        return rank_delta_shards(self.model, packed)
 
     def _write_full(self, folder: Path, step: int, snapshot: TableSnapshot, maps: dict[str, torch.Tensor],
                     head: dict[str, Any] | None, copy_s: float) -> None:
@@ -410,8 +407,7 @@ class RankCheckpointer:
         common = common_state(self.model)
         replicated = replicated_embeddings(self.model)
         tables = delta_tables(replicated, rows) if self.world.lead else {}
-        table_keys = {f"{EMBEDDINGS_PREFIX}{name}.{part}" for name in replicated for part in ("weight", "state")}
-        dense = {k: v.detach().clone().cpu() for k, v in common.items() if k not in table_keys}
+        dense = dense_state_from(common, table_keys(replicated))
         shards = rank_delta_shards(self.model, rows)
         self._agree_finite({**dense, **{k + ".weight": v["weight"] for k, v in tables.items()}}, shards, step)
         sequence = self._written + 1
@@ -519,7 +515,8 @@ class _CommitWriter:
 
     A job that raises is this rank's failure; since every job's commit is collective, every rank
     fails in the same job. Jobs queued after a failure are dropped on every rank until training
-    has taken it (`failure` ... `accept_after_failure`), so the ranks keep running the same jobs.
+    has taken it (`finish`, then `accept_after_failure`: the queue is empty by then), so the
+    ranks keep running the same jobs.
 
     Args:
         group: the gloo group the jobs' commits use (`World.checkpoint_group`).
@@ -527,25 +524,22 @@ class _CommitWriter:
 
     def __init__(self, group: Any) -> None:
         self.group = group
-        self._queue: queue.Queue[tuple[int, Callable[[], None]]] = queue.Queue()
+        self._queue: queue.Queue[Callable[[], None]] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._failure: BaseException | None = None
-        self._submitted = 0  # jobs submitted (training thread)
-        self._accept_from = 0  # jobs numbered below it are dropped (queued before a failure was taken)
 
-    def submit(self, step: int, job: Callable[[], None]) -> None:
-        """Queue `job` (the checkpoint of `step`) behind the others."""
+    def submit(self, job: Callable[[], None]) -> None:
+        """Queue `job` behind the others."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._work, name="flowrec-rank-checkpoint", daemon=True)
             self._thread.start()
-        self._queue.put((self._submitted, job))
-        self._submitted += 1
+        self._queue.put(job)
 
     def _work(self) -> None:
         while True:
-            number, job = self._queue.get()
+            job = self._queue.get()
             try:
-                if self._failure is None and number >= self._accept_from:
+                if self._failure is None:
                     job()
             except BaseException as exc:  # taken by the training thread at its next checkpoint or wait
                 self._failure = exc
@@ -562,6 +556,5 @@ class _CommitWriter:
         return self._failure
 
     def accept_after_failure(self) -> None:
-        """Training has taken the failure: drop the jobs queued so far, run the next ones."""
-        self._accept_from = self._submitted
+        """Training has taken the failure (after `finish`): run the jobs submitted from now on."""
         self._failure = None
