@@ -294,8 +294,18 @@ def _rank_barrier(world, what: str) -> None:
     try:
         world.barrier()
     except RuntimeError as exc:
-        fail(f"another rank failed or did not answer within {world.timeout_s:g} s while waiting for "
-             f"{what} ({first_line(exc)})", EXIT_RANK_FAILED)
+        fail(f"{_rank_lost(world, exc)} while waiting for {what}", EXIT_RANK_FAILED)
+
+
+def _rank_lost(world, exc: BaseException) -> str:
+    """What a failed collective says of the other ranks: a timeout is "did not answer within T s",
+    anything else (a closed connection: the rank died) is "failed"; the collective's own first line
+    follows in brackets either way."""
+    text = first_line(exc)
+    timed_out = "timeout" in text.lower() or "timed out" in text.lower()
+    what = (f"another rank did not answer within {world.timeout_s:g} s" if timed_out
+            else "another rank failed")
+    return f"{what} ({text})"
 
 
 def _claim_folder(request: RunRequest, name: str):
@@ -431,8 +441,9 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     except RuntimeError as exc:
         if world is None:
             raise
-        fail(f"stopped at step {trainer.position.step + 1}: another rank failed or did not answer within "
-             f"{world.timeout_s:g} s ({first_line(exc)}); {trainer.checkpoint_note()}", EXIT_RANK_FAILED)
+        where = (f"stopped at the end of the run, after its last step ({trainer.position.step})"
+                 if trainer.finished(session.train) else f"stopped at step {trainer.position.step + 1}")
+        fail(f"{where}: {_rank_lost(world, exc)}; {trainer.checkpoint_note()}", EXIT_RANK_FAILED)
     finally:
         session.close_data()
     if not trainer.lead:

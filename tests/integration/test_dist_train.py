@@ -172,7 +172,9 @@ def test_a_dead_or_hung_rank_makes_the_other_exit_within_the_timeout(work, how):
     assert code == 4, err[-2000:]
     assert waited < timeout_s + 30, (waited, err[-2000:])
     last = [line for line in err.splitlines() if line.strip()][-1]
-    assert last.startswith("error: rank 0: stopped at step ") and "another rank failed" in last, err[-2000:]
+    assert last.startswith("error: rank 0: stopped at step "), err[-2000:]
+    # which phrase depends on what gloo's error says (a closed connection, or a timeout)
+    assert "another rank failed (" in last or f"another rank did not answer within {timeout_s} s (" in last, err[-2000:]
     assert "Traceback" not in err, err[-2000:]
 
 

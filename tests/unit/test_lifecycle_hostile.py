@@ -613,3 +613,17 @@ def test_eval_data_closes_the_test_split_it_replaces(spec: Path, tmp_path: Path,
     with pytest.raises(DataError, match="not a dataset"):
         session.resolve_data(model, spec, opts, lambda _: None)
     assert closed == ["test", "train", "test"]
+
+
+def test_a_lost_rank_line_says_timeout_only_for_a_timeout() -> None:
+    """A collective that timed out names the timeout; a closed connection (the rank died) does not
+    (before, both said "failed or did not answer within T s", even a crash at once)."""
+    from types import SimpleNamespace
+
+    from flowrec.cli.train_cmds import _rank_lost
+
+    world = SimpleNamespace(timeout_s=8.0)
+    died = _rank_lost(world, RuntimeError("Connection closed by peer [127.0.0.1]:5\nmore"))
+    hung = _rank_lost(world, RuntimeError("[gloo] Timed out waiting 8000ms for recv operation"))
+    assert died == "another rank failed (Connection closed by peer [127.0.0.1]:5)"
+    assert hung.startswith("another rank did not answer within 8 s (") and "8000ms" in hung
