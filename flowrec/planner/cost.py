@@ -82,7 +82,10 @@ class DeviceProfile:
     instead of its kernels (`measured_op_seconds`); `step_us` = the step's fixed framework cost;
     `compute_scale` = what the dense part of the spec's own full-batch steps takes over its ops
     priced one by one (ops in a step share caches, the allocator and the autograd engine), as a
-    factor on the dense forward, backward and update (1: not measured).
+    factor on the dense forward, backward and update (1: not measured). `rank_compute_scale` and
+    `rank_staging_values_per_s` and `rank_collective_us` (`flowrec calibrate --nproc N` on a host
+    that is the device) are what a rank's step, its staging and a collective call take while N
+    ranks step at once on this host's cores (`shared_cores`).
 
     Example:
         >>> DEVICES["cpu"].pcie_gbps is None
@@ -125,6 +128,9 @@ class DeviceProfile:
     step_us: float = 0.0  # per step, beyond the priced ops (framework: trainer, zero_grad, autograd engine)
     dense_ops: Table = ()  # measured dense ops: (op signature, (batch, fwd us, bwd us) points by batch)
     compute_scale: float = 1.0  # a spec's real full-batch dense part / its ops priced one by one (in situ)
+    rank_compute_scale: float = 1.0  # a rank's step while collective_world_size ranks step at once on this host / priced alone
+    rank_staging_values_per_s: float = 0.0  # staging rate beside those ranks (their data threads share the cores); 0: staging_values_per_s
+    rank_collective_us: float = 0.0  # one collective call between those ranks (each waits for its peer to run); 0: collective_us
 
     @property
     def constants(self) -> str:
@@ -442,8 +448,9 @@ def predict(graph: OpGraph, spec: ModelSpec, device: DeviceProfile, *, micro_bat
     units = _units(graph, profile)
     n_dense = len(spec.dense_features)
 
+    rank_scale, staging_rate = shared_cores(device, world)  # ranks sharing this host's cores
     ids = sum(u.ids for u in units)
-    staging = (batch * (ids + n_dense) + sum(u.step_ids for u in units)) / device.staging_values_per_s
+    staging = (batch * (ids + n_dense) + sum(u.step_ids for u in units)) / staging_rate
     h2d = sum(_unit_bytes(u, batch, window, profile) for u in units)
     h2d += batch * (n_dense + len(spec.heads)) * 4
     transfer = h2d / (device.pcie_gbps * 1e9) if device.pcie_gbps else 0.0
@@ -453,13 +460,14 @@ def predict(graph: OpGraph, spec: ModelSpec, device: DeviceProfile, *, micro_bat
     sparse = backward_sparse = 0.0
     for u in units:
         forward_s, backward_s = sparse_seconds(u, device, batch, profile)
-        sparse += forward_s
-        backward_sparse += backward_s
+        sparse += forward_s * rank_scale
+        backward_sparse += backward_s * rank_scale
 
     bf16 = spec.training.precision == "bf16"
     dense, dense_backward = dense_seconds(graph, device, -(-batch // mb), bf16, spec.training.precision)
-    dense, dense_backward = dense * mb * scale + device.step_us * 1e-6, dense_backward * mb * scale
-    update = dense_update_seconds(graph, spec, device) * scale
+    dense = (dense * mb * scale + device.step_us * 1e-6) * rank_scale
+    dense_backward = dense_backward * mb * scale * rank_scale
+    update = dense_update_seconds(graph, spec, device) * scale * rank_scale
     backward = dense_backward + backward_sparse + update
 
     stages = (("staging", staging), ("transfer", transfer), ("sparse", sparse),
@@ -500,6 +508,27 @@ def predict(graph: OpGraph, spec: ModelSpec, device: DeviceProfile, *, micro_bat
         constants=device.constants,
         access_profile=access if access is not None else access_description(profile),
     )
+
+
+def shared_cores(device: DeviceProfile, world: int) -> tuple[float, float]:
+    """(compute factor, staging values per second) of one of `world` ranks on `device`.
+
+    Where the host is the device (no link: the CPU) the ranks of a `--nproc` run are processes of
+    one machine, each with compute threads sized to its share of the cores (`thread_budget`), so
+    together they fill the cores: each rank's compute shares memory bandwidth and caches with the
+    others', and its data threads find no free core (one process with one compute thread on two
+    cores leaves them one). `flowrec calibrate --nproc N` measures both on the spec's own steps,
+    N processes stepping at once (`rank_compute_scale`, `rank_staging_values_per_s`); without
+    that measurement (or for one rank, or a device with its own host) one process's hold:
+    (1.0, `staging_values_per_s`).
+
+    Example:
+        >>> shared_cores(DEVICES["cpu"], 2)
+        (1.0, 20000000.0)
+    """
+    if world <= 1 or device.overlaps:
+        return 1.0, device.staging_values_per_s
+    return device.rank_compute_scale, device.rank_staging_values_per_s or device.staging_values_per_s
 
 
 def sparse_seconds(u: _Unit, device: DeviceProfile, batch: int, profile: AccessProfile | None
