@@ -448,7 +448,7 @@ def predict(graph: OpGraph, spec: ModelSpec, device: DeviceProfile, *, micro_bat
     units = _units(graph, profile)
     n_dense = len(spec.dense_features)
 
-    rank_scale, staging_rate = shared_cores(device, world)  # ranks sharing this host's cores
+    rank_scale, staging_rate, call_us = shared_cores(device, world)  # ranks sharing this host's cores
     ids = sum(u.ids for u in units)
     staging = (batch * (ids + n_dense) + sum(u.step_ids for u in units)) / staging_rate
     h2d = sum(_unit_bytes(u, batch, window, profile) for u in units)
@@ -484,10 +484,15 @@ def predict(graph: OpGraph, spec: ModelSpec, device: DeviceProfile, *, micro_bat
     exchange_s = 0.0
     if world > 1:
         link = device_link(device, world)
+        if call_us is not None:
+            link = replace(link, latency_us=call_us)
         calls = sum(exchange.collectives(u.group) for u in units if u.group is not None) + traffic.dense_calls
         exchange_s = exchange.seconds(traffic.total, calls, link)
         serial += exchange_s
-        overlap = max(overlap, exchange_s) + min(overlap, exchange_s) / (len(units) + 1)
+        if call_us is not None:  # the collectives' threads find no free core: nothing overlaps them
+            overlap += exchange_s
+        else:
+            overlap = max(overlap, exchange_s) + min(overlap, exchange_s) / (len(units) + 1)
 
     memory = _memory(graph, spec, units, batch // mb, traffic.buffers if world > 1 else None)
     return CostPrediction(
@@ -510,25 +515,30 @@ def predict(graph: OpGraph, spec: ModelSpec, device: DeviceProfile, *, micro_bat
     )
 
 
-def shared_cores(device: DeviceProfile, world: int) -> tuple[float, float]:
-    """(compute factor, staging values per second) of one of `world` ranks on `device`.
+def shared_cores(device: DeviceProfile, world: int) -> tuple[float, float, float | None]:
+    """(compute factor, staging values per second, us per collective call or None) of one of
+    `world` ranks on `device`.
 
     Where the host is the device (no link: the CPU) the ranks of a `--nproc` run are processes of
     one machine, each with compute threads sized to its share of the cores (`thread_budget`), so
     together they fill the cores: each rank's compute shares memory bandwidth and caches with the
     others', and its data threads find no free core (one process with one compute thread on two
-    cores leaves them one). `flowrec calibrate --nproc N` measures both on the spec's own steps,
-    N processes stepping at once (`rank_compute_scale`, `rank_staging_values_per_s`); without
-    that measurement (or for one rank, or a device with its own host) one process's hold:
-    (1.0, `staging_values_per_s`).
+    cores leaves them one), a collective waits until the scheduler runs the peer's side of it, and
+    its communication thread finds no free core to overlap the step's compute. `flowrec calibrate
+    --nproc N` measures these on the spec's own steps, N processes stepping at once and meeting
+    in a collective after each (`rank_compute_scale`, `rank_staging_values_per_s`,
+    `rank_collective_us`: a call's cost; None where not measured, then the link's own and the
+    exchange overlapping compute as on separate cores); without that measurement (or for one
+    rank, or a device with its own host) one process's hold: (1.0, `staging_values_per_s`, None).
 
     Example:
         >>> shared_cores(DEVICES["cpu"], 2)
-        (1.0, 20000000.0)
+        (1.0, 20000000.0, None)
     """
     if world <= 1 or device.overlaps:
-        return 1.0, device.staging_values_per_s
-    return device.rank_compute_scale, device.rank_staging_values_per_s or device.staging_values_per_s
+        return 1.0, device.staging_values_per_s, None
+    return (device.rank_compute_scale, device.rank_staging_values_per_s or device.staging_values_per_s,
+            device.rank_collective_us or None)
 
 
 def sparse_seconds(u: _Unit, device: DeviceProfile, batch: int, profile: AccessProfile | None
