@@ -42,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -195,10 +196,19 @@ def worker(rank: int, world_size: int, port: int) -> list[dict[str, float]] | No
 
 
 def _main(argv: list[str]) -> None:
+    """Run `worker` and end without the interpreter's teardown (as a finished training rank does:
+    a gloo group's or a data thread's native thread torn down at exit aborts the process)."""
     _, rank, world_size, port = argv
-    result = worker(int(rank), int(world_size), int(port))
+    try:
+        result = worker(int(rank), int(world_size), int(port))
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
     if result is not None:
         print(json.dumps(result), flush=True)
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
