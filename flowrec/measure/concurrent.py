@@ -162,7 +162,7 @@ def worker(rank: int, world_size: int, port: int) -> list[dict[str, float]] | No
 
     from flowrec.data.cores import thread_budget
     from flowrec.measure import robust
-    from flowrec.measure.step import _staged, _values, live_step_seconds, with_batch
+    from flowrec.measure.step import WARMUP_STEPS, _staged, _values, live_step_seconds, with_batch
     from flowrec.planner.manager import make_plan
     from flowrec.spec import load_spec
 
@@ -182,10 +182,19 @@ def worker(rank: int, world_size: int, port: int) -> list[dict[str, float]] | No
             dist.all_reduce(payload)
             calls.append(time.perf_counter() - started)
 
+        phases: list[int] = []
+
+        def ready() -> None:  # the phases start together; the live phase's calls are a run's
+            phases.append(len(calls))
+            dist.barrier()
+
         live, staged = (robust.estimate(r) for r in live_step_seconds(plan, spec, device, int(job["steps"]),
-                                                                      ready=dist.barrier, between=call))
+                                                                      ready=ready, between=call))
+        warm = WARMUP_STEPS
+        staged_calls, live_calls = calls[phases[0] + warm:phases[1]], calls[phases[1] + warm:]
         mine = {"staged_ms": staged.seconds * 1e3, "live_ms": live.seconds * 1e3,
-                "call_us": statistics.median(calls) * 1e6, "staged_clean": staged.clean,
+                "call_us": statistics.median(live_calls) * 1e6,
+                "staged_call_us": statistics.median(staged_calls) * 1e6, "staged_clean": staged.clean,
                 "live_clean": live.clean, "staged_method": staged.method, "live_method": live.method,
                 "values_per_batch": _values(_staged(spec, plan, 1)[0])}
         gathered: list[Any] = [None] * world_size

@@ -672,7 +672,9 @@ def dense_update_seconds(graph: OpGraph, spec: ModelSpec, device: DeviceProfile)
 
 @dataclass(frozen=True)
 class Traffic:
-    """What one rank sends per step: per group, the dense all-reduce, and exchange buffer bytes."""
+    """What one rank sends per step: per group, the dense collectives (the gradients' all-reduce,
+    the loss agreement, an in-batch retrieval head's gather) and their calls, and exchange buffer
+    bytes."""
 
     by_group: tuple[tuple[str, float], ...] = ()
     dense: float = 0.0
@@ -702,8 +704,25 @@ def exchange_traffic(graph: OpGraph, spec: ModelSpec, units: list[_Unit], batch:
             buffers += u.rows * u.dim * exchange.GRAD_BYTES
         by_group.append((u.group.name, sent))
     params = sum(graph.nodes[n]["op"].param_bytes for n in graph if graph.nodes[n]["op"].kind not in SPARSE_KINDS)
-    calls = 1 + params // exchange.DDP_BUCKET_BYTES
-    return Traffic(tuple(by_group), exchange.dense_bytes(params, world), calls, buffers)
+    calls = 1 + params // exchange.DDP_BUCKET_BYTES + exchange.AGREEMENT_CALLS
+    dense = exchange.dense_bytes(params, world)
+    gathered = in_batch_gather(graph)
+    if gathered:  # every rank's item vectors are the in-batch candidates
+        calls += exchange.GATHER_CALLS
+        dense += exchange.gather_bytes(batch, gathered, world)
+    return Traffic(tuple(by_group), dense, calls, buffers)
+
+
+def in_batch_gather(graph: OpGraph) -> int:
+    """The tower width whose vectors an in-batch retrieval head gathers from every rank in a
+    step (`gather_over_ranks`), or 0 (no such head)."""
+    for node in graph:
+        op = graph.nodes[node]["op"]
+        if op.kind == "loss" and op.attr("retrieval"):
+            head = graph.nodes[f"head_{op.attr('heads')[op.attr('retrieval')[0]]}"]["op"]
+            if head.attr("negatives") == "in_batch":
+                return head.attr("in_features") // 2
+    return 0
 
 
 def _memory(graph: OpGraph, spec: ModelSpec, units: list[_Unit], micro_batch: int,

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from flowrec.measure.concurrent import STEPS_RANGE, measure_ranks, phase_steps, rank_constants
+from flowrec.planner import exchange
 from flowrec.planner.calibration import ProfileError, profile_document, profile_fields
 from flowrec.planner.cost import DEVICES, device_profile, shared_cores
 from flowrec.planner.manager import make_plan
@@ -94,3 +95,18 @@ def test_two_processes_step_the_spec_at_once(repo, tmp_path: Path):
     for r in results:
         assert 0 < r["staged_ms"] < 60e3 and 0 < r["live_ms"] < 60e3 and 0 < r["call_us"] < 60e6
         assert r["values_per_batch"] > 64  # ids and dense values of one batch of 64 samples
+
+
+@pytest.mark.parametrize("name, extra", [("movielens", exchange.AGREEMENT_CALLS),
+                                         ("two_tower_movielens", exchange.AGREEMENT_CALLS + exchange.GATHER_CALLS)])
+def test_a_ranks_step_counts_the_loss_agreement_and_an_in_batch_gather(tmp_path: Path, repo, name, extra):
+    spec = load_spec(repo / "specs" / f"{name}.yaml")
+    costs = []
+    for i, us in enumerate((100.0, 1100.0)):
+        path = tmp_path / f"{i}.json"
+        path.write_text(json.dumps(profile_document("cpu", {**LINK, "collective_us": (us, "fit")}, "t", "2026-01-01")))
+        costs.append(make_plan(spec, target=str(path), world_size=2))
+    calls = (costs[1].cost.exchange_ms - costs[0].cost.exchange_ms) / 1.0  # ms per 1000 us more per call
+    groups = sum(exchange.collectives(g) for g in costs[0].meta.groups)
+    params = sum(costs[0].graph.nodes[n]["op"].param_bytes for n in costs[0].graph)
+    assert calls == pytest.approx(groups + 1 + params // exchange.DDP_BUCKET_BYTES + extra, abs=1e-6)
