@@ -30,6 +30,10 @@ Device profiles carry the constants, with units in their names. Sources and assu
   share the trainer's cores, so the step takes the staging time on top of its compute, and a
   calibrated CPU profile measures that rate in values per CPU second of the trainer's pipeline
   (which also computes the casting index: a calibrated sparse backward leaves it out).
+* Ranks of one host that is the device (`--nproc N` on the CPU) fill its cores together: a profile
+  from `flowrec calibrate --nproc N` prices each rank's compute, staging and collective calls as N
+  processes stepping at once measured them (`shared_cores`); a rank's step counts the runtime's
+  loss agreement and an in-batch retrieval gather beside the exchange (`exchange_traffic`).
 
 Example:
     >>> DEVICES["h100"].hbm_gbps
