@@ -326,6 +326,7 @@ def main() -> None:
                                            "how": {"compute_scale": details.get("compute_scale"),
                                                    "step_us": details.get("framework_us_by_batch", {}).get("fit"),
                                                    "staging": details.get("staging"),
+                                                   "shared_cores": details.get("shared_cores"),
                                                    "timing": details.get("timing")}}
                 rows.append(measure_spec(spec, Path(profile), args.steps, tmp, args.device_budget, args.cache,
                                          args.nproc, args.one_epoch))

@@ -24,7 +24,10 @@ whole operator (fixed + per-sample time, forward and backward), the per-step fra
 (real training steps at tiny batch sizes minus their predicted compute) and, on the CPU, what
 staging its batches adds to a step. With `--nproc N` (N >= 2) it also starts N processes (gloo on
 CPU, NCCL with one GPU each) and fits the collectives' bandwidth and per-call cost; sharded plans
-(`--world-size` up to one node) are then priced with them instead of the datasheet link. Saves a
+(`--world-size` up to one node) are then priced with them instead of the datasheet link. With a
+spec on the CPU it also steps the spec on N processes at once (B / N samples each, staged, then
+fed live by the batch pipeline): what ranks sharing the cores cost each other's compute and
+staging, which the cost model applies to a rank of a run with more than one. Saves a
 profile (default: the user's cache folder, one per
 device kind) recording each constant and how it was measured; use it with
 `flowrec plan SPEC --target FILE` and `flowrec train SPEC --target FILE`.
@@ -81,6 +84,8 @@ def calibrate(
         details.update(own_details)
     if nproc > 1:
         measured.update(_collectives(nproc, dev.type, details))
+        if model is not None and dev.type == "cpu":
+            measured.update(_shared_cores(spec, model, nproc, measured, details))
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     machine = f"{platform.machine()} {platform.processor() or platform.platform()}, {dev.type}"
     details["seconds"] = round(time.perf_counter() - started, 3)
@@ -146,6 +151,19 @@ def _collectives(nproc: int, device_kind: str, details: dict) -> dict:
     details["collective_seconds_by_call"] = fit.points
     return {"collective_gbps": (fit.gbps, how), "collective_us": (fit.us, how),
             "collective_world_size": (nproc, "processes the collectives were measured with")}
+
+
+def _shared_cores(spec_path: Path, model, nproc: int, measured: dict, details: dict) -> dict:
+    """Constants of `nproc` ranks sharing this host's cores (`flowrec.measure.concurrent`; exits
+    with one line if its processes fail)."""
+    from flowrec.measure.concurrent import ConcurrentError, shared_core_constants
+
+    typer.echo(f"timing the spec's steps on {nproc} processes at once ...", err=True)
+    try:
+        constants, details["shared_cores"] = shared_core_constants(spec_path, model, nproc, measured)
+    except ConcurrentError as exc:
+        fail(str(exc), code=1)
+    return constants
 
 
 def torch_cuda_count() -> int:

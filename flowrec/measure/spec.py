@@ -186,15 +186,18 @@ def _compute_scale(spec: ModelSpec, device: torch.device, plan_for, profile: Pat
     and is priced as such). The fixed cost is what the dense part of steps at the smallest tiny
     batch takes beyond its priced ops: the framework cost (`step_us`, fitted on whole tiny steps)
     holds it already, and a scale over it would count it twice (a 1.8 ms step priced 2.8 ms).
-    Each dense part is the timing rule over the rounds of up to FULL_BLOCKS measurements (`_dense_ms`)."""
+    Each dense part is the timing rule over the rounds of up to FULL_BLOCKS measurements, the two
+    batch sizes' measurements interleaved (`_dense_ms_pair`): the scale rests on their difference,
+    and a spell of load schedstat does not show (a neighbour's memory traffic) that slowed only
+    the tiny batch's measurements moved it by a third (two_tower_ctr_movielens's scale 1.05, then
+    0.69: batch 16's dense part 1.00, then 1.60 ms, for 1.94 and 1.95 ms at its batch of 1,024)."""
     plan = plan_for(spec.training.batch_size)  # writes `profile` as measured so far
     priced = device_profile(str(profile))
     work_ms = _dense_work_ms(plan, spec, priced)
-    timed, measured_ms = _dense_ms(plan, spec, device)
     tiny = with_batch(spec, TINY_BATCHES[0])
     tiny_plan = plan_for(TINY_BATCHES[0])
     tiny_work_ms = _dense_work_ms(tiny_plan, tiny, priced)
-    tiny_timed, tiny_ms = _dense_ms(tiny_plan, tiny, device)
+    (timed, measured_ms), (tiny_timed, tiny_ms) = _dense_ms_pair((plan, spec), (tiny_plan, tiny), device)
     fixed_ms = max(0.0, tiny_ms - tiny_work_ms)
     low, high = COMPUTE_SCALE_RANGE
     scale = min(high, max(low, (measured_ms - fixed_ms) / work_ms)) if work_ms > 0 else 1.0
@@ -214,20 +217,23 @@ def _dense_work_ms(plan: Any, spec: ModelSpec, priced: Any) -> float:
     return ((forward + backward) * micro + dense_update_seconds(graph, spec, priced)) * 1e3
 
 
-def _dense_ms(plan: Any, spec: ModelSpec, device: torch.device) -> tuple[robust.Estimate, float]:
-    """(the estimate, its ms) of the dense part of real steps (`dense_step_seconds`) by the timing
-    rule over the rounds of up to FULL_BLOCKS measurements pooled, a further one while
-    FULL_BLOCK_SECONDS have not passed: the blocks spread the rounds over time, so that a burst of
-    load schedstat does not show (a neighbour's memory traffic on a shared host) slows a minority
-    of them, and the median is taken as the benchmark takes a run's (the module docstring: the
-    fastest block would be a lower bound)."""
-    started, rounds = time.perf_counter(), []
+def _dense_ms_pair(first: tuple[Any, ModelSpec], second: tuple[Any, ModelSpec], device: torch.device
+                   ) -> tuple[tuple[robust.Estimate, float], tuple[robust.Estimate, float]]:
+    """(estimate, ms) of the dense part of real steps (`dense_step_seconds`) of two (plan, spec)
+    pairs, each by the timing rule over the rounds of up to FULL_BLOCKS measurements pooled, the
+    two measured in turn (first, second, first, ...; a further pair while FULL_BLOCK_SECONDS have
+    not passed): the blocks spread the rounds over time, so that a burst of load schedstat does
+    not show (a neighbour's memory traffic on a shared host) slows a minority of them and falls on
+    both batch sizes alike, and each median is taken as the benchmark takes a run's (the module
+    docstring: the fastest block would be a lower bound)."""
+    started, rounds = time.perf_counter(), ([], [])
     for _ in range(FULL_BLOCKS):
-        rounds += dense_step_seconds(plan, spec, device, FULL_STEPS)
+        for (plan, spec), out in zip((first, second), rounds):
+            out += dense_step_seconds(plan, spec, device, FULL_STEPS)
         if time.perf_counter() - started > FULL_BLOCK_SECONDS:
             break
-    est = robust.LOG.add(robust.estimate(rounds))
-    return est, est.seconds * 1e3
+    ests = [robust.LOG.add(robust.estimate(r)) for r in rounds]
+    return (ests[0], ests[0].seconds * 1e3), (ests[1], ests[1].seconds * 1e3)
 
 
 def _staging_rate(spec: ModelSpec, device: torch.device, plan: Any) -> tuple[float, dict[str, Any]]:

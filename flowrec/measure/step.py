@@ -201,14 +201,18 @@ def staging_cpu_seconds(spec: ModelSpec, plan: Any, batches: int = STEPS) -> tup
     return cpu / max(len(values) - 1, 1), statistics.mean(values)
 
 
-def live_step_seconds(plan: Any, spec: ModelSpec, device: torch.device, steps: int = STEPS
+def live_step_seconds(plan: Any, spec: ModelSpec, device: torch.device, steps: int = STEPS,
+                      ready: Callable[[], None] | None = None, between: Callable[[], None] | None = None
                       ) -> tuple[list[robust.Round], list[robust.Round]]:
     """Timed rounds (`flowrec.measure.robust`) of `steps` training steps of `plan` (after
     WARMUP_STEPS) fed live by the trainer's batch pipeline over an encoded Parquet dataset of
     synthetic rows, its data threads running beside the steps as in training (their CPU time is
     the process's own: `robust.python_side_threads`), and as many on batches staged beforehand
     (first; the same model and optimizer then continue live): (live, staged). The difference is what the data
-    threads cost the steps on this machine: cores and the interpreter lock shared."""
+    threads cost the steps on this machine: cores and the interpreter lock shared. `ready`, when
+    given, is called before the staged steps and again before the live ones, everything set up,
+    and `between` after every step, outside its round (`flowrec.measure.concurrent`: processes
+    stepping at once meet in a barrier, then a collective after each step)."""
     tune_host_allocator()
     batches = WARMUP_STEPS + steps
     with tempfile.TemporaryDirectory(prefix="flowrec-calibrate-") as tmp:
@@ -226,14 +230,21 @@ def live_step_seconds(plan: Any, spec: ModelSpec, device: torch.device, steps: i
                 started = clock.start()
                 train_step(guarded, optimizer, batch, micro, spec.training.precision, spec.training.clip_grad_norm)
                 runtime_for(model.device).synchronize()
-                return clock.stop(started)
+                done = clock.stop(started)
+                if between is not None:
+                    between()
+                return done
 
             quiet_batches = _staged(spec, plan, batches)
             _item_counts(model, quiet_batches)
+            if ready is not None:
+                ready()
             quiet = [timed(batch) for batch in quiet_batches]
             live = []
             with iterate_batches(spec, source, _options(spec, plan), 0, 0, tuple(plan.meta.groups),
                                  remap=fresh_remapper(spec, tuple(plan.meta.groups))) as pipeline:
+                if ready is not None:
+                    ready()
                 for batch in pipeline:
                     live.append(timed(batch))
                     if len(live) == batches:

@@ -34,9 +34,10 @@ SCALARS = ("memory_bytes", "hbm_gbps", "pcie_gbps", "fp32_tflops", "bf16_tflops"
            "elementwise_gbps", "gemm_us", "gemm_gbps", "gemm_bwd_us", "gemm_bwd_tflops", "gemm_bwd_gbps", "sparse_fwd_us", "sparse_fwd_ns_per_id",
            "sparse_fwd_ns_per_elem", "map_ns_per_id", "map_small_ns_per_id", "alloc_threshold_bytes",
            "alloc_ns_per_byte", "step_us", "staging_values_per_s", "collective_gbps", "collective_us",
-           "collective_world_size", "compute_scale")
+           "collective_world_size", "compute_scale", "rank_compute_scale", "rank_staging_values_per_s", "rank_collective_us")
 INTEGERS = frozenset({"memory_bytes", "collective_world_size"})
-COLLECTIVE = frozenset({"collective_gbps", "collective_us", "collective_world_size"})  # with --nproc only
+COLLECTIVE = frozenset({"collective_gbps", "collective_us", "collective_world_size",
+                        "rank_compute_scale", "rank_staging_values_per_s", "rank_collective_us"})  # with --nproc only
 TABLES = {"dense_update": 2, "sparse_update": 5}  # per-optimizer cost vectors: field -> length
 OP_TABLES = {"dense_ops": 3}  # per measured dense op (`op_work.op_signature`): (batch, fwd us, bwd us) points
 MEASURABLE = SCALARS + tuple(TABLES) + tuple(OP_TABLES)

@@ -30,6 +30,10 @@ Device profiles carry the constants, with units in their names. Sources and assu
   share the trainer's cores, so the step takes the staging time on top of its compute, and a
   calibrated CPU profile measures that rate in values per CPU second of the trainer's pipeline
   (which also computes the casting index: a calibrated sparse backward leaves it out).
+* Ranks of one host that is the device (`--nproc N` on the CPU) fill its cores together: a profile
+  from `flowrec calibrate --nproc N` prices each rank's compute, staging and collective calls as N
+  processes stepping at once measured them (`shared_cores`); a rank's step counts the runtime's
+  loss agreement and an in-batch retrieval gather beside the exchange (`exchange_traffic`).
 
 Example:
     >>> DEVICES["h100"].hbm_gbps
@@ -82,7 +86,10 @@ class DeviceProfile:
     instead of its kernels (`measured_op_seconds`); `step_us` = the step's fixed framework cost;
     `compute_scale` = what the dense part of the spec's own full-batch steps takes over its ops
     priced one by one (ops in a step share caches, the allocator and the autograd engine), as a
-    factor on the dense forward, backward and update (1: not measured).
+    factor on the dense forward, backward and update (1: not measured). `rank_compute_scale` and
+    `rank_staging_values_per_s` and `rank_collective_us` (`flowrec calibrate --nproc N` on a host
+    that is the device) are what a rank's step, its staging and a collective call take while N
+    ranks step at once on this host's cores (`shared_cores`).
 
     Example:
         >>> DEVICES["cpu"].pcie_gbps is None
@@ -125,6 +132,9 @@ class DeviceProfile:
     step_us: float = 0.0  # per step, beyond the priced ops (framework: trainer, zero_grad, autograd engine)
     dense_ops: Table = ()  # measured dense ops: (op signature, (batch, fwd us, bwd us) points by batch)
     compute_scale: float = 1.0  # a spec's real full-batch dense part / its ops priced one by one (in situ)
+    rank_compute_scale: float = 1.0  # a rank's step while collective_world_size ranks step at once on this host / priced alone
+    rank_staging_values_per_s: float = 0.0  # staging rate beside those ranks (their data threads share the cores); 0: staging_values_per_s
+    rank_collective_us: float = 0.0  # one collective call between those ranks (each waits for its peer to run); 0: collective_us
 
     @property
     def constants(self) -> str:
@@ -442,8 +452,9 @@ def predict(graph: OpGraph, spec: ModelSpec, device: DeviceProfile, *, micro_bat
     units = _units(graph, profile)
     n_dense = len(spec.dense_features)
 
+    rank_scale, staging_rate, call_us = shared_cores(device, world)  # ranks sharing this host's cores
     ids = sum(u.ids for u in units)
-    staging = (batch * (ids + n_dense) + sum(u.step_ids for u in units)) / device.staging_values_per_s
+    staging = (batch * (ids + n_dense) + sum(u.step_ids for u in units)) / staging_rate
     h2d = sum(_unit_bytes(u, batch, window, profile) for u in units)
     h2d += batch * (n_dense + len(spec.heads)) * 4
     transfer = h2d / (device.pcie_gbps * 1e9) if device.pcie_gbps else 0.0
@@ -453,13 +464,14 @@ def predict(graph: OpGraph, spec: ModelSpec, device: DeviceProfile, *, micro_bat
     sparse = backward_sparse = 0.0
     for u in units:
         forward_s, backward_s = sparse_seconds(u, device, batch, profile)
-        sparse += forward_s
-        backward_sparse += backward_s
+        sparse += forward_s * rank_scale
+        backward_sparse += backward_s * rank_scale
 
     bf16 = spec.training.precision == "bf16"
     dense, dense_backward = dense_seconds(graph, device, -(-batch // mb), bf16, spec.training.precision)
-    dense, dense_backward = dense * mb * scale + device.step_us * 1e-6, dense_backward * mb * scale
-    update = dense_update_seconds(graph, spec, device) * scale
+    dense = (dense * mb * scale + device.step_us * 1e-6) * rank_scale
+    dense_backward = dense_backward * mb * scale * rank_scale
+    update = dense_update_seconds(graph, spec, device) * scale * rank_scale
     backward = dense_backward + backward_sparse + update
 
     stages = (("staging", staging), ("transfer", transfer), ("sparse", sparse),
@@ -476,10 +488,15 @@ def predict(graph: OpGraph, spec: ModelSpec, device: DeviceProfile, *, micro_bat
     exchange_s = 0.0
     if world > 1:
         link = device_link(device, world)
+        if call_us is not None:
+            link = replace(link, latency_us=call_us)
         calls = sum(exchange.collectives(u.group) for u in units if u.group is not None) + traffic.dense_calls
         exchange_s = exchange.seconds(traffic.total, calls, link)
         serial += exchange_s
-        overlap = max(overlap, exchange_s) + min(overlap, exchange_s) / (len(units) + 1)
+        if call_us is not None:  # the collectives' threads find no free core: nothing overlaps them
+            overlap += exchange_s
+        else:
+            overlap = max(overlap, exchange_s) + min(overlap, exchange_s) / (len(units) + 1)
 
     memory = _memory(graph, spec, units, batch // mb, traffic.buffers if world > 1 else None)
     return CostPrediction(
@@ -500,6 +517,32 @@ def predict(graph: OpGraph, spec: ModelSpec, device: DeviceProfile, *, micro_bat
         constants=device.constants,
         access_profile=access if access is not None else access_description(profile),
     )
+
+
+def shared_cores(device: DeviceProfile, world: int) -> tuple[float, float, float | None]:
+    """(compute factor, staging values per second, us per collective call or None) of one of
+    `world` ranks on `device`.
+
+    Where the host is the device (no link: the CPU) the ranks of a `--nproc` run are processes of
+    one machine, each with compute threads sized to its share of the cores (`thread_budget`), so
+    together they fill the cores: each rank's compute shares memory bandwidth and caches with the
+    others', and its data threads find no free core (one process with one compute thread on two
+    cores leaves them one), a collective waits until the scheduler runs the peer's side of it, and
+    its communication thread finds no free core to overlap the step's compute. `flowrec calibrate
+    --nproc N` measures these on the spec's own steps, N processes stepping at once and meeting
+    in a collective after each (`rank_compute_scale`, `rank_staging_values_per_s`,
+    `rank_collective_us`: a call's cost; None where not measured, then the link's own and the
+    exchange overlapping compute as on separate cores); without that measurement (or for one
+    rank, or a device with its own host) one process's hold: (1.0, `staging_values_per_s`, None).
+
+    Example:
+        >>> shared_cores(DEVICES["cpu"], 2)
+        (1.0, 20000000.0, None)
+    """
+    if world <= 1 or device.overlaps:
+        return 1.0, device.staging_values_per_s, None
+    return (device.rank_compute_scale, device.rank_staging_values_per_s or device.staging_values_per_s,
+            device.rank_collective_us or None)
 
 
 def sparse_seconds(u: _Unit, device: DeviceProfile, batch: int, profile: AccessProfile | None
@@ -633,7 +676,9 @@ def dense_update_seconds(graph: OpGraph, spec: ModelSpec, device: DeviceProfile)
 
 @dataclass(frozen=True)
 class Traffic:
-    """What one rank sends per step: per group, the dense all-reduce, and exchange buffer bytes."""
+    """What one rank sends per step: per group, the dense collectives (the gradients' all-reduce,
+    the loss agreement, an in-batch retrieval head's gather) and their calls, and exchange buffer
+    bytes."""
 
     by_group: tuple[tuple[str, float], ...] = ()
     dense: float = 0.0
@@ -663,8 +708,25 @@ def exchange_traffic(graph: OpGraph, spec: ModelSpec, units: list[_Unit], batch:
             buffers += u.rows * u.dim * exchange.GRAD_BYTES
         by_group.append((u.group.name, sent))
     params = sum(graph.nodes[n]["op"].param_bytes for n in graph if graph.nodes[n]["op"].kind not in SPARSE_KINDS)
-    calls = 1 + params // exchange.DDP_BUCKET_BYTES
-    return Traffic(tuple(by_group), exchange.dense_bytes(params, world), calls, buffers)
+    calls = 1 + params // exchange.DDP_BUCKET_BYTES + exchange.AGREEMENT_CALLS
+    dense = exchange.dense_bytes(params, world)
+    gathered = in_batch_gather(graph)
+    if gathered:  # every rank's item vectors are the in-batch candidates
+        calls += exchange.GATHER_CALLS
+        dense += exchange.gather_bytes(batch, gathered, world)
+    return Traffic(tuple(by_group), dense, calls, buffers)
+
+
+def in_batch_gather(graph: OpGraph) -> int:
+    """The tower width whose vectors an in-batch retrieval head gathers from every rank in a
+    step (`gather_over_ranks`), or 0 (no such head)."""
+    for node in graph:
+        op = graph.nodes[node]["op"]
+        if op.kind == "loss" and op.attr("retrieval"):
+            head = graph.nodes[f"head_{op.attr('heads')[op.attr('retrieval')[0]]}"]["op"]
+            if head.attr("negatives") == "in_batch":
+                return head.attr("in_features") // 2
+    return 0
 
 
 def _memory(graph: OpGraph, spec: ModelSpec, units: list[_Unit], micro_batch: int,

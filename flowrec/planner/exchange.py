@@ -98,6 +98,17 @@ def replicated_bytes(group: PackedGroup, world_size: int) -> float:
     return 2 * remote_share(world_size) * group.rows * group.dim * GRAD_BYTES
 
 
+AGREEMENT_CALLS = 1  # per step: the ranks agree on the loss and their flags (`World.agree`, one all_reduce)
+GATHER_CALLS = 4  # per step of an in-batch retrieval head over ranks (`gather_over_ranks`): the row counts,
+# the item vectors (and their gradients back in the backward), the item ids
+
+
+def gather_bytes(rows: int, dim: int, world_size: int) -> float:
+    """Bytes one rank sends per step to gather an in-batch retrieval head's item vectors (fp32,
+    `rows` of this rank's) and ids from every rank, and their gradients back."""
+    return (world_size - 1) * rows * (2 * dim * GRAD_BYTES + INDEX_BYTES)
+
+
 def dense_bytes(param_bytes: int, world_size: int) -> float:
     """Bytes one rank sends per step to all-reduce the dense gradients (ring)."""
     return 2 * remote_share(world_size) * param_bytes

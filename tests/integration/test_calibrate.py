@@ -56,6 +56,9 @@ def test_nproc_measures_collectives_and_sharded_plans_use_them(profile: Path):
     assert measured["collective_world_size"]["value"] == 2 and measured["collective_gbps"]["value"] > 0
     assert "2 processes over gloo" in measured["collective_gbps"]["how"]
     assert len(doc["details"]["collective_seconds_by_call"]) >= 10
+    for key in ("rank_compute_scale", "rank_staging_values_per_s", "rank_collective_us"):  # a spec on the CPU
+        assert measured[key]["value"] > 0 and "2 processes at once" in measured[key]["how"]
+    assert len(doc["details"]["shared_cores"]["ranks"]) == 2
     text = runner.invoke(app, ["plan", str(SPEC), "--target", str(profile), "--world-size", "2"]).output
     gbps = device_profile(str(profile)).collective_gbps
     assert f"world size 2 over measured collectives (2 processes) ({gbps:g} GB/s per rank" in text

@@ -369,6 +369,7 @@ def test_compute_scale_is_the_measured_dense_part_over_its_priced_ops(dlrm, monk
             assert details["measured_dense_ms"] == pytest.approx(full_ms, rel=1e-5)
             assert details["fixed_ms"] == pytest.approx(fixed_ms, abs=1e-9)
             assert calls.count(4096) >= 2  # several measurements, the burst outvoted
+            assert calls[:4] == [4096, 16, 4096, 16]  # in turn: a spell of load falls on both sizes
     profile.write_text(json.dumps(profile_document("cpu", {"compute_scale": (1.7, "steps")}, "m", "t")))
     assert device_profile(str(profile)).compute_scale == 1.7
     assert device_profile("cpu").compute_scale == 1.0  # not measured: the ops' sum
@@ -383,10 +384,12 @@ def test_the_dense_part_is_the_median_of_all_its_rounds_not_the_fastest_block(mo
     fast = [Round(0.8e-3 * (1 + i / 100)) for i in range(8)]
     usual = [Round(1.0e-3 * (1 + i / 100)) for i in range(8)]
     waited = [Round(3.0e-3, 2.0e-3) for _ in range(4)]  # a burst: not clean, not counted
+    tiny = [Round(0.5e-3)] * 8
     for order in ([fast, usual, usual + waited], [usual, fast, usual], [usual + waited, usual, fast]):
-        blocks = iter(order)
+        blocks = iter(x for block in order for x in (block, tiny))  # the other batch size's in between
         monkeypatch.setattr(calibrate_spec, "dense_step_seconds", lambda *a, **k: next(blocks))
-        est, ms = calibrate_spec._dense_ms(None, None, None)
+        (est, ms), (_, tiny_ms) = calibrate_spec._dense_ms_pair((None, None), (None, None), None)
+        assert tiny_ms == pytest.approx(0.5)
         clean = [r.wall for block in order for r in block if r.waited == 0.0]
         assert est.rounds == sum(len(b) for b in order) and est.clean == len(clean) == 24
         assert ms == pytest.approx(sorted(clean)[11] * 500 + sorted(clean)[12] * 500)  # the median, in ms

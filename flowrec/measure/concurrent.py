@@ -1,0 +1,224 @@
+"""A spec's steps on N processes stepping at once: what ranks sharing this host's cores cost each other.
+
+`flowrec train --nproc N` on a machine whose host is the device (the CPU) runs N processes, each
+with compute threads sized to its share of the cores (`flowrec.data.cores.thread_budget`): together
+they fill the cores. What one process measures alone then misses two things: the ranks' compute
+shares memory bandwidth and caches (a rank's step at half the batch measured 0.65-0.8 of one
+process's full-batch step on this 2-core machine, not half), and their data threads find no free
+core (one process with one compute thread on two cores leaves them one).
+
+`flowrec calibrate SPEC --nproc N` measures both on the spec's own model: N local processes (gloo
+only for a start barrier and to gather the results, no collective in the timed steps) each plan
+the spec at its per-rank batch B / N against the profile measured so far, then run
+`flowrec.measure.step.live_step_seconds` at the same moment (a barrier before the staged steps and
+again before the live ones): steps on batches staged beforehand, then steps fed live by the
+trainer's batch pipeline with its data threads. Each phase is estimated by the timing rule
+(`flowrec.measure.robust`); the slowest rank's estimate counts (the ranks of a run meet in every
+step's collectives). Then
+
+    rank_compute_scale        = slowest staged step / the profile's price of that step alone
+    rank_staging_values_per_s = values a batch stages / (slowest live step - slowest staged step)
+    rank_collective_us        = the slowest process's median small all_reduce after each step
+
+After each step (outside its timing) the processes meet in a small all_reduce, as a run's ranks
+meet in their step's collectives: idle processes (the collective calibration's) answer a call in
+about 0.1-0.2 ms, processes whose compute and data threads fill the cores only when the scheduler
+runs the peer's communication thread. The cost model multiplies a rank's compute by the first,
+prices its staging by the second and each collective call by the third
+(`flowrec.planner.cost.shared_cores`).
+
+Example:
+    >>> ranks = [{"staged_ms": 6.0, "live_ms": 7.0, "call_us": 900.0}, {"staged_ms": 5.0, "live_ms": 5.5, "call_us": 300.0}]
+    >>> rank_constants(ranks, 4.0, 1000.0)[:3]
+    (1.5, 1000000.0, 900.0)
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+SCALE_RANGE = (0.1, 1000.0)  # a sanity bound, as calibration's compute scale
+MIN_ADDED_S = 1e-6  # staging that adds nothing measurable to a step: this many seconds a batch
+PHASE_SECONDS = 1.0  # timed seconds of each phase (staged, live), about ...
+STEPS_RANGE = (10, 40)  # ... within these many steps
+GROUP_TIMEOUT_S = 300  # the start barriers wait for every process's set-up (synthetic data, lowering)
+TIMEOUT_S = 900  # the whole measurement
+CALL_BYTES = 2**14  # bytes per rank of the collective timed after each step (the calibration's smallest)
+JOB_FILE = "flowrec-concurrent-{port}.json"  # in the temporary folder: what the processes run
+
+
+class ConcurrentError(RuntimeError):
+    """The concurrent measurement could not run (one line naming the rank and why)."""
+
+
+def rank_constants(results: list[dict[str, float]], priced_ms: float, values: float
+                   ) -> tuple[float, float, float, dict[str, Any]]:
+    """(rank_compute_scale, rank_staging_values_per_s, rank_collective_us, details) of the ranks'
+    `results` (each {"staged_ms", "live_ms", "call_us"}: its estimates, its median collective
+    call), the profile's price of one such step alone
+    (`priced_ms`, its compute) and the values one batch stages (see the module docstring).
+
+    Raises:
+        ValueError: no results, or no price to scale.
+    """
+    if not results or priced_ms <= 0:
+        raise ValueError(f"need rank results and a positive price (got {len(results)} results, {priced_ms} ms)")
+    staged = max(r["staged_ms"] for r in results)
+    live = max(r["live_ms"] for r in results)
+    low, high = SCALE_RANGE
+    scale = min(high, max(low, staged / priced_ms))
+    added_s = max((live - staged) * 1e-3, MIN_ADDED_S)
+    call_us = max(r["call_us"] for r in results)
+    return scale, values / added_s, call_us, {"staged_ms": staged, "live_ms": live, "priced_ms": priced_ms,
+                                              "call_us": call_us,
+                                     "added_ms_per_batch": added_s * 1e3, "values_per_batch": values,
+                                     "ranks": results}
+
+
+def phase_steps(priced_ms: float) -> int:
+    """Timed steps of each phase: about PHASE_SECONDS of the priced step, within STEPS_RANGE."""
+    low, high = STEPS_RANGE
+    return int(min(high, max(low, math.ceil(PHASE_SECONDS * 1e3 / max(priced_ms, 1e-3)))))
+
+
+def measure_ranks(spec_path: Path, profile: Path, world_size: int, batch: int, steps: int,
+                  timeout_s: float = TIMEOUT_S) -> list[dict[str, float]]:
+    """Start `world_size` processes that step the spec at `batch` samples each at once (see the
+    module docstring), planned against `profile`; each rank's estimates.
+
+    Raises:
+        ConcurrentError: a process failed or they did not finish within `timeout_s`.
+    """
+    from flowrec.runtime.distributed.launch import free_port, run_local_ranks
+
+    port = free_port()
+    job = Path(tempfile.gettempdir()) / JOB_FILE.format(port=port)
+    job.write_text(json.dumps({"spec": str(spec_path), "profile": str(profile), "batch": batch, "steps": steps}))
+    try:
+        outputs = run_local_ranks("flowrec.measure.concurrent", "gloo", world_size, port, timeout_s)
+    except subprocess.TimeoutExpired:
+        raise ConcurrentError(f"steps of {world_size} processes at once: no result within {timeout_s:g} s") from None
+    finally:
+        job.unlink(missing_ok=True)
+    for rank, (code, _, err) in enumerate(outputs):
+        if code != 0:
+            last = err.splitlines()[-1] if err else f"exit {code}"
+            raise ConcurrentError(f"steps of {world_size} processes at once, rank {rank} failed: {last}")
+    return json.loads(outputs[0][1].splitlines()[-1])
+
+
+def shared_core_constants(spec_path: Path, spec: Any, world_size: int, measured: dict[str, tuple[Any, str]]
+                          ) -> tuple[dict[str, tuple[Any, str]], dict[str, Any]]:
+    """({field: (value, how)}, details) of `rank_compute_scale` and `rank_staging_values_per_s`:
+    `world_size` processes step the spec (loaded from `spec_path`) at B / `world_size` samples each
+    at once, priced by the profile `measured` so far (the machine's constants and the spec's own).
+
+    Raises:
+        ConcurrentError: the processes failed (see `measure_ranks`).
+    """
+    import torch
+
+    from flowrec.measure.spec import _write
+    from flowrec.measure.step import with_batch
+    from flowrec.planner.manager import make_plan
+
+    batch = -(-spec.training.batch_size // world_size)
+    with tempfile.TemporaryDirectory(prefix="flowrec-profile-") as tmp:
+        profile = Path(tmp) / "profile.json"
+        _write(profile, torch.device("cpu"), measured)
+        cost = make_plan(with_batch(spec, batch), target=str(profile)).cost
+        stages = dict(cost.stage_ms)
+        priced_ms = cost.step_ms_serial - stages["staging"] - stages["transfer"]
+        results = measure_ranks(spec_path, profile, world_size, batch, phase_steps(priced_ms))
+    scale, rate, call_us, details = rank_constants(results, priced_ms, statistics.median(r["values_per_batch"] for r in results))
+    how = (f"{world_size} processes at once on this host, each the spec's training steps at batch {batch} "
+           f"(B / {world_size}, its compute threads as `flowrec train --nproc {world_size}` sizes them), staged "
+           f"then fed live by the batch pipeline (timing rule, slowest process)")
+    return {"rank_compute_scale": (scale, how + ": its staged step over the profile's price of it alone"),
+            "rank_staging_values_per_s": (rate, how + ": values a batch stages per second the live steps take "
+                                                      "beyond the staged ones"),
+            "rank_collective_us": (call_us, how + f": the median all_reduce of {CALL_BYTES >> 10} KiB after each "
+                                                  f"step (the ranks meet), slowest process")}, details
+
+
+def worker(rank: int, world_size: int, port: int) -> list[dict[str, float]] | None:
+    """One process: the spec's staged then live steps at its batch, at the same moment as the
+    others (gloo barriers); every rank's estimates on rank 0, None on the others."""
+    job = json.loads((Path(tempfile.gettempdir()) / JOB_FILE.format(port=port)).read_text())
+    os.environ["LOCAL_WORLD_SIZE"] = str(world_size)  # the data threads size themselves as in a launch
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    from flowrec.data.cores import thread_budget
+    from flowrec.measure import robust
+    from flowrec.measure.step import WARMUP_STEPS, _staged, _values, live_step_seconds, with_batch
+    from flowrec.planner.manager import make_plan
+    from flowrec.spec import load_spec
+
+    if "OMP_NUM_THREADS" not in os.environ:  # as `flowrec train --nproc` sizes a rank's compute threads
+        torch.set_num_threads(thread_budget(ranks=world_size).compute)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=GROUP_TIMEOUT_S))
+    try:
+        spec = with_batch(load_spec(Path(job["spec"])), int(job["batch"]))
+        plan = make_plan(spec, target=job["profile"])
+        device = torch.device("cpu")
+        calls: list[float] = []
+        payload = torch.rand(CALL_BYTES // 4)
+
+        def call() -> None:  # a small collective after each step, as a run's ranks meet in theirs
+            started = time.perf_counter()
+            dist.all_reduce(payload)
+            calls.append(time.perf_counter() - started)
+
+        phases: list[int] = []
+
+        def ready() -> None:  # the phases start together; the live phase's calls are a run's
+            phases.append(len(calls))
+            dist.barrier()
+
+        live, staged = (robust.estimate(r) for r in live_step_seconds(plan, spec, device, int(job["steps"]),
+                                                                      ready=ready, between=call))
+        warm = WARMUP_STEPS
+        staged_calls, live_calls = calls[phases[0] + warm:phases[1]], calls[phases[1] + warm:]
+        mine = {"staged_ms": staged.seconds * 1e3, "live_ms": live.seconds * 1e3,
+                "call_us": statistics.median(live_calls) * 1e6,
+                "staged_call_us": statistics.median(staged_calls) * 1e6, "staged_clean": staged.clean,
+                "live_clean": live.clean, "staged_method": staged.method, "live_method": live.method,
+                "values_per_batch": _values(_staged(spec, plan, 1)[0])}
+        gathered: list[Any] = [None] * world_size
+        dist.all_gather_object(gathered, mine)
+        return gathered if rank == 0 else None
+    finally:
+        dist.destroy_process_group()
+
+
+def _main(argv: list[str]) -> None:
+    """Run `worker` and end without the interpreter's teardown (as a finished training rank does:
+    a gloo group's or a data thread's native thread torn down at exit aborts the process)."""
+    _, rank, world_size, port = argv
+    try:
+        result = worker(int(rank), int(world_size), int(port))
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+    if result is not None:
+        print(json.dumps(result), flush=True)
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:])

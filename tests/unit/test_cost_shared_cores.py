@@ -1,0 +1,112 @@
+"""Ranks sharing a host's cores (`flowrec train --nproc N` on the CPU): the cost model prices a rank's
+compute, staging and collective calls by what `flowrec calibrate --nproc N` measured with N
+processes stepping at once (`flowrec.measure.concurrent`); one rank and a device with its own host
+are priced as before. No timing is asserted."""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from flowrec.measure.concurrent import STEPS_RANGE, measure_ranks, phase_steps, rank_constants
+from flowrec.planner import exchange
+from flowrec.planner.calibration import ProfileError, profile_document, profile_fields
+from flowrec.planner.cost import DEVICES, device_profile, shared_cores
+from flowrec.planner.manager import make_plan
+from flowrec.spec import load_spec
+
+LINK = {"collective_gbps": (2.0, "fit"), "collective_us": (150.0, "fit"), "collective_world_size": (2, "n")}
+
+
+def _profile(tmp_path: Path, name: str, **measured) -> str:
+    path = tmp_path / name
+    path.write_text(json.dumps(profile_document("cpu", {**LINK, **measured}, "test", "2026-01-01T00:00:00Z")))
+    return str(path)
+
+
+@pytest.fixture
+def dlrm(repo):
+    return load_spec(repo / "specs" / "dlrm_criteo.yaml")
+
+
+def test_ranks_sharing_the_cores_pay_the_measured_compute_staging_and_calls(tmp_path: Path, dlrm):
+    scale, rate, call_us = random.uniform(1.1, 1.8), random.uniform(1e7, 1e8), random.uniform(500.0, 4000.0)
+    alone = make_plan(dlrm, target=_profile(tmp_path, "alone.json"), world_size=2).cost
+    shared = make_plan(dlrm, target=_profile(tmp_path, "shared.json", rank_compute_scale=(scale, "ranks"),
+                                             rank_staging_values_per_s=(rate, "ranks"),
+                                             rank_collective_us=(call_us, "ranks")), world_size=2).cost
+    before, after = dict(alone.stage_ms), dict(shared.stage_ms)
+    for stage in ("sparse", "dense", "backward"):
+        assert after[stage] == pytest.approx(before[stage] * scale, rel=1e-6)
+    staged_values = before["staging"] * 1e-3 * DEVICES["cpu"].staging_values_per_s
+    assert after["staging"] == pytest.approx(staged_values / rate * 1e3, rel=1e-6)
+    calls = (shared.exchange_ms - alone.exchange_ms) / ((call_us - 150.0) * 1e-3)
+    assert calls == pytest.approx(round(calls), abs=1e-6) and round(calls) >= 2  # every call at the measured cost
+    # nothing overlaps the exchange: the step is every stage and the exchange in turn
+    assert shared.step_ms_overlap == pytest.approx(sum(after.values()) + shared.exchange_ms, rel=1e-6)
+    assert alone.step_ms_overlap < sum(before.values()) + alone.exchange_ms
+
+
+def test_one_rank_and_a_device_with_its_own_host_keep_one_processs_costs(tmp_path: Path, dlrm):
+    measured = {"rank_compute_scale": (1.5, "ranks"), "rank_staging_values_per_s": (1e7, "ranks"),
+                "rank_collective_us": (3000.0, "ranks")}
+    one = make_plan(dlrm, target=_profile(tmp_path, "a.json")).cost
+    same = make_plan(dlrm, target=_profile(tmp_path, "b.json", **measured)).cost
+    assert (one.stage_ms, one.step_ms_overlap) == (same.stage_ms, same.step_ms_overlap)
+    gpu = DEVICES["a100"]
+    assert shared_cores(gpu.__class__(**{**gpu.__dict__, "rank_compute_scale": 1.5}), 2) == (
+        1.0, gpu.staging_values_per_s, None)
+    assert shared_cores(device_profile(_profile(tmp_path, "c.json", **measured)), 1)[0] == 1.0
+
+
+def test_shared_core_constants_are_profile_fields_checked_as_the_others():
+    fields = profile_fields({"base": "cpu", "measured": {"rank_compute_scale": {"value": 1.3},
+                                                         "rank_collective_us": {"value": 900.0}}}, "p.json")
+    assert fields == {"rank_compute_scale": 1.3, "rank_collective_us": 900.0}
+    for key in ("rank_compute_scale", "rank_staging_values_per_s", "rank_collective_us"):
+        with pytest.raises(ProfileError, match=f"measured {key} must be a positive number"):
+            profile_fields({"base": "cpu", "measured": {key: {"value": 0.0}}}, "p.json")
+
+
+def test_the_constants_are_the_slowest_processes_over_the_price_alone():
+    ranks = [{"staged_ms": 8.0, "live_ms": 9.5, "call_us": 700.0}, {"staged_ms": 9.0, "live_ms": 9.2, "call_us": 2100.0}]
+    scale, rate, call_us, details = rank_constants(ranks, 6.0, 3000.0)
+    assert scale == pytest.approx(1.5) and call_us == 2100.0
+    assert rate == pytest.approx(3000.0 / 0.5e-3) and details["added_ms_per_batch"] == pytest.approx(0.5)
+    slower_live = rank_constants([{"staged_ms": 9.0, "live_ms": 8.0, "call_us": 1.0}], 6.0, 3000.0)
+    assert slower_live[1] == pytest.approx(3000.0 / 1e-6)  # staging that adds nothing measurable
+    with pytest.raises(ValueError, match="positive price"):
+        rank_constants(ranks, 0.0, 3000.0)
+
+
+def test_each_phase_is_about_a_second_within_its_step_bounds():
+    low, high = STEPS_RANGE
+    assert phase_steps(1000.0) == low and phase_steps(0.01) == high and phase_steps(50.0) == 20
+
+
+def test_two_processes_step_the_spec_at_once(repo, tmp_path: Path):
+    spec = repo / "specs" / "movielens.yaml"
+    profile = tmp_path / "p.json"
+    profile.write_text(json.dumps(profile_document("cpu", {}, "test", "2026-01-01T00:00:00Z")))
+    results = measure_ranks(spec, profile, 2, 64, 3, timeout_s=240)
+    assert len(results) == 2
+    for r in results:
+        assert 0 < r["staged_ms"] < 60e3 and 0 < r["live_ms"] < 60e3 and 0 < r["call_us"] < 60e6
+        assert r["values_per_batch"] > 64  # ids and dense values of one batch of 64 samples
+
+
+@pytest.mark.parametrize("name, extra", [("movielens", exchange.AGREEMENT_CALLS),
+                                         ("two_tower_movielens", exchange.AGREEMENT_CALLS + exchange.GATHER_CALLS)])
+def test_a_ranks_step_counts_the_loss_agreement_and_an_in_batch_gather(tmp_path: Path, repo, name, extra):
+    spec = load_spec(repo / "specs" / f"{name}.yaml")
+    costs = []
+    for i, us in enumerate((100.0, 1100.0)):
+        path = tmp_path / f"{i}.json"
+        path.write_text(json.dumps(profile_document("cpu", {**LINK, "collective_us": (us, "fit")}, "t", "2026-01-01")))
+        costs.append(make_plan(spec, target=str(path), world_size=2))
+    calls = (costs[1].cost.exchange_ms - costs[0].cost.exchange_ms) / 1.0  # ms per 1000 us more per call
+    groups = sum(exchange.collectives(g) for g in costs[0].meta.groups)
+    params = sum(costs[0].graph.nodes[n]["op"].param_bytes for n in costs[0].graph)
+    assert calls == pytest.approx(groups + 1 + params // exchange.DDP_BUCKET_BYTES + extra, abs=1e-6)
