@@ -50,7 +50,7 @@ from flowrec.runtime.checkpoint.incremental import (
     reset_rows_of,
     table_keys,
 )
-from flowrec.runtime.nonfinite import TrainingStopped, all_finite, first_non_finite
+from flowrec.runtime.nonfinite import TrainingStopped, all_finite_here, first_non_finite
 
 NONCE_BYTES = 8  # random id of a full checkpoint, so deltas never apply to another run's base
 
@@ -152,7 +152,7 @@ class Checkpointer:
         note = self._on_disk()  # the writes before this one are done (one writer, in order)
 
         def finite(key: str, rows: Any) -> None:
-            if rows.is_floating_point() and not all_finite(rows):
+            if rows.is_floating_point() and not all_finite_here(rows):
                 raise TrainingStopped(f"parameter {key} is not finite at step {step}; not checkpointed, {note}")
 
         try:
