@@ -231,6 +231,33 @@ def test_the_inline_switch_checks_and_writes_on_the_training_thread(tmp_path: Pa
     assert load_checkpoint(path)["position"]["step"] == 4
 
 
+def test_inline_deltas_are_on_disk_when_save_returns_and_load_on_their_base(tmp_path: Path):
+    """The inline switch with K = 3: a full checkpoint, then a delta of the rows a step touched,
+    each written inside `save`; the chain loads as the state of the delta's step, bitwise."""
+    from types import SimpleNamespace
+
+    from flowrec.runtime.checkpoint.delta import delta_files
+
+    gen = torch.Generator().manual_seed(9)
+    path = tmp_path / "checkpoint.pt"
+    ckpt = Checkpointer(path, full_every=3, rows_of_group={"a": 3000, "b": 500}, background=False)
+    state = _state(gen, torch.float32)
+    tables = _tables(state)
+    groups = {g: SimpleNamespace(weight=w, state=st) for g, (w, st) in tables.items()}
+    ckpt.save(state, groups)
+    assert load_checkpoint(path)["position"]["step"] == 4 and not delta_files(path)
+    ids = {g: (torch.rand(200, generator=gen) ** 3 * w.shape[0]).long() for g, (w, _) in tables.items()}
+    ckpt.mark(SimpleNamespace(groups={g: SimpleNamespace(ids=i) for g, i in ids.items()}))
+    for g, (w, st) in tables.items():
+        w.index_add_(0, ids[g], torch.randn(ids[g].numel(), w.shape[1], generator=gen))
+    state["position"] = {**state["position"], "step": 5}
+    ckpt.save(state, groups)
+    assert [n for n, _ in delta_files(path)] == [1] and ckpt.step == 5
+    loaded = load_checkpoint(path)
+    assert loaded["position"]["step"] == 5
+    assert all(torch.equal(loaded["model"][k], state["model"][k]) for k in state["model"])
+
+
 @pytest.mark.parametrize("new, old, background", [
     (None, None, True), ("background", None, True), ("inline", None, False), (None, "inline", False),
     ("background", "inline", True), ("inline", "background", False)])
