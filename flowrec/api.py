@@ -38,7 +38,12 @@ class StepEvent:
 
 @dataclass(frozen=True)
 class CheckpointEvent:
-    """A checkpoint written at `step` to `path` (RUN/checkpoint.pt, or RUN/best/checkpoint.pt)."""
+    """A checkpoint taken at `step` for `path` (RUN/checkpoint.pt, or RUN/best/checkpoint.pt).
+
+    RUN/checkpoint.pt is written in the background (docs/runs.md): the file holds `step` at the
+    latest when the next checkpoint is taken or the run returns; RUN/best/checkpoint.pt is on
+    disk when the event comes.
+    """
 
     step: int
     path: Path

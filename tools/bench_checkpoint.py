@@ -1,9 +1,12 @@
 """Checkpoint benchmark: full checkpoints against incremental ones on the default DLRM job.
 
-Runs `flowrec train specs/dlrm_criteo.yaml --checkpoint-every 10` twice on the same synthetic rows:
-once with every checkpoint full and written inline (`--checkpoint-full-every 1`, flowrec's
-default), once incremental (`--checkpoint-full-every K`: a full checkpoint, then K-1 deltas of the
-touched rows, all written in the background). From each run's `metrics.jsonl` end record it takes
+Runs `flowrec train specs/dlrm_criteo.yaml --checkpoint-every 10` three times on the same synthetic
+rows: with every checkpoint full and written inline on the training thread (`--checkpoint-full-every
+1` with `FLOWREC_CHECKPOINT_WRITES=inline`: the behaviour before background writes, the baseline),
+with every checkpoint full and written in the background (`--checkpoint-full-every 1`, flowrec's
+default: each full checkpoint streamed from a copy-on-write snapshot of the tables), and incremental
+(`--checkpoint-full-every K`: a full checkpoint, then K-1 deltas of the touched rows, all written in
+the background). From each run's `metrics.jsonl` end record it takes
 the seconds of every full and delta checkpoint (snapshot copy + write) and the seconds training
 waited on checkpoints (`stage_seconds.checkpoint`, listed per checkpoint in `checkpoint_stalls`,
 the end of the run's wait for the writes in flight included), the most host memory a streamed full
@@ -11,14 +14,17 @@ checkpoint's writer held (`checkpoint_extra_bytes`), and from the run folder the
 load average before and after goes into the JSON (the machine is shared).
 
 Ratios:
-    checkpoint_delta_vs_full: median delta checkpoint seconds / median full checkpoint seconds.
+    checkpoint_delta_vs_full: median delta checkpoint seconds / median full checkpoint seconds
+        (the inline baseline's).
     checkpoint_stall_share: share of the incremental run's training wall time (compute + staging
         wait + eval + checkpoint waits) spent waiting on checkpoints.
+    checkpoint_stall_share_default: the same for the default run (K = 1, in the background).
+    checkpoint_stall_share_full_only: the same for the inline baseline.
 
 With `--nproc 2` it trains the same job on 2 gloo ranks (`flowrec train --nproc 2`: the packed
 group row-wise sharded, each rank writing its shard) twice, both incremental (`--checkpoint-full-every
 K`): once with the ranks' checkpoints written inline on the training thread (the behaviour before
-background writes, `FLOWREC_RANK_CHECKPOINTS=inline`) and once in the background (the default: each
+background writes, `FLOWREC_CHECKPOINT_WRITES=inline`) and once in the background (the default: each
 rank's writer thread streams its shard from a copy-on-write snapshot and the ranks commit on their
 checkpoint group). The figures are rank 0's (its end record); every checkpoint's agreement is a
 collective, so a rank that waits makes the others wait at their next collective.
@@ -51,18 +57,19 @@ REPO = Path(__file__).resolve().parents[1]
 SPEC = "specs/dlrm_criteo.yaml"
 CHECKPOINT_EVERY = 10
 RUN_TIMEOUT_S = 3600
-RANK_CHECKPOINTS_ENV = "FLOWREC_RANK_CHECKPOINTS"  # flowrec.runtime.trainer: "inline" or "background"
+CHECKPOINT_WRITES_ENV = "FLOWREC_CHECKPOINT_WRITES"  # flowrec.runtime.trainer: "inline" or "background"
 
 
-def run_job(out: Path, rows: int, full_every: int, nproc: int = 1, rank_checkpoints: str = "background") -> dict[str, Any]:
-    """Train the DLRM job into `out` (on `nproc` ranks, their checkpoints written `rank_checkpoints`);
-    the end record, wall seconds and checkpoint file sizes (shards included)."""
+def run_job(out: Path, rows: int, full_every: int, nproc: int = 1, writes: str = "background") -> dict[str, Any]:
+    """Train the DLRM job into `out` (on `nproc` ranks, its checkpoints written `writes`: "inline"
+    or "background"); the end record, wall seconds and checkpoint file sizes (shards included)."""
     argv = [sys.executable, "-m", "flowrec", "train", SPEC, "--rows", str(rows), "--out", str(out),
             "--checkpoint-every", str(CHECKPOINT_EVERY), "--checkpoint-full-every", str(full_every),
             "--device", "cpu", "--quiet"]
     if nproc > 1:
         argv += ["--nproc", str(nproc)]
-    env = {**os.environ, "PYTHONPATH": str(REPO), RANK_CHECKPOINTS_ENV: rank_checkpoints}
+    env = {**os.environ, "PYTHONPATH": str(REPO), CHECKPOINT_WRITES_ENV: writes}
+    env.pop("FLOWREC_RANK_CHECKPOINTS", None)  # the older name: only the switch above decides
     t0 = time.perf_counter()
     subprocess.run(argv, cwd=REPO, env=env, check=True, timeout=RUN_TIMEOUT_S, stdout=subprocess.DEVNULL)
     wall = time.perf_counter() - t0
@@ -116,7 +123,8 @@ def main() -> None:
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-ckpt-") as tmp:
         if args.nproc == 1:
-            runs = {"full_only": summary(run_job(Path(tmp) / "full", args.rows, 1)),
+            runs = {"full_only": summary(run_job(Path(tmp) / "full", args.rows, 1, writes="inline")),
+                    "full_background": summary(run_job(Path(tmp) / "full_bg", args.rows, 1)),
                     "incremental": summary(run_job(Path(tmp) / "inc", args.rows, args.full_every))}
         else:
             runs = {"inline": summary(run_job(Path(tmp) / "inline", args.rows, args.full_every, 2, "inline")),
@@ -126,6 +134,7 @@ def main() -> None:
         full, incremental = runs["full_only"], runs["incremental"]
         ratios = {"checkpoint_delta_vs_full": incremental["median_delta_s"] / full["median_full_s"],
                   "checkpoint_stall_share": incremental["stall_share"],
+                  "checkpoint_stall_share_default": runs["full_background"]["stall_share"],
                   "checkpoint_stall_share_full_only": full["stall_share"]}
     else:
         background = runs["background"]

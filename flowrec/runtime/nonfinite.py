@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+import numpy as np
 import torch
 
 NAN_POLICIES = ("stop", "skip-batch")
@@ -84,3 +85,31 @@ def all_finite(t: torch.Tensor) -> bool:
     flat = t.reshape(-1)
     return all(bool(torch.isfinite(flat[a:a + CHECK_CHUNK_ELEMS]).all())
                for a in range(0, flat.numel(), CHECK_CHUNK_ELEMS))
+
+
+# bits of a bfloat16 (numpy has no bfloat16: read as int16) that are all set in NaN and inf only
+BF16_EXPONENT = 0x7F80
+NUMPY_FLOATS = (torch.float16, torch.float32, torch.float64)
+
+
+def all_finite_here(t: torch.Tensor) -> bool:
+    """`all_finite` computed on the calling thread alone (numpy), for a background writer.
+
+    torch's reductions run on its intra-op threads, whose workers go on spinning after each call:
+    a checkpoint writer checking 1 MiB chunks of a 2 GiB table that way burned ~1.5-3 s of CPU on
+    those threads (measured: process CPU 4.0-5.4 s for 2.1-2.9 s on the writer's own thread), CPU
+    that training on the same cores was waiting for. numpy uses no other thread. The same answer as
+    `all_finite`: a finite sum proves every element finite, else element-wise; bfloat16 by its
+    exponent bits. Tensors numpy cannot read (other devices, strides, dtypes) go to `all_finite`.
+    """
+    if t.device.type != "cpu" or not t.is_contiguous() or t.dtype not in (*NUMPY_FLOATS, torch.bfloat16):
+        return all_finite(t)
+    if t.dtype == torch.bfloat16:
+        bits = t.detach().reshape(-1).view(torch.int16).numpy()
+        return not bool(np.any((bits & BF16_EXPONENT) == BF16_EXPONENT))
+    values = t.detach().reshape(-1).numpy()
+    with np.errstate(all="ignore"):  # an overflowing sum is settled element-wise below
+        if bool(np.isfinite(np.add.reduce(values))):
+            return True
+    return all(bool(np.isfinite(values[a:a + CHECK_CHUNK_ELEMS]).all())
+               for a in range(0, values.size, CHECK_CHUNK_ELEMS))

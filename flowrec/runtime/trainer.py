@@ -60,9 +60,18 @@ from flowrec.spec.model import ModelSpec
 
 INTERRUPT_FLAG, STOP_FLAG = 0, 1  # the flags the ranks agree on each step (`DenseParallel`), in this order
 HORIZON_WINDOWS = 3  # lookahead caches: staged horizon, in windows, that victims are chosen by
-# "inline": a distributed run writes its checkpoints on the training thread (the behaviour before
-# background writes, for comparison: tools/bench_checkpoint.py --nproc 2); default: in the background
+# "inline": every checkpoint is written on the training thread (the behaviour before background
+# writes, for comparison: tools/bench_checkpoint.py); default ("background"): on a writer thread.
+# One switch for one process and for ranks; the older name, for ranks only once, is still read.
+CHECKPOINT_WRITES_ENV = "FLOWREC_CHECKPOINT_WRITES"
 RANK_CHECKPOINTS_ENV = "FLOWREC_RANK_CHECKPOINTS"
+
+
+def background_checkpoints() -> bool:
+    """Whether checkpoints are written in the background: True unless `FLOWREC_CHECKPOINT_WRITES`
+    (or, when it is unset, the older `FLOWREC_RANK_CHECKPOINTS`) is "inline"."""
+    value = os.environ.get(CHECKPOINT_WRITES_ENV) or os.environ.get(RANK_CHECKPOINTS_ENV) or "background"
+    return value != "inline"
 
 
 @dataclass(frozen=True)
@@ -76,9 +85,9 @@ class TrainConfig:
         max_steps: stop after this many steps in total (None: no limit).
         checkpoint_every: also checkpoint every N steps (0: only at the end and on interrupt).
         checkpoint_full_every: a full checkpoint every K checkpoints and incremental deltas (the
-            rows touched since the previous one) in between, written in the background; 1: every
-            checkpoint is full and written inline (with several ranks every checkpoint is written
-            in the background: `flowrec.runtime.checkpoint.ranks`).
+            rows touched since the previous one) in between; 1: every checkpoint is full. Every
+            checkpoint is written in the background (`flowrec.runtime.checkpoint.checkpointer`;
+            ranks: `flowrec.runtime.checkpoint.ranks`) unless `FLOWREC_CHECKPOINT_WRITES=inline`.
         progress: show the progress bar.
         workers: data packing threads.
         lookahead: staging lookahead window (>= 1 computes the casting index in the data stage).
@@ -243,11 +252,11 @@ class Trainer:
         """The run's checkpoint writer: `Checkpointer` (one process) or `RankCheckpointer` (ranks)."""
         path = Path(self.config.out_dir or ".") / CHECKPOINT_NAME
         rows = {g.name: g.rows for g in self.model.groups}
+        background = background_checkpoints()
         if self.world is None:
-            return Checkpointer(path, self.config.checkpoint_full_every, rows)
+            return Checkpointer(path, self.config.checkpoint_full_every, rows, background)
         from flowrec.runtime.checkpoint.ranks import RankCheckpointer
 
-        background = os.environ.get(RANK_CHECKPOINTS_ENV, "background") != "inline"
         return RankCheckpointer(path, self.config.checkpoint_full_every, rows, self.model, self.world, background)
 
     @property

@@ -225,8 +225,8 @@ def test_a_failing_shard_write_on_one_rank_fails_every_rank_and_keeps_the_checkp
 
 
 def test_inline_rank_checkpoints_still_resume_bitwise(work):
-    """FLOWREC_RANK_CHECKPOINTS=inline (the comparison switch of tools/bench_checkpoint.py
-    --nproc 2) writes on the training thread: a run stopped on base + deltas resumes, inline too,
+    """FLOWREC_RANK_CHECKPOINTS=inline (the older name of the comparison switch
+    FLOWREC_CHECKPOINT_WRITES=inline of tools/bench_checkpoint.py, still read) writes on the training thread: a run stopped on base + deltas resumes, inline too,
     bitwise like the uninterrupted run, and no shard is left unnamed."""
     run, inline = "inline", {"FLOWREC_RANK_CHECKPOINTS": "inline"}
     for code, err in finish(start_ranks(work, run, None, "--max-steps", "5", "--checkpoint-every", "2",

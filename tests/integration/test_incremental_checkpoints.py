@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -17,8 +19,10 @@ from typer.testing import CliRunner
 
 from flowrec.cli import app
 from flowrec.runtime.checkpoint.store import CheckpointError, content_digest, load_checkpoint
-from flowrec.runtime.checkpoint import incremental
+from flowrec.runtime import trainer
+from flowrec.runtime.checkpoint import checkpointer, incremental, stream
 from flowrec.runtime.checkpoint.delta import delta_files, delta_path
+from flowrec.runtime.trainer import CHECKPOINT_WRITES_ENV
 from flowrec.serving.trained import ServingModel, load_trained
 from flowrec.planner.contract import scoring_plan
 
@@ -211,6 +215,61 @@ def test_metrics_list_the_stall_of_every_checkpoint(spec: Path, tmp_path: Path):
     assert all(s["stall_s"] >= 0 for s in stalls)
     assert abs(sum(s["stall_s"] for s in stalls) - end["stage_seconds"]["checkpoint"]) < 1e-9
     assert len(end["checkpoint_extra_bytes"]) == 2 and min(end["checkpoint_extra_bytes"]) > 0  # full at 5 and 20
+
+
+def test_the_default_run_trains_on_while_its_full_checkpoint_is_written(spec: Path, tmp_path: Path, monkeypatch):
+    """K = 1 (the default): the full checkpoint of step 5 is written in the background. Its write
+    is held in the middle of the tables until training has run three more steps (steps 6-8: so
+    training did not wait for it); the file then holds exactly the state of step 5, the run ends
+    bitwise equal to one written inline (FLOWREC_CHECKPOINT_WRITES=inline), and metrics list
+    every full checkpoint as streamed from a snapshot (`checkpoint_extra_bytes`)."""
+    monkeypatch.setattr(incremental, "SNAPSHOT_CHUNK_BYTES", 64)  # many chunks: held inside the tables
+    held, released = threading.Event(), threading.Event()
+    trained_while_held: list[int] = []
+    real_pwrite, real_step, real_remove = stream._pwrite_all, trainer.train_step, checkpointer.remove_deltas
+    first_file = tmp_path / "step5.pt"
+
+    def holding(fd, data, offset):
+        if not released.is_set() and not held.is_set() and offset > 0:
+            held.set()
+            released.wait(RUN_TIMEOUT_S)
+        real_pwrite(fd, data, offset)
+
+    def stepping(*args):
+        if held.is_set() and not released.is_set():
+            trained_while_held.append(1)
+            if len(trained_while_held) == 3:
+                released.set()
+        return real_step(*args)
+
+    def keeping_the_first(path):  # called once a full checkpoint is on disk
+        if not first_file.exists():
+            shutil.copy(path, first_file)
+        real_remove(path)
+
+    monkeypatch.setattr(stream, "_pwrite_all", holding)
+    monkeypatch.setattr(trainer, "train_step", stepping)
+    monkeypatch.setattr(checkpointer, "remove_deltas", keeping_the_first)
+    run = tmp_path / "bg"
+    _train(spec, run, "--max-steps", "20")
+    assert held.is_set() and len(trained_while_held) == 3  # released by training, not by a timeout
+    monkeypatch.setattr(stream, "_pwrite_all", real_pwrite)
+    monkeypatch.setattr(trainer, "train_step", real_step)
+    monkeypatch.setattr(checkpointer, "remove_deltas", real_remove)
+    monkeypatch.setenv(CHECKPOINT_WRITES_ENV, "inline")
+    _train(spec, tmp_path / "inline5", "--max-steps", "5")
+    _train(spec, tmp_path / "inline", "--max-steps", "20")
+    assert torch.load(first_file, weights_only=True)["position"]["step"] == 5
+    _assert_same_run(load_checkpoint(tmp_path / "inline5"), load_checkpoint(first_file))
+    _assert_same_run(load_checkpoint(tmp_path / "inline"), load_checkpoint(run))
+    ends = {name: [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()][-1]
+            for name in ("bg", "inline")}
+    assert [s["step"] for s in ends["bg"]["checkpoint_stalls"]] == [5, 10, 15, 20, 20, 20]
+    assert len(ends["bg"]["checkpoint_writes_s"]["full"]) == 5  # 5, 10, 15, 20 and the end's (20)
+    extra = ends["bg"]["checkpoint_extra_bytes"]
+    assert len(extra) == 5 and min(extra) > 0  # every full checkpoint streamed from a snapshot
+    assert ends["inline"]["checkpoint_extra_bytes"] == []  # inline: serialized whole, no snapshot
+    assert not delta_files(run / "checkpoint.pt")
 
 
 def test_eval_and_export_read_base_and_deltas(spec: Path, tmp_path: Path):

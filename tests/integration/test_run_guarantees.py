@@ -16,7 +16,7 @@ import torch
 from typer.testing import CliRunner
 
 from flowrec.cli import app
-from flowrec.runtime.checkpoint import store as ckpt
+from flowrec.runtime.checkpoint import checkpointer, stream, store as ckpt
 from flowrec.runtime import trainer
 from flowrec.runtime import run_log as metrics
 from flowrec.runtime.rundir import claim_new_folder
@@ -160,27 +160,54 @@ def test_skip_batch_skips_only_that_update_and_counts_it(spec: Path, tmp_path: P
     assert _records(tmp_path / "skip")[-1]["skipped_batches"] == 1
 
 
+@pytest.mark.parametrize("writes", ["background", "inline"])
 @pytest.mark.parametrize("code, words", [(errno.ENOSPC, "No space left on device"),
                                          (errno.EACCES, "Permission denied"),
                                          (None, "its disk has 0 MiB free and the checkpoint needs about")])
 def test_a_failed_checkpoint_write_is_one_line_and_keeps_the_previous_one(spec: Path, tmp_path: Path,
-                                                                          monkeypatch, code, words: str):
+                                                                          monkeypatch, code, words: str, writes: str):
     """The disk full (as the OS says it, or as torch's zip writer does: a RuntimeError "unexpected
-    pos", then named by the free space), or no permission: one line, the previous checkpoint kept."""
+    pos", then named by the free space), or no permission: one line, the previous checkpoint kept.
+    In the background (the default) the second checkpoint (step 6) fails in the middle of its
+    streamed tables and the run stops at the next checkpoint (step 9) with its error; inline
+    (`FLOWREC_CHECKPOINT_WRITES=inline`, the comparison switch) it stops at step 6."""
     run = tmp_path / "run"
-    real = ckpt.write_state
-    calls = {"n": 0}
 
-    def failing(state, file):
-        calls["n"] += 1
-        if calls["n"] == 2:  # the second checkpoint: half written, then the disk is full
-            file.write(b"PK\x03\x04 half a checkpoint")
-            if code is None:
-                raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 135 vs 127")
-            raise OSError(code, os.strerror(code))
-        real(state, file)
+    def fail(file_write) -> None:  # half a checkpoint written, then the disk is full
+        file_write(b"PK\x03\x04 half a checkpoint")
+        if code is None:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 135 vs 127")
+        raise OSError(code, os.strerror(code))
 
-    monkeypatch.setattr(ckpt, "write_state", failing)
+    if writes == "inline":
+        monkeypatch.setenv(trainer.CHECKPOINT_WRITES_ENV, "inline")
+        real = ckpt.write_state
+        calls = {"n": 0}
+
+        def failing(state, file):
+            calls["n"] += 1
+            if calls["n"] == 2:
+                fail(file.write)
+            real(state, file)
+
+        monkeypatch.setattr(ckpt, "write_state", failing)
+    else:
+        real_save, real_pwrite = checkpointer.save_streamed, stream._pwrite_all
+        seen = {"fulls": 0, "writes": 0}
+
+        def counting(*args, **kwargs):
+            seen["fulls"] += 1
+            return real_save(*args, **kwargs)
+
+        def failing_pwrite(fd, data, offset):
+            if seen["fulls"] == 2:
+                seen["writes"] += 1
+                if seen["writes"] == 2:  # the storages' bytes, after the first
+                    fail(lambda b: real_pwrite(fd, b, offset))
+            real_pwrite(fd, data, offset)
+
+        monkeypatch.setattr(checkpointer, "save_streamed", counting)
+        monkeypatch.setattr(stream, "_pwrite_all", failing_pwrite)
     if code is None:
         monkeypatch.setattr(ckpt.shutil, "disk_usage", lambda path: DiskUsage(10**12, 10**12 - 1000, 1000))
     result = _train(spec, "--out", str(run), "--checkpoint-every", "3")
@@ -190,7 +217,10 @@ def test_a_failed_checkpoint_write_is_one_line_and_keeps_the_previous_one(spec: 
     assert "previous checkpoint is intact" in error and "Traceback" not in result.output
     assert ckpt.load_checkpoint(run)["position"]["step"] == 3
     assert not list(run.glob(".ckpt-*"))
-    assert _train_steps(run) == list(range(1, 7))
+    stopped_at = 9 if writes == "background" else 6
+    assert _train_steps(run) == list(range(1, stopped_at + 1))
+    if writes == "background":
+        assert seen["fulls"] == 2  # no checkpoint was taken after the failed one
     for name in ("run.json", "spec.json", "plan.json"):
         json.loads((run / name).read_text())
 

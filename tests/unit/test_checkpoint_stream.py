@@ -185,10 +185,12 @@ def test_the_running_total_of_held_bytes_equals_a_recount_after_every_step_and_c
     assert snap.peak_extra_bytes == peak > 0
 
 
-def test_a_non_finite_table_value_stops_the_streamed_write_and_keeps_the_last_checkpoint(tmp_path: Path):
+@pytest.mark.parametrize("full_every", [1, 3])  # 1: the default, every checkpoint full, streamed too
+def test_a_non_finite_table_value_stops_the_streamed_write_and_keeps_the_last_checkpoint(tmp_path: Path,
+                                                                                        full_every: int):
     gen = torch.Generator().manual_seed(6)
     path = tmp_path / "checkpoint.pt"
-    ckpt = Checkpointer(path, full_every=3, rows_of_group={"a": 3000, "b": 500})
+    ckpt = Checkpointer(path, full_every=full_every, rows_of_group={"a": 3000, "b": 500})
     groups = {"a": None, "b": None}  # a full checkpoint reads only the group names
     ckpt.save(_state(gen, torch.float32), groups)
     ckpt.wait()
@@ -203,6 +205,71 @@ def test_a_non_finite_table_value_stops_the_streamed_write_and_keeps_the_last_ch
         ckpt.wait()
     assert load_checkpoint(path)["position"]["step"] == 4
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt"]
+    assert ckpt.extra_bytes and min(ckpt.extra_bytes) > 0  # both were streamed from a snapshot
+
+
+def test_the_inline_switch_checks_and_writes_on_the_training_thread(tmp_path: Path):
+    """`background=False` (FLOWREC_CHECKPOINT_WRITES=inline): the whole state is checked and
+    written inside `save`, so a non-finite table stops there, nothing queued."""
+    gen = torch.Generator().manual_seed(8)
+    path = tmp_path / "checkpoint.pt"
+    ckpt = Checkpointer(path, full_every=1, rows_of_group={"a": 3000, "b": 500}, background=False)
+    groups = {"a": None, "b": None}
+    state = _state(gen, torch.float32)
+    ckpt.save(state, groups)  # on disk when save returns, no wait
+    assert load_checkpoint(path)["position"]["step"] == 4 and ckpt.step == 4 and ckpt.extra_bytes == []
+    loaded = load_checkpoint(path)["model"]
+    assert loaded.keys() == state["model"].keys()
+    assert all(torch.equal(loaded[k], state["model"][k]) for k in loaded)
+    bad = _state(gen, torch.float32)
+    bad["position"] = {**bad["position"], "step": 8}
+    bad["model"]["embeddings.b.weight"][123, 1] = float("inf")
+    with pytest.raises(TrainingStopped, match="embeddings.b.weight is not finite at step 8; not checkpointed, "
+                                              "the checkpoint of step 4 is kept"):
+        ckpt.save(bad, groups)
+    ckpt.wait()
+    assert load_checkpoint(path)["position"]["step"] == 4
+
+
+def test_inline_deltas_are_on_disk_when_save_returns_and_load_on_their_base(tmp_path: Path):
+    """The inline switch with K = 3: a full checkpoint, then a delta of the rows a step touched,
+    each written inside `save`; the chain loads as the state of the delta's step, bitwise."""
+    from types import SimpleNamespace
+
+    from flowrec.runtime.checkpoint.delta import delta_files
+
+    gen = torch.Generator().manual_seed(9)
+    path = tmp_path / "checkpoint.pt"
+    ckpt = Checkpointer(path, full_every=3, rows_of_group={"a": 3000, "b": 500}, background=False)
+    state = _state(gen, torch.float32)
+    tables = _tables(state)
+    groups = {g: SimpleNamespace(weight=w, state=st) for g, (w, st) in tables.items()}
+    ckpt.save(state, groups)
+    assert load_checkpoint(path)["position"]["step"] == 4 and not delta_files(path)
+    ids = {g: (torch.rand(200, generator=gen) ** 3 * w.shape[0]).long() for g, (w, _) in tables.items()}
+    ckpt.mark(SimpleNamespace(groups={g: SimpleNamespace(ids=i) for g, i in ids.items()}))
+    for g, (w, st) in tables.items():
+        w.index_add_(0, ids[g], torch.randn(ids[g].numel(), w.shape[1], generator=gen))
+    state["position"] = {**state["position"], "step": 5}
+    ckpt.save(state, groups)
+    assert [n for n, _ in delta_files(path)] == [1] and ckpt.step == 5
+    loaded = load_checkpoint(path)
+    assert loaded["position"]["step"] == 5
+    assert all(torch.equal(loaded["model"][k], state["model"][k]) for k in state["model"])
+
+
+@pytest.mark.parametrize("new, old, background", [
+    (None, None, True), ("background", None, True), ("inline", None, False), (None, "inline", False),
+    ("background", "inline", True), ("inline", "background", False)])
+def test_one_switch_for_inline_writes_and_the_older_name_is_still_read(monkeypatch, new, old, background):
+    from flowrec.runtime import trainer
+
+    for name, value in ((trainer.CHECKPOINT_WRITES_ENV, new), (trainer.RANK_CHECKPOINTS_ENV, old)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    assert trainer.background_checkpoints() is background
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.int64])

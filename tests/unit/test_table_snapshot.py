@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from flowrec.runtime.checkpoint.incremental import TableSnapshot
-from flowrec.runtime.nonfinite import all_finite, first_non_finite
+from flowrec.runtime.nonfinite import all_finite, all_finite_here, first_non_finite
 
 
 def _tables(gen: torch.Generator, dtype: torch.dtype) -> dict[str, tuple[torch.Tensor, ...]]:
@@ -71,3 +71,23 @@ def test_all_finite_is_exact_also_when_the_sum_overflows():
         t[123, 5] = bad
         assert not all_finite(t) and first_non_finite({"ok": torch.zeros(2), "t": t}) == "t"
     assert all_finite(torch.zeros(0, 3))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_writer_thread_check_equals_isfinite_on_every_dtype(dtype: torch.dtype, seed: int):
+    """`all_finite_here` (numpy, the writers' chunk check) against torch.isfinite().all() on skewed
+    random chunks: finite ones, ones whose sum overflows, and a NaN / inf / -inf at a random place."""
+    gen = torch.Generator().manual_seed(seed)
+    big = torch.finfo(dtype).max / 4
+    for rows in (1, 37, 4096):
+        values = (torch.randn(rows, 16, generator=gen) ** 3).to(dtype)
+        cases = [values, torch.full((rows, 16), big, dtype=dtype), values.clone()[: rows // 2]]
+        for bad in (float("nan"), float("inf"), -float("inf")):
+            t = values.clone()
+            t.view(-1)[int(torch.randint(t.numel(), (1,), generator=gen))] = bad
+            cases.append(t)
+        for t in cases:
+            expected = bool(torch.isfinite(t).all())
+            assert all_finite_here(t) is expected and all_finite(t) is expected
+    assert not all_finite_here(torch.tensor([[1.0, float("nan")]]).t())  # strided: torch's own check

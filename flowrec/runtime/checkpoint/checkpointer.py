@@ -1,9 +1,9 @@
-"""When and how a run checkpoints: full checkpoints, incremental deltas, inline or in the background.
+"""When and how a run checkpoints: full checkpoints, incremental deltas, written in the background.
 
-With `full_every = 1` every checkpoint is a full one written inline (training waits for it). With
-`full_every = K > 1` a full checkpoint is followed by K-1 deltas (`flowrec.runtime.checkpoint.delta`)
-holding only the rows touched since the previous checkpoint; both kinds are written on a
-background thread from a consistent snapshot. A delta's snapshot is taken on the training
+With `full_every = 1` every checkpoint is a full one; with `full_every = K > 1` a full checkpoint is
+followed by K-1 deltas (`flowrec.runtime.checkpoint.delta`) holding only the rows touched since the
+previous checkpoint. Both kinds are written on a background thread from a consistent snapshot, for
+every K (K = 1, the default, included). A delta's snapshot is taken on the training
 thread (touched rows, dense part, optimizer states, RNG and position are copied; then training
 continues). A full one copies only the dense part there; the packed tables are streamed into the
 file by the writer thread while training goes on (`flowrec.runtime.checkpoint.stream.save_streamed`), copy-on-write
@@ -11,10 +11,17 @@ by chunks (`TableSnapshot`: `mark`, called before each step, saves the rows the 
 that are not written yet), so a multi-GiB table costs training a few small gathers instead of a
 copy, and the writer holds one chunk of rows and the saved rows, never a copy of the tables. The
 tables' finiteness is checked chunk by chunk as they are written (a non-finite value stops the
-write; the error reaches training at its next checkpoint or at the end). The first checkpoint of
+write). A failed write (disk full, no permission, a non-finite value) reaches training as its
+one-line error at the next checkpoint or at the end of the run; the checkpoint before it is
+kept whole. The first checkpoint of
 a process (a new run, or a resumed one) is always a full one. Writes are queued in order on one
 writer thread; a full snapshot waits for the writes before it; the end of the run and every
 failure wait for all of them. `stalls` lists the seconds training waited on each checkpoint.
+
+`background=False` (the comparison switch `FLOWREC_CHECKPOINT_WRITES=inline`, read by the trainer)
+writes every checkpoint on the training thread instead, whole (`save_checkpoint`) or as a delta,
+its error raised at once: the behaviour before background writes, kept for comparison
+(`tools/bench_checkpoint.py`).
 
 Example:
     >>> ckpt = Checkpointer(Path("runs/x/checkpoint.pt"), full_every=10, rows_of_group={"g0": 1000})  # doctest: +SKIP
@@ -43,7 +50,7 @@ from flowrec.runtime.checkpoint.incremental import (
     reset_rows_of,
     table_keys,
 )
-from flowrec.runtime.nonfinite import TrainingStopped, all_finite, first_non_finite
+from flowrec.runtime.nonfinite import TrainingStopped, all_finite_here, first_non_finite
 
 NONCE_BYTES = 8  # random id of a full checkpoint, so deltas never apply to another run's base
 
@@ -53,13 +60,16 @@ class Checkpointer:
 
     Args:
         path: the full checkpoint file (`<run>/checkpoint.pt`).
-        full_every: a full checkpoint every K checkpoints (1: all full, written inline).
+        full_every: a full checkpoint every K checkpoints (1: all full).
         rows_of_group: packed rows of each group (the size of its dirty mask).
+        background: write on the writer thread (default); False: on the training thread, for
+            comparison (module docstring).
     """
 
-    def __init__(self, path: Path, full_every: int, rows_of_group: dict[str, int]) -> None:
+    def __init__(self, path: Path, full_every: int, rows_of_group: dict[str, int], background: bool = True) -> None:
         self.path = Path(path)
         self.full_every = max(1, int(full_every))
+        self.background = bool(background)
         self.rows_of_group = dict(rows_of_group)
         self.step: int | None = None  # step of the newest checkpoint on disk
         self.seconds = {"full": [], "delta": []}  # per checkpoint: snapshot copy + write seconds
@@ -76,28 +86,29 @@ class Checkpointer:
         return self.full_every > 1
 
     def mark(self, batch: Any) -> None:
-        """Before a training step on `batch`: record the rows it will touch, and save those a full
-        checkpoint's table copy still needs (only when writing deltas)."""
-        if not self.incremental:
-            return
+        """Before a training step on `batch`: save the rows it will change that a full checkpoint's
+        table copy still needs, and (when writing deltas) record the rows it will touch."""
         snapshot = self._snapshot
         if snapshot is not None:
             for name, gids in batch.groups.items():
                 snapshot.before_write(name, gids.ids)
             for name, rows in reset_rows_of(batch).items():
                 snapshot.before_write(name, rows)
-        self._dirty.mark(batch, self.rows_of_group)
+        if self.incremental:
+            self._dirty.mark(batch, self.rows_of_group)
 
     def restart_chain(self, step: int | None) -> None:
         """After loading a checkpoint: the next checkpoint is a full one."""
         self._chained, self._queued, self.step = False, 0, step
 
     def save(self, state: dict[str, Any], embeddings: nn.ModuleDict) -> None:
-        """Checkpoint `state` (the trainer's `state()`): a full one or a delta, inline or not.
+        """Checkpoint `state` (the trainer's `state()`): a full one or a delta, in the background
+        (or inline: `background=False`).
 
         Raises:
-            TrainingStopped: a non-finite parameter (nothing is written).
-            CheckpointError: this write failed (inline) or the previous background one did.
+            TrainingStopped: a non-finite parameter (nothing is written), found here or, in the
+                background, in an earlier full checkpoint's tables as they were written.
+            CheckpointError: an earlier background write failed (or, inline, this one).
         """
         step = state["position"]["step"]
         if self._queued + 1 >= self.full_every or not self._chained:
@@ -110,8 +121,8 @@ class Checkpointer:
         self._dirty.take()
         self._chained, self._queued = True, 0
         state = {**state, "chain": os.urandom(NONCE_BYTES).hex()}
-        if not self.incremental:
-            _check_finite(state["model"], step, self.note())
+        if not self.background:  # the whole state serialized on the training thread
+            _check_finite(state["model"], step, self.note)
             self._write_full(state, step, 0.0)
             return
         t0 = time.perf_counter()
@@ -120,7 +131,7 @@ class Checkpointer:
         keys = {name: pair for name, pair in keys.items() if all(k in model for k in pair)}  # others: cloned
         streams = {key: (name, index) for name, pair in keys.items() for index, key in enumerate(pair)}
         dense = dense_state_from(model, set(streams))
-        _check_finite(dense, step, self.note())
+        _check_finite(dense, step, self.note)
         tables = TableSnapshot({name: tuple(model[k] for k in pair) for name, pair in keys.items()})
         head = {**state, "model": {key: model[key] if key in streams else dense[key] for key in model},
                 "dense_optimizer": cloned(state["dense_optimizer"])}
@@ -128,13 +139,20 @@ class Checkpointer:
         copy_s = time.perf_counter() - t0
         self._writer.submit(lambda: self._write_snapshot(head, tables, streams, step, copy_s))
 
+    def _run(self, write: Callable[[], None]) -> None:
+        """Queue `write` on the writer thread, or (inline) run it now."""
+        if self.background:
+            self._writer.submit(write)
+        else:
+            write()
+
     def _write_snapshot(self, head: dict[str, Any], tables: TableSnapshot, streams: dict[str, tuple[str, int]],
                         step: int, copy_s: float) -> None:
         """Write a full checkpoint, its tables streamed from the snapshot (see `save_streamed`)."""
-        note = self.note()
+        note = self._on_disk()  # the writes before this one are done (one writer, in order)
 
         def finite(key: str, rows: Any) -> None:
-            if rows.is_floating_point() and not all_finite(rows):
+            if rows.is_floating_point() and not all_finite_here(rows):
                 raise TrainingStopped(f"parameter {key} is not finite at step {step}; not checkpointed, {note}")
 
         try:
@@ -163,13 +181,13 @@ class Checkpointer:
         t0 = time.perf_counter()
         dense = dense_state_from(state["model"], table_keys(embeddings))
         tables = delta_tables(embeddings, self._dirty.take())
-        _check_finite({**dense, **{k + ".weight": v["weight"] for k, v in tables.items()}}, step, self.note())
+        _check_finite({**dense, **{k + ".weight": v["weight"] for k, v in tables.items()}}, step, self.note)
         self._queued += 1
         delta = {key: state[key] for key in ("spec", "plan", "rng", "position", "skipped_batches")}
         delta.update(format=DELTA_FORMAT, version=DELTA_VERSION, sequence=self._queued, model=dense,
                      tables=tables, dense_optimizer=cloned(state["dense_optimizer"]))
         copy_s = time.perf_counter() - t0
-        self._writer.submit(lambda: self._write_delta(delta, step, copy_s))
+        self._run(lambda: self._write_delta(delta, step, copy_s))
 
     def _write_delta(self, delta: dict[str, Any], step: int, copy_s: float) -> None:
         t0 = time.perf_counter()
@@ -193,7 +211,12 @@ class Checkpointer:
             pass
 
     def note(self) -> str:
-        """What is on disk after a failure: the newest checkpoint's step, or that there is none."""
+        """What is on disk after a failure: the newest checkpoint's step, or that there is none
+        (training thread: once the writes in flight are over, their errors kept for `wait`)."""
+        self._writer.join()
+        return self._on_disk()
+
+    def _on_disk(self) -> str:
         if self.step is None:
             return "no checkpoint was written"
         return f"the checkpoint of step {self.step} is kept"
@@ -204,7 +227,8 @@ def dense_state_from(model_state: dict[str, Any], tables: set[str]) -> dict[str,
     return {k: v.detach().clone().cpu() for k, v in model_state.items() if k not in tables}
 
 
-def _check_finite(tensors: dict[str, Any], step: int, note: str) -> None:
+def _check_finite(tensors: dict[str, Any], step: int, note: Callable[[], str]) -> None:
+    """Raise TrainingStopped naming the first non-finite tensor (`note()`: what is on disk)."""
     bad = first_non_finite(tensors)
     if bad is not None:
-        raise TrainingStopped(f"parameter {bad} is not finite at step {step}; not checkpointed, {note}")
+        raise TrainingStopped(f"parameter {bad} is not finite at step {step}; not checkpointed, {note()}")

@@ -356,6 +356,11 @@ class BackgroundWriter:
         self._queue.join()
         self._raise_error()
 
+    def join(self) -> None:
+        """Block until every queued write is over, keeping an error for the next `submit` / `wait`
+        (never from a write itself: it would wait for itself)."""
+        self._queue.join()
+
     def _raise_error(self) -> None:
         error, self._error = self._error, None
         if error is not None:

@@ -85,7 +85,7 @@ from flowrec.runtime.checkpoint.incremental import (EMBEDDINGS_PREFIX, DirtyRows
 from flowrec.runtime.checkpoint.stream import save_streamed
 from flowrec.runtime.distributed.sharded import ShardedPackedEmbedding
 from flowrec.runtime.messages import first_line
-from flowrec.runtime.nonfinite import TrainingStopped, all_finite, first_non_finite
+from flowrec.runtime.nonfinite import TrainingStopped, all_finite_here, first_non_finite
 
 CHECKPOINT_NAME = "checkpoint.pt"
 NONCE_BYTES = 8  # random id of a full checkpoint, so deltas never apply to another run's base
@@ -302,7 +302,7 @@ class RankCheckpointer:
                 streams[("groups", name, "state")] = (name, 1)
 
         def finite(key: str, rows: torch.Tensor) -> None:
-            if key.endswith(".weight") and rows.is_floating_point() and not all_finite(rows):
+            if key.endswith(".weight") and rows.is_floating_point() and not all_finite_here(rows):
                 group = key.split(".")[1]
                 raise TrainingStopped(f"parameter {EMBEDDINGS_PREFIX}{group}.weight is not finite at step {step} "
                                       f"(rank {self.world.rank}); not checkpointed, {note}")
