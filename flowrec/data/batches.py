@@ -237,6 +237,7 @@ class BatchIterator:
         # chunks gathered as matrices (`_ChunkMatrices`) where every group is one id per field and
         # no map remaps the ids; else (sequences, managed tables) taken as a table, packed per batch
         self._gathered = remap is None and self.gather_chunks
+        self._matrices = _MatrixPool(self.plan.chunk_rows)
         self._stop = threading.Event()
         self._pool = ThreadPoolExecutor(max(opts.workers, 1), thread_name_prefix="flowrec-pack")
         self._futures: queue.Queue = queue.Queue(maxsize=max(opts.prefetch, 1))
@@ -367,7 +368,8 @@ class BatchIterator:
             else:
                 tables = reader.tables(current.read_lo, current.read_hi)
                 if self._gathered and _flat(tables[0][0], self._sparse_names):
-                    chunk = _ChunkMatrices(tables, self._dense_names, self._label_names, self._group_fields)
+                    chunk = _ChunkMatrices(tables, self._dense_names, self._label_names, self._group_fields,
+                                           self._matrices, len(current.batches))
                     for index, rows, global_size in current.batches:
                         yield index, _Rows(chunk, rows), global_size
                     current = upcoming
@@ -421,6 +423,7 @@ class BatchIterator:
         for ids in chunk.ids:  # (B, F) per group: the layout `pack_group` gives flat fields
             width = ids.shape[1]
             packed.append((np.take(ids, sel, axis=0).reshape(-1), np.arange(size * width + 1, dtype=np.int64)))
+        chunk.release()
         return self._batch(dense, labels, packed, index, size, global_size, None)
 
     def _batch(self, dense: torch.Tensor, labels: torch.Tensor, packed: list[tuple[np.ndarray, np.ndarray]],
@@ -592,11 +595,11 @@ class _ChunkMatrices:
     """
 
     def __init__(self, tables: Sequence[tuple[pa.Table, int, int]], dense: list[str], labels: list[str],
-                 groups: list[list[tuple[str, int]]]):
+                 groups: list[list[tuple[str, int]]], pool: "_MatrixPool", batches: int):
         rows = sum(b - a for _, a, b in tables)
-        self.dense = np.empty((rows, len(dense)), np.float32)  # (n, n_dense)
-        self.labels = np.empty((rows, len(labels)), np.float32)  # (n, n_labels)
-        self.ids = [np.empty((rows, len(fields)), np.int64) for fields in groups]  # (n, F) per group
+        self._pool, self._buffers, self._pending = pool, pool.get(rows, len(dense), len(labels), groups), batches
+        self._lock = threading.Lock()
+        self.dense, self.labels, *self.ids = [m[:rows] for m in self._buffers]
         start = 0
         for table, a, b in tables:
             for j, name in enumerate(dense):
@@ -610,6 +613,41 @@ class _ChunkMatrices:
                     for lo, values in _pieces(table, name, a, b, start):
                         np.add(values.astype(np.int64, copy=False), offset, out=ids[lo:lo + len(values), j])
             start += b - a
+
+    def release(self) -> None:
+        """One batch of the chunk was gathered; after the last one the buffers are reused."""
+        with self._lock:
+            self._pending -= 1
+            last = self._pending == 0
+        if last:
+            self._pool.put(self._buffers)
+
+
+class _MatrixPool:
+    """Buffers of `_ChunkMatrices` kept for the next chunks: fresh memory costs page faults on
+    every chunk (tens of ms per chunk where the host backs guest memory lazily); reused, none.
+
+    Args:
+        capacity: rows of a buffer (a chunk's rows; a larger chunk gets its own buffers).
+    """
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._free: list[list[np.ndarray]] = []
+        self._lock = threading.Lock()
+
+    def get(self, rows: int, dense: int, labels: int, groups: list[list[tuple[str, int]]]) -> list[np.ndarray]:
+        """[dense (n, n_dense) float32, labels (n, n_labels) float32, ids (n, F) int64 per group], n >= rows."""
+        with self._lock:
+            if self._free and self._free[-1][0].shape[0] >= rows:
+                return self._free.pop()
+        n = max(rows, self.capacity)
+        return [np.empty((n, dense), np.float32), np.empty((n, labels), np.float32),
+                *[np.empty((n, len(fields)), np.int64) for fields in groups]]
+
+    def put(self, buffers: list[np.ndarray]) -> None:
+        with self._lock:
+            self._free.append(buffers)
 
 
 class _Rows:
