@@ -14,7 +14,10 @@ each one before using any of its rows (`flowrec.data.checks`: a bad id, value or
 column and row, never a row of another table; a partition that passed is not checked again,
 `flowrec.data.checked`), permutes chunks and submits one
 packing task per batch to a pool of `workers` threads; the futures wait in a bounded queue
-(`prefetch`). With `lookahead` W > 0 every batch also carries, per group, its unique rows, its
+(`prefetch`). Where every group holds one id per field and no map remaps ids, a chunk is first
+filled into row-major matrices (`_ChunkMatrices`, buffers reused chunk to chunk) and a batch is
+one row gather of each; otherwise the chunk's rows are taken as a table and packed per batch
+(`pack_group`): the same batches either way. With `lookahead` W > 0 every batch also carries, per group, its unique rows, its
 casting index and the unique rows of the window of the next W batches (`flowrec.data.lookahead`),
 computed by a lookahead thread. Closing the iterator (or an exception, or KeyboardInterrupt in
 the consumer) stops and joins every thread.
