@@ -18,7 +18,15 @@ wall-clock second and per CPU second of the process, which other processes' load
   ratios.first_epoch_checked_vs_unchecked[_cpu]  an epoch that checks every file (no record)
 and `checks.seconds`: one pass of the checks over the whole dataset, and its share of an epoch.
 
-Usage: python tools/bench_staging.py [--quick] [--json PATH]
+The loops above share one process, so each one's rate depends on the memory the loops before it
+left (a first pass over fresh memory pays its page faults: 3-5x slower for the plain loop on this
+VM). `isolated` measures staging and the plain loop alike in processes of their own (`--isolated`
+processes per loop, alternating, each running `--epochs` epochs): `cold` is each process's first
+epoch, `warm` the median of its later ones; figures are medians over the processes, with the
+page faults and CPU seconds per epoch, and the ratios `staging_vs_plain_cold` and
+`staging_vs_plain_warm` compare like with like.
+
+Usage: python tools/bench_staging.py [--quick] [--json PATH] [--isolated N] [--epochs E]
 """
 from __future__ import annotations
 
@@ -26,7 +34,9 @@ import argparse
 import json
 import os
 import platform
+import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -141,14 +151,81 @@ def _check_figures(spec, data: Path, source, fns: dict, pairs: int, epoch_s: flo
                     "epoch_seconds_unchecked": epoch_s, "share_of_epoch": seconds / epoch_s}
 
 
+def _loops(data: Path) -> tuple[dict, object]:
+    """(name -> epoch function, source) of the two loops `isolated` compares, on dataset `data`."""
+    from flowrec.data.dataset import ParquetSource
+    from flowrec.graph.packing import group_layout
+    from flowrec.spec import load_spec
+
+    spec = load_spec(REPO / "specs" / "dlrm_criteo.yaml")
+    source = ParquetSource(data)
+    group = group_layout(spec)[0]
+    offsets = [group.row_offsets[f.table] for f in group.fields]
+    dense = [f.name for f in spec.dense_features]
+    sparse = [f.feature for f in group.fields]
+    return {"staging": lambda: _staging(spec, source, 0),
+            "plain_loop": lambda: _plain_loop(data, dense, sparse, offsets, 0)}, source
+
+
+def _worker(loop: str, data: Path, epochs: int) -> None:
+    """Run `epochs` epochs of one loop in this (fresh) process; print one JSON line per epoch."""
+    fns, source = _loops(data)
+    try:
+        for _ in range(epochs):
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            start, start_cpu = time.perf_counter(), time.process_time()
+            n = fns[loop]()
+            wall, cpu = time.perf_counter() - start, time.process_time() - start_cpu
+            print(json.dumps({"samples_per_s": n / wall, "samples": n, "cpu_s": cpu,
+                              "faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults}), flush=True)
+    finally:
+        source.close()
+
+
+def _isolated(data: Path, processes: int, epochs: int) -> dict:
+    """Staging and the plain loop, each in fresh processes (alternating): first (cold) and later
+    (warm) epochs, medians over the processes."""
+    runs: dict[str, list[list[dict]]] = {"staging": [], "plain_loop": []}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    for _ in range(processes):
+        for loop in runs:
+            out = subprocess.run([sys.executable, __file__, "--worker", loop, "--data", str(data),
+                                  "--epochs", str(epochs)], capture_output=True, text=True, env=env,
+                                 timeout=600, check=True).stdout
+            runs[loop].append([json.loads(line) for line in out.splitlines() if line.startswith("{")])
+    figures: dict = {}
+    for loop, procs in runs.items():
+        cold = [p[0] for p in procs]
+        warm = [statistics.median(e["samples_per_s"] for e in p[1:]) for p in procs if len(p) > 1]
+        figures[loop] = {"cold": statistics.median(e["samples_per_s"] for e in cold),
+                         "warm": statistics.median(warm) if warm else None,
+                         "cold_faults": statistics.median(e["faults"] for e in cold),
+                         "warm_faults": statistics.median(e["faults"] for p in procs for e in p[1:]) if warm else None,
+                         "cold_cpu_s": statistics.median(e["cpu_s"] for e in cold),
+                         "warm_cpu_s": statistics.median(e["cpu_s"] for p in procs for e in p[1:]) if warm else None}
+    staging, plain = figures["staging"], figures["plain_loop"]
+    ratios = {"staging_vs_plain_cold": staging["cold"] / plain["cold"]}
+    if staging["warm"] and plain["warm"]:
+        ratios["staging_vs_plain_warm"] = staging["warm"] / plain["warm"]
+    return {"processes": processes, "epochs": epochs, "samples_per_s": figures, "ratios": ratios, "runs": runs}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="small data, one repeat (smoke test)")
     parser.add_argument("--json", type=Path, help="write every figure here")
     parser.add_argument("--rows", type=int, help="rows to generate (default 1.5M, quick 200k)")
     parser.add_argument("--pairs", type=int, help="checked/unchecked pairs (default 9, quick 1)")
+    parser.add_argument("--isolated", type=int, help="processes per loop of `isolated` (default 3, quick 1)")
+    parser.add_argument("--epochs", type=int, default=4, help="epochs per isolated process (first cold)")
+    parser.add_argument("--worker", choices=["staging", "plain_loop"], help=argparse.SUPPRESS)
+    parser.add_argument("--data", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.worker:
+        _worker(args.worker, args.data, args.epochs)
+        return
     pairs = args.pairs or (1 if args.quick else 9)
+    processes = args.isolated or (1 if args.quick else 3)
     rows = args.rows or (200_000 if args.quick else 1_500_000)
     repeats = 1 if args.quick else 3
     with tempfile.TemporaryDirectory(prefix="flowrec-bench-") as tmp:
@@ -182,6 +259,8 @@ def main() -> None:
             runs = _rates(fns, repeats)
             epoch_s = rows / statistics.median(runs["staging_unchecked"])
             check_ratios, checks = _check_figures(spec, data, source, fns, pairs, epoch_s)
+            _fresh(spec, data, True)  # the check record the staging figures assume (files checked once)
+            isolated = _isolated(data, processes, args.epochs)
         finally:
             if dask_source is not None:
                 dask_source.close()
@@ -194,7 +273,7 @@ def main() -> None:
         "lookahead_window": WINDOW, "repeats": repeats, "samples_per_s": figures, "runs": runs,
         "ratios": {"staging_vs_plain": staging / plain, "lookahead_vs_plain": lookahead / plain,
                    **check_ratios},
-        "checks": checks,
+        "checks": checks, "isolated": isolated,
         "device": {"kind": "cpu", "cpus": os.cpu_count(), "machine": platform.machine(),
                    "python": platform.python_version(), "torch": torch.__version__,
                    "torch_threads": torch.get_num_threads()},
@@ -203,6 +282,12 @@ def main() -> None:
         print(f"{name:<20} {value:>14,.0f} samples/s", file=sys.stderr)
     for name, value in result["ratios"].items():
         print(f"{name:<38} {value:>8.3f}x", file=sys.stderr)
+    for loop, row in isolated["samples_per_s"].items():
+        warm = f"{row['warm']:>14,.0f}" if row["warm"] else f"{'-':>14}"
+        print(f"isolated {loop:<11} cold {row['cold']:>14,.0f} warm {warm} samples/s "
+              f"(faults {row['cold_faults']:,.0f} / {row['warm_faults'] or 0:,.0f})", file=sys.stderr)
+    for name, value in isolated["ratios"].items():
+        print(f"isolated {name:<29} {value:>8.3f}x", file=sys.stderr)
     print(f"{'checks: one pass over the dataset':<38} {checks['seconds']:>8.3f} s "
           f"({checks['share_of_epoch']:.1%} of an unchecked epoch)", file=sys.stderr)
     if args.json:

@@ -14,7 +14,10 @@ each one before using any of its rows (`flowrec.data.checks`: a bad id, value or
 column and row, never a row of another table; a partition that passed is not checked again,
 `flowrec.data.checked`), permutes chunks and submits one
 packing task per batch to a pool of `workers` threads; the futures wait in a bounded queue
-(`prefetch`). With `lookahead` W > 0 every batch also carries, per group, its unique rows, its
+(`prefetch`). Where every group holds one id per field and no map remaps ids, a chunk is first
+filled into row-major matrices (`_ChunkMatrices`, buffers reused chunk to chunk) and a batch is
+one row gather of each; otherwise the chunk's rows are taken as a table and packed per batch
+(`pack_group`): the same batches either way. With `lookahead` W > 0 every batch also carries, per group, its unique rows, its
 casting index and the unique rows of the window of the next W batches (`flowrec.data.lookahead`),
 computed by a lookahead thread. Closing the iterator (or an exception, or KeyboardInterrupt in
 the consumer) stops and joins every thread.
@@ -216,6 +219,8 @@ class _Chunk:
 class BatchIterator:
     """Iterator over the batches of one epoch; a context manager that stops its threads on exit."""
 
+    gather_chunks = True  # False: every chunk taken as a table (the reference the tests compare with)
+
     def __init__(self, spec: ModelSpec, source: PartitionSource, opts: StagingOptions, epoch: int,
                  start_batch: int, groups: tuple[PackedGroup, ...], remap: Remapper | None = None,
                  negatives: NegativeSampler | None = None):
@@ -228,6 +233,14 @@ class BatchIterator:
         self.epoch, self.start_batch = epoch, start_batch
         self.num_batches = batches_per_epoch(self.plan.total, self.batch_size, opts.drop_last)
         self.columns = _columns(spec)
+        self._dense_names = [f.name for f in spec.dense_features]
+        self._label_names = list(batch_label_columns(spec))
+        self._group_fields = [[(f.feature, int(g.row_offsets[f.table])) for f in g.fields] for g in groups]
+        self._sparse_names = sorted({name for fields in self._group_fields for name, _ in fields})
+        # chunks gathered as matrices (`_ChunkMatrices`) where every group is one id per field and
+        # no map remaps the ids; else (sequences, managed tables) taken as a table, packed per batch
+        self._gathered = remap is None and self.gather_chunks
+        self._matrices = _MatrixPool(self.plan.chunk_rows)
         self._stop = threading.Event()
         self._pool = ThreadPoolExecutor(max(opts.workers, 1), thread_name_prefix="flowrec-pack")
         self._futures: queue.Queue = queue.Queue(maxsize=max(opts.prefetch, 1))
@@ -356,7 +369,15 @@ class BatchIterator:
                                                [p[:3] for p in parts], order)
                 pieces = [i for p in parts for i in p[3]]
             else:
-                taken = take_rows(reader.tables(current.read_lo, current.read_hi), order)
+                tables = reader.tables(current.read_lo, current.read_hi)
+                if self._gathered and _flat(tables[0][0], self._sparse_names):
+                    chunk = _ChunkMatrices(tables, self._dense_names, self._label_names, self._group_fields,
+                                           self._matrices, len(current.batches))
+                    for index, rows, global_size in current.batches:
+                        yield index, _Rows(chunk, rows), global_size
+                    current = upcoming
+                    continue
+                taken = take_rows(tables, order)
             start = 0
             for index, rows, global_size in current.batches:
                 if remote:
@@ -369,6 +390,8 @@ class BatchIterator:
             current = upcoming
 
     def _pack(self, rows: Any, index: int, global_size: int | None, turn: int = 0) -> Batch:
+        if isinstance(rows, _Rows):
+            return self._pack_rows(rows, index, global_size)
         table = rows.result() if isinstance(rows, _Staged) else rows
         cols = {f.name: column_arrays(table.column(f.name)) for f in self.spec.sparse_features}
         managed = None
@@ -385,13 +408,34 @@ class BatchIterator:
         size = table.num_rows
         dense = _stack(table, [f.name for f in self.spec.dense_features], size)
         labels = _stack(table, list(batch_label_columns(self.spec)), size)
-        groups = {}
-        sampler = self.negatives
-        items = None if sampler is None else sampler.draw(self.epoch, index)  # the same on every rank
+        packed = []
         for g in self.groups:
             ids, offsets = pack_group(g, cols, size)
             if managed is not None and g.name in self.remap.groups:
                 ids, offsets = drop_defaults(ids, offsets)
+            packed.append((ids, offsets))
+        return self._batch(dense, labels, packed, index, size, global_size, managed)
+
+    def _pack_rows(self, rows: "_Rows", index: int, global_size: int | None) -> Batch:
+        """A batch of a gathered chunk: one row gather of each matrix (`_ChunkMatrices`)."""
+        chunk, sel = rows.chunk, rows.rows
+        size = len(sel)
+        dense = torch.from_numpy(np.take(chunk.dense, sel, axis=0))
+        labels = torch.from_numpy(np.take(chunk.labels, sel, axis=0))
+        packed = []
+        for ids in chunk.ids:  # (B, F) per group: the layout `pack_group` gives flat fields
+            width = ids.shape[1]
+            packed.append((np.take(ids, sel, axis=0).reshape(-1), np.arange(size * width + 1, dtype=np.int64)))
+        chunk.release()
+        return self._batch(dense, labels, packed, index, size, global_size, None)
+
+    def _batch(self, dense: torch.Tensor, labels: torch.Tensor, packed: list[tuple[np.ndarray, np.ndarray]],
+               index: int, size: int, global_size: int | None, managed: Any) -> Batch:
+        """The batch from its packed (ids, offsets) per group: negatives, lookahead extras."""
+        groups = {}
+        sampler = self.negatives
+        items = None if sampler is None else sampler.draw(self.epoch, index)  # the same on every rank
+        for g, (ids, offsets) in zip(self.groups, packed):
             ids_t, off_t = torch.from_numpy(ids), torch.from_numpy(offsets)
             if items is not None and g.name == sampler.group:  # before the casting and the window
                 ids_t, off_t = sampler.append(ids_t, off_t, items)
@@ -535,6 +579,100 @@ class _RowReader:
     def tables(self, lo: int, hi: int) -> list[tuple[pa.Table, int, int]]:
         """(table, a, b) per block of stream rows [lo, hi), read and checked (`take_rows` parts)."""
         return [(self._table(block), a, b) for block, a, b, _ in self._merged(lo, hi)]
+
+
+class _ChunkMatrices:
+    """The rows a rank reads of one chunk as row-major matrices, built once per chunk.
+
+    `dense` (n, n_dense) float32 and `labels` (n, n_labels) float32 as `_stack` fills them, and per
+    packed group `ids` (n, F) int64: field j's ids plus its table's row offset, the (B, F) layout
+    `pack_group` gives a batch of one-hot fields. A batch is then one row gather of each matrix
+    (`np.take(m, rows, axis=0)`, contiguous rows), instead of a `take` of every column of the chunk
+    followed by a strided copy per field and batch: the same values, one pass over them fewer.
+
+    Args:
+        tables: (table, a, b) per block of the chunk's stream rows (`_RowReader.tables`).
+        dense: dense feature columns, in spec order.
+        labels: label columns, in head order.
+        groups: per packed group, (column, row offset) of each field in field order.
+    """
+
+    def __init__(self, tables: Sequence[tuple[pa.Table, int, int]], dense: list[str], labels: list[str],
+                 groups: list[list[tuple[str, int]]], pool: "_MatrixPool", batches: int):
+        rows = sum(b - a for _, a, b in tables)
+        self._pool, self._buffers, self._pending = pool, pool.get(rows, len(dense), len(labels), groups), batches
+        self._lock = threading.Lock()
+        self.dense, self.labels, *self.ids = [m[:rows] for m in self._buffers]
+        start = 0
+        for table, a, b in tables:
+            for j, name in enumerate(dense):
+                for lo, values in _pieces(table, name, a, b, start):
+                    self.dense[lo:lo + len(values), j] = values
+            for j, name in enumerate(labels):
+                for lo, values in _pieces(table, name, a, b, start):
+                    self.labels[lo:lo + len(values), j] = values
+            for ids, fields in zip(self.ids, groups):
+                for j, (name, offset) in enumerate(fields):
+                    for lo, values in _pieces(table, name, a, b, start):
+                        np.add(values.astype(np.int64, copy=False), offset, out=ids[lo:lo + len(values), j])
+            start += b - a
+
+    def release(self) -> None:
+        """One batch of the chunk was gathered; after the last one the buffers are reused."""
+        with self._lock:
+            self._pending -= 1
+            last = self._pending == 0
+        if last:
+            self._pool.put(self._buffers)
+
+
+class _MatrixPool:
+    """Buffers of `_ChunkMatrices` kept for the next chunks: fresh memory costs page faults on
+    every chunk (tens of ms per chunk where the host backs guest memory lazily); reused, none.
+
+    Args:
+        capacity: rows of a buffer (a chunk's rows; a larger chunk gets its own buffers).
+    """
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._free: list[list[np.ndarray]] = []
+        self._lock = threading.Lock()
+
+    def get(self, rows: int, dense: int, labels: int, groups: list[list[tuple[str, int]]]) -> list[np.ndarray]:
+        """[dense (n, n_dense) float32, labels (n, n_labels) float32, ids (n, F) int64 per group], n >= rows."""
+        with self._lock:
+            if self._free and self._free[-1][0].shape[0] >= rows:
+                return self._free.pop()
+        n = max(rows, self.capacity)
+        return [np.empty((n, dense), np.float32), np.empty((n, labels), np.float32),
+                *[np.empty((n, len(fields)), np.int64) for fields in groups]]
+
+    def put(self, buffers: list[np.ndarray]) -> None:
+        with self._lock:
+            self._free.append(buffers)
+
+
+class _Rows:
+    """One batch of a `_ChunkMatrices`: its chunk-local rows (int64, in batch order)."""
+
+    def __init__(self, chunk: _ChunkMatrices, rows: np.ndarray):
+        self.chunk, self.rows = chunk, rows
+
+
+def _pieces(table: pa.Table, name: str, a: int, b: int, start: int) -> Iterator[tuple[int, np.ndarray]]:
+    """(row in the chunk, values) of each array chunk of rows [a, b) of column `name`, numpy,
+    converted as `column_arrays` and `_stack` convert them (zero-copy where arrow allows)."""
+    for piece in table.column(name).slice(a, b - a).chunks:
+        if len(piece):
+            yield start, piece.to_numpy(zero_copy_only=False)
+            start += len(piece)
+
+
+def _flat(table: pa.Table, names: list[str]) -> bool:
+    """Whether columns `names` of `table` hold one id per row (no list columns)."""
+    return not any(pa.types.is_list(t) or pa.types.is_large_list(t)
+                   for t in (table.schema.field(n).type for n in names))
 
 
 class _Staged:

@@ -17,3 +17,9 @@ def test_bench_staging_quick_writes_every_figure(repo, tmp_path):
     assert {"staging", "staging_lookahead", "plain_loop"} <= set(result["samples_per_s"])
     assert all(v > 0 for v in result["samples_per_s"].values())
     assert "staging_vs_plain" in result["ratios"] and result["device"]["kind"] == "cpu"
+    isolated = result["isolated"]  # each loop in a fresh process: first epoch cold, the rest warm
+    for loop in ["staging", "plain_loop"]:
+        epochs = isolated["runs"][loop]
+        assert len(epochs) == 1 and [e["samples"] for e in epochs[0]] == [30000] * 4
+        assert isolated["samples_per_s"][loop]["warm"] > 0 and isolated["samples_per_s"][loop]["cold"] > 0
+    assert set(isolated["ratios"]) == {"staging_vs_plain_cold", "staging_vs_plain_warm"}

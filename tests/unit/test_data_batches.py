@@ -6,6 +6,7 @@ import threading
 import numpy as np
 import pyarrow as pa
 import pytest
+import torch
 
 from flowrec.data import convert
 from flowrec.data.batches import StagingOptions, iterate_batches
@@ -267,3 +268,96 @@ def test_row_group_reads_name_bad_rows_within_the_file_and_skip_empty_parts(tmp_
     with pytest.raises(DataError, match=rf"^{parts[1]}: column 'a': id 999 outside .* at row 70 \(0-based\)"):
         with iterate_batches(spec, ParquetSource(tmp_path / "d"), StagingOptions(batch_size=64, shuffle=False)) as it:
             list(it)
+
+
+def make_flat_spec() -> object:
+    """One id per field in two packed groups (dims 4 and 8), two heads: staged by row gathers."""
+    return spec_from_dict({
+        "name": "flat",
+        "features": [
+            {"name": "x", "type": "dense"},
+            {"name": "y", "type": "dense"},
+            {"name": "a", "type": "categorical", "hash_buckets": 5000, "dim": 4},
+            {"name": "b", "type": "categorical", "hash_buckets": 70, "dim": 4},
+            {"name": "c", "type": "categorical", "hash_buckets": 900, "dim": 8},
+            {"name": "d", "type": "categorical", "hash_buckets": 33, "dim": 8},
+        ],
+        "modules": [{"name": "m", "kind": "mlp", "inputs": ["@dense", "@sparse"], "layers": [4]}],
+        "heads": [{"name": "h", "input": "m"}, {"name": "r", "input": "m", "task": "regression",
+                                                "label": "score"}],
+        "optimizer": {"dense": {"name": "adam", "lr": 0.01}, "sparse": {"name": "sgd", "lr": 0.1}},
+        "training": {"batch_size": 64, "seed": 5},
+    })
+
+
+def _staged(spec, source, opts, epoch, start, gather, monkeypatch) -> list:
+    from flowrec.data.batches import BatchIterator
+
+    monkeypatch.setattr(BatchIterator, "gather_chunks", gather)
+    with iterate_batches(spec, source, opts, epoch, start) as it:
+        return list(it)
+
+
+def _same_batch(a, b) -> None:
+    assert (a.index, a.size, a.global_size, a.epoch) == (b.index, b.size, b.global_size, b.epoch)
+    for x, y in [(a.dense, b.dense), (a.labels, b.labels)]:
+        assert x.dtype == y.dtype and x.shape == y.shape and x.numpy().tobytes() == y.numpy().tobytes()
+    assert a.groups.keys() == b.groups.keys()
+    for name, ga in a.groups.items():
+        gb = b.groups[name]
+        for field in ["ids", "offsets", "unique", "window_unique"]:
+            x, y = getattr(ga, field), getattr(gb, field)
+            assert (x is None) == (y is None)
+            if x is not None:
+                assert x.dtype == y.dtype and torch.equal(x, y), (name, field)
+        assert (ga.casting is None) == (gb.casting is None)
+        if ga.casting is not None:
+            assert ga.casting.num_bags == gb.casting.num_bags
+            for field in ["unique_ids", "counts", "unique_offsets", "sorted_bags", "sorted_scale"]:
+                x, y = getattr(ga.casting, field), getattr(gb.casting, field)
+                assert (x is None) == (y is None) and (x is None or torch.equal(x, y)), (name, field)
+
+
+@pytest.mark.parametrize("seed", [11, 12])
+@pytest.mark.parametrize("world,rank", [(1, 0), (3, 2)])
+@pytest.mark.parametrize("shuffle,start,lookahead", [(True, 0, 0), (True, 5, 0), (False, 0, 0), (True, 0, 3)])
+def test_gathered_chunks_equal_the_table_path(tmp_path, monkeypatch, seed, world, rank, shuffle, start, lookahead):
+    """Staging by row gathers of per-chunk matrices gives bitwise the batches of the per-batch take
+    and pack path, on skewed (Zipf) ids over uneven part files and row groups, chunks spanning files,
+    rank slices, a resume and lookahead."""
+    monkeypatch.setattr(convert, "ROW_GROUP_ROWS", 48)
+    spec = make_flat_spec()
+    synth_dataset(spec, tmp_path / "d", 1237, SynthConfig(seed=seed), rows_per_file=500)
+    opts = StagingOptions(batch_size=100, shuffle=shuffle, shuffle_buffer=300, workers=2, prefetch=3,
+                          lookahead=lookahead, world_size=world, rank=rank)
+    runs = []
+    for gather in [True, False]:
+        source = ParquetSource(tmp_path / "d")
+        runs.append(_staged(spec, source, opts, seed, start, gather, monkeypatch))
+        source.close()
+    gathered, taken = runs
+    assert len(gathered) == len(taken) == 13 - start
+    for a, b in zip(gathered, taken):
+        _same_batch(a, b)
+    ids = np.concatenate([g.ids.numpy() for bt in gathered for g in bt.groups.values()])
+    assert len(np.unique(ids)) > 50 and np.bincount(ids).max() > 20  # skewed, not constant
+
+
+def test_flat_specs_stage_without_a_table_take(monkeypatch):
+    """A spec of one-hot fields never takes a chunk as a table (one gather per batch instead); a
+    spec with sequences still does, and both cover every row once."""
+    from flowrec.data import batches as staging
+
+    calls = []
+    real = staging.take_rows
+    monkeypatch.setattr(staging, "take_rows", lambda *a: calls.append(1) or real(*a))
+    flat = make_flat_spec()
+    table = synth_table(flat, 700, SynthConfig(seed=4))
+    with iterate_batches(flat, MemorySource(split_table(table, 3)), StagingOptions(batch_size=64)) as it:
+        dense = np.concatenate([b.dense.numpy() for b in it])
+    assert not calls
+    assert sorted(dense[:, 0].tolist()) == sorted(table.column("x").to_numpy().tolist())
+    spec = make_spec()
+    with iterate_batches(spec, MemorySource([make_table(spec)]), StagingOptions(batch_size=64)) as it:
+        assert sorted(np.concatenate([rids(b, spec) for b in it]).tolist()) == list(range(1, ROWS + 1))
+    assert calls
