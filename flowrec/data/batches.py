@@ -605,12 +605,10 @@ class _ChunkMatrices:
         self.dense, self.labels, *self.ids = [m[:rows] for m in self._buffers]
         start = 0
         for table, a, b in tables:
-            for j, name in enumerate(dense):
-                for lo, values in _pieces(table, name, a, b, start):
-                    self.dense[lo:lo + len(values), j] = values
-            for j, name in enumerate(labels):
-                for lo, values in _pieces(table, name, a, b, start):
-                    self.labels[lo:lo + len(values), j] = values
+            for matrix, names in ((self.dense, dense), (self.labels, labels)):
+                for j, name in enumerate(names):
+                    for lo, values in _pieces(table, name, a, b, start):
+                        matrix[lo:lo + len(values), j] = values
             for ids, fields in zip(self.ids, groups):
                 for j, (name, offset) in enumerate(fields):
                     for lo, values in _pieces(table, name, a, b, start):

@@ -322,16 +322,21 @@ class BackgroundWriter:
     must never follow a write that failed); the error surfaces at the next `submit` or `wait`.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, thread_name: str = "flowrec-checkpoint") -> None:
         self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue()
         self._thread: threading.Thread | None = None
+        self._thread_name = thread_name
         self._error: BaseException | None = None
 
     def submit(self, write: Callable[[], None]) -> None:
         """Queue `write` (raises the error of an earlier write instead, if there was one)."""
         self._raise_error()
+        self._enqueue(write)
+
+    def _enqueue(self, write: Callable[[], None]) -> None:
+        """Queue `write` behind the others, starting the worker thread on the first."""
         if self._thread is None:
-            self._thread = threading.Thread(target=self._work, name="flowrec-checkpoint", daemon=True)
+            self._thread = threading.Thread(target=self._work, name=self._thread_name, daemon=True)
             self._thread.start()
         self._queue.put(write)
 

@@ -64,8 +64,6 @@ Example:
 from __future__ import annotations
 
 import os
-import queue
-import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -80,8 +78,8 @@ from flowrec.runtime.checkpoint.shards import manifest, remove_stale_shards, wri
 from flowrec.runtime.checkpoint.layout import (common_state, owned_maps, rank_delta_shards, rank_shards,
                                                replicated_embeddings)
 from flowrec.runtime.checkpoint.checkpointer import dense_state_from
-from flowrec.runtime.checkpoint.incremental import (EMBEDDINGS_PREFIX, DirtyRows, TableSnapshot, cloned, delta_tables,
-                                                    table_keys)
+from flowrec.runtime.checkpoint.incremental import (EMBEDDINGS_PREFIX, BackgroundWriter, DirtyRows, TableSnapshot,
+                                                    cloned, delta_tables, table_keys)
 from flowrec.runtime.checkpoint.stream import save_streamed
 from flowrec.runtime.distributed.sharded import ShardedPackedEmbedding
 from flowrec.runtime.messages import first_line
@@ -510,51 +508,37 @@ def _attempt(write: Callable[[], Any]) -> Outcome:
         return "error", str(exc) if isinstance(exc, CheckpointError) else first_line(exc)
 
 
-class _CommitWriter:
-    """The writer thread of one rank: jobs run one after another, in submission order.
+class _CommitWriter(BackgroundWriter):
+    """The writer thread of one rank: jobs run one after another, in submission order
+    (`BackgroundWriter`'s queue and thread).
 
     A job that raises is this rank's failure; since every job's commit is collective, every rank
     fails in the same job. Jobs queued after a failure are dropped on every rank until training
     has taken it (`finish`, then `accept_after_failure`: the queue is empty by then), so the
-    ranks keep running the same jobs.
+    ranks keep running the same jobs. Unlike the one-process writer, `submit` never raises: the
+    ranks agree on a failure at their next checkpoint (`failure`, `finish`).
 
     Args:
         group: the gloo group the jobs' commits use (`World.checkpoint_group`).
     """
 
     def __init__(self, group: Any) -> None:
+        super().__init__(thread_name="flowrec-rank-checkpoint")
         self.group = group
-        self._queue: queue.Queue[Callable[[], None]] = queue.Queue()
-        self._thread: threading.Thread | None = None
-        self._failure: BaseException | None = None
 
     def submit(self, job: Callable[[], None]) -> None:
         """Queue `job` behind the others."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._work, name="flowrec-rank-checkpoint", daemon=True)
-            self._thread.start()
-        self._queue.put(job)
-
-    def _work(self) -> None:
-        while True:
-            job = self._queue.get()
-            try:
-                if self._failure is None:
-                    job()
-            except BaseException as exc:  # taken by the training thread at its next checkpoint or wait
-                self._failure = exc
-            finally:
-                self._queue.task_done()
+        self._enqueue(job)
 
     def failure(self) -> BaseException | None:
         """The failure of a job done so far, if any (without waiting)."""
-        return self._failure
+        return self._error
 
     def finish(self) -> BaseException | None:
         """Wait for every queued job; the failure, if one failed."""
-        self._queue.join()
-        return self._failure
+        self.join()
+        return self._error
 
     def accept_after_failure(self) -> None:
         """Training has taken the failure (after `finish`): run the jobs submitted from now on."""
-        self._failure = None
+        self._error = None
