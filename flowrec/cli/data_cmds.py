@@ -308,27 +308,42 @@ def inspect_table(columns: list[dict], has_raw: bool) -> list[str]:
 
 
 def inspect(
-    path: Path = typer.Argument(..., help="Encoded dataset directory, or a folder of day partitions (as `train --follow` reads): then one line per day."),
+    path: Path = typer.Argument(..., help="Encoded dataset directory; a split one (`data convert --test-fraction`: train/ and test/), each part in turn; or a folder of day partitions (as `train --follow` reads): then one line per day."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     follow_order: str = typer.Option("name", "--follow-order", help="For a folder of day partitions: their order, `name` or `date:COLUMN` (as `train --follow-order`)."),
 ) -> None:
     from flowrec.data.layout import META_FILE
 
-    if not (path / META_FILE).is_file() and path.is_dir():
+    from flowrec.data.days import split_parts
+
+    parts = split_parts(path) if path.is_dir() and not (path / META_FILE).is_file() else []
+    if not parts and not (path / META_FILE).is_file() and path.is_dir():
         _inspect_days(path, follow_order, as_json)
         return
     if follow_order != "name":
         fail(f"--follow-order orders the day partitions of a folder of days; {path} is one dataset")
 
-    def work():
-        from flowrec.data.inspect import inspect_dataset
+    from flowrec.data.inspect import inspect_dataset
 
-        return inspect_dataset(path)
-
-    info = _run(work)
-    if as_json:
-        typer.echo(json.dumps(info, indent=1))
+    if not parts:
+        info = _run(lambda: inspect_dataset(path))
+        if as_json:
+            typer.echo(json.dumps(info, indent=1))
+        else:
+            _show_inspected(info)
         return
+    infos = {part.name: _run(lambda part=part: inspect_dataset(part)) for part in parts}  # a split dataset
+    if as_json:
+        typer.echo(json.dumps(infos, indent=1))
+        return
+    for i, info in enumerate(infos.values()):
+        if i:
+            typer.echo("")
+        _show_inspected(info)
+
+
+def _show_inspected(info: dict[str, Any]) -> None:
+    """Print one dataset's inspection (`inspect_dataset`'s result) as text."""
     meta = info["meta"]
     typer.echo(f"{info['path']}: {info['rows']:,} rows in {info['partitions']} partitions "
                f"(spec {meta['spec']}, data hash {meta['data_hash']}, source {meta['source'].get('format')})")

@@ -77,6 +77,13 @@ def landed(folder: Path) -> list[Path]:
     return days
 
 
+def split_parts(folder: Path) -> list[Path]:
+    """The train and test parts of the split dataset `folder` (`data convert --test-fraction`), in
+    that order; empty when `folder` is not one."""
+    return [folder / part for part in ("train", "test") if (folder / part / META_FILE).is_file()] \
+        if _split_of(folder) else []
+
+
 def _split_of(folder: Path) -> bool:
     """True when `folder` holds the train/test parts of one split dataset (`data convert --test-fraction`)."""
     for part in ("train", "test"):

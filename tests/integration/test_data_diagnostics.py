@@ -93,3 +93,24 @@ def test_profile_labels_in_sample_figures_and_warns_on_small_samples(criteo: Pat
     full = runner.invoke(app, ["data", "profile", str(REPO / "specs" / "dlrm_criteo.yaml"), str(criteo),
                                "--sample-rate", "1.0"])
     assert "warning: the sample holds" not in full.output
+
+
+def test_inspect_of_a_split_dataset_shows_each_part(shared_data: Path, tmp_path: Path) -> None:
+    """`data convert --test-fraction` writes train/ and test/ under one folder: inspecting that
+    folder shows both parts (it used to refuse it as 'not a folder of day partitions')."""
+    out = tmp_path / "cr"
+    raw = shared_data / "criteo" / "criteo_kaggle_head1000.tsv"
+    made = runner.invoke(app, ["data", "convert", "criteo", str(raw), str(out), "--spec",
+                               str(REPO / "specs" / "dlrm_criteo.yaml"), "--test-fraction", "0.2", "-q"])
+    assert made.exit_code == 0, made.output
+    result = runner.invoke(app, ["data", "inspect", str(out)])
+    assert result.exit_code == 0, result.output
+    heads = [line for line in result.stdout.splitlines() if " rows in " in line]
+    assert [line.split(":")[0] for line in heads] == [str(out / "train"), str(out / "test")]
+    counts = [int(line.split(": ")[1].split(" rows")[0].replace(",", "")) for line in heads]
+    assert sum(counts) == 1000 and 0 < counts[1] < counts[0]
+    info = json.loads(runner.invoke(app, ["data", "inspect", str(out), "--json"]).stdout)
+    assert list(info) == ["train", "test"]
+    assert [info["train"]["rows"], info["test"]["rows"]] == counts
+    days = runner.invoke(app, ["data", "inspect", str(out), "--follow-order", "date:I1"])
+    assert days.exit_code == 2 and "is one dataset" in days.output

@@ -263,8 +263,10 @@ def test_a_split_dataset_is_no_folder_of_days(spec: Path, tmp_path: Path) -> Non
         (split / part / "_flowrec.json").write_text(json.dumps(meta))
     with pytest.raises(DataError, match="split into train/ and test/"):
         day_partitions(split, DayOrder())
-    inspect = runner.invoke(app, ["data", "inspect", str(split)])
-    assert inspect.exit_code == 2 and "not a folder of day partitions" in inspect.output
+    inspect = runner.invoke(app, ["data", "inspect", str(split)])  # each part as a dataset, no days
+    assert inspect.exit_code == 0, inspect.output
+    assert [line.split(":")[0] for line in inspect.stdout.splitlines() if " rows in " in line] == \
+        [str(split / "train"), str(split / "test")]
     follow = runner.invoke(app, ["train", str(spec), "--follow", str(split), "--out", str(tmp_path / "stream"), "-q"])
     assert follow.exit_code == 2 and "not a folder of day partitions" in follow.output
     assert not (tmp_path / "stream").exists()  # a refused stream leaves no folder it made
