@@ -13,11 +13,14 @@ from typing import Any
 COLUMN_ORDER = ("auc", "gauc", "pr_auc", "logloss", "ne", "calibration", "mse", "mae")
 
 
-def _cell(value: Any) -> str:
+COUNT_COLUMNS = frozenset({"samples", "k"})  # counts, whatever their number type: no decimals
+
+
+def _cell(value: Any, column: str = "") -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
-    if isinstance(value, int):
-        return f"{value:,}"
+    if isinstance(value, int) or (column in COUNT_COLUMNS and float(value).is_integer()):
+        return f"{int(value):,}"
     return f"{value:.4f}"
 
 
@@ -26,6 +29,6 @@ def metrics_table(metrics: dict[str, dict[str, Any]]) -> list[str]:
     present = {name for m in metrics.values() for name in m}
     columns = [c for c in COLUMN_ORDER if c in present]
     columns += sorted(present - set(columns) - {"samples"}) + (["samples"] if "samples" in present else [])
-    rows = [["head", *columns]] + [[head, *(_cell(m.get(c)) for c in columns)] for head, m in metrics.items()]
+    rows = [["head", *columns]] + [[head, *(_cell(m.get(c), c) for c in columns)] for head, m in metrics.items()]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]

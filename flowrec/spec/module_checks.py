@@ -71,6 +71,10 @@ def output_problem(module: Item, output: str | None) -> str | None:
     names = names if isinstance(names, list | tuple) else ()
     if output in names:
         return None
+    if not names:  # its own list of outputs is missing or wrong: that error names it
+        key = NAMED_OUTPUT_KINDS.get(kind) if isinstance(kind, str) else None
+        what = f"its `{key}` list names none" if key else f"a {kind!r} module has no named outputs"
+        return f"module {module.name!r} has no output {output!r} ({what})"
     return f"module {module.name!r} has no output {output!r} (outputs: {', '.join(map(str, names))})"
 
 

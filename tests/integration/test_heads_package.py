@@ -63,9 +63,9 @@ def test_eval_json_reports_each_head(run):
     assert metrics["click"]["samples"] == 2000 and 0.5 < metrics["click"]["auc"] <= 1.0
     assert metrics["conversion"]["samples"] == int(raw["click"].sum())
     segment = metrics["segment"]
-    assert segment["samples"] == 2000 and segment["k"] == min(5, CLASSES)
+    assert segment["samples"] == 2000 and segment["k"] == min(5, CLASSES - 1)  # never every class
     assert segment["accuracy"] > 1.0 / CLASSES + 0.1  # the segment follows the user id
-    assert segment["accuracy_at_k"] == pytest.approx(1.0)  # k >= classes
+    assert segment["accuracy"] < segment["accuracy_at_k"] <= 1.0
 
 
 def test_predict_gives_per_head_outputs(run):

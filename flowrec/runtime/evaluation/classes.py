@@ -14,7 +14,8 @@ import numpy as np
 from flowrec.runtime.evaluation.metrics import EPS, BinaryAccumulator
 from flowrec.spec.tasks import AUC_MAX_CLASSES
 
-TOP_K = 5  # accuracy@k: the label among the k most probable classes (k = min(5, classes))
+TOP_K = 5  # accuracy@k: the label among the k most probable classes (k = min(5, classes - 1): with
+# k = classes every label is among them, and the figure says nothing)
 
 
 class MulticlassAccumulator:
@@ -25,7 +26,7 @@ class MulticlassAccumulator:
     """
 
     def __init__(self, k: int = TOP_K) -> None:
-        self.k = k  # at most the number of classes, once a batch was seen
+        self.k = k  # at most the number of classes less one, once a batch was seen
         self.per_class: list[BinaryAccumulator] | None = None  # one-vs-rest AUC per class
         self.n = 0
         self.correct = 0
@@ -36,7 +37,7 @@ class MulticlassAccumulator:
         del groups  # grouped metrics are for binary heads
         labels = np.asarray(labels).reshape(-1).astype(np.int64)
         probs = np.asarray(probs, dtype=np.float64).reshape(labels.size, -1)
-        k = self.k = min(self.k, probs.shape[1])
+        k = self.k = min(self.k, max(1, probs.shape[1] - 1))
         rows = np.arange(labels.size)
         own = probs[rows, labels]  # (B,)
         rank = (probs > own[:, None]).sum(axis=1)  # classes strictly more probable than the label
