@@ -336,3 +336,14 @@ def test_a_custom_module_with_meta_parameters_is_refused_before_training(tmp_pat
     assert result.exit_code == 2, result.output
     assert "MetaParam keeps w on the meta device (no values)" in result.output
     assert not out.exists()
+
+
+def test_a_named_output_of_a_gate_without_its_heads_list_says_so():
+    """A moe module whose `heads` list is misspelt: its own error names the key, and the towers
+    reading `experts.like` are told the list names no outputs (not an empty '(outputs: )')."""
+    doc = _spec("mmoe_movielens.yaml")
+    doc["modules"][0]["tasks"] = doc["modules"][0].pop("heads")
+    issues = _issues(doc)
+    assert ("modules[0]", "missing required key 'heads'") in issues
+    assert ("modules[1].inputs[0]", "module 'experts' has no output 'like' (its `heads` list names none)") in issues
+    assert not any("(outputs: )" in message for _, message in issues)
