@@ -110,11 +110,12 @@ class DirectRun:
         self._staged = 0  # bytes in the current buffer
         self._current = 0
         self._in_flight: list[Future | None] = [None] * STAGING_BUFFERS  # per buffer: its write
+        self._size = DIRECT_BUFFER_BYTES  # bytes of each staging buffer
         short = nbytes is not None and nbytes < DIRECT_MIN_BYTES
         if short:
             self._staged_at = offset + nbytes  # nothing staged: the whole run through the page cache
-        # (DIRECT_BUFFER_BYTES,) uint8 each, aligned
-        self._buffers = [] if short or not direct.usable else [_aligned(DIRECT_BUFFER_BYTES) for _ in range(STAGING_BUFFERS)]
+        staged = direct.usable and not short
+        self._buffers = [_aligned(self._size) for _ in range(STAGING_BUFFERS)] if staged else []  # (size,) uint8
 
     @property
     def staging_bytes(self) -> int:
@@ -135,10 +136,10 @@ class DirectRun:
                 self._staged_at = self.position
                 return
             buffer = self._buffers[self._current]
-            take = min(len(view), DIRECT_BUFFER_BYTES - self._staged)
+            take = min(len(view), self._size - self._staged)
             buffer[self._staged:self._staged + take] = np.frombuffer(view[:take], dtype=np.uint8)
             self._staged, self.position, view = self._staged + take, self.position + take, view[take:]
-            if self._staged == DIRECT_BUFFER_BYTES:
+            if self._staged == self._size:
                 self._send()
 
     def close(self) -> None:
@@ -162,7 +163,7 @@ class DirectRun:
         data, at = self._buffers[self._current], self._staged_at
         self._in_flight[self._current] = self.direct.submit(lambda: self._write_blocks(data, at))
         self._current = (self._current + 1) % STAGING_BUFFERS
-        self._staged_at, self._staged = at + DIRECT_BUFFER_BYTES, 0
+        self._staged_at, self._staged = at + self._size, 0
         self._wait(self._current)
 
     def _wait(self, index: int) -> None:
