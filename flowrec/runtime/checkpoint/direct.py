@@ -12,9 +12,9 @@ blocks at the run's two ends (which share a block with the archive's own records
 page cache, so no block is written both ways. Durability is unchanged: the temp file is still
 fsynced (which flushes the device's cache for the direct writes too) before it is renamed.
 
-Where O_DIRECT is not available (another OS, a file system that refuses it: tmpfs, some network
-file systems) or a direct write is refused for its alignment (EINVAL), the bytes go through the
-page cache as before; any other error (disk full, I/O error) is raised as it is.
+Where O_DIRECT is not available (another OS, a file system that refuses to open a file with it)
+or a direct write is refused for its alignment (EINVAL), the bytes go through the page cache as
+before; any other error (disk full, I/O error) is raised as it is.
 
 Example:
     >>> direct = DirectFile.open(tmp)                       # doctest: +SKIP
