@@ -4,7 +4,7 @@ A streamed full checkpoint writes each packed table (GiBs) as one run of bytes a
 of the temp file (`flowrec.runtime.checkpoint.stream`). Written through the page cache, every page
 of it is a new page-cache page: on the 2-core VM this cost the writer thread 0.4-4.8 s of CPU per
 2 GiB (page allocation; the most when the memory was not touched lately), beside training on the
-same cores, and the fsync then wrote it all again from the cache. `DirectRun` sends the aligned
+same cores, and the fsync then waited for the cache to reach the disk. `DirectRun` sends the aligned
 middle of a run to the disk by O_DIRECT instead, through two aligned staging buffers (a memcpy per
 byte; the disk's DMA does the rest: ~0.2 s of CPU per 2 GiB): one is written by the file's I/O
 thread while the writer fills the other, so the writer hashes on while the disk works. The partial
@@ -64,6 +64,7 @@ class DirectFile:
 
     @property
     def usable(self) -> bool:
+        """Direct writes can be tried (a descriptor, and no write refused for its alignment)."""
         return self.fd is not None and not self.refused
 
     def submit(self, write: Callable[[], None]) -> Future:
