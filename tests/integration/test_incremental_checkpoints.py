@@ -22,6 +22,7 @@ from flowrec.runtime.checkpoint.store import CheckpointError, content_digest, lo
 from flowrec.runtime import trainer
 from flowrec.runtime.checkpoint import checkpointer, incremental, stream
 from flowrec.runtime.checkpoint.delta import delta_files, delta_path
+from flowrec.runtime.checkpoint.direct import DirectFile
 from flowrec.runtime.trainer import CHECKPOINT_WRITES_ENV
 from flowrec.serving.trained import ServingModel, load_trained
 from flowrec.planner.contract import scoring_plan
@@ -165,16 +166,21 @@ import os, signal, sys
 import flowrec.runtime.checkpoint.checkpointer as checkpointer
 import flowrec.runtime.checkpoint.stream as stream
 import flowrec.runtime.checkpoint.incremental as incremental
+import flowrec.runtime.checkpoint.direct as direct
+import fcntl
 incremental.SNAPSHOT_CHUNK_BYTES = 64  # many chunks: the kill lands inside the tables
+direct.DIRECT_BUFFER_BYTES = 2 * direct.DIRECT_ALIGN  # many direct writes (on the I/O thread)
 real_save, real_pwrite = checkpointer.save_streamed, stream._pwrite_all
 seen = {"fulls": 0, "writes": 0}
+only_direct = os.environ["KILL_IN"] == "direct"  # count only writes through an O_DIRECT descriptor
 def counting(*args, **kwargs):
     seen["fulls"] += 1
     return real_save(*args, **kwargs)
 def dying(fd, data, offset):
     if seen["fulls"] == int(os.environ["KILL_AT_FULL"]):
-        seen["writes"] += 1
-        if seen["writes"] == 40:
+        if not only_direct or fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
+            seen["writes"] += 1
+        if seen["writes"] == int(os.environ["KILL_AT_WRITE"]):
             os.kill(os.getpid(), signal.SIGKILL)
     real_pwrite(fd, data, offset)
 checkpointer.save_streamed, stream._pwrite_all = counting, dying
@@ -184,10 +190,17 @@ main()
 """
 
 
-def test_a_kill_during_a_streamed_full_write_keeps_the_chain_and_resumes_bitwise_equal(spec: Path, tmp_path: Path):
+@pytest.mark.parametrize("kill_in, at_write", [("any", 40), ("direct", 7)])
+def test_a_kill_during_a_streamed_full_write_keeps_the_chain_and_resumes_bitwise_equal(spec: Path, tmp_path: Path,
+                                                                                      kill_in: str, at_write: int):
+    """SIGKILL in the middle of the second full checkpoint's write: at its 40th write of any kind,
+    or at the 7th block written around the page cache (O_DIRECT, on the writer's I/O thread)."""
+    if kill_in == "direct" and not DirectFile.open(_probe(tmp_path)).usable:
+        pytest.skip("this file system refuses O_DIRECT")
     _train(spec, tmp_path / "full")
     run = tmp_path / "inc"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "KILL_AT_FULL": "2"}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "KILL_AT_FULL": "2", "KILL_IN": kill_in,
+           "KILL_AT_WRITE": str(at_write)}
     argv = [sys.executable, "-c", textwrap.dedent(STREAM_KILLER), "train", str(spec), "--rows", "600", "--out",
             str(run), "--quiet", "--checkpoint-every", "5", "--checkpoint-full-every", "4"]
     killed = subprocess.run(argv, cwd=tmp_path, env=env, timeout=RUN_TIMEOUT_S, capture_output=True)
@@ -200,6 +213,12 @@ def test_a_kill_during_a_streamed_full_write_keeps_the_chain_and_resumes_bitwise
     assert resumed.returncode == 0, resumed.stderr.decode()
     _assert_same_run(load_checkpoint(tmp_path / "full"), load_checkpoint(run))
     assert not list(run.glob(".ckpt-*"))
+
+
+def _probe(folder: Path) -> Path:
+    probe = folder / "probe"
+    probe.write_bytes(b"")
+    return probe
 
 
 def test_metrics_list_the_stall_of_every_checkpoint(spec: Path, tmp_path: Path):

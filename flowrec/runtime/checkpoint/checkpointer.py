@@ -9,9 +9,10 @@ continues). A full one copies only the dense part there; the packed tables are s
 file by the writer thread while training goes on (`flowrec.runtime.checkpoint.stream.save_streamed`), copy-on-write
 by chunks (`TableSnapshot`: `mark`, called before each step, saves the rows the step will change
 that are not written yet), so a multi-GiB table costs training a few small gathers instead of a
-copy, and the writer holds one chunk of rows and the saved rows, never a copy of the tables. The
-tables' finiteness is checked chunk by chunk as they are written (a non-finite value stops the
-write). A failed write (disk full, no permission, a non-finite value) reaches training as its
+copy, and the writer holds one chunk of rows, the saved rows and two 1 MiB staging buffers (the
+tables' bytes go to the disk around the page cache: `flowrec.runtime.checkpoint.direct`), never a
+copy of the tables. The tables' finiteness is checked chunk by chunk as they are written (a
+non-finite value stops the write). A failed write (disk full, no permission, a non-finite value) reaches training as its
 one-line error at the next checkpoint or at the end of the run; the checkpoint before it is
 kept whole. The first checkpoint of
 a process (a new run, or a resumed one) is always a full one. Writes are queued in order on one

@@ -210,7 +210,8 @@ class TableSnapshot:
         # writer for 10 minutes). So the writer says it is waiting, and a step hands it the lock
         # first (`_yield_to_writer`).
         self._writer_waiting = False
-        self.peak_extra_bytes = 0  # most host bytes held at once: chunk buffers + saved rows
+        self.writer_bytes = 0  # host bytes the writer holds besides the chunk (its staging buffers)
+        self.peak_extra_bytes = 0  # most host bytes held at once: chunk buffers + saved rows + writer_bytes
 
     def before_write(self, group: str, ids: torch.Tensor) -> None:
         """Save the rows among `ids` (packed ids, repeats allowed) that a step is about to change
@@ -246,8 +247,8 @@ class TableSnapshot:
             view = buffer[: end - start]
             copy_rows(view, source[start:end])  # rows a step changes meanwhile were saved first
             with self._writer_lock():
-                self.peak_extra_bytes = max(self.peak_extra_bytes,
-                                            self._held[0] + buffer.numel() * buffer.element_size())
+                self.peak_extra_bytes = max(self.peak_extra_bytes, self._held[0] + self.writer_bytes
+                                            + buffer.numel() * buffer.element_size())
                 rows, values = stream.take(end)
                 if rows.numel():
                     view.index_copy_(0, rows - start, values)

@@ -31,8 +31,8 @@ for a consistent snapshot, as in one process (`flowrec.runtime.checkpoint.checkp
   all-gathered, when there are any, for rank 0); a delta copies its touched rows there, as in one
   process (they are few).
 * on this rank's writer thread, in checkpoint order: the shard file, streamed chunk by chunk from
-  the snapshot (`save_streamed`: one chunk buffer and the saved rows, never a copy of the
-  tables), its weights checked finite chunk by chunk; then the commit, on the dedicated gloo
+  the snapshot (`save_streamed`: one chunk buffer, the saved rows and two direct-write staging
+  buffers, never a copy of the tables), its weights checked finite chunk by chunk; then the commit, on the dedicated gloo
   group `World.checkpoint_group` (created once by every rank with the run's --dist-timeout and
   used only by the writer threads, so its collectives never interleave with training's, which
   run on the other groups): an all-gather of every rank's (file, digest) or error; if all wrote,
