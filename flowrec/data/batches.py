@@ -253,7 +253,7 @@ class BatchIterator:
         # no map remaps the ids; else (sequences, managed tables) taken as a table, packed per batch
         self._gathered = remap is None and self.gather_chunks
         self._matrices = _MatrixPool(self.plan.chunk_rows)
-        self._outputs = _OutputPool(opts.prefetch + opts.workers + opts.lookahead + opts.horizon + 4)
+        self._outputs = _output_pool(source, opts.prefetch + opts.workers + opts.lookahead + opts.horizon + 4)
         self._cache = self._open_cache()
         self._stop = threading.Event()
         self._pool = ThreadPoolExecutor(max(opts.workers, 1), thread_name_prefix="flowrec-pack")
@@ -795,6 +795,18 @@ class _OutputPool:
             if values is None:
                 values = self._ranges[n] = np.arange(n, dtype=np.int64)
             return values
+
+
+def _output_pool(source: PartitionSource, limit: int) -> "_OutputPool":
+    """The pool of batch arrays: the source's (kept with its row cache, so later epochs reuse the
+    arrays of earlier ones instead of faulting fresh memory in), else one of this iterator."""
+    holder = getattr(source, "row_cache", None)
+    if holder is None:
+        return _OutputPool(limit)
+    with holder.lock:
+        if holder.outputs is None or holder.outputs.limit < limit:
+            holder.outputs = _OutputPool(limit)
+        return holder.outputs
 
 
 class _Rows:

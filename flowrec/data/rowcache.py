@@ -133,6 +133,8 @@ class RowCache:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._owner: Callable[[], Any] | None = None  # weak reference to the iterator using it
+        self.lock = threading.Lock()  # guards `outputs`
+        self.outputs: Any = None  # the arrays batches are gathered into (`flowrec.data.batches`), kept as well
         self._clear()
 
     def _clear(self) -> None:
@@ -212,9 +214,12 @@ class RowCache:
                 self._owner = None
 
     def clear(self) -> None:
-        """Free the matrices (the source closes); an owner still holding it keeps its references."""
+        """Free the matrices and the batch arrays (the source closes); an owner still holding them
+        keeps its references."""
         with self._lock:
             self._clear()
+        with self.lock:
+            self.outputs = None
 
     def filled(self, partition: int, group: int) -> bool:
         """Whether row group `group` of `partition` holds its rows."""
