@@ -306,8 +306,8 @@ class BatchIterator:
             if t is not threading.current_thread():
                 t.join(JOIN_S)
         self._pool.shutdown(wait=True, cancel_futures=True)
-        if self._cache is not None:
-            self._cache.release(self)
+        if self._cache is not None and not any(t.is_alive() for t in self._threads):
+            self._cache.release(self)  # (a reader still running keeps it: later epochs stream)
 
     def _open_cache(self) -> RowCache | None:
         """The source's row cache reserved for this epoch, or None: stream (`opts.cache_data` off,
