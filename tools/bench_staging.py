@@ -209,11 +209,14 @@ def _worker(loop: str, data: Path, epochs: int) -> None:
         source.close()
 
 
-def _isolated(data: Path, processes: int, epochs: int) -> dict:
+def _isolated(data: Path, processes: int, epochs: int, environ: dict[str, str]) -> dict:
     """Staging and the plain loop, each in fresh processes (alternating): first (cold) and later
-    (warm) epochs, medians over the processes."""
+    (warm) epochs, medians over the processes. `environ`: the environment this benchmark was
+    started with (a local Dask cluster writes MALLOC_TRIM_THRESHOLD_=65536 and OMP_NUM_THREADS=1
+    into its parent's os.environ; inherited, glibc returns freed memory at once and every epoch
+    faults its pages in again: 330,000 faults per warm epoch of the plain loop instead of 2,000)."""
     runs: dict[str, list[list[dict]]] = {loop: [] for loop in LOOPS}
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env = {**environ, "PYTHONPATH": os.pathsep.join([str(REPO), environ.get("PYTHONPATH", "")])}
     for _ in range(processes):
         for loop in runs:
             out = subprocess.run([sys.executable, __file__, "--worker", loop, "--data", str(data),
@@ -257,6 +260,7 @@ def main() -> None:
     processes = args.isolated or (1 if args.quick else 3)
     rows = args.rows or (200_000 if args.quick else 1_500_000)
     repeats = 1 if args.quick else 3
+    environ = dict(os.environ)  # as started: before Dask changes it (`_isolated`)
     with tempfile.TemporaryDirectory(prefix="flowrec-bench-") as tmp:
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(tmp) / "inductor"))
         os.environ.setdefault("DASK_TEMPORARY_DIRECTORY", str(Path(tmp) / "dask"))
@@ -299,9 +303,7 @@ def main() -> None:
                 dask_source.close()
             source.close()
         gc.collect()
-        # after this process freed its rows, DataFrames and Dask workers: with them held, the
-        # isolated plain loop faulted 100x more pages (325,000 per warm epoch) than from a shell
-        isolated = _isolated(data, processes, args.epochs)
+        isolated = _isolated(data, processes, args.epochs, environ)  # after this process freed its rows
         figures = {name: statistics.median(r) for name, r in runs.items()}
         figures["synth_rows"] = synth_rate
         staging, lookahead, plain = figures["staging"], figures["staging_lookahead"], figures["plain_loop_kept"]

@@ -290,3 +290,20 @@ def test_real_criteo_rows_cached_equal_streamed(shared_data, repo, tmp_path):
     finally:
         cached.close()
         streamed.close()
+
+
+def test_the_run_setting_and_the_cli_option(repo):
+    """--cache-data is a run setting (default auto, recorded in run.json, checked when restored)
+    and a bad value is one line and exit 2 before anything is built."""
+    from typer.testing import CliRunner
+
+    from flowrec.cli import app
+    from flowrec.runs.settings import SETTINGS, setting_problem
+
+    assert SETTINGS["cache_data"] == ("--cache-data", "auto")
+    assert setting_problem("cache_data", "2GiB") is None and setting_problem("cache_data", "off") is None
+    assert "must be auto, on, off or a byte size" in setting_problem("cache_data", "sometimes")
+    result = CliRunner().invoke(app, ["train", str(repo / "specs" / "dlrm_criteo.yaml"), "--cache-data", "x"])
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    assert "--cache-data must be auto, on, off or a byte size such as 2GiB, not 'x'" in lines[0]
