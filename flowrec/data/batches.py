@@ -379,7 +379,7 @@ class BatchIterator:
             read_lo, read_hi = needed_range([rows for _, rows in kept], slices)
             read_hi = max(read_hi, read_lo + 1)  # a rank with no rows here still gets the schema
             yield _Chunk(lo + read_lo, lo + read_hi, tuple(
-                (index, rows[a:b] - read_lo, len(rows) if opts.world_size > 1 else None)
+                (index, rows[a:b] - read_lo if read_lo else rows[a:b], len(rows) if opts.world_size > 1 else None)
                 for (index, rows), (a, b) in zip(kept, slices)))
 
     def _read_slice(self, size: int) -> tuple[int, int]:
@@ -405,9 +405,6 @@ class BatchIterator:
             upcoming = next(chunks, None)
             if upcoming is not None:
                 reader.prefetch(upcoming.read_lo, upcoming.read_hi)
-            order = np.concatenate([rows for _, rows, _ in current.batches])
-            if not self.plan.shuffle and self.opts.world_size == 1:
-                order = None  # the stream order: the rows as read
             if reader.cache is not None:
                 try:
                     rows_of = reader.cached_rows(current.read_lo, current.read_hi, self._fill)
@@ -416,9 +413,12 @@ class BatchIterator:
                 else:
                     view = _CacheView(reader.cache)
                     for index, rows, global_size in current.batches:
-                        yield index, _Rows(view, rows_of[rows]), global_size
+                        yield index, _Rows(view, rows, rows_of), global_size  # mapped by the packer
                     current = upcoming
                     continue
+            order = np.concatenate([rows for _, rows, _ in current.batches])
+            if not self.plan.shuffle and self.opts.world_size == 1:
+                order = None  # the stream order: the rows as read
             if remote:
                 parts = reader.parts(current.read_lo, current.read_hi)
                 first = current.batches[0][0]
@@ -490,6 +490,8 @@ class BatchIterator:
     def _pack_rows(self, rows: "_Rows", index: int, global_size: int | None) -> Batch:
         """A batch of a gathered chunk: one row gather of each matrix (`_ChunkMatrices`)."""
         chunk, sel, pool = rows.chunk, rows.rows, self._outputs
+        if rows.mapping is not None:  # chunk rows -> the cache's dataset rows
+            sel = np.take(rows.mapping, sel)
         size = len(sel)
         shapes = [((size, chunk.dense.shape[1]), np.float32), ((size, chunk.labels.shape[1]), np.float32)]
         for ids in chunk.ids:  # (B, F) per group: the layout `pack_group` gives flat fields
@@ -810,11 +812,11 @@ def _output_pool(source: PartitionSource, limit: int) -> "_OutputPool":
 
 
 class _Rows:
-    """One batch of a `_ChunkMatrices` (its chunk-local rows) or of a `_CacheView` (dataset rows),
-    int64, in batch order."""
+    """One batch of a `_ChunkMatrices` or a `_CacheView`: its chunk-local rows (int64, in batch
+    order) and, for a cache, `mapping` (chunk row -> dataset row, `_RowReader.cached_rows`)."""
 
-    def __init__(self, chunk: _ChunkMatrices, rows: np.ndarray):
-        self.chunk, self.rows = chunk, rows
+    def __init__(self, chunk: Any, rows: np.ndarray, mapping: np.ndarray | None = None):
+        self.chunk, self.rows, self.mapping = chunk, rows, mapping
 
 
 class _CacheView:
