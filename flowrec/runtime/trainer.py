@@ -105,7 +105,7 @@ class TrainConfig:
         nan_policy: on a non-finite loss, "stop" (raise TrainingStopped; nothing of the batch is
             applied and no checkpoint is written) or "skip-batch" (skip its update, count it).
         eval_group_by: one-id categorical feature for gAUC (None: the spec's training.eval_group_by).
-        cache_data: keep the training data's staged rows in memory across epochs
+        cache_data: keep the training and evaluation data's staged rows in memory across epochs
             (`flowrec.data.rowcache`): auto, on, off, or a byte size (auto with that budget).
     """
 
