@@ -17,7 +17,8 @@ by its `close`). `StagingOptions.cache_data` decides (`flowrec train --cache-dat
 
 - ``auto`` (default): cache a dataset read from files (Parquet) when its decoded rows fit the
   budget, `StagingOptions.cache_budget` bytes or else half the memory this process can still
-  take (`flowrec.data.hostmemory`) when the cache is first allocated; otherwise stream as before.
+  take (`flowrec.data.hostmemory`) when the cache is first allocated (none where the platform
+  does not say); otherwise stream as before.
   Rows already in memory (`MemorySource`) are not cached again.
 - ``on``: cache any local source (Parquet or memory), whatever its size.
 - ``off``: stream every epoch.
@@ -79,12 +80,13 @@ def decoded_bytes(rows: int, widths: tuple[int, int, Sequence[int]]) -> int:
     return rows * (4 * dense + 4 * labels + 8 * sum(groups))
 
 
-def auto_budget() -> int | None:
-    """The `auto` budget: half the memory this process can still take (None: unknown)."""
+def auto_budget() -> int:
+    """The `auto` budget: half the memory this process can still take (0 where the platform does
+    not say: nothing is kept)."""
     from flowrec.data.hostmemory import available_memory_bytes
 
     room = available_memory_bytes()
-    return None if room is None else int(room * AUTO_SHARE)
+    return 0 if room is None else int(room * AUTO_SHARE)
 
 
 def pieces(table: pa.Table, name: str, a: int, b: int, start: int) -> Iterator[tuple[int, np.ndarray]]:

@@ -307,3 +307,18 @@ def test_the_run_setting_and_the_cli_option(repo):
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert result.exit_code == 2 and len(lines) == 1, result.output
     assert "--cache-data must be auto, on, off or a byte size such as 2GiB, not 'x'" in lines[0]
+
+
+def test_auto_keeps_nothing_where_the_free_memory_is_unknown(tmp_path, monkeypatch):
+    """auto with no budget given keeps rows only when the platform says how much memory is free."""
+    from flowrec.data import hostmemory
+
+    spec, path = dataset(tmp_path, monkeypatch, seed=17)
+    for room, kept in [(None, False), (10 << 30, True), (1000, False)]:
+        monkeypatch.setattr(hostmemory, "available_memory_bytes", lambda room=room: room)
+        source = ParquetSource(path)
+        try:
+            epoch(spec, source, StagingOptions(batch_size=100), 0)
+            assert (source.row_cache.nbytes > 0) == kept, room
+        finally:
+            source.close()
