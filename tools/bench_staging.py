@@ -3,15 +3,23 @@
 Generates DLRM-Criteo rows with flowrec's synth into a temp dir, then measures in one run:
   staging            iterate_batches over ParquetSource (direct pyarrow reads), batch 4096, with
                      the data checks on (the default: ids in their tables, finite values, labels;
-                     each part file is checked once, then known by its fingerprint)
-  staging_unchecked  the same with StagingOptions(check=False): what the checks cost
-  staging_lookahead  the same with lookahead W=8 (unique rows, casting, window rows)
-  staging_dask       partitions read by a local Dask cluster (full mode only)
-  plain_loop         pandas.read_parquet + df.sample shuffle + per-batch torch.tensor
-                     (what a user writes for a shuffled epoch)
+                     each part file is checked once, then known by its fingerprint) and the
+                     decoded rows kept across epochs (the default `cache_data="auto"`:
+                     flowrec.data.rowcache; the first epoch reads and fills, later ones read nothing)
+  staging_uncached   the same with cache_data="off": every epoch reads and decodes the files
+                     (the "staging" of runs A-F)
+  staging_unchecked  uncached with StagingOptions(check=False): what the checks cost
+  staging_lookahead  staging with lookahead W=8 (unique rows, casting, window rows)
+  staging_dask       partitions read by a local Dask cluster (full mode only; never cached)
+  plain_loop_kept    pandas.read_parquet once, then per epoch df.sample shuffle + per-batch
+                     torch.tensor: the plain loop with its DataFrame kept across epochs, as
+                     staging keeps its rows (what a user writes for several epochs)
+  plain_loop         the same reading the files every epoch (the "plain loop" of runs A-F)
   synth              synthetic rows generated per second
 Figures are medians of repeated runs (the measured loops alternate in every repeat, so
-background load hits them alike); ratios come from the same run. The checks' cost is measured in
+background load hits them alike); ratios come from the same run: `staging_vs_plain` compares
+like with like (both keep their rows), `uncached_vs_plain_reread` both reading every epoch (the
+ratio of runs A-F). The checks' cost is measured, without the cache, in
 back-to-back pairs (checked, unchecked; `--pairs`; medians of the pair ratios, of samples per
 wall-clock second and per CPU second of the process, which other processes' load disturbs less):
   ratios.checked_vs_unchecked[_cpu]              every epoch after the files were checked once
@@ -23,14 +31,16 @@ left (a first pass over fresh memory pays its page faults: 3-5x slower for the p
 VM). `isolated` measures staging and the plain loop alike in processes of their own (`--isolated`
 processes per loop, alternating, each running `--epochs` epochs): `cold` is each process's first
 epoch, `warm` the median of its later ones; figures are medians over the processes, with the
-page faults and CPU seconds per epoch, and the ratios `staging_vs_plain_cold` and
-`staging_vs_plain_warm` compare like with like.
+page faults and CPU seconds per epoch. The ratios `staging_vs_plain_cold` and
+`staging_vs_plain_warm` compare like with like (staging keeping its decoded rows, the plain loop
+its DataFrame); `uncached_vs_plain_reread_{cold,warm}` both reading every epoch (run F's ratios).
 
 Usage: python tools/bench_staging.py [--quick] [--json PATH] [--isolated N] [--epochs E]
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -47,12 +57,22 @@ BATCH = 4096  # samples per batch
 WINDOW = 8  # lookahead window, batches
 
 
-def _plain_loop(path: Path, dense: list[str], sparse: list[str], offsets: list[int], seed: int) -> int:
-    """What a user writes: read the dataset with pandas, shuffle it, per batch torch.tensor."""
+def _plain_loop(path: Path, dense: list[str], sparse: list[str], offsets: list[int], seed: int,
+                kept: dict | None = None) -> int:
+    """What a user writes: read the dataset with pandas, shuffle it, per batch torch.tensor.
+
+    With `kept` (a dict living across epochs) the DataFrame is read once and kept there, and each
+    epoch shuffles it with the next seed: the plain loop's equivalent of staging's row cache."""
     import pandas as pd
     import torch
 
-    df = pd.read_parquet(path).sample(frac=1.0, random_state=seed)
+    if kept is None:
+        df = pd.read_parquet(path).sample(frac=1.0, random_state=seed)
+    else:
+        if "df" not in kept:
+            kept["df"], kept["epoch"] = pd.read_parquet(path), 0
+        kept["epoch"] += 1
+        df = kept["df"].sample(frac=1.0, random_state=seed + kept["epoch"])
     base = torch.tensor(offsets)
     n = 0
     for i in range(0, len(df), BATCH):
@@ -66,10 +86,11 @@ def _plain_loop(path: Path, dense: list[str], sparse: list[str], offsets: list[i
     return n
 
 
-def _staging(spec, source, lookahead: int, check: bool = True) -> int:
+def _staging(spec, source, lookahead: int, check: bool = True, cache: str = "auto") -> int:
     from flowrec.data.batches import StagingOptions, iterate_batches
 
-    opts = StagingOptions(batch_size=BATCH, lookahead=lookahead, workers=2, prefetch=8, check=check)
+    opts = StagingOptions(batch_size=BATCH, lookahead=lookahead, workers=2, prefetch=8, check=check,
+                          cache_data=cache)
     n = 0
     with iterate_batches(spec, source, opts) as it:
         for batch in it:
@@ -116,7 +137,7 @@ def _fresh(spec, data: Path, check: bool) -> int:
     (data / RECORD_FILE).unlink(missing_ok=True)
     source = ParquetSource(data)
     try:
-        return _staging(spec, source, 0, check)
+        return _staging(spec, source, 0, check, cache="off")
     finally:
         source.close()
 
@@ -140,7 +161,7 @@ def _check_seconds(spec, source) -> float:
 
 def _check_figures(spec, data: Path, source, fns: dict, pairs: int, epoch_s: float) -> tuple[dict, dict]:
     """(ratios, details) of what the data checks cost; `epoch_s`: seconds of an unchecked epoch."""
-    steady = _pairs(fns["staging"], fns["staging_unchecked"], pairs)
+    steady = _pairs(fns["staging_uncached"], fns["staging_unchecked"], pairs)
     first = _pairs(lambda: _fresh(spec, data, True), lambda: _fresh(spec, data, False), pairs)
     seconds = _check_seconds(spec, source)
     ratios = {"checked_vs_unchecked": statistics.median(steady["wall"]),
@@ -151,8 +172,11 @@ def _check_figures(spec, data: Path, source, fns: dict, pairs: int, epoch_s: flo
                     "epoch_seconds_unchecked": epoch_s, "share_of_epoch": seconds / epoch_s}
 
 
+LOOPS = ("staging", "plain_loop_kept", "staging_uncached", "plain_loop")  # what `isolated` runs
+
+
 def _loops(data: Path) -> tuple[dict, object]:
-    """(name -> epoch function, source) of the two loops `isolated` compares, on dataset `data`."""
+    """(name -> epoch function, source) of the loops `isolated` compares, on dataset `data`."""
     from flowrec.data.dataset import ParquetSource
     from flowrec.graph.packing import group_layout
     from flowrec.spec import load_spec
@@ -163,7 +187,10 @@ def _loops(data: Path) -> tuple[dict, object]:
     offsets = [group.row_offsets[f.table] for f in group.fields]
     dense = [f.name for f in spec.dense_features]
     sparse = [f.feature for f in group.fields]
+    kept: dict = {}
     return {"staging": lambda: _staging(spec, source, 0),
+            "staging_uncached": lambda: _staging(spec, source, 0, cache="off"),
+            "plain_loop_kept": lambda: _plain_loop(data, dense, sparse, offsets, 0, kept),
             "plain_loop": lambda: _plain_loop(data, dense, sparse, offsets, 0)}, source
 
 
@@ -182,11 +209,14 @@ def _worker(loop: str, data: Path, epochs: int) -> None:
         source.close()
 
 
-def _isolated(data: Path, processes: int, epochs: int) -> dict:
+def _isolated(data: Path, processes: int, epochs: int, environ: dict[str, str]) -> dict:
     """Staging and the plain loop, each in fresh processes (alternating): first (cold) and later
-    (warm) epochs, medians over the processes."""
-    runs: dict[str, list[list[dict]]] = {"staging": [], "plain_loop": []}
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    (warm) epochs, medians over the processes. `environ`: the environment this benchmark was
+    started with (a local Dask cluster writes MALLOC_TRIM_THRESHOLD_=65536 and OMP_NUM_THREADS=1
+    into its parent's os.environ; inherited, glibc returns freed memory at once and every epoch
+    faults its pages in again: 330,000 faults per warm epoch of the plain loop instead of 2,000)."""
+    runs: dict[str, list[list[dict]]] = {loop: [] for loop in LOOPS}
+    env = {**environ, "PYTHONPATH": os.pathsep.join([str(REPO), environ.get("PYTHONPATH", "")])}
     for _ in range(processes):
         for loop in runs:
             out = subprocess.run([sys.executable, __file__, "--worker", loop, "--data", str(data),
@@ -203,10 +233,12 @@ def _isolated(data: Path, processes: int, epochs: int) -> dict:
                          "warm_faults": statistics.median(e["faults"] for p in procs for e in p[1:]) if warm else None,
                          "cold_cpu_s": statistics.median(e["cpu_s"] for e in cold),
                          "warm_cpu_s": statistics.median(e["cpu_s"] for p in procs for e in p[1:]) if warm else None}
-    staging, plain = figures["staging"], figures["plain_loop"]
-    ratios = {"staging_vs_plain_cold": staging["cold"] / plain["cold"]}
-    if staging["warm"] and plain["warm"]:
-        ratios["staging_vs_plain_warm"] = staging["warm"] / plain["warm"]
+    ratios = {}
+    for name, (a, b) in {"staging_vs_plain": ("staging", "plain_loop_kept"),
+                         "uncached_vs_plain_reread": ("staging_uncached", "plain_loop")}.items():
+        ratios[f"{name}_cold"] = figures[a]["cold"] / figures[b]["cold"]
+        if figures[a]["warm"] and figures[b]["warm"]:
+            ratios[f"{name}_warm"] = figures[a]["warm"] / figures[b]["warm"]
     return {"processes": processes, "epochs": epochs, "samples_per_s": figures, "ratios": ratios, "runs": runs}
 
 
@@ -218,7 +250,7 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, help="checked/unchecked pairs (default 9, quick 1)")
     parser.add_argument("--isolated", type=int, help="processes per loop of `isolated` (default 3, quick 1)")
     parser.add_argument("--epochs", type=int, default=4, help="epochs per isolated process (first cold)")
-    parser.add_argument("--worker", choices=["staging", "plain_loop"], help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=LOOPS, help=argparse.SUPPRESS)
     parser.add_argument("--data", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -228,6 +260,7 @@ def main() -> None:
     processes = args.isolated or (1 if args.quick else 3)
     rows = args.rows or (200_000 if args.quick else 1_500_000)
     repeats = 1 if args.quick else 3
+    environ = dict(os.environ)  # as started: before Dask changes it (`_isolated`)
     with tempfile.TemporaryDirectory(prefix="flowrec-bench-") as tmp:
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(tmp) / "inductor"))
         os.environ.setdefault("DASK_TEMPORARY_DIRECTORY", str(Path(tmp) / "dask"))
@@ -248,9 +281,12 @@ def main() -> None:
         offsets = [group.row_offsets[f.table] for f in group.fields]
         dense = [f.name for f in spec.dense_features]
         sparse = [f.feature for f in group.fields]
+        kept: dict = {}
         fns = {"staging": lambda: _staging(spec, source, 0),
-               "staging_unchecked": lambda: _staging(spec, source, 0, check=False),
+               "staging_uncached": lambda: _staging(spec, source, 0, cache="off"),
+               "staging_unchecked": lambda: _staging(spec, source, 0, check=False, cache="off"),
                "staging_lookahead": lambda: _staging(spec, source, WINDOW),
+               "plain_loop_kept": lambda: _plain_loop(data, dense, sparse, offsets, 0, kept),
                "plain_loop": lambda: _plain_loop(data, dense, sparse, offsets, 0)}
         dask_source = None if args.quick else DaskSource(data, workers=2)
         if dask_source is not None:
@@ -258,21 +294,26 @@ def main() -> None:
         try:
             runs = _rates(fns, repeats)
             epoch_s = rows / statistics.median(runs["staging_unchecked"])
+            cache_bytes = source.row_cache.nbytes  # the staged rows the cached loops kept
+            kept.clear()  # the DataFrame the shared-process plain loop kept: not the isolated loops' memory
             check_ratios, checks = _check_figures(spec, data, source, fns, pairs, epoch_s)
             _fresh(spec, data, True)  # the check record the staging figures assume (files checked once)
-            isolated = _isolated(data, processes, args.epochs)
         finally:
             if dask_source is not None:
                 dask_source.close()
             source.close()
+        gc.collect()
+        isolated = _isolated(data, processes, args.epochs, environ)  # after this process freed its rows
         figures = {name: statistics.median(r) for name, r in runs.items()}
         figures["synth_rows"] = synth_rate
-        staging, lookahead, plain = figures["staging"], figures["staging_lookahead"], figures["plain_loop"]
+        staging, lookahead, plain = figures["staging"], figures["staging_lookahead"], figures["plain_loop_kept"]
     result = {
         "benchmark": "staging", "quick": args.quick, "rows": rows, "batch_size": BATCH,
         "lookahead_window": WINDOW, "repeats": repeats, "samples_per_s": figures, "runs": runs,
         "ratios": {"staging_vs_plain": staging / plain, "lookahead_vs_plain": lookahead / plain,
+                   "uncached_vs_plain_reread": figures["staging_uncached"] / figures["plain_loop"],
                    **check_ratios},
+        "row_cache_bytes": cache_bytes,
         "checks": checks, "isolated": isolated,
         "device": {"kind": "cpu", "cpus": os.cpu_count(), "machine": platform.machine(),
                    "python": platform.python_version(), "torch": torch.__version__,
@@ -284,10 +325,10 @@ def main() -> None:
         print(f"{name:<38} {value:>8.3f}x", file=sys.stderr)
     for loop, row in isolated["samples_per_s"].items():
         warm = f"{row['warm']:>14,.0f}" if row["warm"] else f"{'-':>14}"
-        print(f"isolated {loop:<11} cold {row['cold']:>14,.0f} warm {warm} samples/s "
+        print(f"isolated {loop:<16} cold {row['cold']:>14,.0f} warm {warm} samples/s "
               f"(faults {row['cold_faults']:,.0f} / {row['warm_faults'] or 0:,.0f})", file=sys.stderr)
     for name, value in isolated["ratios"].items():
-        print(f"isolated {name:<29} {value:>8.3f}x", file=sys.stderr)
+        print(f"isolated {name:<33} {value:>8.3f}x", file=sys.stderr)
     print(f"{'checks: one pass over the dataset':<38} {checks['seconds']:>8.3f} s "
           f"({checks['share_of_epoch']:.1%} of an unchecked epoch)", file=sys.stderr)
     if args.json:

@@ -17,7 +17,10 @@ packing task per batch to a pool of `workers` threads; the futures wait in a bou
 (`prefetch`). Where every group holds one id per field and no map remaps ids, a chunk is first
 filled into row-major matrices (`_ChunkMatrices`, buffers reused chunk to chunk) and a batch is
 one row gather of each; otherwise the chunk's rows are taken as a table and packed per batch
-(`pack_group`): the same batches either way. With `lookahead` W > 0 every batch also carries, per group, its unique rows, its
+(`pack_group`): the same batches either way. With `cache_data` (`flowrec.data.rowcache`) those
+matrices are kept for the whole dataset across epochs: the first epoch fills each row group as it
+reads it, later ones read and decode nothing and a batch gathers its rows from the dataset's
+matrices (a chunk's stream rows mapped to dataset rows), again the same batches. With `lookahead` W > 0 every batch also carries, per group, its unique rows, its
 casting index and the unique rows of the window of the next W batches (`flowrec.data.lookahead`),
 computed by a lookahead thread. Closing the iterator (or an exception, or KeyboardInterrupt in
 the consumer) stops and joins every thread.
@@ -30,7 +33,9 @@ Example:
 from __future__ import annotations
 
 import queue
+import sys
 import threading
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -48,6 +53,7 @@ from flowrec.data.lookahead import LookaheadWindow, batch_extras
 from flowrec.data.managed_stage import Remapper, cut_columns, drop_defaults
 from flowrec.data.negatives import NegativeSampler
 from flowrec.data.packed_ids import column_arrays, pack_group
+from flowrec.data.rowcache import CACHE_MODES, RowCache, auto_budget, fill_matrices
 from flowrec.data.strata import STRATA, chunk_layout, needed_range
 from flowrec.graph.types import PackedGroup
 from flowrec.graph.packing import group_layout
@@ -139,6 +145,10 @@ class StagingOptions:
             global batch (`rank_slice`): the global batches are the same for every W, and a rank
             reads only the row groups its slices are in (about 1/W of a shuffled epoch).
         rank: this rank (0 .. W-1).
+        cache_data: keep the dataset's staged rows in memory across epochs (`flowrec.data.rowcache`):
+            "auto" (a Parquet dataset whose decoded rows fit `cache_budget`, else half the memory
+            still available), "on" (any local source, any size) or "off" (read every epoch).
+        cache_budget: bytes the kept rows may take under "auto" (None: half the available memory).
     """
 
     batch_size: int | None = None
@@ -154,6 +164,8 @@ class StagingOptions:
     check: bool = True
     world_size: int = 1
     rank: int = 0
+    cache_data: str = "auto"
+    cache_budget: int | None = None
 
 
 def batches_per_epoch(rows: int, batch_size: int, drop_last: bool) -> int:
@@ -241,6 +253,8 @@ class BatchIterator:
         # no map remaps the ids; else (sequences, managed tables) taken as a table, packed per batch
         self._gathered = remap is None and self.gather_chunks
         self._matrices = _MatrixPool(self.plan.chunk_rows)
+        self._outputs = _output_pool(source, opts.prefetch + opts.workers + opts.lookahead + opts.horizon + 4)
+        self._cache = self._open_cache()
         self._stop = threading.Event()
         self._pool = ThreadPoolExecutor(max(opts.workers, 1), thread_name_prefix="flowrec-pack")
         self._futures: queue.Queue = queue.Queue(maxsize=max(opts.prefetch, 1))
@@ -292,6 +306,38 @@ class BatchIterator:
             if t is not threading.current_thread():
                 t.join(JOIN_S)
         self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._cache is not None and not any(t.is_alive() for t in self._threads):
+            self._cache.release(self)  # (a reader still running keeps it: later epochs stream)
+
+    def _open_cache(self) -> RowCache | None:
+        """The source's row cache reserved for this epoch, or None: stream (`opts.cache_data` off,
+        or "auto" and rows already in memory or not fitting the budget, rows not in the gathered
+        layout, a Dask source, a source without a cache, or another iterator using it)."""
+        opts, source = self.opts, self.source
+        if opts.cache_data not in CACHE_MODES:
+            raise ValueError(f"StagingOptions.cache_data must be one of {', '.join(CACHE_MODES)}, "
+                             f"not {opts.cache_data!r}")
+        cache, marks = getattr(source, "row_cache", None), getattr(source, "fingerprints", None)
+        flat = all(f.max_len == 1 for g in self.groups for f in g.fields)  # lists: checked at the fill
+        if (opts.cache_data == "off" or cache is None or marks is None or not self._gathered or not flat
+                or getattr(source, "stage", None) is not None
+                or (opts.cache_data == "auto" and getattr(source, "files", None) is None)):
+            return None
+        rules = partition_rules(self.spec, self.columns) if opts.check else ()
+        key = (tuple(self.columns), tuple(self._dense_names), tuple(self._label_names),
+               tuple(tuple(fields) for fields in self._group_fields), rules_key(rules))
+        widths = (len(self._dense_names), len(self._label_names), tuple(len(f) for f in self._group_fields))
+        budget = None if opts.cache_data == "on" else (opts.cache_budget if opts.cache_budget is not None
+                                                       else auto_budget)
+        parts = range(len(source.partition_rows()))
+        dropped = cache.open(weakref.ref(self), key, [source.row_groups(i) for i in parts], widths, marks(), budget)
+        if dropped is None:
+            return None
+        forget = getattr(source, "forget_passed", None)
+        for index in dropped:  # a changed file: its rows are read and checked again
+            if forget is not None:
+                forget(index)
+        return cache
 
     def _get(self, q: queue.Queue) -> Any:
         while True:
@@ -333,7 +379,7 @@ class BatchIterator:
             read_lo, read_hi = needed_range([rows for _, rows in kept], slices)
             read_hi = max(read_hi, read_lo + 1)  # a rank with no rows here still gets the schema
             yield _Chunk(lo + read_lo, lo + read_hi, tuple(
-                (index, rows[a:b] - read_lo, len(rows) if opts.world_size > 1 else None)
+                (index, rows[a:b] - read_lo if read_lo else rows[a:b], len(rows) if opts.world_size > 1 else None)
                 for (index, rows), (a, b) in zip(kept, slices)))
 
     def _read_slice(self, size: int) -> tuple[int, int]:
@@ -350,7 +396,7 @@ class BatchIterator:
         order, and cut into batches without copies."""
         rules = partition_rules(self.spec, self.columns) if self.opts.check else ()
         remote = getattr(self.source, "stage", None) is not None
-        reader = _RowReader(self.source, self.plan, self.columns, rules, remote)
+        reader = _RowReader(self.source, self.plan, self.columns, rules, remote, self._cache)
         run = token(getattr(self.source, "token", ""), self.columns, self.plan, self.batch_size,
                     self.opts.world_size)
         chunks = self._chunks()
@@ -359,6 +405,17 @@ class BatchIterator:
             upcoming = next(chunks, None)
             if upcoming is not None:
                 reader.prefetch(upcoming.read_lo, upcoming.read_hi)
+            if reader.cache is not None:
+                try:
+                    rows_of = reader.cached_rows(current.read_lo, current.read_hi, self._fill)
+                except _NotFlat:  # a part file holds lists after all: stream (the pending reads stay)
+                    self._drop_cache(reader)
+                else:
+                    view = _CacheView(reader.cache)
+                    for index, rows, global_size in current.batches:
+                        yield index, _Rows(view, rows, rows_of), global_size  # mapped by the packer
+                    current = upcoming
+                    continue
             order = np.concatenate([rows for _, rows, _ in current.batches])
             if not self.plan.shuffle and self.opts.world_size == 1:
                 order = None  # the stream order: the rows as read
@@ -389,6 +446,20 @@ class BatchIterator:
                 start += len(rows)
             current = upcoming
 
+    def _fill(self, table: pa.Table, partition: int, group: int, a: int, b: int) -> None:
+        """Fill row group `group` of `partition` (rows [a, b) of a read, checked block) into the cache."""
+        if not _flat(table, self._sparse_names):
+            raise _NotFlat
+        assert self._cache is not None
+        self._cache.fill(partition, group, table, a, b, self._dense_names, self._label_names, self._group_fields)
+
+    def _drop_cache(self, reader: "_RowReader") -> None:
+        """Stream from here on: the rows are not in the gathered layout (the cache is emptied)."""
+        cache, self._cache, reader.cache = self._cache, None, None
+        if cache is not None:
+            cache.clear()
+            cache.release(self)
+
     def _pack(self, rows: Any, index: int, global_size: int | None, turn: int = 0) -> Batch:
         if isinstance(rows, _Rows):
             return self._pack_rows(rows, index, global_size)
@@ -418,16 +489,28 @@ class BatchIterator:
 
     def _pack_rows(self, rows: "_Rows", index: int, global_size: int | None) -> Batch:
         """A batch of a gathered chunk: one row gather of each matrix (`_ChunkMatrices`)."""
-        chunk, sel = rows.chunk, rows.rows
+        chunk, sel, pool = rows.chunk, rows.rows, self._outputs
+        if rows.mapping is not None:  # chunk rows -> the cache's dataset rows
+            sel = np.take(rows.mapping, sel)
         size = len(sel)
-        dense = torch.from_numpy(np.take(chunk.dense, sel, axis=0))
-        labels = torch.from_numpy(np.take(chunk.labels, sel, axis=0))
-        packed = []
+        shapes = [((size, chunk.dense.shape[1]), np.float32), ((size, chunk.labels.shape[1]), np.float32)]
         for ids in chunk.ids:  # (B, F) per group: the layout `pack_group` gives flat fields
-            width = ids.shape[1]
-            packed.append((np.take(ids, sel, axis=0).reshape(-1), np.arange(size * width + 1, dtype=np.int64)))
+            shapes += [((size * ids.shape[1],), np.int64), ((size * ids.shape[1] + 1,), np.int64)]
+        out = pool.get(shapes)
+        # mode="clip" (the rows are in range by construction): "raise" would gather into a temporary
+        np.take(chunk.dense, sel, axis=0, out=out[0], mode="clip")
+        np.take(chunk.labels, sel, axis=0, out=out[1], mode="clip")
+        packed = []
+        for k, ids in enumerate(chunk.ids):
+            flat, offsets = out[2 + 2 * k], out[3 + 2 * k]
+            np.take(ids, sel, axis=0, out=flat.reshape(size, ids.shape[1]), mode="clip")
+            np.copyto(offsets, pool.arange(len(offsets)))
+            packed.append((flat, offsets))
         chunk.release()
-        return self._batch(dense, labels, packed, index, size, global_size, None)
+        dense, labels = torch.from_numpy(out[0]), torch.from_numpy(out[1])
+        batch = self._batch(dense, labels, packed, index, size, global_size, None)
+        pool.put(out)  # the batch's tensors hold its arrays now: reused after they are freed
+        return batch
 
     def _batch(self, dense: torch.Tensor, labels: torch.Tensor, packed: list[tuple[np.ndarray, np.ndarray]],
                index: int, size: int, global_size: int | None, managed: Any) -> Batch:
@@ -487,9 +570,9 @@ class _RowReader:
     """
 
     def __init__(self, source: PartitionSource, plan: EpochPlan, columns: list[str],
-                 rules: tuple[ColumnRule, ...], remote: bool = False):
+                 rules: tuple[ColumnRule, ...], remote: bool = False, cache: RowCache | None = None):
         self.source, self.plan, self.columns, self.rules = source, plan, columns, rules
-        self.remote = remote
+        self.remote, self.cache = remote, cache
         self.pieces: list[tuple[int, int, int]] = []  # (partition position, row group, rows)
         starts = [0]
         for pos, groups in enumerate(plan.groups):
@@ -512,7 +595,7 @@ class _RowReader:
 
     def prefetch(self, lo: int, hi: int) -> None:
         """Start reading the row groups of stream rows [lo, hi) not read yet, in blocks."""
-        todo = [i for i in self._span(lo, hi) if i not in self.pending]
+        todo = [i for i in self._span(lo, hi) if i not in self.pending and not self._held(i)]
         while todo:
             pos = self.pieces[todo[0]][0]
             run = [todo[0]]
@@ -531,6 +614,27 @@ class _RowReader:
             for i in run:
                 self.pending[i] = (block, offset)
                 offset += self.pieces[i][2]
+
+    def _held(self, piece: int) -> bool:
+        """Whether the cache holds the rows of `piece` (nothing to read)."""
+        pos, group, _ = self.pieces[piece]
+        return self.cache is not None and self.cache.filled(self.plan.order[pos], group)
+
+    def cached_rows(self, lo: int, hi: int, fill: Any) -> np.ndarray:
+        """The cache's rows of stream rows [lo, hi), in stream order; row groups it does not hold
+        yet are read, checked and passed to `fill(table, partition, group, a, b)` first."""
+        cache = self.cache
+        assert cache is not None
+        out = []
+        for i, a, b in self._overlaps(lo, hi):
+            pos, group, n = self.pieces[i]
+            partition = self.plan.order[pos]
+            if not cache.filled(partition, group):
+                block, offset = self.pending[i]
+                fill(self._table(block), partition, group, offset, offset + n)
+            start = cache.start(partition, group)
+            out.append(np.arange(start + a, start + b, dtype=np.int64))
+        return np.concatenate(out) if len(out) != 1 else out[0]
 
     def passed(self, pieces: Sequence[int]) -> None:
         """Record that row groups `pieces` passed the checks."""
@@ -605,14 +709,7 @@ class _ChunkMatrices:
         self.dense, self.labels, *self.ids = [m[:rows] for m in self._buffers]
         start = 0
         for table, a, b in tables:
-            for matrix, names in ((self.dense, dense), (self.labels, labels)):
-                for j, name in enumerate(names):
-                    for lo, values in _pieces(table, name, a, b, start):
-                        matrix[lo:lo + len(values), j] = values
-            for ids, fields in zip(self.ids, groups):
-                for j, (name, offset) in enumerate(fields):
-                    for lo, values in _pieces(table, name, a, b, start):
-                        np.add(values.astype(np.int64, copy=False), offset, out=ids[lo:lo + len(values), j])
+            fill_matrices(table, a, b, start, self.dense, self.labels, self.ids, dense, labels, groups)
             start += b - a
 
     def release(self) -> None:
@@ -651,20 +748,89 @@ class _MatrixPool:
             self._free.append(buffers)
 
 
+class _OutputPool:
+    """Arrays gathered batches are written into, reused once no batch holds them any more.
+
+    A gathered batch is a few fresh arrays (about 2 MiB for 4096 DLRM rows). Allocated anew per
+    batch in the packing threads, their memory goes back to the OS when freed and comes back as
+    page faults: 60,000-95,000 per epoch of 1.5M rows, costing as much CPU as the gathers where
+    the host backs guest memory lazily. So a batch's arrays come from here (`get` takes a set out
+    of the pool, `put` returns it once the batch's tensors wrap them), and a set is handed out
+    again only when nothing but the pool references its arrays: `torch.from_numpy` keeps a
+    reference to its array for the life of the tensor and of every view of it, so a batch (or any
+    tensor of it) a consumer still holds is never overwritten. Sets beyond `limit` are dropped.
+
+    Args:
+        limit: sets kept (batches in flight: prefetch, packing threads, lookahead window, a few more).
+    """
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self._free: list[list[np.ndarray]] = []
+        self._ranges: dict[int, np.ndarray] = {}
+        self._lock = threading.Lock()
+        self._idle = self._refs([np.empty(1)])[0]  # references to an array only a set holds
+
+    @staticmethod
+    def _refs(arrays: list[np.ndarray]) -> list[int]:
+        return [sys.getrefcount(a) for a in arrays]
+
+    def get(self, shapes: list[tuple[tuple[int, ...], Any]]) -> list[np.ndarray]:
+        """A set of arrays of these (shape, dtype), nobody else's: a reused one, else new ones."""
+        with self._lock:
+            for i, arrays in enumerate(self._free):
+                if (all(a.shape == shape and a.dtype == dtype for a, (shape, dtype) in zip(arrays, shapes))
+                        and len(arrays) == len(shapes) and all(r == self._idle for r in self._refs(arrays))):
+                    return self._free.pop(i)
+        return [np.empty(shape, dtype) for shape, dtype in shapes]
+
+    def put(self, arrays: list[np.ndarray]) -> None:
+        """Keep a set handed out by `get` (reused once its batch is freed)."""
+        with self._lock:
+            if len(self._free) < self.limit:
+                self._free.append(arrays)
+
+    def arange(self, n: int) -> np.ndarray:
+        """0 .. n-1 as int64 (a batch's offsets), computed once per length."""
+        with self._lock:
+            values = self._ranges.get(n)
+            if values is None:
+                values = self._ranges[n] = np.arange(n, dtype=np.int64)
+            return values
+
+
+def _output_pool(source: PartitionSource, limit: int) -> "_OutputPool":
+    """The pool of batch arrays: the source's (kept with its row cache, so later epochs reuse the
+    arrays of earlier ones instead of faulting fresh memory in), else one of this iterator."""
+    holder = getattr(source, "row_cache", None)
+    if holder is None:
+        return _OutputPool(limit)
+    with holder.lock:
+        if holder.outputs is None or holder.outputs.limit < limit:
+            holder.outputs = _OutputPool(limit)
+        return holder.outputs
+
+
 class _Rows:
-    """One batch of a `_ChunkMatrices`: its chunk-local rows (int64, in batch order)."""
+    """One batch of a `_ChunkMatrices` or a `_CacheView`: its chunk-local rows (int64, in batch
+    order) and, for a cache, `mapping` (chunk row -> dataset row, `_RowReader.cached_rows`)."""
 
-    def __init__(self, chunk: _ChunkMatrices, rows: np.ndarray):
-        self.chunk, self.rows = chunk, rows
+    def __init__(self, chunk: Any, rows: np.ndarray, mapping: np.ndarray | None = None):
+        self.chunk, self.rows, self.mapping = chunk, rows, mapping
 
 
-def _pieces(table: pa.Table, name: str, a: int, b: int, start: int) -> Iterator[tuple[int, np.ndarray]]:
-    """(row in the chunk, values) of each array chunk of rows [a, b) of column `name`, numpy,
-    converted as `column_arrays` and `_stack` convert them (zero-copy where arrow allows)."""
-    for piece in table.column(name).slice(a, b - a).chunks:
-        if len(piece):
-            yield start, piece.to_numpy(zero_copy_only=False)
-            start += len(piece)
+class _CacheView:
+    """A `RowCache`'s matrices as a batch gathers them (`_Rows.chunk`); nothing to release."""
+
+    def __init__(self, cache: RowCache):
+        self.dense, self.labels, self.ids = cache.dense, cache.labels, cache.ids
+
+    def release(self) -> None:
+        return None
+
+
+class _NotFlat(Exception):
+    """A block to cache holds list columns: the rows are not in the gathered layout."""
 
 
 def _flat(table: pa.Table, names: list[str]) -> bool:

@@ -99,6 +99,13 @@ class CheckRecord:
             self._passed.setdefault(key, set()).add(index)
         return True
 
+    def forget(self, index: int) -> None:
+        """Forget that partition `index` passed in this process (its file changed): `passed` then
+        asks the saved record, whose fingerprint no longer matches, so it is checked again."""
+        with self._lock:
+            for passed in self._passed.values():
+                passed.discard(index)
+
     def add(self, index: int, key: str) -> None:
         """Remember that partition `index` passed the checks of `key`; the record is saved every
         SAVE_EVERY new partitions and once all partitions passed `key`."""

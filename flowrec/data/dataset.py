@@ -8,7 +8,9 @@ column chunks asked for (how `tools/bench_dist.py` measures what each rank reads
 dataset checks that its part files hold the row count ``_flowrec.json`` records and that there is
 at least one row; what the rows hold is checked as they are read (`flowrec.data.checks`), once
 per partition: `passed` / `add_passed` remember the partitions that passed (for Parquet also in
-the folder's ``_flowrec_checked.json``, by file fingerprint: `flowrec.data.checked`).
+the folder's ``_flowrec_checked.json``, by file fingerprint: `flowrec.data.checked`). A local
+source also holds a `row_cache` (`flowrec.data.rowcache`): its rows as staged, kept across epochs
+when `StagingOptions.cache_data` says so, dropped per partition when `fingerprints` changes.
 
 Example:
     >>> src = ParquetSource("data/criteo")  # doctest: +SKIP
@@ -30,6 +32,7 @@ import pyarrow.parquet as pq
 from flowrec.data.checked import CheckRecord, fingerprint, rules_key
 from flowrec.data.checks import ColumnRule, check_partition
 from flowrec.data.layout import META_FILE, DataError, DatasetMeta, read_meta
+from flowrec.data.rowcache import RowCache
 
 IGNORED_PREFIXES = [".", "_"]  # metadata, vocabularies and hidden files are not data
 
@@ -150,6 +153,15 @@ class _ParquetParts:
         self._parts = dataset_layout(self.path, self.meta, self.files)
         self._record = CheckRecord(self.path, self.files)
         self.bytes_read = 0
+        self.row_cache = RowCache()
+
+    def fingerprints(self) -> list[str]:
+        """Each part file's fingerprint now (`flowrec.data.checked.fingerprint`; "" unreadable)."""
+        return [fingerprint(f) for f in self.files]
+
+    def forget_passed(self, index: int) -> None:
+        """Partition `index` changed: check it again before its rows are used."""
+        self._record.forget(index)
 
     def partition_rows(self) -> list[int]:
         return [part.rows for part in self._parts]
@@ -188,6 +200,7 @@ class ParquetSource(_ParquetParts):
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._record.save()
+        self.row_cache.clear()
 
 
 def token(*parts: Any) -> str:
@@ -306,6 +319,15 @@ class MemorySource:
         self.group_rows = group_rows
         self.bytes_read = 0
         self._passed: set[tuple[int, str]] = set()
+        self.row_cache = RowCache()
+
+    def fingerprints(self) -> list[str]:
+        """What each partition is: its table object (replacing `tables[i]` drops its cached rows)."""
+        return [f"table:{id(t)}:{t.num_rows}" for t in self.tables]
+
+    def forget_passed(self, index: int) -> None:
+        """Partition `index` was replaced: check it again before its rows are used."""
+        self._passed = {(i, key) for i, key in self._passed if i != index}
 
     def partition_rows(self) -> list[int]:
         return [t.num_rows for t in self.tables]
@@ -331,7 +353,7 @@ class MemorySource:
         self._passed.add((index, key))
 
     def close(self) -> None:
-        return None
+        self.row_cache.clear()
 
 
 def split_table(table: pa.Table, partitions: int) -> list[pa.Table]:

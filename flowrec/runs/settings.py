@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from flowrec.data.rowcache import parse_cache_data
 from flowrec.runtime.nonfinite import NAN_POLICIES
 from flowrec.spec.json_doc import read_json_document
 from flowrec.runtime.rundir import RUN_FILE, RunFolderError, write_text
@@ -39,6 +40,7 @@ SETTINGS: dict[str, tuple[str, Any]] = {
     "interleave": ("--interleave/--no-interleave", True),
     "compile": ("--compile/--no-compile", False),
     "nan_policy": ("--nan-policy", "stop"),
+    "cache_data": ("--cache-data", "auto"),
 }
 
 INT_SETTINGS = ("rows", "seed", "epochs", "max_steps", "eval_every", "checkpoint_every", "checkpoint_full_every")
@@ -89,6 +91,11 @@ def setting_problem(key: str, value: Any) -> str | None:
         return f"must be one of {', '.join(CHOICES[key])}, not {value!r}"
     if key == "seed" and value > MAX_SEED:
         return f"must be in 0..{MAX_SEED}"
+    if key == "cache_data":
+        try:
+            parse_cache_data(value)
+        except ValueError:
+            return f"must be auto, on, off or a byte size such as 2GiB, not {value!r}"
     return None
 
 

@@ -87,7 +87,7 @@ def train_config(settings: dict[str, Any], folder: Path | None, progress: bool) 
                        max_steps=settings["max_steps"], checkpoint_every=settings["checkpoint_every"],
                        checkpoint_full_every=settings["checkpoint_full_every"], progress=progress,
                        interleave=settings["interleave"], compile_dense=bool(settings.get("compile")),
-                       nan_policy=settings["nan_policy"])
+                       nan_policy=settings["nan_policy"], cache_data=settings["cache_data"])
 
 
 def start_session(spec: ModelSpec, spec_path: Path, settings: dict[str, Any], folder: Path | None, plan: Plan,

@@ -26,6 +26,7 @@ from typing import Any, Callable
 import torch
 
 from flowrec.data.batches import StagingOptions, batches_per_epoch, iterate_batches
+from flowrec.data.rowcache import parse_cache_data
 from flowrec.data.cores import thread_budget
 from flowrec.runtime.caches.counters import collect_counters
 from flowrec.runtime.caches.fae_batches import COLD_RUN, HOT_RUN, HotColdBatcher
@@ -104,6 +105,8 @@ class TrainConfig:
         nan_policy: on a non-finite loss, "stop" (raise TrainingStopped; nothing of the batch is
             applied and no checkpoint is written) or "skip-batch" (skip its update, count it).
         eval_group_by: one-id categorical feature for gAUC (None: the spec's training.eval_group_by).
+        cache_data: keep the training and evaluation data's staged rows in memory across epochs
+            (`flowrec.data.rowcache`): auto, on, off, or a byte size (auto with that budget).
     """
 
     epochs: int | None = None
@@ -124,6 +127,7 @@ class TrainConfig:
     cold_run: int = COLD_RUN
     nan_policy: str = "stop"
     eval_group_by: str | None = None
+    cache_data: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -270,6 +274,7 @@ class Trainer:
         """Staging of training batches (`sliced`: this rank's slice of each global batch) or, with
         `sliced=False`, of whole batches (evaluation: every rank scores every sample)."""
         ranks = {"world_size": self.world.size, "rank": self.world.rank} if self.world and sliced else {}
+        cache_data, cache_budget = parse_cache_data(self.config.cache_data)
         return StagingOptions(
             batch_size=self.spec.training.batch_size,
             shuffle=self.config.shuffle if shuffle is None else shuffle,
@@ -279,6 +284,8 @@ class Trainer:
             prefetch=max(self.prefetch, 2),
             lookahead=self.lookahead if lookahead is None else lookahead,
             horizon=self.horizon,
+            cache_data=cache_data,
+            cache_budget=cache_budget,
             **ranks,
         )
 

@@ -14,12 +14,16 @@ def test_bench_staging_quick_writes_every_figure(repo, tmp_path):
     subprocess.run([sys.executable, str(repo / "tools" / "bench_staging.py"), "--quick", "--rows", "30000",
                     "--json", str(out)], check=True, timeout=300)
     result = json.loads(out.read_text())
-    assert {"staging", "staging_lookahead", "plain_loop"} <= set(result["samples_per_s"])
+    assert {"staging", "staging_uncached", "staging_lookahead", "plain_loop", "plain_loop_kept"} <= set(
+        result["samples_per_s"])
     assert all(v > 0 for v in result["samples_per_s"].values())
-    assert "staging_vs_plain" in result["ratios"] and result["device"]["kind"] == "cpu"
+    assert {"staging_vs_plain", "uncached_vs_plain_reread"} <= set(result["ratios"])
+    assert result["device"]["kind"] == "cpu"
+    assert result["row_cache_bytes"] == 30000 * (4 * 13 + 4 * 1 + 8 * 26)  # staging kept its rows
     isolated = result["isolated"]  # each loop in a fresh process: first epoch cold, the rest warm
-    for loop in ["staging", "plain_loop"]:
+    for loop in ["staging", "plain_loop_kept", "staging_uncached", "plain_loop"]:
         epochs = isolated["runs"][loop]
         assert len(epochs) == 1 and [e["samples"] for e in epochs[0]] == [30000] * 4
         assert isolated["samples_per_s"][loop]["warm"] > 0 and isolated["samples_per_s"][loop]["cold"] > 0
-    assert set(isolated["ratios"]) == {"staging_vs_plain_cold", "staging_vs_plain_warm"}
+    assert set(isolated["ratios"]) == {f"{name}_{epochs}" for name in ["staging_vs_plain", "uncached_vs_plain_reread"]
+                                       for epochs in ["cold", "warm"]}

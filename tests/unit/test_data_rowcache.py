@@ -1,0 +1,324 @@
+"""Decoded rows kept across epochs (`flowrec.data.rowcache`): every batch of every epoch bitwise the
+streamed one, later epochs read nothing, changed files are read and checked again, the budget and
+the modes decide, batches' arrays are reused only once nobody holds them."""
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from flowrec.data import convert
+from flowrec.data.batches import StagingOptions, iterate_batches
+from flowrec.data.dataset import MemorySource, ParquetSource, parquet_files, split_table
+from flowrec.data.layout import DataError
+from flowrec.data.rowcache import parse_cache_data
+from flowrec.data.synth import SynthConfig, synth_dataset, synth_table
+from flowrec.spec import load_spec, spec_from_dict
+
+ROW_GROUP = 48
+
+
+def flat_spec() -> object:
+    """One id per field in two packed groups, two heads: the gathered layout the cache keeps."""
+    return spec_from_dict({
+        "name": "flat",
+        "features": [
+            {"name": "x", "type": "dense"},
+            {"name": "y", "type": "dense"},
+            {"name": "a", "type": "categorical", "hash_buckets": 5000, "dim": 4},
+            {"name": "b", "type": "categorical", "hash_buckets": 70, "dim": 4},
+            {"name": "c", "type": "categorical", "hash_buckets": 900, "dim": 8},
+            {"name": "d", "type": "categorical", "hash_buckets": 33, "dim": 8},
+        ],
+        "modules": [{"name": "m", "kind": "mlp", "inputs": ["@dense", "@sparse"], "layers": [4]}],
+        "heads": [{"name": "h", "input": "m"}, {"name": "r", "input": "m", "task": "regression",
+                                                "label": "score"}],
+        "optimizer": {"dense": {"name": "adam", "lr": 0.01}, "sparse": {"name": "sgd", "lr": 0.1}},
+        "training": {"batch_size": 64, "seed": 5},
+    })
+
+
+def seq_spec() -> object:
+    return spec_from_dict({
+        "name": "seq",
+        "features": [
+            {"name": "x", "type": "dense"},
+            {"name": "a", "type": "categorical", "hash_buckets": 50, "dim": 8},
+            {"name": "tags", "type": "sequence", "vocab": 30, "dim": 8, "max_len": 3, "pooling": "mean"},
+        ],
+        "modules": [{"name": "m", "kind": "mlp", "inputs": ["@dense", "@sparse"], "layers": [4]}],
+        "heads": [{"name": "h", "input": "m"}],
+        "optimizer": {"dense": {"name": "adam", "lr": 0.01}, "sparse": {"name": "sgd", "lr": 0.1}},
+        "training": {"batch_size": 64, "seed": 3},
+    })
+
+
+def dataset(tmp_path, monkeypatch, seed: int = 11, rows: int = 1237, name: str = "d"):
+    """Skewed (Zipf) rows over uneven part files (500 rows) of 48-row row groups."""
+    monkeypatch.setattr(convert, "ROW_GROUP_ROWS", ROW_GROUP)
+    spec = flat_spec()
+    synth_dataset(spec, tmp_path / name, rows, SynthConfig(seed=seed), rows_per_file=500)
+    return spec, tmp_path / name
+
+
+def epoch(spec, source, opts, number: int, start: int = 0) -> list:
+    with iterate_batches(spec, source, opts, number, start) as it:
+        return list(it)
+
+
+def same_batch(a, b) -> None:
+    assert (a.index, a.size, a.global_size, a.epoch) == (b.index, b.size, b.global_size, b.epoch)
+    for x, y in [(a.dense, b.dense), (a.labels, b.labels)]:
+        assert x.dtype == y.dtype and x.shape == y.shape and x.numpy().tobytes() == y.numpy().tobytes()
+    assert a.groups.keys() == b.groups.keys()
+    for name, ga in a.groups.items():
+        gb = b.groups[name]
+        for field in ["ids", "offsets", "unique", "window_unique", "horizon_rows", "horizon_next"]:
+            x, y = getattr(ga, field), getattr(gb, field)
+            assert (x is None) == (y is None), (name, field)
+            if x is not None:
+                assert x.dtype == y.dtype and torch.equal(x, y), (name, field)
+        assert (ga.casting is None) == (gb.casting is None)
+        if ga.casting is not None:
+            for field in ["unique_ids", "counts", "unique_offsets", "sorted_bags", "sorted_scale"]:
+                x, y = getattr(ga.casting, field), getattr(gb.casting, field)
+                assert (x is None) == (y is None) and (x is None or torch.equal(x, y)), (name, field)
+
+
+def same_epochs(cached: list, streamed: list) -> None:
+    assert len(cached) == len(streamed) and cached
+    for a, b in zip(cached, streamed):
+        same_batch(a, b)
+
+
+@pytest.mark.parametrize("world,rank", [(1, 0), (3, 1)])
+@pytest.mark.parametrize("shuffle,start,lookahead", [(True, 0, 0), (True, 4, 0), (False, 0, 0), (True, 0, 3)])
+def test_cached_epochs_equal_streamed_epochs(tmp_path, monkeypatch, world, rank, shuffle, start, lookahead):
+    """Epochs 0-3 from one source keeping its rows give bitwise the batches of a source reading
+    every epoch (same shuffle, order, dtypes), with rank slices, a resume and lookahead; after the
+    first epoch of one rank's reads nothing is read again."""
+    spec, path = dataset(tmp_path, monkeypatch)
+    opts = StagingOptions(batch_size=100, shuffle=shuffle, shuffle_buffer=300, workers=2, prefetch=3,
+                          lookahead=lookahead, horizon=2 if lookahead else 0, world_size=world, rank=rank)
+    cached, streamed = ParquetSource(path), ParquetSource(path)
+    try:
+        for number in range(4):
+            first = start if number == 1 else 0
+            read = cached.bytes_read
+            a = epoch(spec, cached, opts, number, first)
+            b = epoch(spec, streamed, StagingOptions(**{**opts.__dict__, "cache_data": "off"}), number, first)
+            same_epochs(a, b)
+            assert cached.row_cache.nbytes == 1237 * (4 * 2 + 4 * 2 + 8 * 4)
+            if number >= 1 and world == 1:
+                assert cached.bytes_read == read  # nothing read: every row group is kept
+        assert streamed.row_cache.nbytes == 0 and streamed.bytes_read > cached.bytes_read
+        ids = np.concatenate([g.ids.numpy() for bt in a for g in bt.groups.values()])
+        assert len(np.unique(ids)) > 50 and np.bincount(ids).max() > 20  # skewed, not constant
+    finally:
+        cached.close()
+        streamed.close()
+
+
+def test_batch_arrays_are_reused_only_once_freed(tmp_path, monkeypatch):
+    """Batches consumed one at a time (their arrays reused) equal copies of streamed ones, and a
+    view a consumer keeps of one batch's ids is never overwritten by later batches."""
+    spec, path = dataset(tmp_path, monkeypatch, seed=12)
+    opts = StagingOptions(batch_size=100, shuffle_buffer=300, workers=2, prefetch=2, cache_data="on")
+    source, reference = ParquetSource(path), ParquetSource(path)
+    try:
+        for number in range(3):
+            expected = epoch(spec, reference, StagingOptions(**{**opts.__dict__, "cache_data": "off"}), number)
+            kept_view, kept_copy = None, None
+            with iterate_batches(spec, source, opts, number) as it:
+                for i, batch in enumerate(it):
+                    same_batch(batch, expected[i])
+                    if i == 1:
+                        g = next(iter(batch.groups.values()))
+                        kept_view, kept_copy = g.ids[5:40], g.ids[5:40].clone()
+                    del batch
+                    gc.collect() if i % 4 == 0 else None
+            assert torch.equal(kept_view, kept_copy)
+    finally:
+        source.close()
+        reference.close()
+
+
+def _rewrite(file: str, edit) -> None:
+    """Rewrite a part file with `edit(table)`, the same row groups."""
+    table = edit(pq.read_table(file))
+    pq.write_table(table, file, row_group_size=ROW_GROUP)
+
+
+def test_a_changed_file_is_read_again(tmp_path, monkeypatch):
+    """A part file rewritten between epochs (other values, same rows) is read again: the next
+    epoch equals a fresh source's, not the kept rows."""
+    spec, path = dataset(tmp_path, monkeypatch, seed=13)
+    opts = StagingOptions(batch_size=100, shuffle_buffer=300, workers=2)
+    source = ParquetSource(path)
+    try:
+        epoch(spec, source, opts, 0)
+        file = parquet_files(path)[1]
+        _rewrite(file, lambda t: t.set_column(t.column_names.index("x"), "x",
+                                              pa.array(t.column("x").to_numpy() * 3 + 1, pa.float32())))
+        changed = epoch(spec, source, opts, 1)
+        fresh = ParquetSource(path)
+        try:
+            same_epochs(changed, epoch(spec, fresh, StagingOptions(**{**opts.__dict__, "cache_data": "off"}), 1))
+        finally:
+            fresh.close()
+    finally:
+        source.close()
+
+
+def test_a_changed_file_is_checked_again(tmp_path, monkeypatch):
+    """A part file that gains an id outside its table between epochs is checked again: a DataError
+    naming the file and column, never a batch of the kept or the bad rows."""
+    spec, path = dataset(tmp_path, monkeypatch, seed=14)
+    opts = StagingOptions(batch_size=100, shuffle_buffer=300, workers=2)
+    source = ParquetSource(path)
+    try:
+        epoch(spec, source, opts, 0)
+        file = parquet_files(path)[2]
+        ids = pq.read_table(file).column("b").to_numpy().copy()
+        ids[7] = 70  # table b has 70 rows
+        _rewrite(file, lambda t: t.set_column(t.column_names.index("b"), "b", pa.array(ids)))
+        with pytest.raises(DataError, match=r"part-.*column 'b': id 70 outside \[0, 70\)"):
+            epoch(spec, source, opts, 1)
+    finally:
+        source.close()
+
+
+def test_modes_and_budget(tmp_path, monkeypatch):
+    """auto keeps a Parquet dataset that fits the budget, not one over it nor rows already in
+    memory; on keeps a MemorySource; off keeps nothing; a bad mode is one clear error."""
+    spec, path = dataset(tmp_path, monkeypatch, seed=15)
+    size = 1237 * (4 * 2 + 4 * 2 + 8 * 4)
+    for options, kept in [({}, True), ({"cache_budget": size}, True), ({"cache_budget": size - 1}, False),
+                          ({"cache_data": "off"}, False), ({"cache_data": "on", "cache_budget": 1}, True)]:
+        source = ParquetSource(path)
+        try:
+            opts = StagingOptions(batch_size=100, **options)
+            epoch(spec, source, opts, 0)
+            read = source.bytes_read
+            epoch(spec, source, opts, 1)
+            assert (source.row_cache.nbytes == size) == kept, options
+            assert (source.bytes_read == read) == kept, options
+        finally:
+            source.close()
+        assert source.row_cache.nbytes == 0  # close frees the rows
+    table = synth_table(spec, 700, SynthConfig(seed=4))
+    for mode, kept in [("auto", False), ("on", True)]:
+        memory = MemorySource(split_table(table, 3))
+        opts = StagingOptions(batch_size=64, cache_data=mode)
+        first = epoch(spec, memory, opts, 0)
+        read = memory.bytes_read
+        same_epochs(epoch(spec, memory, opts, 1), epoch(spec, MemorySource(split_table(table, 3)),
+                                                         StagingOptions(batch_size=64, cache_data="off"), 1))
+        assert (memory.bytes_read == read) == kept and (memory.row_cache.nbytes > 0) == kept
+        assert first
+    with pytest.raises(ValueError, match="cache_data must be one of auto, on, off, not 'yes'"):
+        iterate_batches(spec, MemorySource([table]), StagingOptions(cache_data="yes"))
+
+
+def test_parse_cache_data():
+    assert parse_cache_data("auto") == ("auto", None) and parse_cache_data("OFF") == ("off", None)
+    assert parse_cache_data("on") == ("on", None) and parse_cache_data("2GiB") == ("auto", 2 << 30)
+    with pytest.raises(ValueError, match="--cache-data must be auto, on, off or a byte size"):
+        parse_cache_data("sometimes")
+
+
+def test_a_second_iterator_streams_while_the_first_holds_the_rows(tmp_path, monkeypatch):
+    """Two epochs of one source staged at once: the second streams (the rows are never refilled
+    under the first's readers) and both give the streamed batches."""
+    spec, path = dataset(tmp_path, monkeypatch, seed=16)
+    opts = StagingOptions(batch_size=100, shuffle_buffer=300, workers=2, prefetch=2)
+    source, reference = ParquetSource(path), ParquetSource(path)
+    off = StagingOptions(**{**opts.__dict__, "cache_data": "off"})
+    try:
+        epoch(spec, source, opts, 0)
+        with iterate_batches(spec, source, opts, 1) as first, iterate_batches(spec, source, opts, 2) as second:
+            assert first._cache is source.row_cache and second._cache is None
+            a, b = list(first), list(second)
+        same_epochs(a, epoch(spec, reference, off, 1))
+        same_epochs(b, epoch(spec, reference, off, 2))
+        with iterate_batches(spec, source, opts, 3) as third:  # released: the next epoch uses it again
+            assert third._cache is source.row_cache
+            same_epochs(list(third), epoch(spec, reference, off, 3))
+    finally:
+        source.close()
+        reference.close()
+
+
+def test_rows_not_in_the_gathered_layout_are_streamed(monkeypatch):
+    """A spec with sequences, and a one-hot column stored as one-element lists, are streamed under
+    cache_data="on" (nothing kept), with the batches of cache_data="off"."""
+    spec = seq_spec()
+    table = synth_table(spec, 600, SynthConfig(seed=6))
+    on, off = StagingOptions(batch_size=64, cache_data="on"), StagingOptions(batch_size=64, cache_data="off")
+    source = MemorySource(split_table(table, 3))
+    for number in range(2):
+        same_epochs(epoch(spec, source, on, number), epoch(spec, MemorySource(split_table(table, 3)), off, number))
+    assert source.row_cache.nbytes == 0
+    flat = flat_spec()
+    rows = synth_table(flat, 400, SynthConfig(seed=7))
+    listed = rows.set_column(rows.column_names.index("a"), "a",
+                             pa.array([[v] for v in rows.column("a").to_pylist()], pa.list_(pa.int64())))
+    source = MemorySource(split_table(listed, 2))
+    for number in range(2):
+        same_epochs(epoch(flat, source, on, number), epoch(flat, MemorySource(split_table(listed, 2)), off, number))
+    assert source.row_cache.nbytes == 0
+
+
+def test_real_criteo_rows_cached_equal_streamed(shared_data, repo, tmp_path):
+    """Real Criteo rows (the 1,000-row head, 4 part files): three epochs kept equal three read."""
+    spec = load_spec(repo / "specs" / "dlrm_criteo.yaml")
+    convert.convert(spec, "criteo", [shared_data / "criteo" / "criteo_kaggle_head1000.tsv"], tmp_path / "c",
+                    rows_per_file=300)
+    opts = StagingOptions(batch_size=128, shuffle_buffer=256, workers=2, cache_data="on")
+    cached, streamed = ParquetSource(tmp_path / "c"), ParquetSource(tmp_path / "c")
+    try:
+        for number in range(3):
+            read = cached.bytes_read
+            same_epochs(epoch(spec, cached, opts, number),
+                        epoch(spec, streamed, StagingOptions(**{**opts.__dict__, "cache_data": "off"}), number))
+            assert number == 0 or cached.bytes_read == read
+        assert cached.row_cache.nbytes == 1000 * (4 * 13 + 4 * 1 + 8 * 26)
+    finally:
+        cached.close()
+        streamed.close()
+
+
+def test_the_run_setting_and_the_cli_option(repo):
+    """--cache-data is a run setting (default auto, recorded in run.json, checked when restored)
+    and a bad value is one line and exit 2 before anything is built."""
+    from typer.testing import CliRunner
+
+    from flowrec.cli import app
+    from flowrec.runs.settings import SETTINGS, setting_problem
+
+    assert SETTINGS["cache_data"] == ("--cache-data", "auto")
+    assert setting_problem("cache_data", "2GiB") is None and setting_problem("cache_data", "off") is None
+    assert "must be auto, on, off or a byte size" in setting_problem("cache_data", "sometimes")
+    result = CliRunner().invoke(app, ["train", str(repo / "specs" / "dlrm_criteo.yaml"), "--cache-data", "x"])
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    assert "--cache-data must be auto, on, off or a byte size such as 2GiB, not 'x'" in lines[0]
+
+
+def test_auto_keeps_nothing_where_the_free_memory_is_unknown(tmp_path, monkeypatch):
+    """auto with no budget given keeps rows only when the platform says how much memory is free."""
+    from flowrec.data import hostmemory
+
+    spec, path = dataset(tmp_path, monkeypatch, seed=17)
+    for room, kept in [(None, False), (10 << 30, True), (1000, False)]:
+        monkeypatch.setattr(hostmemory, "available_memory_bytes", lambda room=room: room)
+        source = ParquetSource(path)
+        try:
+            epoch(spec, source, StagingOptions(batch_size=100), 0)
+            assert (source.row_cache.nbytes > 0) == kept, room
+        finally:
+            source.close()
