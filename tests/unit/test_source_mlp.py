@@ -40,15 +40,16 @@ def wide_spec(seed: int, through_concat: bool):
 
 def permuted_spec(through_concat: bool):
     """(seed, spec, plan) of a fresh random wide spec whose deep fields do not already lie in their
-    packed order: one whose MLP input is a permutation of whole sources (about 1 in 20 draws is in
-    order already and needs no gather, so there is nothing to fuse)."""
+    packed order: one whose MLP input is a permutation of whole sources of two or more packed groups
+    (some draws are in order already, need no gather or pack into one group: drawn again)."""
     node = "deep_in" if through_concat else "deep"
     for _ in range(50):
         seed = random.randrange(1 << 30)
         spec = wide_spec(seed % 10_000, through_concat)
         plan = make_plan(spec, target="cpu")
-        if lower(plan, spec, "meta").gathers.get(node) is not None:
-            return seed, spec, plan
+        gather = lower(plan, spec, "meta").gathers.get(node)
+        if gather is not None and gather.inverse is not None and len(plan.meta.groups) >= 2:
+            return seed, spec, plan  # a permutation across groups (else it was drawn again)
     raise AssertionError("no random wide spec with permuted fields in 50 draws")
 
 
