@@ -111,7 +111,7 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
           out: str | Path | None = None, overwrite: bool = False, epochs: int | None = None,
           max_steps: int | None = None, eval_every: int | None = None, checkpoint_every: int = 0,
           device: str = "auto", device_budget: str | None = None, rows: int = 400_000, seed: int | None = None,
-          progress: bool = False, on_step: Callback | None = None, on_eval: Callback | None = None,
+          cache_data: str | None = None, progress: bool = False, on_step: Callback | None = None, on_eval: Callback | None = None,
           on_checkpoint: Callback | None = None) -> Run:
     """Train a spec end to end, as `flowrec train` does, and return the run.
 
@@ -132,6 +132,9 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
         epochs, max_steps, eval_every, checkpoint_every, device, device_budget, seed: as the
             `flowrec train` options of the same names.
         rows: synthetic training rows when there is no data.
+        cache_data: keep the data's decoded rows in memory after their first pass, as `flowrec
+            train --cache-data`: "auto" (the default: when they fit half the available memory),
+            "on", "off", or a byte size such as "2GiB" (auto with that budget).
         progress: show the progress bar.
         on_step: called with a `StepEvent` after every step.
         on_eval: called with an `EvalEvent` after every evaluation.
@@ -168,7 +171,7 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
     folder = Path(out) if out is not None else None
     given = {"data": _text(data), "eval_data": _text(eval_data), "rows": rows, "seed": seed, "device": device,
              "device_budget": device_budget, "epochs": epochs, "max_steps": max_steps, "eval_every": eval_every,
-             "checkpoint_every": checkpoint_every}
+             "checkpoint_every": checkpoint_every, "cache_data": cache_data}
     for key, value in given.items():
         problem = given_problem(key, value)
         if problem is not None:

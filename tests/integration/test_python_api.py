@@ -53,3 +53,36 @@ def test_lifecycle_errors_keep_their_documented_types(tmp_path: Path) -> None:
     with pytest.raises(RunError, match="byte size"):
         flowrec.train(spec, device_budget="lots", out=tmp_path / "run", rows=500, max_steps=1)
     assert not (tmp_path / "run" / "checkpoint.pt").exists() and not (tmp_path / "run" / "run.json").exists()
+
+
+def test_cache_data_is_a_run_setting_of_the_api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`cache_data=` is `flowrec train --cache-data`: checked before anything is written, recorded
+    in run.json (so `--resume` keeps it), and on a Parquet dataset a run that keeps its rows trains
+    bitwise the steps of one that reads every epoch."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from flowrec.cli import app
+    from flowrec.data.rowcache import RowCache
+    from flowrec.runs.errors import RunError
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text((DOC.read_text().split('Path("tiny.yaml").write_text("""')[1]).split('""")')[0])
+    with pytest.raises(RunError, match="cache_data must be auto, on, off or a byte size"):
+        flowrec.train(spec, cache_data="sometimes", out=tmp_path / "bad", rows=500, max_steps=1)
+    assert not (tmp_path / "bad").exists()
+    for name, rows, seed in (("d", "700", "1"), ("e", "300", "2")):
+        made = CliRunner().invoke(app, ["data", "synth", str(spec), "--rows", rows, "--seed", seed,
+                                        "--out", str(tmp_path / name)])
+        assert made.exit_code == 0, made.output
+    fills: list[str] = []
+    fill = RowCache.fill
+    monkeypatch.setattr(RowCache, "fill", lambda self, *a, **k: fills.append(mode) or fill(self, *a, **k))
+    runs = {}
+    for mode in ("on", "off"):
+        runs[mode] = flowrec.train(spec, data=tmp_path / "d", eval_data=tmp_path / "e", cache_data=mode, out=tmp_path / mode, epochs=3, seed=3)
+        assert json.loads((tmp_path / mode / "run.json").read_text())["cache_data"] == mode
+    assert "on" in fills and "off" not in fills  # the rows were kept only when asked
+    losses = {mode: [r["loss"] for r in run.history if r.get("event") == "train"] for mode, run in runs.items()}
+    assert len(losses["on"]) > 2 and losses["on"] == losses["off"]
