@@ -305,9 +305,9 @@ def _same_batch(a, b) -> None:
     assert a.groups.keys() == b.groups.keys()
     for name, ga in a.groups.items():
         gb = b.groups[name]
-        for field in ["ids", "offsets", "unique", "window_unique"]:
+        for field in ["ids", "offsets", "unique", "window_unique", "horizon_rows", "horizon_next"]:
             x, y = getattr(ga, field), getattr(gb, field)
-            assert (x is None) == (y is None)
+            assert (x is None) == (y is None), (name, field)
             if x is not None:
                 assert x.dtype == y.dtype and torch.equal(x, y), (name, field)
         assert (ga.casting is None) == (gb.casting is None)

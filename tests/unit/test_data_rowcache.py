@@ -18,28 +18,15 @@ from flowrec.data.layout import DataError
 from flowrec.data.rowcache import parse_cache_data
 from flowrec.data.synth import SynthConfig, synth_dataset, synth_table
 from flowrec.spec import load_spec, spec_from_dict
+from test_data_batches import _same_batch as same_batch
+from test_data_batches import make_flat_spec
 
 ROW_GROUP = 48
 
 
 def flat_spec() -> object:
     """One id per field in two packed groups, two heads: the gathered layout the cache keeps."""
-    return spec_from_dict({
-        "name": "flat",
-        "features": [
-            {"name": "x", "type": "dense"},
-            {"name": "y", "type": "dense"},
-            {"name": "a", "type": "categorical", "hash_buckets": 5000, "dim": 4},
-            {"name": "b", "type": "categorical", "hash_buckets": 70, "dim": 4},
-            {"name": "c", "type": "categorical", "hash_buckets": 900, "dim": 8},
-            {"name": "d", "type": "categorical", "hash_buckets": 33, "dim": 8},
-        ],
-        "modules": [{"name": "m", "kind": "mlp", "inputs": ["@dense", "@sparse"], "layers": [4]}],
-        "heads": [{"name": "h", "input": "m"}, {"name": "r", "input": "m", "task": "regression",
-                                                "label": "score"}],
-        "optimizer": {"dense": {"name": "adam", "lr": 0.01}, "sparse": {"name": "sgd", "lr": 0.1}},
-        "training": {"batch_size": 64, "seed": 5},
-    })
+    return make_flat_spec()
 
 
 def seq_spec() -> object:
@@ -68,25 +55,6 @@ def dataset(tmp_path, monkeypatch, seed: int = 11, rows: int = 1237, name: str =
 def epoch(spec, source, opts, number: int, start: int = 0) -> list:
     with iterate_batches(spec, source, opts, number, start) as it:
         return list(it)
-
-
-def same_batch(a, b) -> None:
-    assert (a.index, a.size, a.global_size, a.epoch) == (b.index, b.size, b.global_size, b.epoch)
-    for x, y in [(a.dense, b.dense), (a.labels, b.labels)]:
-        assert x.dtype == y.dtype and x.shape == y.shape and x.numpy().tobytes() == y.numpy().tobytes()
-    assert a.groups.keys() == b.groups.keys()
-    for name, ga in a.groups.items():
-        gb = b.groups[name]
-        for field in ["ids", "offsets", "unique", "window_unique", "horizon_rows", "horizon_next"]:
-            x, y = getattr(ga, field), getattr(gb, field)
-            assert (x is None) == (y is None), (name, field)
-            if x is not None:
-                assert x.dtype == y.dtype and torch.equal(x, y), (name, field)
-        assert (ga.casting is None) == (gb.casting is None)
-        if ga.casting is not None:
-            for field in ["unique_ids", "counts", "unique_offsets", "sorted_bags", "sorted_scale"]:
-                x, y = getattr(ga.casting, field), getattr(gb.casting, field)
-                assert (x is None) == (y is None) and (x is None or torch.equal(x, y)), (name, field)
 
 
 def same_epochs(cached: list, streamed: list) -> None:
