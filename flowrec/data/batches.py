@@ -254,6 +254,7 @@ class BatchIterator:
         self._gathered = remap is None and self.gather_chunks
         self._matrices = _MatrixPool(self.plan.chunk_rows)
         self._outputs = _output_pool(source, opts.prefetch + opts.workers + opts.lookahead + opts.horizon + 4)
+        self._rules = partition_rules(self.spec, self.columns) if opts.check else ()  # checks of each partition read
         self._cache = self._open_cache()
         self._stop = threading.Event()
         self._pool = ThreadPoolExecutor(max(opts.workers, 1), thread_name_prefix="flowrec-pack")
@@ -323,9 +324,8 @@ class BatchIterator:
                 or getattr(source, "stage", None) is not None
                 or (opts.cache_data == "auto" and getattr(source, "files", None) is None)):
             return None
-        rules = partition_rules(self.spec, self.columns) if opts.check else ()
         key = (tuple(self.columns), tuple(self._dense_names), tuple(self._label_names),
-               tuple(tuple(fields) for fields in self._group_fields), rules_key(rules))
+               tuple(tuple(fields) for fields in self._group_fields), rules_key(self._rules))
         widths = (len(self._dense_names), len(self._label_names), tuple(len(f) for f in self._group_fields))
         budget = None if opts.cache_data == "on" else (opts.cache_budget if opts.cache_budget is not None
                                                        else auto_budget)
@@ -333,10 +333,8 @@ class BatchIterator:
         dropped = cache.open(weakref.ref(self), key, [source.row_groups(i) for i in parts], widths, marks(), budget)
         if dropped is None:
             return None
-        forget = getattr(source, "forget_passed", None)
         for index in dropped:  # a changed file: its rows are read and checked again
-            if forget is not None:
-                forget(index)
+            source.forget_passed(index)
         return cache
 
     def _get(self, q: queue.Queue) -> Any:
@@ -394,9 +392,8 @@ class BatchIterator:
         """(batch index, this rank's rows: a table, or a `_Staged` batch of a Dask source, global
         batch size or None) in epoch order. A chunk's rows for this rank are taken once, in batch
         order, and cut into batches without copies."""
-        rules = partition_rules(self.spec, self.columns) if self.opts.check else ()
         remote = getattr(self.source, "stage", None) is not None
-        reader = _RowReader(self.source, self.plan, self.columns, rules, remote, self._cache)
+        reader = _RowReader(self.source, self.plan, self.columns, self._rules, remote, self._cache)
         run = token(getattr(self.source, "token", ""), self.columns, self.plan, self.batch_size,
                     self.opts.world_size)
         chunks = self._chunks()
