@@ -613,7 +613,7 @@ def _report(result, run_dir: Path, json_out: bool) -> None:
 
 def evaluate_run(
     run_dir: Path = typer.Argument(..., help="Run folder (with checkpoint.pt) or a checkpoint file."),
-    data: Path = typer.Option(..., "--data", help="Encoded dataset folder to score."),
+    data: Optional[Path] = typer.Option(None, "--data", help="Encoded dataset folder to score. Default: the data the run evaluated on (its --eval-data, else the test part of its split dataset)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
     group_by: Optional[str] = typer.Option(None, "--group-by", help="A one-id categorical feature (e.g. user_id): also report gAUC, the AUC of each of its values weighted by its samples. Default: the spec's training.eval_group_by."),
     json_out: Optional[str] = typer.Option(None, "--json", help="Also write the metrics as JSON to this file ('-': stdout, instead of the table)."),
@@ -630,6 +630,7 @@ def evaluate_run(
 
     \b
     Examples:
+      flowrec eval runs/exp1
       flowrec eval runs/exp1 --data data/criteo_test/
       flowrec eval runs/ml --data runs/ml/data/test --group-by user_id --json m.json
       flowrec eval runs/ml/best --data runs/ml/data/test --json -
@@ -643,9 +644,13 @@ def evaluate_run(
     if device_problem(device) is not None:  # before the run is read (torch's words otherwise)
         fail(f"--device {device_problem(device)}")
     try:
+        trained = load_trained(run_dir, device, scoring_plan)
+        if data is None:
+            data = _run_eval_data(run_dir)
+            if not quiet:
+                _say(f"scoring {data} (the data {run_dir} evaluated on; --data scores another)")
         if json_out not in (None, "-"):
             check_file_output(Path(json_out), [run_dir, data], overwrite)
-        trained = load_trained(run_dir, device, scoring_plan)
         if seen is not None and not trained.excludes_seen:
             raise ValueError(f"--seen applies to a retrieval head with exclude_seen: true; {run_dir} has none "
                              "(its evaluation leaves nothing out)")
@@ -656,6 +661,35 @@ def evaluate_run(
     except KeyboardInterrupt:
         fail("interrupted (Ctrl-C)", EXIT_INTERRUPTED)
     _write_metrics(metrics, json_out, quiet)
+
+
+def _run_eval_data(run_dir: Path) -> Path:
+    """The evaluation data a run recorded: its --eval-data, else the test part of its split dataset
+    (run.json's --data, else the spec's bound data encoded in RUN/data).
+
+    Raises:
+        DataError: the run recorded none (an unsplit dataset or synthetic rows), or it is gone.
+    """
+    from flowrec.data.layout import META_FILE, DataError
+    from flowrec.runs.settings import read_run_file
+    from flowrec.runtime.checkpoint.store import checkpoint_path
+
+    folder = checkpoint_path(run_dir).parent
+    folder = folder.parent if folder.name == "best" else folder
+    settings = read_run_file(folder) or {}
+    if settings.get("eval_data"):
+        found = Path(settings["eval_data"])
+    else:
+        data = Path(settings["data"]) if settings.get("data") else folder / "data"
+        found = data / "test"
+        if not (found / META_FILE).is_file():
+            why = (f"its data {data} has no test part" if (data / META_FILE).is_file() or (data / "train").is_dir()
+                   else "it trained on synthetic rows" if not settings.get("data") else f"its data {data} is gone")
+            raise DataError(f"{run_dir} recorded no evaluation data to score ({why}): give --data DIR")
+    if not (found / META_FILE).is_file():
+        raise DataError(f"the evaluation data {run_dir} recorded, {found}, is not an encoded dataset (moved, "
+                        "or recorded relative to another folder): give --data DIR")
+    return found
 
 
 def _run_train_data(run_dir: Path) -> Optional[Path]:

@@ -113,8 +113,19 @@ def given_problem(key: str, value: Any) -> str | None:
     return problem
 
 
+PATH_SETTINGS = ("data", "eval_data", "plan", "profile", "init_from")  # recorded absolute (see below)
+
+
 def write_run_file(folder: Path, settings: dict[str, Any]) -> None:
-    write_text(Path(folder) / RUN_FILE, json.dumps(settings, indent=2, sort_keys=True) + "\n")
+    """Record a run's settings in FOLDER/run.json. A path given relative to the working folder
+    is recorded absolute, so `--resume`, `flowrec eval RUN` and `flowrec export` find the run's
+    data from any folder (the settings dict itself is left as given)."""
+    recorded = dict(settings)
+    for key in PATH_SETTINGS:
+        value = recorded.get(key)
+        if isinstance(value, str) and value and not Path(value).is_absolute() and Path(value).exists():
+            recorded[key] = str(Path(value).resolve())
+    write_text(Path(folder) / RUN_FILE, json.dumps(recorded, indent=2, sort_keys=True) + "\n")
 
 
 def merge_settings(given: dict[str, Any], recorded: dict[str, Any] | None,
@@ -137,7 +148,7 @@ def merge_settings(given: dict[str, Any], recorded: dict[str, Any] | None,
                 value = recorded[key]
                 if value is not None:
                     restored.append(_described(flag, value))
-            elif value != recorded[key]:
+            elif value != recorded[key] and not _same_path(key, value, recorded[key]):
                 overridden.append(f"{_described(flag, value)} overrides the run's "
                                   f"{_described(flag, recorded[key])}")
         if value is None:
@@ -148,6 +159,13 @@ def merge_settings(given: dict[str, Any], recorded: dict[str, Any] | None,
         notes.append("restored from run.json: " + ", ".join(restored))
     notes.extend(overridden)
     return settings, notes
+
+
+def _same_path(key: str, given: Any, recorded: Any) -> bool:
+    """A path setting given again, relative where run.json holds it absolute, is no override."""
+    if key not in PATH_SETTINGS or not isinstance(given, str) or not isinstance(recorded, str):
+        return False
+    return Path(given).resolve() == Path(recorded).resolve()
 
 
 def _described(flag: str, value: Any) -> str:

@@ -46,3 +46,49 @@ def test_cli_and_api_make_the_same_plan_and_run_record(tmp_path: Path) -> None:
     recorded = json.loads((tmp_path / "api" / "run.json").read_text())
     assert recorded["data"] == str(data) and recorded["max_steps"] == 4 and recorded["seed"] == 11
     assert recorded["init_from"] is None and recorded["fresh_optimizer"] is False
+
+
+def test_eval_without_data_scores_the_runs_test_part_from_any_folder(tmp_path: Path, monkeypatch) -> None:
+    """A run trained on a split dataset named relative to the working folder: run.json records it
+    absolute, `flowrec eval RUN` scores its test part (the same metrics as the run's final
+    evaluation) from another folder, and --resume given the same relative path is no override."""
+    spec = tmp_path / "lifecycle.yaml"
+    spec.write_text(SPEC)
+    for part, rows, seed in (("train", "600", "5"), ("test", "200", "6")):
+        synth = CliRunner().invoke(app, ["data", "synth", str(spec), "--rows", rows, "--out", str(tmp_path / "d" / part),
+                                         "--alpha", "1.4", "--seed", seed, "-q"])
+        assert synth.exit_code == 0, synth.output
+    monkeypatch.chdir(tmp_path)
+    trained = CliRunner().invoke(app, ["train", "lifecycle.yaml", "--data", "d", "--out", "run", "--max-steps", "3",
+                                       "--eval-every", "0", "--json", "-q"])
+    assert trained.exit_code == 0, trained.output
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["data"] == str((tmp_path / "d").resolve())
+    final = json.loads(trained.stdout)["eval"]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    scored = CliRunner().invoke(app, ["eval", str(tmp_path / "run"), "--json", "-"])
+    assert scored.exit_code == 0, scored.output
+    metrics = json.loads(scored.stdout)
+    assert set(metrics) == set(final) and final
+    for head, values in final.items():
+        assert 0.0 < values["auc"] < 1.0 and values["samples"] == 200
+        assert {k: metrics[head][k] for k in ("auc", "logloss", "samples")} == \
+            {k: values[k] for k in ("auc", "logloss", "samples")}
+    monkeypatch.chdir(tmp_path)
+    resumed = CliRunner().invoke(app, ["train", "lifecycle.yaml", "--data", "d", "--resume", "run", "--max-steps", "4"])
+    assert resumed.exit_code == 0, resumed.output
+    assert "--data d overrides" not in resumed.output and "--max-steps 4 overrides" in resumed.output
+
+
+def test_eval_without_data_of_an_unsplit_run_says_to_give_data(tmp_path: Path) -> None:
+    spec = tmp_path / "lifecycle.yaml"
+    spec.write_text(SPEC)
+    data = _data(tmp_path, spec)
+    run = tmp_path / "run"
+    trained = CliRunner().invoke(app, ["train", str(spec), "--data", str(data), "--out", str(run), "--max-steps", "2",
+                                       "--eval-every", "0", "-q"])
+    assert trained.exit_code == 0, trained.output
+    scored = CliRunner().invoke(app, ["eval", str(run)])
+    assert scored.exit_code == 2
+    assert "has no test part" in scored.output and "--data" in scored.output
