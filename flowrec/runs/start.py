@@ -156,7 +156,7 @@ def check_synthetic_rows(spec: ModelSpec, settings: dict[str, Any]) -> None:
     """Synthetic rows are generated in memory (their peak about `synthetic_bytes`): more than this
     machine's memory cannot fit (the run would swap or be killed after minutes, or seem to hang),
     so it is a `RunError` at once."""
-    if settings.get("data") or spec.data is not None:
+    if settings.get("data") or (spec.data is not None and spec.data.bound):
         return
     try:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

@@ -145,7 +145,7 @@ def resolve_data(spec: ModelSpec, spec_path: Path, opts: SessionOptions,
         if opts.eval_data is not None:
             evaluation = _replace_evaluation(train, evaluation, Path(opts.eval_data), spec, opts.dask)
         return train, evaluation, f"data: {opts.data}"
-    if spec.data is not None:
+    if spec.data is not None and spec.data.bound:
         folder = bound_dataset(spec, spec_path, opts.workdir, status)
         train, evaluation = dataset_pair(folder, spec, opts.dask)
         if opts.eval_data is not None:  # given, it evaluates instead of the bound data's test split
@@ -199,7 +199,7 @@ def bound_dataset(spec: ModelSpec, spec_path: Path, workdir: Path | None,
     from flowrec.data.convert import convert
     from flowrec.data.output import folder_locked
 
-    assert spec.data is not None
+    assert spec.data is not None and spec.data.path is not None
     raw = (spec_path.parent / spec.data.path).resolve()
     if spec.data.format == "parquet":
         return raw

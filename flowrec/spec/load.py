@@ -45,6 +45,9 @@ from flowrec.spec.validate import validate_document
 
 MODULE_KEYS = ("name", "kind", "inputs")
 OPTIMIZER_KEYS = ("name", "lr")
+# the optimizers of a spec that names none (docs/spec.md "Optimizers"); written out in spec.json
+DEFAULT_DENSE_OPTIMIZER = {"name": "adam", "lr": 0.001}
+DEFAULT_SPARSE_OPTIMIZER = {"name": "rowwise_adagrad", "lr": 0.05}
 OPTIONAL_TRAINING = ("eval_group_by", "clip_grad_norm", "schedule", "early_stopping")
 
 
@@ -70,7 +73,8 @@ def spec_from_dict(doc: dict[str, Any], base_dir: Path | None = None) -> ModelSp
             resolved by the data stage).
     """
     del base_dir  # paths are resolved where they are used, relative to the spec file
-    sparse_opt = _optimizer(doc["optimizer"]["sparse"])
+    optimizers = doc.get("optimizer", {})
+    sparse_opt = _optimizer(optimizers.get("sparse", DEFAULT_SPARSE_OPTIMIZER))
     tables: dict[str, TableSpec] = {}
     for t in doc.get("tables", []):
         tables[t["name"]] = _table(t["name"], t)
@@ -108,7 +112,7 @@ def spec_from_dict(doc: dict[str, Any], base_dir: Path | None = None) -> ModelSp
         tables=tuple(tables.values()),
         modules=modules,
         heads=heads,
-        dense_optimizer=_optimizer(doc["optimizer"]["dense"]),
+        dense_optimizer=_optimizer(optimizers.get("dense", DEFAULT_DENSE_OPTIMIZER)),
         sparse_optimizer=sparse_opt,
         training=_training(doc.get("training", {})),
         data=_data(doc["data"]) if doc.get("data") else None,
@@ -173,7 +177,8 @@ def _optimizer(o: dict[str, Any]) -> OptimizerSpec:
 def _data(d: dict[str, Any]) -> DataSpec:
     columns = tuple(sorted(d.get("columns", {}).items()))
     options = tuple(sorted((k, _freeze(v)) for k, v in d.get("options", {}).items()))
-    return DataSpec(d["format"], str(d["path"]), d.get("label", "label"), columns, options)
+    path = str(d["path"]) if d.get("path") is not None else None
+    return DataSpec(d.get("format"), path, d.get("label", "label"), columns, options)
 
 
 def _training(t: dict[str, Any]) -> TrainingSpec:
@@ -247,7 +252,8 @@ def to_dict(spec: ModelSpec) -> dict[str, Any]:
     doc["training"] = _training_doc(spec.training)
     if spec.data is not None:
         d = spec.data
-        doc["data"] = {"format": d.format, "path": d.path, "label": d.label}
+        doc["data"] = {**({"format": d.format} if d.format is not None else {}),
+                       **({"path": d.path} if d.path is not None else {}), "label": d.label}
         if d.columns:
             doc["data"]["columns"] = dict(d.columns)
         if d.options:

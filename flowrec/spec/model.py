@@ -362,8 +362,13 @@ class TrainingSpec:
 class DataSpec:
     """Optional binding of the spec to a dataset."""
 
-    format: Literal["parquet", "criteo_tsv", "avazu_csv", "libsvm", "csv", "movielens"]
-    path: str
+    format: Literal["parquet", "criteo_tsv", "avazu_csv", "libsvm", "csv", "movielens"] | None
+    path: str | None  # None: no data bound (label, columns and options only); train reads --data
+
+    @property
+    def bound(self) -> bool:
+        """Whether the spec names data to train on (a path and its format)."""
+        return self.path is not None
     label: str = "label"
     columns: tuple[tuple[str, str], ...] = ()  # feature name -> source column
     options: tuple[tuple[str, Any], ...] = ()

@@ -87,6 +87,12 @@ def _required(error: ValidationError) -> list[str]:
     return [f"missing required key {k!r}" for k in error.validator_value if k not in inst]
 
 
+def _dependent_required(error: ValidationError) -> list[str]:
+    inst = error.instance if isinstance(error.instance, dict) else {}
+    return [f"missing required key {k!r} (needed with {given!r})" for given, keys in error.validator_value.items()
+            if given in inst for k in keys if k not in inst]
+
+
 def _enum(error: ValidationError) -> list[str]:
     allowed = ", ".join(str(v) for v in error.validator_value)
     hint = did_you_mean(error.instance, [str(v) for v in error.validator_value])
@@ -127,6 +133,7 @@ def _fallback(error: ValidationError) -> list[str]:
 _TRANSLATORS: dict[str, Callable[[ValidationError], list[str]]] = {
     "additionalProperties": _additional,
     "required": _required,
+    "dependentRequired": _dependent_required,
     "enum": _enum,
     "const": lambda e: [f"must be {show(e.validator_value)} (got {show(e.instance)})"],
     "type": _type,

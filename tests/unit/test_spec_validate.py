@@ -124,6 +124,8 @@ CASES: list[tuple[str, Mutation, list[tuple[str, str]]]] = [
      [("modules[5]", "module 'lonely' does not feed any head (its output would be unused)")]),
     ("data_columns_unknown", lambda d: d.update(data={"format": "csv", "path": "x.csv", "columns": {"usr": "user_id"}}),
      [("data.columns.usr", "unknown feature 'usr' (did you mean 'user'?)")]),
+    ("data_path_without_format", lambda d: d.update(data={"path": "x.csv", "label": "clicked"}),
+     [("data", "missing required key 'format' (needed with 'path')")]),
     ("heads_same_label", lambda d: d["heads"].append({"name": "cvr", "input": "top"}),
      [("heads[1].label", "heads 'ctr' and 'cvr' both train on label 'label'; give each head its own 'label'")]),
     ("repeated_input", lambda d: d["modules"][4]["inputs"].append("wide"),
@@ -167,3 +169,28 @@ def test_str_of_issue_has_path():
 def test_not_a_spec_gives_issues(doc):
     issues = validate_document(doc)
     assert issues and all(isinstance(i.message, str) for i in issues)
+
+
+def test_optimizers_and_data_path_may_be_left_out():
+    """A spec without `optimizer` (or with only one side) and a data binding without a path is
+    valid; it loads the documented default optimizers, which spec.json (to_dict) then spells out,
+    and a binding that names no data trains on --data (not `bound`)."""
+    from flowrec.spec.load import spec_from_dict, to_dict
+
+    doc = copy.deepcopy(BASE)
+    del doc["optimizer"]
+    doc["data"] = {"label": "clicked", "columns": {"user": "user_id"}}
+    assert _issues(doc) == []
+    spec = spec_from_dict(doc)
+    assert (spec.dense_optimizer.name, spec.dense_optimizer.lr) == ("adam", 0.001)
+    assert (spec.sparse_optimizer.name, spec.sparse_optimizer.lr) == ("rowwise_adagrad", 0.05)
+    assert spec.data is not None and not spec.data.bound and spec.data.label == "clicked"
+    written = to_dict(spec)
+    assert written["optimizer"] == {"dense": {"name": "adam", "lr": 0.001},
+                                    "sparse": {"name": "rowwise_adagrad", "lr": 0.05}}
+    assert "path" not in written["data"] and "format" not in written["data"]
+    assert _issues(written) == [] and spec_from_dict(written) == spec
+    doc["optimizer"] = {"sparse": {"name": "adagrad", "lr": 0.1}}
+    one_side = spec_from_dict(doc)
+    assert (one_side.dense_optimizer.name, one_side.sparse_optimizer.name) == ("adam", "adagrad")
+    assert one_side.sparse_optimizer.lr == 0.1
