@@ -86,9 +86,21 @@ class Run:
 
         return read_records(self.run_dir / METRICS_FILE)
 
-    def evaluate(self, data: str | Path, group_by: str | None = None) -> Metrics:
+    def evaluate(self, data: str | Path | None = None, group_by: str | None = None) -> Metrics:
         """Score an encoded dataset (a folder from `flowrec data convert` / `synth`, or a run's
-        data/test): exact metrics per head; with `group_by` (a one-id categorical feature) also gAUC."""
+        data/test): exact metrics per head; with `group_by` (a one-id categorical feature) also gAUC.
+        Without `data`, the data the run evaluated on (as `flowrec eval RUN`).
+
+        Raises:
+            DataError: no `data` and the run recorded no evaluation data (or it moved).
+        """
+        if data is None:
+            from flowrec.data.layout import DataError
+            from flowrec.runs.recorded import eval_data_to_score
+
+            if self.run_dir is None:
+                raise DataError("this run has no run folder (out=None), so it recorded no evaluation data: give data=")
+            data = eval_data_to_score(self.run_dir, "data=")
         return self.trained.evaluate_dataset(Path(data), group_by or self.spec.training.eval_group_by)
 
 

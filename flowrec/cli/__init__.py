@@ -13,7 +13,7 @@ from flowrec.cli import (calibrate_cmd, data_cmds, doctor_cmd, export_cmd, plan_
 
 app = typer.Typer(
     name="flowrec",
-    help="Declare, validate, plan and train recommendation models (wide-and-deep, DLRM, DCN, DIN).",
+    help="Declare, validate, plan and train recommendation models (wide-and-deep, DLRM, DCN, DIN, sequence transformers, two towers, MMoE / PLE, your own modules).",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -29,7 +29,7 @@ def _show_version(value: bool) -> None:
 @app.callback()
 def _options(version: bool = typer.Option(False, "--version", callback=_show_version, is_eager=True,
                                            help="Print the flowrec version and exit.")) -> None:
-    """Declare, validate, plan and train recommendation models (wide-and-deep, DLRM, DCN, DIN)."""
+    """Declare, validate, plan and train recommendation models (wide-and-deep, DLRM, DCN, DIN, sequence transformers, two towers, MMoE / PLE, your own modules)."""
 
 
 spec_cmds.register(app)

@@ -111,7 +111,9 @@ def _compare_rows(folder: Path, trained) -> Iterator[Any] | None:
     """Up to COMPARE_ROWS rows of the run's evaluation data (None when it had only synthetic data)."""
     from flowrec.data.layout import META_FILE
 
-    data = _eval_data(folder)
+    from flowrec.runs.recorded import recorded_eval_data
+
+    data = recorded_eval_data(folder)
     if data is None or not (data / META_FILE).is_file():
         return None
     trained.check_data(data)
@@ -133,16 +135,6 @@ def _head(batches, limit: int) -> Iterator[Any]:
         taken += batch.num_rows
         if batch.num_rows:
             yield pa.Table.from_batches([batch])
-
-
-def _eval_data(folder: Path) -> Optional[Path]:
-    from flowrec.runs.settings import read_run_file
-
-    settings = read_run_file(folder) or {}
-    if settings.get("eval_data"):
-        return Path(settings["eval_data"])
-    data = Path(settings["data"]) if settings.get("data") else folder / "data"
-    return data / "test" if (data / "test").is_dir() else None
 
 
 def register(app: typer.Typer) -> None:

@@ -638,6 +638,7 @@ def evaluate_run(
     from flowrec.data.layout import DataError
     from flowrec.data.output_guard import check_file_output
     from flowrec.planner.contract import scoring_plan
+    from flowrec.runs.recorded import eval_data_to_score, recorded_train_data
     from flowrec.runtime.session import device_problem
     from flowrec.serving.trained import load_trained
 
@@ -646,7 +647,7 @@ def evaluate_run(
     try:
         trained = load_trained(run_dir, device, scoring_plan)
         if data is None:
-            data = _run_eval_data(run_dir)
+            data = eval_data_to_score(run_dir)
             if not quiet:
                 _say(f"scoring {data} (the data {run_dir} evaluated on; --data scores another)")
         if json_out not in (None, "-"):
@@ -655,54 +656,12 @@ def evaluate_run(
             raise ValueError(f"--seen applies to a retrieval head with exclude_seen: true; {run_dir} has none "
                              "(its evaluation leaves nothing out)")
         metrics = trained.evaluate_dataset(data, group_by or trained.spec.training.eval_group_by,
-                                           seen or _run_train_data(run_dir))
+                                           seen or recorded_train_data(run_dir))
     except (DataError, OSError, ValueError, RuntimeError) as exc:
         fail(first_line(exc))
     except KeyboardInterrupt:
         fail("interrupted (Ctrl-C)", EXIT_INTERRUPTED)
     _write_metrics(metrics, json_out, quiet)
-
-
-def _run_eval_data(run_dir: Path) -> Path:
-    """The evaluation data a run recorded: its --eval-data, else the test part of its split dataset
-    (run.json's --data, else the spec's bound data encoded in RUN/data).
-
-    Raises:
-        DataError: the run recorded none (an unsplit dataset or synthetic rows), or it is gone.
-    """
-    from flowrec.data.layout import META_FILE, DataError
-    from flowrec.runs.settings import read_run_file
-    from flowrec.runtime.checkpoint.store import checkpoint_path
-
-    folder = checkpoint_path(run_dir).parent
-    folder = folder.parent if folder.name == "best" else folder
-    settings = read_run_file(folder) or {}
-    if settings.get("eval_data"):
-        found = Path(settings["eval_data"])
-    else:
-        data = Path(settings["data"]) if settings.get("data") else folder / "data"
-        found = data / "test"
-        if not (found / META_FILE).is_file():
-            why = (f"its data {data} has no test part" if (data / META_FILE).is_file() or (data / "train").is_dir()
-                   else "it trained on synthetic rows" if not settings.get("data") else f"its data {data} is gone")
-            raise DataError(f"{run_dir} recorded no evaluation data to score ({why}): give --data DIR")
-    if not (found / META_FILE).is_file():
-        raise DataError(f"the evaluation data {run_dir} recorded, {found}, is not an encoded dataset (moved, "
-                        "or recorded relative to another folder): give --data DIR")
-    return found
-
-
-def _run_train_data(run_dir: Path) -> Optional[Path]:
-    """The training data a run recorded (run.json's --data, else RUN/data), its train split when
-    split; None when it has none (the run trained on synthetic data)."""
-    from flowrec.runs.settings import read_run_file
-    from flowrec.runtime.checkpoint.store import checkpoint_path
-
-    folder = checkpoint_path(run_dir).parent
-    folder = folder.parent if folder.name == "best" else folder
-    settings = read_run_file(folder) or {}
-    data = Path(settings["data"]) if settings.get("data") else folder / "data"
-    return data / "train" if (data / "train").is_dir() else (data if (data / "_flowrec.json").is_file() else None)
 
 
 def _write_metrics(metrics: dict, json_out: Optional[str], quiet: bool = False) -> None:

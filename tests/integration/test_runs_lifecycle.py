@@ -91,4 +91,30 @@ def test_eval_without_data_of_an_unsplit_run_says_to_give_data(tmp_path: Path) -
     assert trained.exit_code == 0, trained.output
     scored = CliRunner().invoke(app, ["eval", str(run)])
     assert scored.exit_code == 2
-    assert "has no test part" in scored.output and "--data" in scored.output
+    assert "has no test part" in scored.output and "--data DIR" in scored.output
+
+
+def test_api_evaluate_without_data_scores_the_runs_evaluation_data(tmp_path: Path) -> None:
+    """`Run.evaluate()` scores what `flowrec eval RUN` scores: the run's --eval-data here."""
+    from flowrec.data.layout import DataError
+
+    spec = tmp_path / "lifecycle.yaml"
+    spec.write_text(SPEC)
+    data = _data(tmp_path, spec)
+    held = tmp_path / "held"
+    synth = CliRunner().invoke(app, ["data", "synth", str(spec), "--rows", "300", "--out", str(held),
+                                     "--alpha", "1.4", "--seed", "9", "-q"])
+    assert synth.exit_code == 0, synth.output
+    run = flowrec.train(spec, data=data, eval_data=held, out=tmp_path / "run", max_steps=3, eval_every=0)
+    scored = flowrec.load(tmp_path / "run").evaluate()
+    head = next(iter(run.metrics))
+    assert scored[head]["samples"] == 300 and scored[head]["auc"] == run.metrics[head]["auc"]
+    cli = CliRunner().invoke(app, ["eval", str(tmp_path / "run"), "--json", "-"])
+    assert cli.exit_code == 0 and json.loads(cli.stdout)[head]["logloss"] == scored[head]["logloss"]
+    unsaved = flowrec.train(spec, data=data, out=None, max_steps=2, eval_every=0)
+    try:
+        unsaved.evaluate()
+    except DataError as exc:
+        assert "data=" in str(exc)
+    else:
+        raise AssertionError("a run without a folder has no recorded evaluation data")

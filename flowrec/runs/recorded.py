@@ -1,0 +1,70 @@
+"""The data a run recorded in its run.json: what it trained on and what it evaluated on.
+
+`flowrec eval RUN` (no `--data`), `Run.evaluate()` (no data), `flowrec export` (the rows it
+compares the exported program on) and the seen-pairs of a retrieval evaluation read them here.
+A run trained on a split dataset evaluated on its test part; one given `--eval-data` on that;
+a run of the spec's bound raw data encoded it into RUN/data; synthetic rows are recorded nowhere.
+Paths are recorded absolute (`flowrec.runs.settings.write_run_file`); older runs' relative paths
+are read relative to the working folder, as they were written.
+
+Example:
+    >>> recorded_eval_data(Path("runs/exp1"))   # doctest: +SKIP
+    PosixPath('/data/clicks/test')
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from flowrec.data.layout import META_FILE, DataError
+from flowrec.runs.settings import read_run_file
+from flowrec.runtime.checkpoint.store import checkpoint_path
+
+
+def run_folder(run_dir: Path) -> Path:
+    """The run folder of a run, of its RUN/best, or of a checkpoint file in either."""
+    folder = checkpoint_path(Path(run_dir)).parent
+    return folder.parent if folder.name == "best" else folder
+
+
+def _data_folder(folder: Path, settings: dict) -> Path:
+    return Path(settings["data"]) if settings.get("data") else folder / "data"
+
+
+def recorded_train_data(run_dir: Path) -> Path | None:
+    """The training dataset a run recorded (its train part when split), or None (synthetic rows)."""
+    folder = run_folder(run_dir)
+    data = _data_folder(folder, read_run_file(folder) or {})
+    if (data / "train").is_dir():
+        return data / "train"
+    return data if (data / META_FILE).is_file() else None
+
+
+def recorded_eval_data(run_dir: Path) -> Path | None:
+    """The evaluation data a run recorded: its --eval-data, else the test part of its split
+    dataset; None when it recorded none (the folder is not checked to exist)."""
+    folder = run_folder(run_dir)
+    settings = read_run_file(folder) or {}
+    if settings.get("eval_data"):
+        return Path(settings["eval_data"])
+    test = _data_folder(folder, settings) / "test"
+    return test if test.is_dir() else None
+
+
+def eval_data_to_score(run_dir: Path, how: str = "--data DIR") -> Path:
+    """`recorded_eval_data`, checked to be an encoded dataset; `how` says how to give other data.
+
+    Raises:
+        DataError: the run recorded none (an unsplit dataset, synthetic rows), or it moved.
+    """
+    found = recorded_eval_data(run_dir)
+    if found is None:
+        folder = run_folder(run_dir)
+        settings = read_run_file(folder) or {}
+        data = _data_folder(folder, settings)
+        why = (f"its data {data} has no test part" if (data / META_FILE).is_file()
+               else f"its data {data} is gone" if settings.get("data") else "it trained on synthetic rows")
+        raise DataError(f"{run_dir} recorded no evaluation data to score ({why}): give {how}")
+    if not (found / META_FILE).is_file():
+        raise DataError(f"the evaluation data {run_dir} recorded, {found}, is not an encoded dataset (moved, "
+                        f"or recorded relative to another folder): give {how}")
+    return found
