@@ -370,12 +370,16 @@ class BatchIterator:
         plan, bsz, opts = self.plan, self.batch_size, self.opts
         for chunk in range(self.start_batch * bsz // plan.chunk_rows, -(-plan.total // plan.chunk_rows)):
             lo = chunk * plan.chunk_rows
-            kept = [(lo // bsz + k, rows) for k, rows in enumerate(plan.chunk_batches(chunk, bsz))
+            layout = plan.chunk_batches(chunk, bsz)
+            kept = [(lo // bsz + k, rows) for k, rows in enumerate(layout)
                     if self.start_batch <= lo // bsz + k < self.num_batches]
             if not kept:
                 continue
             slices = [self._read_slice(len(rows)) for _, rows in kept]
-            read_lo, read_hi = needed_range([rows for _, rows in kept], slices)
+            if len(kept) == len(layout) and all(a == 0 and b == len(rows) for (a, b), (_, rows) in zip(slices, kept)):
+                read_lo, read_hi = 0, sum(len(rows) for _, rows in kept)  # whole batches, every row of the chunk
+            else:
+                read_lo, read_hi = needed_range([rows for _, rows in kept], slices)
             read_hi = max(read_hi, read_lo + 1)  # a rank with no rows here still gets the schema
             yield _Chunk(lo + read_lo, lo + read_hi, tuple(
                 (index, rows[a:b] - read_lo if read_lo else rows[a:b], len(rows) if opts.world_size > 1 else None)
