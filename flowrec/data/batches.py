@@ -402,6 +402,13 @@ class BatchIterator:
         run = token(getattr(self.source, "token", ""), self.columns, self.plan, self.batch_size,
                     self.opts.world_size)
         chunks = self._chunks()
+        if reader.cache is not None and reader.cache.complete():  # a warm epoch: nothing to read ahead,
+            for current in chunks:  # so the first chunk's batches go out before the next one is laid out
+                first, rows_of = reader.cached_rows(current.read_lo, current.read_hi, self._fill)
+                view = _CacheView(reader.cache)
+                for index, rows, global_size in current.batches:
+                    yield index, _Rows(view, rows, rows_of, first), global_size
+            return
         current = next(chunks, None)
         while current is not None:
             upcoming = next(chunks, None)

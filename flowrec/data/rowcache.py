@@ -342,6 +342,10 @@ class RowCache:
         with self.lock:
             self.outputs = None
 
+    def complete(self) -> bool:
+        """Whether every row group of every partition holds its rows (an epoch reads nothing)."""
+        return bool(self._filled) and all(bool(f.all()) for f in self._filled)
+
     def filled(self, partition: int, group: int) -> bool:
         """Whether row group `group` of `partition` holds its rows."""
         return bool(self._filled[partition][group])
