@@ -17,10 +17,12 @@ packing task per batch to a pool of `workers` threads; the futures wait in a bou
 (`prefetch`). Where every group holds one id per field and no map remaps ids, a chunk is first
 filled into row-major matrices (`_ChunkMatrices`, buffers reused chunk to chunk) and a batch is
 one row gather of each; otherwise the chunk's rows are taken as a table and packed per batch
-(`pack_group`): the same batches either way. With `cache_data` (`flowrec.data.rowcache`) those
-matrices are kept for the whole dataset across epochs: the first epoch fills each row group as it
-reads it, later ones read and decode nothing and a batch gathers its rows from the dataset's
-matrices (a chunk's stream rows mapped to dataset rows), again the same batches. With `lookahead` W > 0 every batch also carries, per group, its unique rows, its
+(`pack_group`): the same batches either way. With `cache_data` (`flowrec.data.rowcache`) the
+rows are kept for the whole dataset across epochs, in one line-aligned row matrix (every value of
+a row side by side, ids as int32 where they fit): the first epoch fills each row group as it
+reads it, later ones read and decode nothing and a batch is one gather of its rows from that
+matrix (a chunk's stream rows mapped to dataset rows) into a scratch matrix, copied out into the
+batch's arrays (`_pack_cached`), again the same batches. With `lookahead` W > 0 every batch also carries, per group, its unique rows, its
 casting index and the unique rows of the window of the next W batches (`flowrec.data.lookahead`),
 computed by a lookahead thread. Closing the iterator (or an exception, or KeyboardInterrupt in
 the consumer) stops and joins every thread.
