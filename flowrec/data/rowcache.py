@@ -14,10 +14,10 @@ The row matrix (decision: one interleaved row per dataset row, not one matrix pe
 epoch is the batches' row gathers, random rows of a matrix far larger than the caches, so what
 it costs is the cache lines a row touches. Separate matrices (dense (N, 13) float32, labels
 (N, 1) float32, ids (N, 26) int64 for Criteo) touch about 7 lines per row (a 52-byte dense row
-straddles two lines 4 times in 5); one uint32 matrix holding every value of a row, its start aligned to a cache line and its
-stride chosen so that no row straddles more lines than it must (`RowLayout`), touches
-ceil(bytes / 64): 3 for Criteo, where a group's ids are stored as int32 (its packed table has
-fewer than 2**31 rows) and widened back to int64 when a batch is cut. A batch gathers its rows
+straddles two lines 4 times in 5); one uint32 matrix holding every value of a row, its start
+aligned to a cache line and its stride chosen so that no row straddles more lines than it must
+(`RowLayout`), touches ceil(bytes / 64): 3 for Criteo, where a group's ids are stored as int32
+(its packed table has at most 2**31 rows) and widened back to int64 when a batch is cut. A batch gathers its rows
 once into a small scratch matrix (in L2), then copies each part out into the batch's arrays:
 0.057 against 0.085 CPU s per epoch of 1.5M Criteo rows on the 2-core VM, the same bits.
 
@@ -72,7 +72,7 @@ from flowrec.spec.units import parse_bytes
 
 CACHE_MODES = ("auto", "on", "off")
 AUTO_SHARE = 0.5  # auto: the cache may take this share of the memory still available
-LINE = 64  # bytes of a cache line: row strides and the matrix start are aligned to it
+LINE = 64  # bytes of a cache line: the matrix starts on one, and strides are chosen by it
 WORD = 4  # bytes of one column of the row matrix (uint32)
 INT32 = np.iinfo(np.int32)
 
