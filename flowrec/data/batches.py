@@ -17,10 +17,12 @@ packing task per batch to a pool of `workers` threads; the futures wait in a bou
 (`prefetch`). Where every group holds one id per field and no map remaps ids, a chunk is first
 filled into row-major matrices (`_ChunkMatrices`, buffers reused chunk to chunk) and a batch is
 one row gather of each; otherwise the chunk's rows are taken as a table and packed per batch
-(`pack_group`): the same batches either way. With `cache_data` (`flowrec.data.rowcache`) those
-matrices are kept for the whole dataset across epochs: the first epoch fills each row group as it
-reads it, later ones read and decode nothing and a batch gathers its rows from the dataset's
-matrices (a chunk's stream rows mapped to dataset rows), again the same batches. With `lookahead` W > 0 every batch also carries, per group, its unique rows, its
+(`pack_group`): the same batches either way. With `cache_data` (`flowrec.data.rowcache`) the
+rows are kept for the whole dataset across epochs, in one line-aligned row matrix (every value of
+a row side by side, ids as int32 where they fit): the first epoch fills each row group as it
+reads it, later ones read and decode nothing and a batch is one gather of its rows from that
+matrix (a chunk's stream rows mapped to dataset rows) into a scratch matrix, copied out into the
+batch's arrays (`_pack_cached`), again the same batches. With `lookahead` W > 0 every batch also carries, per group, its unique rows, its
 casting index and the unique rows of the window of the next W batches (`flowrec.data.lookahead`),
 computed by a lookahead thread. Closing the iterator (or an exception, or KeyboardInterrupt in
 the consumer) stops and joins every thread.
@@ -53,7 +55,7 @@ from flowrec.data.lookahead import LookaheadWindow, batch_extras
 from flowrec.data.managed_stage import Remapper, cut_columns, drop_defaults
 from flowrec.data.negatives import NegativeSampler
 from flowrec.data.packed_ids import column_arrays, pack_group
-from flowrec.data.rowcache import CACHE_MODES, RowCache, auto_budget, fill_matrices
+from flowrec.data.rowcache import CACHE_MODES, NotKept, RowCache, RowLayout, auto_budget, fill_matrices
 from flowrec.data.strata import STRATA, chunk_layout, needed_range
 from flowrec.graph.types import PackedGroup
 from flowrec.graph.packing import group_layout
@@ -326,11 +328,12 @@ class BatchIterator:
             return None
         key = (tuple(self.columns), tuple(self._dense_names), tuple(self._label_names),
                tuple(tuple(fields) for fields in self._group_fields), rules_key(self._rules))
-        widths = (len(self._dense_names), len(self._label_names), tuple(len(f) for f in self._group_fields))
+        layout = RowLayout.of(len(self._dense_names), len(self._label_names),
+                              [len(f) for f in self._group_fields], [g.rows for g in self.groups])
         budget = None if opts.cache_data == "on" else (opts.cache_budget if opts.cache_budget is not None
                                                        else auto_budget)
         parts = range(len(source.partition_rows()))
-        dropped = cache.open(weakref.ref(self), key, [source.row_groups(i) for i in parts], widths, marks(), budget)
+        dropped = cache.open(weakref.ref(self), key, [source.row_groups(i) for i in parts], layout, marks(), budget)
         if dropped is None:
             return None
         for index in dropped:  # a changed file: its rows are read and checked again
@@ -369,12 +372,16 @@ class BatchIterator:
         plan, bsz, opts = self.plan, self.batch_size, self.opts
         for chunk in range(self.start_batch * bsz // plan.chunk_rows, -(-plan.total // plan.chunk_rows)):
             lo = chunk * plan.chunk_rows
-            kept = [(lo // bsz + k, rows) for k, rows in enumerate(plan.chunk_batches(chunk, bsz))
+            layout = plan.chunk_batches(chunk, bsz)
+            kept = [(lo // bsz + k, rows) for k, rows in enumerate(layout)
                     if self.start_batch <= lo // bsz + k < self.num_batches]
             if not kept:
                 continue
             slices = [self._read_slice(len(rows)) for _, rows in kept]
-            read_lo, read_hi = needed_range([rows for _, rows in kept], slices)
+            if len(kept) == len(layout) and all(a == 0 and b == len(rows) for (a, b), (_, rows) in zip(slices, kept)):
+                read_lo, read_hi = 0, sum(len(rows) for _, rows in kept)  # whole batches, every row of the chunk
+            else:
+                read_lo, read_hi = needed_range([rows for _, rows in kept], slices)
             read_hi = max(read_hi, read_lo + 1)  # a rank with no rows here still gets the schema
             yield _Chunk(lo + read_lo, lo + read_hi, tuple(
                 (index, rows[a:b] - read_lo if read_lo else rows[a:b], len(rows) if opts.world_size > 1 else None)
@@ -397,6 +404,13 @@ class BatchIterator:
         run = token(getattr(self.source, "token", ""), self.columns, self.plan, self.batch_size,
                     self.opts.world_size)
         chunks = self._chunks()
+        if reader.cache is not None and reader.cache.complete():  # a warm epoch: nothing to read ahead,
+            for current in chunks:  # so the first chunk's batches go out before the next one is laid out
+                first, rows_of = reader.cached_rows(current.read_lo, current.read_hi, self._fill)
+                view = _CacheView(reader.cache)
+                for index, rows, global_size in current.batches:
+                    yield index, _Rows(view, rows, rows_of, first), global_size
+            return
         current = next(chunks, None)
         while current is not None:
             upcoming = next(chunks, None)
@@ -404,13 +418,13 @@ class BatchIterator:
                 reader.prefetch(upcoming.read_lo, upcoming.read_hi)
             if reader.cache is not None:
                 try:
-                    rows_of = reader.cached_rows(current.read_lo, current.read_hi, self._fill)
-                except _NotFlat:  # a part file holds lists after all: stream (the pending reads stay)
+                    first, rows_of = reader.cached_rows(current.read_lo, current.read_hi, self._fill)
+                except NotKept:  # lists after all, or an id beyond int32: stream (the pending reads stay)
                     self._drop_cache(reader)
                 else:
                     view = _CacheView(reader.cache)
                     for index, rows, global_size in current.batches:
-                        yield index, _Rows(view, rows, rows_of), global_size  # mapped by the packer
+                        yield index, _Rows(view, rows, rows_of, first), global_size  # mapped by the packer
                     current = upcoming
                     continue
             order = np.concatenate([rows for _, rows, _ in current.batches])
@@ -446,7 +460,7 @@ class BatchIterator:
     def _fill(self, table: pa.Table, partition: int, group: int, a: int, b: int) -> None:
         """Fill row group `group` of `partition` (rows [a, b) of a read, checked block) into the cache."""
         if not _flat(table, self._sparse_names):
-            raise _NotFlat
+            raise NotKept("list columns: not the gathered layout")
         assert self._cache is not None
         self._cache.fill(partition, group, table, a, b, self._dense_names, self._label_names, self._group_fields)
 
@@ -486,9 +500,9 @@ class BatchIterator:
 
     def _pack_rows(self, rows: "_Rows", index: int, global_size: int | None) -> Batch:
         """A batch of a gathered chunk: one row gather of each matrix (`_ChunkMatrices`)."""
+        if isinstance(rows.chunk, _CacheView):
+            return self._pack_cached(rows, index, global_size)
         chunk, sel, pool = rows.chunk, rows.rows, self._outputs
-        if rows.mapping is not None:  # chunk rows -> the cache's dataset rows
-            sel = np.take(rows.mapping, sel)
         size = len(sel)
         shapes = [((size, chunk.dense.shape[1]), np.float32), ((size, chunk.labels.shape[1]), np.float32)]
         for ids in chunk.ids:  # (B, F) per group: the layout `pack_group` gives flat fields
@@ -506,6 +520,38 @@ class BatchIterator:
         chunk.release()
         dense, labels = torch.from_numpy(out[0]), torch.from_numpy(out[1])
         batch = self._batch(dense, labels, packed, index, size, global_size, None)
+        pool.put(out)  # the batch's tensors hold its arrays now: reused after they are freed
+        return batch
+
+    def _pack_cached(self, rows: "_Rows", index: int, global_size: int | None) -> Batch:
+        """A batch of the row cache: one gather of its rows from the row matrix into a scratch
+        matrix (small: in L2), then each part copied out into the batch's arrays (ids widened
+        from int32 where the layout narrowed them): the values `_pack_rows` gathers from a chunk."""
+        view, sel, pool = rows.chunk, rows.rows, self._outputs
+        layout, matrix = view.layout, view.rows
+        if rows.mapping is not None:  # chunk rows -> the cache's dataset rows
+            sel = np.take(rows.mapping, sel)
+        elif rows.first:
+            matrix = matrix[rows.first:]  # chunk row r is dataset row first + r
+        size = len(sel)
+        shapes = [((size, layout.dense), np.float32), ((size, layout.labels), np.float32)]
+        for f in layout.fields:  # (B, F) per group: the layout `pack_group` gives flat fields
+            shapes += [((size * f,), np.int64), ((size * f + 1,), np.int64)]
+        out = pool.get(shapes)
+        scratch = pool.scratch(size, layout.words, self.batch_size)
+        # mode="clip" (the rows are in range by construction): "raise" would gather into a temporary
+        np.take(matrix, sel, axis=0, out=scratch, mode="clip")
+        dense, labels, ids = layout.parts(scratch)
+        np.copyto(out[0], dense)
+        np.copyto(out[1], labels)
+        packed = []
+        for k, part in enumerate(ids):
+            flat, offsets = out[2 + 2 * k], out[3 + 2 * k]
+            np.copyto(flat.reshape(part.shape), part)
+            np.copyto(offsets, pool.arange(len(offsets)))
+            packed.append((flat, offsets))
+        pool.put_scratch(scratch)
+        batch = self._batch(torch.from_numpy(out[0]), torch.from_numpy(out[1]), packed, index, size, global_size, None)
         pool.put(out)  # the batch's tensors hold its arrays now: reused after they are freed
         return batch
 
@@ -617,12 +663,14 @@ class _RowReader:
         pos, group, _ = self.pieces[piece]
         return self.cache is not None and self.cache.filled(self.plan.order[pos], group)
 
-    def cached_rows(self, lo: int, hi: int, fill: Any) -> np.ndarray:
-        """The cache's rows of stream rows [lo, hi), in stream order; row groups it does not hold
-        yet are read, checked and passed to `fill(table, partition, group, a, b)` first."""
+    def cached_rows(self, lo: int, hi: int, fill: Any) -> tuple[int, np.ndarray | None]:
+        """The cache's rows of stream rows [lo, hi), in stream order: (first, None) where they are
+        the consecutive dataset rows first.. (row groups in source order, the common case), else
+        (0, dataset row of each); row groups it does not hold yet are read, checked and passed to
+        `fill(table, partition, group, a, b)` first."""
         cache = self.cache
         assert cache is not None
-        out = []
+        spans = []
         for i, a, b in self._overlaps(lo, hi):
             pos, group, n = self.pieces[i]
             partition = self.plan.order[pos]
@@ -630,8 +678,10 @@ class _RowReader:
                 block, offset = self.pending[i]
                 fill(self._table(block), partition, group, offset, offset + n)
             start = cache.start(partition, group)
-            out.append(np.arange(start + a, start + b, dtype=np.int64))
-        return np.concatenate(out) if len(out) != 1 else out[0]
+            spans.append((start + a, start + b))
+        if all(prev[1] == nxt[0] for prev, nxt in zip(spans, spans[1:])):
+            return spans[0][0], None
+        return 0, np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in spans])
 
     def passed(self, pieces: Sequence[int]) -> None:
         """Record that row groups `pieces` passed the checks."""
@@ -764,6 +814,7 @@ class _OutputPool:
     def __init__(self, limit: int):
         self.limit = limit
         self._free: list[list[np.ndarray]] = []
+        self._scratch: list[np.ndarray] = []
         self._ranges: dict[int, np.ndarray] = {}
         self._lock = threading.Lock()
         self._idle = self._refs([np.empty(1)])[0]  # references to an array only a set holds
@@ -786,6 +837,23 @@ class _OutputPool:
         with self._lock:
             if len(self._free) < self.limit:
                 self._free.append(arrays)
+
+    def scratch(self, rows: int, words: int, capacity: int) -> np.ndarray:
+        """A (rows, words) uint32 matrix a packing thread gathers a batch's cached rows into,
+        nobody else's until `put_scratch`: the first rows of a kept matrix (no page faults), else
+        of a new one of max(rows, capacity) rows."""
+        with self._lock:
+            for i, matrix in enumerate(self._scratch):
+                if matrix.shape[0] >= rows and matrix.shape[1] == words:
+                    return self._scratch.pop(i)[:rows]
+        return np.empty((max(rows, capacity), words), np.uint32)[:rows]
+
+    def put_scratch(self, matrix: np.ndarray) -> None:
+        """Return a matrix of `scratch` (a view of its first rows is fine)."""
+        base = matrix if matrix.base is None else matrix.base
+        with self._lock:
+            if len(self._scratch) < self.limit:
+                self._scratch.append(base)
 
     def arange(self, n: int) -> np.ndarray:
         """0 .. n-1 as int64 (a batch's offsets), computed once per length."""
@@ -810,24 +878,19 @@ def _output_pool(source: PartitionSource, limit: int) -> "_OutputPool":
 
 class _Rows:
     """One batch of a `_ChunkMatrices` or a `_CacheView`: its chunk-local rows (int64, in batch
-    order) and, for a cache, `mapping` (chunk row -> dataset row, `_RowReader.cached_rows`)."""
+    order) and, for a cache, where chunk rows are in the dataset (`_RowReader.cached_rows`):
+    dataset row `first` + chunk row, or `mapping[chunk row]` where `mapping` is not None."""
 
-    def __init__(self, chunk: Any, rows: np.ndarray, mapping: np.ndarray | None = None):
-        self.chunk, self.rows, self.mapping = chunk, rows, mapping
+    def __init__(self, chunk: Any, rows: np.ndarray, mapping: np.ndarray | None = None, first: int = 0):
+        self.chunk, self.rows, self.mapping, self.first = chunk, rows, mapping, first
 
 
 class _CacheView:
-    """A `RowCache`'s matrices as a batch gathers them (`_Rows.chunk`); nothing to release."""
+    """A `RowCache`'s row matrix as a batch gathers it (`_Rows.chunk`, `BatchIterator._pack_cached`)."""
 
     def __init__(self, cache: RowCache):
-        self.dense, self.labels, self.ids = cache.dense, cache.labels, cache.ids
-
-    def release(self) -> None:
-        return None
-
-
-class _NotFlat(Exception):
-    """A block to cache holds list columns: the rows are not in the gathered layout."""
+        assert cache.row_layout is not None
+        self.rows, self.layout = cache.rows, cache.row_layout
 
 
 def _flat(table: pa.Table, names: list[str]) -> bool:

@@ -1,19 +1,29 @@
-"""Decoded rows kept across epochs: the staged matrices of a whole dataset, filled once.
+"""Decoded rows kept across epochs: the staged rows of a whole dataset, filled once.
 
 An epoch of staging reads every part file again: Parquet decoding is most of a warm epoch's CPU
 time (0.21 of 0.45-0.57 CPU s per 1.5M DLRM rows on the 2-core VM, `docs/data.md`), and then the
 reader copies each chunk's rows into row-major matrices (`flowrec.data.batches._ChunkMatrices`)
-before the batches gather their rows from them. A `RowCache` keeps those matrices for the whole
-dataset instead: dense (N, n_dense) float32, labels (N, n_labels) float32 and per packed group
-(N, F) int64 ids with their tables' row offsets added, one row per dataset row in the source's
-own order (partition by partition, row group by row group). The first epoch fills a row group
-when it first reads it (after the data checks passed it); later epochs read nothing: a chunk of
-the shuffled stream maps to dataset rows, and a batch is one row gather of each matrix, bitwise
-the batch the streaming path gives (same values, same order, same dtypes: the same fill code).
+before the batches gather their rows from them. A `RowCache` keeps the rows of the whole dataset
+instead, one row per dataset row in the source's own order (partition by partition, row group by
+row group). The first epoch fills a row group when it first reads it (after the data checks
+passed it); later epochs read nothing: a chunk of the shuffled stream maps to dataset rows, and a
+batch is one row gather, bitwise the batch the streaming path gives (same values, same order,
+same dtypes: the same fill code).
 
-What it costs: memory, `decoded_bytes` (4 bytes per dense value and label, 8 per id: 396 MiB
-for 1.5M Criteo rows of 13 dense and 26 sparse fields), held for the life of the source (freed
-by its `close`). `StagingOptions.cache_data` decides (`flowrec train --cache-data`):
+The row matrix (decision: one interleaved row per dataset row, not one matrix per kind). A warm
+epoch is the batches' row gathers, random rows of a matrix far larger than the caches, so what
+it costs is the cache lines a row touches. Separate matrices (dense (N, 13) float32, labels
+(N, 1) float32, ids (N, 26) int64 for Criteo) touch about 7 lines per row (a 52-byte dense row
+straddles two lines 4 times in 5); one uint32 matrix holding every value of a row, its start
+aligned to a cache line and its stride chosen so that no row straddles more lines than it must
+(`RowLayout`), touches ceil(bytes / 64): 3 for Criteo, where a group's ids are stored as int32
+(its packed table has at most 2**31 rows) and widened back to int64 when a batch is cut. A batch gathers its rows
+once into a small scratch matrix (in L2), then copies each part out into the batch's arrays:
+0.057 against 0.085 CPU s per epoch of 1.5M Criteo rows on the 2-core VM, the same bits.
+
+What it costs: memory, `RowLayout.nbytes` (160 bytes per Criteo row of 13 dense, 1 label and 26
+int32 ids: 229 MiB for 1.5M rows), held for the life of the source (freed by its `close`).
+`StagingOptions.cache_data` decides (`flowrec train --cache-data`):
 
 - ``auto`` (default): cache a dataset read from files (Parquet) when its decoded rows fit the
   budget, `StagingOptions.cache_budget` bytes or else half the memory this process can still
@@ -24,7 +34,9 @@ by its `close`). `StagingOptions.cache_data` decides (`flowrec train --cache-dat
 - ``off``: stream every epoch.
 
 Only the gathered layout is cached (every packed group one id per field, no managed table
-remapping ids: DLRM, DCN, W&D); sequences, managed tables and Dask sources stream as before.
+remapping ids: DLRM, DCN, W&D); sequences, managed tables and Dask sources stream as before. An
+id that does not fit its int32 column (only unchecked rows can hold one: the checks keep ids
+inside their tables) is not kept either: the fill raises `NotKept` and the epoch streams.
 
 Files that change: each part file is known by its fingerprint (`flowrec.data.checked`:
 size, mtime in ns, SHA-256 of its footer), taken when an epoch starts; rows of a file whose
@@ -38,15 +50,19 @@ same source while the first runs streams without it, so rows are never refilled 
 
 Example:
     >>> cache, owner = RowCache(), type("Epoch", (), {})()
-    >>> cache.open(owner, key="k", group_rows=[[2, 1]], widths=(1, 1, (2,)), marks=["f"], budget=None)
+    >>> layout = RowLayout.of(dense=1, labels=1, fields=(2,), table_rows=(100,))
+    >>> cache.open(owner, key="k", group_rows=[[2, 1]], layout=layout, marks=["f"], budget=None)
     []
-    >>> cache.nbytes, cache.filled(0, 1), cache.start(0, 1)
-    (72, False, 2)
+    >>> layout.stride, cache.nbytes, cache.filled(0, 1), cache.start(0, 1)
+    (16, 48, False, 2)
 """
 from __future__ import annotations
 
+import math
 import threading
 import weakref
+from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -56,6 +72,14 @@ from flowrec.spec.units import parse_bytes
 
 CACHE_MODES = ("auto", "on", "off")
 AUTO_SHARE = 0.5  # auto: the cache may take this share of the memory still available
+LINE = 64  # bytes of a cache line: the matrix starts on one, and strides are chosen by it
+WORD = 4  # bytes of one column of the row matrix (uint32)
+INT32 = np.iinfo(np.int32)
+
+
+class NotKept(Exception):
+    """Rows the cache cannot hold as they are (a list column, an id beyond its int32 column): the
+    epoch streams instead (`flowrec.data.batches`)."""
 
 
 def parse_cache_data(text: str) -> tuple[str, int | None]:
@@ -74,10 +98,92 @@ def parse_cache_data(text: str) -> tuple[str, int | None]:
         raise ValueError(f"--cache-data must be auto, on, off or a byte size such as 2GiB, not {text!r}") from None
 
 
-def decoded_bytes(rows: int, widths: tuple[int, int, Sequence[int]]) -> int:
-    """Bytes of the matrices of `rows` rows: (dense columns, label columns, ids per group)."""
-    dense, labels, groups = widths
-    return rows * (4 * dense + 4 * labels + 8 * sum(groups))
+@dataclass(frozen=True)
+class RowLayout:
+    """Where the values of one row live in the row matrix: one uint32 word per 4 bytes.
+
+    Per packed group its ids (int32, one word each, where the group's packed table has at most
+    2**31 rows; else int64, two words, at an even word), then the dense values and the labels
+    (float32, one word each). The stride is the fewest bytes with which no row touches more
+    cache lines than its bytes need (`stride`).
+
+    Args:
+        dense: dense columns.
+        labels: label columns.
+        fields: ids per row of each packed group.
+        narrow: per group, whether its ids are stored as int32.
+    """
+
+    dense: int
+    labels: int
+    fields: tuple[int, ...]
+    narrow: tuple[bool, ...]
+
+    @classmethod
+    def of(cls, dense: int, labels: int, fields: Sequence[int], table_rows: Sequence[int]) -> "RowLayout":
+        """The layout of rows of `dense` and `labels` columns and `fields` ids per group, whose
+        packed tables hold `table_rows` rows (valid ids: 0 .. rows - 1)."""
+        return cls(int(dense), int(labels), tuple(int(f) for f in fields),
+                   tuple(int(r) - 1 <= INT32.max for r in table_rows))
+
+    @cached_property
+    def ids_at(self) -> tuple[int, ...]:
+        """The first word of each group's ids."""
+        return self._words[0]
+
+    @cached_property
+    def dense_at(self) -> int:
+        """The first word of the dense values (the labels follow them)."""
+        return self._words[1]
+
+    @cached_property
+    def _words(self) -> tuple[tuple[int, ...], int]:
+        at, word = [], 0
+        for f, narrow in zip(self.fields, self.narrow):
+            word += 0 if narrow else word % 2
+            at.append(word)
+            word += f if narrow else 2 * f
+        return tuple(at), word
+
+    @cached_property
+    def stride(self) -> int:
+        """Bytes of one row of the matrix: the fewest, at least the row's bytes (a multiple of 8
+        with int64 ids), with which no row touches more cache lines than its bytes need.
+
+        Rows of the (line-aligned) matrix start at multiples of gcd(stride, 64) within a line, so a
+        row of `size` bytes touches at most ceil((64 - gcd + size) / 64) lines."""
+        size = max(WORD * (self.dense_at + self.dense + self.labels), WORD)
+        step = WORD if all(self.narrow) else 2 * WORD
+        need = -(-size // LINE)
+        stride = -(-size // step) * step
+        while -(-(LINE - math.gcd(stride, LINE) + size) // LINE) > need:
+            stride += step
+        return stride
+
+    @property
+    def words(self) -> int:
+        """Columns (uint32) of the row matrix."""
+        return self.stride // WORD
+
+    def nbytes(self, rows: int) -> int:
+        """Bytes of the matrix of `rows` rows."""
+        return rows * self.stride
+
+    def matrix(self, rows: int) -> np.ndarray:
+        """A new (rows, words) uint32 matrix, its first row aligned to a cache line."""
+        raw = np.empty(self.nbytes(rows) + LINE, np.uint8)
+        skip = -raw.ctypes.data % LINE
+        return raw[skip:skip + self.nbytes(rows)].view(np.uint32).reshape(rows, self.words)
+
+    def parts(self, matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+        """(dense, labels, ids per group) views of a (n, words) matrix: (n, dense) and (n, labels)
+        float32, (n, F) int32 or int64 (views share the matrix's memory)."""
+        d = self.dense_at
+        dense = matrix[:, d:d + self.dense].view(np.float32)
+        labels = matrix[:, d + self.dense:d + self.dense + self.labels].view(np.float32)
+        ids = [matrix[:, a:a + f].view(np.int32) if narrow else matrix[:, a:a + 2 * f].view(np.int64)
+               for a, f, narrow in zip(self.ids_at, self.fields, self.narrow)]
+        return dense, labels, ids
 
 
 def auto_budget() -> int:
@@ -109,9 +215,12 @@ def fill_matrices(table: pa.Table, a: int, b: int, start: int, dense: np.ndarray
         a, b: its rows to copy.
         start: the destination row of row `a`.
         dense, labels: (n, n_dense) and (n, n_labels) float32 destinations.
-        ids: per packed group, the (n, F) int64 destination.
+        ids: per packed group, the (n, F) int64 destination (or int32: `RowCache`).
         dense_names, label_names: the columns of `dense` and `labels`, in order.
         groups: per packed group, (column, row offset) of each field in field order.
+
+    Raises:
+        NotKept: an id (plus its offset) does not fit an int32 destination.
     """
     for matrix, names in ((dense, dense_names), (labels, label_names)):
         for j, name in enumerate(names):
@@ -120,16 +229,25 @@ def fill_matrices(table: pa.Table, a: int, b: int, start: int, dense: np.ndarray
     for out, fields in zip(ids, groups):
         for j, (name, offset) in enumerate(fields):
             for lo, values in pieces(table, name, a, b, start):
-                np.add(values.astype(np.int64, copy=False), offset, out=out[lo:lo + len(values), j])
+                target = out[lo:lo + len(values), j]
+                if out.dtype == np.int64:
+                    np.add(values.astype(np.int64, copy=False), offset, out=target)
+                    continue
+                wide = np.add(values.astype(np.int64, copy=False), offset)
+                if len(wide) and (wide.min() < INT32.min or wide.max() > INT32.max):
+                    raise NotKept(f"column {name!r}: an id beyond the int32 rows of the cache")
+                target[...] = wide
 
 
 class RowCache:
     """The staged matrices of one source's rows, kept across epochs (see the module docstring).
 
     Attributes (valid while an owner holds it):
-        dense, labels: (N, n_dense), (N, n_labels) float32.
-        ids: per packed group (N, F) int64.
-        nbytes: bytes of the matrices (0: nothing allocated).
+        rows: (N, words) uint32, every value of a dataset row (`row_layout`).
+        row_layout: where each value lives in a row.
+        dense, labels: (N, n_dense), (N, n_labels) float32 views of `rows`.
+        ids: per packed group (N, F) int32 or int64 views of `rows`.
+        nbytes: bytes of the matrix (0: nothing allocated).
     """
 
     def __init__(self) -> None:
@@ -141,7 +259,9 @@ class RowCache:
 
     def _clear(self) -> None:
         self.key: Any = None
-        self.layout: tuple[tuple[int, ...], ...] | None = None
+        self.group_rows: tuple[tuple[int, ...], ...] | None = None
+        self.row_layout: RowLayout | None = None
+        self.rows = np.empty((0, 0), np.uint32)
         self.dense = self.labels = np.empty((0, 0), np.float32)
         self.ids: list[np.ndarray] = []
         self._starts: list[np.ndarray] = []  # per partition: dataset row of each row group
@@ -149,11 +269,11 @@ class RowCache:
         self._marks: list[str] = []  # per partition: fingerprint its rows were read under
         self.nbytes = 0
 
-    def open(self, owner: Any, key: Any, group_rows: Sequence[Sequence[int]], widths: tuple[int, int, Sequence[int]],
+    def open(self, owner: Any, key: Any, group_rows: Sequence[Sequence[int]], layout: RowLayout,
              marks: Sequence[str], budget: int | Callable[[], int | None] | None) -> list[int] | None:
         """Reserve the cache for `owner` (an iterator, or a weak reference to one) for this epoch.
 
-        Allocates the matrices when the key (columns, packing, checks) or the row groups differ
+        Allocates the matrix when the key (columns, packing, checks), the layout or the row groups differ
         from what it holds and they fit `budget`; drops the rows of every partition whose mark
         (fingerprint) changed or is empty.
 
@@ -161,7 +281,7 @@ class RowCache:
             owner: the iterator that will fill and read it until `release`.
             key: what the matrices hold (columns, packed layout, rules of the checks).
             group_rows: rows of each row group of each partition, in source order.
-            widths: (dense columns, label columns, fields per packed group).
+            layout: where each value of a row lives (`RowLayout`).
             marks: per partition, the fingerprint of what a read gives now ("": unknown, never kept).
             budget: bytes the matrices may take (None: any), or a function giving it, called only
                 when they must be allocated (the auto budget depends on the memory free then).
@@ -176,14 +296,14 @@ class RowCache:
             holder = self._owner() if self._owner is not None else None
             if holder is not None and holder is not ref():
                 return None
-            layout = tuple(tuple(int(n) for n in groups) for groups in group_rows)
-            if key != self.key or layout != self.layout:
+            rows_of = tuple(tuple(int(n) for n in groups) for groups in group_rows)
+            if key != self.key or rows_of != self.group_rows or layout != self.row_layout:
                 self._clear()
-                size = decoded_bytes(sum(map(sum, layout)), widths)
+                size = layout.nbytes(sum(map(sum, rows_of)))
                 limit = budget() if callable(budget) else budget
                 if limit is not None and size > limit:
                     return None
-                self._allocate(key, layout, widths, marks)
+                self._allocate(key, rows_of, layout, marks)
             dropped = []
             for p, mark in enumerate(marks):
                 if mark != self._marks[p] or not mark:
@@ -194,19 +314,18 @@ class RowCache:
             self._owner = ref
             return dropped
 
-    def _allocate(self, key: Any, layout: tuple[tuple[int, ...], ...], widths: tuple[int, int, Sequence[int]],
+    def _allocate(self, key: Any, group_rows: tuple[tuple[int, ...], ...], layout: RowLayout,
                   marks: Sequence[str]) -> None:
-        dense, labels, groups = widths
-        rows = sum(map(sum, layout))
-        self.dense, self.labels = np.empty((rows, dense), np.float32), np.empty((rows, labels), np.float32)
-        self.ids = [np.empty((rows, f), np.int64) for f in groups]
+        rows = sum(map(sum, group_rows))
+        self.rows = layout.matrix(rows)
+        self.dense, self.labels, self.ids = layout.parts(self.rows)
         start = 0
-        for groups_rows in layout:
+        for groups_rows in group_rows:
             self._starts.append(start + np.concatenate([[0], np.cumsum(groups_rows)[:-1]]).astype(np.int64))
             self._filled.append(np.zeros(len(groups_rows), bool))
             start += sum(groups_rows)
         self._marks = list(marks)
-        self.key, self.layout, self.nbytes = key, layout, decoded_bytes(rows, widths)
+        self.key, self.group_rows, self.row_layout, self.nbytes = key, group_rows, layout, layout.nbytes(rows)
 
     def release(self, owner: Any) -> None:
         """`owner` is done with the cache (its threads are joined); the rows stay for the next epoch."""
@@ -216,12 +335,16 @@ class RowCache:
                 self._owner = None
 
     def clear(self) -> None:
-        """Free the matrices and the batch arrays (the source closes); an owner still holding them
+        """Free the matrix and the batch arrays (the source closes); an owner still holding them
         keeps its references."""
         with self._lock:
             self._clear()
         with self.lock:
             self.outputs = None
+
+    def complete(self) -> bool:
+        """Whether every row group of every partition holds its rows (an epoch reads nothing)."""
+        return bool(self._filled) and all(bool(f.all()) for f in self._filled)
 
     def filled(self, partition: int, group: int) -> bool:
         """Whether row group `group` of `partition` holds its rows."""
@@ -233,7 +356,11 @@ class RowCache:
 
     def fill(self, partition: int, group: int, table: pa.Table, a: int, b: int, dense_names: Sequence[str],
              label_names: Sequence[str], groups: Sequence[Sequence[tuple[str, int]]]) -> None:
-        """Copy rows [a, b) of `table` (the whole row group, checked) into the matrices."""
+        """Copy rows [a, b) of `table` (the whole row group, checked) into the matrix.
+
+        Raises:
+            NotKept: an id does not fit its int32 column (nothing is marked filled).
+        """
         fill_matrices(table, a, b, self.start(partition, group), self.dense, self.labels, self.ids,
                       dense_names, label_names, groups)
         self._filled[partition][group] = True

@@ -80,7 +80,7 @@ def test_cached_epochs_equal_streamed_epochs(tmp_path, monkeypatch, world, rank,
             a = epoch(spec, cached, opts, number, first)
             b = epoch(spec, streamed, StagingOptions(**{**opts.__dict__, "cache_data": "off"}), number, first)
             same_epochs(a, b)
-            assert cached.row_cache.nbytes == 1237 * (4 * 2 + 4 * 2 + 8 * 4)
+            assert cached.row_cache.nbytes == 1237 * 32  # a row: 2 dense, 2 labels, 4 int32 ids (`RowLayout`)
             if number >= 1 and world == 1:
                 assert cached.bytes_read == read  # nothing read: every row group is kept
         assert streamed.row_cache.nbytes == 0 and streamed.bytes_read > cached.bytes_read
@@ -164,7 +164,7 @@ def test_modes_and_budget(tmp_path, monkeypatch):
     """auto keeps a Parquet dataset that fits the budget, not one over it nor rows already in
     memory; on keeps a MemorySource; off keeps nothing; a bad mode is one clear error."""
     spec, path = dataset(tmp_path, monkeypatch, seed=15)
-    size = 1237 * (4 * 2 + 4 * 2 + 8 * 4)
+    size = 1237 * 32  # a row: 2 dense, 2 labels, 4 int32 ids (`RowLayout`)
     for options, kept in [({}, True), ({"cache_budget": size}, True), ({"cache_budget": size - 1}, False),
                           ({"cache_data": "off"}, False), ({"cache_data": "on", "cache_budget": 1}, True)]:
         source = ParquetSource(path)
@@ -254,7 +254,7 @@ def test_real_criteo_rows_cached_equal_streamed(shared_data, repo, tmp_path):
             same_epochs(epoch(spec, cached, opts, number),
                         epoch(spec, streamed, StagingOptions(**{**opts.__dict__, "cache_data": "off"}), number))
             assert number == 0 or cached.bytes_read == read
-        assert cached.row_cache.nbytes == 1000 * (4 * 13 + 4 * 1 + 8 * 26)
+        assert cached.row_cache.nbytes == 1000 * 160  # 13 dense, 1 label, 26 int32 ids: 160 bytes a row
     finally:
         cached.close()
         streamed.close()
@@ -290,3 +290,123 @@ def test_auto_keeps_nothing_where_the_free_memory_is_unknown(tmp_path, monkeypat
             assert (source.row_cache.nbytes > 0) == kept, room
         finally:
             source.close()
+
+
+def _lines(layout, rows: int = 64) -> int:
+    """Most cache lines one row of a line-aligned matrix of `layout` touches (rows 0..rows-1)."""
+    size = 4 * (layout.dense_at + layout.dense + layout.labels)
+    return max((r * layout.stride + size - 1) // 64 - (r * layout.stride) // 64 + 1 for r in range(rows))
+
+
+@pytest.mark.parametrize("dense,labels,fields,table_rows,stride", [
+    (13, 1, (26,), (33_762_577,), 160),  # Criteo: int32 ids, 3 lines a row
+    (2, 2, (2, 2), (5070, 933), 32),  # the flat spec
+    (1, 1, (2,), (100,), 16),
+    (13, 1, (2, 24), (3 << 30, 100), 192),  # a group of more than 2**31 rows keeps int64 ids
+    (0, 1, (3,), (5,), 16),
+])
+def test_row_layout(dense, labels, fields, table_rows, stride):
+    """The row matrix's layout: every value in its own words, int64 ids at an even word, a stride
+    with which no row touches more lines than its bytes need, a line-aligned matrix whose views
+    read back what was written."""
+    from flowrec.data.rowcache import RowLayout
+
+    layout = RowLayout.of(dense, labels, fields, table_rows)
+    size = 4 * (layout.dense_at + dense + labels)
+    assert layout.stride == stride and layout.stride >= size and _lines(layout) == -(-size // 64)
+    assert layout.narrow == tuple(r <= 1 << 31 for r in table_rows)
+    words = [range(a, a + (f if n else 2 * f)) for a, f, n in zip(layout.ids_at, fields, layout.narrow)]
+    words += [range(layout.dense_at, layout.dense_at + dense + labels)]
+    taken = [w for span in words for w in span]
+    assert len(taken) == len(set(taken)) and max(taken) < layout.words  # no overlap, inside the row
+    assert all(a % 2 == 0 for a, n in zip(layout.ids_at, layout.narrow) if not n)
+    matrix = layout.matrix(37)
+    assert matrix.ctypes.data % 64 == 0 and matrix.shape == (37, layout.words) and layout.nbytes(37) == 37 * stride
+    rng = np.random.default_rng(3)
+    d, lab, ids = layout.parts(matrix)
+    values = [rng.standard_normal(d.shape).astype(np.float32), rng.standard_normal(lab.shape).astype(np.float32)]
+    values += [rng.integers(-(1 << 31), 1 << 31, m.shape).astype(m.dtype) * (1 if n else 3)
+               for m, n in zip(ids, layout.narrow)]
+    for view, value in zip([d, lab, *ids], values):
+        view[...] = value
+    for view, value in zip(layout.parts(matrix.copy())[0:2] + tuple(layout.parts(matrix.copy())[2]), values):
+        assert view.tobytes() == value.tobytes()
+
+
+def huge_spec() -> object:
+    """A packed group of more than 2**31 rows (its ids kept as int64) beside a small one."""
+    return spec_from_dict({
+        "name": "huge",
+        "features": [
+            {"name": "x", "type": "dense"},
+            {"name": "a", "type": "categorical", "hash_buckets": 3_000_000_000, "dim": 4},
+            {"name": "b", "type": "categorical", "hash_buckets": 70, "dim": 4},
+            {"name": "c", "type": "categorical", "hash_buckets": 900, "dim": 8},
+        ],
+        "modules": [{"name": "m", "kind": "mlp", "inputs": ["@dense", "@sparse"], "layers": [4]}],
+        "heads": [{"name": "h", "input": "m"}],
+        "optimizer": {"dense": {"name": "adam", "lr": 0.01}, "sparse": {"name": "sgd", "lr": 0.1}},
+        "training": {"batch_size": 64, "seed": 5},
+    })
+
+
+def test_a_group_beyond_int32_rows_is_kept_as_int64():
+    """Ids of a packed table of more than 2**31 rows (offsets beyond int32) are kept in int64
+    columns: every batch of every epoch bitwise the streamed one, ids above 2**31 included."""
+    spec = huge_spec()
+    table = synth_table(spec, 900, SynthConfig(seed=8))
+    on, off = StagingOptions(batch_size=64, shuffle_buffer=192, cache_data="on"), \
+        StagingOptions(batch_size=64, shuffle_buffer=192, cache_data="off")
+    source = MemorySource(split_table(table, 4))
+    for number in range(3):
+        kept = epoch(spec, source, on, number)
+        same_epochs(kept, epoch(spec, MemorySource(split_table(table, 4)), off, number))
+        assert source.row_cache.row_layout.narrow.count(False) == 1 and source.row_cache.nbytes == 900 * 32
+    ids = np.concatenate([g.ids.numpy() for bt in kept for g in bt.groups.values()])
+    assert ids.max() > (1 << 31) and len(np.unique(ids)) > 50
+
+
+def test_an_unchecked_id_beyond_int32_streams():
+    """Unchecked rows holding an id whose packed row does not fit the int32 column (2**40) are not
+    kept: the epoch streams, with the batches of cache_data="off", the ids unchanged."""
+    spec = flat_spec()
+    table = synth_table(spec, 700, SynthConfig(seed=9))
+    ids = table.column("c").to_numpy().copy()
+    ids[123] = 1 << 40
+    table = table.set_column(table.column_names.index("c"), "c", pa.array(ids))
+    on = StagingOptions(batch_size=64, shuffle_buffer=192, cache_data="on", check=False)
+    off = StagingOptions(**{**on.__dict__, "cache_data": "off"})
+    source = MemorySource(split_table(table, 3))
+    for number in range(2):
+        got = epoch(spec, source, on, number)
+        same_epochs(got, epoch(spec, MemorySource(split_table(table, 3)), off, number))
+        assert source.row_cache.nbytes == 0
+    assert max(int(g.ids.max()) for bt in got for g in bt.groups.values()) >= 1 << 40
+
+
+def test_batches_kept_across_epochs_are_never_overwritten(tmp_path, monkeypatch):
+    """A consumer that keeps every batch of an epoch while the next epochs are staged (the kept
+    rows and the pooled arrays reused meanwhile) still holds the batches it was given, each
+    bitwise the streamed one, and contiguous."""
+    spec, path = dataset(tmp_path, monkeypatch, seed=18)
+    opts = StagingOptions(batch_size=100, shuffle_buffer=300, workers=2, prefetch=2, cache_data="on")
+    source, reference = ParquetSource(path), ParquetSource(path)
+    off = StagingOptions(**{**opts.__dict__, "cache_data": "off"})
+    try:
+        held = []
+        for number in range(4):
+            with iterate_batches(spec, source, opts, number) as it:
+                for i, batch in enumerate(it):
+                    if i % 3 == number % 3:
+                        held.append((number, i, batch))
+                    del batch
+                    gc.collect() if i % 5 == 0 else None
+        streamed = {number: epoch(spec, reference, off, number) for number in range(4)}
+        assert len(held) > 8
+        for number, i, batch in held:
+            same_batch(batch, streamed[number][i])
+            assert batch.dense.is_contiguous() and batch.labels.is_contiguous()
+            assert all(g.ids.is_contiguous() for g in batch.groups.values())
+    finally:
+        source.close()
+        reference.close()
