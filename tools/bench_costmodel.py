@@ -31,16 +31,20 @@ Ratios:
         costmodel_max_step_error_fastest_quartile: the same against each spec's fastest-quartile
         step (less of the other processes' load on a shared machine).
     costmodel_max_bytes_error: the same for host<->device bytes per step (target <= 0.20).
+    costmodel_max_run_spread: max over specs of the spread of a spec's runs' own estimates, (max -
+        min) / the pooled estimate: the precision the measurement has (a spec of a few ms is run in
+        up to MAX_RUNS processes, `measure_spec`).
 
 Usage:
     python tools/bench_costmodel.py [--steps 20] [--profile FILE] [--device-budget 64MiB] [--cache POLICY]
-        [--specs a.yaml,b.yaml] [--threads N] [--nproc N] [--one-epoch] [--json PATH]
+        [--specs a.yaml,b.yaml] [--threads N] [--nproc N] [--one-epoch] [--runs 3] [--json PATH]
     python tools/bench_costmodel.py --merge part1.json,part2.json --json PATH
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -58,6 +62,10 @@ RUN_TIMEOUT_S = 1200
 SYNTH_ROWS = 8192  # synthetic rows per spec (every spec's batch is <= 4096)
 EPOCHS = 100  # enough epochs for --steps over a few thousand rows
 WARMUP_STEPS = 2  # steps whose compute time (first-call set-up) is not counted
+RUN_SECONDS = 1.0  # timed seconds of steps a further run of a spec aims at (its steps: `run_steps`) ...
+MAX_STEPS = 400  # ... in at most this many steps
+POOL_SECONDS = 3.0  # a spec gets further runs while its runs' timed steps make fewer seconds ...
+MAX_RUNS = 3  # ... and fewer runs
 FLOAT_BYTES = 4  # dense features and labels travel as float32
 
 
@@ -168,23 +176,59 @@ def synth_rows(spec: Path, steps: int, one_epoch: bool) -> int:
     return max(SYNTH_ROWS, load_spec(spec).training.batch_size * (WARMUP_STEPS + steps + 1))
 
 
+def run_steps(first_ms: float, steps: int, batch: int, rows: int) -> int:
+    """Timed steps of a spec's further runs: enough for RUN_SECONDS of steps at the first run's
+    step `first_ms`, at least `steps`, at most MAX_STEPS and what the run's data holds (EPOCHS
+    epochs of `rows` rows at `batch`, less the warm-up).
+
+    Example:
+        >>> run_steps(1.3, 20, 1024, 8192), run_steps(70.0, 20, 4096, 8192), run_steps(1.0, 20, 4096, 8192)
+        (400, 20, 197)
+    """
+    wanted = max(steps, min(MAX_STEPS, math.ceil(RUN_SECONDS * 1e3 / max(first_ms, 1e-6))))
+    return max(1, min(wanted, (rows // max(batch, 1)) * EPOCHS - WARMUP_STEPS - 1))
+
+
 def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str | None,
-                 cache: str | None = None, nproc: int = 1, one_epoch: bool = False) -> dict[str, Any]:
-    """Predicted vs measured for one spec: one run of WARMUP_STEPS + `steps` steps (on `nproc`
-    ranks); the measured step is the robust estimate (`flowrec.measure.robust`) over the steps
-    after WARMUP_STEPS."""
+                 cache: str | None = None, nproc: int = 1, one_epoch: bool = False,
+                 max_runs: int = MAX_RUNS) -> dict[str, Any]:
+    """Predicted vs measured for one spec: runs of WARMUP_STEPS + steps steps (on `nproc` ranks),
+    a new `flowrec train` process each, one plan (the same profile): the first of `steps` steps,
+    further ones (`run_steps`: RUN_SECONDS of steps each) while the timed steps of all the runs
+    make fewer than POOL_SECONDS and fewer than `max_runs` runs were made. A step of a few
+    milliseconds is thus measured on hundreds of steps in three processes: one run's 20 steps
+    moved a 1-6 ms spec by 0.07-0.25 between two runs of the same code (round 8). The measured
+    step is the robust estimate (`flowrec.measure.robust`) over the steps after WARMUP_STEPS of
+    every run pooled; each run's own estimate is kept (`measured_runs`), their spread
+    (`measured_run_spread`: (max - min) / the pooled estimate) is the precision the measurement
+    has."""
     data = tmp / f"{spec.stem}-data"
     rows = synth_rows(spec, steps, one_epoch)
     flowrec("data", "synth", str(spec), "--rows", str(rows), "--out", str(data), cwd=tmp)
-    result, seconds = train_json(spec, data, profile, WARMUP_STEPS + steps, tmp / spec.stem, tmp, budget, cache,
-                                 nproc)
-    plan = json.loads((tmp / spec.stem / "plan.json").read_text())
+    runs: list[tuple[dict[str, Any], list[robust.Round]]] = []
+    pooled: list[robust.Round] = []
+    count = steps
+    while True:
+        out = tmp / f"{spec.stem}-run{len(runs)}"
+        result, seconds = train_json(spec, data, profile, WARMUP_STEPS + count, out, tmp, budget, cache, nproc)
+        rounds = [robust.Round(r.wall * 1e3, r.waited * 1e3) for r in seconds[WARMUP_STEPS:]]
+        runs.append((result, rounds))
+        pooled += rounds
+        if len(runs) >= max_runs or sum(r.wall for r in pooled) >= POOL_SECONDS * 1e3:
+            break
+        plan = json.loads((out / "plan.json").read_text())
+        count = run_steps(robust.estimate(rounds).seconds, steps, plan["cost"]["batch_size"], rows)
+    plan = json.loads((tmp / f"{spec.stem}-run0" / "plan.json").read_text())
     cost = plan["cost"]
-    rounds = [robust.Round(r.wall * 1e3, r.waited * 1e3) for r in seconds[WARMUP_STEPS:]]
-    timed = [r.wall for r in rounds]
-    robust_ms = robust.estimate(rounds)
+    result, first = runs[0]
+    timed = [r.wall for r in pooled]
+    robust_ms = robust.estimate(pooled)
     measured_ms = robust_ms.seconds
     predicted_ms = cost["step_ms_overlap"]
+    per_run = [robust.estimate(r) for _, r in runs]
+    run_ms = [e.seconds for e in per_run]
+    staging_wait = sum(r["stage_seconds"].get("staging_wait", 0.0) for r, _ in runs) / max(
+        sum(r["steps"] for r, _ in runs), 1) * 1e3
     row = {"spec": spec.name, "steps": len(timed), "synth_rows": rows, "batch": cost["batch_size"], "world_size": cost["world_size"],
            "predicted_step_ms": predicted_ms, "predicted_exchange_ms": cost.get("exchange_ms", 0.0),
            "predicted_exchange_bytes": cost.get("exchange_bytes_per_step", 0),
@@ -192,14 +236,19 @@ def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str |
            "predicted_stage_ms": cost["stage_ms"], "measured_step_ms": measured_ms,
            "measured_clean_steps": robust_ms.clean, "measured_method": robust_ms.method,
            "measured_step_ms_median": quantile(timed, 0.5),
-           "measured_wait_ms_median": quantile([r.waited for r in rounds], 0.5),
+           "measured_wait_ms_median": quantile([r.waited for r in pooled], 0.5),
            "measured_step_ms_quartiles": [quantile(timed, 0.25), quantile(timed, 0.75)],
            "measured_step_ms_mean": sum(timed) / len(timed),
-           "measured_staging_wait_ms": result["stage_seconds"].get("staging_wait", 0.0) / max(result["steps"], 1) * 1e3,
+           "measured_staging_wait_ms": staging_wait,
+           "measured_runs": [{"steps": len(r), "step_ms": e.seconds, "clean_steps": e.clean, "method": e.method,
+                              "step_ms_median": quantile([x.wall for x in r], 0.5),
+                              "step_error": predicted_ms / e.seconds - 1.0}
+                             for (_, r), e in zip(runs, per_run)],
+           "measured_run_spread": (max(run_ms) - min(run_ms)) / measured_ms,
            "step_error": predicted_ms / measured_ms - 1.0,
            "step_error_fastest_quartile": predicted_ms / quantile(timed, 0.25) - 1.0,
            "step_error_wall_median": predicted_ms / quantile(timed, 0.5) - 1.0,
-           "measured_rounds_ms": [[round(r.wall, 4), round(r.waited, 4)] for r in rounds]}
+           "measured_rounds_ms": [[round(r.wall, 4), round(r.waited, 4)] for r in first]}
     if result["counters"]:
         model = load_spec(spec)
         measured = measured_bytes_per_step(result["counters"], -(-cost["batch_size"] // cost["world_size"]),
@@ -220,6 +269,7 @@ def summarize(rows: list[dict[str, Any]], calibrations: dict[str, Any], options:
     quick = [abs(r["step_error_fastest_quartile"]) for r in rows if "step_error" in r]
     plain = [abs(r["step_error_wall_median"]) for r in rows if "step_error" in r]
     byte_errors = [abs(r["bytes_error"]) for r in rows if r.get("bytes_error") is not None]
+    spreads = [r["measured_run_spread"] for r in rows if "measured_run_spread" in r]
     return {
         "benchmark": "costmodel",
         "calibration": calibrations,
@@ -229,7 +279,8 @@ def summarize(rows: list[dict[str, Any]], calibrations: dict[str, Any], options:
                    "costmodel_median_step_error": quantile(steps, 0.5) if steps else None,
                    "costmodel_max_step_error_fastest_quartile": max(quick) if quick else None,
                    "costmodel_max_step_error_wall_median": max(plain) if plain else None,
-                   "costmodel_max_bytes_error": max(byte_errors) if byte_errors else None},
+                   "costmodel_max_bytes_error": max(byte_errors) if byte_errors else None,
+                   "costmodel_max_run_spread": max(spreads) if spreads else None},
         "bytes_compared_specs": [r["spec"] for r in rows if r.get("bytes_error") is not None],
     }
 
@@ -271,7 +322,11 @@ def merge(paths: list[Path]) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=20, help=f"timed training steps per spec (after {WARMUP_STEPS} warm-up steps)")
+    parser.add_argument("--steps", type=int, default=20, help=f"timed training steps of a spec's first run (after {WARMUP_STEPS} warm-up steps; "
+                             f"further runs of a short step: `measure_spec`)")
+    parser.add_argument("--runs", type=int, default=MAX_RUNS,
+                        help="at most this many runs of a spec (a new process each) while its timed steps make "
+                             f"under {POOL_SECONDS:g} s (default {MAX_RUNS}; 1: one run of --steps steps)")
     parser.add_argument("--profile", type=Path, default=None,
                         help="a profile from `flowrec calibrate` for every spec (default: calibrate each spec before its run)")
     parser.add_argument("--device-budget", default=None, help="device budget of every run (forces cache/host placements)")
@@ -303,6 +358,8 @@ def main() -> None:
         return
     if args.nproc < 1:
         parser.error("--nproc must be at least 1")
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
     if args.threads:
         # numba's OpenMP layer (the fused sparse kernels) sets the process's OpenMP threads to its own
         # count when it starts, torch's included: both, or torch runs NUMBA_NUM_THREADS threads
@@ -329,7 +386,7 @@ def main() -> None:
                                                    "shared_cores": details.get("shared_cores"),
                                                    "timing": details.get("timing")}}
                 rows.append(measure_spec(spec, Path(profile), args.steps, tmp, args.device_budget, args.cache,
-                                         args.nproc, args.one_epoch))
+                                         args.nproc, args.one_epoch, args.runs))
             except (RuntimeError, subprocess.TimeoutExpired) as exc:
                 rows.append({"spec": spec.name, "error": str(exc)})
             print(json.dumps(rows[-1]), flush=True)

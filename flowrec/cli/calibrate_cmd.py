@@ -21,7 +21,8 @@ casting and fused update per sparse optimizer, fitted per id and per unique row)
 optimizer's step, random row gathers and scatters by embedding dim, memory bandwidth and, with
 CUDA, host<->device bandwidth. With a spec, also the spec itself: each of its dense ops as a
 whole operator (fixed + per-sample time, forward and backward), the per-step framework cost
-(real training steps at tiny batch sizes minus their predicted compute) and, on the CPU, what
+(real training steps at tiny batch sizes minus their predicted compute), managed tables' own work
+per lookup in the trainer's step (row resets, map replay) and, on the CPU, what
 staging its batches adds to a step. With `--nproc N` (N >= 2) it also starts N processes (gloo on
 CPU, NCCL with one GPU each) and fits the collectives' bandwidth and per-call cost; sharded plans
 (`--world-size` up to one node) are then priced with them instead of the datasheet link. With a

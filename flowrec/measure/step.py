@@ -8,6 +8,8 @@ forward + backward, as `flowrec.measure.calibrate.interleaved_seconds` times ker
 `step_seconds` times real training steps (`step.train_step`, guarded as the trainer guards it,
 the spec's dense optimizer, micro-batches as planned) on batches of synthetic rows staged
 beforehand as the trainer stages them (the casting index included): the step's compute alone.
+`managed_step_seconds` times what managed tables add to the trainer's step beyond `train_step`
+(row resets, the replay of the data stage's map steps on the model's maps).
 `staging_cpu_seconds` runs the trainer's batch pipeline alone
 (`flowrec.data.batches.iterate_batches` over an encoded Parquet dataset: read, check, pack and
 the casting index, in its threads) and returns its process CPU seconds per batch.
@@ -176,6 +178,38 @@ def dense_step_seconds(plan: Any, spec: ModelSpec, device: torch.device, steps: 
             return robust.CLOCK.stop(started)
 
         return timed_steps(step, batches, steps, replayable(plan))
+    finally:
+        model.close()
+
+
+def managed_step_seconds(plan: Any, spec: ModelSpec, device: torch.device, steps: int = STEPS
+                         ) -> tuple[list[robust.Round], float]:
+    """(timed rounds, managed lookups per batch) of the managed tables' own work in the trainer's
+    step beyond `train_step` (`Trainer._step`): the reset of the rows a batch's eviction pass freed
+    (`ManagedState.before_step`) and the replay of the batch's map steps on the model's maps
+    (`ManagedState.after_step`, on the trainer's replay thread; waited for here, so that a round is
+    that thread's work), on `steps` batches staged beforehand in order after WARMUP_STEPS (a replay
+    checks the map's clock: batches are never stepped twice); ([], 0.0) without managed tables.
+    On the CPU that thread shares the trainer's cores and its interpreter lock with the step, as
+    the data threads do; `train_step` alone (every other step measurement) leaves it out."""
+    tune_host_allocator()
+    model = lower(plan, spec, device)
+    try:
+        managed = getattr(model, "managed", None)
+        if managed is None:
+            return [], 0.0
+        batches = _staged(spec, plan, WARMUP_STEPS + steps)
+        lookups = [float(b.managed.lookups) for b in batches[WARMUP_STEPS:] if b.managed is not None]
+
+        def step(batch: Any) -> robust.Round:
+            started = robust.CLOCK.start()
+            managed.before_step(model.embeddings, batch)
+            managed.after_step(batch)
+            managed.sync()
+            return robust.CLOCK.stop(started)
+
+        rounds = timed_steps(step, batches, steps, replay=False)
+        return rounds, statistics.mean(lookups) if lookups else 0.0
     finally:
         model.close()
 

@@ -24,6 +24,9 @@ Device profiles carry the constants, with units in their names. Sources and assu
   times (`dense_ops`, by `op_work.op_signature`; a measured loss holds a retrieval head's softmax)
   by those; uncalibrated profiles derive the per-op
   constants from their datasheet rates and have no framework cost.
+* Managed tables cost the trainer's process `managed_ns_per_id` per managed lookup beyond the
+  step's ops (row resets and the replay of the data stage's map steps on the model's maps, measured
+  by `flowrec calibrate` on a spec that has them: `managed_seconds`), priced with staging.
 * A step costs `step_us` beyond its priced ops (the trainer's Python, `zero_grad`, the autograd
   engine, the loss guard), counted in the dense stage. Staging runs at `staging_values_per_s`:
   on a device with its own host (GPU) it overlaps the device's work; on the CPU the data threads
@@ -50,8 +53,8 @@ from flowrec.graph.kinds import OP_KINDS, OPTIMIZERS, PLACEMENTS
 from flowrec.graph.types import ACCESS_NONE, DTYPE_BYTES, AccessProfile, CostPrediction, Op, OpGraph, PackedGroup
 from flowrec.planner import exchange
 from flowrec.planner.access import AccessModel, group_model
-from flowrec.planner.calibration import (COLLECTIVE, MEASURABLE, ProfileError, is_profile_path, profile_fields,
-                                         read_profile)
+from flowrec.planner.calibration import (COLLECTIVE, MEASURABLE, SPEC_KIND, ProfileError, is_profile_path,
+                                         profile_fields, read_profile)
 from flowrec.planner.exchange import link_for
 from flowrec.planner.fae_traffic import hot_cold_bytes
 from flowrec.planner.op_work import Kernels, OpWork, op_signature, op_work, outside_kernels, retrieval_softmax
@@ -89,7 +92,8 @@ class DeviceProfile:
     factor on the dense forward, backward and update (1: not measured). `rank_compute_scale` and
     `rank_staging_values_per_s` and `rank_collective_us` (`flowrec calibrate --nproc N` on a host
     that is the device) are what a rank's step, its staging and a collective call take while N
-    ranks step at once on this host's cores (`shared_cores`).
+    ranks step at once on this host's cores (`shared_cores`). `managed_ns_per_id` = the trainer's
+    own work per lookup of a managed table beyond the step's ops (`managed_seconds`).
 
     Example:
         >>> DEVICES["cpu"].pcie_gbps is None
@@ -135,6 +139,7 @@ class DeviceProfile:
     rank_compute_scale: float = 1.0  # a rank's step while collective_world_size ranks step at once on this host / priced alone
     rank_staging_values_per_s: float = 0.0  # staging rate beside those ranks (their data threads share the cores); 0: staging_values_per_s
     rank_collective_us: float = 0.0  # one collective call between those ranks (each waits for its peer to run); 0: collective_us
+    managed_ns_per_id: float = 0.0  # the trainer's managed-table work per managed lookup (row resets, map replay); 0: not measured
 
     @property
     def constants(self) -> str:
@@ -239,7 +244,7 @@ def _calibrated(path: str) -> DeviceProfile:
     base = doc["base"]
     # older documents lack the newer constants; collectives (measured with --nproc only) are named
     # by the shard pass's note, which says which link it priced
-    kept = sorted(set(MEASURABLE) - set(fields) - COLLECTIVE)
+    kept = sorted(set(MEASURABLE) - set(fields) - COLLECTIVE - SPEC_KIND)
     note = f"; datasheet or derived: {', '.join(kept)}" if kept else ""
     return replace(DEVICES[base], **fields, name=f"{base} calibrated",
                    source=f"calibrated {path} ({doc.get('created', '?')}{note})")
@@ -455,6 +460,7 @@ def predict(graph: OpGraph, spec: ModelSpec, device: DeviceProfile, *, micro_bat
     rank_scale, staging_rate, call_us = shared_cores(device, world)  # ranks sharing this host's cores
     ids = sum(u.ids for u in units)
     staging = (batch * (ids + n_dense) + sum(u.step_ids for u in units)) / staging_rate
+    staging += managed_seconds(graph, spec, device, batch, profile)
     h2d = sum(_unit_bytes(u, batch, window, profile) for u in units)
     h2d += batch * (n_dense + len(spec.heads)) * 4
     transfer = h2d / (device.pcie_gbps * 1e9) if device.pcie_gbps else 0.0
@@ -517,6 +523,46 @@ def predict(graph: OpGraph, spec: ModelSpec, device: DeviceProfile, *, micro_bat
         constants=device.constants,
         access_profile=access if access is not None else access_description(profile),
     )
+
+
+def managed_lookups(graph: OpGraph, spec: ModelSpec, batch: int, profile: AccessProfile | None = None) -> float:
+    """Lookups of managed tables in a step of `batch` samples: per managed table its fields'
+    max_len sum per sample, or the access profile's mean accesses per sample where it counts the
+    table (as `ids_per_sample`).
+
+    Example:
+        >>> managed_lookups(make_plan(load_spec("specs/managed_movielens.yaml")).graph,
+        ...                 load_spec("specs/managed_movielens.yaml"), 1024)  # doctest: +SKIP
+        2048.0
+    """
+    meta = graph.graph.get("plan")
+    managed = {t.name for t in spec.tables if t.managed is not None}
+    if meta is None or not managed:
+        return 0.0
+    tables, samples = (profile or {}).get("tables", {}), (profile or {}).get("samples", 0)
+    per_sample: dict[str, float] = {}
+    for group in meta.groups:
+        for f in group.fields:
+            if f.table in managed:
+                per_sample[f.table] = per_sample.get(f.table, 0.0) + f.max_len
+    for name in per_sample:
+        if samples and name in tables:
+            per_sample[name] = float(tables[name].get("accesses", 0)) / samples
+    return batch * sum(per_sample.values())
+
+
+def managed_seconds(graph: OpGraph, spec: ModelSpec, device: DeviceProfile, batch: int,
+                    profile: AccessProfile | None = None) -> float:
+    """Seconds a step's managed tables cost the trainer beyond the step's ops: the reset of the
+    rows an eviction pass freed and the replay of the data stage's map steps on the model's maps
+    (`ManagedState.before_step` / `after_step`), `managed_ns_per_id` per managed lookup (measured
+    by `flowrec calibrate` on a spec with managed tables; 0 otherwise). Host work of the trainer's
+    process, priced with staging: on the CPU the replay thread shares the trainer's cores and
+    interpreter lock (the step takes it on top of its compute), on a device with its own host it
+    overlaps the device's work."""
+    if not device.managed_ns_per_id:
+        return 0.0
+    return managed_lookups(graph, spec, batch, profile) * device.managed_ns_per_id * 1e-9
 
 
 def shared_cores(device: DeviceProfile, world: int) -> tuple[float, float, float | None]:

@@ -65,3 +65,15 @@ def test_parts_of_different_runs_are_refused_in_one_line(tmp_path, other):
                           timeout=120)
     assert done.returncode == 2 and str(second) in done.stderr and len(done.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "all.json").exists()
+
+
+def test_a_short_steps_further_runs_take_hundreds_of_steps_within_the_data():
+    assert bench.run_steps(1.3, 20, 1024, 8192) == bench.MAX_STEPS  # 1 s of 1.3 ms steps, capped
+    assert bench.run_steps(4.0, 20, 1024, 8192) == 250
+    assert bench.run_steps(70.0, 20, 4096, 8192) == 20  # never fewer than --steps
+    assert bench.run_steps(1.0, 20, 4096, 8192) == 2 * bench.EPOCHS - bench.WARMUP_STEPS - 1  # the data's batches
+    rows = [{"spec": "a.yaml", "step_error": 0.05, "step_error_fastest_quartile": 0.0, "step_error_wall_median": 0.0,
+             "measured_run_spread": 0.12},
+            {"spec": "b.yaml", "step_error": -0.02, "step_error_fastest_quartile": 0.0, "step_error_wall_median": 0.0,
+             "measured_run_spread": 0.31}]
+    assert bench.summarize(rows, {}, OPTIONS)["ratios"]["costmodel_max_run_spread"] == 0.31
