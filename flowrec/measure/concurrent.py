@@ -18,12 +18,19 @@ step's collectives). Then
 
     rank_compute_scale        = slowest staged step / the profile's price of that step alone
     rank_staging_values_per_s = values a batch stages / (slowest live step - slowest staged step)
-    rank_collective_us        = the slowest process's median small all_reduce after each step
+    rank_collective_us        = the slowest process's median small all_reduce after each step,
+                                the second of two back to back (the first is where they meet)
 
 After each step (outside its timing) the processes meet in a small all_reduce, as a run's ranks
-meet in their step's collectives: idle processes (the collective calibration's) answer a call in
-about 0.1-0.2 ms, processes whose compute and data threads fill the cores only when the scheduler
-runs the peer's communication thread. The cost model multiplies a rank's compute by the first,
+meet in their step's first collective, and then call a second: idle processes (the collective
+calibration's) answer a call in about 0.1-0.2 ms, processes whose compute and data threads fill
+the cores only when the scheduler runs the peer's communication thread. The first call's time is
+mostly the wait for the slower rank to end its step (the ranks' skew: 1.5-4.1 ms per call on this
+2-core host in round 9); priced per call, it was counted once for every collective of a step
+(movielens: 20 ms of calls against a whole measured step of 10.7 ms), while a run's ranks wait
+for each other once a step, in its first collective, and its slowest rank's step (the staged
+estimate the compute scale takes) already holds that. The second call is the cost of each call
+of ranks that are together (`meet_us`, the first, is kept in the details). The cost model multiplies a rank's compute by the first,
 prices its staging by the second and each collective call by the third
 (`flowrec.planner.cost.shared_cores`).
 
@@ -44,7 +51,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 SCALE_RANGE = (0.1, 1000.0)  # a sanity bound, as calibration's compute scale
 MIN_ADDED_S = 1e-6  # staging that adds nothing measurable to a step: this many seconds a batch
@@ -82,6 +89,24 @@ def rank_constants(results: list[dict[str, float]], priced_ms: float, values: fl
                                               "call_us": call_us,
                                      "added_ms_per_batch": added_s * 1e3, "values_per_batch": values,
                                      "ranks": results}
+
+
+def meet_then_call(collective: Callable[[], Any], clock: Callable[[], float] = time.perf_counter
+                   ) -> tuple[float, float]:
+    """(seconds of the first, of the second) of two `collective` calls back to back: in the first
+    the ranks meet (it waits for the slowest to end its step: their skew), the second is a call of
+    ranks already together, what each further collective of a step costs (`rank_collective_us`).
+
+    Example:
+        >>> ticks = iter([0.0, 5.0, 6.0])
+        >>> meet_then_call(lambda: None, lambda: next(ticks))
+        (5.0, 1.0)
+    """
+    started = clock()
+    collective()
+    met = clock()
+    collective()
+    return met - started, clock() - met
 
 
 def phase_steps(priced_ms: float) -> int:
@@ -146,8 +171,10 @@ def shared_core_constants(spec_path: Path, spec: Any, world_size: int, measured:
     return {"rank_compute_scale": (scale, how + ": its staged step over the profile's price of it alone"),
             "rank_staging_values_per_s": (rate, how + ": values a batch stages per second the live steps take "
                                                       "beyond the staged ones"),
-            "rank_collective_us": (call_us, how + f": the median all_reduce of {CALL_BYTES >> 10} KiB after each "
-                                                  f"step (the ranks meet), slowest process")}, details
+            "rank_collective_us": (call_us, how + f": the median all_reduce of {CALL_BYTES >> 10} KiB right after "
+                                                  f"the one in which the ranks meet after each step (the meeting's "
+                                                  f"wait is their skew, which their steps' times hold), slowest "
+                                                  f"process")}, details
 
 
 def worker(rank: int, world_size: int, port: int) -> list[dict[str, float]] | None:
@@ -175,12 +202,13 @@ def worker(rank: int, world_size: int, port: int) -> list[dict[str, float]] | No
         plan = make_plan(spec, target=job["profile"])
         device = torch.device("cpu")
         calls: list[float] = []
+        meets: list[float] = []
         payload = torch.rand(CALL_BYTES // 4)
 
-        def call() -> None:  # a small collective after each step, as a run's ranks meet in theirs
-            started = time.perf_counter()
-            dist.all_reduce(payload)
-            calls.append(time.perf_counter() - started)
+        def call() -> None:  # after each step: where the ranks meet, then a call of ranks together
+            meet_s, call_s = meet_then_call(lambda: dist.all_reduce(payload))
+            meets.append(meet_s)
+            calls.append(call_s)
 
         phases: list[int] = []
 
@@ -194,6 +222,7 @@ def worker(rank: int, world_size: int, port: int) -> list[dict[str, float]] | No
         staged_calls, live_calls = calls[phases[0] + warm:phases[1]], calls[phases[1] + warm:]
         mine = {"staged_ms": staged.seconds * 1e3, "live_ms": live.seconds * 1e3,
                 "call_us": statistics.median(live_calls) * 1e6,
+                "meet_us": statistics.median(meets[phases[1] + warm:]) * 1e6,
                 "staged_call_us": statistics.median(staged_calls) * 1e6, "staged_clean": staged.clean,
                 "live_clean": live.clean, "staged_method": staged.method, "live_method": live.method,
                 "values_per_batch": _values(_staged(spec, plan, 1)[0])}

@@ -94,6 +94,7 @@ def test_two_processes_step_the_spec_at_once(repo, tmp_path: Path):
     assert len(results) == 2
     for r in results:
         assert 0 < r["staged_ms"] < 60e3 and 0 < r["live_ms"] < 60e3 and 0 < r["call_us"] < 60e6
+        assert 0 < r["meet_us"] < 60e6  # the call where the ranks meet, kept beside the priced one
         assert r["values_per_batch"] > 64  # ids and dense values of one batch of 64 samples
 
 
@@ -110,3 +111,18 @@ def test_a_ranks_step_counts_the_loss_agreement_and_an_in_batch_gather(tmp_path:
     groups = sum(exchange.collectives(g) for g in costs[0].meta.groups)
     params = sum(costs[0].graph.nodes[n]["op"].param_bytes for n in costs[0].graph)
     assert calls == pytest.approx(groups + 1 + params // exchange.DDP_BUCKET_BYTES + extra, abs=1e-6)
+
+
+def test_the_priced_call_is_the_one_after_the_ranks_meet():
+    """The wait for the slower rank (the first call after a step) is not priced per call: the
+    second call, of ranks already together, is `rank_collective_us`."""
+    from flowrec.measure.concurrent import meet_then_call
+
+    now = [0.0]
+    waits = iter([0.0042, 0.0003])  # a peer 4.2 ms behind, then a call of 0.3 ms
+
+    def collective() -> None:
+        now[0] += next(waits)
+
+    meet_s, call_s = meet_then_call(collective, lambda: now[0])
+    assert meet_s == pytest.approx(0.0042) and call_s == pytest.approx(0.0003)
