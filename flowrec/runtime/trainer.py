@@ -19,7 +19,7 @@ import os
 import signal
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -591,11 +591,21 @@ class Trainer:
             "model": self._model_state() if model is None else model,
             "dense_optimizer": self.optimizer.state_dict(),
             "rng": {"torch": torch.get_rng_state()},
-            "position": asdict(self.position),
+            "position": asdict(self._saved_position()),
             "skipped_batches": self.skipped_batches,
             "schedule": {"horizon_steps": self.horizon_steps},
             "early_stopping": self.stopper.state_dict() if self.stopper is not None else None,
         }
+
+    def _saved_position(self) -> Position:
+        """The position a checkpoint records: after an epoch's last batch, the next epoch's start,
+        as the epoch loop leaves it once the epoch ends. A checkpoint taken at that step inside the
+        loop (`--checkpoint-every`) then equals the one taken after it, so a run killed between
+        the two and resumed ends on the same position as an uninterrupted one."""
+        pos = self.position
+        if not self.hot_flags and self._per_epoch and pos.batch >= self._per_epoch:
+            return replace(pos, epoch=pos.epoch + 1, batch=0)
+        return pos
 
     def _model_state(self) -> dict[str, torch.Tensor]:
         """The model's state for a checkpoint; with several ranks, all but the row-wise groups'

@@ -276,3 +276,28 @@ def test_interleaved_schedule_equals_the_sequential_one(spec_file: Path, tmp_pat
     assert all(torch.equal(a[k], b[k]) for k in a)
     plan = json.loads((tmp_path / "overlap" / "plan.json").read_text())
     assert {g["placement"] for g in plan["groups"]} == {"device", "host" if policy == "none" else policy}
+
+
+def test_a_checkpoint_at_an_epochs_last_step_records_the_next_epochs_start(spec_file: Path, tmp_path: Path):
+    """The state taken inside the epoch loop at an epoch's last step (what `--checkpoint-every`
+    writes) records the position the loop leaves once the epoch ends, so a run killed between that
+    checkpoint and the final one resumes to the uninterrupted run's position, not (epoch, len)."""
+    spec = load_spec(spec_file)
+    plan = make_plan(spec, target="cpu")
+    session = prepare(spec, spec_file, SessionOptions(synthetic_rows=3000, workdir=tmp_path), plan,
+                      torch.device("cpu"))
+    trainer = Trainer(session.spec, session.plan, session.model,
+                      TrainConfig(out_dir=tmp_path / "run", progress=False, tensorboard=False), plan_json(plan))
+    at_epoch_end: list[dict] = []
+
+    def on_step(pos, loss):
+        if pos.batch == trainer._per_epoch:  # the epoch's last batch was just trained
+            at_epoch_end.append({"in_loop": dict(vars(pos)), "saved": trainer.state()["position"]})
+
+    trainer.fit(session.train, session.eval, on_step=on_step)
+    epochs = spec.training.epochs
+    assert len(at_epoch_end) == epochs >= 2
+    for epoch, seen in enumerate(at_epoch_end):
+        assert seen["in_loop"]["epoch"] == epoch and seen["in_loop"]["batch"] == trainer._per_epoch
+        assert seen["saved"] == {**seen["in_loop"], "epoch": epoch + 1, "batch": 0}
+    assert load_checkpoint(tmp_path / "run")["position"] == at_epoch_end[-1]["saved"]
