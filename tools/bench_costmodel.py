@@ -214,11 +214,11 @@ def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str |
         rounds = [robust.Round(r.wall * 1e3, r.waited * 1e3) for r in seconds[WARMUP_STEPS:]]
         runs.append((result, rounds))
         pooled += rounds
+        if len(runs) == 1:  # every run trains this plan (the same profile)
+            plan = json.loads((out / "plan.json").read_text())
         if len(runs) >= max_runs or sum(r.wall for r in pooled) >= POOL_SECONDS * 1e3:
             break
-        plan = json.loads((out / "plan.json").read_text())
         count = run_steps(robust.estimate(rounds).seconds, steps, plan["cost"]["batch_size"], rows)
-    plan = json.loads((tmp / f"{spec.stem}-run0" / "plan.json").read_text())
     cost = plan["cost"]
     result, first = runs[0]
     timed = [r.wall for r in pooled]

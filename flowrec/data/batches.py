@@ -406,10 +406,7 @@ class BatchIterator:
         chunks = self._chunks()
         if reader.cache is not None and reader.cache.complete():  # a warm epoch: nothing to read ahead,
             for current in chunks:  # so the first chunk's batches go out before the next one is laid out
-                first, rows_of = reader.cached_rows(current.read_lo, current.read_hi, self._fill)
-                view = _CacheView(reader.cache)
-                for index, rows, global_size in current.batches:
-                    yield index, _Rows(view, rows, rows_of, first), global_size
+                yield from self._cached_batches(reader, current)
             return
         current = next(chunks, None)
         while current is not None:
@@ -418,13 +415,11 @@ class BatchIterator:
                 reader.prefetch(upcoming.read_lo, upcoming.read_hi)
             if reader.cache is not None:
                 try:
-                    first, rows_of = reader.cached_rows(current.read_lo, current.read_hi, self._fill)
+                    cached = self._cached_batches(reader, current)
                 except NotKept:  # lists after all, or an id beyond int32: stream (the pending reads stay)
                     self._drop_cache(reader)
                 else:
-                    view = _CacheView(reader.cache)
-                    for index, rows, global_size in current.batches:
-                        yield index, _Rows(view, rows, rows_of, first), global_size  # mapped by the packer
+                    yield from cached
                     current = upcoming
                     continue
             order = np.concatenate([rows for _, rows, _ in current.batches])
@@ -456,6 +451,18 @@ class BatchIterator:
                 yield index, batch, global_size
                 start += len(rows)
             current = upcoming
+
+    def _cached_batches(self, reader: "_RowReader", chunk: "_Chunk") -> list[tuple[int, "_Rows", int | None]]:
+        """(batch index, rows, global batch size) of a chunk from the row cache (its row groups not
+        held yet read and filled first), mapped to dataset rows by the packer.
+
+        Raises:
+            NotKept: a row group cannot be kept (lists, an id beyond int32): nothing was yielded.
+        """
+        assert reader.cache is not None
+        first, rows_of = reader.cached_rows(chunk.read_lo, chunk.read_hi, self._fill)
+        view = _CacheView(reader.cache)
+        return [(index, _Rows(view, rows, rows_of, first), global_size) for index, rows, global_size in chunk.batches]
 
     def _fill(self, table: pa.Table, partition: int, group: int, a: int, b: int) -> None:
         """Fill row group `group` of `partition` (rows [a, b) of a read, checked block) into the cache."""
@@ -502,26 +509,16 @@ class BatchIterator:
         """A batch of a gathered chunk: one row gather of each matrix (`_ChunkMatrices`)."""
         if isinstance(rows.chunk, _CacheView):
             return self._pack_cached(rows, index, global_size)
-        chunk, sel, pool = rows.chunk, rows.rows, self._outputs
+        chunk, sel = rows.chunk, rows.rows
         size = len(sel)
-        shapes = [((size, chunk.dense.shape[1]), np.float32), ((size, chunk.labels.shape[1]), np.float32)]
-        for ids in chunk.ids:  # (B, F) per group: the layout `pack_group` gives flat fields
-            shapes += [((size * ids.shape[1],), np.int64), ((size * ids.shape[1] + 1,), np.int64)]
-        out = pool.get(shapes)
+        out = self._gather_outputs(size, chunk.dense.shape[1], chunk.labels.shape[1], [ids.shape[1] for ids in chunk.ids])
         # mode="clip" (the rows are in range by construction): "raise" would gather into a temporary
         np.take(chunk.dense, sel, axis=0, out=out[0], mode="clip")
         np.take(chunk.labels, sel, axis=0, out=out[1], mode="clip")
-        packed = []
         for k, ids in enumerate(chunk.ids):
-            flat, offsets = out[2 + 2 * k], out[3 + 2 * k]
-            np.take(ids, sel, axis=0, out=flat.reshape(size, ids.shape[1]), mode="clip")
-            np.copyto(offsets, pool.arange(len(offsets)))
-            packed.append((flat, offsets))
+            np.take(ids, sel, axis=0, out=out[2 + 2 * k].reshape(size, ids.shape[1]), mode="clip")
         chunk.release()
-        dense, labels = torch.from_numpy(out[0]), torch.from_numpy(out[1])
-        batch = self._batch(dense, labels, packed, index, size, global_size, None)
-        pool.put(out)  # the batch's tensors hold its arrays now: reused after they are freed
-        return batch
+        return self._gathered_batch(out, index, size, global_size)
 
     def _pack_cached(self, rows: "_Rows", index: int, global_size: int | None) -> Batch:
         """A batch of the row cache: one gather of its rows from the row matrix into a scratch
@@ -534,25 +531,37 @@ class BatchIterator:
         elif rows.first:
             matrix = matrix[rows.first:]  # chunk row r is dataset row first + r
         size = len(sel)
-        shapes = [((size, layout.dense), np.float32), ((size, layout.labels), np.float32)]
-        for f in layout.fields:  # (B, F) per group: the layout `pack_group` gives flat fields
-            shapes += [((size * f,), np.int64), ((size * f + 1,), np.int64)]
-        out = pool.get(shapes)
+        out = self._gather_outputs(size, layout.dense, layout.labels, layout.fields)
         scratch = pool.scratch(size, layout.words, self.batch_size)
         # mode="clip" (the rows are in range by construction): "raise" would gather into a temporary
         np.take(matrix, sel, axis=0, out=scratch, mode="clip")
         dense, labels, ids = layout.parts(scratch)
         np.copyto(out[0], dense)
         np.copyto(out[1], labels)
-        packed = []
         for k, part in enumerate(ids):
-            flat, offsets = out[2 + 2 * k], out[3 + 2 * k]
-            np.copyto(flat.reshape(part.shape), part)
-            np.copyto(offsets, pool.arange(len(offsets)))
-            packed.append((flat, offsets))
+            np.copyto(out[2 + 2 * k].reshape(part.shape), part)
         pool.put_scratch(scratch)
+        return self._gathered_batch(out, index, size, global_size)
+
+    def _gather_outputs(self, size: int, dense: int, labels: int, fields: Sequence[int]) -> list[np.ndarray]:
+        """The pooled arrays a gathered batch of `size` rows is written into: dense (size, dense)
+        and labels (size, labels) float32, then per packed group of F fields its flat ids
+        (size * F,) and offsets (size * F + 1,) int64 (the layout `pack_group` gives flat fields)."""
+        shapes = [((size, dense), np.float32), ((size, labels), np.float32)]
+        for f in fields:
+            shapes += [((size * f,), np.int64), ((size * f + 1,), np.int64)]
+        return self._outputs.get(shapes)
+
+    def _gathered_batch(self, out: list[np.ndarray], index: int, size: int, global_size: int | None) -> Batch:
+        """The batch of `_gather_outputs` arrays whose dense, labels and ids are written: each
+        group's offsets (one id per field), then `_batch`; the arrays go back to the pool, reused
+        once the batch's tensors are freed."""
+        packed = []
+        for flat, offsets in zip(out[2::2], out[3::2]):
+            np.copyto(offsets, self._outputs.arange(len(offsets)))
+            packed.append((flat, offsets))
         batch = self._batch(torch.from_numpy(out[0]), torch.from_numpy(out[1]), packed, index, size, global_size, None)
-        pool.put(out)  # the batch's tensors hold its arrays now: reused after they are freed
+        self._outputs.put(out)
         return batch
 
     def _batch(self, dense: torch.Tensor, labels: torch.Tensor, packed: list[tuple[np.ndarray, np.ndarray]],
