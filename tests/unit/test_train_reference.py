@@ -25,7 +25,7 @@ STEPS = 6
 BATCH = 96
 
 
-def make_spec(sparse_opt: str, seed: int, dense_opt: str = "adam"):
+def make_spec(sparse_opt: str, seed: int, dense_opt: str = "adam", sparse_params: dict | None = None):
     """Shared tables, multi-hot sum and mean, a dim-1 wide table, dense features, two heads."""
     return spec_from_dict({
         "name": "ref",
@@ -53,7 +53,7 @@ def make_spec(sparse_opt: str, seed: int, dense_opt: str = "adam"):
         "heads": [{"name": "ctr", "input": "out"},
                   {"name": "score", "input": "top", "task": "regression", "loss": "mse", "label": "score"}],
         "optimizer": {"dense": {"name": dense_opt, "lr": 0.01},
-                      "sparse": {"name": sparse_opt, "lr": 0.05}},
+                      "sparse": {"name": sparse_opt, "lr": 0.05, **(sparse_params or {})}},
         "training": {"batch_size": BATCH, "seed": seed},
     })
 
@@ -85,17 +85,23 @@ def assert_same(model, ref, rtol: float, atol: float) -> None:
         torch.testing.assert_close(ours[name], p.detach(), rtol=rtol, atol=atol, msg=lambda m: f"{name}: {m}")
 
 
-@pytest.mark.parametrize("sparse_opt,dtype,tol", [
-    # float32: adagrad divides by sqrt of small accumulators, which amplifies rounding differences
-    # between the fused kernel and torch.optim (seen once: 4.7e-5 on one element of 4,008)
-    ("rowwise_adagrad", torch.float32, (1e-3, 1e-4)),
-    ("adagrad", torch.float32, (1e-3, 1e-4)),
-    ("sgd", torch.float64, (1e-6, 1e-7)),
-    ("rowwise_adagrad", torch.float64, (1e-6, 1e-7)),
+@pytest.mark.parametrize("sparse_opt,dtype,tol,params", [
+    # float32 checks the kernels' float32 arithmetic on a well-conditioned update: with a zero
+    # initial accumulator, adagrad's first step of an element is lr * g / (|g| + eps), so a gradient
+    # that cancels to ~eps in float32 (seen: 1.8e-10, summands ~1e-5) carries a relative error of a
+    # few percent in ANY float32 implementation, and that element lands up to lr * that apart
+    # (2.4e-4 at lr 0.05, CI seed 891435911). An accumulator starting at 0.1 (TensorFlow's default)
+    # bounds the denominator away from 0; the zero-accumulator updates are checked in float64.
+    ("rowwise_adagrad", torch.float32, (1e-3, 1e-4), {"initial_accumulator_value": 0.1}),
+    ("adagrad", torch.float32, (1e-3, 1e-4), {"initial_accumulator_value": 0.1}),
+    ("sgd", torch.float32, (1e-3, 1e-4), {}),
+    ("sgd", torch.float64, (1e-6, 1e-7), {}),
+    ("adagrad", torch.float64, (1e-6, 1e-7), {}),
+    ("rowwise_adagrad", torch.float64, (1e-6, 1e-7), {}),
 ])
-def test_packed_training_equals_reference(sparse_opt, dtype, tol):
+def test_packed_training_equals_reference(sparse_opt, dtype, tol, params):
     seed = random.randrange(1 << 30)
-    spec = make_spec(sparse_opt, seed % 1000)
+    spec = make_spec(sparse_opt, seed % 1000, sparse_params=params)
     batches = staged(spec, seed, dtype)
     plan, model, optimizer = flowrec_model(spec, dtype)
     ref = ReferenceModel(plan, spec).to(dtype)
