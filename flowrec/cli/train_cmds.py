@@ -5,6 +5,7 @@ torch and the data stack are imported inside the commands, so other commands sta
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import sys
 from dataclasses import dataclass
@@ -64,7 +65,7 @@ def train(
     max_steps: Optional[int] = typer.Option(None, "--max-steps", min=1, help="Stop after this many steps in total."),
     eval_every: Optional[int] = typer.Option(None, "--eval-every", min=0, help="Evaluate every N steps (default: the spec's training.eval_every; 0 = at the end)."),
     checkpoint_every: Optional[int] = typer.Option(None, "--checkpoint-every", min=0, help="Also checkpoint every N steps (always at the end and on Ctrl-C). Default: 0."),
-    checkpoint_full_every: Optional[int] = typer.Option(None, "--checkpoint-full-every", min=1, help="A full checkpoint every K checkpoints; in between, incremental ones (only the rows touched since the previous checkpoint). Default: 1 (every checkpoint full). Every checkpoint, full or incremental, is written in the background while training goes on (a full one streamed from a copy-on-write snapshot of the tables; with --nproc > 1 each rank its rows); a failed write stops the run at the next checkpoint or at the end, the checkpoint before it kept."),
+    checkpoint_full_every: Optional[str] = typer.Option(None, "--checkpoint-full-every", metavar="auto|K", help="How often a checkpoint is full; the others are incremental (only the rows touched since the previous checkpoint, applied on the full one at --resume). auto (the default): full, unless the previous full checkpoint is still being written, then incremental, so training never waits for a big table's write (small tables get a full checkpoint every time); K: one full checkpoint in K (1: every checkpoint full, waiting for the previous full write when it is still going). Every checkpoint is written in the background while training goes on (a full one streamed from a copy-on-write snapshot of the tables; with --nproc > 1 each rank its rows); a failed write stops the run at the next checkpoint or at the end, the checkpoint before it kept."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Override the spec's training seed (0 .. 2^63-1)."),
     dask: Optional[str] = typer.Option(None, "--dask", help="Read data partitions through Dask: a scheduler address (tcp://host:8786) of an existing cluster, or 'local' for a local cluster. Default: direct pyarrow reads (faster on one machine)."),
     interleave: Optional[bool] = typer.Option(None, "--interleave/--no-interleave", help="--no-interleave: sequential schedule (no micro-batches, cache exchanges inline) to compare with the planned overlap; same parameters."),
@@ -100,11 +101,12 @@ def train(
       flowrec train specs/movielens.yaml --nproc 2         # two ranks on this machine
       flowrec train specs/movielens.yaml --resume runs/movielens --nproc 1   # continue on one
     """
+    full_every = _full_every(checkpoint_full_every)
     given = {"data": _text(data), "eval_data": _text(eval_data), "rows": rows, "seed": seed,
              "device": device, "device_budget": device_budget, "dask": dask, "cache": cache,
              "plan": _text(plan_file), "profile": _text(profile), "target": target,
              "epochs": epochs, "max_steps": max_steps, "eval_every": eval_every,
-             "checkpoint_every": checkpoint_every, "checkpoint_full_every": checkpoint_full_every,
+             "checkpoint_every": checkpoint_every, "checkpoint_full_every": full_every,
              "interleave": interleave, "compile": compile_dense, "nan_policy": nan_policy,
              "cache_data": cache_data}
     from flowrec.cli.ranks import share_cores
@@ -189,6 +191,18 @@ def _restarted(request: RunRequest) -> RunRequest:
 
 def _text(path: Optional[Path]) -> Optional[str]:
     return str(path) if path is not None else None
+
+
+def _full_every(text: Optional[str]) -> Optional[int]:
+    """`--checkpoint-full-every`: auto (recorded as 0, `Checkpointer`'s AUTO) or K >= 1; None: not given."""
+    if text is None:
+        return None
+    word = text.strip().lower()
+    if word == "auto":
+        return 0
+    if re.fullmatch(r"[0-9]{1,18}", word) and int(word) >= 1:
+        return int(word)
+    fail(f"--checkpoint-full-every must be auto or a whole number K >= 1 (one full checkpoint in K), not {text!r}")
 
 
 def _check_options(request: RunRequest) -> None:

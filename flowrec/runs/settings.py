@@ -36,7 +36,7 @@ SETTINGS: dict[str, tuple[str, Any]] = {
     "max_steps": ("--max-steps", None),
     "eval_every": ("--eval-every", None),
     "checkpoint_every": ("--checkpoint-every", 0),
-    "checkpoint_full_every": ("--checkpoint-full-every", 1),
+    "checkpoint_full_every": ("--checkpoint-full-every", 0),  # 0: auto (Checkpointer's AUTO)
     "interleave": ("--interleave/--no-interleave", True),
     "compile": ("--compile/--no-compile", False),
     "nan_policy": ("--nan-policy", "stop"),
@@ -101,7 +101,7 @@ def setting_problem(key: str, value: Any) -> str | None:
 
 # the smallest value a given setting takes (`flowrec train`'s option bounds; the API checks the same)
 GIVEN_MIN = {"rows": 1, "seed": 0, "epochs": 1, "max_steps": 1, "eval_every": 0, "checkpoint_every": 0,
-             "checkpoint_full_every": 1}
+             "checkpoint_full_every": 0}  # 0: auto
 
 
 def given_problem(key: str, value: Any) -> str | None:
@@ -173,4 +173,6 @@ def _described(flag: str, value: Any) -> str:
     if "/" in flag:
         on, off = flag.split("/")
         return on if value else off
+    if flag == "--checkpoint-full-every" and value == 0:
+        return f"{flag} auto"
     return f"{flag} {value}"

@@ -86,7 +86,8 @@ class TrainConfig:
         max_steps: stop after this many steps in total (None: no limit).
         checkpoint_every: also checkpoint every N steps (0: only at the end and on interrupt).
         checkpoint_full_every: a full checkpoint every K checkpoints and incremental deltas (the
-            rows touched since the previous one) in between; 1: every checkpoint is full. Every
+            rows touched since the previous one) in between; 1: every checkpoint is full; 0 (AUTO,
+            the default): a full one unless the previous full one is still being written. Every
             checkpoint is written in the background (`flowrec.runtime.checkpoint.checkpointer`;
             ranks: `flowrec.runtime.checkpoint.ranks`) unless `FLOWREC_CHECKPOINT_WRITES=inline`.
         progress: show the progress bar.
@@ -114,7 +115,7 @@ class TrainConfig:
     eval_every: int | None = None
     max_steps: int | None = None
     checkpoint_every: int = 0
-    checkpoint_full_every: int = 1
+    checkpoint_full_every: int = 0  # AUTO
     progress: bool = True
     workers: int = field(default_factory=lambda: thread_budget().workers)  # <= the usable cores
     lookahead: int = DEFAULT_LOOKAHEAD

@@ -175,6 +175,30 @@ def test_training_goes_on_while_a_full_shard_is_written_and_the_snapshot_is_the_
         assert_same_model(work / "ref2", work / name, tol=0.0)
 
 
+def test_the_default_auto_takes_a_delta_on_every_rank_while_one_rank_writes_the_full_shard(work):
+    """`--checkpoint-full-every auto` (the default): rank 1's full shard of step 2 is held, so at
+    the checkpoint of step 4 the ranks agree that a full write is in flight and both take a delta
+    on it instead of waiting (training reaches step 5 while the write is held; with K = 1 the
+    checkpoint of step 4 would wait for it). The run resumes bitwise like the uninterrupted run."""
+    run = "auto_held"
+    procs = start_ranks(work, run, "1:2", "--max-steps", "5", "--checkpoint-every", "2")
+    marks = work / f"{run}.marks"
+    try:
+        wait_until("rank 1 held its write of step 2", lambda: held_pid(marks, 1, 2) is not None, procs)
+        wait_until("step 5 trained", lambda: trained_steps(work / run / "metrics.jsonl") >= 5, procs)
+        assert not (work / run / "checkpoint.pt").exists()  # the write of step 2 is not committed yet
+    finally:
+        (marks / "release").write_text("")
+    for code, err in finish(procs):
+        assert code == 0, err[-3000:]
+    end = [json.loads(line) for line in (work / run / "metrics.jsonl").read_text().splitlines()][-1]
+    assert end["event"] == "end" and len(end["checkpoint_writes_s"]["delta"]) >= 1
+    assert json.loads((work / run / "run.json").read_text())["checkpoint_full_every"] == 0
+    assert load_checkpoint(work / run)["position"]["step"] == 5
+    ok(resume(work, run))
+    assert_same_model(work / "ref2", work / run, tol=0.0)
+
+
 @pytest.mark.parametrize("rank,full_every,held,kept", [(1, 3, 4, 2), (0, 2, 6, 4)],
                          ids=["rank1-in-a-delta", "rank0-in-a-full"])
 def test_a_kill_during_a_background_write_keeps_the_last_checkpoint(work, rank, full_every, held, kept):

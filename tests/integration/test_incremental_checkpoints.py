@@ -236,8 +236,86 @@ def test_metrics_list_the_stall_of_every_checkpoint(spec: Path, tmp_path: Path):
     assert len(end["checkpoint_extra_bytes"]) == 2 and min(end["checkpoint_extra_bytes"]) > 0  # full at 5 and 20
 
 
+def test_the_default_auto_writes_a_delta_while_the_full_write_is_going_and_full_ones_after(
+        spec: Path, tmp_path: Path, monkeypatch):
+    """`--checkpoint-full-every auto` (the default): the full checkpoint of step 5 is held in its
+    write until training reaches step 12, so the checkpoint of step 10 finds it in flight and is
+    a delta on it (training does not wait); once that write is on disk (awaited at step 13), the
+    checkpoint of step 15 is a full one again. The run ends bitwise equal to one written inline,
+    and `--resume` from the chain continues it like an uninterrupted run."""
+    held, released, done = threading.Event(), threading.Event(), threading.Event()
+    steps: list[int] = []
+    kinds: list[tuple[str, int]] = []
+    real_pwrite, real_step = stream._pwrite_all, trainer.train_step
+    real_full, real_delta = checkpointer.Checkpointer._save_full, checkpointer.Checkpointer._save_delta
+    real_snapshot = checkpointer.Checkpointer._write_snapshot
+
+    def holding(fd, data, offset):
+        if not released.is_set() and not held.is_set() and offset > 0:
+            held.set()
+            released.wait(RUN_TIMEOUT_S)
+        real_pwrite(fd, data, offset)
+
+    def stepping(*args):
+        steps.append(1)
+        if len(steps) == 12:
+            released.set()
+        if len(steps) == 13:
+            assert done.wait(RUN_TIMEOUT_S), "the held full write never ended"
+        return real_step(*args)
+
+    def full(self, state, embeddings, step):
+        kinds.append(("full", step))
+        return real_full(self, state, embeddings, step)
+
+    def delta(self, state, embeddings, step):
+        kinds.append(("delta", step))
+        return real_delta(self, state, embeddings, step)
+
+    def snapshot(self, *args):
+        try:
+            return real_snapshot(self, *args)
+        finally:
+            done.set()
+
+    monkeypatch.setattr(stream, "_pwrite_all", holding)
+    monkeypatch.setattr(trainer, "train_step", stepping)
+    monkeypatch.setattr(checkpointer.Checkpointer, "_save_full", full)
+    monkeypatch.setattr(checkpointer.Checkpointer, "_save_delta", delta)
+    monkeypatch.setattr(checkpointer.Checkpointer, "_write_snapshot", snapshot)
+    run = tmp_path / "auto"
+    _train(spec, run, "--max-steps", "20")
+    assert held.is_set() and released.is_set()
+    assert kinds[:3] == [("full", 5), ("delta", 10), ("full", 15)], kinds
+    assert json.loads((run / "run.json").read_text())["checkpoint_full_every"] == 0  # auto, recorded
+    for name, value in (("_pwrite_all", real_pwrite),):
+        monkeypatch.setattr(stream, name, value)
+    monkeypatch.setattr(trainer, "train_step", real_step)
+    monkeypatch.setenv(CHECKPOINT_WRITES_ENV, "inline")
+    _train(spec, tmp_path / "inline", "--max-steps", "20")
+    _assert_same_run(load_checkpoint(tmp_path / "inline"), load_checkpoint(run))
+    monkeypatch.delenv(CHECKPOINT_WRITES_ENV)
+    _train(spec, tmp_path / "whole", "--max-steps", "30")
+    _train(spec, run, "--resume", str(run), "--max-steps", "30")
+    _assert_same_run(load_checkpoint(tmp_path / "whole"), load_checkpoint(run))
+
+
+def test_checkpoint_full_every_takes_auto_or_a_positive_whole_number(spec: Path, tmp_path: Path):
+    for bad in ("0", "-1", "often", "1.5", "\u00b2"):
+        result = runner.invoke(app, ["train", str(spec), "--rows", "600", "--out", str(tmp_path / "x"), "--quiet",
+                                     "--checkpoint-full-every", bad])
+        assert result.exit_code == 2, (bad, result.output)
+        assert "--checkpoint-full-every must be auto or a whole number" in result.output
+        assert not (tmp_path / "x").exists()  # refused before the run folder is made
+    run = tmp_path / "three"
+    _train(spec, run, "--max-steps", "20", "--checkpoint-full-every", "AUTO")
+    assert json.loads((run / "run.json").read_text())["checkpoint_full_every"] == 0
+    result = _train(spec, run, "--resume", str(run), "--max-steps", "25", "--checkpoint-full-every", "3")
+    assert "--checkpoint-full-every 3 overrides the run's --checkpoint-full-every auto" in result.output
+
+
 def test_the_default_run_trains_on_while_its_full_checkpoint_is_written(spec: Path, tmp_path: Path, monkeypatch):
-    """K = 1 (the default): the full checkpoint of step 5 is written in the background. Its write
+    """K = 1: the full checkpoint of step 5 is written in the background. Its write
     is held in the middle of the tables until training has run three more steps (steps 6-8: so
     training did not wait for it); the file then holds exactly the state of step 5, the run ends
     bitwise equal to one written inline (FLOWREC_CHECKPOINT_WRITES=inline), and metrics list
@@ -270,7 +348,7 @@ def test_the_default_run_trains_on_while_its_full_checkpoint_is_written(spec: Pa
     monkeypatch.setattr(trainer, "train_step", stepping)
     monkeypatch.setattr(checkpointer, "remove_deltas", keeping_the_first)
     run = tmp_path / "bg"
-    _train(spec, run, "--max-steps", "20")
+    _train(spec, run, "--max-steps", "20", "--checkpoint-full-every", "1")
     assert held.is_set() and len(trained_while_held) == 3  # released by training, not by a timeout
     monkeypatch.setattr(stream, "_pwrite_all", real_pwrite)
     monkeypatch.setattr(trainer, "train_step", real_step)

@@ -282,3 +282,18 @@ def test_copy_rows_equals_torch_copy_contiguous_or_not(dtype: torch.dtype):
         assert torch.equal(dst, src)
     empty = torch.zeros(5, 0, dtype=dtype)
     copy_rows(torch.empty(5, 0, dtype=dtype), empty)
+
+
+def test_auto_takes_a_delta_only_while_a_full_write_is_in_flight_and_at_most_a_bounded_run():
+    from flowrec.runtime.checkpoint.checkpointer import AUTO, AUTO_MAX_DELTAS, Checkpointer, next_is_delta
+
+    assert not next_is_delta(AUTO, chained=False, deltas=0, full_in_flight=True)  # no base yet: full
+    assert next_is_delta(AUTO, chained=True, deltas=0, full_in_flight=True)
+    assert not next_is_delta(AUTO, chained=True, deltas=0, full_in_flight=False)  # written: full again
+    assert next_is_delta(AUTO, chained=True, deltas=AUTO_MAX_DELTAS - 1, full_in_flight=True)
+    assert not next_is_delta(AUTO, chained=True, deltas=AUTO_MAX_DELTAS, full_in_flight=True)  # then it waits
+    assert [next_is_delta(3, True, d, False) for d in range(3)] == [True, True, False]  # K = 3 ignores writes
+    assert not next_is_delta(1, True, 0, True)  # K = 1: always full
+    assert Checkpointer(Path("c.pt"), AUTO, {"g": 4}).incremental  # marks rows for deltas
+    assert not Checkpointer(Path("c.pt"), AUTO, {"g": 4}, background=False).incremental  # inline: all full
+    assert not Checkpointer(Path("c.pt"), 1, {"g": 4}).incremental

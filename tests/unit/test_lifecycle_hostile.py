@@ -315,7 +315,7 @@ def test_overwriting_a_run_folder_in_use_is_refused_and_keeps_it(spec: Path, tmp
     assert (run / "checkpoint.pt").read_bytes() == b"the other run's checkpoint"
 
 
-@pytest.mark.parametrize("key, value", [("max_steps", 0), ("epochs", 0), ("rows", 0), ("checkpoint_full_every", 0),
+@pytest.mark.parametrize("key, value", [("max_steps", 0), ("epochs", 0), ("rows", 0), ("checkpoint_full_every", -1),
                                         ("seed", -1), ("eval_every", True)])
 def test_a_recorded_setting_out_of_the_flags_range_is_damaged(spec: Path, tmp_path: Path, key: str, value) -> None:
     from flowrec.runs.settings import read_run_file

@@ -2,8 +2,13 @@
 
 With `full_every = 1` every checkpoint is a full one; with `full_every = K > 1` a full checkpoint is
 followed by K-1 deltas (`flowrec.runtime.checkpoint.delta`) holding only the rows touched since the
-previous checkpoint. Both kinds are written on a background thread from a consistent snapshot, for
-every K (K = 1, the default, included). A delta's snapshot is taken on the training
+previous checkpoint. With `full_every = AUTO` (0, the default of `flowrec train`) a checkpoint is a
+full one unless the previous full one is still being written: then it is a delta on it, queued
+behind it, instead of training waiting for that write (at most `AUTO_MAX_DELTAS` in a row, which
+bounds the memory of the queued deltas' rows; the next full one then waits). Small tables thus get
+a full checkpoint every time, as with K = 1, and tables whose full write outlasts the steps between
+checkpoints get deltas in between, as with a K that fits them, without the user sizing K. Both kinds
+are written on a background thread from a consistent snapshot, for every K. A delta's snapshot is taken on the training
 thread (touched rows, dense part, optimizer states, RNG and position are copied; then training
 continues). A full one copies only the dense part there; the packed tables are streamed into the
 file by the writer thread while training goes on (`flowrec.runtime.checkpoint.stream.save_streamed`), copy-on-write
@@ -54,6 +59,29 @@ from flowrec.runtime.checkpoint.incremental import (
 from flowrec.runtime.nonfinite import TrainingStopped, all_finite_here, first_non_finite
 
 NONCE_BYTES = 8  # random id of a full checkpoint, so deltas never apply to another run's base
+AUTO = 0  # full_every: a full checkpoint whenever the previous full one is on disk, else a delta
+AUTO_MAX_DELTAS = 16  # AUTO: deltas in a row before a full checkpoint waits for the one in flight
+
+
+def full_every_text(full_every: int) -> str:
+    """How `--checkpoint-full-every` spells a value: `auto` for AUTO, else the number."""
+    return "auto" if full_every == AUTO else str(full_every)
+
+
+def next_is_delta(full_every: int, chained: bool, deltas: int, full_in_flight: bool) -> bool:
+    """Whether the next checkpoint is a delta (one process and ranks decide alike).
+
+    Args:
+        full_every: K (1: every checkpoint full) or AUTO.
+        chained: a full checkpoint is on disk or queued, so a delta has a base.
+        deltas: deltas written or queued on that full checkpoint.
+        full_in_flight: the full checkpoint's tables are still being written (AUTO: on any rank).
+    """
+    if not chained:
+        return False
+    if full_every == AUTO:
+        return full_in_flight and deltas < AUTO_MAX_DELTAS
+    return deltas + 1 < full_every
 
 
 class Checkpointer:
@@ -61,15 +89,16 @@ class Checkpointer:
 
     Args:
         path: the full checkpoint file (`<run>/checkpoint.pt`).
-        full_every: a full checkpoint every K checkpoints (1: all full).
+        full_every: a full checkpoint every K checkpoints (1: all full), or AUTO (0; module
+            docstring).
         rows_of_group: packed rows of each group (the size of its dirty mask).
         background: write on the writer thread (default); False: on the training thread, for
-            comparison (module docstring).
+            comparison (module docstring; AUTO then writes every checkpoint full).
     """
 
     def __init__(self, path: Path, full_every: int, rows_of_group: dict[str, int], background: bool = True) -> None:
         self.path = Path(path)
-        self.full_every = max(1, int(full_every))
+        self.full_every = max(AUTO, int(full_every))
         self.background = bool(background)
         self.rows_of_group = dict(rows_of_group)
         self.step: int | None = None  # step of the newest checkpoint on disk
@@ -84,7 +113,9 @@ class Checkpointer:
 
     @property
     def incremental(self) -> bool:
-        return self.full_every > 1
+        """Deltas may be written, so every step's touched rows are marked (AUTO: only in the
+        background, where a full write can be in flight at a checkpoint)."""
+        return self.full_every > 1 or (self.full_every == AUTO and self.background)
 
     def mark(self, batch: Any) -> None:
         """Before a training step on `batch`: save the rows it will change that a full checkpoint's
@@ -112,11 +143,11 @@ class Checkpointer:
             CheckpointError: an earlier background write failed (or, inline, this one).
         """
         step = state["position"]["step"]
-        if self._queued + 1 >= self.full_every or not self._chained:
+        if next_is_delta(self.full_every, self._chained, self._queued, self._snapshot is not None):
+            self._save_delta(state, embeddings, step)
+        else:
             self._writer.wait()  # at most one full snapshot in memory
             self._save_full(state, embeddings, step)
-        else:
-            self._save_delta(state, embeddings, step)
 
     def _save_full(self, state: dict[str, Any], embeddings: nn.ModuleDict, step: int) -> None:
         self._dirty.take()

@@ -1,10 +1,13 @@
-"""The checkpoints of a distributed run: full sharded ones and, with `full_every = K > 1`, deltas.
+"""The checkpoints of a distributed run: full sharded ones and, with `full_every = K > 1` (or AUTO), deltas.
 
 A full checkpoint (`flowrec.runtime.checkpoint.shards`): every rank writes the rows it owns of
 each row-wise group to its shard file; when all have written, rank 0 writes `checkpoint.pt`
 naming them (dense part, replicated tables, position, RNG; under owner ranks of managed tables
 each shard also holds its rank's map shards), then removes the older shards and
-deltas. With `full_every = K > 1` it is followed by K-1 deltas: each rank marks the packed rows
+deltas. With `full_every = AUTO` (the default) a checkpoint is a delta when any rank is still
+writing the previous full one's shard (one all-reduce of that flag, so all ranks take the same
+kind; `flowrec.runtime.checkpoint.checkpointer.next_is_delta`), else a full one. With
+`full_every = K > 1` a full checkpoint is followed by K-1 deltas: each rank marks the packed rows
 of its batches (`DirtyRows`); at a delta the ranks exchange their marks (one all-gather of the
 touched row numbers), so each knows every row any step changed. Each rank writes the touched rows
 it owns, with their optimizer state, to its delta shard file; when all have written, rank 0
@@ -77,7 +80,7 @@ from flowrec.runtime.checkpoint.format import CheckpointError
 from flowrec.runtime.checkpoint.shards import manifest, remove_stale_shards, write_shard
 from flowrec.runtime.checkpoint.layout import (common_state, owned_maps, rank_delta_shards, rank_shards,
                                                replicated_embeddings)
-from flowrec.runtime.checkpoint.checkpointer import dense_state_from
+from flowrec.runtime.checkpoint.checkpointer import AUTO, dense_state_from, next_is_delta
 from flowrec.runtime.checkpoint.incremental import (EMBEDDINGS_PREFIX, BackgroundWriter, DirtyRows, TableSnapshot,
                                                     cloned, delta_tables, table_keys)
 from flowrec.runtime.checkpoint.stream import save_streamed
@@ -98,7 +101,7 @@ class RankCheckpointer:
 
     Args:
         path: the run's full checkpoint file (`<run>/checkpoint.pt`).
-        full_every: a full checkpoint every K checkpoints (1: all full).
+        full_every: a full checkpoint every K checkpoints (1: all full), or AUTO (0; module docstring).
         rows_of_group: packed rows of each group (the size of its dirty mask).
         model: the lowered distributed model (`distributed.model`).
         world: this rank's `World`.
@@ -109,7 +112,7 @@ class RankCheckpointer:
     def __init__(self, path: Path, full_every: int, rows_of_group: dict[str, int], model: Any,
                  world: Any, background: bool = True) -> None:
         self.path = Path(path)
-        self.full_every = max(1, int(full_every))
+        self.full_every = max(AUTO, int(full_every))
         self.rows_of_group = dict(rows_of_group)
         self.model, self.world = model, world
         self.step: int | None = None  # step of the newest checkpoint on disk (committed)
@@ -135,7 +138,9 @@ class RankCheckpointer:
 
     @property
     def incremental(self) -> bool:
-        return self.full_every > 1
+        """Deltas may be written, so every step's touched rows are marked (AUTO: only in the
+        background, where a full write can be in flight at a checkpoint)."""
+        return self.full_every > 1 or (self.full_every == AUTO and self._writer is not None)
 
     @property
     def background(self) -> bool:
@@ -186,7 +191,10 @@ class RankCheckpointer:
                 self._agree(self._writer.finish())  # the writes before it, committed
             self._save_full(state_of, folder, step)
             return
-        delta = self.incremental and self._chained and self._written + 1 < self.full_every
+        in_flight = False
+        if self.full_every == AUTO and self._chained and self._writer is not None:
+            in_flight = self.world.any(self._snapshot is not None)  # every rank: the same kind
+        delta = next_is_delta(self.full_every, self._chained, self._written, in_flight)
         if self._writer is not None:
             self._queue(state_of, folder, step, delta)
         elif delta:
