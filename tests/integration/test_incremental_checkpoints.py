@@ -240,8 +240,8 @@ def test_the_default_auto_writes_a_delta_while_the_full_write_is_going_and_full_
         spec: Path, tmp_path: Path, monkeypatch):
     """`--checkpoint-full-every auto` (the default): the full checkpoint of step 5 is held in its
     write until training reaches step 12, so the checkpoint of step 10 finds it in flight and is
-    a delta on it (training does not wait); once that write is on disk (awaited at step 13), the
-    checkpoint of step 15 is a full one again. The run ends bitwise equal to one written inline,
+    a delta on it (training does not wait); once that write is on disk (awaited at step 13) and
+    with no rest after it (AUTO_REST 0 here), the checkpoint of step 15 is a full one again. The run ends bitwise equal to one written inline,
     and `--resume` from the chain continues it like an uninterrupted run."""
     held, released, done = threading.Event(), threading.Event(), threading.Event()
     steps: list[int] = []
@@ -283,6 +283,7 @@ def test_the_default_auto_writes_a_delta_while_the_full_write_is_going_and_full_
     monkeypatch.setattr(checkpointer.Checkpointer, "_save_full", full)
     monkeypatch.setattr(checkpointer.Checkpointer, "_save_delta", delta)
     monkeypatch.setattr(checkpointer.Checkpointer, "_write_snapshot", snapshot)
+    monkeypatch.setattr(checkpointer, "AUTO_REST", 0.0)  # the held write's time: no rest after it
     run = tmp_path / "auto"
     _train(spec, run, "--max-steps", "20")
     assert held.is_set() and released.is_set()

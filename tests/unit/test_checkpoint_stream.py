@@ -297,3 +297,40 @@ def test_auto_takes_a_delta_only_while_a_full_write_is_in_flight_and_at_most_a_b
     assert Checkpointer(Path("c.pt"), AUTO, {"g": 4}).incremental  # marks rows for deltas
     assert not Checkpointer(Path("c.pt"), AUTO, {"g": 4}, background=False).incremental  # inline: all full
     assert not Checkpointer(Path("c.pt"), 1, {"g": 4}).incremental
+
+
+def test_auto_rests_after_a_full_write_for_a_multiple_of_its_time_then_takes_a_full_one(tmp_path, monkeypatch):
+    """While the rest after a full write lasts, checkpoints are deltas; the first one after it is
+    full again; the rest is AUTO_REST times the write's time; inline writes are always full."""
+    import time
+
+    from flowrec.runtime.checkpoint import checkpointer as module
+
+    def recorded(ckpt):
+        kinds = []
+        monkeypatch.setattr(ckpt, "_save_full", lambda *a: (kinds.append("full"), setattr(ckpt, "_chained", True)))
+        monkeypatch.setattr(ckpt, "_save_delta", lambda *a: kinds.append("delta"))
+        return kinds
+
+    state = {"position": {"step": 1}}
+    ckpt = module.Checkpointer(tmp_path / "c.pt", module.AUTO, {"g": 4})
+    kinds = recorded(ckpt)
+    ckpt.save(state, None)
+    ckpt._rest_until = time.monotonic() + 3600.0  # resting
+    ckpt.save(state, None)
+    ckpt.save(state, None)
+    ckpt._rest_until = time.monotonic() - 1.0  # rested
+    ckpt.save(state, None)
+    assert kinds == ["full", "delta", "delta", "full"]
+    inline = module.Checkpointer(tmp_path / "d.pt", module.AUTO, {"g": 4}, background=False)
+    inline_kinds = recorded(inline)
+    inline.save(state, None)
+    inline._rest_until = time.monotonic() + 3600.0
+    inline.save(state, None)
+    assert inline_kinds == ["full", "full"]
+    # a real full write sets the rest from its own time
+    writer = module.Checkpointer(tmp_path / "e.pt", module.AUTO, {"g": 4}, background=False)
+    before = time.monotonic()
+    writer._write_full({"x": torch.ones(3)}, 1, 0.0, save=lambda path, st: (time.sleep(0.05), "digest")[1])
+    took = writer.seconds["full"][0]
+    assert took >= 0.05 and before + module.AUTO_REST * took <= writer._rest_until <= time.monotonic() + module.AUTO_REST * took

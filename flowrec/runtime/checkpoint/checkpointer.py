@@ -3,11 +3,15 @@
 With `full_every = 1` every checkpoint is a full one; with `full_every = K > 1` a full checkpoint is
 followed by K-1 deltas (`flowrec.runtime.checkpoint.delta`) holding only the rows touched since the
 previous checkpoint. With `full_every = AUTO` (0, the default of `flowrec train`) a checkpoint is a
-full one unless the previous full one is still being written: then it is a delta on it, queued
-behind it, instead of training waiting for that write (at most `AUTO_MAX_DELTAS` in a row, which
-bounds the memory of the queued deltas' rows; the next full one then waits). Small tables thus get
-a full checkpoint every time, as with K = 1, and tables whose full write outlasts the steps between
-checkpoints get deltas in between, as with a K that fits them, without the user sizing K. Both kinds
+full one unless the previous full one is still being written, or was written less than
+`AUTO_REST` times its own write time ago: then it is a delta on it, queued behind it, instead of
+training waiting for that write (at most `AUTO_MAX_DELTAS` in a row, which bounds the chain and the
+memory of the queued deltas' rows; the next full one then waits). The rest keeps full writes to
+at most 1 / (1 + AUTO_REST) of the run's time, so the writer thread takes little CPU from training
+and the end of a run rarely waits for a full write just begun. Small tables (a write of
+milliseconds) thus get a full checkpoint every time, as with K = 1, and tables whose full write
+outlasts the steps between checkpoints get deltas in between, as with a K that fits them, without
+the user sizing K. Both kinds
 are written on a background thread from a consistent snapshot, for every K. A delta's snapshot is taken on the training
 thread (touched rows, dense part, optimizer states, RNG and position are copied; then training
 continues). A full one copies only the dense part there; the packed tables are streamed into the
@@ -61,6 +65,7 @@ from flowrec.runtime.nonfinite import TrainingStopped, all_finite_here, first_no
 NONCE_BYTES = 8  # random id of a full checkpoint, so deltas never apply to another run's base
 AUTO = 0  # full_every: a full checkpoint whenever the previous full one is on disk, else a delta
 AUTO_MAX_DELTAS = 16  # AUTO: deltas in a row before a full checkpoint waits for the one in flight
+AUTO_REST = 4.0  # AUTO: after a full write of T seconds, deltas for the next AUTO_REST * T seconds
 
 
 def full_every_text(full_every: int) -> str:
@@ -75,7 +80,8 @@ def next_is_delta(full_every: int, chained: bool, deltas: int, full_in_flight: b
         full_every: K (1: every checkpoint full) or AUTO.
         chained: a full checkpoint is on disk or queued, so a delta has a base.
         deltas: deltas written or queued on that full checkpoint.
-        full_in_flight: the full checkpoint's tables are still being written (AUTO: on any rank).
+        full_in_flight: the full checkpoint's tables are still being written, or were written
+            less than AUTO_REST times their write time ago (AUTO: on any rank).
     """
     if not chained:
         return False
@@ -110,6 +116,7 @@ class Checkpointer:
         self._chained = False  # a full checkpoint was queued, so deltas may follow (training thread)
         self._queued = 0  # deltas queued on the current full checkpoint (training thread)
         self._snapshot: TableSnapshot | None = None  # tables of a full checkpoint being copied
+        self._rest_until = 0.0  # AUTO: monotonic time before which the next checkpoint is a delta
 
     @property
     def incremental(self) -> bool:
@@ -143,7 +150,9 @@ class Checkpointer:
             CheckpointError: an earlier background write failed (or, inline, this one).
         """
         step = state["position"]["step"]
-        if next_is_delta(self.full_every, self._chained, self._queued, self._snapshot is not None):
+        # inline writes never leave one in flight (and mark no rows): every checkpoint is full
+        busy = self.background and (self._snapshot is not None or time.monotonic() < self._rest_until)
+        if next_is_delta(self.full_every, self._chained, self._queued, busy):
             self._save_delta(state, embeddings, step)
         else:
             self._writer.wait()  # at most one full snapshot in memory
@@ -207,7 +216,9 @@ class Checkpointer:
         remove_deltas(self.path)
         remove_stale_shards(self.path.parent, [])  # a distributed run's, when it was resumed here
         self._base_digest, self.step = digest, step
-        self.seconds["full"].append(copy_s + time.perf_counter() - t0)
+        took = time.perf_counter() - t0
+        self._rest_until = time.monotonic() + AUTO_REST * took
+        self.seconds["full"].append(copy_s + took)
 
     def _save_delta(self, state: dict[str, Any], embeddings: nn.ModuleDict, step: int) -> None:
         t0 = time.perf_counter()

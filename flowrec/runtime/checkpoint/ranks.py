@@ -5,8 +5,9 @@ each row-wise group to its shard file; when all have written, rank 0 writes `che
 naming them (dense part, replicated tables, position, RNG; under owner ranks of managed tables
 each shard also holds its rank's map shards), then removes the older shards and
 deltas. With `full_every = AUTO` (the default) a checkpoint is a delta when any rank is still
-writing the previous full one's shard (one all-reduce of that flag, so all ranks take the same
-kind; `flowrec.runtime.checkpoint.checkpointer.next_is_delta`), else a full one. With
+writing the previous full one's shard or rests after it (`AUTO_REST` times its write time; one
+all-reduce of that flag, so all ranks take the same kind;
+`flowrec.runtime.checkpoint.checkpointer.next_is_delta`), else a full one. With
 `full_every = K > 1` a full checkpoint is followed by K-1 deltas: each rank marks the packed rows
 of its batches (`DirtyRows`); at a delta the ranks exchange their marks (one all-gather of the
 touched row numbers), so each knows every row any step changed. Each rank writes the touched rows
@@ -80,7 +81,7 @@ from flowrec.runtime.checkpoint.format import CheckpointError
 from flowrec.runtime.checkpoint.shards import manifest, remove_stale_shards, write_shard
 from flowrec.runtime.checkpoint.layout import (common_state, owned_maps, rank_delta_shards, rank_shards,
                                                replicated_embeddings)
-from flowrec.runtime.checkpoint.checkpointer import AUTO, dense_state_from, next_is_delta
+from flowrec.runtime.checkpoint.checkpointer import AUTO, AUTO_REST, dense_state_from, next_is_delta
 from flowrec.runtime.checkpoint.incremental import (EMBEDDINGS_PREFIX, BackgroundWriter, DirtyRows, TableSnapshot,
                                                     cloned, delta_tables, table_keys)
 from flowrec.runtime.checkpoint.stream import save_streamed
@@ -126,6 +127,7 @@ class RankCheckpointer:
         group = getattr(world, "checkpoint_group", None)
         self._writer = _CommitWriter(group) if background and group is not None else None
         self._snapshot: TableSnapshot | None = None  # this rank's rows of a full checkpoint being written
+        self._rest_until = 0.0  # AUTO: monotonic time before which this rank wants a delta
         # background: the local rows of its row-wise groups this rank's updates wrote since the last
         # checkpoint, marked by the updates themselves (no exchange of the batches' marks)
         self._owned = DirtyRows()
@@ -193,7 +195,8 @@ class RankCheckpointer:
             return
         in_flight = False
         if self.full_every == AUTO and self._chained and self._writer is not None:
-            in_flight = self.world.any(self._snapshot is not None)  # every rank: the same kind
+            busy = self._snapshot is not None or time.monotonic() < self._rest_until
+            in_flight = self.world.any(busy)  # every rank: the same kind
         delta = next_is_delta(self.full_every, self._chained, self._written, in_flight)
         if self._writer is not None:
             self._queue(state_of, folder, step, delta)
@@ -295,7 +298,9 @@ class RankCheckpointer:
         digest = self._commit(step, mine, commit)
         self._base_digest = digest if self.world.lead else None
         self.step = step
-        self.seconds["full"].append(copy_s + time.perf_counter() - t0)
+        took = time.perf_counter() - t0
+        self._rest_until = time.monotonic() + AUTO_REST * took
+        self.seconds["full"].append(copy_s + took)
 
     def _stream_shard(self, folder: Path, step: int, snapshot: TableSnapshot, maps: dict[str, torch.Tensor],
                       note: str) -> tuple[str, str]:
