@@ -8,10 +8,10 @@ full one unless the previous full one is still being written, or was written les
 training waiting for that write (at most `AUTO_MAX_DELTAS` in a row, which bounds the chain and the
 memory of the queued deltas' rows; the next full one then waits). The rest keeps full writes to
 at most 1 / (1 + AUTO_REST) of the run's time, so the writer thread takes little CPU from training
-and the end of a run rarely waits for a full write just begun. Small tables (a write of
-milliseconds) thus get a full checkpoint every time, as with K = 1, and tables whose full write
-outlasts the steps between checkpoints get deltas in between, as with a K that fits them, without
-the user sizing K. Both kinds
+and the end of a run rarely waits for a full write just begun. Where checkpoints are more than
+1 + AUTO_REST full writes apart (small tables: a write of milliseconds) every checkpoint is full,
+as with K = 1; tables whose full write outlasts the steps between checkpoints get deltas in
+between, as with a K that fits them, without the user sizing K. Both kinds
 are written on a background thread from a consistent snapshot, for every K. A delta's snapshot is taken on the training
 thread (touched rows, dense part, optimizer states, RNG and position are copied; then training
 continues). A full one copies only the dense part there; the packed tables are streamed into the
