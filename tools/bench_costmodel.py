@@ -34,10 +34,21 @@ Ratios:
     costmodel_max_run_spread: max over specs of the spread of a spec's runs' own estimates, (max -
         min) / the pooled estimate: the precision the measurement has (a spec of a few ms is run in
         up to MAX_RUNS processes, `measure_spec`).
+    costmodel_max_pair_error_spread (`--interleave`): max over specs of the spread (max - min) of
+        a spec's per-pair step errors: how far the host moved one comparison from the next.
+
+With `--interleave` a short step's further runs each come right after a calibration of their own
+(calibrate, run, calibrate, run ...: `measure_spec`), every run of about RUN_SECONDS of steps: a
+run is judged against the plan of the profile measured next to it, and the spec's step error is
+the median of these per-pair errors (`pair_errors`; `step_error_pooled` keeps the median
+prediction against the pooled runs). On a shared host the speed moves between a spec's
+calibration and its runs by more than the goal (round 9: the same spec measured 4.40 and 5.62 ms
+in two runs back to back); pairs put each comparison within one spell of load. The prediction
+still comes from `flowrec calibrate` and the plan alone.
 
 Usage:
     python tools/bench_costmodel.py [--steps 20] [--profile FILE] [--device-budget 64MiB] [--cache POLICY]
-        [--specs a.yaml,b.yaml] [--threads N] [--nproc N] [--one-epoch] [--runs 3] [--json PATH]
+        [--specs a.yaml,b.yaml] [--threads N] [--nproc N] [--one-epoch] [--runs 3] [--interleave] [--json PATH]
     python tools/bench_costmodel.py --merge part1.json,part2.json --json PATH
 """
 from __future__ import annotations
@@ -51,7 +62,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from flowrec.measure import robust  # noqa: E402
@@ -189,9 +200,35 @@ def run_steps(first_ms: float, steps: int, batch: int, rows: int) -> int:
     return max(1, min(wanted, (rows // max(batch, 1)) * EPOCHS - WARMUP_STEPS - 1))
 
 
+def pair_errors(pairs: list[tuple[float, list[robust.Round]]]) -> dict[str, Any]:
+    """The comparison of interleaved (calibration, run) pairs of one spec (`--interleave`), each
+    (the plan's predicted step from that pair's calibration, the run's timed rounds): each run
+    judged against the prediction of the profile measured right before it (`pair_step_errors`:
+    predicted / the run's estimate by the timing rule - 1), so that the host's drift between one
+    pair and the next is not counted as the model's error; the spec's error is their median
+    (`step_error`, the middle one of three), their spread (max - min) says how far the host moved
+    the comparison between pairs. Nothing of a run enters a prediction.
+
+    Raises:
+        ValueError: no pairs.
+
+    Example:
+        >>> r = [robust.Round(2.0)] * 3
+        >>> pair_errors([(2.2, r), (1.8, r), (2.1, r)])["step_error"]
+        0.050000000000000044
+    """
+    if not pairs:
+        raise ValueError("no (calibration, run) pairs to compare")
+    measured = [robust.estimate(rounds).seconds for _, rounds in pairs]
+    errors = [predicted / ms - 1.0 for (predicted, _), ms in zip(pairs, measured)]
+    return {"pair_predicted_step_ms": [p for p, _ in pairs], "pair_measured_step_ms": measured,
+            "pair_step_errors": errors, "pair_error_spread": max(errors) - min(errors),
+            "step_error": quantile(errors, 0.5)}
+
+
 def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str | None,
                  cache: str | None = None, nproc: int = 1, one_epoch: bool = False,
-                 max_runs: int = MAX_RUNS) -> dict[str, Any]:
+                 max_runs: int = MAX_RUNS, recalibrate: Callable[[int], Path] | None = None) -> dict[str, Any]:
     """Predicted vs measured for one spec: runs of WARMUP_STEPS + steps steps (on `nproc` ranks),
     a new `flowrec train` process each, one plan (the same profile): the first of `steps` steps,
     further ones (`run_steps`: RUN_SECONDS of steps each) while the timed steps of all the runs
@@ -201,21 +238,33 @@ def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str |
     step is the robust estimate (`flowrec.measure.robust`) over the steps after WARMUP_STEPS of
     every run pooled; each run's own estimate is kept (`measured_runs`), their spread
     (`measured_run_spread`: (max - min) / the pooled estimate) is the precision the measurement
-    has."""
+    has.
+
+    With `recalibrate` (`--interleave`) each further run gets a profile of its own, measured right
+    before it (`recalibrate(k)`: the k-th calibration of the spec), and every run, the first too, is
+    of RUN_SECONDS of steps sized by its calibration's own live step (`run_steps`); each run is
+    judged against its own plan and the spec's error is the median of the pairs' (`pair_errors`)."""
     data = tmp / f"{spec.stem}-data"
     rows = synth_rows(spec, steps, one_epoch)
     flowrec("data", "synth", str(spec), "--rows", str(rows), "--out", str(data), cwd=tmp)
     runs: list[tuple[dict[str, Any], list[robust.Round]]] = []
     pooled: list[robust.Round] = []
+    pairs: list[tuple[float, list[robust.Round]]] = []
     count = steps
+    batch = load_spec(spec).training.batch_size
     while True:
+        if recalibrate is not None:  # a pair: the run's own calibration right before it
+            profile = recalibrate(len(runs)) if runs else profile
+            count = run_steps(calibrated_live_ms(profile), steps, batch, rows)
         out = tmp / f"{spec.stem}-run{len(runs)}"
         result, seconds = train_json(spec, data, profile, WARMUP_STEPS + count, out, tmp, budget, cache, nproc)
         rounds = [robust.Round(r.wall * 1e3, r.waited * 1e3) for r in seconds[WARMUP_STEPS:]]
         runs.append((result, rounds))
         pooled += rounds
-        if len(runs) == 1:  # every run trains this plan (the same profile)
+        if len(runs) == 1:  # every run trains this plan (the same profile; a pair's own with --interleave)
             plan = json.loads((out / "plan.json").read_text())
+        if recalibrate is not None:
+            pairs.append((json.loads((out / "plan.json").read_text())["cost"]["step_ms_overlap"], rounds))
         if len(runs) >= max_runs or sum(r.wall for r in pooled) >= POOL_SECONDS * 1e3:
             break
         count = run_steps(robust.estimate(rounds).seconds, steps, plan["cost"]["batch_size"], rows)
@@ -225,6 +274,9 @@ def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str |
     robust_ms = robust.estimate(pooled)
     measured_ms = robust_ms.seconds
     predicted_ms = cost["step_ms_overlap"]
+    own = [p for p, _ in pairs] or [predicted_ms] * len(runs)  # each run's own plan's prediction
+    if pairs:
+        predicted_ms = quantile(own, 0.5)
     per_run = [robust.estimate(r) for _, r in runs]
     run_ms = [e.seconds for e in per_run]
     staging_wait = sum(r["stage_seconds"].get("staging_wait", 0.0) for r, _ in runs) / max(
@@ -242,13 +294,16 @@ def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str |
            "measured_staging_wait_ms": staging_wait,
            "measured_runs": [{"steps": len(r), "step_ms": e.seconds, "clean_steps": e.clean, "method": e.method,
                               "step_ms_median": quantile([x.wall for x in r], 0.5),
-                              "step_error": predicted_ms / e.seconds - 1.0}
-                             for (_, r), e in zip(runs, per_run)],
+                              "step_error": p / e.seconds - 1.0, "predicted_step_ms": p}
+                             for (_, r), e, p in zip(runs, per_run, own)],
            "measured_run_spread": (max(run_ms) - min(run_ms)) / measured_ms,
            "step_error": predicted_ms / measured_ms - 1.0,
            "step_error_fastest_quartile": predicted_ms / quantile(timed, 0.25) - 1.0,
            "step_error_wall_median": predicted_ms / quantile(timed, 0.5) - 1.0,
            "measured_rounds_ms": [[round(r.wall, 4), round(r.waited, 4)] for r in first]}
+    if pairs:  # each run against its own calibration; the pooled comparison (median prediction) kept beside
+        row["step_error_pooled"] = row["step_error"]
+        row.update(pair_errors(pairs))
     if result["counters"]:
         model = load_spec(spec)
         measured = measured_bytes_per_step(result["counters"], -(-cost["batch_size"] // cost["world_size"]),
@@ -259,7 +314,28 @@ def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str |
     return row
 
 
-OPTIONS = ("device_budget", "threads", "nproc", "cache", "one_epoch")  # a result's run options (--merge: all equal)
+def calibrated_live_ms(profile: Path) -> float:
+    """A calibration's own live step of the spec (`details.staging.live_step_ms`), to size the run
+    that follows it (`run_steps`); 1e3 (one step's worth: `--steps`) where the profile has none."""
+    staging = json.loads(Path(profile).read_text()).get("details", {}).get("staging") or {}
+    return float(staging.get("live_step_ms") or 1e3)
+
+
+def calibration_summary(doc: dict[str, Any]) -> dict[str, Any]:
+    """What a result keeps of a spec's calibration (profile document `doc`): its seconds, the
+    measured constants and how the spec's own ones were measured."""
+    details = doc.get("details", {})
+    return {"seconds": details.get("seconds"), **{k: v["value"] for k, v in doc["measured"].items()},
+            "how": {"compute_scale": details.get("compute_scale"),
+                    "step_us": details.get("framework_us_by_batch", {}).get("fit"),
+                    "staging": details.get("staging"), "shared_cores": details.get("shared_cores"),
+                    "timing": details.get("timing")}}
+
+
+PAIR_FIELDS = ("seconds", "compute_scale", "step_us", "staging_values_per_s")  # a further pair's calibration, kept
+
+
+OPTIONS = ("device_budget", "threads", "nproc", "cache", "one_epoch", "interleave")  # a result's run options (--merge: all equal)
 
 
 def summarize(rows: list[dict[str, Any]], calibrations: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
@@ -270,6 +346,7 @@ def summarize(rows: list[dict[str, Any]], calibrations: dict[str, Any], options:
     plain = [abs(r["step_error_wall_median"]) for r in rows if "step_error" in r]
     byte_errors = [abs(r["bytes_error"]) for r in rows if r.get("bytes_error") is not None]
     spreads = [r["measured_run_spread"] for r in rows if "measured_run_spread" in r]
+    pair_spreads = [r["pair_error_spread"] for r in rows if "pair_error_spread" in r]
     return {
         "benchmark": "costmodel",
         "calibration": calibrations,
@@ -280,7 +357,8 @@ def summarize(rows: list[dict[str, Any]], calibrations: dict[str, Any], options:
                    "costmodel_max_step_error_fastest_quartile": max(quick) if quick else None,
                    "costmodel_max_step_error_wall_median": max(plain) if plain else None,
                    "costmodel_max_bytes_error": max(byte_errors) if byte_errors else None,
-                   "costmodel_max_run_spread": max(spreads) if spreads else None},
+                   "costmodel_max_run_spread": max(spreads) if spreads else None,
+                   "costmodel_max_pair_error_spread": max(pair_spreads) if pair_spreads else None},
         "bytes_compared_specs": [r["spec"] for r in rows if r.get("bytes_error") is not None],
     }
 
@@ -342,6 +420,12 @@ def main() -> None:
                         help="ranks of every run (local processes, gloo); with N > 1 each calibration also measures "
                              "the collectives (`flowrec calibrate --nproc N`), so the plan prices its exchange "
                              "with this machine's link; the measured step is the slowest rank's")
+    parser.add_argument("--interleave", action="store_true",
+                        help="each further run of a spec (a short step's, `--runs`) right after a calibration of "
+                             "its own (calibrate, run, calibrate, run ...), every run of about "
+                             f"{RUN_SECONDS:g} s of steps; each run judged against its own calibration's plan, "
+                             "the spec's error the median of the pairs' (the host's drift between pairs is not "
+                             "the model's error); not with --profile")
     parser.add_argument("--merge", default="",
                         help="comma-separated result files of parts of one run (--specs) to merge into --json "
                              "(rows by spec, a later file's replacing an earlier's; ratios recomputed); runs nothing")
@@ -360,6 +444,8 @@ def main() -> None:
         parser.error("--nproc must be at least 1")
     if args.runs < 1:
         parser.error("--runs must be at least 1")
+    if args.interleave and args.profile is not None:
+        parser.error("--interleave calibrates before each run: not with --profile")
     if args.threads:
         # numba's OpenMP layer (the fused sparse kernels) sets the process's OpenMP threads to its own
         # count when it starts, torch's included: both, or torch runs NUMBA_NUM_THREADS threads
@@ -371,22 +457,29 @@ def main() -> None:
         tmp = Path(tmp_name)
         rows, calibrations = [], {}
         for spec in specs:
-            profile = args.profile or tmp / f"{spec.stem}-profile.json"
+            def calibrate(k: int, spec: Path = spec) -> Path:
+                """The spec's k-th calibration (`--interleave`: one before each run), kept in the result."""
+                path = tmp / f"{spec.stem}-profile{k or ''}.json"
+                flowrec("calibrate", str(spec), "--device", "cpu", "--out", str(path),
+                        *(["--nproc", str(args.nproc)] if args.nproc > 1 else []), cwd=tmp)
+                summary = calibration_summary(json.loads(path.read_text()))
+                if k == 0:
+                    calibrations[spec.name] = summary
+                if args.interleave:
+                    calibrations[spec.name].setdefault("pairs", []).append(
+                        {**{f: summary.get(f) for f in PAIR_FIELDS},
+                         "live_step_ms": (summary["how"]["staging"] or {}).get("live_step_ms")})
+                return path
+
             try:
                 if args.profile is None:
-                    flowrec("calibrate", str(spec), "--device", "cpu", "--out", str(profile),
-                            *(["--nproc", str(args.nproc)] if args.nproc > 1 else []), cwd=tmp)
-                doc = json.loads(Path(profile).read_text())
-                details = doc.get("details", {})
-                calibrations[spec.name] = {"seconds": details.get("seconds"),
-                                           **{k: v["value"] for k, v in doc["measured"].items()},
-                                           "how": {"compute_scale": details.get("compute_scale"),
-                                                   "step_us": details.get("framework_us_by_batch", {}).get("fit"),
-                                                   "staging": details.get("staging"),
-                                                   "shared_cores": details.get("shared_cores"),
-                                                   "timing": details.get("timing")}}
+                    profile = calibrate(0)
+                else:
+                    profile = args.profile
+                    calibrations[spec.name] = calibration_summary(json.loads(Path(profile).read_text()))
                 rows.append(measure_spec(spec, Path(profile), args.steps, tmp, args.device_budget, args.cache,
-                                         args.nproc, args.one_epoch, args.runs))
+                                         args.nproc, args.one_epoch, args.runs,
+                                         calibrate if args.interleave else None))
             except (RuntimeError, subprocess.TimeoutExpired) as exc:
                 rows.append({"spec": spec.name, "error": str(exc)})
             print(json.dumps(rows[-1]), flush=True)

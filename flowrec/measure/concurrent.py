@@ -20,6 +20,8 @@ step's collectives). Then
     rank_staging_values_per_s = values a batch stages / (slowest live step - slowest staged step)
     rank_collective_us        = the slowest process's median small all_reduce after each step,
                                 the second of two back to back (the first is where they meet)
+    rank_skew_us              = the slowest process of each live step (timing rule over those
+                                steps) less the slowest process's own live estimate
 
 After each step (outside its timing) the processes meet in a small all_reduce, as a run's ranks
 meet in their step's first collective, and then call a second: idle processes (the collective
@@ -30,9 +32,14 @@ mostly the wait for the slower rank to end its step (the ranks' skew: 1.5-4.1 ms
 (movielens: 20 ms of calls against a whole measured step of 10.7 ms), while a run's ranks wait
 for each other once a step, in its first collective, and its slowest rank's step (the staged
 estimate the compute scale takes) already holds that. The second call is the cost of each call
-of ranks that are together (`meet_us`, the first, is kept in the details). The cost model multiplies a rank's compute by the first,
-prices its staging by the second and each collective call by the third
-(`flowrec.planner.cost.shared_cores`).
+of ranks that are together (`meet_us`, the first, is kept in the details). What the slowest
+rank's typical step leaves out is that a step lasts as long as the slowest rank *of that step*:
+each rank records its live steps (`live_steps_ms`) and the meeting calls (`live_meets_us`), rank 0
+gathers them, and `rank_skew_ms` prices the difference, once per step (the details also keep
+`last_meet_us`: per step the meeting call of the rank that came last, which waited for no one).
+The cost model multiplies a rank's compute by the first, prices its staging by the second, each
+collective call by the third (`flowrec.planner.cost.shared_cores`) and adds the fourth once per
+step (`flowrec.planner.cost.rank_skew_seconds`).
 
 Example:
     >>> ranks = [{"staged_ms": 6.0, "live_ms": 7.0, "call_us": 900.0}, {"staged_ms": 5.0, "live_ms": 5.5, "call_us": 300.0}]
@@ -67,11 +74,42 @@ class ConcurrentError(RuntimeError):
     """The concurrent measurement could not run (one line naming the rank and why)."""
 
 
-def rank_constants(results: list[dict[str, float]], priced_ms: float, values: float
+def rank_skew_ms(ranks: list[list[list[float]]]) -> tuple[float, dict[str, float]]:
+    """(skew, details) of the ranks' live steps, each rank's `[wall ms, foreign wait ms]` per step
+    (steps of the same index start together: the ranks meet after each): the timing rule's
+    estimate (`flowrec.measure.robust`) over the slowest rank's round of each step, less the
+    slowest of the ranks' own estimates, at least 0. A run's ranks meet in every step's
+    collectives, so its step is the slowest rank's each step (how `tools/bench_costmodel.py`
+    measures it), while the compute and staging constants take the slowest rank's own typical
+    step: the skew is what a step costs beyond that, once per step whatever its calls. Steps one
+    rank lacks (the ranks stopped apart) are left out.
+
+    Raises:
+        ValueError: fewer than two ranks, or no step every rank has.
+
+    Example:
+        >>> rank_skew_ms([[[4.0, 0.0], [3.0, 0.0], [3.0, 0.0]], [[3.0, 0.0], [4.0, 0.0], [3.0, 0.0]]])[0]
+        1.0
+    """
+    from flowrec.measure import robust
+
+    steps = min((len(r) for r in ranks), default=0)
+    if len(ranks) < 2 or steps == 0:
+        raise ValueError(f"need the steps of two ranks or more (got {len(ranks)} ranks, {steps} common steps)")
+    own = [robust.estimate(robust.Round(wall, waited) for wall, waited in r[:steps]) for r in ranks]
+    slowest = robust.estimate(robust.Round(*max((r[i] for r in ranks), key=lambda wq: wq[0]))
+                              for i in range(steps))
+    each = max(e.seconds for e in own)
+    return max(0.0, slowest.seconds - each), {"slowest_per_step_ms": slowest.seconds, "slowest_rank_ms": each,
+                                              "steps": steps, "slowest_per_step_clean": slowest.clean}
+
+
+def rank_constants(results: list[dict[str, Any]], priced_ms: float, values: float
                    ) -> tuple[float, float, float, dict[str, Any]]:
     """(rank_compute_scale, rank_staging_values_per_s, rank_collective_us, details) of the ranks'
     `results` (each {"staged_ms", "live_ms", "call_us"}: its estimates, its median collective
-    call), the profile's price of one such step alone
+    call; with "live_steps_ms", every live step's [wall ms, wait ms], the details hold the ranks'
+    skew, `rank_skew_ms`, as "skew_ms"), the profile's price of one such step alone
     (`priced_ms`, its compute) and the values one batch stages (see the module docstring).
 
     Raises:
@@ -85,10 +123,14 @@ def rank_constants(results: list[dict[str, float]], priced_ms: float, values: fl
     scale = min(high, max(low, staged / priced_ms))
     added_s = max((live - staged) * 1e-3, MIN_ADDED_S)
     call_us = max(r["call_us"] for r in results)
-    return scale, values / added_s, call_us, {"staged_ms": staged, "live_ms": live, "priced_ms": priced_ms,
-                                              "call_us": call_us,
-                                     "added_ms_per_batch": added_s * 1e3, "values_per_batch": values,
-                                     "ranks": results}
+    details = {"staged_ms": staged, "live_ms": live, "priced_ms": priced_ms, "call_us": call_us,
+               "added_ms_per_batch": added_s * 1e3, "values_per_batch": values, "ranks": results}
+    if len(results) > 1 and all(r.get("live_steps_ms") for r in results):
+        details["skew_ms"], details["skew"] = rank_skew_ms([r["live_steps_ms"] for r in results])
+    if len(results) > 1 and all(r.get("live_meets_us") for r in results):
+        meets = list(zip(*(r["live_meets_us"] for r in results)))
+        details["last_meet_us"] = statistics.median(min(m) for m in meets)  # the call of the rank that came last
+    return scale, values / added_s, call_us, details
 
 
 def meet_then_call(collective: Callable[[], Any], clock: Callable[[], float] = time.perf_counter
@@ -173,8 +215,12 @@ def shared_core_constants(spec_path: Path, spec: Any, world_size: int, measured:
                                                       "beyond the staged ones"),
             "rank_collective_us": (call_us, how + f": the median all_reduce of {CALL_BYTES >> 10} KiB right after "
                                                   f"the one in which the ranks meet after each step (the meeting's "
-                                                  f"wait is their skew, which their steps' times hold), slowest "
-                                                  f"process")}, details
+                                                  f"wait is their skew, which `rank_skew_us` prices), slowest "
+                                                  f"process"),
+            "rank_skew_us": (details.get("skew_ms", 0.0) * 1e3,
+                             how + ": the timing rule over the slowest process's live step of each step (the "
+                                   "ranks meet after each) less the slowest process's own estimate: what a run's "
+                                   "step costs beyond its slowest rank's typical step, once per step")}, details
 
 
 def worker(rank: int, world_size: int, port: int) -> list[dict[str, float]] | None:
@@ -216,11 +262,14 @@ def worker(rank: int, world_size: int, port: int) -> list[dict[str, float]] | No
             phases.append(len(calls))
             dist.barrier()
 
-        live, staged = (robust.estimate(r) for r in live_step_seconds(plan, spec, device, int(job["steps"]),
-                                                                      ready=ready, between=call))
+        rounds = live_step_seconds(plan, spec, device, int(job["steps"]), ready=ready, between=call)
+        live, staged = (robust.estimate(r) for r in rounds)
         warm = WARMUP_STEPS
         staged_calls, live_calls = calls[phases[0] + warm:phases[1]], calls[phases[1] + warm:]
+        live_rounds, _ = rounds
         mine = {"staged_ms": staged.seconds * 1e3, "live_ms": live.seconds * 1e3,
+                "live_steps_ms": [[r.wall * 1e3, r.waited * 1e3] for r in live_rounds],
+                "live_meets_us": [m * 1e6 for m in meets[phases[1] + warm:]],
                 "call_us": statistics.median(live_calls) * 1e6,
                 "meet_us": statistics.median(meets[phases[1] + warm:]) * 1e6,
                 "staged_call_us": statistics.median(staged_calls) * 1e6, "staged_clean": staged.clean,

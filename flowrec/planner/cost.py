@@ -36,7 +36,9 @@ Device profiles carry the constants, with units in their names. Sources and assu
 * Ranks of one host that is the device (`--nproc N` on the CPU) fill its cores together: a profile
   from `flowrec calibrate --nproc N` prices each rank's compute, staging and collective calls as N
   processes stepping at once measured them (`shared_cores`); a rank's step counts the runtime's
-  loss agreement and an in-batch retrieval gather beside the exchange (`exchange_traffic`).
+  loss agreement and an in-batch retrieval gather beside the exchange (`exchange_traffic`), and
+  once per step the ranks' skew (`rank_skew_us`: the slowest rank of each step against the slowest
+  rank's typical step, `rank_skew_seconds`), in the exchange, where the ranks wait for each other.
 
 Example:
     >>> DEVICES["h100"].hbm_gbps
@@ -92,7 +94,8 @@ class DeviceProfile:
     factor on the dense forward, backward and update (1: not measured). `rank_compute_scale` and
     `rank_staging_values_per_s` and `rank_collective_us` (`flowrec calibrate --nproc N` on a host
     that is the device) are what a rank's step, its staging and a collective call take while N
-    ranks step at once on this host's cores (`shared_cores`). `managed_ns_per_id` = the trainer's
+    ranks step at once on this host's cores (`shared_cores`); `rank_skew_us` what their step costs
+    beyond the slowest rank's typical step, once per step (`rank_skew_seconds`). `managed_ns_per_id` = the trainer's
     own work per lookup of a managed table beyond the step's ops (`managed_seconds`).
 
     Example:
@@ -139,6 +142,7 @@ class DeviceProfile:
     rank_compute_scale: float = 1.0  # a rank's step while collective_world_size ranks step at once on this host / priced alone
     rank_staging_values_per_s: float = 0.0  # staging rate beside those ranks (their data threads share the cores); 0: staging_values_per_s
     rank_collective_us: float = 0.0  # one collective call between those ranks (each waits for its peer to run); 0: collective_us
+    rank_skew_us: float = 0.0  # a step of those ranks beyond the slowest one's typical step (they meet each step); 0: none
     managed_ns_per_id: float = 0.0  # the trainer's managed-table work per managed lookup (row resets, map replay); 0: not measured
 
     @property
@@ -497,7 +501,7 @@ def predict(graph: OpGraph, spec: ModelSpec, device: DeviceProfile, *, micro_bat
         if call_us is not None:
             link = replace(link, latency_us=call_us)
         calls = sum(exchange.collectives(u.group) for u in units if u.group is not None) + traffic.dense_calls
-        exchange_s = exchange.seconds(traffic.total, calls, link)
+        exchange_s = exchange.seconds(traffic.total, calls, link) + rank_skew_seconds(device, world)
         serial += exchange_s
         if call_us is not None:  # the collectives' threads find no free core: nothing overlaps them
             overlap += exchange_s
@@ -589,6 +593,22 @@ def shared_cores(device: DeviceProfile, world: int) -> tuple[float, float, float
         return 1.0, device.staging_values_per_s, None
     return (device.rank_compute_scale, device.rank_staging_values_per_s or device.staging_values_per_s,
             device.rank_collective_us or None)
+
+
+def rank_skew_seconds(device: DeviceProfile, world: int) -> float:
+    """Seconds a step of `world` ranks on `device` costs beyond its slowest rank's typical step,
+    once per step: the ranks meet in every step's collectives, so a step lasts as long as the
+    slowest rank of that step, not of a typical one (`rank_skew_us`, measured by `flowrec
+    calibrate --nproc N` with N processes stepping at once, `flowrec.measure.concurrent`). Where
+    `shared_cores` holds (one rank, or a device with its own host), or not measured: 0.
+
+    Example:
+        >>> rank_skew_seconds(replace(DEVICES["cpu"], rank_skew_us=250.0), 2), rank_skew_seconds(DEVICES["cpu"], 2)
+        (0.00025, 0.0)
+    """
+    if world <= 1 or device.overlaps:
+        return 0.0
+    return device.rank_skew_us * 1e-6
 
 
 def sparse_seconds(u: _Unit, device: DeviceProfile, batch: int, profile: AccessProfile | None

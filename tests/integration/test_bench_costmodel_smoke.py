@@ -40,3 +40,27 @@ def test_bench_costmodel_lists_the_spec_with_its_robust_step(tmp_path, nproc):
     assert row["step_error"] == row["predicted_step_ms"] / row["measured_step_ms"] - 1
     assert (row["predicted_exchange_ms"] > 0) == (nproc > 1)
     assert doc["ratios"]["costmodel_max_step_error"] == abs(row["step_error"])
+
+
+@pytest.mark.slow
+def test_interleaved_pairs_each_run_after_a_calibration_of_its_own(tmp_path):
+    """`--interleave --runs 2` on one short spec: calibrate, run, calibrate, run; each run judged
+    against its own calibration's plan, the spec's error the median of the pairs' (no timing asserted)."""
+    out = tmp_path / "cost.json"
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "tools/bench_costmodel.py", "--specs", "movielens.yaml", "--steps", "3",
+                           "--runs", "2", "--interleave", "--threads", "1", "--json", str(out)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    row, calibration = doc["specs"][0], doc["calibration"]["movielens.yaml"]
+    assert doc["interleave"] is True and "error" not in row, row
+    assert len(calibration["pairs"]) == 2 and all(p["seconds"] > 0 for p in calibration["pairs"])  # one per run
+    runs = row["measured_runs"]
+    assert len(runs) == 2 and row["pair_predicted_step_ms"] == [r["predicted_step_ms"] for r in runs]
+    assert row["pair_step_errors"] == [r["step_error"] for r in runs]  # each run against its own plan
+    assert all(r["steps"] >= 3 for r in runs)  # sized by its calibration's live step
+    errors = row["pair_step_errors"]
+    assert row["step_error"] == pytest.approx(sum(errors) / 2) and row["pair_error_spread"] == pytest.approx(
+        max(errors) - min(errors))
+    assert doc["ratios"]["costmodel_max_step_error"] == abs(row["step_error"])

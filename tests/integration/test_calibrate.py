@@ -60,6 +60,9 @@ def test_nproc_measures_collectives_and_sharded_plans_use_them(profile: Path):
     for key in ("rank_compute_scale", "rank_staging_values_per_s", "rank_collective_us"):  # a spec on the CPU
         assert measured[key]["value"] > 0 and "2 processes at once" in measured[key]["how"]
     assert len(doc["details"]["shared_cores"]["ranks"]) == 2
+    skew = measured["rank_skew_us"]  # the ranks' skew, once per step (0 when the slowest of each step is the typical one)
+    assert "2 processes at once" in skew["how"] and skew["value"] == pytest.approx(
+        doc["details"]["shared_cores"]["skew_ms"] * 1e3)
     text = runner.invoke(app, ["plan", str(SPEC), "--target", str(profile), "--world-size", "2"]).output
     gbps = device_profile(str(profile)).collective_gbps
     assert f"world size 2 over measured collectives (2 processes) ({gbps:g} GB/s per rank" in text

@@ -17,7 +17,7 @@ _spec = importlib.util.spec_from_file_location("bench_costmodel", REPO / "tools"
 bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)
 
-OPTIONS = {"device_budget": "64MiB", "threads": 1, "nproc": 1, "cache": None, "one_epoch": False}
+OPTIONS = {"device_budget": "64MiB", "threads": 1, "nproc": 1, "cache": None, "one_epoch": False, "interleave": False}
 
 
 def _row(spec: str, error: float, bytes_error: float | None = None) -> dict:
@@ -56,7 +56,7 @@ def test_parts_merge_into_one_result_with_the_ratios_of_all_rows(tmp_path):
     assert {k: doc[k] for k in OPTIONS} == OPTIONS and len(doc["parts"]) == 3
 
 
-@pytest.mark.parametrize("other", [{"device_budget": None}, {"nproc": 2}, {"threads": 2}])
+@pytest.mark.parametrize("other", [{"device_budget": None}, {"nproc": 2}, {"threads": 2}, {"interleave": True}])
 def test_parts_of_different_runs_are_refused_in_one_line(tmp_path, other):
     first = _part(tmp_path / "a.json", [_row("a.yaml", 0.01)])
     second = _part(tmp_path / "b.json", [_row("b.yaml", 0.02)], **other)
@@ -77,3 +77,37 @@ def test_a_short_steps_further_runs_take_hundreds_of_steps_within_the_data():
             {"spec": "b.yaml", "step_error": -0.02, "step_error_fastest_quartile": 0.0, "step_error_wall_median": 0.0,
              "measured_run_spread": 0.31}]
     assert bench.summarize(rows, {}, OPTIONS)["ratios"]["costmodel_max_run_spread"] == 0.31
+
+
+def test_interleaved_pairs_judge_each_run_by_the_calibration_next_to_it():
+    """calibrate, run, calibrate, run: a host that slows down between pairs moves the run and its own
+    calibration together, so each pair's error is the model's, not the drift's (the pooled
+    comparison of one prediction against every run counts the drift)."""
+    rng = random.Random()
+    speed = [rng.uniform(0.6, 1.6) for _ in range(3)]  # the host's speed in each pair
+    model = rng.uniform(-0.08, 0.08)  # the model's own error, the same in every pair
+    pairs = [(4.0 * s * (1 + model), [bench.robust.Round(4.0 * s * rng.uniform(0.98, 1.02)) for _ in range(9)]
+              + [bench.robust.Round(40.0, 39.0)])  # a round another process delayed: left out
+             for s in speed]
+    doc = bench.pair_errors(pairs)
+    measured = [bench.robust.estimate(r).seconds for _, r in pairs]
+    assert doc["pair_measured_step_ms"] == measured
+    errors = [p / m - 1 for (p, _), m in zip(pairs, measured)]
+    assert doc["pair_step_errors"] == pytest.approx(errors) and doc["step_error"] == pytest.approx(sorted(errors)[1])
+    assert doc["pair_error_spread"] == pytest.approx(max(errors) - min(errors))
+    assert abs(doc["step_error"] - model) < 0.03  # within the runs' own 2% noise
+    with pytest.raises(ValueError, match="no .calibration, run. pairs"):
+        bench.pair_errors([])
+    rows = [{"spec": "a.yaml", "step_error": 0.05, "step_error_fastest_quartile": 0.0, "step_error_wall_median": 0.0,
+             "pair_error_spread": 0.21}, {"spec": "b.yaml", "step_error": 0.01, "step_error_fastest_quartile": 0.0,
+                                          "step_error_wall_median": 0.0, "pair_error_spread": 0.04}]
+    assert bench.summarize(rows, {}, OPTIONS)["ratios"]["costmodel_max_pair_error_spread"] == 0.21
+
+
+def test_a_pairs_run_is_sized_by_its_own_calibrations_live_step(tmp_path):
+    profile = tmp_path / "p.json"
+    profile.write_text(json.dumps({"details": {"staging": {"live_step_ms": 2.5}}}))
+    assert bench.calibrated_live_ms(profile) == 2.5
+    assert bench.run_steps(bench.calibrated_live_ms(profile), 20, 1024, 8192) == 400
+    profile.write_text(json.dumps({"details": {}}))  # no live step measured: a first run of --steps
+    assert bench.run_steps(bench.calibrated_live_ms(profile), 20, 1024, 8192) == 20

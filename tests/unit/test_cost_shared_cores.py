@@ -98,6 +98,11 @@ def test_two_processes_step_the_spec_at_once(repo, tmp_path: Path):
         assert 0 < r["staged_ms"] < 60e3 and 0 < r["live_ms"] < 60e3 and 0 < r["call_us"] < 60e6
         assert 0 < r["meet_us"] < 60e6  # the call where the ranks meet, kept beside the priced one
         assert r["values_per_batch"] > 64  # ids and dense values of one batch of 64 samples
+        assert len(r["live_steps_ms"]) == 3 and len(r["live_meets_us"]) == 3  # every live step, gathered
+        assert all(0 < wall < 60e3 and 0 <= waited <= wall for wall, waited in r["live_steps_ms"])
+    details = rank_constants(results, 1.0, 100.0)[3]
+    assert details["skew"]["steps"] == 3 and details["skew_ms"] == pytest.approx(
+        max(0.0, details["skew"]["slowest_per_step_ms"] - details["skew"]["slowest_rank_ms"]))
 
 
 @pytest.mark.parametrize("name, extra", [("movielens", exchange.AGREEMENT_CALLS),
@@ -128,3 +133,60 @@ def test_the_priced_call_is_the_one_after_the_ranks_meet():
 
     meet_s, call_s = meet_then_call(collective, lambda: now[0])
     assert meet_s == pytest.approx(0.0042) and call_s == pytest.approx(0.0003)
+
+
+def _estimate_ms(rounds) -> float:
+    from flowrec.measure import robust
+
+    return robust.estimate(robust.Round(w, q) for w, q in rounds).seconds
+
+
+def test_the_skew_is_the_slowest_rank_of_each_step_beyond_the_slowest_ranks_own_step():
+    """E[max over ranks of a step] against max over ranks of their typical step, by the timing rule
+    on both sides (as the benchmark measures a run's step: the slowest rank's round of each step)."""
+    from flowrec.measure.concurrent import rank_skew_ms
+
+    rng = random.Random()
+    ranks = [[[rng.lognormvariate(1.0, 0.4), 0.0] for _ in range(41)] for _ in range(rng.choice((2, 3)))]
+    # independent ranks' steps: the slowest of each step is slower than any one rank's median
+    # (equal in about 1 of 1e5 draws of 41 steps)
+    assert rank_skew_ms(ranks)[0] > 0
+    ranks[0][rng.randrange(41)][1] = 1e9  # rounds another process delayed: not clean, left out
+    ranks[-1][rng.randrange(41)][1] = 1e9
+    skew, details = rank_skew_ms(ranks)
+    slowest = [max(step, key=lambda wq: wq[0]) for step in zip(*ranks)]
+    expected = _estimate_ms(slowest) - max(_estimate_ms(r) for r in ranks)
+    assert skew == pytest.approx(max(expected, 0.0)) and details["steps"] == 41
+    assert rank_skew_ms([[[2.0, 0.0]] * 5, [[2.0, 0.0]] * 5])[0] == 0.0  # ranks in step: nothing
+    assert rank_skew_ms([[[2.0, 0.0]] * 5, [[2.0, 0.0]] * 7])[1]["steps"] == 5  # the steps both have
+    with pytest.raises(ValueError, match="two ranks"):
+        rank_skew_ms([[[1.0, 0.0]]])
+
+
+def test_the_calibrated_skew_is_a_profile_constant_with_its_how():
+    ranks = [{"staged_ms": 2.0, "live_ms": 2.5, "call_us": 300.0, "live_steps_ms": [[3.0, 0.0], [2.0, 0.0], [2.0, 0.0]],
+              "live_meets_us": [100.0, 900.0, 700.0]},
+             {"staged_ms": 2.0, "live_ms": 2.0, "call_us": 300.0, "live_steps_ms": [[2.0, 0.0], [3.0, 0.0], [2.0, 0.0]],
+              "live_meets_us": [800.0, 200.0, 600.0]}]
+    details = rank_constants(ranks, 2.0, 100.0)[3]
+    assert details["skew_ms"] == pytest.approx(3.0 - 2.0)  # per step 3, 3, 2: median 3; each rank's median 2
+    assert details["last_meet_us"] == 200.0  # per step the rank that came last: 100, 200, 600
+    assert "skew_ms" not in rank_constants([{k: v for k, v in r.items() if k != "live_steps_ms"} for r in ranks],
+                                           2.0, 100.0)[3]
+    fields = profile_fields({"base": "cpu", "measured": {"rank_skew_us": {"value": 0.0}}}, "p.json")
+    assert fields == {"rank_skew_us": 0.0}  # ranks in step measure no skew
+
+
+def test_the_skew_is_priced_once_a_step_for_ranks_never_for_one_process(tmp_path: Path, dlrm):
+    skew_us, call_us = random.uniform(200.0, 5000.0), random.uniform(300.0, 3000.0)
+    ranks = {"rank_compute_scale": (1.2, "ranks"), "rank_collective_us": (call_us, "ranks")}
+    without = make_plan(dlrm, target=_profile(tmp_path, "a.json", **ranks), world_size=2).cost
+    skewed = make_plan(dlrm, target=_profile(tmp_path, "b.json", **ranks, rank_skew_us=(skew_us, "ranks")),
+                       world_size=2).cost
+    # once per step, whatever the step's calls (their count is above 2), in the exchange the ranks meet in
+    assert skewed.exchange_ms - without.exchange_ms == pytest.approx(skew_us * 1e-3, abs=2e-6)
+    assert skewed.step_ms_overlap - without.step_ms_overlap == pytest.approx(skew_us * 1e-3, abs=2e-6)
+    assert skewed.stage_ms == without.stage_ms
+    one = make_plan(dlrm, target=_profile(tmp_path, "c.json", **ranks)).cost
+    one_skewed = make_plan(dlrm, target=_profile(tmp_path, "d.json", **ranks, rank_skew_us=(skew_us, "r"))).cost
+    assert (one.step_ms_overlap, one.exchange_ms) == (one_skewed.step_ms_overlap, one_skewed.exchange_ms)
