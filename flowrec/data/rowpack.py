@@ -157,6 +157,7 @@ def pack_rows(packer: RowPacker, sel: np.ndarray, first: int, mapping: np.ndarra
     outputs = list(zip(ids, offsets)) or [(NO_IDS, NO_IDS)]
     for k, ((at, fields, wide), (out, off)) in enumerate(zip(groups, outputs)):
         kernel = _pack_wide if wide else _pack_narrow  # the branch inside the row loop costs 60%
-        kernel(packer.words, sel, int(first), layout.dense_at, dense if k == 0 else dense[:, :0],
-               labels if k == 0 else labels[:, :0], at, fields, out, PREFETCH_ROWS, LINE)
+        if k == 1:  # written by the first call; (n, 0) C arrays keep one compiled kernel per kind
+            dense = labels = np.empty((len(sel), 0), np.int32)
+        kernel(packer.words, sel, int(first), layout.dense_at, dense, labels, at, fields, out, PREFETCH_ROWS, LINE)
         _arange(off)
