@@ -56,7 +56,7 @@ from flowrec.data.managed_stage import Remapper, cut_columns, drop_defaults
 from flowrec.data.negatives import NegativeSampler
 from flowrec.data.packed_ids import column_arrays, pack_group
 from flowrec.data.rowcache import CACHE_MODES, NotKept, RowCache, RowLayout, auto_budget, fill_matrices
-from flowrec.data.rowpack import RowPacker, pack_rows
+from flowrec.data.rowpack import RowPacker, pack_rows, warm_up
 from flowrec.data.strata import STRATA, chunk_layout, needed_range
 from flowrec.graph.types import PackedGroup
 from flowrec.graph.packing import group_layout
@@ -263,6 +263,8 @@ class BatchIterator:
         self._pool = ThreadPoolExecutor(max(opts.workers, 1), thread_name_prefix="flowrec-pack")
         self._futures: queue.Queue = queue.Queue(maxsize=max(opts.prefetch, 1))
         self._threads = [threading.Thread(target=self._read, name="flowrec-reader", daemon=True)]
+        if self._cache is not None and not self._cache.complete():  # the kernels load while the first reads decode
+            self._threads.append(threading.Thread(target=warm_up, name="flowrec-rowpack", daemon=True))
         self._out = self._futures
         if opts.lookahead > 0:
             self._out = queue.Queue(maxsize=max(opts.prefetch, 1))

@@ -161,3 +161,13 @@ def pack_rows(packer: RowPacker, sel: np.ndarray, first: int, mapping: np.ndarra
             dense = labels = np.empty((len(sel), 0), np.int32)
         kernel(packer.words, sel, int(first), layout.dense_at, dense, labels, at, fields, out, PREFETCH_ROWS, LINE)
         _arange(off)
+
+
+def warm_up() -> None:
+    """Load (or compile) the kernels of every id kind, as a batch of an epoch that fills the row
+    cache would: numba's first call of a process costs about 0.3 s (its compiler and the cached
+    code loading), which a thread started beside the first Parquet reads hides."""
+    layout = RowLayout.of(1, 1, (1, 1), (2, 1 << 40))  # an int32 group, then an int64 one
+    ids = [np.empty(1, np.int64), np.empty(1, np.int64)]
+    pack_rows(RowPacker(layout, layout.matrix(1)), np.zeros(1, np.int64), 0, None, np.empty((1, 1), np.float32),
+              np.empty((1, 1), np.float32), ids, [np.empty(2, np.int64), np.empty(2, np.int64)])
