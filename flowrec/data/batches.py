@@ -56,7 +56,6 @@ from flowrec.data.managed_stage import Remapper, cut_columns, drop_defaults
 from flowrec.data.negatives import NegativeSampler
 from flowrec.data.packed_ids import column_arrays, pack_group
 from flowrec.data.rowcache import CACHE_MODES, NotKept, RowCache, RowLayout, auto_budget, fill_matrices
-from flowrec.data.rowpack import RowPacker, pack_rows, warm_up
 from flowrec.data.strata import STRATA, chunk_layout, needed_range
 from flowrec.graph.types import PackedGroup
 from flowrec.graph.packing import group_layout
@@ -264,7 +263,7 @@ class BatchIterator:
         self._futures: queue.Queue = queue.Queue(maxsize=max(opts.prefetch, 1))
         self._threads = [threading.Thread(target=self._read, name="flowrec-reader", daemon=True)]
         if self._cache is not None and not self._cache.complete():  # the kernels load while the first reads decode
-            self._threads.append(threading.Thread(target=warm_up, name="flowrec-rowpack", daemon=True))
+            self._threads.append(threading.Thread(target=_load_rowpack, name="flowrec-rowpack", daemon=True))
         self._out = self._futures
         if opts.lookahead > 0:
             self._out = queue.Queue(maxsize=max(opts.prefetch, 1))
@@ -533,7 +532,7 @@ class BatchIterator:
         layout = view.packer.layout
         size = len(rows.rows)
         out = self._gather_outputs(size, layout.dense, layout.labels, layout.fields)
-        pack_rows(view.packer, rows.rows, rows.first, rows.mapping, out[0], out[1], out[2::2], out[3::2])
+        view.pack(view.packer, rows.rows, rows.first, rows.mapping, out[0], out[1], out[2::2], out[3::2])
         return self._gathered_batch(out, index, size, global_size)
 
     def _gather_outputs(self, size: int, dense: int, labels: int, fields: Sequence[int]) -> list[np.ndarray]:
@@ -869,8 +868,18 @@ class _CacheView:
     """A `RowCache`'s row matrix as a batch gathers it (`_Rows.chunk`, `BatchIterator._pack_cached`)."""
 
     def __init__(self, cache: RowCache):
+        from flowrec.data.rowpack import RowPacker, pack_rows  # numba: imported where rows are kept
+
         assert cache.row_layout is not None
-        self.packer = RowPacker(cache.row_layout, cache.rows)
+        self.packer, self.pack = RowPacker(cache.row_layout, cache.rows), pack_rows
+
+
+def _load_rowpack() -> None:
+    """Import and load the rowpack kernels (`flowrec.data.rowpack.warm_up`): numba's import and
+    first call, about 0.6 s, on a thread beside a filling epoch's first Parquet reads."""
+    from flowrec.data.rowpack import warm_up
+
+    warm_up()
 
 
 def _flat(table: pa.Table, names: list[str]) -> bool:
