@@ -21,8 +21,8 @@ one row gather of each; otherwise the chunk's rows are taken as a table and pack
 rows are kept for the whole dataset across epochs, in one line-aligned row matrix (every value of
 a row side by side, ids as int32 where they fit): the first epoch fills each row group as it
 reads it, later ones read and decode nothing and a batch is one gather of its rows from that
-matrix (a chunk's stream rows mapped to dataset rows) into a scratch matrix, copied out into the
-batch's arrays (`_pack_cached`), again the same batches. With `lookahead` W > 0 every batch also carries, per group, its unique rows, its
+matrix (a chunk's stream rows mapped to dataset rows) straight into the batch's arrays, one
+numba pass that releases the GIL (`flowrec.data.rowpack`, `_pack_cached`), again the same batches. With `lookahead` W > 0 every batch also carries, per group, its unique rows, its
 casting index and the unique rows of the window of the next W batches (`flowrec.data.lookahead`),
 computed by a lookahead thread. Closing the iterator (or an exception, or KeyboardInterrupt in
 the consumer) stops and joins every thread.
@@ -262,6 +262,8 @@ class BatchIterator:
         self._pool = ThreadPoolExecutor(max(opts.workers, 1), thread_name_prefix="flowrec-pack")
         self._futures: queue.Queue = queue.Queue(maxsize=max(opts.prefetch, 1))
         self._threads = [threading.Thread(target=self._read, name="flowrec-reader", daemon=True)]
+        if self._cache is not None and not self._cache.complete():  # the kernels load while the first reads decode
+            self._threads.append(threading.Thread(target=_load_rowpack, name="flowrec-rowpack", daemon=True))
         self._out = self._futures
         if opts.lookahead > 0:
             self._out = queue.Queue(maxsize=max(opts.prefetch, 1))
@@ -517,30 +519,20 @@ class BatchIterator:
         np.take(chunk.labels, sel, axis=0, out=out[1], mode="clip")
         for k, ids in enumerate(chunk.ids):
             np.take(ids, sel, axis=0, out=out[2 + 2 * k].reshape(size, ids.shape[1]), mode="clip")
+        for offsets in out[3::2]:  # one id per field: bag k is id k
+            np.copyto(offsets, self._outputs.arange(len(offsets)))
         chunk.release()
         return self._gathered_batch(out, index, size, global_size)
 
     def _pack_cached(self, rows: "_Rows", index: int, global_size: int | None) -> Batch:
-        """A batch of the row cache: one gather of its rows from the row matrix into a scratch
-        matrix (small: in L2), then each part copied out into the batch's arrays (ids widened
-        from int32 where the layout narrowed them): the values `_pack_rows` gathers from a chunk."""
-        view, sel, pool = rows.chunk, rows.rows, self._outputs
-        layout, matrix = view.layout, view.rows
-        if rows.mapping is not None:  # chunk rows -> the cache's dataset rows
-            sel = np.take(rows.mapping, sel)
-        elif rows.first:
-            matrix = matrix[rows.first:]  # chunk row r is dataset row first + r
-        size = len(sel)
+        """A batch of the row cache: its rows gathered from the row matrix straight into the
+        batch's arrays, ids widened from int32 where the layout narrowed them, offsets written in
+        the same pass (`flowrec.data.rowpack`): the values `_pack_rows` gathers from a chunk."""
+        view = rows.chunk
+        layout = view.packer.layout
+        size = len(rows.rows)
         out = self._gather_outputs(size, layout.dense, layout.labels, layout.fields)
-        scratch = pool.scratch(size, layout.words, self.batch_size)
-        # mode="clip" (the rows are in range by construction): "raise" would gather into a temporary
-        np.take(matrix, sel, axis=0, out=scratch, mode="clip")
-        dense, labels, ids = layout.parts(scratch)
-        np.copyto(out[0], dense)
-        np.copyto(out[1], labels)
-        for k, part in enumerate(ids):
-            np.copyto(out[2 + 2 * k].reshape(part.shape), part)
-        pool.put_scratch(scratch)
+        view.pack(view.packer, rows.rows, rows.first, rows.mapping, out[0], out[1], out[2::2], out[3::2])
         return self._gathered_batch(out, index, size, global_size)
 
     def _gather_outputs(self, size: int, dense: int, labels: int, fields: Sequence[int]) -> list[np.ndarray]:
@@ -553,13 +545,9 @@ class BatchIterator:
         return self._outputs.get(shapes)
 
     def _gathered_batch(self, out: list[np.ndarray], index: int, size: int, global_size: int | None) -> Batch:
-        """The batch of `_gather_outputs` arrays whose dense, labels and ids are written: each
-        group's offsets (one id per field), then `_batch`; the arrays go back to the pool, reused
-        once the batch's tensors are freed."""
-        packed = []
-        for flat, offsets in zip(out[2::2], out[3::2]):
-            np.copyto(offsets, self._outputs.arange(len(offsets)))
-            packed.append((flat, offsets))
+        """The batch of `_gather_outputs` arrays, every one written, then `_batch`; the arrays go
+        back to the pool, reused once the batch's tensors are freed."""
+        packed = list(zip(out[2::2], out[3::2]))
         batch = self._batch(torch.from_numpy(out[0]), torch.from_numpy(out[1]), packed, index, size, global_size, None)
         self._outputs.put(out)
         return batch
@@ -823,7 +811,6 @@ class _OutputPool:
     def __init__(self, limit: int):
         self.limit = limit
         self._free: list[list[np.ndarray]] = []
-        self._scratch: list[np.ndarray] = []
         self._ranges: dict[int, np.ndarray] = {}
         self._lock = threading.Lock()
         self._idle = self._refs([np.empty(1)])[0]  # references to an array only a set holds
@@ -846,23 +833,6 @@ class _OutputPool:
         with self._lock:
             if len(self._free) < self.limit:
                 self._free.append(arrays)
-
-    def scratch(self, rows: int, words: int, capacity: int) -> np.ndarray:
-        """A (rows, words) uint32 matrix a packing thread gathers a batch's cached rows into,
-        nobody else's until `put_scratch`: the first rows of a kept matrix (no page faults), else
-        of a new one of max(rows, capacity) rows."""
-        with self._lock:
-            for i, matrix in enumerate(self._scratch):
-                if matrix.shape[0] >= rows and matrix.shape[1] == words:
-                    return self._scratch.pop(i)[:rows]
-        return np.empty((max(rows, capacity), words), np.uint32)[:rows]
-
-    def put_scratch(self, matrix: np.ndarray) -> None:
-        """Return a matrix of `scratch` (a view of its first rows is fine)."""
-        base = matrix if matrix.base is None else matrix.base
-        with self._lock:
-            if len(self._scratch) < self.limit:
-                self._scratch.append(base)
 
     def arange(self, n: int) -> np.ndarray:
         """0 .. n-1 as int64 (a batch's offsets), computed once per length."""
@@ -898,8 +868,18 @@ class _CacheView:
     """A `RowCache`'s row matrix as a batch gathers it (`_Rows.chunk`, `BatchIterator._pack_cached`)."""
 
     def __init__(self, cache: RowCache):
+        from flowrec.data.rowpack import RowPacker, pack_rows  # numba: imported where rows are kept
+
         assert cache.row_layout is not None
-        self.rows, self.layout = cache.rows, cache.row_layout
+        self.packer, self.pack = RowPacker(cache.row_layout, cache.rows), pack_rows
+
+
+def _load_rowpack() -> None:
+    """Import and load the rowpack kernels (`flowrec.data.rowpack.warm_up`): numba's import and
+    first call, about 0.6 s, on a thread beside a filling epoch's first Parquet reads."""
+    from flowrec.data.rowpack import warm_up
+
+    warm_up()
 
 
 def _flat(table: pa.Table, names: list[str]) -> bool:

@@ -19,6 +19,8 @@ Example:
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 STRATA = 64  # strata per chunk: a rank of W <= STRATA reads about 1/W of the chunk
@@ -39,6 +41,11 @@ def stratum_rows(rows: int, batch: int, strata: int = STRATA) -> np.ndarray:
 def chunk_layout(rows: int, batch: int, strata: int, rng: np.random.Generator) -> list[np.ndarray]:
     """Chunk-local row indices of each global batch of a shuffled chunk, in batch order.
 
+    Each stratum's rows are shuffled in place in one array of the chunk's rows (the generator's
+    stream of `rng.permutation` per stratum, in stratum order), then one gather lays every batch
+    out (`_positions`: batch k takes positions k * b_s .. (k + 1) * b_s of stratum s, for s in
+    order; the last, shorter batch the rest of each stratum).
+
     Args:
         rows: rows of the chunk.
         batch: global batch size (the chunk holds ceil(rows / batch) batches, the last may be short).
@@ -48,18 +55,40 @@ def chunk_layout(rows: int, batch: int, strata: int, rng: np.random.Generator) -
     Returns:
         One int64 array per batch; together they hold every row of the chunk once.
     """
+    starts, index = _positions(rows, batch, strata)
+    order = np.arange(rows, dtype=np.int64)  # stratum s: rows starts[s] .. starts[s + 1] - 1
+    for s in range(strata):
+        if starts[s + 1] - starts[s] > 1:  # (a permutation of 0 or 1 rows draws nothing)
+            rng.shuffle(order[starts[s]:starts[s + 1]])
+    laid = order[index]  # (batches, batch) where every batch is full, else (rows,)
+    if laid.ndim == 2:
+        return list(laid)
+    cuts = np.arange(batch, rows, batch)
+    return np.split(laid, cuts)
+
+
+@lru_cache(maxsize=16)
+def _positions(rows: int, batch: int, strata: int) -> tuple[tuple[int, ...], np.ndarray]:
+    """(stratum starts, where each batch's rows sit in the shuffled row array) of a chunk's
+    layout: every chunk of a shape shares it (computed once; read-only).
+
+    Returns:
+        The strata's first rows (and the end), and the positions: (batches, batch) where every
+        batch is full, else one (rows,) array of the batches end to end.
+    """
     full, last = divmod(rows, batch)
     per_batch, per_last = widths(batch, strata), widths(last, strata)
     sizes = full * per_batch + per_last
-    starts = np.concatenate([[0], np.cumsum(sizes)])
-    perms = [starts[s] + rng.permutation(int(sizes[s])) for s in range(strata)]
-    out: list[np.ndarray] = []
-    if full:
-        cols = [p[:full * per_batch[s]].reshape(full, per_batch[s]) for s, p in enumerate(perms)]
-        out.extend(np.concatenate(cols, axis=1))
+    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    # batch k's j-th row: its stratum's start, k * b_s, then its place in the stratum's run
+    column = np.arange(batch, dtype=np.int64) - np.repeat(np.cumsum(per_batch) - per_batch, per_batch)
+    column += np.repeat(starts[:-1], per_batch)
+    index = column[None, :] + np.arange(full, dtype=np.int64)[:, None] * np.repeat(per_batch, per_batch)[None, :]
     if last:
-        out.append(np.concatenate([p[full * per_batch[s]:] for s, p in enumerate(perms)]))
-    return out
+        tail = np.arange(last, dtype=np.int64) - np.repeat(np.cumsum(per_last) - per_last, per_last)
+        index = np.concatenate([index.reshape(-1), tail + np.repeat(starts[:-1] + full * per_batch, per_last)])
+    index.flags.writeable = False
+    return tuple(int(v) for v in starts), index
 
 
 def needed_range(batches: list[np.ndarray], lo_hi: list[tuple[int, int]]) -> tuple[int, int]:

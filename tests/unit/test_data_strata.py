@@ -57,3 +57,34 @@ def test_a_rank_needs_about_its_share_for_uneven_sizes():
 def test_needed_range_of_a_rank_without_rows_is_empty():
     layout = chunk_layout(2, 2, 4, np.random.default_rng(0))
     assert needed_range(layout, [(0, 0)]) == (0, 0)
+
+
+def _layout_by_strata(rows: int, batch: int, strata: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """The layout as first written (one permutation per stratum, sliced and concatenated per
+    batch): the reference `chunk_layout` must equal draw for draw."""
+    full, last = divmod(rows, batch)
+    per_batch, per_last = widths(batch, strata), widths(last, strata)
+    sizes = full * per_batch + per_last
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    perms = [starts[s] + rng.permutation(int(sizes[s])) for s in range(strata)]
+    out = []
+    if full:
+        out.extend(np.concatenate([p[:full * per_batch[s]].reshape(full, per_batch[s]) for s, p in enumerate(perms)],
+                                  axis=1))
+    if last:
+        out.append(np.concatenate([p[full * per_batch[s]:] for s, p in enumerate(perms)]))
+    return out
+
+
+def test_the_layout_equals_the_per_stratum_reference():
+    """Random chunk shapes (batches full or not, fewer rows than strata, one-row strata): the
+    same batches, the same dtype, and the generator left in the same state."""
+    shapes = np.random.default_rng(7)
+    for _ in range(400):
+        rows, batch, strata = (int(v) for v in (shapes.integers(1, 3000), shapes.integers(1, 400), shapes.integers(1, 80)))
+        a, b = np.random.default_rng([rows, batch]), np.random.default_rng([rows, batch])
+        got, want = chunk_layout(rows, batch, strata, a), _layout_by_strata(rows, batch, strata, b)
+        assert len(got) == len(want), (rows, batch, strata)
+        assert all(x.dtype == y.dtype == np.int64 and np.array_equal(x, y) for x, y in zip(got, want)), (rows, batch, strata)
+        assert a.integers(1 << 62) == b.integers(1 << 62)
+    assert [len(b) for b in chunk_layout(131072, 4096, 64, np.random.default_rng(0))] == [4096] * 32
