@@ -141,22 +141,29 @@ def resume(work: Path, run: str) -> subprocess.CompletedProcess:
     return flowrec("train", "spec.yaml", "--resume", run, "--max-steps", "1000", "-q", "--nproc", "2", cwd=work)
 
 
-def test_training_goes_on_while_a_full_shard_is_written_and_the_snapshot_is_the_step(work):
-    """Rank 1's full shard of step 2 is held until training has run steps 3 and 4 (which change
-    rows of its shard): the shard still holds the rows of step 2, so the run ends (deltas at 4 and
-    5) and the base checkpoint alone resumes, both bitwise like the uninterrupted run."""
-    run = "held_full"
-    procs = start_ranks(work, run, "1:2", "--max-steps", "5", "--checkpoint-every", "2",
-                        "--checkpoint-full-every", "3")
+def train_past_a_held_full_write(work: Path, run: str, trained: int, *extra: str) -> None:
+    """Train 5 steps on 2 ranks into `run`, checkpointing every 2, with rank 1's full shard of step 2
+    held until `trained` steps are trained (so training went on past that checkpoint, its write
+    not committed), then released; both ranks end with status 0."""
+    procs = start_ranks(work, run, "1:2", "--max-steps", "5", "--checkpoint-every", "2", *extra)
     marks = work / f"{run}.marks"
     try:
         wait_until("rank 1 held its write of step 2", lambda: held_pid(marks, 1, 2) is not None, procs)
-        wait_until("step 4 trained", lambda: trained_steps(work / run / "metrics.jsonl") >= 4, procs)
+        wait_until(f"step {trained} trained",
+                   lambda: trained_steps(work / run / "metrics.jsonl") >= trained, procs)
         assert not (work / run / "checkpoint.pt").exists()  # the write of step 2 is not committed yet
     finally:
         (marks / "release").write_text("")
     for code, err in finish(procs):
         assert code == 0, err[-3000:]
+
+
+def test_training_goes_on_while_a_full_shard_is_written_and_the_snapshot_is_the_step(work):
+    """Rank 1's full shard of step 2 is held until training has run steps 3 and 4 (which change
+    rows of its shard): the shard still holds the rows of step 2, so the run ends (deltas at 4 and
+    5) and the base checkpoint alone resumes, both bitwise like the uninterrupted run."""
+    run = "held_full"
+    train_past_a_held_full_write(work, run, 4, "--checkpoint-full-every", "3")
     records = [json.loads(line) for line in (work / run / "metrics.jsonl").read_text().splitlines()]
     stalls = [r for r in records if r["event"] == "checkpoint"]
     assert [r["step"] for r in stalls] == [2, 4]  # one record per checkpoint taken while training
@@ -181,16 +188,7 @@ def test_the_default_auto_takes_a_delta_on_every_rank_while_one_rank_writes_the_
     on it instead of waiting (training reaches step 5 while the write is held; with K = 1 the
     checkpoint of step 4 would wait for it). The run resumes bitwise like the uninterrupted run."""
     run = "auto_held"
-    procs = start_ranks(work, run, "1:2", "--max-steps", "5", "--checkpoint-every", "2")
-    marks = work / f"{run}.marks"
-    try:
-        wait_until("rank 1 held its write of step 2", lambda: held_pid(marks, 1, 2) is not None, procs)
-        wait_until("step 5 trained", lambda: trained_steps(work / run / "metrics.jsonl") >= 5, procs)
-        assert not (work / run / "checkpoint.pt").exists()  # the write of step 2 is not committed yet
-    finally:
-        (marks / "release").write_text("")
-    for code, err in finish(procs):
-        assert code == 0, err[-3000:]
+    train_past_a_held_full_write(work, run, 5)
     end = [json.loads(line) for line in (work / run / "metrics.jsonl").read_text().splitlines()][-1]
     assert end["event"] == "end" and len(end["checkpoint_writes_s"]["delta"]) >= 1
     assert json.loads((work / run / "run.json").read_text())["checkpoint_full_every"] == 0

@@ -236,6 +236,17 @@ def test_metrics_list_the_stall_of_every_checkpoint(spec: Path, tmp_path: Path):
     assert len(end["checkpoint_extra_bytes"]) == 2 and min(end["checkpoint_extra_bytes"]) > 0  # full at 5 and 20
 
 
+def _holding_first_table_write(held: threading.Event, released: threading.Event, real_pwrite):
+    """A `stream._pwrite_all` that sets `held` at the first write past the archive's start (inside
+    the tables) and waits there until `released` (at most RUN_TIMEOUT_S)."""
+    def holding(fd, data, offset):
+        if not released.is_set() and not held.is_set() and offset > 0:
+            held.set()
+            released.wait(RUN_TIMEOUT_S)
+        real_pwrite(fd, data, offset)
+    return holding
+
+
 def test_the_default_auto_writes_a_delta_while_the_full_write_is_going_and_full_ones_after(
         spec: Path, tmp_path: Path, monkeypatch):
     """`--checkpoint-full-every auto` (the default): the full checkpoint of step 5 is held in its
@@ -247,14 +258,9 @@ def test_the_default_auto_writes_a_delta_while_the_full_write_is_going_and_full_
     steps: list[int] = []
     kinds: list[tuple[str, int]] = []
     real_pwrite, real_step = stream._pwrite_all, trainer.train_step
+    holding = _holding_first_table_write(held, released, real_pwrite)
     real_full, real_delta = checkpointer.Checkpointer._save_full, checkpointer.Checkpointer._save_delta
     real_snapshot = checkpointer.Checkpointer._write_snapshot
-
-    def holding(fd, data, offset):
-        if not released.is_set() and not held.is_set() and offset > 0:
-            held.set()
-            released.wait(RUN_TIMEOUT_S)
-        real_pwrite(fd, data, offset)
 
     def stepping(*args):
         steps.append(1)
@@ -325,13 +331,8 @@ def test_the_default_run_trains_on_while_its_full_checkpoint_is_written(spec: Pa
     held, released = threading.Event(), threading.Event()
     trained_while_held: list[int] = []
     real_pwrite, real_step, real_remove = stream._pwrite_all, trainer.train_step, checkpointer.remove_deltas
+    holding = _holding_first_table_write(held, released, real_pwrite)
     first_file = tmp_path / "step5.pt"
-
-    def holding(fd, data, offset):
-        if not released.is_set() and not held.is_set() and offset > 0:
-            held.set()
-            released.wait(RUN_TIMEOUT_S)
-        real_pwrite(fd, data, offset)
 
     def stepping(*args):
         if held.is_set() and not released.is_set():
