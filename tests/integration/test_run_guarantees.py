@@ -210,7 +210,8 @@ def test_a_failed_checkpoint_write_is_one_line_and_keeps_the_previous_one(spec: 
         monkeypatch.setattr(stream, "_pwrite_all", failing_pwrite)
     if code is None:
         monkeypatch.setattr(ckpt.shutil, "disk_usage", lambda path: DiskUsage(10**12, 10**12 - 1000, 1000))
-    result = _train(spec, "--out", str(run), "--checkpoint-every", "3")
+    # every checkpoint full (with the default auto, a checkpoint within the rest after a full write is a delta)
+    result = _train(spec, "--out", str(run), "--checkpoint-every", "3", "--checkpoint-full-every", "1")
     assert result.exit_code == 2, result.output
     error = result.stderr.strip().splitlines()[-1]
     assert error.startswith(f"error: could not write checkpoint {run / 'checkpoint.pt'}: {words}")
