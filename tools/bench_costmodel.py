@@ -261,10 +261,12 @@ def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str |
         rounds = [robust.Round(r.wall * 1e3, r.waited * 1e3) for r in seconds[WARMUP_STEPS:]]
         runs.append((result, rounds))
         pooled += rounds
-        if len(runs) == 1:  # every run trains this plan (the same profile; a pair's own with --interleave)
-            plan = json.loads((out / "plan.json").read_text())
-        if recalibrate is not None:
-            pairs.append((json.loads((out / "plan.json").read_text())["cost"]["step_ms_overlap"], rounds))
+        if len(runs) == 1 or recalibrate is not None:  # a pair's own plan with --interleave, else one
+            run_plan = json.loads((out / "plan.json").read_text())
+            if len(runs) == 1:  # every run trains this plan (the same profile)
+                plan = run_plan
+            if recalibrate is not None:
+                pairs.append((run_plan["cost"]["step_ms_overlap"], rounds))
         if len(runs) >= max_runs or sum(r.wall for r in pooled) >= POOL_SECONDS * 1e3:
             break
         count = run_steps(robust.estimate(rounds).seconds, steps, plan["cost"]["batch_size"], rows)

@@ -532,7 +532,7 @@ class BatchIterator:
         layout = view.packer.layout
         size = len(rows.rows)
         out = self._gather_outputs(size, layout.dense, layout.labels, layout.fields)
-        view.pack(view.packer, rows.rows, rows.first, rows.mapping, out[0], out[1], out[2::2], out[3::2])
+        view.pack(rows.rows, rows.first, rows.mapping, out)
         return self._gathered_batch(out, index, size, global_size)
 
     def _gather_outputs(self, size: int, dense: int, labels: int, fields: Sequence[int]) -> list[np.ndarray]:
@@ -871,7 +871,11 @@ class _CacheView:
         from flowrec.data.rowpack import RowPacker, pack_rows  # numba: imported where rows are kept
 
         assert cache.row_layout is not None
-        self.packer, self.pack = RowPacker(cache.row_layout, cache.rows), pack_rows
+        self.packer, self._pack_rows = RowPacker(cache.row_layout, cache.rows), pack_rows
+
+    def pack(self, sel: np.ndarray, first: int, mapping: np.ndarray | None, out: list[np.ndarray]) -> None:
+        """Write rows `sel` into a batch's `_gather_outputs` arrays (`flowrec.data.rowpack.pack_rows`)."""
+        self._pack_rows(self.packer, sel, first, mapping, out[0], out[1], out[2::2], out[3::2])
 
 
 def _load_rowpack() -> None:

@@ -316,16 +316,16 @@ def test_auto_rests_after_a_full_write_for_a_multiple_of_its_time_then_takes_a_f
     ckpt = module.Checkpointer(tmp_path / "c.pt", module.AUTO, {"g": 4})
     kinds = recorded(ckpt)
     ckpt.save(state, None)
-    ckpt._rest_until = time.monotonic() + 3600.0  # resting
+    ckpt.pace.rest_until = time.monotonic() + 3600.0  # resting
     ckpt.save(state, None)
     ckpt.save(state, None)
-    ckpt._rest_until = time.monotonic() - 1.0  # rested
+    ckpt.pace.rest_until = time.monotonic() - 1.0  # rested
     ckpt.save(state, None)
     assert kinds == ["full", "delta", "delta", "full"]
     inline = module.Checkpointer(tmp_path / "d.pt", module.AUTO, {"g": 4}, background=False)
     inline_kinds = recorded(inline)
     inline.save(state, None)
-    inline._rest_until = time.monotonic() + 3600.0
+    inline.pace.rest_until = time.monotonic() + 3600.0
     inline.save(state, None)
     assert inline_kinds == ["full", "full"]
     # a real full write sets the rest from its own time
@@ -333,4 +333,4 @@ def test_auto_rests_after_a_full_write_for_a_multiple_of_its_time_then_takes_a_f
     before = time.monotonic()
     writer._write_full({"x": torch.ones(3)}, 1, 0.0, save=lambda path, st: (time.sleep(0.05), "digest")[1])
     took = writer.seconds["full"][0]
-    assert took >= 0.05 and before + module.AUTO_REST * took <= writer._rest_until <= time.monotonic() + module.AUTO_REST * took
+    assert took >= 0.05 and before + module.AUTO_REST * took <= writer.pace.rest_until <= time.monotonic() + module.AUTO_REST * took

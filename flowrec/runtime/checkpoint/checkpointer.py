@@ -68,9 +68,20 @@ AUTO_MAX_DELTAS = 16  # AUTO: deltas in a row before a full checkpoint waits for
 AUTO_REST = 4.0  # AUTO: after a full write of T seconds, deltas for the next AUTO_REST * T seconds
 
 
-def full_every_text(full_every: int) -> str:
-    """How `--checkpoint-full-every` spells a value: `auto` for AUTO, else the number."""
-    return "auto" if full_every == AUTO else str(full_every)
+class AutoPace:
+    """AUTO's clock (one process and ranks alike): whether a full write is in flight or rested
+    after (AUTO_REST times its own write time), so that the next checkpoint is a delta."""
+
+    def __init__(self) -> None:
+        self.rest_until = 0.0  # monotonic time before which the next checkpoint is a delta
+
+    def wrote_full(self, seconds: float) -> None:
+        """A full write of `seconds` just ended (its writer thread)."""
+        self.rest_until = time.monotonic() + AUTO_REST * seconds
+
+    def busy(self, writing: bool) -> bool:
+        """`writing` (a full write's snapshot is alive), or within the rest after the last one."""
+        return writing or time.monotonic() < self.rest_until
 
 
 def next_is_delta(full_every: int, chained: bool, deltas: int, full_in_flight: bool) -> bool:
@@ -116,7 +127,7 @@ class Checkpointer:
         self._chained = False  # a full checkpoint was queued, so deltas may follow (training thread)
         self._queued = 0  # deltas queued on the current full checkpoint (training thread)
         self._snapshot: TableSnapshot | None = None  # tables of a full checkpoint being copied
-        self._rest_until = 0.0  # AUTO: monotonic time before which the next checkpoint is a delta
+        self.pace = AutoPace()
 
     @property
     def incremental(self) -> bool:
@@ -151,7 +162,7 @@ class Checkpointer:
         """
         step = state["position"]["step"]
         # inline writes never leave one in flight (and mark no rows): every checkpoint is full
-        busy = self.background and (self._snapshot is not None or time.monotonic() < self._rest_until)
+        busy = self.background and self.pace.busy(self._snapshot is not None)
         if next_is_delta(self.full_every, self._chained, self._queued, busy):
             self._save_delta(state, embeddings, step)
         else:
@@ -217,7 +228,7 @@ class Checkpointer:
         remove_stale_shards(self.path.parent, [])  # a distributed run's, when it was resumed here
         self._base_digest, self.step = digest, step
         took = time.perf_counter() - t0
-        self._rest_until = time.monotonic() + AUTO_REST * took
+        self.pace.wrote_full(took)
         self.seconds["full"].append(copy_s + took)
 
     def _save_delta(self, state: dict[str, Any], embeddings: nn.ModuleDict, step: int) -> None:

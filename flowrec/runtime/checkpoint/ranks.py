@@ -81,7 +81,7 @@ from flowrec.runtime.checkpoint.format import CheckpointError
 from flowrec.runtime.checkpoint.shards import manifest, remove_stale_shards, write_shard
 from flowrec.runtime.checkpoint.layout import (common_state, owned_maps, rank_delta_shards, rank_shards,
                                                replicated_embeddings)
-from flowrec.runtime.checkpoint.checkpointer import AUTO, AUTO_REST, dense_state_from, next_is_delta
+from flowrec.runtime.checkpoint.checkpointer import AUTO, AutoPace, dense_state_from, next_is_delta
 from flowrec.runtime.checkpoint.incremental import (EMBEDDINGS_PREFIX, BackgroundWriter, DirtyRows, TableSnapshot,
                                                     cloned, delta_tables, table_keys)
 from flowrec.runtime.checkpoint.stream import save_streamed
@@ -127,7 +127,7 @@ class RankCheckpointer:
         group = getattr(world, "checkpoint_group", None)
         self._writer = _CommitWriter(group) if background and group is not None else None
         self._snapshot: TableSnapshot | None = None  # this rank's rows of a full checkpoint being written
-        self._rest_until = 0.0  # AUTO: monotonic time before which this rank wants a delta
+        self.pace = AutoPace()  # AUTO: this rank's full write in flight or rested after
         # background: the local rows of its row-wise groups this rank's updates wrote since the last
         # checkpoint, marked by the updates themselves (no exchange of the batches' marks)
         self._owned = DirtyRows()
@@ -195,8 +195,7 @@ class RankCheckpointer:
             return
         in_flight = False
         if self.full_every == AUTO and self._chained and self._writer is not None:
-            busy = self._snapshot is not None or time.monotonic() < self._rest_until
-            in_flight = self.world.any(busy)  # every rank: the same kind
+            in_flight = self.world.any(self.pace.busy(self._snapshot is not None))  # every rank: the same kind
         delta = next_is_delta(self.full_every, self._chained, self._written, in_flight)
         if self._writer is not None:
             self._queue(state_of, folder, step, delta)
@@ -299,7 +298,7 @@ class RankCheckpointer:
         self._base_digest = digest if self.world.lead else None
         self.step = step
         took = time.perf_counter() - t0
-        self._rest_until = time.monotonic() + AUTO_REST * took
+        self.pace.wrote_full(took)
         self.seconds["full"].append(copy_s + took)
 
     def _stream_shard(self, folder: Path, step: int, snapshot: TableSnapshot, maps: dict[str, torch.Tensor],
