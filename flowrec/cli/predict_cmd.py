@@ -1,8 +1,9 @@
 """`flowrec predict MODEL RAW --out scores.parquet`: score raw rows with a model package.
 
 Raw rows are read chunk by chunk in a training source format, encoded with the package's encoder
-and scored by its exported program; scores are appended to a Parquet file (bounded memory) that
-appears only when complete. Labels are not needed: Criteo TSV files are read with or without the
+and scored by its exported program; scores are appended to the output file (bounded memory) that
+appears only when complete: Parquet, or CSV / TSV text when OUT ends in .csv / .tsv (a name that
+says another format is refused before anything is scored, never written as Parquet under it). Labels are not needed: Criteo TSV files are read with or without the
 label column, as their first row says (40 fields: label first; 39: Criteo's test files).
 """
 from __future__ import annotations
@@ -21,7 +22,7 @@ EXIT_INTERRUPTED = 130
 def predict(
     model_dir: Path = typer.Argument(..., metavar="MODEL", help="Model package folder (from `flowrec export`)."),
     raw: Path = typer.Argument(..., help="Raw rows: a file in a training source format (a folder for movielens)."),
-    out: Path = typer.Option(..., "--out", help="Scores file to write (Parquet): one column per head, then the --keep columns."),
+    out: Path = typer.Option(..., "--out", help="Scores file to write: one column per head, then the --keep columns. Parquet (.parquet, .pq or no suffix), or CSV / TSV text (.csv / .tsv)."),
     fmt: Optional[str] = typer.Option(None, "--format", help="criteo | avazu | libsvm | libfm | csv | movielens | parquet. Default: the spec's data.format."),
     keep: Optional[List[str]] = typer.Option(None, "--keep", help="Raw column to pass through to the scores file (repeatable)."),
     on_error: str = typer.Option("fail", "--on-error", help="Malformed rows: skip (count, report) or fail."),
@@ -35,6 +36,7 @@ def predict(
     Examples:
       flowrec predict pkg/ml new_ratings.csv --format csv --out scores.parquet --keep user_id
       flowrec predict pkg/dlrm day_24.tsv --out day_24_scores.parquet
+      flowrec predict pkg/ml new_ratings.csv --format csv --out scores.csv     # CSV text out
       flowrec predict pkg/dlrm test.txt --out test_scores.parquet    # Criteo test file: no label column
       flowrec predict pkg/tt users.csv --format csv --top-k 10 --out recs.parquet --keep user_id
     """
@@ -47,8 +49,9 @@ def predict(
         fail(f"input not found: {raw}")
     try:
         check_file_output(out, [model_dir, raw], overwrite)
+        kind = output_kind(out, top_k is not None)
         with atomic_output(out) as staged:
-            rows, errors = _score(model_dir, raw, staged, fmt, list(keep or []), on_error, quiet, top_k)
+            rows, errors = _score(model_dir, raw, staged, fmt, list(keep or []), on_error, quiet, top_k, kind)
     except (DataError, OSError, ValueError, RuntimeError) as exc:
         fail(first_line(exc))
     except KeyboardInterrupt:
@@ -59,10 +62,61 @@ def predict(
 
 
 
-def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: list[str], on_error: str,
-           quiet: bool, top_k: Optional[int] = None) -> tuple[int, int]:
+PARQUET_SUFFIXES = ("", ".parquet", ".pq")
+TEXT_DELIMITERS = {".csv": ",", ".tsv": "\t"}
+
+
+def output_kind(out: Path, lists: bool) -> str:
+    """The scores file's format from OUT's suffix: "parquet", ".csv" or ".tsv".
+
+    Args:
+        out: the --out path.
+        lists: whether the rows hold lists (--top-k's items and scores), which text cannot.
+
+    Returns:
+        "parquet" for .parquet, .pq or no suffix; the suffix (".csv" / ".tsv") for text.
+
+    Raises:
+        ValueError: another suffix (Parquet under a name like scores.json misleads every reader
+            after it), or lists asked into text.
+
+    >>> output_kind(Path("s.CSV"), False), output_kind(Path("s"), True)
+    ('.csv', 'parquet')
+    """
+    suffix = out.suffix.lower()
+    if suffix in PARQUET_SUFFIXES:
+        return "parquet"
+    if suffix not in TEXT_DELIMITERS:
+        raise ValueError(f"--out {out}: cannot write {suffix} files; name it .parquet (or .pq), .csv or .tsv")
+    if lists:
+        raise ValueError(f"--out {out}: --top-k writes lists (items, scores) a row, which {suffix} text cannot "
+                         "hold; write Parquet (--out recs.parquet)")
+    return suffix
+
+
+def _open_writer(staged: Path, schema: Any, kind: str) -> Any:
+    """A writer of `schema` tables into `staged`: Parquet, or header-first CSV / TSV text.
+
+    Raises:
+        ValueError: a nested column (a kept list) asked into text.
+    """
+    if kind == "parquet":
+        import pyarrow.parquet as pq
+
+        return pq.ParquetWriter(staged, schema)
     import pyarrow as pa
-    import pyarrow.parquet as pq
+    import pyarrow.csv as pacsv
+
+    for field in schema:
+        if pa.types.is_nested(field.type):
+            raise ValueError(f"--keep {field.name}: its {field.type} values cannot be written as {kind} text; "
+                             "write Parquet (--out scores.parquet) or keep another column")
+    return pacsv.CSVWriter(staged, schema, write_options=pacsv.WriteOptions(delimiter=TEXT_DELIMITERS[kind]))
+
+
+def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: list[str], on_error: str,
+           quiet: bool, top_k: Optional[int] = None, kind: str = "parquet") -> tuple[int, int]:
+    import pyarrow as pa
     from rich.console import Console
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -88,7 +142,7 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
                 for name in keep:
                     table = table.append_column(name, chunk.column(name))
                 if writer is None:
-                    writer = pq.ParquetWriter(staged, table.schema)
+                    writer = _open_writer(staged, table.schema, kind)
                 writer.write_table(table)
                 rows += table.num_rows
                 bar.advance(task, table.num_rows)

@@ -342,3 +342,44 @@ def test_nan_in_a_parquet_dense_column_is_a_missing_value_as_in_csv(case: Path):
     a, b = pd.read_parquet(case / "parquet.parquet"), pd.read_parquet(case / "csv.parquet")
     assert np.isfinite(a["ctr"]).all()
     np.testing.assert_allclose(a["ctr"], b["ctr"], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("name,sep", [("scores.csv", ","), ("scores.TSV", "\t"), ("scores.parquet", None), ("scores", None)])
+def test_predict_writes_the_format_its_out_name_says(case: Path, name: str, sep):
+    """--out scores.csv is CSV text (header, one row per raw row, kept columns after the heads), .tsv
+    tab-separated, .parquet or no suffix Parquet: never Parquet bytes under a text name."""
+    made = runner.invoke(app, out(name, "--keep", "user")(case))
+    assert made.exit_code == 0, made.output
+    got = pd.read_parquet(case / name) if sep is None else pd.read_csv(case / name, sep=sep)
+    assert list(got.columns) == ["ctr", "user"] and len(got) == 40
+    assert got["user"].tolist() == pd.read_csv(case / "new.csv")["user"].tolist()
+    reference = runner.invoke(app, out("reference.parquet")(case))
+    assert reference.exit_code == 0, reference.output
+    np.testing.assert_allclose(got["ctr"].to_numpy(), pd.read_parquet(case / "reference.parquet")["ctr"].to_numpy(),
+                               rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("name,fragment", [("scores.json", "cannot write .json"), ("scores.xlsx", "cannot write .xlsx")])
+def test_predict_refuses_an_out_name_of_another_format_before_scoring(case: Path, name: str, fragment: str):
+    before = snapshot(case)
+    one_line_exit_2(runner.invoke(app, out(name)(case)), fragment)
+    assert snapshot(case) == before
+
+
+def test_predict_refuses_a_kept_list_column_as_text_and_writes_nothing(case: Path):
+    rows = pd.read_csv(case / "new.csv")
+    rows["tags"] = [[i, i + 1] for i in range(len(rows))]
+    rows.to_parquet(case / "rows.parquet")
+    before = snapshot(case)
+    argv = ["predict", str(case / "pkg"), str(case / "rows.parquet"), "--format", "parquet", "-q", "--out",
+            str(case / "s.csv"), "--keep", "tags"]
+    one_line_exit_2(runner.invoke(app, argv), "--keep tags")
+    assert snapshot(case) == before
+
+
+def test_top_k_lists_are_refused_as_text():
+    from flowrec.cli.predict_cmd import output_kind
+
+    with pytest.raises(ValueError, match="--top-k writes lists"):
+        output_kind(Path("recs.csv"), lists=True)
+    assert output_kind(Path("recs.pq"), lists=True) == "parquet"
