@@ -20,6 +20,7 @@ from jsonschema.exceptions import ValidationError
 
 from flowrec.spec.errors import SpecIssue
 
+MAX_KNOWN_KEYS = 24
 MAX_VALUE_CHARS = 40  # longest value quoted back in a message
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _JSON_TYPES = {
@@ -45,7 +46,11 @@ def did_you_mean(word: Any, candidates: Iterable[str]) -> str:
     """`` (did you mean 'x'?)`` for the closest candidate, or ``""``."""
     if not isinstance(word, str):
         return ""
-    close = difflib.get_close_matches(word, sorted(set(candidates)), n=1, cutoff=0.6)
+    names = sorted(set(candidates))
+    close = difflib.get_close_matches(word, names, n=1, cutoff=0.6)
+    if not close:  # batch_norm -> norm, dropout_rate -> dropout: a known name as one of its words
+        words = set(re.split(r"[_\-\s]+", word.lower()))
+        close = [n for n in names if n.lower() in words]
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
@@ -79,7 +84,12 @@ def _custom_message(error: ValidationError) -> str | None:
 def _additional(error: ValidationError) -> list[str]:
     known = list(error.schema.get("properties", {}))
     extra = [k for k in error.instance if k not in known] if isinstance(error.instance, dict) else []
-    return [f"unknown key {show(k)}{did_you_mean(k, known)}" for k in extra]
+    return [f"unknown key {show(k)}{did_you_mean(k, known) or _known(known)}" for k in extra]
+
+
+def _known(known: list[str]) -> str:
+    """`` (known keys: ...)`` where there are few enough to read on one line, else ``""``."""
+    return f" (known keys: {', '.join(sorted(known))})" if 0 < len(known) <= MAX_KNOWN_KEYS else ""
 
 
 def _required(error: ValidationError) -> list[str]:

@@ -55,7 +55,7 @@ CASES: list[tuple[str, Mutation, list[tuple[str, str]]]] = [
     ("micro_batches", lambda d: d.update(plan={"micro_batches": 0}),
      [("plan.micro_batches", "must be 'auto' or an integer in 1..4096")]),
     ("top_level_typo", lambda d: d.update(trainig={}), [("", "unknown key 'trainig' (did you mean 'training'?)")]),
-    ("kind_param_on_wrong_kind", lambda d: d["modules"][2].update(layers=[4]), [("modules[2]", "unknown key 'layers'")]),
+    ("kind_param_on_wrong_kind", lambda d: d["modules"][2].update(layers=[4]), [("modules[2]", "unknown key 'layers' (known keys: inputs, kind, name)")]),
     ("attention_three_inputs", lambda d: d["modules"][1]["inputs"].append("user"),
      [("modules[1].inputs", "target_attention needs exactly two inputs: [query, sequence]")]),
     ("sequence_without_max_len", lambda d: d["features"][4].pop("max_len"),
@@ -194,3 +194,19 @@ def test_optimizers_and_data_path_may_be_left_out():
     one_side = spec_from_dict(doc)
     assert (one_side.dense_optimizer.name, one_side.sparse_optimizer.name) == ("adam", "adagrad")
     assert one_side.sparse_optimizer.lr == 0.1
+
+
+def test_an_unknown_key_names_the_known_one_it_contains_or_lists_the_known_keys():
+    from flowrec.spec.schema_errors import did_you_mean
+
+    assert did_you_mean("batch_norm", ["inputs", "layers", "norm", "dropout"]) == " (did you mean 'norm'?)"
+    assert did_you_mean("dropout-rate", ["inputs", "layers", "norm", "dropout"]) == " (did you mean 'dropout'?)"
+    assert did_you_mean("hidden_units", ["inputs", "layers", "norm"]) == ""
+    spec = {"name": "x", "features": [{"name": "a", "type": "categorical", "vocab": 5, "dim": 4}],
+            "modules": [{"name": "m", "kind": "mlp", "inputs": ["@sparse"], "layers": [4], "hidden_units": [3],
+                         "batch_norm": True}],
+            "heads": [{"name": "h", "input": "m", "task": "binary"}]}
+    got = dict((message.split(" (")[0], message) for _, message in _issues(spec))
+    assert got["unknown key 'batch_norm'"].endswith("(did you mean 'norm'?)")
+    listed = got["unknown key 'hidden_units'"].split("(known keys: ")[1].rstrip(")").split(", ")
+    assert {"inputs", "layers", "norm", "dropout"} <= set(listed) and listed == sorted(listed)
