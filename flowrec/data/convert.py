@@ -302,7 +302,27 @@ def _check_columns(chunk: pa.Table, spec: ModelSpec, columns: dict[str, str], pa
     if missing:
         has = [name[:40] for name in chunk.column_names[:12] if name != LINE_COLUMN]
         raise DataError(f"{path}: columns {missing} required by spec {spec.name!r} not in the input "
-                        f"(has {has}...); map them with data.columns")
+                        f"(has {has}...); {_separator_hint(chunk.column_names, needed)}")
+
+
+def _separator_hint(names: list[str], needed: list[str]) -> str:
+    """How to fix missing columns: another separator where the header splits into the needed names
+    by one (`;`, tab, `|`, `,`), else mapping them with data.columns.
+
+    >>> _separator_hint(["id;click;hour"], ["click", "hour"])
+    "the header looks ';'-separated: set data.options.sep: ';' in the spec"
+    >>> print(_separator_hint(["a\\tb"], ["a", "b"]))
+    the header looks "\\t"-separated: set data.options.sep: "\\t" in the spec
+    >>> _separator_hint(["id", "clk"], ["click"])
+    'map them with data.columns'
+    """
+    header = [n for n in names if n != LINE_COLUMN]
+    for sep in (";", "\t", "|", ","):
+        split = {part.strip().strip('"') for name in header for part in name.split(sep)}
+        if any(sep in name for name in header) and set(needed) <= split:
+            shown = '"\\t"' if sep == "\t" else f"'{sep}'"  # as YAML writes it
+            return f"the header looks {shown}-separated: set data.options.sep: {shown} in the spec"
+    return "map them with data.columns"
 
 
 def _finish(spec: ModelSpec, encoder: Encoder, writer: PartWriter, fmt: str, inputs: list[Path],

@@ -187,3 +187,32 @@ def test_dense_nan_is_filled_and_inf_is_a_malformed_row(tmp_path):
     assert report.rows == 3 and report.errors == 1
     values = pq.read_table(next((tmp_path / "skip").glob("*.parquet"))).column("d1").to_pylist()
     assert values == [0.5, -1.0, -1.0]  # nan and empty are missing values: the feature's fill
+
+
+@pytest.mark.parametrize("sep", [";", "\t", "|"])
+def test_a_file_of_another_separator_names_the_option_that_reads_it(tmp_path, sep):
+    """A header that splits into the spec's columns by another separator: the error says which
+    data.options.sep to set, and with it the file converts."""
+    rng = np.random.default_rng(7)
+    lines = [sep.join(["user", "price", "label"])]
+    lines += [sep.join([f"u{rng.zipf(1.5) % 40}", f"{rng.lognormal():.4f}", str(int(rng.random() < 0.3))])
+              for _ in range(50)]
+    (tmp_path / "rows.csv").write_text("\n".join(lines) + "\n")
+    feats = [{"name": "user", "type": "categorical", "hash_buckets": 64, "dim": 4},
+             {"name": "price", "type": "dense"}]
+    with pytest.raises(DataError, match="set data.options.sep: ") as caught:
+        convert(small_spec(feats, data={"format": "csv", "label": "label"}), "csv", [tmp_path / "rows.csv"],
+                tmp_path / "a")
+    shown = '"\\t"' if sep == "\t" else f"'{sep}'"
+    assert str(caught.value).endswith(f"set data.options.sep: {shown} in the spec")
+    report = convert(small_spec(feats, data={"format": "csv", "label": "label", "options": {"sep": sep}}), "csv",
+                     [tmp_path / "rows.csv"], tmp_path / "b")
+    assert report.rows == 50 and report.errors == 0
+
+
+def test_missing_columns_of_a_comma_file_still_say_map_them(tmp_path):
+    (tmp_path / "rows.csv").write_text("id,clk\n1,0\n2,1\n")
+    feats = [{"name": "user", "type": "categorical", "hash_buckets": 64, "dim": 4}]
+    with pytest.raises(DataError, match="map them with data.columns"):
+        convert(small_spec(feats, data={"format": "csv", "label": "clk"}), "csv", [tmp_path / "rows.csv"],
+                tmp_path / "a")
