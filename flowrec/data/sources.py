@@ -338,37 +338,32 @@ def _feature_map(path: Path) -> dict[str, str]:
 
 
 def read_movielens(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[str]) -> Iterator[pa.Table]:
-    """The MovieLens-100k folder (u.data, u.user, u.item latin-1, u.genre) as one table.
+    """A MovieLens folder as GroupLens ships it, its release told by its files.
+
+    - 100K: u.data, u.user, u.item (latin-1), u.genre;
+    - 1M: ratings.dat, users.dat, movies.dat (``::``-separated, latin-1);
+    - 10M: ratings.dat, movies.dat (no users: age, gender, occupation and zip_code missing);
+    - 20M, 25M, 32M and ml-latest: ratings.csv, movies.csv (UTF-8, ratings in half stars; no users).
 
     Columns: user_id, item_id, rating, timestamp, age, gender, occupation, zip_code, genres
-    (list of genre names), release_year, label (rating >= 4), rating_5 (rating == 5).
-    With ``options["sequence"] = {max_len: L}`` the rows are next-item examples with a
-    ``history`` column (`flowrec.data.sequences`).
+    (list of genre names), release_year, label (rating >= 4), rating_5 (rating == 5). Occupation
+    is a name in 100K and a code in 1M; a release year comes from the date in 100K and from the
+    title's "(1995)" in the others. Rows keep the ratings file's order. With
+    ``options["sequence"] = {max_len: L}`` the rows are next-item examples with a ``history`` column
+    (`flowrec.data.sequences`).
+
+    Raises:
+        DataError: a folder of none of these releases, or an unreadable ratings line.
     """
     del log
     max_len = sequence_length(options)
-    files = {n: path / n for n in ("u.data", "u.user", "u.item", "u.genre")}
-    for name, f in files.items():
-        if not f.is_file():
-            raise DataError(f"{path} is not a MovieLens-100k folder: {name} not found")
-    ratings = pd.read_csv(files["u.data"], sep="\t", header=None,
-                          names=["user_id", "item_id", "rating", "timestamp"])
-    users = pd.read_csv(files["u.user"], sep="|", header=None,
-                        names=["user_id", "age", "gender", "occupation", "zip_code"], dtype={"zip_code": str})
-    genre_names = [line.split("|")[0] for line in files["u.genre"].read_text("latin-1").splitlines() if line]
-    items = pd.read_csv(files["u.item"], sep="|", header=None, encoding="latin-1")
-    flags = items.iloc[:, -ML_GENRES_COUNT:].to_numpy(bool)
-    items = pd.DataFrame({
-        "item_id": items[0],
-        "release_year": pd.to_datetime(items[2], format="%d-%b-%Y", errors="coerce").dt.year.astype("Int64"),
-        "genres": [[g for g, on in zip(genre_names, row) if on] for row in flags],
-    })
+    ratings, users, items = _movielens_tables(path)
     df = ratings.merge(users, on="user_id", how="left").merge(items, on="item_id", how="left")
     df["label"] = (df["rating"] >= 4).astype(np.float64)
     df["rating_5"] = (df["rating"] == 5).astype(np.float64)
     cols = ["user_id", "item_id", "rating", "timestamp", "age", "gender", "occupation", "zip_code",
             "genres", "release_year", "label", "rating_5"]
-    df[LINE_COLUMN] = np.arange(1, len(df) + 1)  # u.data line of each rating (left merges keep the order)
+    df[LINE_COLUMN] = np.arange(1, len(df) + 1)  # ratings line of each rating (left merges keep the order)
     if max_len is not None:
         df = next_item_rows(df, max_len)
         cols += [HISTORY_COLUMN, TEST_COLUMN]
@@ -377,7 +372,117 @@ def read_movielens(path: Path, options: dict[str, Any], log: ErrorLog, numeric: 
     table = pa.Table.from_pandas(df, preserve_index=False)
     numeric = set(numeric) | {"rating", "label", "rating_5"}
     out = {c: (pc.cast(table[c], pa.float64()) if c in numeric else table[c]) for c in cols}
+    for c in ("gender", "zip_code"):  # releases without users: all missing, still text columns
+        if out[c].type == pa.null():
+            out[c] = pc.cast(out[c], pa.large_string())
     yield pa.table({**out, LINE_COLUMN: pa.array(lines, pa.int64())})
+
+
+ML_USER_COLUMNS = ["user_id", "age", "gender", "occupation", "zip_code"]
+ML_RELEASES = {  # release -> the files that tell it
+    "100K": ("u.data", "u.user", "u.item", "u.genre"),
+    "1M": ("ratings.dat", "users.dat", "movies.dat"),
+    "10M": ("ratings.dat", "movies.dat"),
+    "20M+": ("ratings.csv", "movies.csv"),
+}
+
+
+def movielens_release(path: Path) -> str:
+    """Which MovieLens release a folder holds ("100K", "1M", "10M" or "20M+"), by its files.
+
+    Raises:
+        DataError: none of them is complete there (the files each release needs are named).
+    """
+    for release, names in ML_RELEASES.items():
+        if all((path / n).is_file() for n in names):
+            return release
+    wanted = "; ".join(f"{r}: {', '.join(n)}" for r, n in ML_RELEASES.items())
+    raise DataError(f"{path} is not a MovieLens folder: it lacks the files of every release ({wanted})")
+
+
+def _movielens_tables(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(ratings, users, items) of a MovieLens folder, in the columns `read_movielens` joins."""
+    release = movielens_release(path)
+    if release == "100K":
+        return _movielens_100k(path)
+    no_users = pd.DataFrame({"user_id": pd.Series(dtype=np.int64), "age": pd.Series(dtype="Int64"),
+                             "gender": pd.Series(dtype=object), "occupation": pd.Series(dtype="Int64"),
+                             "zip_code": pd.Series(dtype=object)})
+    if release == "20M+":
+        ratings = pd.read_csv(path / "ratings.csv", dtype={"userId": np.int64, "movieId": np.int64})
+        ratings = ratings.rename(columns={"userId": "user_id", "movieId": "item_id"})
+        movies = pd.read_csv(path / "movies.csv", dtype={"movieId": np.int64, "title": str, "genres": str},
+                             keep_default_na=False)
+        items = _titled_items(movies["movieId"], movies["title"], movies["genres"])
+        return ratings[["user_id", "item_id", "rating", "timestamp"]], no_users, items
+    ratings = _double_colon_ratings(path / "ratings.dat")
+    movies = _double_colon_lines(path / "movies.dat", 3)
+    items = _titled_items(movies[0].astype(np.int64), movies[1], movies[2])
+    if release == "10M":
+        return ratings, no_users, items
+    users = _double_colon_lines(path / "users.dat", 5)
+    users = pd.DataFrame({"user_id": users[0].astype(np.int64), "age": _codes(users[2]), "gender": users[1],
+                          "occupation": _codes(users[3]), "zip_code": users[4]})
+    return ratings, users, items
+
+
+def _movielens_100k(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    ratings = pd.read_csv(path / "u.data", sep="\t", header=None, names=["user_id", "item_id", "rating", "timestamp"])
+    users = pd.read_csv(path / "u.user", sep="|", header=None, names=ML_USER_COLUMNS, dtype={"zip_code": str})
+    genre_names = [line.split("|")[0] for line in (path / "u.genre").read_text("latin-1").splitlines() if line]
+    items = pd.read_csv(path / "u.item", sep="|", header=None, encoding="latin-1")
+    flags = items.iloc[:, -ML_GENRES_COUNT:].to_numpy(bool)
+    items = pd.DataFrame({
+        "item_id": items[0],
+        "release_year": pd.to_datetime(items[2], format="%d-%b-%Y", errors="coerce").dt.year.astype("Int64"),
+        "genres": [[g for g, on in zip(genre_names, row) if on] for row in flags],
+    })
+    return ratings, users, items
+
+
+def _codes(values: pd.Series) -> pd.Series:
+    """Integer codes as integers (1M's age and occupation), anything else kept as text."""
+    numbers = pd.to_numeric(values, errors="coerce")
+    return numbers.astype("Int64") if numbers.notna().all() else values
+
+
+def _double_colon_ratings(path: Path) -> pd.DataFrame:
+    """ratings.dat (``user::item::rating::timestamp``) by the C parser: ':' splits each ``::`` into
+    an empty field between two values."""
+    try:
+        raw = pd.read_csv(path, sep=":", header=None, usecols=[0, 2, 4, 6], dtype=str, encoding="latin-1")
+    except (ValueError, pd.errors.ParserError) as exc:
+        raise DataError(f"{path}: not user::item::rating::timestamp lines ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+    values = raw.apply(pd.to_numeric, errors="coerce")
+    bad = values.isna().any(axis=1).to_numpy().nonzero()[0]
+    if len(bad):
+        raise DataError(f"{path}:{bad[0] + 1}: not user::item::rating::timestamp")
+    return pd.DataFrame({"user_id": values[0].astype(np.int64), "item_id": values[2].astype(np.int64),
+                         "rating": values[4].astype(np.float64), "timestamp": values[6].astype(np.int64)})
+
+
+def _double_colon_lines(path: Path, fields: int) -> pd.DataFrame:
+    """A small ``::``-separated file (users.dat, movies.dat: titles may hold ':'), field by field."""
+    rows = []
+    for number, line in enumerate(path.read_text("latin-1").splitlines(), 1):
+        if not line.strip():
+            continue
+        parts = line.split("::")
+        if len(parts) != fields or not parts[0].strip().isdigit():
+            raise DataError(f"{path}:{number}: {len(parts)} '::'-separated fields, expected {fields}")
+        rows.append(parts)
+    return pd.DataFrame(rows)
+
+
+def _titled_items(ids: pd.Series, titles: pd.Series, genres: pd.Series) -> pd.DataFrame:
+    """item_id, release_year (the title's trailing "(1995)") and genres ('|'-separated names; none
+    for "(no genres listed)")."""
+    year = titles.str.extract(r"\((\d{4})\)\s*$")[0]
+    return pd.DataFrame({
+        "item_id": ids.reset_index(drop=True),
+        "release_year": pd.to_numeric(year, errors="coerce").astype("Int64").reset_index(drop=True),
+        "genres": [[g for g in str(text).split("|") if g and g != "(no genres listed)"] for text in genres],
+    })
 
 
 READERS: dict[str, Reader] = {

@@ -1,0 +1,139 @@
+"""`--format movielens` reads every GroupLens release by its files: 100K (u.*), 1M (``::`` .dat with
+users), 10M (``::`` .dat without users) and 20M+ (ratings.csv, movies.csv): the same columns, the
+ratings file's order, missing user columns where a release has no users, and one line naming the
+files of every release for a folder of none."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from flowrec.data.error_log import ErrorLog
+from flowrec.data.layout import DataError
+from flowrec.data.sources import movielens_release, read_movielens
+
+COLUMNS = ["user_id", "item_id", "rating", "timestamp", "age", "gender", "occupation", "zip_code", "genres",
+           "release_year", "label", "rating_5", "__line__"]
+
+
+def _read(folder: Path):
+    tables = list(read_movielens(folder, {}, ErrorLog("fail", str(folder)), set()))
+    assert len(tables) == 1
+    return tables[0]
+
+
+def _random_release(rng: np.random.Generator, rows: int = 500):
+    users = pd.DataFrame({"user": np.arange(1, 41), "gender": rng.choice(["F", "M"], 40),
+                          "age": rng.choice([1, 18, 25, 35, 45, 50, 56], 40), "occupation": rng.integers(0, 21, 40),
+                          "zip": [f"{z:05d}" for z in rng.integers(0, 99999, 40)]})
+    titles = [f"Film {i}: The {'Return' if i % 2 else 'Start'} ({1930 + i % 80})" for i in range(1, 61)]
+    titles[5] = "Untitled"  # no year
+    genres = ["|".join(sorted(rng.choice(["Comedy", "Drama", "Sci-Fi", "Children's"], rng.integers(1, 3),
+                                         replace=False))) for _ in range(60)]
+    movies = pd.DataFrame({"movie": np.arange(1, 61), "title": titles, "genres": genres})
+    ratings = pd.DataFrame({"user": rng.zipf(1.6, rows) % 40 + 1, "movie": rng.zipf(1.3, rows) % 60 + 1,
+                            "rating": rng.integers(1, 6, rows), "ts": rng.integers(9e8, 1e9, rows)})
+    return users, movies, ratings
+
+
+def _write_dat(folder: Path, users, movies, ratings, with_users: bool) -> None:
+    folder.mkdir()
+    (folder / "ratings.dat").write_text("".join(f"{u}::{m}::{r}::{t}\n" for u, m, r, t in ratings.itertuples(index=False)))
+    (folder / "movies.dat").write_text("".join(f"{m}::{t}::{g}\n" for m, t, g in movies.itertuples(index=False)),
+                                       encoding="latin-1")
+    if with_users:
+        (folder / "users.dat").write_text("".join(f"{u}::{g}::{a}::{o}::{z}\n"
+                                                  for u, g, a, o, z in users.itertuples(index=False)))
+
+
+def _expected(users, movies, ratings, with_users: bool) -> pd.DataFrame:
+    df = ratings.merge(movies, on="movie", how="left")
+    if with_users:
+        df = df.merge(users, on="user", how="left")
+    return df
+
+
+@pytest.mark.parametrize("release", ["1M", "10M", "20M+"])
+def test_each_release_reads_into_the_same_columns_in_the_ratings_order(tmp_path: Path, release: str):
+    rng = np.random.default_rng(abs(hash(release)) % 2**32)
+    users, movies, ratings = _random_release(rng)
+    folder = tmp_path / release
+    if release == "20M+":
+        ratings = ratings.assign(rating=ratings["rating"] - 0.5 * rng.integers(0, 2, len(ratings)))
+        folder.mkdir()
+        ratings.rename(columns={"user": "userId", "movie": "movieId", "ts": "timestamp"}).to_csv(
+            folder / "ratings.csv", index=False)
+        genres = movies["genres"].tolist()
+        genres[1] = "(no genres listed)"  # movie 2: the most rated (ids from a Zipf draw)
+        movies = movies.assign(genres=genres)
+        movies.rename(columns={"movie": "movieId"}).to_csv(folder / "movies.csv", index=False)
+    else:
+        _write_dat(folder, users, movies, ratings, with_users=release == "1M")
+    assert movielens_release(folder) == release
+    got = _read(folder)
+    assert got.column_names == COLUMNS and got.num_rows == len(ratings)
+    want = _expected(users, movies, ratings, release == "1M")
+    assert got["user_id"].to_pylist() == want["user"].tolist()
+    assert got["item_id"].to_pylist() == want["movie"].tolist()
+    assert got["rating"].to_pylist() == want["rating"].astype(float).tolist()
+    assert got["timestamp"].to_pylist() == want["ts"].tolist()
+    assert got["label"].to_pylist() == (want["rating"] >= 4).astype(float).tolist()
+    assert got["rating_5"].to_pylist() == (want["rating"] == 5).astype(float).tolist()
+    assert got["__line__"].to_pylist() == list(range(1, len(ratings) + 1))
+    years = got["release_year"].to_pylist()
+    for title, year in zip(want["title"], years):
+        assert year == (None if title == "Untitled" else int(title[-5:-1]))
+    genres = got["genres"].to_pylist()
+    assert release != "20M+" or [] in genres
+    for text, names in zip(want["genres"], genres):
+        assert names == ([] if text == "(no genres listed)" else text.split("|"))
+    if release == "1M":
+        assert got["gender"].to_pylist() == want["gender"].tolist()
+        assert got["age"].to_pylist() == want["age"].tolist()
+        assert got["occupation"].to_pylist() == want["occupation"].tolist()
+        assert got["zip_code"].to_pylist() == want["zip"].tolist()
+    else:
+        for c in ("age", "gender", "occupation", "zip_code"):
+            assert got[c].null_count == len(ratings), c
+        assert str(got["gender"].type) in ("string", "large_string")
+
+
+def test_the_1m_layout_of_the_100k_data_reads_as_the_100k_folder(shared_data: Path, tmp_path: Path):
+    """The 100K ratings, users and movies written in the 1M layout: every shared column equal."""
+    src = shared_data / "movielens-100k"
+    if not (src / "u.data").is_file():
+        pytest.skip("MovieLens-100k not in ../shared/data")
+    base = _read(src)
+    ratings = pd.read_csv(src / "u.data", sep="\t", header=None)
+    users = pd.read_csv(src / "u.user", sep="|", header=None, dtype={4: str})
+    items = pd.read_csv(src / "u.item", sep="|", header=None, encoding="latin-1")
+    names = [line.split("|")[0] for line in (src / "u.genre").read_text("latin-1").splitlines() if line]
+    flags = items.iloc[:, -19:].to_numpy(bool)
+    years = pd.to_datetime(items[2], format="%d-%b-%Y", errors="coerce").dt.year
+    folder = tmp_path / "ml"
+    folder.mkdir()
+    (folder / "ratings.dat").write_text("".join(f"{a}::{b}::{c}::{d}\n" for a, b, c, d in ratings.itertuples(index=False)))
+    (folder / "users.dat").write_text("".join(f"{u}::{g}::{a}::{o}::{z}\n" for u, a, g, o, z in users.itertuples(index=False)))
+    titles = [f"Film: {i} ({int(y)})" if y == y else "Unknown" for i, y in zip(items[0], years)]
+    (folder / "movies.dat").write_text("".join(f"{i}::{t}::{'|'.join(n for n, on in zip(names, row) if on)}\n"
+                                               for i, t, row in zip(items[0], titles, flags)), encoding="latin-1")
+    got = _read(folder)
+    for column in ("user_id", "item_id", "rating", "timestamp", "age", "gender", "zip_code", "genres", "release_year",
+                   "label", "rating_5", "__line__"):
+        assert got[column].to_pylist() == base[column].to_pylist(), column
+
+
+def test_a_folder_of_no_release_and_a_bad_ratings_line_are_one_line(tmp_path: Path):
+    (tmp_path / "ratings.dat").write_text("1::2::5::978300760\n")
+    with pytest.raises(DataError, match=r"not a MovieLens folder: .*1M: ratings.dat, users.dat, movies.dat"):
+        movielens_release(tmp_path)
+    (tmp_path / "movies.dat").write_text("2::Film (1999)::Drama\n")
+    (tmp_path / "ratings.dat").write_text("1::2::5::978300760\n1::x::4::978300761\n")
+    with pytest.raises(DataError, match=r"ratings.dat:2: not user::item::rating::timestamp"):
+        _read(tmp_path)
+    (tmp_path / "ratings.dat").write_text("1::2::5::978300760\n")
+    (tmp_path / "movies.dat").write_text("2::Film (1999)\n")
+    with pytest.raises(DataError, match=r"movies.dat:1: 2 '::'-separated fields, expected 3"):
+        _read(tmp_path)
