@@ -147,6 +147,8 @@ def convert(
         typer.echo(line)
     if report.labels_mapped:
         typer.echo(f"read {report.labels_mapped:,} labels -1 as 0 (the {fmt} -1/+1 convention)")
+    for line in report.warnings:
+        typer.echo(f"warning: {line}", err=True)
     if report.errors:
         typer.echo(f"skipped {report.errors:,} malformed rows:", err=True)
         for line in report.error_examples[:20]:

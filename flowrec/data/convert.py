@@ -61,6 +61,7 @@ class ConvertReport:
     split: dict[str, int] = field(default_factory=dict)
     labels_mapped: int = 0  # libsvm/libfm labels -1 read as 0 (the -1/+1 convention)
     growth: tuple[TableGrowth, ...] = ()  # spare rows given to new values (with a given encoder)
+    warnings: tuple[str, ...] = ()  # what the encoding lost that the spec could keep (vocab sizes)
 
 
 class PartWriter:
@@ -179,6 +180,7 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
     logs: list[ErrorLog] = []
     sep = opts.get("sequence_sep", "^")
     growth: tuple[TableGrowth, ...] = ()
+    overflow: list[str] = []
     if given is not None and grow:
         encoder, growth = grow_encoder(given, (c for _, c in chunks(on_error)))
         logs.clear()
@@ -186,7 +188,7 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
     elif given is not None:
         encoder = given
     elif needs_fit(spec):
-        encoder = fit_encoder(spec, (c for _, c in chunks(on_error)), columns, sep)
+        encoder = fit_encoder(spec, (c for _, c in chunks(on_error)), columns, sep, overflow)
         logs.clear()
         mapped[0] = 0
     else:
@@ -229,7 +231,7 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
     examples = tuple(str(e) for log in logs for e in log.examples)
     return ConvertReport(str(out), seen, sum(w.files for w in writers.values()),
                          sum(log.count for log in logs), examples, 0.0,
-                         {k: w.rows for k, w in writers.items() if k}, mapped[0], growth)
+                         {k: w.rows for k, w in writers.items() if k}, mapped[0], growth, tuple(overflow))
 
 
 def _last_rows(chunk: pa.Table) -> np.ndarray:

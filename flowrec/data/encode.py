@@ -201,8 +201,14 @@ def truncated_lists(values: pa.Array, rows: np.ndarray, keep: np.ndarray, max_le
 
 
 def fit_encoder(spec: ModelSpec, chunks: Iterable[pa.Table], columns: dict[str, str],
-                sequence_sep: str = "^") -> Encoder:
-    """One pass over raw chunks to build the vocabularies and dense statistics the spec needs."""
+                sequence_sep: str = "^", overflow: list[str] | None = None) -> Encoder:
+    """One pass over raw chunks to build the vocabularies and dense statistics the spec needs.
+
+    Args:
+        overflow: where given, gets one line per vocabulary table whose `vocab` size left out values
+            seen at least `min_freq` times, in more than OVERFLOW_WARN of the table's occurrences
+            (they all share row 0, the unknown row): the values seen, kept and the share lost.
+    """
     probe = Encoder(spec, columns, {}, {}, sequence_sep)
     vocab_tables = {t.name: t for t in spec.tables if t.has_vocab}
     counters: dict[str, Counter] = {name: Counter() for name in vocab_tables}
@@ -216,7 +222,31 @@ def fit_encoder(spec: ModelSpec, chunks: Iterable[pa.Table], columns: dict[str, 
         for f in standardized:
             acc.add(f.name, dense_values(f, raw.column(probe.source(f.name))))
     vocabs = {name: build_vocab(counters[name], t.vocab_size, t.min_freq) for name, t in vocab_tables.items()}
+    if overflow is not None:
+        overflow.extend(line for name, t in vocab_tables.items()
+                        for line in vocab_overflow(name, counters[name], len(vocabs[name]), t.min_freq))
     return Encoder(spec, columns, vocabs, acc.stats(), sequence_sep)
+
+
+OVERFLOW_WARN = 0.01  # share of a table's occurrences sent to row 0 by its vocab size that is worth a warning
+
+
+def vocab_overflow(table: str, counter: Counter, kept: int, min_freq: int) -> list[str]:
+    """A warning when a vocabulary of `kept` values left out frequent-enough values (beyond its size).
+
+    >>> vocab_overflow("user", Counter({"a": 5, "b": 3, "c": 2}), 1, 1)[0][:58]
+    "table 'user' (vocab 1) keeps 1 of 3 distinct values; the o"
+    >>> vocab_overflow("user", Counter({"a": 5, "b": 1}), 1, 2)
+    []
+    """
+    eligible = sorted((c for c in counter.values() if c >= min_freq), reverse=True)
+    total = sum(counter.values())
+    lost = sum(eligible[kept:])
+    if not total or lost / total <= OVERFLOW_WARN:
+        return []
+    return [f"table {table!r} (vocab {kept:,}) keeps {kept:,} of {len(eligible):,} distinct values; the other "
+            f"{len(eligible) - kept:,}, {lost / total:.1%} of its occurrences, share row 0 (the unknown row): "
+            f"raise its vocab to keep them apart"]
 
 
 def needs_fit(spec: ModelSpec) -> bool:

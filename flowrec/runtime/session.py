@@ -216,7 +216,9 @@ def bound_dataset(spec: ModelSpec, spec_path: Path, workdir: Path | None,
         if encoded():  # it did, while this one waited
             return out
         status(f"encoding {spec.data.format} data from {raw} into {out}")
-        convert(spec, spec.data.format, [raw], out)
+        report = convert(spec, spec.data.format, [raw], out)
+        for line in report.warnings:
+            status(f"warning: {line}")
     return out
 
 

@@ -216,3 +216,36 @@ def test_missing_columns_of_a_comma_file_still_say_map_them(tmp_path):
     with pytest.raises(DataError, match="map them with data.columns"):
         convert(small_spec(feats, data={"format": "csv", "label": "clk"}), "csv", [tmp_path / "rows.csv"],
                 tmp_path / "a")
+
+
+def test_a_vocab_too_small_for_the_data_is_a_warning_and_a_fitting_one_is_not(tmp_path):
+    """Values beyond a table's vocab size all share row 0: conversion says which table, how many
+    values and what share of its occurrences (the CLI on stderr); min_freq's rare values do not count."""
+    rng = np.random.default_rng(11)
+    users = rng.zipf(1.4, 3000) % 500
+    lines = ["user,label"] + [f"u{u},{int(rng.random() < 0.4)}" for u in users]
+    (tmp_path / "rows.csv").write_text("\n".join(lines) + "\n")
+    data = {"format": "csv", "label": "label"}
+
+    def spec(vocab, min_freq=1):
+        return small_spec([{"name": "user", "type": "categorical", "vocab": vocab, "dim": 4, "min_freq": min_freq}],
+                          data=data)
+
+    distinct = len(set(users.tolist()))
+    small = convert(spec(20), "csv", [tmp_path / "rows.csv"], tmp_path / "a")
+    assert len(small.warnings) == 1 and small.warnings[0].startswith(
+        f"table 'user' (vocab 20) keeps 20 of {distinct:,} distinct values; the other {distinct - 20:,}")
+    assert convert(spec(distinct), "csv", [tmp_path / "rows.csv"], tmp_path / "b").warnings == ()
+    frequent = sum(1 for c in np.unique(users, return_counts=True)[1] if c >= 40)
+    assert convert(spec(frequent, 40), "csv", [tmp_path / "rows.csv"], tmp_path / "c").warnings == ()
+    path = tmp_path / "spec.yaml"
+    import yaml
+    path.write_text(yaml.safe_dump({"name": "t", "features": [{"name": "user", "type": "categorical", "vocab": 20,
+                                                                 "dim": 4}],
+                                    "modules": [{"name": "m", "kind": "mlp", "inputs": ["@sparse"], "layers": [4]}],
+                                    "heads": [{"name": "h", "input": "m"}], "optimizer": OPT, "data": data}))
+    result = CliRunner().invoke(app, ["data", "convert", "csv", str(tmp_path / "rows.csv"), str(tmp_path / "d"),
+                                      "--spec", str(path), "-q"])
+    assert result.exit_code == 0, result.output
+    assert [line for line in result.stderr.splitlines() if line.startswith("warning: ")] == \
+        [f"warning: {small.warnings[0]}"]
