@@ -26,7 +26,8 @@ data_app = typer.Typer(
 CONVERT_HELP = """Convert raw data to an encoded flowrec Parquet dataset, streaming (bounded memory).
 
 FORMAT is one of criteo (TSV: label, I1..I13, C1..C26), avazu (CSV), libsvm / libfm, csv
-(generic, columns mapped by the spec's data.columns), movielens (a MovieLens 100K, 1M, 10M or 20M+ folder).
+(generic, columns mapped by the spec's data.columns), movielens (a MovieLens 100K, 1M, 10M or 20M+ folder), parquet (raw rows in a Parquet file
+or a folder of them).
 Categorical values are hashed or mapped through a vocabulary as the spec's tables say.
 Binary heads take labels 0 or 1 (libsvm / libfm: -1 is read as 0, and counted); any other label
 is a malformed row. OUT must be absent or empty unless --overwrite, which replaces it only once

@@ -153,14 +153,16 @@ def read_meta(path: str | Path) -> DatasetMeta:
     """
     path = Path(path)
     if path.exists() and not path.is_dir():
+        raw = "parquet" if path.suffix.lower() in (".parquet", ".pq") else "FORMAT"
         raise DataError(f"{path} is a file, not a dataset folder: give the folder holding {META_FILE} "
-                        "(raw files are converted into one by `flowrec data convert`)")
+                        f"(raw files are converted into one by `flowrec data convert {raw} {path} OUT --spec SPEC`)")
     if not path.is_dir():
         raise DataError(f"dataset directory not found: {path}")
     meta = path / META_FILE
     if not meta.is_file():
+        raw = " parquet" if any(path.glob("*.parquet")) else ""
         raise DataError(f"{path} is not a flowrec dataset (no {META_FILE}); convert it first "
-                        "with `flowrec data convert` or `flowrec data synth`")
+                        f"with `flowrec data convert{raw}` or `flowrec data synth`")
     try:
         return DatasetMeta.from_json(read_text(meta), str(meta))
     except DataError as exc:

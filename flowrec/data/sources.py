@@ -485,12 +485,76 @@ def _titled_items(ids: pd.Series, titles: pd.Series, genres: pd.Series) -> pd.Da
     })
 
 
+PARQUET_BATCH_ROWS = 65536  # rows per chunk of a raw Parquet input
+
+
+def read_parquet(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[str]) -> Iterator[pa.Table]:
+    """Raw rows in Parquet: one file, or a folder of them (a Hive-partitioned table: the
+    partition columns join the rows), streamed in batches of PARQUET_BATCH_ROWS.
+
+    Numeric columns (labels, dense features) become float64: numbers as they are, NaN as missing
+    (as an empty CSV field), text parsed as CSV's is; an infinite value, one beyond float32 or text
+    that is not a number makes the row malformed. Other columns keep their type (strings,
+    integers, lists for multi-hot features). `LINE_COLUMN` is the row's 1-based position in the
+    input (a folder's files in path order).
+
+    Raises:
+        DataError: an unreadable file or folder, or a numeric column of another type (lists,
+            structs, dates).
+    """
+    del options
+    import pyarrow.dataset as ds
+
+    try:
+        data = ds.dataset(path, format="parquet", partitioning="hive", exclude_invalid_files=False)
+        batches = data.to_batches(batch_size=PARQUET_BATCH_ROWS, use_threads=False)
+        seen = 0
+        for batch in batches:
+            table = pa.Table.from_batches([batch])
+            lines = np.arange(seen + 1, seen + table.num_rows + 1, dtype=np.int64)
+            seen += table.num_rows
+            if table.num_rows:
+                yield _parquet_checked(table, lines, log, numeric, path)
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise DataError(f"cannot read {path} as Parquet: {str(exc).splitlines()[0]}") from None
+
+
+def _parquet_checked(table: pa.Table, lines: np.ndarray, log: ErrorLog, numeric: set[str], path: Path) -> pa.Table:
+    """Numeric columns to float64 (NaN missing; inf, beyond float32 or not a number: malformed)."""
+    bad = np.zeros(table.num_rows, bool)
+    cols = {}
+    for name in table.column_names:
+        col = table.column(name).combine_chunks()
+        if name not in numeric:
+            cols[name] = col
+            continue
+        kind = col.type
+        if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind):
+            cols[name] = _numbers(_utf8(col, lines, bad, log, name), lines, bad, log, name)
+            continue
+        if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)
+                or pa.types.is_decimal(kind) or pa.types.is_null(kind)):
+            raise DataError(f"{path}: column {name} holds {kind} values; a label or dense feature needs numbers")
+        values = pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False)
+        present = ~np.isnan(values)
+        with np.errstate(invalid="ignore"):
+            wrong = present & ~(np.abs(values) <= FLOAT32_MAX)
+        for i in np.flatnonzero(wrong & ~bad):
+            bad[i] = True
+            log.add(int(lines[i]), f"{_number_problem(values[i])} {float(values[i])!r} in column {name}")
+        cols[name] = pa.array(values, pa.float64(), mask=~present)
+    cols[LINE_COLUMN] = pa.array(lines, pa.int64())
+    out = pa.table(cols)
+    return out.filter(pa.array(~bad)) if bad.any() else out
+
+
 READERS: dict[str, Reader] = {
     "criteo_tsv": read_criteo,
     "avazu_csv": read_avazu,
     "csv": read_csv,
     "libsvm": read_libsvm,
     "movielens": read_movielens,
+    "parquet": read_parquet,
 }
 FORMAT_ALIASES = {"criteo": "criteo_tsv", "avazu": "avazu_csv", "libfm": "libsvm"}
 

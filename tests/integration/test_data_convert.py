@@ -249,3 +249,62 @@ def test_a_vocab_too_small_for_the_data_is_a_warning_and_a_fitting_one_is_not(tm
     assert result.exit_code == 0, result.output
     assert [line for line in result.stderr.splitlines() if line.startswith("warning: ")] == \
         [f"warning: {small.warnings[0]}"]
+
+
+def _raw_rows(rng: np.random.Generator, rows: int):
+    import pandas as pd
+
+    price = rng.lognormal(1.0, 1.0, rows)
+    price[::17] = np.nan  # missing
+    return pd.DataFrame({"user": [f"u{u}" for u in rng.zipf(1.5, rows) % 300], "city": rng.zipf(1.3, rows) % 50,
+                         "price": price, "label": (rng.random(rows) < 0.3).astype(int)})
+
+
+RAW_FEATURES = [{"name": "user", "type": "categorical", "hash_buckets": 97, "dim": 4},
+                {"name": "city", "type": "categorical", "vocab": 30, "dim": 4},
+                {"name": "price", "type": "dense", "transform": "log1p"}]
+
+
+def test_raw_parquet_converts_as_the_same_rows_in_csv(tmp_path):
+    """`data convert parquet`: a file and a Hive-partitioned folder of raw rows encode bitwise as the
+    same rows written as CSV (NaN read as CSV's empty field: missing)."""
+    rng = np.random.default_rng(5)
+    df = _raw_rows(rng, 3000)
+    df.to_csv(tmp_path / "rows.csv", index=False, na_rep="")
+    df.to_parquet(tmp_path / "rows.parquet", row_group_size=700)
+    spec = small_spec(RAW_FEATURES, data={"format": "csv", "label": "label"})
+    convert(spec, "csv", [tmp_path / "rows.csv"], tmp_path / "from_csv")
+    report = convert(spec, "parquet", [tmp_path / "rows.parquet"], tmp_path / "from_parquet")
+    assert report.rows == 3000 and report.errors == 0
+    expect = pq.read_table(tmp_path / "from_csv")
+    assert pq.read_table(tmp_path / "from_parquet").equals(expect)
+    folder = tmp_path / "table"
+    for part, rows in (("a", df.iloc[:1200]), ("b", df.iloc[1200:])):
+        (folder / f"day={part}").mkdir(parents=True)
+        rows.to_parquet(folder / f"day={part}" / "part-0.parquet")
+    (folder / "_SUCCESS").write_text("")
+    convert(spec, "parquet", [folder], tmp_path / "from_folder")
+    got = pq.read_table(tmp_path / "from_folder")
+    assert got.equals(expect), "a folder of parts reads as one file"
+
+
+def test_raw_parquet_bad_numbers_are_malformed_rows_and_wrong_types_one_line(tmp_path):
+    import pandas as pd
+
+    df = _raw_rows(np.random.default_rng(6), 200)
+    df.loc[[3, 50], "price"] = [np.inf, 1e300]
+    df.to_parquet(tmp_path / "rows.parquet")
+    spec = small_spec(RAW_FEATURES, data={"format": "csv", "label": "label"})
+    with pytest.raises(DataError, match="non-finite value inf in column price"):
+        convert(spec, "parquet", [tmp_path / "rows.parquet"], tmp_path / "a")
+    report = convert(spec, "parquet", [tmp_path / "rows.parquet"], tmp_path / "b", on_error="skip")
+    assert report.rows == 198 and report.errors == 2
+    assert any("value beyond float32" in e for e in report.error_examples)
+    pd.DataFrame({"user": ["a", "b"], "city": [1, 2], "price": [[1.0], [2.0]], "label": [0, 1]}).to_parquet(
+        tmp_path / "lists.parquet")
+    with pytest.raises(DataError, match="column price holds list<element: double> values; a label or dense"):
+        convert(spec, "parquet", [tmp_path / "lists.parquet"], tmp_path / "c")
+    (tmp_path / "not.parquet").write_text("user,label\na,1\n")
+    with pytest.raises(DataError, match="cannot read .*not.parquet as Parquet"):
+        convert(spec, "parquet", [tmp_path / "not.parquet"], tmp_path / "d")
+    assert not (tmp_path / "c").exists() and not (tmp_path / "d").exists()
