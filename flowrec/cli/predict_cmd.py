@@ -181,19 +181,9 @@ def _raw_chunks(model, raw: Path, fmt: Optional[str], on_error: str) -> tuple[An
     if fmt is None:
         raise ValueError("the package's spec binds no data format; give --format")
     log = ErrorLog(on_error, str(raw))
-    if fmt == "parquet":
-        import pyarrow.parquet as pq
-
-        return _parquet_chunks(pq.ParquetFile(raw)), log
     opts = dict(spec.data.options) if spec.data is not None else {}
     if FORMAT_ALIASES.get(fmt, fmt) == "criteo_tsv":  # test files lack the label column
         opts["has_label"] = criteo_has_label(raw)
     numeric = {model.encoder.source(f.name) for f in spec.dense_features}
     return reader(fmt)(raw, opts, log, numeric), log
 
-
-def _parquet_chunks(file) -> Any:
-    import pyarrow as pa
-
-    for batch in file.iter_batches(batch_size=1 << 16):
-        yield pa.Table.from_batches([batch])

@@ -278,9 +278,12 @@ VALUES = {  # case -> (argv, flowrec's words, what to prepare, status lines may 
                                               _write("run/run.json", '{"epochs": 2}'), False),
     "resume_with_nested_run_json": (train("--resume", "{r}/run"), "nested deeper", _write("run/run.json", NESTED),
                                     False),
-    "parquet_rows_with_inf": (predict_rows(), "must be finite float32", _parquet_with(math.inf), False),
-    "parquet_rows_with_minus_inf": (predict_rows(), "must be finite float32", _parquet_with(-math.inf), False),
-    "parquet_rows_beyond_float32": (predict_rows(), "must be finite float32", _parquet_with(1e300), False),
+    # a malformed row, as in CSV (the reader's words; --on-error skip skips it)
+    "parquet_rows_with_inf": (predict_rows(), "non-finite value inf in column price", _parquet_with(math.inf), False),
+    "parquet_rows_with_minus_inf": (predict_rows(), "non-finite value -inf in column price", _parquet_with(-math.inf),
+                                    False),
+    "parquet_rows_beyond_float32": (predict_rows(), "value beyond float32 1e+300 in column price", _parquet_with(1e300),
+                                    False),
     "keep_a_head": (predict_rows("--keep", "ctr"), "already has a column ctr", _parquet_with(1.0), False),
     "keep_twice": (predict_rows("--keep", "user", "--keep", "user"), "given twice", _parquet_with(1.0), False),
     "only_row_malformed": (lambda r: ["predict", str(r / "pkg"), str(r / "one.csv"), "--format", "csv", "-q", "--out",
@@ -383,3 +386,29 @@ def test_top_k_lists_are_refused_as_text():
     with pytest.raises(ValueError, match="--top-k writes lists"):
         output_kind(Path("recs.csv"), lists=True)
     assert output_kind(Path("recs.pq"), lists=True) == "parquet"
+
+
+def test_predict_reads_parquet_as_convert_does_a_bad_row_skipped_and_a_folder_of_parts(case: Path):
+    """Raw Parquet rows go through the same reader as `data convert parquet`: an infinite price is a
+    malformed row that --on-error skip skips (the others scored as from CSV), and a folder of part
+    files scores as the one file."""
+    _parquet_with(math.inf)(case)
+    skipped = runner.invoke(app, predict_rows("--on-error", "skip", "--keep", "user")(case))
+    assert skipped.exit_code == 0, skipped.output
+    assert "skipped 1 malformed rows" in skipped.stderr
+    from_csv = runner.invoke(app, out("all.parquet", "--keep", "user")(case))
+    assert from_csv.exit_code == 0, from_csv.output
+    got, every = pd.read_parquet(case / "s.parquet"), pd.read_parquet(case / "all.parquet")
+    assert len(got) == 39
+    kept = every.drop(index=3).reset_index(drop=True)
+    assert got["user"].tolist() == kept["user"].tolist()
+    np.testing.assert_allclose(got["ctr"].to_numpy(), kept["ctr"].to_numpy(), rtol=1e-6, atol=0)
+    rows = pd.read_csv(case / "new.csv")
+    (case / "parts").mkdir()
+    rows.iloc[:25].to_parquet(case / "parts" / "a.parquet")
+    rows.iloc[25:].to_parquet(case / "parts" / "b.parquet")
+    folder = runner.invoke(app, ["predict", str(case / "pkg"), str(case / "parts"), "--format", "parquet", "-q",
+                                 "--out", str(case / "f.parquet")])
+    assert folder.exit_code == 0, folder.output
+    np.testing.assert_allclose(pd.read_parquet(case / "f.parquet")["ctr"].to_numpy(), every["ctr"].to_numpy(),
+                               rtol=1e-6, atol=0)
