@@ -117,7 +117,7 @@ def csv_chunks(path: Path, log: ErrorLog, numeric: set[str], delimiter: str, nam
     except (OSError, pa.ArrowInvalid) as exc:
         raise (failures[0] if failures else DataError(f"cannot read {path}: {exc}")) from None
     try:
-        reader.schema.names
+        _unique_columns(path, reader.schema.names)
     except UnicodeDecodeError:
         raise DataError(f"{path}: the header is not valid UTF-8 (binary data, or another format?)") from None
     seen = 0
@@ -137,6 +137,22 @@ def csv_chunks(path: Path, log: ErrorLog, numeric: set[str], delimiter: str, nam
         lines = _line_numbers(seen, table.num_rows, header_lines, skipped)
         seen += table.num_rows
         yield _checked(table, lines, log, numeric, required)
+
+
+def _unique_columns(path: Path, names: list[str]) -> None:
+    """DataError naming a column the input names twice (which of the two is meant is unknowable).
+
+    >>> _unique_columns(Path("a.csv"), ["user", "label", "user"])
+    Traceback (most recent call last):
+    ...
+    flowrec.data.layout.DataError: a.csv: the header names column 'user' twice (columns 1 and 3): rename one
+    """
+    first: dict[str, int] = {}
+    for i, name in enumerate(names):
+        if name in first:
+            raise DataError(f"{path}: the header names column {name!r} twice (columns {first[name] + 1} and {i + 1}): "
+                            "rename one")
+        first[name] = i
 
 
 @contextmanager
@@ -507,6 +523,7 @@ def read_parquet(path: Path, options: dict[str, Any], log: ErrorLog, numeric: se
 
     try:
         data = ds.dataset(path, format="parquet", partitioning="hive", exclude_invalid_files=False)
+        _unique_columns(path, data.schema.names)
         batches = data.to_batches(batch_size=PARQUET_BATCH_ROWS, use_threads=False)
         seen = 0
         for batch in batches:

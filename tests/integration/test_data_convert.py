@@ -308,3 +308,23 @@ def test_raw_parquet_bad_numbers_are_malformed_rows_and_wrong_types_one_line(tmp
     with pytest.raises(DataError, match="cannot read .*not.parquet as Parquet"):
         convert(spec, "parquet", [tmp_path / "not.parquet"], tmp_path / "d")
     assert not (tmp_path / "c").exists() and not (tmp_path / "d").exists()
+
+
+def test_a_header_naming_a_column_twice_is_one_line_through_the_cli(tmp_path):
+    """It was a KeyError traceback from pyarrow; which of the two columns is meant is unknowable."""
+    (tmp_path / "rows.csv").write_text("user,label,user\nu1,0,x\nu2,1,y\n")
+    spec = small_spec([{"name": "user", "type": "categorical", "hash_buckets": 64, "dim": 4}],
+                      data={"format": "csv", "label": "label"})
+    with pytest.raises(DataError, match=r"rows.csv: the header names column 'user' twice \(columns 1 and 3\)"):
+        convert(spec, "csv", [tmp_path / "rows.csv"], tmp_path / "a")
+    import yaml
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump({
+        "name": "t", "features": [{"name": "user", "type": "categorical", "hash_buckets": 64, "dim": 4}],
+        "modules": [{"name": "m", "kind": "mlp", "inputs": ["@sparse"], "layers": [4]}],
+        "heads": [{"name": "h", "input": "m"}], "optimizer": OPT, "data": {"format": "csv", "label": "label"}}))
+    result = CliRunner().invoke(app, ["data", "convert", "csv", str(tmp_path / "rows.csv"), str(tmp_path / "b"),
+                                      "--spec", str(tmp_path / "s.yaml"), "-q"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert result.stderr.strip().splitlines()[-1].endswith("the header names column 'user' twice (columns 1 and 3): "
+                                                           "rename one")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
