@@ -78,19 +78,39 @@ def read_avazu(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[
 
 
 def read_csv(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[str]) -> Iterator[pa.Table]:
-    """Generic delimited text; options: sep (","), header (true), names (when no header)."""
+    """Generic delimited text; options: sep (","), header (true), names (when no header),
+    encoding (the text's, "utf-8" by default: e.g. latin-1 or cp1252, read into UTF-8 on the way in)."""
     names = options.get("names")
     if not options.get("header", True) and not names:
         raise DataError("csv without header needs data.options.names")
     yield from csv_chunks(path, log, numeric, delimiter=options.get("sep", ","),
                           names=list(names) if names else None, required=set(),
                           chunk_bytes=options.get("chunk_bytes", CHUNK_BYTES),
-                          skip_header=bool(names) and options.get("header", True))
+                          skip_header=bool(names) and options.get("header", True),
+                          encoding=_encoding(options.get("encoding", "utf-8")))
+
+
+def _encoding(name: Any) -> str:
+    """A text encoding Python knows, by its canonical name (DataError for another value)."""
+    import codecs
+
+    try:
+        return codecs.lookup(str(name)).name
+    except LookupError:
+        raise DataError(f"data.options.encoding: unknown text encoding {str(name)[:40]!r} "
+                        "(e.g. utf-8, latin-1, cp1252, utf-16)") from None
 
 
 def csv_chunks(path: Path, log: ErrorLog, numeric: set[str], delimiter: str, names: list[str] | None,
-               required: set[str], chunk_bytes: int, skip_header: bool = False) -> Iterator[pa.Table]:
-    """Stream a delimited file; numeric columns parsed to float64, others kept as strings."""
+               required: set[str], chunk_bytes: int, skip_header: bool = False,
+               encoding: str | None = None) -> Iterator[pa.Table]:
+    """Stream a delimited file; numeric columns parsed to float64, others kept as strings.
+
+    `encoding`: the text's where the format takes one (generic CSV; None: UTF-8, no option to
+    name another), transcoded to UTF-8 by the reader; an undecodable value then points at it.
+    """
+    hint = None if encoding is None else ("; another encoding? set data.options.encoding (e.g. latin-1)"
+                                          if encoding == "utf-8" else f" (read as {encoding})")
     skipped: list[int] = []  # physical line numbers of rows pyarrow rejected
     failures: list[DataError] = []  # raised after the reader returns (not through pyarrow)
 
@@ -106,20 +126,21 @@ def csv_chunks(path: Path, log: ErrorLog, numeric: set[str], delimiter: str, nam
 
     header_lines = 0 if names is None or not skip_header else 1
     read = pcsv.ReadOptions(block_size=chunk_bytes, use_threads=False, column_names=names,
-                            skip_rows=header_lines)
+                            skip_rows=header_lines, encoding=encoding or "utf8")
     header_lines = header_lines if names is not None else 1
     parse = pcsv.ParseOptions(delimiter=delimiter, invalid_row_handler=on_invalid, quote_char=False
                               if delimiter == "\t" else '"')
     try:
         with _undecodable_rows(path, failures):
             reader = pcsv.open_csv(path, read_options=read, parse_options=parse,
-                                   convert_options=_binary_columns(path, delimiter, names))
+                                   convert_options=_binary_columns(path, delimiter, names, encoding or "utf-8"))
     except (OSError, pa.ArrowInvalid) as exc:
         raise (failures[0] if failures else DataError(f"cannot read {path}: {exc}")) from None
     try:
         _unique_columns(path, reader.schema.names)
     except UnicodeDecodeError:
-        raise DataError(f"{path}: the header is not valid UTF-8 (binary data, or another format?)") from None
+        raise DataError(f"{path}: the header is not valid UTF-8 (binary data, or another format?"
+                        f"{'' if hint is None else ' ' + hint.lstrip('; ')})") from None
     seen = 0
     while True:
         try:
@@ -136,7 +157,7 @@ def csv_chunks(path: Path, log: ErrorLog, numeric: set[str], delimiter: str, nam
         table = pa.Table.from_batches([batch])
         lines = _line_numbers(seen, table.num_rows, header_lines, skipped)
         seen += table.num_rows
-        yield _checked(table, lines, log, numeric, required)
+        yield _checked(table, lines, log, numeric, required, hint or "")
 
 
 def _unique_columns(path: Path, names: list[str]) -> None:
@@ -179,11 +200,12 @@ def _undecodable_rows(path: Path, failures: list[DataError]) -> Iterator[None]:
         sys.unraisablehook = previous
 
 
-def _binary_columns(path: Path, delimiter: str, names: list[str] | None) -> pcsv.ConvertOptions:
+def _binary_columns(path: Path, delimiter: str, names: list[str] | None, encoding: str = "utf-8"
+                    ) -> pcsv.ConvertOptions:
     """Read every column as binary (UTF-8 is checked per row later); empty = null."""
     if names is None:
         with open(path, "rb") as fh:
-            head = fh.readline().decode("utf-8", errors="replace").rstrip("\r\n")
+            head = fh.readline().decode(encoding, errors="replace").rstrip("\r\n")
         names = head.split(delimiter)
     return pcsv.ConvertOptions(column_types={n: pa.binary() for n in names},
                                strings_can_be_null=True, quoted_strings_can_be_null=True)
@@ -200,13 +222,13 @@ def _line_numbers(seen: int, n: int, header: int, skipped: list[int]) -> np.ndar
 
 
 def _checked(table: pa.Table, lines: np.ndarray, log: ErrorLog, numeric: set[str],
-             required: set[str]) -> pa.Table:
+             required: set[str], hint: str = "") -> pa.Table:
     """Decode, parse numbers, and drop (or fail on) malformed rows."""
     bad = np.zeros(table.num_rows, bool)
     cols = {}
     for name in table.column_names:
         col = table.column(name).combine_chunks()
-        text = _utf8(col, lines, bad, log, name)
+        text = _utf8(col, lines, bad, log, name, hint)
         if name in numeric:
             cols[name] = _numbers(text, lines, bad, log, name)
             if name in required:
@@ -220,7 +242,7 @@ def _checked(table: pa.Table, lines: np.ndarray, log: ErrorLog, numeric: set[str
     return out.filter(pa.array(~bad)) if bad.any() else out
 
 
-def _utf8(col: pa.Array, lines: np.ndarray, bad: np.ndarray, log: ErrorLog, name: str) -> pa.Array:
+def _utf8(col: pa.Array, lines: np.ndarray, bad: np.ndarray, log: ErrorLog, name: str, hint: str = "") -> pa.Array:
     try:
         return col.cast(pa.string())
     except pa.ArrowInvalid:
@@ -233,7 +255,7 @@ def _utf8(col: pa.Array, lines: np.ndarray, bad: np.ndarray, log: ErrorLog, name
                 out.append(None)
                 if not bad[i]:
                     bad[i] = True
-                    log.add(int(lines[i]), f"invalid UTF-8 in column {name}", repr(v[:60]))
+                    log.add(int(lines[i]), f"invalid UTF-8 in column {name}{hint}", repr(v[:60]))
         return pa.array(out, pa.string())
 
 

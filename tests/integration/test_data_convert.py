@@ -328,3 +328,28 @@ def test_a_header_naming_a_column_twice_is_one_line_through_the_cli(tmp_path):
     assert result.stderr.strip().splitlines()[-1].endswith("the header names column 'user' twice (columns 1 and 3): "
                                                            "rename one")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("encoding", ["latin-1", "cp1252", "utf-16"])
+def test_a_csv_in_another_encoding_reads_with_data_options_encoding(tmp_path, encoding):
+    """data.options.encoding transcodes the text (header included) to UTF-8: the dataset equals the
+    UTF-8 file's; without it a non-UTF-8 value is a malformed row that names the option."""
+    rng = np.random.default_rng(len(encoding))
+    towns = ["Zürich", "Málaga", "Besançon", "Nîmes", "Tromsø", "Köln"]
+    lines = ["ville,prix,label"] + [f"{towns[rng.zipf(1.5) % 6]},{rng.lognormal():.3f},{int(rng.random() < 0.4)}"
+                                    for _ in range(300)]
+    text = "\n".join(lines) + "\n"
+    (tmp_path / "utf8.csv").write_text(text, encoding="utf-8")
+    (tmp_path / "other.csv").write_bytes(text.encode(encoding))
+    feats = [{"name": "town", "type": "categorical", "vocab": 8, "dim": 4}, {"name": "price", "type": "dense"}]
+    data = {"format": "csv", "label": "label", "columns": {"town": "ville", "price": "prix"}}
+    convert(small_spec(feats, data=data), "csv", [tmp_path / "utf8.csv"], tmp_path / "a")
+    convert(small_spec(feats, data={**data, "options": {"encoding": encoding}}), "csv", [tmp_path / "other.csv"],
+            tmp_path / "b")
+    assert pq.read_table(tmp_path / "b").equals(pq.read_table(tmp_path / "a"))
+    if encoding != "utf-16":  # UTF-16's header itself is not UTF-8: one line about the header
+        with pytest.raises(DataError, match="invalid UTF-8 in column ville; another encoding\\? set data.options.encoding"):
+            convert(small_spec(feats, data=data), "csv", [tmp_path / "other.csv"], tmp_path / "c")
+    with pytest.raises(DataError, match="unknown text encoding 'klingon'"):
+        convert(small_spec(feats, data={**data, "options": {"encoding": "klingon"}}), "csv",
+                [tmp_path / "other.csv"], tmp_path / "d")
