@@ -60,10 +60,9 @@ def criteo_has_label(path: Path) -> bool:
         DataError: the first row has another number of fields (or the file is empty).
     """
     try:
-        with open(path, "rb") as fh:
-            first = fh.readline(1 << 20).rstrip(b"\r\n")
-    except OSError as exc:
-        raise DataError(f"cannot read {path}: {exc.strerror or exc}") from None
+        first = _first_line(path).rstrip(b"\r\n")  # compressed test files (.gz, ...) too
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise DataError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
     fields = first.count(b"\t") + 1 if first else 0
     if fields in (len(CRITEO_COLUMNS), len(CRITEO_COLUMNS) - 1):
         return fields == len(CRITEO_COLUMNS)
@@ -204,11 +203,37 @@ def _binary_columns(path: Path, delimiter: str, names: list[str] | None, encodin
                     ) -> pcsv.ConvertOptions:
     """Read every column as binary (UTF-8 is checked per row later); empty = null."""
     if names is None:
-        with open(path, "rb") as fh:
-            head = fh.readline().decode(encoding, errors="replace").rstrip("\r\n")
+        head = _first_line(path).decode(encoding, errors="replace").rstrip("\r\n")
         names = head.split(delimiter)
     return pcsv.ConvertOptions(column_types={n: pa.binary() for n in names},
                                strings_can_be_null=True, quoted_strings_can_be_null=True)
+
+
+def _open_lines(path: Path) -> Any:
+    """A binary file of lines, decompressed by its extension as the CSV reader does (.gz, .bz2,
+    .xz / .lzma; .zst needs its own tool first: DataError)."""
+    import bz2
+    import gzip
+    import lzma
+
+    suffix = path.suffix.lower()
+    if suffix in (".zst", ".zstd", ".lz4", ".br"):
+        raise DataError(f"{path}: {suffix} files are read only by the CSV formats; decompress it first")
+    opener = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open, ".lzma": lzma.open}.get(suffix, open)
+    return opener(path, "rb")
+
+
+def _first_line(path: Path, block: int = 1 << 20) -> bytes:
+    """The first line of a text file, decompressed as the CSV reader decompresses it (by its
+    extension: .gz, .bz2, .zst, ...), so a compressed file's header names its columns too."""
+    head = b""
+    with pa.input_stream(str(path), compression="detect") as stream:
+        while b"\n" not in head:
+            more = stream.read(block)
+            if not more:
+                break
+            head += more
+    return head.split(b"\n", 1)[0]
 
 
 def _line_numbers(seen: int, n: int, header: int, skipped: list[int]) -> np.ndarray:
@@ -303,7 +328,7 @@ def read_libsvm(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set
         raise DataError("libsvm needs data.options.fields (columns by position) or feature_map")
     names = list(dict.fromkeys(fields + (sorted(set(fmap.values())) if fmap else [])))
     try:
-        fh = open(path, "rb")
+        fh = _open_lines(path)
     except OSError as exc:
         raise DataError(f"cannot read {path}: {exc.strerror}") from None
     with fh:

@@ -353,3 +353,50 @@ def test_a_csv_in_another_encoding_reads_with_data_options_encoding(tmp_path, en
     with pytest.raises(DataError, match="unknown text encoding 'klingon'"):
         convert(small_spec(feats, data={**data, "options": {"encoding": "klingon"}}), "csv",
                 [tmp_path / "other.csv"], tmp_path / "d")
+
+
+@pytest.mark.parametrize("suffix", [".gz", ".bz2"])
+def test_a_compressed_csv_reads_as_the_plain_file_when_a_later_block_holds_text(tmp_path, suffix):
+    """The header of a compressed file was read from its compressed bytes, so its columns were not
+    read as text: a categorical column of digits whose later block held a word failed the whole
+    input. Compressed and plain now give the same dataset (small blocks put the word in a later one)."""
+    import bz2
+    import gzip
+
+    rng = np.random.default_rng(3)
+    lines = ["user,city,label"] + [f"{rng.zipf(1.4) % 900},{rng.integers(0, 40)},{int(rng.random() < 0.3)}"
+                                   for _ in range(4000)] + ["anonymous,Oslo,1", ",,0"]
+    text = ("\n".join(lines) + "\n").encode()
+    (tmp_path / "rows.csv").write_bytes(text)
+    (tmp_path / f"rows.csv{suffix}").write_bytes((gzip.compress if suffix == ".gz" else bz2.compress)(text))
+    feats = [{"name": "user", "type": "categorical", "hash_buckets": 512, "dim": 4},
+             {"name": "city", "type": "categorical", "vocab": 64, "dim": 4}]
+    spec = small_spec(feats, data={"format": "csv", "label": "label", "options": {"chunk_bytes": 4096}})
+    plain = convert(spec, "csv", [tmp_path / "rows.csv"], tmp_path / "a")
+    packed = convert(spec, "csv", [tmp_path / f"rows.csv{suffix}"], tmp_path / "b")
+    assert plain.rows == packed.rows == 4002
+    assert pq.read_table(tmp_path / "b").equals(pq.read_table(tmp_path / "a"))
+
+
+def test_compressed_libsvm_and_criteo_test_files_read_as_plain(tmp_path, shared_data):
+    import gzip
+
+    from flowrec.data.sources import criteo_has_label
+
+    rng = np.random.default_rng(4)
+    lines = [f"{int(rng.random() < 0.5)} 0:{rng.lognormal():.4f} 1:{rng.zipf(1.5) % 50}" for _ in range(200)]
+    (tmp_path / "t.libsvm").write_text("\n".join(lines) + "\n")
+    (tmp_path / "t.libsvm.gz").write_bytes(gzip.compress((tmp_path / "t.libsvm").read_bytes()))
+    spec = small_spec([{"name": "x", "type": "dense"}, {"name": "c", "type": "categorical", "hash_buckets": 64,
+                                                         "dim": 4}],
+                      data={"format": "libsvm", "label": "label", "options": {"fields": ["x", "c"]}})
+    convert(spec, "libsvm", [tmp_path / "t.libsvm"], tmp_path / "a")
+    convert(spec, "libsvm", [tmp_path / "t.libsvm.gz"], tmp_path / "b")
+    assert pq.read_table(tmp_path / "b").equals(pq.read_table(tmp_path / "a"))
+    src = shared_data / "criteo" / "criteo_kaggle_head1000.tsv"
+    if not src.is_file():
+        pytest.skip("Criteo head not in ../shared/data")
+    test_rows = "".join(line.split("\t", 1)[1] for line in src.read_text().splitlines(keepends=True)[:50])
+    (tmp_path / "test.txt.gz").write_bytes(gzip.compress(test_rows.encode()))
+    (tmp_path / "day.tsv.gz").write_bytes(gzip.compress(src.read_bytes()))
+    assert criteo_has_label(tmp_path / "test.txt.gz") is False and criteo_has_label(tmp_path / "day.tsv.gz") is True
