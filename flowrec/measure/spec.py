@@ -55,8 +55,8 @@ MANAGED_STEPS = 16  # timed batches of the managed tables' own work (resets, map
 LIVE_STEPS = 10  # timed steps fed live by the batch pipeline, then the same on staged batches (CPU)
 EPOCH_BATCHES = 8  # batches of the epochs an epoch's start is measured on (CPU) ...
 EPOCH_ROUNDS = (6, 10)  # ... and how many such epochs, and one-batch epochs
-EPOCH_MAX_STEP_MS = 100.0  # measured only for steps up to this long (a live step's): a longer step's
-# epochs would make calibration minutes long, and its epoch start (a few ms) is under 1 % of it
+EPOCH_MAX_STEP_MS = 40.0  # measured only for live steps up to this long: the epochs take about 2 x 6 x 8
+# of its steps (4 s at 40 ms, a calibration's budget), and the start's few ms are a few % of a longer step
 COMPUTE_SCALE_RANGE = (0.1, 1000.0)  # a sanity bound: on a busy shared CPU every parallel region of a
 # real step can wait for a time slice, and steps of a small model then take 100x their ops' fastest
 # rounds (measured: a 1 ms step taking 130 ms under a load of 5 on 2 cores)

@@ -105,3 +105,30 @@ def test_epoch_seconds_times_the_trainers_epochs_beside_one_long_epoch(repo):
     for epoch in range(epochs):  # an epoch's round holds its steps
         assert whole[epoch].wall > sum(p[epoch].wall for p in by_position)
     assert all(0 < r.wall < 60 and 0 <= r.waited <= r.wall for r in whole + steady)
+
+
+def test_the_calibrated_start_is_the_epoch_beyond_its_steady_steps_and_long_steps_skip_it(monkeypatch):
+    """`_epoch_start_us`: the timing rule over whole epochs less as many steady steps (at least 0),
+    an epoch of EPOCH_BATCHES batches and a one-batch epoch apart; nothing run for a long step."""
+    from flowrec.measure import spec as calibrate_spec
+    from flowrec.measure.robust import Round
+
+    step_ms, extra_ms = random.uniform(1.0, 9.0), {8: random.uniform(3.0, 20.0), 1: random.uniform(0.5, 6.0)}
+    calls = []
+
+    def fake(plan, spec, device, batches, epochs):
+        calls.append((batches, epochs))
+        whole = [Round((batches * step_ms + extra_ms[batches]) * 1e-3)] * epochs
+        return whole, [Round(step_ms * 1e-3)] * (batches * epochs), [[Round(step_ms * 1e-3)] * epochs] * batches
+
+    monkeypatch.setattr(calibrate_spec, "epoch_seconds", fake)
+    (start, single), details = calibrate_spec._epoch_start_us(None, None, None, step_ms)
+    assert calls == [(calibrate_spec.EPOCH_BATCHES, calibrate_spec.EPOCH_ROUNDS[0]), (1, calibrate_spec.EPOCH_ROUNDS[1])]
+    assert start == pytest.approx(extra_ms[8] * 1e3) and single == pytest.approx(extra_ms[1] * 1e3)
+    assert details["batches_8"]["step_ms_by_position"] == pytest.approx([step_ms] * 8)
+    extra_ms.update({8: -2.0, 1: -0.5})  # epochs faster than the steady steps: noise, not a saving
+    calls.clear()
+    assert calibrate_spec._epoch_start_us(None, None, None, step_ms)[0] == (0.0, 0.0)
+    calls.clear()
+    (start, single), details = calibrate_spec._epoch_start_us(None, None, None, calibrate_spec.EPOCH_MAX_STEP_MS + 1)
+    assert (start, single) == (0.0, 0.0) and calls == [] and "not_measured" in details
