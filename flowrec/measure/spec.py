@@ -1,5 +1,6 @@
 """The spec's own part of `flowrec calibrate`: its dense ops, its per-step framework cost, its
-compute scale, its managed tables' own work and its staging rate, measured on its plan once the machine's constants are known.
+compute scale, its managed tables' own work, its staging rate and what an epoch's start costs it,
+measured on its plan once the machine's constants are known.
 
 Each measurement needs the ones before it in the profile: the dense ops are timed as whole
 operator modules (`flowrec.measure.step.op_seconds`) at a few batch sizes (the cost
@@ -8,7 +9,10 @@ model interpolates between them); the framework cost is what real training steps
 scale is what real steps at the spec's batch size take beyond that fixed cost, over the work the
 profile prices op by op (in a step the ops share caches, the allocator and the autograd engine); the staging rate is the values the trainer's batch
 pipeline stages per CPU second (CPU only: there the data threads share the trainer's cores, so
-their CPU time is taken from its steps; a GPU's host stages beside the device).
+their CPU time is taken from its steps; a GPU's host stages beside the device); an epoch's start is
+what epochs run as the trainer runs them (a new batch pipeline each) take beyond as many steady
+steps of one long epoch, of several batches and of one (CPU only, short steps only:
+`_epoch_start_us`).
 
 One timing rule for every measurement (`flowrec.measure.robust.estimate`: the median of the
 rounds other processes did not delay, else the median round less its wait), the rule

@@ -10,6 +10,8 @@ the spec's dense optimizer, micro-batches as planned) on batches of synthetic ro
 beforehand as the trainer stages them (the casting index included): the step's compute alone.
 `managed_step_seconds` times what managed tables add to the trainer's step beyond `train_step`
 (row resets, the replay of the data stage's map steps on the model's maps).
+`epoch_seconds` times whole epochs as the trainer runs them (a new batch pipeline each, the
+trainer's staging options: `trainer_options`) beside the steps of one long epoch.
 `staging_cpu_seconds` runs the trainer's batch pipeline alone
 (`flowrec.data.batches.iterate_batches` over an encoded Parquet dataset: read, check, pack and
 the casting index, in its threads) and returns its process CPU seconds per batch.
