@@ -42,6 +42,7 @@ FILES: dict[str, frozenset[str]] = {
         "test_retrieval", "test_calibrate_collective", "test_targets", "test_compiled_fallback",
         "test_dense_optimizer_fused", "test_source_mlp", "test_next_item_data", "test_truncate", "test_memory_fit",
         "test_robust_timing", "test_cost_kinds", "test_onednn_linear", "test_cost_shared_cores", "test_cost_managed",
+        "test_cost_epoch_start",
     )},
     "tests/unit/test_lifecycle_hostile.py": FAST,  # hostile input to runs, --follow, plan --managed-from
     "tests/unit/test_model_language_hostile.py": FAST,  # hostile specs of custom, heads, retrieval, sequences
@@ -115,6 +116,7 @@ TESTS: dict[str, frozenset[str]] = {
         "test_cost_calibrated.py::test_dense_step_seconds_times_real_dense_steps",
         "test_cost_calibrated.py::test_dense_step_seconds_gives_a_retrieval_loss_what_train_step_does",
         "test_cost_calibrated.py::test_live_step_seconds_times_steps_fed_by_the_pipeline",
+        "test_cost_epoch_start.py::test_epoch_seconds_times_the_trainers_epochs_beside_one_long_epoch",
         "test_table_l2.py::test_training_with_table_l2_equals_the_loss_term_reference",
     )},
 }

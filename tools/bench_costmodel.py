@@ -13,7 +13,9 @@ process), estimated by the same rule as calibration's timings (`flowrec.measure.
 median of the steps other processes did not delay, else the median one less its wait;
 the run's own data threads are not other processes: the cores they take from the step are part
 of the step), so that prediction and measurement stand on the same footing on a shared machine;
-the plain median and quartiles show the load). Bytes: the host<->device bytes of a step from the cache counters (every
+the plain median and quartiles show the load). Beside it, the plan's throughput (`samples_per_s`: the
+step and its share of an epoch's start) and the runs' own (their samples over the seconds of their
+training loops: the first steps' set-up, logging and every process's load included). Bytes: the host<->device bytes of a step from the cache counters (every
 group's step traffic per sample times the batch, plus dense features and labels, as the plan
 counts them; hot rows placed at the start and rows written back for checkpoints are not step
 traffic). Bytes are compared only for specs with a group that is not device-resident (the
@@ -293,6 +295,8 @@ def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str |
            "measured_wait_ms_median": quantile([r.waited for r in pooled], 0.5),
            "measured_step_ms_quartiles": [quantile(timed, 0.25), quantile(timed, 0.75)],
            "measured_step_ms_mean": sum(timed) / len(timed),
+           "predicted_samples_per_s": cost["samples_per_s"],  # the step and its share of the epoch's start
+           "measured_samples_per_s": sum(r["samples"] for r, _ in runs) / max(sum(r["seconds"] for r, _ in runs), 1e-9),
            "measured_staging_wait_ms": staging_wait,
            "measured_runs": [{"steps": len(r), "step_ms": e.seconds, "clean_steps": e.clean, "method": e.method,
                               "step_ms_median": quantile([x.wall for x in r], 0.5),

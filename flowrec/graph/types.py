@@ -224,7 +224,9 @@ class CostPrediction:
         stage_ms: (stage, milliseconds) for staging, transfer, sparse, dense, backward.
         step_ms_serial: every stage back to back.
         step_ms_overlap: with prefetch (staging hidden) and D-interleaving over micro-batches.
-        samples_per_s: batch_size / step_ms_overlap.
+        samples_per_s: batch_size / the mean step: step_ms_overlap plus the step's share of its
+            epoch's start (a calibrated profile's `epoch_start_us` or `epoch_single_us` over the
+            epoch's batches, where both are known: `cost.epoch_start_seconds`).
         h2d_bytes_per_step: host -> device bytes (ids, offsets, dense, labels, rows).
         memory: (part, bytes) of the peak device memory of one rank, in `MEMORY_PARTS` order.
         peak_memory_bytes: their sum.

@@ -1,5 +1,6 @@
 """The spec's own part of `flowrec calibrate`: its dense ops, its per-step framework cost, its
-compute scale, its managed tables' own work and its staging rate, measured on its plan once the machine's constants are known.
+compute scale, its managed tables' own work, its staging rate and what an epoch's start costs it,
+measured on its plan once the machine's constants are known.
 
 Each measurement needs the ones before it in the profile: the dense ops are timed as whole
 operator modules (`flowrec.measure.step.op_seconds`) at a few batch sizes (the cost
@@ -8,7 +9,10 @@ model interpolates between them); the framework cost is what real training steps
 scale is what real steps at the spec's batch size take beyond that fixed cost, over the work the
 profile prices op by op (in a step the ops share caches, the allocator and the autograd engine); the staging rate is the values the trainer's batch
 pipeline stages per CPU second (CPU only: there the data threads share the trainer's cores, so
-their CPU time is taken from its steps; a GPU's host stages beside the device).
+their CPU time is taken from its steps; a GPU's host stages beside the device); an epoch's start is
+what epochs run as the trainer runs them (a new batch pipeline each) take beyond as many steady
+steps of one long epoch, of several batches and of one (CPU only, short steps only:
+`_epoch_start_us`).
 
 One timing rule for every measurement (`flowrec.measure.robust.estimate`: the median of the
 rounds other processes did not delay, else the median round less its wait), the rule
@@ -39,8 +43,8 @@ from flowrec.planner.op_work import op_signature
 from flowrec.planner.targets import target_for_device
 from flowrec.measure import robust
 from flowrec.measure.calibrate import interleaved_seconds
-from flowrec.measure.step import (dense_step_seconds, live_step_seconds, managed_step_seconds, op_seconds,
-                                  staging_cpu_seconds, step_seconds, with_batch)
+from flowrec.measure.step import (dense_step_seconds, epoch_seconds, live_step_seconds, managed_step_seconds,
+                                  op_seconds, staging_cpu_seconds, step_seconds, with_batch)
 from flowrec.spec.model import ModelSpec
 from operators.device import device_name
 
@@ -53,6 +57,10 @@ FULL_BLOCKS = 3  # measurements of a dense part for the compute scale (their rou
 FULL_BLOCK_SECONDS = 1.5  # ... a further one while this many seconds have not passed
 MANAGED_STEPS = 16  # timed batches of the managed tables' own work (resets, map replay)
 LIVE_STEPS = 10  # timed steps fed live by the batch pipeline, then the same on staged batches (CPU)
+EPOCH_BATCHES = 8  # batches of the epochs an epoch's start is measured on (CPU) ...
+EPOCH_ROUNDS = (6, 10)  # ... and how many such epochs, and one-batch epochs
+EPOCH_MAX_STEP_MS = 40.0  # measured only for live steps up to this long: the epochs take about 2 x 6 x 8
+# of its steps (4 s at 40 ms, a calibration's budget), and the start's few ms are a few % of a longer step
 COMPUTE_SCALE_RANGE = (0.1, 1000.0)  # a sanity bound: on a busy shared CPU every parallel region of a
 # real step can wait for a time slice, and steps of a small model then take 100x their ops' fastest
 # rounds (measured: a 1 ms step taking 130 ms under a load of 5 on 2 cores)
@@ -107,6 +115,15 @@ def spec_constants(spec: ModelSpec, device: torch.device, measured: dict[str, tu
                                                  "staged beforehand (timing rule), per batch; at least a tenth "
                                                  "of the pipeline's CPU seconds per batch")
             details["staging"] = staging_details
+            starts, start_details = _epoch_start_us(spec, device, plan_for(spec.training.batch_size),
+                                                    staging_details["live_step_ms"])
+            how = (f"what an epoch of {{}} as the trainer runs it (its batch pipeline opened, the wait for its first "
+                   f"batch, its steps beside the pipeline's start, the pipeline closed) takes beyond as many steady "
+                   f"live steps of one long epoch, interleaved; timing rule over {{}} epochs and over the steady "
+                   f"steps; at least 0; measured for live steps up to {EPOCH_MAX_STEP_MS:g} ms (else 0: not priced)")
+            out["epoch_start_us"] = (starts[0], how.format(f"{EPOCH_BATCHES} batches", EPOCH_ROUNDS[0]))
+            out["epoch_single_us"] = (starts[1], how.format("one batch", EPOCH_ROUNDS[1]))
+            details["epoch_start"] = start_details
     return out, details
 
 
@@ -275,3 +292,31 @@ def _staging_rate(spec: ModelSpec, device: torch.device, plan: Any) -> tuple[flo
                             "live_step_ms": live.seconds * 1e3, "staged_step_ms": staged.seconds * 1e3,
                             "added_ms_per_batch": added * 1e3, "live_method": live.method,
                             "staged_method": staged.method}
+
+
+def _epoch_start_us(spec: ModelSpec, device: torch.device, plan: Any, live_ms: float
+                    ) -> tuple[tuple[float, float], dict[str, Any]]:
+    """((us an epoch of EPOCH_BATCHES batches costs beyond its steady steps, the same of a
+    one-batch epoch), raw), measured on the trainer's own epoch path (`epoch_seconds`); (0, 0)
+    where the live step is above EPOCH_MAX_STEP_MS. The trainer opens a new batch pipeline for
+    every epoch: it waits for the first batch (nothing staged it ahead), the pipeline's start (its
+    readers, shuffle, the next batches' packing) takes the cores, the interpreter lock and the
+    caches from the epoch's first steps, and closing it joins its threads. Measured here
+    (movielens, one compute thread on 2 cores, 40 epochs of 8 batches against one long epoch,
+    interleaved): the first step +1.8 ms, the second +0.4, the third +0.2 of 3.6 ms steps, and
+    5.8 ms waited for the first batch; the steady steps no slower than the long epoch's.
+    A one-batch epoch stages its batch while the step waits, with nothing left to stage beside
+    it: it is measured apart, not as a share of a longer epoch's start."""
+    if live_ms > EPOCH_MAX_STEP_MS:
+        return (0.0, 0.0), {"not_measured": f"live step {live_ms:.1f} ms > {EPOCH_MAX_STEP_MS:g} ms"}
+    values, details = [], {}
+    for batches, rounds in zip((EPOCH_BATCHES, 1), EPOCH_ROUNDS):
+        whole, steady, by_position = epoch_seconds(plan, spec, device, batches, rounds)
+        epoch, step = (robust.LOG.add(robust.estimate(r)) for r in (whole, steady))
+        extra = max(0.0, epoch.seconds - batches * step.seconds)
+        values.append(extra * 1e6)
+        details[f"batches_{batches}"] = {
+            "epoch_ms": epoch.seconds * 1e3, "steady_step_ms": step.seconds * 1e3, "extra_ms": extra * 1e3,
+            "step_ms_by_position": [robust.estimate(r).seconds * 1e3 for r in by_position],
+            "epochs": len(whole), "methods": [epoch.method, step.method]}
+    return (values[0], values[1]), details

@@ -10,6 +10,8 @@ the spec's dense optimizer, micro-batches as planned) on batches of synthetic ro
 beforehand as the trainer stages them (the casting index included): the step's compute alone.
 `managed_step_seconds` times what managed tables add to the trainer's step beyond `train_step`
 (row resets, the replay of the data stage's map steps on the model's maps).
+`epoch_seconds` times whole epochs as the trainer runs them (a new batch pipeline each, the
+trainer's staging options: `trainer_options`) beside the steps of one long epoch.
 `staging_cpu_seconds` runs the trainer's batch pipeline alone
 (`flowrec.data.batches.iterate_batches` over an encoded Parquet dataset: read, check, pack and
 the casting index, in its threads) and returns its process CPU seconds per batch.
@@ -40,6 +42,7 @@ from flowrec.runtime.managed_state import fresh_remapper
 from flowrec.runtime.nonfinite import LossGuard
 from flowrec.runtime.retrieval import batch_items, candidates, embed_step, item_labels
 from flowrec.runtime.step import DEFAULT_LOOKAHEAD, autocast_context, make_dense_optimizer, train_step
+from flowrec.runtime.trainer import HORIZON_WINDOWS, TrainConfig
 from flowrec.spec.model import ModelSpec
 from operators.device import runtime_for
 
@@ -287,6 +290,80 @@ def live_step_seconds(plan: Any, spec: ModelSpec, device: torch.device, steps: i
             model.close()
             source.close()
     return live[WARMUP_STEPS:], quiet[WARMUP_STEPS:]
+
+
+def trainer_options(spec: ModelSpec, plan: Any) -> StagingOptions:
+    """The staging of training batches as the trainer configures it by default (`Trainer.staging`
+    with `TrainConfig`'s defaults): its packing workers (sized to the usable cores), the plan's
+    prefetch depth (at least 2), the lookahead of `_options`, the last batch of an epoch kept, and
+    a lookahead cache's horizon (`trainer.HORIZON_WINDOWS` windows)."""
+    placements, config = {g.placement for g in plan.meta.groups}, TrainConfig()
+    base = _options(spec, plan)
+    return replace(base, workers=config.workers, drop_last=config.drop_last, prefetch=max(int(plan.meta.prefetch), 2),
+                   horizon=HORIZON_WINDOWS * base.lookahead if "lookahead" in placements else 0)
+
+
+def epoch_seconds(plan: Any, spec: ModelSpec, device: torch.device, batches: int, epochs: int
+                  ) -> tuple[list[robust.Round], list[robust.Round], list[list[robust.Round]]]:
+    """Timed rounds (`flowrec.measure.robust`) of whole epochs of `batches` batches as the trainer
+    runs them, and of the same steps in the middle of one long epoch, interleaved: (epochs,
+    steady steps, steps by position in their epoch).
+
+    Each of the `epochs` epochs is one round from the moment the trainer opens its batch
+    pipeline (`iterate_batches` at epoch e, batch 0, the trainer's staging options:
+    `trainer_options`) to its last step done and the pipeline closed (joined), over an encoded
+    Parquet dataset of `batches` batches of synthetic rows: the wait for its first batch, the
+    steps beside the pipeline's start (its readers, shuffle and the next batches' packing on the
+    data threads, which share the cores, the interpreter lock and the caches with the step), and
+    the close. After each, `batches` steps of one pipeline over a dataset of `epochs` x `batches`
+    batches opened beforehand (its start not timed), each step a round: the steady live step the
+    staging rate is priced on (`live_step_seconds`). The same model and optimizer take every
+    step, WARMUP_STEPS untimed steps on staged batches first."""
+    tune_host_allocator()
+    with tempfile.TemporaryDirectory(prefix="flowrec-calibrate-") as tmp:
+        short, long = Path(tmp) / "epoch", Path(tmp) / "long"
+        synth_dataset(spec, short, spec.training.batch_size * batches)
+        synth_dataset(spec, long, spec.training.batch_size * batches * (epochs + 1))
+        sources = ParquetSource(short), ParquetSource(long)
+        model = lower(plan, spec, device)
+        groups, options = tuple(plan.meta.groups), trainer_options(spec, plan)
+        try:
+            opt = spec.dense_optimizer
+            optimizer = make_dense_optimizer(model, opt.name, opt.lr, dict(opt.params))
+            guarded, micro = LossGuard(model), int(plan.meta.micro_batches)
+            clock = robust.SchedClock(exclude=robust.python_side_threads)
+            warm = _staged(spec, plan, WARMUP_STEPS)
+            _item_counts(model, warm)
+
+            def step(batch: Any) -> None:
+                train_step(guarded, optimizer, batch, micro, spec.training.precision, spec.training.clip_grad_norm)
+                runtime_for(model.device).synchronize()
+
+            for batch in warm:
+                step(batch)
+
+            def timed(batch: Any) -> robust.Round:
+                started = clock.start()
+                step(batch)
+                return clock.stop(started)
+
+            whole, steady, by_position = [], [], [[] for _ in range(batches)]
+            with iterate_batches(spec, sources[1], options, 0, 0, groups,
+                                 remap=fresh_remapper(spec, groups)) as running:
+                middle = iter(running)
+                for epoch in range(epochs):
+                    started = clock.start()
+                    with iterate_batches(spec, sources[0], options, epoch, 0, groups,
+                                         remap=fresh_remapper(spec, groups)) as pipeline:
+                        for position, batch in enumerate(pipeline):
+                            by_position[position].append(timed(batch))
+                    whole.append(clock.stop(started))
+                    steady += [timed(next(middle)) for _ in range(batches)]
+        finally:
+            model.close()
+            for source in sources:
+                source.close()
+    return whole, steady, by_position
 
 
 def _values(batch: Any) -> float:

@@ -6,7 +6,8 @@ A value is a number, or for the per-optimizer costs (`TABLES`) {optimizer: [numb
 measured dense ops (`OP_TABLES`) {op signature: [numbers]}. Fields not measured keep the base's
 datasheet value and are listed under `datasheet`; older documents load with datasheet values for
 what they lack (version 1: the per-op constants; version 2: the measured dense ops, the per-step
-framework cost and the staging rate; a version 3 document without `compute_scale`: 1). The planner
+framework cost and the staging rate; a version 3 document without `compute_scale`: 1, without
+`epoch_start_us` or `epoch_single_us`: 0, an epoch's start not priced). The planner
 loads a document given as `--target FILE` (`flowrec.planner.cost.device_profile`); the plan then
 names the profile and says it is calibrated. The default place is the user's cache folder
 (`$XDG_CACHE_HOME/flowrec/`, else `~/.cache/flowrec/`), one file per device kind.
@@ -35,7 +36,7 @@ SCALARS = ("memory_bytes", "hbm_gbps", "pcie_gbps", "fp32_tflops", "bf16_tflops"
            "sparse_fwd_ns_per_elem", "map_ns_per_id", "map_small_ns_per_id", "alloc_threshold_bytes",
            "alloc_ns_per_byte", "step_us", "staging_values_per_s", "collective_gbps", "collective_us",
            "collective_world_size", "compute_scale", "rank_compute_scale", "rank_staging_values_per_s", "rank_collective_us",
-           "rank_skew_us", "managed_ns_per_id")
+           "rank_skew_us", "managed_ns_per_id", "epoch_start_us", "epoch_single_us")
 INTEGERS = frozenset({"memory_bytes", "collective_world_size"})
 COLLECTIVE = frozenset({"collective_gbps", "collective_us", "collective_world_size",
                         "rank_compute_scale", "rank_staging_values_per_s", "rank_collective_us",
@@ -47,7 +48,8 @@ MEASURABLE = SCALARS + tuple(TABLES) + tuple(OP_TABLES)
 ZERO_OK = frozenset({"sparse_fwd_us", "sparse_fwd_ns_per_id", "sparse_fwd_ns_per_elem", "gemm_us",
                      "gemm_bwd_us", "elementwise_us", "op_us", "map_ns_per_id", "map_small_ns_per_id",
                      "alloc_threshold_bytes", "alloc_ns_per_byte", "step_us",
-                     "collective_us", "managed_ns_per_id", "rank_skew_us"})  # fitted parts a machine may show as nil
+                     "collective_us", "managed_ns_per_id", "rank_skew_us", "epoch_start_us",
+                     "epoch_single_us"})  # fitted parts a machine may show as nil
 
 
 class ProfileError(ValueError):

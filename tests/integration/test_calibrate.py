@@ -91,6 +91,11 @@ def test_the_profile_records_every_constant_and_how(profile: Path):
     assert 0 <= timing["extrapolated_measurements"] <= timing["measurements"] and len(timing["loadavg_1min"]) == 2
     assert all(d["method"] in ("clean", "extrapolated") for d in framework["points"])
     assert doc["measured"]["step_us"]["value"] >= 0 and doc["measured"]["staging_values_per_s"]["value"] > 0
+    starts = doc["details"]["epoch_start"]  # an epoch's start on the trainer's own epoch path, or why not
+    for key in ("epoch_start_us", "epoch_single_us"):
+        assert "the trainer runs it" in doc["measured"][key]["how"]
+        assert doc["measured"][key]["value"] >= 0 if "batches_8" in starts else doc["measured"][key]["value"] == 0
+    assert ("not_measured" in starts) != (len(starts.get("batches_8", {}).get("step_ms_by_position", [])) == 8)
     fields = profile_fields(doc, str(profile))
     calibrated = device_profile(str(profile))
     assert calibrated.dense_ops and calibrated.source.startswith(f"calibrated {profile}")

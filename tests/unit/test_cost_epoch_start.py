@@ -1,0 +1,134 @@
+"""An epoch's start as the trainer runs it (a new batch pipeline per epoch: the wait for its first
+batch, its first steps beside the pipeline's start, its close), measured by `flowrec calibrate` on
+the trainer's own epoch path (`epoch_start_us`, `epoch_single_us`: `flowrec.measure.step.epoch_seconds`)
+and priced in the throughput, spread over the epoch's batches (`cost.epoch_start_seconds`); a
+one-batch epoch is priced by its own measurement, never as a share of a longer epoch's start. No
+timing is asserted."""
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from flowrec.measure.step import with_batch
+from flowrec.planner.calibration import ProfileError, profile_document, profile_fields
+from flowrec.planner.cost import DEVICES, epoch_start_seconds
+from flowrec.planner.manager import make_plan
+from flowrec.spec import load_spec
+
+
+def _profile(tmp_path: Path, name: str, **measured) -> str:
+    path = tmp_path / name
+    path.write_text(json.dumps(profile_document("cpu", {"step_us": (300.0, "fit"), **measured}, "test",
+                                                "2026-01-01T00:00:00Z")))
+    return str(path)
+
+
+def test_an_epochs_start_is_spread_over_its_batches_and_a_one_batch_epoch_is_its_own():
+    start, single = random.uniform(1e3, 2e4), random.uniform(1e2, 1e4)
+    cpu = replace(DEVICES["cpu"], epoch_start_us=start, epoch_single_us=single)
+    batches = random.randint(2, 400)
+    assert epoch_start_seconds(cpu, float(batches)) == pytest.approx(start * 1e-6 / batches)
+    assert epoch_start_seconds(cpu, 1.0) == pytest.approx(single * 1e-6)  # not start / 1
+    assert epoch_start_seconds(cpu, 0.4) == pytest.approx(single * 1e-6)  # one shorter batch: still an epoch of one
+    assert epoch_start_seconds(cpu, batches + 0.25) == pytest.approx(start * 1e-6 / (batches + 1))  # the last kept
+    assert epoch_start_seconds(cpu, None) == 0.0  # the data's rows unknown
+    assert epoch_start_seconds(DEVICES["cpu"], float(batches)) == 0.0  # not measured
+
+
+def test_the_epoch_constants_are_profile_fields_that_may_be_nil(tmp_path: Path):
+    doc = profile_document("cpu", {"epoch_start_us": (0.0, "none"), "epoch_single_us": (812.5, "one")}, "t", "now")
+    assert profile_fields(doc, "p.json") == {"epoch_start_us": 0.0, "epoch_single_us": 812.5}
+    bad = profile_document("cpu", {"epoch_start_us": (1.0, "x")}, "t", "now")
+    bad["measured"]["epoch_start_us"]["value"] = -3.0
+    with pytest.raises(ProfileError, match="p.json: measured epoch_start_us must be a positive number"):
+        profile_fields(bad, "p.json")
+
+
+@pytest.mark.parametrize("rows_per_batch", [8.0, 1.0, 3.5])
+def test_the_epoch_start_is_in_the_throughput_never_in_the_step(tmp_path: Path, repo, rows_per_batch):
+    spec = with_batch(load_spec(repo / "specs" / "movielens.yaml"), random.choice((256, 1024)))
+    batch = spec.training.batch_size
+    start, single = random.uniform(2e3, 2e4), random.uniform(5e2, 5e3)
+    rate = random.choice((1.0, 0.25))
+    access = {"samples": int(rows_per_batch * batch * rate), "sample_rate": rate}
+    plain = make_plan(spec, target=_profile(tmp_path, "a.json"), profile=access).cost
+    priced = make_plan(spec, target=_profile(tmp_path, "b.json", epoch_start_us=(start, "epochs"),
+                                              epoch_single_us=(single, "one")), profile=access).cost
+    assert priced.step_ms_overlap == plain.step_ms_overlap and priced.stage_ms == plain.stage_ms
+    count = math.ceil(rows_per_batch)
+    share_s = (single if count == 1 else start / count) * 1e-6
+    assert priced.samples_per_s == pytest.approx(batch / (plain.step_ms_overlap * 1e-3 + share_s), rel=1e-5)
+    assert priced.samples_per_s < plain.samples_per_s
+    unknown = make_plan(spec, target=_profile(tmp_path, "c.json", epoch_start_us=(start, "epochs"),
+                                               epoch_single_us=(single, "one"))).cost
+    assert unknown.samples_per_s == plain.samples_per_s == pytest.approx(batch / (plain.step_ms_overlap * 1e-3), rel=1e-5)
+
+
+def test_the_calibrations_staging_is_the_trainers(tmp_path: Path, repo):
+    import torch
+
+    from flowrec.graph.plan_io import plan_json
+    from flowrec.measure.step import trainer_options
+    from flowrec.runtime.lowering import lower
+    from flowrec.runtime.trainer import Trainer, TrainConfig
+
+    for name, budget in (("movielens.yaml", None), ("dlrm_criteo.yaml", "64MiB")):
+        spec = with_batch(load_spec(repo / "specs" / name), 256)
+        if budget:
+            spec = replace(spec, plan=replace(spec.plan, cache="lookahead"))
+        plan = make_plan(spec, target="cpu", device_budget=budget)
+        model = lower(plan, spec, torch.device("cpu"))
+        try:
+            trainer = Trainer(spec, plan, model, TrainConfig(out_dir=tmp_path / name, progress=False,
+                                                             tensorboard=False), plan_json(plan))
+            assert trainer_options(spec, plan) == trainer.staging()
+        finally:
+            model.close()
+
+
+def test_epoch_seconds_times_the_trainers_epochs_beside_one_long_epoch(repo):
+    import torch
+
+    from flowrec.measure.step import epoch_seconds
+
+    spec = with_batch(load_spec(repo / "specs" / "movielens.yaml"), 64)
+    plan = make_plan(spec, target="cpu")
+    batches, epochs = 3, 2
+    whole, steady, by_position = epoch_seconds(plan, spec, torch.device("cpu"), batches, epochs)
+    assert len(whole) == epochs and len(steady) == batches * epochs
+    assert [len(p) for p in by_position] == [epochs] * batches
+    for epoch in range(epochs):  # an epoch's round holds its steps
+        assert whole[epoch].wall > sum(p[epoch].wall for p in by_position)
+    assert all(0 < r.wall < 60 and 0 <= r.waited <= r.wall for r in whole + steady)
+
+
+def test_the_calibrated_start_is_the_epoch_beyond_its_steady_steps_and_long_steps_skip_it(monkeypatch):
+    """`_epoch_start_us`: the timing rule over whole epochs less as many steady steps (at least 0),
+    an epoch of EPOCH_BATCHES batches and a one-batch epoch apart; nothing run for a long step."""
+    from flowrec.measure import spec as calibrate_spec
+    from flowrec.measure.robust import Round
+
+    step_ms, extra_ms = random.uniform(1.0, 9.0), {8: random.uniform(3.0, 20.0), 1: random.uniform(0.5, 6.0)}
+    calls = []
+
+    def fake(plan, spec, device, batches, epochs):
+        calls.append((batches, epochs))
+        whole = [Round((batches * step_ms + extra_ms[batches]) * 1e-3)] * epochs
+        return whole, [Round(step_ms * 1e-3)] * (batches * epochs), [[Round(step_ms * 1e-3)] * epochs] * batches
+
+    monkeypatch.setattr(calibrate_spec, "epoch_seconds", fake)
+    (start, single), details = calibrate_spec._epoch_start_us(None, None, None, step_ms)
+    assert calls == [(calibrate_spec.EPOCH_BATCHES, calibrate_spec.EPOCH_ROUNDS[0]), (1, calibrate_spec.EPOCH_ROUNDS[1])]
+    assert start == pytest.approx(extra_ms[8] * 1e3) and single == pytest.approx(extra_ms[1] * 1e3)
+    assert details["batches_8"]["step_ms_by_position"] == pytest.approx([step_ms] * 8)
+    extra_ms.update({8: -2.0, 1: -0.5})  # epochs faster than the steady steps: noise, not a saving
+    calls.clear()
+    assert calibrate_spec._epoch_start_us(None, None, None, step_ms)[0] == (0.0, 0.0)
+    calls.clear()
+    (start, single), details = calibrate_spec._epoch_start_us(None, None, None, calibrate_spec.EPOCH_MAX_STEP_MS + 1)
+    assert (start, single) == (0.0, 0.0) and calls == [] and "not_measured" in details
