@@ -81,6 +81,7 @@ PHASE_SECONDS = 1.0  # timed seconds of each phase (staged, live), about ...
 STEPS_RANGE = (10, 40)  # ... within these many steps
 GROUP_TIMEOUT_S = 300  # the start barriers wait for every process's set-up (synthetic data, lowering)
 TIMEOUT_S = 900  # the whole measurement
+MORE_BLOCKS = 4  # blocks of sharded steps at most, while their slowest rank of each step has too few clean rounds
 CALL_BYTES = 2**14  # bytes per rank of the collective timed after each step (the calibration's smallest)
 JOB_FILE = "flowrec-concurrent-{port}.json"  # in the temporary folder: what the processes run
 
@@ -212,6 +213,25 @@ def in_step_call(results: list[dict[str, Any]], details: dict[str, Any], calls: 
             "bytes_ms": bytes_ms, "calls": calls, "floor_us": floor_us}
 
 
+def more_sharded_steps(ranks: list[list[list[float]]], steps: int) -> bool:
+    """Whether the ranks step another block of `steps` sharded steps, given every rank's rounds so
+    far (`[wall ms, foreign wait ms]` each): while the slowest rank of each step has fewer than
+    `robust.MIN_CLEAN` clean rounds (a busy machine: the timing rule would otherwise take each
+    round less its wait, which for ranks that wait for each other in every call is not what a
+    run's step shows), up to MORE_BLOCKS blocks, as calibration's other step timings go on
+    (`flowrec.measure.step.timed_steps`). Every rank decides on the same gathered rounds.
+
+    Example:
+        >>> busy, quiet = [[[10.0, 5.0]] * 8] * 2, [[[10.0, 0.0]] * 8] * 2
+        >>> more_sharded_steps(busy, 8), more_sharded_steps(quiet, 8), more_sharded_steps([[[10.0, 5.0]] * 32] * 2, 8)
+        (True, False, False)
+    """
+    from flowrec.measure import robust
+
+    done = min(len(r) for r in ranks)
+    return done < MORE_BLOCKS * steps and slowest_per_step_ms(ranks)[1] < robust.MIN_CLEAN
+
+
 def sharded_steps(spec: Any, profile: str, world_size: int, rank: int, steps: int,
                   ready: Callable[[], None], device_budget: str | None = None) -> list[list[float]]:
     """This rank's `[wall ms, foreign wait ms]` of `steps` steps of the world-size plan of `spec`
@@ -220,8 +240,9 @@ def sharded_steps(spec: Any, profile: str, world_size: int, rank: int, steps: in
     over the dense part, the per-step loss agreement) after WARMUP_STEPS, each as a run's rank
     steps (`train_step` with its `DenseParallel`) on its slice of the global batches fed live by
     the trainer's batch pipeline over synthetic rows, timed as `tools/bench_costmodel.py` times a
-    run's step (`robust.SchedClock`, the data threads the run's own). The process group is
-    initialized (gloo); `ready` is called once everything is set up (the ranks meet there).
+    run's step (`robust.SchedClock`, the data threads the run's own), more blocks of `steps` while
+    too few rounds are clean (`more_sharded_steps`). The process group is initialized (gloo);
+    `ready` is called once everything is set up (the ranks meet there).
 
     Raises:
         ConcurrentError: a spec with managed tables (their maps are stepped by the data stage's own
@@ -230,6 +251,7 @@ def sharded_steps(spec: Any, profile: str, world_size: int, rank: int, steps: in
     from dataclasses import replace
 
     import torch
+    import torch.distributed as dist
 
     from flowrec.data.batches import iterate_batches
     from flowrec.data.dataset import ParquetSource
@@ -251,7 +273,7 @@ def sharded_steps(spec: Any, profile: str, world_size: int, rank: int, steps: in
     device = torch.device("cpu")
     plan = make_plan(spec, target=profile, world_size=world_size, device_budget=device_budget)
     world = World(world_size, rank, embedding_group(GROUP_TIMEOUT_S), GROUP_TIMEOUT_S, device)
-    total = WARMUP_STEPS + steps
+    total = WARMUP_STEPS + MORE_BLOCKS * steps
     with tempfile.TemporaryDirectory(prefix="flowrec-concurrent-") as tmp:
         data = Path(tmp) / "data"
         synth_dataset(spec, data, spec.training.batch_size * (total + 1))
@@ -269,16 +291,24 @@ def sharded_steps(spec: Any, profile: str, world_size: int, rank: int, steps: in
                 batches = iter(pipeline)
                 first = [next(batches) for _ in range(WARMUP_STEPS)]
                 _item_counts(model, first)
-                ready()
-                for i in range(total):
-                    batch = first[i] if i < WARMUP_STEPS else next(batches)
+
+                def step(batch: Any) -> list[float]:
                     started = clock.start()
                     train_step(model, optimizer, batch, micro, spec.training.precision,
                                spec.training.clip_grad_norm, parallel)
                     runtime_for(device).synchronize()
                     done = clock.stop(started)
-                    if i >= WARMUP_STEPS:
-                        out.append([done.wall * 1e3, done.waited * 1e3])
+                    return [done.wall * 1e3, done.waited * 1e3]
+
+                ready()
+                for batch in first:
+                    step(batch)
+                while True:
+                    out += [step(next(batches)) for _ in range(steps)]
+                    gathered: list[Any] = [None] * world_size
+                    dist.all_gather_object(gathered, out)  # outside the timing: every rank decides alike
+                    if not more_sharded_steps(gathered, steps):
+                        break
         finally:
             model.close()
             source.close()
