@@ -467,7 +467,9 @@ def main() -> None:
                 """The spec's k-th calibration (`--interleave`: one before each run), kept in the result."""
                 path = tmp / f"{spec.stem}-profile{k or ''}.json"
                 flowrec("calibrate", str(spec), "--device", "cpu", "--out", str(path),
-                        *(["--nproc", str(args.nproc)] if args.nproc > 1 else []), cwd=tmp)
+                        *(["--nproc", str(args.nproc)] if args.nproc > 1 else []),
+                        *(["--device-budget", args.device_budget] if args.nproc > 1 and args.device_budget else []),
+                        cwd=tmp)
                 summary = calibration_summary(json.loads(path.read_text()))
                 if k == 0:
                     calibrations[spec.name] = summary

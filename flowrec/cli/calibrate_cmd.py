@@ -28,7 +28,9 @@ CPU, NCCL with one GPU each) and fits the collectives' bandwidth and per-call co
 (`--world-size` up to one node) are then priced with them instead of the datasheet link. With a
 spec on the CPU it also steps the spec on N processes at once (B / N samples each, staged, then
 fed live by the batch pipeline): what ranks sharing the cores cost each other's compute and
-staging, which the cost model applies to a rank of a run with more than one. Saves a
+staging, which the cost model applies to a rank of a run with more than one, and the spec's
+world-size plan (`--device-budget` as the runs give it) stepped by the N processes with its real
+collectives: what a collective call costs inside the ranks' steps. Saves a
 profile (default: the user's cache folder, one per
 device kind) recording each constant and how it was measured; use it with
 `flowrec plan SPEC --target FILE` and `flowrec train SPEC --target FILE`.
@@ -55,6 +57,7 @@ def calibrate(
     seconds: float = typer.Option(0.5, "--seconds", min=0.01, max=10.0, help="Seconds spent per measured kernel."),
     nproc: int = typer.Option(1, "--nproc", min=1, max=64,
                               help="Processes whose collectives to measure (1: none; CUDA: one GPU each)."),
+    device_budget: Optional[str] = typer.Option(None, "--device-budget", help="With --nproc and a spec on the CPU: the device budget of the runs whose sharded plan the processes step (as `flowrec train --device-budget`; it decides the plan's shardings and so its collective calls)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the --out file when it exists (the default profile is always replaced)."),
 ) -> None:
     from flowrec.planner.calibration import default_profile_path, profile_document
@@ -65,6 +68,13 @@ def calibrate(
     model = load_spec_or_exit(spec) if spec is not None else None
     if out is not None:
         guard_outputs([out], [spec], overwrite)
+    if device_budget is not None:
+        from flowrec.spec.units import parse_bytes
+
+        try:
+            parse_bytes(device_budget)
+        except ValueError as exc:
+            fail(f"--device-budget: {exc}")
     shapes = gemm_shapes(model) if model is not None else FALLBACK_SHAPES
     try:
         dev = resolve_device(device)
@@ -86,7 +96,7 @@ def calibrate(
     if nproc > 1:
         measured.update(_collectives(nproc, dev.type, details))
         if model is not None and dev.type == "cpu":
-            measured.update(_shared_cores(spec, model, nproc, measured, details))
+            measured.update(_shared_cores(spec, model, nproc, measured, details, device_budget))
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     machine = f"{platform.machine()} {platform.processor() or platform.platform()}, {dev.type}"
     details["seconds"] = round(time.perf_counter() - started, 3)
@@ -154,14 +164,15 @@ def _collectives(nproc: int, device_kind: str, details: dict) -> dict:
             "collective_world_size": (nproc, "processes the collectives were measured with")}
 
 
-def _shared_cores(spec_path: Path, model, nproc: int, measured: dict, details: dict) -> dict:
-    """Constants of `nproc` ranks sharing this host's cores (`flowrec.measure.concurrent`; exits
-    with one line if its processes fail)."""
+def _shared_cores(spec_path: Path, model, nproc: int, measured: dict, details: dict,
+                  device_budget: str | None = None) -> dict:
+    """Constants of `nproc` ranks sharing this host's cores (`flowrec.measure.concurrent`, the
+    world-size plan under `device_budget`; exits with one line if its processes fail)."""
     from flowrec.measure.concurrent import ConcurrentError, shared_core_constants
 
     typer.echo(f"timing the spec's steps on {nproc} processes at once ...", err=True)
     try:
-        constants, details["shared_cores"] = shared_core_constants(spec_path, model, nproc, measured)
+        constants, details["shared_cores"] = shared_core_constants(spec_path, model, nproc, measured, device_budget)
     except ConcurrentError as exc:
         fail(str(exc), code=1)
     return constants

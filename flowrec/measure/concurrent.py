@@ -41,6 +41,21 @@ The cost model multiplies a rank's compute by the first, prices its staging by t
 collective call by the third (`flowrec.planner.cost.shared_cores`) and adds the fourth once per
 step (`flowrec.planner.cost.rank_skew_seconds`).
 
+A pair of idle calls after a step does not price a call inside one (round 11: 0.45 ms in some
+calibrations, 1.4-3.8 ms in others, while the runs' steps left 1.0-3.2 ms per call): there a call
+costs what the scheduler gives the peer's communication thread while both ranks' compute and
+data threads are busy. So the processes then step the spec's world-size plan itself, as a run's
+ranks do (`sharded_steps`: its tables sharded, DDP over the dense part, the loss agreement; each
+rank's slice of every global batch fed live by the batch pipeline), timed as the benchmark times
+a run's step, and
+
+    rank_step_call_us         = (slowest process of each sharded step - slowest process of each
+                                 one-process live step above - the exchange's bytes at the
+                                 measured link) / the plan's collective calls per step
+                                (`in_step_call`; at least the idle call, `collective_us`)
+
+which the cost model prices each call by instead of the third (`flowrec.planner.cost.step_call_us`).
+
 Example:
     >>> ranks = [{"staged_ms": 6.0, "live_ms": 7.0, "call_us": 900.0}, {"staged_ms": 5.0, "live_ms": 5.5, "call_us": 300.0}]
     >>> rank_constants(ranks, 4.0, 1000.0)[:3]
@@ -66,6 +81,7 @@ PHASE_SECONDS = 1.0  # timed seconds of each phase (staged, live), about ...
 STEPS_RANGE = (10, 40)  # ... within these many steps
 GROUP_TIMEOUT_S = 300  # the start barriers wait for every process's set-up (synthetic data, lowering)
 TIMEOUT_S = 900  # the whole measurement
+MORE_BLOCKS = 4  # blocks of sharded steps at most, while their slowest rank of each step has too few clean rounds
 CALL_BYTES = 2**14  # bytes per rank of the collective timed after each step (the calibration's smallest)
 JOB_FILE = "flowrec-concurrent-{port}.json"  # in the temporary folder: what the processes run
 
@@ -133,6 +149,172 @@ def rank_constants(results: list[dict[str, Any]], priced_ms: float, values: floa
     return scale, values / added_s, call_us, details
 
 
+def slowest_per_step_ms(ranks: list[list[list[float]]]) -> tuple[float, int]:
+    """(ms, clean rounds) of the timing rule's estimate (`flowrec.measure.robust`) over the slowest
+    rank's round of each step, each rank's `[wall ms, foreign wait ms]` per step (steps one rank
+    lacks are left out): how `tools/bench_costmodel.py` measures a run's step.
+
+    Raises:
+        ValueError: no step every rank has.
+
+    Example:
+        >>> slowest_per_step_ms([[[4.0, 0.0], [3.0, 0.0], [3.0, 0.0]], [[3.0, 0.0], [5.0, 0.0], [3.0, 0.0]]])
+        (4.0, 3)
+    """
+    from flowrec.measure import robust
+
+    steps = min((len(r) for r in ranks), default=0)
+    if steps == 0:
+        raise ValueError(f"need steps of every rank (got {len(ranks)} ranks, {steps} common steps)")
+    slowest = robust.estimate(robust.Round(*max((r[i] for r in ranks), key=lambda wq: wq[0])) for i in range(steps))
+    return slowest.seconds, slowest.clean
+
+
+def step_call_us(sharded_ms: float, unsharded_ms: float, bytes_ms: float, calls: int, floor_us: float = 0.0) -> float:
+    """Microseconds a collective call costs inside the ranks' own steps: what the world-size plan's
+    sharded step (`sharded_ms`, its real collectives: the exchange, the dense gradients'
+    all-reduce, the loss agreement) takes beyond the same ranks' one-process step at their batch
+    (`unsharded_ms`, both the slowest rank of each step by the timing rule) and beyond its
+    exchange's bytes at the measured link (`bytes_ms`), per call of the plan (`calls`); at least
+    `floor_us` (the idle processes' call, `collective_us`: a call never costs less).
+
+    Raises:
+        ValueError: no calls to divide by.
+
+    Example:
+        >>> step_call_us(20.0, 10.0, 1.0, 6), step_call_us(9.0, 10.0, 1.0, 6, floor_us=120.0)
+        (1500.0, 120.0)
+    """
+    if calls <= 0:
+        raise ValueError(f"a sharded step without collective calls (got {calls})")
+    return max(floor_us, (sharded_ms - unsharded_ms - bytes_ms) * 1e3 / calls)
+
+
+def in_step_call(results: list[dict[str, Any]], details: dict[str, Any], calls: int, bytes_ms: float,
+                 floor_us: float = 0.0) -> dict[str, Any] | None:
+    """What a collective call costs inside the ranks' steps (`step_call_us`, as "call_us") and what
+    it comes from, of the ranks' `results` (each with "sharded_steps_ms": its steps of the
+    world-size plan, `sharded_steps`) beside `details` of `rank_constants` (the one-process step
+    of each step, "skew"'s "slowest_per_step_ms", else the slowest rank's "live_ms"); the plan's
+    `calls` and `bytes_ms` (`sharded_plan_collectives`) and the idle call `floor_us`. None where
+    the ranks did not step the sharded plan (one rank, or a spec with managed tables).
+
+    Example:
+        >>> ranks = [{"sharded_steps_ms": [[9.0, 0.0]] * 3}, {"sharded_steps_ms": [[10.0, 0.0]] * 3}]
+        >>> in_step_call(ranks, {"live_ms": 4.0}, 4, 2.0)["call_us"]
+        1000.0
+    """
+    if len(results) < 2 or not all(r.get("sharded_steps_ms") for r in results):
+        return None
+    in_step_ms, clean = slowest_per_step_ms([r["sharded_steps_ms"] for r in results])
+    unsharded_ms = details["skew"]["slowest_per_step_ms"] if "skew" in details else details["live_ms"]
+    return {"call_us": step_call_us(in_step_ms, unsharded_ms, bytes_ms, calls, floor_us),
+            "sharded_step_ms": in_step_ms, "sharded_clean": clean, "unsharded_step_ms": unsharded_ms,
+            "bytes_ms": bytes_ms, "calls": calls, "floor_us": floor_us}
+
+
+def more_sharded_steps(ranks: list[list[list[float]]], steps: int) -> bool:
+    """Whether the ranks step another block of `steps` sharded steps, given every rank's rounds so
+    far (`[wall ms, foreign wait ms]` each): while the slowest rank of each step has fewer than
+    `robust.MIN_CLEAN` clean rounds (a busy machine: the timing rule would otherwise take each
+    round less its wait, which for ranks that wait for each other in every call is not what a
+    run's step shows), up to MORE_BLOCKS blocks, as calibration's other step timings go on
+    (`flowrec.measure.step.timed_steps`). Every rank decides on the same gathered rounds.
+
+    Example:
+        >>> busy, quiet = [[[10.0, 5.0]] * 8] * 2, [[[10.0, 0.0]] * 8] * 2
+        >>> more_sharded_steps(busy, 8), more_sharded_steps(quiet, 8), more_sharded_steps([[[10.0, 5.0]] * 32] * 2, 8)
+        (True, False, False)
+    """
+    from flowrec.measure import robust
+
+    done = min(len(r) for r in ranks)
+    return done < MORE_BLOCKS * steps and slowest_per_step_ms(ranks)[1] < robust.MIN_CLEAN
+
+
+def sharded_steps(spec: Any, profile: str, world_size: int, rank: int, steps: int,
+                  ready: Callable[[], None], device_budget: str | None = None) -> list[list[float]]:
+    """This rank's `[wall ms, foreign wait ms]` of `steps` steps of the world-size plan of `spec`
+    (at its global batch, planned against `profile` under `device_budget` for `world_size` ranks,
+    as the runs plan it: sharded tables, DDP
+    over the dense part, the per-step loss agreement) after WARMUP_STEPS, each as a run's rank
+    steps (`train_step` with its `DenseParallel`) on its slice of the global batches fed live by
+    the trainer's batch pipeline over synthetic rows, timed as `tools/bench_costmodel.py` times a
+    run's step (`robust.SchedClock`, the data threads the run's own), more blocks of `steps` while
+    too few rounds are clean (`more_sharded_steps`). The process group is initialized (gloo);
+    `ready` is called once everything is set up (the ranks meet there).
+
+    Raises:
+        ConcurrentError: a spec with managed tables (their maps are stepped by the data stage's own
+            groups, which this measurement does not set up).
+    """
+    from dataclasses import replace
+
+    import torch
+    import torch.distributed as dist
+
+    from flowrec.data.batches import iterate_batches
+    from flowrec.data.dataset import ParquetSource
+    from flowrec.data.synth import synth_dataset
+    from flowrec.measure import robust
+    from flowrec.measure.step import WARMUP_STEPS, _item_counts, _options
+    from flowrec.planner.manager import make_plan
+    from flowrec.runtime.distributed.data_parallel import DenseParallel
+    from flowrec.runtime.distributed.groups import embedding_group
+    from flowrec.runtime.distributed.world import World
+    from flowrec.runtime.hostmem import tune_host_allocator
+    from flowrec.runtime.lowering import lower
+    from flowrec.runtime.step import make_dense_optimizer, train_step
+    from operators.device import runtime_for
+
+    if any(t.managed is not None for t in spec.tables):
+        raise ConcurrentError(f"rank {rank}: the sharded steps of a spec with managed tables are not measured")
+    tune_host_allocator()
+    device = torch.device("cpu")
+    plan = make_plan(spec, target=profile, world_size=world_size, device_budget=device_budget)
+    world = World(world_size, rank, embedding_group(GROUP_TIMEOUT_S), GROUP_TIMEOUT_S, device)
+    total = WARMUP_STEPS + MORE_BLOCKS * steps
+    with tempfile.TemporaryDirectory(prefix="flowrec-concurrent-") as tmp:
+        data = Path(tmp) / "data"
+        synth_dataset(spec, data, spec.training.batch_size * (total + 1))
+        source = ParquetSource(data)
+        model = lower(plan, spec, device, world=world)
+        try:
+            opt = spec.dense_optimizer
+            optimizer = make_dense_optimizer(model, opt.name, opt.lr, dict(opt.params))
+            parallel = DenseParallel(model, world)
+            micro = int(plan.meta.micro_batches)
+            clock = robust.SchedClock(exclude=robust.python_side_threads)
+            options = replace(_options(spec, plan), world_size=world_size, rank=rank)
+            out: list[list[float]] = []
+            with iterate_batches(spec, source, options, 0, 0, tuple(plan.meta.groups)) as pipeline:
+                batches = iter(pipeline)
+                first = [next(batches) for _ in range(WARMUP_STEPS)]
+                _item_counts(model, first)
+
+                def step(batch: Any) -> list[float]:
+                    started = clock.start()
+                    train_step(model, optimizer, batch, micro, spec.training.precision,
+                               spec.training.clip_grad_norm, parallel)
+                    runtime_for(device).synchronize()
+                    done = clock.stop(started)
+                    return [done.wall * 1e3, done.waited * 1e3]
+
+                ready()
+                for batch in first:
+                    step(batch)
+                while True:
+                    out += [step(next(batches)) for _ in range(steps)]
+                    gathered: list[Any] = [None] * world_size
+                    dist.all_gather_object(gathered, out)  # outside the timing: every rank decides alike
+                    if not more_sharded_steps(gathered, steps):
+                        break
+        finally:
+            model.close()
+            source.close()
+    return out
+
+
 def meet_then_call(collective: Callable[[], Any], clock: Callable[[], float] = time.perf_counter
                    ) -> tuple[float, float]:
     """(seconds of the first, of the second) of two `collective` calls back to back: in the first
@@ -158,7 +340,7 @@ def phase_steps(priced_ms: float) -> int:
 
 
 def measure_ranks(spec_path: Path, profile: Path, world_size: int, batch: int, steps: int,
-                  timeout_s: float = TIMEOUT_S) -> list[dict[str, float]]:
+                  timeout_s: float = TIMEOUT_S, device_budget: str | None = None) -> list[dict[str, float]]:
     """Start `world_size` processes that step the spec at `batch` samples each at once (see the
     module docstring), planned against `profile`; each rank's estimates.
 
@@ -169,7 +351,8 @@ def measure_ranks(spec_path: Path, profile: Path, world_size: int, batch: int, s
 
     port = free_port()
     job = Path(tempfile.gettempdir()) / JOB_FILE.format(port=port)
-    job.write_text(json.dumps({"spec": str(spec_path), "profile": str(profile), "batch": batch, "steps": steps}))
+    job.write_text(json.dumps({"spec": str(spec_path), "profile": str(profile), "batch": batch, "steps": steps,
+                               "device_budget": device_budget}))
     try:
         outputs = run_local_ranks("flowrec.measure.concurrent", "gloo", world_size, port, timeout_s)
     except subprocess.TimeoutExpired:
@@ -183,11 +366,14 @@ def measure_ranks(spec_path: Path, profile: Path, world_size: int, batch: int, s
     return json.loads(outputs[0][1].splitlines()[-1])
 
 
-def shared_core_constants(spec_path: Path, spec: Any, world_size: int, measured: dict[str, tuple[Any, str]]
-                          ) -> tuple[dict[str, tuple[Any, str]], dict[str, Any]]:
-    """({field: (value, how)}, details) of `rank_compute_scale` and `rank_staging_values_per_s`:
-    `world_size` processes step the spec (loaded from `spec_path`) at B / `world_size` samples each
-    at once, priced by the profile `measured` so far (the machine's constants and the spec's own).
+def shared_core_constants(spec_path: Path, spec: Any, world_size: int, measured: dict[str, tuple[Any, str]],
+                          device_budget: str | None = None) -> tuple[dict[str, tuple[Any, str]], dict[str, Any]]:
+    """({field: (value, how)}, details) of `rank_compute_scale`, `rank_staging_values_per_s`,
+    `rank_collective_us`, `rank_skew_us` and `rank_step_call_us`: `world_size` processes step the
+    spec (loaded from `spec_path`) at B / `world_size` samples each at once, priced by the profile
+    `measured` so far (the machine's constants and the spec's own), then the spec's world-size plan
+    (under `device_budget`, as the runs plan it) with its collectives (`in_step_call`; not for a
+    spec with managed tables).
 
     Raises:
         ConcurrentError: the processes failed (see `measure_ranks`).
@@ -205,22 +391,49 @@ def shared_core_constants(spec_path: Path, spec: Any, world_size: int, measured:
         cost = make_plan(with_batch(spec, batch), target=str(profile)).cost
         stages = dict(cost.stage_ms)
         priced_ms = cost.step_ms_serial - stages["staging"] - stages["transfer"]
-        results = measure_ranks(spec_path, profile, world_size, batch, phase_steps(priced_ms))
+        sharded = sharded_plan_collectives(spec, str(profile), world_size, device_budget)
+        results = measure_ranks(spec_path, profile, world_size, batch, phase_steps(priced_ms), device_budget=device_budget)
     scale, rate, call_us, details = rank_constants(results, priced_ms, statistics.median(r["values_per_batch"] for r in results))
     how = (f"{world_size} processes at once on this host, each the spec's training steps at batch {batch} "
            f"(B / {world_size}, its compute threads as `flowrec train --nproc {world_size}` sizes them), staged "
            f"then fed live by the batch pipeline (timing rule, slowest process)")
-    return {"rank_compute_scale": (scale, how + ": its staged step over the profile's price of it alone"),
-            "rank_staging_values_per_s": (rate, how + ": values a batch stages per second the live steps take "
-                                                      "beyond the staged ones"),
-            "rank_collective_us": (call_us, how + f": the median all_reduce of {CALL_BYTES >> 10} KiB right after "
-                                                  f"the one in which the ranks meet after each step (the meeting's "
-                                                  f"wait is their skew, which `rank_skew_us` prices), slowest "
-                                                  f"process"),
-            "rank_skew_us": (details.get("skew_ms", 0.0) * 1e3,
-                             how + ": the timing rule over the slowest process's live step of each step (the "
-                                   "ranks meet after each) less the slowest process's own estimate: what a run's "
-                                   "step costs beyond its slowest rank's typical step, once per step")}, details
+    constants = {
+        "rank_compute_scale": (scale, how + ": its staged step over the profile's price of it alone"),
+        "rank_staging_values_per_s": (rate, how + ": values a batch stages per second the live steps take beyond "
+                                                  "the staged ones"),
+        "rank_collective_us": (call_us, how + f": the median all_reduce of {CALL_BYTES >> 10} KiB right after the "
+                                              f"one in which the ranks meet after each step (the meeting's wait is "
+                                              f"their skew, which `rank_skew_us` prices), slowest process"),
+        "rank_skew_us": (details.get("skew_ms", 0.0) * 1e3,
+                         how + ": the timing rule over the slowest process's live step of each step (the ranks "
+                               "meet after each) less the slowest process's own estimate: what a run's step costs "
+                               "beyond its slowest rank's typical step, once per step")}
+    step_call = in_step_call(results, details, *sharded, float(measured.get("collective_us", (0.0, ""))[0] or 0.0))
+    if step_call is not None:
+        details["step_call"] = step_call
+        constants["rank_step_call_us"] = (
+            step_call["call_us"],
+            f"{world_size} processes at once on this host, each a rank of the world-size plan's real step (the "
+            f"spec at batch {spec.training.batch_size}, its tables sharded, DDP over the dense part, the loss "
+            f"agreement: {step_call['calls']} collective calls a step), its slice of each global batch fed live "
+            f"by the batch pipeline; the slowest process of each step (timing rule) less the same processes' "
+            f"one-process step at batch {batch} (its slowest of each step) less the exchange's bytes at the "
+            f"measured link, per call (at least collective_us)")
+    return constants, details
+
+
+def sharded_plan_collectives(spec: Any, profile: str, world_size: int, device_budget: str | None = None
+                             ) -> tuple[int, float]:
+    """(collective calls a step, ms of its exchange's bytes at the measured link) of the world-size
+    plan of `spec` (under `device_budget`, as the runs plan it) priced against `profile`
+    (`flowrec.planner.cost.step_collectives`)."""
+    from flowrec.planner.cost import device_link, device_profile, step_collectives
+    from flowrec.planner.manager import make_plan
+
+    plan = make_plan(spec, target=profile, world_size=world_size, device_budget=device_budget)
+    calls, sent = step_collectives(plan.graph, spec)
+    link = device_link(device_profile(profile), world_size)
+    return calls, sent / (link.gbps * 1e9) * 1e3
 
 
 def worker(rank: int, world_size: int, port: int) -> list[dict[str, float]] | None:
@@ -275,6 +488,10 @@ def worker(rank: int, world_size: int, port: int) -> list[dict[str, float]] | No
                 "staged_call_us": statistics.median(staged_calls) * 1e6, "staged_clean": staged.clean,
                 "live_clean": live.clean, "staged_method": staged.method, "live_method": live.method,
                 "values_per_batch": _values(_staged(spec, plan, 1)[0])}
+        full = load_spec(Path(job["spec"]))  # the world-size plan's real step, at the global batch
+        if not any(t.managed is not None for t in full.tables):
+            mine["sharded_steps_ms"] = sharded_steps(full, job["profile"], world_size, rank, int(job["steps"]),
+                                                     dist.barrier, job.get("device_budget"))
         gathered: list[Any] = [None] * world_size
         dist.all_gather_object(gathered, mine)
         return gathered if rank == 0 else None

@@ -39,6 +39,9 @@ Device profiles carry the constants, with units in their names. Sources and assu
   loss agreement and an in-batch retrieval gather beside the exchange (`exchange_traffic`), and
   once per step the ranks' skew (`rank_skew_us`: the slowest rank of each step against the slowest
   rank's typical step, `rank_skew_seconds`), in the exchange, where the ranks wait for each other.
+  Where the profile measured it, a collective call is priced as it costs inside the ranks' own
+  steps of the world-size plan (`rank_step_call_us`, `step_call_us`) rather than as an idle call
+  after a step.
 * An epoch's start: the trainer opens a new batch pipeline for every epoch, waits for its first
   batch and runs its first steps beside the pipeline's start (`epoch_start_us`, `epoch_single_us`:
   measured by `flowrec calibrate` on the trainer's own epoch path, one process on the CPU). It
@@ -102,7 +105,8 @@ class DeviceProfile:
     `rank_staging_values_per_s` and `rank_collective_us` (`flowrec calibrate --nproc N` on a host
     that is the device) are what a rank's step, its staging and a collective call take while N
     ranks step at once on this host's cores (`shared_cores`); `rank_skew_us` what their step costs
-    beyond the slowest rank's typical step, once per step (`rank_skew_seconds`). `managed_ns_per_id` = the trainer's
+    beyond the slowest rank's typical step, once per step (`rank_skew_seconds`); `rank_step_call_us` a
+    collective call inside their sharded steps (`step_call_us`). `managed_ns_per_id` = the trainer's
     own work per lookup of a managed table beyond the step's ops (`managed_seconds`).
     `epoch_start_us` and `epoch_single_us` = what an epoch as the trainer runs it (a new batch
     pipeline) takes beyond its steady steps, of several batches and of one (`epoch_start_seconds`).
@@ -152,6 +156,7 @@ class DeviceProfile:
     rank_staging_values_per_s: float = 0.0  # staging rate beside those ranks (their data threads share the cores); 0: staging_values_per_s
     rank_collective_us: float = 0.0  # one collective call between those ranks (each waits for its peer to run); 0: collective_us
     rank_skew_us: float = 0.0  # a step of those ranks beyond the slowest one's typical step (they meet each step); 0: none
+    rank_step_call_us: float = 0.0  # one collective call inside those ranks' own sharded steps; 0: not measured (rank_collective_us)
     managed_ns_per_id: float = 0.0  # the trainer's managed-table work per managed lookup (row resets, map replay); 0: not measured
     epoch_start_us: float = 0.0  # an epoch of several batches beyond its steady steps (the trainer's new pipeline); 0: not measured
     epoch_single_us: float = 0.0  # the same of a one-batch epoch; 0: not measured
@@ -473,6 +478,7 @@ def predict(graph: OpGraph, spec: ModelSpec, device: DeviceProfile, *, micro_bat
     n_dense = len(spec.dense_features)
 
     rank_scale, staging_rate, call_us = shared_cores(device, world)  # ranks sharing this host's cores
+    call_us = step_call_us(device, world, call_us)
     ids = sum(u.ids for u in units)
     staging = (batch * (ids + n_dense) + sum(u.step_ids for u in units)) / staging_rate
     staging += managed_seconds(graph, spec, device, batch, profile)
@@ -605,6 +611,46 @@ def shared_cores(device: DeviceProfile, world: int) -> tuple[float, float, float
         return 1.0, device.staging_values_per_s, None
     return (device.rank_compute_scale, device.rank_staging_values_per_s or device.staging_values_per_s,
             device.rank_collective_us or None)
+
+
+def step_call_us(device: DeviceProfile, world: int, otherwise: float | None) -> float | None:
+    """Microseconds one collective call of `world` ranks on `device` costs inside their own steps:
+    `rank_step_call_us`, measured by `flowrec calibrate --nproc N` on the world-size plan's real
+    sharded step (its exchange, the dense gradients' all-reduce, the loss agreement) run by N
+    processes at once, what that step takes beyond the same ranks' one-process step per call
+    (`flowrec.measure.concurrent.step_call_us`). A call there costs what the scheduler gives the
+    peer's communication thread while both ranks' compute and data threads are busy, which an
+    idle call after a step (`rank_collective_us`) does not show. `otherwise` (`shared_cores`'s
+    call) where not measured, for one rank, or on a device with its own host.
+
+    Example:
+        >>> step_call_us(replace(DEVICES["cpu"], rank_step_call_us=1500.0), 2, 450.0), step_call_us(DEVICES["cpu"], 2, 450.0)
+        (1500.0, 450.0)
+    """
+    if world <= 1 or device.overlaps or not device.rank_step_call_us:
+        return otherwise
+    return device.rank_step_call_us
+
+
+def step_collectives(graph: OpGraph, spec: ModelSpec, profile: AccessProfile | None = None) -> tuple[int, float]:
+    """(collective calls, bytes one rank sends) of a step of `graph`'s plan over its world size,
+    as `predict` prices its exchange: per group its sharding's calls, then the dense collectives
+    (the gradients' buckets, the loss agreement, an in-batch gather); (0, 0.0) for one rank.
+
+    Example:
+        >>> step_collectives(make_plan(load_spec("specs/movielens.yaml"), world_size=2).graph,
+        ...                  load_spec("specs/movielens.yaml"))  # doctest: +SKIP
+        (6, 81920.0)
+    """
+    meta = graph.graph.get("plan")
+    world = meta.world_size if meta is not None else 1
+    if world <= 1:
+        return 0, 0.0
+    batch = -(-spec.training.batch_size // world)
+    units = _units(graph, profile)
+    traffic = exchange_traffic(graph, spec, units, batch, world, profile)
+    calls = sum(exchange.collectives(u.group) for u in units if u.group is not None) + traffic.dense_calls
+    return calls, traffic.total
 
 
 def rank_skew_seconds(device: DeviceProfile, world: int) -> float:

@@ -15,11 +15,12 @@ from flowrec.graph.plan_io import NOT_RECORDED, plan_from_document, plan_json
 from flowrec.graph.types import ACCESS_NONE
 from flowrec.planner.calibration import (COLLECTIVE, MEASURABLE, SPEC_KIND, ProfileError, default_profile_path,
                                          profile_fields)
-from flowrec.planner.cost import DEVICES, device_profile
+from flowrec.planner.cost import DEVICES, device_profile, step_collectives
 from flowrec.planner.contract import read_plan_document
 from flowrec.planner.manager import make_plan
 from flowrec.planner.op_work import op_signature
 from flowrec.measure import ops as calibrate_ops
+from flowrec.measure.concurrent import MORE_BLOCKS
 from flowrec.spec import load_spec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,6 +64,16 @@ def test_nproc_measures_collectives_and_sharded_plans_use_them(profile: Path):
     skew = measured["rank_skew_us"]  # the ranks' skew, once per step (0 when the slowest of each step is the typical one)
     assert "2 processes at once" in skew["how"] and skew["value"] == pytest.approx(
         doc["details"]["shared_cores"]["skew_ms"] * 1e3)
+    # a call inside the ranks' own steps of the world-size plan, with what it comes from
+    call, step = measured["rank_step_call_us"], doc["details"]["shared_cores"]["step_call"]
+    sharded, live = (len(doc["details"]["shared_cores"]["ranks"][0][k]) for k in ("sharded_steps_ms", "live_steps_ms"))
+    assert "world-size plan's real step" in call["how"] and sharded % live == 0 and sharded <= MORE_BLOCKS * live
+    assert step["unsharded_step_ms"] == doc["details"]["shared_cores"]["skew"]["slowest_per_step_ms"]
+    assert call["value"] == pytest.approx(max(measured["collective_us"]["value"], (
+        step["sharded_step_ms"] - step["unsharded_step_ms"] - step["bytes_ms"]) * 1e3 / step["calls"]))
+    spec = load_spec(SPEC)
+    assert step["calls"] == step_collectives(make_plan(spec, target=str(profile), world_size=2).graph, spec)[0] >= 4
+    assert device_profile(str(profile)).rank_step_call_us == call["value"]
     text = runner.invoke(app, ["plan", str(SPEC), "--target", str(profile), "--world-size", "2"]).output
     gbps = device_profile(str(profile)).collective_gbps
     assert f"world size 2 over measured collectives (2 processes) ({gbps:g} GB/s per rank" in text
@@ -229,3 +240,10 @@ def test_train_samples_its_data_to_predict_cache_traffic(tmp_path: Path, monkeyp
     assert "predicted from constants datasheet cpu" in given.output
     synthetic = runner.invoke(app, ["train", str(spec), "--rows", "100", "--out", "b", "--max-steps", "2"])
     assert synthetic.exit_code == 0 and "access profile" not in synthetic.output
+
+
+def test_a_device_budget_that_is_not_a_size_is_one_line_before_any_measurement(tmp_path: Path):
+    out = tmp_path / "p.json"
+    result = runner.invoke(app, ["calibrate", str(SPEC), "--nproc", "2", "--device-budget", "12XB", "--out", str(out)])
+    assert result.exit_code == 2 and "--device-budget: not a byte size: '12XB'" in result.output
+    assert "Traceback" not in result.output and not out.exists()

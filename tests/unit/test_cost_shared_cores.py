@@ -100,9 +100,17 @@ def test_two_processes_step_the_spec_at_once(repo, tmp_path: Path):
         assert r["values_per_batch"] > 64  # ids and dense values of one batch of 64 samples
         assert len(r["live_steps_ms"]) == 3 and len(r["live_meets_us"]) == 3  # every live step, gathered
         assert all(0 < wall < 60e3 and 0 <= waited <= wall for wall, waited in r["live_steps_ms"])
+        # the world-size plan's real step with its collectives, every step gathered
+        assert len(r["sharded_steps_ms"]) in (3, 6, 9, 12)  # blocks of 3 while too few are clean
+        assert len(r["sharded_steps_ms"]) == len(results[0]["sharded_steps_ms"])  # every rank as many
+        assert all(0 < wall < 60e3 and 0 <= waited <= wall for wall, waited in r["sharded_steps_ms"])
     details = rank_constants(results, 1.0, 100.0)[3]
     assert details["skew"]["steps"] == 3 and details["skew_ms"] == pytest.approx(
         max(0.0, details["skew"]["slowest_per_step_ms"] - details["skew"]["slowest_rank_ms"]))
+    from flowrec.measure.concurrent import in_step_call
+
+    call = in_step_call(results, details, 6, 0.1, floor_us=1.0)
+    assert call["call_us"] >= 1.0 and call["unsharded_step_ms"] == details["skew"]["slowest_per_step_ms"]
 
 
 @pytest.mark.parametrize("name, extra", [("movielens", exchange.AGREEMENT_CALLS),
@@ -190,3 +198,79 @@ def test_the_skew_is_priced_once_a_step_for_ranks_never_for_one_process(tmp_path
     one = make_plan(dlrm, target=_profile(tmp_path, "c.json", **ranks)).cost
     one_skewed = make_plan(dlrm, target=_profile(tmp_path, "d.json", **ranks, rank_skew_us=(skew_us, "r"))).cost
     assert (one.step_ms_overlap, one.exchange_ms) == (one_skewed.step_ms_overlap, one_skewed.exchange_ms)
+
+
+def test_a_call_inside_the_ranks_steps_is_the_sharded_step_beyond_the_one_process_step_per_call():
+    """The slowest rank of each sharded step (the run's rule) less the one-process step of each step
+    and the exchange's bytes, per call of the plan; never below the idle call."""
+    from flowrec.measure.concurrent import in_step_call, slowest_per_step_ms, step_call_us
+
+    rng = random.Random()
+    steps = rng.randrange(12, 40)
+    ranks = [{"sharded_steps_ms": [[rng.lognormvariate(2.3, 0.3), 0.0] for _ in range(steps)]} for _ in range(2)]
+    ranks[1]["sharded_steps_ms"][rng.randrange(steps)][1] = 1e9  # a round another process delayed: left out
+    slowest = [max(step, key=lambda wq: wq[0]) for step in zip(*(r["sharded_steps_ms"] for r in ranks))]
+    assert slowest_per_step_ms([r["sharded_steps_ms"] for r in ranks])[0] == pytest.approx(_estimate_ms(slowest))
+    unsharded, bytes_ms, calls = rng.uniform(1.0, 4.0), rng.uniform(0.1, 1.0), rng.choice((3, 6, 10))
+    details = {"live_ms": 99.0, "skew": {"slowest_per_step_ms": unsharded}}  # the slowest of each step, not the typical
+    call = in_step_call(ranks, details, calls, bytes_ms, floor_us=50.0)
+    expected = (_estimate_ms(slowest) - unsharded - bytes_ms) * 1e3 / calls
+    assert call["call_us"] == pytest.approx(expected) and expected > 50.0
+    assert (call["calls"], call["unsharded_step_ms"]) == (calls, unsharded)
+    assert in_step_call(ranks, {"live_ms": unsharded}, calls, bytes_ms)["call_us"] == pytest.approx(expected)
+    assert step_call_us(3.0, 4.0, 0.5, 6, floor_us=180.0) == 180.0  # a sharded step no slower: the idle call
+    assert in_step_call(ranks[:1], details, calls, bytes_ms) is None  # one rank: nothing measured
+    assert in_step_call([{}, {}], details, calls, bytes_ms) is None  # no sharded steps (managed tables)
+    with pytest.raises(ValueError, match="without collective calls"):
+        step_call_us(3.0, 1.0, 0.5, 0)
+
+
+def test_the_call_measured_inside_the_steps_prices_every_call_of_ranks(tmp_path: Path, dlrm):
+    """`rank_step_call_us` replaces the idle call after a step (`rank_collective_us`) for each of
+    the plan's calls, for ranks only; a profile without it prices as before."""
+    from flowrec.planner.cost import step_call_us, step_collectives
+
+    idle_us, in_step_us = random.uniform(300.0, 600.0), random.uniform(1000.0, 3500.0)
+    ranks = {"rank_compute_scale": (1.2, "ranks"), "rank_collective_us": (idle_us, "ranks")}
+    idle = make_plan(dlrm, target=_profile(tmp_path, "a.json", **ranks), world_size=2)
+    in_step = make_plan(dlrm, target=_profile(tmp_path, "b.json", **ranks, rank_step_call_us=(in_step_us, "steps")),
+                        world_size=2)
+    calls, sent = step_collectives(in_step.graph, dlrm)
+    assert calls >= 4 and sent == pytest.approx(in_step.cost.exchange_bytes_per_step, abs=1.0)
+    assert in_step.cost.exchange_ms - idle.cost.exchange_ms == pytest.approx(calls * (in_step_us - idle_us) * 1e-3,
+                                                                             abs=2e-6)
+    assert in_step.cost.stage_ms == idle.cost.stage_ms
+    one = make_plan(dlrm, target=_profile(tmp_path, "c.json", **ranks)).cost
+    one_in_step = make_plan(dlrm, target=_profile(tmp_path, "d.json", **ranks, rank_step_call_us=(in_step_us, "s"))).cost
+    assert (one.step_ms_overlap, one.exchange_ms) == (one_in_step.step_ms_overlap, one_in_step.exchange_ms)
+    assert step_collectives(make_plan(dlrm).graph, dlrm) == (0, 0.0)
+    gpu = DEVICES["a100"]
+    assert step_call_us(gpu.__class__(**{**gpu.__dict__, "rank_step_call_us": 900.0}), 2, None) is None
+    fields = profile_fields({"base": "cpu", "measured": {"rank_step_call_us": {"value": 1234.5}}}, "p.json")
+    assert fields == {"rank_step_call_us": 1234.5}
+
+
+def test_the_ranks_step_more_blocks_while_the_slowest_of_each_step_has_too_few_clean_rounds():
+    """A busy machine's rounds (each waited for cores) would be taken less their wait, which for
+    ranks waiting on each other in every call is not what a run shows: more blocks of steps, up
+    to MORE_BLOCKS, decided alike on every rank from the same gathered rounds."""
+    from flowrec.measure import robust
+    from flowrec.measure.concurrent import MORE_BLOCKS, more_sharded_steps
+
+    rng = random.Random()
+    steps = rng.randrange(10, 40)
+
+    def rounds(clean: int, n: int) -> list[list[float]]:
+        out = [[rng.uniform(8.0, 14.0), rng.uniform(3.0, 6.0)] for _ in range(n)]
+        for i in rng.sample(range(n), clean):
+            out[i][1] = 0.0
+        return out
+
+    busy = [rounds(0, steps), rounds(0, steps)]
+    assert more_sharded_steps(busy, steps)
+    quiet = [rounds(steps, steps), rounds(steps, steps)]
+    assert not more_sharded_steps(quiet, steps)
+    few = [rounds(robust.MIN_CLEAN - 1, steps), rounds(steps, steps)]  # the slowest of a step is either rank's
+    slowest_clean = sum(max(a, b, key=lambda wq: wq[0])[1] == 0.0 for a, b in zip(*few))
+    assert more_sharded_steps(few, steps) == (slowest_clean < robust.MIN_CLEAN)
+    assert not more_sharded_steps([rounds(0, MORE_BLOCKS * steps)] * 2, steps)  # at most MORE_BLOCKS blocks
