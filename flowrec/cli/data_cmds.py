@@ -44,6 +44,10 @@ Examples:
   flowrec data convert movielens ml-100k/ data/ml/ --spec specs/movielens.yaml --test-fraction 0.2
 
   flowrec data convert csv day2.csv data/day2/ --spec spec.yaml --encoder-from runs/day1
+
+  flowrec data convert parquet events/ data/events/ --spec spec.yaml     # a Parquet file or folder
+
+  flowrec data convert csv clicks.csv.gz data/clicks/ --spec spec.yaml   # .gz / .bz2 read as plain
 """
 
 SYNTH_HELP = """Write synthetic data for any spec (Zipf-skewed ids, learnable labels) as Parquet.
@@ -96,7 +100,7 @@ def _spec(path: Path):
 
 
 def convert(
-    fmt: str = typer.Argument(..., metavar="FORMAT", help="criteo | avazu | libsvm | libfm | csv | movielens"),
+    fmt: str = typer.Argument(..., metavar="FORMAT", help="criteo | avazu | libsvm | libfm | csv | movielens | parquet"),
     source: Path = typer.Argument(..., help="Input file (folder for movielens)."),
     out: Path = typer.Argument(..., help="Output dataset directory."),
     spec: Path = typer.Option(..., "--spec", help="Model spec: features, tables, data.columns/options."),
