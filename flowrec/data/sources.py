@@ -159,6 +159,12 @@ def csv_chunks(path: Path, log: ErrorLog, numeric: set[str], delimiter: str, nam
         yield _checked(table, lines, log, numeric, required, hint or "")
 
 
+def _why(exc: BaseException) -> str:
+    """An exception's first line (its type's name when it has no message), for a one-line error."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def _unique_columns(path: Path, names: list[str]) -> None:
     """DataError naming a column the input names twice (which of the two is meant is unknowable).
 
@@ -210,30 +216,18 @@ def _binary_columns(path: Path, delimiter: str, names: list[str] | None, encodin
 
 
 def _open_lines(path: Path) -> Any:
-    """A binary file of lines, decompressed by its extension as the CSV reader does (.gz, .bz2,
-    .xz / .lzma; .zst needs its own tool first: DataError)."""
-    import bz2
-    import gzip
-    import lzma
+    """A buffered binary file of `path`'s lines, decompressed by its extension as pyarrow's CSV
+    reader decompresses it (.gz, .bz2, .zst, .lz4, ...): the CSV formats' header and libsvm's lines."""
+    import io
 
-    suffix = path.suffix.lower()
-    if suffix in (".zst", ".zstd", ".lz4", ".br"):
-        raise DataError(f"{path}: {suffix} files are read only by the CSV formats; decompress it first")
-    opener = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open, ".lzma": lzma.open}.get(suffix, open)
-    return opener(path, "rb")
+    return io.BufferedReader(pa.input_stream(str(path), compression="detect"))
 
 
-def _first_line(path: Path, block: int = 1 << 20) -> bytes:
-    """The first line of a text file, decompressed as the CSV reader decompresses it (by its
-    extension: .gz, .bz2, .zst, ...), so a compressed file's header names its columns too."""
-    head = b""
-    with pa.input_stream(str(path), compression="detect") as stream:
-        while b"\n" not in head:
-            more = stream.read(block)
-            if not more:
-                break
-            head += more
-    return head.split(b"\n", 1)[0]
+def _first_line(path: Path) -> bytes:
+    """The first line of a text file, decompressed (`_open_lines`), so a compressed file's header
+    names its columns too."""
+    with _open_lines(path) as fh:
+        return fh.readline().split(b"\n", 1)[0]
 
 
 def _line_numbers(seen: int, n: int, header: int, skipped: list[int]) -> np.ndarray:
@@ -288,14 +282,20 @@ def _numbers(text: pa.Array, lines: np.ndarray, bad: np.ndarray, log: ErrorLog, 
     """Parse a numeric column; non-numeric, non-finite (inf) and values beyond float32 (which the
     encoded float32 columns cannot hold) make the row malformed."""
     numbers = _parse_numbers(text, lines, bad, log, name)
-    values = numbers.to_numpy(zero_copy_only=False)
-    present = numbers.is_valid().to_numpy(zero_copy_only=False)
+    _float32_rows(numbers.to_numpy(zero_copy_only=False), numbers.is_valid().to_numpy(zero_copy_only=False),
+                  lambda i: text[i].as_py(), lines, bad, log, name)
+    return numbers
+
+
+def _float32_rows(values: np.ndarray, present: np.ndarray, shown: Callable[[int], Any], lines: np.ndarray,
+                  bad: np.ndarray, log: ErrorLog, name: str) -> None:
+    """Mark malformed the rows whose present value is non-finite or beyond float32 (what the encoded
+    float32 columns cannot hold), logged with `shown(i)`, the value as the input wrote it."""
     with np.errstate(invalid="ignore"):
         wrong = present & ~(np.abs(values) <= FLOAT32_MAX)
     for i in np.flatnonzero(wrong & ~bad):
         bad[i] = True
-        log.add(int(lines[i]), f"{_number_problem(values[i])} {text[i].as_py()!r} in column {name}")
-    return numbers
+        log.add(int(lines[i]), f"{_number_problem(values[i])} {shown(i)!r} in column {name}")
 
 
 def _number_problem(value: float) -> str:
@@ -329,8 +329,8 @@ def read_libsvm(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set
     names = list(dict.fromkeys(fields + (sorted(set(fmap.values())) if fmap else [])))
     try:
         fh = _open_lines(path)
-    except OSError as exc:
-        raise DataError(f"cannot read {path}: {exc.strerror}") from None
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise DataError(f"cannot read {path}: {getattr(exc, 'strerror', None) or _why(exc)}") from None
     with fh:
         lineno = 0
         while True:
@@ -515,7 +515,7 @@ def _double_colon_ratings(path: Path) -> pd.DataFrame:
     try:
         raw = pd.read_csv(path, sep=":", header=None, usecols=[0, 2, 4, 6], dtype=str, encoding="latin-1")
     except (ValueError, pd.errors.ParserError) as exc:
-        raise DataError(f"{path}: not user::item::rating::timestamp lines ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+        raise DataError(f"{path}: not user::item::rating::timestamp lines ({_why(exc)})") from None
     values = raw.apply(pd.to_numeric, errors="coerce")
     bad = values.isna().any(axis=1).to_numpy().nonzero()[0]
     if len(bad):
@@ -580,7 +580,7 @@ def read_parquet(path: Path, options: dict[str, Any], log: ErrorLog, numeric: se
             if table.num_rows:
                 yield _parquet_checked(table, lines, log, numeric, path)
     except (OSError, pa.ArrowInvalid) as exc:
-        raise DataError(f"cannot read {path} as Parquet: {str(exc).splitlines()[0]}") from None
+        raise DataError(f"cannot read {path} as Parquet: {_why(exc)}") from None
 
 
 def _parquet_checked(table: pa.Table, lines: np.ndarray, log: ErrorLog, numeric: set[str], path: Path) -> pa.Table:
@@ -601,11 +601,7 @@ def _parquet_checked(table: pa.Table, lines: np.ndarray, log: ErrorLog, numeric:
             raise DataError(f"{path}: column {name} holds {kind} values; a label or dense feature needs numbers")
         values = pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False)
         present = ~np.isnan(values)
-        with np.errstate(invalid="ignore"):
-            wrong = present & ~(np.abs(values) <= FLOAT32_MAX)
-        for i in np.flatnonzero(wrong & ~bad):
-            bad[i] = True
-            log.add(int(lines[i]), f"{_number_problem(values[i])} {float(values[i])!r} in column {name}")
+        _float32_rows(values, present, lambda i: float(values[i]), lines, bad, log, name)
         cols[name] = pa.array(values, pa.float64(), mask=~present)
     cols[LINE_COLUMN] = pa.array(lines, pa.int64())
     out = pa.table(cols)
