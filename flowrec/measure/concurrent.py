@@ -457,7 +457,8 @@ def worker(rank: int, world_size: int, port: int) -> list[dict[str, float]] | No
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=GROUP_TIMEOUT_S))
     try:
-        spec = with_batch(load_spec(Path(job["spec"])), int(job["batch"]))
+        full = load_spec(Path(job["spec"]))  # the world-size plan's real step runs at its global batch
+        spec = with_batch(full, int(job["batch"]))
         plan = make_plan(spec, target=job["profile"])
         device = torch.device("cpu")
         calls: list[float] = []
@@ -488,7 +489,6 @@ def worker(rank: int, world_size: int, port: int) -> list[dict[str, float]] | No
                 "staged_call_us": statistics.median(staged_calls) * 1e6, "staged_clean": staged.clean,
                 "live_clean": live.clean, "staged_method": staged.method, "live_method": live.method,
                 "values_per_batch": _values(_staged(spec, plan, 1)[0])}
-        full = load_spec(Path(job["spec"]))  # the world-size plan's real step, at the global batch
         if not any(t.managed is not None for t in full.tables):
             mine["sharded_steps_ms"] = sharded_steps(full, job["profile"], world_size, rank, int(job["steps"]),
                                                      dist.barrier, job.get("device_budget"))
