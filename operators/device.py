@@ -363,3 +363,12 @@ def select_device(device: torch.device) -> None:
     """Make `device` this process's current CUDA device (one rank per GPU); nothing on CPU."""
     if device.type == "cuda":
         torch.cuda.set_device(device)
+
+
+def forked_generators(device: torch.device) -> AbstractContextManager:
+    """A block whose use of torch's process generators (the CPU one, and `device`'s when it is a
+    CUDA device) leaves them as they were before it."""
+    if device.type != "cuda":
+        return torch.random.fork_rng(devices=[])
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return torch.random.fork_rng(devices=[index])

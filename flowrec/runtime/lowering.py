@@ -35,6 +35,7 @@ from flowrec.spec.model import ModelSpec
 from operators import registry
 from operators.dense import concat_flat, flat_rows
 from operators.device import CompiledCall, runtime_for
+from operators.custom import CustomModule
 from operators.regularize import GhostBatchNorm, SeededDropout
 
 GATHER_MIN_SLOTS = 4  # from this many input slots on, one gather replaces per-slot slices + cat
@@ -162,6 +163,7 @@ class LoweredModel(nn.Module):
         several ranks, batch norm layers sum their statistics over the ranks."""
         self.noise = [m for m in self.ops.modules() if isinstance(m, SeededDropout)]
         self.noise_seed = seed
+        self.custom = any(isinstance(m, CustomModule) for m in self.ops.modules())
         if self.world is not None:  # batch norm by the global batch's statistics
             from flowrec.runtime.distributed.data_parallel import sum_over_ranks
 
@@ -180,6 +182,16 @@ class LoweredModel(nn.Module):
         for i, module in enumerate(self.noise):
             module.reseed((base * NOISE_MIX + i) % (1 << 63), first_row)
         self.noise_steps += 1
+
+    def seed_custom(self, step: int, rank: int = 0) -> None:
+        """Seed torch's process generator for training step `step` (0-based) of rank `rank`, when
+        the model has custom modules: a user's module may draw from it (`nn.Dropout`, `torch.rand`),
+        and an unseeded generator starts anywhere in a new process (torch seeds it at random), so
+        two runs of one seed, or a run and its resumed copy, would draw other numbers. Seeded from
+        (seed, step, rank) they draw the same at every step, whatever ran before. flowrec's own
+        dropout never reads this generator (`reseed_noise`)."""
+        if self.custom:
+            torch.manual_seed(((self.noise_seed * NOISE_MIX + step) * NOISE_MIX + rank) % (1 << 63))
 
     def dense_parameters(self) -> list[nn.Parameter]:
         """Parameters trained by torch.optim (packed tables are updated in their backward)."""

@@ -14,6 +14,7 @@ Example:
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -58,6 +59,7 @@ from flowrec.runtime.retrieval import read_items, sampler as negative_sampler
 from flowrec.runtime.step import DEFAULT_LOOKAHEAD, make_dense_optimizer, train_step
 from flowrec.spec.load import to_dict
 from flowrec.spec.model import ModelSpec
+from operators.device import forked_generators
 
 INTERRUPT_FLAG, STOP_FLAG = 0, 1  # the flags the ranks agree on each step (`DenseParallel`), in this order
 HORIZON_WINDOWS = 3  # lookahead caches: staged horizon, in windows, that victims are chosen by
@@ -349,7 +351,8 @@ class Trainer:
             self.log = MetricsLog(Path(cfg.out_dir) / METRICS_FILE, cfg.tensorboard,
                                   keep_through_step=self.position.step)
         try:
-            return self._fit(train_source, eval_source, total)
+            with self._own_generator():
+                return self._fit(train_source, eval_source, total)
         except TrainingStopped as exc:
             self.checkpointer.drain()
             if self.log is not None:
@@ -360,6 +363,14 @@ class Trainer:
             self.model.close()
             if self.log is not None:
                 self.log.close()
+
+    def _own_generator(self) -> Any:
+        """Training reseeds torch's process generator at every step of a model with custom
+        modules (`LoweredModel.seed_custom`); the caller's generator (`flowrec.train` in a user's
+        process) is given back as it was."""
+        if not getattr(self.model, "custom", False):
+            return contextlib.nullcontext()
+        return forked_generators(self.model.device)
 
     def _start_schedule(self) -> None:
         """Fix the schedule's horizon (kept from the checkpoint on resume)."""
@@ -497,6 +508,7 @@ class Trainer:
             managed.before_step(self.model.embeddings, batch)
         try:
             model = LossGuard(self.model) if self.parallel is None else self.model  # ranks agree on it
+            self.model.seed_custom(self.position.step, 0 if self.world is None else self.world.rank)
             result = train_step(model, self.optimizer, batch, self.micro_batches, self.precision,
                                 self.clip_grad_norm, self.parallel), None
         except NonFiniteLoss as bad:

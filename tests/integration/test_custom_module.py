@@ -2,13 +2,16 @@
 predicts in a process where that file no longer exists; a bad class path is one line, exit 2."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import torch
 from typer.testing import CliRunner
 
+import flowrec
 from flowrec.cli import app
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,6 +29,20 @@ BLOCKS = textwrap.dedent('''
 
         def forward(self, x):
             return torch.relu(self.up(self.down(x * torch.sigmoid(self.gate(x)))))
+
+
+    class Noisy(nn.Module):
+        """Draws from torch's process generator: dropout and additive noise while training."""
+        def __init__(self, in_features, rank):
+            super().__init__()
+            self.down = nn.Linear(in_features, rank)
+            self.drop = nn.Dropout(0.4)
+
+        def forward(self, x):
+            h = self.down(x)
+            if self.training:
+                h = h + 0.1 * torch.randn_like(h)
+            return self.drop(torch.relu(h))
 ''')
 SPEC = """
 name: custom_cli
@@ -89,3 +106,34 @@ def test_a_bad_class_path_is_one_line_and_exit_2(tmp_path):
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1 and "modules[1].class" in lines[0] and "cannot import" in lines[0], result.output
     assert "Traceback" not in result.output
+
+
+def _losses(run: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()
+            if '"loss"' in line and json.loads(line).get("event") == "train"]
+
+
+def test_a_custom_module_drawing_random_numbers_trains_reproducibly_and_resumes_exactly(tmp_path):
+    """torch's process generator starts at a random seed in every process: a user's nn.Dropout
+    drew other masks in two runs of one seed and after a resume. Training seeds it per step."""
+    (tmp_path / "blocks.py").write_text(BLOCKS)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.format(path=tmp_path / "blocks.py", cls="Noisy"))
+    args = ["train", str(spec), "--rows", "3000", "-q"]
+    for name, steps in (("a", "12"), ("b", "6")):
+        done = runner.invoke(app, [*args, "--max-steps", steps, "--out", str(tmp_path / name)])
+        assert done.exit_code == 0, done.output
+    torch.manual_seed(12345)  # the process's generator moves on between the runs
+    resumed = runner.invoke(app, ["train", str(spec), "--resume", str(tmp_path / "b"), "--max-steps", "12", "-q"])
+    assert resumed.exit_code == 0, resumed.output
+    a, b = _losses(tmp_path / "a"), _losses(tmp_path / "b")
+    assert len(a) == 12 and a == b
+    first = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=True)["model"]
+    second = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=True)["model"]
+    assert any("inner.down" in key for key in first)
+    for key, value in first.items():
+        assert torch.equal(value, second[key]), key
+
+    before = torch.get_rng_state()
+    flowrec.train(spec, rows=1000, max_steps=2)
+    assert torch.equal(torch.get_rng_state(), before)  # the caller's generator is given back
