@@ -15,7 +15,7 @@ from typing import Optional
 import typer
 
 from flowrec.cli.common import fail, is_lead_rank, load_spec_or_exit, planned_spec_or_exit
-from flowrec.runtime.messages import first_line
+from flowrec.runtime.messages import first_line, out_of_memory
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
 EXIT_OUT_OF_MEMORY = 3
@@ -377,8 +377,6 @@ def _train_in_folder(request: RunRequest, spec, folder: Path, world=None) -> Non
 
 
 def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | None, world=None) -> None:
-    import torch
-
     from flowrec.runs.plan import device_for_run, plan_for_run
     from flowrec.runs.settings import write_run_file
     from flowrec.data.layout import DataError
@@ -457,10 +455,10 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     except KeyboardInterrupt:
         fail(f"interrupted (Ctrl-C) at step {trainer.position.step}; continue with  {resume_cmd}",
              EXIT_INTERRUPTED)
-    except torch.OutOfMemoryError as exc:
-        fail(f"out of memory at step {trainer.position.step + 1} on {session.device}: {first_line(exc)}; "
-             f"{trainer.checkpoint_note()}. {memory_hint()}", EXIT_OUT_OF_MEMORY)
-    except RuntimeError as exc:
+    except (RuntimeError, MemoryError) as exc:
+        if out_of_memory(exc):  # torch's CUDA error, or the CPU allocator's RuntimeError
+            fail(f"out of memory at step {trainer.position.step + 1} on {session.device}: {first_line(exc)}; "
+                 f"{trainer.checkpoint_note()}. {memory_hint()}", EXIT_OUT_OF_MEMORY)
         if world is None:
             raise
         where = (f"stopped at the end of the run, after its last step ({trainer.position.step})"

@@ -400,10 +400,37 @@ def dense_memory_bytes(graph: OpGraph, spec: ModelSpec) -> int:
     return params * (2 + OPTIMIZERS[spec.dense_optimizer.name].dense_state_copies)
 
 
-def activation_bytes(graph: OpGraph, batch: int) -> int:
-    """Activations of one (micro-)batch kept for backward, with their gradients."""
+def activation_bytes(graph: OpGraph, batch: int, precision: str = "fp32") -> int:
+    """Activations of one (micro-)batch kept for backward, with their gradients, and the
+    attention masks of its `self_attention` layers (`attention_mask_bytes`)."""
     per_sample = sum(graph.nodes[n]["op"].out_bytes for n in graph)
-    return per_sample * batch * ACTIVATION_COPIES
+    return per_sample * batch * ACTIVATION_COPIES + attention_mask_bytes(graph, batch, precision)
+
+
+def attention_mask_bytes(graph: OpGraph, batch: int, precision: str = "fp32") -> int:
+    """What a batch's `self_attention` layers hold that grows with the square of the sequence:
+    torch's `scaled_dot_product_attention` turns the broadcast (B, 1, L, L) boolean mask of
+    `operators.attention` into a mask of the compute dtype (4 bytes in fp32, 2 in bf16) and keeps
+    it for backward, one per layer. Measured on the CPU (`fused` kernel, any number of heads):
+    1.35-1.6 such masks at the peak of a one-layer forward and backward, 2.6-3.1 for two layers
+    (B 16-32, L 700-1,000); one mask a layer is the estimate, below every measured peak as
+    `flowrec.planner.fit` needs. Without it a sequence of 20,000 at batch 512 planned at 1.3 GiB
+    and failed allocating 819 GB.
+
+    Example:
+        >>> from flowrec.graph.build import build_graph
+        >>> from flowrec.spec import load_spec
+        >>> attention_mask_bytes(build_graph(load_spec("specs/bst_taobao.yaml")), 1024)  # 2 layers, 51 x 51 a sample
+        21307392
+    """
+    size = DTYPE_BYTES[precision]
+    total = 0
+    for node in graph:
+        op = graph.nodes[node]["op"]
+        if op.kind == "self_attention":
+            length = op.attr("in_features") // op.out_shape[-1]  # the target (output: target) included
+            total += op.attr("num_layers") * batch * length * length * size
+    return total
 
 
 def new_rows_per_batch(unit_group: PackedGroup, batch: int, window: int, profile: AccessProfile | None,
@@ -883,7 +910,7 @@ def _memory(graph: OpGraph, spec: ModelSpec, units: list[_Unit], micro_batch: in
     parts = (
         ("tables", int(tables)),
         ("caches", int(caches)),
-        ("activations", int(activation_bytes(graph, micro_batch))),
+        ("activations", int(activation_bytes(graph, micro_batch, spec.training.precision))),
         ("dense", int(dense_memory_bytes(graph, spec))),
     )
     return parts + ((("exchange", int(exchange_buffers)),) if exchange_buffers is not None else ())

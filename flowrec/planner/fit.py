@@ -67,11 +67,27 @@ def plan_need(plan: Plan, host_is_device: bool) -> tuple[int, list[tuple[str, in
                       for g in groups if PLACEMENTS[g.placement].cached])
     parts += _spread(memory.get("dense", 0), _dense_nodes(plan))
     local = -(-plan.cost.batch_size // plan.meta.world_size) // max(1, plan.cost.micro_batches)
-    parts.append((f"activations: {{}} for {local:,} samples kept for backward", memory.get("activations", 0)))
+    parts.append((f"activations: {{}} for {local:,} samples kept for backward{_attention(plan)}",
+                  memory.get("activations", 0)))
     if "exchange" in memory:
         parts.append(("exchange buffers: {}", memory["exchange"]))
     parts = sorted((p for p in parts if p[1] > 0), key=lambda p: (-p[1], p[0]))
     return sum(b for _, b in parts), parts
+
+
+def _attention(plan: Plan) -> str:
+    """", with <module>'s L x L attention mask a sample and layer" for the `self_attention` whose
+    masks grow largest (`cost.attention_mask_bytes`), else ""."""
+    sizes = []
+    for node in plan.graph:
+        op = plan.graph.nodes[node]["op"]
+        if op.kind == "self_attention":
+            length = op.attr("in_features") // op.out_shape[-1]
+            sizes.append((op.attr("num_layers") * length * length, length, node))
+    if not sizes:
+        return ""
+    _, length, node = max(sizes)
+    return f", with {node}'s {length:,} x {length:,} attention mask a sample and layer"
 
 
 def misfit(plan: Plan, limit_bytes: int, limit_name: str, host_is_device: bool = False) -> str | None:

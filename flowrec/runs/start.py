@@ -24,7 +24,7 @@ from flowrec.planner.fit import host_fit, host_misfit, host_share, misfit
 from flowrec.runs.encoder import adopt_encoder
 from flowrec.runs.errors import EXIT_OUT_OF_MEMORY, RunError
 from flowrec.runs.settings import merge_settings
-from flowrec.runtime.messages import first_line
+from flowrec.runtime.messages import first_line, out_of_memory
 from flowrec.runtime.session import Session, SessionOptions, prepare
 from flowrec.runtime.trainer import TrainConfig
 from flowrec.spec.model import ModelSpec
@@ -105,8 +105,8 @@ def start_session(spec: ModelSpec, spec_path: Path, settings: dict[str, Any], fo
     try:
         session = prepare(spec, spec_path, session_options(settings, folder), plan, device, status=status,
                           world=world)
-    except (DataError, RuntimeError, ValueError) as exc:
-        if isinstance(exc, torch.OutOfMemoryError):
+    except (DataError, RuntimeError, ValueError, MemoryError) as exc:
+        if out_of_memory(exc):
             raise RunError(f"out of memory building the model: {first_line(exc)}. {memory_hint()}",
                            EXIT_OUT_OF_MEMORY) from None
         raise RunError(str(exc), cause=exc) from None

@@ -28,7 +28,7 @@ from flowrec.graph.edges import Slot, input_slots
 from flowrec.graph.kinds import OP_KINDS, PLACEMENTS
 from flowrec.graph.types import Op, PackedGroup, Plan
 from flowrec.runtime.managed_state import managed_state
-from flowrec.runtime.messages import first_line
+from flowrec.runtime.messages import first_line, out_of_memory
 from flowrec.runtime.placement import group_embedding
 from flowrec.runtime.retrieval import bind
 from flowrec.spec.model import ModelSpec
@@ -451,10 +451,9 @@ def _embeddings(groups: tuple[PackedGroup, ...], seed: int, device: torch.device
         try:
             out[g.name] = group_embedding(g, seed, device)
         except (torch.OutOfMemoryError, MemoryError, RuntimeError) as exc:
-            reason = first_line(exc)
-            if not isinstance(exc, (torch.OutOfMemoryError, MemoryError)) and "memory" not in reason.lower():
+            if not out_of_memory(exc):
                 raise
-            raise GroupAllocationError(g, reason) from None
+            raise GroupAllocationError(g, first_line(exc)) from None
     return out
 
 

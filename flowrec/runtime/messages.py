@@ -20,3 +20,13 @@ def first_line(exc: BaseException) -> str:
         return type(exc).__name__
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return f"{lines[0]} {lines[1]}" if lines[0].endswith(":") and len(lines) > 1 else lines[0]
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """True for an allocation that failed: torch's `OutOfMemoryError` (CUDA), Python's
+    `MemoryError`, or the `RuntimeError` torch's CPU allocator raises (it has no type of its own;
+    its message says it cannot allocate memory)."""
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and "allocat" in text and "memory" in text

@@ -48,7 +48,7 @@ from flowrec.runtime.evaluation.evaluate import evaluate, group_slot
 from flowrec.runtime.lowering import LoweredModel, lower
 from flowrec.runtime.evaluation.scores import scores
 from flowrec.runtime.managed_state import eval_remapper
-from flowrec.runtime.messages import first_line
+from flowrec.runtime.messages import first_line, out_of_memory
 from flowrec.runtime.session import open_dataset, resolve_device
 from flowrec.spec.load import spec_from_dict
 from flowrec.spec.model import ModelSpec
@@ -155,7 +155,7 @@ def load_trained(run: Path, device: str, scoring: Callable[[Plan], Plan], mmap: 
     try:
         model.load_state_dict(state["model"], assign=mmap)
     except (RuntimeError, ValueError) as exc:  # e.g. a managed map the checkpoint holds is damaged
-        if isinstance(exc, torch.OutOfMemoryError):
+        if out_of_memory(exc):
             raise
         raise CheckpointError(f"{source} does not fit the spec's model ({first_line(exc)})") from None
     if mmap and not delta_files(source):  # the content check read every page: give them back until

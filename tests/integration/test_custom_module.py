@@ -43,6 +43,18 @@ BLOCKS = textwrap.dedent('''
             if self.training:
                 h = h + 0.1 * torch.randn_like(h)
             return self.drop(torch.relu(h))
+
+
+    class Hungry(nn.Module):
+        """Asks the CPU allocator for 64 TiB in a training step (not in the meta dry run)."""
+        def __init__(self, in_features, rank):
+            super().__init__()
+            self.down = nn.Linear(in_features, rank)
+
+        def forward(self, x):
+            if self.training and not x.is_meta:
+                x = x + torch.empty(1 << 44, dtype=torch.uint8)[:1].float()
+            return self.down(x)
 ''')
 SPEC = """
 name: custom_cli
@@ -137,3 +149,15 @@ def test_a_custom_module_drawing_random_numbers_trains_reproducibly_and_resumes_
     before = torch.get_rng_state()
     flowrec.train(spec, rows=1000, max_steps=2)
     assert torch.equal(torch.get_rng_state(), before)  # the caller's generator is given back
+
+
+def test_running_out_of_host_memory_in_a_step_is_one_line_and_exit_3(tmp_path):
+    """torch's CPU allocator raises a plain RuntimeError, not OutOfMemoryError: it was a traceback."""
+    (tmp_path / "blocks.py").write_text(BLOCKS)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.format(path=tmp_path / "blocks.py", cls="Hungry"))
+    done = runner.invoke(app, ["train", str(spec), "--rows", "1000", "--out", str(tmp_path / "run"), "-q"])
+    assert done.exit_code == 3, done.output
+    errors = [line for line in done.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith("error: out of memory at step 1 on cpu"), done.output
+    assert "Traceback" not in done.output and isinstance(done.exception, SystemExit)

@@ -282,3 +282,52 @@ def test_cuda_ranks_share_the_host_for_the_rows_they_keep_there(repo, monkeypatc
     with pytest.raises(RunError, match=r"keeps about 2\.\d GiB of embedding rows on the host, more than the .* of host "
                                        r"memory available to each of 2 ranks on this machine \(.* in all\)"):
         start.check_plan_fits(plan, torch.device("cuda"), world=object())
+
+
+LONG_SEQUENCE = """
+name: long_history
+features:
+  - {name: item_id, type: categorical, table: items}
+  - {name: history, type: sequence, table: items, max_len: 20000, pooling: none}
+tables:
+  - {name: items, hash_buckets: 5000, dim: 16}
+modules:
+  - {name: encoder, kind: self_attention, inputs: [history], num_heads: 2, num_layers: 2}
+  - {name: top, kind: mlp, inputs: [encoder, item_id], layers: [8]}
+heads:
+  - {name: click, input: top}
+training: {batch_size: 512, precision: PRECISION}
+"""
+
+
+@pytest.mark.parametrize("precision,size", [("fp32", 4), ("bf16", 2)])
+def test_attention_masks_count_in_the_activations_and_refuse_a_sequence_too_long(tmp_path, precision, size):
+    """A 20,000-long history at batch 512 planned at a few MiB of activations and died allocating
+    torch's (B, 1, L, L) attention mask (819 GB, a traceback). Its masks, one a layer, now count."""
+    path = tmp_path / "long.yaml"
+    path.write_text(LONG_SEQUENCE.replace("PRECISION", precision))
+    plan = make_plan(load_spec(path), target="cpu")
+    masks = 2 * 512 * 20000 * 20000 * size  # two layers
+    activations = dict(plan.cost.memory)["activations"]
+    assert masks < activations < masks + 2 * 2**30  # + the (B, L, D) sequence and outputs
+    line = misfit(plan, 64 * 2**30, "host memory", True)
+    assert line is not None and "encoder's 20,000 x 20,000 attention mask" in line
+    before = high_water()
+    done = runner.invoke(app, ["train", str(path), "--rows", "100", "--out", str(tmp_path / "run"), "-q"])
+    assert done.exit_code == 2 and "attention mask" in done.output, done.output
+    assert not (tmp_path / "run").exists() and high_water() - before < 256 * MiB
+
+
+def test_a_budget_leaves_the_attention_masks_room(repo):
+    """At a device budget the tables get what dense state and activations (masks included) leave."""
+    from flowrec.planner.cost import activation_bytes, attention_mask_bytes, dense_memory_bytes
+    from flowrec.graph.build import build_graph
+
+    spec = load_spec(repo / "specs" / "bst_taobao.yaml")
+    masks = attention_mask_bytes(build_graph(spec), spec.training.batch_size)
+    assert masks == 2 * 1024 * 51 * 51 * 4  # two layers; 50 history items and the target
+    plan = make_plan(spec, target="cpu", device_budget="64MiB")
+    group = plan.meta.groups[0]
+    fixed = dense_memory_bytes(plan.graph, spec) + activation_bytes(plan.graph, spec.training.batch_size)
+    assert group.placement == "static_hot" and masks < fixed
+    assert 0 < group.cache_rows * group.row_bytes() <= 64 * MiB - fixed

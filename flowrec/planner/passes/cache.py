@@ -89,7 +89,7 @@ def table_budget(graph: OpGraph, ctx: PassContext) -> int:
     device = device_profile(ctx.target)
     budget = ctx.device_budget_bytes if ctx.device_budget_bytes is not None else default_budget(device)
     local_batch = -(-ctx.spec.training.batch_size // plan_meta(graph).world_size)  # samples per rank
-    fixed = dense_memory_bytes(graph, ctx.spec) + activation_bytes(graph, local_batch)
+    fixed = dense_memory_bytes(graph, ctx.spec) + activation_bytes(graph, local_batch, ctx.spec.training.precision)
     return max(0, budget - fixed)
 
 
