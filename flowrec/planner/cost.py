@@ -61,6 +61,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator
 
+import networkx as nx
+
+from flowrec.graph.edges import input_slots
 from flowrec.graph.kinds import OP_KINDS, OPTIMIZERS, PLACEMENTS
 from flowrec.graph.types import ACCESS_NONE, DTYPE_BYTES, AccessProfile, CostPrediction, Op, OpGraph, PackedGroup
 from flowrec.planner import exchange
@@ -404,7 +407,37 @@ def activation_bytes(graph: OpGraph, batch: int, precision: str = "fp32") -> int
     """Activations of one (micro-)batch kept for backward, with their gradients, and the
     attention masks of its `self_attention` layers (`attention_mask_bytes`)."""
     per_sample = sum(graph.nodes[n]["op"].out_bytes for n in graph)
-    return per_sample * batch * ACTIVATION_COPIES + attention_mask_bytes(graph, batch, precision)
+    tower, drawn = sampled_item_tower(graph)
+    per_drawn = sum(graph.nodes[n]["op"].out_bytes for n in tower)  # the drawn items' tower activations
+    return (per_sample * batch * ACTIVATION_COPIES + per_drawn * drawn * ACTIVATION_COPIES
+            + attention_mask_bytes(graph, batch, precision) + retrieval_logit_bytes(graph, batch, precision))
+
+
+RETRIEVAL_LOGIT_COPIES = 3  # (B, C) tensors a retrieval softmax holds at its peak (3.3-3.4 measured)
+
+
+def retrieval_logit_bytes(graph: OpGraph, batch: int, precision: str = "fp32") -> int:
+    """What a retrieval head's softmax holds: its (B, C) logits against C candidates (in-batch:
+    every rank's rows of the batch; sampled: 1 + N), masked, scaled, logQ-corrected and their
+    log-softmax kept for backward. Measured on the CPU (`operators.retrieval.retrieval_loss`
+    forward and backward, dot and cosine, with and without logQ; B 256 with N 200,000, B 4,096
+    in-batch): 3.3-3.4 (B, C) fp32 tensors at the peak; `RETRIEVAL_LOGIT_COPIES` of the compute
+    dtype is the estimate, below every measured peak. Without it 1,000,000 sampled negatives at
+    batch 1,024 planned at 2 MiB of memory where the step needs over 12 GB.
+
+    Example:
+        >>> from flowrec.graph.build import build_graph
+        >>> from flowrec.spec import load_spec
+        >>> retrieval_logit_bytes(build_graph(load_spec("specs/two_tower_movielens.yaml")), 1024)  # in-batch
+        12582912
+    """
+    total = 0
+    for node in graph:
+        op = graph.nodes[node]["op"]
+        if op.kind == "loss" and op.attr("retrieval"):
+            candidates = retrieval_work(graph, op, batch).forward.gemms[0][2]  # the (B x D) @ (D x C) logits
+            total += RETRIEVAL_LOGIT_COPIES * batch * candidates * DTYPE_BYTES[precision]
+    return total
 
 
 def attention_mask_bytes(graph: OpGraph, batch: int, precision: str = "fp32") -> int:
@@ -771,21 +804,39 @@ def dense_seconds(graph: OpGraph, device: DeviceProfile, batch: int, bf16: bool 
     measured = dict(device.dense_ops)
     precision = precision or ("bf16" if bf16 else "fp32")
     forward = backward = 0.0
+    tower, drawn = sampled_item_tower(graph)
     for op, inputs in _dense_ops(graph):
         times = measured.get(op_signature(op, inputs, precision)) if measured else None
-        if times is None:
-            work = op_work(op, batch, inputs)
-        else:
-            work = outside_kernels(op, batch, inputs)
-            op_forward, op_backward = measured_op_seconds(times, batch)
-            forward, backward = forward + op_forward, backward + op_backward
-        forward += kernel_seconds(work.forward, device, bf16)
-        backward += kernel_seconds(work.backward, device, bf16, backward=True)
+        for rows in (batch, drawn) if op.name in tower else (batch,):  # the drawn items through their tower
+            if times is None:
+                work = op_work(op, rows, inputs)
+            else:
+                work = outside_kernels(op, rows, inputs)
+                op_forward, op_backward = measured_op_seconds(times, rows)
+                forward, backward = forward + op_forward, backward + op_backward
+            forward += kernel_seconds(work.forward, device, bf16)
+            backward += kernel_seconds(work.backward, device, bf16, backward=True)
         if times is None and op.kind == "loss" and op.attr("retrieval"):  # measured: the loss holds it
             softmax = retrieval_work(graph, op, batch)
             forward += kernel_seconds(softmax.forward, device, bf16)
             backward += kernel_seconds(softmax.backward, device, bf16, backward=True)
     return forward, backward
+
+
+def sampled_item_tower(graph: OpGraph) -> tuple[frozenset[str], int]:
+    """(the dense nodes of a retrieval head's item tower, N) for a head with N sampled negatives:
+    a step runs that tower on the N drawn items besides the batch's rows
+    (`flowrec.runtime.retrieval.item_vectors`); (empty, 0) otherwise, and for an item tower that is
+    the item id's embedding alone."""
+    skip = SPARSE_KINDS | INPUT_KINDS
+    for node in graph:
+        op = graph.nodes[node]["op"]
+        if op.kind == "head" and op.attr("task") == "retrieval" and op.attr("negatives") == "sampled":
+            source = input_slots(graph, node)[1].source
+            nodes = nx.ancestors(graph, source) | {source}
+            tower = frozenset(n for n in nodes if graph.nodes[n]["op"].kind not in skip)
+            return tower, int(op.attr("num_negatives") or 0)
+    return frozenset(), 0
 
 
 def retrieval_work(graph: OpGraph, loss: Op, batch: int) -> OpWork:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from flowrec.graph.kinds import PLACEMENTS
 from flowrec.graph.types import Plan
-from flowrec.planner.cost import SPARSE_KINDS, device_profile
+from flowrec.planner.cost import RETRIEVAL_LOGIT_COPIES, SPARSE_KINDS, device_profile, retrieval_work
 from flowrec.spec.units import format_bytes
 
 # Measured with tools/bench_peak_memory.py (bench/results/peak_memory_cpu.json, a CPU run of 3
@@ -76,18 +76,27 @@ def plan_need(plan: Plan, host_is_device: bool) -> tuple[int, list[tuple[str, in
 
 
 def _attention(plan: Plan) -> str:
-    """", with <module>'s L x L attention mask a sample and layer" for the `self_attention` whose
-    masks grow largest (`cost.attention_mask_bytes`), else ""."""
+    """What grows fastest in the activations, named: ", with <module>'s L x L attention mask a
+    sample and layer" (`cost.attention_mask_bytes`) or ", with retrieval head <head>'s logits
+    against C candidates a sample" (`cost.retrieval_logit_bytes`), the larger per sample; else ""."""
     sizes = []
     for node in plan.graph:
         op = plan.graph.nodes[node]["op"]
         if op.kind == "self_attention":
             length = op.attr("in_features") // op.out_shape[-1]
             sizes.append((op.attr("num_layers") * length * length, length, node))
+    for node in plan.graph:
+        op = plan.graph.nodes[node]["op"]
+        if op.kind == "loss" and op.attr("retrieval"):
+            head = op.attr("heads")[op.attr("retrieval")[0]]
+            candidates = retrieval_work(plan.graph, op, 1).forward.gemms[0][2]
+            sizes.append((RETRIEVAL_LOGIT_COPIES * candidates, candidates, head))
     if not sizes:
         return ""
-    _, length, node = max(sizes)
-    return f", with {node}'s {length:,} x {length:,} attention mask a sample and layer"
+    _, size, node = max(sizes)
+    if plan.graph.has_node(node) and plan.graph.nodes[node]["op"].kind == "self_attention":
+        return f", with {node}'s {size:,} x {size:,} attention mask a sample and layer"
+    return f", with retrieval head {node}'s logits against {size:,} candidates a sample"
 
 
 def misfit(plan: Plan, limit_bytes: int, limit_name: str, host_is_device: bool = False) -> str | None:

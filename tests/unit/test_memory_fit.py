@@ -331,3 +331,21 @@ def test_a_budget_leaves_the_attention_masks_room(repo):
     fixed = dense_memory_bytes(plan.graph, spec) + activation_bytes(plan.graph, spec.training.batch_size)
     assert group.placement == "static_hot" and masks < fixed
     assert 0 < group.cache_rows * group.row_bytes() <= 64 * MiB - fixed
+
+
+def test_a_retrieval_softmax_counts_its_logits_against_every_candidate(repo, tmp_path):
+    """1,000,000 sampled negatives at batch 1,024 planned at 2 MiB; the step's logits alone are
+    about 4 GB a copy."""
+    text = (repo / "specs" / "two_tower_movielens.yaml").read_text()
+    assert "negatives: {kind: in_batch}" in text
+    path = tmp_path / "many_negatives.yaml"
+    path.write_text(text.replace("negatives: {kind: in_batch}", "negatives: {kind: sampled, num: 1000000}"))
+    spec = load_spec(path)
+    plan = make_plan(spec, target="cpu")
+    logits = 3 * spec.training.batch_size * 1_000_001 * 4
+    activations = dict(plan.cost.memory)["activations"]
+    assert logits < activations < logits + 64 * MiB
+    line = misfit(plan, 2**30, "host memory", True)
+    assert line is not None and "retrieval head retrieve's logits against 1,000,001 candidates" in line
+    in_batch = make_plan(load_spec(repo / "specs" / "two_tower_movielens.yaml"), target="cpu")
+    assert dict(in_batch.cost.memory)["activations"] > 3 * 1024 * 1024 * 4  # B x B logits

@@ -61,3 +61,57 @@ def test_profiles():
     assert default_budget(DEVICES["h100"]) < DEVICES["h100"].memory_bytes
     with pytest.raises(ValueError, match="known: cpu, a100, h100"):
         device_profile("tpu")
+
+
+SAMPLED_TOWERS = {
+    "name": "towers_sampled",
+    "features": [
+        {"name": "user_id", "type": "categorical", "vocab": 943, "dim": 32},
+        {"name": "age", "type": "dense"},
+        {"name": "item_id", "type": "categorical", "vocab": 1682, "dim": 32},
+    ],
+    "modules": [
+        {"name": "user_tower", "kind": "mlp", "inputs": ["user_id", "age"], "layers": [256, 64]},
+        {"name": "item_tower", "kind": "mlp", "inputs": ["item_id"], "layers": [256, 64]},
+        {"name": "score", "kind": "similarity", "inputs": ["user_tower", "item_tower"], "metric": "cosine"},
+    ],
+    "heads": [{"name": "retrieve", "input": "score", "task": "retrieval",
+               "negatives": {"kind": "sampled", "num": 4096}, "label": "label"}],
+    "training": {"batch_size": 512},
+}
+
+
+def _loss(graph):
+    return next(graph.nodes[n]["op"] for n in graph if graph.nodes[n]["op"].kind == "loss")
+
+
+def test_sampled_negatives_go_through_the_item_tower_in_the_step_and_its_memory():
+    """A step runs the item tower on the N drawn items too (`runtime.retrieval.item_vectors`):
+    the dense time and the activations price it at N more rows, the query tower not; the same
+    towers with in-batch negatives differ by that and by the softmax's candidates alone."""
+    from flowrec.planner.cost import (ACTIVATION_COPIES, activation_bytes, dense_seconds, kernel_seconds,
+                                      retrieval_work, sampled_item_tower)
+    from flowrec.planner.op_work import op_work
+    from flowrec.spec import spec_from_dict
+
+    device = device_profile("cpu")
+    graph = make_plan(spec_from_dict(SAMPLED_TOWERS), target="cpu").graph
+    head = dict(SAMPLED_TOWERS["heads"][0], negatives={"kind": "in_batch"})
+    in_batch = make_plan(spec_from_dict(dict(SAMPLED_TOWERS, heads=[head])), target="cpu").graph
+    tower, drawn = sampled_item_tower(graph)
+    assert tower == {"item_tower"} and drawn == 4096
+    assert sampled_item_tower(in_batch) == (frozenset(), 0)
+
+    def seconds(work):
+        return kernel_seconds(work.forward, device), kernel_seconds(work.backward, device, backward=True)
+
+    item = graph.nodes["item_tower"]["op"]
+    extra = seconds(op_work(item, drawn, graph.in_degree("item_tower")))
+    softmax = [seconds(retrieval_work(g, _loss(g), 512)) for g in (graph, in_batch)]
+    base = dense_seconds(in_batch, device, 512)
+    for way, (total, plain) in enumerate(zip(dense_seconds(graph, device, 512), base)):
+        assert extra[way] > 0
+        assert total == pytest.approx(plain + extra[way] + softmax[0][way] - softmax[1][way], rel=1e-9)
+    logits = 3 * 512 * (1 + drawn - 512) * 4  # (B, 1 + N) against (B, B)
+    assert activation_bytes(graph, 512) - activation_bytes(in_batch, 512) == \
+        item.out_bytes * drawn * ACTIVATION_COPIES + logits
