@@ -129,9 +129,12 @@ def item_labels(binding: RetrievalBinding | None, batch: Batch, labels: torch.Te
 
 
 def sampler(binding: RetrievalBinding, seed: int) -> NegativeSampler:
-    """The data stage's sampler of a sampled-negatives head (after `set_counts`)."""
+    """The data stage's sampler of a sampled-negatives head (after `set_counts` where the head
+    needs the items' training frequencies; uniform draws without logQ need none)."""
     if binding.probs is None:
-        raise RuntimeError("sampled negatives: item frequencies were not set (RetrievalBinding.set_counts)")
+        if binding.needs_counts:
+            raise RuntimeError("sampled negatives: item frequencies were not set (RetrievalBinding.set_counts)")
+        binding.set_counts(np.zeros(binding.vocab + 1), torch.device("cpu"))  # uniform over the catalogue
     return NegativeSampler(binding.group, binding.bag, binding.bags, binding.row_offset,
                            int(binding.attrs["num_negatives"]), binding.probs, seed)
 

@@ -555,3 +555,20 @@ def test_the_planner_prices_sampled_negatives_as_lookups_of_the_item_group():
     assert drawn.cache_rows > 10 * plain.cache_rows  # the distinct drawn items of W+1 steps (Zipf model)
     assert plans[1].cost.h2d_bytes_per_step > plans[0].cost.h2d_bytes_per_step
     assert plans[1].cost.step_ms_serial > plans[0].cost.step_ms_serial
+
+
+def test_uniform_sampled_negatives_without_logq_train_from_the_trainer(monkeypatch, tmp_path):
+    """The default sampled head (`distribution: uniform`, no logQ) needs no item counts, so the
+    trainer read none and its sampler failed at the first batch with a RuntimeError traceback."""
+    import flowrec
+    import flowrec.runtime.trainer as trainer_module
+
+    doc = retrieval_doc(5, {"kind": "sampled", "num": 8}, False)
+    passes = []
+    monkeypatch.setattr(trainer_module, "read_items", lambda *args: passes.append(args))
+    run = flowrec.train(spec_from_dict(doc), rows=600, max_steps=3, seed=2, out=tmp_path / "run")
+    assert passes == []  # no pass over the item column
+    losses = [h["loss"] for h in run.history if h.get("event") == "train"]
+    assert len(losses) == 3 and all(math.isfinite(x) for x in losses)
+    probs = run.trained.model.retrieval.probs
+    assert probs[0] == 0 and torch.allclose(probs[1:], torch.full_like(probs[1:], 1 / ITEMS))
