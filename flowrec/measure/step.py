@@ -408,13 +408,16 @@ def op_seconds(plan: Any, spec: ModelSpec, device: torch.device, nodes: Sequence
 def _loss_inputs(model: LoweredModel, spec: ModelSpec, batch: Any) -> tuple:
     """The loss's inputs in a training step on `batch`, as `train_step` gives them: the dense
     forward's logits (a new leaf), the labels (a retrieval head's item ids in its column) and a
-    retrieval head's candidates (logQ; sampled items' vectors, without gradient)."""
+    retrieval head's candidates (logQ; sampled items' vectors, a new leaf: the step's backward
+    computes their gradient, which goes on through the item tower, priced apart)."""
     binding = getattr(model, "retrieval", None)
     labels = item_labels(binding, batch, batch.labels).to(model.device)
     with torch.no_grad(), autocast_context(model.device, spec.training.precision):
         batch, emb, negatives, neg_rows = embed_step(model, binding, batch)
         logits = model.dense_forward(batch.dense.to(model.device), emb, model.sequence_masks(batch))
         cands = candidates(model, binding, negatives, neg_rows)
+    if cands is not None and cands.vectors is not None:  # the step's backward reaches the sampled items' vectors
+        cands = replace(cands, vectors=cands.vectors.detach().requires_grad_(True))
     return logits.detach().requires_grad_(True), labels, cands
 
 

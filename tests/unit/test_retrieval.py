@@ -572,3 +572,18 @@ def test_uniform_sampled_negatives_without_logq_train_from_the_trainer(monkeypat
     assert len(losses) == 3 and all(math.isfinite(x) for x in losses)
     probs = run.trained.model.retrieval.probs
     assert probs[0] == 0 and torch.allclose(probs[1:], torch.full_like(probs[1:], 1 / ITEMS))
+
+
+def test_calibration_times_the_sampled_loss_with_the_gradient_to_the_drawn_items():
+    """The calibrated loss of a sampled head ran its backward without the (B x N) GEMM to the drawn
+    items' vectors, which a step computes (and sends on through the item tower)."""
+    from flowrec.measure import step as measure_step
+
+    spec = spec_from_dict(retrieval_doc(7, {"kind": "sampled", "num": 32}, False))
+    plan = make_plan(spec, target="cpu")
+    model = lower(plan, spec, "cpu")
+    batch = measure_step._staged(spec, plan, 1)[0]
+    logits, labels, cands = measure_step._loss_inputs(model, spec, batch)
+    assert cands.vectors.shape[0] == 32 and cands.vectors.is_leaf and cands.vectors.requires_grad
+    model.loss(logits, labels, cands).backward()
+    assert cands.vectors.grad is not None and cands.vectors.grad.abs().sum() > 0
