@@ -222,7 +222,7 @@ class CostPrediction:
         batch_size: samples per step.
         micro_batches: micro-batches per step used for the overlapped time.
         stage_ms: (stage, milliseconds) for staging, transfer, sparse, dense, backward.
-        step_ms_serial: every stage back to back.
+        step_ms_serial: every stage back to back (and the epoch's lean below, in no stage).
         step_ms_overlap: with prefetch (staging hidden) and D-interleaving over micro-batches: the
             typical step; one process on data of known length also holds what its epochs' starts
             move the typical step by (a calibrated profile's `epoch_lean_us`: `cost.epoch_lean_seconds`).

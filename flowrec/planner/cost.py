@@ -54,8 +54,9 @@ Device profiles carry the constants, with units in their names. Sources and assu
   steps beside the pipeline's start in the share they have in an epoch. For epochs of 8 batches
   (1,024 of 8,192 rows) 2-3 slowed steps of 8 move that median above the mid-epoch step the other
   terms price. `epoch_lean_us` (measured on the trainer's epoch path, by an epoch's length) adds
-  it to the one-process step where the access profile knows the dataset's rows
-  (`epoch_lean_seconds`); the throughput already holds it in the epoch's start.
+  it to the one-process step (serial and overlapped; not to any stage) where the access profile
+  knows the dataset's rows (`epoch_lean_seconds`); the throughput already holds it in the epoch's
+  start.
 
 Example:
     >>> DEVICES["h100"].hbm_gbps
@@ -543,7 +544,7 @@ def predict(graph: OpGraph, spec: ModelSpec, device: DeviceProfile, *, micro_bat
         batch_size=spec.training.batch_size,
         micro_batches=mb,
         stage_ms=tuple((name, round(t * 1e3, 6)) for name, t in stages),
-        step_ms_serial=round(serial * 1e3, 6),
+        step_ms_serial=round((serial + lean_s) * 1e3, 6),
         step_ms_overlap=round((overlap + lean_s) * 1e3, 6),
         samples_per_s=round(spec.training.batch_size / (overlap + epoch_s), 3) if overlap > 0 else 0.0,
         h2d_bytes_per_step=int(h2d) if device.pcie_gbps or any(PLACEMENTS[u.placement].host_side for u in units) else 0,
