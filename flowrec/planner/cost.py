@@ -48,7 +48,8 @@ Device profiles carry the constants, with units in their names. Sources and assu
   is in the throughput (`samples_per_s`: a run's samples over its time), spread over the epoch's
   batches where the access profile knows the dataset's rows (`epoch_start_seconds`), not in the
   step time (`step_ms_overlap`), which is the typical step: most of the cost is the wait for the
-  epoch's first batch, outside any step, and the few steps it slows are not the typical one.
+  epoch's first batch, outside any step, and the few steps it slows are not the typical one
+  (what they move the typical step by is the next point).
 * What those slowed steps move the typical step by: a run's typical step (the timing rule's
   median over all its steps, as `tools/bench_costmodel.py` measures a run) holds an epoch's first
   steps beside the pipeline's start in the share they have in an epoch. For epochs of 8 batches
