@@ -338,7 +338,7 @@ def calibration_summary(doc: dict[str, Any]) -> dict[str, Any]:
                     "timing": details.get("timing")}}
 
 
-PAIR_FIELDS = ("seconds", "compute_scale", "step_us", "staging_values_per_s")  # a further pair's calibration, kept
+PAIR_FIELDS = ("seconds", "compute_scale", "step_us", "staging_values_per_s", "epoch_lean_us")  # a further pair's calibration, kept
 
 
 OPTIONS = ("device_budget", "threads", "nproc", "cache", "one_epoch", "interleave")  # a result's run options (--merge: all equal)

@@ -119,9 +119,12 @@ def calibrate(
 
 
 def shown_value(value) -> str:
-    """A measured constant as `flowrec calibrate` prints it; per-optimizer tables one line each."""
+    """A measured constant as `flowrec calibrate` prints it; per-optimizer tables one line each; a vector
+    (`epoch_lean_us`) on one line."""
     if value is None:
         return "n/a"
+    if isinstance(value, list):
+        return " ".join(f"{x:.4g}" for x in value)
     if isinstance(value, dict):
         return "".join(f"\n  {name:22s} " + " ".join(f"{x:.4g}" for x in numbers)
                        for name, numbers in sorted(value.items()))

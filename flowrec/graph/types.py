@@ -222,10 +222,12 @@ class CostPrediction:
         batch_size: samples per step.
         micro_batches: micro-batches per step used for the overlapped time.
         stage_ms: (stage, milliseconds) for staging, transfer, sparse, dense, backward.
-        step_ms_serial: every stage back to back.
-        step_ms_overlap: with prefetch (staging hidden) and D-interleaving over micro-batches.
-        samples_per_s: batch_size / the mean step: step_ms_overlap plus the step's share of its
-            epoch's start (a calibrated profile's `epoch_start_us` or `epoch_single_us` over the
+        step_ms_serial: every stage back to back (and the epoch's lean below, in no stage).
+        step_ms_overlap: with prefetch (staging hidden) and D-interleaving over micro-batches: the
+            typical step; one process on data of known length also holds what its epochs' starts
+            move the typical step by (a calibrated profile's `epoch_lean_us`: `cost.epoch_lean_seconds`).
+        samples_per_s: batch_size / the mean step: step_ms_overlap less that lean, plus the step's
+            share of its epoch's start (a calibrated profile's `epoch_start_us` or `epoch_single_us` over the
             epoch's batches, where both are known: `cost.epoch_start_seconds`).
         h2d_bytes_per_step: host -> device bytes (ids, offsets, dense, labels, rows).
         memory: (part, bytes) of the peak device memory of one rank, in `MEMORY_PARTS` order.

@@ -12,7 +12,8 @@ pipeline stages per CPU second (CPU only: there the data threads share the train
 their CPU time is taken from its steps; a GPU's host stages beside the device); an epoch's start is
 what epochs run as the trainer runs them (a new batch pipeline each) take beyond as many steady
 steps of one long epoch, of several batches and of one (CPU only, short steps only:
-`_epoch_start_us`).
+`_epoch_start_us`), and what those epochs' first steps, slowed beside the pipeline's start, move
+their typical step by, by the epoch's length (`epoch_lean_us`, from the same epochs' steps).
 
 One timing rule for every measurement (`flowrec.measure.robust.estimate`: the median of the
 rounds other processes did not delay, else the median round less its wait), the rule
@@ -123,6 +124,12 @@ def spec_constants(spec: ModelSpec, device: torch.device, measured: dict[str, tu
                    f"steps; at least 0; measured for live steps up to {EPOCH_MAX_STEP_MS:g} ms (else 0: not priced)")
             out["epoch_start_us"] = (starts[0], how.format(f"{EPOCH_BATCHES} batches", EPOCH_ROUNDS[0]))
             out["epoch_single_us"] = (starts[1], how.format("one batch", EPOCH_ROUNDS[1]))
+            out["epoch_lean_us"] = (start_details.get("lean_us", [0.0] * EPOCH_BATCHES), (
+                f"for an epoch of n = 1 .. {EPOCH_BATCHES} batches as the trainer runs it, the timing rule over the "
+                f"steps at its positions 0 .. n-1 (of {EPOCH_ROUNDS[0]} epochs of {EPOCH_BATCHES} batches; n = 1: "
+                f"of {EPOCH_ROUNDS[1]} one-batch epochs) less that over the steps of the second half of the "
+                f"{EPOCH_BATCHES}-batch epochs (mid-epoch steps); at least 0; what an epoch's start moves the "
+                f"typical step of such epochs by; measured for live steps up to {EPOCH_MAX_STEP_MS:g} ms (else 0)"))
             details["epoch_start"] = start_details
     return out, details
 
@@ -309,9 +316,10 @@ def _epoch_start_us(spec: ModelSpec, device: torch.device, plan: Any, live_ms: f
     it: it is measured apart, not as a share of a longer epoch's start."""
     if live_ms > EPOCH_MAX_STEP_MS:
         return (0.0, 0.0), {"not_measured": f"live step {live_ms:.1f} ms > {EPOCH_MAX_STEP_MS:g} ms"}
-    values, details = [], {}
+    values, details, positions = [], {}, []
     for batches, rounds in zip((EPOCH_BATCHES, 1), EPOCH_ROUNDS):
         whole, steady, by_position = epoch_seconds(plan, spec, device, batches, rounds)
+        positions.append(by_position)
         epoch, step = (robust.LOG.add(robust.estimate(r)) for r in (whole, steady))
         extra = max(0.0, epoch.seconds - batches * step.seconds)
         values.append(extra * 1e6)
@@ -319,4 +327,38 @@ def _epoch_start_us(spec: ModelSpec, device: torch.device, plan: Any, live_ms: f
             "epoch_ms": epoch.seconds * 1e3, "steady_step_ms": step.seconds * 1e3, "extra_ms": extra * 1e3,
             "step_ms_by_position": [robust.estimate(r).seconds * 1e3 for r in by_position],
             "epochs": len(whole), "methods": [epoch.method, step.method]}
+    details["lean_us"] = epoch_lean_us(positions[0], positions[1][0])
     return (values[0], values[1]), details
+
+
+def epoch_lean_us(by_position: list[list[robust.Round]], single: list[robust.Round]) -> list[float]:
+    """For an epoch of n = 1 .. len(by_position) batches, us its start moves the typical step of
+    such epochs by: the timing rule over the rounds of positions 0 .. n-1 of the epochs measured
+    by position (`epoch_seconds`; n = 1: the `single` rounds of one-batch epochs, measured apart)
+    less the timing rule over the rounds of their second half (mid-epoch steps, which the step's
+    other constants price); at least 0 (a faster start is noise, not a saving).
+
+    The trainer opens a new batch pipeline for every epoch, and its first steps run beside the
+    pipeline's start (its readers, shuffle and packing on the data threads, which take the cores
+    and the interpreter lock: measured on custom_module's 1.4 ms step, 5-7 voluntary context
+    switches in each of an epoch's first two steps against under 0.5 mid-epoch); a run's typical
+    step, the timing rule's median over all its steps, then sits above the mid-epoch step by an
+    amount that depends on the slowed steps' share of an epoch, measured here for each length.
+
+    Args:
+        by_position: per position of an epoch, that position's rounds over the epochs measured.
+        single: the rounds of one-batch epochs' steps.
+
+    Returns:
+        len(by_position) values, us (the n-th: an epoch of n batches).
+
+    Example:
+        >>> r = lambda *ms: [robust.Round(m * 1e-3) for m in ms]
+        >>> epoch_lean_us([r(3, 3), r(2, 2), r(1, 1), r(1, 1)], r(4, 4))
+        [3000.0, 1500.0, 1000.0, 500.0]
+    """
+    mid = robust.estimate([r for p in by_position[len(by_position) // 2:] for r in p]).seconds
+    out = [max(0.0, robust.estimate(list(single)).seconds - mid) * 1e6]
+    for n in range(2, len(by_position) + 1):
+        out.append(max(0.0, robust.estimate([r for p in by_position[:n] for r in p]).seconds - mid) * 1e6)
+    return out

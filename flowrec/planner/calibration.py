@@ -3,11 +3,13 @@
 A profile document is JSON: the datasheet profile it starts from (`base`), the constants measured
 here with how each was measured (`measured`: {field: {"value", "how"}}), the machine and the time.
 A value is a number, or for the per-optimizer costs (`TABLES`) {optimizer: [numbers]}, or for the
-measured dense ops (`OP_TABLES`) {op signature: [numbers]}. Fields not measured keep the base's
+measured dense ops (`OP_TABLES`) {op signature: [numbers]}, or for a per-length vector (`VECTORS`:
+`epoch_lean_us`, by an epoch's batches) [numbers]. Fields not measured keep the base's
 datasheet value and are listed under `datasheet`; older documents load with datasheet values for
 what they lack (version 1: the per-op constants; version 2: the measured dense ops, the per-step
 framework cost and the staging rate; a version 3 document without `compute_scale`: 1, without
-`epoch_start_us` or `epoch_single_us`: 0, an epoch's start not priced). The planner
+`epoch_start_us` or `epoch_single_us`: 0, an epoch's start not priced; without `epoch_lean_us`:
+none, every step priced as a mid-epoch one). The planner
 loads a document given as `--target FILE` (`flowrec.planner.cost.device_profile`); the plan then
 names the profile and says it is calibrated. The default place is the user's cache folder
 (`$XDG_CACHE_HOME/flowrec/`, else `~/.cache/flowrec/`), one file per device kind.
@@ -44,7 +46,8 @@ COLLECTIVE = frozenset({"collective_gbps", "collective_us", "collective_world_si
 SPEC_KIND = frozenset({"managed_ns_per_id"})  # measured only on a spec that has the kind (managed tables)
 TABLES = {"dense_update": 2, "sparse_update": 5}  # per-optimizer cost vectors: field -> length
 OP_TABLES = {"dense_ops": 3}  # per measured dense op (`op_work.op_signature`): (batch, fwd us, bwd us) points
-MEASURABLE = SCALARS + tuple(TABLES) + tuple(OP_TABLES)
+VECTORS = {"epoch_lean_us": 8}  # one non-negative number per length 1 .. n (of an epoch, in batches)
+MEASURABLE = SCALARS + tuple(TABLES) + tuple(OP_TABLES) + tuple(VECTORS)
 ZERO_OK = frozenset({"sparse_fwd_us", "sparse_fwd_ns_per_id", "sparse_fwd_ns_per_elem", "gemm_us",
                      "gemm_bwd_us", "elementwise_us", "op_us", "map_ns_per_id", "map_small_ns_per_id",
                      "alloc_threshold_bytes", "alloc_ns_per_byte", "step_us",
@@ -70,7 +73,7 @@ def profile_document(base: str, measured: Mapping[str, tuple[Any, str]], machine
         base: the datasheet profile whose unmeasured constants it keeps (cpu, a100, h100).
         measured: field -> (value, how it was measured); value None: not measurable here; a
             per-optimizer table (`TABLES`) as {optimizer: [numbers]}, a dense-op table
-            (`OP_TABLES`) as {op signature: [numbers]}.
+            (`OP_TABLES`) as {op signature: [numbers]}, a vector (`VECTORS`) as [numbers].
         machine: a description of the machine.
         created: ISO time of the measurement.
         details: raw measurements (per shape / per dim), kept for the reader.
@@ -102,7 +105,7 @@ def read_profile(path: Path) -> dict[str, Any]:
 
 def profile_fields(doc: Mapping[str, Any], path: str) -> dict[str, Any]:
     """The measured constants of a document, checked: {field: value} (pcie_gbps may be None; a
-    per-optimizer or dense-op table is a tuple of (optimizer or signature, (numbers)) pairs, sorted)."""
+    per-optimizer or dense-op table is a tuple of (optimizer or signature, (numbers)) pairs, sorted; a vector a tuple of numbers)."""
     measured = doc.get("measured")
     if not isinstance(measured, dict) or not isinstance(doc.get("base"), str):
         raise ProfileError(f"{path} is damaged: no base or measured constants")
@@ -113,6 +116,8 @@ def profile_fields(doc: Mapping[str, Any], path: str) -> dict[str, Any]:
             raise ProfileError(f"{path}: {key} is not a device profile constant")
         if key in TABLES or key in OP_TABLES:
             fields[key] = _table(value, key, path)
+        elif key in VECTORS:
+            fields[key] = _vector(value, key, path)
         elif value is None and key == "pcie_gbps":
             fields[key] = None
         else:
@@ -129,6 +134,15 @@ def _number(value: Any, key: str, path: str) -> int | float:
             raise ProfileError(f"{path}: measured {key} must be a whole number, not {value!r}")
         return int(value)
     return float(value)
+
+
+def _vector(value: Any, key: str, path: str) -> tuple[float, ...]:
+    """A per-length vector: [VECTORS[key] finite non-negative numbers] (the n-th: a length of n)."""
+    size = VECTORS[key]
+    if (not isinstance(value, list) or len(value) != size
+            or any(isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 <= x < math.inf for x in value)):
+        raise ProfileError(f"{path}: measured {key} must be {size} finite non-negative numbers, not {value!r}")
+    return tuple(float(x) for x in value)
 
 
 def _table(value: Any, key: str, path: str) -> tuple[tuple[str, tuple[float, ...]], ...]:

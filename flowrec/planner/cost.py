@@ -48,7 +48,16 @@ Device profiles carry the constants, with units in their names. Sources and assu
   is in the throughput (`samples_per_s`: a run's samples over its time), spread over the epoch's
   batches where the access profile knows the dataset's rows (`epoch_start_seconds`), not in the
   step time (`step_ms_overlap`), which is the typical step: most of the cost is the wait for the
-  epoch's first batch, outside any step, and the few steps it slows are not the typical one.
+  epoch's first batch, outside any step, and the few steps it slows are not the typical one
+  (what they move the typical step by is the next point).
+* What those slowed steps move the typical step by: a run's typical step (the timing rule's
+  median over all its steps, as `tools/bench_costmodel.py` measures a run) holds an epoch's first
+  steps beside the pipeline's start in the share they have in an epoch. For epochs of 8 batches
+  (1,024 of 8,192 rows) 2-3 slowed steps of 8 move that median above the mid-epoch step the other
+  terms price. `epoch_lean_us` (measured on the trainer's epoch path, by an epoch's length) adds
+  it to the one-process step (serial and overlapped; not to any stage) where the access profile
+  knows the dataset's rows (`epoch_lean_seconds`); the throughput already holds it in the epoch's
+  start.
 
 Example:
     >>> DEVICES["h100"].hbm_gbps
@@ -113,6 +122,8 @@ class DeviceProfile:
     own work per lookup of a managed table beyond the step's ops (`managed_seconds`).
     `epoch_start_us` and `epoch_single_us` = what an epoch as the trainer runs it (a new batch
     pipeline) takes beyond its steady steps, of several batches and of one (`epoch_start_seconds`).
+    `epoch_lean_us` = for an epoch of 1 .. 8 batches, what its start's slowed steps move the
+    typical step of such epochs by (`epoch_lean_seconds`).
 
     Example:
         >>> DEVICES["cpu"].pcie_gbps is None
@@ -163,6 +174,7 @@ class DeviceProfile:
     managed_ns_per_id: float = 0.0  # the trainer's managed-table work per managed lookup (row resets, map replay); 0: not measured
     epoch_start_us: float = 0.0  # an epoch of several batches beyond its steady steps (the trainer's new pipeline); 0: not measured
     epoch_single_us: float = 0.0  # the same of a one-batch epoch; 0: not measured
+    epoch_lean_us: tuple[float, ...] = ()  # the typical step of epochs of 1 .. n batches beyond a mid-epoch one; (): not measured
 
     @property
     def constants(self) -> str:
@@ -587,13 +599,14 @@ def predict(graph: OpGraph, spec: ModelSpec, device: DeviceProfile, *, micro_bat
 
     memory = _memory(graph, spec, units, batch // mb, traffic.buffers if world > 1 else None)
     epoch_s = epoch_start_seconds(device, epoch_batches(profile, spec.training.batch_size)) if world == 1 else 0.0
+    lean_s = epoch_lean_seconds(device, epoch_batches(profile, spec.training.batch_size)) if world == 1 else 0.0
     return CostPrediction(
         target=device.name,
         batch_size=spec.training.batch_size,
         micro_batches=mb,
         stage_ms=tuple((name, round(t * 1e3, 6)) for name, t in stages),
-        step_ms_serial=round(serial * 1e3, 6),
-        step_ms_overlap=round(overlap * 1e3, 6),
+        step_ms_serial=round((serial + lean_s) * 1e3, 6),
+        step_ms_overlap=round((overlap + lean_s) * 1e3, 6),
         samples_per_s=round(spec.training.batch_size / (overlap + epoch_s), 3) if overlap > 0 else 0.0,
         h2d_bytes_per_step=int(h2d) if device.pcie_gbps or any(PLACEMENTS[u.placement].host_side for u in units) else 0,
         memory=memory,
@@ -750,6 +763,31 @@ def epoch_start_seconds(device: DeviceProfile, batches: float | None) -> float:
         return 0.0
     count = math.ceil(batches - 1e-9)
     return (device.epoch_single_us if count == 1 else device.epoch_start_us / count) * 1e-6
+
+
+def epoch_lean_seconds(device: DeviceProfile, batches: float | None) -> float:
+    """Seconds an epoch's start moves the typical step of one process by, for epochs of `batches`
+    batches (rounded up, as `epoch_start_seconds`): the n-th of `epoch_lean_us` for an epoch of
+    n <= its length batches (measured: the timing rule over the steps at positions 0 .. n-1 of
+    the trainer's epochs, less that over their second half's, `flowrec.measure.spec`), and for a
+    longer epoch the last one scaled by its share of the epoch (length / batches: the same few
+    slowed steps among more mid-epoch ones move the median proportionally less). 0 where the
+    epoch's length is unknown (no access profile of the data) or the profile did not measure it.
+    The typical step is what a run's step is measured by (`tools/bench_costmodel.py`: the timing
+    rule over every step of a run); the throughput holds the whole start (`epoch_start_seconds`).
+
+    Example:
+        >>> cpu = replace(DEVICES["cpu"], epoch_lean_us=(400.0, 300.0, 200.0, 120.0, 100.0, 90.0, 80.0, 60.0))
+        >>> [round(epoch_lean_seconds(cpu, b) * 1e6, 3) for b in (1.0, 2.5, 8.0, 16.0, 24.0)], epoch_lean_seconds(cpu, None)
+        ([400.0, 200.0, 60.0, 30.0, 20.0], 0.0)
+    """
+    lean = device.epoch_lean_us
+    if not batches or batches <= 0 or not lean:
+        return 0.0
+    count = math.ceil(batches - 1e-9)
+    if count <= len(lean):
+        return lean[count - 1] * 1e-6
+    return lean[-1] * len(lean) / count * 1e-6
 
 
 def sparse_seconds(u: _Unit, device: DeviceProfile, batch: int, profile: AccessProfile | None

@@ -107,6 +107,9 @@ def test_the_profile_records_every_constant_and_how(profile: Path):
         assert "the trainer runs it" in doc["measured"][key]["how"]
         assert doc["measured"][key]["value"] >= 0 if "batches_8" in starts else doc["measured"][key]["value"] == 0
     assert ("not_measured" in starts) != (len(starts.get("batches_8", {}).get("step_ms_by_position", [])) == 8)
+    lean = doc["measured"]["epoch_lean_us"]  # what the start moves the typical step of epochs of 1 .. 8 batches by
+    assert "the trainer runs it" in lean["how"] and len(lean["value"]) == 8 and min(lean["value"]) >= 0
+    assert lean["value"] == (starts["lean_us"] if "batches_8" in starts else [0.0] * 8)
     fields = profile_fields(doc, str(profile))
     calibrated = device_profile(str(profile))
     assert calibrated.dense_ops and calibrated.source.startswith(f"calibrated {profile}")
