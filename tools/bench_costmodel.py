@@ -250,6 +250,29 @@ def plan_layout(plan_doc: dict[str, Any], spec: Path) -> dict[str, Any]:
             "groups": [[g["name"], g["sharding"], g["placement"]] for g in plan_doc["groups"]]}
 
 
+def lumped_call_ms(profile: Path, predicted_ms: float, calls: int) -> float | None:
+    """The plan's step (`predicted_ms`, of `calls` collective calls) had its exchange been priced
+    by the lumped price per call (`rank_step_call_us`, fitted at the calibrated plan's own call
+    count) instead of the two-plan fit (`rank_step_fixed_us` + calls x `rank_step_per_call_us`,
+    `flowrec.planner.cost.step_call_fit`); None where the profile has no fit (the lumped price
+    priced it).
+
+    Example:
+        >>> import tempfile; p = Path(tempfile.mkdtemp()) / "p.json"
+        >>> _ = p.write_text(json.dumps({"measured": {"rank_step_call_us": {"value": 1500.0},
+        ...     "rank_step_fixed_us": {"value": 3000.0}, "rank_step_per_call_us": {"value": 1000.0}}}))
+        >>> lumped_call_ms(p, 20.0, 3)
+        18.5
+    """
+    measured = json.loads(Path(profile).read_text()).get("measured", {})
+    value = {k: (measured.get(k) or {}).get("value") for k in ("rank_step_call_us", "rank_step_fixed_us",
+                                                               "rank_step_per_call_us")}
+    if not value["rank_step_per_call_us"] or not value["rank_step_call_us"] or calls <= 0:
+        return None
+    fitted_us = (value["rank_step_fixed_us"] or 0.0) + calls * value["rank_step_per_call_us"]
+    return predicted_ms + (calls * value["rank_step_call_us"] - fitted_us) * 1e-3
+
+
 def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str | None,
                  cache: str | None = None, nproc: int = 1, one_epoch: bool = False,
                  max_runs: int = MAX_RUNS, recalibrate: Callable[[int], Path] | None = None,
@@ -334,6 +357,10 @@ def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str |
            "step_error_fastest_quartile": predicted_ms / quantile(timed, 0.25) - 1.0,
            "step_error_wall_median": predicted_ms / quantile(timed, 0.5) - 1.0,
            "measured_rounds_ms": [[round(r.wall, 4), round(r.waited, 4)] for r in first]}
+    lumped = lumped_call_ms(profile, predicted_ms, row["plan_layout"]["calls"]) if not pairs else None
+    if lumped is not None:  # the same plan with every call at the lumped price (what a profile without the fit gives)
+        row["predicted_step_ms_lumped_call"] = lumped
+        row["step_error_lumped_call"] = lumped / measured_ms - 1.0
     if pairs:  # each run against its own calibration; the pooled comparison (median prediction) kept beside
         row["step_error_pooled"] = row["step_error"]
         row.update(pair_errors(pairs))

@@ -156,3 +156,19 @@ def test_a_rows_layout_is_its_plans_calls_and_groups(repo):
         assert layout["calls"] == calls and [g[1] for g in layout["groups"]] == [sharding]
     one = json.loads(json.dumps(plan_document(make_plan(spec, target="cpu"))))
     assert bench.plan_layout(one, repo / "specs" / "movielens.yaml")["calls"] == 0
+
+
+def test_a_fitted_rows_plan_is_also_priced_at_the_lumped_call(tmp_path):
+    """Beside the fit's prediction a row keeps the same plan's with every call at the lumped price
+    (`rank_step_call_us`) of the same calibration; a profile without the fit has nothing beside."""
+    rng = random.Random()
+    lumped, fixed, per_call = rng.uniform(800, 2000), rng.uniform(1000, 8000), rng.uniform(200, 700)
+    profile = tmp_path / "p.json"
+    profile.write_text(json.dumps({"measured": {"rank_step_call_us": {"value": lumped},
+                                                "rank_step_fixed_us": {"value": fixed},
+                                                "rank_step_per_call_us": {"value": per_call}}}))
+    for calls in (3, 7, 10):
+        assert bench.lumped_call_ms(profile, 30.0, calls) == pytest.approx(
+            30.0 + (calls * lumped - fixed - calls * per_call) * 1e-3)
+    profile.write_text(json.dumps({"measured": {"rank_step_call_us": {"value": lumped}}}))
+    assert bench.lumped_call_ms(profile, 30.0, 6) is None
