@@ -65,7 +65,8 @@ step that plan too, and the two sharded steps give two measurements of the same 
     sharded step - one-process step - exchange bytes = rank_step_fixed_us + calls x rank_step_per_call_us
 
 (`call_fit`), which the cost model prices a plan's exchange by (`flowrec.planner.cost.step_call_fit`)
-in place of the lumped price, where fitted.
+in place of the lumped price, where the fit is exact (`fitted_constants`: two plans whose steps
+differ by more than their calls explain keep the lumped price).
 
 Example:
     >>> ranks = [{"staged_ms": 6.0, "live_ms": 7.0, "call_us": 900.0}, {"staged_ms": 5.0, "live_ms": 5.5, "call_us": 300.0}]
@@ -493,15 +494,33 @@ def shared_core_constants(spec_path: Path, spec: Any, world_size: int, measured:
     fitted = two_plan_fit(results, details, step_call, other, float(measured.get("collective_us", (0.0, ""))[0] or 0.0))
     if fitted is not None:
         details["step_call_other"], details["call_fit"] = fitted
-        fit = fitted[1]
         both = (f"{world_size} processes at once on this host, each a rank of two plans of the spec for "
-                f"{world_size} ranks (budget {device_budget or 'default'}: {fit['calls'][0]} collective calls a "
-                f"step; budget {other[0] or 'default'}: {fit['calls'][1]}), their real sharded steps fed live; per "
-                f"plan the slowest process of each step (timing rule) less the one-process step at batch {batch} "
-                f"less the exchange's bytes at the measured link; two plans, two unknowns ({fit['how']})")
-        constants["rank_step_fixed_us"] = (fit["fixed_us"], both + ": the part per step")
-        constants["rank_step_per_call_us"] = (fit["per_call_us"], both + ": the part per call (at least collective_us)")
+                f"{world_size} ranks (budget {device_budget or 'default'}: {fitted[1]['calls'][0]} collective calls "
+                f"a step; budget {other[0] or 'default'}: {fitted[1]['calls'][1]}), their real sharded steps fed "
+                f"live; per plan the slowest process of each step (timing rule) less the one-process step at batch "
+                f"{batch} less the exchange's bytes at the measured link; two plans, two unknowns")
+        constants.update(fitted_constants(fitted[1], both))
     return constants, details
+
+
+def fitted_constants(fit: dict[str, Any], how: str) -> dict[str, tuple[float, str]]:
+    """The profile constants of a two-plan `call_fit` (`rank_step_fixed_us`, `rank_step_per_call_us`,
+    each with `how`), only where the fit is exact: two plans whose steps differ by more than their
+    calls can explain (the plan with fewer calls no cheaper by at least an idle call a call, or a
+    negative fixed part) differ by more than their calls (round 13: two_tower_movielens's replicated
+    plan, 3 calls fewer, stepped 2.9 ms slower in one calibration and 0.8 ms faster in another), and
+    a split of them would misprice the calibrated plan itself; the lumped price per call
+    (`rank_step_call_us`) then prices the spec's plans, the fit stays in the details.
+
+    Example:
+        >>> exact = {"fixed_us": 2900.0, "per_call_us": 880.0, "how": "exact"}
+        >>> sorted(fitted_constants(exact, "two plans")), fitted_constants({**exact, "how": "per call at the idle call"}, "")
+        (['rank_step_fixed_us', 'rank_step_per_call_us'], {})
+    """
+    if fit["how"] != "exact":
+        return {}
+    return {"rank_step_fixed_us": (fit["fixed_us"], how + ": the part per step"),
+            "rank_step_per_call_us": (fit["per_call_us"], how + ": the part per call (at least collective_us)")}
 
 
 def two_plan_fit(results: list[dict[str, Any]], details: dict[str, Any], first: dict[str, Any] | None,

@@ -149,3 +149,24 @@ def test_two_processes_step_two_layouts_and_fit_them(repo, tmp_path: Path):
     second, fit = two_plan_fit(results, details, first, (None, 3, 0.2), 1.0)
     assert second["sharded_step_ms"] > 0 and fit["calls"] == [6, 3]
     assert fit["per_call_us"] >= 1.0 and fit["fixed_us"] >= 0.0
+
+
+def test_only_an_exact_fit_becomes_profile_constants():
+    """Two plans whose steps differ by more than their calls explain (fewer calls, no cheaper) keep
+    the lumped price: a fit beyond its bounds stays in the details only."""
+    from flowrec.measure.concurrent import fitted_constants
+
+    def plan(rest_ms: float, calls: int) -> dict:
+        return {"sharded_step_ms": 4.0 + rest_ms, "unsharded_step_ms": 4.0, "bytes_ms": 0.0, "calls": calls}
+
+    rng = random.Random()
+    fixed, per_call = rng.uniform(1.0, 9.0), rng.uniform(0.3, 1.0)
+    exact = call_fit(plan(fixed + 6 * per_call, 6), plan(fixed + 3 * per_call, 3), floor_us=100.0)
+    constants = fitted_constants(exact, "two plans")
+    assert constants["rank_step_fixed_us"][0] == pytest.approx(fixed * 1e3)
+    assert constants["rank_step_per_call_us"][0] == pytest.approx(per_call * 1e3)
+    assert all(how.startswith("two plans: the part per") for _, how in constants.values())
+    slower = call_fit(plan(11.0, 10), plan(11.0 + rng.uniform(0.5, 3.0), 7), floor_us=180.0)  # fewer calls, slower
+    assert slower["how"] == "per call at the idle call" and fitted_constants(slower, "two plans") == {}
+    steep = call_fit(plan(9.0, 6), plan(3.0, 3), floor_us=100.0)
+    assert steep["how"] != "exact" and fitted_constants(steep, "two plans") == {}
