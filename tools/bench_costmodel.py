@@ -45,7 +45,9 @@ many layouts, and a budget that shards or places the tables otherwise prices a p
 collective calls (`flowrec calibrate --nproc N` fits its per-call price on the world-size plan at
 its own budget). That run's row is the spec's at `run_device_budget` B (every row records its
 budget, the plan's collective calls a step and its groups' sharding and placement,
-`plan_layout`); the ratios are over every row.
+`plan_layout`); the ratios are over every row. Where the profile has the two-plan fit of a call's
+price (`rank_step_fixed_us`, `rank_step_per_call_us`), a row also keeps the same plan priced at the
+lumped call of the same calibration (`predicted_step_ms_lumped_call`, `lumped_call_ms`).
 
 With `--interleave` a short step's further runs each come right after a calibration of their own
 (calibrate, run, calibrate, run ...: `measure_spec`), every run of about RUN_SECONDS of steps: a
