@@ -41,7 +41,7 @@ FILES: dict[str, frozenset[str]] = {
         "test_managed_spec", "test_managed_map", "test_managed_shards", "test_days", "test_self_attention", "test_similarity",
         "test_retrieval", "test_calibrate_collective", "test_targets", "test_compiled_fallback",
         "test_dense_optimizer_fused", "test_source_mlp", "test_next_item_data", "test_truncate", "test_memory_fit",
-        "test_robust_timing", "test_cost_kinds", "test_onednn_linear", "test_cost_shared_cores", "test_cost_managed",
+        "test_robust_timing", "test_cost_kinds", "test_onednn_linear", "test_cost_shared_cores", "test_cost_call_fit", "test_cost_managed",
         "test_cost_epoch_start",
     )},
     "tests/unit/test_lifecycle_hostile.py": FAST,  # hostile input to runs, --follow, plan --managed-from
@@ -89,6 +89,7 @@ TESTS: dict[str, frozenset[str]] = {
     "tests/unit/test_calibrate_collective.py::test_processes_that_do_not_finish_in_time_are_killed_and_named":
         frozenset({"processes"}),
     "tests/unit/test_cost_shared_cores.py::test_two_processes_step_the_spec_at_once": frozenset({"processes"}),
+    "tests/unit/test_cost_call_fit.py::test_two_processes_step_two_layouts_and_fit_them": frozenset({"processes"}),
     "tests/unit/test_render.py::test_svg_is_deterministic_across_processes": frozenset({"processes"}),
     "tests/integration/test_cli_plan.py::test_planning_imports_no_torch_or_dask": frozenset({"processes"}),
     "tests/integration/test_cli_spec_hostile.py::test_loader_crashers_in_subprocess": frozenset({"processes"}),

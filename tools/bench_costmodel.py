@@ -39,6 +39,16 @@ Ratios:
     costmodel_max_pair_error_spread (`--interleave`): max over specs of the spread (max - min) of
         a spec's per-pair step errors: how far the host moved one comparison from the next.
 
+With `--other-budget B` (`none`: no device budget) every spec is also run under a second device
+budget from the same calibration (the one at `--device-budget`): a user calibrates once and plans
+many layouts, and a budget that shards or places the tables otherwise prices a plan with other
+collective calls (`flowrec calibrate --nproc N` fits its per-call price on the world-size plan at
+its own budget). That run's row is the spec's at `run_device_budget` B (every row records its
+budget, the plan's collective calls a step and its groups' sharding and placement,
+`plan_layout`); the ratios are over every row. Where the profile has the two-plan fit of a call's
+price (`rank_step_fixed_us`, `rank_step_per_call_us`), a row also keeps the same plan priced at the
+lumped call of the same calibration (`predicted_step_ms_lumped_call`, `lumped_call_ms`).
+
 With `--interleave` a short step's further runs each come right after a calibration of their own
 (calibrate, run, calibrate, run ...: `measure_spec`), every run of about RUN_SECONDS of steps: a
 run is judged against the plan of the profile measured next to it, and the spec's step error is
@@ -50,7 +60,8 @@ still comes from `flowrec calibrate` and the plan alone.
 
 Usage:
     python tools/bench_costmodel.py [--steps 20] [--profile FILE] [--device-budget 64MiB] [--cache POLICY]
-        [--specs a.yaml,b.yaml] [--threads N] [--nproc N] [--one-epoch] [--runs 3] [--interleave] [--json PATH]
+        [--specs a.yaml,b.yaml] [--threads N] [--nproc N] [--one-epoch] [--runs 3] [--interleave]
+        [--other-budget none|SIZE] [--json PATH]
     python tools/bench_costmodel.py --merge part1.json,part2.json --json PATH
 """
 from __future__ import annotations
@@ -228,9 +239,46 @@ def pair_errors(pairs: list[tuple[float, list[robust.Round]]]) -> dict[str, Any]
             "step_error": quantile(errors, 0.5)}
 
 
+def plan_layout(plan_doc: dict[str, Any], spec: Path) -> dict[str, Any]:
+    """What a run's plan (`plan_doc`, its plan.json) lays out for the collectives: its collective
+    calls a step and the bytes one rank sends (`flowrec.planner.cost.step_collectives`, as the
+    cost model prices them; 0 for one rank) and each group's [name, sharding, placement]."""
+    from flowrec.graph.plan_io import plan_from_document
+    from flowrec.planner.cost import step_collectives
+
+    plan = plan_from_document(plan_doc)
+    calls, sent = step_collectives(plan.graph, load_spec(spec))
+    return {"calls": calls, "exchange_bytes": sent,
+            "groups": [[g["name"], g["sharding"], g["placement"]] for g in plan_doc["groups"]]}
+
+
+def lumped_call_ms(profile: Path, predicted_ms: float, calls: int) -> float | None:
+    """The plan's step (`predicted_ms`, of `calls` collective calls) had its exchange been priced
+    by the lumped price per call (`rank_step_call_us`, fitted at the calibrated plan's own call
+    count) instead of the two-plan fit (`rank_step_fixed_us` + calls x `rank_step_per_call_us`,
+    `flowrec.planner.cost.step_call_fit`); None where the profile has no fit (the lumped price
+    priced it).
+
+    Example:
+        >>> import tempfile; p = Path(tempfile.mkdtemp()) / "p.json"
+        >>> _ = p.write_text(json.dumps({"measured": {"rank_step_call_us": {"value": 1500.0},
+        ...     "rank_step_fixed_us": {"value": 3000.0}, "rank_step_per_call_us": {"value": 1000.0}}}))
+        >>> lumped_call_ms(p, 20.0, 3)
+        18.5
+    """
+    measured = json.loads(Path(profile).read_text()).get("measured", {})
+    value = {k: (measured.get(k) or {}).get("value") for k in ("rank_step_call_us", "rank_step_fixed_us",
+                                                               "rank_step_per_call_us")}
+    if not value["rank_step_per_call_us"] or not value["rank_step_call_us"] or calls <= 0:
+        return None
+    fitted_us = (value["rank_step_fixed_us"] or 0.0) + calls * value["rank_step_per_call_us"]
+    return predicted_ms + (calls * value["rank_step_call_us"] - fitted_us) * 1e-3
+
+
 def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str | None,
                  cache: str | None = None, nproc: int = 1, one_epoch: bool = False,
-                 max_runs: int = MAX_RUNS, recalibrate: Callable[[int], Path] | None = None) -> dict[str, Any]:
+                 max_runs: int = MAX_RUNS, recalibrate: Callable[[int], Path] | None = None,
+                 tag: str = "") -> dict[str, Any]:
     """Predicted vs measured for one spec: runs of WARMUP_STEPS + steps steps (on `nproc` ranks),
     a new `flowrec train` process each, one plan (the same profile): the first of `steps` steps,
     further ones (`run_steps`: RUN_SECONDS of steps each) while the timed steps of all the runs
@@ -245,8 +293,11 @@ def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str |
     With `recalibrate` (`--interleave`) each further run gets a profile of its own, measured right
     before it (`recalibrate(k)`: the k-th calibration of the spec), and every run, the first too, is
     of RUN_SECONDS of steps sized by its calibration's own live step (`run_steps`); each run is
-    judged against its own plan and the spec's error is the median of the pairs' (`pair_errors`)."""
-    data = tmp / f"{spec.stem}-data"
+    judged against its own plan and the spec's error is the median of the pairs' (`pair_errors`).
+    `tag` names the spec's data and run folders apart from another measurement of it in `tmp`
+    (`--other-budget`)."""
+    stem = f"{spec.stem}-{tag}" if tag else spec.stem
+    data = tmp / f"{stem}-data"
     rows = synth_rows(spec, steps, one_epoch)
     flowrec("data", "synth", str(spec), "--rows", str(rows), "--out", str(data), cwd=tmp)
     runs: list[tuple[dict[str, Any], list[robust.Round]]] = []
@@ -258,7 +309,7 @@ def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str |
         if recalibrate is not None:  # a pair: the run's own calibration right before it
             profile = recalibrate(len(runs)) if runs else profile
             count = run_steps(calibrated_live_ms(profile), steps, batch, rows)
-        out = tmp / f"{spec.stem}-run{len(runs)}"
+        out = tmp / f"{stem}-run{len(runs)}"
         result, seconds = train_json(spec, data, profile, WARMUP_STEPS + count, out, tmp, budget, cache, nproc)
         rounds = [robust.Round(r.wall * 1e3, r.waited * 1e3) for r in seconds[WARMUP_STEPS:]]
         runs.append((result, rounds))
@@ -285,7 +336,8 @@ def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str |
     run_ms = [e.seconds for e in per_run]
     staging_wait = sum(r["stage_seconds"].get("staging_wait", 0.0) for r, _ in runs) / max(
         sum(r["steps"] for r, _ in runs), 1) * 1e3
-    row = {"spec": spec.name, "steps": len(timed), "synth_rows": rows, "batch": cost["batch_size"], "world_size": cost["world_size"],
+    row = {"spec": spec.name, "run_device_budget": budget or "none", "plan_layout": plan_layout(plan, spec),
+           "steps": len(timed), "synth_rows": rows, "batch": cost["batch_size"], "world_size": cost["world_size"],
            "predicted_step_ms": predicted_ms, "predicted_exchange_ms": cost.get("exchange_ms", 0.0),
            "predicted_exchange_bytes": cost.get("exchange_bytes_per_step", 0),
            "predicted_compute_ms": cost["step_ms_serial"] - cost["stage_ms"]["staging"],
@@ -307,6 +359,10 @@ def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str |
            "step_error_fastest_quartile": predicted_ms / quantile(timed, 0.25) - 1.0,
            "step_error_wall_median": predicted_ms / quantile(timed, 0.5) - 1.0,
            "measured_rounds_ms": [[round(r.wall, 4), round(r.waited, 4)] for r in first]}
+    lumped = lumped_call_ms(profile, predicted_ms, row["plan_layout"]["calls"]) if not pairs else None
+    if lumped is not None:  # the same plan with every call at the lumped price (what a profile without the fit gives)
+        row["predicted_step_ms_lumped_call"] = lumped
+        row["step_error_lumped_call"] = lumped / measured_ms - 1.0
     if pairs:  # each run against its own calibration; the pooled comparison (median prediction) kept beside
         row["step_error_pooled"] = row["step_error"]
         row.update(pair_errors(pairs))
@@ -341,7 +397,7 @@ def calibration_summary(doc: dict[str, Any]) -> dict[str, Any]:
 PAIR_FIELDS = ("seconds", "compute_scale", "step_us", "staging_values_per_s", "epoch_lean_us")  # a further pair's calibration, kept
 
 
-OPTIONS = ("device_budget", "threads", "nproc", "cache", "one_epoch", "interleave")  # a result's run options (--merge: all equal)
+OPTIONS = ("device_budget", "threads", "nproc", "cache", "one_epoch", "interleave", "other_budget")  # a result's run options (--merge: all equal)
 
 
 def summarize(rows: list[dict[str, Any]], calibrations: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
@@ -369,10 +425,16 @@ def summarize(rows: list[dict[str, Any]], calibrations: dict[str, Any], options:
     }
 
 
+def row_key(row: dict[str, Any]) -> str:
+    """A result row's name in a merge: its spec, and the budget it ran under (`--other-budget`
+    gives a spec two rows)."""
+    return f"{row['spec']}@{row.get('run_device_budget')}"
+
+
 def merge(paths: list[Path]) -> dict[str, Any]:
     """One result of several runs' results (parts of one benchmark run with `--specs`, each under a
     short exclusive hold of a shared machine, and reruns of single specs): their rows by spec name
-    in name order, a later file's row replacing an earlier one's, each spec's calibration with its
+    and run budget (`row_key`) in name order, a later file's row replacing an earlier one's, each spec's calibration with its
     row, the ratios over the merged rows; every part's run options must be equal, and the
     result records its `parts`.
 
@@ -395,7 +457,7 @@ def merge(paths: list[Path]) -> dict[str, Any]:
             raise SystemExit(f"{path}: run options {these} differ from the first part's {options}")
         options = these
         for row in doc["specs"]:
-            rows[row["spec"]] = row
+            rows[row_key(row)] = row
             if row["spec"] in doc["calibration"]:
                 calibrations[row["spec"]] = doc["calibration"][row["spec"]]
     ordered = [rows[name] for name in sorted(rows)]
@@ -432,6 +494,10 @@ def main() -> None:
                              f"{RUN_SECONDS:g} s of steps; each run judged against its own calibration's plan, "
                              "the spec's error the median of the pairs' (the host's drift between pairs is not "
                              "the model's error); not with --profile")
+    parser.add_argument("--other-budget", default=None,
+                        help="also run every spec under this device budget (`none`: no budget) from the same "
+                             "calibration (the one at --device-budget): a plan with other shardings or "
+                             "placements priced by a profile calibrated on another")
     parser.add_argument("--merge", default="",
                         help="comma-separated result files of parts of one run (--specs) to merge into --json "
                              "(rows by spec, a later file's replacing an earlier's; ratios recomputed); runs nothing")
@@ -450,6 +516,13 @@ def main() -> None:
         parser.error("--nproc must be at least 1")
     if args.runs < 1:
         parser.error("--runs must be at least 1")
+    if args.other_budget is not None and args.other_budget != "none":
+        from flowrec.spec.units import parse_bytes
+
+        try:
+            parse_bytes(args.other_budget)
+        except ValueError:
+            parser.error(f"--other-budget: {args.other_budget!r} is not a size (like 64MiB) or none")
     if args.interleave and args.profile is not None:
         parser.error("--interleave calibrates before each run: not with --profile")
     if args.threads:
@@ -491,6 +564,14 @@ def main() -> None:
             except (RuntimeError, subprocess.TimeoutExpired) as exc:
                 rows.append({"spec": spec.name, "error": str(exc)})
             print(json.dumps(rows[-1]), flush=True)
+            if args.other_budget is not None and "error" not in rows[-1]:  # the same calibration, another layout
+                other = None if args.other_budget == "none" else args.other_budget
+                try:
+                    rows.append(measure_spec(spec, Path(profile), args.steps, tmp, other, args.cache, args.nproc,
+                                             args.one_epoch, args.runs, None, tag="other"))
+                except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                    rows.append({"spec": spec.name, "run_device_budget": args.other_budget, "error": str(exc)})
+                print(json.dumps(rows[-1]), flush=True)
     result = summarize(rows, calibrations if args.profile is None else
                        {"given": str(args.profile), **next(iter(calibrations.values()), {})},
                        {name: getattr(args, name) for name in OPTIONS})

@@ -56,6 +56,18 @@ a run's step, and
 
 which the cost model prices each call by instead of the third (`flowrec.planner.cost.step_call_us`).
 
+That price is fitted at the world-size plan's own call count; a plan of the spec with other calls
+(another device budget: a small group replicated, one call a step, instead of row-wise, four) was
+priced by proportion, unchecked. So where another budget shards the spec with a different call
+count (`other_layout`: the default budget where one was given, else a small one), the processes
+step that plan too, and the two sharded steps give two measurements of the same two unknowns:
+
+    sharded step - one-process step - exchange bytes = rank_step_fixed_us + calls x rank_step_per_call_us
+
+(`call_fit`), which the cost model prices a plan's exchange by (`flowrec.planner.cost.step_call_fit`)
+in place of the lumped price, where the fit is exact (`fitted_constants`: two plans whose steps
+differ by more than their calls explain keep the lumped price).
+
 Example:
     >>> ranks = [{"staged_ms": 6.0, "live_ms": 7.0, "call_us": 900.0}, {"staged_ms": 5.0, "live_ms": 5.5, "call_us": 300.0}]
     >>> rank_constants(ranks, 4.0, 1000.0)[:3]
@@ -81,6 +93,7 @@ PHASE_SECONDS = 1.0  # timed seconds of each phase (staged, live), about ...
 STEPS_RANGE = (10, 40)  # ... within these many steps
 GROUP_TIMEOUT_S = 300  # the start barriers wait for every process's set-up (synthetic data, lowering)
 TIMEOUT_S = 900  # the whole measurement
+OTHER_BUDGETS = (None, "16MiB")  # budgets tried, in order, for a second layout (None: the default budget)
 MORE_BLOCKS = 4  # blocks of sharded steps at most, while their slowest rank of each step has too few clean rounds
 CALL_BYTES = 2**14  # bytes per rank of the collective timed after each step (the calibration's smallest)
 JOB_FILE = "flowrec-concurrent-{port}.json"  # in the temporary folder: what the processes run
@@ -213,6 +226,60 @@ def in_step_call(results: list[dict[str, Any]], details: dict[str, Any], calls: 
             "bytes_ms": bytes_ms, "calls": calls, "floor_us": floor_us}
 
 
+def call_fit(first: dict[str, Any], second: dict[str, Any], floor_us: float = 0.0) -> dict[str, Any]:
+    """The sharded step's part per step and per call ("fixed_us", "per_call_us") fitted on two
+    plans of one spec with different call counts, each an `in_step_call` result (what its sharded
+    step takes beyond the one-process step and its exchange's bytes, "sharded_step_ms" -
+    "unsharded_step_ms" - "bytes_ms", over its "calls"): two measurements, two unknowns, so the
+    first plan's step is reproduced and the second's too. A call never costs less than the idle
+    call `floor_us`, nor a step's fixed part less than nothing: a fit beyond those keeps the call
+    at `floor_us` and the fixed part the two plans' mean rest, or (a negative fixed part) fits
+    the calls alone through zero (least squares); "how" says which.
+
+    Raises:
+        ValueError: plans of the same call count (nothing to split).
+
+    Example:
+        >>> a = {"sharded_step_ms": 20.0, "unsharded_step_ms": 10.0, "bytes_ms": 1.0, "calls": 6}
+        >>> b = {"sharded_step_ms": 16.0, "unsharded_step_ms": 10.0, "bytes_ms": 1.5, "calls": 3}
+        >>> fit = call_fit(a, b)
+        >>> round(fit["fixed_us"], 6), round(fit["per_call_us"], 6), fit["how"]
+        (0.0, 1500.0, 'exact')
+    """
+    c1, c2 = first["calls"], second["calls"]
+    if c1 == c2:
+        raise ValueError(f"two plans of {c1} calls each: no per-call part to fit")
+    rest = [(p["sharded_step_ms"] - p["unsharded_step_ms"] - p["bytes_ms"]) * 1e3 for p in (first, second)]
+    per_call = (rest[0] - rest[1]) / (c1 - c2)
+    fixed = rest[0] - c1 * per_call
+    how = "exact"
+    if per_call < floor_us:
+        per_call, how = floor_us, "per call at the idle call"
+        fixed = max(0.0, (rest[0] - c1 * per_call + rest[1] - c2 * per_call) / 2)
+    elif fixed < 0:
+        per_call = max(floor_us, (rest[0] * c1 + rest[1] * c2) / (c1 * c1 + c2 * c2))
+        fixed, how = 0.0, "calls alone (the fixed part came out negative)"
+    return {"fixed_us": fixed, "per_call_us": per_call, "how": how, "rest_us": rest, "calls": [c1, c2],
+            "floor_us": floor_us}
+
+
+def other_layout(spec: Any, profile: str, world_size: int, device_budget: str | None, calls: int
+                 ) -> tuple[str | None, int, float] | None:
+    """(budget, calls, bytes ms) of a second plan of `spec` for `world_size` ranks whose call count
+    differs from the calibrated plan's (`calls`, under `device_budget`): the first of OTHER_BUDGETS
+    (the default budget, where small groups are replicated, then a small one, where every group is
+    row-wise) other than `device_budget` that shards it otherwise (`sharded_plan_collectives`);
+    None where every one shards it with the same calls (a spec whose groups are too large to
+    replicate: every plan of it at this world size has those calls)."""
+    for budget in OTHER_BUDGETS:
+        if budget == device_budget:
+            continue
+        other_calls, bytes_ms = sharded_plan_collectives(spec, profile, world_size, budget)
+        if other_calls != calls:
+            return budget, other_calls, bytes_ms
+    return None
+
+
 def more_sharded_steps(ranks: list[list[list[float]]], steps: int) -> bool:
     """Whether the ranks step another block of `steps` sharded steps, given every rank's rounds so
     far (`[wall ms, foreign wait ms]` each): while the slowest rank of each step has fewer than
@@ -340,9 +407,11 @@ def phase_steps(priced_ms: float) -> int:
 
 
 def measure_ranks(spec_path: Path, profile: Path, world_size: int, batch: int, steps: int,
-                  timeout_s: float = TIMEOUT_S, device_budget: str | None = None) -> list[dict[str, float]]:
+                  timeout_s: float = TIMEOUT_S, device_budget: str | None = None,
+                  other: dict[str, Any] | None = None) -> list[dict[str, float]]:
     """Start `world_size` processes that step the spec at `batch` samples each at once (see the
-    module docstring), planned against `profile`; each rank's estimates.
+    module docstring), planned against `profile`; each rank's estimates. `other` ({"device_budget":
+    B}): the ranks also step the world-size plan under budget B (`other_sharded_steps_ms`).
 
     Raises:
         ConcurrentError: a process failed or they did not finish within `timeout_s`.
@@ -352,7 +421,7 @@ def measure_ranks(spec_path: Path, profile: Path, world_size: int, batch: int, s
     port = free_port()
     job = Path(tempfile.gettempdir()) / JOB_FILE.format(port=port)
     job.write_text(json.dumps({"spec": str(spec_path), "profile": str(profile), "batch": batch, "steps": steps,
-                               "device_budget": device_budget}))
+                               "device_budget": device_budget, "other": other}))
     try:
         outputs = run_local_ranks("flowrec.measure.concurrent", "gloo", world_size, port, timeout_s)
     except subprocess.TimeoutExpired:
@@ -392,7 +461,10 @@ def shared_core_constants(spec_path: Path, spec: Any, world_size: int, measured:
         stages = dict(cost.stage_ms)
         priced_ms = cost.step_ms_serial - stages["staging"] - stages["transfer"]
         sharded = sharded_plan_collectives(spec, str(profile), world_size, device_budget)
-        results = measure_ranks(spec_path, profile, world_size, batch, phase_steps(priced_ms), device_budget=device_budget)
+        other = (other_layout(spec, str(profile), world_size, device_budget, sharded[0])
+                 if not any(t.managed is not None for t in spec.tables) else None)
+        results = measure_ranks(spec_path, profile, world_size, batch, phase_steps(priced_ms), device_budget=device_budget,
+                                other={"device_budget": other[0]} if other is not None else None)
     scale, rate, call_us, details = rank_constants(results, priced_ms, statistics.median(r["values_per_batch"] for r in results))
     how = (f"{world_size} processes at once on this host, each the spec's training steps at batch {batch} "
            f"(B / {world_size}, its compute threads as `flowrec train --nproc {world_size}` sizes them), staged "
@@ -419,7 +491,60 @@ def shared_core_constants(spec_path: Path, spec: Any, world_size: int, measured:
             f"by the batch pipeline; the slowest process of each step (timing rule) less the same processes' "
             f"one-process step at batch {batch} (its slowest of each step) less the exchange's bytes at the "
             f"measured link, per call (at least collective_us)")
+    fitted = two_plan_fit(results, details, step_call, other, float(measured.get("collective_us", (0.0, ""))[0] or 0.0))
+    if fitted is not None:
+        details["step_call_other"], details["call_fit"] = fitted
+        both = (f"{world_size} processes at once on this host, each a rank of two plans of the spec for "
+                f"{world_size} ranks (budget {device_budget or 'default'}: {fitted[1]['calls'][0]} collective calls "
+                f"a step; budget {other[0] or 'default'}: {fitted[1]['calls'][1]}), their real sharded steps fed "
+                f"live; per plan the slowest process of each step (timing rule) less the one-process step at batch "
+                f"{batch} less the exchange's bytes at the measured link; two plans, two unknowns")
+        constants.update(fitted_constants(fitted[1], both))
     return constants, details
+
+
+def fitted_constants(fit: dict[str, Any], how: str) -> dict[str, tuple[float, str]]:
+    """The profile constants of a two-plan `call_fit` (`rank_step_fixed_us`, `rank_step_per_call_us`,
+    each with `how`), only where the fit is exact: two plans whose steps differ by more than their
+    calls can explain (the plan with fewer calls no cheaper by at least an idle call a call, or a
+    negative fixed part) differ by more than their calls (round 13: two_tower_movielens's replicated
+    plan, 3 calls fewer, stepped 2.9 ms slower in one calibration and 0.8 ms faster in another), and
+    a split of them would misprice the calibrated plan itself; the lumped price per call
+    (`rank_step_call_us`) then prices the spec's plans, the fit stays in the details.
+
+    Example:
+        >>> exact = {"fixed_us": 2900.0, "per_call_us": 880.0, "how": "exact"}
+        >>> sorted(fitted_constants(exact, "two plans")), fitted_constants({**exact, "how": "per call at the idle call"}, "")
+        (['rank_step_fixed_us', 'rank_step_per_call_us'], {})
+    """
+    if fit["how"] != "exact":
+        return {}
+    return {"rank_step_fixed_us": (fit["fixed_us"], how + ": the part per step"),
+            "rank_step_per_call_us": (fit["per_call_us"], how + ": the part per call (at least collective_us)")}
+
+
+def two_plan_fit(results: list[dict[str, Any]], details: dict[str, Any], first: dict[str, Any] | None,
+                 other: tuple[str | None, int, float] | None, floor_us: float
+                 ) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """(the second plan's `in_step_call`, `call_fit` of both) of the ranks' `results` (each with
+    "other_sharded_steps_ms": their steps of the `other` plan, (budget, calls, bytes ms) from
+    `other_layout`) beside the calibrated plan's `first`; None where either plan was not stepped.
+
+    Example:
+        >>> ranks = [{"sharded_steps_ms": [[12.0, 0.0]] * 3, "other_sharded_steps_ms": [[9.0, 0.0]] * 3}] * 2
+        >>> first = in_step_call(ranks, {"live_ms": 4.0}, 6, 1.0)
+        >>> second, fit = two_plan_fit(ranks, {"live_ms": 4.0}, first, (None, 3, 1.0), 0.0)
+        >>> round(fit["per_call_us"], 6), round(fit["fixed_us"], 6), second["calls"]
+        (1000.0, 1000.0, 3)
+    """
+    if first is None or other is None or not all(r.get("other_sharded_steps_ms") for r in results):
+        return None
+    moved = [{"sharded_steps_ms": r["other_sharded_steps_ms"]} for r in results]
+    second = in_step_call(moved, details, other[1], other[2], floor_us)
+    if second is None:
+        return None
+    second["device_budget"] = other[0]
+    return second, call_fit(first, second, floor_us)
 
 
 def sharded_plan_collectives(spec: Any, profile: str, world_size: int, device_budget: str | None = None
@@ -492,6 +617,10 @@ def worker(rank: int, world_size: int, port: int) -> list[dict[str, float]] | No
         if not any(t.managed is not None for t in full.tables):
             mine["sharded_steps_ms"] = sharded_steps(full, job["profile"], world_size, rank, int(job["steps"]),
                                                      dist.barrier, job.get("device_budget"))
+            if job.get("other"):  # a second layout of other call counts (`other_layout`)
+                mine["other_sharded_steps_ms"] = sharded_steps(full, job["profile"], world_size, rank,
+                                                               int(job["steps"]), dist.barrier,
+                                                               job["other"]["device_budget"])
         gathered: list[Any] = [None] * world_size
         dist.all_gather_object(gathered, mine)
         return gathered if rank == 0 else None

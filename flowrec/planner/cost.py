@@ -41,7 +41,10 @@ Device profiles carry the constants, with units in their names. Sources and assu
   rank's typical step, `rank_skew_seconds`), in the exchange, where the ranks wait for each other.
   Where the profile measured it, a collective call is priced as it costs inside the ranks' own
   steps of the world-size plan (`rank_step_call_us`, `step_call_us`) rather than as an idle call
-  after a step.
+  after a step; where it stepped two plans of the spec with different call counts, as the fit of
+  the two, a fixed part per step and a part per call (`rank_step_fixed_us`,
+  `rank_step_per_call_us`, `step_call_fit`), so that a plan with other calls than the calibrated
+  one is priced by what the calls measured cost, not by proportion.
 * An epoch's start: the trainer opens a new batch pipeline for every epoch, waits for its first
   batch and runs its first steps beside the pipeline's start (`epoch_start_us`, `epoch_single_us`:
   measured by `flowrec calibrate` on the trainer's own epoch path, one process on the CPU). It
@@ -118,7 +121,9 @@ class DeviceProfile:
     that is the device) are what a rank's step, its staging and a collective call take while N
     ranks step at once on this host's cores (`shared_cores`); `rank_skew_us` what their step costs
     beyond the slowest rank's typical step, once per step (`rank_skew_seconds`); `rank_step_call_us` a
-    collective call inside their sharded steps (`step_call_us`). `managed_ns_per_id` = the trainer's
+    collective call inside their sharded steps (`step_call_us`); `rank_step_fixed_us` and
+    `rank_step_per_call_us` the same split into a part per step and a part per call, fitted on two
+    sharded plans of different call counts (`step_call_fit`). `managed_ns_per_id` = the trainer's
     own work per lookup of a managed table beyond the step's ops (`managed_seconds`).
     `epoch_start_us` and `epoch_single_us` = what an epoch as the trainer runs it (a new batch
     pipeline) takes beyond its steady steps, of several batches and of one (`epoch_start_seconds`).
@@ -171,6 +176,8 @@ class DeviceProfile:
     rank_collective_us: float = 0.0  # one collective call between those ranks (each waits for its peer to run); 0: collective_us
     rank_skew_us: float = 0.0  # a step of those ranks beyond the slowest one's typical step (they meet each step); 0: none
     rank_step_call_us: float = 0.0  # one collective call inside those ranks' own sharded steps; 0: not measured (rank_collective_us)
+    rank_step_fixed_us: float = 0.0  # a sharded step's fixed part beyond its calls (fit of two plans); with rank_step_per_call_us
+    rank_step_per_call_us: float = 0.0  # a call's part of that fit; 0: not fitted (rank_step_call_us)
     managed_ns_per_id: float = 0.0  # the trainer's managed-table work per managed lookup (row resets, map replay); 0: not measured
     epoch_start_us: float = 0.0  # an epoch of several batches beyond its steady steps (the trainer's new pipeline); 0: not measured
     epoch_single_us: float = 0.0  # the same of a one-batch epoch; 0: not measured
@@ -551,6 +558,9 @@ def predict(graph: OpGraph, spec: ModelSpec, device: DeviceProfile, *, micro_bat
 
     rank_scale, staging_rate, call_us = shared_cores(device, world)  # ranks sharing this host's cores
     call_us = step_call_us(device, world, call_us)
+    fit = step_call_fit(device, world)  # (fixed seconds a step, us per call) fitted on two plans
+    if fit is not None:
+        call_us = fit[1]
     ids = sum(u.ids for u in units)
     staging = (batch * (ids + n_dense) + sum(u.step_ids for u in units)) / staging_rate
     staging += managed_seconds(graph, spec, device, batch, profile)
@@ -591,6 +601,7 @@ def predict(graph: OpGraph, spec: ModelSpec, device: DeviceProfile, *, micro_bat
             link = replace(link, latency_us=call_us)
         calls = sum(exchange.collectives(u.group) for u in units if u.group is not None) + traffic.dense_calls
         exchange_s = exchange.seconds(traffic.total, calls, link) + rank_skew_seconds(device, world)
+        exchange_s += fit[0] if fit is not None else 0.0
         serial += exchange_s
         if call_us is not None:  # the collectives' threads find no free core: nothing overlaps them
             overlap += exchange_s
@@ -703,6 +714,26 @@ def step_call_us(device: DeviceProfile, world: int, otherwise: float | None) -> 
     if world <= 1 or device.overlaps or not device.rank_step_call_us:
         return otherwise
     return device.rank_step_call_us
+
+
+def step_call_fit(device: DeviceProfile, world: int) -> tuple[float, float] | None:
+    """(seconds a step, us per collective call) that `world` ranks' sharded steps on `device` take
+    beyond their one-process step and their exchange's bytes: `rank_step_fixed_us` and
+    `rank_step_per_call_us`, fitted by `flowrec calibrate --nproc N` on two sharded plans of the
+    spec with different call counts (`flowrec.measure.concurrent.call_fit`: two measurements, two
+    unknowns). One lumped price per call (`rank_step_call_us`) is right only at the call count it
+    was measured at; the fit prices a plan with other calls (another budget's shardings) by what
+    the calls measured cost. None where not fitted (a spec whose budgets all shard alike), for one
+    rank, or on a device with its own host: then `step_call_us` prices each call.
+
+    Example:
+        >>> cpu = replace(DEVICES["cpu"], rank_step_fixed_us=3000.0, rank_step_per_call_us=400.0)
+        >>> step_call_fit(cpu, 2), step_call_fit(cpu, 1), step_call_fit(DEVICES["cpu"], 2)
+        ((0.003, 400.0), None, None)
+    """
+    if world <= 1 or device.overlaps or not device.rank_step_per_call_us:
+        return None
+    return device.rank_step_fixed_us * 1e-6, device.rank_step_per_call_us
 
 
 def step_collectives(graph: OpGraph, spec: ModelSpec, profile: AccessProfile | None = None) -> tuple[int, float]:

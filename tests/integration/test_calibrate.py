@@ -74,6 +74,9 @@ def test_nproc_measures_collectives_and_sharded_plans_use_them(profile: Path):
     spec = load_spec(SPEC)
     assert step["calls"] == step_collectives(make_plan(spec, target=str(profile), world_size=2).graph, spec)[0] >= 4
     assert device_profile(str(profile)).rank_step_call_us == call["value"]
+    # every budget shards dlrm_criteo's large tables row-wise (the same calls): no second layout to fit
+    assert "rank_step_per_call_us" not in measured and "call_fit" not in doc["details"]["shared_cores"]
+    assert "other_sharded_steps_ms" not in doc["details"]["shared_cores"]["ranks"][0]
     text = runner.invoke(app, ["plan", str(SPEC), "--target", str(profile), "--world-size", "2"]).output
     gbps = device_profile(str(profile)).collective_gbps
     assert f"world size 2 over measured collectives (2 processes) ({gbps:g} GB/s per rank" in text

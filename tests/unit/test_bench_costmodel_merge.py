@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from flowrec.spec import load_spec
+
 REPO = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("bench_costmodel", REPO / "tools" / "bench_costmodel.py")
 bench = importlib.util.module_from_spec(_spec)
@@ -111,3 +113,62 @@ def test_a_pairs_run_is_sized_by_its_own_calibrations_live_step(tmp_path):
     assert bench.run_steps(bench.calibrated_live_ms(profile), 20, 1024, 8192) == 400
     profile.write_text(json.dumps({"details": {}}))  # no live step measured: a first run of --steps
     assert bench.run_steps(bench.calibrated_live_ms(profile), 20, 1024, 8192) == 20
+
+
+def test_a_spec_run_under_another_budget_keeps_a_row_per_budget(tmp_path):
+    """`--other-budget`: the same spec's rows at two budgets (one calibration) merge as two rows; a
+    rerun of one budget's row replaces that row only; the ratios are over both."""
+    def row(budget: str, error: float) -> dict:
+        return {**_row("m.yaml", error), "run_device_budget": budget}
+
+    first = _part(tmp_path / "a.json", [row("64MiB", 0.21), row("none", -0.12)], other_budget="none")
+    rerun = _part(tmp_path / "b.json", [row("none", -0.04)], other_budget="none")
+    out = tmp_path / "all.json"
+    done = subprocess.run([sys.executable, "tools/bench_costmodel.py", "--merge", f"{first},{rerun}",
+                           "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(out.read_text())
+    assert [(r["run_device_budget"], r["step_error"]) for r in doc["specs"]] == [("64MiB", 0.21), ("none", -0.04)]
+    assert doc["ratios"]["costmodel_max_step_error"] == pytest.approx(0.21) and doc["other_budget"] == "none"
+    plain = _part(tmp_path / "c.json", [_row("m.yaml", 0.01)])  # a run without --other-budget: another run
+    done = subprocess.run([sys.executable, "tools/bench_costmodel.py", "--merge", f"{first},{plain}",
+                           "--json", str(tmp_path / "x.json")], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and str(plain) in done.stderr
+
+
+def test_another_budget_that_is_not_a_size_is_one_line(tmp_path):
+    done = subprocess.run([sys.executable, "tools/bench_costmodel.py", "--other-budget", "lots", "--specs", "movielens.yaml",
+                           "--json", str(tmp_path / "r.json")], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "--other-budget: 'lots' is not a size" in done.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_a_rows_layout_is_its_plans_calls_and_groups(repo):
+    """What a row records of the run's plan (plan.json): the calls the cost model prices and each
+    group's sharding and placement."""
+    from flowrec.graph.plan_io import plan_document
+    from flowrec.planner.manager import make_plan
+
+    spec = load_spec(repo / "specs" / "movielens.yaml")
+    for budget, calls, sharding in (("64MiB", 6, "row_wise"), (None, 3, "replicated")):
+        doc = json.loads(json.dumps(plan_document(make_plan(spec, target="cpu", world_size=2, device_budget=budget))))
+        layout = bench.plan_layout(doc, repo / "specs" / "movielens.yaml")
+        assert layout["calls"] == calls and [g[1] for g in layout["groups"]] == [sharding]
+    one = json.loads(json.dumps(plan_document(make_plan(spec, target="cpu"))))
+    assert bench.plan_layout(one, repo / "specs" / "movielens.yaml")["calls"] == 0
+
+
+def test_a_fitted_rows_plan_is_also_priced_at_the_lumped_call(tmp_path):
+    """Beside the fit's prediction a row keeps the same plan's with every call at the lumped price
+    (`rank_step_call_us`) of the same calibration; a profile without the fit has nothing beside."""
+    rng = random.Random()
+    lumped, fixed, per_call = rng.uniform(800, 2000), rng.uniform(1000, 8000), rng.uniform(200, 700)
+    profile = tmp_path / "p.json"
+    profile.write_text(json.dumps({"measured": {"rank_step_call_us": {"value": lumped},
+                                                "rank_step_fixed_us": {"value": fixed},
+                                                "rank_step_per_call_us": {"value": per_call}}}))
+    for calls in (3, 7, 10):
+        assert bench.lumped_call_ms(profile, 30.0, calls) == pytest.approx(
+            30.0 + (calls * lumped - fixed - calls * per_call) * 1e-3)
+    profile.write_text(json.dumps({"measured": {"rank_step_call_us": {"value": lumped}}}))
+    assert bench.lumped_call_ms(profile, 30.0, 6) is None
