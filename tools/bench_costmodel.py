@@ -425,10 +425,11 @@ def summarize(rows: list[dict[str, Any]], calibrations: dict[str, Any], options:
     }
 
 
-def row_key(row: dict[str, Any]) -> str:
+def row_key(row: dict[str, Any], budget: str | None = None) -> str:
     """A result row's name in a merge: its spec, and the budget it ran under (`--other-budget`
-    gives a spec two rows)."""
-    return f"{row['spec']}@{row.get('run_device_budget')}"
+    gives a spec two rows); a row of a result from before rows recorded their budget ran under
+    its file's `--device-budget` (`budget`), so a rerun of the spec replaces it."""
+    return f"{row['spec']}@{row.get('run_device_budget', budget or 'none')}"
 
 
 def merge(paths: list[Path]) -> dict[str, Any]:
@@ -457,7 +458,7 @@ def merge(paths: list[Path]) -> dict[str, Any]:
             raise SystemExit(f"{path}: run options {these} differ from the first part's {options}")
         options = these
         for row in doc["specs"]:
-            rows[row_key(row)] = row
+            rows[row_key(row, doc.get("device_budget"))] = row
             if row["spec"] in doc["calibration"]:
                 calibrations[row["spec"]] = doc["calibration"][row["spec"]]
     ordered = [rows[name] for name in sorted(rows)]

@@ -172,3 +172,17 @@ def test_a_fitted_rows_plan_is_also_priced_at_the_lumped_call(tmp_path):
             30.0 + (calls * lumped - fixed - calls * per_call) * 1e-3)
     profile.write_text(json.dumps({"measured": {"rank_step_call_us": {"value": lumped}}}))
     assert bench.lumped_call_ms(profile, 30.0, 6) is None
+
+
+def test_a_rerun_replaces_a_row_from_before_rows_recorded_their_budget(tmp_path):
+    """A part from before `run_device_budget` (its rows ran at the file's --device-budget) and a
+    rerun of the same spec merged as two rows of one spec, both in the ratios."""
+    old = _part(tmp_path / "old.json", [_row("w.yaml", 0.25), _row("v.yaml", 0.02)])
+    rerun = _part(tmp_path / "new.json", [{**_row("w.yaml", 0.01), "run_device_budget": "64MiB"}])
+    out = tmp_path / "all.json"
+    done = subprocess.run([sys.executable, "tools/bench_costmodel.py", "--merge", f"{old},{rerun}",
+                           "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(out.read_text())
+    assert [(r["spec"], r["step_error"]) for r in doc["specs"]] == [("v.yaml", 0.02), ("w.yaml", 0.01)]
+    assert doc["ratios"]["costmodel_max_step_error"] == pytest.approx(0.02)
