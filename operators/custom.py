@@ -113,6 +113,10 @@ def meta_width(path: str, params: Mapping[str, Any], in_width: int) -> int:
     if not isinstance(out, torch.Tensor) or out.dim() < 2 or out.shape[0] != DRY_RUN_BATCH:
         raise CustomModuleError(f"{path} must return one (B, ...) tensor, got "
                                 f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}")
+    if out.dtype != x.dtype:  # the next module's weights are of the input's dtype; an integer output has no gradient
+        raise CustomModuleError(f"{path} returns {str(out.dtype).removeprefix('torch.')} values for a "
+                                f"{str(x.dtype).removeprefix('torch.')} input: return the input's dtype "
+                                f"(e.g. out.to(x.dtype))")
     width = int(prod(out.shape[1:]))
     if not 1 <= width <= MAX_OUT_WIDTH:
         raise CustomModuleError(f"{path} returns {width:,} values per sample ({tuple(out.shape)} for "

@@ -51,6 +51,16 @@ BLOCKS = textwrap.dedent('''
     class Broken(nn.Module):
         def forward(self, x):
             raise RuntimeError("not today")
+
+
+    class Double(nn.Module):
+        def forward(self, x):
+            return x.double()
+
+
+    class Flags(nn.Module):
+        def forward(self, x):
+            return (x > 0).long()
 ''')
 
 
@@ -125,6 +135,8 @@ def test_training_equals_the_user_module_in_plain_pytorch(blocks):
     ("GatedCross", {"in_features": 20, "rank": 3, "bogus": 1}, "unexpected keyword"),
     ("GatedCross", {"in_features": 19, "rank": 3}, "failed on a (2, 20) input"),
     ("Broken", {}, "not today"),
+    ("Double", {}, "returns float64 values for a float32 input"),  # a traceback in the next layer's GEMM
+    ("Flags", {}, "returns int64 values for a float32 input"),  # trained its own layers never: no gradient
     ("Sparse", {}, "sparse parameters"),
 ])
 def test_an_unusable_class_is_one_issue_at_its_path(blocks, cls, params, says):
