@@ -450,13 +450,7 @@ def retrieval_logit_bytes(graph: OpGraph, batch: int, precision: str = "fp32") -
         >>> retrieval_logit_bytes(build_graph(load_spec("specs/two_tower_movielens.yaml")), 1024)  # in-batch
         12582912
     """
-    total = 0
-    for node in graph:
-        op = graph.nodes[node]["op"]
-        if op.kind == "loss" and op.attr("retrieval"):
-            candidates = retrieval_work(graph, op, batch).forward.gemms[0][2]  # the (B x D) @ (D x C) logits
-            total += RETRIEVAL_LOGIT_COPIES * batch * candidates * DTYPE_BYTES[precision]
-    return total
+    return sum(size for size, _ in _retrieval_logits(graph, batch, precision))
 
 
 def attention_mask_bytes(graph: OpGraph, batch: int, precision: str = "fp32") -> int:
@@ -475,14 +469,33 @@ def attention_mask_bytes(graph: OpGraph, batch: int, precision: str = "fp32") ->
         >>> attention_mask_bytes(build_graph(load_spec("specs/bst_taobao.yaml")), 1024)  # 2 layers, 51 x 51 a sample
         21307392
     """
-    size = DTYPE_BYTES[precision]
-    total = 0
+    return sum(size for size, _ in _attention_masks(graph, batch, precision))
+
+
+def growing_activations(graph: OpGraph, batch: int, precision: str = "fp32") -> list[tuple[int, str]]:
+    """(bytes, what) of each activation term that grows faster than the batch's rows: every
+    `self_attention`'s masks (`attention_mask_bytes`) and a retrieval head's logits
+    (`retrieval_logit_bytes`), for naming the largest in a memory line (`flowrec.planner.fit`)."""
+    return [*_attention_masks(graph, batch, precision), *_retrieval_logits(graph, batch, precision)]
+
+
+def _attention_masks(graph: OpGraph, batch: int, precision: str) -> Iterator[tuple[int, str]]:
     for node in graph:
         op = graph.nodes[node]["op"]
         if op.kind == "self_attention":
             length = op.attr("in_features") // op.out_shape[-1]  # the target (output: target) included
-            total += op.attr("num_layers") * batch * length * length * size
-    return total
+            yield (op.attr("num_layers") * batch * length * length * DTYPE_BYTES[precision],
+                   f"{node}'s {length:,} x {length:,} attention mask a sample and layer")
+
+
+def _retrieval_logits(graph: OpGraph, batch: int, precision: str) -> Iterator[tuple[int, str]]:
+    for node in graph:
+        op = graph.nodes[node]["op"]
+        if op.kind == "loss" and op.attr("retrieval"):
+            head = op.attr("heads")[op.attr("retrieval")[0]]
+            candidates = retrieval_work(graph, op, batch).forward.gemms[0][2]  # the (B x D) @ (D x C) logits
+            yield (RETRIEVAL_LOGIT_COPIES * batch * candidates * DTYPE_BYTES[precision],
+                   f"retrieval head {head}'s logits against {candidates:,} candidates a sample")
 
 
 def new_rows_per_batch(unit_group: PackedGroup, batch: int, window: int, profile: AccessProfile | None,

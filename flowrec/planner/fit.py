@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from flowrec.graph.kinds import PLACEMENTS
 from flowrec.graph.types import Plan
-from flowrec.planner.cost import RETRIEVAL_LOGIT_COPIES, SPARSE_KINDS, device_profile, retrieval_work
+from flowrec.planner.cost import SPARSE_KINDS, device_profile, growing_activations
 from flowrec.spec.units import format_bytes
 
 # Measured with tools/bench_peak_memory.py (bench/results/peak_memory_cpu.json, a CPU run of 3
@@ -67,7 +67,7 @@ def plan_need(plan: Plan, host_is_device: bool) -> tuple[int, list[tuple[str, in
                       for g in groups if PLACEMENTS[g.placement].cached])
     parts += _spread(memory.get("dense", 0), _dense_nodes(plan))
     local = -(-plan.cost.batch_size // plan.meta.world_size) // max(1, plan.cost.micro_batches)
-    parts.append((f"activations: {{}} for {local:,} samples kept for backward{_attention(plan)}",
+    parts.append((f"activations: {{}} for {local:,} samples kept for backward{_growing(plan, local)}",
                   memory.get("activations", 0)))
     if "exchange" in memory:
         parts.append(("exchange buffers: {}", memory["exchange"]))
@@ -75,28 +75,11 @@ def plan_need(plan: Plan, host_is_device: bool) -> tuple[int, list[tuple[str, in
     return sum(b for _, b in parts), parts
 
 
-def _attention(plan: Plan) -> str:
-    """What grows fastest in the activations, named: ", with <module>'s L x L attention mask a
-    sample and layer" (`cost.attention_mask_bytes`) or ", with retrieval head <head>'s logits
-    against C candidates a sample" (`cost.retrieval_logit_bytes`), the larger per sample; else ""."""
-    sizes = []
-    for node in plan.graph:
-        op = plan.graph.nodes[node]["op"]
-        if op.kind == "self_attention":
-            length = op.attr("in_features") // op.out_shape[-1]
-            sizes.append((op.attr("num_layers") * length * length, length, node))
-    for node in plan.graph:
-        op = plan.graph.nodes[node]["op"]
-        if op.kind == "loss" and op.attr("retrieval"):
-            head = op.attr("heads")[op.attr("retrieval")[0]]
-            candidates = retrieval_work(plan.graph, op, 1).forward.gemms[0][2]
-            sizes.append((RETRIEVAL_LOGIT_COPIES * candidates, candidates, head))
-    if not sizes:
-        return ""
-    _, size, node = max(sizes)
-    if plan.graph.has_node(node) and plan.graph.nodes[node]["op"].kind == "self_attention":
-        return f", with {node}'s {size:,} x {size:,} attention mask a sample and layer"
-    return f", with retrieval head {node}'s logits against {size:,} candidates a sample"
+def _growing(plan: Plan, batch: int) -> str:
+    """", with <what>" for the activation term that grows fastest at `batch` samples
+    (`cost.growing_activations`: an attention mask, a retrieval head's logits), else ""."""
+    terms = growing_activations(plan.graph, batch)
+    return f", with {max(terms)[1]}" if terms else ""
 
 
 def misfit(plan: Plan, limit_bytes: int, limit_name: str, host_is_device: bool = False) -> str | None:

@@ -368,7 +368,7 @@ class Trainer:
         """Training reseeds torch's process generator at every step of a model with custom
         modules (`LoweredModel.seed_custom`); the caller's generator (`flowrec.train` in a user's
         process) is given back as it was."""
-        if not getattr(self.model, "custom", False):
+        if not self.model.custom:
             return contextlib.nullcontext()
         return forked_generators(self.model.device)
 
