@@ -375,6 +375,62 @@ def test_compute_scale_is_the_measured_dense_part_over_its_priced_ops(dlrm, monk
     assert device_profile("cpu").compute_scale == 1.0  # not measured: the ops' sum
 
 
+def test_the_compute_scale_divides_out_the_hosts_drift_since_the_ops_were_measured(dlrm, monkeypatch, tmp_path: Path):
+    """A shared host runs at another speed a minute later (wide_1000: its steps 1,380 then 1,690 ms
+    in two fresh processes two minutes apart, its ops unchanged over four calibrations, its scale
+    0.995 .. 1.183). The scale is the steps over the ops measured at one speed: the measured ops
+    timed again around the steps, over their table, divide it out; bounded, and off without a
+    measured op or without time for it."""
+    from flowrec.measure import spec as calibrate_spec
+    from flowrec.measure.step import with_batch
+
+    batch = dlrm.training.batch_size
+    plans = {b: make_plan(with_batch(dlrm, b), target="cpu") for b in (calibrate_spec.TINY_BATCHES[0], batch)}
+    graph = plans[batch].graph
+    table, counts = {}, {}
+    for node in graph:  # a table for every dense op and the loss, skewed per op
+        op = graph.nodes[node]["op"]
+        if OP_KINDS[op.kind].role in ("dense", "loss"):
+            sig = op_signature(op, graph.in_degree(node), dlrm.training.precision)
+            f, b = random.uniform(5, 400), random.uniform(5, 900)
+            table.setdefault(sig, [16.0, f / 50, b / 50, float(batch), f, b])
+            counts[sig] = counts.get(sig, 0) + 1
+    assert len(table) >= 3 and sum(counts.values()) > len(table) - 1
+    profile = tmp_path / "p.json"
+    profile.write_text(json.dumps(profile_document("cpu", {"step_us": (300.0, "tiny"), "dense_ops": (table, "ops")},
+                                                   "m", "t")))
+    priced = device_profile(str(profile))
+    work = {b: calibrate_spec._dense_work_ms(plan, with_batch(dlrm, b), priced) for b, plan in plans.items()}
+    table_ms = sum(n * (table[s][4] + table[s][5]) for s, n in counts.items()) / 1e3
+    factor, fixed_ms = random.uniform(0.7, 1.6), 0.5
+    for slow, expected_drift in ((1.3, 1.3), (0.8, 0.8), (1.0, 1.0), (5.0, calibrate_spec.DRIFT_RANGE[1])):
+        probes = []
+
+        def steps(plan, spec, device, n, slow=slow):
+            ms = (factor * work[batch] + fixed_ms) if spec.training.batch_size == batch else work[16] + fixed_ms
+            return [Round(ms * slow * 1e-3)] * 8
+
+        def ops(plan, spec, device, nodes, batches, measure, slow=slow):
+            probes.append(list(batches))
+            sigs = {n: op_signature(graph.nodes[n]["op"], graph.in_degree(n), dlrm.training.precision) for n in nodes}
+            return {n: [(batches[0], table[s][4] * 1e-6 * slow, table[s][5] * 1e-6 * slow)] for n, s in sigs.items()}
+
+        monkeypatch.setattr(calibrate_spec, "dense_step_seconds", steps)
+        monkeypatch.setattr(calibrate_spec, "op_seconds", ops)
+        scale, details = calibrate_spec._compute_scale(dlrm, None, lambda b: plans[b], profile, 0.5)
+        assert probes == [[batch], [batch]]  # before and after the steps, at the step's rows
+        drift = details["host_drift"]
+        assert drift["ops_table_ms"] == pytest.approx(table_ms, rel=1e-6)
+        assert drift["ratio"] == pytest.approx(slow, rel=1e-6)
+        fixed = work[16] * slow + fixed_ms * slow - work[16]  # the tiny steps ran slow too
+        assert scale == pytest.approx((factor * work[batch] + fixed_ms) * slow / (work[batch] * expected_drift)
+                                      - fixed / (work[batch] * expected_drift), rel=1e-6)
+        if slow == 1.3:  # the old scale: the drift taken for the model's own
+            assert abs(scale - (factor * work[batch] + fixed_ms) * slow / work[batch]) > 0.2
+        calibrate_spec._compute_scale(dlrm, None, lambda b: plans[b], profile, 0.0)
+        assert len(probes) == 2  # no time allowed: not probed
+
+
 def test_the_dense_part_is_the_median_of_all_its_rounds_not_the_fastest_block(monkeypatch):
     """Calibration's dense part stands on the benchmark's footing: the timing rule over the rounds
     of every block pooled. One quiet block (every round clean, 20 % faster) must not set it: the
