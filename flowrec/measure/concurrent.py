@@ -94,6 +94,7 @@ STEPS_RANGE = (10, 40)  # ... within these many steps
 GROUP_TIMEOUT_S = 300  # the start barriers wait for every process's set-up (synthetic data, lowering)
 TIMEOUT_S = 900  # the whole measurement
 OTHER_BUDGETS = (None, "16MiB")  # budgets tried, in order, for a second layout (None: the default budget)
+ALTERNATIONS = 2  # blocks of each layout's sharded steps, in turn (A, B, A, B), where a second layout is stepped
 MORE_BLOCKS = 4  # blocks of sharded steps at most, while their slowest rank of each step has too few clean rounds
 CALL_BYTES = 2**14  # bytes per rank of the collective timed after each step (the calibration's smallest)
 JOB_FILE = "flowrec-concurrent-{port}.json"  # in the temporary folder: what the processes run
@@ -547,6 +548,28 @@ def two_plan_fit(results: list[dict[str, Any]], details: dict[str, Any], first: 
     return second, call_fit(first, second, floor_us)
 
 
+def alternated(first: Callable[[], list], second: Callable[[], list], blocks: int = ALTERNATIONS
+               ) -> tuple[list, list]:
+    """(rounds of `first`, rounds of `second`), each measured in `blocks` blocks taken in turn
+    (first, second, first, ...) and pooled. The two layouts' difference is what `call_fit` splits
+    into a part per step and a part per call: measured one after the other, a shared host's drift
+    between them moved the split from one calibration to the next (two_tower_movielens: 8.73 ms a
+    step + 0.34 a call, then a plan with fewer calls slower, then 5.50 + 0.94); in turn, a drift
+    falls on both.
+
+    Example:
+        >>> seen = []
+        >>> alternated(lambda: seen.append("a") or [1], lambda: seen.append("b") or [2], 2), seen
+        (([1, 1], [2, 2]), ['a', 'b', 'a', 'b'])
+    """
+    a: list = []
+    b: list = []
+    for _ in range(blocks):
+        a += first()
+        b += second()
+    return a, b
+
+
 def sharded_plan_collectives(spec: Any, profile: str, world_size: int, device_budget: str | None = None
                              ) -> tuple[int, float]:
     """(collective calls a step, ms of its exchange's bytes at the measured link) of the world-size
@@ -615,12 +638,15 @@ def worker(rank: int, world_size: int, port: int) -> list[dict[str, float]] | No
                 "live_clean": live.clean, "staged_method": staged.method, "live_method": live.method,
                 "values_per_batch": _values(_staged(spec, plan, 1)[0])}
         if not any(t.managed is not None for t in full.tables):
-            mine["sharded_steps_ms"] = sharded_steps(full, job["profile"], world_size, rank, int(job["steps"]),
-                                                     dist.barrier, job.get("device_budget"))
-            if job.get("other"):  # a second layout of other call counts (`other_layout`)
-                mine["other_sharded_steps_ms"] = sharded_steps(full, job["profile"], world_size, rank,
-                                                               int(job["steps"]), dist.barrier,
-                                                               job["other"]["device_budget"])
+            def layout(budget: str | None, steps: int) -> Callable[[], list[list[float]]]:
+                return lambda: sharded_steps(full, job["profile"], world_size, rank, steps, dist.barrier, budget)
+
+            if job.get("other"):  # a second layout of other call counts (`other_layout`), in turn with the first
+                steps = max(1, -(-int(job["steps"]) // ALTERNATIONS))  # as many steps in all
+                mine["sharded_steps_ms"], mine["other_sharded_steps_ms"] = alternated(
+                    layout(job.get("device_budget"), steps), layout(job["other"]["device_budget"], steps))
+            else:
+                mine["sharded_steps_ms"] = layout(job.get("device_budget"), int(job["steps"]))()
         gathered: list[Any] = [None] * world_size
         dist.all_gather_object(gathered, mine)
         return gathered if rank == 0 else None
