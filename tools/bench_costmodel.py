@@ -38,6 +38,8 @@ Ratios:
         up to MAX_RUNS processes, `measure_spec`).
     costmodel_max_pair_error_spread (`--interleave`): max over specs of the spread (max - min) of
         a spec's per-pair step errors: how far the host moved one comparison from the next.
+    host_gemm_drift_range: the lowest and highest `host_drift` of the probe's GEMM over every run
+        (a run's / its calibration's): how far the machine's own speed moved (not an error).
 
 With `--other-budget B` (`none`: no device budget) every spec is also run under a second device
 budget from the same calibration (the one at `--device-budget`): a user calibrates once and plans
@@ -48,6 +50,12 @@ budget, the plan's collective calls a step and its groups' sharding and placemen
 `plan_layout`); the ratios are over every row. Where the profile has the two-plan fit of a call's
 price (`rank_step_fixed_us`, `rank_step_per_call_us`), a row also keeps the same plan priced at the
 lumped call of the same calibration (`predicted_step_ms_lumped_call`, `lumped_call_ms`).
+
+The host's own speed is probed just before and after every calibration and every run (`host_probe`:
+a fixed fp32 GEMM of 1,024^3 and a 64 MiB add, in this process, on the runs' compute threads): a
+run row keeps each run's probe and its calibration's (`host_drift`: run / calibration, per run),
+so that a result shows how far the machine itself moved between the profile and the run it is
+judged against, which no profile can know. Nothing of a probe enters a prediction or an error.
 
 With `--interleave` a short step's further runs each come right after a calibration of their own
 (calibrate, run, calibrate, run ...: `measure_spec`), every run of about RUN_SECONDS of steps: a
@@ -74,6 +82,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -213,6 +222,61 @@ def run_steps(first_ms: float, steps: int, batch: int, rows: int) -> int:
     return max(1, min(wanted, (rows // max(batch, 1)) * EPOCHS - WARMUP_STEPS - 1))
 
 
+PROBE_REPEATS = 9  # calls of each probe kernel (the median kept)
+
+
+def host_probe() -> dict[str, float]:
+    """The host's speed now: ms of a fixed fp32 GEMM (1,024 x 1,024 by 1,024 x 1,024) and of a
+    64 MiB elementwise add, each the median of PROBE_REPEATS calls after one untimed, on the
+    runs' compute threads (`--threads`, else torch's default), in this process."""
+    import torch
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(int(THREADS.get("OMP_NUM_THREADS") or 0) or saved)
+    try:
+        g = torch.Generator().manual_seed(0)
+        a, b = torch.rand(1024, 1024, generator=g), torch.rand(1024, 1024, generator=g)
+        x, y = torch.rand(1 << 24, generator=g), torch.rand(1 << 24, generator=g)
+
+        def ms(kernel: Callable[[], Any]) -> float:
+            kernel()
+            times = []
+            for _ in range(PROBE_REPEATS):
+                started = time.perf_counter()
+                kernel()
+                times.append((time.perf_counter() - started) * 1e3)
+            return quantile(times, 0.5)
+
+        return {"gemm_ms": ms(lambda: a @ b), "add_ms": ms(lambda: x + y)}
+    finally:
+        torch.set_num_threads(saved)
+
+
+def probed(work: Callable[[], Any]) -> tuple[Any, dict[str, float]]:
+    """(what `work` returns, the mean of `host_probe` just before and just after it)."""
+    before = host_probe()
+    out = work()
+    after = host_probe()
+    return out, {k: (before[k] + after[k]) / 2 for k in before}
+
+
+def host_drift(row: dict[str, Any], calibration_probes: list[dict[str, float]]) -> dict[str, Any]:
+    """The host's speed at each run of `row` over its calibration's (the pair's own with
+    `--interleave`, else the first): {"gemm": [ratios], "add": [ratios]} (above 1: slower at the
+    run); {} where a probe is missing.
+
+    Example:
+        >>> row = {"measured_runs": [{"host_probe": {"gemm_ms": 12.0, "add_ms": 5.0}}]}
+        >>> host_drift(row, [{"gemm_ms": 10.0, "add_ms": 5.0}])
+        {'gemm': [1.2], 'add': [1.0]}
+    """
+    runs = [r.get("host_probe") for r in row.get("measured_runs", [])]
+    if not runs or not calibration_probes or any(r is None for r in runs):
+        return {}
+    own = [calibration_probes[min(k, len(calibration_probes) - 1)] for k in range(len(runs))]
+    return {kind: [r[f"{kind}_ms"] / c[f"{kind}_ms"] for r, c in zip(runs, own)] for kind in ("gemm", "add")}
+
+
 def pair_errors(pairs: list[tuple[float, list[robust.Round]]]) -> dict[str, Any]:
     """The comparison of interleaved (calibration, run) pairs of one spec (`--interleave`), each
     (the plan's predicted step from that pair's calibration, the run's timed rounds): each run
@@ -303,6 +367,7 @@ def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str |
     runs: list[tuple[dict[str, Any], list[robust.Round]]] = []
     pooled: list[robust.Round] = []
     pairs: list[tuple[float, list[robust.Round]]] = []
+    probes: list[dict[str, float]] = []  # `host_probe` around each run
     count = steps
     batch = load_spec(spec).training.batch_size
     while True:
@@ -310,7 +375,9 @@ def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str |
             profile = recalibrate(len(runs)) if runs else profile
             count = run_steps(calibrated_live_ms(profile), steps, batch, rows)
         out = tmp / f"{stem}-run{len(runs)}"
-        result, seconds = train_json(spec, data, profile, WARMUP_STEPS + count, out, tmp, budget, cache, nproc)
+        (result, seconds), probe = probed(lambda: train_json(spec, data, profile, WARMUP_STEPS + count, out, tmp,
+                                                             budget, cache, nproc))
+        probes.append(probe)
         rounds = [robust.Round(r.wall * 1e3, r.waited * 1e3) for r in seconds[WARMUP_STEPS:]]
         runs.append((result, rounds))
         pooled += rounds
@@ -352,8 +419,8 @@ def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str |
            "measured_staging_wait_ms": staging_wait,
            "measured_runs": [{"steps": len(r), "step_ms": e.seconds, "clean_steps": e.clean, "method": e.method,
                               "step_ms_median": quantile([x.wall for x in r], 0.5),
-                              "step_error": p / e.seconds - 1.0, "predicted_step_ms": p}
-                             for (_, r), e, p in zip(runs, per_run, own)],
+                              "step_error": p / e.seconds - 1.0, "predicted_step_ms": p, "host_probe": probe}
+                             for (_, r), e, p, probe in zip(runs, per_run, own, probes)],
            "measured_run_spread": (max(run_ms) - min(run_ms)) / measured_ms,
            "step_error": predicted_ms / measured_ms - 1.0,
            "step_error_fastest_quartile": predicted_ms / quantile(timed, 0.25) - 1.0,
@@ -374,6 +441,13 @@ def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str |
         row["predicted_h2d_bytes"] = cost["h2d_bytes_per_step"]
         row["bytes_error"] = cost["h2d_bytes_per_step"] / measured - 1.0 if measured else None
     return row
+
+
+def calibration_probes(summary: dict[str, Any], interleave: bool) -> list[dict[str, float]]:
+    """The `host_probe`s of a spec's calibrations in the order of the runs they priced: each pair's
+    with `--interleave`, else the one calibration's; [] where none was probed (`--profile`)."""
+    pairs = [p["host_probe"] for p in summary.get("pairs", []) if p.get("host_probe")] if interleave else []
+    return pairs or ([summary["host_probe"]] if summary.get("host_probe") else [])
 
 
 def calibrated_live_ms(profile: Path) -> float:
@@ -409,6 +483,7 @@ def summarize(rows: list[dict[str, Any]], calibrations: dict[str, Any], options:
     byte_errors = [abs(r["bytes_error"]) for r in rows if r.get("bytes_error") is not None]
     spreads = [r["measured_run_spread"] for r in rows if "measured_run_spread" in r]
     pair_spreads = [r["pair_error_spread"] for r in rows if "pair_error_spread" in r]
+    drifts = [x for r in rows for x in (r.get("host_drift") or {}).get("gemm", [])]
     return {
         "benchmark": "costmodel",
         "calibration": calibrations,
@@ -420,7 +495,8 @@ def summarize(rows: list[dict[str, Any]], calibrations: dict[str, Any], options:
                    "costmodel_max_step_error_wall_median": max(plain) if plain else None,
                    "costmodel_max_bytes_error": max(byte_errors) if byte_errors else None,
                    "costmodel_max_run_spread": max(spreads) if spreads else None,
-                   "costmodel_max_pair_error_spread": max(pair_spreads) if pair_spreads else None},
+                   "costmodel_max_pair_error_spread": max(pair_spreads) if pair_spreads else None,
+                   "host_gemm_drift_range": [min(drifts), max(drifts)] if drifts else None},
         "bytes_compared_specs": [r["spec"] for r in rows if r.get("bytes_error") is not None],
     }
 
@@ -540,17 +616,19 @@ def main() -> None:
             def calibrate(k: int, spec: Path = spec) -> Path:
                 """The spec's k-th calibration (`--interleave`: one before each run), kept in the result."""
                 path = tmp / f"{spec.stem}-profile{k or ''}.json"
-                flowrec("calibrate", str(spec), "--device", "cpu", "--out", str(path),
-                        *(["--nproc", str(args.nproc)] if args.nproc > 1 else []),
-                        *(["--device-budget", args.device_budget] if args.nproc > 1 and args.device_budget else []),
-                        cwd=tmp)
-                summary = calibration_summary(json.loads(path.read_text()))
+                _, probe = probed(lambda: flowrec(
+                    "calibrate", str(spec), "--device", "cpu", "--out", str(path),
+                    *(["--nproc", str(args.nproc)] if args.nproc > 1 else []),
+                    *(["--device-budget", args.device_budget] if args.nproc > 1 and args.device_budget else []),
+                    cwd=tmp))
+                summary = {**calibration_summary(json.loads(path.read_text())), "host_probe": probe}
                 if k == 0:
                     calibrations[spec.name] = summary
                 if args.interleave:
                     calibrations[spec.name].setdefault("pairs", []).append(
                         {**{f: summary.get(f) for f in PAIR_FIELDS},
-                         "live_step_ms": (summary["how"]["staging"] or {}).get("live_step_ms")})
+                         "live_step_ms": (summary["how"]["staging"] or {}).get("live_step_ms"),
+                         "host_probe": probe})
                 return path
 
             try:
@@ -562,6 +640,8 @@ def main() -> None:
                 rows.append(measure_spec(spec, Path(profile), args.steps, tmp, args.device_budget, args.cache,
                                          args.nproc, args.one_epoch, args.runs,
                                          calibrate if args.interleave else None))
+                rows[-1]["host_drift"] = host_drift(rows[-1], calibration_probes(calibrations.get(spec.name, {}),
+                                                                                 args.interleave))
             except (RuntimeError, subprocess.TimeoutExpired) as exc:
                 rows.append({"spec": spec.name, "error": str(exc)})
             print(json.dumps(rows[-1]), flush=True)
@@ -570,6 +650,8 @@ def main() -> None:
                 try:
                     rows.append(measure_spec(spec, Path(profile), args.steps, tmp, other, args.cache, args.nproc,
                                              args.one_epoch, args.runs, None, tag="other"))
+                    rows[-1]["host_drift"] = host_drift(rows[-1], calibration_probes(
+                        calibrations.get(spec.name, {}), False))
                 except (RuntimeError, subprocess.TimeoutExpired) as exc:
                     rows.append({"spec": spec.name, "run_device_budget": args.other_budget, "error": str(exc)})
                 print(json.dumps(rows[-1]), flush=True)

@@ -186,3 +186,23 @@ def test_a_rerun_replaces_a_row_from_before_rows_recorded_their_budget(tmp_path)
     doc = json.loads(out.read_text())
     assert [(r["spec"], r["step_error"]) for r in doc["specs"]] == [("v.yaml", 0.02), ("w.yaml", 0.01)]
     assert doc["ratios"]["costmodel_max_step_error"] == pytest.approx(0.02)
+
+
+def test_each_run_keeps_the_hosts_speed_beside_its_calibrations():
+    """The host's own drift between a profile and the run judged against it is recorded per run
+    (a fixed GEMM and add just around each), pair by pair with --interleave, never in an error."""
+    probe = bench.host_probe()
+    assert set(probe) == {"gemm_ms", "add_ms"} and 0 < probe["gemm_ms"] < 60e3 and 0 < probe["add_ms"] < 60e3
+    slow = random.uniform(1.1, 1.5)
+    cal = [{"gemm_ms": 10.0, "add_ms": 4.0}, {"gemm_ms": 20.0, "add_ms": 4.0}, {"gemm_ms": 10.0, "add_ms": 8.0}]
+    summary = {"host_probe": cal[0], "pairs": [{"seconds": 1.0, "host_probe": c} for c in cal]}
+    row = {"measured_runs": [{"host_probe": {"gemm_ms": 10.0 * slow, "add_ms": 4.0}} for _ in cal]}
+    paired = bench.host_drift(row, bench.calibration_probes(summary, True))
+    assert paired["gemm"] == pytest.approx([slow, slow / 2, slow]) and paired["add"] == pytest.approx([1.0, 1.0, 0.5])
+    one = bench.host_drift(row, bench.calibration_probes(summary, False))  # every run against the one calibration
+    assert one["gemm"] == pytest.approx([slow] * 3) and one["add"] == pytest.approx([1.0] * 3)
+    assert bench.host_drift(row, bench.calibration_probes({}, True)) == {}  # --profile: nothing probed
+    rows = [{**_row("a.yaml", 0.05), "host_drift": paired}, _row("b.yaml", -0.02)]
+    ratios = bench.summarize(rows, {}, {})["ratios"]
+    assert ratios["host_gemm_drift_range"] == pytest.approx([slow / 2, slow])
+    assert ratios["costmodel_max_step_error"] == pytest.approx(0.05)  # the drift is not taken off an error
