@@ -148,7 +148,6 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
                 rows += table.num_rows
                 bar.advance(task, table.num_rows)
         finally:
-            chunks.close()  # the raw reader stops here, not in the exit's teardown (an abort there)
             if writer is not None:
                 writer.close()
     if writer is None:

@@ -20,7 +20,6 @@ Example:
 from __future__ import annotations
 
 import time
-from contextlib import closing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -169,15 +168,14 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
         for path in inputs:
             log = ErrorLog(log_policy, str(path))
             logs.append(log)
-            with closing(read(path, opts, log, numeric)) as raw:  # the reader stops on every way out
-                for chunk in raw:
-                    _check_columns(chunk, spec, columns, path)
-                    chunk, n = check_labels(chunk, tasks, log, fmt in PLUS_MINUS_FORMATS)
-                    mapped[0] += n
-                    if split_by and float(opts.get("test_fraction", 0.0)):
-                        chunk = _with_times(chunk, split_by, log)
-                    if chunk.num_rows:
-                        yield log, chunk
+            for chunk in read(path, opts, log, numeric):
+                _check_columns(chunk, spec, columns, path)
+                chunk, n = check_labels(chunk, tasks, log, fmt in PLUS_MINUS_FORMATS)
+                mapped[0] += n
+                if split_by and float(opts.get("test_fraction", 0.0)):
+                    chunk = _with_times(chunk, split_by, log)
+                if chunk.num_rows:
+                    yield log, chunk
 
     logs: list[ErrorLog] = []
     sep = opts.get("sequence_sep", "^")

@@ -105,11 +105,6 @@ def csv_chunks(path: Path, log: ErrorLog, numeric: set[str], delimiter: str, nam
                encoding: str | None = None) -> Iterator[pa.Table]:
     """Stream a delimited file; numeric columns parsed to float64, others kept as strings.
 
-    The streaming reader is closed on every way out (the end, a malformed row, the caller closing
-    the generator): one left open reached the interpreter's teardown through the error's traceback
-    and its read-ahead thread aborted the process ("terminate called without an active exception",
-    exit 134) after the one-line error had been printed.
-
     `encoding`: the text's where the format takes one (generic CSV; None: UTF-8, no option to
     name another), transcoded to UTF-8 by the reader; an undecodable value then points at it.
     """
@@ -140,29 +135,28 @@ def csv_chunks(path: Path, log: ErrorLog, numeric: set[str], delimiter: str, nam
                                    convert_options=_binary_columns(path, delimiter, names, encoding or "utf-8"))
     except (OSError, pa.ArrowInvalid) as exc:
         raise (failures[0] if failures else DataError(f"cannot read {path}: {exc}")) from None
-    with reader:  # closed on every way out: a reader left to the exit's teardown can abort the process
+    try:
+        _unique_columns(path, reader.schema.names)
+    except UnicodeDecodeError:
+        raise DataError(f"{path}: the header is not valid UTF-8 (binary data, or another format?"
+                        f"{'' if hint is None else ' ' + hint.lstrip('; ')})") from None
+    seen = 0
+    while True:
         try:
-            _unique_columns(path, reader.schema.names)
-        except UnicodeDecodeError:
-            raise DataError(f"{path}: the header is not valid UTF-8 (binary data, or another format?"
-                            f"{'' if hint is None else ' ' + hint.lstrip('; ')})") from None
-        seen = 0
-        while True:
-            try:
-                with _undecodable_rows(path, failures):
-                    batch = reader.read_next_batch()
-            except StopIteration:
-                if failures:  # the last rows were malformed (a file whose only row is): fail on them
-                    raise failures[0] from None
-                return
-            except pa.ArrowInvalid as exc:
-                raise (failures[0] if failures else DataError(f"{path}: unreadable input ({exc})")) from None
-            if failures:
-                raise failures[0]
-            table = pa.Table.from_batches([batch])
-            lines = _line_numbers(seen, table.num_rows, header_lines, skipped)
-            seen += table.num_rows
-            yield _checked(table, lines, log, numeric, required, hint or "")
+            with _undecodable_rows(path, failures):
+                batch = reader.read_next_batch()
+        except StopIteration:
+            if failures:  # the last rows were malformed (a file whose only row is): fail on them
+                raise failures[0] from None
+            return
+        except pa.ArrowInvalid as exc:
+            raise (failures[0] if failures else DataError(f"{path}: unreadable input ({exc})")) from None
+        if failures:
+            raise failures[0]
+        table = pa.Table.from_batches([batch])
+        lines = _line_numbers(seen, table.num_rows, header_lines, skipped)
+        seen += table.num_rows
+        yield _checked(table, lines, log, numeric, required, hint or "")
 
 
 def _why(exc: BaseException) -> str:
