@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from flowrec.data.convert import PartWriter
+from flowrec.data.convert import PartWriter, check_rows_per_file
 from flowrec.data.layout import DataError, DatasetMeta, data_hash, encoded_rows, is_multi, unique_labels, write_meta
 from flowrec.data.raw_ids import MISSING_ID
 from flowrec.data.output import staged_output
@@ -194,10 +194,11 @@ def synth_dataset(spec: ModelSpec, out: Path, rows: int, cfg: SynthConfig = Synt
     Written into a new sibling folder and swapped in when complete (`flowrec.data.output`).
 
     Raises:
-        DataError: `rows` < 1, or `out` is not empty and not `overwrite`.
+        DataError: `rows` or `rows_per_file` < 1, or `out` is not empty and not `overwrite`.
     """
     if rows < 1:
         raise DataError(f"--rows must be at least 1 (got {rows})")
+    check_rows_per_file(rows_per_file)
     with staged_output(Path(out), overwrite) as tmp:
         return _write(spec, tmp, rows, cfg, rows_per_file)
 

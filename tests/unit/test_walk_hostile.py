@@ -2,7 +2,9 @@
 its fix)."""
 from __future__ import annotations
 
+import threading
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -33,3 +35,82 @@ def test_keep_of_a_missing_column_lists_the_files_columns_not_the_readers_own(
     with pytest.raises(ValueError, match="--keep nope: no such column") as info:
         predict_cmd._score(tmp_path / "pkg", path, tmp_path / "out.parquet", None, ["nope"], "fail", True)
     assert str(info.value).endswith("(has price, user, clicked)")
+
+
+def _raised_within(call: Callable[[], object], seconds: float = 60.0) -> BaseException | None:
+    """What `call` raised (None: nothing), failing the test when it runs past `seconds` (a hang)."""
+    box: dict[str, BaseException | None] = {}
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as exc:  # handed to the test
+            box["raised"] = exc
+        else:
+            box["raised"] = None
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(seconds)
+    assert "raised" in box, f"still running after {seconds} s: a hang"
+    return box["raised"]
+
+
+def _spec(**data: object) -> object:
+    from flowrec.spec.load import spec_from_dict
+
+    return spec_from_dict({
+        "name": "walk",
+        "features": [{"name": "price", "type": "dense"},
+                     {"name": "user", "type": "categorical", "hash_buckets": 64, "dim": 4}],
+        "modules": [{"name": "top", "kind": "mlp", "inputs": ["@dense", "@sparse"], "layers": [4]}],
+        "heads": [{"name": "ctr", "input": "top"}],
+        "data": {"format": "csv", "path": "x.csv", "label": "clicked", **data},
+        "optimizer": {"dense": {"name": "adam", "lr": 0.01}, "sparse": {"name": "sgd", "lr": 0.1}},
+        "training": {"batch_size": 8},
+    })
+
+
+@pytest.mark.parametrize("rows_per_file", [0, -3])
+def test_convert_with_no_rows_per_file_is_one_line_not_a_hang(tmp_path: Path, rows_per_file: int) -> None:
+    """`data convert --rows-per-file 0` looped forever writing empty slices (a negative count too)."""
+    from flowrec.data.convert import convert
+    from flowrec.data.layout import DataError
+
+    path = _csv(tmp_path, ["1.5,u1,0", "2.5,u2,1"])
+    raised = _raised_within(lambda: convert(_spec(), "csv", [path], tmp_path / "out", rows_per_file=rows_per_file))
+    assert isinstance(raised, DataError) and str(raised) == f"rows per file must be at least 1, not {rows_per_file}"
+    assert not (tmp_path / "out").exists() and [p.name for p in tmp_path.iterdir()] == ["rows.csv"]
+
+
+def test_synth_with_no_rows_per_file_is_one_line_not_a_hang(tmp_path: Path) -> None:
+    from flowrec.data.layout import DataError
+    from flowrec.data.synth import synth_dataset
+
+    raised = _raised_within(lambda: synth_dataset(_spec(), tmp_path / "out", 10, rows_per_file=0))
+    assert isinstance(raised, DataError) and str(raised) == "rows per file must be at least 1, not 0"
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("fraction", [1.5, -0.1, float("nan"), 1.0, "a third"])
+def test_a_test_fraction_outside_0_1_names_the_option(tmp_path: Path, fraction: object) -> None:
+    """1.5, -0.1 and NaN were reported as an empty train or test split ("change test_fraction or
+    split_seed, or convert more rows"); the same from the spec's data.options."""
+    from flowrec.data.convert import convert
+    from flowrec.data.layout import DataError
+
+    path = _csv(tmp_path, [f"{i}.5,u{i},{i % 2}" for i in range(40)])
+    with pytest.raises(DataError, match="test_fraction must be a number at least 0 and below 1"):
+        convert(_spec(), "csv", [path], tmp_path / "out", options={"test_fraction": fraction})
+    with pytest.raises(DataError, match="test_fraction must be a number at least 0 and below 1"):
+        convert(_spec(options={"test_fraction": fraction}), "csv", [path], tmp_path / "out2")
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out2").exists()
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.25])
+def test_a_test_fraction_in_0_1_still_converts(tmp_path: Path, fraction: float) -> None:
+    from flowrec.data.convert import convert
+
+    path = _csv(tmp_path, [f"{i}.5,u{i},{i % 2}" for i in range(40)])
+    report = convert(_spec(), "csv", [path], tmp_path / "out", options={"test_fraction": fraction})
+    assert report.rows == 40 and (sum(report.split.values()) == 40 if fraction else not report.split)
