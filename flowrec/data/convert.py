@@ -128,6 +128,27 @@ def check_test_fraction(options: dict[str, Any]) -> None:
                         f"test/), not {value!r}")
 
 
+def check_split_seed(options: dict[str, Any]) -> None:
+    """DataError unless the options' split_seed (when given) is an integer in [0, 2^64): the split
+    hashes it as an unsigned 64-bit number, and a negative one was an OverflowError traceback.
+
+    >>> check_split_seed({"split_seed": -5})
+    Traceback (most recent call last):
+    ...
+    flowrec.data.layout.DataError: split_seed must be an integer from 0 to 2^64-1, not -5
+    """
+    value = options.get("split_seed")
+    if value is None:
+        return
+    seed = -1  # refused unless the value is a whole number (an int, an integral float, or its digits)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and float(value).is_integer():
+        seed = int(value)
+    elif isinstance(value, str) and value.strip().isdigit():
+        seed = int(value)
+    if not 0 <= seed < 1 << 64:
+        raise DataError(f"split_seed must be an integer from 0 to 2^64-1, not {value!r}")
+
+
 def split_mask(start: int, n: int, fraction: float, seed: int) -> np.ndarray:
     """True for rows (global indices start..start+n) in the test split: splitmix64 of (seed, row)."""
     with np.errstate(over="ignore"):
@@ -165,13 +186,15 @@ def convert(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_error: 
     Raises:
         DataError: missing inputs, unreadable input, a malformed row with on_error="fail", an
             output folder that is not empty (without `overwrite`), no rows converted, fewer than
-            one row per file, or a test_fraction outside [0, 1).
+            one row per file, a test_fraction outside [0, 1) or a split_seed outside [0, 2^64).
     """
     started = time.perf_counter()
     fmt = FORMAT_ALIASES.get(fmt, fmt)
     reader(fmt)  # an unknown format fails before anything is created
     check_rows_per_file(rows_per_file)
-    check_test_fraction({**(dict(spec.data.options) if spec.data is not None else {}), **(options or {})})
+    merged = {**(dict(spec.data.options) if spec.data is not None else {}), **(options or {})}
+    check_test_fraction(merged)
+    check_split_seed(merged)
     for path in inputs:
         if not path.exists():
             raise DataError(f"input not found: {path}")

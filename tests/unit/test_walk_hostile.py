@@ -114,3 +114,24 @@ def test_a_test_fraction_in_0_1_still_converts(tmp_path: Path, fraction: float) 
     path = _csv(tmp_path, [f"{i}.5,u{i},{i % 2}" for i in range(40)])
     report = convert(_spec(), "csv", [path], tmp_path / "out", options={"test_fraction": fraction})
     assert report.rows == 40 and (sum(report.split.values()) == 40 if fraction else not report.split)
+
+
+@pytest.mark.parametrize("seed", [-5, 1 << 64, "abc", 2.5, True])
+def test_a_split_seed_outside_the_unsigned_64_bit_range_names_the_option(tmp_path: Path, seed: object) -> None:
+    """`--split-seed -5` was an OverflowError traceback (exit 1); text one line naming no option."""
+    from flowrec.data.convert import convert
+    from flowrec.data.layout import DataError
+
+    path = _csv(tmp_path, [f"{i}.5,u{i},{i % 2}" for i in range(40)])
+    with pytest.raises(DataError, match="split_seed must be an integer from 0 to 2\\^64-1"):
+        convert(_spec(), "csv", [path], tmp_path / "out", options={"test_fraction": 0.25, "split_seed": seed})
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("seed", [0, 7, "7", 7.0, (1 << 64) - 1])
+def test_a_split_seed_in_range_splits_as_before(tmp_path: Path, seed: object) -> None:
+    from flowrec.data.convert import convert
+
+    path = _csv(tmp_path, [f"{i}.5,u{i},{i % 2}" for i in range(40)])
+    report = convert(_spec(), "csv", [path], tmp_path / "out", options={"test_fraction": 0.25, "split_seed": seed})
+    assert report.rows == 40 and sum(report.split.values()) == 40 and report.split["test"] > 0
