@@ -135,3 +135,34 @@ def test_a_split_seed_in_range_splits_as_before(tmp_path: Path, seed: object) ->
     path = _csv(tmp_path, [f"{i}.5,u{i},{i % 2}" for i in range(40)])
     report = convert(_spec(), "csv", [path], tmp_path / "out", options={"test_fraction": 0.25, "split_seed": seed})
     assert report.rows == 40 and sum(report.split.values()) == 40 and report.split["test"] > 0
+
+
+@pytest.mark.parametrize("alpha", [float("nan"), float("inf"), float("-inf")])
+def test_synth_refuses_a_non_finite_zipf_exponent(tmp_path: Path, alpha: float) -> None:
+    """`data synth --alpha nan` wrote a dataset whose every id was one row (inf: rank 0), silently."""
+    from flowrec.data.layout import DataError
+    from flowrec.data.synth import SynthConfig, synth_dataset
+
+    with pytest.raises(DataError, match="--alpha must be a finite number"):
+        synth_dataset(_spec(), tmp_path / "out", 10, SynthConfig(alpha=alpha))
+    assert not (tmp_path / "out").exists()
+
+
+def test_zipf_ranks_of_a_steep_negative_exponent_stay_in_range_and_others_are_unchanged() -> None:
+    """alpha -1000 was an OverflowError traceback (`data synth --alpha -1000`); ranks stay in 0..n-1."""
+    import warnings
+
+    import numpy as np
+
+    from flowrec.data.synth import zipf_ranks
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ranks = zipf_ranks(np.random.default_rng(3), 1000, 5000, -1000.0)
+    assert ranks.min() >= 0 and ranks.max() == 999
+    for alpha in (0.3, 1.0, 1.1, 2.5):  # the former expression, on the same draws: equal ranks
+        u = np.random.default_rng(5).random(5000)
+        e = 1.0 - alpha
+        k = np.exp(u * np.log(1001.0)) if alpha == 1.0 else (u * (1001.0 ** e - 1.0) + 1.0) ** (1.0 / e)
+        before = np.minimum(k.astype(np.int64) - 1, 999)
+        np.testing.assert_array_equal(zipf_ranks(np.random.default_rng(5), 1000, 5000, alpha), before)
