@@ -120,6 +120,7 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
     from rich.console import Console
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+    from flowrec.data.sources import LINE_COLUMN
     from flowrec.serving.predict import load_model
 
     model = load_model(model_dir)
@@ -135,8 +136,8 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
             for chunk in chunks:
                 absent = [c for c in keep if c not in chunk.column_names]
                 if absent:
-                    raise ValueError(f"--keep {absent[0]}: no such column in {raw} "
-                                     f"(has {', '.join(chunk.column_names[:12])})")
+                    has = [c for c in chunk.column_names if c != LINE_COLUMN][:12]  # not the reader's own
+                    raise ValueError(f"--keep {absent[0]}: no such column in {raw} (has {', '.join(has)})")
                 scores = model.predict(chunk) if top_k is None else model.recommend(chunk, top_k)
                 table = pa.Table.from_pandas(scores, preserve_index=False)
                 for name in keep:

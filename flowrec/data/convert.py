@@ -70,6 +70,7 @@ class PartWriter:
     share of each shuffle chunk, `flowrec.data.strata`)."""
 
     def __init__(self, out: Path, rows_per_file: int):
+        check_rows_per_file(rows_per_file)
         self.out, self.rows_per_file = out, rows_per_file
         self.files, self.rows, self._writer, self._in_file = 0, 0, None, 0
         out.mkdir(parents=True, exist_ok=True)
@@ -92,6 +93,60 @@ class PartWriter:
         if self._writer is not None:
             self._writer.close()
         self._writer, self._in_file = None, 0
+
+
+def check_rows_per_file(rows_per_file: int) -> None:
+    """DataError unless a part file may hold at least one row (0 or fewer wrote nothing, forever).
+
+    >>> check_rows_per_file(0)
+    Traceback (most recent call last):
+    ...
+    flowrec.data.layout.DataError: rows per file must be at least 1, not 0
+    """
+    if int(rows_per_file) < 1:
+        raise DataError(f"rows per file must be at least 1, not {rows_per_file}")
+
+
+def check_test_fraction(options: dict[str, Any]) -> None:
+    """DataError unless the options' test_fraction (when given) is a number in [0, 1): more than 1,
+    a negative one or NaN was reported as an empty split, naming no option.
+
+    >>> check_test_fraction({"test_fraction": 1.5})
+    Traceback (most recent call last):
+    ...
+    flowrec.data.layout.DataError: test_fraction must be a number at least 0 and below 1 (the share of rows split off into test/), not 1.5
+    """
+    value = options.get("test_fraction")
+    if value is None:
+        return
+    try:
+        fraction = float(value)
+    except (TypeError, ValueError):
+        fraction = float("nan")
+    if isinstance(value, bool) or not 0.0 <= fraction < 1.0:  # NaN fails both comparisons
+        raise DataError(f"test_fraction must be a number at least 0 and below 1 (the share of rows split off into "
+                        f"test/), not {value!r}")
+
+
+def check_split_seed(options: dict[str, Any]) -> None:
+    """DataError unless the options' split_seed (when given) is an integer in [0, 2^64): the split
+    hashes it as an unsigned 64-bit number, and a negative one was an OverflowError traceback.
+
+    >>> check_split_seed({"split_seed": -5})
+    Traceback (most recent call last):
+    ...
+    flowrec.data.layout.DataError: split_seed must be an integer from 0 to 2^64-1, not -5
+    """
+    value = options.get("split_seed")
+    if value is None:
+        return
+    seed = -1  # refused unless the value is a whole number (an int, an integral float, or its digits)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and float(value).is_integer():
+        seed = int(value)
+    elif isinstance(value, str) and value.strip().isdigit():
+        seed = int(value)
+    if not 0 <= seed < 1 << 64:
+        raise DataError(f"split_seed must be an integer from 0 to 2^64-1, not {value!r}")
 
 
 def split_mask(start: int, n: int, fraction: float, seed: int) -> np.ndarray:
@@ -130,11 +185,16 @@ def convert(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_error: 
 
     Raises:
         DataError: missing inputs, unreadable input, a malformed row with on_error="fail", an
-            output folder that is not empty (without `overwrite`), or no rows converted.
+            output folder that is not empty (without `overwrite`), no rows converted, fewer than
+            one row per file, a test_fraction outside [0, 1) or a split_seed outside [0, 2^64).
     """
     started = time.perf_counter()
     fmt = FORMAT_ALIASES.get(fmt, fmt)
     reader(fmt)  # an unknown format fails before anything is created
+    check_rows_per_file(rows_per_file)
+    merged = {**(dict(spec.data.options) if spec.data is not None else {}), **(options or {})}
+    check_test_fraction(merged)
+    check_split_seed(merged)
     for path in inputs:
         if not path.exists():
             raise DataError(f"input not found: {path}")

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from flowrec.data.convert import PartWriter
+from flowrec.data.convert import PartWriter, check_rows_per_file
 from flowrec.data.layout import DataError, DatasetMeta, data_hash, encoded_rows, is_multi, unique_labels, write_meta
 from flowrec.data.raw_ids import MISSING_ID
 from flowrec.data.output import staged_output
@@ -77,8 +77,10 @@ def zipf_ranks(rng: np.random.Generator, n: int, size: int, alpha: float) -> np.
         k = np.exp(u * np.log(n + 1.0))
     else:
         e = 1.0 - alpha
-        k = (u * ((n + 1.0) ** e - 1.0) + 1.0) ** (1.0 / e)
-    return np.minimum(k.astype(np.int64) - 1, n - 1)
+        with np.errstate(over="ignore", invalid="ignore"):  # a steep negative alpha overflows to inf
+            k = (u * (np.float64(n + 1.0) ** e - 1.0) + 1.0) ** (1.0 / e)
+        k = np.where(np.isnan(k), 1.0, k)  # u == 0 under that overflow (0 * inf): rank 0, as the law says
+    return np.minimum(k, float(n)).astype(np.int64) - 1  # clipped before the cast (inf cast to garbage)
 
 
 def rank_to_row(ranks: np.ndarray, rows: int, salt: np.uint64) -> np.ndarray:
@@ -194,10 +196,14 @@ def synth_dataset(spec: ModelSpec, out: Path, rows: int, cfg: SynthConfig = Synt
     Written into a new sibling folder and swapped in when complete (`flowrec.data.output`).
 
     Raises:
-        DataError: `rows` < 1, or `out` is not empty and not `overwrite`.
+        DataError: `rows` or `rows_per_file` < 1, a non-finite `cfg.alpha`, or `out` is not empty
+            and not `overwrite`.
     """
     if rows < 1:
         raise DataError(f"--rows must be at least 1 (got {rows})")
+    if not np.isfinite(cfg.alpha):  # NaN drew one row for every id, inf rank 0 for every id
+        raise DataError(f"--alpha must be a finite number (the Zipf exponent of the ids), not {cfg.alpha}")
+    check_rows_per_file(rows_per_file)
     with staged_output(Path(out), overwrite) as tmp:
         return _write(spec, tmp, rows, cfg, rows_per_file)
 

@@ -1,0 +1,168 @@
+"""What a hostile user found walking the README, one test per defect (each fails on the code before
+its fix)."""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from flowrec.data import sources
+from flowrec.data.error_log import ErrorLog
+
+
+def _csv(tmp_path: Path, rows: list[str], header: str = "price,user,clicked") -> Path:
+    path = tmp_path / "rows.csv"
+    path.write_text("\n".join([header, *rows]) + "\n", encoding="utf-8")
+    return path
+
+
+def test_keep_of_a_missing_column_lists_the_files_columns_not_the_readers_own(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from flowrec.cli import predict_cmd
+    from flowrec.serving import predict as serving_predict
+
+    path = _csv(tmp_path, ["1.5,u1,0"])
+
+    class Model:
+        items = None
+        heads = ["ctr"]
+
+    monkeypatch.setattr(serving_predict, "load_model", lambda p: Model())
+    monkeypatch.setattr(predict_cmd, "_raw_chunks", lambda *a: (
+        sources.read_csv(path, {}, ErrorLog("fail", str(path)), {"price", "clicked"}), ErrorLog("fail", str(path))))
+    with pytest.raises(ValueError, match="--keep nope: no such column") as info:
+        predict_cmd._score(tmp_path / "pkg", path, tmp_path / "out.parquet", None, ["nope"], "fail", True)
+    assert str(info.value).endswith("(has price, user, clicked)")
+
+
+def _raised_within(call: Callable[[], object], seconds: float = 60.0) -> BaseException | None:
+    """What `call` raised (None: nothing), failing the test when it runs past `seconds` (a hang)."""
+    box: dict[str, BaseException | None] = {}
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as exc:  # handed to the test
+            box["raised"] = exc
+        else:
+            box["raised"] = None
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(seconds)
+    assert "raised" in box, f"still running after {seconds} s: a hang"
+    return box["raised"]
+
+
+def _spec(**data: object) -> object:
+    from flowrec.spec.load import spec_from_dict
+
+    return spec_from_dict({
+        "name": "walk",
+        "features": [{"name": "price", "type": "dense"},
+                     {"name": "user", "type": "categorical", "hash_buckets": 64, "dim": 4}],
+        "modules": [{"name": "top", "kind": "mlp", "inputs": ["@dense", "@sparse"], "layers": [4]}],
+        "heads": [{"name": "ctr", "input": "top"}],
+        "data": {"format": "csv", "path": "x.csv", "label": "clicked", **data},
+        "optimizer": {"dense": {"name": "adam", "lr": 0.01}, "sparse": {"name": "sgd", "lr": 0.1}},
+        "training": {"batch_size": 8},
+    })
+
+
+@pytest.mark.parametrize("rows_per_file", [0, -3])
+def test_convert_with_no_rows_per_file_is_one_line_not_a_hang(tmp_path: Path, rows_per_file: int) -> None:
+    """`data convert --rows-per-file 0` looped forever writing empty slices (a negative count too)."""
+    from flowrec.data.convert import convert
+    from flowrec.data.layout import DataError
+
+    path = _csv(tmp_path, ["1.5,u1,0", "2.5,u2,1"])
+    raised = _raised_within(lambda: convert(_spec(), "csv", [path], tmp_path / "out", rows_per_file=rows_per_file))
+    assert isinstance(raised, DataError) and str(raised) == f"rows per file must be at least 1, not {rows_per_file}"
+    assert not (tmp_path / "out").exists() and [p.name for p in tmp_path.iterdir()] == ["rows.csv"]
+
+
+def test_synth_with_no_rows_per_file_is_one_line_not_a_hang(tmp_path: Path) -> None:
+    from flowrec.data.layout import DataError
+    from flowrec.data.synth import synth_dataset
+
+    raised = _raised_within(lambda: synth_dataset(_spec(), tmp_path / "out", 10, rows_per_file=0))
+    assert isinstance(raised, DataError) and str(raised) == "rows per file must be at least 1, not 0"
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("fraction", [1.5, -0.1, float("nan"), 1.0, "a third"])
+def test_a_test_fraction_outside_0_1_names_the_option(tmp_path: Path, fraction: object) -> None:
+    """1.5, -0.1 and NaN were reported as an empty train or test split ("change test_fraction or
+    split_seed, or convert more rows"); the same from the spec's data.options."""
+    from flowrec.data.convert import convert
+    from flowrec.data.layout import DataError
+
+    path = _csv(tmp_path, [f"{i}.5,u{i},{i % 2}" for i in range(40)])
+    with pytest.raises(DataError, match="test_fraction must be a number at least 0 and below 1"):
+        convert(_spec(), "csv", [path], tmp_path / "out", options={"test_fraction": fraction})
+    with pytest.raises(DataError, match="test_fraction must be a number at least 0 and below 1"):
+        convert(_spec(options={"test_fraction": fraction}), "csv", [path], tmp_path / "out2")
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out2").exists()
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.25])
+def test_a_test_fraction_in_0_1_still_converts(tmp_path: Path, fraction: float) -> None:
+    from flowrec.data.convert import convert
+
+    path = _csv(tmp_path, [f"{i}.5,u{i},{i % 2}" for i in range(40)])
+    report = convert(_spec(), "csv", [path], tmp_path / "out", options={"test_fraction": fraction})
+    assert report.rows == 40 and (sum(report.split.values()) == 40 if fraction else not report.split)
+
+
+@pytest.mark.parametrize("seed", [-5, 1 << 64, "abc", 2.5, True])
+def test_a_split_seed_outside_the_unsigned_64_bit_range_names_the_option(tmp_path: Path, seed: object) -> None:
+    """`--split-seed -5` was an OverflowError traceback (exit 1); text one line naming no option."""
+    from flowrec.data.convert import convert
+    from flowrec.data.layout import DataError
+
+    path = _csv(tmp_path, [f"{i}.5,u{i},{i % 2}" for i in range(40)])
+    with pytest.raises(DataError, match="split_seed must be an integer from 0 to 2\\^64-1"):
+        convert(_spec(), "csv", [path], tmp_path / "out", options={"test_fraction": 0.25, "split_seed": seed})
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("seed", [0, 7, "7", 7.0, (1 << 64) - 1])
+def test_a_split_seed_in_range_splits_as_before(tmp_path: Path, seed: object) -> None:
+    from flowrec.data.convert import convert
+
+    path = _csv(tmp_path, [f"{i}.5,u{i},{i % 2}" for i in range(40)])
+    report = convert(_spec(), "csv", [path], tmp_path / "out", options={"test_fraction": 0.25, "split_seed": seed})
+    assert report.rows == 40 and sum(report.split.values()) == 40 and report.split["test"] > 0
+
+
+@pytest.mark.parametrize("alpha", [float("nan"), float("inf"), float("-inf")])
+def test_synth_refuses_a_non_finite_zipf_exponent(tmp_path: Path, alpha: float) -> None:
+    """`data synth --alpha nan` wrote a dataset whose every id was one row (inf: rank 0), silently."""
+    from flowrec.data.layout import DataError
+    from flowrec.data.synth import SynthConfig, synth_dataset
+
+    with pytest.raises(DataError, match="--alpha must be a finite number"):
+        synth_dataset(_spec(), tmp_path / "out", 10, SynthConfig(alpha=alpha))
+    assert not (tmp_path / "out").exists()
+
+
+def test_zipf_ranks_of_a_steep_negative_exponent_stay_in_range_and_others_are_unchanged() -> None:
+    """alpha -1000 was an OverflowError traceback (`data synth --alpha -1000`); ranks stay in 0..n-1."""
+    import warnings
+
+    import numpy as np
+
+    from flowrec.data.synth import zipf_ranks
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ranks = zipf_ranks(np.random.default_rng(3), 1000, 5000, -1000.0)
+    assert ranks.min() >= 0 and ranks.max() == 999
+    for alpha in (0.3, 1.0, 1.1, 2.5):  # the former expression, on the same draws: equal ranks
+        u = np.random.default_rng(5).random(5000)
+        e = 1.0 - alpha
+        k = np.exp(u * np.log(1001.0)) if alpha == 1.0 else (u * (1001.0 ** e - 1.0) + 1.0) ** (1.0 / e)
+        before = np.minimum(k.astype(np.int64) - 1, 999)
+        np.testing.assert_array_equal(zipf_ranks(np.random.default_rng(5), 1000, 5000, alpha), before)
