@@ -5,6 +5,9 @@ Each command group lives in its own module and registers itself on the app; heav
 """
 from __future__ import annotations
 
+import os
+import sys
+
 import typer
 
 from flowrec.version import __version__
@@ -43,4 +46,31 @@ calibrate_cmd.register(app)
 
 
 def main() -> None:
-    app()
+    """Run the command line. A command that read a CSV file through pyarrow's streaming reader ends
+    without the interpreter's teardown, its output flushed and its exit status kept: Arrow's IO
+    threads can still hold that reader's Python row handler, and releasing it during the teardown
+    aborted the process now and then (exit 134 after a correct result or a one-line error:
+    `flowrec.data.sources.arrow_threads_may_hold_python`), as a finished training rank does for
+    gloo's threads."""
+    try:
+        app()
+    except SystemExit as exc:
+        sources = sys.modules.get("flowrec.data.sources")
+        if sources is not None and sources.arrow_threads_may_hold_python():
+            _exit_without_teardown(exc.code)
+        raise
+
+
+def _exit_without_teardown(code: object) -> None:
+    """Flush the output and end the process with `code` (a SystemExit's: None is 0; a message is
+    printed and ends with 1) without the interpreter's teardown."""
+    if code is None:
+        status = 0
+    elif isinstance(code, int):
+        status = code
+    else:
+        print(code, file=sys.stderr)
+        status = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
