@@ -53,6 +53,9 @@ def export(
         fail(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
     if index not in INDEX_CHOICES:
         fail(f"--index must be one of {', '.join(INDEX_CHOICES)}, not {index!r}")
+    from flowrec.cli.streams import refuse_stream_folder
+
+    refuse_stream_folder(run_dir, "export")
     folder = checkpoint_path(run_dir).parent
     _check_target(folder, out, overwrite)
     staged = out.with_name(f".{out.name}.export-tmp")

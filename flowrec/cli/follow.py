@@ -31,13 +31,12 @@ from typing import Callable
 import typer
 
 from flowrec.cli.common import fail
+from flowrec.cli.streams import DAYS_DIR, FOLLOW_FILE
 from flowrec.data.days import DayOrder, day_partitions, parse_order
 from flowrec.data.layout import META_FILE, DataError
 from flowrec.runtime.rundir import RunFolderError, RunLock
 
-FOLLOW_FILE = "follow.json"
 LOCK_FILE = ".follow.lock"  # held by the one --follow process of a stream folder
-DAYS_DIR = "days"
 EXPORT_DIR = "export"
 POLL_S = 1.0  # seconds between looks for a new day
 

@@ -211,3 +211,28 @@ def test_the_command_line_ends_without_the_teardown_after_a_csv_read(monkeypatch
     with pytest.raises(SystemExit) as exc:
         cli.main()
     assert (exc.value.code or 0) == status and ended == [status]
+
+
+def test_exporting_a_stream_folder_names_the_day_run_to_export(tmp_path: Path) -> None:
+    """A --follow stream folder has no checkpoint of its own: export names its last trained day's
+    run folder (it said only "no checkpoint at STREAM/checkpoint.pt"); nothing is written."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from flowrec.cli import app
+
+    stream = tmp_path / "stream"
+    days = ["2026-11-01", "2026-11-02", "2026-11-03"]
+    for day in days:
+        (stream / "days" / day).mkdir(parents=True)
+    (stream / "follow.json").write_text(json.dumps({"days": days, "order": "name"}))
+    out = tmp_path / "pkg"
+    result = CliRunner().invoke(app, ["export", str(stream), str(out)])
+    assert result.exit_code == 2
+    text = " ".join(result.output.split())
+    assert str(stream / "days" / "2026-11-03") in text and "3 trained days" in text
+    assert not out.exists()
+    (stream / "follow.json").write_text(json.dumps({"days": [], "order": "name"}))
+    result = CliRunner().invoke(app, ["export", str(stream), str(out)])
+    assert result.exit_code == 2 and "trained no day yet" in " ".join(result.output.split())
