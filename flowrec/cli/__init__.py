@@ -5,11 +5,11 @@ Each command group lives in its own module and registers itself on the app; heav
 """
 from __future__ import annotations
 
-import os
 import sys
 
 import typer
 
+from flowrec.cli.common import exit_without_teardown
 from flowrec.version import __version__
 from flowrec.cli import (calibrate_cmd, data_cmds, doctor_cmd, export_cmd, plan_cmd, predict_cmd, spec_cmds,
                          train_cmds)
@@ -57,20 +57,6 @@ def main() -> None:
     except SystemExit as exc:
         sources = sys.modules.get("flowrec.data.sources")
         if sources is not None and sources.arrow_threads_may_hold_python():
-            _exit_without_teardown(exc.code)
+            exit_without_teardown(exc.code)
         raise
 
-
-def _exit_without_teardown(code: object) -> None:
-    """Flush the output and end the process with `code` (a SystemExit's: None is 0; a message is
-    printed and ends with 1) without the interpreter's teardown."""
-    if code is None:
-        status = 0
-    elif isinstance(code, int):
-        status = code
-    else:
-        print(code, file=sys.stderr)
-        status = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)

@@ -94,3 +94,22 @@ def write_output(out: Path, write: Callable[[Path], object]) -> None:
             write(tmp)
     except OSError as exc:
         fail(f"cannot write {out}: {exc.strerror or exc}")
+
+
+def exit_without_teardown(code: object = 0) -> NoReturn:
+    """Flush the output and end the process at once with `code` (a SystemExit's: None is 0; a
+    message is printed and ends with 1), without the interpreter's teardown: where native threads
+    (gloo's, Arrow's IO pool) may still release Python objects then, which aborts the process
+    ("terminate called without an active exception") after its work is done."""
+    import sys
+
+    if code is None:
+        status = 0
+    elif isinstance(code, int):
+        status = code
+    else:
+        print(code, file=sys.stderr)
+        status = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)

@@ -31,7 +31,7 @@ from typing import Callable
 import typer
 
 from flowrec.cli.common import fail
-from flowrec.cli.streams import DAYS_DIR, FOLLOW_FILE
+from flowrec.cli.streams import DAYS_DIR, FOLLOW_FILE, done_days
 from flowrec.data.days import DayOrder, day_partitions, parse_order
 from flowrec.data.layout import META_FILE, DataError
 from flowrec.runtime.rundir import RunFolderError, RunLock
@@ -47,40 +47,6 @@ def landed_days(days: Path, order: DayOrder = DayOrder()) -> list[Path]:
         return day_partitions(days, order)
     except DataError as exc:
         fail(f"--follow: {exc}")
-
-
-def done_days(run: Path, order: DayOrder | None = None) -> list[str]:
-    """The days the stream in `run` trained, in order (none yet: []); with `order`, fails when the
-    stream was ordered otherwise (a stream written before orders were recorded went by name)."""
-    from flowrec.spec.json_doc import read_json_document
-
-    path = run / FOLLOW_FILE
-    if not os.path.lexists(path):
-        return []
-    try:  # the limits of every JSON flowrec reads: a regular file, bounded size and nesting
-        doc = read_json_document(path)
-        days, recorded = doc["days"], doc.get("order", "name")
-    except (ValueError, KeyError, TypeError, AttributeError):
-        fail(f"{path} is damaged (not a list of days); the day folders under {run / DAYS_DIR} are intact")
-    if not isinstance(days, list) or not all(isinstance(d, str) and _plain_name(d) for d in days) \
-            or len(set(days)) != len(days):  # a name with a path in it would lead the stream elsewhere
-        fail(f"{path} is damaged (not a list of days); the day folders under {run / DAYS_DIR} are intact")
-    try:
-        valid_order = isinstance(recorded, str) and str(parse_order(recorded)) == recorded
-    except ValueError:
-        valid_order = False
-    if not valid_order:  # the rerun command below must be one that works
-        fail(f"{path} is damaged (its order {recorded!r:.60} is neither name nor date:COLUMN); the day "
-             f"folders under {run / DAYS_DIR} are intact")
-    if order is not None and days and recorded != str(order):
-        fail(f"the stream in {run} takes its days in order {recorded!r}, not {str(order)!r}: "
-             f"rerun with --follow-order {recorded}")
-    return days
-
-
-def _plain_name(name: str) -> bool:
-    """A day's folder name: one path component, neither `.` nor `..`."""
-    return bool(name) and name not in (".", "..") and "/" not in name and "\\" not in name and "\0" not in name
 
 
 def _record(run: Path, days: list[str], order: DayOrder) -> None:

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from flowrec.cli.common import fail
+from flowrec.data.days import DayOrder, parse_order
 
 FOLLOW_FILE = "follow.json"
 DAYS_DIR = "days"
@@ -19,19 +20,46 @@ DAYS_DIR = "days"
 def refuse_stream_folder(path: Path, command: str) -> None:
     """Fail in one line (exit 2) when `path` is a `--follow` stream folder without a checkpoint of
     its own (each day is a run folder of its own): name the last trained day's run folder to give
-    `command` instead; return for any other path."""
-    from flowrec.spec.json_doc import read_json_document
-
+    `command` instead (`done_days`; a damaged record is its one line); return for any other path."""
     path = Path(path)
     if not path.is_dir() or not os.path.lexists(path / FOLLOW_FILE) or os.path.lexists(path / "checkpoint.pt"):
         return
-    try:
-        days = read_json_document(path / FOLLOW_FILE)["days"]
-        last = str(days[-1]) if days else None
-    except (ValueError, KeyError, TypeError, IndexError, AttributeError):
-        fail(f"{path} is a --follow stream folder: each day is a run of its own; {command} one of the run "
-             f"folders under {path / DAYS_DIR}")
-    if last is None:
+    days = done_days(path)
+    if not days:
         fail(f"{path} is a --follow stream folder that has trained no day yet: nothing to {command}")
     fail(f"{path} is a --follow stream folder: each day is a run of its own; {command} one of them, e.g. "
-         f"{path / DAYS_DIR / Path(last).name} (the last of its {len(days)} trained days)")
+         f"{path / DAYS_DIR / days[-1]} (the last of its {len(days)} trained days)")
+
+
+def done_days(run: Path, order: DayOrder | None = None) -> list[str]:
+    """The days the stream in `run` trained, in order (none yet: []); with `order`, fails when the
+    stream was ordered otherwise (a stream written before orders were recorded went by name)."""
+    from flowrec.spec.json_doc import read_json_document
+
+    path = run / FOLLOW_FILE
+    if not os.path.lexists(path):
+        return []
+    try:  # the limits of every JSON flowrec reads: a regular file, bounded size and nesting
+        doc = read_json_document(path)
+        days, recorded = doc["days"], doc.get("order", "name")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        fail(f"{path} is damaged (not a list of days); the day folders under {run / DAYS_DIR} are intact")
+    if not isinstance(days, list) or not all(isinstance(d, str) and _plain_name(d) for d in days) \
+            or len(set(days)) != len(days):  # a name with a path in it would lead the stream elsewhere
+        fail(f"{path} is damaged (not a list of days); the day folders under {run / DAYS_DIR} are intact")
+    try:
+        valid_order = isinstance(recorded, str) and str(parse_order(recorded)) == recorded
+    except ValueError:
+        valid_order = False
+    if not valid_order:  # the rerun command below must be one that works
+        fail(f"{path} is damaged (its order {recorded!r:.60} is neither name nor date:COLUMN); the day "
+             f"folders under {run / DAYS_DIR} are intact")
+    if order is not None and days and recorded != str(order):
+        fail(f"the stream in {run} takes its days in order {recorded!r}, not {str(order)!r}: "
+             f"rerun with --follow-order {recorded}")
+    return days
+
+
+def _plain_name(name: str) -> bool:
+    """A day's folder name: one path component, neither `.` nor `..`."""
+    return bool(name) and name not in (".", "..") and "/" not in name and "\\" not in name and "\0" not in name

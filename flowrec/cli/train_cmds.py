@@ -14,7 +14,7 @@ from typing import Optional
 
 import typer
 
-from flowrec.cli.common import fail, is_lead_rank, load_spec_or_exit, planned_spec_or_exit
+from flowrec.cli.common import exit_without_teardown, fail, is_lead_rank, load_spec_or_exit, planned_spec_or_exit
 from flowrec.runtime.messages import first_line, out_of_memory
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
@@ -304,11 +304,7 @@ def _exit_finished_rank() -> None:
     -6: seen once in about 25 runs here), which the launcher reports as a failed run although
     everything was written. So the rank flushes its output and exits without the teardown.
     """
-    import os
-
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_without_teardown(0)
 
 
 def _rank_barrier(world, what: str) -> None:

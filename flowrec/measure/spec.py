@@ -150,16 +150,11 @@ def _dense_ops(spec: ModelSpec, device: torch.device, plan: Any, seconds: float
                ) -> tuple[dict[str, list[float]], dict[str, Any]]:
     """{op signature: [batch, forward us, backward us] at each of `_op_batches`}, {node: signature}:
     every dense op and the loss (a retrieval head's softmax over the batch is most of a step)."""
-    graph = plan.graph
-    nodes, signatures = [], {}
-    for node in graph:
-        op = graph.nodes[node]["op"]
-        if OP_KINDS[op.kind].role not in ("dense", "loss"):
-            continue
-        signature = op_signature(op, graph.in_degree(node), spec.training.precision)
+    signatures: dict[str, str] = {}
+    for node, signature in dense_signatures(plan.graph, spec.training.precision):
         if signature not in signatures.values():
-            nodes.append(node)
             signatures[node] = signature
+    nodes = list(signatures)
     if not nodes:
         return {}, {}
 
@@ -169,7 +164,18 @@ def _dense_ops(spec: ModelSpec, device: torch.device, plan: Any, seconds: float
     timings = op_seconds(plan, spec, device, nodes, _op_batches(spec), measure)
     ops = {signatures[node]: [x for b, f, bw in monotone(points) for x in (float(b), f * 1e6, bw * 1e6)]
            for node, points in timings.items()}
-    return ops, {node: signatures[node] for node in nodes}
+    return ops, signatures
+
+
+def dense_signatures(graph: Any, precision: str) -> list[tuple[str, str]]:
+    """(node, op signature) of every dense op and the loss of `graph`, in graph order: what the
+    profile's `dense_ops` table is keyed by (`op_signature`)."""
+    out = []
+    for node in graph:
+        op = graph.nodes[node]["op"]
+        if OP_KINDS[op.kind].role in ("dense", "loss"):
+            out.append((node, op_signature(op, graph.in_degree(node), precision)))
+    return out
 
 
 def monotone(points: list[tuple[int, float, float]]) -> list[tuple[int, float, float]]:
@@ -266,15 +272,10 @@ def _drift_probe(plan: Any, spec: ModelSpec, device: torch.device, priced: Any, 
     measured = dict(priced.dense_ops)
     if not measured or seconds <= 0:
         return None
-    graph, precision = plan.graph, spec.training.precision
     rows = -(-spec.training.batch_size // max(1, int(plan.meta.micro_batches)))
     counts: dict[str, int] = {}
     first: dict[str, str] = {}
-    for node in graph:
-        op = graph.nodes[node]["op"]
-        if OP_KINDS[op.kind].role not in ("dense", "loss"):
-            continue
-        signature = op_signature(op, graph.in_degree(node), precision)
+    for node, signature in dense_signatures(plan.graph, spec.training.precision):
         if signature in measured:
             counts[signature] = counts.get(signature, 0) + 1
             first.setdefault(signature, node)

@@ -201,7 +201,9 @@ def test_the_command_line_ends_without_the_teardown_after_a_csv_read(monkeypatch
         ended.append(code)
         raise Ended
 
-    monkeypatch.setattr(cli.os, "_exit", fake_exit)
+    import os
+
+    monkeypatch.setattr(os, "_exit", fake_exit)
     monkeypatch.setattr(sys, "argv", ["flowrec", *argv])
     monkeypatch.setattr(sources, "_PYTHON_HANDLER_READERS", [1])
     with pytest.raises(Ended):
