@@ -12,8 +12,8 @@ The mmap threshold cannot be raised above 32 MiB, and a larger block (a batch of
 again by the kernel. glibc's cap on mappings (`M_MMAP_MAX`) is set to 0 as well, so that the main
 thread's blocks of any size come from the heap and are reused (a thread's own arena still maps
 what its heap cannot hold). Measured on wide_1000's dense step (batch 8,192, one thread, fresh
-processes alternating with and without it, a loaded 2-core VM): 1,200-1,400 ms against
-1,390-1,570 ms, with 20-40 % fewer minor faults and 3 % more peak resident memory (9.2 against
+processes alternating with and without it, a loaded 2-core VM): medians 1,256-1,377 ms against
+1,436-1,540 ms in three pairs, with 20-40 % fewer minor faults and 3 % more peak resident memory (9.2 against
 8.9 GB); specs whose blocks are all below 32 MiB are unchanged.
 
 Example:
