@@ -118,6 +118,7 @@ TESTS: dict[str, frozenset[str]] = {
         "test_cost_calibrated.py::test_dense_step_seconds_times_real_dense_steps",
         "test_cost_calibrated.py::test_dense_step_seconds_gives_a_retrieval_loss_what_train_step_does",
         "test_cost_calibrated.py::test_live_step_seconds_times_steps_fed_by_the_pipeline",
+        "test_cost_calibrated.py::test_live_and_staged_steps_alternate_in_blocks",
         "test_cost_epoch_start.py::test_epoch_seconds_times_the_trainers_epochs_beside_one_long_epoch",
         "test_table_l2.py::test_training_with_table_l2_equals_the_loss_term_reference",
     )},

@@ -29,6 +29,7 @@ Example:
 from __future__ import annotations
 
 import json
+import math
 import tempfile
 import time
 from pathlib import Path
@@ -57,7 +58,14 @@ FULL_STEPS = 8  # timed full-batch steps of the compute scale
 FULL_BLOCKS = 3  # measurements of a dense part for the compute scale (their rounds pooled) ...
 FULL_BLOCK_SECONDS = 1.5  # ... a further one while this many seconds have not passed
 MANAGED_STEPS = 16  # timed batches of the managed tables' own work (resets, map replay)
-LIVE_STEPS = 10  # timed steps fed live by the batch pipeline, then the same on staged batches (CPU)
+LIVE_STEPS = 10  # at least this many timed steps in a block fed live by the batch pipeline, and in one of
+# staged batches (CPU: the staging rate) ...
+STAGING_BLOCK_SECONDS = 0.4  # ... a block of about this many seconds of steps ...
+STAGING_MAX_STEPS = 100  # ... in at most this many steps ...
+STAGING_BLOCKS = 3  # ... and this many blocks of each kind, alternating ...
+STAGING_SECONDS = 6.0  # ... where their steps take up to this many seconds, fewer blocks for longer steps
+STAGING_CPU_REPEATS = 3  # the pipeline's CPU seconds run alone, the least of up to this many runs ...
+STAGING_CPU_SECONDS = 2.0  # ... started within this many seconds
 EPOCH_BATCHES = 8  # batches of the epochs an epoch's start is measured on (CPU) ...
 EPOCH_ROUNDS = (6, 10)  # ... and how many such epochs, and one-batch epochs
 EPOCH_MAX_STEP_MS = 40.0  # measured only for live steps up to this long: the epochs take about 2 x 6 x 8
@@ -109,13 +117,16 @@ def spec_constants(spec: ModelSpec, device: torch.device, measured: dict[str, tu
                                                     f"size (timing rule), per managed lookup")
             details["managed"] = managed[1]
         if device.type == "cpu":
-            rate, staging_details = _staging_rate(spec, device, plan_for(spec.training.batch_size))
+            rate, staging_details = _staging_rate(spec, device, plan_for(spec.training.batch_size),
+                                                  scale_details.get("measured_dense_ms"))
             out["staging_values_per_s"] = (rate, "ids and dense values staged per second the trainer's batch "
                                                  "pipeline (Parquet read, checks, packing, casting index, in its "
                                                  "threads beside the steps) adds to real training steps at the "
                                                  "spec's batch size: live steps minus the same steps on batches "
-                                                 "staged beforehand (timing rule), per batch; at least a tenth "
-                                                 "of the pipeline's CPU seconds per batch")
+                                                 "staged beforehand (timing rule over alternating blocks of each, "
+                                                 f"up to {STAGING_BLOCKS} of up to {STAGING_MAX_STEPS} steps), per "
+                                                 "batch; at least a tenth of the pipeline's CPU seconds per batch "
+                                                 f"(the least of up to {STAGING_CPU_REPEATS} runs)")
             details["staging"] = staging_details
             starts, start_details = _epoch_start_us(spec, device, plan_for(spec.training.batch_size),
                                                     staging_details["live_step_ms"])
@@ -362,16 +373,46 @@ def _managed_ns_per_id(spec: ModelSpec, device: torch.device, plan: Any) -> tupl
                                          "clean_steps": est.clean, "method": est.method}
 
 
-def _staging_rate(spec: ModelSpec, device: torch.device, plan: Any) -> tuple[float, dict[str, Any]]:
+def staging_plan(step_ms: float | None) -> tuple[int, int]:
+    """(blocks, steps per block) of the live and staged steps the staging rate is measured on
+    (`live_step_seconds`), for a step of about `step_ms` (None: not known): a block of about
+    STAGING_BLOCK_SECONDS of steps (LIVE_STEPS to STAGING_MAX_STEPS of them), STAGING_BLOCKS
+    blocks of each kind where they fit in STAGING_SECONDS, fewer for long steps (at least one).
+    The added time is a tenth of a short step or less: a short step needs hundreds of steps of
+    each kind for its difference to stand above the noise, a long step's share is small anyway.
+
+    Example:
+        >>> staging_plan(4.0), staging_plan(70.0), staging_plan(1700.0), staging_plan(None)
+        ((3, 100), (3, 10), (1, 10), (1, 10))
+    """
+    if step_ms is None or not step_ms > 0:
+        return 1, LIVE_STEPS
+    steps = min(STAGING_MAX_STEPS, max(LIVE_STEPS, math.ceil(STAGING_BLOCK_SECONDS * 1e3 / step_ms)))
+    blocks = min(STAGING_BLOCKS, max(1, int(STAGING_SECONDS * 1e3 // (2 * steps * step_ms))))
+    return blocks, steps
+
+
+def _staging_rate(spec: ModelSpec, device: torch.device, plan: Any, step_ms: float | None = None
+                  ) -> tuple[float, dict[str, Any]]:
     """Values staged per second the data threads add to a real step (live steps minus staged
-    ones, `live_step_seconds`; at least a tenth of the pipeline's CPU seconds per batch, run
-    alone: a sanity bound on a difference of two timings), raw. The data threads share the
-    trainer's cores and its interpreter lock: what they cost a step is measured, not assumed to be
-    their CPU time."""
-    cpu_s, values = staging_cpu_seconds(spec, plan)
-    live, staged = (robust.LOG.add(robust.estimate(r)) for r in live_step_seconds(plan, spec, device, LIVE_STEPS))
+    ones, in alternating blocks sized by the step's `step_ms`: `staging_plan`, `live_step_seconds`;
+    at least a tenth of the pipeline's CPU seconds per batch run alone, the least of up to
+    STAGING_CPU_REPEATS runs within STAGING_CPU_SECONDS: a sanity bound on a difference of two
+    timings, which one slowed run made 10x a short step's, measured), raw. The data threads share
+    the trainer's cores and its interpreter lock: what they cost a step is measured, not assumed
+    to be their CPU time."""
+    started, cpu_runs = time.perf_counter(), []
+    while not cpu_runs or (len(cpu_runs) < STAGING_CPU_REPEATS
+                           and time.perf_counter() - started < STAGING_CPU_SECONDS):
+        cpu_runs.append(staging_cpu_seconds(spec, plan))
+    cpu_s, values = min(cpu_runs)
+    blocks, steps = staging_plan(step_ms)
+    live, staged = (robust.LOG.add(robust.estimate(r))
+                    for r in live_step_seconds(plan, spec, device, steps, blocks=blocks))
     added = max(live.seconds - staged.seconds, cpu_s / 10, 1e-6)
     return values / added, {"cpu_ms_per_batch": cpu_s * 1e3, "values_per_batch": values,
+                            "cpu_ms_per_batch_runs": [c * 1e3 for c, _ in cpu_runs],
+                            "blocks": blocks, "steps_per_block": steps,
                             "live_step_ms": live.seconds * 1e3, "staged_step_ms": staged.seconds * 1e3,
                             "added_ms_per_batch": added * 1e3, "live_method": live.method,
                             "staged_method": staged.method}

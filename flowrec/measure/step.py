@@ -239,22 +239,30 @@ def staging_cpu_seconds(spec: ModelSpec, plan: Any, batches: int = STEPS) -> tup
 
 
 def live_step_seconds(plan: Any, spec: ModelSpec, device: torch.device, steps: int = STEPS,
-                      ready: Callable[[], None] | None = None, between: Callable[[], None] | None = None
-                      ) -> tuple[list[robust.Round], list[robust.Round]]:
-    """Timed rounds (`flowrec.measure.robust`) of `steps` training steps of `plan` (after
-    WARMUP_STEPS) fed live by the trainer's batch pipeline over an encoded Parquet dataset of
-    synthetic rows, its data threads running beside the steps as in training (their CPU time is
-    the process's own: `robust.python_side_threads`), and as many on batches staged beforehand
-    (first; the same model and optimizer then continue live): (live, staged). The difference is what the data
-    threads cost the steps on this machine: cores and the interpreter lock shared. `ready`, when
-    given, is called before the staged steps and again before the live ones, everything set up,
-    and `between` after every step, outside its round (`flowrec.measure.concurrent`: processes
+                      ready: Callable[[], None] | None = None, between: Callable[[], None] | None = None,
+                      blocks: int = 1) -> tuple[list[robust.Round], list[robust.Round]]:
+    """Timed rounds (`flowrec.measure.robust`) of `blocks` x `steps` training steps of `plan`
+    (after WARMUP_STEPS) fed live by the trainer's batch pipeline over an encoded Parquet dataset
+    of synthetic rows, its data threads running beside the steps as in training (their CPU time is
+    the process's own: `robust.python_side_threads`), and as many on batches staged beforehand:
+    (live, staged). The difference is what the data threads cost the steps on this machine: cores
+    and the interpreter lock shared. The same model and optimizer step both kinds, in blocks of
+    `steps` that alternate (staged, live, staged, live ...: a spell of the host's load falls on
+    both kinds, not on one; the difference is a tenth of a short step, and a 10-step block of
+    each moved it by more than itself, measured: managed_movielens's added time 0.14-0.44 ms in
+    six calibrations back to back). The staged steps' warm-up runs before the pipeline opens; a
+    later staged block starts with one untimed step, while the paused pipeline's threads finish
+    filling its queue. `ready`, when given, is called before every block, everything set up, and
+    `between` after every step, outside its round (`flowrec.measure.concurrent`: processes
     stepping at once meet in a barrier, then a collective after each step)."""
     tune_host_allocator()
-    batches = WARMUP_STEPS + steps
+    blocks = max(1, int(blocks))
+    settle = 1  # untimed staged steps opening a block after the first
+    quiet_count = WARMUP_STEPS + blocks * steps + (blocks - 1) * settle
+    live_count = WARMUP_STEPS + blocks * steps
     with tempfile.TemporaryDirectory(prefix="flowrec-calibrate-") as tmp:
         data = Path(tmp) / "data"
-        synth_dataset(spec, data, spec.training.batch_size * (batches + 1))
+        synth_dataset(spec, data, spec.training.batch_size * (live_count + 1))
         source = ParquetSource(data)
         model = lower(plan, spec, device)
         try:
@@ -272,24 +280,33 @@ def live_step_seconds(plan: Any, spec: ModelSpec, device: torch.device, steps: i
                     between()
                 return done
 
-            quiet_batches = _staged(spec, plan, batches)
+            quiet_batches = _staged(spec, plan, quiet_count)
             _item_counts(model, quiet_batches)
             if ready is not None:
                 ready()
-            quiet = [timed(batch) for batch in quiet_batches]
-            live = []
+            first = WARMUP_STEPS + steps
+            quiet = [timed(batch) for batch in quiet_batches[:first]][WARMUP_STEPS:]
+            live: list[robust.Round] = []
             with iterate_batches(spec, source, _options(spec, plan), 0, 0, tuple(plan.meta.groups),
                                  remap=fresh_remapper(spec, tuple(plan.meta.groups))) as pipeline:
-                if ready is not None:
-                    ready()
-                for batch in pipeline:
-                    live.append(timed(batch))
-                    if len(live) == batches:
-                        break
+                feed = iter(pipeline)
+                for block in range(blocks):
+                    if block:
+                        if ready is not None:
+                            ready()
+                        for _ in range(settle):
+                            timed(quiet_batches[first])
+                            first += 1
+                        quiet += [timed(batch) for batch in quiet_batches[first:first + steps]]
+                        first += steps
+                    if ready is not None:
+                        ready()
+                    rounds = [timed(next(feed)) for _ in range(steps + (WARMUP_STEPS if block == 0 else 0))]
+                    live += rounds[WARMUP_STEPS:] if block == 0 else rounds
         finally:
             model.close()
             source.close()
-    return live[WARMUP_STEPS:], quiet[WARMUP_STEPS:]
+    return live, quiet
 
 
 def trainer_options(spec: ModelSpec, plan: Any) -> StagingOptions:

@@ -518,10 +518,67 @@ def test_staging_rate_is_what_live_steps_add_over_staged_ones(dlrm, monkeypatch)
     for added, expected in ((cpu_s * 1.7, cpu_s * 1.7), (cpu_s / 3, cpu_s / 3), (-cpu_s, cpu_s / 10)):
         live = [Round(staged_s + added + (i % 3) * 0.01, (i % 3) * 0.01) for i in range(9)]  # 3 clean rounds
         monkeypatch.setattr(calibrate_spec, "live_step_seconds",
-                            lambda *a, live=live: (live, [Round(staged_s)] * 9))
+                            lambda *a, live=live, **k: (live, [Round(staged_s)] * 9))
         rate, details = calibrate_spec._staging_rate(dlrm, None, None)
         assert rate == pytest.approx(values / expected, rel=1e-6)
         assert details["added_ms_per_batch"] == pytest.approx(expected * 1e3, rel=1e-6)
+
+
+def test_staging_cpu_bound_is_the_least_of_its_runs_and_blocks_are_sized_by_the_step(dlrm, monkeypatch):
+    """One slowed run of the pipeline alone must not set the sanity bound (custom_module, round 14:
+    22 ms per batch once against about 0.2 ms, its staging priced 10x); the live and staged
+    blocks are sized by the step the calibration measured."""
+    from flowrec.measure import spec as calibrate_spec
+
+    values = random.uniform(1e4, 1e5)
+    runs = iter([(random.uniform(2e-2, 3e-2), values), (1e-3, values), (random.uniform(2e-3, 5e-3), values)])
+    monkeypatch.setattr(calibrate_spec, "staging_cpu_seconds", lambda *a: next(runs))
+    seen = {}
+
+    def live_steps(plan, spec, device, steps, blocks=1, **k):
+        seen.update(steps=steps, blocks=blocks)
+        return [Round(5e-3)] * 9, [Round(5e-3)] * 9  # no difference: the bound decides
+
+    monkeypatch.setattr(calibrate_spec, "live_step_seconds", live_steps)
+    monkeypatch.setattr(calibrate_spec, "STAGING_CPU_SECONDS", 60.0)
+    rate, details = calibrate_spec._staging_rate(dlrm, None, None, 4.0)
+    assert details["cpu_ms_per_batch_runs"] and len(details["cpu_ms_per_batch_runs"]) == 3
+    assert rate == pytest.approx(values / 1e-4, rel=1e-6)
+    assert (seen["blocks"], seen["steps"]) == calibrate_spec.staging_plan(4.0)
+    assert seen["blocks"] > 1 and seen["steps"] > calibrate_spec.LIVE_STEPS
+    blocks, steps = calibrate_spec.staging_plan(2000.0)
+    assert blocks == 1 and steps == calibrate_spec.LIVE_STEPS
+
+
+def test_live_and_staged_steps_alternate_in_blocks(repo, monkeypatch):
+    """staged (warm-up, block), live (warm-up, block), staged (one settling step, block), live:
+    the same model steps both kinds, each kind's rounds are its blocks' timed steps."""
+    import torch
+
+    from flowrec.measure import step as measure_step
+
+    spec = measure_step.with_batch(load_spec(repo / "specs" / "movielens.yaml"), 32)
+    plan = make_plan(spec, target="cpu")
+    real_staged, real_step = measure_step._staged, measure_step.train_step
+    staged_ids: set[int] = set()
+    kinds: list[str] = []
+
+    def staged(*a):
+        out = real_staged(*a)
+        staged_ids.update(id(b) for b in out)
+        return out
+
+    def step(model, optimizer, batch, *a):
+        kinds.append("S" if id(batch) in staged_ids else "L")
+        return real_step(model, optimizer, batch, *a)
+
+    monkeypatch.setattr(measure_step, "_staged", staged)
+    monkeypatch.setattr(measure_step, "train_step", step)
+    steps, blocks, warm = 2, 3, measure_step.WARMUP_STEPS
+    live, quiet = measure_step.live_step_seconds(plan, spec, torch.device("cpu"), steps, blocks=blocks)
+    assert len(live) == len(quiet) == steps * blocks
+    expected = "S" * (warm + steps) + "L" * (warm + steps) + ("S" * (1 + steps) + "L" * steps) * (blocks - 1)
+    assert "".join(kinds) == expected
 
 
 def test_live_step_seconds_times_steps_fed_by_the_pipeline(repo):
