@@ -94,3 +94,26 @@ def test_transfer_stage_pins_through_the_runtime():
     assert torch.equal(moved.dense, batch.dense) and moved.dense is not batch.dense
     for name, g in moved.groups.items():
         assert torch.equal(g.casting.sorted_bags, batch.groups[name].casting.sorted_bags)
+
+
+def test_seeding_through_the_runtime_draws_what_torch_manual_seed_draws():
+    """`DeviceRuntime.seed` (what a model with custom modules calls every step) seeds the host's
+    generator as `torch.manual_seed` does, so a user's module draws the same numbers; CUDA's seeds
+    its generators too (lazily on a build without CUDA)."""
+    import random
+
+    from operators.device import CudaRuntime
+
+    seed = random.randrange(1 << 62)
+    torch.manual_seed(seed)
+    expected = (torch.rand(7), torch.nn.functional.dropout(torch.ones(64), 0.3, training=True),
+                torch.randint(0, 1000, (5,)))
+    torch.manual_seed(seed + 1)  # moved elsewhere first
+    runtime_for(torch.device("cpu")).seed(seed)
+    got = (torch.rand(7), torch.nn.functional.dropout(torch.ones(64), 0.3, training=True),
+           torch.randint(0, 1000, (5,)))
+    for a, b in zip(expected, got, strict=True):
+        assert torch.equal(a, b)
+    torch.manual_seed(seed + 2)
+    CudaRuntime(torch.device("cuda", 0)).seed(seed)
+    assert torch.equal(torch.rand(7), expected[0])
