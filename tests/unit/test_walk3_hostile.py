@@ -1,0 +1,71 @@
+"""Defects a third hostile walk found (a multi-hot CSV column without its separator, Arrow's
+threads at the exit of a notebook's Python, the model language), one test per defect; each fails
+on the code before its fix."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from flowrec.cli import app
+
+runner = CliRunner()
+
+SEQUENCE_SPEC = """
+name: seqbag
+features:
+  - {name: user, type: categorical, hash_buckets: 50, dim: 4}
+  - {name: hist, type: sequence, hash_buckets: 80, dim: 4, max_len: 5, pooling: mean}
+modules:
+  - {name: top, kind: mlp, inputs: [user, hist], layers: [8]}
+heads:
+  - {name: ctr, input: top, task: binary, loss: bce}
+training: {batch_size: 8, epochs: 1, seed: 1}
+"""
+
+
+def _sequence_csv(tmp_path: Path, sep: str) -> Path:
+    rows = [f"u{i % 7},{sep.join(str((i * 7 + k * 13) % 70 + 1) for k in range(1 + i % 4))},{i % 2}"
+            for i in range(40)]
+    path = tmp_path / "rows.csv"
+    path.write_text("\n".join(["user,hist,label", *rows]) + "\n")
+    return path
+
+
+def _spec(tmp_path: Path, options: str = "") -> Path:
+    path = tmp_path / "spec.yaml"
+    path.write_text(SEQUENCE_SPEC + (f"data: {{options: {options}}}\n" if options else ""))
+    return path
+
+
+def test_a_multi_hot_column_written_with_another_separator_is_one_line_naming_the_field(tmp_path: Path):
+    """'9|33|16' under the default separator '^' used to become one id per row, silently."""
+    rows = _sequence_csv(tmp_path, "|")
+    result = runner.invoke(app, ["data", "convert", "csv", str(rows), str(tmp_path / "out"),
+                                 "--spec", str(_spec(tmp_path)), "-q"])
+    assert result.exit_code == 2, result.output
+    line = result.stderr.strip()
+    assert "\n" not in line and "Traceback" not in result.output
+    assert "feature 'hist'" in line and "sequence_sep: '|'" in line
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("sep,options", [("|", '{sequence_sep: "|"}'), ("^", ""), ("^", '{sequence_sep: "^"}')])
+def test_a_multi_hot_column_with_its_separator_is_split_into_its_ids(tmp_path: Path, sep: str, options: str):
+    rows = _sequence_csv(tmp_path, sep)
+    result = runner.invoke(app, ["data", "convert", "csv", str(rows), str(tmp_path / "out"),
+                                 "--spec", str(_spec(tmp_path, options)), "-q"])
+    assert result.exit_code == 0, result.output
+    hist = pq.read_table(tmp_path / "out").column("hist").to_pylist()
+    assert [len(h) for h in hist] == [1 + i % 4 for i in range(40)]
+
+
+def test_an_explicit_separator_is_trusted_even_where_values_hold_another(tmp_path: Path):
+    """sequence_sep given (here '^', each value one id): no guess overrides the user."""
+    rows = _sequence_csv(tmp_path, "|")
+    result = runner.invoke(app, ["data", "convert", "csv", str(rows), str(tmp_path / "out"),
+                                 "--spec", str(_spec(tmp_path, '{sequence_sep: "^"}')), "-q"])
+    assert result.exit_code == 0, result.output
+    assert {len(h) for h in pq.read_table(tmp_path / "out").column("hist").to_pylist()} == {1}
