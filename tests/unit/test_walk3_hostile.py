@@ -125,3 +125,59 @@ def test_arrow_releases_every_csv_reader_before_the_exit_hook_returns(tmp_path: 
     assert len(csv_release._HANDLERS) == 0
     with pytest.raises(DataError, match="closed at the interpreter's exit"):
         next(left)
+
+
+# ------------------------------------------------------------------ the model language: custom class paths at validate
+CUSTOM_SPEC = """
+name: walk_custom
+features:
+  - {{name: price, type: dense}}
+  - {{name: user_id, type: categorical, hash_buckets: 100, dim: 8}}
+modules:
+  - {{name: bottom, kind: mlp, inputs: ["@dense", user_id], layers: [16]}}
+  - {{name: mine, kind: custom, class: "{cls}", inputs: [bottom]}}
+  - {{name: top, kind: mlp, inputs: [mine], layers: [8]}}
+heads:
+  - {{name: ctr, input: top, task: binary, loss: bce}}
+training: {{batch_size: 32, epochs: 1, seed: 0}}
+"""
+BLOCKS = """
+import torch
+if torch.__version__:
+    class Gated(torch.nn.Module):
+        def forward(self, x):
+            return x
+Alias = Gated
+"""
+CLASS_PATHS = {
+    "missing_file": ("nope.py:Thing", "no Python file at nope.py"),
+    "syntax_error": ("broken.py:X", "broken.py does not parse: SyntaxError"),
+    "no_such_class": ("blocks.py:Nope", "blocks.py defines no top-level 'Nope' (it defines Alias, Gated, torch)"),
+    "no_such_package": ("nosuchpkg_walk3.blocks:Gated", "no module 'nosuchpkg_walk3' can be imported here"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CLASS_PATHS))
+def test_a_custom_class_path_that_cannot_import_is_one_line_at_validate(tmp_path: Path, monkeypatch, case: str):
+    """validate said `ok` for a custom module whose file is missing, does not parse or lacks the
+    class (only plan or train found out); it still runs none of the user's code."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "blocks.py").write_text(BLOCKS)
+    (tmp_path / "broken.py").write_text("import os\nclass X(:\n    pass\nopen('RAN', 'w')\n")
+    cls, says = CLASS_PATHS[case]
+    (tmp_path / "spec.yaml").write_text(CUSTOM_SPEC.format(cls=cls))
+    result = runner.invoke(app, ["validate", "spec.yaml"])
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("spec.yaml: modules[1].class: "), result.output
+    assert says in result.output and "\n" not in result.output.strip()
+    assert not (tmp_path / "RAN").exists()
+
+
+@pytest.mark.parametrize("cls", ["blocks.py:Gated", "blocks.py:Alias", "torch.nn:Linear"])
+def test_a_custom_class_path_that_imports_validates_without_running_it(tmp_path: Path, monkeypatch, cls: str):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "blocks.py").write_text(BLOCKS + "open('RAN', 'w')\n")
+    (tmp_path / "spec.yaml").write_text(CUSTOM_SPEC.format(cls=cls))
+    result = runner.invoke(app, ["validate", "spec.yaml"])
+    assert result.exit_code == 0, result.output
+    assert not (tmp_path / "RAN").exists()
