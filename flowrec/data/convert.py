@@ -38,6 +38,7 @@ from flowrec.data.layout import (VOCAB_DIR, DataError, DatasetMeta, data_hash, e
 from flowrec.data.output import staged_output
 from flowrec.data.rawstats import RawStats
 from flowrec.data.sequences import TEST_COLUMN, split_option
+from flowrec.data.separators import DEFAULT_SEQUENCE_SEP, check_sequence_separators
 from flowrec.data.sources import FORMAT_ALIASES, LINE_COLUMN, reader
 from flowrec.data.vocab_growth import TableGrowth, grow_encoder
 from flowrec.spec.model import ModelSpec
@@ -223,6 +224,7 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
     numeric |= {columns.get(c, c) for c in unique_labels(spec)}
     tasks = label_tasks(spec, columns)
     mapped = [0]
+    separators_checked = [given is not None]  # a run's encoder brings its recorded separator
 
     def chunks(log_policy: ErrorPolicy) -> Iterator[tuple[ErrorLog, pa.Table]]:
         for path in inputs:
@@ -230,6 +232,9 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
             logs.append(log)
             for chunk in read(path, opts, log, numeric):
                 _check_columns(chunk, spec, columns, path)
+                if not separators_checked[0]:
+                    _check_separators(chunk, spec, columns, opts, path)
+                    separators_checked[0] = True
                 chunk, n = check_labels(chunk, tasks, log, fmt in PLUS_MINUS_FORMATS)
                 mapped[0] += n
                 if split_by and float(opts.get("test_fraction", 0.0)):
@@ -238,7 +243,7 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
                     yield log, chunk
 
     logs: list[ErrorLog] = []
-    sep = opts.get("sequence_sep", "^")
+    sep = opts.get("sequence_sep", DEFAULT_SEQUENCE_SEP)
     growth: tuple[TableGrowth, ...] = ()
     overflow: list[str] = []
     if given is not None and grow:
@@ -355,6 +360,16 @@ def _check_rows(report: ConvertReport, inputs: list[Path], fmt: str) -> None:
         if not rows:
             raise DataError(f"no rows converted from {names} into the {side} split: change "
                             "test_fraction or split_seed, or convert more rows")
+
+
+def _check_separators(chunk: pa.Table, spec: ModelSpec, columns: dict[str, str], opts: dict[str, Any],
+                      path: Path) -> None:
+    """The multi-hot text columns of the first chunk against data option sequence_sep
+    (`flowrec.data.separators`); the error names the input file."""
+    try:
+        check_sequence_separators(chunk, spec, columns, opts)
+    except DataError as exc:
+        raise DataError(f"{path}: {exc}") from None
 
 
 def _check_columns(chunk: pa.Table, spec: ModelSpec, columns: dict[str, str], path: Path) -> None:

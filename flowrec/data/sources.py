@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 
+from flowrec.data.csv_release import ReaderSlot, open_slot, tracked
 from flowrec.data.error_log import ErrorLog
 from flowrec.data.layout import DataError
 from flowrec.data.sequences import HISTORY_COLUMN, TEST_COLUMN, next_item_rows, sequence_length
@@ -142,25 +143,39 @@ def csv_chunks(path: Path, log: ErrorLog, numeric: set[str], delimiter: str, nam
     read = pcsv.ReadOptions(block_size=chunk_bytes, use_threads=False, column_names=names,
                             skip_rows=header_lines, encoding=encoding or "utf8")
     header_lines = header_lines if names is not None else 1
-    parse = pcsv.ParseOptions(delimiter=delimiter, invalid_row_handler=on_invalid, quote_char=False
-                              if delimiter == "\t" else '"')
     _PYTHON_HANDLER_READERS[0] += 1  # before it opens: Arrow's threads may hold the handler from here on
+    slot = open_slot()  # the reader, which the exit hook drops if this generator is left suspended
     try:
         with _undecodable_rows(path, failures):
-            reader = pcsv.open_csv(path, read_options=read, parse_options=parse,
-                                   convert_options=_binary_columns(path, delimiter, names, encoding or "utf-8"))
+            # the handler and its ParseOptions are Arrow's only (csv_release): no local keeps them
+            slot.reader = pcsv.open_csv(
+                path, read_options=read,
+                parse_options=pcsv.ParseOptions(delimiter=delimiter, invalid_row_handler=tracked(on_invalid),
+                                                quote_char=False if delimiter == "\t" else '"'),
+                convert_options=_binary_columns(path, delimiter, names, encoding or "utf-8"))
     except (OSError, pa.ArrowInvalid) as exc:
         raise (failures[0] if failures else DataError(f"cannot read {path}: {exc}")) from None
     try:
-        _unique_columns(path, reader.schema.names)
+        yield from _read_batches(path, slot, failures, log, numeric, required, header_lines, skipped, hint)
+    finally:
+        slot.reader = None  # released here; Arrow's IO threads may finish with it a little later
+
+
+def _read_batches(path: Path, slot: ReaderSlot, failures: list[DataError], log: ErrorLog, numeric: set[str],
+                  required: set[str], header_lines: int, skipped: list[int], hint: str | None) -> Iterator[pa.Table]:
+    """The checked chunks of the open streaming reader in `slot` (`csv_chunks`)."""
+    try:
+        _unique_columns(path, slot.reader.schema.names)
     except UnicodeDecodeError:
         raise DataError(f"{path}: the header is not valid UTF-8 (binary data, or another format?"
                         f"{'' if hint is None else ' ' + hint.lstrip('; ')})") from None
     seen = 0
     while True:
+        if slot.reader is None:
+            raise DataError(f"{path}: the reader was closed at the interpreter's exit")
         try:
             with _undecodable_rows(path, failures):
-                batch = reader.read_next_batch()
+                batch = slot.reader.read_next_batch()
         except StopIteration:
             if failures:  # the last rows were malformed (a file whose only row is): fail on them
                 raise failures[0] from None

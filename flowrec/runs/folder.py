@@ -8,7 +8,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from flowrec.runtime.rundir import RUN_FILE, RunFolderError, claim_new_folder, foreign_entries, has_run, open_folder
+from flowrec.runtime.rundir import (
+    RUN_FILE,
+    RunFolderError,
+    claim_new_folder,
+    foreign_entries,
+    has_run,
+    lost_checkpoint,
+    open_folder,
+)
 
 
 def claim_run_folder(out: Path | None, resume: Path | None, overwrite: bool, name: str,
@@ -16,7 +24,12 @@ def claim_run_folder(out: Path | None, resume: Path | None, overwrite: bool, nam
     """(folder, lock) of a run: `resume`'s folder (it must hold a run or its run.json), else `out`
     (new, empty, or a run folder; one holding a run needs `overwrite`), else runs/<name>, numbered
     if taken. Raises `RunFolderError` (one line; `replace_with` names how the caller replaces a
-    run: the CLI's flag or the API's argument); release the lock when the run ends."""
+    run: the CLI's flag or the API's argument); release the lock when the run ends.
+
+    A folder whose checkpoint.pt was lost (deleted, moved) after the run wrote it
+    (`flowrec.runtime.rundir.lost_checkpoint`) is neither resumed from step 0 nor trained into
+    without `overwrite`: that would silently replace the run's metrics and plan. Only a run killed
+    before its first checkpoint landed starts again from step 0 on resume (docs/runs.md)."""
     if resume is not None:
         folder = resume
         if folder.exists() and not folder.is_dir():
@@ -25,7 +38,10 @@ def claim_run_folder(out: Path | None, resume: Path | None, overwrite: bool, nam
             raise RunFolderError(f"nothing to resume: {folder} does not exist")
         if not has_run(folder) and not (folder / RUN_FILE).is_file():
             raise RunFolderError(f"nothing to resume: {folder} has no checkpoint.pt or run.json")
-        return folder, open_folder(folder)
+        lock = open_folder(folder)
+        _refuse_lost_checkpoint(folder, lock, f"put it back to continue, or start the run over with "
+                                              f"--out {folder} {replace_with}")
+        return folder, lock
     if out is None:
         _check_not_inside_owned(Path("runs") / name)
         return claim_new_folder(Path("runs"), name)
@@ -36,11 +52,24 @@ def claim_run_folder(out: Path | None, resume: Path | None, overwrite: bool, nam
                              f"{', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); give an empty "
                              f"or new folder")
     lock = open_folder(out)
+    if not overwrite:
+        _refuse_lost_checkpoint(out, lock, f"put it back and continue with --resume {out}, or replace "
+                                           f"the run with {replace_with}")
     if has_run(out) and not overwrite:
         lock.release()
         raise RunFolderError(f"{out} already holds a run (checkpoint.pt): continue it with "
                              f"--resume {out}, or replace it with {replace_with}")
     return out, lock
+
+
+def _refuse_lost_checkpoint(folder: Path, lock: Any, remedy: str) -> None:
+    """Release `lock` and raise `RunFolderError` when `folder`'s run wrote a checkpoint.pt that is
+    gone (nothing in the folder is changed); `remedy` says what the user can do."""
+    why = lost_checkpoint(folder)
+    if why is not None:
+        lock.release()
+        raise RunFolderError(f"{folder}/checkpoint.pt is missing, but the run in {folder} wrote one "
+                             f"({why}); {remedy}")
 
 
 def _check_not_inside_owned(out: Path) -> None:

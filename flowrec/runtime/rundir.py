@@ -19,7 +19,8 @@ from pathlib import Path
 
 from flowrec.runtime.atomic import TEMP_PREFIX, TEMP_SUFFIX, atomic_write, remove_stale_temps
 from flowrec.runtime.checkpoint.store import CHECKPOINT_NAME
-from flowrec.runtime.checkpoint.delta import is_delta_name, remove_deltas
+from flowrec.runtime.checkpoint.delta import delta_files, is_delta_name, remove_deltas
+from flowrec.runtime.run_log import read_records
 
 LOCK_NAME = ".flowrec.lock"
 RUN_FILE = "run.json"  # the settings a run was started with; --resume restores them
@@ -136,17 +137,50 @@ def has_run(folder: Path) -> bool:
     return (Path(folder) / CHECKPOINT_NAME).is_file()
 
 
+def lost_checkpoint(folder: Path) -> str | None:
+    """Why `folder` must have held a checkpoint.pt that is no longer there, in words; None when it
+    holds one, or when nothing says it ever did (a run killed before its first checkpoint lands).
+
+    The proofs are ones a checkpoint write leaves and a kill cannot fake: a delta file (deltas are
+    written after their full checkpoint, in order, on one writer thread) and an `end` record in
+    metrics.jsonl (written after every checkpoint write of the run finished). A `checkpoint`
+    record is no proof: it is written when the snapshot is taken, before the file lands.
+
+    Args:
+        folder: a run folder.
+
+    Returns:
+        One clause such as "its metrics.jsonl records the run's end at step 40", or None.
+    """
+    folder = Path(folder)
+    if has_run(folder):
+        return None
+    deltas = delta_files(folder / CHECKPOINT_NAME)
+    if deltas:
+        return f"its incremental checkpoint {deltas[0][1].name} is still there"
+    try:
+        records = read_records(folder / METRICS_FILE)
+    except OSError:  # unreadable: no proof either way, as before this check
+        return None
+    ends = [r.get("step") for r in records if r.get("event") == "end"]
+    if ends:
+        return f"its {METRICS_FILE} records the run's end at step {ends[-1]}"
+    return None
+
+
 def clear_run_files(folder: Path) -> None:
     """Remove the files of a previous run before a new one starts in the folder (the lock is held).
 
     run.json stays: the new run replaces it atomically, so a kill in between never leaves a folder
-    that the printed resume command cannot continue.
+    that the printed resume command cannot continue. The deltas and metrics.jsonl (the proofs of
+    `lost_checkpoint`) go before checkpoint.pt, so a kill in between never leaves a proof of a
+    checkpoint without it.
     """
-    for name in RUN_FILES:
+    remove_deltas(Path(folder) / CHECKPOINT_NAME)
+    for name in sorted(RUN_FILES, key=lambda n: n == CHECKPOINT_NAME):  # checkpoint.pt last
         if name != RUN_FILE:
             (Path(folder) / name).unlink(missing_ok=True)
     (Path(folder) / BEST_DIR / CHECKPOINT_NAME).unlink(missing_ok=True)
-    remove_deltas(Path(folder) / CHECKPOINT_NAME)
 
 
 def write_text(path: Path, text: str) -> None:

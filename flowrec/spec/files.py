@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
+from flowrec.spec.class_paths import class_path_issues
 from flowrec.spec.errors import SpecError, SpecIssue
 from flowrec.spec.read import read_document
 from flowrec.spec.validate import validate_document
@@ -35,12 +36,14 @@ class FileReport:
 
 
 def validate_file(path: str | Path) -> list[SpecIssue]:
-    """Read and validate one spec file; unreadable or malformed files give issues, never raise."""
+    """Read and validate one spec file; unreadable or malformed files give issues, never raise.
+    Custom modules' class paths are also checked without running them (`flowrec.spec.class_paths`:
+    a missing file, one that does not parse or lacks the class)."""
     try:
         doc = read_document(path)
     except SpecError as exc:
         return list(exc.issues)
-    return validate_document(doc)
+    return validate_document(doc) + class_path_issues(doc)
 
 
 def spec_files(paths: Iterable[str | Path]) -> list[Path]:

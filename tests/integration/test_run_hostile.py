@@ -227,3 +227,49 @@ def test_a_hostile_run_folder_or_option_is_one_line(case: Path, name: str, monke
     _one_line_exit_2(result, fragment.format(pid=os.getpid()))
     assert _snapshot(case) == before
     assert not (case / "runs").exists()
+
+
+# ------------------------------------------------------------------ a checkpoint lost after it was written
+def _lose_checkpoint(run: Path, keep_delta: bool) -> None:
+    """Delete run/checkpoint.pt; with `keep_delta`, leave a delta file on it and drop the metrics'
+    end record, so that the delta alone says a checkpoint was written."""
+    base = run / "checkpoint.pt"
+    if keep_delta:
+        shutil.copy(base, run / "checkpoint.delta-000001.pt")
+        lines = (run / "metrics.jsonl").read_text().splitlines(keepends=True)
+        (run / "metrics.jsonl").write_text("".join(x for x in lines if '"event": "end"' not in x))
+    base.unlink()
+
+
+LOST = {
+    "resume_finished_run": (False, COMMANDS["resume"], "start the run over with --out"),
+    "resume_with_a_delta_left": (True, COMMANDS["resume"], "incremental checkpoint checkpoint.delta-000001.pt"),
+    "out_without_overwrite": (False, lambda r: ["train", str(r / "spec.yaml"), "--out", str(r / "run"), "--quiet"],
+                              "replace the run with --overwrite"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LOST))
+def test_a_run_whose_checkpoint_was_deleted_is_refused_not_retrained(case: Path, name: str):
+    """`--resume RUN` (or `--out RUN`) after RUN/checkpoint.pt was deleted once the run wrote it
+    used to retrain from step 0 and replace the run's metrics and plan; now one line, nothing changed."""
+    keep_delta, argv_of, fragment = LOST[name]
+    _lose_checkpoint(case / "run", keep_delta)
+    before = _snapshot(case)
+    result = runner.invoke(app, argv_of(case))
+    _one_line_exit_2(result, fragment)
+    assert f"{case / 'run'}/checkpoint.pt is missing" in result.stderr
+    assert _snapshot(case) == before
+
+
+def test_a_run_killed_before_its_first_checkpoint_still_starts_again(case: Path):
+    """No proof of a written checkpoint (no end record, no delta): --resume starts from step 0."""
+    run = case / "run"
+    for path in [run / "checkpoint.pt", run / "plan.json", run / "spec.json", *run.glob("checkpoint.delta-*")]:
+        path.unlink()
+    lines = (run / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (run / "metrics.jsonl").write_text("".join([x for x in lines if '"event": "train"' in x][:2]))
+    result = runner.invoke(app, COMMANDS["resume"](case))
+    assert result.exit_code == 0, result.output
+    assert "has no checkpoint yet: starting it again from step 0" in result.stderr
+    assert (run / "checkpoint.pt").is_file()

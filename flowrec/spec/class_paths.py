@@ -1,0 +1,111 @@
+"""What `flowrec validate` can tell of a custom module's class path without running the user's code.
+
+A `kind: custom` module names its class as `path/to/file.py:Class` (relative to the working
+folder) or `package.module:Class`. Importing it runs the module's top-level code, so `flowrec
+validate` never imports it (docs/spec.md); `plan` and `train` do, and say there what the class
+does wrong (a constructor or forward that fails, an output of the wrong shape). Some problems need
+no running, and a user who validates expects to hear of them: the file is missing, it does not
+parse (Python's own parser, `ast.parse`, executes nothing), it binds no top-level name `Class`
+(a `class`, `def`, assignment or import, at the top level or under a top-level `if`/`try`/`with`;
+a star import or a module `__getattr__` could give anything, so they pass), or the package of a dotted path cannot be
+found (`importlib.util.find_spec` of its first name, which runs no code). Each is one issue at
+`modules[i].class`.
+
+Only the file-based validation (`flowrec.spec.files`) runs these: a spec loaded elsewhere (a run's
+spec.json read by eval, export or predict from another folder) is not tied to the working folder.
+
+Example:
+    >>> [str(i) for i in class_path_issues({"modules": [{"kind": "custom", "class": "nope.py:X"}]})][0][:45]
+    'modules[0].class: no Python file at nope.py ('
+"""
+from __future__ import annotations
+
+import ast
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+from flowrec.spec.errors import SpecIssue
+
+MAX_SOURCE_BYTES = 16 << 20  # a class file larger than this is left to the import
+
+
+def class_path_issues(doc: Any) -> list[SpecIssue]:
+    """An issue per custom module whose class path cannot import, found without running it.
+
+    Args:
+        doc: a spec document (dict); anything else, or a malformed module, gives no issue here
+            (the schema reports it).
+
+    Returns:
+        `modules[i].class` issues, in module order.
+    """
+    modules = doc.get("modules") if isinstance(doc, dict) else None
+    issues = []
+    for i, module in enumerate(modules if isinstance(modules, list) else []):
+        if not isinstance(module, dict) or module.get("kind") != "custom":
+            continue
+        path = module.get("class")
+        if not isinstance(path, str) or path.count(":") != 1:
+            continue
+        problem = _problem(*path.split(":"))
+        if problem is not None:
+            issues.append(SpecIssue(f"modules[{i}].class", problem))
+    return issues
+
+
+def _problem(source: str, name: str) -> str | None:
+    if not source or not name:
+        return None
+    if source.endswith(".py"):
+        return _file_problem(Path(source), name)
+    top = source.split(".")[0]
+    try:
+        found = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        found = None
+    if found is None:
+        return f"no module {top!r} can be imported here (for {source}:{name}; a file is written path/to/file.py:{name})"
+    return None
+
+
+def _file_problem(file: Path, name: str) -> str | None:
+    if not file.is_file():
+        return f"no Python file at {file} ({file.resolve()}; a class file is relative to the working folder)"
+    try:
+        if file.stat().st_size > MAX_SOURCE_BYTES:
+            return None
+        tree = ast.parse(file.read_bytes(), filename=str(file))
+    except SyntaxError as exc:
+        return f"{file} does not parse: SyntaxError: {exc.msg} (line {exc.lineno})"
+    except (OSError, ValueError) as exc:  # unreadable, or a NUL byte in the source
+        return f"cannot read {file}: {getattr(exc, 'strerror', None) or exc}"
+    bound, star = _top_level_names(tree.body)
+    if name in bound or star or "__getattr__" in bound:  # a module __getattr__ may give any name
+        return None
+    shown = ", ".join(sorted(bound)[:8]) or "nothing"
+    return f"{file} defines no top-level {name!r} (it defines {shown})"
+
+
+def _top_level_names(body: list[ast.stmt]) -> tuple[set[str], bool]:
+    """Names a module body binds at its top level (under if/try/with too), and whether it star-imports."""
+    names: set[str] = set()
+    star = False
+    for node in body:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                star = star or alias.name == "*"
+                names.add(alias.asname or alias.name.split(".")[0])
+        elif isinstance(node, (ast.If, ast.Try, ast.With, ast.For, ast.While)):
+            blocks = [node.body, getattr(node, "orelse", []), getattr(node, "finalbody", [])]
+            blocks += [h.body for h in getattr(node, "handlers", [])]
+            for block in blocks:
+                inner, inner_star = _top_level_names(block)
+                names |= inner
+                star = star or inner_star
+    return names, star
