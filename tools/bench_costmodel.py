@@ -163,7 +163,7 @@ def flowrec(*args: str, cwd: Path, timed: bool = False, nproc: int = 1) -> str:
     done = subprocess.run([sys.executable, *command, *args], cwd=cwd, env=env, timeout=RUN_TIMEOUT_S,
                           capture_output=True, text=True)
     if done.returncode != 0:
-        raise RuntimeError(f"flowrec {' '.join(args)} failed: {done.stderr.strip().splitlines()[-1:]}")
+        raise RuntimeError(f"flowrec {' '.join(args)} failed: {done.stderr.strip().splitlines()[-20:]}")  # the ranks' own lines too
     return done.stdout
 
 
