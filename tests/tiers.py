@@ -47,6 +47,7 @@ FILES: dict[str, frozenset[str]] = {
     "tests/unit/test_lifecycle_hostile.py": FAST,  # hostile input to runs, --follow, plan --managed-from
     "tests/unit/test_model_language_hostile.py": FAST,  # hostile specs of custom, heads, retrieval, sequences
     "tests/unit/test_walk_hostile.py": FAST,  # what a hostile user walking the README found
+    "tests/unit/test_walk4_hostile.py": FAST,  # export / predict of the newer model kinds, as a hostile user
     "tests/unit/test_walk3_hostile.py": FAST,  # a third walk: sequence separators, Arrow at exit, the model language
     "tests/unit/test_managed_hostile.py": FAST,  # edited or damaged managed map states, negatives seeds
     "tests/unit/test_serving_hostile.py": frozenset({"e2e"}),  # tampered retrieval packages, eval options

@@ -28,7 +28,7 @@ import pyarrow.csv as pcsv
 
 from flowrec.data.csv_release import ReaderSlot, open_slot, tracked
 from flowrec.data.error_log import ErrorLog
-from flowrec.data.layout import DataError
+from flowrec.data.layout import META_FILE, DataError
 from flowrec.data.sequences import HISTORY_COLUMN, TEST_COLUMN, next_item_rows, sequence_length
 
 CHUNK_BYTES = 16 << 20  # bytes of text per streamed chunk
@@ -599,6 +599,7 @@ def read_parquet(path: Path, options: dict[str, Any], log: ErrorLog, numeric: se
     del options
     import pyarrow.dataset as ds
 
+    _refuse_encoded(path)
     try:
         data = ds.dataset(path, format="parquet", partitioning="hive", exclude_invalid_files=False)
         _unique_columns(path, data.schema.names)
@@ -612,6 +613,20 @@ def read_parquet(path: Path, options: dict[str, Any], log: ErrorLog, numeric: se
                 yield _parquet_checked(table, lines, log, numeric, path)
     except (OSError, pa.ArrowInvalid) as exc:
         raise DataError(f"cannot read {path} as Parquet: {_why(exc)}") from None
+
+
+def _refuse_encoded(path: Path) -> None:
+    """Raise DataError when `path` is (or lies in, or holds) an encoded flowrec dataset: its ids are
+    already table rows and its dense values already transformed, so reading it as raw rows would
+    encode them a second time (other hash buckets, log1p twice) and score or train on other rows
+    without a word (Parquet readers skip ``_flowrec.json``, so nothing else would notice)."""
+    path = Path(path)
+    inner = [path / META_FILE, *path.glob(f"*/{META_FILE}")] if path.is_dir() else [path.parent / META_FILE]
+    found = next((m for m in inner if m.is_file()), None)
+    if found is not None:
+        raise DataError(f"{path} is an encoded flowrec dataset ({found} exists), not raw rows: encoding it "
+                        "again would read other ids; give the raw rows it was converted from, or score it "
+                        "with `flowrec eval RUN --data DIR`")
 
 
 def _parquet_checked(table: pa.Table, lines: np.ndarray, log: ErrorLog, numeric: set[str], path: Path) -> pa.Table:
