@@ -127,6 +127,8 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
     if top_k is not None and model.items is None:
         raise ValueError(f"{model_dir} has no retrieval head: --top-k needs a package of a retrieval run")
     _check_keep(keep, ["items", "scores"] if top_k is not None else model.heads)
+    if kind != "parquet" and top_k is None:
+        _check_text_heads(model.spec.heads, kind)
     chunks, log = _raw_chunks(model, raw, fmt, on_error)
     writer, rows = None, 0
     with Progress(SpinnerColumn(), TextColumn("{task.description} {task.completed:,} rows"),
@@ -163,6 +165,19 @@ def _check_keep(keep: list[str], heads: list[str]) -> None:
                              "scores); keep another column")
         if keep.count(name) > 1:
             raise ValueError(f"--keep {name} is given twice")
+
+
+def _check_text_heads(heads: list[Any], kind: str) -> None:
+    """Refuse text output of a multiclass head (a list of class probabilities a row) before any row
+    is scored; it was refused at the first chunk as if it were a --keep column the user never gave.
+
+    Raises:
+        ValueError: `kind` is text and a head is wider than one column.
+    """
+    wide = next((h for h in heads if h.width > 1), None)
+    if kind != "parquet" and wide is not None:
+        raise ValueError(f"head {wide.name} scores {wide.width} class probabilities a row, which {kind} text "
+                         "cannot hold; write Parquet (--out scores.parquet)")
 
 
 def _no_rows(raw: Path, log: Any) -> str:

@@ -78,3 +78,17 @@ def test_predict_gives_per_head_outputs(run):
     classes = np.stack(scores["segment"].to_numpy())
     assert classes.shape == (300, CLASSES)
     np.testing.assert_allclose(classes.sum(axis=1), 1.0, rtol=1e-5)
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".tsv"])
+def test_text_scores_of_a_multiclass_head_are_refused_naming_the_head_not_a_keep_column(run, tmp_path, suffix):
+    """A multiclass head's scores are a list a row; `--out scores.csv` was refused at the first chunk
+    as `--keep segment: ...` though the user gave no --keep, so the message sent them to a flag they
+    never used."""
+    raw = tmp_path / "rows.csv"
+    raw_rows(50, 3).drop(columns=["click", "conv", "segment", "w"]).to_csv(raw, index=False)
+    out = tmp_path / f"scores{suffix}"
+    result = runner.invoke(app, ["predict", str(run / "pkg"), str(raw), "--format", "csv", "--out", str(out), "-q"])
+    assert result.exit_code == 2, result.output
+    assert "head segment" in result.output and "--keep" not in result.output
+    assert len(result.output.strip().splitlines()) == 1 and not out.exists()
