@@ -240,6 +240,7 @@ def test_exclude_seen_grouped_by_the_item_id_is_refused():
 
 def test_a_history_feature_shorter_than_the_sequence_option_is_refused():
     doc = _spec("sasrec_movielens.yaml")
+    del doc["features"][1]["truncate"]  # the rule concerns the default, truncate: first (the example keeps the last)
     doc["data"]["options"]["sequence"]["max_len"] = 50  # the feature keeps 20: the 20 oldest of 50
     issues = _issues(doc)
     assert [path for path, _ in issues] == ["features[1].max_len"], issues

@@ -47,3 +47,21 @@ def test_raw_parquet_beside_an_encoded_dataset_is_still_read(tmp_path: Path) -> 
     raw = tmp_path / "raw.parquet"
     pq.write_table(pq.read_table(folder / "part-00000.parquet"), raw)
     assert sum(t.num_rows for t in _read(raw)) == 50
+
+
+def test_the_sasrec_example_scores_the_most_recent_movies_of_a_long_raw_history() -> None:
+    """specs/sasrec_movielens.yaml trains on histories of up to 20 previous movies, oldest first; a
+    user's longer raw history given to `flowrec predict` kept its 20 OLDEST movies (truncate
+    defaulted to first), so the package recommended from the user's distant past without a word:
+    a 59-movie history scored exactly as its first 20 movies did."""
+    from flowrec.data.encode import truncated_lists
+    from flowrec.spec.load import load_spec
+
+    spec = load_spec(Path(__file__).resolve().parents[2] / "specs" / "sasrec_movielens.yaml")
+    feature = next(f for f in spec.features if f.name == "history")
+    rng = np.random.default_rng(11)
+    history = [int(x) for x in rng.zipf(1.2, 59) % 1682 + 1]  # skewed ids, oldest first
+    values = pa.array([history], pa.list_(pa.int64()))
+    rows = np.asarray(history, np.int64)
+    kept = truncated_lists(values, rows, np.ones(len(history), bool), feature.max_len, feature.truncate).to_pylist()
+    assert kept == [history[-feature.max_len:]]
