@@ -172,10 +172,10 @@ def _check_text_heads(heads: list[Any], kind: str) -> None:
     is scored; it was refused at the first chunk as if it were a --keep column the user never gave.
 
     Raises:
-        ValueError: `kind` is text and a head is wider than one column.
+        ValueError: a head is wider than one column (the caller checks only text output).
     """
     wide = next((h for h in heads if h.width > 1), None)
-    if kind != "parquet" and wide is not None:
+    if wide is not None:
         raise ValueError(f"head {wide.name} scores {wide.width} class probabilities a row, which {kind} text "
                          "cannot hold; write Parquet (--out scores.parquet)")
 

@@ -100,6 +100,12 @@ def release_readers(wait_s: float = EXIT_WAIT_S) -> bool:
     return not len(_HANDLERS)
 
 
+def readers_opened() -> bool:
+    """Whether this process opened a reader here (a slot or a tracked handler): Arrow's IO threads
+    may hold a Python handler of it until the exit hook has run."""
+    return _HOOKED[0]
+
+
 def _hook() -> None:
     """Register the exit hook once, at the first reader."""
     with _HOOK:

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 
-from flowrec.data.csv_release import ReaderSlot, open_slot, tracked
+from flowrec.data.csv_release import ReaderSlot, open_slot, readers_opened, tracked
 from flowrec.data.error_log import ErrorLog
 from flowrec.data.layout import META_FILE, DataError
 from flowrec.data.sequences import HISTORY_COLUMN, TEST_COLUMN, next_item_rows, sequence_length
@@ -77,9 +77,6 @@ def read_avazu(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[
                           required={"click"}, chunk_bytes=options.get("chunk_bytes", CHUNK_BYTES))
 
 
-_PYTHON_HANDLER_READERS = [0]  # streaming CSV readers opened in this process with a Python row handler
-
-
 def arrow_threads_may_hold_python() -> bool:
     """Whether this process opened a streaming CSV reader with a Python invalid-row handler
     (`csv_chunks`). Arrow's IO threads can drop their last reference to such a reader late, and
@@ -89,7 +86,7 @@ def arrow_threads_may_hold_python() -> bool:
     runs of a read that ended in an error, 4 in 80 of a complete read, and so with the reader
     closed on every way out. A command line that ends then exits without the teardown
     (`flowrec.cli.main`)."""
-    return _PYTHON_HANDLER_READERS[0] > 0
+    return readers_opened()
 
 
 def read_csv(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[str]) -> Iterator[pa.Table]:
@@ -143,8 +140,7 @@ def csv_chunks(path: Path, log: ErrorLog, numeric: set[str], delimiter: str, nam
     read = pcsv.ReadOptions(block_size=chunk_bytes, use_threads=False, column_names=names,
                             skip_rows=header_lines, encoding=encoding or "utf8")
     header_lines = header_lines if names is not None else 1
-    _PYTHON_HANDLER_READERS[0] += 1  # before it opens: Arrow's threads may hold the handler from here on
-    slot = open_slot()  # the reader, which the exit hook drops if this generator is left suspended
+    slot = open_slot()  # before it opens (`readers_opened` from here on); the exit hook drops it if left suspended
     try:
         with _undecodable_rows(path, failures):
             # the handler and its ParseOptions are Arrow's only (csv_release): no local keeps them

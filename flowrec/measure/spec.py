@@ -397,14 +397,11 @@ def _staging_rate(spec: ModelSpec, device: torch.device, plan: Any, step_ms: flo
     """Values staged per second the data threads add to a real step (live steps minus staged
     ones, in alternating blocks sized by the step's `step_ms`: `staging_plan`, `live_step_seconds`;
     at least a tenth of the pipeline's CPU seconds per batch run alone, the least of up to
-    STAGING_CPU_REPEATS runs within STAGING_CPU_SECONDS: a sanity bound on a difference of two
+    STAGING_CPU_REPEATS runs within STAGING_CPU_SECONDS, over one dataset: a sanity bound on a difference of two
     timings, which one slowed run made 10x a short step's, measured), raw. The data threads share
     the trainer's cores and its interpreter lock: what they cost a step is measured, not assumed
     to be their CPU time."""
-    started, cpu_runs = time.perf_counter(), []
-    while not cpu_runs or (len(cpu_runs) < STAGING_CPU_REPEATS
-                           and time.perf_counter() - started < STAGING_CPU_SECONDS):
-        cpu_runs.append(staging_cpu_seconds(spec, plan))
+    cpu_runs = staging_cpu_seconds(spec, plan, runs=STAGING_CPU_REPEATS, within_s=STAGING_CPU_SECONDS)
     cpu_s, values = min(cpu_runs)
     blocks, steps = staging_plan(step_ms)
     live, staged = (robust.LOG.add(robust.estimate(r))

@@ -217,25 +217,32 @@ def managed_step_seconds(plan: Any, spec: ModelSpec, device: torch.device, steps
         model.close()
 
 
-def staging_cpu_seconds(spec: ModelSpec, plan: Any, batches: int = STEPS) -> tuple[float, float]:
-    """(process CPU seconds, ids and dense values) per batch of the trainer's batch pipeline run
-    alone over `batches` + 1 batches of synthetic rows written as an encoded Parquet dataset (the
-    first batch, the epoch's start, not counted): on a machine whose cores the data threads share
-    with the trainer, the compute time they take from its steps."""
+def staging_cpu_seconds(spec: ModelSpec, plan: Any, batches: int = STEPS, runs: int = 1,
+                        within_s: float = 0.0) -> list[tuple[float, float]]:
+    """Per run: (process CPU seconds, ids and dense values) per batch of the trainer's batch
+    pipeline run alone over `batches` + 1 batches of synthetic rows written once as an encoded
+    Parquet dataset (the first batch, the epoch's start, not counted); a further run while fewer
+    than `runs` were made and `within_s` seconds have not passed since the first started: on a
+    machine whose cores the data threads share with the trainer, the compute time they take from
+    its steps."""
+    out: list[tuple[float, float]] = []
     with tempfile.TemporaryDirectory(prefix="flowrec-calibrate-") as tmp:
         data = Path(tmp) / "data"
         synth_dataset(spec, data, spec.training.batch_size * (batches + 1))
         source = ParquetSource(data)
         try:
-            with iterate_batches(spec, source, _options(spec, plan), 0, 0, tuple(plan.meta.groups),
-                                 remap=fresh_remapper(spec, tuple(plan.meta.groups))) as live:
-                first = next(iter(live))
-                cpu0, values = time.process_time(), [_values(first)]
-                values += [_values(b) for b in live]
-                cpu = time.process_time() - cpu0
+            started = time.perf_counter()
+            while not out or (len(out) < runs and time.perf_counter() - started < within_s):
+                with iterate_batches(spec, source, _options(spec, plan), 0, 0, tuple(plan.meta.groups),
+                                     remap=fresh_remapper(spec, tuple(plan.meta.groups))) as live:
+                    first = next(iter(live))
+                    cpu0, values = time.process_time(), [_values(first)]
+                    values += [_values(b) for b in live]
+                    cpu = time.process_time() - cpu0
+                out.append((cpu / max(len(values) - 1, 1), statistics.mean(values)))
         finally:
             source.close()
-    return cpu / max(len(values) - 1, 1), statistics.mean(values)
+    return out
 
 
 def live_step_seconds(plan: Any, spec: ModelSpec, device: torch.device, steps: int = STEPS,

@@ -513,7 +513,7 @@ def test_staging_rate_is_what_live_steps_add_over_staged_ones(dlrm, monkeypatch)
     from flowrec.measure import spec as calibrate_spec
 
     values, cpu_s = random.uniform(1e4, 1e5), random.uniform(1e-3, 5e-3)
-    monkeypatch.setattr(calibrate_spec, "staging_cpu_seconds", lambda *a: (cpu_s, values))
+    monkeypatch.setattr(calibrate_spec, "staging_cpu_seconds", lambda *a, **k: [(cpu_s, values)])
     staged_s = random.uniform(5e-3, 2e-2)
     for added, expected in ((cpu_s * 1.7, cpu_s * 1.7), (cpu_s / 3, cpu_s / 3), (-cpu_s, cpu_s / 10)):
         live = [Round(staged_s + added + (i % 3) * 0.01, (i % 3) * 0.01) for i in range(9)]  # 3 clean rounds
@@ -532,7 +532,7 @@ def test_staging_cpu_bound_is_the_least_of_its_runs_and_blocks_are_sized_by_the_
 
     values = random.uniform(1e4, 1e5)
     runs = iter([(random.uniform(2e-2, 3e-2), values), (1e-3, values), (random.uniform(2e-3, 5e-3), values)])
-    monkeypatch.setattr(calibrate_spec, "staging_cpu_seconds", lambda *a: next(runs))
+    monkeypatch.setattr(calibrate_spec, "staging_cpu_seconds", lambda *a, **k: list(runs))
     seen = {}
 
     def live_steps(plan, spec, device, steps, blocks=1, **k):
@@ -540,7 +540,6 @@ def test_staging_cpu_bound_is_the_least_of_its_runs_and_blocks_are_sized_by_the_
         return [Round(5e-3)] * 9, [Round(5e-3)] * 9  # no difference: the bound decides
 
     monkeypatch.setattr(calibrate_spec, "live_step_seconds", live_steps)
-    monkeypatch.setattr(calibrate_spec, "STAGING_CPU_SECONDS", 60.0)
     rate, details = calibrate_spec._staging_rate(dlrm, None, None, 4.0)
     assert details["cpu_ms_per_batch_runs"] and len(details["cpu_ms_per_batch_runs"]) == 3
     assert rate == pytest.approx(values / 1e-4, rel=1e-6)

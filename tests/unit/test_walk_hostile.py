@@ -172,10 +172,10 @@ def test_zipf_ranks_of_a_steep_negative_exponent_stay_in_range_and_others_are_un
 def test_a_streaming_csv_read_marks_the_process_to_end_without_the_teardown(tmp_path, monkeypatch):
     """Arrow's IO threads may release the reader's Python row handler during interpreter shutdown
     (exit 134 about 1 run in 20-40, after a correct result): a CSV read marks the process."""
-    from flowrec.data import sources
+    from flowrec.data import csv_release, sources
     from flowrec.data.error_log import ErrorLog
 
-    monkeypatch.setattr(sources, "_PYTHON_HANDLER_READERS", [0])
+    monkeypatch.setattr(csv_release, "_HOOKED", [False])
     assert sources.arrow_threads_may_hold_python() is False
     path = tmp_path / "rows.csv"
     path.write_text("label,a,b\n1,x,3.5\n0,y\n1,z,-2\n")  # the second row malformed: the handler runs
@@ -190,7 +190,7 @@ def test_the_command_line_ends_without_the_teardown_after_a_csv_read(monkeypatch
     """After a CSV read the command's exit status and output are kept and the process ends at
     once (`os._exit`); without one it exits as before (SystemExit, the teardown runs)."""
     import flowrec.cli as cli
-    from flowrec.data import sources
+    from flowrec.data import csv_release, sources  # noqa: F401  (cli.main looks at the loaded reader module)
 
     class Ended(Exception):
         pass
@@ -205,11 +205,11 @@ def test_the_command_line_ends_without_the_teardown_after_a_csv_read(monkeypatch
 
     monkeypatch.setattr(os, "_exit", fake_exit)
     monkeypatch.setattr(sys, "argv", ["flowrec", *argv])
-    monkeypatch.setattr(sources, "_PYTHON_HANDLER_READERS", [1])
+    monkeypatch.setattr(csv_release, "_HOOKED", [True])
     with pytest.raises(Ended):
         cli.main()
     assert ended == [status]
-    monkeypatch.setattr(sources, "_PYTHON_HANDLER_READERS", [0])
+    monkeypatch.setattr(csv_release, "_HOOKED", [False])
     with pytest.raises(SystemExit) as exc:
         cli.main()
     assert (exc.value.code or 0) == status and ended == [status]
