@@ -361,6 +361,23 @@ def cuda_devices() -> list[CudaDeviceInfo]:
     return out
 
 
+def bf16_native(device: torch.device) -> bool:
+    """Whether bf16 matrix products run in hardware on `device`: a CUDA device that supports bf16,
+    or a CPU where oneDNN has bf16 kernels (AVX-512 BF16, AMX or AVX-512 core, as oneDNN itself
+    decides). Elsewhere (an AVX2-only CPU) autocast's bf16 GEMMs fall back to oneDNN's reference
+    kernels: the DLRM step measured 24x slower than fp32 on such a CPU (docs/benchmarks.md).
+    True when it cannot tell (an older torch without the probe): never a false alarm."""
+    if device.type == "cuda":
+        return bool(torch.cuda.is_bf16_supported())
+    if device.type != "cpu":
+        return True
+    probe = getattr(getattr(torch.ops, "mkldnn", None), "_is_mkldnn_bf16_supported", None)
+    try:
+        return True if probe is None else bool(probe())
+    except Exception:  # noqa: BLE001 - an internal op of torch: unknown means no warning
+        return True
+
+
 def free_memory(device: torch.device) -> int:
     """Bytes free on a CUDA device now (torch's and every other process's allocations excluded)."""
     free, _ = torch.cuda.mem_get_info(device)

@@ -48,6 +48,7 @@ FILES: dict[str, frozenset[str]] = {
     "tests/unit/test_model_language_hostile.py": FAST,  # hostile specs of custom, heads, retrieval, sequences
     "tests/unit/test_walk_hostile.py": FAST,  # what a hostile user walking the README found
     "tests/unit/test_walk4_hostile.py": FAST,  # export / predict of the newer model kinds, as a hostile user
+    "tests/unit/test_precision_note.py": FAST,  # bf16 where the CPU has no bf16 kernels: warned, doctor says so
     "tests/unit/test_walk3_hostile.py": FAST,  # a third walk: sequence separators, Arrow at exit, the model language
     "tests/unit/test_managed_hostile.py": FAST,  # edited or damaged managed map states, negatives seeds
     "tests/unit/test_serving_hostile.py": frozenset({"e2e"}),  # tampered retrieval packages, eval options
@@ -77,7 +78,7 @@ FILES: dict[str, frozenset[str]] = {
         "test_train_loop", "test_train_plan", "test_train_compile", "test_vocab_spare", "test_output_hostile", "test_package_hostile",
         "test_custom_module", "test_heads_package", "test_regularize_package", "test_managed_runs", "test_follow",
         "test_tower_package", "test_sequence_package", "test_truncate_package", "test_runs_lifecycle", "test_retrieval_serving",
-        "test_sasrec_train",
+        "test_sasrec_train", "test_sequence_recommend",
     )},
     **{f"tests/integration/{name}.py": frozenset({"fuzz"}) for name in (
         "test_checkpoint_fuzz", "test_data_fuzz", "test_data_hostile",

@@ -51,7 +51,8 @@ def predict(
         check_file_output(out, [model_dir, raw], overwrite)
         kind = output_kind(out, top_k is not None)
         with atomic_output(out) as staged:
-            rows, errors = _score(model_dir, raw, staged, fmt, list(keep or []), on_error, quiet, top_k, kind)
+            rows, errors, zero, first = _score(model_dir, raw, staged, fmt, list(keep or []), on_error, quiet,
+                                               top_k, kind)
     except (DataError, OSError, ValueError, RuntimeError) as exc:
         fail(first_line(exc))
     except KeyboardInterrupt:
@@ -59,6 +60,19 @@ def predict(
     typer.echo(f"wrote {rows:,} scores to {out}")
     if errors:
         typer.echo(f"skipped {errors:,} malformed rows", err=True)
+    if zero:
+        typer.echo(f"warning: {zero_note(zero, rows, first)}", err=True)
+
+
+def zero_note(zero: int, rows: int, first: int) -> str:
+    """The warning for rows whose query vector is all zeros (`LoadedModel.recommend`).
+
+    >>> zero_note(2, 10, 3)
+    '2 of 10 rows have an all-zero query vector (e.g. an empty history; the first is row 3 of the output, from 0): every item scores 0 for them, so their items are arbitrary, not recommendations'
+    """
+    return (f"{zero:,} of {rows:,} rows have an all-zero query vector (e.g. an empty history; the first is row "
+            f"{first} of the output, from 0): every item scores 0 for them, so their items are arbitrary, "
+            "not recommendations")
 
 
 
@@ -115,7 +129,9 @@ def _open_writer(staged: Path, schema: Any, kind: str) -> Any:
 
 
 def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: list[str], on_error: str,
-           quiet: bool, top_k: Optional[int] = None, kind: str = "parquet") -> tuple[int, int]:
+           quiet: bool, top_k: Optional[int] = None, kind: str = "parquet") -> tuple[int, int, int, int]:
+    """Score `raw` into `staged`: rows written, malformed rows skipped, rows of an all-zero query
+    (--top-k) and the first one's row (0-based, over the rows scored)."""
     import pyarrow as pa
     from rich.console import Console
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -154,7 +170,7 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
                 writer.close()
     if writer is None:
         raise ValueError(_no_rows(raw, log))
-    return rows, log.count
+    return rows, log.count, model.zero_queries, model.first_zero_query
 
 
 def _check_keep(keep: list[str], heads: list[str]) -> None:

@@ -92,11 +92,14 @@ def versions() -> dict[str, str | None]:
 
 def devices() -> tuple[dict[str, Any], ...]:
     """The CPU and every CUDA device, with memory in bytes."""
-    from operators.device import cuda_devices
+    import torch
+
+    from operators.device import bf16_native, cuda_devices
 
     pages = os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 0
     cpu = {"device": "cpu", "name": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-           "memory_bytes": pages * os.sysconf("SC_PAGE_SIZE") if pages else None}
+           "memory_bytes": pages * os.sysconf("SC_PAGE_SIZE") if pages else None,
+           "bf16": "native" if bf16_native(torch.device("cpu")) else "emulated"}
     return (cpu, *({"device": f"cuda:{d.index}", "name": d.name, "capability": d.capability,
                     "memory_bytes": d.total_bytes, "free_bytes": d.free_bytes} for d in cuda_devices()))
 

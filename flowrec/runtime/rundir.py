@@ -142,9 +142,10 @@ def lost_checkpoint(folder: Path) -> str | None:
     holds one, or when nothing says it ever did (a run killed before its first checkpoint lands).
 
     The proofs are ones a checkpoint write leaves and a kill cannot fake: a delta file (deltas are
-    written after their full checkpoint, in order, on one writer thread) and an `end` record in
-    metrics.jsonl (written after every checkpoint write of the run finished). A `checkpoint`
-    record is no proof: it is written when the snapshot is taken, before the file lands.
+    written after their full checkpoint, in order, on one writer thread), a `saved` record in
+    metrics.jsonl (written by training at its next step once the writer has renamed a checkpoint
+    into place) and an `end` record (written after every checkpoint write of the run finished). A
+    `checkpoint` record is no proof: it is written when the snapshot is taken, before the file lands.
 
     Args:
         folder: a run folder.
@@ -165,6 +166,9 @@ def lost_checkpoint(folder: Path) -> str | None:
     ends = [r.get("step") for r in records if r.get("event") == "end"]
     if ends:
         return f"its {METRICS_FILE} records the run's end at step {ends[-1]}"
+    saved = [r.get("step") for r in records if r.get("event") == "saved"]
+    if saved:
+        return f"its {METRICS_FILE} records the checkpoint of step {saved[-1]} written"
     return None
 
 

@@ -114,11 +114,25 @@ def prepare(spec: ModelSpec, spec_path: Path, opts: SessionOptions, plan: Plan, 
         if PLACEMENTS[g.placement].cached:
             status(f"group {g.name}: placement {g.placement} with {g.cache_rows:,} device rows")
     status(f"building model on {device} ({len(plan.meta.groups)} packed groups)")
+    note = precision_note(spec.training.precision, device)
+    if note:
+        status(f"warning: {note}")
     try:
         model = lower(plan, spec, device, world=world)
     except GroupAllocationError as exc:
         raise RuntimeError(out_of_memory_message(plan, device, exc)) from None
     return Session(spec, plan, model, device, train, evaluation, note)
+
+
+def precision_note(precision: str, device: torch.device) -> str | None:
+    """Why the spec's precision will run slowly on `device` (bf16 without bf16 hardware), or None."""
+    from operators.device import bf16_native
+
+    if precision != "bf16" or bf16_native(device):
+        return None
+    return (f"training.precision is bf16, but this {device.type.upper()} has no bf16 matrix kernels (oneDNN's "
+            "need AVX-512): bf16 matrix products are emulated, about 20x slower than fp32 here; set "
+            "training.precision: fp32")
 
 
 def out_of_memory_message(plan: Plan, device: torch.device, exc: GroupAllocationError) -> str:

@@ -248,6 +248,7 @@ class Trainer:
         self.skipped_batches = 0
         self.world = getattr(model, "world", None)  # the ranks of a distributed run (None: one process)
         self.checkpointer = self._make_checkpointer()
+        self._saved_step: int | None = None  # the on-disk checkpoint's step last given a `saved` record
         self.parallel = None
         if self.world is not None:
             from flowrec.runtime.distributed.data_parallel import DenseParallel
@@ -408,6 +409,7 @@ class Trainer:
             result.eval = self._final_eval(eval_source)
         self._checkpoint()
         self._wait_checkpoints()
+        self._note_saved()
         if self.stopper is not None:
             result.best_step = self.stopper.state.best_step
         result.stage_seconds = dict(self.stage_seconds)
@@ -479,6 +481,8 @@ class Trainer:
                     self._periodic_eval(eval_source)
                 if self.config.checkpoint_every and pos.step % self.config.checkpoint_every == 0:
                     self._checkpoint()
+                if self.checkpointer.step != self._saved_step:
+                    self._note_saved()
                 if self._done(total) or self._interrupted():
                     break
             else:
@@ -660,6 +664,7 @@ class Trainer:
         self.position = Position(**state["position"])
         self.skipped_batches = int(state.get("skipped_batches", 0))
         self.checkpointer.restart_chain(self.position.step)
+        self._saved_step = self.position.step  # on disk already, recorded by the run that wrote it
         self._load_loop_state(Path(source), state)
 
     def _load_model_state(self, model_state: dict[str, torch.Tensor]) -> None:
@@ -711,6 +716,18 @@ class Trainer:
         t0 = time.perf_counter()
         self.checkpointer.wait()
         self._stalled(time.perf_counter() - t0, wait=True)
+
+    def _note_saved(self) -> None:
+        """A `saved` record (the checkpoint's step) once training sees that the writer thread has
+        renamed a checkpoint into place: the proof `rundir.lost_checkpoint` reads when checkpoint.pt
+        is gone later. The `checkpoint` record is written when the snapshot is taken, before the
+        file lands. Its step is the checkpoint's, so a resume from it keeps it (`trim_metrics`)."""
+        step = self.checkpointer.step
+        if step is None or step == self._saved_step:
+            return
+        self._saved_step = step
+        if self.log is not None:
+            self.log.write({"event": "saved", "step": step})
 
     def _stalled(self, seconds: float, **kind: bool) -> None:
         """Count `seconds` training waited on a checkpoint (or, `wait`, on the writes in flight at

@@ -58,6 +58,9 @@ class LoadedModel:
     manifest: dict[str, Any]
     maps: Maps = field(default_factory=dict)
     items: ItemIndex | None = None  # a retrieval package's items: the program is its query tower
+    zero_queries: int = 0  # rows `recommend` met whose query vector is all zeros (their items tie)
+    first_zero_query: int | None = None  # the row (counted over every `recommend` call) of the first
+    _recommended: int = 0  # rows `recommend` has scored (for first_zero_query)
 
     @property
     def heads(self) -> list[str]:
@@ -71,6 +74,11 @@ class LoadedModel:
     def recommend(self, table: pa.Table | pd.DataFrame, k: int) -> pd.DataFrame:
         """A retrieval package's k best items for each raw row: columns ``items`` (raw item ids,
         best first) and ``scores`` (similarity over temperature), lists per row.
+
+        A row whose query vector is all zeros (an attention encoder over an empty history outputs
+        zeros) scores every item 0: its k items are arbitrary, not recommendations. Such rows are
+        counted in `zero_queries` (the first one's row, over all calls, in `first_zero_query`);
+        `flowrec predict --top-k` reports them.
 
         Raises:
             ValueError: the package has no retrieval head.
@@ -92,13 +100,23 @@ class LoadedModel:
                 dense, sparse = encoded_inputs(self.spec, encoded.slice(start, BATCH_ROWS))
                 sparse = remap_inputs(self.spec, sparse, self.maps)
                 del sparse[item]
-                best, values = self.items.top_k(self.program(dense, sparse), k)
+                query = self.program(dense, sparse)
+                self._count_zero_queries(query)
+                best, values = self.items.top_k(query, k)
                 rows.append(best)
                 scores.append(values)
         best = np.concatenate(rows) if rows else np.zeros((0, k), np.int64)
         values = np.concatenate(scores) if scores else np.zeros((0, k), np.float32)
         names = self.items.raw_items
         return pd.DataFrame({"items": [[names[r] for r in row] for row in best], "scores": list(values)})
+
+    def _count_zero_queries(self, query: torch.Tensor) -> None:
+        zero = (query == 0).all(dim=1)
+        found = int(zero.sum())
+        if found and self.first_zero_query is None:
+            self.first_zero_query = self._recommended + int(zero.nonzero()[0, 0])
+        self.zero_queries += found
+        self._recommended += query.shape[0]
 
     def _check_raw(self, raw: pa.Table) -> None:
         """Raise DataError unless raw rows can be encoded: every column the model reads, finite dense

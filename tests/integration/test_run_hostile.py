@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import shutil
 import struct
@@ -230,31 +231,77 @@ def test_a_hostile_run_folder_or_option_is_one_line(case: Path, name: str, monke
 
 
 # ------------------------------------------------------------------ a checkpoint lost after it was written
-def _lose_checkpoint(run: Path, keep_delta: bool) -> None:
-    """Delete run/checkpoint.pt; with `keep_delta`, leave a delta file on it and drop the metrics'
-    end record, so that the delta alone says a checkpoint was written."""
+def _lose_checkpoint(run: Path, proof: str) -> None:
+    """Delete run/checkpoint.pt, leaving one proof that it had been written: "end" (the finished
+    run's metrics), "delta" (a delta file on it; the metrics' end record dropped) or "saved" (the
+    metrics cut after the first `saved` record: a run killed once its first checkpoint landed)."""
     base = run / "checkpoint.pt"
-    if keep_delta:
+    lines = (run / "metrics.jsonl").read_text().splitlines(keepends=True)
+    if proof == "delta":
         shutil.copy(base, run / "checkpoint.delta-000001.pt")
-        lines = (run / "metrics.jsonl").read_text().splitlines(keepends=True)
         (run / "metrics.jsonl").write_text("".join(x for x in lines if '"event": "end"' not in x))
+    if proof == "saved":  # and no delta: a kill before any was written
+        for path in run.glob("checkpoint.delta-*"):
+            path.unlink()
+        first = next(i for i, x in enumerate(lines) if '"event": "saved"' in x)
+        assert '"event": "end"' not in "".join(lines[:first + 1])
+        (run / "metrics.jsonl").write_text("".join(lines[:first + 1]))
     base.unlink()
 
 
 LOST = {
-    "resume_finished_run": (False, COMMANDS["resume"], "start the run over with --out"),
-    "resume_with_a_delta_left": (True, COMMANDS["resume"], "incremental checkpoint checkpoint.delta-000001.pt"),
-    "out_without_overwrite": (False, lambda r: ["train", str(r / "spec.yaml"), "--out", str(r / "run"), "--quiet"],
+    "resume_finished_run": ("end", COMMANDS["resume"], "start the run over with --out"),
+    "resume_with_a_delta_left": ("delta", COMMANDS["resume"], "incremental checkpoint checkpoint.delta-000001.pt"),
+    "resume_killed_after_a_checkpoint_landed": ("saved", COMMANDS["resume"],
+                                                "records the checkpoint of step 4 written"),
+    "out_without_overwrite": ("end", lambda r: ["train", str(r / "spec.yaml"), "--out", str(r / "run"), "--quiet"],
                               "replace the run with --overwrite"),
 }
+
+
+def test_each_checkpoint_on_disk_gets_a_saved_record_after_it_lands(base: Path):
+    """A `saved` record names each checkpoint once its file is in place (every 4 steps and the
+    last one), after that checkpoint's `checkpoint` record (written when the snapshot is taken;
+    the last one's stall is in the end record) and before the end record."""
+    records = [json.loads(x) for x in (base / "run" / "metrics.jsonl").read_text().splitlines()]
+    saved = [(i, r["step"]) for i, r in enumerate(records) if r["event"] == "saved"]
+    taken = {r["step"]: i for i, r in enumerate(records) if r["event"] == "checkpoint"}
+    end_index, end = next((i, r["step"]) for i, r in enumerate(records) if r["event"] == "end")
+    assert len(saved) >= 2, saved
+    assert [s for _, s in saved] == sorted({s for _, s in saved})  # each once, in order
+    for index, step in saved:
+        assert step % 4 == 0 or step == end, (step, end)
+        assert (step == end or taken[step] < index) and index < end_index
+    assert saved[-1][1] == end
+    assert ckpt.load_checkpoint(base / "run" / "checkpoint.pt")["position"]["step"] == end
+
+
+def test_a_resume_keeps_the_saved_record_of_the_checkpoint_it_resumes(tmp_path: Path):
+    """A resume from the checkpoint of step 4 cuts metrics.jsonl back to step 4; the `saved` record
+    of that checkpoint, written when training saw it land (after step 6 here), stays, so a later
+    loss of checkpoint.pt before the next one lands is still refused; the steps after 4 go."""
+    from flowrec.runtime.run_log import trim_metrics
+    from flowrec.runtime.rundir import lost_checkpoint
+
+    records = [{"event": "train", "step": s, "loss": 0.5} for s in range(1, 7)]
+    records[4:4] = [{"event": "checkpoint", "step": 4, "stall_s": 0.01}]
+    records.append({"event": "saved", "step": 4})
+    records += [{"event": "train", "step": s, "loss": 0.5} for s in range(7, 10)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (tmp_path / "run.json").write_text("{}")
+    trim_metrics(tmp_path / "metrics.jsonl", 4)
+    kept = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in kept if r["event"] == "train"] == [1, 2, 3, 4]
+    assert {"event": "saved", "step": 4} in kept
+    assert "records the checkpoint of step 4 written" in lost_checkpoint(tmp_path)
 
 
 @pytest.mark.parametrize("name", sorted(LOST))
 def test_a_run_whose_checkpoint_was_deleted_is_refused_not_retrained(case: Path, name: str):
     """`--resume RUN` (or `--out RUN`) after RUN/checkpoint.pt was deleted once the run wrote it
     used to retrain from step 0 and replace the run's metrics and plan; now one line, nothing changed."""
-    keep_delta, argv_of, fragment = LOST[name]
-    _lose_checkpoint(case / "run", keep_delta)
+    proof, argv_of, fragment = LOST[name]
+    _lose_checkpoint(case / "run", proof)
     before = _snapshot(case)
     result = runner.invoke(app, argv_of(case))
     _one_line_exit_2(result, fragment)
