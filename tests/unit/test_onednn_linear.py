@@ -21,10 +21,14 @@ def _reference(x, w, b, relu):
     return torch.relu(y) if relu else y
 
 
+@pytest.mark.parametrize("weight_grads_by_onednn", [True, False])
 @pytest.mark.parametrize("relu", [True, False])
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_linear_equals_reference_fp32(relu: bool, bias: bool, seed: int) -> None:
+def test_linear_equals_reference_fp32(relu: bool, bias: bool, seed: int, weight_grads_by_onednn: bool,
+                                      monkeypatch) -> None:
+    """Both weight-gradient paths (oneDNN with a transposed copy, torch's mm: `_weight_grad`)."""
+    monkeypatch.setattr(onednn, "_WEIGHT_GRADS_BY_ONEDNN", weight_grads_by_onednn)
     gen = torch.Generator().manual_seed(seed)
     batch, fan_in, out = 257 + seed * 64, 37 + seed * 13, 19 + seed * 7
     x = _skewed(gen, batch, fan_in).requires_grad_()
@@ -45,6 +49,18 @@ def test_linear_equals_reference_fp32(relu: bool, bias: bool, seed: int) -> None
     for g, r in zip(got, want):
         assert g.dtype == torch.float32
         assert torch.allclose(g.double(), r, atol=1e-5 * float(r.detach().abs().max()), rtol=1e-4)
+
+
+@pytest.mark.parametrize("capability, by_onednn", [("AVX512", True), ("AVX512_BF16", True), ("AVX2", False),
+                                                   ("DEFAULT", False)])
+def test_weight_gradients_take_onednn_only_with_avx512(monkeypatch, capability: str, by_onednn: bool) -> None:
+    """Below AVX-512 MKL runs the same instructions as oneDNN and reads transposed operands in
+    place, so the weight gradient skips oneDNN's transposed copy; decided once per process."""
+    monkeypatch.setattr(onednn, "_WEIGHT_GRADS_BY_ONEDNN", None)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    assert onednn._onednn_weight_grads() is by_onednn
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2" if by_onednn else "AVX512")
+    assert onednn._onednn_weight_grads() is by_onednn  # fixed: a run computes alike throughout
 
 
 def test_linear_float64_is_plain_linear_bitwise() -> None:
