@@ -408,8 +408,7 @@ class Trainer:
         if not interrupted and eval_source is not None:
             result.eval = self._final_eval(eval_source)
         self._checkpoint()
-        self._wait_checkpoints()
-        self._note_saved()
+        self._wait_checkpoints()  # no `saved` record after this: the end record is the proof
         if self.stopper is not None:
             result.best_step = self.stopper.state.best_step
         result.stage_seconds = dict(self.stage_seconds)

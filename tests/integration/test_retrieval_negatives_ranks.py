@@ -103,10 +103,15 @@ def test_two_ranks_train_what_one_process_trains(work, one_run, name):
         train(work, one_run, "--plan", f"{name}1.json", spec=spec)
     two = train(work, f"{name}_two", "--plan", f"{name}2.json", "--nproc", "2", spec=spec)
     assert "1 group(s) row_wise" in two.stderr
-    assert_same_model(work / one_run, work / f"{name}_two")
+    # cosine + adam (module docstring): adam turns the summation-order noise of near-zero gradients
+    # into steps, so one process and two ranks part by ~1e-5 after 14 steps (1.4e-5 where the CPU
+    # weight gradients run through torch's mm, below AVX-512); a lost or doubled rank's half moves
+    # parameters by ~lr (1e-2). The dot product with SGD stays at 1e-5.
+    tol = 1e-4 if name == "p" else 1e-5
+    assert_same_model(work / one_run, work / f"{name}_two", tol=tol)
     one, two = losses(work / one_run), losses(work / f"{name}_two")
     assert len(one) == len(two) == 14
-    assert one == pytest.approx(two, rel=1e-5)
+    assert one == pytest.approx(two, rel=tol)
 
 
 @pytest.mark.parametrize("placement", ["lookahead", "static_hot"])
