@@ -59,7 +59,7 @@ class LoadedModel:
     maps: Maps = field(default_factory=dict)
     items: ItemIndex | None = None  # a retrieval package's items: the program is its query tower
     zero_queries: int = 0  # rows `recommend` met whose query vector is all zeros (their items tie)
-    first_zero_query: int | None = None  # the row (counted over every `recommend` call) of the first
+    first_zero_query: int | None = None  # the first such row, counted over every `recommend` call
     _recommended: int = 0  # rows `recommend` has scored (for first_zero_query)
 
     @property
