@@ -114,9 +114,9 @@ def prepare(spec: ModelSpec, spec_path: Path, opts: SessionOptions, plan: Plan, 
         if PLACEMENTS[g.placement].cached:
             status(f"group {g.name}: placement {g.placement} with {g.cache_rows:,} device rows")
     status(f"building model on {device} ({len(plan.meta.groups)} packed groups)")
-    note = precision_note(spec.training.precision, device)
-    if note:
-        status(f"warning: {note}")
+    slow = precision_note(spec.training.precision, device)
+    if slow:
+        status(f"warning: {slow}")
     try:
         model = lower(plan, spec, device, world=world)
     except GroupAllocationError as exc:
