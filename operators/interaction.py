@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from operators.dense import MLP, Shapes
+from operators.lowp import matmul
 
 
 def as_fields(inputs: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -82,7 +83,7 @@ class _RowsDot(torch.autograd.Function):
         ctx.save_for_backward(x, mirror)
         num = x.shape[1]
         with torch.autocast("cpu", enabled=False):
-            gram = torch.bmm(x, x.transpose(1, 2))  # (B, F, F)
+            gram = matmul(torch.bmm, x, x.transpose(1, 2))  # (B, F, F)
             return torch.cat([gram[:, i, i + 1:] for i in range(num - 1)], dim=1)  # (B, P)
 
     @staticmethod
@@ -92,7 +93,7 @@ class _RowsDot(torch.autograd.Function):
         with torch.autocast("cpu", enabled=False):
             padded = torch.cat([grad.float(), grad.new_zeros(batch, 1, dtype=torch.float32)], dim=1)  # (B, P + 1)
             sym = padded.index_select(1, mirror).to(x.dtype)  # (B, F * F)
-            return torch.bmm(sym.view(batch, num, num), x), None  # (B, F, D)
+            return matmul(torch.bmm, sym.view(batch, num, num), x), None  # (B, F, D)
 
 
 class _TriuDot(torch.autograd.Function):
@@ -108,7 +109,7 @@ class _TriuDot(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, upper: torch.Tensor, mirror: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(x, mirror)
-        gram = torch.bmm(x, x.transpose(1, 2))  # (B, F, F)
+        gram = matmul(torch.bmm, x, x.transpose(1, 2))  # (B, F, F)
         return gram.reshape(x.shape[0], -1).index_select(1, upper)  # (B, P)
 
     @staticmethod
@@ -118,7 +119,7 @@ class _TriuDot(torch.autograd.Function):
         grad = grad.to(x.dtype)
         padded = torch.cat([grad, grad.new_zeros(batch, 1)], dim=1)  # (B, P + 1): column P is the diagonal's 0
         sym = padded.index_select(1, mirror)  # (B, F * F)
-        return torch.bmm(sym.view(batch, num, num), x), None, None  # (B, F, D)
+        return matmul(torch.bmm, sym.view(batch, num, num), x), None, None  # (B, F, D)
 
 
 class FM(nn.Module):

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import torch
 
+from operators.lowp import matmul
+
 _MKLDNN = getattr(torch.ops, "mkldnn", None)
 _POINTWISE = getattr(_MKLDNN, "_linear_pointwise", None) if _MKLDNN is not None else None
 
@@ -169,7 +171,9 @@ def linear_sources(flats: list[torch.Tensor], weight: torch.Tensor, bias: torch.
     source in the forward, one `index_copy_` per source in the backward, each column written once.
     fp32 (grad enabled, no autocast) runs oneDNN as `linear` does, bitwise its results; under CPU
     autocast every operand is cast to the autocast dtype as autocast's `addmm` would cast it
-    (values bitwise; weight gradients rounded once to the autocast dtype, then widened).
+    (values bitwise; weight gradients rounded once to the autocast dtype, then widened), the
+    products by `operators.lowp.matmul` (fp32 products of bf16 values where the CPU has no bf16
+    kernels).
     """
     if not (flats and flats[0].device.type == "cpu" and torch.is_grad_enabled()
             and not torch.compiler.is_compiling() and weight.dtype == torch.float32
@@ -198,9 +202,10 @@ class _Sources(torch.autograd.Function):
             if low is not None:
                 xs = [f.to(low) for f in flats]
                 parts = [p.to(low) for p in parts]
-                y = torch.addmm(bias.to(low), xs[0], parts[0].t()) if bias is not None else xs[0] @ parts[0].t()
+                y = (matmul(torch.addmm, bias.to(low), xs[0], parts[0].t()) if bias is not None
+                     else matmul(torch.mm, xs[0], parts[0].t()))
                 for x, p in zip(xs[1:], parts[1:]):
-                    y = torch.addmm(y, x, p.t())
+                    y = matmul(torch.addmm, y, x, p.t())
             else:
                 xs = list(flats)
                 y = _gemm(xs[0], parts[0], bias)
@@ -227,12 +232,12 @@ class _Sources(torch.autograd.Function):
                 full = torch.empty(parts[0].shape[0], sum(b - a for a, b in ctx.bounds), dtype=torch.float32)
             for i, (x, p, (a, b), c) in enumerate(zip(xs, parts, ctx.bounds, ctx.cols)):
                 if ctx.needs_input_grad[4 + i]:
-                    gx = grad @ p if ctx.low is not None else _gemm(grad, p.t(), None)  # (B, w_i)
+                    gx = matmul(torch.mm, grad, p) if ctx.low is not None else _gemm(grad, p.t(), None)  # (B, w_i)
                     grads_x.append(gx.to(ctx.dtypes[i]))
                 else:
                     grads_x.append(None)
                 if full is not None:
-                    gw = grad.t() @ x if ctx.low is not None else _weight_grad(grad, x)  # (Out, w_i)
+                    gw = matmul(torch.mm, grad.t(), x) if ctx.low is not None else _weight_grad(grad, x)  # (Out, w_i)
                     if c is None:
                         full[:, a:b] = gw
                     else:

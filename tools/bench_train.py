@@ -279,7 +279,7 @@ def torchrec_dlrm_system(plan: Any, spec: Any, precision: str) -> System | None:
 
     def forward(kjt: Any, x: torch.Tensor) -> torch.Tensor:
         (emb,) = lookups(kjt).values()  # (B, F, D): DLRM has one packed group
-        with autocast_context(torch.device("cpu"), precision):
+        with _torch_autocast(precision):
             return over(interaction(dense_arch(x), emb)).float()  # (B, 1)
 
     def step(inputs: Any) -> float:
@@ -299,7 +299,7 @@ def torchrec_dlrm_system(plan: Any, spec: Any, precision: str) -> System | None:
         optimizer.zero_grad(set_to_none=True)
 
         def dense(emb: torch.Tensor) -> torch.Tensor:
-            with autocast_context(torch.device("cpu"), precision):
+            with _torch_autocast(precision):
                 logits = over(interaction(dense_arch(x), emb)).float()
             return loss_fn(logits, labels[:, :1])
 
@@ -307,6 +307,13 @@ def torchrec_dlrm_system(plan: Any, spec: Any, precision: str) -> System | None:
 
     return System("torchrec", step, predict, prepare,
                   note=note + "; torchrec.models.dlrm DenseArch/InteractionArch/OverArch", profile=profile)
+
+
+def _torch_autocast(precision: str) -> torch.autocast:
+    """torch's own CPU autocast, as a TorchRec program runs its dense part (flowrec's
+    `autocast_context` would lend TorchRec's modules flowrec's bf16 products on a CPU without bf16
+    kernels, `operators.lowp`)."""
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
 
 
 def torchrec_wide_system(plan: Any, spec: Any, precision: str) -> System | None:
@@ -336,7 +343,7 @@ def torchrec_wide_system(plan: Any, spec: Any, precision: str) -> System | None:
 
     def dense(emb: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         w = emb["wide"].view(x.shape[0], len(wide), 4)[..., 0]  # (B, |wide|)
-        with autocast_context(torch.device("cpu"), precision):
+        with _torch_autocast(precision):
             out = torch.cat([linear_wide(w), mlp(torch.cat([x, emb["deep"]], 1))], 1)
             return head(out).float()  # (B, 1)
 

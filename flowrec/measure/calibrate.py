@@ -20,6 +20,7 @@ import torch
 
 from flowrec.measure import ops, robust
 from operators.device import cuda_devices, runtime_for
+from operators.lowp import matmul
 
 GATHER_DIMS = (16, 32, 64, 128)  # embedding dims whose row gather / scatter rates are measured
 GATHER_TABLE_ROWS = 1_000_000
@@ -71,13 +72,14 @@ def interleaved_seconds(runs: Sequence[Callable[[], Any]], device: torch.device,
 
 def gemm_tflops(device: torch.device, shapes: list[tuple[int, int, int]], dtype: torch.dtype,
                 min_seconds: float) -> tuple[float, dict[str, float]]:
-    """FLOP-weighted achieved TFLOP/s of forward GEMMs (m x k) @ (k x n) at `shapes`."""
+    """FLOP-weighted achieved TFLOP/s of forward GEMMs (m x k) @ (k x n) at `shapes`, as training
+    runs them (bf16 on a CPU without bf16 kernels: fp32 products of bf16 values, `operators.lowp`)."""
     total_flops = total_s = 0.0
     per_shape = {}
     for m, k, n in shapes:
         a = torch.randn(m, k, device=device, dtype=dtype)
         b = torch.randn(k, n, device=device, dtype=dtype)
-        seconds = mean_seconds(lambda: a @ b, device, min_seconds)
+        seconds = mean_seconds(lambda: matmul(torch.mm, a, b), device, min_seconds)
         flops = 2.0 * m * k * n
         per_shape[f"{m}x{k}x{n}"] = flops / seconds / 1e12
         total_flops, total_s = total_flops + flops, total_s + seconds

@@ -125,14 +125,15 @@ def prepare(spec: ModelSpec, spec_path: Path, opts: SessionOptions, plan: Plan, 
 
 
 def precision_note(precision: str, device: torch.device) -> str | None:
-    """Why the spec's precision will run slowly on `device` (bf16 without bf16 hardware), or None."""
+    """Why the spec's precision gains nothing on `device` (bf16 without bf16 hardware), or None."""
     from operators.device import bf16_native
 
     if precision != "bf16" or bf16_native(device):
         return None
     return (f"training.precision is bf16, but this {device.type.upper()} has no bf16 matrix kernels (oneDNN's "
-            "need AVX-512): bf16 matrix products are emulated, about 20x slower than fp32 here; set "
-            "training.precision: fp32")
+            "need AVX-512): flowrec runs its bf16 matrix products as fp32 products of bf16 values "
+            "(bf16's rounding at fp32's speed, where torch's emulated kernels take about 20x longer), "
+            "so bf16 is no faster than fp32 here; set training.precision: fp32 for fp32's accuracy")
 
 
 def out_of_memory_message(plan: Plan, device: torch.device, exc: GroupAllocationError) -> str:

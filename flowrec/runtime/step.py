@@ -20,15 +20,18 @@ import torch
 from flowrec.data.batches import Batch
 from flowrec.runtime.lowering import LoweredModel
 from flowrec.runtime.retrieval import candidates, embed_step, head_items, item_labels
+from operators.lowp import autocast_bf16
 
 DEFAULT_LOOKAHEAD = 1  # staging lookahead window of a run (>= 1: the casting index is built in the data stage)
 
 
 def autocast_context(device: torch.device, precision: str):
-    """bf16 autocast for the dense stage when the plan asks for it, else a no-op."""
+    """bf16 autocast for the dense stage when the plan asks for it, else a no-op. On a CPU without
+    bf16 matrix kernels its matrix products run as fp32 products of bf16 values
+    (`operators.lowp`: bf16's rounding at fp32's speed, where torch's own would be emulated)."""
     if precision != "bf16":
         return nullcontext()
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return autocast_bf16(device)
 
 
 def train_step(model: LoweredModel, optimizer: torch.optim.Optimizer, batch: Batch,

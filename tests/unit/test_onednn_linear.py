@@ -2,12 +2,15 @@
 gradient, on fresh random skewed inputs; the MLP that uses it equals a plain nn.Linear stack."""
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import pytest
 import torch
 from torch import nn
 
 from operators import onednn
 from operators.dense import MLP
+from operators.lowp import autocast_bf16
 
 
 def _skewed(gen: torch.Generator, *shape: int) -> torch.Tensor:
@@ -166,7 +169,7 @@ def test_dot_under_cpu_autocast_equals_autocast_ops(fields_count: int) -> None:
     fields = (torch.randn(200, fields_count, 16, generator=gen) * scale + 1e-3).requires_grad_()
     num = fields_count + 1
     rows, cols = torch.triu_indices(num, num, offset=1)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with autocast_bf16(torch.device("cpu")):  # flowrec's autocast (`operators.lowp`)
         out = Dot()(bottom, fields)
         x = torch.cat([bottom.unsqueeze(1), fields], 1)
         plain = torch.bmm(x, x.transpose(1, 2))[:, rows, cols]
@@ -276,7 +279,7 @@ def test_linear_sources_equals_the_per_source_chain(permuted: bool, autocast: bo
             y = onednn.linear(f, part, bias) if y is None else onednn.linear(f, part, add=y)
         return y
 
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+    with autocast_bf16(torch.device("cpu")) if autocast else nullcontext():  # flowrec's autocast
         got, want = onednn.linear_sources(flats, weight, bias, inverse), chain()
     assert got.dtype == want.dtype == (torch.bfloat16 if autocast else torch.float32)
     assert torch.equal(got, want)

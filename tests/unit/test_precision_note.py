@@ -32,7 +32,8 @@ def test_fp32_is_never_warned(tmp_path, monkeypatch):
 
     monkeypatch.setattr(device_module, "bf16_native", lambda device: False)
     assert precision_note("fp32", torch.device("cpu")) is None
-    assert "set training.precision: fp32" in precision_note("bf16", torch.device("cpu"))
+    note = precision_note("bf16", torch.device("cpu"))
+    assert "set training.precision: fp32" in note and "no faster than fp32" in note
 
 
 def test_the_probe_is_onednns_and_doctor_reports_it(monkeypatch):

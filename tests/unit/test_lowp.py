@@ -1,0 +1,202 @@
+"""`operators.lowp`: bf16 matrix products as fp32 products of bf16 values on a CPU without bf16
+kernels. Each product against the widened fp32 product rounded once (bitwise), against torch's own
+bf16 autocast (within a bf16 rounding) and float64; gradients rounded to bf16 once; every other
+op, fp32 code outside autocast and float64 left alone; a bf16 training run against torch's own
+autocast. Fresh skewed inputs, never zeros; the emulation is forced on (and off) by patching the
+per-process probe, so these run alike on every CPU."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from operators import lowp
+
+CPU = torch.device("cpu")
+
+
+def _skewed(gen: torch.Generator, *shape: int) -> torch.Tensor:
+    scale = torch.rand(*shape, generator=gen).pow(4) * 8 + 0.05
+    return torch.randn(*shape, generator=gen) * scale
+
+
+def _rounded(t: torch.Tensor) -> torch.Tensor:
+    return t.bfloat16().float()
+
+
+@pytest.fixture
+def emulating(monkeypatch):
+    monkeypatch.setattr(lowp, "_EMULATED", True)
+
+
+def test_product_is_the_fp32_product_of_bf16_values_rounded_once() -> None:
+    gen = torch.Generator().manual_seed(3)
+    a, b, bias = _skewed(gen, 64, 40), _skewed(gen, 40, 24), _skewed(gen, 24)
+    x, y = _skewed(gen, 5, 16, 8), _skewed(gen, 5, 8, 12)
+    cases = [
+        (torch.mm, (a, b), (_rounded(a) @ _rounded(b))),
+        (torch.addmm, (bias, a, b), torch.addmm(_rounded(bias), _rounded(a), _rounded(b))),
+        (F.linear, (a, b.t(), bias), F.linear(_rounded(a), _rounded(b.t()), _rounded(bias))),
+        (torch.bmm, (x, y), torch.bmm(_rounded(x), _rounded(y))),
+        (torch.matmul, (x.bfloat16(), y), torch.matmul(_rounded(x), _rounded(y))),  # a bf16 operand as is
+    ]
+    for func, args, fp32 in cases:
+        got = lowp.product(func, *args)
+        assert got.dtype == torch.bfloat16
+        assert torch.equal(got, fp32.bfloat16()), func
+        assert not torch.equal(got, (fp32 * 1.01).bfloat16())  # equality is informative
+        exact = func(*(t.double() for t in args))
+        assert torch.allclose(got.double(), exact, rtol=2e-2, atol=2e-2 * float(exact.abs().max()))
+
+
+def test_matmul_takes_the_product_only_for_bf16_operands_where_emulated(monkeypatch) -> None:
+    gen = torch.Generator().manual_seed(5)
+    a, b = _skewed(gen, 30, 20), _skewed(gen, 20, 10)
+    monkeypatch.setattr(lowp, "_EMULATED", True)
+    assert torch.equal(lowp.matmul(torch.mm, a, b), a @ b)  # fp32 operands: torch's own fp32 product
+    assert torch.equal(lowp.matmul(torch.mm, a.bfloat16(), b.bfloat16()),
+                       (_rounded(a) @ _rounded(b)).bfloat16())
+    monkeypatch.setattr(lowp, "_EMULATED", False)
+    with torch.autocast("cpu", enabled=False):
+        want = torch.mm(a.bfloat16(), b.bfloat16())
+    assert torch.equal(lowp.matmul(torch.mm, a.bfloat16(), b.bfloat16()), want)  # torch's bf16 kernel
+
+
+def test_emulated_is_the_probe_and_never_cuda(monkeypatch) -> None:
+    from operators import device as device_module
+
+    monkeypatch.setattr(lowp, "_EMULATED", None)
+    monkeypatch.setattr(device_module, "bf16_native", lambda device: False)
+    assert lowp.emulated(CPU) is True
+    monkeypatch.setattr(lowp, "_EMULATED", None)
+    monkeypatch.setattr(device_module, "bf16_native", lambda device: True)
+    assert lowp.emulated(CPU) is False
+    assert lowp.emulated(torch.device("cuda")) is False  # a device with its own bf16 kernels
+
+
+@pytest.mark.usefixtures("emulating")
+def test_layers_under_flowrecs_autocast_match_torch_autocast_and_round_gradients_once() -> None:
+    """nn.Linear (as attention, experts and custom modules use it), `@` and bmm under
+    `autocast_bf16`: bf16 outputs within one bf16 rounding of torch's own autocast, fp32 weight
+    gradients that are bf16 values (rounded once), close to float64."""
+    gen = torch.Generator().manual_seed(11)
+    torch.manual_seed(11)
+    layer = nn.Linear(48, 32)
+    x = _skewed(gen, 96, 48).requires_grad_()
+    q = _skewed(gen, 96, 32)
+
+    def forward() -> torch.Tensor:
+        h = torch.relu(layer(x))  # (B, 32)
+        s = h @ q.t()  # (B, B)
+        return torch.bmm(h.unsqueeze(1), s[:, :32].unsqueeze(2)).squeeze()  # (B,)
+
+    with lowp.autocast_bf16(CPU):
+        got = forward()
+    (got.float() * torch.linspace(0.5, 2, 96)).sum().backward()
+    got_grads = [layer.weight.grad.clone(), layer.bias.grad.clone(), x.grad.clone()]
+    layer.zero_grad()
+    x.grad = None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = forward()
+    (want.float() * torch.linspace(0.5, 2, 96)).sum().backward()
+    want_grads = [layer.weight.grad, layer.bias.grad, x.grad]
+    assert got.dtype == want.dtype == torch.bfloat16
+    scale = float(want.float().abs().max())
+    assert torch.allclose(got.float(), want.float(), rtol=5e-2, atol=2e-2 * scale)
+    for g, w in zip(got_grads, want_grads):
+        assert g.dtype == torch.float32
+        s = float(w.abs().max())
+        assert torch.allclose(g, w, rtol=5e-2, atol=3e-2 * s)
+        assert not torch.allclose(g, w + 0.2 * s, rtol=5e-2, atol=3e-2 * s)  # the check can fail
+    weight_grad = got_grads[0]
+    assert torch.equal(weight_grad, _rounded(weight_grad))  # a bf16 value: rounded once, then widened
+
+
+@pytest.mark.usefixtures("emulating")
+def test_attention_and_mode_leave_everything_else_alone() -> None:
+    gen = torch.Generator().manual_seed(13)
+    q, k, v = (_skewed(gen, 4, 2, 10, 8) for _ in range(3))
+    mask = torch.rand(4, 1, 10, 10, generator=gen) > 0.3
+    mask[..., 0] = True
+    with lowp.autocast_bf16(CPU):
+        got = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        soft = torch.softmax(q, -1)  # autocast's policy: softmax in fp32
+        with torch.autocast("cpu", enabled=False):
+            plain = q.flatten(0, 2) @ k.flatten(0, 2).t()  # fp32 code outside autocast stays fp32
+        wide = q.double().flatten(0, 2) @ k.double().flatten(0, 2).t()  # float64 untouched
+    want = F.scaled_dot_product_attention(_rounded(q), _rounded(k), _rounded(v), attn_mask=mask).bfloat16()
+    assert got.dtype == torch.bfloat16 and torch.equal(got, want)
+    assert soft.dtype == torch.float32 and torch.equal(soft, torch.softmax(q, -1))
+    assert plain.dtype == torch.float32 and torch.equal(plain, q.flatten(0, 2) @ k.flatten(0, 2).t())
+    assert wide.dtype == torch.float64
+
+
+def test_without_emulation_flowrecs_autocast_is_torchs(monkeypatch) -> None:
+    monkeypatch.setattr(lowp, "_EMULATED", False)
+    gen = torch.Generator().manual_seed(17)
+    a, b = _skewed(gen, 40, 24), _skewed(gen, 24, 16)
+    with lowp.autocast_bf16(CPU):
+        got = a @ b
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = a @ b
+    assert torch.equal(got, want)
+
+
+def test_a_bf16_training_run_matches_torchs_autocast(monkeypatch) -> None:
+    """Steps of a small model with a Dot, target attention, a linear part and MLPs through
+    `linear_sources` in bf16 (`train_step`): with the emulation forced on, every loss within bf16
+    noise of torch's own autocast (forced off) from the same start, the dense parameters moved
+    alike; and the emulation ran (at these small widths the two can agree bitwise: one fp32 sum
+    order)."""
+    import copy
+    from dataclasses import replace
+
+    from flowrec.data.batches import StagingOptions, iterate_batches
+    from flowrec.data.dataset import MemorySource, split_table
+    from flowrec.data.synth import SynthConfig, synth_table
+    from flowrec.planner.manager import make_plan
+    from flowrec.runtime.lowering import lower
+    from flowrec.runtime.step import make_dense_optimizer, train_step
+    from flowrec.spec import spec_from_dict
+    from flowrec.testing.specs import TINY
+
+    modules = [m for m in TINY["modules"] if m["name"] != "t2"]  # one binary head
+    spec = spec_from_dict({**TINY, "modules": modules, "heads": [{"name": "h1", "input": "final"}],
+                           "training": {"batch_size": 128, "seed": 4, "precision": "bf16"}})
+    plan = make_plan(spec, target="cpu")
+    table = synth_table(spec, 128 * 4, SynthConfig(seed=4, alpha=1.2))
+    opts = StagingOptions(batch_size=128, shuffle=False, lookahead=1, workers=1)
+    with iterate_batches(spec, MemorySource(split_table(table, 2)), opts, 0, 0, plan.meta.groups) as it:
+        batches = list(it)
+    assert len(batches) == 4
+    start = lower(plan, spec, "cpu")
+    runs, calls = {}, {}
+    count = [0]
+    product = lowp.product
+
+    def counted(*args, **kwargs):
+        count[0] += 1
+        return product(*args, **kwargs)
+
+    monkeypatch.setattr(lowp, "product", counted)
+    for on in (True, False):
+        monkeypatch.setattr(lowp, "_EMULATED", on)
+        count[0] = 0
+        model = copy.deepcopy(start)
+        opt = make_dense_optimizer(model, "adam", 0.01, {})
+        losses = [train_step(model, opt, b, precision="bf16") for b in batches]
+        calls[on] = count[0]
+        runs[on] = (losses, {n: p.detach().clone() for n, p in model.named_parameters()})
+    (got, got_params), (want, want_params) = runs[True], runs[False]
+    for a, b in zip(got, want):
+        assert abs(a - b) <= 0.03 * abs(b) + 1e-3, (got, want)
+    moved = 0
+    for name, p in want_params.items():
+        before = dict(start.named_parameters())[name].detach()
+        step = (p - before).abs().max()
+        if step > 0:
+            moved += 1
+            assert float((got_params[name] - p).abs().max()) <= 0.5 * float(step) + 1e-4, name
+    assert moved > 5
+    assert calls[True] >= 4 * 6 and calls[False] == 0  # the emulation ran, forward and backward, only when on
