@@ -72,7 +72,7 @@ def matmul(func: Callable[..., torch.Tensor], *args: Any, **kwargs: Any) -> torc
     bf16 on a CPU without bf16 kernels, else `func` itself."""
     tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
     if any(t.dtype == torch.bfloat16 for t in tensors) and tensors[0].device.type == "cpu" \
-            and emulated(tensors[0].device):
+            and kwargs.get("out") is None and emulated(tensors[0].device):
         return product(func, *args, **kwargs)
     return func(*args, **kwargs)
 
@@ -97,6 +97,8 @@ class RoundedProducts(TorchFunctionMode):
 
 
 def _applies(args: tuple, kwargs: dict) -> bool:
+    if kwargs.get("out") is not None:  # a product written into a given tensor: torch's own, as asked
+        return False
     tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor) and a.is_floating_point()]
     if not tensors or any(t.device.type != "cpu" or t.dtype not in (torch.float32, torch.bfloat16)
                           for t in tensors):

@@ -66,6 +66,8 @@ STAGING_BLOCKS = 3  # ... and this many blocks of each kind, alternating ...
 STAGING_SECONDS = 6.0  # ... where their steps take up to this many seconds, fewer blocks for longer steps
 STAGING_CPU_REPEATS = 3  # the pipeline's CPU seconds run alone, the least of up to this many runs ...
 STAGING_CPU_SECONDS = 2.0  # ... started within this many seconds
+STAGING_ADDED_MAX_CPU = 2.0  # what the data threads add to a step: at most this many times their CPU
+# seconds per batch (a single slowed block made wide_deep's 62 ms against 9.3 ms of CPU, round 17)
 EPOCH_BATCHES = 8  # batches of the epochs an epoch's start is measured on (CPU) ...
 EPOCH_ROUNDS = (6, 10)  # ... and how many such epochs, and one-batch epochs
 EPOCH_MAX_STEP_MS = 40.0  # measured only for live steps up to this long: the epochs take about 2 x 6 x 8
@@ -398,15 +400,20 @@ def _staging_rate(spec: ModelSpec, device: torch.device, plan: Any, step_ms: flo
     ones, in alternating blocks sized by the step's `step_ms`: `staging_plan`, `live_step_seconds`;
     at least a tenth of the pipeline's CPU seconds per batch run alone, the least of up to
     STAGING_CPU_REPEATS runs within STAGING_CPU_SECONDS, over one dataset: a sanity bound on a difference of two
-    timings, which one slowed run made 10x a short step's, measured), raw. The data threads share
-    the trainer's cores and its interpreter lock: what they cost a step is measured, not assumed
-    to be their CPU time."""
+    timings, which one slowed run made 10x a short step's, measured; and at most
+    STAGING_ADDED_MAX_CPU times those CPU seconds), raw. The data threads share the trainer's cores
+    and its interpreter lock: what they cost a step is measured, not assumed to be their CPU time.
+    But they cannot cost it much more than the time they hold a core or the lock: a long step's
+    one live and one staged block (`staging_plan`) on a noisy host differed by 62 ms of a 400 ms
+    wide_deep step against 9.3 ms of the pipeline's CPU a batch (AVX2 VM, round 17; 2.1-6.7x over
+    five specs there, at most 1.7x over 19 specs on a quieter host in round 15), and priced the
+    step 25% high."""
     cpu_runs = staging_cpu_seconds(spec, plan, runs=STAGING_CPU_REPEATS, within_s=STAGING_CPU_SECONDS)
     cpu_s, values = min(cpu_runs)
     blocks, steps = staging_plan(step_ms)
     live, staged = (robust.LOG.add(robust.estimate(r))
                     for r in live_step_seconds(plan, spec, device, steps, blocks=blocks))
-    added = max(live.seconds - staged.seconds, cpu_s / 10, 1e-6)
+    added = min(max(live.seconds - staged.seconds, cpu_s / 10, 1e-6), STAGING_ADDED_MAX_CPU * cpu_s)
     return values / added, {"cpu_ms_per_batch": cpu_s * 1e3, "values_per_batch": values,
                             "cpu_ms_per_batch_runs": [c * 1e3 for c, _ in cpu_runs],
                             "blocks": blocks, "steps_per_block": steps,

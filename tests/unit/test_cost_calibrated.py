@@ -515,7 +515,9 @@ def test_staging_rate_is_what_live_steps_add_over_staged_ones(dlrm, monkeypatch)
     values, cpu_s = random.uniform(1e4, 1e5), random.uniform(1e-3, 5e-3)
     monkeypatch.setattr(calibrate_spec, "staging_cpu_seconds", lambda *a, **k: [(cpu_s, values)])
     staged_s = random.uniform(5e-3, 2e-2)
-    for added, expected in ((cpu_s * 1.7, cpu_s * 1.7), (cpu_s / 3, cpu_s / 3), (-cpu_s, cpu_s / 10)):
+    top = calibrate_spec.STAGING_ADDED_MAX_CPU * cpu_s  # a slowed live block adds no more than this
+    for added, expected in ((cpu_s * 1.7, cpu_s * 1.7), (cpu_s / 3, cpu_s / 3), (-cpu_s, cpu_s / 10),
+                            (cpu_s * 7, top)):
         live = [Round(staged_s + added + (i % 3) * 0.01, (i % 3) * 0.01) for i in range(9)]  # 3 clean rounds
         monkeypatch.setattr(calibrate_spec, "live_step_seconds",
                             lambda *a, live=live, **k: (live, [Round(staged_s)] * 9))

@@ -130,6 +130,12 @@ def test_attention_and_mode_leave_everything_else_alone() -> None:
     assert soft.dtype == torch.float32 and torch.equal(soft, torch.softmax(q, -1))
     assert plain.dtype == torch.float32 and torch.equal(plain, q.flatten(0, 2) @ k.flatten(0, 2).t())
     assert wide.dtype == torch.float64
+    out = torch.empty(8, 8, dtype=torch.bfloat16)
+    a, b = q[0, 0, :8].bfloat16(), k[0, 0, :8].bfloat16()
+    with lowp.autocast_bf16(CPU):
+        returned = torch.mm(a, b.t(), out=out)  # into the given tensor, as torch writes it
+    assert returned.data_ptr() == out.data_ptr() and torch.allclose(out.float(), _rounded(a) @ _rounded(b).t(),
+                                                                     rtol=2e-2, atol=2e-2)
 
 
 def test_without_emulation_flowrecs_autocast_is_torchs(monkeypatch) -> None:
