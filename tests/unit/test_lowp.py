@@ -138,6 +138,33 @@ def test_attention_and_mode_leave_everything_else_alone() -> None:
                                                                      rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.usefixtures("emulating")
+def test_the_mode_routes_each_product_kind(monkeypatch) -> None:
+    """Under `autocast_bf16` each product kind reaches `product` once: nn.Linear, `@`, the
+    `matmul` method, bmm, baddbmm, addmm, scaled dot-product attention; an elementwise op does not."""
+    seen = []
+    real = lowp.product
+
+    def counted(func, *args, **kwargs):
+        seen.append(func)
+        return real(func, *args, **kwargs)
+
+    monkeypatch.setattr(lowp, "product", counted)
+    gen = torch.Generator().manual_seed(19)
+    x, layer = _skewed(gen, 6, 4), nn.Linear(4, 3)
+    with lowp.autocast_bf16(CPU):
+        layer(x)
+        _ = x @ x.t()
+        x.matmul(x.t())
+        torch.bmm(x[None], x.t()[None])
+        torch.baddbmm(x[None, :, :1], x[None], x.t()[None, :, :1])
+        torch.addmm(x[:, 0], x, x.t())
+        F.scaled_dot_product_attention(x[None, None], x[None, None], x[None, None])
+        torch.exp(x)
+    assert len(seen) == 7, seen
+    assert seen[0] is F.linear and seen[3] is torch.bmm and seen[-1] is F.scaled_dot_product_attention
+
+
 def test_without_emulation_flowrecs_autocast_is_torchs(monkeypatch) -> None:
     monkeypatch.setattr(lowp, "_EMULATED", False)
     gen = torch.Generator().manual_seed(17)
