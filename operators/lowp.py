@@ -15,8 +15,8 @@ reaches the fp32 weight as those bf16 values, as under autocast.
 
 * `emulated(device)`: whether this applies (a CPU without bf16 kernels; never on CUDA).
 * `product(func, *args, **kwargs)`: one matrix product of torch in this arithmetic.
-* `matmul(func, *args, **kwargs)`: `func` itself where the CPU has bf16 kernels or no operand is
-  bf16, else `product` (the explicit bf16 products of flowrec's own autograd functions).
+* `matmul(func, *args, **kwargs)`: `product` where the product would run in bf16 on such a CPU,
+  else `func` itself (flowrec's own autograd functions call it; so does the mode below).
 * `autocast_bf16(device)`: CPU bf16 autocast with `RoundedProducts`, a torch function mode that
   sends the matrix products autocast would run in bf16 (`linear`, `mm`, `addmm`, `bmm`,
   `baddbmm`, `matmul`, `@`, scaled dot-product attention) to `product`; every other op keeps
@@ -37,6 +37,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 _EMULATED: bool | None = None  # the CPU's answer, probed once per process
+_CPU = torch.device("cpu")
 
 
 def emulated(device: torch.device) -> bool:
@@ -48,13 +49,13 @@ def emulated(device: torch.device) -> bool:
     if _EMULATED is None:
         from operators.device import bf16_native
 
-        _EMULATED = not bf16_native(torch.device("cpu"))
+        _EMULATED = not bf16_native(_CPU)
     return _EMULATED
 
 
 def _widened(value: Any) -> Any:
-    """A floating CPU tensor as its bf16 values in fp32 (float64 and non-tensors unchanged)."""
-    if isinstance(value, torch.Tensor) and value.dtype in (torch.float32, torch.bfloat16, torch.float16):
+    """An fp32 or bf16 tensor as its bf16 values in fp32 (anything else unchanged)."""
+    if isinstance(value, torch.Tensor) and value.dtype in (torch.float32, torch.bfloat16):
         return (value if value.dtype == torch.bfloat16 else value.to(torch.bfloat16)).float()
     return value
 
@@ -68,11 +69,9 @@ def product(func: Callable[..., torch.Tensor], *args: Any, **kwargs: Any) -> tor
 
 
 def matmul(func: Callable[..., torch.Tensor], *args: Any, **kwargs: Any) -> torch.Tensor:
-    """`func(*args)` (a matrix product of explicit operands): by `product` where an operand is
-    bf16 on a CPU without bf16 kernels, else `func` itself."""
-    tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
-    if any(t.dtype == torch.bfloat16 for t in tensors) and tensors[0].device.type == "cpu" \
-            and kwargs.get("out") is None and emulated(tensors[0].device):
+    """`func(*args, **kwargs)` (a matrix product): by `product` where it would run in bf16 on a CPU
+    without bf16 kernels (`_applies`), else `func` itself."""
+    if emulated(_CPU) and _applies(args, kwargs):  # the cached probe first: elsewhere a product pays nothing
         return product(func, *args, **kwargs)
     return func(*args, **kwargs)
 
@@ -91,12 +90,12 @@ class RoundedProducts(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in _PRODUCTS and _applies(args, kwargs):
-            return product(func, *args, **kwargs)
-        return func(*args, **kwargs)
+        return matmul(func, *args, **kwargs) if func in _PRODUCTS else func(*args, **kwargs)
 
 
 def _applies(args: tuple, kwargs: dict) -> bool:
+    """A product whose floating operands are all CPU fp32 or bf16 and that runs in bf16: under CPU
+    bf16 autocast, or with a bf16 operand; not one written into an `out=` tensor."""
     if kwargs.get("out") is not None:  # a product written into a given tensor: torch's own, as asked
         return False
     tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor) and a.is_floating_point()]
