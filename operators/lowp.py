@@ -17,6 +17,9 @@ reaches the fp32 weight as those bf16 values, as under autocast.
 * `product(func, *args, **kwargs)`: one matrix product of torch in this arithmetic.
 * `matmul(func, *args, **kwargs)`: `product` where the product would run in bf16 on such a CPU,
   else `func` itself (flowrec's own autograd functions call it; so does the mode below).
+* `widened(t)`, `emulating_autocast(device)`: the operand rounding, and whether flowrec's own
+  operators take their emulated paths (the fused linear of `operators.onednn` on widened
+  operands: bias and ReLU inside the fp32 GEMM, one rounding of each result and gradient).
 * `autocast_bf16(device)`: CPU bf16 autocast with `RoundedProducts`, a torch function mode that
   sends the matrix products autocast would run in bf16 (`linear`, `mm`, `addmm`, `bmm`,
   `baddbmm`, `matmul`, `@`, scaled dot-product attention) to `product`; every other op keeps
@@ -53,11 +56,26 @@ def emulated(device: torch.device) -> bool:
     return _EMULATED
 
 
+def widened(t: torch.Tensor) -> torch.Tensor:
+    """An fp32 or bf16 tensor as its bf16 values in fp32: rounded to bf16 (as autocast casts it),
+    then widened (exact).  # t's shape, fp32"""
+    return (t if t.dtype == torch.bfloat16 else t.to(torch.bfloat16)).float()
+
+
 def _widened(value: Any) -> Any:
-    """An fp32 or bf16 tensor as its bf16 values in fp32 (anything else unchanged)."""
+    """`widened` for an fp32 or bf16 tensor; anything else unchanged."""
     if isinstance(value, torch.Tensor) and value.dtype in (torch.float32, torch.bfloat16):
-        return (value if value.dtype == torch.bfloat16 else value.to(torch.bfloat16)).float()
+        return widened(value)
     return value
+
+
+def emulating_autocast(device: torch.device) -> bool:
+    """Whether code on `device` runs under CPU bf16 autocast here with bf16 `emulated`: flowrec's
+    own operators then run their products as fp32 products of bf16 values themselves (the fused
+    oneDNN linear and the Dot's fp32 gather on widened operands, `operators.onednn`,
+    `operators.interaction`), each result rounded to bf16 where autocast's product rounds it."""
+    return (device.type == "cpu" and torch.is_autocast_enabled("cpu")
+            and torch.get_autocast_dtype("cpu") == torch.bfloat16 and emulated(device))
 
 
 def product(func: Callable[..., torch.Tensor], *args: Any, **kwargs: Any) -> torch.Tensor:

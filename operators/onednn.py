@@ -10,10 +10,16 @@ gradient and weight gradient; the ReLU mask is read from the saved output and th
 is one column sum. Same function, sums in another order: allclose to `nn.Linear` + ReLU, not
 bitwise.
 
-Everything else (float64; bf16, where torch's `mm` already calls oneDNN: routing bf16 layers here
-measured 12% slower than autocast's own linear; CUDA; a torch without
-oneDNN, code being traced by `torch.compile` or `torch.export`) takes `nn.functional.linear`
-and an in-place ReLU: the same results as before this module existed.
+Under CPU bf16 autocast on a CPU without bf16 kernels (`operators.lowp.emulating_autocast`), a
+training layer runs the same oneDNN calls on its operands' bf16 values widened to fp32 (`_LowLinear`):
+the bias and the ReLU inside the fp32 GEMM, the output rounded to bf16 once, each gradient an fp32
+product of bf16 values rounded to bf16 once, as `operators.lowp.product` computes them (the same
+values up to the order of the fp32 sums), without its separate casts, clamp and bias sums in bf16.
+
+Everything else (float64; bf16 where the CPU has bf16 kernels, where torch's `mm` already calls
+oneDNN: routing bf16 layers here measured 12% slower than autocast's own linear; CUDA; a torch
+without oneDNN, code being traced by `torch.compile` or `torch.export`) takes
+`nn.functional.linear` and an in-place ReLU: the same results as before this module existed.
 
 Example:
     >>> x, w, b = torch.randn(8, 5), torch.randn(3, 5), torch.randn(3)
@@ -24,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from operators.lowp import matmul
+from operators.lowp import emulating_autocast, matmul, widened
 
 _MKLDNN = getattr(torch.ops, "mkldnn", None)
 _POINTWISE = getattr(_MKLDNN, "_linear_pointwise", None) if _MKLDNN is not None else None
@@ -42,6 +48,11 @@ def available() -> bool:
 
 
 def _probe() -> bool:
+    with torch.autocast("cpu", enabled=False):  # probed in fp32 whatever the caller runs under
+        return _probe_fp32()
+
+
+def _probe_fp32() -> bool:
     gen = torch.Generator().manual_seed(7)
     x, w, b = (torch.randn(*shape, generator=gen) for shape in ((5, 3), (4, 3), (4,)))
     add = torch.randn(5, 4, generator=gen)
@@ -83,6 +94,20 @@ def takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and not torch.is_autocast_enabled("cpu") and available())
 
 
+def emulates(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `linear` runs (x, weight) as `_LowLinear`: training (grad enabled, eager code) under
+    CPU bf16 autocast on a CPU without bf16 kernels, fp32 or bf16 input, an fp32 weight."""
+    return (x.dim() == 2 and x.dtype in (torch.float32, torch.bfloat16) and weight.dtype == torch.float32
+            and torch.is_grad_enabled() and emulating_autocast(x.device)
+            and not torch.compiler.is_compiling() and available())
+
+
+def _round(t: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """An fp32 result rounded to bf16 once, in `dtype` (fp32: the bf16 values widened back)."""
+    out = t.to(torch.bfloat16)
+    return out if dtype == torch.bfloat16 else out.to(dtype)
+
+
 def _gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, post: str = "none") -> torch.Tensor:
     """x weight^T (+ bias) (-> post-op) in one oneDNN call; `weight` may be a transposed view.  # (B, Out)"""
     return _POINTWISE(x, weight, bias, post, [], "")
@@ -118,6 +143,45 @@ class _Linear(torch.autograd.Function):
         return grad_x, grad_w, grad_b, None, grad_add
 
 
+class _LowLinear(torch.autograd.Function):
+    """`_Linear` under emulated CPU bf16 autocast (`emulates`): y = round(act(x' W'^T + b')) with
+    x', W', b' the operands' bf16 values in fp32 (`operators.lowp.widened`) and one fp32 oneDNN
+    call; the output is bf16, as autocast's linear gives it. Backward: the ReLU mask read from the
+    bf16 output (as autograd of the in-place ReLU reads it), then each gradient an fp32 product of
+    bf16 values rounded to bf16 once, in its input's dtype (the fp32 weight and bias get bf16
+    values), as autograd of `operators.lowp.product` computes them."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool,
+                add: torch.Tensor | None) -> torch.Tensor:
+        with torch.autocast("cpu", enabled=False):
+            xw, ww = widened(x), widened(weight)  # (B, In), (Out, In)
+            bw = None if bias is None else widened(bias)
+            if add is None:
+                y = _gemm(xw, ww, bw, "relu" if relu else "none").to(torch.bfloat16)  # (B, Out)
+            else:
+                y = _MKLDNN._linear_pointwise.binary(xw, widened(add), ww, bw, "add").to(torch.bfloat16)
+        ctx.relu, ctx.has_bias, ctx.x_dtype = relu, bias is not None, x.dtype
+        ctx.add_dtype = None if add is None else add.dtype
+        ctx.save_for_backward(xw, ww, y if relu else None)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        xw, ww, y = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        with torch.autocast("cpu", enabled=False):
+            grad = grad.to(torch.bfloat16).contiguous()
+            if ctx.relu:
+                grad = torch.ops.aten.threshold_backward(grad, y, 0)  # 0 where the bf16 output is
+            g = grad.float()  # (B, Out): bf16 values, exact
+            grad_x = _round(_gemm(g, ww.t(), None), ctx.x_dtype) if need_x else None  # (B, In)
+            grad_w = _round(_weight_grad(g, xw)) if need_w else None  # (Out, In)
+            grad_b = _round(g.sum(0)) if need_b and ctx.has_bias else None  # (Out,)
+            grad_add = grad.to(ctx.add_dtype) if ctx.needs_input_grad[4] else None
+        return grad_x, grad_w, grad_b, None, grad_add
+
+
 def _weight_grad(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """grad^T x.  # (Out, In)
 
@@ -138,14 +202,17 @@ def _weight_grad(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            relu: bool = False, add: torch.Tensor | None = None) -> torch.Tensor:
     """`relu(x @ weight.T + bias)` (without the ReLU when `relu` is False; `add`: plus this
-    (B, Out) tensor, no ReLU), by oneDNN where `takes(x, weight)`, else `nn.functional.linear` /
-    `addmm` (ReLU in place on the fresh output).  # (B, Out)
+    (B, Out) tensor, no ReLU), by oneDNN where `takes(x, weight)` (fp32) or `emulates(x, weight)`
+    (bf16 values in fp32, a bf16 output), else `nn.functional.linear` / `addmm` (ReLU in place on
+    the fresh output).  # (B, Out)
 
     A weight that is a column slice of a larger one (a source MLP's part of its first layer) is
     copied contiguous first: oneDNN reads such a strided weight so slowly that one 4096 x 1000 x
     512 GEMM did not finish in 100 s (30 ms contiguous)."""
     if relu and add is not None:
         raise ValueError("linear: relu and add together are not supported")
+    if emulates(x, weight):
+        return _LowLinear.apply(x, weight, bias, relu, add)
     if takes(x, weight):
         weight = weight if weight.is_contiguous() or weight.t().is_contiguous() else weight.contiguous()
         return _Linear.apply(x, weight, bias, relu, add)
@@ -172,8 +239,8 @@ def linear_sources(flats: list[torch.Tensor], weight: torch.Tensor, bias: torch.
     fp32 (grad enabled, no autocast) runs oneDNN as `linear` does, bitwise its results; under CPU
     autocast every operand is cast to the autocast dtype as autocast's `addmm` would cast it
     (values bitwise; weight gradients rounded once to the autocast dtype, then widened), the
-    products by `operators.lowp.matmul` (fp32 products of bf16 values where the CPU has no bf16
-    kernels).
+    products by `operators.lowp.matmul`; where the CPU has no bf16 kernels, `_LowLinear`'s oneDNN
+    calls on the widened operands, one bf16 rounding after each source as in that chain.
     """
     if not (flats and flats[0].device.type == "cpu" and torch.is_grad_enabled()
             and not torch.compiler.is_compiling() and weight.dtype == torch.float32
@@ -198,8 +265,14 @@ class _Sources(torch.autograd.Function):
         cols = [None if inverse is None else inverse[a:b] for a, b in bounds]
         parts = [weight[:, a:b].contiguous() if c is None else weight.index_select(1, c)
                  for (a, b), c in zip(bounds, cols)]  # (Out, w_i) each
+        wide = low == torch.bfloat16 and emulating_autocast(flats[0].device) and available()
         with torch.autocast("cpu", enabled=False):
-            if low is not None:
+            if wide:  # bf16 emulated: `_LowLinear`'s calls, one rounding per source as autocast's addmm chain
+                xs, parts = [widened(f) for f in flats], [widened(p) for p in parts]
+                y = _gemm(xs[0], parts[0], None if bias is None else widened(bias)).to(low)
+                for x, p in zip(xs[1:], parts[1:]):
+                    y = _MKLDNN._linear_pointwise.binary(x, y.float(), p, None, "add").to(low)
+            elif low is not None:
                 xs = [f.to(low) for f in flats]
                 parts = [p.to(low) for p in parts]
                 y = (matmul(torch.addmm, bias.to(low), xs[0], parts[0].t()) if bias is not None
@@ -211,7 +284,7 @@ class _Sources(torch.autograd.Function):
                 y = _gemm(xs[0], parts[0], bias)
                 for x, p in zip(xs[1:], parts[1:]):
                     y = _MKLDNN._linear_pointwise.binary(x, y, p, None, "add")
-        ctx.bounds, ctx.cols, ctx.low, ctx.has_bias = bounds, cols, low, bias is not None
+        ctx.bounds, ctx.cols, ctx.low, ctx.wide, ctx.has_bias = bounds, cols, low, wide, bias is not None
         ctx.dtypes = [f.dtype for f in flats]
         ctx.save_for_backward(*xs, *parts)
         return y  # (B, Out)
@@ -226,6 +299,8 @@ class _Sources(torch.autograd.Function):
         grads_x: list[torch.Tensor | None] = []
         full = None
         with torch.autocast("cpu", enabled=False):
+            if ctx.wide:
+                return _Sources.wide_backward(ctx, grad.to(ctx.low).float(), xs, parts)
             if ctx.low is not None:
                 grad = grad.to(ctx.low)
             if need_w:
@@ -243,4 +318,23 @@ class _Sources(torch.autograd.Function):
                     else:
                         full.index_copy_(1, c, gw.float())
             grad_b = grad.sum(0).float() if need_b and ctx.has_bias else None
+        return (full, grad_b, None, None, *grads_x)
+
+    @staticmethod
+    def wide_backward(ctx, g: torch.Tensor, xs: tuple, parts: tuple) -> tuple:
+        """The backward under emulated bf16 (`ctx.wide`): `g`, the output gradient's bf16 values in
+        fp32, and the widened operands; `_LowLinear`'s GEMMs and roundings per source."""
+        full = None
+        if ctx.needs_input_grad[0]:
+            full = torch.empty(parts[0].shape[0], sum(b - a for a, b in ctx.bounds), dtype=torch.float32)
+        grads_x: list[torch.Tensor | None] = []
+        for i, (x, p, (a, b), c) in enumerate(zip(xs, parts, ctx.bounds, ctx.cols)):
+            grads_x.append(_round(_gemm(g, p.t(), None), ctx.dtypes[i]) if ctx.needs_input_grad[4 + i] else None)
+            if full is not None:
+                gw = _round(_weight_grad(g, x))  # (Out, w_i)
+                if c is None:
+                    full[:, a:b] = gw
+                else:
+                    full.index_copy_(1, c, gw)
+        grad_b = _round(g.sum(0)) if ctx.needs_input_grad[1] and ctx.has_bias else None
         return (full, grad_b, None, None, *grads_x)

@@ -114,6 +114,70 @@ def test_layers_under_flowrecs_autocast_match_torch_autocast_and_round_gradients
 
 
 @pytest.mark.usefixtures("emulating")
+@pytest.mark.parametrize("relu,bias,add", [(True, True, False), (False, True, False), (True, False, False),
+                                           (False, True, True), (False, False, True)])
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
+def test_flowrecs_fused_linear_emulates_bf16_in_one_rounding(relu: bool, bias: bool, add: bool,
+                                                             x_dtype: torch.dtype) -> None:
+    """`operators.onednn.linear` in training under emulated bf16 (`_LowLinear`: oneDNN on the
+    operands' bf16 values in fp32, the bias and ReLU inside the GEMM): the output is the float64
+    product of the bf16 values rounded to bf16 once (within one bf16 step of that rounding: the
+    fp32 sums' order), and equals the mode's own product (`lowp.product` through
+    `nn.functional.linear`) within one bf16 rounding; every gradient likewise, each a bf16 value
+    in its input's dtype. Inference and float64 keep the plain path."""
+    from operators import onednn
+
+    if not onednn.available():
+        pytest.skip("oneDNN's linear is not usable in this torch")
+    gen = torch.Generator().manual_seed(41)
+    x = _skewed(gen, 300, 70).to(x_dtype).requires_grad_()
+    w = _skewed(gen, 40, 70).requires_grad_()
+    b = _skewed(gen, 40).requires_grad_() if bias else None
+    acc = _skewed(gen, 300, 40).bfloat16().requires_grad_() if add else None
+    grad = _skewed(gen, 300, 40).bfloat16()
+    leaves = [t for t in (x, w, b, acc) if t is not None]
+
+    def run(fused: bool):
+        with lowp.autocast_bf16(CPU):
+            assert onednn.emulates(x, w)
+            if fused:
+                y = onednn.linear(x, w, b, relu=relu, add=acc)
+            else:  # the mode's products, as before `_LowLinear`
+                y = F.linear(x, w, b) if acc is None else (torch.addmm(acc, x, w.t()) if b is None
+                                                             else torch.addmm(acc + b, x, w.t()))
+                y = torch.relu(y) if relu else y
+        return y, torch.autograd.grad(y, leaves, grad)
+
+    got, got_grads = run(True)
+    assert got.dtype == torch.bfloat16 and type(got.grad_fn).__name__ == "_LowLinearBackward"
+    want, want_grads = run(False)
+    x64, w64 = _rounded(x.detach().float()).double(), _rounded(w.detach()).double()
+    exact = x64 @ w64.t()
+    if b is not None:
+        exact = exact + _rounded(b.detach()).double()
+    if acc is not None:
+        exact = exact + acc.detach().double()
+    exact = exact.clamp_min(0) if relu else exact
+    step = exact.abs() * 2 ** -7 + 1e-30  # one bf16 step at each value
+    assert bool(((got.double() - exact).abs() <= step).all())
+    summed = 0.0 if acc is None or b is None else (acc.detach().double().abs() + b.detach().double().abs()) * 2 ** -7
+    assert bool(((got.double() - want.double()).abs() <= 2 * step + summed).all())  # the old path rounds acc + b first
+    assert not bool(((got.double() + 0.05 * float(exact.abs().max()) - exact).abs() <= step).all())  # can fail
+    for leaf, g, h in zip(leaves, got_grads, want_grads):
+        assert g.dtype == leaf.dtype and torch.equal(g.float(), _rounded(g.float()))  # bf16 values
+        s = float(h.abs().max())
+        assert torch.allclose(g.float(), h.float(), rtol=2 ** -6, atol=2 ** -7 * s)
+        assert not torch.allclose(g.float(), h.float() + 0.1 * s, rtol=2 ** -6, atol=2 ** -7 * s)
+    mask = (exact > 0).double() if relu else torch.ones_like(exact)
+    g64 = grad.double() * mask
+    assert torch.allclose(got_grads[1].double(), g64.t() @ x64, rtol=2 ** -6, atol=2 ** -7 * float((g64.t() @ x64).abs().max()))
+    with torch.no_grad(), lowp.autocast_bf16(CPU):
+        assert not onednn.emulates(x, w)  # inference: the plain kernel (exported packages run it)
+    with lowp.autocast_bf16(CPU):
+        assert not onednn.emulates(x.detach().double(), w.detach().double())
+
+
+@pytest.mark.usefixtures("emulating")
 def test_attention_and_mode_leave_everything_else_alone() -> None:
     gen = torch.Generator().manual_seed(13)
     q, k, v = (_skewed(gen, 4, 2, 10, 8) for _ in range(3))
@@ -205,21 +269,26 @@ def test_a_bf16_training_run_matches_torchs_autocast(monkeypatch) -> None:
     assert len(batches) == 4
     start = lower(plan, spec, "cpu")
     runs, calls = {}, {}
-    count = [0]
-    product = lowp.product
+    count = {"product": 0, "linear": 0, "dot": 0}
 
-    def counted(*args, **kwargs):
-        count[0] += 1
-        return product(*args, **kwargs)
+    def counted(kind, func):
+        def call(*args, **kwargs):
+            count[kind] += 1
+            return func(*args, **kwargs)
+        return call
 
-    monkeypatch.setattr(lowp, "product", counted)
+    from operators import interaction, onednn
+
+    monkeypatch.setattr(lowp, "product", counted("product", lowp.product))  # the mode's products
+    monkeypatch.setattr(onednn._LowLinear, "apply", counted("linear", onednn._LowLinear.apply))  # MLP layers
+    monkeypatch.setattr(interaction._WideDot, "apply", counted("dot", interaction._WideDot.apply))
     for on in (True, False):
         monkeypatch.setattr(lowp, "_EMULATED", on)
-        count[0] = 0
+        count.update(product=0, linear=0, dot=0)
         model = copy.deepcopy(start)
         opt = make_dense_optimizer(model, "adam", 0.01, {})
         losses = [train_step(model, opt, b, precision="bf16") for b in batches]
-        calls[on] = count[0]
+        calls[on] = dict(count)
         runs[on] = (losses, {n: p.detach().clone() for n, p in model.named_parameters()})
     (got, got_params), (want, want_params) = runs[True], runs[False]
     for a, b in zip(got, want):
@@ -232,4 +301,7 @@ def test_a_bf16_training_run_matches_torchs_autocast(monkeypatch) -> None:
             moved += 1
             assert float((got_params[name] - p).abs().max()) <= 0.5 * float(step) + 1e-4, name
     assert moved > 5
-    assert calls[True] >= 4 * 6 and calls[False] == 0  # the emulation ran, forward and backward, only when on
+    # the emulation ran, only when on: the mode's products (attention, linear part), flowrec's fused
+    # linear in every MLP layer and its fp32 Dot, each step
+    assert calls[True]["product"] >= 4 * 2 and calls[True]["linear"] >= 4 * 3 and calls[True]["dot"] == 4, calls
+    assert calls[False] == {"product": 0, "linear": 0, "dot": 0}, calls

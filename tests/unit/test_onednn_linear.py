@@ -156,11 +156,23 @@ def test_small_cpu_optimizer_steps_on_one_thread_bitwise() -> None:
 
 
 
+@pytest.fixture(params=[False, True], ids=["bf16-kernels", "bf16-emulated"])
+def emulated(request, monkeypatch) -> bool:
+    """Both bf16 worlds on any CPU: with bf16 kernels (torch's own bf16 products) and without
+    (`operators.lowp` emulates them: fp32 products of bf16 values), by patching the probe."""
+    from operators import lowp
+
+    monkeypatch.setattr(lowp, "_EMULATED", request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("fields_count", [1, 2, 26])
-def test_dot_under_cpu_autocast_equals_autocast_ops(fields_count: int) -> None:
+def test_dot_under_cpu_autocast_equals_autocast_ops(fields_count: int, emulated: bool) -> None:
     """DLRM's Dot under CPU bf16 autocast: bitwise the values of autocast's own bmm + upper-triangle
     gather, close to the float64 pairs, and field gradients close to autograd of those plain ops
-    (one bf16 rounding of (G + G^T) x where autograd rounds G x and G^T x, then their sum)."""
+    (one bf16 rounding of (G + G^T) x where autograd rounds G x and G^T x, then their sum). Where
+    bf16 is emulated, the Dot's own fp32 path (`_WideDot`) is bitwise the mode's products too."""
+    from operators import interaction
     from operators.interaction import Dot
 
     gen = torch.Generator().manual_seed(19)
@@ -169,10 +181,17 @@ def test_dot_under_cpu_autocast_equals_autocast_ops(fields_count: int) -> None:
     fields = (torch.randn(200, fields_count, 16, generator=gen) * scale + 1e-3).requires_grad_()
     num = fields_count + 1
     rows, cols = torch.triu_indices(num, num, offset=1)
-    with autocast_bf16(torch.device("cpu")):  # flowrec's autocast (`operators.lowp`)
-        out = Dot()(bottom, fields)
-        x = torch.cat([bottom.unsqueeze(1), fields], 1)
-        plain = torch.bmm(x, x.transpose(1, 2))[:, rows, cols]
+    wide = []
+    apply = interaction._WideDot.apply
+    interaction._WideDot.apply = lambda *a: wide.append(1) or apply(*a)
+    try:
+        with autocast_bf16(torch.device("cpu")):  # flowrec's autocast (`operators.lowp`)
+            out = Dot()(bottom, fields)
+            x = torch.cat([bottom.unsqueeze(1), fields], 1)
+            plain = torch.bmm(x, x.transpose(1, 2))[:, rows, cols]
+    finally:
+        interaction._WideDot.apply = apply
+    assert len(wide) == int(emulated)  # the fp32 path exactly where bf16 is emulated
     assert out.dtype == plain.dtype == torch.bfloat16 and out.shape == (200, num * (num - 1) // 2)
     assert torch.equal(out, plain)
     exact = torch.cat([bottom.detach().double().unsqueeze(1), fields.detach().double()], 1)
@@ -256,7 +275,7 @@ def test_inference_takes_the_plain_kernel_an_exported_package_runs() -> None:
 
 @pytest.mark.parametrize("permuted", [True, False])
 @pytest.mark.parametrize("autocast", [False, True])
-def test_linear_sources_equals_the_per_source_chain(permuted: bool, autocast: bool) -> None:
+def test_linear_sources_equals_the_per_source_chain(permuted: bool, autocast: bool, emulated: bool) -> None:
     """`linear_sources` (a source MLP's first layer as one node) against the per-source `linear`
     chain over column slices of the permuted weight that it replaces: bitwise the same output and
     gradients (weight, bias, each source; a source without a gradient gets none), fp32 through
@@ -282,6 +301,7 @@ def test_linear_sources_equals_the_per_source_chain(permuted: bool, autocast: bo
     with autocast_bf16(torch.device("cpu")) if autocast else nullcontext():  # flowrec's autocast
         got, want = onednn.linear_sources(flats, weight, bias, inverse), chain()
     assert got.dtype == want.dtype == (torch.bfloat16 if autocast else torch.float32)
+    assert got.grad_fn.wide is (autocast and emulated)  # the widened oneDNN path exactly where bf16 is emulated
     assert torch.equal(got, want)
     cols = perm if permuted else torch.arange(20)
     exact = torch.cat(flats, 1).detach().double()[:, cols] @ weight.detach().double().t() + bias.detach().double()
