@@ -22,10 +22,16 @@ alternate step by step (so machine noise hits both alike); the plain model, whos
 gradients and Adam state need 4x the table memory, runs after them are freed. After the timed
 steps each system is scored on the same held-out synthetic rows (AUC).
 
+The process's host allocator is glibc's own by default, as a TorchRec or plain PyTorch program runs
+it. `--host-allocator flowrec` tunes it as `flowrec train` does (`flowrec.runtime.hostmem`: the main
+thread's large blocks reused from the heap, not mapped and faulted in again every step), for every
+system alike, since they share the process: the systems whose steps allocate blocks above 32 MiB
+gain most (round 8: wide_1000's TorchRec and plain steps). The setting is recorded in the result.
+
 Usage:
     /work/trvenv/bin/python tools/bench_train.py [--quick] [--json PATH] [--models dlrm,wide1000] [--steps N]
         [--competitors N]   # N CPU-bound processes beside both systems (a shared machine)
-        [--compile [--eager-twin]] [--profile-steps N]
+        [--compile [--eager-twin]] [--profile-steps N] [--host-allocator flowrec|default]
     (any python with torch, torchrec and flowrec's dependencies: /work/shared/tools/torchrec-venv.sh DIR makes one)
 """
 from __future__ import annotations
@@ -50,6 +56,7 @@ import torch
 from flowrec.data.batches import StagingOptions, iterate_batches
 from flowrec.data.dataset import MemorySource, split_table
 from flowrec.data.synth import SynthConfig, synth_table
+from flowrec.runtime.hostmem import tune_host_allocator
 from flowrec.runtime.lowering import LoweredModel, lower
 from flowrec.runtime.run_log import auc
 from flowrec.measure.reference import ReferenceModel, bag_slots, reference_optimizers, reference_step, unpack_field
@@ -637,6 +644,10 @@ def main() -> None:
     parser.add_argument("--eager-twin", action="store_true",
                         help="with the compiled flowrec, also run it eagerly (flowrec_eager) where 8 table copies fit "
                              "in memory (a full run with it was OOM-killed on 24 GB)")
+    parser.add_argument("--host-allocator", choices=("default", "flowrec"), default="default",
+                        help="default: glibc's own, as a TorchRec or plain PyTorch program runs; flowrec: the "
+                             "process's allocator tuned as `flowrec train` tunes it (large blocks reused from the "
+                             "heap), for every system in the process alike")
     parser.add_argument("--profile-steps", type=int, default=None,
                         help="steps profiled per stage after the timed ones (default 5; quick 1; 0: none)")
     args = parser.parse_args()
@@ -651,9 +662,11 @@ def main() -> None:
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
     if args.profile_steps is None:
         args.profile_steps = 1 if args.quick else 5
+    tuned = tune_host_allocator() if args.host_allocator == "flowrec" else False
     with competitors(args.competitors):
         doc = report(args)
     doc["competitors"] = args.competitors
+    doc["host_allocator"] = {"asked": args.host_allocator, "tuned": tuned}
     print(table(doc))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
