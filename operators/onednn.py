@@ -94,11 +94,18 @@ def takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and not torch.is_autocast_enabled("cpu") and available())
 
 
+LOW_LINEAR_MIN_ROWS = 1024  # below, `_LowLinear` measured slower than the mode's products (MKL's GEMMs)
+
+
 def emulates(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `linear` runs (x, weight) as `_LowLinear`: training (grad enabled, eager code) under
-    CPU bf16 autocast on a CPU without bf16 kernels, fp32 or bf16 input, an fp32 weight."""
-    return (x.dim() == 2 and x.dtype in (torch.float32, torch.bfloat16) and weight.dtype == torch.float32
-            and torch.is_grad_enabled() and emulating_autocast(x.device)
+    CPU bf16 autocast on a CPU without bf16 kernels, fp32 or bf16 input of at least
+    LOW_LINEAR_MIN_ROWS rows, an fp32 weight. Fewer rows take the mode's products: on an AVX2 EPYC
+    oneDNN's GEMMs of a few hundred rows ran slower than MKL's (DLRM's layers at batch 256: the
+    step 9% slower through `_LowLinear`; equal at 1024, 6-8% faster at 2048-4096). The rule is
+    fixed by shapes, so a run and its resume compute alike."""
+    return (x.dim() == 2 and x.shape[0] >= LOW_LINEAR_MIN_ROWS and x.dtype in (torch.float32, torch.bfloat16)
+            and weight.dtype == torch.float32 and torch.is_grad_enabled() and emulating_autocast(x.device)
             and not torch.compiler.is_compiling() and available())
 
 
@@ -265,7 +272,8 @@ class _Sources(torch.autograd.Function):
         cols = [None if inverse is None else inverse[a:b] for a, b in bounds]
         parts = [weight[:, a:b].contiguous() if c is None else weight.index_select(1, c)
                  for (a, b), c in zip(bounds, cols)]  # (Out, w_i) each
-        wide = low == torch.bfloat16 and emulating_autocast(flats[0].device) and available()
+        wide = (low == torch.bfloat16 and flats[0].shape[0] >= LOW_LINEAR_MIN_ROWS
+                and emulating_autocast(flats[0].device) and available())
         with torch.autocast("cpu", enabled=False):
             if wide:  # bf16 emulated: `_LowLinear`'s calls, one rounding per source as autocast's addmm chain
                 xs, parts = [widened(f) for f in flats], [widened(p) for p in parts]

@@ -118,7 +118,7 @@ def test_layers_under_flowrecs_autocast_match_torch_autocast_and_round_gradients
                                            (False, True, True), (False, False, True)])
 @pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
 def test_flowrecs_fused_linear_emulates_bf16_in_one_rounding(relu: bool, bias: bool, add: bool,
-                                                             x_dtype: torch.dtype) -> None:
+                                                             x_dtype: torch.dtype, monkeypatch) -> None:
     """`operators.onednn.linear` in training under emulated bf16 (`_LowLinear`: oneDNN on the
     operands' bf16 values in fp32, the bias and ReLU inside the GEMM): the output is the float64
     product of the bf16 values rounded to bf16 once (within one bf16 step of that rounding: the
@@ -130,6 +130,10 @@ def test_flowrecs_fused_linear_emulates_bf16_in_one_rounding(relu: bool, bias: b
     if not onednn.available():
         pytest.skip("oneDNN's linear is not usable in this torch")
     gen = torch.Generator().manual_seed(41)
+    few = _skewed(gen, onednn.LOW_LINEAR_MIN_ROWS - 1, 70)
+    with lowp.autocast_bf16(CPU):
+        assert not onednn.emulates(few.requires_grad_(), torch.ones(40, 70))  # few rows: the mode's products
+    monkeypatch.setattr(onednn, "LOW_LINEAR_MIN_ROWS", 300)
     x = _skewed(gen, 300, 70).to(x_dtype).requires_grad_()
     w = _skewed(gen, 40, 70).requires_grad_()
     b = _skewed(gen, 40).requires_grad_() if bias else None
@@ -279,6 +283,7 @@ def test_a_bf16_training_run_matches_torchs_autocast(monkeypatch) -> None:
 
     from operators import interaction, onednn
 
+    monkeypatch.setattr(onednn, "LOW_LINEAR_MIN_ROWS", 1)  # this run's 128 rows take flowrec's fused linear
     monkeypatch.setattr(lowp, "product", counted("product", lowp.product))  # the mode's products
     monkeypatch.setattr(onednn._LowLinear, "apply", counted("linear", onednn._LowLinear.apply))  # MLP layers
     monkeypatch.setattr(interaction._WideDot, "apply", counted("dot", interaction._WideDot.apply))
