@@ -104,9 +104,11 @@ def emulates(x: torch.Tensor, weight: torch.Tensor) -> bool:
     oneDNN's GEMMs of a few hundred rows ran slower than MKL's (DLRM's layers at batch 256: the
     step 9% slower through `_LowLinear`; equal at 1024, 6-8% faster at 2048-4096). The rule is
     fixed by shapes, so a run and its resume compute alike."""
-    return (x.dim() == 2 and x.shape[0] >= LOW_LINEAR_MIN_ROWS and x.dtype in (torch.float32, torch.bfloat16)
-            and weight.dtype == torch.float32 and torch.is_grad_enabled() and emulating_autocast(x.device)
-            and not torch.compiler.is_compiling() and available())
+    # traced code (torch.compile, torch.export) is ruled out before the row count is read: a
+    # symbolic batch compared with a constant would constrain an exported package's batch dimension
+    return (not torch.compiler.is_compiling() and torch.is_grad_enabled() and x.dim() == 2
+            and x.dtype in (torch.float32, torch.bfloat16) and weight.dtype == torch.float32
+            and emulating_autocast(x.device) and available() and x.shape[0] >= LOW_LINEAR_MIN_ROWS)
 
 
 def _round(t: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -272,8 +274,8 @@ class _Sources(torch.autograd.Function):
         cols = [None if inverse is None else inverse[a:b] for a, b in bounds]
         parts = [weight[:, a:b].contiguous() if c is None else weight.index_select(1, c)
                  for (a, b), c in zip(bounds, cols)]  # (Out, w_i) each
-        wide = (low == torch.bfloat16 and flats[0].shape[0] >= LOW_LINEAR_MIN_ROWS
-                and emulating_autocast(flats[0].device) and available())
+        wide = (low == torch.bfloat16 and emulating_autocast(flats[0].device) and available()
+                and flats[0].shape[0] >= LOW_LINEAR_MIN_ROWS)
         with torch.autocast("cpu", enabled=False):
             if wide:  # bf16 emulated: `_LowLinear`'s calls, one rounding per source as autocast's addmm chain
                 xs, parts = [widened(f) for f in flats], [widened(p) for p in parts]

@@ -324,3 +324,21 @@ def test_linear_sources_declines_what_it_does_not_cover() -> None:
     assert onednn.linear_sources(flats[:1], weight, None, None) is None
     with torch.no_grad():
         assert onednn.linear_sources(flats, weight, None, None) is None
+
+
+def test_an_mlp_exports_with_a_dynamic_batch() -> None:
+    """`linear`'s path choice reads no row count in traced code: an MLP exports with a symbolic
+    batch (a comparison of the batch with a constant would constrain it), and the package scores
+    another batch size like the eager layers."""
+    from torch.export import Dim, export
+
+    gen = torch.Generator().manual_seed(37)
+    torch.manual_seed(37)
+    mlp = MLP(12, [16, 8])
+    with torch.no_grad():
+        program = export(mlp, (_skewed(gen, 64, 12),), dynamic_shapes={"x": {0: Dim("batch", min=2)}})
+        x = _skewed(gen, 1500, 12)
+        assert torch.allclose(program.module()(x), mlp(x), rtol=1e-5, atol=1e-5)
+    with torch.enable_grad():
+        program = export(mlp, (_skewed(gen, 64, 12),), dynamic_shapes={"x": {0: Dim("batch", min=2)}})
+        assert program.module()(x).shape == (1500, 8)
