@@ -59,8 +59,9 @@ class Dot(nn.Module):
             dtype = torch.get_autocast_dtype("cpu")
             x = as_fields([t.to(dtype) for t in inputs])  # (B, F, D): cast per input, one cat
             upper, mirror = self.pairs(x.shape[1], x.device)
-            if emulating_autocast(x.device):  # bf16 products in fp32 here: the fp32 gather, one rounding
-                return _WideDot.apply(x, upper, mirror)
+            if emulating_autocast(x.device):  # no bf16 kernels: the fp32 dots of the bf16 values, rounded once
+                with torch.autocast("cpu", enabled=False):
+                    return _TriuDot.apply(x.float(), upper, mirror).to(torch.bfloat16)
             return _RowsDot.apply(x, mirror) if x.shape[1] > 1 else _TriuDot.apply(x, upper, mirror)
         x = as_fields(inputs)  # (B, F, D)
         upper, mirror = self.pairs(x.shape[1], x.device)
@@ -122,36 +123,6 @@ class _TriuDot(torch.autograd.Function):
         padded = torch.cat([grad, grad.new_zeros(batch, 1)], dim=1)  # (B, P + 1): column P is the diagonal's 0
         sym = padded.index_select(1, mirror)  # (B, F * F)
         return matmul(torch.bmm, sym.view(batch, num, num), x), None, None  # (B, F, D)
-
-
-class _WideDot(torch.autograd.Function):
-    """The dots under CPU bf16 autocast where the CPU has no bf16 kernels
-    (`operators.lowp.emulating_autocast`): the bf16 fields widened to fp32 once, the fp32 gram
-    and its fp32 upper-triangle gather (`_TriuDot`'s, vectorized), the pairs rounded to bf16 once;
-    the backward gathers the symmetric pair gradients in fp32 and runs one fp32 `bmm`
-    (G + G^T) x, rounded once. Bitwise what `_RowsDot` computes through `operators.lowp.product`
-    there (the same fp32 `bmm` of the same values; the roundings commute with the gathers),
-    without its bf16 round trips and its gather by `cat`.
-    """
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, upper: torch.Tensor, mirror: torch.Tensor) -> torch.Tensor:
-        with torch.autocast("cpu", enabled=False):
-            wide = x.float()  # (B, F, D): bf16 values, exact
-            ctx.save_for_backward(wide, mirror)
-            ctx.dtype = x.dtype
-            gram = torch.bmm(wide, wide.transpose(1, 2))  # (B, F, F)
-            return gram.reshape(x.shape[0], -1).index_select(1, upper).to(torch.bfloat16)  # (B, P)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        wide, mirror = ctx.saved_tensors
-        batch, num = wide.shape[0], wide.shape[1]
-        with torch.autocast("cpu", enabled=False):
-            g = grad.to(torch.bfloat16).float()  # (B, P): bf16 values, exact
-            padded = torch.cat([g, g.new_zeros(batch, 1)], dim=1)  # (B, P + 1): column P is the diagonal's 0
-            sym = padded.index_select(1, mirror).view(batch, num, num)  # (B, F, F)
-            return torch.bmm(sym, wide).to(torch.bfloat16).to(ctx.dtype), None, None  # (B, F, D)
 
 
 class FM(nn.Module):

@@ -107,8 +107,13 @@ def emulates(x: torch.Tensor, weight: torch.Tensor) -> bool:
     # traced code (torch.compile, torch.export) is ruled out before the row count is read: a
     # symbolic batch compared with a constant would constrain an exported package's batch dimension
     return (not torch.compiler.is_compiling() and torch.is_grad_enabled() and x.dim() == 2
-            and x.dtype in (torch.float32, torch.bfloat16) and weight.dtype == torch.float32
-            and emulating_autocast(x.device) and available() and x.shape[0] >= LOW_LINEAR_MIN_ROWS)
+            and x.dtype in (torch.float32, torch.bfloat16) and weight.dtype == torch.float32 and _widens(x))
+
+
+def _widens(x: torch.Tensor) -> bool:
+    """The emulated-bf16 part of `emulates`, shared with `_Sources`: bf16 autocast emulated on x's
+    CPU, oneDNN usable, at least LOW_LINEAR_MIN_ROWS rows (read last; callers rule out traced code)."""
+    return emulating_autocast(x.device) and available() and x.shape[0] >= LOW_LINEAR_MIN_ROWS
 
 
 def _round(t: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -274,8 +279,7 @@ class _Sources(torch.autograd.Function):
         cols = [None if inverse is None else inverse[a:b] for a, b in bounds]
         parts = [weight[:, a:b].contiguous() if c is None else weight.index_select(1, c)
                  for (a, b), c in zip(bounds, cols)]  # (Out, w_i) each
-        wide = (low == torch.bfloat16 and emulating_autocast(flats[0].device) and available()
-                and flats[0].shape[0] >= LOW_LINEAR_MIN_ROWS)
+        wide = low == torch.bfloat16 and _widens(flats[0])
         with torch.autocast("cpu", enabled=False):
             if wide:  # bf16 emulated: `_LowLinear`'s calls, one rounding per source as autocast's addmm chain
                 xs, parts = [widened(f) for f in flats], [widened(p) for p in parts]

@@ -286,7 +286,7 @@ def test_a_bf16_training_run_matches_torchs_autocast(monkeypatch) -> None:
     monkeypatch.setattr(onednn, "LOW_LINEAR_MIN_ROWS", 1)  # this run's 128 rows take flowrec's fused linear
     monkeypatch.setattr(lowp, "product", counted("product", lowp.product))  # the mode's products
     monkeypatch.setattr(onednn._LowLinear, "apply", counted("linear", onednn._LowLinear.apply))  # MLP layers
-    monkeypatch.setattr(interaction._WideDot, "apply", counted("dot", interaction._WideDot.apply))
+    monkeypatch.setattr(interaction._TriuDot, "apply", counted("dot", interaction._TriuDot.apply))
     for on in (True, False):
         monkeypatch.setattr(lowp, "_EMULATED", on)
         count.update(product=0, linear=0, dot=0)

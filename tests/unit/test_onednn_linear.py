@@ -172,7 +172,7 @@ def test_dot_under_cpu_autocast_equals_autocast_ops(fields_count: int, emulated:
     """DLRM's Dot under CPU bf16 autocast: bitwise the values of autocast's own bmm + upper-triangle
     gather, close to the float64 pairs, and field gradients close to autograd of those plain ops
     (one bf16 rounding of (G + G^T) x where autograd rounds G x and G^T x, then their sum). Where
-    bf16 is emulated, the Dot's own fp32 path (`_WideDot`) is bitwise the mode's products too."""
+    bf16 is emulated, the Dot's fp32 path (`_TriuDot` on the widened fields, rounded once) is bitwise the mode's products too."""
     from operators import interaction
     from operators.interaction import Dot
 
@@ -183,15 +183,15 @@ def test_dot_under_cpu_autocast_equals_autocast_ops(fields_count: int, emulated:
     num = fields_count + 1
     rows, cols = torch.triu_indices(num, num, offset=1)
     wide = []
-    apply = interaction._WideDot.apply
-    interaction._WideDot.apply = lambda *a: wide.append(1) or apply(*a)
+    apply = interaction._TriuDot.apply
+    interaction._TriuDot.apply = lambda *a: wide.append(1) or apply(*a)
     try:
         with autocast_bf16(torch.device("cpu")):  # flowrec's autocast (`operators.lowp`)
             out = Dot()(bottom, fields)
             x = torch.cat([bottom.unsqueeze(1), fields], 1)
             plain = torch.bmm(x, x.transpose(1, 2))[:, rows, cols]
     finally:
-        interaction._WideDot.apply = apply
+        interaction._TriuDot.apply = apply
     assert len(wide) == int(emulated)  # the fp32 path exactly where bf16 is emulated
     assert out.dtype == plain.dtype == torch.bfloat16 and out.shape == (200, num * (num - 1) // 2)
     assert torch.equal(out, plain)
