@@ -28,10 +28,17 @@ thread's large blocks reused from the heap, not mapped and faulted in again ever
 system alike, since they share the process: the systems whose steps allocate blocks above 32 MiB
 gain most (round 8: wide_1000's TorchRec and plain steps). The setting is recorded in the result.
 
+`--isolate ROUNDS` runs every system in a process of its own instead, ROUNDS times with the order
+rotated each round (a system's figure is the median of its processes' medians; the host's drift
+between processes falls on each system alike, not step by step as in one process). With
+`--host-allocator as-run` each process runs as its users run it: flowrec's tuned as `flowrec train`
+tunes it, TorchRec's and the plain model's under glibc's own policy.
+
 Usage:
     /work/trvenv/bin/python tools/bench_train.py [--quick] [--json PATH] [--models dlrm,wide1000] [--steps N]
         [--competitors N]   # N CPU-bound processes beside both systems (a shared machine)
-        [--compile [--eager-twin]] [--profile-steps N] [--host-allocator flowrec|default]
+        [--compile [--eager-twin]] [--profile-steps N] [--host-allocator flowrec|default|as-run]
+        [--systems flowrec,torchrec,...] [--isolate ROUNDS]
     (any python with torch, torchrec and flowrec's dependencies: /work/shared/tools/torchrec-venv.sh DIR makes one)
 """
 from __future__ import annotations
@@ -45,6 +52,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -495,28 +503,35 @@ def bench_model(key: str, args: argparse.Namespace) -> dict:
     batches = staged_batches(spec, plan, batch * steps, 1, batch, lookahead=1)
     eval_rows = QUICK_EVAL_ROWS if args.quick else EVAL_ROWS
     eval_batches = staged_batches(spec, plan, eval_rows, 2, min(batch, eval_rows), lookahead=0)
-    plain_cap = plain_row_cap(spec)
+    plain_cap = plain_row_cap(spec) if args.plain_rows_cap is None else (args.plain_rows_cap or None)
     result = {"spec": MODELS[key], "batch_size": batch, "warmup_steps": args.warmup, "timed_steps": args.steps,
               "table_rows": sum(t.rows for t in spec.tables), "tables_capped_at": cap,
               "plain_tables_capped_at": plain_cap, "precisions": {}}
+    chosen = set(args.systems)
     for precision in args.precisions:
-        systems = [flowrec_system(plan, spec, precision, args.compile, batches[0])]
-        if args.compile and args.eager_twin and table_bytes(spec) * EAGER_TWIN_COPIES < available_bytes():
+        systems = []
+        if "flowrec" in chosen:
+            systems.append(flowrec_system(plan, spec, precision, args.compile, batches[0]))
+        if ("flowrec" in chosen and args.compile and args.eager_twin
+                and table_bytes(spec) * EAGER_TWIN_COPIES < available_bytes()):
             twin = flowrec_system(plan, spec, precision)
             systems.append(replace(twin, name="flowrec_eager", note=twin.note + "; dense stage eager"))
             del twin
-        candidates = [torchrec_system(plan, spec, precision)]
-        stock = {"dlrm": torchrec_dlrm_system, "wide1000": torchrec_wide_system}[key]
-        candidates.append(stock(plan, spec, precision))
+        candidates = []
+        if "torchrec_shared_dense" in chosen:
+            candidates.append(torchrec_system(plan, spec, precision))
+        if "torchrec" in chosen:
+            stock = {"dlrm": torchrec_dlrm_system, "wide1000": torchrec_wide_system}[key]
+            candidates.append(stock(plan, spec, precision))
         systems += [s for s in candidates if s is not None]
-        figures = run_systems(systems, batches, eval_batches, args.warmup, args.profile_steps)
-        if "torchrec" not in figures and "torchrec_shared_dense" in figures:
+        figures = run_systems(systems, batches, eval_batches, args.warmup, args.profile_steps) if systems else {}
+        if "torchrec" in chosen and "torchrec" not in figures and "torchrec_shared_dense" in figures:
             figures["torchrec"] = figures["torchrec_shared_dense"]  # no TorchRec model for this spec
         for system in systems:
             system.close()
-        del systems, candidates, system
+        del systems, candidates
         gc.collect()
-        if not args.skip_plain:
+        if not args.skip_plain and "plain" in chosen:
             plain = [plain_system(plan, spec, precision, plain_cap)]
             figures.update(run_systems(plain, batches, eval_batches, args.warmup))
             del plain
@@ -533,6 +548,96 @@ def ratio(a: dict | None, b: dict | None) -> float | None:
     return round(b["ms_per_step"] / a["ms_per_step"], 3)
 
 
+# ---------------------------------------------------------------- each system in its own process
+SYSTEMS = ("flowrec", "torchrec", "torchrec_shared_dense", "plain")
+CHILD_TIMEOUT_S = 3600  # one system's run (the plain wide_1000 takes about 13 s a step here)
+
+
+def system_allocator(name: str, asked: str) -> str:
+    """The host allocator a system's own process runs under: `as-run` is each as its users run it
+    (flowrec as `flowrec train` tunes it, the others glibc's own); otherwise `asked` for all."""
+    if asked == "as-run":
+        return "flowrec" if name.startswith("flowrec") else "default"
+    return asked
+
+
+def child_command(key: str, precision: str, name: str, args: argparse.Namespace, plain_cap: int | None,
+                  out: Path) -> list[str]:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--models", key, "--precisions", precision,
+           "--systems", name, "--host-allocator", system_allocator(name, args.host_allocator),
+           "--steps", str(args.steps), "--warmup", str(args.warmup), "--profile-steps", str(args.profile_steps),
+           "--plain-rows-cap", str(plain_cap or 0), "--json", str(out)]
+    cmd += ["--quick"] if args.quick else ["--batch", str(args.batch)]
+    if args.compile:
+        cmd += ["--compile"] + (["--eager-twin"] if args.eager_twin else [])
+    return cmd
+
+
+def merge_rounds(runs: list[dict | None], batch: int, allocator: str) -> dict | None:
+    """One system's figures over its processes: the median of their medians (ms per step), each
+    process's own median kept in `rounds_ms`."""
+    runs = [r for r in runs if r]
+    if not runs:
+        return None
+    ms = [r["ms_per_step"] for r in runs]
+    med = statistics.median(ms)
+    out = {**runs[0], "ms_per_step": round(med, 2), "samples_per_s": round(batch / med * 1e3, 1),
+           "auc": round(statistics.median(r["auc"] for r in runs), 5), "rounds_ms": ms,
+           "rounds_auc": [r["auc"] for r in runs], "host_allocator": allocator}
+    if all("profile_ms" in r for r in runs):
+        out["profile_ms"] = {k: round(statistics.median(r["profile_ms"][k] for r in runs), 2)
+                             for k in runs[0]["profile_ms"]}
+    return out
+
+
+def isolated_model(key: str, args: argparse.Namespace, scratch: Path) -> dict:
+    """Each system of one model in processes of its own, `args.isolate` rounds, the order rotated
+    every round so that the host's drift falls on every system alike."""
+    batch = QUICK_BATCH if args.quick else args.batch
+    cap = QUICK_TABLE_ROWS if args.quick else None
+    plain_cap = plain_row_cap(capped_spec(load_spec(REPO / MODELS[key]), cap, batch))  # one cap for every round
+    names = [n for n in args.systems if not (n == "plain" and args.skip_plain)]
+    result: dict = {}
+    for precision in args.precisions:
+        runs: dict[str, list] = {n: [] for n in names}
+        for r in range(args.isolate):
+            order = names[r % len(names):] + names[:r % len(names)]
+            for name in order:
+                out = scratch / f"{key}_{precision}_{name}_{r}.json"
+                cmd = child_command(key, precision, name, args, plain_cap, out)
+                start = time.perf_counter()
+                try:
+                    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+                except subprocess.TimeoutExpired:
+                    raise SystemExit(f"{key} {precision} {name}: its process ran past {CHILD_TIMEOUT_S} s")
+                if proc.returncode != 0:
+                    raise SystemExit(f"{key} {precision} {name}: its process failed ({proc.returncode}):\n"
+                                     f"{proc.stderr[-3000:]}")
+                doc = json.loads(out.read_text())
+                model = doc["models"][key]
+                if not result:
+                    result = {k: v for k, v in model.items() if k != "precisions"} | {"precisions": {}}
+                figs = model["precisions"][precision]
+                for fig in figs.values():
+                    if fig:
+                        fig["host_allocator_tuned"] = doc["host_allocator"]["tuned"]
+                runs[name].append(figs.get(name))
+                if name.startswith("flowrec") and "flowrec_eager" in figs:
+                    runs.setdefault("flowrec_eager", []).append(figs["flowrec_eager"])
+                took = time.perf_counter() - start
+                ms = (figs.get(name) or {}).get("ms_per_step", "n/a")
+                print(f"[round {r + 1}/{args.isolate}] {key} {precision} {name}: {ms} ms/step "
+                      f"({took:.0f} s, allocator {system_allocator(name, args.host_allocator)})",
+                      file=sys.stderr, flush=True)
+        figures = {n: merge_rounds(v, batch, system_allocator(n, args.host_allocator)) for n, v in runs.items()}
+        if "torchrec" in names and figures.get("torchrec") is None and figures.get("torchrec_shared_dense"):
+            figures["torchrec"] = figures["torchrec_shared_dense"]  # no TorchRec model for this spec
+        figures.setdefault("torchrec", None)
+        figures.setdefault("plain", None)
+        result["precisions"][precision] = figures
+    return result
+
+
 def report(args: argparse.Namespace) -> dict:
     torch.manual_seed(0)
     np.random.seed(0)
@@ -542,7 +647,11 @@ def report(args: argparse.Namespace) -> dict:
         versions["torchrec"] = torchrec.__version__
     except Exception:
         versions["torchrec"] = None
-    models = {key: bench_model(key, args) for key in args.models}
+    if args.isolate:
+        with tempfile.TemporaryDirectory(prefix="bench_train_") as scratch:
+            models = {key: isolated_model(key, args, Path(scratch)) for key in args.models}
+    else:
+        models = {key: bench_model(key, args) for key in args.models}
     ratios: dict[str, float | None] = {}
     for key in ("dlrm", "wide1000"):
         for precision in ("fp32", "bf16"):
@@ -644,10 +753,18 @@ def main() -> None:
     parser.add_argument("--eager-twin", action="store_true",
                         help="with the compiled flowrec, also run it eagerly (flowrec_eager) where 8 table copies fit "
                              "in memory (a full run with it was OOM-killed on 24 GB)")
-    parser.add_argument("--host-allocator", choices=("default", "flowrec"), default="default",
+    parser.add_argument("--host-allocator", choices=("default", "flowrec", "as-run"), default="default",
                         help="default: glibc's own, as a TorchRec or plain PyTorch program runs; flowrec: the "
                              "process's allocator tuned as `flowrec train` tunes it (large blocks reused from the "
-                             "heap), for every system in the process alike")
+                             "heap), for every system in the process alike; as-run (with --isolate only): each "
+                             "system's process as its users run it, flowrec tuned, the others glibc's own")
+    parser.add_argument("--systems", default=",".join(SYSTEMS),
+                        help="comma list of the systems to run (default all): " + ",".join(SYSTEMS))
+    parser.add_argument("--isolate", type=int, default=0, metavar="ROUNDS",
+                        help="run every system in a process of its own, ROUNDS times, the order rotated each "
+                             "round; a figure is the median of its processes' medians (default 0: all systems "
+                             "in this process, alternating step by step)")
+    parser.add_argument("--plain-rows-cap", type=int, default=None, help=argparse.SUPPRESS)  # set by --isolate
     parser.add_argument("--profile-steps", type=int, default=None,
                         help="steps profiled per stage after the timed ones (default 5; quick 1; 0: none)")
     args = parser.parse_args()
@@ -658,14 +775,26 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown models {sorted(unknown)}; known: {sorted(MODELS)}")
     args.precisions = [p for p in args.precisions.split(",") if p]
+    args.systems = [n for n in args.systems.split(",") if n]
+    unknown = set(args.systems) - set(SYSTEMS)
+    if unknown or not args.systems:
+        parser.error(f"unknown systems {sorted(unknown)}; known: {', '.join(SYSTEMS)}")
+    if args.isolate < 0:
+        parser.error("--isolate must be >= 0")
+    if args.host_allocator == "as-run" and not args.isolate:
+        parser.error("--host-allocator as-run needs --isolate (one process has one allocator)")
     args.steps = args.steps or (2 if args.quick else 10)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
     if args.profile_steps is None:
         args.profile_steps = 1 if args.quick else 5
-    tuned = tune_host_allocator() if args.host_allocator == "flowrec" else False
+    tuned = tune_host_allocator() if args.host_allocator == "flowrec" and not args.isolate else False
     with competitors(args.competitors):
         doc = report(args)
     doc["competitors"] = args.competitors
+    if args.isolate:
+        doc["isolate"] = {"rounds": args.isolate, "allocators": {
+            n: system_allocator(n, args.host_allocator) for n in args.systems}}
+        tuned = "per system (isolate.allocators)"
     doc["host_allocator"] = {"asked": args.host_allocator, "tuned": tuned}
     print(table(doc))
     if args.json:

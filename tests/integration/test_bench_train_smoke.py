@@ -68,3 +68,30 @@ def test_torchrec_wide_model_is_the_specs_model():
     assert all(0 < loss < 10 for loss in losses)
     scores = system.predict(system.prepare(batches[0]))
     assert scores.shape == (64, 1) and torch.isfinite(scores).all()
+
+
+def test_bench_train_isolated_runs_each_system_in_its_own_process(tmp_path):
+    """`--isolate 2 --host-allocator as-run`: every system in processes of its own, two rounds, the
+    allocator each process ran under recorded (flowrec tuned, plain glibc's own), the figure the
+    median of the rounds; `as-run` without `--isolate` is refused."""
+    out = tmp_path / "iso.json"
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    proc = subprocess.run([sys.executable, "tools/bench_train.py", "--quick", "--models", "dlrm",
+                           "--precisions", "fp32", "--systems", "flowrec,plain", "--isolate", "2",
+                           "--host-allocator", "as-run", "--profile-steps", "0", "--json", str(out)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["isolate"] == {"rounds": 2, "allocators": {"flowrec": "flowrec", "plain": "default"}}
+    figs = doc["models"]["dlrm"]["precisions"]["fp32"]
+    assert figs["torchrec"] is None and set(figs) == {"flowrec", "plain", "torchrec"}
+    for name, tuned in (("flowrec", True), ("plain", False)):
+        fig = figs[name]
+        assert len(fig["rounds_ms"]) == 2 and min(fig["rounds_ms"]) <= fig["ms_per_step"] <= max(fig["rounds_ms"])
+        assert fig["host_allocator_tuned"] is tuned
+        assert len(fig["rounds_auc"]) == 2 and 0.0 < fig["auc"] < 1.0
+    assert doc["ratios"]["flowrec_vs_plain_dlrm"] == round(figs["plain"]["ms_per_step"] / figs["flowrec"]["ms_per_step"], 3)
+    assert proc.stderr.count("[round ") == 4  # one progress line per process
+    refused = subprocess.run([sys.executable, "tools/bench_train.py", "--quick", "--host-allocator", "as-run"],
+                             cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "--isolate" in refused.stderr
