@@ -573,6 +573,21 @@ def child_command(key: str, precision: str, name: str, args: argparse.Namespace,
     return cmd
 
 
+def child_failure(cmd: list[str]) -> dict | None:
+    """Run one system's process; None when it succeeded, else why not (its exit status, the tail
+    of its errors): a process killed by the kernel (SIGKILL, the out-of-memory killer) or one that
+    ran past CHILD_TIMEOUT_S fails its round only."""
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return {"returncode": None, "reason": f"ran past {CHILD_TIMEOUT_S} s", "stderr_tail": ""}
+    if proc.returncode == 0:
+        return None
+    reason = (f"killed by signal {-proc.returncode}" + (" (out of memory?)" if proc.returncode == -9 else "")
+              if proc.returncode < 0 else f"exit status {proc.returncode}")
+    return {"returncode": proc.returncode, "reason": reason, "stderr_tail": proc.stderr[-2000:]}
+
+
 def merge_rounds(runs: list[dict | None], batch: int, allocator: str) -> dict | None:
     """One system's figures over its processes: the median of their medians (ms per step), each
     process's own median kept in `rounds_ms`."""
@@ -597,26 +612,25 @@ def isolated_model(key: str, args: argparse.Namespace, scratch: Path) -> dict:
     cap = QUICK_TABLE_ROWS if args.quick else None
     plain_cap = plain_row_cap(capped_spec(load_spec(REPO / MODELS[key]), cap, batch))  # one cap for every round
     names = [n for n in args.systems if not (n == "plain" and args.skip_plain)]
-    result: dict = {}
+    result: dict = {"spec": MODELS[key], "precisions": {}}
     for precision in args.precisions:
         runs: dict[str, list] = {n: [] for n in names}
+        failures: dict[str, list] = {}
         for r in range(args.isolate):
             order = names[r % len(names):] + names[:r % len(names)]
             for name in order:
                 out = scratch / f"{key}_{precision}_{name}_{r}.json"
                 cmd = child_command(key, precision, name, args, plain_cap, out)
                 start = time.perf_counter()
-                try:
-                    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
-                except subprocess.TimeoutExpired:
-                    raise SystemExit(f"{key} {precision} {name}: its process ran past {CHILD_TIMEOUT_S} s")
-                if proc.returncode != 0:
-                    raise SystemExit(f"{key} {precision} {name}: its process failed ({proc.returncode}):\n"
-                                     f"{proc.stderr[-3000:]}")
+                failure = child_failure(cmd)
+                if failure is not None:  # recorded; the other rounds and systems go on
+                    failures.setdefault(name, []).append({"round": r + 1, **failure})
+                    print(f"[round {r + 1}/{args.isolate}] {key} {precision} {name}: failed, "
+                          f"{failure['reason']}", file=sys.stderr, flush=True)
+                    continue
                 doc = json.loads(out.read_text())
                 model = doc["models"][key]
-                if not result:
-                    result = {k: v for k, v in model.items() if k != "precisions"} | {"precisions": {}}
+                result.update({k: v for k, v in model.items() if k != "precisions"})
                 figs = model["precisions"][precision]
                 for fig in figs.values():
                     if fig:
@@ -630,6 +644,11 @@ def isolated_model(key: str, args: argparse.Namespace, scratch: Path) -> dict:
                       f"({took:.0f} s, allocator {system_allocator(name, args.host_allocator)})",
                       file=sys.stderr, flush=True)
         figures = {n: merge_rounds(v, batch, system_allocator(n, args.host_allocator)) for n, v in runs.items()}
+        for name, failed in failures.items():
+            if figures.get(name) is not None:
+                figures[name]["failed_rounds"] = failed
+        if failures:
+            result.setdefault("failed_rounds", {})[precision] = failures
         if "torchrec" in names and figures.get("torchrec") is None and figures.get("torchrec_shared_dense"):
             figures["torchrec"] = figures["torchrec_shared_dense"]  # no TorchRec model for this spec
         figures.setdefault("torchrec", None)

@@ -95,3 +95,16 @@ def test_bench_train_isolated_runs_each_system_in_its_own_process(tmp_path):
     refused = subprocess.run([sys.executable, "tools/bench_train.py", "--quick", "--host-allocator", "as-run"],
                              cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "--isolate" in refused.stderr
+
+
+def test_an_isolated_systems_failed_process_is_recorded_not_fatal():
+    """A system's process that the kernel killed (as the out-of-memory killer does) or that exited
+    with an error fails its round with the reason; one that succeeds gives None."""
+    sys.path.insert(0, str(REPO / "tools"))
+    import bench_train as bt
+
+    killed = bt.child_failure([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])
+    assert killed["returncode"] == -9 and "out of memory" in killed["reason"]
+    failed = bt.child_failure([sys.executable, "-c", "import sys; sys.exit('no tables: 3')"])
+    assert failed["returncode"] == 1 and failed["reason"] == "exit status 1" and "no tables: 3" in failed["stderr_tail"]
+    assert bt.child_failure([sys.executable, "-c", "pass"]) is None
