@@ -80,7 +80,10 @@ QUICK_TABLE_ROWS = 2_000  # --quick caps every table at this many rows
 EVAL_ROWS = 32_768
 QUICK_EVAL_ROWS = 2_048
 PLAIN_MEMORY_SHARE = 0.6  # the plain model may use this share of the available memory
-PLAIN_BYTES_PER_TABLE_BYTE = 4.3  # weight + dense grad + Adam exp_avg + exp_avg_sq (+ slack)
+# weight + dense grad + Adam exp_avg + exp_avg_sq, the backward's and Adam's full-size temporaries, and
+# what glibc's own policy keeps of the heap: a plain wide_1000 process with 3.1 GiB of capped tables
+# reached 24 GB and was killed by the out-of-memory killer (Round 9, its own process; 4.3 before)
+PLAIN_BYTES_PER_TABLE_BYTE = 8.0
 EAGER_TWIN_COPIES = 8  # the eager flowrec twin runs only where this many copies of the tables fit in
 # the available memory (flowrec, its twin, TorchRec twice, and their optimizer state and batches)
 
