@@ -160,7 +160,9 @@ def dense_step_seconds(plan: Any, spec: ModelSpec, device: torch.device, steps: 
         _item_counts(model, batches)
 
         def step(batch: Any) -> robust.Round:
-            labels = item_labels(binding, batch, batch.labels)  # a retrieval head's loss: as `train_step`'s
+            # on the model's device as `train_step` moves them (the transfer is priced apart, not timed here)
+            labels = item_labels(binding, batch, batch.labels).to(model.device)  # a retrieval head's loss: as `train_step`'s
+            dense = batch.dense.to(model.device)
             with torch.no_grad():  # the lookups (and a sampled head's negatives' rows): not timed
                 _, looked, negatives, neg_rows = embed_step(model, binding, batch)  # as `train_step`
             if neg_rows is not None:
@@ -169,10 +171,10 @@ def dense_step_seconds(plan: Any, spec: ModelSpec, device: torch.device, steps: 
             masks = model.sequence_masks(batch)
             started = robust.CLOCK.start()
             optimizer.zero_grad(set_to_none=True)
-            bounds = torch.linspace(0, batch.dense.shape[0], micro + 1).round().long().tolist()
+            bounds = torch.linspace(0, dense.shape[0], micro + 1).round().long().tolist()
             for lo, hi in zip(bounds, bounds[1:]):
                 with autocast_context(model.device, spec.training.precision):
-                    logits = model.dense_forward(batch.dense[lo:hi], {g: e[lo:hi] for g, e in emb.items()},
+                    logits = model.dense_forward(dense[lo:hi], {g: e[lo:hi] for g, e in emb.items()},
                                                  {k: m[lo:hi] for k, m in masks.items()})
                     cands = candidates(model, binding, negatives, neg_rows)  # logQ, sampled items' vectors
                 model.loss(logits, labels[lo:hi], cands).backward()

@@ -139,9 +139,13 @@ def make_dense_optimizer(model: LoweredModel, name: str, lr: float, params: dict
 
 def _fused_if_possible(kind: type, params: list, **options: Any) -> torch.optim.Optimizer:
     """`kind(params, fused=True, ...)` where torch supports it for these parameters, else unfused;
-    on the CPU, small parameter sets step on one thread (`one_thread_steps`)."""
+    on the CPU, small parameter sets step on one thread (`one_thread_steps`). Support is probed by
+    a step of a one-element parameter of each device and dtype (`_fused_steps`): torch checks some
+    (Adagrad's fused kernel on CUDA) only at the first step, not when the optimizer is made."""
     optimizer = None
-    if params and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params):
+    kinds = {(p.device, p.dtype) for p in params}
+    if (params and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
+            and all(_fused_steps(kind, device, dtype) for device, dtype in kinds)):
         try:
             optimizer = kind(params, fused=True, **options)
         except (RuntimeError, TypeError, ValueError):  # no fused kernel for this device / dtype / torch
@@ -150,6 +154,24 @@ def _fused_if_possible(kind: type, params: list, **options: Any) -> torch.optim.
     if all(p.device.type == "cpu" for p in params) and sum(p.numel() for p in params) <= ONE_THREAD_MAX_ELEMENTS:
         one_thread_steps(optimizer)
     return optimizer
+
+
+_FUSED_STEPS: dict[tuple[type, torch.device, torch.dtype], bool] = {}
+
+
+def _fused_steps(kind: type, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether `kind(..., fused=True)` makes and steps a parameter of `device` and `dtype` (once per
+    optimizer class, device and dtype; a zero learning rate on a throwaway parameter)."""
+    key = (kind, device, dtype)
+    if key not in _FUSED_STEPS:
+        probe = torch.nn.Parameter(torch.zeros(1, device=device, dtype=dtype))
+        probe.grad = torch.zeros_like(probe)
+        try:
+            kind([probe], lr=0.0, fused=True).step()
+            _FUSED_STEPS[key] = True
+        except (RuntimeError, TypeError, ValueError):
+            _FUSED_STEPS[key] = False
+    return _FUSED_STEPS[key]
 
 
 ONE_THREAD_MAX_ELEMENTS = 1 << 20  # parameters: up to this many, a CPU optimizer step runs on one thread

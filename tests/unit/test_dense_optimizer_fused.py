@@ -50,3 +50,27 @@ def test_parameters_without_a_fused_kernel_get_the_unfused_optimizer():
     before = [p.detach().clone() for p in mixed]
     opt.step()  # mixed dtypes: fused per dtype
     assert all(p.detach().ne(b).all() for p, b in zip(mixed, before))
+
+
+def test_a_fused_kernel_refused_only_at_the_first_step_gives_the_unfused_optimizer():
+    """torch makes `Adagrad(cuda params, fused=True)` and refuses it at the first step (an H200 run of
+    `flowrec calibrate --device cuda` died there). A kind that does the same on the CPU gets the
+    unfused optimizer, which steps; the probe leaves the real parameters alone."""
+    from flowrec.runtime import step as step_module
+
+    class LateRefusal(torch.optim.SGD):
+        def step(self, closure=None):
+            if self.defaults.get("fused"):
+                raise RuntimeError("`fused=True` requires all the params to be ... supported devices")
+            return super().step(closure)
+
+    params = [torch.nn.Parameter(torch.randn(4, 3)), torch.nn.Parameter(torch.randn(3))]
+    start = [p.detach().clone() for p in params]
+    opt = step_module._fused_if_possible(LateRefusal, params, lr=0.1)
+    assert not opt.defaults.get("fused")
+    assert all(torch.equal(p.detach(), s) for p, s in zip(params, start))  # the probe stepped its own parameter
+    for p in params:
+        p.grad = torch.ones_like(p)
+    opt.step()
+    assert all(torch.allclose(p.detach(), s - 0.1) for p, s in zip(params, start))
+    assert step_module._fused_if_possible(torch.optim.SGD, params, lr=0.1).defaults.get("fused") is True
