@@ -90,8 +90,7 @@ def takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
     kernel an exported package runs (`torch.export` traces the plain path), so `flowrec eval` and
     `flowrec predict` give bitwise the same scores (a contract of docs/production.md)."""
     return (x.device.type == "cpu" and weight.device.type == "cpu" and x.dtype == torch.float32
-            and weight.dtype == torch.float32
-            and x.dim() == 2 and torch.is_grad_enabled() and not torch.compiler.is_compiling()
+            and weight.dtype == torch.float32 and x.dim() == 2 and torch.is_grad_enabled() and not torch.compiler.is_compiling()
             and not torch.is_autocast_enabled("cpu") and available())
 
 

@@ -528,8 +528,6 @@ def bench_model(key: str, args: argparse.Namespace) -> dict:
             candidates.append(stock(plan, spec, precision))
         systems += [s for s in candidates if s is not None]
         figures = run_systems(systems, batches, eval_batches, args.warmup, args.profile_steps) if systems else {}
-        if "torchrec" in chosen and "torchrec" not in figures and "torchrec_shared_dense" in figures:
-            figures["torchrec"] = figures["torchrec_shared_dense"]  # no TorchRec model for this spec
         for system in systems:
             system.close()
         del systems, candidates
@@ -539,10 +537,19 @@ def bench_model(key: str, args: argparse.Namespace) -> dict:
             figures.update(run_systems(plain, batches, eval_batches, args.warmup))
             del plain
             gc.collect()
-        figures.setdefault("torchrec", None)
-        figures.setdefault("plain", None)
-        result["precisions"][precision] = figures
+        result["precisions"][precision] = completed(figures, chosen)
     return result
+
+
+def completed(figures: dict, chosen: Any) -> dict:
+    """`figures` with what every result holds: `torchrec` taken from `torchrec_shared_dense` where
+    the spec has no TorchRec model of its own (and torchrec was asked for), None for `torchrec` or
+    `plain` not run."""
+    if "torchrec" in chosen and figures.get("torchrec") is None and figures.get("torchrec_shared_dense"):
+        figures["torchrec"] = figures["torchrec_shared_dense"]  # no TorchRec model for this spec
+    figures.setdefault("torchrec", None)
+    figures.setdefault("plain", None)
+    return figures
 
 
 def ratio(a: dict | None, b: dict | None) -> float | None:
@@ -652,11 +659,7 @@ def isolated_model(key: str, args: argparse.Namespace, scratch: Path) -> dict:
                 figures[name]["failed_rounds"] = failed
         if failures:
             result.setdefault("failed_rounds", {})[precision] = failures
-        if "torchrec" in names and figures.get("torchrec") is None and figures.get("torchrec_shared_dense"):
-            figures["torchrec"] = figures["torchrec_shared_dense"]  # no TorchRec model for this spec
-        figures.setdefault("torchrec", None)
-        figures.setdefault("plain", None)
-        result["precisions"][precision] = figures
+        result["precisions"][precision] = completed(figures, names)
     return result
 
 

@@ -143,9 +143,8 @@ def _fused_if_possible(kind: type, params: list, **options: Any) -> torch.optim.
     a step of a one-element parameter of each device and dtype (`_fused_steps`): torch checks some
     (Adagrad's fused kernel on CUDA) only at the first step, not when the optimizer is made."""
     optimizer = None
-    kinds = {(p.device, p.dtype) for p in params}
     if (params and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
-            and all(_fused_steps(kind, device, dtype) for device, dtype in kinds)):
+            and all(_fused_steps(kind, device, dtype) for device, dtype in {(p.device, p.dtype) for p in params})):
         try:
             optimizer = kind(params, fused=True, **options)
         except (RuntimeError, TypeError, ValueError):  # no fused kernel for this device / dtype / torch
