@@ -114,20 +114,40 @@ def bound(key: str, batch: int, precision: str, repeats: int) -> dict[str, Any]:
 
 
 def ratio_bounds(bounds: list[dict], train_files: list[Path]) -> list[dict]:
-    """For each bench_train run: TorchRec's step against the bound, and flowrec's measured ratio."""
+    """For each bench_train run: TorchRec's step against the bound, and flowrec's measured ratio;
+    where the run has the plain model, the same for it (`plain_ratio_bound`: its step over the
+    bound, the most any system could beat it by here; `plain_tables_capped_at`: the rows its
+    tables were capped at to fit memory, None uncapped, since a cap shortens its step).
+
+    Example:
+        >>> import tempfile; p = Path(tempfile.mkdtemp()) / "t.json"
+        >>> _ = p.write_text(json.dumps({"models": {"wide1000": {"plain_tables_capped_at": 299420, "precisions":
+        ...     {"fp32": {"torchrec": {"ms_per_step": 2700.0}, "flowrec": {"ms_per_step": 1250.0},
+        ...               "plain": {"ms_per_step": 8400.0}}}}}}))
+        >>> r = ratio_bounds([{"model": "wide1000", "precision": "fp32", "dense_bound_ms": 1100.0}], [p])[0]
+        >>> r["ratio_bound"], r["measured_plain_ratio"], r["plain_ratio_bound"], r["plain_tables_capped_at"]
+        (2.455, 6.72, 7.636, 299420)
+    """
     out = []
     for path in train_files:
         doc = json.loads(path.read_text())
         for b in bounds:
-            figs = doc.get("models", {}).get(b["model"], {}).get("precisions", {}).get(b["precision"])
+            model = doc.get("models", {}).get(b["model"], {})
+            figs = model.get("precisions", {}).get(b["precision"])
             if not figs or not figs.get("torchrec") or not figs.get("flowrec"):
                 continue
             torchrec, flowrec = figs["torchrec"]["ms_per_step"], figs["flowrec"]["ms_per_step"]
-            out.append({"train_json": str(path), "model": b["model"], "precision": b["precision"],
-                        "torchrec_ms": torchrec, "flowrec_ms": flowrec, "dense_bound_ms": b["dense_bound_ms"],
-                        "measured_ratio": round(torchrec / flowrec, 3),
-                        "ratio_bound": round(torchrec / b["dense_bound_ms"], 3),
-                        "flowrec_ms_over_bound": round(flowrec / b["dense_bound_ms"], 3)})
+            row = {"train_json": str(path), "model": b["model"], "precision": b["precision"],
+                   "torchrec_ms": torchrec, "flowrec_ms": flowrec, "dense_bound_ms": b["dense_bound_ms"],
+                   "measured_ratio": round(torchrec / flowrec, 3),
+                   "ratio_bound": round(torchrec / b["dense_bound_ms"], 3),
+                   "flowrec_ms_over_bound": round(flowrec / b["dense_bound_ms"], 3)}
+            plain = (figs.get("plain") or {}).get("ms_per_step")
+            if plain:
+                row.update(plain_ms=plain, measured_plain_ratio=round(plain / flowrec, 3),
+                           plain_ratio_bound=round(plain / b["dense_bound_ms"], 3),
+                           plain_tables_capped_at=model.get("plain_tables_capped_at"))
+            out.append(row)
     return out
 
 
@@ -162,6 +182,11 @@ def main() -> None:
         print(f"{r['model']:9} {r['precision']}: TorchRec {r['torchrec_ms']} ms, flowrec {r['flowrec_ms']} ms "
               f"(measured {r['measured_ratio']}x); no system can beat TorchRec by more than "
               f"{r['ratio_bound']}x here ({r['train_json']})")
+        if "plain_ms" in r:
+            capped = r["plain_tables_capped_at"]
+            print(f"{'':9} plain {r['plain_ms']} ms{f' (tables capped at {capped:,} rows)' if capped else ''}: "
+                  f"measured {r['measured_plain_ratio']}x; no system can beat it by more than "
+                  f"{r['plain_ratio_bound']}x here")
     if args.json:
         args.json.write_text(json.dumps(doc, indent=2) + "\n")
 
