@@ -201,3 +201,37 @@ def test_one_sample_training_batch_uses_running_statistics():
     norm.eval()
     torch.testing.assert_close(got, norm(x))
     assert torch.equal(norm.running_mean, before)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_dropouts_compiled_cpu_mask_is_bitwise_the_tensor_ops(dtype, monkeypatch):
+    """On the CPU the mask comes from one compiled pass (`_dropout_keep`); it must give the very
+    values and gradients of the hash as tensor ops, over calls that continue the row count, for
+    both layouts, at large row counts too."""
+    rng = np.random.default_rng()
+    seed, p = int(rng.integers(0, 2 ** 32)), float(rng.uniform(0.05, 0.9))
+    first = int(rng.integers(0, 2 ** 27))  # a late row: positions past 2**32
+    shapes = [((37, 11), 0), ((5, 9, 4), 0), ((3, 23, 6), 1)]
+    for shape, batch_dim in shapes:
+        x = (torch.randn(*shape, dtype=torch.float64) * torch.logspace(-2, 2, shape[-1], dtype=torch.float64)).to(dtype)
+        outs, grads = [], []
+        for compiled in (True, False):
+            drop = SeededDropout(p, batch_dim)
+            drop.reseed(seed, first)
+            if not compiled:
+                monkeypatch.setattr(drop, "_keep_cpu", lambda t: None)
+            got, got_grads = [], []
+            for part in (x, x):  # the second call continues the row count
+                leaf = part.detach().clone().requires_grad_(True)
+                y = drop(leaf)
+                (y.float() * torch.arange(y.numel(), dtype=torch.float32).view(y.shape)).sum().backward()
+                got.append(y.detach())
+                got_grads.append(leaf.grad)
+            assert drop.rows == first + 2 * shape[batch_dim]
+            outs.append(got)
+            grads.append(got_grads)
+        for a, b in zip(outs[0] + grads[0], outs[1] + grads[1]):
+            assert torch.equal(a, b), (shape, batch_dim, dtype, seed, p, first)
+        kept = (outs[0][0] != 0).double().mean().item()
+        assert outs[0][0].shape == x.shape and not torch.equal(outs[0][0], outs[0][1])  # the rows move on
+        assert abs(kept - (1 - p)) < 0.25, (kept, p)
