@@ -69,8 +69,18 @@ class SeededDropout(nn.Module):
             return x
         keep = self._keep_cpu(x)
         if keep is None:  # elsewhere (a GPU, a compiled graph): the hash as tensor ops
-            keep = (hash32((hash32(self._positions(x)) + self.seed) & MASK32) >= int(self.p * (1 << 32))).to(x.dtype)
+            keep = (hash32((hash32(self._positions(x)) + self.seed) & MASK32) >= self._threshold()).to(x.dtype)
         return x * keep / (1.0 - self.p)
+
+    def _threshold(self) -> int:
+        """A value is kept where its 32-bit hash is at least this."""
+        return int(self.p * (1 << 32))
+
+    def _draw_rows(self, x: torch.Tensor) -> tuple[int, int, int]:
+        """(first row, rows, units per row) of `x`, its rows counted as drawn."""
+        rows = x.shape[self.batch_dim]
+        first, self.rows = self.rows, self.rows + rows
+        return first, rows, x.numel() // max(rows, 1)
 
     def _keep_cpu(self, x: torch.Tensor) -> torch.Tensor | None:
         """The mask (1 kept, 0 dropped, in x's dtype, x's shape) by one compiled pass on the CPU, the
@@ -80,11 +90,8 @@ class SeededDropout(nn.Module):
         if (x.device.type != "cpu" or torch.compiler.is_compiling() or x.dim() < 1
                 or not (self.batch_dim == 0 or (self.batch_dim == 1 and x.dim() == 3))):
             return None
-        rows = x.shape[self.batch_dim]
-        width = x.numel() // max(rows, 1)
-        first = self.rows
-        self.rows += rows
-        mask = torch.from_numpy(_dropout_keep(first, rows, width, self.seed, int(self.p * (1 << 32))))
+        first, rows, width = self._draw_rows(x)
+        mask = torch.from_numpy(_dropout_keep(first, rows, width, self.seed, self._threshold()))
         if self.batch_dim == 0:
             return mask.view(x.shape).to(x.dtype)
         k, _, c = x.shape  # (K, B, C): a row's units are (k, c), k * C + c
@@ -92,30 +99,25 @@ class SeededDropout(nn.Module):
 
     def _positions(self, x: torch.Tensor) -> torch.Tensor:
         """Position of every value: (row drawn since reseed) * units per row + unit.  # x.shape"""
-        rows = x.shape[self.batch_dim]
+        first, rows, width = self._draw_rows(x)
         per_row = list(x.shape)
         per_row[self.batch_dim] = 1
-        width = x.numel() // max(rows, 1)
         unit = torch.arange(width, device=x.device).view(per_row)
         along = [1] * x.dim()
         along[self.batch_dim] = rows
-        row = torch.arange(self.rows, self.rows + rows, device=x.device).view(along)
-        self.rows += rows
+        row = torch.arange(first, first + rows, device=x.device).view(along)
         return row * width + unit
 
 
 def hash32(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer hash of int64 values in [0, 2**32) (multiply-xorshift, two rounds)."""
+    """A 32-bit integer hash of int64 values in [0, 2**32) (multiply-xorshift, two rounds); the
+    same code hashes one int64 in `_dropout_keep` (`_hash32_scalar`, compiled from it)."""
     x = (((x >> 16) ^ x) * HASH_MUL) & MASK32
     x = (((x >> 16) ^ x) * HASH_MUL) & MASK32
     return (x >> 16) ^ x
 
 
-@njit(cache=True, nogil=True)
-def _hash32_scalar(x):
-    x = (((x >> 16) ^ x) * HASH_MUL) & MASK32
-    x = (((x >> 16) ^ x) * HASH_MUL) & MASK32
-    return (x >> 16) ^ x
+_hash32_scalar = njit(cache=True, nogil=True)(hash32)
 
 
 @njit(cache=True, nogil=True)

@@ -29,8 +29,8 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from flowrec.measure import step as staging  # noqa: E402
-from flowrec.measure.spec import make_plan  # noqa: E402
 from flowrec.measure.step import with_batch  # noqa: E402
+from flowrec.planner.manager import make_plan  # noqa: E402
 from flowrec.runtime.hostmem import tune_host_allocator  # noqa: E402
 from flowrec.runtime.lowering import lower  # noqa: E402
 from flowrec.runtime.nonfinite import LossGuard  # noqa: E402
