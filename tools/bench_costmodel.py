@@ -222,6 +222,18 @@ def run_steps(first_ms: float, steps: int, batch: int, rows: int) -> int:
     return max(1, min(wanted, (rows // max(batch, 1)) * EPOCHS - WARMUP_STEPS - 1))
 
 
+def pool_seconds(max_runs: int) -> float:
+    """Timed seconds of steps below which a spec gets a further run (of at most `max_runs`):
+    POOL_SECONDS for the default MAX_RUNS, in proportion for more, so that `--runs 5` gives a
+    short step five runs of RUN_SECONDS rather than stopping at three.
+
+    Example:
+        >>> pool_seconds(3), pool_seconds(5), pool_seconds(1)
+        (3.0, 5.0, 1.0)
+    """
+    return POOL_SECONDS * max_runs / MAX_RUNS
+
+
 PROBE_REPEATS = 9  # calls of each probe kernel (the median kept)
 
 
@@ -346,7 +358,7 @@ def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str |
     """Predicted vs measured for one spec: runs of WARMUP_STEPS + steps steps (on `nproc` ranks),
     a new `flowrec train` process each, one plan (the same profile): the first of `steps` steps,
     further ones (`run_steps`: RUN_SECONDS of steps each) while the timed steps of all the runs
-    make fewer than POOL_SECONDS and fewer than `max_runs` runs were made. A step of a few
+    make fewer than `pool_seconds(max_runs)` and fewer than `max_runs` runs were made. A step of a few
     milliseconds is thus measured on hundreds of steps in three processes: one run's 20 steps
     moved a 1-6 ms spec by 0.07-0.25 between two runs of the same code (round 8). The measured
     step is the robust estimate (`flowrec.measure.robust`) over the steps after WARMUP_STEPS of
@@ -387,7 +399,7 @@ def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str |
                 plan = run_plan
             if recalibrate is not None:
                 pairs.append((run_plan["cost"]["step_ms_overlap"], rounds))
-        if len(runs) >= max_runs or sum(r.wall for r in pooled) >= POOL_SECONDS * 1e3:
+        if len(runs) >= max_runs or sum(r.wall for r in pooled) >= pool_seconds(max_runs) * 1e3:
             break
         count = run_steps(robust.estimate(rounds).seconds, steps, plan["cost"]["batch_size"], rows)
     cost = plan["cost"]
@@ -549,7 +561,9 @@ def main() -> None:
                              f"further runs of a short step: `measure_spec`)")
     parser.add_argument("--runs", type=int, default=MAX_RUNS,
                         help="at most this many runs of a spec (a new process each) while its timed steps make "
-                             f"under {POOL_SECONDS:g} s (default {MAX_RUNS}; 1: one run of --steps steps)")
+                             f"under {POOL_SECONDS:g} s per {MAX_RUNS} runs (default {MAX_RUNS}; 1: one run of --steps "
+                             "steps; with --interleave each run has a calibration of its own, and more runs make the "
+                             "median of the pairs steadier on a shared host)")
     parser.add_argument("--profile", type=Path, default=None,
                         help="a profile from `flowrec calibrate` for every spec (default: calibrate each spec before its run)")
     parser.add_argument("--device-budget", default=None, help="device budget of every run (forces cache/host placements)")

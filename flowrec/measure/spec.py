@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -39,7 +40,7 @@ import torch
 
 from flowrec.graph.kinds import OP_KINDS
 from flowrec.planner.calibration import profile_document
-from flowrec.planner.cost import dense_seconds, dense_update_seconds, device_profile, measured_op_seconds
+from flowrec.planner.cost import dense_seconds, dense_update_seconds, device_profile
 from flowrec.planner.manager import make_plan
 from flowrec.planner.op_work import op_signature
 from flowrec.planner.targets import target_for_device
@@ -54,9 +55,11 @@ TINY_BATCHES = (16, 32, 64, 128)  # batch sizes of the framework-cost steps
 TINY_STEPS = 12  # timed steps at each
 TINY_REPEATS = 2  # times each batch size is measured (interleaved: a burst of load hits one, not all)
 OP_BATCH_SHARES = (0, 4, 1)  # the dense ops' batch sizes: the smallest tiny batch, batch / 4, batch
-FULL_STEPS = 8  # timed full-batch steps of the compute scale
-FULL_BLOCKS = 3  # measurements of a dense part for the compute scale (their rounds pooled) ...
-FULL_BLOCK_SECONDS = 1.5  # ... a further one while this many seconds have not passed
+FULL_STEPS = 8  # timed full-batch steps of the compute scale's first block ...
+FULL_BLOCK_STEP_SECONDS = 0.4  # ... a further block's: about this many seconds of the first's steps ...
+FULL_MAX_STEPS = 100  # ... in at most this many steps
+FULL_BLOCKS = 5  # measurements of a dense part for the compute scale (their rounds pooled) ...
+FULL_BLOCK_SECONDS = 3.0  # ... a further one while this many seconds have not passed
 MANAGED_STEPS = 16  # timed batches of the managed tables' own work (resets, map replay)
 LIVE_STEPS = 10  # at least this many timed steps in a block fed live by the batch pipeline, and in one of
 # staged batches (CPU: the staging rate) ...
@@ -102,13 +105,14 @@ def spec_constants(spec: ModelSpec, device: torch.device, measured: dict[str, tu
                                    f"{TINY_BATCHES}, interleaved) of real training steps (staged beforehand; "
                                    f"{TINY_STEPS} steps each, timing rule) minus the profile's prediction of "
                                    f"their compute: a robust fit of the fixed cost (spread in details)")
-        scale, scale_details = _compute_scale(spec, device, plan_for, profile, seconds)
+        scale, scale_details = _compute_scale(spec, device, plan_for, profile)
         out["compute_scale"] = (scale, f"dense part (forward, loss, backward to the lookups, dense update) of "
                                        f"real training steps at the spec's batch size (timing rule over the rounds of "
                                        f"up to {FULL_BLOCKS} measurements) less its fixed cost (the same at batch "
                                        f"{TINY_BATCHES[0]} beyond its priced ops: in step_us), over the profile's "
-                                       f"prediction of it times the host's drift since its ops were measured (the "
-                                       f"measured ops timed again just before and after the steps, over the table)")
+                                       f"prediction of it (the first block {FULL_STEPS} steps, a further one about "
+                                       f"{FULL_BLOCK_STEP_SECONDS:g} s of them, blocks while {FULL_BLOCK_SECONDS:g} s "
+                                       f"have not passed)")
         details: dict[str, Any] = {"dense_op_signatures": op_details, "framework_us_by_batch": step_details,
                                    "compute_scale": scale_details}
         managed = _managed_ns_per_id(spec, device, plan_for(spec.training.batch_size))
@@ -231,7 +235,7 @@ def _framework_us(spec: ModelSpec, device: torch.device, plan_for) -> tuple[floa
                                                            "points": fit.points, "outliers": fit.outliers}}
 
 
-def _compute_scale(spec: ModelSpec, device: torch.device, plan_for, profile: Path, seconds: float = 0.0
+def _compute_scale(spec: ModelSpec, device: torch.device, plan_for, profile: Path
                    ) -> tuple[float, dict[str, Any]]:
     """The dense part of the spec's real full-batch steps, less its own fixed cost, over the
     profile's prediction of it (dense forward and backward op by op, the dense update), within
@@ -246,88 +250,31 @@ def _compute_scale(spec: ModelSpec, device: torch.device, plan_for, profile: Pat
     the tiny batch's measurements moved it by a third (two_tower_ctr_movielens's scale 1.05, then
     0.69: batch 16's dense part 1.00, then 1.60 ms, for 1.94 and 1.95 ms at its batch of 1,024).
 
-    The host's own speed drifts between the op table's measurement and the scale's (`_host_drift`:
-    the spec's measured ops timed again at its batch, just before and just after its steps, over
-    their times in the table): the scale divides it out, so that it is the steps over the ops
-    measured at one speed, not the drift of a shared host between two measurements a minute apart
-    (wide_1000, rounds 11-13: its ops held 380-402 ms forward and 915-982 ms backward at batch
-    8,192, while its steps' dense part, one block of 1.4 s steps, moved its scale 0.995, 1.004,
-    1.102, 1.183; the same steps took 1,380 and 1,690 ms in two fresh processes two minutes apart)."""
+    The scale is the steps over the table as measured, with no correction for the host's drift
+    between the two (round 19). An earlier round timed the measured ops again just before and after
+    the steps and divided their ratio to the table out of the scale (wide_1000, rounds 11-13: its
+    scale moved 0.995 .. 1.183 over four calibrations). Over 60 calibrate-then-run pairs of rounds
+    11-18 the same calibrations priced their run better without that division in 41 pairs and
+    worse in 19 (mean |error| 0.090 against 0.108; of the 17 pairs whose probes moved more than 5 %,
+    13 better, mean 0.097 against 0.139): this host's speed moves within a second (30-step blocks
+    of one step, back to back, 13.4 .. 20.3 ms), so probes a few seconds from the steps measured
+    another spell, not the steps' own. The time the probes took goes to longer step blocks
+    (`_dense_ms_pair`), which average the fast moves out."""
     plan = plan_for(spec.training.batch_size)  # writes `profile` as measured so far
     priced = device_profile(str(profile))
     work_ms = _dense_work_ms(plan, spec, priced)
     tiny = with_batch(spec, TINY_BATCHES[0])
     tiny_plan = plan_for(TINY_BATCHES[0])
     tiny_work_ms = _dense_work_ms(tiny_plan, tiny, priced)
-    probe = _drift_probe(plan, spec, device, priced, seconds)
-    before = probe() if probe is not None else None
     (timed, measured_ms), (tiny_timed, tiny_ms) = _dense_ms_pair((plan, spec), (tiny_plan, tiny), device)
-    after = probe() if probe is not None else None
-    drift, drift_details = _host_drift(before, after)
     fixed_ms = max(0.0, tiny_ms - tiny_work_ms)
     low, high = COMPUTE_SCALE_RANGE
-    scale = min(high, max(low, (measured_ms - fixed_ms) / (work_ms * drift))) if work_ms > 0 else 1.0
+    scale = min(high, max(low, (measured_ms - fixed_ms) / work_ms)) if work_ms > 0 else 1.0
     return scale, {"measured_dense_ms": measured_ms, "predicted_dense_ms": work_ms,
-                   "clean_steps": timed.clean, "method": timed.method,
+                   "clean_steps": timed.clean, "rounds": timed.rounds, "method": timed.method,
                    "tiny_batch": TINY_BATCHES[0], "tiny_measured_dense_ms": tiny_ms,
                    "tiny_predicted_dense_ms": tiny_work_ms, "fixed_ms": fixed_ms,
-                   "tiny_method": tiny_timed.method, "host_drift": drift_details}
-
-
-DRIFT_RANGE = (0.5, 2.0)  # a sanity bound on the host's drift between the op table and the scale
-
-
-def _drift_probe(plan: Any, spec: ModelSpec, device: torch.device, priced: Any, seconds: float):
-    """A callable timing the spec's dense ops that the profile measured (`dense_ops`) once more at
-    the rows a step gives them (its batch, or micro-batch), each op as often as the graph holds it:
-    (ms now, ms the profile's table gives them); None where the profile measured none of them or
-    no time is allowed (`seconds` 0)."""
-    measured = dict(priced.dense_ops)
-    if not measured or seconds <= 0:
-        return None
-    rows = -(-spec.training.batch_size // max(1, int(plan.meta.micro_batches)))
-    counts: dict[str, int] = {}
-    first: dict[str, str] = {}
-    for node, signature in dense_signatures(plan.graph, spec.training.precision):
-        if signature in measured:
-            counts[signature] = counts.get(signature, 0) + 1
-            first.setdefault(signature, node)
-    if not counts:
-        return None
-    table_ms = sum(n * sum(measured_op_seconds(measured[sig], rows)) for sig, n in counts.items()) * 1e3
-    if table_ms <= 0:
-        return None
-    nodes = list(first.values())
-
-    def measure(runs):
-        return interleaved_seconds(runs, device, seconds * len(runs) / 2)
-
-    def probe() -> tuple[float, float]:
-        times = op_seconds(plan, spec, device, nodes, [rows], measure)
-        now = sum(counts[sig] * sum(f + b for _, f, b in times[node]) for sig, node in first.items())
-        return now * 1e3, table_ms
-
-    return probe
-
-
-def _host_drift(before: tuple[float, float] | None, after: tuple[float, float] | None
-                ) -> tuple[float, dict[str, Any]]:
-    """(the host's speed while the scale's steps ran over its speed in the op table, raw): the mean
-    of the probes before and after the steps, within DRIFT_RANGE; 1 without a probe.
-
-    Example:
-        >>> _host_drift((120.0, 100.0), (130.0, 100.0))[0]
-        1.25
-        >>> _host_drift(None, None)[0]
-        1.0
-    """
-    if before is None or after is None:
-        return 1.0, {"not_measured": "no measured dense op in the profile"}
-    table = before[1]
-    ratio = (before[0] + after[0]) / (2 * table)
-    low, high = DRIFT_RANGE
-    return min(high, max(low, ratio)), {"ops_before_ms": before[0], "ops_after_ms": after[0], "ops_table_ms": table,
-                                        "ratio": ratio}
+                   "tiny_method": tiny_timed.method}
 
 
 def _dense_work_ms(plan: Any, spec: ModelSpec, priced: Any) -> float:
@@ -347,15 +294,34 @@ def _dense_ms_pair(first: tuple[Any, ModelSpec], second: tuple[Any, ModelSpec], 
     not passed): the blocks spread the rounds over time, so that a burst of load schedstat does
     not show (a neighbour's memory traffic on a shared host) slows a minority of them and falls on
     both batch sizes alike, and each median is taken as the benchmark takes a run's (the module
-    docstring: the fastest block would be a lower bound)."""
+    docstring: the fastest block would be a lower bound). The first block is of FULL_STEPS steps;
+    a further one of about FULL_BLOCK_STEP_SECONDS of the first's median step (`block_steps`), so
+    that a short step is measured on as many seconds as the benchmark's run of it, not on a
+    quarter of one: this host's speed moves by a fifth within a second (round 19)."""
     started, rounds = time.perf_counter(), ([], [])
-    for _ in range(FULL_BLOCKS):
+    steps = FULL_STEPS
+    for block in range(FULL_BLOCKS):
         for (plan, spec), out in zip((first, second), rounds):
-            out += dense_step_seconds(plan, spec, device, FULL_STEPS)
+            out += dense_step_seconds(plan, spec, device, steps)
         if time.perf_counter() - started > FULL_BLOCK_SECONDS:
             break
+        if block == 0:  # the further blocks sized by the first's steps
+            steps = block_steps(statistics.median(r.wall for r in rounds[0]))
     ests = [robust.LOG.add(robust.estimate(r)) for r in rounds]
     return (ests[0], ests[0].seconds * 1e3), (ests[1], ests[1].seconds * 1e3)
+
+
+def block_steps(step_seconds: float) -> int:
+    """Steps of a further compute-scale block for a step of about `step_seconds`: about
+    FULL_BLOCK_STEP_SECONDS of them, FULL_STEPS to FULL_MAX_STEPS.
+
+    Example:
+        >>> block_steps(0.02), block_steps(0.001), block_steps(1.4), block_steps(0.0)
+        (20, 100, 8, 100)
+    """
+    if not step_seconds > 0:
+        return FULL_MAX_STEPS
+    return min(FULL_MAX_STEPS, max(FULL_STEPS, math.ceil(FULL_BLOCK_STEP_SECONDS / step_seconds)))
 
 
 def _managed_ns_per_id(spec: ModelSpec, device: torch.device, plan: Any) -> tuple[float, dict[str, Any]] | None:
