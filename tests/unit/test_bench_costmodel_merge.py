@@ -206,3 +206,47 @@ def test_each_run_keeps_the_hosts_speed_beside_its_calibrations():
     ratios = bench.summarize(rows, {}, {})["ratios"]
     assert ratios["host_gemm_drift_range"] == pytest.approx([slow / 2, slow])
     assert ratios["costmodel_max_step_error"] == pytest.approx(0.05)  # the drift is not taken off an error
+
+
+@pytest.mark.parametrize("runs", [3, 5])
+def test_interleaved_runs_give_a_short_step_as_many_pairs_as_asked(repo, tmp_path, monkeypatch, runs):
+    """`--runs N --interleave`: a short step gets N (calibration, run) pairs, each run sized by its
+    own calibration's live step, and the spec's error is the median of the N pairs' errors (the
+    pool of timed seconds grows with N: at the default three runs' 3 s a fourth run never came)."""
+    from flowrec.graph.plan_io import plan_document
+    from flowrec.planner.manager import make_plan
+
+    spec = repo / "specs" / "movielens.yaml"
+    doc = plan_document(make_plan(load_spec(spec), target="cpu"))
+    predicted = [random.uniform(2.5, 4.0) for _ in range(runs)]
+    measured = [random.uniform(2.5, 4.0) for _ in range(runs)]  # a few ms: a run of RUN_SECONDS is hundreds of steps
+    live = [m * random.uniform(0.9, 1.1) for m in measured]  # each calibration's own live step
+    asked, calibrated = [], []
+
+    def calibrate(k):
+        calibrated.append(k)
+        path = tmp_path / f"cal{k}.json"
+        path.write_text(json.dumps({"details": {"staging": {"live_step_ms": live[k]}}}))
+        return path
+
+    def train(spec_, data, profile, steps, out, tmp, budget, cache, nproc=1):
+        k = len(asked)
+        asked.append(steps)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "plan.json").write_text(json.dumps({**doc, "cost": {**doc["cost"], "step_ms_overlap": predicted[k]}}))
+        rounds = [bench.robust.Round(measured[k] * (1 + i / 1000) / 1e3) for i in range(steps)]  # seconds
+        return {"stage_seconds": {}, "steps": steps, "samples": steps * 1024, "seconds": 1.0, "counters": {}}, rounds
+
+    monkeypatch.setattr(bench, "flowrec", lambda *a, **k: "")
+    monkeypatch.setattr(bench, "train_json", train)
+    monkeypatch.setattr(bench, "host_probe", lambda: {"gemm_ms": 1.0, "add_ms": 1.0})
+    row = bench.measure_spec(spec, calibrate(0), 20, tmp_path, "64MiB", max_runs=runs, recalibrate=calibrate)
+    assert calibrated == list(range(runs)) and len(asked) == runs
+    size = [bench.run_steps(ms, 20, 1024, row["synth_rows"]) + bench.WARMUP_STEPS for ms in live]
+    assert asked == size  # each run sized by its own calibration
+    steps = [n - bench.WARMUP_STEPS for n in size]
+    medians = [m * (1 + (bench.WARMUP_STEPS + (n - 1) / 2) / 1000) for m, n in zip(measured, steps)]  # after warm-up
+    errors = [p / m - 1 for p, m in zip(predicted, medians)]
+    assert row["pair_step_errors"] == pytest.approx(errors, rel=1e-9)
+    assert row["step_error"] == pytest.approx(sorted(errors)[runs // 2], rel=1e-9)  # the median pair
+    assert bench.pool_seconds(runs) == pytest.approx(bench.POOL_SECONDS * runs / bench.MAX_RUNS)
