@@ -60,7 +60,6 @@ FULL_BLOCK_STEP_SECONDS = 0.4  # ... a further block's: about this many seconds 
 FULL_MAX_STEPS = 100  # ... in at most this many steps
 FULL_BLOCKS = 5  # measurements of a dense part for the compute scale (their rounds pooled) ...
 FULL_BLOCK_SECONDS = 3.0  # ... a further one while this many seconds have not passed
-MANAGED_STEPS = 16  # timed batches of the managed tables' own work (resets, map replay)
 LIVE_STEPS = 10  # at least this many timed steps in a block fed live by the batch pipeline, and in one of
 # staged batches (CPU: the staging rate) ...
 STAGING_BLOCK_SECONDS = 0.4  # ... a block of about this many seconds of steps ...
@@ -115,12 +114,15 @@ def spec_constants(spec: ModelSpec, device: torch.device, measured: dict[str, tu
                                        f"have not passed)")
         details: dict[str, Any] = {"dense_op_signatures": op_details, "framework_us_by_batch": step_details,
                                    "compute_scale": scale_details}
-        managed = _managed_ns_per_id(spec, device, plan_for(spec.training.batch_size))
+        managed = _managed_ns_per_id(spec, device, plan_for(spec.training.batch_size),
+                                     scale_details.get("measured_dense_ms"))
         if managed is not None:
-            out["managed_ns_per_id"] = (managed[0], f"the trainer's managed-table work beyond the step's ops (row resets "
-                                                    f"and the replay of the data stage's map steps on the model's "
-                                                    f"maps) on {MANAGED_STEPS} staged batches at the spec's batch "
-                                                    f"size (timing rule), per managed lookup")
+            out["managed_ns_per_id"] = (managed[0], "what the trainer's managed-table work (row resets, and the replay "
+                                                    "of the data stage's map steps on the model's maps on its replay "
+                                                    "thread, beside the following steps) adds to real training steps "
+                                                    "at the spec's batch size: steps with it minus the same steps "
+                                                    "without (timing rule over alternating blocks of each, sized as "
+                                                    "the staging rate's), per managed lookup; at least 0")
             details["managed"] = managed[1]
         if device.type == "cpu":
             rate, staging_details = _staging_rate(spec, device, plan_for(spec.training.batch_size),
@@ -324,21 +326,30 @@ def block_steps(step_seconds: float) -> int:
     return min(FULL_MAX_STEPS, max(FULL_STEPS, math.ceil(FULL_BLOCK_STEP_SECONDS / step_seconds)))
 
 
-def _managed_ns_per_id(spec: ModelSpec, device: torch.device, plan: Any) -> tuple[float, dict[str, Any]] | None:
+def _managed_ns_per_id(spec: ModelSpec, device: torch.device, plan: Any, step_ms: float | None = None
+                       ) -> tuple[float, dict[str, Any]] | None:
     """(ns per managed lookup, raw) of what a batch's managed tables add to the trainer's step
-    beyond `train_step` (`managed_step_seconds`: row resets and the map replay, by the timing
-    rule), or None for a spec without managed tables. Every other step measurement runs
-    `train_step` alone, so without this term the plan of a spec with managed tables priced none
-    of it (managed_movielens: 0.34 ms of replay a batch of 2,048 managed lookups, its step
-    under-predicted by 0.12-0.17)."""
+    beyond `train_step` (`managed_step_seconds`: steps with the row resets and the map replay as
+    the trainer runs them minus the same steps without, in alternating blocks sized for a step of
+    about `step_ms` as the staging rate's are, `staging_plan`; by the timing rule; at least 0), or
+    None for a spec without managed tables. Every other step measurement runs `train_step` alone,
+    so without this term the plan of a spec with managed tables priced none of it
+    (managed_movielens: 0.34 ms of replay a batch of 2,048 managed lookups, its step
+    under-predicted by 0.12-0.17). The replay run alone is not what it adds: the trainer queues it
+    on a thread of its own that runs beside the next steps (round 19: 1.8 ms a batch alone,
+    priced so, over-predicted managed_movielens's step in all five pairs, +0.11 .. +0.38)."""
     if not any(t.managed is not None for t in spec.tables):
         return None
-    rounds, lookups = managed_step_seconds(plan, spec, device, MANAGED_STEPS)
-    if not rounds or lookups <= 0:
+    blocks, steps = staging_plan(step_ms)
+    with_, without, lookups = managed_step_seconds(plan, spec, device, steps, blocks)
+    if not with_ or lookups <= 0:
         return None
-    est = robust.LOG.add(robust.estimate(rounds))
-    return est.seconds / lookups * 1e9, {"ms_per_batch": est.seconds * 1e3, "lookups_per_batch": lookups,
-                                         "clean_steps": est.clean, "method": est.method}
+    est, base = robust.LOG.add(robust.estimate(with_)), robust.LOG.add(robust.estimate(without))
+    added = max(0.0, est.seconds - base.seconds)
+    return added / lookups * 1e9, {"ms_per_batch": added * 1e3, "with_ms": est.seconds * 1e3,
+                                   "without_ms": base.seconds * 1e3, "lookups_per_batch": lookups,
+                                   "blocks": blocks, "steps_per_block": steps, "clean_steps": est.clean,
+                                   "method": est.method, "without_method": base.method}
 
 
 def staging_plan(step_ms: float | None) -> tuple[int, int]:

@@ -8,8 +8,9 @@ forward + backward, as `flowrec.measure.calibrate.interleaved_seconds` times ker
 `step_seconds` times real training steps (`step.train_step`, guarded as the trainer guards it,
 the spec's dense optimizer, micro-batches as planned) on batches of synthetic rows staged
 beforehand as the trainer stages them (the casting index included): the step's compute alone.
-`managed_step_seconds` times what managed tables add to the trainer's step beyond `train_step`
-(row resets, the replay of the data stage's map steps on the model's maps).
+`managed_step_seconds` times training steps with what managed tables add to the trainer's step
+beyond `train_step` (row resets, the replay of the data stage's map steps on the model's maps, on
+the trainer's replay thread) and without, in alternating blocks.
 `epoch_seconds` times whole epochs as the trainer runs them (a new batch pipeline each, the
 trainer's staging options: `trainer_options`) beside the steps of one long epoch.
 `staging_cpu_seconds` runs the trainer's batch pipeline alone
@@ -187,34 +188,61 @@ def dense_step_seconds(plan: Any, spec: ModelSpec, device: torch.device, steps: 
         model.close()
 
 
-def managed_step_seconds(plan: Any, spec: ModelSpec, device: torch.device, steps: int = STEPS
-                         ) -> tuple[list[robust.Round], float]:
-    """(timed rounds, managed lookups per batch) of the managed tables' own work in the trainer's
-    step beyond `train_step` (`Trainer._step`): the reset of the rows a batch's eviction pass freed
-    (`ManagedState.before_step`) and the replay of the batch's map steps on the model's maps
-    (`ManagedState.after_step`, on the trainer's replay thread; waited for here, so that a round is
-    that thread's work), on `steps` batches staged beforehand in order after WARMUP_STEPS (a replay
-    checks the map's clock: batches are never stepped twice); ([], 0.0) without managed tables.
-    On the CPU that thread shares the trainer's cores and its interpreter lock with the step, as
-    the data threads do; `train_step` alone (every other step measurement) leaves it out."""
+def managed_step_seconds(plan: Any, spec: ModelSpec, device: torch.device, steps: int = STEPS, blocks: int = 1
+                         ) -> tuple[list[robust.Round], list[robust.Round], float]:
+    """(rounds with the managed tables' work, rounds without, managed lookups per batch) of
+    `blocks` x `steps` training steps of `plan` (after WARMUP_STEPS) on batches staged beforehand
+    in order: with, each step as the trainer's `Trainer._step` runs it (the reset of the rows the
+    batch's eviction pass freed, `ManagedState.before_step`; `train_step`; the replay of the
+    batch's map steps queued on the trainer's replay thread, `ManagedState.after_step`, which runs
+    beside the following steps as in training); without, `train_step` alone on the same batches.
+    The blocks alternate (without, with, without, with ...: a spell of the host's load falls on
+    both kinds, not on one); the replay queue is emptied after each block with, outside its rounds,
+    so that no replay runs into a block without. The difference is what managed tables add to the
+    trainer's step on this machine: on the CPU the replay thread shares the cores and the
+    interpreter lock with the step, as the data threads do, and a core it finds free hides its
+    work (managed_movielens: a replay of 1.8 ms a batch run alone, steps with it no slower than
+    without, round 19). ([], [], 0.0) without managed tables."""
     tune_host_allocator()
     model = lower(plan, spec, device)
     try:
         managed = getattr(model, "managed", None)
         if managed is None:
-            return [], 0.0
-        batches = _staged(spec, plan, WARMUP_STEPS + steps)
+            return [], [], 0.0
+        blocks = max(1, int(blocks))
+        batches = _staged(spec, plan, WARMUP_STEPS + blocks * steps)
+        _item_counts(model, batches)
         lookups = [float(b.managed.lookups) for b in batches[WARMUP_STEPS:] if b.managed is not None]
+        opt = spec.dense_optimizer
+        optimizer = make_dense_optimizer(model, opt.name, opt.lr, dict(opt.params))
+        guarded, micro = LossGuard(model), int(plan.meta.micro_batches)
+        clock = robust.SchedClock(exclude=robust.python_side_threads)  # the replay thread is the process's own
 
-        def step(batch: Any) -> robust.Round:
-            started = robust.CLOCK.start()
+        def plain(batch: Any) -> robust.Round:
+            started = clock.start()
+            train_step(guarded, optimizer, batch, micro, spec.training.precision, spec.training.clip_grad_norm)
+            runtime_for(model.device).synchronize()
+            return clock.stop(started)
+
+        def with_managed(batch: Any) -> robust.Round:
+            started = clock.start()
             managed.before_step(model.embeddings, batch)
+            train_step(guarded, optimizer, batch, micro, spec.training.precision, spec.training.clip_grad_norm)
             managed.after_step(batch)
-            managed.sync()
-            return robust.CLOCK.stop(started)
+            runtime_for(model.device).synchronize()
+            return clock.stop(started)
 
-        rounds = timed_steps(step, batches, steps, replay=False)
-        return rounds, statistics.mean(lookups) if lookups else 0.0
+        for batch in batches[:WARMUP_STEPS]:  # first-call set-up, the map's first batches in order
+            plain(batch)
+            with_managed(batch)
+        managed.sync()
+        timed, without, with_ = batches[WARMUP_STEPS:], [], []
+        for block in range(blocks):
+            chunk = timed[block * steps:(block + 1) * steps]
+            without += [plain(batch) for batch in chunk]
+            with_ += [with_managed(batch) for batch in chunk]
+            managed.sync()
+        return with_, without, statistics.mean(lookups) if lookups else 0.0
     finally:
         model.close()
 

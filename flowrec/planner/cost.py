@@ -25,8 +25,9 @@ Device profiles carry the constants, with units in their names. Sources and assu
   by those; uncalibrated profiles derive the per-op
   constants from their datasheet rates and have no framework cost.
 * Managed tables cost the trainer's process `managed_ns_per_id` per managed lookup beyond the
-  step's ops (row resets and the replay of the data stage's map steps on the model's maps, measured
-  by `flowrec calibrate` on a spec that has them: `managed_seconds`), priced with staging.
+  step's ops (what row resets and the replay of the data stage's map steps on the model's maps, on
+  the trainer's replay thread, add to its steps, measured by `flowrec calibrate` on a spec that has
+  them: `managed_seconds`), priced with staging.
 * A step costs `step_us` beyond its priced ops (the trainer's Python, `zero_grad`, the autograd
   engine, the loss guard), counted in the dense stage. Staging runs at `staging_values_per_s`:
   on a device with its own host (GPU) it overlaps the device's work; on the CPU the data threads
@@ -178,7 +179,7 @@ class DeviceProfile:
     rank_step_call_us: float = 0.0  # one collective call inside those ranks' own sharded steps; 0: not measured (rank_collective_us)
     rank_step_fixed_us: float = 0.0  # a sharded step's fixed part beyond its calls (fit of two plans); with rank_step_per_call_us
     rank_step_per_call_us: float = 0.0  # a call's part of that fit; 0: not fitted (rank_step_call_us)
-    managed_ns_per_id: float = 0.0  # the trainer's managed-table work per managed lookup (row resets, map replay); 0: not measured
+    managed_ns_per_id: float = 0.0  # what the trainer's managed-table work (row resets, map replay) adds per managed lookup; 0: none or not measured
     epoch_start_us: float = 0.0  # an epoch of several batches beyond its steady steps (the trainer's new pipeline); 0: not measured
     epoch_single_us: float = 0.0  # the same of a one-batch epoch; 0: not measured
     epoch_lean_us: tuple[float, ...] = ()  # the typical step of epochs of 1 .. n batches beyond a mid-epoch one; (): not measured
@@ -675,7 +676,8 @@ def managed_seconds(graph: OpGraph, spec: ModelSpec, device: DeviceProfile, batc
     """Seconds a step's managed tables cost the trainer beyond the step's ops: the reset of the
     rows an eviction pass freed and the replay of the data stage's map steps on the model's maps
     (`ManagedState.before_step` / `after_step`), `managed_ns_per_id` per managed lookup (measured
-    by `flowrec calibrate` on a spec with managed tables; 0 otherwise). Host work of the trainer's
+    by `flowrec calibrate` on a spec with managed tables as what they add to steps run as the
+    trainer runs them, the replay on its own thread beside the next steps; 0 otherwise). Host work of the trainer's
     process, priced with staging: on the CPU the replay thread shares the trainer's cores and
     interpreter lock (the step takes it on top of its compute), on a device with its own host it
     overlaps the device's work."""
