@@ -256,7 +256,7 @@ def _compute_scale(spec: ModelSpec, device: torch.device, plan_for, profile: Pat
     between the two (round 19). An earlier round timed the measured ops again just before and after
     the steps and divided their ratio to the table out of the scale (wide_1000, rounds 11-13: its
     scale moved 0.995 .. 1.183 over four calibrations). Over 60 calibrate-then-run pairs of rounds
-    11-18 the same calibrations priced their run better without that division in 41 pairs and
+    14-18 the same calibrations priced their run better without that division in 41 pairs and
     worse in 19 (mean |error| 0.090 against 0.108; of the 17 pairs whose probes moved more than 5 %,
     13 better, mean 0.097 against 0.139): this host's speed moves within a second (30-step blocks
     of one step, back to back, 13.4 .. 20.3 ms), so probes a few seconds from the steps measured
