@@ -218,19 +218,20 @@ def managed_step_seconds(plan: Any, spec: ModelSpec, device: torch.device, steps
         guarded, micro = LossGuard(model), int(plan.meta.micro_batches)
         clock = robust.SchedClock(exclude=robust.python_side_threads)  # the replay thread is the process's own
 
-        def plain(batch: Any) -> robust.Round:
-            started = clock.start()
+        def train(batch: Any) -> None:
             train_step(guarded, optimizer, batch, micro, spec.training.precision, spec.training.clip_grad_norm)
+
+        def clocked(work: Callable[[], None]) -> robust.Round:
+            started = clock.start()
+            work()
             runtime_for(model.device).synchronize()
             return clock.stop(started)
 
-        def with_managed(batch: Any) -> robust.Round:
-            started = clock.start()
-            managed.before_step(model.embeddings, batch)
-            train_step(guarded, optimizer, batch, micro, spec.training.precision, spec.training.clip_grad_norm)
-            managed.after_step(batch)
-            runtime_for(model.device).synchronize()
-            return clock.stop(started)
+        def plain(batch: Any) -> robust.Round:
+            return clocked(lambda: train(batch))
+
+        def with_managed(batch: Any) -> robust.Round:  # as `Trainer._step`
+            return clocked(lambda: (managed.before_step(model.embeddings, batch), train(batch), managed.after_step(batch)))
 
         for batch in batches[:WARMUP_STEPS]:  # first-call set-up, the map's first batches in order
             plain(batch)
