@@ -99,6 +99,8 @@ RUN_SECONDS = 1.0  # timed seconds of steps a further run of a spec aims at (its
 MAX_STEPS = 400  # ... in at most this many steps
 POOL_SECONDS = 3.0  # a spec gets further runs while its runs' timed steps make fewer seconds ...
 MAX_RUNS = 3  # ... and fewer runs
+ONE_EPOCH_ROWS = 500_000  # `--one-epoch`: synthetic rows at most (unless `--steps` needs more) ...
+ONE_EPOCH_VALUES = 40_000_000  # ... and feature values at most (wide_1000: 1,000 fields a row)
 FLOAT_BYTES = 4  # dense features and labels travel as float32
 
 
@@ -201,25 +203,35 @@ def measured_bytes_per_step(counters: dict[str, Any], batch: int, dense_and_labe
 
 
 def synth_rows(spec: Path, steps: int, one_epoch: bool) -> int:
-    """Synthetic rows of a spec's run: SYNTH_ROWS, or with `one_epoch` at least enough for every
-    step of the run in one epoch (no epoch's start, with its readers' and shuffle's set-up on the
-    data threads, inside the timed steps)."""
+    """Synthetic rows of a spec's run: SYNTH_ROWS, or with `one_epoch` enough for every step of
+    every run in one epoch: no epoch's start (its readers' and shuffle's set-up on the data threads)
+    inside the timed steps, and no batch seen twice (no rows served from the trainer's row cache, no
+    managed id met again), as in a run over a dataset larger than the run. That is MAX_STEPS steps
+    (a further run's most), at most ONE_EPOCH_ROWS rows and ONE_EPOCH_VALUES feature values unless
+    `steps` alone needs more; a run is then cut to the one epoch (`run_steps`)."""
     if not one_epoch:
         return SYNTH_ROWS
-    return max(SYNTH_ROWS, load_spec(spec).training.batch_size * (WARMUP_STEPS + steps + 1))
+    model = load_spec(spec)
+    batch = model.training.batch_size
+    values = len(model.features) + len(model.heads)  # per row: a value per field (sequences: more) and label
+    return max(SYNTH_ROWS, batch * (WARMUP_STEPS + steps + 1),
+               min(ONE_EPOCH_ROWS, ONE_EPOCH_VALUES // max(values, 1),
+                   batch * (WARMUP_STEPS + max(steps, MAX_STEPS) + 1)))
 
 
-def run_steps(first_ms: float, steps: int, batch: int, rows: int) -> int:
+def run_steps(first_ms: float, steps: int, batch: int, rows: int, epochs: int = EPOCHS) -> int:
     """Timed steps of a spec's further runs: enough for RUN_SECONDS of steps at the first run's
-    step `first_ms`, at least `steps`, at most MAX_STEPS and what the run's data holds (EPOCHS
-    epochs of `rows` rows at `batch`, less the warm-up).
+    step `first_ms`, at least `steps`, at most MAX_STEPS and what the run's data holds (`epochs`
+    epochs of `rows` rows at `batch`, less the warm-up; `--one-epoch`: one).
 
     Example:
         >>> run_steps(1.3, 20, 1024, 8192), run_steps(70.0, 20, 4096, 8192), run_steps(1.0, 20, 4096, 8192)
         (400, 20, 197)
+        >>> run_steps(1.3, 20, 1024, 100_000, epochs=1)
+        94
     """
     wanted = max(steps, min(MAX_STEPS, math.ceil(RUN_SECONDS * 1e3 / max(first_ms, 1e-6))))
-    return max(1, min(wanted, (rows // max(batch, 1)) * EPOCHS - WARMUP_STEPS - 1))
+    return max(1, min(wanted, (rows // max(batch, 1)) * epochs - WARMUP_STEPS - 1))
 
 
 def pool_seconds(max_runs: int) -> float:
@@ -375,6 +387,7 @@ def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str |
     stem = f"{spec.stem}-{tag}" if tag else spec.stem
     data = tmp / f"{stem}-data"
     rows = synth_rows(spec, steps, one_epoch)
+    epochs = 1 if one_epoch else EPOCHS
     flowrec("data", "synth", str(spec), "--rows", str(rows), "--out", str(data), cwd=tmp)
     runs: list[tuple[dict[str, Any], list[robust.Round]]] = []
     pooled: list[robust.Round] = []
@@ -385,7 +398,7 @@ def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str |
     while True:
         if recalibrate is not None:  # a pair: the run's own calibration right before it
             profile = recalibrate(len(runs)) if runs else profile
-            count = run_steps(calibrated_live_ms(profile), steps, batch, rows)
+            count = run_steps(calibrated_live_ms(profile), steps, batch, rows, epochs)
         out = tmp / f"{stem}-run{len(runs)}"
         (result, seconds), probe = probed(lambda: train_json(spec, data, profile, WARMUP_STEPS + count, out, tmp,
                                                              budget, cache, nproc))
@@ -401,7 +414,7 @@ def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str |
                 pairs.append((run_plan["cost"]["step_ms_overlap"], rounds))
         if len(runs) >= max_runs or sum(r.wall for r in pooled) >= pool_seconds(max_runs) * 1e3:
             break
-        count = run_steps(robust.estimate(rounds).seconds, steps, plan["cost"]["batch_size"], rows)
+        count = run_steps(robust.estimate(rounds).seconds, steps, plan["cost"]["batch_size"], rows, epochs)
     cost = plan["cost"]
     result, first = runs[0]
     timed = [r.wall for r in pooled]
@@ -573,8 +586,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None,
                         help="compute threads of calibration and runs (OMP_NUM_THREADS and NUMBA_NUM_THREADS; default: one per core)")
     parser.add_argument("--one-epoch", action="store_true",
-                        help=f"synthesize enough rows for every step of a run in one epoch (default: {SYNTH_ROWS} "
-                             f"rows, an epoch of 2-8 batches: its starts fall inside the timed steps)")
+                        help=f"synthesize enough rows for every step of every run in one epoch, at most "
+                             f"{ONE_EPOCH_ROWS:,} (no batch seen twice, as on a dataset larger than the run; default: "
+                             f"{SYNTH_ROWS} rows, an epoch of 2-8 batches cycled: its starts fall inside the timed "
+                             f"steps and later epochs may be served from the trainer's row cache)")
     parser.add_argument("--nproc", type=int, default=1,
                         help="ranks of every run (local processes, gloo); with N > 1 each calibration also measures "
                              "the collectives (`flowrec calibrate --nproc N`), so the plan prices its exchange "

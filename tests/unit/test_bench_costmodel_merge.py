@@ -69,6 +69,27 @@ def test_parts_of_different_runs_are_refused_in_one_line(tmp_path, other):
     assert not (tmp_path / "all.json").exists()
 
 
+def test_one_epoch_data_holds_every_step_of_every_run_and_runs_never_wrap():
+    specs = sorted((REPO / "specs").glob("*.yaml"))
+    for spec in specs:
+        batch = load_spec(spec).training.batch_size
+        rows = bench.synth_rows(spec, 20, True)
+        assert bench.synth_rows(spec, 20, False) == bench.SYNTH_ROWS
+        assert rows >= batch * (bench.WARMUP_STEPS + 20 + 1)  # --steps always fits
+        model = load_spec(spec)
+        cap = min(bench.ONE_EPOCH_ROWS, bench.ONE_EPOCH_VALUES // (len(model.features) + len(model.heads)))
+        if batch * (bench.WARMUP_STEPS + bench.MAX_STEPS + 1) <= cap:
+            assert rows >= batch * (bench.WARMUP_STEPS + bench.MAX_STEPS + 1)  # a further run's most fits
+        else:  # a wide or large-batch spec: its rows stay within the caps unless --steps needs more
+            assert rows <= max(cap, bench.SYNTH_ROWS, batch * (bench.WARMUP_STEPS + 20 + 1))
+        for step_ms in (0.5, 3.7, 40.0, 900.0):  # whatever a run's steps, one epoch holds them and the warm-up
+            count = bench.run_steps(step_ms, 20, batch, rows, epochs=1)
+            assert bench.WARMUP_STEPS + count + 1 <= rows // batch
+    # cycled data (the default) lets a short step run past its 8,192 rows; one epoch cuts it there
+    assert bench.run_steps(1.0, 20, 1024, 8192) == bench.MAX_STEPS
+    assert bench.run_steps(1.0, 20, 1024, 50_000, epochs=1) == 50_000 // 1024 - bench.WARMUP_STEPS - 1
+
+
 def test_a_short_steps_further_runs_take_hundreds_of_steps_within_the_data():
     assert bench.run_steps(1.3, 20, 1024, 8192) == bench.MAX_STEPS  # 1 s of 1.3 ms steps, capped
     assert bench.run_steps(4.0, 20, 1024, 8192) == 250
