@@ -2,9 +2,14 @@
 
 For every spec in specs/: calibrates this machine for the spec (`flowrec calibrate SPEC --out`, its
 dense-layer shapes; right before its run, so that calibration and measurement see the same load on
-a shared machine; `--profile FILE` uses one given profile for every spec instead), then trains a few thousand synthetic rows (`flowrec data synth`, then `flowrec train SPEC
---data DIR --target PROFILE --json`, a few steps; the planner samples that data for its access
-model) and compares the plan's prediction (`plan.json` of the run) with the measurement. Step time:
+a shared machine; `--profile FILE` uses one given profile for every spec instead), then trains on
+synthetic rows (`flowrec data synth`, then `flowrec train SPEC --data DIR --target PROFILE --json`;
+the planner samples that data for its access model): by default enough rows that no run sees a
+batch twice (`synth_rows`), as on a dataset larger than the run, which is what calibration prices
+(its live steps stream one pass of Parquet); `--cycled` trains SYNTH_ROWS rows over and over
+instead, where later epochs come from the trainer's row cache with no Parquet read or decode and
+no managed id new: the runs' steps there were 0.77-0.93 of the priced ones (docs/benchmarks.md,
+cost model, Rounds 19-20)) and compares the plan's prediction (`plan.json` of the run) with the measurement. Step time:
 the predicted step (`cost.step_ms_overlap`; on the CPU staging + compute, since the data threads
 run on the trainer's cores: their time shows up in the trainer's compute seconds, while it waits
 for batches for almost nothing) against the compute seconds of the steps after WARMUP_STEPS
@@ -68,7 +73,7 @@ still comes from `flowrec calibrate` and the plan alone.
 
 Usage:
     python tools/bench_costmodel.py [--steps 20] [--profile FILE] [--device-budget 64MiB] [--cache POLICY]
-        [--specs a.yaml,b.yaml] [--threads N] [--nproc N] [--one-epoch] [--runs 3] [--interleave]
+        [--specs a.yaml,b.yaml] [--threads N] [--nproc N] [--cycled] [--runs 3] [--interleave]
         [--other-budget none|SIZE] [--json PATH]
     python tools/bench_costmodel.py --merge part1.json,part2.json --json PATH
 """
@@ -364,7 +369,7 @@ def lumped_call_ms(profile: Path, predicted_ms: float, calls: int) -> float | No
 
 
 def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str | None,
-                 cache: str | None = None, nproc: int = 1, one_epoch: bool = False,
+                 cache: str | None = None, nproc: int = 1, one_epoch: bool = True,
                  max_runs: int = MAX_RUNS, recalibrate: Callable[[int], Path] | None = None,
                  tag: str = "") -> dict[str, Any]:
     """Predicted vs measured for one spec: runs of WARMUP_STEPS + steps steps (on `nproc` ranks),
@@ -585,11 +590,14 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=REPO / "bench/results/costmodel_cpu.json")
     parser.add_argument("--threads", type=int, default=None,
                         help="compute threads of calibration and runs (OMP_NUM_THREADS and NUMBA_NUM_THREADS; default: one per core)")
-    parser.add_argument("--one-epoch", action="store_true",
-                        help=f"synthesize enough rows for every step of every run in one epoch, at most "
-                             f"{ONE_EPOCH_ROWS:,} (no batch seen twice, as on a dataset larger than the run; default: "
-                             f"{SYNTH_ROWS} rows, an epoch of 2-8 batches cycled: its starts fall inside the timed "
-                             f"steps and later epochs may be served from the trainer's row cache)")
+    parser.add_argument("--one-epoch", dest="one_epoch", action="store_true", default=True,
+                        help=f"(the default) synthesize enough rows for every step of every run in one epoch, at "
+                             f"most {ONE_EPOCH_ROWS:,} rows and {ONE_EPOCH_VALUES:,} values: no batch seen twice, as "
+                             f"on a dataset larger than the run, the regime calibration prices")
+    parser.add_argument("--cycled", dest="one_epoch", action="store_false",
+                        help=f"train {SYNTH_ROWS} synthetic rows cycled instead (an epoch of 2-8 batches: its starts "
+                             f"fall inside the timed steps, and later epochs come from the trainer's row cache, "
+                             f"which calibration does not price)")
     parser.add_argument("--nproc", type=int, default=1,
                         help="ranks of every run (local processes, gloo); with N > 1 each calibration also measures "
                              "the collectives (`flowrec calibrate --nproc N`), so the plan prices its exchange "

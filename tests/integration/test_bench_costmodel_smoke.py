@@ -33,6 +33,9 @@ def test_bench_costmodel_lists_the_spec_with_its_robust_step(tmp_path, nproc):
     runs = row["measured_runs"]  # a short step: a second run (a new process) of more steps, pooled
     assert row["world_size"] == nproc and len(runs) == 2 and runs[0]["steps"] == 3 and runs[1]["steps"] >= 3
     assert row["steps"] == sum(r["steps"] for r in runs) and len(row["measured_rounds_ms"]) == 3
+    # by default every run's steps fit one epoch of its data (no batch twice: the regime calibration prices)
+    assert doc["one_epoch"] is True and row["synth_rows"] > 8192
+    assert all(row["batch"] * (r["steps"] + 2 + 1) <= row["synth_rows"] for r in runs)
     spread = (max(r["step_ms"] for r in runs) - min(r["step_ms"] for r in runs)) / row["measured_step_ms"]
     assert row["measured_run_spread"] == pytest.approx(spread) and doc["ratios"]["costmodel_max_run_spread"] == spread
     assert row["measured_method"] in ("clean", "extrapolated") and 0 <= row["measured_clean_steps"] <= row["steps"]

@@ -263,7 +263,7 @@ def test_interleaved_runs_give_a_short_step_as_many_pairs_as_asked(repo, tmp_pat
     monkeypatch.setattr(bench, "host_probe", lambda: {"gemm_ms": 1.0, "add_ms": 1.0})
     row = bench.measure_spec(spec, calibrate(0), 20, tmp_path, "64MiB", max_runs=runs, recalibrate=calibrate)
     assert calibrated == list(range(runs)) and len(asked) == runs
-    size = [bench.run_steps(ms, 20, 1024, row["synth_rows"]) + bench.WARMUP_STEPS for ms in live]
+    size = [bench.run_steps(ms, 20, 1024, row["synth_rows"], epochs=1) + bench.WARMUP_STEPS for ms in live]
     assert asked == size  # each run sized by its own calibration
     steps = [n - bench.WARMUP_STEPS for n in size]
     medians = [m * (1 + (bench.WARMUP_STEPS + (n - 1) / 2) / 1000) for m, n in zip(measured, steps)]  # after warm-up
