@@ -227,6 +227,7 @@ def record(spec_path: Path, seconds: float, budget: str | None) -> tuple[Trace, 
         raise SystemExit(f"{spec_path.name}: its plan keeps an embedding cache, whose staged batches cannot be "
                          f"stepped again; pick a spec without one, or --device-budget none")
     tune_host_allocator()
+    load = os.getloadavg()[0]
     model = lower(plan, spec, device)
     starts: list[float] = []
     steps: list[float] = []
@@ -256,7 +257,7 @@ def record(spec_path: Path, seconds: float, budget: str | None) -> tuple[Trace, 
         model.close()
     facts = {"spec": spec_path.name, "steps": len(steps), "seconds": seconds, "device_budget": budget or "none",
              "threads": torch.get_num_threads(), "step_ms_median": statistics.median(steps) * 1e3,
-             "loadavg_before_after": None, "clock": "wall (time.perf_counter) of train_step and its sync",
+             "loadavg_before_after": [load, os.getloadavg()[0]], "clock": "wall (time.perf_counter) of train_step and its sync",
              "compute_threads": robust.compute_threads()}
     return Trace(starts, steps), facts
 
@@ -314,9 +315,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
         budget = None if args.device_budget == "none" else args.device_budget
         print(f"recording {args.spec.name}'s step for {args.minutes:g} min ...", file=sys.stderr, flush=True)
-        load = os.getloadavg()
         trace, facts = record(args.spec, args.minutes * 60.0, budget)
-        facts["loadavg_before_after"] = [load[0], os.getloadavg()[0]]
     method = Method(args.cal_seconds, args.run_seconds, args.lag, args.pairs, args.specs)
     result = {"benchmark": "host_noise", "recorded": facts,
               **analyse(trace, method, args.goal, args.trials, args.seed),
