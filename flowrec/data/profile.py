@@ -3,11 +3,17 @@
 Returns the access profile the planner's cache pass reads::
 
     {"format": "flowrec-access-profile", "version": 1, "spec": NAME, "sample_rate": r,
-     "samples": n, "tables": {TABLE: {"rows", "accesses", "distinct", "hot_cdf", "skew"}},
-     "global": {...}, "budget": {...}, "curves": {GROUP: {...}}}
+     "samples": n, "tables": {TABLE: {"rows", "accesses", "distinct", "hot_cdf", "hit_cdf", "unseen",
+     "skew"}}, "global": {...}, "budget": {...}, "curves": {GROUP: {...}}}
 
-``hot_cdf`` is [[k, share of accesses taken by the k hottest rows], ...] for log-spaced k up to
-the distinct rows; ``skew`` the share taken by the hottest 0.1% / 1% / 10% of the table's rows.
+``hot_cdf`` is [[k, share of the sample's accesses taken by its k most counted rows], ...] for
+log-spaced k up to the distinct rows; ``skew`` the share taken by the hottest 0.1% / 1% / 10% of
+the table's rows. A sample over-rates the rows it saw: on all the data, the rows it counted once
+take less than their count says, and rows it never saw take the rest. ``hit_cdf`` (same k) is the
+share of *all* the data's accesses those k rows take, and ``unseen`` the share of the rows the sample
+missed and an estimate of how many they are: Good-Turing's estimates, corrected for a Bernoulli
+sample of a finite dataset at rate r (`good_turing`); a sample of every row (r = 1) misses nothing.
+The planner prices a static hot set (FAE: the rows its own, larger sample counted) from these.
 The budget section is the FAE hot set: the globally hottest rows (by accesses per byte, row bytes
 with optimizer state) that fit the device budget, and the fraction of samples whose ids are all
 hot. Curves are hit rates over cache capacity per packed group (`flowrec.data.cachesim`).
@@ -36,6 +42,11 @@ SKEW_FRACTIONS = (0.001, 0.01, 0.1)  # hottest shares of a table's rows
 CDF_POINTS = 16  # log-spaced points of hot_cdf
 MAX_TRACE = 100_000  # accesses simulated per group (a prefix of the sampled trace)
 HOT_FOLDS = 5  # cross-validation folds of the hot-sample estimate (choose on 4/5, score 1/5)
+GT_MAX_COUNT = 5  # Good-Turing adjusts rows counted 1..5 times; counts above it are their own estimate
+FAE_SAMPLE_RATE = 0.05  # FAE's profiling sample at the start of training: 5 % of the rows ...
+HOT_SAMPLE_ROWS = 20_000  # ... and at least this many (all of a small dataset), as the planner's
+# start-of-run sample (`flowrec.runs.plan.SAMPLE_ROWS`): with the same seed the smaller sample is
+# part of the larger, so the planner can tell which rows the runtime's hot set can hold
 MIN_SAMPLE_ROWS = 1_000  # fewer sampled rows: skew and hot-set figures are noise
 MIN_CURVE_BATCHES = 20  # fewer sampled batches: the cache simulation has nothing to reuse across
 PLOTTED_TABLES = 10  # tables on the skew plot and in the CLI's list: those with the most distinct rows
@@ -68,6 +79,68 @@ def hot_cdf(counts: np.ndarray) -> list[list[float]]:
     return [[k, float(top[k - 1])] for k in capacities_for(len(counts), CDF_POINTS)]
 
 
+def hot_sample_rate(total_rows: int) -> float:
+    """The share of the training rows FAE's profiling step counts to pick a static hot set."""
+    return min(1.0, max(FAE_SAMPLE_RATE, HOT_SAMPLE_ROWS / max(total_rows, 1)))
+
+
+def good_turing(counts: np.ndarray, rate: float) -> tuple[np.ndarray, float]:
+    """(estimated share of all accesses of each counted row, share of the rows never counted).
+
+    `counts`: a Bernoulli sample's accesses per row (rows counted at least once), sampled at `rate`
+    from a finite dataset. A row with c accesses in the data shows k ~ Binomial(c, rate) in the
+    sample; summing c over the rows counted k times gives, in expectation and in the sample's units,
+    ``rate * k * N_k + (1 - rate) * (k + 1) * N_(k+1)`` (N_k: rows counted k times), and
+    ``(1 - rate) * N_1`` for the rows never counted: Good-Turing's estimates as rate -> 0, the counts
+    themselves at rate 1. Counts above `GT_MAX_COUNT`, or with no row counted once more, keep their
+    own count (the adjustment is noise there); the counted rows then share 1 - the unseen share.
+
+    Example:
+        >>> share, unseen = good_turing(np.array([3, 1, 1, 2]), 0.5)
+        >>> round(unseen, 4), round(float(share.sum()) + unseen, 6)
+        (0.1429, 1.0)
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    counts = counts[counts > 0]
+    total = int(counts.sum())
+    if not total:
+        return np.zeros(0), 0.0
+    n_k = np.bincount(counts, minlength=GT_MAX_COUNT + 2)
+    unseen = (1.0 - rate) * n_k[1] / total
+    adjusted = counts.astype(np.float64)
+    for k in range(1, GT_MAX_COUNT + 1):
+        if n_k[k] and n_k[k + 1]:
+            adjusted[counts == k] = rate * k + (1.0 - rate) * (k + 1) * n_k[k + 1] / n_k[k]
+    return adjusted / adjusted.sum() * (1.0 - unseen), float(unseen)
+
+
+def hit_cdf(counts: np.ndarray, rate: float) -> list[list[float]]:
+    """[[k, estimated share of all accesses of the sample's k most counted rows]] (`hot_cdf`'s k)."""
+    counts = np.asarray(counts, dtype=np.int64)
+    counts = counts[counts > 0]
+    if not len(counts):
+        return []
+    share, _ = good_turing(counts, rate)
+    top = np.cumsum(share[np.argsort(-counts, kind="stable")])
+    return [[k, float(top[k - 1])] for k in capacities_for(len(counts), CDF_POINTS)]
+
+
+def unseen_rows(counts: np.ndarray, rows: int, rate: float) -> dict[str, float]:
+    """The rows a sample never counted: {"share": of all accesses, "rows": how many of them have any}.
+
+    The count is Chao1's lower-bound estimate, N_1^2 / (2 N_2) (N_1 (N_1 - 1) / 2 with no row counted
+    twice), at most the table's rows not counted; both 0 for a sample of every row (rate 1).
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    counts = counts[counts > 0]
+    _, share = good_turing(counts, rate)
+    left = max(0, int(rows) - len(counts))
+    n1, n2 = int((counts == 1).sum()), int((counts == 2).sum())
+    chao1 = n1 * n1 / (2.0 * n2) if n2 else n1 * (n1 - 1) / 2.0
+    est = float(min(left, chao1)) if share > 0 else 0.0
+    return {"share": share if est >= 1 else 0.0, "rows": est if est >= 1 else 0.0}
+
+
 def skew(counts: np.ndarray, rows: int) -> dict[str, float]:
     """Share of accesses taken by the hottest 0.1% / 1% / 10% of `rows`."""
     top = np.cumsum(np.sort(counts)[::-1]) / max(counts.sum(), 1)
@@ -98,6 +171,8 @@ def profile_access(spec: ModelSpec, source: PartitionSource, sample_rate: float 
             _, counts = np.unique(local, return_counts=True)
             tables[slot.table] = {"rows": slot.rows, "accesses": int(counts.sum()),
                                   "distinct": int(len(counts)), "hot_cdf": hot_cdf(counts),
+                                  "hit_cdf": hit_cdf(counts, sample_rate),
+                                  "unseen": unseen_rows(counts, slot.rows, sample_rate),
                                   "skew": skew(counts, slot.rows)}
     all_counts = np.concatenate([np.unique(packed[g.name][0], return_counts=True)[1] for g in groups]) \
         if groups else np.zeros(0, np.int64)

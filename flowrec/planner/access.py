@@ -3,11 +3,17 @@
 An `AccessModel` is a list of segments (rows, probability per row), hottest first; the hottest
 k rows' share of all accesses (the hit rate of a cache holding them) and the expected number of
 distinct rows among n lookups follow directly. Distributions come from an access profile
-(``flowrec data profile``: per table ``hot_cdf`` points, linearly interpolated) or, without one,
+(``flowrec data profile``: per table ``hit_cdf`` points, linearly interpolated, and its ``unseen``
+rows, which take the rest of the accesses evenly; profiles written before ``hit_cdf`` existed give
+``hot_cdf``, the sample's own shares) or, without one,
 from a Zipf law with exponent `ZIPF_EXPONENT` — recommendation ids are heavy-tailed; 1.05 is a
 typical fit of Criteo/Avazu categorical ids (a few rows take most accesses). Group models merge
 their member tables weighted by their access counts (segments sorted by density: the cache holds
 the globally hottest rows, as FAE's hot-embedding layout does).
+
+A static hot set holds only rows FAE's profiling sample counted (`flowrec.data.profile.hot_sample_rate`
+of the data, a superset of the planner's sample): `AccessModel.findable` is how many that is
+expected to be, and `hot_rows` caps a cache at it.
 
 Example:
     >>> m = zipf_model(1000)
@@ -20,6 +26,8 @@ from dataclasses import dataclass
 from math import exp, log
 from typing import Any, Iterable, Mapping
 
+from flowrec.data.profile import hot_sample_rate
+
 ZIPF_EXPONENT = 1.05  # Zipf exponent s: p(rank k) ~ k^-s
 EXACT_RANKS = 64  # hottest ranks modelled one row per segment
 BIN_RATIO = 1.5  # geometric growth of the rank bins beyond EXACT_RANKS
@@ -31,13 +39,17 @@ class AccessModel:
 
     Args:
         segments: probabilities sum to 1 over all rows (sum of rows * p).
+        findable: rows a static hot set can hold (those FAE's profiling sample counts); None: any.
 
     Example:
         >>> AccessModel(((1, 0.5), (2, 0.25))).hit_rate(2)
         0.75
+        >>> AccessModel(((1, 0.5), (2, 0.25)), findable=1.0).hot_rows(2)
+        1.0
     """
 
     segments: tuple[tuple[float, float], ...]
+    findable: float | None = None
 
     @property
     def rows(self) -> float:
@@ -53,6 +65,10 @@ class AccessModel:
             if left <= 0:
                 break
         return min(1.0, share)
+
+    def hot_rows(self, cache_rows: float) -> float:
+        """Rows a static hot set of `cache_rows` slots holds: no more than its sample can find."""
+        return float(cache_rows) if self.findable is None else min(float(cache_rows), self.findable)
 
     def distinct(self, draws: float) -> float:
         """Expected distinct rows among `draws` independent lookups (Poisson approximation)."""
@@ -80,19 +96,33 @@ def _power_integral(a: float, b: float, s: float) -> float:
     return (b ** (1 - s) - a ** (1 - s)) / (1 - s)
 
 
-def cdf_model(rows: int, hot_cdf: Iterable[Iterable[float]]) -> AccessModel:
-    """From profile points [k, share of accesses by the hottest k rows], interpolated linearly."""
+def cdf_model(rows: int, hot_cdf: Iterable[Iterable[float]], unseen: Mapping[str, float] | None = None,
+              findable: float | None = None) -> AccessModel:
+    """From profile points [k, share of accesses by the hottest k rows], interpolated linearly;
+    `unseen` ({"share", "rows"}): rows the points do not cover, taking `share` of the accesses
+    evenly (the points then end at 1 - share); every other row is never read."""
     points = sorted((float(k), float(s)) for k, s in hot_cdf if 0 < k <= rows)
-    if not points or points[-1][0] < rows:
-        points.append((float(rows), 1.0))
+    share = float((unseen or {}).get("share", 0.0))
+    extra = float((unseen or {}).get("rows", 0.0))
+    counted = points[-1][0] if points else 0.0
+    extra = max(0.0, min(extra, rows - counted))
+    if share <= 0 or extra < 1 or share >= 1:
+        share, extra = 0.0, 0.0
     segs, prev_k, prev_s = [], 0.0, 0.0
+    if not points or (not extra and points[-1][0] < rows):
+        points.append((float(rows), 1.0))
     for k, s in points:
         s = max(s, prev_s)
         if k > prev_k:
             segs.append((k - prev_k, (s - prev_s) / (k - prev_k)))
         prev_k, prev_s = k, s
     total = sum(r * p for r, p in segs) or 1.0
-    return AccessModel(tuple(sorted(((r, p / total) for r, p in segs), key=lambda x: -x[1])))
+    segs = [(r, p / total * (1.0 - share)) for r, p in segs]
+    if extra:
+        segs.append((extra, share / extra))
+        if prev_k + extra < rows:
+            segs.append((rows - prev_k - extra, 0.0))
+    return AccessModel(tuple(sorted(segs, key=lambda x: -x[1])), findable)
 
 
 def merge(models: Iterable[tuple[AccessModel, float]]) -> AccessModel:
@@ -100,7 +130,9 @@ def merge(models: Iterable[tuple[AccessModel, float]]) -> AccessModel:
     pairs = [(m, w) for m, w in models if w > 0]
     total = sum(w for _, w in pairs) or 1.0
     segs = [(r, p * w / total) for m, w in pairs for r, p in m.segments]
-    return AccessModel(tuple(sorted(segs, key=lambda x: -x[1])))
+    findable = None if all(m.findable is None for m, _ in pairs) else \
+        sum(m.rows if m.findable is None else m.findable for m, _ in pairs)
+    return AccessModel(tuple(sorted(segs, key=lambda x: -x[1])), findable)
 
 
 def group_model(tables: Iterable[tuple[str, int, float]], profile: Mapping[str, Any] | None) -> tuple[AccessModel, str]:
@@ -111,7 +143,9 @@ def group_model(tables: Iterable[tuple[str, int, float]], profile: Mapping[str, 
         profile: an access profile document or None.
 
     Weights are the profile's access counts when every member is profiled, else lookups per
-    sample (tables missing from the profile follow the Zipf law).
+    sample (tables missing from the profile follow the Zipf law). A profiled table's `findable`
+    rows (`AccessModel`) are the rows its sample counted plus the unseen rows FAE's larger sample
+    of the same data is expected to meet (`findable_rows`).
     """
     tables = list(tables)
     known = (profile or {}).get("tables", {})
@@ -121,10 +155,34 @@ def group_model(tables: Iterable[tuple[str, int, float]], profile: Mapping[str, 
     for table, rows, lookups in tables:
         if table in known:
             entry = known[table]
-            model = cdf_model(rows, entry.get("hot_cdf", ()))
+            if "hit_cdf" in entry:
+                model = cdf_model(rows, entry["hit_cdf"], entry.get("unseen"),
+                                  findable_rows(entry, profile or {}))
+            else:  # a profile from before hit_cdf: the sample's own shares
+                model = cdf_model(rows, entry.get("hot_cdf", ()))
             weight = float(entry.get("accesses", 0)) if all_profiled else lookups
         else:
             model, weight = zipf_model(rows), lookups
         parts.append((model, weight))
     source = "profile" if all_profiled else ("mixed" if hits else "zipf")
     return (parts[0][0] if len(parts) == 1 else merge(parts)), source
+
+
+def findable_rows(entry: Mapping[str, Any], profile: Mapping[str, Any]) -> float:
+    """Rows of a profiled table FAE's profiling sample is expected to count.
+
+    FAE counts `hot_sample_rate` of the dataset (its rows: the profile's samples / sample rate);
+    with the same seed the planner's sample is part of it. Beyond the profile's distinct rows, its
+    extra accesses meet the unseen rows (``unseen``: share u of accesses over U rows) and find
+    ``U * (1 - exp(-extra * u / U))`` of them.
+    """
+    distinct = float(entry.get("distinct", 0))
+    unseen = entry.get("unseen") or {}
+    share, count = float(unseen.get("share", 0.0)), float(unseen.get("rows", 0.0))
+    rate = float(profile.get("sample_rate", 1.0) or 1.0)
+    samples = float(profile.get("samples", 0))
+    if share <= 0 or count < 1 or samples <= 0:
+        return distinct
+    fae_rate = hot_sample_rate(int(round(samples / rate)))
+    extra = float(entry.get("accesses", 0)) * max(0.0, fae_rate / rate - 1.0)
+    return distinct + count * (1.0 - exp(-extra * share / count))

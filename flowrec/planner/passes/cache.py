@@ -11,7 +11,8 @@ Changes: each group's ``placement``, ``cache_rows`` and ``expected_hit_rate``:
 * otherwise groups are decided largest first: a group whose size with every smaller group fits
   the remaining budget makes them all ``device``; else it gets a cache budget (the remaining
   budget less what the smaller groups need, at least half of it) and becomes
-  ``static_hot`` (the hottest cache_rows rows on the device, FAE), ``lookahead`` (a scratchpad
+  ``static_hot`` (the hottest cache_rows rows on the device, FAE: at most the rows its profiling
+  sample counts, `AccessModel.hot_rows`), ``lookahead`` (a scratchpad
   for the distinct rows of W+1 batches, a retrieval head's sampled negatives included, times
   `LOOKAHEAD_MARGIN`, ScratchPipe; train-time hit rate
   1.0) or ``host`` (hit rate 0): the plan's cache hint forces a policy (``none`` -> host),
@@ -125,7 +126,10 @@ def expected_hit_rate(g: PackedGroup, profile: object) -> float:
     info = PLACEMENTS[g.placement]
     if info.traffic == "window" or info.rows_on == "device":
         return 1.0
-    return round(group_access(g, profile).hit_rate(g.cache_rows), 6) if info.cached else 0.0
+    if not info.cached:
+        return 0.0
+    model = group_access(g, profile)
+    return round(model.hit_rate(model.hot_rows(g.cache_rows)), 6)
 
 
 def _choose(g: PackedGroup, share: int, device: DeviceProfile, policy: str, batch: int, window: int,
@@ -136,7 +140,7 @@ def _choose(g: PackedGroup, share: int, device: DeviceProfile, policy: str, batc
     need = min(g.rows, ceil(model.distinct(draws * (window + 1)) * LOOKAHEAD_MARGIN))
     options = {
         "static_hot": replace(g, placement="static_hot", cache_rows=fit_rows,
-                              expected_hit_rate=round(model.hit_rate(fit_rows), 6)),
+                              expected_hit_rate=round(model.hit_rate(model.hot_rows(fit_rows)), 6)),
         "lookahead": replace(g, placement="lookahead", cache_rows=min(need, fit_rows), expected_hit_rate=1.0),
         "host": replace(g, placement="host", cache_rows=0, expected_hit_rate=0.0),
     }

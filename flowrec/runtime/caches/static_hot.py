@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from flowrec.data.profile import hot_sample_rate
 from flowrec.graph.types import PackedGroup
 from flowrec.runtime.caches.base import CacheCapacityError, CachedEmbedding
 from flowrec.runtime.caches.slots import SlotTable, remap_casting, slot_bag, split_bag
@@ -168,17 +169,6 @@ class StaticHotEmbedding(CachedEmbedding):
         w, s = self.master.read_rows(self.hot_rows)
         self.hot.weight, self.hot.state = w.to(self.device), s.to(self.device)
         self.dirty.zero_()
-
-
-FAE_SAMPLE_RATE = 0.05  # FAE's profiling sample: 5 % of the training rows ...
-HOT_SAMPLE_ROWS = 20_000  # ... and at least this many (all of a small dataset), as the planner's
-# start-of-run sample (`flowrec.runs.plan.SAMPLE_ROWS`): with the same rate and seed both draw
-# the same rows, so the hot rows are those the plan predicted its hit rate and traffic for
-
-
-def hot_sample_rate(total_rows: int) -> float:
-    """The share of the training rows FAE's profiling step counts."""
-    return min(1.0, max(FAE_SAMPLE_RATE, HOT_SAMPLE_ROWS / max(total_rows, 1)))
 
 
 def assign_hot_rows(model: Any, spec: Any, source: Any, sample_rate: float | None = None,
