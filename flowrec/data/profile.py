@@ -43,10 +43,6 @@ CDF_POINTS = 16  # log-spaced points of hot_cdf
 MAX_TRACE = 100_000  # accesses simulated per group (a prefix of the sampled trace)
 HOT_FOLDS = 5  # cross-validation folds of the hot-sample estimate (choose on 4/5, score 1/5)
 GT_MAX_COUNT = 5  # Good-Turing adjusts rows counted 1..5 times; counts above it are their own estimate
-FAE_SAMPLE_RATE = 0.05  # FAE's profiling sample at the start of training: 5 % of the rows ...
-HOT_SAMPLE_ROWS = 20_000  # ... and at least this many (all of a small dataset), as the planner's
-# start-of-run sample (`flowrec.runs.plan.SAMPLE_ROWS`): with the same seed the smaller sample is
-# part of the larger, so the planner can tell which rows the runtime's hot set can hold
 MIN_SAMPLE_ROWS = 1_000  # fewer sampled rows: skew and hot-set figures are noise
 MIN_CURVE_BATCHES = 20  # fewer sampled batches: the cache simulation has nothing to reuse across
 PLOTTED_TABLES = 10  # tables on the skew plot and in the CLI's list: those with the most distinct rows
@@ -77,11 +73,6 @@ def hot_cdf(counts: np.ndarray) -> list[list[float]]:
         return []
     top = np.cumsum(np.sort(counts)[::-1]) / counts.sum()
     return [[k, float(top[k - 1])] for k in capacities_for(len(counts), CDF_POINTS)]
-
-
-def hot_sample_rate(total_rows: int) -> float:
-    """The share of the training rows FAE's profiling step counts to pick a static hot set."""
-    return min(1.0, max(FAE_SAMPLE_RATE, HOT_SAMPLE_ROWS / max(total_rows, 1)))
 
 
 def good_turing(counts: np.ndarray, rate: float) -> tuple[np.ndarray, float]:

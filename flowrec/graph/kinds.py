@@ -154,3 +154,19 @@ PLACEMENTS: dict[str, PlacementInfo] = {p.name: p for p in (
     PlacementInfo("lookahead", rows_on="host", cached=True, traffic="window", trains_only=True),  # ScratchPipe
     PlacementInfo("host", rows_on="host", cached=False, traffic="misses", trains_only=False),
 )}
+
+
+FAE_SAMPLE_RATE = 0.05  # static_hot: FAE's profiling sample at the start of training, 5 % of the rows ...
+HOT_SAMPLE_ROWS = 20_000  # ... and at least this many (all of a small dataset), as the planner's
+# start-of-run sample (`flowrec.runs.plan.SAMPLE_ROWS`): with the same seed the smaller sample is
+# part of the larger, so the planner can tell which rows the runtime's hot set can hold
+
+
+def hot_sample_rate(total_rows: int) -> float:
+    """The share of the training rows FAE's profiling step counts to pick a static hot set.
+
+    Example:
+        >>> hot_sample_rate(100_000), hot_sample_rate(1_000_000)
+        (0.2, 0.05)
+    """
+    return min(1.0, max(FAE_SAMPLE_RATE, HOT_SAMPLE_ROWS / max(total_rows, 1)))

@@ -11,7 +11,7 @@ typical fit of Criteo/Avazu categorical ids (a few rows take most accesses). Gro
 their member tables weighted by their access counts (segments sorted by density: the cache holds
 the globally hottest rows, as FAE's hot-embedding layout does).
 
-A static hot set holds only rows FAE's profiling sample counted (`flowrec.data.profile.hot_sample_rate`
+A static hot set holds only rows FAE's profiling sample counted (`flowrec.graph.kinds.hot_sample_rate`
 of the data, a superset of the planner's sample): `AccessModel.findable` is how many that is
 expected to be, and `hot_rows` caps a cache at it.
 
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from math import exp, log
 from typing import Any, Iterable, Mapping
 
-from flowrec.data.profile import hot_sample_rate
+from flowrec.graph.kinds import hot_sample_rate
 
 ZIPF_EXPONENT = 1.05  # Zipf exponent s: p(rank k) ~ k^-s
 EXACT_RANKS = 64  # hottest ranks modelled one row per segment

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from flowrec.data.profile import hot_sample_rate
+from flowrec.graph.kinds import hot_sample_rate
 from flowrec.graph.types import PackedGroup
 from flowrec.runtime.caches.base import CacheCapacityError, CachedEmbedding
 from flowrec.runtime.caches.slots import SlotTable, remap_casting, slot_bag, split_bag
