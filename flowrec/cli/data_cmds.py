@@ -258,8 +258,10 @@ def _show_profile(prof: dict, quiet: bool) -> None:
                "hottest rows):")
     for name in shown:
         t = prof["tables"][name]
+        unseen = t.get("unseen") or {}
         typer.echo(f"  {name:<16} rows {t['rows']:>11,}  distinct {t['distinct']:>9,}  "
-                   + "  ".join(f"{k} {v:.2f}" for k, v in t["skew"].items()))
+                   + "  ".join(f"{k} {v:.2f}" for k, v in t["skew"].items())
+                   + (f"  unseen {unseen['share']:.1%} of all accesses (est.)" if "share" in unseen else ""))
     if "budget" in prof:
         b = prof["budget"]
         typer.echo(f"hot set for {b['bytes']:,} bytes: {sum(g['rows'] for g in b['hot_rows'].values()):,} rows "

@@ -75,7 +75,7 @@ def hot_cdf(counts: np.ndarray) -> list[list[float]]:
     return [[k, float(top[k - 1])] for k in capacities_for(len(counts), CDF_POINTS)]
 
 
-def good_turing(counts: np.ndarray, rate: float) -> tuple[np.ndarray, float]:
+def good_turing(counts: np.ndarray, rate: float, rows: int | None = None) -> tuple[np.ndarray, float]:
     """(estimated share of all accesses of each counted row, share of the rows never counted).
 
     `counts`: a Bernoulli sample's accesses per row (rows counted at least once), sampled at `rate`
@@ -85,6 +85,7 @@ def good_turing(counts: np.ndarray, rate: float) -> tuple[np.ndarray, float]:
     ``(1 - rate) * N_1`` for the rows never counted: Good-Turing's estimates as rate -> 0, the counts
     themselves at rate 1. Counts above `GT_MAX_COUNT`, or with no row counted once more, keep their
     own count (the adjustment is noise there); the counted rows then share 1 - the unseen share.
+    `rows`: the table's rows; a sample that counted every one of them misses nothing.
 
     Example:
         >>> share, unseen = good_turing(np.array([3, 1, 1, 2]), 0.5)
@@ -97,7 +98,7 @@ def good_turing(counts: np.ndarray, rate: float) -> tuple[np.ndarray, float]:
     if not total:
         return np.zeros(0), 0.0
     n_k = np.bincount(counts, minlength=GT_MAX_COUNT + 2)
-    unseen = (1.0 - rate) * n_k[1] / total
+    unseen = (1.0 - rate) * n_k[1] / total if rows is None or rows > len(counts) else 0.0
     adjusted = counts.astype(np.float64)
     for k in range(1, GT_MAX_COUNT + 1):
         if n_k[k] and n_k[k + 1]:
@@ -105,13 +106,13 @@ def good_turing(counts: np.ndarray, rate: float) -> tuple[np.ndarray, float]:
     return adjusted / adjusted.sum() * (1.0 - unseen), float(unseen)
 
 
-def hit_cdf(counts: np.ndarray, rate: float) -> list[list[float]]:
+def hit_cdf(counts: np.ndarray, rate: float, rows: int | None = None) -> list[list[float]]:
     """[[k, estimated share of all accesses of the sample's k most counted rows]] (`hot_cdf`'s k)."""
     counts = np.asarray(counts, dtype=np.int64)
     counts = counts[counts > 0]
     if not len(counts):
         return []
-    share, _ = good_turing(counts, rate)
+    share, _ = good_turing(counts, rate, rows)
     top = np.cumsum(share[np.argsort(-counts, kind="stable")])
     return [[k, float(top[k - 1])] for k in capacities_for(len(counts), CDF_POINTS)]
 
@@ -120,16 +121,17 @@ def unseen_rows(counts: np.ndarray, rows: int, rate: float) -> dict[str, float]:
     """The rows a sample never counted: {"share": of all accesses, "rows": how many of them have any}.
 
     The count is Chao1's lower-bound estimate, N_1^2 / (2 N_2) (N_1 (N_1 - 1) / 2 with no row counted
-    twice), at most the table's rows not counted; both 0 for a sample of every row (rate 1).
+    twice), at least 1 and at most the table's rows not counted; both 0 for a sample of every row
+    (rate 1) or of a table whose every row it counted.
     """
     counts = np.asarray(counts, dtype=np.int64)
     counts = counts[counts > 0]
-    _, share = good_turing(counts, rate)
-    left = max(0, int(rows) - len(counts))
+    _, share = good_turing(counts, rate, rows)
+    if share <= 0:
+        return {"share": 0.0, "rows": 0.0}
     n1, n2 = int((counts == 1).sum()), int((counts == 2).sum())
     chao1 = n1 * n1 / (2.0 * n2) if n2 else n1 * (n1 - 1) / 2.0
-    est = float(min(left, chao1)) if share > 0 else 0.0
-    return {"share": share if est >= 1 else 0.0, "rows": est if est >= 1 else 0.0}
+    return {"share": share, "rows": float(min(int(rows) - len(counts), max(1.0, chao1)))}
 
 
 def skew(counts: np.ndarray, rows: int) -> dict[str, float]:
@@ -162,7 +164,7 @@ def profile_access(spec: ModelSpec, source: PartitionSource, sample_rate: float 
             _, counts = np.unique(local, return_counts=True)
             tables[slot.table] = {"rows": slot.rows, "accesses": int(counts.sum()),
                                   "distinct": int(len(counts)), "hot_cdf": hot_cdf(counts),
-                                  "hit_cdf": hit_cdf(counts, sample_rate),
+                                  "hit_cdf": hit_cdf(counts, sample_rate, slot.rows),
                                   "unseen": unseen_rows(counts, slot.rows, sample_rate),
                                   "skew": skew(counts, slot.rows)}
     all_counts = np.concatenate([np.unique(packed[g.name][0], return_counts=True)[1] for g in groups]) \

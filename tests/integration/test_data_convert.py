@@ -149,6 +149,10 @@ def test_cli_convert_synth_inspect_profile(shared_data, repo, tmp_path):
     assert prof["format"] == "flowrec-access-profile" and prof["version"] == 1
     assert set(prof["tables"]) == {f"C{i}" for i in range(1, 27)}
     assert prof["budget"]["hot_sample_fraction"] <= 1.0 and (tmp_path / "p.png").stat().st_size > 1000
+    for t in prof["tables"].values():  # the counted rows and the unseen ones share every access
+        assert t["hit_cdf"][-1][1] + t["unseen"]["share"] == pytest.approx(1.0)
+    assert max(t["unseen"]["share"] for t in prof["tables"].values()) > 0.05  # wide tables: half a sample misses
+    assert "of all accesses (est.)" in res.output
     for bad in (["data", "inspect", str(tmp_path / "nope")],
                 ["data", "convert", "criteo", str(tmp_path / "nope.tsv"), str(tmp_path / "o"), "--spec", spec],
                 ["data", "convert", "parquetx", src, str(tmp_path / "o"), "--spec", spec]):

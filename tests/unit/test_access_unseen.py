@@ -84,6 +84,8 @@ def test_unseen_rows_are_bounded_by_the_table():
     counts = np.ones(500, np.int64)  # every row counted once: Chao1 without doubletons is large
     assert unseen_rows(counts, 800, 0.1)["rows"] == 300.0
     assert unseen_rows(counts, 500, 0.1) == {"share": 0.0, "rows": 0.0}  # nothing left unseen
+    assert hit_cdf(counts, 0.1, 500)[-1][1] == pytest.approx(1.0)  # so the counted rows take it all
+    assert hit_cdf(counts, 0.1, 800)[-1][1] == pytest.approx(1.0 - unseen_rows(counts, 800, 0.1)["share"])
 
 
 def test_the_model_spreads_the_unseen_share_over_the_unseen_rows_only():
