@@ -89,3 +89,29 @@ def test_plan_with_profile_and_budget(tmp_path):
         load_profile(path)
     with pytest.raises(TypeError, match="load_profile"):  # planning reads no files
         make_plan(spec, profile=path)
+
+
+@pytest.mark.parametrize("edit,field", [
+    (lambda d: d["tables"]["shared"].__setitem__("unseen", []), "unseen must be an object"),
+    (lambda d: d["tables"]["shared"].__setitem__("unseen", {"share": "x", "rows": 3}), "unseen.share"),
+    (lambda d: d["tables"]["shared"].__setitem__("unseen", {"share": float("nan"), "rows": 3}), "unseen.share"),
+    (lambda d: d["tables"]["shared"].__setitem__("unseen", {"share": 0.2, "rows": -5}), "unseen.rows"),
+    (lambda d: d["tables"]["shared"].__setitem__("hit_cdf", 5), "hit_cdf"),
+    (lambda d: d["tables"]["shared"].__setitem__("hot_cdf", [[3, 1.7]]), "hot_cdf"),
+    (lambda d: d["tables"]["shared"].__setitem__("accesses", True), "accesses"),
+    (lambda d: d.__setitem__("tables", []), "tables must be an object"),
+    (lambda d: d.__setitem__("samples", "x"), "samples"),
+    (lambda d: d.__setitem__("sample_rate", 0), "sample_rate"),
+])
+def test_a_profile_with_bad_figures_is_refused_naming_the_field(tmp_path, edit, field):
+    doc = {"format": "flowrec-access-profile", "version": 1, "samples": 50, "sample_rate": 0.5,
+           "tables": {"shared": {"rows": 31, "accesses": 100, "distinct": 20, "hot_cdf": [[3, 0.9], [20, 1.0]],
+                                 "hit_cdf": [[3, 0.8], [20, 0.9]], "unseen": {"share": 0.1, "rows": 5.0}}}}
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(doc))
+    assert load_profile(path)["tables"]["shared"]["unseen"]["share"] == 0.1  # the good one is read
+    edit(doc)
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match=field) as err:
+        load_profile(path)
+    assert str(path) in str(err.value) and "flowrec data profile" in str(err.value)
