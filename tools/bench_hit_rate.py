@@ -82,7 +82,7 @@ def compare(spec: Any, source: Any, sample_rows_wanted: int) -> dict[str, Any]:
             measured = float(full[g.name][hot].sum() / max(full[g.name].sum(), 1))
             rows.append({"cache_rows": cap, "measured": round(measured, 4),
                          "sampled": round(old.hit_rate(cap), 4),
-                         "corrected": round(new.hit_rate(new.hot_rows(cap)), 4)})
+                         "corrected": round(new.hot_set_hit_rate(cap), 4)})
         found = int((fae[g.name] > 0).sum())
         out.append({
             "group": g.name, "rows": g.rows, "lookups": int(full[g.name].sum()),

@@ -94,16 +94,23 @@ def good_turing(counts: np.ndarray, rate: float, rows: int | None = None) -> tup
     """
     counts = np.asarray(counts, dtype=np.int64)
     counts = counts[counts > 0]
-    total = int(counts.sum())
-    if not total:
+    if not len(counts):
         return np.zeros(0), 0.0
     n_k = np.bincount(counts, minlength=GT_MAX_COUNT + 2)
-    unseen = (1.0 - rate) * n_k[1] / total if rows is None or rows > len(counts) else 0.0
+    unseen = _unseen_share(n_k, len(counts), rate, rows)
     adjusted = counts.astype(np.float64)
     for k in range(1, GT_MAX_COUNT + 1):
         if n_k[k] and n_k[k + 1]:
             adjusted[counts == k] = rate * k + (1.0 - rate) * (k + 1) * n_k[k + 1] / n_k[k]
     return adjusted / adjusted.sum() * (1.0 - unseen), float(unseen)
+
+
+def _unseen_share(n_k: np.ndarray, distinct: int, rate: float, rows: int | None) -> float:
+    """(1 - rate) N_1 / N from the rows counted k times (`n_k`); 0 when every row was counted."""
+    total = int(np.dot(np.arange(len(n_k)), n_k))
+    if not total or (rows is not None and rows <= distinct):
+        return 0.0
+    return (1.0 - rate) * float(n_k[1]) / total
 
 
 def hit_cdf(counts: np.ndarray, rate: float, rows: int | None = None) -> list[list[float]]:
@@ -126,10 +133,11 @@ def unseen_rows(counts: np.ndarray, rows: int, rate: float) -> dict[str, float]:
     """
     counts = np.asarray(counts, dtype=np.int64)
     counts = counts[counts > 0]
-    _, share = good_turing(counts, rate, rows)
+    n_k = np.bincount(counts, minlength=3)
+    share = _unseen_share(n_k, len(counts), rate, rows)
     if share <= 0:
         return {"share": 0.0, "rows": 0.0}
-    n1, n2 = int((counts == 1).sum()), int((counts == 2).sum())
+    n1, n2 = int(n_k[1]), int(n_k[2])
     chao1 = n1 * n1 / (2.0 * n2) if n2 else n1 * (n1 - 1) / 2.0
     return {"share": share, "rows": float(min(int(rows) - len(counts), max(1.0, chao1)))}
 

@@ -70,6 +70,10 @@ class AccessModel:
         """Rows a static hot set of `cache_rows` slots holds: no more than its sample can find."""
         return float(cache_rows) if self.findable is None else min(float(cache_rows), self.findable)
 
+    def hot_set_hit_rate(self, cache_rows: float) -> float:
+        """Share of accesses that hit a static hot set of `cache_rows` slots (`hot_rows` of them filled)."""
+        return self.hit_rate(self.hot_rows(cache_rows))
+
     def distinct(self, draws: float) -> float:
         """Expected distinct rows among `draws` independent lookups (Poisson approximation)."""
         return sum(rows * (1.0 - exp(-draws * p)) for rows, p in self.segments)

@@ -547,8 +547,7 @@ def _unit_bytes(u: _Unit, batch: int, window: int, profile: AccessProfile | None
     if rule == "window" and u.group is not None:
         return index + 2 * u.row_bytes * new_rows_per_batch(u.group, batch, window, profile, u.step_ids)
     if rule == "hot_cold" and u.group is not None:
-        model = group_access(u.group, profile)
-        return index + hot_cold_bytes(model, model.hot_rows(u.cache_rows), u.lookups(batch), u.ids,
+        return index + hot_cold_bytes(group_access(u.group, profile), u.cache_rows, u.lookups(batch), u.ids,
                                       u.dim * u.elem, u.row_bytes, epoch_batches(profile, batch))
     return index + (1.0 - u.hit_rate) * pooled
 

@@ -56,14 +56,15 @@ def hot_cold_bytes(model: AccessModel, cache_rows: int, lookups: float, ids_per_
 
     Args:
         model: the group's access distribution (`flowrec.planner.cost.group_access`).
-        cache_rows: hot rows on the device.
+        cache_rows: hot slots on the device (filled with at most the rows FAE's sample counts,
+            `AccessModel.hot_rows`).
         lookups: ids looked up per step.
         ids_per_sample: ids per sample in the group.
         elem_row_bytes: bytes of one row's weights (dim * element size).
         row_bytes: bytes of one row with its optimizer state.
         epoch_batches: batches per epoch, when known (an access profile knows the dataset's rows).
     """
-    hot, cold = split_segments(model, cache_rows)
+    hot, cold = split_segments(model, model.hot_rows(cache_rows))
     hit = min(1.0, sum(count * p for count, p in hot))
     p_hot = hit ** max(ids_per_sample, 1.0)
     c = 1.0 - p_hot

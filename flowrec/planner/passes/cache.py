@@ -12,7 +12,7 @@ Changes: each group's ``placement``, ``cache_rows`` and ``expected_hit_rate``:
   the remaining budget makes them all ``device``; else it gets a cache budget (the remaining
   budget less what the smaller groups need, at least half of it) and becomes
   ``static_hot`` (the hottest cache_rows rows on the device, FAE: at most the rows its profiling
-  sample counts, `AccessModel.hot_rows`), ``lookahead`` (a scratchpad
+  sample counts, `AccessModel.hot_set_hit_rate`), ``lookahead`` (a scratchpad
   for the distinct rows of W+1 batches, a retrieval head's sampled negatives included, times
   `LOOKAHEAD_MARGIN`, ScratchPipe; train-time hit rate
   1.0) or ``host`` (hit rate 0): the plan's cache hint forces a policy (``none`` -> host),
@@ -128,8 +128,7 @@ def expected_hit_rate(g: PackedGroup, profile: object) -> float:
         return 1.0
     if not info.cached:
         return 0.0
-    model = group_access(g, profile)
-    return round(model.hit_rate(model.hot_rows(g.cache_rows)), 6)
+    return round(group_access(g, profile).hot_set_hit_rate(g.cache_rows), 6)
 
 
 def _choose(g: PackedGroup, share: int, device: DeviceProfile, policy: str, batch: int, window: int,
@@ -140,7 +139,7 @@ def _choose(g: PackedGroup, share: int, device: DeviceProfile, policy: str, batc
     need = min(g.rows, ceil(model.distinct(draws * (window + 1)) * LOOKAHEAD_MARGIN))
     options = {
         "static_hot": replace(g, placement="static_hot", cache_rows=fit_rows,
-                              expected_hit_rate=round(model.hit_rate(model.hot_rows(fit_rows)), 6)),
+                              expected_hit_rate=round(model.hot_set_hit_rate(fit_rows), 6)),
         "lookahead": replace(g, placement="lookahead", cache_rows=min(need, fit_rows), expected_hit_rate=1.0),
         "host": replace(g, placement="host", cache_rows=0, expected_hit_rate=0.0),
     }
