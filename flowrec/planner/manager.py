@@ -24,6 +24,8 @@ from flowrec.planner.passes.pack import pack
 from flowrec.planner.passes.shard import shard
 from flowrec.planner.targets import resolve_target
 from flowrec.spec.json_doc import read_json_document
+from flowrec.spec.schema_errors import schema_issues
+from flowrec.spec.schemas import ACCESS_PROFILE_SCHEMA, load_schema
 from flowrec.spec.model import ModelSpec
 from flowrec.spec.units import parse_bytes
 
@@ -92,60 +94,26 @@ GIVEN_AS = "given_as"  # key of an access profile read from a file: the file (fo
 
 def load_profile(path: str | Path | None) -> dict[str, Any] | None:
     """Read an access profile (`flowrec data profile` output) into the record `make_plan` takes;
-    it remembers the file it came from. Raises ValueError if malformed."""
+    it remembers the file it came from. Raises ValueError if malformed: not JSON (NaN included), or
+    figures the planner reads that break schemas/access-profile.schema.json, in one line naming the
+    first such field."""
     if path is None:
         return None
-    doc = read_json_document(path)
+    redo = "write it again with `flowrec data profile SPEC DATA --json FILE`"
+    try:
+        doc = read_json_document(path, finite=True)
+    except ValueError as exc:
+        raise ValueError(f"{exc} ({redo})") from None
     if not isinstance(doc, dict) or doc.get("format") != "flowrec-access-profile" or doc.get("version") != 1:
         raise ValueError(f"{path}: not a flowrec-access-profile version 1 document")
-    problem = profile_problem(doc)
-    if problem:
-        raise ValueError(f"{path}: {problem} (write it again with `flowrec data profile SPEC DATA --json FILE`)")
+    from jsonschema import Draft202012Validator
+
+    errors = sorted(Draft202012Validator(load_schema(ACCESS_PROFILE_SCHEMA)).iter_errors(doc),
+                    key=lambda e: list(map(str, e.absolute_path)))
+    if errors:
+        issue = schema_issues(errors[0])[0]
+        raise ValueError(f"{path}: {issue.path} {issue.message} ({redo})")
     return {**doc, GIVEN_AS: str(path)}
-
-
-def _number(value: Any, low: float, high: float, low_open: bool = False) -> bool:
-    """A finite JSON number (not a bool) in [low, high] (low excluded when `low_open`)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-        return False
-    return (value > low if low_open else value >= low) and value <= high
-
-
-def profile_problem(doc: dict[str, Any]) -> str | None:
-    """What is wrong with the fields of an access profile the planner reads, or None.
-
-    Example:
-        >>> profile_problem({"tables": {"t": {"unseen": {"share": 1.5, "rows": 3}}}})
-        'table t: unseen.share must be a number in [0, 1], got 1.5'
-    """
-    inf, one = float("inf"), 1.0 + 1e-9  # shares are sums of floats: 1.0000000000000002 is 1
-    if "sample_rate" in doc and not _number(doc["sample_rate"], 0.0, 1.0, low_open=True):
-        return f"sample_rate must be a number in (0, 1], got {doc['sample_rate']!r}"
-    if "samples" in doc and not _number(doc["samples"], 0.0, inf):
-        return f"samples must be a number >= 0, got {doc['samples']!r}"
-    tables = doc.get("tables", {})
-    if not isinstance(tables, dict):
-        return f"tables must be an object of table name -> figures, got {type(tables).__name__}"
-    for name, t in tables.items():
-        if not isinstance(t, dict):
-            return f"table {name}: must be an object, got {type(t).__name__}"
-        for key in ("rows", "accesses", "distinct"):
-            if key in t and not _number(t[key], 0.0, inf):
-                return f"table {name}: {key} must be a number >= 0, got {t[key]!r}"
-        for key in ("hot_cdf", "hit_cdf"):
-            points = t.get(key, [])
-            if not isinstance(points, list) or not all(
-                    isinstance(pt, list) and len(pt) == 2 and _number(pt[0], 0.0, inf) and _number(pt[1], 0.0, one)
-                    for pt in points):
-                return f"table {name}: {key} must be a list of [rows >= 0, share in [0, 1]] pairs"
-        unseen = t.get("unseen", {})
-        if not isinstance(unseen, dict):
-            return f"table {name}: unseen must be an object {{share, rows}}, got {type(unseen).__name__}"
-        if "share" in unseen and not _number(unseen["share"], 0.0, one):
-            return f"table {name}: unseen.share must be a number in [0, 1], got {unseen['share']!r}"
-        if "rows" in unseen and not _number(unseen["rows"], 0.0, inf):
-            return f"table {name}: unseen.rows must be a number >= 0, got {unseen['rows']!r}"
-    return None
 
 
 def make_plan(spec: ModelSpec, *, until: str = "interleaved", device_budget: int | str | None = None,

@@ -14,6 +14,7 @@ from typing import Any
 
 MODEL_SPEC_SCHEMA = "model-spec"
 PLAN_SCHEMA = "plan"
+ACCESS_PROFILE_SCHEMA = "access-profile"
 
 
 def schema_dir() -> Path:
