@@ -1,9 +1,10 @@
 """The planner's static_hot hit rate against the one FAE's hot set gives on the whole data.
 
-A run plans its cache placements from a seeded sample of its data (`flowrec.runs.plan`, about
-20,000 rows); at the start of training FAE counts its own, larger sample (5 % of the rows, at
-least 20,000; the planner's is part of it) and puts the most counted rows on the device
-(`flowrec.runtime.caches.static_hot`). This compares, per packed group and cache size:
+At the start of training FAE counts a seeded sample of the data (5 % of the rows, at least 20,000:
+`flowrec.graph.kinds.hot_sample_rate`) and puts the most counted rows on the device
+(`flowrec.runtime.caches.static_hot`). A run plans its cache placements from an access profile of
+the same sample (`flowrec.runs.plan.sampled_access_profile`); a `--profile` file may come from a
+smaller one, with the same seed part of FAE's. This compares, per packed group and cache size:
 
   measured   the share of the whole data's lookups that hit FAE's hot rows (every row counted)
   sampled    the prediction from the sample's own shares (`hot_cdf`, the model before the
@@ -11,8 +12,10 @@ least 20,000; the planner's is part of it) and puts the most counted rows on the
   corrected  the planner's prediction (`hit_cdf`, the unseen share, the hot set capped at the rows
              FAE's sample is expected to count: `flowrec.planner.access`)
 
-No timing: the figures are counts, the same on any machine. `--sample-rows` changes the planner's
-sample (smaller samples make FAE's, relatively, larger: more to extrapolate).
+No timing: the figures are counts, the same on any machine. `--sample-rows` sets the planner's
+sample: `run` (the default) is a run's own, FAE's sample; a number of rows, smaller, makes FAE's
+relatively larger, more to extrapolate (a `--profile` written at a lower rate; before Round 22 a
+run's planner sampled about 20,000 rows whatever the data's size).
 
 Usage:
     python tools/bench_hit_rate.py --spec specs/two_task.yaml --synth 500000 --json out.json
@@ -39,7 +42,6 @@ from flowrec.data.profile import profile_access, sample_rows  # noqa: E402
 from flowrec.graph.kinds import hot_sample_rate  # noqa: E402
 from flowrec.graph.packing import group_layout  # noqa: E402
 from flowrec.planner.access import group_model  # noqa: E402
-from flowrec.runs.plan import SAMPLE_ROWS  # noqa: E402
 from flowrec.runtime.caches.static_hot import hottest_rows  # noqa: E402
 from flowrec.runtime.session import open_dataset  # noqa: E402
 from flowrec.spec.load import load_spec  # noqa: E402
@@ -60,12 +62,15 @@ def sample_only(profile: dict[str, Any]) -> dict[str, Any]:
     return {**profile, "tables": tables}
 
 
-def compare(spec: Any, source: Any, sample_rows_wanted: int) -> dict[str, Any]:
-    """Measured, sampled and corrected hit rates per group and cache size (see the module docstring)."""
+def compare(spec: Any, source: Any, sample_rows_wanted: int | None) -> dict[str, Any]:
+    """Measured, sampled and corrected hit rates per group and cache size (see the module docstring).
+
+    `sample_rows_wanted` None: the planner's sample is a run's own (FAE's rate).
+    """
     groups = group_layout(spec)
     total = sum(source.partition_rows())
-    rate = min(1.0, sample_rows_wanted / max(total, 1))
     fae_rate = hot_sample_rate(total)
+    rate = fae_rate if sample_rows_wanted is None else min(1.0, sample_rows_wanted / max(total, 1))
     seed = spec.training.seed
     profile = profile_access(spec, source, sample_rate=rate, seed=seed)
     full = group_counts(spec, groups, sample_rows(spec, source, 1.0, seed))
@@ -97,14 +102,29 @@ def compare(spec: Any, source: Any, sample_rows_wanted: int) -> dict[str, Any]:
             "fae_sample_rate": fae_rate, "groups": out}
 
 
+def sample_sizes(text: str) -> list[int | None]:
+    """`--sample-rows`: 'run' (None) or a positive number of rows, comma-separated."""
+    out: list[int | None] = []
+    for part in text.split(","):
+        part = part.strip().replace("_", "")
+        if part == "run":
+            out.append(None)
+        elif part.isdigit() and int(part) > 0:
+            out.append(int(part))
+        else:
+            raise argparse.ArgumentTypeError(f"{part!r} is neither 'run' nor a positive number of rows")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--spec", type=Path, required=True)
     ap.add_argument("--data", type=Path, help="an encoded dataset folder (flowrec data convert / synth)")
     ap.add_argument("--synth", type=int, help="synthesize this many rows for the spec instead of --data")
-    ap.add_argument("--sample-rows", type=str, default=str(SAMPLE_ROWS),
-                    help=f"the planner's sample, comma-separated sizes to compare (default {SAMPLE_ROWS:,}, a run's)")
+    ap.add_argument("--sample-rows", type=sample_sizes, default=[None],
+                    help="the planner's samples to compare, comma-separated: 'run' (the default, a run's own, "
+                         "FAE's sample) or a number of rows")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     if (args.data is None) == (args.synth is None):
@@ -118,7 +138,7 @@ def main() -> None:
                             "--out", str(data)], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
         source = open_dataset(data, spec)
         try:
-            runs = [compare(spec, source, int(n)) for n in args.sample_rows.split(",")]
+            runs = [compare(spec, source, n) for n in args.sample_rows]
         finally:
             source.close()
     doc = {"benchmark": "hit_rate", "spec": args.spec.name, "data": str(args.data) if args.data else f"synth {args.synth}",

@@ -157,9 +157,9 @@ PLACEMENTS: dict[str, PlacementInfo] = {p.name: p for p in (
 
 
 FAE_SAMPLE_RATE = 0.05  # static_hot: FAE's profiling sample at the start of training, 5 % of the rows ...
-HOT_SAMPLE_ROWS = 20_000  # ... and at least this many (all of a small dataset), as the planner's
-# start-of-run sample (`flowrec.runs.plan.SAMPLE_ROWS`): with the same seed the smaller sample is
-# part of the larger, so the planner can tell which rows the runtime's hot set can hold
+HOT_SAMPLE_ROWS = 20_000  # ... and at least this many (all of a small dataset). A run's planner
+# samples the same rows (`flowrec.runs.plan.sampled_access_profile`: this rate, the same seed), so it
+# prices the hot set the runtime will hold; a smaller sample with the same seed is part of FAE's
 
 
 def hot_sample_rate(total_rows: int) -> float:

@@ -12,8 +12,11 @@ their member tables weighted by their access counts (segments sorted by density:
 the globally hottest rows, as FAE's hot-embedding layout does).
 
 A static hot set holds only rows FAE's profiling sample counted (`flowrec.graph.kinds.hot_sample_rate`
-of the data, a superset of the planner's sample): `AccessModel.findable` is how many that is
-expected to be, and `hot_rows` caps a cache at it.
+of the data: a run's planner profiles that very sample; a smaller profile with the same seed is part
+of it): `AccessModel.findable` is how many that is expected to be, and `hot_rows` caps a cache at it.
+It fills in FAE's order, not the true one (`AccessModel.fill_order`): the rows the sample counted,
+most counted first, then the unseen rows FAE's larger sample is expected to find; never a row no
+sample counted, however hot the unseen rows are on average.
 
 Example:
     >>> m = zipf_model(1000)
@@ -40,6 +43,8 @@ class AccessModel:
     Args:
         segments: probabilities sum to 1 over all rows (sum of rows * p).
         findable: rows a static hot set can hold (those FAE's profiling sample counts); None: any.
+        hot_order: the same rows as (rows, p, tier) in the order a static hot set fills them
+            (`fill_order`); None: `segments`' order, the first `findable` rows counted.
 
     Example:
         >>> AccessModel(((1, 0.5), (2, 0.25))).hit_rate(2)
@@ -50,6 +55,7 @@ class AccessModel:
 
     segments: tuple[tuple[float, float], ...]
     findable: float | None = None
+    hot_order: tuple[tuple[float, float, int], ...] | None = None
 
     @property
     def rows(self) -> float:
@@ -70,13 +76,52 @@ class AccessModel:
         """Rows a static hot set of `cache_rows` slots holds: no more than its sample can find."""
         return float(cache_rows) if self.findable is None else min(float(cache_rows), self.findable)
 
+    def fill_order(self) -> tuple[tuple[float, float, int], ...]:
+        """(rows, p, tier) segments in the order a static hot set fills its slots.
+
+        Tier 0: rows the profile's sample counted, hottest first; 1: unseen rows FAE's larger sample
+        is expected to count; 2: rows no sample counts, never in the hot set. FAE ranks rows by its
+        own counts, and a row it counts once ranks below the rows the (nested) planner's sample
+        already counted, so tiers, not the true probabilities, order the fill.
+        """
+        if self.hot_order is not None:
+            return self.hot_order
+        if self.findable is None:
+            return tuple((r, p, 0) for r, p in self.segments)
+        return _tiered(self.segments, self.findable)
+
     def hot_set_hit_rate(self, cache_rows: float) -> float:
-        """Share of accesses that hit a static hot set of `cache_rows` slots (`hot_rows` of them filled)."""
-        return self.hit_rate(self.hot_rows(cache_rows))
+        """Share of accesses that hit a static hot set of `cache_rows` slots (`hot_rows` of them filled,
+        in `fill_order`)."""
+        left, share = self.hot_rows(cache_rows), 0.0
+        for rows, p, _ in self.fill_order():
+            if left <= 0:
+                break
+            take = min(rows, left)
+            share += take * p
+            left -= take
+        return min(1.0, share)
 
     def distinct(self, draws: float) -> float:
         """Expected distinct rows among `draws` independent lookups (Poisson approximation)."""
         return sum(rows * (1.0 - exp(-draws * p)) for rows, p in self.segments)
+
+
+def _tiered(segments: Iterable[tuple[float, float]], counted: float) -> tuple[tuple[float, float, int], ...]:
+    """`segments` (hottest first) as fill-order segments: the first `counted` rows tier 0, the rest 2."""
+    first, rest, left = [], [], float(counted)
+    for rows, p in segments:
+        take = min(rows, max(left, 0.0))
+        if take > 0:
+            first.append((take, p, 0))
+        if rows - take > 0:
+            rest.append((rows - take, p, 2))
+        left -= take
+    return tuple(first + rest)
+
+
+def _by_fill(segments: Iterable[tuple[float, float, int]]) -> tuple[tuple[float, float, int], ...]:
+    return tuple(sorted(segments, key=lambda x: (x[2], -x[1])))
 
 
 def zipf_model(rows: int, exponent: float = ZIPF_EXPONENT) -> AccessModel:
@@ -104,7 +149,9 @@ def cdf_model(rows: int, hot_cdf: Iterable[Iterable[float]], unseen: Mapping[str
               findable: float | None = None) -> AccessModel:
     """From profile points [k, share of accesses by the hottest k rows], interpolated linearly;
     `unseen` ({"share", "rows"}): rows the points do not cover, taking `share` of the accesses
-    evenly (the points then end at 1 - share); every other row is never read."""
+    evenly (the points then end at 1 - share); every other row is never read. With `findable`
+    the static hot set's fill order (`AccessModel.fill_order`) is the counted rows, then
+    `findable` - counted of the unseen ones."""
     points = sorted((float(k), float(s)) for k, s in hot_cdf if 0 < k <= rows)
     share = float((unseen or {}).get("share", 0.0))
     extra = float((unseen or {}).get("rows", 0.0))
@@ -112,21 +159,24 @@ def cdf_model(rows: int, hot_cdf: Iterable[Iterable[float]], unseen: Mapping[str
     extra = max(0.0, min(extra, rows - counted))
     if share <= 0 or extra < 1 or share >= 1:
         share, extra = 0.0, 0.0
-    segs, prev_k, prev_s = [], 0.0, 0.0
+    tagged, prev_k, prev_s = [], 0.0, 0.0  # (rows, p, tier): rows past the sample's counted ones tier 2
     if not points or (not extra and points[-1][0] < rows):
         points.append((float(rows), 1.0))
     for k, s in points:
         s = max(s, prev_s)
         if k > prev_k:
-            segs.append((k - prev_k, (s - prev_s) / (k - prev_k)))
+            tagged.append((k - prev_k, (s - prev_s) / (k - prev_k), 0 if k <= counted else 2))
         prev_k, prev_s = k, s
-    total = sum(r * p for r, p in segs) or 1.0
-    segs = [(r, p / total * (1.0 - share)) for r, p in segs]
+    total = sum(r * p for r, p, _ in tagged) or 1.0
+    tagged = [(r, p / total * (1.0 - share), t) for r, p, t in tagged]
     if extra:
-        segs.append((extra, share / extra))
-        if prev_k + extra < rows:
-            segs.append((rows - prev_k - extra, 0.0))
-    return AccessModel(tuple(sorted(segs, key=lambda x: -x[1])), findable)
+        found = 0.0 if findable is None else max(0.0, min(extra, float(findable) - counted))
+        tagged += [(found, share / extra, 1), (extra - found, share / extra, 2),
+                   (max(0.0, rows - prev_k - extra), 0.0, 2)]
+    tagged = [x for x in tagged if x[0] > 0]
+    segs = [(r, p) for r, p, _ in tagged]
+    hot_order = None if findable is None else _by_fill(tagged)
+    return AccessModel(tuple(sorted(segs, key=lambda x: -x[1])), findable, hot_order)
 
 
 def merge(models: Iterable[tuple[AccessModel, float]]) -> AccessModel:
@@ -136,7 +186,9 @@ def merge(models: Iterable[tuple[AccessModel, float]]) -> AccessModel:
     segs = [(r, p * w / total) for m, w in pairs for r, p in m.segments]
     findable = None if all(m.findable is None for m, _ in pairs) else \
         sum(m.rows if m.findable is None else m.findable for m, _ in pairs)
-    return AccessModel(tuple(sorted(segs, key=lambda x: -x[1])), findable)
+    order = None if findable is None else \
+        _by_fill((r, p * w / total, t) for m, w in pairs for r, p, t in m.fill_order())
+    return AccessModel(tuple(sorted(segs, key=lambda x: -x[1])), findable, order)
 
 
 def group_model(tables: Iterable[tuple[str, int, float]], profile: Mapping[str, Any] | None) -> tuple[AccessModel, str]:

@@ -34,9 +34,10 @@ from flowrec.planner.access import AccessModel
 
 
 def split_segments(model: AccessModel, rows: float) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
-    """(hot, cold) segments of `model`: its hottest `rows` rows and the rest (probabilities unchanged)."""
+    """(hot, cold) segments of `model`: the first `rows` rows a static hot set fills
+    (`AccessModel.fill_order`) and the rest (probabilities unchanged)."""
     hot, cold, left = [], [], float(rows)
-    for count, p in model.segments:
+    for count, p, _ in model.fill_order():
         take = min(count, max(left, 0.0))
         if take > 0:
             hot.append((take, p))

@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import torch
 
+from flowrec.graph.kinds import hot_sample_rate
 from flowrec.graph.types import Plan
 from flowrec.planner.contract import PlanError, load_plan
 from flowrec.planner.manager import PassFailure, load_profile, make_plan
@@ -74,12 +75,15 @@ def plan_for_run(spec: ModelSpec, device_name: str, device_budget: str | None, p
     return plan, device
 
 
-SAMPLE_ROWS = 20_000  # rows sampled at the start of a run to predict cache traffic
-
 
 def sampled_access_profile(spec: ModelSpec, data: str | None,
                            status: Callable[[str], None]) -> dict[str, Any] | None:
-    """An access profile of a seeded sample (about SAMPLE_ROWS rows) of the run's training data.
+    """An access profile of a seeded sample of the run's training data: FAE's own sample.
+
+    The sample is the one a static hot set is chosen from at the start of training
+    (`flowrec.graph.kinds.hot_sample_rate`: 5 % of the rows, at least 20,000 or all; the same seed),
+    so the planner prices the hot set the runtime will hold rather than extrapolating to a larger
+    sample. Reading the data, not counting, is most of its cost at any rate.
 
     None without a dataset folder (synthetic data follows the planner's Zipf model); a status line
     says when the plan uses a sample. A dataset that cannot be read is a `RunError`.
@@ -96,7 +100,7 @@ def sampled_access_profile(spec: ModelSpec, data: str | None,
         source = open_dataset(train, spec)
         try:
             total = sum(source.partition_rows())
-            rate = min(1.0, SAMPLE_ROWS / max(total, 1))
+            rate = hot_sample_rate(total)
             profile = profile_access(spec, source, sample_rate=rate, seed=spec.training.seed)
         finally:
             source.close()

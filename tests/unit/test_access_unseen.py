@@ -125,3 +125,67 @@ def test_the_planned_hit_rate_of_a_hot_set_matches_the_whole_data(monkeypatch):
         assert abs(predicted - measured) <= 0.03, (cache_rows, predicted, measured)
     assert model.hit_rate(group.rows) == pytest.approx(1.0)  # every row cached: nothing misses
     assert model.hit_rate(model.hot_rows(group.rows)) < 0.97  # but FAE's hot set holds what it counted
+
+
+def test_a_run_plans_from_the_very_rows_fae_counts(monkeypatch, tmp_path):
+    """`flowrec train --data` profiles FAE's own sample (rate and seed): the planner's counted rows
+    are the rows a static hot set is chosen from, so nothing is extrapolated, and the planned hit
+    rate matches the whole data's at every cache size. FAE's floor of 20,000 rows is lowered to
+    1,000 so that a 200,000-row dataset is sampled at FAE's 5 % (a run's floor is the planner's too)."""
+    from flowrec.graph import kinds
+    from flowrec.runs.plan import sampled_access_profile
+    from flowrec.runtime import session
+
+    seed = int(np.random.default_rng().integers(1 << 30))
+    spec = spec_from_dict({**DOC, "training": {"seed": seed}})
+    (group,) = group_layout(spec)
+    rows = 200_000
+    table = synth_table(spec, rows, SynthConfig(seed=seed))
+    monkeypatch.setattr(kinds, "HOT_SAMPLE_ROWS", 1_000)
+    monkeypatch.setattr(session, "open_dataset", lambda path, spec: MemorySource(split_table(table, 3)))
+    lines: list[str] = []
+    profile = sampled_access_profile(spec, str(tmp_path), lines.append)
+    rate = kinds.hot_sample_rate(rows)
+    assert rate == kinds.FAE_SAMPLE_RATE and profile["sample_rate"] == rate
+    fae_table = sample_rows(spec, MemorySource(split_table(table, 3)), rate, seed)  # as assign_hot_rows draws it
+    assert profile["samples"] == fae_table.num_rows
+    assert lines == [f"access profile: sampled {fae_table.num_rows:,} of {rows:,} rows of {tmp_path} (seed {seed}) "
+                     "to predict cache traffic"]
+    fae = _counts(spec, group, fae_table)
+    found = int((fae > 0).sum())
+    assert sum(profile["tables"][t.table]["distinct"] for t in group.tables) == found
+    model, _ = group_model(((t.table, t.rows, 1.0) for t in group.tables), profile)
+    assert model.findable == pytest.approx(found)  # the same rows: no extrapolation
+    full = _counts(spec, group, table)
+    for cache_rows in (found // 30, found // 4, found, group.rows):
+        hot = hottest_rows(fae, cache_rows).numpy()
+        measured = float(full[hot].sum() / full.sum())
+        # every counted row cached: the share of the sample's rows, which the unseen rows' average
+        # (hotter than the sample's once-counted rows) must not enter; the top rows: noisier ranks
+        tolerance = 0.008 if cache_rows >= found else 0.02
+        assert abs(model.hot_set_hit_rate(cache_rows) - measured) <= tolerance, (cache_rows, measured)
+
+
+def test_a_hot_set_fills_with_counted_rows_before_hotter_unseen_ones():
+    """The unseen rows of a table are, on average, hotter than rows its sample counted once; a
+    static hot set still holds only counted rows (then those FAE's larger sample finds), in a
+    table's model and in a group's merged one, and its cold traffic is the rest."""
+    from flowrec.planner.fae_traffic import split_segments
+
+    # 100 counted rows: 10 take 0.5, 90 take 0.2 (0.0022 each); unseen: 0.3 over 50 rows (0.006 each)
+    wide = cdf_model(1_000, [[10, 0.5], [100, 0.7]], {"share": 0.3, "rows": 50}, findable=120)
+    assert wide.hit_rate(60) == pytest.approx(0.5 + 0.3)  # the true hottest 60: 10 counted, 50 unseen
+    assert wide.hot_set_hit_rate(60) == pytest.approx(0.5 + 50 * 0.2 / 90)  # FAE's: 60 counted rows
+    assert wide.hot_set_hit_rate(100) == pytest.approx(0.7)
+    assert wide.hot_set_hit_rate(110) == pytest.approx(0.7 + 10 * 0.3 / 50)  # then 20 found unseen ones
+    assert wide.hot_set_hit_rate(1_000) == pytest.approx(0.7 + 20 * 0.3 / 50)
+    hot, cold = split_segments(wide, wide.hot_rows(60))
+    assert sum(r for r, _ in hot) == pytest.approx(60) and sum(r * p for r, p in hot) == pytest.approx(0.5 + 50 * 0.2 / 90)
+    assert sum(r * p for r, p in hot) + sum(r * p for r, p in cold) == pytest.approx(1.0)
+
+    small = cdf_model(20, [[20, 1.0]], findable=20)  # every row counted
+    merged = access.merge([(wide, 3.0), (small, 1.0)])  # wide takes 3/4 of the group's lookups
+    assert merged.findable == pytest.approx(140)
+    assert merged.hit_rate(1_020) == pytest.approx(1.0)
+    assert merged.hot_set_hit_rate(120) == pytest.approx(0.25 + 0.75 * 0.7)  # counted rows of both
+    assert merged.hot_set_hit_rate(1_020) == pytest.approx(0.25 + 0.75 * (0.7 + 20 * 0.3 / 50))
