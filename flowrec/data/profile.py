@@ -3,8 +3,11 @@
 Returns the access profile the planner's cache pass reads::
 
     {"format": "flowrec-access-profile", "version": 1, "spec": NAME, "sample_rate": r,
-     "samples": n, "tables": {TABLE: {"rows", "accesses", "distinct", "hot_cdf", "hit_cdf", "unseen",
-     "skew"}}, "global": {...}, "budget": {...}, "curves": {GROUP: {...}}}
+     "samples": n, "dataset_rows": N, "tables": {TABLE: {"rows", "accesses", "distinct", "hot_cdf",
+     "hit_cdf", "unseen", "skew"}}, "global": {...}, "budget": {...}, "curves": {GROUP: {...}}}
+
+``dataset_rows`` is the rows the sample was drawn from (profiles written before it existed: about
+``samples / sample_rate``).
 
 ``hot_cdf`` is [[k, share of the sample's accesses taken by its k most counted rows], ...] for
 log-spaced k up to the distinct rows; ``skew`` the share taken by the hottest 0.1% / 1% / 10% of
@@ -159,7 +162,7 @@ def profile_access(spec: ModelSpec, source: PartitionSource, sample_rate: float 
     if not 0.0 < sample_rate <= 1.0:
         raise ValueError(f"sample rate must be in (0, 1], got {sample_rate}")
     table = sample_rows(spec, source, sample_rate, seed)
-    n = table.num_rows
+    n, total = table.num_rows, sum(source.partition_rows())
     groups = group_layout(spec)
     cols = {f.name: column_arrays(table.column(f.name)) for f in spec.sparse_features}
     cols = fold_raw_ids(spec, cols)  # managed tables: a row per raw id, estimated by hash
@@ -179,7 +182,7 @@ def profile_access(spec: ModelSpec, source: PartitionSource, sample_rate: float 
         if groups else np.zeros(0, np.int64)
     profile = {
         "format": PROFILE_FORMAT, "version": 1, "spec": spec.name, "sample_rate": sample_rate,
-        "samples": n, "tables": tables,
+        "samples": n, "dataset_rows": total, "tables": tables,
         "global": {"accesses": int(all_counts.sum()), "distinct": int(len(all_counts)),
                    "hot_cdf": hot_cdf(all_counts),
                    "skew": skew(all_counts, sum(g.rows for g in groups))},
@@ -191,7 +194,7 @@ def profile_access(spec: ModelSpec, source: PartitionSource, sample_rate: float 
     bsz = max(1, int(round((batch_size or spec.training.batch_size) * sample_rate)))
     profile["curves"] = {"window": w, "batch_rows": bsz, "groups": {
         g.name: _curves(packed[g.name], g.bags_per_sample, bsz, w, max_trace) for g in groups}}
-    profile["warnings"] = sample_warnings(n, sum(source.partition_rows()), sample_rate, bsz)
+    profile["warnings"] = sample_warnings(n, total, sample_rate, bsz)
     return profile
 
 

@@ -224,13 +224,26 @@ def group_model(tables: Iterable[tuple[str, int, float]], profile: Mapping[str, 
     return (parts[0][0] if len(parts) == 1 else merge(parts)), source
 
 
+def dataset_rows(profile: Mapping[str, Any] | None) -> int | None:
+    """Rows of the profiled dataset: the profile's `dataset_rows`, else (profiles written before
+    it) sampled rows / sample rate, a Bernoulli estimate; None when the profile says neither."""
+    if not profile:
+        return None
+    if profile.get("dataset_rows"):
+        return int(profile["dataset_rows"])
+    if not profile.get("samples") or not profile.get("sample_rate"):
+        return None
+    return int(round(float(profile["samples"]) / float(profile["sample_rate"])))
+
+
 def findable_rows(entry: Mapping[str, Any], profile: Mapping[str, Any]) -> float:
     """Rows of a profiled table FAE's profiling sample is expected to count.
 
-    FAE counts `hot_sample_rate` of the dataset (its rows: the profile's samples / sample rate);
-    with the same seed the planner's sample is part of it. Beyond the profile's distinct rows, its
-    extra accesses meet the unseen rows (``unseen``: share u of accesses over U rows) and find
-    ``U * (1 - exp(-extra * u / U))`` of them.
+    FAE counts `hot_sample_rate` of the dataset (`dataset_rows`: its rows, or before profiles
+    recorded them, samples / sample rate); with the same seed the planner's sample is part of it,
+    and a run's is all of it. Beyond the profile's distinct rows, its extra accesses meet the unseen
+    rows (``unseen``: share u of accesses over U rows) and find ``U * (1 - exp(-extra * u / U))`` of
+    them.
     """
     distinct = float(entry.get("distinct", 0))
     unseen = entry.get("unseen") or {}
@@ -239,6 +252,6 @@ def findable_rows(entry: Mapping[str, Any], profile: Mapping[str, Any]) -> float
     samples = float(profile.get("samples", 0))
     if share <= 0 or count < 1 or samples <= 0:
         return distinct
-    fae_rate = hot_sample_rate(int(round(samples / rate)))
+    fae_rate = hot_sample_rate(dataset_rows(profile) or 1)
     extra = float(entry.get("accesses", 0)) * max(0.0, fae_rate / rate - 1.0)
     return distinct + count * (1.0 - exp(-extra * share / count))

@@ -80,7 +80,7 @@ from flowrec.graph.edges import input_slots
 from flowrec.graph.kinds import OP_KINDS, OPTIMIZERS, PLACEMENTS
 from flowrec.graph.types import ACCESS_NONE, DTYPE_BYTES, AccessProfile, CostPrediction, Op, OpGraph, PackedGroup
 from flowrec.planner import exchange
-from flowrec.planner.access import AccessModel, group_model
+from flowrec.planner.access import AccessModel, dataset_rows, group_model
 from flowrec.planner.calibration import (COLLECTIVE, MEASURABLE, SPEC_KIND, ProfileError, is_profile_path,
                                          profile_fields, read_profile)
 from flowrec.planner.exchange import link_for
@@ -365,10 +365,9 @@ def step_lookups(graph: OpGraph) -> dict[str, int]:
 
 
 def epoch_batches(profile: AccessProfile | None, batch: int) -> float | None:
-    """Batches per epoch of the profiled dataset (its rows: sampled rows / sample rate), or None."""
-    if not profile or not profile.get("samples") or not profile.get("sample_rate"):
-        return None
-    return profile["samples"] / float(profile["sample_rate"]) / max(batch, 1)
+    """Batches per epoch of the profiled dataset (its rows: `access.dataset_rows`), or None."""
+    rows = dataset_rows(profile)
+    return None if rows is None else rows / max(batch, 1)
 
 
 def ids_per_sample(group: PackedGroup, profile: AccessProfile | None) -> float:

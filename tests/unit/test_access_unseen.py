@@ -148,7 +148,7 @@ def test_a_run_plans_from_the_very_rows_fae_counts(monkeypatch, tmp_path):
     rate = kinds.hot_sample_rate(rows)
     assert rate == kinds.FAE_SAMPLE_RATE and profile["sample_rate"] == rate
     fae_table = sample_rows(spec, MemorySource(split_table(table, 3)), rate, seed)  # as assign_hot_rows draws it
-    assert profile["samples"] == fae_table.num_rows
+    assert profile["samples"] == fae_table.num_rows and profile["dataset_rows"] == rows
     assert lines == [f"access profile: sampled {fae_table.num_rows:,} of {rows:,} rows of {tmp_path} (seed {seed}) "
                      "to predict cache traffic"]
     fae = _counts(spec, group, fae_table)
@@ -189,3 +189,16 @@ def test_a_hot_set_fills_with_counted_rows_before_hotter_unseen_ones():
     assert merged.hit_rate(1_020) == pytest.approx(1.0)
     assert merged.hot_set_hit_rate(120) == pytest.approx(0.25 + 0.75 * 0.7)  # counted rows of both
     assert merged.hot_set_hit_rate(1_020) == pytest.approx(0.25 + 0.75 * (0.7 + 20 * 0.3 / 50))
+
+
+def test_findable_rows_take_the_datasets_rows_not_an_estimate_from_the_sample():
+    """A profile at FAE's own rate finds nothing more; before profiles recorded their dataset's rows,
+    samples / rate (a Bernoulli estimate) could put FAE's rate above the sample's and extrapolate."""
+    entry = {"distinct": 14_000, "accesses": 80_000, "unseen": {"share": 0.2, "rows": 30_000}}
+    rate = access.hot_sample_rate(120_000)  # 20,000 of 120,000 rows
+    short = {"sample_rate": rate, "samples": 19_800}  # 118,800 rows by the estimate: FAE's rate above r
+    assert access.dataset_rows(short) == 118_800
+    assert access.findable_rows(entry, short) > 14_100
+    assert access.findable_rows(entry, {**short, "dataset_rows": 120_000}) == 14_000
+    assert access.dataset_rows({**short, "dataset_rows": 120_000}) == 120_000
+    assert access.dataset_rows({}) is None and access.dataset_rows({"samples": 5}) is None
