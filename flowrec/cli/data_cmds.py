@@ -208,9 +208,11 @@ def profile(
     spec: Path = typer.Argument(..., help="Model spec."),
     data: Path = typer.Argument(..., help="Encoded dataset directory."),
     budget: Optional[str] = typer.Option(None, help="Device budget for the hot set, e.g. 2GiB."),
-    sample_rate: float = typer.Option(0.05, help="Fraction of rows sampled (FAE used 5%)."),
+    sample_rate: Optional[float] = typer.Option(
+        None, help="Fraction of rows sampled (default: FAE's, 5% of the rows and at least 20,000 or all: the "
+                   "rows a run's static hot set is chosen from, so a plan from this profile prices that set)."),
     window: Optional[int] = typer.Option(None, help="Lookahead window W in batches (default: spec)."),
-    seed: int = typer.Option(0, help="Sampling seed."),
+    seed: Optional[int] = typer.Option(None, help="Sampling seed (default: the spec's training seed, as a run's)."),
     png: Optional[Path] = typer.Option(None, "--png", help="Write a skew / hit-rate plot here."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the access profile JSON here."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Only warnings (and the files asked for)."),
@@ -222,13 +224,15 @@ def profile(
         from flowrec.data.dataset import ParquetSource
         from flowrec.data.layout import check_spec
         from flowrec.data.profile import plot_profile, profile_access
+        from flowrec.graph.kinds import hot_sample_rate
         from flowrec.spec.units import parse_bytes
 
         model = _spec(spec)
         source = ParquetSource(data)
         try:
             check_spec(source.meta, model)
-            prof = profile_access(model, source, sample_rate, seed,
+            rate = sample_rate if sample_rate is not None else hot_sample_rate(sum(source.partition_rows()))
+            prof = profile_access(model, source, rate, model.training.seed if seed is None else seed,
                                   parse_bytes(budget) if budget else None, window)
         finally:
             source.close()

@@ -248,6 +248,28 @@ def test_train_samples_its_data_to_predict_cache_traffic(tmp_path: Path, monkeyp
     assert synthetic.exit_code == 0 and "access profile" not in synthetic.output
 
 
+def test_a_default_data_profile_is_the_sample_a_run_plans_from(tmp_path: Path, monkeypatch):
+    """`flowrec data profile` samples by default what `flowrec train --data` samples before planning:
+    FAE's rate (here 20,000 of 25,000 rows) with the spec's seed, so `--profile FILE` plans as the
+    run would; another seed draws other rows."""
+    from flowrec.runs.plan import sampled_access_profile
+
+    monkeypatch.chdir(tmp_path)
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(TINY)
+    made = runner.invoke(app, ["data", "synth", str(spec), "--rows", "25000", "--out", "data", "-q"])
+    assert made.exit_code == 0, made.output
+    run = json.loads(json.dumps(sampled_access_profile(load_spec(spec), "data", lambda _: None)))
+    assert run["sample_rate"] == pytest.approx(0.8) and run["dataset_rows"] == 25_000
+    for name, extra in (("default.json", []), ("seed0.json", ["--seed", "0"])):
+        made = runner.invoke(app, ["data", "profile", str(spec), "data", "--json", name, "-q", *extra])
+        assert made.exit_code == 0, made.output
+    default, seed0 = (json.loads((tmp_path / n).read_text()) for n in ("default.json", "seed0.json"))
+    assert (default["sample_rate"], default["samples"], default["tables"]) == \
+        (run["sample_rate"], run["samples"], run["tables"])
+    assert seed0["sample_rate"] == run["sample_rate"] and seed0["tables"] != run["tables"]
+
+
 def test_a_device_budget_that_is_not_a_size_is_one_line_before_any_measurement(tmp_path: Path):
     out = tmp_path / "p.json"
     result = runner.invoke(app, ["calibrate", str(SPEC), "--nproc", "2", "--device-budget", "12XB", "--out", str(out)])

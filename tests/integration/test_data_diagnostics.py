@@ -84,7 +84,7 @@ optimizer: {dense: {name: adam, lr: 0.01}, sparse: {name: adagrad, lr: 0.1}}
 def test_profile_labels_in_sample_figures_and_warns_on_small_samples(criteo: Path, tmp_path: Path) -> None:
     png = tmp_path / "p.png"
     result = runner.invoke(app, ["data", "profile", str(REPO / "specs" / "dlrm_criteo.yaml"), str(criteo),
-                                 "--budget", "64KiB", "--png", str(png)])
+                                 "--budget", "64KiB", "--png", str(png), "--sample-rate", "0.05"])
     assert result.exit_code == 0, result.output
     assert "of the sampled accesses (in-sample" in result.output
     assert "in the sample," in result.output and "expected over the whole data" in result.output
@@ -93,6 +93,9 @@ def test_profile_labels_in_sample_figures_and_warns_on_small_samples(criteo: Pat
     full = runner.invoke(app, ["data", "profile", str(REPO / "specs" / "dlrm_criteo.yaml"), str(criteo),
                                "--sample-rate", "1.0"])
     assert "warning: the sample holds" not in full.output
+    default = runner.invoke(app, ["data", "profile", str(REPO / "specs" / "dlrm_criteo.yaml"), str(criteo)])
+    assert default.exit_code == 0, default.output  # FAE's sample of 1,000 rows: all of them
+    assert "1,000 sampled rows (rate 1)" in default.output and "warning: the sample holds" not in default.output
 
 
 def test_inspect_of_a_split_dataset_shows_each_part(shared_data: Path, tmp_path: Path) -> None:
