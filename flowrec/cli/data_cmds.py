@@ -224,15 +224,13 @@ def profile(
         from flowrec.data.dataset import ParquetSource
         from flowrec.data.layout import check_spec
         from flowrec.data.profile import plot_profile, profile_access
-        from flowrec.graph.kinds import hot_sample_rate
         from flowrec.spec.units import parse_bytes
 
         model = _spec(spec)
         source = ParquetSource(data)
         try:
             check_spec(source.meta, model)
-            rate = sample_rate if sample_rate is not None else hot_sample_rate(sum(source.partition_rows()))
-            prof = profile_access(model, source, rate, model.training.seed if seed is None else seed,
+            prof = profile_access(model, source, sample_rate, model.training.seed if seed is None else seed,
                                   parse_bytes(budget) if budget else None, window)
         finally:
             source.close()

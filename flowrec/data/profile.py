@@ -37,6 +37,7 @@ from flowrec.data.checks import check_partition, partition_rules
 from flowrec.data.dataset import PartitionSource, partition_name
 from flowrec.data.managed_stage import fold_raw_ids
 from flowrec.data.packed_ids import column_arrays, pack_group
+from flowrec.graph.kinds import hot_sample_rate
 from flowrec.graph.packing import group_layout
 from flowrec.spec.model import ModelSpec
 
@@ -155,14 +156,19 @@ def skew(counts: np.ndarray, rows: int) -> dict[str, float]:
     return out
 
 
-def profile_access(spec: ModelSpec, source: PartitionSource, sample_rate: float = 0.05, seed: int = 0,
+def profile_access(spec: ModelSpec, source: PartitionSource, sample_rate: float | None = None, seed: int = 0,
                    budget_bytes: int | None = None, window: int | None = None,
                    batch_size: int | None = None, max_trace: int = MAX_TRACE) -> dict[str, Any]:
-    """The access profile of a dataset for a spec (see the module docstring)."""
+    """The access profile of a dataset for a spec (see the module docstring). `sample_rate` None:
+    FAE's (`flowrec.graph.kinds.hot_sample_rate`), the rows a static hot set is chosen from; with
+    the seed FAE is given (the spec's training seed, in training) they are the very same rows."""
+    total = sum(source.partition_rows())
+    if sample_rate is None:
+        sample_rate = hot_sample_rate(total)
     if not 0.0 < sample_rate <= 1.0:
         raise ValueError(f"sample rate must be in (0, 1], got {sample_rate}")
     table = sample_rows(spec, source, sample_rate, seed)
-    n, total = table.num_rows, sum(source.partition_rows())
+    n = table.num_rows
     groups = group_layout(spec)
     cols = {f.name: column_arrays(table.column(f.name)) for f in spec.sparse_features}
     cols = fold_raw_ids(spec, cols)  # managed tables: a row per raw id, estimated by hash

@@ -63,14 +63,7 @@ class AccessModel:
 
     def hit_rate(self, cache_rows: float) -> float:
         """Share of accesses that hit when the hottest `cache_rows` rows are cached."""
-        left, share = float(cache_rows), 0.0
-        for rows, p in self.segments:
-            take = min(rows, left)
-            share += take * p
-            left -= take
-            if left <= 0:
-                break
-        return min(1.0, share)
+        return _filled_share(self.segments, cache_rows)
 
     def hot_rows(self, cache_rows: float) -> float:
         """Rows a static hot set of `cache_rows` slots holds: no more than its sample can find."""
@@ -93,18 +86,23 @@ class AccessModel:
     def hot_set_hit_rate(self, cache_rows: float) -> float:
         """Share of accesses that hit a static hot set of `cache_rows` slots (`hot_rows` of them filled,
         in `fill_order`)."""
-        left, share = self.hot_rows(cache_rows), 0.0
-        for rows, p, _ in self.fill_order():
-            if left <= 0:
-                break
-            take = min(rows, left)
-            share += take * p
-            left -= take
-        return min(1.0, share)
+        return _filled_share(((rows, p) for rows, p, _ in self.fill_order()), self.hot_rows(cache_rows))
 
     def distinct(self, draws: float) -> float:
         """Expected distinct rows among `draws` independent lookups (Poisson approximation)."""
         return sum(rows * (1.0 - exp(-draws * p)) for rows, p in self.segments)
+
+
+def _filled_share(segments: Iterable[tuple[float, float]], rows: float) -> float:
+    """Share of accesses of the first `rows` rows of `segments`, in their order."""
+    left, share = float(rows), 0.0
+    for count, p in segments:
+        if left <= 0:
+            break
+        take = min(count, left)
+        share += take * p
+        left -= take
+    return min(1.0, share)
 
 
 def _tiered(segments: Iterable[tuple[float, float]], counted: float) -> tuple[tuple[float, float, int], ...]:

@@ -12,7 +12,6 @@ from typing import Any, Callable
 
 import torch
 
-from flowrec.graph.kinds import hot_sample_rate
 from flowrec.graph.types import Plan
 from flowrec.planner.contract import PlanError, load_plan
 from flowrec.planner.manager import PassFailure, load_profile, make_plan
@@ -99,14 +98,12 @@ def sampled_access_profile(spec: ModelSpec, data: str | None,
     try:
         source = open_dataset(train, spec)
         try:
-            total = sum(source.partition_rows())
-            rate = hot_sample_rate(total)
-            profile = profile_access(spec, source, sample_rate=rate, seed=spec.training.seed)
+            profile = profile_access(spec, source, seed=spec.training.seed)  # FAE's sample
         finally:
             source.close()
     except (DataError, OSError, ValueError) as exc:
         raise RunError(first_line(exc), cause=exc) from None
-    status(f"access profile: sampled {profile['samples']:,} of {total:,} rows of {train} "
+    status(f"access profile: sampled {profile['samples']:,} of {profile['dataset_rows']:,} rows of {train} "
            f"(seed {spec.training.seed}) to predict cache traffic")
     return profile
 
