@@ -156,6 +156,10 @@ PLACEMENTS: dict[str, PlacementInfo] = {p.name: p for p in (
 )}
 
 
+HORIZON_WINDOWS = 3  # lookahead caches: the batches after the window whose rows the data stage
+# attaches (this many windows), by which the scratchpad chooses its victims and the planner prices
+# the rows it keeps between reads (`flowrec.planner.access.retained_fetches`)
+
 FAE_SAMPLE_RATE = 0.05  # static_hot: FAE's profiling sample at the start of training, 5 % of the rows ...
 HOT_SAMPLE_ROWS = 20_000  # ... and at least this many (all of a small dataset). A run's planner
 # samples the same rows (`flowrec.runs.plan.sampled_access_profile`: this rate, the same seed), so it

@@ -35,7 +35,7 @@ import torch
 from flowrec.data.batches import StagingOptions, iterate_batches
 from flowrec.data.dataset import MemorySource, ParquetSource
 from flowrec.data.synth import synth_dataset, synth_table
-from flowrec.graph.kinds import PLACEMENTS
+from flowrec.graph.kinds import HORIZON_WINDOWS, PLACEMENTS
 from flowrec.measure import robust
 from flowrec.runtime.hostmem import tune_host_allocator
 from flowrec.runtime.lowering import LoweredModel, lower
@@ -43,7 +43,7 @@ from flowrec.runtime.managed_state import fresh_remapper
 from flowrec.runtime.nonfinite import LossGuard
 from flowrec.runtime.retrieval import batch_items, candidates, embed_step, item_labels
 from flowrec.runtime.step import DEFAULT_LOOKAHEAD, autocast_context, make_dense_optimizer, train_step
-from flowrec.runtime.trainer import HORIZON_WINDOWS, TrainConfig
+from flowrec.runtime.trainer import TrainConfig
 from flowrec.spec.model import ModelSpec
 from operators.device import runtime_for
 
@@ -351,7 +351,7 @@ def trainer_options(spec: ModelSpec, plan: Any) -> StagingOptions:
     """The staging of training batches as the trainer configures it by default (`Trainer.staging`
     with `TrainConfig`'s defaults): its packing workers (sized to the usable cores), the plan's
     prefetch depth (at least 2), the lookahead of `_options`, the last batch of an epoch kept, and
-    a lookahead cache's horizon (`trainer.HORIZON_WINDOWS` windows)."""
+    a lookahead cache's horizon (`flowrec.graph.kinds.HORIZON_WINDOWS` windows)."""
     placements, config = {g.placement for g in plan.meta.groups}, TrainConfig()
     base = _options(spec, plan)
     return replace(base, workers=config.workers, drop_last=config.drop_last, prefetch=max(int(plan.meta.prefetch), 2),

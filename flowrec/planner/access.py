@@ -25,11 +25,11 @@ Example:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from math import exp, log
+from dataclasses import dataclass, replace
+from math import exp, expm1, log
 from typing import Any, Iterable, Mapping
 
-from flowrec.graph.kinds import hot_sample_rate
+from flowrec.graph.kinds import HORIZON_WINDOWS, hot_sample_rate
 
 ZIPF_EXPONENT = 1.05  # Zipf exponent s: p(rank k) ~ k^-s
 EXACT_RANKS = 64  # hottest ranks modelled one row per segment
@@ -45,6 +45,8 @@ class AccessModel:
         findable: rows a static hot set can hold (those FAE's profiling sample counts); None: any.
         hot_order: the same rows as (rows, p, tier) in the order a static hot set fills them
             (`fill_order`); None: `segments`' order, the first `findable` rows counted.
+        epoch: how often one pass over the data reads each row (`EpochCounts`), when the profile
+            counted it; distinct rows and the lookahead cache's fetches then come from it.
 
     Example:
         >>> AccessModel(((1, 0.5), (2, 0.25))).hit_rate(2)
@@ -56,6 +58,7 @@ class AccessModel:
     segments: tuple[tuple[float, float], ...]
     findable: float | None = None
     hot_order: tuple[tuple[float, float, int], ...] | None = None
+    epoch: EpochCounts | None = None
 
     @property
     def rows(self) -> float:
@@ -89,8 +92,114 @@ class AccessModel:
         return _filled_share(((rows, p) for rows, p, _ in self.fill_order()), self.hot_rows(cache_rows))
 
     def distinct(self, draws: float) -> float:
-        """Expected distinct rows among `draws` independent lookups (Poisson approximation)."""
+        """Expected distinct rows among `draws` lookups: of an epoch's reads (`EpochCounts`) when
+        known, else of independent lookups (Poisson approximation)."""
+        if self.epoch is not None:
+            return self.epoch.distinct(draws)
         return sum(rows * (1.0 - exp(-draws * p)) for rows, p in self.segments)
+
+    def window_fetches(self, draws: float, window: int, capacity: float = 0.0) -> float:
+        """Rows a lookahead scratchpad of `capacity` slots fetches per batch of `draws` lookups,
+        pinning the rows of `window` batches (see `retained_fetches`); 0 slots: the window only."""
+        if self.epoch is not None:
+            return self.epoch.fetches(draws, window, capacity)
+        rates = [(rows, draws * p) for rows, p in self.segments]
+        return retained_fetches(lambda t: _stream_terms(rates, window, t), window, capacity)
+
+
+@dataclass(frozen=True)
+class EpochCounts:
+    """How often one pass over the data (an epoch) reads each row: (reads c, rows read c times).
+
+    A shuffled epoch spreads a row's c reads over its batches at random, so its distinct rows among
+    a share f of the epoch's reads are sum rows * (1 - (1 - f)^c), exactly in expectation for
+    whole batches drawn without replacement; the lookahead cache's fetches follow from the gaps
+    between a row's reads (`fetches`). Rows read once are fetched once an epoch whatever the cache
+    holds: on a long tail (two_task's synthetic data: 563,502 of 810,185 rows read once) they, not
+    the window, decide the traffic.
+
+    Example:
+        >>> e = EpochCounts(((1.0, 100.0), (10.0, 10.0)))
+        >>> e.reads, round(e.distinct(100.0), 3)
+        (200.0, 100.0)
+    """
+
+    counts: tuple[tuple[float, float], ...]
+
+    @property
+    def reads(self) -> float:
+        return sum(c * rows for c, rows in self.counts)
+
+    def distinct(self, draws: float) -> float:
+        f = min(1.0, max(0.0, draws / (self.reads or 1.0)))
+        return sum(rows * (1.0 - (1.0 - f) ** c) for c, rows in self.counts)
+
+    def fetches(self, draws: float, window: int, capacity: float) -> float:
+        """Rows fetched per batch of `draws` reads in the epoch, averaged over it (`retained_fetches`):
+        each row's first read, then every gap between reads longer than the cache keeps it.
+
+        With its c reads at random among the epoch's E batches, a gap between two of them exceeds s
+        batches with probability (1 - s/E)^c; the row is pinned while a read is in the window, and
+        kept between two reads when the gap is at most the threshold T."""
+        batches = max(1.0, self.reads / max(draws, 1e-9))
+        return retained_fetches(lambda t: _epoch_terms(self.counts, batches, window, t), window, capacity,
+                                top=batches)
+
+
+def retained_fetches(terms: Any, window: int, capacity: float, top: float | None = None) -> float:
+    """Rows fetched per batch by a lookahead scratchpad of `capacity` slots (W = `window`).
+
+    The scratchpad pins the rows of the next W batches and, with slots to spare, keeps rows between
+    their reads: its victims are rows no batch of the horizon uses, then the horizon's by furthest
+    next use (`flowrec.runtime.caches.victims.NextUseFirst`), as Belady's rule does. Such a cache
+    keeps a row over every gap between two reads of at most T batches and drops it over longer
+    ones, T set so that the pinned rows and the kept ones fill the slots. It knows the next read
+    only within the horizon (W + H batches, H = `HORIZON_WINDOWS` windows), so T is at most W + H:
+    beyond it the victims go by reads since the fetch, and a row read once ranks with one read
+    twice; slots spent so are not priced as kept (two_task: 7,200 fetched a batch over the run's
+    first 90 batches' steady part where a T beyond the horizon priced 6,600, the horizon's 7,800).
+    `terms(T)` gives (slots taken, rows fetched) per batch at threshold T; T = W (no slot to spare,
+    or a capacity of 0) is the window alone: a row is fetched when its next read is more than W
+    batches after the last.
+    """
+    held, fetched = terms(float(window))
+    if capacity <= held:
+        return fetched
+    hi = float(window) * (1 + HORIZON_WINDOWS) if top is None else min(float(top), float(window) * (1 + HORIZON_WINDOWS))
+    if terms(hi)[0] <= capacity:
+        return terms(hi)[1]
+    lo = float(window)
+    for _ in range(50):
+        mid = 0.5 * (lo + hi)
+        if terms(mid)[0] > capacity:
+            hi = mid
+        else:
+            lo = mid
+    return terms(lo)[1]
+
+
+def _epoch_terms(counts: Iterable[tuple[float, float]], batches: float, window: int, t: float) -> tuple[float, float]:
+    """(slots, fetches) per batch at threshold t for rows read c times in an epoch of `batches`."""
+    w, y = max(0.0, 1.0 - window / batches), max(0.0, 1.0 - t / batches)
+    held = fetched = 0.0
+    for c, rows in counts:
+        held += rows * (1.0 - w ** c)  # pinned: a read among the window's batches
+        if t > window and c > 1:  # kept over the gaps of W..t batches, (gap - W) batches each
+            gap = batches / (c + 1.0) * (w ** (c + 1.0) - y ** (c + 1.0)) - (t - window) * y ** c
+            held += rows * (c - 1.0) * max(0.0, gap) / batches
+        fetched += rows * (1.0 + (c - 1.0) * y ** c) / batches  # the first read, then each gap over t
+    return held, fetched
+
+
+def _stream_terms(rates: Iterable[tuple[float, float]], window: int, t: float) -> tuple[float, float]:
+    """(slots, fetches) per batch at threshold t for rows read at `a` per batch (Poisson, no epoch)."""
+    held = fetched = 0.0
+    for rows, a in rates:
+        held += rows * -expm1(-a * window)
+        if t > window:
+            held += rows * (exp(-a * window) - exp(-a * t) - a * (t - window) * exp(-a * t))
+        fetched += rows * -expm1(-a) * exp(-a * t)
+    return held, fetched
 
 
 def _filled_share(segments: Iterable[tuple[float, float]], rows: float) -> float:
@@ -219,7 +328,11 @@ def group_model(tables: Iterable[tuple[str, int, float]], profile: Mapping[str, 
             model, weight = zipf_model(rows), lookups
         parts.append((model, weight))
     source = "profile" if all_profiled else ("mixed" if hits else "zipf")
-    return (parts[0][0] if len(parts) == 1 else merge(parts)), source
+    model = parts[0][0] if len(parts) == 1 else merge(parts)
+    counted = [known[t].get("dataset_counts") for t, _, _ in tables] if all_profiled else [None]
+    if all(c is not None for c in counted):  # every member's reads were counted: the epoch's own
+        model = replace(model, epoch=EpochCounts(tuple((float(c), float(r)) for h in counted for c, r in h)))
+    return model, source
 
 
 def dataset_rows(profile: Mapping[str, Any] | None) -> int | None:

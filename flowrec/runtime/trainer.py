@@ -29,6 +29,7 @@ import torch
 from flowrec.data.batches import StagingOptions, batches_per_epoch, iterate_batches
 from flowrec.data.rowcache import parse_cache_data
 from flowrec.data.cores import thread_budget
+from flowrec.graph.kinds import HORIZON_WINDOWS
 from flowrec.runtime.caches.counters import collect_counters
 from flowrec.runtime.caches.fae_batches import COLD_RUN, HOT_RUN, HotColdBatcher
 from flowrec.runtime.caches.static_hot import assign_hot_rows
@@ -62,7 +63,6 @@ from flowrec.spec.model import ModelSpec
 from operators.device import forked_generators
 
 INTERRUPT_FLAG, STOP_FLAG = 0, 1  # the flags the ranks agree on each step (`DenseParallel`), in this order
-HORIZON_WINDOWS = 3  # lookahead caches: staged horizon, in windows, that victims are chosen by
 # "inline": every checkpoint is written on the training thread (the behaviour before background
 # writes, for comparison: tools/bench_checkpoint.py); default ("background"): on a writer thread.
 # One switch for one process and for ranks; the older name, for ranks only once, is still read.

@@ -1,0 +1,167 @@
+"""What one pass over the data reads (`flowrec.data.profile.RowsRead`, `dataset_counts`) and what the
+planner prices from it (`flowrec.planner.access.EpochCounts`): the distinct rows of a stretch of
+the epoch and the rows a lookahead scratchpad fetches, checked against the data itself and against
+the runtime's scratchpad (victims by next use in the horizon, `NextUseFirst`) on fresh skewed
+synthetic data each run."""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from math import ceil
+
+import numpy as np
+import pytest
+import torch
+
+from flowrec.data.batches import StagingOptions, iterate_batches
+from flowrec.data.dataset import MemorySource, split_table
+from flowrec.data.packed_ids import column_arrays, pack_group
+from flowrec.data.profile import count_histogram, profile_access
+from flowrec.data.synth import SynthConfig, synth_table
+from flowrec.graph.kinds import HORIZON_WINDOWS
+from flowrec.graph.packing import group_layout
+from flowrec.planner.access import EpochCounts, group_model, retained_fetches
+from flowrec.planner.cost import group_access, new_rows_per_batch
+from flowrec.planner.manager import load_profile
+from flowrec.planner.passes.cache import LOOKAHEAD_MARGIN
+from flowrec.runtime.caches import LookaheadEmbedding
+from flowrec.spec import spec_from_dict
+from flowrec.testing.caches import CPU, head_weights, loss_of
+
+DOC = {
+    "name": "epoch",
+    "features": [{"name": f"c{i}", "type": "categorical", "hash_buckets": v, "dim": 4}
+                 for i, v in enumerate([300, 8_000, 50_000, 200_000])],
+    "modules": [{"name": "top", "kind": "mlp", "inputs": ["@sparse"], "layers": [4]}],
+    "heads": [{"name": "ctr", "input": "top"}],
+    "optimizer": {"dense": {"name": "adam", "lr": 0.01}, "sparse": {"name": "sgd", "lr": 0.1}},
+    "training": {"batch_size": 256, "seed": 0},
+    "plan": {"window": 4},
+}
+
+
+def _data(seed: int, rows: int):
+    spec = spec_from_dict(DOC)
+    (group,) = group_layout(spec)
+    table = synth_table(spec, rows, SynthConfig(seed=seed))
+    return spec, group, table, MemorySource(split_table(table, 3))
+
+
+def _reads(spec, group, table) -> np.ndarray:
+    cols = {f.name: column_arrays(table.column(f.name)) for f in spec.sparse_features}
+    return np.bincount(pack_group(group, cols, table.num_rows)[0], minlength=group.rows)
+
+
+def test_a_profile_counts_every_read_of_the_whole_data(tmp_path):
+    seed = int(np.random.default_rng().integers(1 << 30))
+    spec, group, table, source = _data(seed, 30_000)
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(profile_access(spec, source, sample_rate=0.05, seed=seed)))
+    prof = load_profile(path)  # the schema holds the new figures
+    reads = _reads(spec, group, table)
+    for slot in group.tables:
+        mine = reads[slot.row_offset:slot.row_offset + slot.rows]
+        entry = prof["tables"][slot.table]
+        assert entry["dataset_distinct"] == int((mine > 0).sum())
+        hist = entry["dataset_counts"]
+        assert sum(r for _, r in hist) == entry["dataset_distinct"]
+        assert sum(c * r for c, r in hist) == pytest.approx(float(mine.sum()), rel=1e-9)
+        exact = {int(c): r for c, r in hist if c <= 16}
+        for c in range(1, 17):
+            assert exact.get(c, 0) == int((mine == c).sum())
+        if entry["unseen"]["share"] > 0:  # the rows the sample missed: exactly the rest of those read
+            assert entry["unseen"]["rows"] == entry["dataset_distinct"] - entry["distinct"]
+
+
+@pytest.mark.parametrize("bad", [[[0.5, 3]], [[2, -1]], [[1, 2, 3]], [["x", 1]]])
+def test_a_profile_with_broken_read_counts_is_refused_in_one_line(tmp_path, bad):
+    seed = int(np.random.default_rng().integers(1 << 30))
+    spec, group, _, source = _data(seed, 5_000)
+    doc = profile_access(spec, source, seed=seed)
+    doc["tables"]["c2"]["dataset_counts"] = bad
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="dataset_counts") as err:
+        load_profile(path)
+    assert "\n" not in str(err.value)
+
+
+def test_count_histogram_bins_beyond_the_exact_counts():
+    counts = np.array([0, 1, 1, 2, 16, 17, 17, 40, 41, 1000])
+    hist = count_histogram(counts)
+    assert hist[:3] == [[1, 2], [2, 1], [16, 1]]
+    assert sum(r for _, r in hist) == 9
+    assert sum(c * r for c, r in hist) == pytest.approx(float(counts.sum()))
+    assert all(a[0] < b[0] for a, b in zip(hist, hist[1:]))
+
+
+def test_distinct_rows_of_a_stretch_of_the_epoch_match_the_data():
+    seed = int(np.random.default_rng().integers(1 << 30))
+    spec, group, table, source = _data(seed, 40_000)
+    prof = profile_access(spec, source, seed=seed)
+    model = group_access(group, prof)
+    assert model.epoch is not None
+    cols = {f.name: column_arrays(table.column(f.name)) for f in spec.sparse_features}
+    ids = pack_group(group, cols, table.num_rows)[0].reshape(table.num_rows, -1)
+    order = np.random.default_rng(seed).permutation(table.num_rows)
+    per_sample = ids.shape[1]
+    for samples in (256, 2_048, 12_000):
+        got = np.mean([len(np.unique(ids[order[k:k + samples]])) for k in range(0, 36_000, 12_000)])
+        assert model.distinct(samples * per_sample) == pytest.approx(got, rel=0.03)
+    assert model.distinct(10 * ids.size) == pytest.approx(float((np.bincount(ids.ravel()) > 0).sum()))
+
+
+def test_a_profile_without_counts_keeps_the_sampled_model():
+    seed = int(np.random.default_rng().integers(1 << 30))
+    spec, group, _, source = _data(seed, 20_000)
+    prof = profile_access(spec, source, seed=seed)
+    for entry in prof["tables"].values():
+        entry.pop("dataset_counts")
+    members = [(t.table, t.rows, 1.0) for t in group.tables]
+    assert group_model(members, prof)[0].epoch is None
+
+
+def test_rows_read_once_are_fetched_whatever_the_cache_holds():
+    once = EpochCounts(((1.0, 1000.0),))
+    # 1,000 rows read once in an epoch of 100 batches of 10 reads: 10 fetches a batch, any slots
+    assert once.fetches(10.0, 4, 0.0) == pytest.approx(10.0)
+    assert once.fetches(10.0, 4, 1e6) == pytest.approx(10.0)
+    twice = EpochCounts(((2.0, 500.0),))
+    window_only, kept = twice.fetches(10.0, 4, 0.0), twice.fetches(10.0, 4, 1e6)
+    assert 5.0 < kept < window_only < 10.0  # spare slots keep a row between its two reads
+    # the horizon bounds what is kept: past W + H batches the gap is fetched again
+    assert kept == pytest.approx(5.0 * (1.0 + (1.0 - 4 * (1 + HORIZON_WINDOWS) / 100.0) ** 2))
+
+
+def test_spare_slots_cut_fetches_monotonically():
+    terms_of = EpochCounts(tuple((float(c), 2000.0 / c) for c in range(1, 30)))
+    draws, window = 200.0, 4
+    fetched = [terms_of.fetches(draws, window, cap) for cap in (0, 500, 1000, 2000, 4000, 1e9)]
+    assert all(a >= b - 1e-9 for a, b in zip(fetched, fetched[1:]))
+    assert fetched[-1] < fetched[0]
+    assert retained_fetches(lambda t: (1.0, 7.0), window, 0.0) == 7.0
+
+
+@pytest.mark.parametrize("spare", [LOOKAHEAD_MARGIN, 2.0])
+def test_priced_fetches_match_the_runtimes_scratchpad(spare):
+    seed = int(np.random.default_rng().integers(1 << 30))
+    spec, group, table, source = _data(seed, 16_384)
+    prof = profile_access(spec, source, seed=seed)
+    batch, window = spec.training.batch_size, spec.plan.window
+    model = group_access(group, prof)
+    capacity = ceil(model.distinct(batch * len(group.fields) * (window + 1)) * spare)
+    planned = replace(group, cache_rows=capacity, dtype="fp64")
+    opts = StagingOptions(batch_size=batch, shuffle_buffer=4096, workers=1, lookahead=window,
+                          horizon=HORIZON_WINDOWS * window)
+    with iterate_batches(spec, MemorySource(split_table(table, 3)), opts) as it:
+        batches = list(it)
+    module = LookaheadEmbedding(planned, seed=3, device=CPU, interleave=False)
+    w = head_weights(planned)
+    for b in batches:
+        loss_of(module.forward_group(b.groups[group.name]), w).backward()
+    module.close()
+    measured = module.counters.rows_fetched / len(batches)
+    priced = new_rows_per_batch(planned, batch, window, prof)
+    window_only = new_rows_per_batch(replace(planned, cache_rows=0), batch, window, prof)
+    assert priced == pytest.approx(measured, rel=0.12)
+    assert window_only > 1.15 * measured  # the spare slots matter on this data: the window alone over-prices
