@@ -99,8 +99,13 @@ class RowsRead:
             return
         cols = {f.name: column_arrays(table.column(f.name)) for f in self.spec.sparse_features}
         for g in self.groups:
-            rows, counts = np.unique(pack_group(g, cols, table.num_rows)[0], return_counts=True)
-            self.counts[g.name][rows] += counts.astype(np.uint32)
+            ids = pack_group(g, cols, table.num_rows)[0]
+            counts = self.counts[g.name]
+            if 8 * len(ids) >= len(counts):  # dense: one pass, O(ids + rows)
+                np.add(counts, np.bincount(ids, minlength=len(counts)), out=counts, casting="unsafe")
+            else:  # a few ids over many rows: sort them instead of a count per row
+                rows, n = np.unique(ids, return_counts=True)
+                counts[rows] += n.astype(np.uint32)
 
     def table_counts(self, group: str, offset: int, rows: int) -> np.ndarray | None:
         """Reads of each row of a group's table (rows offset..offset+rows); None: not counted."""

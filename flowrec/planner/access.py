@@ -156,8 +156,8 @@ def retained_fetches(terms: Any, window: int, capacity: float, top: float | None
     ones, T set so that the pinned rows and the kept ones fill the slots. It knows the next read
     only within the horizon (W + H batches, H = `HORIZON_WINDOWS` windows), so T is at most W + H:
     beyond it the victims go by reads since the fetch, and a row read once ranks with one read
-    twice; slots spent so are not priced as kept (two_task: 7,200 fetched a batch over the run's
-    first 90 batches' steady part where a T beyond the horizon priced 6,600, the horizon's 7,800).
+    twice; slots spent so are not priced as kept (two_task's synthetic epoch: the runtime's policy
+    fetched 7,254 rows a batch; priced 7,815 with T at most W + H, 6,637 without the bound).
     `terms(T)` gives (slots taken, rows fetched) per batch at threshold T; T = W (no slot to spare,
     or a capacity of 0) is the window alone: a row is fetched when its next read is more than W
     batches after the last.

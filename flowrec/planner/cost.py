@@ -503,8 +503,8 @@ def new_rows_per_batch(unit_group: PackedGroup, batch: int, window: int, profile
     """Rows a lookahead scratchpad fetches per batch: a row whose next read is more than W batches
     away leaves the window, and its slots' spare rows (the plan's `cache_rows` beyond the window's)
     keep it over the shorter of such gaps (`AccessModel.window_fetches`). Before Round 23 the
-    window alone (distinct rows of W+1 batches minus W's): two_task's scratchpad fetched 6,500 rows
-    a batch where that priced 10,200."""
+    window alone (distinct rows of W+1 batches minus W's): two_task's scratchpad fetched 7,254 rows
+    a batch over a synthetic epoch where that priced 10,556 (now 7,815)."""
     model = group_access(unit_group, profile)
     draws = batch * ids_per_sample(unit_group, profile) + step_ids
     return max(0.0, model.window_fetches(draws, window, float(unit_group.cache_rows or 0)))

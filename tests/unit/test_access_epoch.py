@@ -165,3 +165,20 @@ def test_priced_fetches_match_the_runtimes_scratchpad(spare):
     window_only = new_rows_per_batch(replace(planned, cache_rows=0), batch, window, prof)
     assert priced == pytest.approx(measured, rel=0.12)
     assert window_only > 1.15 * measured  # the spare slots matter on this data: the window alone over-prices
+
+
+def test_groups_with_managed_tables_are_not_counted():
+    """A managed table's rows come from its map, not the ids read: its group keeps the sampled model."""
+    doc = {**DOC, "tables": [{"name": "users", "dim": 8, "managed": {"rows": 500, "admit_min_count": 2}}],
+           "features": [*DOC["features"], {"name": "u", "type": "categorical", "table": "users"}]}
+    spec = spec_from_dict(doc)
+    seed = int(np.random.default_rng().integers(1 << 30))
+    prof = profile_access(spec, MemorySource(split_table(synth_table(spec, 6_000, SynthConfig(seed=seed)), 2)), seed=seed)
+    managed = next(g for g in group_layout(spec) if any(t.table == "users" for t in g.tables))
+    for slot in managed.tables:
+        assert "dataset_counts" not in prof["tables"][slot.table]
+    assert group_access(managed, prof).epoch is None
+    counted = [g for g in group_layout(spec) if g.name != managed.name]
+    assert counted  # the other tables are a group of their own (dim 4), and counted
+    for g in counted:
+        assert group_access(g, prof).epoch is not None
