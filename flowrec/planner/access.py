@@ -34,6 +34,10 @@ from flowrec.graph.kinds import HORIZON_WINDOWS, hot_sample_rate
 ZIPF_EXPONENT = 1.05  # Zipf exponent s: p(rank k) ~ k^-s
 EXACT_RANKS = 64  # hottest ranks modelled one row per segment
 BIN_RATIO = 1.5  # geometric growth of the rank bins beyond EXACT_RANKS
+BEYOND_HORIZON_SAVED = 0.5  # of the fetches a scratchpad's slots past its horizon would save if it
+# ranked rows by their reads in the epoch (it ranks by reads since their fetch). Fitted on the
+# runtime's policy over synthetic epochs: 0 (the horizon only) priced +2 % to +16 %, 1 -4 % to -10 %
+# (two_task, din_taobao, tests/unit/test_access_epoch.py's data); see docs/benchmarks.md, Round 23
 
 
 @dataclass(frozen=True)
@@ -142,8 +146,28 @@ class EpochCounts:
         batches with probability (1 - s/E)^c; the row is pinned while a read is in the window, and
         kept between two reads when the gap is at most the threshold T."""
         batches = max(1.0, self.reads / max(draws, 1e-9))
-        return retained_fetches(lambda t: _epoch_terms(self.counts, batches, window, t), window, capacity,
-                                top=batches)
+        terms = lambda t: _epoch_terms(self.counts, batches, window, t)  # noqa: E731
+        fetched = retained_fetches(terms, window, capacity, top=batches)
+        known = min(batches, float(window) * (1 + HORIZON_WINDOWS))  # the horizon's end
+        spare = capacity - terms(known)[0]
+        if spare <= 0 or known >= batches:
+            return fetched
+        # Slots left once every gap the horizon sees is kept hold rows by reads since their fetch
+        # (`NextUseFirst` beyond the horizon): the most read rows stay, over their longer gaps and
+        # after their last read alike. Were the ranking by each row's reads in the epoch, a row
+        # read c times would be held (its share of the epoch) ((c - 1) y^(c+1) + 1) / (c + 1)
+        # beyond what the horizon keeps, y = 1 - horizon/E, and save the fetches of its gaps over
+        # the horizon, (c - 1) y^c an epoch. Reads since the fetch are a partial count, so only
+        # BEYOND_HORIZON_SAVED of that is priced.
+        y, saved = 1.0 - known / batches, 0.0
+        for c, rows in sorted(self.counts, reverse=True):
+            if c <= 1 or spare <= 0:
+                break
+            held = ((c - 1.0) * y ** (c + 1.0) + 1.0) / (c + 1.0)
+            take = min(rows, spare / held)
+            saved += take * (c - 1.0) * y ** c / batches
+            spare -= take * held
+        return fetched - BEYOND_HORIZON_SAVED * saved
 
 
 def retained_fetches(terms: Any, window: int, capacity: float, top: float | None = None) -> float:

@@ -20,7 +20,7 @@ from flowrec.data.profile import count_histogram, profile_access
 from flowrec.data.synth import SynthConfig, synth_table
 from flowrec.graph.kinds import HORIZON_WINDOWS
 from flowrec.graph.packing import group_layout
-from flowrec.planner.access import EpochCounts, group_model, retained_fetches
+from flowrec.planner.access import BEYOND_HORIZON_SAVED, EpochCounts, group_model, retained_fetches
 from flowrec.planner.cost import group_access, new_rows_per_batch
 from flowrec.planner.manager import load_profile
 from flowrec.planner.passes.cache import LOOKAHEAD_MARGIN
@@ -129,8 +129,11 @@ def test_rows_read_once_are_fetched_whatever_the_cache_holds():
     twice = EpochCounts(((2.0, 500.0),))
     window_only, kept = twice.fetches(10.0, 4, 0.0), twice.fetches(10.0, 4, 1e6)
     assert 5.0 < kept < window_only < 10.0  # spare slots keep a row between its two reads
-    # the horizon bounds what is kept: past W + H batches the gap is fetched again
-    assert kept == pytest.approx(5.0 * (1.0 + (1.0 - 4 * (1 + HORIZON_WINDOWS) / 100.0) ** 2))
+    # the horizon bounds what Belady's rule keeps: past W + H batches a gap is fetched again, less
+    # the share the slots beyond it save by ranking rows by their reads (every row fits here)
+    beyond = 5.0 * (1.0 - 4 * (1 + HORIZON_WINDOWS) / 100.0) ** 2
+    assert kept == pytest.approx(5.0 + beyond - BEYOND_HORIZON_SAVED * beyond)
+    assert EpochCounts(((2.0, 500.0),)).fetches(10.0, 4, 150.0) > kept  # fewer slots, fewer kept
 
 
 def test_spare_slots_cut_fetches_monotonically():
@@ -163,7 +166,7 @@ def test_priced_fetches_match_the_runtimes_scratchpad(spare):
     measured = module.counters.rows_fetched / len(batches)
     priced = new_rows_per_batch(planned, batch, window, prof)
     window_only = new_rows_per_batch(replace(planned, cache_rows=0), batch, window, prof)
-    assert priced == pytest.approx(measured, rel=0.12)
+    assert priced == pytest.approx(measured, rel=0.06)
     assert window_only > 1.15 * measured  # the spare slots matter on this data: the window alone over-prices
 
 
