@@ -271,3 +271,49 @@ def test_interleaved_runs_give_a_short_step_as_many_pairs_as_asked(repo, tmp_pat
     assert row["pair_step_errors"] == pytest.approx(errors, rel=1e-9)
     assert row["step_error"] == pytest.approx(sorted(errors)[runs // 2], rel=1e-9)  # the median pair
     assert bench.pool_seconds(runs) == pytest.approx(bench.POOL_SECONDS * runs / bench.MAX_RUNS)
+
+
+@pytest.mark.parametrize("one_epoch", [True, False])
+def test_bytes_are_measured_over_a_whole_epoch_of_the_data(repo, tmp_path, monkeypatch, one_epoch):
+    """The plan prices an epoch's traffic: with data seen once the bytes come from one more run of
+    every batch of it (the first run's kept beside); cycled data keeps the first run's."""
+    from flowrec.graph.plan_io import plan_document
+    from flowrec.planner.manager import make_plan
+
+    spec = repo / "specs" / "movielens.yaml"
+    doc = plan_document(make_plan(load_spec(spec), target="cpu"))
+    asked = []
+    per_sample = {}  # bytes a sample each run's counters give: the epoch's lower than the start's
+
+    def train(spec_, data, profile, steps, out, tmp, budget, cache, nproc=1):
+        asked.append(steps)
+        per_sample[steps] = random.uniform(100.0, 200.0)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "plan.json").write_text(json.dumps({**doc, "cost": {**doc["cost"], "h2d_bytes_per_step": 123456.0}}))
+        samples = steps * 1024
+        counters = {"g0_d16": {"h2d_bytes": per_sample[steps] * samples * 0.75, "d2h_bytes": per_sample[steps] * samples * 0.25,
+                               "samples": samples}}
+        rounds = [bench.robust.Round(0.004) for _ in range(steps)]
+        return {"stage_seconds": {}, "steps": steps, "samples": samples, "seconds": 1.0, "counters": counters}, rounds
+
+    monkeypatch.setattr(bench, "flowrec", lambda *a, **k: "")
+    monkeypatch.setattr(bench, "train_json", train)
+    monkeypatch.setattr(bench, "host_probe", lambda: {"gemm_ms": 1.0, "add_ms": 1.0})
+    calibration = tmp_path / "cal.json"
+    calibration.write_text(json.dumps({"details": {"staging": {"live_step_ms": 4.0}}}))
+    row = bench.measure_spec(spec, calibration, 20, tmp_path, "64MiB", max_runs=1, one_epoch=one_epoch)
+    batch = row["batch"]
+    model = load_spec(spec)
+    fixed = batch * (len(model.dense_features) + len(model.heads)) * 4  # dense features and labels, float32
+    first = per_sample[asked[0]] * batch + fixed
+    if one_epoch:
+        epoch = -(-row["synth_rows"] // batch)
+        assert asked == [asked[0], epoch] and epoch > asked[0]  # every batch of the data, once
+        assert row["bytes_epoch_steps"] == epoch
+        assert row["measured_h2d_bytes"] == pytest.approx(per_sample[epoch] * batch + fixed)
+        assert row["measured_h2d_bytes_first_run"] == pytest.approx(first)
+        assert row["bytes_error_first_run"] == pytest.approx(123456.0 / first - 1)
+    else:
+        assert len(asked) == 1 and "measured_h2d_bytes_first_run" not in row
+        assert row["measured_h2d_bytes"] == pytest.approx(first)
+    assert row["bytes_error"] == pytest.approx(123456.0 / row["measured_h2d_bytes"] - 1)
