@@ -29,8 +29,9 @@ import platform
 import subprocess
 import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -102,6 +103,22 @@ def compare(spec: Any, source: Any, sample_rows_wanted: int | None) -> dict[str,
             "fae_sample_rate": fae_rate, "groups": out}
 
 
+@contextmanager
+def opened_dataset(spec_path: Path, spec: Any, data: Path | None, synth: int | None) -> Iterator[Any]:
+    """The dataset a tool reads: `data` (an encoded folder), or `synth` rows of the spec
+    synthesized into a temporary folder (`flowrec data synth`), removed after."""
+    with tempfile.TemporaryDirectory() as tmp:
+        if synth is not None:
+            data = Path(tmp) / "data"
+            subprocess.run([sys.executable, "-m", "flowrec", "data", "synth", str(spec_path), "--rows", str(synth),
+                            "--out", str(data)], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+        source = open_dataset(data, spec)
+        try:
+            yield source
+        finally:
+            source.close()
+
+
 def sample_sizes(text: str) -> list[int | None]:
     """`--sample-rows`: 'run' (None) or a positive number of rows, comma-separated."""
     out: list[int | None] = []
@@ -130,17 +147,8 @@ def main() -> None:
     if (args.data is None) == (args.synth is None):
         ap.error("give --data DIR or --synth ROWS")
     spec = load_spec(args.spec)
-    with tempfile.TemporaryDirectory() as tmp:
-        data = args.data
-        if args.synth is not None:
-            data = Path(tmp) / "data"
-            subprocess.run([sys.executable, "-m", "flowrec", "data", "synth", str(args.spec), "--rows", str(args.synth),
-                            "--out", str(data)], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
-        source = open_dataset(data, spec)
-        try:
-            runs = [compare(spec, source, n) for n in args.sample_rows]
-        finally:
-            source.close()
+    with opened_dataset(args.spec, spec, args.data, args.synth) as source:
+        runs = [compare(spec, source, n) for n in args.sample_rows]
     doc = {"benchmark": "hit_rate", "spec": args.spec.name, "data": str(args.data) if args.data else f"synth {args.synth}",
            "host": platform.node(), "runs": runs,
            "max_error_sampled": max(g["max_error_sampled"] for r in runs for g in r["groups"]),

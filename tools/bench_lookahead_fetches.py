@@ -24,9 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import subprocess
 import sys
-import tempfile
 from dataclasses import replace
 from math import ceil
 from pathlib import Path
@@ -36,6 +34,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
 
 from flowrec.data.batches import StagingOptions, iterate_batches  # noqa: E402
 from flowrec.data.profile import profile_access  # noqa: E402
@@ -46,9 +45,10 @@ from flowrec.planner.passes.cache import LOOKAHEAD_MARGIN  # noqa: E402
 from flowrec.runtime.caches.counters import CacheCounters  # noqa: E402
 from flowrec.runtime.caches.scratchpad import Scratchpad  # noqa: E402
 from flowrec.runtime.caches.victims import Horizon, NextUseFirst  # noqa: E402
-from flowrec.runtime.session import open_dataset  # noqa: E402
 from flowrec.spec.load import load_spec  # noqa: E402
 from operators.embedding import PackedEmbeddingBag  # noqa: E402
+
+from bench_hit_rate import opened_dataset  # noqa: E402  (tools/)
 
 
 def planned_capacity(group: Any, profile: dict[str, Any], batch: int, window: int) -> int:
@@ -124,17 +124,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if (args.data is None) == (args.synth is None):
         ap.error("give --data DIR or --synth ROWS")
     spec = load_spec(args.spec)
-    with tempfile.TemporaryDirectory() as tmp:
-        data = args.data
-        if args.synth is not None:
-            data = Path(tmp) / "data"
-            subprocess.run([sys.executable, "-m", "flowrec", "data", "synth", str(args.spec), "--rows", str(args.synth),
-                            "--out", str(data)], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
-        source = open_dataset(data, spec)
-        try:
-            result = measure(spec, source, args.spare)
-        finally:
-            source.close()
+    with opened_dataset(args.spec, spec, args.data, args.synth) as source:
+        result = measure(spec, source, args.spare)
     sizes = [s for g in result["groups"] for s in g["sizes"] if s["measured"]]
     doc = {"benchmark": "lookahead_fetches", "spec": args.spec.name,
            "data": str(args.data) if args.data else f"synth {args.synth}", "host": platform.node(), **result,
