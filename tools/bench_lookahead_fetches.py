@@ -11,7 +11,7 @@ once evicted). The planner prices them per batch (`flowrec.planner.cost.new_rows
 
 and this runs the real thing: the data stage's batches (the run's shuffle, window W and horizon
 3W) through the runtime's `Scratchpad` with its victim policy (`NextUseFirst`), at the plan's
-capacity (`cache_rows`: the window's distinct rows at max_len ids a sample, x 1.25) and at larger
+capacity (`cache_rows`: `flowrec.planner.passes.cache.lookahead_slots`) and at larger
 ones (`--spare`), counting the rows fetched (`measured`, per batch over the epoch). Only the ids
 matter, so the tables are held at dim 1. No timing: the figures are counts, the same on any machine.
 
@@ -26,7 +26,6 @@ import json
 import platform
 import sys
 from dataclasses import replace
-from math import ceil
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +40,7 @@ from flowrec.data.profile import profile_access  # noqa: E402
 from flowrec.graph.kinds import HORIZON_WINDOWS  # noqa: E402
 from flowrec.graph.packing import group_layout  # noqa: E402
 from flowrec.planner.cost import group_access, new_rows_per_batch  # noqa: E402
-from flowrec.planner.passes.cache import LOOKAHEAD_MARGIN  # noqa: E402
+from flowrec.planner.passes.cache import lookahead_slots  # noqa: E402
 from flowrec.runtime.caches.counters import CacheCounters  # noqa: E402
 from flowrec.runtime.caches.scratchpad import Scratchpad  # noqa: E402
 from flowrec.runtime.caches.victims import Horizon, NextUseFirst  # noqa: E402
@@ -51,18 +50,12 @@ from operators.embedding import PackedEmbeddingBag  # noqa: E402
 from bench_hit_rate import opened_dataset  # noqa: E402  (tools/)
 
 
-def planned_capacity(group: Any, profile: dict[str, Any], batch: int, window: int) -> int:
-    """The cache pass's scratchpad for a group (`flowrec.planner.passes.cache._choose`)."""
-    draws = batch * sum(f.max_len for f in group.fields)
-    return min(group.rows, ceil(group_access(group, profile).distinct(draws * (window + 1)) * LOOKAHEAD_MARGIN))
-
-
 def measure(spec: Any, source: Any, spares: list[float]) -> dict[str, Any]:
     """Per group and scratchpad size: rows fetched a batch, measured over one epoch and priced."""
     batch, window = spec.training.batch_size, spec.plan.window
     profile = profile_access(spec, source, seed=spec.training.seed)
     groups = group_layout(spec)
-    caps = {g.name: [max(1, int(planned_capacity(g, profile, batch, window) * s)) for s in spares] for g in groups}
+    caps = {g.name: [max(1, int(lookahead_slots(g, profile, batch, window) * s)) for s in spares] for g in groups}
     pads = {g.name: [Scratchpad(PackedEmbeddingBag(replace(g, dim=1), seed=0), min(c, g.rows), torch.device("cpu"),
                                 CacheCounters(), victims=NextUseFirst()) for c in caps[g.name]] for g in groups}
     opts = StagingOptions(batch_size=batch, seed=spec.training.seed, lookahead=window,

@@ -146,11 +146,9 @@ class EpochCounts:
         batches with probability (1 - s/E)^c; the row is pinned while a read is in the window, and
         kept between two reads when the gap is at most the threshold T."""
         batches = max(1.0, self.reads / max(draws, 1e-9))
-        terms = lambda t: _epoch_terms(self.counts, batches, window, t)  # noqa: E731
-        fetched = retained_fetches(terms, window, capacity, top=batches)
-        known = min(batches, float(window) * (1 + HORIZON_WINDOWS))  # the horizon's end
-        spare = capacity - terms(known)[0]
-        if spare <= 0 or known >= batches:
+        fetched, spare = _retained(lambda t: _epoch_terms(self.counts, batches, window, t), window, capacity,
+                                   top=batches)
+        if spare <= 0:
             return fetched
         # Slots left once every gap the horizon sees is kept hold rows by reads since their fetch
         # (`NextUseFirst` beyond the horizon): the most read rows stay, over their longer gaps and
@@ -159,7 +157,7 @@ class EpochCounts:
         # beyond what the horizon keeps, y = 1 - horizon/E, and save the fetches of its gaps over
         # the horizon, (c - 1) y^c an epoch. Reads since the fetch are a partial count, so only
         # BEYOND_HORIZON_SAVED of that is priced.
-        y, saved = 1.0 - known / batches, 0.0
+        y, saved = 1.0 - _horizon(window) / batches, 0.0
         for c, rows in sorted(self.counts, reverse=True):
             if c <= 1 or spare <= 0:
                 break
@@ -186,12 +184,25 @@ def retained_fetches(terms: Any, window: int, capacity: float, top: float | None
     or a capacity of 0) is the window alone: a row is fetched when its next read is more than W
     batches after the last.
     """
+    return _retained(terms, window, capacity, top)[0]
+
+
+def _horizon(window: int) -> float:
+    """The batches a lookahead scratchpad knows the next reads of: the window and its horizon."""
+    return float(window) * (1 + HORIZON_WINDOWS)
+
+
+def _retained(terms: Any, window: int, capacity: float, top: float | None = None) -> tuple[float, float]:
+    """(`retained_fetches`, slots still spare with every gap up to the horizon kept: 0 when T
+    stops short of it, or when `top`, an epoch's batches, is no further)."""
     held, fetched = terms(float(window))
     if capacity <= held:
-        return fetched
-    hi = float(window) * (1 + HORIZON_WINDOWS) if top is None else min(float(top), float(window) * (1 + HORIZON_WINDOWS))
-    if terms(hi)[0] <= capacity:
-        return terms(hi)[1]
+        return fetched, 0.0
+    hi = _horizon(window) if top is None else min(float(top), _horizon(window))
+    held, fetched = terms(hi)
+    if held <= capacity:
+        short_of_top = top is None or hi < top  # gaps past the horizon exist
+        return fetched, capacity - held if short_of_top else 0.0
     lo = float(window)
     for _ in range(50):
         mid = 0.5 * (lo + hi)
@@ -199,7 +210,7 @@ def retained_fetches(terms: Any, window: int, capacity: float, top: float | None
             hi = mid
         else:
             lo = mid
-    return terms(lo)[1]
+    return terms(lo)[1], 0.0
 
 
 def _epoch_terms(counts: Iterable[tuple[float, float]], batches: float, window: int, t: float) -> tuple[float, float]:
@@ -353,8 +364,8 @@ def group_model(tables: Iterable[tuple[str, int, float]], profile: Mapping[str, 
         parts.append((model, weight))
     source = "profile" if all_profiled else ("mixed" if hits else "zipf")
     model = parts[0][0] if len(parts) == 1 else merge(parts)
-    counted = [known[t].get("dataset_counts") for t, _, _ in tables] if all_profiled else [None]
-    if all(c is not None for c in counted):  # every member's reads were counted: the epoch's own
+    counted = [known[t].get("dataset_counts") for t, _, _ in tables] if all_profiled else []
+    if counted and all(h is not None for h in counted):  # every member's reads counted: the epoch's own
         model = replace(model, epoch=EpochCounts(tuple((float(c), float(r)) for h in counted for c, r in h)))
     return model, source
 

@@ -131,12 +131,18 @@ def expected_hit_rate(g: PackedGroup, profile: object) -> float:
     return round(group_access(g, profile).hot_set_hit_rate(g.cache_rows), 6)
 
 
+def lookahead_slots(g: PackedGroup, profile: object, batch: int, window: int, step_ids: int = 0) -> int:
+    """The scratchpad a `lookahead` group needs: the distinct rows of W+1 batches at max_len ids a
+    sample (a step's sampled negatives included) times `LOOKAHEAD_MARGIN`, at most the group's rows."""
+    draws = batch * sum(f.max_len for f in g.fields) + step_ids
+    return min(g.rows, ceil(group_access(g, profile).distinct(draws * (window + 1)) * LOOKAHEAD_MARGIN))
+
+
 def _choose(g: PackedGroup, share: int, device: DeviceProfile, policy: str, batch: int, window: int,
             profile: object, managed: bool = False, step_ids: int = 0) -> tuple[PackedGroup, str]:
     fit_rows = min(g.rows, max(0, share) // g.row_bytes())
     model = group_access(g, profile)
-    draws = batch * sum(f.max_len for f in g.fields) + step_ids  # a step's ids, sampled negatives included
-    need = min(g.rows, ceil(model.distinct(draws * (window + 1)) * LOOKAHEAD_MARGIN))
+    need = lookahead_slots(g, profile, batch, window, step_ids)
     options = {
         "static_hot": replace(g, placement="static_hot", cache_rows=fit_rows,
                               expected_hit_rate=round(model.hot_set_hit_rate(fit_rows), 6)),
