@@ -406,6 +406,7 @@ def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str |
     probes: list[dict[str, float]] = []  # `host_probe` around each run
     count = steps
     batch = load_spec(spec).training.batch_size
+    first_profile = profile  # the plan every run is compared with (with --interleave, the first pair's)
     while True:
         if recalibrate is not None:  # a pair: the run's own calibration right before it
             profile = recalibrate(len(runs)) if runs else profile
@@ -478,7 +479,8 @@ def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str |
         if one_epoch:  # the plan prices an epoch's traffic: measure a whole one (see the module docstring)
             first = measured
             batches = -(-rows // cost["batch_size"])
-            (epoch, _) = train_json(spec, data, profile, batches, tmp / f"{stem}-epoch", tmp, budget, cache, nproc)
+            (epoch, _) = train_json(spec, data, first_profile, batches, tmp / f"{stem}-epoch", tmp, budget, cache,
+                                    nproc)
             measured = measured_bytes_per_step(epoch["counters"], local, extra)
             row["measured_h2d_bytes_first_run"] = first
             row["bytes_error_first_run"] = cost["h2d_bytes_per_step"] / first - 1.0 if first else None

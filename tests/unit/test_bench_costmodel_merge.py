@@ -317,3 +317,34 @@ def test_bytes_are_measured_over_a_whole_epoch_of_the_data(repo, tmp_path, monke
         assert len(asked) == 1 and "measured_h2d_bytes_first_run" not in row
         assert row["measured_h2d_bytes"] == pytest.approx(first)
     assert row["bytes_error"] == pytest.approx(123456.0 / row["measured_h2d_bytes"] - 1)
+
+
+def test_the_epochs_bytes_run_trains_the_plan_its_prediction_came_from(repo, tmp_path, monkeypatch):
+    """With --interleave each pair has a calibration of its own, and placements can differ between
+    them: the bytes run uses the first pair's, whose plan the predicted bytes are read from."""
+    from flowrec.graph.plan_io import plan_document
+    from flowrec.planner.manager import make_plan
+
+    spec = repo / "specs" / "movielens.yaml"
+    doc = plan_document(make_plan(load_spec(spec), target="cpu"))
+    profiles = []
+
+    def calibrate(k):
+        path = tmp_path / f"cal{k}.json"
+        path.write_text(json.dumps({"details": {"staging": {"live_step_ms": 4.0}}}))
+        return path
+
+    def train(spec_, data, profile, steps, out, tmp, budget, cache, nproc=1):
+        profiles.append(profile)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "plan.json").write_text(json.dumps(doc))
+        counters = {"g0_d16": {"h2d_bytes": 1000 * steps, "d2h_bytes": 0, "samples": steps * 1024}}
+        return ({"stage_seconds": {}, "steps": steps, "samples": steps * 1024, "seconds": 1.0, "counters": counters},
+                [bench.robust.Round(0.004) for _ in range(steps)])
+
+    monkeypatch.setattr(bench, "flowrec", lambda *a, **k: "")
+    monkeypatch.setattr(bench, "train_json", train)
+    monkeypatch.setattr(bench, "host_probe", lambda: {"gemm_ms": 1.0, "add_ms": 1.0})
+    bench.measure_spec(spec, calibrate(0), 20, tmp_path, "64MiB", max_runs=3, recalibrate=calibrate)
+    assert profiles[:3] == [tmp_path / f"cal{k}.json" for k in range(3)]  # a pair each
+    assert profiles[3:] == [tmp_path / "cal0.json"]  # then the epoch's bytes, on the first pair's plan
