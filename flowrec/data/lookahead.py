@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import replace
-from typing import Any, Iterator
+from typing import Any, Collection, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -85,11 +85,13 @@ class LookaheadWindow:
     Args:
         window: W, batches per window (the batch itself included).
         horizon: H, batches after the window whose rows are attached with their next use (0: none).
+        groups: the groups to attach windows to (default: every group of the batches).
     """
 
-    def __init__(self, window: int, horizon: int = 0):
+    def __init__(self, window: int, horizon: int = 0, groups: Collection[str] | None = None):
         self.window = max(int(window), 1)
         self.horizon = max(int(horizon), 0)
+        self.groups = None if groups is None else frozenset(groups)
         self._held: deque = deque()
 
     def push(self, batch: Any) -> Iterator[Any]:
@@ -105,8 +107,10 @@ class LookaheadWindow:
         head = self._held[0]
         held = list(self._held)
         inside, beyond = held[:self.window], held[self.window:]
-        groups = {}
+        groups = dict(head.groups)
         for name, g in head.groups.items():
+            if self.groups is not None and name not in self.groups:
+                continue
             rows = union_sorted([b.groups[name].unique for b in inside])
             groups[name] = replace(g, window_unique=rows)
             if self.horizon:
@@ -114,3 +118,26 @@ class LookaheadWindow:
                 groups[name] = replace(groups[name], horizon_rows=later, horizon_next=nxt)
         self._held.popleft()
         return replace(head, groups=groups)
+
+
+def windowed(batches: Iterable[Any], window: int, horizon: int, groups: Collection[str]) -> Iterator[Any]:
+    """`batches` in their order, each with the lookahead extras of `groups` (window and horizon)
+    computed from the batches that follow it in this order: for batches formed after staging
+    (FAE's hot/cold batches), whose order is not the staged one.
+
+    Example:
+        >>> from flowrec.data.batches import Batch, GroupIds
+        >>> def batch(i, rows):
+        ...     ids = torch.tensor(rows)
+        ...     g = GroupIds(ids, torch.tensor([0, len(rows)]), unique=ids)
+        ...     return Batch(torch.zeros(1, 0), torch.zeros(1, 1), {"g": g}, 0, i, 1)
+        >>> out = list(windowed([batch(0, [1]), batch(1, [2, 3]), batch(2, [4])], 2, 1, ["g"]))
+        >>> [b.groups["g"].window_unique.tolist() for b in out]
+        [[1, 2, 3], [2, 3, 4], [4]]
+        >>> out[0].groups["g"].horizon_rows.tolist(), out[0].groups["g"].horizon_next.tolist()
+        ([4], [2])
+    """
+    win = LookaheadWindow(window, horizon, groups)
+    for batch in batches:
+        yield from win.push(batch)
+    yield from win.flush()

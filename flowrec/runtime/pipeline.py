@@ -3,7 +3,9 @@
 Data staging (`flowrec.data.batches`, its own worker threads and bounded queue) feeds this stage;
 this stage moves dense features, labels and the ids of device-placed groups to the device
 (pinned buffers from `operators.device` + non-blocking copies on CUDA) and hands them to compute through a bounded queue
-of `depth` batches, so staging and transfer overlap compute. On a CPU device it is a pass-through.
+of `depth` batches, so staging and transfer overlap compute. On a CPU device it is a pass-through,
+unless asked to run the batches' iterator on its thread (`background`: batches formed after
+staging, FAE's hot/cold batches with their lookahead windows, are formed there, not in the step's).
 
 Example:
     >>> with TransferStage(batches, torch.device("cpu"), depth=2) as staged:  # doctest: +SKIP
@@ -34,16 +36,17 @@ class TransferStage:
         device: the compute device.
         depth: bounded queue size (the plan's prefetch depth).
         host_groups: groups whose ids stay on the host (host placement).
+        background: on a CPU device too, iterate `batches` on the stage's thread (they stay on the host).
     """
 
     def __init__(self, batches: Iterable[Any], device: torch.device, depth: int = 2,
-                 host_groups: frozenset[str] = frozenset()) -> None:
+                 host_groups: frozenset[str] = frozenset(), background: bool = False) -> None:
         self.device = device
         self.host_groups = host_groups
         self.runtime = runtime_for(device)
         self.wait_s = 0.0  # compute time spent waiting for a batch (stall)
         self._source = batches
-        self._passthrough = device.type == "cpu"
+        self._passthrough = device.type == "cpu" and not background
         if self._passthrough:
             self._iter = iter(batches)
             return
@@ -65,6 +68,8 @@ class TransferStage:
                        sorted_scale=None if scale is None else self._send(scale))
 
     def _move(self, batch: Any) -> Any:
+        if self.device.type == "cpu":
+            return batch
         groups = {
             name: ids if name in self.host_groups else replace(
                 ids,

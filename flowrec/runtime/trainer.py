@@ -22,11 +22,12 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
 from flowrec.data.batches import StagingOptions, batches_per_epoch, iterate_batches
+from flowrec.data.lookahead import windowed
 from flowrec.data.rowcache import parse_cache_data
 from flowrec.data.cores import thread_budget
 from flowrec.graph.kinds import HORIZON_WINDOWS
@@ -235,6 +236,7 @@ class Trainer:
         placements = {g.placement for g in model.groups}
         self.lookahead = max(config.lookahead, spec.plan.window if "lookahead" in placements else 0)
         self.horizon = HORIZON_WINDOWS * self.lookahead if "lookahead" in placements else 0
+        self.lookahead_groups = frozenset(g.name for g in model.groups if g.placement == "lookahead")
         model.set_interleave(config.interleave)
         if config.compile_dense:
             model.compile_dense()
@@ -456,7 +458,8 @@ class Trainer:
         loss = None
         exhausted = False
         staged = self._staged(train_source)
-        with TransferStage(staged, self.model.device, self.prefetch, self.host_groups) as batches:
+        with TransferStage(staged, self.model.device, self.prefetch, self.host_groups,
+                           background=bool(self.hot_flags and self.lookahead_groups)) as batches:
             for batch in batches:
                 self._check_next(batch)
                 t0 = time.perf_counter()
@@ -542,13 +545,20 @@ class Trainer:
         if not self.hot_flags:
             return iterate_batches(self.spec, train_source, self.staging(), pos.epoch, pos.batch,
                                    self.model.groups, remap=self._remapper(train=True), negatives=negatives)
-        staged = iterate_batches(self.spec, train_source, self.staging(), pos.epoch, 0, self.model.groups)
+        # the hot/cold batches change the order: staged windows would be of batches never trained
+        # together, so they are not staged; the lookahead groups' windows and horizons are taken
+        # of the batches as formed (`windowed`), on the transfer stage's thread (`_transfer`)
+        staging = replace(self.staging(lookahead=min(self.lookahead, 1)), horizon=0)
+        staged = iterate_batches(self.spec, train_source, staging, pos.epoch, 0, self.model.groups)
         batcher = HotColdBatcher(staged, self.hot_flags, self.model.groups, self.spec.training.batch_size,
                                  self.config.hot_run, self.config.cold_run)
+        formed: Iterator[Any] = (b for b in batcher if b.index >= pos.batch)
         if negatives is not None:  # drawn for the hot and cold batches as formed (their own indices)
             item_group = self.model.group_map[negatives.group]
-            return _Skipping(staged, (negatives.attach(b, item_group) for b in batcher if b.index >= pos.batch))
-        return _Skipping(staged, (b for b in batcher if b.index >= pos.batch))
+            formed = (negatives.attach(b, item_group) for b in formed)
+        if self.lookahead_groups:  # after the negatives: a window holds the rows they add
+            formed = windowed(formed, self.lookahead, self.horizon, self.lookahead_groups)
+        return _Skipping(staged, formed)
 
     def _negatives(self) -> Any:
         """The data stage's sampler of a retrieval head's sampled negatives (None without one)."""

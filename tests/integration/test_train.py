@@ -247,6 +247,28 @@ def test_cache_placements_train_end_to_end(spec_file: Path, tmp_path: Path, poli
         torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5)
 
 
+def test_a_lookahead_group_beside_a_static_hot_one_prefetches_its_windows(spec_file: Path, tmp_path: Path):
+    """A plan with FAE's hot/cold batches (a static_hot group) and a lookahead group: the
+    lookahead group's windows are of the batches as trained, so only the first batch waits for
+    its rows and every later row arrives ahead (before, each batch fetched its own rows on
+    demand: demand rows equalled rows fetched)."""
+    cached = tmp_path / "spec.yaml"
+    cached.write_text(SPEC.replace("training:", "plan: {cache: static_hot, window: 2}\ntraining:"))
+    planned = runner.invoke(app, ["plan", str(cached), "--device-budget", "224KiB", "--json", str(tmp_path / "p.json")])
+    assert planned.exit_code == 0, planned.output
+    plan = json.loads((tmp_path / "p.json").read_text())
+    wide = next(g for g in plan["groups"] if g["dim"] == 1)
+    assert {g["placement"] for g in plan["groups"] if g is not wide} == {"static_hot"}
+    wide.update(placement="lookahead", cache_rows=wide["rows"] - 20)
+    (tmp_path / "mixed.json").write_text(json.dumps(plan))
+    run = _train(cached, tmp_path / "run", "--plan", str(tmp_path / "mixed.json"), "--epochs", "1", "--json")
+    assert run.exit_code == 0, run.output
+    report = json.loads(run.stdout[run.stdout.index("{"):])
+    counters = report["counters"][wide["name"]]
+    assert counters["placement"] == "lookahead" and counters["hit_rate"] == 1.0
+    assert counters["rows_fetched"] > 2 * counters["demand_rows"] > 0
+
+
 @pytest.mark.parametrize("policy", ["lookahead", "static_hot"])
 def test_cache_placements_resume_exactly(spec_file: Path, tmp_path: Path, policy: str):
     cached = tmp_path / "spec.yaml"

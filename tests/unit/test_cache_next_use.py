@@ -11,7 +11,7 @@ import torch
 
 from flowrec.data.batches import Batch, GroupIds, StagingOptions, iterate_batches
 from flowrec.data.dataset import MemorySource, split_table
-from flowrec.data.lookahead import LookaheadWindow, batch_extras
+from flowrec.data.lookahead import LookaheadWindow, batch_extras, windowed
 from flowrec.data.synth import SynthConfig, synth_table
 from flowrec.runtime.caches import LookaheadEmbedding
 from flowrec.runtime.caches.counters import CacheCounters
@@ -133,6 +133,42 @@ def test_horizon_is_each_rows_first_use_after_the_window(window, horizon):
         assert g.horizon_rows.tolist() == sorted(first)
         assert g.horizon_next.tolist() == [first[r] for r in sorted(first)]
         assert g.window_unique.tolist() == sorted(set(np.concatenate(id_batches[b:b + window]).tolist()))
+
+
+def test_windows_of_batches_formed_after_staging_follow_their_order():
+    """FAE's hot/cold batches come in another order than the staged one: `windowed` takes a
+    lookahead group's window and horizon of the batches as they come, and leaves other groups as
+    they are (a static_hot group's window is the batch itself)."""
+    spec = cache_spec()
+    groups = groups_of(spec, "fp64")
+    look, other = groups[0].name, groups[1].name
+    rng = np.random.default_rng()
+    staged_batches = stage_all(spec, rows=480)
+    order = rng.permutation(len(staged_batches)).tolist()
+    formed = [replace(staged_batches[i], index=k) for k, i in enumerate(order)]
+    window, horizon = 3, 4
+    out = list(windowed(iter(formed), window, horizon, [look]))
+    assert [b.index for b in out] == list(range(len(formed)))
+    rows = [b.groups[look].unique.tolist() for b in formed]
+    for b, batch in enumerate(out):
+        g = batch.groups[look]
+        assert g.window_unique.tolist() == sorted(set().union(*rows[b:b + window]))
+        first: dict[int, int] = {}
+        for t in range(b + window, min(len(rows), b + window + horizon)):
+            for r in rows[t]:
+                first.setdefault(r, t - b)
+        assert g.horizon_rows.tolist() == sorted(first)
+        assert g.horizon_next.tolist() == [first[r] for r in sorted(first)]
+        assert batch.groups[other] is formed[b].groups[other]  # untouched
+    assert any(len(set().union(*rows[b:b + window])) > len(rows[b]) for b in range(len(rows)))
+
+
+def stage_all(spec, rows: int) -> list[Batch]:
+    """Staged batches of a seeded synthetic table, every group's unique rows attached (window 1)."""
+    table = synth_table(spec, rows, SynthConfig(seed=5, alpha=1.2))
+    opts = StagingOptions(batch_size=spec.training.batch_size, workers=1, lookahead=1)
+    with iterate_batches(spec, MemorySource(split_table(table, 2)), opts) as it:
+        return list(it)
 
 
 def test_victims_in_the_policys_order():

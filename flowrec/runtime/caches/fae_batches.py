@@ -6,7 +6,8 @@ then up to `cold_run` cold batches (the hot:cold interleaving rate), switching e
 pool of one kind runs short; the partial rest of each pool comes at the end. Every sample of the
 epoch is in exactly one emitted batch. Per-group lookahead extras are recomputed for the new
 batches (the casting index and unique rows; the window is the batch itself, since the order of
-batches changed).
+batches changed: the trainer takes a lookahead group's window and horizon of the emitted batches,
+`flowrec.data.lookahead.windowed`).
 
 Example:
     >>> hot = {g: emb.is_hot() for g, emb in cached.items()}  # doctest: +SKIP
