@@ -27,7 +27,7 @@ FILES: dict[str, frozenset[str]] = {
         "test_bench_costmodel_merge", "test_bench_host_noise", "test_bench_hit_rate", "test_bench_lookahead_fetches", "test_bench_dense_bound", "test_bench_dropout", "test_cache_model",
         "test_cache_next_use",
         "test_cache_scratchpad", "test_checkpoint_rank_deltas", "test_checkpoint_shards",
-        "test_cost_calibrated", "test_data_batches", "test_data_rowcache", "test_data_rowpack", "test_data_cachesim", "test_data_checks",
+        "test_cost_calibrated", "test_cost_exchange", "test_data_batches", "test_data_rowcache", "test_data_rowpack", "test_data_cachesim", "test_data_checks",
         "test_data_dask", "test_data_lookahead_synth", "test_data_profile_hot", "test_access_unseen", "test_access_epoch", "test_data_strata",
         "test_evalmetrics", "test_fake_cuda_runtime", "test_fake_cuda_static", "test_gpu_report",
         "test_graph_build", "test_graph_verify", "test_incremental_rows", "test_kernels_nvrtc",

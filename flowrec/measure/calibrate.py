@@ -192,6 +192,7 @@ def per_op_costs(device: torch.device, shapes: list[tuple[int, int, int]], secon
     forward, updates, sparse_points = ops.sparse_fit(measure, device)
     dense = ops.dense_update_fit(measure, device)
     small_map, large_map = ops.map_ns_per_id(measure, device)
+    exchange_ns, exchange_details = ops.exchange_ns_per_slot(measure, device)
     fit = "least squares on relative error over"
     gemm_how = f"fp32 nn.Linear + relu forward under autograd, t = fixed + FLOPs / rate + bytes / bandwidth, " \
                f"{fit} {len(gemm_points)} shapes (the spec's layers and a grid)"
@@ -226,9 +227,12 @@ def per_op_costs(device: torch.device, shapes: list[tuple[int, int, int]], secon
         "map_small_ns_per_id": (small_map, f"int64 row map lookup of {ops.MAP_LOOKUPS} random ids in "
                                            f"{ops.MAP_ENTRIES[0]} entries"),
         "map_ns_per_id": (large_map, f"int64 row map lookup of {ops.MAP_LOOKUPS} random ids in {ops.MAP_ENTRIES[1]} entries"),
+        "exchange_ns_per_slot": (exchange_ns, f"a lookahead scratchpad's exchange (Scratchpad, NextUseFirst, a horizon of "
+                                              f"3W) on the host over a cycled Zipf trace of {ops.EXCHANGE_TABLE_ROWS} rows, "
+                                              f"at 1.25 x its window's rows, per exchange and slot"),
     }
     unfitted = sorted(k for k, (v, _) in measured.items() if (v == 0 and k in RATES) or v is None)
     details = {"layer_us_by_shape": gemm_points, "elementwise_us_by_size": ew_points,
-               "sparse_backward_us_by_case": sparse_points, "fresh_memory": alloc_points,
+               "sparse_backward_us_by_case": sparse_points, "fresh_memory": alloc_points, "exchange": exchange_details,
                "unfitted": [f"{k}: not shown by the timings (datasheet kept)" for k in unfitted]}
     return {k: v for k, v in measured.items() if k not in unfitted}, details

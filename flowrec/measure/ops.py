@@ -277,3 +277,61 @@ def map_ns_per_id(measure: Measure, device: torch.device) -> tuple[float, float]
         runs.append(partial(table.__getitem__, ids))
     small, large = measure(runs)
     return small / MAP_LOOKUPS * 1e9, large / MAP_LOOKUPS * 1e9
+
+
+EXCHANGE_TABLE_ROWS = 1 << 24  # rows of the timed scratchpad's master (dim 1: its index work grows with them)
+EXCHANGE_TRACE = (40, 80_000, 8)  # batches of the cycled trace, Zipf(1.1) ids a batch, window W (horizon 3W)
+
+
+def exchange_ns_per_slot(measure: Measure, device: torch.device) -> tuple[float, dict[str, Any]]:
+    """(ns per slot, details) of a lookahead scratchpad's exchange on the host: the runtime's
+    `Scratchpad` with its victims (`NextUseFirst`) and a horizon, over a cycled Zipf trace at a
+    capacity of 1.25 x its largest window (as the plan sizes one), per exchange over the
+    capacity. Its host work (the window's row-map lookups, the ranking of every resident row the
+    window does not pin, the fetches and write-backs) runs on a worker thread beside the step:
+    wide_deep's dim-1 group of 149,630 slots over 33.8M rows took 38-50 ms an exchange on a
+    2-core CPU, of a 230-300 ms step, priced nowhere before. The cost a slot grows with the
+    table (random row-map and master accesses): this trace gave 114 ns a slot at 4M rows and
+    175 ns at 33M on that CPU; 16M rows is the middle."""
+    from flowrec.data.lookahead import first_uses, union_sorted
+    from flowrec.graph.kinds import HORIZON_WINDOWS
+    from flowrec.graph.packing import group_layout
+    from flowrec.runtime.caches.counters import CacheCounters
+    from flowrec.runtime.caches.scratchpad import Scratchpad
+    from flowrec.runtime.caches.victims import Horizon, NextUseFirst
+    from flowrec.spec.load import spec_from_dict
+
+    batches, ids, window = EXCHANGE_TRACE
+    horizon = HORIZON_WINDOWS * window
+    rng = np.random.default_rng(7)
+    perm = rng.permutation(EXCHANGE_TABLE_ROWS)
+    rows = [torch.from_numpy(np.unique(perm[np.minimum(rng.zipf(1.1, ids) - 1, EXCHANGE_TABLE_ROWS - 1)]))
+            for _ in range(batches)]
+    cyc = rows + rows[:window + horizon]
+    windows = [union_sorted(cyc[i:i + window]) for i in range(batches)]
+    horizons = [Horizon(*first_uses(cyc[i + window:i + window + horizon], window)) for i in range(batches)]
+    capacity = int(1.25 * max(w.numel() for w in windows))
+    spec = spec_from_dict({"name": "exchange", "features": [
+        {"name": "c", "type": "categorical", "hash_buckets": EXCHANGE_TABLE_ROWS, "dim": 1}],
+        "modules": [{"name": "m", "kind": "mlp", "inputs": ["@sparse"], "layers": [1]}],
+        "heads": [{"name": "h", "input": "m"}]})
+    pad = Scratchpad(PackedEmbeddingBag(group_layout(spec)[0], seed=0), capacity, torch.device("cpu"),
+                     CacheCounters(), victims=NextUseFirst())
+    state = {"i": 0}
+
+    def step() -> None:
+        i = state["i"]
+        state["i"] += 1
+        b = i % batches
+        pad.exchange(windows[b], windows[b], i + 1, horizons[b])
+        pad.touch(rows[b], i + 1)
+
+    for _ in range(2 * batches):  # past the fill: every exchange evicts
+        step()
+    fetched = pad.counters.rows_fetched
+    (seconds,) = measure([step])
+    calls = state["i"] - 2 * batches
+    details = {"capacity": capacity, "window_rows": int(np.median([w.numel() for w in windows])),
+               "rows_fetched_per_exchange": round((pad.counters.rows_fetched - fetched) / max(calls, 1), 1),
+               "ms_per_exchange": round(seconds * 1e3, 3)}
+    return seconds / capacity * 1e9, details

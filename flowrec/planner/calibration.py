@@ -39,7 +39,7 @@ SCALARS = ("memory_bytes", "hbm_gbps", "pcie_gbps", "fp32_tflops", "bf16_tflops"
            "alloc_ns_per_byte", "step_us", "staging_values_per_s", "collective_gbps", "collective_us",
            "collective_world_size", "compute_scale", "rank_compute_scale", "rank_staging_values_per_s", "rank_collective_us",
            "rank_skew_us", "rank_step_call_us", "rank_step_fixed_us", "rank_step_per_call_us", "managed_ns_per_id",
-           "epoch_start_us", "epoch_single_us")
+           "epoch_start_us", "epoch_single_us", "exchange_ns_per_slot")
 INTEGERS = frozenset({"memory_bytes", "collective_world_size"})
 COLLECTIVE = frozenset({"collective_gbps", "collective_us", "collective_world_size",
                         "rank_compute_scale", "rank_staging_values_per_s", "rank_collective_us",
@@ -54,7 +54,7 @@ ZERO_OK = frozenset({"sparse_fwd_us", "sparse_fwd_ns_per_id", "sparse_fwd_ns_per
                      "gemm_bwd_us", "elementwise_us", "op_us", "map_ns_per_id", "map_small_ns_per_id",
                      "alloc_threshold_bytes", "alloc_ns_per_byte", "step_us",
                      "collective_us", "managed_ns_per_id", "rank_skew_us", "rank_step_fixed_us", "epoch_start_us",
-                     "epoch_single_us"})  # fitted parts a machine may show as nil
+                     "epoch_single_us", "exchange_ns_per_slot"})  # fitted parts a machine may show as nil
 
 
 class ProfileError(ValueError):

@@ -182,6 +182,7 @@ class DeviceProfile:
     managed_ns_per_id: float = 0.0  # what the trainer's managed-table work (row resets, map replay) adds per managed lookup; 0: none or not measured
     epoch_start_us: float = 0.0  # an epoch of several batches beyond its steady steps (the trainer's new pipeline); 0: not measured
     epoch_single_us: float = 0.0  # the same of a one-batch epoch; 0: not measured
+    exchange_ns_per_slot: float = 0.0  # a lookahead scratchpad's host work an exchange, per slot, beyond its window's row-map lookups; 0: not measured
     epoch_lean_us: tuple[float, ...] = ()  # the typical step of epochs of 1 .. n batches beyond a mid-epoch one; (): not measured
 
     @property
@@ -383,15 +384,30 @@ def ids_per_sample(group: PackedGroup, profile: AccessProfile | None) -> float:
 
 def group_step_seconds(group: PackedGroup, device: DeviceProfile, batch: int, window: int,
                        profile: AccessProfile | None, step_ids: int = 0) -> float:
-    """Time per step a group's placement costs beyond device-resident: row traffic and host gathers
-    (`step_ids`: its lookups per step beyond the samples', `step_lookups`)."""
+    """Time per step a group's placement costs beyond device-resident: row traffic, host gathers
+    and a lookahead scratchpad's exchange (`step_ids`: its lookups per step beyond the samples',
+    `step_lookups`)."""
     u = _group_unit(group, profile, step_ids)
     moved = _unit_bytes(u, batch, window, profile) - _index_bytes(u, batch)
     lookups = u.lookups(batch)
-    window = PLACEMENTS[u.placement].traffic == "window"
-    host_rows = moved / (2 * u.row_bytes) if window else (1.0 - u.hit_rate) * lookups
+    windowed = PLACEMENTS[u.placement].traffic == "window"
+    host_rows = moved / (2 * u.row_bytes) if windowed else (1.0 - u.hit_rate) * lookups
     link = device.pcie_gbps or device.hbm_gbps
-    return moved / (link * 1e9) + host_rows / device.host_gather_rows_per_s
+    return (moved / (link * 1e9) + host_rows / device.host_gather_rows_per_s
+            + exchange_seconds(u, device))
+
+
+def exchange_seconds(u: _Unit, device: DeviceProfile) -> float:
+    """Host seconds a step of a lookahead unit's scratchpad exchange costs: `exchange_ns_per_slot`
+    per slot (its window's row-map lookups, the ranking of the resident rows the window does not
+    pin, fetches and write-backs; measured by `flowrec calibrate`, 0 otherwise). It runs on a
+    worker thread beside the step: on the CPU it takes the step's cores, as the data stage does,
+    so it is priced with staging. Without it wide_deep's lookahead dim-1 group (149,630 slots,
+    38-50 ms an exchange) was priced as costing no more than static_hot and measured 66 ms a step
+    more."""
+    if PLACEMENTS[u.placement].traffic != "window" or u.group is None or not device.exchange_ns_per_slot:
+        return 0.0
+    return u.cache_rows * device.exchange_ns_per_slot * 1e-9
 
 
 def _units(graph: OpGraph, profile: AccessProfile | None = None) -> list[_Unit]:
@@ -581,6 +597,7 @@ def predict(graph: OpGraph, spec: ModelSpec, device: DeviceProfile, *, micro_bat
     ids = sum(u.ids for u in units)
     staging = (batch * (ids + n_dense) + sum(u.step_ids for u in units)) / staging_rate
     staging += managed_seconds(graph, spec, device, batch, profile)
+    staging += sum(exchange_seconds(u, device) for u in units)
     h2d = sum(_unit_bytes(u, batch, window, profile) for u in units)
     h2d += batch * (n_dense + len(spec.heads)) * 4
     transfer = h2d / (device.pcie_gbps * 1e9) if device.pcie_gbps else 0.0

@@ -68,8 +68,6 @@ class TransferStage:
                        sorted_scale=None if scale is None else self._send(scale))
 
     def _move(self, batch: Any) -> Any:
-        if self.device.type == "cpu":
-            return batch
         groups = {
             name: ids if name in self.host_groups else replace(
                 ids,
@@ -84,7 +82,7 @@ class TransferStage:
     def _run(self) -> None:
         try:
             for batch in self._source:
-                item = self._move(batch)
+                item = batch if self.device.type == "cpu" else self._move(batch)  # CPU: formed here, not moved
                 while not self._stop.is_set():
                     try:
                         self._queue.put(item, timeout=POLL_S)
