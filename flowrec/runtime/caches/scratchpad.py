@@ -76,11 +76,12 @@ class Scratchpad:
             raise CacheCapacityError(
                 f"{pinned.numel():,} rows must be resident together but the cache has "
                 f"{self.capacity:,} slots: plan a larger cache (cache_rows) or a smaller window")
-        missing = needed[self.slot_of[needed] == EMPTY]
+        at = self.slot_of[needed]
+        missing = needed[at == EMPTY]
         if not missing.numel():
             return
         free = (self.row_of == EMPTY).nonzero().flatten()
-        victims = self._victims(missing.numel() - free.numel(), pinned, horizon)
+        victims = self._victims(missing.numel() - free.numel(), pinned, horizon, at if pinned is needed else None)
         evicted = self.row_of[victims]
         if victims.numel():
             self._write_back(victims, evicted)
@@ -98,13 +99,15 @@ class Scratchpad:
         if self.log is not None:
             self.log.append(Exchange(stamp, tuple(missing.tolist()), tuple(evicted.tolist())))
 
-    def _victims(self, n: int, pinned: torch.Tensor, horizon: Horizon | None) -> torch.Tensor:
-        """The first `n` slots of the policy's order among resident rows not `pinned`.  # (n,) int64"""
+    def _victims(self, n: int, pinned: torch.Tensor, horizon: Horizon | None,
+                 pinned_slots: torch.Tensor | None = None) -> torch.Tensor:
+        """The first `n` slots of the policy's order among resident rows not `pinned` (whose
+        `slot_of` the caller may pass, `pinned_slots`).  # (n,) int64"""
         if n <= 0:
             return torch.zeros(0, dtype=torch.int64)
         occupied = (self.row_of != EMPTY).nonzero().flatten()
         held = torch.zeros(self.capacity, dtype=torch.bool)  # slots of the resident pinned rows
-        slots = self.slot_of[pinned]
+        slots = self.slot_of[pinned] if pinned_slots is None else pinned_slots
         held[slots[slots != EMPTY]] = True  # a third of `torch.isin`'s time over 100,000s of rows
         free_to_go = occupied[~held[occupied]]
         state = SlotState(self.row_of[free_to_go], self.last_use[free_to_go], self.uses[free_to_go])
