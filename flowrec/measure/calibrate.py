@@ -227,9 +227,10 @@ def per_op_costs(device: torch.device, shapes: list[tuple[int, int, int]], secon
         "map_small_ns_per_id": (small_map, f"int64 row map lookup of {ops.MAP_LOOKUPS} random ids in "
                                            f"{ops.MAP_ENTRIES[0]} entries"),
         "map_ns_per_id": (large_map, f"int64 row map lookup of {ops.MAP_LOOKUPS} random ids in {ops.MAP_ENTRIES[1]} entries"),
-        "exchange_ns_per_slot": (exchange_ns, f"a lookahead scratchpad's exchange (Scratchpad, NextUseFirst, a horizon of "
-                                              f"3W) on the host over a cycled Zipf trace of {ops.EXCHANGE_TABLE_ROWS} rows, "
-                                              f"at 1.25 x its window's rows, per exchange and slot"),
+        "exchange_ns_per_slot": (exchange_ns, f"what a lookahead scratchpad's exchanges (Scratchpad, NextUseFirst, a "
+                                              f"horizon of 3W; a cycled Zipf trace over {ops.EXCHANGE_TABLE_ROWS} rows at "
+                                              f"1.25 x its window's rows) on a worker thread add to {ops.EXCHANGE_PROBE}^3 "
+                                              f"GEMMs on the run's compute threads, per exchange and slot; at least 0"),
     }
     unfitted = sorted(k for k, (v, _) in measured.items() if (v == 0 and k in RATES) or v is None)
     details = {"layer_us_by_shape": gemm_points, "elementwise_us_by_size": ew_points,

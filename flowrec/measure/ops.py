@@ -283,16 +283,42 @@ EXCHANGE_TABLE_ROWS = 1 << 24  # rows of the timed scratchpad's master (dim 1: i
 EXCHANGE_TRACE = (40, 80_000, 8)  # batches of the cycled trace, Zipf(1.1) ids a batch, window W (horizon 3W)
 
 
-def exchange_ns_per_slot(measure: Measure, device: torch.device) -> tuple[float, dict[str, Any]]:
-    """(ns per slot, details) of a lookahead scratchpad's exchange on the host: the runtime's
-    `Scratchpad` with its victims (`NextUseFirst`) and a horizon, over a cycled Zipf trace at a
-    capacity of 1.25 x its largest window (as the plan sizes one), per exchange over the
-    capacity. Its host work (the window's row-map lookups, the ranking of every resident row the
-    window does not pin, the fetches and write-backs) runs on a worker thread beside the step:
-    wide_deep's dim-1 group of 149,630 slots over 33.8M rows took 38-50 ms an exchange on a
-    2-core CPU, of a 230-300 ms step, priced nowhere before. The cost a slot grows with the
-    table (random row-map and master accesses): this trace gave 114 ns a slot at 4M rows and
-    175 ns at 33M on that CPU; 16M rows is the middle."""
+def run_compute_threads() -> int:
+    """The compute threads of a run on this machine: OMP_NUM_THREADS where set, else the process's
+    share of the usable cores (`flowrec.data.cores.thread_budget`, as `flowrec train` sets them)."""
+    import os
+
+    from flowrec.data.cores import thread_budget
+
+    given = os.environ.get("OMP_NUM_THREADS", "").strip()
+    return int(given) if given.isdigit() and int(given) > 0 else thread_budget().compute
+
+
+EXCHANGE_PROBE = 1024  # the step's stand-in beside the exchanges: an n x n x n fp32 GEMM on the compute threads
+EXCHANGE_ROUNDS = 3  # rounds of probes alone and beside the exchanges, interleaved
+
+
+def exchange_ns_per_slot(measure: Measure, device: torch.device,
+                         probe_seconds: float = 0.4) -> tuple[float, dict[str, Any]]:
+    """(ns per slot, details) of what a lookahead scratchpad's exchanges add to the step beside
+    them: the runtime's `Scratchpad` with its victims (`NextUseFirst`) and a horizon, over a
+    cycled Zipf trace at a capacity of 1.25 x its largest window (as the plan sizes one), run
+    without pause on a worker thread (as `LookaheadEmbedding` runs it) while this thread times
+    GEMMs on the compute threads: (GEMMs beside the exchanges - the same GEMMs alone) per
+    exchange done meanwhile, the median of `EXCHANGE_ROUNDS` interleaved rounds, over the
+    capacity; at least 0. What an exchange takes alone is in the details.
+
+    Its host work (the window's row-map lookups, the ranking of every resident row the window
+    does not pin, fetches and write-backs) is what it costs a step when it finds no free core:
+    wide_deep's dim-1 group of 149,630 slots over 33.8M rows takes 33-45 ms an exchange alone on
+    a 2-core CPU, and with the trainer's default two compute threads its step measured 66 ms more
+    than with the group static_hot, priced nowhere before. On one compute thread of two cores the
+    exchange runs on the other core (two_task: lookahead 100.8 ms a step, static_hot 100.0 ms),
+    which a time alone priced at +37 ms. Alone, this trace took 114 ns a slot at 4M rows and
+    175 ns at 33M; 16M rows is the middle."""
+    import threading
+    import time
+
     from flowrec.data.lookahead import first_uses, union_sorted
     from flowrec.graph.kinds import HORIZON_WINDOWS
     from flowrec.graph.packing import group_layout
@@ -328,10 +354,51 @@ def exchange_ns_per_slot(measure: Measure, device: torch.device) -> tuple[float,
 
     for _ in range(2 * batches):  # past the fill: every exchange evicts
         step()
-    fetched = pad.counters.rows_fetched
-    (seconds,) = measure([step])
-    calls = state["i"] - 2 * batches
+    fetched, start = pad.counters.rows_fetched, state["i"]
+    (alone,) = measure([step])
+    calls, fetched = state["i"] - start, pad.counters.rows_fetched - fetched
+    saved = torch.get_num_threads()
+    torch.set_num_threads(run_compute_threads())  # the step's threads, as the trainer sets them
+    gen = torch.Generator().manual_seed(3)
+    a, b = (torch.randn(EXCHANGE_PROBE, EXCHANGE_PROBE, generator=gen) for _ in range(2))
+    t0 = time.perf_counter()
+    a @ b
+    probes = max(3, int(probe_seconds / max(time.perf_counter() - t0, 1e-4)))
+
+    def gemms() -> float:
+        t = time.perf_counter()
+        for _ in range(probes):
+            a @ b
+        return time.perf_counter() - t
+
+    def beside() -> tuple[float, int]:
+        stop = threading.Event()
+
+        def run() -> None:
+            while not stop.is_set():
+                step()
+
+        worker = threading.Thread(target=run, name="flowrec-calibrate-exchange", daemon=True)
+        first = state["i"]
+        worker.start()
+        seconds = gemms()
+        done = state["i"] - first
+        stop.set()
+        worker.join()
+        return seconds, done
+
+    added, rounds = [], []
+    for _ in range(EXCHANGE_ROUNDS):
+        base = gemms()
+        with_, done = beside()
+        rounds.append([round(base * 1e3, 3), round(with_ * 1e3, 3), done])
+        if done:
+            added.append(max(0.0, with_ - base) / done)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(saved)
+    per_exchange = float(np.median(added)) if added else 0.0
     details = {"capacity": capacity, "window_rows": int(np.median([w.numel() for w in windows])),
-               "rows_fetched_per_exchange": round((pad.counters.rows_fetched - fetched) / max(calls, 1), 1),
-               "ms_per_exchange": round(seconds * 1e3, 3)}
-    return seconds / capacity * 1e9, details
+               "rows_fetched_per_exchange": round(fetched / max(calls, 1), 1), "compute_threads": threads,
+               "ms_per_exchange_alone": round(alone * 1e3, 3), "ms_added_per_exchange": round(per_exchange * 1e3, 3),
+               "probe_gemms": probes, "rounds_ms_alone_beside_exchanges": rounds}
+    return per_exchange / capacity * 1e9, details

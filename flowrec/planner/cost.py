@@ -398,13 +398,15 @@ def group_step_seconds(group: PackedGroup, device: DeviceProfile, batch: int, wi
 
 
 def exchange_seconds(u: _Unit, device: DeviceProfile) -> float:
-    """Host seconds a step of a lookahead unit's scratchpad exchange costs: `exchange_ns_per_slot`
-    per slot (its window's row-map lookups, the ranking of the resident rows the window does not
-    pin, fetches and write-backs; measured by `flowrec calibrate`, 0 otherwise). It runs on a
-    worker thread beside the step: on the CPU it takes the step's cores, as the data stage does,
-    so it is priced with staging. Without it wide_deep's lookahead dim-1 group (149,630 slots,
-    38-50 ms an exchange) was priced as costing no more than static_hot and measured 66 ms a step
-    more."""
+    """Seconds a lookahead unit's scratchpad exchange adds to a step: `exchange_ns_per_slot` per
+    slot, measured by `flowrec calibrate` as what exchanges on a worker thread add to compute on
+    the run's threads beside them (0 on a datasheet target). Its host work (the window's row-map
+    lookups, ranking the resident rows the window does not pin, fetches, write-backs) takes the
+    step's cores where no core is free for it, as the data stage does, so it is priced with
+    staging. With two compute threads on two cores wide_deep's lookahead dim-1 group (149,630
+    slots, 33-45 ms an exchange alone) measured 66 ms a step more than static_hot, both priced
+    alike before; with one, an exchange adds about nothing (two_task: lookahead 100.8 ms a step,
+    static_hot 100.0 ms)."""
     if PLACEMENTS[u.placement].traffic != "window" or u.group is None or not device.exchange_ns_per_slot:
         return 0.0
     return u.cache_rows * device.exchange_ns_per_slot * 1e-9

@@ -89,21 +89,28 @@ def test_exchange_ns_per_slot_is_a_profile_field_refused_when_negative():
         profile_fields({"base": "cpu", "measured": {"exchange_ns_per_slot": {"value": -1.0}}}, "p.json")
 
 
-def test_the_measurement_runs_the_runtimes_scratchpad_past_its_fill(monkeypatch):
+def test_the_measurement_runs_the_runtimes_scratchpad_past_its_fill_beside_probes(monkeypatch):
+    """The exchange alone through `measure`; what it adds to GEMMs on the run's compute threads
+    (`run_compute_threads`) per exchange done beside them, over the capacity."""
     monkeypatch.setattr(ops, "EXCHANGE_TABLE_ROWS", 1 << 16)
     monkeypatch.setattr(ops, "EXCHANGE_TRACE", (12, 3000, 2))
-    calls = []
+    monkeypatch.setattr(ops, "EXCHANGE_PROBE", 96)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    timed = []
 
     def measure(runs):
-        t = []
         for run in runs:
             for _ in range(5):
                 run()
-            calls.append(5)
-            t.append(0.002)
-        return t
+            timed.append(5)
+        return [0.002] * len(runs)
 
-    ns, details = ops.exchange_ns_per_slot(measure, torch.device("cpu"))
+    threads = torch.get_num_threads()
+    ns, details = ops.exchange_ns_per_slot(measure, torch.device("cpu"), probe_seconds=0.02)
+    assert timed == [5] and details["ms_per_exchange_alone"] == 2.0
     assert details["window_rows"] < details["capacity"] <= 1.25 * details["window_rows"] * 1.2
     assert 0 < details["rows_fetched_per_exchange"] < details["window_rows"]  # past the fill, evicting
-    assert ns == pytest.approx(0.002 / details["capacity"] * 1e9)
+    assert details["compute_threads"] == 1 and torch.get_num_threads() == threads  # restored
+    assert len(details["rounds_ms_alone_beside_exchanges"]) == ops.EXCHANGE_ROUNDS
+    assert all(done > 0 for _, _, done in details["rounds_ms_alone_beside_exchanges"])
+    assert ns * details["capacity"] * 1e-6 == pytest.approx(details["ms_added_per_exchange"], abs=1e-3)
