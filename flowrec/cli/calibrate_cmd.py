@@ -60,9 +60,6 @@ def calibrate(
     device_budget: Optional[str] = typer.Option(None, "--device-budget", help="With --nproc and a spec on the CPU: the device budget of the runs whose sharded plan the processes step (as `flowrec train --device-budget`; it decides the plan's shardings and so its collective calls)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the --out file when it exists (the default profile is always replaced)."),
 ) -> None:
-    from flowrec.cli.ranks import share_cores
-
-    share_cores()  # the threads `flowrec train` runs with, before numba is imported
     from flowrec.planner.calibration import default_profile_path, profile_document
     from flowrec.measure.calibrate import calibrate as measure
     from flowrec.runs.plan import cost_target

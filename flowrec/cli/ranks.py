@@ -135,17 +135,12 @@ def share_cores() -> None:
     imported, so this runs first) and torch's intra-op threads (torchrun already sets
     OMP_NUM_THREADS for ranks). Oversubscribed, two ranks on two cores trained MovieLens 3.5x
     slower; a process held to one core by a quota ran two-thread parallel regions at the speed of
-    one thread that waits. A value set by the user is kept, and numba follows a user's
-    OMP_NUM_THREADS: its OpenMP layer, started by the first sparse update, sets the process's
-    OpenMP threads to its own count (all the cores by default), so `OMP_NUM_THREADS=1 flowrec
-    train` ran two-thread torch kernels on two cores from its first step."""
+    one thread that waits. A value set by the user is kept."""
     from flowrec.data.cores import thread_budget
 
     compute = thread_budget().compute
-    given = os.environ.get("OMP_NUM_THREADS", "").strip()
-    numba_threads = int(given) if given.isdigit() and int(given) > 0 else compute
-    if "NUMBA_NUM_THREADS" not in os.environ and numba_threads < (os.cpu_count() or 1):
-        os.environ["NUMBA_NUM_THREADS"] = str(numba_threads)
+    if "NUMBA_NUM_THREADS" not in os.environ and compute < (os.cpu_count() or 1):
+        os.environ["NUMBA_NUM_THREADS"] = str(compute)
     if "OMP_NUM_THREADS" not in os.environ:
         import torch
 

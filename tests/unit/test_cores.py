@@ -95,21 +95,3 @@ def test_threads_fit_the_cores_and_the_ranks():
     shared = thread_budget(8, 4)
     assert (shared.workers, shared.readers, shared.compute) == (2, 2, 2)
     assert thread_budget(3, 2).compute == 1
-
-
-def test_a_users_omp_threads_survive_numbas_start(tmp_path):
-    """`OMP_NUM_THREADS=1 flowrec train`: numba's OpenMP layer, started by the first sparse update,
-    set the process's OpenMP threads to all the cores; `share_cores` now hands numba the user's
-    count, so torch keeps one thread."""
-    import subprocess
-    import sys
-
-    code = ("from flowrec.cli.ranks import share_cores; share_cores(); import os, torch, numba; "
-            "numba.set_num_threads(1); print(os.environ.get('NUMBA_NUM_THREADS'), torch.get_num_threads())")
-    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS")}
-    env["OMP_NUM_THREADS"] = "1"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
-                         cwd=tmp_path)
-    assert out.returncode == 0, out.stderr
-    if (os.cpu_count() or 1) > 1:
-        assert out.stdout.split() == ["1", "1"]
