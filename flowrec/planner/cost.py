@@ -182,7 +182,7 @@ class DeviceProfile:
     managed_ns_per_id: float = 0.0  # what the trainer's managed-table work (row resets, map replay) adds per managed lookup; 0: none or not measured
     epoch_start_us: float = 0.0  # an epoch of several batches beyond its steady steps (the trainer's new pipeline); 0: not measured
     epoch_single_us: float = 0.0  # the same of a one-batch epoch; 0: not measured
-    exchange_ns_per_slot: float = 0.0  # a lookahead scratchpad's host work an exchange, per slot, beyond its window's row-map lookups; 0: not measured
+    exchange_ns_per_slot: float = 0.0  # what a lookahead scratchpad's exchange on its worker thread adds to the step, per slot; 0: not measured
     epoch_lean_us: tuple[float, ...] = ()  # the typical step of epochs of 1 .. n batches beyond a mid-epoch one; (): not measured
 
     @property

@@ -547,7 +547,7 @@ class Trainer:
                                    self.model.groups, remap=self._remapper(train=True), negatives=negatives)
         # the hot/cold batches change the order: staged windows would be of batches never trained
         # together, so they are not staged; the lookahead groups' windows and horizons are taken
-        # of the batches as formed (`windowed`), on the transfer stage's thread (`_transfer`)
+        # of the batches as formed (`windowed`), on the transfer stage's thread (`background` in `_epoch`)
         staging = replace(self.staging(lookahead=min(self.lookahead, 1)), horizon=0)
         staged = iterate_batches(self.spec, train_source, staging, pos.epoch, 0, self.model.groups)
         batcher = HotColdBatcher(staged, self.hot_flags, self.model.groups, self.spec.training.batch_size,
