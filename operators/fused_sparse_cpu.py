@@ -37,6 +37,8 @@ Example:
 """
 from __future__ import annotations
 
+import threading
+
 import numba
 import numpy as np
 from llvmlite import ir
@@ -50,6 +52,42 @@ HP_FIELDS = ("lr", "eps", "weight_decay", "beta1", "beta2", "one_minus_beta1", "
 CHUNKS_PER_THREAD = 4  # work items per thread, so hot rows do not serialise a chunk
 PREFETCH_ROWS = 16  # unique rows ahead whose table and state rows are prefetched
 PREFETCH_IDS = 32  # sorted id positions ahead whose output-gradient rows are prefetched
+
+_start_lock = threading.Lock()
+_started = False
+
+
+def start_threads() -> int:
+    """numba's thread count, its thread pool started without changing torch's threads.
+
+    numba's OpenMP layer sets the OpenMP threads of the thread that starts it to its own count
+    (`NUMBA_NUM_THREADS`, all the cores by default), and torch runs on the same OpenMP runtime:
+    `OMP_NUM_THREADS=1 flowrec train` ran two-thread torch kernels on two cores from its first
+    sparse update. This starts the pool and puts the caller's torch count back. numba's own count
+    (`NUMBA_NUM_THREADS`) is left alone: numba refuses a change once its threads run."""
+    global _started
+    with _start_lock:
+        if not _started:
+            import torch
+
+            before = torch.get_num_threads()
+            numba.get_num_threads()  # starts the pool
+            if torch.get_num_threads() != before:
+                torch.set_num_threads(before)
+            _started = True
+    return numba.get_num_threads()
+
+
+def running_threads() -> int | None:
+    """The calling thread's numba thread count once the pool runs; None before (asking numba would
+    start it)."""
+    return numba.get_num_threads() if _started else None
+
+
+def use_threads(count: int) -> None:
+    """Run the kernels with `count` threads (at most numba's pool), the pool started first."""
+    start_threads()
+    numba.set_num_threads(max(1, min(count, numba.config.NUMBA_NUM_THREADS)))
 
 
 @intrinsic
@@ -158,7 +196,7 @@ def _balanced_chunks(unique_offsets, chunks):
 
 
 def _chunks(rows: int) -> int:
-    return max(1, min(rows, CHUNKS_PER_THREAD * numba.get_num_threads()))
+    return max(1, min(rows, CHUNKS_PER_THREAD * start_threads()))
 
 
 @njit(parallel=True, cache=True, nogil=True)

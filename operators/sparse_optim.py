@@ -21,7 +21,6 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Mapping
 
-import numba
 import numpy as np
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
@@ -242,7 +241,7 @@ class _CpuRows:
         self.hp = opt.hyper_parameters(weight.shape[1], self.dtype)
 
     def __enter__(self):
-        numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+        fused_sparse_cpu.use_threads(torch.get_num_threads())
         if not self.narrow:
             return (self.weight.detach().numpy(), self.state.detach().numpy(),
                     _numpy(self.rows.long()), self.hp, self.dtype)

@@ -91,6 +91,7 @@ FILES: dict[str, frozenset[str]] = {
 
 # single tests whose cost differs from their file's ("file::test name", parameters left out)
 TESTS: dict[str, frozenset[str]] = {
+    "tests/unit/test_cores.py::test_a_users_omp_threads_survive_the_first_sparse_update": frozenset({"processes"}),
     "tests/unit/test_calibrate_collective.py::test_two_gloo_processes_give_a_usable_fit": frozenset({"processes"}),
     "tests/unit/test_calibrate_collective.py::test_processes_that_do_not_finish_in_time_are_killed_and_named":
         frozenset({"processes"}),

@@ -13,9 +13,9 @@ this 2-core machine a one-thread step leaves a core to its data threads: their 4
 5 ms step do not make the step wait, and do not excuse a wait other processes caused.)
 
 The compute threads of a round are the calling thread (it runs the step's Python and its
-kernels) and, when the process computes on several threads (torch's or numba's thread count
-above 1), the threads that ran on a core for at least `PARTNER_SHARE` of the round (the partners
-of its parallel regions). Other threads of the process are not on the step's path: a thread pool
+kernels) and, when the process computes on several threads (torch's or the numba sparse
+update's thread count above 1), the threads that ran on a core for at least `PARTNER_SHARE` of
+the round (the partners of its parallel regions). Other threads of the process are not on the step's path: a thread pool
 that barely ran (Arrow's readers between reads, jemalloc's background thread) may wait for a core
 for a whole time slice while the caller computes, and counting that wait would take from the
 round time the caller really spent on a core (measured here: a 23.5 ms round of 12 ms work with
@@ -102,13 +102,17 @@ def _schedstat() -> dict[int, tuple[int, int]]:
 
 
 def compute_threads() -> int:
-    """Threads the process's kernels may run on: the larger of torch's and numba's thread counts
-    (1 where neither is loaded)."""
+    """Threads the process's kernels may run on: the larger of torch's thread count and the numba
+    sparse update's (once its pool runs: asking before would start it, `operators.fused_sparse_cpu`);
+    1 where neither is loaded."""
     counts = [1]
-    for name in ("torch", "numba"):
-        module = sys.modules.get(name)
-        if module is not None and hasattr(module, "get_num_threads"):
-            counts.append(int(module.get_num_threads()))
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "get_num_threads"):
+        counts.append(int(torch.get_num_threads()))
+    kernels = sys.modules.get("operators.fused_sparse_cpu")
+    running = kernels.running_threads() if kernels is not None else None
+    if running is not None:
+        counts.append(int(running))
     return max(counts)
 
 

@@ -95,3 +95,34 @@ def test_threads_fit_the_cores_and_the_ranks():
     shared = thread_budget(8, 4)
     assert (shared.workers, shared.readers, shared.compute) == (2, 2, 2)
     assert thread_budget(3, 2).compute == 1
+
+
+def test_a_users_omp_threads_survive_the_first_sparse_update(tmp_path):
+    """`OMP_NUM_THREADS=1 flowrec train`: numba's OpenMP layer, started by the first sparse update,
+    set the OpenMP threads of the thread that started it to all the cores, so torch ran two-thread
+    kernels from then on. The update now starts the pool and puts torch's count back, without
+    setting numba's (numba refuses a change once its threads run)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os, torch\n"
+        "from operators.sparse_optim import make_optimizer\n"
+        "before = torch.get_num_threads()\n"
+        "g = torch.Generator().manual_seed(3)\n"
+        "w = torch.randn(64, 4, generator=g); opt = make_optimizer(('adagrad', 0.1, {}))\n"
+        "s = opt.initial_state(64, 4, torch.float32)\n"
+        "ids = torch.randint(0, 64, (40,), generator=g) ** 2 % 64\n"
+        "opt.step(w, s, ids.unique(), torch.randn(ids.unique().numel(), 4, generator=g))\n"
+        "import numba\n"
+        "print(before, torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS, os.environ.get('NUMBA_NUM_THREADS'))\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS")}
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180,
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    before, after, pool, numba_env = out.stdout.split()
+    assert (before, after, numba_env) == ("1", "1", "None")  # numba's own count left unset
+    if int(pool) == 1:
+        pytest.skip("numba's pool has one thread here: its start could not change torch's count")

@@ -143,17 +143,25 @@ def test_one_over_counted_round_does_not_set_the_extrapolated_estimate():
     assert est.seconds == pytest.approx(12e-3, rel=0.03)
 
 
-def test_compute_threads_follows_torch():
+def test_compute_threads_follow_torch_and_the_sparse_update():
+    import numba
     import torch
+
+    from operators import fused_sparse_cpu
 
     saved = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        assert robust.compute_threads() >= 1
+        fused_sparse_cpu.use_threads(1)
+        assert robust.compute_threads() == 1
         torch.set_num_threads(2)
-        assert robust.compute_threads() >= 2
+        assert robust.compute_threads() == 2
+        torch.set_num_threads(1)
+        fused_sparse_cpu.use_threads(2)  # at most numba's pool
+        assert robust.compute_threads() == min(2, numba.config.NUMBA_NUM_THREADS)
     finally:
         torch.set_num_threads(saved)
+        fused_sparse_cpu.use_threads(saved)
 
 
 def test_bare_numbers_and_the_log():
