@@ -156,3 +156,12 @@ def thread_budget(cores: int | None = None, ranks: int | None = None) -> ThreadB
     cores = usable_cores() if cores is None else max(1, int(cores))
     share = max(1, cores // max(1, local_ranks() if ranks is None else ranks))
     return ThreadBudget(cores, min(DEFAULT_WORKERS, share), min(DEFAULT_READERS, share), share)
+
+
+def run_threads() -> int:
+    """The compute threads of a run in this process: OMP_NUM_THREADS where set (by the user, or by
+    torchrun for its ranks), else the process's share of the usable cores (`thread_budget`).
+    `flowrec train` sizes torch's threads so (`flowrec.cli.ranks.share_cores`), and calibration
+    measures on as many."""
+    given = os.environ.get("OMP_NUM_THREADS", "").strip()
+    return int(given) if given.isdigit() and int(given) > 0 else thread_budget().compute

@@ -283,17 +283,6 @@ EXCHANGE_TABLE_ROWS = 1 << 24  # rows of the timed scratchpad's master (dim 1: i
 EXCHANGE_TRACE = (40, 80_000, 8)  # batches of the cycled trace, Zipf(1.1) ids a batch, window W (horizon 3W)
 
 
-def run_compute_threads() -> int:
-    """The compute threads of a run on this machine: OMP_NUM_THREADS where set, else the process's
-    share of the usable cores (`flowrec.data.cores.thread_budget`, as `flowrec train` sets them)."""
-    import os
-
-    from flowrec.data.cores import thread_budget
-
-    given = os.environ.get("OMP_NUM_THREADS", "").strip()
-    return int(given) if given.isdigit() and int(given) > 0 else thread_budget().compute
-
-
 EXCHANGE_PROBE = 1024  # the step's stand-in beside the exchanges: an n x n x n fp32 GEMM on the compute threads
 EXCHANGE_ROUNDS = 3  # rounds of probes alone and beside the exchanges, interleaved
 
@@ -319,6 +308,7 @@ def exchange_ns_per_slot(measure: Measure, device: torch.device,
     import threading
     import time
 
+    from flowrec.data.cores import run_threads
     from flowrec.data.lookahead import first_uses, union_sorted
     from flowrec.graph.kinds import HORIZON_WINDOWS
     from flowrec.graph.packing import group_layout
@@ -358,7 +348,7 @@ def exchange_ns_per_slot(measure: Measure, device: torch.device,
     (alone,) = measure([step])
     calls, fetched = state["i"] - start, pad.counters.rows_fetched - fetched
     saved = torch.get_num_threads()
-    torch.set_num_threads(run_compute_threads())  # the step's threads, as the trainer sets them
+    torch.set_num_threads(run_threads())  # the step's threads, as the trainer sets them
     gen = torch.Generator().manual_seed(3)
     a, b = (torch.randn(EXCHANGE_PROBE, EXCHANGE_PROBE, generator=gen) for _ in range(2))
     t0 = time.perf_counter()

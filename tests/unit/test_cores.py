@@ -126,3 +126,16 @@ def test_a_users_omp_threads_survive_the_first_sparse_update(tmp_path):
     assert (before, after, numba_env) == ("1", "1", "None")  # numba's own count left unset
     if int(pool) == 1:
         pytest.skip("numba's pool has one thread here: its start could not change torch's count")
+
+
+@pytest.mark.parametrize("given, expected", [("3", 3), (" 1 ", 1), ("0", None), ("two", None), (None, None)])
+def test_a_runs_compute_threads_are_the_users_else_the_share(monkeypatch, given, expected):
+    from flowrec.data import cores
+
+    monkeypatch.setattr(cores, "usable_cores", lambda: 8)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    if given is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", given)
+    assert cores.run_threads() == (4 if expected is None else expected)  # 8 cores, 2 ranks: 4 each

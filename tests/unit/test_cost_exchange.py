@@ -91,7 +91,7 @@ def test_exchange_ns_per_slot_is_a_profile_field_refused_when_negative():
 
 def test_the_measurement_runs_the_runtimes_scratchpad_past_its_fill_beside_probes(monkeypatch):
     """The exchange alone through `measure`; what it adds to GEMMs on the run's compute threads
-    (`run_compute_threads`) per exchange done beside them, over the capacity."""
+    (`flowrec.data.cores.run_threads`) per exchange done beside them, over the capacity."""
     monkeypatch.setattr(ops, "EXCHANGE_TABLE_ROWS", 1 << 16)
     monkeypatch.setattr(ops, "EXCHANGE_TRACE", (12, 3000, 2))
     monkeypatch.setattr(ops, "EXCHANGE_PROBE", 96)
