@@ -66,15 +66,16 @@ def start_threads() -> int:
     sparse update. This starts the pool and puts the caller's torch count back. numba's own count
     (`NUMBA_NUM_THREADS`) is left alone: numba refuses a change once its threads run."""
     global _started
-    with _start_lock:
-        if not _started:
-            import torch
+    if not _started:  # every kernel call asks: the lock only until the pool runs
+        with _start_lock:
+            if not _started:
+                import torch
 
-            before = torch.get_num_threads()
-            numba.get_num_threads()  # starts the pool
-            if torch.get_num_threads() != before:
-                torch.set_num_threads(before)
-            _started = True
+                before = torch.get_num_threads()
+                numba.get_num_threads()  # starts the pool
+                if torch.get_num_threads() != before:
+                    torch.set_num_threads(before)
+                _started = True
     return numba.get_num_threads()
 
 

@@ -136,7 +136,7 @@ def share_cores() -> None:
     OMP_NUM_THREADS for ranks). Oversubscribed, two ranks on two cores trained MovieLens 3.5x
     slower; a process held to one core by a quota ran two-thread parallel regions at the speed of
     one thread that waits. A value set by the user is kept."""
-    from flowrec.data.cores import run_threads, thread_budget
+    from flowrec.data.cores import thread_budget
 
     compute = thread_budget().compute
     if "NUMBA_NUM_THREADS" not in os.environ and compute < (os.cpu_count() or 1):
@@ -144,9 +144,8 @@ def share_cores() -> None:
     if "OMP_NUM_THREADS" not in os.environ:
         import torch
 
-        threads = run_threads()  # the process's share (the user's OMP_NUM_THREADS is kept)
-        if torch.get_num_threads() > threads:
-            torch.set_num_threads(threads)
+        if torch.get_num_threads() > compute:  # `flowrec.data.cores.run_threads` without OMP_NUM_THREADS
+            torch.set_num_threads(compute)
 
 
 def restart_count() -> int:

@@ -15,11 +15,11 @@ this 2-core machine a one-thread step leaves a core to its data threads: their 4
 The compute threads of a round are the calling thread (it runs the step's Python and its
 kernels) and, when the process computes on several threads (torch's or the numba sparse
 update's thread count above 1), the threads that ran on a core for at least `PARTNER_SHARE` of
-the round (the partners of its parallel regions). Other threads of the process are not on the step's path: a thread pool
-that barely ran (Arrow's readers between reads, jemalloc's background thread) may wait for a core
-for a whole time slice while the caller computes, and counting that wait would take from the
-round time the caller really spent on a core (measured here: a 23.5 ms round of 12 ms work with
-20 ms of such "wait").
+the round (the partners of its parallel regions). Other threads of the process are not on the
+step's path: a thread pool that barely ran (Arrow's readers between reads, jemalloc's background
+thread) may wait for a core for a whole time slice while the caller computes, and counting that
+wait would take from the round time the caller really spent on a core (measured here: a 23.5 ms
+round of 12 ms work with 20 ms of such "wait").
 
 The rule (`estimate`):
 
