@@ -161,6 +161,7 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
             a callback that is not callable), or the device, the plan or the memory of this machine
             cannot run it.
     """
+    from flowrec.data.profile import forget_kept_sample
     from flowrec.graph.plan_io import plan_json
     from flowrec.runs.errors import RunError
     from flowrec.runs.folder import claim_run_folder
@@ -207,6 +208,7 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
     except RunError as exc:
         raise _typed(exc) from None
     finally:
+        forget_kept_sample()  # a run that stopped before its hot set was chosen holds no sample
         if lock is not None:  # a refused run leaves no folder it made (as `flowrec train`)
             lock.release() if existed else lock.release_and_remove_if_unused()
     return Run(session.spec, folder, result, Trained(session.spec, session.model, session.plan))

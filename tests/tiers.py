@@ -43,7 +43,7 @@ FILES: dict[str, frozenset[str]] = {
         "test_retrieval", "test_calibrate_collective", "test_targets", "test_compiled_fallback",
         "test_dense_optimizer_fused", "test_source_mlp", "test_next_item_data", "test_truncate", "test_memory_fit",
         "test_robust_timing", "test_cost_kinds", "test_onednn_linear", "test_cost_shared_cores", "test_cost_call_fit", "test_cost_managed",
-        "test_cost_epoch_start",
+        "test_cost_epoch_start", "test_kept_sample",
     )},
     "tests/unit/test_lifecycle_hostile.py": FAST,  # hostile input to runs, --follow, plan --managed-from
     "tests/unit/test_model_language_hostile.py": FAST,  # hostile specs of custom, heads, retrieval, sequences
@@ -92,6 +92,8 @@ FILES: dict[str, frozenset[str]] = {
 # single tests whose cost differs from their file's ("file::test name", parameters left out)
 TESTS: dict[str, frozenset[str]] = {
     "tests/unit/test_cores.py::test_a_users_omp_threads_survive_the_first_sparse_update": frozenset({"processes"}),
+    "tests/unit/test_kept_sample.py::test_a_run_reads_its_data_once_to_sample_and_trains_as_before": frozenset({"e2e"}),
+    "tests/unit/test_kept_sample.py::test_the_startup_benchmark_reads_each_file_once_kept_and_twice_not": frozenset({"e2e"}),
     "tests/unit/test_calibrate_collective.py::test_two_gloo_processes_give_a_usable_fit": frozenset({"processes"}),
     "tests/unit/test_calibrate_collective.py::test_processes_that_do_not_finish_in_time_are_killed_and_named":
         frozenset({"processes"}),

@@ -377,6 +377,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     from flowrec.runs.settings import write_run_file
     from flowrec.data.layout import DataError
     from flowrec.graph.plan_io import plan_json
+    from flowrec.data.profile import forget_kept_sample
     from flowrec.runtime.caches.base import CacheCapacityError
     from flowrec.runtime.checkpoint.store import CHECKPOINT_NAME, CheckpointError
     from flowrec.runtime.run_log import MetricsError
@@ -462,6 +463,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
         fail(f"{where}: {_rank_lost(world, exc)}; {trainer.checkpoint_note()}", EXIT_RANK_FAILED)
     finally:
         session.close_data()
+        forget_kept_sample()  # a run that stopped before its hot set was chosen holds no sample
     if not trainer.lead:
         return
     _report(result, folder, request.json_out)

@@ -32,6 +32,7 @@ Example:
 """
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable
 
 import numpy as np
@@ -60,14 +61,61 @@ COUNT_BIN_RATIO = 1.5
 PLOTTED_TABLES = 10  # tables on the skew plot and in the CLI's list: those with the most distinct rows
 
 
+_kept_lock = threading.Lock()
+_kept: dict[str, Any] = {}  # {"key": what decided the rows, "table": the sample}: at most one, taken once
+
+
+def _sample_key(spec: ModelSpec, source: PartitionSource, rate: float, seed: int) -> tuple | None:
+    """What decides a sample's rows: the part files and their fingerprints (size, mtime, footer),
+    the columns and their checks, the rate and the seed. None: a source without part files (memory)
+    or with a file that cannot be fingerprinted; such samples are never kept."""
+    files, prints = getattr(source, "files", None), getattr(source, "fingerprints", None)
+    if files is None or prints is None:
+        return None
+    marks = tuple(prints())
+    if not marks or "" in marks:
+        return None
+    columns = tuple(f.name for f in spec.sparse_features)
+    return (tuple(str(f) for f in files), marks, columns, partition_rules(spec, columns), float(rate), int(seed))
+
+
+def forget_kept_sample() -> None:
+    """Drop the sample `sample_rows(..., keep=True)` kept, if nobody took it (frees its memory)."""
+    with _kept_lock:
+        _kept.clear()
+
+
+def _take_kept(key: tuple | None) -> pa.Table | None:
+    """The kept sample when `key` is what decided its rows (it is then no longer kept), else None."""
+    if key is None:
+        return None
+    with _kept_lock:
+        if _kept.get("key") != key:
+            return None
+        table = _kept["table"]
+        _kept.clear()
+        return table
+
+
 def sample_rows(spec: ModelSpec, source: PartitionSource, rate: float, seed: int,
-                visit: Callable[[pa.Table], None] | None = None) -> pa.Table:
+                visit: Callable[[pa.Table], None] | None = None, keep: bool = False) -> pa.Table:
     """Bernoulli sample of the rows (rate in (0, 1]), seeded per partition, in data order.
     `visit` is called with every whole partition (its id columns, checked) before it is sampled.
+
+    A run samples its training data twice at start-up: the planner's access profile, then FAE's
+    hot set (`assign_hot_rows`), the same rows (same files, rate and seed). `keep` keeps this sample
+    for the next call without `visit` whose files (by fingerprint), columns, checks, rate and seed
+    are the same; that call takes it instead of reading every partition again. One sample is kept
+    at a time, taken once (`forget_kept_sample` drops it). A file changed in between is read again.
 
     Raises:
         DataError: an id outside its table (`flowrec.data.checks`), naming partition, column and row.
     """
+    key = _sample_key(spec, source, rate, seed) if keep or visit is None else None
+    if visit is None:
+        kept = _take_kept(key)
+        if kept is not None:
+            return kept
     columns = [f.name for f in spec.sparse_features]
     rules = partition_rules(spec, columns)
     parts = []
@@ -77,10 +125,15 @@ def sample_rows(spec: ModelSpec, source: PartitionSource, rate: float, seed: int
         if visit is not None:
             visit(table)
         if rate < 1.0:
-            keep = np.random.default_rng([seed, i]).random(n) < rate
-            table = table.filter(pa.array(keep))
+            chosen = np.random.default_rng([seed, i]).random(n) < rate
+            table = table.filter(pa.array(chosen))
         parts.append(table)
-    return pa.concat_tables(parts).combine_chunks()
+    sample = pa.concat_tables(parts).combine_chunks()
+    if keep and key is not None and _sample_key(spec, source, rate, seed) == key:  # no file changed meanwhile
+        with _kept_lock:
+            _kept.clear()
+            _kept.update(key=key, table=sample)
+    return sample
 
 
 class RowsRead:
@@ -230,10 +283,12 @@ def skew(counts: np.ndarray, rows: int) -> dict[str, float]:
 
 def profile_access(spec: ModelSpec, source: PartitionSource, sample_rate: float | None = None, seed: int = 0,
                    budget_bytes: int | None = None, window: int | None = None,
-                   batch_size: int | None = None, max_trace: int = MAX_TRACE) -> dict[str, Any]:
+                   batch_size: int | None = None, max_trace: int = MAX_TRACE,
+                   keep_sample: bool = False) -> dict[str, Any]:
     """The access profile of a dataset for a spec (see the module docstring). `sample_rate` None:
     FAE's (`flowrec.graph.kinds.hot_sample_rate`), the rows a static hot set is chosen from; with
-    the seed FAE is given (the spec's training seed, in training) they are the very same rows."""
+    the seed FAE is given (the spec's training seed, in training) they are the very same rows.
+    `keep_sample`: keep the sampled rows for FAE's hot set (`sample_rows`' `keep`)."""
     total = sum(source.partition_rows())
     if sample_rate is None:
         sample_rate = hot_sample_rate(total)
@@ -241,7 +296,7 @@ def profile_access(spec: ModelSpec, source: PartitionSource, sample_rate: float 
         raise ValueError(f"sample rate must be in (0, 1], got {sample_rate}")
     groups = group_layout(spec)
     read = RowsRead(spec, groups)
-    table = sample_rows(spec, source, sample_rate, seed, read.visit)
+    table = sample_rows(spec, source, sample_rate, seed, read.visit, keep=keep_sample)
     n = table.num_rows
     cols = {f.name: column_arrays(table.column(f.name)) for f in spec.sparse_features}
     cols = fold_raw_ids(spec, cols)  # managed tables: a row per raw id, estimated by hash

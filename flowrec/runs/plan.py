@@ -63,14 +63,20 @@ def plan_for_run(spec: ModelSpec, device_name: str, device_budget: str | None, p
             raise RunError(str(exc)) from None
         status(f"plan: {plan_file} (target {plan.target}, {len(plan.meta.groups)} packed groups)")
         return plan, device
+    from flowrec.data.profile import forget_kept_sample
+
     try:
         access = load_profile(profile) if profile is not None else sampled_access_profile(spec, data, status)
         plan = make_plan(spec, target=target or cost_target(device), device_budget=device_budget,
                          profile=access, world_size=world_size)
     except RunError:
+        forget_kept_sample()
         raise
     except (ValueError, OSError, PassFailure) as exc:
+        forget_kept_sample()
         raise RunError(str(exc)) from None
+    if not any(g.placement == "static_hot" for g in plan.meta.groups):
+        forget_kept_sample()  # no hot set to choose: the sample is not read again
     return plan, device
 
 
@@ -82,7 +88,8 @@ def sampled_access_profile(spec: ModelSpec, data: str | None,
     The sample is the one a static hot set is chosen from at the start of training
     (`flowrec.graph.kinds.hot_sample_rate`: 5 % of the rows, at least 20,000 or all; the same seed),
     so the planner prices the hot set the runtime will hold rather than extrapolating to a larger
-    sample. Reading the data, not counting, is most of its cost at any rate.
+    sample. Reading the data, not counting, is most of its cost at any rate; the sampled rows are
+    kept for the hot set (`sample_rows`' `keep`), which then reads the data no second time.
 
     None without a dataset folder (synthetic data follows the planner's Zipf model); a status line
     says when the plan uses a sample. A dataset that cannot be read is a `RunError`.
@@ -98,7 +105,7 @@ def sampled_access_profile(spec: ModelSpec, data: str | None,
     try:
         source = open_dataset(train, spec)
         try:
-            profile = profile_access(spec, source, seed=spec.training.seed)  # FAE's sample
+            profile = profile_access(spec, source, seed=spec.training.seed, keep_sample=True)  # FAE's sample, kept for it
         finally:
             source.close()
     except (DataError, OSError, ValueError) as exc:
