@@ -19,14 +19,19 @@ from flowrec.spec import spec_from_dict
 
 ROWS, PER_FILE = 30_000, 8_000  # 4 part files
 
-DOC = {"name": "kept", "features": [
-    {"name": "x", "type": "dense"},
-    {"name": "a", "type": "categorical", "hash_buckets": 30_000, "dim": 16},
-    {"name": "b", "type": "categorical", "hash_buckets": 20_000, "dim": 16}],
-    "modules": [{"name": "m", "kind": "mlp", "inputs": ["@dense", "@sparse"], "layers": [8]}],
-    "heads": [{"name": "h", "input": "m"}],
-    "optimizer": {"dense": {"name": "adam", "lr": 0.01}, "sparse": {"name": "sgd", "lr": 0.1}},
-    "training": {"batch_size": 256}}
+def _bench():
+    """tools/bench_startup_sample.py, loaded as a module."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_startup_sample", Path(__file__).resolve().parents[2] / "tools" / "bench_startup_sample.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+DOC = _bench().QUICK_SPEC  # a 50,000-row packed group of two fields (Zipf ids): 256 KiB plans it static_hot
 
 
 @pytest.fixture(autouse=True)
@@ -198,14 +203,7 @@ def test_a_run_reads_its_data_once_to_sample_and_trains_as_before(tmp_path, monk
 def test_the_startup_benchmark_reads_each_file_once_kept_and_twice_not(tmp_path):
     """tools/bench_startup_sample.py --quick: both variants start a run with a static hot set; the
     kept one's samples read each part file once, the other's twice."""
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.spec_from_file_location(
-        "bench_startup_sample", Path(__file__).resolve().parents[2] / "tools" / "bench_startup_sample.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    out = bench.main(["--quick", "--json", str(tmp_path / "s.json")])
+    out = _bench().main(["--quick", "--json", str(tmp_path / "s.json")])
     assert out["static_hot_groups"] == 1 and out["part_files"] == 4
     assert out["median"]["kept"]["files_read"] == 4 and out["median"]["read_twice"]["files_read"] == 8
     assert (tmp_path / "s.json").is_file() and profile._kept == {}
