@@ -40,7 +40,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="a small spec and 30,000 rows, 1 round (smoke run)")
     p.add_argument("--spec", default=None, help="spec file (default specs/dlrm_criteo.yaml; quick: a small built-in one)")
     p.add_argument("--rows", type=int, default=None, help="synthetic rows (default 2,000,000; quick 30,000)")
-    p.add_argument("--rows-per-file", type=int, default=250_000, help="rows per part file (default 250,000)")
+    p.add_argument("--rows-per-file", type=int, default=None, help="rows per part file (default 250,000; quick 8,000)")
     p.add_argument("--device-budget", default=None, help="device budget of the plan (default 64MiB; quick 256KiB)")
     p.add_argument("--cache", default="static_hot", choices=("static_hot", "auto"),
                    help="the spec's cache policy (default static_hot, whose hot set reads the sample; "
@@ -52,7 +52,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--rows must be at least 1")
     if a.rounds is not None and a.rounds < 1:
         p.error("--rounds must be at least 1")
-    if a.rows_per_file < 1:
+    if a.rows_per_file is not None and a.rows_per_file < 1:
         p.error("--rows-per-file must be at least 1")
     return a
 
@@ -130,20 +130,23 @@ def main(argv: list[str] | None = None) -> dict:
 def _run(a: argparse.Namespace, tmp: Path) -> dict:
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(tmp / "inductor"))
     os.environ.setdefault("DASK_TEMPORARY_DIRECTORY", str(tmp / "dask"))
+    from dataclasses import replace
+
     from flowrec.data.dataset import parquet_files
     from flowrec.data.synth import SynthConfig, synth_dataset
     from flowrec.spec import load_spec, spec_from_dict
 
-    from dataclasses import replace
-
-    spec = spec_from_dict(QUICK_SPEC) if a.quick and a.spec is None else load_spec(a.spec or REPO / "specs/dlrm_criteo.yaml")
+    try:
+        spec = spec_from_dict(QUICK_SPEC) if a.quick and a.spec is None else load_spec(a.spec or REPO / "specs/dlrm_criteo.yaml")
+    except Exception as exc:  # the loader's own errors name the file and the problem
+        sys.exit(f"error: {exc}")
     spec = replace(spec, plan=replace(spec.plan, cache=a.cache))
     rows = a.rows or (30_000 if a.quick else 2_000_000)
     budget = a.device_budget or ("256KiB" if a.quick else "64MiB")
     rounds = a.rounds or (1 if a.quick else 3)
     data = tmp / "data"
     t = time.perf_counter()
-    synth_dataset(spec, data, rows, SynthConfig(seed=7), rows_per_file=min(a.rows_per_file, 8_000 if a.quick else a.rows_per_file))
+    synth_dataset(spec, data, rows, SynthConfig(seed=7), rows_per_file=a.rows_per_file or (8_000 if a.quick else 250_000))
     print(f"{rows:,} synthetic rows of {spec.name} in {time.perf_counter() - t:.1f} s", file=sys.stderr)
     files = len(parquet_files(data))
     warm = _start(spec, data, budget, False)  # first start of the process (imports, compiled kernels): not counted
