@@ -85,12 +85,14 @@ def forget_kept_sample() -> None:
         _kept.clear()
 
 
-def _take_kept(key: tuple | None) -> pa.Table | None:
-    """The kept sample when `key` is what decided its rows (it is then no longer kept), else None."""
-    if key is None:
+def _take_kept(spec: ModelSpec, source: PartitionSource, rate: float, seed: int) -> pa.Table | None:
+    """The kept sample when it is the one these arguments draw (it is then no longer kept), else
+    None; with nothing kept, no file is fingerprinted."""
+    if not _kept:
         return None
+    key = _sample_key(spec, source, rate, seed)
     with _kept_lock:
-        if _kept.get("key") != key:
+        if key is None or _kept.get("key") != key:
             return None
         table = _kept["table"]
         _kept.clear()
@@ -111,11 +113,11 @@ def sample_rows(spec: ModelSpec, source: PartitionSource, rate: float, seed: int
     Raises:
         DataError: an id outside its table (`flowrec.data.checks`), naming partition, column and row.
     """
-    key = _sample_key(spec, source, rate, seed) if keep or visit is None else None
     if visit is None:
-        kept = _take_kept(key)
+        kept = _take_kept(spec, source, rate, seed)
         if kept is not None:
             return kept
+    key = _sample_key(spec, source, rate, seed) if keep else None
     columns = [f.name for f in spec.sparse_features]
     rules = partition_rules(spec, columns)
     parts = []

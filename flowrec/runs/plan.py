@@ -65,18 +65,18 @@ def plan_for_run(spec: ModelSpec, device_name: str, device_budget: str | None, p
         return plan, device
     from flowrec.data.profile import forget_kept_sample
 
+    plan = None
     try:
         access = load_profile(profile) if profile is not None else sampled_access_profile(spec, data, status)
         plan = make_plan(spec, target=target or cost_target(device), device_budget=device_budget,
                          profile=access, world_size=world_size)
     except RunError:
-        forget_kept_sample()
         raise
     except (ValueError, OSError, PassFailure) as exc:
-        forget_kept_sample()
         raise RunError(str(exc)) from None
-    if not any(g.placement == "static_hot" for g in plan.meta.groups):
-        forget_kept_sample()  # no hot set to choose: the sample is not read again
+    finally:
+        if plan is None or not any(g.placement == "static_hot" for g in plan.meta.groups):
+            forget_kept_sample()  # no plan, or no hot set to choose: nothing takes the sample
     return plan, device
 
 
