@@ -53,7 +53,10 @@ from operators.device import device_name
 
 TINY_BATCHES = (16, 32, 64, 128)  # batch sizes of the framework-cost steps
 TINY_STEPS = 12  # timed steps at each
-TINY_REPEATS = 2  # times each batch size is measured (interleaved: a burst of load hits one, not all)
+TINY_REPEATS = 6  # at most this many rounds of every batch size (interleaved: a burst of load hits one, not all) ...
+TINY_MIN_REPEATS = 2  # ... at least this many ...
+TINY_SECONDS = 3.0  # ... a further round while this many seconds have not passed (round 28: 2 rounds of a
+# 10 ms spec's tiny steps put its step_us anywhere in 0-1,874 us over 8 calibrations, sd 549; 6 rounds, 2.5 s: sd 299)
 OP_BATCH_SHARES = (0, 4, 1)  # the dense ops' batch sizes: the smallest tiny batch, batch / 4, batch
 FULL_STEPS = 8  # timed full-batch steps of the compute scale's first block ...
 FULL_BLOCK_STEP_SECONDS = 0.4  # ... a further block's: about this many seconds of the first's steps ...
@@ -64,7 +67,8 @@ LIVE_STEPS = 10  # at least this many timed steps in a block fed live by the bat
 # staged batches (CPU: the staging rate) ...
 STAGING_BLOCK_SECONDS = 0.4  # ... a block of about this many seconds of steps ...
 STAGING_MAX_STEPS = 100  # ... in at most this many steps ...
-STAGING_BLOCKS = 3  # ... and this many blocks of each kind, alternating ...
+STAGING_BLOCKS = 6  # ... and this many blocks of each kind, alternating (round 28: 3 blocks of a 12 ms step put
+# its staging's added time anywhere in -0.9-2.2 ms over 8 calibrations, sd 0.88; 6 blocks: sd 0.39) ...
 STAGING_SECONDS = 6.0  # ... where their steps take up to this many seconds, fewer blocks for longer steps
 STAGING_CPU_REPEATS = 3  # the pipeline's CPU seconds run alone, the least of up to this many runs ...
 STAGING_CPU_SECONDS = 2.0  # ... started within this many seconds
@@ -100,7 +104,7 @@ def spec_constants(spec: ModelSpec, device: torch.device, measured: dict[str, tu
                                      f"{_op_batches(spec)}, interleaved rounds (timing rule), none above a larger "
                                      f"batch's; linear between them")
         step_us, step_details = _framework_us(spec, device, plan_for)
-        out["step_us"] = (step_us, f"median over {TINY_REPEATS} x {len(TINY_BATCHES)} measurements (batch sizes "
+        out["step_us"] = (step_us, f"median over {step_details['rounds']} x {len(TINY_BATCHES)} measurements (batch sizes "
                                    f"{TINY_BATCHES}, interleaved) of real training steps (staged beforehand; "
                                    f"{TINY_STEPS} steps each, timing rule) minus the profile's prediction of "
                                    f"their compute: a robust fit of the fixed cost (spread in details)")
@@ -213,13 +217,20 @@ def monotone(points: list[tuple[int, float, float]]) -> list[tuple[int, float, f
     return out[::-1]
 
 
-def _framework_us(spec: ModelSpec, device: torch.device, plan_for) -> tuple[float, dict[str, Any]]:
-    """The per-step fixed cost (us, at least 0) fitted over TINY_REPEATS rounds of TINY_BATCHES
+def _framework_us(spec: ModelSpec, device: torch.device, plan_for, seconds: float = TINY_SECONDS
+                  ) -> tuple[float, dict[str, Any]]:
+    """The per-step fixed cost (us, at least 0) fitted over rounds of TINY_BATCHES
     (`robust.fit_offset`: the median of the steps' leftovers beyond their predicted compute;
-    each step timed by the timing rule), and the raw points with the fit's spread."""
+    each step timed by the timing rule), and the raw points with the fit's spread. TINY_MIN_REPEATS
+    rounds, then a further one while `seconds` have not passed, TINY_REPEATS at most: the fixed
+    cost is a leftover of a few ms of tiny steps (one of the noisiest constants of a short step's
+    price, measured: 0-1.9 ms over 8 calibrations of a 10 ms step with 2 rounds), and a spec whose
+    tiny steps are cheap gets the rounds that steady its median; a slow one keeps the two."""
     plans = {batch: plan_for(batch) for batch in TINY_BATCHES}
     measured, predicted, points = [], [], []
-    for _ in range(TINY_REPEATS):
+    started, rounds = time.perf_counter(), 0
+    while rounds < TINY_MIN_REPEATS or (rounds < TINY_REPEATS and time.perf_counter() - started < seconds):
+        rounds += 1
         for batch, plan in plans.items():
             stages = dict(plan.cost.stage_ms)
             predicted_ms = plan.cost.step_ms_serial - stages["staging"] - stages["transfer"]
@@ -232,9 +243,9 @@ def _framework_us(spec: ModelSpec, device: torch.device, plan_for) -> tuple[floa
                            "leftover_us": (measured_ms - predicted_ms) * 1e3, "clean_steps": isolated.clean,
                            "method": isolated.method})
     fit = robust.fit_offset(measured, predicted)
-    return max(0.0, fit.value), {"points": points, "fit": {"step_us": fit.value, "spread_us": fit.spread,
-                                                           "low_us": fit.low, "high_us": fit.high,
-                                                           "points": fit.points, "outliers": fit.outliers}}
+    return max(0.0, fit.value), {"points": points, "rounds": rounds,
+                                 "fit": {"step_us": fit.value, "spread_us": fit.spread, "low_us": fit.low,
+                                         "high_us": fit.high, "points": fit.points, "outliers": fit.outliers}}
 
 
 def _compute_scale(spec: ModelSpec, device: torch.device, plan_for, profile: Path
@@ -362,7 +373,7 @@ def staging_plan(step_ms: float | None) -> tuple[int, int]:
 
     Example:
         >>> staging_plan(4.0), staging_plan(70.0), staging_plan(1700.0), staging_plan(None)
-        ((3, 100), (3, 10), (1, 10), (1, 10))
+        ((6, 100), (4, 10), (1, 10), (1, 10))
     """
     if step_ms is None or not step_ms > 0:
         return 1, LIVE_STEPS
