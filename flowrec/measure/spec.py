@@ -217,19 +217,19 @@ def monotone(points: list[tuple[int, float, float]]) -> list[tuple[int, float, f
     return out[::-1]
 
 
-def _framework_us(spec: ModelSpec, device: torch.device, plan_for, seconds: float = TINY_SECONDS
-                  ) -> tuple[float, dict[str, Any]]:
+def _framework_us(spec: ModelSpec, device: torch.device, plan_for, seconds: float = TINY_SECONDS,
+                  rounds_range: tuple[int, int] = (TINY_MIN_REPEATS, TINY_REPEATS)) -> tuple[float, dict[str, Any]]:
     """The per-step fixed cost (us, at least 0) fitted over rounds of TINY_BATCHES
     (`robust.fit_offset`: the median of the steps' leftovers beyond their predicted compute;
-    each step timed by the timing rule), and the raw points with the fit's spread. TINY_MIN_REPEATS
-    rounds, then a further one while `seconds` have not passed, TINY_REPEATS at most: the fixed
+    each step timed by the timing rule), and the raw points with the fit's spread. `rounds_range`
+    (least, most): the least rounds, then a further one while `seconds` have not passed: the fixed
     cost is a leftover of a few ms of tiny steps (one of the noisiest constants of a short step's
     price, measured: 0-1.9 ms over 8 calibrations of a 10 ms step with 2 rounds), and a spec whose
     tiny steps are cheap gets the rounds that steady its median; a slow one keeps the two."""
     plans = {batch: plan_for(batch) for batch in TINY_BATCHES}
     measured, predicted, points = [], [], []
-    started, rounds = time.perf_counter(), 0
-    while rounds < TINY_MIN_REPEATS or (rounds < TINY_REPEATS and time.perf_counter() - started < seconds):
+    (least, most), started, rounds = rounds_range, time.perf_counter(), 0
+    while rounds < least or (rounds < most and time.perf_counter() - started < seconds):
         rounds += 1
         for batch, plan in plans.items():
             stages = dict(plan.cost.stage_ms)
@@ -363,10 +363,10 @@ def _managed_ns_per_id(spec: ModelSpec, device: torch.device, plan: Any, step_ms
                                    "method": est.method, "without_method": base.method}
 
 
-def staging_plan(step_ms: float | None) -> tuple[int, int]:
+def staging_plan(step_ms: float | None, most_blocks: int = STAGING_BLOCKS) -> tuple[int, int]:
     """(blocks, steps per block) of the live and staged steps the staging rate is measured on
     (`live_step_seconds`), for a step of about `step_ms` (None: not known): a block of about
-    STAGING_BLOCK_SECONDS of steps (LIVE_STEPS to STAGING_MAX_STEPS of them), STAGING_BLOCKS
+    STAGING_BLOCK_SECONDS of steps (LIVE_STEPS to STAGING_MAX_STEPS of them), `most_blocks`
     blocks of each kind where they fit in STAGING_SECONDS, fewer for long steps (at least one).
     The added time is a tenth of a short step or less: a short step needs hundreds of steps of
     each kind for its difference to stand above the noise, a long step's share is small anyway.
@@ -378,12 +378,12 @@ def staging_plan(step_ms: float | None) -> tuple[int, int]:
     if step_ms is None or not step_ms > 0:
         return 1, LIVE_STEPS
     steps = min(STAGING_MAX_STEPS, max(LIVE_STEPS, math.ceil(STAGING_BLOCK_SECONDS * 1e3 / step_ms)))
-    blocks = min(STAGING_BLOCKS, max(1, int(STAGING_SECONDS * 1e3 // (2 * steps * step_ms))))
+    blocks = min(most_blocks, max(1, int(STAGING_SECONDS * 1e3 // (2 * steps * step_ms))))
     return blocks, steps
 
 
-def _staging_rate(spec: ModelSpec, device: torch.device, plan: Any, step_ms: float | None = None
-                  ) -> tuple[float, dict[str, Any]]:
+def _staging_rate(spec: ModelSpec, device: torch.device, plan: Any, step_ms: float | None = None,
+                  most_blocks: int = STAGING_BLOCKS) -> tuple[float, dict[str, Any]]:
     """Values staged per second the data threads add to a real step (live steps minus staged
     ones, in alternating blocks sized by the step's `step_ms`: `staging_plan`, `live_step_seconds`;
     at least a tenth of the pipeline's CPU seconds per batch run alone, the least of up to
@@ -398,7 +398,7 @@ def _staging_rate(spec: ModelSpec, device: torch.device, plan: Any, step_ms: flo
     step 25% high."""
     cpu_runs = staging_cpu_seconds(spec, plan, runs=STAGING_CPU_REPEATS, within_s=STAGING_CPU_SECONDS)
     cpu_s, values = min(cpu_runs)
-    blocks, steps = staging_plan(step_ms)
+    blocks, steps = staging_plan(step_ms, most_blocks)
     live, staged = (robust.LOG.add(robust.estimate(r))
                     for r in live_step_seconds(plan, spec, device, steps, blocks=blocks))
     added = min(max(live.seconds - staged.seconds, cpu_s / 10, 1e-6), STAGING_ADDED_MAX_CPU * cpu_s)

@@ -388,7 +388,8 @@ def test_the_framework_cost_takes_more_rounds_of_tiny_steps_while_they_are_cheap
     priced = {b: (p.cost.step_ms_serial - dict(p.cost.stage_ms)["staging"] - dict(p.cost.stage_ms)["transfer"])
               for b, p in plans.items()}
     fixed_us = random.uniform(200.0, 2000.0)
-    for seconds, rounds in ((0.0, calibrate_spec.TINY_MIN_REPEATS), (1e9, calibrate_spec.TINY_REPEATS)):
+    least, most = calibrate_spec.TINY_MIN_REPEATS, calibrate_spec.TINY_REPEATS
+    for seconds, limits, rounds in ((0.0, (least, most), least), (1e9, (least, most), most), (1e9, (3, 3), 3)):
         calls: list[int] = []
 
         def fake(plan, spec, device, steps, calls=calls):
@@ -398,7 +399,7 @@ def test_the_framework_cost_takes_more_rounds_of_tiny_steps_while_they_are_cheap
             return [Round(ms * 1e-3) for _ in range(steps)]
 
         monkeypatch.setattr(calibrate_spec, "step_seconds", fake)
-        value, details = calibrate_spec._framework_us(dlrm, None, lambda batch: plans[batch], seconds)
+        value, details = calibrate_spec._framework_us(dlrm, None, lambda batch: plans[batch], seconds, limits)
         batches = list(calibrate_spec.TINY_BATCHES)
         assert calls == batches * rounds and details["rounds"] == rounds  # every batch size in turn, each round
         assert details["fit"]["points"] == len(details["points"]) == len(batches) * rounds
