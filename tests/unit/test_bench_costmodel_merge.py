@@ -243,6 +243,10 @@ def test_interleaved_runs_give_a_short_step_as_many_pairs_as_asked(repo, tmp_pat
     measured = [random.uniform(2.5, 4.0) for _ in range(runs)]  # a few ms: a run of RUN_SECONDS is hundreds of steps
     live = [m * random.uniform(0.9, 1.1) for m in measured]  # each calibration's own live step
     asked, calibrated = [], []
+    # each step a little slower than the last (distinct rounds, a known median); little enough that
+    # a run stays about RUN_SECONDS long: at 1e-3 a step, a run of 400 steps took up to 1.3 s, so
+    # four runs could fill --runs 5's pool of 5 s and the fifth never came (a flaky failure)
+    GROW = 1e-5
 
     def calibrate(k):
         calibrated.append(k)
@@ -255,7 +259,7 @@ def test_interleaved_runs_give_a_short_step_as_many_pairs_as_asked(repo, tmp_pat
         asked.append(steps)
         out.mkdir(parents=True, exist_ok=True)
         (out / "plan.json").write_text(json.dumps({**doc, "cost": {**doc["cost"], "step_ms_overlap": predicted[k]}}))
-        rounds = [bench.robust.Round(measured[k] * (1 + i / 1000) / 1e3) for i in range(steps)]  # seconds
+        rounds = [bench.robust.Round(measured[k] * (1 + i * GROW) / 1e3) for i in range(steps)]  # seconds
         return {"stage_seconds": {}, "steps": steps, "samples": steps * 1024, "seconds": 1.0, "counters": {}}, rounds
 
     monkeypatch.setattr(bench, "flowrec", lambda *a, **k: "")
@@ -266,7 +270,7 @@ def test_interleaved_runs_give_a_short_step_as_many_pairs_as_asked(repo, tmp_pat
     size = [bench.run_steps(ms, 20, 1024, row["synth_rows"], epochs=1) + bench.WARMUP_STEPS for ms in live]
     assert asked == size  # each run sized by its own calibration
     steps = [n - bench.WARMUP_STEPS for n in size]
-    medians = [m * (1 + (bench.WARMUP_STEPS + (n - 1) / 2) / 1000) for m, n in zip(measured, steps)]  # after warm-up
+    medians = [m * (1 + (bench.WARMUP_STEPS + (n - 1) / 2) * GROW) for m, n in zip(measured, steps)]  # after warm-up
     errors = [p / m - 1 for p, m in zip(predicted, medians)]
     assert row["pair_step_errors"] == pytest.approx(errors, rel=1e-9)
     assert row["step_error"] == pytest.approx(sorted(errors)[runs // 2], rel=1e-9)  # the median pair
