@@ -1,5 +1,5 @@
 """How steady a calibration's short-step constants are on this machine, at the calibration's own
-settings and at a baseline's (round 27's: fewer rounds and blocks), side by side in one process.
+settings and at a baseline's (by default round 27's: 3 live/staged blocks), side by side in one process.
 
 `flowrec calibrate SPEC` prices the fixed cost of a step (`step_us`: real steps at tiny batch sizes
 less their priced compute) and what the batch pipeline adds to a step (`staging_values_per_s`: live
@@ -12,7 +12,7 @@ measures those two constants `--repeats` times at each setting, the settings int
 deviation, least and most of:
 
 - `step_us`: the fixed cost (`flowrec.measure.spec._framework_us`; the calibration's rounds of tiny
-  steps within its time budget, against `--baseline-rounds` rounds);
+  steps, TINY_REPEATS, against `--baseline-rounds` rounds);
 - `staging_added_ms`: what staging adds to a step (values per batch / the rate, as the plan prices
   it; `_staging_rate` with the calibration's blocks against `--baseline-blocks`);
 - `predicted_step_ms`: the plan's step (`step_ms_overlap`, at `--device-budget`) from the one
@@ -145,10 +145,8 @@ def run(spec_path: Path, repeats: int, budget: str | None, baseline_rounds: int,
 
     def measure(setting: str) -> dict[str, float]:
         t0 = time.perf_counter()
-        if setting == "calibration":  # the calibration's own rule: its least rounds, more within its budget
-            step_us, fw = calibrate_spec._framework_us(spec, device, plan_for)
-        else:  # exactly `baseline_rounds` rounds
-            step_us, fw = calibrate_spec._framework_us(spec, device, plan_for, 0.0, (baseline_rounds, baseline_rounds))
+        rounds = calibrate_spec.TINY_REPEATS if setting == "calibration" else baseline_rounds
+        step_us, fw = calibrate_spec._framework_us(spec, device, plan_for, rounds)
         t1 = time.perf_counter()
         blocks = calibrate_spec.STAGING_BLOCKS if setting == "calibration" else baseline_blocks
         rate, st = calibrate_spec._staging_rate(spec, device, staging_plan, dense_ms, blocks)
@@ -165,9 +163,7 @@ def run(spec_path: Path, repeats: int, budget: str | None, baseline_rounds: int,
     results = interleaved(repeats, measure, progress)
     return {"benchmark": "calibration_noise", "spec": spec_path.name, "device_budget": budget or "none",
             "repeats": repeats, "calibration_seconds": calibrated_s,
-            "settings": {"calibration": {"tiny_min_rounds": calibrate_spec.TINY_MIN_REPEATS,
-                                         "tiny_max_rounds": calibrate_spec.TINY_REPEATS,
-                                         "tiny_seconds": calibrate_spec.TINY_SECONDS,
+            "settings": {"calibration": {"tiny_rounds": calibrate_spec.TINY_REPEATS,
                                          "staging_blocks": calibrate_spec.STAGING_BLOCKS},
                          "baseline": {"tiny_rounds": baseline_rounds, "staging_blocks": baseline_blocks}},
             "calibrated": {"step_us": own["step_us"][0], "staging_values_per_s": own["staging_values_per_s"][0],
@@ -196,6 +192,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--seconds must be positive")
     if not args.spec.is_file():
         parser.error(f"--spec {args.spec}: no such file")
+    from flowrec.spec import load_spec
+    from flowrec.spec.errors import SpecError
+    from flowrec.spec.units import parse_bytes
+
+    try:  # before a minute of calibration, not after it
+        load_spec(args.spec)
+        if args.device_budget != "none":
+            parse_bytes(args.device_budget)
+    except (SpecError, ValueError) as exc:
+        parser.error(str(exc) if isinstance(exc, SpecError) else f"--device-budget: {exc}")
+    if args.json.exists() and args.json.resolve() == args.spec.resolve():
+        parser.error(f"--json {args.json} is the spec itself: name another file for the result")
     for name in ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS"):  # as bench_costmodel's --threads
         os.environ[name] = str(args.threads)
     with tempfile.TemporaryDirectory(prefix="bench-calnoise-") as tmp:

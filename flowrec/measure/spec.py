@@ -53,10 +53,9 @@ from operators.device import device_name
 
 TINY_BATCHES = (16, 32, 64, 128)  # batch sizes of the framework-cost steps
 TINY_STEPS = 12  # timed steps at each
-TINY_REPEATS = 6  # at most this many rounds of every batch size (interleaved: a burst of load hits one, not all) ...
-TINY_MIN_REPEATS = 2  # ... at least this many ...
-TINY_SECONDS = 3.0  # ... a further round while this many seconds have not passed (round 28: 2 rounds of a
-# 10 ms spec's tiny steps put its step_us anywhere in 0-1,874 us over 8 calibrations, sd 549; 6 rounds, 2.5 s: sd 299)
+TINY_REPEATS = 2  # times each batch size is measured (interleaved: a burst of load hits one, not all; round 28:
+# 6 rounds within 3 s were no steadier over five A/B runs of 8 calibrations, sd ratio 0.54-1.53, geometric mean
+# 0.95: the fixed cost's spread is the host's spells between the dense ops' timing and the tiny steps, not the count)
 OP_BATCH_SHARES = (0, 4, 1)  # the dense ops' batch sizes: the smallest tiny batch, batch / 4, batch
 FULL_STEPS = 8  # timed full-batch steps of the compute scale's first block ...
 FULL_BLOCK_STEP_SECONDS = 0.4  # ... a further block's: about this many seconds of the first's steps ...
@@ -67,8 +66,9 @@ LIVE_STEPS = 10  # at least this many timed steps in a block fed live by the bat
 # staged batches (CPU: the staging rate) ...
 STAGING_BLOCK_SECONDS = 0.4  # ... a block of about this many seconds of steps ...
 STAGING_MAX_STEPS = 100  # ... in at most this many steps ...
-STAGING_BLOCKS = 6  # ... and this many blocks of each kind, alternating (round 28: 3 blocks of a 12 ms step put
-# its staging's added time anywhere in -0.9-2.2 ms over 8 calibrations, sd 0.88; 6 blocks: sd 0.39) ...
+STAGING_BLOCKS = 6  # ... and this many blocks of each kind, alternating (round 28, tools/bench_calibration_noise.py,
+# 8 calibrations each, interleaved: the sd of a short step's added staging time with 3 blocks, then 6: movielens
+# 0.75, 0.67 ms and 0.28, 0.28; two_tower_ctr 0.79, 0.48; managed_movielens 0.53, 0.41) ...
 STAGING_SECONDS = 6.0  # ... where their steps take up to this many seconds, fewer blocks for longer steps
 STAGING_CPU_REPEATS = 3  # the pipeline's CPU seconds run alone, the least of up to this many runs ...
 STAGING_CPU_SECONDS = 2.0  # ... started within this many seconds
@@ -104,7 +104,7 @@ def spec_constants(spec: ModelSpec, device: torch.device, measured: dict[str, tu
                                      f"{_op_batches(spec)}, interleaved rounds (timing rule), none above a larger "
                                      f"batch's; linear between them")
         step_us, step_details = _framework_us(spec, device, plan_for)
-        out["step_us"] = (step_us, f"median over {step_details['rounds']} x {len(TINY_BATCHES)} measurements (batch sizes "
+        out["step_us"] = (step_us, f"median over {TINY_REPEATS} x {len(TINY_BATCHES)} measurements (batch sizes "
                                    f"{TINY_BATCHES}, interleaved) of real training steps (staged beforehand; "
                                    f"{TINY_STEPS} steps each, timing rule) minus the profile's prediction of "
                                    f"their compute: a robust fit of the fixed cost (spread in details)")
@@ -217,20 +217,14 @@ def monotone(points: list[tuple[int, float, float]]) -> list[tuple[int, float, f
     return out[::-1]
 
 
-def _framework_us(spec: ModelSpec, device: torch.device, plan_for, seconds: float = TINY_SECONDS,
-                  rounds_range: tuple[int, int] = (TINY_MIN_REPEATS, TINY_REPEATS)) -> tuple[float, dict[str, Any]]:
-    """The per-step fixed cost (us, at least 0) fitted over rounds of TINY_BATCHES
+def _framework_us(spec: ModelSpec, device: torch.device, plan_for, rounds: int = TINY_REPEATS
+                  ) -> tuple[float, dict[str, Any]]:
+    """The per-step fixed cost (us, at least 0) fitted over `rounds` rounds of TINY_BATCHES
     (`robust.fit_offset`: the median of the steps' leftovers beyond their predicted compute;
-    each step timed by the timing rule), and the raw points with the fit's spread. `rounds_range`
-    (least, most): the least rounds, then a further one while `seconds` have not passed: the fixed
-    cost is a leftover of a few ms of tiny steps (one of the noisiest constants of a short step's
-    price, measured: 0-1.9 ms over 8 calibrations of a 10 ms step with 2 rounds), and a spec whose
-    tiny steps are cheap gets the rounds that steady its median; a slow one keeps the two."""
+    each step timed by the timing rule), and the raw points with the fit's spread."""
     plans = {batch: plan_for(batch) for batch in TINY_BATCHES}
     measured, predicted, points = [], [], []
-    (least, most), started, rounds = rounds_range, time.perf_counter(), 0
-    while rounds < least or (rounds < most and time.perf_counter() - started < seconds):
-        rounds += 1
+    for _ in range(max(1, int(rounds))):
         for batch, plan in plans.items():
             stages = dict(plan.cost.stage_ms)
             predicted_ms = plan.cost.step_ms_serial - stages["staging"] - stages["transfer"]

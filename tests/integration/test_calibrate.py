@@ -21,7 +21,7 @@ from flowrec.planner.manager import make_plan
 from flowrec.planner.op_work import op_signature
 from flowrec.measure import ops as calibrate_ops
 from flowrec.measure.concurrent import MORE_BLOCKS
-from flowrec.measure.spec import TINY_MIN_REPEATS, TINY_REPEATS
+from flowrec.measure.spec import TINY_REPEATS
 from flowrec.spec import load_spec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -98,9 +98,7 @@ def test_the_profile_records_every_constant_and_how(profile: Path):
     assert set(ops) == dense and all(p[0::3] == [16.0, 1024.0, 4096.0] for p in ops.values())
     framework = doc["details"]["framework_us_by_batch"]  # the fixed cost's robust fit and its points
     assert sorted({p["batch"] for p in framework["points"]}) == [16, 32, 64, 128]
-    rounds = framework["rounds"]  # at least the minimum, more while the tiny steps are cheap
-    assert TINY_MIN_REPEATS <= rounds <= TINY_REPEATS and framework["fit"]["spread_us"] >= 0
-    assert framework["fit"]["points"] == len(framework["points"]) == 4 * rounds
+    assert framework["fit"]["points"] == len(framework["points"]) == 4 * TINY_REPEATS == 4 * framework["rounds"]
     assert framework["fit"]["low_us"] <= framework["fit"]["step_us"] <= framework["fit"]["high_us"]
     assert doc["measured"]["step_us"]["value"] == max(0.0, framework["fit"]["step_us"])
     timing = doc["details"]["timing"]  # the load-robust rule's account (`flowrec.measure.robust`)

@@ -57,13 +57,22 @@ def test_spread_of_one_value_has_no_deviation_and_of_none_is_an_error():
 @pytest.mark.parametrize("args, words", [(["--repeats", "0"], "at least 1"),
                                          (["--baseline-blocks", "0"], "at least 1"),
                                          (["--seconds", "0"], "positive"),
-                                         (["--spec", "no/such.yaml"], "no such file")])
+                                         (["--spec", "no/such.yaml"], "no such file"),
+                                         (["broken"], "bad.yaml"),
+                                         (["--device-budget", "lots"], "--device-budget"),
+                                         (["--spec", str(REPO / "specs" / "movielens.yaml"), "--json",
+                                           str(REPO / "specs" / "movielens.yaml")], "the spec itself")])
 def test_bad_arguments_fail_with_a_message(args, words, capsys, tmp_path: Path):
     out = tmp_path / "r.json"
+    if args == ["broken"]:  # a spec that is not one: named before any calibration
+        bad = tmp_path / "bad.yaml"
+        bad.write_text("name: x\nfeatures: [\n", encoding="utf-8")
+        args = ["--spec", str(bad)]
     with pytest.raises(SystemExit) as exc:
-        noise.main([*args, "--json", str(out)])
+        noise.main([*args, *([] if "--json" in args else ["--json", str(out)])])
     assert exc.value.code == 2 and words in capsys.readouterr().err
     assert not out.exists()
+    assert (REPO / "specs" / "movielens.yaml").read_text(encoding="utf-8").lstrip().startswith(("#", "name", "{"))
 
 
 def test_a_real_run_measures_both_settings_with_their_own_rounds_and_blocks(tmp_path: Path):
@@ -74,16 +83,16 @@ def test_a_real_run_measures_both_settings_with_their_own_rounds_and_blocks(tmp_
     env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, str(REPO / "tools" / "bench_calibration_noise.py"),
                            "--spec", str(REPO / "specs" / "custom_module.yaml"), "--repeats", "1",
-                           "--baseline-rounds", "2", "--baseline-blocks", "2", "--seconds", "0.05", "--json", str(out)],
+                           "--baseline-rounds", "1", "--baseline-blocks", "2", "--seconds", "0.05", "--json", str(out)],
                           capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert doc["benchmark"] == "calibration_noise" and doc["spec"] == "custom_module.yaml"
     base, own = doc["repeats_raw"]["baseline"], doc["repeats_raw"]["calibration"]
     assert len(base) == len(own) == 1
-    assert base[0]["tiny_rounds"] == 2 and base[0]["staging_blocks"] == 2
+    assert base[0]["tiny_rounds"] == 1 and base[0]["staging_blocks"] == 2
     settings = doc["settings"]["calibration"]
-    assert settings["tiny_min_rounds"] <= own[0]["tiny_rounds"] <= settings["tiny_max_rounds"]
+    assert own[0]["tiny_rounds"] == settings["tiny_rounds"] > 1
     assert own[0]["staging_blocks"] == settings["staging_blocks"]  # a few ms step: every block fits
     for row in base + own:
         assert row["predicted_step_ms"] > 0.1 and row["predicted_step_ms"] >= row["step_us"] / 1e3  # the fixed cost priced in
