@@ -43,6 +43,8 @@ from typing import Any, Callable, Sequence
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from flowrec.testing.benchargs import add_spec_step_arguments, device_budget, use_threads  # noqa: E402
+
 SETTINGS = ("calibration", "baseline")
 
 
@@ -175,11 +177,8 @@ def run(spec_path: Path, repeats: int, budget: str | None, baseline_rounds: int,
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--spec", type=Path, default=REPO / "specs/movielens.yaml",
-                        help="spec to calibrate (default: specs/movielens.yaml, a ~10 ms step)")
+    add_spec_step_arguments(parser, "spec to calibrate")
     parser.add_argument("--repeats", type=int, default=8, help="measurements of each setting (default 8)")
-    parser.add_argument("--threads", type=int, default=1, help="compute threads (default 1, as bench_costmodel's --threads 1)")
-    parser.add_argument("--device-budget", default="64MiB", help="the plan's device budget (default 64MiB; none: no cap)")
     parser.add_argument("--baseline-rounds", type=int, default=2, help="rounds of tiny steps at the baseline (default 2)")
     parser.add_argument("--baseline-blocks", type=int, default=3, help="live/staged blocks at the baseline (default 3)")
     parser.add_argument("--seconds", type=float, default=0.5,
@@ -204,14 +203,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(exc) if isinstance(exc, SpecError) else f"--device-budget: {exc}")
     if args.json.exists() and args.json.resolve() == args.spec.resolve():
         parser.error(f"--json {args.json} is the spec itself: name another file for the result")
-    for name in ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS"):  # as bench_costmodel's --threads
-        os.environ[name] = str(args.threads)
     with tempfile.TemporaryDirectory(prefix="bench-calnoise-") as tmp:
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(tmp) / "inductor"))
         os.environ.setdefault("DASK_TEMPORARY_DIRECTORY", str(Path(tmp) / "dask"))
-        import torch
-        torch.set_num_threads(args.threads)
-        budget = None if args.device_budget == "none" else args.device_budget
+        use_threads(args.threads)
+        budget = device_budget(args)
         print(f"calibrating {args.spec.name} once, then {args.repeats} repeats of each setting ...",
               file=sys.stderr, flush=True)
         result = run(args.spec, args.repeats, budget, args.baseline_rounds, args.baseline_blocks, Path(tmp),

@@ -53,6 +53,8 @@ from typing import Any, Sequence
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from flowrec.testing.benchargs import add_spec_step_arguments, device_budget, use_threads  # noqa: E402
+
 WINDOWS_S = (1.0, 3.0, 10.0, 30.0)  # windowed spread reported for these window lengths
 MIN_WINDOW_STEPS = 3  # a window with fewer steps is not drawn (its median would be one spell's step)
 STAGED_BATCHES = 16  # distinct staged batches stepped in turn
@@ -283,11 +285,8 @@ def analyse(trace: Trace, method: Method, goal: float, trials: int, seed: int) -
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--spec", type=Path, default=REPO / "specs/movielens.yaml",
-                        help="spec whose training step is timed (default: specs/movielens.yaml, a ~10 ms step)")
+    add_spec_step_arguments(parser, "spec whose training step is timed")
     parser.add_argument("--minutes", type=float, default=10.0, help="minutes of steps to record (default 10)")
-    parser.add_argument("--threads", type=int, default=1, help="compute threads (default 1, as the bench's --threads 1)")
-    parser.add_argument("--device-budget", default="64MiB", help="the plan's device budget (default 64MiB; none: no cap)")
     parser.add_argument("--trace", type=Path, default=None,
                         help="simulate the trace of an earlier result (its JSON) instead of recording one")
     parser.add_argument("--cal-seconds", type=float, default=3.0, help="calibration window, s (default 3)")
@@ -309,11 +308,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         doc = json.loads(args.trace.read_text())
         trace, facts = load_trace(doc["trace"]), doc["recorded"]
     else:
-        for name in ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS"):  # as bench_costmodel's --threads
-            os.environ[name] = str(args.threads)
-        import torch
-        torch.set_num_threads(args.threads)
-        budget = None if args.device_budget == "none" else args.device_budget
+        use_threads(args.threads)
+        budget = device_budget(args)
         print(f"recording {args.spec.name}'s step for {args.minutes:g} min ...", file=sys.stderr, flush=True)
         trace, facts = record(args.spec, args.minutes * 60.0, budget)
     method = Method(args.cal_seconds, args.run_seconds, args.lag, args.pairs, args.specs)
