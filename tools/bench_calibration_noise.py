@@ -21,7 +21,8 @@ deviation, least and most of:
 
 The spread of `predicted_step_ms` is how far these two constants alone move a short step's price
 between calibrations on this host; `tools/bench_costmodel.py` judges each run against its own
-calibration, so that spread falls straight into its per-pair errors.
+calibration, so that spread falls straight into its per-pair errors. It runs on the CPU, where the
+staging rate is measured (a GPU's host stages beside the device: `flowrec.measure.spec`).
 
 Usage:
     python tools/bench_calibration_noise.py [--spec specs/movielens.yaml] [--repeats 8] [--threads 1]
@@ -136,7 +137,7 @@ def run(spec_path: Path, repeats: int, budget: str | None, baseline_rounds: int,
             plan_cache[batch] = make_plan(with_batch(spec, batch), target=str(before_path))
         return plan_cache[batch]
 
-    staging_plan = make_plan(spec, target=str(_profile(tmp / "full.json", target, full)))
+    full_plan = make_plan(spec, target=str(_profile(tmp / "full.json", target, full)))  # the plan staging is timed on
     dense_ms = details["compute_scale"].get("measured_dense_ms")
     values = details["staging"]["values_per_batch"]
 
@@ -151,7 +152,7 @@ def run(spec_path: Path, repeats: int, budget: str | None, baseline_rounds: int,
         step_us, fw = calibrate_spec._framework_us(spec, device, plan_for, rounds)
         t1 = time.perf_counter()
         blocks = calibrate_spec.STAGING_BLOCKS if setting == "calibration" else baseline_blocks
-        rate, st = calibrate_spec._staging_rate(spec, device, staging_plan, dense_ms, blocks)
+        rate, st = calibrate_spec._staging_rate(spec, device, full_plan, dense_ms, blocks)
         t2 = time.perf_counter()
         return {"step_us": step_us, "tiny_rounds": float(fw["rounds"]), "framework_seconds": t1 - t0,
                 "staging_added_ms": values / rate * 1e3, "staging_blocks": float(st["blocks"]),
