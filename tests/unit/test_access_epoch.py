@@ -106,8 +106,11 @@ def test_distinct_rows_of_a_stretch_of_the_epoch_match_the_data():
     order = np.random.default_rng(seed).permutation(table.num_rows)
     per_sample = ids.shape[1]
     for samples in (256, 2_048, 12_000):
-        got = np.mean([len(np.unique(ids[order[k:k + samples]])) for k in range(0, 36_000, 12_000)])
-        assert model.distinct(samples * per_sample) == pytest.approx(got, rel=0.03)
+        # every stretch of `samples` in the first 36,000 rows, not three: three stretches of 256
+        # samples put their mean 3.2% from the model's expectation once (a flaky failure in CI;
+        # over 25 seeds the three stretches missed it by up to 4.3%, every stretch by up to 0.5%)
+        got = np.mean([len(np.unique(ids[order[k:k + samples]])) for k in range(0, 36_001 - samples, samples)])
+        assert model.distinct(samples * per_sample) == pytest.approx(got, rel=0.02)
     assert model.distinct(10 * ids.size) == pytest.approx(float((np.bincount(ids.ravel()) > 0).sum()))
 
 
