@@ -92,16 +92,9 @@ def summarize(results: dict[str, list[dict[str, float]]]) -> dict[str, dict[str,
             for setting, rows in results.items() if rows}
 
 
-def _profile(path: Path, target: str, measured: dict[str, tuple[Any, str]]) -> Path:
-    from flowrec.planner.calibration import profile_document
-
-    path.write_text(json.dumps(profile_document(target, measured, "calibration-noise", "now")), encoding="utf-8")
-    return path
-
-
-def run(spec_path: Path, repeats: int, budget: str | None, baseline_rounds: int, baseline_blocks: int,
+def run(spec: Any, name: str, repeats: int, budget: str | None, baseline_rounds: int, baseline_blocks: int,
         tmp: Path, seconds: float = 0.5) -> dict[str, Any]:
-    """Calibrate `spec_path` once, then measure its fixed cost and staging rate `repeats` times at
+    """Calibrate `spec` (a loaded ModelSpec, its file's `name`) once, then measure its fixed cost and staging rate `repeats` times at
     each setting, interleaved; the raw repeats, their spread and the calibration's own values.
     `seconds`: per timed kernel of the one calibration (`flowrec calibrate --seconds`)."""
     import torch
@@ -112,13 +105,8 @@ def run(spec_path: Path, repeats: int, budget: str | None, baseline_rounds: int,
     from flowrec.measure.calibrate import calibrate as measure_machine
     from flowrec.measure.step import with_batch
     from flowrec.planner.manager import make_plan
-    from flowrec.planner.targets import target_for_device
-    from flowrec.spec import load_spec
-    from operators.device import device_name
 
-    spec = load_spec(spec_path)
     device = torch.device("cpu")
-    target = target_for_device(device.type, device_name(device))
     robust.reset_log()
     started = time.perf_counter()
     measured, _ = measure_machine(device, gemm_shapes(spec), seconds)
@@ -129,7 +117,8 @@ def run(spec_path: Path, repeats: int, budget: str | None, baseline_rounds: int,
     before = {k: v for k, v in full.items() if k not in ("step_us", "compute_scale", "staging_values_per_s",
                                                          "managed_ns_per_id", "epoch_start_us", "epoch_single_us",
                                                          "epoch_lean_us")}
-    before_path = _profile(tmp / "before.json", target, before)
+    before_path = tmp / "before.json"
+    calibrate_spec._write(before_path, device, before)  # the profile file calibration plans with
     plan_cache: dict[int, Any] = {}
 
     def plan_for(batch: int) -> Any:
@@ -137,13 +126,15 @@ def run(spec_path: Path, repeats: int, budget: str | None, baseline_rounds: int,
             plan_cache[batch] = make_plan(with_batch(spec, batch), target=str(before_path))
         return plan_cache[batch]
 
-    full_plan = make_plan(spec, target=str(_profile(tmp / "full.json", target, full)))  # the plan staging is timed on
+    calibrate_spec._write(tmp / "full.json", device, full)
+    full_plan = make_plan(spec, target=str(tmp / "full.json"))  # the plan staging is timed on
     dense_ms = details["compute_scale"].get("measured_dense_ms")
     values = details["staging"]["values_per_batch"]
 
     def predicted_ms(step_us: float, rate: float) -> float:
-        doc = {**full, "step_us": (step_us, "repeat"), "staging_values_per_s": (rate, "repeat")}
-        plan = make_plan(spec, target=str(_profile(tmp / "repeat.json", target, doc)), device_budget=budget)
+        calibrate_spec._write(tmp / "repeat.json", device,
+                              {**full, "step_us": (step_us, "repeat"), "staging_values_per_s": (rate, "repeat")})
+        plan = make_plan(spec, target=str(tmp / "repeat.json"), device_budget=budget)
         return float(plan.cost.step_ms_overlap)
 
     def measure(setting: str) -> dict[str, float]:
@@ -164,7 +155,7 @@ def run(spec_path: Path, repeats: int, budget: str | None, baseline_rounds: int,
         print(f"repeat {k + 1}/{repeats}: {shown}", file=sys.stderr, flush=True)
 
     results = interleaved(repeats, measure, progress)
-    return {"benchmark": "calibration_noise", "spec": spec_path.name, "device_budget": budget or "none",
+    return {"benchmark": "calibration_noise", "spec": name, "device_budget": budget or "none",
             "repeats": repeats, "calibration_seconds": calibrated_s,
             "settings": {"calibration": {"tiny_rounds": calibrate_spec.TINY_REPEATS,
                                          "staging_blocks": calibrate_spec.STAGING_BLOCKS},
@@ -197,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from flowrec.spec.units import parse_bytes
 
     try:  # before a minute of calibration, not after it
-        load_spec(args.spec)
+        spec = load_spec(args.spec)
         if args.device_budget != "none":
             parse_bytes(args.device_budget)
     except (SpecError, ValueError) as exc:
@@ -211,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         budget = device_budget(args)
         print(f"calibrating {args.spec.name} once, then {args.repeats} repeats of each setting ...",
               file=sys.stderr, flush=True)
-        result = run(args.spec, args.repeats, budget, args.baseline_rounds, args.baseline_blocks, Path(tmp),
+        result = run(spec, args.spec.name, args.repeats, budget, args.baseline_rounds, args.baseline_blocks, Path(tmp),
                      args.seconds)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=1) + "\n")

@@ -222,9 +222,10 @@ def _framework_us(spec: ModelSpec, device: torch.device, plan_for, rounds: int =
     """The per-step fixed cost (us, at least 0) fitted over `rounds` rounds of TINY_BATCHES
     (`robust.fit_offset`: the median of the steps' leftovers beyond their predicted compute;
     each step timed by the timing rule), and the raw points with the fit's spread."""
+    rounds = max(1, int(rounds))
     plans = {batch: plan_for(batch) for batch in TINY_BATCHES}
     measured, predicted, points = [], [], []
-    for _ in range(max(1, int(rounds))):
+    for _ in range(rounds):
         for batch, plan in plans.items():
             stages = dict(plan.cost.stage_ms)
             predicted_ms = plan.cost.step_ms_serial - stages["staging"] - stages["transfer"]
