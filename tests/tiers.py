@@ -24,7 +24,7 @@ FAST: frozenset[str] = frozenset()
 FILES: dict[str, frozenset[str]] = {
     # unit: planning, operators, caches, data staging: fast unless noted
     **{f"tests/unit/{name}.py": FAST for name in (
-        "test_bench_costmodel_merge", "test_bench_host_noise", "test_bench_calibration_noise", "test_bench_hit_rate", "test_bench_lookahead_fetches", "test_bench_dense_bound", "test_bench_dropout", "test_cache_model",
+        "test_bench_costmodel_merge", "test_bench_host_noise", "test_bench_calibration_noise", "test_bench_later_epochs", "test_bench_hit_rate", "test_bench_lookahead_fetches", "test_bench_dense_bound", "test_bench_dropout", "test_cache_model",
         "test_cache_next_use",
         "test_cache_scratchpad", "test_checkpoint_rank_deltas", "test_checkpoint_shards",
         "test_cost_calibrated", "test_cost_exchange", "test_data_batches", "test_data_rowcache", "test_data_rowpack", "test_data_cachesim", "test_data_checks",
@@ -91,6 +91,7 @@ FILES: dict[str, frozenset[str]] = {
 
 # single tests whose cost differs from their file's ("file::test name", parameters left out)
 TESTS: dict[str, frozenset[str]] = {
+    "tests/unit/test_bench_later_epochs.py::test_a_real_run_times_every_epoch_of_both_runs": frozenset({"processes"}),
     "tests/unit/test_bench_calibration_noise.py::test_a_real_run_measures_both_settings_with_their_own_rounds_and_blocks":
         frozenset({"processes"}),
     "tests/unit/test_cores.py::test_a_users_omp_threads_survive_the_first_sparse_update": frozenset({"processes"}),
