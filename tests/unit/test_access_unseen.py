@@ -47,7 +47,13 @@ def _table_counts(spec, group, table, name: str) -> np.ndarray:
     return _counts(spec, group, table)[slot.row_offset:slot.row_offset + slot.rows]
 
 
-@pytest.mark.parametrize("rate", [0.05, 0.3])
+# how far the corrected shares may miss the whole data's, by sample rate: over 2,000 seeds the worst
+# miss was 0.041 at a 5 % sample (22 seeds over 0.03, the tolerance before) and 0.015 at 30 %; the
+# sample's own shares missed by at least 0.35 and 0.18
+TOLERANCE = {0.05: 0.05, 0.3: 0.025}
+
+
+@pytest.mark.parametrize("rate", sorted(TOLERANCE))
 def test_corrected_shares_match_the_whole_data_where_the_samples_own_do_not(rate):
     seed = int(np.random.default_rng().integers(1 << 30))
     spec, group, table, source = _data(seed)
@@ -60,15 +66,16 @@ def test_corrected_shares_match_the_whole_data_where_the_samples_own_do_not(rate
 
     missed = 1.0 - full[seen].sum() / full.sum()
     assert missed > 0.05  # the case this is about: the sample misses a real share
+    tolerance = TOLERANCE[rate]
     _, unseen = good_turing(part[seen], rate)
-    assert abs(unseen - missed) <= 0.03
+    assert abs(unseen - missed) <= tolerance, (seed, unseen, missed)
     raw = dict((int(k), s) for k, s in hot_cdf(part[seen]))
     corrected = dict((int(k), s) for k, s in hit_cdf(part[seen], rate))
     assert raw.keys() == corrected.keys()
     assert raw[int(seen.sum())] == pytest.approx(1.0)  # the sample's own shares: everything seen
-    assert abs(raw[int(seen.sum())] - truth[int(seen.sum())]) > 0.05
+    assert abs(raw[int(seen.sum())] - truth[int(seen.sum())]) > 4 * tolerance  # far off, where the corrected are not
     for k, share in corrected.items():
-        assert abs(share - truth[k]) <= 0.03, (k, share, truth[k])
+        assert abs(share - truth[k]) <= tolerance, (seed, k, share, truth[k])
 
 
 def test_a_sample_of_every_row_misses_nothing():
