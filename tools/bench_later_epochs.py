@@ -216,6 +216,8 @@ def main(argv: list[str] | None = None) -> None:
         if missing:
             parser.error(f"--specs: no such spec in specs/: {', '.join(missing)}")
         specs = [s for s in specs if s.name in wanted]
+    if args.json.is_dir():
+        parser.error(f"--json {args.json} is a folder: give a file")
     if args.json.resolve() in {s.resolve() for s in specs}:
         parser.error(f"--json {args.json} is one of the specs to run: give another file")
     if args.device_budget:

@@ -77,7 +77,8 @@ def test_whether_rows_are_kept_is_the_pipelines_own_answer(name: str, kept: bool
                                          (["--min-batches", "9", "--max-batches", "3"], "--max-batches"),
                                          (["--epoch-seconds", "0"], "positive"),
                                          (["--specs", "movielens.yaml", "--json",
-                                           str(REPO / "specs" / "movielens.yaml")], "one of the specs")])
+                                           str(REPO / "specs" / "movielens.yaml")], "one of the specs"),
+                                         (["--json", str(REPO / "specs")], "is a folder")])
 def test_bad_arguments_fail_with_a_message(args, words, capsys, tmp_path: Path):
     out = tmp_path / "r.json"
     spec_text = (REPO / "specs" / "movielens.yaml").read_text(encoding="utf-8")
