@@ -102,23 +102,25 @@ def error(predicted: float | None, measured: float) -> float | None:
     return None if predicted is None else predicted / measured - 1.0
 
 
-def rows_kept(spec_path: Path, data: Path) -> bool:
-    """Whether a run keeps the rows of `data` for `spec_path` after its first epoch: one epoch of the
-    trainer's batch pipeline with `cache_data` on over the data (the plan's packed layout), then
-    whether the source's row cache holds every row (`flowrec.data.rowcache`: a spec with
-    sequences, lists or managed tables streams every epoch)."""
-    from flowrec.data.batches import StagingOptions, iterate_batches
+def rows_kept(model: Any, data: Path) -> bool:
+    """Whether a run keeps the rows of `data` for the spec `model` after its first epoch: one epoch
+    of the trainer's batch pipeline (`trainer_options`, the plan's packed layout) with `cache_data`
+    on over the data, then whether the source's row cache holds every row (`flowrec.data.rowcache`:
+    a spec with sequences, lists or managed tables streams every epoch)."""
+    from dataclasses import replace
+
+    from flowrec.data.batches import iterate_batches
     from flowrec.data.dataset import ParquetSource
+    from flowrec.measure.step import trainer_options
     from flowrec.planner.manager import make_plan
     from flowrec.runtime.managed_state import fresh_remapper
 
-    spec = bench.load_spec(spec_path)
-    groups = tuple(make_plan(spec, target="cpu").meta.groups)
+    plan = make_plan(model, target="cpu")
+    groups = tuple(plan.meta.groups)
     source = ParquetSource(data)
     try:
-        options = StagingOptions(batch_size=spec.training.batch_size, shuffle=True, seed=spec.training.seed,
-                                 drop_last=True, cache_data="on")
-        with iterate_batches(spec, source, options, 0, 0, groups, remap=fresh_remapper(spec, groups)) as epoch:
+        options = replace(trainer_options(model, plan), cache_data="on")
+        with iterate_batches(model, source, options, 0, 0, groups, remap=fresh_remapper(model, groups)) as epoch:
             for _ in epoch:
                 pass
         return source.row_cache.complete()
@@ -126,10 +128,10 @@ def rows_kept(spec_path: Path, data: Path) -> bool:
         source.close()
 
 
-def timed_run(spec: Path, work: Path, data: Path, profile: Path, mode: str,
+def timed_run(spec: Path, model: Any, work: Path, data: Path, profile: Path, mode: str,
               args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
-    """One `flowrec train` run of `args.epochs` epochs with `--cache-data mode`: (its first and later
-    epochs' robust steps and stage seconds, the plan's cost)."""
+    """One `flowrec train` run of the spec file `spec` (loaded: `model`), `args.epochs` epochs with
+    `--cache-data mode`: (its first and later epochs' robust steps and stage seconds, the plan's cost)."""
     out = work / f"run-{mode}"
     text = bench.flowrec("train", str(spec), "--data", str(data), "--epochs", str(args.epochs),
                          "--cache-data", mode, "--target", str(profile), "--device", "cpu", "--out", str(out),
@@ -151,7 +153,6 @@ def timed_run(spec: Path, work: Path, data: Path, profile: Path, mode: str,
            "later_epochs_ms": robust.estimate(later).seconds, "by_epoch_ms": by_epoch,
            "steps": len(rounds), "steps_by_epoch": [epochs.count(k) for k in range(args.epochs)], "stage_seconds": result.get("stage_seconds")}
     if result.get("counters"):  # host<->device traffic of every epoch, as tools/bench_costmodel.py counts it
-        model = bench.load_spec(spec)
         measured = bench.measured_bytes_per_step(result["counters"], cost["batch_size"],
                                                  len(model.dense_features) + len(model.heads))
         run["measured_h2d_bytes"] = measured
@@ -166,16 +167,17 @@ def run_spec(spec: Path, tmp: Path, args: argparse.Namespace, order: tuple[str, 
     work.mkdir()
     profile = work / "profile.json"
     bench.flowrec("calibrate", str(spec), "--device", "cpu", "--out", str(profile), cwd=work)
-    batch = bench.load_spec(spec).training.batch_size
+    model = bench.load_spec(spec)
+    batch = model.training.batch_size
     batches = epoch_batches_for(bench.calibrated_live_ms(profile), args.epoch_seconds, args.min_batches,
                                 args.max_batches)
     data = work / "data"
     bench.flowrec("data", "synth", str(spec), "--rows", str(batch * batches), "--out", str(data), cwd=work)
-    kept = rows_kept(spec, data)
+    kept = rows_kept(model, data)
     runs: dict[str, Any] = {}
     cost: dict[str, Any] = {}
     for mode in (order if kept else ("off",)):
-        runs[mode], cost = timed_run(spec, work, data, profile, mode, args)
+        runs[mode], cost = timed_run(spec, model, work, data, profile, mode, args)
     predicted = cost["step_ms_overlap"]
     row: dict[str, Any] = {"spec": spec.name, "rows_kept": kept, "batch": batch, "epoch_batches": batches,
                            "epochs": args.epochs, "order": list(runs), "predicted_step_ms": predicted, "runs": runs}
@@ -240,10 +242,8 @@ def main(argv: list[str] | None = None) -> None:
                 rows.append({"spec": spec.name, "error": str(exc)})
             shutil.rmtree(tmp / spec.stem, ignore_errors=True)
             print(json.dumps(rows[-1]), flush=True)
-    done = [r for r in rows if "error" not in r]
-
     def worst(key: str) -> float | None:
-        values = [r[key] for r in done if r.get(key) is not None]
+        values = [r[key] for r in rows if r.get(key) is not None]
         return max(values, key=abs) if values else None
 
     result = {"tool": "bench_later_epochs", "options": {k: v for k, v in vars(args).items() if k != "json"},

@@ -65,9 +65,9 @@ def test_whether_rows_are_kept_is_the_pipelines_own_answer(name: str, kept: bool
     from flowrec.data.synth import synth_dataset
     from flowrec.spec import load_spec
 
-    spec = REPO / "specs" / name
-    synth_dataset(load_spec(spec), tmp_path / "data", load_spec(spec).training.batch_size * 3)
-    assert later.rows_kept(spec, tmp_path / "data") is kept
+    model = load_spec(REPO / "specs" / name)
+    synth_dataset(model, tmp_path / "data", model.training.batch_size * 3)
+    assert later.rows_kept(model, tmp_path / "data") is kept
 
 
 @pytest.mark.parametrize("args, words", [(["--epochs", "1"], "at least 2"),
