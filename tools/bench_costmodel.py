@@ -79,7 +79,7 @@ still comes from `flowrec calibrate` and the plan alone.
 
 Usage:
     python tools/bench_costmodel.py [--steps 20] [--profile FILE] [--device-budget 64MiB] [--cache POLICY]
-        [--specs a.yaml,b.yaml] [--threads N] [--nproc N] [--cycled] [--runs 3] [--interleave]
+        [--specs a.yaml,b.yaml] [--threads N] [--nproc N] [--cycled] [--runs 3] [--interleave [--min-pairs K]]
         [--other-budget none|SIZE] [--json PATH]
     python tools/bench_costmodel.py --merge part1.json,part2.json --json PATH
 """
@@ -377,7 +377,7 @@ def lumped_call_ms(profile: Path, predicted_ms: float, calls: int) -> float | No
 def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str | None,
                  cache: str | None = None, nproc: int = 1, one_epoch: bool = True,
                  max_runs: int = MAX_RUNS, recalibrate: Callable[[int], Path] | None = None,
-                 tag: str = "") -> dict[str, Any]:
+                 tag: str = "", min_runs: int = 1) -> dict[str, Any]:
     """Predicted vs measured for one spec: runs of WARMUP_STEPS + steps steps (on `nproc` ranks),
     a new `flowrec train` process each, one plan (the same profile): the first of `steps` steps,
     further ones (`run_steps`: RUN_SECONDS of steps each) while the timed steps of all the runs
@@ -393,7 +393,10 @@ def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str |
     before it (`recalibrate(k)`: the k-th calibration of the spec), and every run, the first too, is
     of RUN_SECONDS of steps sized by its calibration's own live step (`run_steps`); each run is
     judged against its own plan and the spec's error is the median of the pairs' (`pair_errors`).
-    `tag` names the spec's data and run folders apart from another measurement of it in `tmp`
+    A spec gets at least `min_runs` runs (`--min-pairs`), whatever its step: a long step's timed
+    seconds fill the pool in one run, and its one pair then carries all the host's drift between
+    that calibration and that run (round 29: bst_taobao's single pairs -0.19 ... +0.28 around a
+    mean of 0.01). `tag` names the spec's data and run folders apart from another measurement of it in `tmp`
     (`--other-budget`)."""
     stem = f"{spec.stem}-{tag}" if tag else spec.stem
     data = tmp / f"{stem}-data"
@@ -424,7 +427,8 @@ def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str |
                 plan = run_plan
             if recalibrate is not None:
                 pairs.append((run_plan["cost"]["step_ms_overlap"], rounds))
-        if len(runs) >= max_runs or sum(r.wall for r in pooled) >= pool_seconds(max_runs) * 1e3:
+        if len(runs) >= max(min_runs, 1) and (len(runs) >= max_runs or
+                                              sum(r.wall for r in pooled) >= pool_seconds(max_runs) * 1e3):
             break
         count = run_steps(robust.estimate(rounds).seconds, steps, plan["cost"]["batch_size"], rows, epochs)
     cost = plan["cost"]
@@ -459,7 +463,7 @@ def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str |
                               "step_error": p / e.seconds - 1.0, "predicted_step_ms": p, "host_probe": probe}
                              for (_, r), e, p, probe in zip(runs, per_run, own, probes)],
            "measured_run_spread": (max(run_ms) - min(run_ms)) / measured_ms,
-           "step_error": predicted_ms / measured_ms - 1.0,
+           "step_error": predicted_ms / measured_ms - 1.0, "min_runs": min_runs,
            "step_error_fastest_quartile": predicted_ms / quantile(timed, 0.25) - 1.0,
            "step_error_wall_median": predicted_ms / quantile(timed, 0.5) - 1.0,
            "measured_rounds_ms": [[round(r.wall, 4), round(r.waited, 4)] for r in first]}
@@ -625,6 +629,12 @@ def main() -> None:
                              f"{RUN_SECONDS:g} s of steps; each run judged against its own calibration's plan, "
                              "the spec's error the median of the pairs' (the host's drift between pairs is not "
                              "the model's error); not with --profile")
+    parser.add_argument("--min-pairs", dest="min_pairs", type=int, default=1,
+                        help="with --interleave, at least this many (calibration, run) pairs of every spec, "
+                             "however long its step (default 1: a step whose first run of --steps steps fills the pool "
+                             f"of --runs, {POOL_SECONDS:g} s per {MAX_RUNS} runs, gets one pair: at --runs 5 a step "
+                             "over about 250 ms); --runs is raised to it. "
+                             "A pair costs a calibration (about a minute; wide_1000's about nine)")
     parser.add_argument("--other-budget", default=None,
                         help="also run every spec under this device budget (`none`: no budget) from the same "
                              "calibration (the one at --device-budget): a plan with other shardings or "
@@ -654,6 +664,10 @@ def main() -> None:
             parse_bytes(args.other_budget)
         except ValueError:
             parser.error(f"--other-budget: {args.other_budget!r} is not a size (like 64MiB) or none")
+    if args.min_pairs < 1:
+        parser.error("--min-pairs must be at least 1")
+    if args.min_pairs > 1 and not args.interleave:
+        parser.error("--min-pairs counts (calibration, run) pairs: it needs --interleave")
     if args.interleave and args.profile is not None:
         parser.error("--interleave calibrates before each run: not with --profile")
     if args.threads:
@@ -662,7 +676,12 @@ def main() -> None:
         THREADS.update(OMP_NUM_THREADS=str(args.threads), NUMBA_NUM_THREADS=str(args.threads))
     specs = sorted((REPO / "specs").glob("*.yaml"))
     if args.specs:
-        specs = [s for s in specs if s.name in args.specs.split(",")]
+        asked = [name.strip() for name in args.specs.split(",") if name.strip()]
+        unknown = sorted(set(asked) - {s.name for s in specs})
+        if unknown or not asked:
+            parser.error(f"--specs: {', '.join(unknown) or 'none given'} not in specs/ "
+                         f"(file names, like {specs[0].name if specs else 'dlrm_criteo.yaml'})")
+        specs = [s for s in specs if s.name in asked]
     with tempfile.TemporaryDirectory(prefix="bench-cost-") as tmp_name:
         tmp = Path(tmp_name)
         rows, calibrations = [], {}
@@ -692,8 +711,8 @@ def main() -> None:
                     profile = args.profile
                     calibrations[spec.name] = calibration_summary(json.loads(Path(profile).read_text()))
                 rows.append(measure_spec(spec, Path(profile), args.steps, tmp, args.device_budget, args.cache,
-                                         args.nproc, args.one_epoch, args.runs,
-                                         calibrate if args.interleave else None))
+                                         args.nproc, args.one_epoch, max(args.runs, args.min_pairs),
+                                         calibrate if args.interleave else None, min_runs=args.min_pairs))
                 rows[-1]["host_drift"] = host_drift(rows[-1], calibration_probes(calibrations.get(spec.name, {}),
                                                                                  args.interleave))
             except (RuntimeError, subprocess.TimeoutExpired) as exc:

@@ -352,3 +352,57 @@ def test_the_epochs_bytes_run_trains_the_plan_its_prediction_came_from(repo, tmp
     bench.measure_spec(spec, calibrate(0), 20, tmp_path, "64MiB", max_runs=3, recalibrate=calibrate)
     assert profiles[:3] == [tmp_path / f"cal{k}.json" for k in range(3)]  # a pair each
     assert profiles[3:] == [tmp_path / "cal0.json"]  # then the epoch's bytes, on the first pair's plan
+
+
+@pytest.mark.parametrize("min_runs", [1, 3])
+def test_a_long_step_gets_the_pairs_asked_for(repo, tmp_path, monkeypatch, min_runs):
+    """`--min-pairs K`: a step whose first run fills the pool of `--runs` still gets K (calibration,
+    run) pairs, and the spec's error is their median; without it one pair carries all the host's
+    drift between that calibration and that run (round 29: bst_taobao)."""
+    from flowrec.graph.plan_io import plan_document
+    from flowrec.planner.manager import make_plan
+
+    spec = repo / "specs" / "movielens.yaml"
+    doc = plan_document(make_plan(load_spec(spec), target="cpu"))
+    runs = 5
+    predicted = [random.uniform(250.0, 350.0) for _ in range(runs)]
+    measured = [random.uniform(250.0, 350.0) for _ in range(runs)]  # ms: 20 steps fill --runs 5's pool of 5 s
+    calibrated = []
+
+    def calibrate(k):
+        calibrated.append(k)
+        path = tmp_path / f"cal{k}.json"
+        path.write_text(json.dumps({"details": {"staging": {"live_step_ms": measured[k]}}}))
+        return path
+
+    def train(spec_, data, profile, steps, out, tmp, budget, cache, nproc=1):
+        k = len(calibrated) - 1
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "plan.json").write_text(json.dumps({**doc, "cost": {**doc["cost"], "step_ms_overlap": predicted[k]}}))
+        rounds = [bench.robust.Round(measured[k] / 1e3) for _ in range(steps)]
+        return {"stage_seconds": {}, "steps": steps, "samples": steps * 1024, "seconds": 1.0, "counters": {}}, rounds
+
+    monkeypatch.setattr(bench, "flowrec", lambda *a, **k: "")
+    monkeypatch.setattr(bench, "train_json", train)
+    monkeypatch.setattr(bench, "host_probe", lambda: {"gemm_ms": 1.0, "add_ms": 1.0})
+    row = bench.measure_spec(spec, calibrate(0), 20, tmp_path, "64MiB", max_runs=runs, recalibrate=calibrate,
+                             min_runs=min_runs)
+    assert calibrated == list(range(min_runs))
+    errors = [p / m - 1 for p, m in zip(predicted[:min_runs], measured[:min_runs])]
+    assert row["pair_step_errors"] == pytest.approx(errors, rel=1e-9)
+    assert row["step_error"] == pytest.approx(sorted(errors)[min_runs // 2], rel=1e-9)
+    assert row["min_runs"] == min_runs and len(row["measured_runs"]) == min_runs
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--min-pairs", "3"], "needs --interleave"),
+    (["--interleave", "--min-pairs", "0"], "at least 1"),
+    (["--specs", "dlrm_criteo.yaml,nope.yaml"], "nope.yaml not in specs/"),
+    (["--specs", ","], "none given"),
+])
+def test_bad_pair_and_spec_arguments_fail_before_any_calibration(tmp_path, argv, message):
+    out = tmp_path / "r.json"
+    done = subprocess.run([sys.executable, "tools/bench_costmodel.py", *argv, "--json", str(out)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert not out.exists()
