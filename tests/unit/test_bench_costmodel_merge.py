@@ -229,6 +229,19 @@ def test_each_run_keeps_the_hosts_speed_beside_its_calibrations():
     assert ratios["costmodel_max_step_error"] == pytest.approx(0.05)  # the drift is not taken off an error
 
 
+def _calibrations(tmp_path: Path, live: list[float]):
+    """(calibrate(k), the ks asked for): the k-th calibration, a profile whose live step is live[k]."""
+    calibrated: list[int] = []
+
+    def calibrate(k):
+        calibrated.append(k)
+        path = tmp_path / f"cal{k}.json"
+        path.write_text(json.dumps({"details": {"staging": {"live_step_ms": live[k]}}}))
+        return path
+
+    return calibrate, calibrated
+
+
 @pytest.mark.parametrize("runs", [3, 5])
 def test_interleaved_runs_give_a_short_step_as_many_pairs_as_asked(repo, tmp_path, monkeypatch, runs):
     """`--runs N --interleave`: a short step gets N (calibration, run) pairs, each run sized by its
@@ -242,17 +255,12 @@ def test_interleaved_runs_give_a_short_step_as_many_pairs_as_asked(repo, tmp_pat
     predicted = [random.uniform(2.5, 4.0) for _ in range(runs)]
     measured = [random.uniform(2.5, 4.0) for _ in range(runs)]  # a few ms: a run of RUN_SECONDS is hundreds of steps
     live = [m * random.uniform(0.9, 1.1) for m in measured]  # each calibration's own live step
-    asked, calibrated = [], []
+    asked = []
     # each step a little slower than the last (distinct rounds, a known median); little enough that
     # a run stays about RUN_SECONDS long: at 1e-3 a step, a run of 400 steps took up to 1.3 s, so
     # four runs could fill --runs 5's pool of 5 s and the fifth never came (a flaky failure)
     GROW = 1e-5
-
-    def calibrate(k):
-        calibrated.append(k)
-        path = tmp_path / f"cal{k}.json"
-        path.write_text(json.dumps({"details": {"staging": {"live_step_ms": live[k]}}}))
-        return path
+    calibrate, calibrated = _calibrations(tmp_path, live)
 
     def train(spec_, data, profile, steps, out, tmp, budget, cache, nproc=1):
         k = len(asked)
@@ -367,13 +375,7 @@ def test_a_long_step_gets_the_pairs_asked_for(repo, tmp_path, monkeypatch, min_r
     runs = 5
     predicted = [random.uniform(250.0, 350.0) for _ in range(runs)]
     measured = [random.uniform(250.0, 350.0) for _ in range(runs)]  # ms: 20 steps fill --runs 5's pool of 5 s
-    calibrated = []
-
-    def calibrate(k):
-        calibrated.append(k)
-        path = tmp_path / f"cal{k}.json"
-        path.write_text(json.dumps({"details": {"staging": {"live_step_ms": measured[k]}}}))
-        return path
+    calibrate, calibrated = _calibrations(tmp_path, measured)
 
     def train(spec_, data, profile, steps, out, tmp, budget, cache, nproc=1):
         k = len(calibrated) - 1
