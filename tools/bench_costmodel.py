@@ -257,6 +257,24 @@ def pool_seconds(max_runs: int) -> float:
     return POOL_SECONDS * max_runs / MAX_RUNS
 
 
+def chosen_specs(names: str) -> list[Path]:
+    """The files of specs/ named in `names` (`--specs`: comma-separated file names; empty: all).
+
+    Raises:
+        ValueError: a name not in specs/, or only commas, in one line naming them.
+    """
+    specs = sorted((REPO / "specs").glob("*.yaml"))
+    if not names:
+        return specs
+    asked = [name.strip() for name in names.split(",") if name.strip()]
+    unknown = sorted(set(asked) - {s.name for s in specs})
+    if not asked:
+        raise ValueError("--specs: none given (file names in specs/, like dlrm_criteo.yaml)")
+    if unknown:
+        raise ValueError(f"--specs: {', '.join(unknown)} not in specs/ (file names, like dlrm_criteo.yaml)")
+    return [s for s in specs if s.name in asked]
+
+
 PROBE_REPEATS = 9  # calls of each probe kernel (the median kept)
 
 
@@ -427,8 +445,8 @@ def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str |
                 plan = run_plan
             if recalibrate is not None:
                 pairs.append((run_plan["cost"]["step_ms_overlap"], rounds))
-        if len(runs) >= max(min_runs, 1) and (len(runs) >= max_runs or
-                                              sum(r.wall for r in pooled) >= pool_seconds(max_runs) * 1e3):
+        if len(runs) >= min_runs and (len(runs) >= max_runs or
+                                      sum(r.wall for r in pooled) >= pool_seconds(max_runs) * 1e3):
             break
         count = run_steps(robust.estimate(rounds).seconds, steps, plan["cost"]["batch_size"], rows, epochs)
     cost = plan["cost"]
@@ -674,14 +692,10 @@ def main() -> None:
         # numba's OpenMP layer (the fused sparse kernels) sets the process's OpenMP threads to its own
         # count when it starts, torch's included: both, or torch runs NUMBA_NUM_THREADS threads
         THREADS.update(OMP_NUM_THREADS=str(args.threads), NUMBA_NUM_THREADS=str(args.threads))
-    specs = sorted((REPO / "specs").glob("*.yaml"))
-    if args.specs:
-        asked = [name.strip() for name in args.specs.split(",") if name.strip()]
-        unknown = sorted(set(asked) - {s.name for s in specs})
-        if unknown or not asked:
-            parser.error(f"--specs: {', '.join(unknown) or 'none given'} not in specs/ "
-                         f"(file names, like {specs[0].name if specs else 'dlrm_criteo.yaml'})")
-        specs = [s for s in specs if s.name in asked]
+    try:
+        specs = chosen_specs(args.specs)
+    except ValueError as exc:
+        parser.error(str(exc))
     with tempfile.TemporaryDirectory(prefix="bench-cost-") as tmp_name:
         tmp = Path(tmp_name)
         rows, calibrations = [], {}
@@ -711,7 +725,7 @@ def main() -> None:
                     profile = args.profile
                     calibrations[spec.name] = calibration_summary(json.loads(Path(profile).read_text()))
                 rows.append(measure_spec(spec, Path(profile), args.steps, tmp, args.device_budget, args.cache,
-                                         args.nproc, args.one_epoch, max(args.runs, args.min_pairs),
+                                         args.nproc, args.one_epoch, args.runs,
                                          calibrate if args.interleave else None, min_runs=args.min_pairs))
                 rows[-1]["host_drift"] = host_drift(rows[-1], calibration_probes(calibrations.get(spec.name, {}),
                                                                                  args.interleave))

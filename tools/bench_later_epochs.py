@@ -211,13 +211,10 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--threads and --min-batches must be at least 1, --max-batches at least --min-batches")
     if not args.epoch_seconds > 0:
         parser.error("--epoch-seconds must be positive")
-    specs = sorted((REPO / "specs").glob("*.yaml"))
-    if args.specs:
-        wanted = args.specs.split(",")
-        missing = sorted(set(wanted) - {s.name for s in specs})
-        if missing:
-            parser.error(f"--specs: no such spec in specs/: {', '.join(missing)}")
-        specs = [s for s in specs if s.name in wanted]
+    try:
+        specs = bench.chosen_specs(args.specs)
+    except ValueError as exc:
+        parser.error(str(exc))
     if args.json.is_dir():
         parser.error(f"--json {args.json} is a folder: give a file")
     if args.json.resolve() in {s.resolve() for s in specs}:
