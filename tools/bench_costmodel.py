@@ -75,11 +75,14 @@ the median of these per-pair errors (`pair_errors`; `step_error_pooled` keeps th
 prediction against the pooled runs). On a shared host the speed moves between a spec's
 calibration and its runs by more than the goal (round 9: the same spec measured 4.40 and 5.62 ms
 in two runs back to back); pairs put each comparison within one spell of load. The prediction
-still comes from `flowrec calibrate` and the plan alone.
+still comes from `flowrec calibrate` and the plan alone. With `--bracket` a lead-in pair comes
+first and each later calibration is judged against the mean of the runs right before and right
+after it (run, calibrate, run: `pair_errors`), so that the host's drift across a pair cancels
+to first order instead of landing whole on the run after it.
 
 Usage:
     python tools/bench_costmodel.py [--steps 20] [--profile FILE] [--device-budget 64MiB] [--cache POLICY]
-        [--specs a.yaml,b.yaml] [--threads N] [--nproc N] [--cycled] [--runs 3] [--interleave [--min-pairs K]]
+        [--specs a.yaml,b.yaml] [--threads N] [--nproc N] [--cycled] [--runs 3] [--interleave [--min-pairs K] [--bracket]]
         [--other-budget none|SIZE] [--json PATH]
     python tools/bench_costmodel.py --merge part1.json,part2.json --json PATH
 """
@@ -330,7 +333,8 @@ def host_drift(row: dict[str, Any], calibration_probes: list[dict[str, float]]) 
     return {kind: [r[f"{kind}_ms"] / c[f"{kind}_ms"] for r, c in zip(runs, own)] for kind in ("gemm", "add")}
 
 
-def pair_errors(pairs: list[tuple[float, list[robust.Round]]]) -> dict[str, Any]:
+def pair_errors(pairs: list[tuple[float, list[robust.Round]]], bracket: list[bool] | None = None
+                ) -> dict[str, Any]:
     """The comparison of interleaved (calibration, run) pairs of one spec (`--interleave`), each
     (the plan's predicted step from that pair's calibration, the run's timed rounds): each run
     judged against the prediction of the profile measured right before it (`pair_step_errors`:
@@ -339,21 +343,66 @@ def pair_errors(pairs: list[tuple[float, list[robust.Round]]]) -> dict[str, Any]
     (`step_error`, the middle one of three), their spread (max - min) says how far the host moved
     the comparison between pairs. Nothing of a run enters a prediction.
 
+    With `bracket` (`--bracket`: one flag per pair) the first pair is a lead-in: its run only
+    measures, and each later calibration k is judged against the mean of the estimates of the run
+    right before it (k - 1) and the run right after it (k) where bracket[k] (the two runs trained
+    the same program, `same_program`), else against run k alone. A calibration then sits in the
+    middle of its measurement: a drift of the host's speed over the pair, which a run after it
+    alone takes in whole, cancels to first order (round 31: over Round 30's 17 specs of 3-7 pairs
+    the pair errors' standard deviation fell in every one, 0.206 to 0.185 for the most scattered).
+
     Raises:
-        ValueError: no pairs.
+        ValueError: no pairs; with `bracket`, fewer than two pairs or a flag count that is not theirs.
 
     Example:
         >>> r = [robust.Round(2.0)] * 3
         >>> pair_errors([(2.2, r), (1.8, r), (2.1, r)])["step_error"]
         0.050000000000000044
+        >>> fast, slow = [robust.Round(1.8)] * 3, [robust.Round(2.2)] * 3
+        >>> pair_errors([(9.9, fast), (2.0, slow), (2.0, fast)], [False, True, True])["pair_step_errors"]
+        [0.0, 0.0]
     """
     if not pairs:
         raise ValueError("no (calibration, run) pairs to compare")
     measured = [robust.estimate(rounds).seconds for _, rounds in pairs]
-    errors = [predicted / ms - 1.0 for (predicted, _), ms in zip(pairs, measured)]
-    return {"pair_predicted_step_ms": [p for p, _ in pairs], "pair_measured_step_ms": measured,
+    predicted = [p for p, _ in pairs]
+    out: dict[str, Any] = {}
+    if bracket is not None:
+        if len(pairs) < 2 or len(bracket) != len(pairs):
+            raise ValueError(f"bracketed pairs need a lead-in run and at least one more pair, a flag each "
+                             f"(got {len(pairs)} pairs and {len(bracket)} flags)")
+        out = {"pair_run_step_ms": measured, "lead_predicted_step_ms": predicted[0],
+               "pair_bracketed": list(bracket[1:])}
+        measured = [(measured[k - 1] + measured[k]) / 2 if bracket[k] else measured[k] for k in range(1, len(pairs))]
+        predicted = predicted[1:]
+    errors = [p / ms - 1.0 for p, ms in zip(predicted, measured)]
+    return {"pair_predicted_step_ms": predicted, "pair_measured_step_ms": measured,
             "pair_step_errors": errors, "pair_error_spread": max(errors) - min(errors),
-            "step_error": quantile(errors, 0.5)}
+            "step_error": quantile(errors, 0.5), **out}
+
+
+PLAN_PRICES = ("cost", "passes")  # a plan document's prices and pass notes: not the program it trains
+
+
+def same_program(first: dict[str, Any], second: dict[str, Any]) -> bool:
+    """Whether two runs' plan documents train the same program: equal but for their prices
+    (PLAN_PRICES and each group's `expected_hit_rate`), which come from each run's own
+    calibration. Two calibrations can lay a spec out otherwise (a cache's rows, a placement), and
+    then the two runs measured two programs (`pair_errors`' `bracket`).
+
+    Example:
+        >>> a = {"groups": [{"placement": "host", "expected_hit_rate": 0.5}], "cost": {"step_ms_overlap": 3.0}}
+        >>> same_program(a, {"groups": [{"placement": "host", "expected_hit_rate": 0.7}], "cost": {}})
+        True
+        >>> same_program(a, {"groups": [{"placement": "device", "expected_hit_rate": 0.5}], "cost": {}})
+        False
+    """
+    def program(doc: dict[str, Any]) -> dict[str, Any]:
+        kept = {k: v for k, v in doc.items() if k not in PLAN_PRICES}
+        kept["groups"] = [{k: v for k, v in g.items() if k != "expected_hit_rate"} for g in doc.get("groups", [])]
+        return kept
+
+    return program(first) == program(second)
 
 
 def plan_layout(plan_doc: dict[str, Any], spec: Path) -> dict[str, Any]:
@@ -395,7 +444,7 @@ def lumped_call_ms(profile: Path, predicted_ms: float, calls: int) -> float | No
 def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str | None,
                  cache: str | None = None, nproc: int = 1, one_epoch: bool = True,
                  max_runs: int = MAX_RUNS, recalibrate: Callable[[int], Path] | None = None,
-                 tag: str = "", min_runs: int = 1) -> dict[str, Any]:
+                 tag: str = "", min_runs: int = 1, bracket: bool = False) -> dict[str, Any]:
     """Predicted vs measured for one spec: runs of WARMUP_STEPS + steps steps (on `nproc` ranks),
     a new `flowrec train` process each, one plan (the same profile): the first of `steps` steps,
     further ones (`run_steps`: RUN_SECONDS of steps each) while the timed steps of all the runs
@@ -414,8 +463,14 @@ def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str |
     A spec gets at least `min_runs` runs (`--min-pairs`), whatever its step: a long step's timed
     seconds fill the pool in one run, and its one pair then carries all the host's drift between
     that calibration and that run (round 29: bst_taobao's single pairs -0.19 ... +0.28 around a
-    mean of 0.01). `tag` names the spec's data and run folders apart from another measurement of it in `tmp`
+    mean of 0.01). With `bracket` (`--bracket`, with `recalibrate`) the first run is a lead-in
+    and each later calibration is judged against the runs on both sides of it (`pair_errors`):
+    `min_runs` and `max_runs` count the pairs after the lead-in, and the pool its timed steps.
+    `tag` names the spec's data and run folders apart from another measurement of it in `tmp`
     (`--other-budget`)."""
+    if bracket and recalibrate is None:
+        raise ValueError("bracketed pairs need a calibration before each run (recalibrate)")
+    lead = 1 if bracket else 0
     stem = f"{spec.stem}-{tag}" if tag else spec.stem
     data = tmp / f"{stem}-data"
     rows = synth_rows(spec, steps, one_epoch)
@@ -424,6 +479,7 @@ def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str |
     runs: list[tuple[dict[str, Any], list[robust.Round]]] = []
     pooled: list[robust.Round] = []
     pairs: list[tuple[float, list[robust.Round]]] = []
+    run_plans: list[dict[str, Any]] = []  # each run's plan document (`--bracket`: the same program as the last?)
     probes: list[dict[str, float]] = []  # `host_probe` around each run
     count = steps
     batch = load_spec(spec).training.batch_size
@@ -438,15 +494,17 @@ def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str |
         probes.append(probe)
         rounds = [robust.Round(r.wall * 1e3, r.waited * 1e3) for r in seconds[WARMUP_STEPS:]]
         runs.append((result, rounds))
-        pooled += rounds
+        if len(runs) > lead:  # a lead-in run measures only: its pool is the pairs'
+            pooled += rounds
         if len(runs) == 1 or recalibrate is not None:  # a pair's own plan with --interleave, else one
             run_plan = json.loads((out / "plan.json").read_text())
             if len(runs) == 1:  # every run trains this plan (the same profile)
                 plan = run_plan
             if recalibrate is not None:
                 pairs.append((run_plan["cost"]["step_ms_overlap"], rounds))
-        if len(runs) >= min_runs and (len(runs) >= max_runs or
-                                      sum(r.wall for r in pooled) >= pool_seconds(max_runs) * 1e3):
+                run_plans.append(run_plan)
+        made = len(runs) - lead
+        if made >= min_runs and (made >= max_runs or sum(r.wall for r in pooled) >= pool_seconds(max_runs) * 1e3):
             break
         count = run_steps(robust.estimate(rounds).seconds, steps, plan["cost"]["batch_size"], rows, epochs)
     cost = plan["cost"]
@@ -457,7 +515,7 @@ def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str |
     predicted_ms = cost["step_ms_overlap"]
     own = [p for p, _ in pairs] or [predicted_ms] * len(runs)  # each run's own plan's prediction
     if pairs:
-        predicted_ms = quantile(own, 0.5)
+        predicted_ms = quantile(own[lead:], 0.5)
     per_run = [robust.estimate(r) for _, r in runs]
     run_ms = [e.seconds for e in per_run]
     staging_wait = sum(r["stage_seconds"].get("staging_wait", 0.0) for r, _ in runs) / max(
@@ -491,7 +549,9 @@ def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str |
         row["step_error_lumped_call"] = lumped / measured_ms - 1.0
     if pairs:  # each run against its own calibration; the pooled comparison (median prediction) kept beside
         row["step_error_pooled"] = row["step_error"]
-        row.update(pair_errors(pairs))
+        row.update(pair_errors(pairs, [False] + [same_program(a, b) for a, b in zip(run_plans, run_plans[1:])]
+                               if bracket else None))
+        row["bracket"] = bracket
     if result["counters"]:
         model = load_spec(spec)
         local = -(-cost["batch_size"] // cost["world_size"])
@@ -540,7 +600,8 @@ def calibration_summary(doc: dict[str, Any]) -> dict[str, Any]:
 PAIR_FIELDS = ("seconds", "compute_scale", "step_us", "staging_values_per_s", "epoch_lean_us")  # a further pair's calibration, kept
 
 
-OPTIONS = ("device_budget", "threads", "nproc", "cache", "one_epoch", "interleave", "other_budget")  # a result's run options (--merge: all equal)
+OPTIONS = ("device_budget", "threads", "nproc", "cache", "one_epoch", "interleave", "other_budget", "bracket")  # a result's run options (--merge: all equal)
+OPTION_DEFAULTS = {"bracket": False}  # an option a result from before it existed ran without
 
 
 def summarize(rows: list[dict[str, Any]], calibrations: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
@@ -598,7 +659,7 @@ def merge(paths: list[Path]) -> dict[str, Any]:
             raise SystemExit(f"{path}: not a bench_costmodel result ({exc})") from None
         if not isinstance(doc, dict) or doc.get("benchmark") != "costmodel" or "given" in doc.get("calibration", {}):
             raise SystemExit(f"{path}: not a bench_costmodel result with per-spec calibrations")
-        these = {name: doc.get(name) for name in OPTIONS}
+        these = {name: doc.get(name, OPTION_DEFAULTS.get(name)) for name in OPTIONS}
         if options is not None and these != options:
             raise SystemExit(f"{path}: run options {these} differ from the first part's {options}")
         options = these
@@ -653,6 +714,11 @@ def main() -> None:
                              f"of --runs, {POOL_SECONDS:g} s per {MAX_RUNS} runs, gets one pair: at --runs 5 a step "
                              "over about 250 ms); --runs is raised to it. "
                              "A pair costs a calibration (about a minute; wide_1000's about nine)")
+    parser.add_argument("--bracket", action="store_true",
+                        help="with --interleave, one lead-in (calibration, run) first, then each calibration "
+                             "judged against the mean of the runs right before and right after it (the host's "
+                             "drift over a pair cancels to first order); --runs and --min-pairs count the pairs "
+                             "after the lead-in, which costs one more calibration a spec")
     parser.add_argument("--other-budget", default=None,
                         help="also run every spec under this device budget (`none`: no budget) from the same "
                              "calibration (the one at --device-budget): a plan with other shardings or "
@@ -686,6 +752,8 @@ def main() -> None:
         parser.error("--min-pairs must be at least 1")
     if args.min_pairs > 1 and not args.interleave:
         parser.error("--min-pairs counts (calibration, run) pairs: it needs --interleave")
+    if args.bracket and not args.interleave:
+        parser.error("--bracket judges each calibration by the runs on both sides of it: it needs --interleave")
     if args.interleave and args.profile is not None:
         parser.error("--interleave calibrates before each run: not with --profile")
     if args.threads:
@@ -726,7 +794,8 @@ def main() -> None:
                     calibrations[spec.name] = calibration_summary(json.loads(Path(profile).read_text()))
                 rows.append(measure_spec(spec, Path(profile), args.steps, tmp, args.device_budget, args.cache,
                                          args.nproc, args.one_epoch, args.runs,
-                                         calibrate if args.interleave else None, min_runs=args.min_pairs))
+                                         calibrate if args.interleave else None, min_runs=args.min_pairs,
+                                         bracket=args.bracket))
                 rows[-1]["host_drift"] = host_drift(rows[-1], calibration_probes(calibrations.get(spec.name, {}),
                                                                                  args.interleave))
             except (RuntimeError, subprocess.TimeoutExpired) as exc:

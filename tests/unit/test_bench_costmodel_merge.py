@@ -401,6 +401,7 @@ def test_a_long_step_gets_the_pairs_asked_for(repo, tmp_path, monkeypatch, min_r
     (["--interleave", "--min-pairs", "0"], "at least 1"),
     (["--specs", "dlrm_criteo.yaml,nope.yaml"], "nope.yaml not in specs/"),
     (["--specs", ","], "none given"),
+    (["--bracket", "--min-pairs", "1"], "needs --interleave"),
 ])
 def test_bad_pair_and_spec_arguments_fail_before_any_calibration(tmp_path, argv, message):
     out = tmp_path / "r.json"
@@ -408,3 +409,102 @@ def test_bad_pair_and_spec_arguments_fail_before_any_calibration(tmp_path, argv,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and message in done.stderr, done.stderr
     assert not out.exists()
+
+
+def test_bracketed_pairs_cancel_a_drift_the_run_after_alone_takes_in_whole():
+    """`--bracket`: run, calibrate, run. The host slows steadily across the pairs; each calibration
+    prices the speed at its own moment (plus the model's own error), halfway between the runs on
+    either side of it. Judged against the run after it alone, every pair carries the drift; judged
+    against the two runs' mean, the model's error is left."""
+    rng = random.Random()
+    model = rng.uniform(-0.05, 0.05)
+    start, slope = rng.uniform(3.0, 6.0), rng.uniform(0.08, 0.2)  # ms, and ms more at each half pair
+    pairs = []
+    for k in range(rng.randint(4, 8)):
+        run_ms = start + slope * (2 * k)  # the run after calibration k, at time 2k
+        calibrated_ms = start + slope * (2 * k - 1)  # calibration k, at time 2k - 1
+        pairs.append((calibrated_ms * (1 + model), [bench.robust.Round(run_ms * rng.uniform(0.999, 1.001))
+                                                    for _ in range(9)]))
+    plain = bench.pair_errors(pairs[1:])
+    bracketed = bench.pair_errors(pairs, [False] + [True] * (len(pairs) - 1))
+    assert len(bracketed["pair_step_errors"]) == len(pairs) - 1  # the lead-in measures only
+    assert bracketed["lead_predicted_step_ms"] == pairs[0][0]
+    assert bracketed["pair_predicted_step_ms"] == [p for p, _ in pairs[1:]]
+    assert abs(bracketed["step_error"] - model) < 0.005
+    assert all(e < model - 0.01 for e in plain["pair_step_errors"])  # the drift, whole, in every pair
+    runs = bracketed["pair_run_step_ms"]
+    assert bracketed["pair_measured_step_ms"] == pytest.approx([(a + b) / 2 for a, b in zip(runs, runs[1:])])
+    # a pair whose two runs trained different programs is judged by its own run alone
+    mixed = bench.pair_errors(pairs, [False, False] + [True] * (len(pairs) - 2))
+    assert mixed["pair_bracketed"][0] is False
+    assert mixed["pair_step_errors"][0] == pytest.approx(pairs[1][0] / runs[1] - 1)
+    assert mixed["pair_step_errors"][1:] == pytest.approx(bracketed["pair_step_errors"][1:])
+    with pytest.raises(ValueError, match="lead-in run and at least one more pair"):
+        bench.pair_errors(pairs[:1], [False])
+    with pytest.raises(ValueError, match="a flag each"):
+        bench.pair_errors(pairs, [False])
+
+
+def test_two_runs_train_the_same_program_unless_their_layouts_differ(repo):
+    from flowrec.graph.plan_io import plan_document
+    from flowrec.planner.manager import make_plan
+
+    spec = load_spec(repo / "specs" / "avazu.yaml")
+    hot = plan_document(make_plan(spec, device_budget="64MiB", target="cpu"))
+    look = plan_document(make_plan(spec, device_budget="1GiB", target="cpu"))
+    repriced = {**hot, "cost": {**hot["cost"], "step_ms_overlap": hot["cost"]["step_ms_overlap"] * 1.3},
+                "groups": [{**g, "expected_hit_rate": 0.123} for g in hot["groups"]]}
+    assert bench.same_program(hot, repriced)
+    assert not bench.same_program(hot, look)
+    fewer = {**hot, "groups": [{**g, "cache_rows": (g["cache_rows"] or 0) + 1} for g in hot["groups"]]}
+    assert not bench.same_program(hot, fewer)
+
+
+@pytest.mark.parametrize("min_runs", [1, 3])
+def test_bracket_adds_a_lead_in_pair_and_judges_by_the_runs_on_both_sides(repo, tmp_path, monkeypatch, min_runs):
+    """`--bracket` with `--min-pairs K`: K + 1 calibrations and runs; the first run only measures,
+    and calibration k is judged against the mean of runs k - 1 and k, or run k alone where the two
+    runs' plans differ (here run 2's placement: pairs 2 and 3)."""
+    from flowrec.graph.plan_io import plan_document
+    from flowrec.planner.manager import make_plan
+
+    spec = repo / "specs" / "movielens.yaml"
+    doc = plan_document(make_plan(load_spec(spec), target="cpu"))
+    n = min_runs + 1
+    predicted = [random.uniform(250.0, 350.0) for _ in range(n)]
+    measured = [random.uniform(250.0, 350.0) for _ in range(n)]  # ms: one run fills the pool
+    calibrate, calibrated = _calibrations(tmp_path, measured)
+
+    def train(spec_, data, profile, steps, out, tmp, budget, cache, nproc=1):
+        k = len(calibrated) - 1
+        out.mkdir(parents=True, exist_ok=True)
+        groups = [{**g, "placement": "host" if k == 2 else g["placement"]} for g in doc["groups"]]
+        (out / "plan.json").write_text(json.dumps({**doc, "groups": groups,
+                                                   "cost": {**doc["cost"], "step_ms_overlap": predicted[k]}}))
+        rounds = [bench.robust.Round(measured[k] / 1e3) for _ in range(steps)]
+        return {"stage_seconds": {}, "steps": steps, "samples": steps * 1024, "seconds": 1.0, "counters": {}}, rounds
+
+    monkeypatch.setattr(bench, "flowrec", lambda *a, **k: "")
+    monkeypatch.setattr(bench, "train_json", train)
+    monkeypatch.setattr(bench, "host_probe", lambda: {"gemm_ms": 1.0, "add_ms": 1.0})
+    row = bench.measure_spec(spec, calibrate(0), 20, tmp_path, "64MiB", max_runs=5, recalibrate=calibrate,
+                             min_runs=min_runs, bracket=True)
+    assert calibrated == list(range(n)) and len(row["measured_runs"]) == n
+    judged = [measured[k] if k in (2, 3) else (measured[k - 1] + measured[k]) / 2 for k in range(1, n)]
+    errors = [p / m - 1 for p, m in zip(predicted[1:], judged)]
+    assert row["pair_step_errors"] == pytest.approx(errors, rel=1e-9)
+    assert row["pair_bracketed"] == [k not in (2, 3) for k in range(1, n)]
+    assert row["step_error"] == pytest.approx(sorted(errors)[len(errors) // 2], rel=1e-9)
+    assert row["predicted_step_ms"] == pytest.approx(sorted(predicted[1:])[len(errors) // 2], rel=1e-9)
+    assert row["bracket"] is True
+    with pytest.raises(ValueError, match="calibration before each run"):
+        bench.measure_spec(spec, calibrate(0), 20, tmp_path, "64MiB", bracket=True)
+
+
+def test_a_bracketed_part_does_not_merge_with_an_unbracketed_one(tmp_path, capsys):
+    old = _part(tmp_path / "old.json", [_row("a.yaml", 0.04)])  # a result from before --bracket: not bracketed
+    plain = _part(tmp_path / "plain.json", [_row("b.yaml", 0.02)], bracket=False)
+    assert [r["spec"] for r in bench.merge([old, plain])["specs"]] == ["a.yaml", "b.yaml"]
+    bracketed = _part(tmp_path / "br.json", [_row("c.yaml", 0.01)], bracket=True)
+    with pytest.raises(SystemExit, match="differ from the first part"):
+        bench.merge([old, bracketed])
