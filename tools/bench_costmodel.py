@@ -381,13 +381,14 @@ def pair_errors(pairs: list[tuple[float, list[robust.Round]]], bracket: list[boo
             "step_error": quantile(errors, 0.5), **out}
 
 
-PLAN_PRICES = ("cost", "passes")  # a plan document's prices and pass notes: not the program it trains
+PLAN_PRICES = ("cost", "passes", "target")  # a plan document's prices, its pass notes and the profile they came
+# from (each pair's calibration is a file of its own): not the program it trains
 
 
 def same_program(first: dict[str, Any], second: dict[str, Any]) -> bool:
     """Whether two runs' plan documents train the same program: equal but for their prices
-    (PLAN_PRICES and each group's `expected_hit_rate`), which come from each run's own
-    calibration. Two calibrations can lay a spec out otherwise (a cache's rows, a placement), and
+    (PLAN_PRICES, the profile's path among them, and each group's `expected_hit_rate`), which come
+    from each run's own calibration. Two calibrations can lay a spec out otherwise (a cache's rows, a placement), and
     then the two runs measured two programs (`pair_errors`' `bracket`).
 
     Example:

@@ -69,6 +69,8 @@ class Method:
     lag_s: float
     pairs: int
     specs: int
+    lead_s: float = 0.0  # > 0: bracketed (`bench_costmodel --bracket`): also a run window this long before the
+    # calibration window's start, the measurement the mean of the two runs' medians
 
 
 VARIANTS = {  # method changes the table compares with the given method (`--cal-seconds` ...)
@@ -77,6 +79,10 @@ VARIANTS = {  # method changes the table compares with the given method (`--cal-
     "15 pairs": {"pairs": 15},
     "lag 10 s": {"lag_s": 10.0},
     "9 pairs, runs of 3 s, lag 10 s": {"pairs": 9, "run_s": 3.0, "lag_s": 10.0},
+    "7 pairs": {"pairs": 7},
+    # run, calibrate, run (`bench_costmodel --bracket`): the two runs one calibration (~55 s) apart, the
+    # calibration's spec windows nearer its end
+    "7 pairs, bracketed": {"pairs": 7, "lead_s": 20.0, "lag_s": 35.0},
 }
 
 
@@ -171,16 +177,20 @@ def lag_deviation(trace: Trace, length: float, lag: float) -> dict[str, float] |
 def perfect_model_rounds(trace: Trace, method: Method, trials: int, rng: random.Random) -> list[list[float]]:
     """`trials` rounds of the benchmark with a perfect model: per round, `method.specs` spec errors,
     each the median of `method.pairs` pair errors (calibration window median / run window median -
-    1, the run `method.lag_s` after the calibration's start)."""
-    reach = method.lag_s + max(method.cal_s, method.run_s)
+    1, the run `method.lag_s` after the calibration's start; with `method.lead_s` the mean of that
+    run's median and the median of a run `method.lead_s` before the calibration's start)."""
+    reach = method.lead_s + method.lag_s + max(method.cal_s, method.run_s)
     if trace.span <= reach:
         raise ValueError(f"the trace ({trace.span:.0f} s) is shorter than a pair's reach ({reach:.0f} s: "
                          f"lag plus window); record longer (--minutes)")
 
     def pair() -> float:
         for _ in range(1000):
-            begin = rng.uniform(0.0, trace.span - reach)
+            begin = rng.uniform(method.lead_s, trace.span - reach + method.lead_s)
             cal, run = trace.window(begin, method.cal_s), trace.window(begin + method.lag_s, method.run_s)
+            if method.lead_s > 0 and run is not None:
+                before = trace.window(begin - method.lead_s, method.run_s)
+                run = None if before is None else (run + before) / 2
             if cal is not None and run is not None:
                 return cal / run - 1.0
         raise ValueError(f"windows of {min(method.cal_s, method.run_s)} s hold fewer than {MIN_WINDOW_STEPS} "

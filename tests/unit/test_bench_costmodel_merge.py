@@ -453,7 +453,8 @@ def test_two_runs_train_the_same_program_unless_their_layouts_differ(repo):
     hot = plan_document(make_plan(spec, device_budget="64MiB", target="cpu"))
     look = plan_document(make_plan(spec, device_budget="1GiB", target="cpu"))
     repriced = {**hot, "cost": {**hot["cost"], "step_ms_overlap": hot["cost"]["step_ms_overlap"] * 1.3},
-                "groups": [{**g, "expected_hit_rate": 0.123} for g in hot["groups"]]}
+                "groups": [{**g, "expected_hit_rate": 0.123} for g in hot["groups"]],
+                "target": "/tmp/bench-cost-x/avazu-profile3.json"}  # each pair's calibration is a file of its own
     assert bench.same_program(hot, repriced)
     assert not bench.same_program(hot, look)
     fewer = {**hot, "groups": [{**g, "cache_rows": (g["cache_rows"] or 0) + 1} for g in hot["groups"]]}

@@ -73,6 +73,23 @@ def test_more_pairs_lower_the_floor_on_a_host_whose_spells_vary():
     assert b["worst_error_median"] < a["worst_error_median"]
 
 
+def test_a_bracketed_pair_cancels_a_steady_drift_a_run_after_takes_whole():
+    """run, calibrate, run (`bench_costmodel --bracket`): on a host slowing steadily, a run 30 s
+    after the calibration misses by the drift over those 30 s; the mean of runs 30 s before and
+    after meets the calibration's own spell (a perfect model's error is left at about none)."""
+    rng = random.Random()
+    base, per_s = rng.uniform(4.0, 8.0), rng.uniform(0.002, 0.004)  # step ms, and its rise per second
+    trace = _trace([(0.1, base * (1 + per_s * i / 10)) for i in range(3000)], seed=4)  # 300 s of 0.1 s levels
+    after = noise.Method(cal_s=1.0, run_s=1.0, lag_s=30.0, pairs=1, specs=20)
+    bracketed = noise.Method(cal_s=1.0, run_s=1.0, lag_s=30.0, pairs=1, specs=20, lead_s=30.0)
+    plain = [e for r in noise.perfect_model_rounds(trace, after, 10, random.Random(1)) for e in r]
+    both = [e for r in noise.perfect_model_rounds(trace, bracketed, 10, random.Random(1)) for e in r]
+    drift = 30.0 * per_s * base  # ms the step rises over the lag ...
+    assert all(e < -0.5 * drift / (base * 2) for e in plain)  # ... which a run after the calibration takes whole
+    assert max(abs(e) for e in both) < 0.1 * min(abs(e) for e in plain)
+    assert "7 pairs, bracketed" in noise.VARIANTS and noise.VARIANTS["7 pairs, bracketed"]["lead_s"] > 0
+
+
 def test_the_stored_trace_rebuilds_the_recorded_windows():
     rng = random.Random(11)
     starts, steps, at = [], [], 0.0
@@ -115,7 +132,7 @@ def test_a_saved_trace_is_simulated_again_without_recording(tmp_path, capsys):
                        "--cal-seconds", "1", "--run-seconds", "1", "--pairs", "1", "--specs", "5"]) == 0
     doc = json.loads(out.read_text())
     given = doc["floors"]["as given"]
-    assert given["method"] == {"cal_s": 1.0, "run_s": 1.0, "lag_s": 30.0, "pairs": 1, "specs": 5}
+    assert given["method"] == {"cal_s": 1.0, "run_s": 1.0, "lag_s": 30.0, "pairs": 1, "specs": 5, "lead_s": 0.0}
     assert given["worst_error_median"] == pytest.approx(0.25, abs=0.02)  # 7.5 / 6 - 1, every round
     assert set(doc["floors"]) == {"as given", *noise.VARIANTS}
     assert doc["windowed_spread"]["10s"]["max_over_min"] == pytest.approx(1.25, abs=0.01)
