@@ -343,23 +343,25 @@ def pair_errors(pairs: list[tuple[float, list[robust.Round]]], bracket: list[boo
     (`step_error`, the middle one of three), their spread (max - min) says how far the host moved
     the comparison between pairs. Nothing of a run enters a prediction.
 
-    With `bracket` (`--bracket`: one flag per pair) the first pair is a lead-in: its run only
-    measures, and each later calibration k is judged against the mean of the estimates of the run
-    right before it (k - 1) and the run right after it (k) where bracket[k] (the two runs trained
-    the same program, `same_program`), else against run k alone. A calibration then sits in the
-    middle of its measurement: a drift of the host's speed over the pair, which a run after it
-    alone takes in whole, cancels to first order (round 31: over Round 30's 17 specs of 3-7 pairs
-    the pair errors' standard deviation fell in every one, 0.206 to 0.185 for the most scattered).
+    With `bracket` (`--bracket`: a flag for each pair after the first) the first pair is a
+    lead-in: its run only measures, and each later calibration k is judged against the mean of the
+    estimates of the run right before it (k - 1) and the run right after it (k) where
+    bracket[k - 1] (the two runs trained the same program, `same_program`), else against run k
+    alone. A calibration then sits in the middle of its measurement: a drift of the host's speed
+    over the pair, which a run after it alone takes in whole, cancels to first order (round 31:
+    Round 30's pairs in bench/results/round30/costmodel_all.json recomputed so, the standard
+    deviation of a spec's pair errors fell in all 17 specs of 3-7 pairs, 0.206 to 0.185 for the
+    most scattered).
 
     Raises:
-        ValueError: no pairs; with `bracket`, fewer than two pairs or a flag count that is not theirs.
+        ValueError: no pairs; with `bracket`, fewer than two pairs or not a flag for each after the first.
 
     Example:
         >>> r = [robust.Round(2.0)] * 3
         >>> pair_errors([(2.2, r), (1.8, r), (2.1, r)])["step_error"]
         0.050000000000000044
         >>> fast, slow = [robust.Round(1.8)] * 3, [robust.Round(2.2)] * 3
-        >>> pair_errors([(9.9, fast), (2.0, slow), (2.0, fast)], [False, True, True])["pair_step_errors"]
+        >>> pair_errors([(9.9, fast), (2.0, slow), (2.0, fast)], [True, True])["pair_step_errors"]
         [0.0, 0.0]
     """
     if not pairs:
@@ -368,12 +370,12 @@ def pair_errors(pairs: list[tuple[float, list[robust.Round]]], bracket: list[boo
     predicted = [p for p, _ in pairs]
     out: dict[str, Any] = {}
     if bracket is not None:
-        if len(pairs) < 2 or len(bracket) != len(pairs):
+        if len(pairs) < 2 or len(bracket) != len(pairs) - 1:
             raise ValueError(f"bracketed pairs need a lead-in run and at least one more pair, a flag each "
-                             f"(got {len(pairs)} pairs and {len(bracket)} flags)")
-        out = {"pair_run_step_ms": measured, "lead_predicted_step_ms": predicted[0],
-               "pair_bracketed": list(bracket[1:])}
-        measured = [(measured[k - 1] + measured[k]) / 2 if bracket[k] else measured[k] for k in range(1, len(pairs))]
+                             f"after the lead-in (got {len(pairs)} pairs and {len(bracket)} flags)")
+        out = {"pair_run_step_ms": measured, "lead_predicted_step_ms": predicted[0], "pair_bracketed": list(bracket)}
+        measured = [(before + after) / 2 if both else after
+                    for before, after, both in zip(measured, measured[1:], bracket)]
         predicted = predicted[1:]
     errors = [p / ms - 1.0 for p, ms in zip(predicted, measured)]
     return {"pair_predicted_step_ms": predicted, "pair_measured_step_ms": measured,
@@ -495,7 +497,7 @@ def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str |
         probes.append(probe)
         rounds = [robust.Round(r.wall * 1e3, r.waited * 1e3) for r in seconds[WARMUP_STEPS:]]
         runs.append((result, rounds))
-        if len(runs) > lead:  # a lead-in run measures only: its pool is the pairs'
+        if len(runs) > lead:  # the pool (and the pooled estimate) is of the pairs' runs, not the lead-in's
             pooled += rounds
         if len(runs) == 1 or recalibrate is not None:  # a pair's own plan with --interleave, else one
             run_plan = json.loads((out / "plan.json").read_text())
@@ -550,7 +552,7 @@ def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str |
         row["step_error_lumped_call"] = lumped / measured_ms - 1.0
     if pairs:  # each run against its own calibration; the pooled comparison (median prediction) kept beside
         row["step_error_pooled"] = row["step_error"]
-        row.update(pair_errors(pairs, [False] + [same_program(a, b) for a, b in zip(run_plans, run_plans[1:])]
+        row.update(pair_errors(pairs, [same_program(a, b) for a, b in zip(run_plans, run_plans[1:])]
                                if bracket else None))
         row["bracket"] = bracket
     if result["counters"]:

@@ -426,7 +426,7 @@ def test_bracketed_pairs_cancel_a_drift_the_run_after_alone_takes_in_whole():
         pairs.append((calibrated_ms * (1 + model), [bench.robust.Round(run_ms * rng.uniform(0.999, 1.001))
                                                     for _ in range(9)]))
     plain = bench.pair_errors(pairs[1:])
-    bracketed = bench.pair_errors(pairs, [False] + [True] * (len(pairs) - 1))
+    bracketed = bench.pair_errors(pairs, [True] * (len(pairs) - 1))
     assert len(bracketed["pair_step_errors"]) == len(pairs) - 1  # the lead-in measures only
     assert bracketed["lead_predicted_step_ms"] == pairs[0][0]
     assert bracketed["pair_predicted_step_ms"] == [p for p, _ in pairs[1:]]
@@ -435,14 +435,14 @@ def test_bracketed_pairs_cancel_a_drift_the_run_after_alone_takes_in_whole():
     runs = bracketed["pair_run_step_ms"]
     assert bracketed["pair_measured_step_ms"] == pytest.approx([(a + b) / 2 for a, b in zip(runs, runs[1:])])
     # a pair whose two runs trained different programs is judged by its own run alone
-    mixed = bench.pair_errors(pairs, [False, False] + [True] * (len(pairs) - 2))
+    mixed = bench.pair_errors(pairs, [False] + [True] * (len(pairs) - 2))
     assert mixed["pair_bracketed"][0] is False
     assert mixed["pair_step_errors"][0] == pytest.approx(pairs[1][0] / runs[1] - 1)
     assert mixed["pair_step_errors"][1:] == pytest.approx(bracketed["pair_step_errors"][1:])
     with pytest.raises(ValueError, match="lead-in run and at least one more pair"):
-        bench.pair_errors(pairs[:1], [False])
+        bench.pair_errors(pairs[:1], [])
     with pytest.raises(ValueError, match="a flag each"):
-        bench.pair_errors(pairs, [False])
+        bench.pair_errors(pairs, [True] * len(pairs))
 
 
 def test_two_runs_train_the_same_program_unless_their_layouts_differ(repo):
