@@ -242,6 +242,32 @@ def _calibrations(tmp_path: Path, live: list[float]):
     return calibrate, calibrated
 
 
+def _long_pairs(spec: Path, tmp_path: Path, monkeypatch, predicted: list[float], measured: list[float],
+                host_run: int | None = None):
+    """(calibrate, the ks asked for) with `flowrec` stubbed: run k (the run after calibration k) trains
+    `spec`'s plan priced predicted[k] ms, its every step measured[k] ms; run `host_run`'s plan places
+    its groups on the host (another program)."""
+    from flowrec.graph.plan_io import plan_document
+    from flowrec.planner.manager import make_plan
+
+    doc = plan_document(make_plan(load_spec(spec), target="cpu"))
+    calibrate, calibrated = _calibrations(tmp_path, measured)
+
+    def train(spec_, data, profile, steps, out, tmp, budget, cache, nproc=1):
+        k = len(calibrated) - 1
+        out.mkdir(parents=True, exist_ok=True)
+        groups = [{**g, "placement": "host" if k == host_run else g["placement"]} for g in doc["groups"]]
+        (out / "plan.json").write_text(json.dumps({**doc, "groups": groups,
+                                                   "cost": {**doc["cost"], "step_ms_overlap": predicted[k]}}))
+        rounds = [bench.robust.Round(measured[k] / 1e3) for _ in range(steps)]
+        return {"stage_seconds": {}, "steps": steps, "samples": steps * 1024, "seconds": 1.0, "counters": {}}, rounds
+
+    monkeypatch.setattr(bench, "flowrec", lambda *a, **k: "")
+    monkeypatch.setattr(bench, "train_json", train)
+    monkeypatch.setattr(bench, "host_probe", lambda: {"gemm_ms": 1.0, "add_ms": 1.0})
+    return calibrate, calibrated
+
+
 @pytest.mark.parametrize("runs", [3, 5])
 def test_interleaved_runs_give_a_short_step_as_many_pairs_as_asked(repo, tmp_path, monkeypatch, runs):
     """`--runs N --interleave`: a short step gets N (calibration, run) pairs, each run sized by its
@@ -367,26 +393,11 @@ def test_a_long_step_gets_the_pairs_asked_for(repo, tmp_path, monkeypatch, min_r
     """`--min-pairs K`: a step whose first run fills the pool of `--runs` still gets K (calibration,
     run) pairs, and the spec's error is their median; without it one pair carries all the host's
     drift between that calibration and that run (round 29: bst_taobao)."""
-    from flowrec.graph.plan_io import plan_document
-    from flowrec.planner.manager import make_plan
-
     spec = repo / "specs" / "movielens.yaml"
-    doc = plan_document(make_plan(load_spec(spec), target="cpu"))
     runs = 5
     predicted = [random.uniform(250.0, 350.0) for _ in range(runs)]
     measured = [random.uniform(250.0, 350.0) for _ in range(runs)]  # ms: 20 steps fill --runs 5's pool of 5 s
-    calibrate, calibrated = _calibrations(tmp_path, measured)
-
-    def train(spec_, data, profile, steps, out, tmp, budget, cache, nproc=1):
-        k = len(calibrated) - 1
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "plan.json").write_text(json.dumps({**doc, "cost": {**doc["cost"], "step_ms_overlap": predicted[k]}}))
-        rounds = [bench.robust.Round(measured[k] / 1e3) for _ in range(steps)]
-        return {"stage_seconds": {}, "steps": steps, "samples": steps * 1024, "seconds": 1.0, "counters": {}}, rounds
-
-    monkeypatch.setattr(bench, "flowrec", lambda *a, **k: "")
-    monkeypatch.setattr(bench, "train_json", train)
-    monkeypatch.setattr(bench, "host_probe", lambda: {"gemm_ms": 1.0, "add_ms": 1.0})
+    calibrate, calibrated = _long_pairs(spec, tmp_path, monkeypatch, predicted, measured)
     row = bench.measure_spec(spec, calibrate(0), 20, tmp_path, "64MiB", max_runs=runs, recalibrate=calibrate,
                              min_runs=min_runs)
     assert calibrated == list(range(min_runs))
@@ -466,28 +477,11 @@ def test_bracket_adds_a_lead_in_pair_and_judges_by_the_runs_on_both_sides(repo, 
     """`--bracket` with `--min-pairs K`: K + 1 calibrations and runs; the first run only measures,
     and calibration k is judged against the mean of runs k - 1 and k, or run k alone where the two
     runs' plans differ (here run 2's placement: pairs 2 and 3)."""
-    from flowrec.graph.plan_io import plan_document
-    from flowrec.planner.manager import make_plan
-
     spec = repo / "specs" / "movielens.yaml"
-    doc = plan_document(make_plan(load_spec(spec), target="cpu"))
     n = min_runs + 1
     predicted = [random.uniform(250.0, 350.0) for _ in range(n)]
     measured = [random.uniform(250.0, 350.0) for _ in range(n)]  # ms: one run fills the pool
-    calibrate, calibrated = _calibrations(tmp_path, measured)
-
-    def train(spec_, data, profile, steps, out, tmp, budget, cache, nproc=1):
-        k = len(calibrated) - 1
-        out.mkdir(parents=True, exist_ok=True)
-        groups = [{**g, "placement": "host" if k == 2 else g["placement"]} for g in doc["groups"]]
-        (out / "plan.json").write_text(json.dumps({**doc, "groups": groups,
-                                                   "cost": {**doc["cost"], "step_ms_overlap": predicted[k]}}))
-        rounds = [bench.robust.Round(measured[k] / 1e3) for _ in range(steps)]
-        return {"stage_seconds": {}, "steps": steps, "samples": steps * 1024, "seconds": 1.0, "counters": {}}, rounds
-
-    monkeypatch.setattr(bench, "flowrec", lambda *a, **k: "")
-    monkeypatch.setattr(bench, "train_json", train)
-    monkeypatch.setattr(bench, "host_probe", lambda: {"gemm_ms": 1.0, "add_ms": 1.0})
+    calibrate, calibrated = _long_pairs(spec, tmp_path, monkeypatch, predicted, measured, host_run=2)
     row = bench.measure_spec(spec, calibrate(0), 20, tmp_path, "64MiB", max_runs=5, recalibrate=calibrate,
                              min_runs=min_runs, bracket=True)
     assert calibrated == list(range(n)) and len(row["measured_runs"]) == n
