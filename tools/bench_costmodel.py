@@ -400,12 +400,36 @@ def same_program(first: dict[str, Any], second: dict[str, Any]) -> bool:
         >>> same_program(a, {"groups": [{"placement": "device", "expected_hit_rate": 0.5}], "cost": {}})
         False
     """
+    return not program_changes(first, second)
+
+
+def program_changes(first: dict[str, Any], second: dict[str, Any]) -> list[str]:
+    """Where two runs' plan documents lay out different programs (`same_program`): the paths of the
+    values that differ once prices are set aside, sorted (a row's `pair_program_changes`, so that a
+    pair judged by its own run alone says why: a cache's rows, a group's placement, ...).
+
+    Example:
+        >>> a = {"groups": [{"name": "g0", "cache_rows": 10, "expected_hit_rate": 0.5}], "cost": {"step_ms": 3.0}}
+        >>> program_changes(a, {"groups": [{"name": "g0", "cache_rows": 12, "expected_hit_rate": 0.7}], "cost": {}})
+        ['groups[0].cache_rows']
+    """
     def program(doc: dict[str, Any]) -> dict[str, Any]:
         kept = {k: v for k, v in doc.items() if k not in PLAN_PRICES}
         kept["groups"] = [{k: v for k, v in g.items() if k != "expected_hit_rate"} for g in doc.get("groups", [])]
         return kept
 
-    return program(first) == program(second)
+    def walk(a: Any, b: Any, path: str) -> list[str]:
+        if isinstance(a, dict) and isinstance(b, dict):
+            return [c for key in sorted(set(a) | set(b), key=str)
+                    for c in walk(a.get(key, _MISSING), b.get(key, _MISSING), f"{path}.{key}" if path else str(key))]
+        if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+            return [c for i, (x, y) in enumerate(zip(a, b)) for c in walk(x, y, f"{path}[{i}]")]
+        return [] if a == b else [path or "(document)"]
+
+    return walk(program(first), program(second), "")
+
+
+_MISSING = object()  # a key one plan document has and the other has not (`program_changes`)
 
 
 def plan_layout(plan_doc: dict[str, Any], spec: Path) -> dict[str, Any]:
@@ -552,9 +576,12 @@ def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str |
         row["step_error_lumped_call"] = lumped / measured_ms - 1.0
     if pairs:  # each run against its own calibration; the pooled comparison (median prediction) kept beside
         row["step_error_pooled"] = row["step_error"]
-        row.update(pair_errors(pairs, [same_program(a, b) for a, b in zip(run_plans, run_plans[1:])]
-                               if bracket else None))
+        # each pair after the lead-in: where its two runs' plans laid out different programs (none: bracketed)
+        changes = [program_changes(a, b) for a, b in zip(run_plans, run_plans[1:])] if bracket else None
+        row.update(pair_errors(pairs, [not c for c in changes] if changes is not None else None))
         row["bracket"] = bracket
+        if changes is not None:  # why a pair was judged by its own run alone
+            row["pair_program_changes"] = changes
     if result["counters"]:
         model = load_spec(spec)
         local = -(-cost["batch_size"] // cost["world_size"])

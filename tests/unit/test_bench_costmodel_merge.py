@@ -470,6 +470,13 @@ def test_two_runs_train_the_same_program_unless_their_layouts_differ(repo):
     assert not bench.same_program(hot, look)
     fewer = {**hot, "groups": [{**g, "cache_rows": (g["cache_rows"] or 0) + 1} for g in hot["groups"]]}
     assert not bench.same_program(hot, fewer)
+    # what differs is named by its path, prices and hit rates never
+    assert bench.program_changes(hot, repriced) == []
+    assert bench.program_changes(hot, fewer) == [f"groups[{i}].cache_rows" for i in range(len(hot["groups"]))]
+    assert "groups[0].placement" in bench.program_changes(hot, look)
+    extra = {**hot, "lookahead_window": 4}
+    assert bench.program_changes(hot, extra) == ["lookahead_window"]
+    assert bench.program_changes(extra, hot) == ["lookahead_window"]
 
 
 @pytest.mark.parametrize("min_runs", [1, 3])
@@ -489,6 +496,10 @@ def test_bracket_adds_a_lead_in_pair_and_judges_by_the_runs_on_both_sides(repo, 
     errors = [p / m - 1 for p, m in zip(predicted[1:], judged)]
     assert row["pair_step_errors"] == pytest.approx(errors, rel=1e-9)
     assert row["pair_bracketed"] == [k not in (2, 3) for k in range(1, n)]
+    # each unbracketed pair names what its runs' plans laid out otherwise: run 2's groups' placement
+    changes = row["pair_program_changes"]
+    assert [bool(c) for c in changes] == [k in (2, 3) for k in range(1, n)]
+    assert all(path.startswith("groups[") and path.endswith("].placement") for c in changes for path in c)
     assert row["step_error"] == pytest.approx(sorted(errors)[len(errors) // 2], rel=1e-9)
     assert row["predicted_step_ms"] == pytest.approx(sorted(predicted[1:])[len(errors) // 2], rel=1e-9)
     assert row["bracket"] is True
