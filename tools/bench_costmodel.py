@@ -403,10 +403,14 @@ def same_program(first: dict[str, Any], second: dict[str, Any]) -> bool:
     return not program_changes(first, second)
 
 
+_MISSING = object()  # a key one plan document has and the other has not (`program_changes`)
+
+
 def program_changes(first: dict[str, Any], second: dict[str, Any]) -> list[str]:
     """Where two runs' plan documents lay out different programs (`same_program`): the paths of the
-    values that differ once prices are set aside, sorted (a row's `pair_program_changes`, so that a
-    pair judged by its own run alone says why: a cache's rows, a group's placement, ...).
+    values that differ once prices are set aside, in document order with keys sorted (a row's
+    `pair_program_changes`, so that a pair judged by its own run alone says why: a cache's rows, a
+    group's placement, ...).
 
     Example:
         >>> a = {"groups": [{"name": "g0", "cache_rows": 10, "expected_hit_rate": 0.5}], "cost": {"step_ms": 3.0}}
@@ -427,9 +431,6 @@ def program_changes(first: dict[str, Any], second: dict[str, Any]) -> list[str]:
         return [] if a == b else [path or "(document)"]
 
     return walk(program(first), program(second), "")
-
-
-_MISSING = object()  # a key one plan document has and the other has not (`program_changes`)
 
 
 def plan_layout(plan_doc: dict[str, Any], spec: Path) -> dict[str, Any]:
@@ -576,12 +577,12 @@ def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str |
         row["step_error_lumped_call"] = lumped / measured_ms - 1.0
     if pairs:  # each run against its own calibration; the pooled comparison (median prediction) kept beside
         row["step_error_pooled"] = row["step_error"]
-        # each pair after the lead-in: where its two runs' plans laid out different programs (none: bracketed)
-        changes = [program_changes(a, b) for a, b in zip(run_plans, run_plans[1:])] if bracket else None
-        row.update(pair_errors(pairs, [not c for c in changes] if changes is not None else None))
+        if bracket:  # each pair after the lead-in: what its two runs' plans laid out otherwise (none: bracketed)
+            changes = [program_changes(a, b) for a, b in zip(run_plans, run_plans[1:])]
+            row.update(pair_errors(pairs, [not c for c in changes]), pair_program_changes=changes)
+        else:
+            row.update(pair_errors(pairs))
         row["bracket"] = bracket
-        if changes is not None:  # why a pair was judged by its own run alone
-            row["pair_program_changes"] = changes
     if result["counters"]:
         model = load_spec(spec)
         local = -(-cost["batch_size"] // cost["world_size"])
