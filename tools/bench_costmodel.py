@@ -669,20 +669,103 @@ def row_key(row: dict[str, Any], budget: str | None = None) -> str:
     return f"{row['spec']}@{row.get('run_device_budget', budget or 'none')}"
 
 
-def merge(paths: list[Path]) -> dict[str, Any]:
+MODEL_CODE = ("flowrec", "operators", "schemas")  # the folders whose code makes a plan's prediction
+
+
+def model_code(repo: Path = REPO) -> dict[str, Any] | None:
+    """The identity of the model code a result measured: the git tree of each of MODEL_CODE at the
+    checkout's HEAD, and whether the checkout had changes there that HEAD does not hold (`dirty`);
+    None outside a git checkout. Two results with equal trees and no changes measured the same
+    model, whatever else changed between them (the benchmark, docs), which `--merge --pool` needs."""
+    try:
+        trees = subprocess.run(["git", "-C", str(repo), "rev-parse", *(f"HEAD:{d}" for d in MODEL_CODE)],
+                               capture_output=True, text=True, timeout=60)
+        status = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--", *MODEL_CODE],
+                                capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = trees.stdout.split()
+    if trees.returncode != 0 or status.returncode != 0 or len(lines) != len(MODEL_CODE):
+        return None
+    return {**dict(zip(MODEL_CODE, lines)), "dirty": bool(status.stdout.strip())}
+
+
+def pooled_row(parts: list[tuple[str, dict[str, Any], dict[str, Any] | None]]) -> dict[str, Any]:
+    """One spec's row over the interleaved pairs of every part that measured it (`--merge --pool`),
+    each (part file, its row, its `model_code`), in the parts' order: the last part's row, its step
+    error the median of all the parts' per-pair errors (`pooled_pair_step_errors`, in order), its
+    own kept as `step_error_part`, and what each part gave (`pooled_from`). More pairs of one model
+    make the median steadier on a shared host: a perfect model is within 0.10 on every spec in
+    about half the rounds of 7 bracketed pairs and in 82 % of rounds of 15 (Round 31,
+    tools/bench_host_noise.py); pooling every part measured, not a chosen one, keeps it a
+    measurement of the model.
+
+    Raises:
+        SystemExit: a part's row without pairs (a run without --interleave), two parts whose rows
+            are of the same runs (a part given twice), or model code that differs between parts or
+            had changes that HEAD did not hold, in one line naming the spec and the part.
+
+    Example:
+        >>> a = {"spec": "s.yaml", "step_error": 0.2, "pair_step_errors": [0.2, 0.3, -0.1],
+        ...      "pair_run_step_ms": [1.0, 2.0, 3.0], "pair_predicted_step_ms": [1.2, 2.6, 2.7],
+        ...      "pair_measured_step_ms": [1.0, 2.0, 3.0]}
+        >>> b = {**a, "step_error": 0.0, "pair_step_errors": [0.0, -0.05], "pair_run_step_ms": [2.0, 2.1]}
+        >>> row = pooled_row([("a.json", a, None), ("b.json", b, None)])
+        >>> row["step_error"], row["step_error_part"], [p["pairs"] for p in row["pooled_from"]]
+        (0.0, 0.0, [3, 2])
+    """
+    if not parts:
+        raise SystemExit("no rows to pool")
+    seen: dict[tuple, str] = {}
+    codes = {}
+    for path, row, code in parts:
+        if not row.get("pair_step_errors"):
+            raise SystemExit(f"{path}: {row['spec']} has no (calibration, run) pairs to pool (a run without --interleave)")
+        runs = tuple(row.get("pair_run_step_ms") or row.get("pair_measured_step_ms") or ())
+        if runs in seen:
+            raise SystemExit(f"{path}: {row['spec']}'s runs are those of {seen[runs]} (a part given twice?)")
+        seen[runs] = path
+        if code is not None:
+            if code.get("dirty"):
+                raise SystemExit(f"{path}: measured model code with changes its commit does not hold: not poolable")
+            codes[path] = {k: code.get(k) for k in MODEL_CODE}
+    if len({json.dumps(c, sort_keys=True) for c in codes.values()}) > 1:
+        raise SystemExit(f"{row['spec']}: the parts measured different model code ({codes}): not poolable")
+    errors = [e for _, row, _ in parts for e in row["pair_step_errors"]]
+    predicted = [x for _, row, _ in parts for x in row.get("pair_predicted_step_ms", [])]
+    measured = [x for _, row, _ in parts for x in row.get("pair_measured_step_ms", [])]
+    last = parts[-1][1]
+    out = {**last, "step_error_part": last["step_error"], "step_error": quantile(errors, 0.5),
+           "pooled_pair_step_errors": errors, "pooled_pair_error_spread": max(errors) - min(errors),
+           "pooled_from": [{"part": path, "pairs": len(row["pair_step_errors"]), "step_error": row["step_error"],
+                            "model_code": code} for path, row, code in parts]}
+    if predicted and measured:
+        out["pooled_predicted_step_ms"] = quantile(predicted, 0.5)
+        out["pooled_measured_step_ms"] = quantile(measured, 0.5)
+    return out
+
+
+def merge(paths: list[Path], pool: bool = False) -> dict[str, Any]:
     """One result of several runs' results (parts of one benchmark run with `--specs`, each under a
     short exclusive hold of a shared machine, and reruns of single specs): their rows by spec name
     and run budget (`row_key`) in name order, a later file's row replacing an earlier one's, each spec's calibration with its
     row, the ratios over the merged rows; every part's run options must be equal, and the
-    result records its `parts`.
+    result records its `parts` and their `model_code`. With `pool` (`--pool`, parts run with
+    --interleave) a spec measured in pairs in several parts keeps the pairs of all of them instead
+    (`pooled_row`; the result lists such rows as `pooled_specs`); a failed run of it in a later
+    part drops none of them, and rows without pairs (`--other-budget`'s) are replaced as without.
 
     Raises:
         SystemExit: (2) a part that is not a result of this benchmark, a given profile (not per spec
-            calibrations), or options that differ, in one line naming the file.
+            calibrations), options that differ, a file given twice, or (`pool`) parts run without
+            --interleave and rows that `pooled_row` refuses, in one line naming the file.
     """
-    rows: dict[str, dict[str, Any]] = {}
+    rows: dict[str, list[tuple[str, dict[str, Any], dict[str, Any] | None]]] = {}
     calibrations: dict[str, Any] = {}
     options = None
+    codes = []
+    if len({Path(p).resolve() for p in paths}) != len(paths):
+        raise SystemExit(f"a part is given twice: {', '.join(str(p) for p in paths)}")
     for path in paths:
         try:
             doc = json.loads(Path(path).read_text())
@@ -693,14 +776,28 @@ def merge(paths: list[Path]) -> dict[str, Any]:
         these = {name: doc.get(name, OPTION_DEFAULTS.get(name)) for name in OPTIONS}
         if options is not None and these != options:
             raise SystemExit(f"{path}: run options {these} differ from the first part's {options}")
+        if pool and not these.get("interleave"):
+            raise SystemExit(f"{path}: --pool pools (calibration, run) pairs: this part ran without --interleave")
         options = these
+        codes.append(doc.get("model_code"))
         for row in doc["specs"]:
-            rows[row_key(row, doc.get("device_budget"))] = row
+            key = row_key(row, doc.get("device_budget"))
+            found = (str(path), row, doc.get("model_code"))
+            if pool and row.get("pair_step_errors"):  # beside the earlier parts' rows of pairs (not a failed one)
+                rows[key] = [r for r in rows.get(key, []) if r[1].get("pair_step_errors")] + [found]
+            elif not pool or "error" not in row:  # a row without pairs (--other-budget's): the later replaces
+                rows[key] = [found]
+            elif key not in rows:  # a failed run pools nothing: it stands only where no part measured the spec
+                rows[key] = [found]
             if row["spec"] in doc["calibration"]:
                 calibrations[row["spec"]] = doc["calibration"][row["spec"]]
-    ordered = [rows[name] for name in sorted(rows)]
+    pooled = sorted(name for name, found in rows.items() if len(found) > 1)
+    ordered = [pooled_row(rows[name]) if name in pooled else rows[name][-1][1] for name in sorted(rows)]
     result = summarize(ordered, {name: calibrations[name] for name in sorted(calibrations)}, options or {})
     result["parts"] = [str(p) for p in paths]
+    result["parts_model_code"] = codes
+    if pool:
+        result["pooled_specs"] = pooled
     return result
 
 
@@ -757,10 +854,16 @@ def main() -> None:
     parser.add_argument("--merge", default="",
                         help="comma-separated result files of parts of one run (--specs) to merge into --json "
                              "(rows by spec, a later file's replacing an earlier's; ratios recomputed); runs nothing")
+    parser.add_argument("--pool", action="store_true",
+                        help="with --merge, parts run with --interleave: a spec measured in several parts is judged "
+                             "on the pairs of all of them (the median of every pair's error) instead of the last "
+                             "part's; the parts must have measured the same model code (`model_code`)")
     args = parser.parse_args()
+    if args.pool and not args.merge:
+        parser.error("--pool pools the pairs of result files: it needs --merge")
     if args.merge:
         try:
-            result = merge([Path(p) for p in args.merge.split(",")])
+            result = merge([Path(p) for p in args.merge.split(",")], pool=args.pool)
         except SystemExit as exc:
             print(f"bench_costmodel: {exc}", file=sys.stderr)
             raise SystemExit(2) from None
@@ -795,6 +898,7 @@ def main() -> None:
         specs = chosen_specs(args.specs)
     except ValueError as exc:
         parser.error(str(exc))
+    code = model_code()  # before the runs: the code they measure
     with tempfile.TemporaryDirectory(prefix="bench-cost-") as tmp_name:
         tmp = Path(tmp_name)
         rows, calibrations = [], {}
@@ -845,6 +949,7 @@ def main() -> None:
     result = summarize(rows, calibrations if args.profile is None else
                        {"given": str(args.profile), **next(iter(calibrations.values()), {})},
                        {name: getattr(args, name) for name in OPTIONS})
+    result["model_code"] = code
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result["ratios"], indent=2))

@@ -514,3 +514,127 @@ def test_a_bracketed_part_does_not_merge_with_an_unbracketed_one(tmp_path, capsy
     bracketed = _part(tmp_path / "br.json", [_row("c.yaml", 0.01)], bracket=True)
     with pytest.raises(SystemExit, match="differ from the first part"):
         bench.merge([old, bracketed])
+
+
+INTERLEAVED = {"interleave": True, "bracket": True}
+
+
+def _pairs_row(spec: str, errors: list[float]) -> dict:
+    """A bracketed row of `errors` per pair (fresh random runs: no two parts share them)."""
+    runs = [random.uniform(5.0, 20.0) for _ in range(len(errors) + 1)]
+    judged = [(a + b) / 2 for a, b in zip(runs, runs[1:])]
+    row = _row(spec, sorted(errors)[len(errors) // 2])
+    row.update(pair_step_errors=list(errors), pair_run_step_ms=runs, pair_measured_step_ms=judged,
+               pair_predicted_step_ms=[m * (1 + e) for m, e in zip(judged, errors)], run_device_budget="64MiB")
+    return row
+
+
+def _code(tree: str, dirty: bool = False) -> dict:
+    return {name: tree * 40 for name in bench.MODEL_CODE} | {"dirty": dirty}
+
+
+def _coded(path: Path, code: dict | None) -> Path:
+    doc = json.loads(path.read_text())
+    doc["model_code"] = code
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_pool_judges_a_spec_on_the_pairs_of_every_part_that_measured_it(tmp_path):
+    first_a = [random.uniform(-0.3, -0.1) for _ in range(7)]
+    second_a = [random.uniform(0.0, 0.05) for _ in range(6)]
+    b = [random.uniform(0.01, 0.04) for _ in range(7)]
+    first = _coded(_part(tmp_path / "r31.json", [_pairs_row("a.yaml", first_a), _pairs_row("b.yaml", b)],
+                         **INTERLEAVED), None)  # a part from before results recorded their code
+    second = _coded(_part(tmp_path / "r33.json", [_pairs_row("a.yaml", second_a)], **INTERLEAVED), _code("a"))
+    out = tmp_path / "all.json"
+    done = subprocess.run([sys.executable, "tools/bench_costmodel.py", "--merge", f"{first},{second}", "--pool",
+                           "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(out.read_text())
+    a, row_b = doc["specs"]
+    everything = first_a + second_a
+    assert a["pooled_pair_step_errors"] == everything
+    assert a["step_error"] == pytest.approx(sorted(everything)[6])  # the 7th of 13
+    assert a["step_error_part"] == pytest.approx(sorted(second_a)[3])  # the last part's own
+    assert [(p["part"], p["pairs"]) for p in a["pooled_from"]] == [(str(first), 7), (str(second), 6)]
+    assert a["pooled_pair_error_spread"] == pytest.approx(max(everything) - min(everything))
+    assert "pooled_from" not in row_b and row_b["step_error"] == sorted(b)[3]  # one part: as measured
+    assert doc["pooled_specs"] == ["a.yaml@64MiB"]
+    assert doc["ratios"]["costmodel_max_step_error"] == pytest.approx(max(abs(a["step_error"]), row_b["step_error"]))
+    assert doc["parts_model_code"] == [None, _code("a")]
+    # without --pool the later part's row replaces the earlier one's, as before
+    plain = bench.merge([first, second])
+    assert plain["specs"][0]["step_error"] == a["step_error_part"] and "pooled_specs" not in plain
+
+
+def test_pool_keeps_the_pairs_where_a_later_part_failed_the_spec(tmp_path):
+    errors = [random.uniform(-0.2, 0.2) for _ in range(5)]
+    good = _part(tmp_path / "good.json", [_pairs_row("a.yaml", errors)], **INTERLEAVED)
+    failed = _part(tmp_path / "failed.json", [{"spec": "a.yaml", "run_device_budget": "64MiB", "error": "boom"},
+                                              {"spec": "c.yaml", "run_device_budget": "64MiB", "error": "boom"}],
+                   **INTERLEAVED)
+    doc = bench.merge([good, failed], pool=True)
+    rows = {r["spec"]: r for r in doc["specs"]}
+    assert rows["a.yaml"]["pair_step_errors"] == errors and "error" not in rows["a.yaml"]
+    assert rows["c.yaml"]["error"] == "boom"  # measured nowhere else: the failure stands
+    assert bench.merge([failed, good], pool=True)["specs"][0]["pair_step_errors"] == errors
+    # a row without pairs (--other-budget's: one calibration, no pairs) is replaced by the later part's
+    other = _part(tmp_path / "other1.json", [{**_row("a.yaml", 0.3), "run_device_budget": "none"}], **INTERLEAVED)
+    again = _part(tmp_path / "other2.json", [{**_row("a.yaml", -0.02), "run_device_budget": "none"}], **INTERLEAVED)
+    assert [r["step_error"] for r in bench.merge([other, again], pool=True)["specs"]] == [-0.02]
+
+
+def test_pool_refuses_what_would_not_be_one_model_measured_on_fresh_runs(tmp_path):
+    one = _part(tmp_path / "one.json", [_pairs_row("a.yaml", [0.1, -0.1, 0.02])], **INTERLEAVED)
+    copy = tmp_path / "copy.json"
+    copy.write_text(one.read_text())
+    with pytest.raises(SystemExit, match="given twice"):
+        bench.merge([one, tmp_path / "." / "one.json"], pool=True)
+    with pytest.raises(SystemExit, match="runs are those of"):
+        bench.merge([one, copy], pool=True)
+    old = _coded(_part(tmp_path / "old.json", [_pairs_row("a.yaml", [0.1, 0.2, 0.0])], **INTERLEAVED), _code("b"))
+    new = _coded(_part(tmp_path / "new.json", [_pairs_row("a.yaml", [0.0, 0.01, 0.0])], **INTERLEAVED), _code("c"))
+    with pytest.raises(SystemExit, match="different model code"):
+        bench.merge([old, new], pool=True)
+    assert bench.merge([old, new])["specs"][0]["step_error"] == 0.0  # a plain merge: the newer row
+    dirty = _coded(_part(tmp_path / "dirty.json", [_pairs_row("a.yaml", [0.3, 0.2, 0.1])], **INTERLEAVED),
+                   _code("b", dirty=True))
+    with pytest.raises(SystemExit, match="changes its commit does not hold"):
+        bench.merge([old, dirty], pool=True)
+    plain = _part(tmp_path / "plain.json", [_row("a.yaml", 0.04)])
+    with pytest.raises(SystemExit, match="without --interleave"):
+        bench.merge([plain], pool=True)
+    done = subprocess.run([sys.executable, "tools/bench_costmodel.py", "--pool", "--json", str(tmp_path / "x.json")],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "--pool" in done.stderr and "--merge" in done.stderr
+
+
+def test_model_code_names_the_trees_of_the_model_folders_and_changes_to_them(tmp_path, monkeypatch):
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))  # no checkout above it is found
+    repo = tmp_path / "repo"
+    for name in bench.MODEL_CODE:
+        (repo / name).mkdir(parents=True)
+        (repo / name / "a.py").write_text(f"x = {random.random()}\n")
+    (repo / "docs.md").write_text("notes\n")
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=60,
+                              env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+                                   "GIT_COMMITTER_EMAIL": "t@t", "HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    assert bench.model_code(repo) is None  # not a git checkout
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-q", "-m", "one")
+    code = bench.model_code(repo)
+    assert code == {name: git("rev-parse", f"HEAD:{name}") for name in bench.MODEL_CODE} | {"dirty": False}
+    (repo / "docs.md").write_text("other notes\n")  # not the model's code
+    assert bench.model_code(repo) == code
+    (repo / "operators" / "a.py").write_text("x = -1\n")
+    assert bench.model_code(repo) == code | {"dirty": True}
+    git("commit", "-q", "-am", "two")
+    after = bench.model_code(repo)
+    assert after["operators"] != code["operators"] and after["flowrec"] == code["flowrec"] and not after["dirty"]
