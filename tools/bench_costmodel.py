@@ -757,7 +757,7 @@ def merge(paths: list[Path], pool: bool = False) -> dict[str, Any]:
 
     Raises:
         SystemExit: (2) a part that is not a result of this benchmark, a given profile (not per spec
-            calibrations), options that differ, a file given twice, or (`pool`) parts run without
+            calibrations), options that differ, a file given twice, a malformed `model_code`, or (`pool`) parts run without
             --interleave and rows that `pooled_row` refuses, in one line naming the file.
     """
     rows: dict[str, list[tuple[str, dict[str, Any], dict[str, Any] | None]]] = {}
@@ -779,10 +779,13 @@ def merge(paths: list[Path], pool: bool = False) -> dict[str, Any]:
         if pool and not these.get("interleave"):
             raise SystemExit(f"{path}: --pool pools (calibration, run) pairs: this part ran without --interleave")
         options = these
-        codes.append(doc.get("model_code"))
+        code = doc.get("model_code")
+        if code is not None and not (isinstance(code, dict) and all(isinstance(code.get(k), str) for k in MODEL_CODE)):
+            raise SystemExit(f"{path}: its model_code is not a git tree for each of {', '.join(MODEL_CODE)}")
+        codes.append(code)
         for row in doc["specs"]:
             key = row_key(row, doc.get("device_budget"))
-            found = (str(path), row, doc.get("model_code"))
+            found = (str(path), row, code)
             if pool and row.get("pair_step_errors"):  # beside the earlier parts' rows of pairs (not a failed one)
                 rows[key] = [r for r in rows.get(key, []) if r[1].get("pair_step_errors")] + [found]
             elif not pool or "error" not in row:  # a row without pairs (--other-budget's): the later replaces

@@ -602,6 +602,10 @@ def test_pool_refuses_what_would_not_be_one_model_measured_on_fresh_runs(tmp_pat
                    _code("b", dirty=True))
     with pytest.raises(SystemExit, match="changes its commit does not hold"):
         bench.merge([old, dirty], pool=True)
+    for bad in ("9cdca50", {"flowrec": "9cdca50"}, {name: 7 for name in bench.MODEL_CODE}):
+        odd = _coded(_part(tmp_path / "odd.json", [_pairs_row("a.yaml", [0.0, 0.1, 0.2])], **INTERLEAVED), bad)
+        with pytest.raises(SystemExit, match="model_code is not a git tree"):
+            bench.merge([old, odd], pool=True)
     plain = _part(tmp_path / "plain.json", [_row("a.yaml", 0.04)])
     with pytest.raises(SystemExit, match="without --interleave"):
         bench.merge([plain], pool=True)
