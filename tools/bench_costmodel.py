@@ -714,8 +714,6 @@ def pooled_row(parts: list[tuple[str, dict[str, Any], dict[str, Any] | None]]) -
         >>> row["step_error"], row["step_error_part"], [p["pairs"] for p in row["pooled_from"]]
         (0.0, 0.0, [3, 2])
     """
-    if not parts:
-        raise SystemExit("no rows to pool")
     seen: dict[tuple, str] = {}
     codes = {}
     for path, row, code in parts:
@@ -730,7 +728,7 @@ def pooled_row(parts: list[tuple[str, dict[str, Any], dict[str, Any] | None]]) -
                 raise SystemExit(f"{path}: measured model code with changes its commit does not hold: not poolable")
             codes[path] = {k: code.get(k) for k in MODEL_CODE}
     if len({json.dumps(c, sort_keys=True) for c in codes.values()}) > 1:
-        raise SystemExit(f"{row['spec']}: the parts measured different model code ({codes}): not poolable")
+        raise SystemExit(f"{parts[-1][1]['spec']}: the parts measured different model code ({codes}): not poolable")
     errors = [e for _, row, _ in parts for e in row["pair_step_errors"]]
     predicted = [x for _, row, _ in parts for x in row.get("pair_predicted_step_ms", [])]
     measured = [x for _, row, _ in parts for x in row.get("pair_measured_step_ms", [])]
@@ -788,10 +786,8 @@ def merge(paths: list[Path], pool: bool = False) -> dict[str, Any]:
             found = (str(path), row, code)
             if pool and row.get("pair_step_errors"):  # beside the earlier parts' rows of pairs (not a failed one)
                 rows[key] = [r for r in rows.get(key, []) if r[1].get("pair_step_errors")] + [found]
-            elif not pool or "error" not in row:  # a row without pairs (--other-budget's): the later replaces
-                rows[key] = [found]
-            elif key not in rows:  # a failed run pools nothing: it stands only where no part measured the spec
-                rows[key] = [found]
+            elif not pool or "error" not in row or key not in rows:  # the later replaces, but a failed run
+                rows[key] = [found]  # drops no part's pairs under --pool: it stands only where none measured the spec
             if row["spec"] in doc["calibration"]:
                 calibrations[row["spec"]] = doc["calibration"][row["spec"]]
     pooled = sorted(name for name, found in rows.items() if len(found) > 1)
