@@ -4,11 +4,13 @@ torch's fp32 `addmm`/`mm` on the CPU call MKL's sgemm. MKL picks its kernels by 
 the AMD CPUs it does not recognise it runs a path without AVX-512 (measured on this project's
 2-core AMD EPYC with AVX-512: 4096 x 512 x 256 in 9.7 ms with one thread, oneDNN 4.3 ms). oneDNN,
 which ships inside torch (`torch.ops.mkldnn`), dispatches by instruction set on every vendor. So
-on the CPU, fp32 linear layers run their three GEMMs there: the forward with the bias and the
-ReLU fused into the GEMM (one pass over the output, no separate clamp), the backward's input
-gradient and weight gradient; the ReLU mask is read from the saved output and the bias gradient
-is one column sum. Same function, sums in another order: allclose to `nn.Linear` + ReLU, not
-bitwise.
+on the CPU, fp32 linear layers run their three GEMMs in one autograd node of their own: the
+forward with the bias and the ReLU fused into the GEMM (one pass over the output, no separate
+clamp), the backward's input gradient and weight gradient; the ReLU mask is read from the saved
+output and the bias gradient is one column sum. On Intel's CPUs, where MKL runs its own AVX-512
+and AMX kernels, the same node calls MKL through torch's `mm`/`addmm` instead (`gemm_library`:
+DLRM's training step 1.16x and wide_1000's 1.18x faster there than through oneDNN). Same
+function, sums in another order: allclose to `nn.Linear` + ReLU, not bitwise.
 
 Under CPU bf16 autocast on a CPU without bf16 kernels (`operators.lowp.emulating_autocast`), a
 training layer runs the same oneDNN calls on its operands' bf16 values widened to fp32 (`_LowLinear`):
@@ -27,6 +29,8 @@ Example:
     True
 """
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -69,6 +73,42 @@ def _probe_fp32() -> bool:
 
 
 _AVAILABLE: bool | None = None  # probed at first use
+_LIBRARY: str | None = None  # `gemm_library`, decided at first use
+GEMM_LIBRARY_ENV = "FLOWREC_CPU_GEMM"  # auto (default), onednn or mkl
+
+
+def gemm_library() -> str:
+    """Which library runs the GEMMs of this module's fp32 layers on this machine: "onednn" or
+    "mkl" (torch's `mm`/`addmm`, which call MKL's sgemm).
+
+    MKL picks its kernels by CPU vendor: on Intel's CPUs it runs its AVX-512 (and AMX) paths, on
+    others a slower generic one. So "mkl" where the CPU is Intel's (`cpu_vendor`), "onednn"
+    elsewhere. On a 2-vCPU Intel Xeon with AVX-512 and AMX (issue 28, Round 34) DLRM's whole
+    training step took 141 ms through oneDNN and 121 ms through MKL (median of five alternating
+    blocks, one process); on the AMD EPYC of earlier rounds oneDNN was 2.3x MKL on a 4096 x 512 x
+    256 GEMM. $FLOWREC_CPU_GEMM (onednn, mkl) overrides the choice. It is fixed for the process,
+    so a run and its resume compute alike on one machine; the two libraries sum in different
+    orders (allclose, not bitwise)."""
+    global _LIBRARY
+    if _LIBRARY is None:
+        asked = os.environ.get(GEMM_LIBRARY_ENV, "auto").strip().lower() or "auto"
+        if asked not in ("auto", "onednn", "mkl"):
+            raise ValueError(f"{GEMM_LIBRARY_ENV}={asked!r}: use auto, onednn or mkl")
+        _LIBRARY = asked if asked != "auto" else ("mkl" if cpu_vendor() == "GenuineIntel" else "onednn")
+    return _LIBRARY
+
+
+def cpu_vendor() -> str:
+    """The CPU's vendor string ("GenuineIntel", "AuthenticAMD", ...) from /proc/cpuinfo; "" where
+    it cannot be read (not Linux): then oneDNN, as before this choice existed."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
 _WEIGHT_GRADS_BY_ONEDNN: bool | None = None  # decided at first use (`_weight_grad`)
 
 
@@ -123,8 +163,19 @@ def _round(t: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
 
 
 def _gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, post: str = "none") -> torch.Tensor:
-    """x weight^T (+ bias) (-> post-op) in one oneDNN call; `weight` may be a transposed view.  # (B, Out)"""
+    """x weight^T (+ bias) (-> post-op) in one oneDNN call; `weight` may be a transposed view
+    (`gemm_library` "mkl": torch's `addmm`/`mm`, the ReLU in place on the fresh output).  # (B, Out)"""
+    if gemm_library() == "mkl":
+        y = torch.mm(x, weight.t()) if bias is None else torch.addmm(bias, x, weight.t())
+        return torch.relu_(y) if post == "relu" else y
     return _POINTWISE(x, weight, bias, post, [], "")
+
+
+def _gemm_add(x: torch.Tensor, add: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """add + x weight^T (+ bias): the sum fused into oneDNN's GEMM, or torch's `addmm`.  # (B, Out)"""
+    if gemm_library() == "mkl":
+        return torch.addmm(add if bias is None else add + bias, x, weight.t())
+    return _MKLDNN._linear_pointwise.binary(x, add, weight, bias, "add")
 
 
 class _Linear(torch.autograd.Function):
@@ -137,7 +188,7 @@ class _Linear(torch.autograd.Function):
         if add is None:
             y = _gemm(x, weight, bias, "relu" if relu else "none")  # (B, Out)
         else:  # add + x weight^T (+ bias), the sum fused into the GEMM
-            y = _MKLDNN._linear_pointwise.binary(x, add, weight, bias, "add")
+            y = _gemm_add(x, add, weight, bias)
         ctx.relu = relu
         ctx.has_bias = bias is not None
         ctx.save_for_backward(x, weight, y if relu else None)
@@ -174,7 +225,7 @@ class _LowLinear(torch.autograd.Function):
             if add is None:
                 y = _gemm(xw, ww, bw, "relu" if relu else "none").to(torch.bfloat16)  # (B, Out)
             else:
-                y = _MKLDNN._linear_pointwise.binary(xw, widened(add), ww, bw, "add").to(torch.bfloat16)
+                y = _gemm_add(xw, widened(add), ww, bw).to(torch.bfloat16)
         ctx.relu, ctx.has_bias, ctx.x_dtype = relu, bias is not None, x.dtype
         ctx.add_dtype = None if add is None else add.dtype
         ctx.save_for_backward(xw, ww, y if relu else None)
@@ -205,8 +256,9 @@ def _weight_grad(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     libraries run the same instructions and the copy is pure cost: torch's `mm`, which reads the
     transposed operands in place (AVX2 EPYC, batch 4096, median ms: 256 x 512 12.3 against 19.0,
     512 x 367 13.1 against 18.1, 512 x 1000 31.7 against 94.6). The choice is fixed per machine
-    (`torch.backends.cpu.get_cpu_capability`), so a run and its resume compute alike."""
-    if not _onednn_weight_grads():
+    (`torch.backends.cpu.get_cpu_capability`), so a run and its resume compute alike. Where
+    `gemm_library` is "mkl" (Intel's CPUs), torch's `mm` always."""
+    if gemm_library() == "mkl" or not _onednn_weight_grads():
         return torch.mm(grad.t(), x)
     if grad.shape[1] <= x.shape[1]:
         return _gemm(grad.t(), x.t(), None)
@@ -285,7 +337,7 @@ class _Sources(torch.autograd.Function):
                 xs, parts = [widened(f) for f in flats], [widened(p) for p in parts]
                 y = _gemm(xs[0], parts[0], None if bias is None else widened(bias)).to(low)
                 for x, p in zip(xs[1:], parts[1:]):
-                    y = _MKLDNN._linear_pointwise.binary(x, y.float(), p, None, "add").to(low)
+                    y = _gemm_add(x, y.float(), p, None).to(low)
             elif low is not None:
                 xs = [f.to(low) for f in flats]
                 parts = [p.to(low) for p in parts]
@@ -297,7 +349,7 @@ class _Sources(torch.autograd.Function):
                 xs = list(flats)
                 y = _gemm(xs[0], parts[0], bias)
                 for x, p in zip(xs[1:], parts[1:]):
-                    y = _MKLDNN._linear_pointwise.binary(x, y, p, None, "add")
+                    y = _gemm_add(x, y, p, None)
         ctx.bounds, ctx.cols, ctx.low, ctx.wide, ctx.has_bias = bounds, cols, low, wide, bias is not None
         ctx.dtypes = [f.dtype for f in flats]
         ctx.save_for_backward(*xs, *parts)

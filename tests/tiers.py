@@ -42,7 +42,7 @@ FILES: dict[str, frozenset[str]] = {
         "test_managed_spec", "test_managed_map", "test_managed_shards", "test_days", "test_self_attention", "test_similarity",
         "test_retrieval", "test_calibrate_collective", "test_targets", "test_compiled_fallback",
         "test_dense_optimizer_fused", "test_source_mlp", "test_next_item_data", "test_truncate", "test_memory_fit",
-        "test_robust_timing", "test_cost_kinds", "test_onednn_linear", "test_cost_shared_cores", "test_cost_call_fit", "test_cost_managed",
+        "test_robust_timing", "test_cost_kinds", "test_onednn_linear", "test_gemm_library", "test_cost_shared_cores", "test_cost_call_fit", "test_cost_managed",
         "test_cost_epoch_start", "test_kept_sample",
     )},
     "tests/unit/test_lifecycle_hostile.py": FAST,  # hostile input to runs, --follow, plan --managed-from
