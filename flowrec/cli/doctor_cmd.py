@@ -54,8 +54,9 @@ def text_lines(report: dict) -> list[str]:
     lines.append("devices:")
     for d in report["devices"]:
         extra = f", capability {d['capability']}, {_gib(d['free_bytes'])} free" if "capability" in d \
-            else f", {d['cores']} cores" + (", bf16 emulated (no faster than fp32): train in fp32 here (precision: fp32)"
-                                           if d.get("bf16") == "emulated" else "")
+            else f", {d['cores']} cores" + (f", {d['vendor']}, fp32 GEMMs by {d['gemm']}" if "gemm" in d else "") \
+            + (", bf16 emulated (no faster than fp32): train in fp32 here (precision: fp32)"
+               if d.get("bf16") == "emulated" else "")
         lines.append(f"  {d['device']:<10} {d['name']}: {_gib(d['memory_bytes'])}{extra}")
     lines.append("checks:")
     lines += [f"  {STATUS_MARK[c['status']]} {c['name']:<18} {c['detail']} ({c['seconds']:.1f} s)"

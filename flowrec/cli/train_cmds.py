@@ -210,7 +210,12 @@ def _check_options(request: RunRequest) -> None:
     from flowrec.runs.settings import CACHE_POLICIES, MAX_SEED
     from flowrec.runtime.nonfinite import NAN_POLICIES
     from flowrec.runtime.session import device_problem
+    from operators.onednn import gemm_library
 
+    try:
+        gemm_library()  # $FLOWREC_CPU_GEMM, before anything is read or written
+    except ValueError as exc:
+        fail(str(exc))
     given = request.given
     if given["seed"] is not None and not 0 <= given["seed"] <= MAX_SEED:
         fail(f"--seed must be in 0..{MAX_SEED} (2^63-1), not {given['seed']}")

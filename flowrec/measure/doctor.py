@@ -99,9 +99,22 @@ def devices() -> tuple[dict[str, Any], ...]:
     pages = os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 0
     cpu = {"device": "cpu", "name": platform.processor() or platform.machine(), "cores": os.cpu_count(),
            "memory_bytes": pages * os.sysconf("SC_PAGE_SIZE") if pages else None,
-           "bf16": "native" if bf16_native(torch.device("cpu")) else "emulated"}
+           "bf16": "native" if bf16_native(torch.device("cpu")) else "emulated", **cpu_gemm()}
     return (cpu, *({"device": f"cuda:{d.index}", "name": d.name, "capability": d.capability,
                     "memory_bytes": d.total_bytes, "free_bytes": d.free_bytes} for d in cuda_devices()))
+
+
+def cpu_gemm() -> dict[str, str]:
+    """The CPU's vendor and the library its fp32 training GEMMs run through (`operators.onednn.
+    gemm_library`: "mkl" on Intel's CPUs, else "onednn"; $FLOWREC_CPU_GEMM forces one). An invalid
+    $FLOWREC_CPU_GEMM is reported here (training would refuse it), not raised."""
+    from operators.onednn import cpu_vendor, gemm_library
+
+    try:
+        library = gemm_library()
+    except ValueError as exc:
+        library = f"invalid ({exc})"
+    return {"vendor": cpu_vendor() or "unknown", "gemm": library}
 
 
 def timed(name: str, fn: Callable[[], tuple[str, str]]) -> Check:

@@ -62,6 +62,7 @@ from flowrec.runtime.step import DEFAULT_LOOKAHEAD, make_dense_optimizer, train_
 from flowrec.spec.load import to_dict
 from flowrec.spec.model import ModelSpec
 from operators.device import forked_generators
+from operators.onednn import gemm_library
 
 INTERRUPT_FLAG, STOP_FLAG = 0, 1  # the flags the ranks agree on each step (`DenseParallel`), in this order
 # "inline": every checkpoint is written on the training thread (the behaviour before background
@@ -210,6 +211,7 @@ class Trainer:
         self.model = model
         self.config = config
         tune_host_allocator()
+        gemm_library()  # $FLOWREC_CPU_GEMM refused before the first step, not in its forward
         self.plan_document = plan_document
         opt = spec.dense_optimizer
         self.optimizer = make_dense_optimizer(model, opt.name, opt.lr, dict(opt.params))

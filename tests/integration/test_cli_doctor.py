@@ -25,6 +25,10 @@ def test_doctor_on_this_machine():
     assert checks["collective/gloo"]["status"] == "pass" and "= 3.0" in checks["collective/gloo"]["detail"]
     assert checks["kernels"]["status"] in ("pass", "skip")
     assert report["devices"][0]["device"] == "cpu"
+    from operators.onednn import cpu_vendor, gemm_library
+    assert report["devices"][0]["gemm"] == gemm_library() and report["devices"][0]["vendor"] == (cpu_vendor() or "unknown")
+    from flowrec.cli.doctor_cmd import text_lines
+    assert any(f"fp32 GEMMs by {gemm_library()}" in line for line in text_lines(report))
     if not torch.cuda.is_available():
         assert {"train/cuda", "collective/nccl"} <= {c.split(":")[0] for c in report["not_checked"]}
 

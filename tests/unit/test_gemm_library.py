@@ -5,6 +5,8 @@ skewed inputs, and calls only its own kernels; the choice follows the CPU's vend
 environment, once per process."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -145,3 +147,30 @@ def test_the_vendor_is_read_from_proc_cpuinfo(tmp_path, monkeypatch) -> None:
     assert onednn.cpu_vendor() == "AuthenticAMD"
     info.unlink()
     assert onednn.cpu_vendor() == ""  # unreadable: oneDNN, as before the choice existed
+
+
+def test_doctor_reports_the_choice_and_an_invalid_environment(monkeypatch) -> None:
+    from flowrec.measure.doctor import cpu_gemm
+
+    monkeypatch.setattr(onednn, "_LIBRARY", None)
+    monkeypatch.setattr(onednn, "cpu_vendor", lambda: "GenuineIntel")
+    monkeypatch.delenv(onednn.GEMM_LIBRARY_ENV, raising=False)
+    assert cpu_gemm() == {"vendor": "GenuineIntel", "gemm": "mkl"}
+    monkeypatch.setattr(onednn, "_LIBRARY", None)
+    monkeypatch.setenv(onednn.GEMM_LIBRARY_ENV, "blis")
+    got = cpu_gemm()
+    assert got["gemm"].startswith("invalid (") and "blis" in got["gemm"]
+
+
+def test_train_refuses_an_unknown_library_in_one_line_before_writing(monkeypatch, tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from flowrec.cli import app
+
+    monkeypatch.setenv(onednn.GEMM_LIBRARY_ENV, "blis")
+    monkeypatch.setattr(onednn, "_LIBRARY", None)
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, ["train", str(Path(__file__).resolve().parents[2] / "specs" / "movielens.yaml"), "--max-steps", "1", "--out", str(out)])
+    assert result.exit_code == 2, result.output
+    assert "FLOWREC_CPU_GEMM='blis'" in result.output
+    assert not out.exists()  # nothing written
