@@ -773,7 +773,7 @@ def main() -> None:
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
                         help="flowrec's dense stage compiled (torch.compile, inductor; with --eager-twin the eager "
                              "one beside it as flowrec_eager). Default: eager, as `flowrec train` runs by default "
-                             "(its fp32 linear layers call oneDNN, operators/onednn.py; compiled code calls aten's "
+                             "(its fp32 linear layers call oneDNN, or MKL on Intel's CPUs, operators/onednn.py; compiled code calls aten's "
                              "GEMMs)")
     parser.add_argument("--eager-twin", action="store_true",
                         help="with the compiled flowrec, also run it eagerly (flowrec_eager) where 8 table copies fit "
