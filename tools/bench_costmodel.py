@@ -51,6 +51,9 @@ Ratios:
         a spec's per-pair step errors: how far the host moved one comparison from the next.
     host_gemm_drift_range: the lowest and highest `host_drift` of the probe's GEMM over every run
         (a run's / its calibration's): how far the machine's own speed moved (not an error).
+    host_max_steal_share: the largest share of a run's wall time the hypervisor took from one of
+        this machine's vCPUs (steal time; each run's `host_probe.steal_share`, a calibration's in
+        its probe too); 0 on a machine without it, None where not recorded (before Round 37).
 
 With `--other-budget B` (`none`: no device budget) every spec is also run under a second device
 budget from the same calibration (the one at `--device-budget`): a user calibrates once and plans
@@ -67,6 +70,9 @@ a fixed fp32 GEMM of 1,024^3 and a 64 MiB add, in this process, on the runs' com
 run row keeps each run's probe and its calibration's (`host_drift`: run / calibration, per run),
 so that a result shows how far the machine itself moved between the profile and the run it is
 judged against, which no profile can know. Nothing of a probe enters a prediction or an error.
+The probe also records the share of the run's (or calibration's) wall time the hypervisor stole
+from a vCPU (`steal_share`); the steps' timing rule rejects rounds with steal as it rejects
+rounds other processes delayed (`flowrec.measure.robust`).
 
 With `--interleave` a short step's further runs each come right after a calibration of their own
 (calibrate, run, calibrate, run ...: `measure_spec`), every run of about RUN_SECONDS of steps: a
@@ -309,11 +315,18 @@ def host_probe() -> dict[str, float]:
 
 
 def probed(work: Callable[[], Any]) -> tuple[Any, dict[str, float]]:
-    """(what `work` returns, the mean of `host_probe` just before and just after it)."""
+    """(what `work` returns, the mean of `host_probe` just before and just after it, and
+    `steal_share`: the largest share of the work's wall time the hypervisor took from a vCPU this
+    process may run on, `flowrec.measure.robust`'s steal; 0 where not readable)."""
     before = host_probe()
+    clock = robust.SchedClock()
+    stolen0, started = clock.steal(), time.perf_counter()
     out = work()
+    seconds, stolen = time.perf_counter() - started, clock.steal()
     after = host_probe()
-    return out, {k: (before[k] + after[k]) / 2 for k in before}
+    probe = {k: (before[k] + after[k]) / 2 for k in before}
+    probe["steal_share"] = clock.stolen_seconds(stolen0, stolen) / seconds if seconds > 0 else 0.0
+    return out, probe
 
 
 def host_drift(row: dict[str, Any], calibration_probes: list[dict[str, float]]) -> dict[str, Any]:
@@ -645,6 +658,8 @@ def summarize(rows: list[dict[str, Any]], calibrations: dict[str, Any], options:
     spreads = [r["measured_run_spread"] for r in rows if "measured_run_spread" in r]
     pair_spreads = [r["pair_error_spread"] for r in rows if "pair_error_spread" in r]
     drifts = [x for r in rows for x in (r.get("host_drift") or {}).get("gemm", [])]
+    steal = [run["host_probe"]["steal_share"] for r in rows for run in r.get("measured_runs", [])
+             if "steal_share" in (run.get("host_probe") or {})]
     return {
         "benchmark": "costmodel",
         "calibration": calibrations,
@@ -657,7 +672,8 @@ def summarize(rows: list[dict[str, Any]], calibrations: dict[str, Any], options:
                    "costmodel_max_bytes_error": max(byte_errors) if byte_errors else None,
                    "costmodel_max_run_spread": max(spreads) if spreads else None,
                    "costmodel_max_pair_error_spread": max(pair_spreads) if pair_spreads else None,
-                   "host_gemm_drift_range": [min(drifts), max(drifts)] if drifts else None},
+                   "host_gemm_drift_range": [min(drifts), max(drifts)] if drifts else None,
+                   "host_max_steal_share": max(steal) if steal else None},
         "bytes_compared_specs": [r["spec"] for r in rows if r.get("bytes_error") is not None],
     }
 

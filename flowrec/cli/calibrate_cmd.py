@@ -112,7 +112,7 @@ def calibrate(
     for key, entry in sorted(doc["measured"].items()):
         typer.echo(f"{key:24s} {shown_value(entry['value']):>12s}  ({entry['how']})")
     timing = details["timing"]
-    typer.echo(f"timed {timing['rounds']} rounds, {timing['rejected_rounds']} delayed by other processes "
+    typer.echo(f"timed {timing['rounds']} rounds, {timing['rejected_rounds']} delayed by other processes or the hypervisor "
                f"({timing['extrapolated_measurements']} of {timing['measurements']} measurements without clean "
                f"rounds: their median less its delay); load average {', '.join(f'{x:.2f}' for x in timing['loadavg_1min'])}")
     typer.echo(f"measured in {details['seconds']:.1f} s; wrote {path} (use: flowrec plan SPEC --target {path})")

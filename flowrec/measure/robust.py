@@ -8,7 +8,15 @@ thread, `/proc/self/task/*/schedstat`): the longest wait of any one of them, les
 process's own other threads (the data threads of a training run, `exclude`) ran meanwhile beyond
 what the cores the compute threads leave free could run in the round (`usable_cores` less the
 compute threads, times the wall time): that part is the process competing with itself, which a
-training step really pays. What is left is the time other processes took from the round. (On
+training step really pays. What is left is the time other processes took from the round. On a
+virtual machine the hypervisor also takes the process's vCPUs for other machines (steal time),
+which no run queue of the guest shows: the round's wait is at least the largest steal of a vCPU
+the process may run on during the round (`/proc/stat`, counted in the kernel's 10 ms ticks: a
+tick seen in a round means steal in it), and at least the round's wall time times that vCPU's
+steal rate over the last STEAL_WINDOW_S (a round shorter than a tick sees the tick of one round
+in several: at 20% steal a 12 ms round is 2-3 ms slower, and only every fourth shows a tick).
+Measured on the 2-vCPU Xeon VM of Rounds 34-37: spells of 10-30 s with 10-19% of each vCPU
+stolen between minutes of none. (On
 this 2-core machine a one-thread step leaves a core to its data threads: their 4 ms of CPU per
 5 ms step do not make the step wait, and do not excuse a wait other processes caused.)
 
@@ -51,6 +59,7 @@ import statistics
 import sys
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -59,6 +68,7 @@ from flowrec.data.cores import usable_cores
 CLEAN_SHARE = 0.05  # foreign run-queue wait a clean round may have, share of its wall time
 MIN_CLEAN = 3  # clean rounds the median needs; fewer: the median round less its wait
 PARTNER_SHARE = 0.1  # a thread besides the caller is a compute partner of a round that it ran this share of
+STEAL_WINDOW_S = 0.25  # the hypervisor's steal rate is read over this much of the recent past (one tick: 4%)
 TASKS = "/proc/self/task"
 
 
@@ -101,6 +111,39 @@ def _schedstat() -> dict[int, tuple[int, int]]:
     return out
 
 
+def _steal() -> dict[int, int]:
+    """{cpu: steal ticks (USER_HZ) so far} from `/proc/stat` ({} where not readable: not Linux)."""
+    out = {}
+    try:
+        with open("/proc/stat", "rb") as f:
+            text = f.read(65536)
+    except OSError:
+        return out
+    for line in text.split(b"\n"):
+        if not line.startswith(b"cpu") or line.startswith(b"cpu "):
+            continue
+        parts = line.split()
+        try:
+            out[int(parts[0][3:])] = int(parts[8])
+        except (IndexError, ValueError):
+            continue
+    return out
+
+
+def _allowed_cpus() -> set[int] | None:
+    """The CPUs this process may run on (None where unknown: every CPU counts)."""
+    try:
+        return set(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+
+
+try:
+    TICK_SECONDS = 1.0 / os.sysconf("SC_CLK_TCK")  # /proc/stat's unit
+except (AttributeError, ValueError, OSError):
+    TICK_SECONDS = 0.01
+
+
 def compute_threads() -> int:
     """Threads the process's kernels may run on: the larger of torch's thread count and the numba
     sparse update's (once its pool runs: asking before would start it, `operators.fused_sparse_cpu`);
@@ -135,29 +178,57 @@ class SchedClock:
             only the caller's wait counts.
         cores: gives the cores the process may use (default: `flowrec.data.cores.usable_cores`;
             asked once).
+        steal: {cpu: steal ticks so far} (default: `/proc/stat`; a test's fake, `dict` for none).
+        cpus: gives the CPUs the process may run on, whose steal counts (default: its affinity;
+            None: every CPU; asked once).
     """
 
     def __init__(self, exclude: Callable[[], set[int]] = set, read: Callable[[], dict] = _schedstat,
                  wall: Callable[[], float] = time.perf_counter,
                  caller: Callable[[], int] = threading.get_native_id,
-                 threads: Callable[[], int] = compute_threads, cores: Callable[[], int] = usable_cores) -> None:
+                 threads: Callable[[], int] = compute_threads, cores: Callable[[], int] = usable_cores,
+                 steal: Callable[[], dict[int, int]] = _steal,
+                 cpus: Callable[[], set[int] | None] = _allowed_cpus) -> None:
         self.exclude, self.read, self.wall = exclude, read, wall
         self.caller, self.threads, self.cores = caller, threads, cores
+        self.steal, self.cpus = steal, cpus
         self._cores: int | None = None  # `cores()` read once (cgroup files), at the first round that needs it
+        self._cpus: set[int] | None = None
+        self._cpus_read = False
+        self._steal_seen: deque[tuple[float, dict[int, int]]] = deque()  # (wall, steal ticks) at rounds' ends
 
-    def start(self) -> tuple[float, dict[int, tuple[int, int]]]:
-        """(wall time, counters) at the start of a round: the counters read first, so that the
-        round's wall time holds none of the clock's own work (reading schedstat costs 11-19 us per
-        thread here: ~0.1 ms in a training process with its data threads, which the benchmark's
-        measured step held, against ~30 us in calibration's steps with fewer threads)."""
+    def start(self) -> tuple[float, dict[int, tuple[int, int]], dict[int, int]]:
+        """(wall time, counters, steal ticks) at the start of a round: the counters read first, so
+        that the round's wall time holds none of the clock's own work (reading schedstat costs
+        11-19 us per thread here: ~0.1 ms in a training process with its data threads, which the
+        benchmark's measured step held, against ~30 us in calibration's steps with fewer threads;
+        /proc/stat 11 us)."""
+        stolen = self.steal()
         before = self.read()
-        return self.wall(), before
+        return self.wall(), before, stolen
 
-    def stop(self, started: tuple[float, dict[int, tuple[int, int]]], calls: int = 1) -> Round:
+    def stolen_seconds(self, before: dict[int, int], after: dict[int, int]) -> float:
+        """The largest steal of a CPU this process may run on between two `steal()` reads."""
+        if not self._cpus_read:
+            self._cpus, self._cpus_read = self.cpus(), True
+        ticks = [after[c] - before[c] for c in after
+                 if c in before and (self._cpus is None or c in self._cpus)]
+        return max(ticks, default=0) * TICK_SECONDS
+
+    def stop(self, started: tuple[float, dict[int, tuple[int, int]], dict[int, int]], calls: int = 1) -> Round:
         """The Round since `started` (`start()`), per call of `calls`: the wall clock is read
         before the counters (the clock's work is outside the round at both ends)."""
         t1, after = self.wall(), self.read()
-        t0, before = started
+        stolen = self.steal()
+        t0, before, stolen0 = started
+        hypervisor = self.stolen_seconds(stolen0, stolen)  # ticks seen in the round
+        seen = self._steal_seen
+        while len(seen) > 1 and seen[1][0] <= t1 - STEAL_WINDOW_S:
+            seen.popleft()
+        since, ticks = (seen[0] if seen and seen[0][0] < t0 else (t0, stolen0))
+        if t1 > since:  # the steal rate over the window (or the round, if longer) times the round
+            hypervisor = max(hypervisor, self.stolen_seconds(ticks, stolen) / (t1 - since) * (t1 - t0))
+        seen.append((t1, stolen))
         own, me, threads = self.exclude(), self.caller(), self.threads()
         alone, wall_ns = threads <= 1, (t1 - t0) * 1e9
         partner_ns = PARTNER_SHARE * wall_ns
@@ -173,7 +244,8 @@ class SchedClock:
                 self._cores = self.cores()
             own_cpu = max(0.0, own_cpu - max(0, self._cores - threads) * wall_ns)
         # the counters span the round and the reads at its ends: a wait during a read is not the round's
-        foreign = min(max(0.0, (waited - own_cpu) * 1e-9), t1 - t0)
+        foreign = max(0.0, (waited - own_cpu) * 1e-9)
+        foreign = min(max(foreign, hypervisor), t1 - t0)
         return Round((t1 - t0) / calls, foreign / calls)
 
 
@@ -266,7 +338,7 @@ class TimingLog:
             pass
 
     def summary(self) -> dict[str, Any]:
-        return {"rule": f"rounds with foreign run-queue wait <= {CLEAN_SHARE:.0%} of wall are clean; the "
+        return {"rule": f"rounds with foreign run-queue wait (or the hypervisor's steal) <= {CLEAN_SHARE:.0%} of wall are clean; the "
                         f"median of clean rounds (>= {MIN_CLEAN}), else the median of the rounds' wall less their "
                         f"wait (the caller's, and its partners' with several compute threads)",
                 "measurements": self.measurements, "rounds": self.rounds, "rejected_rounds": self.rejected,

@@ -8,10 +8,12 @@ import json
 import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from flowrec.measure.robust import SchedClock as robust_clock
 from flowrec.spec import load_spec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -642,3 +644,28 @@ def test_model_code_names_the_trees_of_the_model_folders_and_changes_to_them(tmp
     git("commit", "-q", "-am", "two")
     after = bench.model_code(repo)
     assert after["operators"] != code["operators"] and after["flowrec"] == code["flowrec"] and not after["dirty"]
+
+
+def test_each_probed_run_records_what_the_hypervisor_stole(monkeypatch):
+    """A run's probe keeps the largest share of its wall time the hypervisor took from a vCPU the
+    process may run on (steal ticks read around the run); steal on other CPUs is not counted, and
+    the ratios report the largest share of any run."""
+    ticks = {0: 0, 1: 0, 7: 0}
+    monkeypatch.setattr(bench, "host_probe", lambda: {"gemm_ms": 1.0, "add_ms": 1.0})
+    monkeypatch.setattr(bench.robust, "SchedClock",
+                        lambda: robust_clock(steal=lambda: dict(ticks), cpus=lambda: {0, 1}))
+    stolen = random.randint(1, 4)
+
+    def work():
+        ticks[1] += stolen
+        ticks[7] += 50  # not a CPU of this process
+        time.sleep(0.1)
+        return "done"
+
+    out, probe = bench.probed(work)
+    assert out == "done"
+    assert 0 < probe["steal_share"] <= stolen * bench.robust.TICK_SECONDS / 0.1
+    _, calm = bench.probed(lambda: ticks.__setitem__(7, ticks[7] + 9))
+    assert calm["steal_share"] == 0.0
+    rows = [{**_row("a.yaml", 0.05), "measured_runs": [{"host_probe": probe}, {"host_probe": calm}]}]
+    assert bench.summarize(rows, {}, {})["ratios"]["host_max_steal_share"] == pytest.approx(probe["steal_share"])

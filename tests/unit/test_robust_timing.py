@@ -3,6 +3,7 @@ injected descheduling give the un-inflated time; the process's own data threads 
 from __future__ import annotations
 
 import random
+import statistics
 
 import pytest
 
@@ -42,7 +43,7 @@ class FakeMachine:
 
 def test_descheduled_rounds_are_rejected_and_the_clean_time_kept():
     machine = FakeMachine(work=2e-3, p=0.6, delay=30e-3)
-    clock = SchedClock(read=machine.read, wall=machine.wall, caller=lambda: 1)
+    clock = SchedClock(steal=dict, read=machine.read, wall=machine.wall, caller=lambda: 1)
     rounds = time_rounds(machine.run, 40, clock=clock)
     walls = sorted(r.wall for r in rounds)
     assert walls[len(walls) // 2] > 5e-3  # the plain median is inflated by the load
@@ -53,7 +54,7 @@ def test_descheduled_rounds_are_rejected_and_the_clean_time_kept():
 
 def test_every_round_delayed_extrapolates_to_no_wait():
     machine = FakeMachine(work=3e-3, p=1.0, delay=20e-3, seed=3)
-    clock = SchedClock(read=machine.read, wall=machine.wall, caller=lambda: 1)
+    clock = SchedClock(steal=dict, read=machine.read, wall=machine.wall, caller=lambda: 1)
     rounds = time_rounds(machine.run, 30, calls=2, clock=clock)
     assert all(r.waited > robust.CLEAN_SHARE * r.wall for r in rounds)
     est = estimate(rounds)
@@ -65,10 +66,10 @@ def test_every_round_delayed_extrapolates_to_no_wait():
 def test_own_data_threads_are_part_of_the_step():
     machine = FakeMachine(work=2e-3, p=0.0, delay=0.0, own_cpu=1e-3)
     full = dict(caller=lambda: 1, threads=lambda: 2, cores=lambda: 2)  # no core left to the data thread
-    own = SchedClock(exclude=lambda: {9}, read=machine.read, wall=machine.wall, **full)
+    own = SchedClock(steal=dict, exclude=lambda: {9}, read=machine.read, wall=machine.wall, **full)
     est = estimate(time_rounds(machine.run, 10, clock=own), )
     assert est.method == "clean" and est.seconds == pytest.approx(3e-3, rel=1e-6)  # not 2 ms
-    blind = SchedClock(read=machine.read, wall=machine.wall, **full)  # data thread not known as the process's own
+    blind = SchedClock(steal=dict, read=machine.read, wall=machine.wall, **full)  # data thread not known as the process's own
     rounds = time_rounds(machine.run, 10, clock=blind)
     assert all(r.waited == pytest.approx(1e-3) for r in rounds)
 
@@ -78,12 +79,12 @@ def test_data_threads_on_a_free_core_do_not_excuse_a_foreign_wait():
     caller's 1 ms wait was other processes' (a foreign wait, not the step's own cost); with no
     free core it is the process's own."""
     machine = FakeMachine(work=2e-3, p=0.0, delay=0.0, own_cpu=1e-3)
-    spare = SchedClock(exclude=lambda: {9}, read=machine.read, wall=machine.wall, caller=lambda: 1,
+    spare = SchedClock(steal=dict, exclude=lambda: {9}, read=machine.read, wall=machine.wall, caller=lambda: 1,
                        threads=lambda: 1, cores=lambda: 2)
     rounds = time_rounds(machine.run, 5, clock=spare)
     assert all(r.waited == pytest.approx(1e-3) for r in rounds)
     assert estimate(rounds).seconds == pytest.approx(2e-3, rel=1e-6)
-    busy = SchedClock(exclude=lambda: {9}, read=machine.read, wall=machine.wall, caller=lambda: 1,
+    busy = SchedClock(steal=dict, exclude=lambda: {9}, read=machine.read, wall=machine.wall, caller=lambda: 1,
                       threads=lambda: 1, cores=lambda: 1)
     assert all(r.waited == 0.0 for r in time_rounds(machine.run, 5, clock=busy))
 
@@ -116,22 +117,22 @@ class PoolMachine:
 @pytest.mark.parametrize("threads", [1, 2])
 def test_a_pool_thread_waiting_beside_the_caller_is_not_the_rounds_wait(threads):
     machine = PoolMachine(work=4e-3, partner_wait=0.0, pool_wait=3.5e-3)
-    clock = SchedClock(read=machine.read, wall=machine.wall, caller=lambda: 1, threads=lambda: threads)
+    clock = SchedClock(steal=dict, read=machine.read, wall=machine.wall, caller=lambda: 1, threads=lambda: threads)
     rounds = time_rounds(machine.run, 5, clock=clock)
     assert all(r.waited == 0.0 for r in rounds)  # the pool thread ran 10 us of a 4 ms round
     est = estimate(rounds)
     assert est.method == "clean" and est.seconds == pytest.approx(4e-3)
-    counted = SchedClock(read=machine.read, wall=machine.wall, caller=lambda: 3, threads=lambda: threads)
+    counted = SchedClock(steal=dict, read=machine.read, wall=machine.wall, caller=lambda: 3, threads=lambda: threads)
     assert time_rounds(machine.run, 1, clock=counted)[0].waited == pytest.approx(3.5e-3)  # the caller's own wait counts
 
 
 def test_a_partner_of_a_parallel_region_is_waited_for_with_several_threads_only():
     machine = PoolMachine(work=4e-3, partner_wait=6e-3, pool_wait=0.0)
-    several = SchedClock(read=machine.read, wall=machine.wall, caller=lambda: 1, threads=lambda: 2)
+    several = SchedClock(steal=dict, read=machine.read, wall=machine.wall, caller=lambda: 1, threads=lambda: 2)
     rounds = time_rounds(machine.run, 5, clock=several)
     assert all(r.waited == pytest.approx(6e-3) for r in rounds)
     assert estimate(rounds).seconds == pytest.approx(4e-3)
-    one = SchedClock(read=machine.read, wall=machine.wall, caller=lambda: 1, threads=lambda: 1)
+    one = SchedClock(steal=dict, read=machine.read, wall=machine.wall, caller=lambda: 1, threads=lambda: 1)
     assert all(r.waited == 0.0 for r in time_rounds(machine.run, 3, clock=one))
 
 
@@ -190,7 +191,7 @@ def test_the_clocks_own_reads_are_outside_the_round():
             machine.threads[1][1] += int(5e-3 * 1e9)  # descheduled 5 ms while reading: outside the round
             return machine.read()
 
-        clock = SchedClock(read=read, wall=machine.wall, caller=lambda: 1, threads=lambda: 1)
+        clock = SchedClock(steal=dict, read=read, wall=machine.wall, caller=lambda: 1, threads=lambda: 1)
         rounds = time_rounds(machine.run, 5, clock=clock)
         assert [r.wall for r in rounds] == pytest.approx([2e-3] * 5, abs=1e-12)
         assert all(0 < r.waited <= r.wall for r in rounds)
@@ -287,3 +288,58 @@ def test_a_staged_batch_is_replayed_only_without_a_cache(repo):
     cached = make_plan(spec, target="cpu", device_budget=64 << 20)
     assert any(g.placement in ("lookahead", "static_hot") for g in cached.meta.groups)
     assert not replayable(cached)
+
+
+def test_rounds_the_hypervisor_stole_from_are_rejected():
+    """On a virtual machine the hypervisor runs other machines on the process's vCPUs (steal time,
+    /proc/stat's 10 ms ticks): no run queue of the guest shows it, yet the round's wall holds it.
+    A 12 ms round in a spell of 20% steal is 3 ms slower and sees a tick only every few rounds: the
+    steal rate over the last STEAL_WINDOW_S marks every round of the spell once the window holds
+    two ticks; steal on a CPU the process may not run on never counts."""
+    rng = random.Random(random.SystemRandom().randrange(1 << 30))
+    work, share = 12e-3, rng.uniform(0.18, 0.25)
+    machine = FakeMachine(work=work, p=0.0, delay=0.0)
+    stolen_ns = {0: 0, 1: 0, 5: 0}
+    spell = range(30, 110)
+    k = {"round": 0, "cpu": rng.choice([0, 1])}
+
+    def ticks() -> dict[int, int]:  # the kernel's conversion of its ns counters to ticks
+        return {c: int(ns // int(robust.TICK_SECONDS * 1e9)) for c, ns in stolen_ns.items()}
+
+    def run() -> None:
+        machine.run()
+        stolen_ns[5] += int(work * 1e9)  # a CPU the process may not run on, always stolen: never counts
+        if k["round"] in spell:
+            taken = work * share / (1 - share)
+            machine.t += taken  # the wall holds what was stolen
+            stolen_ns[k["cpu"]] += int(taken * 1e9)
+        k["round"] += 1
+
+    clock = SchedClock(steal=ticks, cpus=lambda: {0, 1}, read=machine.read, wall=machine.wall,
+                       caller=lambda: 1, threads=lambda: 1)
+    rounds = time_rounds(run, 140, clock=clock)
+    assert all(r.waited == 0 for r in rounds[:30])  # before the spell
+    late = rounds[spell.start + 8:spell.stop]
+    assert all(r.waited > robust.CLEAN_SHARE * r.wall for r in late)  # every round once the window sees it
+    assert all(r.waited <= r.wall for r in rounds)
+    assert all(r.waited == 0 for r in rounds[-5:])  # the window has left the spell
+    walls = sorted(r.wall for r in rounds)
+    assert walls[len(walls) // 2] > work * 1.1  # the plain median holds the steal
+    est = estimate(rounds)
+    assert est.method == "clean" and est.seconds == pytest.approx(work)
+
+    every = SchedClock(steal=ticks, cpus=lambda: None, read=machine.read, wall=machine.wall,
+                       caller=lambda: 1, threads=lambda: 1)  # affinity unknown: every CPU's steal counts
+    assert all(r.waited > 0 for r in time_rounds(run, 3, clock=every))
+
+
+def test_steal_is_read_from_proc_stat():
+    got = robust._steal()
+    try:
+        with open("/proc/stat") as f:
+            cpus = [line.split()[0] for line in f if line.startswith("cpu") and not line.startswith("cpu ")]
+    except OSError:
+        pytest.skip("no /proc/stat here")
+    assert sorted(got) == sorted(int(c[3:]) for c in cpus)
+    later = robust._steal()
+    assert all(later[c] >= got[c] for c in got)
