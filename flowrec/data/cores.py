@@ -31,6 +31,13 @@ DEFAULT_WORKERS = 2  # packing threads of the data stage on a machine with room 
 DEFAULT_READERS = 2  # Parquet reader threads
 
 
+def allowed_cpus() -> set[int]:
+    """The CPUs this process may run on: its affinity mask (every CPU where the platform has none)."""
+    if hasattr(os, "sched_getaffinity"):
+        return set(os.sched_getaffinity(0))
+    return set(range(os.cpu_count() or 1))
+
+
 def usable_cores(affinity: set[int] | None = None, cgroup_root: Path = CGROUP_ROOT,
                  proc_cgroup: Path = PROC_CGROUP) -> int:
     """Whole cores this process may use: its affinity, capped by its cgroup CPU quota (>= 1).
@@ -41,7 +48,7 @@ def usable_cores(affinity: set[int] | None = None, cgroup_root: Path = CGROUP_RO
         proc_cgroup: the process's cgroup membership file.
     """
     if affinity is None:
-        affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+        affinity = allowed_cpus()
     cores = max(1, len(affinity))
     quota = cgroup_quota(cgroup_root, proc_cgroup)
     if quota is not None:

@@ -54,6 +54,7 @@ Example:
 """
 from __future__ import annotations
 
+import functools
 import os
 import statistics
 import sys
@@ -63,7 +64,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from flowrec.data.cores import usable_cores
+from flowrec.data.cores import allowed_cpus, usable_cores
 
 CLEAN_SHARE = 0.05  # foreign run-queue wait a clean round may have, share of its wall time
 MIN_CLEAN = 3  # clean rounds the median needs; fewer: the median round less its wait
@@ -130,14 +131,6 @@ def _steal() -> dict[int, int]:
     return out
 
 
-def _allowed_cpus() -> set[int] | None:
-    """The CPUs this process may run on (None where unknown: every CPU counts)."""
-    try:
-        return set(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return None
-
-
 try:
     TICK_SECONDS = 1.0 / os.sysconf("SC_CLK_TCK")  # /proc/stat's unit
 except (AttributeError, ValueError, OSError):
@@ -179,8 +172,8 @@ class SchedClock:
         cores: gives the cores the process may use (default: `flowrec.data.cores.usable_cores`;
             asked once).
         steal: {cpu: steal ticks so far} (default: `/proc/stat`; a test's fake, `dict` for none).
-        cpus: gives the CPUs the process may run on, whose steal counts (default: its affinity;
-            None: every CPU; asked once).
+        cpus: gives the CPUs the process may run on, whose steal counts (default:
+            `flowrec.data.cores.allowed_cpus`; None: every CPU; asked once).
     """
 
     def __init__(self, exclude: Callable[[], set[int]] = set, read: Callable[[], dict] = _schedstat,
@@ -188,13 +181,11 @@ class SchedClock:
                  caller: Callable[[], int] = threading.get_native_id,
                  threads: Callable[[], int] = compute_threads, cores: Callable[[], int] = usable_cores,
                  steal: Callable[[], dict[int, int]] = _steal,
-                 cpus: Callable[[], set[int] | None] = _allowed_cpus) -> None:
+                 cpus: Callable[[], set[int] | None] = allowed_cpus) -> None:
         self.exclude, self.read, self.wall = exclude, read, wall
         self.caller, self.threads, self.cores = caller, threads, cores
         self.steal, self.cpus = steal, cpus
         self._cores: int | None = None  # `cores()` read once (cgroup files), at the first round that needs it
-        self._cpus: set[int] | None = None
-        self._cpus_read = False
         self._steal_seen: deque[tuple[float, dict[int, int]]] = deque()  # (wall, steal ticks) at rounds' ends
 
     def start(self) -> tuple[float, dict[int, tuple[int, int]], dict[int, int]]:
@@ -207,12 +198,15 @@ class SchedClock:
         before = self.read()
         return self.wall(), before, stolen
 
+    @functools.cached_property
+    def _allowed(self) -> set[int] | None:
+        """`cpus()`, asked at the first steal a round compares."""
+        return self.cpus()
+
     def stolen_seconds(self, before: dict[int, int], after: dict[int, int]) -> float:
         """The largest steal of a CPU this process may run on between two `steal()` reads."""
-        if not self._cpus_read:
-            self._cpus, self._cpus_read = self.cpus(), True
-        ticks = [after[c] - before[c] for c in after
-                 if c in before and (self._cpus is None or c in self._cpus)]
+        allowed = self._allowed
+        ticks = [after[c] - before[c] for c in after if c in before and (allowed is None or c in allowed)]
         return max(ticks, default=0) * TICK_SECONDS
 
     def stop(self, started: tuple[float, dict[int, tuple[int, int]], dict[int, int]], calls: int = 1) -> Round:
