@@ -195,7 +195,8 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
     try:
         # the same plan as `flowrec train` (sampled access profile of the data included) and the same run.json
         plan, dev = plan_for_run(model_spec, settings["device"], settings["device_budget"], None,
-                                 data=settings["data"])
+                                 data=settings["data"], epochs=settings.get("epochs"),
+                                 max_steps=settings.get("max_steps"))
         session = start_session(model_spec, spec_path, settings, folder, plan, dev)
         if folder is not None:
             record_encoder(session, folder, False, None)

@@ -48,6 +48,7 @@ def plan(
     target: Optional[str] = typer.Option(None, "--target", help="Cost-model device: cpu, a100, h100 (datasheet constants), or a profile FILE from `flowrec calibrate`."),
     cache: Optional[str] = typer.Option(None, "--cache", help="Cache policy for tables that do not fit the budget: auto, none (host), static_hot (FAE) or lookahead (ScratchPipe). Default: the spec's plan.cache."),
     profile: Optional[Path] = typer.Option(None, "--profile", help="Access profile JSON (flowrec data profile)."),
+    epochs: Optional[int] = typer.Option(None, "--epochs", min=1, help="Epochs of the run the plan prices (default: the spec's training.epochs): a lookahead cache keeps its rows from one epoch to the next, so with a profile that counts an epoch's reads, a small dataset's traffic per step falls over more epochs."),
     world_size: Optional[int] = typer.Option(None, "--world-size", min=1, max=1_000_000, help="Ranks to plan for (GPUs or CPU processes): per-rank memory, exchange bytes and step time. On a host target (cpu) each rank's peak is checked against its share of this machine's available host memory (divided by --local-ranks), the rule `flowrec train --nproc N` applies. Default: WORLD_SIZE of the launch environment, else 1."),
     local_ranks: Optional[int] = typer.Option(None, "--local-ranks", min=1, max=1_000_000, help="Ranks of the --world-size that share one machine's host memory (a host target's memory check divides the available host memory by it, as `flowrec train --nproc N` does). Default: LOCAL_WORLD_SIZE of the launch environment, else the world size (every rank on this machine, as `--nproc` runs them)."),
     json_out: Optional[str] = typer.Option(None, "--json", help="Write the plan JSON to PATH, or - for stdout."),
@@ -68,6 +69,8 @@ def plan(
         if cache not in get_args(CachePolicy):
             fail(f"--cache must be one of {', '.join(get_args(CachePolicy))}, not {cache!r}")
         model = replace(model, plan=replace(model.plan, cache=cache))
+    if epochs is not None:
+        model = replace(model, training=replace(model.training, epochs=epochs))
     try:
         result = make_plan(model, until=until, device_budget=device_budget, target=target,
                            profile=load_profile(profile), world_size=world_size or launch_env()[0])

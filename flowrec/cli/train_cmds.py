@@ -404,7 +404,8 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
         plan = _for_ranks(_stored_plan_or_exit(parent, Path(settings["init_from"]), spec, True), spec, ranks)
     else:
         plan, device = plan_for_run(spec, settings["device"] or "auto", settings["device_budget"], plan_file, _say,
-                                    profile, settings["target"], settings["data"], ranks)
+                                    profile, settings["target"], settings["data"], ranks, settings.get("epochs"),
+                                    settings.get("max_steps"))
     if world is not None:
         device = world.device  # cuda:LOCAL_RANK for each rank on CUDA
 

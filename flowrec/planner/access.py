@@ -102,11 +102,21 @@ class AccessModel:
             return self.epoch.distinct(draws)
         return sum(rows * (1.0 - exp(-draws * p)) for rows, p in self.segments)
 
-    def window_fetches(self, draws: float, window: int, capacity: float = 0.0) -> float:
-        """Rows a lookahead scratchpad of `capacity` slots fetches per batch of `draws` lookups,
-        pinning the rows of `window` batches (see `retained_fetches`); 0 slots: the window only."""
+    def window_writebacks(self, draws: float, window: int, capacity: float = 0.0, epochs: float = 1.0) -> float:
+        """Rows the scratchpad writes back per batch in the run's steps (`window_fetches`' rows once
+        evicted): with an epoch's reads counted, less the rows still resident as the run ends (the
+        last write-back, a checkpoint's, is no step's); a stream without epochs: every fetch."""
         if self.epoch is not None:
-            return self.epoch.fetches(draws, window, capacity)
+            return self.epoch.written_back(draws, window, capacity, epochs)
+        return self.window_fetches(draws, window, capacity, epochs)
+
+    def window_fetches(self, draws: float, window: int, capacity: float = 0.0, epochs: float = 1.0) -> float:
+        """Rows a lookahead scratchpad of `capacity` slots fetches per batch of `draws` lookups,
+        pinning the rows of `window` batches (see `retained_fetches`); 0 slots: the window only.
+        `epochs`: the run's passes over the data, when an epoch's reads are counted
+        (`EpochCounts.fetches`; a stream of independent lookups has no epochs)."""
+        if self.epoch is not None:
+            return self.epoch.fetches(draws, window, capacity, epochs)
         rates = [(rows, draws * p) for rows, p in self.segments]
         return retained_fetches(lambda t: _stream_terms(rates, window, t), window, capacity)
 
@@ -124,8 +134,8 @@ class EpochCounts:
 
     Example:
         >>> e = EpochCounts(((1.0, 100.0), (10.0, 10.0)))
-        >>> e.reads, round(e.distinct(100.0), 3)
-        (200.0, 100.0)
+        >>> e.reads, round(e.distinct(100.0), 3)  # half the epoch: half the once-read rows, most of the rest
+        (200.0, 59.99)
     """
 
     counts: tuple[tuple[float, float], ...]
@@ -138,18 +148,41 @@ class EpochCounts:
         f = min(1.0, max(0.0, draws / (self.reads or 1.0)))
         return sum(rows * (1.0 - (1.0 - f) ** c) for c, rows in self.counts)
 
-    def fetches(self, draws: float, window: int, capacity: float) -> float:
-        """Rows fetched per batch of `draws` reads in the epoch, averaged over it (`retained_fetches`):
-        each row's first read, then every gap between reads longer than the cache keeps it.
+    def written_back(self, draws: float, window: int, capacity: float, epochs: float = 1.0) -> float:
+        """Rows written back per batch in the run's steps: every row fetched, once evicted, less
+        those resident as the run ends (the slots full, or every row the data reads): avazu's
+        23-batch epoch with the plan's 66,894 slots held 70% of its rows at the end, whose
+        write-back priced a one-epoch run's bytes 11% high (round 38)."""
+        batches = max(1.0, self.reads / max(draws, 1e-9))
+        every = sum(rows for _, rows in self.counts)
+        resident = min(float(capacity), every) / (batches * max(1.0, float(epochs)))
+        return max(0.0, self.fetches(draws, window, capacity, epochs) - resident)
+
+    def fetches(self, draws: float, window: int, capacity: float, epochs: float = 1.0) -> float:
+        """Rows fetched per batch of `draws` reads, averaged over a run of `epochs` epochs
+        (`retained_fetches`): each row's first read of an epoch, then every gap between reads
+        longer than the cache keeps it.
 
         With its c reads at random among the epoch's E batches, a gap between two of them exceeds s
         batches with probability (1 - s/E)^c; the row is pinned while a read is in the window, and
-        kept between two reads when the gap is at most the threshold T."""
+        kept between two reads when the gap is at most the threshold T.
+
+        The scratchpad keeps its rows from one epoch to the next, so a row's first read of a later
+        epoch is a hit when the row was resident as the epoch before ended and stays until that
+        read (`_boundary_hits`); a cache that holds every row the data reads never evicts one, and
+        fetches each once in the run."""
         batches = max(1.0, self.reads / max(draws, 1e-9))
-        fetched, spare = _retained(lambda t: _epoch_terms(self.counts, batches, window, t), window, capacity,
-                                   top=batches)
+        every = sum(rows for _, rows in self.counts)  # each row is fetched at least once in the run
+        least = every / (batches * max(1.0, float(epochs)))
+        if capacity >= every:  # nothing is ever evicted
+            return least
+        later = 1.0 - 1.0 / max(1.0, float(epochs))  # the share of the run's epochs that follow another
+        terms = lambda t: _epoch_terms(self.counts, batches, window, t)  # noqa: E731
+        fetched, spare, threshold = _retained(terms, window, capacity, top=batches)
+        if later > 0:
+            fetched -= later * _boundary_hits(self.counts, batches, window, capacity, threshold) / batches
         if spare <= 0:
-            return fetched
+            return max(fetched, least)
         # Slots left once every gap the horizon sees is kept hold rows by reads since their fetch
         # (`NextUseFirst` beyond the horizon): the most read rows stay, over their longer gaps and
         # after their last read alike. Were the ranking by each row's reads in the epoch, a row
@@ -165,7 +198,7 @@ class EpochCounts:
             take = min(rows, spare / held)
             saved += take * (c - 1.0) * y ** c / batches
             spare -= take * held
-        return fetched - BEYOND_HORIZON_SAVED * saved
+        return max(fetched - BEYOND_HORIZON_SAVED * saved, least)
 
 
 def retained_fetches(terms: Any, window: int, capacity: float, top: float | None = None) -> float:
@@ -187,22 +220,62 @@ def retained_fetches(terms: Any, window: int, capacity: float, top: float | None
     return _retained(terms, window, capacity, top)[0]
 
 
+def _boundary_hits(counts: Iterable[tuple[float, float]], batches: float, window: int, capacity: float,
+                   threshold: float) -> float:
+    """Rows whose first read of an epoch hits a scratchpad of `capacity` slots that kept its rows
+    from the epoch before (an epoch of `batches`; rows read c times an epoch, `counts`).
+
+    As an epoch ends its pipeline sees no further read of a row (the next epoch's order is drawn
+    when its pipeline opens), so the scratchpad holds the window's rows (pinned: a read in the
+    last W batches) and, in its other slots, the rows read most since their fetch, the most
+    recently read first among equals (`NextUseFirst`): rows read c times an epoch by c, then by
+    the end gap. The new epoch's pipeline then shows their reads, and a held row stays until its
+    first one when that comes within the epoch's threshold T (rows further out are the victims
+    first, as within an epoch): P(v <= T) = 1 - (1 - T/E)^c. But the new epoch's first window
+    pins its rows at once, before any row of the epoch is done with: each it misses takes the
+    slot of a held row, the furthest read first, which then misses too, unless rows read beyond
+    the pipeline's horizon (W + 3W batches) are there to go first. On avazu's 23-batch epoch with
+    the plan's 66,894 slots (96k rows): 39.3k of the second epoch's first reads missed, 29.1k
+    without that displacement, 39.1k with it (round 38, `tools/bench_lookahead_fetches.py`).
+
+    Example:
+        >>> round(_boundary_hits([(1.0, 100.0)], 10.0, 2, 100.0, 10.0), 6)  # all held, all within T
+        100.0
+    """
+    levels = sorted(counts, key=lambda x: -x[0])
+    pinned = [1.0 - max(0.0, 1.0 - window / batches) ** c for c, _ in levels]
+    left = capacity - sum(rows * p for (_, rows), p in zip(levels, pinned))
+    within = min(1.0, max(0.0, threshold / batches))
+    seen = max(0.0, 1.0 - _horizon(window) / batches)  # a read past the new pipeline's horizon: (1 - H/E)^c
+    hits = first = missed = beyond = 0.0
+    for (c, rows), p in zip(levels, pinned):
+        kept = min(rows * (1.0 - p), max(0.0, left))
+        left -= kept
+        held = rows * p + kept  # resident as the epoch ends
+        in_window = 1.0 - max(0.0, 1.0 - window / batches) ** c  # first read among the first W batches
+        hits += held * (1.0 - (1.0 - within) ** c)
+        first += held * in_window
+        missed += (rows - held) * in_window
+        beyond += held * seen ** c
+    return hits - min(max(0.0, missed - beyond), max(0.0, hits - first))
+
+
 def _horizon(window: int) -> float:
     """The batches a lookahead scratchpad knows the next reads of: the window and its horizon."""
     return float(window) * (1 + HORIZON_WINDOWS)
 
 
-def _retained(terms: Any, window: int, capacity: float, top: float | None = None) -> tuple[float, float]:
+def _retained(terms: Any, window: int, capacity: float, top: float | None = None) -> tuple[float, float, float]:
     """(`retained_fetches`, slots still spare with every gap up to the horizon kept: 0 when T
-    stops short of it, or when `top`, an epoch's batches, is no further)."""
+    stops short of it, or when `top`, an epoch's batches, is no further; the threshold T)."""
     held, fetched = terms(float(window))
     if capacity <= held:
-        return fetched, 0.0
+        return fetched, 0.0, float(window)
     hi = _horizon(window) if top is None else min(float(top), _horizon(window))
     held, fetched = terms(hi)
     if held <= capacity:
         short_of_top = top is None or hi < top  # gaps past the horizon exist
-        return fetched, capacity - held if short_of_top else 0.0
+        return fetched, capacity - held if short_of_top else 0.0, hi
     lo = float(window)
     for _ in range(50):
         mid = 0.5 * (lo + hi)
@@ -210,7 +283,7 @@ def _retained(terms: Any, window: int, capacity: float, top: float | None = None
             hi = mid
         else:
             lo = mid
-    return terms(lo)[1], 0.0
+    return terms(lo)[1], 0.0, lo
 
 
 def _epoch_terms(counts: Iterable[tuple[float, float]], batches: float, window: int, t: float) -> tuple[float, float]:

@@ -383,15 +383,16 @@ def ids_per_sample(group: PackedGroup, profile: AccessProfile | None) -> float:
 
 
 def group_step_seconds(group: PackedGroup, device: DeviceProfile, batch: int, window: int,
-                       profile: AccessProfile | None, step_ids: int = 0) -> float:
+                       profile: AccessProfile | None, step_ids: int = 0, epochs: float = 1.0) -> float:
     """Time per step a group's placement costs beyond device-resident: row traffic, host gathers
     and a lookahead scratchpad's exchange (`step_ids`: its lookups per step beyond the samples',
-    `step_lookups`)."""
+    `step_lookups`; `epochs`: the run's, over which the traffic is averaged)."""
     u = _group_unit(group, profile, step_ids)
-    moved = _unit_bytes(u, batch, window, profile) - _index_bytes(u, batch)
+    moved = _unit_bytes(u, batch, window, profile, epochs) - _index_bytes(u, batch)
     lookups = u.lookups(batch)
     windowed = PLACEMENTS[u.placement].traffic == "window"
-    host_rows = moved / (2 * u.row_bytes) if windowed else (1.0 - u.hit_rate) * lookups
+    host_rows = new_rows_per_batch(group, batch, window, profile, step_ids, epochs) if windowed \
+        else (1.0 - u.hit_rate) * lookups
     link = device.pcie_gbps or device.hbm_gbps
     return (moved / (link * 1e9) + host_rows / device.host_gather_rows_per_s
             + exchange_seconds(u, device))
@@ -517,15 +518,27 @@ def _retrieval_logits(graph: OpGraph, batch: int, precision: str) -> Iterator[tu
 
 
 def new_rows_per_batch(unit_group: PackedGroup, batch: int, window: int, profile: AccessProfile | None,
-                       step_ids: int = 0) -> float:
+                       step_ids: int = 0, epochs: float = 1.0) -> float:
     """Rows a lookahead scratchpad fetches per batch: a row whose next read is more than W batches
     away leaves the window, and its slots' spare rows (the plan's `cache_rows` beyond the window's)
     keep it over the shorter of such gaps (`AccessModel.window_fetches`). Before Round 23 the
     window alone (distinct rows of W+1 batches minus W's): two_task's scratchpad fetched 7,254 rows
-    a batch over a synthetic epoch where that priced 10,556 (now 7,815)."""
+    a batch over a synthetic epoch where that priced 10,556 (now 7,815). Averaged over the run's
+    `epochs` (the spec's `training.epochs`): the scratchpad keeps its rows from one epoch to the
+    next, so a small dataset's later epochs fetch fewer (`EpochCounts.fetches`)."""
     model = group_access(unit_group, profile)
     draws = batch * ids_per_sample(unit_group, profile) + step_ids
-    return max(0.0, model.window_fetches(draws, window, float(unit_group.cache_rows or 0)))
+    return max(0.0, model.window_fetches(draws, window, float(unit_group.cache_rows or 0), epochs))
+
+
+def written_rows_per_batch(unit_group: PackedGroup, batch: int, window: int, profile: AccessProfile | None,
+                           step_ids: int = 0, epochs: float = 1.0) -> float:
+    """Rows a lookahead scratchpad writes back per batch in the run's steps: those it fetches
+    (`new_rows_per_batch`), less the rows still resident as the run ends where the epoch's reads
+    are counted (`AccessModel.window_writebacks`)."""
+    model = group_access(unit_group, profile)
+    draws = batch * ids_per_sample(unit_group, profile) + step_ids
+    return max(0.0, model.window_writebacks(draws, window, float(unit_group.cache_rows or 0), epochs))
 
 
 def group_access(group: PackedGroup, profile: AccessProfile | None) -> AccessModel:
@@ -560,13 +573,15 @@ def access_description(profile: AccessProfile | None, path: str | Path | None = 
     return f"sampled: {rows:,} rows of the training data (sample rate {float(profile.get('sample_rate', 1.0)):g})"
 
 
-def _unit_bytes(u: _Unit, batch: int, window: int, profile: AccessProfile | None) -> float:
-    """Host -> device bytes of one unit per step: ids, offsets and the rows it must move."""
+def _unit_bytes(u: _Unit, batch: int, window: int, profile: AccessProfile | None, epochs: float = 1.0) -> float:
+    """Host -> device bytes of one unit per step: ids, offsets and the rows it must move (a
+    lookahead group's averaged over the run's `epochs`)."""
     index = _index_bytes(u, batch)
     pooled = 2 * (batch + u.step_ids) * u.bags * u.dim * u.elem  # rows out and gradients back
     rule = PLACEMENTS[u.placement].traffic
     if rule == "window" and u.group is not None:
-        return index + 2 * u.row_bytes * new_rows_per_batch(u.group, batch, window, profile, u.step_ids)
+        return index + u.row_bytes * (new_rows_per_batch(u.group, batch, window, profile, u.step_ids, epochs)
+                                      + written_rows_per_batch(u.group, batch, window, profile, u.step_ids, epochs))
     if rule == "hot_cold" and u.group is not None:
         return index + hot_cold_bytes(group_access(u.group, profile), u.cache_rows, u.lookups(batch), u.ids,
                                       u.dim * u.elem, u.row_bytes, epoch_batches(profile, batch))
@@ -600,7 +615,7 @@ def predict(graph: OpGraph, spec: ModelSpec, device: DeviceProfile, *, micro_bat
     staging = (batch * (ids + n_dense) + sum(u.step_ids for u in units)) / staging_rate
     staging += managed_seconds(graph, spec, device, batch, profile)
     staging += sum(exchange_seconds(u, device) for u in units)
-    h2d = sum(_unit_bytes(u, batch, window, profile) for u in units)
+    h2d = sum(_unit_bytes(u, batch, window, profile, spec.training.epochs) for u in units)
     h2d += batch * (n_dense + len(spec.heads)) * 4
     transfer = h2d / (device.pcie_gbps * 1e9) if device.pcie_gbps else 0.0
 

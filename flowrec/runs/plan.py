@@ -7,6 +7,7 @@ Example:
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -39,7 +40,8 @@ def cost_target(device: torch.device) -> str:
 def plan_for_run(spec: ModelSpec, device_name: str, device_budget: str | None, plan_file: Path | None,
                  status: Callable[[str], None] = lambda _: None,
                  profile: Path | None = None, target: str | None = None,
-                 data: str | None = None, world_size: int = 1) -> tuple[Plan, torch.device]:
+                 data: str | None = None, world_size: int = 1, epochs: int | None = None,
+                 max_steps: int | None = None) -> tuple[Plan, torch.device]:
     """(plan, device) of a run; every problem is a `RunError` (one line).
 
     `profile` is an access profile (`flowrec data profile --json`) for the planner's cache pass;
@@ -47,7 +49,9 @@ def plan_for_run(spec: ModelSpec, device_name: str, device_budget: str | None, p
     traffic from a seeded sample of it (`sampled_access_profile`) instead of its Zipf model.
     `target` is the cost model's device: a datasheet name or a calibrated profile file
     (`flowrec calibrate`); default: the datasheet profile of the run's device. `world_size`: the
-    ranks of the run (the plan shards its groups over them).
+    ranks of the run (the plan shards its groups over them). `epochs` and `max_steps` (the run's
+    settings; default: the spec's training.epochs, no limit) are the epochs the plan prices a
+    lookahead group's traffic over (`run_epochs`).
     """
     device = device_for_run(spec, device_name)
     if plan_file is not None:
@@ -68,6 +72,9 @@ def plan_for_run(spec: ModelSpec, device_name: str, device_budget: str | None, p
     plan = None
     try:
         access = load_profile(profile) if profile is not None else sampled_access_profile(spec, data, status)
+        planned = run_epochs(spec, access, epochs, max_steps)
+        if planned != spec.training.epochs:
+            spec = replace(spec, training=replace(spec.training, epochs=planned))
         plan = make_plan(spec, target=target or cost_target(device), device_budget=device_budget,
                          profile=access, world_size=world_size)
     except RunError:
@@ -79,6 +86,28 @@ def plan_for_run(spec: ModelSpec, device_name: str, device_budget: str | None, p
             forget_kept_sample()  # no plan, or no hot set to choose: nothing takes the sample
     return plan, device
 
+
+
+def run_epochs(spec: ModelSpec, access: dict[str, Any] | None, epochs: int | None, max_steps: int | None) -> int:
+    """The whole epochs a run trains: `epochs` (default the spec's), fewer when `max_steps` ends it
+    sooner and the access profile knows the data's rows (`dataset_rows`); at least 1.
+
+    Example:
+        >>> from flowrec.spec.load import load_spec
+        >>> spec = load_spec("specs/movielens.yaml")  # batch 1,024, 5 epochs
+        >>> run_epochs(spec, {"dataset_rows": 10_240}, None, 25), run_epochs(spec, None, 3, 25)
+        (2, 3)
+        >>> run_epochs(spec, {"dataset_rows": 10_240}, None, 4), run_epochs(spec, {"dataset_rows": 10_240}, None, None)
+        (1, 5)
+    """
+    from flowrec.planner.access import dataset_rows
+
+    planned = int(epochs if epochs is not None else spec.training.epochs)
+    rows = dataset_rows(access)
+    if max_steps is not None and rows:
+        per_epoch = -(-rows // spec.training.batch_size)
+        planned = min(planned, max_steps // per_epoch)
+    return max(1, planned)
 
 
 def sampled_access_profile(spec: ModelSpec, data: str | None,

@@ -70,7 +70,7 @@ def cache(graph: OpGraph, ctx: PassContext) -> PassResult:
         policy = "none"  # a rank's shard is on its device or, when it does not fit, on its host
     managed = frozenset(t.name for t in spec.tables if t.managed is not None)
     groups, notes = place(meta.groups, budget, device, policy, spec.training.batch_size,
-                          spec.plan.window, ctx.profile, managed, step_lookups(graph))
+                          spec.plan.window, ctx.profile, managed, step_lookups(graph), spec.training.epochs)
     if not device.overlaps and ctx.device_budget_bytes is None and any(g.placement != "device" for g in groups):
         groups = tuple(replace(g, placement="device", cache_rows=0, expected_hit_rate=1.0) for g in groups)
         notes.append(f"target {device.name}: host memory is the device and no budget was given, so every "
@@ -96,11 +96,12 @@ def table_budget(graph: OpGraph, ctx: PassContext) -> int:
 
 def place(groups: tuple[PackedGroup, ...], budget: int, device: DeviceProfile, policy: str,
           batch: int, window: int, profile: object, managed: frozenset[str] = frozenset(),
-          step_ids: dict[str, int] | None = None) -> tuple[tuple[PackedGroup, ...], list[str]]:
+          step_ids: dict[str, int] | None = None, epochs: float = 1.0) -> tuple[tuple[PackedGroup, ...], list[str]]:
     """Placement of every group under `budget` bytes; returns the groups (input order) and notes.
     Groups holding `managed` tables are never static_hot (FAE's hot/cold batches reorder samples
     across the batches a managed map remaps in order). `step_ids`: a group's lookups per step
-    beyond its samples' (sampled negatives, `cost.step_lookups`), in its window and its price."""
+    beyond its samples' (sampled negatives, `cost.step_lookups`), in its window and its price.
+    `epochs`: the run's, over which a lookahead group's traffic is priced."""
     order = sorted(groups, key=lambda g: (-g.bytes_per_rank, g.name))
     decided: dict[str, PackedGroup] = {}
     notes: list[str] = []
@@ -114,7 +115,7 @@ def place(groups: tuple[PackedGroup, ...], budget: int, device: DeviceProfile, p
             break
         share = remaining - min(rest, remaining // 2)
         chosen, why = _choose(g, share, device, policy, batch, window, profile,
-                              any(t.table in managed for t in g.tables), (step_ids or {}).get(g.name, 0))
+                              any(t.table in managed for t in g.tables), (step_ids or {}).get(g.name, 0), epochs)
         decided[g.name] = chosen
         remaining -= chosen.cache_rows * g.row_bytes()
         notes.append(f"{g.name} ({format_bytes(g.bytes_per_rank)}) does not fit: {why}")
@@ -139,7 +140,7 @@ def lookahead_slots(g: PackedGroup, profile: object, batch: int, window: int, st
 
 
 def _choose(g: PackedGroup, share: int, device: DeviceProfile, policy: str, batch: int, window: int,
-            profile: object, managed: bool = False, step_ids: int = 0) -> tuple[PackedGroup, str]:
+            profile: object, managed: bool = False, step_ids: int = 0, epochs: float = 1.0) -> tuple[PackedGroup, str]:
     fit_rows = min(g.rows, max(0, share) // g.row_bytes())
     model = group_access(g, profile)
     need = lookahead_slots(g, profile, batch, window, step_ids)
@@ -167,7 +168,7 @@ def _choose(g: PackedGroup, share: int, device: DeviceProfile, policy: str, batc
         if pick.cache_rows < 1:
             return options["host"], f"forced {policy}, but no device rows are left for a cache -> host"
         return pick, f"forced {policy}, {pick.cache_rows:,} cache rows ({source})"
-    costs = {p: group_step_seconds(options[p], device, batch, window, profile, step_ids) for p in feasible}
+    costs = {p: group_step_seconds(options[p], device, batch, window, profile, step_ids, epochs) for p in feasible}
     best = min(feasible, key=lambda p: (costs[p], POLICY_ORDER.index(p)))
     priced = ", ".join(f"{p} {costs[p] * 1e3:.3f} ms" for p in feasible)
     pick = options[best]
