@@ -39,7 +39,7 @@ from flowrec.spec.load import load_spec  # noqa: E402
 
 def run_bytes(spec: Path, data: Path, epochs: int, work: Path, budget: str) -> tuple[float, float, list[str]]:
     """(priced, measured) bytes a step of a `flowrec train` run of `epochs` epochs, and its placements."""
-    out = work / f"{spec.stem}-e{epochs}"
+    out = work / f"{data.name}-e{epochs}"
     text = bench.flowrec("train", str(spec), "--data", str(data), "--epochs", str(epochs), "--device", "cpu",
                          "--device-budget", budget, "--cache", "lookahead", "--out", str(out), "--quiet", "--json",
                          "--eval-every", "0", cwd=work)
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             spec = REPO / "specs" / spec_name
             if not spec.is_file():
                 ap.error(f"no spec {spec}")
-            data = work / f"{spec.stem}-data"
+            data = work / f"{spec.stem}-{n}"  # a spec may come twice, with other rows
             bench.flowrec("data", "synth", str(spec), "--rows", str(n), "--out", str(data), cwd=work)
             batch = load_spec(spec).training.batch_size
             runs = {e: run_bytes(spec, data, e, work, args.device_budget) for e in sorted({1, *epochs})}
