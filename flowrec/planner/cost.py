@@ -678,8 +678,21 @@ def predict(graph: OpGraph, spec: ModelSpec, device: DeviceProfile, *, micro_bat
         exchange_ms=round(exchange_s * 1e3, 6),
         group_exchange_bytes=tuple((name, int(b)) for name, b in traffic.by_group),
         constants=device.constants,
-        access_profile=access if access is not None else access_description(profile),
+        access_profile=_with_epochs(access if access is not None else access_description(profile), spec, units,
+                                    profile),
     )
+
+
+def _with_epochs(access: str, spec: ModelSpec, units: list[_Unit], profile: AccessProfile | None) -> str:
+    """`access` noting the run's epochs where a lookahead group's traffic is priced over more
+    than one (the profile counts an epoch's reads: `EpochCounts`)."""
+    epochs = spec.training.epochs
+    if epochs <= 1 or profile is None:
+        return access
+    if not any(PLACEMENTS[u.placement].traffic == "window" and u.group is not None
+               and group_access(u.group, profile).epoch is not None for u in units):
+        return access
+    return f"{access}; lookahead traffic over {epochs} epochs"
 
 
 def managed_lookups(graph: OpGraph, spec: ModelSpec, batch: int, profile: AccessProfile | None = None) -> float:

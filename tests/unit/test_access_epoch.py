@@ -278,6 +278,7 @@ def test_flowrec_plan_prices_lookahead_traffic_over_the_runs_epochs(tmp_path):
         doc = json.loads(out.read_text())
         assert [g["placement"] for g in doc["groups"]] == ["lookahead"]
         bytes_of[epochs] = doc["cost"]["h2d_bytes_per_step"]
+        assert doc["cost"]["access_profile"].endswith("; lookahead traffic over 3 epochs") == (epochs == 3)
         groups[epochs] = doc["groups"][0]["cache_rows"]
     assert bytes_of[None] == bytes_of[1]
     assert groups[1] == groups[3]  # the same scratchpad: only the traffic's price differs
