@@ -102,23 +102,23 @@ class AccessModel:
             return self.epoch.distinct(draws)
         return sum(rows * (1.0 - exp(-draws * p)) for rows, p in self.segments)
 
-    def window_writebacks(self, draws: float, window: int, capacity: float = 0.0, epochs: float = 1.0) -> float:
-        """Rows the scratchpad writes back per batch in the run's steps (`window_fetches`' rows once
-        evicted): with an epoch's reads counted, less the rows still resident as the run ends (the
-        last write-back, a checkpoint's, is no step's); a stream without epochs: every fetch."""
-        if self.epoch is not None:
-            return self.epoch.written_back(draws, window, capacity, epochs)
-        return self.window_fetches(draws, window, capacity, epochs)
-
     def window_fetches(self, draws: float, window: int, capacity: float = 0.0, epochs: float = 1.0) -> float:
         """Rows a lookahead scratchpad of `capacity` slots fetches per batch of `draws` lookups,
         pinning the rows of `window` batches (see `retained_fetches`); 0 slots: the window only.
         `epochs`: the run's passes over the data, when an epoch's reads are counted
         (`EpochCounts.fetches`; a stream of independent lookups has no epochs)."""
+        return self.window_traffic(draws, window, capacity, epochs)[0]
+
+    def window_traffic(self, draws: float, window: int, capacity: float = 0.0,
+                       epochs: float = 1.0) -> tuple[float, float]:
+        """(rows fetched, rows written back) per batch in the run's steps (`window_fetches`): with
+        an epoch's reads counted, the write-backs less the rows still resident as the run ends
+        (`EpochCounts.traffic`); a stream without epochs writes back every fetch."""
         if self.epoch is not None:
-            return self.epoch.fetches(draws, window, capacity, epochs)
+            return self.epoch.traffic(draws, window, capacity, epochs)
         rates = [(rows, draws * p) for rows, p in self.segments]
-        return retained_fetches(lambda t: _stream_terms(rates, window, t), window, capacity)
+        fetched = retained_fetches(lambda t: _stream_terms(rates, window, t), window, capacity)
+        return fetched, fetched
 
 
 @dataclass(frozen=True)
@@ -148,15 +148,23 @@ class EpochCounts:
         f = min(1.0, max(0.0, draws / (self.reads or 1.0)))
         return sum(rows * (1.0 - (1.0 - f) ** c) for c, rows in self.counts)
 
-    def written_back(self, draws: float, window: int, capacity: float, epochs: float = 1.0) -> float:
-        """Rows written back per batch in the run's steps: every row fetched, once evicted, less
-        those resident as the run ends (the slots full, or every row the data reads): avazu's
-        23-batch epoch with the plan's 66,894 slots held 70% of its rows at the end, whose
-        write-back priced a one-epoch run's bytes 11% high (round 38)."""
-        batches = max(1.0, self.reads / max(draws, 1e-9))
-        every = sum(rows for _, rows in self.counts)
-        resident = min(float(capacity), every) / (batches * max(1.0, float(epochs)))
-        return max(0.0, self.fetches(draws, window, capacity, epochs) - resident)
+    @property
+    def rows(self) -> float:
+        """Rows the epoch reads at least once."""
+        return sum(rows for _, rows in self.counts)
+
+    def batches(self, draws: float) -> float:
+        """Batches of `draws` reads in the epoch (at least 1)."""
+        return max(1.0, self.reads / max(draws, 1e-9))
+
+    def traffic(self, draws: float, window: int, capacity: float, epochs: float = 1.0) -> tuple[float, float]:
+        """(`fetches`, rows written back) per batch in the run's steps: every row fetched, once
+        evicted, less those resident as the run ends (the slots full, or every row the data
+        reads): avazu's 23-batch epoch with the plan's 66,894 slots held 70% of its rows at the
+        end, whose write-back priced a one-epoch run's bytes 11% high (round 38)."""
+        fetched = self.fetches(draws, window, capacity, epochs)
+        resident = min(float(capacity), self.rows) / (self.batches(draws) * max(1.0, float(epochs)))
+        return fetched, max(0.0, fetched - resident)
 
     def fetches(self, draws: float, window: int, capacity: float, epochs: float = 1.0) -> float:
         """Rows fetched per batch of `draws` reads, averaged over a run of `epochs` epochs
@@ -171,9 +179,8 @@ class EpochCounts:
         epoch is a hit when the row was resident as the epoch before ended and stays until that
         read (`_boundary_hits`); a cache that holds every row the data reads never evicts one, and
         fetches each once in the run."""
-        batches = max(1.0, self.reads / max(draws, 1e-9))
-        every = sum(rows for _, rows in self.counts)  # each row is fetched at least once in the run
-        least = every / (batches * max(1.0, float(epochs)))
+        batches, every = self.batches(draws), self.rows
+        least = every / (batches * max(1.0, float(epochs)))  # each row is fetched at least once in the run
         if capacity >= every:  # nothing is ever evicted
             return least
         later = 1.0 - 1.0 / max(1.0, float(epochs))  # the share of the run's epochs that follow another
@@ -248,14 +255,13 @@ def _boundary_hits(counts: Iterable[tuple[float, float]], batches: float, window
     within = min(1.0, max(0.0, threshold / batches))
     seen = max(0.0, 1.0 - _horizon(window) / batches)  # a read past the new pipeline's horizon: (1 - H/E)^c
     hits = first = missed = beyond = 0.0
-    for (c, rows), p in zip(levels, pinned):
+    for (c, rows), p in zip(levels, pinned):  # p: a read among W batches, the last or the first ones
         kept = min(rows * (1.0 - p), max(0.0, left))
         left -= kept
         held = rows * p + kept  # resident as the epoch ends
-        in_window = 1.0 - max(0.0, 1.0 - window / batches) ** c  # first read among the first W batches
         hits += held * (1.0 - (1.0 - within) ** c)
-        first += held * in_window
-        missed += (rows - held) * in_window
+        first += held * p  # held, and first read among the new epoch's first W batches
+        missed += (rows - held) * p
         beyond += held * seen ** c
     return hits - min(max(0.0, missed - beyond), max(0.0, hits - first))
 

@@ -388,11 +388,12 @@ def group_step_seconds(group: PackedGroup, device: DeviceProfile, batch: int, wi
     and a lookahead scratchpad's exchange (`step_ids`: its lookups per step beyond the samples',
     `step_lookups`; `epochs`: the run's, over which the traffic is averaged)."""
     u = _group_unit(group, profile, step_ids)
-    moved = _unit_bytes(u, batch, window, profile, epochs) - _index_bytes(u, batch)
-    lookups = u.lookups(batch)
-    windowed = PLACEMENTS[u.placement].traffic == "window"
-    host_rows = new_rows_per_batch(group, batch, window, profile, step_ids, epochs) if windowed \
-        else (1.0 - u.hit_rate) * lookups
+    if PLACEMENTS[u.placement].traffic == "window":  # the rows fetched, each written back once evicted
+        fetched, written = lookahead_rows_per_batch(group, batch, window, profile, step_ids, epochs)
+        moved, host_rows = u.row_bytes * (fetched + written), fetched
+    else:
+        moved = _unit_bytes(u, batch, window, profile, epochs) - _index_bytes(u, batch)
+        host_rows = (1.0 - u.hit_rate) * u.lookups(batch)
     link = device.pcie_gbps or device.hbm_gbps
     return (moved / (link * 1e9) + host_rows / device.host_gather_rows_per_s
             + exchange_seconds(u, device))
@@ -526,19 +527,18 @@ def new_rows_per_batch(unit_group: PackedGroup, batch: int, window: int, profile
     a batch over a synthetic epoch where that priced 10,556 (now 7,815). Averaged over the run's
     `epochs` (the spec's `training.epochs`): the scratchpad keeps its rows from one epoch to the
     next, so a small dataset's later epochs fetch fewer (`EpochCounts.fetches`)."""
-    model = group_access(unit_group, profile)
-    draws = batch * ids_per_sample(unit_group, profile) + step_ids
-    return max(0.0, model.window_fetches(draws, window, float(unit_group.cache_rows or 0), epochs))
+    return lookahead_rows_per_batch(unit_group, batch, window, profile, step_ids, epochs)[0]
 
 
-def written_rows_per_batch(unit_group: PackedGroup, batch: int, window: int, profile: AccessProfile | None,
-                           step_ids: int = 0, epochs: float = 1.0) -> float:
-    """Rows a lookahead scratchpad writes back per batch in the run's steps: those it fetches
-    (`new_rows_per_batch`), less the rows still resident as the run ends where the epoch's reads
-    are counted (`AccessModel.window_writebacks`)."""
+def lookahead_rows_per_batch(unit_group: PackedGroup, batch: int, window: int, profile: AccessProfile | None,
+                             step_ids: int = 0, epochs: float = 1.0) -> tuple[float, float]:
+    """(rows fetched, rows written back) per batch in the run's steps by a lookahead scratchpad
+    (`new_rows_per_batch`; the write-backs less the rows still resident as the run ends where the
+    epoch's reads are counted: `AccessModel.window_traffic`)."""
     model = group_access(unit_group, profile)
     draws = batch * ids_per_sample(unit_group, profile) + step_ids
-    return max(0.0, model.window_writebacks(draws, window, float(unit_group.cache_rows or 0), epochs))
+    fetched, written = model.window_traffic(draws, window, float(unit_group.cache_rows or 0), epochs)
+    return max(0.0, fetched), max(0.0, written)
 
 
 def group_access(group: PackedGroup, profile: AccessProfile | None) -> AccessModel:
@@ -580,8 +580,7 @@ def _unit_bytes(u: _Unit, batch: int, window: int, profile: AccessProfile | None
     pooled = 2 * (batch + u.step_ids) * u.bags * u.dim * u.elem  # rows out and gradients back
     rule = PLACEMENTS[u.placement].traffic
     if rule == "window" and u.group is not None:
-        return index + u.row_bytes * (new_rows_per_batch(u.group, batch, window, profile, u.step_ids, epochs)
-                                      + written_rows_per_batch(u.group, batch, window, profile, u.step_ids, epochs))
+        return index + u.row_bytes * sum(lookahead_rows_per_batch(u.group, batch, window, profile, u.step_ids, epochs))
     if rule == "hot_cold" and u.group is not None:
         return index + hot_cold_bytes(group_access(u.group, profile), u.cache_rows, u.lookups(batch), u.ids,
                                       u.dim * u.elem, u.row_bytes, epoch_batches(profile, batch))

@@ -14,6 +14,7 @@ from typing import Any, Callable
 import torch
 
 from flowrec.graph.types import Plan
+from flowrec.planner.access import dataset_rows
 from flowrec.planner.contract import PlanError, load_plan
 from flowrec.planner.manager import PassFailure, load_profile, make_plan
 from flowrec.runtime.messages import first_line
@@ -100,8 +101,6 @@ def run_epochs(spec: ModelSpec, access: dict[str, Any] | None, epochs: int | Non
         >>> run_epochs(spec, {"dataset_rows": 10_240}, None, 4), run_epochs(spec, {"dataset_rows": 10_240}, None, None)
         (1, 5)
     """
-    from flowrec.planner.access import dataset_rows
-
     planned = int(epochs if epochs is not None else spec.training.epochs)
     rows = dataset_rows(access)
     if max_steps is not None and rows:

@@ -284,10 +284,9 @@ def test_flowrec_plan_prices_lookahead_traffic_over_the_runs_epochs(tmp_path):
     assert groups[1] == groups[3]  # the same scratchpad: only the traffic's price differs
     planned = replace(group, cache_rows=groups[1])
     batch, window = spec.training.batch_size, spec.plan.window
-    from flowrec.planner.cost import written_rows_per_batch
+    from flowrec.planner.cost import lookahead_rows_per_batch
 
-    rows = {e: new_rows_per_batch(planned, batch, window, load_profile(profile), epochs=e)
-            + written_rows_per_batch(planned, batch, window, load_profile(profile), epochs=e) for e in (1, 3)}
+    rows = {e: sum(lookahead_rows_per_batch(planned, batch, window, load_profile(profile), epochs=e)) for e in (1, 3)}
     assert rows[3] < 0.97 * rows[1]  # the scratchpad (the window's slots) keeps some rows across epochs
     assert bytes_of[1] - bytes_of[3] == pytest.approx((rows[1] - rows[3]) * group.row_bytes(), rel=0.01, abs=2)
     refused = CliRunner().invoke(app, ["plan", str(path), "--epochs", "0"])
