@@ -214,6 +214,58 @@ def quantile(values: list[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
+STEP_GOAL = 0.10  # issue 28: every spec's step error within this
+INTERVAL_LEVEL = 0.9  # the least coverage of a spec's interval for its median pair error (`median_interval`)
+
+
+def median_interval(values: list[float], level: float = INTERVAL_LEVEL) -> tuple[float, float, float]:
+    """(low, high, coverage) of a distribution-free interval for the median of the distribution
+    `values` are independent draws of: the k-th smallest and the k-th largest value, k the largest
+    for which the interval covers the median with probability at least `level` (1 - 2 P(X < k), X
+    binomial(n, 1/2)); with too few values for `level`, the range of all of them and its own
+    coverage. A spec's pair errors are such draws: each pair's calibration and run meet the host in
+    a spell of its own, so the median of a few pairs moves by tenths on a noisy host (Round 38's
+    custom_module: -0.141 over 4 pairs, -0.056 over 8 in Round 39), and the interval says how far
+    the figure can be trusted. Bracketed pairs (`pair_errors`) share a run with their neighbours,
+    so theirs are not quite independent: the interval is then a little narrower than it should be.
+
+    Raises:
+        ValueError: no values.
+
+    Example:
+        >>> median_interval([0.3, -0.1, 0.0, 0.2, 0.1, -0.2, 0.05, 0.15])
+        (-0.1, 0.2, 0.9296875)
+        >>> median_interval([0.1, -0.1, 0.0, 0.2])
+        (-0.1, 0.2, 0.875)
+    """
+    if not values:
+        raise ValueError("no values to bound the median of")
+    ordered, n = sorted(values), len(values)
+    below = [math.comb(n, i) / 2 ** n for i in range(n + 1)]  # P(X = i)
+
+    def coverage(k: int) -> float:  # [k-th smallest, k-th largest]
+        return 1.0 - 2.0 * sum(below[:k])
+
+    k = 1
+    while k + 1 <= (n + 1) // 2 and coverage(k + 1) >= level:
+        k += 1
+    return ordered[k - 1], ordered[n - k], coverage(k)
+
+
+def interval_fields(errors: list[float]) -> dict[str, Any]:
+    """A row's `step_error_interval` ([low, high] of `median_interval` over its pair errors), its
+    coverage, and `step_error_verdict`: "within" (the whole interval within +-STEP_GOAL), "beyond"
+    (wholly outside: a miss the pairs' spread does not explain) or "undecided" (more pairs needed)."""
+    low, high, cover = median_interval(errors)
+    if -STEP_GOAL <= low and high <= STEP_GOAL:
+        verdict = "within"
+    elif high < -STEP_GOAL or low > STEP_GOAL:
+        verdict = "beyond"
+    else:
+        verdict = "undecided"
+    return {"step_error_interval": [low, high], "step_error_interval_coverage": cover, "step_error_verdict": verdict}
+
+
 def measured_bytes_per_step(counters: dict[str, Any], batch: int, dense_and_labels: int) -> float:
     """Host<->device bytes of a full training step, as the plan predicts them: every group's step
     traffic per sample times the batch (FAE's hot/cold batches and an epoch's last batch are
@@ -393,7 +445,7 @@ def pair_errors(pairs: list[tuple[float, list[robust.Round]]], bracket: list[boo
     errors = [p / ms - 1.0 for p, ms in zip(predicted, measured)]
     return {"pair_predicted_step_ms": predicted, "pair_measured_step_ms": measured,
             "pair_step_errors": errors, "pair_error_spread": max(errors) - min(errors),
-            "step_error": quantile(errors, 0.5), **out}
+            "step_error": quantile(errors, 0.5), **interval_fields(errors), **out}
 
 
 PLAN_PRICES = ("cost", "passes", "target")  # a plan document's prices, its pass notes and the profile they came
@@ -673,6 +725,8 @@ def summarize(rows: list[dict[str, Any]], calibrations: dict[str, Any], options:
                    "costmodel_max_run_spread": max(spreads) if spreads else None,
                    "costmodel_max_pair_error_spread": max(pair_spreads) if pair_spreads else None,
                    "host_gemm_drift_range": [min(drifts), max(drifts)] if drifts else None,
+                   **{f"costmodel_specs_{verdict}": [r["spec"] for r in rows if r.get("step_error_verdict") == verdict]
+                      for verdict in ("within", "undecided", "beyond")},
                    "host_max_steal_share": max(steal) if steal else None},
         "bytes_compared_specs": [r["spec"] for r in rows if r.get("bytes_error") is not None],
     }
@@ -751,7 +805,7 @@ def pooled_row(parts: list[tuple[str, dict[str, Any], dict[str, Any] | None]]) -
     last = parts[-1][1]
     out = {**last, "step_error_part": last["step_error"], "step_error": quantile(errors, 0.5),
            "pooled_pair_step_errors": errors, "pooled_pair_error_spread": max(errors) - min(errors),
-           "pooled_from": [{"part": path, "pairs": len(row["pair_step_errors"]), "step_error": row["step_error"],
+           **interval_fields(errors), "pooled_from": [{"part": path, "pairs": len(row["pair_step_errors"]), "step_error": row["step_error"],
                             "model_code": code} for path, row, code in parts]}
     if predicted and measured:
         out["pooled_predicted_step_ms"] = quantile(predicted, 0.5)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import random
 import subprocess
 import sys
@@ -527,7 +528,8 @@ def _pairs_row(spec: str, errors: list[float]) -> dict:
     judged = [(a + b) / 2 for a, b in zip(runs, runs[1:])]
     row = _row(spec, sorted(errors)[len(errors) // 2])
     row.update(pair_step_errors=list(errors), pair_run_step_ms=runs, pair_measured_step_ms=judged,
-               pair_predicted_step_ms=[m * (1 + e) for m, e in zip(judged, errors)], run_device_budget="64MiB")
+               pair_predicted_step_ms=[m * (1 + e) for m, e in zip(judged, errors)], run_device_budget="64MiB",
+               **bench.interval_fields(list(errors)))
     return row
 
 
@@ -669,3 +671,48 @@ def test_each_probed_run_records_what_the_hypervisor_stole(monkeypatch):
     assert calm["steal_share"] == 0.0
     rows = [{**_row("a.yaml", 0.05), "measured_runs": [{"host_probe": probe}, {"host_probe": calm}]}]
     assert bench.summarize(rows, {}, {})["ratios"]["host_max_steal_share"] == pytest.approx(probe["steal_share"])
+
+
+def _covers(n: int, k: int) -> float:
+    """P(the k-th smallest <= the median <= the k-th largest) of n draws, by simulation's exact twin."""
+    return 1.0 - 2.0 * sum(math.comb(n, i) for i in range(k)) / 2 ** n
+
+
+@pytest.mark.parametrize("n", [3, 4, 6, 8, 13, 25])
+def test_a_specs_interval_covers_the_median_as_often_as_it_says(n):
+    draws = [random.gauss(0.05, 0.1) for _ in range(n)]
+    low, high, cover = bench.median_interval(draws)
+    ordered = sorted(draws)
+    k = ordered.index(low) + 1
+    assert high == ordered[n - k] and cover == pytest.approx(_covers(n, k))
+    if _covers(n, 1) >= bench.INTERVAL_LEVEL:  # enough draws: the narrowest interval of at least the level
+        assert cover >= bench.INTERVAL_LEVEL and (k + 1 > (n + 1) // 2 or _covers(n, k + 1) < bench.INTERVAL_LEVEL)
+    else:  # too few: the range of them all, with its own coverage
+        assert (low, high) == (ordered[0], ordered[-1]) and cover < bench.INTERVAL_LEVEL
+    # it says how often: over many fresh samples of a skewed distribution with a known median
+    rng, hits, trials = random.Random(n), 0, 3000
+    for _ in range(trials):
+        sample = [rng.expovariate(1.0) for _ in range(n)]  # median ln 2
+        lo, hi, _ = bench.median_interval(sample)
+        hits += lo <= math.log(2) <= hi
+    assert abs(hits / trials - cover) < 0.03
+
+
+def test_pairs_and_pooled_rows_say_whether_their_misses_are_beyond_the_noise(tmp_path):
+    near = [0.01, -0.03, 0.04, 0.02, -0.05, 0.0, 0.03, -0.02]  # interval within 0.10
+    far = [-0.2, -0.15, -0.25, -0.18, -0.3, -0.12, -0.22, -0.16]  # wholly below -0.10
+    wide = [0.2, -0.2, 0.05, -0.15, 0.1, -0.05, 0.25, -0.1]  # straddles the goal
+    pairs = [(1.0 + e, [bench.robust.Round(1.0)] * 3) for e in far]
+    row = bench.pair_errors(pairs)
+    assert row["step_error_verdict"] == "beyond" and row["step_error_interval"] == pytest.approx([-0.25, -0.15])
+    part_a = _part(tmp_path / "a.json", [_pairs_row("a.yaml", near[:4]), _pairs_row("c.yaml", wide[:4])],
+                   **INTERLEAVED)
+    part_b = _part(tmp_path / "b.json", [_pairs_row("a.yaml", near[4:]), _pairs_row("c.yaml", wide[4:]),
+                                         _pairs_row("f.yaml", far)], **INTERLEAVED)
+    doc = bench.merge([part_a, part_b], pool=True)
+    by = {r["spec"]: r for r in doc["specs"]}
+    assert by["a.yaml"]["step_error_interval"] == [-0.03, 0.03]  # over all 8 pooled pairs, not a part's 4
+    assert [by[s]["step_error_verdict"] for s in ("a.yaml", "c.yaml", "f.yaml")] == ["within", "undecided", "beyond"]
+    assert doc["ratios"]["costmodel_specs_within"] == ["a.yaml"]
+    assert doc["ratios"]["costmodel_specs_undecided"] == ["c.yaml"]
+    assert doc["ratios"]["costmodel_specs_beyond"] == ["f.yaml"]
