@@ -247,6 +247,54 @@ class _LowLinear(torch.autograd.Function):
         return grad_x, grad_w, grad_b, None, grad_add
 
 
+_WEIGHT_GRADS_BY_SHAPE: bool | None = None  # decided at first use (`_shape_weight_grads`)
+HALF_WIDTH_FAMILIES = {"AuthenticAMD": (25,)}  # CPU families whose AVX-512 runs on 256-bit units (Zen 4)
+MM_WEIGHT_GRAD_MIN_DIM = 16  # `mm_weight_grad`: a layer at least this wide and tall ...
+MM_WEIGHT_GRAD_MAX_ELEMS = 1 << 19  # ... of at most this many weights takes torch's mm on such a CPU
+
+
+def _shape_weight_grads() -> bool:
+    """Whether a weight gradient that would take oneDNN takes torch's `mm` instead where its shape
+    says so (`mm_weight_grad`): a CPU whose AVX-512 instructions run on 256-bit units (AMD's Zen 4,
+    family 25: HALF_WIDTH_FAMILIES). There oneDNN's AVX-512 GEMMs are no faster than MKL's AVX2
+    path (Round 39, a Zen 4 VM: 0.86-0.92x mm's time on DLRM's 4096-row layers, against 0.45x on Zen
+    5), so the transposed copies oneDNN needs cost more than they save: a 4096-row weight gradient
+    of 256 x 512 took 8.6 ms through oneDNN and its copies, 6.3 ms through `mm`, which reads the
+    transposed operands in place. Decided once per process (`cpu_vendor`, `cpu_family`), so a
+    run and its resume compute alike on one machine."""
+    global _WEIGHT_GRADS_BY_SHAPE
+    if _WEIGHT_GRADS_BY_SHAPE is None:
+        _WEIGHT_GRADS_BY_SHAPE = cpu_family() in HALF_WIDTH_FAMILIES.get(cpu_vendor(), ())
+    return _WEIGHT_GRADS_BY_SHAPE
+
+
+def mm_weight_grad(out: int, fan_in: int) -> bool:
+    """Whether an `out` x `fan_in` layer's weight gradient takes torch's `mm` on a CPU of
+    `_shape_weight_grads`: the layers of a few thousand to half a million weights, at least
+    MM_WEIGHT_GRAD_MIN_DIM each way. Larger ones are GEMM-bound, where oneDNN's faster kernels
+    outrun the copies (wide_1000's 512 x 10,472: 214 ms against 254 through `mm`), and narrow ones
+    hit a slow path of MKL (DLRM's 512 x 13: 1.44 ms against 0.57; a 1 x 256 head: 0.10 against
+    0.06). Fixed by the shape, so a run and its resume compute alike.
+
+    Example:
+        >>> [mm_weight_grad(o, i) for o, i in ((256, 512), (16, 64), (512, 13), (1, 256), (512, 10472))]
+        [True, True, False, False, False]
+    """
+    return min(out, fan_in) >= MM_WEIGHT_GRAD_MIN_DIM and out * fan_in <= MM_WEIGHT_GRAD_MAX_ELEMS
+
+
+def cpu_family() -> int:
+    """The CPU's family number from /proc/cpuinfo ("cpu family"); -1 where it cannot be read."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("cpu family"):
+                    return int(line.split(":", 1)[1].strip())
+    except (OSError, ValueError):
+        pass
+    return -1
+
+
 def _weight_grad(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """grad^T x.  # (Out, In)
 
@@ -257,8 +305,10 @@ def _weight_grad(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     transposed operands in place (AVX2 EPYC, batch 4096, median ms: 256 x 512 12.3 against 19.0,
     512 x 367 13.1 against 18.1, 512 x 1000 31.7 against 94.6). The choice is fixed per machine
     (`torch.backends.cpu.get_cpu_capability`), so a run and its resume compute alike. Where
-    `gemm_library` is "mkl" (Intel's CPUs), torch's `mm` always."""
-    if gemm_library() == "mkl" or not _onednn_weight_grads():
+    `gemm_library` is "mkl" (Intel's CPUs), torch's `mm` always; on a CPU whose AVX-512 runs on
+    256-bit units (`_shape_weight_grads`), `mm` for the mid-size layers (`mm_weight_grad`)."""
+    if (gemm_library() == "mkl" or not _onednn_weight_grads()
+            or (_shape_weight_grads() and mm_weight_grad(grad.shape[1], x.shape[1]))):
         return torch.mm(grad.t(), x)
     if grad.shape[1] <= x.shape[1]:
         return _gemm(grad.t(), x.t(), None)

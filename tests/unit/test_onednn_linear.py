@@ -24,16 +24,20 @@ def _reference(x, w, b, relu):
     return torch.relu(y) if relu else y
 
 
-@pytest.mark.parametrize("weight_grads_by_onednn", [True, False])
+@pytest.mark.parametrize("weight_grads", ["onednn", "mm", "by_shape"])
 @pytest.mark.parametrize("relu", [True, False])
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_linear_equals_reference_fp32(relu: bool, bias: bool, seed: int, weight_grads_by_onednn: bool,
-                                      monkeypatch) -> None:
-    """Both weight-gradient paths (oneDNN with a transposed copy, torch's mm: `_weight_grad`)."""
-    monkeypatch.setattr(onednn, "_WEIGHT_GRADS_BY_ONEDNN", weight_grads_by_onednn)
+def test_linear_equals_reference_fp32(relu: bool, bias: bool, seed: int, weight_grads: str, monkeypatch) -> None:
+    """Every weight-gradient path (oneDNN with a transposed copy, torch's mm, the choice by shape
+    of a CPU with half-width AVX-512: `_weight_grad`); seed 0's layer is narrow (oneDNN by shape),
+    seed 1's mid-size (mm by shape)."""
+    monkeypatch.setattr(onednn, "_WEIGHT_GRADS_BY_ONEDNN", weight_grads != "mm")
+    monkeypatch.setattr(onednn, "_WEIGHT_GRADS_BY_SHAPE", weight_grads == "by_shape")
     gen = torch.Generator().manual_seed(seed)
-    batch, fan_in, out = 257 + seed * 64, 37 + seed * 13, 19 + seed * 7
+    batch, fan_in, out = 257 + seed * 64, 37 + seed * 13, 9 + seed * 17
+    if weight_grads == "by_shape":  # the two seeds take the two paths
+        assert onednn.mm_weight_grad(out, fan_in) is (seed == 1)
     x = _skewed(gen, batch, fan_in).requires_grad_()
     w = (torch.randn(out, fan_in, generator=gen) * 0.3).requires_grad_()
     b = torch.randn(out, generator=gen).requires_grad_() if bias else None
@@ -64,6 +68,43 @@ def test_weight_gradients_take_onednn_only_with_avx512(monkeypatch, capability: 
     assert onednn._onednn_weight_grads() is by_onednn
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2" if by_onednn else "AVX512")
     assert onednn._onednn_weight_grads() is by_onednn  # fixed: a run computes alike throughout
+
+
+@pytest.mark.parametrize("vendor, family, by_shape", [("AuthenticAMD", 25, True), ("AuthenticAMD", 26, False),
+                                                      ("AuthenticAMD", 23, False), ("GenuineIntel", 25, False),
+                                                      ("", -1, False)])
+def test_weight_gradients_choose_by_shape_only_where_avx512_runs_half_width(monkeypatch, vendor, family,
+                                                                             by_shape) -> None:
+    """AMD's family 25 (Zen 4) runs AVX-512 on 256-bit units: its mid-size weight gradients take
+    torch's mm (`mm_weight_grad`); Zen 5 (26), other vendors and an unreadable cpuinfo keep the
+    machine's one path; decided once per process."""
+    monkeypatch.setattr(onednn, "_WEIGHT_GRADS_BY_SHAPE", None)
+    monkeypatch.setattr(onednn, "cpu_vendor", lambda: vendor)
+    monkeypatch.setattr(onednn, "cpu_family", lambda: family)
+    assert onednn._shape_weight_grads() is by_shape
+    monkeypatch.setattr(onednn, "cpu_family", lambda: 25 if not by_shape else 26)
+    assert onednn._shape_weight_grads() is by_shape  # fixed: a run computes alike throughout
+
+
+def test_weight_gradient_paths_by_shape_on_a_half_width_cpu(monkeypatch) -> None:
+    """On such a CPU a mid-size layer's weight gradient is torch's mm, a narrow or a huge one
+    oneDNN's, each equal to the plain product (float64 reference) on fresh skewed inputs."""
+    if not onednn.available():
+        pytest.skip("oneDNN is not available in this torch build")
+    monkeypatch.setattr(onednn, "_WEIGHT_GRADS_BY_ONEDNN", True)
+    monkeypatch.setattr(onednn, "_WEIGHT_GRADS_BY_SHAPE", True)
+    monkeypatch.setattr(onednn, "gemm_library", lambda: "onednn")
+    gen = torch.Generator().manual_seed(7)
+    calls = []
+    real_mm = torch.mm
+    monkeypatch.setattr(torch, "mm", lambda a, b: calls.append(tuple(a.shape)) or real_mm(a, b))
+    for out, fan_in, by_mm in ((64, 48, True), (40, 9, False), (600, 1000, False)):
+        grad, x = _skewed(gen, 300, out), _skewed(gen, 300, fan_in)
+        calls.clear()
+        got = onednn._weight_grad(grad, x)
+        assert bool(calls) is by_mm
+        want = grad.double().t() @ x.double()
+        assert torch.allclose(got.double(), want, atol=1e-5 * float(want.abs().max()), rtol=1e-4)
 
 
 def test_linear_float64_is_plain_linear_bitwise() -> None:
