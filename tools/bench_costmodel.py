@@ -49,6 +49,11 @@ Ratios:
         up to MAX_RUNS processes, `measure_spec`).
     costmodel_max_pair_error_spread (`--interleave`): max over specs of the spread (max - min) of
         a spec's per-pair step errors: how far the host moved one comparison from the next.
+    costmodel_specs_within / _undecided / _beyond (`--interleave`): the specs whose interval for
+        the median pair error (`step_error_interval`, at least 90 % coverage by order statistics:
+        `median_interval`) lies within +-0.10, straddles it (or rests on fewer than 5 pairs), or
+        lies wholly outside it: a miss of an undecided spec is the host's noise as much as the
+        model's; `--until-decided` gives such a spec further pairs up to --runs.
     host_gemm_drift_range: the lowest and highest `host_drift` of the probe's GEMM over every run
         (a run's / its calibration's): how far the machine's own speed moved (not an error).
     host_max_steal_share: the largest share of a run's wall time the hypervisor took from one of
@@ -255,15 +260,31 @@ def median_interval(values: list[float], level: float = INTERVAL_LEVEL) -> tuple
 def interval_fields(errors: list[float]) -> dict[str, Any]:
     """A row's `step_error_interval` ([low, high] of `median_interval` over its pair errors), its
     coverage, and `step_error_verdict`: "within" (the whole interval within +-STEP_GOAL), "beyond"
-    (wholly outside: a miss the pairs' spread does not explain) or "undecided" (more pairs needed)."""
+    (wholly outside: a miss the pairs' spread does not explain) or "undecided" (it straddles the
+    goal, or too few pairs for INTERVAL_LEVEL: fewer than 5; more pairs needed).
+
+    Example:
+        >>> [interval_fields(e)["step_error_verdict"] for e in ([0.01] * 5, [-0.2] * 5, [0.01] * 4)]
+        ['within', 'beyond', 'undecided']
+    """
     low, high, cover = median_interval(errors)
-    if -STEP_GOAL <= low and high <= STEP_GOAL:
+    if cover < INTERVAL_LEVEL:
+        verdict = "undecided"
+    elif -STEP_GOAL <= low and high <= STEP_GOAL:
         verdict = "within"
     elif high < -STEP_GOAL or low > STEP_GOAL:
         verdict = "beyond"
     else:
         verdict = "undecided"
     return {"step_error_interval": [low, high], "step_error_interval_coverage": cover, "step_error_verdict": verdict}
+
+
+def with_interval(row: dict[str, Any]) -> dict[str, Any]:
+    """`row` with `interval_fields` over its pair errors where it has pairs and none yet (a result
+    from before the interval: its pairs are what it is computed from), else as it is."""
+    if row.get("pair_step_errors") and "step_error_interval" not in row:
+        return {**row, **interval_fields(row["pair_step_errors"])}
+    return row
 
 
 def measured_bytes_per_step(counters: dict[str, Any], batch: int, dense_and_labels: int) -> float:
@@ -448,6 +469,16 @@ def pair_errors(pairs: list[tuple[float, list[robust.Round]]], bracket: list[boo
             "step_error": quantile(errors, 0.5), **interval_fields(errors), **out}
 
 
+def decided(pairs: list[tuple[float, list[robust.Round]]], run_plans: list[dict[str, Any]], bracket: bool) -> bool:
+    """Whether the pairs made so far decide a spec's step error against the goal (`interval_fields`:
+    "within" or "beyond"), judged as `measure_spec` judges them at the end (bracketed where the two
+    runs around a calibration trained the same program); False while too few to judge."""
+    if len(pairs) < (2 if bracket else 1):
+        return False
+    flags = [not program_changes(a, b) for a, b in zip(run_plans, run_plans[1:])] if bracket else None
+    return pair_errors(pairs, flags)["step_error_verdict"] != "undecided"
+
+
 PLAN_PRICES = ("cost", "passes", "target")  # a plan document's prices, its pass notes and the profile they came
 # from (each pair's calibration is a file of its own): not the program it trains
 
@@ -537,7 +568,8 @@ def lumped_call_ms(profile: Path, predicted_ms: float, calls: int) -> float | No
 def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str | None,
                  cache: str | None = None, nproc: int = 1, one_epoch: bool = True,
                  max_runs: int = MAX_RUNS, recalibrate: Callable[[int], Path] | None = None,
-                 tag: str = "", min_runs: int = 1, bracket: bool = False) -> dict[str, Any]:
+                 tag: str = "", min_runs: int = 1, bracket: bool = False, until_decided: bool = False
+                 ) -> dict[str, Any]:
     """Predicted vs measured for one spec: runs of WARMUP_STEPS + steps steps (on `nproc` ranks),
     a new `flowrec train` process each, one plan (the same profile): the first of `steps` steps,
     further ones (`run_steps`: RUN_SECONDS of steps each) while the timed steps of all the runs
@@ -559,10 +591,18 @@ def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str |
     mean of 0.01). With `bracket` (`--bracket`, with `recalibrate`) the first run is a lead-in
     and each later calibration is judged against the runs on both sides of it (`pair_errors`):
     `min_runs` and `max_runs` count the pairs after the lead-in, and the pool its timed steps.
+    With `until_decided` (`--until-decided`, with `recalibrate`) a spec gets further pairs, past the
+    pool, while the interval of its median pair error straddles the goal (`interval_fields`'s
+    verdict "undecided"), up to `max_runs`, and no more once it is decided: a short step's few pairs
+    on a noisy host leave its error undecided (Round 38's custom_module, -0.141 over 4 pairs, -0.056
+    over 8), a steady one is decided in five. Stopping once decided makes the interval's coverage a
+    little below INTERVAL_LEVEL (a chance decision ends the pairs); the row says it ran so.
     `tag` names the spec's data and run folders apart from another measurement of it in `tmp`
     (`--other-budget`)."""
     if bracket and recalibrate is None:
         raise ValueError("bracketed pairs need a calibration before each run (recalibrate)")
+    if until_decided and recalibrate is None:
+        raise ValueError("--until-decided adds (calibration, run) pairs: it needs a calibration before each run")
     lead = 1 if bracket else 0
     stem = f"{spec.stem}-{tag}" if tag else spec.stem
     data = tmp / f"{stem}-data"
@@ -597,7 +637,8 @@ def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str |
                 pairs.append((run_plan["cost"]["step_ms_overlap"], rounds))
                 run_plans.append(run_plan)
         made = len(runs) - lead
-        if made >= min_runs and (made >= max_runs or sum(r.wall for r in pooled) >= pool_seconds(max_runs) * 1e3):
+        if made >= min_runs and (made >= max_runs or (decided(pairs, run_plans, bracket) if until_decided
+                                                       else sum(r.wall for r in pooled) >= pool_seconds(max_runs) * 1e3)):
             break
         count = run_steps(robust.estimate(rounds).seconds, steps, plan["cost"]["batch_size"], rows, epochs)
     cost = plan["cost"]
@@ -648,6 +689,7 @@ def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str |
         else:
             row.update(pair_errors(pairs))
         row["bracket"] = bracket
+        row["until_decided"] = until_decided
     if result["counters"]:
         model = load_spec(spec)
         local = -(-cost["batch_size"] // cost["world_size"])
@@ -861,7 +903,7 @@ def merge(paths: list[Path], pool: bool = False) -> dict[str, Any]:
             if row["spec"] in doc["calibration"]:
                 calibrations[row["spec"]] = doc["calibration"][row["spec"]]
     pooled = sorted(name for name, found in rows.items() if len(found) > 1)
-    ordered = [pooled_row(rows[name]) if name in pooled else rows[name][-1][1] for name in sorted(rows)]
+    ordered = [pooled_row(rows[name]) if name in pooled else with_interval(rows[name][-1][1]) for name in sorted(rows)]
     result = summarize(ordered, {name: calibrations[name] for name in sorted(calibrations)}, options or {})
     result["parts"] = [str(p) for p in paths]
     result["parts_model_code"] = codes
@@ -916,6 +958,11 @@ def main() -> None:
                              "judged against the mean of the runs right before and right after it (the host's "
                              "drift over a pair cancels to first order); --runs and --min-pairs count the pairs "
                              "after the lead-in, which costs one more calibration a spec")
+    parser.add_argument("--until-decided", dest="until_decided", action="store_true",
+                        help="with --interleave, after --min-pairs a spec gets further pairs (up to --runs, past "
+                             f"the pool of timed seconds) while the {INTERVAL_LEVEL:.0%} interval of its median pair "
+                             f"error straddles +-{STEP_GOAL:g}, and none once it lies within or beyond it (at least 5 "
+                             "pairs decide: each row's step_error_interval and step_error_verdict)")
     parser.add_argument("--other-budget", default=None,
                         help="also run every spec under this device budget (`none`: no budget) from the same "
                              "calibration (the one at --device-budget): a plan with other shardings or "
@@ -955,6 +1002,8 @@ def main() -> None:
         parser.error("--min-pairs must be at least 1")
     if args.min_pairs > 1 and not args.interleave:
         parser.error("--min-pairs counts (calibration, run) pairs: it needs --interleave")
+    if args.until_decided and not args.interleave:
+        parser.error("--until-decided adds (calibration, run) pairs: it needs --interleave")
     if args.bracket and not args.interleave:
         parser.error("--bracket judges each calibration by the runs on both sides of it: it needs --interleave")
     if args.interleave and args.profile is not None:
@@ -999,7 +1048,7 @@ def main() -> None:
                 rows.append(measure_spec(spec, Path(profile), args.steps, tmp, args.device_budget, args.cache,
                                          args.nproc, args.one_epoch, args.runs,
                                          calibrate if args.interleave else None, min_runs=args.min_pairs,
-                                         bracket=args.bracket))
+                                         bracket=args.bracket, until_decided=args.until_decided))
                 rows[-1]["host_drift"] = host_drift(rows[-1], calibration_probes(calibrations.get(spec.name, {}),
                                                                                  args.interleave))
             except (RuntimeError, subprocess.TimeoutExpired) as exc:

@@ -716,3 +716,53 @@ def test_pairs_and_pooled_rows_say_whether_their_misses_are_beyond_the_noise(tmp
     assert doc["ratios"]["costmodel_specs_within"] == ["a.yaml"]
     assert doc["ratios"]["costmodel_specs_undecided"] == ["c.yaml"]
     assert doc["ratios"]["costmodel_specs_beyond"] == ["f.yaml"]
+    # four pairs cannot bound the median at 90 %: undecided, however close they are
+    assert bench.pair_errors(pairs[:4])["step_error_verdict"] == "undecided"
+
+
+@pytest.mark.parametrize("bracket", [False, True])
+@pytest.mark.parametrize("kind", ["steady", "scattered", "biased"])
+def test_until_decided_adds_pairs_while_the_interval_straddles_the_goal(repo, tmp_path, monkeypatch, kind, bracket):
+    """`--until-decided`: a long step (one run fills the pool) gets pairs past --min-pairs while its
+    interval straddles 0.10, up to --runs: five pairs decide a steady spec (within) or a biased one
+    (beyond); a scattered one takes every pair --runs allows and stays undecided."""
+    spec = repo / "specs" / "movielens.yaml"
+    most = 9
+    errors = {"steady": [random.uniform(-0.03, 0.03) for _ in range(most + 1)],
+              "scattered": [s * random.uniform(0.15, 0.3) for s in [1, -1] * 5],
+              "biased": [random.uniform(-0.35, -0.2) for _ in range(most + 1)]}[kind]
+    measured = [600.0] * (most + 1)  # every run alike (a bracketed pair's mean is its run's); one fills the pool
+    predicted = [m * (1 + e) for m, e in zip(measured, errors)]
+    calibrate, calibrated = _long_pairs(spec, tmp_path, monkeypatch, predicted, measured)
+    row = bench.measure_spec(spec, calibrate(0), 20, tmp_path, "64MiB", max_runs=most, recalibrate=calibrate,
+                             min_runs=1, bracket=bracket, until_decided=True)
+    pairs = 5 if kind != "scattered" else most
+    assert len(row["pair_step_errors"]) == pairs and len(calibrated) == pairs + bracket
+    verdict = {"steady": "within", "scattered": "undecided", "biased": "beyond"}[kind]
+    assert row["step_error_verdict"] == verdict
+    # without it the pool of one long run ends the spec after --min-pairs
+    calibrate, calibrated = _long_pairs(spec, tmp_path, monkeypatch, predicted, measured)
+    once = bench.measure_spec(spec, calibrate(0), 20, tmp_path, "64MiB", max_runs=most, recalibrate=calibrate,
+                              min_runs=1, bracket=bracket)
+    assert len(once["pair_step_errors"]) == 1 and once["step_error_verdict"] == "undecided"
+    with pytest.raises(ValueError, match="calibration before each run"):
+        bench.measure_spec(spec, calibrate(0), 20, tmp_path, "64MiB", until_decided=True)
+
+
+def test_until_decided_needs_interleave(tmp_path):
+    done = subprocess.run([sys.executable, "tools/bench_costmodel.py", "--until-decided", "--specs", "movielens.yaml",
+                           "--json", str(tmp_path / "x.json")], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "--until-decided" in done.stderr and "--interleave" in done.stderr
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_a_merge_bounds_the_pairs_of_a_result_from_before_the_interval(tmp_path):
+    errors = [0.01, -0.02, 0.03, 0.0, -0.01, 0.02]
+    old = _pairs_row("a.yaml", errors)
+    for key in ("step_error_interval", "step_error_interval_coverage", "step_error_verdict"):
+        del old[key]
+    doc = bench.merge([_part(tmp_path / "old.json", [old, _row("b.yaml", 0.05)], **INTERLEAVED)])
+    a, b = doc["specs"]
+    assert a["step_error_interval"] == [-0.02, 0.03] and a["step_error_verdict"] == "within"
+    assert "step_error_interval" not in b  # no pairs: nothing to bound
+    assert doc["ratios"]["costmodel_specs_within"] == ["a.yaml"]
