@@ -101,14 +101,26 @@ def gemm_library() -> str:
 def cpu_vendor() -> str:
     """The CPU's vendor string ("GenuineIntel", "AuthenticAMD", ...) from /proc/cpuinfo; "" where
     it cannot be read (not Linux): then oneDNN, as before this choice existed."""
+    return _cpuinfo("vendor_id")
+
+
+def cpu_family() -> int:
+    """The CPU's family number from /proc/cpuinfo ("cpu family"); -1 where it cannot be read."""
+    family = _cpuinfo("cpu family")
+    return int(family) if family.isdigit() else -1
+
+
+def _cpuinfo(field: str) -> str:
+    """The first value of `field` in /proc/cpuinfo; "" where there is none or it cannot be read."""
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
             for line in f:
-                if line.startswith("vendor_id"):
+                if line.startswith(field):
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
     return ""
+
 _WEIGHT_GRADS_BY_ONEDNN: bool | None = None  # decided at first use (`_weight_grad`)
 
 
@@ -281,18 +293,6 @@ def mm_weight_grad(out: int, fan_in: int) -> bool:
         [True, True, False, False, False]
     """
     return min(out, fan_in) >= MM_WEIGHT_GRAD_MIN_DIM and out * fan_in <= MM_WEIGHT_GRAD_MAX_ELEMS
-
-
-def cpu_family() -> int:
-    """The CPU's family number from /proc/cpuinfo ("cpu family"); -1 where it cannot be read."""
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("cpu family"):
-                    return int(line.split(":", 1)[1].strip())
-    except (OSError, ValueError):
-        pass
-    return -1
 
 
 def _weight_grad(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

@@ -268,14 +268,11 @@ def interval_fields(errors: list[float]) -> dict[str, Any]:
         ['within', 'beyond', 'undecided']
     """
     low, high, cover = median_interval(errors)
-    if cover < INTERVAL_LEVEL:
-        verdict = "undecided"
-    elif -STEP_GOAL <= low and high <= STEP_GOAL:
+    verdict = "undecided"
+    if cover >= INTERVAL_LEVEL and -STEP_GOAL <= low and high <= STEP_GOAL:
         verdict = "within"
-    elif high < -STEP_GOAL or low > STEP_GOAL:
+    elif cover >= INTERVAL_LEVEL and (high < -STEP_GOAL or low > STEP_GOAL):
         verdict = "beyond"
-    else:
-        verdict = "undecided"
     return {"step_error_interval": [low, high], "step_error_interval_coverage": cover, "step_error_verdict": verdict}
 
 
@@ -469,14 +466,23 @@ def pair_errors(pairs: list[tuple[float, list[robust.Round]]], bracket: list[boo
             "step_error": quantile(errors, 0.5), **interval_fields(errors), **out}
 
 
+def judged_pairs(pairs: list[tuple[float, list[robust.Round]]], run_plans: list[dict[str, Any]],
+                 bracket: bool) -> dict[str, Any]:
+    """`pair_errors` of a spec's pairs as `measure_spec` judges them: with `bracket`, each pair
+    bracketed where the two runs around its calibration trained the same program, and what
+    they laid out otherwise (`pair_program_changes`, `program_changes`)."""
+    if not bracket:
+        return pair_errors(pairs)
+    changes = [program_changes(a, b) for a, b in zip(run_plans, run_plans[1:])]
+    return {**pair_errors(pairs, [not c for c in changes]), "pair_program_changes": changes}
+
+
 def decided(pairs: list[tuple[float, list[robust.Round]]], run_plans: list[dict[str, Any]], bracket: bool) -> bool:
     """Whether the pairs made so far decide a spec's step error against the goal (`interval_fields`:
-    "within" or "beyond"), judged as `measure_spec` judges them at the end (bracketed where the two
-    runs around a calibration trained the same program); False while too few to judge."""
+    "within" or "beyond"), judged as at the end (`judged_pairs`); False while too few to judge."""
     if len(pairs) < (2 if bracket else 1):
         return False
-    flags = [not program_changes(a, b) for a, b in zip(run_plans, run_plans[1:])] if bracket else None
-    return pair_errors(pairs, flags)["step_error_verdict"] != "undecided"
+    return judged_pairs(pairs, run_plans, bracket)["step_error_verdict"] != "undecided"
 
 
 PLAN_PRICES = ("cost", "passes", "target")  # a plan document's prices, its pass notes and the profile they came
@@ -683,11 +689,7 @@ def measure_spec(spec: Path, profile: Path, steps: int, tmp: Path, budget: str |
         row["step_error_lumped_call"] = lumped / measured_ms - 1.0
     if pairs:  # each run against its own calibration; the pooled comparison (median prediction) kept beside
         row["step_error_pooled"] = row["step_error"]
-        if bracket:  # each pair after the lead-in: what its two runs' plans laid out otherwise (none: bracketed)
-            changes = [program_changes(a, b) for a, b in zip(run_plans, run_plans[1:])]
-            row.update(pair_errors(pairs, [not c for c in changes]), pair_program_changes=changes)
-        else:
-            row.update(pair_errors(pairs))
+        row.update(judged_pairs(pairs, run_plans, bracket))  # bracketed: each pair's runs' layout changes too
         row["bracket"] = bracket
         row["until_decided"] = until_decided
     if result["counters"]:

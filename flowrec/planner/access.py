@@ -443,10 +443,18 @@ def group_model(tables: Iterable[tuple[str, int, float]], profile: Mapping[str, 
         parts.append((model, weight))
     source = "profile" if all_profiled else ("mixed" if hits else "zipf")
     model = parts[0][0] if len(parts) == 1 else merge(parts)
-    counted = [known[t].get("dataset_counts") for t, _, _ in tables] if all_profiled else []
-    if counted and all(h is not None for h in counted):  # every member's reads counted: the epoch's own
-        model = replace(model, epoch=EpochCounts(tuple((float(c), float(r)) for h in counted for c, r in h)))
+    if epoch_counted((t for t, _, _ in tables), profile):  # every member's reads counted: the epoch's own
+        model = replace(model, epoch=EpochCounts(tuple((float(c), float(r)) for t, _, _ in tables
+                                                       for c, r in known[t]["dataset_counts"])))
     return model, source
+
+
+def epoch_counted(tables: Iterable[str], profile: Mapping[str, Any] | None) -> bool:
+    """Whether `profile` counts an epoch's reads of every one of `tables` (`dataset_counts`): the
+    access model of a group of them then has `AccessModel.epoch` (`group_model`)."""
+    known = (profile or {}).get("tables", {})
+    names = list(tables)
+    return bool(names) and all(known.get(t, {}).get("dataset_counts") is not None for t in names)
 
 
 def dataset_rows(profile: Mapping[str, Any] | None) -> int | None:

@@ -80,7 +80,7 @@ from flowrec.graph.edges import input_slots
 from flowrec.graph.kinds import OP_KINDS, OPTIMIZERS, PLACEMENTS
 from flowrec.graph.types import ACCESS_NONE, DTYPE_BYTES, AccessProfile, CostPrediction, Op, OpGraph, PackedGroup
 from flowrec.planner import exchange
-from flowrec.planner.access import AccessModel, dataset_rows, group_model
+from flowrec.planner.access import AccessModel, dataset_rows, epoch_counted, group_model
 from flowrec.planner.calibration import (COLLECTIVE, MEASURABLE, SPEC_KIND, ProfileError, is_profile_path,
                                          profile_fields, read_profile)
 from flowrec.planner.exchange import link_for
@@ -689,7 +689,7 @@ def _with_epochs(access: str, spec: ModelSpec, units: list[_Unit], profile: Acce
     if epochs <= 1 or profile is None:
         return access
     if not any(PLACEMENTS[u.placement].traffic == "window" and u.group is not None
-               and group_access(u.group, profile).epoch is not None for u in units):
+               and epoch_counted((t.table for t in u.group.tables), profile) for u in units):
         return access
     return f"{access}; lookahead traffic over {epochs} epochs"
 
