@@ -27,12 +27,12 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_dense_bound import linear_layers  # noqa: E402
+from bench_dense_bound import _median_s, linear_layers  # noqa: E402
 from bench_train import BATCH, MODELS, QUICK_BATCH, QUICK_TABLE_ROWS, REPO, capped_spec, flowrec_system, staged_batches  # noqa: E402
 
 from flowrec.planner.manager import make_plan  # noqa: E402
@@ -44,16 +44,6 @@ ARMS = {"onednn": (True, False), "by_shape": (True, True), "mm": (False, False)}
 
 def _arm(name: str) -> None:
     onednn._WEIGHT_GRADS_BY_ONEDNN, onednn._WEIGHT_GRADS_BY_SHAPE = ARMS[name]
-
-
-def _ms(call: Callable[[], Any], repeats: int) -> float:
-    call()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
 
 
 def layer_rows(key: str, batch: int, rounds: int) -> list[dict[str, Any]]:
@@ -71,7 +61,7 @@ def layer_rows(key: str, batch: int, rounds: int) -> list[dict[str, Any]]:
         for _ in range(rounds):
             for arm in times:
                 _arm(arm)
-                times[arm].append(_ms(lambda: onednn._weight_grad(grad, x), repeats))
+                times[arm].append(_median_s(lambda: onednn._weight_grad(grad, x), repeats) * 1e3)
         med = {arm: statistics.median(v) for arm, v in times.items()}
         rows.append({"layer": layer["name"], "out": out, "in": fan_in, "onednn_ms": round(med["onednn"], 4),
                      "mm_ms": round(med["mm"], 4), "mm_vs_onednn": round(med["mm"] / med["onednn"], 3),
