@@ -962,7 +962,7 @@ def main() -> None:
                              "after the lead-in, which costs one more calibration a spec")
     parser.add_argument("--until-decided", dest="until_decided", action="store_true",
                         help="with --interleave, after --min-pairs a spec gets further pairs (up to --runs, past "
-                             f"the pool of timed seconds) while the {INTERVAL_LEVEL:.0%} interval of its median pair "
+                             f"the pool of timed seconds) while the {INTERVAL_LEVEL:.0%}% interval of its median pair "
                              f"error straddles +-{STEP_GOAL:g}, and none once it lies within or beyond it (at least 5 "
                              "pairs decide: each row's step_error_interval and step_error_verdict)")
     parser.add_argument("--other-budget", default=None,
