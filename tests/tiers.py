@@ -24,7 +24,7 @@ FAST: frozenset[str] = frozenset()
 FILES: dict[str, frozenset[str]] = {
     # unit: planning, operators, caches, data staging: fast unless noted
     **{f"tests/unit/{name}.py": FAST for name in (
-        "test_bench_costmodel_merge", "test_bench_host_noise", "test_bench_calibration_noise", "test_bench_later_epochs", "test_bench_hit_rate", "test_bench_lookahead_fetches", "test_bench_dense_bound", "test_bench_weight_grads", "test_tool_help_strings", "test_bench_dropout", "test_cache_model",
+        "test_bench_costmodel_merge", "test_doctor_versions", "test_bench_host_noise", "test_bench_calibration_noise", "test_bench_later_epochs", "test_bench_hit_rate", "test_bench_lookahead_fetches", "test_bench_dense_bound", "test_bench_weight_grads", "test_tool_help_strings", "test_bench_dropout", "test_cache_model",
         "test_cache_next_use",
         "test_cache_scratchpad", "test_checkpoint_rank_deltas", "test_checkpoint_shards",
         "test_cost_calibrated", "test_cost_exchange", "test_data_batches", "test_data_rowcache", "test_data_rowpack", "test_data_cachesim", "test_data_checks",
@@ -86,7 +86,7 @@ FILES: dict[str, frozenset[str]] = {
         "test_checkpoint_fuzz", "test_data_fuzz", "test_data_hostile",
     )},
     # gpu: marked `gpu` in the files (skipped without CUDA)
-    **{f"tests/gpu/{name}.py": FAST for name in ("test_cache_gpu", "test_device_gpu", "test_operators_gpu")},
+    **{f"tests/gpu/{name}.py": FAST for name in ("test_cache_gpu", "test_device_gpu", "test_operators_gpu", "test_specs_gpu")},
 }
 
 # single tests whose cost differs from their file's ("file::test name", parameters left out)

@@ -29,7 +29,7 @@ TORCH = "torch==2.13.0"  # the CPU build CI uses; GPU users install their CUDA b
 EXTRAS = ".[dev,gpucheck,tensorboard,ann]"  # every optional group the tests or CI install
 INSTALL_TIMEOUT_S = 1800
 HEADER = """\
-# Tested versions of every package a fresh install of flowrec takes (all extras but gpu).
+# Tested versions of every package a fresh install of flowrec takes (all extras but gpu and gpu-cuda13).
 # pyproject.toml keeps ranges; the README's set-up lines and .ci/run install with `-c constraints.txt`.
 # Refresh: python tools/lock_deps.py   (then run the tests with it before committing)
 # Newest releases against the tests: python tools/lock_deps.py --check-latest

@@ -31,7 +31,10 @@ TRAIN_STEPS = 20
 TRAIN_BATCH = 64  # samples per step
 TRAIN_RTOL, TRAIN_ATOL = 1e-3, 1e-4  # fp32 parameters after TRAIN_STEPS steps, device vs reference
 COLLECTIVE_TIMEOUT_S = 60  # wall limit of the two-process check
-PACKAGES = {"dask": "dask", "pyarrow": "pyarrow", "numpy": "numpy", "cupy": "cupy-cuda12x"}
+PACKAGES = {"dask": "dask", "pyarrow": "pyarrow", "numpy": "numpy"}
+# CuPy ships one wheel per CUDA major version (cupy-cuda12x for CUDA 12, cupy-cuda13x for 13, ...)
+# and `cupy` built from source; the first one installed is reported, with its name
+CUPY_DISTRIBUTIONS = ("cupy-cuda13x", "cupy-cuda12x", "cupy-cuda11x", "cupy")
 
 
 @dataclass(frozen=True)
@@ -87,7 +90,17 @@ def versions() -> dict[str, str | None]:
     out = {"flowrec": _dist_version("flowrec"), "python": platform.python_version(), "torch": torch.__version__,
            "torch_cuda": torch.version.cuda, "nccl": nccl_version(), "nvrtc": note if module else None}
     out.update({key: _dist_version(dist) for key, dist in PACKAGES.items()})
+    out["cupy"] = cupy_version()
     return out
+
+
+def cupy_version() -> str | None:
+    """The installed CuPy's version and wheel, e.g. `14.2.0 (cupy-cuda13x)` (None: not installed)."""
+    for dist in CUPY_DISTRIBUTIONS:
+        version = _dist_version(dist)
+        if version is not None:
+            return version if dist == "cupy" else f"{version} ({dist})"
+    return None
 
 
 def devices() -> tuple[dict[str, Any], ...]:
