@@ -25,6 +25,7 @@ from operators.casting import Casting
 from operators.device import runtime_for
 
 POLL_S = 0.05  # seconds between stop-flag checks
+JOIN_S = 10.0  # seconds `close` waits for the thread (it sees the stop flag within POLL_S)
 _END = object()
 
 
@@ -79,21 +80,27 @@ class TransferStage:
         }
         return replace(batch, dense=self._send(batch.dense), labels=self._send(batch.labels), groups=groups)
 
+    def _put(self, item: Any) -> bool:
+        """Queue `item` for the consumer; False when the stage was stopped first. Every put polls
+        the stop flag: a consumer that stopped early (max_steps mid-epoch) leaves the queue full,
+        and a blocking put of the end marker held the thread until `close` gave up on it."""
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=POLL_S)
+                return True
+            except queue.Full:
+                continue
+        return False
+
     def _run(self) -> None:
         try:
             for batch in self._source:
                 item = batch if self.device.type == "cpu" else self._move(batch)  # CPU: formed here, not moved
-                while not self._stop.is_set():
-                    try:
-                        self._queue.put(item, timeout=POLL_S)
-                        break
-                    except queue.Full:
-                        continue
-                if self._stop.is_set():
+                if not self._put(item):
                     return
-            self._queue.put(_END)
+            self._put(_END)
         except BaseException as exc:  # handed to the consumer
-            self._queue.put(exc)
+            self._put(exc)
 
     def __iter__(self) -> Iterator[Any]:
         return self
@@ -115,7 +122,12 @@ class TransferStage:
     def close(self) -> None:
         if not self._passthrough:
             self._stop.set()
-            self._thread.join(timeout=10)
+            self._thread.join(timeout=JOIN_S)
+            while True:  # the batches still queued (on the device too) are not kept alive by the stage
+                try:
+                    self._queue.get_nowait()
+                except queue.Empty:
+                    break
         close = getattr(self._source, "close", None)
         if close is not None:
             close()
