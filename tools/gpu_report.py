@@ -2,7 +2,8 @@
 
     python tools/gpu_report.py [--quick] [--no-docs]
 
-Runs `pytest -m gpu` (the CUDA/CuPy tests), every `tools/bench_*.py` that takes `--device` with
+Runs `pytest -m gpu` (the CUDA/CuPy tests; the every-spec CPU-against-GPU sweep writes
+`bench/results/specs_gpu_<device>.json`), every `tools/bench_*.py` that takes `--device` with
 `--device cuda --json bench/results/<name>_<device>.json` (the others are listed as not run), then
 checks every GPU target (`TARGETS`: the figures docs/operators.md and docs/benchmarks.md ask for)
 against what was measured, writes `bench/results/gpu_report_<device>.json` and the markdown
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import os
 import re
 import subprocess
 import sys
@@ -111,8 +113,10 @@ def takes_device(script: Path) -> bool:
 def run_gpu_tests(slug: str) -> dict[str, Any]:
     """`pytest -m gpu` with a JUnit report; counts of passed, failed, skipped."""
     junit = RESULTS / f"gpu_tests_{slug}.xml"
+    # the every-spec sweep (tests/gpu/test_specs_gpu.py) writes what it compared per spec here
+    env = {**os.environ, "FLOWREC_SPECS_GPU_JSON": str(RESULTS / f"specs_gpu_{slug}.json")}
     proc = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", f"--junitxml={junit}"],
-                          cwd=REPO, capture_output=True, text=True, timeout=TEST_TIMEOUT_S)
+                          cwd=REPO, capture_output=True, text=True, timeout=TEST_TIMEOUT_S, env=env)
     suite = ET.parse(junit).getroot()
     suite = suite.find("testsuite") if suite.tag == "testsuites" else suite
     counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
