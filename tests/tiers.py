@@ -53,7 +53,8 @@ FILES: dict[str, frozenset[str]] = {
     "tests/unit/test_lowp.py": FAST,  # bf16 products as fp32 products of bf16 values where the CPU has no bf16 kernels
     "tests/unit/test_walk3_hostile.py": FAST,  # a third walk: sequence separators, Arrow at exit, the model language
     "tests/unit/test_managed_hostile.py": FAST,  # edited or damaged managed map states, negatives seeds
-    "tests/unit/test_serving_hostile.py": frozenset({"e2e"}),  # tampered retrieval packages, eval options
+    "tests/unit/test_serving_hostile.py": frozenset({"e2e"}),
+    "tests/unit/test_profile_step.py": frozenset({"e2e"}),  # trains a few steps under the profiler  # tampered retrieval packages, eval options
     "tests/unit/test_cache_bench.py": frozenset({"processes"}),
     "tests/unit/test_operators_bench.py": frozenset({"processes"}),
     "tests/unit/test_fake_cuda_tier.py": frozenset({"processes"}),
