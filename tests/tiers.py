@@ -54,7 +54,8 @@ FILES: dict[str, frozenset[str]] = {
     "tests/unit/test_walk3_hostile.py": FAST,  # a third walk: sequence separators, Arrow at exit, the model language
     "tests/unit/test_managed_hostile.py": FAST,  # edited or damaged managed map states, negatives seeds
     "tests/unit/test_serving_hostile.py": frozenset({"e2e"}),
-    "tests/unit/test_profile_step.py": frozenset({"e2e"}),  # trains a few steps under the profiler  # tampered retrieval packages, eval options
+    "tests/unit/test_profile_step.py": frozenset({"e2e"}),
+    "tests/unit/test_checkpoint_marks.py": frozenset({"e2e"}),  # trains with and without checkpoints  # trains a few steps under the profiler  # tampered retrieval packages, eval options
     "tests/unit/test_cache_bench.py": frozenset({"processes"}),
     "tests/unit/test_operators_bench.py": frozenset({"processes"}),
     "tests/unit/test_fake_cuda_tier.py": frozenset({"processes"}),
