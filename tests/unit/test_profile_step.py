@@ -49,12 +49,18 @@ def test_a_run_that_ends_before_the_window_is_refused(monkeypatch):
         profile_step.main([str(REPO / "specs" / "custom_module.yaml"), "--steps", "4", "--warmup", "2"])
 
 
-def test_bad_arguments_are_refused(tmp_path, capsys):
-    for argv in (["--steps", "0"], ["--device", "cuda:7"] if not profile_step.torch.cuda.is_available() else []):
-        if not argv:
-            continue
-        with pytest.raises(SystemExit):
-            profile_step.main([str(REPO / "specs" / "custom_module.yaml"), *argv])
-        assert "error" in capsys.readouterr().err
+@pytest.mark.parametrize("argv", [["--steps", "0"], ["--warmup", "-1"], ["--rows", "0"]])
+def test_bad_arguments_are_refused(argv, capsys):
+    with pytest.raises(SystemExit):
+        profile_step.main([str(REPO / "specs" / "custom_module.yaml"), *argv])
+    assert "must be >= 1" in capsys.readouterr().err
+
+
+def test_a_missing_spec_and_a_missing_gpu_are_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         profile_step.main([str(tmp_path / "missing.yaml")])
+    assert "no spec file" in capsys.readouterr().err
+    if not profile_step.torch.cuda.is_available():
+        with pytest.raises(SystemExit):
+            profile_step.main([str(REPO / "specs" / "custom_module.yaml"), "--device", "cuda"])
+        assert "no CUDA device" in capsys.readouterr().err
