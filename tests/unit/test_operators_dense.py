@@ -185,3 +185,29 @@ def test_bf16_autocast_close_to_fp32(kind, config, shapes, make):
     scale = ref.abs().max().clamp_min(1.0)
     assert float((low.detach().float() - ref).abs().max() / scale) < 0.05
     low.float().sum().backward()  # bf16 backward runs
+
+
+@pytest.mark.parametrize("fields", [2, 3, 27])
+@pytest.mark.parametrize("grad_dtype", [torch.bfloat16, torch.float32])
+def test_bf16_dot_backward_builds_the_gathered_pair_matrix_bitwise(fields, grad_dtype):
+    """`_RowsDot`'s backward (the Dot under CPU autocast) writes G + G^T by row tails: bitwise the
+    result of the fp32 column gather it replaced, for a pair gradient that is a column slice of a
+    wider one (as the top MLP hands it) and for one of another dtype."""
+    from operators.interaction import Dot, _RowsDot
+    from operators.lowp import matmul
+
+    gen = torch.Generator().manual_seed(fields)
+    scale = torch.rand(33, fields, 1, generator=gen).pow(3) * 8
+    x = (torch.randn(33, fields, 16, generator=gen) * scale + 1e-3).bfloat16().requires_grad_()
+    pairs = fields * (fields - 1) // 2
+    wide = (torch.randn(33, pairs + 16, generator=gen) * torch.rand(33, 1, generator=gen).pow(3) * 10).to(grad_dtype)
+    grad = wide[:, 3:3 + pairs]  # not contiguous
+    _, mirror = Dot().pairs(fields, torch.device("cpu"))
+    out = _RowsDot.apply(x, mirror)
+    (got,) = torch.autograd.grad(out, x, grad)
+    padded = torch.cat([grad.float(), torch.zeros(33, 1)], dim=1)
+    sym = padded.index_select(1, mirror).to(torch.bfloat16).view(33, fields, fields)
+    want = matmul(torch.bmm, sym, x.detach())
+    assert got.dtype == want.dtype == torch.bfloat16
+    assert torch.equal(got, want)
+    assert not torch.equal(got, torch.zeros_like(got))
