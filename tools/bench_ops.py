@@ -28,7 +28,7 @@ import torch
 import yaml
 
 from flowrec.graph.types import GroupField, PackedGroup, TableSlot
-from operators.casting import casted_row_grads, compute_casting
+from operators.casting import casted_row_grads, compute_casting, torch_casting
 from operators.embedding import PackedEmbeddingBag
 from operators.random_batches import random_batch
 
@@ -102,8 +102,10 @@ def run_case(name: str, vocabs: list[int], batch_size: int, steps: int,
     packed = PackedEmbeddingBag(group, device=device)
     batches = [random_batch(group, batch_size, gen) for _ in range(steps + 1)]
     castings = [compute_casting(b.ids, b.offsets) for b in batches]
-    cast_ms = median_ms(lambda i: compute_casting(batches[i].ids, batches[i].offsets), steps,
-                        torch.device("cpu"))
+    cast = paired_median_ms({"kernel": lambda i: compute_casting(batches[i].ids, batches[i].offsets),
+                             "torch": lambda i: torch_casting(batches[i].ids, batches[i].offsets)},
+                            steps, torch.device("cpu"))  # the data stage's casting: numba kernel, torch's ops
+    cast_ms = cast["kernel"]
     batches = [(b.ids.to(device), b.offsets.to(device)) for b in batches]
     castings = [c.to(device) for c in castings]
     grad = torch.randn(batch_size, fields, DIM, generator=gen).to(device)  # (B, F, D)
@@ -148,7 +150,7 @@ def run_case(name: str, vocabs: list[int], batch_size: int, steps: int,
     nnz = batch_size * fields
     out = {"case": name, "fields": fields, "batch_size": batch_size, "dim": DIM,
            "rows": sum(vocabs), "steps": steps, "baseline_steps": min(steps, BASELINE_STEPS),
-           "casting_cpu_ms": cast_ms,
+           "casting_cpu_ms": cast_ms, "casting_torch_ms": cast["torch"],
            "median_ms": figures, "gather_floor_ms": floor,
            "floor_rows_per_s": nnz / (floor / 1e3),
            "samples_per_s": {k: batch_size / (v / 1e3) for k, v in figures.items()
@@ -234,11 +236,11 @@ def table(report: dict) -> str:
             "flowrec_packed_adagrad_unfused", "flowrec_packed_rowwise_adagrad"]
     cols = [c for c in cols if all(c in case["median_ms"] for case in report["cases"].values())]
     lines = [f"device: {report['device']}  (median ms per step; casting precomputed on CPU)",
-             f"{'case':<10}{'B':>6}" + "".join(f"{c:>32}" for c in cols) + f"{'floor':>9}{'cast':>8}"]
+             f"{'case':<10}{'B':>6}" + "".join(f"{c:>32}" for c in cols) + f"{'floor':>9}{'cast':>8}{'cast_torch':>11}"]
     for name, c in report["cases"].items():
         lines.append(f"{name:<10}{c['batch_size']:>6}"
                      + "".join(f"{c['median_ms'][k]:>32.2f}" for k in cols)
-                     + f"{c['gather_floor_ms']:>9.2f}{c['casting_cpu_ms']:>8.2f}")
+                     + f"{c['gather_floor_ms']:>9.2f}{c['casting_cpu_ms']:>8.2f}{c['casting_torch_ms']:>11.2f}")
     lines.append("ratios: " + ", ".join(f"{k}={v:.2f}" for k, v in report["ratios"].items()))
     return "\n".join(lines)
 
