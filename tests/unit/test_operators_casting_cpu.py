@@ -36,7 +36,7 @@ def _skewed(n: int, rows: int, gen: torch.Generator) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("rows", [7, 1 << 13, 33_762_603, 1 << 40])  # one digit pass .. four
-@pytest.mark.parametrize("n", [MIN_CPU_KERNEL_IDS, 5_000, 106_496])
+@pytest.mark.parametrize("n", [MIN_CPU_KERNEL_IDS, 5_000, 106_496, 300_000])  # 300,000: 8-bit digits
 def test_one_id_per_bag_equals_torch(rows, n):
     gen = _seed()
     ids = _skewed(n, rows, gen)
