@@ -62,7 +62,7 @@ class Dot(nn.Module):
             if emulating_autocast(x.device):  # no bf16 kernels: the fp32 dots of the bf16 values, rounded once
                 with torch.autocast("cpu", enabled=False):
                     return _TriuDot.apply(x.float(), upper, mirror).to(torch.bfloat16)
-            return _RowsDot.apply(x, mirror) if x.shape[1] > 1 else _TriuDot.apply(x, upper, mirror)
+            return _RowsDot.apply(x) if x.shape[1] > 1 else _TriuDot.apply(x, upper, mirror)
         x = as_fields(inputs)  # (B, F, D)
         upper, mirror = self.pairs(x.shape[1], x.device)
         return _TriuDot.apply(x, upper, mirror)  # (B, F (F - 1) / 2)
@@ -86,7 +86,7 @@ class _RowsDot(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, mirror: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(x)
         num = x.shape[1]
         with torch.autocast("cpu", enabled=False):
@@ -94,7 +94,7 @@ class _RowsDot(torch.autograd.Function):
             return torch.cat([gram[:, i, i + 1:] for i in range(num - 1)], dim=1)  # (B, P)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
         (x,) = ctx.saved_tensors
         batch, num = x.shape[0], x.shape[1]
         with torch.autocast("cpu", enabled=False):
@@ -107,7 +107,7 @@ class _RowsDot(torch.autograd.Function):
                 sym[:, i, i + 1:] = tail
                 sym[:, i + 1:, i] = tail
                 start += num - 1 - i
-            return matmul(torch.bmm, sym, x), None  # (B, F, D)
+            return matmul(torch.bmm, sym, x)  # (B, F, D)
 
 
 class _TriuDot(torch.autograd.Function):
