@@ -1,8 +1,9 @@
 """The casted index on the CPU in one numba pass: a stable radix sort of the ids, then the runs.
 
-`operators.casting.compute_casting` sorts the ids with `torch.sort(stable=True)` (a comparison
-sort), spreads the bag indices with `repeat_interleave`, gathers them and finds the runs: on a
-DLRM batch (106,496 ids of 26 Criteo fields, one thread) 8.1 ms, 4.1 of them the sort. The data
+Torch's operators (`operators.casting.torch_casting`) sort the ids with `torch.sort(stable=True)`
+(a comparison sort), spread the bag indices with `repeat_interleave`, gather them and find the
+runs: on a DLRM batch (106,496 ids of 26 Criteo fields, one thread) 2.77-4.21 ms, most of it the
+sort (1.8-4.1 ms). The data
 stage computes a casting for every batch beside the training steps, so on a small CPU those
 milliseconds are taken from the steps' cores; and torch's operators called from a data thread
 open a parallel region of their own there, which the compute threads then wait on.
@@ -43,7 +44,6 @@ NARROW_DIGIT_BITS = 8  # ... and 256 a pass beyond: a pass's writes go to as man
 # 3.4e7: 0.58 ms with 13 bits, 1.02 ms with 8)
 
 
-
 @njit(cache=True, nogil=True)
 def _check(ids, offsets):
     """0 where `offsets` do not partition `ids` into bags or an id is negative; else 2 where every
@@ -82,12 +82,7 @@ def _stable_order(ids, bits):
         counts[:] = 0
         for i in range(n):
             counts[(keys[i] >> shift) & (radix - 1)] += 1
-        skip = False
-        for d in range(radix):
-            if counts[d] == n:  # one digit for every id: this pass keeps the order
-                skip = True
-                break
-        if not skip:
+        if n > 0 and counts[(keys[0] >> shift) & (radix - 1)] != n:  # else one digit for every id: order kept
             total = 0
             for d in range(radix):
                 c = counts[d]
@@ -154,8 +149,3 @@ def cast_index(ids: np.ndarray, offsets: np.ndarray
     if kind == 0:
         return None
     return _cast(ids, offsets, kind == 2)
-
-
-def warm_up() -> None:
-    """Compile (or load from numba's cache) the kernels now, on a tiny input."""
-    cast_index(np.array([3, 1, 3], np.int64), np.array([0, 1, 3], np.int64))
