@@ -210,6 +210,7 @@ class CudaRuntime(DeviceRuntime):
     def __init__(self, device: torch.device):
         super().__init__(device)
         self._kernels: dict[tuple[str, str], Any] = {}
+        self._streams: dict[int, Any] = {}
 
     def pin(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.pin_memory()
@@ -236,10 +237,37 @@ class CudaRuntime(DeviceRuntime):
         if key not in self._kernels:
             self._kernels[key] = cupy.RawKernel(kernel.source, kernel.entry)
         converted = tuple(cupy.from_dlpack(a.detach()) if isinstance(a, torch.Tensor) else a for a in args)
-        stream = cupy.cuda.ExternalStream(torch.cuda.current_stream(self.device).cuda_stream)
+        stream = self._cupy_stream(cupy, torch.cuda.current_stream(self.device).cuda_stream)
         with cupy.cuda.Device(self.device.index or 0), stream:
             self._kernels[key]((config.grid,), (config.block,), converted,
                                shared_mem=config.shared_mem_bytes)
+
+    def _cupy_stream(self, cupy: Any, handle: int) -> Any:
+        """CuPy's view of torch's stream `handle` (kept per handle: torch's streams live on).
+
+        CuPy 14 deprecates `ExternalStream` for `Stream.from_external`, which takes an object
+        with the CUDA stream protocol (`__cuda_stream__`); older CuPy has only `ExternalStream`."""
+        stream = self._streams.get(handle)
+        if stream is None:
+            index = self.device.index or 0
+            from_external = getattr(cupy.cuda.Stream, "from_external", None)
+            if from_external is not None:
+                stream = from_external(_TorchStreamHandle(handle, index))
+            else:
+                stream = cupy.cuda.ExternalStream(handle, index)
+            self._streams[handle] = stream
+        return stream
+
+
+class _TorchStreamHandle:
+    """A raw CUDA stream handle offered through the CUDA stream protocol (version 0)."""
+
+    def __init__(self, handle: int, device_index: int):
+        self.handle = handle
+        self.device_index = device_index
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.handle)
 
 
 def _cuda_event(event: DeviceEvent) -> Any:

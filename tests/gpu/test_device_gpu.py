@@ -3,6 +3,7 @@ its NumPy twin, and the doctor's training check (skipped without CUDA)."""
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,38 @@ def test_cupy_kernel_equals_its_twin(dim):
     w, s = weight.to(CUDA), state.to(CUDA)
     opt = make_optimizer(("rowwise_adagrad", 0.05, (("eps", 1e-6), ("weight_decay", 0.01))))
     fused_rowwise_update(w, s, opt, grad.to(CUDA), casting.to(CUDA))
+    torch.testing.assert_close(s.cpu(), want_s, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(w.cpu(), want_w, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dim", [33])
+def test_cupy_launch_runs_on_torchs_current_stream_without_deprecated_calls(dim):
+    """The launch goes on the stream torch is using (a side stream here), after the work queued
+    there, through CuPy's current stream API (`Stream.from_external` where CuPy has it; CuPy 14
+    warns on `ExternalStream`)."""
+    if not cupy_usable():
+        pytest.skip("cupy sees no CUDA device")
+    import cupy
+
+    weight, state, grad, casting = _case(dim)
+    want_w, want_s = _twin(weight, state, grad, casting, 0.05, 1e-6, 0.01,
+                           rowwise_launch(casting.unique_ids.numel(), dim))
+    opt = make_optimizer(("rowwise_adagrad", 0.05, (("eps", 1e-6), ("weight_decay", 0.01))))
+    rt = runtime_for(CUDA)
+    side = torch.cuda.Stream(CUDA)
+    big = torch.rand(1 << 24, device=CUDA)
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side), warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        w, s = (weight * 2).to(CUDA), state.to(CUDA)
+        g, c = grad.to(CUDA), casting.to(CUDA)
+        for _ in range(20):  # keeps the side stream busy: a launch on another stream runs first
+            big.mul_(1.0000001)
+        # w becomes the weight only after the busy work: a kernel on another stream sees 2 x weight
+        w.copy_(w * 0.5 + 0.0 * big[: w.numel()].view_as(w))
+        fused_rowwise_update(w, s, opt, g, c)
+        assert rt._cupy_stream(cupy, side.cuda_stream).ptr == side.cuda_stream
+    side.synchronize()
     torch.testing.assert_close(s.cpu(), want_s, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(w.cpu(), want_w, rtol=1e-5, atol=1e-6)
 
