@@ -97,6 +97,11 @@ class DeviceRuntime(ABC):
         """A host tensor in memory the device copies from asynchronously (page-locked on CUDA)."""
 
     @abstractmethod
+    def upload(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A staged host tensor (a batch's ids, dense features, casting) on the device, copied by
+        the calling thread (the transfer stage's), in stream order with the compute stream."""
+
+    @abstractmethod
     def side_stream(self) -> SideStream:
         """A new side stream."""
 
@@ -162,6 +167,9 @@ class CpuRuntime(DeviceRuntime):
     def pin(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor
 
+    def upload(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
     def side_stream(self) -> SideStream:
         return CpuSideStream()
 
@@ -214,6 +222,16 @@ class CudaRuntime(DeviceRuntime):
 
     def pin(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.pin_memory()
+
+    def upload(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Copied from pageable memory, the calling thread waiting for its copy, not pinned first.
+
+        Pinning every staged tensor (`pin_memory()`, then a non-blocking copy) cost the step on
+        the other thread: on an H200 (DLRM, batch 4096, the trainer's step over 200 steps, runs
+        alternating in one process) 9.0 and 10.2 ms at the median and 20-23 ms at p90 with
+        pinning, 5.9 and 5.9 ms (p90 6.8) with this copy, 5.6 and 6.4 ms with no transfer thread
+        at all. A batch is a few MB; the thread that waits for the copy is the transfer stage's."""
+        return tensor.to(self.device)
 
     def side_stream(self) -> SideStream:
         return CudaSideStream(self.device)

@@ -2,7 +2,8 @@
 
 Data staging (`flowrec.data.batches`, its own worker threads and bounded queue) feeds this stage;
 this stage moves dense features, labels and the ids of device-placed groups to the device
-(pinned buffers from `operators.device` + non-blocking copies on CUDA) and hands them to compute through a bounded queue
+(`operators.device`'s `upload`: on CUDA a copy this thread waits for, from pageable memory; pinning
+each tensor first slowed the step on the compute thread) and hands them to compute through a bounded queue
 of `depth` batches, so staging and transfer overlap compute. On a CPU device it is a pass-through,
 unless asked to run the batches' iterator on its thread (`background`: batches formed after
 staging, FAE's hot/cold batches with their lookahead windows, are formed there, not in the step's).
@@ -57,11 +58,11 @@ class TransferStage:
         self._thread.start()
 
     def _send(self, tensor: torch.Tensor) -> torch.Tensor:
-        """A host tensor on the device: pinned, then copied without blocking the host."""
-        return self.runtime.pin(tensor).to(self.device, non_blocking=True)
+        """A host tensor on the device (`DeviceRuntime.upload`: on CUDA copied by this thread)."""
+        return self.runtime.upload(tensor)
 
     def _send_casting(self, casting: Casting) -> Casting:
-        """A staged casting on the device, every tensor pinned and copied without blocking."""
+        """A staged casting on the device, every tensor sent."""
         scale = casting.sorted_scale
         return replace(casting, unique_ids=self._send(casting.unique_ids), counts=self._send(casting.counts),
                        unique_offsets=self._send(casting.unique_offsets),

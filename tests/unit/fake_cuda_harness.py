@@ -194,6 +194,12 @@ class RecordingCudaRuntime(device_module.CpuRuntime):
             raise RuntimeError(f"pinning a {tensor.device} tensor: only host tensors can be pinned")
         return tensor
 
+    def upload(self, tensor: torch.Tensor) -> torch.Tensor:
+        """As CUDA's: a staged host tensor copied to the device."""
+        if tensor.device.type != "cpu":
+            raise RuntimeError(f"uploading a {tensor.device} tensor: the transfer stage sends host tensors")
+        return tensor.to(self.device)
+
 
 class Tape:
     """Custom autograd Functions run forward-only and replayed backward explicitly."""
