@@ -47,6 +47,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from flowrec.data.priority import enter_data_thread, waiting
 from flowrec.data.checked import rules_key
 from flowrec.data.checks import ColumnRule, check_partition, partition_rules
 from flowrec.data.dataset import PartitionSource, partition_name, take_rows, token
@@ -259,7 +260,8 @@ class BatchIterator:
         self._rules = partition_rules(self.spec, self.columns) if opts.check else ()  # checks of each partition read
         self._cache = self._open_cache()
         self._stop = threading.Event()
-        self._pool = ThreadPoolExecutor(max(opts.workers, 1), thread_name_prefix="flowrec-pack")
+        self._pool = ThreadPoolExecutor(max(opts.workers, 1), thread_name_prefix="flowrec-pack",
+                                        initializer=enter_data_thread)
         self._futures: queue.Queue = queue.Queue(maxsize=max(opts.prefetch, 1))
         self._threads = [threading.Thread(target=self._read, name="flowrec-reader", daemon=True)]
         if self._cache is not None and not self._cache.complete():  # the kernels load while the first reads decode
@@ -278,11 +280,22 @@ class BatchIterator:
 
     def __next__(self) -> Batch:
         try:
-            item = self._get(self._out)
+            if self._out.empty():  # the consumer waits: the data threads at normal priority meanwhile
+                with waiting():
+                    item = self._get(self._out)
+            else:
+                item = self._get(self._out)
             if item is None:
                 self.close()
                 raise StopIteration
-            batch = item.result() if isinstance(item, Future) else item
+            if isinstance(item, Future):
+                if item.done():
+                    batch = item.result()
+                else:
+                    with waiting():
+                        batch = item.result()
+            else:
+                batch = item
             if isinstance(batch, BaseException):
                 raise batch
             return batch
@@ -307,10 +320,11 @@ class BatchIterator:
         self._stop.set()
         for q in {id(self._futures): self._futures, id(self._out): self._out}.values():
             _drain(q)
-        for t in self._threads:
-            if t is not threading.current_thread():
-                t.join(JOIN_S)
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        with waiting():  # threads that see the stop flag are not kept off the cores
+            for t in self._threads:
+                if t is not threading.current_thread():
+                    t.join(JOIN_S)
+            self._pool.shutdown(wait=True, cancel_futures=True)
         if self._cache is not None and not any(t.is_alive() for t in self._threads):
             self._cache.release(self)  # (a reader still running keeps it: later epochs stream)
 
@@ -360,6 +374,7 @@ class BatchIterator:
         return False
 
     def _read(self) -> None:
+        enter_data_thread()
         try:
             for turn, (index, table, global_size) in enumerate(self._raw_batches()):
                 fut = self._pool.submit(self._pack, table, index, global_size, turn)
@@ -569,6 +584,7 @@ class BatchIterator:
         return Batch(dense, labels, groups, self.epoch, index, size, global_size, managed, items)
 
     def _lookahead(self) -> None:
+        enter_data_thread()
         window = LookaheadWindow(self.opts.lookahead, self.opts.horizon)
         try:
             while True:
@@ -883,6 +899,7 @@ def _load_rowpack() -> None:
     first call, about 0.6 s, on a thread beside a filling epoch's first Parquet reads."""
     from flowrec.data.rowpack import warm_up
 
+    enter_data_thread()
     warm_up()
 
 

@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.dataset as pds
 import pyarrow.parquet as pq
 
+from flowrec.data.priority import enter_data_thread
 from flowrec.data.checked import CheckRecord, fingerprint, rules_key
 from flowrec.data.checks import ColumnRule, check_partition
 from flowrec.data.layout import META_FILE, DataError, DatasetMeta, read_meta
@@ -191,7 +192,8 @@ class ParquetSource(_ParquetParts):
 
     def __init__(self, path: str | Path, threads: int = 2):
         super().__init__(path)
-        self._pool = ThreadPoolExecutor(max(threads, 1), thread_name_prefix="flowrec-read")
+        self._pool = ThreadPoolExecutor(max(threads, 1), thread_name_prefix="flowrec-read",
+                                        initializer=enter_data_thread)
 
     def submit(self, index: int, columns: Sequence[str], row_groups: Sequence[int] | None = None) -> Future:
         groups = self._count(index, columns, row_groups)
