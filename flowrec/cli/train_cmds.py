@@ -216,6 +216,13 @@ def _check_options(request: RunRequest) -> None:
         gemm_library()  # $FLOWREC_CPU_GEMM, before anything is read or written
     except ValueError as exc:
         fail(str(exc))
+    from flowrec.data.layout import DataError
+    from flowrec.data.priority import mode as data_priority
+
+    try:
+        data_priority()  # $FLOWREC_DATA_PRIORITY, likewise
+    except DataError as exc:
+        fail(str(exc))
     given = request.given
     if given["seed"] is not None and not 0 <= given["seed"] <= MAX_SEED:
         fail(f"--seed must be in 0..{MAX_SEED} (2^63-1), not {given['seed']}")

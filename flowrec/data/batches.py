@@ -47,7 +47,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from flowrec.data.priority import enter_data_thread, waiting
+from flowrec.data.priority import enabled as priority_enabled, enter_data_thread, waiting
 from flowrec.data.checked import rules_key
 from flowrec.data.checks import ColumnRule, check_partition, partition_rules
 from flowrec.data.dataset import PartitionSource, partition_name, take_rows, token
@@ -259,6 +259,7 @@ class BatchIterator:
         self._outputs = _output_pool(source, opts.prefetch + opts.workers + opts.lookahead + opts.horizon + 4)
         self._rules = partition_rules(self.spec, self.columns) if opts.check else ()  # checks of each partition read
         self._cache = self._open_cache()
+        priority_enabled()  # a bad FLOWREC_DATA_PRIORITY is an error here, before any thread starts
         self._stop = threading.Event()
         self._pool = ThreadPoolExecutor(max(opts.workers, 1), thread_name_prefix="flowrec-pack",
                                         initializer=enter_data_thread)

@@ -67,7 +67,10 @@ def mode() -> str:
     """The asked mode: FLOWREC_DATA_PRIORITY, `idle` when unset."""
     value = os.environ.get(ENV, "idle").strip().lower() or "idle"
     if value not in MODES:
-        raise ValueError(f"{ENV}={value!r}: use one of {', '.join(MODES)}")
+        from flowrec.data.layout import DataError
+
+        raise DataError(f"{ENV}={value!r} is not a data-thread priority: use one of {', '.join(MODES)} "
+                        f"(or leave it unset: idle)")
     return value
 
 
@@ -82,8 +85,12 @@ def enabled() -> bool:
 
 
 def enter_data_thread() -> None:
-    """Called first in a data thread: registers it, and at idle priority unless a consumer waits."""
-    if not enabled():
+    """Called first in a data thread: registers it, and at idle priority unless a consumer waits.
+    Never raises (a bad FLOWREC_DATA_PRIORITY is reported by `enabled` where the stage is made)."""
+    try:
+        if not enabled():
+            return
+    except Exception:  # noqa: BLE001  (DataError: reported where the stage is made)
         return
     thread = threading.current_thread()
     with _lock:

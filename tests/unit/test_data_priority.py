@@ -13,6 +13,7 @@ import torch
 from flowrec.data import priority
 from flowrec.data.batches import StagingOptions, iterate_batches
 from flowrec.data.dataset import MemorySource, split_table
+from flowrec.data.layout import DataError
 from flowrec.data.synth import SynthConfig, synth_table
 from flowrec.testing.caches import cache_spec
 
@@ -94,8 +95,12 @@ def test_normal_mode_leaves_the_threads_alone_and_a_bad_mode_is_named(fresh):
         list(it)
     assert calls == [] and priority.data_threads() == {}
     fresh.setenv(priority.ENV, "lowest")
-    with pytest.raises(ValueError, match="FLOWREC_DATA_PRIORITY='lowest'.*idle, normal"):
+    with pytest.raises(DataError, match="FLOWREC_DATA_PRIORITY='lowest'.*idle, normal"):
         priority.enabled()
+    with pytest.raises(DataError, match="FLOWREC_DATA_PRIORITY='lowest'"):  # before any data thread starts
+        _batches(cache_spec())
+    priority.enter_data_thread()  # in a data thread it never raises: the stage reported it
+    assert calls == [] and priority.data_threads() == {}
 
 
 def test_a_thread_gone_is_forgotten_not_an_error(fresh):
@@ -146,3 +151,19 @@ def test_real_policy_idle_while_the_consumer_computes_normal_while_it_waits(fres
         live = priority.data_threads()
         assert {os.sched_getscheduler(tid) for tid in live.values()} == {os.SCHED_IDLE}
         list(it)
+
+
+def test_train_refuses_an_unknown_priority_in_one_line_before_writing(fresh, tmp_path):
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from flowrec.cli import app
+
+    fresh.setenv(priority.ENV, "realtime")
+    out = tmp_path / "run"
+    spec = Path(__file__).resolve().parents[2] / "specs" / "wide_deep.yaml"
+    result = CliRunner().invoke(app, ["train", str(spec), "--rows", "2000", "--max-steps", "1", "--out", str(out)])
+    assert result.exit_code == 2, result.output
+    assert "FLOWREC_DATA_PRIORITY='realtime'" in result.output and "Traceback" not in result.output
+    assert not out.exists()  # nothing written
