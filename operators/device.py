@@ -267,12 +267,11 @@ class CudaRuntime(DeviceRuntime):
         with the CUDA stream protocol (`__cuda_stream__`); older CuPy has only `ExternalStream`."""
         stream = self._streams.get(handle)
         if stream is None:
-            index = self.device.index or 0
             from_external = getattr(cupy.cuda.Stream, "from_external", None)
             if from_external is not None:
-                stream = from_external(_TorchStreamHandle(handle, index))
+                stream = from_external(_TorchStreamHandle(handle))
             else:
-                stream = cupy.cuda.ExternalStream(handle, index)
+                stream = cupy.cuda.ExternalStream(handle, self.device.index or 0)
             self._streams[handle] = stream
         return stream
 
@@ -280,9 +279,8 @@ class CudaRuntime(DeviceRuntime):
 class _TorchStreamHandle:
     """A raw CUDA stream handle offered through the CUDA stream protocol (version 0)."""
 
-    def __init__(self, handle: int, device_index: int):
+    def __init__(self, handle: int):
         self.handle = handle
-        self.device_index = device_index
 
     def __cuda_stream__(self) -> tuple[int, int]:
         return (0, self.handle)

@@ -20,7 +20,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -29,24 +28,17 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from flowrec import api  # noqa: E402
 from flowrec.data import priority  # noqa: E402
 from flowrec.spec import load_spec  # noqa: E402
+from bench_transfer import trained_steps  # noqa: E402  (tools/)
 
 SPIN = "import time\nend = time.time() + {seconds}\nwhile time.time() < end: pass\n"
 
 
 def run(spec, setting: str, device: str, steps: int, skip: int) -> dict:
     os.environ[priority.ENV] = setting
-    stamps: list[float] = []
-    started = time.perf_counter()
-    api.train(spec, device=device, max_steps=steps, rows=spec.training.batch_size * (steps + 4), seed=3,
-              on_step=lambda event: stamps.append(time.perf_counter()))
-    wall = time.perf_counter() - started
-    gaps = sorted((b - a) * 1e3 for a, b in zip(stamps[skip:], stamps[skip + 1:]))
-    return {"setting": setting, "idle_in_effect": setting == "idle" and priority.enabled(),
-            "step_ms_median": statistics.median(gaps), "step_ms_p10": gaps[len(gaps) // 10],
-            "step_ms_p90": gaps[(9 * len(gaps)) // 10], "steps_s": stamps[-1] - stamps[skip], "run_s": wall}
+    row = trained_steps(spec, device, steps, skip, seed=3)
+    return {"setting": setting, "idle_in_effect": setting == "idle" and priority.enabled(), **row}
 
 
 def main() -> None:

@@ -59,26 +59,34 @@ def pinned_send(stage: TransferStage, tensor: torch.Tensor) -> torch.Tensor:
     return stage.runtime.pin(tensor).to(stage.device, non_blocking=True)
 
 
-def run_variant(name: str, spec: Any, device: str, steps: int, skip: int, seed: int) -> dict:
+def trained_steps(spec: Any, device: str, steps: int, skip: int, seed: int) -> dict:
+    """Train `steps` steps of `spec` through `api.train` on synthetic rows: the step (the gap
+    between consecutive `on_step` calls after `skip` steps) at the median, p10 and p90, the timed
+    steps' seconds, and the call's wall seconds."""
     stamps: list[float] = []
+    started = time.perf_counter()
+    api.train(spec, device=device, max_steps=steps, rows=spec.training.batch_size * (steps + 4), seed=seed,
+              on_step=lambda event: stamps.append(time.perf_counter()))
+    wall = time.perf_counter() - started
+    gaps = sorted((b - a) * 1e3 for a, b in zip(stamps[skip:], stamps[skip + 1:]))
+    if not gaps:
+        raise SystemExit(f"--steps {steps} leaves no step after --skip {skip}")
+    return {"step_ms_median": statistics.median(gaps), "step_ms_p10": gaps[len(gaps) // 10],
+            "step_ms_p90": gaps[(9 * len(gaps)) // 10], "steps_timed": len(gaps),
+            "steps_s": stamps[-1] - stamps[skip], "run_s": round(wall, 2)}
+
+
+def run_variant(name: str, spec: Any, device: str, steps: int, skip: int, seed: int) -> dict:
     real_send = TransferStage._send
     if name == "pinned":
         TransferStage._send = pinned_send
     elif name == "inline":
         trainer_module.TransferStage = InlineStage
-    started = time.perf_counter()
     try:
-        api.train(spec, device=device, max_steps=steps, rows=spec.training.batch_size * (steps + 4), seed=seed,
-                  on_step=lambda event: stamps.append(time.perf_counter()))
+        return {"variant": name, **trained_steps(spec, device, steps, skip, seed)}
     finally:
         TransferStage._send = real_send
         trainer_module.TransferStage = TransferStage
-    gaps = sorted((b - a) * 1e3 for a, b in zip(stamps[skip:], stamps[skip + 1:]))
-    if not gaps:
-        raise SystemExit(f"--steps {steps} leaves no step after --skip {skip}")
-    return {"variant": name, "step_ms_median": statistics.median(gaps), "step_ms_p10": gaps[len(gaps) // 10],
-            "step_ms_p90": gaps[(9 * len(gaps)) // 10], "steps_timed": len(gaps),
-            "run_seconds": round(time.perf_counter() - started, 2)}
 
 
 def main() -> None:
@@ -114,7 +122,7 @@ def main() -> None:
             row = run_variant(name, spec, args.device, args.steps, args.skip, args.seed)
             doc["runs"].append(row)
             print(f"{name:8s} step {row['step_ms_median']:8.3f} ms median, p10 {row['step_ms_p10']:.3f}, "
-                  f"p90 {row['step_ms_p90']:.3f} ({row['run_seconds']} s)", flush=True)
+                  f"p90 {row['step_ms_p90']:.3f} ({row['run_s']} s)", flush=True)
     doc["median_of_medians_ms"] = {name: statistics.median(r["step_ms_median"] for r in doc["runs"]
                                                            if r["variant"] == name) for name in variants}
     print(json.dumps(doc["median_of_medians_ms"]))

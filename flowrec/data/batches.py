@@ -47,7 +47,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from flowrec.data.priority import enabled as priority_enabled, enter_data_thread, waiting
+from flowrec.data.priority import enabled as priority_enabled, enter_data_thread, wait_for, waiting
 from flowrec.data.checked import rules_key
 from flowrec.data.checks import ColumnRule, check_partition, partition_rules
 from flowrec.data.dataset import PartitionSource, partition_name, take_rows, token
@@ -281,22 +281,12 @@ class BatchIterator:
 
     def __next__(self) -> Batch:
         try:
-            if self._out.empty():  # the consumer waits: the data threads at normal priority meanwhile
-                with waiting():
-                    item = self._get(self._out)
-            else:
-                item = self._get(self._out)
+            # a consumer that waits raises the data threads to normal priority meanwhile
+            item = wait_for(lambda: self._get(self._out), ready=not self._out.empty())
             if item is None:
                 self.close()
                 raise StopIteration
-            if isinstance(item, Future):
-                if item.done():
-                    batch = item.result()
-                else:
-                    with waiting():
-                        batch = item.result()
-            else:
-                batch = item
+            batch = wait_for(item.result, ready=item.done()) if isinstance(item, Future) else item
             if isinstance(batch, BaseException):
                 raise batch
             return batch

@@ -27,7 +27,9 @@ from __future__ import annotations
 import os
 import threading
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator, TypeVar
+
+T = TypeVar("T")
 
 ENV = "FLOWREC_DATA_PRIORITY"
 MODES = ("idle", "normal")
@@ -130,6 +132,14 @@ def waiting() -> Iterator[None]:
             _waiters -= 1
             if _waiters == 0:
                 _all(True)
+
+
+def wait_for(fetch: Callable[[], T], ready: bool) -> T:
+    """`fetch()`, inside `waiting()` unless `ready` (what it fetches is there: no wait, no raise)."""
+    if ready:
+        return fetch()
+    with waiting():
+        return fetch()
 
 
 def data_threads() -> dict[str, int]:

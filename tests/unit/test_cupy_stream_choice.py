@@ -26,7 +26,7 @@ def _cupy(with_from_external: bool) -> SimpleNamespace:
                 calls.append("from_external")
                 version, handle = obj.__cuda_stream__()
                 assert version == 0
-                return _Wrapped(handle, obj.device_index, "from_external")
+                return _Wrapped(handle, -1, "from_external")  # the protocol carries the handle alone
 
     def external_stream(ptr, device_id=-1):
         calls.append("ExternalStream")
@@ -39,7 +39,7 @@ def test_new_cupy_wraps_torchs_stream_through_the_stream_protocol_once_per_handl
     cupy = _cupy(with_from_external=True)
     rt = CudaRuntime(torch.device("cuda:1"))
     first = rt._cupy_stream(cupy, 0x7F00AB)
-    assert (first.ptr, first.device_id, first.how) == (0x7F00AB, 1, "from_external")
+    assert (first.ptr, first.how) == (0x7F00AB, "from_external")
     assert rt._cupy_stream(cupy, 0x7F00AB) is first
     other = rt._cupy_stream(cupy, 0x7F00CD)
     assert other.ptr == 0x7F00CD and other is not first
