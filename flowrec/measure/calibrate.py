@@ -27,6 +27,7 @@ GATHER_TABLE_ROWS = 1_000_000
 GATHER_LOOKUPS = 200_000
 COPY_BYTES = 64 * 2**20
 TRANSFER_BYTES = 64 * 2**20
+UPLOAD_BYTES = (64 * 2**10, 16 * 2**20)  # the transfer stage's copies timed at a small and a large tensor
 REFERENCE_DIM = 16  # the profile's gather rate is for 64-byte rows (fp32, dim 16)
 RATES = ("fp32_tflops", "gemm_gbps", "gemm_bwd_tflops", "gemm_bwd_gbps", "elementwise_gbps")  # fitted rates (a 0 one: not separable here)
 
@@ -118,6 +119,33 @@ def transfer_gbps(device: torch.device, min_seconds: float) -> tuple[float, floa
     return h2d / 1e9, d2h / 1e9
 
 
+def upload_cost(device: torch.device, min_seconds: float) -> tuple[float, float]:
+    """(GB/s, us a copy) of the transfer stage's copies (CUDA): `DeviceRuntime.upload`, the stage's
+    own send, of a pageable host tensor at the two sizes of `UPLOAD_BYTES`, timed interleaved and
+    fitted by `upload_fit`."""
+    runtime = runtime_for(device)
+    small, large = (torch.ones(n // 4) for n in UPLOAD_BYTES)
+    seconds = interleaved_seconds([lambda: runtime.upload(small), lambda: runtime.upload(large)], device,
+                                  min_seconds)
+    return upload_fit(UPLOAD_BYTES, seconds)
+
+
+def upload_fit(sizes: Sequence[int], seconds: Sequence[float]) -> tuple[float, float]:
+    """(GB/s, fixed us) of t = fixed + bytes / rate through two (bytes, seconds) points; where the
+    larger copy was not the slower (noise), the rate of the larger alone and no fixed part.
+
+    Example:
+        >>> gbps, us = upload_fit((1_000, 1_001_000), (12e-6, 112e-6))
+        >>> round(gbps, 3), round(us, 3)
+        (10.0, 11.9)
+    """
+    (b0, b1), (t0, t1) = sizes, seconds
+    if t1 <= t0:
+        return b1 / t1 / 1e9, 0.0
+    per_byte = (t1 - t0) / (b1 - b0)
+    return 1.0 / per_byte / 1e9, max(t0 - b0 * per_byte, 0.0) * 1e6
+
+
 def launch_us(device: torch.device, min_seconds: float) -> float:
     """Wall microseconds of a tiny kernel (the per-op overhead)."""
     x = torch.ones(8, device=device)
@@ -167,6 +195,11 @@ def calibrate(device: torch.device, shapes: list[tuple[int, int, int]], min_seco
         h2d, d2h = transfer_gbps(device, min_seconds)
         host_gathers, _ = gather_rates(torch.device("cpu"), min_seconds)
         measured["pcie_gbps"] = (min(h2d, d2h), f"pinned copies of {TRANSFER_BYTES >> 20} MiB, slower direction")
+        up_gbps, up_us = upload_cost(device, min_seconds)
+        sizes = " and ".join(f"{n >> 10} KiB" for n in UPLOAD_BYTES)
+        measured["upload_gbps"] = (up_gbps, f"the transfer stage's copies (`DeviceRuntime.upload` of pageable "
+                                            f"tensors of {sizes}), t = fixed + bytes / rate")
+        measured["upload_us"] = (up_us, "as upload_gbps: the fixed part of one copy")
         measured["host_gather_rows_per_s"] = (host_gathers[REFERENCE_DIM], "as gather_rows_per_s, on host memory")
         details.update(h2d_gbps=h2d, d2h_gbps=d2h)
     else:

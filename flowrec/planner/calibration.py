@@ -39,12 +39,13 @@ SCALARS = ("memory_bytes", "hbm_gbps", "pcie_gbps", "fp32_tflops", "bf16_tflops"
            "alloc_ns_per_byte", "step_us", "staging_values_per_s", "collective_gbps", "collective_us",
            "collective_world_size", "compute_scale", "rank_compute_scale", "rank_staging_values_per_s", "rank_collective_us",
            "rank_skew_us", "rank_step_call_us", "rank_step_fixed_us", "rank_step_per_call_us", "managed_ns_per_id",
-           "epoch_start_us", "epoch_single_us", "exchange_ns_per_slot")
+           "epoch_start_us", "epoch_single_us", "exchange_ns_per_slot", "upload_gbps", "upload_us")
 INTEGERS = frozenset({"memory_bytes", "collective_world_size"})
 COLLECTIVE = frozenset({"collective_gbps", "collective_us", "collective_world_size",
                         "rank_compute_scale", "rank_staging_values_per_s", "rank_collective_us",
                         "rank_skew_us", "rank_step_call_us", "rank_step_fixed_us",
                         "rank_step_per_call_us"})  # with --nproc only
+LINK = frozenset({"upload_gbps", "upload_us"})  # measured only where a link exists (CUDA: pcie_gbps not None)
 SPEC_KIND = frozenset({"managed_ns_per_id"})  # measured only on a spec that has the kind (managed tables)
 TABLES = {"dense_update": 2, "sparse_update": 5}  # per-optimizer cost vectors: field -> length
 OP_TABLES = {"dense_ops": 3}  # per measured dense op (`op_work.op_signature`): (batch, fwd us, bwd us) points
@@ -54,7 +55,7 @@ ZERO_OK = frozenset({"sparse_fwd_us", "sparse_fwd_ns_per_id", "sparse_fwd_ns_per
                      "gemm_bwd_us", "elementwise_us", "op_us", "map_ns_per_id", "map_small_ns_per_id",
                      "alloc_threshold_bytes", "alloc_ns_per_byte", "step_us",
                      "collective_us", "managed_ns_per_id", "rank_skew_us", "rank_step_fixed_us", "epoch_start_us",
-                     "epoch_single_us", "exchange_ns_per_slot"})  # fitted parts a machine may show as nil
+                     "epoch_single_us", "exchange_ns_per_slot", "upload_us"})  # fitted parts a machine may show as nil
 
 
 class ProfileError(ValueError):

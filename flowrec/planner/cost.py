@@ -46,6 +46,14 @@ Device profiles carry the constants, with units in their names. Sources and assu
   the two, a fixed part per step and a part per call (`rank_step_fixed_us`,
   `rank_step_per_call_us`, `step_call_fit`), so that a plan with other calls than the calibrated
   one is priced by what the calls measured cost, not by proportion.
+* A GPU's step receives every staged batch: its dense features and labels and, per group whose
+  ids go to the device (`sends_ids`: device-resident groups through the transfer stage, cached
+  groups as their slots through their cache module), its ids, offsets and the casting index the
+  data stage computed (`casting_bytes`), each tensor copied from pageable memory
+  (`DeviceRuntime.upload`), priced as `upload_us` a copy plus the bytes at `upload_gbps`
+  (`upload_seconds`; `flowrec calibrate` measures both on CUDA with the stage's own copy; a
+  datasheet profile uses `launch_us` and `pcie_gbps`). The rows the host-side groups move go at
+  `pcie_gbps` (pinned buffers).
 * An epoch's start: the trainer opens a new batch pipeline for every epoch, waits for its first
   batch and runs its first steps beside the pipeline's start (`epoch_start_us`, `epoch_single_us`:
   measured by `flowrec calibrate` on the trainer's own epoch path, one process on the CPU). It
@@ -81,7 +89,7 @@ from flowrec.graph.kinds import OP_KINDS, OPTIMIZERS, PLACEMENTS
 from flowrec.graph.types import ACCESS_NONE, DTYPE_BYTES, AccessProfile, CostPrediction, Op, OpGraph, PackedGroup
 from flowrec.planner import exchange
 from flowrec.planner.access import AccessModel, dataset_rows, epoch_counted, group_model
-from flowrec.planner.calibration import (COLLECTIVE, MEASURABLE, SPEC_KIND, ProfileError, is_profile_path,
+from flowrec.planner.calibration import (COLLECTIVE, LINK, MEASURABLE, SPEC_KIND, ProfileError, is_profile_path,
                                          profile_fields, read_profile)
 from flowrec.planner.exchange import link_for
 from flowrec.planner.fae_traffic import hot_cold_bytes
@@ -129,7 +137,10 @@ class DeviceProfile:
     `epoch_start_us` and `epoch_single_us` = what an epoch as the trainer runs it (a new batch
     pipeline) takes beyond its steady steps, of several batches and of one (`epoch_start_seconds`).
     `epoch_lean_us` = for an epoch of 1 .. 8 batches, what its start's slowed steps move the
-    typical step of such epochs by (`epoch_lean_seconds`).
+    typical step of such epochs by (`epoch_lean_seconds`). `upload_gbps` and `upload_us` = what
+    the transfer stage's copies of a staged batch cost (`DeviceRuntime.upload`: each tensor copied
+    from pageable memory, a fixed part per tensor and bytes at a rate, `upload_seconds`), where
+    `pcie_gbps` (pinned copies) prices the rows the caches move.
 
     Example:
         >>> DEVICES["cpu"].pcie_gbps is None
@@ -147,6 +158,8 @@ class DeviceProfile:
     host_gather_rows_per_s: float  # random row gathers from host memory (host-placed tables)
     launch_us: float  # per kernel
     staging_values_per_s: float  # host staging throughput (all workers), ids + dense values
+    upload_gbps: float = 0.0  # a staged batch's tensors sent as the transfer stage sends them (pageable copies), GB/s; 0: pcie_gbps
+    upload_us: float = 0.0  # fixed cost of one such copy; 0: launch_us
     gemm_efficiency: float = GEMM_EFFICIENCY  # achieved share of the *_tflops on recsys GEMMs
     source: str = "datasheet"  # where the constants come from: datasheet, or calibrated FILE
     op_us: float = 0.0  # per kernel without data; 0: launch_us
@@ -288,7 +301,8 @@ def _calibrated(path: str) -> DeviceProfile:
     base = doc["base"]
     # older documents lack the newer constants; collectives (measured with --nproc only) are named
     # by the shard pass's note, which says which link it priced
-    kept = sorted(set(MEASURABLE) - set(fields) - COLLECTIVE - SPEC_KIND)
+    kept = sorted(set(MEASURABLE) - set(fields) - COLLECTIVE - SPEC_KIND
+                  - (LINK if fields.get("pcie_gbps", DEVICES[base].pcie_gbps) is None else frozenset()))
     note = f"; datasheet or derived: {', '.join(kept)}" if kept else ""
     return replace(DEVICES[base], **fields, name=f"{base} calibrated",
                    source=f"calibrated {path} ({doc.get('created', '?')}{note})")
@@ -333,6 +347,7 @@ class _Unit:
     optimizer: str  # sparse optimizer name
     shards: int = 1
     step_ids: int = 0  # lookups per step beyond the samples' (a retrieval head's sampled negatives: N samples)
+    mean: bool = False  # a field pools by mean (its casting carries a scale per id)
 
     def lookups(self, batch: float) -> float:
         """Ids looked up in a step of `batch` samples (the sampled negatives included)."""
@@ -347,7 +362,7 @@ class _Unit:
 def _group_unit(g: PackedGroup, profile: AccessProfile | None = None, step_ids: int = 0) -> _Unit:
     return _Unit(g, g.rows, g.dim, DTYPE_BYTES[g.dtype], g.row_bytes(), ids_per_sample(g, profile),
                  g.bags_per_sample, g.placement, g.cache_rows, g.expected_hit_rate, g.optimizer[0], g.shards,
-                 step_ids)
+                 step_ids, any(f.pooling == "mean" for f in g.fields))
 
 
 def step_lookups(graph: OpGraph) -> dict[str, int]:
@@ -427,7 +442,7 @@ def _units(graph: OpGraph, profile: AccessProfile | None = None) -> list[_Unit]:
             units.append(_Unit(None, rows, op.attr("dim"), DTYPE_BYTES[op.dtype],
                                row_bytes(op.attr("dim"), op.dtype, op.attr("optimizer")),
                                op.attr("max_len"), 1 if op.attr("pooling") != "none" else op.attr("max_len"),
-                               "device", 0, 1.0, op.attr("optimizer")))
+                               "device", 0, 1.0, op.attr("optimizer"), mean=op.attr("pooling") == "mean"))
     return units
 
 
@@ -592,6 +607,50 @@ def _index_bytes(u: _Unit, batch: int) -> float:
     return (u.lookups(batch) + (batch + u.step_ids) * u.bags + 1) * INDEX_BYTES
 
 
+def casting_bytes(ids: float, distinct: float, mean: bool) -> float:
+    """Bytes of the casting index of `ids` lookups over `distinct` rows, which the data stage
+    computes for a group's step and the transfer stage sends with its ids
+    (`operators.casting.Casting`: the unique ids, their counts and offsets and the sorted bags,
+    int64, and with `mean` pooling a float64 scale per id, `operators.casting.bag_scale`).
+
+    Example:
+        >>> casting_bytes(10, 4, False), casting_bytes(10, 4, True)
+        (184, 264)
+    """
+    return (ids + 3 * distinct + 1 + (ids if mean else 0)) * INDEX_BYTES
+
+
+def _unit_casting_bytes(u: _Unit, batch: int, profile: AccessProfile | None) -> float:
+    """`casting_bytes` of a unit's step (its distinct rows expected by its access model)."""
+    ids = u.lookups(batch)
+    return casting_bytes(ids, _distinct_rows(u, ids, profile), u.mean)
+
+
+def sends_ids(u: _Unit) -> bool:
+    """Whether a unit's ids and casting go to the device each step: a device-resident group's
+    with the batch (the transfer stage), a cached group's as its slots (its cache module); an
+    uncached host group is looked up on the host and only its rows travel."""
+    info = PLACEMENTS[u.placement]
+    return info.rows_on == "device" or info.cached
+
+
+def upload_tensors(units: list[_Unit]) -> int:
+    """Tensors copied to the device a step from pageable memory: dense features, labels, and per
+    unit whose ids go there (`sends_ids`) its ids, offsets and casting (4 tensors, 5 with a
+    pooling scale)."""
+    return 2 + sum(6 + u.mean for u in units if sends_ids(u))
+
+
+def upload_seconds(device: DeviceProfile, nbytes: float, tensors: int) -> float:
+    """Seconds the transfer stage's copies of a staged batch take: `tensors` copies of `nbytes`
+    together at the profile's upload rate (a calibrated profile's pageable copies; else the
+    datasheet link), 0 where the host is the device."""
+    if not device.pcie_gbps:
+        return 0.0
+    rate = device.upload_gbps or device.pcie_gbps
+    return tensors * (device.upload_us or device.launch_us) * 1e-6 + nbytes / (rate * 1e9)
+
+
 def predict(graph: OpGraph, spec: ModelSpec, device: DeviceProfile, *, micro_batches: int = 1,
             profile: AccessProfile | None = None, access: str | None = None) -> CostPrediction:
     """Predict one training step of `graph` on `device` (see the module docstring); with a world
@@ -615,8 +674,17 @@ def predict(graph: OpGraph, spec: ModelSpec, device: DeviceProfile, *, micro_bat
     staging += managed_seconds(graph, spec, device, batch, profile)
     staging += sum(exchange_seconds(u, device) for u in units)
     h2d = sum(_unit_bytes(u, batch, window, profile, spec.training.epochs) for u in units)
-    h2d += batch * (n_dense + len(spec.heads)) * 4
-    transfer = h2d / (device.pcie_gbps * 1e9) if device.pcie_gbps else 0.0
+    batch_bytes = batch * (n_dense + len(spec.heads)) * 4
+    h2d += batch_bytes
+    transfer = 0.0
+    if device.pcie_gbps:  # a batch's tensors are copied from pageable memory, the rows the caches move pinned
+        sending = [u for u in units if sends_ids(u)]
+        index = sum(_index_bytes(u, batch) for u in sending)
+        castings = sum(_unit_casting_bytes(u, batch, profile) for u in sending)
+        rows = h2d - batch_bytes - index  # the rows host-side groups move (and uncached host groups' ids)
+        h2d += castings
+        transfer = (upload_seconds(device, batch_bytes + index + castings, upload_tensors(units))
+                    + rows / (device.pcie_gbps * 1e9))
 
     mb = max(1, micro_batches)
     scale = device.compute_scale  # the dense side's in-situ factor
