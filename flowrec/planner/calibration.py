@@ -45,7 +45,7 @@ COLLECTIVE = frozenset({"collective_gbps", "collective_us", "collective_world_si
                         "rank_compute_scale", "rank_staging_values_per_s", "rank_collective_us",
                         "rank_skew_us", "rank_step_call_us", "rank_step_fixed_us",
                         "rank_step_per_call_us"})  # with --nproc only
-LINK = frozenset({"upload_gbps", "upload_us"})  # measured only where a link exists (CUDA: pcie_gbps not None)
+LINK = frozenset({"upload_gbps", "upload_us"})  # the transfer stage's copies: None where the host is the device
 SPEC_KIND = frozenset({"managed_ns_per_id"})  # measured only on a spec that has the kind (managed tables)
 TABLES = {"dense_update": 2, "sparse_update": 5}  # per-optimizer cost vectors: field -> length
 OP_TABLES = {"dense_ops": 3}  # per measured dense op (`op_work.op_signature`): (batch, fwd us, bwd us) points
@@ -107,7 +107,7 @@ def read_profile(path: Path) -> dict[str, Any]:
 
 
 def profile_fields(doc: Mapping[str, Any], path: str) -> dict[str, Any]:
-    """The measured constants of a document, checked: {field: value} (pcie_gbps may be None; a
+    """The measured constants of a document, checked: {field: value} (pcie_gbps may be None, and the upload constants, left out then; a
     per-optimizer or dense-op table is a tuple of (optimizer or signature, (numbers)) pairs, sorted; a vector a tuple of numbers)."""
     measured = doc.get("measured")
     if not isinstance(measured, dict) or not isinstance(doc.get("base"), str):
@@ -123,6 +123,8 @@ def profile_fields(doc: Mapping[str, Any], path: str) -> dict[str, Any]:
             fields[key] = _vector(value, key, path)
         elif value is None and key == "pcie_gbps":
             fields[key] = None
+        elif value is None and key in LINK:  # the host is the device: no copies (left at "not measured")
+            continue
         else:
             fields[key] = _number(value, key, path)
     return fields

@@ -143,6 +143,9 @@ def test_a_profile_with_upload_constants_loads_and_a_cpu_profile_does_not_miss_t
     old = profile_document("h100", {"pcie_gbps": (48.0, "x")}, "m", "t")  # a profile from before these constants
     path.write_text(json.dumps(old))
     assert "upload_gbps" in device_profile(str(path)).source.split("datasheet or derived:")[1]
-    cpu = profile_document("cpu", {"pcie_gbps": (None, "x")}, "m", "t")
-    path.write_text(json.dumps(cpu))
-    assert "upload" not in device_profile(str(path)).source.split("datasheet or derived:")[1]
+    for measured in ({"pcie_gbps": (None, "x")},  # as flowrec calibrate writes on the CPU, and before
+                     {"pcie_gbps": (None, "x"), "upload_gbps": (None, "x"), "upload_us": (None, "x")}):
+        path.write_text(json.dumps(profile_document("cpu", measured, "m", "t")))
+        cpu = device_profile(str(path))
+        assert "upload" not in cpu.source.split("datasheet or derived:")[1]
+        assert (cpu.pcie_gbps, cpu.upload_gbps, cpu.upload_us) == (None, 0.0, 0.0)
