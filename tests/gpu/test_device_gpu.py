@@ -89,3 +89,19 @@ def test_cupy_launch_runs_on_torchs_current_stream_without_deprecated_calls(dim)
 def test_doctor_training_on_the_gpu_equals_the_cpu():
     checks = check_training(["cuda:0"], lambda spec: make_plan(spec, target="cpu"))
     assert [c.status for c in checks] == ["pass", "pass"], [c.detail for c in checks]
+
+
+def test_calibration_times_the_transfer_stages_own_copies():
+    """`upload_cost` times `DeviceRuntime.upload` (pageable copies, what the transfer stage sends
+    a batch with): the copies land on the GPU equal to their source, and the fit gives a finite
+    rate and a non-negative fixed part that the cost model can use."""
+    import math
+
+    from flowrec.measure.calibrate import UPLOAD_BYTES, upload_cost
+
+    rt = runtime_for(CUDA)
+    host = torch.randn(UPLOAD_BYTES[0] // 4)
+    sent = rt.upload(host)
+    assert sent.device.type == "cuda" and not host.is_pinned() and torch.equal(sent.cpu(), host)
+    gbps, us = upload_cost(CUDA, 0.1)
+    assert math.isfinite(gbps) and gbps > 0 and math.isfinite(us) and us >= 0
