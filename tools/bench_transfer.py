@@ -14,9 +14,18 @@ Trains a spec through `flowrec.api.train` (the trainer, its data stage and trans
 On a CPU device the transfer stage passes batches through, so the variants differ only by the
 machine's noise; the comparison is for a GPU.
 
+With `--profile FILE` (a profile of `flowrec calibrate` on this machine) it first checks the cost
+model's price of a batch's transfer: `--send-batches` batches of the spec staged as training stages
+them (the casting index included), each sent by the stage's own `_move` (every tensor through
+`DeviceRuntime.upload`), timed with a device synchronize, against `cost.upload_seconds` of the
+profile at that batch's own bytes and copies (the rate constants alone), and the plan's predicted
+transfer (its distinct rows by the access model): `send` in the JSON. On the CPU both are 0 (no
+copies).
+
 Usage:
     python tools/bench_transfer.py --device cuda [--spec specs/dlrm_criteo.yaml] [--precision fp32]
-        [--steps 200] [--repeats 3] [--variants upload,pinned,inline] [--json FILE]
+        [--steps 200] [--repeats 3] [--variants upload,pinned,inline] [--profile FILE]
+        [--send-batches 30] [--json FILE]
 """
 from __future__ import annotations
 
@@ -76,6 +85,46 @@ def trained_steps(spec: Any, device: str, steps: int, skip: int, seed: int) -> d
             "steps_s": stamps[-1] - stamps[skip], "run_s": round(wall, 2)}
 
 
+def send_check(spec: Any, device: str, profile: Path, count: int) -> dict:
+    """The send of `count` staged batches (`TransferStage._move`, synchronized) against the
+    profile's price of each batch's own bytes and copies, and the plan's predicted transfer."""
+    from flowrec.measure.step import _staged
+    from flowrec.planner import cost
+    from flowrec.planner.manager import make_plan
+
+    plan = make_plan(spec, target=str(profile))
+    profiled = cost.device_profile(str(profile))
+    batches = _staged(spec, plan, count + 2)
+    stage = TransferStage(iter(()), torch.device(device))
+    runtime = runtime_for(torch.device(device))
+    sent: list[torch.Tensor] = []
+    send = stage._send
+
+    def counted(tensor: torch.Tensor) -> torch.Tensor:  # the stage's own send, each tensor recorded
+        sent.append(tensor)
+        return send(tensor)
+
+    stage._send = counted
+    measured, priced = [], []
+    for k, batch in enumerate(batches):
+        sent.clear()
+        runtime.synchronize()
+        started = time.perf_counter()
+        stage._move(batch)
+        runtime.synchronize()
+        seconds = time.perf_counter() - started
+        if k >= 2:  # the first copies warm the allocator
+            nbytes = sum(t.numel() * t.element_size() for t in sent)
+            measured.append(seconds * 1e3)
+            priced.append(cost.upload_seconds(profiled, nbytes, len(sent)) * 1e3)
+    stage.close()
+    return {"profile": str(profile), "batches": len(measured), "send_ms_median": statistics.median(measured),
+            "priced_ms_median": statistics.median(priced),
+            "plan_transfer_ms": dict(plan.cost.stage_ms)["transfer"],
+            "plan_h2d_bytes": plan.cost.h2d_bytes_per_step,
+            "upload_gbps": profiled.upload_gbps, "upload_us": profiled.upload_us, "pcie_gbps": profiled.pcie_gbps}
+
+
 def run_variant(name: str, spec: Any, device: str, steps: int, skip: int, seed: int) -> dict:
     real_send = TransferStage._send
     if name == "pinned":
@@ -99,6 +148,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="runs of each variant, alternating (default 3)")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma list of: " + ",".join(VARIANTS))
     parser.add_argument("--seed", type=int, default=3)
+    parser.add_argument("--profile", type=Path, help="a `flowrec calibrate` profile of this machine: check "
+                        "its price of a batch's transfer first (see above)")
+    parser.add_argument("--send-batches", type=int, default=30, help="batches timed by the send check (default 30)")
     parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args()
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
@@ -117,6 +169,19 @@ def main() -> None:
            if args.device.startswith("cuda") else platform.processor() or "cpu",
            "torch": torch.__version__, "precision": spec.training.precision, "steps": args.steps,
            "skip": args.skip, "runs": []}
+    if args.profile is not None:
+        if args.send_batches < 1:
+            parser.error("--send-batches must be at least 1")
+        from flowrec.planner.cost import device_profile
+
+        try:
+            device_profile(str(args.profile))
+        except ValueError as exc:
+            parser.error(str(exc))
+        doc["send"] = send_check(spec, args.device, args.profile, args.send_batches)
+        print(f"send     {doc['send']['send_ms_median']:8.3f} ms median a batch, priced "
+              f"{doc['send']['priced_ms_median']:.3f} ms (its bytes), the plan's transfer "
+              f"{doc['send']['plan_transfer_ms']:.3f} ms", flush=True)
     for _ in range(args.repeats):
         for name in variants:
             row = run_variant(name, spec, args.device, args.steps, args.skip, args.seed)
