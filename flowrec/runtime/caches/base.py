@@ -85,8 +85,15 @@ class CachedEmbedding(nn.Module):
         return pooled(working, local, offsets.to(self.device), self.mean_flags, self.group.bags_per_sample)
 
     def count_index(self, gids: Any) -> None:
-        """Count a training batch's ids and offsets (evaluation lookups are not step traffic)."""
+        """Count a training batch's ids and offsets (evaluation lookups are not step traffic) and,
+        where the device is not the host, the staged casting its slots cross with (the cost
+        model's `casting_bytes`, which it prices only where a link exists)."""
         self.counters.add_index(gids.ids.numel(), gids.offsets.numel())
+        casting = getattr(gids, "casting", None)
+        if casting is not None and torch.device(self.device).type != "cpu":
+            self.counters.add_h2d(sum(t.numel() * t.element_size() for t in (
+                casting.unique_ids, casting.counts, casting.unique_offsets, casting.sorted_bags,
+                casting.sorted_scale) if t is not None))
 
     def current_rows(self, rows: torch.Tensor) -> torch.Tensor:
         """Current weights of sorted unique packed `rows`, wherever they live.  # (n, D)"""
