@@ -60,6 +60,7 @@ class InlineStage(TransferStage):
                  host_groups: frozenset[str] = frozenset(), background: bool = False) -> None:
         self.device, self.host_groups, self.runtime = device, host_groups, runtime_for(device)
         self.wait_s, self._source, self._passthrough = 0.0, batches, True
+        self.delivered_bytes = 0  # the step moves its batch: the stage copies nothing
         self._iter = iter(batches)
 
 

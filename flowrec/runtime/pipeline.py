@@ -17,6 +17,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections import deque
 from dataclasses import replace
 from typing import Any, Iterable, Iterator
 
@@ -47,6 +48,9 @@ class TransferStage:
         self.host_groups = host_groups
         self.runtime = runtime_for(device)
         self.wait_s = 0.0  # compute time spent waiting for a batch (stall)
+        self.delivered_bytes = 0  # bytes copied to the device of the batches handed to compute
+        self._sizes: deque[int] = deque()  # bytes copied of each queued batch, in queue order
+        self._moving = 0  # bytes copied of the batch being moved
         self._source = batches
         self._passthrough = device.type == "cpu" and not background
         if self._passthrough:
@@ -59,6 +63,7 @@ class TransferStage:
 
     def _send(self, tensor: torch.Tensor) -> torch.Tensor:
         """A host tensor on the device (`DeviceRuntime.upload`: on CUDA copied by this thread)."""
+        self._moving += tensor.numel() * tensor.element_size()
         return self.runtime.upload(tensor)
 
     def _send_casting(self, casting: Casting) -> Casting:
@@ -70,6 +75,9 @@ class TransferStage:
                        sorted_scale=None if scale is None else self._send(scale))
 
     def _move(self, batch: Any) -> Any:
+        """`batch` with every tensor the step reads on the device sent (`_send`); the bytes copied
+        are queued for `delivered_bytes`, counted once compute takes the batch."""
+        self._moving = 0
         groups = {
             name: ids if name in self.host_groups else replace(
                 ids,
@@ -79,7 +87,9 @@ class TransferStage:
             )
             for name, ids in batch.groups.items()
         }
-        return replace(batch, dense=self._send(batch.dense), labels=self._send(batch.labels), groups=groups)
+        moved = replace(batch, dense=self._send(batch.dense), labels=self._send(batch.labels), groups=groups)
+        self._sizes.append(self._moving)
+        return moved
 
     def _put(self, item: Any) -> bool:
         """Queue `item` for the consumer; False when the stage was stopped first. Every put polls
@@ -118,6 +128,8 @@ class TransferStage:
             raise StopIteration
         if isinstance(item, BaseException):
             raise item
+        if self._sizes:  # a moved batch (on CPU with `background`, batches pass unmoved)
+            self.delivered_bytes += self._sizes.popleft()
         return item
 
     def close(self) -> None:

@@ -15,8 +15,14 @@ FLOAT_BYTES = 4  # dense features and labels travel as float32
 
 
 def measured_h2d_per_step(result: Any, n_dense: int, n_heads: int, batch_size: int) -> float:
-    """Host->device bytes per step: cache/host traffic of every group plus dense features and labels."""
+    """Host->device bytes per step: cache/host traffic of every group plus what the transfer stage
+    copied a step (dense features, labels, device groups' ids, offsets and castings) where it
+    copies (a GPU); on the CPU, where nothing is copied, dense features and labels as the plan
+    counts them."""
     groups = sum(c["h2d_bytes_per_step"] + c["d2h_bytes_per_step"] for c in result.counters.values())
+    sent = getattr(result, "transfer_bytes", 0)
+    if sent:
+        return groups + sent / max(result.steps, 1)
     return groups + batch_size * (n_dense + n_heads) * FLOAT_BYTES
 
 
@@ -35,10 +41,11 @@ def run_report(result: Any, plan: Any, batch_size: int, n_dense: int, n_heads: i
         "  stage seconds  " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(result.stage_seconds.items())),
         "  predicted ms   " + ", ".join(f"{k} {v:.2f}" for k, v in cost.stage_ms),
     ]
-    if result.counters:
+    if result.counters or getattr(result, "transfer_bytes", 0):
         measured = measured_h2d_per_step(result, n_dense, n_heads, batch_size)
         lines.append(f"  host->device   measured {format_bytes(measured)} per step   "
                      f"predicted {format_bytes(cost.h2d_bytes_per_step)} per step")
+    if result.counters:
         expected = {g.name: g.expected_hit_rate for g in plan.meta.groups}
         for name, c in sorted(result.counters.items()):
             stalls = ", ".join(f"{k} {v:.2f} s" for k, v in sorted(c["stall_s"].items())) or "none"

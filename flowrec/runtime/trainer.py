@@ -191,6 +191,7 @@ class TrainResult:
     stop_requested: bool = False
     best_step: int | None = None
     managed: dict[str, Any] | None = None  # managed tables: occupancy, admitted, evicted, default lookups
+    transfer_bytes: int = 0  # bytes the transfer stage copied to the device for the steps trained (0 on a CPU)
 
 
 class Trainer:
@@ -245,6 +246,7 @@ class Trainer:
         self.hot_flags: dict[str, torch.Tensor] | None = None if "static_hot" in placements else {}
         self.log: MetricsLog | None = None
         self.stage_seconds = {"staging_wait": 0.0, "compute": 0.0, "eval": 0.0, "checkpoint": 0.0}
+        self.transfer_bytes = 0  # copied by the transfer stage for the batches trained
         self.checkpoint_stalls: list[dict[str, Any]] = []  # per checkpoint: step, seconds training waited
         self._training = False  # in the loop of steps (checkpoints there get a metrics record each)
         self._interrupt = GracefulInterrupt()
@@ -421,6 +423,7 @@ class Trainer:
         if self.stopper is not None:
             result.best_step = self.stopper.state.best_step
         result.stage_seconds = dict(self.stage_seconds)
+        result.transfer_bytes = self.transfer_bytes
         placement = {g.name: g.placement for g in self.model.groups}
         result.counters = {name: {"placement": placement[name], **snap}
                            for name, snap in collect_counters(self.model).items()}
@@ -498,6 +501,7 @@ class Trainer:
             else:
                 exhausted = True
             self.stage_seconds["staging_wait"] += batches.wait_s
+            self.transfer_bytes += batches.delivered_bytes
         if exhausted or (not self.hot_flags and pos.batch >= self._per_epoch):
             pos.epoch, pos.batch = pos.epoch + 1, 0
         if self._interrupted():

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import replace
 
 import pytest
@@ -149,3 +150,35 @@ def test_a_profile_with_upload_constants_loads_and_a_cpu_profile_does_not_miss_t
         cpu = device_profile(str(path))
         assert "upload" not in cpu.source.split("datasheet or derived:")[1]
         assert (cpu.pcie_gbps, cpu.upload_gbps, cpu.upload_us) == (None, 0.0, 0.0)
+
+
+def test_the_stage_counts_the_bytes_of_the_batches_compute_takes(monkeypatch):
+    """A transfer stage on a (recorded) GPU copies every batch on its thread, ahead of compute;
+    `delivered_bytes` counts the batches compute took, not those still queued, and the run
+    report sets them against the plan's bytes where no cache counters exist."""
+    import flowrec.runtime.pipeline as pipeline
+    from flowrec.runtime.run_report import run_report
+    from flowrec.runtime.trainer import TrainResult
+
+    spec = cache_spec()
+    batches = staged(spec, rows=640, window=1, seed=random.randrange(1 << 30))
+    recording = _Recording()
+    monkeypatch.setattr(pipeline, "runtime_for", lambda device: recording)
+    taken = 3
+    with TransferStage(iter(batches), torch.device("cuda"), depth=2) as stage:
+        got = [next(stage) for _ in range(taken)]
+        deadline = time.monotonic() + 30
+        while not stage._sizes and time.monotonic() < deadline:  # the stage moves the next batch ahead
+            time.sleep(0.01)
+        assert stage._sizes, "the transfer stage did not move a batch ahead of compute"
+        expected = sum(sum(_nbytes(t) for t in _sent(b)) for b in batches[:taken])
+        assert stage.delivered_bytes == expected  # the batch moved ahead is not counted yet
+    assert all(torch.equal(g.dense, b.dense) for g, b in zip(got, batches))
+    plan = make_plan(spec, target="h100")
+    result = TrainResult(taken, taken * spec.training.batch_size, 1.0, 1.0, None, transfer_bytes=expected)
+    lines = run_report(result, plan, spec.training.batch_size, len(spec.dense_features), len(spec.heads))
+    line = next(x for x in lines if "host->device" in x)
+    from flowrec.spec.units import format_bytes
+
+    assert f"measured {format_bytes(expected / taken)} per step" in line
+    assert f"predicted {format_bytes(plan.cost.h2d_bytes_per_step)}" in line
