@@ -107,8 +107,9 @@ def read_profile(path: Path) -> dict[str, Any]:
 
 
 def profile_fields(doc: Mapping[str, Any], path: str) -> dict[str, Any]:
-    """The measured constants of a document, checked: {field: value} (pcie_gbps may be None, and the upload constants, left out then; a
-    per-optimizer or dense-op table is a tuple of (optimizer or signature, (numbers)) pairs, sorted; a vector a tuple of numbers)."""
+    """The measured constants of a document, checked: {field: value} (pcie_gbps may be None; the
+    upload constants, None where the host is the device, are left out; a per-optimizer or dense-op
+    table is a tuple of (optimizer or signature, (numbers)) pairs, sorted; a vector a tuple of numbers)."""
     measured = doc.get("measured")
     if not isinstance(measured, dict) or not isinstance(doc.get("base"), str):
         raise ProfileError(f"{path} is damaged: no base or measured constants")

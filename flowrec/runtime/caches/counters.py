@@ -2,8 +2,9 @@
 
 Bytes of training steps are counted where they would cross the host-device link (on a CPU-only
 machine nothing moves, but the same logical transfers are counted): ids and offsets of the batch
-(and where the device is not the host, the casting index that crosses with them), rows fetched into a cache with their optimizer state, rows written back, pooled rows of host
-lookups and their gradients. Evaluation lookups are not step traffic and are not counted; a
+(and where the device is not the host, the casting index that crosses with them), rows fetched
+into a cache with their optimizer state, rows written back, pooled rows of host lookups and their
+gradients. Evaluation lookups are not step traffic and are not counted; a
 one-time placement of rows (a static_hot group's hot rows) and write-backs for a checkpoint or an
 evaluation are counted apart, as `outside_bytes`. Hits count lookups (ids) served by device-resident rows. Stall time is wall time
 the training thread spent waiting for a stage (exchange, host gather, sync), by stage name.
