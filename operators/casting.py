@@ -51,6 +51,12 @@ class Casting:
         return Casting(move(self.unique_ids), move(self.counts), move(self.unique_offsets),
                        move(self.sorted_bags), move(self.sorted_scale), self.num_bags)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of its tensors (what a copy of it to a device moves)."""
+        return sum(t.numel() * t.element_size() for t in (self.unique_ids, self.counts, self.unique_offsets,
+                                                          self.sorted_bags, self.sorted_scale) if t is not None)
+
 
 def bag_scale(offsets: torch.Tensor, mean_bags: torch.Tensor | None) -> torch.Tensor | None:
     """Per-bag pooling scale: 1 / length for mean bags (empty bags: 1), 1 for sum bags.

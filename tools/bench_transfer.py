@@ -86,38 +86,29 @@ def trained_steps(spec: Any, device: str, steps: int, skip: int, seed: int) -> d
             "steps_s": stamps[-1] - stamps[skip], "run_s": round(wall, 2)}
 
 
-def send_check(spec: Any, device: str, profile: Path, count: int) -> dict:
+def send_check(spec: Any, device: str, profile: Path, profiled: Any, count: int) -> dict:
     """The send of `count` staged batches (`TransferStage._move`, synchronized) against the
-    profile's price of each batch's own bytes and copies, and the plan's predicted transfer."""
+    profile's price (`profiled`, read from `profile`) of each batch's own bytes and copies, as the
+    stage counts them, and the plan's predicted transfer."""
     from flowrec.measure.step import _staged
     from flowrec.planner import cost
     from flowrec.planner.manager import make_plan
 
     plan = make_plan(spec, target=str(profile))
-    profiled = cost.device_profile(str(profile))
     batches = _staged(spec, plan, count + 2)
     stage = TransferStage(iter(()), torch.device(device))
     runtime = runtime_for(torch.device(device))
-    sent: list[torch.Tensor] = []
-    send = stage._send
-
-    def counted(tensor: torch.Tensor) -> torch.Tensor:  # the stage's own send, each tensor recorded
-        sent.append(tensor)
-        return send(tensor)
-
-    stage._send = counted
     measured, priced = [], []
     for k, batch in enumerate(batches):
-        sent.clear()
         runtime.synchronize()
         started = time.perf_counter()
         stage._move(batch)
         runtime.synchronize()
         seconds = time.perf_counter() - started
+        nbytes, copies = stage._sizes.pop()  # what the stage copied (no consumer takes it here)
         if k >= 2:  # the first copies warm the allocator
-            nbytes = sum(t.numel() * t.element_size() for t in sent)
             measured.append(seconds * 1e3)
-            priced.append(cost.upload_seconds(profiled, nbytes, len(sent)) * 1e3)
+            priced.append(cost.upload_seconds(profiled, nbytes, copies) * 1e3)
     stage.close()
     return {"profile": str(profile), "batches": len(measured), "send_ms_median": statistics.median(measured),
             "priced_ms_median": statistics.median(priced),
@@ -176,10 +167,10 @@ def main() -> None:
         from flowrec.planner.cost import device_profile
 
         try:
-            device_profile(str(args.profile))
+            profiled = device_profile(str(args.profile))
         except ValueError as exc:
             parser.error(str(exc))
-        doc["send"] = send_check(spec, args.device, args.profile, args.send_batches)
+        doc["send"] = send_check(spec, args.device, args.profile, profiled, args.send_batches)
         print(f"send     {doc['send']['send_ms_median']:8.3f} ms median a batch, priced "
               f"{doc['send']['priced_ms_median']:.3f} ms (its bytes), the plan's transfer "
               f"{doc['send']['plan_transfer_ms']:.3f} ms", flush=True)

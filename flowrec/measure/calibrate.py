@@ -203,9 +203,8 @@ def calibrate(device: torch.device, shapes: list[tuple[int, int, int]], min_seco
         measured["host_gather_rows_per_s"] = (host_gathers[REFERENCE_DIM], "as gather_rows_per_s, on host memory")
         details.update(h2d_gbps=h2d, d2h_gbps=d2h)
     else:
-        measured["pcie_gbps"] = (None, "the host is the device: no transfer stage")
-        measured["upload_gbps"] = (None, "the host is the device: no transfer stage")
-        measured["upload_us"] = (None, "the host is the device: no transfer stage")
+        for key in ("pcie_gbps", "upload_gbps", "upload_us"):
+            measured[key] = (None, "the host is the device: no transfer stage")
         measured["host_gather_rows_per_s"] = (gathers[REFERENCE_DIM], "as gather_rows_per_s (same memory)")
     details["collective_gbps"] = "not measured: single process (`flowrec calibrate --nproc N` measures them)"
     return measured, details

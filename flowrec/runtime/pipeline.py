@@ -49,8 +49,8 @@ class TransferStage:
         self.runtime = runtime_for(device)
         self.wait_s = 0.0  # compute time spent waiting for a batch (stall)
         self.delivered_bytes = 0  # bytes copied to the device of the batches handed to compute
-        self._sizes: deque[int] = deque()  # bytes copied of each queued batch, in queue order
-        self._moving = 0  # bytes copied of the batch being moved
+        self._sizes: deque[tuple[int, int]] = deque()  # (bytes, copies) of each moved batch, in queue order
+        self._moved_bytes = self._moved_copies = 0  # of the batch being moved
         self._source = batches
         self._passthrough = device.type == "cpu" and not background
         if self._passthrough:
@@ -63,7 +63,8 @@ class TransferStage:
 
     def _send(self, tensor: torch.Tensor) -> torch.Tensor:
         """A host tensor on the device (`DeviceRuntime.upload`: on CUDA copied by this thread)."""
-        self._moving += tensor.numel() * tensor.element_size()
+        self._moved_bytes += tensor.numel() * tensor.element_size()
+        self._moved_copies += 1
         return self.runtime.upload(tensor)
 
     def _send_casting(self, casting: Casting) -> Casting:
@@ -77,7 +78,7 @@ class TransferStage:
     def _move(self, batch: Any) -> Any:
         """`batch` with every tensor the step reads on the device sent (`_send`); the bytes copied
         are queued for `delivered_bytes`, counted once compute takes the batch."""
-        self._moving = 0
+        self._moved_bytes = self._moved_copies = 0
         groups = {
             name: ids if name in self.host_groups else replace(
                 ids,
@@ -88,7 +89,7 @@ class TransferStage:
             for name, ids in batch.groups.items()
         }
         moved = replace(batch, dense=self._send(batch.dense), labels=self._send(batch.labels), groups=groups)
-        self._sizes.append(self._moving)
+        self._sizes.append((self._moved_bytes, self._moved_copies))
         return moved
 
     def _put(self, item: Any) -> bool:
@@ -129,7 +130,7 @@ class TransferStage:
         if isinstance(item, BaseException):
             raise item
         if self._sizes:  # a moved batch (on CPU with `background`, batches pass unmoved)
-            self.delivered_bytes += self._sizes.popleft()
+            self.delivered_bytes += self._sizes.popleft()[0]
         return item
 
     def close(self) -> None:

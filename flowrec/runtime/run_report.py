@@ -20,9 +20,8 @@ def measured_h2d_per_step(result: Any, n_dense: int, n_heads: int, batch_size: i
     copies (a GPU); on the CPU, where nothing is copied, dense features and labels as the plan
     counts them."""
     groups = sum(c["h2d_bytes_per_step"] + c["d2h_bytes_per_step"] for c in result.counters.values())
-    sent = getattr(result, "transfer_bytes", 0)
-    if sent:
-        return groups + sent / max(result.steps, 1)
+    if result.transfer_bytes:
+        return groups + result.transfer_bytes / max(result.steps, 1)
     return groups + batch_size * (n_dense + n_heads) * FLOAT_BYTES
 
 
@@ -41,7 +40,7 @@ def run_report(result: Any, plan: Any, batch_size: int, n_dense: int, n_heads: i
         "  stage seconds  " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(result.stage_seconds.items())),
         "  predicted ms   " + ", ".join(f"{k} {v:.2f}" for k, v in cost.stage_ms),
     ]
-    if result.counters or getattr(result, "transfer_bytes", 0):
+    if result.counters or result.transfer_bytes:
         measured = measured_h2d_per_step(result, n_dense, n_heads, batch_size)
         lines.append(f"  host->device   measured {format_bytes(measured)} per step   "
                      f"predicted {format_bytes(cost.h2d_bytes_per_step)} per step")

@@ -60,11 +60,6 @@ def test_evicted_row_and_state_round_trip_through_the_master():
     assert pad.counters.rows_written_back == 2 and pad.counters.rows_fetched == 4
 
 
-def _casting_nbytes(c) -> int:
-    return sum(t.numel() * t.element_size()
-               for t in (c.unique_ids, c.counts, c.unique_offsets, c.sorted_bags, c.sorted_scale) if t is not None)
-
-
 def test_a_module_counts_the_casting_only_where_the_device_is_not_the_host():
     """`count_index`: ids and offsets always (the counters' convention), the staged casting only
     where it crosses to a device (as the cost model prices it only where a link exists)."""
@@ -79,7 +74,7 @@ def test_a_module_counts_the_casting_only_where_the_device_is_not_the_host():
     assert module.counters.h2d_bytes == index
     module.device = torch.device("cuda")  # what a GPU's module counts (only the device's kind is read)
     module.count_index(gids)
-    assert module.counters.h2d_bytes == 2 * index + _casting_nbytes(gids.casting)
+    assert module.counters.h2d_bytes == 2 * index + gids.casting.nbytes
     module.close()
 
 
@@ -109,6 +104,6 @@ def test_planner_bytes_per_step_match_counters():
         # the counters count slots (ids) and offsets; on a GPU the module also counts the casting
         # its slots cross with (`count_index`; nothing crosses on this CPU): added here as it would
         sent = [batch.groups[group.name].casting for batch in batches[warm:]]
-        measured += sum(_casting_nbytes(c) for c in sent) / len(sent)
+        measured += sum(c.nbytes for c in sent) / len(sent)
     measured += 64 * (len(spec.dense_features) + len(spec.heads)) * 4
     assert abs(predicted.h2d_bytes_per_step - measured) <= 0.2 * measured, (predicted.h2d_bytes_per_step, measured)

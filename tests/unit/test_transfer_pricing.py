@@ -66,9 +66,7 @@ def test_each_part_priced_is_the_bytes_the_stage_sends():
             ids = g.ids.numel()
             distinct = g.casting.unique_ids.numel()
             assert distinct < ids  # skewed: rows repeat within a batch
-            parts = (g.casting.unique_ids, g.casting.counts, g.casting.unique_offsets, g.casting.sorted_bags,
-                     g.casting.sorted_scale)
-            assert sum(_nbytes(t) for t in parts if t is not None) == casting_bytes(ids, distinct, means[name])
+            assert g.casting.nbytes == casting_bytes(ids, distinct, means[name])
             assert _nbytes(g.ids) + _nbytes(g.offsets) == (ids + g.offsets.numel()) * cost.INDEX_BYTES
             expected += (ids + g.offsets.numel()) * cost.INDEX_BYTES + casting_bytes(ids, distinct, means[name])
         assert sum(_nbytes(t) for t in sent) == expected

@@ -89,11 +89,8 @@ class CachedEmbedding(nn.Module):
         where the device is not the host, the staged casting its slots cross with (the cost
         model's `casting_bytes`, which it prices only where a link exists)."""
         self.counters.add_index(gids.ids.numel(), gids.offsets.numel())
-        casting = getattr(gids, "casting", None)
-        if casting is not None and torch.device(self.device).type != "cpu":
-            self.counters.add_h2d(sum(t.numel() * t.element_size() for t in (
-                casting.unique_ids, casting.counts, casting.unique_offsets, casting.sorted_bags,
-                casting.sorted_scale) if t is not None))
+        if gids.casting is not None and self.device.type != "cpu":
+            self.counters.add_h2d(gids.casting.nbytes)
 
     def current_rows(self, rows: torch.Tensor) -> torch.Tensor:
         """Current weights of sorted unique packed `rows`, wherever they live.  # (n, D)"""
