@@ -133,7 +133,8 @@ def sampled_access_profile(spec: ModelSpec, data: str | None,
     try:
         source = open_dataset(train, spec)
         try:
-            profile = profile_access(spec, source, seed=spec.training.seed, keep_sample=True)  # FAE's sample, kept for it
+            profile = profile_access(spec, source, seed=spec.training.seed, keep_sample=True,  # FAE's sample, kept for it
+                                     planner_only=True)
         finally:
             source.close()
     except (DataError, OSError, ValueError) as exc:

@@ -44,3 +44,26 @@ def test_hot_sample_fraction_prediction_within_5_points(rate, budget_rows):
     assert 0.0 < measured < 1.0
     assert abs(predicted["hot_sample_fraction"] - measured) <= 0.05
     assert predicted["hot_sample_fraction_in_sample"] >= predicted["hot_sample_fraction_unseen"]
+
+
+@pytest.mark.parametrize("budget_rows,target", [(600, "cpu"), (2000, "h100")])
+def test_a_runs_profile_plans_exactly_as_the_whole_profile(budget_rows, target):
+    """A run's profile (`planner_only`, what `flowrec train --data` samples before planning) leaves
+    out the sections for people (the budget's hot set, the simulated cache curves) and nothing the
+    planner reads: every other figure is the whole profile's, and the plans made from the two,
+    cached placements and their priced traffic included, are the same plan."""
+    from flowrec.graph.plan_io import plan_json
+    from flowrec.planner.manager import make_plan
+
+    spec = spec_from_dict(DOC)
+    (group,) = group_layout(spec)
+    seed = int(np.random.default_rng().integers(1 << 30))
+    source = MemorySource(split_table(synth_table(spec, 20_000, SynthConfig(seed=seed)), 4))
+    budget = budget_rows * group.row_bytes()
+    whole = profile_access(spec, source, sample_rate=0.25, seed=seed, budget_bytes=budget)
+    run = profile_access(spec, source, sample_rate=0.25, seed=seed, budget_bytes=budget, planner_only=True)
+    assert {"budget", "curves"} <= set(whole) and not {"budget", "curves"} & set(run)
+    assert run == {k: v for k, v in whole.items() if k not in ("budget", "curves")}
+    plans = [make_plan(spec, target=target, device_budget=budget, profile=p) for p in (whole, run)]
+    assert any(g.placement != "device" for g in plans[0].meta.groups)  # the budget forces a cached or host group
+    assert plan_json(plans[0]) == plan_json(plans[1])
