@@ -67,3 +67,22 @@ def test_a_runs_profile_plans_exactly_as_the_whole_profile(budget_rows, target):
     plans = [make_plan(spec, target=target, device_budget=budget, profile=p) for p in (whole, run)]
     assert any(g.placement != "device" for g in plans[0].meta.groups)  # the budget forces a cached or host group
     assert plan_json(plans[0]) == plan_json(plans[1])
+
+
+def test_the_startup_benchmark_compares_a_runs_profile_with_the_whole_one(tmp_path):
+    """tools/bench_startup.py --quick: both variants start a run on the same data and make the same
+    plan and tables (the benchmark stops otherwise); only the earlier one's profile simulates the
+    cache curves."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "tools" / "bench_startup.py"
+    module_spec = importlib.util.spec_from_file_location("bench_startup", path)
+    bench = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(bench)
+    out = bench.main(["--quick", "--json", str(tmp_path / "s.json")])
+    assert out["same_plan_and_tables"] and out["table_rows"] == 1_200_040 and out["groups"] == 1
+    assert "curves" in out["profile_sections"]["before"] and "curves" not in out["profile_sections"]["now"]
+    assert "tables" in out["profile_sections"]["now"]
+    assert json.loads((tmp_path / "s.json").read_text())["median"].keys() == {"now", "before"}

@@ -83,6 +83,50 @@ def test_init_is_per_table_deterministic():
     assert set(emb.state_dict()) == {"weight", "state"}
 
 
+@pytest.mark.parametrize("threads", [1, 3])
+def test_tables_drawn_on_threads_are_the_rows_drawn_one_by_one(monkeypatch, threads):
+    """A large host table's tables are drawn on torch's intra-op thread count of threads, each from
+    its own generator: bitwise the rows each table draws alone, whatever the thread count, every
+    table filled (none left uninitialized) and each within its own bound."""
+    from operators import embedding
+
+    group = _group(8, dtype="fp32")
+    monkeypatch.setattr(embedding, "PARALLEL_INIT_ROWS", 2)  # this small group is drawn as a large one
+    drawn: list[str] = []
+    plain = embedding.init_table_rows
+    monkeypatch.setattr(embedding, "init_table_rows",
+                        lambda table, *a, **k: (drawn.append(table), plain(table, *a, **k))[1])
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        seed = int(torch.randint(0, 2**31 - 1, (1,)))
+        emb = PackedEmbeddingBag(group, seed=seed)
+    finally:
+        torch.set_num_threads(saved)
+    assert sorted(drawn) == sorted(t.table for t in group.tables)
+    for t in group.tables:
+        assert torch.equal(emb.table_rows(t.table), plain(t.table, t.rows, 8, seed=seed))
+    assert emb.weight.abs().max() <= 1.0 and bool((emb.weight != 0).any(dim=1).all())
+
+
+def test_a_table_that_cannot_be_drawn_fails_the_build(monkeypatch):
+    from operators import embedding
+
+    monkeypatch.setattr(embedding, "PARALLEL_INIT_ROWS", 2)
+
+    def broken(table, *a, **k):
+        raise RuntimeError(f"no rows for {table}")
+
+    monkeypatch.setattr(embedding, "init_table_rows", broken)
+    saved = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with pytest.raises(RuntimeError, match="no rows for"):
+            PackedEmbeddingBag(_group(8, dtype="fp32"))
+    finally:
+        torch.set_num_threads(saved)
+
+
 def _dense_reference(name, params, lr, tables, grads, touched, state):
     """Written-out row-wise adagrad / lazy adam on dense copies (touched rows only)."""
     for t, w in tables.items():
