@@ -166,6 +166,7 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
     from flowrec.runs.errors import RunError
     from flowrec.runs.folder import claim_run_folder
     from flowrec.runs.plan import plan_for_run
+    from flowrec.runtime.progress import reading_bar
     from flowrec.runs.settings import given_problem, write_run_file
     from flowrec.runs.start import record_encoder, run_settings, start_session, train_config
     from flowrec.runtime.custom import resolve_custom
@@ -196,7 +197,7 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
         # the same plan as `flowrec train` (sampled access profile of the data included) and the same run.json
         plan, dev = plan_for_run(model_spec, settings["device"], settings["device_budget"], None,
                                  data=settings["data"], epochs=settings.get("epochs"),
-                                 max_steps=settings.get("max_steps"))
+                                 max_steps=settings.get("max_steps"), progress=reading_bar(progress))
         session = start_session(model_spec, spec_path, settings, folder, plan, dev)
         if folder is not None:
             record_encoder(session, folder, False, None)

@@ -224,14 +224,16 @@ def profile(
         from flowrec.data.dataset import ParquetSource
         from flowrec.data.layout import check_spec
         from flowrec.data.profile import plot_profile, profile_access
+        from flowrec.runtime.progress import reading_bar
         from flowrec.spec.units import parse_bytes
 
         model = _spec(spec)
         source = ParquetSource(data)
         try:
             check_spec(source.meta, model)
-            prof = profile_access(model, source, sample_rate, model.training.seed if seed is None else seed,
-                                  parse_bytes(budget) if budget else None, window)
+            with reading_bar(not quiet)("reading the data", sum(source.partition_rows())) as advance:
+                prof = profile_access(model, source, sample_rate, model.training.seed if seed is None else seed,
+                                      parse_bytes(budget) if budget else None, window, progress=advance)
         finally:
             source.close()
         if json_out is not None:

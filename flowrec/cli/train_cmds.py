@@ -386,6 +386,7 @@ def _train_in_folder(request: RunRequest, spec, folder: Path, world=None) -> Non
 
 def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | None, world=None) -> None:
     from flowrec.runs.plan import device_for_run, plan_for_run
+    from flowrec.runtime.progress import reading_bar
     from flowrec.runs.settings import write_run_file
     from flowrec.data.layout import DataError
     from flowrec.graph.plan_io import plan_json
@@ -412,7 +413,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     else:
         plan, device = plan_for_run(spec, settings["device"] or "auto", settings["device_budget"], plan_file, _say,
                                     profile, settings["target"], settings["data"], ranks, settings.get("epochs"),
-                                    settings.get("max_steps"))
+                                    settings.get("max_steps"), reading_bar(not request.quiet and is_lead_rank()))
     if world is not None:
         device = world.device  # cuda:LOCAL_RANK for each rank on CUDA
 

@@ -100,9 +100,12 @@ def _take_kept(spec: ModelSpec, source: PartitionSource, rate: float, seed: int)
 
 
 def sample_rows(spec: ModelSpec, source: PartitionSource, rate: float, seed: int,
-                visit: Callable[[pa.Table], None] | None = None, keep: bool = False) -> pa.Table:
+                visit: Callable[[pa.Table], None] | None = None, keep: bool = False,
+                progress: Callable[[int], None] | None = None) -> pa.Table:
     """Bernoulli sample of the rows (rate in (0, 1]), seeded per partition, in data order.
-    `visit` is called with every whole partition (its id columns, checked) before it is sampled.
+    `visit` is called with every whole partition (its id columns, checked) before it is sampled,
+    `progress` with the rows of each partition once it is read (not for a kept sample: nothing is
+    read).
 
     A run samples its training data twice at start-up: the planner's access profile, then FAE's
     hot set (`assign_hot_rows`), the same rows (same files, rate and seed). `keep` keeps this sample
@@ -130,6 +133,8 @@ def sample_rows(spec: ModelSpec, source: PartitionSource, rate: float, seed: int
             chosen = np.random.default_rng([seed, i]).random(n) < rate
             table = table.filter(pa.array(chosen))
         parts.append(table)
+        if progress is not None:
+            progress(n)
     sample = pa.concat_tables(parts).combine_chunks()
     if keep and key is not None and _sample_key(spec, source, rate, seed) == key:  # no file changed meanwhile
         with _kept_lock:
@@ -286,14 +291,16 @@ def skew(counts: np.ndarray, rows: int) -> dict[str, float]:
 def profile_access(spec: ModelSpec, source: PartitionSource, sample_rate: float | None = None, seed: int = 0,
                    budget_bytes: int | None = None, window: int | None = None,
                    batch_size: int | None = None, max_trace: int = MAX_TRACE,
-                   keep_sample: bool = False, planner_only: bool = False) -> dict[str, Any]:
+                   keep_sample: bool = False, planner_only: bool = False,
+                   progress: Callable[[int], None] | None = None) -> dict[str, Any]:
     """The access profile of a dataset for a spec (see the module docstring). `sample_rate` None:
     FAE's (`flowrec.graph.kinds.hot_sample_rate`), the rows a static hot set is chosen from; with
     the seed FAE is given (the spec's training seed, in training) they are the very same rows.
     `keep_sample`: keep the sampled rows for FAE's hot set (`sample_rows`' `keep`).
     `planner_only`: only what the planner reads (no `budget` or `curves` section, which are for
     people and plots): a run's profile skips simulating five caches at twelve sizes per group,
-    seconds of every `flowrec train --data` start (2.2-2.5 s for one group of 100,000 accesses)."""
+    seconds of every `flowrec train --data` start (2.2-2.5 s for one group of 100,000 accesses).
+    `progress`: called with the rows of each partition as the data is read (`sample_rows`)."""
     total = sum(source.partition_rows())
     if sample_rate is None:
         sample_rate = hot_sample_rate(total)
@@ -301,7 +308,7 @@ def profile_access(spec: ModelSpec, source: PartitionSource, sample_rate: float 
         raise ValueError(f"sample rate must be in (0, 1], got {sample_rate}")
     groups = group_layout(spec)
     read = RowsRead(spec, groups)
-    table = sample_rows(spec, source, sample_rate, seed, read.visit, keep=keep_sample)
+    table = sample_rows(spec, source, sample_rate, seed, read.visit, keep=keep_sample, progress=progress)
     n = table.num_rows
     cols = {f.name: column_arrays(table.column(f.name)) for f in spec.sparse_features}
     cols = fold_raw_ids(spec, cols)  # managed tables: a row per raw id, estimated by hash

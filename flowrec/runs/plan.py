@@ -7,6 +7,7 @@ Example:
 """
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
@@ -23,6 +24,16 @@ from flowrec.runs.errors import RunError
 from flowrec.runtime.session import resolve_device
 from flowrec.spec.model import ModelSpec
 from operators.device import device_name
+
+
+# A progress display of reading the data before planning: called with a description and the rows
+# to read, it gives a context whose value is called with the rows of each part read (the CLI's bar).
+Progress = Callable[[str, int], AbstractContextManager[Callable[[int], None]]]
+
+
+def no_progress(description: str, total: int) -> AbstractContextManager[Callable[[int], None]]:
+    """No display (the API's default)."""
+    return nullcontext(lambda rows: None)
 
 
 def device_for_run(spec: ModelSpec, device_name: str) -> torch.device:
@@ -42,7 +53,7 @@ def plan_for_run(spec: ModelSpec, device_name: str, device_budget: str | None, p
                  status: Callable[[str], None] = lambda _: None,
                  profile: Path | None = None, target: str | None = None,
                  data: str | None = None, world_size: int = 1, epochs: int | None = None,
-                 max_steps: int | None = None) -> tuple[Plan, torch.device]:
+                 max_steps: int | None = None, progress: Progress = no_progress) -> tuple[Plan, torch.device]:
     """(plan, device) of a run; every problem is a `RunError` (one line).
 
     `profile` is an access profile (`flowrec data profile --json`) for the planner's cache pass;
@@ -52,7 +63,7 @@ def plan_for_run(spec: ModelSpec, device_name: str, device_budget: str | None, p
     (`flowrec calibrate`); default: the datasheet profile of the run's device. `world_size`: the
     ranks of the run (the plan shards its groups over them). `epochs` and `max_steps` (the run's
     settings; default: the spec's training.epochs, no limit) are the epochs the plan prices a
-    lookahead group's traffic over (`run_epochs`).
+    lookahead group's traffic over (`run_epochs`). `progress` shows the data's sample being read.
     """
     device = device_for_run(spec, device_name)
     if plan_file is not None:
@@ -72,7 +83,7 @@ def plan_for_run(spec: ModelSpec, device_name: str, device_budget: str | None, p
 
     plan = None
     try:
-        access = load_profile(profile) if profile is not None else sampled_access_profile(spec, data, status)
+        access = load_profile(profile) if profile is not None else sampled_access_profile(spec, data, status, progress)
         planned = run_epochs(spec, access, epochs, max_steps)
         if planned != spec.training.epochs:
             spec = replace(spec, training=replace(spec.training, epochs=planned))
@@ -109,8 +120,8 @@ def run_epochs(spec: ModelSpec, access: dict[str, Any] | None, epochs: int | Non
     return max(1, planned)
 
 
-def sampled_access_profile(spec: ModelSpec, data: str | None,
-                           status: Callable[[str], None]) -> dict[str, Any] | None:
+def sampled_access_profile(spec: ModelSpec, data: str | None, status: Callable[[str], None],
+                           progress: Progress = no_progress) -> dict[str, Any] | None:
     """An access profile of a seeded sample of the run's training data: FAE's own sample.
 
     The sample is the one a static hot set is chosen from at the start of training
@@ -133,8 +144,10 @@ def sampled_access_profile(spec: ModelSpec, data: str | None,
     try:
         source = open_dataset(train, spec)
         try:
-            profile = profile_access(spec, source, seed=spec.training.seed, keep_sample=True,  # FAE's sample, kept for it
-                                     planner_only=True)
+            rows = sum(source.partition_rows())
+            with progress("sampling the data for the plan", rows) as advance:
+                profile = profile_access(spec, source, seed=spec.training.seed, keep_sample=True,  # FAE's sample,
+                                         planner_only=True, progress=advance)  # kept for it
         finally:
             source.close()
     except (DataError, OSError, ValueError) as exc:

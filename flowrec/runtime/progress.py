@@ -1,8 +1,11 @@
-"""Progress bar for training: samples/s, loss and ETA on stderr (rich); silent when disabled."""
+"""Progress bars on stderr (rich), silent when disabled: training (samples/s, loss and ETA) and
+reading the data for the plan (`reading_bar`)."""
 from __future__ import annotations
 
 import sys
 import time
+from contextlib import AbstractContextManager, contextmanager
+from typing import Callable, Iterator
 
 from rich.console import Console
 from rich.progress import (
@@ -63,3 +66,22 @@ class TrainProgress:
     def close(self) -> None:
         if self.enabled:
             self._bar.stop()
+
+
+def reading_bar(enabled: bool) -> Callable[[str, int], AbstractContextManager[Callable[[int], None]]]:
+    """A `flowrec.runs.plan.Progress`: the bar shown while the data is read for the plan's access
+    profile, rows read of the rows to read. On stderr where it is a terminal, gone once read (the
+    status line after it says what was sampled); nothing when not `enabled` (`--quiet`, ranks but
+    the first)."""
+
+    @contextmanager
+    def bar(description: str, total: int) -> Iterator[Callable[[int], None]]:
+        console = Console(file=sys.stderr)
+        with Progress(TextColumn("{task.description}"), BarColumn(bar_width=24),
+                      TextColumn("{task.completed:,}/{task.total:,} rows"), TimeElapsedColumn(), TextColumn("eta"),
+                      TimeRemainingColumn(), console=console, transient=True,
+                      disable=not enabled or not console.is_terminal) as shown:
+            task = shown.add_task(description, total=total)
+            yield lambda rows: shown.advance(task, rows)
+
+    return bar

@@ -86,3 +86,29 @@ def test_the_startup_benchmark_compares_a_runs_profile_with_the_whole_one(tmp_pa
     assert "curves" in out["profile_sections"]["before"] and "curves" not in out["profile_sections"]["now"]
     assert "tables" in out["profile_sections"]["now"]
     assert json.loads((tmp_path / "s.json").read_text())["median"].keys() == {"now", "before"}
+
+
+def test_reading_the_data_for_the_plan_is_shown_part_by_part(tmp_path, monkeypatch):
+    """`flowrec train --data` reads every part of the data for the plan's profile before the first
+    step (a 45 M-row dataset: a minute): the run's progress display is given the rows to read and
+    then each part's rows as it is read, summing to the dataset's."""
+    from contextlib import contextmanager
+
+    from flowrec.runs.plan import sampled_access_profile
+    from flowrec.runtime import session
+
+    spec = spec_from_dict(DOC)
+    seed = int(np.random.default_rng().integers(1 << 30))
+    parts = split_table(synth_table(spec, 20_000, SynthConfig(seed=seed)), 4)
+    monkeypatch.setattr(session, "open_dataset", lambda path, spec: MemorySource(parts))
+    shown: list = []
+
+    @contextmanager
+    def bar(description, total):
+        shown.append((description, total))
+        yield shown.append
+        shown.append("closed")
+
+    profile = sampled_access_profile(spec, str(tmp_path), lambda _: None, bar)
+    assert shown == [("sampling the data for the plan", 20_000), *[p.num_rows for p in parts], "closed"]
+    assert profile["dataset_rows"] == 20_000
