@@ -1,12 +1,15 @@
 """A run's start-up: `flowrec train --data` to its first step now, against the start-up before the
-two cuts, side by side in one process.
+cuts of Round 45, side by side in one process.
 
   now     as `flowrec train` starts: the planner's access profile holds only what the planner
-          reads (`profile_access(..., planner_only=True)`), and a large host table's tables are
-          drawn on torch's intra-op threads (`operators.embedding.init_packed_rows`)
+          reads (`profile_access(..., planner_only=True)`); its read of the data reads the next
+          part while it counts one, and counts each part's reads in one pass over its ids
+          (`RowsRead`); a large host table's tables are drawn on torch's intra-op threads
+          (`operators.embedding.init_packed_rows`)
   before  the run's profile also simulates the cache curves (five policies at twelve sizes per
-          group) and the budget's hot set, which the planner never reads, and the tables are
-          drawn one after another
+          group) and the budget's hot set, which the planner never reads; each part is read, then
+          counted (numpy's bincount over every row of the group); the tables are drawn one after
+          another
 
 Generates a spec's rows with flowrec's synth into a temp dir, then starts `flowrec.train` on them
 for one step (`max_steps=1`, the CPU), alternating the two variants `--rounds` times in this
@@ -64,14 +67,54 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     return a
 
 
+class _ReadThenCount:
+    """A source whose `submit` returns once the part is read: no read overlaps the counting of the
+    part before it (as `sample_rows` read before the read-ahead)."""
+
+    def __init__(self, source):
+        self._source = source
+
+    def __getattr__(self, name: str):
+        return getattr(self._source, name)
+
+    def submit(self, *args, **kwargs):
+        done = self._source.submit(*args, **kwargs)
+        done.result()
+        return done
+
+
+def _bincount_visit(self, table) -> None:
+    """`RowsRead.visit` before Round 45: a bincount over every row of the group per part."""
+    import numpy as np
+
+    from flowrec.data.packed_ids import column_arrays, pack_group
+
+    if not self.groups:
+        return
+    cols = {f.name: column_arrays(table.column(f.name)) for f in self.spec.sparse_features}
+    for g in self.groups:
+        ids = pack_group(g, cols, table.num_rows)[0]
+        counts = self.counts[g.name]
+        if 8 * len(ids) >= len(counts):
+            np.add(counts, np.bincount(ids, minlength=len(counts)), out=counts, casting="unsafe")
+        else:
+            rows, n = np.unique(ids, return_counts=True)
+            counts[rows] += n.astype(np.uint32)
+
+
 @contextlib.contextmanager
 def _variant(name: str, record: dict):
-    """Time the run's access profile and its table draws; `before`: the profile with every section
-    and the tables drawn one by one, as before the two cuts."""
+    """Time the run's access profile and its table draws; `before`: as before the cuts (the
+    profile with every section, each part read then counted by bincount, the tables drawn one by
+    one)."""
     from flowrec.data import profile
     from operators import embedding
 
     real_profile, real_init, real_rows = profile.profile_access, embedding.init_packed_rows, embedding.PARALLEL_INIT_ROWS
+    real_sample, real_visit = profile.sample_rows, profile.RowsRead.visit
+
+    def read_then_count(spec, source, *args, **kwargs):
+        return real_sample(spec, _ReadThenCount(source), *args, **kwargs)
 
     def timed_profile(*args, **kwargs):
         if name == "before":
@@ -92,11 +135,13 @@ def _variant(name: str, record: dict):
     profile.profile_access, embedding.init_packed_rows = timed_profile, timed_init
     if name == "before":
         embedding.PARALLEL_INIT_ROWS = 1 << 62
+        profile.sample_rows, profile.RowsRead.visit = read_then_count, _bincount_visit
     try:
         yield
     finally:
         profile.profile_access, embedding.init_packed_rows = real_profile, real_init
         embedding.PARALLEL_INIT_ROWS = real_rows
+        profile.sample_rows, profile.RowsRead.visit = real_sample, real_visit
 
 
 def _start(spec, data: Path, name: str) -> tuple[dict, dict, str]:

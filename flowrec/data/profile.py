@@ -37,6 +37,7 @@ from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
+from numba import njit
 
 from flowrec.data.cachesim import batch_trace, capacities_for, hit_rate_curves
 from flowrec.data.checks import check_partition, partition_rules
@@ -124,8 +125,11 @@ def sample_rows(spec: ModelSpec, source: PartitionSource, rate: float, seed: int
     columns = [f.name for f in spec.sparse_features]
     rules = partition_rules(spec, columns)
     parts = []
-    for i, n in enumerate(source.partition_rows()):
-        table = source.submit(i, columns).result()
+    sizes = source.partition_rows()
+    pending = source.submit(0, columns) if sizes else None
+    for i, n in enumerate(sizes):
+        table = pending.result()
+        pending = source.submit(i + 1, columns) if i + 1 < len(sizes) else None  # read while this one is counted
         check_partition(table, rules, partition_name(source, i))
         if visit is not None:
             visit(table)
@@ -160,17 +164,30 @@ class RowsRead:
         cols = {f.name: column_arrays(table.column(f.name)) for f in self.spec.sparse_features}
         for g in self.groups:
             ids = pack_group(g, cols, table.num_rows)[0]
-            counts = self.counts[g.name]
-            if 8 * len(ids) >= len(counts):  # dense: one pass, O(ids + rows)
-                np.add(counts, np.bincount(ids, minlength=len(counts)), out=counts, casting="unsafe")
-            else:  # a few ids over many rows: sort them instead of a count per row
-                rows, n = np.unique(ids, return_counts=True)
-                counts[rows] += n.astype(np.uint32)
+            bad = _count_into(self.counts[g.name], np.ascontiguousarray(ids, dtype=np.int64))
+            if bad >= 0:  # the partition's checks keep every id in its table: this is a bug, not the data
+                raise ValueError(f"packed id {int(ids[bad])} outside group {g.name}'s {g.rows:,} rows")
 
     def table_counts(self, group: str, offset: int, rows: int) -> np.ndarray | None:
         """Reads of each row of a group's table (rows offset..offset+rows); None: not counted."""
         counts = self.counts.get(group)
         return None if counts is None else counts[offset:offset + rows]
+
+
+@njit(nogil=True, cache=True)
+def _count_into(counts, ids):
+    """counts[i] += 1 for every id i (uint32, wrapping as numpy's add would); -1, or the position of
+    the first id outside counts (those before it counted). One pass over the ids, O(ids) whatever
+    the group's rows: numpy's `bincount` builds a count for every row of the group and adds it, a
+    270 MB pass per partition of DLRM's 33.8 M rows (80-113 ms against 23-50 ms here for 6.5 M
+    ids, Zipf and uniform)."""
+    n = counts.shape[0]
+    for k in range(ids.shape[0]):
+        i = ids[k]
+        if i < 0 or i >= n:
+            return k
+        counts[i] += 1
+    return -1
 
 
 def count_histogram(counts: np.ndarray) -> list[list[float]]:

@@ -291,3 +291,23 @@ def test_flowrec_plan_prices_lookahead_traffic_over_the_runs_epochs(tmp_path):
     assert bytes_of[1] - bytes_of[3] == pytest.approx((rows[1] - rows[3]) * group.row_bytes(), rel=0.01, abs=2)
     refused = CliRunner().invoke(app, ["plan", str(path), "--epochs", "0"])
     assert refused.exit_code == 2
+
+
+def test_reads_are_counted_id_by_id_as_a_whole_bincount_counts_them():
+    """`RowsRead` counts each partition's ids in one pass over the ids (`_count_into`): the counts
+    equal numpy's bincount of all the ids, partition after partition, whether the ids are many
+    (a Zipf stream over few rows) or few over many rows; an id outside the group stops the count
+    and names its position instead of writing past the counts."""
+    from flowrec.data.profile import _count_into
+
+    rng = np.random.default_rng()
+    for rows, n in ((1_000, 200_000), (5_000_000, 3_000)):
+        counts = np.zeros(rows, np.uint32)
+        parts = [(rng.zipf(1.3, n) % rows).astype(np.int64) for _ in range(3)]
+        for ids in parts:
+            assert _count_into(counts, ids) == -1
+        assert np.array_equal(counts, np.bincount(np.concatenate(parts), minlength=rows))
+    counts = np.zeros(10, np.uint32)
+    assert _count_into(counts, np.array([3, 9, 10, 2], np.int64)) == 2
+    assert _count_into(counts, np.array([1, -1], np.int64)) == 1
+    assert counts.tolist() == [0, 1, 0, 1, 0, 0, 0, 0, 0, 1]
