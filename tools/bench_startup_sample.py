@@ -23,10 +23,8 @@ import contextlib
 import json
 import os
 import platform
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -34,26 +32,20 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from flowrec.testing.benchargs import add_start_arguments, bench_spec, in_temp_folder, refuse_below_one  # noqa: E402
+
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="a small spec and 30,000 rows, 1 round (smoke run)")
-    p.add_argument("--spec", default=None, help="spec file (default specs/dlrm_criteo.yaml; quick: a small built-in one)")
-    p.add_argument("--rows", type=int, default=None, help="synthetic rows (default 2,000,000; quick 30,000)")
+    add_start_arguments(p, "2,000,000")
     p.add_argument("--rows-per-file", type=int, default=None, help="rows per part file (default 250,000; quick 8,000)")
     p.add_argument("--device-budget", default=None, help="device budget of the plan (default 64MiB; quick 256KiB)")
     p.add_argument("--cache", default="static_hot", choices=("static_hot", "auto"),
                    help="the spec's cache policy (default static_hot, whose hot set reads the sample; "
                         "auto: the planner's choice, which may keep nothing)")
-    p.add_argument("--rounds", type=int, default=None, help="alternating rounds (default 3; quick 1)")
-    p.add_argument("--json", default=None, help="write the figures to this JSON file")
     a = p.parse_args(argv)
-    if a.rows is not None and a.rows < 1:
-        p.error("--rows must be at least 1")
-    if a.rounds is not None and a.rounds < 1:
-        p.error("--rounds must be at least 1")
-    if a.rows_per_file is not None and a.rows_per_file < 1:
-        p.error("--rows-per-file must be at least 1")
+    refuse_below_one(p, a, "rows", "rounds", "rows_per_file")
     return a
 
 
@@ -119,26 +111,16 @@ def _start(spec, data: Path, budget: str, keep: bool) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     """Run the benchmark (see the module docstring); the figures, also written to --json."""
     a = _args(argv)
-    tmp = Path(tempfile.mkdtemp(prefix="flowrec-startup-"))
-    try:
-        return _run(a, tmp)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    return in_temp_folder(lambda tmp: _run(a, tmp), "flowrec-startup-")
 
 
 def _run(a: argparse.Namespace, tmp: Path) -> dict:
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(tmp / "inductor"))
-    os.environ.setdefault("DASK_TEMPORARY_DIRECTORY", str(tmp / "dask"))
     from dataclasses import replace
 
     from flowrec.data.dataset import parquet_files
     from flowrec.data.synth import SynthConfig, synth_dataset
-    from flowrec.spec import load_spec, spec_from_dict
 
-    try:
-        spec = spec_from_dict(QUICK_SPEC) if a.quick and a.spec is None else load_spec(a.spec or REPO / "specs/dlrm_criteo.yaml")
-    except Exception as exc:  # the loader's own errors name the file and the problem
-        sys.exit(f"error: {exc}")
+    spec = bench_spec(a.spec, QUICK_SPEC if a.quick else None)
     spec = replace(spec, plan=replace(spec.plan, cache=a.cache))
     rows = a.rows or (30_000 if a.quick else 2_000_000)
     budget = a.device_budget or ("256KiB" if a.quick else "64MiB")

@@ -1,6 +1,8 @@
 """The options the benchmarks that time one spec's steps share (`tools/bench_host_noise.py`,
 `tools/bench_calibration_noise.py`): the spec, the compute threads and the plan's device budget,
-and the threads applied as `tools/bench_costmodel.py --threads` applies them.
+and the threads applied as `tools/bench_costmodel.py --threads` applies them; and what the
+start-up benchmarks share (`tools/bench_startup.py`, `tools/bench_startup_sample.py`): a
+temporary folder for the run and the spec of `--spec` / `--quick`.
 
 Example:
     >>> import argparse
@@ -14,7 +16,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
+import sys
+import tempfile
 from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+T = TypeVar("T")
 
 REPO = Path(__file__).resolve().parents[2]
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS")  # as bench_costmodel's --threads sets them
@@ -43,3 +51,45 @@ def use_threads(threads: int) -> None:
     import torch
 
     torch.set_num_threads(threads)
+
+
+def in_temp_folder(run: Callable[[Path], T], prefix: str) -> T:
+    """`run(folder)` in a new temporary folder, removed afterwards, with torch's inductor cache and
+    dask's temporary files inside it (where the environment names none)."""
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(tmp / "inductor"))
+        os.environ.setdefault("DASK_TEMPORARY_DIRECTORY", str(tmp / "dask"))
+        return run(tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def bench_spec(path: str | None, quick: dict[str, Any] | None, default: str = "specs/dlrm_criteo.yaml") -> Any:
+    """The spec a benchmark runs: `quick` (a built-in spec document, for --quick) where no file is
+    given, else the file `path` (default `default`, in this repository). A spec that cannot be
+    loaded ends the process with the loader's message (it names the file and the problem)."""
+    from flowrec.spec import load_spec, spec_from_dict
+
+    try:
+        return spec_from_dict(quick) if quick is not None and path is None else load_spec(path or REPO / default)
+    except Exception as exc:  # the loader's own errors name the file and the problem
+        sys.exit(f"error: {exc}")
+
+
+def add_start_arguments(parser: argparse.ArgumentParser, rows_default: str) -> None:
+    """--spec, --rows, --rounds and --json of a start-up benchmark (`rows_default`: the help's
+    default synthetic rows, e.g. "1,000,000")."""
+    parser.add_argument("--spec", default=None, help="spec file (default specs/dlrm_criteo.yaml; quick: a small built-in one)")
+    parser.add_argument("--rows", type=int, default=None, help=f"synthetic rows (default {rows_default}; quick 30,000)")
+    parser.add_argument("--rounds", type=int, default=None, help="alternating rounds (default 3; quick 1)")
+    parser.add_argument("--json", default=None, help="write the figures to this JSON file")
+
+
+def refuse_below_one(parser: argparse.ArgumentParser, args: argparse.Namespace, *names: str) -> None:
+    """A usage error (exit 2) for each option of `names` given below 1 (--rows-per-file for
+    "rows_per_file")."""
+    for name in names:
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
