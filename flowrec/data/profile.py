@@ -43,7 +43,7 @@ from flowrec.data.cachesim import batch_trace, capacities_for, hit_rate_curves
 from flowrec.data.checks import check_partition, partition_rules
 from flowrec.data.dataset import PartitionSource, partition_name
 from flowrec.data.managed_stage import fold_raw_ids
-from flowrec.data.packed_ids import column_arrays, pack_group
+from flowrec.data.packed_ids import column_arrays, pack_group, packed_ids
 from flowrec.graph.kinds import hot_sample_rate
 from flowrec.graph.packing import group_layout
 from flowrec.spec.model import ModelSpec
@@ -159,14 +159,21 @@ class RowsRead:
         self.counts = {g.name: np.zeros(g.rows, dtype=np.uint32) for g in self.groups}
 
     def visit(self, table: pa.Table) -> None:
-        if not self.groups:
-            return
-        cols = {f.name: column_arrays(table.column(f.name)) for f in self.spec.sparse_features}
+        """Count the reads of one partition (its id columns, checked). A group whose fields hold one
+        id a sample is counted column by column, chunk by chunk, as the ids are (no packed copy:
+        the count does not depend on their order); a group with lists is packed first (a field
+        pooled by "none" reads its first max_len ids only)."""
+        cols = None
         for g in self.groups:
-            ids = pack_group(g, cols, table.num_rows)[0]
-            bad = _count_into(self.counts[g.name], np.ascontiguousarray(ids, dtype=np.int64))
-            if bad >= 0:  # the partition's checks keep every id in its table: this is a bug, not the data
-                raise ValueError(f"packed id {int(ids[bad])} outside group {g.name}'s {g.rows:,} rows")
+            counts = self.counts[g.name]
+            if not any(_is_list(table.column(f.feature).type) for f in g.fields):
+                for f in g.fields:
+                    for chunk in table.column(f.feature).chunks:
+                        _count_checked(g, counts, chunk.to_numpy(zero_copy_only=False), g.row_offsets[f.table])
+                continue
+            if cols is None:
+                cols = {f.name: column_arrays(table.column(f.name)) for f in self.spec.sparse_features}
+            _count_checked(g, counts, packed_ids(g, cols, table.num_rows), 0)
 
     def table_counts(self, group: str, offset: int, rows: int) -> np.ndarray | None:
         """Reads of each row of a group's table (rows offset..offset+rows); None: not counted."""
@@ -174,16 +181,26 @@ class RowsRead:
         return None if counts is None else counts[offset:offset + rows]
 
 
+def _is_list(kind: pa.DataType) -> bool:
+    return pa.types.is_list(kind) or pa.types.is_large_list(kind)
+
+
+def _count_checked(group: Any, counts: np.ndarray, ids: np.ndarray, offset: int) -> None:
+    bad = _count_into(counts, ids, offset)
+    if bad >= 0:  # the partition's checks keep every id in its table: this is a bug, not the data
+        raise ValueError(f"packed id {int(ids[bad]) + offset} outside group {group.name}'s {group.rows:,} rows")
+
+
 @njit(nogil=True, cache=True)
-def _count_into(counts, ids):
-    """counts[i] += 1 for every id i (uint32, wrapping as numpy's add would); -1, or the position of
-    the first id outside counts (those before it counted). One pass over the ids, O(ids) whatever
-    the group's rows: numpy's `bincount` builds a count for every row of the group and adds it, a
-    270 MB pass per partition of DLRM's 33.8 M rows (80-113 ms against 23-50 ms here for 6.5 M
-    ids, Zipf and uniform)."""
+def _count_into(counts, ids, offset):
+    """counts[offset + i] += 1 for every id i (uint32, wrapping as numpy's add would); -1, or the
+    position of the first id whose row is outside counts (those before it counted). One pass over
+    the ids, O(ids) whatever the group's rows: numpy's `bincount` builds a count for every row of
+    the group and adds it, a 270 MB pass per partition of DLRM's 33.8 M rows (80-113 ms against
+    23-50 ms here for 6.5 M ids, Zipf and uniform)."""
     n = counts.shape[0]
     for k in range(ids.shape[0]):
-        i = ids[k]
+        i = ids[k] + offset
         if i < 0 or i >= n:
             return k
         counts[i] += 1
@@ -331,11 +348,13 @@ def profile_access(spec: ModelSpec, source: PartitionSource, sample_rate: float 
     cols = fold_raw_ids(spec, cols)  # managed tables: a row per raw id, estimated by hash
     packed = {g.name: pack_group(g, cols, n) for g in groups}
     tables: dict[str, Any] = {}
+    every: list[np.ndarray] = []
     for g in groups:
-        ids, _ = packed[g.name]
+        rows, group_counts = np.unique(packed[g.name][0], return_counts=True)  # one sort of the group's ids
+        every.append(group_counts)
         for slot in g.tables:
-            local = ids[(ids >= slot.row_offset) & (ids < slot.row_offset + slot.rows)]
-            _, counts = np.unique(local, return_counts=True)
+            lo, hi = np.searchsorted(rows, [slot.row_offset, slot.row_offset + slot.rows])
+            counts = group_counts[lo:hi]  # the table's counted rows, by row: as a unique of its own ids
             read_counts = read.table_counts(g.name, slot.row_offset, slot.rows)
             whole = None if read_counts is None else int(np.count_nonzero(read_counts))
             tables[slot.table] = {"rows": slot.rows, "accesses": int(counts.sum()),
@@ -346,8 +365,7 @@ def profile_access(spec: ModelSpec, source: PartitionSource, sample_rate: float 
             if read_counts is not None:
                 tables[slot.table]["dataset_distinct"] = whole
                 tables[slot.table]["dataset_counts"] = count_histogram(read_counts)
-    all_counts = np.concatenate([np.unique(packed[g.name][0], return_counts=True)[1] for g in groups]) \
-        if groups else np.zeros(0, np.int64)
+    all_counts = np.concatenate(every) if every else np.zeros(0, np.int64)
     profile = {
         "format": PROFILE_FORMAT, "version": 1, "spec": spec.name, "sample_rate": sample_rate,
         "samples": n, "dataset_rows": total, "tables": tables,

@@ -305,9 +305,50 @@ def test_reads_are_counted_id_by_id_as_a_whole_bincount_counts_them():
         counts = np.zeros(rows, np.uint32)
         parts = [(rng.zipf(1.3, n) % rows).astype(np.int64) for _ in range(3)]
         for ids in parts:
-            assert _count_into(counts, ids) == -1
+            assert _count_into(counts, ids, 0) == -1
         assert np.array_equal(counts, np.bincount(np.concatenate(parts), minlength=rows))
     counts = np.zeros(10, np.uint32)
-    assert _count_into(counts, np.array([3, 9, 10, 2], np.int64)) == 2
-    assert _count_into(counts, np.array([1, -1], np.int64)) == 1
-    assert counts.tolist() == [0, 1, 0, 1, 0, 0, 0, 0, 0, 1]
+    assert _count_into(counts, np.array([3, 9, 10, 2], np.int64), 0) == 2
+    assert _count_into(counts, np.array([1, -1], np.int64), 0) == 1
+    assert _count_into(counts, np.array([0, 1, 4], np.int32), 6) == 2  # a table's ids at its offset: row 10 is out
+    assert counts.tolist() == [0, 1, 0, 1, 0, 0, 1, 1, 0, 1]
+
+
+def test_reads_of_lists_and_sequences_are_counted_as_packed():
+    """A group with a list field and a sequence (pooled by "none": its first max_len ids only) is
+    counted from its packed ids, a group of one-hot fields column by column: both as a bincount of
+    the whole data's packed ids, table by table (fresh skewed data, several partitions, each column
+    in two chunks as a Parquet file's row groups read)."""
+    doc = {
+        "name": "lists",
+        "tables": [{"name": "items", "hash_buckets": 3_000, "dim": 8}],
+        "features": [
+            {"name": "item", "type": "categorical", "table": "items"},
+            {"name": "history", "type": "sequence", "table": "items", "max_len": 5, "pooling": "none"},
+            {"name": "tags", "type": "sequence", "hash_buckets": 700, "dim": 8, "max_len": 9, "pooling": "sum"},
+            {"name": "user", "type": "categorical", "hash_buckets": 20_000, "dim": 4},
+            {"name": "city", "type": "categorical", "hash_buckets": 60, "dim": 4}],
+        "modules": [{"name": "top", "kind": "mlp", "inputs": ["@sparse"], "layers": [4]}],
+        "heads": [{"name": "ctr", "input": "top"}],
+        "optimizer": {"dense": {"name": "adam", "lr": 0.01}, "sparse": {"name": "sgd", "lr": 0.1}},
+    }
+    spec = spec_from_dict(doc)
+    groups = group_layout(spec)
+    seed = int(np.random.default_rng().integers(1 << 30))
+    table = synth_table(spec, 6_000, SynthConfig(seed=seed))
+    import pyarrow as pa
+
+    parts = [pa.concat_tables([p.slice(0, 700), p.slice(700)]) for p in split_table(table, 3)]  # columns of 2 chunks
+    assert all(p.column("user").num_chunks == 2 for p in parts)
+    prof = profile_access(spec, MemorySource(parts), sample_rate=0.2, seed=seed, planner_only=True)
+    assert sorted(len(g.fields) for g in groups) == [2, 3]  # a group with lists and a one-hot group
+    cols = {f.name: column_arrays(table.column(f.name)) for f in spec.sparse_features}
+    for group in groups:
+        reads = np.bincount(pack_group(group, cols, table.num_rows)[0], minlength=group.rows)
+        for slot in group.tables:
+            mine = reads[slot.row_offset:slot.row_offset + slot.rows]
+            entry = prof["tables"][slot.table]
+            assert entry["dataset_distinct"] == int((mine > 0).sum()) > 0
+            assert sum(c * r for c, r in entry["dataset_counts"]) == pytest.approx(float(mine.sum()), rel=1e-9)
+            exact = {int(c): r for c, r in entry["dataset_counts"] if c <= 16}
+            assert all(exact.get(c, 0) == int((mine == c).sum()) for c in range(1, 17))
