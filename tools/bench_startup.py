@@ -3,13 +3,16 @@ cuts of Round 45, side by side in one process.
 
   now     as `flowrec train` starts: the planner's access profile holds only what the planner
           reads (`profile_access(..., planner_only=True)`); its read of the data reads the next
-          part while it counts one, and counts each part's reads in one pass over its ids
-          (`RowsRead`); a large host table's tables are drawn on torch's intra-op threads
+          part while it counts one, and counts each part's reads in one pass over its ids, a
+          one-hot group's column by column (`RowsRead`), and a table's sampled counts come from
+          one unique of its group's ids; a large host table's tables are drawn on torch's intra-op threads
           (`operators.embedding.init_packed_rows`)
   before  the run's profile also simulates the cache curves (five policies at twelve sizes per
           group) and the budget's hot set, which the planner never reads; each part is read, then
-          counted (numpy's bincount over every row of the group); the tables are drawn one after
-          another
+          counted (its packed ids, numpy's bincount over every row of the group); the tables are
+          drawn one after another. (Both take a table's sampled counts from one unique of its
+          group's ids: the mask per table it replaced is not kept here; docs/benchmarks.md
+          Round 45 times it from the command line against the commit before.)
 
 Generates a spec's rows with flowrec's synth into a temp dir, then starts `flowrec.train` on them
 for one step (`max_steps=1`, the CPU), alternating the two variants `--rounds` times in this
