@@ -198,6 +198,21 @@ def _bounds(batch_of: np.ndarray) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(np.bincount(batch_of))]).astype(np.int64)
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _unlink(x, before, after, head, tail):
+    """Take row x out of the linked list (before, after); the list's new (head, tail)."""
+    if before[x] >= 0:
+        after[before[x]] = after[x]
+    else:
+        head = after[x]
+    if after[x] >= 0:
+        before[after[x]] = before[x]
+    else:
+        tail = before[x]
+    before[x] = after[x] = -1
+    return head, tail
+
+
 @njit(nogil=True, cache=True)
 def _lookahead_hits(trace, bounds, distinct, capacity, window):
     batches = bounds.shape[0] - 1
@@ -217,14 +232,7 @@ def _lookahead_hits(trace, bounds, distinct, capacity, window):
                 x = trace[k]
                 in_window[x] += 1
                 if evictable[x]:  # used again inside the window: pinned
-                    if before[x] >= 0:
-                        after[before[x]] = after[x]
-                    else:
-                        head = after[x]
-                    if after[x] >= 0:
-                        before[after[x]] = before[x]
-                    else:
-                        tail = before[x]
+                    head, tail = _unlink(x, before, after, head, tail)
                     evictable[x] = False
                     n_evictable -= 1
                     pinned[x] = True
@@ -238,11 +246,7 @@ def _lookahead_hits(trace, bounds, distinct, capacity, window):
                 n_pinned += 1
             elif n_evictable:
                 v = head  # the least recently used row outside the window
-                head = after[v]
-                if head >= 0:
-                    before[head] = -1
-                else:
-                    tail = -1
+                head, tail = _unlink(v, before, after, head, tail)
                 evictable[v] = False
                 n_evictable -= 1
                 pinned[x] = True
