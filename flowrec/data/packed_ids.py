@@ -34,29 +34,12 @@ def column_arrays(col: pa.Array | pa.ChunkedArray) -> Column:
 
 def pack_group(group: PackedGroup, cols: dict[str, Column], size: int) -> tuple[np.ndarray, np.ndarray]:
     """Packed ids (nnz,) and bag offsets (size*S + 1,) of one group for one batch."""
-    if all(not isinstance(cols[f.feature], tuple) for f in group.fields):
-        return _one_hot_ids(group, cols, size), np.arange(size * len(group.fields) + 1, dtype=np.int64)
-    return _bagged(group, cols, size)
-
-
-def packed_ids(group: PackedGroup, cols: dict[str, Column], size: int) -> np.ndarray:
-    """`pack_group`'s ids alone (nnz,): where every field holds one id a sample, without building
-    the offsets (every bag one id: 0, 1, 2, ...), which a count of the rows read does not use."""
-    if all(not isinstance(cols[f.feature], tuple) for f in group.fields):
-        return _one_hot_ids(group, cols, size)
-    return _bagged(group, cols, size)[0]
-
-
-def _one_hot_ids(group: PackedGroup, cols: dict[str, Column], size: int) -> np.ndarray:
     row_offset = group.row_offsets
-    ids = np.empty((size, len(group.fields)), np.int64)  # (B, F)
-    for j, f in enumerate(group.fields):
-        np.add(cols[f.feature], row_offset[f.table], out=ids[:, j])
-    return ids.reshape(-1)
-
-
-def _bagged(group: PackedGroup, cols: dict[str, Column], size: int) -> tuple[np.ndarray, np.ndarray]:
-    row_offset = group.row_offsets
+    if all(not isinstance(cols[f.feature], tuple) for f in group.fields):
+        ids = np.empty((size, len(group.fields)), np.int64)  # (B, F)
+        for j, f in enumerate(group.fields):
+            np.add(cols[f.feature], row_offset[f.table], out=ids[:, j])
+        return ids.reshape(-1), np.arange(size * len(group.fields) + 1, dtype=np.int64)
     spans = group.field_bags()
     width = group.bags_per_sample
     lengths = np.zeros((size, width), np.int64)  # (B, S)

@@ -43,7 +43,7 @@ from flowrec.data.cachesim import batch_trace, capacities_for, hit_rate_curves
 from flowrec.data.checks import check_partition, partition_rules
 from flowrec.data.dataset import PartitionSource, partition_name
 from flowrec.data.managed_stage import fold_raw_ids
-from flowrec.data.packed_ids import column_arrays, pack_group, packed_ids
+from flowrec.data.packed_ids import column_arrays, pack_group
 from flowrec.graph.kinds import hot_sample_rate
 from flowrec.graph.packing import group_layout
 from flowrec.spec.model import ModelSpec
@@ -173,7 +173,7 @@ class RowsRead:
                 continue
             if cols is None:
                 cols = {f.name: column_arrays(table.column(f.name)) for f in self.spec.sparse_features}
-            _count_checked(g, counts, packed_ids(g, cols, table.num_rows), 0)
+            _count_checked(g, counts, pack_group(g, cols, table.num_rows)[0], 0)
 
     def table_counts(self, group: str, offset: int, rows: int) -> np.ndarray | None:
         """Reads of each row of a group's table (rows offset..offset+rows); None: not counted."""
