@@ -221,8 +221,8 @@ def _lookahead_hits(trace, bounds, distinct, capacity, window):
     evictable = np.zeros(distinct, np.bool_)
     before = np.full(distinct, -1, np.int64)  # the evictable list, least recently used first
     after = np.full(distinct, -1, np.int64)
-    head, tail = -1, -1
-    n_pinned, n_evictable, hits = 0, 0, 0
+    head, tail = -1, -1  # head < 0: no cached row is evictable
+    cached, hits = 0, 0
     for b in range(min(window - 1, batches)):
         for k in range(bounds[b], bounds[b + 1]):
             in_window[trace[k]] += 1
@@ -233,32 +233,23 @@ def _lookahead_hits(trace, bounds, distinct, capacity, window):
                 in_window[x] += 1
                 if evictable[x]:  # used again inside the window: pinned
                     head, tail = _unlink(x, before, after, head, tail)
-                    evictable[x] = False
-                    n_evictable -= 1
-                    pinned[x] = True
-                    n_pinned += 1
+                    evictable[x], pinned[x] = False, True
         for k in range(bounds[b], bounds[b + 1]):
             x = trace[k]
             if pinned[x]:
                 hits += 1
-            elif n_pinned + n_evictable < capacity:
+            elif cached < capacity:
                 pinned[x] = True
-                n_pinned += 1
-            elif n_evictable:
+                cached += 1
+            elif head >= 0:
                 v = head  # the least recently used row outside the window
                 head, tail = _unlink(v, before, after, head, tail)
-                evictable[v] = False
-                n_evictable -= 1
-                pinned[x] = True
-                n_pinned += 1
+                evictable[v], pinned[x] = False, True
         for k in range(bounds[b], bounds[b + 1]):
             x = trace[k]
             in_window[x] -= 1
             if in_window[x] == 0 and pinned[x]:  # leaves the window: most recently used evictable
-                pinned[x] = False
-                n_pinned -= 1
-                evictable[x] = True
-                n_evictable += 1
+                pinned[x], evictable[x] = False, True
                 before[x], after[x] = tail, -1
                 if tail >= 0:
                     after[tail] = x
