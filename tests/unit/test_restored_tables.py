@@ -1,0 +1,160 @@
+"""A model whose tables a checkpoint restores is not drawn first (`restoring_tables`), and on the
+CPU a loaded run's tensors are the checkpoint file's own: the same scores, the same refusals."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import flowrec
+from flowrec.cli import app
+from flowrec.graph.types import GroupField, PackedGroup, TableSlot
+from flowrec.planner.contract import scoring_plan
+from flowrec.runtime.checkpoint.store import CheckpointError, load_checkpoint
+from flowrec.runtime.lowering import lower
+from flowrec.serving.trained import load_trained
+from operators import embedding
+
+SPEC = """
+name: tiny
+features:
+  - {name: price, type: dense, transform: log1p}
+  - {name: user_id, type: categorical, hash_buckets: 300, dim: 8}
+  - {name: item_id, type: categorical, hash_buckets: 700, dim: 4}
+  - {name: tags, type: categorical, hash_buckets: 90, dim: 4, max_len: 3, pooling: mean}
+modules:
+  - {name: deep, kind: mlp, inputs: ["@dense", user_id, item_id, tags], layers: [16]}
+heads:
+  - {name: click, input: deep, task: binary, loss: bce}
+optimizer:
+  dense: {name: adam, lr: 0.01}
+  sparse: {name: adagrad, lr: 0.1}
+training:
+  batch_size: 128
+  epochs: 1
+  eval_every: 0
+"""
+
+
+def _group() -> PackedGroup:
+    return PackedGroup("g", 4, "fp32", ("sgd", 0.1, ()), (TableSlot("a", 40, 0), TableSlot("b", 9, 40)),
+                       (GroupField("fa", "a", 1, "sum"), GroupField("fb", "b", 2, "mean")))
+
+
+def _no_draws(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    drawn: list[str] = []
+    plain = embedding.init_table_rows
+    monkeypatch.setattr(embedding, "init_table_rows",
+                        lambda table, *a, **k: (drawn.append(table), plain(table, *a, **k))[1])
+    return drawn
+
+
+def test_tables_restored_next_are_allocated_not_drawn(monkeypatch: pytest.MonkeyPatch) -> None:
+    drawn = _no_draws(monkeypatch)
+    with embedding.restoring_tables():
+        assert embedding.restoring()
+        emb = embedding.PackedEmbeddingBag(_group(), seed=3)
+    assert drawn == [] and emb.weight.shape == (49, 4)
+    with pytest.raises(ValueError, match="inside"):  # the context ends with an error as well
+        with embedding.restoring_tables():
+            raise ValueError("inside")
+    assert not embedding.restoring()
+    again = embedding.PackedEmbeddingBag(_group(), seed=3)
+    assert sorted(drawn) == ["a", "b"]
+    assert torch.equal(again.table_rows("a"), embedding.init_table_rows("a", 40, 4, seed=3))
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("restored")
+    spec = root / "tiny.yaml"
+    spec.write_text(SPEC)
+    flowrec.train(spec, out=root / "run", rows=1500, max_steps=4)
+    return root / "run"
+
+
+def _copied(run: Path):
+    """The model loaded as before: drawn, then the checkpoint's tensors copied in."""
+    state = load_checkpoint(run / "checkpoint.pt")
+    trained = load_trained(run, "cpu", scoring_plan)
+    model = lower(scoring_plan(trained.plan), trained.spec, "cpu")
+    model.load_state_dict(state["model"])
+    return model, state
+
+
+def test_a_loaded_run_holds_the_checkpoint_undrawn_and_looks_up_as_a_copy(run: Path, monkeypatch) -> None:
+    model, state = _copied(run)
+    drawn = _no_draws(monkeypatch)
+    trained = load_trained(run, "cpu", scoring_plan)
+    assert drawn == []  # nothing drawn: every row came from the file
+    loaded = trained.model.state_dict()
+    assert loaded.keys() == state["model"].keys()
+    for key, value in state["model"].items():
+        assert loaded[key].dtype == value.dtype and torch.equal(loaded[key], value), key
+    seen = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, (1,))))
+    with torch.no_grad():
+        for name, module in model.embeddings.items():
+            rows = module.weight.shape[0]
+            ids = (torch.rand(64 * module.bags_per_sample, generator=seen) ** 3 * rows).long()  # skewed
+            offsets = torch.arange(0, ids.numel() + 1)
+            got = trained.model.embeddings[name].lookup(ids, offsets)
+            assert torch.equal(module.lookup(ids, offsets), got) and float(got.abs().sum()) > 0
+
+
+def test_eval_of_a_loaded_run_equals_the_copied_models(run: Path, tmp_path: Path) -> None:
+    """`flowrec eval` (mapped tensors) gives the metrics of the model the copy path loads."""
+    from flowrec.runtime.evaluation.evaluate import predict
+    from flowrec.data.batches import StagingOptions, iterate_batches
+    from flowrec.data.dataset import MemorySource, split_table
+    from flowrec.data.synth import SynthConfig, synth_table
+
+    model, _ = _copied(run)
+    trained = load_trained(run, "cpu", scoring_plan)
+    table = synth_table(trained.spec, 700, SynthConfig(seed=int(torch.randint(0, 2**31 - 1, (1,)))))
+    opts = StagingOptions(batch_size=128, shuffle=False, lookahead=0)
+    scores = []
+    for m in (model, trained.model):
+        with iterate_batches(trained.spec, MemorySource(split_table(table, 2)), opts, 0, 0, m.groups) as batches:
+            scores.append(predict(m, batches))
+    assert np.array_equal(scores[0][0], scores[1][0]) and np.array_equal(scores[0][1], scores[1][1])
+    assert float(np.std(scores[0][0])) > 0  # scores that differ by sample
+
+
+def test_a_damaged_table_is_still_refused_when_mapped(run: Path, tmp_path: Path) -> None:
+    """The content check reads the mapped table: one flipped bit in a row is a CheckpointError."""
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(run, bad)
+    data = bytearray((bad / "checkpoint.pt").read_bytes())
+    table = load_checkpoint(run / "checkpoint.pt")["model"]
+    key = max((k for k in table if k.endswith(".weight")), key=lambda k: table[k].numel())
+    needle = table[key][7].numpy().tobytes()  # a row of the largest table, as stored
+    at = bytes(data).find(needle)
+    assert at > 0
+    data[at + 5] ^= 0x10
+    (bad / "checkpoint.pt").write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="digest"):
+        load_trained(bad, "cpu", scoring_plan)
+
+
+def test_a_resumed_run_is_not_drawn_and_ends_as_an_uninterrupted_one(tmp_path: Path, monkeypatch) -> None:
+    runner = CliRunner()
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(SPEC)
+
+    def train(*args: str) -> None:
+        result = runner.invoke(app, ["train", str(spec), "--rows", "1500", "-q", *args])
+        assert result.exit_code == 0, result.output
+
+    train("--out", str(tmp_path / "whole"), "--max-steps", "6")
+    train("--out", str(tmp_path / "cut"), "--max-steps", "3")
+    drawn = _no_draws(monkeypatch)
+    train("--resume", str(tmp_path / "cut"), "--max-steps", "6")
+    assert drawn == []
+    a, b = load_checkpoint(tmp_path / "whole" / "checkpoint.pt"), load_checkpoint(tmp_path / "cut" / "checkpoint.pt")
+    assert a["position"] == b["position"] and a["position"]["step"] == 6
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
