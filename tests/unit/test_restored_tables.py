@@ -158,3 +158,29 @@ def test_a_resumed_run_is_not_drawn_and_ends_as_an_uninterrupted_one(tmp_path: P
     a, b = load_checkpoint(tmp_path / "whole" / "checkpoint.pt"), load_checkpoint(tmp_path / "cut" / "checkpoint.pt")
     assert a["position"] == b["position"] and a["position"]["step"] == 6
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+
+
+@pytest.mark.parametrize("fresh", [False, True])
+def test_a_run_started_from_another_is_not_drawn(tmp_path: Path, monkeypatch, fresh: bool) -> None:
+    """`--init-from` loads the parent's every table (its plan, the same layout): nothing is drawn,
+    and the new run starts from the parent's rows (with `--fresh-optimizer`, a fresh sparse state)."""
+    runner = CliRunner()
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(SPEC)
+    parent = tmp_path / "parent"
+    result = runner.invoke(app, ["train", str(spec), "--rows", "1500", "-q", "--out", str(parent), "--max-steps", "3"])
+    assert result.exit_code == 0, result.output
+    drawn = _no_draws(monkeypatch)
+    child = tmp_path / "child"
+    args = ["train", str(spec), "--rows", "1500", "-q", "--out", str(child), "--init-from", str(parent),
+            "--max-steps", "1"] + (["--fresh-optimizer"] if fresh else [])
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert drawn == []
+    before = load_checkpoint(parent / "checkpoint.pt")["model"]
+    after = load_checkpoint(child / "checkpoint.pt")["model"]
+    tables = [k for k in before if k.endswith(".weight") and k.startswith("embeddings.")]
+    assert tables
+    for key in tables:  # one step from the parent's rows: the rows it did not touch are the parent's
+        same = (before[key] == after[key]).all(dim=1).float().mean()
+        assert 0.0 < float(same) < 1.0, key
