@@ -184,3 +184,19 @@ def test_a_run_started_from_another_is_not_drawn(tmp_path: Path, monkeypatch, fr
     for key in tables:  # one step from the parent's rows: the rows it did not touch are the parent's
         same = (before[key] == after[key]).all(dim=1).float().mean()
         assert 0.0 < float(same) < 1.0, key
+
+
+def test_the_restore_benchmark_runs_quick(tmp_path: Path) -> None:
+    """`tools/bench_restore.py --quick` loads both ways and checks they agree (it exits otherwise)."""
+    import importlib.util
+    import json
+
+    path = Path(__file__).resolve().parents[2] / "tools" / "bench_restore.py"
+    spec = importlib.util.spec_from_file_location("bench_restore", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "restore.json"
+    figures = bench.main(["--quick", "--json", str(out)])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(figures))
+    assert figures["same_state_and_scores"] is True and figures["rounds"] == 1
+    assert set(figures["median"]) == {"eval", "resume"} and figures["table_bytes"] == 1_200_040 * 8 * 4
