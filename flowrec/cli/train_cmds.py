@@ -426,9 +426,9 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
             _rank_barrier(world, "the other ranks to build their model")
 
     # a resumed run, or one started from another (the same plan), loads every table from a checkpoint
-    # next: they are not drawn first (one process; the ranks' shards are drawn as before)
+    # next (each rank its rows: a sharded checkpoint's shards cover every row once): nothing is drawn
     session = start_session(spec, request.spec_path, settings, folder, plan, device, _say, world, before, after,
-                            restoring=(state is not None or parent is not None) and world is None)
+                            restoring=state is not None or parent is not None)
     _say(session.data_note)
     _check_loop_settings(session)
     if world is None or world.lead:

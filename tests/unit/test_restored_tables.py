@@ -200,3 +200,22 @@ def test_the_restore_benchmark_runs_quick(tmp_path: Path) -> None:
     assert json.loads(out.read_text()) == json.loads(json.dumps(figures))
     assert figures["same_state_and_scores"] is True and figures["rounds"] == 1
     assert set(figures["median"]) == {"eval", "resume"} and figures["table_bytes"] == 1_200_040 * 8 * 4
+
+
+def test_a_ranks_shard_restored_next_is_not_drawn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A row-wise group's shard of a resumed distributed run is allocated, not drawn (the sharded
+    checkpoint's shards cover every row once: `flowrec.runtime.checkpoint.shards`); outside the
+    context a shard holds this rank's rows of the whole tables' draws."""
+    from flowrec.runtime.distributed import sharded
+
+    drawn: list[str] = []
+    plain = sharded.init_table_rows
+    monkeypatch.setattr(sharded, "init_table_rows", lambda table, *a, **k: (drawn.append(table), plain(table, *a, **k))[1])
+    with embedding.restoring_tables():
+        shard = sharded.ShardedPackedEmbedding(_group(), world_size=2, rank=1, seed=4)
+    assert drawn == [] and shard.weight.shape == (sharded.local_row_count(49, 2, 1), 4)
+    drawn_shard = sharded.ShardedPackedEmbedding(_group(), world_size=2, rank=1, seed=4)
+    assert sorted(drawn) == ["a", "b"]
+    whole = torch.cat([plain("a", 40, 4, seed=4), plain("b", 9, 4, seed=4)])
+    mine = torch.arange(49)[sharded.owner_of(torch.arange(49), 2) == 1]
+    assert torch.equal(drawn_shard.weight, whole[mine])

@@ -40,7 +40,7 @@ from flowrec.runtime.distributed.groups import local_index, local_row_count, own
 from flowrec.runtime.distributed.pooling import pool_unique, unique_row_grads
 from flowrec.runtime.distributed.schedule import Steps, lookup_groups
 from operators.casting import Casting, casted_row_grads, compute_casting
-from operators.embedding import TORCH_DTYPES, init_table_rows, mean_bag_flags
+from operators.embedding import TORCH_DTYPES, init_table_rows, mean_bag_flags, restoring
 from operators.sparse_optim import SparseOptimizer, make_optimizer
 
 EXCHANGE_PARTS: tuple[str, ...] = ("counts", "ids", "rows", "grads")  # `bytes_sent` keys
@@ -94,7 +94,9 @@ class ShardedPackedEmbedding(torch.nn.Module):
         dtype = dtype or TORCH_DTYPES[group.dtype]
         state_dtype = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
         local = local_row_count(group.rows, world_size, rank)
-        self.register_buffer("weight", initial_local_rows(group, world_size, rank, seed, dtype).to(device))
+        weight = (torch.empty(local, group.dim, dtype=dtype, device=device) if restoring()  # loaded next
+                  else initial_local_rows(group, world_size, rank, seed, dtype).to(device))
+        self.register_buffer("weight", weight)
         self.register_buffer("state", self.optimizer.initial_state(local, group.dim, state_dtype, device))
         flags = mean_bag_flags(group)
         self.register_buffer("mean_flags", flags.to(device) if bool(flags.any()) else None, persistent=False)
