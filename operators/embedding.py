@@ -81,9 +81,10 @@ def restoring_tables() -> Iterator[None]:
     """Packed tables built inside are allocated but not drawn (`init_packed_rows` leaves them as
     allocated): for a model whose every table row is restored right after, from a checkpoint
     loaded with `load_state_dict` (strict: every weight and state buffer, whole). Drawing them
-    first is wasted work at the start of `flowrec eval`, `flowrec.api.load` and `--resume`
-    (dlrm_criteo's 33.8 M rows: about 1.2 s on two threads). The caller must not use the model
-    when that load fails."""
+    first is wasted work at the start of `flowrec eval`, `flowrec.api.load`, `--resume` and
+    `--init-from` (dlrm_criteo's 33.8 M rows: about 1.2 s on two threads; a distributed rank's
+    shard, `flowrec.runtime.distributed.sharded`, is left undrawn too). The caller must not use the
+    model when that load fails."""
     token = _RESTORING.set(True)
     try:
         yield
