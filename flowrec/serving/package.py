@@ -88,19 +88,27 @@ def file_digests(folder: Path) -> dict[str, str]:
 
 def verify_files(folder: Path, manifest: dict[str, Any], needed: list[str]) -> None:
     """Raise ValueError (one line) unless every file the manifest lists (and each of `needed`) is a
-    plain file inside `folder` whose SHA-256 is the recorded one."""
-    listed = manifest.get("files")
-    if not isinstance(listed, dict) or not all(isinstance(d, str) for d in listed.values()):
-        raise ValueError(f"{Path(folder) / MANIFEST_FILE} records no file digests")
-    for name in needed:
-        if name not in listed:
-            raise ValueError(f"{folder}: {name} is not among the files its manifest records")
+    plain file inside `folder` whose SHA-256 is the recorded one. Every listed file is read once:
+    a file needed later (named by one read since) need only be listed (`require_listed`)."""
+    listed = require_listed(folder, manifest, needed)
     for name, digest in listed.items():
         path = inside(Path(folder), name, f"file {name!r} of the manifest")
         if not path.is_file():
             raise ValueError(f"{path} is missing (the package is incomplete)")
         if _sha256(path) != digest:
             raise ValueError(f"{path} does not match the digest its manifest records (changed or damaged)")
+
+
+def require_listed(folder: Path, manifest: dict[str, Any], needed: list[str]) -> dict[str, str]:
+    """The manifest's file digests; ValueError (one line) unless it records them and lists each of
+    `needed` (whose digests `verify_files` checked with every listed file's)."""
+    listed = manifest.get("files")
+    if not isinstance(listed, dict) or not all(isinstance(d, str) for d in listed.values()):
+        raise ValueError(f"{Path(folder) / MANIFEST_FILE} records no file digests")
+    for name in needed:
+        if name not in listed:
+            raise ValueError(f"{folder}: {name} is not among the files its manifest records")
+    return listed
 
 
 def _sha256(path: Path) -> str:

@@ -25,7 +25,8 @@ from flowrec.data.encoder_record import ENCODER_FILE, EncoderRecord, load_encode
 from flowrec.data.layout import DataError, is_multi
 from flowrec.data.sources import FLOAT32_MAX
 from flowrec.serving.managed import MANAGED_DIR, Maps, read_maps, remap_inputs
-from flowrec.serving.package import MODEL_FILE, SPEC_FILE, encoded_inputs, read_manifest, verify_files
+from flowrec.serving.package import (MODEL_FILE, SPEC_FILE, encoded_inputs, read_manifest, require_listed,
+                                     verify_files)
 from flowrec.serving.pt2_check import check_archive
 from flowrec.serving.retrieval_index import ITEMS_FILE, ItemIndex, load_items
 from flowrec.spec.json_doc import read_json_document
@@ -184,9 +185,9 @@ def load_model(path: str | Path) -> LoadedModel:
     path = Path(path)
     manifest = read_manifest(path)
     try:
-        verify_files(path, manifest, [MODEL_FILE, SPEC_FILE, ENCODER_FILE])
+        verify_files(path, manifest, [MODEL_FILE, SPEC_FILE, ENCODER_FILE])  # every listed file, once
         record = read_record(path)  # the package's own encoder.json (verified), never a folder below it
-        verify_files(path, manifest, [str(Path(p).relative_to(path)) for p in record.vocab_files.values()])
+        require_listed(path, manifest, [str(Path(p).relative_to(path)) for p in record.vocab_files.values()])
         spec = _spec(path / SPEC_FILE)
         encoder = load_encoder(record, spec)
     except DataError as exc:
@@ -204,9 +205,9 @@ def load_model(path: str | Path) -> LoadedModel:
                          f"and its spec {'has no' if 'retrieval' in manifest else 'has a'} retrieval head; "
                          "export the run again")
     if "retrieval" in manifest:
-        verify_files(path, manifest, [ITEMS_FILE])
+        require_listed(path, manifest, [ITEMS_FILE])
         items = load_items(path, manifest, spec)
-    verify_files(path, manifest, [f"{MANAGED_DIR}/{t.name}.parquet" for t in spec.tables if t.managed is not None])
+    require_listed(path, manifest, [f"{MANAGED_DIR}/{t.name}.parquet" for t in spec.tables if t.managed is not None])
     return LoadedModel(path, spec, record, encoder, program, manifest, read_maps(path, spec), items)
 
 
