@@ -39,21 +39,20 @@ from typing import Any, Callable, Iterator
 import torch
 from torch.overrides import TorchFunctionMode
 
-_EMULATED: bool | None = None  # the CPU's answer, probed once per process
+from operators.device import bf16_native
+
 _CPU = torch.device("cpu")
+# The CPU's answer, probed once per process, at import: never inside a trace, where the probe (an
+# operator of torch's, `operators.device.bf16_native`) would be recorded into the program
+# (`flowrec export` of a model with a Dot, in a process that had not probed yet, wrote a model.pt2
+# calling `mkldnn._is_mkldnn_bf16_supported`, which `flowrec predict` refuses).
+_EMULATED: bool = not bf16_native(_CPU)
 
 
 def emulated(device: torch.device) -> bool:
     """Whether bf16 matrix products on `device` run here in fp32 (a CPU without bf16 kernels).
     Decided once per process, so a run and its resume compute alike."""
-    global _EMULATED
-    if device.type != "cpu":
-        return False
-    if _EMULATED is None:
-        from operators.device import bf16_native
-
-        _EMULATED = not bf16_native(_CPU)
-    return _EMULATED
+    return device.type == "cpu" and _EMULATED
 
 
 def widened(t: torch.Tensor) -> torch.Tensor:

@@ -225,3 +225,38 @@ def test_scoring_a_package_imports_no_training_runtime(package, tmp_path):
     lines = dict(line.split(":", 1) for line in done.stdout.splitlines() if line.startswith(("RUNTIME:", "SERVING:")))
     assert "flowrec.serving.predict" in lines["SERVING"].split(",")  # the check saw the scoring path load
     assert lines["RUNTIME"] == ""
+
+
+DOT_SPEC = """
+name: dot_pkg
+features:
+  - {name: price, type: dense, transform: log1p}
+  - {name: user, type: categorical, hash_buckets: 200, dim: 8}
+  - {name: city, type: categorical, hash_buckets: 50, dim: 8}
+modules:
+  - {name: bottom, kind: mlp, inputs: ["@dense"], layers: [8]}
+  - {name: interaction, kind: dot, inputs: [bottom, "@sparse"]}
+  - {name: top, kind: mlp, inputs: [interaction, bottom], layers: [8]}
+heads:
+  - {name: ctr, input: top, task: binary, loss: bce}
+training: {batch_size: 128, epochs: 1, seed: 0, eval_every: 0}
+"""
+
+
+def test_a_dot_model_exported_by_a_fresh_process_scores(tmp_path):
+    """`flowrec export` in a process of its own (as a user runs it) of a model with a Dot: its
+    program holds ATen operators only, so `flowrec predict` takes it (the bf16 probe of the Dot's
+    products was traced into model.pt2 where the process had not probed before the export)."""
+    import flowrec
+    from flowrec.serving.predict import load_model
+
+    spec = tmp_path / "dot.yaml"
+    spec.write_text(DOT_SPEC)
+    flowrec.train(spec, out=tmp_path / "run", rows=1200, max_steps=3)
+    done = subprocess.run([sys.executable, "-c", "from flowrec.cli import main; main()", "export",
+                           str(tmp_path / "run"), str(tmp_path / "pkg")], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    model = load_model(tmp_path / "pkg")  # check_archive refuses any operator that is not ATen's
+    raw = pd.DataFrame({"price": [3.0, 40.0, 0.5], "user": ["a", "b", "c"], "city": ["x", "y", "x"]})
+    scores = model.predict(raw)["ctr"].to_numpy()
+    assert scores.shape == (3,) and np.all((scores > 0) & (scores < 1)) and len(set(scores.tolist())) == 3

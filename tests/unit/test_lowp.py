@@ -63,16 +63,21 @@ def test_matmul_takes_the_product_only_for_bf16_operands_where_emulated(monkeypa
     assert torch.equal(lowp.matmul(torch.mm, a.bfloat16(), b.bfloat16()), want)  # torch's bf16 kernel
 
 
-def test_emulated_is_the_probe_and_never_cuda(monkeypatch) -> None:
+def test_emulated_is_the_probe_taken_at_import_and_never_cuda(monkeypatch) -> None:
+    """The CPU is probed once, when the module is imported (never inside a trace, where the probe,
+    an operator of torch's, would be recorded into an exported program): a copy of the module
+    imported under each answer of `bf16_native` holds it."""
+    import importlib.util
+
     from operators import device as device_module
 
-    monkeypatch.setattr(lowp, "_EMULATED", None)
-    monkeypatch.setattr(device_module, "bf16_native", lambda device: False)
-    assert lowp.emulated(CPU) is True
-    monkeypatch.setattr(lowp, "_EMULATED", None)
-    monkeypatch.setattr(device_module, "bf16_native", lambda device: True)
-    assert lowp.emulated(CPU) is False
-    assert lowp.emulated(torch.device("cuda")) is False  # a device with its own bf16 kernels
+    for native in (False, True):
+        monkeypatch.setattr(device_module, "bf16_native", lambda device, answer=native: answer)
+        spec = importlib.util.spec_from_file_location("lowp_copy", lowp.__file__)
+        copy = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(copy)
+        assert copy.emulated(CPU) is (not native)
+        assert copy.emulated(torch.device("cuda")) is False  # a device with its own bf16 kernels
 
 
 @pytest.mark.usefixtures("emulating")
