@@ -52,8 +52,8 @@ from flowrec.runtime.messages import first_line, out_of_memory
 from flowrec.runtime.session import open_dataset, resolve_device
 from flowrec.spec.load import spec_from_dict
 from flowrec.spec.model import ModelSpec
-from operators.embedding import restoring_tables
 from flowrec.spec.validate import validate_document
+from operators.embedding import restoring_tables
 
 
 
