@@ -90,16 +90,23 @@ def _stack_distances(trace, distinct):
 
 def lru_hits(trace: np.ndarray, capacities: Sequence[int]) -> np.ndarray:
     """LRU hits for each capacity (an access hits iff its stack distance < capacity)."""
-    d = stack_distances(trace)
-    d = np.sort(d[d >= 0])
+    return _lru_from(stack_distances(trace), capacities)
+
+
+def _lru_from(distances: np.ndarray, capacities: Sequence[int]) -> np.ndarray:
+    d = np.sort(distances[distances >= 0])
     return np.searchsorted(d, np.asarray(capacities), side="left")
 
 
 def static_hits(trace: np.ndarray, capacity: int) -> int:
     """Static hot set: the `capacity` most accessed rows, pinned after their first access."""
     _, counts = np.unique(trace, return_counts=True)
-    top = np.sort(counts)[::-1][:capacity]
-    return int((top - 1).sum())
+    return _static_from(np.sort(counts)[::-1], capacity)
+
+
+def _static_from(hottest_first: np.ndarray, capacity: int) -> int:
+    """`static_hits` from the rows' access counts, largest first."""
+    return int((hottest_first[:capacity] - 1).sum())
 
 
 def lfu_hits(trace: np.ndarray, capacity: int) -> int:
@@ -273,15 +280,17 @@ def hit_rate_curves(trace: np.ndarray, batch_of: np.ndarray, window: int,
     dense, distinct = _dense(np.asarray(trace))  # once for every policy and size
     caps = list(capacities) if capacities is not None else capacities_for(distinct)
     nxt, bounds = next_use(dense), _bounds(batch_of)
+    distances = _stack_distances(dense, distinct)
+    hottest_first = np.sort(np.bincount(dense, minlength=distinct))[::-1]  # every renumbered row is accessed
 
     def rates(hits) -> list[float]:  # hits(capacity) of a capacity above 0; none at 0 or below
         return [(int(hits(c)) if c > 0 and len(dense) else 0) / n for c in caps]
 
     return {
         "capacity_rows": caps,
-        "lru": (lru_hits(trace, caps) / n).tolist(),
+        "lru": (_lru_from(distances, caps) / n).tolist(),
         "lfu": rates(lambda c: _lfu_hits(dense, distinct, c)),
-        "static_hot": [static_hits(trace, c) / n for c in caps],
+        "static_hot": [_static_from(hottest_first, c) / n for c in caps],
         f"lookahead_w{window}": rates(lambda c: _lookahead_hits(dense, bounds, distinct, c, window)),
         "belady": rates(lambda c: _belady_hits(dense, nxt, distinct, c)),
     }
