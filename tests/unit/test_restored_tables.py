@@ -15,7 +15,7 @@ from flowrec.graph.types import GroupField, PackedGroup, TableSlot
 from flowrec.planner.contract import scoring_plan
 from flowrec.runtime.checkpoint.store import CheckpointError, load_checkpoint
 from flowrec.runtime.lowering import lower
-from flowrec.serving.trained import load_trained
+from flowrec.serving.trained import _spec_of, load_trained, stored_plan
 from operators import embedding
 
 SPEC = """
@@ -44,16 +44,16 @@ def _group() -> PackedGroup:
                        (GroupField("fa", "a", 1, "sum"), GroupField("fb", "b", 2, "mean")))
 
 
-def _no_draws(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+def _draws(monkeypatch: pytest.MonkeyPatch, module=embedding) -> list[str]:
+    """The tables `module` draws from now on (by `init_table_rows`), in order."""
     drawn: list[str] = []
-    plain = embedding.init_table_rows
-    monkeypatch.setattr(embedding, "init_table_rows",
-                        lambda table, *a, **k: (drawn.append(table), plain(table, *a, **k))[1])
+    plain = module.init_table_rows
+    monkeypatch.setattr(module, "init_table_rows", lambda table, *a, **k: (drawn.append(table), plain(table, *a, **k))[1])
     return drawn
 
 
 def test_tables_restored_next_are_allocated_not_drawn(monkeypatch: pytest.MonkeyPatch) -> None:
-    drawn = _no_draws(monkeypatch)
+    drawn = _draws(monkeypatch)
     with embedding.restoring_tables():
         assert embedding.restoring()
         emb = embedding.PackedEmbeddingBag(_group(), seed=3)
@@ -77,17 +77,17 @@ def run(tmp_path_factory) -> Path:
 
 
 def _copied(run: Path):
-    """The model loaded as before: drawn, then the checkpoint's tensors copied in."""
+    """The model loaded as before, without `load_trained`: drawn, then the checkpoint's tensors
+    copied in."""
     state = load_checkpoint(run / "checkpoint.pt")
-    trained = load_trained(run, "cpu", scoring_plan)
-    model = lower(scoring_plan(trained.plan), trained.spec, "cpu")
+    model = lower(scoring_plan(stored_plan(state, str(run))), _spec_of(state, run), "cpu")
     model.load_state_dict(state["model"])
     return model, state
 
 
 def test_a_loaded_run_holds_the_checkpoint_undrawn_and_looks_up_as_a_copy(run: Path, monkeypatch) -> None:
     model, state = _copied(run)
-    drawn = _no_draws(monkeypatch)
+    drawn = _draws(monkeypatch)
     trained = load_trained(run, "cpu", scoring_plan)
     assert drawn == []  # nothing drawn: every row came from the file
     loaded = trained.model.state_dict()
@@ -152,7 +152,7 @@ def test_a_resumed_run_is_not_drawn_and_ends_as_an_uninterrupted_one(tmp_path: P
 
     train("--out", str(tmp_path / "whole"), "--max-steps", "6")
     train("--out", str(tmp_path / "cut"), "--max-steps", "3")
-    drawn = _no_draws(monkeypatch)
+    drawn = _draws(monkeypatch)
     train("--resume", str(tmp_path / "cut"), "--max-steps", "6")
     assert drawn == []
     a, b = load_checkpoint(tmp_path / "whole" / "checkpoint.pt"), load_checkpoint(tmp_path / "cut" / "checkpoint.pt")
@@ -170,7 +170,7 @@ def test_a_run_started_from_another_is_not_drawn(tmp_path: Path, monkeypatch, fr
     parent = tmp_path / "parent"
     result = runner.invoke(app, ["train", str(spec), "--rows", "1500", "-q", "--out", str(parent), "--max-steps", "3"])
     assert result.exit_code == 0, result.output
-    drawn = _no_draws(monkeypatch)
+    drawn = _draws(monkeypatch)
     child = tmp_path / "child"
     args = ["train", str(spec), "--rows", "1500", "-q", "--out", str(child), "--init-from", str(parent),
             "--max-steps", "1"] + (["--fresh-optimizer"] if fresh else [])
@@ -208,9 +208,8 @@ def test_a_ranks_shard_restored_next_is_not_drawn(monkeypatch: pytest.MonkeyPatc
     context a shard holds this rank's rows of the whole tables' draws."""
     from flowrec.runtime.distributed import sharded
 
-    drawn: list[str] = []
     plain = sharded.init_table_rows
-    monkeypatch.setattr(sharded, "init_table_rows", lambda table, *a, **k: (drawn.append(table), plain(table, *a, **k))[1])
+    drawn = _draws(monkeypatch, sharded)
     with embedding.restoring_tables():
         shard = sharded.ShardedPackedEmbedding(_group(), world_size=2, rank=1, seed=4)
     assert drawn == [] and shard.weight.shape == (sharded.local_row_count(49, 2, 1), 4)
