@@ -8,6 +8,7 @@ import json
 import re
 import shlex
 import sys
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -398,6 +399,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     from flowrec.runtime.rundir import RunFolderError, clear_run_files
     from flowrec.runs.start import memory_hint, record_encoder, start_session, train_config
     from flowrec.runtime.trainer import Trainer
+    from operators.embedding import restoring_tables
     from flowrec.spec.load import to_dict
 
     plan_file = Path(settings["plan"]) if settings.get("plan") and state is None else None
@@ -427,8 +429,8 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
 
     # a resumed run, or one started from another (the same plan), loads every table from a checkpoint
     # next (each rank its rows: a sharded checkpoint's shards cover every row once): nothing is drawn
-    session = start_session(spec, request.spec_path, settings, folder, plan, device, _say, world, before, after,
-                            restoring=state is not None or parent is not None)
+    with restoring_tables() if state is not None or parent is not None else nullcontext():
+        session = start_session(spec, request.spec_path, settings, folder, plan, device, _say, world, before, after)
     _say(session.data_note)
     _check_loop_settings(session)
     if world is None or world.lead:

@@ -11,7 +11,6 @@ Example:
 from __future__ import annotations
 
 import os
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Callable
 
@@ -30,7 +29,6 @@ from flowrec.runtime.session import Session, SessionOptions, prepare
 from flowrec.runtime.trainer import TrainConfig
 from flowrec.spec.model import ModelSpec
 from operators.device import free_memory
-from operators.embedding import restoring_tables
 
 
 
@@ -95,21 +93,18 @@ def train_config(settings: dict[str, Any], folder: Path | None, progress: bool) 
 def start_session(spec: ModelSpec, spec_path: Path, settings: dict[str, Any], folder: Path | None, plan: Plan,
                   device: torch.device, status: Callable[[str], None] = lambda _: None,
                   world: Any = None, before: Callable[[], None] = lambda: None,
-                  after: Callable[[], None] = lambda: None, restoring: bool = False) -> Session:
+                  after: Callable[[], None] = lambda: None) -> Session:
     """The run's data and the model of `plan` on `device` (`before`/`after`: the ranks' barriers
-    around building it; `restoring`: the caller loads a checkpoint into every table next, as
-    `--resume` does, so the tables are not drawn: `operators.embedding.restoring_tables`). Raises
-    `RunError` for data that does not fit, for running out of memory and for early stopping without
-    evaluations during training."""
+    around building it). Raises `RunError` for data that does not fit, for running out of memory and
+    for early stopping without evaluations during training."""
     check_plan_fits(plan, device, world)
     check_synthetic_rows(spec, settings)
     if spec.training.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
     before()
     try:
-        with restoring_tables() if restoring else nullcontext():
-            session = prepare(spec, spec_path, session_options(settings, folder), plan, device, status=status,
-                              world=world)
+        session = prepare(spec, spec_path, session_options(settings, folder), plan, device, status=status,
+                          world=world)
     except (DataError, RuntimeError, ValueError, MemoryError) as exc:
         if out_of_memory(exc):
             raise RunError(f"out of memory building the model: {first_line(exc)}. {memory_hint()}",
