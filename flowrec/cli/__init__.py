@@ -5,6 +5,7 @@ Each command group lives in its own module and registers itself on the app; heav
 """
 from __future__ import annotations
 
+import shutil
 import sys
 
 import typer
@@ -45,13 +46,31 @@ doctor_cmd.register(app)
 calibrate_cmd.register(app)
 
 
+RICH_HELP_COLUMNS = 110  # from this terminal width on, `--help` draws rich's panels
+
+
+def help_layout(columns: int | None = None) -> str | None:
+    """How `--help` is laid out in a terminal `columns` wide (default: this one's, else 80): rich's
+    panels ("rich") where they fit, click's plain layout (None) where they do not. Below about 100
+    columns the panels' option table cut option names and words of their help short with an
+    ellipsis (`--checkpoint-eve…` in `flowrec train --help` at 80 columns), and they keep the
+    docstrings' line breaks, wrapped again raggedly; click's layout rewraps every paragraph to the
+    width and cuts nothing."""
+    if columns is None:
+        columns = shutil.get_terminal_size((80, 24)).columns
+    return "rich" if columns >= RICH_HELP_COLUMNS else None
+
+
 def main() -> None:
-    """Run the command line. A command that read a CSV file through pyarrow's streaming reader ends
+    """Run the command line (its `--help` laid out for this terminal: `help_layout`). A command that read a CSV file through pyarrow's streaming reader ends
     without the interpreter's teardown, its output flushed and its exit status kept: Arrow's IO
     threads can still hold that reader's Python row handler, and releasing it during the teardown
     aborted the process now and then (exit 134 after a correct result or a one-line error:
     `flowrec.data.sources.arrow_threads_may_hold_python`), as a finished training rank does for
     gloo's threads."""
+    layout = help_layout()
+    for typer_app in (app, data_cmds.data_app):
+        typer_app.rich_markup_mode = layout
     try:
         app()
     except SystemExit as exc:

@@ -35,12 +35,10 @@ profile (default: the user's cache folder, one per
 device kind) recording each constant and how it was measured; use it with
 `flowrec plan SPEC --target FILE` and `flowrec train SPEC --target FILE`.
 
+\b
 Examples:
-
   flowrec calibrate specs/dlrm_criteo.yaml
-
   flowrec calibrate specs/movielens.yaml --device cuda --out h100.json
-
   flowrec calibrate specs/dlrm_criteo.yaml --nproc 2 --out cpu2.json
 """
 

@@ -37,16 +37,12 @@ run's encoder; values its vocabularies lack take the spare rows of tables with v
 order of first appearance; the output says how many, and how many went to row 0 when none was
 left) unless --no-grow.
 
+\b
 Examples:
-
   flowrec data convert criteo ~/criteo/day_0.tsv data/criteo/ --spec specs/dlrm_criteo.yaml
-
   flowrec data convert movielens ml-100k/ data/ml/ --spec specs/movielens.yaml --test-fraction 0.2
-
   flowrec data convert csv day2.csv data/day2/ --spec spec.yaml --encoder-from runs/day1
-
   flowrec data convert parquet events/ data/events/ --spec spec.yaml     # a Parquet file or folder
-
   flowrec data convert csv clicks.csv.gz data/clicks/ --spec spec.yaml   # .gz / .bz2 read as plain
 """
 
@@ -54,8 +50,8 @@ SYNTH_HELP = """Write synthetic data for any spec (Zipf-skewed ids, learnable la
 
 --out must be absent or empty unless --overwrite, which replaces it once the new data is complete.
 
+\b
 Example:
-
   flowrec data synth specs/wide_1000.yaml --rows 5000000 --out data/wide/
 """
 
@@ -63,15 +59,15 @@ PROFILE_HELP = """Profile row accesses on a sample: skew, the hot set that fits 
 
 Writes the access profile JSON the planner's cache pass reads (--json) and a PNG plot (--png).
 
+\b
 Example:
-
   flowrec data profile specs/dlrm_criteo.yaml data/criteo/ --budget 2GiB --png skew.png --json profile.json
 """
 
 INSPECT_HELP = """Show a dataset's rows, partitions, columns and dtypes, metadata, missing/unique counts.
 
+\b
 Example:
-
   flowrec data inspect data/criteo/
 """
 

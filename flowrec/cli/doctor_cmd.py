@@ -13,10 +13,9 @@ and their memory, then self-checks: kernel compilation with NVRTC (with the gpuc
 collective (gloo; nccl with 2+ GPUs). Checks that cannot run here are listed as not checked.
 Exit status 0 when every check that ran passed, 1 otherwise.
 
+\b
 Examples:
-
   flowrec doctor
-
   flowrec doctor --json > doctor.json
 """
 MISSING = {"torch_cuda": "none (a CPU build of torch)", "nccl": "none (no CUDA)",

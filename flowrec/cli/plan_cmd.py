@@ -22,16 +22,12 @@ PLAN_HELP = """Compile a spec into an optimized plan and report it.
 Builds the operator graph of SPEC, runs the passes (pack, cache, interleave) and reports the plan:
 packed groups, placements, stages, predicted step time and memory.
 
+\b
 Examples:
-
   flowrec plan specs/dlrm_criteo.yaml
-
   flowrec plan specs/dlrm_criteo.yaml --target h100 --device-budget 1GiB --cache lookahead
-
   flowrec plan specs/wide_1000.yaml --json plan.json --svg plan.svg
-
   flowrec plan specs/wide_1000.yaml --world-size 64 --target h100 --json p.json
-
   flowrec plan specs/two_task.yaml --until packed --dot - | dot -Tpng > plan.png
 """
 

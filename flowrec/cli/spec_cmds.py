@@ -18,21 +18,18 @@ Every problem of every file is reported at once, one line each, as `FILE: PATH: 
 Folders are scanned recursively for *.yaml, *.yml and *.json files.
 Exit status: 0 when every file is valid, 2 otherwise.
 
+\b
 Examples:
-
   flowrec validate specs/dlrm_criteo.yaml
-
   flowrec validate specs/ --quiet
-
   flowrec validate specs/ --json > report.json
 """
 
 SCHEMA_HELP = """Print the model-spec JSON Schema (draft 2020-12), or the plan schema with --plan.
 
+\b
 Examples:
-
   flowrec schema > model-spec.schema.json
-
   flowrec schema --plan
 """
 

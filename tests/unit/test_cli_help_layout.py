@@ -1,0 +1,59 @@
+"""`--help` is readable in an 80-column terminal: every option's name and every word of its help
+in full (rich's panels cut them with an ellipsis there), the examples one command a line."""
+from __future__ import annotations
+
+import re
+
+import pytest
+from typer.testing import CliRunner
+
+from flowrec.cli import RICH_HELP_COLUMNS, app, data_cmds, help_layout
+
+COMMANDS = (["validate"], ["plan"], ["schema"], ["data", "convert"], ["data", "synth"], ["data", "profile"],
+            ["data", "inspect"], ["train"], ["eval"], ["export"], ["predict"], ["calibrate"], ["doctor"], [])
+
+
+@pytest.fixture
+def narrow() -> CliRunner:
+    """The app laid out as `main` lays it out in an 80-column terminal."""
+    kept = app.rich_markup_mode, data_cmds.data_app.rich_markup_mode
+    for typer_app in (app, data_cmds.data_app):
+        typer_app.rich_markup_mode = help_layout(80)
+    yield CliRunner()
+    app.rich_markup_mode, data_cmds.data_app.rich_markup_mode = kept
+
+
+def test_the_layout_follows_the_terminal_width() -> None:
+    assert help_layout(80) is None and help_layout(RICH_HELP_COLUMNS - 1) is None
+    assert help_layout(RICH_HELP_COLUMNS) == "rich" and help_layout(200) == "rich"
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c) or "flowrec")
+def test_every_option_is_shown_in_full_at_80_columns(narrow: CliRunner, command: list[str]) -> None:
+    shown = narrow.invoke(app, [*command, "--help"], env={"COLUMNS": "80"})
+    assert shown.exit_code == 0, shown.output
+    assert "…" not in shown.output
+    words = " ".join(shown.output.split())
+    for name in _option_names(command):
+        assert re.search(rf"(^|[\s,]){re.escape(name)}([\s,=]|$)", words), f"{name} not shown in full"
+
+
+@pytest.mark.parametrize("command, example", [
+    (["train"], "flowrec train specs/dlrm_criteo.yaml --data data/criteo/ --device cuda --out runs/exp1"),
+    (["plan"], "flowrec plan specs/dlrm_criteo.yaml --target h100 --device-budget 1GiB --cache lookahead"),
+    (["data", "convert"], "flowrec data convert csv day2.csv data/day2/ --spec spec.yaml --encoder-from runs/day1"),
+    (["calibrate"], "flowrec calibrate specs/dlrm_criteo.yaml --nproc 2 --out cpu2.json"),
+])
+def test_an_example_stays_one_line(narrow: CliRunner, command: list[str], example: str) -> None:
+    shown = narrow.invoke(app, [*command, "--help"], env={"COLUMNS": "80"}).output
+    assert example in [line.strip() for line in shown.splitlines()]
+
+
+def _option_names(command: list[str]) -> list[str]:
+    """The long option names of `flowrec COMMAND`, read from the click command itself."""
+    import typer.main
+
+    click_command = typer.main.get_command(app)
+    for name in command:
+        click_command = click_command.commands[name]
+    return [opt for param in click_command.params for opt in param.opts if opt.startswith("--")]
