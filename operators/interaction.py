@@ -124,7 +124,7 @@ class _TriuDot(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, upper: torch.Tensor, mirror: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(x, mirror)
         gram = matmul(torch.bmm, x, x.transpose(1, 2))  # (B, F, F)
-        return gram.reshape(x.shape[0], -1).index_select(1, upper)  # (B, P)
+        return gram.reshape(x.shape[0], x.shape[1] * x.shape[1]).index_select(1, upper)  # (B, P)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
