@@ -12,7 +12,7 @@ from flowrec.planner.manager import make_plan
 from flowrec.planner.passes.cache import cache, table_budget
 from flowrec.planner.passes.interleave import MICRO_BATCH_CHOICES, interleave
 from flowrec.planner.passes.pack import pack
-from flowrec.spec import load_spec
+from flowrec.spec import load_spec, spec_from_dict
 from flowrec.testing.specs import tiny_spec
 
 
@@ -48,6 +48,25 @@ def test_micro_batches_cpu_hint_and_auto():
     assert run(tiny_spec(micro_batches=4)).graph.graph["plan"].micro_batches == 4
     meta = run(tiny_spec(prefetch=5), target="h100").graph.graph["plan"]
     assert meta.micro_batches in MICRO_BATCH_CHOICES and meta.prefetch == 5
+
+
+def test_a_micro_batch_hint_above_the_batch_size_is_capped_and_the_plan_runs():
+    """`plan.micro_batches: 4096` at batch 2: the plan said 4096 micro-batches and priced 4096
+    dense passes (and 0 B of activations) while training splits the batch into 2, and `flowrec
+    train --plan` refused the planner's own plan ("micro_batches must be between 1 and the batch
+    size")."""
+    from flowrec.planner.contract import check_plan
+    from flowrec.testing.specs import TINY
+
+    doc = {**TINY, "training": {"batch_size": 2}, "plan": {"micro_batches": 4096}}
+    spec = spec_from_dict(doc)
+    meta = run(spec).graph.graph["plan"]
+    assert meta.micro_batches == 2
+    for world in (1, 3):
+        plan = make_plan(spec, target="cpu", world_size=world)
+        assert plan.meta.micro_batches == 2 and check_plan(plan, spec, world) == []
+        assert plan.cost.micro_batches == 2 and dict(plan.cost.memory)["activations"] > 0
+    assert run(spec_from_dict({**doc, "plan": {"micro_batches": 2}})).graph.graph["plan"].micro_batches == 2
 
 
 def test_group_order_puts_host_traffic_first():

@@ -5,8 +5,8 @@ Needs: a packed graph; placements from `cache` (a graph without them is treated 
 Changes:
     * every op gets the stage of its kind (`flowrec.graph.kinds.OP_KINDS`): inputs ``staging`` (CPU workers), ids
       ``transfer``, lookups ``sparse``, modules and heads ``dense``, the loss ``backward``;
-    * micro-batches per step: the spec's integer hint, else (``auto``) 1 where sparse and dense
-      work cannot overlap (cpu), otherwise the count in `MICRO_BATCH_CHOICES` with at least
+    * micro-batches per step: the spec's integer hint (capped at the batch size), else (``auto``)
+      1 where sparse and dense work cannot overlap (cpu), otherwise the count in `MICRO_BATCH_CHOICES` with at least
       `MIN_MICRO_BATCH` samples each that the cost model prices lowest (more micro-batches pay
       off when sparse and dense times are comparable and the batch is large);
     * prefetch depth from the spec's hint;
@@ -64,12 +64,14 @@ def _traffic(group) -> float:
 
 def _micro_batches(g: OpGraph, ctx: PassContext) -> tuple[int, str]:
     hint = ctx.spec.plan.micro_batches
+    batch = ctx.spec.training.batch_size
+    if isinstance(hint, int) and hint > batch:  # training splits a batch into at most one sample each
+        return batch, f"the plan hint {hint}, capped at the batch size {batch}"
     if isinstance(hint, int):
         return hint, "from the plan hint"
     device = device_profile(ctx.target)
     if not device.overlaps:
         return 1, f"{device.name}: sparse and dense share the cores, nothing to overlap"
-    batch = ctx.spec.training.batch_size
     choices = [m for m in MICRO_BATCH_CHOICES if m == 1 or batch // m >= MIN_MICRO_BATCH]
     times = {m: predict(g, ctx.spec, device, micro_batches=m, profile=ctx.profile).step_ms_overlap
              for m in choices}
