@@ -130,6 +130,11 @@ CASES: list[tuple[str, Mutation, list[tuple[str, str]]]] = [
      [("heads[1].label", "heads 'ctr' and 'cvr' both train on label 'label'; give each head its own 'label'")]),
     ("repeated_input", lambda d: d["modules"][4]["inputs"].append("wide"),
      [("modules[4].inputs[3]", "input 'wide' is listed twice")]),
+    # sparse SGD is plain SGD (`operators.sparse_optim.SGD`): training refused the momentum validate took
+    ("sparse_sgd_momentum", lambda d: d["optimizer"].update(sparse={"name": "sgd", "lr": 0.1, "momentum": 0.9}),
+     [("optimizer.sparse", "unknown key 'momentum' (known keys: lr, name, weight_decay)")]),
+    ("table_sgd_momentum", lambda d: d["tables"][0].update(optimizer={"name": "sgd", "lr": 0.1, "momentum": 0.5}),
+     [("tables[0].optimizer", "unknown key 'momentum' (known keys: lr, name, weight_decay)")]),
 ]
 
 
