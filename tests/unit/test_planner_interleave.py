@@ -69,6 +69,23 @@ def test_a_micro_batch_hint_above_the_batch_size_is_capped_and_the_plan_runs():
     assert run(spec_from_dict({**doc, "plan": {"micro_batches": 2}})).graph.graph["plan"].micro_batches == 2
 
 
+def test_a_retrieval_model_plans_the_one_micro_batch_it_trains_in(repo):
+    """Training runs a retrieval head's softmax over the whole batch, in one micro-batch
+    (`flowrec.runtime.step`), whatever the plan says: the plan chose 8 on h100 for a large batch
+    and priced a step 8x shorter than training's, and took a hint of 2 as is."""
+    import yaml
+
+    doc = yaml.safe_load((repo / "specs" / "two_tower_movielens.yaml").read_text())
+    doc.pop("data")
+    doc["training"]["batch_size"] = 65536
+    for target, hint in (("h100", "auto"), ("cpu", 2), ("a100", 4)):
+        spec = spec_from_dict({**doc, "plan": {"micro_batches": hint}})
+        plan = make_plan(spec, target=target)
+        assert plan.meta.micro_batches == 1 and plan.cost.micro_batches == 1, (target, hint)
+    plain = {**doc, "heads": [{"name": "ctr", "input": "score"}], "plan": {"micro_batches": 2}}
+    assert make_plan(spec_from_dict(plain), target="cpu").meta.micro_batches == 2  # other heads keep the hint
+
+
 def test_group_order_puts_host_traffic_first():
     spec = tiny_spec(cache="none")
     g, _ = prepared(spec, "h100")
