@@ -11,6 +11,7 @@ Example:
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Sequence
 
 import torch
@@ -286,7 +287,7 @@ def flat_rows(x: torch.Tensor) -> torch.Tensor:
         return x
     if not is_contiguous_or_false(x):
         x = x.clone(memory_format=torch.contiguous_format)
-    return x.view(x.shape[0], -1)
+    return x.view(x.shape[0], math.prod(x.shape[1:]))  # the width spelled out: -1 is ambiguous at B = 0
 
 
 def concat_flat(inputs: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -11,13 +11,14 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from operators.dense import MLP, Shapes
+from operators.dense import MLP, Shapes, flat_rows
 from operators.lowp import emulating_autocast, matmul
 
 
-def as_fields(inputs: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Stack inputs (B, D) or (B, F, D) into fields (B, sum F, D)."""
-    parts = [x.unsqueeze(1) if x.dim() == 2 else x for x in inputs]
+def as_fields(inputs: Sequence[torch.Tensor], flat: Sequence[int] = ()) -> torch.Tensor:
+    """Stack inputs (B, D) or (B, F, D) into fields (B, sum F, D); the inputs at the positions in
+    `flat` (a module's whole output of named outputs, (B, H, D)) are one field each, flattened."""
+    parts = [flat_rows(x).unsqueeze(1) if i in flat or x.dim() == 2 else x for i, x in enumerate(inputs)]
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
 
@@ -31,13 +32,14 @@ class Dot(nn.Module):
         torch.Size([3, 351])
     """
 
-    def __init__(self) -> None:
+    def __init__(self, flat_ports: Sequence[int] = ()) -> None:
         super().__init__()
+        self.flat_ports = tuple(flat_ports)  # inputs that are one field each, flattened (`as_fields`)
         self._pairs: dict[tuple[int, torch.device], torch.Tensor] = {}
 
     @classmethod
     def from_config(cls, config: dict[str, Any], input_shapes: Shapes) -> "Dot":
-        return cls()
+        return cls(config.get("flat_ports", ()))
 
     def pairs(self, num: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """Flat positions of the strict upper triangle (row * F + col), and for every position
@@ -57,13 +59,13 @@ class Dot(nn.Module):
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
         if inputs[0].device.type == "cpu" and torch.is_autocast_enabled("cpu"):
             dtype = torch.get_autocast_dtype("cpu")
-            x = as_fields([t.to(dtype) for t in inputs])  # (B, F, D): cast per input, one cat
+            x = as_fields([t.to(dtype) for t in inputs], self.flat_ports)  # (B, F, D): cast per input, one cat
             upper, mirror = self.pairs(x.shape[1], x.device)
             if emulating_autocast(x.device):  # no bf16 kernels: the fp32 dots of the bf16 values, rounded once
                 with torch.autocast("cpu", enabled=False):
                     return _TriuDot.apply(x.float(), upper, mirror).to(torch.bfloat16)
             return _RowsDot.apply(x) if x.shape[1] > 1 else _TriuDot.apply(x, upper, mirror)
-        x = as_fields(inputs)  # (B, F, D)
+        x = as_fields(inputs, self.flat_ports)  # (B, F, D)
         upper, mirror = self.pairs(x.shape[1], x.device)
         return _TriuDot.apply(x, upper, mirror)  # (B, F (F - 1) / 2)
 
@@ -124,7 +126,7 @@ class _TriuDot(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, upper: torch.Tensor, mirror: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(x, mirror)
         gram = matmul(torch.bmm, x, x.transpose(1, 2))  # (B, F, F)
-        return gram.reshape(x.shape[0], -1).index_select(1, upper)  # (B, P)
+        return gram.reshape(x.shape[0], x.shape[1] * x.shape[1]).index_select(1, upper)  # (B, P)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
@@ -146,12 +148,16 @@ class FM(nn.Module):
         torch.Size([2, 1])
     """
 
+    def __init__(self, flat_ports: Sequence[int] = ()) -> None:
+        super().__init__()
+        self.flat_ports = tuple(flat_ports)  # inputs that are one field each, flattened (`as_fields`)
+
     @classmethod
     def from_config(cls, config: dict[str, Any], input_shapes: Shapes) -> "FM":
-        return cls()
+        return cls(config.get("flat_ports", ()))
 
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
-        x = as_fields(inputs)  # (B, F, D)
+        x = as_fields(inputs, self.flat_ports)  # (B, F, D)
         square_of_sum = x.sum(dim=1).square()  # (B, D)
         sum_of_square = x.square().sum(dim=1)  # (B, D)
         return 0.5 * (square_of_sum - sum_of_square).sum(dim=1, keepdim=True)  # (B, 1)

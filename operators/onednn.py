@@ -176,16 +176,18 @@ def _round(t: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
 
 def _gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, post: str = "none") -> torch.Tensor:
     """x weight^T (+ bias) (-> post-op) in one oneDNN call; `weight` may be a transposed view
-    (`gemm_library` "mkl": torch's `addmm`/`mm`, the ReLU in place on the fresh output).  # (B, Out)"""
-    if gemm_library() == "mkl":
+    (`gemm_library` "mkl": torch's `addmm`/`mm`, the ReLU in place on the fresh output; also an
+    empty product, 0 rows or a 0-long sum, which oneDNN refuses: a rank's empty slice).  # (B, Out)"""
+    if gemm_library() == "mkl" or 0 in x.shape:
         y = torch.mm(x, weight.t()) if bias is None else torch.addmm(bias, x, weight.t())
         return torch.relu_(y) if post == "relu" else y
     return _POINTWISE(x, weight, bias, post, [], "")
 
 
 def _gemm_add(x: torch.Tensor, add: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """add + x weight^T (+ bias): the sum fused into oneDNN's GEMM, or torch's `addmm`.  # (B, Out)"""
-    if gemm_library() == "mkl":
+    """add + x weight^T (+ bias): the sum fused into oneDNN's GEMM, or torch's `addmm` (also an
+    empty product, as `_gemm`).  # (B, Out)"""
+    if gemm_library() == "mkl" or 0 in x.shape:
         return torch.addmm(add if bias is None else add + bias, x, weight.t())
     return _MKLDNN._linear_pointwise.binary(x, add, weight, bias, "add")
 

@@ -20,7 +20,8 @@ from typing import Any
 import networkx as nx
 
 from flowrec.graph.edges import Slot, input_slots, set_inputs
-from flowrec.graph.shapes import sizing
+from flowrec.graph.kinds import OP_KINDS
+from flowrec.graph.shapes import field_shapes, sizing
 from flowrec.graph.types import DTYPE_BYTES, Op, OpGraph
 from flowrec.spec.model import (
     SELECTOR_DENSE,
@@ -306,8 +307,13 @@ def _add_module(g: OpGraph, spec: ModelSpec, m: ModuleSpec, slots: list[Slot]) -
             attrs[key] = tuple(attrs[key])
     attrs["in_features"] = sum(prod(s.shape) for s in slots)
     if m.kind in ("dot", "fm"):
-        attrs["num_fields"] = sum(1 if len(s.shape) == 1 else s.shape[0] for s in slots)
-        attrs["dim"] = slots[0].shape[-1] if slots else 0
+        flat = tuple(s.port for s in slots if not s.fields and len(s.shape) > 1
+                     and OP_KINDS[g.nodes[s.source]["op"].kind].named_outputs is not None)
+        if flat:  # a module's whole output is one field of its width (docs/spec.md), also (H, D) of a moe
+            attrs["flat_ports"] = flat
+        shapes = field_shapes(attrs, [s.shape for s in slots])
+        attrs["num_fields"] = sum(1 if len(s) == 1 else s[0] for s in shapes)
+        attrs["dim"] = shapes[0][-1] if shapes else 0
     size = sizing(m.kind, attrs, [s.shape for s in slots])
     g.add_node(m.name, op=make_op(m.name, m.kind, size.out, attrs, dtype=spec.training.precision,
                                   flops=size.flops, param_bytes=size.params * PARAM_BYTES))

@@ -127,8 +127,17 @@ def _cross(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
     return Sizing((width,), layers * (per_layer + 3 * width), layers * params)
 
 
-def _fields(shapes: Sequence[Shape]) -> tuple[int, int]:
+def field_shapes(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> list[Shape]:
+    """The slots of a dot / fm as fields: each port in `attrs["flat_ports"]` (the whole output of
+    a module with named outputs, (H, D)) is one field of its flattened width, as every module's
+    output is; the others as they are: (D,) one field, (F, D) F fields."""
+    flat = attrs.get("flat_ports", ())
+    return [(prod(s),) if i in flat else tuple(s) for i, s in enumerate(shapes)]
+
+
+def _fields(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> tuple[int, int]:
     """(number of fields, common dim) of vector and field-set slots."""
+    shapes = field_shapes(attrs, shapes)
     dims = {s[-1] for s in shapes}
     if len(dims) != 1 or any(len(s) not in (1, 2) for s in shapes):
         raise ShapeError(f"interaction inputs need one common dim, got shapes {list(shapes)}")
@@ -136,12 +145,12 @@ def _fields(shapes: Sequence[Shape]) -> tuple[int, int]:
 
 
 def _dot(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
-    f, d = _fields(shapes)
+    f, d = _fields(attrs, shapes)
     return Sizing((f * (f - 1) // 2,), 2 * f * f * d)
 
 
 def _fm(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
-    f, d = _fields(shapes)
+    f, d = _fields(attrs, shapes)
     return Sizing((1,), 4 * f * d)
 
 

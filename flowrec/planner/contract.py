@@ -156,8 +156,8 @@ def _decision_problems(plan: Plan, spec: ModelSpec) -> list[str]:
             out.append(f"group {g.name}: cache placement {g.placement} is not yet supported for sharded groups")
     if not 1 <= meta.micro_batches <= spec.training.batch_size:
         out.append(f"micro_batches must be between 1 and the batch size {spec.training.batch_size}")
-    if meta.prefetch < 1:
-        out.append("prefetch must be at least 1")
+    if meta.prefetch < 0:  # 0 .. 1024 as in the spec's plan.prefetch (the transfer queue holds at least one)
+        out.append("prefetch must be at least 0")
     if meta.group_order and sorted(meta.group_order) != sorted(g.name for g in meta.groups):
         out.append("group_order must name every group once")
     bad = [n for n in plan.graph if plan.graph.nodes[n]["op"].stage not in STAGES]

@@ -726,7 +726,7 @@ def predict(graph: OpGraph, spec: ModelSpec, device: DeviceProfile, *, micro_bat
         else:
             overlap = max(overlap, exchange_s) + min(overlap, exchange_s) / (len(units) + 1)
 
-    memory = _memory(graph, spec, units, batch // mb, traffic.buffers if world > 1 else None)
+    memory = _memory(graph, spec, units, -(-batch // mb), traffic.buffers if world > 1 else None)  # the largest
     epoch_s = epoch_start_seconds(device, epoch_batches(profile, spec.training.batch_size)) if world == 1 else 0.0
     lean_s = epoch_lean_seconds(device, epoch_batches(profile, spec.training.batch_size)) if world == 1 else 0.0
     return CostPrediction(

@@ -11,6 +11,8 @@ Example:
 """
 from __future__ import annotations
 
+import re
+
 from flowrec.spec.errors import SpecIssue
 from flowrec.spec.model import HISTORY_COLUMN, NAMED_OUTPUT_KINDS
 from flowrec.spec.module_checks import MODULE_CHECKS, output_problem, output_ref
@@ -53,6 +55,39 @@ def check_duplicates(view: DocView) -> list[SpecIssue]:
             issues.append(SpecIssue(f"{f.path}.name", f"the inline table of feature {f.name!r} clashes with "
                                                       f"{tables[f.name].path}; write 'table: {f.name}' to share "
                                                       "it, or rename one"))
+    return issues
+
+
+# Names of the nodes `flowrec.graph.build` and the `pack` pass make beside the modules': a module
+# so named would be another node of the same name (tests/unit/test_spec_validate.py builds every
+# spec in specs/ and checks that each of its node names is refused as a module name).
+BUILT_NODES = {"input_dense": "the dense input", "input_labels": "the labels", "loss": "the loss"}
+FEATURE_NODES = ("ids", "lookup", "pool")  # <prefix>_<feature>
+GROUP_NODE = re.compile(r"(ids|emb)_g\d+_d\d+(_.+)?")  # a packed group's ids and lookup: <prefix>_g<i>_d<dim>[_<table>]
+PACKED_MLP_NODE = re.compile(r"packed_(.+)_x\d+")  # MLPs packed into one kernel: packed_<first member>_x<count>
+
+
+def check_reserved_names(view: DocView) -> list[SpecIssue]:
+    """No module takes the name of a node the graph builds for something else."""
+    features, heads, modules = view.by_name("features"), view.by_name("heads"), view.by_name("modules")
+    issues = []
+    for m in view.items("modules"):
+        name = m.name
+        if name is None:
+            continue
+        what = BUILT_NODES.get(name)
+        prefix, _, rest = name.partition("_")
+        if what is None and prefix in FEATURE_NODES and rest in features:
+            what = f"the {prefix} node of feature {rest!r}"
+        elif what is None and prefix == "head" and rest in heads:
+            what = f"the node of head {rest!r}"
+        elif what is None and GROUP_NODE.fullmatch(name):
+            what = "a packed embedding group's node"
+        elif what is None and (packed := PACKED_MLP_NODE.fullmatch(name)) and packed.group(1) in modules:
+            what = f"the kernel that packs module {packed.group(1)!r} with MLPs of its shape"
+        if what is not None:
+            issues.append(SpecIssue(f"{m.path}.name", f"module name {name!r} is the name of {what} in the "
+                                                      "operator graph; rename the module"))
     return issues
 
 
@@ -328,6 +363,6 @@ def check_early_stopping(view: DocView) -> list[SpecIssue]:
 
 
 SEMANTIC_CHECKS = (
-    check_duplicates, check_tables, check_managed, check_pooling, *MODULE_CHECKS, check_heads, check_data, check_labels,
+    check_duplicates, check_reserved_names, check_tables, check_managed, check_pooling, *MODULE_CHECKS, check_heads, check_data, check_labels,
     check_budget, check_group_by, check_early_stopping, check_retrieval,
 )

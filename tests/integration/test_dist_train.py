@@ -98,6 +98,20 @@ def test_two_ranks_train_what_one_process_trains(work):
     assert scores[1] == pytest.approx(ev2["h1"]["auc"], abs=1e-6)
 
 
+def test_three_ranks_with_a_last_batch_of_one_row_train_what_one_process_trains(work):
+    """700 rows at batch 233: the last global batch is one row, so two of three ranks hold an
+    empty slice. fp32 training ran the dense operators on 0 rows and every rank stopped ("cannot
+    reshape tensor of 0 elements", oneDNN's "could not create a primitive descriptor")."""
+    doc = yaml.safe_load((work / "spec.yaml").read_text())
+    doc["training"]["batch_size"] = 233
+    (work / "spec233.yaml").write_text(yaml.safe_dump(doc))
+    for out, nproc in (("r233_1", 1), ("r233_3", 3)):
+        args = ["train", "spec233.yaml", "--data", "d", "--out", out, "-q", "--eval-every", "0"]
+        done = flowrec(*args, *(["--nproc", str(nproc)] if nproc > 1 else []), cwd=work)
+        assert done.returncode == 0, done.stderr[-3000:]
+    assert_same_model(work / "r233_1", work / "r233_3")
+
+
 def test_resume_two_ranks_on_one_and_one_on_two(work):
     full = "r_full"
     train(work, full, 1, "--plan", "p1.json")

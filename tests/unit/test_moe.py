@@ -6,6 +6,7 @@ import copy
 import random
 from dataclasses import replace
 
+import pytest
 import torch
 from torch import nn
 
@@ -22,6 +23,7 @@ from flowrec.runtime.lowering import lower
 from flowrec.runtime.step import make_dense_optimizer, train_step
 from flowrec.spec import spec_from_dict
 from flowrec.spec.validate import validate_document
+from operators import registry
 from operators.moe import PLE, MMoE
 
 BATCH = 48
@@ -289,3 +291,38 @@ def test_unpacked_ple_equals_packed():
         unpacked.shared_gates.load_state_dict(packed.shared_gates.state_dict())
     x = skewed(11, 5, seed=4)
     torch.testing.assert_close(unpacked(x), packed(x))
+
+
+def whole_output_doc(kind: str, inputs: list[str], dim: int) -> dict:
+    return {
+        "name": "whole", "features": [{"name": f"c{i}", "type": "categorical", "vocab": 9, "dim": dim} for i in (0, 1)],
+        "modules": [{"name": "e", "kind": "moe", "inputs": ["@sparse"], "experts": 2, "expert_layers": [2],
+                     "heads": ["a", "b"]},
+                    {"name": "x", "kind": kind, "inputs": inputs}],
+        "heads": [{"name": "h", "input": "x"}],
+    }
+
+
+@pytest.mark.parametrize("kind", ["dot", "fm"])
+def test_a_whole_mixture_output_is_one_field_of_a_dot_or_fm(kind):
+    """The module name alone reads all outputs, flattened: one field of 2 heads x 2 = 4 values, as
+    `flowrec validate` counts it. The graph took the (2, 2) output as 2 fields of dim 2, so a spec
+    that validated failed in `flowrec plan` ("interaction inputs need one common dim")."""
+    doc = whole_output_doc(kind, ["e", "c1", "c0"], 4)
+    assert validate_document(doc) == []
+    plan = make_plan(spec_from_dict(doc), target="cpu", verify_passes=True)
+    op = plan.graph.nodes["x"]["op"]
+    assert (op.attr("num_fields"), op.attr("dim"), op.attr("flat_ports")) == (3, 4, (0,))
+    assert op.out_shape == ("B", 3 if kind == "dot" else 1)
+    mixed, c1, c0 = torch.randn(5, 2, 2), torch.randn(5, 4), torch.randn(5, 4)
+    fields = torch.stack([mixed.reshape(5, 4), c1, c0], dim=1)  # (B, 3, 4)
+    gram = fields @ fields.transpose(1, 2)
+    pairs = torch.stack([gram[:, 0, 1], gram[:, 0, 2], gram[:, 1, 2]], dim=1)
+    want = pairs if kind == "dot" else pairs.sum(dim=1, keepdim=True)
+    got = registry.create(kind, dict(op.attrs), [(2, 2), (4,), (4,)])(mixed, c1, c0)
+    torch.testing.assert_close(got, want)
+    # the outputs' own dim is not the field dim: refused alike by validate and the graph
+    narrow = whole_output_doc(kind, ["e", "c1", "c0"], 2)
+    assert [i.path for i in validate_document(narrow)] == ["modules[1].inputs"]
+    with pytest.raises(ValueError):
+        make_plan(spec_from_dict(narrow), target="cpu")

@@ -211,3 +211,57 @@ def test_bf16_dot_backward_builds_the_gathered_pair_matrix_bitwise(fields, grad_
     assert got.dtype == want.dtype == torch.bfloat16
     assert torch.equal(got, want)
     assert not torch.equal(got, torch.zeros_like(got))
+
+
+@pytest.mark.parametrize("kind,config,shapes,make", [
+    ("mlp", {"layers": [6, 3]}, [(7,)], lambda b: (_x(b, 7),)),
+    ("linear", {"out": 2}, [(7,), (2, 4)], lambda b: (_x(b, 7), _x(b, 2, 4))),
+    ("concat", {}, [(7,), (2, 4)], lambda b: (_x(b, 7), _x(b, 2, 4))),
+    ("cross", {"num_layers": 2}, [(7,)], lambda b: (_x(b, 7),)),
+    ("dot", {}, [(4,), (3, 4)], lambda b: (_x(b, 4), _x(b, 3, 4))),
+    ("fm", {}, [(3, 4)], lambda b: (_x(b, 3, 4),)),
+    ("similarity", {"metric": "cosine"}, [(4,), (4,)], lambda b: (_x(b, 4), _x(b, 4))),
+    ("target_attention", {}, [(4,), (5, 4), (5,)], lambda b: (_x(b, 4), _x(b, 5, 4), torch.rand(b, 5) < 0.7)),
+    ("self_attention", {"num_heads": 2}, [(5, 4)], lambda b: (_x(b, 5, 4), torch.rand(b, 5) < 0.7)),
+    ("moe", {"experts": 2, "expert_layers": [3], "heads": ["a", "b"]}, [(7,)], lambda b: (_x(b, 7),)),
+    ("ple", {"task_experts": 1, "expert_layers": [3], "heads": ["a", "b"], "levels": 2}, [(7,)],
+     lambda b: (_x(b, 7),)),
+])
+def test_an_empty_batch_runs_forward_and_backward(kind, config, shapes, make):
+    """A rank's slice of a global batch smaller than the world (`--nproc 3`, a last batch of one
+    row) is empty: fp32 training (oneDNN's linear, the dot's gather, flattened fields) ran each
+    operator on 0 rows and raised ("cannot reshape tensor of 0 elements", "could not create a
+    primitive descriptor"). Every operator gives (0, width) and zero parameter gradients."""
+    op = registry.create(kind, config, shapes)
+    full = op(*make(3))
+    inputs = tuple(x.requires_grad_() if x.is_floating_point() else x for x in make(0))
+    out = op(*inputs)
+    assert out.shape == (0, *full.shape[1:])
+    out.sum().backward()
+    for x in inputs:
+        if x.is_floating_point():
+            assert x.grad is not None and x.grad.shape == x.shape
+    for name, p in op.named_parameters():
+        assert p.grad is None or not p.grad.any(), name
+
+
+def test_flat_rows_of_an_empty_batch():
+    """The lowering flattens every field slice (B, F, D) by `flat_rows`: also at B = 0."""
+    from operators.dense import flat_rows
+
+    assert flat_rows(torch.zeros(0, 3, 4)).shape == (0, 12)
+    assert flat_rows(torch.zeros(0, 5, 3, 4)[:, 1:3]).shape == (0, 24)  # a non-contiguous slice
+
+
+def test_the_onednn_linear_takes_an_empty_batch():
+    """`operators.onednn.linear` on 0 rows (with the ReLU, with `add`): zeros of (0, Out) and zero
+    weight and bias gradients, where oneDNN's primitive refuses an empty product."""
+    from operators.onednn import linear
+
+    w, b = torch.randn(3, 5, requires_grad=True), torch.randn(3, requires_grad=True)
+    for relu, add in ((True, None), (False, torch.zeros(0, 3))):
+        x = torch.zeros(0, 5, requires_grad=True)
+        y = linear(x, w, b, relu=relu, add=add)
+        assert y.shape == (0, 3)
+        y.sum().backward()
+        assert x.grad.shape == (0, 5) and not w.grad.any() and not b.grad.any()

@@ -136,3 +136,19 @@ def test_tables_agree_with_schemas_registry_and_runtime():
     assert set(spec_schema["sparse_optimizer"]["properties"]["name"]["enum"]) == \
         {n for n, o in OPTIMIZERS.items() if o.sparse}
     assert set(spec_schema["dense_optimizer"]["properties"]["name"]["enum"]) == {n for n, o in OPTIMIZERS.items() if o.dense}
+
+
+def test_a_plan_the_planner_makes_from_any_plan_hint_loads_back(repo: Path, tmp_path: Path):
+    """`plan.prefetch: 0` (0 .. 1024 in the spec) planned prefetch 0 and training ran it, but `flowrec
+    train --plan` refused the planner's own plan ("prefetch must be at least 1"); so did a
+    micro-batch hint above the batch size (capped by the planner now)."""
+    from flowrec.spec import spec_from_dict
+    from flowrec.spec.read import read_document
+
+    doc = read_document(repo / "specs" / "movielens.yaml")
+    doc.pop("data")
+    for hint in ({"prefetch": 0}, {"prefetch": 1024}, {"micro_batches": 4096}):
+        spec = spec_from_dict({**doc, "training": {**doc["training"], "batch_size": 8}, "plan": hint})
+        path = tmp_path / "p.json"
+        path.write_text(plan_json(make_plan(spec, target="cpu")))
+        assert load_plan(path, spec).meta.prefetch == hint.get("prefetch", 2)

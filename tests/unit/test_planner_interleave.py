@@ -12,7 +12,7 @@ from flowrec.planner.manager import make_plan
 from flowrec.planner.passes.cache import cache, table_budget
 from flowrec.planner.passes.interleave import MICRO_BATCH_CHOICES, interleave
 from flowrec.planner.passes.pack import pack
-from flowrec.spec import load_spec
+from flowrec.spec import load_spec, spec_from_dict
 from flowrec.testing.specs import tiny_spec
 
 
@@ -48,6 +48,42 @@ def test_micro_batches_cpu_hint_and_auto():
     assert run(tiny_spec(micro_batches=4)).graph.graph["plan"].micro_batches == 4
     meta = run(tiny_spec(prefetch=5), target="h100").graph.graph["plan"]
     assert meta.micro_batches in MICRO_BATCH_CHOICES and meta.prefetch == 5
+
+
+def test_a_micro_batch_hint_above_the_batch_size_is_capped_and_the_plan_runs():
+    """`plan.micro_batches: 4096` at batch 2: the plan said 4096 micro-batches and priced 4096
+    dense passes (and 0 B of activations) while training splits the batch into 2, and `flowrec
+    train --plan` refused the planner's own plan ("micro_batches must be between 1 and the batch
+    size")."""
+    from flowrec.planner.contract import check_plan
+    from flowrec.testing.specs import TINY
+
+    doc = {**TINY, "training": {"batch_size": 2}, "plan": {"micro_batches": 4096}}
+    spec = spec_from_dict(doc)
+    meta = run(spec).graph.graph["plan"]
+    assert meta.micro_batches == 2
+    for world in (1, 3):
+        plan = make_plan(spec, target="cpu", world_size=world)
+        assert plan.meta.micro_batches == 2 and check_plan(plan, spec, world) == []
+        assert plan.cost.micro_batches == 2 and dict(plan.cost.memory)["activations"] > 0
+    assert run(spec_from_dict({**doc, "plan": {"micro_batches": 2}})).graph.graph["plan"].micro_batches == 2
+
+
+def test_a_retrieval_model_plans_the_one_micro_batch_it_trains_in(repo):
+    """Training runs a retrieval head's softmax over the whole batch, in one micro-batch
+    (`flowrec.runtime.step`), whatever the plan says: the plan chose 8 on h100 for a large batch
+    and priced a step 8x shorter than training's, and took a hint of 2 as is."""
+    import yaml
+
+    doc = yaml.safe_load((repo / "specs" / "two_tower_movielens.yaml").read_text())
+    doc.pop("data")
+    doc["training"]["batch_size"] = 65536
+    for target, hint in (("h100", "auto"), ("cpu", 2), ("a100", 4)):
+        spec = spec_from_dict({**doc, "plan": {"micro_batches": hint}})
+        plan = make_plan(spec, target=target)
+        assert plan.meta.micro_batches == 1 and plan.cost.micro_batches == 1, (target, hint)
+    plain = {**doc, "heads": [{"name": "ctr", "input": "score"}], "plan": {"micro_batches": 2}}
+    assert make_plan(spec_from_dict(plain), target="cpu").meta.micro_batches == 2  # other heads keep the hint
 
 
 def test_group_order_puts_host_traffic_first():

@@ -99,3 +99,21 @@ def test_cache_placements_are_refused_for_sharded_groups(repo: Path):
     doc["groups"][0].update(placement="static_hot", cache_rows=10)
     assert any("not yet supported for sharded groups" in p
                for p in check_plan(plan_from_document(doc), spec, world_size=4))
+
+
+def test_a_model_without_tables_is_planned_for_the_world_size_asked():
+    """A dense-only model has no packed groups: the shard pass returned before recording the
+    world size, so `flowrec plan --world-size 3` made a plan for 1 rank that `--nproc 3` then
+    refused ("the plan is for 1 rank(s) and this run has 3")."""
+    from flowrec.spec import spec_from_dict
+
+    spec = spec_from_dict({"name": "dense_only", "features": [{"name": "d", "type": "dense"}],
+                           "modules": [{"name": "m", "kind": "mlp", "inputs": ["@dense"], "layers": [2]}],
+                           "heads": [{"name": "h", "input": "m"}]})
+    for world in (1, 3):
+        plan = make_plan(spec, target="cpu", world_size=world)
+        assert plan.meta.world_size == plan.cost.world_size == world and plan.meta.groups == ()
+        assert check_plan(plan_from_document(json.loads(plan_json(plan))), spec, world) == []
+        ctx = PassContext(spec=spec, target="cpu", world_size=world)
+        once = shard(pack(build_graph(spec), ctx).graph, ctx)
+        assert once.modified == (world > 1) and not shard(once.graph, ctx).modified

@@ -130,6 +130,11 @@ CASES: list[tuple[str, Mutation, list[tuple[str, str]]]] = [
      [("heads[1].label", "heads 'ctr' and 'cvr' both train on label 'label'; give each head its own 'label'")]),
     ("repeated_input", lambda d: d["modules"][4]["inputs"].append("wide"),
      [("modules[4].inputs[3]", "input 'wide' is listed twice")]),
+    # sparse SGD is plain SGD (`operators.sparse_optim.SGD`): training refused the momentum validate took
+    ("sparse_sgd_momentum", lambda d: d["optimizer"].update(sparse={"name": "sgd", "lr": 0.1, "momentum": 0.9}),
+     [("optimizer.sparse", "unknown key 'momentum' (known keys: lr, name, weight_decay)")]),
+    ("table_sgd_momentum", lambda d: d["tables"][0].update(optimizer={"name": "sgd", "lr": 0.1, "momentum": 0.5}),
+     [("tables[0].optimizer", "unknown key 'momentum' (known keys: lr, name, weight_decay)")]),
 ]
 
 
@@ -210,3 +215,53 @@ def test_an_unknown_key_names_the_known_one_it_contains_or_lists_the_known_keys(
     assert got["unknown key 'batch_norm'"].endswith("(did you mean 'norm'?)")
     listed = got["unknown key 'hidden_units'"].split("(known keys: ")[1].rstrip(")").split(", ")
     assert {"inputs", "layers", "norm", "dropout"} <= set(listed) and listed == sorted(listed)
+
+
+def _named(doc: dict, name: str) -> dict:
+    """`doc` with one more module, `name`, between the head's input and the head."""
+    doc = copy.deepcopy(doc)
+    doc["modules"].append({"name": name, "kind": "concat", "inputs": [doc["heads"][0]["input"]]})
+    doc["heads"][0]["input"] = name
+    return doc
+
+
+@pytest.mark.parametrize("name,what", [
+    ("loss", "the loss"), ("input_dense", "the dense input"), ("input_labels", "the labels"),
+    ("ids_user", "the ids node of feature 'user'"), ("lookup_item", "the lookup node of feature 'item'"),
+    ("pool_w", "the pool node of feature 'w'"), ("head_ctr", "the node of head 'ctr'"),
+    ("emb_g0_d8", "a packed embedding group's node"), ("ids_g12_d1_items", "a packed embedding group's node"),
+    ("packed_bottom_x2", "the kernel that packs module 'bottom' with MLPs of its shape"),
+])
+def test_a_module_named_like_a_node_of_the_graph_is_refused(name, what):
+    """Such a module was another node of that name: validate said ok, then plan failed with a
+    cycle or 'clashes with a built-in node', or (emb_<group>) training raised a traceback."""
+    assert _issues(_named(BASE, name)) == [(f"modules[{len(BASE['modules'])}].name",
+                                            f"module name {name!r} is the name of {what} in the operator graph; "
+                                            "rename the module")]
+
+
+@pytest.mark.parametrize("name", ["head_tower", "pool_users", "ids", "lookup_", "embedding", "g0_d8", "packed_x_x2"])
+def test_a_module_name_like_a_node_name_but_no_node_is_accepted(name):
+    assert _issues(_named(BASE, name)) == []
+
+
+@pytest.mark.parametrize("spec", ["two_task", "din_taobao", "movielens", "mmoe_movielens"])
+def test_every_node_name_of_a_plan_is_refused_as_a_module_name(spec):
+    """The reserved names of `flowrec.spec.semantic` follow the graph's: every node of the spec's
+    plans (packed and unpacked) that is not a module is refused as the name of a new module."""
+    from pathlib import Path
+
+    from flowrec.planner.manager import make_plan
+    from flowrec.spec import spec_from_dict
+    from flowrec.spec.read import read_document
+
+    doc = read_document(Path(__file__).resolve().parents[2] / "specs" / f"{spec}.yaml")
+    modules = {m["name"] for m in doc["modules"]}
+    nodes = set()
+    for packing in (True, False):
+        plan = make_plan(spec_from_dict({**doc, "plan": {**doc.get("plan", {}), "packing": packing}}), target="cpu")
+        nodes |= set(plan.graph) - modules
+    assert any(n.startswith("packed_") for n in nodes) or spec not in ("two_task", "mmoe_movielens")
+    for node in sorted(nodes):
+        issues = _issues(_named(doc, node))
+        assert any(path.endswith("].name") and "operator graph" in message for path, message in issues), node

@@ -5,8 +5,9 @@ Needs: a packed graph; placements from `cache` (a graph without them is treated 
 Changes:
     * every op gets the stage of its kind (`flowrec.graph.kinds.OP_KINDS`): inputs ``staging`` (CPU workers), ids
       ``transfer``, lookups ``sparse``, modules and heads ``dense``, the loss ``backward``;
-    * micro-batches per step: the spec's integer hint, else (``auto``) 1 where sparse and dense
-      work cannot overlap (cpu), otherwise the count in `MICRO_BATCH_CHOICES` with at least
+    * micro-batches per step: 1 with a retrieval head (training runs its softmax over the whole
+      batch), else the spec's integer hint (capped at the batch size), else (``auto``)
+      1 where sparse and dense work cannot overlap (cpu), otherwise the count in `MICRO_BATCH_CHOICES` with at least
       `MIN_MICRO_BATCH` samples each that the cost model prices lowest (more micro-batches pay
       off when sparse and dense times are comparable and the batch is large);
     * prefetch depth from the spec's hint;
@@ -25,6 +26,7 @@ from flowrec.graph.kinds import OP_KINDS, PLACEMENTS
 from flowrec.graph.types import OpGraph, PassContext, PassResult
 from flowrec.planner.cost import device_profile, predict
 from flowrec.planner.passes.meta import plan_meta
+from flowrec.spec.tasks import TASKS
 
 MICRO_BATCH_CHOICES = (1, 2, 4, 8)
 MIN_MICRO_BATCH = 512  # samples; smaller micro-batches waste kernel launches
@@ -64,12 +66,17 @@ def _traffic(group) -> float:
 
 def _micro_batches(g: OpGraph, ctx: PassContext) -> tuple[int, str]:
     hint = ctx.spec.plan.micro_batches
+    batch = ctx.spec.training.batch_size
+    retrieval = next((h.name for h in ctx.spec.heads if TASKS[h.task].ranks), None)
+    if retrieval is not None:  # its softmax's candidates are the whole batch (in-batch, or shared sampled items)
+        return 1, f"retrieval head {retrieval!r}: one softmax over the batch, one micro-batch"
+    if isinstance(hint, int) and hint > batch:  # training splits a batch into at most one sample each
+        return batch, f"the plan hint {hint}, capped at the batch size {batch}"
     if isinstance(hint, int):
         return hint, "from the plan hint"
     device = device_profile(ctx.target)
     if not device.overlaps:
         return 1, f"{device.name}: sparse and dense share the cores, nothing to overlap"
-    batch = ctx.spec.training.batch_size
     choices = [m for m in MICRO_BATCH_CHOICES if m == 1 or batch // m >= MIN_MICRO_BATCH]
     times = {m: predict(g, ctx.spec, device, micro_batches=m, profile=ctx.profile).step_ms_overlap
              for m in choices}

@@ -37,9 +37,11 @@ def shard(graph: OpGraph, ctx: PassContext) -> PassResult:
     world = ctx.world_size
     if world < 1:
         raise ValueError(f"world size must be at least 1, not {world}")
-    if not meta.groups:
+    if not meta.groups and meta.world_size == world:
         return PassResult(graph, False, ("no packed groups (run pack first)",))
-    if world == 1:
+    if not meta.groups:  # a model without tables: only its dense part runs on the ranks
+        groups, notes = (), [f"world size {world}: no packed groups, the dense part data-parallel"]
+    elif world == 1:
         groups = tuple(replace(g, sharding="row_wise", shards=1) for g in meta.groups)
         notes = ["world size 1: every group whole on the one rank"]
     else:
