@@ -236,10 +236,28 @@ def _binary_columns(path: Path, delimiter: str, names: list[str] | None, encodin
                     ) -> pcsv.ConvertOptions:
     """Read every column as binary (UTF-8 is checked per row later); empty = null."""
     if names is None:
-        head = _first_line(path).decode(encoding, errors="replace").rstrip("\r\n")
-        names = head.split(delimiter)
+        names = _header_names(path, delimiter, encoding)
     return pcsv.ConvertOptions(column_types={n: pa.binary() for n in names},
                                strings_can_be_null=True, quoted_strings_can_be_null=True)
+
+
+def _header_names(path: Path, delimiter: str, encoding: str = "utf-8") -> list[str]:
+    """The column names of a delimited file's header as pyarrow's reader reads them: a UTF-8 byte
+    order mark dropped, quoted names unquoted (the separator may be inside the quotes; tab-separated
+    files are not quoted), the text decoded in `encoding` (UTF-16's two-byte newline included).
+    A name read otherwise is not a key of `column_types`, and its column's type was inferred from
+    its values: "007", "7" and "7.0" then encoded as one id.
+    """
+    import codecs
+    import csv
+    import io
+
+    if codecs.lookup(encoding).name == "utf-8":
+        encoding = "utf-8-sig"  # pyarrow skips a UTF-8 byte order mark; other codecs drop theirs
+    with io.TextIOWrapper(_open_lines(path), encoding=encoding, errors="replace", newline="") as fh:
+        head = fh.readline().rstrip("\r\n")
+    quoting = {"quoting": csv.QUOTE_NONE} if delimiter == "\t" else {}
+    return next(csv.reader([head], delimiter=delimiter, **quoting), [])
 
 
 def _open_lines(path: Path) -> Any:

@@ -359,6 +359,29 @@ def test_a_csv_in_another_encoding_reads_with_data_options_encoding(tmp_path, en
                 [tmp_path / "other.csv"], tmp_path / "d")
 
 
+@pytest.mark.parametrize("header", ["bom", "quoted", "utf-16"])
+def test_a_header_with_a_byte_order_mark_or_quotes_still_reads_its_ids_as_text(tmp_path, header):
+    """The header was split by hand, so a UTF-8 byte order mark, quoted names or UTF-16's two-byte
+    newline (big-endian) gave names that were not the columns pyarrow read: those columns' types were inferred,
+    and ids "007", "7" and "7.0" encoded as one row. Each header now gives the plain file's dataset."""
+    rows = "007,1,0.5,007\n7,0,1.5,7\n7.0,1,2,7.0\n8,0,3,8\n"  # first and last columns: ids
+    plain = "user,label,price,item\n" + rows
+    (tmp_path / "plain.csv").write_text(plain)
+    options = {"utf-16": {"encoding": "utf-16"}}.get(header, {})
+    content = {"bom": b"\xef\xbb\xbf" + plain.encode(),
+               "quoted": ('"user","label","price","item"\n' + rows).encode(),
+               "utf-16": b"\xfe\xff" + plain.encode("utf-16-be")}[header]  # big-endian: newline b"\0\n"
+    (tmp_path / "other.csv").write_bytes(content)
+    feats = [{"name": "user", "type": "categorical", "hash_buckets": 1000, "dim": 4},
+             {"name": "item", "type": "categorical", "hash_buckets": 1000, "dim": 4}, {"name": "price", "type": "dense"}]
+    data = {"format": "csv", "label": "label"}
+    convert(small_spec(feats, data=data), "csv", [tmp_path / "plain.csv"], tmp_path / "a")
+    convert(small_spec(feats, data={**data, "options": options}), "csv", [tmp_path / "other.csv"], tmp_path / "b")
+    a = pq.read_table(tmp_path / "a")
+    assert len(set(a.column("user").to_pylist())) == len(set(a.column("item").to_pylist())) == 4  # distinct ids
+    assert pq.read_table(tmp_path / "b").equals(a)
+
+
 @pytest.mark.parametrize("suffix", [".gz", ".bz2"])
 def test_a_compressed_csv_reads_as_the_plain_file_when_a_later_block_holds_text(tmp_path, suffix):
     """The header of a compressed file was read from its compressed bytes, so its columns were not
