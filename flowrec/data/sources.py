@@ -92,14 +92,36 @@ def arrow_threads_may_hold_python() -> bool:
 def read_csv(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[str]) -> Iterator[pa.Table]:
     """Generic delimited text; options: sep (","), header (true), names (when no header),
     encoding (the text's, "utf-8" by default: e.g. latin-1 or cp1252, read into UTF-8 on the way in)."""
-    names = options.get("names")
-    if not options.get("header", True) and not names:
+    sep, header, names = _csv_options(options)
+    if not header and not names:
         raise DataError("csv without header needs data.options.names")
-    yield from csv_chunks(path, log, numeric, delimiter=options.get("sep", ","),
-                          names=list(names) if names else None, required=set(),
+    yield from csv_chunks(path, log, numeric, delimiter=sep,
+                          names=names or None, required=set(),
                           chunk_bytes=options.get("chunk_bytes", CHUNK_BYTES),
-                          skip_header=bool(names) and options.get("header", True),
+                          skip_header=bool(names) and header,
                           encoding=_encoding(options.get("encoding", "utf-8")))
+
+
+def _csv_options(options: dict[str, Any]) -> tuple[str, bool, list[str]]:
+    """The csv data options sep, header and names, checked (they reach pyarrow as the spec gives
+    them: `sep: "::"` was a message about Py_UCS4, `sep: 5` or `names: [1, 2]` a traceback, and
+    `names: label` named the columns l, a, b, e, l).
+
+    >>> _csv_options({"sep": "::"})
+    Traceback (most recent call last):
+    ...
+    flowrec.data.layout.DataError: data.options.sep must be one character (other than a line break), not '::'
+    >>> _csv_options({"sep": ";", "header": False, "names": ["a", "b"]})
+    (';', False, ['a', 'b'])
+    """
+    sep, header, names = options.get("sep", ","), options.get("header", True), options.get("names")
+    if not isinstance(sep, str) or len(sep) != 1 or sep in "\r\n":
+        raise DataError(f"data.options.sep must be one character (other than a line break), not {sep!r}")
+    if not isinstance(header, bool):
+        raise DataError(f"data.options.header must be true or false, not {header!r}")
+    if names is not None and (not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names)):
+        raise DataError(f"data.options.names must be a list of column names, not {str(names)[:60]!r}")
+    return sep, header, list(names or [])
 
 
 def _encoding(name: Any) -> str:

@@ -41,6 +41,13 @@ LIBSVM_DATA = "data: {format: libsvm, path: x, options: {fields: [c1, d1, c2, c3
 LIBSVM_SPEC = SPEC.replace("training:", LIBSVM_DATA + "training:")
 REGRESSION_SPEC = LIBSVM_SPEC.replace("{name: ctr, input: top}", "{name: ctr, input: top, task: regression}")
 CSV_HEADER = "label,d1,c1,c2,c3\n"
+
+
+def csv_options(options: str) -> str:
+    """SPEC bound to format csv with these data options (YAML flow mapping body)."""
+    return SPEC.replace("training:", f"data: {{format: csv, options: {{{options}}}}}\ntraining:")
+
+
 CSV_ROWS = ["1,0.5,a,b,x^y", "0,1.5,c,d,", "1,,e,f,z"]
 SVM_ROWS = ["1 3:1 7:0.5 9:1", "0 4:1 9:2.0 2:1", "1 4:1 1:3 5:1"]
 
@@ -126,6 +133,18 @@ RAW_CASES = [
             ("no rows converted", "all 2 rows were malformed"), on_error="skip"),
     RawCase("libsvm_file_read_as_csv", "csv", SPEC, svm(*SVM_ROWS), ("x.in", "not in the input")),
     RawCase("csv_file_read_as_libsvm", "libsvm", LIBSVM_SPEC, csv(*CSV_ROWS), ("x.in:1:",)),
+    # options reach the reader as the spec gives them: each wrong one is one line naming it
+    RawCase("csv_sep_two_characters", "csv", csv_options('sep: "::"'), csv(*CSV_ROWS), ("data.options.sep", "'::'")),
+    RawCase("csv_sep_a_number", "csv", csv_options("sep: 5"), csv(*CSV_ROWS), ("data.options.sep",)),
+    RawCase("csv_names_numbers", "csv", csv_options("header: false, names: [1, 2, 3, 4, 5]"), csv(*CSV_ROWS),
+            ("data.options.names",)),
+    RawCase("csv_names_one_string", "csv", csv_options("names: label"), csv(*CSV_ROWS), ("data.options.names",)),
+    RawCase("csv_header_text", "csv", csv_options('header: "no", names: [label, d1, c1, c2, c3]'),
+            csv(*CSV_ROWS), ("data.options.header",)),
+    RawCase("csv_sequence_sep_empty", "csv", csv_options('sequence_sep: ""'), csv(*CSV_ROWS),
+            ("data.options.sequence_sep",)),
+    RawCase("csv_header_names_given", "csv", csv_options("header: true, names: [label, d1, c1, c2, c3]"),
+            csv(*CSV_ROWS), None, labels=(1.0, 0.0, 1.0)),
     RawCase("parquet_file_read_as_csv", "csv", SPEC, b"PAR1\x15\x04\x15\x18\x80\xff,\x00\n\x81\x82,\x00\x01\n",
             ("x.in",)),
 ]
