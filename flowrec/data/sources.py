@@ -681,7 +681,7 @@ def _parquet_checked(table: pa.Table, lines: np.ndarray, log: ErrorLog, numeric:
         if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)
                 or pa.types.is_decimal(kind) or pa.types.is_null(kind)):
             raise DataError(f"{path}: column {name} holds {kind} values; a label or dense feature needs numbers")
-        values = pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False)
+        values = pc.cast(col, pa.float64(), safe=False).to_numpy(zero_copy_only=False)  # 2**62 as CSV reads it
         present = ~np.isnan(values)
         _float32_rows(values, present, lambda i: float(values[i]), lines, bad, log, name)
         cols[name] = pa.array(values, pa.float64(), mask=~present)

@@ -292,6 +292,26 @@ def test_raw_parquet_converts_as_the_same_rows_in_csv(tmp_path):
     assert got.equals(expect), "a folder of parts reads as one file"
 
 
+def test_raw_parquet_huge_numbers_encode_as_their_csv_text(tmp_path):
+    """Float ids beyond int64 (1e20, 2e20, inf) were cast to int64 for their string form and all
+    became one id, INT64_MIN; an int64 dense value beyond 2**53 failed the whole input ("not in
+    range"). Both now encode as the same rows written as CSV text."""
+    import pandas as pd
+
+    df = pd.DataFrame({"user": ["a", "b", "c", "d", "e"], "city": [1e20, 2e20, np.inf, 3.0, -2.0 ** 63],
+                       "price": np.array([2 ** 62, 1, -(2 ** 60), 0, 5], np.int64), "label": [0, 1, 1, 0, 1]})
+    df.to_parquet(tmp_path / "rows.parquet")
+    (tmp_path / "rows.csv").write_text("user,city,price,label\na,1e+20,4611686018427387904,0\nb,2e+20,1,1\n"
+                                       "c,inf,-1152921504606846976,1\nd,3,0,0\ne,-9223372036854775808,5,1\n")
+    spec = small_spec(RAW_FEATURES, data={"format": "csv", "label": "label"})
+    convert(spec, "csv", [tmp_path / "rows.csv"], tmp_path / "from_csv")
+    report = convert(spec, "parquet", [tmp_path / "rows.parquet"], tmp_path / "from_parquet")
+    assert report.rows == 5 and report.errors == 0
+    got = pq.read_table(tmp_path / "from_parquet")
+    assert len(set(got.column("city").to_pylist())) == 5
+    assert got.equals(pq.read_table(tmp_path / "from_csv"))
+
+
 def test_raw_parquet_bad_numbers_are_malformed_rows_and_wrong_types_one_line(tmp_path):
     import pandas as pd
 
