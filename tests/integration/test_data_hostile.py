@@ -211,6 +211,17 @@ def test_synth_refuses_a_non_empty_folder(tmp_path: Path):
     assert digest(out) != first and json.loads((out / "_flowrec.json").read_text())["rows"] == 40
 
 
+@pytest.mark.parametrize("seed", ["-1", "99999999999999999999999"])
+def test_synth_refuses_a_seed_outside_uint64_in_one_line(tmp_path: Path, seed: str):
+    """A negative seed failed in numpy ('expected non-negative integer', naming no option), one past
+    2^64 with an OverflowError traceback."""
+    spec = write_spec(tmp_path, SPEC)
+    out = tmp_path / "d"
+    res = runner.invoke(app, ["data", "synth", str(spec), "--rows", "40", "--out", str(out), "--seed", seed])
+    expect_one_error(res, "--seed", seed)
+    assert not out.exists()
+
+
 Mutation = Callable[[Path], None]
 
 
