@@ -222,6 +222,20 @@ def test_synth_refuses_a_seed_outside_uint64_in_one_line(tmp_path: Path, seed: s
     assert not out.exists()
 
 
+@pytest.mark.parametrize("option", [("--window", "0"), ("--window", "-3"), ("--seed", "-1")])
+def test_profile_refuses_a_window_below_1_or_a_negative_seed(tmp_path: Path, option: tuple[str, str]):
+    """--window 0 was the spec's window without a word, --window -3 wrote curves 'lookahead_w-3' into
+    the profile the planner reads, --seed -1 failed in numpy ('expected non-negative integer') or,
+    where every row is sampled, was accepted."""
+    spec = write_spec(tmp_path, SPEC)
+    data = tmp_path / "d"
+    assert runner.invoke(app, ["data", "synth", str(spec), "--rows", "40", "--out", str(data)]).exit_code == 0
+    out = tmp_path / "p.json"
+    res = runner.invoke(app, ["data", "profile", str(spec), str(data), "-q", "--json", str(out), *option])
+    assert res.exit_code == 2 and option[0] in res.output and "Traceback" not in res.output, res.output
+    assert not out.exists()
+
+
 Mutation = Callable[[Path], None]
 
 
