@@ -389,7 +389,10 @@ def read_libsvm(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set
     feature_map (file of ``idx name`` lines: the column of each libsvm index). A categorical
     column receives the index, a numeric one (a dense feature) the value.
     """
-    fields = list(options.get("fields", ()))
+    fields = options.get("fields", ())
+    if isinstance(fields, str) or not isinstance(fields, (list, tuple)) or not all(isinstance(f, str) for f in fields):
+        raise DataError(f"data.options.fields must be a list of column names, not {str(fields)[:60]!r}")
+    fields = list(fields)
     fmap = _feature_map(Path(options["feature_map"])) if options.get("feature_map") else None
     if not fields and fmap is None:
         raise DataError("libsvm needs data.options.fields (columns by position) or feature_map")
@@ -460,11 +463,22 @@ def _libsvm_line(raw: bytes, lineno: int, fields: list[str], fmap: dict[str, str
 
 
 def _feature_map(path: Path) -> dict[str, str]:
+    """The libsvm feature map: one ``index name`` line per index (blank lines skipped); a line of one
+    token or text that is not UTF-8 is one line naming the file (it was a dict() or codec message)."""
     try:
-        lines = path.read_text().split("\n")
+        lines = path.read_text(encoding="utf-8").split("\n")
     except OSError as exc:
         raise DataError(f"cannot read feature map {path}: {exc.strerror}") from None
-    return dict(line.split()[:2] for line in lines if line.strip())
+    except UnicodeDecodeError:
+        raise DataError(f"feature map {path} is not UTF-8 text of 'index name' lines") from None
+    out = {}
+    for number, line in enumerate(lines, 1):
+        tokens = line.split()
+        if len(tokens) == 1:
+            raise DataError(f"feature map {path}:{number}: {line.strip()[:40]!r} is not an 'index name' line")
+        if tokens:
+            out[tokens[0]] = tokens[1]
+    return out
 
 
 def read_movielens(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[str]) -> Iterator[pa.Table]:

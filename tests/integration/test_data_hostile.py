@@ -175,6 +175,29 @@ def test_raw_input_case(case: RawCase, tmp_path: Path):
     assert {k: v for k, v in digest(tmp_path).items() if not k.startswith("out/")} == before
 
 
+@pytest.mark.parametrize("fmap, expected", [
+    (b"3 c1\n7\n9 c2\n", ("fmap.txt:2:", "'7'", "index name")),
+    (b"\xff\xfe3 c1\n", ("fmap.txt", "not UTF-8")),
+    (None, ("data.options.fields", "'c1'")),
+], ids=["one_token_line", "not_utf8", "fields_a_string"])
+def test_libsvm_options_wrong_are_one_line_naming_them(tmp_path: Path, fmap: bytes | None, expected: tuple[str, ...]):
+    """A feature map line of one token was dict()'s 'dictionary update sequence element #1 has length
+    1; 2 is required', a map that is not UTF-8 a codec message, both naming no file; fields: c1 (a
+    string) read as the fields c and 1 ('more tokens than fields (2)')."""
+    if fmap is None:
+        options = "fields: c1"
+    else:
+        (tmp_path / "fmap.txt").write_bytes(fmap)
+        options = f"feature_map: {tmp_path / 'fmap.txt'}"
+    spec = write_spec(tmp_path, SPEC.replace("training:", f"data: {{format: libsvm, options: {{{options}}}}}\ntraining:"))
+    src = tmp_path / "x.svm"
+    src.write_bytes(svm(*SVM_ROWS))
+    out = tmp_path / "out"
+    res = runner.invoke(app, ["data", "convert", "libsvm", str(src), str(out), "--spec", str(spec), "-q"])
+    expect_one_error(res, *expected)
+    assert not out.exists()
+
+
 def test_reconversion_refused_then_replaced_atomically(tmp_path: Path):
     spec = write_spec(tmp_path, SPEC)
     src = tmp_path / "x.csv"
