@@ -523,6 +523,7 @@ def read_movielens(path: Path, options: dict[str, Any], log: ErrorLog, numeric: 
 
 
 ML_USER_COLUMNS = ["user_id", "age", "gender", "occupation", "zip_code"]
+ML_RATING_COLUMNS = ["user_id", "item_id", "rating", "timestamp"]
 ML_RELEASES = {  # release -> the files that tell it
     "100K": ("u.data", "u.user", "u.item", "u.genre"),
     "1M": ("ratings.dat", "users.dat", "movies.dat"),
@@ -553,12 +554,15 @@ def _movielens_tables(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFr
                              "gender": pd.Series(dtype=object), "occupation": pd.Series(dtype="Int64"),
                              "zip_code": pd.Series(dtype=object)})
     if release == "20M+":
-        ratings = pd.read_csv(path / "ratings.csv", dtype={"userId": np.int64, "movieId": np.int64})
-        ratings = ratings.rename(columns={"userId": "user_id", "movieId": "item_id"})
-        movies = pd.read_csv(path / "movies.csv", dtype={"movieId": np.int64, "title": str, "genres": str},
-                             keep_default_na=False)
+        raw = _read_lines(path / "ratings.csv", "userId,movieId,rating,timestamp", dtype=str)
+        wanted = ["userId", "movieId", "rating", "timestamp"]
+        if not set(wanted) <= set(raw.columns):
+            raise DataError(f"{path / 'ratings.csv'}: the header names {list(raw.columns)[:8]}, not {wanted}")
+        ratings = _checked_ratings(raw[wanted], path / "ratings.csv", "userId,movieId,rating,timestamp", 2)
+        movies = _read_lines(path / "movies.csv", "movieId,title,genres",
+                             dtype={"movieId": np.int64, "title": str, "genres": str}, keep_default_na=False)
         items = _titled_items(movies["movieId"], movies["title"], movies["genres"])
-        return ratings[["user_id", "item_id", "rating", "timestamp"]], no_users, items
+        return ratings, no_users, items
     ratings = _double_colon_ratings(path / "ratings.dat")
     movies = _double_colon_lines(path / "movies.dat", 3)
     items = _titled_items(movies[0].astype(np.int64), movies[1], movies[2])
@@ -571,10 +575,23 @@ def _movielens_tables(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFr
 
 
 def _movielens_100k(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    ratings = pd.read_csv(path / "u.data", sep="\t", header=None, names=["user_id", "item_id", "rating", "timestamp"])
-    users = pd.read_csv(path / "u.user", sep="|", header=None, names=ML_USER_COLUMNS, dtype={"zip_code": str})
+    """(ratings, users, items) of a 100K folder; a line of u.data, u.user or u.item that is not of
+    its file's layout is one line naming the file and line (pandas read it as NaN: a rating
+    "nan" or a missing field became label 0; a short u.item line was a KeyError traceback)."""
+    ratings = _checked_ratings(_read_lines(path / "u.data", "user<TAB>item<TAB>rating<TAB>timestamp", sep="\t",
+                                           header=None, names=ML_RATING_COLUMNS, dtype=str), path / "u.data",
+                               "user<TAB>item<TAB>rating<TAB>timestamp", 1)
+    user_layout = "user|age|gender|occupation|zip"
+    users = _read_lines(path / "u.user", user_layout, sep="|", header=None, names=ML_USER_COLUMNS,
+                        dtype={"zip_code": str})
+    _whole_numbers(users[["user_id"]], path / "u.user", user_layout, 1)
     genre_names = [line.split("|")[0] for line in (path / "u.genre").read_text("latin-1").splitlines() if line]
-    items = pd.read_csv(path / "u.item", sep="|", header=None, encoding="latin-1")
+    item_layout = f"item|title|date|video date|url|{ML_GENRES_COUNT} genre flags"
+    items = _read_lines(path / "u.item", item_layout, sep="|", header=None, encoding="latin-1")
+    if items.shape[1] != 5 + ML_GENRES_COUNT:
+        raise DataError(f"{path / 'u.item'}: {items.shape[1]} '|'-separated fields, expected {5 + ML_GENRES_COUNT} "
+                        f"({item_layout})")
+    _whole_numbers(items[[0]], path / "u.item", item_layout, 1)
     flags = items.iloc[:, -ML_GENRES_COUNT:].to_numpy(bool)
     items = pd.DataFrame({
         "item_id": items[0],
@@ -593,16 +610,43 @@ def _codes(values: pd.Series) -> pd.Series:
 def _double_colon_ratings(path: Path) -> pd.DataFrame:
     """ratings.dat (``user::item::rating::timestamp``) by the C parser: ':' splits each ``::`` into
     an empty field between two values."""
+    raw = _read_lines(path, "user::item::rating::timestamp", sep=":", header=None, usecols=[0, 2, 4, 6], dtype=str,
+                      encoding="latin-1")
+    return _checked_ratings(raw, path, "user::item::rating::timestamp", 1)
+
+
+def _read_lines(path: Path, layout: str, **options: Any) -> pd.DataFrame:
+    """`pd.read_csv(path, **options)`; a file pandas cannot split is one line naming it and `layout`."""
     try:
-        raw = pd.read_csv(path, sep=":", header=None, usecols=[0, 2, 4, 6], dtype=str, encoding="latin-1")
-    except (ValueError, pd.errors.ParserError) as exc:
-        raise DataError(f"{path}: not user::item::rating::timestamp lines ({_why(exc)})") from None
-    values = raw.apply(pd.to_numeric, errors="coerce")
-    bad = values.isna().any(axis=1).to_numpy().nonzero()[0]
+        return pd.read_csv(path, **options)
+    except (ValueError, pd.errors.ParserError) as exc:  # UnicodeDecodeError is a ValueError
+        raise DataError(f"{path}: not {layout} lines ({_why(exc)})") from None
+
+
+def _whole_numbers(raw: pd.DataFrame, path: Path, layout: str, first_line: int) -> pd.DataFrame:
+    """The columns of `raw` as float64: DataError naming the first line (`first_line` is the line of
+    row 0) where one is missing or not a whole number."""
+    values = raw.apply(pd.to_numeric, errors="coerce").astype(np.float64)
+    bad = (values.isna() | (values != np.floor(values))).any(axis=1).to_numpy().nonzero()[0]
     if len(bad):
-        raise DataError(f"{path}:{bad[0] + 1}: not user::item::rating::timestamp")
-    return pd.DataFrame({"user_id": values[0].astype(np.int64), "item_id": values[2].astype(np.int64),
-                         "rating": values[4].astype(np.float64), "timestamp": values[6].astype(np.int64)})
+        raise DataError(f"{path}:{bad[0] + first_line}: not {layout}")
+    return values
+
+
+def _checked_ratings(raw: pd.DataFrame, path: Path, layout: str, first_line: int) -> pd.DataFrame:
+    """Ratings from the text columns user, item, rating, timestamp (in that order): a line with a
+    field missing or not a number (ids and time whole numbers) is DataError naming it (`first_line`:
+    the line of row 0)."""
+    if raw.shape[1] != 4:
+        raise DataError(f"{path}: {raw.shape[1]} fields a line, expected 4 ({layout})")
+    values = raw.set_axis(range(4), axis=1).apply(pd.to_numeric, errors="coerce").astype(np.float64)
+    whole = values[[0, 1, 3]]
+    bad = ~np.isfinite(values).all(axis=1) | (whole != np.floor(whole)).any(axis=1)
+    first = np.flatnonzero(bad.to_numpy())
+    if len(first):
+        raise DataError(f"{path}:{first[0] + first_line}: not {layout}")
+    return pd.DataFrame({"user_id": values[0].astype(np.int64), "item_id": values[1].astype(np.int64),
+                         "rating": values[2], "timestamp": values[3].astype(np.int64)})
 
 
 def _double_colon_lines(path: Path, fields: int) -> pd.DataFrame:
