@@ -305,7 +305,28 @@ def truncated(folder: Path) -> None:
     path.write_bytes(path.read_bytes()[:200])
 
 
-DATASET_CASES = [
+def edit_meta(key: str, value, entry: str | None = None) -> Mutation:
+    """Set `key` (or `key`.`entry`) of the dataset's _flowrec.json, as a hand edit or another tool would."""
+    def mutate(folder: Path) -> None:
+        meta = json.loads((folder / "_flowrec.json").read_text())
+        if entry is None:
+            meta[key] = value
+        else:
+            meta[key][entry] = value
+        (folder / "_flowrec.json").write_text(json.dumps(meta))
+    return mutate
+
+
+META_CASES = [
+    ("meta_rows_text", edit_meta("rows", "x"), ("_flowrec.json", "'rows'", "row count")),
+    ("meta_labels_one_string", edit_meta("labels", "label"), ("_flowrec.json", "'labels'")),
+    ("meta_encoding_a_list", edit_meta("encoding", []), ("_flowrec.json", "'encoding'")),
+    ("meta_source_null", edit_meta("source", None), ("_flowrec.json", "'source'")),
+    ("meta_dense_entry_a_number", edit_meta("dense", 5, "d1"), ("_flowrec.json", "'dense'")),
+]
+DATASET_CASES = [*META_CASES,
+    ("meta_encoding_entry_empty", edit_meta("encoding", {}, "c1"), ("_flowrec.json", "lacks the key 'table'")),
+
     ("id_equal_to_table_rows", set_value("c1", 5, 100), ("part-00000.parquet", "'c1'", "id 100", "row 5")),
     ("id_negative", set_value("c2", 3, -1), ("'c2'", "id -1", "row 3")),
     ("id_huge", set_value("c1", 0, 2 ** 62), ("'c1'", f"id {2 ** 62}", "row 0")),
@@ -354,6 +375,17 @@ def test_dense_float64_beyond_float32_is_refused(tmp_path: Path):
                               str(tmp_path / "run"), "-q"])
     expect_one_error(res, "'d1'", "1e+300", "row 11")
     assert np.isclose(pq.read_table(data).column("d1").to_numpy()[11], 1e300)
+
+
+@pytest.mark.parametrize("name,mutate,error", META_CASES, ids=[c[0] for c in META_CASES])
+def test_inspect_refuses_metadata_of_the_wrong_kind_in_one_line(name: str, mutate: Mutation, error, tmp_path: Path):
+    """A _flowrec.json key of the wrong kind was a traceback (rows "x": a format error in `data
+    inspect`; encoding [], source null: AttributeError in `train`) or misread (labels "label")."""
+    spec = write_spec(tmp_path, SPEC)
+    data = tmp_path / "data"
+    assert runner.invoke(app, ["data", "synth", str(spec), "--rows", "64", "--out", str(data)]).exit_code == 0
+    mutate(data)
+    expect_one_error(runner.invoke(app, ["data", "inspect", str(data)]), str(data), *error)
 
 
 def test_inspect_shows_a_row_count_that_disagrees_with_the_metadata(tmp_path: Path):
