@@ -408,6 +408,8 @@ def read_libsvm(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set
             lines: list[int] = []
             for raw in fh:
                 lineno += 1
+                if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark, as the CSV
+                    raw = raw[3:]  # formats skip it (it was a malformed first row: '\ufeff1')
                 parsed = _libsvm_line(raw, lineno, fields, fmap, numeric, log)
                 if parsed is not None:
                     for n in rows:

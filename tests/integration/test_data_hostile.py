@@ -103,6 +103,8 @@ RAW_CASES = [
             mapped=2),
     RawCase("libfm_alias_plus_minus", "libfm", LIBSVM_SPEC, svm("-1 3:1 7:0.5 9:1", "1 4:1 9:2 2:1"), None,
             labels=(0.0, 1.0), mapped=1),
+    RawCase("libsvm_utf8_byte_order_mark", "libsvm", LIBSVM_SPEC, b"\xef\xbb\xbf" + svm(*SVM_ROWS), None,
+            labels=(1.0, 0.0, 1.0)),
     RawCase("libsvm_label_2", "libsvm", LIBSVM_SPEC, svm(SVM_ROWS[0], "2 4:1 9:2.0 2:1"),
             ("x.in:2:", "label 2.0")),
     RawCase("libsvm_label_7", "libsvm", LIBSVM_SPEC, svm("7 4:1 9:2.0 2:1"), ("x.in:1:", "label 7.0")),
