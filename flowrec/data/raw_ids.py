@@ -7,7 +7,7 @@ state. ``MISSING_ID`` (0) is a missing value; a value whose hash is 0 is stored 
 
 Example:
     >>> import pyarrow as pa
-    >>> ids = raw_id_hashes(pa.array(["a", None, "a", 7]))
+    >>> ids = raw_id_hashes(pa.array(["a", None, "a", "7"]))
     >>> bool(ids[0] == ids[2]), int(ids[1])
     (True, 0)
 """
