@@ -207,8 +207,8 @@ def profile(
     sample_rate: Optional[float] = typer.Option(
         None, help="Fraction of rows sampled (default: FAE's, 5% of the rows and at least 20,000 or all: the "
                    "rows a run's static hot set is chosen from, so a plan from this profile prices that set)."),
-    window: Optional[int] = typer.Option(None, help="Lookahead window W in batches (default: spec)."),
-    seed: Optional[int] = typer.Option(None, help="Sampling seed (default: the spec's training seed, as a run's)."),
+    window: Optional[int] = typer.Option(None, min=1, help="Lookahead window W in batches (default: spec)."),
+    seed: Optional[int] = typer.Option(None, min=0, help="Sampling seed (default: the spec's training seed, as a run's)."),
     png: Optional[Path] = typer.Option(None, "--png", help="Write a skew / hit-rate plot here."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the access profile JSON here."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Only warnings (and the files asked for)."),

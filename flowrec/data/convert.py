@@ -150,6 +150,21 @@ def check_split_seed(options: dict[str, Any]) -> None:
         raise DataError(f"split_seed must be an integer from 0 to 2^64-1, not {value!r}")
 
 
+def check_sequence_sep(options: dict[str, Any]) -> None:
+    """DataError unless the options' sequence_sep (when given) is a non-empty string: the ids of a
+    multi-hot text value are split at it (an empty one was pyarrow's "Empty separator", naming no option).
+
+    >>> check_sequence_sep({"sequence_sep": ""})
+    Traceback (most recent call last):
+    ...
+    flowrec.data.layout.DataError: data.options.sequence_sep must be a non-empty string (the separator of the ids of a multi-hot value), not ''
+    """
+    value = options.get("sequence_sep")
+    if value is not None and (not isinstance(value, str) or not value):
+        raise DataError(f"data.options.sequence_sep must be a non-empty string (the separator of the ids of a "
+                        f"multi-hot value), not {value!r}")
+
+
 def split_mask(start: int, n: int, fraction: float, seed: int) -> np.ndarray:
     """True for rows (global indices start..start+n) in the test split: splitmix64 of (seed, row)."""
     with np.errstate(over="ignore"):
@@ -196,6 +211,7 @@ def convert(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_error: 
     merged = {**(dict(spec.data.options) if spec.data is not None else {}), **(options or {})}
     check_test_fraction(merged)
     check_split_seed(merged)
+    check_sequence_sep(merged)
     for path in inputs:
         if not path.exists():
             raise DataError(f"input not found: {path}")

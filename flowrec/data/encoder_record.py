@@ -137,6 +137,14 @@ def record_of_dataset(path: Path, meta: DatasetMeta | None = None) -> EncoderRec
     """The encoder record of an encoded dataset folder (from its metadata and vocabulary files)."""
     path = Path(path)
     meta = meta or read_meta(path)
+    try:
+        return _record_of_meta(path, meta)
+    except (KeyError, TypeError, AttributeError) as exc:  # a hand-edited or foreign _flowrec.json
+        why = f"lacks the key {exc}" if isinstance(exc, KeyError) else f"holds a value of the wrong kind ({exc})"
+        raise DataError(f"{path / META_FILE}: its encoder record {why}; convert the data again") from None
+
+
+def _record_of_meta(path: Path, meta: DatasetMeta) -> EncoderRecord:
     stored = meta.source.get("encoder", {})
     columns = dict(stored.get("columns", {}))
     features, vocab_files = {}, {}

@@ -85,8 +85,37 @@ class DatasetMeta:
         if doc.get("version") != META_VERSION:
             raise DataError(f"dataset metadata version {doc.get('version')!r} (this flowrec reads version "
                             f"{META_VERSION}); convert the data again")
+        _check_meta_kinds(doc)
         keys = ("spec", "data_hash", "rows", "encoding", "dense", "source", "split")
         return cls(labels=tuple(doc["labels"]), **{k: doc[k] for k in keys if k in doc})
+
+
+def _check_meta_kinds(doc: dict[str, Any]) -> None:
+    """DataError naming the first key of a metadata document that holds a value of the wrong kind
+    (a hand-edited or foreign file: rows "x" was a format traceback in `data inspect`, labels
+    "label" the labels l, a, b, e, l, encoding [] or source null an AttributeError in `train`).
+
+    >>> _check_meta_kinds({"spec": "s", "data_hash": "h", "rows": "x", "labels": []})
+    Traceback (most recent call last):
+    ...
+    flowrec.data.layout.DataError: key 'rows' holds 'x', not a row count (an integer at least 0)
+    """
+    def names(v: Any) -> bool:
+        return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+    def mapping_of_mappings(v: Any) -> bool:
+        return isinstance(v, dict) and all(isinstance(x, dict) for x in v.values())
+
+    kinds = {"spec": (lambda v: isinstance(v, str), "a name"), "data_hash": (lambda v: isinstance(v, str), "a hash"),
+             "rows": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+                      "a row count (an integer at least 0)"),
+             "labels": (names, "a list of column names"),
+             "encoding": (mapping_of_mappings, "a mapping of feature -> mapping"),
+             "dense": (mapping_of_mappings, "a mapping of feature -> mapping"),
+             "source": (lambda v: isinstance(v, dict), "a mapping"), "split": (lambda v: isinstance(v, dict), "a mapping")}
+    for key, (ok, wanted) in kinds.items():
+        if key in doc and not ok(doc[key]):
+            raise DataError(f"key {key!r} holds {str(doc[key])[:40]!r}, not {wanted}")
 
 
 def data_hash(spec: ModelSpec) -> str:

@@ -7,7 +7,7 @@ state. ``MISSING_ID`` (0) is a missing value; a value whose hash is 0 is stored 
 
 Example:
     >>> import pyarrow as pa
-    >>> ids = raw_id_hashes(pa.array(["a", None, "a", 7]))
+    >>> ids = raw_id_hashes(pa.array(["a", None, "a", "7"]))
     >>> bool(ids[0] == ids[2]), int(ids[1])
     (True, 0)
 """
@@ -27,7 +27,9 @@ def as_strings(values: pa.Array) -> pa.Array:
         values = values.combine_chunks()
     if not pa.types.is_string(values.type) and not pa.types.is_large_string(values.type):
         if pa.types.is_floating(values.type):  # 3.0 -> "3": floats that hold ids
-            whole = pc.equal(values, pc.floor(values))
+            # only where int64 holds the value: 1e20 or inf cast to int64 were all one id, INT64_MIN
+            whole = pc.and_(pc.equal(values, pc.floor(values)),
+                            pc.and_(pc.greater_equal(values, -2.0 ** 63), pc.less(values, 2.0 ** 63)))
             ints = pc.cast(values, pa.int64(), safe=False)
             values = pc.if_else(whole, pc.cast(ints, pa.string()), pc.cast(values, pa.string()))
         else:

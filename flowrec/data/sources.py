@@ -92,14 +92,36 @@ def arrow_threads_may_hold_python() -> bool:
 def read_csv(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[str]) -> Iterator[pa.Table]:
     """Generic delimited text; options: sep (","), header (true), names (when no header),
     encoding (the text's, "utf-8" by default: e.g. latin-1 or cp1252, read into UTF-8 on the way in)."""
-    names = options.get("names")
-    if not options.get("header", True) and not names:
+    sep, header, names = _csv_options(options)
+    if not header and not names:
         raise DataError("csv without header needs data.options.names")
-    yield from csv_chunks(path, log, numeric, delimiter=options.get("sep", ","),
-                          names=list(names) if names else None, required=set(),
+    yield from csv_chunks(path, log, numeric, delimiter=sep,
+                          names=names or None, required=set(),
                           chunk_bytes=options.get("chunk_bytes", CHUNK_BYTES),
-                          skip_header=bool(names) and options.get("header", True),
+                          skip_header=bool(names) and header,
                           encoding=_encoding(options.get("encoding", "utf-8")))
+
+
+def _csv_options(options: dict[str, Any]) -> tuple[str, bool, list[str]]:
+    """The csv data options sep, header and names, checked (they reach pyarrow as the spec gives
+    them: `sep: "::"` was a message about Py_UCS4, `sep: 5` or `names: [1, 2]` a traceback, and
+    `names: label` named the columns l, a, b, e, l).
+
+    >>> _csv_options({"sep": "::"})
+    Traceback (most recent call last):
+    ...
+    flowrec.data.layout.DataError: data.options.sep must be one character (other than a line break), not '::'
+    >>> _csv_options({"sep": ";", "header": False, "names": ["a", "b"]})
+    (';', False, ['a', 'b'])
+    """
+    sep, header, names = options.get("sep", ","), options.get("header", True), options.get("names")
+    if not isinstance(sep, str) or len(sep) != 1 or sep in "\r\n":
+        raise DataError(f"data.options.sep must be one character (other than a line break), not {sep!r}")
+    if not isinstance(header, bool):
+        raise DataError(f"data.options.header must be true or false, not {header!r}")
+    if names is not None and (not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names)):
+        raise DataError(f"data.options.names must be a list of column names, not {str(names)[:60]!r}")
+    return sep, header, list(names or [])
 
 
 def _encoding(name: Any) -> str:
@@ -236,10 +258,28 @@ def _binary_columns(path: Path, delimiter: str, names: list[str] | None, encodin
                     ) -> pcsv.ConvertOptions:
     """Read every column as binary (UTF-8 is checked per row later); empty = null."""
     if names is None:
-        head = _first_line(path).decode(encoding, errors="replace").rstrip("\r\n")
-        names = head.split(delimiter)
+        names = _header_names(path, delimiter, encoding)
     return pcsv.ConvertOptions(column_types={n: pa.binary() for n in names},
                                strings_can_be_null=True, quoted_strings_can_be_null=True)
+
+
+def _header_names(path: Path, delimiter: str, encoding: str = "utf-8") -> list[str]:
+    """The column names of a delimited file's header as pyarrow's reader reads them: a UTF-8 byte
+    order mark dropped, quoted names unquoted (the separator may be inside the quotes; tab-separated
+    files are not quoted), the text decoded in `encoding` (UTF-16's two-byte newline included).
+    A name read otherwise is not a key of `column_types`, and its column's type was inferred from
+    its values: "007", "7" and "7.0" then encoded as one id.
+    """
+    import codecs
+    import csv
+    import io
+
+    if codecs.lookup(encoding).name == "utf-8":
+        encoding = "utf-8-sig"  # pyarrow skips a UTF-8 byte order mark; other codecs drop theirs
+    with io.TextIOWrapper(_open_lines(path), encoding=encoding, errors="replace", newline="") as fh:
+        head = fh.readline().rstrip("\r\n")
+    quoting = {"quoting": csv.QUOTE_NONE} if delimiter == "\t" else {}
+    return next(csv.reader([head], delimiter=delimiter, **quoting), [])
 
 
 def _open_lines(path: Path) -> Any:
@@ -349,7 +389,10 @@ def read_libsvm(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set
     feature_map (file of ``idx name`` lines: the column of each libsvm index). A categorical
     column receives the index, a numeric one (a dense feature) the value.
     """
-    fields = list(options.get("fields", ()))
+    fields = options.get("fields", ())
+    if isinstance(fields, str) or not isinstance(fields, (list, tuple)) or not all(isinstance(f, str) for f in fields):
+        raise DataError(f"data.options.fields must be a list of column names, not {str(fields)[:60]!r}")
+    fields = list(fields)
     fmap = _feature_map(Path(options["feature_map"])) if options.get("feature_map") else None
     if not fields and fmap is None:
         raise DataError("libsvm needs data.options.fields (columns by position) or feature_map")
@@ -365,6 +408,8 @@ def read_libsvm(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set
             lines: list[int] = []
             for raw in fh:
                 lineno += 1
+                if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark, as the CSV
+                    raw = raw[3:]  # formats skip it (it was a malformed first row: '\ufeff1')
                 parsed = _libsvm_line(raw, lineno, fields, fmap, numeric, log)
                 if parsed is not None:
                     for n in rows:
@@ -420,11 +465,22 @@ def _libsvm_line(raw: bytes, lineno: int, fields: list[str], fmap: dict[str, str
 
 
 def _feature_map(path: Path) -> dict[str, str]:
+    """The libsvm feature map: one ``index name`` line per index (blank lines skipped); a line of one
+    token or text that is not UTF-8 is one line naming the file (it was a dict() or codec message)."""
     try:
-        lines = path.read_text().split("\n")
+        lines = path.read_text(encoding="utf-8").split("\n")
     except OSError as exc:
         raise DataError(f"cannot read feature map {path}: {exc.strerror}") from None
-    return dict(line.split()[:2] for line in lines if line.strip())
+    except UnicodeDecodeError:
+        raise DataError(f"feature map {path} is not UTF-8 text of 'index name' lines") from None
+    out = {}
+    for number, line in enumerate(lines, 1):
+        tokens = line.split()
+        if len(tokens) == 1:
+            raise DataError(f"feature map {path}:{number}: {line.strip()[:40]!r} is not an 'index name' line")
+        if tokens:
+            out[tokens[0]] = tokens[1]
+    return out
 
 
 def read_movielens(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[str]) -> Iterator[pa.Table]:
@@ -469,6 +525,7 @@ def read_movielens(path: Path, options: dict[str, Any], log: ErrorLog, numeric: 
 
 
 ML_USER_COLUMNS = ["user_id", "age", "gender", "occupation", "zip_code"]
+ML_RATING_COLUMNS = ["user_id", "item_id", "rating", "timestamp"]
 ML_RELEASES = {  # release -> the files that tell it
     "100K": ("u.data", "u.user", "u.item", "u.genre"),
     "1M": ("ratings.dat", "users.dat", "movies.dat"),
@@ -499,12 +556,15 @@ def _movielens_tables(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFr
                              "gender": pd.Series(dtype=object), "occupation": pd.Series(dtype="Int64"),
                              "zip_code": pd.Series(dtype=object)})
     if release == "20M+":
-        ratings = pd.read_csv(path / "ratings.csv", dtype={"userId": np.int64, "movieId": np.int64})
-        ratings = ratings.rename(columns={"userId": "user_id", "movieId": "item_id"})
-        movies = pd.read_csv(path / "movies.csv", dtype={"movieId": np.int64, "title": str, "genres": str},
-                             keep_default_na=False)
+        raw = _read_lines(path / "ratings.csv", "userId,movieId,rating,timestamp", dtype=str)
+        wanted = ["userId", "movieId", "rating", "timestamp"]
+        if not set(wanted) <= set(raw.columns):
+            raise DataError(f"{path / 'ratings.csv'}: the header names {list(raw.columns)[:8]}, not {wanted}")
+        ratings = _checked_ratings(raw[wanted], path / "ratings.csv", "userId,movieId,rating,timestamp", 2)
+        movies = _read_lines(path / "movies.csv", "movieId,title,genres",
+                             dtype={"movieId": np.int64, "title": str, "genres": str}, keep_default_na=False)
         items = _titled_items(movies["movieId"], movies["title"], movies["genres"])
-        return ratings[["user_id", "item_id", "rating", "timestamp"]], no_users, items
+        return ratings, no_users, items
     ratings = _double_colon_ratings(path / "ratings.dat")
     movies = _double_colon_lines(path / "movies.dat", 3)
     items = _titled_items(movies[0].astype(np.int64), movies[1], movies[2])
@@ -517,10 +577,23 @@ def _movielens_tables(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFr
 
 
 def _movielens_100k(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    ratings = pd.read_csv(path / "u.data", sep="\t", header=None, names=["user_id", "item_id", "rating", "timestamp"])
-    users = pd.read_csv(path / "u.user", sep="|", header=None, names=ML_USER_COLUMNS, dtype={"zip_code": str})
+    """(ratings, users, items) of a 100K folder; a line of u.data, u.user or u.item that is not of
+    its file's layout is one line naming the file and line (pandas read it as NaN: a rating
+    "nan" or a missing field became label 0; a short u.item line was a KeyError traceback)."""
+    ratings = _checked_ratings(_read_lines(path / "u.data", "user<TAB>item<TAB>rating<TAB>timestamp", sep="\t",
+                                           header=None, names=ML_RATING_COLUMNS, dtype=str), path / "u.data",
+                               "user<TAB>item<TAB>rating<TAB>timestamp", 1)
+    user_layout = "user|age|gender|occupation|zip"
+    users = _read_lines(path / "u.user", user_layout, sep="|", header=None, names=ML_USER_COLUMNS,
+                        dtype={"zip_code": str})
+    _whole_numbers(users[["user_id"]], path / "u.user", user_layout, 1)
     genre_names = [line.split("|")[0] for line in (path / "u.genre").read_text("latin-1").splitlines() if line]
-    items = pd.read_csv(path / "u.item", sep="|", header=None, encoding="latin-1")
+    item_layout = f"item|title|date|video date|url|{ML_GENRES_COUNT} genre flags"
+    items = _read_lines(path / "u.item", item_layout, sep="|", header=None, encoding="latin-1")
+    if items.shape[1] != 5 + ML_GENRES_COUNT:
+        raise DataError(f"{path / 'u.item'}: {items.shape[1]} '|'-separated fields, expected {5 + ML_GENRES_COUNT} "
+                        f"({item_layout})")
+    _whole_numbers(items[[0]], path / "u.item", item_layout, 1)
     flags = items.iloc[:, -ML_GENRES_COUNT:].to_numpy(bool)
     items = pd.DataFrame({
         "item_id": items[0],
@@ -539,16 +612,43 @@ def _codes(values: pd.Series) -> pd.Series:
 def _double_colon_ratings(path: Path) -> pd.DataFrame:
     """ratings.dat (``user::item::rating::timestamp``) by the C parser: ':' splits each ``::`` into
     an empty field between two values."""
+    raw = _read_lines(path, "user::item::rating::timestamp", sep=":", header=None, usecols=[0, 2, 4, 6], dtype=str,
+                      encoding="latin-1")
+    return _checked_ratings(raw, path, "user::item::rating::timestamp", 1)
+
+
+def _read_lines(path: Path, layout: str, **options: Any) -> pd.DataFrame:
+    """`pd.read_csv(path, **options)`; a file pandas cannot split is one line naming it and `layout`."""
     try:
-        raw = pd.read_csv(path, sep=":", header=None, usecols=[0, 2, 4, 6], dtype=str, encoding="latin-1")
-    except (ValueError, pd.errors.ParserError) as exc:
-        raise DataError(f"{path}: not user::item::rating::timestamp lines ({_why(exc)})") from None
-    values = raw.apply(pd.to_numeric, errors="coerce")
-    bad = values.isna().any(axis=1).to_numpy().nonzero()[0]
+        return pd.read_csv(path, **options)
+    except (ValueError, pd.errors.ParserError) as exc:  # UnicodeDecodeError is a ValueError
+        raise DataError(f"{path}: not {layout} lines ({_why(exc)})") from None
+
+
+def _whole_numbers(raw: pd.DataFrame, path: Path, layout: str, first_line: int) -> pd.DataFrame:
+    """The columns of `raw` as float64: DataError naming the first line (`first_line` is the line of
+    row 0) where one is missing or not a whole number."""
+    values = raw.apply(pd.to_numeric, errors="coerce").astype(np.float64)
+    bad = (values.isna() | (values != np.floor(values))).any(axis=1).to_numpy().nonzero()[0]
     if len(bad):
-        raise DataError(f"{path}:{bad[0] + 1}: not user::item::rating::timestamp")
-    return pd.DataFrame({"user_id": values[0].astype(np.int64), "item_id": values[2].astype(np.int64),
-                         "rating": values[4].astype(np.float64), "timestamp": values[6].astype(np.int64)})
+        raise DataError(f"{path}:{bad[0] + first_line}: not {layout}")
+    return values
+
+
+def _checked_ratings(raw: pd.DataFrame, path: Path, layout: str, first_line: int) -> pd.DataFrame:
+    """Ratings from the text columns user, item, rating, timestamp (in that order): a line with a
+    field missing or not a number (ids and time whole numbers) is DataError naming it (`first_line`:
+    the line of row 0)."""
+    if raw.shape[1] != 4:
+        raise DataError(f"{path}: {raw.shape[1]} fields a line, expected 4 ({layout})")
+    values = raw.set_axis(range(4), axis=1).apply(pd.to_numeric, errors="coerce").astype(np.float64)
+    whole = values[[0, 1, 3]]
+    bad = ~np.isfinite(values).all(axis=1) | (whole != np.floor(whole)).any(axis=1)
+    first = np.flatnonzero(bad.to_numpy())
+    if len(first):
+        raise DataError(f"{path}:{first[0] + first_line}: not {layout}")
+    return pd.DataFrame({"user_id": values[0].astype(np.int64), "item_id": values[1].astype(np.int64),
+                         "rating": values[2], "timestamp": values[3].astype(np.int64)})
 
 
 def _double_colon_lines(path: Path, fields: int) -> pd.DataFrame:
@@ -641,7 +741,7 @@ def _parquet_checked(table: pa.Table, lines: np.ndarray, log: ErrorLog, numeric:
         if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)
                 or pa.types.is_decimal(kind) or pa.types.is_null(kind)):
             raise DataError(f"{path}: column {name} holds {kind} values; a label or dense feature needs numbers")
-        values = pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False)
+        values = pc.cast(col, pa.float64(), safe=False).to_numpy(zero_copy_only=False)  # 2**62 as CSV reads it
         present = ~np.isnan(values)
         _float32_rows(values, present, lambda i: float(values[i]), lines, bad, log, name)
         cols[name] = pa.array(values, pa.float64(), mask=~present)

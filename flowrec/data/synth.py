@@ -196,13 +196,17 @@ def synth_dataset(spec: ModelSpec, out: Path, rows: int, cfg: SynthConfig = Synt
     Written into a new sibling folder and swapped in when complete (`flowrec.data.output`).
 
     Raises:
-        DataError: `rows` or `rows_per_file` < 1, a non-finite `cfg.alpha`, or `out` is not empty
+        DataError: `rows` or `rows_per_file` < 1, a non-finite `cfg.alpha`, a seed outside
+            [0, 2^64), or `out` is not empty
             and not `overwrite`.
     """
     if rows < 1:
         raise DataError(f"--rows must be at least 1 (got {rows})")
     if not np.isfinite(cfg.alpha):  # NaN drew one row for every id, inf rank 0 for every id
         raise DataError(f"--alpha must be a finite number (the Zipf exponent of the ids), not {cfg.alpha}")
+    if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, (int, np.integer)) or not 0 <= cfg.seed < 1 << 64:
+        # the blocks' generators take no negative seed, the salts no seed past uint64 (a traceback)
+        raise DataError(f"--seed must be an integer from 0 to 2^64-1, not {cfg.seed!r}")
     check_rows_per_file(rows_per_file)
     with staged_output(Path(out), overwrite) as tmp:
         return _write(spec, tmp, rows, cfg, rows_per_file)

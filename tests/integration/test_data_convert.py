@@ -292,6 +292,26 @@ def test_raw_parquet_converts_as_the_same_rows_in_csv(tmp_path):
     assert got.equals(expect), "a folder of parts reads as one file"
 
 
+def test_raw_parquet_huge_numbers_encode_as_their_csv_text(tmp_path):
+    """Float ids beyond int64 (1e20, 2e20, inf) were cast to int64 for their string form and all
+    became one id, INT64_MIN; an int64 dense value beyond 2**53 failed the whole input ("not in
+    range"). Both now encode as the same rows written as CSV text."""
+    import pandas as pd
+
+    df = pd.DataFrame({"user": ["a", "b", "c", "d", "e"], "city": [1e20, 2e20, np.inf, 3.0, -2.0 ** 63],
+                       "price": np.array([2 ** 62, 1, -(2 ** 60), 0, 5], np.int64), "label": [0, 1, 1, 0, 1]})
+    df.to_parquet(tmp_path / "rows.parquet")
+    (tmp_path / "rows.csv").write_text("user,city,price,label\na,1e+20,4611686018427387904,0\nb,2e+20,1,1\n"
+                                       "c,inf,-1152921504606846976,1\nd,3,0,0\ne,-9223372036854775808,5,1\n")
+    spec = small_spec(RAW_FEATURES, data={"format": "csv", "label": "label"})
+    convert(spec, "csv", [tmp_path / "rows.csv"], tmp_path / "from_csv")
+    report = convert(spec, "parquet", [tmp_path / "rows.parquet"], tmp_path / "from_parquet")
+    assert report.rows == 5 and report.errors == 0
+    got = pq.read_table(tmp_path / "from_parquet")
+    assert len(set(got.column("city").to_pylist())) == 5
+    assert got.equals(pq.read_table(tmp_path / "from_csv"))
+
+
 def test_raw_parquet_bad_numbers_are_malformed_rows_and_wrong_types_one_line(tmp_path):
     import pandas as pd
 
@@ -357,6 +377,29 @@ def test_a_csv_in_another_encoding_reads_with_data_options_encoding(tmp_path, en
     with pytest.raises(DataError, match="unknown text encoding 'klingon'"):
         convert(small_spec(feats, data={**data, "options": {"encoding": "klingon"}}), "csv",
                 [tmp_path / "other.csv"], tmp_path / "d")
+
+
+@pytest.mark.parametrize("header", ["bom", "quoted", "utf-16"])
+def test_a_header_with_a_byte_order_mark_or_quotes_still_reads_its_ids_as_text(tmp_path, header):
+    """The header was split by hand, so a UTF-8 byte order mark, quoted names or UTF-16's two-byte
+    newline (big-endian) gave names that were not the columns pyarrow read: those columns' types were inferred,
+    and ids "007", "7" and "7.0" encoded as one row. Each header now gives the plain file's dataset."""
+    rows = "007,1,0.5,007\n7,0,1.5,7\n7.0,1,2,7.0\n8,0,3,8\n"  # first and last columns: ids
+    plain = "user,label,price,item\n" + rows
+    (tmp_path / "plain.csv").write_text(plain)
+    options = {"utf-16": {"encoding": "utf-16"}}.get(header, {})
+    content = {"bom": b"\xef\xbb\xbf" + plain.encode(),
+               "quoted": ('"user","label","price","item"\n' + rows).encode(),
+               "utf-16": b"\xfe\xff" + plain.encode("utf-16-be")}[header]  # big-endian: newline b"\0\n"
+    (tmp_path / "other.csv").write_bytes(content)
+    feats = [{"name": "user", "type": "categorical", "hash_buckets": 1000, "dim": 4},
+             {"name": "item", "type": "categorical", "hash_buckets": 1000, "dim": 4}, {"name": "price", "type": "dense"}]
+    data = {"format": "csv", "label": "label"}
+    convert(small_spec(feats, data=data), "csv", [tmp_path / "plain.csv"], tmp_path / "a")
+    convert(small_spec(feats, data={**data, "options": options}), "csv", [tmp_path / "other.csv"], tmp_path / "b")
+    a = pq.read_table(tmp_path / "a")
+    assert len(set(a.column("user").to_pylist())) == len(set(a.column("item").to_pylist())) == 4  # distinct ids
+    assert pq.read_table(tmp_path / "b").equals(a)
 
 
 @pytest.mark.parametrize("suffix", [".gz", ".bz2"])

@@ -41,6 +41,13 @@ LIBSVM_DATA = "data: {format: libsvm, path: x, options: {fields: [c1, d1, c2, c3
 LIBSVM_SPEC = SPEC.replace("training:", LIBSVM_DATA + "training:")
 REGRESSION_SPEC = LIBSVM_SPEC.replace("{name: ctr, input: top}", "{name: ctr, input: top, task: regression}")
 CSV_HEADER = "label,d1,c1,c2,c3\n"
+
+
+def csv_options(options: str) -> str:
+    """SPEC bound to format csv with these data options (YAML flow mapping body)."""
+    return SPEC.replace("training:", f"data: {{format: csv, options: {{{options}}}}}\ntraining:")
+
+
 CSV_ROWS = ["1,0.5,a,b,x^y", "0,1.5,c,d,", "1,,e,f,z"]
 SVM_ROWS = ["1 3:1 7:0.5 9:1", "0 4:1 9:2.0 2:1", "1 4:1 1:3 5:1"]
 
@@ -96,6 +103,8 @@ RAW_CASES = [
             mapped=2),
     RawCase("libfm_alias_plus_minus", "libfm", LIBSVM_SPEC, svm("-1 3:1 7:0.5 9:1", "1 4:1 9:2 2:1"), None,
             labels=(0.0, 1.0), mapped=1),
+    RawCase("libsvm_utf8_byte_order_mark", "libsvm", LIBSVM_SPEC, b"\xef\xbb\xbf" + svm(*SVM_ROWS), None,
+            labels=(1.0, 0.0, 1.0)),
     RawCase("libsvm_label_2", "libsvm", LIBSVM_SPEC, svm(SVM_ROWS[0], "2 4:1 9:2.0 2:1"),
             ("x.in:2:", "label 2.0")),
     RawCase("libsvm_label_7", "libsvm", LIBSVM_SPEC, svm("7 4:1 9:2.0 2:1"), ("x.in:1:", "label 7.0")),
@@ -126,6 +135,18 @@ RAW_CASES = [
             ("no rows converted", "all 2 rows were malformed"), on_error="skip"),
     RawCase("libsvm_file_read_as_csv", "csv", SPEC, svm(*SVM_ROWS), ("x.in", "not in the input")),
     RawCase("csv_file_read_as_libsvm", "libsvm", LIBSVM_SPEC, csv(*CSV_ROWS), ("x.in:1:",)),
+    # options reach the reader as the spec gives them: each wrong one is one line naming it
+    RawCase("csv_sep_two_characters", "csv", csv_options('sep: "::"'), csv(*CSV_ROWS), ("data.options.sep", "'::'")),
+    RawCase("csv_sep_a_number", "csv", csv_options("sep: 5"), csv(*CSV_ROWS), ("data.options.sep",)),
+    RawCase("csv_names_numbers", "csv", csv_options("header: false, names: [1, 2, 3, 4, 5]"), csv(*CSV_ROWS),
+            ("data.options.names",)),
+    RawCase("csv_names_one_string", "csv", csv_options("names: label"), csv(*CSV_ROWS), ("data.options.names",)),
+    RawCase("csv_header_text", "csv", csv_options('header: "no", names: [label, d1, c1, c2, c3]'),
+            csv(*CSV_ROWS), ("data.options.header",)),
+    RawCase("csv_sequence_sep_empty", "csv", csv_options('sequence_sep: ""'), csv(*CSV_ROWS),
+            ("data.options.sequence_sep",)),
+    RawCase("csv_header_names_given", "csv", csv_options("header: true, names: [label, d1, c1, c2, c3]"),
+            csv(*CSV_ROWS), None, labels=(1.0, 0.0, 1.0)),
     RawCase("parquet_file_read_as_csv", "csv", SPEC, b"PAR1\x15\x04\x15\x18\x80\xff,\x00\n\x81\x82,\x00\x01\n",
             ("x.in",)),
 ]
@@ -154,6 +175,29 @@ def test_raw_input_case(case: RawCase, tmp_path: Path):
     assert pq.read_table(out).column("label").to_pylist() == list(case.labels)
     assert (f"read {case.mapped:,} labels -1 as 0" in res.output) == (case.mapped > 0), res.output
     assert {k: v for k, v in digest(tmp_path).items() if not k.startswith("out/")} == before
+
+
+@pytest.mark.parametrize("fmap, expected", [
+    (b"3 c1\n7\n9 c2\n", ("fmap.txt:2:", "'7'", "index name")),
+    (b"\xff\xfe3 c1\n", ("fmap.txt", "not UTF-8")),
+    (None, ("data.options.fields", "'c1'")),
+], ids=["one_token_line", "not_utf8", "fields_a_string"])
+def test_libsvm_options_wrong_are_one_line_naming_them(tmp_path: Path, fmap: bytes | None, expected: tuple[str, ...]):
+    """A feature map line of one token was dict()'s 'dictionary update sequence element #1 has length
+    1; 2 is required', a map that is not UTF-8 a codec message, both naming no file; fields: c1 (a
+    string) read as the fields c and 1 ('more tokens than fields (2)')."""
+    if fmap is None:
+        options = "fields: c1"
+    else:
+        (tmp_path / "fmap.txt").write_bytes(fmap)
+        options = f"feature_map: {tmp_path / 'fmap.txt'}"
+    spec = write_spec(tmp_path, SPEC.replace("training:", f"data: {{format: libsvm, options: {{{options}}}}}\ntraining:"))
+    src = tmp_path / "x.svm"
+    src.write_bytes(svm(*SVM_ROWS))
+    out = tmp_path / "out"
+    res = runner.invoke(app, ["data", "convert", "libsvm", str(src), str(out), "--spec", str(spec), "-q"])
+    expect_one_error(res, *expected)
+    assert not out.exists()
 
 
 def test_reconversion_refused_then_replaced_atomically(tmp_path: Path):
@@ -190,6 +234,31 @@ def test_synth_refuses_a_non_empty_folder(tmp_path: Path):
     assert digest(out) == first
     assert runner.invoke(app, [*args, "--seed", "1", "--overwrite"]).exit_code == 0
     assert digest(out) != first and json.loads((out / "_flowrec.json").read_text())["rows"] == 40
+
+
+@pytest.mark.parametrize("seed", ["-1", "99999999999999999999999"])
+def test_synth_refuses_a_seed_outside_uint64_in_one_line(tmp_path: Path, seed: str):
+    """A negative seed failed in numpy ('expected non-negative integer', naming no option), one past
+    2^64 with an OverflowError traceback."""
+    spec = write_spec(tmp_path, SPEC)
+    out = tmp_path / "d"
+    res = runner.invoke(app, ["data", "synth", str(spec), "--rows", "40", "--out", str(out), "--seed", seed])
+    expect_one_error(res, "--seed", seed)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("option", [("--window", "0"), ("--window", "-3"), ("--seed", "-1")])
+def test_profile_refuses_a_window_below_1_or_a_negative_seed(tmp_path: Path, option: tuple[str, str]):
+    """--window 0 was the spec's window without a word, --window -3 wrote curves 'lookahead_w-3' into
+    the profile the planner reads, --seed -1 failed in numpy ('expected non-negative integer') or,
+    where every row is sampled, was accepted."""
+    spec = write_spec(tmp_path, SPEC)
+    data = tmp_path / "d"
+    assert runner.invoke(app, ["data", "synth", str(spec), "--rows", "40", "--out", str(data)]).exit_code == 0
+    out = tmp_path / "p.json"
+    res = runner.invoke(app, ["data", "profile", str(spec), str(data), "-q", "--json", str(out), *option])
+    assert res.exit_code == 2 and option[0] in res.output and "Traceback" not in res.output, res.output
+    assert not out.exists()
 
 
 Mutation = Callable[[Path], None]
@@ -238,7 +307,28 @@ def truncated(folder: Path) -> None:
     path.write_bytes(path.read_bytes()[:200])
 
 
-DATASET_CASES = [
+def edit_meta(key: str, value, entry: str | None = None) -> Mutation:
+    """Set `key` (or `key`.`entry`) of the dataset's _flowrec.json, as a hand edit or another tool would."""
+    def mutate(folder: Path) -> None:
+        meta = json.loads((folder / "_flowrec.json").read_text())
+        if entry is None:
+            meta[key] = value
+        else:
+            meta[key][entry] = value
+        (folder / "_flowrec.json").write_text(json.dumps(meta))
+    return mutate
+
+
+META_CASES = [
+    ("meta_rows_text", edit_meta("rows", "x"), ("_flowrec.json", "'rows'", "row count")),
+    ("meta_labels_one_string", edit_meta("labels", "label"), ("_flowrec.json", "'labels'")),
+    ("meta_encoding_a_list", edit_meta("encoding", []), ("_flowrec.json", "'encoding'")),
+    ("meta_source_null", edit_meta("source", None), ("_flowrec.json", "'source'")),
+    ("meta_dense_entry_a_number", edit_meta("dense", 5, "d1"), ("_flowrec.json", "'dense'")),
+]
+DATASET_CASES = [*META_CASES,
+    ("meta_encoding_entry_empty", edit_meta("encoding", {}, "c1"), ("_flowrec.json", "lacks the key 'table'")),
+
     ("id_equal_to_table_rows", set_value("c1", 5, 100), ("part-00000.parquet", "'c1'", "id 100", "row 5")),
     ("id_negative", set_value("c2", 3, -1), ("'c2'", "id -1", "row 3")),
     ("id_huge", set_value("c1", 0, 2 ** 62), ("'c1'", f"id {2 ** 62}", "row 0")),
@@ -287,6 +377,17 @@ def test_dense_float64_beyond_float32_is_refused(tmp_path: Path):
                               str(tmp_path / "run"), "-q"])
     expect_one_error(res, "'d1'", "1e+300", "row 11")
     assert np.isclose(pq.read_table(data).column("d1").to_numpy()[11], 1e300)
+
+
+@pytest.mark.parametrize("name,mutate,error", META_CASES, ids=[c[0] for c in META_CASES])
+def test_inspect_refuses_metadata_of_the_wrong_kind_in_one_line(name: str, mutate: Mutation, error, tmp_path: Path):
+    """A _flowrec.json key of the wrong kind was a traceback (rows "x": a format error in `data
+    inspect`; encoding [], source null: AttributeError in `train`) or misread (labels "label")."""
+    spec = write_spec(tmp_path, SPEC)
+    data = tmp_path / "data"
+    assert runner.invoke(app, ["data", "synth", str(spec), "--rows", "64", "--out", str(data)]).exit_code == 0
+    mutate(data)
+    expect_one_error(runner.invoke(app, ["data", "inspect", str(data)]), str(data), *error)
 
 
 def test_inspect_shows_a_row_count_that_disagrees_with_the_metadata(tmp_path: Path):

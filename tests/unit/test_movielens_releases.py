@@ -137,3 +137,39 @@ def test_a_folder_of_no_release_and_a_bad_ratings_line_are_one_line(tmp_path: Pa
     (tmp_path / "movies.dat").write_text("2::Film (1999)\n")
     with pytest.raises(DataError, match=r"movies.dat:1: 2 '::'-separated fields, expected 3"):
         _read(tmp_path)
+
+
+def _100k(tmp_path: Path, data: str, item: str = "2|Film (1995)|01-Jan-1995||http://x" + "|0" * 19 + "\n") -> Path:
+    folder = tmp_path / "ml"
+    folder.mkdir()
+    (folder / "u.data").write_text(data)
+    (folder / "u.user").write_text("1|24|M|technician|85711\n")
+    (folder / "u.item").write_text(item, encoding="latin-1")
+    (folder / "u.genre").write_text("".join(f"g{i}|{i}\n" for i in range(19)))
+    return folder
+
+
+@pytest.mark.parametrize("data, item, expected", [
+    ("1\t2\t5\t881250949\n1\t2\tnan\t881250950\n", None, r"u.data:2: not user<TAB>item<TAB>rating<TAB>timestamp"),
+    ("1\t2\t5\t881250949\n1\t2\t4\n", None, r"u.data:2: not user"),
+    ("1\t2\t5\t881250949\nx\t2\t4\t881250950\n", None, r"u.data:2: not user"),
+    ("1\t2\t5\t881250949\n1\t2\t4\t881250950\t7\n", None, r"u.data: not user<TAB>item<TAB>rating<TAB>timestamp lines"),
+    ("1\t2\t5\t881250949\n", "2|Film\n", r"u.item: 2 '\|'-separated fields, expected 24"),
+], ids=["rating_nan", "short_line", "text_user", "long_line", "short_item"])
+def test_a_bad_100k_line_is_one_line_naming_it(tmp_path: Path, data: str, item: str | None, expected: str):
+    """The 100K files were read by pandas unchecked: a rating "nan" or a short line became label 0
+    without a word, a text user id a pandas merge message, a long line a two-line C parser message,
+    a short u.item line a KeyError traceback."""
+    folder = _100k(tmp_path, data, *([item] if item else []))
+    with pytest.raises(DataError, match=expected):
+        _read(folder)
+
+
+def test_a_20m_rating_missing_is_one_line_naming_it(tmp_path: Path):
+    """ratings.csv was read unchecked: an empty rating became label 0 without a word."""
+    (tmp_path / "ratings.csv").write_text("userId,movieId,rating,timestamp\n1,2,4.5,100\n2,2,,102\n")
+    (tmp_path / "movies.csv").write_text("movieId,title,genres\n2,Film (1999),Drama\n")
+    with pytest.raises(DataError, match=r"ratings.csv:3: not userId,movieId,rating,timestamp"):
+        _read(tmp_path)
+    (tmp_path / "ratings.csv").write_text("userId,movieId,rating,timestamp\n1,2,4.5,100\n2,2,3,102\n")
+    assert _read(tmp_path).column("label").to_pylist() == [1.0, 0.0]
