@@ -44,6 +44,7 @@ from flowrec.runtime.checkpoint.store import (
     load_checkpoint,
 )
 from flowrec.runtime.checkpoint.delta import delta_files
+from flowrec.runtime.rundir import run_folder_of
 from flowrec.runtime.evaluation.evaluate import evaluate, group_slot
 from flowrec.runtime.lowering import LoweredModel, lower
 from flowrec.runtime.evaluation.scores import scores
@@ -68,6 +69,7 @@ class Trained:
     model: LoweredModel
     plan: Plan
     encoder: EncoderRecord | None = None  # None for runs made before encoders were recorded
+    step: int | None = None  # the training step of the checkpoint it was restored from
 
     @property
     def excludes_seen(self) -> bool:
@@ -170,12 +172,13 @@ def load_trained(run: Path, device: str, scoring: Callable[[Plan], Plan], mmap: 
         # they are used (not when deltas were applied: their rows live only in those private pages)
         for tensor in state["model"].values():
             drop_mapped_pages(tensor)
-    return Trained(spec, model, plan, run_encoder(source))
+    return Trained(spec, model, plan, run_encoder(source), state["position"]["step"])
 
 
 def run_encoder(checkpoint: Path) -> EncoderRecord | None:
-    """The encoder recorded next to a run's checkpoint, or None (a run made before encoders)."""
-    folder = Path(checkpoint).parent / RUN_ENCODER_DIR
+    """The encoder recorded in the run folder of a checkpoint (RUN/best's is its run's), or None (a
+    run made before encoders)."""
+    folder = run_folder_of(Path(checkpoint)) / RUN_ENCODER_DIR
     return read_record(folder) if (folder / ENCODER_FILE).is_file() else None
 
 
