@@ -33,6 +33,7 @@ from flowrec.data.encoder_record import (
     read_record,
     record_of_dataset,
 )
+from flowrec.data.layout import META_FILE, DataError
 from flowrec.graph.kinds import OP_KINDS
 from flowrec.graph.plan_io import plan_from_document
 from flowrec.graph.types import Plan
@@ -90,6 +91,9 @@ class Trained:
         leaves out of each user's ranking)."""
         if group_by is not None:  # a feature that cannot group fails before any data is read
             group_slot(self.model, group_by)
+        if not (Path(path) / META_FILE).is_file() and (Path(path) / "test" / META_FILE).is_file():
+            raise DataError(f"{path} is a split dataset (its parts train/ and test/ are the datasets): "
+                            f"score its test part, {Path(path) / 'test'}")  # not "convert it first"
         source = open_dataset(Path(path), self.spec)
         opts = StagingOptions(batch_size=self.spec.training.batch_size, shuffle=False, lookahead=0)
         try:
