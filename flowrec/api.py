@@ -70,10 +70,13 @@ class Run:
 
     @property
     def metrics(self) -> Metrics:
-        """The final evaluation per head (empty when the run had no evaluation set)."""
+        """The final evaluation per head (empty when the run had no evaluation set); of a loaded
+        run, its last evaluation up to the checkpoint's step (RUN/best: the best evaluation)."""
         if self.result is not None:
             return self.result.eval
-        finals = [r for r in self.history if r.get("event") == "eval"]
+        step = getattr(self.trained, "step", None)  # a loaded RUN/best: its evaluation's, not the last
+        finals = [r for r in self.history if r.get("event") == "eval" and (
+            step is None or not isinstance(r.get("step"), int) or r["step"] <= step)]
         return finals[-1]["metrics"] if finals else {}
 
     @property
@@ -111,11 +114,11 @@ def load(run_dir: str | Path, device: str = "auto") -> Run:
         flowrec.runtime.checkpoint.store.CheckpointError: a damaged or foreign checkpoint.
     """
     from flowrec.planner.contract import scoring_plan
-    from flowrec.runtime.checkpoint.store import checkpoint_path
+    from flowrec.runtime.rundir import run_folder_of
     from flowrec.serving.trained import load_trained
 
     trained = load_trained(Path(run_dir), device, scoring_plan)
-    folder = checkpoint_path(Path(run_dir)).parent
+    folder = run_folder_of(Path(run_dir))  # RUN/best's history and evaluation data are its run's
     return Run(trained.spec, folder, None, trained)
 
 

@@ -44,7 +44,7 @@ def export(
     from flowrec.data.layout import DataError
     from flowrec.data.output_guard import replace_folder
     from flowrec.planner.contract import scoring_plan
-    from flowrec.runtime.checkpoint.store import checkpoint_path
+    from flowrec.runtime.rundir import run_folder_of
     from flowrec.serving.export import DTYPES, remove_partial, write_package
     from flowrec.serving.retrieval import INDEX_CHOICES
     from flowrec.serving.trained import load_trained
@@ -56,14 +56,14 @@ def export(
     from flowrec.cli.streams import refuse_stream_folder
 
     refuse_stream_folder(run_dir, "export")
-    folder = checkpoint_path(run_dir).parent
+    folder = run_folder_of(run_dir)  # RUN/best's encoder and metrics are its run's
     _check_target(folder, out, overwrite)
     staged = out.with_name(f".{out.name}.export-tmp")
     remove_partial(staged)
     try:
         trained = load_trained(run_dir, "cpu", scoring_plan, mmap=True)  # tables mapped, not copied
         encoder = trained.encoder or find_record(folder)
-        report = write_package(trained, staged, dtype, encoder, _last_eval(folder),
+        report = write_package(trained, staged, dtype, encoder, _last_eval(folder, trained.step),
                                _compare_rows(folder, trained) if dtype != "fp32" else None, mapped=True,
                                index=index)
         replace_folder(staged, out)  # the old package stays until the new one is in place
@@ -95,8 +95,9 @@ def _check_target(folder: Path, out: Path, overwrite: bool) -> None:
         fail(str(exc))
 
 
-def _last_eval(folder: Path) -> dict[str, Any]:
-    """The metrics of the run's last evaluation (metrics.jsonl), {} when it has none."""
+def _last_eval(folder: Path, step: int | None = None) -> dict[str, Any]:
+    """The metrics of the run's last evaluation (metrics.jsonl) at or before `step` (the exported
+    checkpoint's: RUN/best's is its evaluation's), {} when it has none."""
     path = folder / "metrics.jsonl"
     last: dict[str, Any] = {}
     if path.is_file():
@@ -105,7 +106,8 @@ def _last_eval(folder: Path) -> dict[str, Any]:
                 record = parse_json_text(line, str(path))
             except ValueError:
                 continue
-            if isinstance(record, dict) and record.get("event") == "eval":
+            if isinstance(record, dict) and record.get("event") == "eval" and (
+                    step is None or not isinstance(record.get("step"), int) or record["step"] <= step):
                 last = record.get("metrics", {})
     return last
 

@@ -247,8 +247,17 @@ def _check_options(request: RunRequest) -> None:
         fail("--init-from starts a new run and --resume continues one; give one of them")
     if request.fresh_optimizer and request.init_from is None:
         fail("--fresh-optimizer applies to --init-from RUN only")
+    if request.init_from is not None and request.out is not None and _within(request.init_from, request.out):
+        fail(f"--init-from {request.init_from} lies in --out {request.out}: the new run would replace the run "
+             f"it starts from (its checkpoint is removed when the new run starts); give another --out")
     if request.resume is not None and request.out is not None and request.out != request.resume:
         fail(f"--out {request.out} and --resume {request.resume} name different run folders")
+
+
+def _within(path: Path, folder: Path) -> bool:
+    """Whether `path` is `folder` or lies in it, links resolved."""
+    path, folder = path.resolve(), folder.resolve()
+    return path == folder or folder in path.parents
 
 
 def run_training(request: RunRequest) -> None:

@@ -24,6 +24,7 @@ from flowrec.data.encoder_record import (
     synthetic_record,
     write_record,
 )
+from flowrec.runtime.rundir import run_folder_of
 from flowrec.spec.model import ModelSpec
 
 
@@ -49,7 +50,8 @@ def adopt_encoder(spec: ModelSpec, folder: Path, train: Any, evaluation: Any | N
                            extension=True)
     target = Path(folder) / RUN_ENCODER_DIR
     if parent is not None:
-        check_same_encoder(find_record(parent), record, f"training data {_where(train)}", extension=True)
+        check_same_encoder(find_record(run_folder_of(parent)), record, f"training data {_where(train)}",
+                           extension=True)  # RUN/best's encoder is its run's
     if resuming and (target / ENCODER_FILE).is_file():
         own = read_record(target)
         check_same_encoder(own, record, f"training data {_where(train)}")

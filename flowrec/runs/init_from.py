@@ -17,7 +17,9 @@ SPARSE_STATE = MASTER_KEYS[1]  # the key of a table's per-row optimizer state in
 
 def starting_state(parent: dict[str, Any], model_state: dict[str, Any], fresh_optimizer_state: dict[str, Any] | None
                    ) -> dict[str, Any]:
-    """The checkpoint a run started from `parent` loads: its parameters (and optimizer state), at step 0.
+    """The checkpoint a run started from `parent` loads: its parameters (and optimizer state), at step 0,
+    with a loop of its own (the learning-rate schedule's length from its own epochs, early stopping
+    with no evaluation seen yet).
 
     Args:
         parent: the parent run's checkpoint.
@@ -26,7 +28,10 @@ def starting_state(parent: dict[str, Any], model_state: dict[str, Any], fresh_op
         fresh_optimizer_state: the new dense optimizer's state dict to start from, or None to keep
             the parent's optimizer state.
     """
-    state = dict(parent, position={"epoch": 0, "batch": 0, "step": 0, "samples": 0}, skipped_batches=0)
+    # the run's own loop: its schedule's length from its own epochs, early stopping from no evaluation
+    # (the parent's state stopped a child of an early-stopped run at step 0, training nothing)
+    state = dict(parent, position={"epoch": 0, "batch": 0, "step": 0, "samples": 0}, skipped_batches=0,
+                 schedule={"horizon_steps": None}, early_stopping=None)
     if fresh_optimizer_state is not None:
         state["model"] = {k: (model_state[k] if k.rsplit(".", 1)[-1] == SPARSE_STATE else v)
                           for k, v in parent["model"].items()}

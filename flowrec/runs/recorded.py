@@ -17,13 +17,12 @@ from pathlib import Path
 
 from flowrec.data.layout import META_FILE, DataError
 from flowrec.runs.settings import read_run_file
-from flowrec.runtime.checkpoint.store import checkpoint_path
+from flowrec.runtime.rundir import run_folder_of
 
 
 def run_folder(run_dir: Path) -> Path:
     """The run folder of a run, of its RUN/best, or of a checkpoint file in either."""
-    folder = checkpoint_path(Path(run_dir)).parent
-    return folder.parent if folder.name == "best" else folder
+    return run_folder_of(Path(run_dir))
 
 
 def _data_folder(folder: Path, settings: dict) -> Path:

@@ -74,7 +74,8 @@ class LoadedModel:
 
     def recommend(self, table: pa.Table | pd.DataFrame, k: int) -> pd.DataFrame:
         """A retrieval package's k best items for each raw row: columns ``items`` (raw item ids,
-        best first) and ``scores`` (similarity over temperature), lists per row.
+        best first) and ``scores`` (similarity over temperature), lists per row, indexed as
+        `predict`'s scores (a DataFrame's own index).
 
         A row whose query vector is all zeros (an attention encoder over an empty history outputs
         zeros) scores every item 0: its k items are arbitrary, not recommendations. Such rows are
@@ -109,7 +110,8 @@ class LoadedModel:
         best = np.concatenate(rows) if rows else np.zeros((0, k), np.int64)
         values = np.concatenate(scores) if scores else np.zeros((0, k), np.float32)
         names = self.items.raw_items
-        return pd.DataFrame({"items": [[names[r] for r in row] for row in best], "scores": list(values)})
+        return pd.DataFrame({"items": [[names[r] for r in row] for row in best], "scores": list(values)},
+                            index=row_index(table))
 
     def _count_zero_queries(self, query: torch.Tensor) -> None:
         zero = (query == 0).all(dim=1)
@@ -151,7 +153,8 @@ class LoadedModel:
 
     def predict(self, table: pa.Table | pd.DataFrame) -> pd.DataFrame:
         """One score column per head for each raw row (pandas or Arrow table of raw columns); a
-        multiclass head's column holds each row's class probabilities.
+        multiclass head's column holds each row's class probabilities. The scores of a DataFrame
+        keep its index (pandas aligns on it); an Arrow table's are indexed 0, 1, ...
 
         Raises:
             DataError: a raw column the model needs is missing, or a dense value is infinite or
@@ -169,7 +172,7 @@ class LoadedModel:
             part = scores[:, start:start + head.width]
             out[head.name] = part[:, 0] if head.width == 1 else list(part)
             start += head.width
-        return pd.DataFrame(out)
+        return pd.DataFrame(out, index=row_index(table))
 
 
 def load_model(path: str | Path) -> LoadedModel:
@@ -234,6 +237,13 @@ def check_ids(column: pa.ChunkedArray | pa.Array, name: str, multi: bool) -> Non
     if pa.types.is_nested(kind):
         wanted = "ids or lists of ids" if multi else "one id per row"
         raise DataError(f"column {name} holds {column.type}, not {wanted}")
+
+
+def row_index(table: pa.Table | pd.DataFrame) -> pd.Index | None:
+    """The index the scores of `table`'s rows take: a DataFrame's own (so `df["score"] =
+    model.predict(df)["ctr"]` puts each score on its row, as pandas aligns on the index, also
+    after a filter or a shuffle), none for an Arrow table (0, 1, ...)."""
+    return table.index if isinstance(table, pd.DataFrame) else None
 
 
 def raw_table(table: pa.Table | pd.DataFrame) -> pa.Table:

@@ -33,6 +33,7 @@ from flowrec.data.encoder_record import (
     read_record,
     record_of_dataset,
 )
+from flowrec.data.layout import META_FILE, DataError
 from flowrec.graph.kinds import OP_KINDS
 from flowrec.graph.plan_io import plan_from_document
 from flowrec.graph.types import Plan
@@ -44,6 +45,7 @@ from flowrec.runtime.checkpoint.store import (
     load_checkpoint,
 )
 from flowrec.runtime.checkpoint.delta import delta_files
+from flowrec.runtime.rundir import run_folder_of
 from flowrec.runtime.evaluation.evaluate import evaluate, group_slot
 from flowrec.runtime.lowering import LoweredModel, lower
 from flowrec.runtime.evaluation.scores import scores
@@ -68,6 +70,7 @@ class Trained:
     model: LoweredModel
     plan: Plan
     encoder: EncoderRecord | None = None  # None for runs made before encoders were recorded
+    step: int | None = None  # the training step of the checkpoint it was restored from
 
     @property
     def excludes_seen(self) -> bool:
@@ -88,6 +91,9 @@ class Trained:
         leaves out of each user's ranking)."""
         if group_by is not None:  # a feature that cannot group fails before any data is read
             group_slot(self.model, group_by)
+        if not (Path(path) / META_FILE).is_file() and (Path(path) / "test" / META_FILE).is_file():
+            raise DataError(f"{path} is a split dataset (its parts train/ and test/ are the datasets): "
+                            f"score its test part, {Path(path) / 'test'}")  # not "convert it first"
         source = open_dataset(Path(path), self.spec)
         opts = StagingOptions(batch_size=self.spec.training.batch_size, shuffle=False, lookahead=0)
         try:
@@ -170,12 +176,13 @@ def load_trained(run: Path, device: str, scoring: Callable[[Plan], Plan], mmap: 
         # they are used (not when deltas were applied: their rows live only in those private pages)
         for tensor in state["model"].values():
             drop_mapped_pages(tensor)
-    return Trained(spec, model, plan, run_encoder(source))
+    return Trained(spec, model, plan, run_encoder(source), state["position"]["step"])
 
 
 def run_encoder(checkpoint: Path) -> EncoderRecord | None:
-    """The encoder recorded next to a run's checkpoint, or None (a run made before encoders)."""
-    folder = Path(checkpoint).parent / RUN_ENCODER_DIR
+    """The encoder recorded in the run folder of a checkpoint (RUN/best's is its run's), or None (a
+    run made before encoders)."""
+    folder = run_folder_of(Path(checkpoint)) / RUN_ENCODER_DIR
     return read_record(folder) if (folder / ENCODER_FILE).is_file() else None
 
 

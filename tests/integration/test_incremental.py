@@ -146,3 +146,35 @@ def test_init_from_refusals_are_one_line(day1, tmp_path):
     for name, (result, fragment) in cases.items():
         errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
         assert result.exit_code == 2 and len(errors) == 1 and fragment in errors[0], (name, result.output)
+
+
+LOOP = """
+  eval_every: 2
+  schedule: {warmup_steps: 0, decay: linear}
+  early_stopping: {metric: auc, patience: 1, min_delta: 1.0}
+"""
+
+
+def test_init_from_starts_a_loop_of_its_own(day1, tmp_path):
+    """A run started from another has its own early stopping and schedule: the parent's early
+    stopping state made the child of an early-stopped run stop at step 0 (training nothing, naming
+    a best/ it never wrote), and the parent's schedule length decayed the child's learning rate
+    over the parent's epochs instead of its own."""
+    from flowrec.runtime.run_log import read_records
+
+    spec = tmp_path / "loop.yaml"
+    spec.write_text(SPEC.replace("training: {batch_size: 64, epochs: 1, seed: 0}",
+                                 "training:\n  batch_size: 64\n  epochs: 1\n  seed: 0" + LOOP))
+    data = day1["root"] / "d1"  # 2,000 rows: 32 steps an epoch
+    parent = _train(spec, tmp_path / "parent", data, "--epochs", "30")
+    assert parent.exit_code == 0, parent.output
+    end = [r for r in read_records(tmp_path / "parent" / "metrics.jsonl") if r["event"] == "end"][-1]
+    assert end["stopped_early"] and end["step"] == 4  # no evaluation beats the first by 1.0 AUC
+    child = _train(spec, tmp_path / "child", data, "--init-from", str(tmp_path / "parent"), "--epochs", "2")
+    assert child.exit_code == 0, child.output
+    records = read_records(tmp_path / "child" / "metrics.jsonl")
+    end = [r for r in records if r["event"] == "end"][-1]
+    assert end["stopped_early"] and end["step"] == 4 and end["best_step"] == 2
+    assert (tmp_path / "child" / "best" / "checkpoint.pt").is_file()
+    lr = {r["step"]: r["lr_dense"] for r in records if r["event"] == "train"}
+    assert lr[4] == pytest.approx(0.01 * (1 - 3 / 64), rel=1e-12)  # over the child's 2 epochs, not 30

@@ -161,6 +161,27 @@ def test_model_pt2_runs_with_torch_alone_and_matches_predict(package, tmp_path):
     np.testing.assert_allclose(got["one"][:, 0].numpy(), predicted[:1], rtol=0, atol=1e-6)
 
 
+def test_scores_of_a_dataframe_keep_its_index(package):
+    """`df["ctr"] = model.predict(df)["ctr"]` aligns on the index: the scores of a filtered and
+    shuffled DataFrame carry its own index, so each score lands on its row (they were indexed 0, 1,
+    ... whatever the input's index, which put scores on other rows, and NaN on some)."""
+    from flowrec.serving.predict import load_model
+
+    model = load_model(package["pkg"])
+    raw = pd.read_csv(package["root"] / "new.csv")
+    whole = model.predict(raw)["ctr"]
+    part = raw[raw["price"] > 5].sample(frac=1.0, random_state=0)
+    assert not part.index.equals(pd.RangeIndex(len(part)))
+    scores = model.predict(part)
+    assert scores.index.equals(part.index)
+    part = part.assign(ctr=scores["ctr"])  # pandas aligns on the index
+    np.testing.assert_allclose(part["ctr"].to_numpy(), whole.loc[part.index].to_numpy(), rtol=0, atol=1e-6)
+    import pyarrow as pa
+
+    arrow = model.predict(pa.Table.from_pandas(part.drop(columns=["ctr"]), preserve_index=False))
+    assert arrow.index.equals(pd.RangeIndex(len(part)))
+
+
 def test_half_tables_store_half_the_bytes_and_report_the_score_difference(package):
     root = package["root"]
     made = runner.invoke(app, ["export", str(package["run"]), str(root / "pkg16"), "--dtype", "fp16"])

@@ -95,6 +95,20 @@ def test_predict_top_k_equals_the_models_exact_top_k(run, tmp_path, index):
     assert len({tuple(r) for r in recs["items"]}) > 1  # users get different lists
 
 
+def test_recommendations_of_a_dataframe_keep_its_index(run, tmp_path):
+    """A DataFrame's recommendations carry its index (as `predict`'s scores), so they align on it."""
+    from flowrec.serving.predict import load_model
+
+    result = CliRunner().invoke(app, ["export", str(run / "run"), str(tmp_path / "pkg")])
+    assert result.exit_code == 0, result.output
+    model = load_model(tmp_path / "pkg")
+    users = pd.DataFrame({"user_id": [str(u) for u in USERS]}, index=[70 + 3 * i for i in range(len(USERS))])
+    recs = model.recommend(users, 3)
+    assert recs.index.equals(users.index)
+    alone = model.recommend(users.iloc[[2]], 3)
+    assert alone.index.tolist() == [users.index[2]] and alone["items"].iloc[0] == recs["items"].loc[users.index[2]]
+
+
 def test_a_mismatched_index_is_refused(run, tmp_path):
     from flowrec.serving.predict import load_model
 

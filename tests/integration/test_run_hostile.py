@@ -204,6 +204,13 @@ RUN_CASES = {
     "negative_seed": (lambda r: ["train", str(r / "spec.yaml"), "--seed", "-1"], "--seed must be in"),
     "unknown_nan_policy": (lambda r: ["train", str(r / "spec.yaml"), "--nan-policy", "ignore"],
                            "--nan-policy must be one of"),
+    # --overwrite of the run --init-from starts from removed its checkpoint (a resume then had no parent)
+    "init_from_the_run_it_overwrites": (lambda r: ["train", str(r / "spec.yaml"), "--init-from", str(r / "run"),
+                                                   "--out", str(r / "run"), "--overwrite", "--quiet"],
+                                        "would replace the run it starts from"),
+    "init_from_a_checkpoint_of_the_run_it_overwrites": (
+        lambda r: ["train", str(r / "spec.yaml"), "--init-from", str(r / "run" / "checkpoint.pt"), "--out",
+                   str(r / "." / "run"), "--overwrite", "--quiet"], "would replace the run it starts from"),
 }
 
 

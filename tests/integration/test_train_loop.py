@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -77,6 +78,45 @@ def test_early_stopping_stops_and_keeps_best(full_run):
     rescored = runner.invoke(app, ["eval", str(run / "best"), "--data", str(run / "data" / "test"), "--json", "-"])
     assert rescored.exit_code == 0, rescored.output
     assert json.loads(rescored.stdout)[HEAD]["auc"] == pytest.approx(best["metrics"][HEAD]["auc"], abs=1e-12)
+
+
+def test_best_is_exported_evaluated_loaded_and_started_from_as_its_runs_model(full_run, tmp_path: Path):
+    """RUN/best goes with its run's encoder, data and metrics: `export RUN/best` wrote no package
+    (no encoder in best/), `eval RUN/best` scored data of another encoder without a word, and
+    `flowrec.load(RUN/best).metrics` was empty; --init-from RUN/best was refused."""
+    import flowrec
+
+    spec, run, _ = full_run
+    records = read_records(run / "metrics.jsonl")
+    best = [r for r in records if r["event"] == "eval" and r.get("best")][-1]
+    exported = runner.invoke(app, ["export", str(run / "best"), str(tmp_path / "pkg")])
+    assert exported.exit_code == 0, exported.output
+    manifest = json.loads((tmp_path / "pkg" / "manifest.json").read_text())
+    encoder = json.loads((run / "encoder" / "encoder.json").read_text())
+    assert manifest["encoder_fingerprint"] == encoder["fingerprint"]
+    assert manifest["metrics_at_export"] == best["metrics"]  # not the last evaluation's
+    other = runner.invoke(app, ["data", "synth", str(spec), "--rows", "300", "--out", str(tmp_path / "other"), "-q"])
+    assert other.exit_code == 0, other.output
+    for scored in (run, run / "best", run / "best" / "checkpoint.pt"):
+        refused = runner.invoke(app, ["eval", str(scored), "--data", str(tmp_path / "other"), "--json", "-"])
+        assert refused.exit_code == 2 and "another encoder" in refused.output, (scored, refused.output)
+    loaded = flowrec.load(run / "best")
+    assert loaded.run_dir == run and loaded.metrics == best["metrics"] and len(loaded.history) == len(records)
+    started = runner.invoke(app, ["train", str(spec), "--init-from", str(run / "best"), "--data", str(run / "data"),
+                                  "--out", str(tmp_path / "next"), "--max-steps", "1", "--quiet"])
+    assert started.exit_code == 0, started.output
+
+
+def test_a_run_folder_named_best_is_its_own_run(full_run, tmp_path: Path):
+    """`--out runs/best` is a run folder like any other: `flowrec eval runs/best` scores the data it
+    recorded (it was read as the best checkpoint of a run in runs/, which recorded none)."""
+    _, run, _ = full_run
+    own = tmp_path / "best"
+    shutil.copytree(run, own, ignore=shutil.ignore_patterns(".flowrec.lock", "tensorboard"))
+    scored = runner.invoke(app, ["eval", str(own), "--json", "-"])
+    assert scored.exit_code == 0, scored.output
+    final = [r for r in read_records(run / "metrics.jsonl") if r["event"] == "eval"][-1]
+    assert json.loads(scored.stdout)[HEAD]["auc"] == pytest.approx(final["metrics"][HEAD]["auc"], abs=1e-12)
 
 
 def test_schedule_learning_rates_are_logged(full_run):

@@ -189,6 +189,15 @@ def test_eval_refuses_seen_for_a_run_without_exclude_seen(made):
     assert _invoke(["eval", made / "seen", "--data", data, "--seen", made / "data" / "train", "-q"]).exit_code == 0
 
 
+def test_eval_of_a_split_dataset_names_its_test_part(made):
+    """`--data DIR` of a split dataset (what `flowrec train --data` takes) names DIR/test, instead of
+    calling DIR not a dataset and asking for a conversion."""
+    result = _invoke(["eval", made / "plain", "--data", made / "data"])
+    assert result.exit_code == 2 and result.output.count("error:") == 1
+    assert "is a split dataset" in result.output and str(made / "data" / "test") in result.output
+    assert "convert it first" not in result.output
+
+
 def test_export_refuses_an_index_a_run_cannot_have(made, tmp_path):
     spec = tmp_path / "ranker.yaml"
     doc = _two_tower(False)
