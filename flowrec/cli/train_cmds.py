@@ -533,7 +533,8 @@ def _for_ranks(plan, spec, ranks: int):
 def _sharding_line(plan) -> str:
     """How the plan spreads its groups over the ranks, in a few words."""
     kinds = [g.sharding for g in plan.meta.groups]
-    return ", ".join(f"{kinds.count(k)} group(s) {k}" for k in dict.fromkeys(kinds))
+    return ", ".join(f"{kinds.count(k)} group(s) {k}" for k in dict.fromkeys(kinds)) \
+        or "no embedding groups (dense parameters replicated)"
 
 
 def _check_loop_settings(session) -> None:

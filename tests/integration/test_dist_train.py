@@ -112,6 +112,29 @@ def test_three_ranks_with_a_last_batch_of_one_row_train_what_one_process_trains(
     assert_same_model(work / "r233_1", work / "r233_3")
 
 
+def test_a_dense_only_model_on_two_ranks_trains_what_one_process_trains(work):
+    """No categorical feature, so no embedding group: the ranks' lookup took `tables[0]` of an empty
+    list (IndexError) and every rank stopped."""
+    doc = {"name": "dense_only",
+           "features": [{"name": "d1", "type": "dense"}, {"name": "d2", "type": "dense"}],
+           "modules": [{"name": "cross", "kind": "cross", "inputs": ["@dense"], "num_layers": 2},
+                       {"name": "deep", "kind": "mlp", "inputs": ["@dense"], "layers": [8]},
+                       {"name": "out", "kind": "concat", "inputs": ["cross", "deep"]}],
+           "heads": [{"name": "ctr", "input": "out", "task": "binary", "loss": "bce"}],
+           "training": {"batch_size": 101, "epochs": 1, "seed": 7}}
+    (work / "dense.yaml").write_text(yaml.safe_dump(doc))
+    losses = []
+    for out, nproc in (("rd_1", 1), ("rd_2", 2)):
+        args = ["train", "dense.yaml", "--rows", "700", "--out", out, "-q", "--eval-every", "0"]
+        done = flowrec(*args, *(["--nproc", str(nproc)] if nproc > 1 else []), cwd=work)
+        assert done.returncode == 0, done.stderr[-3000:]
+        rows = [json.loads(x) for x in (work / out / "metrics.jsonl").read_text().splitlines()]
+        losses.append([r["loss"] for r in rows if r["event"] == "train"])
+    assert len(losses[0]) == len(losses[1]) > 1
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+    assert_same_model(work / "rd_1", work / "rd_2")
+
+
 def test_resume_two_ranks_on_one_and_one_on_two(work):
     full = "r_full"
     train(work, full, 1, "--plan", "p1.json")

@@ -250,7 +250,8 @@ def brute_force(query, catalogue, items, groups, top_k):
     return out
 
 
-def test_ranking_metrics_equal_brute_force():
+@pytest.mark.parametrize("duplicates", [False, True])
+def test_ranking_metrics_equal_brute_force(duplicates):
     seed = random.randrange(1 << 30)
     rng = np.random.default_rng(seed)
     users, per_user, vocab, d = 9, 4, 50, 6
@@ -263,6 +264,8 @@ def test_ranking_metrics_equal_brute_force():
     groups = np.repeat(np.arange(users) * 7 + 3, per_user)
     query = np.repeat(user_q, per_user, axis=0)
     items = np.concatenate([rng.choice(np.arange(1, vocab + 1), per_user, replace=False) for _ in range(users)])
+    if duplicates:  # a user's rows repeat some of their items (each user: 2 distinct items in 4 rows)
+        items = np.concatenate([np.repeat(items[u * per_user:u * per_user + 2], 2) for u in range(users)])
     acc = RankingAccumulator(torch.from_numpy(catalogue), "dot", 1.0, (3, 10))
     order = rng.permutation(len(items))  # rows of a user spread over batches
     for part in np.array_split(order, 4):
@@ -282,6 +285,37 @@ def test_ranking_metrics_per_row_and_outside_the_catalogue():
     assert out["hr@5"] == pytest.approx(2 / 3)
     assert out["ndcg@5"] == pytest.approx((1 + 1 / math.log2(6)) / 3)
     assert out["mrr"] == pytest.approx((1 + 1 / 5) / 3)
+
+
+def test_ranking_metrics_count_a_users_items_once_and_one_per_place():
+    # user 7: item 5 in two rows (rank 0 both) and item 9 (rank 3); user 8: item 2 (rank 1)
+    out = ranking_metrics(np.array([0, 0, 3, 1]), np.array([7, 7, 7, 8]), 50, (1, 5), np.array([5, 5, 9, 2]))
+    assert out["hr@1"] == pytest.approx(2 / 4) and out["hr@5"] == 1.0  # rows
+    assert out["recall@1"] == pytest.approx((1 / 2 + 0) / 2)
+    assert out["ndcg@1"] == pytest.approx((1 + 0) / 2)
+    assert out["recall@5"] == 1.0
+    u7 = (1 + 1 / math.log2(5)) / (1 + 1 / math.log2(3))
+    assert out["ndcg@5"] == pytest.approx((u7 + 1 / math.log2(3)) / 2)
+    # per-row queries: two items of one user both rank first in their own rows' rankings
+    out = ranking_metrics(np.array([0, 0]), np.array([1, 1]), 50, (1, 2), np.array([3, 4]))
+    assert out["recall@1"] == pytest.approx(1 / 2) and out["ndcg@1"] == 1.0
+    assert out["recall@2"] == 1.0 and out["ndcg@2"] == pytest.approx(1.0)
+    # a catalogue of one item: 40 rows of it for one user, an unknown item (rank 1 = outside) for another
+    ranks, groups, items = np.array([0] * 40 + [1]), np.array([0] * 40 + [1]), np.array([1] * 40 + [0])
+    out = ranking_metrics(ranks, groups, 1, (1, 100000), items)
+    for k in (1, 100000):
+        assert out[f"hr@{k}"] == pytest.approx(40 / 41)
+        assert out[f"recall@{k}"] == pytest.approx(1 / 2) and out[f"ndcg@{k}"] == pytest.approx(1 / 2)
+
+
+def test_ranking_metrics_stay_in_the_unit_interval():
+    seed = random.randrange(1 << 30)
+    rng = np.random.default_rng(seed)
+    for _ in range(50):
+        n, vocab = int(rng.integers(1, 40)), int(rng.integers(1, 8))
+        ranks = rng.integers(0, vocab + 1, n)  # incoherent per-row ranks, some outside the catalogue
+        out = ranking_metrics(ranks, rng.integers(0, 3, n), vocab, (1, 2, 100), rng.integers(0, vocab + 1, n))
+        assert all(0.0 <= v <= 1.0 + 1e-12 for v in out.values()), (seed, out)
 
 
 def test_evaluation_scores_the_whole_catalogue():

@@ -84,6 +84,8 @@ def lookup_groups(tables: Sequence[Any], inputs: Sequence[tuple], interleave: bo
     Returns:
         Pooled embeddings per table.  # (B_r, S, D) each
     """
+    if not tables:  # a model without categorical features: nothing to look up or exchange
+        return []
     inputs = [(ids, offsets, rest[0] if rest else None) for ids, offsets, *rest in inputs]
     if not torch.is_grad_enabled():
         done = drive([t.lookup_steps(ids, offsets) for t, (ids, offsets, _) in zip(tables, inputs)],

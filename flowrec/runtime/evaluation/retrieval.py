@@ -7,10 +7,16 @@ rows grouped by a user feature (`training.eval_group_by`), a user's test items a
 of their rows (a query depends on the user's features only):
 
 - ``hr@K``: share of rows whose item ranks in the top K (TF Recommenders' top-K accuracy);
-- ``recall@K``: per user, share of their test items in the top K; mean over users;
-- ``ndcg@K``: per user, sum of 1 / log2(rank + 2) over their items in the top K, over the best
-  possible sum for their number of items (at most K); mean over users;
+- ``recall@K``: per user, share of their distinct test items in the top K; mean over users;
+- ``ndcg@K``: per user, sum of 1 / log2(rank + 2) over their distinct items in the top K, over
+  the best possible sum for their number of distinct items (at most K); mean over users;
 - ``mrr``: mean of 1 / (rank + 1) over rows (0 for an item outside the catalogue).
+
+A user's test items are a set: an item in several of their rows counts once (at its best rank).
+One place of a top-K list holds one item: in rank order, a user's j-th item (from 0) takes place
+max(rank, j). With a query that depends on the user alone this changes nothing (j items already
+score at least as high); with per-row queries (rows grouped by a column the query does not depend
+on alone) it keeps recall@K and ndcg@K in [0, 1]. An item outside the catalogue is in no top K.
 
 Without grouping every row is its own user (recall@K = hr@K). Scores are computed in chunks of
 the catalogue, so memory is (batch, chunk) whatever the catalogue's size. With `seen` (a head's
@@ -56,6 +62,7 @@ class RankingAccumulator:
         self.top_k = tuple(top_k)
         self.ranks: list[np.ndarray] = []
         self.groups: list[np.ndarray] = []
+        self.items: list[np.ndarray] = []
         self.rows = 0  # rows ranked so far (a row's own group when there is no group column)
 
     def update(self, items: np.ndarray, outputs: np.ndarray, groups: np.ndarray | None = None) -> None:
@@ -72,12 +79,14 @@ class RankingAccumulator:
                                      excluded, unit_catalogue=cosine))
         self.groups.append(np.asarray(groups).reshape(-1) if groups is not None
                            else np.arange(items.size) + self.rows)
+        self.items.append(items)
         self.rows += items.size
 
     def result(self) -> dict[str, float]:
         ranks = np.concatenate(self.ranks) if self.ranks else np.zeros(0, np.int64)
         groups = np.concatenate(self.groups) if self.groups else np.zeros(0, np.int64)
-        return ranking_metrics(ranks, groups, len(self.catalogue), self.top_k)
+        items = np.concatenate(self.items) if self.items else np.zeros(0, np.int64)
+        return ranking_metrics(ranks, groups, len(self.catalogue), self.top_k, items)
 
 
 @torch.no_grad()
@@ -153,20 +162,37 @@ class SeenItems:
         return out
 
 
-def ranking_metrics(ranks: np.ndarray, groups: np.ndarray, catalogue: int, top_k: Sequence[int]) -> dict[str, float]:
-    """hr@K, recall@K, ndcg@K and mrr from each row's rank and user (module docstring)."""
+def ranking_metrics(ranks: np.ndarray, groups: np.ndarray, catalogue: int, top_k: Sequence[int],
+                    items: np.ndarray | None = None) -> dict[str, float]:
+    """hr@K, recall@K, ndcg@K and mrr from each row's rank, user and item (module docstring).
+
+    Without `items` every row's item is distinct from the other rows' of its user."""
     out: dict[str, float] = {}
     if ranks.size == 0:
         return {**{f"{m}@{k}": float("nan") for k in top_k for m in RANK_METRICS}, "mrr": float("nan")}
+    ranks = np.asarray(ranks, np.int64).reshape(-1)
     _, user = np.unique(groups, return_inverse=True)
-    per_user = np.bincount(user)  # test items per user
+    user = user.reshape(-1)
+    item = np.arange(ranks.size) if items is None else np.asarray(items, np.int64).reshape(-1)
+    # a user's distinct items, each at its best rank, in (user, rank) order
+    order = np.lexsort((ranks, item, user))
+    first = np.ones(order.size, bool)
+    first[1:] = (user[order][1:] != user[order][:-1]) | (item[order][1:] != item[order][:-1])
+    pick = order[first]  # the best-ranked row of each (user, item)
+    d_user, d_rank = user[pick], ranks[pick]
+    by_rank = np.lexsort((d_rank, d_user))
+    d_user, d_rank = d_user[by_rank], d_rank[by_rank]
+    per_user = np.bincount(d_user)  # distinct test items per user
     users = len(per_user)
-    gain = 1.0 / np.log2(ranks + 2.0)
+    starts = np.cumsum(per_user) - per_user
+    place = np.maximum(d_rank, np.arange(d_rank.size) - starts[d_user])  # one item per place of a list
+    inside = d_rank < catalogue  # an item outside the catalogue is in no top K
+    gain = 1.0 / np.log2(place + 2.0)
     for k in top_k:
-        hit = ranks < k
-        out[f"hr@{k}"] = float(hit.mean())
-        out[f"recall@{k}"] = float((np.bincount(user, weights=hit, minlength=users) / per_user).mean())
-        dcg = np.bincount(user, weights=np.where(hit, gain, 0.0), minlength=users)
+        out[f"hr@{k}"] = float(((ranks < k) & (ranks < catalogue)).mean())
+        hit = (place < k) & inside
+        out[f"recall@{k}"] = float((np.bincount(d_user, weights=hit, minlength=users) / per_user).mean())
+        dcg = np.bincount(d_user, weights=np.where(hit, gain, 0.0), minlength=users)
         ideal = np.cumsum(1.0 / np.log2(np.arange(k) + 2.0))[np.minimum(per_user, k) - 1]
         out[f"ndcg@{k}"] = float((dcg / ideal).mean())
     out["mrr"] = float(np.where(ranks < catalogue, 1.0 / (ranks + 1.0), 0.0).mean())
