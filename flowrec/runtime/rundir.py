@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +30,7 @@ RUN_FILES = (CHECKPOINT_NAME, METRICS_FILE, RUN_FILE, "spec.json", "plan.json")
 BEST_DIR = "best"  # the checkpoint of the best evaluation (early stopping)
 RUN_SUBFOLDERS = ("data", "tensorboard", BEST_DIR, "encoder")  # bound raw data encoded for the run;
 # TensorBoard logs; the best checkpoint; the encoder of the run's data (flowrec.data.encoder_record)
+PREPARED = ("data", "encoder")  # what a new run writes before it starts (and a refusal removes)
 MAX_NUMBERED = 10_000  # runs/<name>-N tried before giving up
 
 
@@ -84,9 +86,18 @@ class RunLock:
             self.fd = -1
 
     def release_and_remove_if_unused(self) -> None:
-        """Release; a folder that holds nothing but the lock (the run failed before writing
-        anything) is removed, so a refused run leaves no trace."""
-        if self.fd >= 0 and {p.name for p in self.folder.iterdir()} == {self.name}:
+        """Release the lock of a folder this run created; one that holds nothing but the lock and
+        what preparing the run wrote (bound raw data encoded into data/, its encoder/: the run was
+        refused before it started, e.g. early stopping without an evaluation set) is removed, so a
+        refused run leaves no trace. Anything else there (a run file, a file of someone else's)
+        keeps the whole folder."""
+        if self.fd >= 0 and {p.name for p in self.folder.iterdir()} <= {self.name, *PREPARED}:
+            for name in PREPARED:  # made by this run: the folder did not exist and was locked since
+                entry = self.folder / name
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry, ignore_errors=True)
+                elif entry.exists() or entry.is_symlink():
+                    entry.unlink(missing_ok=True)
             (self.folder / self.name).unlink()  # while still holding the lock
             self.release()
             try:

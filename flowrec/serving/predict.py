@@ -157,6 +157,7 @@ class LoadedModel:
         keep its index (pandas aligns on it); an Arrow table's are indexed 0, 1, ...
 
         Raises:
+            TypeError: `table` is not a pandas DataFrame or a pyarrow Table (a dict, list, array).
             DataError: a raw column the model needs is missing, or a dense value is infinite or
                 beyond float32 (null and NaN are missing values, filled as the encoder says), or
                 an id column holds no ids (nested lists, structs; a list for a one-id feature).
@@ -249,12 +250,19 @@ def row_index(table: pa.Table | pd.DataFrame) -> pd.Index | None:
 def raw_table(table: pa.Table | pd.DataFrame) -> pa.Table:
     """Raw rows as an Arrow table; a pandas column Arrow cannot read (lists mixed with text, ...) is
     a DataError naming it."""
-    if not isinstance(table, pd.DataFrame):
+    if isinstance(table, pa.Table):
         return table
+    if not isinstance(table, pd.DataFrame):
+        raise TypeError(f"the rows must be a pandas DataFrame or a pyarrow Table of raw columns, not "
+                        f"{type(table).__module__}.{type(table).__qualname__}"
+                        f"{' (pd.DataFrame(...) makes one of a dict or list of rows)' if isinstance(table, (dict, list, tuple, np.ndarray)) else ''}")
     try:
         return pa.Table.from_pandas(table, preserve_index=False)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
         raise DataError(f"the rows cannot be read: {'; '.join(map(str, exc.args))}") from None
+    except OverflowError:  # a Python int beyond 64 bits
+        raise DataError("the rows cannot be read: a column holds an integer beyond 64 bits; dense values "
+                        "must be finite float32 numbers, ids at most 64-bit integers") from None
 
 
 def check_finite(column: pa.ChunkedArray | pa.Array, name: str) -> None:

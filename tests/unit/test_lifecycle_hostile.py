@@ -91,6 +91,45 @@ def test_a_refused_run_leaves_no_folder_it_made(spec: Path, tmp_path: Path) -> N
     assert kept.is_dir()  # a folder the user made stays
 
 
+def _early_stopping_csv_spec(tmp_path: Path) -> Path:
+    """A spec bound to a raw CSV without a test split, with early stopping: refused after its data
+    is encoded into the run folder."""
+    rows = ["label,d1,c1"] + [f"{i % 2},{i / 100:.2f},c{i % 7}" for i in range(120)]
+    (tmp_path / "raw.csv").write_text("\n".join(rows) + "\n")
+    (tmp_path / "es.yaml").write_text(
+        "name: es_csv\n"
+        "features:\n  - {name: d1, type: dense}\n  - {name: c1, type: categorical, vocab: 20, dim: 4}\n"
+        "modules:\n  - {name: deep, kind: mlp, inputs: ['@dense', '@sparse'], layers: [4]}\n"
+        "heads:\n  - {name: ctr, input: deep, task: binary, loss: bce}\n"
+        "data: {format: csv, path: raw.csv, label: label}\n"
+        "training: {batch_size: 32, epochs: 1, seed: 0, early_stopping: {metric: auc}}\n")
+    return tmp_path / "es.yaml"
+
+
+def test_a_run_refused_after_encoding_its_data_leaves_no_folder_it_made(tmp_path: Path) -> None:
+    spec = _early_stopping_csv_spec(tmp_path)
+    with pytest.raises(RunError, match="early_stopping"):
+        flowrec.train(spec, out=tmp_path / "run", eval_every=5, max_steps=2)
+    assert not (tmp_path / "run").exists()  # data/ and encoder/ written for it went with it
+    result = CliRunner().invoke(app, ["train", str(spec), "--out", str(tmp_path / "cli"), "--eval-every", "5",
+                                      "--max-steps", "2", "-q"])
+    assert result.exit_code == 2
+    assert not (tmp_path / "cli").exists()
+    # a folder the run did not make, or one holding something the run did not write, stays whole
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    with pytest.raises(RunError):
+        flowrec.train(spec, out=mine, eval_every=5, max_steps=2)
+    assert mine.is_dir()
+    folder = tmp_path / "new"
+    folder.mkdir()
+    lock = RunLock.acquire(folder)
+    (folder / "data").mkdir()
+    (folder / "theirs.txt").write_text("x")
+    lock.release_and_remove_if_unused()
+    assert (folder / "data").is_dir() and (folder / "theirs.txt").is_file()
+
+
 def test_a_run_folder_inside_a_dataset_package_or_run_is_refused(spec: Path, tmp_path: Path) -> None:
     data = _synth(spec, tmp_path / "data")
     before = _listing(data)

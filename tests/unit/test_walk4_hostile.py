@@ -65,3 +65,40 @@ def test_the_sasrec_example_scores_the_most_recent_movies_of_a_long_raw_history(
     rows = np.asarray(history, np.int64)
     kept = truncated_lists(values, rows, np.ones(len(history), bool), feature.max_len, feature.truncate).to_pylist()
     assert kept == [history[-feature.max_len:]]
+
+
+@pytest.mark.parametrize("rows", [{"d1": [1.0]}, [[1.0]], "rows.csv", None],
+                         ids=["dict", "list", "str", "none"])
+def test_predict_and_recommend_name_what_they_take(rows) -> None:
+    """A dict, list or path was an AttributeError deep inside; now a TypeError naming the accepted kinds."""
+    import numpy as np
+
+    from flowrec.serving.predict import LoadedModel
+
+    for items, call in ((None, "predict"), (np.array(["a"]), "recommend")):
+        model = object.__new__(LoadedModel)
+        model.items, model.path = items, "pkg"
+        args = (rows,) if call == "predict" else (rows, 1)
+        with pytest.raises(TypeError, match="DataFrame or a pyarrow Table"):
+            getattr(model, call)(*args)
+    with pytest.raises(TypeError, match="DataFrame or a pyarrow Table"):
+        _plain().predict(np.zeros((2, 2)))
+
+
+def _plain():
+    from flowrec.serving.predict import LoadedModel
+
+    model = object.__new__(LoadedModel)
+    model.items, model.path = None, "pkg"
+    return model
+
+
+def test_an_integer_beyond_64_bits_is_one_line() -> None:
+    import pandas as pd
+
+    from flowrec.data.layout import DataError
+    from flowrec.serving.predict import raw_table
+
+    with pytest.raises(DataError, match="beyond 64 bits") as caught:
+        raw_table(pd.DataFrame({"d1": [2 ** 70, 1]}))
+    assert "\n" not in str(caught.value)
