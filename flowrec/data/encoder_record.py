@@ -32,6 +32,7 @@ from flowrec.data.encode import DenseStats, Encoder
 from flowrec.data.layout import (META_FILE, DataError, DatasetMeta, data_hash, encoded_rows, encoding_mode,
                                  read_meta, unique_labels)
 from flowrec.data.names import inside, plain_name
+from flowrec.data.run_paths import CHECKPOINT_NAME, run_folder_of
 from flowrec.spec.json_doc import read_json_document
 from flowrec.spec.model import DenseFeature, ModelSpec
 
@@ -228,7 +229,8 @@ def write_record(record: EncoderRecord, folder: Path) -> None:
 
 
 def find_record(path: Path) -> EncoderRecord:
-    """The encoder of a run folder, an export package, an encoder folder or an encoded dataset.
+    """The encoder of a run folder (or its best checkpoint, RUN/best), an export package, an
+    encoder folder or an encoded dataset.
 
     A split dataset (DIR/train, DIR/test) gives the encoder of its train part.
 
@@ -236,9 +238,10 @@ def find_record(path: Path) -> EncoderRecord:
         DataError: `path` holds no encoder.
     """
     path = Path(path)
-    if path.is_file() and path.name == "checkpoint.pt":
+    if path.is_file() and path.name == CHECKPOINT_NAME:
         path = path.parent
-    for folder in (path / RUN_ENCODER_DIR, path):
+    run = run_folder_of(path) if path.is_dir() else path  # RUN/best (early stopping's best checkpoint)
+    for folder in (path / RUN_ENCODER_DIR, path, run / RUN_ENCODER_DIR):
         if (folder / ENCODER_FILE).is_file():
             return read_record(folder)
     if (path / META_FILE).is_file():

@@ -11,9 +11,18 @@ which is reading an all-zero default row that trains nothing: a one-hot field po
 sum bag sums the other ids, a mean bag averages its admitted ids, a sequence position is empty
 (masked, like padding).
 
-Example:
-    >>> remap = Remapper(spec, groups, maps, train=True)  # doctest: +SKIP
-    >>> cols, managed = remap.remap(cols)                 # in batch order
+Example (a managed table of 2 rows that admits an id at its second occurrence):
+    >>> from flowrec.graph.types import PackedGroup, TableSlot
+    >>> from flowrec.spec.load import spec_from_dict
+    >>> spec = spec_from_dict({"name": "m", "features": [{"name": "user", "type": "categorical", "table": "users"}],
+    ...     "tables": [{"name": "users", "dim": 4, "managed": {"rows": 2, "admit_min_count": 2}}],
+    ...     "modules": [{"name": "top", "kind": "mlp", "inputs": ["@sparse"], "layers": [4]}],
+    ...     "heads": [{"name": "ctr", "input": "top"}]})
+    >>> groups = (PackedGroup("g", 4, "fp32", ("sgd", 0.1, ()), (TableSlot("users", 2, 0),), ("user",)),)
+    >>> remap = Remapper(spec, groups, {"users": ManagedMap(spec.table("users").managed)}, train=True)
+    >>> cols, managed = remap.remap({"user": np.array([5, 5, 9])})  # raw-id hashes, in batch order
+    >>> cols["user"].tolist() == [0, 0, DROPPED], managed.defaults, managed.lookups
+    (True, 1, 3)
 """
 from __future__ import annotations
 

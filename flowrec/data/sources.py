@@ -215,7 +215,8 @@ def _why(exc: BaseException) -> str:
 
 
 def _unique_columns(path: Path, names: list[str]) -> None:
-    """DataError naming a column the input names twice (which of the two is meant is unknowable).
+    """DataError naming a column the input names twice (which of the two is meant is unknowable), or
+    a column named `LINE_COLUMN` (the reader's own: its values would be replaced by line numbers).
 
     >>> _unique_columns(Path("a.csv"), ["user", "label", "user"])
     Traceback (most recent call last):
@@ -228,6 +229,21 @@ def _unique_columns(path: Path, names: list[str]) -> None:
             raise DataError(f"{path}: the header names column {name!r} twice (columns {first[name] + 1} and {i + 1}): "
                             "rename one")
         first[name] = i
+    _refuse_line_column(path, names)
+
+
+def _refuse_line_column(path: Path, names: list[str]) -> None:
+    """DataError when the input has a column named `LINE_COLUMN`, the name the readers give the line
+    of each row: the user's values would be silently replaced by line numbers.
+
+    >>> _refuse_line_column(Path("a.csv"), ["user", "__line__"])
+    Traceback (most recent call last):
+    ...
+    flowrec.data.layout.DataError: a.csv: column 2 is named '__line__', the name flowrec gives the line of each row: rename it
+    """
+    if LINE_COLUMN in names:
+        raise DataError(f"{path}: column {list(names).index(LINE_COLUMN) + 1} is named {LINE_COLUMN!r}, the name "
+                        "flowrec gives the line of each row: rename it")
 
 
 @contextmanager
@@ -397,6 +413,9 @@ def read_libsvm(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set
     if not fields and fmap is None:
         raise DataError("libsvm needs data.options.fields (columns by position) or feature_map")
     names = list(dict.fromkeys(fields + (sorted(set(fmap.values())) if fmap else [])))
+    if LINE_COLUMN in names:  # as `_refuse_line_column` for a header
+        raise DataError(f"{path}: data.options names a column {LINE_COLUMN!r}, the name flowrec gives the line "
+                        "of each row: rename it")
     try:
         fh = _open_lines(path)
     except (OSError, pa.ArrowInvalid) as exc:

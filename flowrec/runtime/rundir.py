@@ -18,34 +18,18 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from flowrec.data.run_paths import BEST_DIR, CHECKPOINT_NAME, RUN_FILE, run_folder_of  # noqa: F401 (re-exported)
 from flowrec.runtime.atomic import TEMP_PREFIX, TEMP_SUFFIX, atomic_write, remove_stale_temps
-from flowrec.runtime.checkpoint.store import CHECKPOINT_NAME, checkpoint_path
 from flowrec.runtime.checkpoint.delta import delta_files, is_delta_name, remove_deltas
 from flowrec.runtime.run_log import read_records
 
 LOCK_NAME = ".flowrec.lock"
-RUN_FILE = "run.json"  # the settings a run was started with; --resume restores them
 METRICS_FILE = "metrics.jsonl"
 RUN_FILES = (CHECKPOINT_NAME, METRICS_FILE, RUN_FILE, "spec.json", "plan.json")
-BEST_DIR = "best"  # the checkpoint of the best evaluation (early stopping)
 RUN_SUBFOLDERS = ("data", "tensorboard", BEST_DIR, "encoder")  # bound raw data encoded for the run;
 # TensorBoard logs; the best checkpoint; the encoder of the run's data (flowrec.data.encoder_record)
 PREPARED = ("data", "encoder")  # what a new run writes before it starts (and a refusal removes)
 MAX_NUMBERED = 10_000  # runs/<name>-N tried before giving up
-
-
-def run_folder_of(path: Path) -> Path:
-    """The run folder of a run folder, of its RUN/best, or of a checkpoint file in either: the
-    folder whose run.json, encoder/ and metrics.jsonl the checkpoint's model goes with. RUN/best is
-    a folder named best without a run.json of its own, in a run folder; a run folder that is itself
-    named best (`--out runs/best`) is its own.
-    """
-    folder = checkpoint_path(Path(path)).parent
-    above = folder.parent
-    if folder.name == BEST_DIR and not (folder / RUN_FILE).is_file() and (
-            (above / RUN_FILE).is_file() or (above / CHECKPOINT_NAME).is_file()):
-        return above
-    return folder
 
 
 class RunFolderError(ValueError):

@@ -337,3 +337,16 @@ def test_files_the_manifest_does_not_list_are_never_read(case: Path):
                                  "--out", str(case / "scores.parquet"), "-q"])
     assert result.exit_code == 0, result.output
     assert len(pd.read_parquet(case / "scores.parquet")) == 50
+
+
+def test_a_raw_column_named_like_the_line_column_is_refused_not_replaced(case: Path):
+    """`--keep __line__` wrote each row's line number instead of the user's column of that name."""
+    rows = pd.read_csv(case / "new.csv")
+    rows.insert(1, "__line__", np.arange(1000, 1000 + len(rows)))
+    rows.to_csv(case / "lines.csv", index=False)
+    result = runner.invoke(app, ["predict", str(case / "pkg"), str(case / "lines.csv"), "--format", "csv",
+                                 "--keep", "__line__", "--out", str(case / "scores.parquet"), "-q"])
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == 2, result.output
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "'__line__'" in lines[0], result.stderr
+    assert not (case / "scores.parquet").exists()

@@ -32,10 +32,10 @@ from flowrec.runtime.checkpoint.format import (
     content_digest,
     read_torch_file,
 )
+from flowrec.data.run_paths import CHECKPOINT_NAME
 from flowrec.runtime.managed_state import MANAGED_PREFIX
 from flowrec.runtime.messages import first_line
 
-CHECKPOINT_NAME = "checkpoint.pt"
 DISK_MARGIN = 1.05  # a write failing with less free space than this x the tensors' bytes: the disk is full
 CHECKPOINT_FORMAT = "flowrec-checkpoint"
 CHECKPOINT_VERSION = 2  # 2: content digest and skipped-batch count

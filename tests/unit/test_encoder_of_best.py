@@ -1,0 +1,85 @@
+"""`--encoder-from RUN/best`: the best checkpoint of early stopping (a folder holding only its
+checkpoint.pt) encodes with its run's encoder, as eval and export of RUN/best already did; the data
+layer finds the run without importing the training runtime."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from flowrec.cli import app
+from flowrec.data.encoder_record import find_record, synthetic_record, write_record
+from flowrec.data.layout import DataError
+from flowrec.data.run_paths import run_folder_of
+from flowrec.spec.load import load_spec
+
+runner = CliRunner()
+
+SPEC = """
+name: best
+features:
+  - {name: d1, type: dense}
+  - {name: user, type: categorical, hash_buckets: 300, dim: 8}
+modules:
+  - {name: top, kind: mlp, inputs: ["@dense", user], layers: [8]}
+heads:
+  - {name: ctr, input: top}
+training: {batch_size: 128, epochs: 1}
+"""
+
+
+def _run(folder: Path, spec: Path) -> Path:
+    """A run folder as training leaves it: run.json, checkpoint.pt, encoder/, best/checkpoint.pt."""
+    (folder / "best").mkdir(parents=True)
+    for name in ("run.json", "checkpoint.pt", "best/checkpoint.pt"):
+        (folder / name).write_text("{}")
+    write_record(synthetic_record(load_spec(spec)), folder / "encoder")
+    return folder
+
+
+@pytest.fixture
+def spec(tmp_path: Path) -> Path:
+    path = tmp_path / "s.yaml"
+    path.write_text(SPEC)
+    return path
+
+
+def test_the_best_checkpoint_finds_its_runs_encoder(spec: Path, tmp_path: Path) -> None:
+    run = _run(tmp_path / "run", spec)
+    expected = find_record(run).fingerprint
+    assert find_record(run / "best").fingerprint == expected
+    assert find_record(run / "best" / "checkpoint.pt").fingerprint == expected
+
+
+def test_a_run_folder_named_best_is_its_own(spec: Path, tmp_path: Path) -> None:
+    outer = tmp_path / "outer"
+    outer.mkdir()
+    (outer / "run.json").write_text("{}")
+    inner = outer / "best"
+    inner.mkdir()
+    (inner / "run.json").write_text("{}")
+    assert run_folder_of(inner) == inner
+    with pytest.raises(DataError, match="holds no encoder"):
+        find_record(inner)
+
+
+def test_a_missing_path_never_takes_the_encoder_of_the_folder_above(spec: Path, tmp_path: Path) -> None:
+    run = _run(tmp_path / "run", spec)
+    with pytest.raises(DataError, match="holds no encoder"):
+        find_record(run / "typo")
+
+
+def test_convert_with_the_encoder_of_run_best(spec: Path, tmp_path: Path) -> None:
+    run = _run(tmp_path / "run", spec)
+    raw = tmp_path / "other.csv"
+    raw.write_text("d1,user,label\n0.5,a,1\n0.1,c,0\n")
+    out = tmp_path / "out"
+    made = runner.invoke(app, ["data", "convert", "csv", str(raw), str(out), "--spec", str(spec),
+                               "--encoder-from", str(run / "best"), "-q"])
+    assert made.exit_code == 0, made.output
+    assert pq.read_table(out).num_rows == 2
+    meta = json.loads((out / "_flowrec.json").read_text())
+    assert meta["spec"] == "best"

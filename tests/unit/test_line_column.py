@@ -1,0 +1,74 @@
+"""A raw column named `__line__` (the name the readers give each row's line) was silently replaced
+by line numbers: `flowrec data convert` encoded them and `flowrec predict --keep __line__` wrote
+them instead of the user's values. Every reader now refuses it in one line naming it."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from flowrec.cli import app
+from flowrec.data import sources
+from flowrec.data.error_log import ErrorLog
+from flowrec.data.layout import DataError
+
+runner = CliRunner()
+SPEC = """
+name: lines
+features:
+  - {name: d1, type: dense}
+  - {name: user, type: categorical, hash_buckets: 300, dim: 8}
+modules:
+  - {name: top, kind: mlp, inputs: ["@dense", user], layers: [8]}
+heads:
+  - {name: ctr, input: top}
+training: {batch_size: 128, epochs: 1}
+"""
+
+
+def _rows(read, path: Path, options: dict | None = None) -> list[pa.Table]:
+    return list(read(path, options or {}, ErrorLog("fail", str(path)), {"d1", "label"}))
+
+
+def test_a_csv_column_named_like_the_line_column_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "a.csv"
+    path.write_text("d1,user,__line__,label\n0.5,a,700,1\n0.1,b,800,0\n")
+    with pytest.raises(DataError, match=r"a\.csv: column 3 is named '__line__'"):
+        _rows(sources.reader("csv"), path)
+
+
+def test_a_parquet_column_named_like_the_line_column_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"__line__": [700, 800], "d1": [0.5, 0.1], "label": [1.0, 0.0]}), path)
+    with pytest.raises(DataError, match=r"column 1 is named '__line__'"):
+        _rows(sources.read_parquet, path)
+
+
+def test_a_libsvm_field_named_like_the_line_column_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "a.svm"
+    path.write_text("1 0:5 1:7\n")
+    with pytest.raises(DataError, match="'__line__'"):
+        _rows(sources.read_libsvm, path, {"fields": ["user", "__line__"]})
+
+
+def test_other_columns_still_get_their_lines(tmp_path: Path) -> None:
+    path = tmp_path / "a.csv"
+    path.write_text("d1,user,line,label\n0.5,a,700,1\n0.1,b,800,0\n")
+    (table,) = _rows(sources.reader("csv"), path)
+    assert table.column("line").to_pylist() == ["700", "800"]
+    assert table.column(sources.LINE_COLUMN).to_pylist() == [2, 3]
+
+
+def test_convert_refuses_it_in_one_line_and_writes_nothing(tmp_path: Path) -> None:
+    (tmp_path / "s.yaml").write_text(SPEC)
+    raw = tmp_path / "a.csv"
+    raw.write_text("d1,user,__line__,label\n0.5,a,700,1\n0.1,b,800,0\n")
+    made = runner.invoke(app, ["data", "convert", "csv", str(raw), str(tmp_path / "out"), "--spec",
+                               str(tmp_path / "s.yaml"), "-q"])
+    lines = made.stderr.strip().splitlines()
+    assert made.exit_code == 2, made.output
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "'__line__'" in lines[0], made.stderr
+    assert not (tmp_path / "out").exists()
