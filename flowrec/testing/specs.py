@@ -1,6 +1,7 @@
 """Small specs the tests, tools and benchmarks share (one place, instead of tests importing each
 other): `tiny_spec` (a few fields and modules, any plan hints), `wide_spec` (many random fields),
-`run_spec` (YAML text of a tiny CTR model whose runs take a second, for the CLI).
+`run_spec` (YAML text of a tiny CTR model whose runs take a second, for the CLI), `mini_spec`
+(YAML text of the smallest model a raw-data test binds).
 
 Example:
     >>> tiny_spec(packing=False).plan.packing
@@ -37,6 +38,22 @@ training: {{batch_size: {batch_size}, epochs: {epochs}, seed: 5}}
 def run_spec(name: str = "tiny_guard", batch_size: int = 32, epochs: int = 2) -> str:
     """YAML text of a tiny CTR model whose runs take about a second (for CLI run tests)."""
     return RUN_SPEC_TEMPLATE.format(name=name, batch_size=batch_size, epochs=epochs)
+
+
+def mini_spec(name: str) -> str:
+    """YAML text of the smallest CTR model a raw-data test binds: one dense column `d1`, one
+    hashed id `user`, one MLP, a binary head (batch 128)."""
+    return f"""
+name: {name}
+features:
+  - {{name: d1, type: dense}}
+  - {{name: user, type: categorical, hash_buckets: 300, dim: 8}}
+modules:
+  - {{name: top, kind: mlp, inputs: ["@dense", user], layers: [8]}}
+heads:
+  - {{name: ctr, input: top}}
+training: {{batch_size: 128, epochs: 1}}
+"""
 
 TINY: dict[str, Any] = {
     "name": "tiny",

@@ -13,22 +13,13 @@ from typer.testing import CliRunner
 from flowrec.cli import app
 from flowrec.data.encoder_record import find_record, synthetic_record, write_record
 from flowrec.data.layout import DataError
+from flowrec.testing.specs import mini_spec
 from flowrec.data.run_paths import run_folder_of
 from flowrec.spec.load import load_spec
 
 runner = CliRunner()
 
-SPEC = """
-name: best
-features:
-  - {name: d1, type: dense}
-  - {name: user, type: categorical, hash_buckets: 300, dim: 8}
-modules:
-  - {name: top, kind: mlp, inputs: ["@dense", user], layers: [8]}
-heads:
-  - {name: ctr, input: top}
-training: {batch_size: 128, epochs: 1}
-"""
+SPEC = mini_spec("best")
 
 
 def _run(folder: Path, spec: Path) -> Path:

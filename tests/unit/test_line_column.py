@@ -14,19 +14,10 @@ from flowrec.cli import app
 from flowrec.data import sources
 from flowrec.data.error_log import ErrorLog
 from flowrec.data.layout import DataError
+from flowrec.testing.specs import mini_spec
 
 runner = CliRunner()
-SPEC = """
-name: lines
-features:
-  - {name: d1, type: dense}
-  - {name: user, type: categorical, hash_buckets: 300, dim: 8}
-modules:
-  - {name: top, kind: mlp, inputs: ["@dense", user], layers: [8]}
-heads:
-  - {name: ctr, input: top}
-training: {batch_size: 128, epochs: 1}
-"""
+SPEC = mini_spec("lines")
 
 
 def _rows(read, path: Path, options: dict | None = None) -> list[pa.Table]:
