@@ -3,12 +3,14 @@ whose files disagree, spec files that are not there. One test per defect (each f
 before its fix)."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from flowrec.data.convert import convert, split_mask
+from flowrec.data.layout import DataError
 
 SPLIT_SEEDS = (0, 1, 2, 7, 1 << 32, (1 << 64) - 1)  # split_seed's range is [0, 2^64)
 
@@ -60,3 +62,76 @@ def test_the_first_row_of_a_converted_file_is_not_always_a_test_row(tmp_path: Pa
     convert(_spec(), "csv", [path], tmp_path / "out", options={"test_fraction": 0.01})
     prices = pq.read_table(tmp_path / "out" / "test").column("price").to_pylist()
     assert 0.0 not in prices and 0 < len(prices) < 30
+
+
+def _parquet_folder(folder: Path, files: dict[str, dict[str, object]]) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for name, columns in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table(columns), folder / name)
+    return folder
+
+
+ROWS = {"price": [1.5, 2.5], "user": ["u1", "u2"], "clicked": [0, 1]}
+
+
+@pytest.mark.parametrize("second,column", [
+    ({"price": [3.5, 4.5], "clicked": [1, 0]}, "user"),  # a bound feature lacking: read as missing
+    ({"price": [3.5, 4.5], "user": ["u3", "u4"]}, "clicked"),  # the label lacking
+], ids=["feature", "label"])
+def test_a_folder_file_lacking_a_bound_column_names_the_file_and_the_column(
+        tmp_path: Path, second: dict[str, object], column: str) -> None:
+    """A Parquet folder's second file without a column the spec binds converted, its rows' values
+    filled in as missing (pyarrow takes the first file's schema)."""
+    folder = _parquet_folder(tmp_path / "rows", {"a.parquet": ROWS, "b.parquet": second})
+    where = re.escape(str(folder))
+    with pytest.raises(DataError, match=f"^{where}/b\\.parquet: no column '{column}', which {where}/a\\.parquet has"):
+        convert(_spec(), "parquet", [folder], tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_folder_file_with_a_column_the_first_lacks_names_both(tmp_path: Path) -> None:
+    """The first file without a bound column named only the folder; an extra column was dropped."""
+    for name, first in (("user", {"price": [1.5], "clicked": [0]}), ("region", ROWS)):
+        folder = _parquet_folder(tmp_path / name, {"a.parquet": first, "b.parquet": {**ROWS, "region": ["x", "y"]}})
+        where = re.escape(str(folder))
+        with pytest.raises(DataError, match=f"^{where}/a\\.parquet: no column '{name}', which {where}/b\\.parquet has"):
+            convert(_spec(), "parquet", [folder], tmp_path / f"out_{name}")
+
+
+@pytest.mark.parametrize("values", [[7, 8], [["u3"], ["u4"]]], ids=["integers", "lists"])
+def test_a_folder_file_holding_a_column_with_another_type_names_the_file_and_the_column(
+        tmp_path: Path, values: list[object]) -> None:
+    """Integers after strings were cast to text silently; lists after strings were a traceback."""
+    folder = _parquet_folder(tmp_path / "rows", {"a.parquet": ROWS, "b.parquet": {**ROWS, "user": values}})
+    where = re.escape(str(folder))
+    with pytest.raises(DataError, match=f"^{where}/b\\.parquet: column 'user' holds .* values, {where}/a\\.parquet"):
+        convert(_spec(), "parquet", [folder], tmp_path / "out")
+
+
+def test_a_file_outside_the_partition_folders_names_the_partition_column(tmp_path: Path) -> None:
+    """`day=1/a.parquet` beside a top-level `b.parquet`: b's rows had no day, silently."""
+    folder = _parquet_folder(tmp_path / "rows", {"day=1/a.parquet": ROWS, "b.parquet": ROWS})
+    with pytest.raises(DataError, match=f"^{re.escape(str(folder))}/b\\.parquet: no column 'day'"):
+        convert(_spec(), "parquet", [folder], tmp_path / "out")
+
+
+def test_folder_files_whose_types_keep_the_values_meaning_convert_as_one_file(tmp_path: Path) -> None:
+    """Numbers of any type in a dense or label column (int64 beyond 2^53 in one file, double in the
+    next), a column of nulls only, and a file without rows (whatever its columns) are read as the
+    same rows in one file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = _parquet_folder(tmp_path / "rows", {
+        "a.parquet": {"price": pa.array([2 ** 60, 3], pa.int64()), "user": ["u1", "u2"], "clicked": [0, 1]},
+        "b.parquet": {"price": [1.5, None], "user": pa.array([None, None], pa.null()), "clicked": [1.0, 0.0]},
+        "c.parquet": {"price": pa.array([], pa.float64())},
+    })
+    _parquet_folder(tmp_path / "one", {"rows.parquet": {
+        "price": [float(2 ** 60), 3.0, 1.5, None], "user": ["u1", "u2", None, None], "clicked": [0.0, 1.0, 1.0, 0.0]}})
+    assert convert(_spec(), "parquet", [folder], tmp_path / "out").rows == 4
+    convert(_spec(), "parquet", [tmp_path / "one" / "rows.parquet"], tmp_path / "expect")
+    assert pq.read_table(tmp_path / "out").equals(pq.read_table(tmp_path / "expect"))
