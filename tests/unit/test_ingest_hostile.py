@@ -135,3 +135,46 @@ def test_folder_files_whose_types_keep_the_values_meaning_convert_as_one_file(tm
     assert convert(_spec(), "parquet", [folder], tmp_path / "out").rows == 4
     convert(_spec(), "parquet", [tmp_path / "one" / "rows.parquet"], tmp_path / "expect")
     assert pq.read_table(tmp_path / "out").equals(pq.read_table(tmp_path / "expect"))
+
+
+def _once(text: str, path: Path) -> bool:
+    return text.count(str(path)) == 1 and text.count(path.name) == 1
+
+
+def test_a_missing_spec_file_is_named_once(tmp_path: Path) -> None:
+    """`flowrec validate nope.yaml` said `nope.yaml: cannot read nope.yaml: No such file or directory`
+    (plan and train too; a folder given as the spec likewise)."""
+    from flowrec.spec.errors import SpecError
+    from flowrec.spec.files import validate_paths
+    from flowrec.spec.load import load_spec
+
+    missing, folder = tmp_path / "nope.yaml", tmp_path / "folder.yaml"
+    folder.mkdir()
+    (report,) = validate_paths([missing])
+    lines = [f"{report.path}: {issue}" for issue in report.issues]  # as `flowrec validate` prints them
+    assert len(lines) == 1 and _once(lines[0], missing), lines
+    for path in (missing, folder):
+        with pytest.raises(SpecError) as info:
+            load_spec(path)
+        (issue,) = info.value.issues
+        assert _once(f"{path}: {issue}", path) and _once(str(info.value), path), str(info.value)
+
+
+def test_a_missing_custom_class_file_at_an_absolute_path_is_named_once(tmp_path: Path) -> None:
+    from flowrec.spec.class_paths import class_path_issues
+
+    path = tmp_path / "blocks.py"
+    (issue,) = class_path_issues({"modules": [{"kind": "custom", "class": f"{path}:Gate"}]})
+    assert issue.path == "modules[0].class" and _once(issue.message, path), issue.message
+
+
+def test_a_missing_device_profile_named_by_the_spec_is_named_once(tmp_path: Path) -> None:
+    """`plan: {target: nope.json}` said `cannot read device profile nope.json: cannot read nope.json: ...`."""
+    from flowrec.planner.manager import make_plan
+    from flowrec.spec.load import spec_from_dict, to_dict
+
+    path = tmp_path / "nope.json"
+    spec = spec_from_dict({**to_dict(_spec()), "plan": {"target": str(path)}})
+    with pytest.raises(ValueError) as info:
+        make_plan(spec)
+    assert _once(str(info.value), path) and "device profile" in str(info.value), str(info.value)
