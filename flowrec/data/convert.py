@@ -166,13 +166,27 @@ def check_sequence_sep(options: dict[str, Any]) -> None:
 
 
 def split_mask(start: int, n: int, fraction: float, seed: int) -> np.ndarray:
-    """True for rows (global indices start..start+n) in the test split: splitmix64 of (seed, row)."""
+    """True for rows (global indices start..start+n) in the test split: row r draws output r + 1 of
+    splitmix64 seeded with splitmix64's first output of `seed`, so every seed (0 included) gives its
+    own uniform draw to every row (row 0 included) and the test part is a `fraction` of the rows.
+
+    >>> [int(split_mask(0, 100_000, 0.1, seed).sum()) for seed in (0, 1)]
+    [9909, 9894]
+    >>> split_mask(0, 4, 1e-9, 0).tolist()  # seed 0 once put row 0 in test at any fraction
+    [False, False, False, False]
+    """
     with np.errstate(over="ignore"):
-        z = (np.arange(start, start + n, dtype=np.uint64) + np.uint64(seed) * SPLIT_MIX) * SPLIT_MIX
+        key = _mix64(np.array([seed], dtype=np.uint64) + SPLIT_MIX)  # (1,)
+        state = key + (np.arange(start, start + n, dtype=np.uint64) + np.uint64(1)) * SPLIT_MIX
+    return (_mix64(state) >> np.uint64(11)).astype(np.float64) / float(1 << 53) < fraction
+
+
+def _mix64(z: np.ndarray) -> np.ndarray:
+    """splitmix64's output function (a bijection of uint64 that spreads every input bit)."""
+    with np.errstate(over="ignore"):
         z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        z ^= z >> np.uint64(31)
-    return (z >> np.uint64(11)).astype(np.float64) / float(1 << 53) < fraction
+    return z ^ (z >> np.uint64(31))
 
 
 def convert(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_error: ErrorPolicy = "fail",

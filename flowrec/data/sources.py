@@ -29,6 +29,7 @@ import pyarrow.csv as pcsv
 from flowrec.data.csv_release import ReaderSlot, open_slot, readers_opened, tracked
 from flowrec.data.error_log import ErrorLog
 from flowrec.data.layout import META_FILE, DataError
+from flowrec.data.parquet_folder import parquet_files
 from flowrec.data.sequences import HISTORY_COLUMN, TEST_COLUMN, next_item_rows, sequence_length
 
 CHUNK_BYTES = 16 << 20  # bytes of text per streamed chunk
@@ -704,29 +705,30 @@ def read_parquet(path: Path, options: dict[str, Any], log: ErrorLog, numeric: se
     Numeric columns (labels, dense features) become float64: numbers as they are, NaN as missing
     (as an empty CSV field), text parsed as CSV's is; an infinite value, one beyond float32 or text
     that is not a number makes the row malformed. Other columns keep their type (strings,
-    integers, lists for multi-hot features). `LINE_COLUMN` is the row's 1-based position in the
-    input (a folder's files in path order).
+    integers, lists for multi-hot features). Every file of a folder holds the same columns, each
+    of one type (`flowrec.data.parquet_folder`). `LINE_COLUMN` is the row's 1-based position in
+    the input (a folder's files in path order).
 
     Raises:
-        DataError: an unreadable file or folder, or a numeric column of another type (lists,
-            structs, dates).
+        DataError: an unreadable file or folder, a file whose columns differ from the folder's
+            first file's, or a numeric column of another type (lists, structs, dates).
     """
     del options
-    import pyarrow.dataset as ds
-
     _refuse_encoded(path)
     try:
-        data = ds.dataset(path, format="parquet", partitioning="hive", exclude_invalid_files=False)
-        _unique_columns(path, data.schema.names)
-        batches = data.to_batches(batch_size=PARQUET_BATCH_ROWS, use_threads=False)
+        files = parquet_files(path, numeric)
+        for file in files:
+            _unique_columns(Path(file.path), file.fragment.physical_schema.names)
         seen = 0
-        for batch in batches:
-            table = pa.Table.from_batches([batch])
-            lines = np.arange(seen + 1, seen + table.num_rows + 1, dtype=np.int64)
-            seen += table.num_rows
-            if table.num_rows:
-                yield _parquet_checked(table, lines, log, numeric, path)
-    except (OSError, pa.ArrowInvalid) as exc:
+        for file in files:
+            for batch in file.fragment.to_batches(schema=file.schema, batch_size=PARQUET_BATCH_ROWS,
+                                                  use_threads=False):
+                table = pa.Table.from_batches([batch], file.schema)
+                lines = np.arange(seen + 1, seen + table.num_rows + 1, dtype=np.int64)
+                seen += table.num_rows
+                if table.num_rows:
+                    yield _parquet_checked(table, lines, log, numeric, Path(file.path))
+    except (OSError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
         raise DataError(f"cannot read {path} as Parquet: {_why(exc)}") from None
 
 

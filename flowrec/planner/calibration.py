@@ -96,8 +96,8 @@ def read_profile(path: Path) -> dict[str, Any]:
         doc = read_json_document(path)
     except NotJsonError:
         raise ProfileError(f"{path} is not a device profile (not JSON)") from None
-    except ValueError as exc:
-        raise ProfileError(f"cannot read device profile {path}: {exc}") from None
+    except ValueError as exc:  # names the file already
+        raise ProfileError(f"{exc} (a device profile: make one with `flowrec calibrate`)") from None
     if not isinstance(doc, dict) or doc.get("format") != PROFILE_FORMAT:
         raise ProfileError(f"{path} is not a flowrec device profile (make one with `flowrec calibrate`)")
     if doc.get("version") not in READABLE_VERSIONS:

@@ -15,8 +15,10 @@ Only the file-based validation (`flowrec.spec.files`) runs these: a spec loaded 
 spec.json read by eval, export or predict from another folder) is not tied to the working folder.
 
 Example:
-    >>> [str(i) for i in class_path_issues({"modules": [{"kind": "custom", "class": "nope.py:X"}]})][0][:45]
-    'modules[0].class: no Python file at nope.py ('
+    >>> [str(i) for i in class_path_issues({"modules": [{"kind": "custom", "class": "nope.py:X"}]})][0][:71]
+    'modules[0].class: no Python file at nope.py (relative to the working fo'
+    >>> [str(i) for i in class_path_issues({"modules": [{"kind": "custom", "class": "/nope/x.py:X"}]})]
+    ['modules[0].class: no Python file at /nope/x.py']
 """
 from __future__ import annotations
 
@@ -71,7 +73,8 @@ def _problem(source: str, name: str) -> str | None:
 
 def _file_problem(file: Path, name: str) -> str | None:
     if not file.is_file():
-        return f"no Python file at {file} ({file.resolve()}; a class file is relative to the working folder)"
+        where = "" if file.is_absolute() else f" (relative to the working folder {Path.cwd()})"
+        return f"no Python file at {file}{where}"
     try:
         if file.stat().st_size > MAX_SOURCE_BYTES:
             return None

@@ -97,17 +97,21 @@ def read_document(path: str | Path) -> Any:
 
 
 def _read_bytes(path: Path) -> bytes:
+    """The file's bytes; a problem is an issue that does not name the file (every caller shows it
+    after the file's path: `FILE: no such file`)."""
     try:
         if path.is_dir():
-            raise _fail(f"{path} is a folder, not a spec file (give a .yaml, .yml or .json file)")
+            raise _fail("a folder, not a spec file (give a .yaml, .yml or .json file)")
         if path.exists() and not path.is_file():
-            raise _fail(f"{path} is not a regular file")
+            raise _fail("not a regular file")
         with path.open("rb") as f:
             data = f.read(MAX_SPEC_BYTES + 1)
+    except FileNotFoundError:
+        raise _fail("no such file") from None
     except OSError as exc:
-        raise _fail(f"cannot read {path}: {exc.strerror or exc}") from None
+        raise _fail(f"cannot read the file: {exc.strerror or exc}") from None
     if len(data) > MAX_SPEC_BYTES:
-        raise _fail(f"{path} is larger than {MAX_SPEC_BYTES // 2**20} MiB; a spec is a small text file")
+        raise _fail(f"the file is larger than {MAX_SPEC_BYTES // 2**20} MiB; a spec is a small text file")
     return data
 
 

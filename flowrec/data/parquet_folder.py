@@ -1,0 +1,103 @@
+"""The files of a raw Parquet input, checked against each other before a row is read.
+
+pyarrow's dataset takes a folder's schema from its first file, then fills a column that another
+file lacks with nulls and casts a column that another file holds with another type: a column the
+spec binds read as missing on every row of a file without a word, a file outside the Hive
+partition folders read with no partition value, a list column a traceback, text in a column of
+integers a message that names no file. So every file with rows must hold the columns of the
+folder's first such file (its own columns and the Hive partition keys of its folders), no other,
+each with the first file's type; an error is one line naming the file and the column. Where the
+values keep their meaning whatever the type, types may differ: a label or dense column (`numeric`)
+is read as numbers file by file (int64 in one day's file and double in the next, as pandas writes a
+day with a missing value), and a column holding only nulls (Arrow's null type) fits any type. Each
+file is then read with its own types for those columns (a dataset-wide cast of int64 to double
+refuses integers beyond 2^53). A file without rows adds none and is left out.
+
+Example:
+    >>> files = parquet_files(Path("clicks/"), {"label"})  # doctest: +SKIP
+    >>> [f.path for f in files]  # doctest: +SKIP
+    ['clicks/day=1/part-0.parquet', 'clicks/day=2/part-0.parquet']
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from flowrec.data.layout import DataError
+
+SAME_COLUMNS = "every file of a Parquet folder must hold the same columns"
+
+
+@dataclass(frozen=True)
+class ParquetFile:
+    """One file of a raw Parquet input and the schema it is read with.
+
+    Args:
+        path: the file.
+        fragment: pyarrow's fragment of it (its Hive partition keys included).
+        schema: the columns in the folder's order: its own type for numeric ones, the folder's
+            type for the others (a null column cast to it), partition keys as the folder types them.
+    """
+
+    path: str
+    fragment: Any
+    schema: pa.Schema
+
+
+def parquet_files(path: Path, numeric: set[str]) -> list[ParquetFile]:
+    """The files of a raw Parquet file or folder (path order) that hold rows, checked alike.
+
+    Raises:
+        DataError: a file that lacks a column of the folder's first file, has one it lacks, or
+            holds a non-numeric column with another type (one line naming the file and the
+            column); pyarrow's errors (an unreadable file) pass through for the caller to name.
+    """
+    import pyarrow.dataset as ds
+
+    data = ds.dataset(path, format="parquet", partitioning="hive", exclude_invalid_files=False)
+    files = [(f, _columns(f, data.schema)) for f in data.get_fragments() if f.metadata.num_rows]
+    if not files:
+        return []
+    first, reference = files[0][0].path, files[0][1]
+    for fragment, columns in files[1:]:
+        _check_names(fragment.path, columns, first, reference)
+    typed = _folder_types(files, numeric)
+    return [ParquetFile(f.path, f, pa.schema([pa.field(n, typed.get(n, c[n].type)) for n in reference]))
+            for f, c in files]
+
+
+def _columns(fragment: Any, schema: pa.Schema) -> dict[str, pa.Field]:
+    """A file's columns: its own, then the partition keys its folders give (typed as the folder's)."""
+    import pyarrow.dataset as ds
+
+    own = {field.name: field for field in fragment.physical_schema}
+    keys = ds.get_partition_keys(fragment.partition_expression)
+    return {**own, **{name: schema.field(name) for name in keys if name not in own}}
+
+
+def _check_names(path: str, columns: dict[str, pa.Field], first: str, reference: dict[str, pa.Field]) -> None:
+    missing = [name for name in reference if name not in columns]
+    if missing:
+        raise DataError(f"{path}: no column {missing[0]!r}, which {first} has: {SAME_COLUMNS}")
+    extra = [name for name in columns if name not in reference]
+    if extra:
+        raise DataError(f"{first}: no column {extra[0]!r}, which {path} has: {SAME_COLUMNS}")
+
+
+def _folder_types(files: list[tuple[Any, dict[str, pa.Field]]], numeric: set[str]) -> dict[str, pa.DataType]:
+    """The type of each non-numeric column, from the first file where it is not all nulls; DataError
+    naming a file that holds it with another type."""
+    typed: dict[str, tuple[str, pa.Field]] = {}
+    for fragment, columns in files:
+        for name, field in columns.items():
+            if name in numeric or pa.types.is_null(field.type):
+                continue
+            where, held = typed.setdefault(name, (fragment.path, field))
+            if field.type != held.type:
+                raise DataError(f"{fragment.path}: column {name!r} holds {field.type} values, {where} "
+                                f"{held.type}: a column holds one type in every file of a Parquet folder "
+                                "(labels and dense features any numbers)")
+    return {name: field.type for name, (_, field) in typed.items()}

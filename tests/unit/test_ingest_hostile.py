@@ -1,0 +1,180 @@
+"""Raw data on its way in, as a hostile user gives it: the seeded train/test split, Parquet folders
+whose files disagree, spec files that are not there. One test per defect (each fails on the code
+before its fix)."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from flowrec.data.convert import convert, split_mask
+from flowrec.data.layout import DataError
+
+SPLIT_SEEDS = (0, 1, 2, 7, 1 << 32, (1 << 64) - 1)  # split_seed's range is [0, 2^64)
+
+
+def _spec(**data: object) -> object:
+    from flowrec.spec.load import spec_from_dict
+
+    return spec_from_dict({
+        "name": "ingest",
+        "features": [{"name": "price", "type": "dense"},
+                     {"name": "user", "type": "categorical", "hash_buckets": 64, "dim": 4}],
+        "modules": [{"name": "top", "kind": "mlp", "inputs": ["@dense", "@sparse"], "layers": [4]}],
+        "heads": [{"name": "ctr", "input": "top"}],
+        "data": {"format": "csv", "path": "x.csv", "label": "clicked", **data},
+        "optimizer": {"dense": {"name": "adam", "lr": 0.01}, "sparse": {"name": "sgd", "lr": 0.1}},
+        "training": {"batch_size": 8},
+    })
+
+
+@pytest.mark.parametrize("seed", range(64))
+def test_no_row_is_in_test_at_every_fraction_for_a_seed(seed: int) -> None:
+    """Seed 0 (the default) drew 0 for row 0, so row 0 was a test row at any fraction above 0."""
+    assert not split_mask(0, 1_000, 1e-9, seed).any()
+
+
+@pytest.mark.parametrize("seed", SPLIT_SEEDS)
+def test_every_seed_splits_off_its_fraction_of_rows_and_of_the_first_rows(seed: int) -> None:
+    rows, fraction = 200_000, 0.2
+    test = split_mask(0, rows, fraction, seed)
+    spread = 5 * np.sqrt(rows * fraction * (1 - fraction))  # 5 sigma of a binomial count
+    assert abs(int(test.sum()) - rows * fraction) < spread
+    first = test[:1_000]  # the first rows of a file are rows like the others
+    assert abs(int(first.sum()) - 200) < 5 * np.sqrt(1_000 * fraction * (1 - fraction))
+
+
+def test_a_split_is_its_seeds_whatever_the_chunks_and_seeds_differ() -> None:
+    whole = split_mask(0, 10_000, 0.3, 5)
+    assert (np.concatenate([split_mask(0, 3_333, 0.3, 5), split_mask(3_333, 6_667, 0.3, 5)]) == whole).all()
+    assert (split_mask(0, 10_000, 0.3, 5) == whole).all()
+    assert (split_mask(0, 10_000, 0.3, 6) != whole).mean() > 0.3  # two uniform splits disagree on 42 %
+
+
+def test_the_first_row_of_a_converted_file_is_not_always_a_test_row(tmp_path: Path) -> None:
+    """`data convert --test-fraction 0.01`: the row written first went to test/ under the default seed."""
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "rows.csv"
+    path.write_text("price,user,clicked\n" + "".join(f"{i},u{i},{i % 2}\n" for i in range(1_000)), encoding="utf-8")
+    convert(_spec(), "csv", [path], tmp_path / "out", options={"test_fraction": 0.01})
+    prices = pq.read_table(tmp_path / "out" / "test").column("price").to_pylist()
+    assert 0.0 not in prices and 0 < len(prices) < 30
+
+
+def _parquet_folder(folder: Path, files: dict[str, dict[str, object]]) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for name, columns in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table(columns), folder / name)
+    return folder
+
+
+ROWS = {"price": [1.5, 2.5], "user": ["u1", "u2"], "clicked": [0, 1]}
+
+
+@pytest.mark.parametrize("second,column", [
+    ({"price": [3.5, 4.5], "clicked": [1, 0]}, "user"),  # a bound feature lacking: read as missing
+    ({"price": [3.5, 4.5], "user": ["u3", "u4"]}, "clicked"),  # the label lacking
+], ids=["feature", "label"])
+def test_a_folder_file_lacking_a_bound_column_names_the_file_and_the_column(
+        tmp_path: Path, second: dict[str, object], column: str) -> None:
+    """A Parquet folder's second file without a column the spec binds converted, its rows' values
+    filled in as missing (pyarrow takes the first file's schema)."""
+    folder = _parquet_folder(tmp_path / "rows", {"a.parquet": ROWS, "b.parquet": second})
+    where = re.escape(str(folder))
+    with pytest.raises(DataError, match=f"^{where}/b\\.parquet: no column '{column}', which {where}/a\\.parquet has"):
+        convert(_spec(), "parquet", [folder], tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_folder_file_with_a_column_the_first_lacks_names_both(tmp_path: Path) -> None:
+    """The first file without a bound column named only the folder; an extra column was dropped."""
+    for name, first in (("user", {"price": [1.5], "clicked": [0]}), ("region", ROWS)):
+        folder = _parquet_folder(tmp_path / name, {"a.parquet": first, "b.parquet": {**ROWS, "region": ["x", "y"]}})
+        where = re.escape(str(folder))
+        with pytest.raises(DataError, match=f"^{where}/a\\.parquet: no column '{name}', which {where}/b\\.parquet has"):
+            convert(_spec(), "parquet", [folder], tmp_path / f"out_{name}")
+
+
+@pytest.mark.parametrize("values", [[7, 8], [["u3"], ["u4"]]], ids=["integers", "lists"])
+def test_a_folder_file_holding_a_column_with_another_type_names_the_file_and_the_column(
+        tmp_path: Path, values: list[object]) -> None:
+    """Integers after strings were cast to text silently; lists after strings were a traceback."""
+    folder = _parquet_folder(tmp_path / "rows", {"a.parquet": ROWS, "b.parquet": {**ROWS, "user": values}})
+    where = re.escape(str(folder))
+    with pytest.raises(DataError, match=f"^{where}/b\\.parquet: column 'user' holds .* values, {where}/a\\.parquet"):
+        convert(_spec(), "parquet", [folder], tmp_path / "out")
+
+
+def test_a_file_outside_the_partition_folders_names_the_partition_column(tmp_path: Path) -> None:
+    """`day=1/a.parquet` beside a top-level `b.parquet`: b's rows had no day, silently."""
+    folder = _parquet_folder(tmp_path / "rows", {"day=1/a.parquet": ROWS, "b.parquet": ROWS})
+    with pytest.raises(DataError, match=f"^{re.escape(str(folder))}/b\\.parquet: no column 'day'"):
+        convert(_spec(), "parquet", [folder], tmp_path / "out")
+
+
+def test_folder_files_whose_types_keep_the_values_meaning_convert_as_one_file(tmp_path: Path) -> None:
+    """Numbers of any type in a dense or label column (int64 beyond 2^53 in one file, double in the
+    next), a column of nulls only, and a file without rows (whatever its columns) are read as the
+    same rows in one file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = _parquet_folder(tmp_path / "rows", {
+        "a.parquet": {"price": pa.array([2 ** 60, 3], pa.int64()), "user": ["u1", "u2"], "clicked": [0, 1]},
+        "b.parquet": {"price": [1.5, None], "user": pa.array([None, None], pa.null()), "clicked": [1.0, 0.0]},
+        "c.parquet": {"price": pa.array([], pa.float64())},
+    })
+    _parquet_folder(tmp_path / "one", {"rows.parquet": {
+        "price": [float(2 ** 60), 3.0, 1.5, None], "user": ["u1", "u2", None, None], "clicked": [0.0, 1.0, 1.0, 0.0]}})
+    assert convert(_spec(), "parquet", [folder], tmp_path / "out").rows == 4
+    convert(_spec(), "parquet", [tmp_path / "one" / "rows.parquet"], tmp_path / "expect")
+    assert pq.read_table(tmp_path / "out").equals(pq.read_table(tmp_path / "expect"))
+
+
+def _once(text: str, path: Path) -> bool:
+    return text.count(str(path)) == 1 and text.count(path.name) == 1
+
+
+def test_a_missing_spec_file_is_named_once(tmp_path: Path) -> None:
+    """`flowrec validate nope.yaml` said `nope.yaml: cannot read nope.yaml: No such file or directory`
+    (plan and train too; a folder given as the spec likewise)."""
+    from flowrec.spec.errors import SpecError
+    from flowrec.spec.files import validate_paths
+    from flowrec.spec.load import load_spec
+
+    missing, folder = tmp_path / "nope.yaml", tmp_path / "folder.yaml"
+    folder.mkdir()
+    (report,) = validate_paths([missing])
+    lines = [f"{report.path}: {issue}" for issue in report.issues]  # as `flowrec validate` prints them
+    assert len(lines) == 1 and _once(lines[0], missing), lines
+    for path in (missing, folder):
+        with pytest.raises(SpecError) as info:
+            load_spec(path)
+        (issue,) = info.value.issues
+        assert _once(f"{path}: {issue}", path) and _once(str(info.value), path), str(info.value)
+
+
+def test_a_missing_custom_class_file_at_an_absolute_path_is_named_once(tmp_path: Path) -> None:
+    from flowrec.spec.class_paths import class_path_issues
+
+    path = tmp_path / "blocks.py"
+    (issue,) = class_path_issues({"modules": [{"kind": "custom", "class": f"{path}:Gate"}]})
+    assert issue.path == "modules[0].class" and _once(issue.message, path), issue.message
+
+
+def test_a_missing_device_profile_named_by_the_spec_is_named_once(tmp_path: Path) -> None:
+    """`plan: {target: nope.json}` said `cannot read device profile nope.json: cannot read nope.json: ...`."""
+    from flowrec.planner.manager import make_plan
+    from flowrec.spec.load import spec_from_dict, to_dict
+
+    path = tmp_path / "nope.json"
+    spec = spec_from_dict({**to_dict(_spec()), "plan": {"target": str(path)}})
+    with pytest.raises(ValueError) as info:
+        make_plan(spec)
+    assert _once(str(info.value), path) and "device profile" in str(info.value), str(info.value)
