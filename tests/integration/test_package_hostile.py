@@ -394,3 +394,18 @@ def test_a_model_pt2_of_another_export_is_one_line(case: Path, name: str):
     with pytest.raises(ValueError, match="model.pt2 does not fit"):
         load_model(case / "pkg")
     assert not (case / "scores.parquet").exists()
+
+
+def test_an_id_beyond_64_bits_in_a_csv_scores_as_its_text(case: Path):
+    """The CSV reader keeps an id column's text: a 30-digit city scores as that string does through
+    the Python API (where a Python int of that size is refused: test_walk4_hostile)."""
+    rows = pd.read_csv(case / "new.csv").head(4).drop(columns=["label"])
+    big = ["123456789012345678901234567890", "98765432109876543210987654321", "-31415926535897932384626",
+           "27182818284590452353602874713"]  # 4 ids: a reader taking them as floats hashes other text
+    (case / "big.csv").write_text(rows.assign(city=big).to_csv(index=False))
+    result = runner.invoke(app, ["predict", str(case / "pkg"), str(case / "big.csv"), "--format", "csv",
+                                 "--out", str(case / "scores.csv"), "-q"])
+    assert result.exit_code == 0, result.output
+    scored = pd.read_csv(case / "scores.csv")["ctr"].to_numpy()
+    expected = load_model(case / "pkg").predict(rows.assign(city=big))["ctr"].to_numpy()
+    np.testing.assert_allclose(scored, expected, rtol=1e-6)
