@@ -173,7 +173,7 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
     from flowrec.runs.settings import given_problem, write_run_file
     from flowrec.runs.start import record_encoder, run_settings, start_session, train_config
     from flowrec.runtime.custom import resolve_custom
-    from flowrec.runtime.rundir import clear_run_files
+    from flowrec.runtime.rundir import clear_run_files, folder_state
     from flowrec.runtime.trainer import Trainer
     from flowrec.serving.trained import Trained
     from flowrec.spec.load import load_spec
@@ -194,7 +194,7 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
         if problem is not None:
             raise RunError(f"{key} {problem}")
     settings, _ = run_settings(given, model_spec)
-    existed = folder is not None and folder.exists()
+    found = folder_state(folder)
     lock = claim_run_folder(folder, None, overwrite, model_spec.name, "overwrite=True")[1] if folder else None
     try:
         # the same plan as `flowrec train` (sampled access profile of the data included) and the same run.json
@@ -215,7 +215,7 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
     finally:
         forget_kept_sample()  # a run that stopped before its hot set was chosen holds no sample
         if lock is not None:  # a refused run leaves no folder it made (as `flowrec train`)
-            lock.release() if existed else lock.release_and_remove_if_unused()
+            lock.release_as_found(found)
     return Run(session.spec, folder, result, Trained(session.spec, session.model, session.plan))
 
 

@@ -34,7 +34,7 @@ from flowrec.cli.common import fail
 from flowrec.cli.streams import DAYS_DIR, FOLLOW_FILE, done_days
 from flowrec.data.days import DayOrder, day_partitions, parse_order
 from flowrec.data.layout import META_FILE, DataError
-from flowrec.runtime.rundir import RunFolderError, RunLock
+from flowrec.runtime.rundir import RunFolderError, RunLock, folder_state
 
 LOCK_FILE = ".follow.lock"  # held by the one --follow process of a stream folder
 EXPORT_DIR = "export"
@@ -72,7 +72,7 @@ def follow(request, days: Path, wait_s: float, once: bool, train: Callable, expo
     if run is None:
         fail("--follow needs --out (the stream's folder)")
     _check_stream_folder(run)
-    existed = run.exists()
+    found = folder_state(run, LOCK_FILE)
     try:
         run.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -84,7 +84,7 @@ def follow(request, days: Path, wait_s: float, once: bool, train: Callable, expo
     try:
         _follow_days(request, run, days, wait_s, once, train, export, order)
     finally:
-        lock.release() if existed else lock.release_and_remove_if_unused()  # refused: leave no folder
+        lock.release_as_found(found)  # refused: leave no folder
 
 
 def _check_stream_folder(run: Path) -> None:

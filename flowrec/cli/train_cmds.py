@@ -262,14 +262,14 @@ def _within(path: Path, folder: Path) -> bool:
 
 def run_training(request: RunRequest) -> None:
     """Own the run folder for the whole run (lock), then resolve the settings and train."""
-    from flowrec.runtime.rundir import RunFolderError
+    from flowrec.runtime.rundir import RunFolderError, folder_state
 
     spec = planned_spec_or_exit(request.spec_path)
     given = request.resume or request.out
     if _launch_size() > 1:
         _train_as_rank(request, spec, given)
         _exit_finished_rank()
-    existed = given is not None and given.exists()
+    found = folder_state(given)
     try:
         folder, lock = _claim_folder(request, spec.name)
     except RunFolderError as exc:
@@ -277,7 +277,7 @@ def run_training(request: RunRequest) -> None:
     try:
         _train_in(request, spec, folder)
     finally:
-        lock.release() if existed else lock.release_and_remove_if_unused()
+        lock.release_as_found(found)
 
 
 def _train_as_rank(request: RunRequest, spec, folder: Path | None) -> None:
@@ -287,7 +287,7 @@ def _train_as_rank(request: RunRequest, spec, folder: Path | None) -> None:
     from flowrec.runs.plan import device_for_run
     from flowrec.cli.common import EXIT_INVALID, launch_env
     from flowrec.runtime.distributed.world import LaunchEnvError, WorldError, join_world, leave_world
-    from flowrec.runtime.rundir import RunFolderError
+    from flowrec.runtime.rundir import RunFolderError, folder_state
 
     if folder is None:
         fail("every rank must write to the same run folder: give --out DIR (or --resume DIR), or launch "
@@ -303,7 +303,7 @@ def _train_as_rank(request: RunRequest, spec, folder: Path | None) -> None:
     try:
         lock = None
         if world.lead:
-            existed = folder.exists()
+            found = folder_state(folder)
             try:
                 folder, lock = _claim_folder(request, spec.name)
             except RunFolderError as exc:
@@ -313,7 +313,7 @@ def _train_as_rank(request: RunRequest, spec, folder: Path | None) -> None:
             _train_in(request, spec, folder, world)
         finally:
             if lock is not None:
-                lock.release() if existed else lock.release_and_remove_if_unused()
+                lock.release_as_found(found)
     finally:
         leave_world()
 

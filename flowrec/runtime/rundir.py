@@ -69,14 +69,15 @@ class RunLock:
             os.close(self.fd)
             self.fd = -1
 
-    def release_and_remove_if_unused(self) -> None:
+    def release_and_remove_if_unused(self, keep_folder: bool = False) -> None:
         """Release the lock of a folder this run created; one that holds nothing but the lock and
         what preparing the run wrote (bound raw data encoded into data/, its encoder/: the run was
         refused before it started, e.g. early stopping without an evaluation set) is removed, so a
         refused run leaves no trace. Anything else there (a run file, a file of someone else's)
-        keeps the whole folder."""
+        keeps the whole folder. `keep_folder`: the folder was there, empty, before the run (the
+        user's own `--out`), so it is emptied again rather than removed."""
         if self.fd >= 0 and {p.name for p in self.folder.iterdir()} <= {self.name, *PREPARED}:
-            for name in PREPARED:  # made by this run: the folder did not exist and was locked since
+            for name in PREPARED:  # made by this run: the folder was new or empty, and locked since
                 entry = self.folder / name
                 if entry.is_dir() and not entry.is_symlink():
                     shutil.rmtree(entry, ignore_errors=True)
@@ -84,11 +85,37 @@ class RunLock:
                     entry.unlink(missing_ok=True)
             (self.folder / self.name).unlink()  # while still holding the lock
             self.release()
-            try:
-                self.folder.rmdir()
-            except OSError:  # something appeared in it meanwhile: keep it
-                pass
+            if not keep_folder:
+                try:
+                    self.folder.rmdir()
+                except OSError:  # something appeared in it meanwhile: keep it
+                    pass
         self.release()
+
+    def release_as_found(self, found: str) -> None:
+        """Release the lock at the end of a run whose folder was `found` (`folder_state` before
+        the run): a refused run leaves a new folder absent and an empty one empty; a folder that
+        held anything keeps all of it."""
+        if found == "used":
+            self.release()
+        else:
+            self.release_and_remove_if_unused(keep_folder=found == "empty")
+
+
+def folder_state(folder: Path | None, lock_name: str = LOCK_NAME) -> str:
+    """What a run's folder holds before the run: "absent" (no such folder, or none given),
+    "empty" (nothing, or only the lock `lock_name` a run killed at its start left) or "used".
+
+    Example:
+        >>> folder_state(None), folder_state(Path("no/such/folder"))
+        ('absent', 'absent')
+    """
+    if folder is None or not folder.exists():
+        return "absent"
+    try:
+        return "empty" if {p.name for p in folder.iterdir()} <= {lock_name} else "used"
+    except OSError:  # not a folder, or unreadable: the claim that follows says why
+        return "used"
 
 
 def _read_pid(fd: int) -> str:

@@ -62,6 +62,35 @@ def encoded_inputs(spec: ModelSpec, table: pa.Table) -> tuple[torch.Tensor, dict
     return dense_t, sparse
 
 
+def check_program(program: torch.export.ExportedProgram, spec: ModelSpec, sparse: list[str], width: int,
+                  path: Path) -> None:
+    """Raise ValueError (one line) unless the exported `program` read from `path` is called as
+    this package's spec says: `(dense, {feature: (ids, offsets)})` with the features `sparse` in
+    order and one dense column per dense feature, returning (B, `width`): the heads' scores, or a
+    retrieval package's query vectors (as wide as its items' vectors).
+    A model.pt2 of another export (its digest entered in the manifest by hand) is refused here
+    rather than by torch's pytree message at the first call."""
+    from torch.utils import _pytree
+
+    leaf = torch.empty(0)
+    wanted = _pytree.tree_structure(((leaf, {name: (leaf, leaf) for name in sparse}), {}))
+    problem = None
+    if program.call_spec.in_spec != wanted:
+        problem = f"it does not take the spec's sparse features {sparse}"
+    else:
+        values = {n.name: n.meta.get("val") for n in program.graph.nodes if n.op == "placeholder"}
+        dense = values.get(program.graph_signature.user_inputs[0])
+        outputs = [a.meta.get("val") for n in program.graph.nodes if n.op == "output" for a in n.args[0]
+                   if hasattr(a, "meta")]
+        if dense is None or dense.dim() != 2 or dense.shape[1] != len(spec.dense_features):
+            problem = f"it does not take the spec's {len(spec.dense_features)} dense features"
+        elif len(outputs) != 1 or outputs[0] is None or outputs[0].dim() != 2 or outputs[0].shape[1] != width:
+            problem = f"it does not return the {width} values per row of the package's heads"
+    if problem:
+        raise ValueError(f"{path} does not fit the package's spec.json: {problem} (a model.pt2 of another "
+                         "export?); export the run again")
+
+
 def read_manifest(folder: Path) -> dict[str, Any]:
     """The manifest of a package folder. Raises ValueError (one line) when it is not a package of
     this format version."""

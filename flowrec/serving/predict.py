@@ -25,8 +25,8 @@ from flowrec.data.encoder_record import ENCODER_FILE, EncoderRecord, load_encode
 from flowrec.data.layout import DataError, is_multi
 from flowrec.data.sources import FLOAT32_MAX
 from flowrec.serving.managed import MANAGED_DIR, Maps, read_maps, remap_inputs
-from flowrec.serving.package import (MODEL_FILE, SPEC_FILE, encoded_inputs, read_manifest, require_listed,
-                                     verify_files)
+from flowrec.serving.package import (MODEL_FILE, SPEC_FILE, check_program, encoded_inputs, read_manifest,
+                                     require_listed, verify_files)
 from flowrec.serving.pt2_check import check_archive
 from flowrec.serving.retrieval_index import ITEMS_FILE, ItemIndex, load_items
 from flowrec.spec.json_doc import read_json_document
@@ -200,7 +200,7 @@ def load_model(path: str | Path) -> LoadedModel:
         raise ValueError(f"{path}: encoder.json does not match the manifest's encoder fingerprint")
     check_archive(path / MODEL_FILE)
     try:
-        program = torch.export.load(path / MODEL_FILE).module()
+        exported = torch.export.load(path / MODEL_FILE)
     except Exception as exc:  # any failure to read the program is a damaged package
         raise ValueError(f"{path / MODEL_FILE} is not a usable exported program ({type(exc).__name__})") from None
     items = None
@@ -212,6 +212,13 @@ def load_model(path: str | Path) -> LoadedModel:
         require_listed(path, manifest, [ITEMS_FILE])
         items = load_items(path, manifest, spec)
     require_listed(path, manifest, [f"{MANAGED_DIR}/{t.name}.parquet" for t in spec.tables if t.managed is not None])
+    item = manifest["retrieval"]["item_feature"] if items is not None else None  # (checked by load_items)
+    check_program(exported, spec, [f.name for f in spec.sparse_features if f.name != item],
+                  items.vectors.shape[1] if items is not None else sum(h.width for h in spec.heads), path / MODEL_FILE)
+    try:
+        program = exported.module()
+    except Exception as exc:
+        raise ValueError(f"{path / MODEL_FILE} is not a usable exported program ({type(exc).__name__})") from None
     return LoadedModel(path, spec, record, encoder, program, manifest, read_maps(path, spec), items)
 
 

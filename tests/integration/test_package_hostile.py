@@ -350,3 +350,62 @@ def test_a_raw_column_named_like_the_line_column_is_refused_not_replaced(case: P
     assert result.exit_code == 2, result.output
     assert len(lines) == 1 and lines[0].startswith("error: ") and "'__line__'" in lines[0], result.stderr
     assert not (case / "scores.parquet").exists()
+
+
+class _Program(torch.nn.Module):
+    """A program of another export: its own sparse features, dense width and scores per row."""
+
+    def __init__(self, scores: int) -> None:
+        super().__init__()
+        self.scores = scores
+
+    def forward(self, dense: torch.Tensor, sparse: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        total = dense.sum(dim=1, keepdim=True)
+        for ids, offsets in sparse.values():
+            total = total + (offsets[1:] - offsets[:-1]).unsqueeze(1).float() + ids.float().sum()
+        return torch.sigmoid(total.repeat(1, self.scores))
+
+
+def _swap_program(sparse: list[str], dense: int, scores: int) -> Callable[[Path], None]:
+    def make(pkg: Path) -> None:
+        from flowrec.serving.pt2_save import save_program
+
+        example = (torch.rand(4, dense), {name: (torch.arange(4), torch.arange(5)) for name in sparse})
+        save_program(torch.export.export(_Program(scores), example, strict=False), pkg / "model.pt2")
+        redigest(pkg)
+    return make
+
+
+SWAPPED = {  # model.pt2 of another model, its digest entered in the manifest (the spec: price; user, city; ctr)
+    "other_sparse_features": _swap_program(["user"], 1, 1),
+    "sparse_features_in_another_order": _swap_program(["city", "user"], 1, 1),
+    "other_dense_width": _swap_program(["user", "city"], 2, 1),
+    "other_head_count": _swap_program(["user", "city"], 1, 2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SWAPPED))
+def test_a_model_pt2_of_another_export_is_one_line(case: Path, name: str):
+    """torch's own message at the first call was a multi-line pytree dump naming no file."""
+    SWAPPED[name](case / "pkg")
+    result = runner.invoke(app, ["predict", str(case / "pkg"), str(case / "new.csv"), "--format", "csv",
+                                 "--out", str(case / "scores.parquet"), "-q"])
+    one_line_exit_2(result, "does not fit the package's spec.json")
+    with pytest.raises(ValueError, match="model.pt2 does not fit"):
+        load_model(case / "pkg")
+    assert not (case / "scores.parquet").exists()
+
+
+def test_an_id_beyond_64_bits_in_a_csv_scores_as_its_text(case: Path):
+    """The CSV reader keeps an id column's text: a 30-digit city scores as that string does through
+    the Python API (where a Python int of that size is refused: test_walk4_hostile)."""
+    rows = pd.read_csv(case / "new.csv").head(4).drop(columns=["label"])
+    big = ["123456789012345678901234567890", "98765432109876543210987654321", "-31415926535897932384626",
+           "27182818284590452353602874713"]  # 4 ids: a reader taking them as floats hashes other text
+    (case / "big.csv").write_text(rows.assign(city=big).to_csv(index=False))
+    result = runner.invoke(app, ["predict", str(case / "pkg"), str(case / "big.csv"), "--format", "csv",
+                                 "--out", str(case / "scores.csv"), "-q"])
+    assert result.exit_code == 0, result.output
+    scored = pd.read_csv(case / "scores.csv")["ctr"].to_numpy()
+    expected = load_model(case / "pkg").predict(rows.assign(city=big))["ctr"].to_numpy()
+    np.testing.assert_allclose(scored, expected, rtol=1e-6)

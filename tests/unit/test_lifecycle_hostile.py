@@ -120,7 +120,11 @@ def test_a_run_refused_after_encoding_its_data_leaves_no_folder_it_made(tmp_path
     mine.mkdir()
     with pytest.raises(RunError):
         flowrec.train(spec, out=mine, eval_every=5, max_steps=2)
-    assert mine.is_dir()
+    assert mine.is_dir() and not any(mine.iterdir())  # the user's empty folder stays, empty again
+    result = CliRunner().invoke(app, ["train", str(spec), "--out", str(mine), "--eval-every", "5",
+                                      "--max-steps", "2", "-q"])
+    assert result.exit_code == 2
+    assert mine.is_dir() and not any(mine.iterdir())
     folder = tmp_path / "new"
     folder.mkdir()
     lock = RunLock.acquire(folder)
