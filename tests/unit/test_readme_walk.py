@@ -1,0 +1,56 @@
+"""What a new user found following README.md and the pages it links, command by command: one test
+per defect (each fails on the code before its fix)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from flowrec.data import sources
+from flowrec.data.error_log import ErrorLog
+from flowrec.data.layout import META_FILE, DataError
+
+TEXT_READERS = {"csv": sources.read_csv, "avazu": sources.read_avazu, "criteo": sources.read_criteo,
+                "libsvm": sources.read_libsvm}
+
+
+def _split_dataset(tmp_path: Path) -> Path:
+    """What `flowrec data convert ... data/clicks/ --test-fraction 0.1` leaves: train/ and test/."""
+    root = tmp_path / "clicks"
+    for part in ("train", "test"):
+        (root / part).mkdir(parents=True)
+        (root / part / META_FILE).write_text(json.dumps({"format": "flowrec-dataset"}), encoding="utf-8")
+        (root / part / "part-00000.parquet").write_bytes(b"PAR1")
+    return root
+
+
+@pytest.mark.parametrize("fmt", sorted(TEXT_READERS))
+@pytest.mark.parametrize("which", ["test part", "split root"])
+def test_an_encoded_dataset_given_to_a_text_format_is_named_as_one(tmp_path: Path, fmt: str, which: str) -> None:
+    """`flowrec predict pkg/first data/clicks/test --out s.parquet` (the README's test split, scored
+    with the package's csv format) said pyarrow's "Expected file path, but data/clicks/test is a
+    directory"; `data convert csv data/clicks/test ...` the same."""
+    root = _split_dataset(tmp_path)
+    path = root / "test" if which == "test part" else root
+    options = {"fields": ["a"]} if fmt == "libsvm" else {}
+    with pytest.raises(DataError, match=f"encoded flowrec dataset.*{META_FILE}.*flowrec eval") as err:
+        list(TEXT_READERS[fmt](path, options, ErrorLog("fail", str(path)), set()))
+    assert "Expected file path" not in str(err.value)
+
+
+@pytest.mark.parametrize("fmt", sorted(TEXT_READERS))
+def test_a_folder_of_raw_files_given_to_a_text_format_says_it_reads_one_file(tmp_path: Path, fmt: str) -> None:
+    folder = tmp_path / "raw"
+    folder.mkdir()
+    (folder / "clicks.csv").write_text("label,a\n1,x\n", encoding="utf-8")
+    options = {"fields": ["a"]} if fmt == "libsvm" else {}
+    with pytest.raises(DataError, match=rf"raw is a folder, not a file: the {fmt} format reads one file"):
+        list(TEXT_READERS[fmt](folder, options, ErrorLog("fail", str(folder)), set()))
+
+
+def test_criteo_predict_on_a_folder_is_one_line_before_the_label_probe(tmp_path: Path) -> None:
+    """`flowrec predict PKG FOLDER` of a Criteo package probes the first row for the label column."""
+    root = _split_dataset(tmp_path)
+    with pytest.raises(DataError, match="encoded flowrec dataset"):
+        sources.criteo_has_label(root / "test")
