@@ -20,7 +20,7 @@ def _split_dataset(tmp_path: Path) -> Path:
     root = tmp_path / "clicks"
     for part in ("train", "test"):
         (root / part).mkdir(parents=True)
-        (root / part / META_FILE).write_text(json.dumps({"format": "flowrec-dataset"}), encoding="utf-8")
+        (root / part / META_FILE).write_text(json.dumps({"format": "flowrec-dataset", "part": part}), encoding="utf-8")
         (root / part / "part-00000.parquet").write_bytes(b"PAR1")
     return root
 
@@ -54,3 +54,35 @@ def test_criteo_predict_on_a_folder_is_one_line_before_the_label_probe(tmp_path:
     root = _split_dataset(tmp_path)
     with pytest.raises(DataError, match="encoded flowrec dataset"):
         sources.criteo_has_label(root / "test")
+
+
+def test_eval_of_run_best_without_early_stopping_says_why_there_is_none(tmp_path: Path) -> None:
+    """`flowrec eval runs/ml/best` (an example of `flowrec eval --help`) on a run trained without
+    training.early_stopping said only "no checkpoint at runs/ml/best"."""
+    from flowrec.runtime.checkpoint.format import CheckpointError
+    from flowrec.runtime.checkpoint.store import load_checkpoint
+
+    run = tmp_path / "ml"
+    run.mkdir()
+    (run / "run.json").write_text("{}", encoding="utf-8")
+    with pytest.raises(CheckpointError, match=r"no checkpoint at .*best: .*early_stopping.*holds the run's last checkpoint"):
+        load_checkpoint(run / "best")
+
+
+@pytest.mark.parametrize("given", ["folder", "checkpoint file"])
+def test_a_model_package_or_dataset_given_for_a_run_is_named(tmp_path: Path, given: str) -> None:
+    """`flowrec eval pkg/first` (the README's package for the run runs/first) said only "no
+    checkpoint at pkg/first/checkpoint.pt"; a dataset folder given to `export` the same."""
+    from flowrec.runtime.checkpoint.format import CheckpointError
+    from flowrec.runtime.checkpoint.store import load_checkpoint
+
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "manifest.json").write_text(json.dumps({"format": "flowrec-model"}), encoding="utf-8")
+    data = _split_dataset(tmp_path)
+    for folder, says in ((pkg, "is a model package .*flowrec predict"), (data, "is a dataset's folder, not a run")):
+        path = folder if given == "folder" else folder / "checkpoint.pt"
+        with pytest.raises(CheckpointError, match=f"no checkpoint at .*: .*{says}"):
+            load_checkpoint(path)
+    with pytest.raises(CheckpointError, match=r"^no checkpoint at \S+$"):  # a path that is nothing: as before
+        load_checkpoint(tmp_path / "nope")
