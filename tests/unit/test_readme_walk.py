@@ -86,3 +86,35 @@ def test_a_model_package_or_dataset_given_for_a_run_is_named(tmp_path: Path, giv
             load_checkpoint(path)
     with pytest.raises(CheckpointError, match=r"^no checkpoint at \S+$"):  # a path that is nothing: as before
         load_checkpoint(tmp_path / "nope")
+
+
+def _package_spec(fmt: str):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(spec=SimpleNamespace(data=SimpleNamespace(format=fmt, options={})))
+
+
+@pytest.mark.parametrize("fmt, name, says", [
+    ("movielens", "new_ratings.csv", "is a file, but the package's spec reads a MovieLens folder .*--format csv"),
+    ("csv", "clicks.parquet", "is named as Parquet, but the package's spec reads csv .*--format parquet"),
+    ("criteo", "day_24.pq", "is named as Parquet, but the package's spec reads criteo .*--format parquet"),
+])
+def test_predict_without_format_names_the_flag_when_the_file_is_not_the_specs_format(
+        tmp_path: Path, fmt: str, name: str, says: str) -> None:
+    """`flowrec predict pkg/ml new_ratings.csv --out s.parquet` (the help's example without its
+    --format csv) said only that the file is not a MovieLens folder, listing every release's
+    files; a Parquet file scored by a csv package that a row "is not valid UTF-8"."""
+    from flowrec.cli.predict_cmd import _raw_chunks
+
+    raw = tmp_path / name
+    raw.write_bytes(b"PAR1" if name.endswith(("parquet", "pq")) else b"user_id,item_id\n1,2\n")
+    with pytest.raises(ValueError, match=f"{name} {says}"):
+        _raw_chunks(_package_spec(fmt), raw, None, "fail")
+
+
+def test_predict_with_format_or_a_movielens_folder_is_not_second_guessed(tmp_path: Path) -> None:
+    from flowrec.cli.predict_cmd import default_format_mismatch
+
+    assert default_format_mismatch(tmp_path, "movielens") is None  # a folder: the spec's format reads it
+    assert default_format_mismatch(tmp_path / "x.parquet", "parquet") is None
+    assert default_format_mismatch(tmp_path / "x.tsv", "criteo_tsv") is None
