@@ -118,3 +118,19 @@ def test_predict_with_format_or_a_movielens_folder_is_not_second_guessed(tmp_pat
     assert default_format_mismatch(tmp_path, "movielens") is None  # a folder: the spec's format reads it
     assert default_format_mismatch(tmp_path / "x.parquet", "parquet") is None
     assert default_format_mismatch(tmp_path / "x.tsv", "criteo_tsv") is None
+
+
+def test_export_names_a_retrieval_packages_items_and_a_managed_packages_maps(tmp_path: Path) -> None:
+    """`flowrec export runs/tt pkg/tt` printed "wrote pkg/tt (model.pt2, encoder.json, spec.json,
+    plan.json, manifest.json)": not items.parquet, the catalogue `predict --top-k` reads (nor
+    items.faiss with --index faiss, nor a managed model's managed/ maps)."""
+    from flowrec.cli import export_cmd
+
+    pkg = tmp_path / "tt"
+    (pkg / "vocab").mkdir(parents=True)
+    (pkg / "managed").mkdir()
+    for name in ("model.pt2", "encoder.json", "spec.json", "plan.json", "manifest.json", "items.parquet",
+                 "items.faiss"):
+        (pkg / name).write_bytes(b"")
+    assert export_cmd.package_listing(pkg) == ["model.pt2", "encoder.json", "spec.json", "plan.json",
+                                               "manifest.json", "items.faiss", "items.parquet", "managed/"]
