@@ -213,8 +213,13 @@ def _check_options(request: RunRequest) -> None:
     from flowrec.runtime.session import device_problem
     from operators.onednn import gemm_library
 
+    from flowrec.runtime.hostmem import malloc_tuning_asked
+    from flowrec.runtime.trainer import background_checkpoints
+
     try:
         gemm_library()  # $FLOWREC_CPU_GEMM, before anything is read or written
+        background_checkpoints()  # $FLOWREC_CHECKPOINT_WRITES, likewise
+        malloc_tuning_asked()  # $FLOWREC_MALLOC_TUNING, likewise
     except ValueError as exc:
         fail(str(exc))
     from flowrec.data.layout import DataError
