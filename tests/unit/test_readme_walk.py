@@ -134,3 +134,24 @@ def test_export_names_a_retrieval_packages_items_and_a_managed_packages_maps(tmp
         (pkg / name).write_bytes(b"")
     assert export_cmd.package_listing(pkg) == ["model.pt2", "encoder.json", "spec.json", "plan.json",
                                                "manifest.json", "items.faiss", "items.parquet", "managed/"]
+
+
+@pytest.mark.parametrize("env", [{"FLOWREC_CPU_GEMM": "mlk"}, {"FLOWREC_MALLOC_TUNING": "off"},
+                                 {"FLOWREC_CHECKPOINT_WRITES": "inlne"}, {"FLOWREC_DATA_PRIORITY": "hi"}])
+def test_calibrate_refuses_a_bad_switch_in_one_line_before_measuring(tmp_path: Path, env: dict, monkeypatch) -> None:
+    """`FLOWREC_CPU_GEMM=mlk flowrec calibrate` (the README's calibrate, with docs/guide.md's GEMM
+    switch misspelt) ended in a ValueError traceback after its first measurements; `flowrec train`
+    refused it in one line."""
+    from typer.testing import CliRunner
+
+    from flowrec.cli import app
+    from operators import onednn
+
+    monkeypatch.setattr(onednn, "_LIBRARY", None)  # decided once a process: an earlier test decided it
+
+    out = tmp_path / "cal.json"
+    result = CliRunner().invoke(app, ["calibrate", "--seconds", "0.01", "--out", str(out)], env=env)
+    (name,) = env
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().splitlines() == [result.output.strip()] and f"error: {name}=" in result.output
+    assert "Traceback" not in result.output and not out.exists()
