@@ -155,3 +155,19 @@ def test_calibrate_refuses_a_bad_switch_in_one_line_before_measuring(tmp_path: P
     assert result.exit_code == 2, result.output
     assert result.output.strip().splitlines() == [result.output.strip()] and f"error: {name}=" in result.output
     assert "Traceback" not in result.output and not out.exists()
+
+
+def test_a_split_dataset_given_where_one_dataset_is_read_names_its_parts(tmp_path: Path) -> None:
+    """`flowrec data profile my_model.yaml data/clicks/` (the README's converted, split dataset) and
+    `--eval-data data/clicks` said "data/clicks is not a flowrec dataset (no _flowrec.json); convert it
+    first", of a folder just converted."""
+    from flowrec.data.layout import read_meta
+
+    root = _split_dataset(tmp_path)
+    with pytest.raises(DataError, match=r"clicks is a split dataset: its parts \S+train and \S+test are the "
+                                        r"datasets; give one of them"):
+        read_meta(root)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(DataError, match="is not a flowrec dataset"):  # any other folder: as before
+        read_meta(empty)
