@@ -21,6 +21,26 @@ def fail(message: str, code: int = EXIT_INVALID) -> NoReturn:
     raise typer.Exit(code)
 
 
+def check_env_switches() -> None:
+    """The environment switches of training and measuring, checked before anything is read or
+    written: FLOWREC_CPU_GEMM, FLOWREC_CHECKPOINT_WRITES, FLOWREC_MALLOC_TUNING and
+    FLOWREC_DATA_PRIORITY; a bad value is one line and exit 2 (`flowrec calibrate` once showed a
+    traceback for `FLOWREC_CPU_GEMM=mlk`)."""
+    from flowrec.data.layout import DataError
+    from flowrec.data.priority import mode as data_priority
+    from flowrec.runtime.hostmem import malloc_tuning_asked
+    from flowrec.runtime.trainer import background_checkpoints
+    from operators.onednn import gemm_library
+
+    try:
+        gemm_library()
+        background_checkpoints()
+        malloc_tuning_asked()
+        data_priority()
+    except (ValueError, DataError) as exc:
+        fail(str(exc))
+
+
 def rank_prefix() -> str:
     """`rank R: ` in a multi-rank launch (torchrun's RANK and WORLD_SIZE), else nothing."""
     size, rank = os.environ.get("WORLD_SIZE", "1"), os.environ.get("RANK", "0")

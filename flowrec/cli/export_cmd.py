@@ -75,12 +75,31 @@ def export(
         fail(f"interrupted (Ctrl-C); {out} was not written", EXIT_INTERRUPTED)
     if quiet:
         return
-    typer.echo(f"wrote {out} (model.pt2, encoder.json, spec.json, plan.json, manifest.json) in "
+    typer.echo(f"wrote {out} ({', '.join(package_listing(out))}) in "
                f"{report.seconds:.1f} s; tables {report.table_bytes / 2**20:,.1f} MiB {dtype}")
     if report.max_score_diff is not None:
         typer.echo(f"largest score difference {dtype} vs fp32: {report.max_score_diff:.2e} over "
                    f"{report.compared_rows:,} rows")
 
+
+
+PACKAGE_FIRST = ("model.pt2", "encoder.json", "spec.json", "plan.json", "manifest.json")
+
+
+def package_listing(out: Path) -> list[str]:
+    """What the package in `out` holds, for the line `export` prints: the files every package has,
+    then the others it has (a retrieval run's items.parquet and items.faiss, managed tables'
+    managed/), without the encoder's vocab/. The line once named the five files whatever was
+    written, so a retrieval package's items.parquet, which predict --top-k reads, went unmentioned.
+
+    >>> package_listing(Path("no-such-package"))
+    ['model.pt2', 'encoder.json', 'spec.json', 'plan.json', 'manifest.json']
+    """
+    try:
+        present = sorted(p.name + ("/" if p.is_dir() else "") for p in Path(out).iterdir())
+    except OSError:
+        present = []
+    return [*PACKAGE_FIRST, *(n for n in present if n.rstrip("/") not in (*PACKAGE_FIRST, "vocab"))]
 
 
 def _check_target(folder: Path, out: Path, overwrite: bool) -> None:

@@ -203,15 +203,41 @@ def _no_rows(raw: Path, log: Any) -> str:
     return f"no rows to score in {raw}"
 
 
+def default_format_mismatch(raw: Path, fmt: str) -> Optional[str]:
+    """Why `raw` cannot be in `fmt`, the package spec's data.format that predict reads when no
+    --format is given, where the path says so at once; else None. `flowrec predict pkg/ml
+    new_ratings.csv --out s.parquet` (the help's example without its --format csv) said only that the
+    CSV file is not a MovieLens folder, and a .parquet file read as CSV that a row "is not valid UTF-8".
+
+    >>> default_format_mismatch(Path("rows.parquet"), "criteo")
+    "rows.parquet is named as Parquet, but the package's spec reads criteo (its data.format, the default): give --format parquet"
+    >>> default_format_mismatch(Path("rows.csv"), "csv") is None
+    True
+    """
+    from flowrec.data.sources import FORMAT_ALIASES
+
+    if FORMAT_ALIASES.get(fmt, fmt) == "movielens" and raw.is_file():
+        return (f"{raw} is a file, but the package's spec reads a MovieLens folder (its data.format {fmt}, the "
+                "default): give --format csv (or parquet) for a file of raw rows")
+    if raw.suffix.lower() in (".parquet", ".pq") and FORMAT_ALIASES.get(fmt, fmt) != "parquet":
+        return (f"{raw} is named as Parquet, but the package's spec reads {fmt} (its data.format, the default): "
+                "give --format parquet")
+    return None
+
+
 def _raw_chunks(model, raw: Path, fmt: Optional[str], on_error: str) -> tuple[Any, Any]:
     """Chunks of raw rows in the package spec's source format (labels optional)."""
     from flowrec.data.error_log import ErrorLog
     from flowrec.data.sources import FORMAT_ALIASES, criteo_has_label, reader
 
     spec = model.spec
-    fmt = fmt or (spec.data.format if spec.data is not None else None)
     if fmt is None:
-        raise ValueError("the package's spec binds no data format; give --format")
+        fmt = spec.data.format if spec.data is not None else None
+        if fmt is None:
+            raise ValueError("the package's spec binds no data format; give --format")
+        mismatch = default_format_mismatch(raw, fmt)
+        if mismatch is not None:
+            raise ValueError(mismatch)
     log = ErrorLog(on_error, str(raw))
     opts = dict(spec.data.options) if spec.data is not None else {}
     if FORMAT_ALIASES.get(fmt, fmt) == "criteo_tsv":  # test files lack the label column

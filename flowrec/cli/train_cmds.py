@@ -15,7 +15,7 @@ from typing import Optional
 
 import typer
 
-from flowrec.cli.common import exit_without_teardown, fail, is_lead_rank, load_spec_or_exit, planned_spec_or_exit
+from flowrec.cli.common import check_env_switches, exit_without_teardown, fail, is_lead_rank, load_spec_or_exit, planned_spec_or_exit
 from flowrec.runtime.messages import first_line, out_of_memory
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
@@ -211,19 +211,8 @@ def _check_options(request: RunRequest) -> None:
     from flowrec.runs.settings import CACHE_POLICIES, MAX_SEED
     from flowrec.runtime.nonfinite import NAN_POLICIES
     from flowrec.runtime.session import device_problem
-    from operators.onednn import gemm_library
 
-    try:
-        gemm_library()  # $FLOWREC_CPU_GEMM, before anything is read or written
-    except ValueError as exc:
-        fail(str(exc))
-    from flowrec.data.layout import DataError
-    from flowrec.data.priority import mode as data_priority
-
-    try:
-        data_priority()  # $FLOWREC_DATA_PRIORITY, likewise
-    except DataError as exc:
-        fail(str(exc))
+    check_env_switches()  # $FLOWREC_CPU_GEMM, ..._CHECKPOINT_WRITES, ..._MALLOC_TUNING, ..._DATA_PRIORITY
     given = request.given
     if given["seed"] is not None and not 0 <= given["seed"] <= MAX_SEED:
         fail(f"--seed must be in 0..{MAX_SEED} (2^63-1), not {given['seed']}")

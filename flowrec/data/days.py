@@ -192,7 +192,9 @@ def day_ids(day: Path, meta: DatasetMeta | None = None) -> dict[str, np.ndarray]
     meta = read_meta(day) if meta is None else meta
     features: dict[str, list[str]] = {}
     for name, enc in meta.encoding.items():
-        if enc.get("mode") == "managed":
+        # converted data says managed; `data synth` writes raw-id hashes too, its rule's rows 0
+        # (`layout.encoded_rows`: a managed table's data holds no rows; every other table has rows)
+        if enc.get("mode") == "managed" or (enc.get("mode") == "synthetic" and enc.get("rows") == 0):
             features.setdefault(enc["table"], []).append(name)
     if not features:
         return {}

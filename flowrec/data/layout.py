@@ -189,6 +189,10 @@ def read_meta(path: str | Path) -> DatasetMeta:
         raise DataError(f"dataset directory not found: {path}")
     meta = path / META_FILE
     if not meta.is_file():
+        parts = [part for part in ("train", "test") if (path / part / META_FILE).is_file()]
+        if parts:  # `data convert --test-fraction`'s OUT: not "convert it first"
+            raise DataError(f"{path} is a split dataset: its parts {' and '.join(str(path / p) for p in parts)} "
+                            "are the datasets; give one of them")
         raw = " parquet" if any(path.glob("*.parquet")) else ""
         raise DataError(f"{path} is not a flowrec dataset (no {META_FILE}); convert it first "
                         f"with `flowrec data convert{raw}` or `flowrec data synth`")

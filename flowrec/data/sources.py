@@ -48,6 +48,7 @@ def read_criteo(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set
     With ``options["has_label"]`` False, rows are in the layout of Criteo's test files: the same
     columns without the label (39 fields).
     """
+    _refuse_folder(path, "criteo")
     names = CRITEO_COLUMNS if options.get("has_label", True) else CRITEO_COLUMNS[1:]
     numeric = set(numeric) | {"label"} | {c for c in CRITEO_COLUMNS if c.startswith("I")}
     yield from csv_chunks(path, log, numeric, delimiter="\t", names=names,
@@ -61,6 +62,7 @@ def criteo_has_label(path: Path) -> bool:
     Raises:
         DataError: the first row has another number of fields (or the file is empty).
     """
+    _refuse_folder(path, "criteo")
     try:
         first = _first_line(path).rstrip(b"\r\n")  # compressed test files (.gz, ...) too
     except (OSError, pa.ArrowInvalid) as exc:
@@ -74,6 +76,7 @@ def criteo_has_label(path: Path) -> bool:
 
 def read_avazu(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[str]) -> Iterator[pa.Table]:
     """Avazu CSV with header (id, click, hour, C1, ...); label column `click`."""
+    _refuse_folder(path, "avazu")
     yield from csv_chunks(path, log, set(numeric) | {"click"}, delimiter=",", names=None,
                           required={"click"}, chunk_bytes=options.get("chunk_bytes", CHUNK_BYTES))
 
@@ -93,6 +96,7 @@ def arrow_threads_may_hold_python() -> bool:
 def read_csv(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[str]) -> Iterator[pa.Table]:
     """Generic delimited text; options: sep (","), header (true), names (when no header),
     encoding (the text's, "utf-8" by default: e.g. latin-1 or cp1252, read into UTF-8 on the way in)."""
+    _refuse_folder(path, "csv")
     sep, header, names = _csv_options(options)
     if not header and not names:
         raise DataError("csv without header needs data.options.names")
@@ -406,6 +410,7 @@ def read_libsvm(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set
     feature_map (file of ``idx name`` lines: the column of each libsvm index). A categorical
     column receives the index, a numeric one (a dense feature) the value.
     """
+    _refuse_folder(path, "libsvm")
     fields = options.get("fields", ())
     if isinstance(fields, str) or not isinstance(fields, (list, tuple)) or not all(isinstance(f, str) for f in fields):
         raise DataError(f"data.options.fields must be a list of column names, not {str(fields)[:60]!r}")
@@ -744,6 +749,19 @@ def _refuse_encoded(path: Path) -> None:
         raise DataError(f"{path} is an encoded flowrec dataset ({found} exists), not raw rows: encoding it "
                         "again would read other ids; give the raw rows it was converted from, or score it "
                         "with `flowrec eval RUN --data DIR`")
+
+
+def _refuse_folder(path: Path, fmt: str) -> None:
+    """Raise DataError when a text format (one file) is given a folder: an encoded dataset (the
+    split that `data convert` wrote, given to `predict` or `convert` again) is named as such, any
+    other folder as not a file. Without this, pyarrow's own "Expected file path, but ... is a
+    directory" was the message."""
+    path = Path(path)
+    if not path.is_dir():
+        return
+    _refuse_encoded(path)
+    raise DataError(f"{path} is a folder, not a file: the {fmt} format reads one file (only parquet and "
+                    "movielens read a folder)")
 
 
 def _parquet_checked(table: pa.Table, lines: np.ndarray, log: ErrorLog, numeric: set[str], path: Path) -> pa.Table:

@@ -33,10 +33,25 @@ MMAP_THRESHOLD_BYTES = 32 << 20  # glibc's maximum on 64-bit: blocks below come 
 TRIM_THRESHOLD_BYTES = 512 << 20  # keep up to this much freed heap memory mapped
 
 
+MALLOC_TUNING_ENV = "FLOWREC_MALLOC_TUNING"
+
+
+def malloc_tuning_asked() -> bool:
+    """Whether `FLOWREC_MALLOC_TUNING` asks for the tuning: unset or 1, yes; 0, no.
+
+    Raises:
+        ValueError: another value (`off`, `false` once kept the tuning on without a word).
+    """
+    value = os.environ.get(MALLOC_TUNING_ENV, "1").strip() or "1"
+    if value not in ("0", "1"):
+        raise ValueError(f"{MALLOC_TUNING_ENV}={value!r}: use 0 (off) or 1 (on; the default when unset)")
+    return value == "1"
+
+
 def tune_host_allocator() -> bool:
     """Raise glibc's mmap and trim thresholds and serve the main thread's large blocks from the
     heap (`M_MMAP_MAX` 0); False where not applicable (not glibc, opted out)."""
-    if os.environ.get("FLOWREC_MALLOC_TUNING", "1") == "0" or not sys.platform.startswith("linux"):
+    if not malloc_tuning_asked() or not sys.platform.startswith("linux"):
         return False
     try:
         mallopt = ctypes.CDLL("libc.so.6").mallopt

@@ -72,10 +72,21 @@ CHECKPOINT_WRITES_ENV = "FLOWREC_CHECKPOINT_WRITES"
 RANK_CHECKPOINTS_ENV = "FLOWREC_RANK_CHECKPOINTS"
 
 
+CHECKPOINT_WRITES = ("background", "inline")
+
+
 def background_checkpoints() -> bool:
     """Whether checkpoints are written in the background: True unless `FLOWREC_CHECKPOINT_WRITES`
-    (or, when it is unset, the older `FLOWREC_RANK_CHECKPOINTS`) is "inline"."""
-    value = os.environ.get(CHECKPOINT_WRITES_ENV) or os.environ.get(RANK_CHECKPOINTS_ENV) or "background"
+    (or, when it is unset, the older `FLOWREC_RANK_CHECKPOINTS`) is "inline".
+
+    Raises:
+        ValueError: another value (a typo such as `inlne` silently wrote in the background, so a
+            comparison of the two timed one mode twice).
+    """
+    name = CHECKPOINT_WRITES_ENV if os.environ.get(CHECKPOINT_WRITES_ENV) else RANK_CHECKPOINTS_ENV
+    value = os.environ.get(name) or "background"
+    if value not in CHECKPOINT_WRITES:
+        raise ValueError(f"{name}={value!r}: use background or inline (or leave it unset: background)")
     return value != "inline"
 
 
@@ -213,6 +224,7 @@ class Trainer:
         self.config = config
         tune_host_allocator()
         gemm_library()  # $FLOWREC_CPU_GEMM refused before the first step, not in its forward
+        background_checkpoints()  # $FLOWREC_CHECKPOINT_WRITES likewise, not at the first checkpoint
         self.plan_document = plan_document
         opt = spec.dense_optimizer
         self.optimizer = make_dense_optimizer(model, opt.name, opt.lr, dict(opt.params))

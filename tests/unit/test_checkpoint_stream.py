@@ -272,6 +272,19 @@ def test_one_switch_for_inline_writes_and_the_older_name_is_still_read(monkeypat
     assert trainer.background_checkpoints() is background
 
 
+@pytest.mark.parametrize("name", ["FLOWREC_CHECKPOINT_WRITES", "FLOWREC_RANK_CHECKPOINTS"])
+def test_a_misspelt_checkpoint_writes_switch_is_refused_naming_it(monkeypatch, name):
+    """FLOWREC_CHECKPOINT_WRITES=inlne (docs/runs.md's comparison switch, misspelt) wrote in the
+    background without a word, so a comparison of the two modes timed one of them twice."""
+    from flowrec.runtime import trainer
+
+    monkeypatch.delenv(trainer.CHECKPOINT_WRITES_ENV, raising=False)
+    monkeypatch.delenv(trainer.RANK_CHECKPOINTS_ENV, raising=False)
+    monkeypatch.setenv(name, "inlne")
+    with pytest.raises(ValueError, match=f"{name}='inlne': use background or inline"):
+        trainer.background_checkpoints()
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.int64])
 def test_copy_rows_equals_torch_copy_contiguous_or_not(dtype: torch.dtype):
     gen = torch.Generator().manual_seed(7)

@@ -102,6 +102,30 @@ def test_inspect_days_counts_distinct_and_new_ids_as_sets_do(days):
     assert f"managed table users: {len(ids):,} distinct raw ids" in one.output
 
 
+def test_inspect_days_counts_the_managed_ids_of_synthetic_days(tmp_path: Path):
+    """Days made with `flowrec data synth` (the quickest way to try `--follow`, docs/managed.md)
+    showed only their rows in `flowrec data inspect DAYS`, no managed table's distinct and new ids."""
+    import pyarrow.parquet as pq
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC)
+    folder = tmp_path / "days"
+    for seed, day in ((1, "d1"), (2, "d2")):
+        made = runner.invoke(app, ["data", "synth", str(spec), "--rows", "300", "--out", str(folder / day),
+                                   "--seed", str(seed)])
+        assert made.exit_code == 0, made.output
+    got = inspect_days(folder, DayOrder(None))
+    seen: set[int] = set()
+    for entry in got:
+        table = pq.read_table(folder / entry["day"])
+        ids = {v for v in table.column("user").to_pylist() if v != 0}
+        ids |= {v for row in table.column("friends").to_pylist() for v in row if v != 0}
+        assert entry["managed"]["users"] == {"distinct_ids": len(ids), "new_ids": len(ids - seen)}
+        seen |= ids
+    shown = runner.invoke(app, ["data", "inspect", str(folder)])
+    assert "users distinct ids" in shown.output and "users new ids" in shown.output
+
+
 @pytest.mark.parametrize("order", ["ts", "d1", None])  # recorded dates, a stored column, by name
 def test_inspect_days_dates_each_day_once_and_reads_its_meta_once(days, monkeypatch, order):
     import flowrec.data.days as days_module

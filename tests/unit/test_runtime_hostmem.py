@@ -60,3 +60,17 @@ def test_a_block_above_the_mmap_threshold_is_reused_not_faulted_in_again(tmp_pat
         pytest.skip("not glibc")
     assert out["1"][1] < pages  # the steady steps reuse it from the heap (the heap grows to the steps' needs first)
     assert out["0"][2] > pages // 2  # without tuning: a fresh mapping faulted in every time
+
+
+@pytest.mark.parametrize("value", ["off", "false", "no", "2"])
+def test_a_malloc_tuning_value_other_than_0_or_1_is_refused(monkeypatch, value):
+    """docs/guide.md's opt-out is FLOWREC_MALLOC_TUNING=0; `=off` or `=false` kept the tuning on
+    without a word."""
+    from flowrec.runtime import hostmem
+
+    monkeypatch.setenv("FLOWREC_MALLOC_TUNING", value)
+    with pytest.raises(ValueError, match=f"FLOWREC_MALLOC_TUNING='{value}': use 0"):
+        hostmem.tune_host_allocator()
+    for asked, on in (("0", False), ("1", True), ("", True)):
+        monkeypatch.setenv("FLOWREC_MALLOC_TUNING", asked)
+        assert hostmem.malloc_tuning_asked() is on

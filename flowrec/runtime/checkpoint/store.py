@@ -32,7 +32,7 @@ from flowrec.runtime.checkpoint.format import (
     content_digest,
     read_torch_file,
 )
-from flowrec.data.run_paths import CHECKPOINT_NAME
+from flowrec.data.run_paths import BEST_DIR, CHECKPOINT_NAME, RUN_FILE
 from flowrec.runtime.managed_state import MANAGED_PREFIX
 from flowrec.runtime.messages import first_line
 
@@ -120,6 +120,26 @@ def checkpoint_path(path: Path) -> Path:
     return path / CHECKPOINT_NAME if path.is_dir() else path
 
 
+def _not_a_run(given: Path) -> str:
+    """Why `given` holds no checkpoint, where a user's next step follows from it: a model package
+    or a dataset given for a run, or RUN/best of a run that never wrote one (the help's `flowrec
+    eval runs/ml/best` on a run without early stopping said only "no checkpoint at runs/ml/best")."""
+    from flowrec.data.output_guard import owner_of
+
+    folder = given if given.is_dir() else given.parent if given.name == CHECKPOINT_NAME else None
+    if folder is not None and folder.is_dir():
+        owner = owner_of(folder)
+        if owner == "a model package":
+            return (f": {folder} is a model package (from `flowrec export`), not a run folder; score raw rows "
+                    f"with it: `flowrec predict {folder} RAW --out FILE`")
+        if owner in ("a dataset", "an encoder"):
+            return f": {folder} is {owner}'s folder, not a run folder"
+    elif given.name == BEST_DIR and ((given.parent / RUN_FILE).is_file() or (given.parent / CHECKPOINT_NAME).is_file()):
+        return (f": a run writes {BEST_DIR}/ only with training.early_stopping in its spec, at its best "
+                f"evaluation; {given.parent} holds the run's last checkpoint")
+    return ""
+
+
 def load_checkpoint(path: Path, map_location: str | torch.device = "cpu", mmap: bool = False,
                     lazy_shards: bool = False) -> dict[str, Any]:
     """Load and check a checkpoint (`weights_only=True`: no code in the file runs), with its
@@ -138,9 +158,9 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu", mmap: 
         CheckpointError: missing, empty, truncated, damaged, foreign or hostile file, another
             version, or missing keys; one line naming the file.
     """
-    path = checkpoint_path(path)
+    given, path = Path(path), checkpoint_path(path)
     if not path.is_file():
-        raise CheckpointError(f"no checkpoint at {path}")
+        raise CheckpointError(f"no checkpoint at {path}{_not_a_run(given)}")
     try:
         size = path.stat().st_size
     except OSError as exc:

@@ -1,0 +1,173 @@
+"""What a new user found following README.md and the pages it links, command by command: one test
+per defect (each fails on the code before its fix)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from flowrec.data import sources
+from flowrec.data.error_log import ErrorLog
+from flowrec.data.layout import META_FILE, DataError
+
+TEXT_READERS = {"csv": sources.read_csv, "avazu": sources.read_avazu, "criteo": sources.read_criteo,
+                "libsvm": sources.read_libsvm}
+
+
+def _split_dataset(tmp_path: Path) -> Path:
+    """What `flowrec data convert ... data/clicks/ --test-fraction 0.1` leaves: train/ and test/."""
+    root = tmp_path / "clicks"
+    for part in ("train", "test"):
+        (root / part).mkdir(parents=True)
+        (root / part / META_FILE).write_text(json.dumps({"format": "flowrec-dataset", "part": part}), encoding="utf-8")
+        (root / part / "part-00000.parquet").write_bytes(b"PAR1")
+    return root
+
+
+@pytest.mark.parametrize("fmt", sorted(TEXT_READERS))
+@pytest.mark.parametrize("which", ["test part", "split root"])
+def test_an_encoded_dataset_given_to_a_text_format_is_named_as_one(tmp_path: Path, fmt: str, which: str) -> None:
+    """`flowrec predict pkg/first data/clicks/test --out s.parquet` (the README's test split, scored
+    with the package's csv format) said pyarrow's "Expected file path, but data/clicks/test is a
+    directory"; `data convert csv data/clicks/test ...` the same."""
+    root = _split_dataset(tmp_path)
+    path = root / "test" if which == "test part" else root
+    options = {"fields": ["a"]} if fmt == "libsvm" else {}
+    with pytest.raises(DataError, match=f"encoded flowrec dataset.*{META_FILE}.*flowrec eval") as err:
+        list(TEXT_READERS[fmt](path, options, ErrorLog("fail", str(path)), set()))
+    assert "Expected file path" not in str(err.value)
+
+
+@pytest.mark.parametrize("fmt", sorted(TEXT_READERS))
+def test_a_folder_of_raw_files_given_to_a_text_format_says_it_reads_one_file(tmp_path: Path, fmt: str) -> None:
+    folder = tmp_path / "raw"
+    folder.mkdir()
+    (folder / "clicks.csv").write_text("label,a\n1,x\n", encoding="utf-8")
+    options = {"fields": ["a"]} if fmt == "libsvm" else {}
+    with pytest.raises(DataError, match=rf"raw is a folder, not a file: the {fmt} format reads one file"):
+        list(TEXT_READERS[fmt](folder, options, ErrorLog("fail", str(folder)), set()))
+
+
+def test_criteo_predict_on_a_folder_is_one_line_before_the_label_probe(tmp_path: Path) -> None:
+    """`flowrec predict PKG FOLDER` of a Criteo package probes the first row for the label column."""
+    root = _split_dataset(tmp_path)
+    with pytest.raises(DataError, match="encoded flowrec dataset"):
+        sources.criteo_has_label(root / "test")
+
+
+def test_eval_of_run_best_without_early_stopping_says_why_there_is_none(tmp_path: Path) -> None:
+    """`flowrec eval runs/ml/best` (an example of `flowrec eval --help`) on a run trained without
+    training.early_stopping said only "no checkpoint at runs/ml/best"."""
+    from flowrec.runtime.checkpoint.format import CheckpointError
+    from flowrec.runtime.checkpoint.store import load_checkpoint
+
+    run = tmp_path / "ml"
+    run.mkdir()
+    (run / "run.json").write_text("{}", encoding="utf-8")
+    with pytest.raises(CheckpointError, match=r"no checkpoint at .*best: .*early_stopping.*holds the run's last checkpoint"):
+        load_checkpoint(run / "best")
+
+
+@pytest.mark.parametrize("given", ["folder", "checkpoint file"])
+def test_a_model_package_or_dataset_given_for_a_run_is_named(tmp_path: Path, given: str) -> None:
+    """`flowrec eval pkg/first` (the README's package for the run runs/first) said only "no
+    checkpoint at pkg/first/checkpoint.pt"; a dataset folder given to `export` the same."""
+    from flowrec.runtime.checkpoint.format import CheckpointError
+    from flowrec.runtime.checkpoint.store import load_checkpoint
+
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "manifest.json").write_text(json.dumps({"format": "flowrec-model"}), encoding="utf-8")
+    data = _split_dataset(tmp_path)
+    for folder, says in ((pkg, "is a model package .*flowrec predict"), (data, "is a dataset's folder, not a run")):
+        path = folder if given == "folder" else folder / "checkpoint.pt"
+        with pytest.raises(CheckpointError, match=f"no checkpoint at .*: .*{says}"):
+            load_checkpoint(path)
+    with pytest.raises(CheckpointError, match=r"^no checkpoint at \S+$"):  # a path that is nothing: as before
+        load_checkpoint(tmp_path / "nope")
+
+
+def _package_spec(fmt: str):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(spec=SimpleNamespace(data=SimpleNamespace(format=fmt, options={})))
+
+
+@pytest.mark.parametrize("fmt, name, says", [
+    ("movielens", "new_ratings.csv", "is a file, but the package's spec reads a MovieLens folder .*--format csv"),
+    ("csv", "clicks.parquet", "is named as Parquet, but the package's spec reads csv .*--format parquet"),
+    ("criteo", "day_24.pq", "is named as Parquet, but the package's spec reads criteo .*--format parquet"),
+])
+def test_predict_without_format_names_the_flag_when_the_file_is_not_the_specs_format(
+        tmp_path: Path, fmt: str, name: str, says: str) -> None:
+    """`flowrec predict pkg/ml new_ratings.csv --out s.parquet` (the help's example without its
+    --format csv) said only that the file is not a MovieLens folder, listing every release's
+    files; a Parquet file scored by a csv package that a row "is not valid UTF-8"."""
+    from flowrec.cli.predict_cmd import _raw_chunks
+
+    raw = tmp_path / name
+    raw.write_bytes(b"PAR1" if name.endswith(("parquet", "pq")) else b"user_id,item_id\n1,2\n")
+    with pytest.raises(ValueError, match=f"{name} {says}"):
+        _raw_chunks(_package_spec(fmt), raw, None, "fail")
+
+
+def test_predict_with_format_or_a_movielens_folder_is_not_second_guessed(tmp_path: Path) -> None:
+    from flowrec.cli.predict_cmd import default_format_mismatch
+
+    assert default_format_mismatch(tmp_path, "movielens") is None  # a folder: the spec's format reads it
+    assert default_format_mismatch(tmp_path / "x.parquet", "parquet") is None
+    assert default_format_mismatch(tmp_path / "x.tsv", "criteo_tsv") is None
+
+
+def test_export_names_a_retrieval_packages_items_and_a_managed_packages_maps(tmp_path: Path) -> None:
+    """`flowrec export runs/tt pkg/tt` printed "wrote pkg/tt (model.pt2, encoder.json, spec.json,
+    plan.json, manifest.json)": not items.parquet, the catalogue `predict --top-k` reads (nor
+    items.faiss with --index faiss, nor a managed model's managed/ maps)."""
+    from flowrec.cli import export_cmd
+
+    pkg = tmp_path / "tt"
+    (pkg / "vocab").mkdir(parents=True)
+    (pkg / "managed").mkdir()
+    for name in ("model.pt2", "encoder.json", "spec.json", "plan.json", "manifest.json", "items.parquet",
+                 "items.faiss"):
+        (pkg / name).write_bytes(b"")
+    assert export_cmd.package_listing(pkg) == ["model.pt2", "encoder.json", "spec.json", "plan.json",
+                                               "manifest.json", "items.faiss", "items.parquet", "managed/"]
+
+
+@pytest.mark.parametrize("env", [{"FLOWREC_CPU_GEMM": "mlk"}, {"FLOWREC_MALLOC_TUNING": "off"},
+                                 {"FLOWREC_CHECKPOINT_WRITES": "inlne"}, {"FLOWREC_DATA_PRIORITY": "hi"}])
+def test_calibrate_refuses_a_bad_switch_in_one_line_before_measuring(tmp_path: Path, env: dict, monkeypatch) -> None:
+    """`FLOWREC_CPU_GEMM=mlk flowrec calibrate` (the README's calibrate, with docs/guide.md's GEMM
+    switch misspelt) ended in a ValueError traceback after its first measurements; `flowrec train`
+    refused it in one line."""
+    from typer.testing import CliRunner
+
+    from flowrec.cli import app
+    from operators import onednn
+
+    monkeypatch.setattr(onednn, "_LIBRARY", None)  # decided once a process: an earlier test decided it
+
+    out = tmp_path / "cal.json"
+    result = CliRunner().invoke(app, ["calibrate", "--seconds", "0.01", "--out", str(out)], env=env)
+    (name,) = env
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().splitlines() == [result.output.strip()] and f"error: {name}=" in result.output
+    assert "Traceback" not in result.output and not out.exists()
+
+
+def test_a_split_dataset_given_where_one_dataset_is_read_names_its_parts(tmp_path: Path) -> None:
+    """`flowrec data profile my_model.yaml data/clicks/` (the README's converted, split dataset) and
+    `--eval-data data/clicks` said "data/clicks is not a flowrec dataset (no _flowrec.json); convert it
+    first", of a folder just converted."""
+    from flowrec.data.layout import read_meta
+
+    root = _split_dataset(tmp_path)
+    with pytest.raises(DataError, match=r"clicks is a split dataset: its parts \S+train and \S+test are the "
+                                        r"datasets; give one of them"):
+        read_meta(root)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(DataError, match="is not a flowrec dataset"):  # any other folder: as before
+        read_meta(empty)
