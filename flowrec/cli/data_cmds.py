@@ -120,11 +120,9 @@ def convert(
         options["split_seed"] = split_seed
 
     def work():
-        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
         from flowrec.data.convert import convert as run_convert
         from flowrec.data.output_guard import check_folder_output
-        from rich.console import Console
+        from flowrec.runtime.progress import rows_spinner
 
         model = _spec(spec)
         check_folder_output(out, [source, spec, *([encoder_from] if encoder_from else [])], overwrite, "a dataset")
@@ -133,11 +131,9 @@ def convert(
             from flowrec.data.encoder_record import find_record, load_encoder
 
             encoder = load_encoder(find_record(encoder_from), model)
-        with Progress(SpinnerColumn(), TextColumn("{task.description} {task.completed:,} rows"),
-                      TimeElapsedColumn(), console=Console(stderr=True), disable=quiet) as bar:
-            task = bar.add_task(f"converting {source.name}", total=None)
+        with rows_spinner(f"converting {source.name}", not quiet) as advance:
             return run_convert(model, fmt, [source], out, on_error, options, rows_per_file,
-                               progress=lambda n: bar.advance(task, n), overwrite=overwrite,
+                               progress=advance, overwrite=overwrite,
                                encoder=encoder, grow=not no_grow)
 
     report = _run(work)
@@ -147,7 +143,8 @@ def convert(
     for line in growth_lines(report.growth):
         typer.echo(line)
     if report.labels_mapped:
-        typer.echo(f"read {report.labels_mapped:,} labels -1 as 0 (the {fmt} -1/+1 convention)")
+        typer.echo(f"read {report.labels_mapped:,} label{'s' if report.labels_mapped != 1 else ''} -1 as 0 "
+                   f"(the {fmt} -1/+1 convention)")
     for line in report.warnings:
         typer.echo(f"warning: {line}", err=True)
     if report.errors:

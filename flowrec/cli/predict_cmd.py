@@ -133,10 +133,9 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
     """Score `raw` into `staged`: rows written, malformed rows skipped, rows of an all-zero query
     (--top-k) and the first one's row (0-based, over the rows scored)."""
     import pyarrow as pa
-    from rich.console import Console
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from flowrec.data.sources import LINE_COLUMN
+    from flowrec.runtime.progress import rows_spinner
     from flowrec.serving.predict import load_model
 
     model = load_model(model_dir)
@@ -147,9 +146,7 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
         _check_text_heads(model.spec.heads, kind)
     chunks, log = _raw_chunks(model, raw, fmt, on_error)
     writer, rows = None, 0
-    with Progress(SpinnerColumn(), TextColumn("{task.description} {task.completed:,} rows"),
-                  TimeElapsedColumn(), console=Console(stderr=True), disable=quiet) as bar:
-        task = bar.add_task(f"scoring {raw.name}", total=None)
+    with rows_spinner(f"scoring {raw.name}", not quiet) as advance:
         try:
             for chunk in chunks:
                 absent = [c for c in keep if c not in chunk.column_names]
@@ -164,7 +161,7 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
                     writer = _open_writer(staged, table.schema, kind)
                 writer.write_table(table)
                 rows += table.num_rows
-                bar.advance(task, table.num_rows)
+                advance(table.num_rows)
         finally:
             if writer is not None:
                 writer.close()

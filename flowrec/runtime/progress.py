@@ -1,5 +1,6 @@
-"""Progress bars on stderr (rich), silent when disabled: training (samples/s, loss and ETA) and
-reading the data for the plan (`reading_bar`)."""
+"""Progress bars on stderr (rich), silent when disabled: training (samples/s, loss and ETA),
+reading the data for the plan (`reading_bar`) and rows of a stream of unknown length
+(`rows_spinner`: data convert, predict)."""
 from __future__ import annotations
 
 import sys
@@ -12,6 +13,7 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    SpinnerColumn,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
@@ -85,3 +87,20 @@ def reading_bar(enabled: bool) -> Callable[[str, int], AbstractContextManager[Ca
             yield lambda rows: shown.advance(task, rows)
 
     return bar
+
+
+@contextmanager
+def rows_spinner(description: str, enabled: bool) -> Iterator[Callable[[int], None]]:
+    """A spinner with rows done so far and the time taken, for work whose rows are not known
+    ahead (`flowrec data convert`, `flowrec predict`); yields `advance(rows)`. On stderr where it is
+    a terminal only: a log or a pipe gets the command's own closing line, not a spinner's last frame.
+
+    Example:
+        >>> with rows_spinner("scoring day1.csv", enabled=False) as advance:
+        ...     advance(1024)
+    """
+    console = Console(file=sys.stderr)
+    with Progress(SpinnerColumn(), TextColumn("{task.description} {task.completed:,} rows"), TimeElapsedColumn(),
+                  console=console, disable=not enabled or not console.is_terminal) as shown:
+        task = shown.add_task(description, total=None)
+        yield lambda rows: shown.advance(task, rows)

@@ -173,8 +173,19 @@ def test_raw_input_case(case: RawCase, tmp_path: Path):
         return
     assert res.exit_code == 0 and not error_lines(res), res.output
     assert pq.read_table(out).column("label").to_pylist() == list(case.labels)
-    assert (f"read {case.mapped:,} labels -1 as 0" in res.output) == (case.mapped > 0), res.output
+    label = "label" if case.mapped == 1 else "labels"
+    assert (f"read {case.mapped:,} {label} -1 as 0" in res.output) == (case.mapped > 0), res.output
     assert {k: v for k, v in digest(tmp_path).items() if not k.startswith("out/")} == before
+
+
+def test_convert_into_a_log_writes_its_closing_line_not_a_spinner(tmp_path: Path):
+    """Without a terminal convert's spinner printed its last frame ('⠋ converting x.in 2 rows')."""
+    spec = write_spec(tmp_path, SPEC)
+    (tmp_path / "x.in").write_bytes(csv("1,1.5,c,d,", "0,2.5,e,f,"))
+    res = runner.invoke(app, ["data", "convert", "csv", str(tmp_path / "x.in"), str(tmp_path / "out"), "--spec",
+                              str(spec)])
+    assert res.exit_code == 0, res.output
+    assert "converting" not in res.output and "wrote 2 rows" in res.output, res.output
 
 
 @pytest.mark.parametrize("fmap, expected", [

@@ -409,3 +409,12 @@ def test_an_id_beyond_64_bits_in_a_csv_scores_as_its_text(case: Path):
     scored = pd.read_csv(case / "scores.csv")["ctr"].to_numpy()
     expected = load_model(case / "pkg").predict(rows.assign(city=big))["ctr"].to_numpy()
     np.testing.assert_allclose(scored, expected, rtol=1e-6)
+
+
+def test_predict_into_a_log_writes_its_closing_line_not_a_spinner(case: Path):
+    """Without a terminal (a log, a pipe, CI) predict's spinner printed its last frame ('⠋ scoring
+    new.csv 50 rows 0:00:00') before the closing line."""
+    result = runner.invoke(app, ["predict", str(case / "pkg"), str(case / "new.csv"), "--format", "csv",
+                                 "--out", str(case / "scores.parquet")])
+    assert result.exit_code == 0, result.output
+    assert "scoring" not in result.output and "wrote 50 scores" in result.output, result.output
