@@ -129,13 +129,15 @@ def write_run_file(folder: Path, settings: dict[str, Any]) -> None:
 
 
 def merge_settings(given: dict[str, Any], recorded: dict[str, Any] | None,
-                   spec_defaults: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+                   spec_defaults: dict[str, Any], bound_data: bool = False) -> tuple[dict[str, Any], list[str]]:
     """The run's settings: a given flag, else the recorded value, else the default.
 
     Args:
         given: option values from the command line (None: not given).
         recorded: run.json of the run being resumed (None: a new run).
         spec_defaults: defaults that come from the spec (epochs, eval_every).
+        bound_data: the spec binds its data, so a run without --data trains on it, not on
+            synthetic rows.
 
     Returns:
         (settings, notes): notes say what was restored and which flags override the record.
@@ -154,6 +156,8 @@ def merge_settings(given: dict[str, Any], recorded: dict[str, Any] | None,
         if value is None:
             value = spec_defaults.get(key, default)
         settings[key] = value
+    if settings["data"] or bound_data:  # real data: the synthetic row count is recorded, not used
+        restored = [note for note in restored if not note.startswith(f"{SETTINGS['rows'][0]} ")]
     notes = []
     if restored:
         notes.append("restored from run.json: " + ", ".join(restored))

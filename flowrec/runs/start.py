@@ -67,7 +67,7 @@ def run_settings(given: dict[str, Any], spec: ModelSpec, recorded: dict[str, Any
     run), else the default; with its parent run (`init_from`) and optimizer choice. Returns
     (settings, notes), the notes saying what was restored or overridden."""
     defaults = {"epochs": spec.training.epochs, "eval_every": spec.training.eval_every}
-    settings, notes = merge_settings(given, recorded, defaults)
+    settings, notes = merge_settings(given, recorded, defaults, spec.data is not None and spec.data.bound)
     settings["init_from"] = str(init_from) if init_from else None
     settings["fresh_optimizer"] = bool(fresh_optimizer)
     return settings, notes

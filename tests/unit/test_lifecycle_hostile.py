@@ -18,6 +18,7 @@ from flowrec.cli.plan_cmd import run_managed
 from flowrec.data.days import DayOrder, day_partitions, parse_order
 from flowrec.data.layout import DataError
 from flowrec.runs.errors import RunError
+from flowrec.runs.settings import merge_settings
 from flowrec.runtime.rundir import RunFolderError, RunLock
 from flowrec.spec.load import load_spec
 from flowrec.testing.specs import run_spec
@@ -672,3 +673,15 @@ def test_a_lost_rank_line_says_timeout_only_for_a_timeout() -> None:
     hung = _rank_lost(world, RuntimeError("[gloo] Timed out waiting 8000ms for recv operation"))
     assert died == "another rank failed (Connection closed by peer [127.0.0.1]:5)"
     assert hung.startswith("another rank did not answer within 8 s (") and "8000ms" in hung
+
+
+def test_a_resumed_run_on_real_data_does_not_list_the_synthetic_row_count() -> None:
+    """'restored from run.json: --data d, --rows 400000, ...' named rows a run on data never used."""
+    given = {key: None for key in ("data", "rows", "epochs")}
+    recorded = {"data": "/d", "rows": 400_000, "epochs": 2}
+    _, notes = merge_settings(given, recorded, {})
+    assert "--data /d" in notes[0] and "--rows" not in notes[0] and "--epochs 2" in notes[0]
+    _, notes = merge_settings(given, {**recorded, "data": None}, {}, bound_data=True)  # the spec's data
+    assert "--rows" not in notes[0] and "--epochs 2" in notes[0]
+    _, notes = merge_settings(given, {**recorded, "data": None}, {})  # synthetic rows: they are the data
+    assert "--rows 400000" in notes[0]
