@@ -84,6 +84,7 @@ def write_package(trained: Trained, out: Path, dtype: str, encoder: EncoderRecor
     write_maps(maps, out)  # the managed maps: scoring remaps raw ids as evaluation does
     trained.model.managed = None
     serving = ServingModel(spec, trained.model, mapped)
+    serving.requires_grad_(False)  # the program's scores then need no torch.no_grad() (.numpy() works)
     diff, rows = _cast(serving, DTYPES[dtype], spec, compare, maps) if dtype != "fp32" else (None, 0)
     program = export_program(serving, spec) if retrieval is None else retrieval.export_program(serving, spec)
     save_program(program, out / MODEL_FILE)  # torch.export.save without a copy of each table

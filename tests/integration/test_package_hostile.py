@@ -418,3 +418,14 @@ def test_predict_into_a_log_writes_its_closing_line_not_a_spinner(case: Path):
                                  "--out", str(case / "scores.parquet")])
     assert result.exit_code == 0, result.output
     assert "scoring" not in result.output and "wrote 50 scores" in result.output, result.output
+
+
+def test_the_program_scores_without_tracking_gradients(case: Path):
+    """docs/production.md's torch-only call: its scores tracked gradients (the dense layers were
+    exported as trainable parameters), so `.numpy()` on them failed outside torch.no_grad()."""
+    model = torch.export.load(case / "pkg" / "model.pt2").module()
+    sparse = {"user": (torch.tensor([3, 1, 7]), torch.arange(4)), "city": (torch.tensor([5, 0, 2]), torch.arange(4))}
+    scores = model(torch.rand(3, 1) + 0.5, sparse)
+    assert tuple(scores.shape) == (3, 1) and not scores.requires_grad
+    assert ((scores.numpy() > 0) & (scores.numpy() < 1)).all()
+    assert not any(p.requires_grad for p in model.parameters())
