@@ -61,7 +61,7 @@ def test_early_stopping_stops_and_keeps_best(full_run):
     records = read_records(run / "metrics.jsonl")
     evals = [r for r in records if r["event"] == "eval" and not r["final"]]
     end = next(r for r in records if r["event"] == "end")
-    steps_per_epoch = math.ceil(80_000 / 1024)  # MovieLens-100k, 80/20 split (19,934 test rows)
+    steps_per_epoch = math.ceil(80_000 / 1024)  # MovieLens-100k, 80/20 split (19,877 test rows)
     assert end["stopped_early"] and end["step"] < 20 * steps_per_epoch
     assert evals[-1]["stop"] and not evals[-1]["best"] and evals[-1]["step"] == end["step"]
     best = [r for r in evals if r["best"]][-1]  # an evaluation within min_delta of it is no new best
