@@ -49,7 +49,7 @@ def register(app: typer.Typer) -> None:
 
 
 def calibrate(
-    spec: Optional[Path] = typer.Argument(None, help="Spec whose dense layers, ops, steps and staging to measure (default: DLRM-sized layers only)."),
+    spec: Optional[Path] = typer.Argument(None, metavar="SPEC", help="Spec whose dense layers, ops, steps and staging to measure (default: DLRM-sized layers only)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
     out: Optional[Path] = typer.Option(None, "--out", help="Profile file to write (default: the user's cache folder)."),
     seconds: float = typer.Option(0.5, "--seconds", min=0.01, max=10.0, help="Seconds spent per measured kernel."),

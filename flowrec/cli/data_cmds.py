@@ -97,8 +97,8 @@ def _spec(path: Path):
 
 def convert(
     fmt: str = typer.Argument(..., metavar="FORMAT", help="criteo | avazu | libsvm | libfm | csv | movielens | parquet"),
-    source: Path = typer.Argument(..., help="Input file (folder for movielens)."),
-    out: Path = typer.Argument(..., help="Output dataset directory."),
+    source: Path = typer.Argument(..., metavar="SOURCE", help="Input file (folder for movielens)."),
+    out: Path = typer.Argument(..., metavar="OUT", help="Output dataset directory."),
     spec: Path = typer.Option(..., "--spec", help="Model spec: features, tables, data.columns/options."),
     on_error: str = typer.Option("fail", "--on-error", help="Malformed rows: skip (count, report) or fail."),
     test_fraction: Optional[float] = typer.Option(None, help="Split off this fraction of the rows (0 <= x < 1) into OUT/test. Default: the spec's data.options.test_fraction, else no split."),
@@ -167,7 +167,7 @@ def growth_lines(growth: Sequence[TableGrowth]) -> list[str]:
 
 
 def synth(
-    spec: Path = typer.Argument(..., help="Model spec."),
+    spec: Path = typer.Argument(..., metavar="SPEC", help="Model spec."),
     rows: int = typer.Option(1_000_000, "--rows", help="Rows to generate."),
     out: Path = typer.Option(..., "--out", help="Output dataset directory."),
     seed: int = typer.Option(0, help="Seed (the data is a function of spec, seed, alpha)."),
@@ -198,8 +198,8 @@ def synth(
 
 
 def profile(
-    spec: Path = typer.Argument(..., help="Model spec."),
-    data: Path = typer.Argument(..., help="Encoded dataset directory."),
+    spec: Path = typer.Argument(..., metavar="SPEC", help="Model spec."),
+    data: Path = typer.Argument(..., metavar="DATA", help="Encoded dataset directory."),
     budget: Optional[str] = typer.Option(None, help="Device budget for the hot set, e.g. 2GiB."),
     sample_rate: Optional[float] = typer.Option(
         None, help="Fraction of rows sampled (default: FAE's, 5% of the rows and at least 20,000 or all: the "
@@ -314,7 +314,7 @@ def inspect_table(columns: list[dict], has_raw: bool) -> list[str]:
 
 
 def inspect(
-    path: Path = typer.Argument(..., help="Encoded dataset directory; a split one (`data convert --test-fraction`: train/ and test/), each part in turn; or a folder of day partitions (as `train --follow` reads): then one line per day."),
+    path: Path = typer.Argument(..., metavar="DATA", help="Encoded dataset directory; a split one (`data convert --test-fraction`: train/ and test/), each part in turn; or a folder of day partitions (as `train --follow` reads): then one line per day."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     follow_order: str = typer.Option("name", "--follow-order", help="For a folder of day partitions: their order, `name` or `date:COLUMN` (as `train --follow-order`)."),
 ) -> None:

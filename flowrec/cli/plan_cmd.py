@@ -38,7 +38,7 @@ def register(app: typer.Typer) -> None:
 
 
 def plan(
-    spec: Path = typer.Argument(..., help="Spec file (YAML or JSON)."),
+    spec: Path = typer.Argument(..., metavar="SPEC", help="Spec file (YAML or JSON)."),
     until: str = typer.Option("interleaved", "--until", help=f"Last stage: {', '.join(STAGES)}."),
     device_budget: Optional[str] = typer.Option(None, "--device-budget", help="Device memory, e.g. 4GiB."),
     target: Optional[str] = typer.Option(None, "--target", help="Cost-model device: cpu, a100, h100 (datasheet constants), or a profile FILE from `flowrec calibrate`."),

@@ -41,7 +41,7 @@ def register(app: typer.Typer) -> None:
 
 
 def validate(
-    paths: List[Path] = typer.Argument(..., help="Spec files or folders to check."),
+    paths: List[Path] = typer.Argument(..., metavar="SPEC", help="Spec files or folders to check."),
     as_json: bool = typer.Option(False, "--json", help="Print a machine-readable JSON report."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print errors only, not 'ok' lines."),
 ) -> None:

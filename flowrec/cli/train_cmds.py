@@ -49,7 +49,7 @@ class RunRequest:
 
 
 def train(
-    spec_path: Path = typer.Argument(..., help="Model spec (YAML or JSON)."),
+    spec_path: Path = typer.Argument(..., metavar="SPEC", help="Model spec (YAML or JSON)."),
     data: Optional[Path] = typer.Option(None, "--data", help="Encoded dataset folder (from `flowrec data convert` or `flowrec data synth`); DIR/train and DIR/test when split. Default: the spec's data binding, else synthetic data."),
     eval_data: Optional[Path] = typer.Option(None, "--eval-data", help="Encoded evaluation dataset folder (instead of a split's test part; needs --data or data bound in the spec, not synthetic rows)."),
     epochs: Optional[int] = typer.Option(None, "--epochs", min=1, help="Epochs (default: the spec's training.epochs)."),
@@ -640,7 +640,7 @@ def _report(result, run_dir: Path, json_out: bool) -> None:
 
 
 def evaluate_run(
-    run_dir: Path = typer.Argument(..., help="Run folder (with checkpoint.pt) or a checkpoint file."),
+    run_dir: Path = typer.Argument(..., metavar="RUN", help="Run folder (with checkpoint.pt) or a checkpoint file."),
     data: Optional[Path] = typer.Option(None, "--data", help="Encoded dataset folder to score. Default: the data the run evaluated on (its --eval-data, else the test part of its split dataset)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
     group_by: Optional[str] = typer.Option(None, "--group-by", help="A one-id categorical feature (e.g. user_id): also report gAUC, the AUC of each of its values weighted by its samples. Default: the spec's training.eval_group_by."),

@@ -57,3 +57,16 @@ def _option_names(command: list[str]) -> list[str]:
     for name in command:
         click_command = click_command.commands[name]
     return [opt for param in click_command.params for opt in param.opts if opt.startswith("--")]
+
+
+@pytest.mark.parametrize("command", COMMANDS[:-1], ids=" ".join)
+def test_the_usage_line_names_arguments_as_the_docs_do(narrow: CliRunner, command: list[str]) -> None:
+    """`Usage: flowrec predict [OPTIONS] {MODEL} {raw}`, `flowrec train ... {spec_path}`: arguments
+    without a metavar showed their Python names; every one is upper case, as docs and examples write
+    them (`flowrec train SPEC`)."""
+    result = narrow.invoke(app, [*command, "--help"], terminal_width=80)
+    assert result.exit_code == 0, result.output
+    usage = next(line for line in result.output.splitlines() if "Usage:" in line)
+    names = re.findall(r"[\[{]([^\]}]+)[\]}]", usage.split("[OPTIONS]", 1)[-1])
+    assert all(name.isupper() for name in names), usage
+    assert names or command in (["schema"], ["doctor"]), usage
