@@ -618,6 +618,15 @@ def _finished_line(folder: Path, trainer, settings: dict) -> str:
             f"nothing to train (give a larger --epochs or --max-steps to train further)")
 
 
+def _listing(folder: Path) -> list[str]:
+    """What a run folder holds, for the closing line: its files and folders (folders with a /),
+    not its hidden ones (the lock, temporary writes)."""
+    try:
+        return sorted(p.name + ("/" if p.is_dir() else "") for p in folder.iterdir() if not p.name.startswith("."))
+    except OSError:
+        return []
+
+
 def _report(result, run_dir: Path, json_out: bool) -> None:
     from dataclasses import asdict
 
@@ -631,7 +640,7 @@ def _report(result, run_dir: Path, json_out: bool) -> None:
     from flowrec.planner.report import managed_lines
 
     lines += managed_lines(result.managed)
-    lines.append(f"run folder: {run_dir} (checkpoint.pt, metrics.jsonl, plan.json)")
+    lines.append(f"run folder: {run_dir} ({', '.join(_listing(run_dir))})")
     for line in lines:
         _say(line)
     if json_out:

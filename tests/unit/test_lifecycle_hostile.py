@@ -685,3 +685,15 @@ def test_a_resumed_run_on_real_data_does_not_list_the_synthetic_row_count() -> N
     assert "--rows" not in notes[0] and "--epochs 2" in notes[0]
     _, notes = merge_settings(given, {**recorded, "data": None}, {})  # synthetic rows: they are the data
     assert "--rows 400000" in notes[0]
+
+
+def test_the_closing_line_lists_what_the_run_folder_holds(spec: Path, tmp_path: Path) -> None:
+    """It always said '(checkpoint.pt, metrics.jsonl, plan.json)', leaving out run.json, spec.json
+    and the folders (encoder/, data/, tensorboard/) a run writes."""
+    run = tmp_path / "run"
+    result = CliRunner().invoke(app, ["train", str(spec), "--out", str(run), "--max-steps", "2", "--rows", "200"])
+    assert result.exit_code == 0, result.output
+    line = next(x for x in result.output.splitlines() if x.startswith("run folder: "))
+    listed = line.split(" (", 1)[1].rstrip(")").split(", ")
+    assert listed == sorted(p.name + ("/" if p.is_dir() else "") for p in run.iterdir() if p.name[0] != ".")
+    assert {"checkpoint.pt", "run.json", "spec.json", "metrics.jsonl"} <= set(listed), line
