@@ -1,7 +1,7 @@
 """Small specs the tests, tools and benchmarks share (one place, instead of tests importing each
 other): `tiny_spec` (a few fields and modules, any plan hints), `wide_spec` (many random fields),
 `run_spec` (YAML text of a tiny CTR model whose runs take a second, for the CLI), `mini_spec`
-(YAML text of the smallest model a raw-data test binds).
+(YAML text of the smallest model a raw-data test binds), `csv_spec` (a model bound to a CSV).
 
 Example:
     >>> tiny_spec(packing=False).plan.packing
@@ -82,6 +82,21 @@ TINY: dict[str, Any] = {
     "optimizer": {"dense": {"name": "adam", "lr": 0.001}, "sparse": {"name": "adagrad", "lr": 0.01}},
     "training": {"batch_size": 1024},
 }
+
+
+def csv_spec(name: str, **data: Any) -> ModelSpec:
+    """A two-feature model (dense `price`, hashed `user`, label `clicked`) bound to `x.csv` in
+    the csv format, with `data` added to its binding (options, sep, ...): readers' tests."""
+    return spec_from_dict({
+        "name": name,
+        "features": [{"name": "price", "type": "dense"},
+                     {"name": "user", "type": "categorical", "hash_buckets": 64, "dim": 4}],
+        "modules": [{"name": "top", "kind": "mlp", "inputs": ["@dense", "@sparse"], "layers": [4]}],
+        "heads": [{"name": "ctr", "input": "top"}],
+        "data": {"format": "csv", "path": "x.csv", "label": "clicked", **data},
+        "optimizer": {"dense": {"name": "adam", "lr": 0.01}, "sparse": {"name": "sgd", "lr": 0.1}},
+        "training": {"batch_size": 8},
+    })
 
 
 def tiny_spec(**plan: Any) -> ModelSpec:

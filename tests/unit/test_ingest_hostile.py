@@ -11,23 +11,13 @@ import pytest
 
 from flowrec.data.convert import convert, split_mask
 from flowrec.data.layout import DataError
+from flowrec.testing.specs import csv_spec
 
 SPLIT_SEEDS = (0, 1, 2, 7, 1 << 32, (1 << 64) - 1)  # split_seed's range is [0, 2^64)
 
 
 def _spec(**data: object) -> object:
-    from flowrec.spec.load import spec_from_dict
-
-    return spec_from_dict({
-        "name": "ingest",
-        "features": [{"name": "price", "type": "dense"},
-                     {"name": "user", "type": "categorical", "hash_buckets": 64, "dim": 4}],
-        "modules": [{"name": "top", "kind": "mlp", "inputs": ["@dense", "@sparse"], "layers": [4]}],
-        "heads": [{"name": "ctr", "input": "top"}],
-        "data": {"format": "csv", "path": "x.csv", "label": "clicked", **data},
-        "optimizer": {"dense": {"name": "adam", "lr": 0.01}, "sparse": {"name": "sgd", "lr": 0.1}},
-        "training": {"batch_size": 8},
-    })
+    return csv_spec("ingest", **data)
 
 
 @pytest.mark.parametrize("seed", range(64))

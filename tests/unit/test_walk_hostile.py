@@ -11,6 +11,7 @@ import pytest
 
 from flowrec.data import sources
 from flowrec.data.error_log import ErrorLog
+from flowrec.testing.specs import csv_spec
 
 
 def _csv(tmp_path: Path, rows: list[str], header: str = "price,user,clicked") -> Path:
@@ -58,18 +59,7 @@ def _raised_within(call: Callable[[], object], seconds: float = 60.0) -> BaseExc
 
 
 def _spec(**data: object) -> object:
-    from flowrec.spec.load import spec_from_dict
-
-    return spec_from_dict({
-        "name": "walk",
-        "features": [{"name": "price", "type": "dense"},
-                     {"name": "user", "type": "categorical", "hash_buckets": 64, "dim": 4}],
-        "modules": [{"name": "top", "kind": "mlp", "inputs": ["@dense", "@sparse"], "layers": [4]}],
-        "heads": [{"name": "ctr", "input": "top"}],
-        "data": {"format": "csv", "path": "x.csv", "label": "clicked", **data},
-        "optimizer": {"dense": {"name": "adam", "lr": 0.01}, "sparse": {"name": "sgd", "lr": 0.1}},
-        "training": {"batch_size": 8},
-    })
+    return csv_spec("walk", **data)
 
 
 @pytest.mark.parametrize("rows_per_file", [0, -3])
