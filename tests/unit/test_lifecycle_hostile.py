@@ -697,3 +697,20 @@ def test_the_closing_line_lists_what_the_run_folder_holds(spec: Path, tmp_path: 
     listed = line.split(" (", 1)[1].rstrip(")").split(", ")
     assert listed == sorted(p.name + ("/" if p.is_dir() else "") for p in run.iterdir() if p.name[0] != ".")
     assert {"checkpoint.pt", "run.json", "spec.json", "metrics.jsonl"} <= set(listed), line
+
+
+def test_a_run_names_the_spec_target_it_does_not_price_and_refuses_a_missing_one(tmp_path: Path) -> None:
+    """plan.target was ignored by `flowrec train` without a word, a missing profile file included."""
+    text = run_spec("targets", batch_size=32, epochs=1)
+    (tmp_path / "h100.yaml").write_text(text + "plan: {target: h100}\n")
+    (tmp_path / "nope.yaml").write_text(text + f"plan: {{target: {tmp_path / 'nope.json'}}}\n")
+    args = ["--max-steps", "1", "--rows", "200", "--device", "cpu"]
+    ran = CliRunner().invoke(app, ["train", str(tmp_path / "h100.yaml"), "--out", str(tmp_path / "a"), *args])
+    assert ran.exit_code == 0, ran.output
+    assert "plan.target h100 is for `flowrec plan`" in ran.output and "target cpu" in ran.output, ran.output
+    given = CliRunner().invoke(app, ["train", str(tmp_path / "h100.yaml"), "--out", str(tmp_path / "b"), *args,
+                                     "--target", "h100"])
+    assert given.exit_code == 0 and "is for `flowrec plan`" not in given.output, given.output
+    refused = CliRunner().invoke(app, ["train", str(tmp_path / "nope.yaml"), "--out", str(tmp_path / "c"), *args])
+    assert refused.exit_code == 2 and "nope.json" in refused.output, refused.output
+    assert not (tmp_path / "c").exists()
