@@ -130,12 +130,14 @@ class SelfAttention(nn.Module):
     def _allowed(self, mask: torch.Tensor) -> torch.Tensor:
         """Which keys each query may attend to.  # (B, 1, L, L) bool
 
-        An empty row may attend to its first position (padding), so no softmax row is all
-        masked; its output is zeroed by `_pool`.
+        A row with no valid position at all may attend to its first position (padding), so no
+        softmax row is all masked; its output is zeroed by `_pool`. Any other row attends to its
+        valid positions only (with `output: target` the target is one, so an empty history
+        leaves the target attending to itself alone).
         """
         length = mask.shape[1]
         position = torch.arange(length, device=mask.device)
-        keys = mask | (position == 0)  # (B, L)
+        keys = mask | ((position == 0) & ~mask.any(dim=1, keepdim=True))  # (B, L)
         allowed = keys[:, None, None, :].expand(-1, 1, length, -1)
         if self.causal:
             allowed = allowed & (position[None, :] <= position[:, None])  # key <= query

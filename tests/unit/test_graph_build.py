@@ -45,6 +45,24 @@ def test_selectors_resolve_to_ordered_slots():
     assert [(s.source, s.shape) for s in att] == [("pool_q", (4,)), ("lookup_hist", (5, 4))]
 
 
+
+def test_a_tag_selector_gives_its_dense_features_first_as_one_field_then_sparse_ones_in_spec_order():
+    """docs/spec.md: `@<tag>` is the tagged dense features concatenated into one field, then the
+    tagged sparse features in spec order (what a hand-written model must concatenate)."""
+    spec = spec_from_dict({
+        "name": "tags",
+        "features": [{"name": "s1", "type": "categorical", "vocab": 5, "dim": 2, "tags": ["x"]},
+                     {"name": "d1", "type": "dense", "tags": ["x"]},
+                     {"name": "s2", "type": "categorical", "vocab": 5, "dim": 2, "tags": ["x"]},
+                     {"name": "d2", "type": "dense"},
+                     {"name": "d3", "type": "dense", "tags": ["x"]}],
+        "modules": [{"name": "m", "kind": "mlp", "inputs": ["@x", "d2"], "layers": [2]}],
+        "heads": [{"name": "h", "input": "m"}],
+    })
+    g = build_graph(spec)
+    assert [(s.source, s.fields) for s in input_slots(g, "m")] == [
+        ("input_dense", ("d1", "d3")), ("pool_s1", ()), ("pool_s2", ()), ("input_dense", ("d2",))]
+
 def test_table_bytes_counted_once_per_table():
     g = build_graph(tiny_spec())
     owners = [n for n in g if g.nodes[n]["op"].kind == "embedding_lookup" and g.nodes[n]["op"].attr("owns_table")]

@@ -195,3 +195,31 @@ def test_target_output_equals_the_encoder_over_sequence_then_target(norm, causal
     assert float(tgt_a.grad.abs().sum()) > 0  # the target is read
     other = att(seq, mask, target.flip(0))  # another candidate: another output for the same history
     assert not torch.allclose(other, got.detach())
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_target_output_over_an_empty_history_attends_to_the_target_alone(causal):
+    """output target with an empty history (a new user): every sequence key is padding, so the
+    target attends to itself alone, as `torch.nn.TransformerEncoder` with the padding keys masked
+    computes it; what the padding positions hold (flowrec's lookups: zeros, plus the learned
+    positions) changes nothing."""
+    config = {"num_heads": 2, "num_layers": 2, "ffn": 12, "causal": causal, "output": "target"}
+    torch.manual_seed(8)
+    att = registry.create("self_attention", config, [(6, 8), (8,)]).double()
+    enc = reference(att, 2, False)
+    seq, mask = skewed_batch(9, 6, 8, seed=21)
+    mask[[0, 4, 8]] = False  # three empty histories among non-empty ones
+    seq = seq * mask.unsqueeze(2)
+    target = torch.randn(9, 8, generator=torch.Generator().manual_seed(4), dtype=torch.float64) + 0.3
+    tgt_a, tgt_b = target.clone().requires_grad_(), target.clone().requires_grad_()
+    got = att(seq, mask, tgt_a)
+    full = torch.cat([seq, tgt_b.unsqueeze(1)], dim=1)
+    full_mask = torch.cat([mask, torch.ones(9, 1, dtype=torch.bool)], dim=1)
+    upper = torch.triu(torch.ones(7, 7, dtype=torch.bool), 1) if causal else None
+    want = enc(full + att.positions.detach(), mask=upper, src_key_padding_mask=~full_mask)[:, -1]
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    (got * want.detach()).sum().backward()
+    (want * want.detach()).sum().backward()
+    torch.testing.assert_close(tgt_a.grad, tgt_b.grad, rtol=1e-9, atol=1e-10)
+    noisy = seq + torch.randn_like(seq) * (~mask).unsqueeze(2)  # change only padding positions
+    torch.testing.assert_close(att(noisy, mask, target), got.detach(), rtol=1e-10, atol=1e-10)
