@@ -182,10 +182,7 @@ def test_target_output_equals_the_encoder_over_sequence_then_target(norm, causal
     seq_a, seq_b = seq.clone().requires_grad_(), seq.clone().requires_grad_()
     tgt_a, tgt_b = target.clone().requires_grad_(), target.clone().requires_grad_()
     got = att(seq_a, mask, tgt_a)
-    full = torch.cat([seq_b, tgt_b.unsqueeze(1)], dim=1)
-    full_mask = torch.cat([mask, torch.ones(29, 1, dtype=torch.bool)], dim=1)
-    upper = torch.triu(torch.ones(7, 7, dtype=torch.bool), 1) if causal else None
-    want = enc(full + att.positions.detach(), mask=upper, src_key_padding_mask=~full_mask)[:, -1]
+    want = target_reference(att, enc, seq_b, mask, tgt_b, causal)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
     weights = torch.randn_like(got)
     (got * weights).sum().backward()
@@ -195,6 +192,17 @@ def test_target_output_equals_the_encoder_over_sequence_then_target(norm, causal
     assert float(tgt_a.grad.abs().sum()) > 0  # the target is read
     other = att(seq, mask, target.flip(0))  # another candidate: another output for the same history
     assert not torch.allclose(other, got.detach())
+
+
+def target_reference(att, enc, seq: torch.Tensor, mask: torch.Tensor, target: torch.Tensor,
+                     causal: bool) -> torch.Tensor:
+    """`output: target` by `nn.TransformerEncoder` (`enc`): the target appended after the sequence's
+    positions, the padding keys masked; the target position's output."""
+    full = torch.cat([seq, target.unsqueeze(1)], dim=1)
+    full_mask = torch.cat([mask, torch.ones(len(seq), 1, dtype=torch.bool)], dim=1)
+    width = full.shape[1]
+    upper = torch.triu(torch.ones(width, width, dtype=torch.bool), 1) if causal else None
+    return enc(full + att.positions.detach(), mask=upper, src_key_padding_mask=~full_mask)[:, -1]
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -213,10 +221,7 @@ def test_target_output_over_an_empty_history_attends_to_the_target_alone(causal)
     target = torch.randn(9, 8, generator=torch.Generator().manual_seed(4), dtype=torch.float64) + 0.3
     tgt_a, tgt_b = target.clone().requires_grad_(), target.clone().requires_grad_()
     got = att(seq, mask, tgt_a)
-    full = torch.cat([seq, tgt_b.unsqueeze(1)], dim=1)
-    full_mask = torch.cat([mask, torch.ones(9, 1, dtype=torch.bool)], dim=1)
-    upper = torch.triu(torch.ones(7, 7, dtype=torch.bool), 1) if causal else None
-    want = enc(full + att.positions.detach(), mask=upper, src_key_padding_mask=~full_mask)[:, -1]
+    want = target_reference(att, enc, seq, mask, tgt_b, causal)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
     (got * want.detach()).sum().backward()
     (want * want.detach()).sum().backward()
