@@ -376,11 +376,50 @@ def _swap_program(sparse: list[str], dense: int, scores: int) -> Callable[[Path]
     return make
 
 
+class _Tables(torch.nn.Module):
+    """A program of another export that takes the same inputs and returns one score, with its own
+    embedding tables (rows x dim each, named as a package's are)."""
+
+    def __init__(self, shapes: list[tuple[int, int]]) -> None:
+        super().__init__()
+        self.tables = torch.nn.ParameterList([torch.nn.Parameter(torch.rand(rows, dim), requires_grad=False)
+                                              for rows, dim in shapes])
+
+    def forward(self, dense: torch.Tensor, sparse: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        total = dense.sum(dim=1, keepdim=True)
+        for (ids, offsets), weight in zip(sparse.values(), self.tables):
+            pooled = torch.nn.functional.embedding_bag(ids, weight, offsets, mode="sum", include_last_offset=True)
+            total = total + pooled.sum(dim=1, keepdim=True)
+        return torch.sigmoid(total)
+
+
+def _swap_tables(shapes: list[tuple[int, int]], any_batch: bool = True) -> Callable[[Path], None]:
+    """A program of `_Tables(shapes)` for any number of rows and ids, as `flowrec export` writes
+    one (`any_batch` False: for batches of 4 rows only)."""
+    def make(pkg: Path) -> None:
+        from flowrec.serving.pt2_save import save_program
+
+        example = (torch.rand(4, 1), {name: (torch.arange(4) % 3, torch.arange(5)) for name in ("user", "city")})
+        batch = torch.export.Dim("batch", min=1, max=1 << 20)
+        dims = ({0: batch}, {name: ({0: torch.export.Dim(f"nnz_{name}", min=0, max=1 << 20)}, {0: batch + 1})
+                             for name in ("user", "city")}) if any_batch else None
+        save_program(torch.export.export(_Tables(shapes), example, dynamic_shapes=dims, strict=False),
+                     pkg / "model.pt2")
+        redigest(pkg)
+    return make
+
+
 SWAPPED = {  # model.pt2 of another model, its digest entered in the manifest (the spec: price; user, city; ctr)
     "other_sparse_features": _swap_program(["user"], 1, 1),
     "sparse_features_in_another_order": _swap_program(["city", "user"], 1, 1),
     "other_dense_width": _swap_program(["user", "city"], 2, 1),
     "other_head_count": _swap_program(["user", "city"], 1, 2),
+    # the same inputs and scores, other tables (user: vocab 40 + the unknown row, city: 20 buckets; dim 4):
+    "smaller_tables": _swap_tables([(6, 4), (3, 4)]),  # torch's index error at the first id past their end
+    "wider_tables": _swap_tables([(41, 8), (20, 8)]),  # scored without a word
+    "tables_in_another_order": _swap_tables([(20, 4), (41, 4)]),
+    "another_table_count": _swap_tables([(41, 4)]),
+    "a_fixed_batch": _swap_tables([(41, 4), (20, 4)], any_batch=False),  # torch's AssertionError at the call
 }
 
 
@@ -392,7 +431,7 @@ def test_a_model_pt2_of_another_export_is_one_line(case: Path, name: str):
                                  "--out", str(case / "scores.parquet"), "-q"])
     one_line_exit_2(result, "does not fit the package's spec.json")
     with pytest.raises(ValueError, match="model.pt2 does not fit"):
-        load_model(case / "pkg")
+        load_model(case / "pkg").predict(pd.read_csv(case / "new.csv"))
     assert not (case / "scores.parquet").exists()
 
 
