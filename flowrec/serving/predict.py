@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 
 from flowrec.data.encode import Encoder
@@ -289,10 +290,12 @@ def raw_table(table: pa.Table | pd.DataFrame) -> pa.Table:
 
 def check_finite(column: pa.ChunkedArray | pa.Array, name: str) -> None:
     """Raise DataError naming the first row whose dense value is infinite or beyond float32, as CSV
-    input refuses them (null and NaN are missing values, filled, as CSV's empty and `nan` are)."""
+    input refuses them (null and NaN are missing values, filled, as CSV's empty and `nan` are). An
+    integer beyond 2**53 is a number, rounded to float64 as CSV reads it (a safe cast refused it as
+    "not numbers")."""
     try:
         values = pa.chunked_array([column]) if isinstance(column, pa.Array) else column
-        x = values.cast(pa.float64()).to_numpy(zero_copy_only=False)
+        x = pc.cast(values, pa.float64(), safe=False).to_numpy(zero_copy_only=False)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
         raise DataError(f"column {name} holds values that are not numbers (type {column.type})") from None
     with np.errstate(invalid="ignore"):
