@@ -164,16 +164,20 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
             a callback that is not callable), or the device, the plan or the memory of this machine
             cannot run it.
     """
+    from flowrec.data.layout import DataError
     from flowrec.data.profile import forget_kept_sample
     from flowrec.graph.plan_io import plan_json
-    from flowrec.runs.errors import RunError
+    from flowrec.runs.errors import EXIT_USAGE, RunError
     from flowrec.runs.folder import claim_run_folder
     from flowrec.runs.plan import plan_for_run
     from flowrec.runtime.progress import reading_bar
     from flowrec.runs.settings import given_problem, write_run_file
     from flowrec.runs.start import record_encoder, run_settings, start_session, train_config
     from flowrec.runtime.custom import resolve_custom
-    from flowrec.runtime.rundir import clear_run_files, folder_state
+    from flowrec.runtime.checkpoint.store import CheckpointError
+    from flowrec.runtime.nonfinite import TrainingStopped
+    from flowrec.runtime.run_log import MetricsError
+    from flowrec.runtime.rundir import RunFolderError, clear_run_files, folder_state
     from flowrec.runtime.trainer import Trainer
     from flowrec.serving.trained import Trained
     from flowrec.spec.load import load_spec
@@ -194,7 +198,7 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
         if problem is not None:
             raise RunError(f"{key} {problem}")
     settings, _ = run_settings(given, model_spec)
-    found = folder_state(folder)
+    found, refused = folder_state(folder), False
     lock = claim_run_folder(folder, None, overwrite, model_spec.name, "overwrite=True")[1] if folder else None
     try:
         # the same plan as `flowrec train` (sampled access profile of the data included) and the same run.json
@@ -211,11 +215,15 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
             write_run_file(folder, settings)
         result = trainer.fit(session.train, session.eval, hooks=_hooks(trainer, on_step, on_eval, on_checkpoint))
     except RunError as exc:
+        refused = exc.code == EXIT_USAGE
         raise _typed(exc) from None
+    except (DataError, RunFolderError, CheckpointError, MetricsError, TrainingStopped):  # `flowrec train`'s exit 2
+        refused = True
+        raise
     finally:
         forget_kept_sample()  # a run that stopped before its hot set was chosen holds no sample
-        if lock is not None:  # a refused run leaves no folder it made (as `flowrec train`)
-            lock.release_as_found(found)
+        if lock is not None:  # a refused run leaves no folder it made, an empty one empty (as `flowrec train`)
+            lock.release_as_found(found, refused)
     return Run(session.spec, folder, result, Trained(session.spec, session.model, session.plan))
 
 

@@ -15,7 +15,7 @@ from typing import Optional
 
 import typer
 
-from flowrec.cli.common import check_env_switches, exit_without_teardown, fail, is_lead_rank, load_spec_or_exit, planned_spec_or_exit
+from flowrec.cli.common import EXIT_INVALID, check_env_switches, exit_without_teardown, fail, is_lead_rank, load_spec_or_exit, planned_spec_or_exit
 from flowrec.runtime.messages import first_line, out_of_memory
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
@@ -263,10 +263,14 @@ def run_training(request: RunRequest) -> None:
         folder, lock = _claim_folder(request, spec.name)
     except RunFolderError as exc:
         fail(str(exc))
+    refused = False
     try:
         _train_in(request, spec, folder)
+    except typer.Exit as stop:
+        refused = stop.exit_code == EXIT_INVALID  # bad input: not an interrupt, OOM, a lost rank
+        raise
     finally:
-        lock.release_as_found(found)
+        lock.release_as_found(found, refused)
 
 
 def _train_as_rank(request: RunRequest, spec, folder: Path | None) -> None:
@@ -274,7 +278,7 @@ def _train_as_rank(request: RunRequest, spec, folder: Path | None) -> None:
     for it, then every rank trains its part."""
     from flowrec.runs.errors import RunError
     from flowrec.runs.plan import device_for_run
-    from flowrec.cli.common import EXIT_INVALID, launch_env
+    from flowrec.cli.common import launch_env
     from flowrec.runtime.distributed.world import LaunchEnvError, WorldError, join_world, leave_world
     from flowrec.runtime.rundir import RunFolderError, folder_state
 
@@ -298,11 +302,15 @@ def _train_as_rank(request: RunRequest, spec, folder: Path | None) -> None:
             except RunFolderError as exc:
                 fail(str(exc))
         _rank_barrier(world, "the run folder")
+        refused = False
         try:
             _train_in(request, spec, folder, world)
+        except typer.Exit as stop:
+            refused = stop.exit_code == EXIT_INVALID  # bad input: not an interrupt, OOM, a lost rank
+            raise
         finally:
             if lock is not None:
-                lock.release_as_found(found)
+                lock.release_as_found(found, refused)
     finally:
         leave_world()
 

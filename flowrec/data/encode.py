@@ -90,8 +90,9 @@ class StatsAccumulator:
 
 
 def dense_values(feature: DenseFeature, raw: pa.Array) -> np.ndarray:
-    """Fill missing values, then log1p (negatives clamped to 0) where asked: float64 (N,)."""
-    x = pc.cast(raw, pa.float64()).to_numpy(zero_copy_only=False)
+    """Fill missing values, then log1p (negatives clamped to 0) where asked: float64 (N,). Integers
+    beyond 2**53 are rounded, as CSV reads them."""
+    x = pc.cast(raw, pa.float64(), safe=False).to_numpy(zero_copy_only=False)
     x = np.where(np.isnan(x), feature.fill, x)
     if feature.transform == "log1p":
         x = np.log1p(np.maximum(x, 0.0))

@@ -36,6 +36,7 @@ CHUNK_BYTES = 16 << 20  # bytes of text per streamed chunk
 LIBSVM_CHUNK_LINES = 65536  # lines per libsvm chunk
 CRITEO_COLUMNS = ["label"] + [f"I{i}" for i in range(1, 14)] + [f"C{i}" for i in range(1, 27)]
 ML_GENRES_COUNT = 19  # genre flags at the end of each u.item line
+INT64_BOUND = 2.0 ** 63  # MovieLens ids and timestamps are int64: whole numbers of magnitude below it
 FLOAT32_MAX = float(np.finfo(np.float32).max)  # larger numbers cannot be encoded
 LINE_COLUMN = "__line__"  # int64: 1-based line of the row in its file (u.data for movielens)
 
@@ -586,9 +587,9 @@ def _movielens_tables(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFr
         if not set(wanted) <= set(raw.columns):
             raise DataError(f"{path / 'ratings.csv'}: the header names {list(raw.columns)[:8]}, not {wanted}")
         ratings = _checked_ratings(raw[wanted], path / "ratings.csv", "userId,movieId,rating,timestamp", 2)
-        movies = _read_lines(path / "movies.csv", "movieId,title,genres",
-                             dtype={"movieId": np.int64, "title": str, "genres": str}, keep_default_na=False)
-        items = _titled_items(movies["movieId"], movies["title"], movies["genres"])
+        movies = _read_lines(path / "movies.csv", "movieId,title,genres", dtype=str, keep_default_na=False)
+        ids = _whole_numbers(movies[["movieId"]], path / "movies.csv", "movieId,title,genres", 2)["movieId"]
+        items = _titled_items(ids.astype(np.int64), movies["title"], movies["genres"])
         return ratings, no_users, items
     ratings = _double_colon_ratings(path / "ratings.dat")
     movies = _double_colon_lines(path / "movies.dat", 3)
@@ -610,15 +611,16 @@ def _movielens_100k(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFram
                                "user<TAB>item<TAB>rating<TAB>timestamp", 1)
     user_layout = "user|age|gender|occupation|zip"
     users = _read_lines(path / "u.user", user_layout, sep="|", header=None, names=ML_USER_COLUMNS,
-                        dtype={"zip_code": str})
+                        dtype={"age": str, "zip_code": str})
     _whole_numbers(users[["user_id"]], path / "u.user", user_layout, 1)
+    users["age"] = _codes(users["age"])
     genre_names = [line.split("|")[0] for line in (path / "u.genre").read_text("latin-1").splitlines() if line]
     item_layout = f"item|title|date|video date|url|{ML_GENRES_COUNT} genre flags"
     items = _read_lines(path / "u.item", item_layout, sep="|", header=None, encoding="latin-1")
     if items.shape[1] != 5 + ML_GENRES_COUNT:
         raise DataError(f"{path / 'u.item'}: {items.shape[1]} '|'-separated fields, expected {5 + ML_GENRES_COUNT} "
                         f"({item_layout})")
-    _whole_numbers(items[[0]], path / "u.item", item_layout, 1)
+    _whole_numbers(items[[0]].set_axis(["item"], axis=1), path / "u.item", item_layout, 1)
     flags = items.iloc[:, -ML_GENRES_COUNT:].to_numpy(bool)
     items = pd.DataFrame({
         "item_id": items[0],
@@ -629,9 +631,12 @@ def _movielens_100k(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFram
 
 
 def _codes(values: pd.Series) -> pd.Series:
-    """Integer codes as integers (1M's age and occupation), anything else kept as text."""
+    """Integer codes as integers (age, 1M's occupation), anything else (text, a fraction, a number
+    beyond 64 bits: casting them was a traceback) kept as text."""
     numbers = pd.to_numeric(values, errors="coerce")
-    return numbers.astype("Int64") if numbers.notna().all() else values
+    x = numbers.astype(np.float64)
+    whole = bool((numbers.notna() & (x == np.floor(x)) & (x.abs() < INT64_BOUND)).all())
+    return numbers.astype("Int64") if whole else values
 
 
 def _double_colon_ratings(path: Path) -> pd.DataFrame:
@@ -657,7 +662,21 @@ def _whole_numbers(raw: pd.DataFrame, path: Path, layout: str, first_line: int) 
     bad = (values.isna() | (values != np.floor(values))).any(axis=1).to_numpy().nonzero()[0]
     if len(bad):
         raise DataError(f"{path}:{bad[0] + first_line}: not {layout}")
+    _check_int64(values, raw, path, first_line, [str(c) for c in raw.columns])
     return values
+
+
+def _check_int64(values: pd.DataFrame, raw: pd.DataFrame, path: Path, first_line: int, names: list[str]) -> None:
+    """Raise DataError naming the first line, column and value where a whole number (`values`, of
+    the text `raw`) is beyond 64 bits: cast to int64 it was INT64_MIN without a word (every such
+    id one), or an OverflowError traceback."""
+    big = (values.abs() >= INT64_BOUND).to_numpy()
+    rows = np.flatnonzero(big.any(axis=1))
+    if len(rows):
+        row = rows[0]
+        col = int(np.flatnonzero(big[row])[0])
+        raise DataError(f"{path}:{row + first_line}: {names[col]} {str(raw.iat[row, col]).strip()[:40]!r} is beyond "
+                        "64 bits (MovieLens ids and timestamps are 64-bit integers)")
 
 
 def _checked_ratings(raw: pd.DataFrame, path: Path, layout: str, first_line: int) -> pd.DataFrame:
@@ -672,6 +691,7 @@ def _checked_ratings(raw: pd.DataFrame, path: Path, layout: str, first_line: int
     first = np.flatnonzero(bad.to_numpy())
     if len(first):
         raise DataError(f"{path}:{first[0] + first_line}: not {layout}")
+    _check_int64(whole, raw.iloc[:, [0, 1, 3]], path, first_line, ["user", "item", "timestamp"])
     return pd.DataFrame({"user_id": values[0].astype(np.int64), "item_id": values[1].astype(np.int64),
                          "rating": values[2], "timestamp": values[3].astype(np.int64)})
 
@@ -683,8 +703,11 @@ def _double_colon_lines(path: Path, fields: int) -> pd.DataFrame:
         if not line.strip():
             continue
         parts = line.split("::")
-        if len(parts) != fields or not parts[0].strip().isdigit():
+        if len(parts) != fields or not (parts[0].strip().isascii() and parts[0].strip().isdigit()):
             raise DataError(f"{path}:{number}: {len(parts)} '::'-separated fields, expected {fields}")
+        if int(parts[0]) >= INT64_BOUND:
+            raise DataError(f"{path}:{number}: id {parts[0].strip()[:40]!r} is beyond 64 bits (MovieLens ids are "
+                            "64-bit integers)")
         rows.append(parts)
     return pd.DataFrame(rows)
 

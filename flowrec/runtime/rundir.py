@@ -29,6 +29,9 @@ RUN_FILES = (CHECKPOINT_NAME, METRICS_FILE, RUN_FILE, "spec.json", "plan.json")
 RUN_SUBFOLDERS = ("data", "tensorboard", BEST_DIR, "encoder")  # bound raw data encoded for the run;
 # TensorBoard logs; the best checkpoint; the encoder of the run's data (flowrec.data.encoder_record)
 PREPARED = ("data", "encoder")  # what a new run writes before it starts (and a refusal removes)
+STARTED = (METRICS_FILE, RUN_FILE, "spec.json", "plan.json", "tensorboard")  # what it writes as it starts
+# training, before its first checkpoint (a refusal then, e.g. bad data in a later partition, removes them too)
+STOPPED_EVENT = "stopped"  # the metrics.jsonl record of a run stopped in training (a non-finite loss)
 MAX_NUMBERED = 10_000  # runs/<name>-N tried before giving up
 
 
@@ -69,15 +72,16 @@ class RunLock:
             os.close(self.fd)
             self.fd = -1
 
-    def release_and_remove_if_unused(self, keep_folder: bool = False) -> None:
+    def release_and_remove_if_unused(self, keep_folder: bool = False, written: tuple[str, ...] = PREPARED) -> None:
         """Release the lock of a folder this run created; one that holds nothing but the lock and
-        what preparing the run wrote (bound raw data encoded into data/, its encoder/: the run was
-        refused before it started, e.g. early stopping without an evaluation set) is removed, so a
-        refused run leaves no trace. Anything else there (a run file, a file of someone else's)
-        keeps the whole folder. `keep_folder`: the folder was there, empty, before the run (the
-        user's own `--out`), so it is emptied again rather than removed."""
-        if self.fd >= 0 and {p.name for p in self.folder.iterdir()} <= {self.name, *PREPARED}:
-            for name in PREPARED:  # made by this run: the folder was new or empty, and locked since
+        `written` (what this run wrote: by default what preparing the run wrote, bound raw data
+        encoded into data/ and its encoder/, the run refused before it started, e.g. early stopping
+        without an evaluation set) is removed, so a refused run leaves no trace. Anything else there
+        (a run file, a file of someone else's) keeps the whole folder. `keep_folder`: the folder was
+        there, empty, before the run (the user's own `--out`), so it is emptied again rather than
+        removed."""
+        if self.fd >= 0 and {p.name for p in self.folder.iterdir()} <= {self.name, *written}:
+            for name in written:  # made by this run: the folder was new or empty, and locked since
                 entry = self.folder / name
                 if entry.is_dir() and not entry.is_symlink():
                     shutil.rmtree(entry, ignore_errors=True)
@@ -92,14 +96,29 @@ class RunLock:
                     pass
         self.release()
 
-    def release_as_found(self, found: str) -> None:
+    def release_as_found(self, found: str, refused: bool = False) -> None:
         """Release the lock at the end of a run whose folder was `found` (`folder_state` before
         the run): a refused run leaves a new folder absent and an empty one empty; a folder that
-        held anything keeps all of it."""
+        held anything keeps all of it.
+
+        `refused`: the run ended on bad input (data, settings: exit status 2), so the files it wrote
+        as it started training go too, as long as it saved no checkpoint (none there: only the
+        names of `STARTED`, which a checkpoint, best/ or a delta is not) and did not stop in
+        training (a non-finite loss: its metrics say why). Otherwise (an interrupt, which printed
+        the command that resumes the folder; running out of memory) only what preparing wrote goes.
+        """
         if found == "used":
             self.release()
-        else:
-            self.release_and_remove_if_unused(keep_folder=found == "empty")
+            return
+        written = PREPARED + STARTED if refused and not self._stopped_in_training() else PREPARED
+        self.release_and_remove_if_unused(keep_folder=found == "empty", written=written)
+
+    def _stopped_in_training(self) -> bool:
+        """metrics.jsonl records that training stopped (a non-finite loss); unreadable: as if it did."""
+        try:
+            return any(r.get("event") == STOPPED_EVENT for r in read_records(self.folder / METRICS_FILE))
+        except OSError:
+            return True
 
 
 def folder_state(folder: Path | None, lock_name: str = LOCK_NAME) -> str:

@@ -24,6 +24,7 @@ Example:
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ MODEL_FILE = "model.pt2"
 MANIFEST_FILE = "manifest.json"
 SPEC_FILE = "spec.json"
 PLAN_FILE = "plan.json"
+TABLE_PARAMETER = re.compile(r"(?:serving\.)?tables\.(\d+)")  # ServingModel.tables[i] (QueryTower.serving's)
 
 
 def encoded_inputs(spec: ModelSpec, table: pa.Table) -> tuple[torch.Tensor, dict[str, tuple[torch.Tensor, torch.Tensor]]]:
@@ -62,14 +64,36 @@ def encoded_inputs(spec: ModelSpec, table: pa.Table) -> tuple[torch.Tensor, dict
     return dense_t, sparse
 
 
+def planned_tables(folder: Path, spec: ModelSpec) -> list[tuple[str, int, int]]:
+    """(table, rows, dim) of the embedding tables of a package's program, in the program's order
+    (`ServingModel.tables`: the groups of plan.json, each group's tables in turn), sized by the spec.
+    Raises ValueError (one line) unless plan.json names each of the spec's tables once."""
+    path = Path(folder) / PLAN_FILE
+    doc = read_json_document(path)
+    groups = doc.get("groups") if isinstance(doc, dict) else None
+    names: list[str | None] = []
+    for group in groups if isinstance(groups, list) else []:
+        slots = group.get("tables") if isinstance(group, dict) else None
+        for slot in slots if isinstance(slots, list) else []:
+            name = slot.get("table") if isinstance(slot, dict) else None
+            names.append(name if isinstance(name, str) else None)
+    known = {t.name: t for t in spec.tables}
+    if len(names) != len(known) or set(names) != set(known):
+        raise ValueError(f"{path} does not fit the package's spec.json: it does not lay out the spec's "
+                         f"{len(known)} tables; export the run again")
+    return [(name, known[name].rows, known[name].dim) for name in names]
+
+
 def check_program(program: torch.export.ExportedProgram, spec: ModelSpec, sparse: list[str], width: int,
-                  path: Path) -> None:
+                  path: Path, tables: list[tuple[str, int, int]]) -> None:
     """Raise ValueError (one line) unless the exported `program` read from `path` is called as
     this package's spec says: `(dense, {feature: (ids, offsets)})` with the features `sparse` in
     order and one dense column per dense feature, returning (B, `width`): the heads' scores, or a
-    retrieval package's query vectors (as wide as its items' vectors).
+    retrieval package's query vectors (as wide as its items' vectors); and unless its embedding
+    tables are `tables` (`planned_tables`: (table, rows, dim) in the program's order).
     A model.pt2 of another export (its digest entered in the manifest by hand) is refused here
-    rather than by torch's pytree message at the first call."""
+    rather than by torch's pytree message at the first call, or its index error at a lookup past
+    a table's end (or scores of another model's tables without a word)."""
     from torch.utils import _pytree
 
     leaf = torch.empty(0)
@@ -86,9 +110,25 @@ def check_program(program: torch.export.ExportedProgram, spec: ModelSpec, sparse
             problem = f"it does not take the spec's {len(spec.dense_features)} dense features"
         elif len(outputs) != 1 or outputs[0] is None or outputs[0].dim() != 2 or outputs[0].shape[1] != width:
             problem = f"it does not return the {width} values per row of the package's heads"
+        else:
+            problem = _table_problem(program, tables)
     if problem:
         raise ValueError(f"{path} does not fit the package's spec.json: {problem} (a model.pt2 of another "
                          "export?); export the run again")
+
+
+def _table_problem(program: torch.export.ExportedProgram, tables: list[tuple[str, int, int]]) -> str | None:
+    """How the program's embedding tables (parameters `tables.<i>`, under `serving.` in a retrieval
+    package's query tower) differ from `tables`, in words; None when they do not."""
+    found = {int(m.group(1)): tuple(t.shape) for name, t in program.state_dict.items()
+             if (m := TABLE_PARAMETER.fullmatch(name))}
+    if sorted(found) != list(range(len(tables))):
+        return f"it holds {len(found)} embedding tables, not the spec's {len(tables)}"
+    for i, (table, rows, dim) in enumerate(tables):
+        if found[i] != (rows, dim):
+            shape = " x ".join(map(str, found[i]))
+            return f"its table {i} is {shape}, not the spec's table {table!r} ({rows} x {dim})"
+    return None
 
 
 def read_manifest(folder: Path) -> dict[str, Any]:

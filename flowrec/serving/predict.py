@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 
 from flowrec.data.encode import Encoder
@@ -25,8 +26,8 @@ from flowrec.data.encoder_record import ENCODER_FILE, EncoderRecord, load_encode
 from flowrec.data.layout import DataError, is_multi
 from flowrec.data.sources import FLOAT32_MAX
 from flowrec.serving.managed import MANAGED_DIR, Maps, read_maps, remap_inputs
-from flowrec.serving.package import (MODEL_FILE, SPEC_FILE, check_program, encoded_inputs, read_manifest,
-                                     require_listed, verify_files)
+from flowrec.serving.package import (MODEL_FILE, PLAN_FILE, SPEC_FILE, check_program, encoded_inputs,
+                                     planned_tables, read_manifest, require_listed, verify_files)
 from flowrec.serving.pt2_check import check_archive
 from flowrec.serving.retrieval_index import ITEMS_FILE, ItemIndex, load_items
 from flowrec.spec.json_doc import read_json_document
@@ -83,7 +84,7 @@ class LoadedModel:
         `flowrec predict --top-k` reports them.
 
         Raises:
-            ValueError: the package has no retrieval head.
+            ValueError: the package has no retrieval head, or its program refuses the rows (`_call`).
             DataError: a raw column the query tower needs is missing (as `predict`).
         """
         if self.items is None:
@@ -102,7 +103,7 @@ class LoadedModel:
                 dense, sparse = encoded_inputs(self.spec, encoded.slice(start, BATCH_ROWS))
                 sparse = remap_inputs(self.spec, sparse, self.maps)
                 del sparse[item]
-                query = self.program(dense, sparse)
+                query = self._call(dense, sparse)
                 self._count_zero_queries(query)
                 best, values = self.items.top_k(query, k)
                 rows.append(best)
@@ -139,6 +140,18 @@ class LoadedModel:
             if self.encoder.source(f.name) in raw.column_names:
                 check_ids(raw.column(self.encoder.source(f.name)), self.encoder.source(f.name), is_multi(f))
 
+    def _call(self, dense: torch.Tensor, sparse: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """The program on one batch. A guard of the program that the batch fails (a model.pt2
+        exported for other shapes than `flowrec export` exports, e.g. a fixed number of rows) is a
+        ValueError naming the file, not torch's AssertionError."""
+        try:
+            return self.program(dense, sparse)
+        except AssertionError as exc:  # torch's guard: its first line (scoring imports no flowrec.runtime)
+            guard = (str(exc).strip() or "a guard failed").splitlines()[0]
+            raise ValueError(f"{self.path / MODEL_FILE} does not fit the package's spec.json: it refuses a batch of "
+                             f"{dense.shape[0]} rows ({guard}; a model.pt2 of another export?); "
+                             "export the run again") from None
+
     def score_encoded(self, encoded: pa.Table) -> np.ndarray:
         """Scores of encoded rows (the flowrec layout): one column per head, one per class of a
         multiclass head.  # (N, sum of head widths) float32"""
@@ -147,7 +160,7 @@ class LoadedModel:
             for start in range(0, encoded.num_rows, BATCH_ROWS):
                 dense, sparse = encoded_inputs(self.spec, encoded.slice(start, BATCH_ROWS))
                 sparse = remap_inputs(self.spec, sparse, self.maps)
-                out.append(self.program(dense, sparse).numpy())
+                out.append(self._call(dense, sparse).numpy())
         width = sum(h.width for h in self.spec.heads)
         return np.concatenate(out) if out else np.zeros((0, width), np.float32)
 
@@ -161,6 +174,7 @@ class LoadedModel:
             DataError: a raw column the model needs is missing, or a dense value is infinite or
                 beyond float32 (null and NaN are missing values, filled as the encoder says), or
                 an id column holds no ids (nested lists, structs; a list for a one-id feature).
+            ValueError: the package's program refuses the rows (a model.pt2 of another export: `_call`).
         """
         if self.items is not None:
             raise ValueError(f"{self.path} is a retrieval package (its program is the query tower): "
@@ -189,10 +203,11 @@ def load_model(path: str | Path) -> LoadedModel:
     path = Path(path)
     manifest = read_manifest(path)
     try:
-        verify_files(path, manifest, [MODEL_FILE, SPEC_FILE, ENCODER_FILE])  # every listed file, once
+        verify_files(path, manifest, [MODEL_FILE, SPEC_FILE, ENCODER_FILE, PLAN_FILE])  # every listed file, once
         record = read_record(path)  # the package's own encoder.json (verified), never a folder below it
         require_listed(path, manifest, [str(Path(p).relative_to(path)) for p in record.vocab_files.values()])
         spec = _spec(path / SPEC_FILE)
+        tables = planned_tables(path, spec)
         encoder = load_encoder(record, spec)
     except DataError as exc:
         raise ValueError(str(exc)) from None
@@ -214,7 +229,8 @@ def load_model(path: str | Path) -> LoadedModel:
     require_listed(path, manifest, [f"{MANAGED_DIR}/{t.name}.parquet" for t in spec.tables if t.managed is not None])
     item = manifest["retrieval"]["item_feature"] if items is not None else None  # (checked by load_items)
     check_program(exported, spec, [f.name for f in spec.sparse_features if f.name != item],
-                  items.vectors.shape[1] if items is not None else sum(h.width for h in spec.heads), path / MODEL_FILE)
+                  items.vectors.shape[1] if items is not None else sum(h.width for h in spec.heads), path / MODEL_FILE,
+                  tables)
     try:
         program = exported.module()
     except Exception as exc:
@@ -274,10 +290,12 @@ def raw_table(table: pa.Table | pd.DataFrame) -> pa.Table:
 
 def check_finite(column: pa.ChunkedArray | pa.Array, name: str) -> None:
     """Raise DataError naming the first row whose dense value is infinite or beyond float32, as CSV
-    input refuses them (null and NaN are missing values, filled, as CSV's empty and `nan` are)."""
+    input refuses them (null and NaN are missing values, filled, as CSV's empty and `nan` are). An
+    integer beyond 2**53 is a number, rounded to float64 as CSV reads it (a safe cast refused it as
+    "not numbers")."""
     try:
         values = pa.chunked_array([column]) if isinstance(column, pa.Array) else column
-        x = values.cast(pa.float64()).to_numpy(zero_copy_only=False)
+        x = pc.cast(values, pa.float64(), safe=False).to_numpy(zero_copy_only=False)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
         raise DataError(f"column {name} holds values that are not numbers (type {column.type})") from None
     with np.errstate(invalid="ignore"):

@@ -376,11 +376,50 @@ def _swap_program(sparse: list[str], dense: int, scores: int) -> Callable[[Path]
     return make
 
 
+class _Tables(torch.nn.Module):
+    """A program of another export that takes the same inputs and returns one score, with its own
+    embedding tables (rows x dim each, named as a package's are)."""
+
+    def __init__(self, shapes: list[tuple[int, int]]) -> None:
+        super().__init__()
+        self.tables = torch.nn.ParameterList([torch.nn.Parameter(torch.rand(rows, dim), requires_grad=False)
+                                              for rows, dim in shapes])
+
+    def forward(self, dense: torch.Tensor, sparse: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        total = dense.sum(dim=1, keepdim=True)
+        for (ids, offsets), weight in zip(sparse.values(), self.tables):
+            pooled = torch.nn.functional.embedding_bag(ids, weight, offsets, mode="sum", include_last_offset=True)
+            total = total + pooled.sum(dim=1, keepdim=True)
+        return torch.sigmoid(total)
+
+
+def _swap_tables(shapes: list[tuple[int, int]], any_batch: bool = True) -> Callable[[Path], None]:
+    """A program of `_Tables(shapes)` for any number of rows and ids, as `flowrec export` writes
+    one (`any_batch` False: for batches of 4 rows only)."""
+    def make(pkg: Path) -> None:
+        from flowrec.serving.pt2_save import save_program
+
+        example = (torch.rand(4, 1), {name: (torch.arange(4) % 3, torch.arange(5)) for name in ("user", "city")})
+        batch = torch.export.Dim("batch", min=1, max=1 << 20)
+        dims = ({0: batch}, {name: ({0: torch.export.Dim(f"nnz_{name}", min=0, max=1 << 20)}, {0: batch + 1})
+                             for name in ("user", "city")}) if any_batch else None
+        save_program(torch.export.export(_Tables(shapes), example, dynamic_shapes=dims, strict=False),
+                     pkg / "model.pt2")
+        redigest(pkg)
+    return make
+
+
 SWAPPED = {  # model.pt2 of another model, its digest entered in the manifest (the spec: price; user, city; ctr)
     "other_sparse_features": _swap_program(["user"], 1, 1),
     "sparse_features_in_another_order": _swap_program(["city", "user"], 1, 1),
     "other_dense_width": _swap_program(["user", "city"], 2, 1),
     "other_head_count": _swap_program(["user", "city"], 1, 2),
+    # the same inputs and scores, other tables (user: vocab 40 + the unknown row, city: 20 buckets; dim 4):
+    "smaller_tables": _swap_tables([(6, 4), (3, 4)]),  # torch's index error at the first id past their end
+    "wider_tables": _swap_tables([(41, 8), (20, 8)]),  # scored without a word
+    "tables_in_another_order": _swap_tables([(20, 4), (41, 4)]),
+    "another_table_count": _swap_tables([(41, 4)]),
+    "a_fixed_batch": _swap_tables([(41, 4), (20, 4)], any_batch=False),  # torch's AssertionError at the call
 }
 
 
@@ -392,7 +431,7 @@ def test_a_model_pt2_of_another_export_is_one_line(case: Path, name: str):
                                  "--out", str(case / "scores.parquet"), "-q"])
     one_line_exit_2(result, "does not fit the package's spec.json")
     with pytest.raises(ValueError, match="model.pt2 does not fit"):
-        load_model(case / "pkg")
+        load_model(case / "pkg").predict(pd.read_csv(case / "new.csv"))
     assert not (case / "scores.parquet").exists()
 
 
@@ -409,6 +448,81 @@ def test_an_id_beyond_64_bits_in_a_csv_scores_as_its_text(case: Path):
     scored = pd.read_csv(case / "scores.csv")["ctr"].to_numpy()
     expected = load_model(case / "pkg").predict(rows.assign(city=big))["ctr"].to_numpy()
     np.testing.assert_allclose(scored, expected, rtol=1e-6)
+
+
+ML_SPEC = """
+name: ml_hostile
+features:
+  - {name: user_id, type: categorical, vocab: 30, dim: 4}
+  - {name: item_id, type: categorical, vocab: 40, dim: 4}
+  - {name: age, type: categorical, vocab: 8, dim: 4}
+  - {name: occupation, type: categorical, hash_buckets: 16, dim: 4}
+modules:
+  - {name: top, kind: mlp, inputs: ["@sparse"], layers: [8]}
+heads:
+  - {name: ctr, input: top, task: binary, loss: bce}
+data: {format: movielens, path: ml, label: label}
+training: {batch_size: 64, epochs: 1, seed: 0}
+"""
+BIG = "123456789012345678901234567890"  # beyond 64 bits
+
+
+def _ml_1m(folder: Path, users: int = 30, extra_user: str = "", ratings: str = "", movies: str = "") -> Path:
+    """A small MovieLens-1M folder (users.dat, movies.dat, ratings.dat), with lines appended."""
+    rng = np.random.default_rng(3)
+    folder.mkdir(parents=True)
+    (folder / "users.dat").write_text("".join(f"{u}::{'FM'[u % 2]}::{[1, 18, 25, 35][u % 4]}::{u % 21}::{10000 + u}\n"
+                                              for u in range(1, users + 1)) + extra_user)
+    (folder / "movies.dat").write_text("".join(f"{m}::Film {m} ({1950 + m})::Drama\n" for m in range(1, 41)) + movies)
+    (folder / "ratings.dat").write_text("".join(f"{u}::{m}::{r}::{978300000 + i}\n" for i, (u, m, r) in enumerate(
+        zip(rng.integers(1, users + 1, 400), rng.integers(1, 41, 400), rng.integers(1, 6, 400)))) + ratings)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def ml_pkg(tmp_path_factory) -> Path:
+    """The package of a run on a small MovieLens-1M folder."""
+    root = tmp_path_factory.mktemp("ml_hostile")
+    (root / "spec.yaml").write_text(ML_SPEC)
+    _ml_1m(root / "ml")
+    run = runner.invoke(app, ["train", str(root / "spec.yaml"), "--out", str(root / "run"), "--quiet", "--device",
+                              "cpu"])
+    assert run.exit_code == 0, run.output
+    exported = runner.invoke(app, ["export", str(root / "run"), str(root / "pkg")])
+    assert exported.exit_code == 0, exported.output
+    return root / "pkg"
+
+
+@pytest.mark.parametrize("lines, says", [
+    ({"ratings": f"{BIG}::2::4::978300999\n"}, "ratings.dat:401: user '1234"),
+    ({"ratings": "1::2::4::-" + BIG + "\n"}, "ratings.dat:401: timestamp '-1234"),
+    ({"movies": f"{BIG}::Other (1990)::Drama\n"}, "movies.dat:41: id '1234"),
+    ({"extra_user": f"{BIG}::M::25::3::12345\n"}, "users.dat:31: id '1234"),
+], ids=["user", "timestamp", "movie", "users_dat"])
+def test_an_id_beyond_64_bits_in_movielens_files_is_one_line_naming_its_line(ml_pkg: Path, tmp_path: Path,
+                                                                               lines: dict, says: str):
+    """`flowrec predict PKG FOLDER --format movielens` scored a rating of a user or movie id beyond
+    64 bits as id INT64_MIN without a word; in movies.dat or users.dat it was a traceback."""
+    folder = _ml_1m(tmp_path / "new", **lines)
+    result = runner.invoke(app, ["predict", str(ml_pkg), str(folder), "--format", "movielens", "--out",
+                                 str(tmp_path / "scores.parquet"), "-q"])
+    one_line_exit_2(result, says)
+    assert "beyond 64 bits" in result.stderr
+    assert not (tmp_path / "scores.parquet").exists()
+
+
+def test_an_age_code_beyond_64_bits_in_movielens_scores_as_its_text(ml_pkg: Path, tmp_path: Path):
+    """users.dat's age code beyond 64 bits was pandas' TypeError traceback; it scores as that text
+    does through the Python API (as an id beyond 64 bits in a CSV does)."""
+    folder = _ml_1m(tmp_path / "new", users=3, extra_user=f"4::M::{BIG}::3::12345\n",
+                    ratings="4::2::4::978300999\n")
+    result = runner.invoke(app, ["predict", str(ml_pkg), str(folder), "--format", "movielens", "--out",
+                                 str(tmp_path / "scores.csv"), "--keep", "age", "-q"])
+    assert result.exit_code == 0, result.output
+    scored = pd.read_csv(tmp_path / "scores.csv", dtype={"age": str})
+    assert scored["age"].iloc[-1] == BIG
+    rows = pd.DataFrame({"user_id": [4], "item_id": [2], "age": [BIG], "occupation": ["3"]})
+    np.testing.assert_allclose(scored["ctr"].iloc[-1], load_model(ml_pkg).predict(rows)["ctr"].iloc[0], rtol=1e-6)
 
 
 def test_predict_into_a_log_writes_its_closing_line_not_a_spinner(case: Path):

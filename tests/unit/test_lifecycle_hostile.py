@@ -7,6 +7,8 @@ import json
 import os
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import typer
 from typer.testing import CliRunner
@@ -133,6 +135,60 @@ def test_a_run_refused_after_encoding_its_data_leaves_no_folder_it_made(tmp_path
     (folder / "theirs.txt").write_text("x")
     lock.release_and_remove_if_unused()
     assert (folder / "data").is_dir() and (folder / "theirs.txt").is_file()
+
+
+def _bad_label_late(spec: Path, out: Path) -> Path:
+    """Data whose last partition holds a label that is not 0 or 1: found once training reaches it,
+    after the run wrote run.json, spec.json, plan.json, metrics.jsonl and tensorboard/."""
+    made = runner.invoke(app, ["data", "synth", str(spec), "--rows", "160", "--rows-per-file", "40", "--out",
+                               str(out), "-q"])
+    assert made.exit_code == 0, made.output
+    last = sorted(out.glob("part-*.parquet"))[-1]
+    table = pq.read_table(last)
+    labels = table.column("label").to_pylist()
+    labels[7] = 2.0
+    pq.write_table(table.set_column(table.schema.get_field_index("label"), "label",
+                                    pa.array(labels, table.schema.field("label").type)), last)
+    return out
+
+
+def test_a_run_refused_in_training_leaves_no_folder_it_made_and_an_empty_one_empty(spec: Path,
+                                                                                   tmp_path: Path) -> None:
+    data = _bad_label_late(spec, tmp_path / "bad")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    with pytest.raises(DataError, match="label 2.0"):
+        flowrec.train(spec, data=data, out=mine)
+    assert mine.is_dir() and not any(mine.iterdir())
+    with pytest.raises(DataError, match="label 2.0"):
+        flowrec.train(spec, data=data, out=tmp_path / "new")
+    assert not (tmp_path / "new").exists()
+    result = runner.invoke(app, ["train", str(spec), "--data", str(data), "--out", str(mine), "-q"])
+    assert result.exit_code == 2 and "label 2.0" in result.output and "Traceback" not in result.output
+    assert mine.is_dir() and not any(mine.iterdir())  # not run.json, spec.json, metrics.jsonl, tensorboard/
+    result = runner.invoke(app, ["train", str(spec), "--data", str(data), "--out", str(tmp_path / "cli"), "-q"])
+    assert result.exit_code == 2
+    assert not (tmp_path / "cli").exists()
+
+
+def test_a_run_that_stopped_in_training_or_was_interrupted_keeps_what_it_wrote(tmp_path: Path) -> None:
+    def started(folder: Path, records: str) -> RunLock:
+        folder.mkdir()
+        lock = RunLock.acquire(folder)
+        (folder / "run.json").write_text("{}")
+        (folder / "metrics.jsonl").write_text(records)
+        return lock
+
+    started(tmp_path / "stopped", '{"event": "stopped", "step": 3}\n').release_as_found("absent", refused=True)
+    assert (tmp_path / "stopped" / "metrics.jsonl").is_file()  # a non-finite loss: its metrics say where
+    started(tmp_path / "stop", '{"event": "train", "step": 3}\n').release_as_found("empty", refused=False)
+    assert (tmp_path / "stop" / "run.json").is_file()  # Ctrl-C: the printed --resume command still works
+    lock = started(tmp_path / "ckpt", '{"event": "train", "step": 3}\n')
+    (tmp_path / "ckpt" / "checkpoint.pt").write_bytes(b"x")
+    lock.release_as_found("empty", refused=True)
+    assert (tmp_path / "ckpt" / "checkpoint.pt").is_file() and (tmp_path / "ckpt" / "run.json").is_file()
+    started(tmp_path / "refused", '{"event": "train", "step": 3}\n').release_as_found("absent", refused=True)
+    assert not (tmp_path / "refused").exists()
 
 
 def test_a_run_folder_inside_a_dataset_package_or_run_is_refused(spec: Path, tmp_path: Path) -> None:

@@ -173,3 +173,68 @@ def test_a_20m_rating_missing_is_one_line_naming_it(tmp_path: Path):
         _read(tmp_path)
     (tmp_path / "ratings.csv").write_text("userId,movieId,rating,timestamp\n1,2,4.5,100\n2,2,3,102\n")
     assert _read(tmp_path).column("label").to_pylist() == [1.0, 0.0]
+
+
+BIG = "123456789012345678901234567890"  # beyond 64 bits
+
+
+def _1m(folder: Path, ratings: str = "", movies: str = "", users: str = "") -> Path:
+    folder.mkdir()
+    (folder / "ratings.dat").write_text("1::2::5::978300760\n" + ratings)
+    (folder / "movies.dat").write_text("2::Film (1999)::Drama\n" + movies)
+    (folder / "users.dat").write_text("1::F::25::10::48067\n" + users)
+    return folder
+
+
+def _20m(folder: Path, ratings: str = "", movies: str = "") -> Path:
+    folder.mkdir()
+    (folder / "ratings.csv").write_text("userId,movieId,rating,timestamp\n1,2,4.5,100\n" + ratings)
+    (folder / "movies.csv").write_text("movieId,title,genres\n2,Film (1999),Drama\n" + movies)
+    return folder
+
+
+BEYOND_64_BITS = {  # folder maker -> the file, line and column the error names
+    "100k_user": (lambda d: _100k(d, f"1\t2\t5\t881250949\n{BIG}\t2\t4\t881250950\n"), r"u.data:2: user '1234"),
+    "100k_item": (lambda d: _100k(d, f"1\t2\t5\t881250949\n1\t{BIG}\t4\t881250950\n"), r"u.data:2: item '1234"),
+    "100k_time": (lambda d: _100k(d, f"1\t2\t5\t881250949\n1\t2\t4\t{BIG}\n"), r"u.data:2: timestamp '1234"),
+    "100k_u_item": (lambda d: _100k(d, "1\t2\t5\t881250949\n", f"{BIG}|Film (1995)|01-Jan-1995||http://x"
+                                    + "|0" * 19 + "\n"), r"u.item:1: item '1234"),
+    "1m_rating": (lambda d: _1m(d / "ml", ratings=f"1::{BIG}::4::978300761\n"), r"ratings.dat:2: item '1234"),
+    "1m_movie": (lambda d: _1m(d / "ml", movies=f"{BIG}::Other (1990)::Drama\n"), r"movies.dat:2: id '1234"),
+    "1m_user": (lambda d: _1m(d / "ml", users=f"{BIG}::M::25::3::12345\n"), r"users.dat:2: id '1234"),
+    "20m_rating": (lambda d: _20m(d / "ml", ratings=f"-{BIG},2,3.0,101\n"), r"ratings.csv:3: user '-1234"),
+    "20m_movie": (lambda d: _20m(d / "ml", movies=f"{BIG},Other (1990),Drama\n"), r"movies.csv:3: movieId '1234"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BEYOND_64_BITS))
+def test_an_id_or_time_beyond_64_bits_is_one_line_naming_its_line(tmp_path: Path, case: str):
+    """An id or timestamp beyond 64 bits in a ratings file became INT64_MIN without a word (every
+    such user one user, scored by `flowrec predict` as such); in movies.dat, users.dat or
+    movies.csv it was an OverflowError traceback."""
+    make, expected = BEYOND_64_BITS[case]
+    with pytest.raises(DataError, match=expected + r".*beyond 64 bits") as caught:
+        _read(make(tmp_path))
+    assert "\n" not in str(caught.value)
+
+
+def test_an_age_or_occupation_code_beyond_64_bits_is_kept_as_text(tmp_path: Path):
+    """1M's age and occupation codes (100K's age) are integers; one beyond 64 bits (or a fraction)
+    was a TypeError traceback (100K: an OverflowError): the column is kept as text, as the CSV
+    formats keep an id beyond 64 bits."""
+    got = _read(_1m(tmp_path / "1m", ratings="2::2::3::978300761\n", users=f"2::M::{BIG}::2.5::12345\n"))
+    assert got["age"].to_pylist() == ["25", BIG] and got["occupation"].to_pylist() == ["10", "2.5"]
+    folder = _100k(tmp_path, "1\t2\t5\t881250949\n")
+    (folder / "u.user").write_text(f"1|{BIG}|M|technician|85711\n")
+    assert _read(folder)["age"].to_pylist() == [BIG]
+    assert _read(_1m(tmp_path / "ok"))["age"].to_pylist() == [25]  # whole codes stay integers
+
+
+def test_an_id_of_a_digit_sign_that_is_no_number_is_one_line(tmp_path: Path):
+    """Latin-1's superscript two passed str.isdigit as an id of users.dat / movies.dat, then was
+    pandas' ValueError traceback."""
+    folder = _1m(tmp_path / "ml")
+    with open(folder / "users.dat", "ab") as f:
+        f.write(b"\xb2::M::25::3::12345\n")
+    with pytest.raises(DataError, match=r"users.dat:2: "):
+        _read(folder)

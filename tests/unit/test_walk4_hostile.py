@@ -102,3 +102,19 @@ def test_an_integer_beyond_64_bits_is_one_line() -> None:
     with pytest.raises(DataError, match="beyond 64 bits") as caught:
         raw_table(pd.DataFrame({"d1": [2 ** 70, 1]}))
     assert "\n" not in str(caught.value)
+
+
+def test_a_dense_integer_beyond_2_53_is_a_number_as_csv_reads_it() -> None:
+    """`model.predict(df)` refused an int64 dense value of 2**60 (or a uint64 one) as "values that
+    are not numbers" (a safe cast to float64 refuses the rounding), while `flowrec predict` scored
+    the same value in a CSV or Parquet file."""
+    from flowrec.data.encode import dense_values
+    from flowrec.serving.predict import check_finite
+    from flowrec.spec.model import DenseFeature
+
+    for column in (pa.array([1, 2 ** 60]), pa.array([1, 2 ** 64 - 1], pa.uint64())):
+        check_finite(column, "d1")
+        values = dense_values(DenseFeature("d1"), column)
+        assert values.tolist() == [1.0, float(column[1].as_py())]
+    with pytest.raises(DataError, match="not numbers"):
+        check_finite(pa.array(["1", "x"]), "d1")
