@@ -21,6 +21,7 @@ from flowrec.cli import app
 from flowrec.runtime.checkpoint.store import CheckpointError, content_digest, load_checkpoint
 from flowrec.runtime import trainer
 from flowrec.runtime.checkpoint import checkpointer, incremental, stream
+from flowrec.runtime.checkpoint import delta as chain
 from flowrec.runtime.checkpoint.delta import delta_files, delta_path
 from flowrec.runtime.checkpoint.direct import DirectFile
 from flowrec.runtime.trainer import CHECKPOINT_WRITES_ENV
@@ -384,6 +385,29 @@ def test_eval_and_export_read_base_and_deltas(spec: Path, tmp_path: Path):
     reference = ServingModel(trained[0].spec, trained[0].model).state_dict()
     differ = [k for k in served if not torch.equal(served[k], reference[k])]
     assert served.keys() == reference.keys() and not differ, differ
+
+
+def test_a_load_while_the_run_replaces_its_base_reads_the_new_checkpoint(spec: Path, tmp_path: Path, monkeypatch):
+    # `flowrec eval RUN` while RUN trains: between the load's read of checkpoint.pt and of its deltas
+    # the run put a new full checkpoint in place and removed the old one's deltas ("cannot read
+    # RUN/checkpoint.delta-000012.pt: No such file or directory")
+    run, later = tmp_path / "inc", tmp_path / "later"
+    _train(spec, run, "--checkpoint-full-every", "4", "--max-steps", "15")
+    _train(spec, later, "--checkpoint-full-every", "1", "--max-steps", "20")
+    base = run / "checkpoint.pt"
+    assert delta_files(base)  # base and deltas
+    real_read, replaced = chain.read_torch_file, []
+
+    def writer_goes_on(path, *args, **kwargs):  # what the run's writer does, just before this read
+        if not replaced:
+            replaced.append(path)
+            os.replace(later / "checkpoint.pt", base)
+            chain.remove_deltas(base)
+        return real_read(path, *args, **kwargs)
+
+    monkeypatch.setattr(chain, "read_torch_file", writer_goes_on)
+    assert load_checkpoint(run)["position"]["step"] == 20
+    assert replaced == [delta_path(base, 1)]
 
 
 def test_stale_damaged_and_missing_deltas(spec: Path, tmp_path: Path):

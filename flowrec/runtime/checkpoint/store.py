@@ -14,6 +14,7 @@ Example:
 """
 from __future__ import annotations
 
+import os
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
@@ -39,6 +40,7 @@ from flowrec.runtime.messages import first_line
 DISK_MARGIN = 1.05  # a write failing with less free space than this x the tensors' bytes: the disk is full
 CHECKPOINT_FORMAT = "flowrec-checkpoint"
 CHECKPOINT_VERSION = 2  # 2: content digest and skipped-batch count
+LOAD_TRIES = 5  # reads of a run that keeps replacing its checkpoint under them (eval while it trains)
 REQUIRED_KEYS = ("format", "version", "digest", "spec", "plan", "model", "dense_optimizer", "rng",
                  "position", "skipped_batches")
 
@@ -159,17 +161,34 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu", mmap: 
             version, or missing keys; one line naming the file.
     """
     given, path = Path(path), checkpoint_path(path)
-    if not path.is_file():
-        raise CheckpointError(f"no checkpoint at {path}{_not_a_run(given)}")
+    for attempt in range(1, LOAD_TRIES + 1):
+        if not path.is_file():
+            raise CheckpointError(f"no checkpoint at {path}{_not_a_run(given)}")
+        try:
+            read = path.stat()
+        except OSError as exc:
+            raise CheckpointError(f"cannot read checkpoint {path}: {exc.strerror}") from None
+        if read.st_size == 0:
+            raise CheckpointError(f"checkpoint {path} is empty (0 bytes)")
+        state = read_torch_file(path, map_location, mmap=mmap)
+        check_structure(path, state)
+        try:
+            return assemble_shards(path, apply_deltas(path, state, map_location), map_location, lazy=lazy_shards)
+        except CheckpointError:
+            if attempt == LOAD_TRIES or not _replaced(path, read):
+                raise
+        # the run is still training: it put a new full checkpoint in place while this load read the
+        # one before, and removed that one's deltas (or shards) under it; read the new one
+    raise AssertionError("the last try returns or raises")
+
+
+def _replaced(path: Path, read: os.stat_result) -> bool:
+    """`path` is no longer the file that was read (a new checkpoint was renamed over it)."""
     try:
-        size = path.stat().st_size
-    except OSError as exc:
-        raise CheckpointError(f"cannot read checkpoint {path}: {exc.strerror}") from None
-    if size == 0:
-        raise CheckpointError(f"checkpoint {path} is empty (0 bytes)")
-    state = read_torch_file(path, map_location, mmap=mmap)
-    check_structure(path, state)
-    return assemble_shards(path, apply_deltas(path, state, map_location), map_location, lazy=lazy_shards)
+        now = path.stat()
+    except OSError:
+        return True
+    return (now.st_ino, now.st_dev) != (read.st_ino, read.st_dev)
 
 
 def check_structure(path: Path, state: Any) -> None:
