@@ -384,11 +384,27 @@ def _train_in_folder(request: RunRequest, spec, folder: Path, world=None) -> Non
                                    request.fresh_optimizer or bool((recorded or {}).get("fresh_optimizer")))
     for note in notes:
         _say(note)
+    if state is not None:
+        _check_resumed_seed(settings["seed"], state, folder)
     if resuming and state is None:
         _say(f"{folder} has no checkpoint yet: starting it again from step 0 with its recorded settings")
     if settings["cache"] is not None:
         spec = replace(spec, plan=replace(spec.plan, cache=settings["cache"]))
     _run(request, spec, folder, settings, state, world)
+
+
+def _check_resumed_seed(seed: int | None, state: dict, folder: Path) -> None:
+    """A resumed run keeps the seed it was trained with (its data order, synthetic rows and dropout
+    follow from it): another --seed is refused here, in its own words, before any data is read."""
+    if seed is None:
+        return
+    try:
+        trained = json.loads(state["spec"])["training"]["seed"]
+    except (ValueError, TypeError, KeyError):
+        return  # the spec check after the session names a damaged record
+    if seed != trained:
+        fail(f"--seed {seed} differs from the seed the run in {folder} was trained with ({trained}); a resumed "
+             f"run keeps its seed: leave --seed out, or start a new run (another --out) with it")
 
 
 def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | None, world=None) -> None:

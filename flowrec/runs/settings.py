@@ -151,8 +151,9 @@ def merge_settings(given: dict[str, Any], recorded: dict[str, Any] | None,
                 if value is not None:
                     restored.append(_described(flag, value))
             elif value != recorded[key] and not _same_path(key, value, recorded[key]):
-                overridden.append(f"{_described(flag, value)} overrides the run's "
-                                  f"{_described(flag, recorded[key])}")
+                was = (_described(flag, recorded[key]) if recorded[key] is not None
+                       else f"default (it was started without {flag.split('/')[0]})")
+                overridden.append(f"{_described(flag, value)} overrides the run's {was}")
         if value is None:
             value = spec_defaults.get(key, default)
         settings[key] = value

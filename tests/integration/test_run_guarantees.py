@@ -105,6 +105,23 @@ def test_default_run_folders_are_claimed_without_races(tmp_path: Path):
     assert sorted(claimed) == sorted(["job"] + [f"job-{n}" for n in range(2, 9)])
 
 
+def test_resume_with_another_seed_is_refused_naming_the_seed_not_the_spec(spec: Path, tmp_path: Path):
+    # it said "--seed 9 overrides the run's --seed None", read the data, then "spec.yaml differs from
+    # the spec the run in run was trained with" of a spec file nobody had changed
+    run = tmp_path / "run"
+    assert _train(spec, "--out", str(run), "--max-steps", "4").exit_code == 0
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file() and p.name != ".flowrec.lock"}
+    resumed = runner.invoke(app, ["train", str(spec), "--resume", str(run), "--seed", "9", "--max-steps", "6"])
+    assert resumed.exit_code == 2, resumed.output
+    assert f"--seed 9 differs from the seed the run in {run} was trained with (5)" in resumed.stderr
+    assert "--seed 9 overrides the run's default (it was started without --seed)" in resumed.stderr
+    assert "differs from the spec" not in resumed.stderr and "synthetic" not in resumed.stderr  # no data read
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file() and p.name != ".flowrec.lock"} == before
+    again = runner.invoke(app, ["train", str(spec), "--resume", str(run), "--seed", "5", "--max-steps", "6"])
+    assert again.exit_code == 0, again.output
+    assert _train_steps(run) == list(range(1, 7))
+
+
 def test_default_folder_of_a_second_run_is_numbered(spec: Path, tmp_path: Path):
     for _ in range(2):
         assert _train(spec, "--max-steps", "2").exit_code == 0
