@@ -156,7 +156,8 @@ def restart_count() -> int:
 
 def run_launcher(argv: list[str]) -> int:
     """torch.distributed.run with `argv`, its failures as one line and an exit status: the first
-    failed rank's (its own message is above), or 128 + the signal that stopped the launcher."""
+    failed rank's (its own message is above; 128 + the signal that killed it), or 128 + the signal
+    that stopped the launcher."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
@@ -168,12 +169,26 @@ def run_launcher(argv: list[str]) -> int:
     except ChildFailedError as exc:
         rank, failure = exc.get_first_failure()
         failed = ", ".join(str(r) for r in sorted(exc.failures))
-        print(f"error: training failed: rank(s) {failed} exited; the first, rank {rank}, with status "
-              f"{failure.exitcode} (its message is above)", file=sys.stderr)
-        return failure.exitcode if failure.exitcode and failure.exitcode > 0 else 1
+        print(f"error: training failed: rank(s) {failed} exited; the first, rank {rank}, "
+              f"{_how_it_ended(failure.exitcode)}", file=sys.stderr)
+        if failure.exitcode is not None and failure.exitcode < 0:
+            return 128 - failure.exitcode  # a shell's status of a process its signal stopped
+        return failure.exitcode if failure.exitcode else 1
     except SignalException as exc:
         return 128 + int(exc.sigval)
     return 0
+
+
+def _how_it_ended(exitcode: int | None) -> str:
+    """How a failed rank ended, in words: a status (its message is above) or a signal, which leaves
+    no message (a SIGKILL: the kernel's out-of-memory killer, `kill -9`, a scheduler)."""
+    if exitcode is not None and exitcode < 0:
+        try:
+            name = f" ({signal.Signals(-exitcode).name})"
+        except ValueError:
+            name = ""
+        return f"was killed by signal {-exitcode}{name} and wrote no message"
+    return f"with status {exitcode} (its message is above)"
 
 
 if __name__ == "__main__":  # the launcher process of `flowrec train --nproc N`

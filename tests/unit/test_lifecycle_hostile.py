@@ -770,3 +770,25 @@ def test_a_run_names_the_spec_target_it_does_not_price_and_refuses_a_missing_one
     refused = CliRunner().invoke(app, ["train", str(tmp_path / "nope.yaml"), "--out", str(tmp_path / "c"), *args])
     assert refused.exit_code == 2 and "nope.json" in refused.output, refused.output
     assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize("exitcode, said, status", [
+    (-9, "rank 1, was killed by signal 9 (SIGKILL) and wrote no message", 137),
+    (4, "rank 1, with status 4 (its message is above)", 4),
+])
+def test_the_launcher_says_a_rank_killed_by_a_signal_left_no_message(monkeypatch, capsys, tmp_path: Path, exitcode,
+                                                                     said, status):
+    # `kill -9` of one rank of `flowrec train --nproc 2`: "the first, rank 1, with status -9 (its message
+    # is above)" pointed at a message the killed rank never wrote, and the launch exited with status 1
+    import torch.distributed.run as torch_run
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from flowrec.cli import ranks
+
+    def failing(args):
+        raise ChildFailedError("flowrec", {1: ProcessFailure(1, 4242, exitcode, str(tmp_path / "none.json"))})
+
+    monkeypatch.setattr(torch_run, "run", failing)
+    assert ranks.run_launcher(["--nproc-per-node=2", "-m", "flowrec", "train", "s.yaml"]) == status
+    err = capsys.readouterr().err
+    assert f"error: training failed: rank(s) 1 exited; the first, {said}\n" == err
