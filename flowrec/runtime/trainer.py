@@ -429,7 +429,11 @@ class Trainer:
                              interrupted=interrupted, skipped_batches=self.skipped_batches,
                              stopped_early=self.stopped_early, stop_requested=self._stop_requested)
         if not interrupted and eval_source is not None:
-            result.eval = self._final_eval(eval_source)
+            try:  # no step to stop after: Ctrl-C or SIGTERM ends the evaluation, the checkpoint is still taken
+                with self._interrupt.at_once():
+                    result.eval = self._final_eval(eval_source)
+            except KeyboardInterrupt:
+                interrupted = result.interrupted = True
         self._checkpoint()
         self._wait_checkpoints()  # no `saved` record after this: the end record is the proof
         if self.stopper is not None:
@@ -839,6 +843,21 @@ class GracefulInterrupt:
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)
         self._previous = {}
+
+    @contextlib.contextmanager
+    def at_once(self) -> Iterator[None]:
+        """Within: Ctrl-C or SIGTERM interrupts at once (a KeyboardInterrupt), for work after the last
+        step (the final evaluation), which the run's last checkpoint follows; SIGTERM had ended the
+        process there without it. Only in the main thread."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.signal(sig, signal.default_int_handler) for sig in self.SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 def resume_state(run_dir: Path) -> dict[str, Any]:

@@ -282,6 +282,44 @@ def test_ctrl_c_during_start_up_is_one_line_and_exit_130(spec: Path, tmp_path: P
     assert lines == ["error: interrupted (Ctrl-C) before training started; nothing was trained"]
 
 
+SIGNALLED_EVAL = """
+import os, signal, sys
+from flowrec.runtime import trainer
+real = trainer.Trainer._evaluate
+sig = getattr(signal, sys.argv.pop(1))
+
+def signalled(self, source):  # the final evaluation (the run has --eval-every 0): a signal arrives
+    os.kill(os.getpid(), sig)
+    return real(self, source)
+
+trainer.Trainer._evaluate = signalled
+from flowrec.cli import main
+sys.argv[0] = "flowrec"
+main()
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_signal_during_the_final_evaluation_still_saves_the_last_checkpoint(spec: Path, tmp_path: Path, sig):
+    # the final evaluation came after the last step and before the run's only checkpoint: Ctrl-C there
+    # said "interrupted (Ctrl-C) at step 6; continue with ..." with no checkpoint (the resume trained
+    # from step 0 again), and SIGTERM (`timeout`, a scheduler) ended the process without a word
+    import subprocess
+    import sys
+
+    from flowrec.testing.ranks import subprocess_env
+
+    run = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-c", SIGNALLED_EVAL, sig, "train", str(spec), "--rows", "400", "--quiet",
+                           "--out", str(run), "--max-steps", "6", "--eval-every", "0"], cwd=tmp_path, text=True,
+                          capture_output=True, timeout=300, env=subprocess_env(Path(__file__).resolve().parents[2]))
+    assert done.returncode == 130, done.stderr
+    assert "interrupted: checkpoint saved; continue with" in done.stderr
+    assert ckpt.load_checkpoint(run)["position"]["step"] == 6
+    end = _records(run)[-1]
+    assert end["event"] == "end" and end["interrupted"] is True and _train_steps(run) == list(range(1, 7))
+
+
 def test_out_of_memory_in_training_is_one_line_and_keeps_the_checkpoint(spec: Path, tmp_path: Path,
                                                                         monkeypatch):
     real = trainer.train_step
