@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import signal
 import sys
-from contextlib import nullcontext
+import threading
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import typer
 
@@ -23,6 +25,33 @@ EXIT_OUT_OF_MEMORY = 3
 EXIT_RANK_FAILED = 4  # another rank died or hung: this one stopped at the --dist-timeout
 MAX_DIST_TIMEOUT_S = 7 * 24 * 3600  # a week: the largest --dist-timeout (torch's timedelta overflows far above)
 MAX_FOLLOW_WAIT_S = 7 * 24 * 3600  # a week: the longest --follow-wait (inf would wait forever)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (what `kill`, `timeout` and schedulers send) outside the training loop, which has its
+    own handler: stopped as Ctrl-C stops it (the start-up's one line, the folder left as found),
+    instead of Python's default, which ended the process without a word or any cleanup."""
+
+
+def _interrupt_name(exc: BaseException) -> str:
+    return "SIGTERM" if isinstance(exc, Terminated) else "Ctrl-C"
+
+
+@contextmanager
+def _terminated_as_interrupted() -> Iterator[None]:
+    """Within: SIGTERM raises `Terminated` (only in the main thread, where signals are handled)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminated(signum, frame) -> None:
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _say(message: str) -> None:
@@ -116,23 +145,31 @@ def train(
     request = RunRequest(spec_path, out, resume, overwrite, given, quiet, json_out, report, init_from,
                          fresh_optimizer, dist_timeout)
     try:
-        _check_options(request)
-        if not 0.0 <= follow_wait <= MAX_FOLLOW_WAIT_S:  # NaN fails both comparisons
-            fail(f"--follow-wait must be a number of seconds in 0..{MAX_FOLLOW_WAIT_S} (a week), not {follow_wait!r}")
-        if follow_dir is None and follow_order != "name":
-            fail("--follow-order orders the day partitions of --follow: give --follow DAYS")
-        if follow_dir is not None:
-            _check_follow(request, nproc)
-            from flowrec.cli.follow import follow
+        with _terminated_as_interrupted():
+            _train_command(request, nproc, max_restarts, follow_dir, follow_wait, follow_once, follow_export,
+                           follow_order)
+    except KeyboardInterrupt as exc:
+        fail(f"interrupted ({_interrupt_name(exc)}) before training started; nothing was trained", EXIT_INTERRUPTED)
 
-            follow(request, follow_dir, follow_wait, follow_once, run_training, follow_export,
-                   _follow_order(follow_order))
-            return
-        if nproc > 1 and _launch_size() == 1:
-            raise typer.Exit(_launch(request, nproc, max_restarts))
-        run_training(_restarted(request))
-    except KeyboardInterrupt:
-        fail("interrupted (Ctrl-C) before training started; nothing was trained", EXIT_INTERRUPTED)
+
+def _train_command(request: RunRequest, nproc: int, max_restarts: int, follow_dir, follow_wait: float,
+                   follow_once: bool, follow_export, follow_order: str) -> None:
+    """`flowrec train` once its options are read (a KeyboardInterrupt out of it: before training)."""
+    _check_options(request)
+    if not 0.0 <= follow_wait <= MAX_FOLLOW_WAIT_S:  # NaN fails both comparisons
+        fail(f"--follow-wait must be a number of seconds in 0..{MAX_FOLLOW_WAIT_S} (a week), not {follow_wait!r}")
+    if follow_dir is None and follow_order != "name":
+        fail("--follow-order orders the day partitions of --follow: give --follow DAYS")
+    if follow_dir is not None:
+        _check_follow(request, nproc)
+        from flowrec.cli.follow import follow
+
+        follow(request, follow_dir, follow_wait, follow_once, run_training, follow_export,
+               _follow_order(follow_order))
+        return
+    if nproc > 1 and _launch_size() == 1:
+        raise typer.Exit(_launch(request, nproc, max_restarts))
+    run_training(_restarted(request))
 
 
 def _follow_order(text: str):
@@ -490,8 +527,8 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
         fail(str(exc))
     except CacheCapacityError as exc:
         fail(f"at step {trainer.position.step + 1}: {exc}; {trainer.checkpoint_note()}")
-    except KeyboardInterrupt:
-        fail(f"interrupted (Ctrl-C) at step {trainer.position.step}; continue with  {resume_cmd}",
+    except KeyboardInterrupt as exc:
+        fail(f"interrupted ({_interrupt_name(exc)}) at step {trainer.position.step}; continue with  {resume_cmd}",
              EXIT_INTERRUPTED)
     except (RuntimeError, MemoryError) as exc:
         if out_of_memory(exc):  # torch's CUDA error, or the CPU allocator's RuntimeError

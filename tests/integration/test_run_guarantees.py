@@ -282,21 +282,36 @@ def test_ctrl_c_during_start_up_is_one_line_and_exit_130(spec: Path, tmp_path: P
     assert lines == ["error: interrupted (Ctrl-C) before training started; nothing was trained"]
 
 
-SIGNALLED_EVAL = """
-import os, signal, sys
-from flowrec.runtime import trainer
-real = trainer.Trainer._evaluate
+SIGNALLED = """
+import importlib, os, signal, sys
 sig = getattr(signal, sys.argv.pop(1))
+module, name = sys.argv.pop(1).rsplit(":", 1)  # where the signal arrives: "flowrec.runtime.trainer:Trainer._evaluate"
+owner = importlib.import_module(module)
+*path, attr = name.split(".")
+for part in path:
+    owner = getattr(owner, part)
+real = getattr(owner, attr)
 
-def signalled(self, source):  # the final evaluation (the run has --eval-every 0): a signal arrives
+def signalled(*args, **kwargs):
     os.kill(os.getpid(), sig)
-    return real(self, source)
+    return real(*args, **kwargs)
 
-trainer.Trainer._evaluate = signalled
+setattr(owner, attr, signalled)
 from flowrec.cli import main
 sys.argv[0] = "flowrec"
 main()
 """
+
+
+def _signalled_run(tmp_path: Path, sig: str, where: str, *args: str):
+    """`flowrec train ARGS` in a process that gets `sig` from itself when `where` is first called."""
+    import subprocess
+    import sys
+
+    from flowrec.testing.ranks import subprocess_env
+
+    return subprocess.run([sys.executable, "-c", SIGNALLED, sig, where, "train", *args], cwd=tmp_path, text=True,
+                          capture_output=True, timeout=300, env=subprocess_env(Path(__file__).resolve().parents[2]))
 
 
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
@@ -304,20 +319,26 @@ def test_a_signal_during_the_final_evaluation_still_saves_the_last_checkpoint(sp
     # the final evaluation came after the last step and before the run's only checkpoint: Ctrl-C there
     # said "interrupted (Ctrl-C) at step 6; continue with ..." with no checkpoint (the resume trained
     # from step 0 again), and SIGTERM (`timeout`, a scheduler) ended the process without a word
-    import subprocess
-    import sys
-
-    from flowrec.testing.ranks import subprocess_env
-
     run = tmp_path / "run"
-    done = subprocess.run([sys.executable, "-c", SIGNALLED_EVAL, sig, "train", str(spec), "--rows", "400", "--quiet",
-                           "--out", str(run), "--max-steps", "6", "--eval-every", "0"], cwd=tmp_path, text=True,
-                          capture_output=True, timeout=300, env=subprocess_env(Path(__file__).resolve().parents[2]))
+    done = _signalled_run(tmp_path, sig, "flowrec.runtime.trainer:Trainer._evaluate", str(spec), "--rows", "400",
+                          "--quiet", "--out", str(run), "--max-steps", "6", "--eval-every", "0")
     assert done.returncode == 130, done.stderr
     assert "interrupted: checkpoint saved; continue with" in done.stderr
     assert ckpt.load_checkpoint(run)["position"]["step"] == 6
     end = _records(run)[-1]
     assert end["event"] == "end" and end["interrupted"] is True and _train_steps(run) == list(range(1, 7))
+
+
+def test_sigterm_during_start_up_is_one_line_and_leaves_the_folder_as_found(spec: Path, tmp_path: Path):
+    # SIGTERM (`timeout`, a scheduler) while the run read its data ended it without a word, leaving the
+    # new --out folder behind (with --nproc 2: holding encoder/ and the lock); Ctrl-C there was one line
+    run = tmp_path / "run"
+    done = _signalled_run(tmp_path, "SIGTERM", "flowrec.runs.start:prepare", str(spec), "--rows", "400", "--quiet",
+                          "--out", str(run))
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == "error: interrupted (SIGTERM) before training started; nothing " \
+                                                   "was trained"
+    assert not run.exists()
 
 
 def test_out_of_memory_in_training_is_one_line_and_keeps_the_checkpoint(spec: Path, tmp_path: Path,
