@@ -61,6 +61,15 @@ BLOCKS = textwrap.dedent('''
     class Flags(nn.Module):
         def forward(self, x):
             return (x > 0).long()
+
+
+    class Lazy(nn.Module):
+        def __init__(self, out):
+            super().__init__()
+            self.proj = nn.LazyLinear(out)
+
+        def forward(self, x):
+            return self.proj(x)
 ''')
 
 
@@ -128,6 +137,19 @@ def test_training_equals_the_user_module_in_plain_pytorch(blocks):
         ref_opt.step()
     for a, b in zip(model.ops["mine"].inner.parameters(), user.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11, msg=lambda m: f"seed {seed}: {m}")
+
+
+def test_a_module_with_lazy_parameters_is_built_with_their_shapes(blocks):
+    """nn.LazyLinear learns its input width at its first forward: the optimizer made at the start of
+    training read its uninitialised parameters (a traceback) before the model had seen a batch."""
+    spec = resolve_custom(spec_from_dict(custom_doc(blocks, "Lazy", {"out": 5})))
+    assert spec.modules[1].param("out_width") == 5
+    model = lower(make_plan(spec, target="cpu"), spec, "cpu")
+    proj = model.ops["mine"].inner.proj
+    assert not torch.nn.parameter.is_lazy(proj.weight) and proj.weight.shape == (5, 20)
+    assert model.ops["mine"].inner.training  # the shaping forward ran in eval mode, then training again
+    opt = make_dense_optimizer(model, "adam", 0.01, {})
+    assert any(p is proj.weight for group in opt.param_groups for p in group["params"])
 
 
 @pytest.mark.parametrize("cls,params,says", [
