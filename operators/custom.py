@@ -104,7 +104,9 @@ def meta_width(path: str, params: Mapping[str, Any], in_width: int) -> int:
     """
     with contextlib.redirect_stdout(sys.stderr):
         with torch.device("meta"):
-            inner = build_custom(path, params)
+            # tensors the constructor makes outside torch's factories (torch.from_numpy, torch.load,
+            # device="cpu") are on the CPU: move them too, or the forward mixes devices
+            inner = build_custom(path, params).to("meta")
             x = torch.empty(DRY_RUN_BATCH, in_width)
         try:
             out = inner(x)

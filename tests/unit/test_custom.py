@@ -24,6 +24,7 @@ from operators.custom import import_class
 
 BATCH = 32
 BLOCKS = textwrap.dedent('''
+    import numpy
     import torch
     from torch import nn
 
@@ -61,6 +62,16 @@ BLOCKS = textwrap.dedent('''
     class Flags(nn.Module):
         def forward(self, x):
             return (x > 0).long()
+
+
+    class Pretrained(nn.Module):
+        def __init__(self, width):
+            super().__init__()
+            self.register_buffer("scale", torch.from_numpy(numpy.linspace(0.5, 1.5, width, dtype="float32")))
+            self.proj = nn.Linear(width, 7)
+
+        def forward(self, x):
+            return self.proj(x * self.scale)
 
 
     class Lazy(nn.Module):
@@ -137,6 +148,15 @@ def test_training_equals_the_user_module_in_plain_pytorch(blocks):
         ref_opt.step()
     for a, b in zip(model.ops["mine"].inner.parameters(), user.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11, msg=lambda m: f"seed {seed}: {m}")
+
+
+def test_a_module_holding_cpu_tensors_of_its_own_is_measured_and_keeps_them(blocks):
+    """A buffer from torch.from_numpy (pretrained values) is made on the CPU even under the meta
+    device: the dry run's forward mixed devices and refused a class that trains."""
+    spec = resolve_custom(spec_from_dict(custom_doc(blocks, "Pretrained", {"width": 20})))
+    assert spec.modules[1].param("out_width") == 7
+    model = lower(make_plan(spec, target="cpu"), spec, "cpu")
+    torch.testing.assert_close(model.ops["mine"].inner.scale, torch.linspace(0.5, 1.5, 20))
 
 
 def test_a_module_with_lazy_parameters_is_built_with_their_shapes(blocks):
