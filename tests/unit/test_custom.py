@@ -159,6 +159,19 @@ def test_a_module_holding_cpu_tensors_of_its_own_is_measured_and_keeps_them(bloc
     torch.testing.assert_close(model.ops["mine"].inner.scale, torch.linspace(0.5, 1.5, 20))
 
 
+def test_a_wrong_out_width_names_its_module_among_modules_of_one_class(blocks):
+    """Two modules of one class (torch.nn:Linear, say): the error named only the class."""
+    doc = custom_doc(blocks)
+    doc["modules"][1]["out_width"] = 6
+    twin = dict(doc["modules"][1], name="twin", out_width=7)  # GatedCross returns 2 * rank = 6
+    doc["modules"][2:2] = [twin]
+    doc["modules"][-1]["inputs"] = ["mine", "twin"]
+    spec = resolve_custom(spec_from_dict(doc))  # both give out_width: planning imports nothing
+    with pytest.raises(ValueError) as err:
+        lower(make_plan(spec, target="cpu"), spec, "cpu")
+    assert "module 'twin'" in str(err.value) and "not its out_width 7" in str(err.value)
+
+
 def test_a_module_with_lazy_parameters_is_built_with_their_shapes(blocks):
     """nn.LazyLinear learns its input width at its first forward: the optimizer made at the start of
     training read its uninitialised parameters (a traceback) before the model had seen a batch."""
