@@ -89,6 +89,9 @@ CASES: list[tuple[str, str, str | bytes, str]] = [
     ("utf32_bom", "s.yaml", codecs.BOM_UTF32_LE + BASE_TEXT.encode("utf-32-le"), "the file is UTF-32 text; save it as UTF-8"),
     ("binary", "s.yaml", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)),
      "a binary file (NUL byte at offset 8), not a YAML or JSON spec"),
+    # the parser's "found character that cannot start any token" named no tab
+    ("tab_indent", "s.yaml", BASE_TEXT.replace("  - {name: item_id", "\t- {name: item_id"),
+     "line 11, column 1: a tab character: YAML indents with spaces, never tabs"),
     ("control_char", "s.yaml", "name: a\x07b\n", "line 1, column 8: character U+0007 is not allowed in YAML"),
     ("empty", "s.yaml", b"", EMPTY_MAPPING),
     ("too_large", "s.yaml", b"#" * (16 * 2**20 + 1), "the file is larger than 16 MiB; a spec is a small text file"),
