@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-API = ("train", "load", "Run", "StepEvent", "CheckpointEvent")
+API = ("train", "load", "Run", "StepEvent", "EvalEvent", "CheckpointEvent")
 __all__ = ["__version__", "load_model", *API]
 
 

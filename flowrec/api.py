@@ -239,6 +239,9 @@ def _check_arguments(**arguments: Any) -> None:
 
     if not isinstance(arguments["spec"], (str, os.PathLike, ModelSpec)):
         refuse("spec", "a spec file path or a ModelSpec")
+    if isinstance(arguments["spec"], str) and "\n" in arguments["spec"]:  # was "cannot read the file: File name too long"
+        raise RunError("spec must be a spec file path or a ModelSpec, not the text of a spec: write it to a "
+                       "file and give its path")
     for name in ("data", "eval_data", "out"):
         if arguments[name] is not None and not isinstance(arguments[name], (str, os.PathLike)):
             refuse(name, "a folder path (str or pathlib.Path) or None")

@@ -104,7 +104,9 @@ def meta_width(path: str, params: Mapping[str, Any], in_width: int) -> int:
     """
     with contextlib.redirect_stdout(sys.stderr):
         with torch.device("meta"):
-            inner = build_custom(path, params)
+            # tensors the constructor makes outside torch's factories (torch.from_numpy, torch.load,
+            # device="cpu") are on the CPU: move them too, or the forward mixes devices
+            inner = build_custom(path, params).to("meta")
             x = torch.empty(DRY_RUN_BATCH, in_width)
         try:
             out = inner(x)
@@ -146,6 +148,7 @@ class CustomModule(nn.Module):
                 raise CustomModuleError(f"custom module {config['class']} returns {width} values per sample, "
                                         f"not its out_width {declared}: correct out_width or leave it out")
         inner = build_custom(config["class"], params)
+        _materialize_lazy(inner, config["class"], sum(prod(s) for s in input_shapes))
         meta = [name for name, t in (*inner.named_parameters(), *inner.named_buffers()) if t.is_meta]
         if meta:
             raise CustomModuleError(f"{config['class']} keeps {', '.join(meta[:3])} on the meta device (no values): "
@@ -155,6 +158,28 @@ class CustomModule(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.inner(x)
         return out if out.dim() == 2 else out.reshape(out.shape[0], -1)
+
+
+def _materialize_lazy(inner: nn.Module, path: str, in_width: int) -> None:
+    """Give a module with lazy parameters (`nn.LazyLinear`, ...) their shapes and values by one
+    forward of zeros, in eval mode and without gradients, as torch asks of lazy modules before an
+    optimizer sees them (the meta dry run gives meta values only).
+
+    Raises:
+        CustomModuleError: that forward fails.
+    """
+    if not any(nn.parameter.is_lazy(t) for t in (*inner.parameters(), *inner.buffers())):
+        return
+    training = inner.training
+    inner.eval()
+    try:
+        with torch.no_grad(), contextlib.redirect_stdout(sys.stderr):
+            inner(torch.zeros(DRY_RUN_BATCH, in_width))
+    except (Exception, SystemExit) as exc:
+        raise CustomModuleError(f"{path} failed on a ({DRY_RUN_BATCH}, {in_width}) input initialising its lazy "
+                                f"parameters: {_why(exc)}") from None
+    finally:
+        inner.train(training)
 
 
 def _mapping(params: Any) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from flowrec.cli.common import check_env_switches, fail, guard_outputs, load_spec_or_exit, write_output
+from flowrec.cli.common import check_env_switches, fail, guard_outputs, planned_spec_or_exit, write_output
 
 FALLBACK_SHAPES = [(4096, 512, 256), (4096, 256, 64)]  # without a spec: DLRM-sized layers
 CALIBRATE_HELP = """Measure this machine for the planner's cost model and save a device profile.
@@ -64,7 +64,7 @@ def calibrate(
     from flowrec.runtime.session import resolve_device
 
     check_env_switches()
-    model = load_spec_or_exit(spec) if spec is not None else None
+    model = planned_spec_or_exit(spec, check_given=True) if spec is not None else None  # custom modules measured
     if out is not None:
         guard_outputs([out], [spec], overwrite)
     if device_budget is not None:

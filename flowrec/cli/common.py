@@ -9,7 +9,7 @@ import typer
 
 from flowrec.spec.errors import SpecError
 from flowrec.spec.load import load_spec
-from flowrec.spec.model import ModelSpec, unresolved_modules
+from flowrec.spec.model import DRY_RUN_KINDS, ModelSpec, unresolved_modules
 
 EXIT_INVALID = 2  # invalid spec, option, data or profile
 
@@ -63,16 +63,18 @@ def launch_env() -> tuple[int, int]:
     return int(size_text), int(rank_text)
 
 
-def planned_spec_or_exit(path: Path) -> ModelSpec:
+def planned_spec_or_exit(path: Path, check_given: bool = False) -> ModelSpec:
     """`load_spec_or_exit`, then the output width of every custom module measured by importing its
-    class (`flowrec.runtime.custom`); a class that cannot be used is one line per module, exit 2."""
+    class (`flowrec.runtime.custom`); a class that cannot be used is one line per module, exit 2.
+    `check_given`: also check the `out_width` a spec gives (`flowrec calibrate` builds the model
+    only after a minute of measuring)."""
     spec = load_spec_or_exit(path)
-    if not unresolved_modules(spec):
+    if not unresolved_modules(spec) and not (check_given and any(m.kind in DRY_RUN_KINDS for m in spec.modules)):
         return spec  # nothing to import (planning stays free of torch)
     from flowrec.runtime.custom import resolve_custom
 
     try:
-        return resolve_custom(spec)
+        return resolve_custom(spec, check_given)
     except SpecError as exc:
         _exit_with_issues(path, exc)
 

@@ -55,6 +55,11 @@ def plan(
     managed_from: Optional[Path] = typer.Option(None, "--managed-from", help="A trained run of this spec: the report adds, per managed table, what its map held and did at the run's end (rows held, ids waiting, admitted, evicted, expired, lookups that read the default row)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace output files that exist (never a file of a run, package or dataset, nor an input)."),
 ) -> None:
+    if json_out == "-" and dot == "-":
+        fail("--json - and --dot - would both write to stdout, one after the other; write one of them to a file")
+    for flag, path in (("--svg", svg), ("--png", png)):
+        if path is not None and str(path) == "-":
+            fail(f"{flag} writes a file, not stdout: give a file name (--json - and --dot - write to stdout)")
     model = planned_spec_or_exit(spec)
     files = [Path(p) for p in (json_out, dot, svg, png) if p is not None and str(p) != "-"]
     guard_outputs(files, [spec, profile, Path(target) if target and is_profile_path(target) else None], overwrite)

@@ -16,24 +16,34 @@ from dataclasses import replace
 
 from flowrec.graph.build import module_input_width
 from flowrec.spec.errors import SpecError, SpecIssue
-from flowrec.spec.model import ModelSpec, ModuleSpec, unresolved_modules
+from flowrec.spec.model import DRY_RUN_KINDS, ModelSpec, ModuleSpec, unresolved_modules
 from operators.custom import CustomModuleError, meta_width
 
 
-def resolve_custom(spec: ModelSpec) -> ModelSpec:
-    """`spec` with the `out_width` of every custom module that lacks one measured.
+def resolve_custom(spec: ModelSpec, check_given: bool = False) -> ModelSpec:
+    """`spec` with the `out_width` of every custom module that lacks one measured; with
+    `check_given`, a given `out_width` is measured and checked too (for commands that build the
+    model only after long work, such as `flowrec calibrate`).
 
     Raises:
         SpecError: every custom module that cannot be used, each at its path.
     """
     issues = []
+    unresolved = unresolved_modules(spec)
     for index, module in enumerate(spec.modules):
-        if module.name not in unresolved_modules(spec):
+        given = module.param("out_width") if module.kind in DRY_RUN_KINDS else None
+        if module.name not in unresolved and not (check_given and given is not None):
             continue
         try:
             width = dry_run_width(module, module_input_width(spec, module.name))
         except CustomModuleError as exc:
             issues.append(SpecIssue(f"modules[{index}].class", str(exc)))
+            continue
+        if given is not None:
+            if width != given:
+                issues.append(SpecIssue(f"modules[{index}].out_width",
+                                        f"{module.param('class')} returns {width} values per sample, not {given}: "
+                                        "correct out_width or leave it out"))
             continue
         params = dict(module.params)
         params["out_width"] = width

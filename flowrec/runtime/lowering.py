@@ -35,7 +35,7 @@ from flowrec.spec.model import ModelSpec
 from operators import registry
 from operators.dense import concat_flat, flat_rows
 from operators.device import CompiledCall, runtime_for
-from operators.custom import CustomModule
+from operators.custom import CustomModule, CustomModuleError
 from operators.regularize import GhostBatchNorm, SeededDropout
 
 GATHER_MIN_SLOTS = 4  # from this many input slots on, one gather replaces per-slot slices + cat
@@ -135,7 +135,10 @@ class LoweredModel(nn.Module):
             if OP_KINDS[op.kind].role != "dense":
                 continue
             slots = tuple(input_slots(graph, name))
-            ops[name] = registry.create(op.kind, dict(op.attrs), [s.shape for s in slots])
+            try:
+                ops[name] = registry.create(op.kind, dict(op.attrs), [s.shape for s in slots])
+            except CustomModuleError as exc:  # two custom modules may share a class: name the one at fault
+                raise CustomModuleError(f"module {name!r}: {exc}") from None
             self.steps.append(NodeStep(name, op.kind, slots, tuple(op.attr("members", ())),
                                        tuple(op.attr("member_ports", ()))))
         self.ops = nn.ModuleDict(ops)

@@ -222,6 +222,8 @@ def _yaml_message(exc: yaml.YAMLError, text: str) -> str:
         return f"line {line}, column {col}: character U+{char:04X} is not allowed in YAML"
     mark = getattr(exc, "problem_mark", None)
     where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+    if mark is not None and text[mark.index:mark.index + 1] == "\t":  # the parser names no tab
+        return f"{where}a tab character: YAML indents with spaces, never tabs"
     problem = getattr(exc, "problem", None) or str(exc)
     return f"{where}not valid YAML/JSON: {problem}"
 

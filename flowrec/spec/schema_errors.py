@@ -116,6 +116,11 @@ def _type(error: ValidationError) -> list[str]:
     if isinstance(error.instance, str) and {"number", "integer"} & set(wanted) and _is_float(error.instance) \
             and "e" in error.instance.lower() and "inf" not in error.instance.lower():  # "3" quoted: no exponent
         hint = "; YAML reads exponents without a dot as text: write e.g. 1.0e-3"
+    elif isinstance(error.instance, bool) and "boolean" not in wanted:  # `name: no`, `dim: on`
+        hint = "; YAML reads yes, no, on, off, true and false as true / false" + (
+            ": quote text ('no')" if "string" in wanted else "")
+    elif isinstance(error.instance, (int, float)) and "string" in wanted:  # `name: 1:30` is 5400 in YAML 1.1
+        hint = "; quote it to keep it as text"
     return [f"must be {words} (got {show(error.instance)}){hint}"]
 
 

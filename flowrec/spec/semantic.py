@@ -283,14 +283,15 @@ def _history_lengths(view: DocView, data: dict, columns: dict) -> list[SpecIssue
 
 
 def check_labels(view: DocView) -> list[SpecIssue]:
-    """Heads of a multi-task model train on distinct labels."""
+    """Heads of a multi-task model train on distinct labels; no feature is named as a label or
+    sample-weight column."""
     heads = view.items("heads")
+    issues = _features_named_as_label_columns(view)
     if len(heads) < 2:
-        return []
+        return issues
     data = view.section("data") or {}
     default = data.get("label", DEFAULT_LABEL)
     owner: dict[str, str] = {}
-    issues = []
     for h in heads:
         if not h.clean:
             continue
@@ -300,6 +301,23 @@ def check_labels(view: DocView) -> list[SpecIssue]:
                                                        f"label {label!r}; give each head its own 'label'"))
         owner.setdefault(label, h.name or "")
     return issues
+
+
+def _features_named_as_label_columns(view: DocView) -> list[SpecIssue]:
+    """An encoded dataset holds each feature under its name beside the heads' label and sample-weight
+    columns: a feature named as one of them (a dense `label`) was a traceback when data was converted.
+    A feature may read such a column under another name (data.columns)."""
+    data = view.section("data") or {}
+    default = data.get("label", DEFAULT_LABEL)
+    columns: dict[str, str] = {}
+    for h in view.items("heads"):
+        if h.clean:
+            for key, column in (("label", h.get("label", str, default)), ("sample_weight", h.get("sample_weight", str))):
+                if column is not None:
+                    columns.setdefault(column, f"the {key.replace('_', '-')} column of head {h.name!r}")
+    return [SpecIssue(f"{f.path}.name", f"feature {f.name!r} has the name of {columns[f.name]}; rename the feature "
+                                        f"(data.columns can still map it to the column {f.name!r})")
+            for f in view.items("features") if f.name in columns]
 
 
 def check_budget(view: DocView) -> list[SpecIssue]:

@@ -57,6 +57,17 @@ def test_dot_to_stdout(dlrm):
     assert 'subgraph "cluster_sparse"' in r.output and "g0_d16: 26 fields" in r.output
 
 
+def test_one_output_at_most_to_stdout(dlrm, tmp_path, monkeypatch):
+    """`--json - --dot -` printed the JSON and the DOT text one after the other (neither parseable);
+    `--svg -` wrote a file named '-'."""
+    monkeypatch.chdir(tmp_path)
+    for args in (("--json", "-", "--dot", "-"), ("--svg", "-"), ("--png", "-")):
+        r = invoke(dlrm, *args)
+        assert r.exit_code == 2 and "stdout" in r.output and "Traceback" not in r.output, r.output
+        assert r.output.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_svg_and_png_files(repo, tmp_path):
     svg, png = tmp_path / "plan.svg", tmp_path / "plan.png"
     r = invoke(repo / "specs" / "two_task.yaml", "--svg", svg, "--png", png)

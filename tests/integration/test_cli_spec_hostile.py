@@ -89,6 +89,16 @@ CASES: list[tuple[str, str, str | bytes, str]] = [
     ("utf32_bom", "s.yaml", codecs.BOM_UTF32_LE + BASE_TEXT.encode("utf-32-le"), "the file is UTF-32 text; save it as UTF-8"),
     ("binary", "s.yaml", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)),
      "a binary file (NUL byte at offset 8), not a YAML or JSON spec"),
+    # the parser's "found character that cannot start any token" named no tab
+    ("tab_indent", "s.yaml", BASE_TEXT.replace("  - {name: item_id", "\t- {name: item_id"),
+     "line 11, column 1: a tab character: YAML indents with spaces, never tabs"),
+    # YAML 1.1 reads these unquoted as true / false and base-60 numbers: "(got False)" for `no` said not why
+    ("yaml_no_as_name", "s.yaml", BASE_TEXT.replace("name: two_task", "name: no"),
+     "name: must be a string (got False); YAML reads yes, no, on, off, true and false as true / false: quote text ('no')"),
+    ("yaml_on_as_number", "s.yaml", BASE_TEXT.replace("batch_size: 4096", "batch_size: on"),
+     "training.batch_size: must be an integer (got True); YAML reads yes, no, on, off, true and false as true / false"),
+    ("yaml_base_60_as_name", "s.yaml", BASE_TEXT.replace("name: two_task", "name: 1:30"),
+     "name: must be a string (got 90); quote it to keep it as text"),
     ("control_char", "s.yaml", "name: a\x07b\n", "line 1, column 8: character U+0007 is not allowed in YAML"),
     ("empty", "s.yaml", b"", EMPTY_MAPPING),
     ("too_large", "s.yaml", b"#" * (16 * 2**20 + 1), "the file is larger than 16 MiB; a spec is a small text file"),

@@ -135,6 +135,38 @@ def test_a_dense_only_model_on_two_ranks_trains_what_one_process_trains(work):
     assert_same_model(work / "rd_1", work / "rd_2")
 
 
+def test_a_custom_module_with_parameters_its_forward_does_not_use_trains_on_two_ranks(work):
+    """DDP expected a gradient of every parameter: a custom module holding an unused layer trained in
+    one process, and on two ranks every rank stopped at step 2 with DDP's advice on an argument the
+    user cannot pass."""
+    (work / "spare.py").write_text(
+        "from torch import nn\n\n\n"
+        "class Spare(nn.Module):\n"
+        "    def __init__(self, width):\n"
+        "        super().__init__()\n"
+        "        self.used, self.spare = nn.Linear(width, 4), nn.Linear(width, 4)\n\n"
+        "    def forward(self, x):\n"
+        "        return self.used(x)\n")
+    doc = {"name": "spare",
+           "features": [{"name": "d1", "type": "dense"}, {"name": "u", "type": "categorical", "hash_buckets": 50, "dim": 4}],
+           "modules": [{"name": "mine", "kind": "custom", "class": "spare.py:Spare", "inputs": ["@dense", "@sparse"],
+                        "params": {"width": 5}},
+                       {"name": "top", "kind": "mlp", "inputs": ["mine"], "layers": [4]}],
+           "heads": [{"name": "ctr", "input": "top"}],
+           "optimizer": {"dense": {"name": "sgd", "lr": 0.1}, "sparse": {"name": "sgd", "lr": 0.1}},
+           "training": {"batch_size": 101, "epochs": 1, "seed": 7}}
+    (work / "spare.yaml").write_text(yaml.safe_dump(doc))
+    losses = []
+    for out, nproc in (("rs_1", 1), ("rs_2", 2)):
+        args = ["train", "spare.yaml", "--rows", "500", "--out", out, "-q", "--eval-every", "0"]
+        done = flowrec(*args, *(["--nproc", str(nproc)] if nproc > 1 else []), cwd=work)
+        assert done.returncode == 0, done.stderr[-3000:]
+        rows = [json.loads(x) for x in (work / out / "metrics.jsonl").read_text().splitlines()]
+        losses.append([r["loss"] for r in rows if r["event"] == "train"])
+    assert len(losses[0]) == len(losses[1]) > 2
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+
+
 def test_resume_two_ranks_on_one_and_one_on_two(work):
     full = "r_full"
     train(work, full, 1, "--plan", "p1.json")

@@ -24,6 +24,7 @@ from operators.custom import import_class
 
 BATCH = 32
 BLOCKS = textwrap.dedent('''
+    import numpy
     import torch
     from torch import nn
 
@@ -61,6 +62,25 @@ BLOCKS = textwrap.dedent('''
     class Flags(nn.Module):
         def forward(self, x):
             return (x > 0).long()
+
+
+    class Pretrained(nn.Module):
+        def __init__(self, width):
+            super().__init__()
+            self.register_buffer("scale", torch.from_numpy(numpy.linspace(0.5, 1.5, width, dtype="float32")))
+            self.proj = nn.Linear(width, 7)
+
+        def forward(self, x):
+            return self.proj(x * self.scale)
+
+
+    class Lazy(nn.Module):
+        def __init__(self, out):
+            super().__init__()
+            self.proj = nn.LazyLinear(out)
+
+        def forward(self, x):
+            return self.proj(x)
 ''')
 
 
@@ -128,6 +148,41 @@ def test_training_equals_the_user_module_in_plain_pytorch(blocks):
         ref_opt.step()
     for a, b in zip(model.ops["mine"].inner.parameters(), user.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11, msg=lambda m: f"seed {seed}: {m}")
+
+
+def test_a_module_holding_cpu_tensors_of_its_own_is_measured_and_keeps_them(blocks):
+    """A buffer from torch.from_numpy (pretrained values) is made on the CPU even under the meta
+    device: the dry run's forward mixed devices and refused a class that trains."""
+    spec = resolve_custom(spec_from_dict(custom_doc(blocks, "Pretrained", {"width": 20})))
+    assert spec.modules[1].param("out_width") == 7
+    model = lower(make_plan(spec, target="cpu"), spec, "cpu")
+    torch.testing.assert_close(model.ops["mine"].inner.scale, torch.linspace(0.5, 1.5, 20))
+
+
+def test_a_wrong_out_width_names_its_module_among_modules_of_one_class(blocks):
+    """Two modules of one class (torch.nn:Linear, say): the error named only the class."""
+    doc = custom_doc(blocks)
+    doc["modules"][1]["out_width"] = 6
+    twin = dict(doc["modules"][1], name="twin", out_width=7)  # GatedCross returns 2 * rank = 6
+    doc["modules"][2:2] = [twin]
+    doc["modules"][-1]["inputs"] = ["mine", "twin"]
+    spec = resolve_custom(spec_from_dict(doc))  # both give out_width: planning imports nothing
+    with pytest.raises(ValueError) as err:
+        lower(make_plan(spec, target="cpu"), spec, "cpu")
+    assert "module 'twin'" in str(err.value) and "not its out_width 7" in str(err.value)
+
+
+def test_a_module_with_lazy_parameters_is_built_with_their_shapes(blocks):
+    """nn.LazyLinear learns its input width at its first forward: the optimizer made at the start of
+    training read its uninitialised parameters (a traceback) before the model had seen a batch."""
+    spec = resolve_custom(spec_from_dict(custom_doc(blocks, "Lazy", {"out": 5})))
+    assert spec.modules[1].param("out_width") == 5
+    model = lower(make_plan(spec, target="cpu"), spec, "cpu")
+    proj = model.ops["mine"].inner.proj
+    assert not torch.nn.parameter.is_lazy(proj.weight) and proj.weight.shape == (5, 20)
+    assert model.ops["mine"].inner.training  # the shaping forward ran in eval mode, then training again
+    opt = make_dense_optimizer(model, "adam", 0.01, {})
+    assert any(p is proj.weight for group in opt.param_groups for p in group["params"])
 
 
 @pytest.mark.parametrize("cls,params,says", [

@@ -77,10 +77,24 @@ def test_train_refuses_a_bad_argument_before_writing_anything(spec: Path, tmp_pa
     assert not out.exists()
 
 
+def test_every_callback_event_of_the_docs_is_a_name_of_flowrec() -> None:
+    """docs/python.md gives on_eval an `EvalEvent`: `flowrec.EvalEvent` in a callback's annotation
+    was an AttributeError, though `flowrec.StepEvent` and `flowrec.CheckpointEvent` were names."""
+    from flowrec.runtime.trainer import EvalEvent
+
+    assert flowrec.EvalEvent is EvalEvent and "EvalEvent" in flowrec.__all__
+    assert flowrec.StepEvent.__name__ == "StepEvent" and flowrec.CheckpointEvent.__name__ == "CheckpointEvent"
+
+
 def test_train_refuses_a_spec_of_the_wrong_kind(tmp_path: Path) -> None:
     with pytest.raises(RunError, match="spec must be a spec file path or a ModelSpec"):
         flowrec.train(3, out=tmp_path / "run")
     assert not (tmp_path / "run").exists()
+    # the text of a spec was read as a file name: "cannot read the file: File name too long"
+    text = run_spec("as_text", batch_size=32, epochs=1)
+    with pytest.raises(RunError, match="not the text of a spec: write it to a file") as caught:
+        flowrec.train(text, out=tmp_path / "run")
+    assert "\n" not in str(caught.value) and not (tmp_path / "run").exists()
 
 
 def test_a_refused_run_leaves_no_folder_it_made(spec: Path, tmp_path: Path) -> None:

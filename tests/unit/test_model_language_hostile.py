@@ -171,6 +171,21 @@ def test_a_wrong_out_width_is_refused_before_training(tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("cls, params, out_width, path, says", [
+    ("{blocks}:Raises", None, None, "modules[1].class", "failed: ValueError: first line"),
+    ("torch.nn:Linear", {"in_features": 8, "out_features": 6}, 5, "modules[1].out_width", "returns 6 values per sample, not 5"),
+])
+def test_calibrate_refuses_an_unusable_custom_module_before_measuring(tmp_path, blocks, cls, params, out_width,
+                                                                      path, says):
+    """calibrate read the spec without the custom modules' dry run: a module without out_width was a
+    ShapeError traceback (a usable one too), a wrong out_width a traceback after a minute of measuring."""
+    spec = _write(tmp_path, custom_doc(cls.format(blocks=blocks), params, out_width))
+    out = tmp_path / "profile.json"
+    result = runner.invoke(app, ["calibrate", str(spec), "--device", "cpu", "--seconds", "0.01", "--out", str(out)])
+    _one_line_error(result, path, says)
+    assert not out.exists()
+
+
 # ---- heads: early stopping, task spaces ------------------------------------------------------
 
 

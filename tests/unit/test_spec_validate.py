@@ -128,6 +128,13 @@ CASES: list[tuple[str, Mutation, list[tuple[str, str]]]] = [
      [("data", "missing required key 'format' (needed with 'path')")]),
     ("heads_same_label", lambda d: d["heads"].append({"name": "cvr", "input": "top"}),
      [("heads[1].label", "heads 'ctr' and 'cvr' both train on label 'label'; give each head its own 'label'")]),
+    # an encoded dataset holds features and label / weight columns by name: data conversion was a traceback
+    ("feature_named_as_label", lambda d: d["features"][0].update(name="label"),
+     [("features[0].name", "feature 'label' has the name of the label column of head 'ctr'; rename the feature "
+                           "(data.columns can still map it to the column 'label')")]),
+    ("feature_named_as_sample_weight", lambda d: d["heads"][0].update(sample_weight="d2"),
+     [("features[1].name", "feature 'd2' has the name of the sample-weight column of head 'ctr'; rename the "
+                           "feature (data.columns can still map it to the column 'd2')")]),
     ("repeated_input", lambda d: d["modules"][4]["inputs"].append("wide"),
      [("modules[4].inputs[3]", "input 'wide' is listed twice")]),
     # sparse SGD is plain SGD (`operators.sparse_optim.SGD`): training refused the momentum validate took
@@ -162,6 +169,13 @@ def test_every_error_at_once():
         mutate(doc)
         expected += issues
     assert sorted(_issues(doc)) == sorted(expected)
+
+
+def test_a_feature_may_read_a_label_or_weight_column_under_another_name():
+    doc = copy.deepcopy(BASE)
+    doc["heads"][0].update(sample_weight="weight", label="clicked")
+    doc["data"] = {"columns": {"d1": "weight", "d2": "clicked"}}
+    assert _issues(doc) == []
 
 
 def test_str_of_issue_has_path():

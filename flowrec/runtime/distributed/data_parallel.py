@@ -69,7 +69,11 @@ class DenseParallel:
         self.stage = stage
         self.ddp = None  # a model of embeddings alone (two towers of ids) has nothing for DDP to sync
         if any(p.requires_grad for p in stage.parameters()):
-            self.ddp = DistributedDataParallel(stage, device_ids=device_ids, **_no_buffer_sync())
+            # a custom module may hold parameters its forward does not use (one process trains it; DDP
+            # waits for their gradients and stops at the next step unless told to look for them)
+            self.ddp = DistributedDataParallel(stage, device_ids=device_ids,
+                                               find_unused_parameters=bool(getattr(model, "custom", False)),
+                                               **_no_buffer_sync())
             self.ddp.register_comm_hook(None, _sum_buckets)
         self.last = Agreement(0.0, False, ())
         self._synced_forward = False
