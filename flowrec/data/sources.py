@@ -58,20 +58,23 @@ def read_criteo(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set
 
 def criteo_has_label(path: Path) -> bool:
     """True if the Criteo TSV file's first row has the label (40 fields), False for the 39 fields of
-    Criteo's test files.
+    Criteo's test files. Blank lines before it are skipped, as the reader skips them.
 
     Raises:
-        DataError: the first row has another number of fields (or the file is empty).
+        DataError: the first row has another number of fields (naming its line), or the file
+            holds no row.
     """
     _refuse_folder(path, "criteo")
     try:
-        first = _first_line(path).rstrip(b"\r\n")  # compressed test files (.gz, ...) too
+        line, first = _first_row(path)  # compressed test files (.gz, ...) too
     except (OSError, pa.ArrowInvalid) as exc:
         raise DataError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
-    fields = first.count(b"\t") + 1 if first else 0
+    if first is None:
+        raise DataError(f"{path} holds no rows (it is empty or blank)")
+    fields = first.count(b"\t") + 1
     if fields in (len(CRITEO_COLUMNS), len(CRITEO_COLUMNS) - 1):
         return fields == len(CRITEO_COLUMNS)
-    raise DataError(f"{path}: line 1 has {fields} tab-separated fields; Criteo rows have "
+    raise DataError(f"{path}: line {line} has {fields} tab-separated fields; Criteo rows have "
                     f"{len(CRITEO_COLUMNS)} (label first) or {len(CRITEO_COLUMNS) - 1} (test files, no label)")
 
 
@@ -312,11 +315,18 @@ def _open_lines(path: Path) -> Any:
     return io.BufferedReader(pa.input_stream(str(path), compression="detect"))
 
 
-def _first_line(path: Path) -> bytes:
-    """The first line of a text file, decompressed (`_open_lines`), so a compressed file's header
-    names its columns too."""
+def _first_row(path: Path) -> tuple[int, bytes | None]:
+    """The 1-based line and text (line break stripped) of the first line of a text file that is not
+    blank, decompressed (`_open_lines`); (lines read, None) when every line is blank. Blank lines
+    are skipped as pyarrow's CSV reader skips them (a file may start with one)."""
     with _open_lines(path) as fh:
-        return fh.readline().split(b"\n", 1)[0]
+        line = 0
+        for raw in fh:
+            line += 1
+            text = raw.rstrip(b"\r\n")
+            if text:
+                return line, text
+        return line, None
 
 
 def _line_numbers(seen: int, n: int, header: int, skipped: list[int]) -> np.ndarray:

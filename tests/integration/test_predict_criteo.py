@@ -116,3 +116,27 @@ def test_another_layout_is_one_line_and_mixed_rows_are_malformed(criteo, tmp_pat
     assert result.exit_code == 2 and "mixed.txt:4: wrong field count (40, expected 39)" in result.stderr
     skipped = _predict(criteo["pkg"], mixed, tmp_path / "m.parquet", "--on-error", "skip")
     assert skipped.exit_code == 0 and pq.read_table(tmp_path / "m.parquet").num_rows == 3
+
+
+def test_blank_lines_before_the_first_row_are_skipped_as_convert_skips_them(criteo, tmp_path):
+    """The layout was read from line 1 even when blank: a file starting with a blank line (or CRLF
+    one) was refused as 'line 1 has 0 tab-separated fields', though convert reads it; an empty or
+    all-blank file said the same instead of that it holds no rows."""
+    rows = _rows(20, 3)
+    body = "".join("\t".join(r[1:]) + "\n" for r in rows)
+    (tmp_path / "plain.txt").write_text(body)
+    (tmp_path / "blank.txt").write_bytes(b"\n\r\n" + body.encode())
+    plain = _predict(criteo["pkg"], tmp_path / "plain.txt", tmp_path / "plain.parquet")
+    blank = _predict(criteo["pkg"], tmp_path / "blank.txt", tmp_path / "blank.parquet")
+    assert plain.exit_code == 0 and blank.exit_code == 0, blank.output
+    np.testing.assert_array_equal(pq.read_table(tmp_path / "blank.parquet")["ctr"].to_numpy(),
+                                  pq.read_table(tmp_path / "plain.parquet")["ctr"].to_numpy())
+    (tmp_path / "short.txt").write_text("\n\n1\t2\t3\n")
+    short = _predict(criteo["pkg"], tmp_path / "short.txt", tmp_path / "s.parquet")
+    assert short.exit_code == 2 and "short.txt: line 3 has 3 tab-separated fields" in short.stderr
+    for name, text in (("empty.txt", ""), ("blanks.txt", "\n\r\n\n")):
+        (tmp_path / name).write_text(text)
+        result = _predict(criteo["pkg"], tmp_path / name, tmp_path / "e.parquet")
+        errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+        assert result.exit_code == 2 and len(errors) == 1 and f"{name} holds no rows" in errors[0], result.output
+        assert not (tmp_path / "e.parquet").exists()
