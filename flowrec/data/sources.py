@@ -47,13 +47,15 @@ def read_criteo(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set
     """Criteo TSV: label, I1..I13, C1..C26, tab-separated, no header, empty = missing.
 
     With ``options["has_label"]`` False, rows are in the layout of Criteo's test files: the same
-    columns without the label (39 fields).
+    columns without the label (39 fields). With ``options["labels_unused"]`` (scoring), a row's
+    label may be missing (an empty field).
     """
     _refuse_folder(path, "criteo")
     names = CRITEO_COLUMNS if options.get("has_label", True) else CRITEO_COLUMNS[1:]
     numeric = set(numeric) | {"label"} | {c for c in CRITEO_COLUMNS if c.startswith("I")}
     yield from csv_chunks(path, log, numeric, delimiter="\t", names=names,
-                          required={"label"}, chunk_bytes=options.get("chunk_bytes", CHUNK_BYTES))
+                          required=set() if options.get("labels_unused") else {"label"},
+                          chunk_bytes=options.get("chunk_bytes", CHUNK_BYTES))
 
 
 def criteo_has_label(path: Path) -> bool:
@@ -79,10 +81,12 @@ def criteo_has_label(path: Path) -> bool:
 
 
 def read_avazu(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[str]) -> Iterator[pa.Table]:
-    """Avazu CSV with header (id, click, hour, C1, ...); label column `click`."""
+    """Avazu CSV with header (id, click, hour, C1, ...); label column `click` (with
+    ``options["labels_unused"]``, scoring: it may be missing, an empty field)."""
     _refuse_folder(path, "avazu")
     yield from csv_chunks(path, log, set(numeric) | {"click"}, delimiter=",", names=None,
-                          required={"click"}, chunk_bytes=options.get("chunk_bytes", CHUNK_BYTES))
+                          required=set() if options.get("labels_unused") else {"click"},
+                          chunk_bytes=options.get("chunk_bytes", CHUNK_BYTES))
 
 
 def arrow_threads_may_hold_python() -> bool:

@@ -140,3 +140,23 @@ def test_blank_lines_before_the_first_row_are_skipped_as_convert_skips_them(crit
         errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
         assert result.exit_code == 2 and len(errors) == 1 and f"{name} holds no rows" in errors[0], result.output
         assert not (tmp_path / "e.parquet").exists()
+
+
+def test_rows_whose_label_is_empty_score_as_the_labelled_rows(criteo, tmp_path):
+    """Scoring ignores the label, but a row with an empty label field (a day whose clicks are not
+    known yet) was refused as 'missing value in required column label'; now it scores as the
+    labelled row, and its kept label is missing."""
+    rows = _rows(30, 4)
+    unlabelled = [r.copy() for r in rows]
+    for r in unlabelled[::3]:
+        r[0] = ""
+    labelled = _predict(criteo["pkg"], _write(tmp_path / "day.tsv", rows), tmp_path / "a.parquet")
+    blank = _predict(criteo["pkg"], _write(tmp_path / "blank.tsv", unlabelled), tmp_path / "b.parquet",
+                     "--keep", "label")
+    assert labelled.exit_code == 0 and blank.exit_code == 0, blank.output
+    scores = pq.read_table(tmp_path / "b.parquet").to_pandas()
+    np.testing.assert_array_equal(scores["ctr"].to_numpy(), pq.read_table(tmp_path / "a.parquet")["ctr"].to_numpy())
+    assert scores["label"].isna().tolist() == [i % 3 == 0 for i in range(30)]
+    made = runner.invoke(app, ["data", "convert", "criteo", str(tmp_path / "blank.tsv"), str(tmp_path / "ds"),
+                               "--spec", str(criteo["spec"]), "-q"])
+    assert made.exit_code == 2 and "blank.tsv:1: missing value in required column label" in made.stderr
