@@ -600,9 +600,9 @@ def _movielens_tables(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFr
         wanted = ["userId", "movieId", "rating", "timestamp"]
         if not set(wanted) <= set(raw.columns):
             raise DataError(f"{path / 'ratings.csv'}: the header names {list(raw.columns)[:8]}, not {wanted}")
-        ratings = _checked_ratings(raw[wanted], path / "ratings.csv", "userId,movieId,rating,timestamp", 2)
+        ratings = _checked_ratings(raw[wanted], path / "ratings.csv", "userId,movieId,rating,timestamp", 2, ",")
         movies = _read_lines(path / "movies.csv", "movieId,title,genres", dtype=str, keep_default_na=False)
-        ids = _whole_numbers(movies[["movieId"]], path / "movies.csv", "movieId,title,genres", 2)["movieId"]
+        ids = _whole_numbers(movies[["movieId"]], path / "movies.csv", "movieId,title,genres", 2, ",")["movieId"]
         items = _titled_items(ids.astype(np.int64), movies["title"], movies["genres"])
         return ratings, no_users, items
     ratings = _double_colon_ratings(path / "ratings.dat")
@@ -622,11 +622,11 @@ def _movielens_100k(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFram
     "nan" or a missing field became label 0; a short u.item line was a KeyError traceback)."""
     ratings = _checked_ratings(_read_lines(path / "u.data", "user<TAB>item<TAB>rating<TAB>timestamp", sep="\t",
                                            header=None, names=ML_RATING_COLUMNS, dtype=str), path / "u.data",
-                               "user<TAB>item<TAB>rating<TAB>timestamp", 1)
+                               "user<TAB>item<TAB>rating<TAB>timestamp", 1, "\t")
     user_layout = "user|age|gender|occupation|zip"
     users = _read_lines(path / "u.user", user_layout, sep="|", header=None, names=ML_USER_COLUMNS,
                         dtype={"age": str, "zip_code": str})
-    _whole_numbers(users[["user_id"]], path / "u.user", user_layout, 1)
+    _whole_numbers(users[["user_id"]], path / "u.user", user_layout, 1, "|")
     users["age"] = _codes(users["age"])
     genre_names = [line.split("|")[0] for line in (path / "u.genre").read_text("latin-1").splitlines() if line]
     item_layout = f"item|title|date|video date|url|{ML_GENRES_COUNT} genre flags"
@@ -634,7 +634,7 @@ def _movielens_100k(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFram
     if items.shape[1] != 5 + ML_GENRES_COUNT:
         raise DataError(f"{path / 'u.item'}: {items.shape[1]} '|'-separated fields, expected {5 + ML_GENRES_COUNT} "
                         f"({item_layout})")
-    _whole_numbers(items[[0]].set_axis(["item"], axis=1), path / "u.item", item_layout, 1)
+    _whole_numbers(items[[0]].set_axis(["item"], axis=1), path / "u.item", item_layout, 1, "|")
     flags = items.iloc[:, -ML_GENRES_COUNT:].to_numpy(bool)
     items = pd.DataFrame({
         "item_id": items[0],
@@ -658,7 +658,7 @@ def _double_colon_ratings(path: Path) -> pd.DataFrame:
     an empty field between two values."""
     raw = _read_lines(path, "user::item::rating::timestamp", sep=":", header=None, usecols=[0, 2, 4, 6], dtype=str,
                       encoding="latin-1")
-    return _checked_ratings(raw, path, "user::item::rating::timestamp", 1)
+    return _checked_ratings(raw, path, "user::item::rating::timestamp", 1, ":")
 
 
 def _read_lines(path: Path, layout: str, **options: Any) -> pd.DataFrame:
@@ -669,18 +669,36 @@ def _read_lines(path: Path, layout: str, **options: Any) -> pd.DataFrame:
         raise DataError(f"{path}: not {layout} lines ({_why(exc)})") from None
 
 
-def _whole_numbers(raw: pd.DataFrame, path: Path, layout: str, first_line: int) -> pd.DataFrame:
+def _file_line(path: Path, row: int, first_line: int, sep: str) -> int:
+    """The 1-based line of `path` that pandas read as data row `row` (0-based), `first_line` the
+    line of row 0 when no line is blank (2 under a header). pandas skips blank lines, spaces and
+    tabs only (a tab-only line is a row where tab separates), so with one before it the row's
+    position alone named an earlier line. Read only to name a bad row."""
+    blank = b" \r\n" if sep == "\t" else b" \t\r\n"
+    target = row + first_line - 1  # non-blank lines before the row's
+    seen = 0
+    with open(path, "rb") as fh:
+        for number, line in enumerate(fh, 1):
+            if line.strip(blank):
+                if seen == target:
+                    return number
+                seen += 1
+    return row + first_line  # not found (quoted fields over lines): the position
+
+
+def _whole_numbers(raw: pd.DataFrame, path: Path, layout: str, first_line: int, sep: str) -> pd.DataFrame:
     """The columns of `raw` as float64: DataError naming the first line (`first_line` is the line of
-    row 0) where one is missing or not a whole number."""
+    row 0 without blank lines; `sep` the file's separator) where one is missing or not a whole number."""
     values = raw.apply(pd.to_numeric, errors="coerce").astype(np.float64)
     bad = (values.isna() | (values != np.floor(values))).any(axis=1).to_numpy().nonzero()[0]
     if len(bad):
-        raise DataError(f"{path}:{bad[0] + first_line}: not {layout}")
-    _check_int64(values, raw, path, first_line, [str(c) for c in raw.columns])
+        raise DataError(f"{path}:{_file_line(path, int(bad[0]), first_line, sep)}: not {layout}")
+    _check_int64(values, raw, path, first_line, [str(c) for c in raw.columns], sep)
     return values
 
 
-def _check_int64(values: pd.DataFrame, raw: pd.DataFrame, path: Path, first_line: int, names: list[str]) -> None:
+def _check_int64(values: pd.DataFrame, raw: pd.DataFrame, path: Path, first_line: int, names: list[str],
+                 sep: str) -> None:
     """Raise DataError naming the first line, column and value where a whole number (`values`, of
     the text `raw`) is beyond 64 bits: cast to int64 it was INT64_MIN without a word (every such
     id one), or an OverflowError traceback."""
@@ -689,11 +707,11 @@ def _check_int64(values: pd.DataFrame, raw: pd.DataFrame, path: Path, first_line
     if len(rows):
         row = rows[0]
         col = int(np.flatnonzero(big[row])[0])
-        raise DataError(f"{path}:{row + first_line}: {names[col]} {str(raw.iat[row, col]).strip()[:40]!r} is beyond "
+        raise DataError(f"{path}:{_file_line(path, int(row), first_line, sep)}: {names[col]} {str(raw.iat[row, col]).strip()[:40]!r} is beyond "
                         "64 bits (MovieLens ids and timestamps are 64-bit integers)")
 
 
-def _checked_ratings(raw: pd.DataFrame, path: Path, layout: str, first_line: int) -> pd.DataFrame:
+def _checked_ratings(raw: pd.DataFrame, path: Path, layout: str, first_line: int, sep: str) -> pd.DataFrame:
     """Ratings from the text columns user, item, rating, timestamp (in that order): a line with a
     field missing or not a number (ids and time whole numbers) is DataError naming it (`first_line`:
     the line of row 0)."""
@@ -704,8 +722,8 @@ def _checked_ratings(raw: pd.DataFrame, path: Path, layout: str, first_line: int
     bad = ~np.isfinite(values).all(axis=1) | (whole != np.floor(whole)).any(axis=1)
     first = np.flatnonzero(bad.to_numpy())
     if len(first):
-        raise DataError(f"{path}:{first[0] + first_line}: not {layout}")
-    _check_int64(whole, raw.iloc[:, [0, 1, 3]], path, first_line, ["user", "item", "timestamp"])
+        raise DataError(f"{path}:{_file_line(path, int(first[0]), first_line, sep)}: not {layout}")
+    _check_int64(whole, raw.iloc[:, [0, 1, 3]], path, first_line, ["user", "item", "timestamp"], sep)
     return pd.DataFrame({"user_id": values[0].astype(np.int64), "item_id": values[1].astype(np.int64),
                          "rating": values[2], "timestamp": values[3].astype(np.int64)})
 
