@@ -171,6 +171,8 @@ def csv_chunks(path: Path, log: ErrorLog, numeric: set[str], delimiter: str, nam
             failures.append(exc)
         return "skip"
 
+    if "\n".encode(encoding or "utf-8") == b"\n":  # lines of its bytes are the text's (not UTF-16)
+        log.file_line = BlankLines(path)  # pyarrow numbers the lines that are not blank
     header_lines = 0 if names is None or not skip_header else 1
     read = pcsv.ReadOptions(block_size=chunk_bytes, use_threads=False, column_names=names,
                             skip_rows=header_lines, encoding=encoding or "utf8")
@@ -331,6 +333,53 @@ def _first_row(path: Path) -> tuple[int, bytes | None]:
             if text:
                 return line, text
         return line, None
+
+
+class BlankLines:
+    """The 1-based line of a text file (`_open_lines`: decompressed) that is its k-th line that is
+    not blank: pyarrow's CSV reader skips blank lines without counting them, so the line numbers of
+    its rows (and of the rows it rejects) name an earlier line after a blank one. Read only for a
+    row that is reported, and only as far as the lines asked for (the file is kept open where the
+    last question left it).
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     p = Path(d) / "f.csv"
+    ...     _ = p.write_bytes(b"a\\n\\n\\r\\nb\\nc\\n")
+    ...     lines = BlankLines(p)
+    ...     [lines(1), lines(3), lines(2), lines(4)]
+    [1, 5, 4, 6]
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.kept: list[int] = []  # the file's line of each line not blank, in order, as far as read
+        self.read = 0  # lines read so far
+        self._lines: Iterator[tuple[int, bytes]] | None = None
+
+    def __call__(self, k: int) -> int:
+        if k > len(self.kept):
+            self._read_to(k)
+        if 1 <= k <= len(self.kept):
+            return self.kept[k - 1]
+        return k + (self.read - len(self.kept))  # past the last line: shifted by the blank lines
+
+    def _read_to(self, k: int) -> None:
+        if self._lines is None:
+            self._lines = self._numbered()
+        for number, line in self._lines:
+            self.read = number
+            if line.rstrip(b"\r\n"):
+                self.kept.append(number)
+                if len(self.kept) >= k:
+                    return
+
+    def _numbered(self) -> Iterator[tuple[int, bytes]]:
+        try:
+            with _open_lines(self.path) as fh:
+                yield from enumerate(fh, 1)
+        except (OSError, pa.ArrowInvalid):
+            return
 
 
 def _line_numbers(seen: int, n: int, header: int, skipped: list[int]) -> np.ndarray:
