@@ -295,8 +295,8 @@ def _binary_columns(path: Path, delimiter: str, names: list[str] | None, encodin
 
 
 def _header_names(path: Path, delimiter: str, encoding: str = "utf-8") -> list[str]:
-    """The column names of a delimited file's header as pyarrow's reader reads them: a UTF-8 byte
-    order mark dropped, quoted names unquoted (the separator may be inside the quotes; tab-separated
+    """The column names of a delimited file's header as pyarrow's reader reads them: blank lines
+    before it skipped, a UTF-8 byte order mark dropped, quoted names unquoted (the separator may be inside the quotes; tab-separated
     files are not quoted), the text decoded in `encoding` (UTF-16's two-byte newline included).
     A name read otherwise is not a key of `column_types`, and its column's type was inferred from
     its values: "007", "7" and "7.0" then encoded as one id.
@@ -308,7 +308,11 @@ def _header_names(path: Path, delimiter: str, encoding: str = "utf-8") -> list[s
     if codecs.lookup(encoding).name == "utf-8":
         encoding = "utf-8-sig"  # pyarrow skips a UTF-8 byte order mark; other codecs drop theirs
     with io.TextIOWrapper(_open_lines(path), encoding=encoding, errors="replace", newline="") as fh:
-        head = fh.readline().rstrip("\r\n")
+        head = ""
+        for line in fh:  # the first line that is not blank: pyarrow skips blank lines before the header too
+            head = line.rstrip("\r\n")
+            if head:
+                break
     quoting = {"quoting": csv.QUOTE_NONE} if delimiter == "\t" else {}
     return next(csv.reader([head], delimiter=delimiter, **quoting), [])
 
