@@ -171,9 +171,15 @@ def csv_chunks(path: Path, log: ErrorLog, numeric: set[str], delimiter: str, nam
             failures.append(exc)
         return "skip"
 
-    if "\n".encode(encoding or "utf-8") == b"\n":  # lines of its bytes are the text's (not UTF-16)
-        log.file_line = BlankLines(path)  # pyarrow numbers the lines that are not blank
+    lines_of_bytes = "\n".encode(encoding or "utf-8") == b"\n"  # lines of its bytes are the text's (not UTF-16)
     header_lines = 0 if names is None or not skip_header else 1
+    if header_lines and lines_of_bytes:  # skip_rows counts blank lines: skip those before the header too
+        try:
+            header_lines = max(1, _first_row(path)[0])
+        except (OSError, pa.ArrowInvalid):
+            pass  # the reader names the file
+    if lines_of_bytes:  # pyarrow numbers the rows it skips, then the lines that are not blank
+        log.file_line = BlankLines(path, header_lines)
     read = pcsv.ReadOptions(block_size=chunk_bytes, use_threads=False, column_names=names,
                             skip_rows=header_lines, encoding=encoding or "utf8")
     header_lines = header_lines if names is not None else 1
@@ -355,25 +361,29 @@ class BlankLines:
     [1, 5, 4, 6]
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, skip: int = 0) -> None:
         self.path = path
+        self.skip = skip  # lines skipped by their count (`skip_rows`, blank or not): numbered as they are
         self.kept: list[int] = []  # the file's line of each line not blank, in order, as far as read
         self.read = 0  # lines read so far
         self._lines: Iterator[tuple[int, bytes]] | None = None
 
     def __call__(self, k: int) -> int:
+        if k <= self.skip:
+            return k
+        k -= self.skip
         if k > len(self.kept):
             self._read_to(k)
         if 1 <= k <= len(self.kept):
             return self.kept[k - 1]
-        return k + (self.read - len(self.kept))  # past the last line: shifted by the blank lines
+        return k + (max(self.read, self.skip) - len(self.kept))  # past the last line: shifted by the blank lines
 
     def _read_to(self, k: int) -> None:
         if self._lines is None:
             self._lines = self._numbered()
         for number, line in self._lines:
             self.read = number
-            if line.rstrip(b"\r\n"):
+            if number > self.skip and line.rstrip(b"\r\n"):
                 self.kept.append(number)
                 if len(self.kept) >= k:
                     return

@@ -86,3 +86,16 @@ def test_a_row_after_blank_lines_is_named_by_its_own_line(tmp_path: Path) -> Non
     made = runner.invoke(app, ["data", "convert", "csv", str(tmp_path / "b.csv"), str(tmp_path / "out"), "--spec",
                                str(tmp_path / "s.yaml"), "-q"])
     assert made.exit_code == 2 and "b.csv:6: label 2.0 in column label" in made.stderr, made.stderr
+
+
+def test_a_header_named_over_by_data_options_names_is_skipped_after_blank_lines(tmp_path: Path) -> None:
+    """With `names` and `header: true`, the header is skipped by its count of lines, and a blank line
+    before it was skipped instead: the header became a row, 'non-numeric value 'd1''."""
+    options = {"header": True, "names": ["d1", "user", "label"]}
+    path = tmp_path / "a.csv"
+    path.write_text("\n\r\nd1,user,label\n0.5,a,1\n\n0.7,c,0\n")
+    (table,) = _rows(sources.reader("csv"), path, options)
+    assert table.column("user").to_pylist() == ["a", "c"]
+    path.write_text("\nd1,user,label\n0.5,a,1\n\nx\n")
+    with pytest.raises(DataError, match=r"a\.csv:5: wrong field count \(1, expected 3\)"):
+        _rows(sources.reader("csv"), path, options)
