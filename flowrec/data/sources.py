@@ -243,14 +243,30 @@ def _unique_columns(path: Path, names: list[str]) -> None:
     Traceback (most recent call last):
     ...
     flowrec.data.layout.DataError: a.csv: the header names column 'user' twice (columns 1 and 3): rename one
+    >>> _unique_columns(Path("day.csv"), ["1000009418151094273", "0", "14102100", "1005", "0"])
+    Traceback (most recent call last):
+    ...
+    flowrec.data.layout.DataError: day.csv: the header names column '0' twice (columns 2 and 5): its first line is read as the header, and it holds numbers: a file without its header line? (avazu reads a header first; csv without one: data.options header: false and names)
     """
     first: dict[str, int] = {}
     for i, name in enumerate(names):
         if name in first:
             raise DataError(f"{path}: the header names column {name!r} twice (columns {first[name] + 1} and {i + 1}): "
-                            "rename one")
+                            + (_header_of_numbers if _is_number(name) else "rename one"))
         first[name] = i
     _refuse_line_column(path, names)
+
+
+_header_of_numbers = ("its first line is read as the header, and it holds numbers: a file without its header "
+                      "line? (avazu reads a header first; csv without one: data.options header: false and names)")
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _refuse_line_column(path: Path, names: list[str]) -> None:

@@ -54,6 +54,20 @@ def test_the_first_row_of_a_converted_file_is_not_always_a_test_row(tmp_path: Pa
     assert 0.0 not in prices and 0 < len(prices) < 30
 
 
+def test_a_file_without_its_header_line_says_so_not_rename_a_column(tmp_path: Path) -> None:
+    """A CSV whose header line is missing (the rows of a day cut with `tail -n +2`) was refused as
+    'the header names column '0' twice: rename one', as if its first row were a header to edit."""
+    path = tmp_path / "rows.csv"
+    path.write_text("".join(f"{i % 2},u{i},{i % 2}\n" for i in range(1, 9)))
+    with pytest.raises(DataError, match=r"rows\.csv: the header names column '1' twice.*a file without its header "
+                                        r"line\? .*data\.options header: false and names") as caught:
+        convert(_spec(), "csv", [path], tmp_path / "out")
+    assert "rename one" not in str(caught.value)
+    path.write_text("price,user,user\n1.5,u1,u1\n")
+    with pytest.raises(DataError, match=r"names column 'user' twice \(columns 2 and 3\): rename one"):
+        convert(_spec(), "csv", [path], tmp_path / "out")
+
+
 def _parquet_folder(folder: Path, files: dict[str, dict[str, object]]) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
