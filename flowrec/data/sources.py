@@ -892,10 +892,35 @@ def _refuse_folder(path: Path, fmt: str) -> None:
     directory" was the message."""
     path = Path(path)
     if not path.is_dir():
+        _refuse_unread_compression(path)
         return
     _refuse_encoded(path)
     raise DataError(f"{path} is a folder, not a file: the {fmt} format reads one file (only parquet and "
                     "movielens read a folder)")
+
+
+UNREAD_SUFFIXES = {  # what a text input's name may end with that pyarrow does not decompress
+    ".tar.gz": "a tar archive", ".tgz": "a tar archive", ".tar.bz2": "a tar archive", ".tar.zst": "a tar archive",
+    ".tar": "a tar archive", ".zip": "a zip archive", ".7z": "a 7z archive", ".rar": "a rar archive",
+    ".xz": "xz-compressed", ".lzma": "lzma-compressed", ".z": "compress-compressed (.Z)",
+}
+
+
+def _refuse_unread_compression(path: Path) -> None:
+    """DataError for a text input named as an archive or a compression pyarrow does not read: it was
+    read as text, so its bytes gave 'not valid UTF-8' or 'line 1 has 9 tab-separated fields'.
+
+    >>> _refuse_unread_compression(Path("day_0.tsv.zip"))
+    Traceback (most recent call last):
+    ...
+    flowrec.data.layout.DataError: day_0.tsv.zip is a zip archive, which is not read: text inputs are read plain or compressed as .gz, .bz2, .zst or .lz4 (extract the file, or recompress it)
+    >>> _refuse_unread_compression(Path("day_0.tsv.gz"))
+    """
+    name = path.name.lower()
+    for suffix, kind in UNREAD_SUFFIXES.items():
+        if name.endswith(suffix):
+            raise DataError(f"{path} is {kind}, which is not read: text inputs are read plain or compressed as "
+                            ".gz, .bz2, .zst or .lz4 (extract the file, or recompress it)")
 
 
 def _parquet_checked(table: pa.Table, lines: np.ndarray, log: ErrorLog, numeric: set[str], path: Path) -> pa.Table:
