@@ -9,7 +9,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Callable, Literal, Optional
 
 from flowrec.data.layout import DataError
 
@@ -39,10 +39,15 @@ class ErrorLog:
     path: str = ""
     count: int = 0
     examples: list[RowError] = field(default_factory=list)
+    # the file's line of a reader's line number, where they differ (a reader that skips blank lines
+    # without counting them: `flowrec.data.sources.csv_chunks`); asked only for a reported row
+    file_line: Optional[Callable[[int], int]] = None
 
     def add(self, line: int, reason: str, text: str = "") -> None:
-        err = RowError(self.path, line, reason, text)
         self.count += 1
+        if len(self.examples) >= KEPT_ERRORS and self.policy != "fail":
+            return
+        err = RowError(self.path, line if self.file_line is None else self.file_line(line), reason, text)
         if len(self.examples) < KEPT_ERRORS:
             self.examples.append(err)
         if self.policy == "fail":

@@ -47,39 +47,46 @@ def read_criteo(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set
     """Criteo TSV: label, I1..I13, C1..C26, tab-separated, no header, empty = missing.
 
     With ``options["has_label"]`` False, rows are in the layout of Criteo's test files: the same
-    columns without the label (39 fields).
+    columns without the label (39 fields). With ``options["labels_unused"]`` (scoring), a row's
+    label may be missing (an empty field).
     """
     _refuse_folder(path, "criteo")
     names = CRITEO_COLUMNS if options.get("has_label", True) else CRITEO_COLUMNS[1:]
     numeric = set(numeric) | {"label"} | {c for c in CRITEO_COLUMNS if c.startswith("I")}
     yield from csv_chunks(path, log, numeric, delimiter="\t", names=names,
-                          required={"label"}, chunk_bytes=options.get("chunk_bytes", CHUNK_BYTES))
+                          required=set() if options.get("labels_unused") else {"label"},
+                          chunk_bytes=options.get("chunk_bytes", CHUNK_BYTES))
 
 
 def criteo_has_label(path: Path) -> bool:
     """True if the Criteo TSV file's first row has the label (40 fields), False for the 39 fields of
-    Criteo's test files.
+    Criteo's test files. Blank lines before it are skipped, as the reader skips them.
 
     Raises:
-        DataError: the first row has another number of fields (or the file is empty).
+        DataError: the first row has another number of fields (naming its line), or the file
+            holds no row.
     """
     _refuse_folder(path, "criteo")
     try:
-        first = _first_line(path).rstrip(b"\r\n")  # compressed test files (.gz, ...) too
+        line, first = _first_row(path)  # compressed test files (.gz, ...) too
     except (OSError, pa.ArrowInvalid) as exc:
         raise DataError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
-    fields = first.count(b"\t") + 1 if first else 0
+    if first is None:
+        raise DataError(f"{path} holds no rows (it is empty or blank)")
+    fields = first.count(b"\t") + 1
     if fields in (len(CRITEO_COLUMNS), len(CRITEO_COLUMNS) - 1):
         return fields == len(CRITEO_COLUMNS)
-    raise DataError(f"{path}: line 1 has {fields} tab-separated fields; Criteo rows have "
+    raise DataError(f"{path}: line {line} has {fields} tab-separated fields; Criteo rows have "
                     f"{len(CRITEO_COLUMNS)} (label first) or {len(CRITEO_COLUMNS) - 1} (test files, no label)")
 
 
 def read_avazu(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[str]) -> Iterator[pa.Table]:
-    """Avazu CSV with header (id, click, hour, C1, ...); label column `click`."""
+    """Avazu CSV with header (id, click, hour, C1, ...); label column `click` (with
+    ``options["labels_unused"]``, scoring: it may be missing, an empty field)."""
     _refuse_folder(path, "avazu")
     yield from csv_chunks(path, log, set(numeric) | {"click"}, delimiter=",", names=None,
-                          required={"click"}, chunk_bytes=options.get("chunk_bytes", CHUNK_BYTES))
+                          required=set() if options.get("labels_unused") else {"click"},
+                          chunk_bytes=options.get("chunk_bytes", CHUNK_BYTES))
 
 
 def arrow_threads_may_hold_python() -> bool:
@@ -164,7 +171,15 @@ def csv_chunks(path: Path, log: ErrorLog, numeric: set[str], delimiter: str, nam
             failures.append(exc)
         return "skip"
 
+    lines_of_bytes = "\n".encode(encoding or "utf-8") == b"\n"  # lines of its bytes are the text's (not UTF-16)
     header_lines = 0 if names is None or not skip_header else 1
+    if header_lines and lines_of_bytes:  # skip_rows counts blank lines: skip those before the header too
+        try:
+            header_lines = max(1, _first_row(path)[0])
+        except (OSError, pa.ArrowInvalid):
+            pass  # the reader names the file
+    if lines_of_bytes:  # pyarrow numbers the rows it skips, then the lines that are not blank
+        log.file_line = BlankLines(path, header_lines)
     read = pcsv.ReadOptions(block_size=chunk_bytes, use_threads=False, column_names=names,
                             skip_rows=header_lines, encoding=encoding or "utf8")
     header_lines = header_lines if names is not None else 1
@@ -228,14 +243,30 @@ def _unique_columns(path: Path, names: list[str]) -> None:
     Traceback (most recent call last):
     ...
     flowrec.data.layout.DataError: a.csv: the header names column 'user' twice (columns 1 and 3): rename one
+    >>> _unique_columns(Path("day.csv"), ["1000009418151094273", "0", "14102100", "1005", "0"])
+    Traceback (most recent call last):
+    ...
+    flowrec.data.layout.DataError: day.csv: the header names column '0' twice (columns 2 and 5): its first line is read as the header, and it holds numbers: a file without its header line? (avazu reads a header first; csv without one: data.options header: false and names)
     """
     first: dict[str, int] = {}
     for i, name in enumerate(names):
         if name in first:
             raise DataError(f"{path}: the header names column {name!r} twice (columns {first[name] + 1} and {i + 1}): "
-                            "rename one")
+                            + (_header_of_numbers if _is_number(name) else "rename one"))
         first[name] = i
     _refuse_line_column(path, names)
+
+
+_header_of_numbers = ("its first line is read as the header, and it holds numbers: a file without its header "
+                      "line? (avazu reads a header first; csv without one: data.options header: false and names)")
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _refuse_line_column(path: Path, names: list[str]) -> None:
@@ -286,8 +317,8 @@ def _binary_columns(path: Path, delimiter: str, names: list[str] | None, encodin
 
 
 def _header_names(path: Path, delimiter: str, encoding: str = "utf-8") -> list[str]:
-    """The column names of a delimited file's header as pyarrow's reader reads them: a UTF-8 byte
-    order mark dropped, quoted names unquoted (the separator may be inside the quotes; tab-separated
+    """The column names of a delimited file's header as pyarrow's reader reads them: blank lines
+    before it skipped, a UTF-8 byte order mark dropped, quoted names unquoted (the separator may be inside the quotes; tab-separated
     files are not quoted), the text decoded in `encoding` (UTF-16's two-byte newline included).
     A name read otherwise is not a key of `column_types`, and its column's type was inferred from
     its values: "007", "7" and "7.0" then encoded as one id.
@@ -299,7 +330,11 @@ def _header_names(path: Path, delimiter: str, encoding: str = "utf-8") -> list[s
     if codecs.lookup(encoding).name == "utf-8":
         encoding = "utf-8-sig"  # pyarrow skips a UTF-8 byte order mark; other codecs drop theirs
     with io.TextIOWrapper(_open_lines(path), encoding=encoding, errors="replace", newline="") as fh:
-        head = fh.readline().rstrip("\r\n")
+        head = ""
+        for line in fh:  # the first line that is not blank: pyarrow skips blank lines before the header too
+            head = line.rstrip("\r\n")
+            if head:
+                break
     quoting = {"quoting": csv.QUOTE_NONE} if delimiter == "\t" else {}
     return next(csv.reader([head], delimiter=delimiter, **quoting), [])
 
@@ -312,11 +347,69 @@ def _open_lines(path: Path) -> Any:
     return io.BufferedReader(pa.input_stream(str(path), compression="detect"))
 
 
-def _first_line(path: Path) -> bytes:
-    """The first line of a text file, decompressed (`_open_lines`), so a compressed file's header
-    names its columns too."""
+def _first_row(path: Path) -> tuple[int, bytes | None]:
+    """The 1-based line and text (line break stripped) of the first line of a text file that is not
+    blank, decompressed (`_open_lines`); (lines read, None) when every line is blank. Blank lines
+    are skipped as pyarrow's CSV reader skips them (a file may start with one)."""
     with _open_lines(path) as fh:
-        return fh.readline().split(b"\n", 1)[0]
+        line = 0
+        for raw in fh:
+            line += 1
+            text = raw.rstrip(b"\r\n")
+            if text:
+                return line, text
+        return line, None
+
+
+class BlankLines:
+    """The 1-based line of a text file (`_open_lines`: decompressed) that is its k-th line that is
+    not blank: pyarrow's CSV reader skips blank lines without counting them, so the line numbers of
+    its rows (and of the rows it rejects) name an earlier line after a blank one. Read only for a
+    row that is reported, and only as far as the lines asked for (the file is kept open where the
+    last question left it).
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     p = Path(d) / "f.csv"
+    ...     _ = p.write_bytes(b"a\\n\\n\\r\\nb\\nc\\n")
+    ...     lines = BlankLines(p)
+    ...     [lines(1), lines(3), lines(2), lines(4)]
+    [1, 5, 4, 6]
+    """
+
+    def __init__(self, path: Path, skip: int = 0) -> None:
+        self.path = path
+        self.skip = skip  # lines skipped by their count (`skip_rows`, blank or not): numbered as they are
+        self.kept: list[int] = []  # the file's line of each line not blank, in order, as far as read
+        self.read = 0  # lines read so far
+        self._lines: Iterator[tuple[int, bytes]] | None = None
+
+    def __call__(self, k: int) -> int:
+        if k <= self.skip:
+            return k
+        k -= self.skip
+        if k > len(self.kept):
+            self._read_to(k)
+        if 1 <= k <= len(self.kept):
+            return self.kept[k - 1]
+        return k + (max(self.read, self.skip) - len(self.kept))  # past the last line: shifted by the blank lines
+
+    def _read_to(self, k: int) -> None:
+        if self._lines is None:
+            self._lines = self._numbered()
+        for number, line in self._lines:
+            self.read = number
+            if number > self.skip and line.rstrip(b"\r\n"):
+                self.kept.append(number)
+                if len(self.kept) >= k:
+                    return
+
+    def _numbered(self) -> Iterator[tuple[int, bytes]]:
+        try:
+            with _open_lines(self.path) as fh:
+                yield from enumerate(fh, 1)
+        except (OSError, pa.ArrowInvalid):
+            return
 
 
 def _line_numbers(seen: int, n: int, header: int, skipped: list[int]) -> np.ndarray:
@@ -586,9 +679,9 @@ def _movielens_tables(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFr
         wanted = ["userId", "movieId", "rating", "timestamp"]
         if not set(wanted) <= set(raw.columns):
             raise DataError(f"{path / 'ratings.csv'}: the header names {list(raw.columns)[:8]}, not {wanted}")
-        ratings = _checked_ratings(raw[wanted], path / "ratings.csv", "userId,movieId,rating,timestamp", 2)
+        ratings = _checked_ratings(raw[wanted], path / "ratings.csv", "userId,movieId,rating,timestamp", 2, ",")
         movies = _read_lines(path / "movies.csv", "movieId,title,genres", dtype=str, keep_default_na=False)
-        ids = _whole_numbers(movies[["movieId"]], path / "movies.csv", "movieId,title,genres", 2)["movieId"]
+        ids = _whole_numbers(movies[["movieId"]], path / "movies.csv", "movieId,title,genres", 2, ",")["movieId"]
         items = _titled_items(ids.astype(np.int64), movies["title"], movies["genres"])
         return ratings, no_users, items
     ratings = _double_colon_ratings(path / "ratings.dat")
@@ -608,11 +701,11 @@ def _movielens_100k(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFram
     "nan" or a missing field became label 0; a short u.item line was a KeyError traceback)."""
     ratings = _checked_ratings(_read_lines(path / "u.data", "user<TAB>item<TAB>rating<TAB>timestamp", sep="\t",
                                            header=None, names=ML_RATING_COLUMNS, dtype=str), path / "u.data",
-                               "user<TAB>item<TAB>rating<TAB>timestamp", 1)
+                               "user<TAB>item<TAB>rating<TAB>timestamp", 1, "\t")
     user_layout = "user|age|gender|occupation|zip"
     users = _read_lines(path / "u.user", user_layout, sep="|", header=None, names=ML_USER_COLUMNS,
                         dtype={"age": str, "zip_code": str})
-    _whole_numbers(users[["user_id"]], path / "u.user", user_layout, 1)
+    _whole_numbers(users[["user_id"]], path / "u.user", user_layout, 1, "|")
     users["age"] = _codes(users["age"])
     genre_names = [line.split("|")[0] for line in (path / "u.genre").read_text("latin-1").splitlines() if line]
     item_layout = f"item|title|date|video date|url|{ML_GENRES_COUNT} genre flags"
@@ -620,7 +713,7 @@ def _movielens_100k(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFram
     if items.shape[1] != 5 + ML_GENRES_COUNT:
         raise DataError(f"{path / 'u.item'}: {items.shape[1]} '|'-separated fields, expected {5 + ML_GENRES_COUNT} "
                         f"({item_layout})")
-    _whole_numbers(items[[0]].set_axis(["item"], axis=1), path / "u.item", item_layout, 1)
+    _whole_numbers(items[[0]].set_axis(["item"], axis=1), path / "u.item", item_layout, 1, "|")
     flags = items.iloc[:, -ML_GENRES_COUNT:].to_numpy(bool)
     items = pd.DataFrame({
         "item_id": items[0],
@@ -644,7 +737,7 @@ def _double_colon_ratings(path: Path) -> pd.DataFrame:
     an empty field between two values."""
     raw = _read_lines(path, "user::item::rating::timestamp", sep=":", header=None, usecols=[0, 2, 4, 6], dtype=str,
                       encoding="latin-1")
-    return _checked_ratings(raw, path, "user::item::rating::timestamp", 1)
+    return _checked_ratings(raw, path, "user::item::rating::timestamp", 1, ":")
 
 
 def _read_lines(path: Path, layout: str, **options: Any) -> pd.DataFrame:
@@ -655,18 +748,36 @@ def _read_lines(path: Path, layout: str, **options: Any) -> pd.DataFrame:
         raise DataError(f"{path}: not {layout} lines ({_why(exc)})") from None
 
 
-def _whole_numbers(raw: pd.DataFrame, path: Path, layout: str, first_line: int) -> pd.DataFrame:
+def _file_line(path: Path, row: int, first_line: int, sep: str) -> int:
+    """The 1-based line of `path` that pandas read as data row `row` (0-based), `first_line` the
+    line of row 0 when no line is blank (2 under a header). pandas skips blank lines, spaces and
+    tabs only (a tab-only line is a row where tab separates), so with one before it the row's
+    position alone named an earlier line. Read only to name a bad row."""
+    blank = b" \r\n" if sep == "\t" else b" \t\r\n"
+    target = row + first_line - 1  # non-blank lines before the row's
+    seen = 0
+    with open(path, "rb") as fh:
+        for number, line in enumerate(fh, 1):
+            if line.strip(blank):
+                if seen == target:
+                    return number
+                seen += 1
+    return row + first_line  # not found (quoted fields over lines): the position
+
+
+def _whole_numbers(raw: pd.DataFrame, path: Path, layout: str, first_line: int, sep: str) -> pd.DataFrame:
     """The columns of `raw` as float64: DataError naming the first line (`first_line` is the line of
-    row 0) where one is missing or not a whole number."""
+    row 0 without blank lines; `sep` the file's separator) where one is missing or not a whole number."""
     values = raw.apply(pd.to_numeric, errors="coerce").astype(np.float64)
     bad = (values.isna() | (values != np.floor(values))).any(axis=1).to_numpy().nonzero()[0]
     if len(bad):
-        raise DataError(f"{path}:{bad[0] + first_line}: not {layout}")
-    _check_int64(values, raw, path, first_line, [str(c) for c in raw.columns])
+        raise DataError(f"{path}:{_file_line(path, int(bad[0]), first_line, sep)}: not {layout}")
+    _check_int64(values, raw, path, first_line, [str(c) for c in raw.columns], sep)
     return values
 
 
-def _check_int64(values: pd.DataFrame, raw: pd.DataFrame, path: Path, first_line: int, names: list[str]) -> None:
+def _check_int64(values: pd.DataFrame, raw: pd.DataFrame, path: Path, first_line: int, names: list[str],
+                 sep: str) -> None:
     """Raise DataError naming the first line, column and value where a whole number (`values`, of
     the text `raw`) is beyond 64 bits: cast to int64 it was INT64_MIN without a word (every such
     id one), or an OverflowError traceback."""
@@ -675,11 +786,11 @@ def _check_int64(values: pd.DataFrame, raw: pd.DataFrame, path: Path, first_line
     if len(rows):
         row = rows[0]
         col = int(np.flatnonzero(big[row])[0])
-        raise DataError(f"{path}:{row + first_line}: {names[col]} {str(raw.iat[row, col]).strip()[:40]!r} is beyond "
+        raise DataError(f"{path}:{_file_line(path, int(row), first_line, sep)}: {names[col]} {str(raw.iat[row, col]).strip()[:40]!r} is beyond "
                         "64 bits (MovieLens ids and timestamps are 64-bit integers)")
 
 
-def _checked_ratings(raw: pd.DataFrame, path: Path, layout: str, first_line: int) -> pd.DataFrame:
+def _checked_ratings(raw: pd.DataFrame, path: Path, layout: str, first_line: int, sep: str) -> pd.DataFrame:
     """Ratings from the text columns user, item, rating, timestamp (in that order): a line with a
     field missing or not a number (ids and time whole numbers) is DataError naming it (`first_line`:
     the line of row 0)."""
@@ -690,8 +801,8 @@ def _checked_ratings(raw: pd.DataFrame, path: Path, layout: str, first_line: int
     bad = ~np.isfinite(values).all(axis=1) | (whole != np.floor(whole)).any(axis=1)
     first = np.flatnonzero(bad.to_numpy())
     if len(first):
-        raise DataError(f"{path}:{first[0] + first_line}: not {layout}")
-    _check_int64(whole, raw.iloc[:, [0, 1, 3]], path, first_line, ["user", "item", "timestamp"])
+        raise DataError(f"{path}:{_file_line(path, int(first[0]), first_line, sep)}: not {layout}")
+    _check_int64(whole, raw.iloc[:, [0, 1, 3]], path, first_line, ["user", "item", "timestamp"], sep)
     return pd.DataFrame({"user_id": values[0].astype(np.int64), "item_id": values[1].astype(np.int64),
                          "rating": values[2], "timestamp": values[3].astype(np.int64)})
 
@@ -781,10 +892,35 @@ def _refuse_folder(path: Path, fmt: str) -> None:
     directory" was the message."""
     path = Path(path)
     if not path.is_dir():
+        _refuse_unread_compression(path)
         return
     _refuse_encoded(path)
     raise DataError(f"{path} is a folder, not a file: the {fmt} format reads one file (only parquet and "
                     "movielens read a folder)")
+
+
+UNREAD_SUFFIXES = {  # what a text input's name may end with that pyarrow does not decompress
+    ".tar.gz": "a tar archive", ".tgz": "a tar archive", ".tar.bz2": "a tar archive", ".tar.zst": "a tar archive",
+    ".tar": "a tar archive", ".zip": "a zip archive", ".7z": "a 7z archive", ".rar": "a rar archive",
+    ".xz": "xz-compressed", ".lzma": "lzma-compressed", ".z": "compress-compressed (.Z)",
+}
+
+
+def _refuse_unread_compression(path: Path) -> None:
+    """DataError for a text input named as an archive or a compression pyarrow does not read: it was
+    read as text, so its bytes gave 'not valid UTF-8' or 'line 1 has 9 tab-separated fields'.
+
+    >>> _refuse_unread_compression(Path("day_0.tsv.zip"))
+    Traceback (most recent call last):
+    ...
+    flowrec.data.layout.DataError: day_0.tsv.zip is a zip archive, which is not read: text inputs are read plain or compressed as .gz, .bz2, .zst or .lz4 (extract the file, or recompress it)
+    >>> _refuse_unread_compression(Path("day_0.tsv.gz"))
+    """
+    name = path.name.lower()
+    for suffix, kind in UNREAD_SUFFIXES.items():
+        if name.endswith(suffix):
+            raise DataError(f"{path} is {kind}, which is not read: text inputs are read plain or compressed as "
+                            ".gz, .bz2, .zst or .lz4 (extract the file, or recompress it)")
 
 
 def _parquet_checked(table: pa.Table, lines: np.ndarray, log: ErrorLog, numeric: set[str], path: Path) -> pa.Table:

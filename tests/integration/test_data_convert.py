@@ -379,18 +379,20 @@ def test_a_csv_in_another_encoding_reads_with_data_options_encoding(tmp_path, en
                 [tmp_path / "other.csv"], tmp_path / "d")
 
 
-@pytest.mark.parametrize("header", ["bom", "quoted", "utf-16"])
+@pytest.mark.parametrize("header", ["bom", "quoted", "utf-16", "blank_lines"])
 def test_a_header_with_a_byte_order_mark_or_quotes_still_reads_its_ids_as_text(tmp_path, header):
     """The header was split by hand, so a UTF-8 byte order mark, quoted names or UTF-16's two-byte
     newline (big-endian) gave names that were not the columns pyarrow read: those columns' types were inferred,
-    and ids "007", "7" and "7.0" encoded as one row. Each header now gives the plain file's dataset."""
+    and ids "007", "7" and "7.0" encoded as one row. Each header now gives the plain file's dataset.
+    So did blank lines before the header (pyarrow skips them, the header's reader read a blank name)."""
     rows = "007,1,0.5,007\n7,0,1.5,7\n7.0,1,2,7.0\n8,0,3,8\n"  # first and last columns: ids
     plain = "user,label,price,item\n" + rows
     (tmp_path / "plain.csv").write_text(plain)
     options = {"utf-16": {"encoding": "utf-16"}}.get(header, {})
     content = {"bom": b"\xef\xbb\xbf" + plain.encode(),
                "quoted": ('"user","label","price","item"\n' + rows).encode(),
-               "utf-16": b"\xfe\xff" + plain.encode("utf-16-be")}[header]  # big-endian: newline b"\0\n"
+               "utf-16": b"\xfe\xff" + plain.encode("utf-16-be"),  # big-endian: newline b"\0\n"
+               "blank_lines": b"\n\r\n" + plain.encode()}[header]
     (tmp_path / "other.csv").write_bytes(content)
     feats = [{"name": "user", "type": "categorical", "hash_buckets": 1000, "dim": 4},
              {"name": "item", "type": "categorical", "hash_buckets": 1000, "dim": 4}, {"name": "price", "type": "dense"}]

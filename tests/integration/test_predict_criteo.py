@@ -116,3 +116,47 @@ def test_another_layout_is_one_line_and_mixed_rows_are_malformed(criteo, tmp_pat
     assert result.exit_code == 2 and "mixed.txt:4: wrong field count (40, expected 39)" in result.stderr
     skipped = _predict(criteo["pkg"], mixed, tmp_path / "m.parquet", "--on-error", "skip")
     assert skipped.exit_code == 0 and pq.read_table(tmp_path / "m.parquet").num_rows == 3
+
+
+def test_blank_lines_before_the_first_row_are_skipped_as_convert_skips_them(criteo, tmp_path):
+    """The layout was read from line 1 even when blank: a file starting with a blank line (or CRLF
+    one) was refused as 'line 1 has 0 tab-separated fields', though convert reads it; an empty or
+    all-blank file said the same instead of that it holds no rows."""
+    rows = _rows(20, 3)
+    body = "".join("\t".join(r[1:]) + "\n" for r in rows)
+    (tmp_path / "plain.txt").write_text(body)
+    (tmp_path / "blank.txt").write_bytes(b"\n\r\n" + body.encode())
+    plain = _predict(criteo["pkg"], tmp_path / "plain.txt", tmp_path / "plain.parquet")
+    blank = _predict(criteo["pkg"], tmp_path / "blank.txt", tmp_path / "blank.parquet")
+    assert plain.exit_code == 0 and blank.exit_code == 0, blank.output
+    np.testing.assert_array_equal(pq.read_table(tmp_path / "blank.parquet")["ctr"].to_numpy(),
+                                  pq.read_table(tmp_path / "plain.parquet")["ctr"].to_numpy())
+    (tmp_path / "short.txt").write_text("\n\n1\t2\t3\n")
+    short = _predict(criteo["pkg"], tmp_path / "short.txt", tmp_path / "s.parquet")
+    assert short.exit_code == 2 and "short.txt: line 3 has 3 tab-separated fields" in short.stderr
+    for name, text in (("empty.txt", ""), ("blanks.txt", "\n\r\n\n")):
+        (tmp_path / name).write_text(text)
+        result = _predict(criteo["pkg"], tmp_path / name, tmp_path / "e.parquet")
+        errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+        assert result.exit_code == 2 and len(errors) == 1 and f"{name} holds no rows" in errors[0], result.output
+        assert not (tmp_path / "e.parquet").exists()
+
+
+def test_rows_whose_label_is_empty_score_as_the_labelled_rows(criteo, tmp_path):
+    """Scoring ignores the label, but a row with an empty label field (a day whose clicks are not
+    known yet) was refused as 'missing value in required column label'; now it scores as the
+    labelled row, and its kept label is missing."""
+    rows = _rows(30, 4)
+    unlabelled = [r.copy() for r in rows]
+    for r in unlabelled[::3]:
+        r[0] = ""
+    labelled = _predict(criteo["pkg"], _write(tmp_path / "day.tsv", rows), tmp_path / "a.parquet")
+    blank = _predict(criteo["pkg"], _write(tmp_path / "blank.tsv", unlabelled), tmp_path / "b.parquet",
+                     "--keep", "label")
+    assert labelled.exit_code == 0 and blank.exit_code == 0, blank.output
+    scores = pq.read_table(tmp_path / "b.parquet").to_pandas()
+    np.testing.assert_array_equal(scores["ctr"].to_numpy(), pq.read_table(tmp_path / "a.parquet")["ctr"].to_numpy())
+    assert scores["label"].isna().tolist() == [i % 3 == 0 for i in range(30)]
+    made = runner.invoke(app, ["data", "convert", "criteo", str(tmp_path / "blank.tsv"), str(tmp_path / "ds"),
+                               "--spec", str(criteo["spec"]), "-q"])
+    assert made.exit_code == 2 and "blank.tsv:1: missing value in required column label" in made.stderr

@@ -54,6 +54,45 @@ def test_the_first_row_of_a_converted_file_is_not_always_a_test_row(tmp_path: Pa
     assert 0.0 not in prices and 0 < len(prices) < 30
 
 
+def test_a_file_without_its_header_line_says_so_not_rename_a_column(tmp_path: Path) -> None:
+    """A CSV whose header line is missing (the rows of a day cut with `tail -n +2`) was refused as
+    'the header names column '0' twice: rename one', as if its first row were a header to edit."""
+    path = tmp_path / "rows.csv"
+    path.write_text("".join(f"{i % 2},u{i},{i % 2}\n" for i in range(1, 9)))
+    with pytest.raises(DataError, match=r"rows\.csv: the header names column '1' twice.*a file without its header "
+                                        r"line\? .*data\.options header: false and names") as caught:
+        convert(_spec(), "csv", [path], tmp_path / "out")
+    assert "rename one" not in str(caught.value)
+    path.write_text("price,user,user\n1.5,u1,u1\n")
+    with pytest.raises(DataError, match=r"names column 'user' twice \(columns 2 and 3\): rename one"):
+        convert(_spec(), "csv", [path], tmp_path / "out")
+
+
+@pytest.mark.parametrize("name", ["rows.csv.zip", "rows.csv.xz", "rows.tar.gz"])
+def test_an_archive_or_a_compression_pyarrow_does_not_read_is_named_as_such(tmp_path: Path, name: str) -> None:
+    """A zip, xz or tar input was read as text: 'a row with the wrong field count is not valid UTF-8',
+    or 'line 1 has 9 tab-separated fields' for a Criteo file in predict."""
+    import lzma
+    import tarfile
+    import zipfile
+
+    text = "price,user,clicked\n" + "".join(f"{i}.5,u{i},{i % 2}\n" for i in range(20))
+    (tmp_path / "rows.csv").write_text(text)
+    path = tmp_path / name
+    if name.endswith(".zip"):
+        with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+            z.write(tmp_path / "rows.csv", "rows.csv")
+    elif name.endswith(".xz"):
+        path.write_bytes(lzma.compress(text.encode()))
+    else:
+        with tarfile.open(path, "w:gz") as t:
+            t.add(tmp_path / "rows.csv", "rows.csv")
+    with pytest.raises(DataError, match=rf"{re.escape(name)} is .* which is not read: text inputs are read plain "
+                                        r"or compressed as \.gz, \.bz2, \.zst or \.lz4"):
+        convert(_spec(), "csv", [path], tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
 def _parquet_folder(folder: Path, files: dict[str, dict[str, object]]) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq

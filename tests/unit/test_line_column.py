@@ -63,3 +63,39 @@ def test_convert_refuses_it_in_one_line_and_writes_nothing(tmp_path: Path) -> No
     assert made.exit_code == 2, made.output
     assert len(lines) == 1 and lines[0].startswith("error: ") and "'__line__'" in lines[0], made.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_row_after_blank_lines_is_named_by_its_own_line(tmp_path: Path) -> None:
+    """pyarrow skips blank lines without counting them: a bad row after two blank lines was named
+    two lines early (a.tsv:3 for line 5), in the field count, number and label messages alike."""
+    import gzip
+
+    row = "\t".join(["1"] + ["2"] * 13 + ["ab"] * 26)
+    text = f"{row}\n\n\r\n{row}\n{row.replace('ab', 'cd', 1)[:20]}\n\n{row}\nx{row[1:]}\n"
+    (tmp_path / "a.tsv").write_text(text)
+    (tmp_path / "a.tsv.gz").write_bytes(gzip.compress(text.encode()))
+    for name in ("a.tsv", "a.tsv.gz"):
+        with pytest.raises(DataError, match=rf"{name}:5: wrong field count \(11, expected 40\)"):
+            list(sources.read_criteo(tmp_path / name, {}, ErrorLog("fail", name), set()))
+        log = ErrorLog("skip", name)
+        tables = list(sources.read_criteo(tmp_path / name, {}, log, set()))
+        assert [e.line for e in log.examples] == [5, 8]
+        assert sum(t.num_rows for t in tables) == 3
+    (tmp_path / "s.yaml").write_text(SPEC)
+    (tmp_path / "b.csv").write_text("d1,user,label\n\n0.5,a,1\n\n\n0.1,b,2\n")
+    made = runner.invoke(app, ["data", "convert", "csv", str(tmp_path / "b.csv"), str(tmp_path / "out"), "--spec",
+                               str(tmp_path / "s.yaml"), "-q"])
+    assert made.exit_code == 2 and "b.csv:6: label 2.0 in column label" in made.stderr, made.stderr
+
+
+def test_a_header_named_over_by_data_options_names_is_skipped_after_blank_lines(tmp_path: Path) -> None:
+    """With `names` and `header: true`, the header is skipped by its count of lines, and a blank line
+    before it was skipped instead: the header became a row, 'non-numeric value 'd1''."""
+    options = {"header": True, "names": ["d1", "user", "label"]}
+    path = tmp_path / "a.csv"
+    path.write_text("\n\r\nd1,user,label\n0.5,a,1\n\n0.7,c,0\n")
+    (table,) = _rows(sources.reader("csv"), path, options)
+    assert table.column("user").to_pylist() == ["a", "c"]
+    path.write_text("\nd1,user,label\n0.5,a,1\n\nx\n")
+    with pytest.raises(DataError, match=r"a\.csv:5: wrong field count \(1, expected 3\)"):
+        _rows(sources.reader("csv"), path, options)

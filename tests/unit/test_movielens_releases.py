@@ -165,6 +165,28 @@ def test_a_bad_100k_line_is_one_line_naming_it(tmp_path: Path, data: str, item: 
         _read(folder)
 
 
+BLANK_LINES_BEFORE = {  # folder maker -> the file and line the error names
+    "100k_data": (lambda d: _100k(d, "1\t2\t5\t881250949\n\n  \n1\t2\t4\t881250950\n1\tx\t4\t881250951\n"),
+                  r"u.data:5: not user<TAB>item"),
+    "100k_data_crlf": (lambda d: _100k(d, "1\t2\t5\t881250949\r\n\r\n1\t2\tnan\t881250950\r\n"),
+                       r"u.data:3: not user<TAB>item"),
+    "100k_data_64": (lambda d: _100k(d, f"\n1\t2\t5\t881250949\n\n1\t2\t4\t{BIG}\n"), r"u.data:4: timestamp '1234"),
+    "100k_user": (lambda d: (_100k(d, "1\t2\t5\t881250949\n"), (d / "ml" / "u.user").write_text(
+        "1|24|M|technician|85711\n\n\nx|30|F|writer|12345\n"))[0], r"u.user:4: not user\|age"),
+    "1m_rating": (lambda d: _1m(d / "ml", ratings="\n\n1::x::4::978300761\n"), r"ratings.dat:4: not user::item"),
+    "20m_rating": (lambda d: _20m(d / "ml", ratings="\n \n3,2,,101\n"), r"ratings.csv:5: not userId,movieId"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BLANK_LINES_BEFORE))
+def test_a_bad_line_after_blank_lines_is_named_by_its_own_line(tmp_path: Path, case: str):
+    """pandas skips blank lines, so a bad line's row position named an earlier line of the file
+    (u.data:3 for the fifth line after two blank ones); now the line itself."""
+    make, expected = BLANK_LINES_BEFORE[case]
+    with pytest.raises(DataError, match=expected):
+        _read(make(tmp_path))
+
+
 def test_a_20m_rating_missing_is_one_line_naming_it(tmp_path: Path):
     """ratings.csv was read unchecked: an empty rating became label 0 without a word."""
     (tmp_path / "ratings.csv").write_text("userId,movieId,rating,timestamp\n1,2,4.5,100\n2,2,,102\n")
