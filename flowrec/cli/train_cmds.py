@@ -46,6 +46,7 @@ class RunRequest:
     init_from: Path | None = None
     fresh_optimizer: bool = False
     dist_timeout: float = 300.0
+    continue_command: str | None = None  # what continues an interrupted run (a --follow stream's own command)
 
 
 def train(
@@ -448,7 +449,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     config = train_config(settings, folder, progress=not request.quiet)
     trainer = Trainer(session.spec, session.plan, session.model, config, plan_json(session.plan))
     hooks = _console_hooks(trainer, request.quiet) if trainer.lead else None
-    resume_cmd = _resume_command(request.spec_path, folder)
+    resume_cmd = request.continue_command or _resume_command(request.spec_path, folder)
     try:
         if state is not None:
             trainer.load_state(state, folder / CHECKPOINT_NAME)

@@ -161,3 +161,54 @@ def test_days_follow_a_date_column_and_a_stream_keeps_its_order(tmp_path: Path, 
                                "--device", "cpu", "--follow-order", "date:ts"])
     assert late.exit_code == 2 and "landed after day c" in late.output
     assert json.loads((out / "follow.json").read_text())["days"] == ["b", "c"]
+
+
+def test_an_interrupted_day_names_the_streams_command_not_a_resume_of_the_day(days, tmp_path: Path, monkeypatch):
+    """Ctrl-C in a day's training said `continue with flowrec train SPEC --resume RUN/days/<day>`:
+    that trains the day alone, and the stream's follow.json never lists it nor do the next days
+    train. The line names the --follow command, which resumes the day and goes on."""
+    from flowrec.runtime.trainer import Trainer
+
+    spec, folder = days
+    out = tmp_path / "stream"
+
+    def interrupted(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patched:
+        patched.setattr(Trainer, "fit", interrupted)
+        cut = runner.invoke(app, ["train", str(spec), "--follow", str(folder), "--out", str(out), "--device", "cpu",
+                                  "--follow-export"])
+    assert cut.exit_code == 130, cut.output
+    lines = [x for x in cut.output.splitlines() if "continue with" in x]
+    assert lines and all(f"--follow {folder} --out {out} --follow-export" in x and "--resume" not in x
+                         for x in lines), cut.output
+    _follow(spec, folder, out)  # the command it named: every day trained and recorded
+    assert json.loads((out / "follow.json").read_text())["days"] == ["2026-11-01", "2026-11-02", "2026-11-03"]
+
+
+def test_ctrl_c_while_waiting_for_a_day_says_how_many_days_the_stream_trained(days, tmp_path: Path, monkeypatch):
+    """Ctrl-C during --follow-wait said 'before training started; nothing was trained' after the
+    stream had trained its days."""
+    import threading
+
+    import flowrec.cli.follow as follow_cli
+
+    spec, folder = days
+    out = tmp_path / "stream"
+
+    sleep = follow_cli.time.sleep
+
+    def interrupted(seconds):  # Ctrl-C in the stream's wait for a new day (other sleeps as they were)
+        if seconds == follow_cli.POLL_S and threading.current_thread() is threading.main_thread():
+            raise KeyboardInterrupt
+        sleep(seconds)
+
+    monkeypatch.setattr(follow_cli.time, "sleep", interrupted)
+    waited = runner.invoke(app, ["train", str(spec), "--follow", str(folder), "--out", str(out), "--quiet",
+                                 "--device", "cpu", "--follow-wait", "60"])
+    assert waited.exit_code == 130, waited.output
+    assert "nothing was trained" not in waited.output and "Traceback" not in waited.output
+    assert f"the stream in {out} has trained 3 day(s)" in waited.output
+    assert f"continue with  flowrec train {spec} --follow {folder} --out {out}" in waited.output
+    assert json.loads((out / "follow.json").read_text())["days"] == ["2026-11-01", "2026-11-02", "2026-11-03"]
