@@ -212,3 +212,20 @@ def test_ctrl_c_while_waiting_for_a_day_says_how_many_days_the_stream_trained(da
     assert f"the stream in {out} has trained 3 day(s)" in waited.output
     assert f"continue with  flowrec train {spec} --follow {folder} --out {out}" in waited.output
     assert json.loads((out / "follow.json").read_text())["days"] == ["2026-11-01", "2026-11-02", "2026-11-03"]
+
+
+def test_a_day_encoded_for_another_spec_is_refused_naming_its_folder(days, tmp_path: Path):
+    """A day converted for another spec among the stream's days was refused with 'dataset was
+    encoded for spec ...', naming no folder: which of the days?"""
+    spec, folder = days
+    out = tmp_path / "stream"
+    _follow(spec, folder, out, "--follow-once")
+    other = tmp_path / "other.yaml"
+    other.write_text(spec.read_text().replace("hash_buckets: 3000", "hash_buckets: 2000"))
+    (folder / "2026-11-02").rename(tmp_path / "moved")
+    made = runner.invoke(app, ["data", "synth", str(other), "--rows", "64", "--out", str(folder / "2026-11-02")])
+    assert made.exit_code == 0, made.output
+    refused = runner.invoke(app, ["train", str(spec), "--follow", str(folder), "--out", str(out), "--quiet"])
+    assert refused.exit_code == 2 and "Traceback" not in refused.output
+    assert f"dataset {folder / '2026-11-02'} was encoded for spec" in refused.output
+    assert json.loads((out / "follow.json").read_text())["days"] == ["2026-11-01"]
