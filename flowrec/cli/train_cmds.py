@@ -233,6 +233,14 @@ def _check_options(request: RunRequest) -> None:
              f"not {request.dist_timeout!r}")
     if request.resume is not None and request.overwrite:
         fail("--resume continues a run and --overwrite replaces it; give one of them")
+    from flowrec.cli.streams import is_stream_folder, refuse_stream_folder
+
+    if request.resume is not None and is_stream_folder(request.resume):  # not "no checkpoint.pt or run.json"
+        fail(f"{request.resume} is a --follow stream folder: continue it with the command that follows it, "
+             f"flowrec train {shlex.quote(str(request.spec_path))} --follow DAYS --out "
+             f"{shlex.quote(str(request.resume))} (it resumes a day cut short)")
+    if request.init_from is not None:
+        refuse_stream_folder(request.init_from, "start from")
     if request.init_from is not None and request.resume is not None:
         fail("--init-from starts a new run and --resume continues one; give one of them")
     if request.fresh_optimizer and request.init_from is None:
@@ -690,6 +698,9 @@ def evaluate_run(
 
     if device_problem(device) is not None:  # before the run is read (torch's words otherwise)
         fail(f"--device {device_problem(device)}")
+    from flowrec.cli.streams import refuse_stream_folder
+
+    refuse_stream_folder(run_dir, "eval")
     try:
         trained = load_trained(run_dir, device, scoring_plan)
         if data is None:
