@@ -67,6 +67,11 @@ def landed(folder: Path) -> list[Path]:
         raise DataError(f"{folder} is one dataset split into train/ and test/, not a folder of day partitions")
     days = sorted(p for p in folder.iterdir() if p.is_dir() and (p / META_FILE).is_file()
                   and not p.name.startswith((".", "_")))
+    for p in sorted(folder.iterdir()):  # a day converted with a test split was skipped without a word, forever
+        if p.is_dir() and not (p / META_FILE).is_file() and not p.name.startswith((".", "_")) and _split_of(p):
+            raise DataError(f"day {p.name} under {folder} is one dataset split into train/ and test/ (a "
+                            "conversion with --test-fraction, or the spec's data.options.test_fraction): a day "
+                            "is one dataset; convert it again with --test-fraction 0")
     seen: dict[Path, str] = {}
     for day in days:  # a day linked in under two names would train twice
         target = day.resolve()

@@ -160,3 +160,22 @@ def test_follow_order_needs_follow_and_a_known_form(days, tmp_path: Path):
     alone = runner.invoke(app, ["train", str(spec), "--data", str(folder / "a"), "--out", str(tmp_path / "t"),
                                 "--follow-order", "date:ts"])
     assert alone.exit_code == 2 and "give --follow" in alone.output
+
+
+def test_a_day_converted_with_a_test_split_is_refused_not_skipped(days, tmp_path: Path):
+    """A day converted with a train/test split (`--test-fraction`, or the spec's test_fraction, as
+    specs/managed_movielens.yaml has) holds no _flowrec.json of its own: --follow and `data inspect
+    DAYS` skipped it without a word, so the stream never trained it."""
+    spec, folder, _ = days
+    write_day(tmp_path / "d.csv", np.random.default_rng(), 4000)
+    made = runner.invoke(app, ["data", "convert", "csv", str(tmp_path / "d.csv"), str(folder / "d"), "--spec",
+                               str(spec), "--test-fraction", "0.3", "-q"])
+    assert made.exit_code == 0, made.output
+    with pytest.raises(DataError, match=r"day d under .* split into train/ and test/.*--test-fraction 0"):
+        day_partitions(folder, DayOrder(None))
+    shown = runner.invoke(app, ["data", "inspect", str(folder)])
+    assert shown.exit_code == 2 and "day d under" in shown.output and "Traceback" not in shown.output
+    again = runner.invoke(app, ["data", "convert", "csv", str(tmp_path / "d.csv"), str(folder / "d"), "--spec",
+                                str(spec), "--test-fraction", "0", "--overwrite", "-q"])
+    assert again.exit_code == 0, again.output
+    assert [d.name for d in day_partitions(folder, DayOrder(None))] == ["a", "b", "c", "d"]
