@@ -166,9 +166,9 @@ def _day_request(request, folder: Path, day: Path, previous: Path | None, comman
     given = {**request.given, "data": str(day)}
     if (folder / "checkpoint.pt").is_file():
         return replace(request, out=None, resume=folder, overwrite=False, given=given, init_from=None,
-                       continue_command=command)
+                       continue_command=command, json_lines=True)
     return replace(request, out=folder, resume=None, overwrite=True, given=given, init_from=previous,
-                   continue_command=command)
+                   continue_command=command, json_lines=True)
 
 
 def _export(day_run: Path, out: Path) -> None:

@@ -46,7 +46,10 @@ def test_follow_trains_each_day_once_with_progressive_validation(days, tmp_path:
 
     package = load_model(out / "export" / "2026-11-01")  # the day's package, with its managed map
     assert package.maps["users"][0].size > 0
-    _follow(spec, folder, out)
+    rest = _follow(spec, folder, out, "--json")  # one JSON line per day (indented documents one after
+    # the other were no JSON a reader could load)
+    assert [json.loads(x)["run_dir"] for x in rest.stdout.splitlines()] == [
+        str(out / "days" / d) for d in ("2026-11-02", "2026-11-03")]
     assert json.loads((out / "follow.json").read_text())["days"] == ["2026-11-01", "2026-11-02", "2026-11-03"]
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [(x["day"], x["model"]) for x in lines] == [("2026-11-02", "2026-11-01"), ("2026-11-03", "2026-11-02")]
