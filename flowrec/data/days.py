@@ -63,6 +63,9 @@ def landed(folder: Path) -> list[Path]:
     """The complete day partitions under `folder`, in order of name (raises DataError if it is not a folder)."""
     if not folder.is_dir():
         raise DataError(f"{folder}: not a folder")
+    if (folder / META_FILE).is_file():  # one day given as the days: --follow-wait waited for days under it
+        raise DataError(f"{folder} is one dataset (it holds {META_FILE}), not a folder of day partitions: "
+                        f"give the folder that holds the days (the one {folder.name} lies in?)")
     if _split_of(folder):  # its train and test parts are no days (test would train first)
         raise DataError(f"{folder} is one dataset split into train/ and test/, not a folder of day partitions")
     days = sorted(p for p in folder.iterdir() if p.is_dir() and (p / META_FILE).is_file()

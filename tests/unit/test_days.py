@@ -179,3 +179,16 @@ def test_a_day_converted_with_a_test_split_is_refused_not_skipped(days, tmp_path
                                 str(spec), "--test-fraction", "0", "--overwrite", "-q"])
     assert again.exit_code == 0, again.output
     assert [d.name for d in day_partitions(folder, DayOrder(None))] == ["a", "b", "c", "d"]
+
+
+def test_one_day_given_as_the_days_is_refused_not_waited_on(days, tmp_path: Path):
+    """`--follow days/a` (one day's folder, not the folder of days) found no day partition under
+    it: with --follow-wait it waited the whole time for days that would never land there, then
+    stopped saying only that there was no new day."""
+    spec, folder, _ = days
+    with pytest.raises(DataError, match=r"is one dataset \(it holds _flowrec.json\), not a folder of day partitions"):
+        day_partitions(folder / "a", DayOrder(None))
+    refused = runner.invoke(app, ["train", str(spec), "--follow", str(folder / "a"), "--out", str(tmp_path / "s"),
+                                  "--quiet"])
+    assert refused.exit_code == 2 and f"{folder / 'a'} is one dataset" in refused.output
+    assert not (tmp_path / "s").exists()
