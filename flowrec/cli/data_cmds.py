@@ -223,7 +223,7 @@ def profile(
         model = _spec(spec)
         source = ParquetSource(data)
         try:
-            check_spec(source.meta, model)
+            check_spec(source.meta, model, data)
             with reading_bar(not quiet)("reading the data", sum(source.partition_rows())) as advance:
                 prof = profile_access(model, source, sample_rate, model.training.seed if seed is None else seed,
                                       parse_bytes(budget) if budget else None, window, progress=advance)

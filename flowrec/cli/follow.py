@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -34,6 +35,7 @@ from flowrec.cli.common import fail
 from flowrec.cli.streams import DAYS_DIR, FOLLOW_FILE, done_days
 from flowrec.data.days import DayOrder, day_partitions, parse_order
 from flowrec.data.layout import META_FILE, DataError
+from flowrec.runs.errors import EXIT_INTERRUPTED
 from flowrec.runtime.rundir import RunFolderError, RunLock, folder_state
 
 LOCK_FILE = ".follow.lock"  # held by the one --follow process of a stream folder
@@ -81,10 +83,23 @@ def follow(request, days: Path, wait_s: float, once: bool, train: Callable, expo
         lock = RunLock.acquire(run, LOCK_FILE, "the stream folder", "flowrec train --follow")
     except RunFolderError as exc:
         fail(str(exc))
+    command = stream_command(request.spec_path, days, run, export, order)
     try:
-        _follow_days(request, run, days, wait_s, once, train, export, order)
+        _follow_days(request, run, days, wait_s, once, train, export, order, command)
+    except KeyboardInterrupt:  # waiting for a day, scoring one, or starting its run (a day's training says its own)
+        fail(f"interrupted (Ctrl-C); the stream in {run} has trained {len(done_days(run))} day(s); "
+             f"continue with  {command}", EXIT_INTERRUPTED)
     finally:
         lock.release_as_found(found)  # refused: leave no folder
+
+
+def stream_command(spec_path: Path, days: Path, run: Path, export: bool, order: DayOrder) -> str:
+    """The command that continues the stream: the same --follow command (a day cut short is resumed
+    by it, then recorded in follow.json; `--resume RUN/days/<day>` alone would train that day and
+    leave the stream's record without it)."""
+    return (f"flowrec train {shlex.quote(str(spec_path))} --follow {shlex.quote(str(days))} "
+            f"--out {shlex.quote(str(run))}{'' if order.column is None else ' --follow-order ' + shlex.quote(str(order))}"
+            f"{' --follow-export' if export else ''} (the stream's command, with the options it was given)")
 
 
 def _check_stream_folder(run: Path) -> None:
@@ -103,7 +118,7 @@ def _check_stream_folder(run: Path) -> None:
 
 
 def _follow_days(request, run: Path, days: Path, wait_s: float, once: bool, train: Callable, export: bool,
-                 order: DayOrder) -> None:
+                 order: DayOrder, command: str) -> None:
     """The loop of `follow`, with the stream folder locked."""
     deadline = time.monotonic() + wait_s
     trained = 0
@@ -126,7 +141,7 @@ def _follow_days(request, run: Path, days: Path, wait_s: float, once: bool, trai
         previous = run / DAYS_DIR / done[-1] if done else None
         if previous is not None:
             _progressive(run, previous, day, len(done) + 1)
-        train(_day_request(request, run / DAYS_DIR / day.name, day, previous))
+        train(_day_request(request, run / DAYS_DIR / day.name, day, previous, command))
         trained += 1
         if export:
             _export(run / DAYS_DIR / day.name, run / EXPORT_DIR / day.name)
@@ -145,12 +160,15 @@ def _before(day: Path, last: str, landed: list[Path], order: DayOrder) -> bool:
     return last in names and names.index(day.name) < names.index(last)
 
 
-def _day_request(request, folder: Path, day: Path, previous: Path | None):
-    """The run request of one day: resume its folder after a crash, else start it from the previous day."""
+def _day_request(request, folder: Path, day: Path, previous: Path | None, command: str):
+    """The run request of one day: resume its folder after a crash, else start it from the previous
+    day; an interrupted day names the stream's `command` to continue with."""
     given = {**request.given, "data": str(day)}
     if (folder / "checkpoint.pt").is_file():
-        return replace(request, out=None, resume=folder, overwrite=False, given=given, init_from=None)
-    return replace(request, out=folder, resume=None, overwrite=True, given=given, init_from=previous)
+        return replace(request, out=None, resume=folder, overwrite=False, given=given, init_from=None,
+                       continue_command=command, json_lines=True)
+    return replace(request, out=folder, resume=None, overwrite=True, given=given, init_from=previous,
+                   continue_command=command, json_lines=True)
 
 
 def _export(day_run: Path, out: Path) -> None:

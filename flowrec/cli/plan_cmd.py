@@ -134,6 +134,9 @@ def run_managed(run: Path, spec) -> dict:
     (a table's counts not non-negative integers) or when it lacks a managed table of `spec`."""
     from flowrec.runtime.run_log import read_records
 
+    from flowrec.cli.streams import refuse_stream_folder
+
+    refuse_stream_folder(run, "give --managed-from")  # its metrics.jsonl holds the days' scores, no end record
     path = run / "metrics.jsonl"
     if not run.is_dir() or not path.is_file():
         fail(f"--managed-from {run}: not a run folder (no metrics.jsonl)")

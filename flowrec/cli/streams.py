@@ -22,13 +22,19 @@ def refuse_stream_folder(path: Path, command: str) -> None:
     its own (each day is a run folder of its own): name the last trained day's run folder to give
     `command` instead (`done_days`; a damaged record is its one line); return for any other path."""
     path = Path(path)
-    if not path.is_dir() or not os.path.lexists(path / FOLLOW_FILE) or os.path.lexists(path / "checkpoint.pt"):
+    if not is_stream_folder(path):
         return
     days = done_days(path)
     if not days:
         fail(f"{path} is a --follow stream folder that has trained no day yet: nothing to {command}")
     fail(f"{path} is a --follow stream folder: each day is a run of its own; {command} one of them, e.g. "
          f"{path / DAYS_DIR / days[-1]} (the last of its {len(days)} trained days)")
+
+
+def is_stream_folder(path: Path) -> bool:
+    """True when `path` is a `--follow` stream folder (its follow.json, no checkpoint of its own)."""
+    path = Path(path)
+    return path.is_dir() and os.path.lexists(path / FOLLOW_FILE) and not os.path.lexists(path / "checkpoint.pt")
 
 
 def done_days(run: Path, order: DayOrder | None = None) -> list[str]:

@@ -75,6 +75,8 @@ class RunRequest:
     init_from: Path | None = None
     fresh_optimizer: bool = False
     dist_timeout: float = 300.0
+    continue_command: str | None = None  # what continues an interrupted run (a --follow stream's own command)
+    json_lines: bool = False  # --json as one line per run (each day of a --follow stream)
 
 
 def train(
@@ -106,7 +108,7 @@ def train(
     fresh_optimizer: bool = typer.Option(False, "--fresh-optimizer", help="With --init-from: start the optimizer state afresh (parameters only)."),
     report: bool = typer.Option(False, "--report", help="After training, show measured step time, stage seconds, host<->device bytes and hit rates next to the planner's predictions."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
-    json_out: bool = typer.Option(False, "--json", help="Print the final result as JSON on stdout."),
+    json_out: bool = typer.Option(False, "--json", help="Print the final result as JSON on stdout (with --follow: one line of JSON per day trained)."),
     nproc: int = typer.Option(1, "--nproc", min=1, help="Train on N local processes (ranks) through torch.distributed's launcher: row-wise sharded tables, data-parallel dense part, rank r trains slice r of every global batch (same parameters as one process, to rounding). For many nodes launch `torchrun ... -m flowrec train ...` instead. Default: 1."),
     dist_timeout: float = typer.Option(300.0, "--dist-timeout", help="Seconds a rank waits for the others in a collective (1 .. 604800, a week): a rank that died or hung makes the others exit (status 4) within this time, naming themselves. Default: 300."),
     max_restarts: int = typer.Option(0, "--max-restarts", min=0, help="With --nproc: restart every rank up to N times after a failure; the run continues from its last checkpoint. Default: 0."),
@@ -269,6 +271,14 @@ def _check_options(request: RunRequest) -> None:
              f"not {request.dist_timeout!r}")
     if request.resume is not None and request.overwrite:
         fail("--resume continues a run and --overwrite replaces it; give one of them")
+    from flowrec.cli.streams import is_stream_folder, refuse_stream_folder
+
+    if request.resume is not None and is_stream_folder(request.resume):  # not "no checkpoint.pt or run.json"
+        fail(f"{request.resume} is a --follow stream folder: continue it with the command that follows it, "
+             f"flowrec train {shlex.quote(str(request.spec_path))} --follow DAYS --out "
+             f"{shlex.quote(str(request.resume))} (it resumes a day cut short)")
+    if request.init_from is not None:
+        refuse_stream_folder(request.init_from, "start from")
     if request.init_from is not None and request.resume is not None:
         fail("--init-from starts a new run and --resume continues one; give one of them")
     if request.fresh_optimizer and request.init_from is None:
@@ -501,7 +511,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     config = train_config(settings, folder, progress=not request.quiet)
     trainer = Trainer(session.spec, session.plan, session.model, config, plan_json(session.plan))
     hooks = _console_hooks(trainer, request.quiet) if trainer.lead else None
-    resume_cmd = _resume_command(request.spec_path, folder)
+    resume_cmd = request.continue_command or _resume_command(request.spec_path, folder)
     try:
         if state is not None:
             trainer.load_state(state, folder / CHECKPOINT_NAME)
@@ -544,7 +554,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
         forget_kept_sample()  # a run that stopped before its hot set was chosen holds no sample
     if not trainer.lead:
         return
-    _report(result, folder, request.json_out)
+    _report(result, folder, request.json_out, request.json_lines)
     if request.report:
         from flowrec.runtime.run_report import run_report
 
@@ -688,7 +698,10 @@ def _listing(folder: Path) -> list[str]:
         return []
 
 
-def _report(result, run_dir: Path, json_out: bool) -> None:
+def _report(result, run_dir: Path, json_out: bool, json_lines: bool = False) -> None:
+    """The closing lines of a run, and with `json_out` its result as JSON on stdout: indented, or
+    on one line (`json_lines`: a --follow stream's days, a JSON Lines stream, where indented
+    documents one after the other were no JSON a reader could load)."""
     from dataclasses import asdict
 
     lines = [f"steps {result.steps}, {result.samples:,} samples in {result.seconds:.1f} s "
@@ -705,8 +718,8 @@ def _report(result, run_dir: Path, json_out: bool) -> None:
     for line in lines:
         _say(line)
     if json_out:
-        sys.stdout.write(json.dumps({**asdict(result), "run_dir": str(run_dir)}, indent=2, sort_keys=True,
-                                    default=str) + "\n")
+        sys.stdout.write(json.dumps({**asdict(result), "run_dir": str(run_dir)}, indent=None if json_lines else 2,
+                                    sort_keys=True, default=str) + "\n")
 
 
 def evaluate_run(
@@ -742,6 +755,9 @@ def evaluate_run(
 
     if device_problem(device) is not None:  # before the run is read (torch's words otherwise)
         fail(f"--device {device_problem(device)}")
+    from flowrec.cli.streams import refuse_stream_folder
+
+    refuse_stream_folder(run_dir, "eval")
     try:
         trained = load_trained(run_dir, device, scoring_plan)
         if data is None:

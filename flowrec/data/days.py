@@ -63,10 +63,18 @@ def landed(folder: Path) -> list[Path]:
     """The complete day partitions under `folder`, in order of name (raises DataError if it is not a folder)."""
     if not folder.is_dir():
         raise DataError(f"{folder}: not a folder")
+    if (folder / META_FILE).is_file():  # one day given as the days: --follow-wait waited for days under it
+        raise DataError(f"{folder} is one dataset (it holds {META_FILE}), not a folder of day partitions: "
+                        f"give the folder that holds the days (the one {folder.name} lies in?)")
     if _split_of(folder):  # its train and test parts are no days (test would train first)
         raise DataError(f"{folder} is one dataset split into train/ and test/, not a folder of day partitions")
     days = sorted(p for p in folder.iterdir() if p.is_dir() and (p / META_FILE).is_file()
                   and not p.name.startswith((".", "_")))
+    for p in sorted(folder.iterdir()):  # a day converted with a test split was skipped without a word, forever
+        if p.is_dir() and not (p / META_FILE).is_file() and not p.name.startswith((".", "_")) and _split_of(p):
+            raise DataError(f"day {p.name} under {folder} is one dataset split into train/ and test/ (a "
+                            "conversion with --test-fraction, or the spec's data.options.test_fraction): a day "
+                            "is one dataset; convert it again with --test-fraction 0")
     seen: dict[Path, str] = {}
     for day in days:  # a day linked in under two names would train twice
         target = day.resolve()

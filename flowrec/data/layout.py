@@ -217,12 +217,15 @@ def write_meta(path: str | Path, meta: DatasetMeta) -> None:
     Path(path, META_FILE).write_text(meta.to_json() + "\n")
 
 
-def check_spec(meta: DatasetMeta, spec: ModelSpec) -> None:
-    """Raise DataError if the dataset was not encoded for a spec with the same inputs."""
+def check_spec(meta: DatasetMeta, spec: ModelSpec, path: str | Path | None = None) -> None:
+    """Raise DataError if the dataset (in folder `path`, named in the error) was not encoded for a
+    spec with the same inputs: a run's --data and --eval-data, or one day of a --follow stream
+    among many, would otherwise be refused without saying which folder."""
+    name = "dataset" if path is None else f"dataset {path}"
     if meta.data_hash != data_hash(spec):
         raise DataError(
-            f"dataset was encoded for spec {meta.spec!r} (data hash {meta.data_hash}); spec "
+            f"{name} was encoded for spec {meta.spec!r} (data hash {meta.data_hash}); spec "
             f"{spec.name!r} has data hash {data_hash(spec)}: features or tables differ, re-convert")
     missing = [c for c in unique_labels(spec) if c not in meta.labels]
     if missing:
-        raise DataError(f"dataset lacks label columns {missing} (has {list(meta.labels)})")
+        raise DataError(f"{name} lacks label columns {missing} (has {list(meta.labels)})")

@@ -189,7 +189,7 @@ def _replace_evaluation(train: Any, split_test: Any | None, path: Path, spec: Mo
 
 def open_dataset(path: Path, spec: ModelSpec, dask: str | None = None) -> Any:
     """An encoded dataset checked against the spec, read directly or through Dask."""
-    check_spec(read_meta(path), spec)
+    check_spec(read_meta(path), spec, path)
     if dask is None:
         return ParquetSource(path, threads=thread_budget().readers)
     from flowrec.data.dataset import DaskSource

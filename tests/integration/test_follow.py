@@ -46,7 +46,10 @@ def test_follow_trains_each_day_once_with_progressive_validation(days, tmp_path:
 
     package = load_model(out / "export" / "2026-11-01")  # the day's package, with its managed map
     assert package.maps["users"][0].size > 0
-    _follow(spec, folder, out)
+    rest = _follow(spec, folder, out, "--json")  # one JSON line per day (indented documents one after
+    # the other were no JSON a reader could load)
+    assert [json.loads(x)["run_dir"] for x in rest.stdout.splitlines()] == [
+        str(out / "days" / d) for d in ("2026-11-02", "2026-11-03")]
     assert json.loads((out / "follow.json").read_text())["days"] == ["2026-11-01", "2026-11-02", "2026-11-03"]
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [(x["day"], x["model"]) for x in lines] == [("2026-11-02", "2026-11-01"), ("2026-11-03", "2026-11-02")]
@@ -161,3 +164,94 @@ def test_days_follow_a_date_column_and_a_stream_keeps_its_order(tmp_path: Path, 
                                "--device", "cpu", "--follow-order", "date:ts"])
     assert late.exit_code == 2 and "landed after day c" in late.output
     assert json.loads((out / "follow.json").read_text())["days"] == ["b", "c"]
+
+
+def test_an_interrupted_day_names_the_streams_command_not_a_resume_of_the_day(days, tmp_path: Path, monkeypatch):
+    """Ctrl-C in a day's training said `continue with flowrec train SPEC --resume RUN/days/<day>`:
+    that trains the day alone, and the stream's follow.json never lists it nor do the next days
+    train. The line names the --follow command, which resumes the day and goes on."""
+    from flowrec.runtime.trainer import Trainer
+
+    spec, folder = days
+    out = tmp_path / "stream"
+
+    def interrupted(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patched:
+        patched.setattr(Trainer, "fit", interrupted)
+        cut = runner.invoke(app, ["train", str(spec), "--follow", str(folder), "--out", str(out), "--device", "cpu",
+                                  "--follow-export"])
+    assert cut.exit_code == 130, cut.output
+    lines = [x for x in cut.output.splitlines() if "continue with" in x]
+    assert lines and all(f"--follow {folder} --out {out} --follow-export" in x and "--resume" not in x
+                         for x in lines), cut.output
+    _follow(spec, folder, out)  # the command it named: every day trained and recorded
+    assert json.loads((out / "follow.json").read_text())["days"] == ["2026-11-01", "2026-11-02", "2026-11-03"]
+
+
+def test_ctrl_c_while_waiting_for_a_day_says_how_many_days_the_stream_trained(days, tmp_path: Path, monkeypatch):
+    """Ctrl-C during --follow-wait said 'before training started; nothing was trained' after the
+    stream had trained its days."""
+    import threading
+
+    import flowrec.cli.follow as follow_cli
+
+    spec, folder = days
+    out = tmp_path / "stream"
+
+    sleep = follow_cli.time.sleep
+
+    def interrupted(seconds):  # Ctrl-C in the stream's wait for a new day (other sleeps as they were)
+        if seconds == follow_cli.POLL_S and threading.current_thread() is threading.main_thread():
+            raise KeyboardInterrupt
+        sleep(seconds)
+
+    monkeypatch.setattr(follow_cli.time, "sleep", interrupted)
+    waited = runner.invoke(app, ["train", str(spec), "--follow", str(folder), "--out", str(out), "--quiet",
+                                 "--device", "cpu", "--follow-wait", "60"])
+    assert waited.exit_code == 130, waited.output
+    assert "nothing was trained" not in waited.output and "Traceback" not in waited.output
+    assert f"the stream in {out} has trained 3 day(s)" in waited.output
+    assert f"continue with  flowrec train {spec} --follow {folder} --out {out}" in waited.output
+    assert json.loads((out / "follow.json").read_text())["days"] == ["2026-11-01", "2026-11-02", "2026-11-03"]
+
+
+def test_a_day_encoded_for_another_spec_is_refused_naming_its_folder(days, tmp_path: Path):
+    """A day converted for another spec among the stream's days was refused with 'dataset was
+    encoded for spec ...', naming no folder: which of the days?"""
+    spec, folder = days
+    out = tmp_path / "stream"
+    _follow(spec, folder, out, "--follow-once")
+    other = tmp_path / "other.yaml"
+    other.write_text(spec.read_text().replace("hash_buckets: 3000", "hash_buckets: 2000"))
+    (folder / "2026-11-02").rename(tmp_path / "moved")
+    made = runner.invoke(app, ["data", "synth", str(other), "--rows", "64", "--out", str(folder / "2026-11-02")])
+    assert made.exit_code == 0, made.output
+    refused = runner.invoke(app, ["train", str(spec), "--follow", str(folder), "--out", str(out), "--quiet"])
+    assert refused.exit_code == 2 and "Traceback" not in refused.output
+    assert f"dataset {folder / '2026-11-02'} was encoded for spec" in refused.output
+    assert json.loads((out / "follow.json").read_text())["days"] == ["2026-11-01"]
+
+
+def test_commands_given_the_stream_folder_point_at_its_days(days, tmp_path: Path):
+    """eval, --init-from and plan --managed-from of the stream's folder said 'no checkpoint at
+    RUN/checkpoint.pt' or 'the run recorded no managed tables (none in its spec, or it never
+    ended)', and --resume 'nothing to resume'; each now names a day's run (or, for --resume, the
+    --follow command that continues the stream), as export did."""
+    spec, folder = days
+    out = tmp_path / "stream"
+    _follow(spec, folder, out, "--follow-once")
+    last = out / "days" / "2026-11-01"
+    commands = {"eval": ["eval", str(out)],
+                "init": ["train", str(spec), "--init-from", str(out), "--data", str(folder / "2026-11-02"),
+                         "--out", str(tmp_path / "child")],
+                "plan": ["plan", str(spec), "--managed-from", str(out)]}
+    for name, argv in commands.items():
+        refused = runner.invoke(app, argv)
+        assert refused.exit_code == 2 and "Traceback" not in refused.output, (name, refused.output)
+        assert f"{out} is a --follow stream folder" in refused.output and str(last) in refused.output, refused.output
+    resumed = runner.invoke(app, ["train", str(spec), "--resume", str(out)])
+    assert resumed.exit_code == 2 and f"--follow DAYS --out {out}" in resumed.output, resumed.output
+    assert not (tmp_path / "child").exists()
+    assert json.loads((out / "follow.json").read_text())["days"] == ["2026-11-01"]

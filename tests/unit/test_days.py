@@ -160,3 +160,35 @@ def test_follow_order_needs_follow_and_a_known_form(days, tmp_path: Path):
     alone = runner.invoke(app, ["train", str(spec), "--data", str(folder / "a"), "--out", str(tmp_path / "t"),
                                 "--follow-order", "date:ts"])
     assert alone.exit_code == 2 and "give --follow" in alone.output
+
+
+def test_a_day_converted_with_a_test_split_is_refused_not_skipped(days, tmp_path: Path):
+    """A day converted with a train/test split (`--test-fraction`, or the spec's test_fraction, as
+    specs/managed_movielens.yaml has) holds no _flowrec.json of its own: --follow and `data inspect
+    DAYS` skipped it without a word, so the stream never trained it."""
+    spec, folder, _ = days
+    write_day(tmp_path / "d.csv", np.random.default_rng(), 4000)
+    made = runner.invoke(app, ["data", "convert", "csv", str(tmp_path / "d.csv"), str(folder / "d"), "--spec",
+                               str(spec), "--test-fraction", "0.3", "-q"])
+    assert made.exit_code == 0, made.output
+    with pytest.raises(DataError, match=r"day d under .* split into train/ and test/.*--test-fraction 0"):
+        day_partitions(folder, DayOrder(None))
+    shown = runner.invoke(app, ["data", "inspect", str(folder)])
+    assert shown.exit_code == 2 and "day d under" in shown.output and "Traceback" not in shown.output
+    again = runner.invoke(app, ["data", "convert", "csv", str(tmp_path / "d.csv"), str(folder / "d"), "--spec",
+                                str(spec), "--test-fraction", "0", "--overwrite", "-q"])
+    assert again.exit_code == 0, again.output
+    assert [d.name for d in day_partitions(folder, DayOrder(None))] == ["a", "b", "c", "d"]
+
+
+def test_one_day_given_as_the_days_is_refused_not_waited_on(days, tmp_path: Path):
+    """`--follow days/a` (one day's folder, not the folder of days) found no day partition under
+    it: with --follow-wait it waited the whole time for days that would never land there, then
+    stopped saying only that there was no new day."""
+    spec, folder, _ = days
+    with pytest.raises(DataError, match=r"is one dataset \(it holds _flowrec.json\), not a folder of day partitions"):
+        day_partitions(folder / "a", DayOrder(None))
+    refused = runner.invoke(app, ["train", str(spec), "--follow", str(folder / "a"), "--out", str(tmp_path / "s"),
+                                  "--quiet"])
+    assert refused.exit_code == 2 and f"{folder / 'a'} is one dataset" in refused.output
+    assert not (tmp_path / "s").exists()
