@@ -255,3 +255,20 @@ def test_commands_given_the_stream_folder_point_at_its_days(days, tmp_path: Path
     assert resumed.exit_code == 2 and f"--follow DAYS --out {out}" in resumed.output, resumed.output
     assert not (tmp_path / "child").exists()
     assert json.loads((out / "follow.json").read_text())["days"] == ["2026-11-01"]
+
+
+def test_a_folder_of_the_users_own_files_is_refused_as_the_streams_folder(days, tmp_path: Path):
+    """`--out` of a folder holding the user's files was taken as the stream's folder: its
+    metrics.jsonl was cut back and rewritten by the second day's progressive line (a run refuses
+    such a folder)."""
+    spec, folder = days
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "metrics.jsonl").write_text('{"my": "log", "step": 7}\nanother line of mine\n')
+    (mine / "notes.txt").write_text("keep me\n")
+    refused = runner.invoke(app, ["train", str(spec), "--follow", str(folder), "--out", str(mine), "--quiet"])
+    assert refused.exit_code == 2 and "Traceback" not in refused.output
+    assert f"--out {mine} is not empty and is not a --follow stream's folder (it holds metrics.jsonl, notes.txt)" \
+        in refused.output
+    assert sorted(p.name for p in mine.iterdir()) == ["metrics.jsonl", "notes.txt"]
+    assert (mine / "metrics.jsonl").read_text() == '{"my": "log", "step": 7}\nanother line of mine\n'
