@@ -192,3 +192,18 @@ def test_one_day_given_as_the_days_is_refused_not_waited_on(days, tmp_path: Path
                                   "--quiet"])
     assert refused.exit_code == 2 and f"{folder / 'a'} is one dataset" in refused.output
     assert not (tmp_path / "s").exists()
+
+
+def test_a_folder_of_days_given_as_one_dataset_names_its_days(days, tmp_path: Path):
+    """`train --data DAYS` (or eval, profile) of the folder of converted days said "DAYS is not a
+    flowrec dataset (no _flowrec.json); convert it first with `flowrec data convert`", of days
+    just converted."""
+    from flowrec.data.layout import read_meta
+
+    spec, folder, _ = days
+    with pytest.raises(DataError, match=r"days is a folder of day partitions \(a, b, c\), not one dataset: give one "
+                                        r"of them, or train on each in turn with `flowrec train SPEC --follow"):
+        read_meta(folder)
+    refused = runner.invoke(app, ["train", str(spec), "--data", str(folder), "--out", str(tmp_path / "run"), "--quiet"])
+    assert refused.exit_code == 2 and "is a folder of day partitions" in refused.output
+    assert "convert it first" not in refused.output and not (tmp_path / "run").exists()
