@@ -207,3 +207,20 @@ def test_a_folder_of_days_given_as_one_dataset_names_its_days(days, tmp_path: Pa
     refused = runner.invoke(app, ["train", str(spec), "--data", str(folder), "--out", str(tmp_path / "run"), "--quiet"])
     assert refused.exit_code == 2 and "is a folder of day partitions" in refused.output
     assert "convert it first" not in refused.output and not (tmp_path / "run").exists()
+
+
+def test_a_runs_split_data_is_no_day_converted_with_a_split(days, tmp_path: Path):
+    """`data inspect RUN` of a run on bound data (its data/ a split dataset) said 'day data under
+    RUN is one dataset split into train/ and test/ ... convert it again with --test-fraction 0':
+    a run folder holds no days."""
+    spec, _, _ = days
+    run = tmp_path / "run"
+    write_day(tmp_path / "d.csv", np.random.default_rng(), 4000)
+    made = runner.invoke(app, ["data", "convert", "csv", str(tmp_path / "d.csv"), str(run / "data"), "--spec",
+                               str(spec), "--test-fraction", "0.3", "-q"])
+    assert made.exit_code == 0, made.output
+    (run / "run.json").write_text("{}\n")  # as a run on bound data holds it
+    assert day_partitions(run, DayOrder(None)) == []
+    shown = runner.invoke(app, ["data", "inspect", str(run)])
+    assert shown.exit_code == 2 and "neither an encoded dataset nor a folder of day partitions" in shown.output
+    assert "split into train/ and test/" not in shown.output
