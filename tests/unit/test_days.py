@@ -201,11 +201,11 @@ def test_a_folder_of_days_given_as_one_dataset_names_its_days(days, tmp_path: Pa
     from flowrec.data.layout import read_meta
 
     spec, folder, _ = days
-    with pytest.raises(DataError, match=r"days is a folder of day partitions \(a, b, c\), not one dataset: give one "
-                                        r"of them, or train on each in turn with `flowrec train SPEC --follow"):
+    with pytest.raises(DataError, match=r"days holds datasets \(a, b, c\) and is not one: give one of them, or, "
+                                        r"for day partitions, train on each in turn with `flowrec train SPEC --follow"):
         read_meta(folder)
     refused = runner.invoke(app, ["train", str(spec), "--data", str(folder), "--out", str(tmp_path / "run"), "--quiet"])
-    assert refused.exit_code == 2 and "is a folder of day partitions" in refused.output
+    assert refused.exit_code == 2 and "holds datasets (a, b, c) and is not one" in refused.output
     assert "convert it first" not in refused.output and not (tmp_path / "run").exists()
 
 
