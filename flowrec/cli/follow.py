@@ -110,15 +110,15 @@ def _check_stream_folder(run: Path) -> None:
 
     if run.exists() and not run.is_dir():
         fail(f"--out {run} is a file; give the stream's folder")
-    foreign = _foreign_entries(run)
-    if foreign:  # the stream would cut back a metrics.jsonl of theirs, write among their files
-        fail(f"--out {run} is not empty and is not a --follow stream's folder (it holds "
-             f"{', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); give an empty or new folder")
     owned = owning_folder(run)
     if owned is not None:
         fail(f"refusing to use {run} as the stream's folder: "
              f"{'it is' if owned[0] == run.resolve() else 'it lies in ' + str(owned[0]) + ','} "
              f"{owned[1]}'s folder; give a folder of its own")
+    foreign = _foreign_entries(run)
+    if foreign:  # the stream would cut back a metrics.jsonl of theirs, write among their files
+        fail(f"--out {run} is not empty and is not a --follow stream's folder (it holds "
+             f"{', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); give an empty or new folder")
 
 
 def _foreign_entries(run: Path) -> list[str]:
