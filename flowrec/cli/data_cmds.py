@@ -113,6 +113,10 @@ def convert(
         fail("--on-error must be skip or fail")
     if no_grow and encoder_from is None:
         fail("--no-grow applies with --encoder-from only")
+    if encoder_from is not None:  # a stream's encoder is its last day's (not "holds no encoder")
+        from flowrec.cli.streams import refuse_stream_folder
+
+        refuse_stream_folder(encoder_from, "give --encoder-from")
     options: dict[str, Any] = {}
     if test_fraction is not None:
         options["test_fraction"] = test_fraction

@@ -115,6 +115,22 @@ def _check_stream_folder(run: Path) -> None:
         fail(f"refusing to use {run} as the stream's folder: "
              f"{'it is' if owned[0] == run.resolve() else 'it lies in ' + str(owned[0]) + ','} "
              f"{owned[1]}'s folder; give a folder of its own")
+    foreign = _foreign_entries(run)
+    if foreign:  # the stream would cut back a metrics.jsonl of theirs, write among their files
+        fail(f"--out {run} is not empty and is not a --follow stream's folder (it holds "
+             f"{', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); give an empty or new folder")
+
+
+def _foreign_entries(run: Path) -> list[str]:
+    """Names in `run` that make it no stream's folder: a folder holding follow.json or days/ is one
+    (a stream killed before its first day was recorded holds days/); any other folder may hold
+    only the lock and temp files."""
+    from flowrec.runtime.atomic import TEMP_PREFIX, TEMP_SUFFIX
+
+    if not run.is_dir() or os.path.lexists(run / FOLLOW_FILE) or (run / DAYS_DIR).is_dir():
+        return []
+    return sorted(p.name for p in run.iterdir()
+                  if p.name != LOCK_FILE and not (p.name.startswith(TEMP_PREFIX) and p.name.endswith(TEMP_SUFFIX)))
 
 
 def _follow_days(request, run: Path, days: Path, wait_s: float, once: bool, train: Callable, export: bool,

@@ -132,9 +132,8 @@ def run_managed(run: Path, spec) -> dict:
     """The managed report of a run's last end event in RUN/metrics.jsonl, read within the JSON
     limits (`flowrec.runtime.run_log.read_records`); exit 2 when it has none, when it is damaged
     (a table's counts not non-negative integers) or when it lacks a managed table of `spec`."""
-    from flowrec.runtime.run_log import read_records
-
     from flowrec.cli.streams import refuse_stream_folder
+    from flowrec.runtime.run_log import read_records
 
     refuse_stream_folder(run, "give --managed-from")  # its metrics.jsonl holds the days' scores, no end record
     path = run / "metrics.jsonl"

@@ -70,7 +70,10 @@ def landed(folder: Path) -> list[Path]:
         raise DataError(f"{folder} is one dataset split into train/ and test/, not a folder of day partitions")
     days = sorted(p for p in folder.iterdir() if p.is_dir() and (p / META_FILE).is_file()
                   and not p.name.startswith((".", "_")))
-    for p in sorted(folder.iterdir()):  # a day converted with a test split was skipped without a word, forever
+    from flowrec.data.output_guard import owner_of
+
+    for p in sorted(folder.iterdir()) if owner_of(folder) is None else ():  # (a run's data/ is no day)
+        # a day converted with a test split was skipped without a word, forever
         if p.is_dir() and not (p / META_FILE).is_file() and not p.name.startswith((".", "_")) and _split_of(p):
             raise DataError(f"day {p.name} under {folder} is one dataset split into train/ and test/ (a "
                             "conversion with --test-fraction, or the spec's data.options.test_fraction): a day "

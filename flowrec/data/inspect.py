@@ -48,7 +48,8 @@ def inspect_dataset(path: str | Path, scan_rows: int = SCAN_ROWS) -> dict[str, A
         raise DataError(f"{where}: unreadable Parquet part ({str(exc).splitlines()[0]})") from None
     table = pa.concat_tables(parts)
     raw = read_stats(Path(path))
-    columns = [_with_raw(_column(name, table.column(name)), raw) for name in schema.names]
+    raw_ids = {name for name, enc in meta.encoding.items() if isinstance(enc, dict) and enc.get("rows") == 0}
+    columns = [_with_raw(_column(name, table.column(name), name in raw_ids), raw) for name in schema.names]
     return {"path": str(path), "rows": int(sum(rows_per_file)), "meta_rows": meta.rows, "partitions": len(files),
             "rows_per_partition": {"min": min(rows_per_file), "max": max(rows_per_file)},
             "scanned_rows": scanned, "columns": columns, "meta": asdict(meta), "raw": raw,
@@ -90,7 +91,9 @@ def hashing_warnings(raw: dict[str, Any] | None) -> list[str]:
     return out
 
 
-def _column(name: str, col: pa.ChunkedArray) -> dict[str, Any]:
+def _column(name: str, col: pa.ChunkedArray, raw_ids: bool = False) -> dict[str, Any]:
+    """A column's type and missing / unique counts; `raw_ids`: a managed table's column, whose 0 is
+    the missing value and no id (`unique` counts its distinct raw ids, as docs/managed.md says)."""
     col = col.combine_chunks()
     out: dict[str, Any] = {"name": name, "type": str(col.type)}
     if pa.types.is_list(col.type):
@@ -100,7 +103,7 @@ def _column(name: str, col: pa.ChunkedArray) -> dict[str, Any]:
                    mean_len=float(lengths.mean()) if len(lengths) else 0.0)
     elif pa.types.is_integer(col.type):
         x = col.to_numpy(zero_copy_only=False)
-        out.update(missing=int((x == 0).sum()), unique=int(len(np.unique(x))),
+        out.update(missing=int((x == 0).sum()), unique=int(len(np.unique(x[x != 0] if raw_ids else x))),
                    min=int(x.min()) if len(x) else None, max=int(x.max()) if len(x) else None)
     else:
         x = col.to_numpy(zero_copy_only=False).astype(np.float64)

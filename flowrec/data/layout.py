@@ -193,6 +193,12 @@ def read_meta(path: str | Path) -> DatasetMeta:
         if parts:  # `data convert --test-fraction`'s OUT: not "convert it first"
             raise DataError(f"{path} is a split dataset: its parts {' and '.join(str(path / p) for p in parts)} "
                             "are the datasets; give one of them")
+        days = sorted(p.name for p in path.iterdir() if p.is_dir() and (p / META_FILE).is_file()
+                      and not p.name.startswith((".", "_")))
+        if days:  # converted day partitions (`train --follow`), or other datasets: not "convert it first"
+            raise DataError(f"{path} holds datasets ({', '.join(days[:3])}{', ...' if len(days) > 3 else ''}) "
+                            f"and is not one: give one of them, or, for day partitions, train on each in turn "
+                            f"with `flowrec train SPEC --follow {path} --out RUN`")
         raw = " parquet" if any(path.glob("*.parquet")) else ""
         raise DataError(f"{path} is not a flowrec dataset (no {META_FILE}); convert it first "
                         f"with `flowrec data convert{raw}` or `flowrec data synth`")

@@ -235,10 +235,11 @@ def test_a_day_encoded_for_another_spec_is_refused_naming_its_folder(days, tmp_p
 
 
 def test_commands_given_the_stream_folder_point_at_its_days(days, tmp_path: Path):
-    """eval, --init-from and plan --managed-from of the stream's folder said 'no checkpoint at
-    RUN/checkpoint.pt' or 'the run recorded no managed tables (none in its spec, or it never
-    ended)', and --resume 'nothing to resume'; each now names a day's run (or, for --resume, the
-    --follow command that continues the stream), as export did."""
+    """eval, --init-from, plan --managed-from and data convert --encoder-from of the stream's folder
+    said 'no checkpoint at RUN/checkpoint.pt', 'the run recorded no managed tables (none in its
+    spec, or it never ended)' or 'RUN holds no encoder', and --resume 'nothing to resume'; each now
+    names a day's run (or, for --resume, the --follow command that continues the stream), as
+    export did."""
     spec, folder = days
     out = tmp_path / "stream"
     _follow(spec, folder, out, "--follow-once")
@@ -246,12 +247,31 @@ def test_commands_given_the_stream_folder_point_at_its_days(days, tmp_path: Path
     commands = {"eval": ["eval", str(out)],
                 "init": ["train", str(spec), "--init-from", str(out), "--data", str(folder / "2026-11-02"),
                          "--out", str(tmp_path / "child")],
-                "plan": ["plan", str(spec), "--managed-from", str(out)]}
+                "plan": ["plan", str(spec), "--managed-from", str(out)],
+                "convert": ["data", "convert", "csv", str(tmp_path / "day.csv"), str(tmp_path / "converted"), "--spec",
+                            str(spec), "--encoder-from", str(out)]}
     for name, argv in commands.items():
         refused = runner.invoke(app, argv)
         assert refused.exit_code == 2 and "Traceback" not in refused.output, (name, refused.output)
         assert f"{out} is a --follow stream folder" in refused.output and str(last) in refused.output, refused.output
     resumed = runner.invoke(app, ["train", str(spec), "--resume", str(out)])
     assert resumed.exit_code == 2 and f"--follow DAYS --out {out}" in resumed.output, resumed.output
-    assert not (tmp_path / "child").exists()
+    assert not (tmp_path / "child").exists() and not (tmp_path / "converted").exists()
     assert json.loads((out / "follow.json").read_text())["days"] == ["2026-11-01"]
+
+
+def test_a_folder_of_the_users_own_files_is_refused_as_the_streams_folder(days, tmp_path: Path):
+    """`--out` of a folder holding the user's files was taken as the stream's folder: its
+    metrics.jsonl was cut back and rewritten by the second day's progressive line (a run refuses
+    such a folder)."""
+    spec, folder = days
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "metrics.jsonl").write_text('{"my": "log", "step": 7}\nanother line of mine\n')
+    (mine / "notes.txt").write_text("keep me\n")
+    refused = runner.invoke(app, ["train", str(spec), "--follow", str(folder), "--out", str(mine), "--quiet"])
+    assert refused.exit_code == 2 and "Traceback" not in refused.output
+    assert f"--out {mine} is not empty and is not a --follow stream's folder (it holds metrics.jsonl, notes.txt)" \
+        in refused.output
+    assert sorted(p.name for p in mine.iterdir()) == ["metrics.jsonl", "notes.txt"]
+    assert (mine / "metrics.jsonl").read_text() == '{"my": "log", "step": 7}\nanother line of mine\n'

@@ -192,3 +192,50 @@ def test_one_day_given_as_the_days_is_refused_not_waited_on(days, tmp_path: Path
                                   "--quiet"])
     assert refused.exit_code == 2 and f"{folder / 'a'} is one dataset" in refused.output
     assert not (tmp_path / "s").exists()
+
+
+def test_a_folder_of_days_given_as_one_dataset_names_its_days(days, tmp_path: Path):
+    """`train --data DAYS` (or eval, profile) of the folder of converted days said "DAYS is not a
+    flowrec dataset (no _flowrec.json); convert it first with `flowrec data convert`", of days
+    just converted."""
+    from flowrec.data.layout import read_meta
+
+    spec, folder, _ = days
+    with pytest.raises(DataError, match=r"days holds datasets \(a, b, c\) and is not one: give one of them, or, "
+                                        r"for day partitions, train on each in turn with `flowrec train SPEC --follow"):
+        read_meta(folder)
+    refused = runner.invoke(app, ["train", str(spec), "--data", str(folder), "--out", str(tmp_path / "run"), "--quiet"])
+    assert refused.exit_code == 2 and "holds datasets (a, b, c) and is not one" in refused.output
+    assert "convert it first" not in refused.output and not (tmp_path / "run").exists()
+
+
+def test_a_runs_split_data_is_no_day_converted_with_a_split(days, tmp_path: Path):
+    """`data inspect RUN` of a run on bound data (its data/ a split dataset) said 'day data under
+    RUN is one dataset split into train/ and test/ ... convert it again with --test-fraction 0':
+    a run folder holds no days."""
+    spec, _, _ = days
+    run = tmp_path / "run"
+    write_day(tmp_path / "d.csv", np.random.default_rng(), 4000)
+    made = runner.invoke(app, ["data", "convert", "csv", str(tmp_path / "d.csv"), str(run / "data"), "--spec",
+                               str(spec), "--test-fraction", "0.3", "-q"])
+    assert made.exit_code == 0, made.output
+    (run / "run.json").write_text("{}\n")  # as a run on bound data holds it
+    assert day_partitions(run, DayOrder(None)) == []
+    shown = runner.invoke(app, ["data", "inspect", str(run)])
+    assert shown.exit_code == 2 and "neither an encoded dataset nor a folder of day partitions" in shown.output
+    assert "split into train/ and test/" not in shown.output
+
+
+def test_inspect_counts_a_managed_columns_distinct_raw_ids_without_the_missing_value(days):
+    """`unique` of a managed table's one-id column counted the missing value (0) as one more raw id
+    (29 for 28 distinct ids); docs/managed.md: it shows the distinct raw ids."""
+    from flowrec.data.inspect import inspect_dataset
+
+    _, folder, raw = days
+    missing = 0
+    for name, lines in raw.items():
+        column = next(c for c in inspect_dataset(folder / name)["columns"] if c["name"] == "user")
+        assert column["unique"] == len({x["user"] for x in lines if x["user"]})
+        assert column["missing"] == sum(1 for x in lines if not x["user"])
+        missing += column["missing"]
+    assert missing > 0  # some rows miss their user (one in ten)
