@@ -71,8 +71,22 @@ def spec_from_dict(doc: dict[str, Any], base_dir: Path | None = None) -> ModelSp
         doc: the document (assumed to have passed `validate_document`).
         base_dir: folder that relative `data.path` entries are kept relative to (unchanged here;
             resolved by the data stage).
+
+    Raises:
+        SpecError: a document that cannot be converted, with every problem `validate_document`
+            finds in it (not the KeyError or TypeError of the first missing or mistyped value).
     """
     del base_dir  # paths are resolved where they are used, relative to the spec file
+    try:
+        return _spec_from_dict(doc)
+    except (KeyError, TypeError, AttributeError, ValueError, IndexError):
+        issues = validate_document(doc)
+        if issues:
+            raise SpecError(issues, "document") from None
+        raise
+
+
+def _spec_from_dict(doc: dict[str, Any]) -> ModelSpec:
     optimizers = doc.get("optimizer", {})
     sparse_opt = _optimizer(optimizers.get("sparse", DEFAULT_SPARSE_OPTIMIZER))
     tables: dict[str, TableSpec] = {}
