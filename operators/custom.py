@@ -129,9 +129,11 @@ def meta_width(path: str, params: Mapping[str, Any], in_width: int) -> int:
 class CustomModule(nn.Module):
     """The user's module around flowrec's flat input convention: x (B, In) -> (B, out)."""
 
-    def __init__(self, inner: nn.Module):
+    def __init__(self, inner: nn.Module, path: str = "?"):
         super().__init__()
         self.inner = inner
+        self.path = path  # the class path; `label` (the spec's module name) is set by lowering
+        self.label = "?"
 
     @classmethod
     def from_config(cls, config: dict[str, Any], input_shapes: Shapes) -> "CustomModule":
@@ -153,11 +155,24 @@ class CustomModule(nn.Module):
         if meta:
             raise CustomModuleError(f"{config['class']} keeps {', '.join(meta[:3])} on the meta device (no values): "
                                     "create its tensors without device='meta'")
-        return cls(inner)
+        return cls(inner, config["class"])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.inner(x)
         return out if out.dim() == 2 else out.reshape(out.shape[0], -1)
+
+
+def custom_failure(exc: BaseException) -> str | None:
+    """`custom module 'NAME' (CLASS) raised TYPE: first line` when `exc` came out of a custom
+    module's forward (its traceback passes through `CustomModule.forward`), else None."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code is CustomModule.forward.__code__:
+            module = tb.tb_frame.f_locals.get("self")
+            return (f"custom module {getattr(module, 'label', '?')!r} ({getattr(module, 'path', '?')}) raised "
+                    f"{_why(exc)}")
+        tb = tb.tb_next
+    return None
 
 
 def _materialize_lazy(inner: nn.Module, path: str, in_width: int) -> None:

@@ -481,11 +481,15 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
         if out_of_memory(exc):  # torch's CUDA error, or the CPU allocator's RuntimeError
             fail(f"out of memory at step {trainer.position.step + 1} on {session.device}: {first_line(exc)}; "
                  f"{trainer.checkpoint_note()}. {memory_hint()}", EXIT_OUT_OF_MEMORY)
+        _fail_if_custom(exc, trainer)
         if world is None:
             raise
         where = (f"stopped at the end of the run, after its last step ({trainer.position.step})"
                  if trainer.finished(session.train) else f"stopped at step {trainer.position.step + 1}")
         fail(f"{where}: {_rank_lost(world, exc)}; {trainer.checkpoint_note()}", EXIT_RANK_FAILED)
+    except Exception as exc:  # a user's custom module may raise anything in training or evaluation
+        _fail_if_custom(exc, trainer)
+        raise
     finally:
         session.close_data()
         forget_kept_sample()  # a run that stopped before its hot set was chosen holds no sample
@@ -502,6 +506,16 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     if result.interrupted:
         _say(f"interrupted: checkpoint saved; continue with  {resume_cmd}")
         raise typer.Exit(EXIT_INTERRUPTED)
+
+
+def _fail_if_custom(exc: BaseException, trainer: "Trainer") -> None:
+    """One line naming the custom module whose forward raised `exc` in training or evaluation
+    (its own traceback is the user's code: `flowrec train` showed a traceback through flowrec's)."""
+    from operators.custom import custom_failure
+
+    named = custom_failure(exc)
+    if named is not None:
+        fail(f"at step {trainer.position.step + 1}: {named}; {trainer.checkpoint_note()}")
 
 
 def _resume_command(spec_path: Path, folder: Path) -> str:

@@ -139,6 +139,8 @@ class LoweredModel(nn.Module):
                 ops[name] = registry.create(op.kind, dict(op.attrs), [s.shape for s in slots])
             except CustomModuleError as exc:  # two custom modules may share a class: name the one at fault
                 raise CustomModuleError(f"module {name!r}: {exc}") from None
+            if isinstance(ops[name], CustomModule):
+                ops[name].label = name  # named in an error its forward raises (custom_failure)
             self.steps.append(NodeStep(name, op.kind, slots, tuple(op.attr("members", ())),
                                        tuple(op.attr("member_ports", ()))))
         self.ops = nn.ModuleDict(ops)
