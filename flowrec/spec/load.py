@@ -37,6 +37,7 @@ from flowrec.spec.model import (
     TableSpec,
     TrainedWhere,
     TrainingSpec,
+    thaw,
 )
 from flowrec.spec.read import read_document
 from flowrec.spec.tasks import DEFAULT_TOP_K, TASKS
@@ -239,12 +240,7 @@ def _freeze(v: Any) -> Any:
     return v
 
 
-def _thaw(v: Any) -> Any:
-    if isinstance(v, FrozenMapping):
-        return {k: _thaw(x) for k, x in v}
-    if isinstance(v, tuple):
-        return [_thaw(x) for x in v]
-    return v
+_thaw = thaw
 
 
 def to_dict(spec: ModelSpec) -> dict[str, Any]:

@@ -74,6 +74,16 @@ BLOCKS = textwrap.dedent('''
             return self.proj(x * self.scale)
 
 
+    class Configured(nn.Module):
+        def __init__(self, width, cfg, sizes):
+            super().__init__()
+            assert isinstance(cfg, dict) and isinstance(sizes, list), (cfg, sizes)
+            self.proj = nn.Linear(width, cfg["hidden"] + sum(sizes + [0]))
+
+        def forward(self, x):
+            return self.proj(x)
+
+
     class Lazy(nn.Module):
         def __init__(self, out):
             super().__init__()
@@ -170,6 +180,20 @@ def test_a_wrong_out_width_names_its_module_among_modules_of_one_class(blocks):
     with pytest.raises(ValueError) as err:
         lower(make_plan(spec, target="cpu"), spec, "cpu")
     assert "module 'twin'" in str(err.value) and "not its out_width 7" in str(err.value)
+
+
+def test_params_reach_the_class_as_written_also_through_a_saved_plan(blocks):
+    """A nested mapping in params reached the constructor as FrozenMapping pairs, a list as a tuple:
+    `cfg["hidden"]` was a TypeError, `sizes + [0]` too."""
+    from flowrec.graph.plan_io import plan_from_document, plan_json
+    import json
+
+    params = {"width": 20, "cfg": {"hidden": 3}, "sizes": [1, 2]}
+    spec = resolve_custom(spec_from_dict(custom_doc(blocks, "Configured", params)))
+    assert spec.modules[1].param("out_width") == 6
+    plan = make_plan(spec, target="cpu")
+    for used in (plan, plan_from_document(json.loads(plan_json(plan)))):  # resume, eval and export read the plan
+        assert lower(used, spec, "cpu").ops["mine"].inner.proj.out_features == 6
 
 
 def test_a_module_with_lazy_parameters_is_built_with_their_shapes(blocks):
