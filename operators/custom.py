@@ -19,6 +19,7 @@ import hashlib
 import importlib
 import importlib.util
 import sys
+import warnings
 from math import prod
 from pathlib import Path
 from typing import Any, Mapping
@@ -95,7 +96,8 @@ def build_custom(path: str, params: Mapping[str, Any]) -> nn.Module:
 
 def meta_width(path: str, params: Mapping[str, Any], in_width: int) -> int:
     """Output width per sample of `Class(**params)` on a (DRY_RUN_BATCH, in_width) input, by a dry
-    run on the meta device (no memory, no compute). Whatever the user's code prints goes to stderr,
+    run on the meta device (no memory, no compute), or on CPU zeros where the forward needs values
+    (`_cpu_dry_run`). Whatever the user's code prints goes to stderr,
     so that machine-readable output on stdout (`flowrec plan --json -`) stays clean.
 
     Raises:
@@ -109,9 +111,11 @@ def meta_width(path: str, params: Mapping[str, Any], in_width: int) -> int:
             inner = build_custom(path, params).to("meta")
             x = torch.empty(DRY_RUN_BATCH, in_width)
         try:
-            out = inner(x)
-        except (Exception, SystemExit) as exc:  # a user's forward may raise anything
-            raise CustomModuleError(f"{path} failed on a ({DRY_RUN_BATCH}, {in_width}) input: {_why(exc)}") from None
+            with warnings.catch_warnings():  # e.g. float() of a meta tensor warns, then fails: tried again below
+                warnings.simplefilter("ignore")
+                out = inner(x)
+        except (Exception, SystemExit):  # a user's forward may raise anything; meta tensors hold no values
+            out, x = _cpu_dry_run(path, params, in_width)  # (`x.sum() > 0`, `.item()`): try real zeros
     if not isinstance(out, torch.Tensor) or out.dim() < 2 or out.shape[0] != DRY_RUN_BATCH:
         raise CustomModuleError(f"{path} must return one (B, ...) tensor, got "
                                 f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}")
@@ -124,6 +128,22 @@ def meta_width(path: str, params: Mapping[str, Any], in_width: int) -> int:
         raise CustomModuleError(f"{path} returns {width:,} values per sample ({tuple(out.shape)} for "
                                 f"{DRY_RUN_BATCH} samples); a custom module returns 1 .. {MAX_OUT_WIDTH:,}")
     return width
+
+
+def _cpu_dry_run(path: str, params: Mapping[str, Any], in_width: int) -> tuple[Any, torch.Tensor]:
+    """The forward on (DRY_RUN_BATCH, in_width) zeros on the CPU, for a module whose forward needs
+    values (data-dependent control flow), without gradients and without touching torch's generator.
+
+    Raises:
+        CustomModuleError: it fails there too (the error is the user's, not the meta device's).
+    """
+    x = torch.zeros(DRY_RUN_BATCH, in_width)
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        inner = build_custom(path, params)
+        try:
+            return inner(x), x
+        except (Exception, SystemExit) as exc:
+            raise CustomModuleError(f"{path} failed on a ({DRY_RUN_BATCH}, {in_width}) input: {_why(exc)}") from None
 
 
 class CustomModule(nn.Module):

@@ -84,6 +84,16 @@ BLOCKS = textwrap.dedent('''
             return self.proj(x)
 
 
+    class DataDependent(nn.Module):
+        def __init__(self, width):
+            super().__init__()
+            self.proj = nn.Linear(width, 3)
+
+        def forward(self, x):
+            h = self.proj(x)
+            return h / 2 if float(h.abs().max()) > 100 else h
+
+
     class Lazy(nn.Module):
         def __init__(self, out):
             super().__init__()
@@ -194,6 +204,17 @@ def test_params_reach_the_class_as_written_also_through_a_saved_plan(blocks):
     plan = make_plan(spec, target="cpu")
     for used in (plan, plan_from_document(json.loads(plan_json(plan)))):  # resume, eval and export read the plan
         assert lower(used, spec, "cpu").ops["mine"].inner.proj.out_features == 6
+
+
+def test_a_forward_that_needs_values_is_measured_on_zeros(blocks):
+    """`float(h.max())` has no value on the meta device: a module that trains in PyTorch was refused
+    ('Tensor.item() cannot be called on meta tensors'), out_width or not."""
+    before = torch.get_rng_state()
+    spec = resolve_custom(spec_from_dict(custom_doc(blocks, "DataDependent", {"width": 20})))
+    assert spec.modules[1].param("out_width") == 3
+    assert torch.equal(torch.get_rng_state(), before)  # the zeros run built the module off the caller's generator
+    model = lower(make_plan(spec, target="cpu"), spec, "cpu")
+    assert model.ops["mine"].inner.proj.out_features == 3
 
 
 def test_a_module_with_lazy_parameters_is_built_with_their_shapes(blocks):
