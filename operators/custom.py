@@ -63,7 +63,11 @@ def import_class(path: str) -> type:
 
 def _load_file(file: str) -> Any:
     path = Path(file).resolve()
-    name = f"flowrec_custom_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:12]}"
+    try:  # the file's content in the name: an edited file (a notebook's second call) is imported again
+        content = hashlib.sha1(path.read_bytes()).hexdigest()[:12]
+    except OSError:
+        content = "unread"
+    name = f"flowrec_custom_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:12]}_{content}"
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)

@@ -247,6 +247,19 @@ def test_an_unusable_class_is_one_issue_at_its_path(blocks, cls, params, says):
     assert issue.path == "modules[1].class" and says in issue.message and "\n" not in issue.message
 
 
+def test_an_edited_class_file_is_imported_again(tmp_path):
+    """The first import of a file was kept for the process: a class edited between two calls (a
+    notebook) planned and trained as it was before the edit, without a word."""
+    path = tmp_path / "edited.py"
+    path.write_text("from torch import nn\n\n\nclass Proj(nn.Linear):\n    def __init__(self):\n"
+                    "        super().__init__(20, 3)\n")
+    doc = custom_doc(path.parent / "blocks.py")
+    doc["modules"][1].update({"class": f"{path}:Proj", "params": {}})
+    assert resolve_custom(spec_from_dict(doc)).modules[1].param("out_width") == 3
+    path.write_text(path.read_text().replace("(20, 3)", "(20, 5)"))
+    assert resolve_custom(spec_from_dict(doc)).modules[1].param("out_width") == 5
+
+
 def test_class_paths_import_modules_and_files(blocks):
     assert import_class("torch.nn:Linear") is torch.nn.Linear
     assert import_class(f"{blocks}:GatedCross").__name__ == "GatedCross"
