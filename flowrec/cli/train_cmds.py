@@ -700,6 +700,7 @@ def evaluate_run(
     from flowrec.runs.recorded import eval_data_to_score, recorded_train_data
     from flowrec.runtime.session import device_problem
     from flowrec.serving.trained import load_trained
+    from operators.custom import custom_failure
 
     if device_problem(device) is not None:  # before the run is read (torch's words otherwise)
         fail(f"--device {device_problem(device)}")
@@ -717,9 +718,13 @@ def evaluate_run(
         metrics = trained.evaluate_dataset(data, group_by or trained.spec.training.eval_group_by,
                                            seen or recorded_train_data(run_dir))
     except (DataError, OSError, ValueError, RuntimeError) as exc:
-        fail(first_line(exc))
+        fail(custom_failure(exc) or first_line(exc))
     except KeyboardInterrupt:
         fail("interrupted (Ctrl-C)", EXIT_INTERRUPTED)
+    except Exception as exc:  # a user's custom module may raise anything while scoring
+        if custom_failure(exc) is None:
+            raise
+        fail(custom_failure(exc))
     _write_metrics(metrics, json_out, quiet)
 
 
