@@ -203,8 +203,9 @@ def test_a_custom_module_raising_in_training_is_one_line_naming_it(tmp_path):
     assert "Traceback" not in done.output and isinstance(done.exception, SystemExit)
 
 
-def test_a_custom_module_raising_in_flowrec_eval_is_one_line_naming_it(tmp_path, monkeypatch):
-    """flowrec eval showed the user's KeyError as a traceback (a ValueError without the module's name)."""
+def test_a_custom_module_raising_in_flowrec_eval_or_export_is_one_line_naming_it(tmp_path, monkeypatch):
+    """flowrec eval and export showed the user's KeyError as a traceback (a ValueError without the
+    module's name), and export left its staging folder .PKG.export-tmp beside PKG."""
     (tmp_path / "blocks.py").write_text(BLOCKS)
     spec = tmp_path / "spec.yaml"
     spec.write_text(SPEC.format(path=tmp_path / "blocks.py", cls="FailsWhenAsked"))
@@ -217,3 +218,8 @@ def test_a_custom_module_raising_in_flowrec_eval_is_one_line_naming_it(tmp_path,
     assert done.exit_code == 2, done.output
     assert done.output.splitlines() == [f"error: custom module 'mine' ({tmp_path / 'blocks.py'}:FailsWhenAsked) "
                                         "raised KeyError: 'asked to fail'"], done.output
+    done = runner.invoke(app, ["export", str(run), str(tmp_path / "pkg")])
+    assert done.exit_code == 2, done.output
+    assert done.output.splitlines() == [f"error: cannot export to {tmp_path / 'pkg'}: custom module 'mine' "
+                                        f"({tmp_path / 'blocks.py'}:FailsWhenAsked) raised KeyError: 'asked to fail'"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["blocks.py", "d", "run", "spec.yaml"]
