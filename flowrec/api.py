@@ -97,6 +97,8 @@ class Run:
         Raises:
             DataError: no `data` and the run recorded no evaluation data (or it moved).
         """
+        _check_kinds(data=(data, "a dataset folder path (str or pathlib.Path) or None"),
+                     group_by=(group_by, "a categorical feature's name or None"))
         if data is None:
             from flowrec.data.layout import DataError
             from flowrec.runs.recorded import eval_data_to_score
@@ -112,10 +114,18 @@ def load(run_dir: str | Path, device: str = "auto") -> Run:
 
     Raises:
         flowrec.runtime.checkpoint.store.CheckpointError: a damaged or foreign checkpoint.
+        flowrec.runs.errors.RunError: `run_dir` not a path, or `device` not auto, cpu or cuda[:N].
     """
     from flowrec.planner.contract import scoring_plan
+    from flowrec.runs.errors import RunError
     from flowrec.runtime.rundir import run_folder_of
+    from flowrec.runtime.session import device_problem
     from flowrec.serving.trained import load_trained
+
+    _check_kinds(run_dir=(run_dir, "a run folder or checkpoint path (str or pathlib.Path)"),
+                 device=(device, "a device name (auto, cpu, cuda)"))
+    if device_problem(device) is not None:  # was torch's RuntimeError naming the CLI's --device
+        raise RunError(f"device {device_problem(device)}")
 
     trained = load_trained(Path(run_dir), device, scoring_plan)
     folder = run_folder_of(Path(run_dir))  # RUN/best's history and evaluation data are its run's
@@ -225,6 +235,19 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
         if lock is not None:  # a refused run leaves no folder it made, an empty one empty (as `flowrec train`)
             lock.release_as_found(found, refused)
     return Run(session.spec, folder, result, Trained(session.spec, session.model, session.plan))
+
+
+def _check_kinds(**arguments: tuple[Any, str]) -> None:
+    """A `RunError` naming the first argument that is not a path (str / os.PathLike) or text as
+    wanted (`name=(value, wanted)`; None is allowed where `wanted` ends with 'or None')."""
+    import os
+
+    from flowrec.runs.errors import RunError
+
+    for name, (value, wanted) in arguments.items():
+        kinds = (str, os.PathLike) if "path" in wanted else (str,)
+        if not isinstance(value, kinds) and not (value is None and wanted.endswith("or None")):
+            raise RunError(f"{name} must be {wanted}, not {value!r:.80}")
 
 
 def _check_arguments(**arguments: Any) -> None:

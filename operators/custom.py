@@ -19,6 +19,7 @@ import hashlib
 import importlib
 import importlib.util
 import sys
+import warnings
 from math import prod
 from pathlib import Path
 from typing import Any, Mapping
@@ -62,7 +63,11 @@ def import_class(path: str) -> type:
 
 def _load_file(file: str) -> Any:
     path = Path(file).resolve()
-    name = f"flowrec_custom_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:12]}"
+    try:  # the file's content in the name: an edited file (a notebook's second call) is imported again
+        content = hashlib.sha1(path.read_bytes()).hexdigest()[:12]
+    except OSError:
+        content = "unread"
+    name = f"flowrec_custom_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:12]}_{content}"
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)
@@ -95,7 +100,8 @@ def build_custom(path: str, params: Mapping[str, Any]) -> nn.Module:
 
 def meta_width(path: str, params: Mapping[str, Any], in_width: int) -> int:
     """Output width per sample of `Class(**params)` on a (DRY_RUN_BATCH, in_width) input, by a dry
-    run on the meta device (no memory, no compute). Whatever the user's code prints goes to stderr,
+    run on the meta device (no memory, no compute), or on CPU zeros where the forward needs values
+    (`_cpu_dry_run`). Whatever the user's code prints goes to stderr,
     so that machine-readable output on stdout (`flowrec plan --json -`) stays clean.
 
     Raises:
@@ -109,9 +115,11 @@ def meta_width(path: str, params: Mapping[str, Any], in_width: int) -> int:
             inner = build_custom(path, params).to("meta")
             x = torch.empty(DRY_RUN_BATCH, in_width)
         try:
-            out = inner(x)
-        except (Exception, SystemExit) as exc:  # a user's forward may raise anything
-            raise CustomModuleError(f"{path} failed on a ({DRY_RUN_BATCH}, {in_width}) input: {_why(exc)}") from None
+            with warnings.catch_warnings():  # e.g. float() of a meta tensor warns, then fails: tried again below
+                warnings.simplefilter("ignore")
+                out = inner(x)
+        except (Exception, SystemExit):  # a user's forward may raise anything; meta tensors hold no values
+            out, x = _cpu_dry_run(path, params, in_width)  # (`x.sum() > 0`, `.item()`): try real zeros
     if not isinstance(out, torch.Tensor) or out.dim() < 2 or out.shape[0] != DRY_RUN_BATCH:
         raise CustomModuleError(f"{path} must return one (B, ...) tensor, got "
                                 f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}")
@@ -126,12 +134,30 @@ def meta_width(path: str, params: Mapping[str, Any], in_width: int) -> int:
     return width
 
 
+def _cpu_dry_run(path: str, params: Mapping[str, Any], in_width: int) -> tuple[Any, torch.Tensor]:
+    """The forward on (DRY_RUN_BATCH, in_width) zeros on the CPU, for a module whose forward needs
+    values (data-dependent control flow), without gradients and without touching torch's generator.
+
+    Raises:
+        CustomModuleError: it fails there too (the error is the user's, not the meta device's).
+    """
+    x = torch.zeros(DRY_RUN_BATCH, in_width)
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        inner = build_custom(path, params)
+        try:
+            return inner(x), x
+        except (Exception, SystemExit) as exc:
+            raise CustomModuleError(f"{path} failed on a ({DRY_RUN_BATCH}, {in_width}) input: {_why(exc)}") from None
+
+
 class CustomModule(nn.Module):
     """The user's module around flowrec's flat input convention: x (B, In) -> (B, out)."""
 
-    def __init__(self, inner: nn.Module):
+    def __init__(self, inner: nn.Module, path: str = "?"):
         super().__init__()
         self.inner = inner
+        self.path = path  # the class path; `label` (the spec's module name) is set by lowering
+        self.label = "?"
 
     @classmethod
     def from_config(cls, config: dict[str, Any], input_shapes: Shapes) -> "CustomModule":
@@ -153,11 +179,24 @@ class CustomModule(nn.Module):
         if meta:
             raise CustomModuleError(f"{config['class']} keeps {', '.join(meta[:3])} on the meta device (no values): "
                                     "create its tensors without device='meta'")
-        return cls(inner)
+        return cls(inner, config["class"])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.inner(x)
         return out if out.dim() == 2 else out.reshape(out.shape[0], -1)
+
+
+def custom_failure(exc: BaseException) -> str | None:
+    """`custom module 'NAME' (CLASS) raised TYPE: first line` when `exc` came out of a custom
+    module's forward (its traceback passes through `CustomModule.forward`), else None."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code is CustomModule.forward.__code__:
+            module = tb.tb_frame.f_locals.get("self")
+            return (f"custom module {getattr(module, 'label', '?')!r} ({getattr(module, 'path', '?')}) raised "
+                    f"{_why(exc)}")
+        tb = tb.tb_next
+    return None
 
 
 def _materialize_lazy(inner: nn.Module, path: str, in_width: int) -> None:

@@ -48,6 +48,7 @@ def export(
     from flowrec.serving.export import DTYPES, remove_partial, write_package
     from flowrec.serving.retrieval import INDEX_CHOICES
     from flowrec.serving.trained import load_trained
+    from operators.custom import custom_failure
 
     if dtype not in DTYPES:
         fail(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
@@ -69,10 +70,15 @@ def export(
         replace_folder(staged, out)  # the old package stays until the new one is in place
     except (DataError, OSError, ValueError, RuntimeError) as exc:
         remove_partial(staged)
-        fail(f"cannot export to {out}: {first_line(exc)}")
+        fail(f"cannot export to {out}: {custom_failure(exc) or first_line(exc)}")
     except KeyboardInterrupt:
         remove_partial(staged)
         fail(f"interrupted (Ctrl-C); {out} was not written", EXIT_INTERRUPTED)
+    except Exception as exc:  # a user's custom module may raise anything while it is traced
+        remove_partial(staged)  # was left beside OUT
+        if custom_failure(exc) is None:
+            raise
+        fail(f"cannot export to {out}: {custom_failure(exc)}")
     if quiet:
         return
     typer.echo(f"wrote {out} ({', '.join(package_listing(out))}) in "

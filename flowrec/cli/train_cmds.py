@@ -544,11 +544,15 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
         if out_of_memory(exc):  # torch's CUDA error, or the CPU allocator's RuntimeError
             fail(f"out of memory at step {trainer.position.step + 1} on {session.device}: {first_line(exc)}; "
                  f"{trainer.checkpoint_note()}. {memory_hint()}", EXIT_OUT_OF_MEMORY)
+        _fail_if_custom(exc, trainer)
         if world is None:
             raise
         where = (f"stopped at the end of the run, after its last step ({trainer.position.step})"
                  if trainer.finished(session.train) else f"stopped at step {trainer.position.step + 1}")
         fail(f"{where}: {_rank_lost(world, exc)}; {trainer.checkpoint_note()}", EXIT_RANK_FAILED)
+    except Exception as exc:  # a user's custom module may raise anything in training or evaluation
+        _fail_if_custom(exc, trainer)
+        raise
     finally:
         session.close_data()
         forget_kept_sample()  # a run that stopped before its hot set was chosen holds no sample
@@ -565,6 +569,16 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     if result.interrupted:
         _say(f"interrupted: checkpoint saved; continue with  {resume_cmd}")
         raise typer.Exit(EXIT_INTERRUPTED)
+
+
+def _fail_if_custom(exc: BaseException, trainer: "Trainer") -> None:
+    """One line naming the custom module whose forward raised `exc` in training or evaluation
+    (its own traceback is the user's code: `flowrec train` showed a traceback through flowrec's)."""
+    from operators.custom import custom_failure
+
+    named = custom_failure(exc)
+    if named is not None:
+        fail(f"at step {trainer.position.step + 1}: {named}; {trainer.checkpoint_note()}")
 
 
 def _resume_command(spec_path: Path, folder: Path) -> str:
@@ -752,6 +766,7 @@ def evaluate_run(
     from flowrec.runs.recorded import eval_data_to_score, recorded_train_data
     from flowrec.runtime.session import device_problem
     from flowrec.serving.trained import load_trained
+    from operators.custom import custom_failure
 
     if device_problem(device) is not None:  # before the run is read (torch's words otherwise)
         fail(f"--device {device_problem(device)}")
@@ -772,9 +787,13 @@ def evaluate_run(
         metrics = trained.evaluate_dataset(data, group_by or trained.spec.training.eval_group_by,
                                            seen or recorded_train_data(run_dir))
     except (DataError, OSError, ValueError, RuntimeError) as exc:
-        fail(first_line(exc))
+        fail(custom_failure(exc) or first_line(exc))
     except KeyboardInterrupt:
         fail("interrupted (Ctrl-C)", EXIT_INTERRUPTED)
+    except Exception as exc:  # a user's custom module may raise anything while scoring
+        if custom_failure(exc) is None:
+            raise
+        fail(custom_failure(exc))
     _write_metrics(metrics, json_out, quiet)
 
 

@@ -16,7 +16,7 @@ from dataclasses import replace
 
 from flowrec.graph.build import module_input_width
 from flowrec.spec.errors import SpecError, SpecIssue
-from flowrec.spec.model import DRY_RUN_KINDS, ModelSpec, ModuleSpec, unresolved_modules
+from flowrec.spec.model import DRY_RUN_KINDS, FrozenMapping, ModelSpec, ModuleSpec, thaw, unresolved_modules
 from operators.custom import CustomModuleError, meta_width
 
 
@@ -57,4 +57,4 @@ def resolve_custom(spec: ModelSpec, check_given: bool = False) -> ModelSpec:
 
 def dry_run_width(module: ModuleSpec, in_width: int) -> int:
     """Output width per sample of a custom module on a (DRY_RUN_BATCH, in_width) meta input."""
-    return meta_width(module.param("class"), module.param("params", {}), in_width)
+    return meta_width(module.param("class"), thaw(module.param("params", FrozenMapping())), in_width)

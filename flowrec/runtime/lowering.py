@@ -31,7 +31,7 @@ from flowrec.runtime.managed_state import managed_state
 from flowrec.runtime.messages import first_line, out_of_memory
 from flowrec.runtime.placement import group_embedding
 from flowrec.runtime.retrieval import bind
-from flowrec.spec.model import ModelSpec
+from flowrec.spec.model import DRY_RUN_KINDS, FrozenMapping, ModelSpec, thaw
 from operators import registry
 from operators.dense import concat_flat, flat_rows
 from operators.device import CompiledCall, runtime_for
@@ -116,12 +116,12 @@ class LoweredModel(nn.Module):
         with torch.random.fork_rng(devices=[]):  # seeded init without touching the process's RNG
             torch.manual_seed(seed)
             self.embeddings = nn.ModuleDict(_embeddings(self.groups, seed, self.device, world) if tables else {})
-            self._build_dense(plan.graph)
+            self._build_dense(plan.graph, spec)
         self._bind_noise(seed)
         self.retrieval = bind(plan.graph, self.group_map, spec, self.steps, self.head_nodes)
         self.managed = managed_state(spec, self.groups, seed, world) if tables else None  # the maps go with the tables
 
-    def _build_dense(self, graph: nx.DiGraph) -> None:
+    def _build_dense(self, graph: nx.DiGraph, spec: ModelSpec) -> None:
         """The registry operators of the dense nodes, in topological order, and the loss."""
         self.emb_node = {graph.nodes[n]["op"].attr("group"): n for n in graph.nodes
                          if graph.nodes[n]["op"].kind == "packed_embedding"}
@@ -135,10 +135,16 @@ class LoweredModel(nn.Module):
             if OP_KINDS[op.kind].role != "dense":
                 continue
             slots = tuple(input_slots(graph, name))
+            config = dict(op.attrs)
+            written = next((m for m in spec.modules if m.name == name), None) if op.kind in DRY_RUN_KINDS else None
+            if written is not None:  # the user's params as written: a plan's attrs hold mappings as pairs
+                config["params"] = thaw(written.param("params", FrozenMapping()))
             try:
-                ops[name] = registry.create(op.kind, dict(op.attrs), [s.shape for s in slots])
+                ops[name] = registry.create(op.kind, config, [s.shape for s in slots])
             except CustomModuleError as exc:  # two custom modules may share a class: name the one at fault
                 raise CustomModuleError(f"module {name!r}: {exc}") from None
+            if isinstance(ops[name], CustomModule):
+                ops[name].label = name  # named in an error its forward raises (custom_failure)
             self.steps.append(NodeStep(name, op.kind, slots, tuple(op.attr("members", ())),
                                        tuple(op.attr("member_ports", ()))))
         self.ops = nn.ModuleDict(ops)

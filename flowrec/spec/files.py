@@ -51,7 +51,9 @@ def spec_files(paths: Iterable[str | Path]) -> list[Path]:
     out: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
-            out.extend(sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in SPEC_SUFFIXES))
+            # a link to a spec that is gone is reported (no such file), not skipped as if valid
+            out.extend(sorted(f for f in p.rglob("*") if (f.is_file() or (f.is_symlink() and not f.exists()))
+                              and f.suffix.lower() in SPEC_SUFFIXES))
         else:
             out.append(p)
     return out

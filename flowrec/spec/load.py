@@ -37,6 +37,7 @@ from flowrec.spec.model import (
     TableSpec,
     TrainedWhere,
     TrainingSpec,
+    thaw,
 )
 from flowrec.spec.read import read_document
 from flowrec.spec.tasks import DEFAULT_TOP_K, TASKS
@@ -71,8 +72,22 @@ def spec_from_dict(doc: dict[str, Any], base_dir: Path | None = None) -> ModelSp
         doc: the document (assumed to have passed `validate_document`).
         base_dir: folder that relative `data.path` entries are kept relative to (unchanged here;
             resolved by the data stage).
+
+    Raises:
+        SpecError: a document that cannot be converted, with every problem `validate_document`
+            finds in it (not the KeyError or TypeError of the first missing or mistyped value).
     """
     del base_dir  # paths are resolved where they are used, relative to the spec file
+    try:
+        return _spec_from_dict(doc)
+    except (KeyError, TypeError, AttributeError, ValueError, IndexError):
+        issues = validate_document(doc)
+        if issues:
+            raise SpecError(issues, "document") from None
+        raise
+
+
+def _spec_from_dict(doc: dict[str, Any]) -> ModelSpec:
     optimizers = doc.get("optimizer", {})
     sparse_opt = _optimizer(optimizers.get("sparse", DEFAULT_SPARSE_OPTIMIZER))
     tables: dict[str, TableSpec] = {}
@@ -225,12 +240,7 @@ def _freeze(v: Any) -> Any:
     return v
 
 
-def _thaw(v: Any) -> Any:
-    if isinstance(v, FrozenMapping):
-        return {k: _thaw(x) for k, x in v}
-    if isinstance(v, tuple):
-        return [_thaw(x) for x in v]
-    return v
+_thaw = thaw
 
 
 def to_dict(spec: ModelSpec) -> dict[str, Any]:

@@ -75,6 +75,15 @@ class FrozenMapping(tuple):
     """
 
 
+def thaw(value: Any) -> Any:
+    """A frozen value as the document wrote it: FrozenMapping -> dict, tuple -> list (deeply)."""
+    if isinstance(value, FrozenMapping):
+        return {k: thaw(x) for k, x in value}
+    if isinstance(value, tuple):
+        return [thaw(x) for x in value]
+    return value
+
+
 @dataclass(frozen=True)
 class DenseFeature:
     """A real-valued input column.

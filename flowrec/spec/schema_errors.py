@@ -29,6 +29,10 @@ _JSON_TYPES = {
 }
 
 
+NAME_PATTERN = "^[A-Za-z0-9_][A-Za-z0-9_.:-]*$"  # the schema's pattern of names (features, modules, ...)
+NAME_CHAR = "[A-Za-z0-9_.:-]"
+
+
 def format_path(parts: Iterable[Any]) -> str:
     """``["features", 3, "dim"]`` -> ``features[3].dim``."""
     out = ""
@@ -65,6 +69,9 @@ def schema_issues(error: ValidationError) -> list[SpecIssue]:
     path = format_path(error.absolute_path)
     custom = _custom_message(error)
     if custom is not None:
+        if error.validator_value == NAME_PATTERN and isinstance(error.instance, str):  # which name, which character
+            bad = next((c for c in error.instance if not re.fullmatch(NAME_CHAR, c)), None)
+            custom += f" (got {show(error.instance)}" + (f": {bad!r} is not allowed)" if bad is not None else ")")
         return [SpecIssue(path, custom)]
     translate = _TRANSLATORS.get(str(error.validator), _fallback)
     messages = translate(error)

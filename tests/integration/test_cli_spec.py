@@ -59,6 +59,15 @@ def test_folder_scanned(runner, tmp_path, bad_spec):
     assert result.output.count(str(bad_spec)) == 2
 
 
+def test_a_link_to_a_missing_spec_in_a_folder_is_reported(runner, tmp_path):
+    """A dangling link was skipped: the folder validated, exit 0, with a spec that cannot be read."""
+    (tmp_path / "good.yaml").write_text(DLRM.read_text())
+    (tmp_path / "moved.yaml").symlink_to(tmp_path / "gone" / "moved.yaml")
+    result = _run(runner, "validate", str(tmp_path), "--quiet")
+    assert result.exit_code == 2
+    assert result.output.splitlines() == [f"{tmp_path / 'moved.yaml'}: no such file"]
+
+
 def test_examples_folder_valid_quiet(runner):
     result = _run(runner, "validate", str(REPO / "specs"), "--quiet")
     assert result.exit_code == 0

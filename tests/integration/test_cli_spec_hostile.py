@@ -99,6 +99,10 @@ CASES: list[tuple[str, str, str | bytes, str]] = [
      "training.batch_size: must be an integer (got True); YAML reads yes, no, on, off, true and false as true / false"),
     ("yaml_base_60_as_name", "s.yaml", BASE_TEXT.replace("name: two_task", "name: 1:30"),
      "name: must be a string (got 90); quote it to keep it as text"),
+    # 'é' is a letter: "must be a name of letters" named neither the name nor the character refused
+    ("accented_name", "s.yaml", BASE_TEXT.replace("name: shop_id", "name: boutique_id_é"),
+     "features[6].name: must be a name of ASCII letters, digits, '_', '.', ':' or '-' (not starting with '@' or '-') "
+     "(got 'boutique_id_é': 'é' is not allowed)"),
     ("control_char", "s.yaml", "name: a\x07b\n", "line 1, column 8: character U+0007 is not allowed in YAML"),
     ("empty", "s.yaml", b"", EMPTY_MAPPING),
     ("too_large", "s.yaml", b"#" * (16 * 2**20 + 1), "the file is larger than 16 MiB; a spec is a small text file"),

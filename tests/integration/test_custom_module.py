@@ -45,6 +45,33 @@ BLOCKS = textwrap.dedent('''
             return self.drop(torch.relu(h))
 
 
+    class Fails(nn.Module):
+        """Raises in its third training forward (not in the meta dry run)."""
+        def __init__(self, in_features, rank):
+            super().__init__()
+            self.down = nn.Linear(in_features, rank)
+            self.calls = 0
+
+        def forward(self, x):
+            self.calls += not x.is_meta
+            if self.calls == 3:
+                raise KeyError("no row for this user")
+            return self.down(x)
+
+
+    class FailsWhenAsked(nn.Module):
+        """Raises while FLOWREC_TEST_FAIL is set (not in the meta dry run)."""
+        def __init__(self, in_features, rank):
+            super().__init__()
+            self.down = nn.Linear(in_features, rank)
+
+        def forward(self, x):
+            import os
+            if os.environ.get("FLOWREC_TEST_FAIL") and not x.is_meta:
+                raise KeyError("asked to fail")
+            return self.down(x)
+
+
     class Hungry(nn.Module):
         """Asks the CPU allocator for 64 TiB in a training step (not in the meta dry run)."""
         def __init__(self, in_features, rank):
@@ -161,3 +188,38 @@ def test_running_out_of_host_memory_in_a_step_is_one_line_and_exit_3(tmp_path):
     errors = [line for line in done.output.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and errors[0].startswith("error: out of memory at step 1 on cpu"), done.output
     assert "Traceback" not in done.output and isinstance(done.exception, SystemExit)
+
+
+def test_a_custom_module_raising_in_training_is_one_line_naming_it(tmp_path):
+    """A user's forward that raised in a training step was a traceback through flowrec's trainer."""
+    (tmp_path / "blocks.py").write_text(BLOCKS)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.format(path=tmp_path / "blocks.py", cls="Fails"))
+    done = runner.invoke(app, ["train", str(spec), "--rows", "1000", "--out", str(tmp_path / "run"), "-q"])
+    assert done.exit_code == 2, done.output
+    errors = [line for line in done.output.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: at step 3: custom module 'mine' ({tmp_path / 'blocks.py'}:Fails) raised "
+                      "KeyError: 'no row for this user'; no checkpoint was written"], done.output
+    assert "Traceback" not in done.output and isinstance(done.exception, SystemExit)
+
+
+def test_a_custom_module_raising_in_flowrec_eval_or_export_is_one_line_naming_it(tmp_path, monkeypatch):
+    """flowrec eval and export showed the user's KeyError as a traceback (a ValueError without the
+    module's name), and export left its staging folder .PKG.export-tmp beside PKG."""
+    (tmp_path / "blocks.py").write_text(BLOCKS)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.format(path=tmp_path / "blocks.py", cls="FailsWhenAsked"))
+    run = tmp_path / "run"
+    assert runner.invoke(app, ["train", str(spec), "--rows", "500", "--out", str(run), "-q"]).exit_code == 0
+    assert runner.invoke(app, ["data", "synth", str(spec), "--rows", "100", "--out", str(tmp_path / "d"),
+                               "-q"]).exit_code == 0
+    monkeypatch.setenv("FLOWREC_TEST_FAIL", "1")
+    done = runner.invoke(app, ["eval", str(run), "--data", str(tmp_path / "d")])
+    assert done.exit_code == 2, done.output
+    assert done.output.splitlines() == [f"error: custom module 'mine' ({tmp_path / 'blocks.py'}:FailsWhenAsked) "
+                                        "raised KeyError: 'asked to fail'"], done.output
+    done = runner.invoke(app, ["export", str(run), str(tmp_path / "pkg")])
+    assert done.exit_code == 2, done.output
+    assert done.output.splitlines() == [f"error: cannot export to {tmp_path / 'pkg'}: custom module 'mine' "
+                                        f"({tmp_path / 'blocks.py'}:FailsWhenAsked) raised KeyError: 'asked to fail'"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["blocks.py", "d", "run", "spec.yaml"]

@@ -55,6 +55,22 @@ def test_lifecycle_errors_keep_their_documented_types(tmp_path: Path) -> None:
     assert not (tmp_path / "run" / "checkpoint.pt").exists() and not (tmp_path / "run" / "run.json").exists()
 
 
+def test_load_and_evaluate_refuse_an_argument_of_the_wrong_kind(tmp_path: Path) -> None:
+    """`flowrec.load(run, device="tpu")` was torch's RuntimeError naming the CLI's --device,
+    `run.evaluate(5)` and `flowrec.load(3)` Python's TypeError; now each is a RunError naming it."""
+    from flowrec.runs.errors import RunError
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text((DOC.read_text().split('Path("tiny.yaml").write_text("""')[1]).split('""")')[0])
+    flowrec.train(spec, out=tmp_path / "run", rows=500, max_steps=2)
+    for call, says in ((lambda: flowrec.load(tmp_path / "run", device="tpu"), "device must be auto, cpu or cuda"),
+                       (lambda: flowrec.load(3), "run_dir must be a run folder or checkpoint path"),
+                       (lambda: flowrec.load(tmp_path / "run").evaluate(5), "data must be a dataset folder path"),
+                       (lambda: flowrec.load(tmp_path / "run").evaluate(None, group_by=1), "group_by must be")):
+        with pytest.raises(RunError, match=says):
+            call()
+
+
 def test_cache_data_is_a_run_setting_of_the_api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`cache_data=` is `flowrec train --cache-data`: checked before anything is written, recorded
     in run.json (so `--resume` keeps it), and on a Parquet dataset a run that keeps its rows trains

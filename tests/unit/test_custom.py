@@ -74,6 +74,26 @@ BLOCKS = textwrap.dedent('''
             return self.proj(x * self.scale)
 
 
+    class Configured(nn.Module):
+        def __init__(self, width, cfg, sizes):
+            super().__init__()
+            assert isinstance(cfg, dict) and isinstance(sizes, list), (cfg, sizes)
+            self.proj = nn.Linear(width, cfg["hidden"] + sum(sizes + [0]))
+
+        def forward(self, x):
+            return self.proj(x)
+
+
+    class DataDependent(nn.Module):
+        def __init__(self, width):
+            super().__init__()
+            self.proj = nn.Linear(width, 3)
+
+        def forward(self, x):
+            h = self.proj(x)
+            return h / 2 if float(h.abs().max()) > 100 else h
+
+
     class Lazy(nn.Module):
         def __init__(self, out):
             super().__init__()
@@ -172,6 +192,31 @@ def test_a_wrong_out_width_names_its_module_among_modules_of_one_class(blocks):
     assert "module 'twin'" in str(err.value) and "not its out_width 7" in str(err.value)
 
 
+def test_params_reach_the_class_as_written_also_through_a_saved_plan(blocks):
+    """A nested mapping in params reached the constructor as FrozenMapping pairs, a list as a tuple:
+    `cfg["hidden"]` was a TypeError, `sizes + [0]` too."""
+    from flowrec.graph.plan_io import plan_from_document, plan_json
+    import json
+
+    params = {"width": 20, "cfg": {"hidden": 3}, "sizes": [1, 2]}
+    spec = resolve_custom(spec_from_dict(custom_doc(blocks, "Configured", params)))
+    assert spec.modules[1].param("out_width") == 6
+    plan = make_plan(spec, target="cpu")
+    for used in (plan, plan_from_document(json.loads(plan_json(plan)))):  # resume, eval and export read the plan
+        assert lower(used, spec, "cpu").ops["mine"].inner.proj.out_features == 6
+
+
+def test_a_forward_that_needs_values_is_measured_on_zeros(blocks):
+    """`float(h.max())` has no value on the meta device: a module that trains in PyTorch was refused
+    ('Tensor.item() cannot be called on meta tensors'), out_width or not."""
+    before = torch.get_rng_state()
+    spec = resolve_custom(spec_from_dict(custom_doc(blocks, "DataDependent", {"width": 20})))
+    assert spec.modules[1].param("out_width") == 3
+    assert torch.equal(torch.get_rng_state(), before)  # the zeros run built the module off the caller's generator
+    model = lower(make_plan(spec, target="cpu"), spec, "cpu")
+    assert model.ops["mine"].inner.proj.out_features == 3
+
+
 def test_a_module_with_lazy_parameters_is_built_with_their_shapes(blocks):
     """nn.LazyLinear learns its input width at its first forward: the optimizer made at the start of
     training read its uninitialised parameters (a traceback) before the model had seen a batch."""
@@ -200,6 +245,19 @@ def test_an_unusable_class_is_one_issue_at_its_path(blocks, cls, params, says):
         resolve_custom(spec_from_dict(doc))
     (issue,) = err.value.issues
     assert issue.path == "modules[1].class" and says in issue.message and "\n" not in issue.message
+
+
+def test_an_edited_class_file_is_imported_again(tmp_path):
+    """The first import of a file was kept for the process: a class edited between two calls (a
+    notebook) planned and trained as it was before the edit, without a word."""
+    path = tmp_path / "edited.py"
+    path.write_text("from torch import nn\n\n\nclass Proj(nn.Linear):\n    def __init__(self):\n"
+                    "        super().__init__(20, 3)\n")
+    doc = custom_doc(path.parent / "blocks.py")
+    doc["modules"][1].update({"class": f"{path}:Proj", "params": {}})
+    assert resolve_custom(spec_from_dict(doc)).modules[1].param("out_width") == 3
+    path.write_text(path.read_text().replace("(20, 3)", "(20, 5)"))
+    assert resolve_custom(spec_from_dict(doc)).modules[1].param("out_width") == 5
 
 
 def test_class_paths_import_modules_and_files(blocks):

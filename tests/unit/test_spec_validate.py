@@ -178,6 +178,21 @@ def test_a_feature_may_read_a_label_or_weight_column_under_another_name():
     assert _issues(doc) == []
 
 
+@pytest.mark.parametrize("doc, first", [
+    ({"name": "x"}, ("", "missing required key 'features'")),
+    ({**BASE, "features": [{"name": "d1"}]}, ("features[0]", "missing required key 'type'")),
+    ([BASE], ("", "the spec must be a mapping (got [")),
+])
+def test_spec_from_dict_of_an_invalid_document_raises_every_issue(doc, first):
+    """flowrec.spec.spec_from_dict raised the KeyError or TypeError of the first missing value."""
+    from flowrec.spec import SpecError, spec_from_dict
+
+    with pytest.raises(SpecError) as caught:
+        spec_from_dict(copy.deepcopy(doc))
+    issue = caught.value.issues[0]
+    assert issue.path == first[0] and issue.message.startswith(first[1]), issue
+
+
 def test_str_of_issue_has_path():
     doc = copy.deepcopy(BASE)
     doc["features"][3]["dim"] = 0
