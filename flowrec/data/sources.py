@@ -168,7 +168,7 @@ def csv_chunks(path: Path, log: ErrorLog, numeric: set[str], delimiter: str, nam
             log.add(line, f"wrong field count ({row.actual_columns}, expected {row.expected_columns})",
                     row.text or "")
         except DataError as exc:
-            failures.append(exc)
+            failures.append(exc.with_traceback(None))  # its frames would keep this handler, so the reader, alive
         return "skip"
 
     lines_of_bytes = "\n".encode(encoding or "utf-8") == b"\n"  # lines of its bytes are the text's (not UTF-16)
