@@ -515,7 +515,10 @@ def _parse_numbers(text: pa.Array, lines: np.ndarray, bad: np.ndarray, log: Erro
         wrong = (raw.notna() & parsed.isna()).to_numpy()
         for i in np.flatnonzero(wrong & ~bad):
             bad[i] = True
-            log.add(int(lines[i]), f"non-numeric value {raw.iloc[i]!r} in column {name}")
+            header = str(raw.iloc[i]).strip() == name  # a header line where the format reads none (or repeated)
+            log.add(int(lines[i]), f"non-numeric value {raw.iloc[i]!r} in column {name}"
+                    + (": a header line where rows are expected (criteo files have none, or files joined "
+                       "with their headers)" if header else ""))
         return pa.array(parsed.to_numpy(dtype=np.float64), pa.float64(), from_pandas=True)
 
 
