@@ -134,6 +134,7 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
     (--top-k) and the first one's row (0-based, over the rows scored)."""
     import pyarrow as pa
 
+    from flowrec.data.layout import DataError
     from flowrec.data.sources import LINE_COLUMN
     from flowrec.runtime.progress import rows_spinner
     from flowrec.serving.predict import load_model
@@ -153,7 +154,10 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
                 if absent:
                     has = [c for c in chunk.column_names if c != LINE_COLUMN][:12]  # not the reader's own
                     raise ValueError(f"--keep {absent[0]}: no such column in {raw} (has {', '.join(has)})")
-                scores = model.predict(chunk) if top_k is None else model.recommend(chunk, top_k)
+                try:
+                    scores = model.predict(chunk) if top_k is None else model.recommend(chunk, top_k)
+                except DataError as exc:  # about the rows (columns lacking, ...): name the file they came from
+                    raise DataError(f"{raw}: {first_line(exc)}") from None
                 table = pa.Table.from_pandas(scores, preserve_index=False)
                 for name in keep:
                     table = table.append_column(name, chunk.column(name))

@@ -43,7 +43,9 @@ class ErrorLog:
     # without counting them: `flowrec.data.sources.csv_chunks`); asked only for a reported row
     file_line: Optional[Callable[[int], int]] = None
 
-    def add(self, line: int, reason: str, text: str = "") -> None:
+    def add(self, line: int, reason: str, text: str = "", skippable: bool = True) -> None:
+        """Count a malformed row; under "fail" raise for it, with the hint to skip such rows unless
+        `skippable` is False (a row whose skipping would bias the data: every row of a class)."""
         self.count += 1
         if len(self.examples) >= KEPT_ERRORS and self.policy != "fail":
             return
@@ -51,4 +53,4 @@ class ErrorLog:
         if len(self.examples) < KEPT_ERRORS:
             self.examples.append(err)
         if self.policy == "fail":
-            raise DataError(f"malformed row at {err} (use --on-error skip to skip such rows)")
+            raise DataError(f"malformed row at {err}" + (" (use --on-error skip to skip such rows)" if skippable else ""))

@@ -57,6 +57,10 @@ def _stricter(a: str, b: str) -> str:
     return "weight" if "weight" in (a, b) else "regression"
 
 
+MINUS_ONE = ("; labels written -1/+1? only libsvm and libfm read -1 as 0: write the negatives as 0 (skipping "
+             "these rows would drop the class)")
+
+
 def check_labels(table: pa.Table, tasks: dict[str, str], log: ErrorLog,
                  plus_minus: bool) -> tuple[pa.Table, int]:
     """A raw chunk without rows whose label its head cannot take, and how many -1 became 0.
@@ -91,8 +95,10 @@ def check_labels(table: pa.Table, tasks: dict[str, str], log: ErrorLog,
             bad[i] = True
             missing = table.column(name)[i].as_py() is None
             what = "sample weight" if task == "weight" else "label"
+            minus_one = task == "binary" and y[i] == -1  # not plus_minus: a -1/+1 file, whose -1 rows skip would drop
             log.add(int(lines[i]), f"missing {what} in column {name}" if missing else
-                    f"{what} {float(y[i])!r} in column {name}: {reason}")
+                    f"{what} {float(y[i])!r} in column {name}: {reason}"
+                    + (MINUS_ONE if minus_one else ""), skippable=not minus_one)
     mapped = 0
     for name, is_minus in minus.items():
         if is_minus.any():

@@ -168,7 +168,7 @@ def csv_chunks(path: Path, log: ErrorLog, numeric: set[str], delimiter: str, nam
             log.add(line, f"wrong field count ({row.actual_columns}, expected {row.expected_columns})",
                     row.text or "")
         except DataError as exc:
-            failures.append(exc)
+            failures.append(exc.with_traceback(None))  # its frames would keep this handler, so the reader, alive
         return "skip"
 
     lines_of_bytes = "\n".encode(encoding or "utf-8") == b"\n"  # lines of its bytes are the text's (not UTF-16)
@@ -188,7 +188,7 @@ def csv_chunks(path: Path, log: ErrorLog, numeric: set[str], delimiter: str, nam
         with _undecodable_rows(path, failures):
             # the handler and its ParseOptions are Arrow's only (csv_release): no local keeps them
             slot.reader = pcsv.open_csv(
-                path, read_options=read,
+                _csv_source(path), read_options=read,
                 parse_options=pcsv.ParseOptions(delimiter=delimiter, invalid_row_handler=tracked(on_invalid),
                                                 quote_char=False if delimiter == "\t" else '"'),
                 convert_options=_binary_columns(path, delimiter, names, encoding or "utf-8"))
@@ -344,7 +344,29 @@ def _open_lines(path: Path) -> Any:
     reader decompresses it (.gz, .bz2, .zst, .lz4, ...): the CSV formats' header and libsvm's lines."""
     import io
 
-    return io.BufferedReader(pa.input_stream(str(path), compression="detect"))
+    return io.BufferedReader(pa.input_stream(str(path), compression=compression_of(path)))
+
+
+COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd", ".lz4": "lz4", ".br": "brotli"}  # as pyarrow's
+
+
+def compression_of(path: Path) -> str | None:
+    """The codec a text input's extension names, in any case: pyarrow tells it from the lower-case
+    extension only, so `DAY_0.TSV.GZ` was read as text (its bytes 'not valid UTF-8').
+
+    >>> compression_of(Path("DAY_0.TSV.GZ")), compression_of(Path("day_0.tsv.zst")), compression_of(Path("a.csv"))
+    ('gzip', 'zstd', None)
+    """
+    return COMPRESSIONS.get(Path(path).suffix.lower())
+
+
+def _csv_source(path: Path) -> Any:
+    """What `pcsv.open_csv` reads: the path (pyarrow decompresses by a lower-case extension), or a
+    decompressing stream where the extension is in another case."""
+    codec = compression_of(path)
+    if codec is None or Path(path).suffix in COMPRESSIONS:
+        return path
+    return pa.input_stream(str(path), compression=codec)
 
 
 def _first_row(path: Path) -> tuple[int, bytes | None]:
@@ -493,7 +515,10 @@ def _parse_numbers(text: pa.Array, lines: np.ndarray, bad: np.ndarray, log: Erro
         wrong = (raw.notna() & parsed.isna()).to_numpy()
         for i in np.flatnonzero(wrong & ~bad):
             bad[i] = True
-            log.add(int(lines[i]), f"non-numeric value {raw.iloc[i]!r} in column {name}")
+            header = str(raw.iloc[i]).strip() == name  # a header line where the format reads none (or repeated)
+            log.add(int(lines[i]), f"non-numeric value {raw.iloc[i]!r} in column {name}"
+                    + (": a header line where rows are expected (criteo files have none, or files joined "
+                       "with their headers)" if header else ""))
         return pa.array(parsed.to_numpy(dtype=np.float64), pa.float64(), from_pandas=True)
 
 

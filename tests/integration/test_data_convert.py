@@ -404,11 +404,12 @@ def test_a_header_with_a_byte_order_mark_or_quotes_still_reads_its_ids_as_text(t
     assert pq.read_table(tmp_path / "b").equals(a)
 
 
-@pytest.mark.parametrize("suffix", [".gz", ".bz2"])
+@pytest.mark.parametrize("suffix", [".gz", ".bz2", ".GZ"])
 def test_a_compressed_csv_reads_as_the_plain_file_when_a_later_block_holds_text(tmp_path, suffix):
     """The header of a compressed file was read from its compressed bytes, so its columns were not
     read as text: a categorical column of digits whose later block held a word failed the whole
-    input. Compressed and plain now give the same dataset (small blocks put the word in a later one)."""
+    input. Compressed and plain now give the same dataset (small blocks put the word in a later one).
+    An upper-case extension (ROWS.CSV.GZ) was not decompressed at all: 'not valid UTF-8'."""
     import bz2
     import gzip
 
@@ -417,7 +418,7 @@ def test_a_compressed_csv_reads_as_the_plain_file_when_a_later_block_holds_text(
                                    for _ in range(4000)] + ["anonymous,Oslo,1", ",,0"]
     text = ("\n".join(lines) + "\n").encode()
     (tmp_path / "rows.csv").write_bytes(text)
-    (tmp_path / f"rows.csv{suffix}").write_bytes((gzip.compress if suffix == ".gz" else bz2.compress)(text))
+    (tmp_path / f"rows.csv{suffix}").write_bytes((gzip.compress if suffix.lower() == ".gz" else bz2.compress)(text))
     feats = [{"name": "user", "type": "categorical", "hash_buckets": 512, "dim": 4},
              {"name": "city", "type": "categorical", "vocab": 64, "dim": 4}]
     spec = small_spec(feats, data={"format": "csv", "label": "label", "options": {"chunk_bytes": 4096}})

@@ -205,7 +205,7 @@ def test_bad_inputs_are_one_line_and_exit_2(package, tmp_path):
         "not_a_package": (_predict(package["run"], root / "new.csv", tmp_path / "s.parquet"),
                           "not a flowrec model package"),
         "missing_column": (_predict(package["pkg"], tmp_path / "no_tags.csv", tmp_path / "s.parquet"),
-                           "lack columns ['tags']"),
+                           "no_tags.csv: the rows lack columns ['tags']"),  # the file named, not only the rows
         "unknown_keep": (_predict(package["pkg"], root / "new.csv", tmp_path / "s.parquet", "--keep", "nope"),
                          "--keep nope"),
         "missing_raw": (_predict(package["pkg"], tmp_path / "none.csv", tmp_path / "s.parquet"), "not found"),

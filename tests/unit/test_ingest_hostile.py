@@ -93,6 +93,27 @@ def test_an_archive_or_a_compression_pyarrow_does_not_read_is_named_as_such(tmp_
     assert not (tmp_path / "out").exists()
 
 
+def test_a_header_line_where_rows_are_expected_is_named_as_one(tmp_path: Path) -> None:
+    """A Criteo file given a header line (or CSV files joined with their headers) was 'non-numeric
+    value 'label' in column label', as if a row held a bad label."""
+    from flowrec.data import sources
+    from flowrec.data.error_log import ErrorLog
+
+    row = "\t".join(["1"] + ["2"] * 13 + ["ab"] * 26)
+    path = tmp_path / "day.tsv"
+    path.write_text("\t".join(sources.CRITEO_COLUMNS) + "\n" + row + "\n")
+    with pytest.raises(DataError, match=r"day\.tsv:1: non-numeric value 'label' in column label: a header line where "
+                                        r"rows are expected"):
+        list(sources.read_criteo(path, {}, ErrorLog("fail", str(path)), set()))
+    path.write_text(row + "\n" + "yes" + row[1:] + "\n")
+    with pytest.raises(DataError, match=r"day\.tsv:2: non-numeric value 'yes' in column label") as caught:
+        list(sources.read_criteo(path, {}, ErrorLog("fail", str(path)), set()))
+    assert "a header line" not in str(caught.value)
+    path.write_text("price,user,clicked\n1.5,u1,1\nprice,user,clicked\n2.5,u2,0\n")
+    with pytest.raises(DataError, match=r"day\.tsv:3: non-numeric value '.*' in column .*: a header line where"):
+        convert(_spec(), "csv", [path], tmp_path / "out")
+
+
 def _parquet_folder(folder: Path, files: dict[str, dict[str, object]]) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq

@@ -99,3 +99,16 @@ def test_a_header_named_over_by_data_options_names_is_skipped_after_blank_lines(
     path.write_text("\nd1,user,label\n0.5,a,1\n\nx\n")
     with pytest.raises(DataError, match=r"a\.csv:5: wrong field count \(1, expected 3\)"):
         _rows(sources.reader("csv"), path, options)
+
+
+def test_a_malformed_row_s_error_kept_by_the_caller_does_not_keep_its_reader(tmp_path: Path) -> None:
+    """The error of a row with the wrong field count kept the frames of the reader's row handler
+    (its traceback), so Arrow's reader stayed alive as long as the caller kept the error: the exit
+    hook (`flowrec.data.csv_release`) then waited on it."""
+    from flowrec.data.csv_release import release_readers
+
+    path = tmp_path / "a.tsv"
+    path.write_text("1\t2\t3\n")
+    with pytest.raises(DataError, match="wrong field count") as caught:
+        list(sources.read_criteo(path, {}, ErrorLog("fail", str(path)), set()))
+    assert release_readers(wait_s=1.0) and caught.value is not None
