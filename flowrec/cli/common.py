@@ -21,6 +21,23 @@ def fail(message: str, code: int = EXIT_INVALID) -> NoReturn:
     raise typer.Exit(code)
 
 
+SKIPPED_WARN_SHARE = 0.1  # skipping more than this share of the rows gets a warning
+
+
+def skipped_lines(skipped: int, kept: int, what: str, look: str) -> list[str]:
+    """The lines `--on-error skip` ends with: how many rows were skipped, of how many, and a warning
+    when more than a tenth of them were, since the rows kept may then not stand for the input (a
+    label or layout problem that hits most rows is not noise to skip). `what` names the rows kept,
+    `look` where the user sees why rows were skipped."""
+    total = skipped + kept
+    lines = [f"skipped {skipped:,} malformed row{'' if skipped == 1 else 's'} of {total:,} ({skipped / total:.1%})"]
+    if skipped > SKIPPED_WARN_SHARE * total:
+        lines.append(f"warning: {skipped / total:.0%} of the rows were skipped, so the {kept:,} {what} may not "
+                     f"stand for the input; {look} (a format, option or label convention that does not "
+                     f"match the file?)")
+    return lines
+
+
 def check_env_switches() -> None:
     """The environment switches of training and measuring, checked before anything is read or
     written: FLOWREC_CPU_GEMM, FLOWREC_CHECKPOINT_WRITES, FLOWREC_MALLOC_TUNING and

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import typer
 
-from flowrec.cli.common import fail, guard_outputs, load_spec_or_exit, write_output
+from flowrec.cli.common import fail, guard_outputs, load_spec_or_exit, skipped_lines, write_output
 
 if TYPE_CHECKING:
     from flowrec.data.vocab_growth import TableGrowth
@@ -142,7 +142,8 @@ def convert(
 
     report = _run(work)
     split = f" (train {report.split['train']:,}, test {report.split['test']:,})" if report.split else ""
-    typer.echo(f"wrote {report.rows:,} rows in {report.files} files to {report.out}{split} "
+    typer.echo(f"wrote {report.rows:,} row{'' if report.rows == 1 else 's'} in {report.files} "
+               f"file{'' if report.files == 1 else 's'} to {report.out}{split} "
                f"in {report.seconds:.1f}s")
     for line in growth_lines(report.growth):
         typer.echo(line)
@@ -152,7 +153,10 @@ def convert(
     for line in report.warnings:
         typer.echo(f"warning: {line}", err=True)
     if report.errors:
-        typer.echo(f"skipped {report.errors:,} malformed rows:", err=True)
+        lines = skipped_lines(report.errors, report.rows, "rows written", "look at the rows named below")
+        for line in lines[:-1]:
+            typer.echo(line, err=True)
+        typer.echo(f"{lines[-1]}:", err=True)  # the examples follow
         for line in report.error_examples[:20]:
             typer.echo(f"  {line}", err=True)
 

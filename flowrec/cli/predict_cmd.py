@@ -13,7 +13,7 @@ from typing import Any, List, Optional
 
 import typer
 
-from flowrec.cli.common import fail
+from flowrec.cli.common import fail, skipped_lines
 from flowrec.runtime.messages import first_line
 
 EXIT_INTERRUPTED = 130
@@ -57,9 +57,12 @@ def predict(
         fail(first_line(exc))
     except KeyboardInterrupt:
         fail(f"interrupted (Ctrl-C); {out} was not written", EXIT_INTERRUPTED)
-    typer.echo(f"wrote {rows:,} scores to {out}")
+    noun = "row" if rows == 1 else "rows"
+    typer.echo(f"wrote {rows:,} {noun} of the top {top_k} items to {out}" if top_k is not None
+               else f"wrote {rows:,} scored {noun} to {out}")
     if errors:
-        typer.echo(f"skipped {errors:,} malformed rows", err=True)
+        for line in skipped_lines(errors, rows, "rows scored", "rerun with --on-error fail to see the first malformed row"):
+            typer.echo(line, err=True)
     if zero:
         typer.echo(f"warning: {zero_note(zero, rows, first)}", err=True)
 

@@ -140,7 +140,7 @@ def check_raw(name: str, mutations: list, on_error: str) -> None:
             return
         table = pq.read_table(out)
         meta = json.loads((out / "_flowrec.json").read_text())
-        assert table.num_rows == meta["rows"] > 0 and f"wrote {meta['rows']:,} rows" in res.stdout
+        assert table.num_rows == meta["rows"] > 0 and f"wrote {meta['rows']:,} row" in res.stdout
         check_partition(table, partition_rules(load_spec(spec_file)), str(out))  # ids, finite, 0/1 labels
 
 

@@ -428,3 +428,23 @@ def test_inspect_shows_a_row_count_that_disagrees_with_the_metadata(tmp_path: Pa
     res = runner.invoke(app, ["data", "inspect", str(data)])
     assert res.exit_code == 0 and "128 rows" in res.stdout
     assert "warning: the part files hold 128 rows but _flowrec.json records 64" in res.stderr
+
+
+@pytest.mark.parametrize("bad, warned", [(1, False), (3, True)], ids=["one_of_11", "three_of_13"])
+def test_skipping_many_rows_says_how_many_of_the_input_and_warns(tmp_path: Path, bad: int, warned: bool):
+    """`--on-error skip` said only 'skipped N malformed rows', so a label convention that hit most
+    rows (-1/+1 in CSV) left a one-class dataset with nothing but that line. Now the line gives the
+    share of the input, and over a tenth of it is a warning that the rows kept may not stand for it."""
+    spec = write_spec(tmp_path, SPEC)
+    rows = [f"{i % 2},{i + 0.5},u{i},i{i}," for i in range(10)] + [f"-1,{i}.5,x,y," for i in range(bad)]
+    (tmp_path / "mix.csv").write_bytes(csv(*rows))
+    res = runner.invoke(app, ["data", "convert", "csv", str(tmp_path / "mix.csv"), str(tmp_path / "out"), "--spec",
+                              str(spec), "-q", "--on-error", "skip"])
+    assert res.exit_code == 0, res.output
+    total = 10 + bad
+    assert f"skipped {bad} malformed row{'s' if bad > 1 else ''} of {total} ({bad / total:.1%})" in res.stderr
+    warning = [line for line in res.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warning) == int(warned), res.stderr
+    if warned:
+        assert f"{bad / total:.0%} of the rows were skipped" in warning[0] and "10 rows written" in warning[0]
+    assert pq.read_table(tmp_path / "out").num_rows == 10

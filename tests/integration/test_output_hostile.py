@@ -395,7 +395,7 @@ def test_predict_reads_parquet_as_convert_does_a_bad_row_skipped_and_a_folder_of
     _parquet_with(math.inf)(case)
     skipped = runner.invoke(app, predict_rows("--on-error", "skip", "--keep", "user")(case))
     assert skipped.exit_code == 0, skipped.output
-    assert "skipped 1 malformed rows" in skipped.stderr
+    assert "skipped 1 malformed row of " in skipped.stderr
     from_csv = runner.invoke(app, out("all.parquet", "--keep", "user")(case))
     assert from_csv.exit_code == 0, from_csv.output
     got, every = pd.read_parquet(case / "s.parquet"), pd.read_parquet(case / "all.parquet")

@@ -531,7 +531,7 @@ def test_predict_into_a_log_writes_its_closing_line_not_a_spinner(case: Path):
     result = runner.invoke(app, ["predict", str(case / "pkg"), str(case / "new.csv"), "--format", "csv",
                                  "--out", str(case / "scores.parquet")])
     assert result.exit_code == 0, result.output
-    assert "scoring" not in result.output and "wrote 50 scores" in result.output, result.output
+    assert "scoring" not in result.output and "wrote 50 scored rows to" in result.output, result.output
 
 
 def test_the_program_scores_without_tracking_gradients(case: Path):
