@@ -14,9 +14,11 @@ Example:
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from flowrec.planner.cost import device_profile
+from flowrec.planner.calibration import is_profile_path
+from flowrec.planner.cost import DeviceProfile, device_profile
 
 if TYPE_CHECKING:
     from flowrec.spec.model import ModelSpec
@@ -36,6 +38,24 @@ def target_for_device(kind: str, name: str = "") -> str:
 def resolve_target(spec: ModelSpec, target: str | None) -> str:
     """The cost-model target of a plan: the argument, else the spec's `plan.target`, else the rule
     above for the spec's device hint. Raises ValueError for an unknown name or a bad profile."""
-    name = target or spec.plan.target or target_for_device("cuda" if spec.plan.device == "cuda" else "cpu")
+    if target is None and spec.plan.target is not None:
+        spec_target_profile(spec)
+        return spec.plan.target
+    name = target or target_for_device("cuda" if spec.plan.device == "cuda" else "cpu")
     device_profile(name)
     return name
+
+
+def spec_target_profile(spec: ModelSpec) -> DeviceProfile:
+    """The profile of the spec's `plan.target`. Raises ValueError naming it as the spec's: a
+    profile file is read from the working folder, not the spec's folder (unlike `data.path`),
+    which the message says when the file is not there."""
+    name = spec.plan.target
+    assert name is not None
+    try:
+        return device_profile(name)
+    except (ValueError, OSError) as exc:
+        where = ""
+        if is_profile_path(name) and not Path(name).is_absolute() and not Path(name).exists():
+            where = f"; a relative plan.target is read from the working folder ({Path.cwd()}), not the spec's folder"
+        raise ValueError(f"the spec's plan.target {name}: {exc}{where}") from None

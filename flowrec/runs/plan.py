@@ -17,10 +17,9 @@ import torch
 from flowrec.graph.types import Plan
 from flowrec.planner.access import dataset_rows
 from flowrec.planner.contract import PlanError, load_plan
-from flowrec.planner.cost import device_profile
 from flowrec.planner.manager import PassFailure, load_profile, make_plan
 from flowrec.runtime.messages import first_line
-from flowrec.planner.targets import target_for_device
+from flowrec.planner.targets import spec_target_profile, target_for_device
 from flowrec.runs.errors import RunError
 from flowrec.runtime.session import resolve_device
 from flowrec.spec.model import ModelSpec
@@ -90,7 +89,7 @@ def plan_for_run(spec: ModelSpec, device_name: str, device_budget: str | None, p
             spec = replace(spec, training=replace(spec.training, epochs=planned))
         run_target = target or cost_target(device)
         if target is None and spec.plan.target is not None and spec.plan.target != run_target:
-            device_profile(spec.plan.target)  # a spec's target that `flowrec plan` refuses is refused here too
+            spec_target_profile(spec)  # a spec's target that `flowrec plan` refuses is refused here too
             status(f"plan: the spec's plan.target {spec.plan.target} is for `flowrec plan`; this run prices "
                    f"its {device.type} device with target {run_target} (--target {spec.plan.target} to use it)")
         plan = make_plan(spec, target=run_target, device_budget=device_budget, profile=access,

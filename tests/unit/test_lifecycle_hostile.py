@@ -806,3 +806,21 @@ def test_the_launcher_says_a_rank_killed_by_a_signal_left_no_message(monkeypatch
     assert ranks.run_launcher(["--nproc-per-node=2", "-m", "flowrec", "train", "s.yaml"]) == status
     err = capsys.readouterr().err
     assert f"error: training failed: rank(s) 1 exited; the first, {said}\n" == err
+
+
+def test_a_relative_plan_target_missing_says_it_is_the_specs_and_read_from_the_working_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A spec in dir/ naming `plan: {target: only.json}` beside it (data.path is read from the spec's
+    folder) was 'cannot read only.json' from plan and train, naming neither plan.target nor where it
+    was looked for. Now both name the spec's plan.target and the working folder it is read from."""
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "dir" / "t.yaml").write_text(run_spec("rel_target", batch_size=32, epochs=1)
+                                             + "plan: {target: only.json}\n")
+    (tmp_path / "dir" / "only.json").write_text("{}")  # beside the spec, not in the working folder
+    monkeypatch.chdir(tmp_path)
+    for argv in (["plan", "dir/t.yaml"], ["train", "dir/t.yaml", "--rows", "100", "--out", "r"]):
+        result = CliRunner().invoke(app, argv)
+        assert result.exit_code == 2, result.output
+        line = result.output.strip().splitlines()[-1]
+        assert "the spec's plan.target only.json" in line and f"working folder ({tmp_path})" in line, line
+    assert not (tmp_path / "r").exists()
