@@ -138,6 +138,7 @@ def _follow_days(request, run: Path, days: Path, wait_s: float, once: bool, trai
     """The loop of `follow`, with the stream folder locked."""
     deadline = time.monotonic() + wait_s
     trained = 0
+    waiting_on = None  # the day a wait for its files was announced for
     while True:
         done = done_days(run, order)
         landed = landed_days(days, order)
@@ -154,6 +155,17 @@ def _follow_days(request, run: Path, days: Path, wait_s: float, once: bool, trai
         if done and _before(day, done[-1], landed, order):
             fail(f"day {day.name} landed after day {done[-1]} was trained; days train in order "
                  f"{'of name' if order.column is None else 'of column ' + repr(order.column)}")
+        why = _unready(day)
+        if why is not None:  # a day copied in (cp -r, rsync) whose _flowrec.json came before its data
+            if time.monotonic() < deadline:
+                if waiting_on != day.name:
+                    typer.echo(f"waiting for day {day.name} to be complete ({why})", err=True)
+                    waiting_on = day.name
+                time.sleep(POLL_S)
+                continue
+            fail(f"day {day.name} is not complete: {why} (still being copied in? copy a day under another "
+                 f"name and rename it into place, or give --follow-wait S to wait for it)")
+        waiting_on = None
         previous = run / DAYS_DIR / done[-1] if done else None
         if previous is not None:
             _progressive(run, previous, day, len(done) + 1)
@@ -165,6 +177,20 @@ def _follow_days(request, run: Path, days: Path, wait_s: float, once: bool, trai
         deadline = time.monotonic() + wait_s
         if once:
             return
+
+
+def _unready(day: Path) -> str | None:
+    """Why the landed `day` cannot be read yet, or None: its metadata or a part file is not readable,
+    or its part files hold another row count than its _flowrec.json records (a day whose copy is
+    still under way looks so, as does a damaged one)."""
+    from flowrec.data.dataset import dataset_layout, parquet_files
+    from flowrec.data.layout import read_meta
+
+    try:
+        dataset_layout(day, read_meta(day), parquet_files(day))
+    except DataError as exc:
+        return str(exc)
+    return None
 
 
 def _before(day: Path, last: str, landed: list[Path], order: DayOrder) -> bool:

@@ -275,3 +275,44 @@ def test_a_folder_of_the_users_own_files_is_refused_as_the_streams_folder(days, 
         in refused.output
     assert sorted(p.name for p in mine.iterdir()) == ["metrics.jsonl", "notes.txt"]
     assert (mine / "metrics.jsonl").read_text() == '{"my": "log", "step": 7}\nanother line of mine\n'
+
+
+def test_a_day_still_being_copied_is_waited_for_not_refused(days, tmp_path: Path, monkeypatch):
+    """A day copied in with `cp -r` or rsync whose _flowrec.json arrived before its part files (here
+    one truncated, as mid-copy) stopped a --follow-wait stream with exit 2 ('not a readable Parquet
+    file ... convert it again'). Now the stream says it waits for that day and trains it once its
+    files are complete; without --follow-wait it is one line that says how to land a day."""
+    import threading
+
+    import flowrec.cli.follow as follow_cli
+
+    spec, folder = days
+    part = sorted((folder / "2026-11-02").glob("*.parquet"))[0]
+    whole = part.read_bytes()
+    part.write_bytes(whole[: len(whole) // 2])
+    refused = runner.invoke(app, ["train", str(spec), "--follow", str(folder), "--out", str(tmp_path / "s0"),
+                                  "--quiet", "--device", "cpu"])
+    assert refused.exit_code == 2, refused.output
+    line = refused.output.strip().splitlines()[-1]
+    assert "day 2026-11-02 is not complete" in line and "--follow-wait" in line, line
+    assert json.loads((tmp_path / "s0" / "follow.json").read_text())["days"] == ["2026-11-01"]
+
+    sleep, polls = follow_cli.time.sleep, []
+
+    def copy_lands(seconds):  # the copy finishes during the first wait; Ctrl-C once no day is left
+        if seconds == follow_cli.POLL_S and threading.current_thread() is threading.main_thread():
+            polls.append(part.stat().st_size)
+            if part.stat().st_size < len(whole):
+                part.write_bytes(whole)
+                return
+            raise KeyboardInterrupt
+        sleep(seconds)
+
+    monkeypatch.setattr(follow_cli.time, "sleep", copy_lands)
+    out = tmp_path / "s1"
+    waited = runner.invoke(app, ["train", str(spec), "--follow", str(folder), "--out", str(out), "--quiet",
+                                 "--device", "cpu", "--follow-wait", "60"])
+    assert waited.exit_code == 130, waited.output
+    assert polls[0] < len(whole) and len(polls) == 2, polls
+    assert waited.output.count("waiting for day 2026-11-02 to be complete") == 1, waited.output
+    assert json.loads((out / "follow.json").read_text())["days"] == ["2026-11-01", "2026-11-02", "2026-11-03"]
