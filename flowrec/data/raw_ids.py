@@ -33,8 +33,35 @@ def as_strings(values: pa.Array) -> pa.Array:
             ints = pc.cast(values, pa.int64(), safe=False)
             values = pc.if_else(whole, pc.cast(ints, pa.string()), pc.cast(values, pa.string()))
         else:
-            values = pc.cast(values, pa.string())
+            values = _text(values)
     return pc.if_else(pc.equal(values, ""), pa.scalar(None, pa.string()), values)
+
+
+def _text(values: pa.Array) -> pa.Array:
+    """Ids as text; bytes that are not UTF-8 (a binary column) are a DataError naming the first."""
+    try:
+        return pc.cast(values, pa.string())
+    except pa.ArrowInvalid:
+        why = not_utf8(values)
+        if why is None:
+            raise
+        from flowrec.data.layout import DataError
+
+        raise DataError(f"an id column {why}") from None
+
+
+def not_utf8(values: pa.Array) -> str | None:
+    """What is wrong with a binary column of ids whose bytes are not all UTF-8 text (None if they
+    are, or it holds no bytes): ids are read as text."""
+    if not (pa.types.is_binary(values.type) or pa.types.is_large_binary(values.type)):
+        return None
+    for row, value in enumerate(values.to_pylist()):
+        try:
+            value is None or value.decode("utf-8")
+        except UnicodeDecodeError:
+            return (f"holds bytes that are not UTF-8 text ({value[:16]!r} at row {row}, 0-based): ids are "
+                    f"text or integers; decode the bytes (or write them as hex) first")
+    return None
 
 
 def raw_id_hashes(values: pa.Array) -> np.ndarray:

@@ -58,4 +58,5 @@ def spec_target_profile(spec: ModelSpec) -> DeviceProfile:
         where = ""
         if is_profile_path(name) and not Path(name).is_absolute() and not Path(name).exists():
             where = f"; a relative plan.target is read from the working folder ({Path.cwd()}), not the spec's folder"
-        raise ValueError(f"the spec's plan.target {name}: {exc}{where}") from None
+        raise ValueError(f"the spec's plan.target: {exc}{where}" if name in str(exc)
+                         else f"the spec's plan.target {name}: {exc}{where}") from None

@@ -24,6 +24,7 @@ import torch
 from flowrec.data.encode import Encoder
 from flowrec.data.encoder_record import ENCODER_FILE, EncoderRecord, load_encoder, read_record
 from flowrec.data.layout import DataError, is_multi
+from flowrec.data.raw_ids import not_utf8
 from flowrec.data.sources import FLOAT32_MAX
 from flowrec.serving.managed import MANAGED_DIR, Maps, read_maps, remap_inputs
 from flowrec.serving.package import (MODEL_FILE, PLAN_FILE, SPEC_FILE, check_program, encoded_inputs,
@@ -261,6 +262,11 @@ def check_ids(column: pa.ChunkedArray | pa.Array, name: str, multi: bool) -> Non
     if pa.types.is_nested(kind):
         wanted = "ids or lists of ids" if multi else "one id per row"
         raise DataError(f"column {name} holds {column.type}, not {wanted}")
+    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):  # bytes ids are read as UTF-8 text
+        values = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+        why = not_utf8(pc.list_flatten(values) if pa.types.is_nested(values.type) else values)
+        if why is not None:
+            raise DataError(f"column {name} {why}")
 
 
 def row_index(table: pa.Table | pd.DataFrame) -> pd.Index | None:

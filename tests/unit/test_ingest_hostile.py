@@ -228,3 +228,27 @@ def test_a_missing_device_profile_named_by_the_spec_is_named_once(tmp_path: Path
     with pytest.raises(ValueError) as info:
         make_plan(spec)
     assert _once(str(info.value), path) and "device profile" in str(info.value), str(info.value)
+
+
+def test_bytes_ids_that_are_not_utf8_are_one_line_naming_the_value(tmp_path: Path) -> None:
+    """A Parquet (or DataFrame) id column of bytes is read as UTF-8 text; bytes that are not UTF-8
+    were pyarrow's 'Invalid UTF8 payload' naming nothing (a traceback from model.predict). Now a
+    DataError names the value and its row, in convert and in predict's column check; bytes that
+    are UTF-8 still read as their text."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from flowrec.serving.predict import check_ids
+
+    good = _parquet_folder(tmp_path / "good", {"a.parquet": {**ROWS, "user": [b"u1", b"u2"]}})
+    convert(_spec(), "parquet", [good], tmp_path / "out_good")
+    text = _parquet_folder(tmp_path / "text", {"a.parquet": ROWS})
+    convert(_spec(), "parquet", [text], tmp_path / "out_text")
+    assert pq.read_table(tmp_path / "out_good").equals(pq.read_table(tmp_path / "out_text"))
+    bad = _parquet_folder(tmp_path / "bad", {"a.parquet": {**ROWS, "user": [b"u1", b"\xff\xfeu"]}})
+    with pytest.raises(DataError, match=r"holds bytes that are not UTF-8 text \(b'\\xff\\xfeu' at row 1"):
+        convert(_spec(), "parquet", [bad], tmp_path / "out_bad")
+    for column in (pa.array([b"ok", None, b"\xc3("]), pa.array([[b"ok"], [b"\xc3("]])):
+        with pytest.raises(DataError, match=r"^column user holds bytes that are not UTF-8 text \(b'\\xc3\(' at row"):
+            check_ids(column, "user", multi=pa.types.is_list(column.type))
+    check_ids(pa.array([b"ok", None, "é".encode()]), "user", multi=False)

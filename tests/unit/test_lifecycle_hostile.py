@@ -822,5 +822,5 @@ def test_a_relative_plan_target_missing_says_it_is_the_specs_and_read_from_the_w
         result = CliRunner().invoke(app, argv)
         assert result.exit_code == 2, result.output
         line = result.output.strip().splitlines()[-1]
-        assert "the spec's plan.target only.json" in line and f"working folder ({tmp_path})" in line, line
+        assert "the spec's plan.target: cannot read only.json" in line and f"working folder ({tmp_path})" in line, line
     assert not (tmp_path / "r").exists()
