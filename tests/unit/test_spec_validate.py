@@ -142,6 +142,10 @@ CASES: list[tuple[str, Mutation, list[tuple[str, str]]]] = [
      [("optimizer.sparse", "unknown key 'momentum' (known keys: lr, name, weight_decay)")]),
     ("table_sgd_momentum", lambda d: d["tables"][0].update(optimizer={"name": "sgd", "lr": 0.1, "momentum": 0.5}),
      [("tables[0].optimizer", "unknown key 'momentum' (known keys: lr, name, weight_decay)")]),
+    # a 300-character name validated, then train without --out failed: 'File name too long' (runs/<name>)
+    ("name_too_long", lambda d: d.update(name="n" * 129),
+     [("name", "must be at most 128 characters: it names the default run folder runs/<name>")]),
+    ("name_at_the_limit", lambda d: d.update(name="n" * 128), []),
 ]
 
 
