@@ -43,15 +43,18 @@ _BOMS = (  # longest first: the UTF-32-LE mark starts with the UTF-16-LE one
 # YAML 1.2 / JSON floats: also read exponents without a dot (1e-3, 1e-08) as numbers, not text.
 _EXP_FLOAT = re.compile(r"^[-+]?[0-9][0-9_]*(\.[0-9_]*)?[eE][-+]?[0-9]+$")
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+_NUMBER_TAGS = frozenset({"tag:yaml.org,2002:int", "tag:yaml.org,2002:float"})
+_LEADING_ZERO = re.compile(r"^[-+]?0[0-9_]+$")  # 010: octal in YAML 1.1, ten in YAML 1.2
 _STANDARD_TAG = "tag:yaml.org,2002:"
 
 
 class _SpecLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # C parser when built with libyaml
-    """The safe YAML loader, reading `1e-3` as a float, noting every duplicate mapping key."""
+    """The safe YAML loader, reading `1e-3` as a float, noting every duplicate mapping key and every
+    plain number that YAML 1.1 reads otherwise than YAML 1.2 (`010`, `1:30`)."""
 
     def __init__(self, stream: str) -> None:
         super().__init__(stream)
-        self.duplicates: list[SpecIssue] = []
+        self.noted: list[SpecIssue] = []  # duplicate keys, numbers YAML versions read apart
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: dict[Any, int] = {}
@@ -63,18 +66,34 @@ class _SpecLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # C parser wh
                 continue  # e.g. `!!set name: x`: refused by the base loader
             line = key_node.start_mark.line + 1
             if key in seen:
-                self.duplicates.append(SpecIssue("", f"line {line}: duplicate key {show(key)} "
+                self.noted.append(SpecIssue("", f"line {line}: duplicate key {show(key)} "
                                                      f"(first at line {seen[key]})"))
             seen.setdefault(key, line)
         return super().construct_mapping(node, deep)
 
     def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
         try:
-            return super().construct_object(node, deep)
+            value = super().construct_object(node, deep)
         except (ValueError, OverflowError) as exc:  # e.g. 2020-13-45 as a date, an int of 5,000 digits
             reason = str(exc).split(";")[0]
             raise yaml.constructor.ConstructorError(None, None, f"cannot read this value: {reason}",
                                                     node.start_mark) from None
+        if isinstance(node, yaml.ScalarNode) and node.tag in _NUMBER_TAGS and not node.style:  # plain: None or ''
+            self._note_ambiguous(node, value)
+        return value
+
+    def _note_ambiguous(self, node: yaml.ScalarNode, value: Any) -> None:
+        """YAML 1.1 (what PyYAML reads) takes `010` as octal 8 and `1:30` as 90 (base 60), where
+        YAML 1.2, JSON and a reader's eye take 10 and text: such a number is refused, naming both."""
+        text = node.value
+        line = node.start_mark.line + 1
+        if ":" in text:
+            self.noted.append(SpecIssue("", f"line {line}: {text} is read by YAML as the base-60 number "
+                                                 f"{value}; quote it if it is text, or write the number"))
+        elif _LEADING_ZERO.match(text) and value != int(text.replace("_", "")):
+            self.noted.append(SpecIssue("", f"line {line}: {text} is read by YAML as the octal number "
+                                                 f"{value}, not {int(text.replace('_', ''))}; write the number "
+                                                 f"without its leading zeros"))
 
 
 _SpecLoader.add_implicit_resolver("tag:yaml.org,2002:float", _EXP_FLOAT, list("-+0123456789"))
@@ -171,8 +190,8 @@ def parse_yaml(text: str) -> Any:
             loader.dispose()
     except yaml.YAMLError as exc:
         raise _fail(_yaml_message(exc, text)) from None
-    if loader.duplicates:
-        raise SpecError(loader.duplicates)
+    if loader.noted:
+        raise SpecError(loader.noted)
     return _not_empty(doc)
 
 

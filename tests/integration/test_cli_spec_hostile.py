@@ -98,7 +98,12 @@ CASES: list[tuple[str, str, str | bytes, str]] = [
     ("yaml_on_as_number", "s.yaml", BASE_TEXT.replace("batch_size: 4096", "batch_size: on"),
      "training.batch_size: must be an integer (got True); YAML reads yes, no, on, off, true and false as true / false"),
     ("yaml_base_60_as_name", "s.yaml", BASE_TEXT.replace("name: two_task", "name: 1:30"),
-     "name: must be a string (got 90); quote it to keep it as text"),
+     "line 5: 1:30 is read by YAML as the base-60 number 90; quote it if it is text, or write the number"),
+    # YAML 1.1 read `batch_size: 0100` as octal 64 and `seed: 1:04` as 64 without a word (1.2 and JSON: 100)
+    ("yaml_octal_number", "s.yaml", BASE_TEXT.replace("batch_size: 4096", "batch_size: 0100"),
+     "line 31: 0100 is read by YAML as the octal number 64, not 100; write the number without its leading zeros"),
+    ("yaml_base_60_number", "s.yaml", BASE_TEXT.replace("seed: 0,", "seed: 1:04,"),
+     "line 31: 1:04 is read by YAML as the base-60 number 64; quote it if it is text, or write the number"),
     # 'é' is a letter: "must be a name of letters" named neither the name nor the character refused
     ("accented_name", "s.yaml", BASE_TEXT.replace("name: shop_id", "name: boutique_id_é"),
      "features[6].name: must be a name of ASCII letters, digits, '_', '.', ':' or '-' (not starting with '@' or '-') "
