@@ -315,6 +315,16 @@ def test_a_run_whose_checkpoint_was_deleted_is_refused_not_retrained(case: Path,
     assert _snapshot(case) == before
 
 
+def test_resume_of_a_run_whose_run_json_was_deleted_is_refused_not_trained_on_other_data(case: Path):
+    """`--resume RUN` without RUN/run.json went on from the checkpoint with the defaults' settings:
+    400,000 synthetic rows instead of the run's 400 (or the spec's bound data instead of its --data)."""
+    (case / "run" / "run.json").unlink()
+    before = _snapshot(case)
+    result = runner.invoke(app, ["train", str(case / "spec.yaml"), "--resume", str(case / "run"), "--max-steps", "14"])
+    _one_line_exit_2(result, f"{case / 'run'}/run.json is missing")
+    assert _snapshot(case) == before
+
+
 def test_a_run_killed_before_its_first_checkpoint_still_starts_again(case: Path):
     """No proof of a written checkpoint (no end record, no delta): --resume starts from step 0."""
     run = case / "run"
