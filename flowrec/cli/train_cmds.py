@@ -402,7 +402,7 @@ def _train_in_folder(request: RunRequest, spec, folder: Path, world=None) -> Non
     """Settings, checkpoint, session, then training, in a folder this process owns."""
     from dataclasses import replace
 
-    from flowrec.runs.settings import read_run_file
+    from flowrec.runs.settings import read_run_file, recorded_train_rows
     from flowrec.runs.start import run_settings
     from flowrec.runtime.checkpoint.store import CHECKPOINT_NAME, CheckpointError, load_checkpoint
     from flowrec.runtime.rundir import RunFolderError
@@ -423,6 +423,8 @@ def _train_in_folder(request: RunRequest, spec, folder: Path, world=None) -> Non
         _say(note)
     if state is not None:
         _check_resumed_seed(settings["seed"], state, folder)
+        bound = spec.data is not None and spec.data.bound
+        settings["train_rows"] = recorded_train_rows(request.given, recorded, not settings["data"] and not bound)
     if resuming and state is None:
         _say(f"{folder} has no checkpoint yet: starting it again from step 0 with its recorded settings")
     if settings["cache"] is not None:
@@ -491,6 +493,14 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     with restoring_tables() if state is not None or parent is not None else nullcontext():
         session = start_session(spec, request.spec_path, settings, folder, plan, device, _say, world, before, after)
     _say(session.data_note)
+    rows = sum(session.train.partition_rows())
+    if state is not None and settings.get("train_rows") not in (None, rows):
+        data, at = settings["data"] or "the spec's data", state.get("position") or {}
+        fail(f"the training data of the run in {folder} changed since it started: {data} holds {rows:,} rows, the "
+             f"run started on {settings['train_rows']:,} (its checkpoint's position, epoch {at.get('epoch')} batch "
+             f"{at.get('batch')}, is a place in those); put that data back to continue, or train on this data in a "
+             f"new run from this one: --init-from {folder} --out NEW")
+    settings["train_rows"] = rows  # recorded in run.json: a resume checks its data against it
     _check_loop_settings(session)
     if world is None or world.lead:
         record_encoder(session, folder, request.resume is not None,
