@@ -792,3 +792,24 @@ def test_the_launcher_says_a_rank_killed_by_a_signal_left_no_message(monkeypatch
     assert ranks.run_launcher(["--nproc-per-node=2", "-m", "flowrec", "train", "s.yaml"]) == status
     err = capsys.readouterr().err
     assert f"error: training failed: rank(s) 1 exited; the first, {said}\n" == err
+
+
+def test_the_folder_of_a_distributed_run_is_a_run_folder_and_overwrite_removes_its_shards(tmp_path: Path):
+    # `--out RUN --overwrite` of a `--nproc 2` run's folder said "RUN is not empty and is not a flowrec run
+    # folder (it holds checkpoint.shards)"; and a new run over a run's folder left the old ranks' shards
+    from flowrec.runs.folder import claim_run_folder
+    from flowrec.runtime.rundir import clear_run_files
+
+    run = tmp_path / "run"
+    for name in ("checkpoint.pt", "run.json", "checkpoint.shards/step000000040-rank0-of2.pt",
+                 "best/checkpoint.pt", "best/checkpoint.shards/step000000020-rank1-of2.pt"):
+        (run / name).parent.mkdir(parents=True, exist_ok=True)
+        (run / name).write_bytes(b"x")
+    with pytest.raises(RunFolderError, match="already holds a run"):
+        claim_run_folder(run, None, False, "tiny")
+    folder, lock = claim_run_folder(run, None, True, "tiny")
+    try:
+        clear_run_files(folder)
+    finally:
+        lock.release()
+    assert sorted(p.name for p in run.rglob("*") if p.name != ".flowrec.lock") == ["best", "run.json"]
