@@ -174,7 +174,8 @@ def open_folder(folder: Path) -> RunLock:
     except OSError as exc:
         raise RunFolderError(f"cannot create run folder {folder}: {exc.strerror or exc}") from None
     lock = RunLock.acquire(folder)
-    remove_stale_temps(folder)
+    for place in (folder, folder / SHARDS_DIR, folder / BEST_DIR, folder / BEST_DIR / SHARDS_DIR):
+        remove_stale_temps(place)  # a rank killed in its shard's write leaves its temp file in checkpoint.shards/
     return lock
 
 

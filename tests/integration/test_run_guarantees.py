@@ -78,11 +78,14 @@ def test_overwrite_replaces_a_run_and_its_metrics(spec: Path, tmp_path: Path):
 def test_stale_temp_files_are_removed_when_the_owning_run_starts(spec: Path, tmp_path: Path):
     run = tmp_path / "run"
     assert _train(spec, "--out", str(run), "--max-steps", "4").exit_code == 0
-    stale = run / ".ckpt-killed.tmp"
-    stale.write_bytes(b"half a checkpoint")
+    # a rank of --nproc N killed in its shard's write leaves its temp file in checkpoint.shards/
+    stale = [run / ".ckpt-killed.tmp", run / "checkpoint.shards" / ".ckpt-rank1.tmp", run / "best" / ".ckpt-b.tmp"]
+    for path in stale:
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(b"half a checkpoint")
     resumed = _train(spec, "--resume", str(run), "--max-steps", "6")
     assert resumed.exit_code == 0, resumed.output
-    assert not stale.exists() and ckpt.load_checkpoint(run)["position"]["step"] == 6
+    assert not any(p.exists() for p in stale) and ckpt.load_checkpoint(run)["position"]["step"] == 6
 
 
 def test_default_run_folders_are_claimed_without_races(tmp_path: Path):
