@@ -813,3 +813,28 @@ def test_the_folder_of_a_distributed_run_is_a_run_folder_and_overwrite_removes_i
     finally:
         lock.release()
     assert sorted(p.name for p in run.rglob("*") if p.name != ".flowrec.lock") == ["best", "run.json"]
+
+
+def test_resume_with_another_model_names_what_differs():
+    # `--resume RUN` with the batch size or a table changed said only "the spec's model differs from the one
+    # the run in RUN was trained with", leaving the user to diff the specs by hand
+    import yaml
+
+    from flowrec.runs.changes import changed_model_line
+    from flowrec.spec import spec_from_dict
+    from flowrec.spec.load import to_dict
+
+    doc = yaml.safe_load(run_spec())
+    state = {"spec": json.dumps(to_dict(spec_from_dict(doc)))}
+    doc["training"]["batch_size"] = 64
+    doc["features"][1]["hash_buckets"] = 60
+    doc["modules"][2]["layers"] = [8, 4]
+    line = changed_model_line("runs/a", state, spec_from_dict(doc), starting_from=False)
+    assert line == ("the spec's model differs from the one the run in runs/a was trained with: tables[user].hash_buckets "
+                    "50 in the run, 60 in the spec; modules[top].layers [8] in the run, [8, 4] in the spec; "
+                    "training.batch_size 32 in the run, 64 in the spec (compare the spec with runs/a/spec.json)"), line
+    doc["modules"].append({"name": "extra", "kind": "mlp", "inputs": ["top"], "layers": [2]})
+    doc["heads"][0]["input"] = "extra"
+    line = changed_model_line("runs/a", state, spec_from_dict(doc), starting_from=False)
+    assert "modules[extra] not there in the run, " in line and line.endswith(
+        "; and 2 more (compare the spec with runs/a/spec.json)"), line
