@@ -432,6 +432,27 @@ def _train_in_folder(request: RunRequest, spec, folder: Path, world=None) -> Non
     _run(request, spec, folder, settings, state, world)
 
 
+def _spec_changed_line(spec_path: Path, folder: Path, state: dict, spec) -> str:
+    """The one line refusing to resume a run with a spec that differs outside the model (its seed,
+    epochs, schedule, evaluation, description...): what differs, and the flag that does it where one does."""
+    from flowrec.runs.changes import SHOWN, document_differences
+    from flowrec.spec.load import to_dict
+
+    line = f"{spec_path} differs from the spec the run in {folder} was trained with"
+    try:
+        found = document_differences(json.loads(state["spec"]), to_dict(spec))
+    except (ValueError, TypeError):
+        found = []
+    if found:
+        more = f"; and {len(found) - SHOWN} more" if len(found) > SHOWN else ""
+        line += f": {'; '.join(found[:SHOWN])}{more}"
+    flags = [flag for key, flag in (("training.epochs ", "--epochs"), ("training.eval_every ", "--eval-every"))
+             if any(f.startswith(key) for f in found)]
+    hint = f"; to change that, keep the spec as it was and give {' and '.join(flags)} on the command line" \
+        if flags else ""
+    return f"{line} (see {folder}/spec.json){hint}"
+
+
 def _check_resumed_seed(seed: int | None, state: dict, folder: Path) -> None:
     """A resumed run keeps the seed it was trained with (its data order, synthetic rows and dropout
     follow from it): another --seed is refused here, in its own words, before any data is read."""
@@ -506,8 +527,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
         record_encoder(session, folder, request.resume is not None,
                        settings.get("init_from") if state is None else None)
     if state is not None and state["spec"] != json.dumps(to_dict(session.spec), sort_keys=True):
-        fail(f"{request.spec_path} differs from the spec the run in {folder} was trained with "
-             f"(see {folder}/spec.json)")
+        fail(_spec_changed_line(request.spec_path, folder, state, session.spec))
     config = train_config(settings, folder, progress=not request.quiet)
     trainer = Trainer(session.spec, session.plan, session.model, config, plan_json(session.plan))
     hooks = _console_hooks(trainer, request.quiet) if trainer.lead else None

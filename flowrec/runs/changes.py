@@ -154,6 +154,14 @@ def model_differences(old: ModelSpec, new: ModelSpec) -> list[str]:
     return out
 
 
+def document_differences(old: Any, new: Any) -> list[str]:
+    """`model_differences` over two whole spec documents (`to_dict`), e.g. the run's spec.json and
+    the spec given to resume it: "training.epochs 2 in the run, 3 in the spec"."""
+    out: list[str] = []
+    _differ(old, new, "", out)
+    return out
+
+
 def _model_doc(spec: ModelSpec) -> dict[str, Any]:
     from flowrec.graph.plan_io import FINGERPRINT_TRAINING
     from flowrec.spec.load import to_dict

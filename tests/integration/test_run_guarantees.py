@@ -125,6 +125,20 @@ def test_resume_with_another_seed_is_refused_naming_the_seed_not_the_spec(spec: 
     assert _train_steps(run) == list(range(1, 7))
 
 
+def test_resume_with_a_spec_changed_outside_the_model_names_what_differs(spec: Path, tmp_path: Path):
+    # the spec's epochs raised to train a run further: "spec.yaml differs from the spec the run in run was
+    # trained with (see run/spec.json)", and nothing said what differs or that --epochs does it
+    run = tmp_path / "run"
+    assert _train(spec, "--out", str(run), "--max-steps", "4").exit_code == 0
+    spec.write_text(SPEC.replace("epochs: 2", "epochs: 3"))
+    resumed = runner.invoke(app, ["train", str(spec), "--resume", str(run), "--quiet"])
+    assert resumed.exit_code == 2, resumed.output
+    assert resumed.stderr.strip().splitlines()[-1] == (
+        f"error: {spec} differs from the spec the run in {run} was trained with: training.epochs 2 in the run, 3 in "
+        f"the spec (see {run}/spec.json); to change that, keep the spec as it was and give --epochs on the command "
+        "line")
+
+
 def test_default_folder_of_a_second_run_is_numbered(spec: Path, tmp_path: Path):
     for _ in range(2):
         assert _train(spec, "--max-steps", "2").exit_code == 0
