@@ -331,14 +331,21 @@ def _train_as_rank(request: RunRequest, spec, folder: Path | None) -> None:
     except WorldError as exc:
         fail(str(exc), EXIT_INVALID if isinstance(exc, LaunchEnvError) else EXIT_RANK_FAILED)
     try:
-        lock = None
+        lock, refusal = None, None
         if world.lead:
             found = folder_state(folder)
             try:
                 folder, lock = _claim_folder(request, spec.name)
             except RunFolderError as exc:
-                fail(str(exc))
-        _rank_barrier(world, "the run folder")
+                refusal = str(exc)
+        try:  # the others wait for the run folder and learn whether rank 0 refused it
+            refused = world.any(refusal is not None)
+        except RuntimeError as exc:
+            fail(f"{_rank_lost(world, exc)} while waiting for the run folder", EXIT_RANK_FAILED)
+        if refusal is not None:
+            fail(refusal)
+        if refused:  # rank 0's one line says why; the launch's status is its 2 (this rank's 0 adds no failure)
+            raise typer.Exit(0)
         refused = False
         try:
             _train_in(request, spec, folder, world)
