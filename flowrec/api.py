@@ -222,6 +222,7 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
         trainer = Trainer(session.spec, session.plan, session.model, train_config(settings, folder, progress),
                           plan_json(session.plan))
         if folder is not None:
+            settings["train_rows"] = sum(session.train.partition_rows())  # as `flowrec train` records it
             write_run_file(folder, settings)
         result = trainer.fit(session.train, session.eval, hooks=_hooks(trainer, on_step, on_eval, on_checkpoint))
     except RunError as exc:

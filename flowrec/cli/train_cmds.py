@@ -341,14 +341,21 @@ def _train_as_rank(request: RunRequest, spec, folder: Path | None) -> None:
     except WorldError as exc:
         fail(str(exc), EXIT_INVALID if isinstance(exc, LaunchEnvError) else EXIT_RANK_FAILED)
     try:
-        lock = None
+        lock, refusal = None, None
         if world.lead:
             found = folder_state(folder)
             try:
                 folder, lock = _claim_folder(request, spec.name)
             except RunFolderError as exc:
-                fail(str(exc))
-        _rank_barrier(world, "the run folder")
+                refusal = str(exc)
+        try:  # the others wait for the run folder and learn whether rank 0 refused it
+            refused = world.any(refusal is not None)
+        except RuntimeError as exc:
+            fail(f"{_rank_lost(world, exc)} while waiting for the run folder", EXIT_RANK_FAILED)
+        if refusal is not None:
+            fail(refusal)
+        if refused:  # rank 0's one line says why; the launch's status is its 2 (this rank's 0 adds no failure)
+            raise typer.Exit(0)
         refused = False
         try:
             _train_in(request, spec, folder, world)
@@ -412,7 +419,7 @@ def _train_in_folder(request: RunRequest, spec, folder: Path, world=None) -> Non
     """Settings, checkpoint, session, then training, in a folder this process owns."""
     from dataclasses import replace
 
-    from flowrec.runs.settings import read_run_file
+    from flowrec.runs.settings import read_run_file, recorded_train_rows
     from flowrec.runs.start import run_settings
     from flowrec.runtime.checkpoint.store import CHECKPOINT_NAME, CheckpointError, load_checkpoint
     from flowrec.runtime.rundir import RunFolderError
@@ -433,11 +440,34 @@ def _train_in_folder(request: RunRequest, spec, folder: Path, world=None) -> Non
         _say(note)
     if state is not None:
         _check_resumed_seed(settings["seed"], state, folder)
+        bound = spec.data is not None and spec.data.bound
+        settings["train_rows"] = recorded_train_rows(request.given, recorded, not settings["data"] and not bound)
     if resuming and state is None:
         _say(f"{folder} has no checkpoint yet: starting it again from step 0 with its recorded settings")
     if settings["cache"] is not None:
         spec = replace(spec, plan=replace(spec.plan, cache=settings["cache"]))
     _run(request, spec, folder, settings, state, world)
+
+
+def _spec_changed_line(spec_path: Path, folder: Path, state: dict, spec) -> str:
+    """The one line refusing to resume a run with a spec that differs outside the model (its seed,
+    epochs, schedule, evaluation, description...): what differs, and the flag that does it where one does."""
+    from flowrec.runs.changes import SHOWN, document_differences
+    from flowrec.spec.load import to_dict
+
+    line = f"{spec_path} differs from the spec the run in {folder} was trained with"
+    try:
+        found = document_differences(json.loads(state["spec"]), to_dict(spec))
+    except (ValueError, TypeError):
+        found = []
+    if found:
+        more = f"; and {len(found) - SHOWN} more" if len(found) > SHOWN else ""
+        line += f": {'; '.join(found[:SHOWN])}{more}"
+    flags = [flag for key, flag in (("training.epochs ", "--epochs"), ("training.eval_every ", "--eval-every"))
+             if any(f.startswith(key) for f in found)]
+    hint = f"; to change that, keep the spec as it was and give {' and '.join(flags)} on the command line" \
+        if flags else ""
+    return f"{line} (see {folder}/spec.json){hint}"
 
 
 def _check_resumed_seed(seed: int | None, state: dict, folder: Path) -> None:
@@ -501,13 +531,20 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     with restoring_tables() if state is not None or parent is not None else nullcontext():
         session = start_session(spec, request.spec_path, settings, folder, plan, device, _say, world, before, after)
     _say(session.data_note)
+    rows = sum(session.train.partition_rows())
+    if state is not None and settings.get("train_rows") not in (None, rows):
+        data, at = settings["data"] or "the spec's data", state.get("position") or {}
+        fail(f"the training data of the run in {folder} changed since it started: {data} holds {rows:,} rows, the "
+             f"run started on {settings['train_rows']:,} (its checkpoint's position, epoch {at.get('epoch')} batch "
+             f"{at.get('batch')}, is a place in those); put that data back to continue, or train on this data in a "
+             f"new run from this one: --init-from {folder} --out NEW")
+    settings["train_rows"] = rows  # recorded in run.json: a resume checks its data against it
     _check_loop_settings(session)
     if world is None or world.lead:
         record_encoder(session, folder, request.resume is not None,
                        settings.get("init_from") if state is None else None)
     if state is not None and state["spec"] != json.dumps(to_dict(session.spec), sort_keys=True):
-        fail(f"{request.spec_path} differs from the spec the run in {folder} was trained with "
-             f"(see {folder}/spec.json)")
+        fail(_spec_changed_line(request.spec_path, folder, state, session.spec))
     config = train_config(settings, folder, progress=not request.quiet)
     trainer = Trainer(session.spec, session.plan, session.model, config, plan_json(session.plan))
     hooks = _console_hooks(trainer, request.quiet) if trainer.lead else None

@@ -120,7 +120,11 @@ def changed_model_line(folder: str, state: dict[str, Any], spec: ModelSpec, star
     old = recorded_spec(state)
     changes = managed_changes(old, spec) if old is not None else []
     if not changes:
-        return line
+        found = model_differences(old, spec) if old is not None else []
+        if not found:
+            return line
+        more = f"; and {len(found) - SHOWN} more" if len(found) > SHOWN else ""
+        return f"{line}: {'; '.join(found[:SHOWN])}{more} (compare the spec with {folder}/spec.json)"
     keep = ", ".join(c.keep() for c in changes)
     todo = (f"keep {keep} to start from this run, or train without --init-from" if starting_from
             else f"keep {keep} to resume it, or start a new run (another --out) with the new "
@@ -128,6 +132,72 @@ def changed_model_line(folder: str, state: dict[str, Any], spec: ModelSpec, star
     more = "" if _only_managed_differs(old, spec) else \
         f". Other parts of the model differ too (compare the spec with {folder}/spec.json)"
     return f"{line}: {'; '.join(c.phrase() for c in changes)}. To go on, {todo}{more}"
+
+
+SHOWN = 3  # differences named in the line
+_ABSENT = object()
+
+
+def model_differences(old: ModelSpec, new: ModelSpec) -> list[str]:
+    """Each part of the model (`model_fingerprint`'s: features, tables, modules, heads, optimizer,
+    training.batch_size and precision) that differs between the run's spec and the one given, in
+    words: "training.batch_size 32 in the run, 64 in the spec", "features[user].hash_buckets 50 in
+    the run, 60 in the spec", "modules[extra] not in the run, in the spec"; named items (features,
+    tables, modules, heads) are matched by name.
+
+    Example:
+        >>> model_differences(old_spec, new_spec)  # doctest: +SKIP
+        ['training.batch_size 32 in the run, 64 in the spec']
+    """
+    out: list[str] = []
+    _differ(_model_doc(old), _model_doc(new), "", out)
+    return out
+
+
+def document_differences(old: Any, new: Any) -> list[str]:
+    """`model_differences` over two whole spec documents (`to_dict`), e.g. the run's spec.json and
+    the spec given to resume it: "training.epochs 2 in the run, 3 in the spec"."""
+    out: list[str] = []
+    _differ(old, new, "", out)
+    return out
+
+
+def _model_doc(spec: ModelSpec) -> dict[str, Any]:
+    from flowrec.graph.plan_io import FINGERPRINT_TRAINING
+    from flowrec.spec.load import to_dict
+
+    doc = to_dict(spec)
+    model = {k: doc.get(k) for k in ("features", "tables", "modules", "heads", "optimizer")}
+    model["training"] = {k: (doc.get("training") or {}).get(k) for k in FINGERPRINT_TRAINING}
+    return model
+
+
+def _differ(a: Any, b: Any, path: str, out: list[str]) -> None:
+    if a == b:
+        return
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in [*a, *(k for k in b if k not in a)]:
+            _differ(a.get(key, _ABSENT), b.get(key, _ABSENT), f"{path}.{key}" if path else str(key), out)
+        return
+    named = isinstance(a, list) and isinstance(b, list) and all(
+        isinstance(x, dict) and isinstance(x.get("name"), str) for x in [*a, *b])
+    if named:
+        left, right = {x["name"]: x for x in a}, {x["name"]: x for x in b}
+        if len(left) == len(a) and len(right) == len(b):
+            before = len(out)
+            for name in [*left, *(n for n in right if n not in left)]:
+                _differ(left.get(name, _ABSENT), right.get(name, _ABSENT), f"{path}[{name}]", out)
+            if len(out) == before:  # the same items in another order
+                out.append(f"{path}: the same items in another order")
+            return
+    out.append(f"{path} {_shown(a)} in the run, {_shown(b)} in the spec")
+
+
+def _shown(value: Any) -> str:
+    if value is _ABSENT:
+        return "not there"
+    text = _value(value) if not isinstance(value, (dict, list)) else json.dumps(value, sort_keys=True)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _only_managed_differs(old: ModelSpec, new: ModelSpec) -> bool:

@@ -21,7 +21,8 @@ from flowrec.runtime.rundir import (
 
 def claim_run_folder(out: Path | None, resume: Path | None, overwrite: bool, name: str,
                      replace_with: str = "--overwrite") -> tuple[Path, Any]:
-    """(folder, lock) of a run: `resume`'s folder (it must hold a run or its run.json), else `out`
+    """(folder, lock) of a run: `resume`'s folder (it must hold a run's run.json, and may hold its
+    checkpoint only with it: without its settings a resume trained the defaults' data), else `out`
     (new, empty, or a run folder; one holding a run needs `overwrite`), else runs/<name>, numbered
     if taken. Raises `RunFolderError` (one line; `replace_with` names how the caller replaces a
     run: the CLI's flag or the API's argument); release the lock when the run ends.
@@ -41,6 +42,12 @@ def claim_run_folder(out: Path | None, resume: Path | None, overwrite: bool, nam
         lock = open_folder(folder)
         _refuse_lost_checkpoint(folder, lock, f"put it back to continue, or start the run over with "
                                               f"--out {folder} {replace_with}")
+        if has_run(folder) and not (folder / RUN_FILE).is_file():  # the settings below the checkpoint
+            lock.release()
+            raise RunFolderError(f"{folder}/{RUN_FILE} is missing: it records the data, rows, epochs and every "
+                                 f"other setting the run was started with, without which the checkpoint would "
+                                 f"go on training other data; put it back to continue, or start the run over "
+                                 f"with --out {folder} {replace_with}")
         return folder, lock
     if out is None:
         _check_not_inside_owned(Path("runs") / name)

@@ -166,6 +166,26 @@ def merge_settings(given: dict[str, Any], recorded: dict[str, Any] | None,
     return settings, notes
 
 
+def recorded_train_rows(given: dict[str, Any], recorded: dict[str, Any] | None, synthetic: bool) -> int | None:
+    """The rows of training data a resumed run started on (run.json's `train_rows`, written by
+    `flowrec train` once its data is read), to check that the data it goes on with is that data;
+    None when run.json has none (a run of before) or --data (or --rows, for `synthetic` rows) given
+    again names other data.
+
+    Example:
+        >>> recorded_train_rows({"data": None, "rows": 9}, {"data": "/d", "rows": 400000, "train_rows": 5000}, False)
+        5000
+    """
+    rows = (recorded or {}).get("train_rows")
+    if not isinstance(rows, int) or isinstance(rows, bool):
+        return None
+    for key in ("data", "rows") if synthetic else ("data",):
+        value = given.get(key)
+        if value is not None and value != recorded.get(key) and not _same_path(key, value, recorded.get(key)):
+            return None
+    return rows
+
+
 def _same_path(key: str, given: Any, recorded: Any) -> bool:
     """A path setting given again, relative where run.json holds it absolute, is no override."""
     if key not in PATH_SETTINGS or not isinstance(given, str) or not isinstance(recorded, str):

@@ -21,13 +21,15 @@ from pathlib import Path
 from flowrec.data.run_paths import BEST_DIR, CHECKPOINT_NAME, RUN_FILE, run_folder_of  # noqa: F401 (re-exported)
 from flowrec.runtime.atomic import TEMP_PREFIX, TEMP_SUFFIX, atomic_write, remove_stale_temps
 from flowrec.runtime.checkpoint.delta import delta_files, is_delta_name, remove_deltas
+from flowrec.runtime.checkpoint.shards import SHARDS_DIR
 from flowrec.runtime.run_log import read_records
 
 LOCK_NAME = ".flowrec.lock"
 METRICS_FILE = "metrics.jsonl"
 RUN_FILES = (CHECKPOINT_NAME, METRICS_FILE, RUN_FILE, "spec.json", "plan.json")
-RUN_SUBFOLDERS = ("data", "tensorboard", BEST_DIR, "encoder")  # bound raw data encoded for the run;
-# TensorBoard logs; the best checkpoint; the encoder of the run's data (flowrec.data.encoder_record)
+RUN_SUBFOLDERS = ("data", "tensorboard", BEST_DIR, "encoder", SHARDS_DIR)  # bound raw data encoded for the
+# run; TensorBoard logs; the best checkpoint; the encoder of the run's data (flowrec.data.encoder_record);
+# the ranks' shards of a distributed run's checkpoints (flowrec.runtime.checkpoint.shards)
 PREPARED = ("data", "encoder")  # what a new run writes before it starts (and a refusal removes)
 STARTED = (METRICS_FILE, RUN_FILE, "spec.json", "plan.json", "tensorboard")  # what it writes as it starts
 # training, before its first checkpoint (a refusal then, e.g. bad data in a later partition, removes them too)
@@ -172,7 +174,8 @@ def open_folder(folder: Path) -> RunLock:
     except OSError as exc:
         raise RunFolderError(f"cannot create run folder {folder}: {exc.strerror or exc}") from None
     lock = RunLock.acquire(folder)
-    remove_stale_temps(folder)
+    for place in (folder, folder / SHARDS_DIR, folder / BEST_DIR, folder / BEST_DIR / SHARDS_DIR):
+        remove_stale_temps(place)  # a rank killed in its shard's write leaves its temp file in checkpoint.shards/
     return lock
 
 
@@ -233,13 +236,15 @@ def clear_run_files(folder: Path) -> None:
     run.json stays: the new run replaces it atomically, so a kill in between never leaves a folder
     that the printed resume command cannot continue. The deltas and metrics.jsonl (the proofs of
     `lost_checkpoint`) go before checkpoint.pt, so a kill in between never leaves a proof of a
-    checkpoint without it.
+    checkpoint without it; the shards of a distributed run's checkpoints go after it.
     """
     remove_deltas(Path(folder) / CHECKPOINT_NAME)
     for name in sorted(RUN_FILES, key=lambda n: n == CHECKPOINT_NAME):  # checkpoint.pt last
         if name != RUN_FILE:
             (Path(folder) / name).unlink(missing_ok=True)
     (Path(folder) / BEST_DIR / CHECKPOINT_NAME).unlink(missing_ok=True)
+    for checkpoint in (Path(folder), Path(folder) / BEST_DIR):  # the ranks' shards, once no checkpoint names them
+        shutil.rmtree(checkpoint / SHARDS_DIR, ignore_errors=True)
 
 
 def write_text(path: Path, text: str) -> None:

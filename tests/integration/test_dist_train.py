@@ -312,6 +312,18 @@ def test_a_bad_launch_is_one_line_and_writes_nothing(work, env, args, message):
     assert "Traceback" not in done.stderr and not (work / "r_bad").exists()
 
 
+def test_a_run_folder_refused_on_two_ranks_is_rank_0s_line_alone(work):
+    # `--out FILE --nproc 2`: rank 0's line was followed by rank 1's "another rank failed ([...gloo...]
+    # Connection closed by peer ...) while waiting for the run folder", for a folder rank 0 only refused
+    (work / "a_file").write_text("not a folder")
+    done = flowrec("train", "spec.yaml", "--data", "d", "-q", "--out", "a_file", "--nproc", "2", cwd=work)
+    assert done.returncode == 2, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert errors[0] == "error: rank 0: a_file is a file, not a run folder", done.stderr
+    assert not [line for line in errors if line.startswith("error: rank 1")], done.stderr
+    assert "Traceback" not in done.stderr
+
+
 @pytest.mark.parametrize("fresh", [False, True], ids=["optimizer", "fresh_optimizer"])
 def test_init_from_on_two_ranks_equals_one_process(work, fresh):
     if not (work / "r1" / "checkpoint.pt").is_file():

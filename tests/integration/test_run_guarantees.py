@@ -78,11 +78,14 @@ def test_overwrite_replaces_a_run_and_its_metrics(spec: Path, tmp_path: Path):
 def test_stale_temp_files_are_removed_when_the_owning_run_starts(spec: Path, tmp_path: Path):
     run = tmp_path / "run"
     assert _train(spec, "--out", str(run), "--max-steps", "4").exit_code == 0
-    stale = run / ".ckpt-killed.tmp"
-    stale.write_bytes(b"half a checkpoint")
+    # a rank of --nproc N killed in its shard's write leaves its temp file in checkpoint.shards/
+    stale = [run / ".ckpt-killed.tmp", run / "checkpoint.shards" / ".ckpt-rank1.tmp", run / "best" / ".ckpt-b.tmp"]
+    for path in stale:
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(b"half a checkpoint")
     resumed = _train(spec, "--resume", str(run), "--max-steps", "6")
     assert resumed.exit_code == 0, resumed.output
-    assert not stale.exists() and ckpt.load_checkpoint(run)["position"]["step"] == 6
+    assert not any(p.exists() for p in stale) and ckpt.load_checkpoint(run)["position"]["step"] == 6
 
 
 def test_default_run_folders_are_claimed_without_races(tmp_path: Path):
@@ -120,6 +123,20 @@ def test_resume_with_another_seed_is_refused_naming_the_seed_not_the_spec(spec: 
     again = runner.invoke(app, ["train", str(spec), "--resume", str(run), "--seed", "5", "--max-steps", "6"])
     assert again.exit_code == 0, again.output
     assert _train_steps(run) == list(range(1, 7))
+
+
+def test_resume_with_a_spec_changed_outside_the_model_names_what_differs(spec: Path, tmp_path: Path):
+    # the spec's epochs raised to train a run further: "spec.yaml differs from the spec the run in run was
+    # trained with (see run/spec.json)", and nothing said what differs or that --epochs does it
+    run = tmp_path / "run"
+    assert _train(spec, "--out", str(run), "--max-steps", "4").exit_code == 0
+    spec.write_text(SPEC.replace("epochs: 2", "epochs: 3"))
+    resumed = runner.invoke(app, ["train", str(spec), "--resume", str(run), "--quiet"])
+    assert resumed.exit_code == 2, resumed.output
+    assert resumed.stderr.strip().splitlines()[-1] == (
+        f"error: {spec} differs from the spec the run in {run} was trained with: training.epochs 2 in the run, 3 in "
+        f"the spec (see {run}/spec.json); to change that, keep the spec as it was and give --epochs on the command "
+        "line")
 
 
 def test_default_folder_of_a_second_run_is_numbered(spec: Path, tmp_path: Path):

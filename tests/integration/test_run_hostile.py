@@ -315,6 +315,39 @@ def test_a_run_whose_checkpoint_was_deleted_is_refused_not_retrained(case: Path,
     assert _snapshot(case) == before
 
 
+def test_resume_of_a_run_whose_run_json_was_deleted_is_refused_not_trained_on_other_data(case: Path):
+    """`--resume RUN` without RUN/run.json went on from the checkpoint with the defaults' settings:
+    400,000 synthetic rows instead of the run's 400 (or the spec's bound data instead of its --data)."""
+    (case / "run" / "run.json").unlink()
+    before = _snapshot(case)
+    result = runner.invoke(app, ["train", str(case / "spec.yaml"), "--resume", str(case / "run"), "--max-steps", "14"])
+    _one_line_exit_2(result, f"{case / 'run'}/run.json is missing")
+    assert _snapshot(case) == before
+
+
+def test_resume_on_data_that_changed_under_the_run_is_refused(case: Path):
+    """The run's --data folder converted again with other rows: `--resume RUN` went on from the
+    checkpoint's epoch and batch in the new rows without a word."""
+    run, data = case / "run2", case / "data"
+    trained = runner.invoke(app, ["train", str(case / "spec.yaml"), "--data", str(data), "--out", str(run),
+                                  "--quiet", "--max-steps", "3"])
+    assert trained.exit_code == 0, trained.output
+    shutil.rmtree(data)
+    made = runner.invoke(app, ["data", "synth", str(case / "spec.yaml"), "--rows", "200", "--out", str(data)])
+    assert made.exit_code == 0, made.output
+    before = _snapshot(run)
+    result = runner.invoke(app, ["train", str(case / "spec.yaml"), "--resume", str(run), "--max-steps", "5"])
+    _one_line_exit_2(result, f"the training data of the run in {run} changed since it started: {data} holds 200 "
+                             f"rows, the run started on 300", status_lines=True)
+    assert _snapshot(run) == before
+    other = runner.invoke(app, ["train", str(case / "spec.yaml"), "--resume", str(run), "--max-steps", "5",
+                                "--data", str(data), "--quiet"])  # given again: still the run's path, refused
+    assert other.exit_code == 2, other.output
+    again = runner.invoke(app, ["train", str(case / "spec.yaml"), "--resume", str(run), "--max-steps", "5",
+                                "--rows", "50", "--quiet"])  # --rows given again on real data: not other data
+    assert again.exit_code == 2, again.output
+
+
 def test_a_run_killed_before_its_first_checkpoint_still_starts_again(case: Path):
     """No proof of a written checkpoint (no end record, no delta): --resume starts from step 0."""
     run = case / "run"

@@ -824,3 +824,49 @@ def test_a_relative_plan_target_missing_says_it_is_the_specs_and_read_from_the_w
         line = result.output.strip().splitlines()[-1]
         assert "the spec's plan.target: cannot read only.json" in line and f"working folder ({tmp_path})" in line, line
     assert not (tmp_path / "r").exists()
+
+
+def test_the_folder_of_a_distributed_run_is_a_run_folder_and_overwrite_removes_its_shards(tmp_path: Path):
+    # `--out RUN --overwrite` of a `--nproc 2` run's folder said "RUN is not empty and is not a flowrec run
+    # folder (it holds checkpoint.shards)"; and a new run over a run's folder left the old ranks' shards
+    from flowrec.runs.folder import claim_run_folder
+    from flowrec.runtime.rundir import clear_run_files
+
+    run = tmp_path / "run"
+    for name in ("checkpoint.pt", "run.json", "checkpoint.shards/step000000040-rank0-of2.pt",
+                 "best/checkpoint.pt", "best/checkpoint.shards/step000000020-rank1-of2.pt"):
+        (run / name).parent.mkdir(parents=True, exist_ok=True)
+        (run / name).write_bytes(b"x")
+    with pytest.raises(RunFolderError, match="already holds a run"):
+        claim_run_folder(run, None, False, "tiny")
+    folder, lock = claim_run_folder(run, None, True, "tiny")
+    try:
+        clear_run_files(folder)
+    finally:
+        lock.release()
+    assert sorted(p.name for p in run.rglob("*") if p.name != ".flowrec.lock") == ["best", "run.json"]
+
+
+def test_resume_with_another_model_names_what_differs():
+    # `--resume RUN` with the batch size or a table changed said only "the spec's model differs from the one
+    # the run in RUN was trained with", leaving the user to diff the specs by hand
+    import yaml
+
+    from flowrec.runs.changes import changed_model_line
+    from flowrec.spec import spec_from_dict
+    from flowrec.spec.load import to_dict
+
+    doc = yaml.safe_load(run_spec())
+    state = {"spec": json.dumps(to_dict(spec_from_dict(doc)))}
+    doc["training"]["batch_size"] = 64
+    doc["features"][1]["hash_buckets"] = 60
+    doc["modules"][2]["layers"] = [8, 4]
+    line = changed_model_line("runs/a", state, spec_from_dict(doc), starting_from=False)
+    assert line == ("the spec's model differs from the one the run in runs/a was trained with: tables[user].hash_buckets "
+                    "50 in the run, 60 in the spec; modules[top].layers [8] in the run, [8, 4] in the spec; "
+                    "training.batch_size 32 in the run, 64 in the spec (compare the spec with runs/a/spec.json)"), line
+    doc["modules"].append({"name": "extra", "kind": "mlp", "inputs": ["top"], "layers": [2]})
+    doc["heads"][0]["input"] = "extra"
+    line = changed_model_line("runs/a", state, spec_from_dict(doc), starting_from=False)
+    assert "modules[extra] not there in the run, " in line and line.endswith(
+        "; and 2 more (compare the spec with runs/a/spec.json)"), line
