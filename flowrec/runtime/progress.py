@@ -18,6 +18,7 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+from rich.table import Column
 
 
 class TrainProgress:
@@ -36,15 +37,18 @@ class TrainProgress:
         if not enabled:
             return
         console = Console(file=sys.stderr)
+        def whole() -> Column:  # the bar gives way, never the figures: at 80 columns (a log's width)
+            return Column(no_wrap=True)  # the step count read '412/281…' for 412/28125
+
         self._bar = Progress(
-            TextColumn("[bold]train"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[rate]:>9} samples/s"),
-            TextColumn("loss {task.fields[loss]}"),
-            TimeElapsedColumn(),
-            TextColumn("eta"),
-            TimeRemainingColumn(),
+            TextColumn("[bold]train", table_column=whole()),
+            BarColumn(bar_width=None, table_column=Column(ratio=1)),
+            MofNCompleteColumn(table_column=whole()),
+            TextColumn("{task.fields[rate]:>9} samples/s", table_column=whole()),
+            TextColumn("loss {task.fields[loss]}", table_column=whole()),
+            TimeElapsedColumn(table_column=whole()),
+            TextColumn("eta", table_column=whole()),
+            TimeRemainingColumn(table_column=whole()),
             console=console,
             transient=False,
         )

@@ -870,3 +870,22 @@ def test_resume_with_another_model_names_what_differs():
     line = changed_model_line("runs/a", state, spec_from_dict(doc), starting_from=False)
     assert "modules[extra] not there in the run, " in line and line.endswith(
         "; and 2 more (compare the spec with runs/a/spec.json)"), line
+
+
+def test_the_training_bar_keeps_its_step_count_whole_at_80_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a log (80 columns) or an 80-column terminal the bar cut its figures: '412/281…' for
+    412/28125 steps. Now the bar itself gives way and every figure is whole."""
+    import io
+    import sys
+
+    from flowrec.runtime.progress import TrainProgress
+
+    for width in (80, 120):
+        monkeypatch.setenv("COLUMNS", str(width))
+        monkeypatch.setattr(sys, "stderr", io.StringIO())
+        bar = TrainProgress(28_125, initial=411)
+        bar.update(4096, 0.693147)
+        bar.close()
+        shown = sys.stderr.getvalue()
+        assert "412/28125" in shown and "loss 0.6931" in shown and "samples/s" in shown, shown
+        assert "…" not in shown, shown
