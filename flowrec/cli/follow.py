@@ -35,7 +35,7 @@ from flowrec.cli.common import fail
 from flowrec.cli.streams import DAYS_DIR, FOLLOW_FILE, done_days
 from flowrec.data.days import DayOrder, day_partitions, parse_order
 from flowrec.data.layout import META_FILE, DataError
-from flowrec.runs.errors import EXIT_INTERRUPTED
+from flowrec.runs.errors import EXIT_INTERRUPTED, interrupt_name
 from flowrec.runtime.rundir import RunFolderError, RunLock, folder_state
 
 LOCK_FILE = ".follow.lock"  # held by the one --follow process of a stream folder
@@ -86,8 +86,8 @@ def follow(request, days: Path, wait_s: float, once: bool, train: Callable, expo
     command = stream_command(request.spec_path, days, run, export, order)
     try:
         _follow_days(request, run, days, wait_s, once, train, export, order, command)
-    except KeyboardInterrupt:  # waiting for a day, scoring one, or starting its run (a day's training says its own)
-        fail(f"interrupted (Ctrl-C); the stream in {run} has trained {len(done_days(run))} day(s); "
+    except KeyboardInterrupt as exc:  # waiting for a day, scoring one, or starting its run (a day's training says its own)
+        fail(f"interrupted ({interrupt_name(exc)}); the stream in {run} has trained {len(done_days(run))} day(s); "
              f"continue with  {command}", EXIT_INTERRUPTED)
     finally:
         lock.release_as_found(found)  # refused: leave no folder

@@ -18,6 +18,7 @@ from typing import Iterator, Optional
 import typer
 
 from flowrec.cli.common import EXIT_INVALID, check_env_switches, exit_without_teardown, fail, is_lead_rank, load_spec_or_exit, planned_spec_or_exit
+from flowrec.runs.errors import Terminated, interrupt_name
 from flowrec.runtime.messages import first_line, out_of_memory
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
@@ -25,16 +26,6 @@ EXIT_OUT_OF_MEMORY = 3
 EXIT_RANK_FAILED = 4  # another rank died or hung: this one stopped at the --dist-timeout
 MAX_DIST_TIMEOUT_S = 7 * 24 * 3600  # a week: the largest --dist-timeout (torch's timedelta overflows far above)
 MAX_FOLLOW_WAIT_S = 7 * 24 * 3600  # a week: the longest --follow-wait (inf would wait forever)
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (what `kill`, `timeout` and schedulers send) outside the training loop, which has its
-    own handler: stopped as Ctrl-C stops it (the start-up's one line, the folder left as found),
-    instead of Python's default, which ended the process without a word or any cleanup."""
-
-
-def _interrupt_name(exc: BaseException) -> str:
-    return "SIGTERM" if isinstance(exc, Terminated) else "Ctrl-C"
 
 
 @contextmanager
@@ -151,7 +142,7 @@ def train(
             _train_command(request, nproc, max_restarts, follow_dir, follow_wait, follow_once, follow_export,
                            follow_order)
     except KeyboardInterrupt as exc:
-        fail(f"interrupted ({_interrupt_name(exc)}) before training started; nothing was trained", EXIT_INTERRUPTED)
+        fail(f"interrupted ({interrupt_name(exc)}) before training started; nothing was trained", EXIT_INTERRUPTED)
 
 
 def _train_command(request: RunRequest, nproc: int, max_restarts: int, follow_dir, follow_wait: float,
@@ -575,7 +566,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     except CacheCapacityError as exc:
         fail(f"at step {trainer.position.step + 1}: {exc}; {trainer.checkpoint_note()}")
     except KeyboardInterrupt as exc:
-        fail(f"interrupted ({_interrupt_name(exc)}) at step {trainer.position.step}; continue with  {resume_cmd}",
+        fail(f"interrupted ({interrupt_name(exc)}) at step {trainer.position.step}; continue with  {resume_cmd}",
              EXIT_INTERRUPTED)
     except (RuntimeError, MemoryError) as exc:
         if out_of_memory(exc):  # torch's CUDA error, or the CPU allocator's RuntimeError

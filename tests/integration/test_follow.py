@@ -316,3 +316,31 @@ def test_a_day_still_being_copied_is_waited_for_not_refused(days, tmp_path: Path
     assert polls[0] < len(whole) and len(polls) == 2, polls
     assert waited.output.count("waiting for day 2026-11-02 to be complete") == 1, waited.output
     assert json.loads((out / "follow.json").read_text())["days"] == ["2026-11-01", "2026-11-02", "2026-11-03"]
+
+
+def test_sigterm_while_waiting_for_a_day_ends_in_the_streams_line(days, tmp_path: Path, monkeypatch):
+    """SIGTERM (kill, timeout, a scheduler) while --follow waited for a day ended the process with
+    exit 143 and no word; then it said 'interrupted (Ctrl-C)'. Now the stream's line names SIGTERM,
+    with the days trained and the command to continue, exit 130, as Ctrl-C there."""
+    import os
+    import signal
+    import threading
+
+    import flowrec.cli.follow as follow_cli
+
+    spec, folder = days
+    out = tmp_path / "stream"
+    sleep = follow_cli.time.sleep
+
+    def terminated(seconds):  # SIGTERM to this process in the stream's wait for a new day
+        if seconds == follow_cli.POLL_S and threading.current_thread() is threading.main_thread():
+            os.kill(os.getpid(), signal.SIGTERM)
+        sleep(seconds)
+
+    monkeypatch.setattr(follow_cli.time, "sleep", terminated)
+    waited = runner.invoke(app, ["train", str(spec), "--follow", str(folder), "--out", str(out), "--quiet",
+                                 "--device", "cpu", "--follow-wait", "60"])
+    assert waited.exit_code == 130, waited.output
+    line = waited.output.strip().splitlines()[-1]
+    assert line.startswith("error: interrupted (SIGTERM); the stream in") and "has trained 3 day(s)" in line, line
+    assert f"continue with  flowrec train {spec} --follow {folder} --out {out}" in line
