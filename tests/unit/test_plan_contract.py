@@ -72,6 +72,8 @@ def test_edited_placement_is_checked_priced_and_recorded(repo: Path, tmp_path: P
     (lambda d: d["groups"][0].update(placement="gpu"), "'gpu' is not one of"),
     (lambda d: d.update(micro_batches=0), "micro_batches"),
     (lambda d: d.update(micro_batches=10**6), "between 1 and the batch size"),
+    # an edited prefetch of 10**9 loaded (the spec caps it at 1024): the loader would stage every batch ahead
+    (lambda d: d.update(prefetch=10**9), "prefetch"),
     (lambda d: d.update(group_order=["nope"]), "group_order must name every group once"),
     (lambda d: d["nodes"][-2]["attrs"].append(["extra", 1]), "differs from what the spec defines"),
     (lambda d: d["groups"][0]["tables"][0].update(rows=7), "differs from what the spec defines"),
