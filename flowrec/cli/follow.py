@@ -35,8 +35,9 @@ from flowrec.cli.common import fail
 from flowrec.cli.streams import DAYS_DIR, FOLLOW_FILE, done_days
 from flowrec.data.days import DayOrder, day_partitions, parse_order
 from flowrec.data.layout import META_FILE, DataError
-from flowrec.runs.errors import EXIT_INTERRUPTED, interrupt_name
+from flowrec.runs.errors import EXIT_INTERRUPTED
 from flowrec.runtime.rundir import RunFolderError, RunLock, folder_state
+from flowrec.runtime.signals import interrupt_name
 
 LOCK_FILE = ".follow.lock"  # held by the one --follow process of a stream folder
 EXPORT_DIR = "export"

@@ -7,18 +7,16 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import signal
 import sys
-import threading
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Optional
 
 import typer
 
 from flowrec.cli.common import EXIT_INVALID, check_env_switches, exit_without_teardown, fail, is_lead_rank, load_spec_or_exit, planned_spec_or_exit
-from flowrec.runs.errors import Terminated, interrupt_name
+from flowrec.runtime.signals import interrupt_name, terminated_as_interrupted
 from flowrec.runtime.messages import first_line, out_of_memory
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
@@ -26,23 +24,6 @@ EXIT_OUT_OF_MEMORY = 3
 EXIT_RANK_FAILED = 4  # another rank died or hung: this one stopped at the --dist-timeout
 MAX_DIST_TIMEOUT_S = 7 * 24 * 3600  # a week: the largest --dist-timeout (torch's timedelta overflows far above)
 MAX_FOLLOW_WAIT_S = 7 * 24 * 3600  # a week: the longest --follow-wait (inf would wait forever)
-
-
-@contextmanager
-def _terminated_as_interrupted() -> Iterator[None]:
-    """Within: SIGTERM raises `Terminated` (only in the main thread, where signals are handled)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def terminated(signum, frame) -> None:
-        raise Terminated
-
-    previous = signal.signal(signal.SIGTERM, terminated)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _say(message: str) -> None:
@@ -138,7 +119,7 @@ def train(
     request = RunRequest(spec_path, out, resume, overwrite, given, quiet, json_out, report, init_from,
                          fresh_optimizer, dist_timeout)
     try:
-        with _terminated_as_interrupted():
+        with terminated_as_interrupted():
             _train_command(request, nproc, max_restarts, follow_dir, follow_wait, follow_once, follow_export,
                            follow_order)
     except KeyboardInterrupt as exc:

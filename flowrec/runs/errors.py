@@ -11,17 +11,6 @@ EXIT_RANK_FAILED = 4  # another rank died or hung: this one stopped at the --dis
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (what `kill`, `timeout` and schedulers send) outside the training loop, which has its
-    own handler: stopped as Ctrl-C stops it (the start-up's one line, the folder left as found),
-    instead of Python's default, which ended the process without a word or any cleanup."""
-
-
-def interrupt_name(exc: BaseException) -> str:
-    """How a stop's line names what stopped it: SIGTERM (`Terminated`) or Ctrl-C."""
-    return "SIGTERM" if isinstance(exc, Terminated) else "Ctrl-C"
-
-
 class RunError(ValueError):
     """A run cannot start or go on; `str(error)` is one line, `code` the CLI's exit status, `cause`
     the error of a lower layer it reports (a `DataError`, say), for callers that want that type."""

@@ -50,6 +50,7 @@ from flowrec.runtime.hostmem import tune_host_allocator
 from flowrec.runtime.lowering import LoweredModel
 from flowrec.runtime.messages import first_line
 from flowrec.runtime.run_log import MetricsLog
+from flowrec.runtime.signals import handlers_installed
 from flowrec.runtime.nonfinite import LossGuard, NonFiniteLoss, TrainingStopped, first_non_finite
 from flowrec.runtime.pipeline import TransferStage
 from flowrec.runtime.placement import HOST_SIDE
@@ -849,15 +850,8 @@ class GracefulInterrupt:
         """Within: Ctrl-C or SIGTERM interrupts at once (a KeyboardInterrupt), for work after the last
         step (the final evaluation), which the run's last checkpoint follows; SIGTERM had ended the
         process there without it. Only in the main thread."""
-        if threading.current_thread() is not threading.main_thread():
+        with handlers_installed({sig: signal.default_int_handler for sig in self.SIGNALS}):
             yield
-            return
-        previous = {sig: signal.signal(sig, signal.default_int_handler) for sig in self.SIGNALS}
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
 
 
 def resume_state(run_dir: Path) -> dict[str, Any]:
