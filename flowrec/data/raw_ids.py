@@ -55,6 +55,11 @@ def not_utf8(values: pa.Array) -> str | None:
     are, or it holds no bytes): ids are read as text."""
     if not (pa.types.is_binary(values.type) or pa.types.is_large_binary(values.type)):
         return None
+    try:
+        pc.cast(values, pa.string())  # Arrow's own check; the rows are walked only to name a bad one
+        return None
+    except pa.ArrowInvalid:
+        pass
     for row, value in enumerate(values.to_pylist()):
         try:
             value is None or value.decode("utf-8")

@@ -90,10 +90,9 @@ class _SpecLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # C parser wh
         if ":" in text:
             self.noted.append(SpecIssue("", f"line {line}: {text} is read by YAML as the base-60 number "
                                                  f"{value}; quote it if it is text, or write the number"))
-        elif _LEADING_ZERO.match(text) and value != int(text.replace("_", "")):
+        elif _LEADING_ZERO.match(text) and value != (decimal := int(text.replace("_", ""))):
             self.noted.append(SpecIssue("", f"line {line}: {text} is read by YAML as the octal number "
-                                                 f"{value}, not {int(text.replace('_', ''))}; write the number "
-                                                 f"without its leading zeros"))
+                                            f"{value}, not {decimal}; write the number without its leading zeros"))
 
 
 _SpecLoader.add_implicit_resolver("tag:yaml.org,2002:float", _EXP_FLOAT, list("-+0123456789"))
