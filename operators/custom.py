@@ -141,13 +141,8 @@ def _cpu_dry_run(path: str, params: Mapping[str, Any], in_width: int) -> tuple[A
     Raises:
         CustomModuleError: it fails there too (the error is the user's, not the meta device's).
     """
-    x = torch.zeros(DRY_RUN_BATCH, in_width)
-    with torch.random.fork_rng(devices=[]), torch.no_grad():
-        inner = build_custom(path, params)
-        try:
-            return inner(x), x
-        except (Exception, SystemExit) as exc:
-            raise CustomModuleError(f"{path} failed on a ({DRY_RUN_BATCH}, {in_width}) input: {_why(exc)}") from None
+    with torch.random.fork_rng(devices=[]):
+        return _forward_zeros(build_custom(path, params), path, in_width)
 
 
 class CustomModule(nn.Module):
@@ -212,13 +207,24 @@ def _materialize_lazy(inner: nn.Module, path: str, in_width: int) -> None:
     training = inner.training
     inner.eval()
     try:
-        with torch.no_grad(), contextlib.redirect_stdout(sys.stderr):
-            inner(torch.zeros(DRY_RUN_BATCH, in_width))
-    except (Exception, SystemExit) as exc:
-        raise CustomModuleError(f"{path} failed on a ({DRY_RUN_BATCH}, {in_width}) input initialising its lazy "
-                                f"parameters: {_why(exc)}") from None
+        with contextlib.redirect_stdout(sys.stderr):
+            _forward_zeros(inner, path, in_width, " initialising its lazy parameters")
     finally:
         inner.train(training)
+
+
+def _forward_zeros(inner: nn.Module, path: str, in_width: int, doing: str = "") -> tuple[Any, torch.Tensor]:
+    """`inner`'s output on (DRY_RUN_BATCH, in_width) CPU zeros without gradients, and those zeros.
+
+    Raises:
+        CustomModuleError: the forward fails (naming `path` and what it was `doing`).
+    """
+    x = torch.zeros(DRY_RUN_BATCH, in_width)
+    try:
+        with torch.no_grad():
+            return inner(x), x
+    except (Exception, SystemExit) as exc:
+        raise CustomModuleError(f"{path} failed on a ({DRY_RUN_BATCH}, {in_width}) input{doing}: {_why(exc)}") from None
 
 
 def _mapping(params: Any) -> dict[str, Any]:
