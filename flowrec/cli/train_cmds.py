@@ -424,7 +424,7 @@ def _train_in_folder(request: RunRequest, spec, folder: Path, world=None) -> Non
 def _spec_changed_line(spec_path: Path, folder: Path, state: dict, spec) -> str:
     """The one line refusing to resume a run with a spec that differs outside the model (its seed,
     epochs, schedule, evaluation, description...): what differs, and the flag that does it where one does."""
-    from flowrec.runs.changes import SHOWN, document_differences
+    from flowrec.runs.changes import document_differences, listed
     from flowrec.spec.load import to_dict
 
     line = f"{spec_path} differs from the spec the run in {folder} was trained with"
@@ -433,8 +433,7 @@ def _spec_changed_line(spec_path: Path, folder: Path, state: dict, spec) -> str:
     except (ValueError, TypeError):
         found = []
     if found:
-        more = f"; and {len(found) - SHOWN} more" if len(found) > SHOWN else ""
-        line += f": {'; '.join(found[:SHOWN])}{more}"
+        line += f": {listed(found)}"
     flags = [flag for key, flag in (("training.epochs ", "--epochs"), ("training.eval_every ", "--eval-every"))
              if any(f.startswith(key) for f in found)]
     hint = f"; to change that, keep the spec as it was and give {' and '.join(flags)} on the command line" \

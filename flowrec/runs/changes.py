@@ -123,8 +123,7 @@ def changed_model_line(folder: str, state: dict[str, Any], spec: ModelSpec, star
         found = model_differences(old, spec) if old is not None else []
         if not found:
             return line
-        more = f"; and {len(found) - SHOWN} more" if len(found) > SHOWN else ""
-        return f"{line}: {'; '.join(found[:SHOWN])}{more} (compare the spec with {folder}/spec.json)"
+        return f"{line}: {listed(found)} (compare the spec with {folder}/spec.json)"
     keep = ", ".join(c.keep() for c in changes)
     todo = (f"keep {keep} to start from this run, or train without --init-from" if starting_from
             else f"keep {keep} to resume it, or start a new run (another --out) with the new "
@@ -149,9 +148,13 @@ def model_differences(old: ModelSpec, new: ModelSpec) -> list[str]:
         >>> model_differences(old_spec, new_spec)  # doctest: +SKIP
         ['training.batch_size 32 in the run, 64 in the spec']
     """
-    out: list[str] = []
-    _differ(_model_doc(old), _model_doc(new), "", out)
-    return out
+    return document_differences(_model_doc(old), _model_doc(new))
+
+
+def listed(found: list[str]) -> str:
+    """The first `SHOWN` differences, and how many more there are."""
+    more = f"; and {len(found) - SHOWN} more" if len(found) > SHOWN else ""
+    return f"{'; '.join(found[:SHOWN])}{more}"
 
 
 def document_differences(old: Any, new: Any) -> list[str]:
