@@ -30,6 +30,7 @@ FILES: dict[str, frozenset[str]] = {
         "test_cost_calibrated", "test_cost_exchange", "test_data_batches", "test_data_rowcache", "test_data_rowpack", "test_data_cachesim", "test_data_checks",
         "test_data_dask", "test_data_lookahead_synth", "test_data_profile_hot", "test_access_unseen", "test_access_epoch", "test_data_strata",
         "test_evalmetrics", "test_fake_cuda_runtime", "test_transfer_pricing", "test_fake_cuda_static", "test_gpu_report",
+        "test_gpu_lease",
         "test_graph_build", "test_graph_verify", "test_incremental_rows", "test_kernels_nvrtc", "test_cupy_stream_choice", "test_data_priority",
         "test_layers", "test_operators_backends", "test_operators_casting", "test_operators_casting_cpu", "test_operators_dense",
         "test_operators_embedding", "test_restored_tables", "test_package_digests", "test_cli_help_layout", "test_operators_fused_update", "test_passes_literal",
