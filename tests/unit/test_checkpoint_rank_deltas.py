@@ -149,3 +149,18 @@ def test_a_rank_lost_after_the_manifest_is_written_names_the_step_a_restart_resu
         assert written and saver.note() == "the checkpoint of step 10 is kept"
     else:  # rank 0 stopped before or after its manifest: both are named
         assert not written and "step 10" in saver.note() and "step 5" in saver.note()
+
+
+def test_a_damaged_delta_shard_names_the_deltas_whose_removal_leaves_the_state_before_it(tmp_path):
+    # the line named the damaged file only: nothing said that removing it (and the deltas after it)
+    # leaves the checkpoint before it, which loads
+    state, weight, opt = chain(tmp_path, 2)
+    first, _ = state[DELTA_SHARDS_KEY][0]
+    _, entry = state[DELTA_SHARDS_KEY][0]
+    target = tmp_path / SHARDS_DIR / entry["files"][0]
+    target.write_bytes(target.read_bytes()[:100])
+    with pytest.raises(CheckpointError) as caught:
+        assemble_shards(tmp_path / "checkpoint.pt", state)
+    assert (f"removing {first.name} and checkpoint.delta-000002.pt from {tmp_path} leaves the checkpoint "
+            f"before it (step 4)") in str(caught.value)
+    assert assemble_shards(tmp_path / "checkpoint.pt", {**state, DELTA_SHARDS_KEY: []})["model"]
