@@ -469,6 +469,8 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     from flowrec.runtime.rundir import RunFolderError, clear_run_files
     from flowrec.runs.start import memory_hint, record_encoder, start_session, train_config
     from flowrec.runtime.trainer import Trainer
+    from dataclasses import replace
+
     from operators.embedding import restoring_tables
     from flowrec.spec.load import to_dict
 
@@ -488,6 +490,11 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
                                     settings.get("max_steps"), reading_bar(not request.quiet and is_lead_rank()))
     if world is not None:
         device = world.device  # cuda:LOCAL_RANK for each rank on CUDA
+    if state is not None:  # the spec the session trains (`session.prepare`), checked before any data is read
+        trained = spec if settings["seed"] is None else replace(spec, training=replace(spec.training,
+                                                                                         seed=settings["seed"]))
+        if state["spec"] != json.dumps(to_dict(trained), sort_keys=True):
+            fail(_spec_changed_line(request.spec_path, folder, state, trained))
 
     def before() -> None:  # rank 0 encodes bound data into the run folder first
         if world is not None and not world.lead:
@@ -514,8 +521,6 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     if world is None or world.lead:
         record_encoder(session, folder, request.resume is not None,
                        settings.get("init_from") if state is None else None)
-    if state is not None and state["spec"] != json.dumps(to_dict(session.spec), sort_keys=True):
-        fail(_spec_changed_line(request.spec_path, folder, state, session.spec))
     config = train_config(settings, folder, progress=not request.quiet)
     trainer = Trainer(session.spec, session.plan, session.model, config, plan_json(session.plan))
     hooks = _console_hooks(trainer, request.quiet) if trainer.lead else None

@@ -430,3 +430,24 @@ def test_stale_damaged_and_missing_deltas(spec: Path, tmp_path: Path):
     result = runner.invoke(app, ["export", str(run), str(tmp_path / "x.pt")])
     assert result.exit_code == 2 and "delta-000002.pt is damaged" in result.output
     assert "Traceback" not in result.output and not (tmp_path / "x.pt").exists()
+
+
+def test_a_damaged_delta_names_the_files_whose_removal_resumes_from_the_checkpoint_before_it(spec: Path,
+                                                                                             tmp_path: Path):
+    # the refusal named the damaged delta only; removing it and the deltas after it resumes
+    run = tmp_path / "inc"
+    _train(spec, run, "--checkpoint-full-every", "4", "--max-steps", "15")  # full at 5, deltas at 10 and 15
+    first = delta_path(run / "checkpoint.pt", 1)
+    first.write_bytes(first.read_bytes()[:200])
+    refused = runner.invoke(app, ["train", str(spec), "--resume", str(run), "--max-steps", "20", "--quiet"])
+    assert refused.exit_code == 2 and "Traceback" not in refused.output, refused.output
+    deltas = [path for _, path in delta_files(run / "checkpoint.pt")]
+    assert len(deltas) >= 2
+    named = f"{', '.join(p.name for p in deltas[:-1])} and {deltas[-1].name}"
+    hint = f"removing {named} from {run} leaves the checkpoint before it (step 5)"
+    assert hint in refused.output.replace("\n", " "), refused.output
+    for path in deltas:
+        path.unlink()
+    resumed = runner.invoke(app, ["train", str(spec), "--resume", str(run), "--max-steps", "20"])
+    assert resumed.exit_code == 0, resumed.output
+    assert "(step 5)" in resumed.output and load_checkpoint(run)["position"]["step"] == 20

@@ -139,6 +139,30 @@ def test_resume_with_a_spec_changed_outside_the_model_names_what_differs(spec: P
         "line")
 
 
+@pytest.mark.parametrize("seed", [None, "5"], ids=["spec_seed", "same_seed_given"])
+def test_resume_with_a_spec_changed_outside_the_model_is_refused_before_any_data_is_read(spec: Path, tmp_path: Path,
+                                                                                         monkeypatch, seed):
+    # the refusal came after the run's data was read and its model built (minutes on big data)
+    from flowrec.runs import start
+
+    run = tmp_path / "run"
+    assert _train(spec, "--out", str(run), "--max-steps", "4").exit_code == 0
+    started = []
+    real = start.start_session
+    monkeypatch.setattr(start, "start_session", lambda *a, **k: started.append(1) or real(*a, **k))
+    again = runner.invoke(app, ["train", str(spec), "--resume", str(run), "--max-steps", "5", "--quiet",
+                                *(["--seed", seed] if seed else [])])
+    assert again.exit_code == 0 and started, again.output  # the unchanged spec (and its own seed) resumes
+    started.clear()
+    spec.write_text(SPEC.replace("epochs: 2", "epochs: 3"))
+    resumed = runner.invoke(app, ["train", str(spec), "--resume", str(run), "--quiet",
+                                 *(["--seed", seed] if seed else [])])
+    assert resumed.exit_code == 2, resumed.output
+    assert resumed.stderr.strip().splitlines()[-1].startswith(
+        f"error: {spec} differs from the spec the run in {run} was trained with: training.epochs 2 in the run")
+    assert not started
+
+
 def test_default_folder_of_a_second_run_is_numbered(spec: Path, tmp_path: Path):
     for _ in range(2):
         assert _train(spec, "--max-steps", "2").exit_code == 0

@@ -359,3 +359,55 @@ def test_a_run_killed_before_its_first_checkpoint_still_starts_again(case: Path)
     assert result.exit_code == 0, result.output
     assert "has no checkpoint yet: starting it again from step 0" in result.stderr
     assert (run / "checkpoint.pt").is_file()
+
+
+def _unprivileged() -> list[str] | None:
+    """A command prefix that runs a process as the user nobody (65534), or None where that is not
+    possible (not root, no setpriv, or this Python cannot run as nobody)."""
+    import subprocess
+    import sys
+
+    setpriv = shutil.which("setpriv")
+    if os.geteuid() != 0 or setpriv is None:
+        return None
+    prefix = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
+    try:
+        probe = subprocess.run([*prefix, sys.executable, "-c", "import flowrec, torch"], capture_output=True,
+                               timeout=120, cwd="/", env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return prefix if probe.returncode == 0 else None
+
+
+@pytest.mark.parametrize("inside", [False, True], ids=["read_only_folder", "folder_inside_a_read_only_one"])
+def test_out_on_a_read_only_folder_is_one_line_before_training_and_leaves_nothing(inside):
+    # untested: we run as root, to whom every folder is writable; a user's --out on a folder they may
+    # not write must be one line before anything is read or trained, and leave nothing behind
+    import subprocess
+    import sys
+    import tempfile
+
+    prefix = _unprivileged()
+    if prefix is None:
+        pytest.skip("needs root, setpriv and a Python the user nobody can run")
+    top = Path(tempfile.mkdtemp(prefix="flowrec-ro-"))
+    try:
+        top.chmod(0o755)
+        read_only, cwd, home = top / "ro", top / "cwd", top / "home"
+        read_only.mkdir(mode=0o755)  # root's: nobody may not write in it
+        for folder in (cwd, home):
+            folder.mkdir()
+            folder.chmod(0o1777)
+        (cwd / "spec.yaml").write_text(SPEC)
+        out = read_only / "run" if inside else read_only
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2]), "HOME": str(home), "TMPDIR": str(home),
+               "OMP_NUM_THREADS": "1"}
+        done = subprocess.run([*prefix, sys.executable, "-m", "flowrec", "train", "spec.yaml", "--rows", "200",
+                               "--out", str(out), "--quiet"], cwd=cwd, env=env, capture_output=True, text=True,
+                              timeout=300)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2, done.stderr
+        assert len(lines) == 1 and lines[0].startswith("error: ") and str(out) in lines[0], done.stderr
+        assert list(read_only.iterdir()) == [] and [p.name for p in cwd.iterdir()] == ["spec.yaml"]
+    finally:
+        shutil.rmtree(top, ignore_errors=True)

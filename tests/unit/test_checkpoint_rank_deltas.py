@@ -112,3 +112,55 @@ def test_a_new_full_checkpoint_removes_the_older_delta_shards(tmp_path):
     keep = base_run(tmp_path, 2, step=10)[0]["shards"]["files"]
     remove_stale_shards(tmp_path, keep)
     assert sorted(p.name for p in (tmp_path / SHARDS_DIR).iterdir()) == sorted(keep)
+
+
+class _Writer:
+    group = None
+
+
+class _World:
+    def __init__(self, rank: int) -> None:
+        self.rank, self.size, self.lead = rank, 2, rank == 0
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_rank_lost_after_the_manifest_is_written_names_the_step_a_restart_resumes_from(tmp_path, monkeypatch,
+                                                                                          rank):
+    # kill -9 of a rank in a commit: rank 0 wrote checkpoint.pt of step 10 and its broadcast failed;
+    # the stop line said "the checkpoint of step 5 is kept" while --max-restarts resumed at step 10
+    import torch.distributed as dist
+
+    from flowrec.runtime.checkpoint.ranks import RankCheckpointer, RankLost
+
+    def gather(out, mine, group=None):
+        out[:] = [mine, ("ok", ("step10-rank1.pt", "d1"))]
+
+    def broadcast(objects, src=0, group=None):
+        raise RuntimeError("Connection closed by peer")
+
+    monkeypatch.setattr(dist, "all_gather_object", gather)
+    monkeypatch.setattr(dist, "broadcast_object_list", broadcast)
+    saver = RankCheckpointer.__new__(RankCheckpointer)
+    saver.world, saver._writer, saver.step, saver._unsure = _World(rank), _Writer(), 5, None
+    written = []
+    with pytest.raises(RankLost):
+        saver._commit(10, ("ok", ("step10-rank0.pt", "d0")), lambda files: written.append(files) or "digest")
+    if rank == 0:
+        assert written and saver.note() == "the checkpoint of step 10 is kept"
+    else:  # rank 0 stopped before or after its manifest: both are named
+        assert not written and "step 10" in saver.note() and "step 5" in saver.note()
+
+
+def test_a_damaged_delta_shard_names_the_deltas_whose_removal_leaves_the_state_before_it(tmp_path):
+    # the line named the damaged file only: nothing said that removing it (and the deltas after it)
+    # leaves the checkpoint before it, which loads
+    state, weight, opt = chain(tmp_path, 2)
+    first, _ = state[DELTA_SHARDS_KEY][0]
+    _, entry = state[DELTA_SHARDS_KEY][0]
+    target = tmp_path / SHARDS_DIR / entry["files"][0]
+    target.write_bytes(target.read_bytes()[:100])
+    with pytest.raises(CheckpointError) as caught:
+        assemble_shards(tmp_path / "checkpoint.pt", state)
+    assert (f"removing {first.name} and checkpoint.delta-000002.pt from {tmp_path} leaves the checkpoint "
+            f"before it (step 4)") in str(caught.value)
+    assert assemble_shards(tmp_path / "checkpoint.pt", {**state, DELTA_SHARDS_KEY: []})["model"]

@@ -75,17 +75,38 @@ def apply_deltas(base_path: Path, state: dict[str, Any], map_location: Any = "cp
         CheckpointError: a damaged delta, a gap in the chain, or a delta that does not fit the base.
     """
     expected = 1
-    for sequence, path in delta_files(base_path):
-        delta = read_torch_file(path, map_location, "flowrec checkpoint delta")
-        check_delta(path, delta)
-        if delta["base"] != state["digest"]:
-            continue  # a delta of a replaced full checkpoint
-        if delta["sequence"] != sequence or sequence != expected:
-            raise CheckpointError(f"{path} does not follow delta {expected - 1} of {base_path.name} "
-                                  f"(a delta of the chain is missing)")
-        _apply(path, state, delta)
+    files = delta_files(base_path)
+    for at, (sequence, path) in enumerate(files):
+        try:
+            delta = read_torch_file(path, map_location, "flowrec checkpoint delta")
+            check_delta(path, delta)
+            if delta["base"] != state["digest"]:
+                continue  # a delta of a replaced full checkpoint
+            if delta["sequence"] != sequence or sequence != expected:
+                raise CheckpointError(f"{path} does not follow delta {expected - 1} of {base_path.name} "
+                                      f"(a delta of the chain is missing)")
+            _apply(path, state, delta)
+        except CheckpointError as exc:
+            raise CheckpointError(f"{exc}; {without_deltas([p for _, p in files[at:]], _step(state))}") from None
         expected += 1
     return state
+
+
+def without_deltas(paths: list[Path], step: int | None) -> str:
+    """What to do about a delta that cannot be applied (the first of `paths`, the deltas from it
+    on): removing them leaves the chain before it, a consistent earlier state (of `step`)."""
+    names = [p.name for p in paths]
+    listed = names[0] if len(names) == 1 else (
+        f"{', '.join(names[:-1])} and {names[-1]}" if len(names) <= 3 else f"{names[0]} to {names[-1]} ({len(names)} files)")
+    state = "the checkpoint before it" + (f" (step {step})" if step is not None else "")
+    return f"removing {listed} from {paths[0].parent} leaves {state}, which --resume, eval and export read"
+
+
+def _step(state: dict[str, Any]) -> int | None:
+    """The step of a checked checkpoint state (None where its position has none)."""
+    position = state.get("position")
+    step = position.get("step") if isinstance(position, dict) else None
+    return step if isinstance(step, int) else None
 
 
 def check_delta(path: Path, delta: Any) -> None:

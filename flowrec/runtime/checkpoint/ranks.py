@@ -117,6 +117,7 @@ class RankCheckpointer:
         self.rows_of_group = dict(rows_of_group)
         self.model, self.world = model, world
         self.step: int | None = None  # step of the newest checkpoint on disk (committed)
+        self._unsure: int | None = None  # step of a commit rank 0 stopped in (this rank cannot tell the outcome)
         self.seconds = {"full": [], "delta": []}  # per checkpoint: snapshot copy + write + commit seconds
         self.extra_bytes: list[int] = []  # per streamed full checkpoint: most host bytes its writer held
         self._dirty = DirtyRows()
@@ -358,9 +359,13 @@ class RankCheckpointer:
             raise ERRORS[failed[0]](failed[1])
         files = [tuple(o[1]) for o in outcomes]
         lead: list[Any] = [_attempt(lambda: lead_write(files)) if self.world.lead else None]
+        if self.world.lead and lead[0][0] == "ok":
+            self.step = step  # its manifest is on disk: what a restart resumes from, whatever comes next
         try:
             dist.broadcast_object_list(lead, src=0, group=group)
         except RuntimeError as exc:
+            if not self.world.lead:  # rank 0 stopped before or after its manifest: this rank cannot tell
+                self._unsure = step
             raise RankLost(f"the checkpoint of step {step} was not committed: rank 0 did not "
                            f"answer ({first_line(exc)})") from None
         kind, value = lead[0]
@@ -406,6 +411,7 @@ class RankCheckpointer:
             state["shards"] = manifest(step, self.world.size, files)
             digest = self._lead_write(lambda: save_checkpoint(folder / CHECKPOINT_NAME, state))
             if digest is not None:
+                self.step = step  # on disk, whatever the other ranks' answer (`_commit`)
                 remove_deltas(folder / CHECKPOINT_NAME)
                 remove_stale_shards(folder, [name for name, _ in files])
         self._raise_if_lead_failed(digest, folder / CHECKPOINT_NAME)
@@ -433,6 +439,8 @@ class RankCheckpointer:
                          shards=manifest(step, self.world.size, files))
             target = delta_path(folder / CHECKPOINT_NAME, sequence)
             digest = self._lead_write(lambda: save_checkpoint(target, delta))
+            if digest is not None:
+                self.step = step  # on disk, whatever the other ranks' answer (`_commit`)
         self._raise_if_lead_failed(digest, delta_path(folder / CHECKPOINT_NAME, sequence))
         self._written = sequence
 
@@ -499,10 +507,15 @@ class RankCheckpointer:
             self._writer.finish()
 
     def note(self) -> str:
-        """What is on disk after a failure: the newest checkpoint's step, or that there is none."""
-        if self.step is None:
-            return "no checkpoint was written"
-        return f"the checkpoint of step {self.step} is kept"
+        """What is on disk after a failure: the newest checkpoint's step, or that there is none
+        (both candidates where rank 0 stopped in the commit of a newer one, before or after
+        writing its manifest: a restart resumes from whichever is on disk)."""
+        kept = "no checkpoint was written" if self.step is None else f"the checkpoint of step {self.step} is kept"
+        if self._unsure is None:
+            return kept
+        before = "none" if self.step is None else f"that of step {self.step}"
+        return (f"the checkpoint of step {self._unsure} is kept if rank 0 wrote it before it stopped, "
+                f"else {before}")
 
 
 class RankLost(RuntimeError):

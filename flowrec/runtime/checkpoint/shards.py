@@ -134,9 +134,15 @@ def assemble_shards(path: Path, state: dict[str, Any], map_location: str | torch
     for group, parts in tables.items():
         _check_cover(path, group, parts)
     sizes = {group: sum(r.numel() for r in parts["rows"]) for group, parts in tables.items()}
-    for delta_path, delta_entry in deltas:
-        patches = _read_shards(delta_path, delta_entry, map_location, maps)  # a delta's maps replace the base's
-        _check_patches(delta_path, tables, sizes, patches)
+    for at, (delta_path, delta_entry) in enumerate(deltas):
+        try:
+            patches = _read_shards(delta_path, delta_entry, map_location, maps)  # a delta's maps replace the base's
+            _check_patches(delta_path, tables, sizes, patches)
+        except CheckpointError as exc:
+            from flowrec.runtime.checkpoint.delta import without_deltas
+
+            before = (deltas[at - 1][1] if at else entry).get("step")  # checked by `_read_shards`
+            raise CheckpointError(f"{exc}; {without_deltas([p for p, _ in deltas[at:]], before)}") from None
         for group, parts in patches.items():
             for key in ("rows", "weight", "state"):
                 tables[group][key] += parts[key]
