@@ -178,8 +178,10 @@ def csv_chunks(path: Path, log: ErrorLog, numeric: set[str], delimiter: str, nam
             header_lines = max(1, _first_row(path)[0])
         except (OSError, pa.ArrowInvalid):
             pass  # the reader names the file
-    if lines_of_bytes:  # pyarrow numbers the rows it skips, then the lines that are not blank
-        log.file_line = BlankLines(path, header_lines)
+    quote = None if delimiter == "\t" else '"'
+    if lines_of_bytes:  # pyarrow numbers the rows it skips, then the rows (not blank lines, not lines of a quoted value)
+        log.file_line = BlankLines(path, header_lines, None if quote is None else quote.encode(),
+                                   delimiter.encode(encoding or "utf-8"))
     read = pcsv.ReadOptions(block_size=chunk_bytes, use_threads=False, column_names=names,
                             skip_rows=header_lines, encoding=encoding or "utf8")
     header_lines = header_lines if names is not None else 1
@@ -190,7 +192,7 @@ def csv_chunks(path: Path, log: ErrorLog, numeric: set[str], delimiter: str, nam
             slot.reader = pcsv.open_csv(
                 _csv_source(path), read_options=read,
                 parse_options=pcsv.ParseOptions(delimiter=delimiter, invalid_row_handler=tracked(on_invalid),
-                                                quote_char=False if delimiter == "\t" else '"'),
+                                                quote_char=quote if quote is not None else False),
                 convert_options=_binary_columns(path, delimiter, names, encoding or "utf-8"))
     except (OSError, pa.ArrowInvalid) as exc:
         raise (failures[0] if failures else DataError(f"cannot read {path}: {exc}")) from None
@@ -384,26 +386,31 @@ def _first_row(path: Path) -> tuple[int, bytes | None]:
 
 
 class BlankLines:
-    """The 1-based line of a text file (`_open_lines`: decompressed) that is its k-th line that is
-    not blank: pyarrow's CSV reader skips blank lines without counting them, so the line numbers of
-    its rows (and of the rows it rejects) name an earlier line after a blank one. Read only for a
-    row that is reported, and only as far as the lines asked for (the file is kept open where the
-    last question left it).
+    """The 1-based line of a text file (`_open_lines`: decompressed) on which its k-th row starts:
+    pyarrow's CSV reader numbers rows, not lines. It skips blank lines without counting them, and a
+    quoted value may span lines (`"a\\nb"`, with `quote` the quote character), so the row number of
+    a row (or of one it rejects) names an earlier line after either. Read only for a row that is
+    reported, and only as far as the rows asked for (the file is kept open where the last question
+    left it).
 
     >>> import tempfile
     >>> with tempfile.TemporaryDirectory() as d:
     ...     p = Path(d) / "f.csv"
     ...     _ = p.write_bytes(b"a\\n\\n\\r\\nb\\nc\\n")
     ...     lines = BlankLines(p)
-    ...     [lines(1), lines(3), lines(2), lines(4)]
-    [1, 5, 4, 6]
+    ...     _ = (Path(d) / "q.csv").write_bytes(b'x,"1\\n\\n2"\\ny,3\\n')
+    ...     [lines(1), lines(3), lines(2), lines(4)], BlankLines(Path(d) / "q.csv", quote=b'"')(2)
+    ([1, 5, 4, 6], 4)
     """
 
-    def __init__(self, path: Path, skip: int = 0) -> None:
+    def __init__(self, path: Path, skip: int = 0, quote: bytes | None = None, delimiter: bytes = b",") -> None:
         self.path = path
         self.skip = skip  # lines skipped by their count (`skip_rows`, blank or not): numbered as they are
-        self.kept: list[int] = []  # the file's line of each line not blank, in order, as far as read
+        self.quote = quote  # the quote character (None: values are not quoted, a row is one line)
+        self.delimiter = delimiter
+        self.kept: list[int] = []  # the file's line each row starts on, in order, as far as read
         self.read = 0  # lines read so far
+        self.in_quote = False  # the line read last ended inside a quoted value (its row goes on)
         self._lines: Iterator[tuple[int, bytes]] | None = None
 
     def __call__(self, k: int) -> int:
@@ -421,7 +428,13 @@ class BlankLines:
             self._lines = self._numbered()
         for number, line in self._lines:
             self.read = number
-            if number > self.skip and line.rstrip(b"\r\n"):
+            if number <= self.skip:
+                continue
+            text = line.rstrip(b"\r\n")
+            starts = not self.in_quote and bool(text)
+            if self.quote is not None and self.quote in text:
+                self.in_quote = _ends_quoted(text, self.in_quote, self.quote, self.delimiter)
+            if starts:
                 self.kept.append(number)
                 if len(self.kept) >= k:
                     return
@@ -432,6 +445,36 @@ class BlankLines:
                 yield from enumerate(fh, 1)
         except (OSError, pa.ArrowInvalid):
             return
+
+
+def _ends_quoted(text: bytes, in_quote: bool, quote: bytes, delimiter: bytes) -> bool:
+    """Whether a line (`text`, without its line break) of delimited text ends inside a quoted value,
+    read as pyarrow's CSV parser reads it: a quote opens a quoted value only at the start of a field
+    (elsewhere it is a plain character), two quotes inside one are a quote, and one quote closes it.
+    `in_quote`: the line starts inside a quoted value (the previous line ended in one).
+
+    >>> _ends_quoted(b'1,"a', False, b'"', b","), _ends_quoted(b'b"",c', True, b'"', b","), _ends_quoted(b'x"y', False, b'"', b",")
+    (True, True, False)
+    """
+    i, n = 0, len(text)
+    field_start = not in_quote
+    while i < n:
+        if in_quote:
+            j = text.find(quote, i)
+            if j < 0:
+                return True
+            if text[j + 1:j + 2] == quote:  # an escaped quote
+                i = j + 2
+                continue
+            in_quote, field_start, i = False, False, j + 1
+        elif field_start and text[i:i + 1] == quote:
+            in_quote, i = True, i + 1
+        else:
+            j = text.find(delimiter, i)
+            if j < 0:
+                return False
+            field_start, i = True, j + 1
+    return in_quote
 
 
 def _line_numbers(seen: int, n: int, header: int, skipped: list[int]) -> np.ndarray:

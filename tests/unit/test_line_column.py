@@ -88,6 +88,24 @@ def test_a_row_after_blank_lines_is_named_by_its_own_line(tmp_path: Path) -> Non
     assert made.exit_code == 2 and "b.csv:6: label 2.0 in column label" in made.stderr, made.stderr
 
 
+def test_a_row_after_a_quoted_value_that_spans_lines_is_named_by_its_own_line(tmp_path: Path) -> None:
+    """pyarrow numbers rows, not lines: a quoted value over three lines (one of them blank, one
+    holding an escaped quote) named every later bad row two or three lines early (a.csv:4 for line 6)."""
+    path = tmp_path / "a.csv"
+    path.write_text('d1,user,label\n0.5,"a\n\nb "" c\nd",1\n0.1,b,0\n0.2,c\n0.3,"x\ny",1\nx,e,1\n0.4,f,2\n')
+    with pytest.raises(DataError, match=r"a\.csv:7: wrong field count \(2, expected 3\)"):
+        _rows(sources.reader("csv"), path)
+    log = ErrorLog("skip", str(path))
+    (table,) = list(sources.reader("csv")(path, {}, log, {"d1", "label"}))
+    assert [e.line for e in log.examples] == [7, 10]
+    assert table.column("user").to_pylist() == ['a\n\nb " c\nd', "b", "x\ny", "f"]
+    (tmp_path / "s.yaml").write_text(SPEC)
+    (tmp_path / "b.csv").write_text('d1,user,label\n0.5,"a\nb",1\n0.4,f,2\n')
+    made = runner.invoke(app, ["data", "convert", "csv", str(tmp_path / "b.csv"), str(tmp_path / "out"), "--spec",
+                               str(tmp_path / "s.yaml"), "-q"])
+    assert made.exit_code == 2 and "b.csv:4: label 2.0 in column label" in made.stderr, made.stderr
+
+
 def test_a_header_named_over_by_data_options_names_is_skipped_after_blank_lines(tmp_path: Path) -> None:
     """With `names` and `header: true`, the header is skipped by its count of lines, and a blank line
     before it was skipped instead: the header became a row, 'non-numeric value 'd1''."""
