@@ -192,7 +192,9 @@ def csv_chunks(path: Path, log: ErrorLog, numeric: set[str], delimiter: str, nam
             slot.reader = pcsv.open_csv(
                 _csv_source(path), read_options=read,
                 parse_options=pcsv.ParseOptions(delimiter=delimiter, invalid_row_handler=tracked(on_invalid),
-                                                quote_char=quote if quote is not None else False),
+                                                quote_char=quote if quote is not None else False,
+                                                # a quoted value may span lines: across a block's end too
+                                                newlines_in_values=quote is not None),
                 convert_options=_binary_columns(path, delimiter, names, encoding or "utf-8"))
     except (OSError, pa.ArrowInvalid) as exc:
         raise (failures[0] if failures else DataError(f"cannot read {path}: {exc}")) from None

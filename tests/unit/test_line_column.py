@@ -106,6 +106,16 @@ def test_a_row_after_a_quoted_value_that_spans_lines_is_named_by_its_own_line(tm
     assert made.exit_code == 2 and "b.csv:4: label 2.0 in column label" in made.stderr, made.stderr
 
 
+def test_a_quoted_value_that_spans_the_end_of_a_block_is_read(tmp_path: Path) -> None:
+    """A file over one block (16 MiB) whose quoted value spanned lines across the block's end stopped
+    the conversion: 'unreadable input (CSV parser got out of sync with chunker ...)'."""
+    path = tmp_path / "a.csv"
+    path.write_text("d1,user,label\n" + "".join(f'0.{i},"u{i}\nv",{i % 2}\n' for i in range(50)))
+    tables = list(sources.reader("csv")(path, {"chunk_bytes": 64}, ErrorLog("fail", str(path)), {"d1", "label"}))
+    users = [u for t in tables for u in t.column("user").to_pylist()]
+    assert users == [f"u{i}\nv" for i in range(50)]
+
+
 def test_a_header_named_over_by_data_options_names_is_skipped_after_blank_lines(tmp_path: Path) -> None:
     """With `names` and `header: true`, the header is skipped by its count of lines, and a blank line
     before it was skipped instead: the header became a row, 'non-numeric value 'd1''."""
