@@ -159,6 +159,11 @@ def _follow_days(request, run: Path, days: Path, wait_s: float, once: bool, trai
         if done and _before(day, done[-1], landed, order):
             fail(f"day {day.name} landed after day {done[-1]} was trained; days train in order "
                  f"{'of name' if order.column is None else 'of column ' + repr(order.column)}")
+        begun = _begun(run, todo)
+        if begun is not None and begun != day.name:  # its checkpoint trained from another day than the one before
+            fail(f"day {day.name} landed before day {begun}, whose training in {run / DAYS_DIR / begun} is under "
+                 f"way; days train in order {'of name' if order.column is None else 'of column ' + repr(order.column)}: "
+                 f"move day {day.name} out of {days}, or remove {run / DAYS_DIR / begun} to train it again after it")
         why = _unready(day)
         if why is not None:  # a day copied in (cp -r, rsync) whose _flowrec.json came before its data
             if time.monotonic() < deadline:

@@ -330,3 +330,15 @@ def test_a_first_day_cut_short_under_names_as_text_is_resumed_first(tmp_path: Pa
     assert trained == [("day10", "resumed"), ("day9", "day10")]
     assert json.loads((stream / "follow.json").read_text())["names"] == "text"
 
+
+def test_a_day_landing_before_the_day_under_way_is_refused(tmp_path: Path, monkeypatch, capsys):
+    """A day that landed (while the stream was down) before the day whose training a crash cut short
+    trained first, then the cut day resumed from a checkpoint that started from another day."""
+    days, stream, trained = _stream(tmp_path, monkeypatch, ["day1", "day2", "day3"])
+    (stream / "days" / "day3").mkdir(parents=True)
+    (stream / "days" / "day3" / "checkpoint.pt").write_text("")
+    (stream / "follow.json").write_text(json.dumps({"days": ["day1"], "order": "name", "names": "natural"}))
+    with pytest.raises(typer.Exit):
+        _follow(days, stream, trained)
+    assert trained == []
+    assert "day day2 landed before day day3, whose training" in capsys.readouterr().err
