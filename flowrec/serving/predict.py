@@ -331,6 +331,9 @@ def raw_table(table: pa.Table | pd.DataFrame) -> pa.Table:
         raise TypeError(f"the rows must be a pandas DataFrame or a pyarrow Table of raw columns, not "
                         f"{type(table).__module__}.{type(table).__qualname__}"
                         f"{' (pd.DataFrame(...) makes one of a dict or list of rows)' if isinstance(table, (dict, list, tuple, np.ndarray)) else ''}")
+    twice = table.columns[table.columns.duplicated()]
+    if len(twice):  # which of the two is meant is unknowable (pyarrow's ValueError named no way out)
+        raise DataError(f"the rows name column {twice[0]!r} twice: drop or rename one")
     try:
         return pa.Table.from_pandas(table, preserve_index=False)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:

@@ -347,3 +347,11 @@ def test_float_ids_of_a_dataframe_that_may_be_rounded_are_refused_nullable_integ
     assert exact.shape == (4, 1) and np.array_equal(exact["ctr"].to_numpy(), text["ctr"].to_numpy())
     assert not np.array_equal(exact["ctr"].to_numpy(), model.predict(pd.DataFrame(
         {"user": [str(2**60), None, str(2**63), "7"], "item": [str(2**64), "3", None, str(2**53)]}))["ctr"].to_numpy())
+
+
+def test_a_dataframe_naming_a_column_twice_is_one_line(managed_pkg):
+    """pd.DataFrame(..., columns=["user", "item", "item"]) raised pyarrow's ValueError 'Duplicate
+    column names found' from predict, not the DataError its docstring promises for bad rows."""
+    model = load_model(managed_pkg)
+    with pytest.raises(DataError, match="the rows name column 'item' twice: drop or rename one"):
+        model.predict(pd.DataFrame([["a", "1", "2"]], columns=["user", "item", "item"]))
