@@ -164,6 +164,14 @@ def csv_chunks(path: Path, log: ErrorLog, numeric: set[str], delimiter: str, nam
     def on_invalid(row: Any) -> str:
         line = row.number if row.number is not None else -1
         skipped.append(line)
+        text = (row.text or "").rstrip("\r\n")
+        if "\n" in text:  # a quote not closed took the lines after it into one row: skipping it would drop them
+            at = line if log.file_line is None else log.file_line(line)
+            failures.append(DataError(
+                f"malformed row at {log.path or path}:{at}: a quoted value runs over {text.count(chr(10)) + 1} lines "
+                f"to a row of {row.actual_columns} fields, expected {row.expected_columns} (a quote not closed?): "
+                f"{text[:80]!r}; fix the quote (--on-error skip would drop those lines as one row)"))
+            return "skip"
         try:
             log.add(line, f"wrong field count ({row.actual_columns}, expected {row.expected_columns})",
                     row.text or "")
@@ -199,14 +207,17 @@ def csv_chunks(path: Path, log: ErrorLog, numeric: set[str], delimiter: str, nam
     except (OSError, pa.ArrowInvalid) as exc:
         raise (failures[0] if failures else DataError(f"cannot read {path}: {exc}")) from None
     try:
-        yield from _read_batches(path, slot, failures, log, numeric, required, header_lines, skipped, hint)
+        yield from _read_batches(path, slot, failures, log, numeric, required, header_lines, skipped, hint,
+                                 chunk_bytes if quote is not None else 0)
     finally:
         slot.reader = None  # released here; Arrow's IO threads may finish with it a little later
 
 
 def _read_batches(path: Path, slot: ReaderSlot, failures: list[DataError], log: ErrorLog, numeric: set[str],
-                  required: set[str], header_lines: int, skipped: list[int], hint: str | None) -> Iterator[pa.Table]:
-    """The checked chunks of the open streaming reader in `slot` (`csv_chunks`)."""
+                  required: set[str], header_lines: int, skipped: list[int], hint: str | None,
+                  quoted_bytes: int = 0) -> Iterator[pa.Table]:
+    """The checked chunks of the open streaming reader in `slot` (`csv_chunks`). `quoted_bytes`: the
+    block size of a reader of quoted values (0: values are not quoted), the most a quoted value may hold."""
     try:
         _unique_columns(path, slot.reader.schema.names)
     except UnicodeDecodeError:
@@ -224,6 +235,11 @@ def _read_batches(path: Path, slot: ReaderSlot, failures: list[DataError], log: 
                 raise failures[0] from None
             return
         except pa.ArrowInvalid as exc:
+            if not failures and quoted_bytes and isinstance(log.file_line, BlankLines):
+                at = log.file_line.open_quote(seen + len(skipped) + header_lines + 1, quoted_bytes)
+                if at is not None:  # pyarrow's words: a value 'straddles two block boundaries'
+                    raise DataError(f"{path}:{at}: a quoted value opened on this line runs on past "
+                                    f"{quoted_bytes:,} bytes (a quote not closed?): fix the quote") from None
             raise (failures[0] if failures else DataError(f"{path}: unreadable input ({exc})")) from None
         if failures:
             raise failures[0]
@@ -440,6 +456,33 @@ class BlankLines:
                 self.kept.append(number)
                 if len(self.kept) >= k:
                     return
+
+    def open_quote(self, k: int, limit: int) -> int | None:
+        """The line on which a quoted value opens, at or after the k-th row, that is still open `limit`
+        bytes on (or at the end of the file), or None: looked at within a few `limit`s of that row."""
+        if k - self.skip > 1:
+            self._read_to(k - self.skip - 1)
+        if self._lines is None:
+            self._lines = self._numbered()
+        opened, held, looked = None, 0, 0
+        for number, line in self._lines:
+            self.read = number
+            looked += len(line)
+            text = line.rstrip(b"\r\n")
+            if not self.in_quote and text:
+                self.kept.append(number)
+            if self.quote is not None and self.quote in text:
+                self.in_quote = _ends_quoted(text, self.in_quote, self.quote, self.delimiter)
+            if self.in_quote:
+                opened = number if opened is None else opened
+                held += len(line)
+                if held > limit:
+                    return opened
+            else:
+                opened, held = None, 0
+            if looked > 4 * limit and opened is None:
+                return None
+        return opened if self.in_quote else None
 
     def _numbered(self) -> Iterator[tuple[int, bytes]]:
         try:
