@@ -248,7 +248,24 @@ def _check_kinds(**arguments: tuple[Any, str]) -> None:
     for name, (value, wanted) in arguments.items():
         kinds = (str, os.PathLike) if "path" in wanted else (str,)
         if not isinstance(value, kinds) and not (value is None and wanted.endswith("or None")):
-            raise RunError(f"{name} must be {wanted}, not {value!r:.80}")
+            raise RunError(f"{name} must be {wanted}, not {_shown(value)}")
+
+
+def _shown(value: Any) -> str:
+    """A refused argument in one line: its repr (80 characters at most), or its type where the repr
+    spans lines (a DataFrame's table, whose rows would read as more lines of the error).
+
+    >>> _shown("runs/a"), _shown(3.0)
+    ("'runs/a'", '3.0')
+    """
+    text = repr(value)
+    if "\n" not in text:
+        return f"{text:.80}"
+    kind = type(value)
+    frame = kind.__module__.startswith("pandas") or kind.__module__.startswith("pyarrow")
+    return (f"a {kind.__module__.split('.')[0]}.{kind.__qualname__}" +
+            (" (rows are read from a dataset folder: write them to Parquet and `flowrec data convert parquet` "
+             "them; flowrec.load_model(PACKAGE).predict scores rows in memory)" if frame else ""))
 
 
 def _check_arguments(**arguments: Any) -> None:
@@ -259,7 +276,7 @@ def _check_arguments(**arguments: Any) -> None:
     from flowrec.runs.errors import RunError
 
     def refuse(name: str, wanted: str) -> None:
-        raise RunError(f"{name} must be {wanted}, not {arguments[name]!r:.80}")
+        raise RunError(f"{name} must be {wanted}, not {_shown(arguments[name])}")
 
     if not isinstance(arguments["spec"], (str, os.PathLike, ModelSpec)):
         refuse("spec", "a spec file path or a ModelSpec")

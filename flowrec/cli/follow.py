@@ -1,7 +1,7 @@
 """`flowrec train SPEC --follow DAYS --out RUN`: continuous training on a stream of day partitions.
 
 Each day is an encoded dataset folder under DAYS (one with ``_flowrec.json``: a conversion
-renames it into place only when complete), taken in order of name, or with `--follow-order
+renames it into place only when complete), taken in order of name (day2 before day10), or with `--follow-order
 date:COLUMN` by the first date of COLUMN that conversion recorded for it (`flowrec.data.days`).
 For each day not trained yet:
 the model of the previous day is first scored on it (progressive validation: metrics on data it
@@ -32,7 +32,7 @@ from typing import Callable
 import typer
 
 from flowrec.cli.common import fail
-from flowrec.cli.streams import DAYS_DIR, FOLLOW_FILE, done_days
+from flowrec.cli.streams import DAYS_DIR, FOLLOW_FILE, done_days, names_as_text
 from flowrec.data.days import DayOrder, day_partitions, parse_order
 from flowrec.data.layout import META_FILE, DataError
 from flowrec.runs.errors import EXIT_INTERRUPTED
@@ -55,7 +55,8 @@ def landed_days(days: Path, order: DayOrder = DayOrder()) -> list[Path]:
 def _record(run: Path, days: list[str], order: DayOrder) -> None:
     from flowrec.runtime.rundir import write_text
 
-    write_text(run / FOLLOW_FILE, json.dumps({"days": days, "order": str(order)}, indent=2) + "\n")
+    names = "text" if order.text else "natural"  # how names compare (a stream started before natural order: text)
+    write_text(run / FOLLOW_FILE, json.dumps({"days": days, "order": str(order), "names": names}, indent=2) + "\n")
 
 
 def follow(request, days: Path, wait_s: float, once: bool, train: Callable, export: bool = False,
@@ -140,6 +141,8 @@ def _follow_days(request, run: Path, days: Path, wait_s: float, once: bool, trai
     deadline = time.monotonic() + wait_s
     trained = 0
     waiting_on = None  # the day a wait for its files was announced for
+    done_days(run, order)  # a damaged record, or another order, is refused first
+    order = _names_order(run, days, order)
     while True:
         done = done_days(run, order)
         landed = landed_days(days, order)
@@ -156,6 +159,11 @@ def _follow_days(request, run: Path, days: Path, wait_s: float, once: bool, trai
         if done and _before(day, done[-1], landed, order):
             fail(f"day {day.name} landed after day {done[-1]} was trained; days train in order "
                  f"{'of name' if order.column is None else 'of column ' + repr(order.column)}")
+        begun = _begun(run, todo)
+        if begun is not None and begun != day.name:  # its checkpoint trained from another day than the one before
+            fail(f"day {day.name} landed before day {begun}, whose training in {run / DAYS_DIR / begun} is under "
+                 f"way; days train in order {'of name' if order.column is None else 'of column ' + repr(order.column)}: "
+                 f"move day {day.name} out of {days}, or remove {run / DAYS_DIR / begun} to train it again after it")
         why = _unready(day)
         if why is not None:  # a day copied in (cp -r, rsync) whose _flowrec.json came before its data
             if time.monotonic() < deadline:
@@ -180,6 +188,30 @@ def _follow_days(request, run: Path, days: Path, wait_s: float, once: bool, trai
             return
 
 
+def _begun(run: Path, todo: list[Path]) -> str | None:
+    """The day not recorded yet whose run folder holds a checkpoint (a crash cut its training short;
+    the next day to train), or None."""
+    return next((d.name for d in todo if (run / DAYS_DIR / d.name / "checkpoint.pt").is_file()), None)
+
+
+def _names_order(run: Path, days: Path, order: DayOrder) -> DayOrder:
+    """The order of the stream in `run`: names compared as text for a stream that began while they
+    were (its follow.json records no `names`, or it recorded no day yet while the day it began is
+    first in text order only), naturally otherwise."""
+    text = replace(order, text=True)
+    if names_as_text(run):
+        return text
+    if not done_days(run):  # killed in its first day: the day begun decides
+        try:
+            landed = day_partitions(days, order)
+        except DataError:
+            return order  # the loop names the problem
+        begun = _begun(run, landed)
+        if begun is not None and landed[0].name != begun and day_partitions(days, text)[0].name == begun:
+            return text
+    return order
+
+
 def _unready(day: Path) -> str | None:
     """Why the landed `day` cannot be read yet, or None: its metadata or a part file is not readable,
     or its part files hold another row count than its _flowrec.json records (a day whose copy is
@@ -198,7 +230,7 @@ def _before(day: Path, last: str, landed: list[Path], order: DayOrder) -> bool:
     """True when `day` comes before the day trained last (by name; by date while that day is still
     among the landed ones, which `day_partitions` sorted by the same key: no day is dated again)."""
     if order.column is None:
-        return day.name < last
+        return order.name_key(day.name) < order.name_key(last)
     names = [d.name for d in landed]
     return last in names and names.index(day.name) < names.index(last)
 

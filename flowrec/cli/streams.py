@@ -66,6 +66,19 @@ def done_days(run: Path, order: DayOrder | None = None) -> list[str]:
     return days
 
 
+def names_as_text(run: Path) -> bool:
+    """True when the stream in `run` has trained days while day names compared as text (day10
+    before day2): its follow.json records no `names` (`done_days` has checked the record). Such a
+    stream keeps that order: in natural order a day it trained may come after one it has not."""
+    from flowrec.spec.json_doc import read_json_document
+
+    path = run / FOLLOW_FILE
+    if not os.path.lexists(path):
+        return False
+    doc = read_json_document(path)
+    return bool(doc["days"]) and doc.get("names") != "natural"
+
+
 def _plain_name(name: str) -> bool:
     """A day's folder name: one path component, neither `.` nor `..`."""
     return bool(name) and name not in (".", "..") and "/" not in name and "\\" not in name and "\0" not in name

@@ -5,7 +5,9 @@ renames it into place only when complete) directly under the folder, its name no
 ``.`` or ``_``. Days are taken in order of name (``name``, the default) or by a date column
 (``date:COLUMN``): the smallest value of COLUMN that conversion recorded for the day (data option
 ``date_column``, or ``split_by``, in ``_flowrec_stats.json``), else the smallest value of a stored
-numeric column COLUMN; ties by name. `day_ids` gives the distinct raw ids of a day's managed
+numeric column COLUMN; ties by name. Names compare naturally (`name_key`: runs of digits as
+numbers, so day2 comes before day10); a stream started when they compared as text keeps that
+order (`DayOrder.text`, told by its follow.json). `day_ids` gives the distinct raw ids of a day's managed
 tables (what `flowrec data inspect DAYS` shows per day, new ids included).
 
 Example:
@@ -18,6 +20,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -41,12 +44,33 @@ class DayOrder:
 
     Args:
         column: the date column (None: by name).
+        text: names compare as text (day10 before day2), as they did before flowrec compared them
+            naturally: the order of a stream started then (its follow.json records no `names`).
     """
 
     column: str | None = None
+    text: bool = False
+
+    def name_key(self, name: str) -> Any:
+        """The sort key of a day's name in this order."""
+        return name if self.text else name_key(name)
 
     def __str__(self) -> str:
         return "name" if self.column is None else f"date:{self.column}"
+
+
+_DIGITS = re.compile(r"([0-9]+)")
+
+
+def name_key(name: str) -> tuple[tuple[Any, ...], str]:
+    """The natural sort key of a day's name: runs of ASCII digits compared as numbers, the rest as
+    text; names that differ only in leading zeros (day01, day1) by their text.
+
+    >>> sorted(["day10", "day2", "day1", "day01", "2026-11-02", "2026-11-10"], key=name_key)
+    ['2026-11-02', '2026-11-10', 'day01', 'day1', 'day2', 'day10']
+    """
+    parts = _DIGITS.split(name)  # text, digits, text, ...: digits at the odd places
+    return tuple(int(p) if i % 2 else p for i, p in enumerate(parts)), name
 
 
 def parse_order(text: str) -> DayOrder:
@@ -60,7 +84,7 @@ def parse_order(text: str) -> DayOrder:
 
 
 def landed(folder: Path) -> list[Path]:
-    """The complete day partitions under `folder`, in order of name (raises DataError if it is not a folder)."""
+    """The complete day partitions under `folder`, in natural order of name (raises DataError if it is not a folder)."""
     if not folder.is_dir():
         raise DataError(f"{folder}: not a folder")
     if (folder / META_FILE).is_file():  # one day given as the days: --follow-wait waited for days under it
@@ -68,8 +92,8 @@ def landed(folder: Path) -> list[Path]:
                         f"give the folder that holds the days (the one {folder.name} lies in?)")
     if _split_of(folder):  # its train and test parts are no days (test would train first)
         raise DataError(f"{folder} is one dataset split into train/ and test/, not a folder of day partitions")
-    days = sorted(p for p in folder.iterdir() if p.is_dir() and (p / META_FILE).is_file()
-                  and not p.name.startswith((".", "_")))
+    days = sorted((p for p in folder.iterdir() if p.is_dir() and (p / META_FILE).is_file()
+                   and not p.name.startswith((".", "_"))), key=lambda p: name_key(p.name))
     from flowrec.data.output_guard import owner_of
 
     for p in sorted(folder.iterdir()) if owner_of(folder) is None else ():  # (a run's data/ is no day)
@@ -117,14 +141,14 @@ def _ordered(folder: Path, order: DayOrder, meta: Callable[[Path], DatasetMeta])
     each day dated once. `meta` reads a day's meta (a caller that reads it again passes a cached one)."""
     days = landed(folder)
     if order.column is None:
-        return [(day, None) for day in days]
+        return [(day, None) for day in sorted(days, key=lambda d: order.name_key(d.name))]
     dated = {day.name: _dated(day, order.column, meta) for day in days}
     sources = {source: name for name, (_, source) in dated.items()}
     if len(sources) > 1:  # raw dates of some days against stored (possibly transformed) values of others
         raise DataError(f"day {sources['recorded']} has the dates of column {order.column!r} that conversion "
                         f"recorded, day {sources['stored']} only its stored values: convert every day with "
                         f"the data option date_column: {order.column}")
-    keys = {name: (value, name) for name, (value, _) in dated.items()}
+    keys = {name: (value, order.name_key(name)) for name, (value, _) in dated.items()}
     kinds = {type(k[0]) for k in keys.values()}
     if len(kinds) > 1:
         raise DataError(f"date column {order.column!r} holds numbers for some days and text for others: "
@@ -132,11 +156,11 @@ def _ordered(folder: Path, order: DayOrder, meta: Callable[[Path], DatasetMeta])
     return [(day, keys[day.name][0]) for day in sorted(days, key=lambda d: keys[d.name])]
 
 
-def day_key(day: Path, order: DayOrder) -> tuple[Any, str]:
-    """The sort key of one day: (its first date, its name); (name,) when ordered by name."""
+def day_key(day: Path, order: DayOrder) -> tuple[Any, ...]:
+    """The sort key of one day: (its first date, its name's key); (its name's key,) when ordered by name."""
     if order.column is None:
-        return (day.name,)
-    return _dated(day, order.column, read_meta)[0], day.name
+        return (order.name_key(day.name),)
+    return _dated(day, order.column, read_meta)[0], order.name_key(day.name)
 
 
 def _dated(day: Path, column: str, meta: Callable[[Path], DatasetMeta]) -> tuple[Any, str]:

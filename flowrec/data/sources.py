@@ -164,6 +164,14 @@ def csv_chunks(path: Path, log: ErrorLog, numeric: set[str], delimiter: str, nam
     def on_invalid(row: Any) -> str:
         line = row.number if row.number is not None else -1
         skipped.append(line)
+        text = (row.text or "").rstrip("\r\n")
+        if "\n" in text:  # a quote not closed took the lines after it into one row: skipping it would drop them
+            at = line if log.file_line is None else log.file_line(line)
+            failures.append(DataError(
+                f"malformed row at {log.path or path}:{at}: a quoted value runs over {text.count(chr(10)) + 1} lines "
+                f"to a row of {row.actual_columns} fields, expected {row.expected_columns} (a quote not closed?): "
+                f"{text[:80]!r}; fix the quote (--on-error skip would drop those lines as one row)"))
+            return "skip"
         try:
             log.add(line, f"wrong field count ({row.actual_columns}, expected {row.expected_columns})",
                     row.text or "")
@@ -178,8 +186,10 @@ def csv_chunks(path: Path, log: ErrorLog, numeric: set[str], delimiter: str, nam
             header_lines = max(1, _first_row(path)[0])
         except (OSError, pa.ArrowInvalid):
             pass  # the reader names the file
-    if lines_of_bytes:  # pyarrow numbers the rows it skips, then the lines that are not blank
-        log.file_line = BlankLines(path, header_lines)
+    quote = None if delimiter == "\t" else '"'
+    if lines_of_bytes:  # pyarrow numbers the rows it skips, then the rows (not blank lines, not lines of a quoted value)
+        log.file_line = BlankLines(path, header_lines, None if quote is None else quote.encode(),
+                                   delimiter.encode(encoding or "utf-8"))
     read = pcsv.ReadOptions(block_size=chunk_bytes, use_threads=False, column_names=names,
                             skip_rows=header_lines, encoding=encoding or "utf8")
     header_lines = header_lines if names is not None else 1
@@ -190,19 +200,24 @@ def csv_chunks(path: Path, log: ErrorLog, numeric: set[str], delimiter: str, nam
             slot.reader = pcsv.open_csv(
                 _csv_source(path), read_options=read,
                 parse_options=pcsv.ParseOptions(delimiter=delimiter, invalid_row_handler=tracked(on_invalid),
-                                                quote_char=False if delimiter == "\t" else '"'),
+                                                quote_char=quote if quote is not None else False,
+                                                # a quoted value may span lines: across a block's end too
+                                                newlines_in_values=quote is not None),
                 convert_options=_binary_columns(path, delimiter, names, encoding or "utf-8"))
     except (OSError, pa.ArrowInvalid) as exc:
         raise (failures[0] if failures else DataError(f"cannot read {path}: {exc}")) from None
     try:
-        yield from _read_batches(path, slot, failures, log, numeric, required, header_lines, skipped, hint)
+        yield from _read_batches(path, slot, failures, log, numeric, required, header_lines, skipped, hint,
+                                 chunk_bytes if quote is not None else 0)
     finally:
         slot.reader = None  # released here; Arrow's IO threads may finish with it a little later
 
 
 def _read_batches(path: Path, slot: ReaderSlot, failures: list[DataError], log: ErrorLog, numeric: set[str],
-                  required: set[str], header_lines: int, skipped: list[int], hint: str | None) -> Iterator[pa.Table]:
-    """The checked chunks of the open streaming reader in `slot` (`csv_chunks`)."""
+                  required: set[str], header_lines: int, skipped: list[int], hint: str | None,
+                  quoted_bytes: int = 0) -> Iterator[pa.Table]:
+    """The checked chunks of the open streaming reader in `slot` (`csv_chunks`). `quoted_bytes`: the
+    block size of a reader of quoted values (0: values are not quoted), the most a quoted value may hold."""
     try:
         _unique_columns(path, slot.reader.schema.names)
     except UnicodeDecodeError:
@@ -220,6 +235,11 @@ def _read_batches(path: Path, slot: ReaderSlot, failures: list[DataError], log: 
                 raise failures[0] from None
             return
         except pa.ArrowInvalid as exc:
+            if not failures and quoted_bytes and isinstance(log.file_line, BlankLines):
+                at = log.file_line.open_quote(seen + len(skipped) + header_lines + 1, quoted_bytes)
+                if at is not None:  # pyarrow's words: a value 'straddles two block boundaries'
+                    raise DataError(f"{path}:{at}: a quoted value opened on this line runs on past "
+                                    f"{quoted_bytes:,} bytes (a quote not closed?): fix the quote") from None
             raise (failures[0] if failures else DataError(f"{path}: unreadable input ({exc})")) from None
         if failures:
             raise failures[0]
@@ -384,26 +404,31 @@ def _first_row(path: Path) -> tuple[int, bytes | None]:
 
 
 class BlankLines:
-    """The 1-based line of a text file (`_open_lines`: decompressed) that is its k-th line that is
-    not blank: pyarrow's CSV reader skips blank lines without counting them, so the line numbers of
-    its rows (and of the rows it rejects) name an earlier line after a blank one. Read only for a
-    row that is reported, and only as far as the lines asked for (the file is kept open where the
-    last question left it).
+    """The 1-based line of a text file (`_open_lines`: decompressed) on which its k-th row starts:
+    pyarrow's CSV reader numbers rows, not lines. It skips blank lines without counting them, and a
+    quoted value may span lines (`"a\\nb"`, with `quote` the quote character), so the row number of
+    a row (or of one it rejects) names an earlier line after either. Read only for a row that is
+    reported, and only as far as the rows asked for (the file is kept open where the last question
+    left it).
 
     >>> import tempfile
     >>> with tempfile.TemporaryDirectory() as d:
     ...     p = Path(d) / "f.csv"
     ...     _ = p.write_bytes(b"a\\n\\n\\r\\nb\\nc\\n")
     ...     lines = BlankLines(p)
-    ...     [lines(1), lines(3), lines(2), lines(4)]
-    [1, 5, 4, 6]
+    ...     _ = (Path(d) / "q.csv").write_bytes(b'x,"1\\n\\n2"\\ny,3\\n')
+    ...     [lines(1), lines(3), lines(2), lines(4)], BlankLines(Path(d) / "q.csv", quote=b'"')(2)
+    ([1, 5, 4, 6], 4)
     """
 
-    def __init__(self, path: Path, skip: int = 0) -> None:
+    def __init__(self, path: Path, skip: int = 0, quote: bytes | None = None, delimiter: bytes = b",") -> None:
         self.path = path
         self.skip = skip  # lines skipped by their count (`skip_rows`, blank or not): numbered as they are
-        self.kept: list[int] = []  # the file's line of each line not blank, in order, as far as read
+        self.quote = quote  # the quote character (None: values are not quoted, a row is one line)
+        self.delimiter = delimiter
+        self.kept: list[int] = []  # the file's line each row starts on, in order, as far as read
         self.read = 0  # lines read so far
+        self.in_quote = False  # the line read last ended inside a quoted value (its row goes on)
         self._lines: Iterator[tuple[int, bytes]] | None = None
 
     def __call__(self, k: int) -> int:
@@ -421,10 +446,43 @@ class BlankLines:
             self._lines = self._numbered()
         for number, line in self._lines:
             self.read = number
-            if number > self.skip and line.rstrip(b"\r\n"):
+            if number <= self.skip:
+                continue
+            text = line.rstrip(b"\r\n")
+            starts = not self.in_quote and bool(text)
+            if self.quote is not None and self.quote in text:
+                self.in_quote = _ends_quoted(text, self.in_quote, self.quote, self.delimiter)
+            if starts:
                 self.kept.append(number)
                 if len(self.kept) >= k:
                     return
+
+    def open_quote(self, k: int, limit: int) -> int | None:
+        """The line on which a quoted value opens, at or after the k-th row, that is still open `limit`
+        bytes on (or at the end of the file), or None: looked at within a few `limit`s of that row."""
+        if k - self.skip > 1:
+            self._read_to(k - self.skip - 1)
+        if self._lines is None:
+            self._lines = self._numbered()
+        opened, held, looked = None, 0, 0
+        for number, line in self._lines:
+            self.read = number
+            looked += len(line)
+            text = line.rstrip(b"\r\n")
+            if not self.in_quote and text:
+                self.kept.append(number)
+            if self.quote is not None and self.quote in text:
+                self.in_quote = _ends_quoted(text, self.in_quote, self.quote, self.delimiter)
+            if self.in_quote:
+                opened = number if opened is None else opened
+                held += len(line)
+                if held > limit:
+                    return opened
+            else:
+                opened, held = None, 0
+            if looked > 4 * limit and opened is None:
+                return None
+        return opened if self.in_quote else None
 
     def _numbered(self) -> Iterator[tuple[int, bytes]]:
         try:
@@ -432,6 +490,36 @@ class BlankLines:
                 yield from enumerate(fh, 1)
         except (OSError, pa.ArrowInvalid):
             return
+
+
+def _ends_quoted(text: bytes, in_quote: bool, quote: bytes, delimiter: bytes) -> bool:
+    """Whether a line (`text`, without its line break) of delimited text ends inside a quoted value,
+    read as pyarrow's CSV parser reads it: a quote opens a quoted value only at the start of a field
+    (elsewhere it is a plain character), two quotes inside one are a quote, and one quote closes it.
+    `in_quote`: the line starts inside a quoted value (the previous line ended in one).
+
+    >>> _ends_quoted(b'1,"a', False, b'"', b","), _ends_quoted(b'b"",c', True, b'"', b","), _ends_quoted(b'x"y', False, b'"', b",")
+    (True, True, False)
+    """
+    i, n = 0, len(text)
+    field_start = not in_quote
+    while i < n:
+        if in_quote:
+            j = text.find(quote, i)
+            if j < 0:
+                return True
+            if text[j + 1:j + 2] == quote:  # an escaped quote
+                i = j + 2
+                continue
+            in_quote, field_start, i = False, False, j + 1
+        elif field_start and text[i:i + 1] == quote:
+            in_quote, i = True, i + 1
+        else:
+            j = text.find(delimiter, i)
+            if j < 0:
+                return False
+            field_start, i = True, j + 1
+    return in_quote
 
 
 def _line_numbers(seen: int, n: int, header: int, skipped: list[int]) -> np.ndarray:

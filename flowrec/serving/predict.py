@@ -91,7 +91,7 @@ class LoadedModel:
         if self.items is None:
             raise ValueError(f"{self.path} has no retrieval head: --top-k needs a package of a retrieval run")
         raw = raw_table(table)
-        self._check_raw(raw)
+        self._check_raw(raw, isinstance(table, pd.DataFrame))
         item = self.manifest["retrieval"]["item_feature"]
         source = self.encoder.source(item)
         if source in raw.column_names:  # the item column is not an input of the query tower
@@ -123,9 +123,10 @@ class LoadedModel:
         self.zero_queries += found
         self._recommended += query.shape[0]
 
-    def _check_raw(self, raw: pa.Table) -> None:
+    def _check_raw(self, raw: pa.Table, frame: bool = False) -> None:
         """Raise DataError unless raw rows can be encoded: every column the model reads, finite dense
-        values, a vocabulary for every vocabulary table (a run on synthetic data has none)."""
+        values, a vocabulary for every vocabulary table (a run on synthetic data has none); with
+        `frame` (the rows came as a pandas DataFrame) no float id that float64 may have rounded."""
         missing = [c for c in self.raw_columns() if c not in raw.column_names]
         if missing:
             raise DataError(f"the rows lack columns {missing} that model {self.spec.name!r} reads")
@@ -140,6 +141,8 @@ class LoadedModel:
         for f in self.spec.sparse_features:  # (a retrieval query's rows lack the item column)
             if self.encoder.source(f.name) in raw.column_names:
                 check_ids(raw.column(self.encoder.source(f.name)), self.encoder.source(f.name), is_multi(f))
+                if frame:
+                    check_frame_ids(raw.column(self.encoder.source(f.name)), self.encoder.source(f.name))
 
     def _call(self, dense: torch.Tensor, sparse: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """The program on one batch. A guard of the program that the batch fails (a model.pt2
@@ -181,7 +184,7 @@ class LoadedModel:
             raise ValueError(f"{self.path} is a retrieval package (its program is the query tower): "
                              "ask for items with recommend / predict --top-k")
         raw = raw_table(table)
-        self._check_raw(raw)
+        self._check_raw(raw, isinstance(table, pd.DataFrame))
         scores = self.score_encoded(self.encoder.encode(raw, labels=False))
         out, start = {}, 0
         for head in self.spec.heads:  # a multiclass head: a list of class probabilities per row
@@ -269,6 +272,49 @@ def check_ids(column: pa.ChunkedArray | pa.Array, name: str, multi: bool) -> Non
             raise DataError(f"column {name} {why}")
 
 
+FLOAT_WHOLE = 2.0 ** 53  # float64 holds every whole number below this, and not every one from it on
+
+
+def check_frame_ids(column: pa.ChunkedArray | pa.Array, name: str) -> None:
+    """Raise DataError when a DataFrame's id column holds floats that are no exact ids: pandas makes
+    a column of integers with a missing value float64 (``pd.Series([2**60 + 1, None])``), which
+    rounds an id of 2**53 or more to another id before flowrec sees it, and a fraction (2.5) is no
+    id either. pandas' nullable ``Int64`` / ``UInt64`` keep every 64-bit id and its missing values.
+
+    >>> check_frame_ids(pa.array([3.0, None, float("nan")]), "user")
+    >>> check_frame_ids(pa.array([1.0, 2.0 ** 60]), "user")
+    Traceback (most recent call last):
+    ...
+    flowrec.data.layout.DataError: column user: id 1152921504606846976.0 at row 1 (0-based) is a float of magnitude 2**53 or more, which float64 may have rounded from another id (pandas makes an integer column with a missing value float64): give the column pandas' nullable integer dtype, dtype="Int64" (or "UInt64") where it is made (a read_csv dtype=, a Series), not .astype of the floats
+    """
+    values = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if pa.types.is_list(values.type) or pa.types.is_large_list(values.type):
+        values = pc.list_flatten(values)
+        rows = pc.list_parent_indices(column.combine_chunks() if isinstance(column, pa.ChunkedArray)
+                                      else column).to_numpy()
+    else:
+        rows = None
+    if pa.types.is_dictionary(values.type):
+        values = values.dictionary_decode()
+    if not pa.types.is_floating(values.type):
+        return
+    x = values.to_numpy(zero_copy_only=False).astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        big = np.abs(x) >= FLOAT_WHOLE  # inf too (NaN: a missing value)
+        part = np.isfinite(x) & (x != np.floor(x))
+    bad = np.flatnonzero(big | part)
+    if not len(bad):
+        return
+    i = int(bad[0])
+    why = ("is not a whole number" if part[i] else
+           "is a float of magnitude 2**53 or more, which float64 may have rounded from another id (pandas makes an "
+           "integer column with a missing value float64)")
+    shown = f"{x[i]:.1f}" if np.isfinite(x[i]) and not part[i] else repr(float(x[i]))
+    raise DataError(f"column {name}: id {shown} at row {i if rows is None else int(rows[i])} (0-based) "
+                    f"{why}: give the column pandas' nullable integer dtype, dtype=\"Int64\" (or \"UInt64\") "
+                    f"where it is made (a read_csv dtype=, a Series), not .astype of the floats")
+
+
 def row_index(table: pa.Table | pd.DataFrame) -> pd.Index | None:
     """The index the scores of `table`'s rows take: a DataFrame's own (so `df["score"] =
     model.predict(df)["ctr"]` puts each score on its row, as pandas aligns on the index, also
@@ -285,6 +331,9 @@ def raw_table(table: pa.Table | pd.DataFrame) -> pa.Table:
         raise TypeError(f"the rows must be a pandas DataFrame or a pyarrow Table of raw columns, not "
                         f"{type(table).__module__}.{type(table).__qualname__}"
                         f"{' (pd.DataFrame(...) makes one of a dict or list of rows)' if isinstance(table, (dict, list, tuple, np.ndarray)) else ''}")
+    twice = table.columns[table.columns.duplicated()]
+    if len(twice):  # which of the two is meant is unknowable (pyarrow's ValueError named no way out)
+        raise DataError(f"the rows name column {twice[0]!r} twice: drop or rename one")
     try:
         return pa.Table.from_pandas(table, preserve_index=False)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:

@@ -155,7 +155,7 @@ def test_days_follow_a_date_column_and_a_stream_keeps_its_order(tmp_path: Path, 
     out = tmp_path / "stream"
     _follow(spec, folder, out, "--follow-order", "date:ts", "--follow-once")
     _follow(spec, folder, out, "--follow-order", "date:ts", "--follow-once")
-    assert json.loads((out / "follow.json").read_text()) == {"days": ["b", "c"], "order": "date:ts"}
+    assert json.loads((out / "follow.json").read_text()) == {"days": ["b", "c"], "order": "date:ts", "names": "natural"}
     other = runner.invoke(app, ["train", str(spec), "--follow", str(folder), "--out", str(out), "--quiet",
                                 "--device", "cpu"])
     assert other.exit_code == 2 and "--follow-order date:ts" in other.output

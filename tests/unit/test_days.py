@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import csv
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pytest
+import typer
 from typer.testing import CliRunner
 
 from flowrec.cli import app
@@ -239,3 +241,104 @@ def test_inspect_counts_a_managed_columns_distinct_raw_ids_without_the_missing_v
         assert column["missing"] == sum(1 for x in lines if not x["user"])
         missing += column["missing"]
     assert missing > 0  # some rows miss their user (one in ten)
+
+
+def _named_days(folder: Path, names: list[str]) -> Path:
+    """Day folders ordered by name only (a `_flowrec.json` is all `day_partitions` looks at then)."""
+    for name in names:
+        (folder / name).mkdir(parents=True)
+        (folder / name / "_flowrec.json").write_text("{}")
+    return folder
+
+
+def test_day_names_order_their_numbers_as_numbers(tmp_path: Path):
+    """Days sorted as text: day10 trained before day2 (and day_10 of Criteo's day_0..day_23 before day_2)."""
+    folder = _named_days(tmp_path / "days", ["day10", "day2", "day1", "day_0", "2026-11-10", "2026-11-02"])
+    assert [d.name for d in day_partitions(folder, DayOrder())] == [
+        "2026-11-02", "2026-11-10", "day1", "day2", "day10", "day_0"]
+    assert [d.name for d in day_partitions(folder, DayOrder(text=True))] == [
+        "2026-11-02", "2026-11-10", "day1", "day10", "day2", "day_0"]
+    assert day_key(folder / "day2", DayOrder()) < day_key(folder / "day10", DayOrder())
+
+
+@dataclass
+class _Request:  # what `follow` reads of a RunRequest
+    spec_path: Path
+    out: Path | None
+    resume: Path | None = None
+    overwrite: bool = False
+    init_from: Path | None = None
+    given: dict = field(default_factory=dict)
+    continue_command: str | None = None
+    json_lines: bool = False
+
+
+def _stream(tmp_path: Path, monkeypatch, landed: list[str]) -> tuple[Path, Path, list[tuple[str, str | None]]]:
+    """Days named `landed`, the stream's folder, and the list `_follow` records its days' training in
+    (the days are no datasets: their progressive validation and completeness check are left out)."""
+    from flowrec.cli import follow as follow_mod
+
+    monkeypatch.setattr(follow_mod, "_progressive", lambda *args: None)
+    monkeypatch.setattr(follow_mod, "_unready", lambda day: None)
+    return _named_days(tmp_path / "days", landed), tmp_path / "stream", []
+
+
+def _follow(days: Path, stream: Path, trained: list) -> None:
+    """`train --follow DAYS --out STREAM` whose days train instantly: each appends (day, the day it
+    starts from, or 'resumed') to `trained`."""
+    from flowrec.cli.follow import follow
+
+    def train(request) -> None:
+        folder = request.out or request.resume
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "checkpoint.pt").write_text("")
+        trained.append((folder.name, "resumed" if request.resume else request.init_from and request.init_from.name))
+
+    follow(_Request(Path("spec.yaml"), stream), days, 0.0, False, train)
+
+
+def test_a_stream_trains_day2_before_day10_and_records_it(tmp_path: Path, monkeypatch):
+    days, stream, trained = _stream(tmp_path, monkeypatch, ["day1", "day10", "day2"])
+    _follow(days, stream, trained)
+    assert trained == [("day1", None), ("day2", "day1"), ("day10", "day2")]
+    assert json.loads((stream / "follow.json").read_text())["days"] == ["day1", "day2", "day10"]
+    _named_days(days, ["day11", "day3"])  # day3 lands after day10 trained: refused, in natural order
+    with pytest.raises(typer.Exit):
+        _follow(days, stream, trained)
+    assert trained[3:] == []
+
+
+def test_a_stream_begun_with_names_as_text_keeps_that_order(tmp_path: Path, monkeypatch):
+    """A stream whose follow.json was written when names sorted as text (no `names`) trained day10
+    before day2: in natural order day2 would land 'before the last day trained' and be refused."""
+    days, stream, trained = _stream(tmp_path, monkeypatch, ["day1", "day10", "day2", "day3"])
+    (stream / "days").mkdir(parents=True)
+    (stream / "follow.json").write_text(json.dumps({"days": ["day1", "day10"], "order": "name"}))
+    _follow(days, stream, trained)
+    assert trained == [("day2", "day10"), ("day3", "day2")]
+    record = json.loads((stream / "follow.json").read_text())
+    assert record["days"] == ["day1", "day10", "day2", "day3"] and record["names"] == "text"
+
+
+def test_a_first_day_cut_short_under_names_as_text_is_resumed_first(tmp_path: Path, monkeypatch):
+    """Killed in its first day (day10, first as text) before follow.json was written: day9, first in
+    natural order, would train from nothing, then day10's checkpoint (trained from nothing too)."""
+    days, stream, trained = _stream(tmp_path, monkeypatch, ["day10", "day9"])
+    (stream / "days" / "day10").mkdir(parents=True)
+    (stream / "days" / "day10" / "checkpoint.pt").write_text("")
+    _follow(days, stream, trained)
+    assert trained == [("day10", "resumed"), ("day9", "day10")]
+    assert json.loads((stream / "follow.json").read_text())["names"] == "text"
+
+
+def test_a_day_landing_before_the_day_under_way_is_refused(tmp_path: Path, monkeypatch, capsys):
+    """A day that landed (while the stream was down) before the day whose training a crash cut short
+    trained first, then the cut day resumed from a checkpoint that started from another day."""
+    days, stream, trained = _stream(tmp_path, monkeypatch, ["day1", "day2", "day3"])
+    (stream / "days" / "day3").mkdir(parents=True)
+    (stream / "days" / "day3" / "checkpoint.pt").write_text("")
+    (stream / "follow.json").write_text(json.dumps({"days": ["day1"], "order": "name", "names": "natural"}))
+    with pytest.raises(typer.Exit):
+        _follow(days, stream, trained)
+    assert trained == []
+    assert "day day2 landed before day day3, whose training" in capsys.readouterr().err

@@ -7,6 +7,7 @@ import json
 import os
 from pathlib import Path
 
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -63,6 +64,10 @@ def _listing(folder: Path) -> dict[str, bytes]:
     ("on_eval", "print", "on_eval must be a callable"),
     ("overwrite", "yes", "overwrite must be True or False"),
     ("data", 3, "data must be a folder path"),
+    # a frame's repr is its table: the error ran over its rows' lines
+    ("data", pd.DataFrame({"user": ["a", "b"], "label": [1, 0]}), r"data must be a folder path .*, not a pandas\.DataFrame "
+     r"\(rows are read from a dataset folder: .*flowrec data convert parquet.*load_model\(PACKAGE\)\.predict"),
+    ("eval_data", pa.table({"user": ["a", "b"]}), r"eval_data must be a folder path .*, not a pyarrow\.Table"),
     ("out", 3.0, "out must be a folder path"),
     ("device", None, "device must be a device name"),
     ("device_budget", 4096, "device_budget must be a byte size"),

@@ -326,3 +326,32 @@ def test_raw_id_columns_of_the_wrong_shape_are_one_line_naming_the_column(tmp_pa
                       "--out", tmp_path / "scores.parquet"])
     assert result.exit_code == 2 and "column user holds list<element: string>, not one id per row" in result.output
     assert not (tmp_path / "scores.parquet").exists()
+
+
+def test_float_ids_of_a_dataframe_that_may_be_rounded_are_refused_nullable_integers_score(managed_pkg):
+    """`pd.Series([2**60 + 1, None])` is float64 in pandas: the id was rounded to 2**60 before flowrec
+    saw it, and predict scored the wrong id without a word (a fraction, 2.5, scored as the id '2.5').
+    Now such a column is one line naming pandas' nullable Int64 / UInt64, which score big ids and
+    missing values as their text does."""
+    model = load_model(managed_pkg)
+    for user, item, says in (([2**60 + 1, None], ["1", "2"], r"column user: id 1152921504606846976\.0 at row 0"),
+                             (["a", "b"], [3, 2.5], r"column item: id 2\.5 at row 1"),
+                             (["a", "b"], [float("inf"), 1], r"column item: id inf at row 0")):
+        with pytest.raises(DataError, match=says + r" \(0-based\) .*nullable integer dtype, dtype=\"Int64\""):
+            model.predict(pd.DataFrame({"user": user, "item": item}))
+    big = [2**60 + 1, None, 2**63 - 1, 7]
+    exact = model.predict(pd.DataFrame({"user": pd.Series(big, dtype="Int64"),
+                                        "item": pd.Series([2**64 - 1, 3, None, 2**53 + 1], dtype="UInt64")}))
+    text = model.predict(pd.DataFrame({"user": [None if u is None else str(u) for u in big],
+                                       "item": [str(2**64 - 1), "3", None, str(2**53 + 1)]}))
+    assert exact.shape == (4, 1) and np.array_equal(exact["ctr"].to_numpy(), text["ctr"].to_numpy())
+    assert not np.array_equal(exact["ctr"].to_numpy(), model.predict(pd.DataFrame(
+        {"user": [str(2**60), None, str(2**63), "7"], "item": [str(2**64), "3", None, str(2**53)]}))["ctr"].to_numpy())
+
+
+def test_a_dataframe_naming_a_column_twice_is_one_line(managed_pkg):
+    """pd.DataFrame(..., columns=["user", "item", "item"]) raised pyarrow's ValueError 'Duplicate
+    column names found' from predict, not the DataError its docstring promises for bad rows."""
+    model = load_model(managed_pkg)
+    with pytest.raises(DataError, match="the rows name column 'item' twice: drop or rename one"):
+        model.predict(pd.DataFrame([["a", "1", "2"]], columns=["user", "item", "item"]))
