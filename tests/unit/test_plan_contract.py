@@ -90,6 +90,30 @@ def test_bad_plans_are_one_line(repo: Path, tmp_path: Path, change, message):
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("change,field", [
+    (lambda d: d["groups"][0].update(rows=d["groups"][0]["rows"] // 2), "rows"),
+    (lambda d: d["groups"][0].update(bytes=1), "bytes"),
+    (lambda d: d["groups"][0].update(bytes_per_rank=1), "bytes_per_rank"),
+    (lambda d: d["groups"][0]["features"][0].update(bags=[0, 5]), "bags"),
+    (lambda d: d["stages"].update(dense=[]), "stages"),
+    (lambda d: d["dense_packing"].append({"node": "x", "members": ["a", "b"], "layers": [4], "in_features": 1}),
+     "dense_packing"),
+    (lambda d: d["nodes"][-1].update(flops_per_sample=5), "flops_per_sample"),
+    (lambda d: d["nodes"][-1].update(dtype="bf16"), "dtype"),
+])
+def test_an_edit_the_plan_would_not_honour_is_refused_naming_the_field(repo: Path, tmp_path: Path, change, field):
+    """A group's rows halved in plan.json loaded and trained with the rows the tables give, without
+    a word; a field written from others (or a node's bytes, flops or dtype) is refused naming it
+    and what can be edited."""
+    spec_path = repo / "specs" / "dlrm_criteo.yaml"
+    path = _edit(tmp_path, spec_path, change)
+    with pytest.raises(PlanError) as err:
+        load_plan(path, load_spec(spec_path))
+    assert f" {field} " in str(err.value) and "cannot be edited" in str(err.value) or \
+        f" {field} differs from what the spec defines" in str(err.value), str(err.value)
+    assert "edit a group's placement, cache_rows" in str(err.value) and "\n" not in str(err.value)
+
+
 def test_unreadable_plan_files_are_one_line(repo: Path, tmp_path: Path):
     spec = load_spec(repo / "specs" / "movielens.yaml")
     for name, content in (("empty.json", b""), ("latin.json", b"\xff\xfe{"), ("list.json", b"[1, 2]"),
