@@ -11,7 +11,6 @@ Example:
     >>> from flowrec.spec import load_spec
     >>> from flowrec.graph.plan_io import plan_document
     >>> from flowrec.planner.manager import PassFailure, make_plan
-from flowrec.planner.passes.cache import expected_hit_rate
     >>> spec = load_spec("specs/movielens.yaml")
     >>> check_plan(plan_from_document(plan_document(make_plan(spec))), spec)
     []
