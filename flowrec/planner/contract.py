@@ -87,13 +87,14 @@ def check_plan_document(doc: Any, where: str) -> dict[str, Any]:
 
 def _structure(plan: Plan) -> dict[str, Any]:
     """What the spec determines: nodes (every field but the stage: kinds, attributes, shapes, dtype,
-    bytes and flops) and their inputs; group layouts."""
+    bytes and flops) and their inputs; group layouts; the names of its tables and features."""
     g = plan.graph
     nodes = {n: {**{f.name: getattr(g.nodes[n]["op"], f.name) for f in fields(Op) if f.name != "stage"},
                  "inputs": tuple(input_slots(g, n))} for n in g}
     groups = {x.name: replace(x, **{k: PackedGroup.__dataclass_fields__[k].default for k in GROUP_DECISIONS})
               for x in plan.meta.groups}
-    return {"nodes": nodes, "groups": groups}
+    return {"nodes": nodes, "groups": groups, "tables": tuple(g.graph.get("tables", ())),
+            "features": tuple(g.graph.get("features", ()))}
 
 
 def _first_difference(mine: dict[str, Any], reference: dict[str, Any], what: str) -> str | None:
@@ -165,6 +166,8 @@ def check_plan(plan: Plan, spec: ModelSpec, world_size: int = 1, own: Plan | Non
         diff = _first_difference(mine[what], reference[what], what[:-1])
         if diff:
             problems.append(diff)
+    problems += [f"{key} differs from what the spec defines (its {key}' names, in order; edit {EDITABLE})"
+                 for key in ("tables", "features") if mine[key] != reference[key]]
     problems += _decision_problems(plan, spec)
     return problems
 

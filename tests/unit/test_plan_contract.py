@@ -100,6 +100,8 @@ def test_bad_plans_are_one_line(repo: Path, tmp_path: Path, change, message):
      "dense_packing"),
     (lambda d: d["nodes"][-1].update(flops_per_sample=5), "flops_per_sample"),
     (lambda d: d["nodes"][-1].update(dtype="bf16"), "dtype"),
+    (lambda d: d.update(tables=d["tables"][:3]), "tables"),
+    (lambda d: d.update(features=[]), "features"),
 ])
 def test_an_edit_the_plan_would_not_honour_is_refused_naming_the_field(repo: Path, tmp_path: Path, change, field):
     """A group's rows halved in plan.json loaded and trained with the rows the tables give, without
