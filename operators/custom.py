@@ -181,15 +181,15 @@ class CustomModule(nn.Module):
         return out if out.dim() == 2 else out.reshape(out.shape[0], -1)
 
 
-DATA_DEPENDENT_FLOW = ("branches on a tensor's values (data-dependent Python control flow: an if, while or "
-                       "bool() on a tensor), which torch.export cannot export: compute both sides and choose "
-                       "with torch.where, or use torch.cond")
+DATA_DEPENDENT_FLOW = ("uses a tensor's values in Python (an if or while on a tensor, its bool(), int() or "
+                       "float(): data-dependent control flow), which torch.export cannot export: compute both "
+                       "sides and choose with torch.where, or use torch.cond")
 
 
 def custom_failure(exc: BaseException) -> str | None:
     """`custom module 'NAME' (CLASS) raised TYPE: first line` when `exc` came out of a custom
     module's forward (its traceback passes through `CustomModule.forward`), else None. torch's
-    guard error of a forward that branches on a tensor's values while `flowrec export` traces it
+    guard error of a forward that uses a tensor's values in Python while `flowrec export` traces it
     (`if x.sum() > 0:` trains, but cannot be exported) is said as that, with what to write instead
     (`DATA_DEPENDENT_FLOW`), where it was torch's message of many lines."""
     from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
