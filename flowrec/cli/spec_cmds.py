@@ -16,7 +16,8 @@ EXIT_INVALID = 2  # any spec invalid, unreadable or missing
 VALIDATE_HELP = """Check spec files (YAML or JSON) against the schema and the semantic rules.
 
 Every problem of every file is reported at once, one line each, as `FILE: PATH: MESSAGE`.
-Folders are scanned recursively for *.yaml, *.yml and *.json files.
+Folders are scanned recursively for *.yaml, *.yml and *.json files, leaving out
+those flowrec writes for itself (plans, runs' settings, dataset and package records).
 Exit status: 0 when every file is valid, 2 otherwise.
 
 \b
