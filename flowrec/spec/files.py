@@ -13,7 +13,7 @@ from typing import Iterable
 
 from flowrec.spec.class_paths import class_path_issues
 from flowrec.spec.errors import SpecError, SpecIssue
-from flowrec.spec.read import read_document
+from flowrec.spec.read import flowrec_format, not_a_spec, read_document
 from flowrec.spec.validate import validate_document
 
 SPEC_SUFFIXES = (".yaml", ".yml", ".json")
@@ -42,7 +42,7 @@ def validate_file(path: str | Path) -> list[SpecIssue]:
     a missing file, one that does not parse or lacks the class)."""
     own = flowrec_document(Path(path))
     if own is not None:
-        return [SpecIssue("", f"not a model spec: flowrec wrote this file for itself ({own})")]
+        return [not_a_spec(own)]
     try:
         doc = read_document(path)
     except SpecError as exc:
@@ -75,8 +75,7 @@ def flowrec_document(path: Path) -> str | None:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError, RecursionError):
         return None
-    kind = doc.get("format") if isinstance(doc, dict) else None
-    return f"format {kind!r}" if isinstance(kind, str) and kind.startswith("flowrec-") else None
+    return flowrec_format(doc)
 
 
 def spec_files(paths: Iterable[str | Path]) -> list[Path]:

@@ -81,10 +81,12 @@ def test_a_folder_scan_leaves_out_the_files_flowrec_wrote_for_itself(runner, tmp
     result = _run(runner, "validate", str(tmp_path))
     assert result.exit_code == 0, result.output
     assert result.output.splitlines() == [f"ok  {tmp_path / 'good.yaml'}", f"ok  {run / 'spec.json'}"]
-    result = _run(runner, "validate", str(run / "plan.json"))
-    assert result.exit_code == 2
-    assert result.output.splitlines() == [f"{run / 'plan.json'}: not a model spec: flowrec wrote this file for "
-                                          f"itself (format 'flowrec-plan')"]
+    line = (f"{run / 'plan.json'}: not a model spec: flowrec wrote this file for itself (format 'flowrec-plan'); "
+            "a plan trains as `flowrec train SPEC --plan FILE`")
+    for command in ("validate", "plan"):  # plan (train, calibrate) listed every spec key the plan lacks
+        result = _run(runner, command, str(run / "plan.json"))
+        assert result.exit_code == 2
+        assert result.output.splitlines() == [line], command
 
 
 def test_a_link_to_a_missing_spec_in_a_folder_is_reported(runner, tmp_path):
