@@ -114,26 +114,31 @@ def _first_difference(mine: dict[str, Any], reference: dict[str, Any], what: str
     return None
 
 
-def derived_edits(doc: dict[str, Any], plan: Plan) -> list[str]:
+def derived_edits(doc: dict[str, Any], plan: Plan, own: Plan) -> list[str]:
     """Edits of what a plan document writes from its other fields and never reads back: a group's
     rows, bytes and bags (from its tables and features), `stages` (from the nodes' stage) and
     `dense_packing` (from the nodes). An edited group's `rows` was recomputed without a word, so
     the plan that ran was not the plan the user wrote; such an edit is refused, naming the field
-    and what can be edited (`EDITABLE`)."""
-    again = plan_document(plan)
+    and what can be edited (`EDITABLE`). A value the planner wrote (`own`'s) is no edit: it went
+    stale with an edit that is read (a group's sharding moves its bytes_per_rank, a node's stage
+    the `stages` lists)."""
+    again, planned = plan_document(plan), plan_document(own)
+    owned = {g["name"]: g for g in planned["groups"]}
     for mine, ours in zip(doc["groups"], again["groups"]):
+        theirs = owned.get(ours["name"], ours)
         for key in GROUP_DERIVED:
-            if mine[key] != ours[key]:
+            if mine[key] not in (ours[key], theirs[key]):
                 return [f"group {ours['name']}: {key} {mine[key]!r} is not what its tables give ({ours[key]!r}); "
                         f"{', '.join(GROUP_DERIVED)} follow from the spec and cannot be edited (edit {EDITABLE})"]
-        for field, own in zip(mine["features"], ours["features"]):
-            if field["bags"] != own["bags"]:
-                return [f"group {ours['name']}: feature {own['feature']}: bags {field['bags']!r} are not what the "
-                        f"group's features give ({own['bags']!r}) and cannot be edited (edit {EDITABLE})"]
-    if {s: sorted(m) for s, m in doc["stages"].items()} != {s: sorted(m) for s, m in again["stages"].items()}:
+        for field, given, wrote in zip(mine["features"], ours["features"], theirs["features"]):
+            if field["bags"] not in (given["bags"], wrote["bags"]):
+                return [f"group {ours['name']}: feature {given['feature']}: bags {field['bags']!r} are not what the "
+                        f"group's features give ({given['bags']!r}) and cannot be edited (edit {EDITABLE})"]
+    stages = [{s: sorted(m) for s, m in d["stages"].items()} for d in (doc, again, planned)]
+    if stages[0] not in stages[1:]:
         return [f"stages does not list the nodes by their stage; it is written from the nodes and cannot be "
                 f"edited (edit {EDITABLE})"]
-    if doc["dense_packing"] != again["dense_packing"]:
+    if doc["dense_packing"] not in (again["dense_packing"], planned["dense_packing"]):
         return [f"dense_packing is written from the nodes and cannot be edited (edit {EDITABLE})"]
     return []
 
@@ -233,7 +238,7 @@ def load_plan(path: Path, spec: ModelSpec, profile: dict[str, Any] | None = None
         except (ValueError, PassFailure) as exc:
             raise PlanError(f"{path}: the planner cannot plan this spec for the plan's target and budget: "
                             f"{exc}") from None
-    problems = check_plan(plan, spec, world_size, own) or derived_edits(doc, plan)
+    problems = check_plan(plan, spec, world_size, own) or derived_edits(doc, plan, own)
     if problems:
         raise PlanError(f"{path}: " + "; ".join(problems))
     return priced(plan, spec, profile, own)

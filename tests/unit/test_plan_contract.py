@@ -116,6 +116,23 @@ def test_an_edit_the_plan_would_not_honour_is_refused_naming_the_field(repo: Pat
     assert "edit a group's placement, cache_rows" in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("spec_name, plan_kw, change, world_size", [
+    ("din_taobao", {}, lambda d: d["nodes"][3].update(stage="dense"), 1),  # `stages` still the planner's
+    ("dlrm_criteo", {"world_size": 2}, lambda d: d["groups"][0].update(sharding="replicated", shards=1), 2),
+])
+def test_an_edit_that_is_read_may_leave_what_it_moves_as_the_planner_wrote_it(repo: Path, tmp_path: Path, spec_name,
+                                                                             plan_kw, change, world_size):
+    """A node's stage or a group's sharding edited alone leaves `stages` or `bytes_per_rank` as the
+    planner wrote them: that is no edit of theirs, and the plan loads with the edit it made."""
+    spec_path = repo / "specs" / f"{spec_name}.yaml"
+    path = _edit(tmp_path, spec_path, change, **plan_kw)
+    edited = json.loads(path.read_text())
+    plan = load_plan(path, load_spec(spec_path), world_size=world_size)
+    assert plan_document(plan)["nodes"][3]["stage"] == edited["nodes"][3]["stage"]
+    assert (plan.meta.groups[0].sharding, plan.meta.groups[0].shards) == (edited["groups"][0]["sharding"],
+                                                                          edited["groups"][0]["shards"])
+
+
 def test_unreadable_plan_files_are_one_line(repo: Path, tmp_path: Path):
     spec = load_spec(repo / "specs" / "movielens.yaml")
     for name, content in (("empty.json", b""), ("latin.json", b"\xff\xfe{"), ("list.json", b"[1, 2]"),
