@@ -181,15 +181,27 @@ class CustomModule(nn.Module):
         return out if out.dim() == 2 else out.reshape(out.shape[0], -1)
 
 
+DATA_DEPENDENT_FLOW = ("uses a tensor's values in Python (an if or while on a tensor, its bool(), int() or "
+                       "float(): data-dependent control flow), which torch.export cannot export: compute both "
+                       "sides and choose with torch.where, or use torch.cond")
+
+
 def custom_failure(exc: BaseException) -> str | None:
     """`custom module 'NAME' (CLASS) raised TYPE: first line` when `exc` came out of a custom
-    module's forward (its traceback passes through `CustomModule.forward`), else None."""
+    module's forward (its traceback passes through `CustomModule.forward`), else None. torch's
+    guard error of a forward that uses a tensor's values in Python while `flowrec export` traces it
+    (`if x.sum() > 0:` trains, but cannot be exported) is said as that, with what to write instead
+    (`DATA_DEPENDENT_FLOW`), where it was torch's message of many lines."""
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
     tb = exc.__traceback__
     while tb is not None:
         if tb.tb_frame.f_code is CustomModule.forward.__code__:
             module = tb.tb_frame.f_locals.get("self")
-            return (f"custom module {getattr(module, 'label', '?')!r} ({getattr(module, 'path', '?')}) raised "
-                    f"{_why(exc)}")
+            named = f"custom module {getattr(module, 'label', '?')!r} ({getattr(module, 'path', '?')})"
+            if isinstance(exc, GuardOnDataDependentSymNode):
+                return f"{named} {DATA_DEPENDENT_FLOW}"
+            return f"{named} raised {_why(exc)}"
         tb = tb.tb_next
     return None
 

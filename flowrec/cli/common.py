@@ -2,16 +2,39 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
-from typing import Callable, NoReturn, Sequence
+from pathlib import Path, PurePath
+from typing import Callable, NoReturn, Sequence, get_args
 
 import typer
+from typer.core import TyperArgument, TyperCommand
 
 from flowrec.spec.errors import SpecError
 from flowrec.spec.load import load_spec
 from flowrec.spec.model import DRY_RUN_KINDS, ModelSpec, unresolved_modules
 
 EXIT_INVALID = 2  # invalid spec, option, data or profile
+
+
+class RepeatedArgument(TyperArgument):
+    """An argument given one or more times (`List[Path]`), its `--help` type written as the other
+    commands' are, the element's type and `...` (`SPEC <path>...`), where typer wrote the Python
+    annotation (`SPEC <list[Path]>`)."""
+
+    def display_type(self, ctx: typer.Context) -> str:
+        (element,) = get_args(self.type_descriptor.annotation)
+        is_path = isinstance(element, type) and issubclass(element, PurePath)
+        return f"<{'path' if is_path else self._bare_type(element)}>..."
+
+
+class RepeatedArgumentsCommand(TyperCommand):
+    """A command whose repeated arguments read in `--help` as `RepeatedArgument` writes them
+    (`app.command(cls=RepeatedArgumentsCommand)`)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            if type(param) is TyperArgument and param.nargs != 1:
+                param.__class__ = RepeatedArgument
 
 
 def fail(message: str, code: int = EXIT_INVALID) -> NoReturn:

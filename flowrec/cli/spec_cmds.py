@@ -7,6 +7,7 @@ from typing import List
 
 import typer
 
+from flowrec.cli.common import RepeatedArgumentsCommand
 from flowrec.spec.schemas import MODEL_SPEC_SCHEMA, PLAN_SCHEMA, load_schema, schema_path
 from flowrec.spec.files import FileReport, validate_paths
 
@@ -15,7 +16,8 @@ EXIT_INVALID = 2  # any spec invalid, unreadable or missing
 VALIDATE_HELP = """Check spec files (YAML or JSON) against the schema and the semantic rules.
 
 Every problem of every file is reported at once, one line each, as `FILE: PATH: MESSAGE`.
-Folders are scanned recursively for *.yaml, *.yml and *.json files.
+Folders are scanned recursively for *.yaml, *.yml and *.json files, leaving out
+those flowrec writes for itself (plans, runs' settings, dataset and package records).
 Exit status: 0 when every file is valid, 2 otherwise.
 
 \b
@@ -36,7 +38,7 @@ Examples:
 
 def register(app: typer.Typer) -> None:
     """Add the `validate` and `schema` commands to the `flowrec` app."""
-    app.command("validate", help=VALIDATE_HELP)(validate)
+    app.command("validate", help=VALIDATE_HELP, cls=RepeatedArgumentsCommand)(validate)
     app.command("schema", help=SCHEMA_HELP)(schema)
 
 

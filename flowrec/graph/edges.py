@@ -10,6 +10,7 @@ it feeds: edge attributes ``port`` (first port, keeps input order), ``slots`` (t
 Example:
     >>> import networkx as nx
     >>> g = nx.DiGraph()
+    >>> g.add_nodes_from(["a", "b", "mlp"])
     >>> set_inputs(g, "mlp", [Slot(0, "a", (), (4,)), Slot(1, "b", (), (2,))])
     >>> [s.source for s in input_slots(g, "mlp")]
     ['a', 'b']

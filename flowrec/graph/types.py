@@ -230,7 +230,8 @@ class CostPrediction:
             share of its epoch's start (a calibrated profile's `epoch_start_us` or `epoch_single_us` over the
             epoch's batches, where both are known: `cost.epoch_start_seconds`).
         h2d_bytes_per_step: host -> device bytes (ids, offsets, dense, labels, rows).
-        memory: (part, bytes) of the peak device memory of one rank, in `MEMORY_PARTS` order.
+        memory: (part, bytes) of the peak device memory of one rank, in `MEMORY_PARTS` order (`maps`:
+            the managed tables' maps, where the host is the device: `cost.managed_map_bytes`).
         peak_memory_bytes: their sum.
         world_size: ranks; stage times, bytes and memory are per rank.
         exchange_bytes_per_step: bytes one rank sends per step over the interconnect (embedding
@@ -262,7 +263,7 @@ class CostPrediction:
     access_profile: str = ACCESS_NONE
 
 
-MEMORY_PARTS: tuple[str, ...] = ("tables", "caches", "activations", "dense", "exchange")  # CostPrediction.memory order
+MEMORY_PARTS: tuple[str, ...] = ("tables", "caches", "activations", "dense", "exchange", "maps")  # CostPrediction.memory order
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,6 @@ Example:
     >>> from flowrec.spec import load_spec
     >>> from flowrec.graph.plan_io import plan_document
     >>> from flowrec.planner.manager import PassFailure, make_plan
-from flowrec.planner.passes.cache import expected_hit_rate
     >>> spec = load_spec("specs/movielens.yaml")
     >>> check_plan(plan_from_document(plan_document(make_plan(spec))), spec)
     []
@@ -19,14 +18,14 @@ from flowrec.planner.passes.cache import expected_hit_rate
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
 from flowrec.graph.edges import input_slots
 from flowrec.graph.kinds import PLACEMENTS
-from flowrec.graph.plan_io import model_fingerprint, plan_from_document
-from flowrec.graph.types import STAGES, PackedGroup, PassRecord, Plan
+from flowrec.graph.plan_io import model_fingerprint, plan_document, plan_from_document
+from flowrec.graph.types import STAGES, Op, PackedGroup, PassRecord, Plan
 from flowrec.planner.cost import device_profile, predict
 from flowrec.planner.manager import PassFailure, make_plan
 from flowrec.planner.passes.cache import expected_hit_rate
@@ -37,6 +36,10 @@ from flowrec.spec.schemas import PLAN_SCHEMA, load_schema
 MAX_PLAN_BYTES = 256 * 2**20  # a plan of 1,000 fields is under 1 MiB
 MAX_PLAN_DEPTH = 32  # a plan nests 6 levels deep
 GROUP_DECISIONS = ("placement", "cache_rows", "expected_hit_rate", "sharding", "shards")  # editable per group
+GROUP_DERIVED = ("rows", "row_bytes", "bytes", "bags_per_sample", "bytes_per_rank")  # written from its tables
+NODE_FIELDS = {"flops": "flops_per_sample"}  # an Op field's name in the plan document, where it differs
+EDITABLE = ("a group's placement, cache_rows, sharding and shards, micro_batches, prefetch, group_order and "
+            "a node's stage")
 
 
 class PlanError(ValueError):
@@ -83,13 +86,15 @@ def check_plan_document(doc: Any, where: str) -> dict[str, Any]:
 
 
 def _structure(plan: Plan) -> dict[str, Any]:
-    """What the spec determines: node kinds, attributes, shapes and inputs; group layouts."""
+    """What the spec determines: nodes (every field but the stage: kinds, attributes, shapes, dtype,
+    bytes and flops) and their inputs; group layouts; the names of its tables and features."""
     g = plan.graph
-    nodes = {n: (g.nodes[n]["op"].kind, g.nodes[n]["op"].attrs, g.nodes[n]["op"].out_shape,
-                 tuple(input_slots(g, n))) for n in g}
+    nodes = {n: {**{f.name: getattr(g.nodes[n]["op"], f.name) for f in fields(Op) if f.name != "stage"},
+                 "inputs": tuple(input_slots(g, n))} for n in g}
     groups = {x.name: replace(x, **{k: PackedGroup.__dataclass_fields__[k].default for k in GROUP_DECISIONS})
               for x in plan.meta.groups}
-    return {"nodes": nodes, "groups": groups}
+    return {"nodes": nodes, "groups": groups, "tables": tuple(g.graph.get("tables", ())),
+            "features": tuple(g.graph.get("features", ()))}
 
 
 def _first_difference(mine: dict[str, Any], reference: dict[str, Any], what: str) -> str | None:
@@ -101,8 +106,41 @@ def _first_difference(mine: dict[str, Any], reference: dict[str, Any], what: str
         return "; ".join(parts)
     for name in reference:
         if mine[name] != reference[name]:
+            if isinstance(mine[name], dict):  # a node: name the field
+                key = next(k for k in reference[name] if mine[name][k] != reference[name][k])
+                return (f"{what} {name}: {NODE_FIELDS.get(key, key)} differs from what the spec defines "
+                        f"(edit {EDITABLE})")
             return f"{what} {name} differs from what the spec defines"
     return None
+
+
+def derived_edits(doc: dict[str, Any], plan: Plan, own: Plan) -> list[str]:
+    """Edits of what a plan document writes from its other fields and never reads back: a group's
+    rows, bytes and bags (from its tables and features), `stages` (from the nodes' stage) and
+    `dense_packing` (from the nodes). An edited group's `rows` was recomputed without a word, so
+    the plan that ran was not the plan the user wrote; such an edit is refused, naming the field
+    and what can be edited (`EDITABLE`). A value the planner wrote (`own`'s) is no edit: it went
+    stale with an edit that is read (a group's sharding moves its bytes_per_rank, a node's stage
+    the `stages` lists)."""
+    again, planned = plan_document(plan), plan_document(own)
+    owned = {g["name"]: g for g in planned["groups"]}
+    for mine, ours in zip(doc["groups"], again["groups"]):
+        theirs = owned.get(ours["name"], ours)
+        for key in GROUP_DERIVED:
+            if mine[key] not in (ours[key], theirs[key]):
+                return [f"group {ours['name']}: {key} {mine[key]!r} is not what its tables give ({ours[key]!r}); "
+                        f"{', '.join(GROUP_DERIVED)} follow from the spec and cannot be edited (edit {EDITABLE})"]
+        for field, given, wrote in zip(mine["features"], ours["features"], theirs["features"]):
+            if field["bags"] not in (given["bags"], wrote["bags"]):
+                return [f"group {ours['name']}: feature {given['feature']}: bags {field['bags']!r} are not what the "
+                        f"group's features give ({given['bags']!r}) and cannot be edited (edit {EDITABLE})"]
+    stages = [{s: sorted(m) for s, m in d["stages"].items()} for d in (doc, again, planned)]
+    if stages[0] not in stages[1:]:
+        return [f"stages does not list the nodes by their stage; it is written from the nodes and cannot be "
+                f"edited (edit {EDITABLE})"]
+    if doc["dense_packing"] not in (again["dense_packing"], planned["dense_packing"]):
+        return [f"dense_packing is written from the nodes and cannot be edited (edit {EDITABLE})"]
+    return []
 
 
 def planner_plan(plan: Plan, spec: ModelSpec, profile: dict[str, Any] | None = None) -> Plan:
@@ -133,6 +171,8 @@ def check_plan(plan: Plan, spec: ModelSpec, world_size: int = 1, own: Plan | Non
         diff = _first_difference(mine[what], reference[what], what[:-1])
         if diff:
             problems.append(diff)
+    problems += [f"{key} differs from what the spec defines (its {key}' names, in order; edit {EDITABLE})"
+                 for key in ("tables", "features") if mine[key] != reference[key]]
     problems += _decision_problems(plan, spec)
     return problems
 
@@ -189,7 +229,8 @@ def priced(plan: Plan, spec: ModelSpec, profile: dict[str, Any] | None = None, o
 
 def load_plan(path: Path, spec: ModelSpec, profile: dict[str, Any] | None = None, world_size: int = 1) -> Plan:
     """The plan in `path`, checked against `spec` and `world_size` and priced. Raises PlanError (one line)."""
-    plan = plan_from_document(read_plan_document(path))
+    doc = read_plan_document(path)
+    plan = plan_from_document(doc)
     own = None
     if plan.spec_fingerprint == model_fingerprint(spec):  # planned once, for the check and the pricing
         try:
@@ -197,7 +238,7 @@ def load_plan(path: Path, spec: ModelSpec, profile: dict[str, Any] | None = None
         except (ValueError, PassFailure) as exc:
             raise PlanError(f"{path}: the planner cannot plan this spec for the plan's target and budget: "
                             f"{exc}") from None
-    problems = check_plan(plan, spec, world_size, own)
+    problems = check_plan(plan, spec, world_size, own) or derived_edits(doc, plan, own)
     if problems:
         raise PlanError(f"{path}: " + "; ".join(problems))
     return priced(plan, spec, profile, own)

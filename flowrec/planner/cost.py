@@ -467,6 +467,29 @@ def activation_bytes(graph: OpGraph, batch: int, precision: str = "fp32") -> int
             + attention_mask_bytes(graph, batch, precision) + retrieval_logit_bytes(graph, batch, precision))
 
 
+FREE_ROW_BYTES = 8  # B: one entry of a managed map's sorted free rows (int64, `ManagedMap.free`)
+MAP_COPIES = 2  # a managed table's maps in a training process: the model's and the data stage's copy
+
+
+def managed_map_bytes(spec: ModelSpec, world: int = 1) -> int:
+    """Host bytes of the managed tables' maps that are there at capacity from the first step: the
+    sorted free rows, 8 bytes per row of capacity (every row is free when training starts:
+    `ManagedMap.free`), in the model's maps and in the data stage's copy of them
+    (`ManagedState.remapper`); the ids' arrays grow with the ids seen, as the data does. Under
+    owner ranks (several ranks, every managed table in virtual shards) a rank holds the shards it
+    owns; otherwise every rank holds all of it.
+
+    Example:
+        >>> from flowrec.spec import load_spec
+        >>> managed_map_bytes(load_spec("specs/managed_movielens.yaml"))  # (472 + 841) rows x 8 B x 2
+        21008
+    """
+    managed = [t.managed for t in spec.tables if t.managed is not None]
+    owners = world > 1 and bool(managed) and all(m.shards > 1 for m in managed)
+    rows = sum(-(-m.shards // world) * -(-m.rows // m.shards) if owners else m.rows for m in managed)
+    return rows * FREE_ROW_BYTES * MAP_COPIES
+
+
 RETRIEVAL_LOGIT_COPIES = 3  # (B, C) tensors a retrieval softmax holds at its peak (3.3-3.4 measured)
 
 
@@ -726,7 +749,8 @@ def predict(graph: OpGraph, spec: ModelSpec, device: DeviceProfile, *, micro_bat
         else:
             overlap = max(overlap, exchange_s) + min(overlap, exchange_s) / (len(units) + 1)
 
-    memory = _memory(graph, spec, units, -(-batch // mb), traffic.buffers if world > 1 else None)  # the largest
+    maps = managed_map_bytes(spec, world) if not device.overlaps else 0  # host memory: the device where nothing overlaps
+    memory = _memory(graph, spec, units, -(-batch // mb), traffic.buffers if world > 1 else None, maps)  # the largest
     epoch_s = epoch_start_seconds(device, epoch_batches(profile, spec.training.batch_size)) if world == 1 else 0.0
     lean_s = epoch_lean_seconds(device, epoch_batches(profile, spec.training.batch_size)) if world == 1 else 0.0
     return CostPrediction(
@@ -1156,7 +1180,7 @@ def in_batch_gather(graph: OpGraph) -> int:
 
 
 def _memory(graph: OpGraph, spec: ModelSpec, units: list[_Unit], micro_batch: int,
-            exchange_buffers: int | None = None) -> tuple[tuple[str, int], ...]:
+            exchange_buffers: int | None = None, maps: int = 0) -> tuple[tuple[str, int], ...]:
     tables = sum(u.local_rows * u.row_bytes for u in units if PLACEMENTS[u.placement].rows_on == "device")
     caches = sum(u.cache_rows * u.row_bytes for u in units if PLACEMENTS[u.placement].cached)
     parts = (
@@ -1165,4 +1189,5 @@ def _memory(graph: OpGraph, spec: ModelSpec, units: list[_Unit], micro_batch: in
         ("activations", int(activation_bytes(graph, micro_batch, spec.training.precision))),
         ("dense", int(dense_memory_bytes(graph, spec))),
     )
-    return parts + ((("exchange", int(exchange_buffers)),) if exchange_buffers is not None else ())
+    parts += (("exchange", int(exchange_buffers)),) if exchange_buffers is not None else ()
+    return parts + ((("maps", int(maps)),) if maps else ())

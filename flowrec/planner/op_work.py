@@ -17,7 +17,7 @@ inputs into one), which the measurement does not hold.
 
 Example:
     >>> from flowrec.graph.shapes import expert_count
-from flowrec.graph.types import Op
+    >>> from flowrec.graph.types import Op
     >>> op = Op("m", "mlp", ("B", 8), attrs=(("activation", "relu"), ("in_features", 4), ("layers", (8,))))
     >>> op_work(op, 2, 1).forward.gemms, op_work(op, 2, 1).backward.gemms
     (((2, 4, 8, 1),), ((2, 4, 8, 1),))

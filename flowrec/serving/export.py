@@ -5,8 +5,12 @@ Example:
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import logging
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +66,24 @@ def export_program(serving: ServingModel, spec: ModelSpec) -> torch.export.Expor
         return torch.export.export(serving.eval(), _example(spec), dynamic_shapes=shapes, strict=False)
 
 
+@contextlib.contextmanager
+def _tracing_quietly() -> Iterator[None]:
+    """torch.export without its printouts of a failed trace: on a data-dependent guard (a custom
+    module's `if x.sum() > 0:`) it printed the partial graph, a hundred lines, and a symbolic-shapes
+    warning on stderr before the one-line error `flowrec export` gives. What a successful trace
+    writes on stderr is written out after it."""
+    shapes_log = logging.getLogger("torch.fx.experimental.symbolic_shapes")
+    level = shapes_log.level
+    shapes_log.setLevel(logging.ERROR)
+    written = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(written):
+            yield
+    finally:
+        shapes_log.setLevel(level)
+    sys.stderr.write(written.getvalue())
+
+
 def write_package(trained: Trained, out: Path, dtype: str, encoder: EncoderRecord, metrics: dict[str, Any],
                   compare: Iterator[pa.Table] | None = None, mapped: bool = False, index: str = "auto") -> ExportReport:
     """Write the model package of a trained model into the (new, empty) folder `out`.
@@ -86,7 +108,8 @@ def write_package(trained: Trained, out: Path, dtype: str, encoder: EncoderRecor
     serving = ServingModel(spec, trained.model, mapped)
     serving.requires_grad_(False)  # the program's scores then need no torch.no_grad() (.numpy() works)
     diff, rows = _cast(serving, DTYPES[dtype], spec, compare, maps) if dtype != "fp32" else (None, 0)
-    program = export_program(serving, spec) if retrieval is None else retrieval.export_program(serving, spec)
+    with _tracing_quietly():
+        program = export_program(serving, spec) if retrieval is None else retrieval.export_program(serving, spec)
     save_program(program, out / MODEL_FILE)  # torch.export.save without a copy of each table
     del program
     write_record(encoder, out)

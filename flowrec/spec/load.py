@@ -39,7 +39,7 @@ from flowrec.spec.model import (
     TrainingSpec,
     thaw,
 )
-from flowrec.spec.read import read_document
+from flowrec.spec.read import flowrec_format, not_a_spec, read_document
 from flowrec.spec.tasks import DEFAULT_TOP_K, TASKS
 from flowrec.spec.units import parse_bytes
 from flowrec.spec.validate import validate_document
@@ -59,7 +59,8 @@ def load_spec(path: str | Path) -> ModelSpec:
         SpecError: with every schema and semantic problem, each with its path.
     """
     doc = read_document(path)
-    issues = validate_document(doc)
+    own = flowrec_format(doc)  # a plan.json given as the spec: one line, not every key it lacks
+    issues = [not_a_spec(own)] if own is not None else validate_document(doc)
     if issues:
         raise SpecError(issues, str(path))
     return spec_from_dict(doc, base_dir=Path(path).parent)

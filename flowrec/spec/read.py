@@ -99,6 +99,27 @@ _SpecLoader.add_implicit_resolver("tag:yaml.org,2002:float", _EXP_FLOAT, list("-
 _PLAIN_TAGS = frozenset(tag for tag in _SpecLoader.yaml_constructors if tag is not None) | {"!"}
 
 
+PLAN_HINT = "; a plan trains as `flowrec train SPEC --plan FILE`"  # what to do with a plan given as a spec
+
+
+def flowrec_format(doc: Any) -> str | None:
+    """`format 'flowrec-…'` when `doc` is one of the documents flowrec writes for itself (a plan,
+    an encoder, a dataset's or a package's record), else None.
+
+    Example:
+        >>> flowrec_format({"format": "flowrec-plan", "nodes": []}), flowrec_format({"name": "x"})
+        ("format 'flowrec-plan'", None)
+    """
+    kind = doc.get("format") if isinstance(doc, dict) else None
+    return f"format {kind!r}" if isinstance(kind, str) and kind.startswith("flowrec-") else None
+
+
+def not_a_spec(own: str) -> SpecIssue:
+    """The one issue of a file flowrec wrote for itself (`own` says what it is) given as a spec."""
+    hint = PLAN_HINT if "flowrec-plan" in own else ""
+    return SpecIssue("", f"not a model spec: flowrec wrote this file for itself ({own}){hint}")
+
+
 def read_document(path: str | Path) -> Any:
     """Read a YAML or JSON spec file into plain Python values, safely.
 

@@ -59,6 +59,36 @@ def test_folder_scanned(runner, tmp_path, bad_spec):
     assert result.output.count(str(bad_spec)) == 2
 
 
+def test_a_folder_scan_leaves_out_the_files_flowrec_wrote_for_itself(runner, tmp_path):
+    """`flowrec validate .` over a project reported its runs' plan.json and run.json, its datasets'
+    records and its packages' manifests as invalid specs, dozens of lines each, exit 2; now a scan
+    leaves them out, and such a file named alone is one line saying what it is."""
+    from flowrec.graph.plan_io import plan_json
+    from flowrec.planner.manager import make_plan
+    from flowrec.spec import load_spec
+    from flowrec.spec.load import to_dict
+
+    (tmp_path / "good.yaml").write_text(DLRM.read_text())
+    run = tmp_path / "runs" / "exp1"
+    run.mkdir(parents=True)
+    (run / ".flowrec.lock").write_text("1")
+    (run / "run.json").write_text(json.dumps({"epochs": 1, "device": "cpu"}))
+    (run / "spec.json").write_text(json.dumps(to_dict(load_spec(DLRM))))
+    (run / "plan.json").write_text(plan_json(make_plan(load_spec(DLRM))))
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "_flowrec.json").write_text(json.dumps({"rows": 10, "labels": ["click"]}))
+    (tmp_path / "data" / "encoder.json").write_text(json.dumps({"format": "flowrec-encoder", "version": 1}))
+    result = _run(runner, "validate", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines() == [f"ok  {tmp_path / 'good.yaml'}", f"ok  {run / 'spec.json'}"]
+    line = (f"{run / 'plan.json'}: not a model spec: flowrec wrote this file for itself (format 'flowrec-plan'); "
+            "a plan trains as `flowrec train SPEC --plan FILE`")
+    for command in ("validate", "plan"):  # plan (train, calibrate) listed every spec key the plan lacks
+        result = _run(runner, command, str(run / "plan.json"))
+        assert result.exit_code == 2
+        assert result.output.splitlines() == [line], command
+
+
 def test_a_link_to_a_missing_spec_in_a_folder_is_reported(runner, tmp_path):
     """A dangling link was skipped: the folder validated, exit 0, with a spec that cannot be read."""
     (tmp_path / "good.yaml").write_text(DLRM.read_text())

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 import flowrec
 from flowrec.cli import app
+from operators.custom import DATA_DEPENDENT_FLOW
 
 REPO = Path(__file__).resolve().parents[2]
 BLOCKS = textwrap.dedent('''
@@ -70,6 +71,19 @@ BLOCKS = textwrap.dedent('''
             if os.environ.get("FLOWREC_TEST_FAIL") and not x.is_meta:
                 raise KeyError("asked to fail")
             return self.down(x)
+
+
+    class Branchy(nn.Module):
+        """Branches on its values: trains, but torch.export cannot trace it."""
+        def __init__(self, in_features, rank):
+            super().__init__()
+            self.down = nn.Linear(in_features, rank)
+
+        def forward(self, x):
+            h = self.down(x)
+            if h.sum() > 0:
+                return h
+            return -h
 
 
     class Hungry(nn.Module):
@@ -223,3 +237,20 @@ def test_a_custom_module_raising_in_flowrec_eval_or_export_is_one_line_naming_it
     assert done.output.splitlines() == [f"error: cannot export to {tmp_path / 'pkg'}: custom module 'mine' "
                                         f"({tmp_path / 'blocks.py'}:FailsWhenAsked) raised KeyError: 'asked to fail'"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["blocks.py", "d", "run", "spec.yaml"]
+
+
+def test_a_custom_module_branching_on_its_values_is_one_export_line_saying_what_to_write(tmp_path):
+    """`if x.sum() > 0:` in a custom forward trained, then export printed torch's partial graph (a
+    hundred lines) and its guard error; now one line naming the module and its class, what cannot
+    be exported and what to write instead, and nothing left beside the run."""
+    (tmp_path / "blocks.py").write_text(BLOCKS)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.format(path=tmp_path / "blocks.py", cls="Branchy"))
+    run = tmp_path / "run"
+    assert runner.invoke(app, ["train", str(spec), "--rows", "500", "--out", str(run), "-q"]).exit_code == 0
+    done = runner.invoke(app, ["export", str(run), str(tmp_path / "pkg")])
+    assert done.exit_code == 2, done.output
+    assert done.output.splitlines() == [f"error: cannot export to {tmp_path / 'pkg'}: custom module 'mine' "
+                                        f"({tmp_path / 'blocks.py'}:Branchy) {DATA_DEPENDENT_FLOW}"], done.output
+    assert "torch.where" in DATA_DEPENDENT_FLOW and "torch.cond" in DATA_DEPENDENT_FLOW
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["blocks.py", "run", "spec.yaml"]

@@ -70,3 +70,18 @@ def test_the_usage_line_names_arguments_as_the_docs_do(narrow: CliRunner, comman
     names = re.findall(r"[\[{]([^\]}]+)[\]}]", usage.split("[OPTIONS]", 1)[-1])
     assert all(name.isupper() for name in names), usage
     assert names or command in (["schema"], ["doctor"]), usage
+
+
+@pytest.mark.parametrize("layout", [None, "rich"])
+def test_a_repeated_argument_reads_as_the_others(layout: str | None) -> None:
+    """`flowrec validate --help` showed typer's Python annotation, `SPEC <list[Path]>`, where every
+    other command shows `SPEC <path>`; a repeated argument is the element's type and `...`."""
+    kept = app.rich_markup_mode
+    app.rich_markup_mode = layout
+    try:
+        shown = CliRunner().invoke(app, ["validate", "--help"], env={"COLUMNS": "120"}, terminal_width=120)
+    finally:
+        app.rich_markup_mode = kept
+    assert shown.exit_code == 0, shown.output
+    row = next(line for line in shown.output.splitlines() if "Spec files or folders" in line)
+    assert re.search(r"SPEC\s+<path>\.\.\.\s", row), row

@@ -90,6 +90,49 @@ def test_bad_plans_are_one_line(repo: Path, tmp_path: Path, change, message):
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("change,field", [
+    (lambda d: d["groups"][0].update(rows=d["groups"][0]["rows"] // 2), "rows"),
+    (lambda d: d["groups"][0].update(bytes=1), "bytes"),
+    (lambda d: d["groups"][0].update(bytes_per_rank=1), "bytes_per_rank"),
+    (lambda d: d["groups"][0]["features"][0].update(bags=[0, 5]), "bags"),
+    (lambda d: d["stages"].update(dense=[]), "stages"),
+    (lambda d: d["dense_packing"].append({"node": "x", "members": ["a", "b"], "layers": [4], "in_features": 1}),
+     "dense_packing"),
+    (lambda d: d["nodes"][-1].update(flops_per_sample=5), "flops_per_sample"),
+    (lambda d: d["nodes"][-1].update(dtype="bf16"), "dtype"),
+    (lambda d: d.update(tables=d["tables"][:3]), "tables"),
+    (lambda d: d.update(features=[]), "features"),
+])
+def test_an_edit_the_plan_would_not_honour_is_refused_naming_the_field(repo: Path, tmp_path: Path, change, field):
+    """A group's rows halved in plan.json loaded and trained with the rows the tables give, without
+    a word; a field written from others (or a node's bytes, flops or dtype) is refused naming it
+    and what can be edited."""
+    spec_path = repo / "specs" / "dlrm_criteo.yaml"
+    path = _edit(tmp_path, spec_path, change)
+    with pytest.raises(PlanError) as err:
+        load_plan(path, load_spec(spec_path))
+    assert f" {field} " in str(err.value) and "cannot be edited" in str(err.value) or \
+        f" {field} differs from what the spec defines" in str(err.value), str(err.value)
+    assert "edit a group's placement, cache_rows" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("spec_name, plan_kw, change, world_size", [
+    ("din_taobao", {}, lambda d: d["nodes"][3].update(stage="dense"), 1),  # `stages` still the planner's
+    ("dlrm_criteo", {"world_size": 2}, lambda d: d["groups"][0].update(sharding="replicated", shards=1), 2),
+])
+def test_an_edit_that_is_read_may_leave_what_it_moves_as_the_planner_wrote_it(repo: Path, tmp_path: Path, spec_name,
+                                                                             plan_kw, change, world_size):
+    """A node's stage or a group's sharding edited alone leaves `stages` or `bytes_per_rank` as the
+    planner wrote them: that is no edit of theirs, and the plan loads with the edit it made."""
+    spec_path = repo / "specs" / f"{spec_name}.yaml"
+    path = _edit(tmp_path, spec_path, change, **plan_kw)
+    edited = json.loads(path.read_text())
+    plan = load_plan(path, load_spec(spec_path), world_size=world_size)
+    assert plan_document(plan)["nodes"][3]["stage"] == edited["nodes"][3]["stage"]
+    assert (plan.meta.groups[0].sharding, plan.meta.groups[0].shards) == (edited["groups"][0]["sharding"],
+                                                                          edited["groups"][0]["shards"])
+
+
 def test_unreadable_plan_files_are_one_line(repo: Path, tmp_path: Path):
     spec = load_spec(repo / "specs" / "movielens.yaml")
     for name, content in (("empty.json", b""), ("latin.json", b"\xff\xfe{"), ("list.json", b"[1, 2]"),
