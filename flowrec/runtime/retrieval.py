@@ -183,12 +183,19 @@ def lookup_items(model: Any, binding: RetrievalBinding, items: torch.Tensor) -> 
 
 @torch.no_grad()
 def catalogue_vectors(model: Any, binding: RetrievalBinding) -> torch.Tensor:
-    """Item-tower vectors of every catalogue item, row r - 1 for item r (1 .. vocab).  # (V, Dv)"""
-    out = []
-    for lo in range(1, binding.vocab + 1, CATALOGUE_CHUNK):
-        items = torch.arange(lo, min(lo + CATALOGUE_CHUNK, binding.vocab + 1))
-        out.append(item_vectors(model, binding, lookup_items(model, binding, items)).float())
-    return torch.cat(out)
+    """Item-tower vectors of every catalogue item, row r - 1 for item r (1 .. vocab), in eval mode
+    (no dropout; batch norm reads its running statistics and leaves them unchanged), whatever mode
+    the model is in: training's evaluations and export rank the catalogue the model serves.  # (V, Dv)"""
+    was_training = model.training
+    model.eval()
+    try:
+        out = []
+        for lo in range(1, binding.vocab + 1, CATALOGUE_CHUNK):
+            items = torch.arange(lo, min(lo + CATALOGUE_CHUNK, binding.vocab + 1))
+            out.append(item_vectors(model, binding, lookup_items(model, binding, items)).float())
+        return torch.cat(out)
+    finally:
+        model.train(was_training)
 
 
 def item_counts(source: Any, feature: str) -> np.ndarray:

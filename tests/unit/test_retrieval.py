@@ -332,6 +332,28 @@ def test_evaluation_scores_the_whole_catalogue():
     assert metrics["samples"] == 3 * BATCH and 0 <= metrics["hr@5"] <= metrics["hr@20"] <= 1
 
 
+def test_an_evaluation_during_training_ranks_the_catalogue_in_eval_mode():
+    # An item tower with dropout and batch norm: training's evaluations and export (the model in
+    # train mode) put the catalogue through the tower with dropout on and the batch statistics of
+    # the catalogue's items, which also moved the running statistics.
+    doc = retrieval_doc(1, {"kind": "in_batch"}, False)
+    doc["modules"][1].update(dropout=0.5, norm="batch")
+    spec = spec_from_dict(doc)
+    plan = make_plan(spec, target="cpu")
+    batches, _, _ = staged(spec, plan, 5, 3)
+    model = lower(plan, spec, "cpu")
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    model.train()
+    during_training = evaluate(model, batches)["retrieve"]
+    assert model.training
+    for key, value in model.state_dict().items():
+        torch.testing.assert_close(value, state[key], rtol=0, atol=0, msg=key)  # running statistics unchanged
+    vectors = catalogue_vectors(model, model.retrieval)
+    model.eval()
+    assert during_training == evaluate(model, batches)["retrieve"]
+    torch.testing.assert_close(vectors, catalogue_vectors(model, model.retrieval), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("change,where,says", [
     ({"negatives": {"kind": "sampled"}}, "heads[0].negatives.num", "need num"),
     ({"negatives": {"kind": "in_batch", "num": 5}}, "heads[0].negatives.num", "for sampled"),
