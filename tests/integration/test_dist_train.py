@@ -332,3 +332,30 @@ def test_init_from_on_two_ranks_equals_one_process(work, fresh):
     train(work, f"r_child1_{fresh}", 1, *extra)
     train(work, f"r_child2_{fresh}", 2, *extra)
     assert_same_model(work / f"r_child1_{fresh}", work / f"r_child2_{fresh}")
+
+
+ONE_INPUT_SPEC = """
+name: one_input
+features:
+  - {name: d1, type: dense, transform: log1p}
+  - {name: a, type: categorical, hash_buckets: 50, dim: 4}
+modules:
+  - {name: bot, kind: mlp, inputs: ["@dense"], layers: [8]}
+  - {name: top, kind: mlp, inputs: [bot, a], layers: [4]}
+heads:
+  - {name: ctr, input: top, task: binary, loss: bce}
+optimizer:
+  dense: {name: adam, lr: 0.01}
+  sparse: {name: adagrad, lr: 0.1}
+training: {batch_size: 64, epochs: 1, seed: 1}
+"""
+
+
+def test_two_ranks_of_a_layer_with_one_input_print_no_warning(tmp_path):
+    # each rank printed torch's UserWarning "Grad strides do not match bucket view strides" for the
+    # (8, 1) weight gradient of the layer over the one dense feature (oneDNN's transposed product)
+    (tmp_path / "spec.yaml").write_text(ONE_INPUT_SPEC)
+    done = flowrec("train", "spec.yaml", "--rows", "600", "--out", "run", "-q", "--eval-every", "0",
+                   "--nproc", "2", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert not [line for line in done.stderr.splitlines() if "Warning" in line], done.stderr
