@@ -351,10 +351,14 @@ training: {batch_size: 64, epochs: 1, seed: 1}
 """
 
 
-def test_two_ranks_of_a_layer_with_one_input_print_no_warning(tmp_path):
+@pytest.mark.parametrize("norm", [False, True], ids=["plain", "batch_norm"])
+def test_two_ranks_of_a_layer_with_one_input_print_no_warning(tmp_path, norm):
     # each rank printed torch's UserWarning "Grad strides do not match bucket view strides" for the
-    # (8, 1) weight gradient of the layer over the one dense feature (oneDNN's transposed product)
-    (tmp_path / "spec.yaml").write_text(ONE_INPUT_SPEC)
+    # (8, 1) weight gradient of the layer over the one dense feature (oneDNN's transposed product);
+    # with batch norm, also torch's FutureWarning that the differentiable all_reduce is deprecated
+    spec = ONE_INPUT_SPEC.replace("layers: [4]}", "layers: [4], norm: batch}") if norm else ONE_INPUT_SPEC
+    assert ("norm: batch" in spec) is norm
+    (tmp_path / "spec.yaml").write_text(spec)
     done = flowrec("train", "spec.yaml", "--rows", "600", "--out", "run", "-q", "--eval-every", "0",
                    "--nproc", "2", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
