@@ -363,3 +363,25 @@ def test_two_ranks_of_a_layer_with_one_input_print_no_warning(tmp_path, norm):
                    "--nproc", "2", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert not [line for line in done.stderr.splitlines() if "Warning" in line], done.stderr
+
+
+@pytest.mark.parametrize("edit", ["model", "outside_the_model", "seed"])
+def test_a_resume_refused_on_two_ranks_is_rank_0s_line_alone(work, edit):
+    # every rank printed the same refusal ("error: rank 1: ...", then "error: rank 0: ..."); the run
+    # folder's refusal was rank 0's line alone already
+    if not (work / "r1" / "checkpoint.pt").is_file():
+        train(work, "r1", 1, "--plan", "p1.json")
+    doc = yaml.safe_load((work / "spec.yaml").read_text())
+    extra = []
+    if edit == "model":
+        doc["optimizer"]["dense"]["lr"] = 0.5
+    elif edit == "outside_the_model":
+        doc["training"]["epochs"] = 3
+    else:
+        extra = ["--seed", "8"]
+    (work / f"spec_{edit}.yaml").write_text(yaml.safe_dump(doc))
+    done = flowrec("train", f"spec_{edit}.yaml", "--resume", "r1", "-q", "--nproc", "2", *extra, cwd=work)
+    assert done.returncode == 2, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: rank")]
+    assert len(errors) == 1 and errors[0].startswith("error: rank 0: "), done.stderr
+    assert "Traceback" not in done.stderr
