@@ -130,6 +130,9 @@ def _train_command(request: RunRequest, nproc: int, max_restarts: int, follow_di
                    follow_once: bool, follow_export, follow_order: str) -> None:
     """`flowrec train` once its options are read (a KeyboardInterrupt out of it: before training)."""
     _check_options(request)
+    if max_restarts and nproc <= 1:  # it restarts the ranks of --nproc; one process would fail without a restart
+        fail(f"--max-restarts {max_restarts} restarts the ranks of --nproc N after a failure: give --nproc N (2 or "
+             f"more), or leave --max-restarts out (under torchrun, give torchrun's own --max-restarts)")
     if not 0.0 <= follow_wait <= MAX_FOLLOW_WAIT_S:  # NaN fails both comparisons
         fail(f"--follow-wait must be a number of seconds in 0..{MAX_FOLLOW_WAIT_S} (a week), not {follow_wait!r}")
     if follow_dir is None and follow_order != "name":
