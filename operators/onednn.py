@@ -311,10 +311,24 @@ def _weight_grad(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     256-bit units (`_shape_weight_grads`), `mm` for the mid-size layers (`mm_weight_grad`)."""
     if (gemm_library() == "mkl" or not _onednn_weight_grads()
             or (_shape_weight_grads() and mm_weight_grad(grad.shape[1], x.shape[1]))):
-        return torch.mm(grad.t(), x)
+        return _weight_layout(torch.mm(grad.t(), x))
     if grad.shape[1] <= x.shape[1]:
-        return _gemm(grad.t(), x.t(), None)
-    return _gemm(x.t(), grad.t(), None).t()
+        return _weight_layout(_gemm(grad.t(), x.t(), None))
+    return _weight_layout(_gemm(x.t(), grad.t(), None).t())
+
+
+def _weight_layout(grad_w: torch.Tensor) -> torch.Tensor:
+    """An (Out, In) weight gradient with a contiguous weight's strides (In, 1) where its bytes are
+    laid out so already and only the stride of a size-1 dimension differs: a transposed product of
+    a one-input layer is (Out, 1) with strides (1, Out). Autograd keeps such a gradient as it is
+    (it ignores the strides of size-1 dimensions), but DistributedDataParallel compares every
+    stride with the parameter's and warned "Grad strides do not match bucket view strides" on each
+    rank. The same tensor and bytes (a view); a gradient of another layout is left to autograd,
+    which copies it into the parameter's. # (Out, In)"""
+    strides = (grad_w.shape[1], 1)
+    if grad_w.stride() != strides and grad_w.is_contiguous():
+        return grad_w.as_strided(grad_w.shape, strides)
+    return grad_w
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,

@@ -130,6 +130,9 @@ def _train_command(request: RunRequest, nproc: int, max_restarts: int, follow_di
                    follow_once: bool, follow_export, follow_order: str) -> None:
     """`flowrec train` once its options are read (a KeyboardInterrupt out of it: before training)."""
     _check_options(request)
+    if max_restarts and nproc <= 1:  # it restarts the ranks of --nproc; one process would fail without a restart
+        fail(f"--max-restarts {max_restarts} restarts the ranks of --nproc N after a failure: give --nproc N (2 or "
+             f"more), or leave --max-restarts out (under torchrun, give torchrun's own --max-restarts)")
     if not 0.0 <= follow_wait <= MAX_FOLLOW_WAIT_S:  # NaN fails both comparisons
         fail(f"--follow-wait must be a number of seconds in 0..{MAX_FOLLOW_WAIT_S} (a week), not {follow_wait!r}")
     if follow_dir is None and follow_order != "name":
@@ -411,7 +414,7 @@ def _train_in_folder(request: RunRequest, spec, folder: Path, world=None) -> Non
     for note in notes:
         _say(note)
     if state is not None:
-        _check_resumed_seed(settings["seed"], state, folder)
+        _check_resumed_seed(settings["seed"], state, folder, world)
         bound = spec.data is not None and spec.data.bound
         settings["train_rows"] = recorded_train_rows(request.given, recorded, not settings["data"] and not bound)
     if resuming and state is None:
@@ -441,7 +444,16 @@ def _spec_changed_line(spec_path: Path, folder: Path, state: dict, spec) -> str:
     return f"{line} (see {folder}/spec.json){hint}"
 
 
-def _check_resumed_seed(seed: int | None, state: dict, folder: Path) -> None:
+def _refuse(message: str, world=None) -> None:
+    """Refuse the run in one line, where every rank of a launch refuses it alike (the same spec,
+    run folder and checkpoint): rank 0's line alone; the other ranks stop without one of their own
+    (status 0: the launch's status is rank 0's 2), as for a run folder rank 0 refuses."""
+    if world is not None and not world.lead:
+        raise typer.Exit(0)
+    fail(message)
+
+
+def _check_resumed_seed(seed: int | None, state: dict, folder: Path, world=None) -> None:
     """A resumed run keeps the seed it was trained with (its data order, synthetic rows and dropout
     follow from it): another --seed is refused here, in its own words, before any data is read."""
     if seed is None:
@@ -449,10 +461,10 @@ def _check_resumed_seed(seed: int | None, state: dict, folder: Path) -> None:
     try:
         trained = json.loads(state["spec"])["training"]["seed"]
     except (ValueError, TypeError, KeyError):
-        return  # the spec check after the session names a damaged record
+        return  # the spec check names a damaged record
     if seed != trained:
-        fail(f"--seed {seed} differs from the seed the run in {folder} was trained with ({trained}); a resumed "
-             f"run keeps its seed: leave --seed out, or start a new run (another --out) with it")
+        _refuse(f"--seed {seed} differs from the seed the run in {folder} was trained with ({trained}); a resumed "
+             f"run keeps its seed: leave --seed out, or start a new run (another --out) with it", world)
 
 
 def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | None, world=None) -> None:
@@ -480,10 +492,10 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     ranks = world.size if world is not None else 1
     if state is not None:  # a resumed run continues with the plan it was trained with, unchanged
         device = device_for_run(spec, settings["device"] or "auto")
-        plan = _for_ranks(_stored_plan_or_exit(state, folder, spec), spec, ranks)
+        plan = _for_ranks(_stored_plan_or_exit(state, folder, spec, world=world), spec, ranks)
     elif parent is not None:  # a run started from another trains its plan (same model and layout)
         device = device_for_run(spec, settings["device"] or "auto")
-        plan = _for_ranks(_stored_plan_or_exit(parent, Path(settings["init_from"]), spec, True), spec, ranks)
+        plan = _for_ranks(_stored_plan_or_exit(parent, Path(settings["init_from"]), spec, True, world), spec, ranks)
     else:
         plan, device = plan_for_run(spec, settings["device"] or "auto", settings["device_budget"], plan_file, _say,
                                     profile, settings["target"], settings["data"], ranks, settings.get("epochs"),
@@ -494,7 +506,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
         trained = spec if settings["seed"] is None else replace(spec, training=replace(spec.training,
                                                                                          seed=settings["seed"]))
         if state["spec"] != json.dumps(to_dict(trained), sort_keys=True):
-            fail(_spec_changed_line(request.spec_path, folder, state, trained))
+            _refuse(_spec_changed_line(request.spec_path, folder, state, trained), world)
 
     def before() -> None:  # rank 0 encodes bound data into the run folder first
         if world is not None and not world.lead:
@@ -688,7 +700,7 @@ def _start_from(trainer, parent: dict, settings: dict) -> None:
          f"{'' if settings['fresh_optimizer'] else ' and optimizer state'}), at step 0")
 
 
-def _stored_plan_or_exit(state: dict, folder: Path, spec, starting_from: bool = False):
+def _stored_plan_or_exit(state: dict, folder: Path, spec, starting_from: bool = False, world=None):
     """The plan a run was trained with (its checkpoint's), checked against the spec's model; a
     changed model is refused in one line naming the managed settings that differ
     (`flowrec.runs.changes`). `starting_from`: the run is --init-from's, not --resume's."""
@@ -700,9 +712,9 @@ def _stored_plan_or_exit(state: dict, folder: Path, spec, starting_from: bool = 
     try:
         stored = stored_plan(state, str(folder / "checkpoint.pt"))
     except CheckpointError as exc:
-        fail(str(exc))
+        _refuse(str(exc), world)
     if stored.spec_fingerprint != model_fingerprint(spec):
-        fail(changed_model_line(str(folder), state, spec, starting_from))
+        _refuse(changed_model_line(str(folder), state, spec, starting_from), world)
     return stored
 
 

@@ -332,3 +332,56 @@ def test_init_from_on_two_ranks_equals_one_process(work, fresh):
     train(work, f"r_child1_{fresh}", 1, *extra)
     train(work, f"r_child2_{fresh}", 2, *extra)
     assert_same_model(work / f"r_child1_{fresh}", work / f"r_child2_{fresh}")
+
+
+ONE_INPUT_SPEC = """
+name: one_input
+features:
+  - {name: d1, type: dense, transform: log1p}
+  - {name: a, type: categorical, hash_buckets: 50, dim: 4}
+modules:
+  - {name: bot, kind: mlp, inputs: ["@dense"], layers: [8]}
+  - {name: top, kind: mlp, inputs: [bot, a], layers: [4]}
+heads:
+  - {name: ctr, input: top, task: binary, loss: bce}
+optimizer:
+  dense: {name: adam, lr: 0.01}
+  sparse: {name: adagrad, lr: 0.1}
+training: {batch_size: 64, epochs: 1, seed: 1}
+"""
+
+
+@pytest.mark.parametrize("norm", [False, True], ids=["plain", "batch_norm"])
+def test_two_ranks_of_a_layer_with_one_input_print_no_warning(tmp_path, norm):
+    # each rank printed torch's UserWarning "Grad strides do not match bucket view strides" for the
+    # (8, 1) weight gradient of the layer over the one dense feature (oneDNN's transposed product);
+    # with batch norm, also torch's FutureWarning that the differentiable all_reduce is deprecated
+    spec = ONE_INPUT_SPEC.replace("layers: [4]}", "layers: [4], norm: batch}") if norm else ONE_INPUT_SPEC
+    assert ("norm: batch" in spec) is norm
+    (tmp_path / "spec.yaml").write_text(spec)
+    done = flowrec("train", "spec.yaml", "--rows", "600", "--out", "run", "-q", "--eval-every", "0",
+                   "--nproc", "2", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert not [line for line in done.stderr.splitlines() if "Warning" in line], done.stderr
+
+
+@pytest.mark.parametrize("edit", ["model", "outside_the_model", "seed"])
+def test_a_resume_refused_on_two_ranks_is_rank_0s_line_alone(work, edit):
+    # every rank printed the same refusal ("error: rank 1: ...", then "error: rank 0: ..."); the run
+    # folder's refusal was rank 0's line alone already
+    if not (work / "r1" / "checkpoint.pt").is_file():
+        train(work, "r1", 1, "--plan", "p1.json")
+    doc = yaml.safe_load((work / "spec.yaml").read_text())
+    extra = []
+    if edit == "model":
+        doc["optimizer"]["dense"]["lr"] = 0.5
+    elif edit == "outside_the_model":
+        doc["training"]["epochs"] = 3
+    else:
+        extra = ["--seed", "8"]
+    (work / f"spec_{edit}.yaml").write_text(yaml.safe_dump(doc))
+    done = flowrec("train", f"spec_{edit}.yaml", "--resume", "r1", "-q", "--nproc", "2", *extra, cwd=work)
+    assert done.returncode == 2, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: rank")]
+    assert len(errors) == 1 and errors[0].startswith("error: rank 0: "), done.stderr
+    assert "Traceback" not in done.stderr

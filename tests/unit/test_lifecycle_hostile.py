@@ -894,3 +894,13 @@ def test_the_training_bar_keeps_its_step_count_whole_at_80_columns(monkeypatch: 
         shown = sys.stderr.getvalue()
         assert "412/28125" in shown and "loss 0.6931" in shown and "samples/s" in shown, shown
         assert "…" not in shown, shown
+
+
+def test_max_restarts_without_nproc_is_refused_not_ignored(spec: Path, tmp_path: Path) -> None:
+    # `--max-restarts 2` of one process trained as if it were not there: a failure was not restarted
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["train", str(spec), "--rows", "100", "--out", str(out), "-q", "--max-restarts", "2"])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --max-restarts 2") and "--nproc" in lines[0], result.output
+    assert not out.exists()

@@ -107,6 +107,26 @@ def test_weight_gradient_paths_by_shape_on_a_half_width_cpu(monkeypatch) -> None
         assert torch.allclose(got.double(), want, atol=1e-5 * float(want.abs().max()), rtol=1e-4)
 
 
+@pytest.mark.parametrize("weight_grads", ["onednn", "mm"])
+@pytest.mark.parametrize("out,fan_in", [(8, 1), (1, 8), (8, 3), (3, 8)], ids=["one_input", "one_output", "wide",
+                                                                            "narrow"])
+def test_weight_gradients_have_the_weights_strides(weight_grads: str, out: int, fan_in: int, monkeypatch) -> None:
+    # a layer of one input got an (8, 1) weight gradient with strides (1, 8) from oneDNN's transposed
+    # product: autograd kept it, and DDP warned "Grad strides do not match bucket view strides" on each rank
+    monkeypatch.setattr(onednn, "_WEIGHT_GRADS_BY_ONEDNN", weight_grads == "onednn")
+    monkeypatch.setattr(onednn, "_WEIGHT_GRADS_BY_SHAPE", False)
+    monkeypatch.setattr(onednn, "gemm_library", lambda: "onednn")
+    gen = torch.Generator().manual_seed(3)
+    x = _skewed(gen, 64, fan_in)
+    w = (torch.randn(out, fan_in, generator=gen) * 0.3).requires_grad_()
+    grad = _skewed(gen, 64, out)
+    onednn.linear(x, w, None, relu=True).backward(grad)
+    assert w.grad.stride() == w.stride()
+    wr = w.detach().double().requires_grad_()
+    torch.relu(nn.functional.linear(x.double(), wr)).backward(grad.double())
+    assert torch.allclose(w.grad.double(), wr.grad, atol=1e-5 * float(wr.grad.abs().max()), rtol=1e-4)
+
+
 def test_linear_float64_is_plain_linear_bitwise() -> None:
     """Float64 (no oneDNN kernel) takes nn.functional.linear: bitwise the plain layer, gradients too."""
     gen = torch.Generator().manual_seed(3)

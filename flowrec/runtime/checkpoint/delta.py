@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from flowrec.runtime.checkpoint.format import CheckpointError, check_header, check_structure_common, read_torch_file
-from flowrec.runtime.checkpoint.shards import DELTA_SHARDS_KEY
+from flowrec.runtime.checkpoint.shards import DELTA_SHARDS_KEY, without_deltas
 from flowrec.runtime.managed_state import MANAGED_PREFIX
 
 DELTA_FORMAT = "flowrec-checkpoint-delta"
@@ -90,16 +90,6 @@ def apply_deltas(base_path: Path, state: dict[str, Any], map_location: Any = "cp
             raise CheckpointError(f"{exc}; {without_deltas([p for _, p in files[at:]], _step(state))}") from None
         expected += 1
     return state
-
-
-def without_deltas(paths: list[Path], step: int | None) -> str:
-    """What to do about a delta that cannot be applied (the first of `paths`, the deltas from it
-    on): removing them leaves the chain before it, a consistent earlier state (of `step`)."""
-    names = [p.name for p in paths]
-    listed = names[0] if len(names) == 1 else (
-        f"{', '.join(names[:-1])} and {names[-1]}" if len(names) <= 3 else f"{names[0]} to {names[-1]} ({len(names)} files)")
-    state = "the checkpoint before it" + (f" (step {step})" if step is not None else "")
-    return f"removing {listed} from {paths[0].parent} leaves {state}, which --resume, eval and export read"
 
 
 def _step(state: dict[str, Any]) -> int | None:

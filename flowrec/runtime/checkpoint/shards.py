@@ -139,8 +139,6 @@ def assemble_shards(path: Path, state: dict[str, Any], map_location: str | torch
             patches = _read_shards(delta_path, delta_entry, map_location, maps)  # a delta's maps replace the base's
             _check_patches(delta_path, tables, sizes, patches)
         except CheckpointError as exc:
-            from flowrec.runtime.checkpoint.delta import without_deltas
-
             before = (deltas[at - 1][1] if at else entry).get("step")  # checked by `_read_shards`
             raise CheckpointError(f"{exc}; {without_deltas([p for p, _ in deltas[at:]], before)}") from None
         for group, parts in patches.items():
@@ -156,6 +154,18 @@ def assemble_shards(path: Path, state: dict[str, Any], map_location: str | torch
     out = {k: v for k, v in state.items() if k not in ("shards", DELTA_SHARDS_KEY)}
     out["model"] = model
     return out
+
+
+def without_deltas(paths: list[Path], step: int | None) -> str:
+    """What to do about a delta that cannot be applied (the first of `paths`, the deltas from it
+    on): removing them leaves the chain before it, a consistent earlier state (of `step`)."""
+    names = [p.name for p in paths]
+    if len(names) > 3:
+        listed = f"{names[0]} to {names[-1]} ({len(names)} files)"
+    else:
+        listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+    state = "the checkpoint before it" + (f" (step {step})" if step is not None else "")
+    return f"removing {listed} from {paths[0].parent} leaves {state}, which --resume, eval and export read"
 
 
 def _read_shards(path: Path, entry: Any, map_location: str | torch.device,

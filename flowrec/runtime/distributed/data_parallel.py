@@ -149,7 +149,9 @@ def sum_over_ranks(values: torch.Tensor) -> torch.Tensor:
     sum of the ranks' gradients (batch norm statistics of the global batch)."""
     from torch.distributed.nn.functional import all_reduce
 
-    return all_reduce(values)
+    with warnings.catch_warnings():  # its deprecation notice, on every rank (as `gather_over_ranks`)
+        warnings.simplefilter("ignore", FutureWarning)
+        return all_reduce(values)
 
 
 def _no_buffer_sync() -> dict[str, bool]:
