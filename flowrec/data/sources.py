@@ -1005,6 +1005,10 @@ def _refuse_folder(path: Path, fmt: str) -> None:
     directory" was the message."""
     path = Path(path)
     if not path.is_dir():
+        if path.exists() and not path.is_file():  # a pipe (/dev/stdin, <(zcat ...)) was pyarrow's 'lseek failed'
+            raise DataError(f"{path} is not a regular file (a pipe or a device): flowrec reads a {fmt} input from "
+                            f"its start more than once; write it to a file (.gz, .bz2, .zst are "
+                            f"read as they are)")
         _refuse_unread_compression(path)
         return
     _refuse_encoded(path)

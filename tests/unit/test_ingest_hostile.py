@@ -252,3 +252,31 @@ def test_bytes_ids_that_are_not_utf8_are_one_line_naming_the_value(tmp_path: Pat
         with pytest.raises(DataError, match=r"^column user holds bytes that are not UTF-8 text \(b'\\xc3\(' at row"):
             check_ids(column, "user", multi=pa.types.is_list(column.type))
     check_ids(pa.array([b"ok", None, "é".encode()]), "user", multi=False)
+
+
+@pytest.mark.parametrize("fmt", ["csv", "libsvm"])
+def test_a_pipe_given_as_the_input_is_one_line_naming_it(tmp_path: Path, fmt: str) -> None:
+    """`zcat day.gz | flowrec data convert csv /dev/stdin ...` (or `<(zcat ...)`) stopped with
+    'cannot read /dev/stdin: lseek failed': the readers go back to the start of their input."""
+    import os
+    import threading
+
+    from flowrec.data import sources
+    from flowrec.data.error_log import ErrorLog
+
+    pipe = tmp_path / "rows.csv"
+    os.mkfifo(pipe)
+
+    def write() -> None:  # a writer as a shell's pipe has one (a reader opening the pipe waits for it)
+        try:
+            with open(pipe, "w") as f:
+                f.write("price,user,clicked\n1,a,1\n" if fmt == "csv" else "1 0:5\n")
+        except OSError:
+            pass
+
+    threading.Thread(target=write, daemon=True).start()
+    try:
+        with pytest.raises(DataError, match=r"rows\.csv is not a regular file \(a pipe or a device\): .*write it to a file"):
+            list(sources.reader(fmt)(pipe, {"fields": ["user"]}, ErrorLog("fail", str(pipe)), {"price", "clicked"}))
+    finally:
+        os.close(os.open(pipe, os.O_RDONLY | os.O_NONBLOCK))  # lets a writer still waiting go
