@@ -187,9 +187,10 @@ def csv_chunks(path: Path, log: ErrorLog, numeric: set[str], delimiter: str, nam
         except (OSError, pa.ArrowInvalid):
             pass  # the reader names the file
     quote = None if delimiter == "\t" else '"'
-    if lines_of_bytes:  # pyarrow numbers the rows it skips, then the rows (not blank lines, not lines of a quoted value)
-        log.file_line = BlankLines(path, header_lines, None if quote is None else quote.encode(),
-                                   delimiter.encode(encoding or "utf-8"))
+    # pyarrow numbers the rows it skips, then the rows (not blank lines, not lines of a quoted value)
+    log.file_line = BlankLines(path, header_lines, None if quote is None else quote.encode(),
+                               delimiter.encode(encoding or "utf-8") if lines_of_bytes else delimiter.encode(),
+                               None if lines_of_bytes else encoding)
     read = pcsv.ReadOptions(block_size=chunk_bytes, use_threads=False, column_names=names,
                             skip_rows=header_lines, encoding=encoding or "utf8")
     header_lines = header_lines if names is not None else 1
@@ -421,8 +422,10 @@ class BlankLines:
     ([1, 5, 4, 6], 4)
     """
 
-    def __init__(self, path: Path, skip: int = 0, quote: bytes | None = None, delimiter: bytes = b",") -> None:
+    def __init__(self, path: Path, skip: int = 0, quote: bytes | None = None, delimiter: bytes = b",",
+                 encoding: str | None = None) -> None:
         self.path = path
+        self.encoding = encoding  # the text's, where its lines are not lines of its bytes (UTF-16): read as UTF-8
         self.skip = skip  # lines skipped by their count (`skip_rows`, blank or not): numbered as they are
         self.quote = quote  # the quote character (None: values are not quoted, a row is one line)
         self.delimiter = delimiter
@@ -485,10 +488,16 @@ class BlankLines:
         return opened if self.in_quote else None
 
     def _numbered(self) -> Iterator[tuple[int, bytes]]:
+        import io
+
         try:
             with _open_lines(self.path) as fh:
-                yield from enumerate(fh, 1)
-        except (OSError, pa.ArrowInvalid):
+                if self.encoding is None:
+                    yield from enumerate(fh, 1)
+                else:  # lines of the decoded text (only "\n" ends one, as in bytes), as UTF-8 bytes
+                    text = io.TextIOWrapper(fh, encoding=self.encoding, errors="replace", newline="\n")
+                    yield from ((n, line.encode()) for n, line in enumerate(text, 1))
+        except (OSError, pa.ArrowInvalid, UnicodeError):
             return
 
 
