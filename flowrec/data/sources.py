@@ -1019,10 +1019,26 @@ def _refuse_folder(path: Path, fmt: str) -> None:
                             f"its start more than once; write it to a file (.gz, .bz2, .zst are "
                             f"read as they are)")
         _refuse_unread_compression(path)
+        _refuse_parquet(path, fmt)
         return
     _refuse_encoded(path)
     raise DataError(f"{path} is a folder, not a file: the {fmt} format reads one file (only parquet and "
                     "movielens read a folder)")
+
+
+def _refuse_parquet(path: Path, fmt: str) -> None:
+    """Raise DataError when a text format is given a Parquet file (it starts with ``PAR1``): its bytes
+    were read as rows, 'wrong field count (1, expected 4): '%\\x02\\x18...''."""
+    if compression_of(path) is not None or not path.is_file():
+        return
+    try:
+        with open(path, "rb") as fh:
+            magic = fh.read(4)
+    except OSError:
+        return  # the reader names the file
+    if magic == b"PAR1":
+        raise DataError(f"{path} is a Parquet file, not {fmt} text: read it with the parquet format "
+                        f"(`flowrec data convert parquet ...`, `flowrec predict ... --format parquet`)")
 
 
 UNREAD_SUFFIXES = {  # what a text input's name may end with that pyarrow does not decompress

@@ -280,3 +280,19 @@ def test_a_pipe_given_as_the_input_is_one_line_naming_it(tmp_path: Path, fmt: st
             list(sources.reader(fmt)(pipe, {"fields": ["user"]}, ErrorLog("fail", str(pipe)), {"price", "clicked"}))
     finally:
         os.close(os.open(pipe, os.O_RDONLY | os.O_NONBLOCK))  # lets a writer still waiting go
+
+
+@pytest.mark.parametrize("fmt", ["csv", "criteo", "avazu", "libsvm"])
+def test_a_parquet_file_given_to_a_text_format_says_so(tmp_path: Path, fmt: str) -> None:
+    """`flowrec predict PKG rows.parquet --format csv` (or `data convert csv` of one) read its bytes as
+    rows: "wrong field count (1, expected 4): '%\\x02\\x18\\x02d1...'"; now one line names the format to use."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from flowrec.data import sources
+    from flowrec.data.error_log import ErrorLog
+
+    path = tmp_path / "rows.parquet"
+    pq.write_table(pa.table({"price": [1.0, 2.0], "user": ["a", "b"], "clicked": [1, 0]}), path)
+    with pytest.raises(DataError, match=rf"rows\.parquet is a Parquet file, not {fmt} text: read it with the parquet format"):
+        list(sources.reader(fmt)(path, {"fields": ["user"]}, ErrorLog("skip", str(path)), {"price", "clicked"}))
