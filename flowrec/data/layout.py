@@ -182,6 +182,12 @@ def read_meta(path: str | Path) -> DatasetMeta:
     """
     path = Path(path)
     if path.exists() and not path.is_dir():
+        above = path.absolute().parents
+        dataset = next((i for i, d in enumerate(above) if (d / META_FILE).is_file()), None)
+        if dataset is not None:  # converting it, as the hint below says, is refused: it holds encoded rows
+            shown = path.parents[dataset] if dataset < len(path.parents) else above[dataset]  # as the user named it
+            shown = above[dataset] if shown == Path(".") else shown
+            raise DataError(f"{path} is a file of the dataset {shown}, not a dataset folder: give that folder")
         raw = "parquet" if path.suffix.lower() in (".parquet", ".pq") else "FORMAT"
         raise DataError(f"{path} is a file, not a dataset folder: give the folder holding {META_FILE} "
                         f"(raw files are converted into one by `flowrec data convert {raw} {path} OUT --spec SPEC`)")

@@ -187,9 +187,10 @@ def csv_chunks(path: Path, log: ErrorLog, numeric: set[str], delimiter: str, nam
         except (OSError, pa.ArrowInvalid):
             pass  # the reader names the file
     quote = None if delimiter == "\t" else '"'
-    if lines_of_bytes:  # pyarrow numbers the rows it skips, then the rows (not blank lines, not lines of a quoted value)
-        log.file_line = BlankLines(path, header_lines, None if quote is None else quote.encode(),
-                                   delimiter.encode(encoding or "utf-8"))
+    # pyarrow numbers the rows it skips, then the rows (not blank lines, not lines of a quoted value)
+    log.file_line = BlankLines(path, header_lines, None if quote is None else quote.encode(),
+                               delimiter.encode(encoding or "utf-8") if lines_of_bytes else delimiter.encode(),
+                               None if lines_of_bytes else encoding)
     read = pcsv.ReadOptions(block_size=chunk_bytes, use_threads=False, column_names=names,
                             skip_rows=header_lines, encoding=encoding or "utf8")
     header_lines = header_lines if names is not None else 1
@@ -421,8 +422,10 @@ class BlankLines:
     ([1, 5, 4, 6], 4)
     """
 
-    def __init__(self, path: Path, skip: int = 0, quote: bytes | None = None, delimiter: bytes = b",") -> None:
+    def __init__(self, path: Path, skip: int = 0, quote: bytes | None = None, delimiter: bytes = b",",
+                 encoding: str | None = None) -> None:
         self.path = path
+        self.encoding = encoding  # the text's, where its lines are not lines of its bytes (UTF-16): read as UTF-8
         self.skip = skip  # lines skipped by their count (`skip_rows`, blank or not): numbered as they are
         self.quote = quote  # the quote character (None: values are not quoted, a row is one line)
         self.delimiter = delimiter
@@ -485,10 +488,16 @@ class BlankLines:
         return opened if self.in_quote else None
 
     def _numbered(self) -> Iterator[tuple[int, bytes]]:
+        import io
+
         try:
             with _open_lines(self.path) as fh:
-                yield from enumerate(fh, 1)
-        except (OSError, pa.ArrowInvalid):
+                if self.encoding is None:
+                    yield from enumerate(fh, 1)
+                else:  # lines of the decoded text (only "\n" ends one, as in bytes), as UTF-8 bytes
+                    text = io.TextIOWrapper(fh, encoding=self.encoding, errors="replace", newline="\n")
+                    yield from ((n, line.encode()) for n, line in enumerate(text, 1))
+        except (OSError, pa.ArrowInvalid, UnicodeError):
             return
 
 
@@ -1005,11 +1014,31 @@ def _refuse_folder(path: Path, fmt: str) -> None:
     directory" was the message."""
     path = Path(path)
     if not path.is_dir():
+        if path.exists() and not path.is_file():  # a pipe (/dev/stdin, <(zcat ...)) was pyarrow's 'lseek failed'
+            raise DataError(f"{path} is not a regular file (a pipe or a device): flowrec reads a {fmt} input from "
+                            f"its start more than once; write it to a file (.gz, .bz2, .zst are "
+                            f"read as they are)")
         _refuse_unread_compression(path)
+        _refuse_parquet(path, fmt)
         return
     _refuse_encoded(path)
     raise DataError(f"{path} is a folder, not a file: the {fmt} format reads one file (only parquet and "
                     "movielens read a folder)")
+
+
+def _refuse_parquet(path: Path, fmt: str) -> None:
+    """Raise DataError when a text format is given a Parquet file (it starts with ``PAR1``): its bytes
+    were read as rows, 'wrong field count (1, expected 4): '%\\x02\\x18...''."""
+    if compression_of(path) is not None or not path.is_file():
+        return
+    try:
+        with open(path, "rb") as fh:
+            magic = fh.read(4)
+    except OSError:
+        return  # the reader names the file
+    if magic == b"PAR1":
+        raise DataError(f"{path} is a Parquet file, not {fmt} text: read it with the parquet format "
+                        f"(`flowrec data convert parquet ...`, `flowrec predict ... --format parquet`)")
 
 
 UNREAD_SUFFIXES = {  # what a text input's name may end with that pyarrow does not decompress

@@ -272,7 +272,6 @@ def check_ids(column: pa.ChunkedArray | pa.Array, name: str, multi: bool) -> Non
             raise DataError(f"column {name} {why}")
 
 
-FLOAT_WHOLE = 2.0 ** 53  # float64 holds every whole number below this, and not every one from it on
 
 
 def check_frame_ids(column: pa.ChunkedArray | pa.Array, name: str) -> None:
@@ -298,17 +297,19 @@ def check_frame_ids(column: pa.ChunkedArray | pa.Array, name: str) -> None:
         values = values.dictionary_decode()
     if not pa.types.is_floating(values.type):
         return
-    x = values.to_numpy(zero_copy_only=False).astype(np.float64)
+    raw = values.to_numpy(zero_copy_only=False)
+    bits = np.finfo(raw.dtype).nmant + 1  # every whole number below 2**bits is exact (float64 53, float32 24)
+    x = raw.astype(np.float64)
     with np.errstate(invalid="ignore"):
-        big = np.abs(x) >= FLOAT_WHOLE  # inf too (NaN: a missing value)
+        big = np.abs(x) >= 2.0 ** bits  # inf too (NaN: a missing value)
         part = np.isfinite(x) & (x != np.floor(x))
     bad = np.flatnonzero(big | part)
     if not len(bad):
         return
     i = int(bad[0])
     why = ("is not a whole number" if part[i] else
-           "is a float of magnitude 2**53 or more, which float64 may have rounded from another id (pandas makes an "
-           "integer column with a missing value float64)")
+           f"is a float of magnitude 2**{bits} or more, which {raw.dtype} may have rounded from another id (pandas "
+           f"makes an integer column with a missing value float64)")
     shown = f"{x[i]:.1f}" if np.isfinite(x[i]) and not part[i] else repr(float(x[i]))
     raise DataError(f"column {name}: id {shown} at row {i if rows is None else int(rows[i])} (0-based) "
                     f"{why}: give the column pandas' nullable integer dtype, dtype=\"Int64\" (or \"UInt64\") "

@@ -252,3 +252,47 @@ def test_bytes_ids_that_are_not_utf8_are_one_line_naming_the_value(tmp_path: Pat
         with pytest.raises(DataError, match=r"^column user holds bytes that are not UTF-8 text \(b'\\xc3\(' at row"):
             check_ids(column, "user", multi=pa.types.is_list(column.type))
     check_ids(pa.array([b"ok", None, "é".encode()]), "user", multi=False)
+
+
+@pytest.mark.parametrize("fmt", ["csv", "libsvm"])
+def test_a_pipe_given_as_the_input_is_one_line_naming_it(tmp_path: Path, fmt: str) -> None:
+    """`zcat day.gz | flowrec data convert csv /dev/stdin ...` (or `<(zcat ...)`) stopped with
+    'cannot read /dev/stdin: lseek failed': the readers go back to the start of their input."""
+    import os
+    import threading
+
+    from flowrec.data import sources
+    from flowrec.data.error_log import ErrorLog
+
+    pipe = tmp_path / "rows.csv"
+    os.mkfifo(pipe)
+
+    def write() -> None:  # a writer as a shell's pipe has one (a reader opening the pipe waits for it)
+        try:
+            with open(pipe, "w") as f:
+                f.write("price,user,clicked\n1,a,1\n" if fmt == "csv" else "1 0:5\n")
+        except OSError:
+            pass
+
+    threading.Thread(target=write, daemon=True).start()
+    try:
+        with pytest.raises(DataError, match=r"rows\.csv is not a regular file \(a pipe or a device\): .*write it to a file"):
+            list(sources.reader(fmt)(pipe, {"fields": ["user"]}, ErrorLog("fail", str(pipe)), {"price", "clicked"}))
+    finally:
+        os.close(os.open(pipe, os.O_RDONLY | os.O_NONBLOCK))  # lets a writer still waiting go
+
+
+@pytest.mark.parametrize("fmt", ["csv", "criteo", "avazu", "libsvm"])
+def test_a_parquet_file_given_to_a_text_format_says_so(tmp_path: Path, fmt: str) -> None:
+    """`flowrec predict PKG rows.parquet --format csv` (or `data convert csv` of one) read its bytes as
+    rows: "wrong field count (1, expected 4): '%\\x02\\x18\\x02d1...'"; now one line names the format to use."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from flowrec.data import sources
+    from flowrec.data.error_log import ErrorLog
+
+    path = tmp_path / "rows.parquet"
+    pq.write_table(pa.table({"price": [1.0, 2.0], "user": ["a", "b"], "clicked": [1, 0]}), path)
+    with pytest.raises(DataError, match=rf"rows\.parquet is a Parquet file, not {fmt} text: read it with the parquet format"):
+        list(sources.reader(fmt)(path, {"fields": ["user"]}, ErrorLog("skip", str(path)), {"price", "clicked"}))

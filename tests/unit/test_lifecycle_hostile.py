@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -666,6 +667,19 @@ def test_a_follow_wait_out_of_range_is_one_line(spec: Path, tmp_path: Path, wait
     assert not (tmp_path / "stream").exists()
     shown = runner.invoke(app, ["train", "--help"], env={"COLUMNS": "400"}).output
     assert "(0 .. 604800, a week)" in " ".join(shown.replace("│", " ").split())
+
+
+def test_data_naming_a_part_file_of_a_dataset_names_the_dataset(spec: Path, tmp_path: Path) -> None:
+    """A dataset's part file given where the dataset goes was told to be converted as raw Parquet
+    (`flowrec data convert parquet PART OUT`), which refuses encoded rows; now its dataset is named."""
+    data = _synth(spec, tmp_path / "ds")
+    part = next(data.glob("*.parquet"))
+    says = f"{part} is a file of the dataset {data}, not a dataset folder: give that folder"
+    with pytest.raises(DataError, match=re.escape(says)):
+        flowrec.train(spec, data=part, out=tmp_path / "api", max_steps=1)
+    shown = runner.invoke(app, ["data", "inspect", str(part)])
+    assert shown.exit_code == 2 and says in shown.output and "data convert" not in shown.output, shown.output
+    assert not (tmp_path / "api").exists()
 
 
 def test_the_longest_follow_wait_is_accepted(spec: Path, tmp_path: Path) -> None:

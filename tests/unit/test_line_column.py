@@ -106,6 +106,18 @@ def test_a_row_after_a_quoted_value_that_spans_lines_is_named_by_its_own_line(tm
     assert made.exit_code == 2 and "b.csv:4: label 2.0 in column label" in made.stderr, made.stderr
 
 
+def test_a_bad_row_of_a_utf16_file_is_named_by_its_own_line(tmp_path: Path) -> None:
+    """With `encoding: utf-16` (whose lines are not lines of its bytes) errors named pyarrow's row
+    number: a.csv:4 for line 6, after a blank line and a quoted value over two lines."""
+    path = tmp_path / "a.csv"
+    path.write_bytes('d1,user,label\n\n0.5,"ä\nb",1\n0.1,b,0\n0.2,c\n0.3,d,1\n0.x,e,1\n'.encode("utf-16"))
+    with pytest.raises(DataError, match=r"a\.csv:6: wrong field count \(2, expected 3\)"):
+        _rows(sources.reader("csv"), path, {"encoding": "utf-16"})
+    log = ErrorLog("skip", str(path))
+    (table,) = list(sources.reader("csv")(path, {"encoding": "utf-16"}, log, {"d1", "label"}))
+    assert [e.line for e in log.examples] == [6, 8] and table.column("user").to_pylist() == ["ä\nb", "b", "d"]
+
+
 def test_a_quoted_value_that_spans_the_end_of_a_block_is_read(tmp_path: Path) -> None:
     """A file over one block (16 MiB) whose quoted value spanned lines across the block's end stopped
     the conversion: 'unreadable input (CSV parser got out of sync with chunker ...)'."""
