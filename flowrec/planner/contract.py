@@ -215,7 +215,8 @@ def priced(plan: Plan, spec: ModelSpec, profile: dict[str, Any] | None = None, o
              f"{o.cache_rows:,})" for g, o in zip(plan.meta.groups, own.meta.groups)
              if (g.placement, g.cache_rows) != (o.placement, o.cache_rows)]
     notes += [f"group {g.name}: sharding {g.sharding} over {g.shards} shard(s) (planner: {o.sharding} over "
-              f"{o.shards})" for g, o in zip(plan.meta.groups, own.meta.groups) if (g.sharding, g.shards) != (o.sharding, o.shards)]
+              f"{o.shards})" for g, o in zip(plan.meta.groups, own.meta.groups)
+              if (g.sharding, g.shards) != (o.sharding, o.shards)]
     for key in ("micro_batches", "prefetch", "group_order"):
         if getattr(plan.meta, key) != getattr(own.meta, key):
             notes.append(f"{key} {getattr(plan.meta, key)} (planner: {getattr(own.meta, key)})")
