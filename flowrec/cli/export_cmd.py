@@ -1,6 +1,7 @@
 """`flowrec export RUN OUT/`: write a model package (flowrec.serving.package) from a trained run."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -58,9 +59,16 @@ def export(
 
     refuse_stream_folder(run_dir, "export")
     folder = run_folder_of(run_dir)  # RUN/best's encoder and metrics are its run's
+    made = missing_parents(out)  # the check makes them; a failed export removes them again
     _check_target(folder, out, overwrite)
     staged = out.with_name(f".{out.name}.export-tmp")
     remove_partial(staged)
+
+    def undo() -> None:
+        """Remove what the failed export wrote: the staging folder, the parents made for OUT."""
+        remove_partial(staged)
+        remove_empty(made)
+
     try:
         trained = load_trained(run_dir, "cpu", scoring_plan, mmap=True)  # tables mapped, not copied
         encoder = trained.encoder or find_record(folder)
@@ -69,13 +77,13 @@ def export(
                                index=index)
         replace_folder(staged, out)  # the old package stays until the new one is in place
     except (DataError, OSError, ValueError, RuntimeError) as exc:
-        remove_partial(staged)
+        undo()
         fail(f"cannot export to {out}: {custom_failure(exc) or first_line(exc)}")
     except KeyboardInterrupt:
-        remove_partial(staged)
+        undo()
         fail(f"interrupted (Ctrl-C); {out} was not written", EXIT_INTERRUPTED)
     except Exception as exc:  # a user's custom module may raise anything while it is traced
-        remove_partial(staged)  # was left beside OUT
+        undo()  # the staging folder was left beside OUT
         if custom_failure(exc) is None:
             raise
         fail(f"cannot export to {out}: {custom_failure(exc)}")
@@ -87,6 +95,30 @@ def export(
         typer.echo(f"largest score difference {dtype} vs fp32: {report.max_score_diff:.2e} over "
                    f"{report.compared_rows:,} rows")
 
+
+
+def missing_parents(out: Path) -> list[Path]:
+    """The folders above `out` that do not exist yet, deepest first (what `mkdir -p` would make).
+
+    >>> missing_parents(Path("/no-such-root/a/pkg"))
+    [PosixPath('/no-such-root/a'), PosixPath('/no-such-root')]
+    """
+    missing = []
+    for folder in Path(out).absolute().parents:
+        if os.path.lexists(folder):
+            break
+        missing.append(folder)
+    return missing
+
+
+def remove_empty(folders: list[Path]) -> None:
+    """Remove `folders` (deepest first) while they are empty: the parents a failed export made
+    (`export run new/sub/pkg` left new/sub behind)."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
 
 
 PACKAGE_FIRST = ("model.pt2", "encoder.json", "spec.json", "plan.json", "manifest.json")
