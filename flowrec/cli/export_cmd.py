@@ -1,13 +1,12 @@
 """`flowrec export RUN OUT/`: write a model package (flowrec.serving.package) from a trained run."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
 import typer
 
-from flowrec.cli.common import fail
+from flowrec.cli.common import fail, missing_parents, remove_empty
 from flowrec.runtime.messages import first_line
 from flowrec.spec.json_doc import parse_json_text
 
@@ -95,30 +94,6 @@ def export(
         typer.echo(f"largest score difference {dtype} vs fp32: {report.max_score_diff:.2e} over "
                    f"{report.compared_rows:,} rows")
 
-
-
-def missing_parents(out: Path) -> list[Path]:
-    """The folders above `out` that do not exist yet, deepest first (what `mkdir -p` would make).
-
-    >>> missing_parents(Path("/no-such-root/a/pkg"))
-    [PosixPath('/no-such-root/a'), PosixPath('/no-such-root')]
-    """
-    missing = []
-    for folder in Path(out).absolute().parents:
-        if os.path.lexists(folder):
-            break
-        missing.append(folder)
-    return missing
-
-
-def remove_empty(folders: list[Path]) -> None:
-    """Remove `folders` (deepest first) while they are empty: the parents a failed export made
-    (`export run new/sub/pkg` left new/sub behind)."""
-    for folder in folders:
-        try:
-            folder.rmdir()
-        except OSError:
-            return
 
 
 PACKAGE_FIRST = ("model.pt2", "encoder.json", "spec.json", "plan.json", "manifest.json")
