@@ -73,6 +73,9 @@ def plan_for_run(spec: ModelSpec, device_name: str, device_budget: str | None, p
         if device_budget is not None:
             raise RunError("--device-budget and --plan both decide placements: edit the plan's groups "
                            "instead, or plan again with `flowrec plan SPEC --device-budget ... --json FILE`")
+        if target is not None:  # it was ignored: the plan is priced for its own target
+            raise RunError("--target and --plan both decide the cost model's device: the plan's is its target "
+                           "field; plan again with `flowrec plan SPEC --target ... --json FILE`, or give only one")
         try:
             plan = load_plan(plan_file, spec, world_size=world_size)
         except PlanError as exc:

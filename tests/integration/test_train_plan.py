@@ -78,3 +78,8 @@ def test_plan_and_budget_together_and_foreign_plans_are_refused(tmp_path: Path, 
                                "--out", str(tmp_path / "r2")])
     assert both.exit_code == 2 and "--device-budget and --plan" in both.stderr
     assert not (tmp_path / "r1" / "checkpoint.pt").exists()
+    # --target beside --plan was ignored without a word (the run's plan priced for the plan's target)
+    both = runner.invoke(app, ["train", str(spec), "--plan", str(other), "--target", "h100",
+                               "--out", str(tmp_path / "r3")])
+    assert both.exit_code == 2 and "--target and --plan" in both.stderr, both.output
+    assert not (tmp_path / "r3" / "checkpoint.pt").exists()
