@@ -485,7 +485,8 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     else:
         plan, device = plan_for_run(spec, settings["device"] or "auto", settings["device_budget"], plan_file, _say,
                                     profile, settings["target"], settings["data"], ranks, settings.get("epochs"),
-                                    settings.get("max_steps"), reading_bar(not request.quiet and is_lead_rank()))
+                                    settings.get("max_steps"), reading_bar(not request.quiet and is_lead_rank()),
+                                    cache=settings["cache"])
     if world is not None:
         device = world.device  # cuda:LOCAL_RANK for each rank on CUDA
 

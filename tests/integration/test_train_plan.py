@@ -83,3 +83,8 @@ def test_plan_and_budget_together_and_foreign_plans_are_refused(tmp_path: Path, 
                                "--out", str(tmp_path / "r3")])
     assert both.exit_code == 2 and "--target and --plan" in both.stderr, both.output
     assert not (tmp_path / "r3" / "checkpoint.pt").exists()
+    # so was --cache (the plan's groups kept their placements)
+    both = runner.invoke(app, ["train", str(spec), "--plan", str(other), "--cache", "lookahead",
+                               "--out", str(tmp_path / "r4")])
+    assert both.exit_code == 2 and "--cache and --plan" in both.stderr, both.output
+    assert not (tmp_path / "r4" / "checkpoint.pt").exists()
