@@ -37,6 +37,32 @@ class RepeatedArgumentsCommand(TyperCommand):
                 param.__class__ = RepeatedArgument
 
 
+def missing_parents(*outs: Path) -> list[Path]:
+    """The folders above `outs` that do not exist yet, deepest first (what `mkdir -p` makes for
+    them, and the output guard before any work: `remove_empty` takes them back after a failure).
+
+    >>> missing_parents(Path("/no-such-root/a/pkg"))
+    [PosixPath('/no-such-root/a'), PosixPath('/no-such-root')]
+    """
+    missing = set()
+    for out in outs:
+        for folder in Path(out).absolute().parents:
+            if os.path.lexists(folder):
+                break
+            missing.add(folder)
+    return sorted(missing, key=lambda f: (-len(f.parts), str(f)))
+
+
+def remove_empty(folders: list[Path]) -> None:
+    """Remove those of `folders` (deepest first) that are empty: the parents a failed command made
+    for its outputs (`export RUN new/sub/pkg` left new/sub behind)."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            continue
+
+
 def fail(message: str, code: int = EXIT_INVALID) -> NoReturn:
     """Print `error: message` on stderr (`error: rank R: message` in a multi-rank launch) and exit
     with `code`."""

@@ -6,7 +6,7 @@ from typing import Any, Iterator, Optional
 
 import typer
 
-from flowrec.cli.common import fail
+from flowrec.cli.common import fail, missing_parents, remove_empty
 from flowrec.runtime.messages import first_line
 from flowrec.spec.json_doc import parse_json_text
 
@@ -58,9 +58,16 @@ def export(
 
     refuse_stream_folder(run_dir, "export")
     folder = run_folder_of(run_dir)  # RUN/best's encoder and metrics are its run's
+    made = missing_parents(out)  # the check makes them; a failed export removes them again
     _check_target(folder, out, overwrite)
     staged = out.with_name(f".{out.name}.export-tmp")
     remove_partial(staged)
+
+    def undo() -> None:
+        """Remove what the failed export wrote: the staging folder, the parents made for OUT."""
+        remove_partial(staged)
+        remove_empty(made)
+
     try:
         trained = load_trained(run_dir, "cpu", scoring_plan, mmap=True)  # tables mapped, not copied
         encoder = trained.encoder or find_record(folder)
@@ -69,13 +76,13 @@ def export(
                                index=index)
         replace_folder(staged, out)  # the old package stays until the new one is in place
     except (DataError, OSError, ValueError, RuntimeError) as exc:
-        remove_partial(staged)
+        undo()
         fail(f"cannot export to {out}: {custom_failure(exc) or first_line(exc)}")
     except KeyboardInterrupt:
-        remove_partial(staged)
+        undo()
         fail(f"interrupted (Ctrl-C); {out} was not written", EXIT_INTERRUPTED)
     except Exception as exc:  # a user's custom module may raise anything while it is traced
-        remove_partial(staged)  # was left beside OUT
+        undo()  # the staging folder was left beside OUT
         if custom_failure(exc) is None:
             raise
         fail(f"cannot export to {out}: {custom_failure(exc)}")

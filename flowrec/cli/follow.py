@@ -239,6 +239,10 @@ def _day_request(request, folder: Path, day: Path, previous: Path | None, comman
     """The run request of one day: resume its folder after a crash, else start it from the previous
     day; an interrupted day names the stream's `command` to continue with."""
     given = {**request.given, "data": str(day)}
+    if previous is not None:  # a day from the day before trains its plan: the flags that make one made day 1's
+        from flowrec.runs.settings import PLAN_FLAGS
+
+        given.update({key: None for key, _ in PLAN_FLAGS})
     if (folder / "checkpoint.pt").is_file():
         return replace(request, out=None, resume=folder, overwrite=False, given=given, init_from=None,
                        continue_command=command, json_lines=True)

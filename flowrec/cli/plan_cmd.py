@@ -8,7 +8,8 @@ from typing import Optional, get_args
 
 import typer
 
-from flowrec.cli.common import fail, guard_outputs, launch_env, planned_spec_or_exit, write_output
+from flowrec.cli.common import (fail, guard_outputs, launch_env, missing_parents, planned_spec_or_exit, remove_empty,
+                                write_output)
 from flowrec.planner.calibration import is_profile_path
 from flowrec.render import to_dot, to_png, to_svg
 from flowrec.planner.manager import STAGES, PassFailure, load_profile, make_plan
@@ -62,36 +63,42 @@ def plan(
             fail(f"{flag} writes a file, not stdout: give a file name (--json - and --dot - write to stdout)")
     model = planned_spec_or_exit(spec)
     files = [Path(p) for p in (json_out, dot, svg, png) if p is not None and str(p) != "-"]
+    made = missing_parents(*files)  # the guard makes them; a plan that fails takes them back
     guard_outputs(files, [spec, profile, Path(target) if target and is_profile_path(target) else None], overwrite)
-    trained = run_managed(managed_from, model) if managed_from is not None else None  # before any output
-    if until not in STAGES:
-        fail(f"--until must be one of {', '.join(STAGES)}, not {until!r}")
-    if cache is not None:
-        if cache not in get_args(CachePolicy):
-            fail(f"--cache must be one of {', '.join(get_args(CachePolicy))}, not {cache!r}")
-        model = replace(model, plan=replace(model.plan, cache=cache))
-    if epochs is not None:
-        model = replace(model, training=replace(model.training, epochs=epochs))
     try:
-        result = make_plan(model, until=until, device_budget=device_budget, target=target,
-                           profile=load_profile(profile), world_size=world_size or launch_env()[0])
-    except (ValueError, OSError, PassFailure) as exc:
-        fail(str(exc))
-    warning = memory_warning(result, plan_local_ranks(local_ranks, result.meta.world_size))
-    for dest, text in ((json_out, lambda: plan_json(result)), (dot, lambda: to_dot(result.graph))):
-        if dest == "-":
-            typer.echo(text(), nl=False)
-        elif dest is not None:
-            write_output(Path(dest), lambda tmp, text=text: tmp.write_text(text(), encoding="utf-8"))
-    if svg is not None:
-        write_output(svg, lambda tmp: tmp.write_text(to_svg(result), encoding="utf-8"))
-    if png is not None:
-        write_output(png, lambda tmp: to_png(result, tmp))
-    if "-" not in (json_out, dot) and not quiet:
-        report = text_report(result)
-        typer.echo("\n".join(report[:1] + ([warning] if warning else []) + report[1:] + managed_report(model, trained, result.meta.world_size)))
-    elif warning:
-        typer.echo(warning, err=True)
+        trained = run_managed(managed_from, model) if managed_from is not None else None  # before any output
+        if until not in STAGES:
+            fail(f"--until must be one of {', '.join(STAGES)}, not {until!r}")
+        if cache is not None:
+            if cache not in get_args(CachePolicy):
+                fail(f"--cache must be one of {', '.join(get_args(CachePolicy))}, not {cache!r}")
+            model = replace(model, plan=replace(model.plan, cache=cache))
+        if epochs is not None:
+            model = replace(model, training=replace(model.training, epochs=epochs))
+        try:
+            result = make_plan(model, until=until, device_budget=device_budget, target=target,
+                               profile=load_profile(profile), world_size=world_size or launch_env()[0])
+        except (ValueError, OSError, PassFailure) as exc:
+            fail(str(exc))
+        warning = memory_warning(result, plan_local_ranks(local_ranks, result.meta.world_size))
+        for dest, text in ((json_out, lambda: plan_json(result)), (dot, lambda: to_dot(result.graph))):
+            if dest == "-":
+                typer.echo(text(), nl=False)
+            elif dest is not None:
+                write_output(Path(dest), lambda tmp, text=text: tmp.write_text(text(), encoding="utf-8"))
+        if svg is not None:
+            write_output(svg, lambda tmp: tmp.write_text(to_svg(result), encoding="utf-8"))
+        if png is not None:
+            write_output(png, lambda tmp: to_png(result, tmp))
+        if "-" not in (json_out, dot) and not quiet:
+            report = text_report(result)
+            typer.echo("\n".join(report[:1] + ([warning] if warning else []) + report[1:]
+                                  + managed_report(model, trained, result.meta.world_size)))
+        elif warning:
+            typer.echo(warning, err=True)
+    except typer.Exit:
+        remove_empty(made)  # `plan SPEC --profile missing.json --json new/p.json` left new/ behind
+        raise
 
 
 def plan_local_ranks(given: int | None, world_size: int) -> int:

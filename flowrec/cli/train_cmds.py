@@ -409,6 +409,7 @@ def _train_in_folder(request: RunRequest, spec, folder: Path, world=None) -> Non
     except (RunFolderError, CheckpointError) as exc:
         fail(str(exc))
     parent = request.init_from or ((recorded or {}).get("init_from") if state is None else None)
+    _refuse_plan_flags(request.given, recorded if state is not None else None, parent if state is None else None)
     settings, notes = run_settings(request.given, spec, recorded, parent,
                                    request.fresh_optimizer or bool((recorded or {}).get("fresh_optimizer")))
     for note in notes:
@@ -422,6 +423,26 @@ def _train_in_folder(request: RunRequest, spec, folder: Path, world=None) -> Non
     if settings["cache"] is not None:
         spec = replace(spec, plan=replace(spec.plan, cache=settings["cache"]))
     _run(request, spec, folder, settings, state, world)
+
+
+def _refuse_plan_flags(given: dict, recorded: dict | None, parent: Path | str | None) -> None:
+    """A run resumed from its checkpoint (`recorded`: its run.json) trains the plan it was trained
+    with, one started from a `parent` run trains the parent's: a flag that makes a plan would change
+    nothing, and was ignored without a word (--resume even said it overrides the recorded value).
+    One line and exit 2 naming them; on --resume, a flag given as recorded is no change."""
+    from flowrec.runs.settings import PLAN_FLAGS, same_setting
+
+    if recorded is None and parent is None:
+        return
+    flags = [flag for key, flag in PLAN_FLAGS if given.get(key) is not None
+             and not (recorded is not None and same_setting(key, given[key], recorded.get(key)))]
+    if not flags:
+        return
+    if recorded is not None:
+        fail(f"--resume continues the run with the plan it was trained with (its plan.json): {', '.join(flags)} "
+             f"would not change it; leave {'it' if len(flags) == 1 else 'them'} out, or start a new run")
+    fail(f"--init-from {parent} trains that run's plan: {', '.join(flags)} would not change it; leave "
+         f"{'it' if len(flags) == 1 else 'them'} out, or start a new run without --init-from")
 
 
 def _spec_changed_line(spec_path: Path, folder: Path, state: dict, spec) -> str:
@@ -499,7 +520,8 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     else:
         plan, device = plan_for_run(spec, settings["device"] or "auto", settings["device_budget"], plan_file, _say,
                                     profile, settings["target"], settings["data"], ranks, settings.get("epochs"),
-                                    settings.get("max_steps"), reading_bar(not request.quiet and is_lead_rank()))
+                                    settings.get("max_steps"), reading_bar(not request.quiet and is_lead_rank()),
+                                    cache=settings["cache"])
     if world is not None:
         device = world.device  # cuda:LOCAL_RANK for each rank on CUDA
     if state is not None:  # the spec the session trains (`session.prepare`), checked before any data is read

@@ -214,9 +214,15 @@ def priced(plan: Plan, spec: ModelSpec, profile: dict[str, Any] | None = None, o
     notes = [f"group {g.name}: placement {g.placement}, {g.cache_rows:,} cache rows (planner: {o.placement}, "
              f"{o.cache_rows:,})" for g, o in zip(plan.meta.groups, own.meta.groups)
              if (g.placement, g.cache_rows) != (o.placement, o.cache_rows)]
+    notes += [f"group {g.name}: sharding {g.sharding} over {g.shards} shard(s) (planner: {o.sharding} over "
+              f"{o.shards})" for g, o in zip(plan.meta.groups, own.meta.groups)
+              if (g.sharding, g.shards) != (o.sharding, o.shards)]
     for key in ("micro_batches", "prefetch", "group_order"):
         if getattr(plan.meta, key) != getattr(own.meta, key):
             notes.append(f"{key} {getattr(plan.meta, key)} (planner: {getattr(own.meta, key)})")
+    stage = {n: own.graph.nodes[n]["op"].stage for n in own.graph}
+    notes += [f"node {n}: stage {plan.graph.nodes[n]['op'].stage} (planner: {stage[n]})" for n in plan.graph
+              if n in stage and plan.graph.nodes[n]["op"].stage != stage[n]]
     groups = tuple(replace(g, expected_hit_rate=expected_hit_rate(g, profile)) for g in plan.meta.groups)
     meta = replace(plan.meta, groups=groups)
     if notes and not any(p.name == "edit" for p in meta.passes):

@@ -53,7 +53,8 @@ def plan_for_run(spec: ModelSpec, device_name: str, device_budget: str | None, p
                  status: Callable[[str], None] = lambda _: None,
                  profile: Path | None = None, target: str | None = None,
                  data: str | None = None, world_size: int = 1, epochs: int | None = None,
-                 max_steps: int | None = None, progress: Progress = no_progress) -> tuple[Plan, torch.device]:
+                 max_steps: int | None = None, progress: Progress = no_progress,
+                 cache: str | None = None) -> tuple[Plan, torch.device]:
     """(plan, device) of a run; every problem is a `RunError` (one line).
 
     `profile` is an access profile (`flowrec data profile --json`) for the planner's cache pass;
@@ -64,6 +65,7 @@ def plan_for_run(spec: ModelSpec, device_name: str, device_budget: str | None, p
     ranks of the run (the plan shards its groups over them). `epochs` and `max_steps` (the run's
     settings; default: the spec's training.epochs, no limit) are the epochs the plan prices a
     lookahead group's traffic over (`run_epochs`). `progress` shows the data's sample being read.
+    `cache`: the run's --cache (already the spec's plan.cache); a plan file decides placements itself.
     """
     device = device_for_run(spec, device_name)
     if plan_file is not None:
@@ -73,6 +75,12 @@ def plan_for_run(spec: ModelSpec, device_name: str, device_budget: str | None, p
         if device_budget is not None:
             raise RunError("--device-budget and --plan both decide placements: edit the plan's groups "
                            "instead, or plan again with `flowrec plan SPEC --device-budget ... --json FILE`")
+        if cache is not None:  # it was ignored: the plan's groups keep their placements
+            raise RunError("--cache and --plan both decide placements: edit the plan's groups instead, or plan "
+                           "again with `flowrec plan SPEC --cache ... --json FILE`")
+        if target is not None:  # it was ignored: the plan is priced for its own target
+            raise RunError("--target and --plan both decide the cost model's device: the plan's is its target "
+                           "field; plan again with `flowrec plan SPEC --target ... --json FILE`, or give only one")
         try:
             plan = load_plan(plan_file, spec, world_size=world_size)
         except PlanError as exc:

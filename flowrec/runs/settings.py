@@ -186,6 +186,15 @@ def recorded_train_rows(given: dict[str, Any], recorded: dict[str, Any] | None, 
     return rows
 
 
+PLAN_FLAGS = (("plan", "--plan"), ("device_budget", "--device-budget"), ("cache", "--cache"),
+              ("profile", "--profile"), ("target", "--target"))  # settings that make the plan a run starts with
+
+
+def same_setting(key: str, given: Any, recorded: Any) -> bool:
+    """A setting given again as recorded (a path relative where run.json holds it absolute)."""
+    return given == recorded or _same_path(key, given, recorded)
+
+
 def _same_path(key: str, given: Any, recorded: Any) -> bool:
     """A path setting given again, relative where run.json holds it absolute, is no override."""
     if key not in PATH_SETTINGS or not isinstance(given, str) or not isinstance(recorded, str):

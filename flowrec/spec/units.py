@@ -8,8 +8,8 @@ MAX_BYTES = 2**50  # 1 PiB: the largest byte size (device budget) flowrec accept
 MAX_SEED = 2**63 - 1  # seeds are stored as signed 64-bit integers
 _UNITS = {  # bytes per unit
     "": 1, "b": 1,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "pb": 10**15,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "pib": 2**50,  # the limit is said in PiB
 }
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 

@@ -121,3 +121,16 @@ def test_planning_imports_no_torch_or_dask(repo):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=repo, check=True)
     assert out.stdout.strip() == ""
+
+
+@pytest.mark.parametrize("bad", [["--profile", "missing.json"], ["--until", "lowered"]])
+def test_a_plan_that_fails_takes_back_the_folders_made_for_its_outputs(dlrm, tmp_path, monkeypatch, bad):
+    """The output guard makes the folders above --json and --svg before any work; a plan that then
+    failed (a missing profile, a bad --until) left them behind, empty."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "kept").mkdir()
+    r = invoke(dlrm, *bad, "--json", "new/sub/p.json", "--svg", "kept/more/p.svg", "-q")
+    assert r.exit_code == 2, r.output
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == ["kept"]
+    r = invoke(dlrm, "--json", "new/sub/p.json", "-q")
+    assert r.exit_code == 0 and (tmp_path / "new" / "sub" / "p.json").is_file(), r.output

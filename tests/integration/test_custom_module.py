@@ -254,3 +254,7 @@ def test_a_custom_module_branching_on_its_values_is_one_export_line_saying_what_
                                         f"({tmp_path / 'blocks.py'}:Branchy) {DATA_DEPENDENT_FLOW}"], done.output
     assert "torch.where" in DATA_DEPENDENT_FLOW and "torch.cond" in DATA_DEPENDENT_FLOW
     assert sorted(p.name for p in tmp_path.iterdir()) == ["blocks.py", "run", "spec.yaml"]
+    # the folders made for OUT go too (new/sub was left behind)
+    done = runner.invoke(app, ["export", str(run), str(tmp_path / "new" / "sub" / "pkg")])
+    assert done.exit_code == 2 and DATA_DEPENDENT_FLOW in done.output, done.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["blocks.py", "run", "spec.yaml"]

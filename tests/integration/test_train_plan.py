@@ -78,3 +78,38 @@ def test_plan_and_budget_together_and_foreign_plans_are_refused(tmp_path: Path, 
                                "--out", str(tmp_path / "r2")])
     assert both.exit_code == 2 and "--device-budget and --plan" in both.stderr
     assert not (tmp_path / "r1" / "checkpoint.pt").exists()
+    # --target beside --plan was ignored without a word (the run's plan priced for the plan's target)
+    both = runner.invoke(app, ["train", str(spec), "--plan", str(other), "--target", "h100",
+                               "--out", str(tmp_path / "r3")])
+    assert both.exit_code == 2 and "--target and --plan" in both.stderr, both.output
+    assert not (tmp_path / "r3" / "checkpoint.pt").exists()
+    # so was --cache (the plan's groups kept their placements)
+    both = runner.invoke(app, ["train", str(spec), "--plan", str(other), "--cache", "lookahead",
+                               "--out", str(tmp_path / "r4")])
+    assert both.exit_code == 2 and "--cache and --plan" in both.stderr, both.output
+    assert not (tmp_path / "r4" / "checkpoint.pt").exists()
+
+
+def test_flags_that_make_a_plan_are_refused_where_a_run_trains_a_stored_one(tmp_path: Path):
+    """--resume (from a checkpoint) trains the run's plan and --init-from the parent's: --plan,
+    --device-budget, --cache, --profile and --target were ignored without a word (--resume even said
+    '--device-budget 1MiB overrides the run's default'); now one line naming them, exit 2. A flag
+    given on --resume as recorded is no change."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC)
+    run = tmp_path / "run"
+    base = ["train", str(spec), "--rows", "600", "--quiet"]
+    assert runner.invoke(app, [*base, "--cache", "none", "--out", str(run)]).exit_code == 0
+    plan = (run / "plan.json").read_bytes()
+    child = runner.invoke(app, [*base, "--init-from", str(run), "--device-budget", "1MiB", "--cache", "lookahead",
+                                "--out", str(tmp_path / "child")])
+    assert child.exit_code == 2, child.output
+    assert child.stderr.splitlines() == [f"error: --init-from {run} trains that run's plan: --device-budget, --cache "
+                                         "would not change it; leave them out, or start a new run without --init-from"]
+    assert not (tmp_path / "child").exists()
+    again = runner.invoke(app, [*base, "--resume", str(run), "--epochs", "2", "--target", "h100"])
+    assert again.exit_code == 2 and "--resume continues the run with the plan it was trained with" in again.stderr
+    assert "--target would not change it" in again.stderr, again.output
+    same = runner.invoke(app, [*base, "--resume", str(run), "--epochs", "2", "--cache", "none"])  # as recorded
+    assert same.exit_code == 0, same.output
+    assert (run / "plan.json").read_bytes() == plan

@@ -131,6 +131,8 @@ def test_an_edit_that_is_read_may_leave_what_it_moves_as_the_planner_wrote_it(re
     assert plan_document(plan)["nodes"][3]["stage"] == edited["nodes"][3]["stage"]
     assert (plan.meta.groups[0].sharding, plan.meta.groups[0].shards) == (edited["groups"][0]["sharding"],
                                                                           edited["groups"][0]["shards"])
+    (edit,) = [p for p in plan.meta.passes if p.name == "edit"]  # the edit pass lists it (it listed nothing)
+    assert len(edit.notes) == 1 and ("node " in edit.notes[0] or "sharding replicated" in edit.notes[0]), edit.notes
 
 
 def test_unreadable_plan_files_are_one_line(repo: Path, tmp_path: Path):

@@ -56,7 +56,8 @@ def test_check_seed(value, ok):
 
 
 @pytest.mark.parametrize("text,expected", [("4GiB", 4 * 2**30), ("1.5 KB", 1500), (1024, 1024), (0, 0),
-                                           ("1024TiB", MAX_BYTES), (MAX_BYTES, MAX_BYTES)])
+                                           ("1024TiB", MAX_BYTES), (MAX_BYTES, MAX_BYTES),
+                                           ("1PiB", MAX_BYTES), ("0.5 PiB", MAX_BYTES // 2), ("1 PB", 10**15)])
 def test_parse_bytes_in_range(text, expected):
     assert parse_bytes(text) == expected
 
@@ -65,6 +66,18 @@ def test_parse_bytes_in_range(text, expected):
 def test_parse_bytes_out_of_range(text):
     with pytest.raises(ValueError):
         parse_bytes(text)
+
+
+def test_a_size_over_the_limit_is_out_of_range_in_the_unit_the_limit_is_said_in():
+    """'2PiB' was 'not a byte size' while the limit reads '(0 .. 1 PiB)', and a spec's
+    plan.device_budget '1PiB' was refused by the schema's pattern."""
+    with pytest.raises(ValueError, match="out of range"):
+        parse_bytes("2PiB")
+    doc = copy.deepcopy(DLRM)
+    doc.setdefault("plan", {})["device_budget"] = "1PiB"
+    assert validate_document(doc) == []
+    doc["plan"]["device_budget"] = "2PiB"
+    assert [i.path for i in validate_document(doc)] == ["plan.device_budget"]
 
 
 @pytest.mark.parametrize("value,message", [
