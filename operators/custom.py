@@ -120,7 +120,7 @@ def meta_width(path: str, params: Mapping[str, Any], in_width: int) -> int:
                 out = inner(x)
         except (Exception, SystemExit):  # a user's forward may raise anything; meta tensors hold no values
             out, x = _cpu_dry_run(path, params, in_width)  # (`x.sum() > 0`, `.item()`): try real zeros
-    if not isinstance(out, torch.Tensor) or out.dim() < 2 or out.shape[0] != DRY_RUN_BATCH:
+    if not isinstance(out, torch.Tensor) or out.dim() < 1 or out.shape[0] != DRY_RUN_BATCH:  # (B,): one value each
         raise CustomModuleError(f"{path} must return one (B, ...) tensor, got "
                                 f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}")
     if out.dtype != x.dtype:  # the next module's weights are of the input's dtype; an integer output has no gradient

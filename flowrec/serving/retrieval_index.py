@@ -45,7 +45,8 @@ def for_index(vectors: np.ndarray, metric: str) -> np.ndarray:
 
 @dataclass
 class ItemIndex:
-    """A package's items and how to search them."""
+    """A package's items and how to search them (the catalogue rows with a raw id: a row no raw
+    value was fitted to is never recommended)."""
 
     raw_items: list[Any]
     vectors: torch.Tensor  # (V, D) float32
@@ -100,6 +101,9 @@ def load_items(path: Path, manifest: dict[str, Any], spec: Any) -> ItemIndex:
     if kind not in INDEX_KINDS:
         raise ValueError(f"{path}: index kind {kind!r} is not one this flowrec reads ({', '.join(INDEX_KINDS)})")
     raw_items, vectors = _read_items(path / ITEMS_FILE, items, dim)
+    named = [i for i, item in enumerate(raw_items) if item is not None]  # a row no raw value was fitted
+    if len(named) < len(raw_items):  # to (a spare row, or one the data left free) is no item to serve
+        raw_items, vectors = [raw_items[i] for i in named], np.ascontiguousarray(vectors[named])
     faiss_index = None
     faiss = faiss_module()
     if kind == "faiss_flat_ip" and faiss is not None:

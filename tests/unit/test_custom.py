@@ -94,6 +94,15 @@ BLOCKS = textwrap.dedent('''
             return h / 2 if float(h.abs().max()) > 100 else h
 
 
+    class Score(nn.Module):
+        def __init__(self, width):
+            super().__init__()
+            self.proj = nn.Linear(width, 1)
+
+        def forward(self, x):
+            return self.proj(x).squeeze(1)  # (B,): one value per sample
+
+
     class Lazy(nn.Module):
         def __init__(self, out):
             super().__init__()
@@ -228,6 +237,16 @@ def test_a_module_with_lazy_parameters_is_built_with_their_shapes(blocks):
     assert model.ops["mine"].inner.training  # the shaping forward ran in eval mode, then training again
     opt = make_dense_optimizer(model, "adam", 0.01, {})
     assert any(p is proj.weight for group in opt.param_groups for p in group["params"])
+
+
+def test_a_module_returning_a_vector_of_one_value_per_sample_has_width_one(blocks):
+    # (B,) is a (B, ...) tensor: the dry run refused it ("must return one (B, ...) tensor, got (2,)")
+    spec = resolve_custom(spec_from_dict(custom_doc(blocks, "Score", {"width": 20})))
+    assert spec.modules[1].param("out_width") == 1
+    model = lower(make_plan(spec, target="cpu"), spec, "cpu")
+    x = torch.randn(5, 20)
+    out = model.ops["mine"](x)
+    assert out.shape == (5, 1) and torch.equal(out[:, 0], model.ops["mine"].inner(x))
 
 
 @pytest.mark.parametrize("cls,params,says", [

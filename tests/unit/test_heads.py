@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 from torch.nn import functional as F
@@ -159,6 +160,25 @@ def test_macro_auc_is_the_mean_one_vs_rest_auc():
     acc.update(labels[90:], probs[90:].numpy())
     expected = sum(auc((labels == c).astype(float), probs[:, c].numpy()) for c in range(3)) / 3
     assert acc.result()["auc"] == pytest.approx(expected, abs=1e-12)
+
+
+def test_tied_class_probabilities_count_as_argmax_breaks_them():
+    """A model whose logits are all equal (its input all zeros: dead ReLUs) scored accuracy 1.0, and
+    a label whose probability underflowed to 0 beside others of 0 counted among the top k: ties
+    counted for the label. Now they count as numpy's argmax (and a stable sort) break them: the
+    lower class index first."""
+    from flowrec.runtime.evaluation.classes import MulticlassAccumulator
+
+    gen = np.random.default_rng(random.randrange(1 << 30))
+    labels = gen.integers(0, 6, 300)
+    probs = np.round(gen.dirichlet(np.ones(6) * 0.3, 300), 2)  # many ties, zeros among them
+    probs[:50] = 1 / 6  # all equal
+    acc = MulticlassAccumulator(k=3)
+    acc.update(labels, probs)
+    order = np.argsort(-probs, axis=1, kind="stable")
+    assert acc.result()["accuracy"] == (probs.argmax(axis=1) == labels).mean()
+    assert acc.result()["accuracy_at_k"] == (order[:, :3] == labels[:, None]).any(axis=1).mean()
+    assert acc.result()["accuracy"] < 1
 
 
 @pytest.mark.parametrize("change,where,says", [

@@ -161,6 +161,18 @@ def test_an_untouched_package_recommends_the_same_items_as_an_unread_index_file_
     assert np.array_equal(np.stack(ours["scores"]), np.stack(theirs["scores"]))
 
 
+def test_a_table_row_without_a_raw_item_id_is_never_recommended(made):
+    """The training rows hold fewer items than the spec's vocab of 1,682: the free rows are in the
+    catalogue without a raw id, and predict recommended them as None."""
+    items = pq.read_table(made / "pkg" / "items.parquet")
+    named = set(items.column("item").drop_null().to_pylist())
+    assert items.column("item").null_count > 0 and named  # the case itself
+    recs = load_model(made / "pkg").recommend(USERS, items.num_rows)
+    for row, scores in zip(recs["items"], recs["scores"]):
+        assert set(row) == named and len(row) == len(named)  # every named item, nothing else
+        assert (np.diff(scores) <= 0).all()
+
+
 def test_raw_rows_for_a_package_of_a_run_on_synthetic_data_are_refused(made, tmp_path):
     """Its vocabulary tables have no raw values: encoding raw rows failed with a KeyError."""
     model = load_model(made / "synthetic_pkg")

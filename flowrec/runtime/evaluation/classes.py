@@ -40,7 +40,10 @@ class MulticlassAccumulator:
         k = self.k = min(self.k, max(1, probs.shape[1] - 1))
         rows = np.arange(labels.size)
         own = probs[rows, labels]  # (B,)
-        rank = (probs > own[:, None]).sum(axis=1)  # classes strictly more probable than the label
+        # the classes ranked before the label: more probable, or as probable and of a lower index (as
+        # argmax and a stable sort break ties; counting ties for the label gave equal logits accuracy 1)
+        before = (probs > own[:, None]) | ((probs == own[:, None]) & (np.arange(probs.shape[1]) < labels[:, None]))
+        rank = before.sum(axis=1)
         self.n += labels.size
         self.correct += int((rank == 0).sum())
         self.in_top_k += int((rank < k).sum())
