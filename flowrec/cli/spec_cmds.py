@@ -17,7 +17,8 @@ VALIDATE_HELP = """Check spec files (YAML or JSON) against the schema and the se
 
 Every problem of every file is reported at once, one line each, as `FILE: PATH: MESSAGE`.
 Folders are scanned recursively for *.yaml, *.yml and *.json files, leaving out
-those flowrec writes for itself (plans, runs' settings, dataset and package records).
+hidden ones (.venv, .github) and those flowrec writes for itself (plans, runs'
+settings, dataset and package records).
 Exit status: 0 when every file is valid, 2 otherwise.
 
 \b

@@ -78,16 +78,22 @@ def flowrec_document(path: Path) -> str | None:
     return flowrec_format(doc)
 
 
+def _hidden(relative: Path) -> bool:
+    return any(part.startswith(".") for part in relative.parts)
+
+
 def spec_files(paths: Iterable[str | Path]) -> list[Path]:
     """Expand folders (recursively, sorted) into their *.yaml / *.yml / *.json files, without the
     files flowrec wrote for itself (`flowrec_document`: `validate .` over a project reported every
-    plan.json, run.json and dataset record of its runs as an invalid spec, line after line)."""
+    plan.json, run.json and dataset record of its runs as an invalid spec, line after line) and
+    without hidden files and folders below a folder named (a project's .venv, .git, .github)."""
     out: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
             # a link to a spec that is gone is reported (no such file), not skipped as if valid
             out.extend(sorted(f for f in p.rglob("*") if (f.is_file() or (f.is_symlink() and not f.exists()))
-                              and f.suffix.lower() in SPEC_SUFFIXES and flowrec_document(f) is None))
+                              and f.suffix.lower() in SPEC_SUFFIXES and not _hidden(f.relative_to(p))
+                              and flowrec_document(f) is None))
         else:
             out.append(p)
     return out

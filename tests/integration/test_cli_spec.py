@@ -89,6 +89,21 @@ def test_a_folder_scan_leaves_out_the_files_flowrec_wrote_for_itself(runner, tmp
         assert result.output.splitlines() == [line], command
 
 
+def test_a_folder_scan_leaves_out_hidden_folders(runner, tmp_path):
+    """`flowrec validate .` in a project read its .venv's and .github's JSON and YAML files as specs:
+    thousands of lines, exit 2. Hidden files and folders below the folder named are left out; a
+    hidden folder named itself is scanned."""
+    (tmp_path / "good.yaml").write_text(DLRM.read_text())
+    for name in (".venv/lib/site-packages/pkg/meta.json", ".github/workflows/ci.yml", ".draft.yaml"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text('{"not": "a spec"}')
+    result = _run(runner, "validate", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines() == [f"ok  {tmp_path / 'good.yaml'}"]
+    result = _run(runner, "validate", str(tmp_path / ".github"))
+    assert result.exit_code == 2 and "ci.yml" in result.output
+
+
 def test_a_link_to_a_missing_spec_in_a_folder_is_reported(runner, tmp_path):
     """A dangling link was skipped: the folder validated, exit 0, with a spec that cannot be read."""
     (tmp_path / "good.yaml").write_text(DLRM.read_text())
