@@ -3,7 +3,7 @@ comparing two runs' checkpoints, and per-rank models loaded from a (lazy) checkp
 
 Example:
     >>> done = run_flowrec("plan", "spec.yaml", cwd=work, root=REPO, timeout_s=300)  # doctest: +SKIP
-    >>> assert_same_model(work / "r1", work / "r2", tol=0.0)  # doctest: +SKIP  (bitwise)
+    >>> assert_same_model(work / "r1", work / "r2", tol=0.0)  # bitwise  # doctest: +SKIP
 """
 from __future__ import annotations
 
