@@ -34,7 +34,7 @@ def load_model(path):
 
     Example:
         >>> model = flowrec.load_model("pkg/ml")  # doctest: +SKIP
-        >>> model.predict(raw_table)  # doctest: +SKIP  # one score column per head
+        >>> model.predict(raw_table)  # one score column per head  # doctest: +SKIP
     """
     from flowrec.serving.predict import load_model as load
 

@@ -7,9 +7,9 @@ query (B, ...), item (B, ...) -> (B, 1): each input is flattened per sample to (
   `torch.nn.functional.normalize`).
 
 Example:
-    >>> Similarity("cosine", 0.5)(torch.ones(2, 3), torch.ones(2, 3))
-    tensor([[2.],
-            [2.]])
+    >>> score = Similarity("cosine", 0.5)(torch.ones(2, 3), torch.ones(2, 3))  # cosine 1 over 0.5
+    >>> score.shape, torch.allclose(score, torch.full((2, 1), 2.0))
+    (torch.Size([2, 1]), True)
 """
 from __future__ import annotations
 

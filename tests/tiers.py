@@ -67,7 +67,7 @@ FILES: dict[str, frozenset[str]] = {
     **{f"tests/unit/{name}.py": frozenset({"thorough"}) for name in (
         "test_cache_exact", "test_cache_fae", "test_cache_fae_bytes", "test_cache_model", "test_train_reference",
         "test_mlp_regularize_training", "test_managed_training", "test_compiled_dense",
-        "test_retrieval_negatives_cached",
+        "test_retrieval_negatives_cached", "test_module_doctests",
     )},
     # integration: the CLI, runs, data conversion, distributed training
     **{f"tests/integration/{name}.py": FAST for name in (

@@ -10,7 +10,7 @@ import sys
 
 import typer
 
-from flowrec.cli.common import exit_without_teardown
+from flowrec.cli.common import RepeatedArgumentsCommand, exit_without_teardown
 from flowrec.version import __version__
 from flowrec.cli import (calibrate_cmd, data_cmds, doctor_cmd, export_cmd, plan_cmd, predict_cmd, spec_cmds,
                          train_cmds)
@@ -41,7 +41,7 @@ plan_cmd.register(app)
 data_cmds.register(app)
 train_cmds.register(app)
 export_cmd.register(app)
-app.command("predict")(predict_cmd.predict)
+app.command("predict", cls=RepeatedArgumentsCommand)(predict_cmd.predict)
 doctor_cmd.register(app)
 calibrate_cmd.register(app)
 

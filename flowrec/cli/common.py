@@ -6,7 +6,7 @@ from pathlib import Path, PurePath
 from typing import Callable, NoReturn, Sequence, get_args
 
 import typer
-from typer.core import TyperArgument, TyperCommand
+from typer.core import TyperArgument, TyperCommand, TyperOption
 
 from flowrec.spec.errors import SpecError
 from flowrec.spec.load import load_spec
@@ -15,26 +15,42 @@ from flowrec.spec.model import DRY_RUN_KINDS, ModelSpec, unresolved_modules
 EXIT_INVALID = 2  # invalid spec, option, data or profile
 
 
+def _repeated_type(param: TyperArgument | TyperOption) -> str:
+    """The `--help` type of a parameter given one or more times (`List[Path]`, `List[str]`): the
+    element's type and `...` (`<path>...`, `<str>...`), where typer writes the Python annotation
+    (`<list[Path]>`)."""
+    (element,) = get_args(param.type_descriptor.annotation)
+    is_path = isinstance(element, type) and issubclass(element, PurePath)
+    return f"<{'path' if is_path else param._bare_type(element)}>..."
+
+
 class RepeatedArgument(TyperArgument):
-    """An argument given one or more times (`List[Path]`), its `--help` type written as the other
-    commands' are, the element's type and `...` (`SPEC <path>...`), where typer wrote the Python
-    annotation (`SPEC <list[Path]>`)."""
+    """An argument given one or more times, its `--help` type as `_repeated_type` writes it
+    (`SPEC <path>...`)."""
 
     def display_type(self, ctx: typer.Context) -> str:
-        (element,) = get_args(self.type_descriptor.annotation)
-        is_path = isinstance(element, type) and issubclass(element, PurePath)
-        return f"<{'path' if is_path else self._bare_type(element)}>..."
+        return _repeated_type(self)
+
+
+class RepeatedOption(TyperOption):
+    """An option given one or more times, its `--help` type as `_repeated_type` writes it
+    (`--keep <str>...`)."""
+
+    def display_type(self, ctx: typer.Context) -> str:
+        return _repeated_type(self)
 
 
 class RepeatedArgumentsCommand(TyperCommand):
-    """A command whose repeated arguments read in `--help` as `RepeatedArgument` writes them
-    (`app.command(cls=RepeatedArgumentsCommand)`)."""
+    """A command whose repeated arguments and options read in `--help` as `_repeated_type` writes
+    them (`app.command(cls=RepeatedArgumentsCommand)`)."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         for param in self.params:
             if type(param) is TyperArgument and param.nargs != 1:
                 param.__class__ = RepeatedArgument
+            elif type(param) is TyperOption and param.multiple:
+                param.__class__ = RepeatedOption
 
 
 def missing_parents(*outs: Path) -> list[Path]:

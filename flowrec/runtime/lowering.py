@@ -9,8 +9,8 @@ of the dense input, members of a packed MLP, whole module outputs).
 
 Example:
     >>> model = lower(plan, spec, device="cpu")  # doctest: +SKIP
-    >>> emb = model.embed(batch)                 # {group: (B, S, D)}
-    >>> logits = model.dense_forward(batch.dense, emb, model.sequence_masks(batch))  # (B, n_heads)
+    >>> emb = model.embed(batch)                 # {group: (B, S, D)}  # doctest: +SKIP
+    >>> logits = model.dense_forward(batch.dense, emb, model.sequence_masks(batch))  # (B, n_heads)  # doctest: +SKIP
 """
 from __future__ import annotations
 

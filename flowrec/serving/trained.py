@@ -9,7 +9,7 @@ exports it with `torch.export` into a model package.
 
 Example:
     >>> serving = ServingModel(trained.spec, trained.model)  # doctest: +SKIP
-    >>> probs = serving(dense, {"C1": (ids, offsets), ...})  # (B, n_heads)
+    >>> probs = serving(dense, {"C1": (ids, offsets), ...})  # (B, n_heads)  # doctest: +SKIP
 """
 from __future__ import annotations
 

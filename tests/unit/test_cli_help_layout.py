@@ -85,3 +85,19 @@ def test_a_repeated_argument_reads_as_the_others(layout: str | None) -> None:
     assert shown.exit_code == 0, shown.output
     row = next(line for line in shown.output.splitlines() if "Spec files or folders" in line)
     assert re.search(r"SPEC\s+<path>\.\.\.\s", row), row
+
+
+@pytest.mark.parametrize("layout", [None, "rich"])
+def test_a_repeated_option_reads_as_the_others(layout: str | None) -> None:
+    """`flowrec predict --help` showed typer's Python annotation for `--keep`, `<list[str]>`; a
+    repeated option is the element's type and `...`, as a repeated argument is."""
+    kept = app.rich_markup_mode
+    app.rich_markup_mode = layout
+    try:
+        shown = CliRunner().invoke(app, ["predict", "--help"], env={"COLUMNS": "120"}, terminal_width=120)
+    finally:
+        app.rich_markup_mode = kept
+    assert shown.exit_code == 0, shown.output
+    row = next(line for line in shown.output.splitlines() if "Raw column to pass through" in line)
+    assert re.search(r"--keep\s+<str>\.\.\.\s", row), row
+    assert "list[" not in shown.output

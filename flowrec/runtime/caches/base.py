@@ -9,7 +9,7 @@ offsets, casting)` also works (evaluation, no lookahead): it gathers the current
 
 Example:
     >>> module = LookaheadEmbedding(group, seed=0, device=torch.device("cpu"))  # doctest: +SKIP
-    >>> out = module.forward_group(batch.groups[group.name])  # (B, S, D)
+    >>> out = module.forward_group(batch.groups[group.name])  # (B, S, D)  # doctest: +SKIP
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ does not fit is a `CacheCapacityError`.
 
 Example:
     >>> emb = LookaheadEmbedding(group, seed=0, device=torch.device("cpu"))  # doctest: +SKIP
-    >>> out = emb.forward_group(batch.groups[group.name])  # (B, S, D), every lookup a hit
+    >>> out = emb.forward_group(batch.groups[group.name])  # (B, S, D), every lookup a hit  # doctest: +SKIP
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ a snapshot (`delta_snapshot`), clears the marks and lets training continue while
 
 Example:
     >>> dirty = DirtyRows(); dirty.mark(batch)  # doctest: +SKIP
-    >>> rows = dirty.take()  # {group: sorted unique rows (n,) int64}
+    >>> rows = dirty.take()  # {group: sorted unique rows (n,) int64}  # doctest: +SKIP
 """
 from __future__ import annotations
 
@@ -195,8 +195,8 @@ class TableSnapshot:
 
     Example:
         >>> snap = TableSnapshot({"g0": (weight, state)})   # doctest: +SKIP
-        >>> snap.before_write("g0", batch_ids)              # training thread, before the step
-        >>> for start, rows in snap.chunks("g0", 0): ...    # writer thread: rows start.. as taken
+        >>> snap.before_write("g0", batch_ids)              # training thread, before the step  # doctest: +SKIP
+        >>> for start, rows in snap.chunks("g0", 0): ...    # writer thread: rows start.. as taken  # doctest: +SKIP
     """
 
     def __init__(self, tables: dict[str, tuple[torch.Tensor, ...]], chunk_rows: int | None = None) -> None:

@@ -8,7 +8,7 @@ writes into checkpoint.pt, `rank_shards` / `rank_delta_shards` what each rank wr
 shard, `load_whole_state` what every rank loads.
 
 Example:
-    >>> shards = rank_shards(model)  # doctest: +SKIP  # {group: {"rows", "weight", "state"}}
+    >>> shards = rank_shards(model)  # {group: {"rows", "weight", "state"}}  # doctest: +SKIP
 """
 from __future__ import annotations
 

@@ -63,7 +63,7 @@ collectives on the default group (the behaviour before background writes; for co
 Example:
     >>> ckpt = RankCheckpointer(Path("runs/x/checkpoint.pt"), 3, {"g0": 1000}, model, world)  # doctest: +SKIP
     >>> ckpt.mark(batch); train_step(batch); ckpt.save(trainer.state, Path("runs/x"), step)  # doctest: +SKIP
-    >>> ckpt.wait()  # doctest: +SKIP  (the end of the run: every write committed, or its error)
+    >>> ckpt.wait()  # (the end of the run: every write committed, or its error)  # doctest: +SKIP
 """
 from __future__ import annotations
 

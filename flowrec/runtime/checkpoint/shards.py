@@ -26,7 +26,7 @@ as they are, and each rank copies only the rows it owns by the modulo rule
 (`distributed.model.load_whole_state`), so no rank holds a whole table.
 
 Example:
-    >>> state = load_checkpoint(Path("runs/exp1"))  # doctest: +SKIP  (shards assembled)
+    >>> state = load_checkpoint(Path("runs/exp1"))  # (shards assembled)  # doctest: +SKIP
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ dense parameters and the embedding rows alike, however unevenly the samples fall
 
 Example (on every rank):
     >>> parallel = DenseParallel(model, world)  # doctest: +SKIP
-    >>> logits = parallel.forward(dense, emb, masks)
+    >>> logits = parallel.forward(dense, emb, masks)  # doctest: +SKIP
 """
 from __future__ import annotations
 

@@ -6,7 +6,8 @@ returns the receive buffer and the collective's work handle: the buffer is valid
 
 Example (every rank of a 2-rank group, rank 0 sending 1 id to itself and 2 to rank 1):
     >>> counts, work = start_counts([1, 2], group)  # doctest: +SKIP
-    >>> work.wait(); ids, work = start_exchange(torch.tensor([4, 1, 3]), [1, 2], counts.tolist(), group)
+    >>> work.wait()  # doctest: +SKIP
+    >>> ids, work = start_exchange(torch.tensor([4, 1, 3]), [1, 2], counts.tolist(), group)  # doctest: +SKIP
 """
 from __future__ import annotations
 

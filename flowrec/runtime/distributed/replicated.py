@@ -9,7 +9,7 @@ table: this placement is for groups small enough that this is cheaper than two e
 
 Example (on every rank, after `torch.distributed.init_process_group`):
     >>> emb = ReplicatedPackedEmbedding(group)  # doctest: +SKIP
-    >>> (emb(batch.ids, batch.offsets).sum() / global_batch).backward()
+    >>> (emb(batch.ids, batch.offsets).sum() / global_batch).backward()  # doctest: +SKIP
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ is the same, so both orders give bitwise the same outputs and parameters.
 
 Example:
     >>> lookups = ShardedLookups([emb_a, emb_b], interleave=True)  # doctest: +SKIP
-    >>> out_a, out_b = lookups([(ids_a, offsets_a), (ids_b, offsets_b)])
+    >>> out_a, out_b = lookups([(ids_a, offsets_a), (ids_b, offsets_b)])  # doctest: +SKIP
 """
 from __future__ import annotations
 

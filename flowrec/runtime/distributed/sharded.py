@@ -23,8 +23,8 @@ gradients out), for benchmarks beside the planner's prediction.
 
 Example (on every rank, after `torch.distributed.init_process_group`):
     >>> emb = ShardedPackedEmbedding(group, world_size=2, rank=rank)  # doctest: +SKIP
-    >>> out = emb(batch.ids, batch.offsets)  # (B_r, S, D)
-    >>> (out.sum() / global_batch).backward()  # owners' rows updated in place
+    >>> out = emb(batch.ids, batch.offsets)  # (B_r, S, D)  # doctest: +SKIP
+    >>> (out.sum() / global_batch).backward()  # owners' rows updated in place  # doctest: +SKIP
 """
 from __future__ import annotations
 

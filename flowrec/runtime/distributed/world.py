@@ -12,7 +12,7 @@ takes the same decision after the same step, and no collective waits for a rank 
 
 Example (on every rank of a `torchrun` launch):
     >>> world = join_world(2, rank, timeout_s=300, device=torch.device("cpu"))  # doctest: +SKIP
-    >>> world.rank, world.size
+    >>> world.rank, world.size  # doctest: +SKIP
     (0, 2)
 """
 from __future__ import annotations
