@@ -340,6 +340,10 @@ def _train_as_rank(request: RunRequest, spec, folder: Path | None) -> None:
         finally:
             if lock is not None:
                 lock.release_as_found(found, refused)
+    except typer.Exit as stop:
+        if stop.exit_code == EXIT_RANK_FAILED:  # its line is out; gloo's threads may still read the dead rank's
+            exit_without_teardown(EXIT_RANK_FAILED)  # sockets: destroying its groups aborted the rank now and then
+        raise
     finally:
         leave_world()
 
