@@ -33,7 +33,7 @@ FILES: dict[str, frozenset[str]] = {
         "test_gpu_lease",
         "test_graph_build", "test_graph_verify", "test_incremental_rows", "test_kernels_nvrtc", "test_cupy_stream_choice", "test_data_priority",
         "test_layers", "test_operators_backends", "test_operators_casting", "test_operators_casting_cpu", "test_operators_dense",
-        "test_operators_embedding", "test_restored_tables", "test_package_digests", "test_cli_help_layout", "test_operators_fused_update", "test_passes_literal",
+        "test_operators_embedding", "test_restored_tables", "test_package_digests", "test_cli_help_layout", "test_restart_lines", "test_operators_fused_update", "test_passes_literal",
         "test_plan_contract", "test_planner_cache", "test_planner_cost", "test_planner_interleave",
         "test_planner_manager", "test_planner_pack", "test_planner_shard", "test_pt2_save",
         "test_render", "test_movielens_releases", "test_runtime_hostmem", "test_runtime_session", "test_spec_limits",
