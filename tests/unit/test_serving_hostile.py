@@ -204,6 +204,19 @@ def test_evaluation_ranks_the_items_predict_recommends(made, tmp_path):
         assert trained[name] == pytest.approx(value, abs=1.5 / len(ranks)), name
 
 
+def test_a_top_k_beyond_the_catalogue_says_what_was_written(made, tmp_path):
+    """--top-k 5000 over a catalogue of fewer items wrote every item a row and said 'the top 5000'."""
+    items = pq.read_table(made / "pkg" / "items.parquet").column("item")
+    named = len(items) - items.null_count
+    raw, out = tmp_path / "users.csv", tmp_path / "recs.parquet"
+    USERS.to_csv(raw, index=False)
+    result = _invoke(["predict", made / "pkg", raw, "--format", "csv", "--top-k", "5000", "--out", out, "-q"])
+    assert result.exit_code == 0, result.output
+    assert {len(row) for row in pq.read_table(out).column("items").to_pylist()} == {named}
+    assert f"of all {named:,} items" in result.output and f"catalogue holds {named:,}" in result.output
+    assert "top 5000" not in result.output
+
+
 def test_raw_rows_for_a_package_of_a_run_on_synthetic_data_are_refused(made, tmp_path):
     """Its vocabulary tables have no raw values: encoding raw rows failed with a KeyError."""
     model = load_model(made / "synthetic_pkg")
