@@ -162,7 +162,8 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
     model = load_model(model_dir)
     if top_k is not None and model.items is None:
         raise ValueError(f"{model_dir} has no retrieval head: --top-k needs a package of a retrieval run")
-    _check_keep(keep, ["items", "scores"] if top_k is not None else model.heads)
+    _check_keep(keep, ["items", "scores"] if top_k is not None else model.heads,
+                "each row's top K items and their scores" if top_k is not None else "the head's scores")
     if kind != "parquet" and top_k is None:
         _check_text_heads(model.spec.heads, kind)
     chunks, log = _raw_chunks(model, raw, fmt, on_error)
@@ -195,12 +196,13 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
     return rows, log.count, model.zero_queries, model.first_zero_query, items
 
 
-def _check_keep(keep: list[str], heads: list[str]) -> None:
-    """--keep names: each once, none a score column's (a head's) name."""
+def _check_keep(keep: list[str], heads: list[str], what: str = "the head's scores") -> None:
+    """--keep names: each once, none a column predict writes (a head's scores; --top-k's items and
+    scores), `what` those columns hold."""
     for name in keep:
         if name in heads:
-            raise ValueError(f"--keep {name}: the scores file already has a column {name} (the head's "
-                             "scores); keep another column")
+            raise ValueError(f"--keep {name}: the scores file already has a column {name} ({what}); keep "
+                             "another column")
         if keep.count(name) > 1:
             raise ValueError(f"--keep {name} is given twice")
 

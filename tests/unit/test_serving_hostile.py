@@ -217,6 +217,18 @@ def test_a_top_k_beyond_the_catalogue_says_what_was_written(made, tmp_path):
     assert "top 5000" not in result.output
 
 
+@pytest.mark.parametrize("column", ["items", "scores"])
+def test_keeping_a_column_top_k_writes_names_what_it_holds(made, tmp_path, column):
+    """--keep items with --top-k said the column held 'the head's scores'."""
+    raw, out = tmp_path / "users.csv", tmp_path / "recs.parquet"
+    USERS.to_csv(raw, index=False)
+    result = _invoke(["predict", made / "pkg", raw, "--format", "csv", "--top-k", "3", "--out", out,
+                      "--keep", column])
+    assert result.exit_code == 2 and result.output.count("error:") == 1
+    assert "top K items and their scores" in result.output and "head's scores" not in result.output
+    assert not out.exists()
+
+
 def test_raw_rows_for_a_package_of_a_run_on_synthetic_data_are_refused(made, tmp_path):
     """Its vocabulary tables have no raw values: encoding raw rows failed with a KeyError."""
     model = load_model(made / "synthetic_pkg")
