@@ -132,9 +132,9 @@ def convert(
         check_folder_output(out, [source, spec, *([encoder_from] if encoder_from else [])], overwrite, "a dataset")
         encoder = None
         if encoder_from is not None:
-            from flowrec.data.encoder_record import find_record, load_encoder
+            from flowrec.data.encoder_record import load_encoder, raw_encoder
 
-            encoder = load_encoder(find_record(encoder_from), model)
+            encoder = load_encoder(raw_encoder(encoder_from), model)
         with rows_spinner(f"converting {source.name}", not quiet) as advance:
             return run_convert(model, fmt, [source], out, on_error, options, rows_per_file,
                                progress=advance, overwrite=overwrite,

@@ -51,20 +51,36 @@ def predict(
         check_file_output(out, [model_dir, raw], overwrite)
         kind = output_kind(out, top_k is not None)
         with atomic_output(out) as staged:
-            rows, errors, zero, first = _score(model_dir, raw, staged, fmt, list(keep or []), on_error, quiet,
-                                               top_k, kind)
+            rows, errors, zero, first, items = _score(model_dir, raw, staged, fmt, list(keep or []), on_error,
+                                                      quiet, top_k, kind)
     except (DataError, OSError, ValueError, RuntimeError) as exc:
         fail(first_line(exc))
     except KeyboardInterrupt:
         fail(f"interrupted (Ctrl-C); {out} was not written", EXIT_INTERRUPTED)
-    noun = "row" if rows == 1 else "rows"
-    typer.echo(f"wrote {rows:,} {noun} of the top {top_k} items to {out}" if top_k is not None
-               else f"wrote {rows:,} scored {noun} to {out}")
+    typer.echo(written_line(rows, out, top_k, items))
     if errors:
         for line in skipped_lines(errors, rows, "rows scored", "rerun with --on-error fail to see the first malformed row"):
             typer.echo(line, err=True)
     if zero:
         typer.echo(f"warning: {zero_note(zero, rows, first)}", err=True)
+
+
+def written_line(rows: int, out: Path, top_k: Optional[int] = None, items: int = 0) -> str:
+    """What predict wrote: scored rows, or each row's top K items (all of them, when the catalogue
+    holds fewer than K: it said 'the top 500 items' over rows of 80).
+
+    >>> written_line(3, Path("recs.parquet"), 500, 80)
+    'wrote 3 rows of all 80 items, best first, to recs.parquet (the catalogue holds 80, fewer than --top-k 500)'
+    >>> written_line(1, Path("recs.parquet"), 10, 80)
+    'wrote 1 row of the top 10 items to recs.parquet'
+    """
+    noun = "row" if rows == 1 else "rows"
+    if top_k is None:
+        return f"wrote {rows:,} scored {noun} to {out}"
+    if items < top_k:
+        return (f"wrote {rows:,} {noun} of all {items:,} items, best first, to {out} (the catalogue holds "
+                f"{items:,}, fewer than --top-k {top_k})")
+    return f"wrote {rows:,} {noun} of the top {top_k} items to {out}"
 
 
 def zero_note(zero: int, rows: int, first: int) -> str:
@@ -132,9 +148,10 @@ def _open_writer(staged: Path, schema: Any, kind: str) -> Any:
 
 
 def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: list[str], on_error: str,
-           quiet: bool, top_k: Optional[int] = None, kind: str = "parquet") -> tuple[int, int, int, int]:
+           quiet: bool, top_k: Optional[int] = None, kind: str = "parquet") -> tuple[int, int, int, int, int]:
     """Score `raw` into `staged`: rows written, malformed rows skipped, rows of an all-zero query
-    (--top-k) and the first one's row (0-based, over the rows scored)."""
+    (--top-k) and the first one's row (0-based, over the rows scored), the catalogue's items (0
+    without --top-k)."""
     import pyarrow as pa
 
     from flowrec.data.layout import DataError
@@ -145,7 +162,8 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
     model = load_model(model_dir)
     if top_k is not None and model.items is None:
         raise ValueError(f"{model_dir} has no retrieval head: --top-k needs a package of a retrieval run")
-    _check_keep(keep, ["items", "scores"] if top_k is not None else model.heads)
+    _check_keep(keep, ["items", "scores"] if top_k is not None else model.heads,
+                "each row's top K items and their scores" if top_k is not None else "the head's scores")
     if kind != "parquet" and top_k is None:
         _check_text_heads(model.spec.heads, kind)
     chunks, log = _raw_chunks(model, raw, fmt, on_error)
@@ -174,15 +192,17 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
                 writer.close()
     if writer is None:
         raise ValueError(_no_rows(raw, log))
-    return rows, log.count, model.zero_queries, model.first_zero_query
+    items = len(model.items.raw_items) if top_k is not None else 0
+    return rows, log.count, model.zero_queries, model.first_zero_query, items
 
 
-def _check_keep(keep: list[str], heads: list[str]) -> None:
-    """--keep names: each once, none a score column's (a head's) name."""
+def _check_keep(keep: list[str], heads: list[str], what: str = "the head's scores") -> None:
+    """--keep names: each once, none a column predict writes (a head's scores; --top-k's items and
+    scores), `what` those columns hold."""
     for name in keep:
         if name in heads:
-            raise ValueError(f"--keep {name}: the scores file already has a column {name} (the head's "
-                             "scores); keep another column")
+            raise ValueError(f"--keep {name}: the scores file already has a column {name} ({what}); keep "
+                             "another column")
         if keep.count(name) > 1:
             raise ValueError(f"--keep {name} is given twice")
 

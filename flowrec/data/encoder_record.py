@@ -306,10 +306,34 @@ def check_same_encoder(expected: EncoderRecord, found: EncoderRecord, where: str
     """Raise DataError (one line) if `found` (the data at `where`) was encoded differently
     (`extension`: an extension into spare rows is not different, see `first_difference`)."""
     diff = first_difference(expected, found, extension)
+    if diff is not None and synthetic(expected) and not synthetic(found):
+        raise DataError(f"{where} holds encoded raw data, and the model was trained on synthetic rows (its ids "
+                        f"were drawn, no raw value has a row): it scores synthetic data only (`flowrec data synth`); "
+                        "to score raw data, train on it (`flowrec data convert`, then `flowrec train --data`)")
     if diff is not None:
         raise DataError(f"{where} was encoded with another encoder (fingerprint {found.fingerprint}, "
                         f"the model's is {expected.fingerprint}): {diff}; convert it with "
                         "`flowrec data convert ... --encoder-from RUN`")
+
+
+def synthetic(record: EncoderRecord) -> bool:
+    """The record is that of synthetic data (`flowrec train --rows`, `flowrec data synth`): its ids
+    were drawn, so it maps no raw value to a row."""
+    return any(rule.get("mode") == "synthetic" for rule in record.features.values())
+
+
+def raw_encoder(path: Path) -> EncoderRecord:
+    """The encoder at `path` (`find_record`) to encode raw data with (`data convert --encoder-from`).
+
+    Raises:
+        DataError: `path` holds none, or that of synthetic data, which maps no raw value (one line).
+    """
+    record = find_record(path)
+    if synthetic(record):
+        raise DataError(f"{path} holds the encoder of synthetic data (ids drawn, no raw value has a row): raw "
+                        "data cannot be encoded with it; convert without --encoder-from (a new encoder fitted "
+                        "to the data) and train on that (`flowrec train --data`)")
+    return record
 
 
 def load_encoder(record: EncoderRecord, spec: ModelSpec) -> Encoder:

@@ -19,6 +19,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import networkx as nx
@@ -47,6 +48,7 @@ class RetrievalBinding:
         bag: its bag within a sample's bags of that group.
         row_offset: its table's first packed row.
         vocab: catalogue size: items are table rows 1 .. vocab.
+        table: the item-id feature's table.
         item_slot: the head's item-tower input slot.
         item_steps: dense nodes the item tower needs, in the model's order.
         attrs: the head node's attributes (metric, temperature, negatives, ...).
@@ -60,12 +62,21 @@ class RetrievalBinding:
     bag: int
     row_offset: int
     vocab: int
+    table: str
     item_slot: Slot
     item_steps: tuple[str, ...]
     attrs: dict[str, Any]
     bags: int = 1
     log_q: torch.Tensor | None = None
     probs: torch.Tensor | None = None
+    named: np.ndarray | None = None  # the catalogue rows that hold an item (`set_items`; None: all)
+
+    def set_items(self, record: Any) -> None:
+        """The catalogue items of the data's encoder (`EncoderRecord`, None for none): the rows a raw
+        id was fitted to, which evaluation ranks as serving does (`catalogue_ids`)."""
+        ids = catalogue_ids(record, self.table, self.vocab) if record is not None else None
+        self.named = None if ids is None else np.array([i + 1 for i, raw in enumerate(ids) if raw is not None],
+                                                        np.int64)
 
     @property
     def sampled(self) -> bool:
@@ -106,9 +117,22 @@ def bind(graph: nx.DiGraph, groups: dict[str, PackedGroup], spec: Any, steps: li
         needed = nx.ancestors(graph, item_slot.source) | {item_slot.source}
         return RetrievalBinding(
             i, node, feature, group.name, group.field_bags()[feature].start, group.row_offsets[table],
-            spec.table(table).vocab_size, item_slot,
+            spec.table(table).vocab_size, table, item_slot,
             tuple(s.name for s in steps if s.name in needed), attrs, group.bags_per_sample)
     return None
+
+
+def catalogue_ids(record: Any, table: str, vocab: int) -> list[str | None] | None:
+    """The raw item id of each catalogue row 1 .. vocab (index r - 1; None for a row no value was
+    fitted to: a spare row not yet taken, or a row of a vocab larger than the data's values), from
+    an encoder's vocabulary of the item table (`EncoderRecord`). None for an encoder without raw
+    ids (synthetic data), whose items are every row."""
+    from flowrec.data.encoder_record import read_vocab
+
+    if table not in record.vocab_files:
+        return None
+    raw = read_vocab(Path(record.vocab_files[table])).to_pylist()[:vocab]
+    return raw + [None] * (vocab - len(raw))
 
 
 def batch_items(binding: RetrievalBinding, batch: Batch) -> torch.Tensor:

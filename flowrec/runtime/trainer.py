@@ -30,6 +30,7 @@ from flowrec.data.batches import StagingOptions, batches_per_epoch, iterate_batc
 from flowrec.data.lookahead import windowed
 from flowrec.data.rowcache import parse_cache_data
 from flowrec.data.cores import thread_budget
+from flowrec.data.encoder_record import record_of_dataset
 from flowrec.graph.kinds import HORIZON_WINDOWS
 from flowrec.runtime.caches.counters import collect_counters
 from flowrec.runtime.caches.fae_batches import COLD_RUN, HOT_RUN, HotColdBatcher
@@ -364,6 +365,9 @@ class Trainer:
         total = self.total_steps(train_source)
         self._start_schedule()
         retrieval = self.model.retrieval
+        if retrieval is not None:  # evaluation ranks the items the data's encoder holds, as serving
+            path = getattr(train_source, "path", None)
+            retrieval.set_items(record_of_dataset(Path(path), train_source.meta) if path is not None else None)
         seen = retrieval is not None and retrieval.attrs.get("exclude_seen") and self.eval_group_by
         if retrieval is not None and (retrieval.needs_counts or seen):  # one pass over the item column
             counts, pairs = read_items(train_source, retrieval.item_feature, self.eval_group_by if seen else None)

@@ -30,10 +30,10 @@ import pyarrow.parquet as pq
 import torch
 from torch import nn
 
-from flowrec.data.encoder_record import EncoderRecord, read_vocab
+from flowrec.data.encoder_record import EncoderRecord
 from flowrec.data.layout import is_multi
 from flowrec.runtime.evaluation.scores import head_columns
-from flowrec.runtime.retrieval import catalogue_vectors
+from flowrec.runtime.retrieval import catalogue_ids, catalogue_vectors
 from flowrec.serving.retrieval_index import INDEX_FILE, ITEMS_FILE, faiss_module, for_index
 
 EXAMPLE_BATCH = 4  # rows of the example inputs the query program is traced with (the batch is dynamic)
@@ -128,10 +128,7 @@ def retrieval_export(trained: Any, encoder: EncoderRecord, index: str = "auto") 
         raise ValueError("index faiss needs faiss-cpu: pip install 'flowrec[ann]' (or -c constraints.txt faiss-cpu)")
     kind = "exact" if index == "exact" or (index == "auto" and faiss_module() is None) else "faiss_flat_ip"
     vectors = catalogue_vectors(trained.model, binding).cpu().numpy().astype(np.float32)
-    table = next(f.table for f in trained.spec.sparse_features if f.name == binding.item_feature)
-    vocab = read_vocab(Path(encoder.vocab_files[table])) if table in encoder.vocab_files else pa.array([], pa.string())
-    raw = vocab.to_pylist()[: len(vectors)]
-    raw += [None] * (len(vectors) - len(raw))
+    raw = catalogue_ids(encoder, binding.table, len(vectors)) or [None] * len(vectors)
     spec_head = trained.spec.heads[binding.head]
     columns = head_columns(trained.model.head_widths)[binding.head]
     start, half = columns.start, (columns.stop - columns.start) // 2

@@ -176,7 +176,10 @@ def load_trained(run: Path, device: str, scoring: Callable[[Plan], Plan], mmap: 
         # they are used (not when deltas were applied: their rows live only in those private pages)
         for tensor in state["model"].values():
             drop_mapped_pages(tensor)
-    return Trained(spec, model, plan, run_encoder(source), state["position"]["step"])
+    encoder = run_encoder(source)
+    if model.retrieval is not None:  # evaluation ranks the items the run's encoder holds, as serving
+        model.retrieval.set_items(encoder)
+    return Trained(spec, model, plan, encoder, state["position"]["step"])
 
 
 def run_encoder(checkpoint: Path) -> EncoderRecord | None:

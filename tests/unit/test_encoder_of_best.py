@@ -11,7 +11,13 @@ import pytest
 from typer.testing import CliRunner
 
 from flowrec.cli import app
-from flowrec.data.encoder_record import find_record, synthetic_record, write_record
+from flowrec.data.encoder_record import (
+    check_same_encoder,
+    find_record,
+    record_of_dataset,
+    synthetic_record,
+    write_record,
+)
 from flowrec.data.layout import DataError
 from flowrec.testing.specs import mini_spec
 from flowrec.data.run_paths import run_folder_of
@@ -22,13 +28,24 @@ runner = CliRunner()
 SPEC = mini_spec("best")
 
 
-def _run(folder: Path, spec: Path) -> Path:
-    """A run folder as training leaves it: run.json, checkpoint.pt, encoder/, best/checkpoint.pt."""
+def _run(folder: Path, spec: Path, synthetic: bool = False) -> Path:
+    """A run folder as training leaves it: run.json, checkpoint.pt, encoder/ (of converted raw rows,
+    or of synthetic rows), best/checkpoint.pt."""
     (folder / "best").mkdir(parents=True)
     for name in ("run.json", "checkpoint.pt", "best/checkpoint.pt"):
         (folder / name).write_text("{}")
-    write_record(synthetic_record(load_spec(spec)), folder / "encoder")
+    write_record(synthetic_record(load_spec(spec)) if synthetic else record_of_dataset(_converted(folder, spec)),
+                 folder / "encoder")
     return folder
+
+
+def _converted(folder: Path, spec: Path) -> Path:
+    """Raw rows converted with a new encoder (the run's training data)."""
+    raw, out = folder.parent / f"{folder.name}.csv", folder.parent / f"{folder.name}_data"
+    raw.write_text("d1,user,label\n0.5,a,1\n0.1,b,0\n")
+    made = runner.invoke(app, ["data", "convert", "csv", str(raw), str(out), "--spec", str(spec), "-q"])
+    assert made.exit_code == 0, made.output
+    return out
 
 
 @pytest.fixture
@@ -74,3 +91,21 @@ def test_convert_with_the_encoder_of_run_best(spec: Path, tmp_path: Path) -> Non
     assert pq.read_table(out).num_rows == 2
     meta = json.loads((out / "_flowrec.json").read_text())
     assert meta["spec"] == "best"
+
+
+def test_convert_with_the_encoder_of_a_run_on_synthetic_rows_is_refused(spec: Path, tmp_path: Path) -> None:
+    """A run trained on synthetic rows (`train --rows N`) has an encoder that maps no raw value:
+    convert succeeded with it, then eval refused the data and advised `--encoder-from RUN`, the
+    very thing done. Now convert refuses in one line, writes nothing, and eval no longer advises it."""
+    run = _run(tmp_path / "run", spec, synthetic=True)
+    raw, out = tmp_path / "other.csv", tmp_path / "out"
+    raw.write_text("d1,user,label\n0.5,a,1\n0.1,c,0\n")
+    made = runner.invoke(app, ["data", "convert", "csv", str(raw), str(out), "--spec", str(spec),
+                               "--encoder-from", str(run), "-q"])
+    assert made.exit_code == 2 and made.output.count("error:") == 1 and "Traceback" not in made.output
+    assert "synthetic data" in made.output and "convert without --encoder-from" in made.output
+    assert not out.exists()
+    data = _converted(tmp_path / "raw", spec)
+    with pytest.raises(DataError, match="trained on synthetic rows") as refused:
+        check_same_encoder(find_record(run), record_of_dataset(data), str(data))
+    assert "--encoder-from" not in str(refused.value)

@@ -433,6 +433,39 @@ def test_seen_items_are_left_out_of_each_users_ranking():
     assert excluding.result()["hr@5"] >= plain.result()["hr@5"]
 
 
+@pytest.mark.parametrize("exclude", [False, True])
+def test_only_the_rows_that_hold_an_item_are_ranked(exclude):
+    """Brute force: with `named` (the rows a raw id was fitted to) the other rows are neither
+    counted above a positive nor in a top K, as serving never recommends them; a positive on such
+    a row ranks last; seen items are left out on the named rows."""
+    from flowrec.runtime.evaluation.retrieval import SeenItems
+
+    rng = np.random.default_rng(random.randrange(1 << 30))
+    vocab, d, users = 30, 4, 5
+    catalogue = torch.from_numpy(rng.integers(-20, 21, size=(vocab, d)) / 4)
+    named = np.sort(rng.choice(np.arange(1, vocab + 1), 18, replace=False))
+    train_users, train_items = rng.integers(0, users, 60), rng.integers(1, vocab + 1, 60)
+    seen = SeenItems(train_users, train_items) if exclude else None
+    groups = np.arange(users).repeat(4)
+    items = np.where(rng.random(len(groups)) < 0.8, rng.choice(named, len(groups)), rng.integers(0, vocab + 1))
+    query = rng.integers(-20, 21, size=(users, d)) / 4
+    outputs = np.concatenate([query[groups], np.zeros((len(groups), d))], 1)
+    acc = RankingAccumulator(catalogue, "dot", 1.0, (3,), seen, named)
+    acc.update(items, outputs, groups)
+    scores = query[groups] @ catalogue.numpy().T
+    ranks = []
+    for r, u in enumerate(groups):
+        positive = int(items[r])
+        if positive not in named:
+            ranks.append(len(named))
+            continue
+        dropped = set(train_items[train_users == u].tolist()) - {positive} if exclude else set()
+        keep = [c for c in named if c not in dropped and c != positive]
+        ranks.append(int(sum(scores[r, c - 1] >= scores[r, positive - 1] for c in keep)))
+    assert np.concatenate(acc.ranks).tolist() == ranks
+    assert acc.result()["mrr"] == pytest.approx(np.mean([1 / (k + 1) if k < len(named) else 0.0 for k in ranks]))
+
+
 @pytest.mark.parametrize("trial", range(4))
 def test_seen_items_mask_equals_the_per_row_mask(trial):
     """The vectorised mask equals one built row by row (plain Python sets) on random ragged pairs:

@@ -173,6 +173,62 @@ def test_a_table_row_without_a_raw_item_id_is_never_recommended(made):
         assert (np.diff(scores) <= 0).all()
 
 
+def test_evaluation_ranks_the_items_predict_recommends(made, tmp_path):
+    """The data hold fewer items than the vocab of 1,682: training's evaluation and `flowrec eval`
+    ranked every table row, the rows no raw id was fitted to among them, so hr@K and mrr were lower
+    than for the items predict serves. Now both equal a count by hand over predict's full top K."""
+    pkg = tmp_path / "pkg"
+    assert _invoke(["export", made / "plain", pkg, "--index", "exact", "-q"]).exit_code == 0
+    items = pq.read_table(pkg / "items.parquet").column("item")
+    assert items.null_count > 0  # the case itself
+    vocab = {t: pq.read_table(made / "plain" / "encoder" / "vocab" / f"{t}.parquet").column("value").to_pylist()
+             for t in ("user_id", "item_id")}
+    test = pq.read_table(made / "data" / "test").to_pandas()
+    raw = {f: [vocab[f][r - 1] if r > 0 else None for r in test[f]] for f in ("user_id", "item_id")}
+    users = pd.DataFrame({"user_id": [u if u is not None else "no such user" for u in raw["user_id"]]})
+    recs = load_model(pkg).recommend(users, len(items) - items.null_count)
+    ranks = []
+    for row, scores, positive in zip(recs["items"], recs["scores"], raw["item_id"]):
+        scores = np.asarray(scores)
+        ranks.append(int((scores >= scores[list(row).index(positive)]).sum()) - 1 if positive in row else None)
+    hand = {"hr@10": np.mean([r is not None and r < 10 for r in ranks]),
+            "hr@100": np.mean([r is not None and r < 100 for r in ranks]),
+            "mrr": np.mean([1 / (r + 1) if r is not None else 0.0 for r in ranks])}
+    out = tmp_path / "eval.json"
+    assert _invoke(["eval", made / "plain", "--data", made / "data" / "test", "--json", out, "-q"]).exit_code == 0
+    evaluated = json.loads(out.read_text())["retrieve"]
+    final = [json.loads(line) for line in (made / "plain" / "metrics.jsonl").read_text().splitlines()]
+    trained = next(r for r in final if r.get("event") == "eval" and r.get("final"))["metrics"]["retrieve"]
+    for name, value in hand.items():
+        assert evaluated[name] == pytest.approx(value, abs=1.5 / len(ranks)), name
+        assert trained[name] == pytest.approx(value, abs=1.5 / len(ranks)), name
+
+
+def test_a_top_k_beyond_the_catalogue_says_what_was_written(made, tmp_path):
+    """--top-k 5000 over a catalogue of fewer items wrote every item a row and said 'the top 5000'."""
+    items = pq.read_table(made / "pkg" / "items.parquet").column("item")
+    named = len(items) - items.null_count
+    raw, out = tmp_path / "users.csv", tmp_path / "recs.parquet"
+    USERS.to_csv(raw, index=False)
+    result = _invoke(["predict", made / "pkg", raw, "--format", "csv", "--top-k", "5000", "--out", out, "-q"])
+    assert result.exit_code == 0, result.output
+    assert {len(row) for row in pq.read_table(out).column("items").to_pylist()} == {named}
+    assert f"of all {named:,} items" in result.output and f"catalogue holds {named:,}" in result.output
+    assert "top 5000" not in result.output
+
+
+@pytest.mark.parametrize("column", ["items", "scores"])
+def test_keeping_a_column_top_k_writes_names_what_it_holds(made, tmp_path, column):
+    """--keep items with --top-k said the column held 'the head's scores'."""
+    raw, out = tmp_path / "users.csv", tmp_path / "recs.parquet"
+    USERS.to_csv(raw, index=False)
+    result = _invoke(["predict", made / "pkg", raw, "--format", "csv", "--top-k", "3", "--out", out,
+                      "--keep", column])
+    assert result.exit_code == 2 and result.output.count("error:") == 1
+    assert "top K items and their scores" in result.output and "head's scores" not in result.output
+    assert not out.exists()
+
+
 def test_raw_rows_for_a_package_of_a_run_on_synthetic_data_are_refused(made, tmp_path):
     """Its vocabulary tables have no raw values: encoding raw rows failed with a KeyError."""
     model = load_model(made / "synthetic_pkg")

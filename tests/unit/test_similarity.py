@@ -73,6 +73,19 @@ def test_graph_shape_and_cost():
     assert 0 < sum(dot.forward.elementwise) < sum(cosine.forward.elementwise)
 
 
+@pytest.mark.parametrize("temperature,refused", [(1e-30, True), (5e-5, True), (1e-4, False), (1e6, False)])
+def test_a_temperature_too_small_to_train_is_refused_naming_the_field(temperature, refused):
+    """1e-30 validated, then training stopped at step 1 on a loss of inf: the lower bound (as the
+    upper one) is a validation error naming the field."""
+    from flowrec.spec.validate import validate_document
+
+    doc = copy.deepcopy(SPEC)
+    doc["modules"][2]["temperature"] = temperature
+    issues = [str(i) for i in validate_document(doc)]
+    assert bool(issues) == refused, issues
+    assert all("modules[2].temperature" in i for i in issues), issues
+
+
 def test_invalid_similarities_are_reported_together_with_their_paths():
     from flowrec.spec.validate import validate_document
 

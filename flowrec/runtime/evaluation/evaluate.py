@@ -125,7 +125,7 @@ def _ranking(model: LoweredModel, head: int, seen: SeenItems | None) -> RankingA
         raise ValueError(f"head {model.head_names[head]} excludes each user's training items: give the training "
                          "data (flowrec eval --seen DIR)")
     return RankingAccumulator(catalogue_vectors(model, binding), attrs["metric"], attrs["temperature"],
-                              tuple(attrs["top_k"]), seen if attrs.get("exclude_seen") else None)
+                              tuple(attrs["top_k"]), seen if attrs.get("exclude_seen") else None, binding.named)
 
 
 # The streaming metrics of each task (arguments: the model, the head's index, grouped: gAUC of

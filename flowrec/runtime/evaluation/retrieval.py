@@ -1,8 +1,9 @@
 """Exact retrieval metrics over the full item catalogue, streaming over batches of (user, item) rows.
 
 Each evaluation row is a query (its query-tower vector) and its positive item. The positive's
-rank is the number of catalogue items (rows 1 .. vocab) scoring at least as high, other than
-itself (ties count against it; an item outside the catalogue, e.g. unknown, ranks last). With the
+rank is the number of catalogue items (the rows 1 .. vocab a raw id was fitted to, as serving
+recommends) scoring at least as high, other than itself (ties count against it; an item outside
+the catalogue, e.g. unknown, ranks last). With the
 rows grouped by a user feature (`training.eval_group_by`), a user's test items are the positives
 of their rows (a query depends on the user's features only):
 
@@ -48,14 +49,24 @@ class RankingAccumulator:
     """Feed (item ids (B,), head outputs [query | item] (B, 2D), groups (B,) or None) per batch.
 
     Args:
-        catalogue: item-tower vectors of items 1 .. V, row r - 1 for item r.  # (V, D)
+        catalogue: item-tower vectors of table rows 1 .. V, row r - 1 for row r.  # (V, D)
         metric: dot or cosine.
         temperature: the similarity's temperature (ranks do not depend on it; kept for scores).
         top_k: the cut-offs K.
+        seen: each user's training items, left out of their ranking (exclude_seen).
+        named: the table rows that hold an item (a raw id was fitted to them), the catalogue that
+            is ranked (a positive on another row ranks last); None: every row 1 .. V.  # (n,) int64
     """
 
     def __init__(self, catalogue: torch.Tensor, metric: str, temperature: float, top_k: Sequence[int],
-                 seen: "SeenItems | None" = None) -> None:
+                 seen: "SeenItems | None" = None, named: np.ndarray | None = None) -> None:
+        # the catalogue's items: the rows `named` holds (those with a raw id), renumbered 1 .. n
+        self.renumber = None
+        if named is not None:
+            named = np.asarray(named, np.int64)
+            self.renumber = np.zeros(len(catalogue) + 1, np.int64)  # table row -> item (0: none)
+            self.renumber[named] = np.arange(1, len(named) + 1)
+            catalogue = catalogue[torch.as_tensor(named - 1, device=catalogue.device)]
         self.catalogue, self.metric, self.temperature = catalogue, metric, float(temperature)
         self.units = UnitRows()  # cosine: the catalogue normalised once, not per batch
         self.seen = seen
@@ -66,12 +77,12 @@ class RankingAccumulator:
         self.rows = 0  # rows ranked so far (a row's own group when there is no group column)
 
     def update(self, items: np.ndarray, outputs: np.ndarray, groups: np.ndarray | None = None) -> None:
-        items = np.asarray(items).reshape(-1).astype(np.int64)
+        items = self._items(np.asarray(items).reshape(-1).astype(np.int64))
         if items.size == 0:
             return
         query, _ = towers(torch.as_tensor(np.asarray(outputs), dtype=self.catalogue.dtype,
                                           device=self.catalogue.device).reshape(items.size, -1))
-        excluded = self.seen.mask(np.asarray(groups).reshape(-1), len(self.catalogue)) \
+        excluded = self.seen.mask(np.asarray(groups).reshape(-1), len(self.catalogue), self._items) \
             if self.seen is not None and groups is not None else None
         cosine = self.metric == "cosine"
         catalogue = self.units(self.catalogue) if cosine else self.catalogue
@@ -81,6 +92,13 @@ class RankingAccumulator:
                            else np.arange(items.size) + self.rows)
         self.items.append(items)
         self.rows += items.size
+
+    def _items(self, rows: np.ndarray) -> np.ndarray:
+        """Table rows as catalogue items (a row without an item: 0, outside the catalogue).  # (N,)"""
+        if self.renumber is None:
+            return rows
+        inside = (rows >= 1) & (rows < len(self.renumber))
+        return np.where(inside, self.renumber[np.where(inside, rows, 0)], 0)
 
     def result(self) -> dict[str, float]:
         ranks = np.concatenate(self.ranks) if self.ranks else np.zeros(0, np.int64)
@@ -147,8 +165,9 @@ class SeenItems:
         """From (user, item) pairs, e.g. `read_items`' (read in the pass that counts the items).  # (P, 2)"""
         return cls(pairs[:, 0], pairs[:, 1])
 
-    def mask(self, users: np.ndarray, catalogue: int) -> torch.Tensor:
-        """Per row, the catalogue items (rows 1 .. V at columns 0 .. V-1) its user has seen.  # (B, V) bool"""
+    def mask(self, users: np.ndarray, catalogue: int, items: Any = None) -> torch.Tensor:
+        """Per row, the catalogue items (items 1 .. V at columns 0 .. V-1) its user has seen
+        (`items`: table rows -> catalogue items, when they differ).  # (B, V) bool"""
         out = torch.zeros(len(users), catalogue, dtype=torch.bool)
         lo = np.searchsorted(self.users, users, side="left")
         hi = np.searchsorted(self.users, users, side="right")
@@ -156,7 +175,7 @@ class SeenItems:
         rows = np.repeat(np.arange(len(users)), counts)
         starts = np.cumsum(counts) - counts  # where each row's pairs start among the picks
         picks = np.arange(int(counts.sum())) + np.repeat(lo - starts, counts)  # lo .. hi - 1 per row
-        cols = self.items[picks] - 1
+        cols = (self.items[picks] if items is None else items(self.items[picks])) - 1
         keep = (cols >= 0) & (cols < catalogue)
         out[torch.from_numpy(rows[keep]), torch.from_numpy(cols[keep])] = True
         return out
