@@ -24,8 +24,7 @@ RETRIEVAL_FIELDS = ("negatives", "logq_correction", "top_k", "exclude_seen")
 
 def check_retrieval(view: DocView) -> list[SpecIssue]:
     """Retrieval heads read a similarity of a query tower and an item tower over one item-id
-    feature; their negatives are complete; other heads set none of their fields; one at most, and
-    then the model's only head."""
+    feature; their negatives are complete; other heads set none of their fields; one at most."""
     issues: list[SpecIssue] = []
     ranking = []
     for h in view.items("heads"):
@@ -48,12 +47,6 @@ def check_retrieval(view: DocView) -> list[SpecIssue]:
         issues += _towers(view, h)
     if len(ranking) > 1:
         issues.append(SpecIssue(f"{ranking[1].path}.task", f"one retrieval head per model (also {ranking[0].name!r})"))
-    if ranking:  # its package is the query tower and the items: another head could never be scored
-        issues += [SpecIssue(f"{h.path}.task", f"head {h.name!r} beside retrieval head {ranking[0].name!r}: a model "
-                                               "with a retrieval head has no other head (its package serves the top "
-                                               "K items only, so this head could never be scored); give it a model "
-                                               "of its own")
-                   for h in view.items("heads") if h.clean and not TASKS[h.body.get("task", "binary")].ranks]
     return issues
 
 

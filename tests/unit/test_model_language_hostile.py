@@ -363,18 +363,3 @@ def test_a_named_output_of_a_gate_without_its_heads_list_says_so():
     assert ("modules[0]", "missing required key 'heads'") in issues
     assert ("modules[1].inputs[0]", "module 'experts' has no output 'like' (its `heads` list names none)") in issues
     assert not any("(outputs: )" in message for _, message in issues)
-
-
-def test_a_head_beside_a_retrieval_head_is_refused_naming_both():
-    """A binary head beside a retrieval head validated and trained, but its package serves only the
-    query tower's top K, and predict refused it as a retrieval package: the head could never be
-    scored. Now validation says so in one line naming both heads."""
-    doc = _spec("two_tower_movielens.yaml")
-    doc["modules"] += [{"name": "ctr", "kind": "mlp", "inputs": ["user_id", "item_id"], "layers": [8]}]
-    doc["heads"].append({"name": "click", "input": "ctr", "task": "binary", "label": "click"})
-    issues = _issues(doc)
-    assert [path for path, _ in issues] == ["heads[1].task"], issues
-    assert "'click'" in issues[0][1] and "'retrieve'" in issues[0][1] and "\n" not in issues[0][1]
-    doc["heads"].pop()
-    doc["modules"].pop()
-    assert _issues(doc) == []
