@@ -426,3 +426,24 @@ def test_a_dataframe_naming_a_column_twice_is_one_line(managed_pkg):
     model = load_model(managed_pkg)
     with pytest.raises(DataError, match="the rows name column 'item' twice: drop or rename one"):
         model.predict(pd.DataFrame([["a", "1", "2"]], columns=["user", "item", "item"]))
+
+
+def test_a_head_beside_a_retrieval_head_is_trained_evaluated_and_named_at_export(tmp_path):
+    """A retrieval run's package is the query tower and the items: a binary head trained beside the
+    retrieval head (an auxiliary task) is evaluated, and export says it is not in the package (it
+    said nothing, and predict's refusal of plain scoring was the first a user heard of it)."""
+    doc = _two_tower(False)
+    doc["modules"] += [{"name": "ctr", "kind": "mlp", "inputs": ["user_id", "item_id"], "layers": [8]}]
+    doc["heads"].append({"name": "click", "input": "ctr", "label": "click"})
+    spec = tmp_path / "aux.yaml"
+    spec.write_text(yaml.safe_dump(doc))
+    result = _invoke(["train", spec, "--rows", "600", "--out", tmp_path / "run", "-q", "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    final = next(r["metrics"] for r in records if r.get("event") == "eval" and r.get("final"))
+    assert 0 < final["click"]["auc"] < 1 and 0 <= final["retrieve"]["hr@10"] <= 1, final
+    result = _invoke(["export", tmp_path / "run", tmp_path / "pkg", "-q"])
+    assert result.exit_code == 0, result.output
+    notes = [line for line in result.output.splitlines() if line.startswith("note:")]
+    assert len(notes) == 1 and "retrieval head 'retrieve'" in notes[0] and "head 'click'" in notes[0], result.output
+    assert "not in the package" in notes[0]
