@@ -73,31 +73,21 @@ def test_the_usage_line_names_arguments_as_the_docs_do(narrow: CliRunner, comman
 
 
 @pytest.mark.parametrize("layout", [None, "rich"])
-def test_a_repeated_argument_reads_as_the_others(layout: str | None) -> None:
+@pytest.mark.parametrize("command, row_text, shape", [
+    ("validate", "Spec files or folders", r"SPEC\s+<path>\.\.\.\s"),
+    ("predict", "Raw column to pass through", r"--keep\s+<str>\.\.\.\s"),
+])
+def test_a_repeated_parameter_reads_as_the_others(layout: str | None, command: str, row_text: str, shape: str) -> None:
     """`flowrec validate --help` showed typer's Python annotation, `SPEC <list[Path]>`, where every
-    other command shows `SPEC <path>`; a repeated argument is the element's type and `...`."""
+    other command shows `SPEC <path>`, and `flowrec predict --help` `--keep <list[str]>`: a
+    repeated argument or option is the element's type and `...`."""
     kept = app.rich_markup_mode
     app.rich_markup_mode = layout
     try:
-        shown = CliRunner().invoke(app, ["validate", "--help"], env={"COLUMNS": "120"}, terminal_width=120)
+        shown = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "120"}, terminal_width=120)
     finally:
         app.rich_markup_mode = kept
     assert shown.exit_code == 0, shown.output
-    row = next(line for line in shown.output.splitlines() if "Spec files or folders" in line)
-    assert re.search(r"SPEC\s+<path>\.\.\.\s", row), row
-
-
-@pytest.mark.parametrize("layout", [None, "rich"])
-def test_a_repeated_option_reads_as_the_others(layout: str | None) -> None:
-    """`flowrec predict --help` showed typer's Python annotation for `--keep`, `<list[str]>`; a
-    repeated option is the element's type and `...`, as a repeated argument is."""
-    kept = app.rich_markup_mode
-    app.rich_markup_mode = layout
-    try:
-        shown = CliRunner().invoke(app, ["predict", "--help"], env={"COLUMNS": "120"}, terminal_width=120)
-    finally:
-        app.rich_markup_mode = kept
-    assert shown.exit_code == 0, shown.output
-    row = next(line for line in shown.output.splitlines() if "Raw column to pass through" in line)
-    assert re.search(r"--keep\s+<str>\.\.\.\s", row), row
+    row = next(line for line in shown.output.splitlines() if row_text in line)
+    assert re.search(shape, row), row
     assert "list[" not in shown.output

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import doctest
 import importlib
-import io
 from pathlib import Path
 
 import pytest
+
+from flowrec.testing.examples import examples_failures
 
 DATA = Path(__file__).resolve().parents[2] / "flowrec" / "data"
 MODULES = sorted(f"flowrec.data.{p.stem}" for p in DATA.glob("*.py") if p.stem != "__init__")
@@ -15,12 +16,7 @@ MODULES = sorted(f"flowrec.data.{p.stem}" for p in DATA.glob("*.py") if p.stem !
 
 @pytest.mark.parametrize("name", MODULES)
 def test_the_examples_of_a_data_module_run(name: str) -> None:
-    module = importlib.import_module(name)
-    out = io.StringIO()
-    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
-    for test in doctest.DocTestFinder().find(module, name):
-        runner.run(test, out=out.write)
-    assert runner.failures == 0, out.getvalue()
+    assert examples_failures(name) == ""
 
 
 def test_the_managed_stage_example_runs() -> None:
