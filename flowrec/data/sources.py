@@ -448,17 +448,21 @@ class BlankLines:
         if self._lines is None:
             self._lines = self._numbered()
         for number, line in self._lines:
-            self.read = number
-            if number <= self.skip:
-                continue
-            text = line.rstrip(b"\r\n")
-            starts = not self.in_quote and bool(text)
-            if self.quote is not None and self.quote in text:
-                self.in_quote = _ends_quoted(text, self.in_quote, self.quote, self.delimiter)
-            if starts:
-                self.kept.append(number)
-                if len(self.kept) >= k:
-                    return
+            if self._row_starts(number, line) and len(self.kept) >= k:
+                return
+
+    def _row_starts(self, number: int, line: bytes) -> bool:
+        """Take in line `number`: whether a row starts on it (then kept), the quote state carried on."""
+        self.read = number
+        if number <= self.skip:
+            return False
+        text = line.rstrip(b"\r\n")
+        starts = not self.in_quote and bool(text)
+        if self.quote is not None and self.quote in text:
+            self.in_quote = _ends_quoted(text, self.in_quote, self.quote, self.delimiter)
+        if starts:
+            self.kept.append(number)
+        return starts
 
     def open_quote(self, k: int, limit: int) -> int | None:
         """The line on which a quoted value opens, at or after the k-th row, that is still open `limit`
@@ -469,13 +473,8 @@ class BlankLines:
             self._lines = self._numbered()
         opened, held, looked = None, 0, 0
         for number, line in self._lines:
-            self.read = number
+            self._row_starts(number, line)
             looked += len(line)
-            text = line.rstrip(b"\r\n")
-            if not self.in_quote and text:
-                self.kept.append(number)
-            if self.quote is not None and self.quote in text:
-                self.in_quote = _ends_quoted(text, self.in_quote, self.quote, self.delimiter)
             if self.in_quote:
                 opened = number if opened is None else opened
                 held += len(line)
