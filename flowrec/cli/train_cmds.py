@@ -198,12 +198,14 @@ def _restarted(request: RunRequest) -> RunRequest:
     from flowrec.cli.ranks import restart_count
     from flowrec.runtime.rundir import has_run
 
-    if restart_count() and request.resume is None and request.out is not None and has_run(request.out):
-        _say(f"restart {restart_count()}: continuing {request.out} from its last checkpoint")
+    restart = restart_count()
+    if not restart or request.resume is not None:
+        return request
+    if request.out is not None and has_run(request.out):
+        _say(f"restart {restart}: continuing {request.out} from its last checkpoint")
         return replace(request, resume=request.out, out=None, overwrite=False)
-    if restart_count() and request.resume is None:  # failed before the run's first checkpoint
-        _say(f"restart {restart_count()}: no checkpoint was taken before the failure; training "
-             f"{request.out if request.out is not None else 'the run'} again from step 0")
+    _say(f"restart {restart}: no checkpoint was taken before the failure; training "  # nothing to continue
+         f"{request.out if request.out is not None else 'the run'} again from step 0")
     return request
 
 
