@@ -9,6 +9,7 @@ import shutil
 import sys
 
 import typer
+from typer.core import TyperCommand
 
 from flowrec.cli.common import RepeatedArgumentsCommand, exit_without_teardown
 from flowrec.version import __version__
@@ -41,9 +42,22 @@ plan_cmd.register(app)
 data_cmds.register(app)
 train_cmds.register(app)
 export_cmd.register(app)
-app.command("predict", cls=RepeatedArgumentsCommand)(predict_cmd.predict)
+app.command("predict")(predict_cmd.predict)
 doctor_cmd.register(app)
 calibrate_cmd.register(app)
+
+
+def _repeated_parameters_as_elements(typer_app: typer.Typer) -> None:
+    """Every command's repeated arguments and options read in `--help` as the others do
+    (`RepeatedArgumentsCommand`), its subgroups' commands too."""
+    for info in typer_app.registered_commands:
+        if info.cls in (None, TyperCommand):  # typer's default
+            info.cls = RepeatedArgumentsCommand
+    for group in typer_app.registered_groups:
+        _repeated_parameters_as_elements(group.typer_instance)
+
+
+_repeated_parameters_as_elements(app)
 
 
 RICH_HELP_COLUMNS = 110  # from this terminal width on, `--help` draws rich's panels

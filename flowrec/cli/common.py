@@ -42,7 +42,7 @@ class RepeatedOption(TyperOption):
 
 class RepeatedArgumentsCommand(TyperCommand):
     """A command whose repeated arguments and options read in `--help` as `_repeated_type` writes
-    them (`app.command(cls=RepeatedArgumentsCommand)`)."""
+    them (flowrec.cli gives it to every command typer would make a `TyperCommand`)."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

@@ -7,7 +7,6 @@ from typing import List
 
 import typer
 
-from flowrec.cli.common import RepeatedArgumentsCommand
 from flowrec.spec.schemas import MODEL_SPEC_SCHEMA, PLAN_SCHEMA, load_schema, schema_path
 from flowrec.spec.files import FileReport, validate_paths
 
@@ -39,7 +38,7 @@ Examples:
 
 def register(app: typer.Typer) -> None:
     """Add the `validate` and `schema` commands to the `flowrec` app."""
-    app.command("validate", help=VALIDATE_HELP, cls=RepeatedArgumentsCommand)(validate)
+    app.command("validate", help=VALIDATE_HELP)(validate)
     app.command("schema", help=SCHEMA_HELP)(schema)
 
 
