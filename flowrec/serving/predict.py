@@ -286,13 +286,10 @@ def check_frame_ids(column: pa.ChunkedArray | pa.Array, name: str) -> None:
     ...
     flowrec.data.layout.DataError: column user: id 1152921504606846976.0 at row 1 (0-based) is a float of magnitude 2**53 or more, which float64 may have rounded from another id (pandas makes an integer column with a missing value float64): give the column pandas' nullable integer dtype, dtype="Int64" (or "UInt64") where it is made (a read_csv dtype=, a Series), not .astype of the floats
     """
-    values = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    if pa.types.is_list(values.type) or pa.types.is_large_list(values.type):
-        values = pc.list_flatten(values)
-        rows = pc.list_parent_indices(column.combine_chunks() if isinstance(column, pa.ChunkedArray)
-                                      else column).to_numpy()
-    else:
-        rows = None
+    whole = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    values, rows = whole, None
+    if pa.types.is_list(whole.type) or pa.types.is_large_list(whole.type):
+        values, rows = pc.list_flatten(whole), pc.list_parent_indices(whole).to_numpy()
     if pa.types.is_dictionary(values.type):
         values = values.dictionary_decode()
     if not pa.types.is_floating(values.type):
