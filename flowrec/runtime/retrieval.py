@@ -30,6 +30,7 @@ from flowrec.data.batches import Batch, GroupIds
 from flowrec.data.negatives import NegativeSampler, item_samples
 from flowrec.graph.edges import Slot, input_slots
 from flowrec.graph.types import PackedGroup
+from flowrec.runtime.modes import eval_mode
 from operators.dense import flat_rows
 from operators.retrieval import Candidates
 
@@ -210,16 +211,12 @@ def catalogue_vectors(model: Any, binding: RetrievalBinding) -> torch.Tensor:
     """Item-tower vectors of every catalogue item, row r - 1 for item r (1 .. vocab), in eval mode
     (no dropout; batch norm reads its running statistics and leaves them unchanged), whatever mode
     the model is in: training's evaluations and export rank the catalogue the model serves.  # (V, Dv)"""
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         out = []
         for lo in range(1, binding.vocab + 1, CATALOGUE_CHUNK):
             items = torch.arange(lo, min(lo + CATALOGUE_CHUNK, binding.vocab + 1))
             out.append(item_vectors(model, binding, lookup_items(model, binding, items)).float())
         return torch.cat(out)
-    finally:
-        model.train(was_training)
 
 
 def item_counts(source: Any, feature: str) -> np.ndarray:

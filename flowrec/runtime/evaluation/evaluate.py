@@ -17,6 +17,7 @@ from flowrec.runtime.evaluation.classes import MulticlassAccumulator
 from flowrec.runtime.evaluation.metrics import BinaryAccumulator, RegressionAccumulator
 from flowrec.runtime.evaluation.retrieval import RankingAccumulator, SeenItems
 from flowrec.runtime.lowering import LoweredModel
+from flowrec.runtime.modes import eval_mode
 from flowrec.runtime.retrieval import catalogue_vectors, item_labels
 from flowrec.runtime.evaluation.scores import head_columns, scores
 from flowrec.runtime.step import autocast_context
@@ -68,15 +69,11 @@ def predict(model: LoweredModel, batches: Iterable[Any], precision: str = "fp32"
 
 def _scored(model: LoweredModel, batches: Iterable[Any], precision: str):
     """(predictions (B, T) as numpy, batch) for every batch, in eval mode."""
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         for batch in batches:
             with torch.no_grad(), autocast_context(model.device, precision):
                 out = scores(model(batch).float(), model.tasks, model.head_widths)  # (B, sum of widths)
             yield out.cpu().numpy(), batch
-    finally:
-        model.train(was_training)
 
 
 def evaluate(model: LoweredModel, batches: Iterable[Any], precision: str = "fp32",
