@@ -676,3 +676,28 @@ def test_calibration_times_the_sampled_loss_with_the_gradient_to_the_drawn_items
     assert cands.vectors.shape[0] == 32 and cands.vectors.is_leaf and cands.vectors.requires_grad
     model.loss(logits, labels, cands).backward()
     assert cands.vectors.grad is not None and cands.vectors.grad.abs().sum() > 0
+
+
+def test_uniform_negatives_are_drawn_only_from_rows_that_hold_an_item(tmp_path):
+    """A vocab of 100 over data holding 80 items left 20 table rows without a raw id; uniform
+    sampling drew them as negatives (a fifth of the draws), though evaluation and serving never rank
+    them. Now every drawn row holds an item of the data's encoder, and each of those can be drawn."""
+    import pandas as pd
+    import flowrec
+    from flowrec.data.convert import convert
+
+    doc = retrieval_doc(5, {"kind": "sampled", "num": 64}, False)
+    doc["features"][2]["vocab"] = 100
+    rng = np.random.default_rng(random.randrange(1 << 30))
+    items = [f"m{i}" for i in range(80)]
+    rows = pd.DataFrame({"user": rng.integers(1, 41, 400).astype(str), "age": rng.integers(1, 5, 400).astype(str),
+                         "item": np.array(items)[np.r_[np.arange(80), rng.integers(0, 80, 320)]], "label": 1})
+    rows.to_csv(tmp_path / "rows.csv", index=False)
+    convert(spec_from_dict(doc), "csv", [tmp_path / "rows.csv"], tmp_path / "data", options={"test_fraction": 0.2})
+    run = flowrec.train(spec_from_dict(doc), data=tmp_path / "data", max_steps=2, seed=1, out=tmp_path / "run")
+    binding = run.trained.model.retrieval
+    named = set(binding.named.tolist())
+    assert len(named) == 80  # the case itself: 20 rows hold no item
+    drawn = torch.cat([sampler(binding, 1).draw(0, i) for i in range(40)])
+    assert set(drawn.tolist()) == named
+    assert torch.allclose(binding.probs[sorted(named)], torch.full((80,), 1 / 80, dtype=torch.float64))
