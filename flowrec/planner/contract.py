@@ -24,8 +24,8 @@ from typing import Any
 
 from flowrec.graph.edges import input_slots
 from flowrec.graph.kinds import PLACEMENTS
-from flowrec.graph.plan_io import model_fingerprint, plan_document, plan_from_document
-from flowrec.graph.types import STAGES, Op, PackedGroup, PassRecord, Plan
+from flowrec.graph.plan_io import NOT_RECORDED, model_fingerprint, plan_document, plan_from_document
+from flowrec.graph.types import ACCESS_NONE, STAGES, Op, PackedGroup, PassRecord, Plan
 from flowrec.planner.cost import device_profile, predict
 from flowrec.planner.manager import PassFailure, make_plan
 from flowrec.planner.passes.cache import expected_hit_rate
@@ -114,22 +114,34 @@ def _first_difference(mine: dict[str, Any], reference: dict[str, Any], what: str
     return None
 
 
-def derived_edits(doc: dict[str, Any], plan: Plan, own: Plan) -> list[str]:
+def derived_edits(doc: dict[str, Any], plan: Plan, own: Plan, profile: dict[str, Any] | None = None) -> list[str]:
     """Edits of what a plan document writes from its other fields and never reads back: a group's
-    rows, bytes and bags (from its tables and features), `stages` (from the nodes' stage) and
-    `dense_packing` (from the nodes). An edited group's `rows` was recomputed without a word, so
-    the plan that ran was not the plan the user wrote; such an edit is refused, naming the field
-    and what can be edited (`EDITABLE`). A value the planner wrote (`own`'s) is no edit: it went
-    stale with an edit that is read (a group's sharding moves its bytes_per_rank, a node's stage
-    the `stages` lists)."""
+    rows, bytes and bags (from its tables and features), its `expected_hit_rate` (the cost model's
+    prediction for its placement and cache rows), `stages` (from the nodes' stage) and
+    `dense_packing` (from the nodes). An edited group's `rows` (or hit rate) was recomputed without
+    a word, so the plan that ran was not the plan the user wrote; such an edit is refused, naming
+    the field and what can be edited (`EDITABLE`). A value the planner wrote (`own`'s) is no edit:
+    it went stale with an edit that is read (a group's sharding moves its bytes_per_rank, its
+    placement its hit rate, a node's stage the `stages` lists). A static_hot group's hit rate in a
+    plan priced from an access profile (`flowrec plan --profile`), which is not at hand here, is
+    taken as written."""
     again, planned = plan_document(plan), plan_document(own)
     owned = {g["name"]: g for g in planned["groups"]}
-    for mine, ours in zip(doc["groups"], again["groups"]):
+    profiled = plan.cost is not None and plan.cost.access_profile not in (ACCESS_NONE, NOT_RECORDED)
+    for mine, ours, group in zip(doc["groups"], again["groups"], plan.meta.groups):
         theirs = owned.get(ours["name"], ours)
         for key in GROUP_DERIVED:
             if mine[key] not in (ours[key], theirs[key]):
                 return [f"group {ours['name']}: {key} {mine[key]!r} is not what its tables give ({ours[key]!r}); "
                         f"{', '.join(GROUP_DERIVED)} follow from the spec and cannot be edited (edit {EDITABLE})"]
+        info = PLACEMENTS.get(group.placement)
+        rate = expected_hit_rate(group, profile) if info is not None else None
+        by_profile = profiled and info is not None and info.cached and info.traffic != "window" \
+            and info.rows_on != "device"  # the profile's hit rate (`expected_hit_rate`)
+        if rate is not None and not by_profile and mine["expected_hit_rate"] not in (rate, theirs["expected_hit_rate"]):
+            return [f"group {ours['name']}: expected_hit_rate {mine['expected_hit_rate']!r} is not the cost "
+                    f"model's for its placement {group.placement} and {group.cache_rows:,} cache rows ({rate!r}); "
+                    f"it is a prediction and cannot be edited (edit {EDITABLE})"]
         for field, given, wrote in zip(mine["features"], ours["features"], theirs["features"]):
             if field["bags"] not in (given["bags"], wrote["bags"]):
                 return [f"group {ours['name']}: feature {given['feature']}: bags {field['bags']!r} are not what the "
@@ -244,7 +256,7 @@ def load_plan(path: Path, spec: ModelSpec, profile: dict[str, Any] | None = None
         except (ValueError, PassFailure) as exc:
             raise PlanError(f"{path}: the planner cannot plan this spec for the plan's target and budget: "
                             f"{exc}") from None
-    problems = check_plan(plan, spec, world_size, own) or derived_edits(doc, plan, own)
+    problems = check_plan(plan, spec, world_size, own) or derived_edits(doc, plan, own, profile)
     if problems:
         raise PlanError(f"{path}: " + "; ".join(problems))
     return priced(plan, spec, profile, own)

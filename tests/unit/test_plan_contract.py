@@ -102,6 +102,7 @@ def test_bad_plans_are_one_line(repo: Path, tmp_path: Path, change, message):
     (lambda d: d["nodes"][-1].update(dtype="bf16"), "dtype"),
     (lambda d: d.update(tables=d["tables"][:3]), "tables"),
     (lambda d: d.update(features=[]), "features"),
+    (lambda d: d["groups"][0].update(expected_hit_rate=0.5), "expected_hit_rate"),  # was recomputed without a word
 ])
 def test_an_edit_the_plan_would_not_honour_is_refused_naming_the_field(repo: Path, tmp_path: Path, change, field):
     """A group's rows halved in plan.json loaded and trained with the rows the tables give, without
@@ -133,6 +134,40 @@ def test_an_edit_that_is_read_may_leave_what_it_moves_as_the_planner_wrote_it(re
                                                                           edited["groups"][0]["shards"])
     (edit,) = [p for p in plan.meta.passes if p.name == "edit"]  # the edit pass lists it (it listed nothing)
     assert len(edit.notes) == 1 and ("node " in edit.notes[0] or "sharding replicated" in edit.notes[0]), edit.notes
+
+
+
+def test_a_static_hot_groups_hit_rate_is_checked_and_a_profiled_plans_is_taken_as_written(repo: Path, tmp_path: Path):
+    """The cost model's hit rate of a static_hot group: as written it loads (and a placement edit
+    leaves the planner's, stale, which loads too); edited it is refused. A plan priced from an
+    access profile (not at hand when training) is not refused for the profile's rate."""
+    from dataclasses import replace as swap
+
+    spec_path = repo / "specs" / "dlrm_criteo.yaml"
+    spec = load_spec(spec_path)
+    spec = swap(spec, plan=swap(spec.plan, cache="static_hot"))
+    planned = make_plan(spec, device_budget="512MiB")
+    hot = [i for i, g in enumerate(planned.meta.groups) if g.placement == "static_hot"]
+    assert hot and 0 < planned.meta.groups[hot[0]].expected_hit_rate < 1  # the case itself
+    doc = plan_document(planned)
+    (tmp_path / "p.json").write_text(json.dumps(doc))
+    assert load_plan(tmp_path / "p.json", spec).meta.groups[hot[0]].expected_hit_rate == \
+        planned.meta.groups[hot[0]].expected_hit_rate
+    doc["groups"][hot[0]]["cache_rows"] //= 2  # a decision: the planner's rate goes stale, is recomputed
+    (tmp_path / "p.json").write_text(json.dumps(doc))
+    halved = load_plan(tmp_path / "p.json", spec).meta.groups[hot[0]].expected_hit_rate
+    assert halved < planned.meta.groups[hot[0]].expected_hit_rate
+    doc["groups"][hot[0]]["expected_hit_rate"] = 0.999
+    (tmp_path / "p.json").write_text(json.dumps(doc))
+    with pytest.raises(PlanError, match="expected_hit_rate 0.999 is not the cost model's"):
+        load_plan(tmp_path / "p.json", spec)
+    flat = {"format": "flowrec-access-profile", "version": 1,
+            "tables": {t.name: {"rows": t.rows, "accesses": t.rows, "distinct": t.rows,
+                                "hot_cdf": [[t.rows, 1.0]]} for t in spec.tables}}
+    profiled = plan_document(make_plan(spec, device_budget="512MiB", profile=flat))
+    assert [g["expected_hit_rate"] for g in profiled["groups"]] != [g.expected_hit_rate for g in planned.meta.groups]
+    (tmp_path / "p.json").write_text(json.dumps(profiled))
+    assert load_plan(tmp_path / "p.json", spec).meta.groups  # loads: the profile's rate is its own
 
 
 def test_unreadable_plan_files_are_one_line(repo: Path, tmp_path: Path):
