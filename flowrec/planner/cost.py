@@ -468,26 +468,27 @@ def activation_bytes(graph: OpGraph, batch: int, precision: str = "fp32") -> int
 
 
 FREE_ROW_BYTES = 8  # B: one entry of a managed map's sorted free rows (int64, `ManagedMap.free`)
+ID_BYTES = 32  # B: one id of a managed map's entries (keys, row, last int64, count float64: `Entries`)
 MAP_COPIES = 2  # a managed table's maps in a training process: the model's and the data stage's copy
 
 
 def managed_map_bytes(spec: ModelSpec, world: int = 1) -> int:
-    """Host bytes of the managed tables' maps that are there at capacity from the first step: the
-    sorted free rows, 8 bytes per row of capacity (every row is free when training starts:
-    `ManagedMap.free`), in the model's maps and in the data stage's copy of them
-    (`ManagedState.remapper`); the ids' arrays grow with the ids seen, as the data does. Under
-    owner ranks (several ranks, every managed table in virtual shards) a rank holds the shards it
-    owns; otherwise every rank holds all of it.
+    """Host bytes of the managed tables' maps, priced from each table's capacity: the sorted free
+    rows, 8 bytes per row (every row is free when training starts: `ManagedMap.free`), and the ids'
+    entries, 32 bytes per id (raw id, row, count, last step: `Entries`) for as many ids as the
+    table holds rows (a full table), in the model's maps and in the data stage's copy of them
+    (`ManagedState.remapper`). Under owner ranks (several ranks, every managed table in virtual
+    shards) a rank holds the shards it owns; otherwise every rank holds all of it.
 
     Example:
         >>> from flowrec.spec import load_spec
-        >>> managed_map_bytes(load_spec("specs/managed_movielens.yaml"))  # (472 + 841) rows x 8 B x 2
-        21008
+        >>> managed_map_bytes(load_spec("specs/managed_movielens.yaml"))  # (472 + 841) rows x (8 + 32) B x 2
+        105040
     """
     managed = [t.managed for t in spec.tables if t.managed is not None]
     owners = world > 1 and bool(managed) and all(m.shards > 1 for m in managed)
     rows = sum(-(-m.shards // world) * -(-m.rows // m.shards) if owners else m.rows for m in managed)
-    return rows * FREE_ROW_BYTES * MAP_COPIES
+    return rows * (FREE_ROW_BYTES + ID_BYTES) * MAP_COPIES
 
 
 RETRIEVAL_LOGIT_COPIES = 3  # (B, C) tensors a retrieval softmax holds at its peak (3.3-3.4 measured)

@@ -72,7 +72,7 @@ def plan_need(plan: Plan, host_is_device: bool) -> tuple[int, list[tuple[str, in
     if "exchange" in memory:
         parts.append(("exchange buffers: {}", memory["exchange"]))
     if "maps" in memory:
-        parts.append(("managed maps: {} of free rows (8 bytes per row of capacity, twice)", memory["maps"]))
+        parts.append(("managed maps: {} of free rows and ids (40 bytes per row of capacity, twice)", memory["maps"]))
     parts = sorted((p for p in parts if p[1] > 0), key=lambda p: (-p[1], p[0]))
     return sum(b for _, b in parts), parts
 

@@ -133,31 +133,44 @@ def test_the_managed_term_is_what_the_work_adds_to_the_steps_not_its_time_alone(
         assert details["with_ms"] - details["without_ms"] == pytest.approx(added, rel=1e-6)
 
 
-def test_the_managed_maps_free_rows_are_priced_where_the_host_is_the_device(managed, repo):
+def test_the_managed_maps_free_rows_and_ids_are_priced_where_the_host_is_the_device(managed, repo):
     """A managed table's map holds its sorted free rows, 8 bytes per row of capacity (every row is
-    free at the start), in the model's maps and the data stage's copy; the plan's memory left
-    them out. They are the `maps` part where the host is the device, in the peak and in the need."""
+    free at the start), and its ids' entries, 32 bytes per id (the plan left these out: a full
+    table's are 4 times its free list), in the model's maps and the data stage's copy. They are
+    the `maps` part where the host is the device, in the peak and in the need."""
     from dataclasses import replace
 
-    from flowrec.planner.cost import FREE_ROW_BYTES, MAP_COPIES
+    import numpy as np
+
+    from flowrec.data.managed import ManagedMap
+    from flowrec.planner.cost import FREE_ROW_BYTES, ID_BYTES, MAP_COPIES
     from flowrec.planner.fit import plan_need
+    from flowrec.spec.model import ManagedSpec
+
+    full = ManagedMap(ManagedSpec(rows=300, every_steps=3))  # its arrays' bytes per id, measured
+    for step in range(6):
+        full.step(np.random.default_rng(step).integers(1, 201, 400))  # 0: the missing id
+    held = full.entries()
+    assert len(held.keys) == 200 and (held.row >= 0).all()  # every id holds a row
+    assert sum(a.nbytes for a in (held.keys, held.row, held.count, held.last)) == 200 * ID_BYTES
+    assert full.free.nbytes == 100 * FREE_ROW_BYTES
 
     def maps(spec, **kw):
         return dict(make_plan(spec, **kw).cost.memory).get("maps", 0)
 
     rows = sum(t.managed.rows for t in managed.tables if t.managed is not None)
     plan = make_plan(managed)
-    assert dict(plan.cost.memory)["maps"] == rows * FREE_ROW_BYTES * MAP_COPIES == rows * 16
+    assert dict(plan.cost.memory)["maps"] == rows * (FREE_ROW_BYTES + ID_BYTES) * MAP_COPIES == rows * 80
     need, parts = plan_need(plan, host_is_device=True)
     assert need == plan.cost.peak_memory_bytes == sum(b for _, b in plan.cost.memory)
-    assert [b for what, b in parts if what.startswith("managed maps")] == [rows * 16]
+    assert [b for what, b in parts if what.startswith("managed maps")] == [rows * 80]
     users = next(t for t in managed.tables if t.name == "users")
     bigger = replace(managed, tables=tuple(replace(t, managed=replace(t.managed, rows=t.managed.rows + 1000))
                                            if t is users else t for t in managed.tables))
-    assert maps(bigger) - maps(managed) == 1000 * 16
+    assert maps(bigger) - maps(managed) == 1000 * 80
     # owner ranks (every managed table in 4 virtual shards): a rank of 2 holds 2 shards of each
     owned = sum(2 * -(-t.managed.rows // 4) for t in managed.tables if t.managed is not None)
     assert all(t.managed.shards == 4 for t in managed.tables if t.managed is not None)
-    assert maps(managed, world_size=2) == owned * 16
+    assert maps(managed, world_size=2) == owned * 80
     assert maps(managed, target="h100") == 0  # host memory, not the device's
     assert maps(load_spec(repo / "specs" / "movielens.yaml")) == 0
