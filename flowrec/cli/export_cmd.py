@@ -86,9 +86,6 @@ def export(
         if custom_failure(exc) is None:
             raise
         fail(f"cannot export to {out}: {custom_failure(exc)}")
-    unserved = unpackaged_heads(trained.spec)
-    if unserved:
-        typer.echo(f"note: {unserved}", err=True)
     if quiet:
         return
     typer.echo(f"wrote {out} ({', '.join(package_listing(out))}) in "
@@ -97,29 +94,6 @@ def export(
         typer.echo(f"largest score difference {dtype} vs fp32: {report.max_score_diff:.2e} over "
                    f"{report.compared_rows:,} rows")
 
-
-
-def unpackaged_heads(spec) -> str | None:
-    """What a package leaves out, in words, or None: a retrieval run's package serves the query
-    tower and the items (`predict --top-k`), so a head beside the retrieval head (an auxiliary task
-    it trained with) is trained and evaluated (`flowrec eval`) but not in the package.
-
-    >>> from types import SimpleNamespace as S
-    >>> unpackaged_heads(S(heads=[S(name="ctr", task="binary")])) is None
-    True
-    >>> unpackaged_heads(S(heads=[S(name="retrieve", task="retrieval"), S(name="click", task="binary")]))[:44]
-    "the package serves retrieval head 'retrieve'"
-    """
-    from flowrec.spec.tasks import TASKS
-
-    ranking = [h.name for h in spec.heads if TASKS[h.task].ranks]
-    others = [h.name for h in spec.heads if not TASKS[h.task].ranks]
-    if not ranking or not others:
-        return None
-    listed = ", ".join(repr(n) for n in others)
-    return (f"the package serves retrieval head {ranking[0]!r} (its top K items); head{'s' if len(others) > 1 else ''} "
-            f"{listed} beside it {'were' if len(others) > 1 else 'was'} trained and evaluated (flowrec eval RUN) but "
-            f"{'are' if len(others) > 1 else 'is'} not in the package")
 
 
 PACKAGE_FIRST = ("model.pt2", "encoder.json", "spec.json", "plan.json", "manifest.json")

@@ -28,7 +28,7 @@ def predict(
     on_error: str = typer.Option("fail", "--on-error", help="Malformed rows: skip (count, report) or fail."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUT when it exists."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
-    top_k: Optional[int] = typer.Option(None, "--top-k", min=1, max=100_000, help="Retrieval packages: write each row's K best items (columns items: raw item ids, best first; scores) instead of head scores."),
+    top_k: Optional[int] = typer.Option(None, "--top-k", min=1, max=100_000, help="Retrieval packages: write each row's K best items (columns items: raw item ids, best first; scores) instead of head scores, then a column per head beside the retrieval head (its score of the row)."),
 ) -> None:
     """Score raw rows: one score per head per row.
 
@@ -162,8 +162,10 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
     model = load_model(model_dir)
     if top_k is not None and model.items is None:
         raise ValueError(f"{model_dir} has no retrieval head: --top-k needs a package of a retrieval run")
-    _check_keep(keep, ["items", "scores"] if top_k is not None else model.heads,
-                "each row's top K items and their scores" if top_k is not None else "the head's scores")
+    beside = [h.name for h in model.other_heads]
+    _check_keep(keep, ["items", "scores", *beside] if top_k is not None else model.heads,
+                f"each row's top K items and their scores{', then the scores of heads ' + ', '.join(beside) if beside else ''}"
+                if top_k is not None else "the head's scores")
     if kind != "parquet" and top_k is None:
         _check_text_heads(model.spec.heads, kind)
     chunks, log = _raw_chunks(model, raw, fmt, on_error)

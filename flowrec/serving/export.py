@@ -28,6 +28,7 @@ from flowrec.serving.package import (MANIFEST_FILE, MODEL_FILE, PACKAGE_FORMAT, 
                                      SPEC_FILE, encoded_inputs, file_digests)
 from flowrec.serving.pt2_save import save_program
 from flowrec.serving.retrieval import retrieval_export
+from flowrec.serving.retrieval_index import HEADS_FILE
 from flowrec.serving.trained import ServingModel, Trained
 from flowrec.spec.model import ModelSpec
 
@@ -112,6 +113,11 @@ def write_package(trained: Trained, out: Path, dtype: str, encoder: EncoderRecor
         program = export_program(serving, spec) if retrieval is None else retrieval.export_program(serving, spec)
     save_program(program, out / MODEL_FILE)  # torch.export.save without a copy of each table
     del program
+    if retrieval is not None and retrieval.other_heads:  # the heads beside the retrieval head: a second program
+        with _tracing_quietly():
+            program = retrieval.heads_program(serving, spec)
+        save_program(program, out / HEADS_FILE)
+        del program
     write_record(encoder, out)
     from flowrec.spec.load import to_dict
 

@@ -30,7 +30,7 @@ from flowrec.serving.managed import MANAGED_DIR, Maps, read_maps, remap_inputs
 from flowrec.serving.package import (MODEL_FILE, PLAN_FILE, SPEC_FILE, check_program, encoded_inputs,
                                      planned_tables, read_manifest, require_listed, verify_files)
 from flowrec.serving.pt2_check import check_archive
-from flowrec.serving.retrieval_index import ITEMS_FILE, ItemIndex, load_items
+from flowrec.serving.retrieval_index import HEADS_FILE, ITEMS_FILE, ItemIndex, load_items
 from flowrec.spec.json_doc import read_json_document
 from flowrec.spec.load import spec_from_dict
 from flowrec.spec.model import ModelSpec
@@ -61,6 +61,7 @@ class LoadedModel:
     manifest: dict[str, Any]
     maps: Maps = field(default_factory=dict)
     items: ItemIndex | None = None  # a retrieval package's items: the program is its query tower
+    heads_program: torch.nn.Module | None = None  # a retrieval package's heads beside the retrieval head
     zero_queries: int = 0  # rows `recommend` met whose query vector is all zeros (their items tie)
     first_zero_query: int | None = None  # the first such row, counted over every `recommend` call
     _recommended: int = 0  # rows `recommend` has scored (for first_zero_query)
@@ -74,10 +75,17 @@ class LoadedModel:
         item = self.manifest["retrieval"]["item_feature"] if self.items is not None else None
         return [self.encoder.source(f.name) for f in self.spec.features if f.name != item]
 
+    @property
+    def other_heads(self) -> list[Any]:
+        """The heads a retrieval package scores beside its items (`heads_program`; none without)."""
+        return [h for h in self.spec.heads if h.task != "retrieval"] if self.heads_program is not None else []
+
     def recommend(self, table: pa.Table | pd.DataFrame, k: int) -> pd.DataFrame:
         """A retrieval package's k best items for each raw row: columns ``items`` (raw item ids,
-        best first) and ``scores`` (similarity over temperature), lists per row, indexed as
-        `predict`'s scores (a DataFrame's own index).
+        best first) and ``scores`` (similarity over temperature), lists per row, then one column
+        per head beside the retrieval head (`other_heads`: its score of the row, as `predict`
+        gives it, the row's own item read when it has the item column, else an unknown item),
+        indexed as `predict`'s scores (a DataFrame's own index).
 
         A row whose query vector is all zeros (an attention encoder over an empty history outputs
         zeros) scores every item 0: its k items are arbitrary, not recommendations. Such rows are
@@ -94,15 +102,18 @@ class LoadedModel:
         self._check_raw(raw, isinstance(table, pd.DataFrame))
         item = self.manifest["retrieval"]["item_feature"]
         source = self.encoder.source(item)
-        if source in raw.column_names:  # the item column is not an input of the query tower
+        if source in raw.column_names and self.heads_program is None:  # not an input of the query tower
             raw = raw.drop_columns([source])
-        raw = raw.append_column(source, pa.nulls(raw.num_rows, pa.string()))
+        if source not in raw.column_names:  # (the heads beside it read the row's item where it is given)
+            raw = raw.append_column(source, pa.nulls(raw.num_rows, pa.string()))
         encoded = self.encoder.encode(raw, labels=False)
-        rows, scores = [], []
+        rows, scores, others = [], [], []
         with torch.no_grad():
             for start in range(0, encoded.num_rows, BATCH_ROWS):
                 dense, sparse = encoded_inputs(self.spec, encoded.slice(start, BATCH_ROWS))
                 sparse = remap_inputs(self.spec, sparse, self.maps)
+                if self.heads_program is not None:
+                    others.append(self._call(dense, sparse, self.heads_program, HEADS_FILE).numpy())
                 del sparse[item]
                 query = self._call(dense, sparse)
                 self._count_zero_queries(query)
@@ -112,8 +123,11 @@ class LoadedModel:
         best = np.concatenate(rows) if rows else np.zeros((0, k), np.int64)
         values = np.concatenate(scores) if scores else np.zeros((0, k), np.float32)
         names = self.items.raw_items
-        return pd.DataFrame({"items": [[names[r] for r in row] for row in best], "scores": list(values)},
-                            index=row_index(table))
+        out = {"items": [[names[r] for r in row] for row in best], "scores": list(values)}
+        width = sum(h.width for h in self.other_heads)
+        out.update(_head_columns(self.other_heads, np.concatenate(others) if others else np.zeros((0, width),
+                                                                                               np.float32)))
+        return pd.DataFrame(out, index=row_index(table))
 
     def _count_zero_queries(self, query: torch.Tensor) -> None:
         zero = (query == 0).all(dim=1)
@@ -144,15 +158,17 @@ class LoadedModel:
                 if frame:
                     check_frame_ids(raw.column(self.encoder.source(f.name)), self.encoder.source(f.name))
 
-    def _call(self, dense: torch.Tensor, sparse: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-        """The program on one batch. A guard of the program that the batch fails (a model.pt2
-        exported for other shapes than `flowrec export` exports, e.g. a fixed number of rows) is a
-        ValueError naming the file, not torch's AssertionError."""
+    def _call(self, dense: torch.Tensor, sparse: dict[str, tuple[torch.Tensor, torch.Tensor]],
+              program: torch.nn.Module | None = None, name: str = MODEL_FILE) -> torch.Tensor:
+        """The program (`program`, file `name`; default the package's model.pt2) on one batch. A
+        guard of the program that the batch fails (a model.pt2 exported for other shapes than
+        `flowrec export` exports, e.g. a fixed number of rows) is a ValueError naming the file, not
+        torch's AssertionError."""
         try:
-            return self.program(dense, sparse)
+            return (self.program if program is None else program)(dense, sparse)
         except AssertionError as exc:  # torch's guard: its first line (scoring imports no flowrec.runtime)
             guard = (str(exc).strip() or "a guard failed").splitlines()[0]
-            raise ValueError(f"{self.path / MODEL_FILE} does not fit the package's spec.json: it refuses a batch of "
+            raise ValueError(f"{self.path / name} does not fit the package's spec.json: it refuses a batch of "
                              f"{dense.shape[0]} rows ({guard}; a model.pt2 of another export?); "
                              "export the run again") from None
 
@@ -186,12 +202,18 @@ class LoadedModel:
         raw = raw_table(table)
         self._check_raw(raw, isinstance(table, pd.DataFrame))
         scores = self.score_encoded(self.encoder.encode(raw, labels=False))
-        out, start = {}, 0
-        for head in self.spec.heads:  # a multiclass head: a list of class probabilities per row
-            part = scores[:, start:start + head.width]
-            out[head.name] = part[:, 0] if head.width == 1 else list(part)
-            start += head.width
-        return pd.DataFrame(out, index=row_index(table))
+        return pd.DataFrame(_head_columns(self.spec.heads, scores), index=row_index(table))
+
+
+def _head_columns(heads: list[Any], scores: np.ndarray) -> dict[str, Any]:
+    """Head name -> its column of `scores` (the heads' columns side by side): a multiclass head's
+    is a list of class probabilities per row."""
+    out, start = {}, 0
+    for head in heads:
+        part = scores[:, start:start + head.width]
+        out[head.name] = part[:, 0] if head.width == 1 else list(part)
+        start += head.width
+    return out
 
 
 def load_model(path: str | Path) -> LoadedModel:
@@ -239,7 +261,39 @@ def load_model(path: str | Path) -> LoadedModel:
         program = exported.module()
     except Exception as exc:
         raise ValueError(f"{path / MODEL_FILE} is not a usable exported program ({type(exc).__name__})") from None
-    return LoadedModel(path, spec, record, encoder, program, manifest, read_maps(path, spec), items)
+    heads = _heads_program(path, manifest, spec, tables) if items is not None else None
+    return LoadedModel(path, spec, record, encoder, program, manifest, read_maps(path, spec), items, heads)
+
+
+def _heads_program(path: Path, manifest: dict[str, Any], spec: ModelSpec,
+                   tables: list[tuple[str, int, int]]) -> torch.nn.Module | None:
+    """A retrieval package's program of the heads beside its retrieval head (heads.pt2), checked
+    as model.pt2 is; None for a package without one (no such heads, or exported before it had one).
+
+    Raises:
+        ValueError: the manifest's `heads` entry does not name the spec's other heads and heads.pt2,
+            or the program is not one of them (one line).
+    """
+    entry = manifest["retrieval"].get("heads")
+    if entry is None:
+        return None
+    others = [h for h in spec.heads if h.task != "retrieval"]
+    if not isinstance(entry, dict) or entry.get("file") != HEADS_FILE or \
+            entry.get("names") != [h.name for h in others] or not others:
+        raise ValueError(f"{path}: the manifest's retrieval heads entry does not name the heads beside the "
+                         f"retrieval head ({[h.name for h in others]}) and {HEADS_FILE}; export the run again")
+    require_listed(path, manifest, [HEADS_FILE])
+    check_archive(path / HEADS_FILE)
+    try:
+        exported = torch.export.load(path / HEADS_FILE)
+    except Exception as exc:
+        raise ValueError(f"{path / HEADS_FILE} is not a usable exported program ({type(exc).__name__})") from None
+    check_program(exported, spec, [f.name for f in spec.sparse_features], sum(h.width for h in others),
+                  path / HEADS_FILE, tables)
+    try:
+        return exported.module()
+    except Exception as exc:
+        raise ValueError(f"{path / HEADS_FILE} is not a usable exported program ({type(exc).__name__})") from None
 
 
 def _spec(path: Path) -> ModelSpec:

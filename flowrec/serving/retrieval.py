@@ -8,11 +8,15 @@
   the encoder maps to that row; null for a row no value was fitted to), ``row``, ``vector`` (its
   item-tower vector, float32);
 - ``items.faiss`` (only with the ``ann`` extra, faiss-cpu, and index ``faiss``): an exact flat
-  inner-product index of the vectors (unit-normalised first for a cosine metric).
+  inner-product index of the vectors (unit-normalised first for a cosine metric);
+- ``heads.pt2`` (only for a model with heads beside the retrieval head, e.g. an auxiliary binary
+  head): (dense, sparse of every feature, the item id included) -> those heads' scores
+  (`OtherHeads`), which `predict --top-k` writes beside each row's items.
 
 The manifest's ``retrieval`` entry records the head, the metric and temperature, the dimension, the
-items and the index kind (``exact`` or ``faiss_flat_ip``); loading refuses a package whose index
-does not match it (kind, metric, size or dimension).
+items and the index kind (``exact`` or ``faiss_flat_ip``), and with heads beside the retrieval head
+their names and program (``heads``); loading refuses a package whose index does not match it (kind,
+metric, size or dimension), or whose heads are not the spec's.
 
 Example:
     >>> pkg = load_model("pkg/tt")                 # doctest: +SKIP
@@ -34,7 +38,7 @@ from flowrec.data.encoder_record import EncoderRecord
 from flowrec.data.layout import is_multi
 from flowrec.runtime.evaluation.scores import head_columns
 from flowrec.runtime.retrieval import catalogue_ids, catalogue_vectors
-from flowrec.serving.retrieval_index import INDEX_FILE, ITEMS_FILE, faiss_module, for_index
+from flowrec.serving.retrieval_index import HEADS_FILE, INDEX_FILE, ITEMS_FILE, faiss_module, for_index
 
 EXAMPLE_BATCH = 4  # rows of the example inputs the query program is traced with (the batch is dynamic)
 
@@ -54,6 +58,35 @@ class QueryTower(nn.Module):
         return out[:, self.columns[0]:self.columns[1]]
 
 
+class OtherHeads(nn.Module):
+    """The scores of the heads beside a serving model's retrieval head, side by side in head
+    order (the retrieval head's query and item vectors left out).  # -> (B, sum of their widths)"""
+
+    def __init__(self, serving: nn.Module, columns: tuple[tuple[int, int], ...]) -> None:
+        super().__init__()
+        self.serving, self.columns = serving, columns
+
+    def forward(self, dense: torch.Tensor, sparse: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        out = self.serving(dense, sparse)
+        return torch.cat([out[:, lo:hi] for lo, hi in self.columns], dim=1)
+
+
+def _export(module: nn.Module, spec: Any, features: list[Any]) -> torch.export.ExportedProgram:
+    """`torch.export` of `module` over (dense, sparse of `features`) with a dynamic batch and
+    dynamic ids per feature."""
+    batch = torch.export.Dim("batch", min=1, max=1 << 30)
+    shapes = ({0: batch}, {f.name: ({0: torch.export.Dim(f"nnz_{i}", min=0, max=1 << 34)}, {0: batch + 1})
+                           for i, f in enumerate(features)})
+    b = EXAMPLE_BATCH
+    example = {f.name: (torch.zeros(b * (2 if is_multi(f) else 1), dtype=torch.int64),
+                        torch.arange(b + 1) * (2 if is_multi(f) else 1)) for f in features}
+    from torch.fx.experimental import _config as fx_config
+
+    with fx_config.patch(backed_size_oblivious=True):
+        return torch.export.export(module.eval(), (torch.zeros(b, len(spec.dense_features)), example),
+                                   dynamic_shapes=shapes, strict=False)
+
+
 @dataclass
 class RetrievalExport:
     """What a retrieval run adds to its package (computed before the tables move to serving)."""
@@ -66,25 +99,21 @@ class RetrievalExport:
     raw_items: pa.Array  # (V,) raw item ids (string; null where no value was fitted)
     index: str
     query_columns: tuple[int, int]
+    other_heads: tuple[str, ...] = ()  # the heads beside the retrieval head, in head order
+    other_columns: tuple[tuple[int, int], ...] = ()  # their columns of the serving model's output
 
     def query_features(self, spec: Any) -> list[Any]:
         return [f for f in spec.sparse_features if f.name != self.item_feature]
 
     def export_program(self, serving: nn.Module, spec: Any) -> torch.export.ExportedProgram:
         """`torch.export` of the query tower with a dynamic batch and dynamic ids per feature."""
-        tower = QueryTower(serving, self.item_feature, self.query_columns).eval()
-        features = self.query_features(spec)
-        batch = torch.export.Dim("batch", min=1, max=1 << 30)
-        shapes = ({0: batch}, {f.name: ({0: torch.export.Dim(f"nnz_{i}", min=0, max=1 << 34)}, {0: batch + 1})
-                               for i, f in enumerate(features)})
-        b = EXAMPLE_BATCH
-        example = {f.name: (torch.zeros(b * (2 if is_multi(f) else 1), dtype=torch.int64),
-                            torch.arange(b + 1) * (2 if is_multi(f) else 1)) for f in features}
-        from torch.fx.experimental import _config as fx_config
+        return _export(QueryTower(serving, self.item_feature, self.query_columns), spec, self.query_features(spec))
 
-        with fx_config.patch(backed_size_oblivious=True):
-            return torch.export.export(tower, (torch.zeros(b, len(spec.dense_features)), example),
-                                       dynamic_shapes=shapes, strict=False)
+    def heads_program(self, serving: nn.Module, spec: Any) -> torch.export.ExportedProgram | None:
+        """`torch.export` of the heads beside the retrieval head over every feature (None: none)."""
+        if not self.other_heads:
+            return None
+        return _export(OtherHeads(serving, self.other_columns), spec, list(spec.sparse_features))
 
     def write(self, out: Path) -> dict[str, Any]:
         """items.parquet (and items.faiss); the manifest's `retrieval` entry."""
@@ -100,7 +129,8 @@ class RetrievalExport:
         return {"head": self.head, "item_feature": self.item_feature, "metric": self.metric,
                 "temperature": self.temperature, "dim": int(self.vectors.shape[1]),
                 "items": len(self.vectors), "items_file": ITEMS_FILE,
-                "index": {"kind": self.index, "file": INDEX_FILE if self.index == "faiss_flat_ip" else None}}
+                "index": {"kind": self.index, "file": INDEX_FILE if self.index == "faiss_flat_ip" else None},
+                **({"heads": {"names": list(self.other_heads), "file": HEADS_FILE}} if self.other_heads else {})}
 
 
 INDEX_CHOICES = ("auto", "exact", "faiss")  # `flowrec export --index`
@@ -132,6 +162,9 @@ def retrieval_export(trained: Any, encoder: EncoderRecord, index: str = "auto") 
     spec_head = trained.spec.heads[binding.head]
     columns = head_columns(trained.model.head_widths)[binding.head]
     start, half = columns.start, (columns.stop - columns.start) // 2
+    others = [i for i in range(len(trained.spec.heads)) if i != binding.head]
+    everything = head_columns(trained.model.head_widths)
     return RetrievalExport(spec_head.name, binding.item_feature, binding.attrs["metric"],
                            float(binding.attrs["temperature"]), vectors, pa.array(raw, pa.string()), kind,
-                           (start, start + half))
+                           (start, start + half), tuple(trained.spec.heads[i].name for i in others),
+                           tuple((everything[i].start, everything[i].stop) for i in others))

@@ -23,6 +23,7 @@ from operators.retrieval import UnitRows, pair_scores
 
 ITEMS_FILE = "items.parquet"
 INDEX_FILE = "items.faiss"
+HEADS_FILE = "heads.pt2"  # the scores of the heads beside the retrieval head (`flowrec.serving.retrieval`)
 INDEX_KINDS = ("exact", "faiss_flat_ip")
 
 

@@ -17,6 +17,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 import yaml
 from typer.testing import CliRunner
 
@@ -428,22 +429,67 @@ def test_a_dataframe_naming_a_column_twice_is_one_line(managed_pkg):
         model.predict(pd.DataFrame([["a", "1", "2"]], columns=["user", "item", "item"]))
 
 
-def test_a_head_beside_a_retrieval_head_is_trained_evaluated_and_named_at_export(tmp_path):
-    """A retrieval run's package is the query tower and the items: a binary head trained beside the
-    retrieval head (an auxiliary task) is evaluated, and export says it is not in the package (it
-    said nothing, and predict's refusal of plain scoring was the first a user heard of it)."""
+def test_a_head_beside_a_retrieval_head_is_served_with_the_top_k(tmp_path):
+    """A binary head trained beside the retrieval head (an auxiliary task) was evaluated, but the
+    package held the query tower alone and export said so in a note: the head could never be
+    scored. Now the package holds a second program for it, and predict --top-k writes its score of
+    each row (the row's own item) beside the row's items: the trained model's score, exactly."""
+    from flowrec.data.batches import StagingOptions, iterate_batches
+    from flowrec.data.dataset import MemorySource
+    from flowrec.planner.contract import scoring_plan
+    from flowrec.runtime.evaluation.scores import head_columns
+    from flowrec.serving.trained import load_trained
+
     doc = _two_tower(False)
     doc["modules"] += [{"name": "ctr", "kind": "mlp", "inputs": ["user_id", "item_id"], "layers": [8]}]
     doc["heads"].append({"name": "click", "input": "ctr", "label": "click"})
     spec = tmp_path / "aux.yaml"
     spec.write_text(yaml.safe_dump(doc))
-    result = _invoke(["train", spec, "--rows", "600", "--out", tmp_path / "run", "-q", "--device", "cpu"])
-    assert result.exit_code == 0, result.output
+    rng = np.random.default_rng(1)
+    users, items = rng.integers(1, 200, 1200), rng.zipf(1.3, 1200) % 300 + 1
+    rows = pd.DataFrame({"user_id": users, "item_id": items, "label": 1, "click": (users + items) % 3 == 0})
+    rows["click"] = rows["click"].astype(int)
+    rows.to_csv(tmp_path / "rows.csv", index=False)
+    rows.head(50).to_csv(tmp_path / "new.csv", index=False)
+    for args in (["data", "convert", "csv", tmp_path / "rows.csv", tmp_path / "data", "--spec", spec,
+                  "--test-fraction", "0.2", "-q"],
+                 ["train", spec, "--data", tmp_path / "data", "--out", tmp_path / "run", "-q", "--device", "cpu"],
+                 ["data", "convert", "csv", tmp_path / "new.csv", tmp_path / "new", "--spec", spec,
+                  "--encoder-from", tmp_path / "run", "-q"]):
+        result = _invoke(args)
+        assert result.exit_code == 0, result.output
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     final = next(r["metrics"] for r in records if r.get("event") == "eval" and r.get("final"))
     assert 0 < final["click"]["auc"] < 1 and 0 <= final["retrieve"]["hr@10"] <= 1, final
-    result = _invoke(["export", tmp_path / "run", tmp_path / "pkg", "-q"])
+    result = _invoke(["export", tmp_path / "run", tmp_path / "pkg", "--index", "exact"])
     assert result.exit_code == 0, result.output
-    notes = [line for line in result.output.splitlines() if line.startswith("note:")]
-    assert len(notes) == 1 and "retrieval head 'retrieve'" in notes[0] and "head 'click'" in notes[0], result.output
-    assert "not in the package" in notes[0]
+    assert "note:" not in result.output, result.output
+    out = tmp_path / "recs.parquet"
+    result = _invoke(["predict", tmp_path / "pkg", tmp_path / "new.csv", "--format", "csv", "--top-k", "5",
+                      "--out", out, "--keep", "user_id", "-q"])
+    assert result.exit_code == 0, result.output
+    recs = pq.read_table(out).to_pandas()
+    assert list(recs.columns) == ["items", "scores", "click", "user_id"] and len(recs) == 50
+    trained = load_trained(tmp_path / "run", "cpu", scoring_plan)
+    encoded = pq.read_table(tmp_path / "new")
+    column = head_columns(trained.model.head_widths)[1]
+    with iterate_batches(trained.spec, MemorySource([encoded]), StagingOptions(batch_size=64, shuffle=False,
+                                                                               lookahead=0),
+                         0, 0, trained.model.groups) as batches, torch.no_grad():
+        reference = np.concatenate([torch.sigmoid(trained.model.eval()(b)[:, column])[:, 0].numpy()
+                                    for b in batches])
+    assert len(np.unique(reference)) > 5  # the rows' items move the score
+    np.testing.assert_allclose(recs["click"].to_numpy(), reference, rtol=0, atol=1e-6)
+    result = _invoke(["predict", tmp_path / "pkg", tmp_path / "new.csv", "--format", "csv", "--top-k", "5",
+                      "--out", tmp_path / "again.parquet", "--keep", "click", "-q"])
+    assert result.exit_code == 2 and "--keep click: the scores file already has a column click" in result.output
+    for change in (lambda e: e["heads"].update(names=["nope"]), lambda e: e["heads"].update(file="model.pt2"),
+                   lambda e: e.update(heads="heads.pt2")):
+        pkg = tmp_path / "edited"
+        shutil.rmtree(pkg, ignore_errors=True)
+        shutil.copytree(tmp_path / "pkg", pkg)
+        manifest = json.loads((pkg / "manifest.json").read_text())
+        change(manifest["retrieval"])
+        (pkg / "manifest.json").write_text(json.dumps(manifest))
+        with pytest.raises(ValueError, match="the manifest's retrieval heads entry does not name the heads beside"):
+            load_model(pkg)
