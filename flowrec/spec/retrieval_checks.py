@@ -20,6 +20,7 @@ from flowrec.spec.view import DocView, Item
 
 # fields only a retrieval head may set
 RETRIEVAL_FIELDS = ("negatives", "logq_correction", "top_k", "exclude_seen")
+TOP_K_COLUMNS = ("items", "scores")  # what predict --top-k writes before the heads beside the retrieval head
 
 
 def check_retrieval(view: DocView) -> list[SpecIssue]:
@@ -47,6 +48,12 @@ def check_retrieval(view: DocView) -> list[SpecIssue]:
         issues += _towers(view, h)
     if len(ranking) > 1:
         issues.append(SpecIssue(f"{ranking[1].path}.task", f"one retrieval head per model (also {ranking[0].name!r})"))
+    if ranking:  # predict --top-k writes items and scores, then a column per head beside the retrieval head
+        issues += [SpecIssue(f"{h.path}.name", f"a head beside retrieval head {ranking[0].name!r} cannot be named "
+                                               f"{h.name!r}: predict --top-k writes that column (each row's top K "
+                                               f"{h.name}), then one per such head")
+                   for h in view.items("heads") if h.clean and h.name in TOP_K_COLUMNS
+                   and not TASKS[h.body.get("task", "binary")].ranks]
     return issues
 
 

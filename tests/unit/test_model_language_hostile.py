@@ -253,6 +253,21 @@ def test_exclude_seen_grouped_by_the_item_id_is_refused():
     assert _issues(doc) == []
 
 
+@pytest.mark.parametrize("name", ["items", "scores"])
+def test_a_head_beside_a_retrieval_head_named_as_a_top_k_column_is_refused(name):
+    """predict --top-k writes items and scores, then a column per head beside the retrieval head:
+    a head named items overwrote the recommended items in the file without a word."""
+    doc = _spec("two_tower_movielens.yaml")
+    doc["modules"].append({"name": "ctr", "kind": "mlp", "inputs": ["user_id", "item_id"], "layers": [4]})
+    doc["heads"].append({"name": name, "input": "ctr", "label": "click"})
+    issues = _issues(doc)
+    assert [path for path, _ in issues] == ["heads[1].name"], issues
+    assert f"cannot be named {name!r}" in issues[0][1]
+    doc["heads"][1]["name"] = "click"
+    doc["heads"][0]["name"] = name  # the retrieval head's own name is no column
+    assert _issues(doc) == []
+
+
 def test_a_history_feature_shorter_than_the_sequence_option_is_refused():
     doc = _spec("sasrec_movielens.yaml")
     del doc["features"][1]["truncate"]  # the rule concerns the default, truncate: first (the example keeps the last)
