@@ -77,7 +77,7 @@ def plan(
             model = replace(model, training=replace(model.training, epochs=epochs))
         try:
             result = make_plan(model, until=until, device_budget=device_budget, target=target,
-                               profile=load_profile(profile), world_size=world_size or launch_env()[0])
+                               profile=load_profile(profile, model), world_size=world_size or launch_env()[0])
         except (ValueError, OSError, PassFailure) as exc:
             fail(str(exc))
         warning = memory_warning(result, plan_local_ranks(local_ranks, result.meta.world_size))

@@ -92,11 +92,13 @@ class PassManager:
 GIVEN_AS = "given_as"  # key of an access profile read from a file: the file (for the plan's record)
 
 
-def load_profile(path: str | Path | None) -> dict[str, Any] | None:
+def load_profile(path: str | Path | None, spec: ModelSpec | None = None) -> dict[str, Any] | None:
     """Read an access profile (`flowrec data profile` output) into the record `make_plan` takes;
     it remembers the file it came from. Raises ValueError if malformed: not JSON (NaN included), or
     figures the planner reads that break schemas/access-profile.schema.json, in one line naming the
-    first such field."""
+    first such field; or, with `spec`, when it counts none of the spec's tables (a profile of
+    another spec: the plan said it was priced from the file and priced every table by the Zipf
+    model)."""
     if path is None:
         return None
     redo = "write it again with `flowrec data profile SPEC DATA --json FILE`"
@@ -113,6 +115,12 @@ def load_profile(path: str | Path | None) -> dict[str, Any] | None:
     if errors:
         issue = schema_issues(errors[0])[0]
         raise ValueError(f"{path}: {issue.path} {issue.message} ({redo})")
+    names = [t.name for t in spec.tables] if spec is not None else []
+    if names and not any(name in (doc.get("tables") or {}) for name in names):
+        of = f" (of spec {doc['spec']!r})" if isinstance(doc.get("spec"), str) else ""
+        shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+        raise ValueError(f"{path}: the access profile{of} counts none of the tables of spec {spec.name!r} "
+                         f"({shown}); profile this spec's data: `flowrec data profile SPEC DATA --json FILE`")
     return {**doc, GIVEN_AS: str(path)}
 
 

@@ -91,7 +91,7 @@ def plan_for_run(spec: ModelSpec, device_name: str, device_budget: str | None, p
 
     plan = None
     try:
-        access = load_profile(profile) if profile is not None else sampled_access_profile(spec, data, status, progress)
+        access = load_profile(profile, spec) if profile is not None else sampled_access_profile(spec, data, status, progress)
         planned = run_epochs(spec, access, epochs, max_steps)
         if planned != spec.training.epochs:
             spec = replace(spec, training=replace(spec.training, epochs=planned))

@@ -91,6 +91,25 @@ def test_plan_with_profile_and_budget(tmp_path):
         make_plan(spec, profile=path)
 
 
+def test_a_profile_of_another_spec_is_refused_naming_both(tmp_path):
+    """A profile counting none of the spec's tables (written for another spec) planned with every
+    table priced by the Zipf model while the plan said 'access profile: given FILE'; now one line.
+    A profile counting some of them is read (the others are priced by the Zipf model, as before)."""
+    spec = tiny_spec()
+    doc = {"format": "flowrec-access-profile", "version": 1, "spec": "criteo",
+           "tables": {"C1": {"rows": 31, "accesses": 100, "distinct": 20, "hot_cdf": [[3, 0.9]]}}}
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(doc))
+    assert load_profile(path)["tables"].keys() == {"C1"}  # without a spec: read as before
+    with pytest.raises(ValueError) as err:
+        load_profile(path, spec)
+    assert "(of spec 'criteo') counts none of the tables of spec" in str(err.value) and "shared" in str(err.value)
+    assert str(path) in str(err.value) and "\n" not in str(err.value)
+    doc["tables"]["shared"] = doc["tables"].pop("C1")
+    path.write_text(json.dumps(doc))
+    assert make_plan(spec, profile=load_profile(path, spec)).cost.access_profile.startswith(f"given {path}")
+
+
 @pytest.mark.parametrize("edit,field", [
     (lambda d: d["tables"]["shared"].__setitem__("unseen", []), "unseen must be an object"),
     (lambda d: d["tables"]["shared"].__setitem__("unseen", {"share": "x", "rows": 3}), "unseen.share"),
