@@ -119,7 +119,7 @@ TESTS: dict[str, frozenset[str]] = {
     "tests/unit/test_spec_yaml_scan.py::test_scan_never_counts_more_than_the_document_has": frozenset({"fuzz"}),
     "tests/unit/test_managed_hostile.py::test_a_checkpoint_with_an_edited_map_is_refused_by_resume_eval_and_export":
         frozenset({"e2e"}),
-    "tests/unit/test_retrieval.py::test_uniform_negatives_are_drawn_only_from_rows_that_hold_an_item":
+    "tests/unit/test_retrieval.py::test_sampled_negatives_are_drawn_only_from_rows_that_hold_an_item":
         frozenset({"e2e"}),
     **{f"tests/unit/{test}": frozenset({"thorough"}) for test in (
         "test_planner_shard.py::test_wide_1000_on_64_h100s_has_bytes_per_rank_for_every_group",

@@ -90,19 +90,21 @@ class RetrievalBinding:
 
     def set_counts(self, counts: np.ndarray, device: torch.device) -> None:
         """Item frequencies from the training data (table rows; row 0 and rows past the vocab are
-        never drawn): the sampling distribution and its logs. Uniform draws take the rows that hold
-        an item (`set_items` first; every row 1 .. vocab without it), never a row no raw id was
-        fitted to."""
+        never drawn): the sampling distribution and its logs. Sampled draws (uniform or unigram)
+        take the rows that hold an item (`set_items` first; every row 1 .. vocab without it), never a
+        row no raw id was fitted to."""
         counts = np.asarray(counts, np.float64)[: self.vocab + 1].copy()
         counts = np.pad(counts, (0, self.vocab + 1 - len(counts)))
         counts[0] = 0.0
         if self.sampled and self.attrs["distribution"] == "uniform":  # the rows that hold an item, alike
-            named = None if self.named is None or not len(self.named) else self.named[self.named <= self.vocab]
-            counts[1:] = 1.0 if named is None else 0.0
-            if named is not None:
-                counts[named] = 1.0
+            counts[1:] = 1.0
         else:
             counts[1:] = np.maximum(counts[1:], 0.5)  # an item never seen in training is drawn rarely, not never
+        named = None if self.named is None or not len(self.named) else self.named[self.named <= self.vocab]
+        if self.sampled and named is not None:  # a draw never lands on a row no raw id was fitted to
+            held = np.zeros(len(counts), bool)
+            held[named] = True
+            counts[~held] = 0.0
         p = counts / counts.sum()
         self.probs = torch.tensor(p)  # on the host, where every step draws from it
         self.log_q = torch.log(torch.tensor(p, device=device).clamp_min(1e-30)) \

@@ -678,15 +678,17 @@ def test_calibration_times_the_sampled_loss_with_the_gradient_to_the_drawn_items
     assert cands.vectors.grad is not None and cands.vectors.grad.abs().sum() > 0
 
 
-def test_uniform_negatives_are_drawn_only_from_rows_that_hold_an_item(tmp_path):
+@pytest.mark.parametrize("distribution", ["uniform", "unigram"])
+def test_sampled_negatives_are_drawn_only_from_rows_that_hold_an_item(tmp_path, distribution):
     """A vocab of 100 over data holding 80 items left 20 table rows without a raw id; uniform
-    sampling drew them as negatives (a fifth of the draws), though evaluation and serving never rank
-    them. Now every drawn row holds an item of the data's encoder, and each of those can be drawn."""
+    sampling drew them as negatives (a fifth of the draws), and unigram sampling drew them at the
+    floor count of 0.5, though evaluation and serving never rank them. Now every drawn row holds an
+    item of the data's encoder, and each of those can be drawn."""
     import pandas as pd
     import flowrec
     from flowrec.data.convert import convert
 
-    doc = retrieval_doc(5, {"kind": "sampled", "num": 64}, False)
+    doc = retrieval_doc(5, {"kind": "sampled", "num": 64, "distribution": distribution}, False)
     doc["features"][2]["vocab"] = 100
     rng = np.random.default_rng(random.randrange(1 << 30))
     items = [f"m{i}" for i in range(80)]
@@ -700,4 +702,7 @@ def test_uniform_negatives_are_drawn_only_from_rows_that_hold_an_item(tmp_path):
     assert len(named) == 80  # the case itself: 20 rows hold no item
     drawn = torch.cat([sampler(binding, 1).draw(0, i) for i in range(40)])
     assert set(drawn.tolist()) == named
-    assert torch.allclose(binding.probs[sorted(named)], torch.full((80,), 1 / 80, dtype=torch.float64))
+    empty = sorted(set(range(101)) - named)
+    assert len(empty) == 21 and float(binding.probs[empty].sum()) == 0.0  # row 0 and the 20 without an item
+    if distribution == "uniform":
+        assert torch.allclose(binding.probs[sorted(named)], torch.full((80,), 1 / 80, dtype=torch.float64))
