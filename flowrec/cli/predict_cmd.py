@@ -87,11 +87,11 @@ def zero_note(zero: int, rows: int, first: int) -> str:
     """The warning for rows whose query vector is all zeros (`LoadedModel.recommend`).
 
     >>> zero_note(2, 10, 3)
-    '2 of 10 rows have an all-zero query vector (e.g. an empty history; the first is row 3 of the output, from 0): every item scores 0 for them, so their items are arbitrary, not recommendations'
+    '2 of 10 rows have an all-zero query vector (e.g. an empty history, or ids the model holds no row for; the first is row 3 of the output, from 0): every item scores 0 for them, so their items are arbitrary, not recommendations'
     """
-    return (f"{zero:,} of {rows:,} rows have an all-zero query vector (e.g. an empty history; the first is row "
-            f"{first} of the output, from 0): every item scores 0 for them, so their items are arbitrary, "
-            "not recommendations")
+    return (f"{zero:,} of {rows:,} rows have an all-zero query vector (e.g. an empty history, or ids the model "
+            f"holds no row for; the first is row {first} of the output, from 0): every item scores 0 for them, so "
+            "their items are arbitrary, not recommendations")
 
 
 

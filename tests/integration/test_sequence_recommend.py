@@ -63,8 +63,8 @@ def test_rows_with_an_empty_history_are_counted_and_named(root, tmp_path):
     result = CliRunner().invoke(app, ["predict", str(root / "pkg"), str(tmp_path / "later.csv"), "--format", "csv",
                                       "--top-k", "5", "--out", str(tmp_path / "recs.parquet"), "--keep", "user", "-q"])
     assert result.exit_code == 0, result.output
-    assert (f"warning: {empty - 1} of 39 rows have an all-zero query vector (e.g. an empty history; the first "
-            "is row 6 of the output, from 0)") in result.stderr
+    assert (f"warning: {empty - 1} of 39 rows have an all-zero query vector (e.g. an empty history, or ids the "
+            "model holds no row for; the first is row 6 of the output, from 0)") in result.stderr
     written = pq.read_table(tmp_path / "recs.parquet").to_pandas()
     assert str(written["user"].iloc[6]) == "7" and len(written) == 39
 
