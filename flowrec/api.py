@@ -200,9 +200,10 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
     spec_path = Path(spec) if not isinstance(spec, ModelSpec) else Path.cwd() / f"{spec.name}.yaml"
     model_spec = resolve_custom(load_spec(spec_path) if not isinstance(spec, ModelSpec) else spec)
     folder = Path(out) if out is not None else None
-    given = {"data": _text(data), "eval_data": _text(eval_data), "rows": rows, "seed": seed, "device": device,
-             "device_budget": device_budget, "epochs": epochs, "max_steps": max_steps, "eval_every": eval_every,
-             "checkpoint_every": checkpoint_every, "cache_data": cache_data}
+    given = {"data": _text(data), "eval_data": _text(eval_data), "rows": _whole(rows), "seed": _whole(seed),
+             "device": device, "device_budget": device_budget, "epochs": _whole(epochs),
+             "max_steps": _whole(max_steps), "eval_every": _whole(eval_every),
+             "checkpoint_every": _whole(checkpoint_every), "cache_data": cache_data}
     for key, value in given.items():
         problem = given_problem(key, value)
         if problem is not None:
@@ -322,6 +323,22 @@ def _typed(exc: Any) -> BaseException:
     """The documented exception of a lifecycle error: the lower layer's own (a `DataError` for data
     that does not fit) when it reports one, else the `RunError` (a ValueError: device, plan)."""
     return exc.cause if exc.cause is not None else exc
+
+
+def _whole(value: Any) -> Any:
+    """A whole number of another integer type (numpy's `np.int64(3)`, from a frame's `len` or a
+    computation in a notebook) as a Python int, which run.json records; anything else unchanged, for
+    `given_problem` to judge (a bool stays one: it is refused).
+
+    >>> import numpy as np
+    >>> _whole(np.int64(3)), _whole(True), _whole(2.0)
+    (3, True, 2.0)
+    """
+    import numbers
+
+    if isinstance(value, numbers.Integral) and not isinstance(value, (bool, int)):
+        return int(value)
+    return value
 
 
 def _text(value: str | Path | None) -> str | None:

@@ -102,3 +102,20 @@ def test_cache_data_is_a_run_setting_of_the_api(tmp_path: Path, monkeypatch: pyt
     assert "on" in fills and "off" not in fills  # the rows were kept only when asked
     losses = {mode: [r["loss"] for r in run.history if r.get("event") == "train"] for mode, run in runs.items()}
     assert len(losses["on"]) > 2 and losses["on"] == losses["off"]
+
+
+def test_numpy_integers_are_whole_numbers_to_train(tmp_path: Path) -> None:
+    """A notebook's counts are numpy integers (`len` of an array's slice, `np.int64(...)`):
+    `flowrec.train(max_steps=np.int64(2))` was refused with 'max_steps must be a non-negative
+    integer, not np.int64(2)'; now they train as Python ints and run.json records them."""
+    import json
+
+    import numpy as np
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text((DOC.read_text().split('Path("tiny.yaml").write_text("""')[1]).split('""")')[0])
+    run = flowrec.train(spec, out=tmp_path / "run", rows=np.int64(500), max_steps=np.int64(2), epochs=np.int32(1),
+                        seed=np.uint8(3), eval_every=np.int64(1), checkpoint_every=np.int16(0))
+    assert run.result.steps == 2
+    recorded = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert (recorded["rows"], recorded["max_steps"], recorded["epochs"], recorded["seed"]) == (500, 2, 1, 3)
