@@ -114,18 +114,16 @@ def load(run_dir: str | Path, device: str = "auto") -> Run:
 
     Raises:
         flowrec.runtime.checkpoint.store.CheckpointError: a damaged or foreign checkpoint.
-        flowrec.runs.errors.RunError: `run_dir` not a path, or `device` not auto, cpu or cuda[:N].
+        flowrec.runs.errors.RunError: `run_dir` not a path, or `device` not auto, cpu or cuda[:N] (or cuda
+            on a machine without CUDA).
     """
     from flowrec.planner.contract import scoring_plan
-    from flowrec.runs.errors import RunError
     from flowrec.runtime.rundir import run_folder_of
-    from flowrec.runtime.session import device_problem
     from flowrec.serving.trained import load_trained
 
     _check_kinds(run_dir=(run_dir, "a run folder or checkpoint path (str or pathlib.Path)"),
                  device=(device, "a device name (auto, cpu, cuda)"))
-    if device_problem(device) is not None:  # was torch's RuntimeError naming the CLI's --device
-        raise RunError(f"device {device_problem(device)}")
+    _check_device(device)
 
     trained = load_trained(Path(run_dir), device, scoring_plan)
     folder = run_folder_of(Path(run_dir))  # RUN/best's history and evaluation data are its run's
@@ -295,12 +293,26 @@ def _check_arguments(**arguments: Any) -> None:
             refuse(name, "True or False")
     if not isinstance(arguments["device"], str):
         refuse("device", "a device name (auto, cpu, cuda)")
-    from flowrec.runtime.session import device_problem
-
-    if device_problem(arguments["device"]) is not None:
-        raise RunError(f"device {device_problem(arguments['device'])}")
+    _check_device(arguments["device"])
     if arguments["device_budget"] is not None and not isinstance(arguments["device_budget"], str):
         refuse("device_budget", "a byte size such as '4GiB', or None")
+
+
+def _check_device(device: str) -> None:
+    """A `RunError` naming the argument for a device torch does not read (`device="tpu"`) or a
+    CUDA device on a machine without CUDA (they were torch's RuntimeError, and the session's
+    naming the CLI's `--device`)."""
+    import torch
+
+    from flowrec.runs.errors import RunError
+    from flowrec.runtime.session import device_problem
+
+    problem = device_problem(device)
+    if problem is not None:
+        raise RunError(f"device {problem}")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise RunError(f"device {device!r} was asked for, but CUDA is not available on this machine: "
+                       "give device=\"cpu\" (or \"auto\")")
 
 
 def _check_model_spec(spec: ModelSpec) -> None:

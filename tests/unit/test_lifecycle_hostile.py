@@ -461,6 +461,22 @@ def test_an_empty_device_is_refused_by_the_cli_and_the_api(spec: Path, tmp_path:
     assert not (tmp_path / "cli").exists() and not (tmp_path / "api").exists()
 
 
+def test_cuda_on_a_machine_without_cuda_is_a_run_error_naming_the_argument(spec: Path, tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """`flowrec.load(run, device="cuda")` without CUDA was the session's RuntimeError naming the
+    CLI's --device (flowrec.train's RunError named --device too); now both are a RunError naming
+    the argument, raised before the run is read or a folder is made."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for call in (lambda: flowrec.load(tmp_path / "no-run", device="cuda"),
+                 lambda: flowrec.train(spec, device="cuda:0", out=tmp_path / "api", rows=200, max_steps=1)):
+        with pytest.raises(RunError) as caught:
+            call()
+        assert re.match(r"device 'cuda(:0)?' was asked for, but CUDA is not available", str(caught.value)), caught.value
+    assert not (tmp_path / "api").exists()
+
+
 def test_a_follow_with_no_day_to_train_says_so(spec: Path, tmp_path: Path) -> None:
     raw = tmp_path / "raw"  # a mistyped DAYS: raw files, no encoded day partitions
     raw.mkdir()
