@@ -212,6 +212,7 @@ def bound_dataset(spec: ModelSpec, spec_path: Path, workdir: Path | None,
     the folder it goes in (runs/<spec name> without a run folder), so two runs started together
     encode it once: the second waits, then reuses it (never a clash or a half-replaced folder)."""
     from flowrec.data.convert import convert
+    from flowrec.data.error_log import SKIP_HINT
     from flowrec.data.output import folder_locked
 
     assert spec.data is not None and spec.data.path is not None
@@ -231,7 +232,13 @@ def bound_dataset(spec: ModelSpec, spec_path: Path, workdir: Path | None,
         if encoded():  # it did, while this one waited
             return out
         status(f"encoding {spec.data.format} data from {raw} into {out}")
-        report = convert(spec, spec.data.format, [raw], out)
+        try:
+            report = convert(spec, spec.data.format, [raw], out)
+        except DataError as exc:  # `flowrec train` and `flowrec.train` have no --on-error of their own
+            shown = spec_path if spec_path.is_file() else "SPEC"
+            raise DataError(str(exc).replace(SKIP_HINT, (
+                f"to skip such rows, convert them with `flowrec data convert {spec.data.format} {raw} DIR --spec "
+                f"{shown} --on-error skip` and train on DIR: --data DIR, or data=DIR in Python"))) from None
         for line in report.warnings:
             status(f"warning: {line}")
     return out

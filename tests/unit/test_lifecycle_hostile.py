@@ -157,6 +157,26 @@ def test_a_run_refused_after_encoding_its_data_leaves_no_folder_it_made(tmp_path
     assert (folder / "data").is_dir() and (folder / "theirs.txt").is_file()
 
 
+def test_a_malformed_row_of_bound_data_names_a_way_to_skip_it_that_exists(tmp_path: Path) -> None:
+    """A malformed row of the spec's bound raw data said '(use --on-error skip to skip such rows)',
+    an option neither `flowrec train` nor `flowrec.train` has; now it names the conversion that
+    skips them, and that command runs as written."""
+    spec = _early_stopping_csv_spec(tmp_path)
+    spec.write_text(spec.read_text().replace(", early_stopping: {metric: auc}", ""))
+    raw = tmp_path / "raw.csv"
+    raw.write_text(raw.read_text().replace("\n1,", "\n2,", 1))  # one label that is not 0 or 1
+    with pytest.raises(DataError) as caught:
+        flowrec.train(spec, out=tmp_path / "api", max_steps=1)
+    cli = runner.invoke(app, ["train", str(spec), "--out", str(tmp_path / "cli"), "--max-steps", "1", "-q"])
+    assert cli.exit_code == 2
+    for said in (str(caught.value), cli.output):
+        assert "not 0 or 1" in said and "(use --on-error skip" not in said, said
+        command = re.search(r"`flowrec (data convert .*? DIR --spec .*?)`", said)
+        assert command is not None, said
+    made = runner.invoke(app, command.group(1).replace("DIR", str(tmp_path / "skipped")).split())
+    assert made.exit_code == 0, made.output
+
+
 def _bad_label_late(spec: Path, out: Path) -> Path:
     """Data whose last partition holds a label that is not 0 or 1: found once training reaches it,
     after the run wrote run.json, spec.json, plan.json, metrics.jsonl and tensorboard/."""
