@@ -129,7 +129,8 @@ class LoadedModel:
         `frame` (the rows came as a pandas DataFrame) no float id that float64 may have rounded."""
         missing = [c for c in self.raw_columns() if c not in raw.column_names]
         if missing:
-            raise DataError(f"the rows lack columns {missing} that model {self.spec.name!r} reads")
+            raise DataError(f"the rows lack columns {missing} that model {self.spec.name!r} reads"
+                            f"{close_columns(missing, [c for c in raw.column_names if c not in self.raw_columns()])}")
         tables = [self.spec.table(f.table) for f in self.spec.sparse_features]
         unfitted = sorted({t.name for t in tables if t.managed is None and not t.hashed and t.name not in
                            self.encoder.vocabs})
@@ -311,6 +312,29 @@ def check_frame_ids(column: pa.ChunkedArray | pa.Array, name: str) -> None:
     raise DataError(f"column {name}: id {shown} at row {i if rows is None else int(rows[i])} (0-based) "
                     f"{why}: give the column pandas' nullable integer dtype, dtype=\"Int64\" (or \"UInt64\") "
                     f"where it is made (a read_csv dtype=, a Series), not .astype of the floats")
+
+
+def close_columns(missing: list[str], others: list[Any]) -> str:
+    """`` (the rows have 'userid': rename it to 'user_id'?)`` for the columns the rows have, read by
+    no feature, that are close to a missing one (case aside), else ``""``.
+
+    >>> close_columns(["user_id", "price"], ["User_ID", "label", "prices"])
+    " (the rows have 'User_ID', 'prices': rename them to 'user_id', 'price'?)"
+    >>> close_columns(["user_id"], ["label"])
+    ''
+    """
+    import difflib
+
+    texts = {str(c).lower(): str(c) for c in others}
+    pairs = []
+    for name in missing:
+        close = difflib.get_close_matches(name.lower(), list(texts), n=1, cutoff=0.6)
+        if close:
+            pairs.append((texts.pop(close[0]), name))
+    if not pairs:
+        return ""
+    had, wanted = (", ".join(repr(p[i]) for p in pairs) for i in (0, 1))
+    return f" (the rows have {had}: rename {'it' if len(pairs) == 1 else 'them'} to {wanted}?)"
 
 
 def row_index(table: pa.Table | pd.DataFrame) -> pd.Index | None:

@@ -447,3 +447,21 @@ def test_a_head_beside_a_retrieval_head_is_trained_evaluated_and_named_at_export
     notes = [line for line in result.output.splitlines() if line.startswith("note:")]
     assert len(notes) == 1 and "retrieval head 'retrieve'" in notes[0] and "head 'click'" in notes[0], result.output
     assert "not in the package" in notes[0]
+
+
+def test_a_misspelled_column_names_the_column_the_rows_have(managed_pkg, tmp_path):
+    """A frame with `userid` (or `User`) for the model's `user` said only that the rows lack
+    ['user']; now it names the close column the rows have, in the API and `flowrec predict` alike."""
+    model = load_model(managed_pkg)
+    for frame, says in (({"userid": ["1"], "item": ["4"]}, "(the rows have 'userid': rename it to 'user'?)"),
+                        ({"User": ["1"], "ITEM": ["4"], "label": [1]},
+                         "(the rows have 'User', 'ITEM': rename them to 'user', 'item'?)")):
+        with pytest.raises(DataError) as caught:
+            model.predict(pd.DataFrame(frame))
+        assert str(caught.value).endswith(says), caught.value
+    pd.DataFrame({"usr": ["1"], "item": ["4"]}).to_csv(tmp_path / "raw.csv", index=False)
+    result = _invoke(["predict", managed_pkg, tmp_path / "raw.csv", "--format", "csv", "--out", tmp_path / "s.parquet"])
+    assert result.exit_code == 2 and "(the rows have 'usr': rename it to 'user'?)" in result.output, result.output
+    with pytest.raises(DataError) as caught:  # no close column: no guess
+        model.predict(pd.DataFrame({"item": ["4"], "label": [1]}))
+    assert "rename" not in str(caught.value)
