@@ -49,7 +49,7 @@ class CheckpointEvent:
     path: Path
 
 
-Callback = Callable[[Any], Union[bool, None]]  # return True to stop the run after this step
+Callback = Callable[[Any], Union[bool, None]]  # return True (or np.True_) to stop the run after this step
 
 
 @dataclass
@@ -359,9 +359,12 @@ def _text(value: str | Path | None) -> str | None:
 
 def _hooks(trainer: Any, on_step: Callback | None, on_eval: Callback | None,
            on_checkpoint: Callback | None) -> Hooks:
-    """Trainer hooks calling the user's callbacks with events; True from one requests a stop."""
-    def stop_if(answer: bool | None) -> None:
-        if answer is True:
+    """Trainer hooks calling the user's callbacks with events; True (or np.True_) from one requests a stop."""
+    import numpy as np
+
+    def stop_if(answer: Any) -> None:
+        # True, or numpy's True (`return np.mean(losses[-10:]) < 0.3` gives np.True_, which `is True` missed)
+        if answer is True or (isinstance(answer, np.bool_) and bool(answer)):
             trainer.request_stop()
 
     def step(pos: Position, loss: float | None) -> None:

@@ -119,3 +119,20 @@ def test_numpy_integers_are_whole_numbers_to_train(tmp_path: Path) -> None:
     assert run.result.steps == 2
     recorded = json.loads((tmp_path / "run" / "run.json").read_text())
     assert (recorded["rows"], recorded["max_steps"], recorded["epochs"], recorded["seed"]) == (500, 2, 1, 3)
+
+
+def test_a_callback_returning_numpys_true_stops_the_run(tmp_path: Path) -> None:
+    """`return np.mean(losses[-3:]) < 10` gives np.True_, not True: the run trained on to its end as if
+    the callback had said nothing; now numpy's True stops it as True does (its False does not)."""
+    import numpy as np
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text((DOC.read_text().split('Path("tiny.yaml").write_text("""')[1]).split('""")')[0])
+    losses: list[float] = []
+
+    def on_step(event: flowrec.StepEvent):
+        losses.append(event.loss)
+        return np.mean(losses[-3:]) < 10 if event.step >= 2 else np.False_
+
+    run = flowrec.train(spec, out=None, rows=1000, max_steps=6, on_step=on_step)
+    assert run.result.steps == 2 and run.result.stop_requested and len(losses) == 2
