@@ -11,6 +11,7 @@ Example:
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,11 +86,16 @@ class LoadedModel:
         `flowrec predict --top-k` reports them.
 
         Raises:
-            ValueError: the package has no retrieval head, or its program refuses the rows (`_call`).
+            ValueError: the package has no retrieval head, `k` is not a whole number of at least 1
+                (`flowrec predict --top-k`'s bound), or its program refuses the rows (`_call`).
             DataError: a raw column the query tower needs is missing (as `predict`).
         """
         if self.items is None:
             raise ValueError(f"{self.path} has no retrieval head: --top-k needs a package of a retrieval run")
+        # k=-1, 2.5 or None were torch's errors naming no k, k=0 empty lists of items
+        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
+            raise ValueError(f"k must be a whole number of items, at least 1, not {k!r:.40}")
+        k = int(k)  # (numpy's integers too)
         raw = raw_table(table)
         self._check_raw(raw, isinstance(table, pd.DataFrame))
         item = self.manifest["retrieval"]["item_feature"]

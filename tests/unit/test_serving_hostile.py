@@ -465,3 +465,13 @@ def test_a_misspelled_column_names_the_column_the_rows_have(managed_pkg, tmp_pat
     with pytest.raises(DataError) as caught:  # no close column: no guess
         model.predict(pd.DataFrame({"item": ["4"], "label": [1]}))
     assert "rename" not in str(caught.value)
+
+
+def test_recommend_refuses_a_k_that_is_no_count_of_items(made):
+    """`recommend(rows, k)` with k=-1, 2.5, True or None raised torch's topk errors (naming no k), and
+    k=0 returned empty lists; now each is one ValueError naming k, and numpy's integers count."""
+    model = load_model(made / "pkg")
+    for k in (0, -1, 2.5, True, None, "3"):
+        with pytest.raises(ValueError, match=r"^k must be a whole number of items, at least 1, not "):
+            model.recommend(USERS, k)
+    assert model.recommend(USERS, np.int64(3))["items"].map(len).tolist() == [3] * len(USERS)
