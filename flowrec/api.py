@@ -68,6 +68,16 @@ class Run:
     result: TrainResult | None
     trained: Any = field(repr=False)
 
+    def __repr__(self) -> str:
+        """One line a notebook can show: the spec's name, the folder, the steps and the final metrics
+        (the dataclass's repr printed the whole spec and training result, thousands of characters)."""
+        folder = str(self.run_dir) if self.run_dir is not None else None
+        if self.result is None:  # a loaded run: its checkpoint's step (its metrics are read from its folder)
+            return f"Run({self.spec.name!r}, run_dir={folder!r}, step={getattr(self.trained, 'step', None)})"
+        shown = {head: {name: round(value, 4) if isinstance(value, float) else value for name, value in values.items()}
+                 for head, values in self.result.eval.items()}
+        return f"Run({self.spec.name!r}, run_dir={folder!r}, steps={self.result.steps}, metrics={shown})"
+
     @property
     def metrics(self) -> Metrics:
         """The final evaluation per head (empty when the run had no evaluation set); of a loaded

@@ -66,6 +66,12 @@ class LoadedModel:
     first_zero_query: int | None = None  # the first such row, counted over every `recommend` call
     _recommended: int = 0  # rows `recommend` has scored (for first_zero_query)
 
+    def __repr__(self) -> str:
+        """One line a notebook can show: the package, its spec's name, heads and the raw columns
+        `predict` reads (the dataclass's repr printed the spec, manifest and program, 6,000+ characters)."""
+        return (f"LoadedModel({str(self.path)!r}, spec={self.spec.name!r}, heads={self.heads}, "
+                f"columns={self.raw_columns()}{', retrieval' if self.items is not None else ''})")
+
     @property
     def heads(self) -> list[str]:
         return [h.name for h in self.spec.heads]

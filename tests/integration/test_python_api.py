@@ -136,3 +136,17 @@ def test_a_callback_returning_numpys_true_stops_the_run(tmp_path: Path) -> None:
 
     run = flowrec.train(spec, out=None, rows=1000, max_steps=6, on_step=on_step)
     assert run.result.steps == 2 and run.result.stop_requested and len(losses) == 2
+
+
+def test_a_run_shows_in_one_short_line(tmp_path: Path) -> None:
+    """A notebook cell ending in `run` (or `flowrec.load(...)`) printed the dataclass's repr: the whole
+    spec and training result, thousands of characters; now one line with the spec's name, folder,
+    steps and final metrics."""
+    spec = tmp_path / "s.yaml"
+    spec.write_text((DOC.read_text().split('Path("tiny.yaml").write_text("""')[1]).split('""")')[0])
+    run = flowrec.train(spec, out=tmp_path / "run", rows=500, max_steps=2)
+    shown = repr(run)
+    assert "\n" not in shown and len(shown) < 300, shown
+    assert re.fullmatch(rf"Run\('tiny', run_dir={re.escape(repr(str(tmp_path / 'run')))}, steps=2, "
+                        r"metrics=\{'click': \{'auc': 0\.\d{1,4}, .*'samples': 100\}\}\)", shown), shown
+    assert repr(flowrec.load(tmp_path / "run")) == f"Run('tiny', run_dir={str(tmp_path / 'run')!r}, step=2)"

@@ -475,3 +475,11 @@ def test_recommend_refuses_a_k_that_is_no_count_of_items(made):
         with pytest.raises(ValueError, match=r"^k must be a whole number of items, at least 1, not "):
             model.recommend(USERS, k)
     assert model.recommend(USERS, np.int64(3))["items"].map(len).tolist() == [3] * len(USERS)
+
+
+def test_a_loaded_model_shows_in_one_short_line(managed_pkg, made):
+    """A notebook cell ending in `model` printed the dataclass's repr (spec, manifest, encoder and
+    program: 6,000+ characters); now the package, spec, heads and the raw columns predict reads."""
+    assert repr(load_model(managed_pkg)) == (f"LoadedModel({str(managed_pkg)!r}, spec='hostile_managed', "
+                                             "heads=['ctr'], columns=['user', 'item'])")
+    assert repr(load_model(made / "pkg")).endswith("heads=['retrieve'], columns=['user_id'], retrieval)")
