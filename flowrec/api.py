@@ -178,6 +178,8 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
         flowrec.runtime.rundir.RunFolderError: `out` is in use, holds a run, or is not a run folder.
         flowrec.data.layout.DataError: the data does not fit the spec.
         flowrec.runtime.nonfinite.TrainingStopped: a non-finite loss stopped training.
+        KeyboardInterrupt: Ctrl-C or SIGTERM stopped training; its checkpoint is saved in `out`
+            (the message says how to load and continue it).
         flowrec.runs.errors.RunError: an argument of the wrong kind or out of range (epochs=0, seed=-1,
             a callback that is not callable), or the device, the plan or the memory of this machine
             cannot run it.
@@ -244,7 +246,25 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
         forget_kept_sample()  # a run that stopped before its hot set was chosen holds no sample
         if lock is not None:  # a refused run leaves no folder it made, an empty one empty (as `flowrec train`)
             lock.release_as_found(found, refused)
+    if result.interrupted:  # Ctrl-C (a notebook's interrupt) or SIGTERM: checkpointed, then stops the caller
+        # too, as `flowrec train` exits 130 (returning, it let a loop of runs or the cell's next lines go on)
+        raise KeyboardInterrupt(_interrupted_line(result.steps, spec, folder))
     return Run(session.spec, folder, result, Trained(session.spec, session.model, session.plan))
+
+
+def _interrupted_line(step: int, spec: str | Path | ModelSpec, folder: Path | None) -> str:
+    """What a `KeyboardInterrupt` out of `train` says: where the run stopped and how to go on.
+
+    >>> _interrupted_line(5, "tiny.yaml", Path("runs/tiny"))
+    "training interrupted after step 5; its checkpoint is in runs/tiny: flowrec.load('runs/tiny') scores it, `flowrec train tiny.yaml --resume runs/tiny` continues it"
+    """
+    import shlex
+
+    if folder is None:
+        return f"training interrupted after step {step} (out=None: nothing was kept)"
+    given = shlex.quote(str(spec)) if not isinstance(spec, ModelSpec) else "SPEC"
+    return (f"training interrupted after step {step}; its checkpoint is in {folder}: flowrec.load({str(folder)!r}) "
+            f"scores it, `flowrec train {given} --resume {shlex.quote(str(folder))}` continues it")
 
 
 def _check_kinds(**arguments: tuple[Any, str]) -> None:

@@ -150,3 +150,28 @@ def test_a_run_shows_in_one_short_line(tmp_path: Path) -> None:
     assert re.fullmatch(rf"Run\('tiny', run_dir={re.escape(repr(str(tmp_path / 'run')))}, steps=2, "
                         r"metrics=\{'click': \{'auc': 0\.\d{1,4}, .*'samples': 100\}\}\)", shown), shown
     assert repr(flowrec.load(tmp_path / "run")) == f"Run('tiny', run_dir={str(tmp_path / 'run')!r}, step=2)"
+
+
+def test_ctrl_c_saves_a_checkpoint_then_stops_the_caller(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C (a notebook's interrupt) or SIGTERM in `flowrec.train` checkpointed and returned as if
+    the run had ended: a loop of runs went on to the next and a cell's next lines ran. Now, once the
+    checkpoint is saved, it raises KeyboardInterrupt saying how to load and continue the run."""
+    import signal
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text((DOC.read_text().split('Path("tiny.yaml").write_text("""')[1]).split('""")')[0])
+    monkeypatch.chdir(tmp_path)
+
+    def on_step(event: flowrec.StepEvent) -> None:
+        if event.step == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    started = []
+    with pytest.raises(KeyboardInterrupt) as caught:
+        for seed in (1, 2):  # a sweep: Ctrl-C ends it, not only its first run
+            started.append(seed)
+            flowrec.train("s.yaml", out=f"run{seed}", rows=1000, max_steps=6, seed=seed, on_step=on_step)
+    assert started == [1]
+    assert str(caught.value) == ("training interrupted after step 2; its checkpoint is in run1: flowrec.load('run1') "
+                                 "scores it, `flowrec train s.yaml --resume run1` continues it")
+    assert repr(flowrec.load("run1")) == "Run('tiny', run_dir='run1', step=2)"
