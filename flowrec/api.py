@@ -116,7 +116,7 @@ class Run:
             if self.run_dir is None:
                 raise DataError("this run has no run folder (out=None), so it recorded no evaluation data: give data=")
             data = eval_data_to_score(self.run_dir, "data=")
-        return self.trained.evaluate_dataset(Path(data), group_by or self.spec.training.eval_group_by)
+        return self.trained.evaluate_dataset(Path(data).expanduser(), group_by or self.spec.training.eval_group_by)
 
 
 def load(run_dir: str | Path, device: str = "auto") -> Run:
@@ -135,8 +135,9 @@ def load(run_dir: str | Path, device: str = "auto") -> Run:
                  device=(device, "a device name (auto, cpu, cuda)"))
     _check_device(device)
 
-    trained = load_trained(Path(run_dir), device, scoring_plan)
-    folder = run_folder_of(Path(run_dir))  # RUN/best's history and evaluation data are its run's
+    run_dir = Path(run_dir).expanduser()  # '~/runs/x' as pandas reads it (it was ./~/runs/x)
+    trained = load_trained(run_dir, device, scoring_plan)
+    folder = run_folder_of(run_dir)  # RUN/best's history and evaluation data are its run's
     return Run(trained.spec, folder, None, trained)
 
 
@@ -207,9 +208,9 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
                      device_budget=device_budget)
     if isinstance(spec, ModelSpec):
         _check_model_spec(spec)
-    spec_path = Path(spec) if not isinstance(spec, ModelSpec) else Path.cwd() / f"{spec.name}.yaml"
+    spec_path = Path(spec).expanduser() if not isinstance(spec, ModelSpec) else Path.cwd() / f"{spec.name}.yaml"
     model_spec = resolve_custom(load_spec(spec_path) if not isinstance(spec, ModelSpec) else spec)
-    folder = Path(out) if out is not None else None
+    folder = Path(out).expanduser() if out is not None else None  # '~/runs/x' made a folder named ~ here
     given = {"data": _text(data), "eval_data": _text(eval_data), "rows": _whole(rows), "seed": _whole(seed),
              "device": device, "device_budget": device_budget, "epochs": _whole(epochs),
              "max_steps": _whole(max_steps), "eval_every": _whole(eval_every),
@@ -384,7 +385,8 @@ def _whole(value: Any) -> Any:
 
 
 def _text(value: str | Path | None) -> str | None:
-    return str(value) if value is not None else None
+    """A path argument as run.json records it, '~' expanded (as pandas does; the shell does it for the CLI)."""
+    return str(Path(value).expanduser()) if value is not None else None
 
 
 def _hooks(trainer: Any, on_step: Callback | None, on_eval: Callback | None,

@@ -217,7 +217,7 @@ def load_model(path: str | Path) -> LoadedModel:
     Raises:
         ValueError: `path` is not a package, or a part of it is missing, damaged, changed or refused (one line).
     """
-    path = Path(path)
+    path = Path(path).expanduser()  # '~/pkg' as pandas reads it (the shell expands it for the CLI)
     manifest = read_manifest(path)
     try:
         verify_files(path, manifest, [MODEL_FILE, SPEC_FILE, ENCODER_FILE, PLAN_FILE])  # every listed file, once

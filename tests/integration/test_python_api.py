@@ -175,3 +175,25 @@ def test_ctrl_c_saves_a_checkpoint_then_stops_the_caller(tmp_path: Path, monkeyp
     assert str(caught.value) == ("training interrupted after step 2; its checkpoint is in run1: flowrec.load('run1') "
                                  "scores it, `flowrec train s.yaml --resume run1` continues it")
     assert repr(flowrec.load("run1")) == "Run('tiny', run_dir='run1', step=2)"
+
+
+def test_paths_under_the_home_folder_are_expanded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`flowrec.train("~/s.yaml", out="~/runs/a")` read the spec from ./~ and would have made a folder
+    named '~' in the working folder (pandas expands '~', the shell does it for the CLI); now the
+    API's paths are expanded as pandas' are, and run.json records the data there."""
+    import json
+    import subprocess
+    import sys
+
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    (home / "s.yaml").write_text((DOC.read_text().split('Path("tiny.yaml").write_text("""')[1]).split('""")')[0])
+    subprocess.run([sys.executable, "-m", "flowrec", "data", "synth", str(home / "s.yaml"), "--rows", "300", "--out",
+                    str(home / "d"), "-q"], check=True, timeout=300)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    run = flowrec.train("~/s.yaml", data="~/d", eval_data="~/d", out="~/runs/a", max_steps=1)
+    assert (home / "runs" / "a" / "checkpoint.pt").is_file() and not any(work.iterdir())
+    assert json.loads((home / "runs" / "a" / "run.json").read_text())["data"] == str(home / "d")
+    assert flowrec.load("~/runs/a").evaluate("~/d")["click"]["samples"] == run.metrics["click"]["samples"] == 300

@@ -483,3 +483,10 @@ def test_a_loaded_model_shows_in_one_short_line(managed_pkg, made):
     assert repr(load_model(managed_pkg)) == (f"LoadedModel({str(managed_pkg)!r}, spec='hostile_managed', "
                                              "heads=['ctr'], columns=['user', 'item'])")
     assert repr(load_model(made / "pkg")).endswith("heads=['retrieve'], columns=['user_id'], retrieval)")
+
+
+def test_a_package_under_the_home_folder_loads_by_its_tilde_path(managed_pkg, monkeypatch):
+    """`load_model("~/pkg")` said '~/pkg is not a flowrec model package (no readable manifest.json)'
+    for a package that is there (pandas expands '~'); now it loads."""
+    monkeypatch.setenv("HOME", str(managed_pkg.parent))
+    assert load_model("~/pkg").path == managed_pkg
