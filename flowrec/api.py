@@ -228,8 +228,9 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
                                  data=settings["data"], epochs=settings.get("epochs"),
                                  max_steps=settings.get("max_steps"), progress=reading_bar(progress))
         session = start_session(model_spec, spec_path, settings, folder, plan, dev)
+        # the returned Run scores only data of this encoder, as a loaded one (it scored any, silently)
+        encoder = record_encoder(session, folder, False, None)
         if folder is not None:
-            record_encoder(session, folder, False, None)
             clear_run_files(folder)
         trainer = Trainer(session.spec, session.plan, session.model, train_config(settings, folder, progress),
                           plan_json(session.plan))
@@ -250,7 +251,7 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
     if result.interrupted:  # Ctrl-C (a notebook's interrupt) or SIGTERM: checkpointed, then stops the caller
         # too, as `flowrec train` exits 130 (returning, it let a loop of runs or the cell's next lines go on)
         raise KeyboardInterrupt(_interrupted_line(result.steps, spec, folder))
-    return Run(session.spec, folder, result, Trained(session.spec, session.model, session.plan))
+    return Run(session.spec, folder, result, Trained(session.spec, session.model, session.plan, encoder, result.steps))
 
 
 def _interrupted_line(step: int, spec: str | Path | ModelSpec, folder: Path | None) -> str:

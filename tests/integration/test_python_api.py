@@ -197,3 +197,28 @@ def test_paths_under_the_home_folder_are_expanded(tmp_path: Path, monkeypatch: p
     assert (home / "runs" / "a" / "checkpoint.pt").is_file() and not any(work.iterdir())
     assert json.loads((home / "runs" / "a" / "run.json").read_text())["data"] == str(home / "d")
     assert flowrec.load("~/runs/a").evaluate("~/d")["click"]["samples"] == run.metrics["click"]["samples"] == 300
+
+
+def test_a_trained_run_scores_only_data_of_its_encoder_as_a_loaded_one(tmp_path: Path) -> None:
+    """The Run `flowrec.train` returned evaluated data of another encoder without a word (wrong
+    metrics: its ids mean other rows), where `flowrec.load(RUN).evaluate` refuses it, and
+    `flowrec.train(out=None)` trained with such `eval_data` unchecked; now both are its DataError."""
+    import subprocess
+    import sys
+
+    from flowrec.data.layout import DataError
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text((DOC.read_text().split('Path("tiny.yaml").write_text("""')[1]).split('""")')[0])
+    (tmp_path / "raw.csv").write_text("price,user_id,item_id,label\n" + "".join(
+        f"{i % 13}.5,u{i % 7},i{i % 11},{i % 2}\n" for i in range(300)))
+    for args in (["data", "synth", str(spec), "--rows", "300", "--out", str(tmp_path / "synth")],
+                 ["data", "convert", "csv", str(tmp_path / "raw.csv"), str(tmp_path / "raw"), "--spec", str(spec)]):
+        subprocess.run([sys.executable, "-m", "flowrec", *args, "-q"], check=True, timeout=300)
+    for out in (tmp_path / "run", None):
+        run = flowrec.train(spec, rows=500, max_steps=2, out=out)
+        assert run.evaluate(tmp_path / "synth")["click"]["samples"] == 300  # synthetic rows: its own kind
+        with pytest.raises(DataError, match="trained on synthetic rows"):
+            run.evaluate(tmp_path / "raw")
+    with pytest.raises(DataError, match="raw was encoded with another encoder|trained on synthetic rows"):
+        flowrec.train(spec, data=tmp_path / "synth", eval_data=tmp_path / "raw", max_steps=2, out=None)
