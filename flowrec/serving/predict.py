@@ -371,10 +371,30 @@ def raw_table(table: pa.Table | pd.DataFrame) -> pa.Table:
     try:
         return pa.Table.from_pandas(table, preserve_index=False)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
-        raise DataError(f"the rows cannot be read: {'; '.join(map(str, exc.args))}") from None
+        raise DataError(f"the rows cannot be read: {'; '.join(map(str, exc.args))}{mixed_hint(table)}") from None
     except OverflowError:  # a Python int beyond 64 bits
         raise DataError("the rows cannot be read: a column holds an integer beyond 64 bits; dense values "
                         "must be finite float32 numbers, ids at most 64-bit integers") from None
+
+
+def mixed_hint(frame: pd.DataFrame) -> str:
+    """How to mend the first object column mixing text and numbers (after a `concat`, say), which Arrow
+    cannot read, or "": `.astype("string")`, which keeps a missing value missing, where `.astype(str)`
+    made NaN the id 'nan'.
+
+    >>> print(mixed_hint(pd.DataFrame({"a": [1.5, 2.0], "user": [1, "u2"]})))
+     (column user mixes text and numbers: make it text with .astype("string"), which keeps missing values missing; not .astype(str), which makes them the text 'nan')
+    >>> mixed_hint(pd.DataFrame({"user": ["u1", None]}))
+    ''
+    """
+    for name in frame.columns:
+        column = frame[name]
+        if column.dtype == object:
+            kinds = {type(v) for v in column.dropna()}
+            if any(issubclass(k, str) for k in kinds) and any(issubclass(k, numbers.Number) for k in kinds):
+                return (f" (column {name} mixes text and numbers: make it text with .astype(\"string\"), which keeps "
+                        "missing values missing; not .astype(str), which makes them the text 'nan')")
+    return ""
 
 
 def check_finite(column: pa.ChunkedArray | pa.Array, name: str) -> None:

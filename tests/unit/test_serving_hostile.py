@@ -490,3 +490,17 @@ def test_a_package_under_the_home_folder_loads_by_its_tilde_path(managed_pkg, mo
     for a package that is there (pandas expands '~'); now it loads."""
     monkeypatch.setenv("HOME", str(managed_pkg.parent))
     assert load_model("~/pkg").path == managed_pkg
+
+
+def test_an_id_column_mixing_text_and_numbers_names_a_mend_that_keeps_missing_values(managed_pkg):
+    """An object column of ints and text (a `concat` of frames) was Arrow's 'Expected bytes, got a
+    'int' object'; the line now names `.astype("string")`, which scores as the ids' text does and
+    keeps a missing id missing (`.astype(str)` made it the id 'nan')."""
+    model = load_model(managed_pkg)
+    mixed = pd.DataFrame({"user": [1, "2", None], "item": ["4", "5", "6"]})
+    with pytest.raises(DataError, match=r"column user mixes text and numbers: make it text with "
+                                        r"\.astype\(\"string\"\), which keeps missing values missing"):
+        model.predict(mixed)
+    mended = model.predict(mixed.assign(user=mixed["user"].astype("string")))["ctr"].to_numpy()
+    text = model.predict(pd.DataFrame({"user": ["1", "2", None], "item": ["4", "5", "6"]}))["ctr"].to_numpy()
+    assert np.array_equal(mended, text)
