@@ -401,7 +401,10 @@ def check_finite(column: pa.ChunkedArray | pa.Array, name: str) -> None:
     """Raise DataError naming the first row whose dense value is infinite or beyond float32, as CSV
     input refuses them (null and NaN are missing values, filled, as CSV's empty and `nan` are). An
     integer beyond 2**53 is a number, rounded to float64 as CSV reads it (a safe cast refused it as
-    "not numbers")."""
+    "not numbers"). pandas' periods are no numbers either, as its datetimes are not (their Arrow
+    extension type cast to its storage's day counts, scored without a word)."""
+    if isinstance(column.type, pa.ExtensionType):
+        raise DataError(f"column {name} holds values that are not numbers (type {column.type})")
     try:
         values = pa.chunked_array([column]) if isinstance(column, pa.Array) else column
         x = pc.cast(values, pa.float64(), safe=False).to_numpy(zero_copy_only=False)

@@ -118,3 +118,17 @@ def test_a_dense_integer_beyond_2_53_is_a_number_as_csv_reads_it() -> None:
         assert values.tolist() == [1.0, float(column[1].as_py())]
     with pytest.raises(DataError, match="not numbers"):
         check_finite(pa.array(["1", "x"]), "d1")
+
+
+def test_a_dense_column_of_pandas_periods_is_no_numbers_as_datetimes_are_not() -> None:
+    """`model.predict(df)` with a pd.Period column for a dense feature scored each period's day count
+    without a word (Arrow's pandas.period extension casts to its int64 storage), where datetimes are
+    refused as not numbers; now periods (and intervals, any extension type) are refused alike."""
+    import pandas as pd
+
+    from flowrec.serving.predict import check_finite, raw_table
+
+    for values in (pd.period_range("2024-01", periods=2, freq="M"), pd.interval_range(0, 2),
+                   pd.date_range("2024-01-01", periods=2)):
+        with pytest.raises(DataError, match=r"column d1 holds values that are not numbers \(type "):
+            check_finite(raw_table(pd.DataFrame({"d1": values})).column("d1"), "d1")
