@@ -159,7 +159,7 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
         out: run folder (checkpoint.pt, metrics.jsonl, best/, TensorBoard); None writes no run
             folder (raw data bound in the spec is still encoded into runs/<spec name>/data, as
             `flowrec train` encodes it for its default folder; once: a call started meanwhile
-            waits for it, then reuses it).
+            waits for it, then reuses it; after the raw files changed, a DataError says to remove it).
             A folder holding a run needs `overwrite=True`; `flowrec train SPEC --resume OUT`
             continues a run started here.
         overwrite: replace the run in `out`.

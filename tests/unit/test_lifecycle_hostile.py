@@ -673,6 +673,30 @@ def test_bound_data_is_encoded_once_by_two_runs_started_together(tmp_path: Path,
     assert len(calls) == 1 and again.result.steps == 1
 
 
+def test_bound_data_changed_since_it_was_encoded_is_not_reused_without_a_word(tmp_path: Path, monkeypatch) -> None:
+    """`flowrec.train(out=None)` reuses runs/<name>/data, the spec's raw data encoded by an earlier
+    call: after the raw file changed (rows added, fixed) it trained on the old rows without a word.
+    Now that reuse is one line saying how to encode it again; unchanged files are still reused, and
+    a run folder's own data stays its data (a resumed run continues on what it trained on)."""
+    import os
+
+    from flowrec.runtime.session import bound_dataset
+
+    spec_path = _bound_csv_spec(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    spec = load_spec(spec_path)
+    first = bound_dataset(spec, spec_path, None, lambda _: None)
+    assert bound_dataset(spec, spec_path, None, lambda _: None) == first  # unchanged: reused
+    run_data = bound_dataset(spec, spec_path, tmp_path / "run", lambda _: None)
+    raw = tmp_path / "raw.csv"
+    raw.write_text(raw.read_text() + "1.5,u1,,i1,1\n")
+    os.utime(raw, ns=(raw.stat().st_atime_ns, raw.stat().st_mtime_ns + 10**9))  # (a coarse file clock)
+    with pytest.raises(DataError, match=r"runs/tiny_managed/data holds .*raw\.csv encoded before the file changed"
+                                        r".*remove runs/tiny_managed/data to encode it again"):
+        bound_dataset(spec, spec_path, None, lambda _: None)
+    assert bound_dataset(spec, spec_path, tmp_path / "run", lambda _: None) == run_data
+
+
 def test_data_naming_a_file_says_it_is_a_file_not_a_dataset_folder(spec: Path, tmp_path: Path) -> None:
     """A raw file given where a dataset folder goes: one line saying what it is (CLI exit 2, a
     DataError from the API), not "directory not found"; nothing written."""
