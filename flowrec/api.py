@@ -393,6 +393,9 @@ def _text(value: str | Path | None) -> str | None:
 def _hooks(trainer: Any, on_step: Callback | None, on_eval: Callback | None,
            on_checkpoint: Callback | None) -> Hooks:
     """Trainer hooks calling the user's callbacks with events; True (or np.True_) from one requests a stop."""
+    import copy
+    from dataclasses import replace
+
     import numpy as np
 
     def stop_if(answer: Any) -> None:
@@ -404,7 +407,9 @@ def _hooks(trainer: Any, on_step: Callback | None, on_eval: Callback | None,
         stop_if(on_step(StepEvent(pos.step, pos.epoch, pos.samples, loss)))
 
     def evaluation(event: EvalEvent) -> None:
-        stop_if(on_eval(event))
+        # the callback's own copy of the metrics: one that rounded or popped them changed the run's
+        # final metrics and the final record of metrics.jsonl (the trainer's dict, shared)
+        stop_if(on_eval(replace(event, metrics=copy.deepcopy(event.metrics))))
 
     def checkpoint(at: int, path: Path) -> None:
         stop_if(on_checkpoint(CheckpointEvent(at, path)))

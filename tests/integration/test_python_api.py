@@ -222,3 +222,20 @@ def test_a_trained_run_scores_only_data_of_its_encoder_as_a_loaded_one(tmp_path:
             run.evaluate(tmp_path / "raw")
     with pytest.raises(DataError, match="raw was encoded with another encoder|trained on synthetic rows"):
         flowrec.train(spec, data=tmp_path / "synth", eval_data=tmp_path / "raw", max_steps=2, out=None)
+
+
+def test_a_callback_changing_its_events_metrics_changes_nothing_of_the_run(tmp_path: Path) -> None:
+    """EvalEvent is frozen, but its metrics were the trainer's own dict: an on_eval that rounded or
+    popped them changed run.metrics and the final record of metrics.jsonl; now it gets a copy."""
+    spec = tmp_path / "s.yaml"
+    spec.write_text((DOC.read_text().split('Path("tiny.yaml").write_text("""')[1]).split('""")')[0])
+
+    def on_eval(event) -> None:
+        event.metrics["click"].pop("samples")
+        event.metrics["click"]["auc"] = -1.0
+
+    run = flowrec.train(spec, out=tmp_path / "run", rows=500, max_steps=2, eval_every=2, on_eval=on_eval)
+    evals = [r for r in run.history if r["event"] == "eval"]
+    assert [r["final"] for r in evals] == [False, True]
+    for metrics in (run.metrics, *(r["metrics"] for r in evals)):
+        assert metrics["click"]["samples"] == 100 and 0 <= metrics["click"]["auc"] <= 1, metrics
