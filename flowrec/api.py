@@ -303,12 +303,16 @@ def _check_arguments(**arguments: Any) -> None:
     """Refuse an argument of the wrong kind before anything is read or written (a `RunError`, one
     line naming it): paths are str or os.PathLike, callbacks callable, switches bool."""
     import os
+    from collections.abc import Mapping
 
     from flowrec.runs.errors import RunError
 
     def refuse(name: str, wanted: str) -> None:
         raise RunError(f"{name} must be {wanted}, not {_shown(arguments[name])}")
 
+    if isinstance(arguments["spec"], Mapping):  # its repr, cut at 80 characters, named no way to a ModelSpec
+        raise RunError("spec must be a spec file path or a ModelSpec, not a dict: flowrec.spec.spec_from_dict(spec) "
+                       "makes a ModelSpec of it (checked as a spec file is)")
     if not isinstance(arguments["spec"], (str, os.PathLike, ModelSpec)):
         refuse("spec", "a spec file path or a ModelSpec")
     if isinstance(arguments["spec"], str) and "\n" in arguments["spec"]:  # was "cannot read the file: File name too long"

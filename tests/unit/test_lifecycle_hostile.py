@@ -103,6 +103,22 @@ def test_train_refuses_a_spec_of_the_wrong_kind(tmp_path: Path) -> None:
     assert "\n" not in str(caught.value) and not (tmp_path / "run").exists()
 
 
+def test_a_spec_given_as_a_dict_names_the_way_to_a_model_spec(tmp_path: Path) -> None:
+    """`flowrec.train(yaml.safe_load(text))` said only 'not {'name': ..., 'features': [{'name': ...'
+    (its repr cut at 80 characters); now the line names flowrec.spec.spec_from_dict, which the run
+    then takes."""
+    import yaml
+
+    document = yaml.safe_load(run_spec("as_dict", batch_size=32, epochs=1))
+    with pytest.raises(RunError) as caught:
+        flowrec.train(document, out=tmp_path / "run")
+    assert str(caught.value) == ("spec must be a spec file path or a ModelSpec, not a dict: "
+                                 "flowrec.spec.spec_from_dict(spec) makes a ModelSpec of it (checked as a spec file is)")
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(RunError, match="device must be"):  # the named way gives a spec the run takes
+        flowrec.train(flowrec.spec.spec_from_dict(document), device="tpu", out=tmp_path / "run")
+
+
 def test_a_refused_run_leaves_no_folder_it_made(spec: Path, tmp_path: Path) -> None:
     with pytest.raises(DataError):
         flowrec.train(spec, data=tmp_path / "missing", out=tmp_path / "run", max_steps=1)
