@@ -368,6 +368,11 @@ def raw_table(table: pa.Table | pd.DataFrame) -> pa.Table:
     twice = table.columns[table.columns.duplicated()]
     if len(twice):  # which of the two is meant is unknowable (pyarrow's ValueError named no way out)
         raise DataError(f"the rows name column {twice[0]!r} twice: drop or rename one")
+    sparse = [i for i, kind in enumerate(table.dtypes) if isinstance(kind, pd.SparseDtype)]
+    if sparse:  # pd.get_dummies(sparse=True)'s columns: Arrow refused them ("Sparse pandas data not supported")
+        table = table.copy()
+        for i in sparse:
+            table.isetitem(i, table.iloc[:, i].sparse.to_dense())
     try:
         return pa.Table.from_pandas(table, preserve_index=False)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:

@@ -120,6 +120,19 @@ def test_a_dense_integer_beyond_2_53_is_a_number_as_csv_reads_it() -> None:
         check_finite(pa.array(["1", "x"]), "d1")
 
 
+def test_sparse_pandas_columns_are_read_as_their_values() -> None:
+    """`model.predict(df)` with a sparse column (`pd.get_dummies(..., sparse=True)`) raised Arrow's
+    TypeError 'Sparse pandas data (column d1) not supported'; now it is read as its values."""
+    import pandas as pd
+
+    from flowrec.serving.predict import raw_table
+
+    dense = pd.DataFrame({"d1": [0.0, 1.5, 0.0], "user": ["a", "b", "c"]})
+    sparse = dense.assign(d1=pd.arrays.SparseArray(dense["d1"], fill_value=0.0))
+    assert raw_table(sparse).equals(raw_table(dense))
+    assert isinstance(sparse.dtypes["d1"], pd.SparseDtype)  # the caller's frame is left as it was
+
+
 def test_a_dense_column_of_pandas_periods_is_no_numbers_as_datetimes_are_not() -> None:
     """`model.predict(df)` with a pd.Period column for a dense feature scored each period's day count
     without a word (Arrow's pandas.period extension casts to its int64 storage), where datetimes are
