@@ -360,6 +360,10 @@ def raw_table(table: pa.Table | pd.DataFrame) -> pa.Table:
     """Raw rows as an Arrow table; a pandas column Arrow cannot read (lists mixed with text, ...) is
     a DataError naming it."""
     if isinstance(table, pa.Table):
+        names = table.column_names
+        twice = [name for i, name in enumerate(names) if name in names[:i]]
+        if twice:  # (Arrow allows it; reading the column was pyarrow's KeyError 'Field ... exists 2 times')
+            raise DataError(f"the rows name column {twice[0]!r} twice: drop or rename one")
         return table
     if not isinstance(table, pd.DataFrame):
         raise TypeError(f"the rows must be a pandas DataFrame or a pyarrow Table of raw columns, not "

@@ -120,6 +120,17 @@ def test_a_dense_integer_beyond_2_53_is_a_number_as_csv_reads_it() -> None:
         check_finite(pa.array(["1", "x"]), "d1")
 
 
+def test_an_arrow_table_naming_a_column_twice_is_one_line_as_a_frame_is() -> None:
+    """A pyarrow Table may name a column twice (`append_column` of an existing name): predict raised
+    pyarrow's KeyError 'Field "user" exists 2 times in schema'; now the DataFrame's one line."""
+    from flowrec.serving.predict import raw_table
+
+    table = pa.table({"user": ["a"], "d1": [1.0]}).append_column("user", pa.array(["b"]))
+    with pytest.raises(DataError, match=r"^the rows name column 'user' twice: drop or rename one$"):
+        raw_table(table)
+    assert raw_table(table.select([0, 1])).column_names == ["user", "d1"]  # named once: read as given
+
+
 def test_sparse_pandas_columns_are_read_as_their_values() -> None:
     """`model.predict(df)` with a sparse column (`pd.get_dummies(..., sparse=True)`) raised Arrow's
     TypeError 'Sparse pandas data (column d1) not supported'; now it is read as its values."""
