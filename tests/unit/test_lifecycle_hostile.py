@@ -92,6 +92,14 @@ def test_every_callback_event_of_the_docs_is_a_name_of_flowrec() -> None:
     assert flowrec.StepEvent.__name__ == "StepEvent" and flowrec.CheckpointEvent.__name__ == "CheckpointEvent"
 
 
+def test_the_api_names_are_in_dir_of_flowrec_for_a_notebooks_completion() -> None:
+    """IPython completes `flowrec.<Tab>` from dir(flowrec), which listed load_model but not train,
+    load, Run or the events (they load on first use through the module's __getattr__)."""
+    names = dir(flowrec)
+    assert set(flowrec.__all__) <= set(names) and {"train", "load", "Run", "StepEvent"} <= set(names)
+    assert names == sorted(names) and "load_model" in names
+
+
 def test_train_refuses_a_spec_of_the_wrong_kind(tmp_path: Path) -> None:
     with pytest.raises(RunError, match="spec must be a spec file path or a ModelSpec"):
         flowrec.train(3, out=tmp_path / "run")
