@@ -29,6 +29,12 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'flowrec' has no attribute {name!r}")
 
 
+def __dir__() -> list[str]:
+    """The module's names with the API's, which load on first use: a notebook's completion of
+    `flowrec.` reads dir(), which offered load_model alone (not train, load or Run)."""
+    return sorted({*globals(), *__all__})
+
+
 def load_model(path):
     """Load a model package written by `flowrec export` for scoring raw rows.
 

@@ -49,7 +49,7 @@ class CheckpointEvent:
     path: Path
 
 
-Callback = Callable[[Any], Union[bool, None]]  # return True to stop the run after this step
+Callback = Callable[[Any], Union[bool, None]]  # return True (or np.True_) to stop the run after this step
 
 
 @dataclass
@@ -67,6 +67,16 @@ class Run:
     run_dir: Path | None
     result: TrainResult | None
     trained: Any = field(repr=False)
+
+    def __repr__(self) -> str:
+        """One line a notebook can show: the spec's name, the folder, the steps and the final metrics
+        (the dataclass's repr printed the whole spec and training result, thousands of characters)."""
+        folder = str(self.run_dir) if self.run_dir is not None else None
+        if self.result is None:  # a loaded run: its checkpoint's step (its metrics are read from its folder)
+            return f"Run({self.spec.name!r}, run_dir={folder!r}, step={getattr(self.trained, 'step', None)})"
+        shown = {head: {name: round(value, 4) if isinstance(value, float) else value for name, value in values.items()}
+                 for head, values in self.result.eval.items()}
+        return f"Run({self.spec.name!r}, run_dir={folder!r}, steps={self.result.steps}, metrics={shown})"
 
     @property
     def metrics(self) -> Metrics:
@@ -106,7 +116,7 @@ class Run:
             if self.run_dir is None:
                 raise DataError("this run has no run folder (out=None), so it recorded no evaluation data: give data=")
             data = eval_data_to_score(self.run_dir, "data=")
-        return self.trained.evaluate_dataset(Path(data), group_by or self.spec.training.eval_group_by)
+        return self.trained.evaluate_dataset(Path(data).expanduser(), group_by or self.spec.training.eval_group_by)
 
 
 def load(run_dir: str | Path, device: str = "auto") -> Run:
@@ -114,21 +124,20 @@ def load(run_dir: str | Path, device: str = "auto") -> Run:
 
     Raises:
         flowrec.runtime.checkpoint.store.CheckpointError: a damaged or foreign checkpoint.
-        flowrec.runs.errors.RunError: `run_dir` not a path, or `device` not auto, cpu or cuda[:N].
+        flowrec.runs.errors.RunError: `run_dir` not a path, or `device` not auto, cpu or cuda[:N] (or cuda
+            on a machine without CUDA).
     """
     from flowrec.planner.contract import scoring_plan
-    from flowrec.runs.errors import RunError
     from flowrec.runtime.rundir import run_folder_of
-    from flowrec.runtime.session import device_problem
     from flowrec.serving.trained import load_trained
 
     _check_kinds(run_dir=(run_dir, "a run folder or checkpoint path (str or pathlib.Path)"),
                  device=(device, "a device name (auto, cpu, cuda)"))
-    if device_problem(device) is not None:  # was torch's RuntimeError naming the CLI's --device
-        raise RunError(f"device {device_problem(device)}")
+    _check_device(device)
 
-    trained = load_trained(Path(run_dir), device, scoring_plan)
-    folder = run_folder_of(Path(run_dir))  # RUN/best's history and evaluation data are its run's
+    run_dir = Path(run_dir).expanduser()  # '~/runs/x' as pandas reads it (it was ./~/runs/x)
+    trained = load_trained(run_dir, device, scoring_plan)
+    folder = run_folder_of(run_dir)  # RUN/best's history and evaluation data are its run's
     return Run(trained.spec, folder, None, trained)
 
 
@@ -150,7 +159,7 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
         out: run folder (checkpoint.pt, metrics.jsonl, best/, TensorBoard); None writes no run
             folder (raw data bound in the spec is still encoded into runs/<spec name>/data, as
             `flowrec train` encodes it for its default folder; once: a call started meanwhile
-            waits for it, then reuses it).
+            waits for it, then reuses it; after the raw files changed, a DataError says to remove it).
             A folder holding a run needs `overwrite=True`; `flowrec train SPEC --resume OUT`
             continues a run started here.
         overwrite: replace the run in `out`.
@@ -170,6 +179,8 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
         flowrec.runtime.rundir.RunFolderError: `out` is in use, holds a run, or is not a run folder.
         flowrec.data.layout.DataError: the data does not fit the spec.
         flowrec.runtime.nonfinite.TrainingStopped: a non-finite loss stopped training.
+        KeyboardInterrupt: Ctrl-C or SIGTERM stopped training; its checkpoint is saved in `out`
+            (the message says how to load and continue it).
         flowrec.runs.errors.RunError: an argument of the wrong kind or out of range (epochs=0, seed=-1,
             a callback that is not callable), or the device, the plan or the memory of this machine
             cannot run it.
@@ -197,12 +208,13 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
                      device_budget=device_budget)
     if isinstance(spec, ModelSpec):
         _check_model_spec(spec)
-    spec_path = Path(spec) if not isinstance(spec, ModelSpec) else Path.cwd() / f"{spec.name}.yaml"
+    spec_path = Path(spec).expanduser() if not isinstance(spec, ModelSpec) else Path.cwd() / f"{spec.name}.yaml"
     model_spec = resolve_custom(load_spec(spec_path) if not isinstance(spec, ModelSpec) else spec)
-    folder = Path(out) if out is not None else None
-    given = {"data": _text(data), "eval_data": _text(eval_data), "rows": rows, "seed": seed, "device": device,
-             "device_budget": device_budget, "epochs": epochs, "max_steps": max_steps, "eval_every": eval_every,
-             "checkpoint_every": checkpoint_every, "cache_data": cache_data}
+    folder = Path(out).expanduser() if out is not None else None  # '~/runs/x' made a folder named ~ here
+    given = {"data": _text(data), "eval_data": _text(eval_data), "rows": _whole(rows), "seed": _whole(seed),
+             "device": device, "device_budget": device_budget, "epochs": _whole(epochs),
+             "max_steps": _whole(max_steps), "eval_every": _whole(eval_every),
+             "checkpoint_every": _whole(checkpoint_every), "cache_data": cache_data}
     for key, value in given.items():
         problem = given_problem(key, value)
         if problem is not None:
@@ -216,8 +228,9 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
                                  data=settings["data"], epochs=settings.get("epochs"),
                                  max_steps=settings.get("max_steps"), progress=reading_bar(progress))
         session = start_session(model_spec, spec_path, settings, folder, plan, dev)
+        # the returned Run scores only data of this encoder, as a loaded one (it scored any, silently)
+        encoder = record_encoder(session, folder, False, None)
         if folder is not None:
-            record_encoder(session, folder, False, None)
             clear_run_files(folder)
         trainer = Trainer(session.spec, session.plan, session.model, train_config(settings, folder, progress),
                           plan_json(session.plan))
@@ -235,7 +248,25 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
         forget_kept_sample()  # a run that stopped before its hot set was chosen holds no sample
         if lock is not None:  # a refused run leaves no folder it made, an empty one empty (as `flowrec train`)
             lock.release_as_found(found, refused)
-    return Run(session.spec, folder, result, Trained(session.spec, session.model, session.plan))
+    if result.interrupted:  # Ctrl-C (a notebook's interrupt) or SIGTERM: checkpointed, then stops the caller
+        # too, as `flowrec train` exits 130 (returning, it let a loop of runs or the cell's next lines go on)
+        raise KeyboardInterrupt(_interrupted_line(result.steps, spec, folder))
+    return Run(session.spec, folder, result, Trained(session.spec, session.model, session.plan, encoder, result.steps))
+
+
+def _interrupted_line(step: int, spec: str | Path | ModelSpec, folder: Path | None) -> str:
+    """What a `KeyboardInterrupt` out of `train` says: where the run stopped and how to go on.
+
+    >>> _interrupted_line(5, "tiny.yaml", Path("runs/tiny"))
+    "training interrupted after step 5; its checkpoint is in runs/tiny: flowrec.load('runs/tiny') scores it, `flowrec train tiny.yaml --resume runs/tiny` continues it"
+    """
+    import shlex
+
+    if folder is None:
+        return f"training interrupted after step {step} (out=None: nothing was kept)"
+    given = shlex.quote(str(spec)) if not isinstance(spec, ModelSpec) else "SPEC"
+    return (f"training interrupted after step {step}; its checkpoint is in {folder}: flowrec.load({str(folder)!r}) "
+            f"scores it, `flowrec train {given} --resume {shlex.quote(str(folder))}` continues it")
 
 
 def _check_kinds(**arguments: tuple[Any, str]) -> None:
@@ -272,12 +303,16 @@ def _check_arguments(**arguments: Any) -> None:
     """Refuse an argument of the wrong kind before anything is read or written (a `RunError`, one
     line naming it): paths are str or os.PathLike, callbacks callable, switches bool."""
     import os
+    from collections.abc import Mapping
 
     from flowrec.runs.errors import RunError
 
     def refuse(name: str, wanted: str) -> None:
         raise RunError(f"{name} must be {wanted}, not {_shown(arguments[name])}")
 
+    if isinstance(arguments["spec"], Mapping):  # its repr, cut at 80 characters, named no way to a ModelSpec
+        raise RunError("spec must be a spec file path or a ModelSpec, not a dict: flowrec.spec.spec_from_dict(spec) "
+                       "makes a ModelSpec of it (checked as a spec file is)")
     if not isinstance(arguments["spec"], (str, os.PathLike, ModelSpec)):
         refuse("spec", "a spec file path or a ModelSpec")
     if isinstance(arguments["spec"], str) and "\n" in arguments["spec"]:  # was "cannot read the file: File name too long"
@@ -294,12 +329,26 @@ def _check_arguments(**arguments: Any) -> None:
             refuse(name, "True or False")
     if not isinstance(arguments["device"], str):
         refuse("device", "a device name (auto, cpu, cuda)")
-    from flowrec.runtime.session import device_problem
-
-    if device_problem(arguments["device"]) is not None:
-        raise RunError(f"device {device_problem(arguments['device'])}")
+    _check_device(arguments["device"])
     if arguments["device_budget"] is not None and not isinstance(arguments["device_budget"], str):
         refuse("device_budget", "a byte size such as '4GiB', or None")
+
+
+def _check_device(device: str) -> None:
+    """A `RunError` naming the argument for a device torch does not read (`device="tpu"`) or a
+    CUDA device on a machine without CUDA (they were torch's RuntimeError, and the session's
+    naming the CLI's `--device`)."""
+    import torch
+
+    from flowrec.runs.errors import RunError
+    from flowrec.runtime.session import device_problem
+
+    problem = device_problem(device)
+    if problem is not None:
+        raise RunError(f"device {problem}")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise RunError(f"device {device!r} was asked for, but CUDA is not available on this machine: "
+                       "give device=\"cpu\" (or \"auto\")")
 
 
 def _check_model_spec(spec: ModelSpec) -> None:
@@ -324,22 +373,47 @@ def _typed(exc: Any) -> BaseException:
     return exc.cause if exc.cause is not None else exc
 
 
+def _whole(value: Any) -> Any:
+    """A whole number of another integer type (numpy's `np.int64(3)`, from a frame's `len` or a
+    computation in a notebook) as a Python int, which run.json records; anything else unchanged, for
+    `given_problem` to judge (a bool stays one: it is refused).
+
+    >>> import numpy as np
+    >>> _whole(np.int64(3)), _whole(True), _whole(2.0)
+    (3, True, 2.0)
+    """
+    import numbers
+
+    if isinstance(value, numbers.Integral) and not isinstance(value, (bool, int)):
+        return int(value)
+    return value
+
+
 def _text(value: str | Path | None) -> str | None:
-    return str(value) if value is not None else None
+    """A path argument as run.json records it, '~' expanded (as pandas does; the shell does it for the CLI)."""
+    return str(Path(value).expanduser()) if value is not None else None
 
 
 def _hooks(trainer: Any, on_step: Callback | None, on_eval: Callback | None,
            on_checkpoint: Callback | None) -> Hooks:
-    """Trainer hooks calling the user's callbacks with events; True from one requests a stop."""
-    def stop_if(answer: bool | None) -> None:
-        if answer is True:
+    """Trainer hooks calling the user's callbacks with events; True (or np.True_) from one requests a stop."""
+    import copy
+    from dataclasses import replace
+
+    import numpy as np
+
+    def stop_if(answer: Any) -> None:
+        # True, or numpy's True (`return np.mean(losses[-10:]) < 0.3` gives np.True_, which `is True` missed)
+        if answer is True or (isinstance(answer, np.bool_) and bool(answer)):
             trainer.request_stop()
 
     def step(pos: Position, loss: float | None) -> None:
         stop_if(on_step(StepEvent(pos.step, pos.epoch, pos.samples, loss)))
 
     def evaluation(event: EvalEvent) -> None:
-        stop_if(on_eval(event))
+        # the callback's own copy of the metrics: one that rounded or popped them changed the run's
+        # final metrics and the final record of metrics.jsonl (the trainer's dict, shared)
+        stop_if(on_eval(replace(event, metrics=copy.deepcopy(event.metrics))))
 
     def checkpoint(at: int, path: Path) -> None:
         stop_if(on_checkpoint(CheckpointEvent(at, path)))

@@ -15,6 +15,7 @@ from flowrec.data.layout import DataError
 
 ErrorPolicy = Literal["skip", "fail"]
 KEPT_ERRORS = 50  # examples kept for the report; the count covers every error
+SKIP_HINT = "use --on-error skip to skip such rows"  # (`flowrec data convert`'s and `predict`'s option)
 
 
 @dataclass(frozen=True)
@@ -53,4 +54,4 @@ class ErrorLog:
         if len(self.examples) < KEPT_ERRORS:
             self.examples.append(err)
         if self.policy == "fail":
-            raise DataError(f"malformed row at {err}" + (" (use --on-error skip to skip such rows)" if skippable else ""))
+            raise DataError(f"malformed row at {err}" + (f" ({SKIP_HINT})" if skippable else ""))

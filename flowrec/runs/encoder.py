@@ -44,10 +44,7 @@ def adopt_encoder(spec: ModelSpec, folder: Path, train: Any, evaluation: Any | N
     Raises:
         DataError: one line naming the data and the first differing feature.
     """
-    record = _record_of(spec, train)
-    if evaluation is not None:
-        check_same_encoder(record, _record_of(spec, evaluation), f"evaluation data {_where(evaluation)}",
-                           extension=True)
+    record = data_encoder(spec, train, evaluation)
     target = Path(folder) / RUN_ENCODER_DIR
     if parent is not None:
         check_same_encoder(find_record(run_folder_of(parent)), record, f"training data {_where(train)}",
@@ -59,6 +56,16 @@ def adopt_encoder(spec: ModelSpec, folder: Path, train: Any, evaluation: Any | N
     shutil.rmtree(target, ignore_errors=True)
     write_record(record, target)  # encoder.json last: a killed write is written again on resume
     return read_record(target)
+
+
+def data_encoder(spec: ModelSpec, train: Any, evaluation: Any | None) -> EncoderRecord:
+    """The encoder of the training data (a run's, also one without a folder: `flowrec.train(out=None)`);
+    evaluation data of another encoder is a DataError (one line)."""
+    record = _record_of(spec, train)
+    if evaluation is not None:
+        check_same_encoder(record, _record_of(spec, evaluation), f"evaluation data {_where(evaluation)}",
+                           extension=True)
+    return record
 
 
 def _record_of(spec: ModelSpec, source: Any) -> EncoderRecord:

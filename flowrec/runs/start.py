@@ -17,11 +17,12 @@ from typing import Any, Callable
 import torch
 
 from flowrec.data.cores import local_ranks
+from flowrec.data.encoder_record import EncoderRecord
 from flowrec.data.hostmemory import available_memory_bytes
 from flowrec.data.layout import DataError
 from flowrec.graph.types import Plan
 from flowrec.planner.fit import host_fit, host_misfit, host_share, misfit
-from flowrec.runs.encoder import adopt_encoder
+from flowrec.runs.encoder import adopt_encoder, data_encoder
 from flowrec.runs.errors import EXIT_OUT_OF_MEMORY, RunError
 from flowrec.runs.settings import merge_settings
 from flowrec.runtime.messages import first_line, out_of_memory
@@ -115,12 +116,15 @@ def start_session(spec: ModelSpec, spec_path: Path, settings: dict[str, Any], fo
     return session
 
 
-def record_encoder(session: Session, folder: Path, resuming: bool, parent: str | Path | None) -> None:
-    """Record the run's encoder (its training data's) in the run folder; data of another encoder is
-    a `RunError` (the model is closed first)."""
+def record_encoder(session: Session, folder: Path | None, resuming: bool,
+                   parent: str | Path | None) -> EncoderRecord:
+    """Record the run's encoder (its training data's) in the run folder (none: `flowrec.train(out=None)`)
+    and return it; data of another encoder is a `RunError` (the model is closed first)."""
     try:
-        adopt_encoder(session.spec, folder, session.train, session.eval, resuming,
-                      Path(parent) if parent else None)
+        if folder is None:
+            return data_encoder(session.spec, session.train, session.eval)
+        return adopt_encoder(session.spec, folder, session.train, session.eval, resuming,
+                             Path(parent) if parent else None)
     except DataError as exc:
         session.model.close()
         raise RunError(str(exc), cause=exc) from None

@@ -12,6 +12,7 @@ Example:
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -23,6 +24,7 @@ from flowrec.data.dataset import MemorySource, ParquetSource, split_table
 from flowrec.data.layout import DataError, META_FILE, check_spec, read_meta
 from flowrec.graph.kinds import PLACEMENTS
 from flowrec.graph.types import Plan
+from flowrec.runtime.atomic import atomic_write
 from flowrec.runtime.lowering import GroupAllocationError, LoweredModel, lower
 from flowrec.spec.model import ModelSpec
 
@@ -212,6 +214,7 @@ def bound_dataset(spec: ModelSpec, spec_path: Path, workdir: Path | None,
     the folder it goes in (runs/<spec name> without a run folder), so two runs started together
     encode it once: the second waits, then reuses it (never a clash or a half-replaced folder)."""
     from flowrec.data.convert import convert
+    from flowrec.data.error_log import SKIP_HINT
     from flowrec.data.output import folder_locked
 
     assert spec.data is not None and spec.data.path is not None
@@ -226,14 +229,47 @@ def bound_dataset(spec: ModelSpec, spec_path: Path, workdir: Path | None,
         return (out / META_FILE).is_file() or (out / "train" / META_FILE).is_file()
 
     if encoded():
-        return out
+        return _unchanged_since(out, raw, workdir)
     with folder_locked(out.parent, lambda: status(f"waiting for another flowrec process encoding into {out}")):
         if encoded():  # it did, while this one waited
-            return out
+            return _unchanged_since(out, raw, workdir)
         status(f"encoding {spec.data.format} data from {raw} into {out}")
-        report = convert(spec, spec.data.format, [raw], out)
+        try:
+            report = convert(spec, spec.data.format, [raw], out)
+        except DataError as exc:  # `flowrec train` and `flowrec.train` have no --on-error of their own
+            shown = spec_path if spec_path.is_file() else "SPEC"
+            raise DataError(str(exc).replace(SKIP_HINT, (
+                f"to skip such rows, convert them with `flowrec data convert {spec.data.format} {raw} DIR --spec "
+                f"{shown} --on-error skip` and train on DIR: --data DIR, or data=DIR in Python"))) from None
+        atomic_write(out / RAW_STAMP, json.dumps(_raw_stamp(raw), sort_keys=True).encode())
         for line in report.warnings:
             status(f"warning: {line}")
+    return out
+
+
+RAW_STAMP = "_flowrec_raw.json"  # the bound raw files' sizes and times when they were encoded
+
+
+def _raw_stamp(raw: Path) -> dict[str, list[int]]:
+    """Size and modification time (ns) of each raw file (a folder's files: movielens)."""
+    files = [raw] if raw.is_file() else sorted(p for p in raw.rglob("*") if p.is_file())
+    return {str(p.relative_to(raw)) if p != raw else p.name: [p.stat().st_size, p.stat().st_mtime_ns]
+            for p in files}
+
+
+def _unchanged_since(out: Path, raw: Path, workdir: Path | None) -> Path:
+    """`out`, the encoding of the bound raw data reused, unless a run without a folder
+    (`flowrec.train(out=None)`) would reuse it after the raw files changed: it trained on the old
+    rows without a word. A run folder's own data stays its data (a resumed run continues on it)."""
+    stamp = out / RAW_STAMP
+    if workdir is None and stamp.is_file():
+        try:
+            changed = json.loads(stamp.read_text()) != _raw_stamp(raw)
+        except ValueError:  # a damaged stamp: the encoding cannot be told current
+            changed = True
+        if changed:
+            raise DataError(f"{out} holds {raw} encoded before the file changed (its size or time differ): remove "
+                            f"{out} to encode it again, or give out= a run folder (its data is encoded there)")
     return out
 
 

@@ -11,6 +11,7 @@ Example:
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,12 @@ class LoadedModel:
     first_zero_query: int | None = None  # the first such row, counted over every `recommend` call
     _recommended: int = 0  # rows `recommend` has scored (for first_zero_query)
 
+    def __repr__(self) -> str:
+        """One line a notebook can show: the package, its spec's name, heads and the raw columns
+        `predict` reads (the dataclass's repr printed the spec, manifest and program, 6,000+ characters)."""
+        return (f"LoadedModel({str(self.path)!r}, spec={self.spec.name!r}, heads={self.heads}, "
+                f"columns={self.raw_columns()}{', retrieval' if self.items is not None else ''})")
+
     @property
     def heads(self) -> list[str]:
         return [h.name for h in self.spec.heads]
@@ -93,11 +100,16 @@ class LoadedModel:
         `flowrec predict --top-k` reports them.
 
         Raises:
-            ValueError: the package has no retrieval head, or its program refuses the rows (`_call`).
+            ValueError: the package has no retrieval head, `k` is not a whole number of at least 1
+                (`flowrec predict --top-k`'s bound), or its program refuses the rows (`_call`).
             DataError: a raw column the query tower needs is missing (as `predict`).
         """
         if self.items is None:
             raise ValueError(f"{self.path} has no retrieval head: --top-k needs a package of a retrieval run")
+        # k=-1, 2.5 or None were torch's errors naming no k, k=0 empty lists of items
+        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
+            raise ValueError(f"k must be a whole number of items, at least 1, not {k!r:.40}")
+        k = int(k)  # (numpy's integers too)
         raw = raw_table(table)
         self._check_raw(raw, isinstance(table, pd.DataFrame))
         item = self.manifest["retrieval"]["item_feature"]
@@ -143,7 +155,8 @@ class LoadedModel:
         `frame` (the rows came as a pandas DataFrame) no float id that float64 may have rounded."""
         missing = [c for c in self.raw_columns() if c not in raw.column_names]
         if missing:
-            raise DataError(f"the rows lack columns {missing} that model {self.spec.name!r} reads")
+            raise DataError(f"the rows lack columns {missing} that model {self.spec.name!r} reads"
+                            f"{close_columns(missing, [c for c in raw.column_names if c not in self.raw_columns()])}")
         tables = [self.spec.table(f.table) for f in self.spec.sparse_features]
         unfitted = sorted({t.name for t in tables if t.managed is None and not t.hashed and t.name not in
                            self.encoder.vocabs})
@@ -226,7 +239,7 @@ def load_model(path: str | Path) -> LoadedModel:
     Raises:
         ValueError: `path` is not a package, or a part of it is missing, damaged, changed or refused (one line).
     """
-    path = Path(path)
+    path = Path(path).expanduser()  # '~/pkg' as pandas reads it (the shell expands it for the CLI)
     manifest = read_manifest(path)
     try:
         verify_files(path, manifest, [MODEL_FILE, SPEC_FILE, ENCODER_FILE, PLAN_FILE])  # every listed file, once
@@ -367,6 +380,29 @@ def check_frame_ids(column: pa.ChunkedArray | pa.Array, name: str) -> None:
                     f"where it is made (a read_csv dtype=, a Series), not .astype of the floats")
 
 
+def close_columns(missing: list[str], others: list[Any]) -> str:
+    """`` (the rows have 'userid': rename it to 'user_id'?)`` for the columns the rows have, read by
+    no feature, that are close to a missing one (case aside), else ``""``.
+
+    >>> close_columns(["user_id", "price"], ["User_ID", "label", "prices"])
+    " (the rows have 'User_ID', 'prices': rename them to 'user_id', 'price'?)"
+    >>> close_columns(["user_id"], ["label"])
+    ''
+    """
+    import difflib
+
+    texts = {str(c).lower(): str(c) for c in others}
+    pairs = []
+    for name in missing:
+        close = difflib.get_close_matches(name.lower(), list(texts), n=1, cutoff=0.6)
+        if close:
+            pairs.append((texts.pop(close[0]), name))
+    if not pairs:
+        return ""
+    had, wanted = (", ".join(repr(p[i]) for p in pairs) for i in (0, 1))
+    return f" (the rows have {had}: rename {'it' if len(pairs) == 1 else 'them'} to {wanted}?)"
+
+
 def row_index(table: pa.Table | pd.DataFrame) -> pd.Index | None:
     """The index the scores of `table`'s rows take: a DataFrame's own (so `df["score"] =
     model.predict(df)["ctr"]` puts each score on its row, as pandas aligns on the index, also
@@ -378,6 +414,10 @@ def raw_table(table: pa.Table | pd.DataFrame) -> pa.Table:
     """Raw rows as an Arrow table; a pandas column Arrow cannot read (lists mixed with text, ...) is
     a DataError naming it."""
     if isinstance(table, pa.Table):
+        names = table.column_names
+        twice = [name for i, name in enumerate(names) if name in names[:i]]
+        if twice:  # (Arrow allows it; reading the column was pyarrow's KeyError 'Field ... exists 2 times')
+            raise DataError(f"the rows name column {twice[0]!r} twice: drop or rename one")
         return table
     if not isinstance(table, pd.DataFrame):
         raise TypeError(f"the rows must be a pandas DataFrame or a pyarrow Table of raw columns, not "
@@ -386,20 +426,48 @@ def raw_table(table: pa.Table | pd.DataFrame) -> pa.Table:
     twice = table.columns[table.columns.duplicated()]
     if len(twice):  # which of the two is meant is unknowable (pyarrow's ValueError named no way out)
         raise DataError(f"the rows name column {twice[0]!r} twice: drop or rename one")
+    sparse = [i for i, kind in enumerate(table.dtypes) if isinstance(kind, pd.SparseDtype)]
+    if sparse:  # pd.get_dummies(sparse=True)'s columns: Arrow refused them ("Sparse pandas data not supported")
+        table = table.copy()
+        for i in sparse:
+            table.isetitem(i, table.iloc[:, i].sparse.to_dense())
     try:
         return pa.Table.from_pandas(table, preserve_index=False)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
-        raise DataError(f"the rows cannot be read: {'; '.join(map(str, exc.args))}") from None
+        raise DataError(f"the rows cannot be read: {'; '.join(map(str, exc.args))}{mixed_hint(table)}") from None
     except OverflowError:  # a Python int beyond 64 bits
         raise DataError("the rows cannot be read: a column holds an integer beyond 64 bits; dense values "
                         "must be finite float32 numbers, ids at most 64-bit integers") from None
+
+
+def mixed_hint(frame: pd.DataFrame) -> str:
+    """How to mend the first object column mixing text and numbers (after a `concat`, say), which Arrow
+    cannot read, or "": `.astype("string")`, which keeps a missing value missing, where `.astype(str)`
+    made NaN the id 'nan'.
+
+    >>> print(mixed_hint(pd.DataFrame({"a": [1.5, 2.0], "user": [1, "u2"]})))
+     (column user mixes text and numbers: make it text with .astype("string"), which keeps missing values missing; not .astype(str), which makes them the text 'nan')
+    >>> mixed_hint(pd.DataFrame({"user": ["u1", None]}))
+    ''
+    """
+    for name in frame.columns:
+        column = frame[name]
+        if column.dtype == object:
+            kinds = {type(v) for v in column.dropna()}
+            if any(issubclass(k, str) for k in kinds) and any(issubclass(k, numbers.Number) for k in kinds):
+                return (f" (column {name} mixes text and numbers: make it text with .astype(\"string\"), which keeps "
+                        "missing values missing; not .astype(str), which makes them the text 'nan')")
+    return ""
 
 
 def check_finite(column: pa.ChunkedArray | pa.Array, name: str) -> None:
     """Raise DataError naming the first row whose dense value is infinite or beyond float32, as CSV
     input refuses them (null and NaN are missing values, filled, as CSV's empty and `nan` are). An
     integer beyond 2**53 is a number, rounded to float64 as CSV reads it (a safe cast refused it as
-    "not numbers")."""
+    "not numbers"). pandas' periods are no numbers either, as its datetimes are not (their Arrow
+    extension type cast to its storage's day counts, scored without a word)."""
+    if isinstance(column.type, pa.ExtensionType):
+        raise DataError(f"column {name} holds values that are not numbers (type {column.type})")
     try:
         values = pa.chunked_array([column]) if isinstance(column, pa.Array) else column
         x = pc.cast(values, pa.float64(), safe=False).to_numpy(zero_copy_only=False)

@@ -92,6 +92,14 @@ def test_every_callback_event_of_the_docs_is_a_name_of_flowrec() -> None:
     assert flowrec.StepEvent.__name__ == "StepEvent" and flowrec.CheckpointEvent.__name__ == "CheckpointEvent"
 
 
+def test_the_api_names_are_in_dir_of_flowrec_for_a_notebooks_completion() -> None:
+    """IPython completes `flowrec.<Tab>` from dir(flowrec), which listed load_model but not train,
+    load, Run or the events (they load on first use through the module's __getattr__)."""
+    names = dir(flowrec)
+    assert set(flowrec.__all__) <= set(names) and {"train", "load", "Run", "StepEvent"} <= set(names)
+    assert names == sorted(names) and "load_model" in names
+
+
 def test_train_refuses_a_spec_of_the_wrong_kind(tmp_path: Path) -> None:
     with pytest.raises(RunError, match="spec must be a spec file path or a ModelSpec"):
         flowrec.train(3, out=tmp_path / "run")
@@ -101,6 +109,22 @@ def test_train_refuses_a_spec_of_the_wrong_kind(tmp_path: Path) -> None:
     with pytest.raises(RunError, match="not the text of a spec: write it to a file") as caught:
         flowrec.train(text, out=tmp_path / "run")
     assert "\n" not in str(caught.value) and not (tmp_path / "run").exists()
+
+
+def test_a_spec_given_as_a_dict_names_the_way_to_a_model_spec(tmp_path: Path) -> None:
+    """`flowrec.train(yaml.safe_load(text))` said only 'not {'name': ..., 'features': [{'name': ...'
+    (its repr cut at 80 characters); now the line names flowrec.spec.spec_from_dict, which the run
+    then takes."""
+    import yaml
+
+    document = yaml.safe_load(run_spec("as_dict", batch_size=32, epochs=1))
+    with pytest.raises(RunError) as caught:
+        flowrec.train(document, out=tmp_path / "run")
+    assert str(caught.value) == ("spec must be a spec file path or a ModelSpec, not a dict: "
+                                 "flowrec.spec.spec_from_dict(spec) makes a ModelSpec of it (checked as a spec file is)")
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(RunError, match="device must be"):  # the named way gives a spec the run takes
+        flowrec.train(flowrec.spec.spec_from_dict(document), device="tpu", out=tmp_path / "run")
 
 
 def test_a_refused_run_leaves_no_folder_it_made(spec: Path, tmp_path: Path) -> None:
@@ -155,6 +179,26 @@ def test_a_run_refused_after_encoding_its_data_leaves_no_folder_it_made(tmp_path
     (folder / "theirs.txt").write_text("x")
     lock.release_and_remove_if_unused()
     assert (folder / "data").is_dir() and (folder / "theirs.txt").is_file()
+
+
+def test_a_malformed_row_of_bound_data_names_a_way_to_skip_it_that_exists(tmp_path: Path) -> None:
+    """A malformed row of the spec's bound raw data said '(use --on-error skip to skip such rows)',
+    an option neither `flowrec train` nor `flowrec.train` has; now it names the conversion that
+    skips them, and that command runs as written."""
+    spec = _early_stopping_csv_spec(tmp_path)
+    spec.write_text(spec.read_text().replace(", early_stopping: {metric: auc}", ""))
+    raw = tmp_path / "raw.csv"
+    raw.write_text(raw.read_text().replace("\n1,", "\n2,", 1))  # one label that is not 0 or 1
+    with pytest.raises(DataError) as caught:
+        flowrec.train(spec, out=tmp_path / "api", max_steps=1)
+    cli = runner.invoke(app, ["train", str(spec), "--out", str(tmp_path / "cli"), "--max-steps", "1", "-q"])
+    assert cli.exit_code == 2
+    for said in (str(caught.value), cli.output):
+        assert "not 0 or 1" in said and "(use --on-error skip" not in said, said
+        command = re.search(r"`flowrec (data convert .*? DIR --spec .*?)`", said)
+        assert command is not None, said
+    made = runner.invoke(app, command.group(1).replace("DIR", str(tmp_path / "skipped")).split())
+    assert made.exit_code == 0, made.output
 
 
 def _bad_label_late(spec: Path, out: Path) -> Path:
@@ -461,6 +505,22 @@ def test_an_empty_device_is_refused_by_the_cli_and_the_api(spec: Path, tmp_path:
     assert not (tmp_path / "cli").exists() and not (tmp_path / "api").exists()
 
 
+def test_cuda_on_a_machine_without_cuda_is_a_run_error_naming_the_argument(spec: Path, tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """`flowrec.load(run, device="cuda")` without CUDA was the session's RuntimeError naming the
+    CLI's --device (flowrec.train's RunError named --device too); now both are a RunError naming
+    the argument, raised before the run is read or a folder is made."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for call in (lambda: flowrec.load(tmp_path / "no-run", device="cuda"),
+                 lambda: flowrec.train(spec, device="cuda:0", out=tmp_path / "api", rows=200, max_steps=1)):
+        with pytest.raises(RunError) as caught:
+            call()
+        assert re.match(r"device 'cuda(:0)?' was asked for, but CUDA is not available", str(caught.value)), caught.value
+    assert not (tmp_path / "api").exists()
+
+
 def test_a_follow_with_no_day_to_train_says_so(spec: Path, tmp_path: Path) -> None:
     raw = tmp_path / "raw"  # a mistyped DAYS: raw files, no encoded day partitions
     raw.mkdir()
@@ -635,6 +695,30 @@ def test_bound_data_is_encoded_once_by_two_runs_started_together(tmp_path: Path,
     assert sorted(p.name for p in out.parent.iterdir()) == ["data"]  # no lock file, no partial left
     again = flowrec.train(spec_path, out=None, max_steps=1)  # the API reuses it, encoding nothing
     assert len(calls) == 1 and again.result.steps == 1
+
+
+def test_bound_data_changed_since_it_was_encoded_is_not_reused_without_a_word(tmp_path: Path, monkeypatch) -> None:
+    """`flowrec.train(out=None)` reuses runs/<name>/data, the spec's raw data encoded by an earlier
+    call: after the raw file changed (rows added, fixed) it trained on the old rows without a word.
+    Now that reuse is one line saying how to encode it again; unchanged files are still reused, and
+    a run folder's own data stays its data (a resumed run continues on what it trained on)."""
+    import os
+
+    from flowrec.runtime.session import bound_dataset
+
+    spec_path = _bound_csv_spec(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    spec = load_spec(spec_path)
+    first = bound_dataset(spec, spec_path, None, lambda _: None)
+    assert bound_dataset(spec, spec_path, None, lambda _: None) == first  # unchanged: reused
+    run_data = bound_dataset(spec, spec_path, tmp_path / "run", lambda _: None)
+    raw = tmp_path / "raw.csv"
+    raw.write_text(raw.read_text() + "1.5,u1,,i1,1\n")
+    os.utime(raw, ns=(raw.stat().st_atime_ns, raw.stat().st_mtime_ns + 10**9))  # (a coarse file clock)
+    with pytest.raises(DataError, match=r"runs/tiny_managed/data holds .*raw\.csv encoded before the file changed"
+                                        r".*remove runs/tiny_managed/data to encode it again"):
+        bound_dataset(spec, spec_path, None, lambda _: None)
+    assert bound_dataset(spec, spec_path, tmp_path / "run", lambda _: None) == run_data
 
 
 def test_data_naming_a_file_says_it_is_a_file_not_a_dataset_folder(spec: Path, tmp_path: Path) -> None:

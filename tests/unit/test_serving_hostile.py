@@ -493,3 +493,60 @@ def test_a_head_beside_a_retrieval_head_is_served_with_the_top_k(tmp_path):
         (pkg / "manifest.json").write_text(json.dumps(manifest))
         with pytest.raises(ValueError, match="the manifest's retrieval heads entry does not name the heads beside"):
             load_model(pkg)
+
+
+def test_a_misspelled_column_names_the_column_the_rows_have(managed_pkg, tmp_path):
+    """A frame with `userid` (or `User`) for the model's `user` said only that the rows lack
+    ['user']; now it names the close column the rows have, in the API and `flowrec predict` alike."""
+    model = load_model(managed_pkg)
+    for frame, says in (({"userid": ["1"], "item": ["4"]}, "(the rows have 'userid': rename it to 'user'?)"),
+                        ({"User": ["1"], "ITEM": ["4"], "label": [1]},
+                         "(the rows have 'User', 'ITEM': rename them to 'user', 'item'?)")):
+        with pytest.raises(DataError) as caught:
+            model.predict(pd.DataFrame(frame))
+        assert str(caught.value).endswith(says), caught.value
+    pd.DataFrame({"usr": ["1"], "item": ["4"]}).to_csv(tmp_path / "raw.csv", index=False)
+    result = _invoke(["predict", managed_pkg, tmp_path / "raw.csv", "--format", "csv", "--out", tmp_path / "s.parquet"])
+    assert result.exit_code == 2 and "(the rows have 'usr': rename it to 'user'?)" in result.output, result.output
+    with pytest.raises(DataError) as caught:  # no close column: no guess
+        model.predict(pd.DataFrame({"item": ["4"], "label": [1]}))
+    assert "rename" not in str(caught.value)
+
+
+def test_recommend_refuses_a_k_that_is_no_count_of_items(made):
+    """`recommend(rows, k)` with k=-1, 2.5, True or None raised torch's topk errors (naming no k), and
+    k=0 returned empty lists; now each is one ValueError naming k, and numpy's integers count."""
+    model = load_model(made / "pkg")
+    for k in (0, -1, 2.5, True, None, "3"):
+        with pytest.raises(ValueError, match=r"^k must be a whole number of items, at least 1, not "):
+            model.recommend(USERS, k)
+    assert model.recommend(USERS, np.int64(3))["items"].map(len).tolist() == [3] * len(USERS)
+
+
+def test_a_loaded_model_shows_in_one_short_line(managed_pkg, made):
+    """A notebook cell ending in `model` printed the dataclass's repr (spec, manifest, encoder and
+    program: 6,000+ characters); now the package, spec, heads and the raw columns predict reads."""
+    assert repr(load_model(managed_pkg)) == (f"LoadedModel({str(managed_pkg)!r}, spec='hostile_managed', "
+                                             "heads=['ctr'], columns=['user', 'item'])")
+    assert repr(load_model(made / "pkg")).endswith("heads=['retrieve'], columns=['user_id'], retrieval)")
+
+
+def test_a_package_under_the_home_folder_loads_by_its_tilde_path(managed_pkg, monkeypatch):
+    """`load_model("~/pkg")` said '~/pkg is not a flowrec model package (no readable manifest.json)'
+    for a package that is there (pandas expands '~'); now it loads."""
+    monkeypatch.setenv("HOME", str(managed_pkg.parent))
+    assert load_model("~/pkg").path == managed_pkg
+
+
+def test_an_id_column_mixing_text_and_numbers_names_a_mend_that_keeps_missing_values(managed_pkg):
+    """An object column of ints and text (a `concat` of frames) was Arrow's 'Expected bytes, got a
+    'int' object'; the line now names `.astype("string")`, which scores as the ids' text does and
+    keeps a missing id missing (`.astype(str)` made it the id 'nan')."""
+    model = load_model(managed_pkg)
+    mixed = pd.DataFrame({"user": [1, "2", None], "item": ["4", "5", "6"]})
+    with pytest.raises(DataError, match=r"column user mixes text and numbers: make it text with "
+                                        r"\.astype\(\"string\"\), which keeps missing values missing"):
+        model.predict(mixed)
+    mended = model.predict(mixed.assign(user=mixed["user"].astype("string")))["ctr"].to_numpy()
+    text = model.predict(pd.DataFrame({"user": ["1", "2", None], "item": ["4", "5", "6"]}))["ctr"].to_numpy()
+    assert np.array_equal(mended, text)

@@ -118,3 +118,41 @@ def test_a_dense_integer_beyond_2_53_is_a_number_as_csv_reads_it() -> None:
         assert values.tolist() == [1.0, float(column[1].as_py())]
     with pytest.raises(DataError, match="not numbers"):
         check_finite(pa.array(["1", "x"]), "d1")
+
+
+def test_an_arrow_table_naming_a_column_twice_is_one_line_as_a_frame_is() -> None:
+    """A pyarrow Table may name a column twice (`append_column` of an existing name): predict raised
+    pyarrow's KeyError 'Field "user" exists 2 times in schema'; now the DataFrame's one line."""
+    from flowrec.serving.predict import raw_table
+
+    table = pa.table({"user": ["a"], "d1": [1.0]}).append_column("user", pa.array(["b"]))
+    with pytest.raises(DataError, match=r"^the rows name column 'user' twice: drop or rename one$"):
+        raw_table(table)
+    assert raw_table(table.select([0, 1])).column_names == ["user", "d1"]  # named once: read as given
+
+
+def test_sparse_pandas_columns_are_read_as_their_values() -> None:
+    """`model.predict(df)` with a sparse column (`pd.get_dummies(..., sparse=True)`) raised Arrow's
+    TypeError 'Sparse pandas data (column d1) not supported'; now it is read as its values."""
+    import pandas as pd
+
+    from flowrec.serving.predict import raw_table
+
+    dense = pd.DataFrame({"d1": [0.0, 1.5, 0.0], "user": ["a", "b", "c"]})
+    sparse = dense.assign(d1=pd.arrays.SparseArray(dense["d1"], fill_value=0.0))
+    assert raw_table(sparse).equals(raw_table(dense))
+    assert isinstance(sparse.dtypes["d1"], pd.SparseDtype)  # the caller's frame is left as it was
+
+
+def test_a_dense_column_of_pandas_periods_is_no_numbers_as_datetimes_are_not() -> None:
+    """`model.predict(df)` with a pd.Period column for a dense feature scored each period's day count
+    without a word (Arrow's pandas.period extension casts to its int64 storage), where datetimes are
+    refused as not numbers; now periods (and intervals, any extension type) are refused alike."""
+    import pandas as pd
+
+    from flowrec.serving.predict import check_finite, raw_table
+
+    for values in (pd.period_range("2024-01", periods=2, freq="M"), pd.interval_range(0, 2),
+                   pd.date_range("2024-01-01", periods=2)):
+        with pytest.raises(DataError, match=r"column d1 holds values that are not numbers \(type "):
+            check_finite(raw_table(pd.DataFrame({"d1": values})).column("d1"), "d1")
