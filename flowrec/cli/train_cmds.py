@@ -550,7 +550,8 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     # a resumed run, or one started from another (the same plan), loads every table from a checkpoint
     # next (each rank its rows: a sharded checkpoint's shards cover every row once): nothing is drawn
     with restoring_tables() if state is not None or parent is not None else nullcontext():
-        session = start_session(spec, request.spec_path, settings, folder, plan, device, _say, world, before, after)
+        session = start_session(spec, request.spec_path, settings, folder, plan, device, _say, world, before, after,
+                                resumed=request.resume is not None)
     _say(session.data_note)
     rows = sum(session.train.partition_rows())
     if state is not None and settings.get("train_rows") not in (None, rows):

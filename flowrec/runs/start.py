@@ -74,12 +74,12 @@ def run_settings(given: dict[str, Any], spec: ModelSpec, recorded: dict[str, Any
     return settings, notes
 
 
-def session_options(settings: dict[str, Any], folder: Path | None) -> SessionOptions:
+def session_options(settings: dict[str, Any], folder: Path | None, resumed: bool = False) -> SessionOptions:
     return SessionOptions(
         data=Path(settings["data"]) if settings["data"] else None,
         eval_data=Path(settings["eval_data"]) if settings["eval_data"] else None,
         device=settings["device"], device_budget=settings["device_budget"], synthetic_rows=settings["rows"],
-        seed=settings["seed"], workdir=folder, dask=settings["dask"])
+        seed=settings["seed"], workdir=folder, resumed=resumed, dask=settings["dask"])
 
 
 def train_config(settings: dict[str, Any], folder: Path | None, progress: bool) -> TrainConfig:
@@ -94,9 +94,10 @@ def train_config(settings: dict[str, Any], folder: Path | None, progress: bool) 
 def start_session(spec: ModelSpec, spec_path: Path, settings: dict[str, Any], folder: Path | None, plan: Plan,
                   device: torch.device, status: Callable[[str], None] = lambda _: None,
                   world: Any = None, before: Callable[[], None] = lambda: None,
-                  after: Callable[[], None] = lambda: None) -> Session:
+                  after: Callable[[], None] = lambda: None, resumed: bool = False) -> Session:
     """The run's data and the model of `plan` on `device` (`before`/`after`: the ranks' barriers
-    around building it). Raises `RunError` for data that does not fit, for running out of memory and
+    around building it; `resumed`: the run in `folder` continues, its encoded bound data kept as it
+    is). Raises `RunError` for data that does not fit, for running out of memory and
     for early stopping without evaluations during training."""
     check_plan_fits(plan, device, world)
     check_synthetic_rows(spec, settings)
@@ -104,7 +105,7 @@ def start_session(spec: ModelSpec, spec_path: Path, settings: dict[str, Any], fo
         torch.use_deterministic_algorithms(True, warn_only=True)
     before()
     try:
-        session = prepare(spec, spec_path, session_options(settings, folder), plan, device, status=status,
+        session = prepare(spec, spec_path, session_options(settings, folder, resumed), plan, device, status=status,
                           world=world)
     except (DataError, RuntimeError, ValueError, MemoryError) as exc:
         if out_of_memory(exc):

@@ -45,6 +45,8 @@ class SessionOptions:
         synthetic_rows: rows of synthetic training data when no data is given or bound.
         seed: overrides the spec's training seed.
         workdir: where bound raw data is converted (the run folder).
+        resumed: the run in `workdir` continues (its encoded data stays its data, even where the raw
+            files changed since); a new run there encodes raw files that changed again.
         dask: read partitions through Dask: a scheduler address, or "local" for a local cluster
             (None: direct pyarrow reads, the faster default; see docs/data.md).
     """
@@ -56,6 +58,7 @@ class SessionOptions:
     synthetic_rows: int = SYNTH_ROWS
     seed: int | None = None
     workdir: Path | None = None
+    resumed: bool = False
     dask: str | None = None
 
 
@@ -163,7 +166,7 @@ def resolve_data(spec: ModelSpec, spec_path: Path, opts: SessionOptions,
             evaluation = _replace_evaluation(train, evaluation, Path(opts.eval_data), spec, opts.dask)
         return train, evaluation, f"data: {opts.data}"
     if spec.data is not None and spec.data.bound:
-        folder = bound_dataset(spec, spec_path, opts.workdir, status)
+        folder = bound_dataset(spec, spec_path, opts.workdir, status, opts.resumed)
         train, evaluation = dataset_pair(folder, spec, opts.dask)
         if opts.eval_data is not None:  # given, it evaluates instead of the bound data's test split
             evaluation = _replace_evaluation(train, evaluation, Path(opts.eval_data), spec, opts.dask)
@@ -209,10 +212,12 @@ def dataset_pair(path: Path, spec: ModelSpec, dask: str | None = None) -> tuple[
 
 
 def bound_dataset(spec: ModelSpec, spec_path: Path, workdir: Path | None,
-                  status: Callable[[str], None]) -> Path:
+                  status: Callable[[str], None], resumed: bool = False) -> Path:
     """Encode the spec's bound raw data once (reused while it exists). Encoding holds a lock on
     the folder it goes in (runs/<spec name> without a run folder), so two runs started together
-    encode it once: the second waits, then reuses it (never a clash or a half-replaced folder)."""
+    encode it once: the second waits, then reuses it (never a clash or a half-replaced folder).
+    A new run in a run folder (`--overwrite`) whose encoding is older than the raw files (or
+    unstamped) encodes them again; a `resumed` one keeps its data."""
     from flowrec.data.convert import convert
     from flowrec.data.error_log import SKIP_HINT
     from flowrec.data.output import folder_locked
@@ -228,11 +233,22 @@ def bound_dataset(spec: ModelSpec, spec_path: Path, workdir: Path | None,
     def encoded() -> bool:
         return (out / META_FILE).is_file() or (out / "train" / META_FILE).is_file()
 
-    if encoded():
-        return _unchanged_since(out, raw, workdir)
+    def current() -> bool:  # an encoding this run may use as it is
+        if workdir is None:
+            return _unchanged_since(out, raw, workdir) == out  # raises where the raw files changed
+        # a new run in its folder encodes raw files that changed since (or were never stamped) again
+        return resumed or not _changed_since(out, raw, missing=True)
+
+    if encoded() and current():
+        return out
     with folder_locked(out.parent, lambda: status(f"waiting for another flowrec process encoding into {out}")):
-        if encoded():  # it did, while this one waited
-            return _unchanged_since(out, raw, workdir)
+        if encoded() and current():  # it did, while this one waited
+            return out
+        if out.exists():  # this new run's folder held the encoding of raw files that changed since
+            import shutil
+
+            status(f"{raw} changed since {out} was encoded: encoding it again")
+            shutil.rmtree(out)
         status(f"encoding {spec.data.format} data from {raw} into {out}")
         try:
             report = convert(spec, spec.data.format, [raw], out)
@@ -257,19 +273,25 @@ def _raw_stamp(raw: Path) -> dict[str, list[int]]:
             for p in files}
 
 
+def _changed_since(out: Path, raw: Path, missing: bool) -> bool:
+    """Whether the raw files differ from those `out` was encoded from (`missing`: the answer for
+    an encoding without a stamp, one written before flowrec stamped them)."""
+    stamp = out / RAW_STAMP
+    if not stamp.is_file():
+        return missing
+    try:
+        return json.loads(stamp.read_text()) != _raw_stamp(raw)
+    except ValueError:  # a damaged stamp: the encoding cannot be told current
+        return True
+
+
 def _unchanged_since(out: Path, raw: Path, workdir: Path | None) -> Path:
     """`out`, the encoding of the bound raw data reused, unless a run without a folder
     (`flowrec.train(out=None)`) would reuse it after the raw files changed: it trained on the old
     rows without a word. A run folder's own data stays its data (a resumed run continues on it)."""
-    stamp = out / RAW_STAMP
-    if workdir is None and stamp.is_file():
-        try:
-            changed = json.loads(stamp.read_text()) != _raw_stamp(raw)
-        except ValueError:  # a damaged stamp: the encoding cannot be told current
-            changed = True
-        if changed:
-            raise DataError(f"{out} holds {raw} encoded before the file changed (its size or time differ): remove "
-                            f"{out} to encode it again, or give out= a run folder (its data is encoded there)")
+    if workdir is None and _changed_since(out, raw, missing=False):
+        raise DataError(f"{out} holds {raw} encoded before the file changed (its size or time differ): remove "
+                        f"{out} to encode it again, or give out= a run folder (its data is encoded there)")
     return out
 
 

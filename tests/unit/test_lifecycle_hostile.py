@@ -718,7 +718,41 @@ def test_bound_data_changed_since_it_was_encoded_is_not_reused_without_a_word(tm
     with pytest.raises(DataError, match=r"runs/tiny_managed/data holds .*raw\.csv encoded before the file changed"
                                         r".*remove runs/tiny_managed/data to encode it again"):
         bound_dataset(spec, spec_path, None, lambda _: None)
-    assert bound_dataset(spec, spec_path, tmp_path / "run", lambda _: None) == run_data
+    assert bound_dataset(spec, spec_path, tmp_path / "run", lambda _: None, resumed=True) == run_data
+
+
+def test_a_new_run_in_a_folder_encodes_bound_data_that_changed_again(tmp_path: Path, monkeypatch) -> None:
+    """`flowrec train SPEC --out R --overwrite` (and `flowrec.train(out=R, overwrite=True)`) reused
+    R/data, encoded from the raw file the replaced run read, after the file changed: the new run
+    trained on the old rows without a word. Now a new run encodes the changed file again (said in a
+    line), and a resumed run (`--resume R`) keeps the data it trained on."""
+    import os
+
+    import pyarrow.parquet as pq
+
+    from flowrec.runtime.session import bound_dataset
+
+    def rows(folder: Path) -> int:
+        return sum(pq.read_metadata(f).num_rows for f in folder.rglob("*.parquet"))
+
+    spec_path = _bound_csv_spec(tmp_path)
+    spec = load_spec(spec_path)
+    said: list[str] = []
+    data = bound_dataset(spec, spec_path, tmp_path / "run", said.append)
+    before = rows(data)
+    assert bound_dataset(spec, spec_path, tmp_path / "run", said.append) == data and rows(data) == before
+    assert sum("encoding" in line for line in said) == 1  # unchanged: reused by a new run too
+    raw = tmp_path / "raw.csv"
+    raw.write_text(raw.read_text() + "".join(f"{i}.5,u{i % 3},,i{i % 4},{i % 2}\n" for i in range(40)))
+    os.utime(raw, ns=(raw.stat().st_atime_ns, raw.stat().st_mtime_ns + 10**9))  # (a coarse file clock)
+    assert bound_dataset(spec, spec_path, tmp_path / "run", said.append, resumed=True) == data
+    assert rows(data) == before  # a resumed run continues on what it trained on
+    assert bound_dataset(spec, spec_path, tmp_path / "run", said.append) == data
+    assert rows(data) == before + 40 and any("changed since" in line and "encoding it again" in line
+                                             for line in said), said
+    (data / "_flowrec_raw.json").unlink()  # an encoding from before flowrec stamped them: encoded again
+    assert bound_dataset(spec, spec_path, tmp_path / "run", said.append) == data and rows(data) == before + 40
+    assert (data / "_flowrec_raw.json").is_file()
 
 
 def test_data_naming_a_file_says_it_is_a_file_not_a_dataset_folder(spec: Path, tmp_path: Path) -> None:
