@@ -162,7 +162,7 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
     model = load_model(model_dir)
     if top_k is not None and model.items is None:
         raise ValueError(f"{model_dir} has no retrieval head: --top-k needs a package of a retrieval run")
-    beside = [h.name for h in model.other_heads]
+    beside = [h.name for h in model.other_heads] if top_k is not None else []
     _check_keep(keep, ["items", "scores", *beside] if top_k is not None else model.heads,
                 f"each row's top K items and their scores{', then the scores of heads ' + ', '.join(beside) if beside else ''}"
                 if top_k is not None else "the head's scores")
