@@ -8,6 +8,7 @@ Example:
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from flowrec.cli.common import fail
@@ -40,11 +41,29 @@ def is_stream_folder(path: Path) -> bool:
 def done_days(run: Path, order: DayOrder | None = None) -> list[str]:
     """The days the stream in `run` trained, in order (none yet: []); with `order`, fails when the
     stream was ordered otherwise (a stream written before orders were recorded went by name)."""
+    return read_record(run, order).days
+
+
+@dataclass(frozen=True)
+class StreamRecord:
+    """What a stream's follow.json records (`read_record`): the days it trained, in order, and
+    whether it compares day names as text (`names_as_text`)."""
+
+    days: list[str]
+    names_as_text: bool
+
+
+def read_record(run: Path, order: DayOrder | None = None) -> StreamRecord:
+    """The record of the stream in `run`, read and checked once (none yet: no days); with `order`,
+    fails when the stream was ordered otherwise (a stream written before orders were recorded went
+    by name). Its names compare as text when it has trained days while day names compared as text
+    (day10 before day2): its follow.json records no `names`. Such a stream keeps that order: in
+    natural order a day it trained may come after one it has not."""
     from flowrec.spec.json_doc import read_json_document
 
     path = run / FOLLOW_FILE
     if not os.path.lexists(path):
-        return []
+        return StreamRecord([], False)
     try:  # the limits of every JSON flowrec reads: a regular file, bounded size and nesting
         doc = read_json_document(path)
         days, recorded = doc["days"], doc.get("order", "name")
@@ -63,20 +82,7 @@ def done_days(run: Path, order: DayOrder | None = None) -> list[str]:
     if order is not None and days and recorded != str(order):
         fail(f"the stream in {run} takes its days in order {recorded!r}, not {str(order)!r}: "
              f"rerun with --follow-order {recorded}")
-    return days
-
-
-def names_as_text(run: Path) -> bool:
-    """True when the stream in `run` has trained days while day names compared as text (day10
-    before day2): its follow.json records no `names` (`done_days` has checked the record). Such a
-    stream keeps that order: in natural order a day it trained may come after one it has not."""
-    from flowrec.spec.json_doc import read_json_document
-
-    path = run / FOLLOW_FILE
-    if not os.path.lexists(path):
-        return False
-    doc = read_json_document(path)
-    return bool(doc["days"]) and doc.get("names") != "natural"
+    return StreamRecord(days, bool(days) and doc.get("names") != "natural")
 
 
 def _plain_name(name: str) -> bool:

@@ -342,3 +342,25 @@ def test_a_day_landing_before_the_day_under_way_is_refused(tmp_path: Path, monke
         _follow(days, stream, trained)
     assert trained == []
     assert "day day2 landed before day day3, whose training" in capsys.readouterr().err
+
+
+def test_a_stream_reads_its_record_once_and_sorts_its_days_once(tmp_path: Path, monkeypatch):
+    """`--follow` read follow.json four times before its first day (the check, the names' order
+    twice, the loop) and once more per day; `day_partitions` sorted the days' names twice."""
+    import flowrec.data.days as days_mod
+    import flowrec.spec.json_doc as json_doc
+
+    days, stream, trained = _stream(tmp_path, monkeypatch, ["day1", "day2", "day10"])
+    (stream / "days" / "day1").mkdir(parents=True)
+    (stream / "follow.json").write_text(json.dumps({"days": ["day1"], "order": "name", "names": "natural"}))
+    reads, keyed = [], []
+    read = json_doc.read_json_document
+    monkeypatch.setattr(json_doc, "read_json_document",
+                        lambda path, *a, **k: reads.append(Path(path).name) or read(path, *a, **k))
+    _follow(days, stream, trained)
+    assert trained == [("day2", "day1"), ("day10", "day2")]
+    assert reads.count("follow.json") == 1
+    key = days_mod.name_key
+    monkeypatch.setattr(days_mod, "name_key", lambda name: keyed.append(name) or key(name))
+    assert [d.name for d in day_partitions(days, DayOrder())] == ["day1", "day2", "day10"]
+    assert sorted(keyed) == ["day1", "day10", "day2"]  # each name keyed once: one sort
