@@ -277,15 +277,18 @@ def _show_profile(prof: dict, quiet: bool) -> None:
                    f"{b['hot_sample_fraction']:.1%} expected over the whole data")
 
 
-def _inspect_days(folder: Path, order_text: str, as_json: bool) -> None:
+def _inspect_days(folder: Path, order_text: str | None, as_json: bool, stream: Path | None = None) -> None:
     """`data inspect DAYS`: per day partition, its rows and, per managed table, the distinct raw ids
-    it brings and how many no earlier day brought."""
+    it brings and how many no earlier day brought; with `stream` (a --follow stream's folder), in
+    the order that stream takes them (its recorded order, its names compared as it compares them)."""
     from flowrec.data.days import inspect_days, parse_order
 
     try:
-        order = parse_order(order_text)
+        order = parse_order(order_text or "name")
     except ValueError as exc:
         fail(f"--follow-order: {exc}")
+    if stream is not None:
+        order = _stream_order(stream, folder, order_text, order)
     days = _run(lambda: inspect_days(folder, order))
     if not days:
         fail(f"{folder}: neither an encoded dataset nor a folder of day partitions (datasets with _flowrec.json)")
@@ -302,6 +305,21 @@ def _inspect_days(folder: Path, order_text: str, as_json: bool) -> None:
     widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
     for r in [head, *rows]:
         typer.echo("  ".join(str(v).ljust(w) if i == 0 else str(v).rjust(w) for i, (v, w) in enumerate(zip(r, widths))))
+
+
+def _stream_order(stream: Path, folder: Path, order_text: str | None, order):
+    """The order the --follow stream in `stream` takes the days under `folder` in: its recorded
+    order (a --follow-order given must be it) and how it compares names (a stream begun before they
+    compared naturally keeps text order: day10 before day2)."""
+    from flowrec.cli.follow import _names_order
+    from flowrec.cli.streams import DAYS_DIR, is_stream_folder, read_record
+    from flowrec.data.days import parse_order
+
+    if not is_stream_folder(stream) and not (stream / DAYS_DIR).is_dir():
+        fail(f"--stream {stream} is not a --follow stream's folder (it holds no follow.json)")
+    record = read_record(stream, None if order_text is None else order)
+    recorded = parse_order(record.order) if record.days else order
+    return _names_order(stream, record, folder, recorded)
 
 
 def inspect_table(columns: list[dict], has_raw: bool) -> list[str]:
@@ -324,7 +342,8 @@ def inspect_table(columns: list[dict], has_raw: bool) -> list[str]:
 def inspect(
     path: Path = typer.Argument(..., metavar="DATA", help="Encoded dataset directory; a split one (`data convert --test-fraction`: train/ and test/), each part in turn; or a folder of day partitions (as `train --follow` reads): then one line per day."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
-    follow_order: str = typer.Option("name", "--follow-order", help="For a folder of day partitions: their order, `name` or `date:COLUMN` (as `train --follow-order`)."),
+    follow_order: Optional[str] = typer.Option(None, "--follow-order", help="For a folder of day partitions: their order, `name` (the default) or `date:COLUMN` (as `train --follow-order`)."),
+    stream: Optional[Path] = typer.Option(None, "--stream", metavar="RUN", help="For a folder of day partitions: the `train --follow` stream folder (its --out) that trains them; the days are listed in the order it takes them (a stream begun before day names compared naturally keeps text order: day10 before day2)."),
 ) -> None:
     from flowrec.data.layout import META_FILE
 
@@ -332,10 +351,12 @@ def inspect(
 
     parts = split_parts(path) if path.is_dir() and not (path / META_FILE).is_file() else []
     if not parts and not (path / META_FILE).is_file() and path.is_dir():
-        _inspect_days(path, follow_order, as_json)
+        _inspect_days(path, follow_order, as_json, stream)
         return
-    if follow_order != "name":
+    if follow_order is not None and follow_order != "name":
         fail(f"--follow-order orders the day partitions of a folder of days; {path} is one dataset")
+    if stream is not None:
+        fail(f"--stream orders the day partitions of a folder of days; {path} is one dataset")
 
     from flowrec.data.inspect import inspect_dataset
 

@@ -51,6 +51,7 @@ class StreamRecord:
 
     days: list[str]
     names_as_text: bool
+    order: str = "name"  # the order recorded: name or date:COLUMN
 
 
 def read_record(run: Path, order: DayOrder | None = None) -> StreamRecord:
@@ -82,7 +83,7 @@ def read_record(run: Path, order: DayOrder | None = None) -> StreamRecord:
     if order is not None and days and recorded != str(order):
         fail(f"the stream in {run} takes its days in order {recorded!r}, not {str(order)!r}: "
              f"rerun with --follow-order {recorded}")
-    return StreamRecord(days, bool(days) and doc.get("names") != "natural")
+    return StreamRecord(days, bool(days) and doc.get("names") != "natural", recorded)
 
 
 def _plain_name(name: str) -> bool:

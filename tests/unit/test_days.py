@@ -364,3 +364,28 @@ def test_a_stream_reads_its_record_once_and_sorts_its_days_once(tmp_path: Path, 
     monkeypatch.setattr(days_mod, "name_key", lambda name: keyed.append(name) or key(name))
     assert [d.name for d in day_partitions(days, DayOrder())] == ["day1", "day2", "day10"]
     assert sorted(keyed) == ["day1", "day10", "day2"]  # each name keyed once: one sort
+
+
+def test_inspect_days_of_a_stream_lists_them_in_the_order_it_takes_them(days, tmp_path: Path):
+    """`data inspect DAYS` listed day2 before day10 for a stream that keeps text order (begun before
+    names compared naturally: its follow.json records no `names`), which trains day10 first."""
+    _, folder, _ = days
+    for old, new in (("a", "day1"), ("b", "day10"), ("c", "day2")):
+        (folder / old).rename(folder / new)
+    stream = tmp_path / "stream"
+    (stream / "days" / "day1").mkdir(parents=True)
+    (stream / "follow.json").write_text(json.dumps({"days": ["day1"], "order": "name"}))
+
+    def listed(*options: str) -> list[str]:
+        shown = runner.invoke(app, ["data", "inspect", str(folder), *options])
+        assert shown.exit_code == 0, shown.output
+        return [line.split()[0] for line in shown.output.splitlines()[1:]]
+
+    assert listed() == ["day1", "day2", "day10"]
+    assert listed("--stream", str(stream)) == ["day1", "day10", "day2"]
+    (stream / "follow.json").write_text(json.dumps({"days": ["day1"], "order": "name", "names": "natural"}))
+    assert listed("--stream", str(stream)) == ["day1", "day2", "day10"]
+    (stream / "follow.json").write_text(json.dumps({"days": ["day10"], "order": "date:ts", "names": "natural"}))
+    assert listed("--stream", str(stream)) == ["day10", "day2", "day1"]  # its recorded order: by date
+    other = runner.invoke(app, ["data", "inspect", str(folder), "--stream", str(tmp_path / "nowhere")])
+    assert other.exit_code == 2 and "not a --follow stream's folder" in other.output
