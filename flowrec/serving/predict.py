@@ -24,8 +24,8 @@ import torch
 from flowrec.data.encode import Encoder
 from flowrec.data.encoder_record import ENCODER_FILE, EncoderRecord, load_encoder, read_record
 from flowrec.data.layout import DataError, is_multi
-from flowrec.data.raw_ids import not_utf8
-from flowrec.data.sources import FLOAT32_MAX
+from flowrec.data.raw_ids import check_float_ids, not_utf8
+from flowrec.data.sources import FLOAT32_MAX, LINE_COLUMN
 from flowrec.serving.managed import MANAGED_DIR, Maps, read_maps, remap_inputs
 from flowrec.serving.package import (MODEL_FILE, PLAN_FILE, SPEC_FILE, check_program, encoded_inputs,
                                      planned_tables, read_manifest, require_listed, verify_files)
@@ -126,7 +126,8 @@ class LoadedModel:
     def _check_raw(self, raw: pa.Table, frame: bool = False) -> None:
         """Raise DataError unless raw rows can be encoded: every column the model reads, finite dense
         values, a vocabulary for every vocabulary table (a run on synthetic data has none); with
-        `frame` (the rows came as a pandas DataFrame) no float id that float64 may have rounded."""
+        `frame` (the rows came as a pandas DataFrame) no float id that float64 may have rounded, nor a
+        fraction; else (Arrow rows, a Parquet file's) no float id that the float may have rounded."""
         missing = [c for c in self.raw_columns() if c not in raw.column_names]
         if missing:
             raise DataError(f"the rows lack columns {missing} that model {self.spec.name!r} reads")
@@ -138,11 +139,14 @@ class LoadedModel:
                             "synthetic data): raw rows cannot be encoded; train on converted data to score them")
         for f in self.spec.dense_features:
             check_finite(raw.column(self.encoder.source(f.name)), self.encoder.source(f.name))
+        lines = raw.column(LINE_COLUMN).to_numpy() if LINE_COLUMN in raw.column_names else None  # (predict FILE)
         for f in self.spec.sparse_features:  # (a retrieval query's rows lack the item column)
             if self.encoder.source(f.name) in raw.column_names:
                 check_ids(raw.column(self.encoder.source(f.name)), self.encoder.source(f.name), is_multi(f))
                 if frame:
                     check_frame_ids(raw.column(self.encoder.source(f.name)), self.encoder.source(f.name))
+                else:  # an Arrow table (a Parquet file's rows: pandas wrote integers with a missing value as floats)
+                    check_float_ids(raw.column(self.encoder.source(f.name)), self.encoder.source(f.name), lines)
 
     def _call(self, dense: torch.Tensor, sparse: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """The program on one batch. A guard of the program that the batch fails (a model.pt2
