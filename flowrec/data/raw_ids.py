@@ -37,6 +37,29 @@ def as_strings(values: pa.Array) -> pa.Array:
     return pc.if_else(pc.equal(values, ""), pa.scalar(None, pa.string()), values)
 
 
+def check_ids(column: pa.ChunkedArray | pa.Array, name: str, multi: bool) -> None:
+    """Raise DataError unless a sparse feature's raw column holds ids: plain values, or for a list
+    feature (multi-hot, sequence) lists of plain values or text to split (as CSV's `a^b`); nested
+    lists, structs and maps were an Arrow cast error naming no column (conversion's traceback)."""
+    kind = column.type
+    if multi and (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
+        kind = kind.value_type
+    if pa.types.is_dictionary(kind):  # pandas categories: their values are the ids
+        kind = kind.value_type
+    if pa.types.is_nested(kind):
+        from flowrec.data.layout import DataError
+
+        wanted = "ids or lists of ids" if multi else "one id per row"
+        raise DataError(f"column {name} holds {column.type}, not {wanted}")
+    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):  # bytes ids are read as UTF-8 text
+        values = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+        why = not_utf8(pc.list_flatten(values) if pa.types.is_nested(values.type) else values)
+        if why is not None:
+            from flowrec.data.layout import DataError
+
+            raise DataError(f"column {name} {why}")
+
+
 def check_float_ids(column: pa.ChunkedArray | pa.Array, name: str, rows: np.ndarray | None = None) -> None:
     """Raise DataError when an id column of floats holds one that the float may have rounded from
     another id: a finite magnitude of 2**53 or more (float32: 2**24), where not every whole number

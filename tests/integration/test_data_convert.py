@@ -313,6 +313,23 @@ def test_raw_parquet_huge_numbers_encode_as_their_csv_text(tmp_path):
     assert got.equals(pq.read_table(tmp_path / "from_csv"))
 
 
+def test_raw_parquet_id_columns_of_structs_or_nested_lists_are_one_line(tmp_path):
+    """A Parquet id column of structs (or lists of lists) was a traceback from Arrow's cast to text
+    ('Unsupported cast from struct<a: int64> to utf8'), and bytes that are not UTF-8 a line naming
+    neither file nor column; now each is one line naming both, as predict says it."""
+    import pandas as pd
+
+    spec = small_spec(RAW_FEATURES, data={"format": "csv", "label": "label"})
+    for i, (city, says) in enumerate((([{"a": 1}, {"a": 2}], r"holds struct<a: int64>, not one id per row"),
+                                      ([[["x"]], [["y"]]], r"holds list<element: list<element: string>>"),
+                                      ([b"\xff\xfe", b"ok"], r"holds bytes that are not UTF-8 text"))):
+        pd.DataFrame({"user": ["a", "b"], "city": city, "price": [1.0, 2.0], "label": [0, 1]}).to_parquet(
+            tmp_path / f"rows{i}.parquet")
+        with pytest.raises(DataError, match=rf"rows{i}\.parquet: column city {says}"):
+            convert(spec, "parquet", [tmp_path / f"rows{i}.parquet"], tmp_path / f"out{i}")
+        assert not (tmp_path / f"out{i}").exists()
+
+
 def test_raw_parquet_float_ids_that_may_be_rounded_are_refused(tmp_path):
     """pandas writes an integer id column with a missing value as float64: 2**60 + 1 was already
     2**60 in the Parquet file, and conversion encoded the float's text, another user's id, without
