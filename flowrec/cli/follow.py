@@ -32,7 +32,7 @@ from typing import Callable
 import typer
 
 from flowrec.cli.common import fail
-from flowrec.cli.streams import DAYS_DIR, FOLLOW_FILE, StreamRecord, done_days, read_record
+from flowrec.cli.streams import DAYS_DIR, EXPORT_DIR, FOLLOW_FILE, StreamRecord, done_days, read_record
 from flowrec.data.days import DayOrder, day_partitions, parse_order
 from flowrec.data.layout import META_FILE, DataError
 from flowrec.runs.errors import EXIT_INTERRUPTED
@@ -40,7 +40,6 @@ from flowrec.runtime.rundir import RunFolderError, RunLock, folder_state
 from flowrec.runtime.signals import interrupt_name
 
 LOCK_FILE = ".follow.lock"  # held by the one --follow process of a stream folder
-EXPORT_DIR = "export"
 POLL_S = 1.0  # seconds between looks for a new day
 
 

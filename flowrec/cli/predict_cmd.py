@@ -47,6 +47,9 @@ def predict(
         fail("--on-error must be skip or fail")
     if not raw.exists():
         fail(f"input not found: {raw}")
+    from flowrec.cli.streams import refuse_stream_as_package
+
+    refuse_stream_as_package(model_dir, "predict")
     try:
         check_file_output(out, [model_dir, raw], overwrite)
         kind = output_kind(out, top_k is not None)

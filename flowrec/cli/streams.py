@@ -16,6 +16,7 @@ from flowrec.data.days import DayOrder, parse_order
 
 FOLLOW_FILE = "follow.json"
 DAYS_DIR = "days"
+EXPORT_DIR = "export"  # --follow-export: RUN/export/<day>, each day's model package
 
 
 def refuse_stream_folder(path: Path, command: str) -> None:
@@ -30,6 +31,25 @@ def refuse_stream_folder(path: Path, command: str) -> None:
         fail(f"{path} is a --follow stream folder that has trained no day yet: nothing to {command}")
     fail(f"{path} is a --follow stream folder: each day is a run of its own; {command} one of them, e.g. "
          f"{path / DAYS_DIR / days[-1]} (the last of its {len(days)} trained days)")
+
+
+def refuse_stream_as_package(path: Path, command: str) -> None:
+    """Fail in one line (exit 2) when `path`, given where a model package is read, is a `--follow`
+    stream folder: name the last trained day's package (`--follow-export` writes RUN/export/<day>),
+    else that day's run to export; return for any other path."""
+    path = Path(path)
+    if not is_stream_folder(path):
+        return
+    days = done_days(path)
+    if not days:
+        fail(f"{path} is a --follow stream folder that has trained no day yet: no model to {command} with")
+    package = path / EXPORT_DIR / days[-1]
+    if os.path.lexists(package / "manifest.json"):
+        fail(f"{path} is a --follow stream folder: each day's model package is under {path / EXPORT_DIR}; "
+             f"{command} with one of them, e.g. {package} (the last of its {len(days)} trained days)")
+    fail(f"{path} is a --follow stream folder and holds no model package (--follow-export writes each day's): "
+         f"export a day's run first, e.g. flowrec export {path / DAYS_DIR / days[-1]} OUT/ (the last of its "
+         f"{len(days)} trained days)")
 
 
 def is_stream_folder(path: Path) -> bool:

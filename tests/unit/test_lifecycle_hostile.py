@@ -918,3 +918,26 @@ def test_max_restarts_without_nproc_is_refused_not_ignored(spec: Path, tmp_path:
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: --max-restarts 2") and "--nproc" in lines[0], result.output
     assert not out.exists()
+
+
+def test_predict_given_a_stream_folder_names_its_last_days_package(tmp_path: Path) -> None:
+    """`flowrec predict RUN ...` of a --follow stream folder said it is no model package and to make
+    one with `flowrec export RUN OUT/`, though --follow-export had written one per day under
+    RUN/export/ (and exporting the stream folder itself is refused). Now one line names the last
+    trained day's package, or, without --follow-export, that day's run to export."""
+    stream = tmp_path / "stream"
+    (stream / "days" / "d2").mkdir(parents=True)
+    (stream / "follow.json").write_text(json.dumps({"days": ["d1", "d2"], "order": "name", "names": "natural"}))
+    rows = tmp_path / "rows.csv"
+    rows.write_text("d1,user,label\n1,a,0\n")
+
+    def said() -> str:
+        got = runner.invoke(app, ["predict", str(stream), str(rows), "--format", "csv", "--out",
+                                  str(tmp_path / "s.parquet")])
+        assert got.exit_code == 2 and not (tmp_path / "s.parquet").exists()
+        return got.output
+
+    assert f"export a day's run first, e.g. flowrec export {stream / 'days' / 'd2'} OUT/" in said()
+    (stream / "export" / "d2").mkdir(parents=True)
+    (stream / "export" / "d2" / "manifest.json").write_text("{}")
+    assert f"predict with one of them, e.g. {stream / 'export' / 'd2'} (the last of its 2 trained days)" in said()
