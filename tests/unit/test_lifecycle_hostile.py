@@ -941,3 +941,30 @@ def test_predict_given_a_stream_folder_names_its_last_days_package(tmp_path: Pat
     (stream / "export" / "d2").mkdir(parents=True)
     (stream / "export" / "d2" / "manifest.json").write_text("{}")
     assert f"predict with one of them, e.g. {stream / 'export' / 'd2'} (the last of its 2 trained days)" in said()
+
+
+def test_ctrl_c_while_flowrec_starts_is_one_line(monkeypatch, capsys) -> None:
+    """A Ctrl-C in the second flowrec spends importing torch, pyarrow and dask printed a traceback
+    through the imports (the `flowrec` command's entry point imported the command line before any
+    handler of flowrec's ran). Now `flowrec.__main__.run`, the entry point, ends in one line, 130."""
+    import sys
+
+    from flowrec.__main__ import run
+
+    class Interrupted:  # a finder that is 'interrupted' while the command line is imported
+        @staticmethod
+        def find_spec(name, path=None, target=None):
+            if name == "flowrec.cli":
+                raise KeyboardInterrupt
+            return None
+
+    monkeypatch.delitem(sys.modules, "flowrec.cli")
+    monkeypatch.setattr(sys, "meta_path", [Interrupted(), *sys.meta_path])
+    with pytest.raises(SystemExit) as stop:
+        run()
+    assert stop.value.code == 130
+    assert capsys.readouterr().err == "error: interrupted (Ctrl-C) while flowrec was starting; nothing was done\n"
+    import tomllib
+
+    scripts = tomllib.loads((Path(flowrec.__file__).parents[1] / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["flowrec"] == "flowrec.__main__:run"
