@@ -82,13 +82,20 @@ def register(app: typer.Typer) -> None:
 
 
 def _run(work: Callable[[], Any]) -> Any:
-    """Run a command body; user-facing errors become one line on stderr and exit status 2."""
+    """Run a command body; user-facing errors become one line on stderr and exit status 2. SIGTERM
+    stops it as Ctrl-C does (one line, exit 130), so a dataset being written (`staged_output`)
+    leaves no partial folder behind; Python's default ended the process without a word or cleanup."""
     from flowrec.data.layout import DataError
+    from flowrec.runs.errors import EXIT_INTERRUPTED
+    from flowrec.runtime.signals import interrupt_name, terminated_as_interrupted
 
     try:
-        return work()
+        with terminated_as_interrupted():
+            return work()
     except (DataError, OSError, ValueError) as exc:
         fail(str(exc))
+    except KeyboardInterrupt as exc:
+        fail(f"interrupted ({interrupt_name(exc)})", EXIT_INTERRUPTED)
 
 
 def _spec(path: Path):

@@ -1,0 +1,52 @@
+"""SIGTERM (what `kill`, `timeout` and schedulers send) while `flowrec data convert` / `data synth`
+write a dataset: one line, exit 130, and no partial folder left beside the output."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flowrec.testing.ranks import subprocess_env
+
+ROOT = Path(__file__).resolve().parents[2]
+TIMEOUT_S = 120
+SPEC = """name: s
+features:
+- {name: d1, type: dense}
+- {name: user, type: categorical, hash_buckets: 100, dim: 4}
+modules:
+- {name: top, kind: mlp, inputs: ["@dense", "@sparse"], layers: [4]}
+heads:
+- {name: ctr, input: top}
+"""
+# the process sends itself SIGTERM as it writes its first part file: no timing involved
+TERMINATED = """
+import os, signal, sys
+import flowrec.data.convert as convert  # its PartWriter writes synth's parts too
+from flowrec.__main__ import run
+
+def write(self, *args, **kwargs):
+    os.kill(os.getpid(), signal.SIGTERM)
+
+convert.PartWriter.write = write
+sys.argv = ["flowrec", *sys.argv[1:]]
+run()
+"""
+
+
+@pytest.mark.parametrize("command", ["convert", "synth"])
+def test_sigterm_while_a_dataset_is_written_leaves_no_partial_folder(tmp_path: Path, command: str) -> None:
+    """SIGTERM ended the process at once (Python's default: no line, status -15) and left the hidden
+    `.OUT.partial-*` folder it was writing, a dataset's worth of part files, beside OUT."""
+    (tmp_path / "spec.yaml").write_text(SPEC)
+    (tmp_path / "rows.csv").write_text("d1,user,label\n" + "".join(f"{i},u{i},{i % 2}\n" for i in range(50)))
+    args = (["data", "convert", "csv", "rows.csv", "out/ds", "--spec", "spec.yaml", "-q"] if command == "convert"
+            else ["data", "synth", "spec.yaml", "--rows", "50", "--out", "out/ds"])
+    (tmp_path / "out").mkdir()
+    done = subprocess.run([sys.executable, "-c", TERMINATED, *args], cwd=tmp_path, env=subprocess_env(ROOT),
+                          text=True, capture_output=True, timeout=TIMEOUT_S)
+    assert done.returncode == 130, (done.returncode, done.stderr[-2000:])
+    assert "interrupted (SIGTERM)" in done.stderr
+    assert list((tmp_path / "out").iterdir()) == []
