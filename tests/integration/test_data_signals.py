@@ -1,5 +1,6 @@
 """SIGTERM (what `kill`, `timeout` and schedulers send) while `flowrec data convert` / `data synth`
-write a dataset: one line, exit 130, and no partial folder left beside the output."""
+write a dataset, `export` a package or `predict` a scores file: one line, exit 130, and no partial
+folder or temp file left beside the output."""
 from __future__ import annotations
 
 import subprocess
@@ -50,3 +51,48 @@ def test_sigterm_while_a_dataset_is_written_leaves_no_partial_folder(tmp_path: P
     assert done.returncode == 130, (done.returncode, done.stderr[-2000:])
     assert "interrupted (SIGTERM)" in done.stderr
     assert list((tmp_path / "out").iterdir()) == []
+
+
+# the same, as export stages its package and as predict opens its scores file
+STAGED = """
+import os, signal, sys
+from pathlib import Path
+import flowrec.cli.predict_cmd as predict_cmd, flowrec.serving.export as export
+from flowrec.__main__ import run
+
+def package(trained, out, *args, **kwargs):
+    Path(out).mkdir(parents=True)
+    (Path(out) / "model.pt2").write_bytes(b"part")
+    os.kill(os.getpid(), signal.SIGTERM)
+
+opened = predict_cmd._open_writer
+
+def scores(*args, **kwargs):
+    writer = opened(*args, **kwargs)
+    os.kill(os.getpid(), signal.SIGTERM)
+    return writer
+
+export.write_package, predict_cmd._open_writer = package, scores
+sys.argv = ["flowrec", *sys.argv[1:]]
+run()
+"""
+
+
+def test_sigterm_while_a_package_or_scores_are_written_leaves_nothing_behind(tmp_path: Path) -> None:
+    """SIGTERM ended `export` and `predict` without a word (status -15), leaving the package's
+    staging folder `.OUT.export-tmp`, or the scores' temp file `.NAME.PID-*.tmp.parquet`, beside OUT."""
+    (tmp_path / "spec.yaml").write_text(SPEC)
+    (tmp_path / "rows.csv").write_text("d1,user,label\n" + "".join(f"{i},u{i},{i % 2}\n" for i in range(50)))
+    env = subprocess_env(ROOT)
+    for args in (["train", "spec.yaml", "--rows", "300", "--out", "run", "-q"], ["export", "run", "pkg"]):
+        made = subprocess.run([sys.executable, "-m", "flowrec", *args], cwd=tmp_path, env=env, text=True,
+                              capture_output=True, timeout=TIMEOUT_S)
+        assert made.returncode == 0, made.stderr[-2000:]
+    (tmp_path / "out").mkdir()
+    for args in (["export", "run", "out/pkg"],
+                 ["predict", "pkg", "rows.csv", "--format", "csv", "--out", "out/scores.parquet"]):
+        done = subprocess.run([sys.executable, "-c", STAGED, *args], cwd=tmp_path, env=env, text=True,
+                              capture_output=True, timeout=TIMEOUT_S)
+        assert done.returncode == 130, (args[0], done.returncode, done.stderr[-2000:])
+        assert "interrupted (SIGTERM)" in done.stderr
+        assert list((tmp_path / "out").iterdir()) == []
