@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from flowrec.data.dataset import parquet_files
+from flowrec.data.dataset import dataset_layout, parquet_files
 from flowrec.data.layout import META_FILE, DataError, DatasetMeta, read_meta
 from flowrec.data.raw_ids import MISSING_ID
 from flowrec.data.rawstats import STATS_FILE, flat_ids, read_stats
@@ -247,11 +247,15 @@ def day_ids(day: Path, meta: DatasetMeta | None = None) -> dict[str, np.ndarray]
 
 def inspect_days(folder: Path, order: DayOrder) -> list[dict[str, Any]]:
     """Per day in `order`: its rows, its first date (when ordered by one) and, per managed table,
-    the distinct raw ids it brings and how many of them no earlier day brought."""
+    the distinct raw ids it brings and how many of them no earlier day brought (raises DataError
+    for a day whose part files are unreadable or hold other rows than its meta records)."""
     meta = functools.cache(read_meta)  # each day's meta read once (dating may need it too)
     seen: dict[str, np.ndarray] = {}
     out = []
     for day, date in _ordered(folder, order, meta):
+        # a day whose part files cannot be read, or hold other rows than its meta records (damaged,
+        # or still being copied in), was listed with the rows its meta records: `--follow` refuses it
+        dataset_layout(day, meta(day), parquet_files(day))
         entry: dict[str, Any] = {"day": day.name, "rows": meta(day).rows, "managed": {}}
         if order.column is not None:
             entry["date"] = date

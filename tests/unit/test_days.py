@@ -389,3 +389,16 @@ def test_inspect_days_of_a_stream_lists_them_in_the_order_it_takes_them(days, tm
     assert listed("--stream", str(stream)) == ["day10", "day2", "day1"]  # its recorded order: by date
     other = runner.invoke(app, ["data", "inspect", str(folder), "--stream", str(tmp_path / "nowhere")])
     assert other.exit_code == 2 and "not a --follow stream's folder" in other.output
+
+
+def test_inspect_days_refuses_a_day_whose_parts_do_not_match_its_meta(days):
+    """A day holding a stray part file (another copy landed in it) was listed with the rows its
+    _flowrec.json records, as if it were whole, while `train --follow` refuses it as not complete
+    and `data inspect DAY` fails."""
+    _, folder, _ = days
+    part = sorted((folder / "b").glob("*.parquet"))[0]
+    (folder / "b" / "part-99999.parquet").write_bytes(part.read_bytes())
+    shown = runner.invoke(app, ["data", "inspect", str(folder)])
+    assert shown.exit_code == 2 and str(folder / "b") in shown.output, shown.output
+    with pytest.raises(DataError):
+        inspect_days(folder, DayOrder())
