@@ -6,6 +6,7 @@ of the CLI starts fast. Data problems exit with status 2 and a one-line message,
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
@@ -298,6 +299,7 @@ def _inspect_days(folder: Path, order_text: str | None, as_json: bool, stream: P
         order = _stream_order(stream, folder, order_text, order)
     days = _run(lambda: inspect_days(folder, order))
     if not days:
+        _refuse_stream_given(folder)
         fail(f"{folder}: neither an encoded dataset nor a folder of day partitions (datasets with _flowrec.json)")
     if as_json:
         typer.echo(json.dumps({"order": str(order), "days": days}, indent=1))
@@ -312,6 +314,26 @@ def _inspect_days(folder: Path, order_text: str | None, as_json: bool, stream: P
     widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
     for r in [head, *rows]:
         typer.echo("  ".join(str(v).ljust(w) if i == 0 else str(v).rjust(w) for i, (v, w) in enumerate(zip(r, widths))))
+
+
+def _refuse_stream_given(folder: Path) -> None:
+    """Fail in one line when `folder`, given as the days to inspect, is a --follow stream folder (its
+    days are runs, not datasets): name the folder of days it follows (its last day's recorded
+    data) and `--stream`; return for any other folder."""
+    from flowrec.cli.streams import DAYS_DIR, is_stream_folder, read_record
+    from flowrec.runs.recorded import recorded_train_data
+    from flowrec.runtime.rundir import RunFolderError
+
+    if not is_stream_folder(folder):
+        return
+    days = read_record(folder).days
+    try:  # its last day's run records the day's dataset (a damaged record: say DAYS)
+        data = recorded_train_data(folder / DAYS_DIR / days[-1]) if days else None
+    except (RunFolderError, OSError, ValueError):
+        data = None
+    given = "DAYS" if data is None else shlex.quote(str(data.parent))
+    fail(f"{folder} is a --follow stream folder (its days are runs, not datasets): inspect the days it "
+         f"follows, in its order, with  flowrec data inspect {given} --stream {shlex.quote(str(folder))}")
 
 
 def _stream_order(stream: Path, folder: Path, order_text: str | None, order):

@@ -402,3 +402,27 @@ def test_inspect_days_refuses_a_day_whose_parts_do_not_match_its_meta(days):
     assert shown.exit_code == 2 and str(folder / "b") in shown.output, shown.output
     with pytest.raises(DataError):
         inspect_days(folder, DayOrder())
+
+
+def test_inspect_of_a_stream_folder_names_the_days_it_follows(days, tmp_path: Path):
+    """`data inspect RUN` of a --follow stream folder said it is neither a dataset nor a folder of
+    days; its days are runs: it now names the folder of days the stream follows and --stream."""
+    _, folder, _ = days
+    stream = tmp_path / "stream"
+    (stream / "days" / "b").mkdir(parents=True)
+    (stream / "follow.json").write_text(json.dumps({"days": ["b"], "order": "name", "names": "natural"}))
+    (stream / "days" / "b" / "run.json").write_text(json.dumps({"data": str(folder / "b")}))  # damaged
+
+    def said() -> str:
+        shown = runner.invoke(app, ["data", "inspect", str(stream)])
+        assert shown.exit_code == 2, shown.output
+        return " ".join(shown.output.split())
+
+    assert f"flowrec data inspect DAYS --stream {stream}" in said()
+    settings = {  # the run file as a day's run writes it"cache": None, "cache_data": "auto", "checkpoint_every": 0, "checkpoint_full_every": 0,
+                "compile": False, "dask": None, "data": str(folder / "b"), "device": "auto", "device_budget": None,
+                "epochs": 1, "eval_data": None, "eval_every": 0, "fresh_optimizer": False, "init_from": None,
+                "interleave": True, "max_steps": None, "nan_policy": "stop", "plan": None, "profile": None,
+                "rows": 400000, "seed": None, "target": None, "train_rows": 60}
+    (stream / "days" / "b" / "run.json").write_text(json.dumps(settings))
+    assert f"flowrec data inspect {folder} --stream {stream}" in said()
