@@ -6,6 +6,7 @@ of the CLI starts fast. Data problems exit with status 2 and a one-line message,
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
@@ -82,13 +83,20 @@ def register(app: typer.Typer) -> None:
 
 
 def _run(work: Callable[[], Any]) -> Any:
-    """Run a command body; user-facing errors become one line on stderr and exit status 2."""
+    """Run a command body; user-facing errors become one line on stderr and exit status 2. SIGTERM
+    stops it as Ctrl-C does (one line, exit 130), so a dataset being written (`staged_output`)
+    leaves no partial folder behind; Python's default ended the process without a word or cleanup."""
     from flowrec.data.layout import DataError
+    from flowrec.runs.errors import EXIT_INTERRUPTED
+    from flowrec.runtime.signals import interrupt_name, terminated_as_interrupted
 
     try:
-        return work()
+        with terminated_as_interrupted():
+            return work()
     except (DataError, OSError, ValueError) as exc:
         fail(str(exc))
+    except KeyboardInterrupt as exc:
+        fail(f"interrupted ({interrupt_name(exc)})", EXIT_INTERRUPTED)
 
 
 def _spec(path: Path):
@@ -277,17 +285,21 @@ def _show_profile(prof: dict, quiet: bool) -> None:
                    f"{b['hot_sample_fraction']:.1%} expected over the whole data")
 
 
-def _inspect_days(folder: Path, order_text: str, as_json: bool) -> None:
+def _inspect_days(folder: Path, order_text: str | None, as_json: bool, stream: Path | None = None) -> None:
     """`data inspect DAYS`: per day partition, its rows and, per managed table, the distinct raw ids
-    it brings and how many no earlier day brought."""
+    it brings and how many no earlier day brought; with `stream` (a --follow stream's folder), in
+    the order that stream takes them (its recorded order, its names compared as it compares them)."""
     from flowrec.data.days import inspect_days, parse_order
 
     try:
-        order = parse_order(order_text)
+        order = parse_order(order_text or "name")
     except ValueError as exc:
         fail(f"--follow-order: {exc}")
+    if stream is not None:
+        order = _stream_order(stream, folder, order_text, order)
     days = _run(lambda: inspect_days(folder, order))
     if not days:
+        _refuse_stream_given(folder)
         fail(f"{folder}: neither an encoded dataset nor a folder of day partitions (datasets with _flowrec.json)")
     if as_json:
         typer.echo(json.dumps({"order": str(order), "days": days}, indent=1))
@@ -302,6 +314,41 @@ def _inspect_days(folder: Path, order_text: str, as_json: bool) -> None:
     widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
     for r in [head, *rows]:
         typer.echo("  ".join(str(v).ljust(w) if i == 0 else str(v).rjust(w) for i, (v, w) in enumerate(zip(r, widths))))
+
+
+def _refuse_stream_given(folder: Path) -> None:
+    """Fail in one line when `folder`, given as the days to inspect, is a --follow stream folder (its
+    days are runs, not datasets): name the folder of days it follows (its last day's recorded
+    data) and `--stream`; return for any other folder."""
+    from flowrec.cli.streams import DAYS_DIR, is_stream_folder, read_record
+    from flowrec.runs.recorded import recorded_train_data
+    from flowrec.runtime.rundir import RunFolderError
+
+    if not is_stream_folder(folder):
+        return
+    days = read_record(folder).days
+    try:  # its last day's run records the day's dataset (a damaged record: say DAYS)
+        data = recorded_train_data(folder / DAYS_DIR / days[-1]) if days else None
+    except (RunFolderError, OSError, ValueError):
+        data = None
+    given = "DAYS" if data is None else shlex.quote(str(data.parent))
+    fail(f"{folder} is a --follow stream folder (its days are runs, not datasets): inspect the days it "
+         f"follows, in its order, with  flowrec data inspect {given} --stream {shlex.quote(str(folder))}")
+
+
+def _stream_order(stream: Path, folder: Path, order_text: str | None, order):
+    """The order the --follow stream in `stream` takes the days under `folder` in: its recorded
+    order (a --follow-order given must be it) and how it compares names (a stream begun before they
+    compared naturally keeps text order: day10 before day2)."""
+    from flowrec.cli.follow import _names_order
+    from flowrec.cli.streams import DAYS_DIR, is_stream_folder, read_record
+    from flowrec.data.days import parse_order
+
+    if not is_stream_folder(stream) and not (stream / DAYS_DIR).is_dir():
+        fail(f"--stream {stream} is not a --follow stream's folder (it holds no follow.json)")
+    record = read_record(stream, None if order_text is None else order)
+    recorded = parse_order(record.order) if record.days else order
+    return _names_order(stream, record, folder, recorded)
 
 
 def inspect_table(columns: list[dict], has_raw: bool) -> list[str]:
@@ -324,7 +371,8 @@ def inspect_table(columns: list[dict], has_raw: bool) -> list[str]:
 def inspect(
     path: Path = typer.Argument(..., metavar="DATA", help="Encoded dataset directory; a split one (`data convert --test-fraction`: train/ and test/), each part in turn; or a folder of day partitions (as `train --follow` reads): then one line per day."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
-    follow_order: str = typer.Option("name", "--follow-order", help="For a folder of day partitions: their order, `name` or `date:COLUMN` (as `train --follow-order`)."),
+    follow_order: Optional[str] = typer.Option(None, "--follow-order", help="For a folder of day partitions: their order, `name` (the default) or `date:COLUMN` (as `train --follow-order`)."),
+    stream: Optional[Path] = typer.Option(None, "--stream", metavar="RUN", help="For a folder of day partitions: the `train --follow` stream folder (its --out) that trains them; the days are listed in the order it takes them (a stream begun before day names compared naturally keeps text order: day10 before day2)."),
 ) -> None:
     from flowrec.data.layout import META_FILE
 
@@ -332,10 +380,12 @@ def inspect(
 
     parts = split_parts(path) if path.is_dir() and not (path / META_FILE).is_file() else []
     if not parts and not (path / META_FILE).is_file() and path.is_dir():
-        _inspect_days(path, follow_order, as_json)
+        _inspect_days(path, follow_order, as_json, stream)
         return
-    if follow_order != "name":
+    if follow_order is not None and follow_order != "name":
         fail(f"--follow-order orders the day partitions of a folder of days; {path} is one dataset")
+    if stream is not None:
+        fail(f"--stream orders the day partitions of a folder of days; {path} is one dataset")
 
     from flowrec.data.inspect import inspect_dataset
 

@@ -68,19 +68,22 @@ def export(
         remove_partial(staged)
         remove_empty(made)
 
-    try:
-        trained = load_trained(run_dir, "cpu", scoring_plan, mmap=True)  # tables mapped, not copied
-        encoder = trained.encoder or find_record(folder)
-        report = write_package(trained, staged, dtype, encoder, _last_eval(folder, trained.step),
-                               _compare_rows(folder, trained) if dtype != "fp32" else None, mapped=True,
-                               index=index)
-        replace_folder(staged, out)  # the old package stays until the new one is in place
+    from flowrec.runtime.signals import interrupt_name, terminated_as_interrupted
+
+    try:  # SIGTERM as Ctrl-C: the staging folder is removed (Python's default left it)
+        with terminated_as_interrupted():
+            trained = load_trained(run_dir, "cpu", scoring_plan, mmap=True)  # tables mapped, not copied
+            encoder = trained.encoder or find_record(folder)
+            report = write_package(trained, staged, dtype, encoder, _last_eval(folder, trained.step),
+                                   _compare_rows(folder, trained) if dtype != "fp32" else None, mapped=True,
+                                   index=index)
+            replace_folder(staged, out)  # the old package stays until the new one is in place
     except (DataError, OSError, ValueError, RuntimeError) as exc:
         undo()
         fail(f"cannot export to {out}: {custom_failure(exc) or first_line(exc)}")
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         undo()
-        fail(f"interrupted (Ctrl-C); {out} was not written", EXIT_INTERRUPTED)
+        fail(f"interrupted ({interrupt_name(exc)}); {out} was not written", EXIT_INTERRUPTED)
     except Exception as exc:  # a user's custom module may raise anything while it is traced
         undo()  # the staging folder was left beside OUT
         if custom_failure(exc) is None:

@@ -32,7 +32,7 @@ from typing import Callable
 import typer
 
 from flowrec.cli.common import fail
-from flowrec.cli.streams import DAYS_DIR, FOLLOW_FILE, done_days, names_as_text
+from flowrec.cli.streams import DAYS_DIR, EXPORT_DIR, FOLLOW_FILE, StreamRecord, done_days, read_record
 from flowrec.data.days import DayOrder, day_partitions, parse_order
 from flowrec.data.layout import META_FILE, DataError
 from flowrec.runs.errors import EXIT_INTERRUPTED
@@ -40,7 +40,6 @@ from flowrec.runtime.rundir import RunFolderError, RunLock, folder_state
 from flowrec.runtime.signals import interrupt_name
 
 LOCK_FILE = ".follow.lock"  # held by the one --follow process of a stream folder
-EXPORT_DIR = "export"
 POLL_S = 1.0  # seconds between looks for a new day
 
 
@@ -141,10 +140,10 @@ def _follow_days(request, run: Path, days: Path, wait_s: float, once: bool, trai
     deadline = time.monotonic() + wait_s
     trained = 0
     waiting_on = None  # the day a wait for its files was announced for
-    done_days(run, order)  # a damaged record, or another order, is refused first
-    order = _names_order(run, days, order)
+    record = read_record(run, order)  # a damaged record, or another order, is refused first
+    order = _names_order(run, record, days, order)
+    done = record.days  # the lock keeps every other writer out: the record changes only below
     while True:
-        done = done_days(run, order)
         landed = landed_days(days, order)
         todo = [d for d in landed if d.name not in done]
         if not todo:
@@ -182,7 +181,8 @@ def _follow_days(request, run: Path, days: Path, wait_s: float, once: bool, trai
         trained += 1
         if export:
             _export(run / DAYS_DIR / day.name, run / EXPORT_DIR / day.name)
-        _record(run, done + [day.name], order)
+        done = done + [day.name]
+        _record(run, done, order)
         deadline = time.monotonic() + wait_s
         if once:
             return
@@ -194,14 +194,14 @@ def _begun(run: Path, todo: list[Path]) -> str | None:
     return next((d.name for d in todo if (run / DAYS_DIR / d.name / "checkpoint.pt").is_file()), None)
 
 
-def _names_order(run: Path, days: Path, order: DayOrder) -> DayOrder:
-    """The order of the stream in `run`: names compared as text for a stream that began while they
-    were (its follow.json records no `names`, or it recorded no day yet while the day it began is
-    first in text order only), naturally otherwise."""
+def _names_order(run: Path, record: StreamRecord, days: Path, order: DayOrder) -> DayOrder:
+    """The order of the stream in `run` (`record`: its follow.json): names compared as text for a
+    stream that began while they were (its follow.json records no `names`, or it recorded no day
+    yet while the day it began is first in text order only), naturally otherwise."""
     text = replace(order, text=True)
-    if names_as_text(run):
+    if record.names_as_text:
         return text
-    if not done_days(run):  # killed in its first day: the day begun decides
+    if not record.days:  # killed in its first day: the day begun decides
         try:
             landed = day_partitions(days, order)
         except DataError:

@@ -47,16 +47,22 @@ def predict(
         fail("--on-error must be skip or fail")
     if not raw.exists():
         fail(f"input not found: {raw}")
-    try:
-        check_file_output(out, [model_dir, raw], overwrite)
-        kind = output_kind(out, top_k is not None)
-        with atomic_output(out) as staged:
-            rows, errors, zero, first, items = _score(model_dir, raw, staged, fmt, list(keep or []), on_error,
-                                                      quiet, top_k, kind)
+    from flowrec.cli.streams import refuse_stream_as_package
+
+    refuse_stream_as_package(model_dir, "predict")
+    from flowrec.runtime.signals import interrupt_name, terminated_as_interrupted
+
+    try:  # SIGTERM as Ctrl-C: the staged scores file is removed (Python's default left it)
+        with terminated_as_interrupted():
+            check_file_output(out, [model_dir, raw], overwrite)
+            kind = output_kind(out, top_k is not None)
+            with atomic_output(out) as staged:
+                rows, errors, zero, first, items = _score(model_dir, raw, staged, fmt, list(keep or []), on_error,
+                                                          quiet, top_k, kind)
     except (DataError, OSError, ValueError, RuntimeError) as exc:
         fail(first_line(exc))
-    except KeyboardInterrupt:
-        fail(f"interrupted (Ctrl-C); {out} was not written", EXIT_INTERRUPTED)
+    except KeyboardInterrupt as exc:
+        fail(f"interrupted ({interrupt_name(exc)}); {out} was not written", EXIT_INTERRUPTED)
     typer.echo(written_line(rows, out, top_k, items))
     if errors:
         for line in skipped_lines(errors, rows, "rows scored", "rerun with --on-error fail to see the first malformed row"):

@@ -8,6 +8,7 @@ Example:
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from flowrec.cli.common import fail
@@ -15,6 +16,7 @@ from flowrec.data.days import DayOrder, parse_order
 
 FOLLOW_FILE = "follow.json"
 DAYS_DIR = "days"
+EXPORT_DIR = "export"  # --follow-export: RUN/export/<day>, each day's model package
 
 
 def refuse_stream_folder(path: Path, command: str) -> None:
@@ -31,6 +33,25 @@ def refuse_stream_folder(path: Path, command: str) -> None:
          f"{path / DAYS_DIR / days[-1]} (the last of its {len(days)} trained days)")
 
 
+def refuse_stream_as_package(path: Path, command: str) -> None:
+    """Fail in one line (exit 2) when `path`, given where a model package is read, is a `--follow`
+    stream folder: name the last trained day's package (`--follow-export` writes RUN/export/<day>),
+    else that day's run to export; return for any other path."""
+    path = Path(path)
+    if not is_stream_folder(path):
+        return
+    days = done_days(path)
+    if not days:
+        fail(f"{path} is a --follow stream folder that has trained no day yet: no model to {command} with")
+    package = path / EXPORT_DIR / days[-1]
+    if os.path.lexists(package / "manifest.json"):
+        fail(f"{path} is a --follow stream folder: each day's model package is under {path / EXPORT_DIR}; "
+             f"{command} with one of them, e.g. {package} (the last of its {len(days)} trained days)")
+    fail(f"{path} is a --follow stream folder and holds no model package (--follow-export writes each day's): "
+         f"export a day's run first, e.g. flowrec export {path / DAYS_DIR / days[-1]} OUT/ (the last of its "
+         f"{len(days)} trained days)")
+
+
 def is_stream_folder(path: Path) -> bool:
     """True when `path` is a `--follow` stream folder (its follow.json, no checkpoint of its own)."""
     path = Path(path)
@@ -40,11 +61,30 @@ def is_stream_folder(path: Path) -> bool:
 def done_days(run: Path, order: DayOrder | None = None) -> list[str]:
     """The days the stream in `run` trained, in order (none yet: []); with `order`, fails when the
     stream was ordered otherwise (a stream written before orders were recorded went by name)."""
+    return read_record(run, order).days
+
+
+@dataclass(frozen=True)
+class StreamRecord:
+    """What a stream's follow.json records (`read_record`): the days it trained, in order, and
+    whether it compares day names as text (`names_as_text`)."""
+
+    days: list[str]
+    names_as_text: bool
+    order: str = "name"  # the order recorded: name or date:COLUMN
+
+
+def read_record(run: Path, order: DayOrder | None = None) -> StreamRecord:
+    """The record of the stream in `run`, read and checked once (none yet: no days); with `order`,
+    fails when the stream was ordered otherwise (a stream written before orders were recorded went
+    by name). Its names compare as text when it has trained days while day names compared as text
+    (day10 before day2): its follow.json records no `names`. Such a stream keeps that order: in
+    natural order a day it trained may come after one it has not."""
     from flowrec.spec.json_doc import read_json_document
 
     path = run / FOLLOW_FILE
     if not os.path.lexists(path):
-        return []
+        return StreamRecord([], False)
     try:  # the limits of every JSON flowrec reads: a regular file, bounded size and nesting
         doc = read_json_document(path)
         days, recorded = doc["days"], doc.get("order", "name")
@@ -63,20 +103,7 @@ def done_days(run: Path, order: DayOrder | None = None) -> list[str]:
     if order is not None and days and recorded != str(order):
         fail(f"the stream in {run} takes its days in order {recorded!r}, not {str(order)!r}: "
              f"rerun with --follow-order {recorded}")
-    return days
-
-
-def names_as_text(run: Path) -> bool:
-    """True when the stream in `run` has trained days while day names compared as text (day10
-    before day2): its follow.json records no `names` (`done_days` has checked the record). Such a
-    stream keeps that order: in natural order a day it trained may come after one it has not."""
-    from flowrec.spec.json_doc import read_json_document
-
-    path = run / FOLLOW_FILE
-    if not os.path.lexists(path):
-        return False
-    doc = read_json_document(path)
-    return bool(doc["days"]) and doc.get("names") != "natural"
+    return StreamRecord(days, bool(days) and doc.get("names") != "natural", recorded)
 
 
 def _plain_name(name: str) -> bool:

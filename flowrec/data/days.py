@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from flowrec.data.dataset import parquet_files
+from flowrec.data.dataset import dataset_layout, parquet_files
 from flowrec.data.layout import META_FILE, DataError, DatasetMeta, read_meta
 from flowrec.data.raw_ids import MISSING_ID
 from flowrec.data.rawstats import STATS_FILE, flat_ids, read_stats
@@ -83,8 +83,9 @@ def parse_order(text: str) -> DayOrder:
     return DayOrder(column.strip())
 
 
-def landed(folder: Path) -> list[Path]:
-    """The complete day partitions under `folder`, in natural order of name (raises DataError if it is not a folder)."""
+def landed(folder: Path, key: Callable[[str], Any] | None = None) -> list[Path]:
+    """The complete day partitions under `folder`, in order of `key` of their names (default: natural
+    order, `name_key`; raises DataError if it is not a folder)."""
     if not folder.is_dir():
         raise DataError(f"{folder}: not a folder")
     if (folder / META_FILE).is_file():  # one day given as the days: --follow-wait waited for days under it
@@ -93,7 +94,7 @@ def landed(folder: Path) -> list[Path]:
     if _split_of(folder):  # its train and test parts are no days (test would train first)
         raise DataError(f"{folder} is one dataset split into train/ and test/, not a folder of day partitions")
     days = sorted((p for p in folder.iterdir() if p.is_dir() and (p / META_FILE).is_file()
-                   and not p.name.startswith((".", "_"))), key=lambda p: name_key(p.name))
+                   and not p.name.startswith((".", "_"))), key=lambda p: (key or name_key)(p.name))
     from flowrec.data.output_guard import owner_of
 
     for p in sorted(folder.iterdir()) if owner_of(folder) is None else ():  # (a run's data/ is no day)
@@ -139,9 +140,9 @@ def day_partitions(folder: Path, order: DayOrder) -> list[Path]:
 def _ordered(folder: Path, order: DayOrder, meta: Callable[[Path], DatasetMeta]) -> list[tuple[Path, Any]]:
     """(day, its first date; None when ordered by name) per complete day under `folder`, in `order`:
     each day dated once. `meta` reads a day's meta (a caller that reads it again passes a cached one)."""
-    days = landed(folder)
+    days = landed(folder, order.name_key)  # in the order of their names: sorted once
     if order.column is None:
-        return [(day, None) for day in sorted(days, key=lambda d: order.name_key(d.name))]
+        return [(day, None) for day in days]
     dated = {day.name: _dated(day, order.column, meta) for day in days}
     sources = {source: name for name, (_, source) in dated.items()}
     if len(sources) > 1:  # raw dates of some days against stored (possibly transformed) values of others
@@ -246,11 +247,15 @@ def day_ids(day: Path, meta: DatasetMeta | None = None) -> dict[str, np.ndarray]
 
 def inspect_days(folder: Path, order: DayOrder) -> list[dict[str, Any]]:
     """Per day in `order`: its rows, its first date (when ordered by one) and, per managed table,
-    the distinct raw ids it brings and how many of them no earlier day brought."""
+    the distinct raw ids it brings and how many of them no earlier day brought (raises DataError
+    for a day whose part files are unreadable or hold other rows than its meta records)."""
     meta = functools.cache(read_meta)  # each day's meta read once (dating may need it too)
     seen: dict[str, np.ndarray] = {}
     out = []
     for day, date in _ordered(folder, order, meta):
+        # a day whose part files cannot be read, or hold other rows than its meta records (damaged,
+        # or still being copied in), was listed with the rows its meta records: `--follow` refuses it
+        dataset_layout(day, meta(day), parquet_files(day))
         entry: dict[str, Any] = {"day": day.name, "rows": meta(day).rows, "managed": {}}
         if order.column is not None:
             entry["date"] = date

@@ -37,6 +37,67 @@ def as_strings(values: pa.Array) -> pa.Array:
     return pc.if_else(pc.equal(values, ""), pa.scalar(None, pa.string()), values)
 
 
+def check_ids(column: pa.ChunkedArray | pa.Array, name: str, multi: bool) -> None:
+    """Raise DataError unless a sparse feature's raw column holds ids: plain values, or for a list
+    feature (multi-hot, sequence) lists of plain values or text to split (as CSV's `a^b`); nested
+    lists, structs and maps were an Arrow cast error naming no column (conversion's traceback)."""
+    kind = column.type
+    if multi and (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
+        kind = kind.value_type
+    if pa.types.is_dictionary(kind):  # pandas categories: their values are the ids
+        kind = kind.value_type
+    if pa.types.is_nested(kind):
+        from flowrec.data.layout import DataError
+
+        wanted = "ids or lists of ids" if multi else "one id per row"
+        raise DataError(f"column {name} holds {column.type}, not {wanted}")
+    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):  # bytes ids are read as UTF-8 text
+        values = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+        why = not_utf8(pc.list_flatten(values) if pa.types.is_nested(values.type) else values)
+        if why is not None:
+            from flowrec.data.layout import DataError
+
+            raise DataError(f"column {name} {why}")
+
+
+def check_float_ids(column: pa.ChunkedArray | pa.Array, name: str, rows: np.ndarray | None = None) -> None:
+    """Raise DataError when an id column of floats holds one that the float may have rounded from
+    another id: a finite magnitude of 2**53 or more (float32: 2**24), where not every whole number
+    is a float. pandas writes a column of integers with a missing value as float64 (Parquet files
+    too), which rounded 2**60 + 1 to 2**60 before flowrec saw it; such ids are not encoded as the
+    float's text. Smaller floats are exact (3.0 is the id "3"); `rows`: each row's 1-based number
+    in the input (else rows are named 0-based).
+
+    >>> check_float_ids(pa.array([3.0, None, 2.5, float("inf")]), "user")
+    >>> check_float_ids(pa.array([[1.0], [2.0 ** 60]]), "user")
+    Traceback (most recent call last):
+    ...
+    flowrec.data.layout.DataError: column user: id 1152921504606846976.0 at row 1 (0-based) is a float of magnitude 2**53 or more, which float64 may have rounded from another id (pandas writes a column of integers with a missing value as float64): write the ids as integers (pandas' nullable dtype "Int64" or "UInt64" keeps every 64-bit id and its missing values) or as text
+    """
+    whole = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    listed = pa.types.is_list(whole.type) or pa.types.is_large_list(whole.type)
+    values = pc.list_flatten(whole) if listed else whole
+    if pa.types.is_dictionary(values.type):
+        values = values.dictionary_decode()
+    if not pa.types.is_floating(values.type) or not len(values):
+        return
+    x = values.fill_null(0).to_numpy(zero_copy_only=False)
+    bits = np.finfo(x.dtype).nmant + 1  # every whole number below 2**bits is exact (float64 53, float32 24)
+    with np.errstate(invalid="ignore"):
+        bad = np.flatnonzero(np.isfinite(x) & (np.abs(x) >= 2.0 ** bits))
+    if not len(bad):
+        return
+    i = int(bad[0])
+    row = int(pc.list_parent_indices(whole).to_numpy()[i]) if listed else i
+    where = f"row {row} (0-based)" if rows is None else f"row {int(rows[row])} (1-based)"
+    from flowrec.data.layout import DataError
+
+    raise DataError(f"column {name}: id {float(x[i]):.1f} at {where} is a float of magnitude 2**{bits} or more, "
+                    f"which {x.dtype} may have rounded from another id (pandas writes a column of integers "
+                    f"with a missing value as float64): write the ids as integers (pandas' nullable dtype "
+                    f"\"Int64\" or \"UInt64\" keeps every 64-bit id and its missing values) or as text")
+
+
 def _text(values: pa.Array) -> pa.Array:
     """Ids as text; bytes that are not UTF-8 (a binary column) are a DataError naming the first."""
     try:

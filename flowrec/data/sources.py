@@ -209,16 +209,17 @@ def csv_chunks(path: Path, log: ErrorLog, numeric: set[str], delimiter: str, nam
         raise (failures[0] if failures else DataError(f"cannot read {path}: {exc}")) from None
     try:
         yield from _read_batches(path, slot, failures, log, numeric, required, header_lines, skipped, hint,
-                                 chunk_bytes if quote is not None else 0)
+                                 chunk_bytes if quote is not None else 0, chunk_bytes)
     finally:
         slot.reader = None  # released here; Arrow's IO threads may finish with it a little later
 
 
 def _read_batches(path: Path, slot: ReaderSlot, failures: list[DataError], log: ErrorLog, numeric: set[str],
                   required: set[str], header_lines: int, skipped: list[int], hint: str | None,
-                  quoted_bytes: int = 0) -> Iterator[pa.Table]:
+                  quoted_bytes: int = 0, block_bytes: int = 0) -> Iterator[pa.Table]:
     """The checked chunks of the open streaming reader in `slot` (`csv_chunks`). `quoted_bytes`: the
-    block size of a reader of quoted values (0: values are not quoted), the most a quoted value may hold."""
+    block size of a reader of quoted values (0: values are not quoted), the most a quoted value may
+    hold; `block_bytes`: the reader's block size, the most one line may hold."""
     try:
         _unique_columns(path, slot.reader.schema.names)
     except UnicodeDecodeError:
@@ -241,6 +242,10 @@ def _read_batches(path: Path, slot: ReaderSlot, failures: list[DataError], log: 
                 if at is not None:  # pyarrow's words: a value 'straddles two block boundaries'
                     raise DataError(f"{path}:{at}: a quoted value opened on this line runs on past "
                                     f"{quoted_bytes:,} bytes (a quote not closed?): fix the quote") from None
+            at = _long_line(path, block_bytes) if not failures and block_bytes else None
+            if at is not None:  # pyarrow's words: 'straddles two block boundaries (try to increase block size?)'
+                raise DataError(f"{path}:{at}: the line runs on past {block_bytes:,} bytes, the most one row may "
+                                f"hold (binary data, or rows not ended by line breaks?)") from None
             raise (failures[0] if failures else DataError(f"{path}: unreadable input ({exc})")) from None
         if failures:
             raise failures[0]
@@ -366,6 +371,23 @@ def _open_lines(path: Path) -> Any:
     import io
 
     return io.BufferedReader(pa.input_stream(str(path), compression=compression_of(path)))
+
+
+def _long_line(path: Path, limit: int) -> int | None:
+    """The 1-based number of the first line of `path` (decompressed) longer than `limit` bytes, or
+    None (none is, or the file cannot be read): no more than `limit` bytes of a line are held."""
+    try:
+        with _open_lines(path) as fh:
+            number = 0
+            while True:
+                line = fh.readline(limit + 1)
+                if not line:
+                    return None
+                number += 1
+                if len(line) > limit:
+                    return number
+    except (OSError, pa.ArrowInvalid):
+        return None
 
 
 COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd", ".lz4": "lz4", ".br": "brotli"}  # as pyarrow's

@@ -25,8 +25,8 @@ import torch
 from flowrec.data.encode import Encoder
 from flowrec.data.encoder_record import ENCODER_FILE, EncoderRecord, load_encoder, read_record
 from flowrec.data.layout import DataError, is_multi
-from flowrec.data.raw_ids import not_utf8
-from flowrec.data.sources import FLOAT32_MAX
+from flowrec.data.raw_ids import check_float_ids, check_ids
+from flowrec.data.sources import FLOAT32_MAX, LINE_COLUMN
 from flowrec.serving.managed import MANAGED_DIR, Maps, read_maps, remap_inputs
 from flowrec.serving.package import (MODEL_FILE, PLAN_FILE, SPEC_FILE, check_program, encoded_inputs,
                                      planned_tables, read_manifest, require_listed, verify_files)
@@ -152,7 +152,8 @@ class LoadedModel:
     def _check_raw(self, raw: pa.Table, frame: bool = False) -> None:
         """Raise DataError unless raw rows can be encoded: every column the model reads, finite dense
         values, a vocabulary for every vocabulary table (a run on synthetic data has none); with
-        `frame` (the rows came as a pandas DataFrame) no float id that float64 may have rounded."""
+        `frame` (the rows came as a pandas DataFrame) no float id that float64 may have rounded, nor a
+        fraction; else (Arrow rows, a Parquet file's) no float id that the float may have rounded."""
         missing = [c for c in self.raw_columns() if c not in raw.column_names]
         if missing:
             raise DataError(f"the rows lack columns {missing} that model {self.spec.name!r} reads"
@@ -165,11 +166,14 @@ class LoadedModel:
                             "synthetic data): raw rows cannot be encoded; train on converted data to score them")
         for f in self.spec.dense_features:
             check_finite(raw.column(self.encoder.source(f.name)), self.encoder.source(f.name))
+        lines = raw.column(LINE_COLUMN).to_numpy() if LINE_COLUMN in raw.column_names else None  # (predict FILE)
         for f in self.spec.sparse_features:  # (a retrieval query's rows lack the item column)
             if self.encoder.source(f.name) in raw.column_names:
                 check_ids(raw.column(self.encoder.source(f.name)), self.encoder.source(f.name), is_multi(f))
                 if frame:
                     check_frame_ids(raw.column(self.encoder.source(f.name)), self.encoder.source(f.name))
+                else:  # an Arrow table (a Parquet file's rows: pandas wrote integers with a missing value as floats)
+                    check_float_ids(raw.column(self.encoder.source(f.name)), self.encoder.source(f.name), lines)
 
     def _call(self, dense: torch.Tensor, sparse: dict[str, tuple[torch.Tensor, torch.Tensor]],
               program: torch.nn.Module | None = None, name: str = MODEL_FILE) -> torch.Tensor:
@@ -318,27 +322,6 @@ def _spec(path: Path) -> ModelSpec:
     if issues:
         raise ValueError(f"{path} holds a spec that is not valid: {issues[0]}")
     return spec_from_dict(doc)
-
-
-def check_ids(column: pa.ChunkedArray | pa.Array, name: str, multi: bool) -> None:
-    """Raise DataError unless a sparse feature's raw column holds ids: plain values, or for a list
-    feature (multi-hot, sequence) lists of plain values or text to split (as CSV's `a^b`); nested
-    lists, structs and maps were an Arrow cast error naming no column."""
-    kind = column.type
-    if multi and (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
-        kind = kind.value_type
-    if pa.types.is_dictionary(kind):  # pandas categories: their values are the ids
-        kind = kind.value_type
-    if pa.types.is_nested(kind):
-        wanted = "ids or lists of ids" if multi else "one id per row"
-        raise DataError(f"column {name} holds {column.type}, not {wanted}")
-    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):  # bytes ids are read as UTF-8 text
-        values = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-        why = not_utf8(pc.list_flatten(values) if pa.types.is_nested(values.type) else values)
-        if why is not None:
-            raise DataError(f"column {name} {why}")
-
-
 
 
 def check_frame_ids(column: pa.ChunkedArray | pa.Array, name: str) -> None:

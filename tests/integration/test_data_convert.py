@@ -293,16 +293,17 @@ def test_raw_parquet_converts_as_the_same_rows_in_csv(tmp_path):
 
 
 def test_raw_parquet_huge_numbers_encode_as_their_csv_text(tmp_path):
-    """Float ids beyond int64 (1e20, 2e20, inf) were cast to int64 for their string form and all
-    became one id, INT64_MIN; an int64 dense value beyond 2**53 failed the whole input ("not in
-    range"). Both now encode as the same rows written as CSV text."""
+    """Float ids beyond int64 (inf) were cast to int64 for their string form and all became one id,
+    INT64_MIN; an int64 dense value beyond 2**53 failed the whole input ("not in range"). Both now
+    encode as the same rows written as CSV text (float ids of 2**53 or more are refused:
+    test_raw_parquet_float_ids_that_may_be_rounded_are_refused)."""
     import pandas as pd
 
-    df = pd.DataFrame({"user": ["a", "b", "c", "d", "e"], "city": [1e20, 2e20, np.inf, 3.0, -2.0 ** 63],
+    df = pd.DataFrame({"user": ["a", "b", "c", "d", "e"], "city": [2.0 ** 53 - 1, 2.5, np.inf, 3.0, -(2.0 ** 53 - 1)],
                        "price": np.array([2 ** 62, 1, -(2 ** 60), 0, 5], np.int64), "label": [0, 1, 1, 0, 1]})
     df.to_parquet(tmp_path / "rows.parquet")
-    (tmp_path / "rows.csv").write_text("user,city,price,label\na,1e+20,4611686018427387904,0\nb,2e+20,1,1\n"
-                                       "c,inf,-1152921504606846976,1\nd,3,0,0\ne,-9223372036854775808,5,1\n")
+    (tmp_path / "rows.csv").write_text("user,city,price,label\na,9007199254740991,4611686018427387904,0\nb,2.5,1,1\n"
+                                       "c,inf,-1152921504606846976,1\nd,3,0,0\ne,-9007199254740991,5,1\n")
     spec = small_spec(RAW_FEATURES, data={"format": "csv", "label": "label"})
     convert(spec, "csv", [tmp_path / "rows.csv"], tmp_path / "from_csv")
     report = convert(spec, "parquet", [tmp_path / "rows.parquet"], tmp_path / "from_parquet")
@@ -310,6 +311,47 @@ def test_raw_parquet_huge_numbers_encode_as_their_csv_text(tmp_path):
     got = pq.read_table(tmp_path / "from_parquet")
     assert len(set(got.column("city").to_pylist())) == 5
     assert got.equals(pq.read_table(tmp_path / "from_csv"))
+
+
+def test_raw_parquet_id_columns_of_structs_or_nested_lists_are_one_line(tmp_path):
+    """A Parquet id column of structs (or lists of lists) was a traceback from Arrow's cast to text
+    ('Unsupported cast from struct<a: int64> to utf8'), and bytes that are not UTF-8 a line naming
+    neither file nor column; now each is one line naming both, as predict says it."""
+    import pandas as pd
+
+    spec = small_spec(RAW_FEATURES, data={"format": "csv", "label": "label"})
+    for i, (city, says) in enumerate((([{"a": 1}, {"a": 2}], r"holds struct<a: int64>, not one id per row"),
+                                      ([[["x"]], [["y"]]], r"holds list<element: list<element: string>>"),
+                                      ([b"\xff\xfe", b"ok"], r"holds bytes that are not UTF-8 text"))):
+        pd.DataFrame({"user": ["a", "b"], "city": city, "price": [1.0, 2.0], "label": [0, 1]}).to_parquet(
+            tmp_path / f"rows{i}.parquet")
+        with pytest.raises(DataError, match=rf"rows{i}\.parquet: column city {says}"):
+            convert(spec, "parquet", [tmp_path / f"rows{i}.parquet"], tmp_path / f"out{i}")
+        assert not (tmp_path / f"out{i}").exists()
+
+
+def test_raw_parquet_float_ids_that_may_be_rounded_are_refused(tmp_path):
+    """pandas writes an integer id column with a missing value as float64: 2**60 + 1 was already
+    2**60 in the Parquet file, and conversion encoded the float's text, another user's id, without
+    a word. Now a float id of 2**53 or more (float32: 2**24) is one line naming the file, the column,
+    its row and nullable Int64; the same ids as Int64 convert as their text does."""
+    import pandas as pd
+
+    spec = small_spec(RAW_FEATURES, data={"format": "csv", "label": "label"})
+    for i, city in enumerate((pd.Series([3, None, 2**60 + 1], dtype="float64"),
+                              pd.Series([3, 2**24 + 1, 1], dtype="float32"))):
+        pd.DataFrame({"user": ["a", "b", "c"], "city": city, "price": [1.0, 2.0, 3.0],
+                      "label": [0, 1, 1]}).to_parquet(tmp_path / f"rows{i}.parquet")
+        with pytest.raises(DataError, match=rf"rows{i}.parquet: column city: id \d+\.0 at row {3 - i} \(1-based\) is "
+                                            r"a float of magnitude 2\*\*(53|24) or more.*nullable dtype \"Int64\""):
+            convert(spec, "parquet", [tmp_path / f"rows{i}.parquet"], tmp_path / f"out{i}")
+        assert not (tmp_path / f"out{i}").exists()
+    pd.DataFrame({"user": ["a", "b", "c"], "city": pd.Series([3, None, 2**60 + 1], dtype="Int64"),
+                  "price": [1.0, 2.0, 3.0], "label": [0, 1, 1]}).to_parquet(tmp_path / "exact.parquet")
+    (tmp_path / "exact.csv").write_text(f"user,city,price,label\na,3,1,0\nb,,2,1\nc,{2**60 + 1},3,1\n")
+    convert(spec, "parquet", [tmp_path / "exact.parquet"], tmp_path / "from_parquet")
+    convert(spec, "csv", [tmp_path / "exact.csv"], tmp_path / "from_csv")
+    assert pq.read_table(tmp_path / "from_parquet").equals(pq.read_table(tmp_path / "from_csv"))
 
 
 def test_raw_parquet_bad_numbers_are_malformed_rows_and_wrong_types_one_line(tmp_path):

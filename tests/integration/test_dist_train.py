@@ -167,6 +167,71 @@ def test_a_custom_module_with_parameters_its_forward_does_not_use_trains_on_two_
     assert losses[0] == pytest.approx(losses[1], rel=1e-5)
 
 
+def _custom_spec(name: str, cls: str) -> dict:
+    """A spec of one custom module CLS(width=5) over the dense and sparse features, under an MLP."""
+    return {"name": name,
+            "features": [{"name": "d1", "type": "dense"},
+                         {"name": "u", "type": "categorical", "hash_buckets": 50, "dim": 4}],
+            "modules": [{"name": "mine", "kind": "custom", "class": cls, "inputs": ["@dense", "@sparse"],
+                         "params": {"width": 5}},
+                        {"name": "top", "kind": "mlp", "inputs": ["mine"], "layers": [4]}],
+            "heads": [{"name": "ctr", "input": "top"}],
+            "optimizer": {"dense": {"name": "sgd", "lr": 0.1}, "sparse": {"name": "sgd", "lr": 0.1}},
+            "training": {"batch_size": 101, "epochs": 1, "seed": 7}}
+
+
+def test_a_custom_module_using_all_its_parameters_trains_on_two_ranks_without_ddps_warning(work):
+    """Every custom module was wrapped with find_unused_parameters=True: one whose forward uses all
+    its parameters made DDP print, from C++ on every rank, 'find_unused_parameters=True was
+    specified in DDP constructor, but did not find any unused parameters'. Now DDP is told to look
+    only when a first forward leaves a parameter out, and that look leaves no trace: the module's
+    buffer counts its training forwards, and two ranks train as one process does."""
+    (work / "whole.py").write_text(
+        "import torch\nfrom torch import nn\n\n\n"
+        "class Whole(nn.Module):\n"
+        "    def __init__(self, width):\n"
+        "        super().__init__()\n"
+        "        self.a, self.b = nn.Linear(width, 4), nn.Linear(width, 4)\n"
+        "        self.register_buffer('calls', torch.zeros(()))\n\n"
+        "    def forward(self, x):\n"
+        "        if self.training:\n"
+        "            self.calls += 1\n"
+        "        return self.a(x) + self.b(x) * self.calls\n")
+    (work / "whole.yaml").write_text(yaml.safe_dump(_custom_spec("whole", "whole.py:Whole")))
+    losses = []
+    for out, nproc in (("rw_1", 1), ("rw_2", 2)):
+        args = ["train", "whole.yaml", "--rows", "500", "--out", out, "-q", "--eval-every", "0"]
+        done = flowrec(*args, *(["--nproc", str(nproc), "--dist-timeout", "120"] if nproc > 1 else []), cwd=work)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "find_unused_parameters" not in done.stderr, done.stderr[-3000:]
+        rows = [json.loads(x) for x in (work / out / "metrics.jsonl").read_text().splitlines()]
+        losses.append([r["loss"] for r in rows if r["event"] == "train"])
+    assert len(losses[0]) == len(losses[1]) > 2
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+
+
+def test_a_custom_module_leaving_a_parameter_out_after_the_first_step_stops_in_one_line(work):
+    """DDP is told to look for unused parameters only when the first forward leaves one out; a
+    module that leaves one out later stopped with DDP's advice on an argument the user cannot pass."""
+    (work / "flip.py").write_text(
+        "import torch\nfrom torch import nn\n\n\n"
+        "class Flip(nn.Module):\n"
+        "    def __init__(self, width):\n"
+        "        super().__init__()\n"
+        "        self.a, self.b = nn.Linear(width, 4), nn.Linear(width, 4)\n"
+        "        self.register_buffer('calls', torch.zeros(()))\n\n"
+        "    def forward(self, x):\n"
+        "        if self.training:\n"
+        "            self.calls += 1\n"
+        "        return self.a(x) if int(self.calls) % 2 == 0 else self.a(x) + self.b(x)\n")
+    (work / "flip.yaml").write_text(yaml.safe_dump(_custom_spec("flip", "flip.py:Flip")))
+    done = flowrec("train", "flip.yaml", "--rows", "400", "--out", "rf_2", "-q", "--eval-every", "0",
+                   "--nproc", "2", "--dist-timeout", "120", cwd=work)
+    assert done.returncode != 0
+    assert "left out a parameter at a later step that it used at the first step" in done.stderr, done.stderr[-3000:]
+    assert "find_unused_parameters" not in done.stderr
+
+
 def test_resume_two_ranks_on_one_and_one_on_two(work):
     full = "r_full"
     train(work, full, 1, "--plan", "p1.json")

@@ -342,3 +342,87 @@ def test_a_day_landing_before_the_day_under_way_is_refused(tmp_path: Path, monke
         _follow(days, stream, trained)
     assert trained == []
     assert "day day2 landed before day day3, whose training" in capsys.readouterr().err
+
+
+def test_a_stream_reads_its_record_once_and_sorts_its_days_once(tmp_path: Path, monkeypatch):
+    """`--follow` read follow.json four times before its first day (the check, the names' order
+    twice, the loop) and once more per day; `day_partitions` sorted the days' names twice."""
+    import flowrec.data.days as days_mod
+    import flowrec.spec.json_doc as json_doc
+
+    days, stream, trained = _stream(tmp_path, monkeypatch, ["day1", "day2", "day10"])
+    (stream / "days" / "day1").mkdir(parents=True)
+    (stream / "follow.json").write_text(json.dumps({"days": ["day1"], "order": "name", "names": "natural"}))
+    reads, keyed = [], []
+    read = json_doc.read_json_document
+    monkeypatch.setattr(json_doc, "read_json_document",
+                        lambda path, *a, **k: reads.append(Path(path).name) or read(path, *a, **k))
+    _follow(days, stream, trained)
+    assert trained == [("day2", "day1"), ("day10", "day2")]
+    assert reads.count("follow.json") == 1
+    key = days_mod.name_key
+    monkeypatch.setattr(days_mod, "name_key", lambda name: keyed.append(name) or key(name))
+    assert [d.name for d in day_partitions(days, DayOrder())] == ["day1", "day2", "day10"]
+    assert sorted(keyed) == ["day1", "day10", "day2"]  # each name keyed once: one sort
+
+
+def test_inspect_days_of_a_stream_lists_them_in_the_order_it_takes_them(days, tmp_path: Path):
+    """`data inspect DAYS` listed day2 before day10 for a stream that keeps text order (begun before
+    names compared naturally: its follow.json records no `names`), which trains day10 first."""
+    _, folder, _ = days
+    for old, new in (("a", "day1"), ("b", "day10"), ("c", "day2")):
+        (folder / old).rename(folder / new)
+    stream = tmp_path / "stream"
+    (stream / "days" / "day1").mkdir(parents=True)
+    (stream / "follow.json").write_text(json.dumps({"days": ["day1"], "order": "name"}))
+
+    def listed(*options: str) -> list[str]:
+        shown = runner.invoke(app, ["data", "inspect", str(folder), *options])
+        assert shown.exit_code == 0, shown.output
+        return [line.split()[0] for line in shown.output.splitlines()[1:]]
+
+    assert listed() == ["day1", "day2", "day10"]
+    assert listed("--stream", str(stream)) == ["day1", "day10", "day2"]
+    (stream / "follow.json").write_text(json.dumps({"days": ["day1"], "order": "name", "names": "natural"}))
+    assert listed("--stream", str(stream)) == ["day1", "day2", "day10"]
+    (stream / "follow.json").write_text(json.dumps({"days": ["day10"], "order": "date:ts", "names": "natural"}))
+    assert listed("--stream", str(stream)) == ["day10", "day2", "day1"]  # its recorded order: by date
+    other = runner.invoke(app, ["data", "inspect", str(folder), "--stream", str(tmp_path / "nowhere")])
+    assert other.exit_code == 2 and "not a --follow stream's folder" in other.output
+
+
+def test_inspect_days_refuses_a_day_whose_parts_do_not_match_its_meta(days):
+    """A day holding a stray part file (another copy landed in it) was listed with the rows its
+    _flowrec.json records, as if it were whole, while `train --follow` refuses it as not complete
+    and `data inspect DAY` fails."""
+    _, folder, _ = days
+    part = sorted((folder / "b").glob("*.parquet"))[0]
+    (folder / "b" / "part-99999.parquet").write_bytes(part.read_bytes())
+    shown = runner.invoke(app, ["data", "inspect", str(folder)])
+    assert shown.exit_code == 2 and str(folder / "b") in shown.output, shown.output
+    with pytest.raises(DataError):
+        inspect_days(folder, DayOrder())
+
+
+def test_inspect_of_a_stream_folder_names_the_days_it_follows(days, tmp_path: Path):
+    """`data inspect RUN` of a --follow stream folder said it is neither a dataset nor a folder of
+    days; its days are runs: it now names the folder of days the stream follows and --stream."""
+    _, folder, _ = days
+    stream = tmp_path / "stream"
+    (stream / "days" / "b").mkdir(parents=True)
+    (stream / "follow.json").write_text(json.dumps({"days": ["b"], "order": "name", "names": "natural"}))
+    (stream / "days" / "b" / "run.json").write_text(json.dumps({"data": str(folder / "b")}))  # damaged
+
+    def said() -> str:
+        shown = runner.invoke(app, ["data", "inspect", str(stream)])
+        assert shown.exit_code == 2, shown.output
+        return " ".join(shown.output.split())
+
+    assert f"flowrec data inspect DAYS --stream {stream}" in said()
+    settings = {  # the run file as a day's run writes it"cache": None, "cache_data": "auto", "checkpoint_every": 0, "checkpoint_full_every": 0,
+                "compile": False, "dask": None, "data": str(folder / "b"), "device": "auto", "device_budget": None,
+                "epochs": 1, "eval_data": None, "eval_every": 0, "fresh_optimizer": False, "init_from": None,
+                "interleave": True, "max_steps": None, "nan_policy": "stop", "plan": None, "profile": None,
+                "rows": 400000, "seed": None, "target": None, "train_rows": 60}
+    (stream / "days" / "b" / "run.json").write_text(json.dumps(settings))
+    assert f"flowrec data inspect {folder} --stream {stream}" in said()

@@ -1036,3 +1036,53 @@ def test_max_restarts_without_nproc_is_refused_not_ignored(spec: Path, tmp_path:
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: --max-restarts 2") and "--nproc" in lines[0], result.output
     assert not out.exists()
+
+
+def test_predict_given_a_stream_folder_names_its_last_days_package(tmp_path: Path) -> None:
+    """`flowrec predict RUN ...` of a --follow stream folder said it is no model package and to make
+    one with `flowrec export RUN OUT/`, though --follow-export had written one per day under
+    RUN/export/ (and exporting the stream folder itself is refused). Now one line names the last
+    trained day's package, or, without --follow-export, that day's run to export."""
+    stream = tmp_path / "stream"
+    (stream / "days" / "d2").mkdir(parents=True)
+    (stream / "follow.json").write_text(json.dumps({"days": ["d1", "d2"], "order": "name", "names": "natural"}))
+    rows = tmp_path / "rows.csv"
+    rows.write_text("d1,user,label\n1,a,0\n")
+
+    def said() -> str:
+        got = runner.invoke(app, ["predict", str(stream), str(rows), "--format", "csv", "--out",
+                                  str(tmp_path / "s.parquet")])
+        assert got.exit_code == 2 and not (tmp_path / "s.parquet").exists()
+        return got.output
+
+    assert f"export a day's run first, e.g. flowrec export {stream / 'days' / 'd2'} OUT/" in said()
+    (stream / "export" / "d2").mkdir(parents=True)
+    (stream / "export" / "d2" / "manifest.json").write_text("{}")
+    assert f"predict with one of them, e.g. {stream / 'export' / 'd2'} (the last of its 2 trained days)" in said()
+
+
+def test_ctrl_c_while_flowrec_starts_is_one_line(monkeypatch, capsys) -> None:
+    """A Ctrl-C in the second flowrec spends importing torch, pyarrow and dask printed a traceback
+    through the imports (the `flowrec` command's entry point imported the command line before any
+    handler of flowrec's ran). Now `flowrec.__main__.run`, the entry point, ends in one line, 130."""
+    import sys
+
+    from flowrec.__main__ import run
+
+    class Interrupted:  # a finder that is 'interrupted' while the command line is imported
+        @staticmethod
+        def find_spec(name, path=None, target=None):
+            if name == "flowrec.cli":
+                raise KeyboardInterrupt
+            return None
+
+    monkeypatch.delitem(sys.modules, "flowrec.cli")
+    monkeypatch.setattr(sys, "meta_path", [Interrupted(), *sys.meta_path])
+    with pytest.raises(SystemExit) as stop:
+        run()
+    assert stop.value.code == 130
+    assert capsys.readouterr().err == "error: interrupted (Ctrl-C) while flowrec was starting; nothing was done\n"
+    import tomllib
+
+    scripts = tomllib.loads((Path(flowrec.__file__).parents[1] / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["flowrec"] == "flowrec.__main__:run"

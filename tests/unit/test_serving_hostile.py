@@ -411,6 +411,9 @@ def test_float_ids_of_a_dataframe_that_may_be_rounded_are_refused_nullable_integ
                               r"column item: id 16777216\.0 at row 1 \(0-based\) is a float of magnitude 2\*\*24")):
         with pytest.raises(DataError, match=says + r".*nullable integer dtype, dtype=\"Int64\""):
             model.predict(pd.DataFrame({"user": user, "item": item}))
+    with pytest.raises(DataError, match=r"column user: id 1152921504606846976\.0 at row 1 \(0-based\) is a float "
+                                        r"of magnitude 2\*\*53.*nullable dtype \"Int64\""):  # a Parquet file's rows
+        model.predict(pa.table({"user": pa.array([3.0, 2.0**60 + 1]), "item": ["1", "2"]}))
     big = [2**60 + 1, None, 2**63 - 1, 7]
     exact = model.predict(pd.DataFrame({"user": pd.Series(big, dtype="Int64"),
                                         "item": pd.Series([2**64 - 1, 3, None, 2**53 + 1], dtype="UInt64")}))

@@ -1,0 +1,98 @@
+"""SIGTERM (what `kill`, `timeout` and schedulers send) while `flowrec data convert` / `data synth`
+write a dataset, `export` a package or `predict` a scores file: one line, exit 130, and no partial
+folder or temp file left beside the output."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flowrec.testing.ranks import subprocess_env
+
+ROOT = Path(__file__).resolve().parents[2]
+TIMEOUT_S = 120
+SPEC = """name: s
+features:
+- {name: d1, type: dense}
+- {name: user, type: categorical, hash_buckets: 100, dim: 4}
+modules:
+- {name: top, kind: mlp, inputs: ["@dense", "@sparse"], layers: [4]}
+heads:
+- {name: ctr, input: top}
+"""
+# the process sends itself SIGTERM as it writes its first part file: no timing involved
+TERMINATED = """
+import os, signal, sys
+import flowrec.data.convert as convert  # its PartWriter writes synth's parts too
+from flowrec.__main__ import run
+
+def write(self, *args, **kwargs):
+    os.kill(os.getpid(), signal.SIGTERM)
+
+convert.PartWriter.write = write
+sys.argv = ["flowrec", *sys.argv[1:]]
+run()
+"""
+
+
+@pytest.mark.parametrize("command", ["convert", "synth"])
+def test_sigterm_while_a_dataset_is_written_leaves_no_partial_folder(tmp_path: Path, command: str) -> None:
+    """SIGTERM ended the process at once (Python's default: no line, status -15) and left the hidden
+    `.OUT.partial-*` folder it was writing, a dataset's worth of part files, beside OUT."""
+    (tmp_path / "spec.yaml").write_text(SPEC)
+    (tmp_path / "rows.csv").write_text("d1,user,label\n" + "".join(f"{i},u{i},{i % 2}\n" for i in range(50)))
+    args = (["data", "convert", "csv", "rows.csv", "out/ds", "--spec", "spec.yaml", "-q"] if command == "convert"
+            else ["data", "synth", "spec.yaml", "--rows", "50", "--out", "out/ds"])
+    (tmp_path / "out").mkdir()
+    done = subprocess.run([sys.executable, "-c", TERMINATED, *args], cwd=tmp_path, env=subprocess_env(ROOT),
+                          text=True, capture_output=True, timeout=TIMEOUT_S)
+    assert done.returncode == 130, (done.returncode, done.stderr[-2000:])
+    assert "interrupted (SIGTERM)" in done.stderr
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+# the same, as export stages its package and as predict opens its scores file
+STAGED = """
+import os, signal, sys
+from pathlib import Path
+import flowrec.cli.predict_cmd as predict_cmd, flowrec.serving.export as export
+from flowrec.__main__ import run
+
+def package(trained, out, *args, **kwargs):
+    Path(out).mkdir(parents=True)
+    (Path(out) / "model.pt2").write_bytes(b"part")
+    os.kill(os.getpid(), signal.SIGTERM)
+
+opened = predict_cmd._open_writer
+
+def scores(*args, **kwargs):
+    writer = opened(*args, **kwargs)
+    os.kill(os.getpid(), signal.SIGTERM)
+    return writer
+
+export.write_package, predict_cmd._open_writer = package, scores
+sys.argv = ["flowrec", *sys.argv[1:]]
+run()
+"""
+
+
+def test_sigterm_while_a_package_or_scores_are_written_leaves_nothing_behind(tmp_path: Path) -> None:
+    """SIGTERM ended `export` and `predict` without a word (status -15), leaving the package's
+    staging folder `.OUT.export-tmp`, or the scores' temp file `.NAME.PID-*.tmp.parquet`, beside OUT."""
+    (tmp_path / "spec.yaml").write_text(SPEC)
+    (tmp_path / "rows.csv").write_text("d1,user,label\n" + "".join(f"{i},u{i},{i % 2}\n" for i in range(50)))
+    env = subprocess_env(ROOT)
+    for args in (["train", "spec.yaml", "--rows", "300", "--out", "run", "-q"], ["export", "run", "pkg"]):
+        made = subprocess.run([sys.executable, "-m", "flowrec", *args], cwd=tmp_path, env=env, text=True,
+                              capture_output=True, timeout=TIMEOUT_S)
+        assert made.returncode == 0, made.stderr[-2000:]
+    (tmp_path / "out").mkdir()
+    for args in (["export", "run", "out/pkg"],
+                 ["predict", "pkg", "rows.csv", "--format", "csv", "--out", "out/scores.parquet"]):
+        done = subprocess.run([sys.executable, "-c", STAGED, *args], cwd=tmp_path, env=env, text=True,
+                              capture_output=True, timeout=TIMEOUT_S)
+        assert done.returncode == 130, (args[0], done.returncode, done.stderr[-2000:])
+        assert "interrupted (SIGTERM)" in done.stderr
+        assert list((tmp_path / "out").iterdir()) == []
