@@ -6,8 +6,6 @@ DDP wraps just the dense operators. Its gradient buckets are all-reduced as sums
 rank's loss is its share of the global batch's mean (its samples' summed loss over the global
 batch size), so the summed gradients are those of one process on the whole global batch, for the
 dense parameters and the embedding rows alike, however unevenly the samples fall on the ranks.
-A model with custom modules is wrapped at its first forward, which tells whether a parameter gets
-no gradient (DDP's find_unused_parameters only then).
 
 Example (on every rank):
     >>> parallel = DenseParallel(model, world)  # doctest: +SKIP
@@ -28,8 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from flowrec.data.batches import rank_slice
 from flowrec.runtime.distributed.world import Agreement, World
-from flowrec.runtime.nonfinite import NonFiniteLoss, TrainingStopped, non_finite_head
-from operators.regularize import SeededDropout
+from flowrec.runtime.nonfinite import NonFiniteLoss, non_finite_head
 
 
 class _DenseStage(nn.Module):
@@ -43,29 +40,6 @@ class _DenseStage(nn.Module):
     def forward(self, dense: torch.Tensor, emb: dict[str, torch.Tensor],
                 masks: dict[str, torch.Tensor]) -> torch.Tensor:
         return self._run(dense, emb, masks)
-
-
-UNUSED_LATER = ("a custom module's forward left out a parameter at a later step that it used at the first step: on "
-                "several ranks (--nproc) DDP syncs the parameters the first step used, at every step; use each "
-                "parameter at every step (multiply a skipped branch by 0 rather than leaving it out), or leave "
-                "it out at the first step too")
-
-
-def _graph_leaves(out: torch.Tensor) -> set[int]:
-    """The ids of the leaf tensors (parameters) that `out`'s autograd graph reaches."""
-    found: set[int] = set()
-    seen: set[Any] = set()
-    stack = [out.grad_fn]
-    while stack:
-        fn = stack.pop()
-        if fn is None or fn in seen:
-            continue
-        seen.add(fn)
-        variable = getattr(fn, "variable", None)  # an AccumulateGrad node: the leaf it accumulates into
-        if variable is not None:
-            found.add(id(variable))
-        stack.extend(next_fn for next_fn, _ in fn.next_functions)
-    return found
 
 
 def _sum_buckets(group, bucket):  # DDP checks the runtime annotations; these are (ProcessGroup, GradBucket)
@@ -91,67 +65,28 @@ class DenseParallel:
         if outside:
             raise ValueError(f"{len(outside)} dense parameter(s) outside the dense operators: "
                              f"data parallelism would not synchronize them")
+        device_ids = [world.device.index] if world.device.type == "cuda" else None
         self.stage = stage
         self.ddp = None  # a model of embeddings alone (two towers of ids) has nothing for DDP to sync
-        # a custom module may hold parameters its forward does not use (one process trains it; DDP
-        # waits for their gradients and stops at the next step unless told to look for them): its
-        # model is wrapped at the first forward, which tells whether one is unused (`_probe`); told
-        # to look for them when none is, DDP warns on every rank (from C++: no filter silences it)
-        self._probe_first = bool(getattr(model, "custom", False))
-        self._probed = False
-        if any(p.requires_grad for p in stage.parameters()) and not self._probe_first:
-            self._wrap(False)
+        if any(p.requires_grad for p in stage.parameters()):
+            # a custom module may hold parameters its forward does not use (one process trains it; DDP
+            # waits for their gradients and stops at the next step unless told to look for them)
+            self.ddp = DistributedDataParallel(stage, device_ids=device_ids,
+                                               find_unused_parameters=bool(getattr(model, "custom", False)),
+                                               **_no_buffer_sync())
+            self.ddp.register_comm_hook(None, _sum_buckets)
         self.last = Agreement(0.0, False, ())
         self._synced_forward = False
-
-    def _wrap(self, find_unused: bool) -> None:
-        """Wrap the dense stage in DDP (`find_unused`: some parameter gets no gradient)."""
-        device_ids = [self.world.device.index] if self.world.device.type == "cuda" else None
-        self.ddp = DistributedDataParallel(self.stage, device_ids=device_ids, find_unused_parameters=find_unused,
-                                           **_no_buffer_sync())
-        self.ddp.register_comm_hook(None, _sum_buckets)
-
-    def _probe(self, dense: torch.Tensor, emb: dict[str, torch.Tensor], masks: dict[str, torch.Tensor]) -> bool:
-        """True when, on any rank, a forward of the dense stage on these inputs leaves a trained
-        parameter out of its autograd graph (what DDP's find_unused_parameters looks for, the same
-        way). The forward leaves no trace: the random generators, the buffers (batch norm
-        statistics) and flowrec's dropout row counts are restored, so the step that follows is the
-        one it would have been (every rank probes its first forward: a synced batch norm's
-        collective runs on all)."""
-        params = [p for p in self.stage.parameters() if p.requires_grad]
-        buffers = [(b, b.detach().clone()) for b in self.stage.buffers()]
-        rows = [(m, m.rows) for m in self.stage.modules() if isinstance(m, SeededDropout)]
-        device = self.world.device
-        devices = [torch.cuda.current_device() if device.index is None else device.index] if device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
-            out = self.stage(dense.detach(), {k: v.detach() for k, v in emb.items()}, masks)
-        with torch.no_grad():
-            for b, saved in buffers:
-                b.copy_(saved)
-        for m, count in rows:
-            m.rows = count
-        reached = _graph_leaves(out)
-        return self.world.any(any(id(p) not in reached for p in params))
 
     def forward(self, dense: torch.Tensor, emb: dict[str, torch.Tensor], masks: dict[str, torch.Tensor],
                 sync: bool = True) -> torch.Tensor:
         """The dense stage's logits; `sync=False` for a micro-batch whose gradients are only
         accumulated (the last one of the step all-reduces them all)."""
         self._synced_forward = sync
-        if self._probe_first:
-            self._probe_first = False
-            if any(p.requires_grad for p in self.stage.parameters()):
-                self._probed = True
-                self._wrap(self._probe(dense, emb, masks))
         if self.ddp is None:
             return self.stage(dense, emb, masks)
         with nullcontext() if sync else self.ddp.no_sync():
-            try:
-                return self.ddp(dense, emb, masks)
-            except RuntimeError as exc:  # DDP's advice names an argument the user cannot pass
-                if self._probed and "Expected to have finished reduction" in str(exc):
-                    raise TrainingStopped(UNUSED_LATER) from None
-                raise
+            return self.ddp(dense, emb, masks)
 
     def first_row(self, global_size: int) -> int:
         """This rank's first row of a global batch of `global_size` (`batches.rank_slice`)."""
