@@ -918,3 +918,17 @@ def test_max_restarts_without_nproc_is_refused_not_ignored(spec: Path, tmp_path:
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: --max-restarts 2") and "--nproc" in lines[0], result.output
     assert not out.exists()
+
+
+def test_rows_given_for_a_run_on_real_data_is_said_to_be_ignored() -> None:
+    """`flowrec train specs/movielens.yaml --rows 2000` (or `--data D --rows 2000`) trained on every
+    row of the data without a word; on --resume it even said '--rows 2000 overrides the run's ...'."""
+    given = {"data": None, "rows": 2000, "epochs": None}
+    _, notes = merge_settings(given, None, {}, bound_data=True)
+    assert any("--rows 2000 is ignored" in n and "the data the spec binds" in n for n in notes), notes
+    _, notes = merge_settings({**given, "data": "/d"}, None, {})
+    assert any("--rows 2000 is ignored" in n and "--data /d" in n for n in notes), notes
+    _, notes = merge_settings({**given, "data": "/d"}, {"data": "/d", "rows": 400_000, "epochs": 2}, {})
+    assert not any("overrides" in n for n in notes) and any("--rows 2000 is ignored" in n for n in notes), notes
+    _, notes = merge_settings(given, None, {})  # synthetic rows: --rows is what they are
+    assert not any("ignored" in n for n in notes), notes
