@@ -252,7 +252,9 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
     split_by = opts.get("split_by")
     numeric = {columns.get(f.name, f.name) for f in spec.dense_features}
     numeric |= {columns.get(c, c) for c in unique_labels(spec)}
-    text_times = bool(split_by) and split_by not in numeric and _text_times(read, inputs, opts, numeric, split_by)
+    # MovieLens folders hold numbers (and are read whole before their first chunk: no probe)
+    text_times = bool(split_by) and split_by not in numeric and FORMAT_ALIASES.get(fmt, fmt) != "movielens" \
+        and _text_times(read, inputs, opts, numeric, split_by)
     if split_by and not text_times:
         numeric.add(split_by)
     tasks = label_tasks(spec, columns)
