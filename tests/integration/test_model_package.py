@@ -281,3 +281,24 @@ def test_a_dot_model_exported_by_a_fresh_process_scores(tmp_path):
     raw = pd.DataFrame({"price": [3.0, 40.0, 0.5], "user": ["a", "b", "c"], "city": ["x", "y", "x"]})
     scores = model.predict(raw)["ctr"].to_numpy()
     assert scores.shape == (3,) and np.all((scores > 0) & (scores < 1)) and len(set(scores.tolist())) == 3
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_a_half_export_of_a_dot_model_loads_and_scores(tmp_path, dtype):
+    """`flowrec export runs/dlrm pkg/dlrm --dtype fp16` (export --help's example) wrote a package
+    that `flowrec predict` refused: measuring the score difference ran the Dot, whose cached pair
+    indices the trace then kept as a constant, which torch 2.13 saves as data/constants/tensor_0,
+    a name check_archive did not know ('which flowrec's exports never hold')."""
+    import flowrec
+    from flowrec.serving.predict import load_model
+
+    spec = tmp_path / "dot.yaml"
+    spec.write_text(DOT_SPEC)
+    flowrec.train(spec, out=tmp_path / "run", rows=1200, max_steps=3)
+    full = runner.invoke(app, ["export", str(tmp_path / "run"), str(tmp_path / "pkg")])
+    half = runner.invoke(app, ["export", str(tmp_path / "run"), str(tmp_path / "half"), "--dtype", dtype])
+    assert full.exit_code == 0 and half.exit_code == 0, full.output + half.output
+    raw = pd.DataFrame({"price": [3.0, 40.0, 0.5], "user": ["a", "b", "c"], "city": ["x", "y", "x"]})
+    a = load_model(tmp_path / "pkg").predict(raw)["ctr"].to_numpy()
+    b = load_model(tmp_path / "half").predict(raw)["ctr"].to_numpy()
+    assert b.shape == (3,) and np.abs(a - b).max() < 0.05
