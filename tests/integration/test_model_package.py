@@ -324,3 +324,24 @@ def test_a_half_export_measures_and_keeps_the_eval_mode_model(tmp_path):
     b = load_model(tmp_path / "half").predict(raw)["ctr"].to_numpy()
     reported = json.loads((tmp_path / "half" / "manifest.json").read_text())["half_max_score_diff"]["value"]
     assert np.abs(a - b).max() < 1e-3 and reported < 1e-3, (np.abs(a - b).max(), reported)
+
+
+def test_lists_written_with_another_separator_are_refused_not_scored_as_one_id(package, tmp_path):
+    """`flowrec predict pkg/ml new_ratings.csv --format csv` with genres written 'Children's|Comedy'
+    (MovieLens' own separator) scored each list as one unknown id, without a word; data convert
+    refuses such a column (docs/data.md), predict and load_model().predict now do too."""
+    from flowrec.data.layout import DataError
+    from flowrec.serving.predict import load_model
+
+    raw = _raw(50, 4)
+    raw = raw.assign(tags=[t.replace("^", "|") for t in raw["tags"]])
+    assert raw["tags"].str.contains("|", regex=False).mean() > 0.1
+    raw.to_csv(tmp_path / "piped.csv", index=False)
+    refused = _predict(package["pkg"], tmp_path / "piped.csv", tmp_path / "s.parquet")
+    assert refused.exit_code == 2 and "'tags'" in refused.output and "separated by '^'" in refused.output, \
+        refused.output
+    assert not (tmp_path / "s.parquet").exists()
+    with pytest.raises(DataError, match="separated by '\\^'"):
+        load_model(package["pkg"]).predict(raw)
+    kept = _raw(50, 4)  # the same rows written with '^' score
+    assert len(load_model(package["pkg"]).predict(kept)) == 50
