@@ -259,7 +259,10 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
         numeric.add(split_by)
     tasks = label_tasks(spec, columns)
     mapped = [0]
-    separators_checked = [given is not None]  # a run's encoder brings its recorded separator
+    separators_checked = [False]
+    # a run's encoder brings its recorded separator: lists written with another are refused all the same
+    advice = None if given is None else (f"write each row's ids separated by {given.sequence_sep!r}, as the "
+                                         "encoder of --encoder-from splits them")
 
     def chunks(log_policy: ErrorPolicy) -> Iterator[tuple[ErrorLog, pa.Table]]:
         for path in inputs:
@@ -268,7 +271,7 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
             for chunk in read(path, opts, log, numeric):
                 _check_columns(chunk, spec, columns, path)
                 if not separators_checked[0]:
-                    _check_separators(chunk, spec, columns, opts, path)
+                    _check_separators(chunk, spec, columns, opts, path, advice)
                     separators_checked[0] = True
                 chunk, n = check_labels(chunk, tasks, log, fmt in PLUS_MINUS_FORMATS)
                 mapped[0] += n
@@ -433,11 +436,11 @@ def _check_rows(report: ConvertReport, inputs: list[Path], fmt: str) -> None:
 
 
 def _check_separators(chunk: pa.Table, spec: ModelSpec, columns: dict[str, str], opts: dict[str, Any],
-                      path: Path) -> None:
+                      path: Path, advice: str | None = None) -> None:
     """The multi-hot text columns of the first chunk against data option sequence_sep
     (`flowrec.data.separators`); the error names the input file."""
     try:
-        check_sequence_separators(chunk, spec, columns, opts)
+        check_sequence_separators(chunk, spec, columns, opts, advice)
     except DataError as exc:
         raise DataError(f"{path}: {exc}") from None
 
