@@ -324,6 +324,15 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
         seen += encoded.num_rows
         if progress is not None:
             progress(encoded.num_rows)
+    if cutoff is not None and seen and "train" in writers and not writers["train"].rows:
+        # every row at the cutoff time or later: another test_fraction or split_seed would not help
+        for w in writers.values():
+            w.close()
+        shown = int(cutoff) if isinstance(cutoff, float) and cutoff.is_integer() else cutoff
+        raise DataError(f"no rows converted from {', '.join(str(p) for p in inputs)} into the train split: every "
+                        f"row's {split_by} is at or after the cutoff {shown} (the newest {fraction:g} of the "
+                        f"rows reach back to the oldest time, and rows at the cutoff go to test); leave "
+                        f"split_by out to split by test_fraction alone, or convert rows of more times")
     for name, w in writers.items():
         w.close()
         split = {"test_fraction": fraction, "part": name}

@@ -198,3 +198,17 @@ def test_init_from_starts_a_loop_of_its_own(day1, tmp_path):
     assert (tmp_path / "child" / "best" / "checkpoint.pt").is_file()
     lr = {r["step"]: r["lr_dense"] for r in records if r["event"] == "train"}
     assert lr[4] == pytest.approx(0.01 * (1 - 3 / 64), rel=1e-12)  # over the child's 2 epochs, not 30
+
+
+def test_split_by_a_column_of_one_time_says_so_not_change_split_seed(tmp_path):
+    """Avazu's sample (one hour, 14102100, in every row) under split_by: hour left the train side
+    empty, and the line said 'change test_fraction or split_seed', neither of which can help."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC + "data: {format: csv, path: x, options: {split_by: hour, test_fraction: 0.2}}\n")
+    raw = pd.read_csv(_raw(tmp_path / "raw.csv", 100, 3, 0)).assign(hour=14102100)
+    raw.to_csv(tmp_path / "raw.csv", index=False)
+    made = _convert(tmp_path / "raw.csv", tmp_path / "d", spec)
+    line = made.stderr.strip()
+    assert made.exit_code == 2 and "\n" not in line, made.output
+    assert "every row's hour is at or after the cutoff 14102100 " in line and "split_seed" not in line, line
+    assert not (tmp_path / "d").exists() and not any(p.name.startswith(".d.partial") for p in tmp_path.iterdir())
