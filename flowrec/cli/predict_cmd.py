@@ -35,9 +35,9 @@ def predict(
     \b
     Examples:
       flowrec predict pkg/ml new_ratings.csv --format csv --out scores.parquet --keep user_id
-      flowrec predict pkg/dlrm day_24.tsv --out day_24_scores.parquet
+      flowrec predict pkg/dlrm day_24.tsv --format criteo --out day_24_scores.parquet
       flowrec predict pkg/ml new_ratings.csv --format csv --out scores.csv     # CSV text out
-      flowrec predict pkg/dlrm test.txt --out test_scores.parquet    # Criteo test file: no label column
+      flowrec predict pkg/dlrm test.txt --format criteo --out test_scores.parquet   # Criteo test file: no label
       flowrec predict pkg/tt users.csv --format csv --top-k 10 --out recs.parquet --keep user_id
     """
     from flowrec.data.layout import DataError
@@ -266,7 +266,8 @@ def _raw_chunks(model, raw: Path, fmt: Optional[str], on_error: str) -> tuple[An
     if fmt is None:
         fmt = spec.data.format if spec.data is not None else None
         if fmt is None:
-            raise ValueError("the package's spec binds no data format; give --format")
+            raise ValueError("the package's spec binds no data format (data.format); give --format "
+                             "criteo|avazu|libsvm|libfm|csv|movielens|parquet, the format of RAW")
         mismatch = default_format_mismatch(raw, fmt)
         if mismatch is not None:
             raise ValueError(mismatch)

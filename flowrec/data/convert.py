@@ -6,7 +6,7 @@ need a first pass over the input (as DLRM's Criteo preprocessing does). With
 ``data.options.test_fraction`` the rows are split (seeded by ``split_seed``, per row index, so
 the split does not depend on chunking) into ``train/`` and ``test/`` datasets; with
 ``split_by: <timestamp column>`` the newest ``test_fraction`` of the rows are the test set (a first
-pass reads the column; rows at the cutoff time go to test). Encoding with an existing encoder
+pass reads the column, numbers or text times ordered as text; rows at the cutoff time go to test). Encoding with an existing encoder
 whose tables reserve spare rows (``vocab_spare``) first finds the unseen values and gives them
 those rows (`flowrec.data.vocab_growth`); the dataset records the extended encoder. Labels are checked
 for their heads (`flowrec.data.labels`: binary 0/1, libsvm's -1/+1 mapped and counted). The
@@ -251,11 +251,19 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
         if label not in columns and fmt in FORMAT_LABEL and label == "label":
             columns[label] = FORMAT_LABEL[fmt]
     split_by = opts.get("split_by")
-    numeric = {columns.get(f.name, f.name) for f in spec.dense_features} | ({split_by} if split_by else set())
+    numeric = {columns.get(f.name, f.name) for f in spec.dense_features}
     numeric |= {columns.get(c, c) for c in unique_labels(spec)}
+    # MovieLens folders hold numbers (and are read whole before their first chunk: no probe)
+    text_times = bool(split_by) and split_by not in numeric and FORMAT_ALIASES.get(fmt, fmt) != "movielens" \
+        and _text_times(read, inputs, opts, numeric, split_by)
+    if split_by and not text_times:
+        numeric.add(split_by)
     tasks = label_tasks(spec, columns)
     mapped = [0]
-    separators_checked = [given is not None]  # a run's encoder brings its recorded separator
+    separators_checked = [False]
+    # a run's encoder brings its recorded separator: lists written with another are refused all the same
+    advice = None if given is None else (f"write each row's ids separated by {given.sequence_sep!r}, as the "
+                                         "encoder of --encoder-from splits them")
 
     def chunks(log_policy: ErrorPolicy) -> Iterator[tuple[ErrorLog, pa.Table]]:
         for path in inputs:
@@ -265,12 +273,12 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
                 _check_columns(chunk, spec, columns, path)
                 _check_id_columns(chunk, spec, columns, path)
                 if not separators_checked[0]:
-                    _check_separators(chunk, spec, columns, opts, path)
+                    _check_separators(chunk, spec, columns, opts, path, advice)
                     separators_checked[0] = True
                 chunk, n = check_labels(chunk, tasks, log, fmt in PLUS_MINUS_FORMATS)
                 mapped[0] += n
                 if split_by and float(opts.get("test_fraction", 0.0)):
-                    chunk = _with_times(chunk, split_by, log)
+                    chunk = _with_times(chunk, split_by, log, text_times)
                 if chunk.num_rows:
                     yield log, chunk
 
@@ -292,7 +300,8 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
         encoder = Encoder(spec, columns, {}, {}, sep)
     fraction = float(opts.get("test_fraction", 0.0))
     seed = int(opts.get("split_seed", 0))
-    cutoff = _time_cutoff((c for _, c in chunks(on_error)), split_by, fraction) if split_by and fraction else None
+    cutoff = _time_cutoff((c for _, c in chunks(on_error)), split_by, fraction, text_times) \
+        if split_by and fraction else None
     if cutoff is not None:
         logs.clear()
         mapped[0] = 0
@@ -306,7 +315,7 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
             test = _last_rows(chunk)
         if fraction:
             test = (split_mask(seen, encoded.num_rows, fraction, seed) if cutoff is None
-                    else _times(chunk, split_by) >= cutoff)
+                    else np.asarray(_times(chunk, split_by, text_times) >= cutoff, bool))
         if fraction or last_out:
             for side, mask in (("test", pa.array(test)), ("train", pa.array(~test))):
                 writers[side].write(encoded.filter(mask))
@@ -317,6 +326,15 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
         seen += encoded.num_rows
         if progress is not None:
             progress(encoded.num_rows)
+    if cutoff is not None and seen and "train" in writers and not writers["train"].rows:
+        # every row at the cutoff time or later: another test_fraction or split_seed would not help
+        for w in writers.values():
+            w.close()
+        shown = int(cutoff) if isinstance(cutoff, float) and cutoff.is_integer() else cutoff
+        raise DataError(f"no rows converted from {', '.join(str(p) for p in inputs)} into the train split: every "
+                        f"row's {split_by} is at or after the cutoff {shown} (the newest {fraction:g} of the "
+                        f"rows reach back to the oldest time, and rows at the cutoff go to test); leave "
+                        f"split_by out to split by test_fraction alone, or convert rows of more times")
     for name, w in writers.items():
         w.close()
         split = {"test_fraction": fraction, "part": name}
@@ -339,19 +357,52 @@ def _last_rows(chunk: pa.Table) -> np.ndarray:
     return chunk.column(TEST_COLUMN).to_numpy(zero_copy_only=False).astype(bool)
 
 
-def _times(chunk: pa.Table, column: str) -> np.ndarray:
-    """The split column of a chunk as float64 (rows without a time were taken out as malformed)."""
+def _text_times(read: Callable, inputs: list[Path], opts: dict[str, Any], numeric: set[str], column: str) -> bool:
+    """Whether the split_by column holds times as text ('2017-05-06 00:00:00', ISO dates: they
+    order as text) rather than numbers, told by its first value: Taobao's time_stamp was read as a
+    number, so every row was malformed ('non-numeric value', with a hint to skip them all). A column
+    whose first value is a number stays numeric (a later text value is a malformed row, as before)."""
+    from contextlib import closing
+
+    for path in inputs:
+        with closing(read(path, opts, ErrorLog("skip", str(path)), set(numeric))) as chunks:
+            for chunk in chunks:
+                if column not in chunk.column_names:
+                    return False  # named by _times
+                values = chunk.column(column)
+                if not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)):
+                    return False
+                values = pc.drop_null(values).to_pylist()
+                first = next((v for v in values if v.strip()), None)
+                if first is not None:
+                    try:
+                        float(first)
+                    except ValueError:
+                        return True
+                    return False
+    return False
+
+
+def _times(chunk: pa.Table, column: str, text: bool = False) -> np.ndarray:
+    """The split column of a chunk as float64, or as str objects for text times (rows without a
+    time were taken out as malformed)."""
     if column not in chunk.column_names:
         raise DataError(f"split_by: column {column!r} is not in the input (has "
                         f"{[c for c in chunk.column_names[:12] if c != LINE_COLUMN]})")
+    if text:
+        return np.asarray(chunk.column(column).to_pylist(), dtype=object)
     return pc.cast(chunk.column(column), pa.float64()).to_numpy(zero_copy_only=False)
 
 
-def _with_times(chunk: pa.Table, column: str, log: ErrorLog) -> pa.Table:
+def _with_times(chunk: pa.Table, column: str, log: ErrorLog, text: bool = False) -> pa.Table:
     """The chunk without rows that have no time in the split_by column: each is a malformed row
     (named, counted, skipped or fatal by --on-error), never silently a training row."""
-    missing = np.isnan(pc.cast(chunk.column(column), pa.float64()).to_numpy(zero_copy_only=False)) \
-        if column in chunk.column_names else np.zeros(0, bool)
+    if column not in chunk.column_names:
+        missing = np.zeros(0, bool)
+    elif text:
+        missing = np.array([v is None or not v.strip() for v in chunk.column(column).to_pylist()], bool)
+    else:
+        missing = np.isnan(pc.cast(chunk.column(column), pa.float64()).to_numpy(zero_copy_only=False))
     if not missing.any():
         return chunk
     lines = chunk.column(LINE_COLUMN).to_numpy()
@@ -360,14 +411,15 @@ def _with_times(chunk: pa.Table, column: str, log: ErrorLog) -> pa.Table:
     return chunk.filter(pa.array(~missing))
 
 
-def _time_cutoff(chunks: Iterator[pa.Table], column: str, fraction: float) -> float:
+def _time_cutoff(chunks: Iterator[pa.Table], column: str, fraction: float, text: bool = False) -> float | str:
     """The time from which rows are test rows: the newest `fraction` of the rows (rows at the
-    cutoff time all go to test, so the test share can be a little larger)."""
-    times = np.sort(np.concatenate([_times(c, column) for c in chunks] or [np.zeros(0)]))
+    cutoff time all go to test, so the test share can be a little larger); text times by their
+    order as text."""
+    times = np.sort(np.concatenate([_times(c, column, text) for c in chunks] or [np.zeros(0)]))
     if not len(times):
         return float("inf")
     index = min(len(times) - max(int(round(len(times) * fraction)), 1), len(times) - 1)
-    return float(times[max(index, 0)])
+    return str(times[max(index, 0)]) if text else float(times[max(index, 0)])
 
 
 def _check_vocabularies(spec: ModelSpec, encoder: Encoder) -> None:
@@ -395,11 +447,11 @@ def _check_rows(report: ConvertReport, inputs: list[Path], fmt: str) -> None:
 
 
 def _check_separators(chunk: pa.Table, spec: ModelSpec, columns: dict[str, str], opts: dict[str, Any],
-                      path: Path) -> None:
+                      path: Path, advice: str | None = None) -> None:
     """The multi-hot text columns of the first chunk against data option sequence_sep
     (`flowrec.data.separators`); the error names the input file."""
     try:
-        check_sequence_separators(chunk, spec, columns, opts)
+        check_sequence_separators(chunk, spec, columns, opts, advice)
     except DataError as exc:
         raise DataError(f"{path}: {exc}") from None
 

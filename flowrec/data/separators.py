@@ -30,7 +30,7 @@ CANDIDATE_SHARE = 0.1  # share of values holding a candidate that makes it the c
 
 
 def check_sequence_separators(chunk: pa.Table, spec: ModelSpec, columns: dict[str, str],
-                              options: dict) -> None:
+                              options: dict, advice: str | None = None) -> None:
     """Check every multi-hot text column of `chunk` (a first chunk of raw rows) against the
     separator it will be split at, unless the options set `sequence_sep` explicitly.
 
@@ -39,6 +39,8 @@ def check_sequence_separators(chunk: pa.Table, spec: ModelSpec, columns: dict[st
         spec: the model spec (its multi-hot and sequence features).
         columns: feature -> source column (default: the feature's name).
         options: the merged data options.
+        advice: what to do instead of setting the option (raw rows scored by a package, whose
+            encoder's separator is fixed).
 
     Raises:
         DataError: a column that holds lists written with another separator (`check_separator`).
@@ -48,16 +50,18 @@ def check_sequence_separators(chunk: pa.Table, spec: ModelSpec, columns: dict[st
     for feature in spec.sparse_features:
         column = columns.get(feature.name, feature.name)
         if is_multi(feature) and column in chunk.column_names:
-            check_separator(chunk.column(column), DEFAULT_SEQUENCE_SEP, feature.name, column)
+            check_separator(chunk.column(column), DEFAULT_SEQUENCE_SEP, feature.name, column, advice)
 
 
-def check_separator(values: pa.Array | pa.ChunkedArray, sep: str, feature: str, column: str) -> None:
+def check_separator(values: pa.Array | pa.ChunkedArray, sep: str, feature: str, column: str,
+                    advice: str | None = None) -> None:
     """Raise DataError when no value of `values` holds `sep` but many hold another separator.
 
     Args:
         values: raw values of one multi-hot column (list and numeric columns pass: nothing to split).
         sep: the separator the values will be split at.
         feature, column: named in the message.
+        advice: the message's last part (default: set data option sequence_sep in the spec).
 
     Raises:
         DataError: one line naming the feature, the column, the separator found and the option.
@@ -75,6 +79,6 @@ def check_separator(values: pa.Array | pa.ChunkedArray, sep: str, feature: str, 
             raise DataError(
                 f"feature '{feature}' (column '{column}') holds several ids per row, but no value of the "
                 f"first chunk holds the sequence separator {sep!r} (the default of data option "
-                f"sequence_sep), while {share:.0%} hold {candidate!r} (e.g. {example[:40]!r}): set "
-                f"data.options.sequence_sep: {candidate!r} in the spec (or sequence_sep: {sep!r} if "
-                f"each value is one id)")
+                f"sequence_sep), while {share:.0%} hold {candidate!r} (e.g. {example[:40]!r}): "
+                + (advice or f"set data.options.sequence_sep: {candidate!r} in the spec (or sequence_sep: "
+                              f"{sep!r} if each value is one id)"))

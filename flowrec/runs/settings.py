@@ -157,12 +157,21 @@ def merge_settings(given: dict[str, Any], recorded: dict[str, Any] | None,
         if value is None:
             value = spec_defaults.get(key, default)
         settings[key] = value
+    ignored = None
     if settings["data"] or bound_data:  # real data: the synthetic row count is recorded, not used
-        restored = [note for note in restored if not note.startswith(f"{SETTINGS['rows'][0]} ")]
+        flag = SETTINGS["rows"][0]
+        restored = [note for note in restored if not note.startswith(f"{flag} ")]
+        if given.get("rows") is not None:  # trained on all the data's rows, not on --rows of them
+            overridden = [note for note in overridden if not note.startswith(f"{flag} ")]
+            data = f"--data {settings['data']}" if settings["data"] else "the data the spec binds"
+            ignored = (f"{flag} {given['rows']} is ignored: it sets the rows of synthetic data, and this run trains "
+                       f"on every row of {data} (--max-steps N stops it sooner)")
     notes = []
     if restored:
         notes.append("restored from run.json: " + ", ".join(restored))
     notes.extend(overridden)
+    if ignored is not None:
+        notes.append(ignored)
     return settings, notes
 
 

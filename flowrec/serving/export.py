@@ -108,6 +108,7 @@ def write_package(trained: Trained, out: Path, dtype: str, encoder: EncoderRecor
     trained.model.managed = None
     serving = ServingModel(spec, trained.model, mapped)
     serving.requires_grad_(False)  # the program's scores then need no torch.no_grad() (.numpy() works)
+    serving.eval()  # before a half dtype's comparison: no dropout, batch norm's running statistics kept
     diff, rows = _cast(serving, DTYPES[dtype], spec, compare, maps) if dtype != "fp32" else (None, 0)
     with _tracing_quietly():
         program = export_program(serving, spec) if retrieval is None else retrieval.export_program(serving, spec)

@@ -26,6 +26,7 @@ from flowrec.data.encode import Encoder
 from flowrec.data.encoder_record import ENCODER_FILE, EncoderRecord, load_encoder, read_record
 from flowrec.data.layout import DataError, is_multi
 from flowrec.data.raw_ids import check_float_ids, check_ids
+from flowrec.data.separators import check_sequence_separators
 from flowrec.data.sources import FLOAT32_MAX, LINE_COLUMN
 from flowrec.serving.managed import MANAGED_DIR, Maps, read_maps, remap_inputs
 from flowrec.serving.package import (MODEL_FILE, PLAN_FILE, SPEC_FILE, check_program, encoded_inputs,
@@ -166,6 +167,10 @@ class LoadedModel:
                             "synthetic data): raw rows cannot be encoded; train on converted data to score them")
         for f in self.spec.dense_features:
             check_finite(raw.column(self.encoder.source(f.name)), self.encoder.source(f.name))
+        options = dict(self.spec.data.options) if self.spec.data is not None else {}
+        check_sequence_separators(  # lists written with '|' would each be one unknown id, scored without a word
+            raw, self.spec, {f.name: self.encoder.source(f.name) for f in self.spec.sparse_features}, options,
+            f"write each row's ids separated by {self.encoder.sequence_sep!r}, as the package's encoder splits them")
         lines = raw.column(LINE_COLUMN).to_numpy() if LINE_COLUMN in raw.column_names else None  # (predict FILE)
         for f in self.spec.sparse_features:  # (a retrieval query's rows lack the item column)
             if self.encoder.source(f.name) in raw.column_names:

@@ -39,8 +39,10 @@ ENTRIES = re.compile(  # everything torch.export.save writes for one program of 
     r"(archive_format|archive_version|byteorder|\.data/version|\.data/serialization_id"
     r"|models/model\.json|data/sample_inputs/model\.pt"
     r"|data/weights/model_weights_config\.json|data/weights/weight_\d+"
-    r"|data/constants/model_constants_config\.json|data/constants/tensor_constant\d+)")
-RECORDS = {WEIGHTS_CONFIG: re.compile(r"weight_\d+"), CONSTANTS_CONFIG: re.compile(r"tensor_constant\d+")}
+    r"|data/constants/model_constants_config\.json|data/constants/tensor_(constant)?\d+)")
+# a constant's record: tensor_constant<N> (older torch) or tensor_<N> (torch 2.13, e.g. a module's
+# cached index tensor the trace keeps); read as raw storage like a weight, never pickled (checked)
+RECORDS = {WEIGHTS_CONFIG: re.compile(r"weight_\d+"), CONSTANTS_CONFIG: re.compile(r"tensor_(constant)?\d+")}
 FQN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*")  # a parameter's dotted name
 SYM_OPS = {"_operator." + op for op in ("add", "sub", "mul", "floordiv", "truediv", "mod", "pow", "neg",
                                          "eq", "ne", "lt", "le", "gt", "ge", "and_", "or_", "not_")}

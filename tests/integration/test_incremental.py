@@ -96,6 +96,26 @@ def test_split_by_rows_without_a_time_are_malformed_rows_not_training_rows(tmp_p
     assert len(train) + len(test) == 998 and np.isfinite(train).all()
 
 
+def test_split_by_a_column_of_text_times_orders_them_as_text(tmp_path):
+    """Taobao's time_stamp ('2017-05-06 00:00:00') under split_by was read as a number: every row
+    was malformed ('non-numeric value', use --on-error skip), so no split by time was possible."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC + "data: {format: csv, path: x, options: {split_by: when, test_fraction: 0.25}}\n")
+    raw = pd.read_csv(_raw(tmp_path / "raw.csv", 400, 3, 0))
+    raw["when"] = [f"2017-05-{6 + t // 100:02d} {t % 24:02d}:00:{t % 60:02d}" for t in raw["ts"]]
+    raw.loc[7, "when"] = None
+    raw.to_csv(tmp_path / "raw.csv", index=False)
+    made = _convert(tmp_path / "raw.csv", tmp_path / "d", spec, "--on-error", "skip")
+    assert made.exit_code == 0 and "skipped 1 malformed row " in made.stderr, made.output
+    meta = json.loads((tmp_path / "d" / "test" / "_flowrec.json").read_text())
+    assert meta["split"]["split_by"] == "when" and meta["split"]["cutoff"] == "2017-05-09 00:00:00"
+    ts = {side: ds.dataset(tmp_path / "d" / side, format="parquet").to_table().column("ts").to_numpy()
+          for side in ("train", "test")}
+    kept = raw.drop(index=7)
+    assert sorted(ts["test"]) == sorted(kept.loc[kept["when"] >= "2017-05-09 00:00:00", "ts"])
+    assert len(ts["test"]) + len(ts["train"]) == 399 and ts["train"].max() < 300 <= ts["test"].min()
+
+
 def _tables(run: Path) -> torch.Tensor:
     state = torch.load(run / "checkpoint.pt", weights_only=True)["model"]
     return next(v for k, v in state.items() if k.endswith(".weight") and k.startswith("embeddings"))
@@ -178,3 +198,17 @@ def test_init_from_starts_a_loop_of_its_own(day1, tmp_path):
     assert (tmp_path / "child" / "best" / "checkpoint.pt").is_file()
     lr = {r["step"]: r["lr_dense"] for r in records if r["event"] == "train"}
     assert lr[4] == pytest.approx(0.01 * (1 - 3 / 64), rel=1e-12)  # over the child's 2 epochs, not 30
+
+
+def test_split_by_a_column_of_one_time_says_so_not_change_split_seed(tmp_path):
+    """Avazu's sample (one hour, 14102100, in every row) under split_by: hour left the train side
+    empty, and the line said 'change test_fraction or split_seed', neither of which can help."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC + "data: {format: csv, path: x, options: {split_by: hour, test_fraction: 0.2}}\n")
+    raw = pd.read_csv(_raw(tmp_path / "raw.csv", 100, 3, 0)).assign(hour=14102100)
+    raw.to_csv(tmp_path / "raw.csv", index=False)
+    made = _convert(tmp_path / "raw.csv", tmp_path / "d", spec)
+    line = made.stderr.strip()
+    assert made.exit_code == 2 and "\n" not in line, made.output
+    assert "every row's hour is at or after the cutoff 14102100 " in line and "split_seed" not in line, line
+    assert not (tmp_path / "d").exists() and not any(p.name.startswith(".d.partial") for p in tmp_path.iterdir())

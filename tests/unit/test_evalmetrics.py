@@ -103,3 +103,20 @@ def test_undefined_metrics_are_nan() -> None:
     got = acc.result()
     assert math.isnan(got["auc"]) and math.isnan(got["ne"]) and math.isnan(got["calibration"])
     assert got["logloss"] == pytest.approx(em.logloss(np.zeros(3), [0.1, 0.2, 0.3]))
+
+
+def test_a_group_by_feature_that_is_not_in_the_model_names_only_those_it_can_group_by():
+    """`flowrec eval RUN --group-by userid` listed a multi-hot feature among the 'categorical
+    features' to group by, which --group-by then refused ('holds up to 20 ids per sample')."""
+    from types import SimpleNamespace
+
+    from flowrec.runtime.evaluation.evaluate import GroupByError, group_slot
+
+    fields = [SimpleNamespace(feature="user", max_len=1), SimpleNamespace(feature="hist", max_len=20)]
+    model = SimpleNamespace(groups=[SimpleNamespace(name="g0", fields=fields, bags_per_sample=21,
+                                                    field_bags=lambda: {"user": range(0, 1)})])
+    with pytest.raises(GroupByError, match=r"\(one-id categorical features: user\)$"):
+        group_slot(model, "userid")
+    with pytest.raises(GroupByError, match="holds up to 20 ids"):
+        group_slot(model, "hist")
+    assert group_slot(model, "user") == ("g0", 0, 21)

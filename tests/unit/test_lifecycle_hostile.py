@@ -1086,3 +1086,17 @@ def test_ctrl_c_while_flowrec_starts_is_one_line(monkeypatch, capsys) -> None:
 
     scripts = tomllib.loads((Path(flowrec.__file__).parents[1] / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["flowrec"] == "flowrec.__main__:run"
+
+
+def test_rows_given_for_a_run_on_real_data_is_said_to_be_ignored() -> None:
+    """`flowrec train specs/movielens.yaml --rows 2000` (or `--data D --rows 2000`) trained on every
+    row of the data without a word; on --resume it even said '--rows 2000 overrides the run's ...'."""
+    given = {"data": None, "rows": 2000, "epochs": None}
+    _, notes = merge_settings(given, None, {}, bound_data=True)
+    assert any("--rows 2000 is ignored" in n and "the data the spec binds" in n for n in notes), notes
+    _, notes = merge_settings({**given, "data": "/d"}, None, {})
+    assert any("--rows 2000 is ignored" in n and "--data /d" in n for n in notes), notes
+    _, notes = merge_settings({**given, "data": "/d"}, {"data": "/d", "rows": 400_000, "epochs": 2}, {})
+    assert not any("overrides" in n for n in notes) and any("--rows 2000 is ignored" in n for n in notes), notes
+    _, notes = merge_settings(given, None, {})  # synthetic rows: --rows is what they are
+    assert not any("ignored" in n for n in notes), notes

@@ -71,6 +71,22 @@ def test_an_explicit_separator_is_trusted_even_where_values_hold_another(tmp_pat
     assert {len(h) for h in pq.read_table(tmp_path / "out").column("hist").to_pylist()} == {1}
 
 
+def test_a_multi_hot_column_with_another_separator_is_refused_with_encoder_from_too(tmp_path: Path):
+    """`data convert csv day2.csv ... --encoder-from runs/day1` skipped the check (the encoder brings
+    its separator), so day 2's '9|33|16' became one id per row, silently."""
+    day1 = runner.invoke(app, ["data", "convert", "csv", str(_sequence_csv(tmp_path, "^")), str(tmp_path / "d1"),
+                               "--spec", str(_spec(tmp_path)), "-q"])
+    assert day1.exit_code == 0, day1.output
+    (tmp_path / "day2").mkdir()
+    result = runner.invoke(app, ["data", "convert", "csv", str(_sequence_csv(tmp_path / "day2", "|")),
+                                 str(tmp_path / "d2"), "--spec", str(_spec(tmp_path)), "-q",
+                                 "--encoder-from", str(tmp_path / "d1")])
+    assert result.exit_code == 2, result.output
+    line = result.stderr.strip()
+    assert "\n" not in line and "feature 'hist'" in line and "separated by '^'" in line, line
+    assert not (tmp_path / "d2").exists()
+
+
 # ------------------------------------------------------------------ Arrow's threads at a library user's exit
 READ_AND_EXIT = """
 import sys

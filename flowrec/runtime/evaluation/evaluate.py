@@ -32,10 +32,11 @@ class GroupByError(ValueError):
 
 def group_slot(model: LoweredModel, feature: str) -> tuple[str, int, int]:
     """(packed group, bag position within a sample, bags per sample) of a one-id categorical feature."""
-    known = []
+    known = []  # the features it can group by: one-id categorical ones (a multi-hot one cannot)
     for group in model.groups:
         for field in group.fields:
-            known.append(field.feature)
+            if field.max_len == 1:
+                known.append(field.feature)
             if field.feature != feature:
                 continue
             if field.max_len != 1:
@@ -43,7 +44,7 @@ def group_slot(model: LoweredModel, feature: str) -> tuple[str, int, int]:
                                    f"sample; group by a one-id categorical feature")
             return group.name, group.field_bags()[feature].start, group.bags_per_sample
     raise GroupByError(f"cannot group by {feature!r}: not a categorical feature of the model "
-                       f"(categorical features: {', '.join(known) or 'none'})")
+                       f"(one-id categorical features: {', '.join(known) or 'none'})")
 
 
 def batch_groups(batch: Any, slot: tuple[str, int, int]) -> np.ndarray:
