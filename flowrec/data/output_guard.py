@@ -197,7 +197,8 @@ def atomic_output(out: Path) -> Iterator[Path]:
 
 def replace_folder(new: Path, out: Path) -> None:
     """Rename the complete folder `new` to `out`; an existing `out` is moved aside first, put back
-    if the rename fails, and deleted after, so `out` is always the old folder or the new one."""
+    if the rename fails, and deleted after, so `out` is always the old folder or the new one (an
+    `out` that is a link to a folder is replaced as a link: the folder it names is left as it is)."""
     new, out = Path(new), Path(out)
     if not os.path.lexists(out):
         os.rename(new, out)
@@ -209,4 +210,7 @@ def replace_folder(new: Path, out: Path) -> None:
     except OSError:
         os.rename(old, out)
         raise
-    shutil.rmtree(old, ignore_errors=True)
+    if old.is_symlink():  # `out` was a link: the link goes, never the folder it names (which
+        old.unlink()  # rmtree refuses, and ignore_errors would have left the link behind)
+    else:
+        shutil.rmtree(old, ignore_errors=True)

@@ -143,6 +143,20 @@ def test_replacing_a_folder_keeps_the_old_one_when_the_new_cannot_be_moved_in(tm
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["new.txt"]
 
 
+def test_replacing_a_link_to_a_folder_leaves_neither_the_link_nor_its_folder_changed(tmp_path: Path):
+    """`convert ... latest --overwrite` where `latest` links to a dataset: the link becomes the new
+    folder, the folder it named is untouched, and no hidden `.latest.old-*` link is left behind."""
+    (tmp_path / "day1").mkdir()
+    (tmp_path / "day1" / "old.txt").write_text("old")
+    (tmp_path / "latest").symlink_to("day1", target_is_directory=True)
+    (tmp_path / "new").mkdir()
+    (tmp_path / "new" / "new.txt").write_text("new")
+    replace_folder(tmp_path / "new", tmp_path / "latest")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["day1", "latest"]
+    assert not (tmp_path / "latest").is_symlink() and [p.name for p in (tmp_path / "latest").iterdir()] == ["new.txt"]
+    assert (tmp_path / "day1" / "old.txt").read_text() == "old"
+
+
 @pytest.mark.parametrize("check", ["file", "folder"])
 def test_missing_folders_above_an_output_are_made_only_once_every_check_passed(tmp_path: Path, check):
     """As `mkdir -p`: `export RUN a/b/pkg` and `--out reports/x/s.parquet` make a/b and reports/x;
