@@ -192,3 +192,31 @@ def test_a_split_owns_its_root_and_a_dataset_named_train_does_not(tmp_path: Path
     check_folder_output(hand / "test", [], False, "a dataset")  # the user's test set beside their train set
     with pytest.raises(OutputError, match="a dataset's folder"):
         check_folder_output(split / "extra", [], False, "a dataset")
+
+
+@pytest.mark.parametrize("command", [
+    ["train", "SPEC", "--out", "LONG"],
+    ["train", "SPEC", "--resume", "LONG"],
+    ["export", "LONG", "pkg"],
+    ["export", "run", "LONG"],
+    ["eval", "run", "--json", "LONG.json"],
+    ["plan", "SPEC", "--json", "LONG.json"],
+    ["data", "inspect", "LONG"],
+    ["validate", "LONG.yaml"],
+])
+def test_a_path_whose_name_is_longer_than_a_file_name_can_be_is_one_line(tmp_path: Path, command):
+    """Python's Path.exists() raises on a name past the file system's limit (255 bytes) where it
+    returns False for a missing file, which ended `train --out`, `export`, `plan --json` and
+    `data inspect` in a traceback; every command now names the option and the limit."""
+    from typer.testing import CliRunner
+
+    from flowrec.cli import app
+
+    spec = Path(__file__).resolve().parents[2] / "specs" / "two_task.yaml"
+    long = str(tmp_path / ("x" * 300))
+    args = [str(spec) if a == "SPEC" else a.replace("LONG", long) for a in command]
+    result = CliRunner().invoke(app, args)
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2 and "Traceback" not in result.output and len(lines) == 1, result.output
+    assert "is 30" in lines[0] and "a file name holds at most 255" in lines[0], lines[0]
+    assert list(tmp_path.iterdir()) == []
