@@ -68,6 +68,34 @@ def test_a_file_without_its_header_line_says_so_not_rename_a_column(tmp_path: Pa
         convert(_spec(), "csv", [path], tmp_path / "out")
 
 
+@pytest.mark.parametrize("name", ["rows.csv.gz", "rows.tsv.gz"])
+def test_a_gzip_bomb_without_line_breaks_is_one_line_without_reading_it_whole(tmp_path: Path, name: str) -> None:
+    """64 MiB of one byte, 64 KiB gzipped: the CSV header and Criteo's first row were read as one
+    line into memory (1 GiB took 2.2 GB and ended in a traceback, `_csv.Error: field larger than
+    field limit`); now a line past the reader's block (16 MiB) is one line naming the file."""
+    import gzip
+    import tracemalloc
+
+    from flowrec.data.sources import criteo_has_label
+
+    path = tmp_path / name
+    with gzip.open(path, "wb", compresslevel=1) as fh:
+        for _ in range(64):
+            fh.write(b"a" * (1 << 20))
+    tracemalloc.start()
+    try:
+        with pytest.raises(DataError, match=rf"{name}: line 1 is longer than 16 MiB") as caught:
+            if name.endswith(".tsv.gz"):
+                criteo_has_label(path)
+            else:
+                convert(_spec(), "csv", [path], tmp_path / "out")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert "\n" not in str(caught.value) and peak < 40 << 20, peak
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("name", ["rows.csv.zip", "rows.csv.xz", "rows.tar.gz"])
 def test_an_archive_or_a_compression_pyarrow_does_not_read_is_named_as_such(tmp_path: Path, name: str) -> None:
     """A zip, xz or tar input was read as text: 'a row with the wrong field count is not valid UTF-8',
