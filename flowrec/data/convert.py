@@ -34,8 +34,9 @@ from flowrec.data.encoder_record import record_of_encoder
 from flowrec.data.error_log import ErrorLog, ErrorPolicy
 from flowrec.data.labels import PLUS_MINUS_FORMATS, check_labels, label_tasks
 from flowrec.data.layout import (VOCAB_DIR, DataError, DatasetMeta, data_hash, encoded_rows, encoding_mode,
-                                 unique_labels, write_meta)
+                                 is_multi, unique_labels, write_meta)
 from flowrec.data.output import staged_output
+from flowrec.data.raw_ids import check_ids
 from flowrec.data.rawstats import RawStats
 from flowrec.data.sequences import TEST_COLUMN, split_option
 from flowrec.data.separators import DEFAULT_SEQUENCE_SEP, check_sequence_separators
@@ -262,6 +263,7 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
             logs.append(log)
             for chunk in read(path, opts, log, numeric):
                 _check_columns(chunk, spec, columns, path)
+                _check_id_columns(chunk, spec, columns, path)
                 if not separators_checked[0]:
                     _check_separators(chunk, spec, columns, opts, path)
                     separators_checked[0] = True
@@ -410,6 +412,20 @@ def _check_columns(chunk: pa.Table, spec: ModelSpec, columns: dict[str, str], pa
         has = [name[:40] for name in chunk.column_names[:12] if name != LINE_COLUMN]
         raise DataError(f"{path}: columns {missing} required by spec {spec.name!r} not in the input "
                         f"(has {has}...); {_separator_hint(chunk.column_names, needed)}")
+
+
+def _check_id_columns(chunk: pa.Table, spec: ModelSpec, columns: dict[str, str], path: Path) -> None:
+    """A sparse feature's column of a typed input (Parquet) holds ids, as `predict` checks them: a
+    list or struct column of a one-id feature was a traceback (Arrow's cast to text). Text columns
+    (the CSV formats') are ids by their type, and their UTF-8 is checked where they are read."""
+    for f in spec.sparse_features:
+        name = columns.get(f.name, f.name)
+        column = chunk.column(name)
+        if not (pa.types.is_binary(column.type) or pa.types.is_string(column.type)):
+            try:
+                check_ids(column, name, is_multi(f))
+            except DataError as exc:
+                raise DataError(f"{path}: {exc}") from None
 
 
 def _separator_hint(names: list[str], needed: list[str]) -> str:

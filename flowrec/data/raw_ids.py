@@ -50,6 +50,28 @@ def _text(values: pa.Array) -> pa.Array:
         raise DataError(f"an id column {why}") from None
 
 
+def check_ids(column: pa.ChunkedArray | pa.Array, name: str, multi: bool) -> None:
+    """Raise DataError unless a sparse feature's raw column holds ids: plain values, or for a list
+    feature (multi-hot, sequence) lists of plain values or text to split (as CSV's `a^b`); nested
+    lists, structs and maps were an Arrow cast error naming no column (`predict`) or a traceback
+    (`data convert`)."""
+    from flowrec.data.layout import DataError
+
+    kind = column.type
+    if multi and (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
+        kind = kind.value_type
+    if pa.types.is_dictionary(kind):  # pandas categories: their values are the ids
+        kind = kind.value_type
+    if pa.types.is_nested(kind):
+        wanted = "ids or lists of ids" if multi else "one id per row"
+        raise DataError(f"column {name} holds {column.type}, not {wanted}")
+    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):  # bytes ids are read as UTF-8 text
+        values = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+        why = not_utf8(pc.list_flatten(values) if pa.types.is_nested(values.type) else values)
+        if why is not None:
+            raise DataError(f"column {name} {why}")
+
+
 def not_utf8(values: pa.Array) -> str | None:
     """What is wrong with a binary column of ids whose bytes are not all UTF-8 text (None if they
     are, or it holds no bytes): ids are read as text."""

@@ -24,7 +24,7 @@ import torch
 from flowrec.data.encode import Encoder
 from flowrec.data.encoder_record import ENCODER_FILE, EncoderRecord, load_encoder, read_record
 from flowrec.data.layout import DataError, is_multi
-from flowrec.data.raw_ids import not_utf8
+from flowrec.data.raw_ids import check_ids
 from flowrec.data.sources import FLOAT32_MAX
 from flowrec.serving.managed import MANAGED_DIR, Maps, read_maps, remap_inputs
 from flowrec.serving.package import (MODEL_FILE, PLAN_FILE, SPEC_FILE, check_program, encoded_inputs,
@@ -251,27 +251,6 @@ def _spec(path: Path) -> ModelSpec:
     if issues:
         raise ValueError(f"{path} holds a spec that is not valid: {issues[0]}")
     return spec_from_dict(doc)
-
-
-def check_ids(column: pa.ChunkedArray | pa.Array, name: str, multi: bool) -> None:
-    """Raise DataError unless a sparse feature's raw column holds ids: plain values, or for a list
-    feature (multi-hot, sequence) lists of plain values or text to split (as CSV's `a^b`); nested
-    lists, structs and maps were an Arrow cast error naming no column."""
-    kind = column.type
-    if multi and (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
-        kind = kind.value_type
-    if pa.types.is_dictionary(kind):  # pandas categories: their values are the ids
-        kind = kind.value_type
-    if pa.types.is_nested(kind):
-        wanted = "ids or lists of ids" if multi else "one id per row"
-        raise DataError(f"column {name} holds {column.type}, not {wanted}")
-    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):  # bytes ids are read as UTF-8 text
-        values = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-        why = not_utf8(pc.list_flatten(values) if pa.types.is_nested(values.type) else values)
-        if why is not None:
-            raise DataError(f"column {name} {why}")
-
-
 
 
 def check_frame_ids(column: pa.ChunkedArray | pa.Array, name: str) -> None:

@@ -266,7 +266,7 @@ def test_bytes_ids_that_are_not_utf8_are_one_line_naming_the_value(tmp_path: Pat
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from flowrec.serving.predict import check_ids
+    from flowrec.data.raw_ids import check_ids
 
     good = _parquet_folder(tmp_path / "good", {"a.parquet": {**ROWS, "user": [b"u1", b"u2"]}})
     convert(_spec(), "parquet", [good], tmp_path / "out_good")
@@ -280,6 +280,18 @@ def test_bytes_ids_that_are_not_utf8_are_one_line_naming_the_value(tmp_path: Pat
         with pytest.raises(DataError, match=r"^column user holds bytes that are not UTF-8 text \(b'\\xc3\(' at row"):
             check_ids(column, "user", multi=pa.types.is_list(column.type))
     check_ids(pa.array([b"ok", None, "é".encode()]), "user", multi=False)
+
+
+@pytest.mark.parametrize("user", [[[1, 2], [3]], [{"a": 1}, {"a": 2}]], ids=["list", "struct"])
+def test_a_parquet_id_column_of_lists_or_structs_for_a_one_id_feature_is_one_line_in_convert(
+        tmp_path: Path, user: list) -> None:
+    """`data convert parquet` of a file whose one-id feature's column holds lists (or structs)
+    ended in a traceback (Arrow's 'Unsupported cast from list<element: int64> to utf8'), where
+    `predict` of the same file said it in one line; now convert names the input and the column."""
+    rows = _parquet_folder(tmp_path / "in", {"a.parquet": {**ROWS, "user": user}})
+    with pytest.raises(DataError, match=r"in: column user holds (list|struct)<.*>, not one id per row$"):
+        convert(_spec(), "parquet", [rows], tmp_path / "out")
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("fmt", ["csv", "libsvm"])
