@@ -8,7 +8,6 @@ import typer
 
 from flowrec.cli.common import fail, missing_parents, remove_empty
 from flowrec.runtime.messages import first_line
-from flowrec.spec.json_doc import parse_json_text
 
 EXIT_INTERRUPTED = 130
 COMPARE_ROWS = 65_536  # evaluation rows the half-dtype score difference is measured on
@@ -156,17 +155,14 @@ def _check_target(folder: Path, out: Path, overwrite: bool) -> None:
 def _last_eval(folder: Path, step: int | None = None) -> dict[str, Any]:
     """The metrics of the run's last evaluation (metrics.jsonl) at or before `step` (the exported
     checkpoint's: RUN/best's is its evaluation's), {} when it has none."""
-    path = folder / "metrics.jsonl"
+    from flowrec.runtime.run_log import read_records
+
     last: dict[str, Any] = {}
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                record = parse_json_text(line, str(path))
-            except ValueError:
-                continue
-            if isinstance(record, dict) and record.get("event") == "eval" and (
-                    step is None or not isinstance(record.get("step"), int) or record["step"] <= step):
-                last = record.get("metrics", {})
+    for record in read_records(folder / "metrics.jsonl"):  # a line that is not UTF-8 JSON is skipped,
+        # as on --resume (it refused the export: 'utf-8' codec can't decode byte 0xff)
+        if record.get("event") == "eval" and isinstance(record.get("metrics"), dict) and (
+                step is None or not isinstance(record.get("step"), int) or record["step"] <= step):
+            last = record["metrics"]
     return last
 
 

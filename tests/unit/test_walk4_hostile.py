@@ -118,3 +118,18 @@ def test_a_dense_integer_beyond_2_53_is_a_number_as_csv_reads_it() -> None:
         assert values.tolist() == [1.0, float(column[1].as_py())]
     with pytest.raises(DataError, match="not numbers"):
         check_finite(pa.array(["1", "x"]), "d1")
+
+
+def test_export_takes_the_last_evaluation_past_a_damaged_or_edited_metrics_line(tmp_path: Path) -> None:
+    """A metrics.jsonl line that was not UTF-8 (torn bytes) refused `flowrec export` ('cannot export
+    to pkg: 'utf-8' codec can't decode byte 0xff'), where --resume and eval skip such a line, and an
+    eval record whose metrics were not a mapping went into the manifest as they were
+    (`"metrics_at_export": 5`). Now both lines are skipped, as the metrics log's reader skips them."""
+    from flowrec.cli.export_cmd import _last_eval
+
+    good = {"event": "eval", "step": 4, "metrics": {"y": {"auc": 0.75}}}
+    lines = [json.dumps({"event": "train", "step": 4}).encode(), json.dumps(good).encode(), b"\xff\xfe torn",
+             json.dumps({"event": "eval", "step": 5, "metrics": 5}).encode()]
+    (tmp_path / "metrics.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    assert _last_eval(tmp_path) == good["metrics"]
+    assert _last_eval(tmp_path, step=3) == {}
