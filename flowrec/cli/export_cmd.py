@@ -59,8 +59,7 @@ def export(
     folder = run_folder_of(run_dir)  # RUN/best's encoder and metrics are its run's
     made = missing_parents(out)  # the check makes them; a failed export removes them again
     _check_target(folder, out, overwrite)
-    staged = out.with_name(f".{out.name}.export-tmp")
-    remove_partial(staged)
+    staged = _staging_folder(out)
 
     def undo() -> None:
         """Remove what the failed export wrote: the staging folder, the parents made for OUT."""
@@ -138,6 +137,37 @@ def package_listing(out: Path) -> list[str]:
     except OSError:
         present = []
     return [*PACKAGE_FIRST, *(n for n in present if n.rstrip("/") not in (*PACKAGE_FIRST, "vocab"))]
+
+
+def _staging_folder(out: Path) -> Path:
+    """A staging folder of this export beside OUT, `.OUT.export-PID-XXXXXXXX`: its own, so two exports
+    to one OUT at once never write into (or remove) each other's (a fixed `.OUT.export-tmp` was
+    removed by the second export while the first wrote into it: 'Parent directory ... does not
+    exist'). Those of exports no longer running (killed) are removed."""
+    import glob
+    import os
+    import secrets
+
+    from flowrec.serving.export import remove_partial
+
+    for old in out.parent.glob(f".{glob.escape(out.name)}.export-*"):
+        pid = old.name.rsplit(".export-", 1)[1].split("-")[0]
+        if old.is_dir() and not old.is_symlink() and (pid == "tmp" or pid.isdigit() and not _running(int(pid))):
+            remove_partial(old)  # (`tmp`: the fixed name of a flowrec before this one)
+    return out.with_name(f".{out.name}.export-{os.getpid()}-{secrets.token_hex(4)}")
+
+
+def _running(pid: int) -> bool:
+    """Whether a process `pid` runs on this machine (one of another user's counts)."""
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _check_target(folder: Path, out: Path, overwrite: bool) -> None:
