@@ -918,3 +918,29 @@ def test_max_restarts_without_nproc_is_refused_not_ignored(spec: Path, tmp_path:
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: --max-restarts 2") and "--nproc" in lines[0], result.output
     assert not out.exists()
+
+
+@pytest.mark.parametrize("link", ["symbolic", "hard"])
+def test_a_lock_file_that_is_a_link_is_refused_and_the_file_it_names_kept(tmp_path: Path, link: str) -> None:
+    """A run folder whose .flowrec.lock was a link to another file (planted, or copied with the
+    folder): `flowrec train --resume RUN` (or --out) truncated that file and wrote its pid there, a
+    file outside the run folder lost. Now the lock is opened without following a link, and a hard
+    link (one file under two names) is refused too: one line, the file untouched."""
+    from flowrec.runtime.rundir import LOCK_NAME, RunFolderError, RunLock
+
+    victim = tmp_path / "rows.csv"
+    victim.write_text("user,label\nu1,1\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    if link == "symbolic":
+        (run / LOCK_NAME).symlink_to(victim)
+    else:
+        os.link(victim, run / LOCK_NAME)
+    with pytest.raises(RunFolderError, match=rf"cannot lock run folder .*: its lock file {LOCK_NAME} is a "
+                                             rf"{link} link") as caught:
+        RunLock.acquire(run)
+    assert "\n" not in str(caught.value) and victim.read_text() == "user,label\nu1,1\n"
+    (run / LOCK_NAME).unlink()
+    lock = RunLock.acquire(run)  # the lock made afresh
+    assert (run / LOCK_NAME).read_text() == f"{os.getpid()}\n" and victim.read_text() == "user,label\nu1,1\n"
+    lock.release()
