@@ -944,3 +944,22 @@ def test_a_lock_file_that_is_a_link_is_refused_and_the_file_it_names_kept(tmp_pa
     lock = RunLock.acquire(run)  # the lock made afresh
     assert (run / LOCK_NAME).read_text() == f"{os.getpid()}\n" and victim.read_text() == "user,label\nu1,1\n"
     lock.release()
+
+
+def test_a_run_never_writes_its_encoder_into_the_folder_a_link_named(tmp_path: Path) -> None:
+    """`flowrec train --out RUN --overwrite` where RUN/encoder was a link to a folder elsewhere
+    wrote encoder.json and vocab/ into that folder (rmtree refuses a link, and its error was
+    ignored), over what it held. Now the link is removed and RUN/encoder made as a folder."""
+    from flowrec.data.encoder_record import ENCODER_FILE
+    from flowrec.runs.encoder import adopt_encoder
+    from flowrec.testing.specs import csv_spec
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / ENCODER_FILE).write_text("someone else's")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "encoder").symlink_to(elsewhere, target_is_directory=True)
+    adopt_encoder(csv_spec("linked"), run, object(), None, resuming=False)  # synthetic rows' encoder
+    assert [p.name for p in elsewhere.iterdir()] == [ENCODER_FILE] and (elsewhere / ENCODER_FILE).read_text() == "someone else's"
+    assert not (run / "encoder").is_symlink() and (run / "encoder" / ENCODER_FILE).is_file()
