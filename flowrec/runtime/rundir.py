@@ -186,7 +186,13 @@ def open_folder(folder: Path) -> RunLock:
     except OSError as exc:
         raise RunFolderError(f"cannot create run folder {folder}: {exc.strerror or exc}") from None
     lock = RunLock.acquire(folder)
-    for place in (folder, folder / SHARDS_DIR, folder / BEST_DIR, folder / BEST_DIR / SHARDS_DIR):
+    places = (folder / SHARDS_DIR, folder / BEST_DIR, folder / BEST_DIR / SHARDS_DIR)
+    linked = next((place for place in places if place.is_symlink()), None)
+    if linked is not None:  # the run removes and writes checkpoints in them: another run's, through the link
+        lock.release()
+        raise RunFolderError(f"{linked} is a symbolic link (to {os.readlink(linked)!r:.80}); a run keeps its "
+                             f"checkpoints in folders of its own: remove the link")
+    for place in (folder, *places):
         remove_stale_temps(place)  # a rank killed in its shard's write leaves its temp file in checkpoint.shards/
     return lock
 

@@ -963,3 +963,26 @@ def test_a_run_never_writes_its_encoder_into_the_folder_a_link_named(tmp_path: P
     adopt_encoder(csv_spec("linked"), run, object(), None, resuming=False)  # synthetic rows' encoder
     assert [p.name for p in elsewhere.iterdir()] == [ENCODER_FILE] and (elsewhere / ENCODER_FILE).read_text() == "someone else's"
     assert not (run / "encoder").is_symlink() and (run / "encoder" / ENCODER_FILE).is_file()
+
+
+@pytest.mark.parametrize("linked", ["best", "checkpoint.shards", "best/checkpoint.shards"])
+def test_a_run_folder_whose_checkpoint_folder_is_a_link_is_refused_before_anything_is_removed(
+        tmp_path: Path, linked: str) -> None:
+    """RUN/best (or a checkpoint.shards folder) as a link to another run's: `train --out RUN
+    --overwrite` removed that run's best checkpoint (and its shards and temp files) through the
+    link, and a resumed run wrote its best checkpoint there. Now opening the run folder refuses the
+    link in one line, before anything is removed or written."""
+    from flowrec.runtime.rundir import RunFolderError, clear_run_files, open_folder
+
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "checkpoint.pt").write_bytes(b"another run's checkpoint")
+    (other / ".ckpt-x.tmp").write_bytes(b"another run's write in flight")
+    run = tmp_path / "run"
+    (run / linked).parent.mkdir(parents=True, exist_ok=True)
+    (run / linked).symlink_to(other, target_is_directory=True)
+    with pytest.raises(RunFolderError, match=rf"{linked} is a symbolic link .*: remove the link$"):
+        clear_run_files(run) if open_folder(run) else None
+    assert sorted(p.name for p in other.iterdir()) == [".ckpt-x.tmp", "checkpoint.pt"]
+    (run / linked).unlink()
+    open_folder(run).release()  # the lock was released: the folder opens once the link is gone
