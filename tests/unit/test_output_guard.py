@@ -220,3 +220,27 @@ def test_a_path_whose_name_is_longer_than_a_file_name_can_be_is_one_line(tmp_pat
     assert result.exit_code == 2 and "Traceback" not in result.output and len(lines) == 1, result.output
     assert "is 30" in lines[0] and "a file name holds at most 255" in lines[0], lines[0]
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", [
+    ["train", "SPEC", "--out", "NAME"],
+    ["export", "run", "NAME"],
+    ["predict", "pkg", "rows.csv", "--out", "NAME.parquet"],
+    ["data", "convert", "csv", "NAME.csv", "out", "--spec", "SPEC"],
+])
+def test_a_path_whose_name_is_not_utf8_is_one_line(tmp_path: Path, command):
+    """A file name of latin-1 bytes (b'day\\xe9'): `train --out` ended in a traceback
+    (UnicodeEncodeError writing run.json), `export` in another (torch's writer took the name for a
+    file object), and `convert` / `predict` said only "'utf-8' codec can't encode characters"."""
+    from typer.testing import CliRunner
+
+    from flowrec.cli import app
+
+    spec = Path(__file__).resolve().parents[2] / "specs" / "two_task.yaml"
+    name = str(tmp_path / os.fsdecode(b"day\xe9"))
+    args = [str(spec) if a == "SPEC" else a.replace("NAME", name) for a in command]
+    result = CliRunner().invoke(app, args)
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2 and "Traceback" not in result.output and len(lines) == 1, result.output
+    assert "the name 'day\\xe9" in lines[0] and "is not UTF-8 text" in lines[0], lines[0]
+    assert list(tmp_path.iterdir()) == []
