@@ -11,6 +11,7 @@ Example:
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import secrets
@@ -21,6 +22,9 @@ from typing import Callable, Iterator, Sequence
 
 from flowrec.data.layout import DataError
 from flowrec.data.output_guard import replace_folder
+
+
+DISK_FULL = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT})  # a write the disk (or a size limit) refused
 
 
 def check_output(out: Path, overwrite: bool, inputs: Sequence[Path] = ()) -> None:
@@ -54,8 +58,11 @@ def staged_output(out: Path, overwrite: bool, inputs: Sequence[Path] = ()) -> It
     try:
         yield tmp
         _swap(tmp, out, overwrite)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError) and exc.errno in DISK_FULL:  # pyarrow's words name no file
+            raise DataError(f"cannot write {out}: {os.strerror(exc.errno)}; "
+                            f"{'the old ' + str(out) + ' is kept' if out.exists() else 'nothing was written'}") from None
         raise
 
 
