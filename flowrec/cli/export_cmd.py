@@ -148,13 +148,14 @@ def _staging_folder(out: Path) -> Path:
     import os
     import secrets
 
+    from flowrec.data.output_guard import short
     from flowrec.serving.export import remove_partial
 
-    for old in out.parent.glob(f".{glob.escape(out.name)}.export-*"):
+    for old in out.parent.glob(f".{glob.escape(short(out.name))}.export-*"):
         pid = old.name.rsplit(".export-", 1)[1].split("-")[0]
         if old.is_dir() and not old.is_symlink() and (pid == "tmp" or pid.isdigit() and not _running(int(pid))):
             remove_partial(old)  # (`tmp`: the fixed name of a flowrec before this one)
-    return out.with_name(f".{out.name}.export-{os.getpid()}-{secrets.token_hex(4)}")
+    return out.with_name(f".{short(out.name)}.export-{os.getpid()}-{secrets.token_hex(4)}")
 
 
 def _running(pid: int) -> bool:

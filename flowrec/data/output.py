@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from flowrec.data.layout import DataError
-from flowrec.data.output_guard import replace_folder
+from flowrec.data.output_guard import replace_folder, short
 
 
 DISK_FULL = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT})  # a write the disk (or a size limit) refused
@@ -50,7 +50,7 @@ def staged_output(out: Path, overwrite: bool, inputs: Sequence[Path] = ()) -> It
     """
     out = Path(out)
     check_output(out, overwrite, inputs)
-    tmp = out.parent / f".{out.name}.partial-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp = out.parent / f".{short(out.name)}.partial-{os.getpid()}-{secrets.token_hex(4)}"
     try:
         tmp.mkdir(parents=True)
     except OSError as exc:

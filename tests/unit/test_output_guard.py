@@ -244,3 +244,25 @@ def test_a_path_whose_name_is_not_utf8_is_one_line(tmp_path: Path, command):
     assert result.exit_code == 2 and "Traceback" not in result.output and len(lines) == 1, result.output
     assert "the name 'day\\xe9" in lines[0] and "is not UTF-8 text" in lines[0], lines[0]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_output_whose_name_is_near_the_limit_gets_temp_names_the_file_system_holds(tmp_path: Path):
+    """A name of 250 bytes is one the file system holds, but the temp names made from it were not
+    ('.NAME.partial-PID-XXXXXXXX': 'cannot create the output folder next to NAME: File name too
+    long', the same for predict's, export's and a replaced folder's temp names)."""
+    from flowrec.cli.export_cmd import _staging_folder
+    from flowrec.data.output import staged_output
+
+    name = "é" * 125  # 250 bytes
+    out = tmp_path / f"{name}"
+    with atomic_output(tmp_path / f"{name[:-3]}.parquet") as tmp:
+        tmp.write_text("scores")
+    with staged_output(out, overwrite=False) as tmp:
+        (tmp / "part-00000.parquet").write_text("rows")
+    with staged_output(out, overwrite=True) as tmp:  # the old folder moved aside, then removed
+        (tmp / "part-00000.parquet").write_text("new rows")
+    assert (out / "part-00000.parquet").read_text() == "new rows"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([name, f"{name[:-3]}.parquet"])
+    staged = _staging_folder(tmp_path / name)
+    staged.mkdir()
+    assert staged.parent == tmp_path
