@@ -294,6 +294,26 @@ def test_a_parquet_id_column_of_lists_or_structs_for_a_one_id_feature_is_one_lin
     assert not (tmp_path / "out").exists()
 
 
+def test_a_link_loop_in_a_parquet_folder_is_one_line_not_every_file_read_41_times(tmp_path: Path) -> None:
+    """A link `loop -> .` in a Parquet folder (raw rows, or an encoded dataset): pyarrow's discovery
+    followed it down to the path length limit, so convert read every file 41 times (41x the rows),
+    and with a second link (`up -> ..`) train, eval and data inspect ran without end, their memory
+    growing (5 GB in 6 minutes), train deaf to SIGTERM. Now the link is named in one line."""
+    from flowrec.data.dataset import parquet_files
+
+    rows = _parquet_folder(tmp_path / "in", {"a.parquet": ROWS})
+    (rows / "loop").symlink_to(".", target_is_directory=True)
+    with pytest.raises(DataError, match=r"in/loop is a link back to a folder above it or already in the dataset"):
+        convert(_spec(), "parquet", [rows], tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(DataError, match=r"in/loop is a link back"):
+        parquet_files(rows)
+    (rows / "loop").unlink()
+    (tmp_path / "day").mkdir()
+    (rows / "day").symlink_to(tmp_path / "day", target_is_directory=True)  # a link elsewhere is followed
+    assert parquet_files(rows) == [str(rows / "a.parquet")]
+
+
 @pytest.mark.parametrize("fmt", ["csv", "libsvm"])
 def test_a_pipe_given_as_the_input_is_one_line_naming_it(tmp_path: Path, fmt: str) -> None:
     """`zcat day.gz | flowrec data convert csv /dev/stdin ...` (or `<(zcat ...)`) stopped with
