@@ -986,3 +986,23 @@ def test_a_run_folder_whose_checkpoint_folder_is_a_link_is_refused_before_anythi
     assert sorted(p.name for p in other.iterdir()) == [".ckpt-x.tmp", "checkpoint.pt"]
     (run / linked).unlink()
     open_folder(run).release()  # the lock was released: the folder opens once the link is gone
+
+
+@pytest.mark.parametrize("key,value,says", [
+    ("train_rows", "x", "train_rows must be a non-negative integer, not 'x'"),
+    ("init_from", 5, "init_from must be a string, not 5"),
+    ("fresh_optimizer", "yes", "fresh_optimizer must be true or false, not 'yes'"),
+])
+def test_run_json_records_beside_the_flags_are_checked_as_the_flags_are(tmp_path: Path, key, value, says) -> None:
+    """run.json's train_rows "x" was read as no record (so --resume's check that its data still
+    holds the rows the run started on was off, without a word), init_from 5 was refused as
+    '--init-from: no checkpoint at 5' (a flag nobody gave), fresh_optimizer "yes" read as true."""
+    from flowrec.runs.settings import REQUIRED, read_run_file
+    from flowrec.runtime.rundir import RunFolderError
+
+    doc = {name: None for name in REQUIRED}
+    (tmp_path / "run.json").write_text(json.dumps({**doc, key: value}))
+    with pytest.raises(RunFolderError, match=rf"run\.json is damaged: {re.escape(says)}$"):
+        read_run_file(tmp_path)
+    (tmp_path / "run.json").write_text(json.dumps(doc))
+    assert read_run_file(tmp_path) == doc
