@@ -101,6 +101,7 @@ TESTS: dict[str, frozenset[str]] = {
     "tests/unit/test_bench_calibration_noise.py::test_a_real_run_measures_both_settings_with_their_own_rounds_and_blocks":
         frozenset({"processes"}),
     "tests/unit/test_cores.py::test_a_users_omp_threads_survive_the_first_sparse_update": frozenset({"processes"}),
+    "tests/unit/test_pt2_save.py::test_a_write_that_fails_is_an_exception_not_an_abort_at_exit": frozenset({"processes"}),
     "tests/unit/test_kept_sample.py::test_a_run_reads_its_data_once_to_sample_and_trains_as_before": frozenset({"e2e"}),
     "tests/unit/test_kept_sample.py::test_the_startup_benchmark_reads_each_file_once_kept_and_twice_not": frozenset({"e2e"}),
     "tests/unit/test_calibrate_collective.py::test_two_gloo_processes_give_a_usable_fit": frozenset({"processes"}),

@@ -42,7 +42,8 @@ class RepeatedOption(TyperOption):
 
 class RepeatedArgumentsCommand(TyperCommand):
     """A command whose repeated arguments and options read in `--help` as `_repeated_type` writes
-    them (flowrec.cli gives it to every command typer would make a `TyperCommand`)."""
+    them, and whose paths are checked for names flowrec cannot use (`unusable_path`) before it runs
+    (flowrec.cli gives it to every command typer would make a `TyperCommand`)."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -51,6 +52,64 @@ class RepeatedArgumentsCommand(TyperCommand):
                 param.__class__ = RepeatedArgument
             elif type(param) is TyperOption and param.multiple:
                 param.__class__ = RepeatedOption
+
+    def invoke(self, ctx: typer.Context):
+        for param in self.params:
+            value = ctx.params.get(param.name)
+            text_path = isinstance(param, TyperOption) and param.opts[0] in PATH_TEXT_OPTIONS
+            for path in value if isinstance(value, (list, tuple)) else [value]:
+                if text_path and isinstance(path, str) and path != "-":
+                    path = Path(path)
+                if isinstance(path, PurePath) and (problem := unusable_path(path)):
+                    name = param.opts[0] if isinstance(param, TyperOption) else (param.metavar or param.name.upper())
+                    fail(f"{name}: {problem}")
+        return super().invoke(ctx)
+
+
+PATH_TEXT_OPTIONS = frozenset({"--json", "--dot", "--svg", "--png"})  # a path as text, or - for stdout
+
+
+NAME_MAX = 255  # bytes of one file name (ext4, xfs, btrfs, tmpfs), where the folder does not say
+PATH_MAX = 4096  # bytes of a whole path (Linux)
+
+
+def unusable_path(path: PurePath) -> str | None:
+    """Why flowrec cannot use `path` (a name, or the whole path, longer than the file system holds;
+    a name that is not UTF-8 text), or None. Python's `Path.exists()` raises on a name too long
+    where it returns False for a missing file, and flowrec records paths in its JSON files (run.json,
+    _flowrec.json), which hold text: both ended in tracebacks, so every command checks its paths first.
+
+    >>> unusable_path(Path("runs") / ("x" * 300))
+    "the name 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxx…' is 300 bytes long; a file name holds at most 255"
+    >>> unusable_path(Path(os.fsdecode(b"runs/day\\xe9")))
+    "the name 'day\\\\xe9' is not UTF-8 text, and flowrec reads and records paths as text: rename it (e.g. convmv -f latin1 -t utf8)"
+    >>> unusable_path(Path("runs/a"))
+    """
+    if len(os.fsencode(path)) >= PATH_MAX:
+        return f"the path is {len(os.fsencode(path)):,} bytes long; a path holds at most {PATH_MAX - 1:,}"
+    limit = _name_max(Path(path))
+    for part in PurePath(path).parts:
+        size = len(os.fsencode(part))
+        if size > limit:
+            return f"the name {part[:30]!r}"[:-1] + f"…' is {size:,} bytes long; a file name holds at most {limit}"
+        try:
+            part.encode("utf-8")
+        except UnicodeEncodeError:
+            shown = os.fsencode(part).decode("utf-8", "backslashreplace")
+            return (f"the name '{shown}' is not UTF-8 text, and flowrec reads and records paths as text: rename it "
+                    "(e.g. convmv -f latin1 -t utf8)")
+    return None
+
+
+def _name_max(path: Path) -> int:
+    """The longest file name the file system of `path`'s nearest existing folder holds."""
+    for folder in path.absolute().parents:
+        try:
+            if folder.is_dir():
+                return int(os.pathconf(folder, "PC_NAME_MAX"))
+        except (OSError, ValueError):
+            break
+    return NAME_MAX
 
 
 def missing_parents(*outs: Path) -> list[Path]:

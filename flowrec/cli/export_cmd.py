@@ -8,7 +8,6 @@ import typer
 
 from flowrec.cli.common import fail, missing_parents, remove_empty
 from flowrec.runtime.messages import first_line
-from flowrec.spec.json_doc import parse_json_text
 
 EXIT_INTERRUPTED = 130
 COMPARE_ROWS = 65_536  # evaluation rows the half-dtype score difference is measured on
@@ -60,8 +59,7 @@ def export(
     folder = run_folder_of(run_dir)  # RUN/best's encoder and metrics are its run's
     made = missing_parents(out)  # the check makes them; a failed export removes them again
     _check_target(folder, out, overwrite)
-    staged = out.with_name(f".{out.name}.export-tmp")
-    remove_partial(staged)
+    staged = _staging_folder(out)
 
     def undo() -> None:
         """Remove what the failed export wrote: the staging folder, the parents made for OUT."""
@@ -118,6 +116,38 @@ def package_listing(out: Path) -> list[str]:
     return [*PACKAGE_FIRST, *(n for n in present if n.rstrip("/") not in (*PACKAGE_FIRST, "vocab"))]
 
 
+def _staging_folder(out: Path) -> Path:
+    """A staging folder of this export beside OUT, `.OUT.export-PID-XXXXXXXX`: its own, so two exports
+    to one OUT at once never write into (or remove) each other's (a fixed `.OUT.export-tmp` was
+    removed by the second export while the first wrote into it: 'Parent directory ... does not
+    exist'). Those of exports no longer running (killed) are removed."""
+    import glob
+    import os
+    import secrets
+
+    from flowrec.data.output_guard import short
+    from flowrec.serving.export import remove_partial
+
+    for old in out.parent.glob(f".{glob.escape(short(out.name))}.export-*"):
+        pid = old.name.rsplit(".export-", 1)[1].split("-")[0]
+        if old.is_dir() and not old.is_symlink() and (pid == "tmp" or pid.isdigit() and not _running(int(pid))):
+            remove_partial(old)  # (`tmp`: the fixed name of a flowrec before this one)
+    return out.with_name(f".{short(out.name)}.export-{os.getpid()}-{secrets.token_hex(4)}")
+
+
+def _running(pid: int) -> bool:
+    """Whether a process `pid` runs on this machine (one of another user's counts)."""
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _check_target(folder: Path, out: Path, overwrite: bool) -> None:
     """OUT: a new or empty folder, or (with --overwrite) a model package; never in or over the run
     folder or any folder flowrec owns for something else (`flowrec.data.output_guard`)."""
@@ -133,17 +163,14 @@ def _check_target(folder: Path, out: Path, overwrite: bool) -> None:
 def _last_eval(folder: Path, step: int | None = None) -> dict[str, Any]:
     """The metrics of the run's last evaluation (metrics.jsonl) at or before `step` (the exported
     checkpoint's: RUN/best's is its evaluation's), {} when it has none."""
-    path = folder / "metrics.jsonl"
+    from flowrec.runtime.run_log import read_records
+
     last: dict[str, Any] = {}
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                record = parse_json_text(line, str(path))
-            except ValueError:
-                continue
-            if isinstance(record, dict) and record.get("event") == "eval" and (
-                    step is None or not isinstance(record.get("step"), int) or record["step"] <= step):
-                last = record.get("metrics", {})
+    for record in read_records(folder / "metrics.jsonl"):  # a line that is not UTF-8 JSON is skipped,
+        # as on --resume (it refused the export: 'utf-8' codec can't decode byte 0xff)
+        if record.get("event") == "eval" and isinstance(record.get("metrics"), dict) and (
+                step is None or not isinstance(record.get("step"), int) or record["step"] <= step):
+            last = record["metrics"]
     return last
 
 

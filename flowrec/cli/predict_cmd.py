@@ -8,6 +8,7 @@ label column, as their first row says (40 fields: label first; 39: Criteo's test
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, List, Optional
 
@@ -41,6 +42,7 @@ def predict(
       flowrec predict pkg/tt users.csv --format csv --top-k 10 --out recs.parquet --keep user_id
     """
     from flowrec.data.layout import DataError
+    from flowrec.data.output import DISK_FULL
     from flowrec.data.output_guard import atomic_output, check_file_output
 
     if on_error not in ("skip", "fail"):
@@ -59,7 +61,11 @@ def predict(
             with atomic_output(out) as staged:
                 rows, errors, zero, first, items = _score(model_dir, raw, staged, fmt, list(keep or []), on_error,
                                                           quiet, top_k, kind)
-    except (DataError, OSError, ValueError, RuntimeError) as exc:
+    except OSError as exc:
+        if exc.errno in DISK_FULL:  # pyarrow's words ('Error writing bytes to file') name no file
+            fail(f"cannot write {out}: {os.strerror(exc.errno)}; {out} was not written")
+        fail(first_line(exc))
+    except (DataError, ValueError, RuntimeError) as exc:
         fail(first_line(exc))
     except KeyboardInterrupt as exc:
         fail(f"interrupted ({interrupt_name(exc)}); {out} was not written", EXIT_INTERRUPTED)

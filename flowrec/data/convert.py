@@ -468,15 +468,18 @@ def _check_columns(chunk: pa.Table, spec: ModelSpec, columns: dict[str, str], pa
 
 def _check_id_columns(chunk: pa.Table, spec: ModelSpec, columns: dict[str, str], path: Path) -> None:
     """Each sparse feature's column holds ids (`check_ids`: no struct, map or nested list, bytes
-    that are UTF-8 text, as predict checks them), and an id column of floats (a Parquet file pandas
-    wrote from integers with a missing value) no id that the float may have rounded from another
-    (`check_float_ids`); the error names the file."""
+    that are UTF-8 text, as predict checks them; a typed input's (Parquet's) columns only: text
+    columns of the CSV formats are ids by their type, their UTF-8 checked where they are read),
+    and an id column of floats (a Parquet file pandas wrote from integers with a missing value) no
+    id that the float may have rounded from another (`check_float_ids`); the error names the file."""
     lines = chunk.column(LINE_COLUMN).to_numpy() if LINE_COLUMN in chunk.column_names else None
     for f in spec.sparse_features:
         name = columns.get(f.name, f.name)
+        column = chunk.column(name)
         try:
-            check_ids(chunk.column(name), name, is_multi(f))
-            check_float_ids(chunk.column(name), name, lines)
+            if not (pa.types.is_binary(column.type) or pa.types.is_string(column.type)):
+                check_ids(column, name, is_multi(f))
+            check_float_ids(column, name, lines)
         except DataError as exc:
             raise DataError(f"{path}: {exc}") from None
 

@@ -33,6 +33,7 @@ from flowrec.data.priority import enter_data_thread
 from flowrec.data.checked import CheckRecord, fingerprint, rules_key
 from flowrec.data.checks import ColumnRule, check_partition
 from flowrec.data.layout import META_FILE, DataError, DatasetMeta, read_meta
+from flowrec.data.names import check_folder_links
 from flowrec.data.rowcache import RowCache
 
 IGNORED_PREFIXES = [".", "_"]  # metadata, vocabularies and hidden files are not data
@@ -67,6 +68,7 @@ def parquet_files(path: str | Path) -> list[str]:
     path = Path(path)
     if not path.exists():
         raise DataError(f"dataset not found: {path}")
+    check_folder_links(path)  # pyarrow follows a link loop without end
     try:
         files = pds.dataset(str(path), format="parquet", partitioning="hive",
                             ignore_prefixes=IGNORED_PREFIXES).files

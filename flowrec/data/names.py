@@ -47,3 +47,48 @@ def inside(folder: Path, relative: object, what: str) -> Path:
     if not path.resolve().is_relative_to(root):
         raise DataError(f"{what}: {relative!r} leads outside {folder} (a link?)")
     return path
+
+
+MAX_FOLDERS = 100_000  # folders of a dataset walked looking for a link loop
+
+
+def check_folder_links(path: Path) -> None:
+    """Raise DataError when a link inside the folder `path` leads to a folder the walk has already
+    been through, or to one above `path` (`loop -> .`, `up -> ..`, two links to one day): pyarrow's
+    dataset discovery follows links, so a loop read every file once per level until the path was
+    too long (41 times for `loop -> .`), and two loops made it run without end, its memory growing,
+    deaf to SIGTERM. Links to other folders (a day partition on another disk) are followed as before.
+
+    >>> import os, tempfile
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     os.symlink(".", os.path.join(d, "loop"))
+    ...     check_folder_links(Path(d))
+    Traceback (most recent call last):
+    flowrec.data.layout.DataError: ...loop is a link back to a folder above it or already in the dataset (a link loop, or a second link to one folder): remove the link
+    """
+    import os
+
+    root = Path(path)
+    if not root.is_dir():
+        return
+    top = root.resolve()
+    seen = {top}
+    stack = [root]
+    while stack and len(seen) < MAX_FOLDERS:
+        folder = stack.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue  # pyarrow names an unreadable folder
+        for entry in entries:
+            try:
+                if not entry.is_dir():
+                    continue
+            except OSError:
+                continue
+            target = Path(entry.path).resolve()
+            if target in seen or top.is_relative_to(target):
+                raise DataError(f"{entry.path} is a link back to a folder above it or already in the dataset (a "
+                                "link loop, or a second link to one folder): remove the link")
+            seen.add(target)
+            stack.append(Path(entry.path))

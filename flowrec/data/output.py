@@ -11,6 +11,7 @@ Example:
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import secrets
@@ -20,7 +21,10 @@ from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from flowrec.data.layout import DataError
-from flowrec.data.output_guard import replace_folder
+from flowrec.data.output_guard import replace_folder, short
+
+
+DISK_FULL = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT})  # a write the disk (or a size limit) refused
 
 
 def check_output(out: Path, overwrite: bool, inputs: Sequence[Path] = ()) -> None:
@@ -46,7 +50,7 @@ def staged_output(out: Path, overwrite: bool, inputs: Sequence[Path] = ()) -> It
     """
     out = Path(out)
     check_output(out, overwrite, inputs)
-    tmp = out.parent / f".{out.name}.partial-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp = out.parent / f".{short(out.name)}.partial-{os.getpid()}-{secrets.token_hex(4)}"
     try:
         tmp.mkdir(parents=True)
     except OSError as exc:
@@ -54,8 +58,11 @@ def staged_output(out: Path, overwrite: bool, inputs: Sequence[Path] = ()) -> It
     try:
         yield tmp
         _swap(tmp, out, overwrite)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError) and exc.errno in DISK_FULL:  # pyarrow's words name no file
+            raise DataError(f"cannot write {out}: {os.strerror(exc.errno)}; "
+                            f"{'the old ' + str(out) + ' is kept' if out.exists() else 'nothing was written'}") from None
         raise
 
 

@@ -180,12 +180,25 @@ def _identities(path: Path) -> set[tuple[int, int]]:
     return found
 
 
+SHORT_BYTES = 200  # of an output's name in the names of its temp files: the rest (55 bytes) holds their tag
+
+
+def short(name: str) -> str:
+    """`name` cut to SHORT_BYTES bytes (whole characters), for a temp file named after it: a name the
+    file system holds (255 bytes) gave a temp name it did not ('File name too long' for a valid name).
+
+    >>> len(short("x" * 250)), short("day1")
+    (200, 'day1')
+    """
+    return os.fsencode(name)[:SHORT_BYTES].decode("utf-8", "ignore") if len(os.fsencode(name)) > SHORT_BYTES else name
+
+
 @contextmanager
 def atomic_output(out: Path) -> Iterator[Path]:
     """Yield a temp path next to `out`; renamed over `out` when the block completes, removed when it
     fails (the old `out`, if any, is untouched until the rename)."""
     out = Path(out)
-    tmp = out.parent / f".{out.stem}.{os.getpid()}-{secrets.token_hex(4)}.tmp{out.suffix}"  # suffix kept: writers
+    tmp = out.parent / f".{short(out.stem)}.{os.getpid()}-{secrets.token_hex(4)}.tmp{out.suffix}"  # suffix kept: writers
     # such as matplotlib choose the format by it
     try:
         yield tmp
@@ -197,16 +210,20 @@ def atomic_output(out: Path) -> Iterator[Path]:
 
 def replace_folder(new: Path, out: Path) -> None:
     """Rename the complete folder `new` to `out`; an existing `out` is moved aside first, put back
-    if the rename fails, and deleted after, so `out` is always the old folder or the new one."""
+    if the rename fails, and deleted after, so `out` is always the old folder or the new one (an
+    `out` that is a link to a folder is replaced as a link: the folder it names is left as it is)."""
     new, out = Path(new), Path(out)
     if not os.path.lexists(out):
         os.rename(new, out)
         return
-    old = out.parent / f".{out.name}.old-{os.getpid()}-{secrets.token_hex(4)}"
+    old = out.parent / f".{short(out.name)}.old-{os.getpid()}-{secrets.token_hex(4)}"
     os.rename(out, old)
     try:
         os.rename(new, out)
     except OSError:
         os.rename(old, out)
         raise
-    shutil.rmtree(old, ignore_errors=True)
+    if old.is_symlink():  # `out` was a link: the link goes, never the folder it names (which
+        old.unlink()  # rmtree refuses, and ignore_errors would have left the link behind)
+    else:
+        shutil.rmtree(old, ignore_errors=True)

@@ -27,6 +27,7 @@ from typing import Any
 import pyarrow as pa
 
 from flowrec.data.layout import DataError
+from flowrec.data.names import check_folder_links
 
 SAME_COLUMNS = "every file of a Parquet folder must hold the same columns"
 
@@ -57,6 +58,7 @@ def parquet_files(path: Path, numeric: set[str]) -> list[ParquetFile]:
     """
     import pyarrow.dataset as ds
 
+    check_folder_links(Path(path))  # pyarrow follows a link loop without end
     data = ds.dataset(path, format="parquet", partitioning="hive", exclude_invalid_files=False)
     files = [(f, _columns(f, data.schema)) for f in data.get_fragments() if f.metadata.num_rows]
     if not files:

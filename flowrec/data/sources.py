@@ -357,7 +357,7 @@ def _header_names(path: Path, delimiter: str, encoding: str = "utf-8") -> list[s
         encoding = "utf-8-sig"  # pyarrow skips a UTF-8 byte order mark; other codecs drop theirs
     with io.TextIOWrapper(_open_lines(path), encoding=encoding, errors="replace", newline="") as fh:
         head = ""
-        for line in fh:  # the first line that is not blank: pyarrow skips blank lines before the header too
+        for line in bounded_lines(fh, path):  # the first line that is not blank: pyarrow skips blank lines before the header too
             head = line.rstrip("\r\n")
             if head:
                 break
@@ -390,6 +390,31 @@ def _long_line(path: Path, limit: int) -> int | None:
         return None
 
 
+LINE_LIMIT = CHUNK_BYTES  # the longest line read whole: the CSV reader's block (a longer row straddles two)
+
+
+def bounded_lines(fh: Any, path: Path, before: int = 0, limit: int = LINE_LIMIT) -> Iterator[Any]:
+    """The lines of `fh` (bytes or text), each read at most `limit` long: a longer one (a file
+    without line breaks, a decompression bomb: 1 GiB of one byte is 1 MiB gzipped) is a DataError
+    naming its line (`before` lines were read before), never read whole into memory.
+
+    >>> import io
+    >>> list(bounded_lines(io.BytesIO(b"a\\nbb\\n"), Path("f.csv"), limit=3))
+    [b'a\\n', b'bb\\n']
+    >>> list(bounded_lines(io.BytesIO(b"a\\nbbbbbb"), Path("f.csv"), limit=3))
+    Traceback (most recent call last):
+    flowrec.data.layout.DataError: f.csv: line 2 is longer than 3 bytes (no line break in it: not a text file of rows?)
+    """
+    number = before
+    while line := fh.readline(limit + 1):
+        number += 1
+        if len(line) > limit and line[-1:] not in (b"\n", "\n"):
+            size = f"{limit >> 20} MiB" if limit >= 1 << 20 else f"{limit} bytes"
+            raise DataError(f"{path}: line {number} is longer than {size} (no line break in it: not a text file "
+                            "of rows?)")
+        yield line
+
+
 COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd", ".lz4": "lz4", ".br": "brotli"}  # as pyarrow's
 
 
@@ -418,7 +443,7 @@ def _first_row(path: Path) -> tuple[int, bytes | None]:
     are skipped as pyarrow's CSV reader skips them (a file may start with one)."""
     with _open_lines(path) as fh:
         line = 0
-        for raw in fh:
+        for raw in bounded_lines(fh, path):
             line += 1
             text = raw.rstrip(b"\r\n")
             if text:
@@ -668,7 +693,7 @@ def read_libsvm(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set
         while True:
             rows: dict[str, list] = {"label": [], **{n: [] for n in names}}
             lines: list[int] = []
-            for raw in fh:
+            for raw in bounded_lines(fh, path, lineno):
                 lineno += 1
                 if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark, as the CSV
                     raw = raw[3:]  # formats skip it (it was a malformed first row: '\ufeff1')

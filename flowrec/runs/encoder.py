@@ -9,6 +9,7 @@ feature (`flowrec.data.encoder_record`).
 """
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -53,7 +54,10 @@ def adopt_encoder(spec: ModelSpec, folder: Path, train: Any, evaluation: Any | N
         own = read_record(target)
         check_same_encoder(own, record, f"training data {_where(train)}")
         return own
-    shutil.rmtree(target, ignore_errors=True)
+    if target.is_symlink() or (os.path.lexists(target) and not target.is_dir()):
+        target.unlink()  # a link goes, never what it names: the record was written into the folder it named
+    else:
+        shutil.rmtree(target, ignore_errors=True)
     write_record(record, target)  # encoder.json last: a killed write is written again on resume
     return read_record(target)
 

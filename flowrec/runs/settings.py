@@ -45,7 +45,10 @@ SETTINGS: dict[str, tuple[str, Any]] = {
 
 INT_SETTINGS = ("rows", "seed", "epochs", "max_steps", "eval_every", "checkpoint_every", "checkpoint_full_every")
 KINDS: dict[str, type] = {**{k: str for k in SETTINGS}, **{k: int for k in INT_SETTINGS}, "interleave": bool,
-                           "compile": bool}
+                           "compile": bool,
+                           # what run.json records beside the flags: an edited one turned the check of the
+                           # data a resume reads off (train_rows "x"), or named --init-from (init_from 5)
+                           "train_rows": int, "init_from": str, "fresh_optimizer": bool}
 REQUIRED = ("data", "eval_data", "rows", "seed", "epochs", "max_steps", "eval_every")  # every run.json holds
 # them (flowrec train and flowrec.train write them); without one, --resume would silently train
 # something else (the spec's bound data instead of the run's --data, another length)

@@ -12,9 +12,11 @@ Example:
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import shutil
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,10 +57,20 @@ class RunLock:
         """Lock `folder` (which must exist) with its file `name`, or raise RunFolderError naming the
         holder's pid (`what` names the folder, `holder` the kind of process, in the message)."""
         path = Path(folder) / name
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:  # never through a link: the pid written below truncated the file a planted link named
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise RunFolderError(f"cannot lock {what} {folder}: its lock file {name} is a symbolic link "
+                                     f"(to {os.readlink(path)!r:.80}); remove the link") from None
             raise RunFolderError(f"cannot lock {what} {folder}: {exc.strerror}") from None
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:  # a hard link: another file's bytes too
+            os.close(fd)
+            kind = f"a hard link ({info.st_nlink} names of one file)" if stat.S_ISREG(info.st_mode) else \
+                "not a regular file"
+            raise RunFolderError(f"cannot lock {what} {folder}: its lock file {name} is {kind}; remove it "
+                                 f"(when no flowrec process uses the folder), and the lock is made afresh")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -174,7 +186,13 @@ def open_folder(folder: Path) -> RunLock:
     except OSError as exc:
         raise RunFolderError(f"cannot create run folder {folder}: {exc.strerror or exc}") from None
     lock = RunLock.acquire(folder)
-    for place in (folder, folder / SHARDS_DIR, folder / BEST_DIR, folder / BEST_DIR / SHARDS_DIR):
+    places = (folder / SHARDS_DIR, folder / BEST_DIR, folder / BEST_DIR / SHARDS_DIR)
+    linked = next((place for place in places if place.is_symlink()), None)
+    if linked is not None:  # the run removes and writes checkpoints in them: another run's, through the link
+        lock.release()
+        raise RunFolderError(f"{linked} is a symbolic link (to {os.readlink(linked)!r:.80}); a run keeps its "
+                             f"checkpoints in folders of its own: remove the link")
+    for place in (folder, *places):
         remove_stale_temps(place)  # a rank killed in its shard's write leaves its temp file in checkpoint.shards/
     return lock
 

@@ -45,11 +45,42 @@ def save_program(program: torch.export.ExportedProgram, path: Path) -> bool:
         True if the weights were written without a copy, False if torch.export.save ran as is.
     """
     if not zero_copy_supported():
-        torch.export.save(program, path)
+        with _PATCH_LOCK, _archive_closed_on_failure():
+            torch.export.save(program, path)
         return False
-    with _PATCH_LOCK, _storages_written_directly():
+    with _PATCH_LOCK, _archive_closed_on_failure(), _storages_written_directly():
         torch.export.save(program, path)
     return True
+
+
+@contextmanager
+def _archive_closed_on_failure() -> Iterator[None]:
+    """While it lasts, an archive whose write fails (a full disk, a file size limit) is closed
+    once, its own error dropped, and the write's error raised. torch's writer leaves the archive
+    open then (its ``__exit__`` writes two more records, which fail too), and the C++ writer's
+    destructor closes it later, at garbage collection or the interpreter's teardown: a second
+    failure there, inside a destructor, is ``std::terminate``, so the command's one-line error was
+    followed by an abort (exit 134) instead of its exit status."""
+    writer = getattr(_package, "PT2ArchiveWriter", None)
+    if writer is None:
+        yield
+        return
+    original = writer.__exit__
+
+    def __exit__(self, exc_type, exc, tb):  # noqa: N807 (the method it replaces)
+        if exc_type is None:
+            return original(self, exc_type, exc, tb)
+        try:
+            self.archive_file.write_end_of_file()  # marks the writer finished, even when it fails
+        except Exception:  # noqa: BLE001 (the archive is abandoned; the write's error is the one raised)
+            pass
+        return False
+
+    writer.__exit__ = __exit__
+    try:
+        yield
+    finally:
+        writer.__exit__ = original
 
 
 @contextmanager

@@ -412,3 +412,26 @@ def test_predict_reads_parquet_as_convert_does_a_bad_row_skipped_and_a_folder_of
     assert folder.exit_code == 0, folder.output
     np.testing.assert_allclose(pd.read_parquet(case / "f.parquet")["ctr"].to_numpy(), every["ctr"].to_numpy(),
                                rtol=1e-6, atol=0)
+
+
+def test_a_full_disk_while_predict_or_convert_writes_names_the_output(case: Path, monkeypatch):
+    """A disk that filled while predict or data convert wrote was pyarrow's own line, naming no
+    file ('[Errno 28] Error writing bytes to file. Detail: [errno 28] No space left on device');
+    now the line names the output and says nothing was written, and nothing is left."""
+    import errno
+
+    import pyarrow.parquet as pq
+
+    def full(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "Error writing bytes to file. Detail: [errno 28] No space left on device")
+
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", full)
+    before = snapshot(case)
+    one_line_exit_2(runner.invoke(app, out("scores.parquet")(case)),
+                    f"cannot write {case / 'scores.parquet'}: No space left on device; ")
+    pd.DataFrame(raw_rows(30, 2)).to_csv(case / "more.csv", index=False)
+    one_line_exit_2(runner.invoke(app, ["data", "convert", "csv", str(case / "more.csv"), str(case / "more"),
+                                        "--spec", str(case / "spec.yaml"), "-q"]),
+                    f"cannot write {case / 'more'}: No space left on device; nothing was written")
+    (case / "more.csv").unlink()
+    assert snapshot(case) == before

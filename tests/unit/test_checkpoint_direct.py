@@ -251,3 +251,31 @@ def test_a_disk_full_in_a_direct_write_is_one_line_and_keeps_the_previous_checkp
     assert message.startswith(f"could not write checkpoint {path}: No space left on device")
     assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt"]
     assert read_torch_file(path)["position"]["step"] == 2
+
+
+def test_a_failed_first_checkpoint_does_not_claim_a_previous_one(tmp_path: Path, monkeypatch):
+    """A disk full at a run's first checkpoint said 'the previous checkpoint is intact' where there
+    was none (and the refused run's folder was then removed); now the line says none was there,
+    and a failed later checkpoint still says the previous one is kept."""
+    gen = torch.Generator().manual_seed(5)
+    path = tmp_path / "checkpoint.pt"
+
+    def full(fd: int, data, offset: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    real = stream._pwrite_all
+    monkeypatch.setattr(stream, "_pwrite_all", full)
+    state = _state(gen, 100)
+    snap = TableSnapshot({"a": (state["model"]["embeddings.a.weight"], state["model"]["embeddings.a.state"])})
+    with pytest.raises(CheckpointError) as caught:
+        save_streamed(path, state, STREAMS, snap)
+    assert "previous checkpoint" not in str(caught.value) and "no checkpoint was there before it" in str(caught.value)
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setattr(stream, "_pwrite_all", real)
+    save_checkpoint(path, _state(gen, 100))
+    monkeypatch.setattr(stream, "_pwrite_all", full)
+    state = _state(gen, 100)
+    snap = TableSnapshot({"a": (state["model"]["embeddings.a.weight"], state["model"]["embeddings.a.state"])})
+    with pytest.raises(CheckpointError) as caught:
+        save_streamed(path, state, STREAMS, snap)
+    assert str(caught.value).endswith("the previous checkpoint is intact")

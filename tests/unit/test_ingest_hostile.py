@@ -68,6 +68,34 @@ def test_a_file_without_its_header_line_says_so_not_rename_a_column(tmp_path: Pa
         convert(_spec(), "csv", [path], tmp_path / "out")
 
 
+@pytest.mark.parametrize("name", ["rows.csv.gz", "rows.tsv.gz"])
+def test_a_gzip_bomb_without_line_breaks_is_one_line_without_reading_it_whole(tmp_path: Path, name: str) -> None:
+    """64 MiB of one byte, 64 KiB gzipped: the CSV header and Criteo's first row were read as one
+    line into memory (1 GiB took 2.2 GB and ended in a traceback, `_csv.Error: field larger than
+    field limit`); now a line past the reader's block (16 MiB) is one line naming the file."""
+    import gzip
+    import tracemalloc
+
+    from flowrec.data.sources import criteo_has_label
+
+    path = tmp_path / name
+    with gzip.open(path, "wb", compresslevel=1) as fh:
+        for _ in range(64):
+            fh.write(b"a" * (1 << 20))
+    tracemalloc.start()
+    try:
+        with pytest.raises(DataError, match=rf"{name}: line 1 is longer than 16 MiB") as caught:
+            if name.endswith(".tsv.gz"):
+                criteo_has_label(path)
+            else:
+                convert(_spec(), "csv", [path], tmp_path / "out")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert "\n" not in str(caught.value) and peak < 40 << 20, peak
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("name", ["rows.csv.zip", "rows.csv.xz", "rows.tar.gz"])
 def test_an_archive_or_a_compression_pyarrow_does_not_read_is_named_as_such(tmp_path: Path, name: str) -> None:
     """A zip, xz or tar input was read as text: 'a row with the wrong field count is not valid UTF-8',
@@ -238,7 +266,7 @@ def test_bytes_ids_that_are_not_utf8_are_one_line_naming_the_value(tmp_path: Pat
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from flowrec.serving.predict import check_ids
+    from flowrec.data.raw_ids import check_ids
 
     good = _parquet_folder(tmp_path / "good", {"a.parquet": {**ROWS, "user": [b"u1", b"u2"]}})
     convert(_spec(), "parquet", [good], tmp_path / "out_good")
@@ -252,6 +280,38 @@ def test_bytes_ids_that_are_not_utf8_are_one_line_naming_the_value(tmp_path: Pat
         with pytest.raises(DataError, match=r"^column user holds bytes that are not UTF-8 text \(b'\\xc3\(' at row"):
             check_ids(column, "user", multi=pa.types.is_list(column.type))
     check_ids(pa.array([b"ok", None, "é".encode()]), "user", multi=False)
+
+
+@pytest.mark.parametrize("user", [[[1, 2], [3]], [{"a": 1}, {"a": 2}]], ids=["list", "struct"])
+def test_a_parquet_id_column_of_lists_or_structs_for_a_one_id_feature_is_one_line_in_convert(
+        tmp_path: Path, user: list) -> None:
+    """`data convert parquet` of a file whose one-id feature's column holds lists (or structs)
+    ended in a traceback (Arrow's 'Unsupported cast from list<element: int64> to utf8'), where
+    `predict` of the same file said it in one line; now convert names the input and the column."""
+    rows = _parquet_folder(tmp_path / "in", {"a.parquet": {**ROWS, "user": user}})
+    with pytest.raises(DataError, match=r"in: column user holds (list|struct)<.*>, not one id per row$"):
+        convert(_spec(), "parquet", [rows], tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_link_loop_in_a_parquet_folder_is_one_line_not_every_file_read_41_times(tmp_path: Path) -> None:
+    """A link `loop -> .` in a Parquet folder (raw rows, or an encoded dataset): pyarrow's discovery
+    followed it down to the path length limit, so convert read every file 41 times (41x the rows),
+    and with a second link (`up -> ..`) train, eval and data inspect ran without end, their memory
+    growing (5 GB in 6 minutes), train deaf to SIGTERM. Now the link is named in one line."""
+    from flowrec.data.dataset import parquet_files
+
+    rows = _parquet_folder(tmp_path / "in", {"a.parquet": ROWS})
+    (rows / "loop").symlink_to(".", target_is_directory=True)
+    with pytest.raises(DataError, match=r"in/loop is a link back to a folder above it or already in the dataset"):
+        convert(_spec(), "parquet", [rows], tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(DataError, match=r"in/loop is a link back"):
+        parquet_files(rows)
+    (rows / "loop").unlink()
+    (tmp_path / "day").mkdir()
+    (rows / "day").symlink_to(tmp_path / "day", target_is_directory=True)  # a link elsewhere is followed
+    assert parquet_files(rows) == [str(rows / "a.parquet")]
 
 
 @pytest.mark.parametrize("fmt", ["csv", "libsvm"])

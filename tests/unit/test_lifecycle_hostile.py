@@ -1100,3 +1100,91 @@ def test_rows_given_for_a_run_on_real_data_is_said_to_be_ignored() -> None:
     assert not any("overrides" in n for n in notes) and any("--rows 2000 is ignored" in n for n in notes), notes
     _, notes = merge_settings(given, None, {})  # synthetic rows: --rows is what they are
     assert not any("ignored" in n for n in notes), notes
+
+
+@pytest.mark.parametrize("link", ["symbolic", "hard"])
+def test_a_lock_file_that_is_a_link_is_refused_and_the_file_it_names_kept(tmp_path: Path, link: str) -> None:
+    """A run folder whose .flowrec.lock was a link to another file (planted, or copied with the
+    folder): `flowrec train --resume RUN` (or --out) truncated that file and wrote its pid there, a
+    file outside the run folder lost. Now the lock is opened without following a link, and a hard
+    link (one file under two names) is refused too: one line, the file untouched."""
+    from flowrec.runtime.rundir import LOCK_NAME, RunFolderError, RunLock
+
+    victim = tmp_path / "rows.csv"
+    victim.write_text("user,label\nu1,1\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    if link == "symbolic":
+        (run / LOCK_NAME).symlink_to(victim)
+    else:
+        os.link(victim, run / LOCK_NAME)
+    with pytest.raises(RunFolderError, match=rf"cannot lock run folder .*: its lock file {LOCK_NAME} is a "
+                                             rf"{link} link") as caught:
+        RunLock.acquire(run)
+    assert "\n" not in str(caught.value) and victim.read_text() == "user,label\nu1,1\n"
+    (run / LOCK_NAME).unlink()
+    lock = RunLock.acquire(run)  # the lock made afresh
+    assert (run / LOCK_NAME).read_text() == f"{os.getpid()}\n" and victim.read_text() == "user,label\nu1,1\n"
+    lock.release()
+
+
+def test_a_run_never_writes_its_encoder_into_the_folder_a_link_named(tmp_path: Path) -> None:
+    """`flowrec train --out RUN --overwrite` where RUN/encoder was a link to a folder elsewhere
+    wrote encoder.json and vocab/ into that folder (rmtree refuses a link, and its error was
+    ignored), over what it held. Now the link is removed and RUN/encoder made as a folder."""
+    from flowrec.data.encoder_record import ENCODER_FILE
+    from flowrec.runs.encoder import adopt_encoder
+    from flowrec.testing.specs import csv_spec
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / ENCODER_FILE).write_text("someone else's")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "encoder").symlink_to(elsewhere, target_is_directory=True)
+    adopt_encoder(csv_spec("linked"), run, object(), None, resuming=False)  # synthetic rows' encoder
+    assert [p.name for p in elsewhere.iterdir()] == [ENCODER_FILE] and (elsewhere / ENCODER_FILE).read_text() == "someone else's"
+    assert not (run / "encoder").is_symlink() and (run / "encoder" / ENCODER_FILE).is_file()
+
+
+@pytest.mark.parametrize("linked", ["best", "checkpoint.shards", "best/checkpoint.shards"])
+def test_a_run_folder_whose_checkpoint_folder_is_a_link_is_refused_before_anything_is_removed(
+        tmp_path: Path, linked: str) -> None:
+    """RUN/best (or a checkpoint.shards folder) as a link to another run's: `train --out RUN
+    --overwrite` removed that run's best checkpoint (and its shards and temp files) through the
+    link, and a resumed run wrote its best checkpoint there. Now opening the run folder refuses the
+    link in one line, before anything is removed or written."""
+    from flowrec.runtime.rundir import RunFolderError, clear_run_files, open_folder
+
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "checkpoint.pt").write_bytes(b"another run's checkpoint")
+    (other / ".ckpt-x.tmp").write_bytes(b"another run's write in flight")
+    run = tmp_path / "run"
+    (run / linked).parent.mkdir(parents=True, exist_ok=True)
+    (run / linked).symlink_to(other, target_is_directory=True)
+    with pytest.raises(RunFolderError, match=rf"{linked} is a symbolic link .*: remove the link$"):
+        clear_run_files(run) if open_folder(run) else None
+    assert sorted(p.name for p in other.iterdir()) == [".ckpt-x.tmp", "checkpoint.pt"]
+    (run / linked).unlink()
+    open_folder(run).release()  # the lock was released: the folder opens once the link is gone
+
+
+@pytest.mark.parametrize("key,value,says", [
+    ("train_rows", "x", "train_rows must be a non-negative integer, not 'x'"),
+    ("init_from", 5, "init_from must be a string, not 5"),
+    ("fresh_optimizer", "yes", "fresh_optimizer must be true or false, not 'yes'"),
+])
+def test_run_json_records_beside_the_flags_are_checked_as_the_flags_are(tmp_path: Path, key, value, says) -> None:
+    """run.json's train_rows "x" was read as no record (so --resume's check that its data still
+    holds the rows the run started on was off, without a word), init_from 5 was refused as
+    '--init-from: no checkpoint at 5' (a flag nobody gave), fresh_optimizer "yes" read as true."""
+    from flowrec.runs.settings import REQUIRED, read_run_file
+    from flowrec.runtime.rundir import RunFolderError
+
+    doc = {name: None for name in REQUIRED}
+    (tmp_path / "run.json").write_text(json.dumps({**doc, key: value}))
+    with pytest.raises(RunFolderError, match=rf"run\.json is damaged: {re.escape(says)}$"):
+        read_run_file(tmp_path)
+    (tmp_path / "run.json").write_text(json.dumps(doc))
+    assert read_run_file(tmp_path) == doc

@@ -143,6 +143,20 @@ def test_replacing_a_folder_keeps_the_old_one_when_the_new_cannot_be_moved_in(tm
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["new.txt"]
 
 
+def test_replacing_a_link_to_a_folder_leaves_neither_the_link_nor_its_folder_changed(tmp_path: Path):
+    """`convert ... latest --overwrite` where `latest` links to a dataset: the link becomes the new
+    folder, the folder it named is untouched, and no hidden `.latest.old-*` link is left behind."""
+    (tmp_path / "day1").mkdir()
+    (tmp_path / "day1" / "old.txt").write_text("old")
+    (tmp_path / "latest").symlink_to("day1", target_is_directory=True)
+    (tmp_path / "new").mkdir()
+    (tmp_path / "new" / "new.txt").write_text("new")
+    replace_folder(tmp_path / "new", tmp_path / "latest")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["day1", "latest"]
+    assert not (tmp_path / "latest").is_symlink() and [p.name for p in (tmp_path / "latest").iterdir()] == ["new.txt"]
+    assert (tmp_path / "day1" / "old.txt").read_text() == "old"
+
+
 @pytest.mark.parametrize("check", ["file", "folder"])
 def test_missing_folders_above_an_output_are_made_only_once_every_check_passed(tmp_path: Path, check):
     """As `mkdir -p`: `export RUN a/b/pkg` and `--out reports/x/s.parquet` make a/b and reports/x;
@@ -178,3 +192,77 @@ def test_a_split_owns_its_root_and_a_dataset_named_train_does_not(tmp_path: Path
     check_folder_output(hand / "test", [], False, "a dataset")  # the user's test set beside their train set
     with pytest.raises(OutputError, match="a dataset's folder"):
         check_folder_output(split / "extra", [], False, "a dataset")
+
+
+@pytest.mark.parametrize("command", [
+    ["train", "SPEC", "--out", "LONG"],
+    ["train", "SPEC", "--resume", "LONG"],
+    ["export", "LONG", "pkg"],
+    ["export", "run", "LONG"],
+    ["eval", "run", "--json", "LONG.json"],
+    ["plan", "SPEC", "--json", "LONG.json"],
+    ["data", "inspect", "LONG"],
+    ["validate", "LONG.yaml"],
+])
+def test_a_path_whose_name_is_longer_than_a_file_name_can_be_is_one_line(tmp_path: Path, command):
+    """Python's Path.exists() raises on a name past the file system's limit (255 bytes) where it
+    returns False for a missing file, which ended `train --out`, `export`, `plan --json` and
+    `data inspect` in a traceback; every command now names the option and the limit."""
+    from typer.testing import CliRunner
+
+    from flowrec.cli import app
+
+    spec = Path(__file__).resolve().parents[2] / "specs" / "two_task.yaml"
+    long = str(tmp_path / ("x" * 300))
+    args = [str(spec) if a == "SPEC" else a.replace("LONG", long) for a in command]
+    result = CliRunner().invoke(app, args)
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2 and "Traceback" not in result.output and len(lines) == 1, result.output
+    assert "is 30" in lines[0] and "a file name holds at most 255" in lines[0], lines[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", [
+    ["train", "SPEC", "--out", "NAME"],
+    ["export", "run", "NAME"],
+    ["predict", "pkg", "rows.csv", "--out", "NAME.parquet"],
+    ["data", "convert", "csv", "NAME.csv", "out", "--spec", "SPEC"],
+])
+def test_a_path_whose_name_is_not_utf8_is_one_line(tmp_path: Path, command):
+    """A file name of latin-1 bytes (b'day\\xe9'): `train --out` ended in a traceback
+    (UnicodeEncodeError writing run.json), `export` in another (torch's writer took the name for a
+    file object), and `convert` / `predict` said only "'utf-8' codec can't encode characters"."""
+    from typer.testing import CliRunner
+
+    from flowrec.cli import app
+
+    spec = Path(__file__).resolve().parents[2] / "specs" / "two_task.yaml"
+    name = str(tmp_path / os.fsdecode(b"day\xe9"))
+    args = [str(spec) if a == "SPEC" else a.replace("NAME", name) for a in command]
+    result = CliRunner().invoke(app, args)
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2 and "Traceback" not in result.output and len(lines) == 1, result.output
+    assert "the name 'day\\xe9" in lines[0] and "is not UTF-8 text" in lines[0], lines[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_output_whose_name_is_near_the_limit_gets_temp_names_the_file_system_holds(tmp_path: Path):
+    """A name of 250 bytes is one the file system holds, but the temp names made from it were not
+    ('.NAME.partial-PID-XXXXXXXX': 'cannot create the output folder next to NAME: File name too
+    long', the same for predict's, export's and a replaced folder's temp names)."""
+    from flowrec.cli.export_cmd import _staging_folder
+    from flowrec.data.output import staged_output
+
+    name = "é" * 125  # 250 bytes
+    out = tmp_path / f"{name}"
+    with atomic_output(tmp_path / f"{name[:-3]}.parquet") as tmp:
+        tmp.write_text("scores")
+    with staged_output(out, overwrite=False) as tmp:
+        (tmp / "part-00000.parquet").write_text("rows")
+    with staged_output(out, overwrite=True) as tmp:  # the old folder moved aside, then removed
+        (tmp / "part-00000.parquet").write_text("new rows")
+    assert (out / "part-00000.parquet").read_text() == "new rows"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([name, f"{name[:-3]}.parquet"])
+    staged = _staging_folder(tmp_path / name)
+    staged.mkdir()
+    assert staged.parent == tmp_path

@@ -50,3 +50,32 @@ def test_the_private_save_is_restored_after_the_call(tmp_path: Path):
     program = torch.export.export(_Tables().eval(), (torch.tensor([1]),))
     save_program(program, tmp_path / "model.pt2")
     assert _package._save_raw_tensors is before
+
+
+FAILED_WRITE = """
+import resource, sys, torch
+sys.path.insert(0, {test_dir!r})
+from test_pt2_save import _Tables
+from flowrec.serving.pt2_save import save_program
+program = torch.export.export(_Tables().eval(), (torch.tensor([1]),))
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))  # a disk that fills after 4 KiB
+try:
+    save_program(program, {out!r})
+except Exception as exc:
+    print("failed:", type(exc).__name__, flush=True)
+    sys.exit(2)
+print("written", flush=True)
+"""
+
+
+def test_a_write_that_fails_is_an_exception_not_an_abort_at_exit(tmp_path: Path):
+    """A full disk while model.pt2 was written printed export's one-line error, then the process
+    aborted (exit 134, 'terminate called after throwing an instance of c10::Error'): torch left the
+    archive open and its C++ destructor failed again at teardown."""
+    import subprocess
+    import sys
+
+    code = FAILED_WRITE.format(test_dir=str(Path(__file__).parent), out=str(tmp_path / "model.pt2"))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "failed:" in done.stdout and done.returncode == 2, (done.returncode, done.stdout, done.stderr[-2000:])
+    assert "terminate called" not in done.stderr

@@ -156,3 +156,38 @@ def test_a_dense_column_of_pandas_periods_is_no_numbers_as_datetimes_are_not() -
                    pd.date_range("2024-01-01", periods=2)):
         with pytest.raises(DataError, match=r"column d1 holds values that are not numbers \(type "):
             check_finite(raw_table(pd.DataFrame({"d1": values})).column("d1"), "d1")
+
+
+def test_export_takes_the_last_evaluation_past_a_damaged_or_edited_metrics_line(tmp_path: Path) -> None:
+    """A metrics.jsonl line that was not UTF-8 (torn bytes) refused `flowrec export` ('cannot export
+    to pkg: 'utf-8' codec can't decode byte 0xff'), where --resume and eval skip such a line, and an
+    eval record whose metrics were not a mapping went into the manifest as they were
+    (`"metrics_at_export": 5`). Now both lines are skipped, as the metrics log's reader skips them."""
+    from flowrec.cli.export_cmd import _last_eval
+
+    good = {"event": "eval", "step": 4, "metrics": {"y": {"auc": 0.75}}}
+    lines = [json.dumps({"event": "train", "step": 4}).encode(), json.dumps(good).encode(), b"\xff\xfe torn",
+             json.dumps({"event": "eval", "step": 5, "metrics": 5}).encode()]
+    (tmp_path / "metrics.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    assert _last_eval(tmp_path) == good["metrics"]
+    assert _last_eval(tmp_path, step=3) == {}
+
+
+def test_two_exports_to_one_folder_stage_apart_and_a_killed_ones_staging_is_removed(tmp_path: Path) -> None:
+    """`flowrec export RUN pkg` twice at once: both staged into `.pkg.export-tmp`, and the second
+    removed it while the first wrote there ('cannot export to pkg: Parent directory
+    .pkg.export-tmp does not exist'). Each export now stages in a folder of its own; one left by an
+    export that no longer runs (killed) is removed, one of a running export is left alone."""
+    import os
+    import subprocess
+    import sys
+
+    from flowrec.cli.export_cmd import _staging_folder
+
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = int(done.stdout)
+    for name in (f".pkg.export-{dead}-00000000", ".pkg.export-tmp", f".pkg.export-{os.getppid()}-11111111"):
+        (tmp_path / name).mkdir()
+    first, second = _staging_folder(tmp_path / "pkg"), _staging_folder(tmp_path / "pkg")
+    assert first != second and first.parent == tmp_path and first.name.startswith(f".pkg.export-{os.getpid()}-")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f".pkg.export-{os.getppid()}-11111111"]

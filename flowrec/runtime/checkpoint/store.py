@@ -82,15 +82,17 @@ def save_checkpoint(path: Path, state: dict[str, Any],
 @contextmanager
 def write_errors(path: Path, state: dict[str, Any]) -> Iterator[None]:
     """A failed write of checkpoint `path` (holding `state`) as one `CheckpointError` line that
-    says the previous checkpoint is intact (the write is atomic)."""
+    says the previous checkpoint is intact (the write is atomic), or, for the first checkpoint at
+    `path` (nothing there, and not a delta, which always has its base), that none was saved."""
+    kept = ("the previous checkpoint is intact" if path.exists() or ".delta-" in path.name
+            else "no checkpoint was there before it")
     try:
         yield
     except OSError as exc:
-        raise CheckpointError(f"could not write checkpoint {path}: {exc.strerror or exc}; "
-                              f"the previous checkpoint is intact") from None
+        raise CheckpointError(f"could not write checkpoint {path}: {exc.strerror or exc}; {kept}") from None
     except RuntimeError as exc:  # torch's zip writer reports a full disk as "unexpected pos ..."
         raise CheckpointError(f"could not write checkpoint {path}: {write_failure(path, state, exc)}; "
-                              f"the previous checkpoint is intact") from None
+                              f"{kept}") from None
 
 
 def write_failure(path: Path, state: dict[str, Any], exc: RuntimeError) -> str:
