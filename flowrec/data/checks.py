@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from flowrec.data.layout import DataError, label_columns, weight_columns
+from flowrec.data.layout import DataError, is_multi, label_columns, weight_columns
 from flowrec.spec.model import ModelSpec
 
 RuleKind = Literal["ids", "finite", "binary", "classes"]
@@ -47,17 +47,21 @@ class ColumnRule:
         rows: rows of the table (ids; 0: raw ids of a managed table, any int64), classes of the
             head (classes).
         table: the table's name (ids only), or the heads reading the label (binary, classes), for messages.
+        one: ids only: the feature takes one id per row (one-hot), so a list column is refused (read
+            as a bag, its rows of two ids trained summed and its empty lists as no id, without a word).
     """
 
     name: str
     kind: RuleKind
     rows: int = 0
     table: str = ""
+    one: bool = False
 
 
 def partition_rules(spec: ModelSpec, columns: Sequence[str] | None = None) -> tuple[ColumnRule, ...]:
     """The rules of the spec's columns (all, or those in `columns`), in spec order."""
-    rules = [ColumnRule(f.name, "ids", _id_bound(spec, f.table), f.table) for f in spec.sparse_features]
+    rules = [ColumnRule(f.name, "ids", _id_bound(spec, f.table), f.table, one=not is_multi(f))
+             for f in spec.sparse_features]
     rules += [ColumnRule(f.name, "finite") for f in spec.dense_features]
     binary: dict[str, list[str]] = {}
     classes: dict[str, list[tuple[int, str]]] = {}
@@ -121,6 +125,8 @@ def _passes(col: pa.ChunkedArray, rule: ColumnRule) -> bool:
         return False
     for chunk in col.chunks:
         if rule.kind == "ids" and (pa.types.is_list(chunk.type) or pa.types.is_large_list(chunk.type)):
+            if rule.one:
+                return False
             chunk = pc.list_flatten(chunk)
         if chunk.null_count:
             return False
@@ -154,6 +160,9 @@ def _nulls(array: pa.Array) -> np.ndarray:
 
 def _check_ids(array: pa.Array, rule: ColumnRule, prefix: str, first_row: int) -> None:
     listed = pa.types.is_list(array.type) or pa.types.is_large_list(array.type)
+    if listed and rule.one:
+        raise DataError(f"{prefix}: type {array.type}, a list, where the spec's feature takes one id per row "
+                        "(int64 row ids; max_len > 1 makes it multi-hot)")
     values = pc.list_flatten(array) if listed else array
     if not pa.types.is_integer(values.type):
         raise DataError(f"{prefix}: type {array.type}, expected int64 row ids (or a list of them)")
