@@ -271,7 +271,7 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
             logs.append(log)
             for chunk in read(path, opts, log, numeric):
                 _check_columns(chunk, spec, columns, path)
-                _check_id_columns(chunk, spec, columns, path)
+                _check_id_columns(chunk, spec, columns, path, FORMAT_ALIASES.get(fmt, fmt) != "parquet")
                 if not separators_checked[0]:
                     _check_separators(chunk, spec, columns, opts, path, advice)
                     separators_checked[0] = True
@@ -466,10 +466,10 @@ def _check_columns(chunk: pa.Table, spec: ModelSpec, columns: dict[str, str], pa
                         f"(has {has}...); {_separator_hint(chunk.column_names, needed)}")
 
 
-def _check_id_columns(chunk: pa.Table, spec: ModelSpec, columns: dict[str, str], path: Path) -> None:
+def _check_id_columns(chunk: pa.Table, spec: ModelSpec, columns: dict[str, str], path: Path, text: bool) -> None:
     """Each sparse feature's column holds ids (`check_ids`: no struct, map or nested list, bytes
-    that are UTF-8 text, as predict checks them; a typed input's (Parquet's) columns only: text
-    columns of the CSV formats are ids by their type, their UTF-8 checked where they are read),
+    that are UTF-8 text, as predict checks them; of a `text` format, the CSV formats' bytes
+    columns are ids by their type, their UTF-8 checked row by row where they are read),
     and an id column of floats (a Parquet file pandas wrote from integers with a missing value) no
     id that the float may have rounded from another (`check_float_ids`); the error names the file."""
     lines = chunk.column(LINE_COLUMN).to_numpy() if LINE_COLUMN in chunk.column_names else None
@@ -477,7 +477,7 @@ def _check_id_columns(chunk: pa.Table, spec: ModelSpec, columns: dict[str, str],
         name = columns.get(f.name, f.name)
         column = chunk.column(name)
         try:
-            if not (pa.types.is_binary(column.type) or pa.types.is_string(column.type)):
+            if not (text and (pa.types.is_binary(column.type) or pa.types.is_string(column.type))):
                 check_ids(column, name, is_multi(f))
             check_float_ids(column, name, lines)
         except DataError as exc:
