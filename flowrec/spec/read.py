@@ -104,14 +104,37 @@ PLAN_HINT = "; a plan trains as `flowrec train SPEC --plan FILE`"  # what to do 
 
 def flowrec_format(doc: Any) -> str | None:
     """`format 'flowrec-…'` when `doc` is one of the documents flowrec writes for itself (a plan,
-    an encoder, a dataset's or a package's record), else None.
+    an encoder, a dataset's or a package's record), or what it is for a JSON Schema flowrec
+    prints or the metrics `flowrec eval --json` writes, else None.
 
     Example:
         >>> flowrec_format({"format": "flowrec-plan", "nodes": []}), flowrec_format({"name": "x"})
         ("format 'flowrec-plan'", None)
     """
     kind = doc.get("format") if isinstance(doc, dict) else None
-    return f"format {kind!r}" if isinstance(kind, str) and kind.startswith("flowrec-") else None
+    if isinstance(kind, str) and kind.startswith("flowrec-"):
+        return f"format {kind!r}"
+    schema = doc.get("$id") if isinstance(doc, dict) else None
+    if isinstance(schema, str) and schema.startswith(SCHEMA_ID_PREFIX):  # `flowrec schema > s.json`
+        return f"the JSON Schema {schema.rsplit('/', 1)[-1]!r}, as `flowrec schema` prints it"
+    if _eval_metrics(doc):
+        return "metrics of `flowrec eval --json`"
+    return None
+
+
+SCHEMA_ID_PREFIX = "https://flowrec.dev/schemas/"  # the `$id` of flowrec's JSON Schemas (schemas/)
+
+
+def _eval_metrics(doc: Any) -> bool:
+    """Whether `doc` is what `flowrec eval --json` writes: head -> {metric: number or null, samples}.
+
+    >>> _eval_metrics({"ctr": {"auc": 0.7, "logloss": None, "samples": 40}}), _eval_metrics({"name": "x"})
+    (True, False)
+    """
+    return isinstance(doc, dict) and bool(doc) and all(
+        isinstance(m, dict) and isinstance(m.get("samples"), int) and not isinstance(m["samples"], bool)
+        and all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in m.values())
+        for m in doc.values())
 
 
 def not_a_spec(own: str) -> SpecIssue:

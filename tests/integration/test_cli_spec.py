@@ -89,6 +89,30 @@ def test_a_folder_scan_leaves_out_the_files_flowrec_wrote_for_itself(runner, tmp
         assert result.output.splitlines() == [line], command
 
 
+def test_a_folder_scan_leaves_out_printed_schemas_and_eval_metrics(runner, tmp_path):
+    """`flowrec schema > s.json` and `flowrec eval RUN --json m.json` in a project: `validate .`
+    reported both as broken specs (every key a spec needs, line after line), though the docs say
+    it leaves out the files flowrec writes. Now both are left out of a folder scan, and each named
+    alone is one line saying what it is; a metrics-like file that is not flowrec's is still read."""
+    (tmp_path / "good.yaml").write_text(DLRM.read_text())
+    for name, args in (("s.json", ["schema"]), ("p.json", ["schema", "--plan"])):
+        result = _run(runner, *args)
+        assert result.exit_code == 0
+        (tmp_path / name).write_text(result.output)
+    (tmp_path / "m.json").write_text(json.dumps({"ctr": {"auc": 0.71, "logloss": None, "samples": 4096},
+                                                 "cvr": {"mse": 0.2, "samples": 4096}}, indent=2))
+    (tmp_path / "other.json").write_text(json.dumps({"ctr": {"auc": 0.71}}))  # no samples: not eval's
+    result = _run(runner, "validate", str(tmp_path))
+    assert result.exit_code == 2
+    assert f"ok  {tmp_path / 'good.yaml'}" in result.output.splitlines()
+    assert not any(name in result.output for name in ("s.json", "p.json", "m.json")), result.output
+    assert "other.json" in result.output
+    for name, says in (("s.json", "the JSON Schema 'model-spec.schema.json', as `flowrec schema` prints it"),
+                       ("p.json", "the JSON Schema 'plan.schema.json'"), ("m.json", "metrics of `flowrec eval --json`")):
+        result = _run(runner, "validate", str(tmp_path / name))
+        assert result.exit_code == 2 and len(result.output.splitlines()) == 1 and says in result.output, result.output
+
+
 def test_a_folder_scan_leaves_out_hidden_folders(runner, tmp_path):
     """`flowrec validate .` in a project read its .venv's and .github's JSON and YAML files as specs:
     thousands of lines, exit 2. Hidden files and folders below the folder named are left out; a
