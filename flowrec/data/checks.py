@@ -47,8 +47,9 @@ class ColumnRule:
         rows: rows of the table (ids; 0: raw ids of a managed table, any int64), classes of the
             head (classes).
         table: the table's name (ids only), or the heads reading the label (binary, classes), for messages.
-        one: ids only: the feature takes one id per row (one-hot), so a list column is refused (read
-            as a bag, its rows of two ids trained summed and its empty lists as no id, without a word).
+        one: ids only: the feature takes one id per row (one-hot), so a list column must hold lists
+            of one id (read as a bag, its rows of two ids trained summed and its empty lists as no
+            id, without a word).
     """
 
     name: str
@@ -125,7 +126,7 @@ def _passes(col: pa.ChunkedArray, rule: ColumnRule) -> bool:
         return False
     for chunk in col.chunks:
         if rule.kind == "ids" and (pa.types.is_list(chunk.type) or pa.types.is_large_list(chunk.type)):
-            if rule.one:
+            if rule.one and (chunk.null_count or _lengths_not_one(chunk) is not None):
                 return False
             chunk = pc.list_flatten(chunk)
         if chunk.null_count:
@@ -160,9 +161,12 @@ def _nulls(array: pa.Array) -> np.ndarray:
 
 def _check_ids(array: pa.Array, rule: ColumnRule, prefix: str, first_row: int) -> None:
     listed = pa.types.is_list(array.type) or pa.types.is_large_list(array.type)
-    if listed and rule.one:
-        raise DataError(f"{prefix}: type {array.type}, a list, where the spec's feature takes one id per row "
-                        "(int64 row ids; max_len > 1 makes it multi-hot)")
+    if listed and rule.one and not array.null_count:
+        row = _lengths_not_one(array)
+        if row is not None:
+            n = len(array[row].values)
+            raise DataError(f"{prefix}: {n} ids at row {row + first_row} (0-based), where the spec's feature "
+                            "takes one id per row (int64 row ids, or lists of one; max_len > 1 makes it multi-hot)")
     values = pc.list_flatten(array) if listed else array
     if not pa.types.is_integer(values.type):
         raise DataError(f"{prefix}: type {array.type}, expected int64 row ids (or a list of them)")
@@ -183,6 +187,13 @@ def _check_ids(array: pa.Array, rule: ColumnRule, prefix: str, first_row: int) -
         raise DataError(f"{prefix}: null id at row {row + first_row} (0-based); a missing value is row 0")
     raise DataError(f"{prefix}: id {int(x[i])} outside [0, {rule.rows}) of table {rule.table!r} "
                     f"at row {row + first_row} (0-based)")
+
+
+def _lengths_not_one(array: pa.Array) -> int | None:
+    """The first row of a list column whose list holds other than one id (None: every one does)."""
+    lengths = pc.list_value_length(array).fill_null(1).to_numpy(zero_copy_only=False)
+    bad = np.flatnonzero(lengths != 1)
+    return int(bad[0]) if len(bad) else None
 
 
 def _row(array: pa.Array, value_index: int, listed: bool) -> int:

@@ -116,19 +116,21 @@ def test_rules_follow_the_spec():
 def test_a_one_id_column_stored_as_lists_is_refused():
     """An encoded dataset whose one-hot column was rewritten as list<int64> (by hand, another tool)
     passed the checks: rows of two ids trained as a summed bag and empty lists as no id, without a
-    word (`flowrec eval` gave other metrics). Now the column is one line naming its type; a
-    multi-hot or sequence column still takes lists."""
+    word (`flowrec eval` gave other metrics). Now a list other than of one id is one line naming
+    its row; lists of one id still read, and a multi-hot or sequence column takes any lists."""
     rng = np.random.default_rng()
     rules = {r.name: r for r in partition_rules(two_table_spec())}
     assert (rules["a"].one, rules["b"].one, rules["s"].one) == (True, True, False)
     lists = [skewed_ids(rng, int(k), 30).tolist() for k in rng.integers(1, 3, 40)]
     lists[int(rng.integers(40))] = []
-    for values in (lists, [[v[0]] if v else [0] for v in lists]):  # bags, and lists of one id each
-        table = pa.table({"a": pa.array(values, pa.list_(pa.int64()))})
-        with pytest.raises(DataError, match=r"^p: column 'a': type list<item: int64>, a list, where the spec's "
-                                            r"feature takes one id per row"):
-            check_partition(table, [rules["a"]], "p")
-    check_partition(pa.table({"a": pa.array([v[0] if v else 0 for v in lists], pa.int64())}), [rules["a"]], "p")
+    first = min(i for i, v in enumerate(lists) if len(v) != 1)
+    table = pa.table({"a": pa.array(lists, pa.list_(pa.int64()))})
+    with pytest.raises(DataError, match=rf"^p: column 'a': {len(lists[first])} ids at row {first + 5} \(0-based\), "
+                                        r"where the spec's feature takes one id per row"):
+        check_partition(table, [rules["a"]], "p", first_row=5)
+    ones = [[v[0]] if v else [0] for v in lists]  # lists of one id each (as a list-typed writer gives): read
+    check_partition(pa.table({"a": pa.array(ones, pa.list_(pa.int64()))}), [rules["a"]], "p")
+    check_partition(pa.table({"a": pa.array([v[0] for v in ones], pa.int64())}), [rules["a"]], "p")
     check_partition(pa.table({"s": pa.array([[x % 11 for x in v] for v in lists], pa.list_(pa.int64()))}),
                     [rules["s"]], "p")
 
