@@ -136,15 +136,18 @@ def convert(
         from flowrec.data.output_guard import check_folder_output
         from flowrec.runtime.progress import rows_spinner
 
+        from flowrec.data.sources import spec_file_options
+
         model = _spec(spec)
         check_folder_output(out, [source, spec, *([encoder_from] if encoder_from else [])], overwrite, "a dataset")
+        given = {**spec_file_options(model, spec.parent), **options}  # a feature map beside the spec
         encoder = None
         if encoder_from is not None:
             from flowrec.data.encoder_record import load_encoder, raw_encoder
 
             encoder = load_encoder(raw_encoder(encoder_from), model)
         with rows_spinner(f"converting {source.name}", not quiet) as advance:
-            return run_convert(model, fmt, [source], out, on_error, options, rows_per_file,
+            return run_convert(model, fmt, [source], out, on_error, given, rows_per_file,
                                progress=advance, overwrite=overwrite,
                                encoder=encoder, grow=not no_grow)
 

@@ -751,6 +751,28 @@ def _libsvm_line(raw: bytes, lineno: int, fields: list[str], fmap: dict[str, str
         return None
 
 
+FILE_OPTIONS = ("feature_map",)  # data.options naming a file
+
+
+def spec_file_options(spec: Any, spec_dir: Path) -> dict[str, str]:
+    """The spec's data.options that name a file (libsvm's feature_map), a relative one read from the
+    spec's folder as data.path is (it was read from the working folder: `flowrec data convert
+    libsvm x.libsvm out --spec /x/s.yaml` from elsewhere could not find /x's map); one found only
+    in the working folder is left as given.
+
+    >>> from types import SimpleNamespace as S
+    >>> spec_file_options(S(data=S(options=(("feature_map", "fmap.txt"), ("sep", " ")))), Path("specs"))
+    {}
+    """
+    options = dict(spec.data.options) if getattr(spec, "data", None) is not None else {}
+    out = {}
+    for key in FILE_OPTIONS:
+        value = options.get(key)
+        if isinstance(value, str) and value and not Path(value).is_absolute() and (spec_dir / value).is_file():
+            out[key] = str(spec_dir / value)
+    return out
+
+
 def _feature_map(path: Path) -> dict[str, str]:
     """The libsvm feature map: one ``index name`` line per index (blank lines skipped); a line of one
     token or text that is not UTF-8 is one line naming the file (it was a dict() or codec message)."""

@@ -220,6 +220,7 @@ def bound_dataset(spec: ModelSpec, spec_path: Path, workdir: Path | None,
     unstamped) encodes them again; a `resumed` one keeps its data."""
     from flowrec.data.convert import convert
     from flowrec.data.error_log import SKIP_HINT
+    from flowrec.data.sources import spec_file_options
     from flowrec.data.output import folder_locked
 
     assert spec.data is not None and spec.data.path is not None
@@ -251,7 +252,7 @@ def bound_dataset(spec: ModelSpec, spec_path: Path, workdir: Path | None,
             shutil.rmtree(out)
         status(f"encoding {spec.data.format} data from {raw} into {out}")
         try:
-            report = convert(spec, spec.data.format, [raw], out)
+            report = convert(spec, spec.data.format, [raw], out, options=spec_file_options(spec, spec_path.parent))
         except DataError as exc:  # `flowrec train` and `flowrec.train` have no --on-error of their own
             shown = spec_path if spec_path.is_file() else "SPEC"
             raise DataError(str(exc).replace(SKIP_HINT, (

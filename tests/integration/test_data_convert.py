@@ -492,3 +492,45 @@ def test_compressed_libsvm_and_criteo_test_files_read_as_plain(tmp_path, shared_
     (tmp_path / "test.txt.gz").write_bytes(gzip.compress(test_rows.encode()))
     (tmp_path / "day.tsv.gz").write_bytes(gzip.compress(src.read_bytes()))
     assert criteo_has_label(tmp_path / "test.txt.gz") is False and criteo_has_label(tmp_path / "day.tsv.gz") is True
+
+
+def test_a_libsvm_feature_map_beside_the_spec_is_read_from_the_specs_folder(tmp_path, monkeypatch):
+    """data.options.feature_map was read from the working folder while data.path is read from the
+    spec's: `flowrec data convert libsvm /x/t.libsvm out --spec /x/s.yaml` run elsewhere said
+    'cannot read feature map fmap.txt'. Now a relative map beside the spec is found, from anywhere
+    (and training on the spec's bound libsvm data reads it too); the rows equal a run from /x."""
+    import random
+
+    import yaml
+
+    rng = random.Random()
+    project, elsewhere = tmp_path / "x", tmp_path / "elsewhere"
+    project.mkdir()
+    elsewhere.mkdir()
+    (project / "fmap.txt").write_text("".join(f"{i} user\n" for i in range(1, 41)) +
+                                      "".join(f"{i} item\n" for i in range(41, 66)) + "66 price\n")
+    (project / "t.libsvm").write_text("".join(
+        f"{rng.randrange(2)} {1 + int(rng.paretovariate(1.2)) % 40}:1 {41 + rng.randrange(25)}:1 66:{rng.random() * 9:.3f}\n"
+        for _ in range(120)))
+    doc = {"name": "ls", "features": [{"name": "price", "type": "dense"},
+                                      {"name": "user", "type": "categorical", "hash_buckets": 50, "dim": 4},
+                                      {"name": "item", "type": "categorical", "hash_buckets": 30, "dim": 4}],
+           "modules": [{"name": "m", "kind": "mlp", "inputs": ["@dense", "@sparse"], "layers": [4]}],
+           "heads": [{"name": "h", "input": "m"}], "optimizer": OPT,
+           "data": {"format": "libsvm", "path": "t.libsvm", "options": {"feature_map": "fmap.txt"}}}
+    (project / "s.yaml").write_text(yaml.safe_dump(doc))
+    runner = CliRunner()
+    monkeypatch.chdir(elsewhere)
+    result = runner.invoke(app, ["data", "convert", "libsvm", str(project / "t.libsvm"), str(tmp_path / "a"),
+                                 "--spec", str(project / "s.yaml"), "-q"])
+    assert result.exit_code == 0, result.output
+    monkeypatch.chdir(project)
+    result = runner.invoke(app, ["data", "convert", "libsvm", "t.libsvm", str(tmp_path / "b"), "--spec", "s.yaml", "-q"])
+    assert result.exit_code == 0, result.output
+    a, b = pq.read_table(tmp_path / "a"), pq.read_table(tmp_path / "b")
+    assert a.num_rows == 120 and a.equals(b) and len(set(a.column("user").to_pylist())) > 3
+    monkeypatch.chdir(elsewhere)
+    from flowrec.runtime.session import bound_dataset
+
+    folder = bound_dataset(load_spec(project / "s.yaml"), project / "s.yaml", tmp_path / "run", lambda _: None)
+    assert pq.read_table(folder).num_rows == 120
