@@ -19,16 +19,25 @@ DAYS_DIR = "days"
 EXPORT_DIR = "export"  # --follow-export: RUN/export/<day>, each day's model package
 
 
+def _trained_days(path: Path, nothing: str) -> list[str] | None:
+    """The trained days of the `--follow` stream folder `path` (None: `path` is none); fails in one
+    line (`nothing`: what that leaves the command) when it has trained no day yet."""
+    if not is_stream_folder(path):
+        return None
+    days = done_days(path)
+    if not days:
+        fail(f"{path} is a --follow stream folder that has trained no day yet: {nothing}")
+    return days
+
+
 def refuse_stream_folder(path: Path, command: str) -> None:
     """Fail in one line (exit 2) when `path` is a `--follow` stream folder without a checkpoint of
     its own (each day is a run folder of its own): name the last trained day's run folder to give
     `command` instead (`done_days`; a damaged record is its one line); return for any other path."""
     path = Path(path)
-    if not is_stream_folder(path):
+    days = _trained_days(path, f"nothing to {command}")
+    if days is None:
         return
-    days = done_days(path)
-    if not days:
-        fail(f"{path} is a --follow stream folder that has trained no day yet: nothing to {command}")
     fail(f"{path} is a --follow stream folder: each day is a run of its own; {command} one of them, e.g. "
          f"{path / DAYS_DIR / days[-1]} (the last of its {len(days)} trained days)")
 
@@ -38,11 +47,9 @@ def refuse_stream_as_package(path: Path, command: str) -> None:
     stream folder: name the last trained day's package (`--follow-export` writes RUN/export/<day>),
     else that day's run to export; return for any other path."""
     path = Path(path)
-    if not is_stream_folder(path):
+    days = _trained_days(path, f"no model to {command} with")
+    if days is None:
         return
-    days = done_days(path)
-    if not days:
-        fail(f"{path} is a --follow stream folder that has trained no day yet: no model to {command} with")
     package = path / EXPORT_DIR / days[-1]
     if os.path.lexists(package / "manifest.json"):
         fail(f"{path} is a --follow stream folder: each day's model package is under {path / EXPORT_DIR}; "
