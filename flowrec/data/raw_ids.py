@@ -74,12 +74,16 @@ def check_float_ids(column: pa.ChunkedArray | pa.Array, name: str, rows: np.ndar
     ...
     flowrec.data.layout.DataError: column user: id 1152921504606846976.0 at row 1 (0-based) is a float of magnitude 2**53 or more, which float64 may have rounded from another id (pandas writes a column of integers with a missing value as float64): write the ids as integers (pandas' nullable dtype "Int64" or "UInt64" keeps every 64-bit id and its missing values) or as text
     """
+    kind = column.type
+    listed = pa.types.is_list(kind) or pa.types.is_large_list(kind)
+    kind = kind.value_type if listed else kind
+    if not pa.types.is_floating(kind.value_type if pa.types.is_dictionary(kind) else kind):
+        return  # (every chunk of every id column of a conversion comes here: no copy before the type says)
     whole = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    listed = pa.types.is_list(whole.type) or pa.types.is_large_list(whole.type)
     values = pc.list_flatten(whole) if listed else whole
     if pa.types.is_dictionary(values.type):
         values = values.dictionary_decode()
-    if not pa.types.is_floating(values.type) or not len(values):
+    if not len(values):
         return
     x = values.fill_null(0).to_numpy(zero_copy_only=False)
     bits = np.finfo(x.dtype).nmant + 1  # every whole number below 2**bits is exact (float64 53, float32 24)
