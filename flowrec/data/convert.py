@@ -399,8 +399,9 @@ def _with_times(chunk: pa.Table, column: str, log: ErrorLog, text: bool = False)
     (named, counted, skipped or fatal by --on-error), never silently a training row."""
     if column not in chunk.column_names:
         missing = np.zeros(0, bool)
-    elif text:
-        missing = np.array([v is None or not v.strip() for v in chunk.column(column).to_pylist()], bool)
+    elif text:  # no time: null, or only blanks
+        values = chunk.column(column)
+        missing = pc.fill_null(pc.equal(pc.utf8_trim_whitespace(values), ""), True).to_numpy(zero_copy_only=False)
     else:
         missing = np.isnan(pc.cast(chunk.column(column), pa.float64()).to_numpy(zero_copy_only=False))
     if not missing.any():
