@@ -235,8 +235,12 @@ def bound_dataset(spec: ModelSpec, spec_path: Path, workdir: Path | None,
         return (out / META_FILE).is_file() or (out / "train" / META_FILE).is_file()
 
     def current() -> bool:  # an encoding this run may use as it is
-        if workdir is None:
-            return _unchanged_since(out, raw, workdir) == out  # raises where the raw files changed
+        if workdir is None:  # runs/<name>/data, which other runs may read: changed raw files are one line
+            if _changed_since(out, raw, missing=False):
+                raise DataError(f"{out} holds {raw} encoded before the file changed (its size or time differ): "
+                                f"remove {out} to encode it again, or give out= a run folder (its data is encoded "
+                                "there)")
+            return True
         # a new run in its folder encodes raw files that changed since (or were never stamped) again
         return resumed or not _changed_since(out, raw, missing=True)
 
@@ -270,8 +274,8 @@ RAW_STAMP = "_flowrec_raw.json"  # the bound raw files' sizes and times when the
 def _raw_stamp(raw: Path) -> dict[str, list[int]]:
     """Size and modification time (ns) of each raw file (a folder's files: movielens)."""
     files = [raw] if raw.is_file() else sorted(p for p in raw.rglob("*") if p.is_file())
-    return {str(p.relative_to(raw)) if p != raw else p.name: [p.stat().st_size, p.stat().st_mtime_ns]
-            for p in files}
+    stats = {str(p.relative_to(raw)) if p != raw else p.name: p.stat() for p in files}
+    return {name: [st.st_size, st.st_mtime_ns] for name, st in stats.items()}
 
 
 def _changed_since(out: Path, raw: Path, missing: bool) -> bool:
@@ -284,16 +288,6 @@ def _changed_since(out: Path, raw: Path, missing: bool) -> bool:
         return json.loads(stamp.read_text()) != _raw_stamp(raw)
     except ValueError:  # a damaged stamp: the encoding cannot be told current
         return True
-
-
-def _unchanged_since(out: Path, raw: Path, workdir: Path | None) -> Path:
-    """`out`, the encoding of the bound raw data reused, unless a run without a folder
-    (`flowrec.train(out=None)`) would reuse it after the raw files changed: it trained on the old
-    rows without a word. A run folder's own data stays its data (a resumed run continues on it)."""
-    if workdir is None and _changed_since(out, raw, missing=False):
-        raise DataError(f"{out} holds {raw} encoded before the file changed (its size or time differ): remove "
-                        f"{out} to encode it again, or give out= a run folder (its data is encoded there)")
-    return out
 
 
 def synthetic_sources(spec: ModelSpec, rows: int, status: Callable[[str], None]) -> tuple[Any, Any, str]:
