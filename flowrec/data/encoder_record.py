@@ -33,7 +33,7 @@ from flowrec.data.layout import (META_FILE, DataError, DatasetMeta, data_hash, e
                                  read_meta, unique_labels)
 from flowrec.data.names import inside, plain_name
 from flowrec.data.run_paths import CHECKPOINT_NAME, run_folder_of
-from flowrec.spec.json_doc import read_json_document
+from flowrec.spec.json_doc import read_json_document, version_problem
 from flowrec.spec.model import DenseFeature, ModelSpec
 
 ENCODER_FILE = "encoder.json"
@@ -193,9 +193,8 @@ def read_record(folder: Path) -> EncoderRecord:
         raise DataError(f"unreadable encoder: {exc}") from None
     if not isinstance(doc, dict) or doc.get("format") != ENCODER_FORMAT:
         raise DataError(f"{path} is not a flowrec encoder file")
-    if doc.get("version") != ENCODER_VERSION:
-        raise DataError(f"{path}: encoder format version {doc.get('version')!r} (this flowrec reads version "
-                        f"{ENCODER_VERSION})")
+    if problem := version_problem(doc.get("version"), ENCODER_VERSION):
+        raise DataError(f"{path}: encoder format {problem}")
     try:
         record = EncoderRecord(doc["spec"], doc["data_hash"], doc["features"], doc.get("labels", {}),
                                doc.get("columns", {}), doc.get("sequence_sep", "^"),

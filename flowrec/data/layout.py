@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flowrec.spec.json_doc import parse_json_text
+from flowrec.spec.json_doc import parse_json_text, version_problem
 from flowrec.spec.model import DenseFeature, ModelSpec, SparseFeature, TableSpec
 from flowrec.spec.read import MAX_SPEC_BYTES
 
@@ -82,9 +82,8 @@ class DatasetMeta:
         if not isinstance(doc, dict) or doc.get("format") != META_FORMAT:
             raise DataError(f"not a flowrec dataset metadata file (format "
                             f"{doc.get('format') if isinstance(doc, dict) else None!r})")
-        if doc.get("version") != META_VERSION:
-            raise DataError(f"dataset metadata version {doc.get('version')!r} (this flowrec reads version "
-                            f"{META_VERSION}); convert the data again")
+        if problem := version_problem(doc.get("version"), META_VERSION):
+            raise DataError(f"dataset metadata {problem}; convert the data again")
         _check_meta_kinds(doc)
         keys = ("spec", "data_hash", "rows", "encoding", "dense", "source", "split")
         return cls(labels=tuple(doc["labels"]), **{k: doc[k] for k in keys if k in doc})

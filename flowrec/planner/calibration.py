@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from flowrec.graph.kinds import OPTIMIZERS
-from flowrec.spec.json_doc import NotJsonError, read_json_document
+from flowrec.spec.json_doc import NotJsonError, read_json_document, version_problem
 
 PROFILE_FORMAT = "flowrec-device-profile"
 PROFILE_VERSION = 3
@@ -100,9 +100,8 @@ def read_profile(path: Path) -> dict[str, Any]:
         raise ProfileError(f"{exc} (a device profile: make one with `flowrec calibrate`)") from None
     if not isinstance(doc, dict) or doc.get("format") != PROFILE_FORMAT:
         raise ProfileError(f"{path} is not a flowrec device profile (make one with `flowrec calibrate`)")
-    if doc.get("version") not in READABLE_VERSIONS:
-        raise ProfileError(f"{path} is device profile version {doc.get('version')!r}; this flowrec reads "
-                           f"versions {', '.join(map(str, READABLE_VERSIONS))}")
+    if problem := version_problem(doc.get("version"), READABLE_VERSIONS):
+        raise ProfileError(f"{path}: device profile {problem}")
     return doc
 
 

@@ -34,7 +34,7 @@ import torch
 
 from flowrec.data.layout import is_multi
 from flowrec.data.names import inside
-from flowrec.spec.json_doc import read_json_document
+from flowrec.spec.json_doc import read_json_document, version_problem
 from flowrec.spec.model import ModelSpec
 
 PACKAGE_FORMAT = "flowrec-model"
@@ -142,9 +142,8 @@ def read_manifest(folder: Path) -> dict[str, Any]:
                          "make one with `flowrec export RUN OUT/`") from None
     if not isinstance(doc, dict) or doc.get("format") != PACKAGE_FORMAT:
         raise ValueError(f"{path} is not a flowrec model package manifest")
-    if doc.get("version") != PACKAGE_VERSION:
-        raise ValueError(f"{path}: package format version {doc.get('version')!r} (this flowrec reads "
-                         f"version {PACKAGE_VERSION}); export the run again with this flowrec")
+    if problem := version_problem(doc.get("version"), PACKAGE_VERSION):
+        raise ValueError(f"{path}: package format {problem}; export the run again with this flowrec")
     return doc
 
 

@@ -64,3 +64,30 @@ def parse_json_text(text: str, where: str, finite: bool = False) -> Any:
         return json.loads(text)
     except ValueError as exc:
         raise NotJsonError(f"{where} is not JSON ({exc})") from None
+
+
+def version_problem(version: Any, readable: int | tuple[int, ...]) -> str | None:
+    """What is wrong with a record's ``version`` field, in words that follow the record's name
+    ("package format " + ...), or None when this flowrec reads `version`. A version written as
+    text ("1") or as another non-integer is named as such: "version '1' (this flowrec reads
+    version 1)" read as a contradiction.
+
+    >>> version_problem(1, 1) is None
+    True
+    >>> version_problem("1", 1)
+    "version must be an integer, not the text '1' (this flowrec reads version 1)"
+    >>> version_problem(3, (1, 2))
+    'version 3 (this flowrec reads versions 1, 2)'
+    """
+    readable = (readable,) if isinstance(readable, int) else tuple(readable)
+    reads = (f"this flowrec reads version {readable[0]}" if len(readable) == 1
+             else f"this flowrec reads versions {', '.join(map(str, readable))}")
+    if version is None:
+        return f"version is missing ({reads})"
+    if type(version) is not int:  # bool is an int to Python (True == 1), and 1.0 == 1
+        shown = f"the text {version!r}" if isinstance(version, str) else json.dumps(version)[:40]
+        return f"version must be an integer, not {shown} ({reads})"
+    if version not in readable:
+        return f"version {version} ({reads})"
+    return None
+

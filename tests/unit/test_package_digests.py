@@ -72,3 +72,39 @@ training: {batch_size: 64, eval_every: 0}
     load_model(tmp_path / "pkg")
     assert set(reads) == {Path(name).name for name in listed} and "model.pt2" in reads
     assert set(reads.values()) == {1}  # model.pt2 (the tables) was hashed three times before
+
+
+@pytest.mark.parametrize("version", ["2", True, 2.0, None])
+def test_a_record_whose_version_is_not_an_integer_says_so(tmp_path: Path, version) -> None:
+    """A manifest.json (or _flowrec.json, device profile, checkpoint) with "version": "2" said
+    "package format version '2' (this flowrec reads version 2)", which reads as a contradiction;
+    now the line says the version must be an integer (or is missing)."""
+    import json
+
+    from flowrec.data.layout import DataError, DatasetMeta
+    from flowrec.planner.calibration import ProfileError, read_profile
+
+    folder = tmp_path / "pkg"
+    folder.mkdir()
+    doc = {"format": "flowrec-model", "files": {}} | ({} if version is None else {"version": version})
+    (folder / "manifest.json").write_text(json.dumps(doc))
+    words = "is missing" if version is None else "must be an integer"
+    with pytest.raises(ValueError, match=f"manifest.json: package format version {words}") as caught:
+        package.read_manifest(folder)
+    assert "reads version 2" in str(caught.value) and "version '2' (" not in str(caught.value)
+    meta = {"format": "flowrec-dataset", "spec": "s", "data_hash": "h", "rows": 1, "labels": []}
+    with pytest.raises(DataError, match=f"dataset metadata version {words}"):
+        DatasetMeta.from_json(json.dumps(meta | ({} if version is None else {"version": version})))
+    profile = tmp_path / "device.json"
+    profile.write_text(json.dumps({"format": "flowrec-device-profile", "version": version}))
+    with pytest.raises(ProfileError, match=f"device profile version {words}"):
+        read_profile(profile)
+    package.read_manifest(_with_version(folder, 2))  # the integer is read as before
+
+
+def _with_version(folder: Path, version: int) -> Path:
+    import json
+
+    path = folder / "manifest.json"
+    path.write_text(json.dumps(json.loads(path.read_text()) | {"version": version}))
+    return folder

@@ -18,6 +18,8 @@ from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
+from flowrec.spec.json_doc import version_problem
+
 POSITION_KEYS = ("epoch", "batch", "step", "samples")
 
 
@@ -59,9 +61,8 @@ def check_header(path: Path, doc: Any, fmt: str, version: int, keys: tuple[str, 
     """`doc` is a dict of format `fmt` and `version` holding every one of `keys` (else one line)."""
     if not isinstance(doc, dict) or doc.get("format") != fmt:
         raise CheckpointError(f"{path} is not a {what}")
-    if doc.get("version") != version:
-        raise CheckpointError(f"{path} is {what} version {doc.get('version')!r}; this flowrec reads "
-                              f"version {version}")
+    if problem := version_problem(doc.get("version"), version):
+        raise CheckpointError(f"{path}: {what} {problem}")
     missing = [k for k in keys if k not in doc]
     if missing:
         raise CheckpointError(f"{path} is incomplete: missing {', '.join(missing)}")
