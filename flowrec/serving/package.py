@@ -36,6 +36,8 @@ from flowrec.data.layout import is_multi
 from flowrec.data.names import inside
 from flowrec.spec.json_doc import read_json_document, version_problem
 from flowrec.spec.model import ModelSpec
+from flowrec.spec.schema_errors import schema_issues
+from flowrec.spec.schemas import MODEL_PACKAGE_SCHEMA, load_schema
 
 PACKAGE_FORMAT = "flowrec-model"
 PACKAGE_VERSION = 2  # 2: manifest.json records the digest of every file
@@ -144,7 +146,46 @@ def read_manifest(folder: Path) -> dict[str, Any]:
         raise ValueError(f"{path} is not a flowrec model package manifest")
     if problem := version_problem(doc.get("version"), PACKAGE_VERSION):
         raise ValueError(f"{path}: package format {problem}; export the run again with this flowrec")
+    from jsonschema import Draft202012Validator
+
+    errors = sorted(Draft202012Validator(load_schema(MODEL_PACKAGE_SCHEMA)).iter_errors(doc),
+                    key=lambda e: list(map(str, e.absolute_path)))
+    if errors:
+        issue = schema_issues(errors[0])[0]
+        words = issue.message.split("; ")[0]  # not a spec's hint ("quote it to keep it as text")
+        raise ValueError(f"{path}: {f'{issue.path} ' if issue.path else ''}{words} (a damaged or edited manifest; "
+                         "export the run again)")
     return doc
+
+
+def check_manifest_fits(manifest: dict[str, Any], spec: ModelSpec, path: Path) -> None:
+    """Raise ValueError (one line) unless the manifest's inputs and heads are those of the package's
+    spec.json, in order: a user calling model.pt2 with torch alone reads the order of its dense
+    inputs from ``inputs.dense``, and the heads from ``heads``."""
+    expected = {"inputs.dense": [f.name for f in spec.dense_features],
+                "inputs.sparse": [f.name for f in spec.sparse_features],
+                "heads": [{"name": h.name, "task": h.task} for h in spec.heads]}
+    found = {"inputs.dense": manifest["inputs"]["dense"], "inputs.sparse": manifest["inputs"]["sparse"],
+             "heads": [{"name": h["name"], "task": h["task"]} for h in manifest["heads"]]}
+    for key, value in expected.items():
+        if found[key] != value:
+            raise ValueError(f"{path / MANIFEST_FILE}: {key} is not spec.json's "
+                             f"({str(found[key])[:80]} where the spec has {str(value)[:80]}); export the run again")
+
+
+def check_table_dtype(manifest: dict[str, Any], program: torch.export.ExportedProgram, path: Path) -> None:
+    """Raise ValueError (one line) unless the program's embedding tables are of the manifest's
+    ``dtype`` and hold its ``table_bytes``."""
+    tables = [t for name, t in program.state_dict.items() if TABLE_PARAMETER.fullmatch(name)]
+    dtypes = {str(t.dtype).removeprefix("torch.") for t in tables}
+    named = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}[manifest["dtype"]]
+    size = sum(t.numel() * t.element_size() for t in tables)
+    if tables and dtypes != {named}:
+        raise ValueError(f"{path / MANIFEST_FILE}: dtype {manifest['dtype']!r} is not that of model.pt2's tables "
+                         f"({', '.join(sorted(dtypes))}); export the run again")
+    if size != manifest["table_bytes"]:
+        raise ValueError(f"{path / MANIFEST_FILE}: table_bytes {manifest['table_bytes']:,} is not what model.pt2's "
+                         f"tables hold ({size:,}); export the run again")
 
 
 def file_digests(folder: Path) -> dict[str, str]:

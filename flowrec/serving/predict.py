@@ -29,8 +29,9 @@ from flowrec.data.raw_ids import check_float_ids, check_ids
 from flowrec.data.separators import check_sequence_separators
 from flowrec.data.sources import FLOAT32_MAX, LINE_COLUMN
 from flowrec.serving.managed import MANAGED_DIR, Maps, read_maps, remap_inputs
-from flowrec.serving.package import (MODEL_FILE, PLAN_FILE, SPEC_FILE, check_program, encoded_inputs,
-                                     planned_tables, read_manifest, require_listed, verify_files)
+from flowrec.serving.package import (MODEL_FILE, PLAN_FILE, SPEC_FILE, check_manifest_fits, check_program,
+                                     check_table_dtype, encoded_inputs, planned_tables, read_manifest,
+                                     require_listed, verify_files)
 from flowrec.serving.pt2_check import check_archive
 from flowrec.serving.retrieval_index import HEADS_FILE, ITEMS_FILE, ItemIndex, load_items
 from flowrec.spec.json_doc import read_json_document
@@ -255,6 +256,7 @@ def load_model(path: str | Path) -> LoadedModel:
         record = read_record(path)  # the package's own encoder.json (verified), never a folder below it
         require_listed(path, manifest, [str(Path(p).relative_to(path)) for p in record.vocab_files.values()])
         spec = _spec(path / SPEC_FILE)
+        check_manifest_fits(manifest, spec, path)
         tables = planned_tables(path, spec)
         encoder = load_encoder(record, spec)
     except DataError as exc:
@@ -279,6 +281,7 @@ def load_model(path: str | Path) -> LoadedModel:
     check_program(exported, spec, [f.name for f in spec.sparse_features if f.name != item],
                   items.vectors.shape[1] if items is not None else sum(h.width for h in spec.heads), path / MODEL_FILE,
                   tables)
+    check_table_dtype(manifest, exported, path)
     try:
         program = exported.module()
     except Exception as exc:

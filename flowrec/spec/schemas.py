@@ -15,6 +15,7 @@ from typing import Any
 MODEL_SPEC_SCHEMA = "model-spec"
 PLAN_SCHEMA = "plan"
 ACCESS_PROFILE_SCHEMA = "access-profile"
+MODEL_PACKAGE_SCHEMA = "model-package"
 
 
 def schema_dir() -> Path:

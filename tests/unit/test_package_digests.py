@@ -99,7 +99,8 @@ def test_a_record_whose_version_is_not_an_integer_says_so(tmp_path: Path, versio
     profile.write_text(json.dumps({"format": "flowrec-device-profile", "version": version}))
     with pytest.raises(ProfileError, match=f"device profile version {words}"):
         read_profile(profile)
-    package.read_manifest(_with_version(folder, 2))  # the integer is read as before
+    with pytest.raises(ValueError, match="missing required key 'flowrec_version'"):  # past the version
+        package.read_manifest(_with_version(folder, 2))
 
 
 def _with_version(folder: Path, version: int) -> Path:
