@@ -8,6 +8,7 @@ from typing import Callable, NoReturn, Sequence, get_args
 import typer
 from typer.core import TyperArgument, TyperCommand, TyperOption
 
+from flowrec.runtime.messages import one_line
 from flowrec.spec.errors import SpecError
 from flowrec.spec.load import load_spec
 from flowrec.spec.model import DRY_RUN_KINDS, ModelSpec, unresolved_modules
@@ -140,8 +141,8 @@ def remove_empty(folders: list[Path]) -> None:
 
 def fail(message: str, code: int = EXIT_INVALID) -> NoReturn:
     """Print `error: message` on stderr (`error: rank R: message` in a multi-rank launch) and exit
-    with `code`."""
-    typer.echo(f"error: {rank_prefix()}{message}", err=True)
+    with `code`. The message is one line: a line break in it (a file's name) is escaped."""
+    typer.echo(f"error: {rank_prefix()}{one_line(message)}", err=True)  # a name holding a line break
     raise typer.Exit(code)
 
 
@@ -230,7 +231,7 @@ def load_spec_or_exit(path: Path) -> ModelSpec:
 
 def _exit_with_issues(path: Path, exc: SpecError) -> NoReturn:
     for issue in exc.issues:
-        typer.echo(f"{path}: {issue}", err=True)
+        typer.echo(one_line(f"{path}: {issue}"), err=True)
     raise typer.Exit(EXIT_INVALID)
 
 

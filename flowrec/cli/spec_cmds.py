@@ -7,6 +7,7 @@ from typing import List
 
 import typer
 
+from flowrec.runtime.messages import one_line
 from flowrec.spec.schemas import MODEL_SPEC_SCHEMA, PLAN_SCHEMA, load_schema, schema_path
 from flowrec.spec.files import FileReport, validate_paths
 
@@ -82,7 +83,7 @@ def _report_json(report: FileReport) -> dict:
 def _print_report(report: FileReport, quiet: bool) -> None:
     if report.valid:
         if not quiet:
-            typer.echo(f"ok  {report.path}")
+            typer.echo(one_line(f"ok  {report.path}"))
         return
     for issue in report.issues:
-        typer.echo(f"{report.path}: {issue}")
+        typer.echo(one_line(f"{report.path}: {issue}"))

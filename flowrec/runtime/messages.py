@@ -10,14 +10,33 @@ Example:
 """
 from __future__ import annotations
 
+import re
+
+
+_LINE_BREAKS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f\x85\u2028\u2029]")  # what splitlines() splits on, and controls
+
+
+def one_line(text: str) -> str:
+    """`text` with its line breaks and control characters escaped as Python writes them in a
+    string's repr, so that a message naming a file whose name holds a line break stays one line.
+
+    >>> one_line("input not found: bad\\nname.csv")
+    'input not found: bad\\\\nname.csv'
+    """
+    return _LINE_BREAKS.sub(lambda m: repr(m.group())[1:-1], text)
+
 
 def first_line(exc: BaseException) -> str:
     """The first line of an exception's message (its type's name when the message is empty); a
     first line that only announces what follows (ends with ':', as torch's `load_state_dict`
-    errors do) keeps the line after it, which says what is wrong."""
+    errors do) keeps the line after it, which says what is wrong. flowrec's own errors (DataError,
+    CheckpointError, ...) are one line already: a line break in one belongs to a name, escaped
+    (`one_line`)."""
     text = str(exc).strip()
     if not text:
         return type(exc).__name__
+    if type(exc).__module__.partition(".")[0] == "flowrec":  # flowrec's own errors are one line: a line
+        return one_line(text)  # break in one is a file's name (cut there, 'malformed row at q' said no more)
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return f"{lines[0]} {lines[1]}" if lines[0].endswith(":") and len(lines) > 1 else lines[0]
 

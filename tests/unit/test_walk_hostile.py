@@ -228,3 +228,36 @@ def test_exporting_a_stream_folder_names_the_day_run_to_export(tmp_path: Path) -
     (stream / "follow.json").write_text(json.dumps({"days": [], "order": "name"}))
     result = CliRunner().invoke(app, ["export", str(stream), str(out)])
     assert result.exit_code == 2 and "trained no day yet" in " ".join(result.output.split())
+
+
+def test_a_file_name_holding_a_line_break_is_named_on_one_line(tmp_path: Path) -> None:
+    """A data file named 'q<newline>q.csv' made the one-line error two lines ('error: malformed row at
+    q' then 'q.csv:2: ...'), and `flowrec predict`, which shows an error's first line, said only
+    'error: malformed row at q'; `flowrec validate` of such a spec the same. Now the name's line
+    break is escaped as in a repr ('q\\nq.csv') and the line is whole."""
+    from typer.testing import CliRunner
+
+    from flowrec.cli import app
+    from flowrec.data.layout import DataError
+    from flowrec.runtime.messages import first_line
+
+    spec = tmp_path / "walk.yaml"
+    spec.write_text("name: walk\nfeatures:\n  - {name: price, type: dense}\n"
+                    "  - {name: user, type: categorical, hash_buckets: 64, dim: 4}\n"
+                    "modules:\n  - {name: top, kind: mlp, inputs: ['@dense', '@sparse'], layers: [4]}\n"
+                    "heads:\n  - {name: ctr, input: top}\n"
+                    "data: {format: csv, path: x.csv, label: clicked}\n"
+                    "optimizer: {dense: {name: adam, lr: 0.01}, sparse: {name: sgd, lr: 0.1}}\n"
+                    "training: {batch_size: 8}\n")
+    raw = tmp_path / "q\nq.csv"
+    raw.write_text('price,user,clicked\n1.5,"unterminated\n', encoding="utf-8")
+    broken = tmp_path / "sp\nec.yaml"
+    broken.write_text(spec.read_text() + "foo: 1\n")
+    runner = CliRunner()
+    for args, says in ((["data", "convert", "csv", str(raw), str(tmp_path / "out"), "--spec", str(spec)],
+                        "q\\nq.csv:2: "), (["validate", str(broken)], "sp\\nec.yaml: unknown key 'foo'")):
+        result = runner.invoke(app, args)
+        lines = (result.stderr or result.stdout).strip().splitlines()
+        assert result.exit_code == 2 and len(lines) == 1 and says in lines[0], result.output
+    assert first_line(DataError(f"malformed row at {raw}:2: x")) == f"malformed row at {tmp_path}/q\\nq.csv:2: x"
+    assert first_line(RuntimeError("Error(s) in loading:\n\tmissing key")) == "Error(s) in loading: missing key"
