@@ -141,7 +141,9 @@ def derived_edits(doc: dict[str, Any], plan: Plan, own: Plan, profile: dict[str,
         if rate is not None and not by_profile and mine["expected_hit_rate"] not in (rate, theirs["expected_hit_rate"]):
             return [f"group {ours['name']}: expected_hit_rate {mine['expected_hit_rate']!r} is not the cost "
                     f"model's for its placement {group.placement} and {group.cache_rows:,} cache rows ({rate!r}); "
-                    f"it is a prediction and cannot be edited (edit {EDITABLE})"]
+                    f"it is a prediction and cannot be edited (edit {EDITABLE}); a plan made by another flowrec "
+                    f"version predicted with that version's model: set it to {rate!r} to run the plan's decisions "
+                    "as written, or plan again"]
         for field, given, wrote in zip(mine["features"], ours["features"], theirs["features"]):
             if field["bags"] not in (given["bags"], wrote["bags"]):
                 return [f"group {ours['name']}: feature {given['feature']}: bags {field['bags']!r} are not what the "

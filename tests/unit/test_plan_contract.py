@@ -159,8 +159,14 @@ def test_a_static_hot_groups_hit_rate_is_checked_and_a_profiled_plans_is_taken_a
     assert halved < planned.meta.groups[hot[0]].expected_hit_rate
     doc["groups"][hot[0]]["expected_hit_rate"] = 0.999
     (tmp_path / "p.json").write_text(json.dumps(doc))
-    with pytest.raises(PlanError, match="expected_hit_rate 0.999 is not the cost model's"):
+    with pytest.raises(PlanError, match="expected_hit_rate 0.999 is not the cost model's") as refused:
         load_plan(tmp_path / "p.json", spec)
+    # a plan from a flowrec whose default hit-rate estimate differs reads the same: the line says so,
+    # and the rate it names runs the plan's decisions as written
+    assert "a plan made by another flowrec version" in str(refused.value)
+    doc["groups"][hot[0]]["expected_hit_rate"] = float(str(refused.value).split("set it to ")[1].split(" ")[0])
+    (tmp_path / "p.json").write_text(json.dumps(doc))
+    assert load_plan(tmp_path / "p.json", spec).meta.groups[hot[0]].expected_hit_rate == halved
     flat = {"format": "flowrec-access-profile", "version": 1,
             "tables": {t.name: {"rows": t.rows, "accesses": t.rows, "distinct": t.rows,
                                 "hot_cdf": [[t.rows, 1.0]]} for t in spec.tables}}
