@@ -26,8 +26,8 @@ from flowrec.graph.edges import input_slots
 from flowrec.graph.kinds import PLACEMENTS
 from flowrec.graph.plan_io import NOT_RECORDED, model_fingerprint, plan_document, plan_from_document
 from flowrec.graph.types import ACCESS_NONE, STAGES, Op, PackedGroup, PassRecord, Plan
-from flowrec.planner.cost import device_profile, predict
-from flowrec.planner.manager import PassFailure, make_plan
+from flowrec.planner.cost import access_description, device_profile, predict
+from flowrec.planner.manager import GIVEN_AS, PassFailure, make_plan
 from flowrec.planner.passes.cache import expected_hit_rate
 from flowrec.spec.json_scan import scan_json
 from flowrec.spec.model import ModelSpec
@@ -243,7 +243,7 @@ def priced(plan: Plan, spec: ModelSpec, profile: dict[str, Any] | None = None, o
         meta = replace(meta, passes=meta.passes + (PassRecord("edit", True, tuple(notes)),))
     edited = plan.with_meta(meta)
     cost = predict(edited.graph, spec, device_profile(plan.target), micro_batches=meta.micro_batches,
-                   profile=profile)
+                   profile=profile, access=access_description(profile, (profile or {}).get(GIVEN_AS)))
     return replace(edited, cost=cost)
 
 

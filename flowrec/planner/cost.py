@@ -607,8 +607,9 @@ def access_description(profile: AccessProfile | None, path: str | Path | None = 
     if profile is None:
         return ACCESS_NONE
     rows = int(profile.get("samples", 0))
-    if path is not None:
-        return f"given {path} ({rows:,} sampled rows)"
+    if path is not None:  # the file's digest, so that training with the plan knows it again
+        digest = profile.get("given_sha256")
+        return f"given {path} ({rows:,} sampled rows)" + (f" sha256 {digest[:16]}" if isinstance(digest, str) else "")
     return f"sampled: {rows:,} rows of the training data (sample rate {float(profile.get('sample_rate', 1.0)):g})"
 
 

@@ -8,6 +8,8 @@ Example:
 """
 from __future__ import annotations
 
+import hashlib
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -90,6 +92,31 @@ class PassManager:
 
 
 GIVEN_AS = "given_as"  # key of an access profile read from a file: the file (for the plan's record)
+GIVEN_DIGEST = "given_sha256"  # and the SHA-256 of its bytes (the plan records its first 16 hex digits)
+_GIVEN = re.compile(r"given (?P<path>.+) \([\d,]+ sampled rows\)(?: sha256 (?P<digest>[0-9a-f]{16}))?(?:;.*)?")
+
+
+def profile_digest(path: str | Path) -> str | None:
+    """The SHA-256 of the file `path` (None when it cannot be read)."""
+    try:
+        with open(path, "rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
+    except OSError:
+        return None
+
+
+def recorded_profile(access: str) -> tuple[str, str | None] | None:
+    """(file, first 16 hex digits of its SHA-256, None for a plan of an earlier flowrec) of the
+    access profile a plan's `cost.access_profile` says it was priced from, None when it was not
+    given one (`flowrec plan --profile FILE`).
+
+    >>> recorded_profile("given /p/prof.json (2,000 sampled rows) sha256 0123456789abcdef")
+    ('/p/prof.json', '0123456789abcdef')
+    >>> recorded_profile("none (Zipf model per table)") is None
+    True
+    """
+    found = _GIVEN.fullmatch(access) if isinstance(access, str) else None
+    return (found["path"], found["digest"]) if found else None
 
 
 def load_profile(path: str | Path | None, spec: ModelSpec | None = None) -> dict[str, Any] | None:
@@ -121,7 +148,7 @@ def load_profile(path: str | Path | None, spec: ModelSpec | None = None) -> dict
         shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
         raise ValueError(f"{path}: the access profile{of} counts none of the tables of spec {spec.name!r} "
                          f"({shown}); profile this spec's data: `flowrec data profile SPEC DATA --json FILE`")
-    return {**doc, GIVEN_AS: str(path)}
+    return {**doc, GIVEN_AS: str(Path(path).absolute()), GIVEN_DIGEST: profile_digest(path)}
 
 
 def make_plan(spec: ModelSpec, *, until: str = "interleaved", device_budget: int | str | None = None,

@@ -16,8 +16,8 @@ import torch
 
 from flowrec.graph.types import Plan
 from flowrec.planner.access import dataset_rows
-from flowrec.planner.contract import PlanError, load_plan
-from flowrec.planner.manager import PassFailure, load_profile, make_plan
+from flowrec.planner.contract import PlanError, load_plan, read_plan_document
+from flowrec.planner.manager import PassFailure, load_profile, make_plan, profile_digest, recorded_profile
 from flowrec.runtime.messages import first_line
 from flowrec.planner.targets import spec_target_profile, target_for_device
 from flowrec.runs.errors import RunError
@@ -69,9 +69,11 @@ def plan_for_run(spec: ModelSpec, device_name: str, device_budget: str | None, p
     """
     device = device_for_run(spec, device_name)
     if plan_file is not None:
-        if profile is not None:
+        recorded = _plan_profile(plan_file)
+        if profile is not None and (recorded is None or not _same_profile(profile, recorded[1])):
             raise RunError("--profile and --plan both decide placements: plan again with "
-                           "`flowrec plan SPEC --profile ... --json FILE`, or give only one")
+                           "`flowrec plan SPEC --profile ... --json FILE`, or give only one"
+                           + (f" (the plan was priced from {recorded[0]}, a file of other bytes)" if recorded else ""))
         if device_budget is not None:
             raise RunError("--device-budget and --plan both decide placements: edit the plan's groups "
                            "instead, or plan again with `flowrec plan SPEC --device-budget ... --json FILE`")
@@ -81,8 +83,19 @@ def plan_for_run(spec: ModelSpec, device_name: str, device_budget: str | None, p
         if target is not None:  # it was ignored: the plan is priced for its own target
             raise RunError("--target and --plan both decide the cost model's device: the plan's is its target "
                            "field; plan again with `flowrec plan SPEC --target ... --json FILE`, or give only one")
+        access = None
+        if recorded is not None:  # priced from an access profile: price it so again (not by the Zipf model)
+            given = profile if profile is not None else recorded[0]
+            if profile is None and not _same_profile(given, recorded[1]):
+                why = "which is gone" if profile_digest(given) is None else "whose bytes changed since"
+                raise RunError(f"{plan_file} was priced from the access profile {given}, {why}; give that profile "
+                               "with --profile FILE, or plan again (`flowrec plan SPEC --json FILE`)")
+            try:
+                access = load_profile(given, spec)
+            except ValueError as exc:
+                raise RunError(str(exc)) from None
         try:
-            plan = load_plan(plan_file, spec, world_size=world_size)
+            plan = load_plan(plan_file, spec, profile=access, world_size=world_size)
         except PlanError as exc:
             raise RunError(str(exc)) from None
         status(f"plan: {plan_file} (target {plan.target}, {len(plan.meta.groups)} packed groups)")
@@ -111,6 +124,24 @@ def plan_for_run(spec: ModelSpec, device_name: str, device_budget: str | None, p
             forget_kept_sample()  # no plan, or no hot set to choose: nothing takes the sample
     return plan, device
 
+
+
+def _plan_profile(plan_file: Path) -> tuple[str, str | None] | None:
+    """The access profile a plan file says it was priced from (`recorded_profile`), None when none
+    (or the file is no plan: `load_plan` says so)."""
+    try:
+        doc = read_plan_document(plan_file)
+    except PlanError:
+        return None
+    cost = doc.get("cost")
+    return recorded_profile(cost.get("access_profile")) if isinstance(cost, dict) else None
+
+
+def _same_profile(path: str | Path, digest: str | None) -> bool:
+    """Whether the file `path` is the profile of `digest` (a plan of an earlier flowrec recorded
+    none: any readable file)."""
+    found = profile_digest(path)
+    return found is not None and (digest is None or found.startswith(digest))
 
 
 def run_epochs(spec: ModelSpec, access: dict[str, Any] | None, epochs: int | None, max_steps: int | None) -> int:

@@ -240,3 +240,44 @@ def test_a_plan_the_planner_makes_from_any_plan_hint_loads_back(repo: Path, tmp_
         path = tmp_path / "p.json"
         path.write_text(plan_json(make_plan(spec, target="cpu")))
         assert load_plan(path, spec).meta.prefetch == hint.get("prefetch", 2)
+
+
+def test_a_plan_priced_from_a_profile_is_priced_from_it_again_by_train(repo: Path, tmp_path: Path):
+    """`flowrec plan --profile P --json p.json` then `flowrec train --plan p.json` (which refuses
+    --profile beside --plan) priced the plan again by the Zipf model: its step time and transfers
+    differed from what plan printed (206.8 ms where plan said 229.7 for dlrm_criteo). Now the plan
+    records the profile (its path and digest) and train prices it from that file; a file gone or
+    changed since is one line saying so, and --profile is taken when it is that file."""
+    from dataclasses import replace as swap
+
+    from flowrec.planner.manager import load_profile
+    from flowrec.runs.errors import RunError
+    from flowrec.runs.plan import plan_for_run
+
+    spec = load_spec(repo / "specs" / "dlrm_criteo.yaml")
+    spec = swap(spec, plan=swap(spec.plan, cache="static_hot"))
+    flat = {"format": "flowrec-access-profile", "version": 1,
+            "tables": {t.name: {"rows": t.rows, "accesses": t.rows, "distinct": t.rows,
+                                "hot_cdf": [[t.rows, 1.0]]} for t in spec.tables}}
+    profile = tmp_path / "prof.json"
+    profile.write_text(json.dumps(flat))
+    planned = make_plan(spec, device_budget="512MiB", profile=load_profile(profile, spec), target="cpu")
+    (tmp_path / "p.json").write_text(plan_json(planned))
+    assert make_plan(spec, device_budget="512MiB", target="cpu").cost != planned.cost  # the case itself
+    for given in (None, profile):
+        plan, _ = plan_for_run(spec, "cpu", None, tmp_path / "p.json", profile=given)
+        assert plan.cost == planned.cost
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(flat) + "\n")
+    with pytest.raises(RunError, match="--profile and --plan both decide placements"):
+        plan_for_run(spec, "cpu", None, tmp_path / "p.json", profile=other)
+    profile.write_text(json.dumps(flat) + " ")
+    with pytest.raises(RunError, match=r"was priced from the access profile .*prof\.json, whose bytes changed"):
+        plan_for_run(spec, "cpu", None, tmp_path / "p.json")
+    moved = tmp_path / "moved.json"  # the profile's bytes in another file: taken with --profile
+    moved.write_text(json.dumps(flat))
+    assert plan_for_run(spec, "cpu", None, tmp_path / "p.json", profile=moved)[0].cost.step_ms_serial == \
+        planned.cost.step_ms_serial
+    profile.unlink()
+    with pytest.raises(RunError, match=r"prof\.json, which is gone; give that profile with --profile FILE"):
+        plan_for_run(spec, "cpu", None, tmp_path / "p.json")
