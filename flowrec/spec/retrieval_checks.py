@@ -84,11 +84,34 @@ def _towers(view: DocView, h: Item) -> list[SpecIssue]:
     item = view.by_name("features")[next(iter(features))]
     if (why := _item_problem(view, item)) is not None:
         return [SpecIssue(path, f"item tower {inputs[1]!r}: {why}")]
+    if (why := _top_k_problem(view, h, item)) is not None:
+        return [SpecIssue(f"{h.path}.top_k", why)]
     if _reads(view, inputs[0], item.name or ""):
         return [SpecIssue(path, f"query tower {inputs[0]!r} reads the item id {item.name!r}: a query must not see "
                                 "the item it is scored against (training would learn the answer, and serving "
                                 "has no item)")]
     return []
+
+
+def _top_k_problem(view: DocView, h: Item, item: Item) -> str | None:
+    """Why a written `top_k` does not fit the catalogue (None: it does): the catalogue holds at most
+    the item table's `vocab` items, and with K at least that every item is in the top K, so hr@K
+    and recall@K are 1.0 for any model (they were reported so without a word)."""
+    name = item.body.get("table")
+    table = view.by_name("tables").get(name) if isinstance(name, str) else item
+    vocab = table.body.get("vocab") if table is not None else None
+    spare = table.body.get("vocab_spare", 0) if table is not None else 0  # spare rows take new items
+    top_k = h.body.get("top_k")
+    if type(vocab) is not int or type(spare) is not int or not isinstance(top_k, list):
+        return None
+    vocab += spare
+    big = sorted(k for k in top_k if type(k) is int and k >= vocab)
+    if not big:
+        return None
+    return (f"K {big[0]} is not below the catalogue's {vocab} items (the vocab{' and spare rows' if spare else ''} "
+            f"of item id {item.name!r}): every "
+            f"item is in the top {big[0]}, so hr@{big[0]} and recall@{big[0]} would be 1.0 for any model; give Ks "
+            f"below {vocab}")
 
 
 def _reads(view: DocView, token: str, feature: str, seen: frozenset[str] = frozenset()) -> bool:

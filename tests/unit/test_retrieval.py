@@ -361,6 +361,9 @@ def test_an_evaluation_during_training_ranks_the_catalogue_in_eval_mode():
     ({"top_k": [0]}, "heads[0].top_k[0]", ">= 1"),
     ({"input": "user_tower"}, "heads[0].input", "reads a similarity module"),
     ({"task": "binary"}, "heads[0].negatives", "only a retrieval head"),
+    # a K past the catalogue validated and reported hr@K = 1.0 for any model
+    ({"top_k": [5, ITEMS]}, "heads[0].top_k", f"K {ITEMS} is not below the catalogue's {ITEMS} items"),
+    ({"top_k": [ITEMS * 10]}, "heads[0].top_k", f"hr@{ITEMS * 10} and recall@{ITEMS * 10} would be 1.0"),
 ])
 def test_bad_retrieval_fields_are_one_line_errors(change, where, says):
     doc = retrieval_doc(0, {"kind": "in_batch"}, False)
