@@ -251,6 +251,10 @@ def load_plan(path: Path, spec: ModelSpec, profile: dict[str, Any] | None = None
     """The plan in `path`, checked against `spec` and `world_size` and priced. Raises PlanError (one line)."""
     doc = read_plan_document(path)
     plan = plan_from_document(doc)
+    try:  # the plan is priced for its target: one the planner would take for the default ('' included)
+        device_profile(plan.target)
+    except ValueError as exc:
+        raise PlanError(f"{path}: target: {exc}") from None
     own = None
     if plan.spec_fingerprint == model_fingerprint(spec):  # planned once, for the check and the pricing
         try:

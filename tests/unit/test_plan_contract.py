@@ -281,3 +281,16 @@ def test_a_plan_priced_from_a_profile_is_priced_from_it_again_by_train(repo: Pat
     profile.unlink()
     with pytest.raises(RunError, match=r"prof\.json, which is gone; give that profile with --profile FILE"):
         plan_for_run(spec, "cpu", None, tmp_path / "p.json")
+
+
+@pytest.mark.parametrize("target", ["", "nope"])
+def test_a_plan_of_an_empty_or_unknown_target_is_one_line(repo: Path, tmp_path: Path, target: str):
+    """A plan whose target was edited to "" was planned against the spec's default target (an empty
+    name reads as none) and then priced for "": `flowrec train --plan` ended in a ValueError
+    traceback (unknown target ''). Now the target is checked first: one PlanError line."""
+    spec = load_spec(repo / "specs" / "movielens.yaml")
+    doc = plan_document(make_plan(spec, target="cpu"))
+    doc["target"] = target
+    (tmp_path / "p.json").write_text(json.dumps(doc))
+    with pytest.raises(PlanError, match=f"p.json: .*unknown target {target!r}"):
+        load_plan(tmp_path / "p.json", spec)
