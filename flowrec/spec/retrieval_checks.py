@@ -108,10 +108,10 @@ def _top_k_problem(view: DocView, h: Item, item: Item) -> str | None:
     big = sorted(k for k in top_k if type(k) is int and k >= vocab)
     if not big:
         return None
-    return (f"K {big[0]} is not below the catalogue's {vocab} items (the vocab{' and spare rows' if spare else ''} "
+    return (f"K {big[0]} is not below the catalogue's {vocab} item{'s' if vocab > 1 else ''} (the vocab{' and spare rows' if spare else ''} "
             f"of item id {item.name!r}): every "
-            f"item is in the top {big[0]}, so hr@{big[0]} and recall@{big[0]} would be 1.0 for any model; give Ks "
-            f"below {vocab}")
+            f"item is in the top {big[0]}, so hr@{big[0]} and recall@{big[0]} would be 1.0 for any model; "
+            + (f"give Ks below {vocab}" if vocab > 1 else "a catalogue of one item has nothing to rank"))
 
 
 def _reads(view: DocView, token: str, feature: str, seen: frozenset[str] = frozenset()) -> bool:

@@ -373,6 +373,14 @@ def test_bad_retrieval_fields_are_one_line_errors(change, where, says):
     assert all("\n" not in str(i) for i in issues)
 
 
+def test_a_catalogue_of_one_item_is_not_told_to_take_ks_below_1():
+    doc = retrieval_doc(0, {"kind": "in_batch"}, False)
+    doc["features"][2]["vocab"] = 1
+    issues = validate_document(doc)
+    assert [i.path for i in issues] == ["heads[0].top_k"] and "one item has nothing to rank" in issues[0].message
+    assert "below 1" not in issues[0].message
+
+
 def test_item_tower_must_read_one_item_id():
     doc = retrieval_doc(0, {"kind": "in_batch"}, False)
     doc["modules"][1]["inputs"] = ["item", "age"]
