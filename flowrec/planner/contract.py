@@ -24,11 +24,12 @@ from typing import Any
 
 from flowrec.graph.edges import input_slots
 from flowrec.graph.kinds import PLACEMENTS
-from flowrec.graph.plan_io import NOT_RECORDED, model_fingerprint, plan_document, plan_from_document
+from flowrec.graph.plan_io import NOT_RECORDED, PLAN_VERSION, model_fingerprint, plan_document, plan_from_document
 from flowrec.graph.types import ACCESS_NONE, STAGES, Op, PackedGroup, PassRecord, Plan
 from flowrec.planner.cost import access_description, device_profile, predict
 from flowrec.planner.manager import GIVEN_AS, PassFailure, make_plan
 from flowrec.planner.passes.cache import expected_hit_rate
+from flowrec.spec.json_doc import version_problem
 from flowrec.spec.json_scan import scan_json
 from flowrec.spec.model import ModelSpec
 from flowrec.spec.schemas import PLAN_SCHEMA, load_schema
@@ -75,6 +76,8 @@ def check_plan_document(doc: Any, where: str) -> dict[str, Any]:
     """`doc` if it is a plan document of this version, else a PlanError naming the first problems."""
     if not isinstance(doc, dict) or doc.get("format") != "flowrec-plan":
         raise PlanError(f"{where}: not a flowrec plan (expected the output of `flowrec plan SPEC --json`)")
+    if problem := version_problem(doc.get("version"), PLAN_VERSION):  # the schema said "version: 1 was
+        raise PlanError(f"{where}: plan format {problem}; plan again")  # expected" of "1"
     from jsonschema import Draft202012Validator
 
     errors = sorted(Draft202012Validator(load_schema(PLAN_SCHEMA)).iter_errors(doc), key=lambda e: list(e.absolute_path))

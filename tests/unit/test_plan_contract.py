@@ -294,3 +294,14 @@ def test_a_plan_of_an_empty_or_unknown_target_is_one_line(repo: Path, tmp_path: 
     (tmp_path / "p.json").write_text(json.dumps(doc))
     with pytest.raises(PlanError, match=f"p.json: .*unknown target {target!r}"):
         load_plan(tmp_path / "p.json", spec)
+
+
+def test_a_plan_whose_version_is_text_says_it_must_be_an_integer(repo: Path, tmp_path: Path):
+    """A plan.json with "version": "1" said 'not a valid flowrec plan: version: 1 was expected',
+    which reads as a contradiction; now the line says the version must be an integer."""
+    spec = load_spec(repo / "specs" / "movielens.yaml")
+    doc = plan_document(make_plan(spec, target="cpu"))
+    doc["version"] = "1"
+    (tmp_path / "p.json").write_text(json.dumps(doc))
+    with pytest.raises(PlanError, match="plan format version must be an integer, not the text '1'"):
+        load_plan(tmp_path / "p.json", spec)
