@@ -25,7 +25,7 @@ from flowrec.planner.passes.interleave import interleave
 from flowrec.planner.passes.pack import pack
 from flowrec.planner.passes.shard import shard
 from flowrec.planner.targets import resolve_target
-from flowrec.spec.json_doc import read_json_document
+from flowrec.spec.json_doc import read_json_document, version_problem
 from flowrec.spec.schema_errors import schema_issues
 from flowrec.spec.schemas import ACCESS_PROFILE_SCHEMA, load_schema
 from flowrec.spec.model import ModelSpec
@@ -133,8 +133,10 @@ def load_profile(path: str | Path | None, spec: ModelSpec | None = None) -> dict
         doc = read_json_document(path, finite=True)
     except ValueError as exc:
         raise ValueError(f"{exc} ({redo})") from None
-    if not isinstance(doc, dict) or doc.get("format") != "flowrec-access-profile" or doc.get("version") != 1:
+    if not isinstance(doc, dict) or doc.get("format") != "flowrec-access-profile":
         raise ValueError(f"{path}: not a flowrec-access-profile version 1 document")
+    if problem := version_problem(doc.get("version"), 1):
+        raise ValueError(f"{path}: access profile {problem} ({redo})")
     from jsonschema import Draft202012Validator
 
     errors = sorted(Draft202012Validator(load_schema(ACCESS_PROFILE_SCHEMA)).iter_errors(doc),

@@ -99,6 +99,12 @@ def test_a_record_whose_version_is_not_an_integer_says_so(tmp_path: Path, versio
     profile.write_text(json.dumps({"format": "flowrec-device-profile", "version": version}))
     with pytest.raises(ProfileError, match=f"device profile version {words}"):
         read_profile(profile)
+    from flowrec.planner.manager import load_profile
+
+    access = tmp_path / "access.json"
+    access.write_text(json.dumps({"format": "flowrec-access-profile"} | ({} if version is None else {"version": version})))
+    with pytest.raises(ValueError, match=f"access profile version {words}"):
+        load_profile(access)
     with pytest.raises(ValueError, match="missing required key 'flowrec_version'"):  # past the version
         package.read_manifest(_with_version(folder, 2))
 
