@@ -15,7 +15,7 @@ from __future__ import annotations
 from flowrec.spec.errors import SpecIssue
 from flowrec.spec.module_checks import SIMILARITY, output_ref
 from flowrec.spec.model import SELECTOR_PREFIX
-from flowrec.spec.tasks import TASKS
+from flowrec.spec.tasks import DEFAULT_TOP_K, TASKS
 from flowrec.spec.view import DocView, Item
 
 # fields only a retrieval head may set
@@ -94,24 +94,25 @@ def _towers(view: DocView, h: Item) -> list[SpecIssue]:
 
 
 def _top_k_problem(view: DocView, h: Item, item: Item) -> str | None:
-    """Why a written `top_k` does not fit the catalogue (None: it does): the catalogue holds at most
+    """Why a head's `top_k` (written, or the default) does not fit the catalogue (None: it does): the catalogue holds at most
     the item table's `vocab` items, and with K at least that every item is in the top K, so hr@K
     and recall@K are 1.0 for any model (they were reported so without a word)."""
     name = item.body.get("table")
     table = view.by_name("tables").get(name) if isinstance(name, str) else item
     vocab = table.body.get("vocab") if table is not None else None
     spare = table.body.get("vocab_spare", 0) if table is not None else 0  # spare rows take new items
-    top_k = h.body.get("top_k")
+    top_k = h.body.get("top_k", list(DEFAULT_TOP_K))  # the default's 100 past a catalogue of 30 alike
     if type(vocab) is not int or type(spare) is not int or not isinstance(top_k, list):
         return None
     vocab += spare
     big = sorted(k for k in top_k if type(k) is int and k >= vocab)
     if not big:
         return None
-    return (f"K {big[0]} is not below the catalogue's {vocab} item{'s' if vocab > 1 else ''} (the vocab{' and spare rows' if spare else ''} "
+    default = "" if "top_k" in h.body else f"the default top_k {list(DEFAULT_TOP_K)}: "
+    return (f"{default}K {big[0]} is not below the catalogue's {vocab} item{'s' if vocab > 1 else ''} (the vocab{' and spare rows' if spare else ''} "
             f"of item id {item.name!r}): every "
             f"item is in the top {big[0]}, so hr@{big[0]} and recall@{big[0]} would be 1.0 for any model; "
-            + (f"give Ks below {vocab}" if vocab > 1 else "a catalogue of one item has nothing to rank"))
+            + (f"give top_k with Ks below {vocab}" if vocab > 1 else "a catalogue of one item has nothing to rank"))
 
 
 def _reads(view: DocView, token: str, feature: str, seen: frozenset[str] = frozenset()) -> bool:

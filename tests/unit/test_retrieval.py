@@ -379,6 +379,14 @@ def test_a_catalogue_of_one_item_is_not_told_to_take_ks_below_1():
     issues = validate_document(doc)
     assert [i.path for i in issues] == ["heads[0].top_k"] and "one item has nothing to rank" in issues[0].message
     assert "below 1" not in issues[0].message
+    doc = retrieval_doc(0, {"kind": "in_batch"}, False)  # the default top_k [10, 100] over 60 items
+    del doc["heads"][0]["top_k"]
+    issues = validate_document(doc)
+    assert [i.path for i in issues] == ["heads[0].top_k"], issues
+    assert issues[0].message.startswith("the default top_k [10, 100]: K 100 is not below the catalogue's 60 items")
+    doc["features"][2]["vocab"] = 100
+    doc["features"][2]["vocab_spare"] = 1  # spare rows take new items: 101 in all
+    assert validate_document(doc) == []
 
 
 def test_item_tower_must_read_one_item_id():
