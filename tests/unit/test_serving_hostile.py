@@ -106,8 +106,8 @@ def _entry(change: Callable[[dict], Any]) -> Callable[[dict], Any]:
 
 
 @pytest.mark.parametrize("change, says", [
-    (lambda doc: doc.update(retrieval="faiss"), "the manifest's retrieval entry is not a mapping"),
-    (lambda doc: doc.update(retrieval=None), "the manifest's retrieval entry is not a mapping"),
+    (lambda doc: doc.update(retrieval="faiss"), "manifest.json: retrieval must be a mapping"),  # its schema
+    (lambda doc: doc.update(retrieval=None), "manifest.json: retrieval must be a mapping"),  # its schema
     (lambda doc: doc.pop("retrieval"), "the manifest lacks a retrieval entry and its spec has a retrieval head"),
     (_entry(lambda e: e.update(temperature=0)), "the index's temperature 0 is not the model's (1.0)"),
     (_entry(lambda e: e.update(temperature=-1.0)), "the index's temperature -1.0 is not the model's (1.0)"),
