@@ -260,13 +260,13 @@ def _interrupted_line(step: int, spec: str | Path | ModelSpec, folder: Path | No
     >>> _interrupted_line(5, "tiny.yaml", Path("runs/tiny"))
     "training interrupted after step 5; its checkpoint is in runs/tiny: flowrec.load('runs/tiny') scores it, `flowrec train tiny.yaml --resume runs/tiny` continues it"
     """
-    import shlex
-
     if folder is None:
         return f"training interrupted after step {step} (out=None: nothing was kept)"
-    given = shlex.quote(str(spec)) if not isinstance(spec, ModelSpec) else "SPEC"
+    from flowrec.runtime.messages import shell_word
+
+    given = shell_word(str(spec)) if not isinstance(spec, ModelSpec) else "SPEC"
     return (f"training interrupted after step {step}; its checkpoint is in {folder}: flowrec.load({str(folder)!r}) "
-            f"scores it, `flowrec train {given} --resume {shlex.quote(str(folder))}` continues it")
+            f"scores it, `flowrec train {given} --resume {shell_word(str(folder))}` continues it")
 
 
 def _check_kinds(**arguments: tuple[Any, str]) -> None:

@@ -139,6 +139,11 @@ def remove_empty(folders: list[Path]) -> None:
             continue
 
 
+def warn(message: str) -> None:
+    """Print `warning: message` on stderr, one line (a line break in it, a file's name, escaped)."""
+    typer.echo(f"warning: {one_line(message)}", err=True)
+
+
 def fail(message: str, code: int = EXIT_INVALID) -> NoReturn:
     """Print `error: message` on stderr (`error: rank R: message` in a multi-rank launch) and exit
     with `code`. The message is one line: a line break in it (a file's name) is escaped."""

@@ -6,14 +6,14 @@ of the CLI starts fast. Data problems exit with status 2 and a one-line message,
 from __future__ import annotations
 
 import json
-import shlex
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import typer
 
-from flowrec.cli.common import fail, guard_outputs, load_spec_or_exit, skipped_lines, write_output
+from flowrec.cli.common import fail, guard_outputs, load_spec_or_exit, skipped_lines, warn, write_output
+from flowrec.runtime.messages import shell_word
 
 if TYPE_CHECKING:
     from flowrec.data.vocab_growth import TableGrowth
@@ -162,7 +162,7 @@ def convert(
         typer.echo(f"read {report.labels_mapped:,} label{'s' if report.labels_mapped != 1 else ''} -1 as 0 "
                    f"(the {fmt} -1/+1 convention)")
     for line in report.warnings:
-        typer.echo(f"warning: {line}", err=True)
+        warn(line)
     if report.errors:
         lines = skipped_lines(report.errors, report.rows, "rows written", "look at the rows named below")
         for line in lines[:-1]:
@@ -263,7 +263,7 @@ def _show_profile(prof: dict, quiet: bool) -> None:
     from flowrec.data.profile import plotted_tables
 
     for warning in prof.get("warnings", []):
-        typer.echo(f"warning: {warning}", err=True)
+        warn(warning)
     if quiet:
         return
 
@@ -334,9 +334,9 @@ def _refuse_stream_given(folder: Path) -> None:
         data = recorded_train_data(folder / DAYS_DIR / days[-1]) if days else None
     except (RunFolderError, OSError, ValueError):
         data = None
-    given = "DAYS" if data is None else shlex.quote(str(data.parent))
+    given = "DAYS" if data is None else shell_word(str(data.parent))
     fail(f"{folder} is a --follow stream folder (its days are runs, not datasets): inspect the days it "
-         f"follows, in its order, with  flowrec data inspect {given} --stream {shlex.quote(str(folder))}")
+         f"follows, in its order, with  flowrec data inspect {given} --stream {shell_word(str(folder))}")
 
 
 def _stream_order(stream: Path, folder: Path, order_text: str | None, order):
@@ -421,7 +421,7 @@ def _show_inspected(info: dict[str, Any]) -> None:
         typer.echo(f"managed table {table}: {bound}{m['distinct_ids']:,} distinct raw ids in {m['lookups']:,} "
                    f"lookups ({', '.join(m['features'])})")
     for warning in info["warnings"]:
-        typer.echo(f"warning: {warning}", err=True)
+        warn(warning)
     if info["raw"] is None:
         typer.echo("(no raw statistics: the dataset was not converted from raw files, or by an older flowrec; "
                    "missing counts are of the stored values, after fills)", err=True)

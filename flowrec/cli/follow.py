@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -36,6 +35,7 @@ from flowrec.cli.streams import DAYS_DIR, EXPORT_DIR, FOLLOW_FILE, StreamRecord,
 from flowrec.data.days import DayOrder, day_partitions, parse_order
 from flowrec.data.layout import META_FILE, DataError
 from flowrec.runs.errors import EXIT_INTERRUPTED
+from flowrec.runtime.messages import shell_word
 from flowrec.runtime.rundir import RunFolderError, RunLock, folder_state
 from flowrec.runtime.signals import interrupt_name
 
@@ -98,8 +98,8 @@ def stream_command(spec_path: Path, days: Path, run: Path, export: bool, order: 
     """The command that continues the stream: the same --follow command (a day cut short is resumed
     by it, then recorded in follow.json; `--resume RUN/days/<day>` alone would train that day and
     leave the stream's record without it)."""
-    return (f"flowrec train {shlex.quote(str(spec_path))} --follow {shlex.quote(str(days))} "
-            f"--out {shlex.quote(str(run))}{'' if order.column is None else ' --follow-order ' + shlex.quote(str(order))}"
+    return (f"flowrec train {shell_word(str(spec_path))} --follow {shell_word(str(days))} "
+            f"--out {shell_word(str(run))}{'' if order.column is None else ' --follow-order ' + shell_word(str(order))}"
             f"{' --follow-export' if export else ''} (the stream's command, with the options it was given)")
 
 

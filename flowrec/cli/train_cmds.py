@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 import sys
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -17,7 +16,7 @@ import typer
 
 from flowrec.cli.common import EXIT_INVALID, check_env_switches, exit_without_teardown, fail, is_lead_rank, load_spec_or_exit, planned_spec_or_exit
 from flowrec.runtime.signals import interrupt_name, terminated_as_interrupted
-from flowrec.runtime.messages import first_line, out_of_memory
+from flowrec.runtime.messages import first_line, one_line, out_of_memory, shell_word
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
 EXIT_OUT_OF_MEMORY = 3
@@ -29,7 +28,7 @@ MAX_FOLLOW_WAIT_S = 7 * 24 * 3600  # a week: the longest --follow-wait (inf woul
 def _say(message: str) -> None:
     """A status line on stderr (rank 0 only, in a multi-rank launch)."""
     if is_lead_rank():
-        typer.echo(message, err=True)
+        typer.echo(one_line(message), err=True)  # a run folder named with a line break: one line
 
 
 @dataclass(frozen=True)
@@ -255,8 +254,8 @@ def _check_options(request: RunRequest) -> None:
 
     if request.resume is not None and is_stream_folder(request.resume):  # not "no checkpoint.pt or run.json"
         fail(f"{request.resume} is a --follow stream folder: continue it with the command that follows it, "
-             f"flowrec train {shlex.quote(str(request.spec_path))} --follow DAYS --out "
-             f"{shlex.quote(str(request.resume))} (it resumes a day cut short)")
+             f"flowrec train {shell_word(str(request.spec_path))} --follow DAYS --out "
+             f"{shell_word(str(request.resume))} (it resumes a day cut short)")
     if request.init_from is not None:
         refuse_stream_folder(request.init_from, "start from")
     if request.init_from is not None and request.resume is not None:
@@ -643,7 +642,7 @@ def _resume_command(spec_path: Path, folder: Path) -> str:
     from flowrec.cli.ranks import launched_nproc
 
     nproc = launched_nproc()
-    return (f"flowrec train {shlex.quote(str(spec_path))} --resume {shlex.quote(str(folder))}"
+    return (f"flowrec train {shell_word(str(spec_path))} --resume {shell_word(str(folder))}"
             f"{f' --nproc {nproc}' if nproc and nproc > 1 else ''}")
 
 

@@ -11,6 +11,7 @@ Example:
 from __future__ import annotations
 
 import re
+import shlex
 
 
 _LINE_BREAKS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f\x85\u2028\u2029]")  # what splitlines() splits on, and controls
@@ -24,6 +25,22 @@ def one_line(text: str) -> str:
     'input not found: bad\\\\nname.csv'
     """
     return _LINE_BREAKS.sub(lambda m: repr(m.group())[1:-1], text)
+
+
+def shell_word(text: str) -> str:
+    """`text` as one word of a shell command that a message prints (a `--resume` command): quoted
+    as `shlex.quote` does, or, when it holds a line break or another control character, in bash's
+    $'...' quoting with those characters escaped, so the command stays one line (`one_line` leaves
+    it alone) and still names the folder when pasted.
+
+    >>> shell_word("my run"), shell_word("r\\nun"), shell_word("it's\\n")
+    ("'my run'", "$'r\\\\nun'", "$'it\\\\'s\\\\n'")
+    """
+    if not _LINE_BREAKS.search(text) and "\t" not in text:
+        return shlex.quote(text)
+    named = {"\\": "\\\\", "'": "\\'", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+    return "$'" + "".join(named.get(c) or (f"\\u{ord(c):04x}" if ord(c) > 0x7f else f"\\x{ord(c):02x}")
+                          if c in named or _LINE_BREAKS.match(c) else c for c in text) + "'"
 
 
 def first_line(exc: BaseException) -> str:

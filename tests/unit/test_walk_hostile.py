@@ -261,3 +261,21 @@ def test_a_file_name_holding_a_line_break_is_named_on_one_line(tmp_path: Path) -
         assert result.exit_code == 2 and len(lines) == 1 and says in lines[0], result.output
     assert first_line(DataError(f"malformed row at {raw}:2: x")) == f"malformed row at {tmp_path}/q\\nq.csv:2: x"
     assert first_line(RuntimeError("Error(s) in loading:\n\tmissing key")) == "Error(s) in loading: missing key"
+
+
+def test_a_run_folder_named_with_a_line_break_prints_one_line_and_a_resume_command_that_works(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """`train --out 'r<newline>un'` printed 'run folder r' and 'un; if it stops, ...' on two lines.
+    Escaping the status line alone would print `--resume 'r\\nun'`, which names another folder;
+    the command's words now use bash's $'...' quoting where they hold a line break."""
+    import subprocess
+
+    from flowrec.cli.train_cmds import _resume_command, _say
+
+    folder = tmp_path / "r\nun"
+    command = _resume_command(Path("spec.yaml"), folder)
+    _say(f"run folder {folder}; if it stops, continue with  {command}")
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and command in err
+    word = command.split(" --resume ")[1]
+    assert subprocess.run(["bash", "-c", f"printf %s {word}"], capture_output=True, text=True).stdout == str(folder)
