@@ -308,6 +308,20 @@ def test_ranking_metrics_count_a_users_items_once_and_one_per_place():
         assert out[f"recall@{k}"] == pytest.approx(1 / 2) and out[f"ndcg@{k}"] == pytest.approx(1 / 2)
 
 
+def test_rows_of_items_outside_the_catalogue_are_distinct_items_of_their_user():
+    # user 3: item 5 ranked first and two rows of unknown items (both encoded as row 0, whichever raw
+    # ids they held): one of three items found, where counting the unknown rows as one item said 1/2
+    ranks, groups, items = np.array([0, 50, 50]), np.array([3, 3, 3]), np.array([5, 0, 0])
+    out = ranking_metrics(ranks, groups, 50, (1, 10), items)
+    assert out["recall@1"] == out["recall@10"] == pytest.approx(1 / 3)
+    assert out["ndcg@10"] == pytest.approx(1 / (1 + 1 / math.log2(3) + 1 / math.log2(4)))
+    assert out["hr@10"] == pytest.approx(1 / 3) and out["mrr"] == pytest.approx(1 / 3)
+    # the accumulator: unknown items, and a row no raw id was fitted to, are outside alike
+    acc = RankingAccumulator(torch.eye(3), "dot", 1.0, (1,), named=np.array([1, 2]))
+    acc.update(np.array([1, 0, 3]), np.array([[1.0, 0, 0, 0, 0, 0]] * 3), np.array([9, 9, 9]))
+    assert acc.result()["recall@1"] == pytest.approx(1 / 3)
+
+
 def test_ranking_metrics_stay_in_the_unit_interval():
     seed = random.randrange(1 << 30)
     rng = np.random.default_rng(seed)
