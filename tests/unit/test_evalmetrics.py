@@ -112,11 +112,13 @@ def test_a_group_by_feature_that_is_not_in_the_model_names_only_those_it_can_gro
 
     from flowrec.runtime.evaluation.evaluate import GroupByError, group_slot
 
-    fields = [SimpleNamespace(feature="user", max_len=1), SimpleNamespace(feature="hist", max_len=20)]
+    fields = [SimpleNamespace(feature="user", table="user", max_len=1),
+              SimpleNamespace(feature="hist", table="items", max_len=20)]
     model = SimpleNamespace(groups=[SimpleNamespace(name="g0", fields=fields, bags_per_sample=21,
-                                                    field_bags=lambda: {"user": range(0, 1)})])
+                                                    field_bags=lambda: {"user": range(0, 1)},
+                                                    row_offsets={"items": 0, "user": 50})])
     with pytest.raises(GroupByError, match=r"\(one-id categorical features: user\)$"):
         group_slot(model, "userid")
     with pytest.raises(GroupByError, match="holds up to 20 ids"):
         group_slot(model, "hist")
-    assert group_slot(model, "user") == ("g0", 0, 21)
+    assert group_slot(model, "user") == ("g0", 0, 21, 50)

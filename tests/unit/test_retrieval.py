@@ -346,6 +346,32 @@ def test_evaluation_scores_the_whole_catalogue():
     assert metrics["samples"] == 3 * BATCH and 0 <= metrics["hr@5"] <= metrics["hr@20"] <= 1
 
 
+def test_seen_items_are_left_out_for_a_user_table_packed_after_the_items():
+    # features listed item first: the user table's rows follow the item table's in the packed group,
+    # and evaluation grouped by the batch's packed user rows while the training pairs hold the
+    # dataset's own rows, so exclude_seen left out nothing (another user's items where they met)
+    from flowrec.runtime.evaluation.evaluate import batch_groups, group_slot
+    from flowrec.runtime.evaluation.retrieval import SeenItems
+
+    doc = retrieval_doc(1, {"kind": "in_batch"}, False)
+    doc["features"] = doc["features"][::-1]  # item, age, user
+    doc["heads"][0]["exclude_seen"] = True
+    doc["training"]["eval_group_by"] = "user"
+    spec = spec_from_dict(doc)
+    plan = make_plan(spec, target="cpu")
+    batches, table, source = staged(spec, plan, 5, 3)
+    model = lower(plan, spec, "cpu")
+    slot = group_slot(model, "user")
+    assert slot[3] > 0  # the case: the user table does not start the packed group
+    users = np.concatenate([batch_groups(b, slot) for b in batches])
+    assert users.tolist() == table.column("user").to_numpy().tolist()  # the dataset's rows
+    seen = SeenItems.of(source, "user", "item")
+    excluding = evaluate(model, batches, group_by="user", seen=seen)["retrieve"]
+    nothing = SeenItems(np.zeros(0, np.int64), np.zeros(0, np.int64))
+    plain = evaluate(model, batches, group_by="user", seen=nothing)["retrieve"]
+    assert excluding["mrr"] > plain["mrr"]  # each user's other items (all seen) left out
+
+
 def test_an_evaluation_during_training_ranks_the_catalogue_in_eval_mode():
     # An item tower with dropout and batch norm: training's evaluations and export (the model in
     # train mode) put the catalogue through the tower with dropout on and the batch statistics of

@@ -30,8 +30,9 @@ class GroupByError(ValueError):
     """The group-by feature is not a one-id categorical feature of the model; one line."""
 
 
-def group_slot(model: LoweredModel, feature: str) -> tuple[str, int, int]:
-    """(packed group, bag position within a sample, bags per sample) of a one-id categorical feature."""
+def group_slot(model: LoweredModel, feature: str) -> tuple[str, int, int, int]:
+    """(packed group, bag position within a sample, bags per sample, the first packed row of its
+    table) of a one-id categorical feature."""
     known = []  # the features it can group by: one-id categorical ones (a multi-hot one cannot)
     for group in model.groups:
         for field in group.fields:
@@ -42,17 +43,20 @@ def group_slot(model: LoweredModel, feature: str) -> tuple[str, int, int]:
             if field.max_len != 1:
                 raise GroupByError(f"cannot group by {feature!r}: it holds up to {field.max_len} ids per "
                                    f"sample; group by a one-id categorical feature")
-            return group.name, group.field_bags()[feature].start, group.bags_per_sample
+            return (group.name, group.field_bags()[feature].start, group.bags_per_sample,
+                    int(group.row_offsets[field.table]))
     raise GroupByError(f"cannot group by {feature!r}: not a categorical feature of the model "
                        f"(one-id categorical features: {', '.join(known) or 'none'})")
 
 
-def batch_groups(batch: Any, slot: tuple[str, int, int]) -> np.ndarray:
-    """The encoded id of the group-by feature for every sample of a batch.  # (B,) int64"""
-    name, position, width = slot
+def batch_groups(batch: Any, slot: tuple[str, int, int, int]) -> np.ndarray:
+    """The encoded id of the group-by feature for every sample of a batch: its row of the feature's
+    own table, as the dataset holds it (a batch's ids are rows of the packed group, the table's
+    rows after the tables packed before it; exclude_seen's training pairs are the dataset's).  # (B,) int64"""
+    name, position, width, offset = slot
     ids = batch.groups[name]
     first = ids.offsets[torch.arange(batch.size) * width + position]  # (B,)
-    return ids.ids[first].cpu().numpy()
+    return ids.ids[first].cpu().numpy() - offset
 
 
 @torch.no_grad()
