@@ -372,6 +372,24 @@ def test_seen_items_are_left_out_for_a_user_table_packed_after_the_items():
     assert excluding["mrr"] > plain["mrr"]  # each user's other items (all seen) left out
 
 
+def test_rows_of_an_unknown_user_are_each_a_user_of_their_own():
+    # every row's user is row 0 (unknown, or below min_freq): ranked as one user of all their
+    # items, recall@K and ndcg@K were one list's; now each row is its own user, as without grouping
+    import pyarrow as pa
+
+    spec = spec_from_dict(retrieval_doc(1, {"kind": "in_batch"}, False))
+    plan = make_plan(spec, target="cpu")
+    table = synth_table(spec, BATCH * 3, SynthConfig(seed=5, alpha=1.2))
+    table = table.set_column(table.schema.get_field_index("user"), "user", pa.array(np.zeros(len(table), np.int64)))
+    opts = StagingOptions(batch_size=BATCH, shuffle=False, workers=1)
+    with iterate_batches(spec, MemorySource(split_table(table, 2)), opts, 0, 0, plan.meta.groups) as it:
+        batches = list(it)
+    model = lower(plan, spec, "cpu")
+    grouped = evaluate(model, batches, group_by="user")["retrieve"]
+    assert grouped == evaluate(model, batches)["retrieve"]
+    assert grouped["recall@5"] == grouped["hr@5"]
+
+
 def test_an_evaluation_during_training_ranks_the_catalogue_in_eval_mode():
     # An item tower with dropout and batch norm: training's evaluations and export (the model in
     # train mode) put the catalogue through the tower with dropout on and the batch statistics of

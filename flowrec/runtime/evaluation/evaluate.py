@@ -59,6 +59,20 @@ def batch_groups(batch: Any, slot: tuple[str, int, int, int]) -> np.ndarray:
     return ids.ids[first].cpu().numpy() - offset
 
 
+def own_groups(groups: np.ndarray, before: int) -> tuple[np.ndarray, int]:
+    """Groups with each row of row 0 (a missing value, or one the vocabulary does not hold: unknown,
+    below min_freq) a group of its own, numbered -1, -2, ... after the `before` such rows of earlier
+    batches: they are not one user, so gAUC leaves them out (one sample, one class) and a retrieval
+    head ranks each as a user of one row with no training items.  # (B,) int64, the count so far"""
+    alone = groups == 0
+    count = int(np.count_nonzero(alone))
+    if not count:
+        return groups, before
+    out = groups.copy()
+    out[alone] = -1 - before - np.arange(count)
+    return out, before + count
+
+
 @torch.no_grad()
 def predict(model: LoweredModel, batches: Iterable[Any], precision: str = "fp32") -> tuple[np.ndarray, np.ndarray]:
     """Scores (`scores.scores`: one column per head, one per class of a multiclass head) and the label
@@ -101,9 +115,12 @@ def evaluate(model: LoweredModel, batches: Iterable[Any], precision: str = "fp32
             for i, task in enumerate(model.tasks)]
     samples = [0] * len(accs)
     columns = head_columns(model.head_widths)
+    alone = 0  # rows so far whose group-by value is row 0, each a group of its own
     for preds, batch in _scored(model, batches, precision):
         labels = item_labels(model.retrieval, batch, batch.labels).cpu().numpy()  # (B, T [+ sample weights])
         groups = batch_groups(batch, slot) if slot is not None else None
+        if groups is not None:
+            groups, alone = own_groups(groups, alone)
         for i, acc in enumerate(accs):
             rows = _task_space(model, labels, i)
             head_preds = preds[:, columns[i]] if model.head_widths[i] > 1 else preds[:, columns[i].start]
