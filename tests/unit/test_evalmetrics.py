@@ -121,7 +121,7 @@ def test_a_group_by_feature_that_is_not_in_the_model_names_only_those_it_can_gro
         group_slot(model, "userid")
     with pytest.raises(GroupByError, match="holds up to 20 ids"):
         group_slot(model, "hist")
-    assert group_slot(model, "user") == ("g0", 0, 21, 50)
+    assert group_slot(model, "user") == ("g0", 0, 21, 50, False)
 
 
 def _binary_model_and_batches(users: np.ndarray):
@@ -166,3 +166,26 @@ def test_rows_whose_group_by_value_is_missing_or_unknown_are_no_group() -> None:
     known = users != 0
     assert got == pytest.approx(_sk_gauc(labels[known, 0], scores[known, 0], users[known]), abs=1e-12)
     assert got != pytest.approx(_sk_gauc(labels[:, 0], scores[:, 0], users), abs=1e-6)  # the case differs
+
+
+def test_a_managed_users_dropped_bag_is_row_0_not_the_next_features_id() -> None:
+    # a managed table's id without a row (unknown, not admitted, evicted) is dropped from its bag:
+    # --group-by read the next bag's id in its place (managed_movielens: 3,418 test rows of unknown
+    # users grouped by 634 other ids, item rows among them)
+    import torch
+    from types import SimpleNamespace
+
+    from flowrec.runtime.evaluation.evaluate import batch_groups
+
+    # samples of (user, item) bags in a group where the user table starts at row 10; sample 1's
+    # user and the last sample's user have no row
+    ids = torch.tensor([13, 40, 41, 12, 42, 43])
+    offsets = torch.tensor([0, 1, 2, 2, 3, 4, 5, 5, 6])
+    batch = SimpleNamespace(size=4, groups={"g0": SimpleNamespace(ids=ids, offsets=offsets)})
+    assert batch_groups(batch, ("g0", 0, 2, 10, True)).tolist() == [3, -1, 2, -1]
+    # a managed table's row 0 is a user like any other (an unmanaged table's: missing or unknown)
+    assert batch_groups(batch, ("g0", 1, 2, 40, True)).tolist() == [0, 1, 2, 3]
+    assert batch_groups(batch, ("g0", 1, 2, 40, False)).tolist() == [-1, 1, 2, 3]
+    nobody = SimpleNamespace(size=2, groups={"g0": SimpleNamespace(ids=torch.tensor([], dtype=torch.int64),
+                                                                   offsets=torch.tensor([0, 0, 0]))})
+    assert batch_groups(nobody, ("g0", 0, 1, 0, True)).tolist() == [-1, -1]
