@@ -390,6 +390,30 @@ def test_rows_of_an_unknown_user_are_each_a_user_of_their_own():
     assert grouped["recall@5"] == grouped["hr@5"]
 
 
+def test_seen_items_of_a_managed_user_table_are_keyed_by_the_users_rows():
+    # a managed table's dataset column holds raw ids, a batch the rows they map to: exclude_seen
+    # looked the batch's rows up among raw ids and left nothing out (MovieLens two tower with a
+    # managed users table: hr@10 0.048, as without exclude_seen, where it is 0.150)
+    from types import SimpleNamespace
+
+    from flowrec.runtime.evaluation.evaluate import _seen_in_rows
+    from flowrec.runtime.evaluation.retrieval import SeenItems
+
+    raw = np.array([-7421493550786470257, 5490914285300799158, 5490914285300799158, 77])
+    seen = SeenItems(raw, np.array([3, 1, 2, 5]))
+    rows = {5490914285300799158: 0, -7421493550786470257: 4}  # 77: not admitted, no row
+    synced = []
+    users_map = SimpleNamespace(lookup=lambda ids: np.array([rows.get(int(i), -1) for i in ids]))
+    model = SimpleNamespace(
+        groups=[SimpleNamespace(fields=[SimpleNamespace(feature="item", table="item"),
+                                        SimpleNamespace(feature="user", table="users")])],
+        managed=SimpleNamespace(maps={"users": users_map}, sync=lambda: synced.append(True)))
+    mapped = _seen_in_rows(model, "user", seen)
+    assert synced and list(zip(mapped.users.tolist(), mapped.items.tolist())) == [(0, 1), (0, 2), (4, 3)]
+    mask = mapped.mask(np.array([0, 4, -1]), 5)
+    assert mask.nonzero().tolist() == [[0, 0], [0, 1], [1, 2]]  # a row without a user: nothing
+
+
 def test_an_evaluation_during_training_ranks_the_catalogue_in_eval_mode():
     # An item tower with dropout and batch norm: training's evaluations and export (the model in
     # train mode) put the catalogue through the tower with dropout on and the batch statistics of

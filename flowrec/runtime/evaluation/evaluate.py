@@ -126,6 +126,8 @@ def evaluate(model: LoweredModel, batches: Iterable[Any], precision: str = "fp32
         GroupByError: `group_by` is not a one-id categorical feature of the model.
     """
     slot = group_slot(model, group_by) if group_by is not None else None
+    if seen is not None and slot is not None and slot[4]:
+        seen = _seen_in_rows(model, group_by, seen)
     accs = [ACCUMULATORS[task](model, i, slot is not None, *([seen] if TASKS[task].ranks else []))
             for i, task in enumerate(model.tasks)]
     samples = [0] * len(accs)
@@ -142,6 +144,16 @@ def evaluate(model: LoweredModel, batches: Iterable[Any], precision: str = "fp32
             acc.update(labels[rows, i], head_preds[rows], groups[rows] if groups is not None else None)
             samples[i] += int(np.count_nonzero(rows))
     return {head: {**acc.result(), "samples": n} for head, acc, n in zip(model.head_names, accs, samples)}
+
+
+def _seen_in_rows(model: LoweredModel, feature: str, seen: SeenItems) -> SeenItems:
+    """The training pairs of a managed user feature with the users' rows as the model holds them now
+    (the dataset holds raw ids, a batch the rows they map to; a user without a row is left out, as
+    their evaluation rows are each a group of their own)."""
+    table = next(f.table for g in model.groups for f in g.fields if f.feature == feature)
+    managed = model.managed
+    managed.sync()
+    return seen.through(managed.maps[table].lookup)
 
 
 def _task_space(model: LoweredModel, labels: np.ndarray, head: int) -> np.ndarray:

@@ -157,6 +157,13 @@ class SeenItems:
         pairs = np.unique(np.stack([np.asarray(users, np.int64), np.asarray(items, np.int64)], 1), axis=0)
         self.users, self.items = pairs[:, 0], pairs[:, 1]
 
+    def through(self, rows: Any) -> "SeenItems":
+        """The pairs with each user as `rows` maps it (a managed table's raw id -> its row; a
+        negative row, none: the user's pairs are left out)."""
+        users = np.asarray(rows(self.users), np.int64)
+        keep = users >= 0
+        return SeenItems(users[keep], self.items[keep])
+
     @classmethod
     def of(cls, source: Any, user: str, item: str) -> "SeenItems":
         """The pairs of every partition of a training source."""
