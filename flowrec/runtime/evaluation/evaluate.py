@@ -132,7 +132,7 @@ def evaluate(model: LoweredModel, batches: Iterable[Any], precision: str = "fp32
             for i, task in enumerate(model.tasks)]
     samples = [0] * len(accs)
     columns = head_columns(model.head_widths)
-    alone = 0  # rows so far whose group-by value is row 0, each a group of its own
+    alone = 0  # rows so far without a group-by value (NO_GROUP), each a group of its own
     for preds, batch in _scored(model, batches, precision):
         labels = item_labels(model.retrieval, batch, batch.labels).cpu().numpy()  # (B, T [+ sample weights])
         groups = batch_groups(batch, slot) if slot is not None else None
