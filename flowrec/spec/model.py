@@ -341,7 +341,8 @@ class EarlyStoppingSpec:
     Args:
         metric: auc, gauc, pr_auc, logloss, ne, calibration, mse or mae.
         head: the head watched (None: the first head).
-        mode: max or min (None: max for auc, gauc, pr_auc; min otherwise).
+        mode: max or min (None: max for auc, gauc, pr_auc; min otherwise; calibration is
+            compared as its distance from 1).
         patience: evaluations without improvement before stopping.
         min_delta: an improvement must exceed this.
     """

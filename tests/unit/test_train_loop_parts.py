@@ -91,3 +91,15 @@ def test_early_stopping_patience_min_delta_and_mode() -> None:
     again = EarlyStopper.of(EarlyStoppingSpec("logloss", patience=1), "ctr")
     again.load_state_dict(lower.state_dict())
     assert again.state == lower.state and again.state.stopped
+
+
+def test_early_stopping_on_calibration_keeps_the_evaluation_closest_to_one() -> None:
+    # calibration is mean prediction over mean label, best at 1.0: watched as the ratio with mode
+    # min, an evaluation predicting too little (0.5) was the best, over one calibrated to 1.02
+    stopper = EarlyStopper.of(EarlyStoppingSpec("calibration", patience=2), "ctr")
+    got = [stopper.observe({"ctr": {"calibration": v}}, step).improved
+           for step, v in ((10, 1.3), (20, 1.02), (30, 0.5), (40, 0.97))]
+    assert got == [True, True, False, False]
+    assert stopper.state.best == 1.02 and stopper.state.best_step == 20 and stopper.state.stopped
+    under = EarlyStopper.of(EarlyStoppingSpec("calibration", patience=1, min_delta=0.05), "ctr")
+    assert [under.observe({"ctr": {"calibration": v}}, 1).improved for v in (0.8, 1.1, 0.94)] == [True, True, False]

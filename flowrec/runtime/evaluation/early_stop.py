@@ -1,5 +1,8 @@
 """Early stopping (`training.early_stopping`): watch one head's evaluation metric, remember the best
 value and stop after `patience` evaluations without an improvement larger than `min_delta`.
+`calibration` (mean prediction over mean label) is best at 1.0, so it is watched as its distance
+from 1, |calibration - 1| (`mode` applies to that distance; min by default): watched as the ratio
+itself, the lowest mean prediction won, a model predicting 0 everywhere the best.
 
 Its state (best value and step, evaluations without improvement, whether it stopped) travels in
 the checkpoint, so a resumed run stops where an uninterrupted one does.
@@ -23,6 +26,7 @@ from flowrec.spec.tasks import TASKS
 from flowrec.spec.model import EarlyStoppingSpec
 
 RANKING_METRICS = frozenset(TASKS["retrieval"].metrics)  # hr@K, recall@K, ndcg@K, mrr: higher is better
+CALIBRATION = "calibration"  # best at 1.0: watched as |calibration - 1|
 
 
 @dataclass(frozen=True)
@@ -67,13 +71,18 @@ class EarlyStopper:
     def watched(self) -> str:
         return f"{self.head}/{self.metric}"
 
+    def _watched_value(self, value: float) -> float:
+        """What is compared: the metric, or for calibration its distance from 1 (module docstring)."""
+        return abs(value - 1.0) if self.metric == CALIBRATION else value
+
     def observe(self, metrics: dict[str, dict[str, float]], step: int) -> Verdict:
         """Take the evaluation of `step`; a NaN value never improves."""
         value = metrics.get(self.head, {}).get(self.metric, float("nan"))
         s = self.state
-        better = value is not None and not math.isnan(value) and (
-            s.best is None or (value > s.best + self.min_delta if self.mode == "max"
-                               else value < s.best - self.min_delta))
+        better = value is not None and not math.isnan(value)
+        if better and s.best is not None:
+            now, best = self._watched_value(value), self._watched_value(s.best)
+            better = now > best + self.min_delta if self.mode == "max" else now < best - self.min_delta
         if better:
             s.best, s.best_step, s.bad_evals = float(value), step, 0
         else:

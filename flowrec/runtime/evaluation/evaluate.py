@@ -30,9 +30,14 @@ class GroupByError(ValueError):
     """The group-by feature is not a one-id categorical feature of the model; one line."""
 
 
-def group_slot(model: LoweredModel, feature: str) -> tuple[str, int, int]:
-    """(packed group, bag position within a sample, bags per sample) of a one-id categorical feature."""
+NO_GROUP = -1  # batch_groups' value of a row without one: missing or unknown (own_groups)
+
+
+def group_slot(model: LoweredModel, feature: str) -> tuple[str, int, int, int, bool]:
+    """(packed group, bag position within a sample, bags per sample, the first packed row of its
+    table, whether the table is managed) of a one-id categorical feature."""
     known = []  # the features it can group by: one-id categorical ones (a multi-hot one cannot)
+    managed = getattr(model, "managed", None)
     for group in model.groups:
         for field in group.fields:
             if field.max_len == 1:
@@ -42,17 +47,45 @@ def group_slot(model: LoweredModel, feature: str) -> tuple[str, int, int]:
             if field.max_len != 1:
                 raise GroupByError(f"cannot group by {feature!r}: it holds up to {field.max_len} ids per "
                                    f"sample; group by a one-id categorical feature")
-            return group.name, group.field_bags()[feature].start, group.bags_per_sample
+            return (group.name, group.field_bags()[feature].start, group.bags_per_sample,
+                    int(group.row_offsets[field.table]), managed is not None and field.table in managed.maps)
     raise GroupByError(f"cannot group by {feature!r}: not a categorical feature of the model "
                        f"(one-id categorical features: {', '.join(known) or 'none'})")
 
 
-def batch_groups(batch: Any, slot: tuple[str, int, int]) -> np.ndarray:
-    """The encoded id of the group-by feature for every sample of a batch.  # (B,) int64"""
-    name, position, width = slot
+def batch_groups(batch: Any, slot: tuple[str, int, int, int, bool]) -> np.ndarray:
+    """The encoded id of the group-by feature for every sample of a batch: its row of the feature's
+    own table, as the dataset holds it (a batch's ids are rows of the packed group, the table's
+    rows after the tables packed before it; exclude_seen's training pairs are the dataset's), or
+    NO_GROUP where the value is missing or unknown: row 0 of a vocabulary or hashed table, and an
+    empty bag of a managed table, whose ids without a row (unknown, not admitted, evicted) are
+    dropped from their bags (the bag's first offset is the next bag's id; a managed table's row 0
+    is a slot like any other).  # (B,) int64"""
+    name, position, width, offset, managed = slot
     ids = batch.groups[name]
-    first = ids.offsets[torch.arange(batch.size) * width + position]  # (B,)
-    return ids.ids[first].cpu().numpy()
+    bags = torch.arange(batch.size) * width + position  # (B,)
+    first, end = ids.offsets[bags].cpu(), ids.offsets[bags + 1].cpu()
+    values = ids.ids.cpu()
+    if not len(values):
+        return np.full(batch.size, NO_GROUP, np.int64)
+    rows = values[first.clamp(max=len(values) - 1)].to(torch.int64) - offset
+    none = end == first if managed else rows == 0
+    return torch.where(none, torch.full_like(rows, NO_GROUP), rows).numpy()
+
+
+def own_groups(groups: np.ndarray, before: int) -> tuple[np.ndarray, int]:
+    """Groups with each row of NO_GROUP (a missing value, or one the table holds no row for:
+    unknown, below min_freq, a managed id not admitted) a group of its own, numbered -1, -2, ...
+    after the `before` such rows of earlier batches: they are not one user, so gAUC leaves them out
+    (one sample, one class) and a retrieval head ranks each as a user of one row with no training
+    items.  # (B,) int64, the count so far"""
+    alone = groups == NO_GROUP
+    count = int(np.count_nonzero(alone))
+    if not count:
+        return groups, before
+    out = groups.copy()
+    out[alone] = -1 - before - np.arange(count)
+    return out, before + count
 
 
 @torch.no_grad()
@@ -93,19 +126,34 @@ def evaluate(model: LoweredModel, batches: Iterable[Any], precision: str = "fp32
         GroupByError: `group_by` is not a one-id categorical feature of the model.
     """
     slot = group_slot(model, group_by) if group_by is not None else None
+    if seen is not None and slot is not None and slot[4]:
+        seen = _seen_in_rows(model, group_by, seen)
     accs = [ACCUMULATORS[task](model, i, slot is not None, *([seen] if TASKS[task].ranks else []))
             for i, task in enumerate(model.tasks)]
     samples = [0] * len(accs)
     columns = head_columns(model.head_widths)
+    alone = 0  # rows so far without a group-by value (NO_GROUP), each a group of its own
     for preds, batch in _scored(model, batches, precision):
         labels = item_labels(model.retrieval, batch, batch.labels).cpu().numpy()  # (B, T [+ sample weights])
         groups = batch_groups(batch, slot) if slot is not None else None
+        if groups is not None:
+            groups, alone = own_groups(groups, alone)
         for i, acc in enumerate(accs):
             rows = _task_space(model, labels, i)
             head_preds = preds[:, columns[i]] if model.head_widths[i] > 1 else preds[:, columns[i].start]
             acc.update(labels[rows, i], head_preds[rows], groups[rows] if groups is not None else None)
             samples[i] += int(np.count_nonzero(rows))
     return {head: {**acc.result(), "samples": n} for head, acc, n in zip(model.head_names, accs, samples)}
+
+
+def _seen_in_rows(model: LoweredModel, feature: str, seen: SeenItems) -> SeenItems:
+    """The training pairs of a managed user feature with the users' rows as the model holds them now
+    (the dataset holds raw ids, a batch the rows they map to; a user without a row is left out, as
+    their evaluation rows are each a group of their own)."""
+    table = next(f.table for g in model.groups for f in g.fields if f.feature == feature)
+    managed = model.managed
+    managed.sync()
+    return seen.through(managed.maps[table].lookup)
 
 
 def _task_space(model: LoweredModel, labels: np.ndarray, head: int) -> np.ndarray:

@@ -14,6 +14,8 @@ of their rows (a query depends on the user's features only):
 - ``mrr``: mean of 1 / (rank + 1) over rows (0 for an item outside the catalogue).
 
 A user's test items are a set: an item in several of their rows counts once (at its best rank).
+Rows whose item is outside the catalogue all hold row 0 (an unknown item) or a row no raw id was
+fitted to, whichever raw items they had, so each such row counts as a distinct item of its user.
 One place of a top-K list holds one item: in rank order, a user's j-th item (from 0) takes place
 max(rank, j). With a query that depends on the user alone this changes nothing (j items already
 score at least as high); with per-row queries (rows grouped by a column the query does not depend
@@ -155,6 +157,13 @@ class SeenItems:
         pairs = np.unique(np.stack([np.asarray(users, np.int64), np.asarray(items, np.int64)], 1), axis=0)
         self.users, self.items = pairs[:, 0], pairs[:, 1]
 
+    def through(self, rows: Any) -> "SeenItems":
+        """The pairs with each user as `rows` maps it (a managed table's raw id -> its row; a
+        negative row, none: the user's pairs are left out)."""
+        users = np.asarray(rows(self.users), np.int64)
+        keep = users >= 0
+        return SeenItems(users[keep], self.items[keep])
+
     @classmethod
     def of(cls, source: Any, user: str, item: str) -> "SeenItems":
         """The pairs of every partition of a training source."""
@@ -193,6 +202,8 @@ def ranking_metrics(ranks: np.ndarray, groups: np.ndarray, catalogue: int, top_k
     _, user = np.unique(groups, return_inverse=True)
     user = user.reshape(-1)
     item = np.arange(ranks.size) if items is None else np.asarray(items, np.int64).reshape(-1)
+    outside = ranks >= catalogue  # e.g. unknown: every such row is item 0, whichever raw item it held,
+    item = np.where(outside, -1 - np.arange(ranks.size), item)  # so each counts as an item of its own
     # a user's distinct items, each at its best rank, in (user, rank) order
     order = np.lexsort((ranks, item, user))
     first = np.ones(order.size, bool)
