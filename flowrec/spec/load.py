@@ -40,9 +40,11 @@ from flowrec.spec.model import (
     thaw,
 )
 from flowrec.spec.read import flowrec_format, not_a_spec, read_document
-from flowrec.spec.tasks import DEFAULT_TOP_K, TASKS
+from flowrec.spec.retrieval_checks import head_top_k
+from flowrec.spec.tasks import TASKS
 from flowrec.spec.units import parse_bytes
 from flowrec.spec.validate import validate_document
+from flowrec.spec.view import DocView
 
 MODULE_KEYS = ("name", "kind", "inputs")
 OPTIMIZER_KEYS = ("name", "lr")
@@ -118,8 +120,9 @@ def _spec_from_dict(doc: dict[str, Any]) -> ModelSpec:
         )
         for m in doc["modules"]
     )
+    view = DocView.of(doc, frozenset())
     heads = tuple(
-        _head(h) for h in doc["heads"]
+        _head(h, head_top_k(view, view.by_name("heads")[h["name"]])) for h in doc["heads"]
     )
     return ModelSpec(
         name=doc["name"],
@@ -136,22 +139,23 @@ def _spec_from_dict(doc: dict[str, Any]) -> ModelSpec:
     )
 
 
-def _head(h: dict[str, Any]) -> HeadSpec:
+def _head(h: dict[str, Any], top_k: Any) -> HeadSpec:
+    """A head; `top_k` its retrieval cut-offs, written or the default for its catalogue."""
     task = h.get("task", "binary")
     where = h.get("trained_where")
     return HeadSpec(
         h["name"], h["input"], task, h.get("loss", TASKS[task].losses[0]), float(h.get("weight", 1.0)),
         h.get("label"), h.get("sample_weight"),
         TrainedWhere(where["label"], float(where["equals"])) if where is not None else None,
-        h.get("num_classes"), _retrieval(h) if TASKS[task].ranks else None,
+        h.get("num_classes"), _retrieval(h, top_k) if TASKS[task].ranks else None,
     )
 
 
-def _retrieval(h: dict[str, Any]) -> RetrievalSpec:
+def _retrieval(h: dict[str, Any], top_k: Any) -> RetrievalSpec:
     neg = h.get("negatives", {})
     negatives = Negatives(neg.get("kind", "in_batch"), int(neg.get("num", 0)), neg.get("distribution", "uniform"))
     return RetrievalSpec(negatives, bool(h.get("logq_correction", False)),
-                         tuple(sorted(set(int(k) for k in h.get("top_k", DEFAULT_TOP_K)))),
+                         tuple(sorted(set(int(k) for k in top_k))),
                          bool(h.get("exclude_seen", False)))
 
 

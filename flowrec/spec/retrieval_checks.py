@@ -12,10 +12,12 @@ Example:
 """
 from __future__ import annotations
 
+from typing import Any
+
 from flowrec.spec.errors import SpecIssue
 from flowrec.spec.module_checks import SIMILARITY, output_ref
 from flowrec.spec.model import SELECTOR_PREFIX
-from flowrec.spec.tasks import DEFAULT_TOP_K, TASKS
+from flowrec.spec.tasks import TASKS, default_top_k
 from flowrec.spec.view import DocView, Item
 
 # fields only a retrieval head may set
@@ -93,23 +95,46 @@ def _towers(view: DocView, h: Item) -> list[SpecIssue]:
     return []
 
 
-def _top_k_problem(view: DocView, h: Item, item: Item) -> str | None:
-    """Why a head's `top_k` (written, or the default) does not fit the catalogue (None: it does): the catalogue holds at most
-    the item table's `vocab` items, and with K at least that every item is in the top K, so hr@K
-    and recall@K are 1.0 for any model (they were reported so without a word)."""
-    name = item.body.get("table")
-    table = view.by_name("tables").get(name) if isinstance(name, str) else item
+def catalogue_size(view: DocView, item: Item) -> int | None:
+    """The most items a retrieval head's catalogue holds: the item table's `vocab` plus its
+    `vocab_spare` rows (spare rows take new items); None when the spec does not say (a managed
+    table, a hashed one, a value of the wrong kind: its own check reports that)."""
+    table = _item_table(view, item)
     vocab = table.body.get("vocab") if table is not None else None
-    spare = table.body.get("vocab_spare", 0) if table is not None else 0  # spare rows take new items
-    top_k = h.body.get("top_k", list(DEFAULT_TOP_K))  # the default's 100 past a catalogue of 30 alike
-    if type(vocab) is not int or type(spare) is not int or not isinstance(top_k, list):
+    spare = table.body.get("vocab_spare", 0) if table is not None else 0
+    return vocab + spare if type(vocab) is int and type(spare) is int else None
+
+
+def _item_table(view: DocView, item: Item) -> Item | None:
+    """The table of the item-id feature (the feature itself when its table is inline)."""
+    name = item.body.get("table")
+    return view.by_name("tables").get(name) if isinstance(name, str) else item
+
+
+def head_top_k(view: DocView, h: Item) -> Any:
+    """A retrieval head's cut-offs: its `top_k` as written, or the default for its catalogue
+    (`default_top_k`: the Ks of [10, 100] below the catalogue's size)."""
+    if "top_k" in h.body:
+        return h.body["top_k"]
+    feature = _item_feature(view, h)
+    item = view.by_name("features").get(feature) if feature is not None else None
+    return list(default_top_k(catalogue_size(view, item) if item is not None else None))
+
+
+def _top_k_problem(view: DocView, h: Item, item: Item) -> str | None:
+    """Why a head's `top_k` does not fit the catalogue (None: it does): the catalogue holds at most
+    the item table's `vocab` items, and with K at least that every item is in the top K, so hr@K
+    and recall@K are 1.0 for any model (they were reported so without a word). The default's Ks
+    are those below the catalogue's size, so only a written K, or a catalogue of one item, fails."""
+    vocab = catalogue_size(view, item)
+    top_k = head_top_k(view, h)
+    if vocab is None or not isinstance(top_k, list):
         return None
-    vocab += spare
+    spare = _item_table(view, item).body.get("vocab_spare", 0)  # a table: catalogue_size found it
     big = sorted(k for k in top_k if type(k) is int and k >= vocab)
     if not big:
         return None
-    default = "" if "top_k" in h.body else f"the default top_k {list(DEFAULT_TOP_K)}: "
-    return (f"{default}K {big[0]} is not below the catalogue's {vocab} item{'s' if vocab > 1 else ''} (the vocab{' and spare rows' if spare else ''} "
+    return (f"K {big[0]} is not below the catalogue's {vocab} item{'s' if vocab > 1 else ''} (the vocab{' and spare rows' if spare else ''} "
             f"of item id {item.name!r}): every "
             f"item is in the top {big[0]}, so hr@{big[0]} and recall@{big[0]} would be 1.0 for any model; "
             + (f"give top_k with Ks below {vocab}" if vocab > 1 else "a catalogue of one item has nothing to rank"))

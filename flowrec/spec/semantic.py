@@ -16,9 +16,9 @@ import re
 from flowrec.spec.errors import SpecIssue
 from flowrec.spec.model import HISTORY_COLUMN, NAMED_OUTPUT_KINDS
 from flowrec.spec.module_checks import MODULE_CHECKS, output_problem, output_ref
-from flowrec.spec.retrieval_checks import check_retrieval
+from flowrec.spec.retrieval_checks import check_retrieval, head_top_k
 from flowrec.spec.schema_errors import did_you_mean, show
-from flowrec.spec.tasks import AUC_MAX_CLASSES, DEFAULT_TOP_K, TASKS, retrieval_metric_names
+from flowrec.spec.tasks import AUC_MAX_CLASSES, TASKS, retrieval_metric_names
 from flowrec.spec.units import parse_bytes
 from flowrec.spec.view import DocView, Item
 
@@ -366,7 +366,7 @@ def check_early_stopping(view: DocView) -> list[SpecIssue]:
     task = head.body.get("task", "binary") if head is not None else "binary"
     reported = METRICS_BY_TASK.get(task, ())
     if isinstance(task, str) and task in TASKS and TASKS[task].ranks:
-        top_k = head.body.get("top_k", DEFAULT_TOP_K)
+        top_k = head_top_k(view, head)
         whole = isinstance(top_k, list | tuple) and all(type(k) is int for k in top_k)
         reported = retrieval_metric_names(tuple(sorted(set(top_k)))) if whole else ()
     if head is not None and metric not in reported:

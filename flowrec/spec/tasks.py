@@ -51,6 +51,21 @@ DEFAULT_TOP_K = (10, 100)  # cut-offs K of a retrieval head's metrics when the s
 RANK_METRICS = ("hr", "recall", "ndcg")  # retrieval metrics cut at K; mrr is over the whole ranking
 
 
+def default_top_k(catalogue: int | None) -> tuple[int, ...]:
+    """A retrieval head's cut-offs K when its spec gives no `top_k`: those of `DEFAULT_TOP_K` below
+    the catalogue's size (a K at least that puts every item in the top K: hr@K would be 1.0 for
+    any model), or (1,) for a catalogue of at most 10 items; `DEFAULT_TOP_K` when the size is not
+    known from the spec (a managed item table).
+
+    Example:
+        >>> default_top_k(None), default_top_k(5000), default_top_k(60), default_top_k(8)
+        ((10, 100), (10, 100), (10,), (1,))
+    """
+    if catalogue is None:
+        return DEFAULT_TOP_K
+    return tuple(k for k in DEFAULT_TOP_K if k < catalogue) or (1,)
+
+
 def retrieval_metric_names(top_k: tuple[int, ...]) -> tuple[str, ...]:
     """The metrics a retrieval head reports for its cut-offs.
 

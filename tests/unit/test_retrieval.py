@@ -461,14 +461,26 @@ def test_a_catalogue_of_one_item_is_not_told_to_take_ks_below_1():
     issues = validate_document(doc)
     assert [i.path for i in issues] == ["heads[0].top_k"] and "one item has nothing to rank" in issues[0].message
     assert "below 1" not in issues[0].message
-    doc = retrieval_doc(0, {"kind": "in_batch"}, False)  # the default top_k [10, 100] over 60 items
+
+
+
+def test_the_default_top_k_keeps_the_ks_below_the_catalogue():
+    # the default [10, 100] over 60 items reported hr@100 = 1.0 for any model: its Ks are those below
+    # the catalogue's size ([10] here; [1] up to 10 items), a written K past it is refused
+    doc = retrieval_doc(0, {"kind": "in_batch"}, False)
     del doc["heads"][0]["top_k"]
-    issues = validate_document(doc)
-    assert [i.path for i in issues] == ["heads[0].top_k"], issues
-    assert issues[0].message.startswith("the default top_k [10, 100]: K 100 is not below the catalogue's 60 items")
-    doc["features"][2]["vocab"] = 100
-    doc["features"][2]["vocab_spare"] = 1  # spare rows take new items: 101 in all
-    assert validate_document(doc) == []
+    for vocab, spare, top_k in ((ITEMS, 0, (10,)), (100, 1, (10, 100)), (100, 0, (10,)), (8, 0, (1,)), (5000, 0, (10, 100))):
+        doc["features"][2]["vocab"] = vocab
+        doc["features"][2]["vocab_spare"] = spare  # spare rows take new items
+        assert validate_document(doc) == []
+        assert spec_from_dict(doc).heads[0].retrieval.top_k == top_k
+    doc["training"]["early_stopping"] = {"metric": "hr@100"}  # not reported over 100 items
+    issues = validate_document(doc | {"features": [*doc["features"][:2], {**doc["features"][2], "vocab": 100}]})
+    assert [i.path for i in issues] == ["training.early_stopping.metric"] and "hr@10," in issues[0].message
+    assert "hr@100" not in issues[0].message
+    doc["features"][2]["vocab"] = 1  # a catalogue of one item: nothing to rank, whatever the default
+    assert any(i.path == "heads[0].top_k" and "one item has nothing to rank" in i.message
+               for i in validate_document(doc))
 
 
 def test_item_tower_must_read_one_item_id():
