@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from flowrec.cli.common import fail
+from flowrec.runs.errors import EXIT_INTERRUPTED, EXIT_RANK_FAILED
 
 LAUNCHER_OPTIONS = {"--nproc", "--max-restarts"}  # ours, not the ranks' (each takes a value)
 NPROC_ENV = "FLOWREC_NPROC"  # set for the ranks of `--nproc N`: their resume command says --nproc N
@@ -167,7 +168,7 @@ def run_launcher(argv: list[str]) -> int:
     try:
         run(parse_args(argv))
     except ChildFailedError as exc:
-        rank, failure = exc.get_first_failure()
+        rank, failure = first_failure(exc.failures)
         failed = ", ".join(str(r) for r in sorted(exc.failures))
         print(f"error: training failed: rank(s) {failed} exited; the first, rank {rank}, "
               f"{_how_it_ended(failure.exitcode)}", file=sys.stderr)
@@ -177,6 +178,23 @@ def run_launcher(argv: list[str]) -> int:
     except SignalException as exc:
         return 128 + int(exc.sigval)
     return 0
+
+
+def first_failure(failures: dict[int, Any]) -> tuple[int, Any]:
+    """The rank whose failure made the others stop, and its failure: the earliest that did not stop
+    because of another rank's. torch's own `get_first_failure` orders by a timestamp in whole seconds
+    that a rank without an error file (every flowrec rank: its line is its report) gets when the
+    launcher sees it exit, so a rank that `kill -9` stopped and the rank that then lost it (status 4)
+    tied, and the lower rank was named. A rank that stopped because another did (status 4: it lost
+    a collective) or that the launcher stopped afterwards (SIGTERM; 130 or 143 when handled) comes
+    after any other failure."""
+    def key(rank: int) -> tuple[bool, float, int]:
+        code = failures[rank].exitcode
+        followed = code in (EXIT_RANK_FAILED, -signal.SIGTERM, 128 + signal.SIGTERM, EXIT_INTERRUPTED)
+        return followed, failures[rank].timestamp, rank
+
+    rank = min(failures, key=key)
+    return rank, failures[rank]
 
 
 def _how_it_ended(exitcode: int | None) -> str:

@@ -945,6 +945,31 @@ def test_the_launcher_says_a_rank_killed_by_a_signal_left_no_message(monkeypatch
     assert f"error: training failed: rank(s) 1 exited; the first, {said}\n" == err
 
 
+@pytest.mark.parametrize("first, then", [(-9, 4), (2, 4), (-9, 130), (2, -15)])
+def test_the_launcher_names_the_rank_that_failed_not_the_one_that_lost_it(monkeypatch, capsys, tmp_path: Path,
+                                                                          first, then):
+    # `kill -9` of rank 1 of `flowrec train --nproc 2`: rank 0 lost it at once (status 4) and the launcher,
+    # seeing both in one poll (torch stamps a rank without an error file in whole seconds), said "the
+    # first, rank 0, with status 4 (its message is above)" and exited 4, not 137
+    import torch.distributed.run as torch_run
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from flowrec.cli import ranks
+
+    def failing(args):
+        failures = {0: ProcessFailure(0, 4241, then, str(tmp_path / "none.json")),
+                    1: ProcessFailure(1, 4242, first, str(tmp_path / "none.json"))}
+        for failure in failures.values():
+            failure.timestamp = 1_700_000_000  # one poll of the launcher
+        raise ChildFailedError("flowrec", failures)
+
+    monkeypatch.setattr(torch_run, "run", failing)
+    status = ranks.run_launcher(["--nproc-per-node=2", "-m", "flowrec", "train", "s.yaml"])
+    assert status == (128 + 9 if first == -9 else first)
+    err = capsys.readouterr().err
+    assert err.startswith("error: training failed: rank(s) 0, 1 exited; the first, rank 1, "), err
+
+
 def test_a_relative_plan_target_missing_says_it_is_the_specs_and_read_from_the_working_folder(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A spec in dir/ naming `plan: {target: only.json}` beside it (data.path is read from the spec's
