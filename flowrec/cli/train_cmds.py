@@ -166,6 +166,10 @@ def _check_follow(request: RunRequest, nproc: int) -> None:
     if clashes:
         fail(f"--follow trains each day folder into --out/days/<day> from the day before: "
              f"it takes no {', '.join(clashes)}")
+    if _launch_size() > 1:  # under torchrun every rank followed the stream: rank 1 found rank 0's
+        # lock ('in use by another flowrec train --follow') and rank 0 waited for it in its first collective
+        fail(f"--follow trains each day in one process; this is a launch of {_launch_size()} ranks "
+             "(WORLD_SIZE, torchrun): run flowrec train --follow without torchrun")
 
 
 def _launch_size() -> int:

@@ -358,6 +358,22 @@ def test_a_second_follow_on_the_same_stream_is_refused(spec: Path, tmp_path: Pat
     RunLock.acquire(stream, LOCK_FILE).release()  # released: the next one gets it
 
 
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_follow_under_a_launch_of_several_ranks_is_one_line(spec: Path, tmp_path: Path, monkeypatch, rank: str) -> None:
+    # `torchrun --nproc-per-node 2 -m flowrec train SPEC --follow DAYS --out S` (--nproc is refused with
+    # --follow): every rank followed the stream, rank 1 said S 'is in use by another flowrec train --follow
+    # (pid of rank 0)' and rank 0 waited for it in its first collective until the launcher killed it
+    days = tmp_path / "days"
+    _synth(spec, days / "d1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", rank)
+    stream = tmp_path / "stream"
+    refused = runner.invoke(app, ["train", str(spec), "--follow", str(days), "--out", str(stream), "-q"])
+    assert refused.exit_code == 2, refused.output
+    assert "a launch of 2 ranks" in refused.output and len(refused.output.strip().splitlines()) == 1, refused.output
+    assert not stream.exists()
+
+
 def test_a_stream_folder_owned_by_a_dataset_or_run_is_refused(spec: Path, tmp_path: Path) -> None:
     days = tmp_path / "days"
     _synth(spec, days / "d1")
