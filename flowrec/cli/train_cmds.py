@@ -760,8 +760,12 @@ def _finished_line(folder: Path, trainer, settings: dict) -> str:
         return (f"{folder} stopped early at step {pos.step} ({trainer.stopper.watched} did not improve); "
                 f"its best checkpoint (step {trainer.stopper.state.best_step}) is in {folder / 'best'}")
     limit = f", --max-steps {settings['max_steps']}" if settings["max_steps"] is not None else ""
+    # the limit it reached is the one to raise: a larger --epochs alone trained nothing past --max-steps
+    by_steps = settings["max_steps"] is not None and pos.step >= settings["max_steps"]
+    by_epochs = pos.epoch >= trainer.epochs
+    raise_ = " and ".join(flag for flag, reached in (("--epochs", by_epochs), ("--max-steps", by_steps)) if reached)
     return (f"{folder} is finished: step {pos.step}, epoch {pos.epoch} of {trainer.epochs}{limit}; "
-            f"nothing to train (give a larger --epochs or --max-steps to train further)")
+            f"nothing to train (give a larger {raise_ or '--epochs or --max-steps'} to train further)")
 
 
 def _listing(folder: Path) -> list[str]:
