@@ -168,6 +168,8 @@ def run_launcher(argv: list[str]) -> int:
     try:
         run(parse_args(argv))
     except ChildFailedError as exc:
+        if all(failure.exitcode == EXIT_INTERRUPTED for failure in exc.failures.values()):
+            return EXIT_INTERRUPTED  # a signal to a rank (not to this launcher): rank 0 said where it stopped
         rank, failure = first_failure(exc.failures)
         failed = ", ".join(str(r) for r in sorted(exc.failures))
         print(f"error: training failed: rank(s) {failed} exited; the first, rank {rank}, "

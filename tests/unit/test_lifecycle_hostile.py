@@ -986,6 +986,23 @@ def test_the_launcher_names_the_rank_that_failed_not_the_one_that_lost_it(monkey
     assert err.startswith("error: training failed: rank(s) 0, 1 exited; the first, rank 1, "), err
 
 
+def test_a_signal_to_one_rank_is_rank_0s_interrupted_line_not_a_failure(monkeypatch, capsys, tmp_path: Path):
+    # `kill PID` (SIGTERM) of rank 1 of `flowrec train --nproc 2`: the ranks agreed to stop, rank 0 saved and
+    # said "interrupted: checkpoint saved; continue with ...", then the launcher added "error: training
+    # failed: rank(s) 0 exited; the first, rank 0, with status 130 (its message is above)"
+    import torch.distributed.run as torch_run
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from flowrec.cli import ranks
+
+    def interrupted(args):
+        raise ChildFailedError("flowrec", {0: ProcessFailure(0, 4241, 130, str(tmp_path / "none.json"))})
+
+    monkeypatch.setattr(torch_run, "run", interrupted)
+    assert ranks.run_launcher(["--nproc-per-node=2", "-m", "flowrec", "train", "s.yaml"]) == 130
+    assert capsys.readouterr().err == ""
+
+
 def test_a_relative_plan_target_missing_says_it_is_the_specs_and_read_from_the_working_folder(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A spec in dir/ naming `plan: {target: only.json}` beside it (data.path is read from the spec's
