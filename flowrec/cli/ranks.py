@@ -183,17 +183,19 @@ def run_launcher(argv: list[str]) -> int:
 
 
 def first_failure(failures: dict[int, Any]) -> tuple[int, Any]:
-    """The rank whose failure made the others stop, and its failure: the earliest that did not stop
-    because of another rank's. torch's own `get_first_failure` orders by a timestamp in whole seconds
-    that a rank without an error file (every flowrec rank: its line is its report) gets when the
-    launcher sees it exit, so a rank that `kill -9` stopped and the rank that then lost it (status 4)
-    tied, and the lower rank was named. A rank that stopped because another did (status 4: it lost
-    a collective) or that the launcher stopped afterwards (SIGTERM; 130 or 143 when handled) comes
-    after any other failure."""
-    def key(rank: int) -> tuple[bool, float, int]:
+    """The rank whose failure made the others stop, and its failure: the earliest, and among those
+    the launcher saw in one poll, one that did not stop because of another rank. torch's own
+    `get_first_failure` takes the earliest timestamp, in whole seconds, which a rank without an
+    error file (every flowrec rank: its line is its report) gets when the launcher sees it exit: a
+    rank that `kill -9` stopped and the rank that lost it at once (status 4) tied, and the lower
+    rank was named. A rank that lost a collective (status 4) or that the launcher stopped in that
+    poll (SIGTERM; 130 or 143 when handled) comes after any other failure of its second; a rank the
+    launcher killed later (a hung rank, SIGKILL after its shutdown timeout) stays after the rank
+    that timed out waiting for it."""
+    def key(rank: int) -> tuple[float, bool, int]:
         code = failures[rank].exitcode
         followed = code in (EXIT_RANK_FAILED, -signal.SIGTERM, 128 + signal.SIGTERM, EXIT_INTERRUPTED)
-        return followed, failures[rank].timestamp, rank
+        return failures[rank].timestamp, followed, rank
 
     rank = min(failures, key=key)
     return rank, failures[rank]

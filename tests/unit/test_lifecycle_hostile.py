@@ -986,6 +986,26 @@ def test_the_launcher_names_the_rank_that_failed_not_the_one_that_lost_it(monkey
     assert err.startswith("error: training failed: rank(s) 0, 1 exited; the first, rank 1, "), err
 
 
+def test_the_launcher_names_the_rank_that_timed_out_before_the_hung_rank_it_killed(monkeypatch, capsys,
+                                                                                  tmp_path: Path):
+    # a hung rank 1 (SIGSTOP): rank 0 stopped after --dist-timeout (status 4, its line names the wait) and
+    # the launcher killed rank 1 30 s later: rank 0's failure is the first the launcher saw
+    import torch.distributed.run as torch_run
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from flowrec.cli import ranks
+
+    def failing(args):
+        failures = {0: ProcessFailure(0, 4241, 4, str(tmp_path / "none.json")),
+                    1: ProcessFailure(1, 4242, -9, str(tmp_path / "none.json"))}
+        failures[0].timestamp, failures[1].timestamp = 1_700_000_000, 1_700_000_030
+        raise ChildFailedError("flowrec", failures)
+
+    monkeypatch.setattr(torch_run, "run", failing)
+    assert ranks.run_launcher(["--nproc-per-node=2", "-m", "flowrec", "train", "s.yaml"]) == 4
+    assert "the first, rank 0, with status 4" in capsys.readouterr().err
+
+
 def test_a_signal_to_one_rank_is_rank_0s_interrupted_line_not_a_failure(monkeypatch, capsys, tmp_path: Path):
     # `kill PID` (SIGTERM) of rank 1 of `flowrec train --nproc 2`: the ranks agreed to stop, rank 0 saved and
     # said "interrupted: checkpoint saved; continue with ...", then the launcher added "error: training
