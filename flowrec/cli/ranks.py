@@ -81,7 +81,19 @@ def launch_ranks(nproc: int, max_restarts: int, folder: Path | None) -> int:
         # its own session: a terminal's Ctrl-C reaches it once, through this process, not twice
         launcher = subprocess.Popen(cmd, env={**env, "TMPDIR": tmp, NPROC_ENV: str(nproc)}, start_new_session=True)
         forwarder.attach(launcher)
-        return launcher.wait()
+        status = launcher.wait()
+    if status < 0:  # the launcher ended by a signal: a launch status of sys.exit(-15), 241, and no word
+        sig = -status
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
+        if forwarder.signum == sig:  # the one sent on, before the launcher could handle it: it was starting
+            print(f"error: interrupted ({name}) before training started; nothing was trained", file=sys.stderr)
+        else:  # `kill -9` of its pid
+            print(f"error: torch's launcher (pid {launcher.pid}) was killed by {name}", file=sys.stderr)
+        return 128 + sig
+    return status
 
 
 class SignalForwarder:

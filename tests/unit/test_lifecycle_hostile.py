@@ -1023,6 +1023,36 @@ def test_a_signal_to_one_rank_is_rank_0s_interrupted_line_not_a_failure(monkeypa
     assert capsys.readouterr().err == ""
 
 
+def test_a_signal_while_the_launcher_starts_is_one_line_and_128_plus_the_signal(monkeypatch, capsys):
+    # SIGTERM to `flowrec train --nproc 2` in its first seconds: sent on to torch's launcher before that
+    # process had its handlers, it ended by the signal, and the launch exited with status 241 (the
+    # sys.exit(-15) of its -15) and no word
+    import signal
+    import subprocess
+    import sys
+
+    from flowrec.cli import ranks
+
+    class Starting:  # torch's launcher, killed by the signal sent on to it before it could handle it
+        def __init__(self, cmd, **kwargs):
+            self.got = None
+            os.kill(os.getpid(), signal.SIGTERM)  # the user's signal, to this process, as the launcher starts
+
+        def poll(self):
+            return None if self.got is None else -self.got
+
+        def send_signal(self, sig):
+            self.got = sig
+
+        def wait(self):
+            return -self.got
+
+    monkeypatch.setattr(subprocess, "Popen", Starting)
+    monkeypatch.setattr(sys, "argv", ["flowrec", "train", "s.yaml", "--nproc", "2"])
+    assert ranks.launch_ranks(2, 0, None) == 128 + signal.SIGTERM
+    assert capsys.readouterr().err == "error: interrupted (SIGTERM) before training started; nothing was trained\n"
+
+
 def test_a_relative_plan_target_missing_says_it_is_the_specs_and_read_from_the_working_folder(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A spec in dir/ naming `plan: {target: only.json}` beside it (data.path is read from the spec's
