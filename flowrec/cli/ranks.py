@@ -90,8 +90,9 @@ def launch_ranks(nproc: int, max_restarts: int, folder: Path | None) -> int:
             name = f"signal {sig}"
         if forwarder.signum == sig:  # the one sent on, before the launcher could handle it: it was starting
             print(f"error: interrupted ({name}) before training started; nothing was trained", file=sys.stderr)
-        else:  # `kill -9` of its pid
-            print(f"error: torch's launcher (pid {launcher.pid}) was killed by {name}", file=sys.stderr)
+        else:  # `kill -9` of its pid: its ranks get SIGTERM from the kernel (`stop_with_launcher`)
+            print(f"error: torch's launcher (pid {launcher.pid}) was killed by {name}; the ranks it started "
+                  f"stop after their step, each with its checkpoint line", file=sys.stderr)
         return 128 + sig
     return status
 
@@ -133,6 +134,30 @@ def forwarded_signals() -> Iterator[SignalForwarder]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+PR_SET_PDEATHSIG = 1  # Linux prctl: the signal this process gets when the thread that started it ends
+
+
+def stop_with_launcher() -> None:
+    """Ask the kernel for SIGTERM when torch's launcher (this rank's parent) ends without stopping
+    it: a launcher killed by `kill -9` (or the out-of-memory killer) left its ranks training on as
+    orphans, holding the run folder. SIGTERM is a rank's first Ctrl-C: the ranks agree to stop
+    after the step, checkpoint and exit (docs/distributed.md). Linux only; a no-op elsewhere and
+    outside torch's launcher."""
+    if not sys.platform.startswith("linux") or "TORCHELASTIC_RUN_ID" not in os.environ:
+        return
+    import ctypes
+
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) != 0:
+            return
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # it ended before the request was in place
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def launched_nproc() -> int | None:

@@ -313,6 +313,9 @@ def _train_as_rank(request: RunRequest, spec, folder: Path | None) -> None:
     from flowrec.runtime.distributed.world import LaunchEnvError, WorldError, join_world, leave_world
     from flowrec.runtime.rundir import RunFolderError, folder_state
 
+    from flowrec.cli.ranks import stop_with_launcher
+
+    stop_with_launcher()  # a launcher killed by SIGKILL left its ranks training on as orphans
     if folder is None:
         fail("every rank must write to the same run folder: give --out DIR (or --resume DIR), or launch "
              "with `flowrec train --nproc N`, which chooses one")
