@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from flowrec.cli.common import fail
+from flowrec.runs.errors import EXIT_INTERRUPTED, EXIT_RANK_FAILED
 
 LAUNCHER_OPTIONS = {"--nproc", "--max-restarts"}  # ours, not the ranks' (each takes a value)
 NPROC_ENV = "FLOWREC_NPROC"  # set for the ranks of `--nproc N`: their resume command says --nproc N
@@ -80,7 +81,20 @@ def launch_ranks(nproc: int, max_restarts: int, folder: Path | None) -> int:
         # its own session: a terminal's Ctrl-C reaches it once, through this process, not twice
         launcher = subprocess.Popen(cmd, env={**env, "TMPDIR": tmp, NPROC_ENV: str(nproc)}, start_new_session=True)
         forwarder.attach(launcher)
-        return launcher.wait()
+        status = launcher.wait()
+    if status < 0:  # the launcher ended by a signal: a launch status of sys.exit(-15), 241, and no word
+        sig = -status
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
+        if forwarder.signum == sig:  # the one sent on, before the launcher could handle it: it was starting
+            print(f"error: interrupted ({name}) before training started; nothing was trained", file=sys.stderr)
+        else:  # `kill -9` of its pid: its ranks get SIGTERM from the kernel (`stop_with_launcher`)
+            print(f"error: torch's launcher (pid {launcher.pid}) was killed by {name}; the ranks it started "
+                  f"stop after their step, each with its checkpoint line", file=sys.stderr)
+        return 128 + sig
+    return status
 
 
 class SignalForwarder:
@@ -120,6 +134,30 @@ def forwarded_signals() -> Iterator[SignalForwarder]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+PR_SET_PDEATHSIG = 1  # Linux prctl: the signal this process gets when the thread that started it ends
+
+
+def stop_with_launcher() -> None:
+    """Ask the kernel for SIGTERM when torch's launcher (this rank's parent) ends without stopping
+    it: a launcher killed by `kill -9` (or the out-of-memory killer) left its ranks training on as
+    orphans, holding the run folder. SIGTERM is a rank's first Ctrl-C: the ranks agree to stop
+    after the step, checkpoint and exit (docs/distributed.md). Linux only; a no-op elsewhere and
+    outside torch's launcher."""
+    if not sys.platform.startswith("linux") or "TORCHELASTIC_RUN_ID" not in os.environ:
+        return
+    import ctypes
+
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) != 0:
+            return
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # it ended before the request was in place
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def launched_nproc() -> int | None:
@@ -167,7 +205,9 @@ def run_launcher(argv: list[str]) -> int:
     try:
         run(parse_args(argv))
     except ChildFailedError as exc:
-        rank, failure = exc.get_first_failure()
+        if all(failure.exitcode == EXIT_INTERRUPTED for failure in exc.failures.values()):
+            return EXIT_INTERRUPTED  # a signal to a rank (not to this launcher): rank 0 said where it stopped
+        rank, failure = first_failure(exc.failures)
         failed = ", ".join(str(r) for r in sorted(exc.failures))
         print(f"error: training failed: rank(s) {failed} exited; the first, rank {rank}, "
               f"{_how_it_ended(failure.exitcode)}", file=sys.stderr)
@@ -177,6 +217,25 @@ def run_launcher(argv: list[str]) -> int:
     except SignalException as exc:
         return 128 + int(exc.sigval)
     return 0
+
+
+def first_failure(failures: dict[int, Any]) -> tuple[int, Any]:
+    """The rank whose failure made the others stop, and its failure: the earliest, and among those
+    the launcher saw in one poll, one that did not stop because of another rank. torch's own
+    `get_first_failure` takes the earliest timestamp, in whole seconds, which a rank without an
+    error file (every flowrec rank: its line is its report) gets when the launcher sees it exit: a
+    rank that `kill -9` stopped and the rank that lost it at once (status 4) tied, and the lower
+    rank was named. A rank that lost a collective (status 4) or that the launcher stopped in that
+    poll (SIGTERM; 130 or 143 when handled) comes after any other failure of its second; a rank the
+    launcher killed later (a hung rank, SIGKILL after its shutdown timeout) stays after the rank
+    that timed out waiting for it."""
+    def key(rank: int) -> tuple[float, bool, int]:
+        code = failures[rank].exitcode
+        followed = code in (EXIT_RANK_FAILED, -signal.SIGTERM, 128 + signal.SIGTERM, EXIT_INTERRUPTED)
+        return failures[rank].timestamp, followed, rank
+
+    rank = min(failures, key=key)
+    return rank, failures[rank]
 
 
 def _how_it_ended(exitcode: int | None) -> str:

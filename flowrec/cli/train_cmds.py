@@ -165,6 +165,10 @@ def _check_follow(request: RunRequest, nproc: int) -> None:
     if clashes:
         fail(f"--follow trains each day folder into --out/days/<day> from the day before: "
              f"it takes no {', '.join(clashes)}")
+    if _launch_size() > 1:  # under torchrun every rank followed the stream: rank 1 found rank 0's
+        # lock ('in use by another flowrec train --follow') and rank 0 waited for it in its first collective
+        fail(f"--follow trains each day in one process; this is a launch of {_launch_size()} ranks "
+             "(WORLD_SIZE, torchrun): run flowrec train --follow without torchrun")
 
 
 def _launch_size() -> int:
@@ -308,6 +312,9 @@ def _train_as_rank(request: RunRequest, spec, folder: Path | None) -> None:
     from flowrec.runtime.distributed.world import LaunchEnvError, WorldError, join_world, leave_world
     from flowrec.runtime.rundir import RunFolderError, folder_state
 
+    from flowrec.cli.ranks import stop_with_launcher
+
+    stop_with_launcher()  # a launcher killed by SIGKILL left its ranks training on as orphans
     if folder is None:
         fail("every rank must write to the same run folder: give --out DIR (or --resume DIR), or launch "
              "with `flowrec train --nproc N`, which chooses one")
@@ -755,8 +762,12 @@ def _finished_line(folder: Path, trainer, settings: dict) -> str:
         return (f"{folder} stopped early at step {pos.step} ({trainer.stopper.watched} did not improve); "
                 f"its best checkpoint (step {trainer.stopper.state.best_step}) is in {folder / 'best'}")
     limit = f", --max-steps {settings['max_steps']}" if settings["max_steps"] is not None else ""
+    # the limit it reached is the one to raise: a larger --epochs alone trained nothing past --max-steps
+    by_steps = settings["max_steps"] is not None and pos.step >= settings["max_steps"]
+    by_epochs = pos.epoch >= trainer.epochs
+    raise_ = " and ".join(flag for flag, reached in (("--epochs", by_epochs), ("--max-steps", by_steps)) if reached)
     return (f"{folder} is finished: step {pos.step}, epoch {pos.epoch} of {trainer.epochs}{limit}; "
-            f"nothing to train (give a larger --epochs or --max-steps to train further)")
+            f"nothing to train (give a larger {raise_ or '--epochs or --max-steps'} to train further)")
 
 
 def _listing(folder: Path) -> list[str]:

@@ -410,6 +410,31 @@ def test_a_load_while_the_run_replaces_its_base_reads_the_new_checkpoint(spec: P
     assert replaced == [delta_path(base, 1)]
 
 
+def test_a_load_of_the_new_base_while_the_run_removes_the_old_deltas_reads_it(spec: Path, tmp_path: Path,
+                                                                             monkeypatch):
+    # `flowrec eval RUN` while RUN trains: the load read the new checkpoint.pt, listed the old base's deltas
+    # the run had not removed yet, and the run removed them before the load read one: "cannot read
+    # RUN/checkpoint.delta-000001.pt: No such file or directory; removing checkpoint.delta-000001.pt ...
+    # from RUN leaves the checkpoint before it", though the checkpoint in place was whole
+    run, later = tmp_path / "inc", tmp_path / "later"
+    _train(spec, run, "--checkpoint-full-every", "4", "--max-steps", "15")
+    _train(spec, later, "--checkpoint-full-every", "1", "--max-steps", "20")
+    base = run / "checkpoint.pt"
+    assert delta_files(base)
+    os.replace(later / "checkpoint.pt", base)  # the new base is in place, the old one's deltas not yet removed
+    real_read, removed = chain.read_torch_file, []
+
+    def writer_goes_on(path, *args, **kwargs):  # the run's writer removes them just before this read
+        if not removed:
+            removed.append(path)
+            chain.remove_deltas(base)
+        return real_read(path, *args, **kwargs)
+
+    monkeypatch.setattr(chain, "read_torch_file", writer_goes_on)
+    assert load_checkpoint(run)["position"]["step"] == 20
+    assert removed == [delta_path(base, 1)]
+
+
 def test_stale_damaged_and_missing_deltas(spec: Path, tmp_path: Path):
     run = tmp_path / "inc"
     _train(spec, run, "--checkpoint-full-every", "4", "--max-steps", "15")

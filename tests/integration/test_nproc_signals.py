@@ -5,6 +5,7 @@ parameters of an uninterrupted one. SIGTERM to one process checkpoints as Ctrl-C
 from __future__ import annotations
 
 import copy
+import os
 import shlex
 import signal
 import subprocess
@@ -132,3 +133,33 @@ def test_sigterm_to_one_process_checkpoints_like_ctrl_c(work: Path):
     resumed = run_flowrec(*words[1:], cwd=work, root=ROOT, timeout_s=TIMEOUT_S)
     assert resumed.returncode == 0 and "resuming" in resumed.stderr, resumed.stderr[-3000:]
     assert_same_model(work / "ref_one", work / "run_one", tol=0)
+
+
+def test_a_rank_gets_sigterm_when_its_launcher_is_killed(tmp_path: Path):
+    # `kill -9` of torch's launcher (the OOM killer, a user) left both ranks of `flowrec train --nproc 2`
+    # training on as orphans, holding the run folder; now the kernel sends each rank SIGTERM (a first
+    # Ctrl-C: it stops after its step), here a rank stand-in that only asks for it and sleeps
+    pid_file = tmp_path / "rank.pid"
+    rank = ("import os, sys, time; from flowrec.cli.ranks import stop_with_launcher; stop_with_launcher(); "
+            f"open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep({TIMEOUT_S})")
+    launcher = ("import subprocess, sys, time; "
+                f"subprocess.Popen([sys.executable, '-c', {rank!r}]); time.sleep({TIMEOUT_S})")
+    env = {**subprocess_env(ROOT), "TORCHELASTIC_RUN_ID": "test"}
+    parent = subprocess.Popen([sys.executable, "-c", launcher], env=env, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 60
+        while not (pid_file.is_file() and pid_file.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        child = int(pid_file.read_text())
+        parent.kill()
+        parent.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        gone = not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]
+        if not gone:
+            os.kill(child, signal.SIGKILL)
+        assert gone, "the rank outlived its launcher"
+    finally:
+        parent.kill()
+        parent.wait(timeout=30)

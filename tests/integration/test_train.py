@@ -97,6 +97,10 @@ def test_resume_after_max_steps_ends_with_the_uninterrupted_parameters(spec_file
     again = runner.invoke(app, ["train", str(spec_file), "--resume", str(tmp_path / "part"), "--quiet"])
     assert again.exit_code == 0, again.output  # max-steps 29 is restored: the run is finished
     assert "--max-steps 29" in again.stderr and "is finished: step 29" in again.stderr
+    more_epochs = runner.invoke(app, ["train", str(spec_file), "--resume", str(tmp_path / "part"), "--quiet",
+                                      "--epochs", "3"])  # said 'give a larger --epochs or --max-steps', and
+    assert more_epochs.exit_code == 0, more_epochs.output  # a larger --epochs trained nothing past step 29
+    assert "give a larger --max-steps to train further" in more_epochs.stderr, more_epochs.stderr
     assert load_checkpoint(tmp_path / "part")["position"]["step"] == 29
     resumed = runner.invoke(app, ["train", str(spec_file), "--resume", str(tmp_path / "part"), "--quiet",
                                   "--max-steps", "48"])

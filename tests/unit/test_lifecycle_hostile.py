@@ -358,6 +358,22 @@ def test_a_second_follow_on_the_same_stream_is_refused(spec: Path, tmp_path: Pat
     RunLock.acquire(stream, LOCK_FILE).release()  # released: the next one gets it
 
 
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_follow_under_a_launch_of_several_ranks_is_one_line(spec: Path, tmp_path: Path, monkeypatch, rank: str) -> None:
+    # `torchrun --nproc-per-node 2 -m flowrec train SPEC --follow DAYS --out S` (--nproc is refused with
+    # --follow): every rank followed the stream, rank 1 said S 'is in use by another flowrec train --follow
+    # (pid of rank 0)' and rank 0 waited for it in its first collective until the launcher killed it
+    days = tmp_path / "days"
+    _synth(spec, days / "d1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", rank)
+    stream = tmp_path / "stream"
+    refused = runner.invoke(app, ["train", str(spec), "--follow", str(days), "--out", str(stream), "-q"])
+    assert refused.exit_code == 2, refused.output
+    assert "a launch of 2 ranks" in refused.output and len(refused.output.strip().splitlines()) == 1, refused.output
+    assert not stream.exists()
+
+
 def test_a_stream_folder_owned_by_a_dataset_or_run_is_refused(spec: Path, tmp_path: Path) -> None:
     days = tmp_path / "days"
     _synth(spec, days / "d1")
@@ -943,6 +959,98 @@ def test_the_launcher_says_a_rank_killed_by_a_signal_left_no_message(monkeypatch
     assert ranks.run_launcher(["--nproc-per-node=2", "-m", "flowrec", "train", "s.yaml"]) == status
     err = capsys.readouterr().err
     assert f"error: training failed: rank(s) 1 exited; the first, {said}\n" == err
+
+
+@pytest.mark.parametrize("first, then", [(-9, 4), (2, 4), (-9, 130), (2, -15)])
+def test_the_launcher_names_the_rank_that_failed_not_the_one_that_lost_it(monkeypatch, capsys, tmp_path: Path,
+                                                                          first, then):
+    # `kill -9` of rank 1 of `flowrec train --nproc 2`: rank 0 lost it at once (status 4) and the launcher,
+    # seeing both in one poll (torch stamps a rank without an error file in whole seconds), said "the
+    # first, rank 0, with status 4 (its message is above)" and exited 4, not 137
+    import torch.distributed.run as torch_run
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from flowrec.cli import ranks
+
+    def failing(args):
+        failures = {0: ProcessFailure(0, 4241, then, str(tmp_path / "none.json")),
+                    1: ProcessFailure(1, 4242, first, str(tmp_path / "none.json"))}
+        for failure in failures.values():
+            failure.timestamp = 1_700_000_000  # one poll of the launcher
+        raise ChildFailedError("flowrec", failures)
+
+    monkeypatch.setattr(torch_run, "run", failing)
+    status = ranks.run_launcher(["--nproc-per-node=2", "-m", "flowrec", "train", "s.yaml"])
+    assert status == (128 + 9 if first == -9 else first)
+    err = capsys.readouterr().err
+    assert err.startswith("error: training failed: rank(s) 0, 1 exited; the first, rank 1, "), err
+
+
+def test_the_launcher_names_the_rank_that_timed_out_before_the_hung_rank_it_killed(monkeypatch, capsys,
+                                                                                  tmp_path: Path):
+    # a hung rank 1 (SIGSTOP): rank 0 stopped after --dist-timeout (status 4, its line names the wait) and
+    # the launcher killed rank 1 30 s later: rank 0's failure is the first the launcher saw
+    import torch.distributed.run as torch_run
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from flowrec.cli import ranks
+
+    def failing(args):
+        failures = {0: ProcessFailure(0, 4241, 4, str(tmp_path / "none.json")),
+                    1: ProcessFailure(1, 4242, -9, str(tmp_path / "none.json"))}
+        failures[0].timestamp, failures[1].timestamp = 1_700_000_000, 1_700_000_030
+        raise ChildFailedError("flowrec", failures)
+
+    monkeypatch.setattr(torch_run, "run", failing)
+    assert ranks.run_launcher(["--nproc-per-node=2", "-m", "flowrec", "train", "s.yaml"]) == 4
+    assert "the first, rank 0, with status 4" in capsys.readouterr().err
+
+
+def test_a_signal_to_one_rank_is_rank_0s_interrupted_line_not_a_failure(monkeypatch, capsys, tmp_path: Path):
+    # `kill PID` (SIGTERM) of rank 1 of `flowrec train --nproc 2`: the ranks agreed to stop, rank 0 saved and
+    # said "interrupted: checkpoint saved; continue with ...", then the launcher added "error: training
+    # failed: rank(s) 0 exited; the first, rank 0, with status 130 (its message is above)"
+    import torch.distributed.run as torch_run
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from flowrec.cli import ranks
+
+    def interrupted(args):
+        raise ChildFailedError("flowrec", {0: ProcessFailure(0, 4241, 130, str(tmp_path / "none.json"))})
+
+    monkeypatch.setattr(torch_run, "run", interrupted)
+    assert ranks.run_launcher(["--nproc-per-node=2", "-m", "flowrec", "train", "s.yaml"]) == 130
+    assert capsys.readouterr().err == ""
+
+
+def test_a_signal_while_the_launcher_starts_is_one_line_and_128_plus_the_signal(monkeypatch, capsys):
+    # SIGTERM to `flowrec train --nproc 2` in its first seconds: sent on to torch's launcher before that
+    # process had its handlers, it ended by the signal, and the launch exited with status 241 (the
+    # sys.exit(-15) of its -15) and no word
+    import signal
+    import subprocess
+    import sys
+
+    from flowrec.cli import ranks
+
+    class Starting:  # torch's launcher, killed by the signal sent on to it before it could handle it
+        def __init__(self, cmd, **kwargs):
+            self.got = None
+            os.kill(os.getpid(), signal.SIGTERM)  # the user's signal, to this process, as the launcher starts
+
+        def poll(self):
+            return None if self.got is None else -self.got
+
+        def send_signal(self, sig):
+            self.got = sig
+
+        def wait(self):
+            return -self.got
+
+    monkeypatch.setattr(subprocess, "Popen", Starting)
+    monkeypatch.setattr(sys, "argv", ["flowrec", "train", "s.yaml", "--nproc", "2"])
+    assert ranks.launch_ranks(2, 0, None) == 128 + signal.SIGTERM
+    assert capsys.readouterr().err == "error: interrupted (SIGTERM) before training started; nothing was trained\n"
 
 
 def test_a_relative_plan_target_missing_says_it_is_the_specs_and_read_from_the_working_folder(

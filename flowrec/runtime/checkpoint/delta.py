@@ -20,9 +20,10 @@ Example:
 """
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -68,8 +69,12 @@ def remove_deltas(base: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def apply_deltas(base_path: Path, state: dict[str, Any], map_location: Any = "cpu") -> dict[str, Any]:
+def apply_deltas(base_path: Path, state: dict[str, Any], map_location: Any = "cpu",
+                 replaced: Callable[[], bool] = lambda: False) -> dict[str, Any]:
     """`state` (the loaded, checked full checkpoint) with its chain of deltas applied in order.
+    `replaced`: whether `base_path` is no longer the file `state` was read from (a run that trains
+    put a new one in place); a delta gone since the listing is then an error the load retries on,
+    else it was a replaced base's, which the run removes after putting this one in place.
 
     Raises:
         CheckpointError: a damaged delta, a gap in the chain, or a delta that does not fit the base.
@@ -87,6 +92,8 @@ def apply_deltas(base_path: Path, state: dict[str, Any], map_location: Any = "cp
                                       f"(a delta of the chain is missing)")
             _apply(path, state, delta)
         except CheckpointError as exc:
+            if not os.path.lexists(path) and not replaced():
+                continue  # gone since the listing: the run put this base in place and removes the old deltas
             raise CheckpointError(f"{exc}; {without_deltas([p for _, p in files[at:]], _step(state))}") from None
         expected += 1
     return state

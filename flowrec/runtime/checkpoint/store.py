@@ -175,7 +175,8 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu", mmap: 
         state = read_torch_file(path, map_location, mmap=mmap)
         check_structure(path, state)
         try:
-            return assemble_shards(path, apply_deltas(path, state, map_location), map_location, lazy=lazy_shards)
+            state = apply_deltas(path, state, map_location, lambda read=read: _replaced(path, read))
+            return assemble_shards(path, state, map_location, lazy=lazy_shards)
         except CheckpointError:
             if attempt == LOAD_TRIES or not _replaced(path, read):
                 raise
