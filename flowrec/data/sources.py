@@ -677,7 +677,7 @@ def read_libsvm(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set
     if isinstance(fields, str) or not isinstance(fields, (list, tuple)) or not all(isinstance(f, str) for f in fields):
         raise DataError(f"data.options.fields must be a list of column names, not {str(fields)[:60]!r}")
     fields = list(fields)
-    fmap = _feature_map(Path(options["feature_map"])) if options.get("feature_map") else None
+    fmap = feature_map_of(options)
     if not fields and fmap is None:
         raise DataError("libsvm needs data.options.fields (columns by position) or feature_map")
     names = list(dict.fromkeys(fields + (sorted(set(fmap.values())) if fmap else [])))
@@ -771,6 +771,22 @@ def spec_file_options(spec: Any, spec_dir: Path) -> dict[str, str]:
         if isinstance(value, str) and value and not Path(value).is_absolute() and (spec_dir / value).is_file():
             out[key] = str(spec_dir / value)
     return out
+
+
+def feature_map_of(options: dict[str, Any]) -> dict[str, str] | None:
+    """libsvm's feature map of data.options: None without one; the map read from its file
+    (`feature_map` a path), or as given (a map already read: the one an encoder records, which
+    `flowrec predict` scores a package's rows with, wherever it runs).
+
+    >>> feature_map_of({"feature_map": {"1": "user"}})
+    {'1': 'user'}
+    """
+    value = options.get("feature_map")
+    if not value:
+        return None
+    if isinstance(value, dict):
+        return {str(k): str(v) for k, v in value.items()}
+    return _feature_map(Path(value))
 
 
 def _feature_map(path: Path) -> dict[str, str]:
