@@ -366,6 +366,15 @@ def load_encoder(record: EncoderRecord, spec: ModelSpec) -> Encoder:
     return Encoder(spec, dict(record.columns), vocabs, stats, record.sequence_sep)
 
 
+def check_vocabularies(record: EncoderRecord) -> EncoderRecord:
+    """`record`, once each of its vocabulary files is readable and holds the values its digest
+    records (`checked_vocab`): a run's encoder read for --resume or `flowrec eval` is refused as
+    export and --encoder-from refuse it, not only when the run is exported."""
+    for table in record.vocab_files:
+        checked_vocab(record, table)
+    return record
+
+
 def checked_vocab(record: EncoderRecord, table: str) -> pa.Array:
     """The vocabulary of `table`, refused (DataError) unless its digest is the one the record's
     rules hold (a reordered or edited vocabulary file would silently change every id)."""

@@ -30,6 +30,7 @@ from flowrec.data.encoder_record import (
     RUN_ENCODER_DIR,
     EncoderRecord,
     check_same_encoder,
+    check_vocabularies,
     read_record,
     record_of_dataset,
 )
@@ -183,10 +184,10 @@ def load_trained(run: Path, device: str, scoring: Callable[[Plan], Plan], mmap: 
 
 
 def run_encoder(checkpoint: Path) -> EncoderRecord | None:
-    """The encoder recorded in the run folder of a checkpoint (RUN/best's is its run's), or None (a
-    run made before encoders)."""
+    """The encoder recorded in the run folder of a checkpoint (RUN/best's is its run's), its
+    vocabularies checked (`check_vocabularies`), or None (a run made before encoders)."""
     folder = run_folder_of(Path(checkpoint)) / RUN_ENCODER_DIR
-    return read_record(folder) if (folder / ENCODER_FILE).is_file() else None
+    return check_vocabularies(read_record(folder)) if (folder / ENCODER_FILE).is_file() else None
 
 
 class ServingModel(nn.Module):

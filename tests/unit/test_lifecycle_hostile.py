@@ -1188,3 +1188,45 @@ def test_run_json_records_beside_the_flags_are_checked_as_the_flags_are(tmp_path
         read_run_file(tmp_path)
     (tmp_path / "run.json").write_text(json.dumps(doc))
     assert read_run_file(tmp_path) == doc
+
+
+@pytest.mark.parametrize("damage", ["truncated", "replaced"])
+def test_a_damaged_vocabulary_of_the_run_is_refused_by_resume_and_eval(tmp_path: Path, damage: str) -> None:
+    """A damaged RUN/encoder/vocab file (truncated, or another table's or run's) was noticed by
+    export and --encoder-from only: `train --resume` trained on and `flowrec eval RUN` scored
+    without a word. Now both refuse it in one line naming the file, as export does."""
+    import random
+
+    rng = random.Random()
+    (tmp_path / "raw.csv").write_text("price,user,item,label\n" + "".join(
+        f"{rng.random():.3f},u{rng.randrange(50)},i{rng.randrange(20)},{rng.randrange(2)}\n" for _ in range(200)))
+    spec = tmp_path / "s.yaml"
+    spec.write_text("""
+name: vocab_damage
+features:
+  - {name: price, type: dense}
+  - {name: user, type: categorical, vocab: 60, dim: 4}
+  - {name: item, type: categorical, vocab: 30, dim: 4}
+modules:
+  - {name: m, kind: mlp, inputs: ["@dense", "@sparse"], layers: [4]}
+heads:
+  - {name: h, input: m, task: binary, loss: bce}
+optimizer:
+  dense: {name: adam, lr: 0.01}
+  sparse: {name: adam, lr: 0.05}
+training: {batch_size: 32, epochs: 1, seed: 0}
+data: {format: csv, path: raw.csv, options: {test_fraction: 0.2}}
+""")
+    run = tmp_path / "run"
+    made = runner.invoke(app, ["train", str(spec), "--out", str(run), "--max-steps", "2", "-q", "--device", "cpu"])
+    assert made.exit_code == 0, made.output
+    assert runner.invoke(app, ["eval", str(run)]).exit_code == 0
+    vocab = run / "encoder" / "vocab" / "user.parquet"
+    if damage == "truncated":
+        vocab.write_bytes(vocab.read_bytes()[: vocab.stat().st_size // 2])
+    else:
+        vocab.write_bytes((run / "encoder" / "vocab" / "item.parquet").read_bytes())
+    for args in (["eval", str(run)], ["train", str(spec), "--resume", str(run), "--max-steps", "4", "-q"]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert str(vocab) in result.output.strip().splitlines()[-1] and "Traceback" not in result.output
