@@ -221,7 +221,8 @@ def _read_batches(path: Path, slot: ReaderSlot, failures: list[DataError], log: 
     block size of a reader of quoted values (0: values are not quoted), the most a quoted value may
     hold; `block_bytes`: the reader's block size, the most one line may hold."""
     try:
-        _unique_columns(path, slot.reader.schema.names)
+        # columns of no name (`a,b,,`) are dropped, unused, one or many (`_named_columns`)
+        _unique_columns(path, [name for name in slot.reader.schema.names if name])
     except UnicodeDecodeError:
         raise DataError(f"{path}: the header is not valid UTF-8 (binary data, or another format?"
                         f"{'' if hint is None else ' ' + hint.lstrip('; ')})") from None
@@ -249,10 +250,21 @@ def _read_batches(path: Path, slot: ReaderSlot, failures: list[DataError], log: 
             raise (failures[0] if failures else DataError(f"{path}: unreadable input ({exc})")) from None
         if failures:
             raise failures[0]
-        table = pa.Table.from_batches([batch])
+        table = _named_columns(pa.Table.from_batches([batch]))
         lines = _line_numbers(seen, table.num_rows, header_lines, skipped)
         seen += table.num_rows
         yield _checked(table, lines, log, numeric, required, hint or "")
+
+
+def _named_columns(table: pa.Table) -> pa.Table:
+    """`table` without its columns of no name (a header ending `a,b,,`: trailing separators, as a
+    spreadsheet writes them), which no spec can read: unused, as pandas reads them ('Unnamed: 2').
+
+    >>> _named_columns(pa.table([[1], [2], [3]], names=["a", "", ""])).column_names
+    ['a']
+    """
+    unnamed = [i for i, name in enumerate(table.column_names) if name == ""]
+    return table.select([i for i in range(table.num_columns) if i not in unnamed]) if unnamed else table
 
 
 def _why(exc: BaseException) -> str:

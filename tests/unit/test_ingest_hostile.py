@@ -356,3 +356,22 @@ def test_a_parquet_file_given_to_a_text_format_says_so(tmp_path: Path, fmt: str)
     pq.write_table(pa.table({"price": [1.0, 2.0], "user": ["a", "b"], "clicked": [1, 0]}), path)
     with pytest.raises(DataError, match=rf"rows\.parquet is a Parquet file, not {fmt} text: read it with the parquet format"):
         list(sources.reader(fmt)(path, {"fields": ["user"]}, ErrorLog("skip", str(path)), {"price", "clicked"}))
+
+
+@pytest.mark.parametrize("header, row", [("price,user,clicked,,", "{p},u{i},{c},,"),
+                                         ("price,,user,clicked,", "{p},x,u{i},{c},y"),
+                                         ("price,user,clicked,", "{p},u{i},{c},")])
+def test_columns_of_no_name_are_unused_one_or_many(tmp_path: Path, header: str, row: str) -> None:
+    """A header ending `a,b,,` (a spreadsheet's trailing separators) was refused as naming column ''
+    twice ('rename one': there is no name to rename), where one such column was read. Now columns
+    of no name are unused columns, however many: the rows equal those of the file without them."""
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng()
+    values = [(round(float(rng.random()), 3), int(rng.integers(50)), int(rng.integers(2))) for _ in range(300)]
+    (tmp_path / "plain.csv").write_text("price,user,clicked\n" + "".join(f"{p},u{i},{c}\n" for p, i, c in values))
+    (tmp_path / "rows.csv").write_text(header + "\n" + "".join(row.format(p=p, i=i, c=c) + "\n" for p, i, c in values))
+    convert(_spec(), "csv", [tmp_path / "plain.csv"], tmp_path / "a")
+    convert(_spec(), "csv", [tmp_path / "rows.csv"], tmp_path / "b")
+    a, b = pq.read_table(tmp_path / "a"), pq.read_table(tmp_path / "b")
+    assert a.num_rows == 300 and a.equals(b)
