@@ -820,7 +820,7 @@ def evaluate_run(
     from flowrec.data.layout import DataError
     from flowrec.data.output_guard import check_file_output
     from flowrec.planner.contract import scoring_plan
-    from flowrec.runs.recorded import eval_data_to_score, recorded_train_data
+    from flowrec.runs.recorded import eval_data_to_score, recorded_train_data, synthetic_rows
     from flowrec.runtime.session import device_problem
     from flowrec.serving.trained import load_trained
     from operators.custom import custom_failure
@@ -832,18 +832,27 @@ def evaluate_run(
     refuse_stream_folder(run_dir, "eval")
     try:
         trained = load_trained(run_dir, device, scoring_plan)
-        if data is None:
+        drawn = synthetic_rows(run_dir, trained.spec) if data is None else None
+        if data is None and drawn is None:
             data = eval_data_to_score(run_dir)
             if not quiet:
                 _say(f"scoring {data} (the data {run_dir} evaluated on; --data scores another)")
         if json_out not in (None, "-"):
-            check_file_output(Path(json_out), [run_dir, data], overwrite)
+            check_file_output(Path(json_out), [run_dir] + ([data] if data is not None else []), overwrite)
             refuse_replacing_other_than_metrics(Path(json_out))
         if seen is not None and not trained.excludes_seen:
             raise ValueError(f"--seen applies to a retrieval head with exclude_seen: true; {run_dir} has none "
                              "(its evaluation leaves nothing out)")
-        metrics = trained.evaluate_dataset(data, group_by or trained.spec.training.eval_group_by,
-                                           seen or recorded_train_data(run_dir))
+        grouping = group_by or trained.spec.training.eval_group_by
+        if drawn is not None:  # a run on synthetic rows: the evaluation rows it drew, drawn again
+            from flowrec.runtime.session import synthetic_evaluation, synthetic_eval_rows
+
+            if not quiet:
+                _say(f"scoring the {synthetic_eval_rows(drawn):,} synthetic evaluation rows {run_dir} evaluated on "
+                     f"(drawn again from seed {trained.spec.training.seed}; --data scores another dataset)")
+            metrics = trained.evaluate_source(synthetic_evaluation(trained.spec, drawn), grouping, seen)
+        else:
+            metrics = trained.evaluate_dataset(data, grouping, seen or recorded_train_data(run_dir))
     except (DataError, OSError, ValueError, RuntimeError) as exc:
         fail(custom_failure(exc) or first_line(exc))
     except KeyboardInterrupt:

@@ -96,15 +96,23 @@ class Trained:
             raise DataError(f"{path} is a split dataset (its parts train/ and test/ are the datasets): "
                             f"score its test part, {Path(path) / 'test'}")  # not "convert it first"
         source = open_dataset(Path(path), self.spec)
-        opts = StagingOptions(batch_size=self.spec.training.batch_size, shuffle=False, lookahead=0)
         try:
             self.check_data(path)
-            with iterate_batches(self.spec, source, opts, 0, 0, self.model.groups,
-                                 remap=eval_remapper(self.model)) as batches:
-                return evaluate(self.model, batches, self.spec.training.precision, group_by,
-                                _seen_of(self, seen, group_by))
+            return self.evaluate_source(source, group_by, seen)
         finally:
             source.close()
+
+    def evaluate_source(self, source: Any, group_by: str | None = None,
+                        seen: Path | None = None) -> dict[str, dict[str, float]]:
+        """Metrics per head on an open source of encoded rows (`evaluate_dataset`'s, or the
+        synthetic evaluation rows of a run on synthetic rows), its encoder already checked."""
+        if group_by is not None:
+            group_slot(self.model, group_by)
+        opts = StagingOptions(batch_size=self.spec.training.batch_size, shuffle=False, lookahead=0)
+        with iterate_batches(self.spec, source, opts, 0, 0, self.model.groups,
+                             remap=eval_remapper(self.model)) as batches:
+            return evaluate(self.model, batches, self.spec.training.precision, group_by,
+                            _seen_of(self, seen, group_by))
 
 
 def _seen_of(trained: "Trained", path: Path | None, group_by: str | None) -> Any:

@@ -1230,3 +1230,20 @@ data: {format: csv, path: raw.csv, options: {test_fraction: 0.2}}
         result = runner.invoke(app, args)
         assert result.exit_code == 2, (args, result.output)
         assert str(vocab) in result.output.strip().splitlines()[-1] and "Traceback" not in result.output
+
+
+def test_eval_of_a_run_on_synthetic_rows_scores_the_rows_it_evaluated_on(spec: Path, tmp_path: Path) -> None:
+    """`flowrec eval RUN` of a run trained on synthetic rows (`train SPEC --rows N`) said only
+    'give --data DIR', and no dataset fits: `data synth --seed S` draws another hidden model (AUC
+    about 0.4), and its default seed the training rows again. Now eval (and `Run.evaluate()`) draw
+    the run's own evaluation rows again from its seed: the metrics are its final evaluation's."""
+    run = tmp_path / "run"
+    made = runner.invoke(app, ["train", str(spec), "--rows", "700", "--seed", "5", "--out", str(run), "-q",
+                               "--device", "cpu"])
+    assert made.exit_code == 0, made.output
+    final = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()
+             if '"final": true' in line][-1]["metrics"]
+    scored = runner.invoke(app, ["eval", str(run), "--json", str(tmp_path / "m.json"), "-q"])
+    assert scored.exit_code == 0, scored.output
+    assert json.loads((tmp_path / "m.json").read_text())["ctr"] == pytest.approx(final["ctr"])
+    assert dict(flowrec.load(run).evaluate())["ctr"] == pytest.approx(final["ctr"])
