@@ -1247,3 +1247,22 @@ def test_eval_of_a_run_on_synthetic_rows_scores_the_rows_it_evaluated_on(spec: P
     assert scored.exit_code == 0, scored.output
     assert json.loads((tmp_path / "m.json").read_text())["ctr"] == pytest.approx(final["ctr"])
     assert dict(flowrec.load(run).evaluate())["ctr"] == pytest.approx(final["ctr"])
+
+
+def test_data_inspect_of_a_run_or_package_names_what_to_inspect(spec: Path, tmp_path: Path) -> None:
+    """`flowrec data inspect RUN` (or PKG) said 'neither an encoded dataset nor a folder of day
+    partitions', as if the folder were not flowrec's; now one line says it is a run's folder and
+    names the dataset it trained on (or that it trained on synthetic rows), or that a package
+    holds no rows."""
+    data = _synth(spec, tmp_path / "d")
+    for run, extra in ((tmp_path / "a", ["--data", str(data)]), (tmp_path / "b", ["--rows", "200"])):
+        made = runner.invoke(app, ["train", str(spec), "--out", str(run), "--max-steps", "1", "-q", *extra])
+        assert made.exit_code == 0, made.output
+    assert runner.invoke(app, ["export", str(tmp_path / "a"), str(tmp_path / "pkg"), "-q"]).exit_code == 0
+    for folder, says in ((tmp_path / "a", f"training run's folder, not a dataset: inspect the data it trained on, {data}"),
+                         (tmp_path / "b", "it trained on synthetic rows"),
+                         (tmp_path / "pkg", "is a model package, not a dataset")):
+        result = runner.invoke(app, ["data", "inspect", str(folder)])
+        assert result.exit_code == 2 and "Traceback" not in result.output
+        assert says in result.output.strip().splitlines()[-1], result.output
+    assert runner.invoke(app, ["data", "inspect", str(data)]).exit_code == 0
