@@ -1266,3 +1266,23 @@ def test_data_inspect_of_a_run_or_package_names_what_to_inspect(spec: Path, tmp_
         assert result.exit_code == 2 and "Traceback" not in result.output
         assert says in result.output.strip().splitlines()[-1], result.output
     assert runner.invoke(app, ["data", "inspect", str(data)]).exit_code == 0
+
+
+def test_a_run_or_package_given_as_data_says_what_it_is_not_convert_it(tmp_path: Path) -> None:
+    """`eval RUN --data RUN`, `train --data RUN`, `data profile SPEC PKG` said the folder 'is not a
+    flowrec dataset (no _flowrec.json); convert it first with flowrec data convert', which the
+    folder of a run or package cannot be; now one line says what it is and names the data a run on
+    bound data encoded."""
+    spec = _bound_csv_spec(tmp_path)
+    run = tmp_path / "run"
+    made = runner.invoke(app, ["train", str(spec), "--out", str(run), "--max-steps", "1", "-q"])
+    assert made.exit_code == 0, made.output
+    assert runner.invoke(app, ["export", str(run), str(tmp_path / "pkg"), "-q"]).exit_code == 0
+    for args, says in ((["eval", str(run), "--data", str(run)], f"a training run's folder, not a dataset: give the "
+                        f"data it encoded, {run / 'data'}"),
+                       (["train", str(spec), "--data", str(run), "--out", str(tmp_path / "r2"), "-q"],
+                        "a training run's folder, not a dataset"),
+                       (["data", "profile", str(spec), str(tmp_path / "pkg"), "-q"], "is a model package, not a dataset")):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2 and "Traceback" not in result.output and "convert it first" not in result.output
+        assert says in result.output.strip().splitlines()[-1], result.output
