@@ -730,6 +730,7 @@ def _libsvm_line(raw: bytes, lineno: int, fields: list[str], fmap: dict[str, str
     except UnicodeDecodeError:
         log.add(lineno, "invalid UTF-8", repr(raw[:60]))
         return None
+    text = text.split("#", 1)[0].strip()  # svmlight's comments (a line of its own, or after a row's tokens)
     if not text:
         return None
     tokens = text.split()
