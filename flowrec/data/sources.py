@@ -738,7 +738,8 @@ def _libsvm_line(raw: bytes, lineno: int, fields: list[str], fmap: dict[str, str
         out: dict[str, Any] = {"label": float(tokens[0])}
         if abs(out["label"]) > FLOAT32_MAX:
             raise ValueError(f"{_number_problem(out['label'])} {tokens[0]!r} in column label")
-        for pos, tok in enumerate(tokens[1:]):
+        # svmlight's query id (`1 qid:3 1:0.5`) is no feature: it took the first field's place by position
+        for pos, tok in enumerate(t for t in tokens[1:] if not t.startswith("qid:")):
             parts = tok.split(":")
             if len(parts) == 3:
                 name = fields[int(parts[0])] if parts[0].isdigit() and fields else parts[0]

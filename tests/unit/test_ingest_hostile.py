@@ -401,3 +401,29 @@ def test_svmlight_comments_are_skipped_not_malformed_rows(tmp_path: Path) -> Non
     assert len(a["label"]) == 20 and {n: a[n] for n in ("label", "user", "price")} == \
         {n: b[n] for n in ("label", "user", "price")}
     assert b["__line__"] == [n + 2 for n in a["__line__"]]  # each row named by its own line of the file
+
+
+@pytest.mark.parametrize("options", [{"fields": ["user", "item", "price"]}, {"feature_map": {"0": "price"}}])
+def test_an_svmlight_query_id_is_no_feature(tmp_path: Path, options: dict) -> None:
+    """svmlight's query id (`1 qid:3 0:2.5 ...`, as scikit-learn's dump_svmlight_file(query_id=...)
+    writes it) took the first field's place by position (user 'qid', every field after it moved
+    one on) or was 'unknown index qid' with a feature map; now it is no feature: the rows equal
+    those of the file without it."""
+    from flowrec.data import sources
+    from flowrec.data.error_log import ErrorLog
+
+    rng = np.random.default_rng()
+    if "fields" in options:
+        rows = [(f"{rng.integers(2)}", f"{rng.integers(9)}:1 {rng.integers(9)}:1 0:{rng.random():.3f}") for _ in range(20)]
+    else:
+        rows = [(f"{rng.integers(2)}", f"0:{rng.random():.3f}") for _ in range(20)]
+    plain, with_qid = tmp_path / "plain.libsvm", tmp_path / "q.libsvm"
+    plain.write_text("".join(f"{y} {x}\n" for y, x in rows))
+    with_qid.write_text("".join(f"{y} qid:{i // 4} {x}\n" for i, (y, x) in enumerate(rows)))
+
+    def read(path: Path):
+        tables = list(sources.reader("libsvm")(path, dict(options), ErrorLog("fail", str(path)), {"price"}))
+        return [t.drop_columns(["__line__"]) for t in tables]
+
+    a, b = read(plain), read(with_qid)
+    assert sum(t.num_rows for t in a) == 20 and a[0].equals(b[0])
