@@ -122,8 +122,8 @@ class Run:
             if drawn is not None:  # a run on synthetic rows: the evaluation rows it drew, drawn again
                 from flowrec.runtime.session import synthetic_evaluation
 
-                return self.trained.evaluate_source(synthetic_evaluation(self.trained.spec, drawn),
-                                                    group_by or self.spec.training.eval_group_by)
+                train_rows, eval_rows = synthetic_evaluation(self.trained.spec, drawn)
+                return self.trained.evaluate_source(eval_rows, group_by or self.spec.training.eval_group_by, train_rows)
             data = eval_data_to_score(self.run_dir, "data=")
         return self.trained.evaluate_dataset(Path(data).expanduser(), group_by or self.spec.training.eval_group_by)
 

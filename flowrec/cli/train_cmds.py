@@ -850,7 +850,8 @@ def evaluate_run(
             if not quiet:
                 _say(f"scoring the {synthetic_eval_rows(drawn):,} synthetic evaluation rows {run_dir} evaluated on "
                      f"(drawn again from seed {trained.spec.training.seed}; --data scores another dataset)")
-            metrics = trained.evaluate_source(synthetic_evaluation(trained.spec, drawn), grouping, seen)
+            train_rows, eval_rows = synthetic_evaluation(trained.spec, drawn)
+            metrics = trained.evaluate_source(eval_rows, grouping, seen or train_rows)
         else:
             metrics = trained.evaluate_dataset(data, grouping, seen or recorded_train_data(run_dir))
     except (DataError, OSError, ValueError, RuntimeError) as exc:

@@ -307,11 +307,9 @@ def synthetic_eval_rows(rows: int) -> int:
     return max(int(rows * EVAL_FRACTION), 1)
 
 
-def synthetic_evaluation(spec: ModelSpec, rows: int) -> MemorySource:
-    """The evaluation rows of a run on `rows` synthetic rows of the trained `spec` (its seed), drawn
-    again as `synthetic_sources` drew them: `flowrec eval RUN` of such a run scores what it evaluated on."""
-    from flowrec.data.synth import SynthConfig, synth_table
-
-    eval_rows = synthetic_eval_rows(rows)
-    table = synth_table(spec, rows + eval_rows, SynthConfig(seed=spec.training.seed))
-    return MemorySource(split_table(table.slice(rows, eval_rows), 2))
+def synthetic_evaluation(spec: ModelSpec, rows: int) -> tuple[MemorySource, MemorySource]:
+    """The (training, evaluation) rows of a run on `rows` synthetic rows of the trained `spec` (its
+    seed), drawn again as `synthetic_sources` drew them: `flowrec eval RUN` of such a run scores
+    what it evaluated on (a retrieval head with exclude_seen leaving out the training pairs)."""
+    train, evaluation, _ = synthetic_sources(spec, rows, lambda _: None)
+    return train, evaluation

@@ -103,9 +103,10 @@ class Trained:
             source.close()
 
     def evaluate_source(self, source: Any, group_by: str | None = None,
-                        seen: Path | None = None) -> dict[str, dict[str, float]]:
+                        seen: Any = None) -> dict[str, dict[str, float]]:
         """Metrics per head on an open source of encoded rows (`evaluate_dataset`'s, or the
-        synthetic evaluation rows of a run on synthetic rows), its encoder already checked."""
+        synthetic evaluation rows of a run on synthetic rows), its encoder already checked;
+        `seen`: a training dataset's path, or an open training source (a run's synthetic rows)."""
         if group_by is not None:
             group_slot(self.model, group_by)
         opts = StagingOptions(batch_size=self.spec.training.batch_size, shuffle=False, lookahead=0)
@@ -115,8 +116,9 @@ class Trained:
                             _seen_of(self, seen, group_by))
 
 
-def _seen_of(trained: "Trained", path: Path | None, group_by: str | None) -> Any:
-    """The training pairs of `path` for a retrieval head with exclude_seen (None otherwise)."""
+def _seen_of(trained: "Trained", path: Any, group_by: str | None) -> Any:
+    """The training pairs of `path` (a dataset, or an open source) for a retrieval head with
+    exclude_seen (None otherwise)."""
     binding = trained.model.retrieval
     if path is None or not trained.excludes_seen or group_by is None:
         return None
@@ -124,6 +126,8 @@ def _seen_of(trained: "Trained", path: Path | None, group_by: str | None) -> Any
         raise ValueError(f"cannot group by {group_by!r} with exclude_seen: it is the item id; group by the user")
     from flowrec.runtime.evaluation.retrieval import SeenItems
 
+    if not isinstance(path, (str, Path)):  # an open source: a run's synthetic training rows
+        return SeenItems.of(path, group_by, binding.item_feature)
     trained.check_data(path)
     source = open_dataset(Path(path), trained.spec)
     try:

@@ -1286,3 +1286,32 @@ def test_a_run_or_package_given_as_data_says_what_it_is_not_convert_it(tmp_path:
         result = runner.invoke(app, args)
         assert result.exit_code == 2 and "Traceback" not in result.output and "convert it first" not in result.output
         assert says in result.output.strip().splitlines()[-1], result.output
+
+
+def test_eval_of_a_synthetic_retrieval_run_leaves_out_the_pairs_it_trained_on(tmp_path: Path) -> None:
+    """`flowrec eval RUN` of a run on synthetic rows whose retrieval head has exclude_seen ranked
+    each user's training items too, where the run's own evaluation left them out (other metrics);
+    now it leaves out the pairs of the run's synthetic training rows, drawn again with them."""
+    spec = tmp_path / "tt.yaml"
+    spec.write_text("""
+name: tt
+features:
+  - {name: user_id, type: categorical, vocab: 50, dim: 8}
+  - {name: item_id, type: categorical, vocab: 40, dim: 8}
+modules:
+  - {name: score, kind: similarity, inputs: [user_id, item_id], metric: dot}
+heads:
+  - {name: retrieve, input: score, task: retrieval, negatives: {kind: in_batch}, exclude_seen: true, top_k: [10]}
+optimizer:
+  dense: {name: adam, lr: 0.01}
+  sparse: {name: adam, lr: 0.01}
+training: {batch_size: 128, epochs: 1, seed: 0, eval_group_by: user_id}
+""")
+    run = tmp_path / "run"
+    made = runner.invoke(app, ["train", str(spec), "--rows", "1500", "--out", str(run), "-q", "--device", "cpu"])
+    assert made.exit_code == 0, made.output
+    final = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()
+             if '"final": true' in line][-1]["metrics"]["retrieve"]
+    scored = runner.invoke(app, ["eval", str(run), "--json", "-", "-q"])
+    assert scored.exit_code == 0, scored.output
+    assert json.loads(scored.stdout)["retrieve"] == pytest.approx(final)
