@@ -497,8 +497,14 @@ def _separator_hint(names: list[str], needed: list[str]) -> str:
     the header looks "\\t"-separated: set data.options.sep: "\\t" in the spec
     >>> _separator_hint(["id", "clk"], ["click"])
     'map them with data.columns'
+    >>> _separator_hint(["price", " user"], ["user"])
+    "the header's names hold spaces around them (' user'): write the file without the spaces after its separators"
     """
     header = [n for n in names if n != LINE_COLUMN]
+    padded = [n for n in header if n != n.strip() and n.strip() in needed]
+    if padded and set(needed) <= {n.strip() for n in header}:  # `price, user, label`: the names read ' user'
+        return (f"the header's names hold spaces around them ({', '.join(repr(n) for n in padded[:3])}): write the "
+                "file without the spaces after its separators")
     for sep in (";", "\t", "|", ","):
         split = {part.strip().strip('"') for name in header for part in name.split(sep)}
         if any(sep in name for name in header) and set(needed) <= split:

@@ -427,3 +427,15 @@ def test_an_svmlight_query_id_is_no_feature(tmp_path: Path, options: dict) -> No
 
     a, b = read(plain), read(with_qid)
     assert sum(t.num_rows for t in a) == 20 and a[0].equals(b[0])
+
+
+def test_a_header_with_spaces_after_its_commas_says_so(tmp_path: Path) -> None:
+    """`price, user, clicked` (a space after each comma, as people type it) named columns ' user'
+    and ' clicked', and the line said only 'map them with data.columns'; now it says the names hold
+    spaces and to write the file without them; nothing is written."""
+    path = tmp_path / "rows.csv"
+    path.write_text("price, user, clicked\n" + "".join(f"{i}.5, u{i}, {i % 2}\n" for i in range(20)))
+    with pytest.raises(DataError, match=r"names hold spaces around them \(' user', ' clicked'\): write the file "
+                                        r"without the spaces after its separators"):
+        convert(_spec(), "csv", [path], tmp_path / "out")
+    assert not (tmp_path / "out").exists()
