@@ -144,8 +144,12 @@ def convert(
         encoder = None
         if encoder_from is not None:
             from flowrec.data.encoder_record import load_encoder, raw_encoder
+            from flowrec.data.sources import FORMAT_ALIASES
 
-            encoder = load_encoder(raw_encoder(encoder_from), model)
+            record = raw_encoder(encoder_from)
+            encoder = load_encoder(record, model)
+            if record.feature_map and FORMAT_ALIASES.get(fmt, fmt) == "libsvm":  # the map its ids were read with
+                given["feature_map"] = record.feature_map
         with rows_spinner(f"converting {source.name}", not quiet) as advance:
             return run_convert(model, fmt, [source], out, on_error, given, rows_per_file,
                                progress=advance, overwrite=overwrite,
