@@ -102,7 +102,8 @@ class Run:
     def evaluate(self, data: str | Path | None = None, group_by: str | None = None) -> Metrics:
         """Score an encoded dataset (a folder from `flowrec data convert` / `synth`, or a run's
         data/test): exact metrics per head; with `group_by` (a one-id categorical feature) also gAUC.
-        Without `data`, the data the run evaluated on (as `flowrec eval RUN`).
+        Without `data`, the data the run evaluated on (as `flowrec eval RUN`; a run on synthetic
+        rows: its evaluation rows, drawn again from its seed).
 
         Raises:
             DataError: no `data` and the run recorded no evaluation data (or it moved).
@@ -115,6 +116,14 @@ class Run:
 
             if self.run_dir is None:
                 raise DataError("this run has no run folder (out=None), so it recorded no evaluation data: give data=")
+            from flowrec.runs.recorded import synthetic_rows
+
+            drawn = synthetic_rows(self.run_dir, self.trained.spec)
+            if drawn is not None:  # a run on synthetic rows: the evaluation rows it drew, drawn again
+                from flowrec.runtime.session import synthetic_evaluation
+
+                train_rows, eval_rows = synthetic_evaluation(self.trained.spec, drawn)
+                return self.trained.evaluate_source(eval_rows, group_by or self.spec.training.eval_group_by, train_rows)
             data = eval_data_to_score(self.run_dir, "data=")
         return self.trained.evaluate_dataset(Path(data).expanduser(), group_by or self.spec.training.eval_group_by)
 

@@ -144,8 +144,12 @@ def convert(
         encoder = None
         if encoder_from is not None:
             from flowrec.data.encoder_record import load_encoder, raw_encoder
+            from flowrec.data.sources import FORMAT_ALIASES
 
-            encoder = load_encoder(raw_encoder(encoder_from), model)
+            record = raw_encoder(encoder_from)
+            encoder = load_encoder(record, model)
+            if record.feature_map and FORMAT_ALIASES.get(fmt, fmt) == "libsvm":  # the map its ids were read with
+                given["feature_map"] = record.feature_map
         with rows_spinner(f"converting {source.name}", not quiet) as advance:
             return run_convert(model, fmt, [source], out, on_error, given, rows_per_file,
                                progress=advance, overwrite=overwrite,
@@ -303,6 +307,7 @@ def _inspect_days(folder: Path, order_text: str | None, as_json: bool, stream: P
     days = _run(lambda: inspect_days(folder, order))
     if not days:
         _refuse_stream_given(folder)
+        _refuse_owned_given(folder)
         fail(f"{folder}: neither an encoded dataset nor a folder of day partitions (datasets with _flowrec.json)")
     if as_json:
         typer.echo(json.dumps({"order": str(order), "days": days}, indent=1))
@@ -317,6 +322,28 @@ def _inspect_days(folder: Path, order_text: str | None, as_json: bool, stream: P
     widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
     for r in [head, *rows]:
         typer.echo("  ".join(str(v).ljust(w) if i == 0 else str(v).rjust(w) for i, (v, w) in enumerate(zip(r, widths))))
+
+
+def _refuse_owned_given(folder: Path) -> None:
+    """Fail in one line when `folder`, given as a dataset to inspect, is a training run's folder
+    (name the dataset it trained on, or say it trained on synthetic rows) or a model package (no
+    rows); return for any other folder. Both were 'neither an encoded dataset nor a folder of day
+    partitions', as if the folder were not flowrec's."""
+    from flowrec.data.output_guard import owner_of
+    from flowrec.runs.recorded import recorded_train_data
+
+    owner = owner_of(folder) if folder.is_dir() else None
+    if owner == "a training run":
+        try:
+            data = recorded_train_data(folder)
+        except ValueError:  # a damaged run.json: the data a run on bound data encodes into its folder
+            data = folder / "data" if (folder / "data").is_dir() else None
+        shown = data.parent if data is not None and data.name == "train" and (data.parent / "test").is_dir() else data
+        fail(f"{folder} is a training run's folder, not a dataset: " + (
+            f"inspect the data it trained on, {shown}" if data is not None else
+            "it keeps no dataset (it trained on synthetic rows, or its data has moved)"))
+    if owner == "a model package":
+        fail(f"{folder} is a model package, not a dataset: it holds no rows; inspect the data its run trained on")
 
 
 def _refuse_stream_given(folder: Path) -> None:

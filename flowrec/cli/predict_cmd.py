@@ -280,6 +280,8 @@ def _raw_chunks(model, raw: Path, fmt: Optional[str], on_error: str) -> tuple[An
     log = ErrorLog(on_error, str(raw))
     opts = dict(spec.data.options) if spec.data is not None else {}
     opts["labels_unused"] = True  # scoring ignores the label: a row may leave it empty
+    if FORMAT_ALIASES.get(fmt, fmt) == "libsvm" and model.record.feature_map:
+        opts["feature_map"] = model.record.feature_map  # the package's map, never a file in the working folder
     if FORMAT_ALIASES.get(fmt, fmt) == "criteo_tsv":  # test files lack the label column
         opts["has_label"] = criteo_has_label(raw)
     numeric = {model.encoder.source(f.name) for f in spec.dense_features}

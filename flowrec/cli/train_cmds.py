@@ -810,7 +810,7 @@ def evaluate_run(
     group_by: Optional[str] = typer.Option(None, "--group-by", help="A one-id categorical feature (e.g. user_id): also report gAUC, the AUC of each of its values weighted by its samples. Default: the spec's training.eval_group_by."),
     json_out: Optional[str] = typer.Option(None, "--json", help="Also write the metrics as JSON to this file ('-': stdout, instead of the table)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No table on stdout (with --json FILE: only the file)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the --json FILE when it exists (never a file of a run, package or dataset)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the --json FILE when it holds metrics an earlier eval wrote (never another file, nor one of a run, package or dataset)."),
     seen: Optional[Path] = typer.Option(None, "--seen", help="Retrieval heads with exclude_seen: the training dataset whose (user, item) pairs are left out of each user's ranking. Default: the run's training data."),
 ) -> None:
     """Score a trained checkpoint on a dataset.
@@ -830,7 +830,7 @@ def evaluate_run(
     from flowrec.data.layout import DataError
     from flowrec.data.output_guard import check_file_output
     from flowrec.planner.contract import scoring_plan
-    from flowrec.runs.recorded import eval_data_to_score, recorded_train_data
+    from flowrec.runs.recorded import eval_data_to_score, recorded_train_data, synthetic_rows
     from flowrec.runtime.session import device_problem
     from flowrec.serving.trained import load_trained
     from operators.custom import custom_failure
@@ -842,17 +842,28 @@ def evaluate_run(
     refuse_stream_folder(run_dir, "eval")
     try:
         trained = load_trained(run_dir, device, scoring_plan)
-        if data is None:
+        drawn = synthetic_rows(run_dir, trained.spec) if data is None else None
+        if data is None and drawn is None:
             data = eval_data_to_score(run_dir)
             if not quiet:
                 _say(f"scoring {data} (the data {run_dir} evaluated on; --data scores another)")
         if json_out not in (None, "-"):
-            check_file_output(Path(json_out), [run_dir, data], overwrite)
+            check_file_output(Path(json_out), [run_dir] + ([data] if data is not None else []), overwrite)
+            refuse_replacing_other_than_metrics(Path(json_out))
         if seen is not None and not trained.excludes_seen:
             raise ValueError(f"--seen applies to a retrieval head with exclude_seen: true; {run_dir} has none "
                              "(its evaluation leaves nothing out)")
-        metrics = trained.evaluate_dataset(data, group_by or trained.spec.training.eval_group_by,
-                                           seen or recorded_train_data(run_dir))
+        grouping = group_by or trained.spec.training.eval_group_by
+        if drawn is not None:  # a run on synthetic rows: the evaluation rows it drew, drawn again
+            from flowrec.runtime.session import synthetic_evaluation, synthetic_eval_rows
+
+            if not quiet:
+                _say(f"scoring the {synthetic_eval_rows(drawn):,} synthetic evaluation rows {run_dir} evaluated on "
+                     f"(drawn again from seed {trained.spec.training.seed}; --data scores another dataset)")
+            train_rows, eval_rows = synthetic_evaluation(trained.spec, drawn)
+            metrics = trained.evaluate_source(eval_rows, grouping, seen or train_rows)
+        else:
+            metrics = trained.evaluate_dataset(data, grouping, seen or recorded_train_data(run_dir))
     except (DataError, OSError, ValueError, RuntimeError) as exc:
         fail(custom_failure(exc) or first_line(exc))
     except KeyboardInterrupt:
@@ -862,6 +873,30 @@ def evaluate_run(
             raise
         fail(custom_failure(exc))
     _write_metrics(metrics, json_out, quiet)
+
+
+EVAL_JSON_LIMIT = 1 << 24  # bytes of an existing --json file read to tell a previous eval's metrics (16 MiB)
+
+
+def refuse_replacing_other_than_metrics(out: Path) -> None:
+    """Raise ValueError (one line) when `--json OUT --overwrite` would replace an existing file
+    that is not metrics `flowrec eval --json` wrote (an empty file is replaced): eval reads
+    neither the spec nor the raw files its data was converted from, so the output guard did not
+    know them, and --overwrite replaced s.yaml or the training CSV with metrics."""
+    import os
+
+    from flowrec.spec.read import is_eval_metrics
+
+    if not os.path.lexists(out) or not out.is_file() or out.stat().st_size == 0:
+        return
+    try:
+        with open(out, "rb") as f:
+            doc = json.loads(f.read(EVAL_JSON_LIMIT))
+    except (OSError, ValueError):  # not JSON, not UTF-8, or longer than any metrics file
+        doc = None
+    if not is_eval_metrics(doc):
+        raise ValueError(f"refusing to replace {out}: it is not metrics `flowrec eval --json` wrote, the only "
+                         "file --overwrite replaces; give another file")
 
 
 def _write_metrics(metrics: dict, json_out: Optional[str], quiet: bool = False) -> None:

@@ -40,7 +40,7 @@ from flowrec.data.raw_ids import check_float_ids, check_ids
 from flowrec.data.rawstats import RawStats
 from flowrec.data.sequences import TEST_COLUMN, split_option
 from flowrec.data.separators import DEFAULT_SEQUENCE_SEP, check_sequence_separators
-from flowrec.data.sources import FORMAT_ALIASES, LINE_COLUMN, reader
+from flowrec.data.sources import FORMAT_ALIASES, LINE_COLUMN, feature_map_of, reader
 from flowrec.data.vocab_growth import TableGrowth, grow_encoder
 from flowrec.spec.model import ModelSpec
 
@@ -245,6 +245,8 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
     read = reader(fmt)
     opts = dict(spec.data.options) if spec.data is not None else {}
     opts.update(options)
+    if FORMAT_ALIASES.get(fmt, fmt) == "libsvm" and opts.get("feature_map"):
+        opts["feature_map"] = feature_map_of(opts)  # read once; the encoder records it (predict reads it there)
     last_out = split_option(opts) == "leave_last_out"
     columns = dict(spec.data.columns) if spec.data is not None else {}
     for label in unique_labels(spec):
@@ -341,7 +343,7 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
         split.update({"split_by": split_by, "cutoff": cutoff} if cutoff is not None else {"split_seed": seed})
         if last_out:
             split = {"split": "leave_last_out", "part": name}
-        _finish(spec, encoder, w, fmt, inputs, split if fraction or last_out else {})
+        _finish(spec, encoder, w, fmt, inputs, split if fraction or last_out else {}, opts.get("feature_map"))
         stats[name].write(w.out)
     examples = tuple(str(e) for log in logs for e in log.examples)
     return ConvertReport(str(out), seen, sum(w.files for w in writers.values()),
@@ -495,8 +497,14 @@ def _separator_hint(names: list[str], needed: list[str]) -> str:
     the header looks "\\t"-separated: set data.options.sep: "\\t" in the spec
     >>> _separator_hint(["id", "clk"], ["click"])
     'map them with data.columns'
+    >>> _separator_hint(["price", " user"], ["user"])
+    "the header's names hold spaces around them (' user'): write the file without the spaces after its separators"
     """
     header = [n for n in names if n != LINE_COLUMN]
+    padded = [n for n in header if n != n.strip() and n.strip() in needed]
+    if padded and set(needed) <= {n.strip() for n in header}:  # `price, user, label`: the names read ' user'
+        return (f"the header's names hold spaces around them ({', '.join(repr(n) for n in padded[:3])}): write the "
+                "file without the spaces after its separators")
     for sep in (";", "\t", "|", ","):
         split = {part.strip().strip('"') for name in header for part in name.split(sep)}
         if any(sep in name for name in header) and set(needed) <= split:
@@ -506,7 +514,7 @@ def _separator_hint(names: list[str], needed: list[str]) -> str:
 
 
 def _finish(spec: ModelSpec, encoder: Encoder, writer: PartWriter, fmt: str, inputs: list[Path],
-            split: dict[str, Any]) -> None:
+            split: dict[str, Any], feature_map: dict[str, str] | None = None) -> None:
     vocab_files = {}
     if encoder.vocabs:
         (writer.out / VOCAB_DIR).mkdir(exist_ok=True)
@@ -532,6 +540,7 @@ def _finish(spec: ModelSpec, encoder: Encoder, writer: PartWriter, fmt: str, inp
     meta = DatasetMeta(spec.name, data_hash(spec), writer.rows, unique_labels(spec), encoding, dense,
                        {"format": fmt, "inputs": [str(p) for p in inputs],
                         "encoder": {"fingerprint": record.fingerprint, "columns": record.columns,
-                                    "sequence_sep": record.sequence_sep, "order": list(record.features)}},
+                                    "sequence_sep": record.sequence_sep, "order": list(record.features),
+                                    **({"feature_map": feature_map} if feature_map else {})}},
                        split)
     write_meta(writer.out, meta)

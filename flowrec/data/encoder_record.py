@@ -55,6 +55,8 @@ class EncoderRecord:
         columns: feature / label name -> source column (data.columns), for raw rows.
         sequence_sep: separator of multi-hot values held in one string.
         vocab_files: table -> absolute path of its vocabulary Parquet file.
+        feature_map: libsvm's feature map (index -> column) the data was read with, kept so that
+            `flowrec predict` reads a package's libsvm rows with it from any folder (None: none).
     """
 
     spec: str
@@ -64,6 +66,7 @@ class EncoderRecord:
     columns: dict[str, str] = field(default_factory=dict)
     sequence_sep: str = "^"
     vocab_files: dict[str, str] = field(default_factory=dict)
+    feature_map: dict[str, str] | None = None
 
     @property
     def fingerprint(self) -> str:
@@ -76,7 +79,8 @@ class EncoderRecord:
                 "data_hash": self.data_hash, "fingerprint": self.fingerprint,
                 "features": self.features, "labels": self.labels, "columns": self.columns,
                 "sequence_sep": self.sequence_sep,
-                "vocab_files": {t: f"{vocab_prefix}/{t}.parquet" for t in self.vocab_files}}
+                "vocab_files": {t: f"{vocab_prefix}/{t}.parquet" for t in self.vocab_files},
+                **({"feature_map": self.feature_map} if self.feature_map else {})}
 
 
 def vocab_digest(values: pa.Array) -> str:
@@ -167,7 +171,8 @@ def _record_of_meta(path: Path, meta: DatasetMeta) -> EncoderRecord:
     ordered.update({n: r for n, r in features.items() if n not in ordered})
     labels = {name: {"column": columns.get(name, name)} for name in meta.labels}
     return EncoderRecord(meta.spec, meta.data_hash, ordered, labels, columns,
-                         stored.get("sequence_sep", "^"), vocab_files)
+                         stored.get("sequence_sep", "^"), vocab_files,
+                         _feature_map(stored.get("feature_map"), path / META_FILE))
 
 
 def synthetic_record(spec: ModelSpec) -> EncoderRecord:
@@ -198,12 +203,22 @@ def read_record(folder: Path) -> EncoderRecord:
     try:
         record = EncoderRecord(doc["spec"], doc["data_hash"], doc["features"], doc.get("labels", {}),
                                doc.get("columns", {}), doc.get("sequence_sep", "^"),
-                               _vocab_paths(Path(folder), doc.get("vocab_files", {}), path))
+                               _vocab_paths(Path(folder), doc.get("vocab_files", {}), path),
+                               _feature_map(doc.get("feature_map"), path))
     except (KeyError, TypeError, AttributeError) as exc:
         raise DataError(f"{path}: encoder lacks the key {exc} or holds a value of the wrong kind") from None
     if record.fingerprint != doc.get("fingerprint"):
         raise DataError(f"{path} is damaged: its fingerprint does not match its rules")
     return record
+
+
+def _feature_map(value: Any, where: Path) -> dict[str, str] | None:
+    """A recorded libsvm feature map (index -> column); DataError (one line) unless one of text."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise DataError(f"{where}: feature_map must map each libsvm index to a column name")
+    return dict(value)
 
 
 def _vocab_paths(folder: Path, files: dict[str, Any], where: Path) -> dict[str, str]:
@@ -348,6 +363,15 @@ def load_encoder(record: EncoderRecord, spec: ModelSpec) -> Encoder:
     stats = {name: DenseStats(r["mean"], r["std"]) for name, r in record.features.items()
              if r["kind"] == "dense" and r.get("mean") is not None}
     return Encoder(spec, dict(record.columns), vocabs, stats, record.sequence_sep)
+
+
+def check_vocabularies(record: EncoderRecord) -> EncoderRecord:
+    """`record`, once each of its vocabulary files is readable and holds the values its digest
+    records (`checked_vocab`): a run's encoder read for --resume or `flowrec eval` is refused as
+    export and --encoder-from refuse it, not only when the run is exported."""
+    for table in record.vocab_files:
+        checked_vocab(record, table)
+    return record
 
 
 def checked_vocab(record: EncoderRecord, table: str) -> pa.Array:

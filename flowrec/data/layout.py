@@ -198,6 +198,9 @@ def read_meta(path: str | Path) -> DatasetMeta:
         if parts:  # `data convert --test-fraction`'s OUT: not "convert it first"
             raise DataError(f"{path} is a split dataset: its parts {' and '.join(str(path / p) for p in parts)} "
                             "are the datasets; give one of them")
+        owned = _owned_folder(path)
+        if owned is not None:  # a run or package given for its data: not "convert it first", nor days
+            raise DataError(owned)
         days = sorted(p.name for p in path.iterdir() if p.is_dir() and (p / META_FILE).is_file()
                       and not p.name.startswith((".", "_")))
         if days:  # converted day partitions (`train --follow`), or other datasets: not "convert it first"
@@ -213,6 +216,24 @@ def read_meta(path: str | Path) -> DatasetMeta:
         raise DataError(f"{meta}: {exc}") from None
     except (ValueError, KeyError, TypeError) as exc:
         raise DataError(f"{meta}: unreadable metadata ({type(exc).__name__}: {exc})") from None
+
+
+def _owned_folder(path: Path) -> str | None:
+    """What to say of a training run's folder or a model package given as a dataset (it was 'not a
+    flowrec dataset; convert it first'): a run's encoded bound data is named; None for other folders."""
+    from flowrec.data.output_guard import owner_of
+
+    owner = owner_of(path)
+    if owner == "a training run":
+        data = path / "data"
+        parts = [str(data / p) for p in ("test", "train") if (data / p / META_FILE).is_file()]
+        found = parts or ([str(data)] if (data / META_FILE).is_file() else [])
+        return (f"{path} is a training run's folder, not a dataset: " + (
+            f"give the data it encoded, {' or '.join(found)}" if found else
+            "give the dataset it trained on (its run.json records it; a run on synthetic rows keeps none)"))
+    if owner == "a model package":
+        return f"{path} is a model package, not a dataset: it holds no rows; give a dataset"
+    return None
 
 
 def read_text(path: Path) -> str:

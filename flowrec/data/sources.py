@@ -221,7 +221,8 @@ def _read_batches(path: Path, slot: ReaderSlot, failures: list[DataError], log: 
     block size of a reader of quoted values (0: values are not quoted), the most a quoted value may
     hold; `block_bytes`: the reader's block size, the most one line may hold."""
     try:
-        _unique_columns(path, slot.reader.schema.names)
+        # columns of no name (`a,b,,`) are dropped, unused, one or many (`_named_columns`)
+        _unique_columns(path, [name for name in slot.reader.schema.names if name])
     except UnicodeDecodeError:
         raise DataError(f"{path}: the header is not valid UTF-8 (binary data, or another format?"
                         f"{'' if hint is None else ' ' + hint.lstrip('; ')})") from None
@@ -249,10 +250,21 @@ def _read_batches(path: Path, slot: ReaderSlot, failures: list[DataError], log: 
             raise (failures[0] if failures else DataError(f"{path}: unreadable input ({exc})")) from None
         if failures:
             raise failures[0]
-        table = pa.Table.from_batches([batch])
+        table = _named_columns(pa.Table.from_batches([batch]))
         lines = _line_numbers(seen, table.num_rows, header_lines, skipped)
         seen += table.num_rows
         yield _checked(table, lines, log, numeric, required, hint or "")
+
+
+def _named_columns(table: pa.Table) -> pa.Table:
+    """`table` without its columns of no name (a header ending `a,b,,`: trailing separators, as a
+    spreadsheet writes them), which no spec can read: unused, as pandas reads them ('Unnamed: 2').
+
+    >>> _named_columns(pa.table([[1], [2], [3]], names=["a", "", ""])).column_names
+    ['a']
+    """
+    unnamed = [i for i, name in enumerate(table.column_names) if name == ""]
+    return table.select([i for i in range(table.num_columns) if i not in unnamed]) if unnamed else table
 
 
 def _why(exc: BaseException) -> str:
@@ -677,7 +689,7 @@ def read_libsvm(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set
     if isinstance(fields, str) or not isinstance(fields, (list, tuple)) or not all(isinstance(f, str) for f in fields):
         raise DataError(f"data.options.fields must be a list of column names, not {str(fields)[:60]!r}")
     fields = list(fields)
-    fmap = _feature_map(Path(options["feature_map"])) if options.get("feature_map") else None
+    fmap = feature_map_of(options)
     if not fields and fmap is None:
         raise DataError("libsvm needs data.options.fields (columns by position) or feature_map")
     names = list(dict.fromkeys(fields + (sorted(set(fmap.values())) if fmap else [])))
@@ -718,6 +730,7 @@ def _libsvm_line(raw: bytes, lineno: int, fields: list[str], fmap: dict[str, str
     except UnicodeDecodeError:
         log.add(lineno, "invalid UTF-8", repr(raw[:60]))
         return None
+    text = text.split("#", 1)[0].strip()  # svmlight's comments (a line of its own, or after a row's tokens)
     if not text:
         return None
     tokens = text.split()
@@ -725,7 +738,8 @@ def _libsvm_line(raw: bytes, lineno: int, fields: list[str], fmap: dict[str, str
         out: dict[str, Any] = {"label": float(tokens[0])}
         if abs(out["label"]) > FLOAT32_MAX:
             raise ValueError(f"{_number_problem(out['label'])} {tokens[0]!r} in column label")
-        for pos, tok in enumerate(tokens[1:]):
+        # svmlight's query id (`1 qid:3 1:0.5`) is no feature: it took the first field's place by position
+        for pos, tok in enumerate(t for t in tokens[1:] if not t.startswith("qid:")):
             parts = tok.split(":")
             if len(parts) == 3:
                 name = fields[int(parts[0])] if parts[0].isdigit() and fields else parts[0]
@@ -771,6 +785,22 @@ def spec_file_options(spec: Any, spec_dir: Path) -> dict[str, str]:
         if isinstance(value, str) and value and not Path(value).is_absolute() and (spec_dir / value).is_file():
             out[key] = str(spec_dir / value)
     return out
+
+
+def feature_map_of(options: dict[str, Any]) -> dict[str, str] | None:
+    """libsvm's feature map of data.options: None without one; the map read from its file
+    (`feature_map` a path), or as given (a map already read: the one an encoder records, which
+    `flowrec predict` scores a package's rows with, wherever it runs).
+
+    >>> feature_map_of({"feature_map": {"1": "user"}})
+    {'1': 'user'}
+    """
+    value = options.get("feature_map")
+    if not value:
+        return None
+    if isinstance(value, dict):
+        return {str(k): str(v) for k, v in value.items()}
+    return _feature_map(Path(value))
 
 
 def _feature_map(path: Path) -> dict[str, str]:

@@ -19,6 +19,7 @@ from flowrec.data.encoder_record import (
     RUN_ENCODER_DIR,
     EncoderRecord,
     check_same_encoder,
+    check_vocabularies,
     find_record,
     read_record,
     record_of_dataset,
@@ -51,7 +52,7 @@ def adopt_encoder(spec: ModelSpec, folder: Path, train: Any, evaluation: Any | N
         check_same_encoder(find_record(run_folder_of(parent)), record, f"training data {_where(train)}",
                            extension=True)  # RUN/best's encoder is its run's
     if resuming and (target / ENCODER_FILE).is_file():
-        own = read_record(target)
+        own = check_vocabularies(read_record(target))  # a damaged vocabulary file, as export refuses it
         check_same_encoder(own, record, f"training data {_where(train)}")
         return own
     if target.is_symlink() or (os.path.lexists(target) and not target.is_dir()):

@@ -3,7 +3,8 @@
 `flowrec eval RUN` (no `--data`), `Run.evaluate()` (no data), `flowrec export` (the rows it
 compares the exported program on) and the seen-pairs of a retrieval evaluation read them here.
 A run trained on a split dataset evaluated on its test part; one given `--eval-data` on that;
-a run of the spec's bound raw data encoded it into RUN/data; synthetic rows are recorded nowhere.
+a run of the spec's bound raw data encoded it into RUN/data; a run on synthetic rows records their
+count, from which its evaluation rows are drawn again (`synthetic_rows`).
 Paths are recorded absolute (`flowrec.runs.settings.write_run_file`); older runs' relative paths
 are read relative to the working folder, as they were written.
 
@@ -14,6 +15,7 @@ Example:
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from flowrec.data.layout import META_FILE, DataError
 from flowrec.runs.settings import read_run_file
@@ -47,6 +49,17 @@ def recorded_eval_data(run_dir: Path) -> Path | None:
         return Path(settings["eval_data"])
     test = _data_folder(folder, settings) / "test"
     return test if test.is_dir() else None
+
+
+def synthetic_rows(run_dir: Path, spec: Any) -> int | None:
+    """The training row count of a run on synthetic rows (`flowrec train SPEC --rows N` without
+    data; `spec` the run's), whose evaluation rows `flowrec eval RUN` draws again from its seed
+    (`flowrec.runtime.session.synthetic_evaluation`); None for a run on data (or without run.json)."""
+    settings = read_run_file(run_folder(run_dir)) or {}
+    if not settings or settings.get("data") or settings.get("eval_data") or (spec.data is not None and spec.data.bound):
+        return None
+    rows = settings.get("rows")
+    return rows if isinstance(rows, int) and not isinstance(rows, bool) and rows >= 1 else None
 
 
 def eval_data_to_score(run_dir: Path, how: str = "--data DIR") -> Path:

@@ -294,9 +294,22 @@ def synthetic_sources(spec: ModelSpec, rows: int, status: Callable[[str], None])
     """Synthetic train and evaluation data from the spec (same hidden model, disjoint rows)."""
     from flowrec.data.synth import SynthConfig, synth_table
 
-    eval_rows = max(int(rows * EVAL_FRACTION), 1)
+    eval_rows = synthetic_eval_rows(rows)
     status(f"generating {rows:,} + {eval_rows:,} synthetic rows from the spec (Zipf ids, hidden-model labels)")
     table = synth_table(spec, rows + eval_rows, SynthConfig(seed=spec.training.seed))
     train = MemorySource(split_table(table.slice(0, rows), SYNTH_PARTITIONS))
     evaluation = MemorySource(split_table(table.slice(rows, eval_rows), 2))
     return train, evaluation, f"data: synthetic, {rows:,} train + {eval_rows:,} eval rows"
+
+
+def synthetic_eval_rows(rows: int) -> int:
+    """How many evaluation rows a run on `rows` synthetic training rows draws after them."""
+    return max(int(rows * EVAL_FRACTION), 1)
+
+
+def synthetic_evaluation(spec: ModelSpec, rows: int) -> tuple[MemorySource, MemorySource]:
+    """The (training, evaluation) rows of a run on `rows` synthetic rows of the trained `spec` (its
+    seed), drawn again as `synthetic_sources` drew them: `flowrec eval RUN` of such a run scores
+    what it evaluated on (a retrieval head with exclude_seen leaving out the training pairs)."""
+    train, evaluation, _ = synthetic_sources(spec, rows, lambda _: None)
+    return train, evaluation

@@ -30,6 +30,7 @@ from flowrec.data.encoder_record import (
     RUN_ENCODER_DIR,
     EncoderRecord,
     check_same_encoder,
+    check_vocabularies,
     read_record,
     record_of_dataset,
 )
@@ -95,19 +96,29 @@ class Trained:
             raise DataError(f"{path} is a split dataset (its parts train/ and test/ are the datasets): "
                             f"score its test part, {Path(path) / 'test'}")  # not "convert it first"
         source = open_dataset(Path(path), self.spec)
-        opts = StagingOptions(batch_size=self.spec.training.batch_size, shuffle=False, lookahead=0)
         try:
             self.check_data(path)
-            with iterate_batches(self.spec, source, opts, 0, 0, self.model.groups,
-                                 remap=eval_remapper(self.model)) as batches:
-                return evaluate(self.model, batches, self.spec.training.precision, group_by,
-                                _seen_of(self, seen, group_by))
+            return self.evaluate_source(source, group_by, seen)
         finally:
             source.close()
 
+    def evaluate_source(self, source: Any, group_by: str | None = None,
+                        seen: Any = None) -> dict[str, dict[str, float]]:
+        """Metrics per head on an open source of encoded rows (`evaluate_dataset`'s, or the
+        synthetic evaluation rows of a run on synthetic rows), its encoder already checked;
+        `seen`: a training dataset's path, or an open training source (a run's synthetic rows)."""
+        if group_by is not None:
+            group_slot(self.model, group_by)
+        opts = StagingOptions(batch_size=self.spec.training.batch_size, shuffle=False, lookahead=0)
+        with iterate_batches(self.spec, source, opts, 0, 0, self.model.groups,
+                             remap=eval_remapper(self.model)) as batches:
+            return evaluate(self.model, batches, self.spec.training.precision, group_by,
+                            _seen_of(self, seen, group_by))
 
-def _seen_of(trained: "Trained", path: Path | None, group_by: str | None) -> Any:
-    """The training pairs of `path` for a retrieval head with exclude_seen (None otherwise)."""
+
+def _seen_of(trained: "Trained", path: Any, group_by: str | None) -> Any:
+    """The training pairs of `path` (a dataset, or an open source) for a retrieval head with
+    exclude_seen (None otherwise)."""
     binding = trained.model.retrieval
     if path is None or not trained.excludes_seen or group_by is None:
         return None
@@ -115,6 +126,8 @@ def _seen_of(trained: "Trained", path: Path | None, group_by: str | None) -> Any
         raise ValueError(f"cannot group by {group_by!r} with exclude_seen: it is the item id; group by the user")
     from flowrec.runtime.evaluation.retrieval import SeenItems
 
+    if not isinstance(path, (str, Path)):  # an open source: a run's synthetic training rows
+        return SeenItems.of(path, group_by, binding.item_feature)
     trained.check_data(path)
     source = open_dataset(Path(path), trained.spec)
     try:
@@ -183,10 +196,10 @@ def load_trained(run: Path, device: str, scoring: Callable[[Plan], Plan], mmap: 
 
 
 def run_encoder(checkpoint: Path) -> EncoderRecord | None:
-    """The encoder recorded in the run folder of a checkpoint (RUN/best's is its run's), or None (a
-    run made before encoders)."""
+    """The encoder recorded in the run folder of a checkpoint (RUN/best's is its run's), its
+    vocabularies checked (`check_vocabularies`), or None (a run made before encoders)."""
     folder = run_folder_of(Path(checkpoint)) / RUN_ENCODER_DIR
-    return read_record(folder) if (folder / ENCODER_FILE).is_file() else None
+    return check_vocabularies(read_record(folder)) if (folder / ENCODER_FILE).is_file() else None
 
 
 class ServingModel(nn.Module):

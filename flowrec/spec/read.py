@@ -117,7 +117,7 @@ def flowrec_format(doc: Any) -> str | None:
     schema = doc.get("$id") if isinstance(doc, dict) else None
     if isinstance(schema, str) and schema.startswith(SCHEMA_ID_PREFIX):  # `flowrec schema > s.json`
         return f"the JSON Schema {schema.rsplit('/', 1)[-1]!r}, as `flowrec schema` prints it"
-    if _eval_metrics(doc):
+    if is_eval_metrics(doc):
         return "metrics of `flowrec eval --json`"
     return None
 
@@ -125,10 +125,10 @@ def flowrec_format(doc: Any) -> str | None:
 SCHEMA_ID_PREFIX = "https://flowrec.dev/schemas/"  # the `$id` of flowrec's JSON Schemas (schemas/)
 
 
-def _eval_metrics(doc: Any) -> bool:
+def is_eval_metrics(doc: Any) -> bool:
     """Whether `doc` is what `flowrec eval --json` writes: head -> {metric: number or null, samples}.
 
-    >>> _eval_metrics({"ctr": {"auc": 0.7, "logloss": None, "samples": 40}}), _eval_metrics({"name": "x"})
+    >>> is_eval_metrics({"ctr": {"auc": 0.7, "logloss": None, "samples": 40}}), is_eval_metrics({"name": "x"})
     (True, False)
     """
     return isinstance(doc, dict) and bool(doc) and all(

@@ -534,3 +534,40 @@ def test_a_libsvm_feature_map_beside_the_spec_is_read_from_the_specs_folder(tmp_
 
     folder = bound_dataset(load_spec(project / "s.yaml"), project / "s.yaml", tmp_path / "run", lambda _: None)
     assert pq.read_table(folder).num_rows == 120
+
+
+def test_encoder_from_reads_libsvm_rows_with_the_encoders_feature_map(tmp_path, monkeypatch):
+    """`data convert libsvm day2.libsvm OUT --spec s.yaml --encoder-from RUN` read day 2 with the
+    feature map beside the spec, though the encoder records the map its ids were read with: a map
+    edited since (or another project's) put each index in another column without a word. Now the
+    encoder's map reads the rows, as `flowrec predict` reads a package's."""
+    import random
+
+    import yaml
+
+    rng = random.Random()
+    (tmp_path / "fmap.txt").write_text("".join(f"{i} user\n" for i in range(1, 41)) +
+                                       "".join(f"{i} item\n" for i in range(41, 66)))
+    for day in ("d1", "d2"):
+        (tmp_path / f"{day}.libsvm").write_text("".join(
+            f"{rng.randrange(2)} {1 + rng.randrange(40)}:1 {41 + rng.randrange(25)}:1\n" for _ in range(100)))
+    doc = {"name": "ls", "features": [{"name": "user", "type": "categorical", "hash_buckets": 50, "dim": 4},
+                                      {"name": "item", "type": "categorical", "hash_buckets": 30, "dim": 4}],
+           "modules": [{"name": "m", "kind": "mlp", "inputs": ["@sparse"], "layers": [4]}],
+           "heads": [{"name": "h", "input": "m"}], "optimizer": OPT,
+           "data": {"format": "libsvm", "options": {"feature_map": "fmap.txt"}}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(doc))
+    monkeypatch.chdir(tmp_path)
+    runner = CliRunner()
+
+    def run(*args):
+        result = runner.invoke(app, ["data", "convert", "libsvm", *args, "--spec", "s.yaml", "-q"])
+        assert result.exit_code == 0, result.output
+
+    run("d1.libsvm", "a")
+    run("d2.libsvm", "expected", "--encoder-from", "a")
+    (tmp_path / "fmap.txt").write_text("".join(f"{i} item\n" for i in range(1, 41)) +  # edited since
+                                       "".join(f"{i} user\n" for i in range(41, 66)))
+    run("d2.libsvm", "b", "--encoder-from", "a")
+    expected, b = pq.read_table(tmp_path / "expected"), pq.read_table(tmp_path / "b")
+    assert expected.num_rows == 100 and expected.equals(b)

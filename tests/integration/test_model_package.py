@@ -345,3 +345,51 @@ def test_lists_written_with_another_separator_are_refused_not_scored_as_one_id(p
         load_model(package["pkg"]).predict(raw)
     kept = _raw(50, 4)  # the same rows written with '^' score
     assert len(load_model(package["pkg"]).predict(kept)) == 50
+
+
+def test_a_libsvm_package_scores_with_its_own_feature_map_from_any_folder(tmp_path, monkeypatch):
+    """A libsvm spec's feature_map stayed outside the package: `flowrec predict PKG rows.libsvm` read
+    fmap.txt from the working folder, so a moved package scored from elsewhere said 'cannot read
+    feature map', or, beside another map, scored other columns' ids without a word. Now the map
+    the data was read with travels in the encoder: scores equal the model's on the same columns."""
+    import yaml
+
+    from flowrec import load_model
+
+    rng = np.random.default_rng()
+    project, elsewhere = tmp_path / "x", tmp_path / "elsewhere"
+    project.mkdir()
+    elsewhere.mkdir()
+    (project / "fmap.txt").write_text("".join(f"{i} user\n" for i in range(1, 41)) +
+                                      "".join(f"{i} item\n" for i in range(41, 66)) + "66 price\n")
+    (elsewhere / "fmap.txt").write_text("".join(f"{i} item\n" for i in range(1, 41)) +  # another project's map
+                                        "".join(f"{i} user\n" for i in range(41, 66)) + "66 price\n")
+    users, items, prices = rng.integers(1, 41, 600), rng.integers(41, 66, 600), rng.random(600) * 9
+    labels = (rng.random(600) < np.where(users % 3 == 0, 0.8, 0.2)).astype(int)
+    text = "".join(f"{y} {u}:1 {i}:1 66:{p:.3f}\n" for y, u, i, p in zip(labels, users, items, prices))
+    (project / "t.libsvm").write_text(text)
+    rows = "".join(text.splitlines(keepends=True)[:100])
+    (elsewhere / "rows.libsvm").write_text(rows)
+    doc = {"name": "ls", "features": [{"name": "price", "type": "dense"},
+                                      {"name": "user", "type": "categorical", "vocab": 50, "dim": 4},
+                                      {"name": "item", "type": "categorical", "vocab": 30, "dim": 4}],
+           "modules": [{"name": "m", "kind": "mlp", "inputs": ["@dense", "@sparse"], "layers": [4]}],
+           "heads": [{"name": "h", "input": "m", "task": "binary", "loss": "bce"}],
+           "optimizer": {"dense": {"name": "adam", "lr": 0.01}, "sparse": {"name": "adam", "lr": 0.05}},
+           "training": {"batch_size": 128, "epochs": 1, "seed": 0},
+           "data": {"format": "libsvm", "path": "t.libsvm", "options": {"feature_map": "fmap.txt"}}}
+    (project / "s.yaml").write_text(yaml.safe_dump(doc))
+    monkeypatch.chdir(project)
+    run = runner.invoke(app, ["train", "s.yaml", "--out", "run", "--quiet", "--device", "cpu"])
+    assert run.exit_code == 0, run.output
+    assert runner.invoke(app, ["export", "run", "pkg"]).exit_code == 0
+    (project / "pkg").rename(elsewhere / "pkg")
+    monkeypatch.chdir(elsewhere)
+    result = runner.invoke(app, ["predict", "pkg", "rows.libsvm", "--out", "s.parquet", "-q"])
+    assert result.exit_code == 0, result.output
+    scores = pq.read_table(elsewhere / "s.parquet").column("h").to_numpy()
+    given = [line.split() for line in rows.splitlines()]
+    frame = pd.DataFrame({"user": [g[1].split(":")[0] for g in given], "item": [g[2].split(":")[0] for g in given],
+                          "price": [float(g[3].split(":")[1]) for g in given]})
+    expected = load_model(elsewhere / "pkg").predict(frame)["h"].to_numpy()
+    assert len(scores) == len(given) and np.allclose(scores, expected, atol=1e-6)

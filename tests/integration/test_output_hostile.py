@@ -127,6 +127,10 @@ OUTPUTS = {  # case -> (argv, flowrec's words, what to prepare first)
     "eval_json_over_the_checkpoint": (eval_json("run/checkpoint.pt", "--overwrite"), "a training run's folder", None),
     "eval_json_over_the_dataset_meta": (eval_json("data/_flowrec.json", "--overwrite"), "a dataset's folder", None),
     "eval_json_over_a_file_without_overwrite": (eval_json("spec.yaml"), "exists; give --overwrite", None),
+    # eval reads neither the spec nor raw rows: --overwrite replaced them with metrics
+    "eval_json_over_the_spec": (eval_json("spec.yaml", "--overwrite"), "not metrics `flowrec eval --json` wrote",
+                                None),
+    "eval_json_over_raw_rows": (eval_json("new.csv", "--overwrite"), "not metrics `flowrec eval --json` wrote", None),
     "export_into_the_run": (lambda r: ["export", str(r / "run"), str(r / "run" / "pkg")], "a training run's folder",
                             None),
     "export_over_a_dataset": (lambda r: ["export", str(r / "run"), str(r / "data"), "--overwrite"],

@@ -224,7 +224,8 @@ def test_a_runs_split_data_is_no_day_converted_with_a_split(days, tmp_path: Path
     (run / "run.json").write_text("{}\n")  # as a run on bound data holds it
     assert day_partitions(run, DayOrder(None)) == []
     shown = runner.invoke(app, ["data", "inspect", str(run)])
-    assert shown.exit_code == 2 and "neither an encoded dataset nor a folder of day partitions" in shown.output
+    assert shown.exit_code == 2 and f"a training run's folder, not a dataset: inspect the data it trained on, {run / 'data'}" \
+        in shown.output
     assert "split into train/ and test/" not in shown.output
 
 

@@ -1296,3 +1296,130 @@ def test_run_json_records_beside_the_flags_are_checked_as_the_flags_are(tmp_path
         read_run_file(tmp_path)
     (tmp_path / "run.json").write_text(json.dumps(doc))
     assert read_run_file(tmp_path) == doc
+
+
+@pytest.mark.parametrize("damage", ["truncated", "replaced"])
+def test_a_damaged_vocabulary_of_the_run_is_refused_by_resume_and_eval(tmp_path: Path, damage: str) -> None:
+    """A damaged RUN/encoder/vocab file (truncated, or another table's or run's) was noticed by
+    export and --encoder-from only: `train --resume` trained on and `flowrec eval RUN` scored
+    without a word. Now both refuse it in one line naming the file, as export does."""
+    import random
+
+    rng = random.Random()
+    (tmp_path / "raw.csv").write_text("price,user,item,label\n" + "".join(
+        f"{rng.random():.3f},u{rng.randrange(50)},i{rng.randrange(20)},{rng.randrange(2)}\n" for _ in range(200)))
+    spec = tmp_path / "s.yaml"
+    spec.write_text("""
+name: vocab_damage
+features:
+  - {name: price, type: dense}
+  - {name: user, type: categorical, vocab: 60, dim: 4}
+  - {name: item, type: categorical, vocab: 30, dim: 4}
+modules:
+  - {name: m, kind: mlp, inputs: ["@dense", "@sparse"], layers: [4]}
+heads:
+  - {name: h, input: m, task: binary, loss: bce}
+optimizer:
+  dense: {name: adam, lr: 0.01}
+  sparse: {name: adam, lr: 0.05}
+training: {batch_size: 32, epochs: 1, seed: 0}
+data: {format: csv, path: raw.csv, options: {test_fraction: 0.2}}
+""")
+    run = tmp_path / "run"
+    made = runner.invoke(app, ["train", str(spec), "--out", str(run), "--max-steps", "2", "-q", "--device", "cpu"])
+    assert made.exit_code == 0, made.output
+    assert runner.invoke(app, ["eval", str(run)]).exit_code == 0
+    vocab = run / "encoder" / "vocab" / "user.parquet"
+    if damage == "truncated":
+        vocab.write_bytes(vocab.read_bytes()[: vocab.stat().st_size // 2])
+    else:
+        vocab.write_bytes((run / "encoder" / "vocab" / "item.parquet").read_bytes())
+    for args in (["eval", str(run)], ["train", str(spec), "--resume", str(run), "--max-steps", "4", "-q"]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert str(vocab) in result.output.strip().splitlines()[-1] and "Traceback" not in result.output
+
+
+def test_eval_of_a_run_on_synthetic_rows_scores_the_rows_it_evaluated_on(spec: Path, tmp_path: Path) -> None:
+    """`flowrec eval RUN` of a run trained on synthetic rows (`train SPEC --rows N`) said only
+    'give --data DIR', and no dataset fits: `data synth --seed S` draws another hidden model (AUC
+    about 0.4), and its default seed the training rows again. Now eval (and `Run.evaluate()`) draw
+    the run's own evaluation rows again from its seed: the metrics are its final evaluation's."""
+    run = tmp_path / "run"
+    made = runner.invoke(app, ["train", str(spec), "--rows", "700", "--seed", "5", "--out", str(run), "-q",
+                               "--device", "cpu"])
+    assert made.exit_code == 0, made.output
+    final = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()
+             if '"final": true' in line][-1]["metrics"]
+    scored = runner.invoke(app, ["eval", str(run), "--json", str(tmp_path / "m.json"), "-q"])
+    assert scored.exit_code == 0, scored.output
+    assert json.loads((tmp_path / "m.json").read_text())["ctr"] == pytest.approx(final["ctr"])
+    assert dict(flowrec.load(run).evaluate())["ctr"] == pytest.approx(final["ctr"])
+
+
+def test_data_inspect_of_a_run_or_package_names_what_to_inspect(spec: Path, tmp_path: Path) -> None:
+    """`flowrec data inspect RUN` (or PKG) said 'neither an encoded dataset nor a folder of day
+    partitions', as if the folder were not flowrec's; now one line says it is a run's folder and
+    names the dataset it trained on (or that it trained on synthetic rows), or that a package
+    holds no rows."""
+    data = _synth(spec, tmp_path / "d")
+    for run, extra in ((tmp_path / "a", ["--data", str(data)]), (tmp_path / "b", ["--rows", "200"])):
+        made = runner.invoke(app, ["train", str(spec), "--out", str(run), "--max-steps", "1", "-q", *extra])
+        assert made.exit_code == 0, made.output
+    assert runner.invoke(app, ["export", str(tmp_path / "a"), str(tmp_path / "pkg"), "-q"]).exit_code == 0
+    for folder, says in ((tmp_path / "a", f"training run's folder, not a dataset: inspect the data it trained on, {data}"),
+                         (tmp_path / "b", "it trained on synthetic rows"),
+                         (tmp_path / "pkg", "is a model package, not a dataset")):
+        result = runner.invoke(app, ["data", "inspect", str(folder)])
+        assert result.exit_code == 2 and "Traceback" not in result.output
+        assert says in result.output.strip().splitlines()[-1], result.output
+    assert runner.invoke(app, ["data", "inspect", str(data)]).exit_code == 0
+
+
+def test_a_run_or_package_given_as_data_says_what_it_is_not_convert_it(tmp_path: Path) -> None:
+    """`eval RUN --data RUN`, `train --data RUN`, `data profile SPEC PKG` said the folder 'is not a
+    flowrec dataset (no _flowrec.json); convert it first with flowrec data convert', which the
+    folder of a run or package cannot be; now one line says what it is and names the data a run on
+    bound data encoded."""
+    spec = _bound_csv_spec(tmp_path)
+    run = tmp_path / "run"
+    made = runner.invoke(app, ["train", str(spec), "--out", str(run), "--max-steps", "1", "-q"])
+    assert made.exit_code == 0, made.output
+    assert runner.invoke(app, ["export", str(run), str(tmp_path / "pkg"), "-q"]).exit_code == 0
+    for args, says in ((["eval", str(run), "--data", str(run)], f"a training run's folder, not a dataset: give the "
+                        f"data it encoded, {run / 'data'}"),
+                       (["train", str(spec), "--data", str(run), "--out", str(tmp_path / "r2"), "-q"],
+                        "a training run's folder, not a dataset"),
+                       (["data", "profile", str(spec), str(tmp_path / "pkg"), "-q"], "is a model package, not a dataset")):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2 and "Traceback" not in result.output and "convert it first" not in result.output
+        assert says in result.output.strip().splitlines()[-1], result.output
+
+
+def test_eval_of_a_synthetic_retrieval_run_leaves_out_the_pairs_it_trained_on(tmp_path: Path) -> None:
+    """`flowrec eval RUN` of a run on synthetic rows whose retrieval head has exclude_seen ranked
+    each user's training items too, where the run's own evaluation left them out (other metrics);
+    now it leaves out the pairs of the run's synthetic training rows, drawn again with them."""
+    spec = tmp_path / "tt.yaml"
+    spec.write_text("""
+name: tt
+features:
+  - {name: user_id, type: categorical, vocab: 50, dim: 8}
+  - {name: item_id, type: categorical, vocab: 40, dim: 8}
+modules:
+  - {name: score, kind: similarity, inputs: [user_id, item_id], metric: dot}
+heads:
+  - {name: retrieve, input: score, task: retrieval, negatives: {kind: in_batch}, exclude_seen: true, top_k: [10]}
+optimizer:
+  dense: {name: adam, lr: 0.01}
+  sparse: {name: adam, lr: 0.01}
+training: {batch_size: 128, epochs: 1, seed: 0, eval_group_by: user_id}
+""")
+    run = tmp_path / "run"
+    made = runner.invoke(app, ["train", str(spec), "--rows", "1500", "--out", str(run), "-q", "--device", "cpu"])
+    assert made.exit_code == 0, made.output
+    final = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()
+             if '"final": true' in line][-1]["metrics"]["retrieve"]
+    scored = runner.invoke(app, ["eval", str(run), "--json", "-", "-q"])
+    assert scored.exit_code == 0, scored.output
+    assert json.loads(scored.stdout)["retrieve"] == pytest.approx(final)
