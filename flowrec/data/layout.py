@@ -26,11 +26,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flowrec.data.owners import META_FILE, owner_of
 from flowrec.spec.json_doc import parse_json_text, version_problem
 from flowrec.spec.model import DenseFeature, ModelSpec, SparseFeature, TableSpec
 from flowrec.spec.read import MAX_SPEC_BYTES
 
-META_FILE = "_flowrec.json"
 META_FORMAT = "flowrec-dataset"
 META_VERSION = 1
 VOCAB_DIR = "_vocab"
@@ -221,8 +221,6 @@ def read_meta(path: str | Path) -> DatasetMeta:
 def _owned_folder(path: Path) -> str | None:
     """What to say of a training run's folder or a model package given as a dataset (it was 'not a
     flowrec dataset; convert it first'): a run's encoded bound data is named; None for other folders."""
-    from flowrec.data.output_guard import owner_of
-
     owner = owner_of(path)
     if owner == "a training run":
         data = path / "data"

@@ -23,44 +23,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from flowrec.data.layout import META_FILE, DataError
+from flowrec.data.layout import DataError
+from flowrec.data.owners import MARKER_BYTES, OWNERS, owner_of  # noqa: F401 (the guard's names)
 
-# what marks a folder as owned, and by what: marker file -> the bytes its start must hold (None:
-# any file); tests hold these names equal to the owners' constants
-OWNERS = (
-    ("a training run", {"checkpoint.pt": None, "run.json": None, ".flowrec.lock": None}),
-    ("a model package", {"manifest.json": b'"flowrec-model"'}),
-    # a split written by `data convert --test-fraction` (OUT/train, OUT/test) owns OUT; a dataset a
-    # user happened to name `train` (its record holds no split part) does not own its parent
-    ("a dataset", {META_FILE: None, f"train/{META_FILE}": b'"part": "train"'}),
-    ("an encoder", {"encoder.json": b'"flowrec-encoder"'}),
-)
-MARKER_BYTES = 1 << 16  # bytes of a marker file searched for its format name
 MAX_INPUT_FILES = 100_000  # files of a folder looked at (an input's part files, a replaced folder's entries)
 
 
 class OutputError(DataError):
     """An output the guard refuses; the message is one line naming it."""
-
-
-def owner_of(folder: Path) -> str | None:
-    """What owns `folder` ("a training run", "a model package", ...), or None."""
-    for owner, markers in OWNERS:
-        if any(_marks(Path(folder) / name, needle) for name, needle in markers.items()):
-            return owner
-    return None
-
-
-def _marks(path: Path, needle: bytes | None) -> bool:
-    if needle is None:
-        return os.path.lexists(path)
-    if not path.is_file():  # never open a pipe or a device named like a marker (it could block)
-        return False
-    try:
-        with open(path, "rb") as f:
-            return needle in f.read(MARKER_BYTES)
-    except OSError:
-        return False
 
 
 def owning_folder(path: Path) -> tuple[Path, str] | None:
