@@ -135,8 +135,13 @@ def _train_command(request: RunRequest, nproc: int, max_restarts: int, follow_di
              f"more), or leave --max-restarts out (under torchrun, give torchrun's own --max-restarts)")
     if not 0.0 <= follow_wait <= MAX_FOLLOW_WAIT_S:  # NaN fails both comparisons
         fail(f"--follow-wait must be a number of seconds in 0..{MAX_FOLLOW_WAIT_S} (a week), not {follow_wait!r}")
-    if follow_dir is None and follow_order != "name":
-        fail("--follow-order orders the day partitions of --follow: give --follow DAYS")
+    if follow_dir is None:  # each of these only shapes a --follow stream: alone it would be ignored
+        alone = [flag for flag, given in (("--follow-wait", follow_wait != 0.0), ("--follow-once", follow_once),
+                                          ("--follow-export", follow_export),
+                                          ("--follow-order", follow_order != "name")) if given]
+        if alone:
+            fail(f"{', '.join(alone)} {'shapes' if len(alone) == 1 else 'shape'} the stream of --follow DAYS, "
+                 f"which this run is not: give --follow DAYS, or leave {'it' if len(alone) == 1 else 'them'} out")
     if follow_dir is not None:
         _check_follow(request, nproc)
         from flowrec.cli.follow import follow
