@@ -251,6 +251,11 @@ def _check_options(request: RunRequest) -> None:
             parse_cache_data(given["cache_data"])
         except ValueError as exc:
             fail(str(exc))
+    if given["dask"] is not None:
+        from flowrec.data.dataset import dask_address_problem
+
+        if problem := dask_address_problem(given["dask"]):
+            fail(f"--dask {problem}")
     if not 1.0 <= request.dist_timeout <= MAX_DIST_TIMEOUT_S:  # NaN fails both comparisons
         fail(f"--dist-timeout must be a number of seconds in 1..{MAX_DIST_TIMEOUT_S} (a week), "
              f"not {request.dist_timeout!r}")
