@@ -1102,6 +1102,17 @@ def test_rows_given_for_a_run_on_real_data_is_said_to_be_ignored() -> None:
     assert not any("ignored" in n for n in notes), notes
 
 
+def test_dask_given_for_a_run_on_synthetic_rows_is_said_to_be_ignored() -> None:
+    """`flowrec train SPEC --rows 2000 --dask local` (or a bad scheduler's address) trained on rows
+    made in memory without a word, as --dask reads only a dataset's partitions."""
+    given = {"data": None, "rows": 2000, "dask": "tcp://10.0.0.5:8786"}
+    _, notes = merge_settings(given, None, {})
+    assert any("--dask tcp://10.0.0.5:8786 is ignored" in n and "synthetic rows" in n for n in notes), notes
+    for data, bound in (("/d", False), (None, True)):  # a dataset: Dask reads it
+        _, notes = merge_settings({**given, "data": data, "rows": None}, None, {}, bound_data=bound)
+        assert not any("--dask" in n for n in notes), notes
+
+
 @pytest.mark.parametrize("link", ["symbolic", "hard"])
 def test_a_lock_file_that_is_a_link_is_refused_and_the_file_it_names_kept(tmp_path: Path, link: str) -> None:
     """A run folder whose .flowrec.lock was a link to another file (planted, or copied with the
