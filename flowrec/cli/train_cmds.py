@@ -184,6 +184,7 @@ def _launch(request: RunRequest, nproc: int, max_restarts: int) -> int:
     from flowrec.cli.ranks import launch_ranks
     from flowrec.runtime.rundir import RunFolderError, claim_new_folder
 
+    _check_ranks_fit(nproc)
     folder = None
     if request.out is None and request.resume is None:
         spec = load_spec_or_exit(request.spec_path)
@@ -194,6 +195,21 @@ def _launch(request: RunRequest, nproc: int, max_restarts: int) -> int:
         lock.release()  # rank 0 locks it again
     _say(f"launching {nproc} ranks (torch.distributed.run, gloo on CPU / nccl on CUDA)")
     return launch_ranks(nproc, max_restarts, folder)
+
+
+def _check_ranks_fit(nproc: int) -> None:
+    """Exit 2 when `nproc` ranks cannot all start here: each is a process of this program, as big
+    as this one is now (torch imported) before it reads any data. `--nproc 1000000` had torch's
+    launcher make a log folder per rank for minutes, deaf to SIGTERM, before any rank started."""
+    import resource
+
+    from flowrec.data.hostmemory import available_memory_bytes
+
+    each = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    room = available_memory_bytes()
+    if room is not None and nproc * each > room:
+        fail(f"--nproc {nproc}: {nproc:,} ranks of {each / 2**20:,.0f} MiB each (this process's size, before any "
+             f"data) need more than the {room / 2**30:,.1f} GiB of memory available here; give fewer ranks")
 
 
 def _restarted(request: RunRequest) -> RunRequest:

@@ -1199,3 +1199,20 @@ def test_run_json_records_beside_the_flags_are_checked_as_the_flags_are(tmp_path
         read_run_file(tmp_path)
     (tmp_path / "run.json").write_text(json.dumps(doc))
     assert read_run_file(tmp_path) == doc
+
+
+def test_more_ranks_than_the_memory_holds_are_refused_before_the_launch(spec: Path, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`train --nproc 1000000` had torch's launcher make a log folder per rank for minutes (572,295
+    of them in 9 minutes), deaf to timeout's SIGTERM, before any rank started; now ranks that cannot
+    all start in the memory available (each at least this process's size) are one line."""
+    from flowrec.cli import ranks
+
+    launched = []
+    monkeypatch.setattr(ranks, "launch_ranks", lambda nproc, *args: launched.append(nproc) or 0)
+    shown = runner.invoke(app, ["train", str(spec), "--nproc", "1000000", "--out", str(tmp_path / "run"), "-q"])
+    lines = shown.output.strip().splitlines()
+    assert shown.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: --nproc 1000000: "), shown.output
+    assert "give fewer ranks" in lines[0] and launched == [] and not (tmp_path / "run").exists()
+    fits = runner.invoke(app, ["train", str(spec), "--nproc", "2", "--out", str(tmp_path / "run"), "-q"])
+    assert fits.exit_code == 0 and launched == [2], fits.output
