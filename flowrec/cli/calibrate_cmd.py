@@ -55,7 +55,7 @@ def calibrate(
     seconds: float = typer.Option(0.5, "--seconds", min=0.01, max=10.0, help="Seconds spent per measured kernel."),
     nproc: int = typer.Option(1, "--nproc", min=1, max=64,
                               help="Processes whose collectives to measure (1: none; CUDA: one GPU each)."),
-    device_budget: Optional[str] = typer.Option(None, "--device-budget", help="With --nproc and a spec on the CPU: the device budget of the runs whose sharded plan the processes step (as `flowrec train --device-budget`; it decides the plan's shardings and so its collective calls)."),
+    device_budget: Optional[str] = typer.Option(None, "--device-budget", help="With --nproc and a spec on the CPU: the device budget of the runs whose sharded plan the processes step (as `flowrec train --device-budget`; it decides the plan's shardings and so its collective calls); without SPEC, --nproc N or the CPU it is refused."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the --out file when it exists (the default profile is always replaced)."),
 ) -> None:
     from flowrec.planner.calibration import default_profile_path, profile_document
@@ -81,6 +81,11 @@ def calibrate(
         fail(str(exc))
     if dev.type == "cuda" and nproc > 1 and nproc > torch_cuda_count():
         fail(f"--nproc {nproc} with CUDA needs one GPU per process; this machine has {torch_cuda_count()}")
+    if device_budget is not None and not (nproc > 1 and model is not None and dev.type == "cpu"):
+        # it only shapes the sharded plan the processes step (`_shared_cores`): elsewhere it was ignored
+        fail(f"--device-budget sets the plan that --nproc N processes step for a spec on the CPU; this calibration "
+             f"({'no SPEC' if model is None else 'no --nproc N' if nproc <= 1 else f'device {dev.type}'}) "
+             f"steps none: give SPEC and --nproc N (2 or more) on the CPU, or leave --device-budget out")
     from flowrec.measure import robust
 
     started = time.perf_counter()

@@ -53,6 +53,8 @@ class RepeatedArgumentsCommand(TyperCommand):
                 param.__class__ = RepeatedArgument
             elif type(param) is TyperOption and param.multiple:
                 param.__class__ = RepeatedOption
+            if _takes_paths(param):
+                param.process_value = _refusing_empty(param, param.process_value)
 
     def invoke(self, ctx: typer.Context):
         for param in self.params:
@@ -68,6 +70,26 @@ class RepeatedArgumentsCommand(TyperCommand):
 
 
 PATH_TEXT_OPTIONS = frozenset({"--json", "--dot", "--svg", "--png"})  # a path as text, or - for stdout
+
+
+def _takes_paths(param: TyperArgument | TyperOption) -> bool:
+    """Whether `param` names files or folders (a Path, a list of them, or a PATH_TEXT_OPTIONS text)."""
+    annotation = param.type_descriptor.annotation
+    if isinstance(param, TyperOption) and param.opts[0] in PATH_TEXT_OPTIONS:
+        return annotation is str
+    return annotation is Path or Path in get_args(annotation)
+
+
+def _refusing_empty(param: TyperArgument | TyperOption, process_value: Callable) -> Callable:
+    """`param`'s process_value, refusing an empty text first: a Path reads "" as '.', so `--out ""`
+    (an unset shell variable, `--out "$OUT"`) trained into the working folder, `validate ""`
+    scanned it and `data convert ... ""` refused '.' as the input's folder."""
+    def checked(ctx: typer.Context, value):
+        if any(v == "" for v in (value if isinstance(value, (list, tuple)) else [value])):
+            name = param.opts[0] if isinstance(param, TyperOption) else (param.metavar or param.name.upper())
+            fail(f"{name} is an empty path: give a file or folder name ('.' for the working folder)")
+        return process_value(ctx, value)
+    return checked
 
 
 NAME_MAX = 255  # bytes of one file name (ext4, xfs, btrfs, tmpfs), where the folder does not say

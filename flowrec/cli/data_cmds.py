@@ -130,6 +130,7 @@ def convert(
         options["test_fraction"] = test_fraction
     if split_seed is not None:
         options["split_seed"] = split_seed
+    _check_split_flags(options)
 
     def work():
         from flowrec.data.convert import convert as run_convert
@@ -458,3 +459,18 @@ def _show_inspected(info: dict[str, Any]) -> None:
                    err=True)
     if info["scanned_rows"] < info["rows"]:
         typer.echo(f"(missing/unique over the first {info['scanned_rows']:,} rows)", file=sys.stderr)
+
+
+def _check_split_flags(options: dict[str, Any]) -> None:
+    """--test-fraction and --split-seed, refused naming the flag (their check names the spec's
+    data.options keys, test_fraction and split_seed, which `--test-fraction nan` never gave)."""
+    from flowrec.data.convert import check_split_seed, check_test_fraction
+    from flowrec.data.layout import DataError
+
+    for key, flag, check in (("test_fraction", "--test-fraction", check_test_fraction),
+                             ("split_seed", "--split-seed", check_split_seed)):
+        try:
+            check(options)
+        except DataError as exc:
+            text = str(exc)
+            fail(flag + text[len(key):] if text.startswith(key) else f"{flag}: {text}")

@@ -70,7 +70,7 @@ def train(
     checkpoint_every: Optional[int] = typer.Option(None, "--checkpoint-every", min=0, help="Also checkpoint every N steps (always at the end and on Ctrl-C). Default: 0."),
     checkpoint_full_every: Optional[str] = typer.Option(None, "--checkpoint-full-every", metavar="auto|K", help="How often a checkpoint is full; the others are incremental (only the rows touched since the previous checkpoint, applied on the full one at --resume). auto (the default): full, unless the previous full checkpoint is still being written or was written less than 4 times its write time ago, then incremental, so training never waits for a big table's write (where checkpoints are more than 5 full writes apart, every one is full); K: one full checkpoint in K (1: every checkpoint full, waiting for the previous full write when it is still going). Every checkpoint is written in the background while training goes on (a full one streamed from a copy-on-write snapshot of the tables; with --nproc > 1 each rank its rows); a failed write stops the run at the next checkpoint or at the end, the checkpoint before it kept."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Override the spec's training seed (0 .. 2^63-1)."),
-    dask: Optional[str] = typer.Option(None, "--dask", help="Read data partitions through Dask: a scheduler address (tcp://host:8786) of an existing cluster, or 'local' for a local cluster. Default: direct pyarrow reads (faster on one machine)."),
+    dask: Optional[str] = typer.Option(None, "--dask", help="Read data partitions through Dask: a scheduler address (tcp://host:8786) of an existing cluster, or 'local' for a local cluster. Synthetic rows have no partitions: with them a line says it is ignored. Default: direct pyarrow reads (faster on one machine)."),
     interleave: Optional[bool] = typer.Option(None, "--interleave/--no-interleave", help="--no-interleave: sequential schedule (no micro-batches, cache exchanges inline) to compare with the planned overlap; same parameters."),
     compile_dense: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="Compile the dense stage (torch.compile, inductor; eager where compiling fails): faster steps after a one-off compile of tens of seconds, so for long runs; on a CPU the eager fp32 stage (oneDNN linear layers) can be faster: compare. Same parameters (allclose). Default: off."),
     cache_data: Optional[str] = typer.Option(None, "--cache-data", help="Keep the data's decoded rows (training and evaluation sets) in memory after their first pass, so later epochs and evaluations read and decode no files: auto (a Parquet dataset whose rows, as staged, fit half the memory still available; synthetic rows are in memory already), on (any dataset, any size), off (read every epoch), or a byte size such as 2GiB (auto with that budget). Costs 4 bytes per dense value and label and 8 per sparse id of every row (about 400 MB per 1.5M Criteo rows) for the whole run. Only one-id-per-field data (DLRM, DCN, W&D) is kept; sequences and managed tables are read every epoch. Default: auto."),
@@ -134,8 +134,13 @@ def _train_command(request: RunRequest, nproc: int, max_restarts: int, follow_di
              f"more), or leave --max-restarts out (under torchrun, give torchrun's own --max-restarts)")
     if not 0.0 <= follow_wait <= MAX_FOLLOW_WAIT_S:  # NaN fails both comparisons
         fail(f"--follow-wait must be a number of seconds in 0..{MAX_FOLLOW_WAIT_S} (a week), not {follow_wait!r}")
-    if follow_dir is None and follow_order != "name":
-        fail("--follow-order orders the day partitions of --follow: give --follow DAYS")
+    if follow_dir is None:  # each of these only shapes a --follow stream: alone it would be ignored
+        alone = [flag for flag, given in (("--follow-wait", follow_wait != 0.0), ("--follow-once", follow_once),
+                                          ("--follow-export", follow_export),
+                                          ("--follow-order", follow_order != "name")) if given]
+        if alone:
+            fail(f"{', '.join(alone)} {'shapes' if len(alone) == 1 else 'shape'} the stream of --follow DAYS, "
+                 f"which this run is not: give --follow DAYS, or leave {'it' if len(alone) == 1 else 'them'} out")
     if follow_dir is not None:
         _check_follow(request, nproc)
         from flowrec.cli.follow import follow
@@ -182,6 +187,7 @@ def _launch(request: RunRequest, nproc: int, max_restarts: int) -> int:
     from flowrec.cli.ranks import launch_ranks
     from flowrec.runtime.rundir import RunFolderError, claim_new_folder
 
+    _check_ranks_fit(nproc)
     folder = None
     if request.out is None and request.resume is None:
         spec = load_spec_or_exit(request.spec_path)
@@ -192,6 +198,21 @@ def _launch(request: RunRequest, nproc: int, max_restarts: int) -> int:
         lock.release()  # rank 0 locks it again
     _say(f"launching {nproc} ranks (torch.distributed.run, gloo on CPU / nccl on CUDA)")
     return launch_ranks(nproc, max_restarts, folder)
+
+
+def _check_ranks_fit(nproc: int) -> None:
+    """Exit 2 when `nproc` ranks cannot all start here: each is a process of this program, as big
+    as this one is now (torch imported) before it reads any data. `--nproc 1000000` had torch's
+    launcher make a log folder per rank for minutes, deaf to SIGTERM, before any rank started."""
+    import resource
+
+    from flowrec.data.hostmemory import available_memory_bytes
+
+    each = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    room = available_memory_bytes()
+    if room is not None and nproc * each > room:
+        fail(f"--nproc {nproc}: {nproc:,} ranks of {each / 2**20:,.0f} MiB each (this process's size, before any "
+             f"data) need more than the {room / 2**30:,.1f} GiB of memory available here; give fewer ranks")
 
 
 def _restarted(request: RunRequest) -> RunRequest:
@@ -249,6 +270,11 @@ def _check_options(request: RunRequest) -> None:
             parse_cache_data(given["cache_data"])
         except ValueError as exc:
             fail(str(exc))
+    if given["dask"] is not None:
+        from flowrec.data.dataset import dask_address_problem
+
+        if problem := dask_address_problem(given["dask"]):
+            fail(f"--dask {problem}")
     if not 1.0 <= request.dist_timeout <= MAX_DIST_TIMEOUT_S:  # NaN fails both comparisons
         fail(f"--dist-timeout must be a number of seconds in 1..{MAX_DIST_TIMEOUT_S} (a week), "
              f"not {request.dist_timeout!r}")

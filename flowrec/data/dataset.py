@@ -234,6 +234,37 @@ def _batch(table: pa.Table, start: int, rows: int) -> pa.Table:
     return table.slice(start, rows)
 
 
+def dask_address_problem(address: str) -> str | None:
+    """Why `address` (`--dask`) names no Dask scheduler, or None: 'local' or a scheduler address
+    with a port (tcp://host:8786, host:8786, tls://...). Checked before a run starts: 'bogus'
+    failed after the data was encoded, in distributed's words, then held the exit 60 s.
+
+    >>> dask_address_problem("tcp://10.0.0.5:8786") is None, dask_address_problem("local") is None
+    (True, True)
+    >>> dask_address_problem("bogus")
+    "'bogus' is not a scheduler address: give local, or tcp://HOST:PORT (e.g. tcp://10.0.0.5:8786)"
+    """
+    if address == "local":
+        return None
+    from distributed.comm.addressing import parse_address, parse_host_port
+
+    try:
+        scheme, location = parse_address(address)
+        if scheme in ("tcp", "tls"):
+            parse_host_port(location)
+    except ValueError:
+        scheme = None
+    if scheme is None or not location:
+        return f"{address!r} is not a scheduler address: give local, or tcp://HOST:PORT (e.g. tcp://10.0.0.5:8786)"
+    try:
+        from distributed.comm.registry import get_backend
+
+        get_backend(scheme)
+    except ValueError:
+        return f"{address!r}: no Dask transport {scheme}://; give local, or tcp://HOST:PORT (e.g. tcp://10.0.0.5:8786)"
+    return None
+
+
 class DaskSource(_ParquetParts):
     """An encoded Parquet dataset whose row groups are read, checked and cut into batches by Dask.
 
@@ -259,7 +290,11 @@ class DaskSource(_ParquetParts):
             self._cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
                                          dashboard_address=":0")  # a free port: never "8787 in use"
             address = self._cluster.scheduler_address
-        self._client = Client(address, set_as_default=False)
+        try:
+            self._client = Client(address, set_as_default=False)
+        except OSError as exc:  # no scheduler there: distributed's traceback after its connect timeout
+            raise DataError(f"--dask {address}: cannot reach a Dask scheduler there ({exc}); start one "
+                            f"(dask scheduler) or give --dask local") from None
 
     def submit(self, index: int, columns: Sequence[str], row_groups: Sequence[int] | None = None,
                rules: Sequence[ColumnRule] = ()) -> Any:

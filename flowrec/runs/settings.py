@@ -169,6 +169,9 @@ def merge_settings(given: dict[str, Any], recorded: dict[str, Any] | None,
             data = f"--data {settings['data']}" if settings["data"] else "the data the spec binds"
             ignored = (f"{flag} {given['rows']} is ignored: it sets the rows of synthetic data, and this run trains "
                        f"on every row of {data} (--max-steps N stops it sooner)")
+    elif given.get("dask") is not None:  # synthetic rows are made in memory: there are no partitions to read
+        ignored = (f"{SETTINGS['dask'][0]} {given['dask']} is ignored: it reads the partitions of a dataset, and "
+                   f"this run trains on synthetic rows made in memory (give --data DIR to read one through Dask)")
     notes = []
     if restored:
         notes.append("restored from run.json: " + ", ".join(restored))

@@ -276,3 +276,16 @@ def test_a_device_budget_that_is_not_a_size_is_one_line_before_any_measurement(t
     result = runner.invoke(app, ["calibrate", str(SPEC), "--nproc", "2", "--device-budget", "12XB", "--out", str(out)])
     assert result.exit_code == 2 and "--device-budget: not a byte size: '12XB'" in result.output
     assert "Traceback" not in result.output and not out.exists()
+
+
+@pytest.mark.parametrize("args", [["--device-budget", "1GiB"], [str(SPEC), "--device-budget", "1GiB"],
+                                  ["--nproc", "2", "--device-budget", "1GiB"]])
+def test_a_device_budget_without_a_spec_and_processes_to_step_is_refused_not_ignored(tmp_path: Path, args):
+    """calibrate --device-budget 1GiB without a spec or --nproc measured for a minute and wrote a
+    profile the budget had no part in, without a word: it shapes only the sharded plan that the
+    --nproc N processes step for a spec on the CPU."""
+    out = tmp_path / "p.json"
+    result = runner.invoke(app, ["calibrate", *args, "--device", "cpu", "--seconds", "0.01", "--out", str(out)])
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1 and "leave --device-budget out" in lines[0], result.output
+    assert not out.exists()

@@ -102,3 +102,32 @@ def test_recomputing_a_batch_gives_the_same_rows(data, cluster):
     source.close()
     assert all(_same(a, b) for a, b in zip(first, again))
     assert not np.array_equal(first[0].dense.numpy(), first[1].dense.numpy())
+
+
+@pytest.mark.parametrize("address", ["bogus", "tcp://host", "http://h:8786", "tcp://"])
+def test_a_dask_address_that_names_no_scheduler_is_one_line_before_the_run(tmp_path, data, address):
+    """`train --dask bogus` encoded the data, then said only distributed's 'missing port number in
+    address' and held the exit 60 s (a traceback from Client.__del__); now the form is refused
+    first, naming --dask, and nothing is written."""
+    from typer.testing import CliRunner
+
+    from flowrec.cli import app
+    from flowrec.testing.specs import run_spec
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text(run_spec("dask", batch_size=32, epochs=1))
+    result = CliRunner().invoke(app, ["train", str(spec), "--data", str(data), "--dask", address,
+                                      "--out", str(tmp_path / "run"), "-q"])
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith(f"error: --dask '{address}'"), \
+        result.output
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_dask_scheduler_that_cannot_be_reached_is_a_data_error(data):
+    """--dask tcp://HOST:PORT with no scheduler there ended in distributed's OSError traceback."""
+    import dask
+
+    with dask.config.set({"distributed.comm.timeouts.connect": "0.5s"}):
+        with pytest.raises(DataError, match=r"--dask tcp://127\.0\.0\.1:1: cannot reach a Dask scheduler"):
+            DaskSource(data, address="tcp://127.0.0.1:1")

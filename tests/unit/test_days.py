@@ -164,6 +164,19 @@ def test_follow_order_needs_follow_and_a_known_form(days, tmp_path: Path):
     assert alone.exit_code == 2 and "give --follow" in alone.output
 
 
+@pytest.mark.parametrize("flags", [["--follow-wait", "5"], ["--follow-once"], ["--follow-export"],
+                                   ["--follow-once", "--follow-export"]])
+def test_follow_flags_without_follow_are_refused_not_ignored(days, tmp_path: Path, flags: list[str]):
+    """--follow-wait, --follow-once and --follow-export without --follow trained the one dataset as if
+    they were not given, without a word (--follow-order alone was refused already)."""
+    spec, folder, _ = days
+    alone = runner.invoke(app, ["train", str(spec), "--data", str(folder / "a"), "--out", str(tmp_path / "t"),
+                                *flags])
+    assert alone.exit_code == 2 and "give --follow DAYS" in alone.output, alone.output
+    assert all(flag in alone.output for flag in flags if flag.startswith("--"))
+    assert not (tmp_path / "t").exists()
+
+
 def test_a_day_converted_with_a_test_split_is_refused_not_skipped(days, tmp_path: Path):
     """A day converted with a train/test split (`--test-fraction`, or the spec's test_fraction, as
     specs/managed_movielens.yaml has) holds no _flowrec.json of its own: --follow and `data inspect

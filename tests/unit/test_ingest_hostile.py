@@ -438,4 +438,21 @@ def test_a_header_with_spaces_after_its_commas_says_so(tmp_path: Path) -> None:
     with pytest.raises(DataError, match=r"names hold spaces around them \(' user', ' clicked'\): write the file "
                                         r"without the spaces after its separators"):
         convert(_spec(), "csv", [path], tmp_path / "out")
+
+
+@pytest.mark.parametrize("flag, value", [("--test-fraction", "nan"), ("--test-fraction", "1"),
+                                         ("--split-seed", "-1"), ("--split-seed", str(1 << 64))])
+def test_a_split_flag_out_of_range_is_named_as_the_flag(tmp_path: Path, flag: str, value: str) -> None:
+    """`data convert ... --test-fraction nan` said 'test_fraction must be ...' (and --split-seed -1
+    'split_seed must be ...'), the spec's data.options keys, which the user never wrote."""
+    from typer.testing import CliRunner
+
+    from flowrec.cli import app
+
+    spec = Path(__file__).resolve().parents[2] / "specs" / "two_task.yaml"
+    (tmp_path / "x.csv").write_text("price,user,clicked\n1,a,0\n")
+    result = CliRunner().invoke(app, ["data", "convert", "csv", str(tmp_path / "x.csv"), str(tmp_path / "out"),
+                                      "--spec", str(spec), flag, value, "-q"])
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith(f"error: {flag} must be"), result.output
     assert not (tmp_path / "out").exists()

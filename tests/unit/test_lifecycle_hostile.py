@@ -1210,6 +1210,17 @@ def test_rows_given_for_a_run_on_real_data_is_said_to_be_ignored() -> None:
     assert not any("ignored" in n for n in notes), notes
 
 
+def test_dask_given_for_a_run_on_synthetic_rows_is_said_to_be_ignored() -> None:
+    """`flowrec train SPEC --rows 2000 --dask local` (or a bad scheduler's address) trained on rows
+    made in memory without a word, as --dask reads only a dataset's partitions."""
+    given = {"data": None, "rows": 2000, "dask": "tcp://10.0.0.5:8786"}
+    _, notes = merge_settings(given, None, {})
+    assert any("--dask tcp://10.0.0.5:8786 is ignored" in n and "synthetic rows" in n for n in notes), notes
+    for data, bound in (("/d", False), (None, True)):  # a dataset: Dask reads it
+        _, notes = merge_settings({**given, "data": data, "rows": None}, None, {}, bound_data=bound)
+        assert not any("--dask" in n for n in notes), notes
+
+
 @pytest.mark.parametrize("link", ["symbolic", "hard"])
 def test_a_lock_file_that_is_a_link_is_refused_and_the_file_it_names_kept(tmp_path: Path, link: str) -> None:
     """A run folder whose .flowrec.lock was a link to another file (planted, or copied with the
@@ -1423,3 +1434,20 @@ training: {batch_size: 128, epochs: 1, seed: 0, eval_group_by: user_id}
     scored = runner.invoke(app, ["eval", str(run), "--json", "-", "-q"])
     assert scored.exit_code == 0, scored.output
     assert json.loads(scored.stdout)["retrieve"] == pytest.approx(final)
+
+
+def test_more_ranks_than_the_memory_holds_are_refused_before_the_launch(spec: Path, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`train --nproc 1000000` had torch's launcher make a log folder per rank for minutes (572,295
+    of them in 9 minutes), deaf to timeout's SIGTERM, before any rank started; now ranks that cannot
+    all start in the memory available (each at least this process's size) are one line."""
+    from flowrec.cli import ranks
+
+    launched = []
+    monkeypatch.setattr(ranks, "launch_ranks", lambda nproc, *args: launched.append(nproc) or 0)
+    shown = runner.invoke(app, ["train", str(spec), "--nproc", "1000000", "--out", str(tmp_path / "run"), "-q"])
+    lines = shown.output.strip().splitlines()
+    assert shown.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: --nproc 1000000: "), shown.output
+    assert "give fewer ranks" in lines[0] and launched == [] and not (tmp_path / "run").exists()
+    fits = runner.invoke(app, ["train", str(spec), "--nproc", "2", "--out", str(tmp_path / "run"), "-q"])
+    assert fits.exit_code == 0 and launched == [2], fits.output

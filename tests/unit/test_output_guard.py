@@ -266,3 +266,32 @@ def test_an_output_whose_name_is_near_the_limit_gets_temp_names_the_file_system_
     staged = _staging_folder(tmp_path / name)
     staged.mkdir()
     assert staged.parent == tmp_path
+
+
+@pytest.mark.parametrize("command, name", [
+    (["train", "SPEC", "--out", "", "--rows", "64", "-q"], "--out"),
+    (["validate", ""], "SPEC"),
+    (["validate", "SPEC", ""], "SPEC"),
+    (["plan", "SPEC", "--json", "", "-q"], "--json"),
+    (["data", "convert", "csv", "rows.csv", "", "--spec", "SPEC"], "OUT"),
+    (["data", "synth", "SPEC", "--rows", "64", "--out", "", "-q"], "--out"),
+])
+def test_an_empty_path_is_one_line_not_the_working_folder(tmp_path: Path, monkeypatch, command, name):
+    """A Path reads "" as '.': `train --out ""` (an unset variable in --out "$OUT") trained into
+    the working folder, `validate ""` scanned it, and `data convert csv rows.csv ""` said it would
+    replace rows.csv; every path option and argument now refuses an empty one, naming it."""
+    from typer.testing import CliRunner
+
+    from flowrec.cli import app
+    from flowrec.testing.specs import run_spec
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text(run_spec("empty", batch_size=32, epochs=1))
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    result = CliRunner().invoke(app, [str(spec) if a == "SPEC" else a for a in command])
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2 and "Traceback" not in result.output and len(lines) == 1, result.output
+    assert lines[0].startswith(f"error: {name} is an empty path"), lines[0]
+    assert list(work.iterdir()) == []
