@@ -61,19 +61,23 @@ class Run:
         run_dir: the run folder (None for a run trained with `out=None`: nothing on disk).
         result: what `train` returned (None for a loaded run).
         trained: the model as scored (`flowrec.serving.trained.Trained`).
+        loaded: what `flowrec.load` was given (the run folder, RUN/best or a checkpoint file; None for
+            a trained run): `run_dir` is the run it belongs to, whose history and data it reads.
     """
 
     spec: ModelSpec
     run_dir: Path | None
     result: TrainResult | None
     trained: Any = field(repr=False)
+    loaded: Path | None = None
 
     def __repr__(self) -> str:
         """One line a notebook can show: the spec's name, the folder, the steps and the final metrics
         (the dataclass's repr printed the whole spec and training result, thousands of characters)."""
         folder = str(self.run_dir) if self.run_dir is not None else None
         if self.result is None:  # a loaded run: its checkpoint's step (its metrics are read from its folder)
-            return f"Run({self.spec.name!r}, run_dir={folder!r}, step={getattr(self.trained, 'step', None)})"
+            source = "" if self.loaded is None or self.loaded == self.run_dir else f", loaded={str(self.loaded)!r}"
+            return f"Run({self.spec.name!r}, run_dir={folder!r}{source}, step={getattr(self.trained, 'step', None)})"
         shown = {head: {name: round(value, 4) if isinstance(value, float) else value for name, value in values.items()}
                  for head, values in self.result.eval.items()}
         return f"Run({self.spec.name!r}, run_dir={folder!r}, steps={self.result.steps}, metrics={shown})"
@@ -147,7 +151,7 @@ def load(run_dir: str | Path, device: str = "auto") -> Run:
     run_dir = Path(run_dir).expanduser()  # '~/runs/x' as pandas reads it (it was ./~/runs/x)
     trained = load_trained(run_dir, device, scoring_plan)
     folder = run_folder_of(run_dir)  # RUN/best's history and evaluation data are its run's
-    return Run(trained.spec, folder, None, trained)
+    return Run(trained.spec, folder, None, trained, run_dir)
 
 
 def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_data: str | Path | None = None,

@@ -150,6 +150,10 @@ def test_a_run_shows_in_one_short_line(tmp_path: Path) -> None:
     assert re.fullmatch(rf"Run\('tiny', run_dir={re.escape(repr(str(tmp_path / 'run')))}, steps=2, "
                         r"metrics=\{'click': \{'auc': 0\.\d{1,4}, .*'samples': 100\}\}\)", shown), shown
     assert repr(flowrec.load(tmp_path / "run")) == f"Run('tiny', run_dir={str(tmp_path / 'run')!r}, step=2)"
+    # RUN/best or a checkpoint file showed as run_dir='RUN', as if the run's last checkpoint were loaded
+    file = flowrec.load(tmp_path / "run" / "checkpoint.pt")
+    assert file.loaded == tmp_path / "run" / "checkpoint.pt" and file.run_dir == tmp_path / "run"
+    assert f"loaded={str(tmp_path / 'run' / 'checkpoint.pt')!r}" in repr(file), repr(file)
 
 
 def test_ctrl_c_saves_a_checkpoint_then_stops_the_caller(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
