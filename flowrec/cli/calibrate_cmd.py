@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from flowrec.cli.common import check_env_switches, fail, guard_outputs, planned_spec_or_exit, write_output
+from flowrec.cli.common import check_env_switches, fail, guard_outputs, say, planned_spec_or_exit, write_output
 
 FALLBACK_SHAPES = [(4096, 512, 256), (4096, 256, 64)]  # without a spec: DLRM-sized layers
 CALIBRATE_HELP = """Measure this machine for the planner's cost model and save a device profile.
@@ -119,7 +119,7 @@ def calibrate(
     typer.echo(f"timed {timing['rounds']} rounds, {timing['rejected_rounds']} delayed by other processes or the hypervisor "
                f"({timing['extrapolated_measurements']} of {timing['measurements']} measurements without clean "
                f"rounds: their median less its delay); load average {', '.join(f'{x:.2f}' for x in timing['loadavg_1min'])}")
-    typer.echo(f"measured in {details['seconds']:.1f} s; wrote {path} (use: flowrec plan SPEC --target {path})")
+    say(f"measured in {details['seconds']:.1f} s; wrote {path} (use: flowrec plan SPEC --target {path})")
 
 
 def shown_value(value) -> str:

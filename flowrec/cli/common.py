@@ -161,6 +161,12 @@ def remove_empty(folders: list[Path]) -> None:
             continue
 
 
+def say(message: str, err: bool = False) -> None:
+    """Print a success or progress line ('wrote N rows to OUT') on stdout (stderr with `err`), one
+    line: a line break in it (a file's name) is escaped, as in `fail` and `warn`."""
+    typer.echo(one_line(message), err=err)
+
+
 def warn(message: str) -> None:
     """Print `warning: message` on stderr, one line (a line break in it, a file's name, escaped)."""
     typer.echo(f"warning: {one_line(message)}", err=True)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import typer
 
-from flowrec.cli.common import fail, guard_outputs, load_spec_or_exit, skipped_lines, warn, write_output
+from flowrec.cli.common import fail, guard_outputs, load_spec_or_exit, say, skipped_lines, warn, write_output
 from flowrec.runtime.messages import shell_word
 
 if TYPE_CHECKING:
@@ -158,9 +158,9 @@ def convert(
 
     report = _run(work)
     split = f" (train {report.split['train']:,}, test {report.split['test']:,})" if report.split else ""
-    typer.echo(f"wrote {report.rows:,} row{'' if report.rows == 1 else 's'} in {report.files} "
-               f"file{'' if report.files == 1 else 's'} to {report.out}{split} "
-               f"in {report.seconds:.1f}s")
+    say(f"wrote {report.rows:,} row{'' if report.rows == 1 else 's'} in {report.files} "
+        f"file{'' if report.files == 1 else 's'} to {report.out}{split} "
+        f"in {report.seconds:.1f}s")
     for line in growth_lines(report.growth):
         typer.echo(line)
     if report.labels_mapped:
@@ -217,8 +217,8 @@ def synth(
     meta, seconds = _run(work)
     if quiet:
         return
-    typer.echo(f"wrote {meta.rows:,} synthetic rows for {meta.spec} to {out} in {seconds:.1f}s "
-               f"({meta.rows / max(seconds, 1e-9):,.0f} rows/s)")
+    say(f"wrote {meta.rows:,} synthetic rows for {meta.spec} to {out} in {seconds:.1f}s "
+        f"({meta.rows / max(seconds, 1e-9):,.0f} rows/s)")
 
 
 def profile(
@@ -440,7 +440,7 @@ def inspect(
 def _show_inspected(info: dict[str, Any]) -> None:
     """Print one dataset's inspection (`inspect_dataset`'s result) as text."""
     meta = info["meta"]
-    typer.echo(f"{info['path']}: {info['rows']:,} rows in {info['partitions']} partitions "
+    say(f"{info['path']}: {info['rows']:,} rows in {info['partitions']} partitions "
                f"(spec {meta['spec']}, data hash {meta['data_hash']}, source {meta['source'].get('format')})")
     for line in inspect_table(info["columns"], info["raw"] is not None):
         typer.echo(line)

@@ -6,7 +6,7 @@ from typing import Any, Iterator, Optional
 
 import typer
 
-from flowrec.cli.common import fail, missing_parents, remove_empty
+from flowrec.cli.common import fail, missing_parents, remove_empty, say
 from flowrec.runtime.messages import first_line
 
 EXIT_INTERRUPTED = 130
@@ -89,8 +89,8 @@ def export(
         fail(f"cannot export to {out}: {custom_failure(exc)}")
     if quiet:
         return
-    typer.echo(f"wrote {out} ({', '.join(package_listing(out))}) in "
-               f"{report.seconds:.1f} s; tables {report.table_bytes / 2**20:,.1f} MiB {dtype}")
+    say(f"wrote {out} ({', '.join(package_listing(out))}) in "
+        f"{report.seconds:.1f} s; tables {report.table_bytes / 2**20:,.1f} MiB {dtype}")
     if report.max_score_diff is not None:
         typer.echo(f"largest score difference {dtype} vs fp32: {report.max_score_diff:.2e} over "
                    f"{report.compared_rows:,} rows")

@@ -30,7 +30,7 @@ from typing import Callable
 
 import typer
 
-from flowrec.cli.common import fail
+from flowrec.cli.common import fail, say
 from flowrec.cli.streams import DAYS_DIR, EXPORT_DIR, FOLLOW_FILE, StreamRecord, done_days, read_record
 from flowrec.data.days import DayOrder, day_partitions, parse_order
 from flowrec.data.layout import META_FILE, DataError
@@ -149,8 +149,8 @@ def _follow_days(request, run: Path, days: Path, wait_s: float, once: bool, trai
         if not todo:
             if time.monotonic() >= deadline:
                 if not trained:  # a mistyped DAYS (raw files, an empty folder) says so
-                    typer.echo(f"no new day partition under {days} (encoded dataset folders with "
-                               f"{META_FILE}); {len(done)} day(s) trained in {run} so far", err=True)
+                    say(f"no new day partition under {days} (encoded dataset folders with "
+                        f"{META_FILE}); {len(done)} day(s) trained in {run} so far", err=True)
                 return
             time.sleep(POLL_S)
             continue
@@ -167,7 +167,7 @@ def _follow_days(request, run: Path, days: Path, wait_s: float, once: bool, trai
         if why is not None:  # a day copied in (cp -r, rsync) whose _flowrec.json came before its data
             if time.monotonic() < deadline:
                 if waiting_on != day.name:
-                    typer.echo(f"waiting for day {day.name} to be complete ({why})", err=True)
+                    say(f"waiting for day {day.name} to be complete ({why})", err=True)
                     waiting_on = day.name
                 time.sleep(POLL_S)
                 continue

@@ -14,7 +14,7 @@ from typing import Any, List, Optional
 
 import typer
 
-from flowrec.cli.common import fail, skipped_lines
+from flowrec.cli.common import fail, say, skipped_lines
 from flowrec.runtime.messages import first_line
 
 EXIT_INTERRUPTED = 130
@@ -69,7 +69,7 @@ def predict(
         fail(first_line(exc))
     except KeyboardInterrupt as exc:
         fail(f"interrupted ({interrupt_name(exc)}); {out} was not written", EXIT_INTERRUPTED)
-    typer.echo(written_line(rows, out, top_k, items))
+    say(written_line(rows, out, top_k, items))
     if errors:
         for line in skipped_lines(errors, rows, "rows scored", "rerun with --on-error fail to see the first malformed row"):
             typer.echo(line, err=True)

@@ -279,3 +279,29 @@ def test_a_run_folder_named_with_a_line_break_prints_one_line_and_a_resume_comma
     assert len(err.strip().splitlines()) == 1 and command in err
     word = command.split(" --resume ")[1]
     assert subprocess.run(["bash", "-c", f"printf %s {word}"], capture_output=True, text=True).stdout == str(folder)
+
+
+def test_a_success_line_naming_a_file_with_a_line_break_is_one_line(tmp_path: Path) -> None:
+    """Error lines escaped a line break in a file's name (7c3b054), but the success lines did not:
+    'wrote 2 rows in 1 file to o<newline>ut in 0.1s' printed on two lines (data convert, data synth,
+    predict, export the same). Now every such line is one, the name escaped as in an error."""
+    from typer.testing import CliRunner
+
+    from flowrec.cli import app
+
+    spec = tmp_path / "walk.yaml"
+    spec.write_text("name: walk\nfeatures:\n  - {name: price, type: dense}\n"
+                    "  - {name: user, type: categorical, hash_buckets: 64, dim: 4}\n"
+                    "modules:\n  - {name: top, kind: mlp, inputs: ['@dense', '@sparse'], layers: [4]}\n"
+                    "heads:\n  - {name: ctr, input: top}\n"
+                    "data: {format: csv, path: x.csv, label: clicked}\n"
+                    "optimizer: {dense: {name: adam, lr: 0.01}, sparse: {name: sgd, lr: 0.1}}\n"
+                    "training: {batch_size: 8}\n")
+    raw = tmp_path / "rows.csv"
+    raw.write_text("price,user,clicked\n1.5,a,1\n2.5,b,0\n", encoding="utf-8")
+    runner = CliRunner()
+    for args, says in ((["data", "convert", "csv", str(raw), str(tmp_path / "o\nut"), "--spec", str(spec)], "o\\nut"),
+                       (["data", "synth", str(spec), "--rows", "5", "--out", str(tmp_path / "sy\nn")], "sy\\nn")):
+        result = runner.invoke(app, args)
+        lines = result.stdout.strip().splitlines()
+        assert result.exit_code == 0 and len(lines) == 1 and says in lines[0], result.output
