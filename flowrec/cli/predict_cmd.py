@@ -27,7 +27,7 @@ def predict(
     fmt: Optional[str] = typer.Option(None, "--format", help="criteo | avazu | libsvm | libfm | csv | movielens | parquet. Default: the spec's data.format."),
     keep: Optional[List[str]] = typer.Option(None, "--keep", help="Raw column to pass through to the scores file (repeatable)."),
     on_error: str = typer.Option("fail", "--on-error", help="Malformed rows: skip (count, report) or fail."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUT when it exists."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUT when it holds scores of this package's heads (or is empty); never another file."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     top_k: Optional[int] = typer.Option(None, "--top-k", min=1, max=100_000, help="Retrieval packages: write each row's K best items (columns items: raw item ids, best first; scores) instead of head scores, then a column per head beside the retrieval head (its score of the row)."),
 ) -> None:
@@ -60,7 +60,7 @@ def predict(
             kind = output_kind(out, top_k is not None)
             with atomic_output(out) as staged:
                 rows, errors, zero, first, items = _score(model_dir, raw, staged, fmt, list(keep or []), on_error,
-                                                          quiet, top_k, kind)
+                                                          quiet, top_k, kind, out)
     except OSError as exc:
         if exc.errno in DISK_FULL:  # pyarrow's words ('Error writing bytes to file') name no file
             fail(f"cannot write {out}: {os.strerror(exc.errno)}; {out} was not written")
@@ -160,7 +160,8 @@ def _open_writer(staged: Path, schema: Any, kind: str) -> Any:
 
 
 def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: list[str], on_error: str,
-           quiet: bool, top_k: Optional[int] = None, kind: str = "parquet") -> tuple[int, int, int, int, int]:
+           quiet: bool, top_k: Optional[int] = None, kind: str = "parquet", out: Optional[Path] = None
+           ) -> tuple[int, int, int, int, int]:
     """Score `raw` into `staged`: rows written, malformed rows skipped, rows of an all-zero query
     (--top-k) and the first one's row (0-based, over the rows scored), the catalogue's items (0
     without --top-k)."""
@@ -180,6 +181,8 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
                 if top_k is not None else "the head's scores")
     if kind != "parquet" and top_k is None:
         _check_text_heads(model.spec.heads, kind)
+    if out is not None:
+        refuse_replacing_other_than_scores(out, kind, ["items", "scores"] if top_k is not None else model.heads)
     chunks, log = _raw_chunks(model, raw, fmt, on_error)
     writer, rows = None, 0
     with rows_spinner(f"scoring {raw.name}", not quiet) as advance:
@@ -208,6 +211,38 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
         raise ValueError(_no_rows(raw, log))
     items = len(model.items.raw_items) if top_k is not None else 0
     return rows, log.count, model.zero_queries, model.first_zero_query, items
+
+
+SCORES_HEADER_LIMIT = 1 << 20  # bytes of an existing text --out read for its header line (1 MiB)
+
+
+def refuse_replacing_other_than_scores(out: Path, kind: str, columns: list[str]) -> None:
+    """Raise ValueError (one line) when `--out OUT --overwrite` would replace an existing file that
+    is not scores this package writes: a table whose columns begin with `columns` (its heads, or
+    --top-k's items and scores), or an empty file. The output guard knows only predict's inputs,
+    so --overwrite replaced the spec or the raw training CSV the package was trained from with
+    scores, as `eval --json` did (`refuse_replacing_other_than_metrics`)."""
+    import csv
+    import os
+
+    if not os.path.lexists(out) or not out.is_file() or out.stat().st_size == 0:
+        return
+    names: list[str] = []
+    try:
+        if kind == "parquet":
+            import pyarrow.parquet as pq
+
+            names = pq.read_schema(out).names
+        else:
+            with open(out, "rb") as f:
+                head = f.read(SCORES_HEADER_LIMIT).split(b"\n", 1)[0].decode("utf-8").rstrip("\r")
+            quoting = {"quoting": csv.QUOTE_NONE} if kind == ".tsv" else {}
+            names = next(csv.reader([head], delimiter=TEXT_DELIMITERS[kind], **quoting), [])
+    except (OSError, ValueError):  # not Parquet (ArrowInvalid), not UTF-8 text: not scores
+        names = []
+    if names[:len(columns)] != columns:
+        raise ValueError(f"refusing to replace {out}: it is not scores of {', '.join(columns)} as flowrec predict "
+                         "writes them with this package, the only file --overwrite replaces; give another file")
 
 
 def _check_keep(keep: list[str], heads: list[str], what: str = "the head's scores") -> None:

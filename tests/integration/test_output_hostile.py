@@ -123,6 +123,11 @@ OUTPUTS = {  # case -> (argv, flowrec's words, what to prepare first)
     "predict_over_a_hard_link_of_its_input": (out("copy.csv", "--overwrite"), "the same file, linked",
                                               _link("copy.csv", "new.csv", hard=True)),
     "predict_over_a_file_without_overwrite": (out("spec.yaml"), "exists; give --overwrite", None),
+    # predict's guard knows only its inputs: --overwrite replaced the raw training CSV with scores
+    "predict_over_the_training_csv": (out("train.csv", "--overwrite"), "not scores of ctr",
+                                      lambda r: raw_rows(30, 2).to_csv(r / "train.csv", index=False)),
+    "predict_over_a_parquet_of_rows": (out("rows.parquet", "--overwrite"), "not scores of ctr",
+                                       lambda r: raw_rows(30, 2).to_parquet(r / "rows.parquet")),
     "eval_json_over_run_json": (eval_json("run/run.json"), "a training run's folder", None),
     "eval_json_over_the_checkpoint": (eval_json("run/checkpoint.pt", "--overwrite"), "a training run's folder", None),
     "eval_json_over_the_dataset_meta": (eval_json("data/_flowrec.json", "--overwrite"), "a dataset's folder", None),
@@ -172,10 +177,11 @@ def test_an_output_never_lands_on_what_flowrec_reads_or_owns(case: Path, name: s
 
 
 def test_overwrite_replaces_an_output_of_its_own_atomically(case: Path):
-    (case / "scores.parquet").write_text("old")
-    made = runner.invoke(app, out("scores.parquet", "--overwrite")(case))
-    assert made.exit_code == 0, made.output
-    assert len(pd.read_parquet(case / "scores.parquet")) == 40
+    (case / "scores.parquet").write_text("")  # an empty file, or scores predict wrote, is replaced
+    for name in ("scores.parquet", "scores.parquet", "scores.csv", "scores.csv"):
+        made = runner.invoke(app, out(name, "--overwrite")(case))
+        assert made.exit_code == 0, made.output
+    assert len(pd.read_parquet(case / "scores.parquet")) == len(pd.read_csv(case / "scores.csv")) == 40
     scored = runner.invoke(app, eval_json("m.json")(case))
     again = runner.invoke(app, eval_json("m.json", "--overwrite")(case))
     assert scored.exit_code == 0 and again.exit_code == 0, scored.output + again.output
