@@ -183,7 +183,7 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
         _check_text_heads(model.spec.heads, kind)
     if out is not None:
         refuse_replacing_other_than_scores(out, kind, ["items", "scores"] if top_k is not None else model.heads)
-    chunks, log = _raw_chunks(model, raw, fmt, on_error)
+    chunks, log = _raw_chunks(model, raw, fmt, on_error, keep)
     writer, rows = None, 0
     with rows_spinner(f"scoring {raw.name}", not quiet) as advance:
         try:
@@ -298,9 +298,13 @@ def default_format_mismatch(raw: Path, fmt: str) -> Optional[str]:
     return None
 
 
-def _raw_chunks(model, raw: Path, fmt: Optional[str], on_error: str) -> tuple[Any, Any]:
-    """Chunks of raw rows in the package spec's source format (labels optional)."""
+def _raw_chunks(model, raw: Path, fmt: Optional[str], on_error: str, keep: Optional[List[str]] = None
+                ) -> tuple[Any, Any]:
+    """Chunks of raw rows in the package spec's source format (labels optional). A kept label column
+    of a text format is read as numbers (float64), as training reads it (it was text: `--keep clk` of a
+    CSV wrote '1' and '0', and the scores file's clk had no mean); Parquet keeps the file's type."""
     from flowrec.data.error_log import ErrorLog
+    from flowrec.data.layout import label_columns, weight_columns
     from flowrec.data.sources import FORMAT_ALIASES, criteo_has_label, reader
 
     spec = model.spec
@@ -320,5 +324,8 @@ def _raw_chunks(model, raw: Path, fmt: Optional[str], on_error: str) -> tuple[An
     if FORMAT_ALIASES.get(fmt, fmt) == "criteo_tsv":  # test files lack the label column
         opts["has_label"] = criteo_has_label(raw)
     numeric = {model.encoder.source(f.name) for f in spec.dense_features}
+    labels = set(label_columns(spec)) | set(weight_columns(spec))  # numbers in training: a head's label, its weights
+    if FORMAT_ALIASES.get(fmt, fmt) != "parquet":
+        numeric |= labels & set(keep or [])
     return reader(fmt)(raw, opts, log, numeric), log
 
