@@ -236,8 +236,7 @@ def refuse_replacing_other_than_scores(out: Path, kind: str, columns: list[str])
         else:
             with open(out, "rb") as f:
                 head = f.read(SCORES_HEADER_LIMIT).split(b"\n", 1)[0].decode("utf-8").rstrip("\r")
-            quoting = {"quoting": csv.QUOTE_NONE} if kind == ".tsv" else {}
-            names = next(csv.reader([head], delimiter=TEXT_DELIMITERS[kind], **quoting), [])
+            names = next(csv.reader([head], delimiter=TEXT_DELIMITERS[kind]), [])  # its writer quotes names, TSV's too
     except (OSError, ValueError):  # not Parquet (ArrowInvalid), not UTF-8 text: not scores
         names = []
     if names[:len(columns)] != columns:

@@ -178,10 +178,11 @@ def test_an_output_never_lands_on_what_flowrec_reads_or_owns(case: Path, name: s
 
 def test_overwrite_replaces_an_output_of_its_own_atomically(case: Path):
     (case / "scores.parquet").write_text("")  # an empty file, or scores predict wrote, is replaced
-    for name in ("scores.parquet", "scores.parquet", "scores.csv", "scores.csv"):
+    for name in ("scores.parquet", "scores.parquet", "scores.csv", "scores.csv", "scores.tsv", "scores.tsv"):
         made = runner.invoke(app, out(name, "--overwrite")(case))
         assert made.exit_code == 0, made.output
     assert len(pd.read_parquet(case / "scores.parquet")) == len(pd.read_csv(case / "scores.csv")) == 40
+    assert len(pd.read_csv(case / "scores.tsv", sep="\t")) == 40
     scored = runner.invoke(app, eval_json("m.json")(case))
     again = runner.invoke(app, eval_json("m.json", "--overwrite")(case))
     assert scored.exit_code == 0 and again.exit_code == 0, scored.output + again.output
