@@ -305,3 +305,17 @@ def test_a_success_line_naming_a_file_with_a_line_break_is_one_line(tmp_path: Pa
         result = runner.invoke(app, args)
         lines = result.stdout.strip().splitlines()
         assert result.exit_code == 0 and len(lines) == 1 and says in lines[0], result.output
+
+
+def test_loading_a_package_as_a_run_in_python_names_load_model(tmp_path: Path) -> None:
+    """`flowrec.load("pkg")` of a model package said to score it with `flowrec predict pkg RAW --out
+    FILE`, a shell command, to a user in Python; now the line names flowrec.load_model('pkg') too."""
+    import flowrec
+    from flowrec.runtime.checkpoint.store import CheckpointError
+
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "manifest.json").write_text('{"format": "flowrec-model"}')
+    with pytest.raises(CheckpointError) as caught:
+        flowrec.load(pkg)
+    assert f"flowrec.load_model({str(pkg)!r})" in str(caught.value), caught.value

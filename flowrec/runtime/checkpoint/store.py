@@ -135,7 +135,7 @@ def _not_a_run(given: Path) -> str:
         owner = owner_of(folder)
         if owner == "a model package":
             return (f": {folder} is a model package (from `flowrec export`), not a run folder; score raw rows "
-                    f"with it: `flowrec predict {folder} RAW --out FILE`")
+                    f"with it: `flowrec predict {folder} RAW --out FILE`, in Python flowrec.load_model({str(folder)!r})")
         if owner in ("a dataset", "an encoder"):
             return f": {folder} is {owner}'s folder, not a run folder"
     elif given.name == BEST_DIR and ((given.parent / RUN_FILE).is_file() or (given.parent / CHECKPOINT_NAME).is_file()):
