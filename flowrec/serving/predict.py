@@ -73,7 +73,7 @@ class LoadedModel:
         """One line a notebook can show: the package, its spec's name, heads and the raw columns
         `predict` reads (the dataclass's repr printed the spec, manifest and program, 6,000+ characters)."""
         return (f"LoadedModel({str(self.path)!r}, spec={self.spec.name!r}, heads={self.heads}, "
-                f"columns={self.raw_columns()}{', retrieval' if self.items is not None else ''})")
+                f"raw_columns={self.raw_columns()}{', retrieval' if self.items is not None else ''})")
 
     @property
     def heads(self) -> list[str]:

@@ -530,8 +530,10 @@ def test_a_loaded_model_shows_in_one_short_line(managed_pkg, made):
     """A notebook cell ending in `model` printed the dataclass's repr (spec, manifest, encoder and
     program: 6,000+ characters); now the package, spec, heads and the raw columns predict reads."""
     assert repr(load_model(managed_pkg)) == (f"LoadedModel({str(managed_pkg)!r}, spec='hostile_managed', "
-                                             "heads=['ctr'], columns=['user', 'item'])")
-    assert repr(load_model(made / "pkg")).endswith("heads=['retrieve'], columns=['user_id'], retrieval)")
+                                             "heads=['ctr'], raw_columns=['user', 'item'])")
+    assert repr(load_model(made / "pkg")).endswith("heads=['retrieve'], raw_columns=['user_id'], retrieval)")
+    # the repr said columns=[...], but a LoadedModel has no .columns: its key names the method that gives them
+    assert load_model(managed_pkg).raw_columns() == ['user', 'item']
 
 
 def test_a_package_under_the_home_folder_loads_by_its_tilde_path(managed_pkg, monkeypatch):
