@@ -166,6 +166,8 @@ def resolve_data(spec: ModelSpec, spec_path: Path, opts: SessionOptions,
             evaluation = _replace_evaluation(train, evaluation, Path(opts.eval_data), spec, opts.dask)
         return train, evaluation, f"data: {opts.data}"
     if spec.data is not None and spec.data.bound:
+        if opts.eval_data is not None:  # refused before the bound raw data is encoded (minutes, a folder)
+            check_spec(read_meta(Path(opts.eval_data)), spec, Path(opts.eval_data))
         folder = bound_dataset(spec, spec_path, opts.workdir, status, opts.resumed)
         train, evaluation = dataset_pair(folder, spec, opts.dask)
         if opts.eval_data is not None:  # given, it evaluates instead of the bound data's test split

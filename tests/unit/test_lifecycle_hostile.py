@@ -181,6 +181,20 @@ def test_a_run_refused_after_encoding_its_data_leaves_no_folder_it_made(tmp_path
     assert (folder / "data").is_dir() and (folder / "theirs.txt").is_file()
 
 
+def test_eval_data_that_is_no_dataset_is_refused_before_the_bound_data_is_encoded(tmp_path: Path) -> None:
+    """`train SPEC --eval-data FILE` of a spec bound to raw data encoded the raw data first (minutes
+    for a large file), then refused FILE; now FILE is refused before anything is encoded."""
+    spec = _early_stopping_csv_spec(tmp_path)
+    spec.write_text(spec.read_text().replace(", early_stopping: {metric: auc}", ""))
+    (tmp_path / "not_a_dataset").write_text("x\n")
+    result = CliRunner().invoke(app, ["train", str(spec), "--out", str(tmp_path / "run"), "--eval-data",
+                                      str(tmp_path / "not_a_dataset"), "--max-steps", "2"])
+    assert result.exit_code == 2, result.output
+    assert "not_a_dataset is a file, not a dataset folder" in result.output
+    assert "encoding csv data" not in result.output
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_malformed_row_of_bound_data_names_a_way_to_skip_it_that_exists(tmp_path: Path) -> None:
     """A malformed row of the spec's bound raw data said '(use --on-error skip to skip such rows)',
     an option neither `flowrec train` nor `flowrec.train` has; now it names the conversion that
