@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -193,6 +194,27 @@ def test_eval_data_that_is_no_dataset_is_refused_before_the_bound_data_is_encode
     assert "not_a_dataset is a file, not a dataset folder" in result.output
     assert "encoding csv data" not in result.output
     assert not (tmp_path / "run").exists()
+
+
+def test_resuming_a_run_whose_test_split_was_deleted_is_refused_in_one_line(tmp_path: Path) -> None:
+    """RUN/data/test deleted, `train --resume RUN` trained on without evaluating, saying 'the data has
+    no test split', though RUN/data/train/_flowrec.json records the split; now it is refused in one
+    line naming the folder, and removing RUN/data encodes the same split again."""
+    spec = _early_stopping_csv_spec(tmp_path)
+    spec.write_text(spec.read_text().replace(", early_stopping: {metric: auc}", "")
+                    .replace("label: label}", "label: label, options: {test_fraction: 0.2}}"))
+    run = tmp_path / "run"
+    made = runner.invoke(app, ["train", str(spec), "--out", str(run), "--max-steps", "1", "--epochs", "2", "-q"])
+    assert made.exit_code == 0, made.output
+    shutil.rmtree(run / "data" / "test")
+    result = runner.invoke(app, ["train", str(spec), "--resume", str(run), "--max-steps", "2"])
+    assert result.exit_code == 2, result.output
+    assert f"{run / 'data' / 'test'} is missing" in result.output
+    assert "no test split" not in result.output
+    shutil.rmtree(run / "data")
+    result = runner.invoke(app, ["train", str(spec), "--resume", str(run), "--max-steps", "2"])
+    assert result.exit_code == 0, result.output
+    assert "final evaluation" in result.output and (run / "data" / "test").is_dir()
 
 
 def test_a_malformed_row_of_bound_data_names_a_way_to_skip_it_that_exists(tmp_path: Path) -> None:
@@ -882,7 +904,7 @@ def test_eval_data_closes_the_test_split_it_replaces(spec: Path, tmp_path: Path,
         def close(self) -> None:
             closed.append(self.name)
 
-    monkeypatch.setattr(session, "dataset_pair", lambda *a: (Source("train"), Source("test")))
+    monkeypatch.setattr(session, "dataset_pair", lambda *a, **k: (Source("train"), Source("test")))
     monkeypatch.setattr(session, "open_dataset", lambda path, *a: Source(f"eval:{Path(path).name}"))
     model = load_spec(spec)
     opts = session.SessionOptions(data=tmp_path / "d", eval_data=tmp_path / "held")
