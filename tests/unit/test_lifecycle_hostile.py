@@ -217,6 +217,35 @@ def test_resuming_a_run_whose_test_split_was_deleted_is_refused_in_one_line(tmp_
     assert "final evaluation" in result.output and (run / "data" / "test").is_dir()
 
 
+def test_a_top_k_reaching_the_items_the_data_holds_is_warned_of_in_train_and_eval(tmp_path: Path) -> None:
+    """An item vocab of 200 filled by data of 12 items, top_k [5, 50]: evaluation ranks the 12 rows
+    that hold an item, so hr@50 was 1.0 whatever the model, without a word; now train's evaluations
+    and `flowrec eval` warn in one line naming K and the count (K = 5 is no warning)."""
+    rows = ["user,item,label"] + [f"u{i % 9},i{i % 12},1" for i in range(200)]
+    (tmp_path / "raw.csv").write_text("\n".join(rows) + "\n")
+    spec = tmp_path / "tt.yaml"
+    spec.write_text(
+        "name: tt_small\n"
+        "features:\n  - {name: user, type: categorical, vocab: 50, dim: 4}\n"
+        "  - {name: item, type: categorical, vocab: 200, dim: 4}\n"
+        "modules:\n  - {name: score, kind: similarity, inputs: [user, item], metric: dot}\n"
+        "heads:\n  - {name: retrieve, input: score, task: retrieval, negatives: {kind: in_batch}, top_k: [TOPK]}\n"
+        "data: {format: csv, path: raw.csv, label: label, options: {test_fraction: 0.2}}\n"
+        "training: {batch_size: 32, epochs: 1, seed: 0, eval_group_by: user}\n")
+    text = spec.read_text()
+    spec.write_text(text.replace("TOPK", "5, 50"))
+    result = runner.invoke(app, ["train", str(spec), "--out", str(tmp_path / "run"), "--max-steps", "2", "-q"])
+    assert result.exit_code == 0, result.output
+    warning = re.compile(r"warning: head retrieve ranks a catalogue of 12 items.* top_k 50 is at least that")
+    assert len(warning.findall(result.output)) == 1, result.output
+    result = runner.invoke(app, ["eval", str(tmp_path / "run"), "-q"])
+    assert result.exit_code == 0, result.output
+    assert len(warning.findall(result.output)) == 1, result.output
+    spec.write_text(text.replace("TOPK", "5"))
+    result = runner.invoke(app, ["train", str(spec), "--out", str(tmp_path / "five"), "--max-steps", "2", "-q"])
+    assert result.exit_code == 0 and "warning: head retrieve" not in result.output, result.output
+
+
 def test_a_malformed_row_of_bound_data_names_a_way_to_skip_it_that_exists(tmp_path: Path) -> None:
     """A malformed row of the spec's bound raw data said '(use --on-error skip to skip such rows)',
     an option neither `flowrec train` nor `flowrec.train` has; now it names the conversion that
