@@ -265,7 +265,9 @@ def bound_dataset(spec: ModelSpec, spec_path: Path, workdir: Path | None,
         if out.exists():  # this new run's folder held the encoding of raw files that changed since
             import shutil
 
-            status(f"{raw} changed since {out} was encoded: encoding it again")
+            status(f"{raw} changed since {out} was encoded: encoding it again" if encoded() else
+                   f"{out} holds no complete encoding (no {META_FILE} of its own or of its train/ part): "
+                   "encoding it again")
             shutil.rmtree(out)
         status(f"encoding {spec.data.format} data from {raw} into {out}")
         try:

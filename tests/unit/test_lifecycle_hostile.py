@@ -215,6 +215,12 @@ def test_resuming_a_run_whose_test_split_was_deleted_is_refused_in_one_line(tmp_
     result = runner.invoke(app, ["train", str(spec), "--resume", str(run), "--max-steps", "2"])
     assert result.exit_code == 0, result.output
     assert "final evaluation" in result.output and (run / "data" / "test").is_dir()
+    # its encoding's record gone, the data is encoded again: not because the raw file 'changed'
+    (run / "data" / "train" / "_flowrec.json").unlink()
+    result = runner.invoke(app, ["train", str(spec), "--resume", str(run), "--max-steps", "3"])
+    assert result.exit_code == 0, result.output
+    assert "changed since" not in result.output
+    assert f"{run / 'data'} holds no complete encoding" in result.output
 
 
 def test_a_top_k_reaching_the_items_the_data_holds_is_warned_of_in_train_and_eval(tmp_path: Path) -> None:
