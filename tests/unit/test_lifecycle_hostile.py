@@ -211,7 +211,13 @@ def test_resuming_a_run_whose_test_split_was_deleted_is_refused_in_one_line(tmp_
     assert result.exit_code == 2, result.output
     assert f"{run / 'data' / 'test'} is missing" in result.output
     assert "no test split" not in result.output
+    # `flowrec eval RUN` said the run 'trained on synthetic rows'
+    result = runner.invoke(app, ["eval", str(run)])
+    assert result.exit_code == 2 and f"{run / 'data' / 'test'}, is gone" in result.output, result.output
     shutil.rmtree(run / "data")
+    result = runner.invoke(app, ["eval", str(run)])
+    assert result.exit_code == 2 and "synthetic rows" not in result.output, result.output
+    assert f"its encoded data {run / 'data'} is gone" in result.output
     result = runner.invoke(app, ["train", str(spec), "--resume", str(run), "--max-steps", "2"])
     assert result.exit_code == 0, result.output
     assert "final evaluation" in result.output and (run / "data" / "test").is_dir()
