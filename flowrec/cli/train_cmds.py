@@ -14,7 +14,7 @@ from typing import Optional
 
 import typer
 
-from flowrec.cli.common import EXIT_INVALID, check_env_switches, exit_without_teardown, fail, is_lead_rank, load_spec_or_exit, planned_spec_or_exit
+from flowrec.cli.common import EXIT_INVALID, check_env_switches, exit_without_teardown, fail, is_lead_rank, load_spec_or_exit, planned_spec_or_exit, warn
 from flowrec.runtime.signals import interrupt_name, terminated_as_interrupted
 from flowrec.runtime.messages import first_line, one_line, out_of_memory, shell_word
 
@@ -719,8 +719,12 @@ def _console_hooks(trainer, quiet: bool):
     from flowrec.runtime.trainer import Hooks
 
     shown: list[int] = []  # steps whose metrics are on the console
+    warned: list[bool] = []
 
     def on_eval(event) -> None:
+        if not warned:  # the catalogue is known once training starts (its data's encoder)
+            warned.append(True)
+            _warn_small_catalogue(trainer.model)
         if (quiet and not event.final) or (event.final and shown and shown[-1] == event.step):
             return
         shown.append(event.step)
@@ -739,6 +743,16 @@ def _console_hooks(trainer, quiet: bool):
                  f"evaluations; the best (step {trainer.stopper.state.best_step}) is in best/")
 
     return Hooks(on_eval=on_eval)
+
+
+def _warn_small_catalogue(model) -> None:
+    """Warn when a retrieval head's top_k reaches its catalogue (hr@K is then 1.0 whatever the model)."""
+    from flowrec.runtime.retrieval import small_catalogue
+
+    if model.retrieval is not None:
+        line = small_catalogue(model.retrieval, model.head_names[model.retrieval.head])
+        if line is not None:
+            warn(line)
 
 
 def _parent_or_exit(settings: dict) -> dict | None:
@@ -868,6 +882,7 @@ def evaluate_run(
     refuse_stream_folder(run_dir, "eval")
     try:
         trained = load_trained(run_dir, device, scoring_plan)
+        _warn_small_catalogue(trained.model)
         drawn = synthetic_rows(run_dir, trained.spec) if data is None else None
         if data is None and drawn is None:
             data = eval_data_to_score(run_dir)

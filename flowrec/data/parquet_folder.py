@@ -71,6 +71,18 @@ def parquet_files(path: Path, numeric: set[str]) -> list[ParquetFile]:
             for f, c in files]
 
 
+def file_columns(path: Path) -> list[tuple[str, list[str]]]:
+    """(file, its own column names) of each file of a raw Parquet file or folder, read before
+    pyarrow's discovery unifies them: a file naming a column twice (two columns of no name, as
+    pandas writes a frame whose columns are '') made that a "Can't unify schema" naming no column."""
+    import pyarrow.dataset as ds
+
+    check_folder_links(Path(path))
+    listed = ds.dataset(path, format="parquet", partitioning="hive", exclude_invalid_files=False,
+                        schema=pa.schema([]))  # lists the files; reads no schema of theirs
+    return [(f.path, f.physical_schema.names) for f in listed.get_fragments()]
+
+
 def _columns(fragment: Any, schema: pa.Schema) -> dict[str, pa.Field]:
     """A file's columns: its own, then the partition keys its folders give (typed as the folder's)."""
     import pyarrow.dataset as ds

@@ -29,7 +29,7 @@ import pyarrow.csv as pcsv
 from flowrec.data.csv_release import ReaderSlot, open_slot, readers_opened, tracked
 from flowrec.data.error_log import ErrorLog
 from flowrec.data.layout import META_FILE, DataError
-from flowrec.data.parquet_folder import parquet_files
+from flowrec.data.parquet_folder import file_columns, parquet_files
 from flowrec.data.sequences import HISTORY_COLUMN, TEST_COLUMN, next_item_rows, sequence_length
 
 CHUNK_BYTES = 16 << 20  # bytes of text per streamed chunk
@@ -288,6 +288,9 @@ def _unique_columns(path: Path, names: list[str]) -> None:
     """
     first: dict[str, int] = {}
     for i, name in enumerate(names):
+        if name in first and not name:  # a Parquet file's: a CSV header's are unused columns (`_named_columns`)
+            raise DataError(f"{path}: columns {first[name] + 1} and {i + 1} have no name, which no reader can tell "
+                            "apart: name them (or leave them out) and write the file again")
         if name in first:
             raise DataError(f"{path}: the header names column {name!r} twice (columns {first[name] + 1} and {i + 1}): "
                             + (_header_of_numbers if _is_number(name) else "rename one"))
@@ -1075,9 +1078,9 @@ def read_parquet(path: Path, options: dict[str, Any], log: ErrorLog, numeric: se
     del options
     _refuse_encoded(path)
     try:
+        for file, names in file_columns(path):  # before the folder's schema is unified, which needs them unique
+            _unique_columns(Path(file), names)
         files = parquet_files(path, numeric)
-        for file in files:
-            _unique_columns(Path(file.path), file.fragment.physical_schema.names)
         seen = 0
         for file in files:
             for batch in file.fragment.to_batches(schema=file.schema, batch_size=PARQUET_BATCH_ROWS,

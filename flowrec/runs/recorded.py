@@ -74,9 +74,26 @@ def eval_data_to_score(run_dir: Path, how: str = "--data DIR") -> Path:
         settings = read_run_file(folder) or {}
         data = _data_folder(folder, settings)
         why = (f"its data {data} has no test part" if (data / META_FILE).is_file()
-               else f"its data {data} is gone" if settings.get("data") else "it trained on synthetic rows")
+               else f"the test part of its split data, {data / 'test'}, is gone" if (data / "train" / META_FILE).is_file()
+               else f"its data {data} is gone" if settings.get("data")
+               else f"its encoded data {data} is gone, which `flowrec train SPEC --resume {folder}` encodes again"
+               if _bound(folder)
+               else "it trained on synthetic rows")
         raise DataError(f"{run_dir} recorded no evaluation data to score ({why}): give {how}")
     if not (found / META_FILE).is_file():
         raise DataError(f"the evaluation data {run_dir} recorded, {found}, is not an encoded dataset (moved, "
                         f"or recorded relative to another folder): give {how}")
     return found
+
+
+def _bound(folder: Path) -> bool:
+    """The run trained on its spec's bound raw data (its spec.json binds a data path), encoded into
+    RUN/data: not synthetic rows, though it recorded no --data."""
+    import json
+
+    try:
+        doc = json.loads((folder / "spec.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    data = doc.get("data") if isinstance(doc, dict) else None
+    return isinstance(data, dict) and bool(data.get("path")) and data.get("format") != "parquet"

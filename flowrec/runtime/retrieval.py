@@ -111,6 +111,32 @@ class RetrievalBinding:
             if self.attrs["logq_correction"] else None
 
 
+def small_catalogue(binding: RetrievalBinding | None, head: str) -> str | None:
+    """A line saying that K of the head's top_k is at least the catalogue evaluation ranks (the rows
+    that hold an item, `set_items`): every item is then in the top K, hr@K 1.0 whatever the model
+    (an item vocab of 1682 filled by data of 50 items, top_k [100]). None when no K is.
+
+    >>> b = RetrievalBinding(0, "h", "item", "g", 0, 0, 1682, "items", None, (), {"top_k": [10, 100]})
+    >>> b.named = np.arange(1, 51)
+    >>> small_catalogue(b, "h").split(",")[0]
+    'head h ranks a catalogue of 50 items'
+    >>> b.attrs["top_k"] = [10]
+    >>> small_catalogue(b, "h") is None
+    True
+    """
+    if binding is None:
+        return None
+    items = binding.vocab if binding.named is None else len(binding.named)
+    ks = [k for k in binding.attrs.get("top_k") or () if k >= items]
+    if not ks:
+        return None
+    return (f"head {head} ranks a catalogue of {items:,} items, the rows of the {binding.vocab:,}-row table "
+            f"{binding.table} its data's raw ids were fitted to, and top_k {', '.join(map(str, ks))} "
+            f"{'is' if len(ks) == 1 else 'are'} at least that: every item is in the top "
+            f"{ks[0]}, so hr@{ks[0]}, recall@{ks[0]} and ndcg@{ks[0]} say nothing of the model "
+            f"(give smaller top_k)")
+
+
 def bind(graph: nx.DiGraph, groups: dict[str, PackedGroup], spec: Any, steps: list[Any],
          head_nodes: list[str]) -> RetrievalBinding | None:
     """The retrieval head of a lowered model (None when it has none)."""

@@ -161,13 +161,16 @@ def resolve_data(spec: ModelSpec, spec_path: Path, opts: SessionOptions,
                  status: Callable[[str], None]) -> tuple[Any, Any | None, str]:
     """(train source, eval source or None, a note saying where the data came from)."""
     if opts.data is not None:
-        train, evaluation = dataset_pair(Path(opts.data), spec, opts.dask)
+        train, evaluation = dataset_pair(Path(opts.data), spec, opts.dask, test_needed=opts.eval_data is None)
         if opts.eval_data is not None:
             evaluation = _replace_evaluation(train, evaluation, Path(opts.eval_data), spec, opts.dask)
         return train, evaluation, f"data: {opts.data}"
     if spec.data is not None and spec.data.bound:
+        if opts.eval_data is not None:  # refused before the bound raw data is encoded (minutes, a folder)
+            check_spec(read_meta(Path(opts.eval_data)), spec, Path(opts.eval_data))
         folder = bound_dataset(spec, spec_path, opts.workdir, status, opts.resumed)
-        train, evaluation = dataset_pair(folder, spec, opts.dask)
+        train, evaluation = dataset_pair(folder, spec, opts.dask, test_needed=opts.eval_data is None,
+                                         remake=f"remove {folder} to encode the spec's data again (the same split)")
         if opts.eval_data is not None:  # given, it evaluates instead of the bound data's test split
             evaluation = _replace_evaluation(train, evaluation, Path(opts.eval_data), spec, opts.dask)
         return train, evaluation, f"data: {spec.data.format} at {spec.data.path} (encoded in {folder})"
@@ -202,10 +205,20 @@ def open_dataset(path: Path, spec: ModelSpec, dask: str | None = None) -> Any:
     return DaskSource(path, address=None if dask == "local" else dask)
 
 
-def dataset_pair(path: Path, spec: ModelSpec, dask: str | None = None) -> tuple[Any, Any | None]:
-    """A dataset folder, or its train/ and test/ parts when it was split."""
+def dataset_pair(path: Path, spec: ModelSpec, dask: str | None = None, test_needed: bool = True,
+                 remake: str = "") -> tuple[Any, Any | None]:
+    """A dataset folder, or its train/ and test/ parts when it was split. A split whose test part
+    is gone is a `DataError` when `test_needed` (no other evaluation data was given): the run would
+    train without evaluating, saying the data has no test split; `remake` says how to make it again."""
     if (path / "train" / META_FILE).is_file():
         test = path / "test"
+        if test_needed and not (test / META_FILE).is_file():
+            recorded = read_meta(path / "train").split
+            if recorded:
+                raise DataError(
+                    f"{test} is missing: {path / 'train' / META_FILE} records a split (test fraction "
+                    f"{recorded.get('test_fraction')}) whose test part is gone, so nothing would be evaluated; "
+                    f"{remake or 'restore it'}, or give --eval-data DIR (eval_data=) to evaluate on other data")
         evaluation = open_dataset(test, spec, dask) if (test / META_FILE).is_file() else None
         return open_dataset(path / "train", spec, dask), evaluation
     return open_dataset(path, spec, dask), None
@@ -252,7 +265,9 @@ def bound_dataset(spec: ModelSpec, spec_path: Path, workdir: Path | None,
         if out.exists():  # this new run's folder held the encoding of raw files that changed since
             import shutil
 
-            status(f"{raw} changed since {out} was encoded: encoding it again")
+            status(f"{raw} changed since {out} was encoded: encoding it again" if encoded() else
+                   f"{out} holds no complete encoding (no {META_FILE} of its own or of its train/ part): "
+                   "encoding it again")
             shutil.rmtree(out)
         status(f"encoding {spec.data.format} data from {raw} into {out}")
         try:

@@ -92,7 +92,7 @@ def worker(mode: str, rank: int, world: int, port: int, out: Path, seed: int, ti
         os._exit(0)
     if mode == "stop":
         stop_between_exchanges(rank, remap, seed)
-    report = {"rows": [], "resets": [], "steps": [], "lookups": [], "where": where, "owned": {t: m.owned for t, m in maps.items()}}
+    report = {"seed": seed, "rows": [], "resets": [], "steps": [], "lookups": [], "where": where, "owned": {t: m.owned for t, m in maps.items()}}
     t0 = time.monotonic()
     try:
         for k, batch in enumerate(stream(seed)):
@@ -107,6 +107,8 @@ def worker(mode: str, rank: int, world: int, port: int, out: Path, seed: int, ti
     except RuntimeError as exc:
         report["error"] = str(exc)
     report["seconds"] = time.monotonic() - t0
+    if mode == "seen":  # exclude_seen's training pairs keyed by the users' rows, on every rank
+        seen_pairs(report, remap.maps, me)
     np.savez(out / f"maps{rank}.npz", **{f"{t}.{k}": v for t, m in remap.maps.items() for k, v in m.state().items()})
     (out / f"rank{rank}.json").write_text(json.dumps(report))
     os._exit(0)  # no teardown collective with a dead peer
@@ -140,6 +142,23 @@ def stop_between_exchanges(rank: int, remap, seed: int) -> None:
     time.sleep(3.0)  # a mismatched exchange from the other rank would abort this process now
     (Path(sys.argv[5]) / f"rank{rank}.json").write_text(json.dumps({"posted": posted[0], "outcomes": outcomes}))
     os._exit(0)
+
+
+def seen_pairs(report: dict, maps: dict, me) -> None:
+    """Every user id of the stream as a (user, item) training pair, keyed by its row through
+    evaluation's `_seen_in_rows` (a collective), and each user's row in this rank's own map."""
+    from types import SimpleNamespace
+
+    from flowrec.runtime.evaluation.evaluate import _seen_in_rows
+    from flowrec.runtime.evaluation.retrieval import SeenItems
+
+    users = np.unique(np.concatenate([b["user"] for b in stream(report["seed"])]))
+    users = users[users != 0]
+    model = SimpleNamespace(groups=[SimpleNamespace(fields=[SimpleNamespace(feature="user", table="users")])],
+                            managed=SimpleNamespace(sync=lambda: None, maps=maps, owners=True, world=me))
+    got = _seen_in_rows(model, "user", SeenItems(users, np.arange(1, len(users) + 1)))
+    report["seen"] = [got.users.tolist(), got.items.tolist()]
+    report["own"] = [users.tolist(), maps["users"].lookup(users).tolist()]
 
 
 def free_port() -> int:
@@ -207,6 +226,22 @@ def test_two_owner_ranks_remap_as_the_sharded_dict_reference(tmp_path: Path):
                 {g: sorted(v) for g, v in expected_resets.items() if v}, (seed, k)
     assert freed > 0 and shards_of_rank1 > 0  # evictions happened and both ranks owned ids
     assert ranks[0]["owned"] == {"users": [0, 2], "items": [0, 2]} and ranks[1]["owned"] == {"users": [1, 3], "items": [1]}
+
+
+def test_exclude_seen_keys_the_pairs_of_users_on_every_ranks_shards(tmp_path: Path):
+    """exclude_seen with a managed user table under --nproc 2: each rank's map holds the rows of its
+    own shards only, so the training pairs of users on the other rank's shards were left out of
+    every rank's evaluation (nothing excluded for them); now every rank keys every user's pairs
+    by the row its owner gave it, as one process does."""
+    ranks = launch("seen", tmp_path, random.randrange(1 << 30), 60)
+    assert all("error" not in r for r in ranks), [r.get("error") for r in ranks]
+    users, mine0 = ranks[0]["own"]
+    _, mine1 = ranks[1]["own"]
+    rows = [a if a >= 0 else b for a, b in zip(mine0, mine1)]  # the row of each user, from its owner
+    expected = sorted((r, k + 1) for k, r in enumerate(rows) if r >= 0)  # (user row, item) pairs
+    assert sum(r >= 0 for r in mine1) > 0 and sum(r >= 0 for r in mine0) > 0  # both ranks own users with rows
+    for r in ranks:
+        assert sorted(zip(*r["seen"])) == expected
 
 
 def test_three_owner_ranks_remap_and_step_the_maps_one_process_does(tmp_path: Path):

@@ -456,3 +456,21 @@ def test_a_split_flag_out_of_range_is_named_as_the_flag(tmp_path: Path, flag: st
     lines = result.output.strip().splitlines()
     assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith(f"error: {flag} must be"), result.output
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("names, says", [(["price", "user", "clicked", "", ""], "columns 4 and 5 have no name"),
+                                         (["price", "user", "user", "clicked"],
+                                          r"names column 'user' twice \(columns 2 and 3\)")])
+def test_a_parquet_file_naming_a_column_twice_names_the_columns(tmp_path: Path, names: list, says: str) -> None:
+    """Raw Parquet with two columns of no name (or one name twice) in a file of a folder was
+    pyarrow's "Can't unify schema with duplicate field names", naming no column: pyarrow's
+    discovery refused it before flowrec's check of each file's names ran."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    columns = {"price": [1.5, 2.5], "user": ["u1", "u2"], "clicked": [0, 1], "": [1, 2]}
+    (tmp_path / "rows" / "day=1").mkdir(parents=True)
+    pq.write_table(pa.table([columns[n] for n in names], names=names), tmp_path / "rows" / "day=1" / "a.parquet")
+    with pytest.raises(DataError, match=f"a\\.parquet: .*{says}"):
+        convert(_spec(), "parquet", [tmp_path / "rows"], tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -179,6 +180,82 @@ def test_a_run_refused_after_encoding_its_data_leaves_no_folder_it_made(tmp_path
     (folder / "theirs.txt").write_text("x")
     lock.release_and_remove_if_unused()
     assert (folder / "data").is_dir() and (folder / "theirs.txt").is_file()
+
+
+def test_eval_data_that_is_no_dataset_is_refused_before_the_bound_data_is_encoded(tmp_path: Path) -> None:
+    """`train SPEC --eval-data FILE` of a spec bound to raw data encoded the raw data first (minutes
+    for a large file), then refused FILE; now FILE is refused before anything is encoded."""
+    spec = _early_stopping_csv_spec(tmp_path)
+    spec.write_text(spec.read_text().replace(", early_stopping: {metric: auc}", ""))
+    (tmp_path / "not_a_dataset").write_text("x\n")
+    result = CliRunner().invoke(app, ["train", str(spec), "--out", str(tmp_path / "run"), "--eval-data",
+                                      str(tmp_path / "not_a_dataset"), "--max-steps", "2"])
+    assert result.exit_code == 2, result.output
+    assert "not_a_dataset is a file, not a dataset folder" in result.output
+    assert "encoding csv data" not in result.output
+    assert not (tmp_path / "run").exists()
+
+
+def test_resuming_a_run_whose_test_split_was_deleted_is_refused_in_one_line(tmp_path: Path) -> None:
+    """RUN/data/test deleted, `train --resume RUN` trained on without evaluating, saying 'the data has
+    no test split', though RUN/data/train/_flowrec.json records the split; now it is refused in one
+    line naming the folder, and removing RUN/data encodes the same split again."""
+    spec = _early_stopping_csv_spec(tmp_path)
+    spec.write_text(spec.read_text().replace(", early_stopping: {metric: auc}", "")
+                    .replace("label: label}", "label: label, options: {test_fraction: 0.2}}"))
+    run = tmp_path / "run"
+    made = runner.invoke(app, ["train", str(spec), "--out", str(run), "--max-steps", "1", "--epochs", "2", "-q"])
+    assert made.exit_code == 0, made.output
+    shutil.rmtree(run / "data" / "test")
+    result = runner.invoke(app, ["train", str(spec), "--resume", str(run), "--max-steps", "2"])
+    assert result.exit_code == 2, result.output
+    assert f"{run / 'data' / 'test'} is missing" in result.output
+    assert "no test split" not in result.output
+    # `flowrec eval RUN` said the run 'trained on synthetic rows'
+    result = runner.invoke(app, ["eval", str(run)])
+    assert result.exit_code == 2 and f"{run / 'data' / 'test'}, is gone" in result.output, result.output
+    shutil.rmtree(run / "data")
+    result = runner.invoke(app, ["eval", str(run)])
+    assert result.exit_code == 2 and "synthetic rows" not in result.output, result.output
+    assert f"its encoded data {run / 'data'} is gone" in result.output
+    result = runner.invoke(app, ["train", str(spec), "--resume", str(run), "--max-steps", "2"])
+    assert result.exit_code == 0, result.output
+    assert "final evaluation" in result.output and (run / "data" / "test").is_dir()
+    # its encoding's record gone, the data is encoded again: not because the raw file 'changed'
+    (run / "data" / "train" / "_flowrec.json").unlink()
+    result = runner.invoke(app, ["train", str(spec), "--resume", str(run), "--max-steps", "3"])
+    assert result.exit_code == 0, result.output
+    assert "changed since" not in result.output
+    assert f"{run / 'data'} holds no complete encoding" in result.output
+
+
+def test_a_top_k_reaching_the_items_the_data_holds_is_warned_of_in_train_and_eval(tmp_path: Path) -> None:
+    """An item vocab of 200 filled by data of 12 items, top_k [5, 50]: evaluation ranks the 12 rows
+    that hold an item, so hr@50 was 1.0 whatever the model, without a word; now train's evaluations
+    and `flowrec eval` warn in one line naming K and the count (K = 5 is no warning)."""
+    rows = ["user,item,label"] + [f"u{i % 9},i{i % 12},1" for i in range(200)]
+    (tmp_path / "raw.csv").write_text("\n".join(rows) + "\n")
+    spec = tmp_path / "tt.yaml"
+    spec.write_text(
+        "name: tt_small\n"
+        "features:\n  - {name: user, type: categorical, vocab: 50, dim: 4}\n"
+        "  - {name: item, type: categorical, vocab: 200, dim: 4}\n"
+        "modules:\n  - {name: score, kind: similarity, inputs: [user, item], metric: dot}\n"
+        "heads:\n  - {name: retrieve, input: score, task: retrieval, negatives: {kind: in_batch}, top_k: [TOPK]}\n"
+        "data: {format: csv, path: raw.csv, label: label, options: {test_fraction: 0.2}}\n"
+        "training: {batch_size: 32, epochs: 1, seed: 0, eval_group_by: user}\n")
+    text = spec.read_text()
+    spec.write_text(text.replace("TOPK", "5, 50"))
+    result = runner.invoke(app, ["train", str(spec), "--out", str(tmp_path / "run"), "--max-steps", "2", "-q"])
+    assert result.exit_code == 0, result.output
+    warning = re.compile(r"warning: head retrieve ranks a catalogue of 12 items.* top_k 50 is at least that")
+    assert len(warning.findall(result.output)) == 1, result.output
+    result = runner.invoke(app, ["eval", str(tmp_path / "run"), "-q"])
+    assert result.exit_code == 0, result.output
+    assert len(warning.findall(result.output)) == 1, result.output
+    spec.write_text(text.replace("TOPK", "5"))
+    result = runner.invoke(app, ["train", str(spec), "--out", str(tmp_path / "five"), "--max-steps", "2", "-q"])
+    assert result.exit_code == 0 and "warning: head retrieve" not in result.output, result.output
 
 
 def test_a_malformed_row_of_bound_data_names_a_way_to_skip_it_that_exists(tmp_path: Path) -> None:
@@ -868,7 +945,7 @@ def test_eval_data_closes_the_test_split_it_replaces(spec: Path, tmp_path: Path,
         def close(self) -> None:
             closed.append(self.name)
 
-    monkeypatch.setattr(session, "dataset_pair", lambda *a: (Source("train"), Source("test")))
+    monkeypatch.setattr(session, "dataset_pair", lambda *a, **k: (Source("train"), Source("test")))
     monkeypatch.setattr(session, "open_dataset", lambda path, *a: Source(f"eval:{Path(path).name}"))
     model = load_spec(spec)
     opts = session.SessionOptions(data=tmp_path / "d", eval_data=tmp_path / "held")

@@ -407,7 +407,7 @@ def test_seen_items_of_a_managed_user_table_are_keyed_by_the_users_rows():
     model = SimpleNamespace(
         groups=[SimpleNamespace(fields=[SimpleNamespace(feature="item", table="item"),
                                         SimpleNamespace(feature="user", table="users")])],
-        managed=SimpleNamespace(maps={"users": users_map}, sync=lambda: synced.append(True)))
+        managed=SimpleNamespace(maps={"users": users_map}, owners={}, sync=lambda: synced.append(True)))
     mapped = _seen_in_rows(model, "user", seen)
     assert synced and list(zip(mapped.users.tolist(), mapped.items.tolist())) == [(0, 1), (0, 2), (4, 3)]
     mask = mapped.mask(np.array([0, 4, -1]), 5)

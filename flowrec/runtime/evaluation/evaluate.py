@@ -153,7 +153,38 @@ def _seen_in_rows(model: LoweredModel, feature: str, seen: SeenItems) -> SeenIte
     table = next(f.table for g in model.groups for f in g.fields if f.feature == feature)
     managed = model.managed
     managed.sync()
-    return seen.through(managed.maps[table].lookup)
+    lookup = managed.maps[table].lookup
+    if managed.owners:  # a rank.s map holds the rows of its own shards only: the others' from their owners
+        lookup = _owners_lookup(lookup, managed.world)
+    return seen.through(lookup)
+
+
+def _owners_lookup(lookup: Any, world: Any) -> Any:
+    """`lookup` (raw ids -> rows; NO_ROW for ids of shards this rank does not own) answered for every
+    shard: each rank's rows of the ids it owns, gathered from every rank (a collective: every rank
+    calls it, as every rank evaluates). Without it, the training pairs of users on the other ranks'
+    shards were left out, and exclude_seen excluded nothing for them."""
+    import torch.distributed as dist
+
+    from flowrec.data.managed import NO_ROW
+
+    def rows(ids: np.ndarray) -> np.ndarray:
+        unique = np.unique(np.asarray(ids, np.int64))
+        mine = np.asarray(lookup(unique), np.int64)
+        held = mine != NO_ROW
+        found: list[Any] = [None] * world.size
+        dist.all_gather_object(found, (unique[held], mine[held]))
+        known = np.concatenate([f[0] for f in found])
+        at = np.argsort(known, kind="stable")
+        known, known_rows = known[at], np.concatenate([f[1] for f in found])[at]
+        out = np.full(len(ids), NO_ROW, np.int64)
+        if len(known):
+            where = np.clip(np.searchsorted(known, ids), 0, len(known) - 1)
+            hit = known[where] == ids
+            out[hit] = known_rows[where[hit]]
+        return out
+
+    return rows
 
 
 def _task_space(model: LoweredModel, labels: np.ndarray, head: int) -> np.ndarray:
