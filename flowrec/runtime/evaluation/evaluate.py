@@ -154,7 +154,7 @@ def _seen_in_rows(model: LoweredModel, feature: str, seen: SeenItems) -> SeenIte
     managed = model.managed
     managed.sync()
     lookup = managed.maps[table].lookup
-    if managed.owners:  # a rank.s map holds the rows of its own shards only: the others' from their owners
+    if managed.owners:  # a rank's map holds the rows of its own shards only: the others' from their owners
         lookup = _owners_lookup(lookup, managed.world)
     return seen.through(lookup)
 
