@@ -6,7 +6,8 @@ from pathlib import Path, PurePath
 from typing import Callable, NoReturn, Sequence, get_args
 
 import typer
-from typer.core import TyperArgument, TyperCommand, TyperOption
+import sys
+from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from flowrec.runtime.messages import one_line
 from flowrec.spec.errors import SpecError
@@ -67,6 +68,53 @@ class RepeatedArgumentsCommand(TyperCommand):
                     name = param.opts[0] if isinstance(param, TyperOption) else (param.metavar or param.name.upper())
                     fail(f"{name}: {problem}")
         return super().invoke(ctx)
+
+
+def click_error_line(exc: Exception) -> str:
+    """One line for click's own error (a value out of range, a missing argument, an unknown option,
+    a wrong type), where click and typer print a usage block or a boxed panel: `--epochs: 0 is not
+    in the range x>=1 (flowrec train --help)`."""
+    if (isinstance(exc, click_errors.BadParameter) and not isinstance(exc, click_errors.MissingParameter)
+            and exc.param is not None):
+        hint = exc.param_hint if isinstance(exc.param_hint, str) else None
+        name = hint or (exc.param.opts[0] if exc.param.param_type_name == "option" else exc.param.human_readable_name)
+        message = f"{name.strip(QUOTES)}: {exc.message}"
+    else:
+        message = exc.format_message()
+    ctx = getattr(exc, "ctx", None)
+    usage = f" ({ctx.command_path} --help)" if isinstance(exc, click_errors.UsageError) and ctx is not None else ""
+    return f"{one_line(message).rstrip('.')}{usage}"
+
+
+QUOTES = "'\""
+# click's exceptions, wherever typer takes them from (it vendors click as typer._click since 0.22)
+click_errors = sys.modules[typer.BadParameter.__module__]
+
+
+class OneLineErrorsGroup(TyperGroup):
+    """The app (and its groups): click's own errors end as every flowrec error does, one line
+    `error: ...` and exit 2 (`click_error_line`), not click's usage block or typer's boxed panel;
+    `--help`, and a group given no command (its help), are as click writes them."""
+
+    def make_context(self, *args, **kwargs):
+        with _one_line_click_errors():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: typer.Context):
+        with _one_line_click_errors():
+            return super().invoke(ctx)
+
+
+class _one_line_click_errors:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        if (not isinstance(exc, click_errors.ClickException)
+                or isinstance(exc, getattr(click_errors, "NoArgsIsHelpError", ()))):
+            return False
+        typer.echo(f"error: {rank_prefix()}{click_error_line(exc)}", err=True)
+        raise typer.Exit(exc.exit_code) from None
 
 
 PATH_TEXT_OPTIONS = frozenset({"--json", "--dot", "--svg", "--png"})  # a path as text, or - for stdout

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import typer
 
-from flowrec.cli.common import fail, guard_outputs, load_spec_or_exit, skipped_lines, warn, write_output
+from flowrec.cli.common import OneLineErrorsGroup, fail, guard_outputs, load_spec_or_exit, skipped_lines, warn, write_output
 from flowrec.runtime.messages import shell_word
 
 if TYPE_CHECKING:
@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 data_app = typer.Typer(
     help="Convert, synthesise, profile and inspect flowrec datasets (encoded Parquet).",
+    cls=OneLineErrorsGroup,
     no_args_is_help=True,
 )
 

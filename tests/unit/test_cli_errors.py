@@ -1,0 +1,44 @@
+"""The command line's own errors, as a hostile user meets them: every one is one line `error: ...`
+with exit status 2, as flowrec's other errors are, whatever the command and the mistake."""
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from flowrec.cli import app
+
+
+def _one_error_line(result) -> str:
+    """The single line a refused command printed (its output mixes stdout and stderr)."""
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 2, result.output
+    assert len(lines) == 1, result.output
+    assert lines[0].startswith("error: "), result.output
+    return lines[0]
+
+
+@pytest.mark.parametrize("args, named", [
+    (["train", "s.yaml", "--epochs", "0"], "--epochs"),
+    (["train", "s.yaml", "--epochs", "x"], "--epochs"),
+    (["predict", "pkg", "rows.csv", "--top-k", "0"], "--top-k"),
+    (["calibrate", "--seconds", "nan"], "--seconds"),
+    (["train"], "SPEC"),
+    (["train", "s.yaml", "--no-such-option"], "--no-such-option"),
+    (["data", "convert", "csv"], "SOURCE"),
+    (["data", "no-such-command"], "no-such-command"),
+    (["no-such-command"], "no-such-command"),
+    (["--no-such-option"], "--no-such-option"),
+], ids=lambda a: " ".join(a) if isinstance(a, list) else None)
+def test_click_errors_are_one_line(args: list[str], named: str) -> None:
+    line = _one_error_line(CliRunner().invoke(app, args))
+    assert named in line
+    assert "--help" in line  # where to look, on the same line
+
+
+@pytest.mark.parametrize("command", [[], ["data"], ["train"], ["data", "convert"]])
+def test_help_is_as_before(command: list[str]) -> None:
+    shown = CliRunner().invoke(app, [*command, "--help"])
+    assert shown.exit_code == 0 and "Usage:" in shown.output and "error:" not in shown.output
+    if len(command) <= 1 and command != ["train"]:  # a group given no command shows its help
+        bare = CliRunner().invoke(app, command)
+        assert "Usage:" in bare.output and "error:" not in bare.output
