@@ -54,7 +54,7 @@ class RepeatedArgumentsCommand(TyperCommand):
                 param.__class__ = RepeatedArgument
             elif type(param) is TyperOption and param.multiple:
                 param.__class__ = RepeatedOption
-            if _takes_paths(param):
+            if _takes_paths(param) or _takes_text(param):
                 param.process_value = _refusing_empty(param, param.process_value)
 
     def invoke(self, ctx: typer.Context):
@@ -128,13 +128,21 @@ def _takes_paths(param: TyperArgument | TyperOption) -> bool:
     return annotation is Path or Path in get_args(annotation)
 
 
+def _takes_text(param: TyperArgument | TyperOption) -> bool:
+    """Whether `param` takes a text value (a str, or a list of them): a feature, a policy, an address."""
+    annotation = param.type_descriptor.annotation
+    return annotation is str or str in get_args(annotation)
+
+
 def _refusing_empty(param: TyperArgument | TyperOption, process_value: Callable) -> Callable:
-    """`param`'s process_value, refusing an empty text first: a Path reads "" as '.', so `--out ""`
+    """`param`'s process_value, refusing an empty text first (a path, or any text value): a Path reads "" as '.', so `--out ""`
     (an unset shell variable, `--out "$OUT"`) trained into the working folder, `validate ""`
     scanned it and `data convert ... ""` refused '.' as the input's folder."""
     def checked(ctx: typer.Context, value):
         if any(v == "" for v in (value if isinstance(value, (list, tuple)) else [value])):
             name = param.opts[0] if isinstance(param, TyperOption) else (param.metavar or param.name.upper())
+            if not _takes_paths(param):  # `--group-by ""` was read as no --group-by, as if not given
+                fail(f"{name} is empty: give a value, or leave {name} out for its default")
             fail(f"{name} is an empty path: give a file or folder name ('.' for the working folder)")
         return process_value(ctx, value)
     return checked

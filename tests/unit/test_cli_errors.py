@@ -42,3 +42,16 @@ def test_help_is_as_before(command: list[str]) -> None:
     if len(command) <= 1 and command != ["train"]:  # a group given no command shows its help
         bare = CliRunner().invoke(app, command)
         assert "Usage:" in bare.output and "error:" not in bare.output
+
+
+@pytest.mark.parametrize("args, named", [
+    (["eval", "runs/x", "--group-by", ""], "--group-by"),
+    (["train", "s.yaml", "--dask", ""], "--dask"),
+    (["plan", "s.yaml", "--cache", ""], "--cache"),
+    (["predict", "pkg", "rows.csv", "--keep", "a", "--keep", ""], "--keep"),
+    (["data", "convert", "", "in.csv", "out"], "FORMAT"),
+], ids=lambda a: " ".join(a) if isinstance(a, list) else None)
+def test_an_empty_text_value_is_refused(args: list[str], named: str) -> None:
+    """`--group-by ""` (an unset shell variable) was read as no --group-by: scored without gAUC."""
+    line = _one_error_line(CliRunner().invoke(app, args))
+    assert f"{named} is empty" in line
