@@ -61,6 +61,9 @@ def plan(
     for flag, path in (("--svg", svg), ("--png", png)):
         if path is not None and str(path) == "-":
             fail(f"{flag} writes a file, not stdout: give a file name (--json - and --dot - write to stdout)")
+    for flag, path in (("--json", json_out), ("--dot", dot), ("--svg", svg), ("--png", png)):
+        if path is not None and str(path) != "-" and (problem := _misnamed(flag, Path(path))):
+            fail(problem)
     model = planned_spec_or_exit(spec)
     files = [Path(p) for p in (json_out, dot, svg, png) if p is not None and str(p) != "-"]
     made = missing_parents(*files)  # the guard makes them; a plan that fails takes them back
@@ -181,4 +184,21 @@ def _counts_problem(counts) -> str | None:
         value = counts.get(key)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             return f"{key} is {value!r:.40}, not a non-negative integer"
+    return None
+
+
+WRITES = {"--json": "JSON", "--dot": "DOT text", "--svg": "SVG", "--png": "PNG"}
+FLAG_OF_SUFFIX = {".json": "--json", ".dot": "--dot", ".gv": "--dot", ".svg": "--svg", ".png": "--png"}
+OTHER_FORMATS = frozenset({".jpg", ".jpeg", ".pdf", ".gif", ".webp", ".bmp", ".tif", ".tiff", ".eps", ".ps", ".html"})
+
+
+def _misnamed(flag: str, path: Path) -> str | None:
+    """Why `path` is the wrong name for what `flag` writes (`--svg x.png` wrote SVG text into a
+    .png name, which an image viewer then could not open), or None: a suffix of another format."""
+    suffix = path.suffix.lower()
+    other = FLAG_OF_SUFFIX.get(suffix)
+    if other is not None and other != flag:
+        return f"{flag} writes {WRITES[flag]}, but {path} is named {suffix}: give {other} {path} for {WRITES[other]}, or a .{flag[2:]} name"
+    if suffix in OTHER_FORMATS:
+        return f"{flag} writes {WRITES[flag]}, but {path} is named {suffix}, another format: give a .{flag[2:]} name"
     return None

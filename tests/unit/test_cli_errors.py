@@ -55,3 +55,27 @@ def test_an_empty_text_value_is_refused(args: list[str], named: str) -> None:
     """`--group-by ""` (an unset shell variable) was read as no --group-by: scored without gAUC."""
     line = _one_error_line(CliRunner().invoke(app, args))
     assert f"{named} is empty" in line
+
+
+@pytest.mark.parametrize("flag, name, named", [
+    ("--svg", "plan.png", "--png"), ("--png", "plan.svg", "--svg"), ("--dot", "plan.png", "--png"),
+    ("--json", "plan.dot", "--dot"), ("--svg", "plan.pdf", ".svg"),
+])
+def test_a_drawing_is_not_written_under_another_format_s_name(tmp_path, flag: str, name: str, named: str) -> None:
+    """`plan --svg x.png` wrote SVG text into a .png name without a word."""
+    from pathlib import Path
+
+    spec = Path(__file__).parents[2] / "specs" / "avazu.yaml"
+    out = tmp_path / name
+    line = _one_error_line(CliRunner().invoke(app, ["plan", str(spec), flag, str(out), "-q"]))
+    assert flag in line and named in line
+    assert not out.exists()
+
+
+def test_a_drawing_under_its_own_name_is_written(tmp_path) -> None:
+    from pathlib import Path
+
+    spec = Path(__file__).parents[2] / "specs" / "avazu.yaml"
+    done = CliRunner().invoke(app, ["plan", str(spec), "--svg", str(tmp_path / "PLAN.SVG"), "--dot", str(tmp_path / "p.gv"), "-q"])
+    assert done.exit_code == 0, done.output
+    assert (tmp_path / "PLAN.SVG").exists() and (tmp_path / "p.gv").exists()
