@@ -79,3 +79,18 @@ def test_a_drawing_under_its_own_name_is_written(tmp_path) -> None:
     done = CliRunner().invoke(app, ["plan", str(spec), "--svg", str(tmp_path / "PLAN.SVG"), "--dot", str(tmp_path / "p.gv"), "-q"])
     assert done.exit_code == 0, done.output
     assert (tmp_path / "PLAN.SVG").exists() and (tmp_path / "p.gv").exists()
+
+
+@pytest.mark.parametrize("given, meant", [("CSV", "csv"), ("Criteo", "criteo"), ("LibSVM", "libsvm")])
+def test_a_format_in_another_case_names_the_known_one(tmp_path, given: str, meant: str) -> None:
+    """`data convert CSV ...` said only "unknown data format 'CSV'", as a spec's data.format: CSV says
+    (did you mean 'csv'?)."""
+    from pathlib import Path
+
+    raw = tmp_path / "rows.csv"
+    raw.write_text("a,b\n1,2\n")
+    spec = Path(__file__).parents[2] / "specs" / "avazu.yaml"
+    line = _one_error_line(CliRunner().invoke(app, ["data", "convert", given, str(raw), str(tmp_path / "out"),
+                                                    "--spec", str(spec)]))
+    assert f"did you mean {meant!r}" in line
+    assert not (tmp_path / "out").exists()
