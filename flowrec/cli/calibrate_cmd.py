@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from flowrec.cli.common import check_env_switches, fail, guard_outputs, planned_spec_or_exit, write_output
+from flowrec.cli.common import check_env_switches, check_one_gpu_per_rank, fail, guard_outputs, planned_spec_or_exit, write_output
 
 FALLBACK_SHAPES = [(4096, 512, 256), (4096, 256, 64)]  # without a spec: DLRM-sized layers
 CALIBRATE_HELP = """Measure this machine for the planner's cost model and save a device profile.
@@ -79,8 +79,7 @@ def calibrate(
         dev = resolve_device(device)
     except RuntimeError as exc:
         fail(str(exc))
-    if dev.type == "cuda" and nproc > 1 and nproc > torch_cuda_count():
-        fail(f"--nproc {nproc} with CUDA needs one GPU per process; this machine has {torch_cuda_count()}")
+    check_one_gpu_per_rank(nproc, dev.type)
     if device_budget is not None and not (nproc > 1 and model is not None and dev.type == "cpu"):
         # it only shapes the sharded plan the processes step (`_shared_cores`): elsewhere it was ignored
         fail(f"--device-budget sets the plan that --nproc N processes step for a spec on the CPU; this calibration "
@@ -183,10 +182,3 @@ def _shared_cores(spec_path: Path, model, nproc: int, measured: dict, details: d
     except ConcurrentError as exc:
         fail(str(exc), code=1)
     return constants
-
-
-def torch_cuda_count() -> int:
-    """CUDA devices torch sees."""
-    import torch
-
-    return torch.cuda.device_count()

@@ -266,6 +266,20 @@ def check_env_switches() -> None:
         fail(str(exc))
 
 
+def torch_cuda_count() -> int:
+    """CUDA devices torch sees."""
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def check_one_gpu_per_rank(nproc: int, device_type: str) -> None:
+    """Exit 2 when `nproc` local processes on CUDA would not each have a GPU (`flowrec calibrate
+    --nproc N` and `flowrec train --nproc N` on `device_type`), before any is started."""
+    if device_type == "cuda" and nproc > 1 and nproc > (count := torch_cuda_count()):
+        fail(f"--nproc {nproc} with CUDA needs one GPU per process; this machine has {count}")
+
+
 def rank_prefix() -> str:
     """`rank R: ` in a multi-rank launch (torchrun's RANK and WORLD_SIZE), else nothing."""
     size, rank = os.environ.get("WORLD_SIZE", "1"), os.environ.get("RANK", "0")

@@ -187,10 +187,11 @@ def _launch(request: RunRequest, nproc: int, max_restarts: int) -> int:
     from flowrec.cli.ranks import launch_ranks
     from flowrec.runtime.rundir import RunFolderError, claim_new_folder
 
+    spec = load_spec_or_exit(request.spec_path)
+    _check_ranks_have_gpus(spec, request, nproc)
     _check_ranks_fit(nproc)
     folder = None
     if request.out is None and request.resume is None:
-        spec = load_spec_or_exit(request.spec_path)
         try:
             folder, lock = claim_new_folder(Path("runs"), spec.name)
         except RunFolderError as exc:
@@ -198,6 +199,20 @@ def _launch(request: RunRequest, nproc: int, max_restarts: int) -> int:
         lock.release()  # rank 0 locks it again
     _say(f"launching {nproc} ranks (torch.distributed.run, gloo on CPU / nccl on CUDA)")
     return launch_ranks(nproc, max_restarts, folder)
+
+
+def _check_ranks_have_gpus(spec, request: RunRequest, nproc: int) -> None:
+    """Exit 2 when the run is on CUDA and this machine has fewer GPUs than `nproc` ranks, before the
+    launch (each rank took a GPU of its own and the ranks past the last one failed, after starting)."""
+    from flowrec.cli.common import check_one_gpu_per_rank
+    from flowrec.runs.errors import RunError
+    from flowrec.runs.plan import device_for_run
+
+    try:
+        device = device_for_run(spec, request.given["device"] or "auto")
+    except RunError as exc:
+        fail(str(exc), exc.code)
+    check_one_gpu_per_rank(nproc, device.type)
 
 
 def _check_ranks_fit(nproc: int) -> None:

@@ -94,3 +94,26 @@ def test_a_format_in_another_case_names_the_known_one(tmp_path, given: str, mean
                                                     "--spec", str(spec)]))
     assert f"did you mean {meant!r}" in line
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("command", ["train", "calibrate"])
+def test_more_cuda_ranks_than_gpus_are_refused_before_the_launch(tmp_path, monkeypatch, command: str) -> None:
+    """`train SPEC --device cuda --nproc 4` on a machine with 2 GPUs launched the ranks, and those
+    past the last GPU failed after starting; `calibrate --nproc` checked it: now both do, at once."""
+    from pathlib import Path
+
+    import torch
+
+    import flowrec.cli.ranks as ranks
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    launched = []
+    monkeypatch.setattr(ranks, "launch_ranks", lambda *a, **k: launched.append(a) or 0)
+    spec = Path(__file__).parents[2] / "specs" / "avazu.yaml"
+    args = {"train": ["train", str(spec), "--device", "cuda", "--nproc", "4", "--rows", "100",
+                      "--out", str(tmp_path / "run")],
+            "calibrate": ["calibrate", "--device", "cuda", "--nproc", "4", "--out", str(tmp_path / "p.json")]}
+    line = _one_error_line(CliRunner().invoke(app, args[command]))
+    assert "--nproc 4" in line and "has 2" in line
+    assert not launched and not (tmp_path / "run").exists() and not (tmp_path / "p.json").exists()
