@@ -117,3 +117,16 @@ def test_more_cuda_ranks_than_gpus_are_refused_before_the_launch(tmp_path, monke
     line = _one_error_line(CliRunner().invoke(app, args[command]))
     assert "--nproc 4" in line and "has 2" in line
     assert not launched and not (tmp_path / "run").exists() and not (tmp_path / "p.json").exists()
+
+
+def test_synth_refuses_rows_the_disk_cannot_hold(tmp_path, monkeypatch) -> None:
+    """`data synth SPEC --rows 1000000000000000000 --out d` wrote until the disk was full."""
+    import shutil
+    from pathlib import Path
+
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**6, 10**6 - 1000, 1000))
+    spec = Path(__file__).parents[2] / "specs" / "avazu.yaml"
+    line = _one_error_line(CliRunner().invoke(app, ["data", "synth", str(spec), "--rows", "20000", "--out",
+                                                    str(tmp_path / "d"), "-q"]))
+    assert "--rows" in line and "free" in line
+    assert not (tmp_path / "d").exists() and list(tmp_path.iterdir()) == []
