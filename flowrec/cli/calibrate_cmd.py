@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from flowrec.cli.common import check_env_switches, check_one_gpu_per_rank, fail, guard_outputs, planned_spec_or_exit, write_output
+from flowrec.cli.common import check_byte_size, check_env_switches, check_one_gpu_per_rank, fail, guard_outputs, planned_spec_or_exit, write_output
 
 FALLBACK_SHAPES = [(4096, 512, 256), (4096, 256, 64)]  # without a spec: DLRM-sized layers
 CALIBRATE_HELP = """Measure this machine for the planner's cost model and save a device profile.
@@ -67,13 +67,7 @@ def calibrate(
     model = planned_spec_or_exit(spec, check_given=True) if spec is not None else None  # custom modules measured
     if out is not None:
         guard_outputs([out], [spec], overwrite)
-    if device_budget is not None:
-        from flowrec.spec.units import parse_bytes
-
-        try:
-            parse_bytes(device_budget)
-        except ValueError as exc:
-            fail(f"--device-budget: {exc}")
+    check_byte_size("--device-budget", device_budget)
     shapes = gemm_shapes(model) if model is not None else FALLBACK_SHAPES
     try:
         dev = resolve_device(device)

@@ -266,6 +266,18 @@ def check_env_switches() -> None:
         fail(str(exc))
 
 
+def check_byte_size(flag: str, text: str | None) -> None:
+    """Exit 2 with one line naming `flag` when `text` is not a byte size (`--device-budget xx`
+    said only "not a byte size: 'xx'", in plan and train, without the option)."""
+    from flowrec.spec.units import parse_bytes
+
+    if text is not None:
+        try:
+            parse_bytes(text)
+        except ValueError as exc:
+            fail(f"{flag}: {exc}")
+
+
 def torch_cuda_count() -> int:
     """CUDA devices torch sees."""
     import torch

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import typer
 
-from flowrec.cli.common import OneLineErrorsGroup, fail, guard_outputs, load_spec_or_exit, skipped_lines, warn, write_output
+from flowrec.cli.common import OneLineErrorsGroup, check_byte_size, fail, guard_outputs, load_spec_or_exit, skipped_lines, warn, write_output
 from flowrec.runtime.messages import shell_word
 
 if TYPE_CHECKING:
@@ -236,6 +236,7 @@ def profile(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Only warnings (and the files asked for)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the --json / --png files when they exist."),
 ) -> None:
+    check_byte_size("--budget", budget)
     guard_outputs([p for p in (json_out, png) if p is not None], [spec, data], overwrite)
 
     def work():

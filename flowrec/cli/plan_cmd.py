@@ -8,7 +8,7 @@ from typing import Optional, get_args
 
 import typer
 
-from flowrec.cli.common import (fail, guard_outputs, launch_env, missing_parents, planned_spec_or_exit, remove_empty,
+from flowrec.cli.common import (check_byte_size, fail, guard_outputs, launch_env, missing_parents, planned_spec_or_exit, remove_empty,
                                 write_output)
 from flowrec.planner.calibration import is_profile_path
 from flowrec.render import to_dot, to_png, to_svg
@@ -64,6 +64,7 @@ def plan(
     for flag, path in (("--json", json_out), ("--dot", dot), ("--svg", svg), ("--png", png)):
         if path is not None and str(path) != "-" and (problem := _misnamed(flag, Path(path))):
             fail(problem)
+    check_byte_size("--device-budget", device_budget)
     model = planned_spec_or_exit(spec)
     files = [Path(p) for p in (json_out, dot, svg, png) if p is not None and str(p) != "-"]
     made = missing_parents(*files)  # the guard makes them; a plan that fails takes them back

@@ -14,7 +14,7 @@ from typing import Optional
 
 import typer
 
-from flowrec.cli.common import EXIT_INVALID, check_env_switches, exit_without_teardown, fail, is_lead_rank, load_spec_or_exit, planned_spec_or_exit
+from flowrec.cli.common import EXIT_INVALID, check_byte_size, check_env_switches, exit_without_teardown, fail, is_lead_rank, load_spec_or_exit, planned_spec_or_exit
 from flowrec.runtime.signals import interrupt_name, terminated_as_interrupted
 from flowrec.runtime.messages import first_line, one_line, out_of_memory, shell_word
 
@@ -276,6 +276,7 @@ def _check_options(request: RunRequest) -> None:
         fail(f"--seed must be in 0..{MAX_SEED} (2^63-1), not {given['seed']}")
     if given["device"] is not None and device_problem(given["device"]):  # `or "auto"` would hide ""
         fail(f"--device {device_problem(given['device'])}")
+    check_byte_size("--device-budget", given["device_budget"])
     if given["cache"] is not None and given["cache"] not in CACHE_POLICIES:
         fail(f"--cache must be one of {', '.join(CACHE_POLICIES)}, not {given['cache']!r}")
     if given["nan_policy"] is not None and given["nan_policy"] not in NAN_POLICIES:

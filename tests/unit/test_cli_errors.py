@@ -130,3 +130,19 @@ def test_synth_refuses_rows_the_disk_cannot_hold(tmp_path, monkeypatch) -> None:
                                                     str(tmp_path / "d"), "-q"]))
     assert "--rows" in line and "free" in line
     assert not (tmp_path / "d").exists() and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command, flag", [
+    (["plan", "SPEC", "-q"], "--device-budget"),
+    (["train", "SPEC", "--max-steps", "1", "--out", "OUT"], "--device-budget"),
+    (["data", "profile", "SPEC", "OUT"], "--budget"),
+])
+def test_a_budget_that_is_not_a_byte_size_names_its_option(tmp_path, command: list[str], flag: str) -> None:
+    """`plan SPEC --device-budget xx` said only "not a byte size: 'xx'", naming no option."""
+    from pathlib import Path
+
+    spec = Path(__file__).parents[2] / "specs" / "avazu.yaml"
+    args = [str(spec) if a == "SPEC" else str(tmp_path / "out") if a == "OUT" else a for a in command]
+    line = _one_error_line(CliRunner().invoke(app, [*args, flag, "12XB"]))
+    assert f"{flag}:" in line and "12XB" in line
+    assert list(tmp_path.iterdir()) == []
