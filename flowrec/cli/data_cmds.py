@@ -119,7 +119,7 @@ def convert(
     no_grow: bool = typer.Option(False, "--no-grow", help="With --encoder-from: keep the vocabularies as they are (unseen values go to row 0, as `flowrec predict` encodes them)."),
 ) -> None:
     if on_error not in ("skip", "fail"):
-        fail("--on-error must be skip or fail")
+        fail(f"--on-error must be skip or fail, not {on_error!r}")
     if no_grow and encoder_from is None:
         fail("--no-grow applies with --encoder-from only")
     if encoder_from is not None:  # a stream's encoder is its last day's (not "holds no encoder")

@@ -146,3 +146,11 @@ def test_a_budget_that_is_not_a_byte_size_names_its_option(tmp_path, command: li
     line = _one_error_line(CliRunner().invoke(app, [*args, flag, "12XB"]))
     assert f"{flag}:" in line and "12XB" in line
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", [["predict", "pkg", "rows.csv", "--out", "s.parquet"],
+                                     ["data", "convert", "csv", "rows.csv", "out", "--spec", "s.yaml"]])
+def test_a_bad_on_error_names_the_value_given(command: list[str]) -> None:
+    """`--on-error SKIP` said only "--on-error must be skip or fail", not which value was refused."""
+    line = _one_error_line(CliRunner().invoke(app, [*command, "--on-error", "SKIP"]))
+    assert "--on-error" in line and "'SKIP'" in line
