@@ -154,3 +154,20 @@ def test_a_bad_on_error_names_the_value_given(command: list[str]) -> None:
     """`--on-error SKIP` said only "--on-error must be skip or fail", not which value was refused."""
     line = _one_error_line(CliRunner().invoke(app, [*command, "--on-error", "SKIP"]))
     assert "--on-error" in line and "'SKIP'" in line
+
+
+def test_the_guide_lists_every_exit_status_the_commands_use() -> None:
+    """The statuses were named page by page (2 in the guide, 3 in plan.md, 4 in distributed.md,
+    1 in doctor's help): the guide's table holds each one the code defines."""
+    import re
+    from pathlib import Path
+
+    from flowrec.cli import train_cmds
+    from flowrec.cli.common import EXIT_INVALID
+    from flowrec.runs import errors
+
+    guide = (Path(__file__).parents[2] / "docs" / "guide.md").read_text()
+    listed = {int(n) for n in re.findall(r"^\| (\d+) \|", guide, re.M)}
+    used = {0, 1, EXIT_INVALID, errors.EXIT_USAGE, errors.EXIT_RANK_FAILED, errors.EXIT_INTERRUPTED,
+            train_cmds.EXIT_OUT_OF_MEMORY, train_cmds.EXIT_RANK_FAILED, train_cmds.EXIT_INTERRUPTED}
+    assert used <= listed, f"not in docs/guide.md's exit status table: {sorted(used - listed)}"
