@@ -171,3 +171,18 @@ def test_the_guide_lists_every_exit_status_the_commands_use() -> None:
     used = {0, 1, EXIT_INVALID, errors.EXIT_USAGE, errors.EXIT_RANK_FAILED, errors.EXIT_INTERRUPTED,
             train_cmds.EXIT_OUT_OF_MEMORY, train_cmds.EXIT_RANK_FAILED, train_cmds.EXIT_INTERRUPTED}
     assert used <= listed, f"not in docs/guide.md's exit status table: {sorted(used - listed)}"
+
+
+@pytest.mark.parametrize("name", ["nosuch.json", "folder", "latin1.json"])
+def test_an_unreadable_plan_is_one_plain_line(tmp_path, name: str) -> None:
+    """`train SPEC --plan nosuch.json` said "(FileNotFoundError: [Errno 2] No such file ...)", the
+    Python exception, where every other unreadable file is "cannot read X: why"."""
+    from pathlib import Path
+
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "latin1.json").write_bytes(b'{"caf\xe9": 1}')
+    spec = Path(__file__).parents[2] / "specs" / "avazu.yaml"
+    line = _one_error_line(CliRunner().invoke(app, ["train", str(spec), "--plan", str(tmp_path / name),
+                                                    "--max-steps", "1", "--out", str(tmp_path / "run")]))
+    assert name in line and "Error" not in line and "Errno" not in line
+    assert not (tmp_path / "run").exists()
