@@ -135,9 +135,10 @@ def _takes_text(param: TyperArgument | TyperOption) -> bool:
 
 
 def _refusing_empty(param: TyperArgument | TyperOption, process_value: Callable) -> Callable:
-    """`param`'s process_value, refusing an empty text first (a path, or any text value): a Path reads "" as '.', so `--out ""`
-    (an unset shell variable, `--out "$OUT"`) trained into the working folder, `validate ""`
-    scanned it and `data convert ... ""` refused '.' as the input's folder."""
+    """`param`'s process_value, refusing an empty text first (a path, or any text value): a Path
+    reads "" as '.', so `--out ""` (an unset shell variable, `--out "$OUT"`) trained into the
+    working folder, `validate ""` scanned it and `data convert ... ""` refused '.' as the input's
+    folder."""
     def checked(ctx: typer.Context, value):
         if any(v == "" for v in (value if isinstance(value, (list, tuple)) else [value])):
             name = param.opts[0] if isinstance(param, TyperOption) else (param.metavar or param.name.upper())
@@ -276,6 +277,25 @@ def check_byte_size(flag: str, text: str | None) -> None:
             parse_bytes(text)
         except ValueError as exc:
             fail(f"{flag}: {exc}")
+
+
+WRITES = {"--json": "JSON", "--dot": "DOT text", "--svg": "SVG", "--png": "PNG"}
+FLAG_OF_SUFFIX = {".json": "--json", ".dot": "--dot", ".gv": "--dot", ".svg": "--svg", ".png": "--png"}
+OTHER_FORMATS = frozenset({".jpg", ".jpeg", ".pdf", ".gif", ".webp", ".bmp", ".tif", ".tiff", ".eps", ".ps", ".html"})
+
+
+def misnamed_output(flag: str, path: Path, offered: Sequence[str] = tuple(WRITES)) -> str | None:
+    """Why `path` is the wrong name for what `flag` writes (`plan --svg x.png` wrote SVG text into a
+    .png name, which an image viewer then could not open; `data profile --png p.svg` a PNG), or
+    None: a suffix of another format. `offered`: the command's output flags, the ones it suggests."""
+    suffix = path.suffix.lower()
+    other = FLAG_OF_SUFFIX.get(suffix)
+    if other is not None and other != flag and other in offered:
+        return (f"{flag} writes {WRITES[flag]}, but {path} is named {suffix}: give {other} {path} for "
+                f"{WRITES[other]}, or a .{flag[2:]} name")
+    if suffix in OTHER_FORMATS or other is not None and other != flag:
+        return f"{flag} writes {WRITES[flag]}, but {path} is named {suffix}, another format: give a .{flag[2:]} name"
+    return None
 
 
 def torch_cuda_count() -> int:

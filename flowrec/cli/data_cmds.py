@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import typer
 
-from flowrec.cli.common import OneLineErrorsGroup, check_byte_size, fail, guard_outputs, load_spec_or_exit, skipped_lines, warn, write_output
+from flowrec.cli.common import OneLineErrorsGroup, check_byte_size, fail, misnamed_output, guard_outputs, load_spec_or_exit, skipped_lines, warn, write_output
 from flowrec.runtime.messages import shell_word
 
 if TYPE_CHECKING:
@@ -237,6 +237,9 @@ def profile(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the --json / --png files when they exist."),
 ) -> None:
     check_byte_size("--budget", budget)
+    for flag, path in (("--json", json_out), ("--png", png)):
+        if path is not None and (problem := misnamed_output(flag, path, ("--json", "--png"))):
+            fail(problem)
     guard_outputs([p for p in (json_out, png) if p is not None], [spec, data], overwrite)
 
     def work():

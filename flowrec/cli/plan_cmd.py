@@ -8,7 +8,7 @@ from typing import Optional, get_args
 
 import typer
 
-from flowrec.cli.common import (check_byte_size, fail, guard_outputs, launch_env, missing_parents, planned_spec_or_exit, remove_empty,
+from flowrec.cli.common import (check_byte_size, fail, misnamed_output, guard_outputs, launch_env, missing_parents, planned_spec_or_exit, remove_empty,
                                 write_output)
 from flowrec.planner.calibration import is_profile_path
 from flowrec.render import to_dot, to_png, to_svg
@@ -62,7 +62,7 @@ def plan(
         if path is not None and str(path) == "-":
             fail(f"{flag} writes a file, not stdout: give a file name (--json - and --dot - write to stdout)")
     for flag, path in (("--json", json_out), ("--dot", dot), ("--svg", svg), ("--png", png)):
-        if path is not None and str(path) != "-" and (problem := _misnamed(flag, Path(path))):
+        if path is not None and str(path) != "-" and (problem := misnamed_output(flag, Path(path))):
             fail(problem)
     check_byte_size("--device-budget", device_budget)
     model = planned_spec_or_exit(spec)
@@ -187,19 +187,3 @@ def _counts_problem(counts) -> str | None:
             return f"{key} is {value!r:.40}, not a non-negative integer"
     return None
 
-
-WRITES = {"--json": "JSON", "--dot": "DOT text", "--svg": "SVG", "--png": "PNG"}
-FLAG_OF_SUFFIX = {".json": "--json", ".dot": "--dot", ".gv": "--dot", ".svg": "--svg", ".png": "--png"}
-OTHER_FORMATS = frozenset({".jpg", ".jpeg", ".pdf", ".gif", ".webp", ".bmp", ".tif", ".tiff", ".eps", ".ps", ".html"})
-
-
-def _misnamed(flag: str, path: Path) -> str | None:
-    """Why `path` is the wrong name for what `flag` writes (`--svg x.png` wrote SVG text into a
-    .png name, which an image viewer then could not open), or None: a suffix of another format."""
-    suffix = path.suffix.lower()
-    other = FLAG_OF_SUFFIX.get(suffix)
-    if other is not None and other != flag:
-        return f"{flag} writes {WRITES[flag]}, but {path} is named {suffix}: give {other} {path} for {WRITES[other]}, or a .{flag[2:]} name"
-    if suffix in OTHER_FORMATS:
-        return f"{flag} writes {WRITES[flag]}, but {path} is named {suffix}, another format: give a .{flag[2:]} name"
-    return None

@@ -186,3 +186,15 @@ def test_an_unreadable_plan_is_one_plain_line(tmp_path, name: str) -> None:
                                                     "--max-steps", "1", "--out", str(tmp_path / "run")]))
     assert name in line and "Error" not in line and "Errno" not in line
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("flag, name", [("--png", "profile.svg"), ("--json", "profile.png")])
+def test_data_profile_does_not_write_under_another_format_s_name(tmp_path, flag: str, name: str) -> None:
+    """`data profile SPEC DATA --png p.svg` wrote a PNG into a .svg name, as plan --svg x.png did."""
+    from pathlib import Path
+
+    spec = Path(__file__).parents[2] / "specs" / "avazu.yaml"
+    line = _one_error_line(CliRunner().invoke(app, ["data", "profile", str(spec), str(tmp_path / "data"),
+                                                    flag, str(tmp_path / name), "-q"]))
+    assert flag in line and name in line
+    assert "--svg" not in line  # data profile has no --svg to suggest
