@@ -237,6 +237,8 @@ def profile(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the --json / --png files when they exist."),
 ) -> None:
     check_byte_size("--budget", budget)
+    if sample_rate is not None and not 0.0 < sample_rate <= 1.0:  # NaN fails it too; checked before reading
+        fail(f"--sample-rate must be a fraction of the rows in (0, 1], not {sample_rate}")
     for flag, path in (("--json", json_out), ("--png", png)):
         if path is not None and (problem := misnamed_output(flag, path, ("--json", "--png"))):
             fail(problem)

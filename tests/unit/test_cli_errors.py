@@ -198,3 +198,15 @@ def test_data_profile_does_not_write_under_another_format_s_name(tmp_path, flag:
                                                     flag, str(tmp_path / name), "-q"]))
     assert flag in line and name in line
     assert "--svg" not in line  # data profile has no --svg to suggest
+
+
+@pytest.mark.parametrize("rate", ["0", "nan", "2", "-0.5"])
+def test_a_bad_sample_rate_names_its_option(tmp_path, rate: str) -> None:
+    """`data profile SPEC DATA --sample-rate 0` said "sample rate must be in (0, 1]", no option named,
+    after the data was opened (a missing dataset was named instead)."""
+    from pathlib import Path
+
+    spec = Path(__file__).parents[2] / "specs" / "avazu.yaml"
+    line = _one_error_line(CliRunner().invoke(app, ["data", "profile", str(spec), str(tmp_path / "data"),
+                                                    "--sample-rate", rate]))
+    assert "--sample-rate" in line and rate.lstrip("-") in line
