@@ -12,6 +12,7 @@ import typer
 from flowrec.cli.common import check_byte_size, check_env_switches, check_one_gpu_per_rank, fail, guard_outputs, planned_spec_or_exit, write_output
 
 FALLBACK_SHAPES = [(4096, 512, 256), (4096, 256, 64)]  # without a spec: DLRM-sized layers
+MIN_SECONDS, MAX_SECONDS = 0.01, 10.0  # --seconds per measured kernel
 CALIBRATE_HELP = """Measure this machine for the planner's cost model and save a device profile.
 
 Measures, in well under a minute: GEMMs (fixed cost, FLOP rate and bandwidth fitted over the
@@ -52,7 +53,7 @@ def calibrate(
     spec: Optional[Path] = typer.Argument(None, metavar="SPEC", help="Spec whose dense layers, ops, steps and staging to measure (default: DLRM-sized layers only)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
     out: Optional[Path] = typer.Option(None, "--out", help="Profile file to write (default: the user's cache folder)."),
-    seconds: float = typer.Option(0.5, "--seconds", min=0.01, max=10.0, help="Seconds spent per measured kernel."),
+    seconds: float = typer.Option(0.5, "--seconds", help="Seconds spent per measured kernel, 0.01 to 10."),
     nproc: int = typer.Option(1, "--nproc", min=1, max=64,
                               help="Processes whose collectives to measure (1: none; CUDA: one GPU each)."),
     device_budget: Optional[str] = typer.Option(None, "--device-budget", help="With --nproc and a spec on the CPU: the device budget of the runs whose sharded plan the processes step (as `flowrec train --device-budget`; it decides the plan's shardings and so its collective calls); without SPEC, --nproc N or the CPU it is refused."),
@@ -64,6 +65,8 @@ def calibrate(
     from flowrec.runtime.session import resolve_device
 
     check_env_switches()
+    if not MIN_SECONDS <= seconds <= MAX_SECONDS:  # NaN fails both: typer's range said "should be <= 10" of nan
+        fail(f"--seconds must be a number of seconds from {MIN_SECONDS} to {MAX_SECONDS:g}, not {seconds}")
     model = planned_spec_or_exit(spec, check_given=True) if spec is not None else None  # custom modules measured
     if out is not None:
         guard_outputs([out], [spec], overwrite)

@@ -21,7 +21,7 @@ def _one_error_line(result) -> str:
     (["train", "s.yaml", "--epochs", "0"], "--epochs"),
     (["train", "s.yaml", "--epochs", "x"], "--epochs"),
     (["predict", "pkg", "rows.csv", "--top-k", "0"], "--top-k"),
-    (["calibrate", "--seconds", "nan"], "--seconds"),
+    (["calibrate", "--nproc", "0"], "--nproc"),
     (["train"], "SPEC"),
     (["train", "s.yaml", "--no-such-option"], "--no-such-option"),
     (["data", "convert", "csv"], "SOURCE"),
@@ -210,3 +210,10 @@ def test_a_bad_sample_rate_names_its_option(tmp_path, rate: str) -> None:
     line = _one_error_line(CliRunner().invoke(app, ["data", "profile", str(spec), str(tmp_path / "data"),
                                                     "--sample-rate", rate]))
     assert "--sample-rate" in line and rate.lstrip("-") in line
+
+
+@pytest.mark.parametrize("seconds", ["nan", "inf", "0", "11"])
+def test_calibrate_seconds_out_of_range_names_the_value(seconds: str) -> None:
+    """`calibrate --seconds nan` said "--seconds: ... should be less than or equal to 10" of a NaN."""
+    line = _one_error_line(CliRunner().invoke(app, ["calibrate", "--seconds", seconds]))
+    assert "--seconds" in line and seconds in line
