@@ -50,6 +50,7 @@ FILES: dict[str, frozenset[str]] = {
     "tests/unit/test_lifecycle_hostile.py": FAST,  # hostile input to runs, --follow, plan --managed-from
     "tests/unit/test_model_language_hostile.py": FAST,  # hostile specs of custom, heads, retrieval, sequences
     "tests/unit/test_walk_hostile.py": FAST,  # what a hostile user walking the README found
+    "tests/unit/test_cli_errors.py": FAST,  # the command line's own errors: one line, exit 2, every command
     "tests/unit/test_ingest_hostile.py": FAST,  # the seeded split, Parquet folders, missing spec files
     "tests/unit/test_walk4_hostile.py": FAST,  # export / predict of the newer model kinds, as a hostile user
     "tests/unit/test_readme_walk.py": FAST,  # what a new user following README.md and its pages found

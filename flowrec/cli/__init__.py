@@ -11,7 +11,7 @@ import sys
 import typer
 from typer.core import TyperCommand
 
-from flowrec.cli.common import RepeatedArgumentsCommand, exit_without_teardown
+from flowrec.cli.common import OneLineErrorsGroup, RepeatedArgumentsCommand, exit_without_teardown
 from flowrec.version import __version__
 from flowrec.cli import (calibrate_cmd, data_cmds, doctor_cmd, export_cmd, plan_cmd, predict_cmd, spec_cmds,
                          train_cmds)
@@ -19,6 +19,7 @@ from flowrec.cli import (calibrate_cmd, data_cmds, doctor_cmd, export_cmd, plan_
 app = typer.Typer(
     name="flowrec",
     help="Declare, validate, plan and train recommendation models (wide-and-deep, DLRM, DCN, DIN, sequence transformers, two towers, MMoE / PLE, your own modules).",
+    cls=OneLineErrorsGroup,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

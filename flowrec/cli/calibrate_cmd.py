@@ -9,9 +9,11 @@ from typing import Optional
 
 import typer
 
-from flowrec.cli.common import check_env_switches, fail, guard_outputs, say, planned_spec_or_exit, write_output
+from flowrec.cli.common import (check_byte_size, check_env_switches, check_one_gpu_per_rank, fail, guard_outputs,
+                                 planned_spec_or_exit, say, write_output)
 
 FALLBACK_SHAPES = [(4096, 512, 256), (4096, 256, 64)]  # without a spec: DLRM-sized layers
+MIN_SECONDS, MAX_SECONDS = 0.01, 10.0  # --seconds per measured kernel
 CALIBRATE_HELP = """Measure this machine for the planner's cost model and save a device profile.
 
 Measures, in well under a minute: GEMMs (fixed cost, FLOP rate and bandwidth fitted over the
@@ -52,7 +54,7 @@ def calibrate(
     spec: Optional[Path] = typer.Argument(None, metavar="SPEC", help="Spec whose dense layers, ops, steps and staging to measure (default: DLRM-sized layers only)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
     out: Optional[Path] = typer.Option(None, "--out", help="Profile file to write (default: the user's cache folder)."),
-    seconds: float = typer.Option(0.5, "--seconds", min=0.01, max=10.0, help="Seconds spent per measured kernel."),
+    seconds: float = typer.Option(0.5, "--seconds", help="Seconds spent per measured kernel, 0.01 to 10."),
     nproc: int = typer.Option(1, "--nproc", min=1, max=64,
                               help="Processes whose collectives to measure (1: none; CUDA: one GPU each)."),
     device_budget: Optional[str] = typer.Option(None, "--device-budget", help="With --nproc and a spec on the CPU: the device budget of the runs whose sharded plan the processes step (as `flowrec train --device-budget`; it decides the plan's shardings and so its collective calls); without SPEC, --nproc N or the CPU it is refused."),
@@ -64,23 +66,18 @@ def calibrate(
     from flowrec.runtime.session import resolve_device
 
     check_env_switches()
+    if not MIN_SECONDS <= seconds <= MAX_SECONDS:  # NaN fails both: typer's range said "should be <= 10" of nan
+        fail(f"--seconds must be a number of seconds from {MIN_SECONDS} to {MAX_SECONDS:g}, not {seconds}")
     model = planned_spec_or_exit(spec, check_given=True) if spec is not None else None  # custom modules measured
     if out is not None:
         guard_outputs([out], [spec], overwrite)
-    if device_budget is not None:
-        from flowrec.spec.units import parse_bytes
-
-        try:
-            parse_bytes(device_budget)
-        except ValueError as exc:
-            fail(f"--device-budget: {exc}")
+    check_byte_size("--device-budget", device_budget)
     shapes = gemm_shapes(model) if model is not None else FALLBACK_SHAPES
     try:
         dev = resolve_device(device)
     except RuntimeError as exc:
         fail(str(exc))
-    if dev.type == "cuda" and nproc > 1 and nproc > torch_cuda_count():
-        fail(f"--nproc {nproc} with CUDA needs one GPU per process; this machine has {torch_cuda_count()}")
+    check_one_gpu_per_rank(nproc, dev.type)
     if device_budget is not None and not (nproc > 1 and model is not None and dev.type == "cpu"):
         # it only shapes the sharded plan the processes step (`_shared_cores`): elsewhere it was ignored
         fail(f"--device-budget sets the plan that --nproc N processes step for a spec on the CPU; this calibration "
@@ -183,10 +180,3 @@ def _shared_cores(spec_path: Path, model, nproc: int, measured: dict, details: d
     except ConcurrentError as exc:
         fail(str(exc), code=1)
     return constants
-
-
-def torch_cuda_count() -> int:
-    """CUDA devices torch sees."""
-    import torch
-
-    return torch.cuda.device_count()

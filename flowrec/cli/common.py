@@ -6,7 +6,8 @@ from pathlib import Path, PurePath
 from typing import Callable, NoReturn, Sequence, get_args
 
 import typer
-from typer.core import TyperArgument, TyperCommand, TyperOption
+import sys
+from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from flowrec.runtime.messages import one_line
 from flowrec.spec.errors import SpecError
@@ -53,7 +54,7 @@ class RepeatedArgumentsCommand(TyperCommand):
                 param.__class__ = RepeatedArgument
             elif type(param) is TyperOption and param.multiple:
                 param.__class__ = RepeatedOption
-            if _takes_paths(param):
+            if _takes_paths(param) or _takes_text(param):
                 param.process_value = _refusing_empty(param, param.process_value)
 
     def invoke(self, ctx: typer.Context):
@@ -69,6 +70,53 @@ class RepeatedArgumentsCommand(TyperCommand):
         return super().invoke(ctx)
 
 
+def click_error_line(exc: Exception) -> str:
+    """One line for click's own error (a value out of range, a missing argument, an unknown option,
+    a wrong type), where click and typer print a usage block or a boxed panel: `--epochs: 0 is not
+    in the range x>=1 (flowrec train --help)`."""
+    if (isinstance(exc, click_errors.BadParameter) and not isinstance(exc, click_errors.MissingParameter)
+            and exc.param is not None):
+        hint = exc.param_hint if isinstance(exc.param_hint, str) else None
+        name = hint or (exc.param.opts[0] if exc.param.param_type_name == "option" else exc.param.human_readable_name)
+        message = f"{name.strip(QUOTES)}: {exc.message}"
+    else:
+        message = exc.format_message()
+    ctx = getattr(exc, "ctx", None)
+    usage = f" ({ctx.command_path} --help)" if isinstance(exc, click_errors.UsageError) and ctx is not None else ""
+    return f"{one_line(message).rstrip('.')}{usage}"
+
+
+QUOTES = "'\""
+# click's exceptions, wherever typer takes them from (it vendors click as typer._click since 0.22)
+click_errors = sys.modules[typer.BadParameter.__module__]
+
+
+class OneLineErrorsGroup(TyperGroup):
+    """The app (and its groups): click's own errors end as every flowrec error does, one line
+    `error: ...` and exit 2 (`click_error_line`), not click's usage block or typer's boxed panel;
+    `--help`, and a group given no command (its help), are as click writes them."""
+
+    def make_context(self, *args, **kwargs):
+        with _one_line_click_errors():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: typer.Context):
+        with _one_line_click_errors():
+            return super().invoke(ctx)
+
+
+class _one_line_click_errors:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        if (not isinstance(exc, click_errors.ClickException)
+                or isinstance(exc, getattr(click_errors, "NoArgsIsHelpError", ()))):
+            return False
+        typer.echo(f"error: {rank_prefix()}{click_error_line(exc)}", err=True)
+        raise typer.Exit(exc.exit_code) from None
+
+
 PATH_TEXT_OPTIONS = frozenset({"--json", "--dot", "--svg", "--png"})  # a path as text, or - for stdout
 
 
@@ -80,13 +128,22 @@ def _takes_paths(param: TyperArgument | TyperOption) -> bool:
     return annotation is Path or Path in get_args(annotation)
 
 
+def _takes_text(param: TyperArgument | TyperOption) -> bool:
+    """Whether `param` takes a text value (a str, or a list of them): a feature, a policy, an address."""
+    annotation = param.type_descriptor.annotation
+    return annotation is str or str in get_args(annotation)
+
+
 def _refusing_empty(param: TyperArgument | TyperOption, process_value: Callable) -> Callable:
-    """`param`'s process_value, refusing an empty text first: a Path reads "" as '.', so `--out ""`
-    (an unset shell variable, `--out "$OUT"`) trained into the working folder, `validate ""`
-    scanned it and `data convert ... ""` refused '.' as the input's folder."""
+    """`param`'s process_value, refusing an empty text first (a path, or any text value): a Path
+    reads "" as '.', so `--out ""` (an unset shell variable, `--out "$OUT"`) trained into the
+    working folder, `validate ""` scanned it and `data convert ... ""` refused '.' as the input's
+    folder."""
     def checked(ctx: typer.Context, value):
         if any(v == "" for v in (value if isinstance(value, (list, tuple)) else [value])):
             name = param.opts[0] if isinstance(param, TyperOption) else (param.metavar or param.name.upper())
+            if not _takes_paths(param):  # `--group-by ""` was read as no --group-by, as if not given
+                fail(f"{name} is empty: give a value, or leave {name} out for its default")
             fail(f"{name} is an empty path: give a file or folder name ('.' for the working folder)")
         return process_value(ctx, value)
     return checked
@@ -214,6 +271,51 @@ def check_env_switches() -> None:
         data_priority()
     except (ValueError, DataError) as exc:
         fail(str(exc))
+
+
+def check_byte_size(flag: str, text: str | None) -> None:
+    """Exit 2 with one line naming `flag` when `text` is not a byte size (`--device-budget xx`
+    said only "not a byte size: 'xx'", in plan and train, without the option)."""
+    from flowrec.spec.units import parse_bytes
+
+    if text is not None:
+        try:
+            parse_bytes(text)
+        except ValueError as exc:
+            fail(f"{flag}: {exc}")
+
+
+WRITES = {"--json": "JSON", "--dot": "DOT text", "--svg": "SVG", "--png": "PNG"}
+FLAG_OF_SUFFIX = {".json": "--json", ".dot": "--dot", ".gv": "--dot", ".svg": "--svg", ".png": "--png"}
+OTHER_FORMATS = frozenset({".jpg", ".jpeg", ".pdf", ".gif", ".webp", ".bmp", ".tif", ".tiff", ".eps", ".ps", ".html"})
+
+
+def misnamed_output(flag: str, path: Path, offered: Sequence[str] = tuple(WRITES)) -> str | None:
+    """Why `path` is the wrong name for what `flag` writes (`plan --svg x.png` wrote SVG text into a
+    .png name, which an image viewer then could not open; `data profile --png p.svg` a PNG), or
+    None: a suffix of another format. `offered`: the command's output flags, the ones it suggests."""
+    suffix = path.suffix.lower()
+    other = FLAG_OF_SUFFIX.get(suffix)
+    if other is not None and other != flag and other in offered:
+        return (f"{flag} writes {WRITES[flag]}, but {path} is named {suffix}: give {other} {path} for "
+                f"{WRITES[other]}, or a .{flag[2:]} name")
+    if suffix in OTHER_FORMATS or other is not None and other != flag:
+        return f"{flag} writes {WRITES[flag]}, but {path} is named {suffix}, another format: give a .{flag[2:]} name"
+    return None
+
+
+def torch_cuda_count() -> int:
+    """CUDA devices torch sees."""
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def check_one_gpu_per_rank(nproc: int, device_type: str) -> None:
+    """Exit 2 when `nproc` local processes on CUDA would not each have a GPU (`flowrec calibrate
+    --nproc N` and `flowrec train --nproc N` on `device_type`), before any is started."""
+    if device_type == "cuda" and nproc > 1 and nproc > (count := torch_cuda_count()):
+        fail(f"--nproc {nproc} with CUDA needs one GPU per process; this machine has {count}")
 
 
 def rank_prefix() -> str:

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import typer
 
-from flowrec.cli.common import fail, guard_outputs, load_spec_or_exit, say, skipped_lines, warn, write_output
+from flowrec.cli.common import (OneLineErrorsGroup, check_byte_size, fail, guard_outputs, load_spec_or_exit,
+                                 misnamed_output, say, skipped_lines, warn, write_output)
 from flowrec.runtime.messages import shell_word
 
 if TYPE_CHECKING:
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 
 data_app = typer.Typer(
     help="Convert, synthesise, profile and inspect flowrec datasets (encoded Parquet).",
+    cls=OneLineErrorsGroup,
     no_args_is_help=True,
 )
 
@@ -118,7 +120,7 @@ def convert(
     no_grow: bool = typer.Option(False, "--no-grow", help="With --encoder-from: keep the vocabularies as they are (unseen values go to row 0, as `flowrec predict` encodes them)."),
 ) -> None:
     if on_error not in ("skip", "fail"):
-        fail("--on-error must be skip or fail")
+        fail(f"--on-error must be skip or fail, not {on_error!r}")
     if no_grow and encoder_from is None:
         fail("--no-grow applies with --encoder-from only")
     if encoder_from is not None:  # a stream's encoder is its last day's (not "holds no encoder")
@@ -235,6 +237,12 @@ def profile(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Only warnings (and the files asked for)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the --json / --png files when they exist."),
 ) -> None:
+    check_byte_size("--budget", budget)
+    if sample_rate is not None and not 0.0 < sample_rate <= 1.0:  # NaN fails it too; checked before reading
+        fail(f"--sample-rate must be a fraction of the rows in (0, 1], not {sample_rate}")
+    for flag, path in (("--json", json_out), ("--png", png)):
+        if path is not None and (problem := misnamed_output(flag, path, ("--json", "--png"))):
+            fail(problem)
     guard_outputs([p for p in (json_out, png) if p is not None], [spec, data], overwrite)
 
     def work():

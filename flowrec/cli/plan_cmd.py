@@ -8,7 +8,7 @@ from typing import Optional, get_args
 
 import typer
 
-from flowrec.cli.common import (fail, guard_outputs, launch_env, missing_parents, planned_spec_or_exit, remove_empty,
+from flowrec.cli.common import (check_byte_size, fail, misnamed_output, guard_outputs, launch_env, missing_parents, planned_spec_or_exit, remove_empty,
                                 write_output)
 from flowrec.planner.calibration import is_profile_path
 from flowrec.render import to_dot, to_png, to_svg
@@ -61,6 +61,10 @@ def plan(
     for flag, path in (("--svg", svg), ("--png", png)):
         if path is not None and str(path) == "-":
             fail(f"{flag} writes a file, not stdout: give a file name (--json - and --dot - write to stdout)")
+    for flag, path in (("--json", json_out), ("--dot", dot), ("--svg", svg), ("--png", png)):
+        if path is not None and str(path) != "-" and (problem := misnamed_output(flag, Path(path))):
+            fail(problem)
+    check_byte_size("--device-budget", device_budget)
     model = planned_spec_or_exit(spec)
     files = [Path(p) for p in (json_out, dot, svg, png) if p is not None and str(p) != "-"]
     made = missing_parents(*files)  # the guard makes them; a plan that fails takes them back
@@ -182,3 +186,4 @@ def _counts_problem(counts) -> str | None:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             return f"{key} is {value!r:.40}, not a non-negative integer"
     return None
+

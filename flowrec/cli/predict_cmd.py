@@ -46,7 +46,7 @@ def predict(
     from flowrec.data.output_guard import atomic_output, check_file_output
 
     if on_error not in ("skip", "fail"):
-        fail("--on-error must be skip or fail")
+        fail(f"--on-error must be skip or fail, not {on_error!r}")
     if not raw.exists():
         fail(f"input not found: {raw}")
     from flowrec.cli.streams import refuse_stream_as_package

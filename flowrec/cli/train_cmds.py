@@ -14,7 +14,8 @@ from typing import Optional
 
 import typer
 
-from flowrec.cli.common import EXIT_INVALID, check_env_switches, exit_without_teardown, fail, is_lead_rank, load_spec_or_exit, planned_spec_or_exit, warn
+from flowrec.cli.common import (EXIT_INVALID, check_byte_size, check_env_switches, exit_without_teardown, fail,
+                                 is_lead_rank, load_spec_or_exit, planned_spec_or_exit, warn)
 from flowrec.runtime.signals import interrupt_name, terminated_as_interrupted
 from flowrec.runtime.messages import first_line, one_line, out_of_memory, shell_word
 
@@ -187,10 +188,11 @@ def _launch(request: RunRequest, nproc: int, max_restarts: int) -> int:
     from flowrec.cli.ranks import launch_ranks
     from flowrec.runtime.rundir import RunFolderError, claim_new_folder
 
+    spec = load_spec_or_exit(request.spec_path)
+    _check_ranks_have_gpus(spec, request, nproc)
     _check_ranks_fit(nproc)
     folder = None
     if request.out is None and request.resume is None:
-        spec = load_spec_or_exit(request.spec_path)
         try:
             folder, lock = claim_new_folder(Path("runs"), spec.name)
         except RunFolderError as exc:
@@ -198,6 +200,20 @@ def _launch(request: RunRequest, nproc: int, max_restarts: int) -> int:
         lock.release()  # rank 0 locks it again
     _say(f"launching {nproc} ranks (torch.distributed.run, gloo on CPU / nccl on CUDA)")
     return launch_ranks(nproc, max_restarts, folder)
+
+
+def _check_ranks_have_gpus(spec, request: RunRequest, nproc: int) -> None:
+    """Exit 2 when the run is on CUDA and this machine has fewer GPUs than `nproc` ranks, before the
+    launch (each rank took a GPU of its own and the ranks past the last one failed, after starting)."""
+    from flowrec.cli.common import check_one_gpu_per_rank
+    from flowrec.runs.errors import RunError
+    from flowrec.runs.plan import device_for_run
+
+    try:
+        device = device_for_run(spec, request.given["device"] or "auto")
+    except RunError as exc:
+        fail(str(exc), exc.code)
+    check_one_gpu_per_rank(nproc, device.type)
 
 
 def _check_ranks_fit(nproc: int) -> None:
@@ -261,6 +277,7 @@ def _check_options(request: RunRequest) -> None:
         fail(f"--seed must be in 0..{MAX_SEED} (2^63-1), not {given['seed']}")
     if given["device"] is not None and device_problem(given["device"]):  # `or "auto"` would hide ""
         fail(f"--device {device_problem(given['device'])}")
+    check_byte_size("--device-budget", given["device_budget"])
     if given["cache"] is not None and given["cache"] not in CACHE_POLICIES:
         fail(f"--cache must be one of {', '.join(CACHE_POLICIES)}, not {given['cache']!r}")
     if given["nan_policy"] is not None and given["nan_policy"] not in NAN_POLICIES:

@@ -1206,6 +1206,8 @@ def reader(fmt: str) -> Reader:
     """The reader of a format (aliases criteo, avazu, libfm accepted); DataError lists the known ones."""
     fmt = FORMAT_ALIASES.get(fmt, fmt)
     if fmt not in READERS:
-        known = sorted(READERS) + sorted(FORMAT_ALIASES)
-        raise DataError(f"unknown data format {fmt!r}; known: {', '.join(known)}")
+        from flowrec.spec.schema_errors import did_you_mean
+
+        known = sorted(READERS) + sorted(FORMAT_ALIASES)  # `CSV`: (did you mean 'csv'?), as a spec's data.format says
+        raise DataError(f"unknown data format {fmt!r}{did_you_mean(fmt, known)}; known: {', '.join(known)}")
     return READERS[fmt]

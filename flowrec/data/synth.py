@@ -208,8 +208,37 @@ def synth_dataset(spec: ModelSpec, out: Path, rows: int, cfg: SynthConfig = Synt
         # the blocks' generators take no negative seed, the salts no seed past uint64 (a traceback)
         raise DataError(f"--seed must be an integer from 0 to 2^64-1, not {cfg.seed!r}")
     check_rows_per_file(rows_per_file)
+    check_disk_room(spec, Path(out), rows)
     with staged_output(Path(out), overwrite) as tmp:
         return _write(spec, tmp, rows, cfg, rows_per_file)
+
+
+def least_disk_bytes(spec: ModelSpec, rows: int) -> int:
+    """The fewest bytes `rows` synthetic rows can take on disk: a bit for each of a row's values
+    (its dense values, labels and at least one id of each sparse feature), Parquet's best case for
+    ids of a tiny vocabulary; real rows take 10 to 100 times more."""
+    values = len(spec.dense_features) + len(spec.heads) + len(spec.sparse_features)
+    return rows * max(values, 1) // 8
+
+
+def check_disk_room(spec: ModelSpec, out: Path, rows: int) -> None:
+    """DataError when even `least_disk_bytes` of the rows is more than the free space where `out`
+    is written: `data synth --rows 10**18` wrote until the disk was full, for hours."""
+    import shutil
+
+    from flowrec.spec.units import format_bytes
+
+    folder = next((p for p in Path(out).absolute().parents if p.is_dir()), None)
+    if folder is None:
+        return
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return
+    need = least_disk_bytes(spec, rows)
+    if need > free:
+        raise DataError(f"--rows {rows:,} synthetic rows take at least {format_bytes(need)} on disk, more than the "
+                        f"{format_bytes(free)} free in {folder}: give fewer --rows, or --out on a larger disk")
 
 
 def _write(spec: ModelSpec, out: Path, rows: int, cfg: SynthConfig, rows_per_file: int) -> DatasetMeta:

@@ -58,8 +58,10 @@ def read_plan_document(path: Path) -> dict[str, Any]:
         if size > MAX_PLAN_BYTES:
             raise PlanError(f"{path}: {size:,} bytes is too large for a plan (at most {MAX_PLAN_BYTES:,})")
         text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PlanError(f"{path}: cannot read the plan ({exc.__class__.__name__}: {exc})") from None
+    except OSError as exc:  # its strerror, as every other file's line: not "(FileNotFoundError: [Errno 2] ...)"
+        raise PlanError(f"{path}: cannot read the plan: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise PlanError(f"{path}: not UTF-8 text; not a plan") from None
     scan = scan_json(text, MAX_PLAN_DEPTH)
     if scan.too_deep is not None:
         raise PlanError(f"{path}: line {scan.too_deep}: nested deeper than {MAX_PLAN_DEPTH} levels; not a plan")

@@ -39,7 +39,8 @@ def _issues(doc: Any) -> list[SpecIssue]:
     issues = value_issues(doc)
     if any(not i.path for i in issues):
         return issues  # too deep or too large as a whole: nothing more is checked
-    errors = list(SpecValidator(load_schema(MODEL_SPEC_SCHEMA)).iter_errors(doc))
+    errors = sorted(SpecValidator(load_schema(MODEL_SPEC_SCHEMA)).iter_errors(doc),
+                    key=lambda e: _document_position(doc, e.absolute_path))
     named = {i.path for i in issues}  # a value issue says more than the schema about the same value
     bad = _value_items(issues)
     issues += [i for e in errors for i in schema_issues(e) if i.path not in named]
@@ -50,6 +51,27 @@ def _issues(doc: Any) -> list[SpecIssue]:
     for check in SEMANTIC_CHECKS:
         issues.extend(check(view))
     return issues
+
+
+def _document_position(doc: Any, path: Any) -> tuple[int, ...]:
+    """Where `path` is in `doc`, as the index of each key or item on the way: the schema errors in
+    the order the document gives their values (jsonschema reports the keys one `additionalProperties`
+    refuses in a set's order, so `data.columns` given as lists was listed in another order each run).
+
+    >>> _document_position({"b": 1, "a": {"y": [0, 1], "x": 2}}, ["a", "y", 1])
+    (1, 0, 1)
+    """
+    position, node = [], doc
+    for step in path:
+        if isinstance(node, dict) and step in node:
+            position.append(list(node).index(step))
+        elif isinstance(node, list) and isinstance(step, int) and 0 <= step < len(node):
+            position.append(step)
+        else:
+            position.append(len(node) if isinstance(node, (dict, list)) else 0)
+            break
+        node = node[step]
+    return tuple(position)
 
 
 def _missing_sections(errors: list[Any], doc: dict) -> frozenset[tuple[Any, ...]]:

@@ -233,4 +233,4 @@ def test_plan_device_budget_option_out_of_range(runner, budget):
     result = runner.invoke(app, ["plan", str(REPO / "specs" / "dlrm_criteo.yaml"), "--device-budget", budget])
     assert result.exit_code == 2
     shown = repr(budget) if len(budget) <= 40 else repr(budget[:40])
-    assert result.output.splitlines() == [f"error: byte size {shown} is out of range (0 .. 1 PiB)"]
+    assert result.output.splitlines() == [f"error: --device-budget: byte size {shown} is out of range (0 .. 1 PiB)"]

@@ -298,3 +298,14 @@ def test_every_node_name_of_a_plan_is_refused_as_a_module_name(spec):
     for node in sorted(nodes):
         issues = _issues(_named(doc, node))
         assert any(path.endswith("].name") and "operator graph" in message for path, message in issues), node
+
+
+def test_schema_errors_are_listed_in_document_order():
+    """`data.columns` given as lists was reported in a set's order, another on each run (jsonschema
+    collects the keys `additionalProperties` refuses in a set); now in the order the spec gives them."""
+    doc = copy.deepcopy(BASE)
+    names = ["dense", "categorical", "zeta", "alpha", "mid", "b2", "a1", "q", "k", "z0", "c", "m9"]
+    doc["data"] = {"format": "csv", "path": "d.csv", "label": "y", "columns": {n: [n] for n in names}}
+    doc["features"][2]["dim"] = 0  # before data in the document: listed first
+    paths = [path for path, _ in _issues(doc) if path.startswith(("data.columns.", "features"))]
+    assert paths == ["features[2].dim"] + [f"data.columns.{n}" for n in names]
