@@ -150,6 +150,7 @@ def load(run_dir: str | Path, device: str = "auto") -> Run:
 
     run_dir = Path(run_dir).expanduser()  # '~/runs/x' as pandas reads it (it was ./~/runs/x)
     trained = load_trained(run_dir, device, scoring_plan)
+    _warn_small_catalogue(trained.model)
     folder = run_folder_of(run_dir)  # RUN/best's history and evaluation data are its run's
     return Run(trained.spec, folder, None, trained, run_dir)
 
@@ -264,7 +265,21 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
     if result.interrupted:  # Ctrl-C (a notebook's interrupt) or SIGTERM: checkpointed, then stops the caller
         # too, as `flowrec train` exits 130 (returning, it let a loop of runs or the cell's next lines go on)
         raise KeyboardInterrupt(_interrupted_line(result.steps, spec, folder))
+    _warn_small_catalogue(session.model)
     return Run(session.spec, folder, result, Trained(session.spec, session.model, session.plan, encoder, result.steps))
+
+
+def _warn_small_catalogue(model: Any) -> None:
+    """A UserWarning when a retrieval head's top_k reaches the items its catalogue holds (hr@K is
+    then 1.0 whatever the model), as `flowrec train` and `flowrec eval` warn on the console."""
+    import warnings
+
+    from flowrec.runtime.retrieval import small_catalogue
+
+    if model.retrieval is not None:
+        line = small_catalogue(model.retrieval, model.head_names[model.retrieval.head])
+        if line is not None:
+            warnings.warn(line, UserWarning, stacklevel=3)
 
 
 def _interrupted_line(step: int, spec: str | Path | ModelSpec, folder: Path | None) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import warnings
 import shutil
 from pathlib import Path
 
@@ -253,9 +254,19 @@ def test_a_top_k_reaching_the_items_the_data_holds_is_warned_of_in_train_and_eva
     result = runner.invoke(app, ["eval", str(tmp_path / "run"), "-q"])
     assert result.exit_code == 0, result.output
     assert len(warning.findall(result.output)) == 1, result.output
+    said = re.compile(r"head retrieve ranks a catalogue of 12 items.* top_k 50 is at least that")
+    with pytest.warns(UserWarning) as caught:  # the Python API: the same line, as a warning
+        flowrec.train(spec, out=tmp_path / "api", max_steps=2)
+    assert [str(w.message) for w in caught if said.search(str(w.message))], [str(w.message) for w in caught]
+    with pytest.warns(UserWarning) as caught:
+        flowrec.load(tmp_path / "api")
+    assert [str(w.message) for w in caught if said.search(str(w.message))], [str(w.message) for w in caught]
     spec.write_text(text.replace("TOPK", "5"))
     result = runner.invoke(app, ["train", str(spec), "--out", str(tmp_path / "five"), "--max-steps", "2", "-q"])
     assert result.exit_code == 0 and "warning: head retrieve" not in result.output, result.output
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # K = 5 is no warning in Python either
+        flowrec.load(tmp_path / "five")
 
 
 def test_a_malformed_row_of_bound_data_names_a_way_to_skip_it_that_exists(tmp_path: Path) -> None:
