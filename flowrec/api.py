@@ -142,7 +142,7 @@ def load(run_dir: str | Path, device: str = "auto") -> Run:
     """
     from flowrec.planner.contract import scoring_plan
     from flowrec.runtime.rundir import run_folder_of
-    from flowrec.serving.trained import load_trained
+    from flowrec.serving.trained import load_trained, missing_encoder
 
     _check_kinds(run_dir=(run_dir, "a run folder or checkpoint path (str or pathlib.Path)"),
                  device=(device, "a device name (auto, cpu, cuda)"))
@@ -150,6 +150,10 @@ def load(run_dir: str | Path, device: str = "auto") -> Run:
 
     run_dir = Path(run_dir).expanduser()  # '~/runs/x' as pandas reads it (it was ./~/runs/x)
     trained = load_trained(run_dir, device, scoring_plan)
+    if (line := missing_encoder(run_dir, trained)) is not None:
+        import warnings
+
+        warnings.warn(line, UserWarning, stacklevel=2)
     _warn_small_catalogue(trained.model)
     folder = run_folder_of(run_dir)  # RUN/best's history and evaluation data are its run's
     return Run(trained.spec, folder, None, trained, run_dir)

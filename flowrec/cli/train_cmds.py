@@ -889,7 +889,7 @@ def evaluate_run(
     from flowrec.planner.contract import scoring_plan
     from flowrec.runs.recorded import eval_data_to_score, recorded_train_data, synthetic_rows
     from flowrec.runtime.session import device_problem
-    from flowrec.serving.trained import load_trained
+    from flowrec.serving.trained import load_trained, missing_encoder
     from operators.custom import custom_failure
 
     if device_problem(device) is not None:  # before the run is read (torch's words otherwise)
@@ -899,6 +899,8 @@ def evaluate_run(
     refuse_stream_folder(run_dir, "eval")
     try:
         trained = load_trained(run_dir, device, scoring_plan)
+        if (line := missing_encoder(run_dir, trained)) is not None:
+            warn(line)
         _warn_small_catalogue(trained.model)
         drawn = synthetic_rows(run_dir, trained.spec) if data is None else None
         if data is None and drawn is None:

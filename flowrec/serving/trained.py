@@ -202,6 +202,21 @@ def run_encoder(checkpoint: Path) -> EncoderRecord | None:
     return check_vocabularies(read_record(folder)) if (folder / ENCODER_FILE).is_file() else None
 
 
+def missing_encoder(run: Path, trained: Trained) -> str | None:
+    """A line when the run folder of `run` holds no encoder (None when it does): removed, or a run
+    made before encoders were recorded. Its evaluation data is then not checked against the run's
+    encoding, and a retrieval head ranks every row of its item table, not only the rows that hold
+    an item (its metrics differ from the run's own evaluations, without a word)."""
+    if trained.encoder is not None:
+        return None
+    folder = run_folder_of(checkpoint_path(Path(run))) / RUN_ENCODER_DIR
+    what = "data scored is not checked against the run's encoding"
+    if trained.model.retrieval is not None:
+        what += (", and the retrieval head ranks every row of its item table, not only the rows that hold "
+                 "an item, so its metrics differ from the run's own evaluations")
+    return f"{folder} is missing (removed, or a run made before encoders were recorded): {what}"
+
+
 class ServingModel(nn.Module):
     """A trained model for serving: per-table embedding bags + the dense operators.
 

@@ -230,10 +230,8 @@ def test_resuming_a_run_whose_test_split_was_deleted_is_refused_in_one_line(tmp_
     assert f"{run / 'data'} holds no complete encoding" in result.output
 
 
-def test_a_top_k_reaching_the_items_the_data_holds_is_warned_of_in_train_and_eval(tmp_path: Path) -> None:
-    """An item vocab of 200 filled by data of 12 items, top_k [5, 50]: evaluation ranks the 12 rows
-    that hold an item, so hr@50 was 1.0 whatever the model, without a word; now train's evaluations
-    and `flowrec eval` warn in one line naming K and the count (K = 5 is no warning)."""
+def _tiny_retrieval_spec(tmp_path: Path) -> Path:
+    """A two-tower spec bound to a CSV of 12 items in an item vocab of 200 (top_k: TOPK to fill in)."""
     rows = ["user,item,label"] + [f"u{i % 9},i{i % 12},1" for i in range(200)]
     (tmp_path / "raw.csv").write_text("\n".join(rows) + "\n")
     spec = tmp_path / "tt.yaml"
@@ -245,6 +243,14 @@ def test_a_top_k_reaching_the_items_the_data_holds_is_warned_of_in_train_and_eva
         "heads:\n  - {name: retrieve, input: score, task: retrieval, negatives: {kind: in_batch}, top_k: [TOPK]}\n"
         "data: {format: csv, path: raw.csv, label: label, options: {test_fraction: 0.2}}\n"
         "training: {batch_size: 32, epochs: 1, seed: 0, eval_group_by: user}\n")
+    return spec
+
+
+def test_a_top_k_reaching_the_items_the_data_holds_is_warned_of_in_train_and_eval(tmp_path: Path) -> None:
+    """An item vocab of 200 filled by data of 12 items, top_k [5, 50]: evaluation ranks the 12 rows
+    that hold an item, so hr@50 was 1.0 whatever the model, without a word; now train's evaluations
+    and `flowrec eval` warn in one line naming K and the count (K = 5 is no warning)."""
+    spec = _tiny_retrieval_spec(tmp_path)
     text = spec.read_text()
     spec.write_text(text.replace("TOPK", "5, 50"))
     result = runner.invoke(app, ["train", str(spec), "--out", str(tmp_path / "run"), "--max-steps", "2", "-q"])
@@ -267,6 +273,28 @@ def test_a_top_k_reaching_the_items_the_data_holds_is_warned_of_in_train_and_eva
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # K = 5 is no warning in Python either
         flowrec.load(tmp_path / "five")
+
+
+def test_a_run_whose_encoder_was_removed_is_said_so_by_eval_and_load(tmp_path: Path) -> None:
+    """RUN/encoder removed: `flowrec eval RUN` checked no data against the run's encoding and the
+    retrieval head ranked every row of its item table (200) where the run's evaluations rank the 12
+    rows that hold an item, so its metrics changed without a word; now eval and flowrec.load say so."""
+    spec = _tiny_retrieval_spec(tmp_path)
+    spec.write_text(spec.read_text().replace("TOPK", "5"))
+    run = tmp_path / "run"
+    assert runner.invoke(app, ["train", str(spec), "--out", str(run), "--max-steps", "2", "-q"]).exit_code == 0
+    said = re.compile(r"encoder is missing \(removed, or a run made before encoders were recorded\).*ranks every row")
+    result = runner.invoke(app, ["eval", str(run), "-q"])
+    assert result.exit_code == 0 and not said.search(result.output), result.output
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        flowrec.load(run)
+    shutil.rmtree(run / "encoder")
+    result = runner.invoke(app, ["eval", str(run), "-q"])
+    assert result.exit_code == 0, result.output
+    assert len(said.findall(result.output)) == 1 and "\nwarning: " + str(run / "encoder") in "\n" + result.output, result.output
+    with pytest.warns(UserWarning, match="encoder is missing"):
+        flowrec.load(run)
 
 
 def test_a_malformed_row_of_bound_data_names_a_way_to_skip_it_that_exists(tmp_path: Path) -> None:
