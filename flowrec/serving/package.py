@@ -137,6 +137,9 @@ def read_manifest(folder: Path) -> dict[str, Any]:
     """The manifest of a package folder. Raises ValueError (one line) when it is not a package of
     this format version."""
     path = Path(folder) / MANIFEST_FILE
+    if Path(folder).is_file() and (Path(folder).parent / MANIFEST_FILE).is_file():
+        # PKG/model.pt2 (or another file of a package) given for the package: name its folder
+        raise ValueError(f"{folder} is a file of a model package; give the package's folder, {Path(folder).parent}")
     try:
         doc = read_json_document(path)
     except ValueError as exc:

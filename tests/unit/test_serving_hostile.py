@@ -543,6 +543,17 @@ def test_a_package_under_the_home_folder_loads_by_its_tilde_path(managed_pkg, mo
     assert load_model("~/pkg").path == managed_pkg
 
 
+def test_a_file_of_a_package_names_the_package_folder(managed_pkg):
+    """`load_model("pkg/model.pt2")` said 'not a flowrec model package (... cannot read
+    pkg/model.pt2/manifest.json: Not a directory)'; now the line names the folder to give."""
+    for name in ("model.pt2", "manifest.json"):
+        with pytest.raises(ValueError) as caught:
+            load_model(managed_pkg / name)
+        assert str(caught.value) == (f"{managed_pkg / name} is a file of a model package; give the "
+                                     f"package's folder, {managed_pkg}")
+    assert load_model(managed_pkg).path == managed_pkg
+
+
 def test_an_id_column_mixing_text_and_numbers_names_a_mend_that_keeps_missing_values(managed_pkg):
     """An object column of ints and text (a `concat` of frames) was Arrow's 'Expected bytes, got a
     'int' object'; the line now names `.astype("string")`, which scores as the ids' text does and
