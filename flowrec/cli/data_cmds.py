@@ -15,6 +15,7 @@ import typer
 from flowrec.cli.common import (OneLineErrorsGroup, check_byte_size, fail, guard_outputs, load_spec_or_exit,
                                  misnamed_output, say, skipped_lines, warn, write_output)
 from flowrec.runtime.messages import shell_word
+from flowrec.spec.schema_errors import did_you_mean
 
 if TYPE_CHECKING:
     from flowrec.data.vocab_growth import TableGrowth
@@ -120,7 +121,7 @@ def convert(
     no_grow: bool = typer.Option(False, "--no-grow", help="With --encoder-from: keep the vocabularies as they are (unseen values go to row 0, as `flowrec predict` encodes them)."),
 ) -> None:
     if on_error not in ("skip", "fail"):
-        fail(f"--on-error must be skip or fail, not {on_error!r}")
+        fail(f"--on-error must be skip or fail, not {on_error!r}{did_you_mean(on_error, ('skip', 'fail'))}")
     if no_grow and encoder_from is None:
         fail("--no-grow applies with --encoder-from only")
     if encoder_from is not None:  # a stream's encoder is its last day's (not "holds no encoder")

@@ -8,6 +8,7 @@ import typer
 
 from flowrec.cli.common import fail, missing_parents, remove_empty, say
 from flowrec.runtime.messages import first_line
+from flowrec.spec.schema_errors import did_you_mean
 
 EXIT_INTERRUPTED = 130
 COMPARE_ROWS = 65_536  # evaluation rows the half-dtype score difference is measured on
@@ -50,9 +51,9 @@ def export(
     from operators.custom import custom_failure
 
     if dtype not in DTYPES:
-        fail(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
+        fail(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}{did_you_mean(dtype, DTYPES)}")
     if index not in INDEX_CHOICES:
-        fail(f"--index must be one of {', '.join(INDEX_CHOICES)}, not {index!r}")
+        fail(f"--index must be one of {', '.join(INDEX_CHOICES)}, not {index!r}{did_you_mean(index, INDEX_CHOICES)}")
     from flowrec.cli.streams import refuse_stream_folder
 
     refuse_stream_folder(run_dir, "export")

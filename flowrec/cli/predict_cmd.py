@@ -16,6 +16,7 @@ import typer
 
 from flowrec.cli.common import fail, say, skipped_lines
 from flowrec.runtime.messages import first_line
+from flowrec.spec.schema_errors import did_you_mean
 
 EXIT_INTERRUPTED = 130
 
@@ -46,7 +47,7 @@ def predict(
     from flowrec.data.output_guard import atomic_output, check_file_output
 
     if on_error not in ("skip", "fail"):
-        fail(f"--on-error must be skip or fail, not {on_error!r}")
+        fail(f"--on-error must be skip or fail, not {on_error!r}{did_you_mean(on_error, ('skip', 'fail'))}")
     if not raw.exists():
         fail(f"input not found: {raw}")
     from flowrec.cli.streams import refuse_stream_as_package

@@ -27,6 +27,7 @@ from flowrec.graph.types import Plan
 from flowrec.runtime.atomic import atomic_write
 from flowrec.runtime.lowering import GroupAllocationError, LoweredModel, lower
 from flowrec.spec.model import ModelSpec
+from flowrec.spec.schema_errors import did_you_mean
 
 SYNTH_ROWS = 400_000  # default synthetic training rows of the embedded job
 EVAL_FRACTION = 0.2  # synthetic evaluation rows, as a fraction of the training rows
@@ -91,7 +92,7 @@ def device_problem(name: str) -> str | None:
     try:
         torch.device(name)
     except RuntimeError:
-        return f"must be auto, cpu or cuda[:N], not {name[:40]!r}"
+        return f"must be auto, cpu or cuda[:N], not {name[:40]!r}{did_you_mean(name, ('auto', 'cpu', 'cuda'))}"
     return None
 
 

@@ -153,7 +153,20 @@ def test_a_budget_that_is_not_a_byte_size_names_its_option(tmp_path, command: li
 def test_a_bad_on_error_names_the_value_given(command: list[str]) -> None:
     """`--on-error SKIP` said only "--on-error must be skip or fail", not which value was refused."""
     line = _one_error_line(CliRunner().invoke(app, [*command, "--on-error", "SKIP"]))
-    assert "--on-error" in line and "'SKIP'" in line
+    assert "--on-error" in line and "'SKIP'" in line and line.endswith("(did you mean 'skip'?)")
+
+
+@pytest.mark.parametrize("command, value, close", [
+    (["export", "run", "pkg", "--dtype"], "FP16", "fp16"),
+    (["export", "run", "pkg", "--index"], "FAISS", "faiss"),
+    (["eval", "run", "--device"], "CPU", "cpu"),
+    (["train", "s.yaml", "--device"], "Cuda", "cuda"),
+])
+def test_a_value_written_in_another_case_names_the_close_one(command: list[str], value: str, close: str) -> None:
+    """`export --dtype FP16`, `--index FAISS`, `--device CPU` listed the accepted values without the
+    close one, where a format written `CSV` says (did you mean 'csv'?)."""
+    line = _one_error_line(CliRunner().invoke(app, [*command, value]))
+    assert repr(value) in line and f"(did you mean {close!r}?)" in line, line
 
 
 def test_the_guide_lists_every_exit_status_the_commands_use() -> None:
