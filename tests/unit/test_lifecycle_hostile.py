@@ -228,6 +228,12 @@ def test_resuming_a_run_whose_test_split_was_deleted_is_refused_in_one_line(tmp_
     assert result.exit_code == 0, result.output
     assert "changed since" not in result.output
     assert f"{run / 'data'} holds no complete encoding" in result.output
+    # its Parquet files deleted: the line said only 'RUN/data/train: no Parquet files'
+    for part in (run / "data" / "train").glob("*.parquet"):
+        part.unlink()
+    result = runner.invoke(app, ["train", str(spec), "--resume", str(run), "--max-steps", "4"])
+    assert result.exit_code == 2, result.output
+    assert f"remove {run / 'data'} to encode the spec's data again" in result.output, result.output
 
 
 def _tiny_retrieval_spec(tmp_path: Path) -> Path:
