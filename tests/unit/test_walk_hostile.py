@@ -230,6 +230,19 @@ def test_exporting_a_stream_folder_names_the_day_run_to_export(tmp_path: Path) -
     assert result.exit_code == 2 and "trained no day yet" in " ".join(result.output.split())
 
 
+def _walk_csv_spec(tmp_path: Path) -> Path:
+    """A tiny CSV-bound spec (price, user, clicked) for the line-break tests."""
+    spec = tmp_path / "walk.yaml"
+    spec.write_text("name: walk\nfeatures:\n  - {name: price, type: dense}\n"
+                    "  - {name: user, type: categorical, hash_buckets: 64, dim: 4}\n"
+                    "modules:\n  - {name: top, kind: mlp, inputs: ['@dense', '@sparse'], layers: [4]}\n"
+                    "heads:\n  - {name: ctr, input: top}\n"
+                    "data: {format: csv, path: x.csv, label: clicked}\n"
+                    "optimizer: {dense: {name: adam, lr: 0.01}, sparse: {name: sgd, lr: 0.1}}\n"
+                    "training: {batch_size: 8}\n")
+    return spec
+
+
 def test_a_file_name_holding_a_line_break_is_named_on_one_line(tmp_path: Path) -> None:
     """A data file named 'q<newline>q.csv' made the one-line error two lines ('error: malformed row at
     q' then 'q.csv:2: ...'), and `flowrec predict`, which shows an error's first line, said only
@@ -241,14 +254,7 @@ def test_a_file_name_holding_a_line_break_is_named_on_one_line(tmp_path: Path) -
     from flowrec.data.layout import DataError
     from flowrec.runtime.messages import first_line
 
-    spec = tmp_path / "walk.yaml"
-    spec.write_text("name: walk\nfeatures:\n  - {name: price, type: dense}\n"
-                    "  - {name: user, type: categorical, hash_buckets: 64, dim: 4}\n"
-                    "modules:\n  - {name: top, kind: mlp, inputs: ['@dense', '@sparse'], layers: [4]}\n"
-                    "heads:\n  - {name: ctr, input: top}\n"
-                    "data: {format: csv, path: x.csv, label: clicked}\n"
-                    "optimizer: {dense: {name: adam, lr: 0.01}, sparse: {name: sgd, lr: 0.1}}\n"
-                    "training: {batch_size: 8}\n")
+    spec = _walk_csv_spec(tmp_path)
     raw = tmp_path / "q\nq.csv"
     raw.write_text('price,user,clicked\n1.5,"unterminated\n', encoding="utf-8")
     broken = tmp_path / "sp\nec.yaml"
@@ -289,14 +295,7 @@ def test_a_success_line_naming_a_file_with_a_line_break_is_one_line(tmp_path: Pa
 
     from flowrec.cli import app
 
-    spec = tmp_path / "walk.yaml"
-    spec.write_text("name: walk\nfeatures:\n  - {name: price, type: dense}\n"
-                    "  - {name: user, type: categorical, hash_buckets: 64, dim: 4}\n"
-                    "modules:\n  - {name: top, kind: mlp, inputs: ['@dense', '@sparse'], layers: [4]}\n"
-                    "heads:\n  - {name: ctr, input: top}\n"
-                    "data: {format: csv, path: x.csv, label: clicked}\n"
-                    "optimizer: {dense: {name: adam, lr: 0.01}, sparse: {name: sgd, lr: 0.1}}\n"
-                    "training: {batch_size: 8}\n")
+    spec = _walk_csv_spec(tmp_path)
     raw = tmp_path / "rows.csv"
     raw.write_text("price,user,clicked\n1.5,a,1\n2.5,b,0\n", encoding="utf-8")
     runner = CliRunner()
