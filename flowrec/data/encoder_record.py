@@ -227,14 +227,17 @@ def _vocab_paths(folder: Path, files: dict[str, Any], where: Path) -> dict[str, 
             for t, p in files.items()}
 
 
-def write_record(record: EncoderRecord, folder: Path) -> None:
-    """Write encoder.json and copies of the vocabulary files into `folder` (created)."""
+def write_record(record: EncoderRecord, folder: Path, verified: bool = False) -> None:
+    """Write encoder.json and copies of the vocabulary files into `folder` (created). `verified`:
+    the record's vocabularies were checked when it was read (`check_vocabularies`: a run's encoder
+    as `load_trained` reads it), so they are copied without reading and digesting them again."""
     folder = Path(folder)
     (folder / VOCAB_SUBDIR).mkdir(parents=True, exist_ok=True)
     for table, source in record.vocab_files.items():
         target = folder / VOCAB_SUBDIR / f"{plain_name(table, 'vocabulary table')}.parquet"
         if Path(source).resolve() != target.resolve():
-            checked_vocab(record, table)  # a changed vocabulary is refused, never copied on
+            if not verified:
+                checked_vocab(record, table)  # a changed vocabulary is refused, never copied on
             shutil.copyfile(source, target)
     text = json.dumps(record.document(), indent=2) + "\n"
     staged = folder / f".{ENCODER_FILE}.tmp"

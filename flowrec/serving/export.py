@@ -119,7 +119,7 @@ def write_package(trained: Trained, out: Path, dtype: str, encoder: EncoderRecor
             program = retrieval.heads_program(serving, spec)
         save_program(program, out / HEADS_FILE)
         del program
-    write_record(encoder, out)
+    write_record(encoder, out, verified=encoder is trained.encoder)  # load_trained checked the run's vocabularies
     from flowrec.spec.load import to_dict
 
     (out / SPEC_FILE).write_text(json.dumps(to_dict(spec), indent=2, sort_keys=True) + "\n")
