@@ -116,18 +116,13 @@ class Run:
                      group_by=(group_by, "a categorical feature's name or None"))
         if data is None:
             from flowrec.data.layout import DataError
-            from flowrec.runs.recorded import eval_data_to_score
+            from flowrec.runs.recorded import eval_data_to_score, synthetic_rows
 
             if self.run_dir is None:
                 raise DataError("this run has no run folder (out=None), so it recorded no evaluation data: give data=")
-            from flowrec.runs.recorded import synthetic_rows
-
             drawn = synthetic_rows(self.run_dir, self.trained.spec)
             if drawn is not None:  # a run on synthetic rows: the evaluation rows it drew, drawn again
-                from flowrec.runtime.session import synthetic_evaluation
-
-                train_rows, eval_rows = synthetic_evaluation(self.trained.spec, drawn)
-                return self.trained.evaluate_source(eval_rows, group_by or self.spec.training.eval_group_by, train_rows)
+                return self.trained.evaluate_drawn(drawn, group_by or self.spec.training.eval_group_by)
             data = eval_data_to_score(self.run_dir, "data=")
         return self.trained.evaluate_dataset(Path(data).expanduser(), group_by or self.spec.training.eval_group_by)
 

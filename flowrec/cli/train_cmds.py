@@ -915,13 +915,12 @@ def evaluate_run(
                              "(its evaluation leaves nothing out)")
         grouping = group_by or trained.spec.training.eval_group_by
         if drawn is not None:  # a run on synthetic rows: the evaluation rows it drew, drawn again
-            from flowrec.runtime.session import synthetic_evaluation, synthetic_eval_rows
+            from flowrec.runtime.session import synthetic_eval_rows
 
             if not quiet:
                 _say(f"scoring the {synthetic_eval_rows(drawn):,} synthetic evaluation rows {run_dir} evaluated on "
                      f"(drawn again from seed {trained.spec.training.seed}; --data scores another dataset)")
-            train_rows, eval_rows = synthetic_evaluation(trained.spec, drawn)
-            metrics = trained.evaluate_source(eval_rows, grouping, seen or train_rows)
+            metrics = trained.evaluate_drawn(drawn, grouping, seen)
         else:
             metrics = trained.evaluate_dataset(data, grouping, seen or recorded_train_data(run_dir))
     except (DataError, OSError, ValueError, RuntimeError) as exc:

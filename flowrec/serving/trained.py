@@ -102,6 +102,15 @@ class Trained:
         finally:
             source.close()
 
+    def evaluate_drawn(self, rows: int, group_by: str | None = None, seen: Any = None) -> dict[str, dict[str, float]]:
+        """Metrics per head on the evaluation rows of a run on `rows` synthetic training rows
+        (`flowrec.runs.recorded.synthetic_rows`), drawn again from its seed; `seen` defaults to
+        its training rows drawn again (a retrieval head with exclude_seen leaves them out)."""
+        from flowrec.runtime.session import synthetic_evaluation
+
+        train_rows, eval_rows = synthetic_evaluation(self.spec, rows)
+        return self.evaluate_source(eval_rows, group_by, seen or train_rows)
+
     def evaluate_source(self, source: Any, group_by: str | None = None,
                         seen: Any = None) -> dict[str, dict[str, float]]:
         """Metrics per head on an open source of encoded rows (`evaluate_dataset`'s, or the
