@@ -224,25 +224,25 @@ def refuse_replacing_other_than_scores(out: Path, kind: str, columns: list[str])
     so --overwrite replaced the spec or the raw training CSV the package was trained from with
     scores, as `eval --json` did (`refuse_replacing_other_than_metrics`)."""
     import csv
-    import os
 
-    if not os.path.lexists(out) or not out.is_file() or out.stat().st_size == 0:
-        return
-    names: list[str] = []
-    try:
-        if kind == "parquet":
-            import pyarrow.parquet as pq
+    from flowrec.data.output_guard import check_replacing_own_output
 
-            names = pq.read_schema(out).names
-        else:
-            with open(out, "rb") as f:
-                head = f.read(SCORES_HEADER_LIMIT).split(b"\n", 1)[0].decode("utf-8").rstrip("\r")
-            names = next(csv.reader([head], delimiter=TEXT_DELIMITERS[kind]), [])  # its writer quotes names, TSV's too
-    except (OSError, ValueError):  # not Parquet (ArrowInvalid), not UTF-8 text: not scores
-        names = []
-    if names[:len(columns)] != columns:
-        raise ValueError(f"refusing to replace {out}: it is not scores of {', '.join(columns)} as flowrec predict "
-                         "writes them with this package, the only file --overwrite replaces; give another file")
+    def holds_scores(path: Path) -> bool:
+        try:
+            if kind == "parquet":
+                import pyarrow.parquet as pq
+
+                names = pq.read_schema(path).names
+            else:
+                with open(path, "rb") as f:
+                    head = f.read(SCORES_HEADER_LIMIT).split(b"\n", 1)[0].decode("utf-8").rstrip("\r")
+                names = next(csv.reader([head], delimiter=TEXT_DELIMITERS[kind]), [])  # its writer quotes names, TSV's too
+        except (OSError, ValueError):  # not Parquet (ArrowInvalid), not UTF-8 text: not scores
+            return False
+        return names[:len(columns)] == columns
+
+    check_replacing_own_output(out, holds_scores, f"scores of {', '.join(columns)} as flowrec predict writes them "
+                                                  "with this package")
 
 
 def _check_keep(keep: list[str], heads: list[str], what: str = "the head's scores") -> None:

@@ -942,20 +942,17 @@ def refuse_replacing_other_than_metrics(out: Path) -> None:
     that is not metrics `flowrec eval --json` wrote (an empty file is replaced): eval reads
     neither the spec nor the raw files its data was converted from, so the output guard did not
     know them, and --overwrite replaced s.yaml or the training CSV with metrics."""
-    import os
-
+    from flowrec.data.output_guard import check_replacing_own_output
     from flowrec.spec.read import is_eval_metrics
 
-    if not os.path.lexists(out) or not out.is_file() or out.stat().st_size == 0:
-        return
-    try:
-        with open(out, "rb") as f:
-            doc = json.loads(f.read(EVAL_JSON_LIMIT))
-    except (OSError, ValueError):  # not JSON, not UTF-8, or longer than any metrics file
-        doc = None
-    if not is_eval_metrics(doc):
-        raise ValueError(f"refusing to replace {out}: it is not metrics `flowrec eval --json` wrote, the only "
-                         "file --overwrite replaces; give another file")
+    def holds_metrics(path: Path) -> bool:
+        try:
+            with open(path, "rb") as f:
+                return is_eval_metrics(json.loads(f.read(EVAL_JSON_LIMIT)))
+        except (OSError, ValueError):  # not JSON, not UTF-8, or longer than any metrics file
+            return False
+
+    check_replacing_own_output(out, holds_metrics, "metrics `flowrec eval --json` wrote")
 
 
 def _write_metrics(metrics: dict, json_out: Optional[str], quiet: bool = False) -> None:

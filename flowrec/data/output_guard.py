@@ -21,7 +21,7 @@ import secrets
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from flowrec.data.layout import DataError
 from flowrec.data.owners import MARKER_BYTES, OWNERS, owner_of  # noqa: F401 (the guard's names)
@@ -41,6 +41,18 @@ def owning_folder(path: Path) -> tuple[Path, str] | None:
         if owner is not None:
             return folder, owner
     return None
+
+
+def check_replacing_own_output(out: Path, own: Callable[[Path], bool], what: str) -> None:
+    """Raise ValueError (one line) when `--overwrite` would replace an existing file that is not
+    `what` the command writes (`own(out)` False; an empty file is replaced). The guard knows only a
+    command's inputs, so `eval --json` and `predict --out` replaced the spec or the raw training
+    CSV they never read: each replaces only its own earlier output."""
+    if not os.path.lexists(out) or not out.is_file() or out.stat().st_size == 0:
+        return
+    if not own(out):
+        raise ValueError(f"refusing to replace {out}: it is not {what}, the only file --overwrite replaces; "
+                         "give another file")
 
 
 def check_file_output(out: Path, inputs: Sequence[Path], overwrite: bool) -> None:
