@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import os
+import sys
+from contextlib import contextmanager
 from pathlib import Path, PurePath
-from typing import Callable, NoReturn, Sequence, get_args
+from typing import Callable, Iterator, NoReturn, Sequence, get_args
 
 import typer
-import sys
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from flowrec.runtime.messages import one_line
@@ -105,14 +106,13 @@ class OneLineErrorsGroup(TyperGroup):
             return super().invoke(ctx)
 
 
-class _one_line_click_errors:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind, exc, tb) -> bool:
-        if (not isinstance(exc, click_errors.ClickException)
-                or isinstance(exc, getattr(click_errors, "NoArgsIsHelpError", ()))):
-            return False
+@contextmanager
+def _one_line_click_errors() -> Iterator[None]:
+    try:
+        yield
+    except click_errors.ClickException as exc:
+        if isinstance(exc, getattr(click_errors, "NoArgsIsHelpError", ())):  # a group given no command: its help
+            raise
         typer.echo(f"error: {rank_prefix()}{click_error_line(exc)}", err=True)
         raise typer.Exit(exc.exit_code) from None
 
