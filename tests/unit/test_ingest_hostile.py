@@ -474,3 +474,32 @@ def test_a_parquet_file_naming_a_column_twice_names_the_columns(tmp_path: Path, 
     with pytest.raises(DataError, match=f"a\\.parquet: .*{says}"):
         convert(_spec(), "parquet", [tmp_path / "rows"], tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_standardize_keeps_the_spread_of_values_far_from_zero(tmp_path: Path) -> None:
+    """standardize of epoch seconds (1.7e9 + 0..99) recorded std 1.0, not 29: the variance was the
+    mean square less the squared mean, whose difference float64 rounding lost, so the encoded
+    column spread over +-50; a column of one value (0.1) got a std of 2e-9, its rounding residue."""
+    import pyarrow.parquet as pq
+
+    from flowrec.data.layout import read_meta
+    from flowrec.spec.load import spec_from_dict
+
+    spec = spec_from_dict({
+        "name": "ingest",
+        "features": [{"name": "price", "type": "dense", "transform": "standardize"},
+                     {"name": "fee", "type": "dense", "transform": "standardize"},
+                     {"name": "user", "type": "categorical", "hash_buckets": 64, "dim": 4}],
+        "modules": [{"name": "top", "kind": "mlp", "inputs": ["@dense", "@sparse"], "layers": [4]}],
+        "heads": [{"name": "ctr", "input": "top"}],
+        "data": {"format": "csv", "path": "x.csv", "label": "clicked"}})
+    seconds = 1.7e9 + np.arange(2_000) % 100
+    path = tmp_path / "rows.csv"
+    path.write_text("price,fee,user,clicked\n" + "".join(f"{s:.0f},0.1,u{i},{i % 2}\n" for i, s in enumerate(seconds)),
+                    encoding="utf-8")
+    convert(spec, "csv", [path], tmp_path / "out")
+    meta = read_meta(tmp_path / "out").dense
+    assert meta["price"]["std"] == pytest.approx(seconds.std(), rel=1e-6)
+    price = pq.read_table(tmp_path / "out").column("price").to_numpy()
+    assert price.std() == pytest.approx(1.0, rel=1e-4) and abs(price.mean()) < 1e-4
+    assert meta["fee"]["std"] == 1.0 and (pq.read_table(tmp_path / "out").column("fee").to_numpy() == 0).all()
