@@ -855,6 +855,10 @@ def _report(result, run_dir: Path, json_out: bool, json_lines: bool = False) -> 
     lines.append(f"run folder: {run_dir} ({', '.join(_listing(run_dir))})")
     for line in lines:
         _say(line)
+    if result.skipped_batches and is_lead_rank():  # the updates the model lacks: never in silence
+        warn(f"{result.skipped_batches:,} of {result.steps:,} batches had a non-finite loss and were skipped "
+             f"(--nan-policy skip-batch): the model learned from the other {result.steps - result.skipped_batches:,} "
+             f"only (metrics.jsonl marks the skipped steps)")
     if json_out:
         sys.stdout.write(json.dumps({**asdict(result), "run_dir": str(run_dir)}, indent=None if json_lines else 2,
                                     sort_keys=True, default=str) + "\n")
