@@ -14,6 +14,7 @@ COLUMN_ORDER = ("auc", "gauc", "pr_auc", "logloss", "ne", "calibration", "mse", 
 
 
 COUNT_COLUMNS = frozenset({"samples", "k"})  # counts, whatever their number type: no decimals
+SMALL, LARGE = 1e-3, 1e8  # a value outside [SMALL, LARGE) is shown with an exponent, its 5 digits kept
 
 
 def _cell(value: Any, column: str = "") -> str:
@@ -21,6 +22,8 @@ def _cell(value: Any, column: str = "") -> str:
         return "-"
     if isinstance(value, int) or (column in COUNT_COLUMNS and float(value).is_integer()):
         return f"{int(value):,}"
+    if value != 0 and math.isfinite(value) and not SMALL <= abs(value) < LARGE:
+        return f"{value:.4e}"  # an mse of 3e-06 is not 0.0000, nor one of 4e+48 a 49-digit cell
     return f"{value:.4f}"
 
 

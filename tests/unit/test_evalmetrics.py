@@ -189,3 +189,14 @@ def test_a_managed_users_dropped_bag_is_row_0_not_the_next_features_id() -> None
     nobody = SimpleNamespace(size=2, groups={"g0": SimpleNamespace(ids=torch.tensor([], dtype=torch.int64),
                                                                    offsets=torch.tensor([0, 0, 0]))})
     assert batch_groups(nobody, ("g0", 0, 1, 0, True)).tolist() == [-1, -1]
+
+
+def test_the_metrics_table_shows_small_and_huge_values_with_their_digits() -> None:
+    """A regression head of rates (mse 3.2e-06, mae 0.0012) showed mse 0.0000, as if exact, and a
+    diverged one (mse 4.4e+48) a 49-digit cell that pushed the table far past the terminal."""
+    from flowrec.cli.metrics_table import metrics_table
+
+    head, small, huge = metrics_table({"rate": {"mse": 3.2e-06, "mae": 0.0012, "samples": 5},
+                                       "wild": {"mse": 4.3843e48, "mae": 0.0, "samples": 3}})
+    assert small.split()[1:] == ["3.2000e-06", "0.0012", "5"]
+    assert huge.split()[1:] == ["4.3843e+48", "0.0000", "3"] and len(huge) < 40
