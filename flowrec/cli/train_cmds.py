@@ -751,7 +751,9 @@ def _console_hooks(trainer, quiet: bool):
             state = trainer.stopper.state
             note = (" (new best: saved to best/)" if event.best else
                     f" (best {trainer.stopper.watched} {state.best:.4f} at step {state.best_step})"
-                    if state.best is not None else "")
+                    if state.best is not None else
+                    f" ({trainer.stopper.watched} undefined, as for evaluation labels of one class: not counted by "
+                    f"early stopping, no best yet)")
         _say(f"{title} at step {event.step}{note}")
         for line in metrics_table(event.metrics):
             _say("  " + line)

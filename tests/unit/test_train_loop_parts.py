@@ -93,6 +93,17 @@ def test_early_stopping_patience_min_delta_and_mode() -> None:
     assert again.state == lower.state and again.state.stopped
 
 
+def test_early_stopping_does_not_count_an_undefined_metric_before_a_best() -> None:
+    """Early stopping on auc with evaluation labels of one class (AUC undefined, NaN, at every
+    evaluation) stopped the run at its second evaluation: 'the best (step None) is in best/', and no
+    best/ was written."""
+    stopper = EarlyStopper.of(EarlyStoppingSpec("auc", patience=2), "ctr")
+    assert _evals(stopper, [float("nan")] * 4) == [(False, False)] * 4
+    assert stopper.state.best is None and not stopper.state.stopped
+    assert _evals(stopper, [0.7, float("nan"), 0.6]) == [(True, False), (False, False), (False, True)]
+    assert stopper.state.best == 0.7 and stopper.state.best_step == 10  # steps count from 10 per call
+
+
 def test_early_stopping_on_calibration_keeps_the_evaluation_closest_to_one() -> None:
     # calibration is mean prediction over mean label, best at 1.0: watched as the ratio with mode
     # min, an evaluation predicting too little (0.5) was the best, over one calibrated to 1.02

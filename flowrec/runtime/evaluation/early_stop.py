@@ -76,10 +76,14 @@ class EarlyStopper:
         return abs(value - 1.0) if self.metric == CALIBRATION else value
 
     def observe(self, metrics: dict[str, dict[str, float]], step: int) -> Verdict:
-        """Take the evaluation of `step`; a NaN value never improves."""
+        """Take the evaluation of `step`; a NaN value never improves, and before any best it does not
+        count toward `patience` either (an AUC of evaluation labels of one class is undefined at every
+        evaluation: counted, the run stopped at its second with no best to keep)."""
         value = metrics.get(self.head, {}).get(self.metric, float("nan"))
         s = self.state
         better = value is not None and not math.isnan(value)
+        if not better and s.best is None:
+            return Verdict(False, s.stopped)
         if better and s.best is not None:
             now, best = self._watched_value(value), self._watched_value(s.best)
             better = now > best + self.min_delta if self.mode == "max" else now < best - self.min_delta
