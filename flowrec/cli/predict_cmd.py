@@ -327,5 +327,8 @@ def _raw_chunks(model, raw: Path, fmt: Optional[str], on_error: str, keep: Optio
     labels = set(label_columns(spec)) | set(weight_columns(spec))  # numbers in training: a head's label, its weights
     if FORMAT_ALIASES.get(fmt, fmt) != "parquet":
         numeric |= labels & set(keep or [])
-    return reader(fmt)(raw, opts, log, numeric), log
+    from flowrec.data.encode import drop_unencodable
+
+    chunks = (drop_unencodable(model.encoder, chunk, log) for chunk in reader(fmt)(raw, opts, log, numeric))
+    return (chunk for chunk in chunks if chunk.num_rows), log  # a value the encoder scales past float32: malformed
 

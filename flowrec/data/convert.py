@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from flowrec.data.encode import Encoder, fit_encoder, needs_fit
+from flowrec.data.encode import Encoder, drop_unencodable, fit_encoder, needs_fit
 from flowrec.data.encoder_record import record_of_encoder
 from flowrec.data.error_log import ErrorLog, ErrorPolicy
 from flowrec.data.labels import PLUS_MINUS_FORMATS, check_labels, label_tasks
@@ -311,7 +311,10 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
         "train": PartWriter(out / "train", rows_per_file), "test": PartWriter(out / "test", rows_per_file)}
     seen = 0
     stats = {name: RawStats(spec, columns, opts.get("date_column", split_by)) for name in writers}
-    for _, chunk in chunks(on_error):
+    for log, chunk in chunks(on_error):
+        chunk = drop_unencodable(encoder, chunk, log)  # a run's std scaling a value past float32
+        if not chunk.num_rows:
+            continue
         encoded = encoder.encode(chunk)
         if last_out:
             test = _last_rows(chunk)

@@ -22,6 +22,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from flowrec.data.error_log import ErrorLog
 from flowrec.data.layout import is_multi, unique_labels
 from flowrec.data.raw_ids import as_strings, raw_id_hashes
 from flowrec.spec.model import DenseFeature, ModelSpec, SparseFeature
@@ -57,6 +58,9 @@ def vocab_rows(values: pa.Array, vocab: pa.Array) -> np.ndarray:
     """Rows of the values in a vocabulary (row = index + 1); unknown and missing -> 0."""
     index = pc.index_in(as_strings(values), value_set=vocab)
     return (index.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64) + 1)
+
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)  # an encoded dense value beyond it would be inf
 
 
 @dataclass(frozen=True)
@@ -171,6 +175,24 @@ class Encoder:
         keep = as_strings(flat).is_valid().to_numpy(zero_copy_only=False)
         return truncated_lists(values, rows, keep, feature.max_len, feature.truncate)
 
+    def unencodable(self, raw: pa.Table) -> dict[int, str]:
+        """Rows (index -> why) whose standardized dense value is beyond float32: a finite raw number
+        that the encoder's mean and std scale past 3.4e38 (3e38 in a column of std 0.001), which the
+        float32 column held as inf (predict wrote NaN scores, a converted dataset was refused by train).
+        Such a row is malformed, as a raw value beyond float32 is."""
+        out: dict[int, str] = {}
+        for f in self.spec.dense_features:
+            if f.transform != "standardize" or self.source(f.name) not in raw.column_names:
+                continue  # (a column lacking is its reader's or predict's line)
+            st = self.stats[f.name]
+            x = dense_values(f, raw.column(self.source(f.name)))
+            with np.errstate(over="ignore", invalid="ignore"):
+                wrong = ~(np.abs((x - st.mean) / st.std) <= FLOAT32_MAX) & np.isfinite(x)
+            for i in np.flatnonzero(wrong):
+                out.setdefault(int(i), f"dense value {float(x[i])!r} in column {self.source(f.name)}: standardized "
+                                       f"(mean {st.mean:.6g}, std {st.std:.6g}) it is beyond float32")
+        return out
+
     def encode(self, raw: pa.Table, labels: bool = True) -> pa.Table:
         """Encode one raw chunk; returns a table with the layout's columns in spec order (the
         label columns last, unless `labels` is False: rows to score need none)."""
@@ -190,6 +212,22 @@ class Encoder:
             cols.append(col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col)
             names.append(label)
         return pa.Table.from_arrays(cols, names=names)
+
+
+def drop_unencodable(encoder: Encoder, raw: pa.Table, log: ErrorLog) -> pa.Table:
+    """`raw` without the rows `Encoder.unencodable` names, each a malformed row in `log` (under
+    --on-error fail: the DataError naming its line)."""
+    from flowrec.data.sources import LINE_COLUMN
+
+    bad = encoder.unencodable(raw)
+    if not bad:
+        return raw
+    lines = raw.column(LINE_COLUMN).to_numpy() if LINE_COLUMN in raw.column_names else np.arange(raw.num_rows) + 1
+    for i, why in sorted(bad.items()):
+        log.add(int(lines[i]), why)
+    keep = np.ones(raw.num_rows, bool)
+    keep[list(bad)] = False
+    return raw.filter(pa.array(keep))
 
 
 def truncated_lists(values: pa.Array, rows: np.ndarray, keep: np.ndarray, max_len: int,

@@ -168,6 +168,11 @@ class LoadedModel:
                             "synthetic data): raw rows cannot be encoded; train on converted data to score them")
         for f in self.spec.dense_features:
             check_finite(raw.column(self.encoder.source(f.name)), self.encoder.source(f.name))
+        unencodable = self.encoder.unencodable(raw)  # standardized past float32: inf, NaN scores
+        if unencodable:
+            first = min(unencodable)
+            raise DataError(f"row {first + 1}: {unencodable[first]}; dense values must encode as finite float32 "
+                            f"numbers ({len(unencodable):,} such rows)")
         options = dict(self.spec.data.options) if self.spec.data is not None else {}
         check_sequence_separators(  # lists written with '|' would each be one unknown id, scored without a word
             raw, self.spec, {f.name: self.encoder.source(f.name) for f in self.spec.sparse_features}, options,

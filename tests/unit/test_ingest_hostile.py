@@ -503,3 +503,38 @@ def test_standardize_keeps_the_spread_of_values_far_from_zero(tmp_path: Path) ->
     price = pq.read_table(tmp_path / "out").column("price").to_numpy()
     assert price.std() == pytest.approx(1.0, rel=1e-4) and abs(price.mean()) < 1e-4
     assert meta["fee"]["std"] == 1.0 and (pq.read_table(tmp_path / "out").column("fee").to_numpy() == 0).all()
+
+
+def test_a_value_a_runs_std_scales_past_float32_is_a_malformed_row(tmp_path: Path) -> None:
+    """A run whose standardized column had std 0.001: raw 3e38 (a finite float32) encoded as inf, so
+    `data convert --encoder-from RUN` wrote a dataset train and eval refused ('non-finite value inf')
+    and `flowrec predict` wrote NaN scores for the row, without a word (and numpy's RuntimeWarning)."""
+    import types
+    import warnings
+
+    import pyarrow.parquet as pq
+
+    from flowrec.cli.predict_cmd import _raw_chunks
+    from flowrec.data.encode import DenseStats, Encoder
+    from flowrec.spec.load import spec_from_dict
+
+    spec = spec_from_dict({
+        "name": "ingest",
+        "features": [{"name": "price", "type": "dense", "transform": "standardize"},
+                     {"name": "user", "type": "categorical", "hash_buckets": 64, "dim": 4}],
+        "modules": [{"name": "top", "kind": "mlp", "inputs": ["@dense", "@sparse"], "layers": [4]}],
+        "heads": [{"name": "ctr", "input": "top"}],
+        "data": {"format": "csv", "path": "x.csv", "label": "clicked"}})
+    encoder = Encoder(spec, {}, {}, {"price": DenseStats(7.0, 0.001)})
+    path = tmp_path / "rows.csv"
+    path.write_text("price,user,clicked\n7.001,a,1\n3e38,b,0\n-3e38,c,1\n6.999,d,0\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"rows\.csv:3: dense value 3e\+38 in column price: standardized"):
+        convert(spec, "csv", [path], tmp_path / "fail", encoder=encoder, grow=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's overflow in the float32 cast
+        report = convert(spec, "csv", [path], tmp_path / "out", on_error="skip", encoder=encoder, grow=False)
+    assert report.rows == 2 and report.errors == 2
+    assert pq.read_table(tmp_path / "out").column("price").to_numpy() == pytest.approx([1.0, -1.0], abs=1e-3)
+    model = types.SimpleNamespace(spec=spec, encoder=encoder)
+    chunks, log = _raw_chunks(model, path, "csv", "skip")
+    assert [c.column("user").to_pylist() for c in chunks] == [["a", "d"]] and log.count == 2
