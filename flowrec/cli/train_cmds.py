@@ -732,10 +732,11 @@ def _check_loop_settings(session) -> None:
 
 def _console_hooks(trainer, quiet: bool):
     """Hooks that print a metrics table at every evaluation (and early stopping's decisions)."""
-    from flowrec.cli.metrics_table import metrics_table
+    from flowrec.cli.metrics_table import metrics_table, undefined_notes
     from flowrec.runtime.trainer import Hooks
 
     shown: list[int] = []  # steps whose metrics are on the console
+    noted: set[str] = set()  # the lines of metrics undefined on the evaluation rows, said once
     warned: list[bool] = []
 
     def on_eval(event) -> None:
@@ -757,6 +758,10 @@ def _console_hooks(trainer, quiet: bool):
         _say(f"{title} at step {event.step}{note}")
         for line in metrics_table(event.metrics):
             _say("  " + line)
+        for line in undefined_notes(event.metrics):
+            if line not in noted and is_lead_rank():  # every evaluation of a run has the same rows
+                noted.add(line)
+                warn(line)
         if event.stop:
             _say(f"early stopping: {trainer.stopper.watched} did not improve in {trainer.stopper.patience} "
                  f"evaluations; the best (step {trainer.stopper.state.best_step}) is in best/")
@@ -963,7 +968,7 @@ def refuse_replacing_other_than_metrics(out: Path) -> None:
 
 def _write_metrics(metrics: dict, json_out: Optional[str], quiet: bool = False) -> None:
     """The table on stdout, and the JSON (NaN as null) to a file or, for '-', stdout instead."""
-    from flowrec.cli.metrics_table import metrics_table
+    from flowrec.cli.metrics_table import metrics_table, undefined_notes
     from flowrec.runtime.run_log import jsonable
 
     text = json.dumps(jsonable(metrics), indent=2, sort_keys=True) + "\n"
@@ -972,6 +977,8 @@ def _write_metrics(metrics: dict, json_out: Optional[str], quiet: bool = False) 
         return
     for line in [] if quiet else metrics_table(metrics):
         typer.echo(line)
+    for line in undefined_notes(metrics):  # a '-' (or a null) of one class of labels, said once
+        warn(line)
     if json_out is not None:
         from flowrec.data.output_guard import atomic_output
 

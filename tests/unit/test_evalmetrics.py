@@ -200,3 +200,23 @@ def test_the_metrics_table_shows_small_and_huge_values_with_their_digits() -> No
                                        "wild": {"mse": 4.3843e48, "mae": 0.0, "samples": 3}})
     assert small.split()[1:] == ["3.2000e-06", "0.0012", "5"]
     assert huge.split()[1:] == ["4.3843e+48", "0.0000", "3"] and len(huge) < 40
+
+
+def test_metrics_undefined_on_one_class_of_labels_are_said_why(capsys) -> None:
+    """Evaluation rows of one class (every label 0) showed '-' for auc, pr_auc, ne and calibration
+    (null in --json) with no word of why, in flowrec eval as in train's evaluations."""
+    from flowrec.cli.metrics_table import undefined_notes
+    from flowrec.cli.train_cmds import _write_metrics
+
+    nan = float("nan")
+    zeros = {"ctr": {"auc": nan, "pr_auc": nan, "logloss": 0.75, "ne": nan, "calibration": nan, "samples": 300},
+             "val": {"mse": 1.0, "mae": 0.8, "samples": 300}}
+    _write_metrics(zeros, None)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["warning: ctr: every evaluation label is 0 (300 rows): auc, pr_auc, ne and calibration are "
+                   "undefined ('-' in the table, null in JSON)"]
+    ones = {"ctr": {"auc": nan, "gauc": nan, "pr_auc": 1.0, "ne": nan, "calibration": 0.9, "samples": 5}}
+    assert "every evaluation label is 1 (5 rows): auc, gauc and ne are" in undefined_notes(ones)[0]
+    groups = {"ctr": {"auc": 0.6, "gauc": nan, "pr_auc": 0.5, "ne": 0.9, "calibration": 1.0, "samples": 5}}
+    assert "no group of the evaluation rows holds both classes (5 rows): gauc is" in undefined_notes(groups)[0]
+    assert undefined_notes({"ctr": {**groups["ctr"], "gauc": 0.7}}) == []
