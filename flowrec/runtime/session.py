@@ -116,6 +116,8 @@ def prepare(spec: ModelSpec, spec_path: Path, opts: SessionOptions, plan: Plan, 
     if opts.seed is not None:
         spec = replace(spec, training=replace(spec.training, seed=opts.seed))
     train, evaluation, note = resolve_data(spec, spec_path, opts, status)
+    for line in one_class_labels(spec, train):
+        status(f"warning: {line}")
     for g in plan.meta.groups:
         if PLACEMENTS[g.placement].cached:
             status(f"group {g.name}: placement {g.placement} with {g.cache_rows:,} device rows")
@@ -128,6 +130,26 @@ def prepare(spec: ModelSpec, spec_path: Path, opts: SessionOptions, plan: Plan, 
     except GroupAllocationError as exc:
         raise RuntimeError(out_of_memory_message(plan, device, exc)) from None
     return Session(spec, plan, model, device, train, evaluation, note)
+
+
+def one_class_labels(spec: ModelSpec, train: Any) -> list[str]:
+    """A line per binary head whose training labels are all one class, as the conversion counted
+    them (`_flowrec_stats.json`; none for synthetic rows or a dataset without it): such a head
+    learns to predict that class alone, and a run trained without a word (a filter that kept the
+    clicks only, a label column of another convention)."""
+    from flowrec.data.layout import label_columns
+    from flowrec.data.rawstats import read_stats
+
+    path = getattr(train, "path", None)
+    stats = read_stats(path) if path is not None else None
+    means = stats.get("label_mean", {}) if stats else {}
+    lines = []
+    for head, label in zip(spec.heads, label_columns(spec)):
+        mean = means.get(label)
+        if head.task == "binary" and mean in (0.0, 1.0) and stats.get("rows"):
+            lines.append(f"every training label of head {head.name} (column {label}) in {path} is {int(mean)} "
+                         f"({stats['rows']:,} rows): it can only learn to predict {int(mean)}")
+    return lines
 
 
 def precision_note(precision: str, device: torch.device) -> str | None:

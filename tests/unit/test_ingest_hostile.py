@@ -538,3 +538,25 @@ def test_a_value_a_runs_std_scales_past_float32_is_a_malformed_row(tmp_path: Pat
     model = types.SimpleNamespace(spec=spec, encoder=encoder)
     chunks, log = _raw_chunks(model, path, "csv", "skip")
     assert [c.column("user").to_pylist() for c in chunks] == [["a", "d"]] and log.count == 2
+
+
+def test_training_labels_of_one_class_are_said(tmp_path: Path) -> None:
+    """A binary head whose training rows were all clicked=0 (a filter that kept one class, a label
+    column of another convention) trained without a word: the head learns to predict 0 alone."""
+    import types
+
+    from flowrec.runtime.session import one_class_labels
+
+    for name, labels in (("zeros", [0] * 40), ("both", [i % 2 for i in range(40)])):
+        path = tmp_path / f"{name}.csv"
+        path.write_text("price,user,clicked\n" + "".join(f"{i},u{i},{y}\n" for i, y in enumerate(labels)),
+                        encoding="utf-8")
+        convert(_spec(), "csv", [path], tmp_path / name, options={"test_fraction": 0.25})
+    from flowrec.data.layout import read_meta
+
+    lines = one_class_labels(_spec(), types.SimpleNamespace(path=tmp_path / "zeros" / "train"))
+    rows = read_meta(tmp_path / "zeros" / "train").rows
+    assert len(lines) == 1 and lines[0].startswith("every training label of head ctr (column clicked) in ")
+    assert lines[0].endswith(f" is 0 ({rows} rows): it can only learn to predict 0")
+    assert one_class_labels(_spec(), types.SimpleNamespace(path=tmp_path / "both" / "train")) == []
+    assert one_class_labels(_spec(), types.SimpleNamespace()) == []  # synthetic rows: no statistics
