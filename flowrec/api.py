@@ -91,7 +91,12 @@ class Run:
         step = getattr(self.trained, "step", None)  # a loaded RUN/best: its evaluation's, not the last
         finals = [r for r in self.history if r.get("event") == "eval" and (
             step is None or not isinstance(r.get("step"), int) or r["step"] <= step)]
-        return finals[-1]["metrics"] if finals else {}
+        if not finals or not isinstance(finals[-1]["metrics"], dict):
+            return finals[-1]["metrics"] if finals else {}
+        # metrics.jsonl writes an undefined metric (NaN) as null: NaN again, as a trained run's and
+        # evaluate's (a loaded run's None made `run.metrics["ctr"]["auc"] > 0.7` a TypeError)
+        return {head: {name: float("nan") if value is None else value for name, value in values.items()}
+                if isinstance(values, dict) else values for head, values in finals[-1]["metrics"].items()}
 
     @property
     def history(self) -> list[dict[str, Any]]:

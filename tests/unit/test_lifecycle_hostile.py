@@ -1573,3 +1573,21 @@ def test_more_ranks_than_the_memory_holds_are_refused_before_the_launch(spec: Pa
     assert "give fewer ranks" in lines[0] and launched == [] and not (tmp_path / "run").exists()
     fits = runner.invoke(app, ["train", str(spec), "--nproc", "2", "--out", str(tmp_path / "run"), "-q"])
     assert fits.exit_code == 0 and launched == [2], fits.output
+
+
+def test_a_loaded_runs_undefined_metrics_are_nan_as_a_trained_runs(tmp_path: Path) -> None:
+    """metrics.jsonl writes an undefined metric (the AUC of evaluation labels all 0) as null, and
+    flowrec.load(RUN).metrics gave it as None where the Run flowrec.train returned, and evaluate(),
+    give NaN: `run.metrics["ctr"]["auc"] > 0.7` was a TypeError on a loaded run only."""
+    import math
+    import types
+
+    from flowrec.api import Run
+
+    record = {"event": "eval", "step": 4, "final": True,
+              "metrics": {"ctr": {"auc": None, "logloss": 0.75, "samples": 88}}}
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(record) + "\n", encoding="utf-8")
+    run = Run(spec=None, run_dir=tmp_path, result=None, trained=types.SimpleNamespace(step=4))
+    ctr = run.metrics["ctr"]
+    assert isinstance(ctr["auc"], float) and math.isnan(ctr["auc"]) and not ctr["auc"] > 0.7
+    assert ctr["logloss"] == 0.75 and ctr["samples"] == 88
