@@ -393,6 +393,8 @@ def _stream_order(stream: Path, folder: Path, order_text: str | None, order):
 
 def inspect_table(columns: list[dict], has_raw: bool) -> list[str]:
     """Lines of the column table: full type names; raw columns when conversion recorded them."""
+    from flowrec.cli.metrics_table import number_cell
+
     def cell(c: dict, key: str, fmt: str = ",") -> str:
         return "-" if c.get(key) is None else format(c[key], fmt)
 
@@ -401,7 +403,8 @@ def inspect_table(columns: list[dict], has_raw: bool) -> list[str]:
     if has_raw:
         head += ["raw missing", "label mean", "distinct raw", "occupied rows"]
         for row, c in zip(rows, columns):
-            row += [cell(c, "raw_missing"), cell(c, "label_mean", ".4f"), cell(c, "distinct_raw"),
+            row += [cell(c, "raw_missing"), "-" if c.get("label_mean") is None else number_cell(c["label_mean"]),
+                    cell(c, "distinct_raw"),
                     cell(c, "occupied_rows")]
     widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
     return ["  ".join(str(v).ljust(w) if i < 2 else str(v).rjust(w) for i, (v, w) in enumerate(zip(r, widths)))

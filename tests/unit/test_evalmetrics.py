@@ -220,3 +220,14 @@ def test_metrics_undefined_on_one_class_of_labels_are_said_why(capsys) -> None:
     groups = {"ctr": {"auc": 0.6, "gauc": nan, "pr_auc": 0.5, "ne": 0.9, "calibration": 1.0, "samples": 5}}
     assert "no group of the evaluation rows holds both classes (5 rows): gauc is" in undefined_notes(groups)[0]
     assert undefined_notes({"ctr": {**groups["ctr"], "gauc": 0.7}}) == []
+
+
+def test_data_inspect_shows_a_rare_label_mean_with_its_digits() -> None:
+    """data inspect showed the label mean of a conversion label of 1 positive in 40,000 rows as 0.0000,
+    as if no row were positive, and a regression label's 6.6e+26 as a 33-digit cell."""
+    from flowrec.cli.data_cmds import inspect_table
+
+    columns = [{"name": n, "type": "float", "missing": 0, "unique": 2, "raw_missing": None, "label_mean": m,
+                "distinct_raw": None, "occupied_rows": None} for n, m in (("cvr", 2.5e-05), ("y", 6.6181e26))]
+    cvr, y = (line.split() for line in inspect_table(columns, True)[1:])
+    assert cvr[-3] == "2.5000e-05" and y[-3] == "6.6181e+26"
