@@ -732,7 +732,7 @@ def _check_loop_settings(session) -> None:
 
 def _console_hooks(trainer, quiet: bool):
     """Hooks that print a metrics table at every evaluation (and early stopping's decisions)."""
-    from flowrec.cli.metrics_table import metrics_table, undefined_notes
+    from flowrec.cli.metrics_table import metrics_table, number_cell, undefined_notes
     from flowrec.runtime.trainer import Hooks
 
     shown: list[int] = []  # steps whose metrics are on the console
@@ -751,7 +751,7 @@ def _console_hooks(trainer, quiet: bool):
         if trainer.stopper is not None and not event.final:
             state = trainer.stopper.state
             note = (" (new best: saved to best/)" if event.best else
-                    f" (best {trainer.stopper.watched} {state.best:.4f} at step {state.best_step})"
+                    f" (best {trainer.stopper.watched} {number_cell(state.best)} at step {state.best_step})"
                     if state.best is not None else
                     f" ({trainer.stopper.watched} undefined, as for evaluation labels of one class: not counted by "
                     f"early stopping, no best yet)")

@@ -114,3 +114,20 @@ def test_early_stopping_on_calibration_keeps_the_evaluation_closest_to_one() -> 
     assert stopper.state.best == 1.02 and stopper.state.best_step == 20 and stopper.state.stopped
     under = EarlyStopper.of(EarlyStoppingSpec("calibration", patience=1, min_delta=0.05), "ctr")
     assert [under.observe({"ctr": {"calibration": v}}, 1).improved for v in (0.8, 1.1, 0.94)] == [True, True, False]
+
+
+def test_an_evaluations_line_shows_a_small_best_with_its_digits(capsys) -> None:
+    """Early stopping on the mse of a regression head of rates: every evaluation's line said
+    '(best val/mse 0.0000 at step 10)', as if the model had been exact."""
+    import types
+
+    from flowrec.cli.train_cmds import _console_hooks
+    from flowrec.runtime.trainer import EvalEvent
+
+    stopper = EarlyStopper.of(EarlyStoppingSpec("mse", patience=3), "val")
+    trainer = types.SimpleNamespace(stopper=stopper, model=types.SimpleNamespace(retrieval=None))
+    hooks = _console_hooks(trainer, quiet=False)
+    for step, mse in ((10, 3.2e-06), (20, 4.1e-06)):
+        verdict = stopper.observe({"val": {"mse": mse}}, step)
+        hooks.on_eval(EvalEvent(step, {"val": {"mse": mse, "mae": 0.001, "samples": 9}}, False, verdict.improved))
+    assert "evaluation at step 20 (best val/mse 3.2000e-06 at step 10)" in capsys.readouterr().err
