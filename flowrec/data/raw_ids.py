@@ -22,11 +22,17 @@ MISSING_ID = 0  # the raw id of a missing value
 
 
 def as_strings(values: pa.Array) -> pa.Array:
-    """The values as strings, empty strings as nulls."""
+    """The values as strings, empty strings as nulls; of floats, NaN as null (a missing id, as a
+    Parquet dense column's NaN is a missing value: it was the id 'nan', a row of its own).
+
+    >>> as_strings(pa.array([3.0, float("nan"), None, 2.5])).to_pylist()
+    ['3', None, None, '2.5']
+    """
     if isinstance(values, pa.ChunkedArray):
         values = values.combine_chunks()
     if not pa.types.is_string(values.type) and not pa.types.is_large_string(values.type):
         if pa.types.is_floating(values.type):  # 3.0 -> "3": floats that hold ids
+            values = pc.if_else(pc.is_nan(values), pa.scalar(None, values.type), values)
             # only where int64 holds the value: 1e20 or inf cast to int64 were all one id, INT64_MIN
             whole = pc.and_(pc.equal(values, pc.floor(values)),
                             pc.and_(pc.greater_equal(values, -2.0 ** 63), pc.less(values, 2.0 ** 63)))

@@ -560,3 +560,18 @@ def test_training_labels_of_one_class_are_said(tmp_path: Path) -> None:
     assert lines[0].endswith(f" is 0 ({rows} rows): it can only learn to predict 0")
     assert one_class_labels(_spec(), types.SimpleNamespace(path=tmp_path / "both" / "train")) == []
     assert one_class_labels(_spec(), types.SimpleNamespace()) == []  # synthetic rows: no statistics
+
+
+def test_a_nan_in_a_float_id_column_is_a_missing_id(tmp_path: Path) -> None:
+    """Raw Parquet ids as floats (polars, DuckDB or pyarrow write a missing one as NaN, not null)
+    encoded NaN as the id 'nan': a hashed row of its own shared by every missing user, where null
+    is row 0 (missing), as a dense column's NaN is a missing value."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    nan = float("nan")
+    pq.write_table(pa.table({"price": [1.0, 2.0, 3.0, 4.0], "user": [7.0, nan, None, 7.0],
+                             "clicked": [0, 1, 0, 1]}), tmp_path / "rows.parquet")
+    convert(_spec(), "parquet", [tmp_path / "rows.parquet"], tmp_path / "out")
+    users = pq.read_table(tmp_path / "out").column("user").to_pylist()
+    assert users[1] == users[2] == 0 and users[0] == users[3] != 0
