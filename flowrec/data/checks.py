@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 from flowrec.data.layout import DataError, is_multi, label_columns, weight_columns
 from flowrec.spec.model import ModelSpec
 
-RuleKind = Literal["ids", "finite", "binary", "classes"]
+RuleKind = Literal["ids", "finite", "binary", "classes", "weight"]
 FLOAT32_MAX = float(np.finfo(np.float32).max)  # larger values become inf in a batch
 
 
@@ -43,10 +43,12 @@ class ColumnRule:
         name: column name.
         kind: "ids" (integers in [0, rows), any integer when rows is 0), "finite" (dense features,
             regression labels), "binary" (labels of binary heads: exactly 0 or 1) or "classes"
-            (labels of multiclass heads: whole numbers in [0, rows)).
+            (labels of multiclass heads: whole numbers in [0, rows)) or "weight" (sample weights:
+            finite numbers >= 0, as conversion takes them; a negative weight flipped its row's loss).
         rows: rows of the table (ids; 0: raw ids of a managed table, any int64), classes of the
             head (classes).
-        table: the table's name (ids only), or the heads reading the label (binary, classes), for messages.
+        table: the table's name (ids only), or the heads reading the label (binary, classes) or
+            weighted by the column (weight), for messages.
         one: ids only: the feature takes one id per row (one-hot), so a list column must hold lists
             of one id (read as a bag, its rows of two ids trained summed and its empty lists as no
             id, without a word).
@@ -73,7 +75,8 @@ def partition_rules(spec: ModelSpec, columns: Sequence[str] | None = None) -> tu
         elif head.task == "multiclass":
             classes.setdefault(label, []).append((head.num_classes, head.name))
     rules += [_label_rule(label, heads, classes.get(label, [])) for label, heads in binary.items()]
-    rules += [ColumnRule(w, "finite") for w in weight_columns(spec) if w not in binary]
+    rules += [ColumnRule(w, "weight", table=", ".join(h.name for h in spec.heads if h.sample_weight == w))
+              for w in weight_columns(spec) if w not in binary]
     keep = None if columns is None else set(columns)
     return tuple(r for r in rules if keep is None or r.name in keep)
 
@@ -146,7 +149,7 @@ def _passes(col: pa.ChunkedArray, rule: ColumnRule) -> bool:
         elif rule.kind == "classes":
             if np.count_nonzero(~_class_index(x, rule.rows)):
                 return False
-        elif x.dtype != np.float32:
+        elif x.dtype != np.float32 or (rule.kind == "weight" and not x.min() >= 0):
             return False
         else:
             with np.errstate(invalid="ignore", over="ignore"):
@@ -213,6 +216,8 @@ def _check_numbers(array: pa.Array, rule: ColumnRule, prefix: str, first_row: in
             bad = np.flatnonzero((x != 0) & (x != 1))
         elif rule.kind == "classes":
             bad = np.flatnonzero(~_class_index(x, rule.rows))
+        elif rule.kind == "weight":
+            bad = np.flatnonzero(~((x >= 0) & (np.abs(x.astype(np.float64, copy=False)) <= FLOAT32_MAX)))
         elif not array.null_count and x.dtype == np.float32 and np.isfinite(np.add.reduce(x, dtype=np.float64)):
             return
         else:
@@ -229,6 +234,9 @@ def _check_numbers(array: pa.Array, rule: ColumnRule, prefix: str, first_row: in
     if rule.kind == "classes":
         raise DataError(f"{prefix}: label {float(x[i])!r} at row {row} (0-based) is not a class index "
                         f"0 .. {rule.rows - 1} (multiclass head {rule.table})")
+    if rule.kind == "weight" and x[i] < 0:
+        raise DataError(f"{prefix}: sample weight {float(x[i])!r} at row {row} (0-based) is negative (head "
+                        f"{rule.table}); sample weights must be finite numbers >= 0")
     problem = "value beyond float32" if np.isfinite(x[i]) else "non-finite value"
     raise DataError(f"{prefix}: {problem} {float(x[i])!r} at row {row} (0-based); "
                     "dense and label values must be finite float32")

@@ -113,6 +113,26 @@ def test_rules_follow_the_spec():
     assert [r.name for r in partition_rules(two_table_spec(), ["b", "label"])] == ["b", "label"]
 
 
+def test_a_negative_sample_weight_in_an_encoded_dataset_is_refused():
+    """An encoded dataset written by another tool (or edited) with sample weights of -3 trained
+    without a word, each such row's loss flipped into gradient ascent, where data convert refuses a
+    negative weight: the column was checked as finite only."""
+    spec = spec_from_dict({
+        "name": "t", "optimizer": OPT, "training": {"batch_size": 8},
+        "features": [{"name": "d", "type": "dense"}],
+        "modules": [{"name": "m", "kind": "mlp", "inputs": ["@dense"], "layers": [4]}],
+        "heads": [{"name": "h", "input": "m", "sample_weight": "w"}]})
+    rules = partition_rules(spec)
+    table = pa.table({"d": pa.array([1.0] * 4, pa.float32()), "label": pa.array([0.0, 1.0, 0.0, 1.0], pa.float32()),
+                      "w": pa.array([1.0, 0.0, 2.5, 0.5], pa.float32())})
+    check_partition(table, rules, "p")  # zero and positive weights pass
+    for bad, says in ((-3.0, r"sample weight -3\.0 at row 2 \(0-based\) is negative \(head h\)"),
+                      (float("nan"), r"non-finite value nan at row 2")):
+        w = pa.array([1.0, 0.0, bad, 0.5], pa.float32())
+        with pytest.raises(DataError, match=says):
+            check_partition(table.set_column(2, "w", w), rules, "p")
+
+
 def test_a_one_id_column_stored_as_lists_is_refused():
     """An encoded dataset whose one-hot column was rewritten as list<int64> (by hand, another tool)
     passed the checks: rows of two ids trained as a summed bag and empty lists as no id, without a
