@@ -70,6 +70,7 @@ INTERRUPT_FLAG, STOP_FLAG = 0, 1  # the flags the ranks agree on each step (`Den
 # "inline": every checkpoint is written on the training thread (the behaviour before background
 # writes, for comparison: tools/bench_checkpoint.py); default ("background"): on a writer thread.
 # One switch for one process and for ranks; the older name, for ranks only once, is still read.
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)  # a regression label whose squared error passes it: inf loss
 CHECKPOINT_WRITES_ENV = "FLOWREC_CHECKPOINT_WRITES"
 RANK_CHECKPOINTS_ENV = "FLOWREC_RANK_CHECKPOINTS"
 
@@ -553,14 +554,28 @@ class Trainer:
         except NonFiniteLoss as bad:
             step = self.position.step + 1
             if self.config.nan_policy != "skip-batch":
-                raise TrainingStopped(f"non-finite loss ({bad.value}) at step {step} in head {bad.head}; "
-                                      f"training stopped, {self.checkpoint_note()} (--nan-policy skip-batch skips "
-                                      f"such batches)") from None
+                raise TrainingStopped(f"non-finite loss ({bad.value}) at step {step} in head {bad.head}"
+                                      f"{self._label_note(bad.head, batch)}; training stopped, "
+                                      f"{self.checkpoint_note()} (--nan-policy skip-batch skips such batches)") from None
             self.skipped_batches += 1
             result = None, bad.head
         if managed is not None:  # the map moves on with the data stage, trained or skipped
             managed.after_step(batch)
         return result
+
+    def _label_note(self, head: str, batch: Any) -> str:
+        """Why a regression head's loss overflowed, when its batch's labels say: squared errors of
+        labels as large as 1e30 are beyond float32 whatever the model (the line named the head
+        alone, as if the learning rate had diverged)."""
+        index = next((i for i, h in enumerate(self.spec.heads) if h.name == head and h.task == "regression"), None)
+        labels = getattr(batch, "labels", None)
+        if index is None or not isinstance(labels, torch.Tensor) or labels.ndim != 2 or not labels.shape[0]:
+            return ""
+        largest = float(labels[:, index].abs().max())
+        if largest * largest * labels.shape[0] <= FLOAT32_MAX:
+            return ""
+        return (f" (its labels in this batch reach {largest:.3g}, whose squared errors are beyond float32: "
+                f"scale the label column, e.g. divide it, or take its log)")
 
     @property
     def checkpoint_step(self) -> int | None:

@@ -131,3 +131,25 @@ def test_an_evaluations_line_shows_a_small_best_with_its_digits(capsys) -> None:
         verdict = stopper.observe({"val": {"mse": mse}}, step)
         hooks.on_eval(EvalEvent(step, {"val": {"mse": mse, "mae": 0.001, "samples": 9}}, False, verdict.improved))
     assert "evaluation at step 20 (best val/mse 3.2000e-06 at step 10)" in capsys.readouterr().err
+
+
+def test_a_regression_loss_overflowed_by_its_labels_says_so() -> None:
+    """A regression label of 1e30 (a price in the wrong unit) stopped training with 'non-finite loss
+    (inf) at step 2 in head val' alone, as if the learning rate had diverged: its squared error is
+    beyond float32 whatever the model."""
+    import types
+
+    from flowrec.runtime.trainer import Trainer
+    from flowrec.spec import spec_from_dict
+
+    spec = spec_from_dict({
+        "name": "t", "features": [{"name": "d", "type": "dense"}],
+        "modules": [{"name": "m", "kind": "mlp", "inputs": ["@dense"], "layers": [4]}],
+        "heads": [{"name": "ctr", "input": "m", "label": "click"},
+                  {"name": "val", "input": "m", "task": "regression", "label": "y"}]})
+    trainer = types.SimpleNamespace(spec=spec)
+    huge = types.SimpleNamespace(labels=torch.tensor([[0.0, 1.5], [1.0, -1e30]]))
+    note = Trainer._label_note(trainer, "val", huge)
+    assert note.startswith(" (its labels in this batch reach 1e+30, whose squared errors are beyond float32")
+    assert Trainer._label_note(trainer, "ctr", huge) == ""  # a binary head's labels are 0 or 1
+    assert Trainer._label_note(trainer, "val", types.SimpleNamespace(labels=torch.tensor([[0.0, 1e3]]))) == ""
