@@ -80,7 +80,7 @@ def train(
     fresh_optimizer: bool = typer.Option(False, "--fresh-optimizer", help="With --init-from: start the optimizer state afresh (parameters only)."),
     report: bool = typer.Option(False, "--report", help="After training, show measured step time, stage seconds, host<->device bytes and hit rates next to the planner's predictions."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
-    json_out: bool = typer.Option(False, "--json", help="Print the final result as JSON on stdout (with --follow: one line of JSON per day trained)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the final result as JSON on stdout (with --follow: one line of JSON per day trained); an undefined metric (NaN) is null, as in eval --json."),
     nproc: int = typer.Option(1, "--nproc", min=1, help="Train on N local processes (ranks) through torch.distributed's launcher: row-wise sharded tables, data-parallel dense part, rank r trains slice r of every global batch (same parameters as one process, to rounding). For many nodes launch `torchrun ... -m flowrec train ...` instead. Default: 1."),
     dist_timeout: float = typer.Option(300.0, "--dist-timeout", help="Seconds a rank waits for the others in a collective (1 .. 604800, a week): a rank that died or hung makes the others exit (status 4) within this time, naming themselves. Default: 300."),
     max_restarts: int = typer.Option(0, "--max-restarts", min=0, help="With --nproc: restart every rank up to N times after a failure; the run continues from its last checkpoint. Default: 0."),
@@ -867,8 +867,11 @@ def _report(result, run_dir: Path, json_out: bool, json_lines: bool = False) -> 
              f"(--nan-policy skip-batch): the model learned from the other {result.steps - result.skipped_batches:,} "
              f"only (metrics.jsonl marks the skipped steps)")
     if json_out:
-        sys.stdout.write(json.dumps({**asdict(result), "run_dir": str(run_dir)}, indent=None if json_lines else 2,
-                                    sort_keys=True, default=str) + "\n")
+        from flowrec.runtime.run_log import jsonable
+
+        # an undefined metric (NaN: the AUC of labels all 0) as null, as eval --json writes it: NaN is no JSON
+        doc = jsonable({**asdict(result), "run_dir": str(run_dir)})
+        sys.stdout.write(json.dumps(doc, indent=None if json_lines else 2, sort_keys=True, default=str) + "\n")
 
 
 def evaluate_run(

@@ -139,13 +139,16 @@ def tensorboard_available() -> bool:
 
 
 def jsonable(v: Any) -> Any:
-    """`v` with non-finite floats as None and numpy scalars as Python numbers (nested dicts too)."""
+    """`v` with non-finite floats as None and numpy scalars as Python numbers (nested dicts, lists
+    and tuples too: a list of records)."""
     if isinstance(v, float) and not math.isfinite(v):
         return None
     if isinstance(v, (np.floating, np.integer)):
         return jsonable(v.item())
     if isinstance(v, dict):
         return {k: jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [jsonable(x) for x in v]
     return v
 
 

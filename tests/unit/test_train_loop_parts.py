@@ -153,3 +153,22 @@ def test_a_regression_loss_overflowed_by_its_labels_says_so() -> None:
     assert note.startswith(" (its labels in this batch reach 1e+30, whose squared errors are beyond float32")
     assert Trainer._label_note(trainer, "ctr", huge) == ""  # a binary head's labels are 0 or 1
     assert Trainer._label_note(trainer, "val", types.SimpleNamespace(labels=torch.tensor([[0.0, 1e3]]))) == ""
+
+
+def test_train_json_writes_an_undefined_metric_as_null(tmp_path, capsys) -> None:
+    """flowrec train --json of a run whose evaluation labels were all 0 wrote "auc": NaN, which no
+    JSON reader takes (jq, json.loads with parse_constant, JavaScript), where eval --json writes null."""
+    import json
+
+    from flowrec.cli.train_cmds import _report
+    from flowrec.runtime.trainer import TrainResult
+
+    nan = float("nan")
+    result = TrainResult(1, 212, 0.1, 2120.0, nan, eval={"ctr": {"auc": nan, "logloss": 0.75, "samples": 88}})
+    _report(result, tmp_path, json_out=True)
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} is no JSON")
+
+    doc = json.loads(capsys.readouterr().out, parse_constant=refuse)
+    assert doc["eval"]["ctr"] == {"auc": None, "logloss": 0.75, "samples": 88} and doc["final_loss"] is None
