@@ -182,8 +182,8 @@ class Encoder:
         Such a row is malformed, as a raw value beyond float32 is."""
         out: dict[int, str] = {}
         for f in self.spec.dense_features:
-            if f.transform != "standardize" or self.source(f.name) not in raw.column_names:
-                continue  # (a column lacking is its reader's or predict's line)
+            if f.transform != "standardize" or self.source(f.name) not in raw.column_names or f.name not in self.stats:
+                continue  # (a column lacking, or no statistics: a synthetic run's, is predict's line)
             st = self.stats[f.name]
             x = dense_values(f, raw.column(self.source(f.name)))
             with np.errstate(over="ignore", invalid="ignore"):

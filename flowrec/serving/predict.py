@@ -166,6 +166,12 @@ class LoadedModel:
         if unfitted:
             raise DataError(f"model {self.spec.name!r} has no vocabulary for its tables {unfitted} (a run on "
                             "synthetic data): raw rows cannot be encoded; train on converted data to score them")
+        unscaled = [f.name for f in self.spec.dense_features if f.transform == "standardize"
+                    and f.name not in self.encoder.stats]  # (a KeyError traceback at encoding)
+        if unscaled:
+            raise DataError(f"model {self.spec.name!r} has no mean and std for its standardized features {unscaled} "
+                            "(a run on synthetic data, drawn standardized): raw rows cannot be encoded; train on "
+                            "converted data to score them")
         for f in self.spec.dense_features:
             check_finite(raw.column(self.encoder.source(f.name)), self.encoder.source(f.name))
         unencodable = self.encoder.unencodable(raw)  # standardized past float32: inf, NaN scores

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any, Callable
@@ -566,3 +567,25 @@ def test_an_id_column_mixing_text_and_numbers_names_a_mend_that_keeps_missing_va
     mended = model.predict(mixed.assign(user=mixed["user"].astype("string")))["ctr"].to_numpy()
     text = model.predict(pd.DataFrame({"user": ["1", "2", None], "item": ["4", "5", "6"]}))["ctr"].to_numpy()
     assert np.array_equal(mended, text)
+
+
+def test_raw_rows_for_a_synthetic_runs_standardized_feature_are_refused(tmp_path):
+    """A run on synthetic rows (drawn standardized: no mean or std) of a spec of hashed tables and a
+    standardize feature exported, and predict of raw rows was a KeyError traceback ('price')."""
+    spec = {"name": "syn", "features": [{"name": "price", "type": "dense", "transform": "standardize"},
+                                        {"name": "user", "type": "categorical", "hash_buckets": 64, "dim": 4}],
+            "modules": [{"name": "top", "kind": "mlp", "inputs": ["@dense", "@sparse"], "layers": [4]}],
+            "heads": [{"name": "ctr", "input": "top"}], "training": {"batch_size": 64}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec))
+    assert _invoke(["train", tmp_path / "s.yaml", "--rows", "200", "--out", tmp_path / "run", "-q",
+                    "--device", "cpu"]).exit_code == 0
+    assert _invoke(["export", tmp_path / "run", tmp_path / "pkg", "-q"]).exit_code == 0
+    rows = pd.DataFrame({"price": [1.5, 2.0], "user": ["a", "b"]})
+    says = r"has no mean and std for its standardized features \['price'\]"
+    with pytest.raises(DataError, match=says):
+        load_model(tmp_path / "pkg").predict(rows)
+    rows.to_csv(tmp_path / "rows.csv", index=False)
+    result = _invoke(["predict", tmp_path / "pkg", tmp_path / "rows.csv", "--format", "csv",
+                      "--out", tmp_path / "scores.parquet"])
+    assert result.exit_code == 2 and re.search(says, result.output) and result.output.count("error:") == 1
+    assert not (tmp_path / "scores.parquet").exists()
