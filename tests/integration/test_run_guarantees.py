@@ -222,6 +222,38 @@ def test_skip_batch_skips_only_that_update_and_counts_it(spec: Path, tmp_path: P
     assert _records(tmp_path / "skip")[-1]["skipped_batches"] == 1
 
 
+OVERFLOW_SPEC = """
+name: overflow
+features:
+  - {name: d1, type: dense}
+  - {name: c2, type: categorical, hash_buckets: 64, dim: 8, dtype: fp16}
+modules:
+  - {name: deep, kind: mlp, inputs: ["@dense", "@sparse"], layers: [16]}
+heads:
+  - {name: ctr, input: deep}
+  - {name: val, input: deep, task: regression, label: y}
+optimizer: {dense: {name: sgd, lr: 1000}, sparse: {name: sgd, lr: 1000}}
+training: {batch_size: 32}
+"""
+
+
+def test_skip_batch_stops_once_a_parameter_is_not_finite(tmp_path: Path, monkeypatch):
+    """A finite loss whose update overflowed an fp16 table (lr 1000): --nan-policy skip-batch then
+    skipped every later batch (34 of 36), evaluated on NaN scores (auc 0.5069 where there is none)
+    and failed only at the final checkpoint; now it stops at the first such batch."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.yaml").write_text(OVERFLOW_SPEC)
+    result = _train(tmp_path / "s.yaml", "--out", str(tmp_path / "run"), "--max-steps", "12", "--nan-policy",
+                    "skip-batch", "--eval-every", "6")
+    assert result.exit_code == 2, result.output
+    error = result.stderr.strip().splitlines()[-1]
+    assert error.startswith("error: non-finite loss (") and ": parameter embeddings." in error, error
+    assert "is not finite (an earlier update made it so" in error and "skipping batches cannot go on" in error
+    records = _records(tmp_path / "run")
+    assert records[-1]["event"] == "stopped" and not [r for r in records if r["event"] == "eval"]
+    assert not [r for r in records if r.get("skipped")]
+
+
 @pytest.mark.parametrize("writes", ["background", "inline"])
 @pytest.mark.parametrize("code, words", [(errno.ENOSPC, "No space left on device"),
                                          (errno.EACCES, "Permission denied"),
