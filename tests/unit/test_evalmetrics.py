@@ -231,3 +231,25 @@ def test_data_inspect_shows_a_rare_label_mean_with_its_digits() -> None:
                 "distinct_raw": None, "occupied_rows": None} for n, m in (("cvr", 2.5e-05), ("y", 6.6181e26))]
     cvr, y = (line.split() for line in inspect_table(columns, True)[1:])
     assert cvr[-3] == "2.5000e-05" and y[-3] == "6.6181e+26"
+
+
+def test_nan_scores_leave_the_ranking_metrics_undefined() -> None:
+    """A model of non-finite parameters scores NaN; np.unique sorts NaN above every score, so the
+    binary head reported auc 0.5069 and pr_auc 0.5065 of NaN scores, and a multiclass head accuracy
+    1.0 (a NaN probability ranks below nothing); now they are NaN, said in one line."""
+    from flowrec.cli.metrics_table import undefined_notes
+    from flowrec.runtime.evaluation.classes import MulticlassAccumulator
+
+    labels, groups = np.array([0, 1, 0, 1]), np.array([1, 1, 2, 2])
+    acc = em.BinaryAccumulator(grouped=True)
+    acc.update(labels, np.array([0.1, np.nan, 0.3, 0.9]), groups)
+    out = acc.result()
+    assert all(math.isnan(out[m]) for m in ("auc", "pr_auc", "gauc", "logloss"))
+    clean = em.BinaryAccumulator(grouped=True)
+    clean.update(labels, np.array([0.1, 0.2, 0.3, 0.9]), groups)
+    assert clean.result()["auc"] == 0.75 and clean.result()["gauc"] == 1.0
+    multi = MulticlassAccumulator()
+    multi.update(np.array([0, 1, 2]), np.array([[np.nan] * 3, [0.1, 0.8, 0.1], [0.2, 0.2, 0.6]]))
+    assert math.isnan(multi.result()["accuracy"]) and math.isnan(multi.result()["accuracy_at_k"])
+    line, = undefined_notes({"ctr": {**out, "ne": math.nan, "calibration": math.nan, "samples": 4}})
+    assert line.startswith("ctr: the model scored NaN for some of the 4 evaluation rows")

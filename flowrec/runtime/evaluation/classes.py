@@ -32,6 +32,7 @@ class MulticlassAccumulator:
         self.correct = 0
         self.in_top_k = 0
         self.loss_sum = 0.0
+        self.nan_scores = 0  # rows with a NaN probability: a NaN ranks below nothing (accuracy 1.0)
 
     def update(self, labels: np.ndarray, probs: np.ndarray, groups: np.ndarray | None = None) -> None:
         del groups  # grouped metrics are for binary heads
@@ -45,6 +46,7 @@ class MulticlassAccumulator:
         before = (probs > own[:, None]) | ((probs == own[:, None]) & (np.arange(probs.shape[1]) < labels[:, None]))
         rank = before.sum(axis=1)
         self.n += labels.size
+        self.nan_scores += int(np.count_nonzero(np.isnan(probs).any(axis=1)))
         self.correct += int((rank == 0).sum())
         self.in_top_k += int((rank < k).sum())
         self.loss_sum += float(-np.log(np.clip(own, EPS, 1.0)).sum())
@@ -57,7 +59,9 @@ class MulticlassAccumulator:
         if not self.n:
             nan = float("nan")
             return {"accuracy": nan, "accuracy_at_k": nan, "logloss": nan, "k": float(self.k)}
-        out = {"accuracy": self.correct / self.n, "accuracy_at_k": self.in_top_k / self.n,
+        ranked = not self.nan_scores  # NaN scores rank nothing: no accuracy to report
+        out = {"accuracy": self.correct / self.n if ranked else float("nan"),
+               "accuracy_at_k": self.in_top_k / self.n if ranked else float("nan"),
                "logloss": self.loss_sum / self.n, "k": float(self.k)}
         if self.per_class is not None:
             out["auc"] = _macro_auc(self.per_class)

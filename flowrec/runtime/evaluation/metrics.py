@@ -165,10 +165,12 @@ class BinaryAccumulator:
         self._pos: list[np.ndarray] = []
         self._neg: list[np.ndarray] = []
         self._buffered = 0
+        self.nan_scores = 0  # NaN probabilities (a model of non-finite parameters): no ranking to measure
 
     def update(self, labels: np.ndarray, probs: np.ndarray, groups: np.ndarray | None = None) -> None:
         labels = _flat(labels).astype(bool).astype(np.float64)
         probs = _flat(probs)
+        self.nan_scores += int(np.count_nonzero(np.isnan(probs)))
         if self.grouped and groups is None:
             raise ValueError("a grouped accumulator needs the group of every sample")
         p = np.clip(probs, EPS, 1 - EPS)
@@ -205,6 +207,9 @@ class BinaryAccumulator:
         nan = float("nan")
         loss = self.loss_sum / self.n if self.n else nan
         rate = self.label_sum / self.n if self.n else nan
+        if self.nan_scores:  # NaN sorted above every score: an AUC of 0.51 from a model scoring NaN
+            pos_s, neg_s = np.zeros(0), np.zeros(0)
+            pos, neg = np.zeros_like(pos), np.zeros_like(neg)
         out = {"auc": _rank_auc(pos_s, neg_s), "pr_auc": _average_precision(pos_s, neg_s), "logloss": loss,
                "ne": loss / entropy(rate) if self.n else nan,
                "calibration": (self.prob_sum / self.n) / rate if self.n and rate > 0 else nan}
