@@ -553,17 +553,19 @@ class Trainer:
                                 self.clip_grad_norm, self.parallel), None
         except NonFiniteLoss as bad:
             step = self.position.step + 1
+            # a parameter already non-finite (an update overflowed it): skipping would skip every later
+            # batch, evaluated on NaN scores, so skip-batch is no advice (one process: ranks hold other
+            # shards, and one rank alone must not stop)
+            broken = first_non_finite(self.model.state_dict()) if self.world is None else None
+            if broken is not None:
+                skipping = ", so skipping batches cannot go on" if self.config.nan_policy == "skip-batch" else ""
+                raise TrainingStopped(f"non-finite loss ({bad.value}) at step {step} in head {bad.head}: parameter "
+                                      f"{broken} is not finite (an earlier update made it so: lower the learning "
+                                      f"rate){skipping}; training stopped, {self.checkpoint_note()}") from None
             if self.config.nan_policy != "skip-batch":
                 raise TrainingStopped(f"non-finite loss ({bad.value}) at step {step} in head {bad.head}"
                                       f"{self._label_note(bad.head, batch)}; training stopped, "
                                       f"{self.checkpoint_note()} (--nan-policy skip-batch skips such batches)") from None
-            if self.world is None:  # (ranks hold other shards: one rank alone must not stop)
-                broken = first_non_finite(self.model.state_dict())
-                if broken is not None:  # every later batch would be skipped too, evaluated on NaN scores
-                    raise TrainingStopped(f"non-finite loss ({bad.value}) at step {step} in head {bad.head}: "
-                                          f"parameter {broken} is not finite (an earlier update made it so: "
-                                          f"lower the learning rate), so skipping batches cannot go on; "
-                                          f"training stopped, {self.checkpoint_note()}") from None
             self.skipped_batches += 1
             result = None, bad.head
         if managed is not None:  # the map moves on with the data stage, trained or skipped

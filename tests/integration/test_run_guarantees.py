@@ -252,6 +252,9 @@ def test_skip_batch_stops_once_a_parameter_is_not_finite(tmp_path: Path, monkeyp
     records = _records(tmp_path / "run")
     assert records[-1]["event"] == "stopped" and not [r for r in records if r["event"] == "eval"]
     assert not [r for r in records if r.get("skipped")]
+    stopped = _train(tmp_path / "s.yaml", "--out", str(tmp_path / "stop"), "--max-steps", "12")
+    error = stopped.stderr.strip().splitlines()[-1]  # --nan-policy stop: the parameter named, skip-batch no advice
+    assert stopped.exit_code == 2 and ": parameter embeddings." in error and "skip-batch" not in error, error
 
 
 @pytest.mark.parametrize("writes", ["background", "inline"])
