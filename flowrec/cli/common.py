@@ -16,6 +16,7 @@ from flowrec.spec.load import load_spec
 from flowrec.spec.model import DRY_RUN_KINDS, ModelSpec, unresolved_modules
 
 EXIT_INVALID = 2  # invalid spec, option, data or profile
+SHOW_VERSION = "flowrec.show_version"  # ctx.meta key: `--version` was given (its text)
 
 
 def _repeated_type(param: TyperArgument | TyperOption) -> str:
@@ -100,6 +101,20 @@ class OneLineErrorsGroup(TyperGroup):
     def make_context(self, *args, **kwargs):
         with _one_line_click_errors():
             return super().make_context(*args, **kwargs)
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+        """The group's options and arguments; `--version` (eager, noted by its callback in
+        `ctx.meta`) prints the version and exits here, and only when no argument follows it."""
+        rest = super().parse_args(ctx, args)
+        version = ctx.meta.pop(SHOW_VERSION, None)
+        if version is not None:
+            extra = [*getattr(ctx, "_protected_args", ()), *ctx.args]  # the command's name, its arguments
+            if extra:
+                raise click_errors.UsageError(
+                    f"--version takes no arguments, and prints only the version: got {' '.join(extra)!r}", ctx)
+            typer.echo(version)
+            raise typer.Exit()
+        return rest
 
     def invoke(self, ctx: typer.Context):
         with _one_line_click_errors():

@@ -230,3 +230,12 @@ def test_calibrate_seconds_out_of_range_names_the_value(seconds: str) -> None:
     """`calibrate --seconds nan` said "--seconds: ... should be less than or equal to 10" of a NaN."""
     line = _one_error_line(CliRunner().invoke(app, ["calibrate", "--seconds", seconds]))
     assert "--seconds" in line and seconds in line
+
+
+@pytest.mark.parametrize("extra", [["extra"], ["train", "s.yaml"]], ids=" ".join)
+def test_version_refuses_arguments_after_it(extra: list[str]) -> None:
+    """`flowrec --version extra` printed the version and ignored `extra`."""
+    line = _one_error_line(CliRunner().invoke(app, ["--version", *extra]))
+    assert "--version" in line and " ".join(extra) in line
+    shown = CliRunner().invoke(app, ["--version"])
+    assert shown.exit_code == 0 and shown.output.startswith("flowrec ") and len(shown.output.splitlines()) == 1
