@@ -14,6 +14,7 @@ from flowrec.runtime.messages import one_line
 from flowrec.spec.errors import SpecError
 from flowrec.spec.load import load_spec
 from flowrec.spec.model import DRY_RUN_KINDS, ModelSpec, unresolved_modules
+from flowrec.spec.units import MAX_SEED
 
 EXIT_INVALID = 2  # invalid spec, option, data or profile
 SHOW_VERSION = "flowrec.show_version"  # ctx.meta key: `--version` was given (its text)
@@ -242,6 +243,13 @@ def say(message: str, err: bool = False) -> None:
 def warn(message: str) -> None:
     """Print `warning: message` on stderr, one line (a line break in it, a file's name, escaped)."""
     typer.echo(f"warning: {one_line(message)}", err=True)
+
+
+def check_seed_option(flag: str, seed: int | None) -> None:
+    """Refuse a seed option outside the seeds a run takes, 0..2^63-1 (`MAX_SEED`), in one line naming
+    `flag`: `train --seed` and `data profile --seed` (which stands for a run's seed) alike."""
+    if seed is not None and not 0 <= seed <= MAX_SEED:
+        fail(f"{flag} must be in 0..{MAX_SEED} (2^63-1), not {seed}")
 
 
 def fail(message: str, code: int = EXIT_INVALID) -> NoReturn:

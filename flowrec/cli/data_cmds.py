@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import typer
 
-from flowrec.cli.common import (OneLineErrorsGroup, check_byte_size, fail, guard_outputs, load_spec_or_exit,
-                                 misnamed_output, say, skipped_lines, warn, write_output)
+from flowrec.cli.common import (OneLineErrorsGroup, check_byte_size, check_seed_option, fail, guard_outputs,
+                                 load_spec_or_exit, misnamed_output, say, skipped_lines, warn, write_output)
 from flowrec.runtime.messages import shell_word
 from flowrec.spec.schema_errors import did_you_mean
 
@@ -232,13 +232,14 @@ def profile(
         None, help="Fraction of rows sampled (default: FAE's, 5% of the rows and at least 20,000 or all: the "
                    "rows a run's static hot set is chosen from, so a plan from this profile prices that set)."),
     window: Optional[int] = typer.Option(None, min=1, help="Lookahead window W in batches (default: spec)."),
-    seed: Optional[int] = typer.Option(None, min=0, help="Sampling seed (default: the spec's training seed, as a run's)."),
+    seed: Optional[int] = typer.Option(None, help="Sampling seed, 0 .. 2^63-1 (default: the spec's training seed, as a run's)."),
     png: Optional[Path] = typer.Option(None, "--png", help="Write a skew / hit-rate plot here."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the access profile JSON here."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Only warnings (and the files asked for)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the --json / --png files when they exist."),
 ) -> None:
     check_byte_size("--budget", budget)
+    check_seed_option("--seed", seed)
     if sample_rate is not None and not 0.0 < sample_rate <= 1.0:  # NaN fails it too; checked before reading
         fail(f"--sample-rate must be a fraction of the rows in (0, 1], not {sample_rate}")
     for flag, path in (("--json", json_out), ("--png", png)):

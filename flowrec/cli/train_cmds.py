@@ -14,8 +14,8 @@ from typing import Optional
 
 import typer
 
-from flowrec.cli.common import (EXIT_INVALID, check_byte_size, check_env_switches, exit_without_teardown, fail,
-                                 is_lead_rank, load_spec_or_exit, planned_spec_or_exit, warn)
+from flowrec.cli.common import (EXIT_INVALID, check_byte_size, check_env_switches, check_seed_option,
+                                 exit_without_teardown, fail, is_lead_rank, load_spec_or_exit, planned_spec_or_exit, warn)
 from flowrec.runtime.signals import interrupt_name, terminated_as_interrupted
 from flowrec.runtime.messages import first_line, one_line, out_of_memory, shell_word
 
@@ -267,14 +267,13 @@ def _full_every(text: Optional[str]) -> Optional[int]:
 
 def _check_options(request: RunRequest) -> None:
     from flowrec.data.rowcache import parse_cache_data
-    from flowrec.runs.settings import CACHE_POLICIES, MAX_SEED
+    from flowrec.runs.settings import CACHE_POLICIES
     from flowrec.runtime.nonfinite import NAN_POLICIES
     from flowrec.runtime.session import device_problem
 
     check_env_switches()  # $FLOWREC_CPU_GEMM, ..._CHECKPOINT_WRITES, ..._MALLOC_TUNING, ..._DATA_PRIORITY
     given = request.given
-    if given["seed"] is not None and not 0 <= given["seed"] <= MAX_SEED:
-        fail(f"--seed must be in 0..{MAX_SEED} (2^63-1), not {given['seed']}")
+    check_seed_option("--seed", given["seed"])
     if given["device"] is not None and device_problem(given["device"]):  # `or "auto"` would hide ""
         fail(f"--device {device_problem(given['device'])}")
     check_byte_size("--device-budget", given["device_budget"])

@@ -239,3 +239,11 @@ def test_version_refuses_arguments_after_it(extra: list[str]) -> None:
     assert "--version" in line and " ".join(extra) in line
     shown = CliRunner().invoke(app, ["--version"])
     assert shown.exit_code == 0 and shown.output.startswith("flowrec ") and len(shown.output.splitlines()) == 1
+
+
+@pytest.mark.parametrize("command", [["data", "profile", "s.yaml", "data"], ["train", "s.yaml"]], ids=" ".join)
+@pytest.mark.parametrize("seed", ["-1", str(2**63), str(2**64), "99999999999999999999999"])
+def test_a_seed_out_of_range_names_its_option_and_range(command: list[str], seed: str) -> None:
+    """`data profile --seed 2**64` (any seed above 2**63-1) was taken, where a run's seed is refused."""
+    line = _one_error_line(CliRunner().invoke(app, [*command, "--seed", seed]))
+    assert "--seed" in line and seed in line and "2^63-1" in line
