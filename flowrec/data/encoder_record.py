@@ -22,7 +22,7 @@ import json
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 import pyarrow as pa
@@ -387,3 +387,13 @@ def checked_vocab(record: EncoderRecord, table: str) -> pa.Array:
         raise DataError(f"{path}: the vocabulary of table {table!r} does not match the digest its encoder "
                         "records (edited, reordered or replaced)")
     return values
+
+
+def tables_without_vocabulary(spec: ModelSpec, fitted: Iterable[str]) -> list[str]:
+    """The vocabulary tables (neither hashed nor managed) of `spec`'s sparse features that are not
+    among `fitted`, the tables an encoder has a vocabulary for: raw values of their features cannot
+    be encoded (a run on synthetic rows drew its ids and has none), so its package scores encoded
+    rows only. `flowrec predict` refuses raw rows for them; `flowrec export` says so on success."""
+    fitted = set(fitted)
+    tables = [spec.table(f.table) for f in spec.sparse_features]
+    return sorted({t.name for t in tables if t.managed is None and not t.hashed and t.name not in fitted})

@@ -23,7 +23,8 @@ import pyarrow.compute as pc
 import torch
 
 from flowrec.data.encode import Encoder
-from flowrec.data.encoder_record import ENCODER_FILE, EncoderRecord, load_encoder, read_record
+from flowrec.data.encoder_record import (ENCODER_FILE, EncoderRecord, load_encoder, read_record,
+                                         tables_without_vocabulary)
 from flowrec.data.layout import DataError, is_multi
 from flowrec.data.raw_ids import check_float_ids, check_ids
 from flowrec.data.separators import check_sequence_separators
@@ -160,9 +161,7 @@ class LoadedModel:
         if missing:
             raise DataError(f"the rows lack columns {missing} that model {self.spec.name!r} reads"
                             f"{close_columns(missing, [c for c in raw.column_names if c not in self.raw_columns()])}")
-        tables = [self.spec.table(f.table) for f in self.spec.sparse_features]
-        unfitted = sorted({t.name for t in tables if t.managed is None and not t.hashed and t.name not in
-                           self.encoder.vocabs})
+        unfitted = tables_without_vocabulary(self.spec, self.encoder.vocabs)
         if unfitted:
             raise DataError(f"model {self.spec.name!r} has no vocabulary for its tables {unfitted} (a run on "
                             "synthetic data): raw rows cannot be encoded; train on converted data to score them")
