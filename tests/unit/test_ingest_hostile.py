@@ -458,13 +458,12 @@ def test_a_split_flag_out_of_range_is_named_as_the_flag(tmp_path: Path, flag: st
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("names, says", [(["price", "user", "clicked", "", ""], "columns 4 and 5 have no name"),
-                                         (["price", "user", "user", "clicked"],
+@pytest.mark.parametrize("names, says", [(["price", "user", "user", "clicked"],
                                           r"names column 'user' twice \(columns 2 and 3\)")])
 def test_a_parquet_file_naming_a_column_twice_names_the_columns(tmp_path: Path, names: list, says: str) -> None:
-    """Raw Parquet with two columns of no name (or one name twice) in a file of a folder was
-    pyarrow's "Can't unify schema with duplicate field names", naming no column: pyarrow's
-    discovery refused it before flowrec's check of each file's names ran."""
+    """Raw Parquet naming one column twice in a file of a folder was pyarrow's "Can't unify schema
+    with duplicate field names", naming no column: pyarrow's discovery refused it before flowrec's
+    check of each file's names ran."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -474,3 +473,51 @@ def test_a_parquet_file_naming_a_column_twice_names_the_columns(tmp_path: Path, 
     with pytest.raises(DataError, match=f"a\\.parquet: .*{says}"):
         convert(_spec(), "parquet", [tmp_path / "rows"], tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("names", [["price", "", "user", "clicked"], ["price", "user", "clicked", "", ""],
+                                   ["", "price", "user", "", "clicked", ""]], ids=lambda n: ",".join(n))
+@pytest.mark.parametrize("folder", [False, True], ids=["file", "folder"])
+def test_parquet_columns_of_no_name_are_unused_one_or_many(tmp_path: Path, names: list, folder: bool) -> None:
+    """Raw Parquet holding two columns of no name ('' twice: pandas writes a frame's column '') was
+    refused, naming the file and their positions, where a CSV header's are unused columns
+    (62cd0bd). Now a Parquet file's are too: the rows equal those of the file without them."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng()
+    columns = {"price": rng.random(300).round(3), "user": [f"u{i}" for i in rng.integers(50, size=300)],
+               "clicked": rng.integers(2, size=300)}
+    pq.write_table(pa.table(columns), tmp_path / "plain.parquet")
+    rows = tmp_path / "rows" / "day=1" if folder else tmp_path / "rows"
+    rows.mkdir(parents=True)
+    extra = iter([rng.integers(9, size=300), ["x"] * 300, rng.random(300)])
+    pq.write_table(pa.table([columns[n] if n else next(extra) for n in names], names=names), rows / "a.parquet")
+    convert(_spec(), "parquet", [tmp_path / "plain.parquet"], tmp_path / "a")
+    convert(_spec(), "parquet", [tmp_path / "rows"], tmp_path / "b")
+    a, b = pq.read_table(tmp_path / "a"), pq.read_table(tmp_path / "b")
+    assert a.num_rows == 300 and a.equals(b)
+
+
+@pytest.mark.parametrize("kind", ["int64", "string"])
+def test_a_hive_folder_whose_files_hold_their_partition_column_is_read(tmp_path: Path, kind: str) -> None:
+    """rows/day=1/a.parquet holding a column `day` too (a folder written by hand, one file a day)
+    was a traceback: pyarrow's merge of the files' schema with the partition keys' ("Unable to
+    merge: Field day has incompatible types: int64 vs int32"). Now it reads as the folder without
+    that column in its files."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng()
+    for day in (1, 2):
+        columns = {"price": rng.random(100).round(3), "user": [f"u{i}" for i in rng.integers(50, size=100)],
+                   "clicked": rng.integers(2, size=100)}
+        key = pa.array([day if kind == "int64" else str(day)] * 100)
+        for root, held in (("plain", {}), ("rows", {"day": key})):
+            (tmp_path / root / f"day={day}").mkdir(parents=True)
+            pq.write_table(pa.table({**columns, **held}), tmp_path / root / f"day={day}" / "a.parquet")
+    spec = _spec(columns={"user": "day"})  # the partition key is read, as an id
+    convert(spec, "parquet", [tmp_path / "plain"], tmp_path / "a")
+    convert(spec, "parquet", [tmp_path / "rows"], tmp_path / "b")
+    a, b = pq.read_table(tmp_path / "a"), pq.read_table(tmp_path / "b")
+    assert a.num_rows == 200 and a.equals(b)
