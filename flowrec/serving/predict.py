@@ -402,8 +402,11 @@ def row_index(table: pa.Table | pd.DataFrame) -> pd.Index | None:
 
 def raw_table(table: pa.Table | pd.DataFrame) -> pa.Table:
     """Raw rows as an Arrow table; a pandas column Arrow cannot read (lists mixed with text, ...) is
-    a DataError naming it."""
+    a DataError naming it. Columns of no name ('', one or many) are left out, unused, as a CSV
+    header's and a Parquet file's are: two of them were refused as naming column '' twice."""
     if isinstance(table, pa.Table):
+        if "" in table.column_names:
+            table = table.select([i for i, name in enumerate(table.column_names) if name != ""])
         names = table.column_names
         twice = [name for i, name in enumerate(names) if name in names[:i]]
         if twice:  # (Arrow allows it; reading the column was pyarrow's KeyError 'Field ... exists 2 times')
@@ -413,6 +416,8 @@ def raw_table(table: pa.Table | pd.DataFrame) -> pa.Table:
         raise TypeError(f"the rows must be a pandas DataFrame or a pyarrow Table of raw columns, not "
                         f"{type(table).__module__}.{type(table).__qualname__}"
                         f"{' (pd.DataFrame(...) makes one of a dict or list of rows)' if isinstance(table, (dict, list, tuple, np.ndarray)) else ''}")
+    if any(isinstance(name, str) and name == "" for name in table.columns):
+        table = table.iloc[:, [not (isinstance(name, str) and name == "") for name in table.columns]]
     twice = table.columns[table.columns.duplicated()]
     if len(twice):  # which of the two is meant is unknowable (pyarrow's ValueError named no way out)
         raise DataError(f"the rows name column {twice[0]!r} twice: drop or rename one")
