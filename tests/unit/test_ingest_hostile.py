@@ -521,3 +521,28 @@ def test_a_hive_folder_whose_files_hold_their_partition_column_is_read(tmp_path:
     convert(spec, "parquet", [tmp_path / "rows"], tmp_path / "b")
     a, b = pq.read_table(tmp_path / "a"), pq.read_table(tmp_path / "b")
     assert a.num_rows == 200 and a.equals(b)
+
+
+def test_an_encoded_dataset_in_hive_folders_named_by_its_columns_is_read(tmp_path: Path) -> None:
+    """An encoded dataset whose part was moved under `user=1/` (a Hive folder named by one of its
+    columns) was a traceback in `data inspect`, `data profile` and training: listing the parts
+    merged their columns with the folders' keys ("Unable to merge: Field user has incompatible
+    types: int64 vs int32"). The parts are read by name, so now they are only listed."""
+    import pyarrow.parquet as pq
+
+    from flowrec.data.dataset import ParquetSource
+
+    rows = "".join(f"{i / 10},u{i % 7},{i % 2}\n" for i in range(50))
+    (tmp_path / "x.csv").write_text("price,user,clicked\n" + rows)
+    convert(_spec(), "csv", [tmp_path / "x.csv"], tmp_path / "data")
+    expected = pq.read_table(tmp_path / "data")
+    (tmp_path / "data" / "user=1").mkdir()
+    for part in (tmp_path / "data").glob("part-*.parquet"):
+        part.rename(tmp_path / "data" / "user=1" / part.name)
+    source = ParquetSource(tmp_path / "data")
+    try:
+        assert sum(source.partition_rows()) == 50
+        assert [Path(f).parent.name for f in source.files] == ["user=1"]
+    finally:
+        source.close()
+    assert pq.read_table(source.files[0]).equals(expected)
