@@ -13,7 +13,7 @@ from typing import Any
 COLUMN_ORDER = ("auc", "gauc", "pr_auc", "logloss", "ne", "calibration", "mse", "mae")
 
 
-COUNT_COLUMNS = frozenset({"samples", "k"})  # counts, whatever their number type: no decimals
+COUNT_COLUMNS = frozenset({"samples", "k", "classes"})  # counts, whatever their number type: no decimals
 
 
 def _cell(value: Any, column: str = "") -> str:

@@ -741,6 +741,7 @@ def _console_hooks(trainer, quiet: bool):
         if not warned:  # the catalogue is known once training starts (its data's encoder)
             warned.append(True)
             _warn_small_catalogue(trainer.model)
+            _warn_covered_classes(event.metrics)  # the evaluation rows are the same at every evaluation
         if (quiet and not event.final) or (event.final and shown and shown[-1] == event.step):
             return
         shown.append(event.step)
@@ -769,6 +770,15 @@ def _warn_small_catalogue(model) -> None:
         line = small_catalogue(model.retrieval, model.head_names[model.retrieval.head])
         if line is not None:
             warn(line)
+
+
+def _warn_covered_classes(metrics: dict) -> None:
+    """Warn when a multiclass head's k of accuracy@k reaches the classes its evaluation rows hold
+    (accuracy_at_k is then 1.0 for any model that ranks the others last)."""
+    from flowrec.runtime.evaluation.classes import top_k_covers_classes
+
+    for line in top_k_covers_classes(metrics):
+        warn(line)
 
 
 def _parent_or_exit(settings: dict) -> dict | None:
@@ -930,6 +940,7 @@ def evaluate_run(
         if custom_failure(exc) is None:
             raise
         fail(custom_failure(exc))
+    _warn_covered_classes(metrics)
     _write_metrics(metrics, json_out, quiet)
 
 

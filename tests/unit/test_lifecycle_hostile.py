@@ -1573,3 +1573,34 @@ def test_more_ranks_than_the_memory_holds_are_refused_before_the_launch(spec: Pa
     assert "give fewer ranks" in lines[0] and launched == [] and not (tmp_path / "run").exists()
     fits = runner.invoke(app, ["train", str(spec), "--nproc", "2", "--out", str(tmp_path / "run"), "-q"])
     assert fits.exit_code == 0 and launched == [2], fits.output
+
+
+@pytest.mark.parametrize("classes", [5, 6])
+def test_an_accuracy_at_k_covering_the_classes_that_occur_is_warned_of(tmp_path: Path, classes: int) -> None:
+    """A 6-class head has k = 5; evaluated on rows of 5 classes every label is among the top 5 once
+    the model ranks the sixth (which never occurs) last: accuracy_at_k was 1.0 without a word. Now
+    train's evaluations, `flowrec eval` and `Run.evaluate` warn, naming k and the classes (rows of
+    all 6 classes: no warning); the metrics report `classes`, the classes the rows hold."""
+    rows = ["user,genre"] + [f"u{i % 9},{i % classes}" for i in range(300)]
+    (tmp_path / "raw.csv").write_text("\n".join(rows) + "\n")
+    spec = tmp_path / "mc.yaml"
+    spec.write_text(
+        "name: mc_small\n"
+        "features:\n  - {name: user, type: categorical, vocab: 20, dim: 4}\n"
+        "modules:\n  - {name: top, kind: mlp, inputs: [user], layers: [8]}\n"
+        "heads:\n  - {name: genre, input: top, task: multiclass, num_classes: 6, label: genre}\n"
+        "data: {format: csv, path: raw.csv, label: genre, options: {test_fraction: 0.2}}\n"
+        "training: {batch_size: 32, epochs: 1, seed: 0}\n")
+    warning = re.compile(r"warning: head genre ranks the top 5 classes for accuracy_at_k, and its evaluation rows "
+                         r"hold 5 classes")
+    result = runner.invoke(app, ["train", str(spec), "--out", str(tmp_path / "run"), "--max-steps", "2", "-q"])
+    assert result.exit_code == 0, result.output
+    assert len(warning.findall(result.output)) == (classes == 5), result.output
+    result = runner.invoke(app, ["eval", str(tmp_path / "run"), "--json", "-"])
+    assert result.exit_code == 0, result.output
+    assert len(warning.findall(result.output)) == (classes == 5), result.output
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        metrics = flowrec.load(tmp_path / "run").evaluate()
+    said = [str(w.message) for w in caught if "accuracy_at_k" in str(w.message)]
+    assert len(said) == (classes == 5) and metrics["genre"]["classes"] == classes, said
