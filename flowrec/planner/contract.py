@@ -53,6 +53,11 @@ def read_plan_document(path: Path) -> dict[str, Any]:
     Raises:
         PlanError: unreadable, not JSON, not a flowrec plan, or schema errors (the first few).
     """
+    if Path(path).is_dir():  # a run folder or a model package holds its plan as plan.json
+        inner = Path(path) / "plan.json"
+        raise PlanError(f"{path} is a folder, not a plan file: "
+                        + (f"give the plan it holds, {inner}" if inner.is_file()
+                           else "give the output of `flowrec plan SPEC --json FILE`"))
     try:
         size = Path(path).stat().st_size
         if size > MAX_PLAN_BYTES:

@@ -201,6 +201,19 @@ def test_an_unreadable_plan_is_one_plain_line(tmp_path, name: str) -> None:
     assert not (tmp_path / "run").exists()
 
 
+def test_a_run_folder_given_as_the_plan_names_its_plan_file(tmp_path) -> None:
+    """`train SPEC --plan RUN` (the run whose plan is meant) said 'RUN: cannot read the plan: Is a
+    directory'; now the line names the plan file the folder holds."""
+    from pathlib import Path
+
+    (tmp_path / "ran").mkdir()
+    (tmp_path / "ran" / "plan.json").write_text("{}")
+    spec = Path(__file__).parents[2] / "specs" / "avazu.yaml"
+    line = _one_error_line(CliRunner().invoke(app, ["train", str(spec), "--plan", str(tmp_path / "ran"),
+                                                    "--max-steps", "1", "--out", str(tmp_path / "run")]))
+    assert f"give the plan it holds, {tmp_path / 'ran' / 'plan.json'}" in line and "Is a directory" not in line
+
+
 @pytest.mark.parametrize("flag, name", [("--png", "profile.svg"), ("--json", "profile.png")])
 def test_data_profile_does_not_write_under_another_format_s_name(tmp_path, flag: str, name: str) -> None:
     """`data profile SPEC DATA --png p.svg` wrote a PNG into a .svg name, as plan --svg x.png did."""

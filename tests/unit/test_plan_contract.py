@@ -185,7 +185,7 @@ def test_unreadable_plan_files_are_one_line(repo: Path, tmp_path: Path):
             load_plan(tmp_path / name, spec)
     with pytest.raises(PlanError, match="cannot read"):
         load_plan(tmp_path / "missing.json", spec)
-    with pytest.raises(PlanError, match="cannot read"):
+    with pytest.raises(PlanError, match="is a folder, not a plan file"):
         load_plan(tmp_path, spec)  # a folder
 
 
