@@ -1604,3 +1604,28 @@ def test_an_accuracy_at_k_covering_the_classes_that_occur_is_warned_of(tmp_path:
         metrics = flowrec.load(tmp_path / "run").evaluate()
     said = [str(w.message) for w in caught if "accuracy_at_k" in str(w.message)]
     assert len(said) == (classes == 5) and metrics["genre"]["classes"] == classes, said
+
+
+@pytest.mark.parametrize("given", ["rows.parquet", "rows"])
+def test_a_spec_bound_to_raw_parquet_is_not_told_to_remove_it(tmp_path: Path, given: str) -> None:
+    """`data.format: parquet` binds an encoded dataset, the user's own; bound to raw Parquet rows (a
+    file, a folder) the refusal ended 'ROWS is flowrec's encoding of the spec's data: remove ROWS to
+    encode the spec's data again', advice to delete the user's data. Now it names the problem only."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / given
+    if given == "rows":
+        path.mkdir()
+    pq.write_table(pa.table({"user": ["a", "b"], "clicked": [0, 1]}), path / "a.parquet" if given == "rows" else path)
+    spec = tmp_path / "s.yaml"
+    spec.write_text(
+        "name: bound_pq\n"
+        "features:\n  - {name: user, type: categorical, hash_buckets: 20, dim: 4}\n"
+        "modules:\n  - {name: top, kind: mlp, inputs: [user], layers: [4]}\n"
+        f"heads:\n  - {{name: ctr, input: top}}\ndata: {{format: parquet, path: {given}, label: clicked}}\n"
+        "training: {batch_size: 8, epochs: 1}\n")
+    result = runner.invoke(app, ["train", str(spec), "--out", str(tmp_path / "run"), "--max-steps", "1", "-q"])
+    assert result.exit_code == 2 and result.output.count("error:") == 1, result.output
+    assert "flowrec data convert" in result.output and "remove" not in result.output, result.output
+    assert path.exists()
