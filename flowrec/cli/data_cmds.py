@@ -231,7 +231,7 @@ def profile(
     sample_rate: Optional[float] = typer.Option(
         None, help="Fraction of rows sampled (default: FAE's, 5% of the rows and at least 20,000 or all: the "
                    "rows a run's static hot set is chosen from, so a plan from this profile prices that set)."),
-    window: Optional[int] = typer.Option(None, min=1, help="Lookahead window W in batches (default: spec)."),
+    window: Optional[int] = typer.Option(None, help="Lookahead window W in batches, 1 .. 1024 as the spec's plan.window (default: spec)."),
     seed: Optional[int] = typer.Option(None, help="Sampling seed, 0 .. 2^63-1 (default: the spec's training seed, as a run's)."),
     png: Optional[Path] = typer.Option(None, "--png", help="Write a skew / hit-rate plot here."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the access profile JSON here."),
@@ -240,6 +240,10 @@ def profile(
 ) -> None:
     check_byte_size("--budget", budget)
     check_seed_option("--seed", seed)
+    from flowrec.data.profile import MAX_WINDOW
+
+    if window is not None and not 1 <= window <= MAX_WINDOW:  # checked before reading, as --sample-rate
+        fail(f"--window must be in 1..{MAX_WINDOW} batches (the spec's plan.window range), not {window}")
     if sample_rate is not None and not 0.0 < sample_rate <= 1.0:  # NaN fails it too; checked before reading
         fail(f"--sample-rate must be a fraction of the rows in (0, 1], not {sample_rate}")
     for flag, path in (("--json", json_out), ("--png", png)):

@@ -260,3 +260,20 @@ def test_a_seed_out_of_range_names_its_option_and_range(command: list[str], seed
     """`data profile --seed 2**64` (any seed above 2**63-1) was taken, where a run's seed is refused."""
     line = _one_error_line(CliRunner().invoke(app, [*command, "--seed", seed]))
     assert "--seed" in line and seed in line and "2^63-1" in line
+
+
+@pytest.mark.parametrize("window", ["0", "1025", str(2**63 - 1), "99999999999999999999"])
+def test_a_profile_window_beyond_the_spec_s_range_names_its_option(tmp_path, window: str) -> None:
+    """`data profile --window 9223372036854775807` ended in a segmentation fault (a larger one in
+    numba's traceback): the cache simulation overflowed. Now --window is the spec's plan.window range."""
+    import json
+    from pathlib import Path
+
+    from flowrec.data.profile import MAX_WINDOW
+
+    root = Path(__file__).parents[2]
+    schema = json.loads((root / "schemas" / "model-spec.schema.json").read_text())
+    assert schema["properties"]["plan"]["properties"]["window"]["maximum"] == MAX_WINDOW
+    line = _one_error_line(CliRunner().invoke(app, ["data", "profile", str(root / "specs" / "avazu.yaml"),
+                                                    str(tmp_path / "data"), "--window", window]))
+    assert "--window" in line and window in line and "1..1024" in line
