@@ -234,7 +234,7 @@ def profile(
     window: Optional[int] = typer.Option(None, help="Lookahead window W in batches, 1 .. 1024 as the spec's plan.window (default: spec)."),
     seed: Optional[int] = typer.Option(None, help="Sampling seed, 0 .. 2^63-1 (default: the spec's training seed, as a run's)."),
     png: Optional[Path] = typer.Option(None, "--png", help="Write a skew / hit-rate plot here."),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the access profile JSON here."),
+    json_out: Optional[str] = typer.Option(None, "--json", help="Write the access profile JSON to PATH, or - for stdout."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Only warnings (and the files asked for)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the --json / --png files when they exist."),
 ) -> None:
@@ -246,10 +246,14 @@ def profile(
         fail(f"--window must be in 1..{MAX_WINDOW} batches (the spec's plan.window range), not {window}")
     if sample_rate is not None and not 0.0 < sample_rate <= 1.0:  # NaN fails it too; checked before reading
         fail(f"--sample-rate must be a fraction of the rows in (0, 1], not {sample_rate}")
-    for flag, path in (("--json", json_out), ("--png", png)):
+    if png is not None and str(png) == "-":  # (a file named '-' was written)
+        fail("--png writes a file, not stdout: give a file name (--json - writes to stdout)")
+    to_stdout = json_out == "-"  # as `flowrec plan --json -`: a file named '-' was written
+    json_file = Path(json_out) if json_out is not None and not to_stdout else None
+    for flag, path in (("--json", json_file), ("--png", png)):
         if path is not None and (problem := misnamed_output(flag, path, ("--json", "--png"))):
             fail(problem)
-    guard_outputs([p for p in (json_out, png) if p is not None], [spec, data], overwrite)
+    guard_outputs([p for p in (json_file, png) if p is not None], [spec, data], overwrite)
 
     def work():
         from flowrec.data.dataset import ParquetSource
@@ -267,14 +271,16 @@ def profile(
                                       parse_bytes(budget) if budget else None, window, progress=advance)
         finally:
             source.close()
-        if json_out is not None:
-            write_output(json_out, lambda tmp: tmp.write_text(json.dumps(prof, indent=1) + "\n"))
+        if json_file is not None:
+            write_output(json_file, lambda tmp: tmp.write_text(json.dumps(prof, indent=1) + "\n"))
         if png is not None:
             write_output(png, lambda tmp: plot_profile(prof, str(tmp)))
         return prof
 
     prof = _run(work)
-    _show_profile(prof, quiet)
+    if to_stdout:  # the JSON alone on stdout (the warnings on stderr), as `flowrec plan --json -`
+        typer.echo(json.dumps(prof, indent=1))
+    _show_profile(prof, quiet or to_stdout)
 
 
 def _show_profile(prof: dict, quiet: bool) -> None:

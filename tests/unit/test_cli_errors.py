@@ -277,3 +277,22 @@ def test_a_profile_window_beyond_the_spec_s_range_names_its_option(tmp_path, win
     line = _one_error_line(CliRunner().invoke(app, ["data", "profile", str(root / "specs" / "avazu.yaml"),
                                                     str(tmp_path / "data"), "--window", window]))
     assert "--window" in line and window in line and "1..1024" in line
+
+
+def test_data_profile_json_dash_writes_stdout_as_plan_s_does(tmp_path, monkeypatch) -> None:
+    """`data profile SPEC DATA --json -` wrote a file named '-' in the working folder (and said
+    nothing on stdout), where `flowrec plan --json -` and `flowrec eval --json -` write stdout."""
+    import json
+
+    from flowrec.testing.specs import run_spec
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.yaml").write_text(run_spec())
+    made = CliRunner().invoke(app, ["data", "synth", "s.yaml", "--rows", "300", "--out", "data", "-q"])
+    assert made.exit_code == 0, made.output
+    result = CliRunner().invoke(app, ["data", "profile", "s.yaml", "data", "--json", "-"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["format"] == "flowrec-access-profile"
+    assert not (tmp_path / "-").exists()
+    line = _one_error_line(CliRunner().invoke(app, ["data", "profile", "s.yaml", "data", "--png", "-"]))
+    assert "--png" in line and not (tmp_path / "-").exists()
