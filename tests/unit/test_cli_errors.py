@@ -296,3 +296,11 @@ def test_data_profile_json_dash_writes_stdout_as_plan_s_does(tmp_path, monkeypat
     assert not (tmp_path / "-").exists()
     line = _one_error_line(CliRunner().invoke(app, ["data", "profile", "s.yaml", "data", "--png", "-"]))
     assert "--png" in line and not (tmp_path / "-").exists()
+
+
+def test_predict_out_dash_is_refused_not_a_file_named_dash(tmp_path, monkeypatch) -> None:
+    """`predict PKG RAW --out -` (stdout, as `plan --json -`) wrote Parquet to a file named '-'."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "rows.csv").write_text("user\na\n")
+    line = _one_error_line(CliRunner().invoke(app, ["predict", "pkg", "rows.csv", "--out", "-"]))
+    assert "--out -" in line and "not stdout" in line and not (tmp_path / "-").exists()
