@@ -143,6 +143,11 @@ def convert(
         from flowrec.data.sources import spec_file_options
 
         model = _spec(spec)
+        bound = dict(model.data.options) if model.data is not None else {}
+        fraction = options.get("test_fraction", bound.get("test_fraction"))
+        if split_seed is not None and not fraction:  # it seeded nothing, without a word
+            fail("--split-seed seeds the train/test split, and this conversion makes none: give --test-fraction "
+                 "(or the spec's data.options.test_fraction), or leave --split-seed out")
         check_folder_output(out, [source, spec, *([encoder_from] if encoder_from else [])], overwrite, "a dataset")
         given = {**spec_file_options(model, spec.parent), **options}  # a feature map beside the spec
         encoder = None

@@ -458,6 +458,27 @@ def test_a_split_flag_out_of_range_is_named_as_the_flag(tmp_path: Path, flag: st
     assert not (tmp_path / "out").exists()
 
 
+def test_a_split_seed_without_a_split_is_refused(tmp_path: Path) -> None:
+    """`data convert ... --split-seed 5` without --test-fraction (nor the spec's) seeded nothing and
+    wrote an unsplit dataset without a word."""
+    from typer.testing import CliRunner
+
+    from flowrec.cli import app
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text("name: s\nfeatures:\n  - {name: user, type: categorical, hash_buckets: 9, dim: 2}\n"
+                    "modules:\n  - {name: top, kind: mlp, inputs: [user], layers: [2]}\n"
+                    "heads:\n  - {name: ctr, input: top}\ndata: {format: csv, label: clicked}\n")
+    (tmp_path / "x.csv").write_text("user,clicked\n" + "".join(f"u{i},{i % 2}\n" for i in range(40)))
+    args = ["data", "convert", "csv", str(tmp_path / "x.csv"), str(tmp_path / "out"), "--spec", str(spec), "-q"]
+    result = CliRunner().invoke(app, [*args, "--split-seed", "5"])
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1 and "--split-seed" in lines[0], result.output
+    assert not (tmp_path / "out").exists()
+    result = CliRunner().invoke(app, [*args, "--split-seed", "5", "--test-fraction", "0.25"])
+    assert result.exit_code == 0 and (tmp_path / "out" / "test").is_dir(), result.output
+
+
 @pytest.mark.parametrize("names, says", [(["price", "user", "user", "clicked"],
                                           r"names column 'user' twice \(columns 2 and 3\)")])
 def test_a_parquet_file_naming_a_column_twice_names_the_columns(tmp_path: Path, names: list, says: str) -> None:
