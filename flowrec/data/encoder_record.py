@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -265,8 +266,17 @@ def find_record(path: Path) -> EncoderRecord:
         return record_of_dataset(path)
     if (path / "train" / META_FILE).is_file():
         return record_of_dataset(path / "train")
-    raise DataError(f"{path} holds no encoder: give a run folder, an export package or an encoded "
-                    "dataset (with _flowrec.json)")
+    give = "give a run folder, an export package or an encoded dataset (with _flowrec.json)"
+    if not os.path.lexists(path):  # (it was said to 'hold no encoder')
+        raise DataError(f"{path} not found: {give}")
+    if path.is_file():  # a file of a package (manifest.json), a run (plan.json) or a dataset (a part file)
+        try:
+            find_record(path.parent)
+        except DataError:
+            pass
+        else:
+            raise DataError(f"{path} is a file of {path.parent}, which holds the encoder: give {path.parent}")
+    raise DataError(f"{path} holds no encoder: {give}")
 
 
 def first_difference(expected: EncoderRecord, found: EncoderRecord, extension: bool = False) -> str | None:
