@@ -101,6 +101,9 @@ def plan_for_run(spec: ModelSpec, device_name: str, device_budget: str | None, p
                 access = load_profile(given, spec)
             except ValueError as exc:
                 raise RunError(str(exc)) from None
+        planned = run_epochs(spec, access, epochs, max_steps)  # the epochs a lookahead group's traffic is priced
+        if planned != spec.training.epochs:  # over: the run's, as a run without --plan prices them (not the spec's)
+            spec = replace(spec, training=replace(spec.training, epochs=planned))
         plan = None
         try:
             plan = load_plan(plan_file, spec, profile=access, world_size=world_size)
