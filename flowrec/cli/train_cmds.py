@@ -15,7 +15,8 @@ from typing import Optional
 import typer
 
 from flowrec.cli.common import (EXIT_INVALID, check_byte_size, check_env_switches, check_seed_option,
-                                 exit_without_teardown, fail, is_lead_rank, load_spec_or_exit, planned_spec_or_exit, warn)
+                                 exit_without_teardown, fail, is_lead_rank, load_spec_or_exit, planned_spec_or_exit,
+                                 warn)
 from flowrec.runtime.signals import interrupt_name, terminated_as_interrupted
 from flowrec.runtime.messages import first_line, one_line, out_of_memory, shell_word
 

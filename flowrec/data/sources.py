@@ -288,7 +288,7 @@ def _unique_columns(path: Path, names: list[str]) -> None:
     """
     first: dict[str, int] = {}
     for i, name in enumerate(names):
-        if not name:  # a column of no name is unused, one or many, a CSV header's (`_named_columns`) or a Parquet file's
+        if not name:  # a column of no name is unused, one or many: a CSV header's (`_named_columns`), a Parquet file's
             continue
         if name in first:
             raise DataError(f"{path}: the header names column {name!r} twice (columns {first[name] + 1} and {i + 1}): "
