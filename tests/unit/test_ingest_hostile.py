@@ -567,3 +567,20 @@ def test_an_encoded_dataset_in_hive_folders_named_by_its_columns_is_read(tmp_pat
     finally:
         source.close()
     assert pq.read_table(source.files[0]).equals(expected)
+
+
+@pytest.mark.parametrize("content, says", [(b'{"a": ', "is not JSON"), (b"", "is empty"),
+                                           (b"\xff\xfe{}", "is not UTF-8 text")])
+def test_unreadable_dataset_metadata_is_one_plain_line(tmp_path: Path, content: bytes, says: str) -> None:
+    """A damaged DATA/_flowrec.json said 'unreadable metadata (NotJsonError: DATA/_flowrec.json is not
+    JSON (...))' (UnicodeDecodeError: 'utf-8' codec can't decode byte 0xff ...): Python's exception
+    names and the file twice; now one plain line naming the file once."""
+    from flowrec.data.layout import META_FILE, read_meta
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / META_FILE).write_bytes(content)
+    with pytest.raises(DataError) as caught:
+        read_meta(tmp_path / "data")
+    text = str(caught.value)
+    assert text.startswith(f"{tmp_path / 'data' / META_FILE} {says}") and text.count(META_FILE) == 1, text
+    assert "Error" not in text and "codec" not in text, text
