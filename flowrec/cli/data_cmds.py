@@ -475,9 +475,13 @@ def _show_inspected(info: dict[str, Any]) -> None:
                    f"lookups ({', '.join(m['features'])})")
     for warning in info["warnings"]:
         warn(warning)
-    if info["raw"] is None:
+    from flowrec.data.rawstats import STATS_FILE
+
+    if info["raw"] is None and not (Path(info["path"]) / STATS_FILE).exists():  # a damaged one is warned of
         typer.echo("(no raw statistics: the dataset was not converted from raw files, or by an older flowrec; "
                    "missing counts are of the stored values, after fills)", err=True)
+    elif info["raw"] is None:
+        typer.echo("(missing counts are of the stored values, after fills)", err=True)
     if info["meta_rows"] != info["rows"]:
         typer.echo(f"warning: the part files hold {info['rows']:,} rows but _flowrec.json records "
                    f"{info['meta_rows']:,}: stale or foreign part files (training refuses this dataset)",

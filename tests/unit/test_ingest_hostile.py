@@ -584,3 +584,18 @@ def test_unreadable_dataset_metadata_is_one_plain_line(tmp_path: Path, content: 
     text = str(caught.value)
     assert text.startswith(f"{tmp_path / 'data' / META_FILE} {says}") and text.count(META_FILE) == 1, text
     assert "Error" not in text and "codec" not in text, text
+
+
+def test_inspect_of_damaged_raw_statistics_does_not_say_there_are_none(tmp_path: Path) -> None:
+    """`data inspect DATA` with a damaged DATA/_flowrec_stats.json warned that it is damaged, then said
+    '(no raw statistics: the dataset was not converted from raw files, or by an older flowrec ...)'."""
+    from typer.testing import CliRunner
+
+    from flowrec.cli import app
+
+    (tmp_path / "x.csv").write_text("price,user,clicked\n" + "".join(f"{i},u{i % 3},{i % 2}\n" for i in range(20)))
+    convert(_spec(), "csv", [tmp_path / "x.csv"], tmp_path / "data")
+    (tmp_path / "data" / "_flowrec_stats.json").write_text("[]")
+    result = CliRunner().invoke(app, ["data", "inspect", str(tmp_path / "data")])
+    assert result.exit_code == 0 and "_flowrec_stats.json is damaged" in result.stderr, result.output
+    assert "not converted from raw files" not in result.output, result.output
