@@ -148,7 +148,8 @@ def convert(
         if split_seed is not None and not fraction:  # it seeded nothing, without a word
             fail("--split-seed seeds the train/test split, and this conversion makes none: give --test-fraction "
                  "(or the spec's data.options.test_fraction), or leave --split-seed out")
-        check_folder_output(out, [source, spec, *([encoder_from] if encoder_from else [])], overwrite, "a dataset")
+        check_folder_output(out, [source, spec, *([encoder_from] if encoder_from else [])], overwrite, "a dataset",
+                            rows=[source])
         given = {**spec_file_options(model, spec.parent), **options}  # a feature map beside the spec
         encoder = None
         if encoder_from is not None:

@@ -305,7 +305,11 @@ def test_a_folder_output_inside_a_folder_the_command_reads_is_refused(tmp_path: 
     (tmp_path / "raw" / "day=1").mkdir(parents=True)
     (tmp_path / "s.yaml").write_text("name: x\n")
     for out in (tmp_path / "raw" / "out", tmp_path / "raw" / "day=2" / "out"):
-        with pytest.raises(OutputError, match=f"it lies in {tmp_path / 'raw'}, a folder this command reads"):
-            check_folder_output(out, [tmp_path / "raw", tmp_path / "s.yaml"], False, "a dataset")
+        with pytest.raises(OutputError, match=f"it lies in {tmp_path / 'raw'}, the folder of rows this command reads"):
+            check_folder_output(out, [tmp_path / "raw", tmp_path / "s.yaml"], False, "a dataset",
+                                rows=[tmp_path / "raw"])
         assert not out.parent.exists() or out.parent == tmp_path / "raw"  # nothing made
-    check_folder_output(tmp_path / "out", [tmp_path / "raw", tmp_path / "s.yaml"], False, "a dataset")
+    check_folder_output(tmp_path / "out", [tmp_path / "raw", tmp_path / "s.yaml"], False, "a dataset",
+                        rows=[tmp_path / "raw"])
+    check_folder_output(tmp_path / "raw" / "x", [tmp_path / "raw"], False, "a dataset")  # another input: an
+    # encoder's folder (`--encoder-from`) holding a new dataset is read as before
