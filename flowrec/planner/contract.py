@@ -62,7 +62,7 @@ def read_plan_document(path: Path) -> dict[str, Any]:
         size = Path(path).stat().st_size
         if size > MAX_PLAN_BYTES:
             raise PlanError(f"{path}: {size:,} bytes is too large for a plan (at most {MAX_PLAN_BYTES:,})")
-        text = Path(path).read_text(encoding="utf-8")
+        text = Path(path).read_text(encoding="utf-8-sig")  # a byte-order mark allowed, as in a spec (an editor's)
     except OSError as exc:  # its strerror, as every other file's line: not "(FileNotFoundError: [Errno 2] ...)"
         raise PlanError(f"{path}: cannot read the plan: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
