@@ -127,9 +127,11 @@ class Run:
                 raise DataError("this run has no run folder (out=None), so it recorded no evaluation data: give data=")
             drawn = synthetic_rows(self.run_dir, self.trained.spec)
             if drawn is not None:  # a run on synthetic rows: the evaluation rows it drew, drawn again
-                return self.trained.evaluate_drawn(drawn, group_by or self.spec.training.eval_group_by)
+                return _warn_covered_classes(self.trained.evaluate_drawn(drawn, group_by or
+                                                                         self.spec.training.eval_group_by))
             data = eval_data_to_score(self.run_dir, "data=")
-        return self.trained.evaluate_dataset(Path(data).expanduser(), group_by or self.spec.training.eval_group_by)
+        return _warn_covered_classes(self.trained.evaluate_dataset(Path(data).expanduser(),
+                                                                   group_by or self.spec.training.eval_group_by))
 
 
 def load(run_dir: str | Path, device: str = "auto") -> Run:
@@ -271,6 +273,7 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
         # too, as `flowrec train` exits 130 (returning, it let a loop of runs or the cell's next lines go on)
         raise KeyboardInterrupt(_interrupted_line(result.steps, spec, folder))
     _warn_small_catalogue(session.model)
+    _warn_covered_classes(result.eval)
     return Run(session.spec, folder, result, Trained(session.spec, session.model, session.plan, encoder, result.steps))
 
 
@@ -296,6 +299,19 @@ def _warn_one_class_labels(session: Any) -> None:
 
     for line in one_class_labels(session.spec, session.train):
         warnings.warn(line, UserWarning, stacklevel=3)
+
+
+def _warn_covered_classes(metrics: Metrics) -> Metrics:
+    """`metrics`, after a UserWarning for each multiclass head whose k of accuracy@k reaches the
+    classes its evaluation rows hold (accuracy_at_k then 1.0 for any model that ranks the others
+    last), as `flowrec train` and `flowrec eval` warn on the console."""
+    import warnings
+
+    from flowrec.runtime.evaluation.classes import top_k_covers_classes
+
+    for line in top_k_covers_classes(metrics):
+        warnings.warn(line, UserWarning, stacklevel=3)
+    return metrics
 
 
 def _interrupted_line(step: int, spec: str | Path | ModelSpec, folder: Path | None) -> str:

@@ -11,7 +11,7 @@ import sys
 import typer
 from typer.core import TyperCommand
 
-from flowrec.cli.common import OneLineErrorsGroup, RepeatedArgumentsCommand, exit_without_teardown
+from flowrec.cli.common import SHOW_VERSION, OneLineErrorsGroup, RepeatedArgumentsCommand, exit_without_teardown
 from flowrec.version import __version__
 from flowrec.cli import (calibrate_cmd, data_cmds, doctor_cmd, export_cmd, plan_cmd, predict_cmd, spec_cmds,
                          train_cmds)
@@ -26,10 +26,11 @@ app = typer.Typer(
 )
 
 
-def _show_version(value: bool) -> None:
+def _show_version(ctx: typer.Context, value: bool) -> None:
+    """Note `--version` for `OneLineErrorsGroup.parse_args`, which prints it once it knows that
+    nothing follows it (`flowrec --version extra` printed the version and ignored `extra`)."""
     if value:
-        typer.echo(f"flowrec {__version__}")
-        raise typer.Exit()
+        ctx.meta[SHOW_VERSION] = f"flowrec {__version__}"
 
 
 @app.callback()

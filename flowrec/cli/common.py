@@ -14,8 +14,10 @@ from flowrec.runtime.messages import one_line
 from flowrec.spec.errors import SpecError
 from flowrec.spec.load import load_spec
 from flowrec.spec.model import DRY_RUN_KINDS, ModelSpec, unresolved_modules
+from flowrec.spec.units import MAX_SEED
 
 EXIT_INVALID = 2  # invalid spec, option, data or profile
+SHOW_VERSION = "flowrec.show_version"  # ctx.meta key: `--version` was given (its text)
 
 
 def _repeated_type(param: TyperArgument | TyperOption) -> str:
@@ -100,6 +102,20 @@ class OneLineErrorsGroup(TyperGroup):
     def make_context(self, *args, **kwargs):
         with _one_line_click_errors():
             return super().make_context(*args, **kwargs)
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+        """The group's options and arguments; `--version` (eager, noted by its callback in
+        `ctx.meta`) prints the version and exits here, and only when no argument follows it."""
+        rest = super().parse_args(ctx, args)
+        version = ctx.meta.pop(SHOW_VERSION, None)
+        if version is not None:
+            extra = [*getattr(ctx, "_protected_args", ()), *ctx.args]  # the command's name, its arguments
+            if extra:
+                raise click_errors.UsageError(
+                    f"--version takes no arguments, and prints only the version: got {' '.join(extra)!r}", ctx)
+            typer.echo(version)
+            raise typer.Exit()
+        return rest
 
     def invoke(self, ctx: typer.Context):
         with _one_line_click_errors():
@@ -227,6 +243,13 @@ def say(message: str, err: bool = False) -> None:
 def warn(message: str) -> None:
     """Print `warning: message` on stderr, one line (a line break in it, a file's name, escaped)."""
     typer.echo(f"warning: {one_line(message)}", err=True)
+
+
+def check_seed_option(flag: str, seed: int | None) -> None:
+    """Refuse a seed option outside the seeds a run takes, 0..2^63-1 (`MAX_SEED`), in one line naming
+    `flag`: `train --seed` and `data profile --seed` (which stands for a run's seed) alike."""
+    if seed is not None and not 0 <= seed <= MAX_SEED:
+        fail(f"{flag} must be in 0..{MAX_SEED} (2^63-1), not {seed}")
 
 
 def fail(message: str, code: int = EXIT_INVALID) -> NoReturn:

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import typer
 
-from flowrec.cli.common import (OneLineErrorsGroup, check_byte_size, fail, guard_outputs, load_spec_or_exit,
-                                 misnamed_output, say, skipped_lines, warn, write_output)
+from flowrec.cli.common import (OneLineErrorsGroup, check_byte_size, check_seed_option, fail, guard_outputs,
+                                 load_spec_or_exit, misnamed_output, say, skipped_lines, warn, write_output)
 from flowrec.runtime.messages import shell_word
 from flowrec.spec.schema_errors import did_you_mean
 
@@ -143,7 +143,13 @@ def convert(
         from flowrec.data.sources import spec_file_options
 
         model = _spec(spec)
-        check_folder_output(out, [source, spec, *([encoder_from] if encoder_from else [])], overwrite, "a dataset")
+        bound = dict(model.data.options) if model.data is not None else {}
+        fraction = options.get("test_fraction", bound.get("test_fraction"))
+        if split_seed is not None and not fraction:  # it seeded nothing, without a word
+            fail("--split-seed seeds the train/test split, and this conversion makes none: give --test-fraction "
+                 "(or the spec's data.options.test_fraction), or leave --split-seed out")
+        check_folder_output(out, [source, spec, *([encoder_from] if encoder_from else [])], overwrite, "a dataset",
+                            rows=[source])
         given = {**spec_file_options(model, spec.parent), **options}  # a feature map beside the spec
         encoder = None
         if encoder_from is not None:
@@ -231,20 +237,29 @@ def profile(
     sample_rate: Optional[float] = typer.Option(
         None, help="Fraction of rows sampled (default: FAE's, 5% of the rows and at least 20,000 or all: the "
                    "rows a run's static hot set is chosen from, so a plan from this profile prices that set)."),
-    window: Optional[int] = typer.Option(None, min=1, help="Lookahead window W in batches (default: spec)."),
-    seed: Optional[int] = typer.Option(None, min=0, help="Sampling seed (default: the spec's training seed, as a run's)."),
+    window: Optional[int] = typer.Option(None, help="Lookahead window W in batches, 1 .. 1024 as the spec's plan.window (default: spec)."),
+    seed: Optional[int] = typer.Option(None, help="Sampling seed, 0 .. 2^63-1 (default: the spec's training seed, as a run's)."),
     png: Optional[Path] = typer.Option(None, "--png", help="Write a skew / hit-rate plot here."),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the access profile JSON here."),
+    json_out: Optional[str] = typer.Option(None, "--json", help="Write the access profile JSON to PATH, or - for stdout."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Only warnings (and the files asked for)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the --json / --png files when they exist."),
 ) -> None:
     check_byte_size("--budget", budget)
+    check_seed_option("--seed", seed)
+    from flowrec.data.profile import MAX_WINDOW
+
+    if window is not None and not 1 <= window <= MAX_WINDOW:  # checked before reading, as --sample-rate
+        fail(f"--window must be in 1..{MAX_WINDOW} batches (the spec's plan.window range), not {window}")
     if sample_rate is not None and not 0.0 < sample_rate <= 1.0:  # NaN fails it too; checked before reading
         fail(f"--sample-rate must be a fraction of the rows in (0, 1], not {sample_rate}")
-    for flag, path in (("--json", json_out), ("--png", png)):
+    if png is not None and str(png) == "-":  # (a file named '-' was written)
+        fail("--png writes a file, not stdout: give a file name (--json - writes to stdout)")
+    to_stdout = json_out == "-"  # as `flowrec plan --json -`: a file named '-' was written
+    json_file = Path(json_out) if json_out is not None and not to_stdout else None
+    for flag, path in (("--json", json_file), ("--png", png)):
         if path is not None and (problem := misnamed_output(flag, path, ("--json", "--png"))):
             fail(problem)
-    guard_outputs([p for p in (json_out, png) if p is not None], [spec, data], overwrite)
+    guard_outputs([p for p in (json_file, png) if p is not None], [spec, data], overwrite)
 
     def work():
         from flowrec.data.dataset import ParquetSource
@@ -262,14 +277,16 @@ def profile(
                                       parse_bytes(budget) if budget else None, window, progress=advance)
         finally:
             source.close()
-        if json_out is not None:
-            write_output(json_out, lambda tmp: tmp.write_text(json.dumps(prof, indent=1) + "\n"))
+        if json_file is not None:
+            write_output(json_file, lambda tmp: tmp.write_text(json.dumps(prof, indent=1) + "\n"))
         if png is not None:
             write_output(png, lambda tmp: plot_profile(prof, str(tmp)))
         return prof
 
     prof = _run(work)
-    _show_profile(prof, quiet)
+    if to_stdout:  # the JSON alone on stdout (the warnings on stderr), as `flowrec plan --json -`
+        typer.echo(json.dumps(prof, indent=1))
+    _show_profile(prof, quiet or to_stdout)
 
 
 def _show_profile(prof: dict, quiet: bool) -> None:
@@ -462,9 +479,13 @@ def _show_inspected(info: dict[str, Any]) -> None:
                    f"lookups ({', '.join(m['features'])})")
     for warning in info["warnings"]:
         warn(warning)
-    if info["raw"] is None:
+    from flowrec.data.rawstats import STATS_FILE
+
+    if info["raw"] is None and not (Path(info["path"]) / STATS_FILE).exists():  # a damaged one is warned of
         typer.echo("(no raw statistics: the dataset was not converted from raw files, or by an older flowrec; "
                    "missing counts are of the stored values, after fills)", err=True)
+    elif info["raw"] is None:
+        typer.echo("(missing counts are of the stored values, after fills)", err=True)
     if info["meta_rows"] != info["rows"]:
         typer.echo(f"warning: the part files hold {info['rows']:,} rows but _flowrec.json records "
                    f"{info['meta_rows']:,}: stale or foreign part files (training refuses this dataset)",

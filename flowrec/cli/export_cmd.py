@@ -40,7 +40,7 @@ def export(
     vectors), every catalogue item's vector with its raw id (items.parquet) and, with --index
     faiss, an exact index; `flowrec predict OUT RAW --top-k K` returns each row's K best items.
     """
-    from flowrec.data.encoder_record import find_record
+    from flowrec.data.encoder_record import find_record, tables_without_vocabulary
     from flowrec.data.layout import DataError
     from flowrec.data.output_guard import replace_folder
     from flowrec.planner.contract import scoring_plan
@@ -88,6 +88,11 @@ def export(
         if custom_failure(exc) is None:
             raise
         fail(f"cannot export to {out}: {custom_failure(exc)}")
+    unfitted = tables_without_vocabulary(trained.spec, encoder.vocab_files)
+    if unfitted:  # a note, not a refusal: the package scores encoded rows (`flowrec data synth`'s)
+        say(f"note: the run's encoder has no vocabulary for its tables {unfitted} (a run on synthetic rows has "
+            f"none): the package scores encoded rows, and `flowrec predict {out} RAW` refuses raw rows; to score "
+            "raw rows, train on converted data (`flowrec train SPEC --data DIR`)", err=True)
     if quiet:
         return
     say(f"wrote {out} ({', '.join(package_listing(out))}) in "

@@ -13,7 +13,7 @@ from typing import Any
 COLUMN_ORDER = ("auc", "gauc", "pr_auc", "logloss", "ne", "calibration", "mse", "mae")
 
 
-COUNT_COLUMNS = frozenset({"samples", "k"})  # counts, whatever their number type: no decimals
+COUNT_COLUMNS = frozenset({"samples", "k", "classes"})  # counts, whatever their number type: no decimals
 SMALL, LARGE = 1e-3, 1e8  # a value outside [SMALL, LARGE) is shown with an exponent, its 5 digits kept
 
 

@@ -48,6 +48,8 @@ def predict(
 
     if on_error not in ("skip", "fail"):
         fail(f"--on-error must be skip or fail, not {on_error!r}{did_you_mean(on_error, ('skip', 'fail'))}")
+    if str(out) == "-":  # Parquet was written to a file named '-' ('wrote N scored rows to -')
+        fail("--out - : predict writes a scores file, not stdout: give a file name (.parquet, .csv or .tsv)")
     if not raw.exists():
         fail(f"input not found: {raw}")
     from flowrec.cli.streams import refuse_stream_as_package

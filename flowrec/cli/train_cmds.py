@@ -14,8 +14,9 @@ from typing import Optional
 
 import typer
 
-from flowrec.cli.common import (EXIT_INVALID, check_byte_size, check_env_switches, exit_without_teardown, fail,
-                                 is_lead_rank, load_spec_or_exit, planned_spec_or_exit, warn)
+from flowrec.cli.common import (EXIT_INVALID, check_byte_size, check_env_switches, check_seed_option,
+                                 exit_without_teardown, fail, is_lead_rank, load_spec_or_exit, planned_spec_or_exit,
+                                 warn)
 from flowrec.runtime.signals import interrupt_name, terminated_as_interrupted
 from flowrec.runtime.messages import first_line, one_line, out_of_memory, shell_word
 
@@ -267,14 +268,13 @@ def _full_every(text: Optional[str]) -> Optional[int]:
 
 def _check_options(request: RunRequest) -> None:
     from flowrec.data.rowcache import parse_cache_data
-    from flowrec.runs.settings import CACHE_POLICIES, MAX_SEED
+    from flowrec.runs.settings import CACHE_POLICIES
     from flowrec.runtime.nonfinite import NAN_POLICIES
     from flowrec.runtime.session import device_problem
 
     check_env_switches()  # $FLOWREC_CPU_GEMM, ..._CHECKPOINT_WRITES, ..._MALLOC_TUNING, ..._DATA_PRIORITY
     given = request.given
-    if given["seed"] is not None and not 0 <= given["seed"] <= MAX_SEED:
-        fail(f"--seed must be in 0..{MAX_SEED} (2^63-1), not {given['seed']}")
+    check_seed_option("--seed", given["seed"])
     if given["device"] is not None and device_problem(given["device"]):  # `or "auto"` would hide ""
         fail(f"--device {device_problem(given['device'])}")
     check_byte_size("--device-budget", given["device_budget"])
@@ -743,6 +743,7 @@ def _console_hooks(trainer, quiet: bool):
         if not warned:  # the catalogue is known once training starts (its data's encoder)
             warned.append(True)
             _warn_small_catalogue(trainer.model)
+            _warn_covered_classes(event.metrics)  # the evaluation rows are the same at every evaluation
         if (quiet and not event.final) or (event.final and shown and shown[-1] == event.step):
             return
         shown.append(event.step)
@@ -777,6 +778,15 @@ def _warn_small_catalogue(model) -> None:
         line = small_catalogue(model.retrieval, model.head_names[model.retrieval.head])
         if line is not None:
             warn(line)
+
+
+def _warn_covered_classes(metrics: dict) -> None:
+    """Warn when a multiclass head's k of accuracy@k reaches the classes its evaluation rows hold
+    (accuracy_at_k is then 1.0 for any model that ranks the others last)."""
+    from flowrec.runtime.evaluation.classes import top_k_covers_classes
+
+    for line in top_k_covers_classes(metrics):
+        warn(line)
 
 
 def _parent_or_exit(settings: dict) -> dict | None:
@@ -945,6 +955,7 @@ def evaluate_run(
         if custom_failure(exc) is None:
             raise
         fail(custom_failure(exc))
+    _warn_covered_classes(metrics)
     _write_metrics(metrics, json_out, quiet)
 
 

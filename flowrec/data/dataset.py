@@ -64,13 +64,16 @@ def partition_name(source: PartitionSource, index: int) -> str:
 
 
 def parquet_files(path: str | Path) -> list[str]:
-    """Data files of a Parquet dataset directory (recursive, hive partitions allowed), sorted."""
+    """Data files of a Parquet dataset directory (recursive, hive partitions allowed), sorted. Only
+    listed: the parts are read file by file, by column name, so no schema is discovered (pyarrow's
+    merge of a part's columns with the partition keys of its folders refused a part under `user=1/`
+    holding a column `user`: "Unable to merge: Field user has incompatible types", a traceback)."""
     path = Path(path)
     if not path.exists():
         raise DataError(f"dataset not found: {path}")
     check_folder_links(path)  # pyarrow follows a link loop without end
     try:
-        files = pds.dataset(str(path), format="parquet", partitioning="hive",
+        files = pds.dataset(str(path), format="parquet", partitioning="hive", schema=pa.schema([]),
                             ignore_prefixes=IGNORED_PREFIXES).files
     except (pa.ArrowInvalid, OSError) as exc:
         raise DataError(f"{path}: not a Parquet dataset ({exc})") from None

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 import pyarrow as pa
@@ -265,8 +266,17 @@ def find_record(path: Path) -> EncoderRecord:
         return record_of_dataset(path)
     if (path / "train" / META_FILE).is_file():
         return record_of_dataset(path / "train")
-    raise DataError(f"{path} holds no encoder: give a run folder, an export package or an encoded "
-                    "dataset (with _flowrec.json)")
+    give = "give a run folder, an export package or an encoded dataset (with _flowrec.json)"
+    if not os.path.lexists(path):  # (it was said to 'hold no encoder')
+        raise DataError(f"{path} not found: {give}")
+    if path.is_file():  # a file of a package (manifest.json), a run (plan.json) or a dataset (a part file)
+        try:
+            find_record(path.parent)
+        except DataError:
+            pass
+        else:
+            raise DataError(f"{path} is a file of {path.parent}, which holds the encoder: give {path.parent}")
+    raise DataError(f"{path} holds no encoder: {give}")
 
 
 def first_difference(expected: EncoderRecord, found: EncoderRecord, extension: bool = False) -> str | None:
@@ -387,3 +397,13 @@ def checked_vocab(record: EncoderRecord, table: str) -> pa.Array:
         raise DataError(f"{path}: the vocabulary of table {table!r} does not match the digest its encoder "
                         "records (edited, reordered or replaced)")
     return values
+
+
+def tables_without_vocabulary(spec: ModelSpec, fitted: Iterable[str]) -> list[str]:
+    """The vocabulary tables (neither hashed nor managed) of `spec`'s sparse features that are not
+    among `fitted`, the tables an encoder has a vocabulary for: raw values of their features cannot
+    be encoded (a run on synthetic rows drew its ids and has none), so its package scores encoded
+    rows only. `flowrec predict` refuses raw rows for them; `flowrec export` says so on success."""
+    fitted = set(fitted)
+    tables = [spec.table(f.table) for f in spec.sparse_features]
+    return sorted({t.name for t in tables if t.managed is None and not t.hashed and t.name not in fitted})

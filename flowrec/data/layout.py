@@ -214,8 +214,14 @@ def read_meta(path: str | Path) -> DatasetMeta:
         return DatasetMeta.from_json(read_text(meta), str(meta))
     except DataError as exc:
         raise DataError(f"{meta}: {exc}") from None
-    except (ValueError, KeyError, TypeError) as exc:
-        raise DataError(f"{meta}: unreadable metadata ({type(exc).__name__}: {exc})") from None
+    except UnicodeDecodeError:  # it was Python's words: "(UnicodeDecodeError: 'utf-8' codec can't decode ...)"
+        raise DataError(f"{meta} is not UTF-8 text: unreadable dataset metadata; convert the data again") from None
+    except KeyError as exc:
+        raise DataError(f"{meta} has no key {exc.args[0]!r}: unreadable dataset metadata; convert the data again") \
+            from None
+    except (ValueError, TypeError) as exc:  # its own words, naming the file once (not "(NotJsonError: META is ...)")
+        text = str(exc) if str(exc).startswith(str(meta)) else f"{meta}: {exc}"
+        raise DataError(f"{text}: unreadable dataset metadata; convert the data again") from None
 
 
 def _owned_folder(path: Path) -> str | None:

@@ -74,9 +74,11 @@ def check_file_output(out: Path, inputs: Sequence[Path], overwrite: bool) -> Non
     _make_parents(out)
 
 
-def check_folder_output(out: Path, inputs: Sequence[Path], overwrite: bool, kind: str) -> None:
+def check_folder_output(out: Path, inputs: Sequence[Path], overwrite: bool, kind: str,
+                        rows: Sequence[Path] = ()) -> None:
     """Raise OutputError unless the folder `out` may be created, or replaced (with `overwrite`)
-    when it is empty or holds `kind` ("a model package", "a dataset")."""
+    when it is empty or holds `kind` ("a model package", "a dataset"); never inside a folder of
+    `rows`, the raw rows the command reads (`_check_not_inside_inputs`)."""
     out = Path(out)
     owned = owning_folder(_existing_parent(out))
     if owned is not None:
@@ -88,6 +90,7 @@ def check_folder_output(out: Path, inputs: Sequence[Path], overwrite: bool, kind
     if owner is not None and owner != kind:
         raise OutputError(f"refusing to write {out}: it is {owner}'s folder, not {kind}'s")
     _check_inputs(out, inputs)
+    _check_not_inside_inputs(out, rows)
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise OutputError(f"{out} is not empty; give --overwrite to replace it")
     held = _owned_below(out) if owner is None and out.is_dir() else None
@@ -139,6 +142,19 @@ def _check_inputs(out: Path, inputs: Sequence[Path]) -> None:
                               "(or writes as another output)")
         if written is not None and written in _identities(source):
             raise OutputError(f"refusing to write {out}: it is the input {given} (the same file, linked)")
+
+
+def _check_not_inside_inputs(out: Path, rows: Sequence[Path]) -> None:
+    """A folder output is not inside a folder of raw rows the command reads: `data convert parquet
+    raw raw/out` wrote the dataset among the raw rows, so the next conversion (or a run bound to
+    `raw`) refused `raw` as an encoded dataset, and a reader of every file below it would take the
+    dataset's parts for rows."""
+    target = out.resolve()
+    for given in rows:
+        source = Path(given).resolve()
+        if source.is_dir() and target.is_relative_to(source):
+            raise OutputError(f"refusing to write {out}: it lies in {given}, the folder of rows this command reads, and "
+                              f"a later read of {given} would find it among its files; write the output elsewhere")
 
 
 def _identity(path: Path) -> tuple[int, int] | None:

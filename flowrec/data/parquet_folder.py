@@ -59,7 +59,8 @@ def parquet_files(path: Path, numeric: set[str]) -> list[ParquetFile]:
     import pyarrow.dataset as ds
 
     check_folder_links(Path(path))  # pyarrow follows a link loop without end
-    data = ds.dataset(path, format="parquet", partitioning="hive", exclude_invalid_files=False)
+    data = ds.dataset(path, format="parquet", partitioning="hive", exclude_invalid_files=False,
+                      schema=_discovered_schema(path))
     files = [(f, _columns(f, data.schema)) for f in data.get_fragments() if f.metadata.num_rows]
     if not files:
         return []
@@ -69,6 +70,31 @@ def parquet_files(path: Path, numeric: set[str]) -> list[ParquetFile]:
     typed = _folder_types(files, numeric)
     return [ParquetFile(f.path, f, pa.schema([pa.field(n, typed.get(n, c[n].type)) for n in reference]))
             for f, c in files]
+
+
+def _discovered_schema(path: Path) -> pa.Schema:
+    """The schema pyarrow's discovery gives a raw Parquet file or folder (its first file's columns,
+    then the Hive partition keys of its folders), without pyarrow's merge of the two, which refused
+    the ordinary folder whose files hold their partition column (day=1/ of files with a column
+    `day`: "Unable to merge: Field day has incompatible types: int64 vs int32", a traceback): such
+    a key takes the files' type, and its rows the value their folder names, as pyarrow (and Spark)
+    read it. Columns of no name ('', which pandas writes for a frame's column '') are left out:
+    unused, as a CSV header's (`flowrec.data.sources._named_columns`)."""
+    import pyarrow.dataset as ds
+    import pyarrow.fs as pfs
+
+    options = ds.FileSystemFactoryOptions(exclude_invalid_files=False)
+    if Path(path).is_dir():
+        options.partition_base_dir = str(path)
+        options.partitioning_factory = ds.HivePartitioning.discover()
+        source: Any = pfs.FileSelector(str(path), recursive=True)
+    else:
+        source = [str(path)]
+    *physical, partition = ds.FileSystemDatasetFactory(pfs.LocalFileSystem(), source, ds.ParquetFileFormat(),
+                                                       options).inspect_schemas()
+    own = [field for field in (physical[0] if physical else []) if field.name]
+    names = {field.name for field in own}
+    return pa.schema([*own, *(key for key in partition if key.name not in names)])
 
 
 def file_columns(path: Path) -> list[tuple[str, list[str]]]:
@@ -87,7 +113,7 @@ def _columns(fragment: Any, schema: pa.Schema) -> dict[str, pa.Field]:
     """A file's columns: its own, then the partition keys its folders give (typed as the folder's)."""
     import pyarrow.dataset as ds
 
-    own = {field.name: field for field in fragment.physical_schema}
+    own = {field.name: field for field in fragment.physical_schema if field.name}  # '': unused
     keys = ds.get_partition_keys(fragment.partition_expression)
     return {**own, **{name: schema.field(name) for name in keys if name not in own}}
 

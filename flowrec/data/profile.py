@@ -52,6 +52,8 @@ PROFILE_FORMAT = "flowrec-access-profile"
 SKEW_FRACTIONS = (0.001, 0.01, 0.1)  # hottest shares of a table's rows
 CDF_POINTS = 16  # log-spaced points of hot_cdf
 MAX_TRACE = 100_000  # accesses simulated per group (a prefix of the sampled trace)
+MAX_WINDOW = 1024  # the lookahead window's largest value in batches: the spec's plan.window (its schema's maximum);
+# a larger --window overflowed the cache simulation (2**63 - 1: a segmentation fault, beyond: numba's traceback)
 HOT_FOLDS = 5  # cross-validation folds of the hot-sample estimate (choose on 4/5, score 1/5)
 GT_MAX_COUNT = 5  # Good-Turing adjusts rows counted 1..5 times; counts above it are their own estimate
 MIN_SAMPLE_ROWS = 1_000  # fewer sampled rows: skew and hot-set figures are noise
@@ -335,6 +337,9 @@ def profile_access(spec: ModelSpec, source: PartitionSource, sample_rate: float 
     people and plots): a run's profile skips simulating five caches at twelve sizes per group,
     seconds of every `flowrec train --data` start (2.2-2.5 s for one group of 100,000 accesses).
     `progress`: called with the rows of each partition as the data is read (`sample_rows`)."""
+    if window is not None and not (isinstance(window, int) and 1 <= window <= MAX_WINDOW):
+        raise ValueError(f"window must be a whole number of batches in 1..{MAX_WINDOW}, as the spec's plan.window, "
+                         f"not {window!r}")
     total = sum(source.partition_rows())
     if sample_rate is None:
         sample_rate = hot_sample_rate(total)

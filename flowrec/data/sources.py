@@ -288,9 +288,8 @@ def _unique_columns(path: Path, names: list[str]) -> None:
     """
     first: dict[str, int] = {}
     for i, name in enumerate(names):
-        if name in first and not name:  # a Parquet file's: a CSV header's are unused columns (`_named_columns`)
-            raise DataError(f"{path}: columns {first[name] + 1} and {i + 1} have no name, which no reader can tell "
-                            "apart: name them (or leave them out) and write the file again")
+        if not name:  # a column of no name is unused, one or many: a CSV header's (`_named_columns`), a Parquet file's
+            continue
         if name in first:
             raise DataError(f"{path}: the header names column {name!r} twice (columns {first[name] + 1} and {i + 1}): "
                             + (_header_of_numbers if _is_number(name) else "rename one"))

@@ -53,11 +53,16 @@ def read_plan_document(path: Path) -> dict[str, Any]:
     Raises:
         PlanError: unreadable, not JSON, not a flowrec plan, or schema errors (the first few).
     """
+    if Path(path).is_dir():  # a run folder or a model package holds its plan as plan.json
+        inner = Path(path) / "plan.json"
+        raise PlanError(f"{path} is a folder, not a plan file: "
+                        + (f"give the plan it holds, {inner}" if inner.is_file()
+                           else "give the output of `flowrec plan SPEC --json FILE`"))
     try:
         size = Path(path).stat().st_size
         if size > MAX_PLAN_BYTES:
             raise PlanError(f"{path}: {size:,} bytes is too large for a plan (at most {MAX_PLAN_BYTES:,})")
-        text = Path(path).read_text(encoding="utf-8")
+        text = Path(path).read_text(encoding="utf-8-sig")  # a byte-order mark allowed, as in a spec (an editor's)
     except OSError as exc:  # its strerror, as every other file's line: not "(FileNotFoundError: [Errno 2] ...)"
         raise PlanError(f"{path}: cannot read the plan: {exc.strerror or exc}") from None
     except UnicodeDecodeError:

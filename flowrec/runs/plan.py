@@ -84,6 +84,13 @@ def plan_for_run(spec: ModelSpec, device_name: str, device_budget: str | None, p
             raise RunError("--target and --plan both decide the cost model's device: the plan's is its target "
                            "field; plan again with `flowrec plan SPEC --target ... --json FILE`, or give only one")
         access = None
+        if recorded is None and _plan_access(plan_file).startswith(SAMPLED):  # priced from its run's sample of the
+            # training data (a run's RUN/plan.json): priced so again, from this run's data, not by the Zipf model
+            if data is None:
+                status(f"plan: {plan_file} was priced from a sample of its run's training data; this run has no "
+                       "--data, so its cache traffic is priced by the Zipf model")
+            else:
+                access = sampled_access_profile(spec, data, status, progress)  # kept for a static_hot group's FAE
         if recorded is not None:  # priced from an access profile: price it so again (not by the Zipf model)
             given = profile if profile is not None else recorded[0]
             if profile is None and not _same_profile(given, recorded[1]):
@@ -94,10 +101,19 @@ def plan_for_run(spec: ModelSpec, device_name: str, device_budget: str | None, p
                 access = load_profile(given, spec)
             except ValueError as exc:
                 raise RunError(str(exc)) from None
+        planned = run_epochs(spec, access, epochs, max_steps)  # the epochs a lookahead group's traffic is priced
+        if planned != spec.training.epochs:  # over: the run's, as a run without --plan prices them (not the spec's)
+            spec = replace(spec, training=replace(spec.training, epochs=planned))
+        plan = None
         try:
             plan = load_plan(plan_file, spec, profile=access, world_size=world_size)
         except PlanError as exc:
             raise RunError(str(exc)) from None
+        finally:
+            if plan is None or not any(g.placement == "static_hot" for g in plan.meta.groups):
+                from flowrec.data.profile import forget_kept_sample
+
+                forget_kept_sample()  # no hot set to choose: nothing takes the sample
         status(f"plan: {plan_file} (target {plan.target}, {len(plan.meta.groups)} packed groups)")
         return plan, device
     from flowrec.data.profile import forget_kept_sample
@@ -126,15 +142,25 @@ def plan_for_run(spec: ModelSpec, device_name: str, device_budget: str | None, p
 
 
 
-def _plan_profile(plan_file: Path) -> tuple[str, str | None] | None:
-    """The access profile a plan file says it was priced from (`recorded_profile`), None when none
-    (or the file is no plan: `load_plan` says so)."""
+SAMPLED = "sampled: "  # a plan's cost.access_profile when its run sampled the training data (`access_description`)
+
+
+def _plan_access(plan_file: Path) -> str:
+    """What a plan file says its cache traffic was priced from (`cost.access_profile`), '' when it
+    says nothing (or the file is no plan: `load_plan` says so)."""
     try:
         doc = read_plan_document(plan_file)
     except PlanError:
-        return None
+        return ""
     cost = doc.get("cost")
-    return recorded_profile(cost.get("access_profile")) if isinstance(cost, dict) else None
+    access = cost.get("access_profile") if isinstance(cost, dict) else None
+    return access if isinstance(access, str) else ""
+
+
+def _plan_profile(plan_file: Path) -> tuple[str, str | None] | None:
+    """The access profile a plan file says it was priced from (`recorded_profile`), None when none
+    (or the file is no plan: `load_plan` says so)."""
+    return recorded_profile(_plan_access(plan_file))
 
 
 def _same_profile(path: str | Path, digest: str | None) -> bool:

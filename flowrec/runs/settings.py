@@ -16,8 +16,7 @@ from flowrec.data.rowcache import parse_cache_data
 from flowrec.runtime.nonfinite import NAN_POLICIES
 from flowrec.spec.json_doc import read_json_document
 from flowrec.runtime.rundir import RUN_FILE, RunFolderError, write_text
-
-MAX_SEED = 2**63 - 1  # seeds are 0..2^63-1 (numpy and torch generators take 64-bit seeds)
+from flowrec.spec.units import MAX_SEED  # seeds are 0..2^63-1 (numpy and torch generators take 64-bit seeds)
 
 # run.json key -> the option that sets it, and its value for a new run (None: decided from the spec)
 SETTINGS: dict[str, tuple[str, Any]] = {

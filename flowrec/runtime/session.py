@@ -192,14 +192,18 @@ def resolve_data(spec: ModelSpec, spec_path: Path, opts: SessionOptions,
         if opts.eval_data is not None:  # refused before the bound raw data is encoded (minutes, a folder)
             check_spec(read_meta(Path(opts.eval_data)), spec, Path(opts.eval_data))
         folder = bound_dataset(spec, spec_path, opts.workdir, status, opts.resumed)
-        remake = f"remove {folder} to encode the spec's data again (the same split)"
-        try:
-            train, evaluation = dataset_pair(folder, spec, opts.dask, test_needed=opts.eval_data is None,
-                                             remake=remake)
-        except DataError as exc:  # e.g. its Parquet files deleted: 'RUN/data/train: no Parquet files'
-            if remake in str(exc):
-                raise
-            raise DataError(f"{exc}; {folder} is flowrec's encoding of the spec's data: {remake}") from None
+        if spec.data.format == "parquet":  # the user's own encoded dataset, not flowrec's encoding of raw data:
+            # never 'remove it' (a raw Parquet file bound so was told to remove itself)
+            train, evaluation = dataset_pair(folder, spec, opts.dask, test_needed=opts.eval_data is None)
+        else:
+            remake = f"remove {folder} to encode the spec's data again (the same split)"
+            try:
+                train, evaluation = dataset_pair(folder, spec, opts.dask, test_needed=opts.eval_data is None,
+                                                 remake=remake)
+            except DataError as exc:  # e.g. its Parquet files deleted: 'RUN/data/train: no Parquet files'
+                if remake in str(exc):
+                    raise
+                raise DataError(f"{exc}; {folder} is flowrec's encoding of the spec's data: {remake}") from None
         if opts.eval_data is not None:  # given, it evaluates instead of the bound data's test split
             evaluation = _replace_evaluation(train, evaluation, Path(opts.eval_data), spec, opts.dask)
         return train, evaluation, f"data: {spec.data.format} at {spec.data.path} (encoded in {folder})"

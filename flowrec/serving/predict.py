@@ -23,7 +23,8 @@ import pyarrow.compute as pc
 import torch
 
 from flowrec.data.encode import Encoder
-from flowrec.data.encoder_record import ENCODER_FILE, EncoderRecord, load_encoder, read_record
+from flowrec.data.encoder_record import (ENCODER_FILE, EncoderRecord, load_encoder, read_record,
+                                         tables_without_vocabulary)
 from flowrec.data.layout import DataError, is_multi
 from flowrec.data.raw_ids import check_float_ids, check_ids
 from flowrec.data.separators import check_sequence_separators
@@ -160,9 +161,7 @@ class LoadedModel:
         if missing:
             raise DataError(f"the rows lack columns {missing} that model {self.spec.name!r} reads"
                             f"{close_columns(missing, [c for c in raw.column_names if c not in self.raw_columns()])}")
-        tables = [self.spec.table(f.table) for f in self.spec.sparse_features]
-        unfitted = sorted({t.name for t in tables if t.managed is None and not t.hashed and t.name not in
-                           self.encoder.vocabs})
+        unfitted = tables_without_vocabulary(self.spec, self.encoder.vocabs)
         if unfitted:
             raise DataError(f"model {self.spec.name!r} has no vocabulary for its tables {unfitted} (a run on "
                             "synthetic data): raw rows cannot be encoded; train on converted data to score them")
@@ -414,8 +413,11 @@ def row_index(table: pa.Table | pd.DataFrame) -> pd.Index | None:
 
 def raw_table(table: pa.Table | pd.DataFrame) -> pa.Table:
     """Raw rows as an Arrow table; a pandas column Arrow cannot read (lists mixed with text, ...) is
-    a DataError naming it."""
+    a DataError naming it. Columns of no name ('', one or many) are left out, unused, as a CSV
+    header's and a Parquet file's are: two of them were refused as naming column '' twice."""
     if isinstance(table, pa.Table):
+        if "" in table.column_names:
+            table = table.select([i for i, name in enumerate(table.column_names) if name != ""])
         names = table.column_names
         twice = [name for i, name in enumerate(names) if name in names[:i]]
         if twice:  # (Arrow allows it; reading the column was pyarrow's KeyError 'Field ... exists 2 times')
@@ -425,6 +427,8 @@ def raw_table(table: pa.Table | pd.DataFrame) -> pa.Table:
         raise TypeError(f"the rows must be a pandas DataFrame or a pyarrow Table of raw columns, not "
                         f"{type(table).__module__}.{type(table).__qualname__}"
                         f"{' (pd.DataFrame(...) makes one of a dict or list of rows)' if isinstance(table, (dict, list, tuple, np.ndarray)) else ''}")
+    if any(isinstance(name, str) and name == "" for name in table.columns):
+        table = table.iloc[:, [not (isinstance(name, str) and name == "") for name in table.columns]]
     twice = table.columns[table.columns.duplicated()]
     if len(twice):  # which of the two is meant is unknowable (pyarrow's ValueError named no way out)
         raise DataError(f"the rows name column {twice[0]!r} twice: drop or rename one")

@@ -2,11 +2,11 @@
 
 A run's run.json, a package's manifest.json, an encoder.json, a dataset's _flowrec.json, a plan or
 a device profile may come from anywhere: each is read as a regular file of at most
-`MAX_SPEC_BYTES` (`max_bytes` for larger kinds), as UTF-8 text, its nesting bounded by
-`MAX_DEPTH` (Python's parser recurses once per level) and its duplicate keys refused, all before
-the parser builds anything (`flowrec.spec.read`'s limits, `flowrec.spec.json_scan`'s scan).
-With ``finite`` the literals NaN / Infinity are refused too. Every problem is one line
-(ValueError).
+`MAX_SPEC_BYTES` (`max_bytes` for larger kinds), as UTF-8 text (a byte-order mark allowed, as in a
+spec), its nesting bounded by `MAX_DEPTH` (Python's parser recurses once per level) and its
+duplicate keys refused, all before the parser builds anything (`flowrec.spec.read`'s limits,
+`flowrec.spec.json_scan`'s scan). With ``finite`` the literals NaN / Infinity are refused too.
+Every problem is one line (ValueError).
 
 Example:
     >>> parse_json_text('{"a": 1}', "x.json")
@@ -43,7 +43,7 @@ def read_json_document(path: str | Path, finite: bool = False, max_bytes: int = 
     except OSError as exc:
         raise ValueError(f"cannot read {path}: {exc.strerror or type(exc).__name__}") from None
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8-sig")  # a UTF-8 byte-order mark (an editor's) allowed, as in a spec
     except UnicodeDecodeError:
         raise ValueError(f"{path} is not UTF-8 text") from None
     return parse_json_text(text, str(path), finite)

@@ -201,6 +201,19 @@ def test_an_unreadable_plan_is_one_plain_line(tmp_path, name: str) -> None:
     assert not (tmp_path / "run").exists()
 
 
+def test_a_run_folder_given_as_the_plan_names_its_plan_file(tmp_path) -> None:
+    """`train SPEC --plan RUN` (the run whose plan is meant) said 'RUN: cannot read the plan: Is a
+    directory'; now the line names the plan file the folder holds."""
+    from pathlib import Path
+
+    (tmp_path / "ran").mkdir()
+    (tmp_path / "ran" / "plan.json").write_text("{}")
+    spec = Path(__file__).parents[2] / "specs" / "avazu.yaml"
+    line = _one_error_line(CliRunner().invoke(app, ["train", str(spec), "--plan", str(tmp_path / "ran"),
+                                                    "--max-steps", "1", "--out", str(tmp_path / "run")]))
+    assert f"give the plan it holds, {tmp_path / 'ran' / 'plan.json'}" in line and "Is a directory" not in line
+
+
 @pytest.mark.parametrize("flag, name", [("--png", "profile.svg"), ("--json", "profile.png")])
 def test_data_profile_does_not_write_under_another_format_s_name(tmp_path, flag: str, name: str) -> None:
     """`data profile SPEC DATA --png p.svg` wrote a PNG into a .svg name, as plan --svg x.png did."""
@@ -230,3 +243,64 @@ def test_calibrate_seconds_out_of_range_names_the_value(seconds: str) -> None:
     """`calibrate --seconds nan` said "--seconds: ... should be less than or equal to 10" of a NaN."""
     line = _one_error_line(CliRunner().invoke(app, ["calibrate", "--seconds", seconds]))
     assert "--seconds" in line and seconds in line
+
+
+@pytest.mark.parametrize("extra", [["extra"], ["train", "s.yaml"]], ids=" ".join)
+def test_version_refuses_arguments_after_it(extra: list[str]) -> None:
+    """`flowrec --version extra` printed the version and ignored `extra`."""
+    line = _one_error_line(CliRunner().invoke(app, ["--version", *extra]))
+    assert "--version" in line and " ".join(extra) in line
+    shown = CliRunner().invoke(app, ["--version"])
+    assert shown.exit_code == 0 and shown.output.startswith("flowrec ") and len(shown.output.splitlines()) == 1
+
+
+@pytest.mark.parametrize("command", [["data", "profile", "s.yaml", "data"], ["train", "s.yaml"]], ids=" ".join)
+@pytest.mark.parametrize("seed", ["-1", str(2**63), str(2**64), "99999999999999999999999"])
+def test_a_seed_out_of_range_names_its_option_and_range(command: list[str], seed: str) -> None:
+    """`data profile --seed 2**64` (any seed above 2**63-1) was taken, where a run's seed is refused."""
+    line = _one_error_line(CliRunner().invoke(app, [*command, "--seed", seed]))
+    assert "--seed" in line and seed in line and "2^63-1" in line
+
+
+@pytest.mark.parametrize("window", ["0", "1025", str(2**63 - 1), "99999999999999999999"])
+def test_a_profile_window_beyond_the_spec_s_range_names_its_option(tmp_path, window: str) -> None:
+    """`data profile --window 9223372036854775807` ended in a segmentation fault (a larger one in
+    numba's traceback): the cache simulation overflowed. Now --window is the spec's plan.window range."""
+    import json
+    from pathlib import Path
+
+    from flowrec.data.profile import MAX_WINDOW
+
+    root = Path(__file__).parents[2]
+    schema = json.loads((root / "schemas" / "model-spec.schema.json").read_text())
+    assert schema["properties"]["plan"]["properties"]["window"]["maximum"] == MAX_WINDOW
+    line = _one_error_line(CliRunner().invoke(app, ["data", "profile", str(root / "specs" / "avazu.yaml"),
+                                                    str(tmp_path / "data"), "--window", window]))
+    assert "--window" in line and window in line and "1..1024" in line
+
+
+def test_data_profile_json_dash_writes_stdout_as_plan_s_does(tmp_path, monkeypatch) -> None:
+    """`data profile SPEC DATA --json -` wrote a file named '-' in the working folder (and said
+    nothing on stdout), where `flowrec plan --json -` and `flowrec eval --json -` write stdout."""
+    import json
+
+    from flowrec.testing.specs import run_spec
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.yaml").write_text(run_spec())
+    made = CliRunner().invoke(app, ["data", "synth", "s.yaml", "--rows", "300", "--out", "data", "-q"])
+    assert made.exit_code == 0, made.output
+    result = CliRunner().invoke(app, ["data", "profile", "s.yaml", "data", "--json", "-"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["format"] == "flowrec-access-profile"
+    assert not (tmp_path / "-").exists()
+    line = _one_error_line(CliRunner().invoke(app, ["data", "profile", "s.yaml", "data", "--png", "-"]))
+    assert "--png" in line and not (tmp_path / "-").exists()
+
+
+def test_predict_out_dash_is_refused_not_a_file_named_dash(tmp_path, monkeypatch) -> None:
+    """`predict PKG RAW --out -` (stdout, as `plan --json -`) wrote Parquet to a file named '-'."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "rows.csv").write_text("user\na\n")
+    line = _one_error_line(CliRunner().invoke(app, ["predict", "pkg", "rows.csv", "--out", "-"]))
+    assert "--out -" in line and "not stdout" in line and not (tmp_path / "-").exists()

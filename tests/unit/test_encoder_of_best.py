@@ -76,8 +76,20 @@ def test_a_run_folder_named_best_is_its_own(spec: Path, tmp_path: Path) -> None:
 
 def test_a_missing_path_never_takes_the_encoder_of_the_folder_above(spec: Path, tmp_path: Path) -> None:
     run = _run(tmp_path / "run", spec)
-    with pytest.raises(DataError, match="holds no encoder"):
+    with pytest.raises(DataError, match="typo not found: give a run folder"):  # (it said 'holds no encoder')
         find_record(run / "typo")
+
+
+def test_a_file_of_a_folder_holding_an_encoder_names_the_folder(spec: Path, tmp_path: Path) -> None:
+    """`data convert ... --encoder-from RUN/plan.json` (PKG/manifest.json, DATA/part-0.parquet) said
+    the file 'holds no encoder: give a run folder, an export package ...'; now it names the folder."""
+    run = _run(tmp_path / "run", spec)
+    (run / "plan.json").write_text("{}")
+    with pytest.raises(DataError, match=f"plan.json is a file of {run}, which holds the encoder: give {run}$"):
+        find_record(run / "plan.json")
+    (tmp_path / "loose.json").write_text("{}")
+    with pytest.raises(DataError, match="loose.json holds no encoder"):
+        find_record(tmp_path / "loose.json")
 
 
 def test_convert_with_the_encoder_of_run_best(spec: Path, tmp_path: Path) -> None:

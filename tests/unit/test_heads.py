@@ -142,7 +142,7 @@ def test_evaluation_reports_each_task_on_its_task_space():
     clicked = int(sum((b.labels[:, 0] == 1).sum() for b in batches))
     assert metrics["click"]["samples"] == 4 * BATCH and metrics["conv"]["samples"] == clicked < 4 * BATCH
     genre = metrics["genre"]
-    assert set(genre) == {"accuracy", "accuracy_at_k", "logloss", "k", "auc", "samples"}
+    assert set(genre) == {"accuracy", "accuracy_at_k", "logloss", "k", "classes", "auc", "samples"}
     assert 0.5 < genre["auc"] <= 1.0  # the class follows the hidden logit (synthetic labels)
     assert 0.0 <= genre["accuracy"] <= genre["accuracy_at_k"] <= 1.0 and genre["k"] == min(5, CLASSES - 1)
     assert genre["logloss"] > 0

@@ -458,13 +458,33 @@ def test_a_split_flag_out_of_range_is_named_as_the_flag(tmp_path: Path, flag: st
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("names, says", [(["price", "user", "clicked", "", ""], "columns 4 and 5 have no name"),
-                                         (["price", "user", "user", "clicked"],
+def test_a_split_seed_without_a_split_is_refused(tmp_path: Path) -> None:
+    """`data convert ... --split-seed 5` without --test-fraction (nor the spec's) seeded nothing and
+    wrote an unsplit dataset without a word."""
+    from typer.testing import CliRunner
+
+    from flowrec.cli import app
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text("name: s\nfeatures:\n  - {name: user, type: categorical, hash_buckets: 9, dim: 2}\n"
+                    "modules:\n  - {name: top, kind: mlp, inputs: [user], layers: [2]}\n"
+                    "heads:\n  - {name: ctr, input: top}\ndata: {format: csv, label: clicked}\n")
+    (tmp_path / "x.csv").write_text("user,clicked\n" + "".join(f"u{i},{i % 2}\n" for i in range(40)))
+    args = ["data", "convert", "csv", str(tmp_path / "x.csv"), str(tmp_path / "out"), "--spec", str(spec), "-q"]
+    result = CliRunner().invoke(app, [*args, "--split-seed", "5"])
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1 and "--split-seed" in lines[0], result.output
+    assert not (tmp_path / "out").exists()
+    result = CliRunner().invoke(app, [*args, "--split-seed", "5", "--test-fraction", "0.25"])
+    assert result.exit_code == 0 and (tmp_path / "out" / "test").is_dir(), result.output
+
+
+@pytest.mark.parametrize("names, says", [(["price", "user", "user", "clicked"],
                                           r"names column 'user' twice \(columns 2 and 3\)")])
 def test_a_parquet_file_naming_a_column_twice_names_the_columns(tmp_path: Path, names: list, says: str) -> None:
-    """Raw Parquet with two columns of no name (or one name twice) in a file of a folder was
-    pyarrow's "Can't unify schema with duplicate field names", naming no column: pyarrow's
-    discovery refused it before flowrec's check of each file's names ran."""
+    """Raw Parquet naming one column twice in a file of a folder was pyarrow's "Can't unify schema
+    with duplicate field names", naming no column: pyarrow's discovery refused it before flowrec's
+    check of each file's names ran."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -575,3 +595,108 @@ def test_a_nan_in_a_float_id_column_is_a_missing_id(tmp_path: Path) -> None:
     convert(_spec(), "parquet", [tmp_path / "rows.parquet"], tmp_path / "out")
     users = pq.read_table(tmp_path / "out").column("user").to_pylist()
     assert users[1] == users[2] == 0 and users[0] == users[3] != 0
+
+
+@pytest.mark.parametrize("names", [["price", "", "user", "clicked"], ["price", "user", "clicked", "", ""],
+                                   ["", "price", "user", "", "clicked", ""]], ids=lambda n: ",".join(n))
+@pytest.mark.parametrize("folder", [False, True], ids=["file", "folder"])
+def test_parquet_columns_of_no_name_are_unused_one_or_many(tmp_path: Path, names: list, folder: bool) -> None:
+    """Raw Parquet holding two columns of no name ('' twice: pandas writes a frame's column '') was
+    refused, naming the file and their positions, where a CSV header's are unused columns
+    (62cd0bd). Now a Parquet file's are too: the rows equal those of the file without them."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng()
+    columns = {"price": rng.random(300).round(3), "user": [f"u{i}" for i in rng.integers(50, size=300)],
+               "clicked": rng.integers(2, size=300)}
+    pq.write_table(pa.table(columns), tmp_path / "plain.parquet")
+    rows = tmp_path / "rows" / "day=1" if folder else tmp_path / "rows"
+    rows.mkdir(parents=True)
+    extra = iter([rng.integers(9, size=300), ["x"] * 300, rng.random(300)])
+    pq.write_table(pa.table([columns[n] if n else next(extra) for n in names], names=names), rows / "a.parquet")
+    convert(_spec(), "parquet", [tmp_path / "plain.parquet"], tmp_path / "a")
+    convert(_spec(), "parquet", [tmp_path / "rows"], tmp_path / "b")
+    a, b = pq.read_table(tmp_path / "a"), pq.read_table(tmp_path / "b")
+    assert a.num_rows == 300 and a.equals(b)
+
+
+@pytest.mark.parametrize("kind", ["int64", "string"])
+def test_a_hive_folder_whose_files_hold_their_partition_column_is_read(tmp_path: Path, kind: str) -> None:
+    """rows/day=1/a.parquet holding a column `day` too (a folder written by hand, one file a day)
+    was a traceback: pyarrow's merge of the files' schema with the partition keys' ("Unable to
+    merge: Field day has incompatible types: int64 vs int32"). Now it reads as the folder without
+    that column in its files."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng()
+    for day in (1, 2):
+        columns = {"price": rng.random(100).round(3), "user": [f"u{i}" for i in rng.integers(50, size=100)],
+                   "clicked": rng.integers(2, size=100)}
+        key = pa.array([day if kind == "int64" else str(day)] * 100)
+        for root, held in (("plain", {}), ("rows", {"day": key})):
+            (tmp_path / root / f"day={day}").mkdir(parents=True)
+            pq.write_table(pa.table({**columns, **held}), tmp_path / root / f"day={day}" / "a.parquet")
+    spec = _spec(columns={"user": "day"})  # the partition key is read, as an id
+    convert(spec, "parquet", [tmp_path / "plain"], tmp_path / "a")
+    convert(spec, "parquet", [tmp_path / "rows"], tmp_path / "b")
+    a, b = pq.read_table(tmp_path / "a"), pq.read_table(tmp_path / "b")
+    assert a.num_rows == 200 and a.equals(b)
+
+
+def test_an_encoded_dataset_in_hive_folders_named_by_its_columns_is_read(tmp_path: Path) -> None:
+    """An encoded dataset whose part was moved under `user=1/` (a Hive folder named by one of its
+    columns) was a traceback in `data inspect`, `data profile` and training: listing the parts
+    merged their columns with the folders' keys ("Unable to merge: Field user has incompatible
+    types: int64 vs int32"). The parts are read by name, so now they are only listed."""
+    import pyarrow.parquet as pq
+
+    from flowrec.data.dataset import ParquetSource
+
+    rows = "".join(f"{i / 10},u{i % 7},{i % 2}\n" for i in range(50))
+    (tmp_path / "x.csv").write_text("price,user,clicked\n" + rows)
+    convert(_spec(), "csv", [tmp_path / "x.csv"], tmp_path / "data")
+    expected = pq.read_table(tmp_path / "data")
+    (tmp_path / "data" / "user=1").mkdir()
+    for part in (tmp_path / "data").glob("part-*.parquet"):
+        part.rename(tmp_path / "data" / "user=1" / part.name)
+    source = ParquetSource(tmp_path / "data")
+    try:
+        assert sum(source.partition_rows()) == 50
+        assert [Path(f).parent.name for f in source.files] == ["user=1"]
+    finally:
+        source.close()
+    assert pq.read_table(source.files[0]).equals(expected)
+
+
+@pytest.mark.parametrize("content, says", [(b'{"a": ', "is not JSON"), (b"", "is empty"),
+                                           (b"\xff\xfe{}", "is not UTF-8 text")])
+def test_unreadable_dataset_metadata_is_one_plain_line(tmp_path: Path, content: bytes, says: str) -> None:
+    """A damaged DATA/_flowrec.json said 'unreadable metadata (NotJsonError: DATA/_flowrec.json is not
+    JSON (...))' (UnicodeDecodeError: 'utf-8' codec can't decode byte 0xff ...): Python's exception
+    names and the file twice; now one plain line naming the file once."""
+    from flowrec.data.layout import META_FILE, read_meta
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / META_FILE).write_bytes(content)
+    with pytest.raises(DataError) as caught:
+        read_meta(tmp_path / "data")
+    text = str(caught.value)
+    assert text.startswith(f"{tmp_path / 'data' / META_FILE} {says}") and text.count(META_FILE) == 1, text
+    assert "Error" not in text and "codec" not in text, text
+
+
+def test_inspect_of_damaged_raw_statistics_does_not_say_there_are_none(tmp_path: Path) -> None:
+    """`data inspect DATA` with a damaged DATA/_flowrec_stats.json warned that it is damaged, then said
+    '(no raw statistics: the dataset was not converted from raw files, or by an older flowrec ...)'."""
+    from typer.testing import CliRunner
+
+    from flowrec.cli import app
+
+    (tmp_path / "x.csv").write_text("price,user,clicked\n" + "".join(f"{i},u{i % 3},{i % 2}\n" for i in range(20)))
+    convert(_spec(), "csv", [tmp_path / "x.csv"], tmp_path / "data")
+    (tmp_path / "data" / "_flowrec_stats.json").write_text("[]")
+    result = CliRunner().invoke(app, ["data", "inspect", str(tmp_path / "data")])
+    assert result.exit_code == 0 and "_flowrec_stats.json is damaged" in result.stderr, result.output
+    assert "not converted from raw files" not in result.output, result.output

@@ -165,6 +165,46 @@ def test_a_plan_without_a_hot_set_keeps_nothing(tmp_path, monkeypatch):
     assert kept.equals(_fresh(spec, path, hot_sample_rate(ROWS), seed))
 
 
+def test_a_runs_plan_given_again_is_priced_from_the_data_s_sample_as_the_run_was(tmp_path):
+    """`flowrec train SPEC --data DIR --plan RUN/plan.json`: the run priced its plan from a sample of
+    DIR, the same plan given again was priced by the Zipf model ('access profile none'), so the
+    figures it printed were not the run's. Now it samples the data as the run did: the same cost."""
+    from flowrec.graph.plan_io import plan_json
+    from flowrec.runs.plan import plan_for_run
+
+    seed = int(np.random.default_rng().integers(1 << 30))
+    spec, path = _dataset(tmp_path, seed)
+    ran, _ = plan_for_run(spec, "cpu", "256KiB", None, data=str(path))
+    forget_kept_sample()
+    (tmp_path / "plan.json").write_text(plan_json(ran))
+    said: list[str] = []
+    again, _ = plan_for_run(spec, "cpu", None, tmp_path / "plan.json", said.append, data=str(path))
+    assert again.cost.access_profile.startswith("sampled: ") and again.cost == ran.cost
+    assert {g.placement for g in again.meta.groups} == {"static_hot"} and "table" in profile._kept  # for FAE
+    forget_kept_sample()
+    bare, _ = plan_for_run(spec, "cpu", None, tmp_path / "plan.json", said.append)  # no data: said so
+    assert bare.cost.access_profile.startswith("none") and any("priced by the Zipf model" in line for line in said)
+
+
+def test_a_runs_lookahead_plan_given_again_is_priced_over_the_run_s_epochs(tmp_path):
+    """`train --data DIR --plan RUN/plan.json --epochs 2 --max-steps 2` of a lookahead plan priced its
+    traffic over the spec's 4 epochs ('lookahead traffic over 4 epochs'), where the run priced it
+    over the epochs it trains (one: 2 steps): other figures than the run's. Now the run's epochs."""
+    from dataclasses import replace
+
+    from flowrec.graph.plan_io import plan_json
+    from flowrec.runs.plan import plan_for_run
+
+    seed = int(np.random.default_rng().integers(1 << 30))
+    spec, path = _dataset(tmp_path, seed)
+    spec = replace(spec, plan=replace(spec.plan, cache="lookahead"), training=replace(spec.training, epochs=4))
+    ran, _ = plan_for_run(spec, "cpu", "256KiB", None, data=str(path), epochs=2, max_steps=2)
+    assert {g.placement for g in ran.meta.groups} == {"lookahead"}
+    (tmp_path / "plan.json").write_text(plan_json(ran))
+    again, _ = plan_for_run(spec, "cpu", None, tmp_path / "plan.json", data=str(path), epochs=2, max_steps=2)
+    assert again.cost == ran.cost and "over 4 epochs" not in again.cost.access_profile
+
+
 def test_a_run_reads_its_data_once_to_sample_and_trains_as_before(tmp_path, monkeypatch):
     """`flowrec.train` with a static hot set: the sample's partitions are read once (the planner's),
     and the trained tables and hot rows are bitwise those of a run that samples twice."""

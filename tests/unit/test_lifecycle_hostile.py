@@ -1591,3 +1591,59 @@ def test_a_loaded_runs_undefined_metrics_are_nan_as_a_trained_runs(tmp_path: Pat
     ctr = run.metrics["ctr"]
     assert isinstance(ctr["auc"], float) and math.isnan(ctr["auc"]) and not ctr["auc"] > 0.7
     assert ctr["logloss"] == 0.75 and ctr["samples"] == 88
+
+
+@pytest.mark.parametrize("classes", [5, 6])
+def test_an_accuracy_at_k_covering_the_classes_that_occur_is_warned_of(tmp_path: Path, classes: int) -> None:
+    """A 6-class head has k = 5; evaluated on rows of 5 classes every label is among the top 5 once
+    the model ranks the sixth (which never occurs) last: accuracy_at_k was 1.0 without a word. Now
+    train's evaluations, `flowrec eval` and `Run.evaluate` warn, naming k and the classes (rows of
+    all 6 classes: no warning); the metrics report `classes`, the classes the rows hold."""
+    rows = ["user,genre"] + [f"u{i % 9},{i % classes}" for i in range(300)]
+    (tmp_path / "raw.csv").write_text("\n".join(rows) + "\n")
+    spec = tmp_path / "mc.yaml"
+    spec.write_text(
+        "name: mc_small\n"
+        "features:\n  - {name: user, type: categorical, vocab: 20, dim: 4}\n"
+        "modules:\n  - {name: top, kind: mlp, inputs: [user], layers: [8]}\n"
+        "heads:\n  - {name: genre, input: top, task: multiclass, num_classes: 6, label: genre}\n"
+        "data: {format: csv, path: raw.csv, label: genre, options: {test_fraction: 0.2}}\n"
+        "training: {batch_size: 32, epochs: 1, seed: 0}\n")
+    warning = re.compile(r"warning: head genre ranks the top 5 classes for accuracy_at_k, and its evaluation rows "
+                         r"hold 5 classes")
+    result = runner.invoke(app, ["train", str(spec), "--out", str(tmp_path / "run"), "--max-steps", "2", "-q"])
+    assert result.exit_code == 0, result.output
+    assert len(warning.findall(result.output)) == (classes == 5), result.output
+    result = runner.invoke(app, ["eval", str(tmp_path / "run"), "--json", "-"])
+    assert result.exit_code == 0, result.output
+    assert len(warning.findall(result.output)) == (classes == 5), result.output
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        metrics = flowrec.load(tmp_path / "run").evaluate()
+    said = [str(w.message) for w in caught if "accuracy_at_k" in str(w.message)]
+    assert len(said) == (classes == 5) and metrics["genre"]["classes"] == classes, said
+
+
+@pytest.mark.parametrize("given", ["rows.parquet", "rows"])
+def test_a_spec_bound_to_raw_parquet_is_not_told_to_remove_it(tmp_path: Path, given: str) -> None:
+    """`data.format: parquet` binds an encoded dataset, the user's own; bound to raw Parquet rows (a
+    file, a folder) the refusal ended 'ROWS is flowrec's encoding of the spec's data: remove ROWS to
+    encode the spec's data again', advice to delete the user's data. Now it names the problem only."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / given
+    if given == "rows":
+        path.mkdir()
+    pq.write_table(pa.table({"user": ["a", "b"], "clicked": [0, 1]}), path / "a.parquet" if given == "rows" else path)
+    spec = tmp_path / "s.yaml"
+    spec.write_text(
+        "name: bound_pq\n"
+        "features:\n  - {name: user, type: categorical, hash_buckets: 20, dim: 4}\n"
+        "modules:\n  - {name: top, kind: mlp, inputs: [user], layers: [4]}\n"
+        f"heads:\n  - {{name: ctr, input: top}}\ndata: {{format: parquet, path: {given}, label: clicked}}\n"
+        "training: {batch_size: 8, epochs: 1}\n")
+    result = runner.invoke(app, ["train", str(spec), "--out", str(tmp_path / "run"), "--max-steps", "1", "-q"])
+    assert result.exit_code == 2 and result.output.count("error:") == 1, result.output
+    assert "flowrec data convert" in result.output and "remove" not in result.output, result.output
+    assert path.exists()

@@ -295,3 +295,21 @@ def test_an_empty_path_is_one_line_not_the_working_folder(tmp_path: Path, monkey
     assert result.exit_code == 2 and "Traceback" not in result.output and len(lines) == 1, result.output
     assert lines[0].startswith(f"error: {name} is an empty path"), lines[0]
     assert list(work.iterdir()) == []
+
+
+def test_a_folder_output_inside_a_folder_the_command_reads_is_refused(tmp_path: Path):
+    """`data convert parquet raw raw/out` wrote the dataset among the raw rows: the next conversion
+    of `raw` refused it as an encoded dataset. A file input's folder is no input folder."""
+    from flowrec.data.output_guard import check_folder_output
+
+    (tmp_path / "raw" / "day=1").mkdir(parents=True)
+    (tmp_path / "s.yaml").write_text("name: x\n")
+    for out in (tmp_path / "raw" / "out", tmp_path / "raw" / "day=2" / "out"):
+        with pytest.raises(OutputError, match=f"it lies in {tmp_path / 'raw'}, the folder of rows this command reads"):
+            check_folder_output(out, [tmp_path / "raw", tmp_path / "s.yaml"], False, "a dataset",
+                                rows=[tmp_path / "raw"])
+        assert not out.parent.exists() or out.parent == tmp_path / "raw"  # nothing made
+    check_folder_output(tmp_path / "out", [tmp_path / "raw", tmp_path / "s.yaml"], False, "a dataset",
+                        rows=[tmp_path / "raw"])
+    check_folder_output(tmp_path / "raw" / "x", [tmp_path / "raw"], False, "a dataset")  # another input: an
+    # encoder's folder (`--encoder-from`) holding a new dataset is read as before

@@ -185,8 +185,25 @@ def test_unreadable_plan_files_are_one_line(repo: Path, tmp_path: Path):
             load_plan(tmp_path / name, spec)
     with pytest.raises(PlanError, match="cannot read"):
         load_plan(tmp_path / "missing.json", spec)
-    with pytest.raises(PlanError, match="cannot read"):
+    with pytest.raises(PlanError, match="is a folder, not a plan file"):
         load_plan(tmp_path, spec)  # a folder
+
+
+def test_a_plan_or_profile_saved_with_a_byte_order_mark_is_read(repo: Path, tmp_path: Path):
+    """A plan edited in an editor that saves a UTF-8 byte-order mark (as the guide asks a user to edit
+    one) was 'not JSON (line 1, column 1: Unexpected UTF-8 BOM (decode using utf-8-sig))', where a
+    spec with one is read; so was an access profile."""
+    from flowrec.planner.manager import load_profile
+
+    spec = load_spec(repo / "specs" / "movielens.yaml")
+    planned = make_plan(spec)
+    (tmp_path / "p.json").write_bytes(b"\xef\xbb\xbf" + plan_json(planned).encode())
+    assert load_plan(tmp_path / "p.json", spec).meta.groups == planned.meta.groups
+    flat = {"format": "flowrec-access-profile", "version": 1,
+            "tables": {t.name: {"rows": t.rows, "accesses": t.rows, "distinct": t.rows,
+                                "hot_cdf": [[t.rows, 1.0]]} for t in spec.tables}}
+    (tmp_path / "prof.json").write_bytes(b"\xef\xbb\xbf" + json.dumps(flat).encode())
+    assert set(load_profile(tmp_path / "prof.json", spec)["tables"]) == {t.name for t in spec.tables}
 
 
 def test_scoring_reads_cache_placements_from_the_host(repo: Path):

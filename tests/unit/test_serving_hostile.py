@@ -243,6 +243,16 @@ def test_raw_rows_for_a_package_of_a_run_on_synthetic_data_are_refused(made, tmp
     assert not out.exists()
 
 
+@pytest.mark.parametrize("run, noted", [("synthetic", True), ("seen", False)])
+def test_export_notes_a_package_that_cannot_encode_raw_rows(made, tmp_path, run, noted):
+    """Export of a run on synthetic rows said nothing, and predict on its package then refused raw rows."""
+    result = _invoke(["export", made / run, tmp_path / "pkg", "--index", "exact", "-q"])
+    assert result.exit_code == 0, result.output
+    assert ("note: " in result.output and "no vocabulary for its tables ['item_id', 'user_id']" in result.output
+            and "refuses raw rows" in result.output) is noted, result.output
+    assert load_model(tmp_path / "pkg").raw_columns()  # written either way
+
+
 def test_eval_refuses_grouping_exclude_seen_by_the_item_id(made):
     data = made / "data" / "test"
     result = _invoke(["eval", made / "seen", "--data", data, "--group-by", "item_id"])

@@ -131,6 +131,19 @@ def test_an_arrow_table_naming_a_column_twice_is_one_line_as_a_frame_is() -> Non
     assert raw_table(table.select([0, 1])).column_names == ["user", "d1"]  # named once: read as given
 
 
+def test_columns_of_no_name_are_unused_in_a_frame_or_an_arrow_table() -> None:
+    """`model.predict(rows)` of rows holding two columns of no name ('' twice, as a Parquet file of
+    pandas' may) said 'the rows name column '' twice', where CSV and Parquet inputs leave them out."""
+    import pandas as pd
+
+    from flowrec.serving.predict import raw_table
+
+    table = pa.table([["a", "b"], [1, 2], [1.0, 2.0], ["x", "y"]], names=["user", "", "d1", ""])
+    assert raw_table(table).equals(pa.table({"user": ["a", "b"], "d1": [1.0, 2.0]}))
+    frame = table.to_pandas()
+    assert raw_table(frame).to_pydict() == {"user": ["a", "b"], "d1": [1.0, 2.0]}  # (pandas' text: large_string)
+
+
 def test_sparse_pandas_columns_are_read_as_their_values() -> None:
     """`model.predict(df)` with a sparse column (`pd.get_dummies(..., sparse=True)`) raised Arrow's
     TypeError 'Sparse pandas data (column d1) not supported'; now it is read as its values."""

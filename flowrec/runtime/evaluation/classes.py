@@ -28,6 +28,7 @@ class MulticlassAccumulator:
     def __init__(self, k: int = TOP_K) -> None:
         self.k = k  # at most the number of classes less one, once a batch was seen
         self.per_class: list[BinaryAccumulator] | None = None  # one-vs-rest AUC per class
+        self.occurs: np.ndarray | None = None  # (C,) bool: the classes the labels so far hold
         self.n = 0
         self.correct = 0
         self.in_top_k = 0
@@ -45,6 +46,9 @@ class MulticlassAccumulator:
         # argmax and a stable sort break ties; counting ties for the label gave equal logits accuracy 1)
         before = (probs > own[:, None]) | ((probs == own[:, None]) & (np.arange(probs.shape[1]) < labels[:, None]))
         rank = before.sum(axis=1)
+        if self.occurs is None:
+            self.occurs = np.zeros(probs.shape[1], bool)
+        self.occurs[labels] = True
         self.n += labels.size
         self.nan_scores += int(np.count_nonzero(np.isnan(probs).any(axis=1)))
         self.correct += int((rank == 0).sum())
@@ -58,14 +62,38 @@ class MulticlassAccumulator:
     def result(self) -> dict[str, float]:
         if not self.n:
             nan = float("nan")
-            return {"accuracy": nan, "accuracy_at_k": nan, "logloss": nan, "k": float(self.k)}
+            return {"accuracy": nan, "accuracy_at_k": nan, "logloss": nan, "k": float(self.k), "classes": 0.0}
         ranked = not self.nan_scores  # NaN scores rank nothing: no accuracy to report
         out = {"accuracy": self.correct / self.n if ranked else float("nan"),
                "accuracy_at_k": self.in_top_k / self.n if ranked else float("nan"),
-               "logloss": self.loss_sum / self.n, "k": float(self.k)}
+               "logloss": self.loss_sum / self.n, "k": float(self.k),
+               "classes": float(np.count_nonzero(self.occurs))}
         if self.per_class is not None:
             out["auc"] = _macro_auc(self.per_class)
         return out
+
+
+def top_k_covers_classes(metrics: dict[str, dict[str, float]]) -> list[str]:
+    """A line for each multiclass head whose k of accuracy@k is at least the number of classes its
+    evaluation rows hold (`classes`): a 6-class head, k = 5, evaluated on rows of 5 classes. Every
+    label is then among the top k unless a class that never occurs ranks above it, so accuracy_at_k
+    is 1.0 for any model that ranks those classes last (as training on the same classes teaches).
+
+    >>> top_k_covers_classes({"genre": {"accuracy_at_k": 1.0, "k": 5.0, "classes": 5.0}})[0].split(":")[0]
+    'head genre ranks the top 5 classes for accuracy_at_k, and its evaluation rows hold 5 classes'
+    >>> top_k_covers_classes({"genre": {"accuracy_at_k": 0.9, "k": 5.0, "classes": 6.0}})
+    []
+    """
+    lines = []
+    for head, values in metrics.items():
+        k, classes = values.get("k"), values.get("classes")
+        if k is None or classes is None or not classes or k < classes:
+            continue
+        lines.append(f"head {head} ranks the top {k:.0f} classes for accuracy_at_k, and its evaluation rows hold "
+                     f"{classes:.0f} class{'' if classes == 1 else 'es'}: every label is among the top {k:.0f} "
+                     f"unless a class that never occurs ranks above it, so accuracy_at_k "
+                     f"({values['accuracy_at_k']:.4f}) says little of the model (evaluate on rows of more classes)")
+    return lines
 
 
 def _macro_auc(per_class: list[BinaryAccumulator]) -> float:
