@@ -452,7 +452,7 @@ def _train_in_folder(request: RunRequest, spec, folder: Path, world=None) -> Non
     """Settings, checkpoint, session, then training, in a folder this process owns."""
     from dataclasses import replace
 
-    from flowrec.runs.settings import read_run_file, recorded_train_rows
+    from flowrec.runs.settings import lost_relative_path, read_run_file, recorded_train_rows
     from flowrec.runs.start import run_settings
     from flowrec.runtime.checkpoint.store import CHECKPOINT_NAME, CheckpointError, load_checkpoint
     from flowrec.runtime.rundir import RunFolderError
@@ -466,6 +466,9 @@ def _train_in_folder(request: RunRequest, spec, folder: Path, world=None) -> Non
         state = load_checkpoint(folder / CHECKPOINT_NAME, mmap=ranks, lazy_shards=ranks) if has_checkpoint else None
     except (RunFolderError, CheckpointError) as exc:
         fail(str(exc))
+    for key in ("data", "eval_data") + (("init_from",) if state is None and not request.init_from else ()):
+        if request.given.get(key) is None and (problem := lost_relative_path(folder, recorded, key)):
+            fail(problem)
     parent = request.init_from or ((recorded or {}).get("init_from") if state is None else None)
     _refuse_plan_flags(request.given, recorded if state is not None else None, parent if state is None else None)
     settings, notes = run_settings(request.given, spec, recorded, parent,

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from flowrec.data.layout import META_FILE, DataError
-from flowrec.runs.settings import read_run_file
+from flowrec.runs.settings import lost_relative_path, read_run_file
 from flowrec.runtime.rundir import run_folder_of
 
 
@@ -69,9 +69,13 @@ def eval_data_to_score(run_dir: Path, how: str = "--data DIR") -> Path:
         DataError: the run recorded none (an unsplit dataset, synthetic rows), or it moved.
     """
     found = recorded_eval_data(run_dir)
-    if found is None:
+    if found is None or not (found / META_FILE).is_file():
         folder = run_folder(run_dir)
         settings = read_run_file(folder) or {}
+        for key in ("eval_data",) if settings.get("eval_data") else ("data",):
+            if problem := lost_relative_path(folder, settings, key, how):
+                raise DataError(problem)
+    if found is None:
         data = _data_folder(folder, settings)
         why = (f"its data {data} has no test part" if (data / META_FILE).is_file()
                else f"the test part of its split data, {data / 'test'}, is gone" if (data / "train" / META_FILE).is_file()
