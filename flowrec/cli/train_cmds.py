@@ -479,11 +479,33 @@ def _train_in_folder(request: RunRequest, spec, folder: Path, world=None) -> Non
         _check_resumed_seed(settings["seed"], state, folder, world)
         bound = spec.data is not None and spec.data.bound
         settings["train_rows"] = recorded_train_rows(request.given, recorded, not settings["data"] and not bound)
+        if bound and not settings["data"] and "train_rows" not in (recorded or {}):
+            _refuse_older_split_again(spec, folder)
     if resuming and state is None:
         _say(f"{folder} has no checkpoint yet: starting it again from step 0 with its recorded settings")
     if settings["cache"] is not None:
         spec = replace(spec, plan=replace(spec.plan, cache=settings["cache"]))
     _run(request, spec, folder, settings, state, world)
+
+
+def _refuse_older_split_again(spec, folder: Path) -> None:
+    """A run of an older flowrec (its run.json records no `train_rows`, written since 2026-12-05) on
+    its spec's bound data split by a seed, whose RUN/data is gone: encoding that data again may
+    split it otherwise than the older flowrec did (`flowrec.data.convert.SPLIT_RULE`), so the
+    checkpoint's epoch and batch would go on in other rows and its evaluations score rows it trained
+    on, without a word. One line and exit 2, before anything is encoded."""
+    from flowrec.data.layout import META_FILE
+    from flowrec.data.sequences import split_option
+
+    data, options = folder / "data", dict(spec.data.options)
+    if (data / META_FILE).is_file() or (data / "train" / META_FILE).is_file():
+        return  # its encoding is there: resumed as it is (a lost part is named when it is read)
+    if not float(options.get("test_fraction") or 0) or options.get("split_by") or split_option(options) == "leave_last_out":
+        return  # no seeded split: encoding the data again gives the same rows
+    fail(f"{data} is gone, and the run in {folder} was trained by a flowrec of before 2026-12-05 (its run.json "
+         f"records no train_rows) on the spec's data split into train and test by a seed, which this flowrec "
+         f"splits otherwise: encoding it again would continue the run on other rows and evaluate it on rows it "
+         f"trained on; put {data} back, or start over with --out {folder} --overwrite")
 
 
 def _refuse_plan_flags(given: dict, recorded: dict | None, parent: Path | str | None) -> None:

@@ -80,6 +80,9 @@ def eval_data_to_score(run_dir: Path, how: str = "--data DIR") -> Path:
         why = (f"its data {data} has no test part" if (data / META_FILE).is_file()
                else f"the test part of its split data, {data / 'test'}, is gone" if (data / "train" / META_FILE).is_file()
                else f"its data {data} is gone" if settings.get("data")
+               else f"its encoded data {data} is gone, split into train and test by a flowrec of before 2026-12-05, "
+                    "otherwise than this one splits the spec's data"
+               if _bound(folder) and "train_rows" not in settings and _seeded_split(folder)
                else f"its encoded data {data} is gone, which `flowrec train SPEC --resume {folder}` encodes again"
                if _bound(folder)
                else "it trained on synthetic rows")
@@ -88,6 +91,19 @@ def eval_data_to_score(run_dir: Path, how: str = "--data DIR") -> Path:
         raise DataError(f"the evaluation data {run_dir} recorded, {found}, is not an encoded dataset (moved, "
                         f"or recorded relative to another folder): give {how}")
     return found
+
+
+def _seeded_split(folder: Path) -> bool:
+    """The run's spec.json splits its bound data into train and test by a seed (test_fraction,
+    not split_by or leave_last_out), a split older flowrecs made otherwise."""
+    import json
+
+    try:
+        doc = json.loads((folder / "spec.json").read_text(encoding="utf-8"))
+        options = doc["data"].get("options") or {}
+        return bool(float(options.get("test_fraction") or 0)) and not options.get("split_by") and not options.get("split")
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return False
 
 
 def _bound(folder: Path) -> bool:

@@ -772,6 +772,43 @@ def test_more_synthetic_rows_than_memory_holds_are_refused_at_once(spec: Path, t
     assert not (tmp_path / "api").exists() and not (tmp_path / "cli").exists()
 
 
+def test_resuming_an_older_run_whose_seeded_split_data_is_lost_is_refused_not_split_again(tmp_path: Path) -> None:
+    """A run of a flowrec of before 2026-12-05 on bound data split by a seed (its RUN/data records
+    no split_rule, its run.json no train_rows): that flowrec put other rows in test (ffdac45), so
+    RUN/data/test deleted was 'remove RUN/data to encode the spec's data again (the same split)',
+    and with RUN/data removed --resume encoded a new split and went on from the checkpoint's batch
+    in other rows, evaluating on rows it had trained on, without a word. Now neither is advised or
+    done: one line each, the run folder left as it was."""
+    spec = _early_stopping_csv_spec(tmp_path)
+    spec.write_text(spec.read_text().replace(", early_stopping: {metric: auc}", "")
+                    .replace("label: label}", "label: label, options: {test_fraction: 0.2}}"))
+    run = tmp_path / "run"
+    made = runner.invoke(app, ["train", str(spec), "--out", str(run), "--max-steps", "1", "--epochs", "2", "-q"])
+    assert made.exit_code == 0, made.output
+    for record in (run / "run.json", run / "data" / "train" / "_flowrec.json", run / "data" / "test" / "_flowrec.json"):
+        doc = json.loads(record.read_text())  # as the older flowrec wrote them
+        doc.pop("train_rows", None)
+        doc.get("split", {}).pop("split_rule", None)
+        record.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    shutil.rmtree(run / "data" / "test")
+    result = runner.invoke(app, ["train", str(spec), "--resume", str(run), "--max-steps", "2"])
+    assert result.exit_code == 2, result.output
+    assert "the same split" not in result.output and "names no split rule" in result.output, result.output
+    shutil.rmtree(run / "data")
+    before = _listing(run)
+    result = runner.invoke(app, ["eval", str(run)])
+    assert result.exit_code == 2 and "encodes again" not in result.output, result.output
+    result = runner.invoke(app, ["train", str(spec), "--resume", str(run), "--max-steps", "2"])
+    assert result.exit_code == 2, result.output
+    line = result.output.strip().splitlines()[-1]
+    assert line.startswith("error:") and "before 2026-12-05" in line and f"--out {run} --overwrite" in line, line
+    assert _listing(run) == before and not (run / "data").exists()
+    # as the line says: started over, the data is encoded and split by this flowrec
+    result = runner.invoke(app, ["train", str(spec), "--out", str(run), "--overwrite", "--max-steps", "1", "-q"])
+    assert result.exit_code == 0, result.output
+    assert (run / "data" / "test").is_dir()
+
+
 def _bound_csv_spec(tmp_path: Path, rows: int = 80) -> Path:
     """The managed spec bound to a raw CSV file of `rows` random rows (skewed ids)."""
     import csv
