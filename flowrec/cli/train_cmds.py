@@ -452,7 +452,7 @@ def _train_in_folder(request: RunRequest, spec, folder: Path, world=None) -> Non
     """Settings, checkpoint, session, then training, in a folder this process owns."""
     from dataclasses import replace
 
-    from flowrec.runs.settings import lost_relative_path, read_run_file, recorded_train_rows
+    from flowrec.runs.settings import lost_relative_path, read_run_file, recorded_train_rows, same_setting
     from flowrec.runs.start import run_settings
     from flowrec.runtime.checkpoint.store import CHECKPOINT_NAME, CheckpointError, load_checkpoint
     from flowrec.runtime.rundir import RunFolderError
@@ -479,8 +479,11 @@ def _train_in_folder(request: RunRequest, spec, folder: Path, world=None) -> Non
         _check_resumed_seed(settings["seed"], state, folder, world)
         bound = spec.data is not None and spec.data.bound
         settings["train_rows"] = recorded_train_rows(request.given, recorded, not settings["data"] and not bound)
-        if bound and not settings["data"] and "train_rows" not in (recorded or {}):
-            _refuse_older_split_again(spec, folder)
+        if "train_rows" not in (recorded or {}):  # a run of before 2026-12-05 (see _refuse_older_split_again)
+            if bound and not settings["data"]:
+                _refuse_older_split_again(spec, folder)
+            elif settings["data"] and same_setting("data", settings["data"], (recorded or {}).get("data")):
+                _refuse_split_since(Path(settings["data"]), folder)
     if resuming and state is None:
         _say(f"{folder} has no checkpoint yet: starting it again from step 0 with its recorded settings")
     if settings["cache"] is not None:
@@ -506,6 +509,27 @@ def _refuse_older_split_again(spec, folder: Path) -> None:
          f"records no train_rows) on the spec's data split into train and test by a seed, which this flowrec "
          f"splits otherwise: encoding it again would continue the run on other rows and evaluate it on rows it "
          f"trained on; put {data} back, or start over with --out {folder} --overwrite")
+
+
+def _refuse_split_since(data: Path, folder: Path) -> None:
+    """A run of a flowrec of before 2026-12-05 (no `train_rows` in its run.json) resumed on its
+    --data folder, split since by this flowrec (its record names the split rule, written since
+    2026-12-06): the folder was converted again after the run started, with another draw of the
+    test rows, so the run would go on in other rows and evaluate on rows it trained on. One line."""
+    from flowrec.data.convert import older_seeded_split
+    from flowrec.data.layout import DataError, META_FILE, read_meta
+
+    try:
+        split = read_meta(data / "train").split if (data / "train" / META_FILE).is_file() else {}
+    except DataError:
+        return  # named when the data is opened
+    if "split_seed" not in split or older_seeded_split(split):
+        return
+    fail(f"{data} was converted again since the run in {folder} started: its train/test split is this flowrec's "
+         f"(its train/{META_FILE} names split rule {split.get('split_rule')}), and the flowrec of before "
+         f"2026-12-05 that trained the run (its run.json records no train_rows) drew the test rows otherwise, so "
+         f"the run would go on in other rows and evaluate on rows it trained on; put the data it trained on "
+         f"back, or start a new run on this data (--out NEW)")
 
 
 def _refuse_plan_flags(given: dict, recorded: dict | None, parent: Path | str | None) -> None:

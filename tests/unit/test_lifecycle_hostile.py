@@ -809,6 +809,45 @@ def test_resuming_an_older_run_whose_seeded_split_data_is_lost_is_refused_not_sp
     assert (run / "data" / "test").is_dir()
 
 
+def test_resuming_an_older_run_on_its_data_folder_split_again_by_this_flowrec_is_refused(tmp_path: Path) -> None:
+    """A run of a flowrec of before 2026-12-05 (run.json without train_rows) on a split --data
+    folder converted again since by this flowrec (data.md: 'convert again to compare with runs
+    trained since'): --resume went on from the checkpoint's batch in rows of another split,
+    evaluating on rows it had trained on, without a word; now one line, the run left as it was.
+    The folder as that flowrec left it (no split_rule) still resumes."""
+    spec = _early_stopping_csv_spec(tmp_path)
+    spec.write_text(spec.read_text().replace(", early_stopping: {metric: auc}", ""))
+    data, run = tmp_path / "d", tmp_path / "run"
+
+    def convert() -> None:
+        made = runner.invoke(app, ["data", "convert", "csv", str(tmp_path / "raw.csv"), str(data), "--spec", str(spec),
+                                   "--test-fraction", "0.25", "--overwrite", "-q"])
+        assert made.exit_code == 0, made.output
+
+    convert()
+    made = runner.invoke(app, ["train", str(spec), "--data", str(data), "--out", str(run), "--max-steps", "1", "-q"])
+    assert made.exit_code == 0, made.output
+    older = json.loads((run / "run.json").read_text())
+    older.pop("train_rows")  # as the older flowrec wrote it
+    (run / "run.json").write_text(json.dumps(older, indent=2, sort_keys=True) + "\n")
+    for part in ("train", "test"):  # and its conversion of the data
+        record = data / part / "_flowrec.json"
+        doc = json.loads(record.read_text())
+        doc["split"].pop("split_rule")
+        record.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    resumed = runner.invoke(app, ["train", str(spec), "--resume", str(run), "--max-steps", "2", "-q"])
+    assert resumed.exit_code == 0, resumed.output
+    older["max_steps"] = 2
+    (run / "run.json").write_text(json.dumps(older, indent=2, sort_keys=True) + "\n")
+    convert()  # upgraded, the data converted again
+    before = _listing(run)
+    result = runner.invoke(app, ["train", str(spec), "--resume", str(run), "--max-steps", "3"])
+    assert result.exit_code == 2, result.output
+    line = result.output.strip().splitlines()[-1]
+    assert line.startswith("error:") and f"{data} was converted again since the run" in line, line
+    assert _listing(run) == before
+
+
 def _bound_csv_spec(tmp_path: Path, rows: int = 80) -> Path:
     """The managed spec bound to a raw CSV file of `rows` random rows (skewed ids)."""
     import csv
