@@ -936,7 +936,7 @@ def evaluate_run(
     from flowrec.data.layout import DataError
     from flowrec.data.output_guard import check_file_output
     from flowrec.planner.contract import scoring_plan
-    from flowrec.runs.recorded import eval_data_to_score, recorded_train_data, synthetic_rows
+    from flowrec.runs.recorded import eval_data_to_score, recorded_train_data, split_since, synthetic_rows
     from flowrec.runtime.session import device_problem
     from flowrec.serving.trained import load_trained, missing_encoder
     from operators.custom import custom_failure
@@ -954,6 +954,8 @@ def evaluate_run(
         drawn = synthetic_rows(run_dir, trained.spec) if data is None else None
         if data is None and drawn is None:
             data = eval_data_to_score(run_dir)
+            if (line := split_since(run_dir)) is not None:
+                warn(line)
             if not quiet:
                 _say(f"scoring {data} (the data {run_dir} evaluated on; --data scores another)")
         if json_out not in (None, "-"):

@@ -93,6 +93,31 @@ def eval_data_to_score(run_dir: Path, how: str = "--data DIR") -> Path:
     return found
 
 
+def split_since(run_dir: Path, how: str = "--data DIR") -> str | None:
+    """A warning for scoring a run's recorded evaluation data, or None: the run is of a flowrec of
+    before 2026-12-05 (its run.json records no train_rows) and its --data folder has since been
+    converted again by this flowrec (its record names the split rule), whose seeded split draws
+    other test rows: rows the run trained on among them, so the metrics are not of held-out rows."""
+    from flowrec.data.convert import older_seeded_split
+    from flowrec.data.layout import read_meta
+
+    folder = run_folder(run_dir)
+    settings = read_run_file(folder) or {}
+    if not settings or "train_rows" in settings or not settings.get("data") or settings.get("eval_data"):
+        return None
+    data = Path(settings["data"])
+    try:
+        split = read_meta(data / "train").split if (data / "train" / META_FILE).is_file() else {}
+    except DataError:
+        return None
+    if "split_seed" not in split or older_seeded_split(split):
+        return None
+    return (f"{data} was converted again since {run_dir} was trained by a flowrec of before 2026-12-05 (its "
+            f"run.json records no train_rows), and this flowrec's split draws other test rows: rows the run "
+            f"trained on are among them, so these metrics are not of held-out rows; give {how} with the test "
+            f"part that flowrec converted")
+
+
 def _seeded_split(folder: Path) -> bool:
     """The run's spec.json splits its bound data into train and test by a seed (test_fraction,
     not split_by or leave_last_out), a split older flowrecs made otherwise."""

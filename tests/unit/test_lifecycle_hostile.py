@@ -813,8 +813,9 @@ def test_resuming_an_older_run_on_its_data_folder_split_again_by_this_flowrec_is
     """A run of a flowrec of before 2026-12-05 (run.json without train_rows) on a split --data
     folder converted again since by this flowrec (data.md: 'convert again to compare with runs
     trained since'): --resume went on from the checkpoint's batch in rows of another split,
-    evaluating on rows it had trained on, without a word; now one line, the run left as it was.
-    The folder as that flowrec left it (no split_rule) still resumes."""
+    evaluating on rows it had trained on, without a word; now one line, the run left as it was,
+    and eval (Run.evaluate) of it warns. The folder as that flowrec left it (no split_rule) still
+    resumes."""
     spec = _early_stopping_csv_spec(tmp_path)
     spec.write_text(spec.read_text().replace(", early_stopping: {metric: auc}", ""))
     data, run = tmp_path / "d", tmp_path / "run"
@@ -846,6 +847,11 @@ def test_resuming_an_older_run_on_its_data_folder_split_again_by_this_flowrec_is
     line = result.output.strip().splitlines()[-1]
     assert line.startswith("error:") and f"{data} was converted again since the run" in line, line
     assert _listing(run) == before
+    # scoring the run on that folder's test part, which holds rows it trained on, says so
+    result = runner.invoke(app, ["eval", str(run)])
+    assert result.exit_code == 0 and "not of held-out rows" in result.output, result.output
+    with pytest.warns(UserWarning, match="not of held-out rows"):
+        flowrec.load(run).evaluate()
 
 
 def _bound_csv_spec(tmp_path: Path, rows: int = 80) -> Path:
