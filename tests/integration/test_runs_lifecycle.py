@@ -85,8 +85,9 @@ def test_a_run_whose_older_run_json_records_its_data_relative_is_named_so_from_a
         tmp_path: Path, monkeypatch) -> None:
     """run.json written before paths were recorded absolute (f803842) holds `"data": "d"`, relative
     to the folder train ran in. From another folder, eval, --resume and Run.evaluate said 'its data
-    d is gone' or 'dataset directory not found: d'; now one line says the path is relative to the
-    folder the run was started from, and the command run from there works as the line says."""
+    d is gone' or 'dataset directory not found: d', and export --dtype fp16 compared on random rows
+    without a word; now one line says the path is relative to the folder the run was started
+    from, and the command run from there works as the line says."""
     from flowrec.data.layout import DataError
 
     spec = tmp_path / "lifecycle.yaml"
@@ -122,7 +123,13 @@ def test_a_run_whose_older_run_json_records_its_data_relative_is_named_so_from_a
     else:
         raise AssertionError("the run's relative data is not in this folder")
     assert {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir() if p.is_file()} == before
+    # export --dtype fp16 compared the scores on random rows instead, without a word
+    exported = CliRunner().invoke(app, ["export", str(tmp_path / "run"), str(elsewhere / "pkg"), "--dtype", "fp16"])
+    assert exported.exit_code == 0, exported.output
+    assert "measured on random rows" in exported.output and "relative to the folder" in exported.output
     monkeypatch.chdir(tmp_path)  # where the line says to run it
+    exported = CliRunner().invoke(app, ["export", "run", str(elsewhere / "pkg2"), "--dtype", "fp16"])
+    assert exported.exit_code == 0 and "random rows" not in exported.output, exported.output
     scored = CliRunner().invoke(app, ["eval", "run", "--json", "-"])
     assert scored.exit_code == 0, scored.output
     final, metrics = json.loads(trained.stdout)["eval"], json.loads(scored.stdout)
