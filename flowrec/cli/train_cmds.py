@@ -518,12 +518,13 @@ def _refuse_split_since(data: Path, folder: Path) -> None:
     test rows, so the run would go on in other rows and evaluate on rows it trained on. One line."""
     from flowrec.data.convert import older_seeded_split
     from flowrec.data.layout import DataError, META_FILE, read_meta
+    from flowrec.runs.recorded import converted_since_start
 
     try:
         split = read_meta(data / "train").split if (data / "train" / META_FILE).is_file() else {}
     except DataError:
         return  # named when the data is opened
-    if "split_seed" not in split or older_seeded_split(split):
+    if "split_seed" not in split or older_seeded_split(split) or not converted_since_start(folder, data):
         return
     fail(f"{data} was converted again since the run in {folder} started: its train/test split is this flowrec's "
          f"(its train/{META_FILE} names split rule {split.get('split_rule')}), and the flowrec of before "

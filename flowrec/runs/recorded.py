@@ -110,12 +110,29 @@ def split_since(run_dir: Path, how: str = "--data DIR") -> str | None:
         split = read_meta(data / "train").split if (data / "train" / META_FILE).is_file() else {}
     except DataError:
         return None
-    if "split_seed" not in split or older_seeded_split(split):
+    if "split_seed" not in split or older_seeded_split(split) or not converted_since_start(folder, data):
         return None
     return (f"{data} was converted again since {run_dir} was trained by a flowrec of before 2026-12-05 (its "
             f"run.json records no train_rows), and this flowrec's split draws other test rows: rows the run "
             f"trained on are among them, so these metrics are not of held-out rows; give {how} with the test "
             f"part that flowrec converted")
+
+
+def converted_since_start(folder: Path, data: Path) -> bool:
+    """The dataset `data` (its train/_flowrec.json) was written after the run in `folder` started
+    (its RUN/encoder/encoder.json, which its resumes keep), so converted again since; also True
+    for a run without that record. A run of this flowrec on data converted first, whose run.json
+    an older flowrec's resume rewrote without train_rows, is not taken for one."""
+    from flowrec.data.encoder_record import ENCODER_FILE, RUN_ENCODER_DIR
+
+    try:
+        started = (folder / RUN_ENCODER_DIR / ENCODER_FILE).stat().st_mtime_ns
+    except OSError:
+        return True
+    try:
+        return (data / "train" / META_FILE).stat().st_mtime_ns > started
+    except OSError:
+        return False
 
 
 def _seeded_split(folder: Path) -> bool:

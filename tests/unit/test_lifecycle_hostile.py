@@ -838,6 +838,19 @@ def test_resuming_an_older_run_on_its_data_folder_split_again_by_this_flowrec_is
         record.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
     resumed = runner.invoke(app, ["train", str(spec), "--resume", str(run), "--max-steps", "2", "-q"])
     assert resumed.exit_code == 0, resumed.output
+    # a run of this flowrec on data converted before it, whose run.json an older flowrec's resume
+    # rewrote without train_rows, is not taken for one on data converted again
+    started = (run / "encoder" / "encoder.json").stat().st_mtime_ns
+    for part in ("train", "test"):
+        record = data / part / "_flowrec.json"
+        doc = json.loads(record.read_text())
+        doc["split"]["split_rule"] = 2
+        record.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+        os.utime(record, ns=(started - 10**9, started - 10**9))
+    older["max_steps"] = 1
+    (run / "run.json").write_text(json.dumps(older, indent=2, sort_keys=True) + "\n")
+    resumed = runner.invoke(app, ["train", str(spec), "--resume", str(run), "--max-steps", "2", "-q"])
+    assert resumed.exit_code == 0, resumed.output
     older["max_steps"] = 2
     (run / "run.json").write_text(json.dumps(older, indent=2, sort_keys=True) + "\n")
     convert()  # upgraded, the data converted again
