@@ -121,7 +121,7 @@ class Run:
                      group_by=(group_by, "a categorical feature's name or None"))
         if data is None:
             from flowrec.data.layout import DataError
-            from flowrec.runs.recorded import eval_data_to_score, synthetic_rows
+            from flowrec.runs.recorded import eval_data_to_score, split_since, synthetic_rows
 
             if self.run_dir is None:
                 raise DataError("this run has no run folder (out=None), so it recorded no evaluation data: give data=")
@@ -130,6 +130,10 @@ class Run:
                 return _warn_covered_classes(self.trained.evaluate_drawn(drawn, group_by or
                                                                          self.spec.training.eval_group_by))
             data = eval_data_to_score(self.run_dir, "data=")
+            if (line := split_since(self.run_dir, "data=")) is not None:
+                import warnings
+
+                warnings.warn(line, UserWarning, stacklevel=2)
         return _warn_covered_classes(self.trained.evaluate_dataset(Path(data).expanduser(),
                                                                    group_by or self.spec.training.eval_group_by))
 

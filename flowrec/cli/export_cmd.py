@@ -6,7 +6,7 @@ from typing import Any, Iterator, Optional
 
 import typer
 
-from flowrec.cli.common import fail, missing_parents, remove_empty, say
+from flowrec.cli.common import fail, missing_parents, remove_empty, say, warn
 from flowrec.runtime.messages import first_line
 from flowrec.spec.schema_errors import did_you_mean
 
@@ -180,6 +180,16 @@ def _last_eval(folder: Path, step: int | None = None) -> dict[str, Any]:
     return last
 
 
+def lost_data(folder: Path) -> str | None:
+    """The --eval-data (else --data) the run's run.json records, when it is not found (moved, or
+    an older flowrec's path relative to the folder the run was started from); else None."""
+    from flowrec.runs.settings import read_run_file
+
+    settings = read_run_file(folder) or {}
+    recorded = settings.get("eval_data") or settings.get("data")
+    return recorded if isinstance(recorded, str) and recorded and not Path(recorded).exists() else None
+
+
 def _compare_rows(folder: Path, trained) -> Iterator[Any] | None:
     """Up to COMPARE_ROWS rows of the run's evaluation data (None when it had only synthetic data)."""
     from flowrec.data.layout import META_FILE
@@ -188,6 +198,11 @@ def _compare_rows(folder: Path, trained) -> Iterator[Any] | None:
 
     data = recorded_eval_data(folder)
     if data is None or not (data / META_FILE).is_file():
+        if (lost := lost_data(folder)) is not None:  # random rows would be compared without a word
+            why = ("recorded relative to the folder the run was started from, as an older flowrec did: export from "
+                   "that folder to compare on it" if not Path(lost).is_absolute() else "moved or removed")
+            warn(f"the score difference is measured on random rows, not on the run's evaluation data: {lost} is "
+                 f"not found ({why})")
         return None
     trained.check_data(data)
     import pyarrow.dataset as ds

@@ -452,7 +452,7 @@ def _train_in_folder(request: RunRequest, spec, folder: Path, world=None) -> Non
     """Settings, checkpoint, session, then training, in a folder this process owns."""
     from dataclasses import replace
 
-    from flowrec.runs.settings import read_run_file, recorded_train_rows
+    from flowrec.runs.settings import lost_relative_path, read_run_file, recorded_train_rows, same_setting
     from flowrec.runs.start import run_settings
     from flowrec.runtime.checkpoint.store import CHECKPOINT_NAME, CheckpointError, load_checkpoint
     from flowrec.runtime.rundir import RunFolderError
@@ -466,6 +466,9 @@ def _train_in_folder(request: RunRequest, spec, folder: Path, world=None) -> Non
         state = load_checkpoint(folder / CHECKPOINT_NAME, mmap=ranks, lazy_shards=ranks) if has_checkpoint else None
     except (RunFolderError, CheckpointError) as exc:
         fail(str(exc))
+    for key in ("data", "eval_data") + (("init_from",) if state is None and not request.init_from else ()):
+        if request.given.get(key) is None and (problem := lost_relative_path(folder, recorded, key)):
+            fail(problem)
     parent = request.init_from or ((recorded or {}).get("init_from") if state is None else None)
     _refuse_plan_flags(request.given, recorded if state is not None else None, parent if state is None else None)
     settings, notes = run_settings(request.given, spec, recorded, parent,
@@ -476,11 +479,58 @@ def _train_in_folder(request: RunRequest, spec, folder: Path, world=None) -> Non
         _check_resumed_seed(settings["seed"], state, folder, world)
         bound = spec.data is not None and spec.data.bound
         settings["train_rows"] = recorded_train_rows(request.given, recorded, not settings["data"] and not bound)
+        if "train_rows" not in (recorded or {}):  # a run of before 2026-12-05 (see _refuse_older_split_again)
+            if bound and not settings["data"]:
+                _refuse_older_split_again(spec, folder)
+            elif settings["data"] and same_setting("data", settings["data"], (recorded or {}).get("data")):
+                _refuse_split_since(Path(settings["data"]), folder)
     if resuming and state is None:
         _say(f"{folder} has no checkpoint yet: starting it again from step 0 with its recorded settings")
     if settings["cache"] is not None:
         spec = replace(spec, plan=replace(spec.plan, cache=settings["cache"]))
     _run(request, spec, folder, settings, state, world)
+
+
+def _refuse_older_split_again(spec, folder: Path) -> None:
+    """A run of an older flowrec (its run.json records no `train_rows`, written since 2026-12-05) on
+    its spec's bound data split by a seed, whose RUN/data is gone: encoding that data again may
+    split it otherwise than the older flowrec did (`flowrec.data.convert.SPLIT_RULE`), so the
+    checkpoint's epoch and batch would go on in other rows and its evaluations score rows it trained
+    on, without a word. One line and exit 2, before anything is encoded."""
+    from flowrec.data.layout import META_FILE
+    from flowrec.data.sequences import split_option
+
+    data, options = folder / "data", dict(spec.data.options)
+    if (data / META_FILE).is_file() or (data / "train" / META_FILE).is_file():
+        return  # its encoding is there: resumed as it is (a lost part is named when it is read)
+    if not float(options.get("test_fraction") or 0) or options.get("split_by") or split_option(options) == "leave_last_out":
+        return  # no seeded split: encoding the data again gives the same rows
+    fail(f"{data} is gone, and the run in {folder} was trained by a flowrec of before 2026-12-05 (its run.json "
+         f"records no train_rows) on the spec's data split into train and test by a seed, which this flowrec "
+         f"splits otherwise: encoding it again would continue the run on other rows and evaluate it on rows it "
+         f"trained on; put {data} back, or start over with --out {folder} --overwrite")
+
+
+def _refuse_split_since(data: Path, folder: Path) -> None:
+    """A run of a flowrec of before 2026-12-05 (no `train_rows` in its run.json) resumed on its
+    --data folder, split since by this flowrec (its record names the split rule, written since
+    2026-12-06): the folder was converted again after the run started, with another draw of the
+    test rows, so the run would go on in other rows and evaluate on rows it trained on. One line."""
+    from flowrec.data.convert import older_seeded_split
+    from flowrec.data.layout import DataError, META_FILE, read_meta
+    from flowrec.runs.recorded import converted_since_start
+
+    try:
+        split = read_meta(data / "train").split if (data / "train" / META_FILE).is_file() else {}
+    except DataError:
+        return  # named when the data is opened
+    if "split_seed" not in split or older_seeded_split(split) or not converted_since_start(folder, data):
+        return
+    fail(f"{data} was converted again since the run in {folder} started: its train/test split is this flowrec's "
+         f"(its train/{META_FILE} names split rule {split.get('split_rule')}), and the flowrec of before "
+         f"2026-12-05 that trained the run (its run.json records no train_rows) drew the test rows otherwise, so "
+         f"the run would go on in other rows and evaluate on rows it trained on; put the data it trained on "
+         f"back, or start a new run on this data (--out NEW)")
 
 
 def _refuse_plan_flags(given: dict, recorded: dict | None, parent: Path | str | None) -> None:
@@ -911,7 +961,7 @@ def evaluate_run(
     from flowrec.data.layout import DataError
     from flowrec.data.output_guard import check_file_output
     from flowrec.planner.contract import scoring_plan
-    from flowrec.runs.recorded import eval_data_to_score, recorded_train_data, synthetic_rows
+    from flowrec.runs.recorded import eval_data_to_score, recorded_train_data, split_since, synthetic_rows
     from flowrec.runtime.session import device_problem
     from flowrec.serving.trained import load_trained, missing_encoder
     from operators.custom import custom_failure
@@ -929,6 +979,8 @@ def evaluate_run(
         drawn = synthetic_rows(run_dir, trained.spec) if data is None else None
         if data is None and drawn is None:
             data = eval_data_to_score(run_dir)
+            if (line := split_since(run_dir)) is not None:
+                warn(line)
             if not quiet:
                 _say(f"scoring {data} (the data {run_dir} evaluated on; --data scores another)")
         if json_out not in (None, "-"):

@@ -48,6 +48,10 @@ ROWS_PER_FILE = 1 << 20  # rows per Parquet part file
 ROW_GROUP_ROWS = 1 << 14  # rows per Parquet row group: the unit a rank reads (1/8 of a shuffle chunk)
 FORMAT_LABEL = {"avazu_csv": "click"}  # source label column when the spec names none
 SPLIT_MIX = np.uint64(0x9E3779B97F4A7C15)  # golden-ratio increment of splitmix64
+# the seeded split's rule, recorded with it (`split_rule`) since 2026-12-06: 2 is `split_mask`'s
+# (since ffdac45, 2026-12-05); before, the rows drew another hash, so a dataset whose record names
+# no rule may hold another split than converting its raw rows again makes
+SPLIT_RULE = 2
 
 
 @dataclass(frozen=True)
@@ -164,6 +168,19 @@ def check_sequence_sep(options: dict[str, Any]) -> None:
     if value is not None and (not isinstance(value, str) or not value):
         raise DataError(f"data.options.sequence_sep must be a non-empty string (the separator of the ids of a "
                         f"multi-hot value), not {value!r}")
+
+
+def older_seeded_split(split: dict[str, Any]) -> bool:
+    """A dataset's split record (`_flowrec.json`'s `split`) of a seeded split that names no split
+    rule: converted by a flowrec of before 2026-12-06, perhaps one of before 2026-12-05 whose rule
+    put other rows in test, so converting the raw rows again need not give the same split.
+
+    >>> older_seeded_split({"test_fraction": 0.2, "part": "train", "split_seed": 0})
+    True
+    >>> older_seeded_split({"test_fraction": 0.2, "part": "train", "split_seed": 0, "split_rule": SPLIT_RULE})
+    False
+    """
+    return "split_seed" in split and split.get("split_rule") != SPLIT_RULE
 
 
 def split_mask(start: int, n: int, fraction: float, seed: int) -> np.ndarray:
@@ -343,7 +360,7 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
     for name, w in writers.items():
         w.close()
         split = {"test_fraction": fraction, "part": name}
-        split.update({"split_by": split_by, "cutoff": cutoff} if cutoff is not None else {"split_seed": seed})
+        split.update({"split_by": split_by, "cutoff": cutoff} if cutoff is not None else {"split_seed": seed, "split_rule": SPLIT_RULE})
         if last_out:
             split = {"split": "leave_last_out", "part": name}
         _finish(spec, encoder, w, fmt, inputs, split if fraction or last_out else {}, opts.get("feature_map"))

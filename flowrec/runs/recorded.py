@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from flowrec.data.layout import META_FILE, DataError
-from flowrec.runs.settings import read_run_file
+from flowrec.runs.settings import lost_relative_path, read_run_file
 from flowrec.runtime.rundir import run_folder_of
 
 
@@ -69,13 +69,20 @@ def eval_data_to_score(run_dir: Path, how: str = "--data DIR") -> Path:
         DataError: the run recorded none (an unsplit dataset, synthetic rows), or it moved.
     """
     found = recorded_eval_data(run_dir)
-    if found is None:
+    if found is None or not (found / META_FILE).is_file():
         folder = run_folder(run_dir)
         settings = read_run_file(folder) or {}
+        for key in ("eval_data",) if settings.get("eval_data") else ("data",):
+            if problem := lost_relative_path(folder, settings, key, how):
+                raise DataError(problem)
+    if found is None:
         data = _data_folder(folder, settings)
         why = (f"its data {data} has no test part" if (data / META_FILE).is_file()
                else f"the test part of its split data, {data / 'test'}, is gone" if (data / "train" / META_FILE).is_file()
                else f"its data {data} is gone" if settings.get("data")
+               else f"its encoded data {data} is gone, split into train and test by a flowrec of before 2026-12-05, "
+                    "otherwise than this one splits the spec's data"
+               if _bound(folder) and "train_rows" not in settings and _seeded_split(folder)
                else f"its encoded data {data} is gone, which `flowrec train SPEC --resume {folder}` encodes again"
                if _bound(folder)
                else "it trained on synthetic rows")
@@ -84,6 +91,61 @@ def eval_data_to_score(run_dir: Path, how: str = "--data DIR") -> Path:
         raise DataError(f"the evaluation data {run_dir} recorded, {found}, is not an encoded dataset (moved, "
                         f"or recorded relative to another folder): give {how}")
     return found
+
+
+def split_since(run_dir: Path, how: str = "--data DIR") -> str | None:
+    """A warning for scoring a run's recorded evaluation data, or None: the run is of a flowrec of
+    before 2026-12-05 (its run.json records no train_rows) and its --data folder has since been
+    converted again by this flowrec (its record names the split rule), whose seeded split draws
+    other test rows: rows the run trained on among them, so the metrics are not of held-out rows."""
+    from flowrec.data.convert import older_seeded_split
+    from flowrec.data.layout import read_meta
+
+    folder = run_folder(run_dir)
+    settings = read_run_file(folder) or {}
+    if not settings or "train_rows" in settings or not settings.get("data") or settings.get("eval_data"):
+        return None
+    data = Path(settings["data"])
+    try:
+        split = read_meta(data / "train").split if (data / "train" / META_FILE).is_file() else {}
+    except DataError:
+        return None
+    if "split_seed" not in split or older_seeded_split(split) or not converted_since_start(folder, data):
+        return None
+    return (f"{data} was converted again since {run_dir} was trained by a flowrec of before 2026-12-05 (its "
+            f"run.json records no train_rows), and this flowrec's split draws other test rows: rows the run "
+            f"trained on are among them, so these metrics are not of held-out rows; give {how} with the test "
+            f"part that flowrec converted")
+
+
+def converted_since_start(folder: Path, data: Path) -> bool:
+    """The dataset `data` (its train/_flowrec.json) was written after the run in `folder` started
+    (its RUN/encoder/encoder.json, which its resumes keep), so converted again since; also True
+    for a run without that record. A run of this flowrec on data converted first, whose run.json
+    an older flowrec's resume rewrote without train_rows, is not taken for one."""
+    from flowrec.data.encoder_record import ENCODER_FILE, RUN_ENCODER_DIR
+
+    try:
+        started = (folder / RUN_ENCODER_DIR / ENCODER_FILE).stat().st_mtime_ns
+    except OSError:
+        return True
+    try:
+        return (data / "train" / META_FILE).stat().st_mtime_ns > started
+    except OSError:
+        return False
+
+
+def _seeded_split(folder: Path) -> bool:
+    """The run's spec.json splits its bound data into train and test by a seed (test_fraction,
+    not split_by or leave_last_out), a split older flowrecs made otherwise."""
+    import json
+
+    try:
+        doc = json.loads((folder / "spec.json").read_text(encoding="utf-8"))
+        options = doc["data"].get("options") or {}
+        return bool(float(options.get("test_fraction") or 0)) and not options.get("split_by") and not options.get("split")
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return False
 
 
 def _bound(folder: Path) -> bool:

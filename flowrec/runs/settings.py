@@ -130,6 +130,27 @@ def write_run_file(folder: Path, settings: dict[str, Any]) -> None:
     write_text(Path(folder) / RUN_FILE, json.dumps(recorded, indent=2, sort_keys=True) + "\n")
 
 
+def lost_relative_path(folder: Path, recorded: dict[str, Any] | None, key: str, how: str | None = None) -> str | None:
+    """Why a path setting of RUN/run.json cannot be found, or None: a relative path, which only a
+    flowrec of before 2026-11-29 recorded (relative to the folder it was run from; paths are
+    recorded absolute since), that names nothing in the working folder. `how`: the way to give the
+    path instead (default: the setting's flag with its path). Without this, such a run read 'its
+    data data_ml is gone' from elsewhere, though the data was where it had been.
+
+    >>> lost_relative_path(Path("runs/a"), {"data": "no/such/data"}, "data")  # doctest: +ELLIPSIS
+    'runs/a/run.json records --data no/such/data relative to the folder ... or give --data with its path'
+    """
+    value = (recorded or {}).get(key)
+    if key not in PATH_SETTINGS or not isinstance(value, str) or not value or Path(value).is_absolute():
+        return None
+    if Path(value).exists():
+        return None
+    flag = SETTINGS[key][0] if key in SETTINGS else "--" + key.replace("_", "-")
+    return (f"{Path(folder) / RUN_FILE} records {flag} {value} relative to the folder the run was started from "
+            f"(an older flowrec recorded paths so; they are recorded absolute now), and {value} is not in the "
+            f"working folder: run the command from that folder, or give {how or flag + ' with its path'}")
+
+
 def merge_settings(given: dict[str, Any], recorded: dict[str, Any] | None,
                    spec_defaults: dict[str, Any], bound_data: bool = False) -> tuple[dict[str, Any], list[str]]:
     """The run's settings: a given flag, else the recorded value, else the default.

@@ -196,7 +196,7 @@ def resolve_data(spec: ModelSpec, spec_path: Path, opts: SessionOptions,
             # never 'remove it' (a raw Parquet file bound so was told to remove itself)
             train, evaluation = dataset_pair(folder, spec, opts.dask, test_needed=opts.eval_data is None)
         else:
-            remake = f"remove {folder} to encode the spec's data again (the same split)"
+            remake = _remake_advice(folder)
             try:
                 train, evaluation = dataset_pair(folder, spec, opts.dask, test_needed=opts.eval_data is None,
                                                  remake=remake)
@@ -211,6 +211,24 @@ def resolve_data(spec: ModelSpec, spec_path: Path, opts: SessionOptions,
         raise DataError(f"evaluation data {opts.eval_data} needs training data encoded alike: give the training "
                         "data too (--data, data=, or data bound in the spec), not synthetic rows")
     return synthetic_sources(spec, opts.synthetic_rows, status)
+
+
+def _remake_advice(folder: Path) -> str:
+    """How to make a run's encoding of its spec's bound data (`folder`, RUN/data) again: remove it
+    to encode the same split again, unless its record names no split rule (an older flowrec's
+    seeded split, which this one may not make again: the run would go on with other rows in test,
+    rows it trained on among them)."""
+    from flowrec.data.convert import older_seeded_split
+
+    try:
+        split = read_meta(folder / "train").split if (folder / "train" / META_FILE).is_file() else {}
+    except DataError:
+        split = {}
+    if older_seeded_split(split):
+        return (f"{folder} was split by a flowrec of before 2026-12-06 (its {META_FILE} names no split rule), and "
+                f"encoding the spec's data again may split it otherwise (other rows in test, rows the run trained "
+                f"on among them): put the missing files back, or start over with --out {folder.parent} --overwrite")
+    return f"remove {folder} to encode the spec's data again (the same split)"
 
 
 def _replace_evaluation(train: Any, split_test: Any | None, path: Path, spec: ModelSpec,

@@ -81,6 +81,65 @@ def test_eval_without_data_scores_the_runs_test_part_from_any_folder(tmp_path: P
     assert "--data d overrides" not in resumed.output and "--max-steps 4 overrides" in resumed.output
 
 
+def test_a_run_whose_older_run_json_records_its_data_relative_is_named_so_from_another_folder(
+        tmp_path: Path, monkeypatch) -> None:
+    """run.json written before paths were recorded absolute (f803842) holds `"data": "d"`, relative
+    to the folder train ran in. From another folder, eval, --resume and Run.evaluate said 'its data
+    d is gone' or 'dataset directory not found: d', and export --dtype fp16 compared on random rows
+    without a word; now one line says the path is relative to the folder the run was started
+    from, and the command run from there works as the line says."""
+    from flowrec.data.layout import DataError
+
+    spec = tmp_path / "lifecycle.yaml"
+    spec.write_text(SPEC)
+    for part, rows, seed in (("train", "600", "5"), ("test", "200", "6")):
+        synth = CliRunner().invoke(app, ["data", "synth", str(spec), "--rows", rows, "--out", str(tmp_path / "d" / part),
+                                         "--alpha", "1.4", "--seed", seed, "-q"])
+        assert synth.exit_code == 0, synth.output
+    monkeypatch.chdir(tmp_path)
+    trained = CliRunner().invoke(app, ["train", "lifecycle.yaml", "--data", "d", "--out", "run", "--max-steps", "3",
+                                       "--eval-every", "0", "--json", "-q"])
+    assert trained.exit_code == 0, trained.output
+    record = tmp_path / "run" / "run.json"
+    older = json.loads(record.read_text())
+    older["data"] = "d"  # as a flowrec of before 2026-11-29 wrote it
+    older.pop("train_rows", None)
+    record.write_text(json.dumps(older, indent=2, sort_keys=True) + "\n")
+    before = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir() if p.is_file()}
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    for args in (["eval", str(tmp_path / "run")],
+                 ["train", str(spec), "--resume", str(tmp_path / "run"), "--max-steps", "4"]):
+        refused = CliRunner().invoke(app, args)
+        assert refused.exit_code == 2, refused.output
+        line = refused.output.strip()
+        assert "\n" not in line and "relative to the folder the run was started from" in line, line
+        assert "run the command from that folder" in line and "is gone" not in line, line
+    try:
+        flowrec.load(tmp_path / "run").evaluate()
+    except DataError as exc:
+        assert "relative to the folder the run was started from" in str(exc) and "data=" in str(exc)
+    else:
+        raise AssertionError("the run's relative data is not in this folder")
+    assert {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir() if p.is_file()} == before
+    # export --dtype fp16 compared the scores on random rows instead, without a word
+    exported = CliRunner().invoke(app, ["export", str(tmp_path / "run"), str(elsewhere / "pkg"), "--dtype", "fp16"])
+    assert exported.exit_code == 0, exported.output
+    assert "measured on random rows" in exported.output and "relative to the folder" in exported.output
+    monkeypatch.chdir(tmp_path)  # where the line says to run it
+    exported = CliRunner().invoke(app, ["export", "run", str(elsewhere / "pkg2"), "--dtype", "fp16"])
+    assert exported.exit_code == 0 and "random rows" not in exported.output, exported.output
+    scored = CliRunner().invoke(app, ["eval", "run", "--json", "-"])
+    assert scored.exit_code == 0, scored.output
+    final, metrics = json.loads(trained.stdout)["eval"], json.loads(scored.stdout)
+    assert set(metrics) == set(final) and final
+    for head, values in final.items():
+        assert values["samples"] == 200
+        assert {k: metrics[head][k] for k in ("auc", "logloss", "samples")} == \
+            {k: values[k] for k in ("auc", "logloss", "samples")}
+
+
 def test_eval_without_data_of_an_unsplit_run_says_to_give_data(tmp_path: Path) -> None:
     spec = tmp_path / "lifecycle.yaml"
     spec.write_text(SPEC)

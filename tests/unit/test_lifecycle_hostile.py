@@ -772,6 +772,101 @@ def test_more_synthetic_rows_than_memory_holds_are_refused_at_once(spec: Path, t
     assert not (tmp_path / "api").exists() and not (tmp_path / "cli").exists()
 
 
+def test_resuming_an_older_run_whose_seeded_split_data_is_lost_is_refused_not_split_again(tmp_path: Path) -> None:
+    """A run of a flowrec of before 2026-12-05 on bound data split by a seed (its RUN/data records
+    no split_rule, its run.json no train_rows): that flowrec put other rows in test (ffdac45), so
+    RUN/data/test deleted was 'remove RUN/data to encode the spec's data again (the same split)',
+    and with RUN/data removed --resume encoded a new split and went on from the checkpoint's batch
+    in other rows, evaluating on rows it had trained on, without a word. Now neither is advised or
+    done: one line each, the run folder left as it was."""
+    spec = _early_stopping_csv_spec(tmp_path)
+    spec.write_text(spec.read_text().replace(", early_stopping: {metric: auc}", "")
+                    .replace("label: label}", "label: label, options: {test_fraction: 0.2}}"))
+    run = tmp_path / "run"
+    made = runner.invoke(app, ["train", str(spec), "--out", str(run), "--max-steps", "1", "--epochs", "2", "-q"])
+    assert made.exit_code == 0, made.output
+    for record in (run / "run.json", run / "data" / "train" / "_flowrec.json", run / "data" / "test" / "_flowrec.json"):
+        doc = json.loads(record.read_text())  # as the older flowrec wrote them
+        doc.pop("train_rows", None)
+        doc.get("split", {}).pop("split_rule", None)
+        record.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    shutil.rmtree(run / "data" / "test")
+    result = runner.invoke(app, ["train", str(spec), "--resume", str(run), "--max-steps", "2"])
+    assert result.exit_code == 2, result.output
+    assert "the same split" not in result.output and "names no split rule" in result.output, result.output
+    shutil.rmtree(run / "data")
+    before = _listing(run)
+    result = runner.invoke(app, ["eval", str(run)])
+    assert result.exit_code == 2 and "encodes again" not in result.output, result.output
+    result = runner.invoke(app, ["train", str(spec), "--resume", str(run), "--max-steps", "2"])
+    assert result.exit_code == 2, result.output
+    line = result.output.strip().splitlines()[-1]
+    assert line.startswith("error:") and "before 2026-12-05" in line and f"--out {run} --overwrite" in line, line
+    assert _listing(run) == before and not (run / "data").exists()
+    # as the line says: started over, the data is encoded and split by this flowrec
+    result = runner.invoke(app, ["train", str(spec), "--out", str(run), "--overwrite", "--max-steps", "1", "-q"])
+    assert result.exit_code == 0, result.output
+    assert (run / "data" / "test").is_dir()
+
+
+def test_resuming_an_older_run_on_its_data_folder_split_again_by_this_flowrec_is_refused(tmp_path: Path) -> None:
+    """A run of a flowrec of before 2026-12-05 (run.json without train_rows) on a split --data
+    folder converted again since by this flowrec (data.md: 'convert again to compare with runs
+    trained since'): --resume went on from the checkpoint's batch in rows of another split,
+    evaluating on rows it had trained on, without a word; now one line, the run left as it was,
+    and eval (Run.evaluate) of it warns. The folder as that flowrec left it (no split_rule) still
+    resumes."""
+    spec = _early_stopping_csv_spec(tmp_path)
+    spec.write_text(spec.read_text().replace(", early_stopping: {metric: auc}", ""))
+    data, run = tmp_path / "d", tmp_path / "run"
+
+    def convert() -> None:
+        made = runner.invoke(app, ["data", "convert", "csv", str(tmp_path / "raw.csv"), str(data), "--spec", str(spec),
+                                   "--test-fraction", "0.25", "--overwrite", "-q"])
+        assert made.exit_code == 0, made.output
+
+    convert()
+    made = runner.invoke(app, ["train", str(spec), "--data", str(data), "--out", str(run), "--max-steps", "1", "-q"])
+    assert made.exit_code == 0, made.output
+    older = json.loads((run / "run.json").read_text())
+    older.pop("train_rows")  # as the older flowrec wrote it
+    (run / "run.json").write_text(json.dumps(older, indent=2, sort_keys=True) + "\n")
+    for part in ("train", "test"):  # and its conversion of the data
+        record = data / part / "_flowrec.json"
+        doc = json.loads(record.read_text())
+        doc["split"].pop("split_rule")
+        record.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    resumed = runner.invoke(app, ["train", str(spec), "--resume", str(run), "--max-steps", "2", "-q"])
+    assert resumed.exit_code == 0, resumed.output
+    # a run of this flowrec on data converted before it, whose run.json an older flowrec's resume
+    # rewrote without train_rows, is not taken for one on data converted again
+    started = (run / "encoder" / "encoder.json").stat().st_mtime_ns
+    for part in ("train", "test"):
+        record = data / part / "_flowrec.json"
+        doc = json.loads(record.read_text())
+        doc["split"]["split_rule"] = 2
+        record.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+        os.utime(record, ns=(started - 10**9, started - 10**9))
+    older["max_steps"] = 1
+    (run / "run.json").write_text(json.dumps(older, indent=2, sort_keys=True) + "\n")
+    resumed = runner.invoke(app, ["train", str(spec), "--resume", str(run), "--max-steps", "2", "-q"])
+    assert resumed.exit_code == 0, resumed.output
+    older["max_steps"] = 2
+    (run / "run.json").write_text(json.dumps(older, indent=2, sort_keys=True) + "\n")
+    convert()  # upgraded, the data converted again
+    before = _listing(run)
+    result = runner.invoke(app, ["train", str(spec), "--resume", str(run), "--max-steps", "3"])
+    assert result.exit_code == 2, result.output
+    line = result.output.strip().splitlines()[-1]
+    assert line.startswith("error:") and f"{data} was converted again since the run" in line, line
+    assert _listing(run) == before
+    # scoring the run on that folder's test part, which holds rows it trained on, says so
+    result = runner.invoke(app, ["eval", str(run)])
+    assert result.exit_code == 0 and "not of held-out rows" in result.output, result.output
+    with pytest.warns(UserWarning, match="not of held-out rows"):
+        flowrec.load(run).evaluate()
+
+
 def _bound_csv_spec(tmp_path: Path, rows: int = 80) -> Path:
     """The managed spec bound to a raw CSV file of `rows` random rows (skewed ids)."""
     import csv
