@@ -307,6 +307,18 @@ def _check_kinds(**arguments: tuple[Any, str]) -> None:
         kinds = (str, os.PathLike) if "path" in wanted else (str,)
         if not isinstance(value, kinds) and not (value is None and wanted.endswith("or None")):
             raise RunError(f"{name} must be {wanted}, not {_shown(value)}")
+        if "path" in wanted:
+            _refuse_empty_path(name, value)
+
+
+def _refuse_empty_path(name: str, value: Any) -> None:
+    """A `RunError` for a path given as "" (`os.environ.get("OUT", "")`), which `Path` reads as '.':
+    `train(out="")` trained into the working folder, as `flowrec train --out ""` did before the CLI
+    refused an empty path."""
+    from flowrec.runs.errors import RunError
+
+    if isinstance(value, str) and value == "":
+        raise RunError(f"{name} is an empty path: give a file or folder name ('.' for the working folder)")
 
 
 def _shown(value: Any) -> str:
@@ -345,9 +357,11 @@ def _check_arguments(**arguments: Any) -> None:
     if isinstance(arguments["spec"], str) and "\n" in arguments["spec"]:  # was "cannot read the file: File name too long"
         raise RunError("spec must be a spec file path or a ModelSpec, not the text of a spec: write it to a "
                        "file and give its path")
+    _refuse_empty_path("spec", arguments["spec"])
     for name in ("data", "eval_data", "out"):
         if arguments[name] is not None and not isinstance(arguments[name], (str, os.PathLike)):
             refuse(name, "a folder path (str or pathlib.Path) or None")
+        _refuse_empty_path(name, arguments[name])
     for name in ("on_step", "on_eval", "on_checkpoint"):
         if arguments[name] is not None and not callable(arguments[name]):
             refuse(name, "a callable or None")

@@ -249,6 +249,8 @@ def load_model(path: str | Path) -> LoadedModel:
     Raises:
         ValueError: `path` is not a package, or a part of it is missing, damaged, changed or refused (one line).
     """
+    if isinstance(path, str) and path == "":  # Path reads it as '.', the working folder
+        raise ValueError("path is an empty path: give the package's folder ('.' for the working folder)")
     path = Path(path).expanduser()  # '~/pkg' as pandas reads it (the shell expands it for the CLI)
     manifest = read_manifest(path)
     try:

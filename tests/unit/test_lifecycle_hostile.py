@@ -85,6 +85,31 @@ def test_train_refuses_a_bad_argument_before_writing_anything(spec: Path, tmp_pa
     assert not out.exists()
 
 
+@pytest.mark.parametrize("argument", ["out", "data", "eval_data", "spec"])
+def test_an_empty_path_given_to_train_is_refused_not_the_working_folder(spec: Path, tmp_path: Path, monkeypatch,
+                                                                        argument: str) -> None:
+    """flowrec.train(spec, out=os.environ.get("OUT", "")) trained into the working folder (Path reads
+    "" as '.'), where `flowrec train --out ""` is refused since ff3d98e; now each path argument of the
+    API refuses "" too, naming it, and nothing is written."""
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    kwargs = {"spec": spec, "max_steps": 2, "rows": 200, "progress": False, argument: ""}
+    with pytest.raises(RunError, match=f"{argument} is an empty path"):
+        flowrec.train(kwargs.pop("spec"), **kwargs)
+    assert list(work.iterdir()) == []
+
+
+def test_an_empty_path_given_to_load_evaluate_or_load_model_is_refused(tmp_path: Path, monkeypatch) -> None:
+    """flowrec.load(""), Run.evaluate("") and load_model("") read the working folder as the run,
+    dataset or package; each now names the empty argument, as the command line does."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(RunError, match="run_dir is an empty path"):
+        flowrec.load("")
+    with pytest.raises(ValueError, match="path is an empty path"):
+        flowrec.load_model("")
+
+
 def test_every_callback_event_of_the_docs_is_a_name_of_flowrec() -> None:
     """docs/python.md gives on_eval an `EvalEvent`: `flowrec.EvalEvent` in a callback's annotation
     was an AttributeError, though `flowrec.StepEvent` and `flowrec.CheckpointEvent` were names."""
