@@ -103,17 +103,30 @@ class Run:
 
         return read_records(self.run_dir / METRICS_FILE)
 
-    def evaluate(self, data: str | Path | None = None, group_by: str | None = None) -> Metrics:
+    def evaluate(self, data: str | Path | None = None, group_by: str | None = None,
+                 seen: str | Path | None = None) -> Metrics:
         """Score an encoded dataset (a folder from `flowrec data convert` / `synth`, or a run's
         data/test): exact metrics per head; with `group_by` (a one-id categorical feature) also gAUC.
         Without `data`, the data the run evaluated on (as `flowrec eval RUN`; a run on synthetic
-        rows: its evaluation rows, drawn again from its seed).
+        rows: its evaluation rows, drawn again from its seed). `seen` (a retrieval head with
+        exclude_seen): the training dataset whose (user, item) pairs are left out of each user's
+        ranking, as `flowrec eval --seen`; by default the run's recorded training data.
 
         Raises:
             DataError: no `data` and the run recorded no evaluation data (or it moved).
         """
         _check_kinds(data=(data, "a dataset folder path (str or pathlib.Path) or None"),
-                     group_by=(group_by, "a categorical feature's name or None"))
+                     group_by=(group_by, "a categorical feature's name or None"),
+                     seen=(seen, "a training dataset folder path (str or pathlib.Path) or None"))
+        from flowrec.runs.recorded import recorded_train_data
+
+        if seen is not None and not self.trained.excludes_seen:
+            from flowrec.runs.errors import RunError
+
+            raise RunError("seen= applies to a retrieval head with exclude_seen: true; this run has none "
+                           "(its evaluation leaves nothing out)")
+        seen = Path(seen).expanduser() if seen is not None else None
+        grouping = group_by or self.spec.training.eval_group_by
         if data is None:
             from flowrec.data.layout import DataError
             from flowrec.runs.recorded import eval_data_to_score, synthetic_rows
@@ -122,9 +135,11 @@ class Run:
                 raise DataError("this run has no run folder (out=None), so it recorded no evaluation data: give data=")
             drawn = synthetic_rows(self.run_dir, self.trained.spec)
             if drawn is not None:  # a run on synthetic rows: the evaluation rows it drew, drawn again
-                return self.trained.evaluate_drawn(drawn, group_by or self.spec.training.eval_group_by)
+                return self.trained.evaluate_drawn(drawn, grouping, seen)
             data = eval_data_to_score(self.run_dir, "data=")
-        return self.trained.evaluate_dataset(Path(data).expanduser(), group_by or self.spec.training.eval_group_by)
+        if seen is None and self.run_dir is not None:  # as `flowrec eval`: the pairs of the run's training data
+            seen = recorded_train_data(self.run_dir)
+        return self.trained.evaluate_dataset(Path(data).expanduser(), grouping, seen)
 
 
 def load(run_dir: str | Path, device: str = "auto") -> Run:

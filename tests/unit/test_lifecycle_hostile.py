@@ -306,6 +306,25 @@ def test_a_top_k_reaching_the_items_the_data_holds_is_warned_of_in_train_and_eva
         flowrec.load(tmp_path / "five")
 
 
+def test_run_evaluate_of_an_exclude_seen_head_leaves_out_the_runs_training_items_as_eval_does(tmp_path: Path) -> None:
+    """A retrieval head with exclude_seen: `flowrec eval RUN` leaves out each user's items of the run's
+    recorded training data, but Run.evaluate() (and evaluate(data=...)) gave it none and raised
+    'give the training data (flowrec eval --seen DIR)', a flag Python has not; now both score as
+    eval does, and seen= is eval's --seen."""
+    spec = _tiny_retrieval_spec(tmp_path)
+    spec.write_text(spec.read_text().replace("top_k: [TOPK]", "top_k: [2], exclude_seen: true"))
+    run = tmp_path / "run"
+    assert runner.invoke(app, ["train", str(spec), "--out", str(run), "--max-steps", "2", "-q"]).exit_code == 0
+    result = runner.invoke(app, ["eval", str(run), "--json", str(tmp_path / "m.json"), "-q"])
+    assert result.exit_code == 0, result.output
+    expected = json.loads((tmp_path / "m.json").read_text())
+    loaded = flowrec.load(run)
+    for scored in (loaded.evaluate(), loaded.evaluate(run / "data" / "test"), loaded.evaluate(seen=run / "data" / "train")):
+        assert scored["retrieve"] == pytest.approx(expected["retrieve"])
+    with pytest.raises(RunError, match="seen must be"):
+        loaded.evaluate(seen=3)
+
+
 def test_a_run_whose_encoder_was_removed_is_said_so_by_eval_and_load(tmp_path: Path) -> None:
     """RUN/encoder removed: `flowrec eval RUN` checked no data against the run's encoding and the
     retrieval head ranked every row of its item table (200) where the run's evaluations rank the 12
