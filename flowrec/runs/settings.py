@@ -99,6 +99,13 @@ def setting_problem(key: str, value: Any) -> str | None:
             parse_cache_data(value)
         except ValueError:
             return f"must be auto, on, off or a byte size such as 2GiB, not {value!r}"
+    if key == "device_budget":  # `flowrec.train(device_budget="xx")` said "not a byte size", naming no argument
+        from flowrec.spec.units import parse_bytes
+
+        try:
+            parse_bytes(value)
+        except ValueError:
+            return f"must be a byte size such as 4GiB, not {value!r}"
     return None
 
 

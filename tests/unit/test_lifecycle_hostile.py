@@ -74,6 +74,7 @@ def _listing(folder: Path) -> dict[str, bytes]:
     ("out", 3.0, "out must be a folder path"),
     ("device", None, "device must be a device name"),
     ("device_budget", 4096, "device_budget must be a byte size"),
+    ("device_budget", "xx", "device_budget must be a byte size"),  # was "not a byte size: 'xx'", naming no argument
 ])
 def test_train_refuses_a_bad_argument_before_writing_anything(spec: Path, tmp_path: Path, argument: str,
                                                               value, says: str) -> None:
