@@ -324,6 +324,8 @@ def _check_kinds(**arguments: tuple[Any, str]) -> None:
             raise RunError(f"{name} must be {wanted}, not {_shown(value)}")
         if "path" in wanted:
             _refuse_empty_path(name, value)
+        elif value == "":  # `group_by=""` was read as no group_by: scored without gAUC, as `--group-by ""` was
+            raise RunError(f"{name} is empty: give {wanted.removesuffix(' or None')}, or leave it out for its default")
 
 
 def _refuse_empty_path(name: str, value: Any) -> None:

@@ -111,6 +111,17 @@ def test_an_empty_path_given_to_load_evaluate_or_load_model_is_refused(tmp_path:
         flowrec.load_model("")
 
 
+def test_an_empty_text_or_path_given_to_run_evaluate_is_refused(spec: Path, tmp_path: Path) -> None:
+    """Run.evaluate(group_by="") was read as no group_by and scored without gAUC (the spec's
+    eval_group_by neither), as `flowrec eval --group-by ""` did before 2e52a41; evaluate(data="")
+    scored the working folder. Each now names the empty argument."""
+    run = flowrec.train(spec, out=tmp_path / "run", rows=200, max_steps=1, progress=False)
+    with pytest.raises(RunError, match="group_by is empty"):
+        run.evaluate(group_by="")
+    with pytest.raises(RunError, match="data is an empty path"):
+        run.evaluate(data="")
+
+
 def test_every_callback_event_of_the_docs_is_a_name_of_flowrec() -> None:
     """docs/python.md gives on_eval an `EvalEvent`: `flowrec.EvalEvent` in a callback's annotation
     was an AttributeError, though `flowrec.StepEvent` and `flowrec.CheckpointEvent` were names."""
