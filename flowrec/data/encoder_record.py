@@ -265,6 +265,11 @@ def find_record(path: Path) -> EncoderRecord:
         return record_of_dataset(path)
     if (path / "train" / META_FILE).is_file():
         return record_of_dataset(path / "train")
+    from flowrec.data.owners import owner_of
+
+    if owner_of(run) == "a training run":  # it said to give a run folder, which it is
+        raise DataError(f"{run / RUN_ENCODER_DIR} is missing (removed, or a run made before encoders were "
+                        f"recorded): `flowrec train SPEC --resume {run}` records the run's encoder again")
     raise DataError(f"{path} holds no encoder: give a run folder, an export package or an encoded "
                     "dataset (with _flowrec.json)")
 
