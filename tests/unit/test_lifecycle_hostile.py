@@ -1629,3 +1629,19 @@ def test_more_ranks_than_the_memory_holds_are_refused_before_the_launch(spec: Pa
     assert "give fewer ranks" in lines[0] and launched == [] and not (tmp_path / "run").exists()
     fits = runner.invoke(app, ["train", str(spec), "--nproc", "2", "--out", str(tmp_path / "run"), "-q"])
     assert fits.exit_code == 0 and launched == [2], fits.output
+
+
+def test_a_device_budget_given_again_in_another_unit_is_no_change_on_resume() -> None:
+    """`train --resume RUN --device-budget 1024MiB` of a run started with --device-budget 1GiB was
+    refused as a plan flag that 'would not change' the plan (e57b95b compared the texts), and the
+    notes said it overrides the run's 1GiB; the same bytes are the recorded setting."""
+    from flowrec.cli.train_cmds import _refuse_plan_flags
+
+    recorded = {"device_budget": "1GiB"}
+    _refuse_plan_flags({"device_budget": "1024MiB"}, recorded, None)  # no exit: the same budget
+    _, notes = merge_settings({"device_budget": "1024MiB"}, recorded, {})
+    assert not [n for n in notes if "overrides" in n], notes
+    with pytest.raises(typer.Exit):  # another budget is still refused
+        _refuse_plan_flags({"device_budget": "2GiB"}, recorded, None)
+    _, notes = merge_settings({"device_budget": "2GiB"}, recorded, {})
+    assert [n for n in notes if "--device-budget 2GiB overrides" in n], notes
