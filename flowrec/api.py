@@ -50,6 +50,7 @@ class CheckpointEvent:
 
 
 Callback = Callable[[Any], Union[bool, None]]  # return True (or np.True_) to stop the run after this step
+DEFAULT_ROWS = 400_000  # synthetic rows of a run on no data (`flowrec train --rows`'s default)
 
 
 @dataclass
@@ -172,7 +173,7 @@ def load(run_dir: str | Path, device: str = "auto") -> Run:
 def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_data: str | Path | None = None,
           out: str | Path | None = None, overwrite: bool = False, epochs: int | None = None,
           max_steps: int | None = None, eval_every: int | None = None, checkpoint_every: int = 0,
-          device: str = "auto", device_budget: str | None = None, rows: int = 400_000, seed: int | None = None,
+          device: str = "auto", device_budget: str | None = None, rows: int = DEFAULT_ROWS, seed: int | None = None,
           cache_data: str | None = None, progress: bool = False, on_step: Callback | None = None, on_eval: Callback | None = None,
           on_checkpoint: Callback | None = None) -> Run:
     """Train a spec end to end, as `flowrec train` does, and return the run.
@@ -248,6 +249,12 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
         if problem is not None:
             raise RunError(f"{key} {problem}")
     settings, _ = run_settings(given, model_spec)
+    if rows != DEFAULT_ROWS and (settings["data"] or (model_spec.data is not None and model_spec.data.bound)):
+        import warnings  # as `flowrec train --rows N` with data says: it trained on every row without a word
+
+        warnings.warn(f"rows={rows} is ignored: it sets the rows of synthetic data, and this run trains on every "
+                      f"row of {'data=' + str(settings['data']) if settings['data'] else 'the data the spec binds'} "
+                      "(max_steps=N stops it sooner)", UserWarning, stacklevel=2)
     found, refused = folder_state(folder), False
     lock = claim_run_folder(folder, None, overwrite, model_spec.name, "overwrite=True")[1] if folder else None
     try:

@@ -1645,3 +1645,16 @@ def test_a_device_budget_given_again_in_another_unit_is_no_change_on_resume() ->
         _refuse_plan_flags({"device_budget": "2GiB"}, recorded, None)
     _, notes = merge_settings({"device_budget": "2GiB"}, recorded, {})
     assert [n for n in notes if "--device-budget 2GiB overrides" in n], notes
+
+
+def test_rows_given_to_train_with_data_is_warned_of_as_the_cli_does(spec: Path, tmp_path: Path) -> None:
+    """flowrec.train(spec, data=D, rows=2000) trained on every row of D without a word, where
+    `flowrec train --rows 2000 --data D` says --rows is ignored since 612ed80; now a UserWarning
+    says so (rows alone, on synthetic data, is none)."""
+    data = _synth(spec, tmp_path / "d")
+    with pytest.warns(UserWarning, match=r"rows=150 is ignored: .*every row of data="):
+        flowrec.train(spec, data=data, rows=150, max_steps=1, progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        flowrec.train(spec, rows=150, max_steps=1, progress=False)  # synthetic rows: it counts
+        flowrec.train(spec, data=data, max_steps=1, progress=False)  # not given
