@@ -472,6 +472,8 @@ def _train_in_folder(request: RunRequest, spec, folder: Path, world=None) -> Non
                                    request.fresh_optimizer or bool((recorded or {}).get("fresh_optimizer")))
     for note in notes:
         _say(note)
+    if resuming:
+        _check_recorded_data(request.given, settings, folder, world)
     if state is not None:
         _check_resumed_seed(settings["seed"], state, folder, world)
         bound = spec.data is not None and spec.data.bound
@@ -481,6 +483,16 @@ def _train_in_folder(request: RunRequest, spec, folder: Path, world=None) -> Non
     if settings["cache"] is not None:
         spec = replace(spec, plan=replace(spec.plan, cache=settings["cache"]))
     _run(request, spec, folder, settings, state, world)
+
+
+def _check_recorded_data(given: dict, settings: dict, folder: Path, world=None) -> None:
+    """Exit 2 when the --data or --eval-data a resumed run recorded (run.json) is gone: it said only
+    'dataset directory not found: PATH', a path the user did not give on this command line (under
+    --nproc N, rank 0's line alone)."""
+    for key, flag in (("data", "--data"), ("eval_data", "--eval-data")):
+        if given.get(key) is None and settings.get(key) and not Path(settings[key]).exists():
+            _refuse(f"{folder} was trained with {flag} {settings[key]}, which is gone (moved or removed): give "
+                    f"{flag} DIR, that dataset where it is now", world)
 
 
 def _refuse_plan_flags(given: dict, recorded: dict | None, parent: Path | str | None) -> None:

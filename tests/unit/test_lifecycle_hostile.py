@@ -1658,3 +1658,19 @@ def test_rows_given_to_train_with_data_is_warned_of_as_the_cli_does(spec: Path, 
         warnings.simplefilter("error", UserWarning)
         flowrec.train(spec, rows=150, max_steps=1, progress=False)  # synthetic rows: it counts
         flowrec.train(spec, data=data, max_steps=1, progress=False)  # not given
+
+
+def test_resuming_a_run_whose_recorded_data_is_gone_names_the_flag(spec: Path, tmp_path: Path) -> None:
+    """--resume RUN of a run trained with --data D (or --eval-data E) after D was moved said only
+    'dataset directory not found: D', a path not on the command line; now the line names the flag
+    run.json recorded it for and the way on, giving it again where the dataset is now."""
+    data, run = _synth(spec, tmp_path / "d"), tmp_path / "run"
+    first = runner.invoke(app, ["train", str(spec), "--data", str(data), "--out", str(run), "--max-steps", "1", "-q"])
+    assert first.exit_code == 0, first.output
+    moved = data.rename(tmp_path / "moved")
+    result = runner.invoke(app, ["train", str(spec), "--resume", str(run), "--max-steps", "2", "-q"])
+    assert result.exit_code == 2, result.output
+    assert f"was trained with --data {data}, which is gone" in result.output and "give --data DIR" in result.output
+    result = runner.invoke(app, ["train", str(spec), "--resume", str(run), "--data", str(moved), "--max-steps", "2",
+                                 "-q"])
+    assert result.exit_code == 0, result.output
