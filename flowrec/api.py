@@ -338,11 +338,18 @@ def _check_kinds(**arguments: tuple[Any, str]) -> None:
 def _refuse_empty_path(name: str, value: Any) -> None:
     """A `RunError` for a path given as "" (`os.environ.get("OUT", "")`), which `Path` reads as '.':
     `train(out="")` trained into the working folder, as `flowrec train --out ""` did before the CLI
-    refused an empty path."""
+    refused an empty path; or for a path flowrec cannot use (`unusable_path`: a name that is not
+    UTF-8, as `os.listdir` gives a latin-1 name, or one too long), which was a UnicodeEncodeError
+    writing run.json, or an OSError, after the run folder was made."""
+    import os
+
     from flowrec.runs.errors import RunError
+    from flowrec.data.paths import unusable_path
 
     if isinstance(value, str) and value == "":
         raise RunError(f"{name} is an empty path: give a file or folder name ('.' for the working folder)")
+    if isinstance(value, (str, os.PathLike)) and (problem := unusable_path(Path(value).expanduser())):
+        raise RunError(f"{name}: {problem}")
 
 
 def _shown(value: Any) -> str:

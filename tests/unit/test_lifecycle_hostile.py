@@ -122,6 +122,23 @@ def test_an_empty_text_or_path_given_to_run_evaluate_is_refused(spec: Path, tmp_
         run.evaluate(data="")
 
 
+@pytest.mark.parametrize("name", [os.fsdecode(b"day\xe9"), "x" * 300])
+def test_a_path_flowrec_cannot_use_is_refused_by_the_api_before_a_folder_is_made(spec: Path, tmp_path: Path,
+                                                                                 name: str) -> None:
+    """flowrec.train(out=NAME) with a name that is not UTF-8 (as os.listdir gives a latin-1 one) made
+    the folder, then raised UnicodeEncodeError writing run.json and left it behind; a name over 255
+    bytes was an OSError. The command line refuses both first since 73ef415 and fc99123; now the API
+    does, a RunError naming the argument (load and load_model alike), nothing made."""
+    with pytest.raises(RunError, match="^out: the name") as caught:
+        flowrec.train(spec, out=tmp_path / name, rows=200, max_steps=1, progress=False)
+    assert "\n" not in str(caught.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [spec.name]
+    with pytest.raises(RunError, match="^run_dir: the name"):
+        flowrec.load(tmp_path / name)
+    with pytest.raises(ValueError, match="^path: the name"):
+        flowrec.load_model(tmp_path / name)
+
+
 def test_every_callback_event_of_the_docs_is_a_name_of_flowrec() -> None:
     """docs/python.md gives on_eval an `EvalEvent`: `flowrec.EvalEvent` in a callback's annotation
     was an AttributeError, though `flowrec.StepEvent` and `flowrec.CheckpointEvent` were names."""
