@@ -328,6 +328,24 @@ def _exit_with_issues(path: Path, exc: SpecError) -> NoReturn:
     raise typer.Exit(EXIT_INVALID)
 
 
+def bound_files(spec_path: Path, model: ModelSpec) -> list[Path]:
+    """The files a spec binds, read where the spec is read: its data.path and a libsvm feature map
+    (from the spec's folder, as training reads them). A command's output guard counts them as its
+    inputs: `flowrec plan s.yaml --json raw.csv --overwrite` replaced the raw training data the
+    spec binds with plan JSON, the guard knowing the spec alone (`eval --json` and `predict --out`
+    replace only their own output since 48d21a1 and 0c58e5e)."""
+    from flowrec.data.sources import FILE_OPTIONS, spec_file_options
+
+    data = model.data
+    if data is None:
+        return []
+    options = dict(data.options)
+    resolved = spec_file_options(model, Path(spec_path).parent)
+    files = [Path(spec_path).parent / data.path] if data.path is not None else []
+    return files + [Path(resolved.get(key, options[key])) for key in FILE_OPTIONS
+                    if isinstance(options.get(key), str) and options[key]]
+
+
 def guard_outputs(outputs: Sequence[Path], inputs: Sequence[Path | None], overwrite: bool) -> None:
     """Check every output file against the output guard (`flowrec.data.output_guard`) before any
     work: one line and exit 2 for the first refused; two outputs naming one file are refused too."""

@@ -8,7 +8,7 @@ from typing import Optional, get_args
 
 import typer
 
-from flowrec.cli.common import (check_byte_size, fail, misnamed_output, guard_outputs, launch_env, missing_parents, planned_spec_or_exit, remove_empty,
+from flowrec.cli.common import (bound_files, check_byte_size, fail, misnamed_output, guard_outputs, launch_env, missing_parents, planned_spec_or_exit, remove_empty,
                                 write_output)
 from flowrec.planner.calibration import is_profile_path
 from flowrec.render import to_dot, to_png, to_svg
@@ -68,7 +68,8 @@ def plan(
     model = planned_spec_or_exit(spec)
     files = [Path(p) for p in (json_out, dot, svg, png) if p is not None and str(p) != "-"]
     made = missing_parents(*files)  # the guard makes them; a plan that fails takes them back
-    guard_outputs(files, [spec, profile, Path(target) if target and is_profile_path(target) else None], overwrite)
+    guard_outputs(files, [spec, *bound_files(spec, model), profile,
+                          Path(target) if target and is_profile_path(target) else None], overwrite)
     try:
         trained = run_managed(managed_from, model) if managed_from is not None else None  # before any output
         if until not in STAGES:
