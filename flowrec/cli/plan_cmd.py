@@ -17,6 +17,7 @@ from flowrec.graph.plan_io import plan_json
 from flowrec.planner.fit import host_fit, host_is_device, misfit
 from flowrec.planner.report import managed_report, text_report
 from flowrec.spec.model import CachePolicy
+from flowrec.spec.schema_errors import did_you_mean
 
 PLAN_HELP = """Compile a spec into an optimized plan and report it.
 
@@ -73,10 +74,11 @@ def plan(
     try:
         trained = run_managed(managed_from, model) if managed_from is not None else None  # before any output
         if until not in STAGES:
-            fail(f"--until must be one of {', '.join(STAGES)}, not {until!r}")
+            fail(f"--until must be one of {', '.join(STAGES)}, not {until!r}{did_you_mean(until, STAGES)}")
         if cache is not None:
             if cache not in get_args(CachePolicy):
-                fail(f"--cache must be one of {', '.join(get_args(CachePolicy))}, not {cache!r}")
+                fail(f"--cache must be one of {', '.join(get_args(CachePolicy))}, not {cache!r}"
+                     f"{did_you_mean(cache, get_args(CachePolicy))}")
             model = replace(model, plan=replace(model.plan, cache=cache))
         if epochs is not None:
             model = replace(model, training=replace(model.training, epochs=epochs))

@@ -18,6 +18,7 @@ from flowrec.cli.common import (EXIT_INVALID, check_byte_size, check_env_switche
                                  is_lead_rank, load_spec_or_exit, planned_spec_or_exit, warn)
 from flowrec.runtime.signals import interrupt_name, terminated_as_interrupted
 from flowrec.runtime.messages import first_line, one_line, out_of_memory, shell_word
+from flowrec.spec.schema_errors import did_you_mean
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
 EXIT_OUT_OF_MEMORY = 3
@@ -279,9 +280,11 @@ def _check_options(request: RunRequest) -> None:
         fail(f"--device {device_problem(given['device'])}")
     check_byte_size("--device-budget", given["device_budget"])
     if given["cache"] is not None and given["cache"] not in CACHE_POLICIES:
-        fail(f"--cache must be one of {', '.join(CACHE_POLICIES)}, not {given['cache']!r}")
+        fail(f"--cache must be one of {', '.join(CACHE_POLICIES)}, not {given['cache']!r}"
+             f"{did_you_mean(given['cache'], CACHE_POLICIES)}")
     if given["nan_policy"] is not None and given["nan_policy"] not in NAN_POLICIES:
-        fail(f"--nan-policy must be one of {', '.join(NAN_POLICIES)}, not {given['nan_policy']!r}")
+        fail(f"--nan-policy must be one of {', '.join(NAN_POLICIES)}, not {given['nan_policy']!r}"
+             f"{did_you_mean(given['nan_policy'], NAN_POLICIES)}")
     if given.get("cache_data") is not None:
         try:
             parse_cache_data(given["cache_data"])
