@@ -138,7 +138,8 @@ class Run:
             if drawn is not None:  # a run on synthetic rows: the evaluation rows it drew, drawn again
                 return self.trained.evaluate_drawn(drawn, grouping, seen)
             data = eval_data_to_score(self.run_dir, "data=")
-        if seen is None and self.run_dir is not None:  # as `flowrec eval`: the pairs of the run's training data
+        if seen is None and self.run_dir is not None and self.trained.excludes_seen:  # as `flowrec eval`: the
+            # pairs of the run's training data (run.json read only for such a head: data= scores without it)
             seen = recorded_train_data(self.run_dir)
         return self.trained.evaluate_dataset(Path(data).expanduser(), grouping, seen)
 

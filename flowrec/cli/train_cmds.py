@@ -937,7 +937,9 @@ def evaluate_run(
                      f"(drawn again from seed {trained.spec.training.seed}; --data scores another dataset)")
             metrics = trained.evaluate_drawn(drawn, grouping, seen)
         else:
-            metrics = trained.evaluate_dataset(data, grouping, seen or recorded_train_data(run_dir))
+            if seen is None and trained.excludes_seen:  # run.json read only for such a head: a damaged one
+                seen = recorded_train_data(run_dir)  # refused eval --data of any run ('cannot be resumed')
+            metrics = trained.evaluate_dataset(data, grouping, seen)
     except (DataError, OSError, ValueError, RuntimeError) as exc:
         fail(custom_failure(exc) or first_line(exc))
     except KeyboardInterrupt:

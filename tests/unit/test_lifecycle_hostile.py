@@ -1691,3 +1691,18 @@ def test_resuming_a_run_whose_recorded_data_is_gone_names_the_flag(spec: Path, t
     result = runner.invoke(app, ["train", str(spec), "--resume", str(run), "--data", str(moved), "--max-steps", "2",
                                  "-q"])
     assert result.exit_code == 0, result.output
+
+
+def test_eval_with_data_given_reads_no_run_json_where_nothing_is_left_out(spec: Path, tmp_path: Path) -> None:
+    """`flowrec eval RUN --data D` of a run whose run.json was damaged was refused ('RUN/run.json is
+    damaged ...; the run cannot be resumed'), though only a retrieval head with exclude_seen needs
+    the run's recorded training data; now eval (and Run.evaluate) read run.json only for such a head."""
+    data, run = _synth(spec, tmp_path / "d"), tmp_path / "run"
+    first = runner.invoke(app, ["train", str(spec), "--data", str(data), "--out", str(run), "--max-steps", "1", "-q"])
+    assert first.exit_code == 0, first.output
+    (run / "run.json").write_text("{bad")
+    result = runner.invoke(app, ["eval", str(run), "--data", str(data), "--json", "-"])
+    assert result.exit_code == 0, result.output
+    scored = json.loads(result.stdout)
+    again = flowrec.load(run).evaluate(data)
+    assert {h: again[h]["samples"] for h in again} == {h: scored[h]["samples"] for h in scored}
