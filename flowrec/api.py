@@ -50,6 +50,7 @@ class CheckpointEvent:
 
 
 Callback = Callable[[Any], Union[bool, None]]  # return True (or np.True_) to stop the run after this step
+DEFAULT_ROWS = 400_000  # synthetic rows of a run on no data (`flowrec train --rows`'s default)
 
 
 @dataclass
@@ -108,17 +109,30 @@ class Run:
 
         return read_records(self.run_dir / METRICS_FILE)
 
-    def evaluate(self, data: str | Path | None = None, group_by: str | None = None) -> Metrics:
+    def evaluate(self, data: str | Path | None = None, group_by: str | None = None,
+                 seen: str | Path | None = None) -> Metrics:
         """Score an encoded dataset (a folder from `flowrec data convert` / `synth`, or a run's
         data/test): exact metrics per head; with `group_by` (a one-id categorical feature) also gAUC.
         Without `data`, the data the run evaluated on (as `flowrec eval RUN`; a run on synthetic
-        rows: its evaluation rows, drawn again from its seed).
+        rows: its evaluation rows, drawn again from its seed). `seen` (a retrieval head with
+        exclude_seen): the training dataset whose (user, item) pairs are left out of each user's
+        ranking, as `flowrec eval --seen`; by default the run's recorded training data.
 
         Raises:
             DataError: no `data` and the run recorded no evaluation data (or it moved).
         """
         _check_kinds(data=(data, "a dataset folder path (str or pathlib.Path) or None"),
-                     group_by=(group_by, "a categorical feature's name or None"))
+                     group_by=(group_by, "a categorical feature's name or None"),
+                     seen=(seen, "a training dataset folder path (str or pathlib.Path) or None"))
+        from flowrec.runs.recorded import recorded_train_data
+
+        if seen is not None and not self.trained.excludes_seen:
+            from flowrec.runs.errors import RunError
+
+            raise RunError("seen= applies to a retrieval head with exclude_seen: true; this run has none "
+                           "(its evaluation leaves nothing out)")
+        seen = Path(seen).expanduser() if seen is not None else None
+        grouping = group_by or self.spec.training.eval_group_by
         if data is None:
             from flowrec.data.layout import DataError
             from flowrec.runs.recorded import eval_data_to_score, split_since, synthetic_rows
@@ -127,15 +141,16 @@ class Run:
                 raise DataError("this run has no run folder (out=None), so it recorded no evaluation data: give data=")
             drawn = synthetic_rows(self.run_dir, self.trained.spec)
             if drawn is not None:  # a run on synthetic rows: the evaluation rows it drew, drawn again
-                return _warn_covered_classes(self.trained.evaluate_drawn(drawn, group_by or
-                                                                         self.spec.training.eval_group_by))
+                return _warn_covered_classes(self.trained.evaluate_drawn(drawn, grouping, seen))
             data = eval_data_to_score(self.run_dir, "data=")
             if (line := split_since(self.run_dir, "data=")) is not None:
                 import warnings
 
                 warnings.warn(line, UserWarning, stacklevel=2)
-        return _warn_covered_classes(self.trained.evaluate_dataset(Path(data).expanduser(),
-                                                                   group_by or self.spec.training.eval_group_by))
+        if seen is None and self.run_dir is not None and self.trained.excludes_seen:  # as `flowrec eval`: the
+            # pairs of the run's training data (run.json read only for such a head: data= scores without it)
+            seen = recorded_train_data(self.run_dir)
+        return _warn_covered_classes(self.trained.evaluate_dataset(Path(data).expanduser(), grouping, seen))
 
 
 def load(run_dir: str | Path, device: str = "auto") -> Run:
@@ -168,7 +183,7 @@ def load(run_dir: str | Path, device: str = "auto") -> Run:
 def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_data: str | Path | None = None,
           out: str | Path | None = None, overwrite: bool = False, epochs: int | None = None,
           max_steps: int | None = None, eval_every: int | None = None, checkpoint_every: int = 0,
-          device: str = "auto", device_budget: str | None = None, rows: int = 400_000, seed: int | None = None,
+          device: str = "auto", device_budget: str | None = None, rows: int = DEFAULT_ROWS, seed: int | None = None,
           cache_data: str | None = None, progress: bool = False, on_step: Callback | None = None, on_eval: Callback | None = None,
           on_checkpoint: Callback | None = None) -> Run:
     """Train a spec end to end, as `flowrec train` does, and return the run.
@@ -244,6 +259,12 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
         if problem is not None:
             raise RunError(f"{key} {problem}")
     settings, _ = run_settings(given, model_spec)
+    if rows != DEFAULT_ROWS and (settings["data"] or (model_spec.data is not None and model_spec.data.bound)):
+        import warnings  # as `flowrec train --rows N` with data says: it trained on every row without a word
+
+        warnings.warn(f"rows={rows} is ignored: it sets the rows of synthetic data, and this run trains on every "
+                      f"row of {'data=' + str(settings['data']) if settings['data'] else 'the data the spec binds'} "
+                      "(max_steps=N stops it sooner)", UserWarning, stacklevel=2)
     found, refused = folder_state(folder), False
     lock = claim_run_folder(folder, None, overwrite, model_spec.name, "overwrite=True")[1] if folder else None
     try:
@@ -344,6 +365,27 @@ def _check_kinds(**arguments: tuple[Any, str]) -> None:
         kinds = (str, os.PathLike) if "path" in wanted else (str,)
         if not isinstance(value, kinds) and not (value is None and wanted.endswith("or None")):
             raise RunError(f"{name} must be {wanted}, not {_shown(value)}")
+        if "path" in wanted:
+            _refuse_empty_path(name, value)
+        elif value == "":  # `group_by=""` was read as no group_by: scored without gAUC, as `--group-by ""` was
+            raise RunError(f"{name} is empty: give {wanted.removesuffix(' or None')}, or leave it out for its default")
+
+
+def _refuse_empty_path(name: str, value: Any) -> None:
+    """A `RunError` for a path given as "" (`os.environ.get("OUT", "")`), which `Path` reads as '.':
+    `train(out="")` trained into the working folder, as `flowrec train --out ""` did before the CLI
+    refused an empty path; or for a path flowrec cannot use (`unusable_path`: a name that is not
+    UTF-8, as `os.listdir` gives a latin-1 name, or one too long), which was a UnicodeEncodeError
+    writing run.json, or an OSError, after the run folder was made."""
+    import os
+
+    from flowrec.runs.errors import RunError
+    from flowrec.data.paths import unusable_path
+
+    if isinstance(value, str) and value == "":
+        raise RunError(f"{name} is an empty path: give a file or folder name ('.' for the working folder)")
+    if isinstance(value, (str, os.PathLike)) and (problem := unusable_path(Path(value).expanduser())):
+        raise RunError(f"{name}: {problem}")
 
 
 def _shown(value: Any) -> str:
@@ -382,9 +424,11 @@ def _check_arguments(**arguments: Any) -> None:
     if isinstance(arguments["spec"], str) and "\n" in arguments["spec"]:  # was "cannot read the file: File name too long"
         raise RunError("spec must be a spec file path or a ModelSpec, not the text of a spec: write it to a "
                        "file and give its path")
+    _refuse_empty_path("spec", arguments["spec"])
     for name in ("data", "eval_data", "out"):
         if arguments[name] is not None and not isinstance(arguments[name], (str, os.PathLike)):
             refuse(name, "a folder path (str or pathlib.Path) or None")
+        _refuse_empty_path(name, arguments[name])
     for name in ("on_step", "on_eval", "on_checkpoint"):
         if arguments[name] is not None and not callable(arguments[name]):
             refuse(name, "a callable or None")

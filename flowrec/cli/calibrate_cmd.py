@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from flowrec.cli.common import (check_byte_size, check_env_switches, check_one_gpu_per_rank, fail, guard_outputs,
+from flowrec.cli.common import (bound_files, check_byte_size, check_env_switches, check_one_gpu_per_rank, fail, guard_outputs,
                                  planned_spec_or_exit, say, write_output)
 
 FALLBACK_SHAPES = [(4096, 512, 256), (4096, 256, 64)]  # without a spec: DLRM-sized layers
@@ -70,7 +70,7 @@ def calibrate(
         fail(f"--seconds must be a number of seconds from {MIN_SECONDS} to {MAX_SECONDS:g}, not {seconds}")
     model = planned_spec_or_exit(spec, check_given=True) if spec is not None else None  # custom modules measured
     if out is not None:
-        guard_outputs([out], [spec], overwrite)
+        guard_outputs([out], [spec, *(bound_files(spec, model) if model is not None else [])], overwrite)
     check_byte_size("--device-budget", device_budget)
     shapes = gemm_shapes(model) if model is not None else FALLBACK_SHAPES
     try:

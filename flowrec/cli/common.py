@@ -11,6 +11,7 @@ import typer
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from flowrec.runtime.messages import one_line
+from flowrec.data.paths import NAME_MAX, PATH_MAX, unusable_path  # noqa: F401 (the CLI checks its paths with it)
 from flowrec.spec.errors import SpecError
 from flowrec.spec.load import load_spec
 from flowrec.spec.model import DRY_RUN_KINDS, ModelSpec, unresolved_modules
@@ -163,49 +164,6 @@ def _refusing_empty(param: TyperArgument | TyperOption, process_value: Callable)
             fail(f"{name} is an empty path: give a file or folder name ('.' for the working folder)")
         return process_value(ctx, value)
     return checked
-
-
-NAME_MAX = 255  # bytes of one file name (ext4, xfs, btrfs, tmpfs), where the folder does not say
-PATH_MAX = 4096  # bytes of a whole path (Linux)
-
-
-def unusable_path(path: PurePath) -> str | None:
-    """Why flowrec cannot use `path` (a name, or the whole path, longer than the file system holds;
-    a name that is not UTF-8 text), or None. Python's `Path.exists()` raises on a name too long
-    where it returns False for a missing file, and flowrec records paths in its JSON files (run.json,
-    _flowrec.json), which hold text: both ended in tracebacks, so every command checks its paths first.
-
-    >>> unusable_path(Path("runs") / ("x" * 300))
-    "the name 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxx…' is 300 bytes long; a file name holds at most 255"
-    >>> unusable_path(Path(os.fsdecode(b"runs/day\\xe9")))
-    "the name 'day\\\\xe9' is not UTF-8 text, and flowrec reads and records paths as text: rename it (e.g. convmv -f latin1 -t utf8)"
-    >>> unusable_path(Path("runs/a"))
-    """
-    if len(os.fsencode(path)) >= PATH_MAX:
-        return f"the path is {len(os.fsencode(path)):,} bytes long; a path holds at most {PATH_MAX - 1:,}"
-    limit = _name_max(Path(path))
-    for part in PurePath(path).parts:
-        size = len(os.fsencode(part))
-        if size > limit:
-            return f"the name {part[:30]!r}"[:-1] + f"…' is {size:,} bytes long; a file name holds at most {limit}"
-        try:
-            part.encode("utf-8")
-        except UnicodeEncodeError:
-            shown = os.fsencode(part).decode("utf-8", "backslashreplace")
-            return (f"the name '{shown}' is not UTF-8 text, and flowrec reads and records paths as text: rename it "
-                    "(e.g. convmv -f latin1 -t utf8)")
-    return None
-
-
-def _name_max(path: Path) -> int:
-    """The longest file name the file system of `path`'s nearest existing folder holds."""
-    for folder in path.absolute().parents:
-        try:
-            if folder.is_dir():
-                return int(os.pathconf(folder, "PC_NAME_MAX"))
-        except (OSError, ValueError):
-            break
-    return NAME_MAX
 
 
 def missing_parents(*outs: Path) -> list[Path]:
@@ -391,6 +349,24 @@ def _exit_with_issues(path: Path, exc: SpecError) -> NoReturn:
     for issue in exc.issues:
         typer.echo(one_line(f"{path}: {issue}"), err=True)
     raise typer.Exit(EXIT_INVALID)
+
+
+def bound_files(spec_path: Path, model: ModelSpec) -> list[Path]:
+    """The files a spec binds, read where the spec is read: its data.path and a libsvm feature map
+    (from the spec's folder, as training reads them). A command's output guard counts them as its
+    inputs: `flowrec plan s.yaml --json raw.csv --overwrite` replaced the raw training data the
+    spec binds with plan JSON, the guard knowing the spec alone (`eval --json` and `predict --out`
+    replace only their own output since 48d21a1 and 0c58e5e)."""
+    from flowrec.data.sources import FILE_OPTIONS, spec_file_options
+
+    data = model.data
+    if data is None:
+        return []
+    options = dict(data.options)
+    resolved = spec_file_options(model, Path(spec_path).parent)
+    files = [Path(spec_path).parent / data.path] if data.path is not None else []
+    return files + [Path(resolved.get(key, options[key])) for key in FILE_OPTIONS
+                    if isinstance(options.get(key), str) and options[key]]
 
 
 def guard_outputs(outputs: Sequence[Path], inputs: Sequence[Path | None], overwrite: bool) -> None:

@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import typer
 
-from flowrec.cli.common import (OneLineErrorsGroup, check_byte_size, check_seed_option, fail, guard_outputs,
-                                 load_spec_or_exit, misnamed_output, say, skipped_lines, warn, write_output)
+from flowrec.cli.common import (OneLineErrorsGroup, bound_files, check_byte_size, check_seed_option, fail,
+                                 guard_outputs, load_spec_or_exit, misnamed_output, say, skipped_lines, warn,
+                                 write_output)
 from flowrec.runtime.messages import shell_word
 from flowrec.spec.schema_errors import did_you_mean
 
@@ -259,7 +260,8 @@ def profile(
     for flag, path in (("--json", json_file), ("--png", png)):
         if path is not None and (problem := misnamed_output(flag, path, ("--json", "--png"))):
             fail(problem)
-    guard_outputs([p for p in (json_file, png) if p is not None], [spec, data], overwrite)
+    model = _spec(spec)
+    guard_outputs([p for p in (json_file, png) if p is not None], [spec, *bound_files(spec, model), data], overwrite)
 
     def work():
         from flowrec.data.dataset import ParquetSource
@@ -268,7 +270,6 @@ def profile(
         from flowrec.runtime.progress import reading_bar
         from flowrec.spec.units import parse_bytes
 
-        model = _spec(spec)
         source = ParquetSource(data)
         try:
             check_spec(source.meta, model, data)

@@ -8,7 +8,7 @@ from typing import Optional, get_args
 
 import typer
 
-from flowrec.cli.common import (check_byte_size, fail, misnamed_output, guard_outputs, launch_env, missing_parents, planned_spec_or_exit, remove_empty,
+from flowrec.cli.common import (bound_files, check_byte_size, fail, misnamed_output, guard_outputs, launch_env, missing_parents, planned_spec_or_exit, remove_empty,
                                 write_output)
 from flowrec.planner.calibration import is_profile_path
 from flowrec.render import to_dot, to_png, to_svg
@@ -17,6 +17,7 @@ from flowrec.graph.plan_io import plan_json
 from flowrec.planner.fit import host_fit, host_is_device, misfit
 from flowrec.planner.report import managed_report, text_report
 from flowrec.spec.model import CachePolicy
+from flowrec.spec.schema_errors import did_you_mean
 
 PLAN_HELP = """Compile a spec into an optimized plan and report it.
 
@@ -68,14 +69,16 @@ def plan(
     model = planned_spec_or_exit(spec)
     files = [Path(p) for p in (json_out, dot, svg, png) if p is not None and str(p) != "-"]
     made = missing_parents(*files)  # the guard makes them; a plan that fails takes them back
-    guard_outputs(files, [spec, profile, Path(target) if target and is_profile_path(target) else None], overwrite)
+    guard_outputs(files, [spec, *bound_files(spec, model), profile,
+                          Path(target) if target and is_profile_path(target) else None], overwrite)
     try:
         trained = run_managed(managed_from, model) if managed_from is not None else None  # before any output
         if until not in STAGES:
-            fail(f"--until must be one of {', '.join(STAGES)}, not {until!r}")
+            fail(f"--until must be one of {', '.join(STAGES)}, not {until!r}{did_you_mean(until, STAGES)}")
         if cache is not None:
             if cache not in get_args(CachePolicy):
-                fail(f"--cache must be one of {', '.join(get_args(CachePolicy))}, not {cache!r}")
+                fail(f"--cache must be one of {', '.join(get_args(CachePolicy))}, not {cache!r}"
+                     f"{did_you_mean(cache, get_args(CachePolicy))}")
             model = replace(model, plan=replace(model.plan, cache=cache))
         if epochs is not None:
             model = replace(model, training=replace(model.training, epochs=epochs))

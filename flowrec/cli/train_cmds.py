@@ -19,6 +19,7 @@ from flowrec.cli.common import (EXIT_INVALID, check_byte_size, check_env_switche
                                  warn)
 from flowrec.runtime.signals import interrupt_name, terminated_as_interrupted
 from flowrec.runtime.messages import first_line, one_line, out_of_memory, shell_word
+from flowrec.spec.schema_errors import did_you_mean
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
 EXIT_OUT_OF_MEMORY = 3
@@ -279,9 +280,11 @@ def _check_options(request: RunRequest) -> None:
         fail(f"--device {device_problem(given['device'])}")
     check_byte_size("--device-budget", given["device_budget"])
     if given["cache"] is not None and given["cache"] not in CACHE_POLICIES:
-        fail(f"--cache must be one of {', '.join(CACHE_POLICIES)}, not {given['cache']!r}")
+        fail(f"--cache must be one of {', '.join(CACHE_POLICIES)}, not {given['cache']!r}"
+             f"{did_you_mean(given['cache'], CACHE_POLICIES)}")
     if given["nan_policy"] is not None and given["nan_policy"] not in NAN_POLICIES:
-        fail(f"--nan-policy must be one of {', '.join(NAN_POLICIES)}, not {given['nan_policy']!r}")
+        fail(f"--nan-policy must be one of {', '.join(NAN_POLICIES)}, not {given['nan_policy']!r}"
+             f"{did_you_mean(given['nan_policy'], NAN_POLICIES)}")
     if given.get("cache_data") is not None:
         try:
             parse_cache_data(given["cache_data"])
@@ -475,6 +478,8 @@ def _train_in_folder(request: RunRequest, spec, folder: Path, world=None) -> Non
                                    request.fresh_optimizer or bool((recorded or {}).get("fresh_optimizer")))
     for note in notes:
         _say(note)
+    if resuming:
+        _check_recorded_data(request.given, settings, folder, world)
     if state is not None:
         _check_resumed_seed(settings["seed"], state, folder, world)
         bound = spec.data is not None and spec.data.bound
@@ -531,6 +536,16 @@ def _refuse_split_since(data: Path, folder: Path) -> None:
          f"2026-12-05 that trained the run (its run.json records no train_rows) drew the test rows otherwise, so "
          f"the run would go on in other rows and evaluate on rows it trained on; put the data it trained on "
          f"back, or start a new run on this data (--out NEW)")
+
+
+def _check_recorded_data(given: dict, settings: dict, folder: Path, world=None) -> None:
+    """Exit 2 when the --data or --eval-data a resumed run recorded (run.json) is gone: it said only
+    'dataset directory not found: PATH', a path the user did not give on this command line (under
+    --nproc N, rank 0's line alone)."""
+    for key, flag in (("data", "--data"), ("eval_data", "--eval-data")):
+        if given.get(key) is None and settings.get(key) and not Path(settings[key]).exists():
+            _refuse(f"{folder} was trained with {flag} {settings[key]}, which is gone (moved or removed): give "
+                    f"{flag} DIR, that dataset where it is now", world)
 
 
 def _refuse_plan_flags(given: dict, recorded: dict | None, parent: Path | str | None) -> None:
@@ -998,7 +1013,9 @@ def evaluate_run(
                      f"(drawn again from seed {trained.spec.training.seed}; --data scores another dataset)")
             metrics = trained.evaluate_drawn(drawn, grouping, seen)
         else:
-            metrics = trained.evaluate_dataset(data, grouping, seen or recorded_train_data(run_dir))
+            if seen is None and trained.excludes_seen:  # run.json read only for such a head: a damaged one
+                seen = recorded_train_data(run_dir)  # refused eval --data of any run ('cannot be resumed')
+            metrics = trained.evaluate_dataset(data, grouping, seen)
     except (DataError, OSError, ValueError, RuntimeError) as exc:
         fail(custom_failure(exc) or first_line(exc))
     except KeyboardInterrupt:

@@ -276,6 +276,11 @@ def find_record(path: Path) -> EncoderRecord:
             pass
         else:
             raise DataError(f"{path} is a file of {path.parent}, which holds the encoder: give {path.parent}")
+    from flowrec.data.owners import owner_of
+
+    if owner_of(run) == "a training run":  # it said to give a run folder, which it is
+        raise DataError(f"{run / RUN_ENCODER_DIR} is missing (removed, or a run made before encoders were "
+                        f"recorded): `flowrec train SPEC --resume {run}` records the run's encoder again")
     raise DataError(f"{path} holds no encoder: {give}")
 
 

@@ -289,8 +289,10 @@ def device_profile(name: str) -> DeviceProfile:
         return DEVICES[name]
     if is_profile_path(name):
         return _calibrated(name)
+    from flowrec.spec.schema_errors import did_you_mean
+
     raise ValueError(f"unknown target {name!r} (known: {', '.join(DEVICES)}, or a profile file "
-                     f"from `flowrec calibrate`)")
+                     f"from `flowrec calibrate`){did_you_mean(name, DEVICES)}")
 
 
 def _calibrated(path: str) -> DeviceProfile:

@@ -98,6 +98,13 @@ def setting_problem(key: str, value: Any) -> str | None:
             parse_cache_data(value)
         except ValueError:
             return f"must be auto, on, off or a byte size such as 2GiB, not {value!r}"
+    if key == "device_budget":  # `flowrec.train(device_budget="xx")` said "not a byte size", naming no argument
+        from flowrec.spec.units import parse_bytes
+
+        try:
+            parse_bytes(value)
+        except ValueError:
+            return f"must be a byte size such as 4GiB, not {value!r}"
     return None
 
 
@@ -173,7 +180,7 @@ def merge_settings(given: dict[str, Any], recorded: dict[str, Any] | None,
                 value = recorded[key]
                 if value is not None:
                     restored.append(_described(flag, value))
-            elif value != recorded[key] and not _same_path(key, value, recorded[key]):
+            elif not same_setting(key, value, recorded[key]):
                 was = (_described(flag, recorded[key]) if recorded[key] is not None
                        else f"default (it was started without {flag.split('/')[0]})")
                 overridden.append(f"{_described(flag, value)} overrides the run's {was}")
@@ -227,7 +234,20 @@ PLAN_FLAGS = (("plan", "--plan"), ("device_budget", "--device-budget"), ("cache"
 
 def same_setting(key: str, given: Any, recorded: Any) -> bool:
     """A setting given again as recorded (a path relative where run.json holds it absolute)."""
-    return given == recorded or _same_path(key, given, recorded)
+    return given == recorded or _same_path(key, given, recorded) or _same_bytes(key, given, recorded)
+
+
+def _same_bytes(key: str, given: Any, recorded: Any) -> bool:
+    """A byte size given again in another spelling (`--device-budget 1024MiB` for a run recorded
+    with 1GiB) is no change (it was refused on --resume as a new plan flag)."""
+    from flowrec.spec.units import parse_bytes
+
+    if key != "device_budget" or not isinstance(given, str) or not isinstance(recorded, str):
+        return False
+    try:
+        return parse_bytes(given) == parse_bytes(recorded)
+    except ValueError:
+        return False
 
 
 def _same_path(key: str, given: Any, recorded: Any) -> bool:

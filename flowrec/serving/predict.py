@@ -12,6 +12,7 @@ Example:
 from __future__ import annotations
 
 import numbers
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -259,6 +260,12 @@ def load_model(path: str | Path) -> LoadedModel:
     Raises:
         ValueError: `path` is not a package, or a part of it is missing, damaged, changed or refused (one line).
     """
+    if isinstance(path, str) and path == "":  # Path reads it as '.', the working folder
+        raise ValueError("path is an empty path: give the package's folder ('.' for the working folder)")
+    from flowrec.data.paths import unusable_path
+
+    if isinstance(path, (str, os.PathLike)) and (problem := unusable_path(Path(path).expanduser())):
+        raise ValueError(f"path: {problem}")  # not UTF-8, or too long: as flowrec predict refuses it
     path = Path(path).expanduser()  # '~/pkg' as pandas reads it (the shell expands it for the CLI)
     manifest = read_manifest(path)
     try:

@@ -51,7 +51,8 @@ def did_you_mean(word: Any, candidates: Iterable[str]) -> str:
     if not isinstance(word, str):
         return ""
     names = sorted(set(candidates))
-    close = difflib.get_close_matches(word, names, n=1, cutoff=0.6)
+    same = [n for n in names if n.lower() == word.lower()]  # `A100` is a100, which difflib ties with h100
+    close = same or difflib.get_close_matches(word, names, n=1, cutoff=0.6)
     if not close:  # batch_norm -> norm, dropout_rate -> dropout: a known name as one of its words
         words = set(re.split(r"[_\-\s]+", word.lower()))
         close = [n for n in names if n.lower() in words]

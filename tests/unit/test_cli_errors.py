@@ -161,11 +161,29 @@ def test_a_bad_on_error_names_the_value_given(command: list[str]) -> None:
     (["export", "run", "pkg", "--index"], "FAISS", "faiss"),
     (["eval", "run", "--device"], "CPU", "cpu"),
     (["train", "s.yaml", "--device"], "Cuda", "cuda"),
+    # since ea05daa these listed the values alone; A100 was matched to h100 (difflib's tie)
+    (["train", "s.yaml", "--cache"], "LOOKAHEAD", "lookahead"),
+    (["train", "s.yaml", "--nan-policy"], "Skip-Batch", "skip-batch"),
 ])
 def test_a_value_written_in_another_case_names_the_close_one(command: list[str], value: str, close: str) -> None:
     """`export --dtype FP16`, `--index FAISS`, `--device CPU` listed the accepted values without the
     close one, where a format written `CSV` says (did you mean 'csv'?)."""
     line = _one_error_line(CliRunner().invoke(app, [*command, value]))
+    assert repr(value) in line and f"(did you mean {close!r}?)" in line, line
+
+
+@pytest.mark.parametrize("flag, value, close", [
+    ("--until", "PACKED", "packed"), ("--cache", "Static_Hot", "static_hot"), ("--target", "A100", "a100"),
+])
+def test_a_plan_option_written_in_another_case_names_the_close_value(tmp_path, flag: str, value: str,
+                                                                      close: str) -> None:
+    """plan --until PACKED and --cache Static_Hot listed the values without the close one (since
+    ea05daa the other options name it), and --target A100 was answered (did you mean 'h100'?)."""
+    from flowrec.testing.specs import run_spec
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text(run_spec("close", batch_size=32, epochs=1))
+    line = _one_error_line(CliRunner().invoke(app, ["plan", str(spec), flag, value]))
     assert repr(value) in line and f"(did you mean {close!r}?)" in line, line
 
 

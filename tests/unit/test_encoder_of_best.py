@@ -70,8 +70,23 @@ def test_a_run_folder_named_best_is_its_own(spec: Path, tmp_path: Path) -> None:
     inner.mkdir()
     (inner / "run.json").write_text("{}")
     assert run_folder_of(inner) == inner
-    with pytest.raises(DataError, match="holds no encoder"):
+    with pytest.raises(DataError, match=f"{inner / 'encoder'} is missing"):  # not the outer run's
         find_record(inner)
+
+
+def test_a_run_whose_encoder_was_removed_is_named_with_the_way_to_record_it_again(spec: Path, tmp_path: Path) -> None:
+    """RUN/encoder removed: export RUN (--encoder-from RUN, RUN/best) said 'RUN holds no encoder: give a
+    run folder, an export package or an encoded dataset', though RUN is a run folder; now the line
+    names RUN/encoder and --resume, which records it again."""
+    import shutil
+
+    run = _run(tmp_path / "run", spec)
+    shutil.rmtree(run / "encoder")
+    for given in (run, run / "best", run / "checkpoint.pt"):
+        with pytest.raises(DataError) as caught:
+            find_record(given)
+        assert f"{run / 'encoder'} is missing" in str(caught.value) and f"--resume {run}" in str(caught.value)
+        assert "give a run folder" not in str(caught.value)
 
 
 def test_a_missing_path_never_takes_the_encoder_of_the_folder_above(spec: Path, tmp_path: Path) -> None:

@@ -74,6 +74,7 @@ def _listing(folder: Path) -> dict[str, bytes]:
     ("out", 3.0, "out must be a folder path"),
     ("device", None, "device must be a device name"),
     ("device_budget", 4096, "device_budget must be a byte size"),
+    ("device_budget", "xx", "device_budget must be a byte size"),  # was "not a byte size: 'xx'", naming no argument
 ])
 def test_train_refuses_a_bad_argument_before_writing_anything(spec: Path, tmp_path: Path, argument: str,
                                                               value, says: str) -> None:
@@ -83,6 +84,59 @@ def test_train_refuses_a_bad_argument_before_writing_anything(spec: Path, tmp_pa
         flowrec.train(spec, **kwargs)
     assert "\n" not in str(caught.value)
     assert not out.exists()
+
+
+@pytest.mark.parametrize("argument", ["out", "data", "eval_data", "spec"])
+def test_an_empty_path_given_to_train_is_refused_not_the_working_folder(spec: Path, tmp_path: Path, monkeypatch,
+                                                                        argument: str) -> None:
+    """flowrec.train(spec, out=os.environ.get("OUT", "")) trained into the working folder (Path reads
+    "" as '.'), where `flowrec train --out ""` is refused since ff3d98e; now each path argument of the
+    API refuses "" too, naming it, and nothing is written."""
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    kwargs = {"spec": spec, "max_steps": 2, "rows": 200, "progress": False, argument: ""}
+    with pytest.raises(RunError, match=f"{argument} is an empty path"):
+        flowrec.train(kwargs.pop("spec"), **kwargs)
+    assert list(work.iterdir()) == []
+
+
+def test_an_empty_path_given_to_load_evaluate_or_load_model_is_refused(tmp_path: Path, monkeypatch) -> None:
+    """flowrec.load(""), Run.evaluate("") and load_model("") read the working folder as the run,
+    dataset or package; each now names the empty argument, as the command line does."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(RunError, match="run_dir is an empty path"):
+        flowrec.load("")
+    with pytest.raises(ValueError, match="path is an empty path"):
+        flowrec.load_model("")
+
+
+def test_an_empty_text_or_path_given_to_run_evaluate_is_refused(spec: Path, tmp_path: Path) -> None:
+    """Run.evaluate(group_by="") was read as no group_by and scored without gAUC (the spec's
+    eval_group_by neither), as `flowrec eval --group-by ""` did before 2e52a41; evaluate(data="")
+    scored the working folder. Each now names the empty argument."""
+    run = flowrec.train(spec, out=tmp_path / "run", rows=200, max_steps=1, progress=False)
+    with pytest.raises(RunError, match="group_by is empty"):
+        run.evaluate(group_by="")
+    with pytest.raises(RunError, match="data is an empty path"):
+        run.evaluate(data="")
+
+
+@pytest.mark.parametrize("name", [os.fsdecode(b"day\xe9"), "x" * 300])
+def test_a_path_flowrec_cannot_use_is_refused_by_the_api_before_a_folder_is_made(spec: Path, tmp_path: Path,
+                                                                                 name: str) -> None:
+    """flowrec.train(out=NAME) with a name that is not UTF-8 (as os.listdir gives a latin-1 one) made
+    the folder, then raised UnicodeEncodeError writing run.json and left it behind; a name over 255
+    bytes was an OSError. The command line refuses both first since 73ef415 and fc99123; now the API
+    does, a RunError naming the argument (load and load_model alike), nothing made."""
+    with pytest.raises(RunError, match="^out: the name") as caught:
+        flowrec.train(spec, out=tmp_path / name, rows=200, max_steps=1, progress=False)
+    assert "\n" not in str(caught.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [spec.name]
+    with pytest.raises(RunError, match="^run_dir: the name"):
+        flowrec.load(tmp_path / name)
+    with pytest.raises(ValueError, match="^path: the name"):
+        flowrec.load_model(tmp_path / name)
 
 
 def test_every_callback_event_of_the_docs_is_a_name_of_flowrec() -> None:
@@ -279,6 +333,25 @@ def test_a_top_k_reaching_the_items_the_data_holds_is_warned_of_in_train_and_eva
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # K = 5 is no warning in Python either
         flowrec.load(tmp_path / "five")
+
+
+def test_run_evaluate_of_an_exclude_seen_head_leaves_out_the_runs_training_items_as_eval_does(tmp_path: Path) -> None:
+    """A retrieval head with exclude_seen: `flowrec eval RUN` leaves out each user's items of the run's
+    recorded training data, but Run.evaluate() (and evaluate(data=...)) gave it none and raised
+    'give the training data (flowrec eval --seen DIR)', a flag Python has not; now both score as
+    eval does, and seen= is eval's --seen."""
+    spec = _tiny_retrieval_spec(tmp_path)
+    spec.write_text(spec.read_text().replace("top_k: [TOPK]", "top_k: [2], exclude_seen: true"))
+    run = tmp_path / "run"
+    assert runner.invoke(app, ["train", str(spec), "--out", str(run), "--max-steps", "2", "-q"]).exit_code == 0
+    result = runner.invoke(app, ["eval", str(run), "--json", str(tmp_path / "m.json"), "-q"])
+    assert result.exit_code == 0, result.output
+    expected = json.loads((tmp_path / "m.json").read_text())
+    loaded = flowrec.load(run)
+    for scored in (loaded.evaluate(), loaded.evaluate(run / "data" / "test"), loaded.evaluate(seen=run / "data" / "train")):
+        assert scored["retrieve"] == pytest.approx(expected["retrieve"])
+    with pytest.raises(RunError, match="seen must be"):
+        loaded.evaluate(seen=3)
 
 
 def test_a_run_whose_encoder_was_removed_is_said_so_by_eval_and_load(tmp_path: Path) -> None:
@@ -1742,3 +1815,63 @@ def test_a_spec_bound_to_raw_parquet_is_not_told_to_remove_it(tmp_path: Path, gi
     assert result.exit_code == 2 and result.output.count("error:") == 1, result.output
     assert "flowrec data convert" in result.output and "remove" not in result.output, result.output
     assert path.exists()
+
+
+def test_a_device_budget_given_again_in_another_unit_is_no_change_on_resume() -> None:
+    """`train --resume RUN --device-budget 1024MiB` of a run started with --device-budget 1GiB was
+    refused as a plan flag that 'would not change' the plan (e57b95b compared the texts), and the
+    notes said it overrides the run's 1GiB; the same bytes are the recorded setting."""
+    from flowrec.cli.train_cmds import _refuse_plan_flags
+
+    recorded = {"device_budget": "1GiB"}
+    _refuse_plan_flags({"device_budget": "1024MiB"}, recorded, None)  # no exit: the same budget
+    _, notes = merge_settings({"device_budget": "1024MiB"}, recorded, {})
+    assert not [n for n in notes if "overrides" in n], notes
+    with pytest.raises(typer.Exit):  # another budget is still refused
+        _refuse_plan_flags({"device_budget": "2GiB"}, recorded, None)
+    _, notes = merge_settings({"device_budget": "2GiB"}, recorded, {})
+    assert [n for n in notes if "--device-budget 2GiB overrides" in n], notes
+
+
+def test_rows_given_to_train_with_data_is_warned_of_as_the_cli_does(spec: Path, tmp_path: Path) -> None:
+    """flowrec.train(spec, data=D, rows=2000) trained on every row of D without a word, where
+    `flowrec train --rows 2000 --data D` says --rows is ignored since 612ed80; now a UserWarning
+    says so (rows alone, on synthetic data, is none)."""
+    data = _synth(spec, tmp_path / "d")
+    with pytest.warns(UserWarning, match=r"rows=150 is ignored: .*every row of data="):
+        flowrec.train(spec, data=data, rows=150, max_steps=1, progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        flowrec.train(spec, rows=150, max_steps=1, progress=False)  # synthetic rows: it counts
+        flowrec.train(spec, data=data, max_steps=1, progress=False)  # not given
+
+
+def test_resuming_a_run_whose_recorded_data_is_gone_names_the_flag(spec: Path, tmp_path: Path) -> None:
+    """--resume RUN of a run trained with --data D (or --eval-data E) after D was moved said only
+    'dataset directory not found: D', a path not on the command line; now the line names the flag
+    run.json recorded it for and the way on, giving it again where the dataset is now."""
+    data, run = _synth(spec, tmp_path / "d"), tmp_path / "run"
+    first = runner.invoke(app, ["train", str(spec), "--data", str(data), "--out", str(run), "--max-steps", "1", "-q"])
+    assert first.exit_code == 0, first.output
+    moved = data.rename(tmp_path / "moved")
+    result = runner.invoke(app, ["train", str(spec), "--resume", str(run), "--max-steps", "2", "-q"])
+    assert result.exit_code == 2, result.output
+    assert f"was trained with --data {data}, which is gone" in result.output and "give --data DIR" in result.output
+    result = runner.invoke(app, ["train", str(spec), "--resume", str(run), "--data", str(moved), "--max-steps", "2",
+                                 "-q"])
+    assert result.exit_code == 0, result.output
+
+
+def test_eval_with_data_given_reads_no_run_json_where_nothing_is_left_out(spec: Path, tmp_path: Path) -> None:
+    """`flowrec eval RUN --data D` of a run whose run.json was damaged was refused ('RUN/run.json is
+    damaged ...; the run cannot be resumed'), though only a retrieval head with exclude_seen needs
+    the run's recorded training data; now eval (and Run.evaluate) read run.json only for such a head."""
+    data, run = _synth(spec, tmp_path / "d"), tmp_path / "run"
+    first = runner.invoke(app, ["train", str(spec), "--data", str(data), "--out", str(run), "--max-steps", "1", "-q"])
+    assert first.exit_code == 0, first.output
+    (run / "run.json").write_text("{bad")
+    result = runner.invoke(app, ["eval", str(run), "--data", str(data), "--json", "-"])
+    assert result.exit_code == 0, result.output
+    scored = json.loads(result.stdout)
+    again = flowrec.load(run).evaluate(data)
+    assert {h: again[h]["samples"] for h in again} == {h: scored[h]["samples"] for h in scored}

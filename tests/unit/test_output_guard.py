@@ -313,3 +313,36 @@ def test_a_folder_output_inside_a_folder_the_command_reads_is_refused(tmp_path: 
                         rows=[tmp_path / "raw"])
     check_folder_output(tmp_path / "raw" / "x", [tmp_path / "raw"], False, "a dataset")  # another input: an
     # encoder's folder (`--encoder-from`) holding a new dataset is read as before
+
+
+@pytest.mark.parametrize("command", [
+    ["plan", "SPEC", "--json", "OUT", "--overwrite", "-q"],
+    ["plan", "SPEC", "--dot", "OUT", "--overwrite", "-q"],
+    ["data", "profile", "SPEC", "DATA", "--json", "OUT", "--overwrite", "-q"],
+    ["calibrate", "SPEC", "--out", "OUT", "--overwrite", "--seconds", "1"],
+])
+@pytest.mark.parametrize("bound", ["raw.csv", "fmap.txt"])
+def test_an_output_never_replaces_a_file_the_spec_binds(tmp_path: Path, command, bound):
+    """`flowrec plan s.yaml --json raw.csv --overwrite` replaced the raw data the spec binds (or its
+    libsvm feature map) with plan JSON: the guard knew the spec file alone as the command's input.
+    Now plan, data profile and calibrate count the spec's bound files as inputs, as eval --json and
+    predict --out keep off files they never read since 48d21a1 and 0c58e5e."""
+    from typer.testing import CliRunner
+
+    from flowrec.cli import app
+    from flowrec.testing.specs import mini_spec
+
+    (tmp_path / "raw.csv").write_text("d1,user,label\n0.5,a,1\n0.1,b,0\n")
+    (tmp_path / "fmap.txt").write_text("1 d1\n2 user\n")
+    spec = tmp_path / "s.yaml"
+    spec.write_text(mini_spec("bound") + "data: {format: csv, path: raw.csv, label: label, "
+                                        "options: {feature_map: fmap.txt}}\n")
+    data = tmp_path / "data"
+    made = CliRunner().invoke(app, ["data", "synth", str(spec), "--rows", "64", "--out", str(data), "-q"])
+    assert made.exit_code == 0, made.output
+    kept = (tmp_path / bound).read_bytes()
+    given = {"SPEC": str(spec), "DATA": str(data), "OUT": str(tmp_path / bound)}
+    result = CliRunner().invoke(app, [given.get(a, a) for a in command])
+    assert result.exit_code == 2, result.output
+    assert f"refusing to write {tmp_path / bound}" in result.output, result.output
+    assert (tmp_path / bound).read_bytes() == kept

@@ -200,7 +200,7 @@ def _ranking(model: LoweredModel, head: int, seen: SeenItems | None) -> RankingA
     attrs = binding.attrs
     if attrs.get("exclude_seen") and seen is None:
         raise ValueError(f"head {model.head_names[head]} excludes each user's training items: give the training "
-                         "data (flowrec eval --seen DIR)")
+                         "data (flowrec eval --seen DIR; Run.evaluate(seen=DIR))")
     return RankingAccumulator(catalogue_vectors(model, binding), attrs["metric"], attrs["temperature"],
                               tuple(attrs["top_k"]), seen if attrs.get("exclude_seen") else None, binding.named)
 
