@@ -211,6 +211,7 @@ class PassResult:
 
 
 ACCESS_NONE = "none (Zipf model per table)"  # CostPrediction.access_profile without an access profile
+ACCESS_SAMPLED = "sampled: "  # how an access_profile sampled from the training data opens (`access_description`)
 
 
 @dataclass(frozen=True)

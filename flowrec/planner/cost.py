@@ -86,7 +86,7 @@ import networkx as nx
 
 from flowrec.graph.edges import input_slots
 from flowrec.graph.kinds import OP_KINDS, OPTIMIZERS, PLACEMENTS
-from flowrec.graph.types import ACCESS_NONE, DTYPE_BYTES, AccessProfile, CostPrediction, Op, OpGraph, PackedGroup
+from flowrec.graph.types import ACCESS_NONE, ACCESS_SAMPLED, DTYPE_BYTES, AccessProfile, CostPrediction, Op, OpGraph, PackedGroup
 from flowrec.planner import exchange
 from flowrec.planner.access import AccessModel, dataset_rows, epoch_counted, group_model
 from flowrec.planner.calibration import (COLLECTIVE, LINK, MEASURABLE, SPEC_KIND, ProfileError, is_profile_path,
@@ -612,7 +612,7 @@ def access_description(profile: AccessProfile | None, path: str | Path | None = 
     if path is not None:  # the file's digest, so that training with the plan knows it again
         digest = profile.get("given_sha256")
         return f"given {path} ({rows:,} sampled rows)" + (f" sha256 {digest[:16]}" if isinstance(digest, str) else "")
-    return f"sampled: {rows:,} rows of the training data (sample rate {float(profile.get('sample_rate', 1.0)):g})"
+    return f"{ACCESS_SAMPLED}{rows:,} rows of the training data (sample rate {float(profile.get('sample_rate', 1.0)):g})"
 
 
 def _unit_bytes(u: _Unit, batch: int, window: int, profile: AccessProfile | None, epochs: float = 1.0) -> float:

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import torch
 
-from flowrec.graph.types import Plan
+from flowrec.graph.types import ACCESS_SAMPLED, Plan
 from flowrec.planner.access import dataset_rows
 from flowrec.planner.contract import PlanError, load_plan, read_plan_document
 from flowrec.planner.manager import PassFailure, load_profile, make_plan, profile_digest, recorded_profile
@@ -84,7 +84,7 @@ def plan_for_run(spec: ModelSpec, device_name: str, device_budget: str | None, p
             raise RunError("--target and --plan both decide the cost model's device: the plan's is its target "
                            "field; plan again with `flowrec plan SPEC --target ... --json FILE`, or give only one")
         access = None
-        if recorded is None and _plan_access(plan_file).startswith(SAMPLED):  # priced from its run's sample of the
+        if recorded is None and _plan_access(plan_file).startswith(ACCESS_SAMPLED):  # priced from its run's sample of the
             # training data (a run's RUN/plan.json): priced so again, from this run's data, not by the Zipf model
             if data is None:
                 status(f"plan: {plan_file} was priced from a sample of its run's training data; this run has no "
@@ -140,9 +140,6 @@ def plan_for_run(spec: ModelSpec, device_name: str, device_budget: str | None, p
             forget_kept_sample()  # no plan, or no hot set to choose: nothing takes the sample
     return plan, device
 
-
-
-SAMPLED = "sampled: "  # a plan's cost.access_profile when its run sampled the training data (`access_description`)
 
 
 def _plan_access(plan_file: Path) -> str:
