@@ -196,6 +196,27 @@ def test_a_file_outside_the_partition_folders_names_the_partition_column(tmp_pat
         convert(_spec(), "parquet", [folder], tmp_path / "out")
 
 
+def test_a_partition_folder_named_with_an_underscore_is_read_and_other_such_folders_are_named(
+        tmp_path: Path) -> None:
+    """`raw/_day=1/a.parquet` (a Hive key `_day`) was skipped as Spark's `_SUCCESS` is, so the user
+    read 'no rows converted from raw: it holds no data rows'; a `__line__=7/` key too, where a
+    `__line__` column is refused. Files so named (`_SUCCESS`) are still not read."""
+    import pyarrow.parquet as pq
+
+    rows = {"price": [1.5, 2.5], "clicked": [0, 1]}
+    keyed = _parquet_folder(tmp_path / "keyed", {"_day=1/a.parquet": rows, "_day=2/a.parquet": rows})
+    (keyed / "_SUCCESS").write_text("")
+    assert convert(_spec(columns={"user": "_day"}), "parquet", [keyed], tmp_path / "out").rows == 4
+    users = pq.read_table(tmp_path / "out").column("user").to_pylist()
+    assert users[0] == users[1] != users[2] == users[3]  # each row its folder's day
+    line = _parquet_folder(tmp_path / "line", {"__line__=7/a.parquet": ROWS})
+    with pytest.raises(DataError, match=f"^{re.escape(str(line))}/__line__=7: a partition folder of key '__line__'"):
+        convert(_spec(), "parquet", [line], tmp_path / "out_line")
+    temporary = _parquet_folder(tmp_path / "temporary", {"_temporary/0/a.parquet": ROWS})
+    with pytest.raises(DataError, match=f"its folders {re.escape(str(temporary))}/_temporary were not read"):
+        convert(_spec(), "parquet", [temporary], tmp_path / "out_temporary")
+
+
 def test_folder_files_whose_types_keep_the_values_meaning_convert_as_one_file(tmp_path: Path) -> None:
     """Numbers of any type in a dense or label column (int64 beyond 2^53 in one file, double in the
     next), a column of nulls only, and a file without rows (whatever its columns) are read as the
