@@ -586,7 +586,7 @@ def test_training_labels_of_one_class_are_said(tmp_path: Path) -> None:
     column of another convention) trained without a word: the head learns to predict 0 alone."""
     import types
 
-    from flowrec.runtime.session import one_class_labels
+    from flowrec.runtime.session import label_warnings
 
     for name, labels in (("zeros", [0] * 40), ("both", [i % 2 for i in range(40)])):
         path = tmp_path / f"{name}.csv"
@@ -595,12 +595,35 @@ def test_training_labels_of_one_class_are_said(tmp_path: Path) -> None:
         convert(_spec(), "csv", [path], tmp_path / name, options={"test_fraction": 0.25})
     from flowrec.data.layout import read_meta
 
-    lines = one_class_labels(_spec(), types.SimpleNamespace(path=tmp_path / "zeros" / "train"))
+    lines = label_warnings(_spec(), types.SimpleNamespace(path=tmp_path / "zeros" / "train"))
     rows = read_meta(tmp_path / "zeros" / "train").rows
     assert len(lines) == 1 and lines[0].startswith("every training label of head ctr (column clicked) in ")
     assert lines[0].endswith(f" is 0 ({rows} rows): it can only learn to predict 0")
-    assert one_class_labels(_spec(), types.SimpleNamespace(path=tmp_path / "both" / "train")) == []
-    assert one_class_labels(_spec(), types.SimpleNamespace()) == []  # synthetic rows: no statistics
+    assert label_warnings(_spec(), types.SimpleNamespace(path=tmp_path / "both" / "train")) == []
+    assert label_warnings(_spec(), types.SimpleNamespace()) == []  # synthetic rows: no statistics
+
+
+def test_training_weights_all_zero_are_said(tmp_path: Path) -> None:
+    """A head whose sample weights were all 0 in the training rows (a weight column of another
+    meaning, a filter) trained without a word, its loss 0 at every step: it learned nothing."""
+    import types
+
+    from flowrec.data.layout import read_meta
+    from flowrec.runtime.session import label_warnings
+    from flowrec.spec import spec_from_dict
+    from flowrec.spec.load import to_dict
+
+    spec = spec_from_dict({**to_dict(_spec()), "heads": [{"name": "ctr", "input": "top", "sample_weight": "w"}]})
+    for name, weights in (("zeros", [0] * 40), ("some", [i % 2 for i in range(40)])):
+        path = tmp_path / f"{name}.csv"
+        path.write_text("price,user,clicked,w\n" + "".join(f"{i},u{i},{i % 2},{w}\n" for i, w in enumerate(weights)),
+                        encoding="utf-8")
+        convert(spec, "csv", [path], tmp_path / name, options={"test_fraction": 0.25})
+    lines = label_warnings(spec, types.SimpleNamespace(path=tmp_path / "zeros" / "train"))
+    rows = read_meta(tmp_path / "zeros" / "train").rows
+    assert lines == [f"every sample weight of head ctr (column w) in {tmp_path / 'zeros' / 'train'} is 0 "
+                     f"({rows} rows): its loss is 0 at every step, so it learns nothing"]
+    assert label_warnings(spec, types.SimpleNamespace(path=tmp_path / "some" / "train")) == []
 
 
 def test_a_nan_in_a_float_id_column_is_a_missing_id(tmp_path: Path) -> None:
