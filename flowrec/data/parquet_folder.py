@@ -129,6 +129,17 @@ def listed_files(path: Path) -> tuple[list[str], list[str]]:
     return sorted(files), sorted(skipped)
 
 
+def skipped_note(path: Path) -> str:
+    """What a raw Parquet folder that gave no rows left out, for the line saying it gave none: its
+    `_`- or `.`-named folders holding files ('' when none, or `path` is a file)."""
+    skipped = listed_files(Path(path))[1] if Path(path).is_dir() else []
+    if not skipped:
+        return ""
+    return (f"its folders {', '.join(skipped[:3])}{' ...' if len(skipped) > 3 else ''} were not read (a folder "
+            "whose name starts with _ or . is not data, as Spark's _temporary/; a partition folder key=value is "
+            "read): rename them")
+
+
 def _source(path: Path) -> dict[str, Any]:
     """pyarrow's dataset source for `path`: a file as it is, a folder's `listed_files`, whose
     partition keys are those of the folders below `path`."""

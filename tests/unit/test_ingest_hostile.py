@@ -217,6 +217,20 @@ def test_a_partition_folder_named_with_an_underscore_is_read_and_other_such_fold
         convert(_spec(), "parquet", [temporary], tmp_path / "out_temporary")
 
 
+def test_predict_of_a_folder_of_underscore_folders_only_names_them(tmp_path: Path) -> None:
+    """`flowrec predict PKG raw --format parquet` of a folder whose rows are all under `_tmp/` said
+    'no rows to score in raw' alone, as if it held none; now the line names the folders not read."""
+    import types
+
+    from flowrec.cli.predict_cmd import _no_rows
+
+    raw = _parquet_folder(tmp_path / "raw", {"_tmp/a.parquet": ROWS})
+    line = _no_rows(raw, types.SimpleNamespace(count=0), "parquet")
+    assert line.startswith(f"no rows to score in {raw}: its folders {raw / '_tmp'} were not read"), line
+    (tmp_path / "none").mkdir()
+    assert _no_rows(tmp_path / "none", types.SimpleNamespace(count=0), "parquet") == f"no rows to score in {tmp_path / 'none'}"
+
+
 def test_folder_files_whose_types_keep_the_values_meaning_convert_as_one_file(tmp_path: Path) -> None:
     """Numbers of any type in a dense or label column (int64 beyond 2^53 in one file, double in the
     next), a column of nulls only, and a file without rows (whatever its columns) are read as the
