@@ -273,7 +273,7 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
                                  data=settings["data"], epochs=settings.get("epochs"),
                                  max_steps=settings.get("max_steps"), progress=reading_bar(progress))
         session = start_session(model_spec, spec_path, settings, folder, plan, dev)
-        _warn_one_class_labels(session)
+        _warn_label_warnings(session)
         # the returned Run scores only data of this encoder, as a loaded one (it scored any, silently)
         encoder = record_encoder(session, folder, False, None)
         if folder is not None:
@@ -315,14 +315,14 @@ def _warn_small_catalogue(model: Any) -> None:
             warnings.warn(line, UserWarning, stacklevel=3)
 
 
-def _warn_one_class_labels(session: Any) -> None:
-    """A UserWarning per binary head whose training labels are all one class, as `flowrec train`
-    warns on the console."""
+def _warn_label_warnings(session: Any) -> None:
+    """A UserWarning per binary head whose training labels are all one class or per weight column
+    whose training weights are all 0 (`label_warnings`), as `flowrec train` warns on the console."""
     import warnings
 
-    from flowrec.runtime.session import one_class_labels
+    from flowrec.runtime.session import label_warnings
 
-    for line in one_class_labels(session.spec, session.train):
+    for line in label_warnings(session.spec, session.train):
         warnings.warn(line, UserWarning, stacklevel=3)
 
 

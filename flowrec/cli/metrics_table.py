@@ -10,11 +10,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from flowrec.runtime.messages import number_cell  # one formatter: the table, the bar, inspect
+
 COLUMN_ORDER = ("auc", "gauc", "pr_auc", "logloss", "ne", "calibration", "mse", "mae")
 
 
 COUNT_COLUMNS = frozenset({"samples", "k", "classes"})  # counts, whatever their number type: no decimals
-SMALL, LARGE = 1e-3, 1e8  # a value outside [SMALL, LARGE) is shown with an exponent, its 5 digits kept
 
 
 def _cell(value: Any, column: str = "") -> str:
@@ -23,18 +24,6 @@ def _cell(value: Any, column: str = "") -> str:
     if isinstance(value, int) or (column in COUNT_COLUMNS and float(value).is_integer()):
         return f"{int(value):,}"
     return number_cell(value)
-
-
-def number_cell(value: float) -> str:
-    """A metric or a mean in a table: 4 decimals, or 5 digits with an exponent outside [SMALL, LARGE)
-    (an mse of 3e-06 is not 0.0000, nor one of 4e+48 a 49-digit cell).
-
-    >>> number_cell(0.25), number_cell(3.2e-06), number_cell(0.0)
-    ('0.2500', '3.2000e-06', '0.0000')
-    """
-    if value != 0 and math.isfinite(value) and not SMALL <= abs(value) < LARGE:
-        return f"{value:.4e}"
-    return f"{value:.4f}"
 
 
 def metrics_table(metrics: dict[str, dict[str, Any]]) -> list[str]:

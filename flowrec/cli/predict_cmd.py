@@ -211,7 +211,7 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
             if writer is not None:
                 writer.close()
     if writer is None:
-        raise ValueError(_no_rows(raw, log))
+        raise ValueError(_no_rows(raw, log, fmt or getattr(model.spec.data, "format", None)))
     items = len(model.items.raw_items) if top_k is not None else 0
     return rows, log.count, model.zero_queries, model.first_zero_query, items
 
@@ -271,11 +271,15 @@ def _check_text_heads(heads: list[Any], kind: str) -> None:
                          "cannot hold; write Parquet (--out scores.parquet)")
 
 
-def _no_rows(raw: Path, log: Any) -> str:
-    """Why nothing was scored: no data rows, or every row was malformed (the first one named)."""
+def _no_rows(raw: Path, log: Any, fmt: Optional[str]) -> str:
+    """Why nothing was scored: no data rows, every row was malformed (the first one named), or the
+    `_`-named folders of a Parquet folder were not read (`skipped_note`)."""
+    from flowrec.data.parquet_folder import skipped_note
+
     if log.count:
         return f"no rows to score in {raw}: all {log.count:,} data rows are malformed; the first: {log.examples[0]}"
-    return f"no rows to score in {raw}"
+    note = skipped_note(raw) if fmt == "parquet" else ""
+    return f"no rows to score in {raw}" + (f": {note}" if note else "")
 
 
 def default_format_mismatch(raw: Path, fmt: str) -> Optional[str]:

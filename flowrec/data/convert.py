@@ -36,6 +36,7 @@ from flowrec.data.labels import PLUS_MINUS_FORMATS, check_labels, label_tasks
 from flowrec.data.layout import (VOCAB_DIR, DataError, DatasetMeta, data_hash, encoded_rows, encoding_mode, is_multi,
                                  unique_labels, write_meta)
 from flowrec.data.output import staged_output
+from flowrec.data.parquet_folder import skipped_note
 from flowrec.data.raw_ids import check_float_ids, check_ids
 from flowrec.data.rawstats import RawStats
 from flowrec.data.sequences import TEST_COLUMN, split_option
@@ -461,6 +462,9 @@ def _check_rows(report: ConvertReport, inputs: list[Path], fmt: str) -> None:
         raise DataError(f"no rows converted from {names}: all {report.errors:,} rows were malformed "
                         f"(first: {report.error_examples[0]})")
     if not report.rows:
+        skipped = [note for p in inputs if fmt == "parquet" and (note := skipped_note(p))]
+        if skipped:
+            raise DataError(f"no rows converted from {names}: {'; '.join(skipped)}")
         raise DataError(f"no rows converted from {names}: it holds no data rows for format {fmt} "
                         "(empty, header only, or another format)")
     for side, rows in report.split.items():

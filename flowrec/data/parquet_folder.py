@@ -29,6 +29,7 @@ import pyarrow as pa
 from flowrec.data.layout import DataError
 from flowrec.data.names import check_folder_links
 
+MARKERS = ("_", ".")  # a file or (non-partition) folder so named is not data: Spark's _SUCCESS, _temporary/
 SAME_COLUMNS = "every file of a Parquet folder must hold the same columns"
 
 
@@ -59,7 +60,7 @@ def parquet_files(path: Path, numeric: set[str]) -> list[ParquetFile]:
     import pyarrow.dataset as ds
 
     check_folder_links(Path(path))  # pyarrow follows a link loop without end
-    data = ds.dataset(path, format="parquet", partitioning="hive", exclude_invalid_files=False,
+    data = ds.dataset(**_source(path), format="parquet", partitioning="hive", exclude_invalid_files=False,
                       schema=_discovered_schema(path))
     files = [(f, _columns(f, data.schema)) for f in data.get_fragments() if f.metadata.num_rows]
     if not files:
@@ -84,12 +85,11 @@ def _discovered_schema(path: Path) -> pa.Schema:
     import pyarrow.fs as pfs
 
     options = ds.FileSystemFactoryOptions(exclude_invalid_files=False)
+    source: Any = [str(path)]
     if Path(path).is_dir():
         options.partition_base_dir = str(path)
         options.partitioning_factory = ds.HivePartitioning.discover()
-        source: Any = pfs.FileSelector(str(path), recursive=True)
-    else:
-        source = [str(path)]
+        source = listed_files(Path(path))[0]
     *physical, partition = ds.FileSystemDatasetFactory(pfs.LocalFileSystem(), source, ds.ParquetFileFormat(),
                                                        options).inspect_schemas()
     own = [field for field in (physical[0] if physical else []) if field.name]
@@ -104,9 +104,57 @@ def file_columns(path: Path) -> list[tuple[str, list[str]]]:
     import pyarrow.dataset as ds
 
     check_folder_links(Path(path))
-    listed = ds.dataset(path, format="parquet", partitioning="hive", exclude_invalid_files=False,
+    listed = ds.dataset(**_source(path), format="parquet", partitioning="hive", exclude_invalid_files=False,
                         schema=pa.schema([]))  # lists the files; reads no schema of theirs
     return [(f.path, f.physical_schema.names) for f in listed.get_fragments()]
+
+
+def listed_files(path: Path) -> tuple[list[str], list[str]]:
+    """(the files of the folder `path` to read, in path order; its folders skipped, each holding files).
+
+    As Spark and pyarrow, a file whose name starts with `_` or `.` is not read (Spark's `_SUCCESS`,
+    `.part-0.crc`), nor a folder so named (`_temporary/` of a job still writing, `.cache/`), but a
+    Hive partition folder is read whatever its key (`_day=1/`, `__line__=7/`): pyarrow's discovery
+    skipped those, so a table partitioned by `_day` was "no rows converted ...: it holds no data rows"
+    (`skipped` lets that message name the folders left out)."""
+    import os
+
+    files: list[str] = []
+    skipped: list[str] = []
+    for root, folders, names in os.walk(path, followlinks=True):  # check_folder_links: no loop
+        kept = [f for f in folders if not f.startswith(MARKERS) or _hive_folder(f)]
+        skipped += [os.path.join(root, f) for f in folders if f not in kept and _holds_files(Path(root, f))]
+        folders[:] = sorted(kept)
+        files += [os.path.join(root, n) for n in names if not n.startswith(MARKERS)]
+    return sorted(files), sorted(skipped)
+
+
+def skipped_note(path: Path) -> str:
+    """What a raw Parquet folder that gave no rows left out, for the line saying it gave none: its
+    `_`- or `.`-named folders holding files ('' when none, or `path` is a file)."""
+    skipped = listed_files(Path(path))[1] if Path(path).is_dir() else []
+    if not skipped:
+        return ""
+    return (f"its folders {', '.join(skipped[:3])}{' ...' if len(skipped) > 3 else ''} were not read (a folder "
+            "whose name starts with _ or . is not data, as Spark's _temporary/; a partition folder key=value is "
+            "read): rename them")
+
+
+def _source(path: Path) -> dict[str, Any]:
+    """pyarrow's dataset source for `path`: a file as it is, a folder's `listed_files`, whose
+    partition keys are those of the folders below `path`."""
+    if not Path(path).is_dir():
+        return {"source": str(path)}
+    return {"source": listed_files(Path(path))[0], "partition_base_dir": str(path)}
+
+
+def _hive_folder(name: str) -> bool:
+    key, equals, _ = name.partition("=")
+    return bool(equals and key.strip("_."))
+
+
+def _holds_files(folder: Path) -> bool:
+    return any(p.is_file() for p in folder.rglob("*"))
 
 
 def _columns(fragment: Any, schema: pa.Schema) -> dict[str, pa.Field]:

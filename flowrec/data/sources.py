@@ -1080,6 +1080,10 @@ def read_parquet(path: Path, options: dict[str, Any], log: ErrorLog, numeric: se
         for file, names in file_columns(path):  # before the folder's schema is unified, which needs them unique
             _unique_columns(Path(file), names)
         files = parquet_files(path, numeric)
+        if files and LINE_COLUMN in files[0].schema.names:  # not its own column: _unique_columns refused that
+            key = next(p for p in Path(files[0].path).parents if p.name.startswith(f"{LINE_COLUMN}="))
+            raise DataError(f"{key}: a partition folder of key {LINE_COLUMN!r}, the name flowrec gives the line "
+                            "of each row: rename the key")
         seen = 0
         for file in files:
             for batch in file.fragment.to_batches(schema=file.schema, batch_size=PARQUET_BATCH_ROWS,

@@ -10,10 +10,12 @@ Example:
 """
 from __future__ import annotations
 
+import math
 import re
 import shlex
 
 
+SMALL, LARGE = 1e-3, 1e8  # a value outside [SMALL, LARGE) is shown with an exponent, its 5 digits kept
 _LINE_BREAKS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f\x85\u2028\u2029]")  # what splitlines() splits on, and controls
 
 
@@ -66,3 +68,15 @@ def out_of_memory(exc: BaseException) -> bool:
         return True
     text = str(exc).lower()
     return isinstance(exc, RuntimeError) and "allocat" in text and "memory" in text
+
+
+def number_cell(value: float) -> str:
+    """A metric or a mean in a table, the loss of the progress bar: 4 decimals, or 5 digits with an
+    exponent outside [SMALL, LARGE) (an mse of 3e-06 is not 0.0000, nor one of 4e+48 a 49-digit cell).
+
+    >>> number_cell(0.25), number_cell(3.2e-06), number_cell(0.0)
+    ('0.2500', '3.2000e-06', '0.0000')
+    """
+    if value != 0 and math.isfinite(value) and not SMALL <= abs(value) < LARGE:
+        return f"{value:.4e}"
+    return f"{value:.4f}"

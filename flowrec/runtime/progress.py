@@ -20,6 +20,8 @@ from rich.progress import (
 )
 from rich.table import Column
 
+from flowrec.runtime.messages import number_cell
+
 
 class TrainProgress:
     """A progress bar over training steps showing samples/s and the running loss.
@@ -66,7 +68,7 @@ class TrainProgress:
         rate = self.samples_per_s()
         fields = {"rate": f"{rate:,.0f}"}
         if loss is not None:
-            fields["loss"] = f"{loss:.4f}"
+            fields["loss"] = number_cell(loss)  # 3e-06 is not 0.0000, as in the metrics table
         self._bar.update(self._task, advance=1, **fields)
 
     def close(self) -> None:

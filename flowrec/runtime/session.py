@@ -116,7 +116,7 @@ def prepare(spec: ModelSpec, spec_path: Path, opts: SessionOptions, plan: Plan, 
     if opts.seed is not None:
         spec = replace(spec, training=replace(spec.training, seed=opts.seed))
     train, evaluation, note = resolve_data(spec, spec_path, opts, status)
-    for line in one_class_labels(spec, train):
+    for line in label_warnings(spec, train):
         status(f"warning: {line}")
     for g in plan.meta.groups:
         if PLACEMENTS[g.placement].cached:
@@ -132,23 +132,32 @@ def prepare(spec: ModelSpec, spec_path: Path, opts: SessionOptions, plan: Plan, 
     return Session(spec, plan, model, device, train, evaluation, note)
 
 
-def one_class_labels(spec: ModelSpec, train: Any) -> list[str]:
-    """A line per binary head whose training labels are all one class, as the conversion counted
-    them (`_flowrec_stats.json`; none for synthetic rows or a dataset without it): such a head
-    learns to predict that class alone, and a run trained without a word (a filter that kept the
-    clicks only, a label column of another convention)."""
-    from flowrec.data.layout import label_columns
+def label_warnings(spec: ModelSpec, train: Any) -> list[str]:
+    """A line per binary head whose training labels are all one class, and per sample-weight column
+    whose training weights are all 0, as the conversion counted them (`_flowrec_stats.json`; none for
+    synthetic rows or a dataset without it): such a head learns to predict that class alone, or
+    nothing (its loss is 0 at every step), and a run trained without a word (a filter that kept the
+    clicks only, a label column of another convention, a weight column of another meaning). Weights
+    are >= 0 (`flowrec.data.checks`), so a mean of 0 is every weight 0."""
+    from flowrec.data.layout import label_columns, weight_columns
     from flowrec.data.rawstats import read_stats
 
     path = getattr(train, "path", None)
     stats = read_stats(path) if path is not None else None
     means = stats.get("label_mean", {}) if stats else {}
+    if not (stats and stats.get("rows")):
+        return []
     lines = []
     for head, label in zip(spec.heads, label_columns(spec)):
         mean = means.get(label)
-        if head.task == "binary" and mean in (0.0, 1.0) and stats.get("rows"):
+        if head.task == "binary" and mean in (0.0, 1.0):
             lines.append(f"every training label of head {head.name} (column {label}) in {path} is {int(mean)} "
                          f"({stats['rows']:,} rows): it can only learn to predict {int(mean)}")
+    for column in weight_columns(spec):
+        if means.get(column) == 0.0:
+            heads = ", ".join(h.name for h in spec.heads if h.sample_weight == column)
+            lines.append(f"every sample weight of head {heads} (column {column}) in {path} is 0 "
+                         f"({stats['rows']:,} rows): its loss is 0 at every step, so it learns nothing")
     return lines
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
 import threading
@@ -554,9 +555,15 @@ class Trainer:
         except NonFiniteLoss as bad:
             step = self.position.step + 1
             # a parameter already non-finite (an update overflowed it): skipping would skip every later
-            # batch, evaluated on NaN scores, so skip-batch is no advice (one process: ranks hold other
-            # shards, and one rank alone must not stop)
-            broken = first_non_finite(self.model.state_dict()) if self.world is None else None
+            # batch, evaluated on NaN scores, so skip-batch is no advice. Ranks hold other shards: each
+            # says what it holds and every rank takes the same decision (every rank is here: the loss
+            # agreement raised NonFiniteLoss on all), naming the first such parameter, the loss of the
+            # first rank whose loss was not finite, so one alone never stops while the others wait
+            broken = first_non_finite(self.model.state_dict())
+            if self.world is not None:
+                seen = self.world.gather((broken, bad.head, bad.value))
+                broken = next((name for name, _, _ in seen if name is not None), None)
+                bad = next((NonFiniteLoss(head, value) for _, head, value in seen if not math.isfinite(value)), bad)
             if broken is not None:
                 skipping = ", so skipping batches cannot go on" if self.config.nan_policy == "skip-batch" else ""
                 raise TrainingStopped(f"non-finite loss ({bad.value}) at step {step} in head {bad.head}: parameter "

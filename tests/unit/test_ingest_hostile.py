@@ -196,6 +196,41 @@ def test_a_file_outside_the_partition_folders_names_the_partition_column(tmp_pat
         convert(_spec(), "parquet", [folder], tmp_path / "out")
 
 
+def test_a_partition_folder_named_with_an_underscore_is_read_and_other_such_folders_are_named(
+        tmp_path: Path) -> None:
+    """`raw/_day=1/a.parquet` (a Hive key `_day`) was skipped as Spark's `_SUCCESS` is, so the user
+    read 'no rows converted from raw: it holds no data rows'; a `__line__=7/` key too, where a
+    `__line__` column is refused. Files so named (`_SUCCESS`) are still not read."""
+    import pyarrow.parquet as pq
+
+    rows = {"price": [1.5, 2.5], "clicked": [0, 1]}
+    keyed = _parquet_folder(tmp_path / "keyed", {"_day=1/a.parquet": rows, "_day=2/a.parquet": rows})
+    (keyed / "_SUCCESS").write_text("")
+    assert convert(_spec(columns={"user": "_day"}), "parquet", [keyed], tmp_path / "out").rows == 4
+    users = pq.read_table(tmp_path / "out").column("user").to_pylist()
+    assert users[0] == users[1] != users[2] == users[3]  # each row its folder's day
+    line = _parquet_folder(tmp_path / "line", {"__line__=7/a.parquet": ROWS})
+    with pytest.raises(DataError, match=f"^{re.escape(str(line))}/__line__=7: a partition folder of key '__line__'"):
+        convert(_spec(), "parquet", [line], tmp_path / "out_line")
+    temporary = _parquet_folder(tmp_path / "temporary", {"_temporary/0/a.parquet": ROWS})
+    with pytest.raises(DataError, match=f"its folders {re.escape(str(temporary))}/_temporary were not read"):
+        convert(_spec(), "parquet", [temporary], tmp_path / "out_temporary")
+
+
+def test_predict_of_a_folder_of_underscore_folders_only_names_them(tmp_path: Path) -> None:
+    """`flowrec predict PKG raw --format parquet` of a folder whose rows are all under `_tmp/` said
+    'no rows to score in raw' alone, as if it held none; now the line names the folders not read."""
+    import types
+
+    from flowrec.cli.predict_cmd import _no_rows
+
+    raw = _parquet_folder(tmp_path / "raw", {"_tmp/a.parquet": ROWS})
+    line = _no_rows(raw, types.SimpleNamespace(count=0), "parquet")
+    assert line.startswith(f"no rows to score in {raw}: its folders {raw / '_tmp'} were not read"), line
+    (tmp_path / "none").mkdir()
+    assert _no_rows(tmp_path / "none", types.SimpleNamespace(count=0), "parquet") == f"no rows to score in {tmp_path / 'none'}"
+
+
 def test_folder_files_whose_types_keep_the_values_meaning_convert_as_one_file(tmp_path: Path) -> None:
     """Numbers of any type in a dense or label column (int64 beyond 2^53 in one file, double in the
     next), a column of nulls only, and a file without rows (whatever its columns) are read as the
@@ -565,7 +600,7 @@ def test_training_labels_of_one_class_are_said(tmp_path: Path) -> None:
     column of another convention) trained without a word: the head learns to predict 0 alone."""
     import types
 
-    from flowrec.runtime.session import one_class_labels
+    from flowrec.runtime.session import label_warnings
 
     for name, labels in (("zeros", [0] * 40), ("both", [i % 2 for i in range(40)])):
         path = tmp_path / f"{name}.csv"
@@ -574,12 +609,35 @@ def test_training_labels_of_one_class_are_said(tmp_path: Path) -> None:
         convert(_spec(), "csv", [path], tmp_path / name, options={"test_fraction": 0.25})
     from flowrec.data.layout import read_meta
 
-    lines = one_class_labels(_spec(), types.SimpleNamespace(path=tmp_path / "zeros" / "train"))
+    lines = label_warnings(_spec(), types.SimpleNamespace(path=tmp_path / "zeros" / "train"))
     rows = read_meta(tmp_path / "zeros" / "train").rows
     assert len(lines) == 1 and lines[0].startswith("every training label of head ctr (column clicked) in ")
     assert lines[0].endswith(f" is 0 ({rows} rows): it can only learn to predict 0")
-    assert one_class_labels(_spec(), types.SimpleNamespace(path=tmp_path / "both" / "train")) == []
-    assert one_class_labels(_spec(), types.SimpleNamespace()) == []  # synthetic rows: no statistics
+    assert label_warnings(_spec(), types.SimpleNamespace(path=tmp_path / "both" / "train")) == []
+    assert label_warnings(_spec(), types.SimpleNamespace()) == []  # synthetic rows: no statistics
+
+
+def test_training_weights_all_zero_are_said(tmp_path: Path) -> None:
+    """A head whose sample weights were all 0 in the training rows (a weight column of another
+    meaning, a filter) trained without a word, its loss 0 at every step: it learned nothing."""
+    import types
+
+    from flowrec.data.layout import read_meta
+    from flowrec.runtime.session import label_warnings
+    from flowrec.spec import spec_from_dict
+    from flowrec.spec.load import to_dict
+
+    spec = spec_from_dict({**to_dict(_spec()), "heads": [{"name": "ctr", "input": "top", "sample_weight": "w"}]})
+    for name, weights in (("zeros", [0] * 40), ("some", [i % 2 for i in range(40)])):
+        path = tmp_path / f"{name}.csv"
+        path.write_text("price,user,clicked,w\n" + "".join(f"{i},u{i},{i % 2},{w}\n" for i, w in enumerate(weights)),
+                        encoding="utf-8")
+        convert(spec, "csv", [path], tmp_path / name, options={"test_fraction": 0.25})
+    lines = label_warnings(spec, types.SimpleNamespace(path=tmp_path / "zeros" / "train"))
+    rows = read_meta(tmp_path / "zeros" / "train").rows
+    assert lines == [f"every sample weight of head ctr (column w) in {tmp_path / 'zeros' / 'train'} is 0 "
+                     f"({rows} rows): its loss is 0 at every step, so it learns nothing"]
+    assert label_warnings(spec, types.SimpleNamespace(path=tmp_path / "some" / "train")) == []
 
 
 def test_a_nan_in_a_float_id_column_is_a_missing_id(tmp_path: Path) -> None:

@@ -1426,6 +1426,24 @@ def test_the_training_bar_keeps_its_step_count_whole_at_80_columns(monkeypatch: 
         assert "…" not in shown, shown
 
 
+def test_the_training_bar_shows_a_tiny_loss_as_the_metrics_table_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A regression head of rates (mse 3e-06) showed 'loss 0.0000' on the bar at every step, as if
+    the model were exact, where the metrics table shows 3.2000e-06 since 05e2196."""
+    import io
+    import sys
+
+    from flowrec.cli.metrics_table import metrics_table
+    from flowrec.runtime.progress import TrainProgress
+
+    monkeypatch.setenv("COLUMNS", "120")
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    bar = TrainProgress(10)
+    bar.update(64, 3.2e-06)
+    bar.close()
+    assert "3.2000e-06" in metrics_table({"val": {"mse": 3.2e-06}})[1]
+    assert "loss 3.2000e-06" in sys.stderr.getvalue(), sys.stderr.getvalue()
+
+
 def test_max_restarts_without_nproc_is_refused_not_ignored(spec: Path, tmp_path: Path) -> None:
     # `--max-restarts 2` of one process trained as if it were not there: a failure was not restarted
     out = tmp_path / "run"

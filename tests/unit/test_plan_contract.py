@@ -300,6 +300,23 @@ def test_a_plan_priced_from_a_profile_is_priced_from_it_again_by_train(repo: Pat
         plan_for_run(spec, "cpu", None, tmp_path / "p.json")
 
 
+def test_a_plan_priced_for_another_device_says_so_when_train_loads_it(repo: Path, tmp_path: Path):
+    """`flowrec plan --target h100 --json p.json` then `flowrec train --plan p.json` on CPU gave no
+    word that the plan's figures are an H100's (only --report's 'predictions for target h100'). Now
+    one status line says so; the plan is still trained (its placements), and a cpu plan says nothing."""
+    from flowrec.runs.plan import plan_for_run
+
+    spec = load_spec(repo / "specs" / "movielens.yaml")
+    for target in ("h100", "cpu"):
+        (tmp_path / f"{target}.json").write_text(plan_json(make_plan(spec, target=target)))
+        said: list[str] = []
+        plan, device = plan_for_run(spec, "cpu", None, tmp_path / f"{target}.json", said.append)
+        assert plan.target == target and device.type == "cpu"
+        warned = [line for line in said if "figures" in line]
+        assert len(warned) == (target == "h100")
+        assert all("for target h100, not this run's cpu device (target cpu)" in line for line in warned)
+
+
 @pytest.mark.parametrize("target", ["", "nope"])
 def test_a_plan_of_an_empty_or_unknown_target_is_one_line(repo: Path, tmp_path: Path, target: str):
     """A plan whose target was edited to "" was planned against the spec's default target (an empty

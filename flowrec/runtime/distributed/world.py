@@ -21,6 +21,7 @@ import math
 import os
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -98,6 +99,13 @@ class World:
         t = torch.tensor([1.0 if flag else 0.0], dtype=torch.float64, device=self.device)
         dist.all_reduce(t)
         return bool(t.item() > 0)
+
+    def gather(self, value: Any) -> list[Any]:
+        """Every rank's `value` (picklable), in rank order, on every rank: what the ranks saw when
+        they agree on a step's outcome (which parameter of which rank is not finite)."""
+        gathered: list[Any] = [None] * self.size
+        dist.all_gather_object(gathered, value)
+        return gathered
 
     def barrier(self) -> None:
         """Wait for every rank (bounded by the timeout)."""
