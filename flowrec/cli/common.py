@@ -11,7 +11,7 @@ import typer
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from flowrec.runtime.messages import one_line
-from flowrec.data.paths import NAME_MAX, PATH_MAX, unusable_path  # noqa: F401 (the CLI checks its paths with it)
+from flowrec.data.paths import unusable_path
 from flowrec.spec.errors import SpecError
 from flowrec.spec.load import load_spec
 from flowrec.spec.model import DRY_RUN_KINDS, ModelSpec, unresolved_modules
