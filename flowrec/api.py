@@ -139,7 +139,7 @@ class Run:
 
             if self.run_dir is None:
                 raise DataError("this run has no run folder (out=None), so it recorded no evaluation data: give data=")
-            drawn = synthetic_rows(self.run_dir, self.trained.spec)
+            drawn = synthetic_rows(self.run_dir, self.trained.spec, "data=")
             if drawn is not None:  # a run on synthetic rows: the evaluation rows it drew, drawn again
                 return _warn_covered_classes(self.trained.evaluate_drawn(drawn, grouping, seen))
             data = eval_data_to_score(self.run_dir, "data=")

@@ -192,11 +192,16 @@ def lost_data(folder: Path) -> str | None:
 
 def _compare_rows(folder: Path, trained) -> Iterator[Any] | None:
     """Up to COMPARE_ROWS rows of the run's evaluation data (None when it had only synthetic data)."""
-    from flowrec.data.layout import META_FILE
+    from flowrec.data.layout import META_FILE, DataError
 
     from flowrec.runs.recorded import recorded_eval_data
 
-    data = recorded_eval_data(folder)
+    try:
+        data = recorded_eval_data(folder)
+    except DataError:  # its run.json damaged: the package is made from the checkpoint all the same
+        warn(f"the score difference is measured on random rows, not on the run's evaluation data: "
+             f"{folder / 'run.json'}, which names that data, is damaged")
+        return None
     if data is None or not (data / META_FILE).is_file():
         if (lost := lost_data(folder)) is not None:  # random rows would be compared without a word
             why = ("recorded relative to the folder the run was started from, as an older flowrec did: export from "

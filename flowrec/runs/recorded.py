@@ -19,12 +19,21 @@ from typing import Any
 
 from flowrec.data.layout import META_FILE, DataError
 from flowrec.runs.settings import lost_relative_path, read_run_file
-from flowrec.runtime.rundir import run_folder_of
+from flowrec.runtime.rundir import RunFolderError, run_folder_of
 
 
 def run_folder(run_dir: Path) -> Path:
     """The run folder of a run, of its RUN/best, or of a checkpoint file in either."""
     return run_folder_of(Path(run_dir))
+
+
+def _scored_settings(folder: Path, how: str) -> dict:
+    """The run's recorded settings (`read_run_file`) for scoring it: a damaged run.json said only
+    that the run cannot be resumed, where `flowrec eval RUN --data DIR` scores it (`how`)."""
+    try:
+        return read_run_file(folder) or {}
+    except RunFolderError as exc:
+        raise DataError(f"{exc}; it also records the data the run evaluated on: give {how}") from None
 
 
 def _data_folder(folder: Path, settings: dict) -> Path:
@@ -40,22 +49,24 @@ def recorded_train_data(run_dir: Path) -> Path | None:
     return data if (data / META_FILE).is_file() else None
 
 
-def recorded_eval_data(run_dir: Path) -> Path | None:
+def recorded_eval_data(run_dir: Path, how: str = "--data DIR") -> Path | None:
     """The evaluation data a run recorded: its --eval-data, else the test part of its split
-    dataset; None when it recorded none (the folder is not checked to exist)."""
+    dataset; None when it recorded none (the folder is not checked to exist). A damaged run.json
+    is a DataError saying to give other data (`how`)."""
     folder = run_folder(run_dir)
-    settings = read_run_file(folder) or {}
+    settings = _scored_settings(folder, how)
     if settings.get("eval_data"):
         return Path(settings["eval_data"])
     test = _data_folder(folder, settings) / "test"
     return test if test.is_dir() else None
 
 
-def synthetic_rows(run_dir: Path, spec: Any) -> int | None:
+def synthetic_rows(run_dir: Path, spec: Any, how: str = "--data DIR") -> int | None:
     """The training row count of a run on synthetic rows (`flowrec train SPEC --rows N` without
     data; `spec` the run's), whose evaluation rows `flowrec eval RUN` draws again from its seed
-    (`flowrec.runtime.session.synthetic_evaluation`); None for a run on data (or without run.json)."""
-    settings = read_run_file(run_folder(run_dir)) or {}
+    (`flowrec.runtime.session.synthetic_evaluation`); None for a run on data (or without run.json).
+    A damaged run.json is a DataError saying to give data (`how`)."""
+    settings = _scored_settings(run_folder(run_dir), how)
     if not settings or settings.get("data") or settings.get("eval_data") or (spec.data is not None and spec.data.bound):
         return None
     rows = settings.get("rows")
@@ -68,7 +79,7 @@ def eval_data_to_score(run_dir: Path, how: str = "--data DIR") -> Path:
     Raises:
         DataError: the run recorded none (an unsplit dataset, synthetic rows), or it moved.
     """
-    found = recorded_eval_data(run_dir)
+    found = recorded_eval_data(run_dir, how)
     if found is None or not (found / META_FILE).is_file():
         folder = run_folder(run_dir)
         settings = read_run_file(folder) or {}

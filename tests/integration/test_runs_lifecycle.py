@@ -177,3 +177,34 @@ def test_api_evaluate_without_data_scores_the_runs_evaluation_data(tmp_path: Pat
         assert "data=" in str(exc)
     else:
         raise AssertionError("a run without a folder has no recorded evaluation data")
+
+
+def test_a_run_whose_run_json_is_damaged_is_scored_with_data_and_exported(tmp_path: Path, monkeypatch) -> None:
+    """flowrec eval RUN of a run whose run.json was damaged said only that the run cannot be
+    resumed, and export --dtype fp16 stopped on it; now eval says to give --data (and scores it
+    with --data), and export makes the package from the checkpoint, comparing on random rows with
+    a word of why."""
+    spec = tmp_path / "lifecycle.yaml"
+    spec.write_text(SPEC)
+    for part, rows, seed in (("train", "600", "5"), ("test", "200", "6")):
+        synth = CliRunner().invoke(app, ["data", "synth", str(spec), "--rows", rows, "--out", str(tmp_path / "d" / part),
+                                         "--alpha", "1.4", "--seed", seed, "-q"])
+        assert synth.exit_code == 0, synth.output
+    monkeypatch.chdir(tmp_path)
+    trained = CliRunner().invoke(app, ["train", "lifecycle.yaml", "--data", "d", "--out", "run", "--max-steps", "3",
+                                       "--eval-every", "0", "--json", "-q"])
+    assert trained.exit_code == 0, trained.output
+    (tmp_path / "run" / "run.json").write_text("{bad")
+    refused = CliRunner().invoke(app, ["eval", "run"])
+    assert refused.exit_code == 2, refused.output
+    line = refused.output.strip()
+    assert "\n" not in line and "run.json is damaged" in line and line.endswith("give --data DIR"), line
+    scored = CliRunner().invoke(app, ["eval", "run", "--data", "d/test", "--json", "-"])
+    assert scored.exit_code == 0, scored.output
+    final = json.loads(trained.stdout)["eval"]
+    assert {h: v["auc"] for h, v in json.loads(scored.stdout).items()} == {h: v["auc"] for h, v in final.items()}
+    exported = CliRunner().invoke(app, ["export", "run", "pkg", "--dtype", "fp16"])
+    assert exported.exit_code == 0, exported.output
+    assert "measured on random rows" in exported.output and "run.json, which names that data, is damaged" in \
+        exported.output, exported.output
+    assert (tmp_path / "pkg" / "manifest.json").is_file()

@@ -1893,3 +1893,20 @@ def test_eval_with_data_given_reads_no_run_json_where_nothing_is_left_out(spec: 
     scored = json.loads(result.stdout)
     again = flowrec.load(run).evaluate(data)
     assert {h: again[h]["samples"] for h in again} == {h: scored[h]["samples"] for h in scored}
+
+
+@pytest.mark.parametrize("how", ["--data DIR", "data="])
+def test_scoring_a_run_whose_run_json_is_damaged_asks_for_data(tmp_path: Path, how: str) -> None:
+    """flowrec eval RUN (Run.evaluate()) of a run whose run.json was damaged said only that the run
+    cannot be resumed, where eval RUN --data DIR scores it; now the line says to give the data."""
+    from flowrec.data.layout import DataError
+    from flowrec.runs.recorded import eval_data_to_score, synthetic_rows
+    from flowrec.spec.load import load_spec
+
+    run = tmp_path / "R"
+    run.mkdir()
+    (run / "run.json").write_text("{bad")
+    spec = load_spec(Path(__file__).resolve().parents[2] / "specs" / "wide_deep.yaml")
+    for score in (lambda: synthetic_rows(run, spec, how), lambda: eval_data_to_score(run, how)):
+        with pytest.raises(DataError, match=rf"run\.json is damaged .*: give {re.escape(how)}$"):
+            score()
