@@ -70,7 +70,10 @@ def calibrate(
         fail(f"--seconds must be a number of seconds from {MIN_SECONDS} to {MAX_SECONDS:g}, not {seconds}")
     model = planned_spec_or_exit(spec, check_given=True) if spec is not None else None  # custom modules measured
     if out is not None:
-        guard_outputs([out], [spec, *(bound_files(spec, model) if model is not None else [])], overwrite)
+        from flowrec.planner.calibration import PROFILE_FORMAT
+
+        guard_outputs([out], [spec, *(bound_files(spec, model) if model is not None else [])], overwrite,
+                      [(PROFILE_FORMAT, "a device profile `flowrec calibrate` wrote")])
     check_byte_size("--device-budget", device_budget)
     shapes = gemm_shapes(model) if model is not None else FALLBACK_SHAPES
     try:

@@ -369,17 +369,27 @@ def bound_files(spec_path: Path, model: ModelSpec) -> list[Path]:
                     if isinstance(options.get(key), str) and options[key]]
 
 
-def guard_outputs(outputs: Sequence[Path], inputs: Sequence[Path | None], overwrite: bool) -> None:
+def guard_outputs(outputs: Sequence[Path], inputs: Sequence[Path | None], overwrite: bool,
+                  kinds: Sequence[tuple[str, str]] | None = None) -> None:
     """Check every output file against the output guard (`flowrec.data.output_guard`) before any
-    work: one line and exit 2 for the first refused; two outputs naming one file are refused too."""
+    work: one line and exit 2 for the first refused; two outputs naming one file are refused too.
+
+    kinds: per output, (kind, what): `--overwrite` replaces only an empty file or one that holds
+        that kind (`holds_kind`), as `eval --json` and `predict --out` replace only their own
+        output: the guard knows only the inputs, so `plan --json b.yaml --overwrite` replaced
+        another spec.
+    """
     from flowrec.data.layout import DataError
-    from flowrec.data.output_guard import check_file_output
+    from flowrec.data.output_guard import check_file_output, check_replacing_own_output, holds_kind
 
     given = [p for p in inputs if p is not None]
     for i, out in enumerate(outputs):
         try:
             check_file_output(out, [*given, *outputs[:i]], overwrite)
-        except DataError as exc:
+            if kinds is not None:
+                kind, what = kinds[i]
+                check_replacing_own_output(Path(out), lambda p, kind=kind: holds_kind(p, kind), what)
+        except (DataError, ValueError) as exc:
             fail(str(exc))
 
 

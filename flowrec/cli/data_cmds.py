@@ -261,7 +261,12 @@ def profile(
         if path is not None and (problem := misnamed_output(flag, path, ("--json", "--png"))):
             fail(problem)
     model = _spec(spec)
-    guard_outputs([p for p in (json_file, png) if p is not None], [spec, *bound_files(spec, model), data], overwrite)
+    from flowrec.data.profile import PROFILE_FORMAT
+
+    outputs = [(p, kind) for p, kind in ((json_file, (PROFILE_FORMAT, "an access profile `data profile --json` wrote")),
+                                         (png, ("png", "a PNG image"))) if p is not None]
+    guard_outputs([p for p, _ in outputs], [spec, *bound_files(spec, model), data], overwrite,
+                  [kind for _, kind in outputs])
 
     def work():
         from flowrec.data.dataset import ParquetSource

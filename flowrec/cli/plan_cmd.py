@@ -67,10 +67,14 @@ def plan(
             fail(problem)
     check_byte_size("--device-budget", device_budget)
     model = planned_spec_or_exit(spec)
-    files = [Path(p) for p in (json_out, dot, svg, png) if p is not None and str(p) != "-"]
+    outputs = [(p, kind) for p, kind in ((json_out, ("flowrec-plan", "a plan `flowrec plan --json` wrote")),
+                                         (dot, ("dot", "a Graphviz graph")), (svg, ("svg", "an SVG drawing")),
+                                         (png, ("png", "a PNG image"))) if p is not None and str(p) != "-"]
+    files = [Path(p) for p, _ in outputs]
     made = missing_parents(*files)  # the guard makes them; a plan that fails takes them back
     guard_outputs(files, [spec, *bound_files(spec, model), profile,
-                          Path(target) if target and is_profile_path(target) else None], overwrite)
+                          Path(target) if target and is_profile_path(target) else None], overwrite,
+                  [kind for _, kind in outputs])
     try:
         trained = run_managed(managed_from, model) if managed_from is not None else None  # before any output
         if until not in STAGES:

@@ -55,6 +55,37 @@ def check_replacing_own_output(out: Path, own: Callable[[Path], bool], what: str
                          "give another file")
 
 
+OWN_JSON_LIMIT = 1 << 27  # bytes of an existing JSON output read to tell what it is (128 MiB: a plan of 10^5 fields)
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def holds_kind(path: Path, kind: str) -> bool:
+    """Whether the file `path` is an output of `kind`: 'dot' (Graphviz text), 'svg', 'png', or the
+    `format` a JSON document of flowrec's names ('flowrec-plan', 'flowrec-access-profile', ...).
+
+    >>> import tempfile
+    >>> d = Path(tempfile.mkdtemp())
+    >>> _ = (d / "p.json").write_text('{"format": "flowrec-plan", "version": 1}')
+    >>> _ = (d / "s.yaml").write_text("name: x\\n")
+    >>> holds_kind(d / "p.json", "flowrec-plan"), holds_kind(d / "p.json", "svg"), holds_kind(d / "s.yaml", "dot")
+    (True, False, False)
+    """
+    import json
+
+    try:
+        with open(path, "rb") as f:
+            if kind in ("dot", "svg", "png"):
+                head = f.read(4096)
+                text = head.lstrip().lower()
+                return (head.startswith(PNG_MAGIC) if kind == "png"
+                        else text.startswith((b"digraph", b"strict digraph")) if kind == "dot"
+                        else text.startswith((b"<svg", b"<?xml")) and b"<svg" in text)
+            doc = json.loads(f.read(OWN_JSON_LIMIT))
+    except (OSError, ValueError):  # not JSON, not UTF-8, or longer than any such output
+        return False
+    return isinstance(doc, dict) and doc.get("format") == kind
+
+
 def check_file_output(out: Path, inputs: Sequence[Path], overwrite: bool) -> None:
     """Raise OutputError unless the file `out` may be (re)written by a command reading `inputs`."""
     out = Path(out)

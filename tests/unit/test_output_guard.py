@@ -346,3 +346,41 @@ def test_an_output_never_replaces_a_file_the_spec_binds(tmp_path: Path, command,
     assert result.exit_code == 2, result.output
     assert f"refusing to write {tmp_path / bound}" in result.output, result.output
     assert (tmp_path / bound).read_bytes() == kept
+
+
+@pytest.mark.parametrize("command", [
+    ["plan", "SPEC", "--json", "OUT", "--overwrite", "-q"],
+    ["plan", "SPEC", "--dot", "OUT", "--overwrite", "-q"],
+    ["plan", "SPEC", "--svg", "OUT.svg", "--overwrite", "-q"],
+    ["data", "profile", "SPEC", "DATA", "--json", "OUT", "--overwrite", "-q"],
+    ["calibrate", "SPEC", "--out", "OUT", "--overwrite", "--seconds", "1"],
+])
+def test_overwrite_replaces_only_the_commands_own_output(tmp_path: Path, command):
+    """`flowrec plan a.yaml --json b.yaml --overwrite` replaced another spec (any file the spec does
+    not bind) with plan JSON, as data profile --json and calibrate --out did; now --overwrite
+    replaces only an empty file or what the command writes there, as eval --json and predict --out."""
+    from typer.testing import CliRunner
+
+    from flowrec.cli import app
+    from flowrec.testing.specs import mini_spec
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text(mini_spec("own"))
+    data = tmp_path / "data"
+    made = CliRunner().invoke(app, ["data", "synth", str(spec), "--rows", "64", "--out", str(data), "-q"])
+    assert made.exit_code == 0, made.output
+    other = tmp_path / ("other.svg" if "OUT.svg" in command else "other.yaml")
+    other.write_text(mini_spec("another") if other.suffix == ".yaml" else "<p>not a drawing</p>\n")
+    kept = other.read_bytes()
+    given = {"SPEC": str(spec), "DATA": str(data), "OUT": str(other), "OUT.svg": str(other)}
+    result = CliRunner().invoke(app, [given.get(a, a) for a in command])
+    assert result.exit_code == 2, result.output
+    assert f"refusing to replace {other}: it is not" in result.output, result.output
+    assert other.read_bytes() == kept
+    if command[0] == "calibrate":
+        return  # (its own output takes a measurement: the JSON outputs below are alike)
+    other.write_text("")  # an empty file, then the command's own earlier output, are replaced
+    for _ in range(2):
+        again = CliRunner().invoke(app, [given.get(a, a) for a in command])
+        assert again.exit_code == 0, again.output
+        assert other.stat().st_size > 0
