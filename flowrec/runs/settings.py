@@ -15,6 +15,7 @@ from typing import Any
 from flowrec.data.rowcache import parse_cache_data
 from flowrec.runtime.nonfinite import NAN_POLICIES
 from flowrec.spec.json_doc import read_json_document
+from flowrec.spec.read import RUN_SETTINGS_KEYS
 from flowrec.runtime.rundir import RUN_FILE, RunFolderError, write_text
 from flowrec.spec.units import MAX_SEED  # seeds are 0..2^63-1 (numpy and torch generators take 64-bit seeds)
 
@@ -48,7 +49,7 @@ KINDS: dict[str, type] = {**{k: str for k in SETTINGS}, **{k: int for k in INT_S
                            # what run.json records beside the flags: an edited one turned the check of the
                            # data a resume reads off (train_rows "x"), or named --init-from (init_from 5)
                            "train_rows": int, "init_from": str, "fresh_optimizer": bool}
-REQUIRED = ("data", "eval_data", "rows", "seed", "epochs", "max_steps", "eval_every")  # every run.json holds
+REQUIRED = RUN_SETTINGS_KEYS  # every run.json holds
 # them (flowrec train and flowrec.train write them); without one, --resume would silently train
 # something else (the spec's bound data instead of the run's --data, another length)
 CACHE_POLICIES = ("auto", "none", "static_hot", "lookahead")

@@ -102,6 +102,10 @@ _PLAIN_TAGS = frozenset(tag for tag in _SpecLoader.yaml_constructors if tag is n
 PLAN_HINT = "; a plan trains as `flowrec train SPEC --plan FILE`"  # what to do with a plan given as a spec
 
 
+RUN_SETTINGS_KEYS = ("data", "eval_data", "rows", "seed", "epochs", "max_steps", "eval_every")  # every run.json
+# holds them (`flowrec.runs.settings.REQUIRED`): a copy of one outside its run folder is told by them
+
+
 def flowrec_format(doc: Any) -> str | None:
     """`format 'flowrec-…'` when `doc` is one of the documents flowrec writes for itself (a plan,
     an encoder, a dataset's or a package's record), or what it is for a JSON Schema flowrec
@@ -110,6 +114,8 @@ def flowrec_format(doc: Any) -> str | None:
     Example:
         >>> flowrec_format({"format": "flowrec-plan", "nodes": []}), flowrec_format({"name": "x"})
         ("format 'flowrec-plan'", None)
+        >>> flowrec_format(dict.fromkeys(RUN_SETTINGS_KEYS, None))
+        "a training run's settings, as its run.json holds them"
     """
     kind = doc.get("format") if isinstance(doc, dict) else None
     if isinstance(kind, str) and kind.startswith("flowrec-"):
@@ -119,6 +125,8 @@ def flowrec_format(doc: Any) -> str | None:
         return f"the JSON Schema {schema.rsplit('/', 1)[-1]!r}, as `flowrec schema` prints it"
     if is_eval_metrics(doc):
         return "metrics of `flowrec eval --json`"
+    if isinstance(doc, dict) and all(k in doc for k in RUN_SETTINGS_KEYS) and "features" not in doc:
+        return "a training run's settings, as its run.json holds them"  # a stray copy: 25 lines of unknown keys
     return None
 
 

@@ -113,6 +113,24 @@ def test_a_folder_scan_leaves_out_printed_schemas_and_eval_metrics(runner, tmp_p
         assert result.exit_code == 2 and len(result.output.splitlines()) == 1 and says in result.output, result.output
 
 
+def test_a_stray_copy_of_a_runs_settings_is_told_as_such(runner, tmp_path):
+    """A run's run.json copied outside its run folder (beside the specs it was trained from) was
+    reported by `validate DIR` as a broken spec, 25 lines of missing and unknown keys, exit 2. Now a
+    folder scan leaves it out as it does inside a run folder, and named alone it is one line."""
+    (tmp_path / "good.yaml").write_text(DLRM.read_text())
+    settings = {"data": None, "eval_data": None, "rows": 2000, "seed": 0, "epochs": None, "max_steps": 2,
+                "eval_every": 0, "cache": "auto", "device": "auto", "nan_policy": "stop"}
+    (tmp_path / "run.json").write_text(json.dumps(settings, indent=2))
+    (tmp_path / "near.json").write_text(json.dumps({k: v for k, v in settings.items() if k != "rows"}))
+    result = _run(runner, "validate", str(tmp_path))
+    assert result.exit_code == 2  # near.json lacks a setting every run.json holds: read as a spec
+    assert f"ok  {tmp_path / 'good.yaml'}" in result.output.splitlines()
+    assert "run.json" not in result.output and "near.json" in result.output, result.output
+    result = _run(runner, "validate", str(tmp_path / "run.json"))
+    assert result.exit_code == 2 and len(result.output.splitlines()) == 1, result.output
+    assert "not a model spec" in result.output and "a training run's settings" in result.output, result.output
+
+
 def test_a_folder_scan_leaves_out_hidden_folders(runner, tmp_path):
     """`flowrec validate .` in a project read its .venv's and .github's JSON and YAML files as specs:
     thousands of lines, exit 2. Hidden files and folders below the folder named are left out; a
