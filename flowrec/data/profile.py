@@ -398,14 +398,19 @@ def _people_sections(profile: dict[str, Any], spec: ModelSpec, groups, packed, n
 
 
 def sample_warnings(samples: int, rows: int, sample_rate: float, batch_rows: int) -> list[str]:
-    """Why the figures of a small sample mean little (empty when the sample is large enough)."""
+    """Why the figures of a small sample mean little (empty when the sample is large enough).
+
+    >>> sample_warnings(0, 200, 1e-300, 1)[1].split(":")[0]
+    'the cache curves simulate 0 sampled batches of 1 row'
+    """
     out = []
     if samples < MIN_SAMPLE_ROWS:
         out.append(f"the sample holds {samples:,} of {rows:,} rows (sample rate {sample_rate:g}): skew and hot-set "
                    f"figures from fewer than {MIN_SAMPLE_ROWS:,} rows are not reliable; raise --sample-rate")
     batches = samples // max(batch_rows, 1)
     if batches < MIN_CURVE_BATCHES:
-        out.append(f"the cache curves simulate {batches} sampled batches of {batch_rows:,} rows: with fewer than "
+        out.append(f"the cache curves simulate {batches:,} sampled batch{'' if batches == 1 else 'es'} of "
+                   f"{batch_rows:,} row{'' if batch_rows == 1 else 's'}: with fewer than "
                    f"{MIN_CURVE_BATCHES} there is little reuse to see, so hit rates near 0 say nothing about "
                    f"training; raise --sample-rate or profile more data")
     return out
