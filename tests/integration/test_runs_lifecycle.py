@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from typer.testing import CliRunner
 
@@ -48,10 +49,9 @@ def test_cli_and_api_make_the_same_plan_and_run_record(tmp_path: Path) -> None:
     assert recorded["init_from"] is None and recorded["fresh_optimizer"] is False
 
 
-def test_eval_without_data_scores_the_runs_test_part_from_any_folder(tmp_path: Path, monkeypatch) -> None:
-    """A run trained on a split dataset named relative to the working folder: run.json records it
-    absolute, `flowrec eval RUN` scores its test part (the same metrics as the run's final
-    evaluation) from another folder, and --resume given the same relative path is no override."""
+def _trained_on_split_data(tmp_path: Path, monkeypatch) -> tuple[Path, Any]:
+    """The spec and `flowrec train lifecycle.yaml --data d --out run` (3 steps, --json) run in
+    `tmp_path` (the working folder after it) on a split synthetic dataset d/train, d/test."""
     spec = tmp_path / "lifecycle.yaml"
     spec.write_text(SPEC)
     for part, rows, seed in (("train", "600", "5"), ("test", "200", "6")):
@@ -62,6 +62,14 @@ def test_eval_without_data_scores_the_runs_test_part_from_any_folder(tmp_path: P
     trained = CliRunner().invoke(app, ["train", "lifecycle.yaml", "--data", "d", "--out", "run", "--max-steps", "3",
                                        "--eval-every", "0", "--json", "-q"])
     assert trained.exit_code == 0, trained.output
+    return spec, trained
+
+
+def test_eval_without_data_scores_the_runs_test_part_from_any_folder(tmp_path: Path, monkeypatch) -> None:
+    """A run trained on a split dataset named relative to the working folder: run.json records it
+    absolute, `flowrec eval RUN` scores its test part (the same metrics as the run's final
+    evaluation) from another folder, and --resume given the same relative path is no override."""
+    spec, trained = _trained_on_split_data(tmp_path, monkeypatch)
     assert json.loads((tmp_path / "run" / "run.json").read_text())["data"] == str((tmp_path / "d").resolve())
     final = json.loads(trained.stdout)["eval"]
     elsewhere = tmp_path / "elsewhere"
@@ -90,16 +98,7 @@ def test_a_run_whose_older_run_json_records_its_data_relative_is_named_so_from_a
     from, and the command run from there works as the line says."""
     from flowrec.data.layout import DataError
 
-    spec = tmp_path / "lifecycle.yaml"
-    spec.write_text(SPEC)
-    for part, rows, seed in (("train", "600", "5"), ("test", "200", "6")):
-        synth = CliRunner().invoke(app, ["data", "synth", str(spec), "--rows", rows, "--out", str(tmp_path / "d" / part),
-                                         "--alpha", "1.4", "--seed", seed, "-q"])
-        assert synth.exit_code == 0, synth.output
-    monkeypatch.chdir(tmp_path)
-    trained = CliRunner().invoke(app, ["train", "lifecycle.yaml", "--data", "d", "--out", "run", "--max-steps", "3",
-                                       "--eval-every", "0", "--json", "-q"])
-    assert trained.exit_code == 0, trained.output
+    spec, trained = _trained_on_split_data(tmp_path, monkeypatch)
     record = tmp_path / "run" / "run.json"
     older = json.loads(record.read_text())
     older["data"] = "d"  # as a flowrec of before 2026-11-29 wrote it
@@ -184,16 +183,7 @@ def test_a_run_whose_run_json_is_damaged_is_scored_with_data_and_exported(tmp_pa
     resumed, and export --dtype fp16 stopped on it; now eval says to give --data (and scores it
     with --data), and export makes the package from the checkpoint, comparing on random rows with
     a word of why."""
-    spec = tmp_path / "lifecycle.yaml"
-    spec.write_text(SPEC)
-    for part, rows, seed in (("train", "600", "5"), ("test", "200", "6")):
-        synth = CliRunner().invoke(app, ["data", "synth", str(spec), "--rows", rows, "--out", str(tmp_path / "d" / part),
-                                         "--alpha", "1.4", "--seed", seed, "-q"])
-        assert synth.exit_code == 0, synth.output
-    monkeypatch.chdir(tmp_path)
-    trained = CliRunner().invoke(app, ["train", "lifecycle.yaml", "--data", "d", "--out", "run", "--max-steps", "3",
-                                       "--eval-every", "0", "--json", "-q"])
-    assert trained.exit_code == 0, trained.output
+    spec, trained = _trained_on_split_data(tmp_path, monkeypatch)
     (tmp_path / "run" / "run.json").write_text("{bad")
     refused = CliRunner().invoke(app, ["eval", "run"])
     assert refused.exit_code == 2, refused.output
