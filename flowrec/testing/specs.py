@@ -35,6 +35,22 @@ training: {{batch_size: {batch_size}, epochs: {epochs}, seed: 5}}
 """
 
 
+# fp16 table and an lr of 1000: its first update overflows the table (a non-finite parameter)
+OVERFLOW_SPEC = """
+name: overflow
+features:
+  - {name: d1, type: dense}
+  - {name: c2, type: categorical, hash_buckets: 64, dim: 8, dtype: fp16}
+modules:
+  - {name: deep, kind: mlp, inputs: ["@dense", "@sparse"], layers: [16]}
+heads:
+  - {name: ctr, input: deep}
+  - {name: val, input: deep, task: regression, label: y}
+optimizer: {dense: {name: sgd, lr: 1000}, sparse: {name: sgd, lr: 1000}}
+training: {batch_size: 32}
+"""
+
+
 def run_spec(name: str = "tiny_guard", batch_size: int = 32, epochs: int = 2) -> str:
     """YAML text of a tiny CTR model whose runs take about a second (for CLI run tests)."""
     return RUN_SPEC_TEMPLATE.format(name=name, batch_size=batch_size, epochs=epochs)

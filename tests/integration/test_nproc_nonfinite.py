@@ -6,23 +6,10 @@ import json
 from pathlib import Path
 
 from flowrec.testing.ranks import run_flowrec
+from flowrec.testing.specs import OVERFLOW_SPEC
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 300  # every subprocess: a rank left waiting for the other fails the test, never hangs it
-
-OVERFLOW_SPEC = """
-name: overflow
-features:
-  - {name: d1, type: dense}
-  - {name: c2, type: categorical, hash_buckets: 64, dim: 8, dtype: fp16}
-modules:
-  - {name: deep, kind: mlp, inputs: ["@dense", "@sparse"], layers: [16]}
-heads:
-  - {name: ctr, input: deep}
-  - {name: val, input: deep, task: regression, label: y}
-optimizer: {dense: {name: sgd, lr: 1000}, sparse: {name: sgd, lr: 1000}}
-training: {batch_size: 32}
-"""
 
 
 def test_ranks_stop_together_at_a_non_finite_parameter_under_skip_batch(tmp_path: Path) -> None:

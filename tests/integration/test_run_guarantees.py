@@ -20,7 +20,7 @@ from flowrec.runtime.checkpoint import checkpointer, stream, store as ckpt
 from flowrec.runtime import trainer
 from flowrec.runtime import run_log as metrics
 from flowrec.runtime.rundir import claim_new_folder
-from flowrec.testing.specs import run_spec
+from flowrec.testing.specs import OVERFLOW_SPEC, run_spec
 
 SPEC = run_spec()
 STEPS_PER_EPOCH = 13  # 400 rows / 32
@@ -220,21 +220,6 @@ def test_skip_batch_skips_only_that_update_and_counts_it(spec: Path, tmp_path: P
     skipped = [r for r in _records(tmp_path / "skip") if r.get("skipped")]
     assert [(r["step"], r["head"]) for r in skipped] == [(5, "ctr")]
     assert _records(tmp_path / "skip")[-1]["skipped_batches"] == 1
-
-
-OVERFLOW_SPEC = """
-name: overflow
-features:
-  - {name: d1, type: dense}
-  - {name: c2, type: categorical, hash_buckets: 64, dim: 8, dtype: fp16}
-modules:
-  - {name: deep, kind: mlp, inputs: ["@dense", "@sparse"], layers: [16]}
-heads:
-  - {name: ctr, input: deep}
-  - {name: val, input: deep, task: regression, label: y}
-optimizer: {dense: {name: sgd, lr: 1000}, sparse: {name: sgd, lr: 1000}}
-training: {batch_size: 32}
-"""
 
 
 def test_skip_batch_stops_once_a_parameter_is_not_finite(tmp_path: Path, monkeypatch):
