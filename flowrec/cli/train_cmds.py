@@ -1036,17 +1036,11 @@ def refuse_replacing_other_than_metrics(out: Path) -> None:
     that is not metrics `flowrec eval --json` wrote (an empty file is replaced): eval reads
     neither the spec nor the raw files its data was converted from, so the output guard did not
     know them, and --overwrite replaced s.yaml or the training CSV with metrics."""
-    from flowrec.data.output_guard import check_replacing_own_output
+    from flowrec.data.output_guard import check_replacing_own_output, holds_json
     from flowrec.spec.read import is_eval_metrics
 
-    def holds_metrics(path: Path) -> bool:
-        try:
-            with open(path, "rb") as f:
-                return is_eval_metrics(json.loads(f.read(EVAL_JSON_LIMIT)))
-        except (OSError, ValueError):  # not JSON, not UTF-8, or longer than any metrics file
-            return False
-
-    check_replacing_own_output(out, holds_metrics, "metrics `flowrec eval --json` wrote")
+    check_replacing_own_output(out, lambda path: holds_json(path, is_eval_metrics, EVAL_JSON_LIMIT),
+                               "metrics `flowrec eval --json` wrote")
 
 
 def _write_metrics(metrics: dict, json_out: Optional[str], quiet: bool = False) -> None:

@@ -21,7 +21,7 @@ import secrets
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from flowrec.data.layout import DataError
 from flowrec.data.owners import MARKER_BYTES, OWNERS, owner_of  # noqa: F401 (the guard's names)
@@ -70,20 +70,28 @@ def holds_kind(path: Path, kind: str) -> bool:
     >>> holds_kind(d / "p.json", "flowrec-plan"), holds_kind(d / "p.json", "svg"), holds_kind(d / "s.yaml", "dot")
     (True, False, False)
     """
+    if kind not in ("dot", "svg", "png"):
+        return holds_json(path, lambda doc: isinstance(doc, dict) and doc.get("format") == kind)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return False
+    text = head.lstrip().lower()
+    return (head.startswith(PNG_MAGIC) if kind == "png"
+            else text.startswith((b"digraph", b"strict digraph")) if kind == "dot"
+            else text.startswith((b"<svg", b"<?xml")) and b"<svg" in text)
+
+
+def holds_json(path: Path, accept: Callable[[Any], bool], limit: int = OWN_JSON_LIMIT) -> bool:
+    """Whether the file `path` is a JSON document (of at most `limit` bytes) that `accept` takes."""
     import json
 
     try:
         with open(path, "rb") as f:
-            if kind in ("dot", "svg", "png"):
-                head = f.read(4096)
-                text = head.lstrip().lower()
-                return (head.startswith(PNG_MAGIC) if kind == "png"
-                        else text.startswith((b"digraph", b"strict digraph")) if kind == "dot"
-                        else text.startswith((b"<svg", b"<?xml")) and b"<svg" in text)
-            doc = json.loads(f.read(OWN_JSON_LIMIT))
+            return accept(json.loads(f.read(limit)))
     except (OSError, ValueError):  # not JSON, not UTF-8, or longer than any such output
         return False
-    return isinstance(doc, dict) and doc.get("format") == kind
 
 
 def check_file_output(out: Path, inputs: Sequence[Path], overwrite: bool) -> None:
