@@ -502,13 +502,13 @@ def _refuse_older_split_again(spec, folder: Path) -> None:
     split it otherwise than the older flowrec did (`flowrec.data.convert.SPLIT_RULE`), so the
     checkpoint's epoch and batch would go on in other rows and its evaluations score rows it trained
     on, without a word. One line and exit 2, before anything is encoded."""
+    from flowrec.data.convert import seeded_split
     from flowrec.data.layout import META_FILE
-    from flowrec.data.sequences import split_option
 
-    data, options = folder / "data", dict(spec.data.options)
+    data = folder / "data"
     if (data / META_FILE).is_file() or (data / "train" / META_FILE).is_file():
         return  # its encoding is there: resumed as it is (a lost part is named when it is read)
-    if not float(options.get("test_fraction") or 0) or options.get("split_by") or split_option(options) == "leave_last_out":
+    if not seeded_split(dict(spec.data.options)):
         return  # no seeded split: encoding the data again gives the same rows
     fail(f"{data} is gone, and the run in {folder} was trained by a flowrec of before 2026-12-05 (its run.json "
          f"records no train_rows) on the spec's data split into train and test by a seed, which this flowrec "
@@ -521,15 +521,11 @@ def _refuse_split_since(data: Path, folder: Path) -> None:
     --data folder, split since by this flowrec (its record names the split rule, written since
     2026-12-06): the folder was converted again after the run started, with another draw of the
     test rows, so the run would go on in other rows and evaluate on rows it trained on. One line."""
-    from flowrec.data.convert import older_seeded_split
-    from flowrec.data.layout import DataError, META_FILE, read_meta
-    from flowrec.runs.recorded import converted_since_start
+    from flowrec.data.layout import META_FILE
+    from flowrec.runs.recorded import resplit_since_start
 
-    try:
-        split = read_meta(data / "train").split if (data / "train" / META_FILE).is_file() else {}
-    except DataError:
-        return  # named when the data is opened
-    if "split_seed" not in split or older_seeded_split(split) or not converted_since_start(folder, data):
+    split = resplit_since_start(folder, data)
+    if split is None:
         return
     fail(f"{data} was converted again since the run in {folder} started: its train/test split is this flowrec's "
          f"(its train/{META_FILE} names split rule {split.get('split_rule')}), and the flowrec of before "

@@ -171,6 +171,16 @@ def check_sequence_sep(options: dict[str, Any]) -> None:
                         f"multi-hot value), not {value!r}")
 
 
+def seeded_split(options: dict[str, Any]) -> bool:
+    """Whether data options split the rows into train and test by a seed: a test_fraction, without
+    split_by (a date cutoff) or split (leave_last_out).
+
+    >>> seeded_split({"test_fraction": 0.2}), seeded_split({"test_fraction": 0.2, "split_by": "day"})
+    (True, False)
+    """
+    return bool(float(options.get("test_fraction") or 0)) and not options.get("split_by") and not options.get("split")
+
+
 def older_seeded_split(split: dict[str, Any]) -> bool:
     """A dataset's split record (`_flowrec.json`'s `split`) of a seeded split that names no split
     rule: converted by a flowrec of before 2026-12-06, perhaps one of before 2026-12-05 whose rule

@@ -88,14 +88,15 @@ def eval_data_to_score(run_dir: Path, how: str = "--data DIR") -> Path:
                 raise DataError(problem)
     if found is None:
         data = _data_folder(folder, settings)
+        bound = _bound_data(folder)
         why = (f"its data {data} has no test part" if (data / META_FILE).is_file()
                else f"the test part of its split data, {data / 'test'}, is gone" if (data / "train" / META_FILE).is_file()
                else f"its data {data} is gone" if settings.get("data")
                else f"its encoded data {data} is gone, split into train and test by a flowrec of before 2026-12-05, "
                     "otherwise than this one splits the spec's data"
-               if _bound(folder) and "train_rows" not in settings and _seeded_split(folder)
+               if bound is not None and "train_rows" not in settings and _seeded(bound)
                else f"its encoded data {data} is gone, which `flowrec train SPEC --resume {folder}` encodes again"
-               if _bound(folder)
+               if bound is not None
                else "it trained on synthetic rows")
         raise DataError(f"{run_dir} recorded no evaluation data to score ({why}): give {how}")
     if not (found / META_FILE).is_file():
@@ -109,24 +110,34 @@ def split_since(run_dir: Path, how: str = "--data DIR") -> str | None:
     before 2026-12-05 (its run.json records no train_rows) and its --data folder has since been
     converted again by this flowrec (its record names the split rule), whose seeded split draws
     other test rows: rows the run trained on among them, so the metrics are not of held-out rows."""
-    from flowrec.data.convert import older_seeded_split
-    from flowrec.data.layout import read_meta
-
     folder = run_folder(run_dir)
     settings = read_run_file(folder) or {}
     if not settings or "train_rows" in settings or not settings.get("data") or settings.get("eval_data"):
         return None
     data = Path(settings["data"])
+    if resplit_since_start(folder, data) is None:
+        return None
+    return (f"{data} was converted again since {run_dir} was trained by a flowrec of before 2026-12-05 (its "
+            f"run.json records no train_rows), and this flowrec's split draws other test rows: rows the run "
+            f"trained on are among them, so these metrics are not of held-out rows; give {how} with the test "
+            f"part that flowrec converted")
+
+
+def resplit_since_start(folder: Path, data: Path) -> dict[str, Any] | None:
+    """The split record of the dataset `data` (its train part's) when this flowrec's seeded split
+    made it (its record names the split rule) after the run in `folder` started
+    (`converted_since_start`): converted again since, so its test rows are not the ones an older
+    flowrec drew for the run; else None (an unreadable record is named when the data is opened)."""
+    from flowrec.data.convert import older_seeded_split
+    from flowrec.data.layout import read_meta
+
     try:
         split = read_meta(data / "train").split if (data / "train" / META_FILE).is_file() else {}
     except DataError:
         return None
     if "split_seed" not in split or older_seeded_split(split) or not converted_since_start(folder, data):
         return None
-    return (f"{data} was converted again since {run_dir} was trained by a flowrec of before 2026-12-05 (its "
-            f"run.json records no train_rows), and this flowrec's split draws other test rows: rows the run "
-            f"trained on are among them, so these metrics are not of held-out rows; give {how} with the test "
-            f"part that flowrec converted")
+    return split
 
 
 def converted_since_start(folder: Path, data: Path) -> bool:
@@ -146,27 +157,26 @@ def converted_since_start(folder: Path, data: Path) -> bool:
         return False
 
 
-def _seeded_split(folder: Path) -> bool:
-    """The run's spec.json splits its bound data into train and test by a seed (test_fraction,
-    not split_by or leave_last_out), a split older flowrecs made otherwise."""
-    import json
+def _seeded(data: dict[str, Any]) -> bool:
+    """The spec.json `data` binding splits its rows into train and test by a seed (`seeded_split`),
+    a split older flowrecs made otherwise."""
+    from flowrec.data.convert import seeded_split
 
+    options = data.get("options") or {}
     try:
-        doc = json.loads((folder / "spec.json").read_text(encoding="utf-8"))
-        options = doc["data"].get("options") or {}
-        return bool(float(options.get("test_fraction") or 0)) and not options.get("split_by") and not options.get("split")
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return isinstance(options, dict) and seeded_split(options)
+    except (ValueError, TypeError):
         return False
 
 
-def _bound(folder: Path) -> bool:
-    """The run trained on its spec's bound raw data (its spec.json binds a data path), encoded into
-    RUN/data: not synthetic rows, though it recorded no --data."""
+def _bound_data(folder: Path) -> dict[str, Any] | None:
+    """The run's spec.json `data` binding when the run trained on its spec's bound raw data,
+    encoded into RUN/data (not synthetic rows, though it recorded no --data); None otherwise."""
     import json
 
     try:
         doc = json.loads((folder / "spec.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return False
+        return None
     data = doc.get("data") if isinstance(doc, dict) else None
-    return isinstance(data, dict) and bool(data.get("path")) and data.get("format") != "parquet"
+    return data if isinstance(data, dict) and data.get("path") and data.get("format") != "parquet" else None
