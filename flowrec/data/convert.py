@@ -2,7 +2,9 @@
 
 Reads a source chunk by chunk (bounded memory), encodes it for the spec and appends it to
 Parquet part files of at most `rows_per_file` rows. Vocabulary tables and standardized features
-need a first pass over the input (as DLRM's Criteo preprocessing does). With
+need a first pass over the input (as DLRM's Criteo preprocessing does); a split conversion makes it
+over the rows it writes to ``train/`` alone, so the test rows are held out of the vocabularies and
+statistics too (recorded as ``fit_on: train`` in the split record). With
 ``data.options.test_fraction`` the rows are split (seeded by ``split_seed``, per row index, so
 the split does not depend on chunking) into ``train/`` and ``test/`` datasets; with
 ``split_by: <timestamp column>`` the newest ``test_fraction`` of the rows are the test set (a first
@@ -29,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from flowrec.data.encode import Encoder, drop_unencodable, fit_encoder, needs_fit
+from flowrec.data.encode import Encoder, encodable_rows, fit_encoder, needs_fit
 from flowrec.data.encoder_record import record_of_encoder
 from flowrec.data.error_log import ErrorLog, ErrorPolicy
 from flowrec.data.labels import PLUS_MINUS_FORMATS, check_labels, label_tasks
@@ -53,6 +55,10 @@ SPLIT_MIX = np.uint64(0x9E3779B97F4A7C15)  # golden-ratio increment of splitmix6
 # (since ffdac45, 2026-12-05); before, the rows drew another hash, so a dataset whose record names
 # no rule may hold another split than converting its raw rows again makes
 SPLIT_RULE = 2
+# the rows a split conversion fits its encoder on, recorded with the split (`fit_on`) since
+# 2026-12-06: its train rows alone ("given": it encoded with a given encoder, fitted elsewhere, not
+# grown); a record that names none was fitted on every row, test rows included
+FIT_ON = "train"
 
 
 @dataclass(frozen=True)
@@ -316,40 +322,65 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
     sep = opts.get("sequence_sep", DEFAULT_SEQUENCE_SEP)
     growth: tuple[TableGrowth, ...] = ()
     overflow: list[str] = []
+    fraction = float(opts.get("test_fraction", 0.0))
+    seed = int(opts.get("split_seed", 0))
+    # the cutoff first (its pass needs no encoder): the encoder is fitted on the rows before it
+    cutoff = _time_cutoff((c for _, c in chunks(on_error)), split_by, fraction, text_times) \
+        if split_by and fraction else None
+
+    def test_rows(chunk: pa.Table, index: int) -> np.ndarray | None:
+        """The test side of a chunk whose first row is row `index` (None: no split). Rows are
+        counted before the rows the encoder cannot encode are dropped (`encodable_rows`: that
+        depends on the fitted encoder), so the fit pass and the write pass number them alike."""
+        if fraction:
+            return (split_mask(index, chunk.num_rows, fraction, seed) if cutoff is None
+                    else np.asarray(_times(chunk, split_by, text_times) >= cutoff, bool))
+        return _last_rows(chunk) if last_out else None
+
+    counted = {"rows": 0, "train": 0}
+
+    def train_rows() -> Iterator[pa.Table]:
+        """The raw rows that the write pass puts in train/ (all of them without a split): the
+        encoder is fitted (or grown) on them alone, never on the held-out test rows."""
+        for _, chunk in chunks(on_error):
+            test = test_rows(chunk, counted["rows"])
+            counted["rows"] += chunk.num_rows
+            if test is not None:
+                chunk = chunk.filter(pa.array(~test))
+            counted["train"] += chunk.num_rows
+            if chunk.num_rows:
+                yield chunk
+
+    split = bool(fraction or last_out)
     if given is not None and grow:
-        encoder, growth = grow_encoder(given, (c for _, c in chunks(on_error)))
-        logs.clear()
-        mapped[0] = 0
+        encoder, growth = grow_encoder(given, train_rows())
     elif given is not None:
         encoder = given
     elif needs_fit(spec):
-        encoder = fit_encoder(spec, (c for _, c in chunks(on_error)), columns, sep, overflow)
-        logs.clear()
-        mapped[0] = 0
+        encoder = fit_encoder(spec, train_rows(), columns, sep, overflow)
     else:
         encoder = Encoder(spec, columns, {}, {}, sep)
-    fraction = float(opts.get("test_fraction", 0.0))
-    seed = int(opts.get("split_seed", 0))
-    cutoff = _time_cutoff((c for _, c in chunks(on_error)), split_by, fraction, text_times) \
-        if split_by and fraction else None
-    if cutoff is not None:
-        logs.clear()
-        mapped[0] = 0
-    writers = {"": PartWriter(out, rows_per_file)} if not (fraction or last_out) else {
+    logs.clear()  # the write pass counts the malformed rows and mapped labels again
+    mapped[0] = 0
+    if split and counted["rows"] and not counted["train"]:  # every row held out: nothing to fit on or train on
+        if cutoff is not None:
+            raise DataError(_after_cutoff(inputs, split_by, cutoff, fraction))
+        raise DataError(_empty_side(inputs, "train"))
+    writers = {"": PartWriter(out, rows_per_file)} if not split else {
         "train": PartWriter(out / "train", rows_per_file), "test": PartWriter(out / "test", rows_per_file)}
-    seen = 0
+    seen = index = 0
     stats = {name: RawStats(spec, columns, opts.get("date_column", split_by)) for name in writers}
     for log, chunk in chunks(on_error):
-        chunk = drop_unencodable(encoder, chunk, log)  # a run's std scaling a value past float32
+        test = test_rows(chunk, index)
+        index += chunk.num_rows
+        keep = encodable_rows(encoder, chunk, log)  # a run's std scaling a value past float32
+        if keep is not None:
+            chunk = chunk.filter(pa.array(keep))
+            test = None if test is None else test[keep]
         if not chunk.num_rows:
             continue
         encoded = encoder.encode(chunk)
-        if last_out:
-            test = _last_rows(chunk)
-        if fraction:
-            test = (split_mask(seen, encoded.num_rows, fraction, seed) if cutoff is None
-                    else np.asarray(_times(chunk, split_by, text_times) >= cutoff, bool))
-        if fraction or last_out:
+        if test is not None:
             for side, mask in (("test", pa.array(test)), ("train", pa.array(~test))):
                 writers[side].write(encoded.filter(mask))
                 stats[side].observe(chunk.filter(mask), encoded.filter(mask))
@@ -363,23 +394,37 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
         # every row at the cutoff time or later: another test_fraction or split_seed would not help
         for w in writers.values():
             w.close()
-        shown = int(cutoff) if isinstance(cutoff, float) and cutoff.is_integer() else cutoff
-        raise DataError(f"no rows converted from {', '.join(str(p) for p in inputs)} into the train split: every "
-                        f"row's {split_by} is at or after the cutoff {shown} (the newest {fraction:g} of the "
-                        f"rows reach back to the oldest time, and rows at the cutoff go to test); leave "
-                        f"split_by out to split by test_fraction alone, or convert rows of more times")
+        raise DataError(_after_cutoff(inputs, split_by, cutoff, fraction))
     for name, w in writers.items():
         w.close()
-        split = {"test_fraction": fraction, "part": name}
-        split.update({"split_by": split_by, "cutoff": cutoff} if cutoff is not None else {"split_seed": seed, "split_rule": SPLIT_RULE})
+        record = {"test_fraction": fraction, "part": name}
+        record.update({"split_by": split_by, "cutoff": cutoff} if cutoff is not None
+                      else {"split_seed": seed, "split_rule": SPLIT_RULE})
         if last_out:
-            split = {"split": "leave_last_out", "part": name}
-        _finish(spec, encoder, w, fmt, inputs, split if fraction or last_out else {}, opts.get("feature_map"))
+            record = {"split": "leave_last_out", "part": name}
+        # fitted (grown) here on the train rows alone, or a given encoder (--encoder-from, a resumed run's) as it was
+        record["fit_on"] = FIT_ON if given is None or grow else "given"
+        _finish(spec, encoder, w, fmt, inputs, record if split else {}, opts.get("feature_map"))
         stats[name].write(w.out)
     examples = tuple(str(e) for log in logs for e in log.examples)
     return ConvertReport(str(out), seen, sum(w.files for w in writers.values()),
                          sum(log.count for log in logs), examples, 0.0,
                          {k: w.rows for k, w in writers.items() if k}, mapped[0], growth, tuple(overflow))
+
+
+def _after_cutoff(inputs: list[Path], split_by: str, cutoff: float | str, fraction: float) -> str:
+    """The error of a time split whose every row is at or after its cutoff (no train rows)."""
+    shown = int(cutoff) if isinstance(cutoff, float) and cutoff.is_integer() else cutoff
+    return (f"no rows converted from {', '.join(str(p) for p in inputs)} into the train split: every "
+            f"row's {split_by} is at or after the cutoff {shown} (the newest {fraction:g} of the "
+            f"rows reach back to the oldest time, and rows at the cutoff go to test); leave "
+            f"split_by out to split by test_fraction alone, or convert rows of more times")
+
+
+def _empty_side(inputs: list[Path], side: str) -> str:
+    """The error of a split that put no row in `side` (train or test)."""
+    return (f"no rows converted from {', '.join(str(p) for p in inputs)} into the {side} split: change "
+            "test_fraction or split_seed, or convert more rows")
 
 
 def _last_rows(chunk: pa.Table) -> np.ndarray:
@@ -479,8 +524,7 @@ def _check_rows(report: ConvertReport, inputs: list[Path], fmt: str) -> None:
                         "(empty, header only, or another format)")
     for side, rows in report.split.items():
         if not rows:
-            raise DataError(f"no rows converted from {names} into the {side} split: change "
-                            "test_fraction or split_seed, or convert more rows")
+            raise DataError(_empty_side(inputs, side))
 
 
 def _check_separators(chunk: pa.Table, spec: ModelSpec, columns: dict[str, str], opts: dict[str, Any],

@@ -217,17 +217,24 @@ class Encoder:
 def drop_unencodable(encoder: Encoder, raw: pa.Table, log: ErrorLog) -> pa.Table:
     """`raw` without the rows `Encoder.unencodable` names, each a malformed row in `log` (under
     --on-error fail: the DataError naming its line)."""
+    keep = encodable_rows(encoder, raw, log)
+    return raw if keep is None else raw.filter(pa.array(keep))
+
+
+def encodable_rows(encoder: Encoder, raw: pa.Table, log: ErrorLog) -> np.ndarray | None:
+    """The mask of the rows of `raw` that `Encoder.unencodable` does not name (None: all of them),
+    each named one a malformed row in `log` (under --on-error fail: the DataError naming its line)."""
     from flowrec.data.sources import LINE_COLUMN
 
     bad = encoder.unencodable(raw)
     if not bad:
-        return raw
+        return None
     lines = raw.column(LINE_COLUMN).to_numpy() if LINE_COLUMN in raw.column_names else np.arange(raw.num_rows) + 1
     for i, why in sorted(bad.items()):
         log.add(int(lines[i]), why)
     keep = np.ones(raw.num_rows, bool)
     keep[list(bad)] = False
-    return raw.filter(pa.array(keep))
+    return keep
 
 
 def truncated_lists(values: pa.Array, rows: np.ndarray, keep: np.ndarray, max_len: int,

@@ -86,13 +86,21 @@ def test_leave_last_out_puts_each_users_last_example_in_test(shared_data, tmp_pa
     users = {u for u, _, _, _ in want}
     assert report.split == {"train": len(want) - len(users), "test": len(users)}
     vocab = pq.read_table(tmp_path / "out" / "test" / "_vocab" / "items.parquet").column("value").to_pylist()
-    raw = {0: None, **{row + 1: int(value) for row, value in enumerate(vocab)}}
+    # the vocabulary is fitted on the train rows alone (targets and histories): an item seen only in
+    # users' last examples has no row (0, unknown; -1 here)
+    trained = {i for _, item, hist, is_last in want if not is_last for i in (item, *hist)}
+    assert sorted(int(v) for v in vocab) == sorted(trained)
+    unseen = {item for _, item, _, is_last in want if is_last} - trained
+    assert unseen  # the slice holds such test items: the check below sees them as unknown
+    raw = {0: -1, **{row + 1: int(value) for row, value in enumerate(vocab)}}
+    known = {i: i if i in trained else -1 for _, item, hist, _ in want for i in (item, *hist)}
     for part, last in (("test", True), ("train", False)):
         t = pq.read_table(tmp_path / "out" / part, columns=["item_id", "history"])
         got = sorted((raw[i], [raw[h] for h in hist]) for i, hist in zip(t.column("item_id").to_pylist(),
                                                                          t.column("history").to_pylist()))
-        assert got == sorted((item, hist) for _, item, hist, is_last in want if is_last == last)
-        assert read_meta(tmp_path / "out" / part).split == {"split": "leave_last_out", "part": part}
+        assert got == sorted((known[item], [known[h] for h in hist]) for _, item, hist, is_last in want
+                             if is_last == last)
+        assert read_meta(tmp_path / "out" / part).split == {"split": "leave_last_out", "part": part, "fit_on": "train"}
 
 
 @pytest.mark.parametrize("options, message", [
