@@ -290,7 +290,9 @@ def bound_dataset(spec: ModelSpec, spec_path: Path, workdir: Path | None,
     the folder it goes in (runs/<spec name> without a run folder), so two runs started together
     encode it once: the second waits, then reuses it (never a clash or a half-replaced folder).
     A new run in a run folder (`--overwrite`) whose encoding is older than the raw files (or
-    unstamped) encodes them again; a `resumed` one keeps its data."""
+    unstamped) encodes them again; a `resumed` one keeps its data, and one whose data is gone encodes
+    the raw data again with the run's own encoder (RUN/encoder: the same ids as the rows it trained on,
+    whichever rows a new fit would see)."""
     from flowrec.data.convert import convert
     from flowrec.data.error_log import SKIP_HINT
     from flowrec.data.sources import spec_file_options
@@ -329,9 +331,12 @@ def bound_dataset(spec: ModelSpec, spec_path: Path, workdir: Path | None,
                    f"{out} holds no complete encoding (no {META_FILE} of its own or of its train/ part): "
                    "encoding it again")
             shutil.rmtree(out)
-        status(f"encoding {spec.data.format} data from {raw} into {out}")
+        own = _run_encoder(spec, workdir) if resumed and workdir is not None else None
+        status(f"encoding {spec.data.format} data from {raw} into {out}"
+               + (f" with the run's encoder ({workdir / 'encoder'})" if own is not None else ""))
         try:
-            report = convert(spec, spec.data.format, [raw], out, options=spec_file_options(spec, spec_path.parent))
+            report = convert(spec, spec.data.format, [raw], out, options=spec_file_options(spec, spec_path.parent),
+                             encoder=own, grow=False)
         except DataError as exc:  # `flowrec train` and `flowrec.train` have no --on-error of their own
             shown = spec_path if spec_path.is_file() else "SPEC"
             raise DataError(str(exc).replace(SKIP_HINT, (
@@ -344,6 +349,25 @@ def bound_dataset(spec: ModelSpec, spec_path: Path, workdir: Path | None,
 
 
 RAW_STAMP = "_flowrec_raw.json"  # the bound raw files' sizes and times when they were encoded
+
+
+def _run_encoder(spec: ModelSpec, folder: Path) -> Any:
+    """The encoder a resumed run in `folder` recorded (RUN/encoder), to encode its gone RUN/data
+    again with the ids it trained on: fitting one anew need not give them (a flowrec of before
+    2026-12-06 fitted a split's encoder on its test rows too). None without one to encode raw data
+    with (no record yet, synthetic rows, another spec's): the data is fitted, and the run's checks
+    of its encoder speak."""
+    from flowrec.data.encoder_record import (ENCODER_FILE, RUN_ENCODER_DIR, check_vocabularies, load_encoder,
+                                             read_record, synthetic)
+    from flowrec.data.layout import data_hash
+
+    target = folder / RUN_ENCODER_DIR
+    if not (target / ENCODER_FILE).is_file():
+        return None
+    record = read_record(target)
+    if synthetic(record) or record.data_hash != data_hash(spec):
+        return None
+    return load_encoder(check_vocabularies(record), spec)
 
 
 def _raw_stamp(raw: Path) -> dict[str, list[int]]:

@@ -290,6 +290,47 @@ def test_resuming_a_run_whose_test_split_was_deleted_is_refused_in_one_line(tmp_
     assert f"remove {run / 'data'} to encode the spec's data again" in result.output, result.output
 
 
+def test_a_resumed_run_whose_data_is_gone_encodes_it_again_with_its_own_encoder(tmp_path: Path) -> None:
+    """A run of a flowrec of before 2026-12-06 on bound data split by a seed recorded the encoder
+    fitted on every row, test rows included (a value seen only in test rows had a row). RUN/data
+    removed, `--resume` fitted a new encoder on the train rows and was refused: 'encoded with
+    another encoder ... convert it with data convert --encoder-from RUN', a command for other data,
+    the new RUN/data left behind. Now RUN/data is encoded again with the run's own encoder: the
+    same ids, and the run goes on."""
+    from flowrec.data.convert import convert
+    from flowrec.data.encoder_record import RUN_ENCODER_DIR, record_of_dataset, write_record
+
+    rows = ["label,d1,c1"] + [f"{i % 2},{i / 100:.2f},{f'once{i}' if i % 5 == 0 else f'c{i % 7}'}" for i in range(150)]
+    (tmp_path / "raw.csv").write_text("\n".join(rows) + "\n")
+    spec = tmp_path / "split.yaml"
+    spec.write_text(
+        "name: split_csv\n"
+        "features:\n  - {name: d1, type: dense, transform: standardize}\n  - {name: c1, type: categorical, vocab: 60, dim: 4}\n"
+        "modules:\n  - {name: deep, kind: mlp, inputs: ['@dense', '@sparse'], layers: [4]}\n"
+        "heads:\n  - {name: ctr, input: deep, task: binary, loss: bce}\n"
+        "data: {format: csv, path: raw.csv, label: label, options: {test_fraction: 0.3}}\n"
+        "training: {batch_size: 32, epochs: 2, seed: 0}\n")
+    run = tmp_path / "run"
+    made = runner.invoke(app, ["train", str(spec), "--out", str(run), "--max-steps", "1", "-q"])
+    assert made.exit_code == 0, made.output
+    # the older flowrec's encoder: fitted on every row, as converting them unsplit fits it
+    every = tmp_path / "every"
+    convert(load_spec(spec), "csv", [tmp_path / "raw.csv"], every, options={"test_fraction": 0})
+    shutil.rmtree(run / RUN_ENCODER_DIR)
+    write_record(record_of_dataset(every), run / RUN_ENCODER_DIR)
+    shutil.rmtree(run / "data")
+    result = runner.invoke(app, ["train", str(spec), "--resume", str(run), "--max-steps", "2"])
+    assert result.exit_code == 0, result.output
+    assert "final evaluation" in result.output
+    for part in ("train", "test"):
+        assert pq.read_table(run / "data" / part / "_vocab" / "c1.parquet").equals(
+            pq.read_table(every / "_vocab" / "c1.parquet"))
+        assert (json.loads((run / "data" / part / "_flowrec.json").read_text())["dense"]
+                == json.loads((every / "_flowrec.json").read_text())["dense"])
+    # the test rows' values seen nowhere else keep the rows the run's encoder gave them
+    assert (pq.read_table(run / "data" / "test", columns=["c1"]).column("c1").to_numpy() > 0).all()
+
+
 def _tiny_retrieval_spec(tmp_path: Path) -> Path:
     """A two-tower spec bound to a CSV of 12 items in an item vocab of 200 (top_k: TOPK to fill in)."""
     rows = ["user,item,label"] + [f"u{i % 9},i{i % 12},1" for i in range(200)]
