@@ -56,8 +56,8 @@ SPLIT_MIX = np.uint64(0x9E3779B97F4A7C15)  # golden-ratio increment of splitmix6
 # no rule may hold another split than converting its raw rows again makes
 SPLIT_RULE = 2
 # the rows a split conversion fits its encoder on, recorded with the split (`fit_on`) since
-# 2026-12-06: its train rows alone ("given": it encoded with a given encoder, fitted elsewhere, not
-# grown); a record that names none was fitted on every row, test rows included
+# 2026-12-06: its train rows alone ("given": it encoded with a given encoder, fitted elsewhere, any
+# spare rows grown on the train rows); a record that names none was fitted on every row, test rows included
 FIT_ON = "train"
 
 
@@ -402,8 +402,8 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
                       else {"split_seed": seed, "split_rule": SPLIT_RULE})
         if last_out:
             record = {"split": "leave_last_out", "part": name}
-        # fitted (grown) here on the train rows alone, or a given encoder (--encoder-from, a resumed run's) as it was
-        record["fit_on"] = FIT_ON if given is None or grow else "given"
+        # fitted here on the train rows alone, or a given encoder (--encoder-from, a run's), grown on them
+        record["fit_on"] = FIT_ON if given is None else "given"
         _finish(spec, encoder, w, fmt, inputs, record if split else {}, opts.get("feature_map"))
         stats[name].write(w.out)
     examples = tuple(str(e) for log in logs for e in log.examples)

@@ -79,7 +79,8 @@ def session_options(settings: dict[str, Any], folder: Path | None, resumed: bool
         data=Path(settings["data"]) if settings["data"] else None,
         eval_data=Path(settings["eval_data"]) if settings["eval_data"] else None,
         device=settings["device"], device_budget=settings["device_budget"], synthetic_rows=settings["rows"],
-        seed=settings["seed"], workdir=folder, resumed=resumed, dask=settings["dask"])
+        seed=settings["seed"], workdir=folder, resumed=resumed, dask=settings["dask"],
+        init_from=Path(settings["init_from"]) if settings.get("init_from") else None)
 
 
 def train_config(settings: dict[str, Any], folder: Path | None, progress: bool) -> TrainConfig:

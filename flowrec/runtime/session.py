@@ -26,6 +26,7 @@ from flowrec.graph.kinds import PLACEMENTS
 from flowrec.graph.types import Plan
 from flowrec.runtime.atomic import atomic_write
 from flowrec.runtime.lowering import GroupAllocationError, LoweredModel, lower
+from flowrec.runtime.rundir import run_folder_of
 from flowrec.spec.model import ModelSpec
 from flowrec.spec.schema_errors import did_you_mean
 
@@ -48,6 +49,8 @@ class SessionOptions:
         workdir: where bound raw data is converted (the run folder).
         resumed: the run in `workdir` continues (its encoded data stays its data, even where the raw
             files changed since); a new run there encodes raw files that changed again.
+        init_from: the run a new run in `workdir` starts from (--init-from): bound raw data is encoded
+            with its encoder, new values given its spare rows.
         dask: read partitions through Dask: a scheduler address, or "local" for a local cluster
             (None: direct pyarrow reads, the faster default; see docs/data.md).
     """
@@ -61,6 +64,7 @@ class SessionOptions:
     workdir: Path | None = None
     resumed: bool = False
     dask: str | None = None
+    init_from: Path | None = None
 
 
 @dataclass
@@ -200,7 +204,7 @@ def resolve_data(spec: ModelSpec, spec_path: Path, opts: SessionOptions,
     if spec.data is not None and spec.data.bound:
         if opts.eval_data is not None:  # refused before the bound raw data is encoded (minutes, a folder)
             check_spec(read_meta(Path(opts.eval_data)), spec, Path(opts.eval_data))
-        folder = bound_dataset(spec, spec_path, opts.workdir, status, opts.resumed)
+        folder = bound_dataset(spec, spec_path, opts.workdir, status, opts.resumed, opts.init_from)
         if spec.data.format == "parquet":  # the user's own encoded dataset, not flowrec's encoding of raw data:
             # never 'remove it' (a raw Parquet file bound so was told to remove itself)
             train, evaluation = dataset_pair(folder, spec, opts.dask, test_needed=opts.eval_data is None)
@@ -285,14 +289,16 @@ def dataset_pair(path: Path, spec: ModelSpec, dask: str | None = None, test_need
 
 
 def bound_dataset(spec: ModelSpec, spec_path: Path, workdir: Path | None,
-                  status: Callable[[str], None], resumed: bool = False) -> Path:
+                  status: Callable[[str], None], resumed: bool = False, init_from: Path | None = None) -> Path:
     """Encode the spec's bound raw data once (reused while it exists). Encoding holds a lock on
     the folder it goes in (runs/<spec name> without a run folder), so two runs started together
     encode it once: the second waits, then reuses it (never a clash or a half-replaced folder).
     A new run in a run folder (`--overwrite`) whose encoding is older than the raw files (or
     unstamped) encodes them again; a `resumed` one keeps its data, and one whose data is gone encodes
     the raw data again with the run's own encoder (RUN/encoder: the same ids as the rows it trained on,
-    whichever rows a new fit would see)."""
+    whichever rows a new fit would see). A new run in its folder started from another (`init_from`)
+    encodes it with that run's encoder, new values given its spare rows (an extension the run takes):
+    a new fit need not give the ids the model learnt (an older flowrec fitted on a split's test rows too)."""
     from flowrec.data.convert import convert
     from flowrec.data.error_log import SKIP_HINT
     from flowrec.data.sources import spec_file_options
@@ -331,12 +337,13 @@ def bound_dataset(spec: ModelSpec, spec_path: Path, workdir: Path | None,
                    f"{out} holds no complete encoding (no {META_FILE} of its own or of its train/ part): "
                    "encoding it again")
             shutil.rmtree(out)
-        own = _run_encoder(spec, workdir) if resumed and workdir is not None else None
+        owner = None if workdir is None else workdir if resumed else run_folder_of(init_from) if init_from else None
+        own = _run_encoder(spec, owner) if owner is not None else None
         status(f"encoding {spec.data.format} data from {raw} into {out}"
-               + (f" with the run's encoder ({workdir / 'encoder'})" if own is not None else ""))
+               + (f" with the encoder of {owner}" if own is not None else ""))
         try:
             report = convert(spec, spec.data.format, [raw], out, options=spec_file_options(spec, spec_path.parent),
-                             encoder=own, grow=False)
+                             encoder=own, grow=not resumed)
         except DataError as exc:  # `flowrec train` and `flowrec.train` have no --on-error of their own
             shown = spec_path if spec_path.is_file() else "SPEC"
             raise DataError(str(exc).replace(SKIP_HINT, (
@@ -352,11 +359,11 @@ RAW_STAMP = "_flowrec_raw.json"  # the bound raw files' sizes and times when the
 
 
 def _run_encoder(spec: ModelSpec, folder: Path) -> Any:
-    """The encoder a resumed run in `folder` recorded (RUN/encoder), to encode its gone RUN/data
-    again with the ids it trained on: fitting one anew need not give them (a flowrec of before
-    2026-12-06 fitted a split's encoder on its test rows too). None without one to encode raw data
-    with (no record yet, synthetic rows, another spec's): the data is fitted, and the run's checks
-    of its encoder speak."""
+    """The encoder the run in `folder` recorded (RUN/encoder), to encode a resumed run's gone RUN/data
+    again, or a run started from it, with the ids it trained on: fitting one anew need not give them
+    (a flowrec of before 2026-12-06 fitted a split's encoder on its test rows too). None without one
+    to encode raw data with (no record yet, synthetic rows, another spec's): the data is fitted, and
+    the run's checks of its encoder speak."""
     from flowrec.data.encoder_record import (ENCODER_FILE, RUN_ENCODER_DIR, check_vocabularies, load_encoder,
                                              read_record, synthetic)
     from flowrec.data.layout import data_hash

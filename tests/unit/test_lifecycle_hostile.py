@@ -295,8 +295,8 @@ def test_a_resumed_run_whose_data_is_gone_encodes_it_again_with_its_own_encoder(
     fitted on every row, test rows included (a value seen only in test rows had a row). RUN/data
     removed, `--resume` fitted a new encoder on the train rows and was refused: 'encoded with
     another encoder ... convert it with data convert --encoder-from RUN', a command for other data,
-    the new RUN/data left behind. Now RUN/data is encoded again with the run's own encoder: the
-    same ids, and the run goes on."""
+    the new RUN/data left behind; so was a new run `--init-from` it. Now RUN/data is encoded again
+    with the run's own encoder (a child's data with its parent's): the same ids, and the run goes on."""
     from flowrec.data.convert import convert
     from flowrec.data.encoder_record import RUN_ENCODER_DIR, record_of_dataset, write_record
 
@@ -329,6 +329,13 @@ def test_a_resumed_run_whose_data_is_gone_encodes_it_again_with_its_own_encoder(
                 == json.loads((every / "_flowrec.json").read_text())["dense"])
     # the test rows' values seen nowhere else keep the rows the run's encoder gave them
     assert (pq.read_table(run / "data" / "test", columns=["c1"]).column("c1").to_numpy() > 0).all()
+    # a new run started from it encodes the spec's data with its encoder too (it was refused alike)
+    child = tmp_path / "child"
+    result = runner.invoke(app, ["train", str(spec), "--init-from", str(run), "--out", str(child), "--max-steps", "1"])
+    assert result.exit_code == 0, result.output
+    assert pq.read_table(child / "data" / "train" / "_vocab" / "c1.parquet").equals(
+        pq.read_table(every / "_vocab" / "c1.parquet"))
+    assert json.loads((child / "data" / "train" / "_flowrec.json").read_text())["split"]["fit_on"] == "given"
 
 
 def _tiny_retrieval_spec(tmp_path: Path) -> Path:

@@ -110,7 +110,7 @@ def test_growth_with_a_given_encoder_takes_values_of_train_rows_only(tmp_path):
     assert report.growth[0].added == 3  # v2, v3, v4: no test row's own value
     vocab = pq.read_table(tmp_path / "out" / "train" / "_vocab" / "t.parquet").column("value").to_pylist()
     assert vocab == ["v0", "v1", "v2", "v3", "v4"]
-    assert read_meta(tmp_path / "out" / "test").split["fit_on"] == "train"
+    assert read_meta(tmp_path / "out" / "test").split["fit_on"] == "given"  # fitted elsewhere, grown on train
 
 
 def test_a_row_dropped_as_unencodable_keeps_the_other_rows_sides(tmp_path):
