@@ -640,6 +640,42 @@ def test_training_weights_all_zero_are_said(tmp_path: Path) -> None:
     assert label_warnings(spec, types.SimpleNamespace(path=tmp_path / "some" / "train")) == []
 
 
+def test_one_class_labels_and_zero_weights_are_said_without_the_conversions_statistics(tmp_path: Path) -> None:
+    """The warnings read the conversion's _flowrec_stats.json alone, so a dataset without it (written
+    by another tool and bound with format: parquet, or its statistics file removed) trained on
+    labels of one class, or on weights all 0, without a word; now its Parquet parts are read (their
+    footers' minimum and maximum, else the label and weight columns alone)."""
+    import types
+
+    import pyarrow.parquet as pq
+
+    from flowrec.data.layout import read_meta
+    from flowrec.data.rawstats import STATS_FILE
+    from flowrec.runtime.session import label_warnings
+    from flowrec.spec import spec_from_dict
+    from flowrec.spec.load import to_dict
+
+    spec = spec_from_dict({**to_dict(_spec()), "heads": [{"name": "ctr", "input": "top", "sample_weight": "w"}]})
+    for name, clicks, weights in (("ones", [1] * 40, [0] * 40), ("both", [i % 2 for i in range(40)], [1] * 40)):
+        path = tmp_path / f"{name}.csv"
+        path.write_text("price,user,clicked,w\n" + "".join(f"{i},u{i},{c},{w}\n" for i, (c, w) in
+                                                           enumerate(zip(clicks, weights))), encoding="utf-8")
+        convert(spec, "csv", [path], tmp_path / name)
+        (tmp_path / name / STATS_FILE).unlink()
+    folder = tmp_path / "ones"
+    expected = [f"every training label of head ctr (column clicked) in {folder} is 1 (40 rows): it can only "
+                "learn to predict 1",
+                f"every sample weight of head ctr (column w) in {folder} is 0 (40 rows): its loss is 0 at every "
+                "step, so it learns nothing"]
+    assert read_meta(folder).rows == 40
+    assert label_warnings(spec, types.SimpleNamespace(path=folder)) == expected
+    assert label_warnings(spec, types.SimpleNamespace(path=tmp_path / "both")) == []
+    for part in folder.glob("*.parquet"):  # a writer that keeps no statistics in the footers: the columns are read
+        pq.write_table(pq.read_table(part), part, write_statistics=False, row_group_size=7)
+        assert pq.ParquetFile(part).metadata.row_group(0).column(0).statistics is None
+    assert label_warnings(spec, types.SimpleNamespace(path=folder)) == expected
+
+
 def test_a_nan_in_a_float_id_column_is_a_missing_id(tmp_path: Path) -> None:
     """Raw Parquet ids as floats (polars, DuckDB or pyarrow write a missing one as NaN, not null)
     encoded NaN as the id 'nan': a hashed row of its own shared by every missing user, where null
