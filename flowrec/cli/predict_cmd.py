@@ -62,7 +62,7 @@ def predict(
             check_file_output(out, [model_dir, raw], overwrite)
             kind = output_kind(out, top_k is not None)
             with atomic_output(out) as staged:
-                rows, errors, zero, first, items = _score(model_dir, raw, staged, fmt, list(keep or []), on_error,
+                rows, errors, zero, first, items, unseen = _score(model_dir, raw, staged, fmt, list(keep or []), on_error,
                                                           quiet, top_k, kind, out)
     except OSError as exc:
         if exc.errno in DISK_FULL:  # pyarrow's words ('Error writing bytes to file') name no file
@@ -78,6 +78,8 @@ def predict(
             typer.echo(line, err=True)
     if zero:
         typer.echo(f"warning: {zero_note(zero, rows, first)}", err=True)
+    for line in unseen:
+        typer.echo(f"warning: {line}", err=True)
 
 
 def written_line(rows: int, out: Path, top_k: Optional[int] = None, items: int = 0) -> str:
@@ -164,7 +166,7 @@ def _open_writer(staged: Path, schema: Any, kind: str) -> Any:
 
 def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: list[str], on_error: str,
            quiet: bool, top_k: Optional[int] = None, kind: str = "parquet", out: Optional[Path] = None
-           ) -> tuple[int, int, int, int, int]:
+           ) -> tuple[int, int, int, int, int, list[str]]:
     """Score `raw` into `staged`: rows written, malformed rows skipped, rows of an all-zero query
     (--top-k) and the first one's row (0-based, over the rows scored), the catalogue's items (0
     without --top-k)."""
@@ -213,7 +215,7 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
     if writer is None:
         raise ValueError(_no_rows(raw, log, fmt or getattr(model.spec.data, "format", None)))
     items = len(model.items.raw_items) if top_k is not None else 0
-    return rows, log.count, model.zero_queries, model.first_zero_query, items
+    return rows, log.count, model.zero_queries, model.first_zero_query, items, model.unseen_ids().lines()
 
 
 SCORES_HEADER_LIMIT = 1 << 20  # bytes of an existing text --out read for its header line (1 MiB)

@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from flowrec.data.encode import Encoder, drop_unencodable, fit_encoder, needs_fit
+from flowrec.data.encode import Encoder, UnseenIds, drop_unencodable, fit_encoder, needs_fit
 from flowrec.data.encoder_record import record_of_encoder
 from flowrec.data.error_log import ErrorLog, ErrorPolicy
 from flowrec.data.labels import PLUS_MINUS_FORMATS, check_labels, label_tasks
@@ -339,10 +339,13 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
         "train": PartWriter(out / "train", rows_per_file), "test": PartWriter(out / "test", rows_per_file)}
     seen = 0
     stats = {name: RawStats(spec, columns, opts.get("date_column", split_by)) for name in writers}
+    unseen = UnseenIds(given) if given is not None else None  # ids the run's vocabulary holds in another form
     for log, chunk in chunks(on_error):
         chunk = drop_unencodable(encoder, chunk, log)  # a run's std scaling a value past float32
         if not chunk.num_rows:
             continue
+        if unseen is not None:
+            unseen.observe(chunk)
         encoded = encoder.encode(chunk)
         if last_out:
             test = _last_rows(chunk)
@@ -379,7 +382,8 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
     examples = tuple(str(e) for log in logs for e in log.examples)
     return ConvertReport(str(out), seen, sum(w.files for w in writers.values()),
                          sum(log.count for log in logs), examples, 0.0,
-                         {k: w.rows for k, w in writers.items() if k}, mapped[0], growth, tuple(overflow))
+                         {k: w.rows for k, w in writers.items() if k}, mapped[0], growth,
+                         (*overflow, *(unseen.lines() if unseen is not None else ())))
 
 
 def _last_rows(chunk: pa.Table) -> np.ndarray:

@@ -214,6 +214,79 @@ class Encoder:
         return pa.Table.from_arrays(cols, names=names)
 
 
+FLOAT_FORM_SHARE = 0.5  # unseen ids, of a column's, past which their other float form is looked for
+_FLOAT_TEXT = r"^(-?[0-9]+)\.0+$"  # "12.0": pandas' text of the id 12 in a float column
+
+
+def other_float_form(values: pa.Array) -> pa.Array:
+    """Each id text in the form a float column's text (pandas' CSV) would give it or take from it:
+    "12.0" -> "12", "12" -> "12.0", another text -> null.
+
+    >>> other_float_form(pa.array(["12.0", "12", "012", "a", "1.50", None])).to_pylist()
+    ['12', '12.0', '012.0', None, None, None]
+    >>> other_float_form(pa.array(["3"], pa.large_string())).to_pylist()  # (a Parquet file's large_string)
+    ['3.0']
+    """
+    floats = pc.match_substring_regex(values, _FLOAT_TEXT)
+    whole = pc.match_substring_regex(values, r"^-?[0-9]+$")
+    return pc.if_else(floats, pc.replace_substring_regex(values, _FLOAT_TEXT, r"\1"),
+                      pc.if_else(whole, pc.binary_join_element_wise(values, pa.scalar(".0", values.type),
+                                                                    pa.scalar("", values.type)),
+                                 pa.scalar(None, values.type)))
+
+
+@dataclass
+class UnseenIds:
+    """Counts, over the chunks an existing encoder encodes (`flowrec predict`, `data convert
+    --encoder-from`), the ids of each vocabulary feature that its vocabulary does not hold, and of
+    those the ids it holds in their other float form ("12.0" where training saw "12", or the
+    reverse): pandas writes an integer id column with a missing value as floats, and CSV keeps
+    their text, so rows of such a file mapped almost every id to row 0 without a word. Ids are not
+    merged ("012" and "12" may be two ids); `lines` says so where most ids are such."""
+
+    encoder: Encoder
+    counts: dict[str, list[int]] = field(default_factory=dict)  # feature -> [ids, unseen, in the other form]
+    examples: dict[str, tuple[str, str]] = field(default_factory=dict)  # feature -> (an id, its form there)
+
+    def observe(self, raw: pa.Table) -> None:
+        for f in self.encoder.spec.sparse_features:
+            table = self.encoder.spec.table(f.table)
+            if table.hashed or table.managed is not None or self.encoder.source(f.name) not in raw.column_names:
+                continue
+            vocab = self.encoder.vocabs.get(table.name)
+            if vocab is None:
+                continue
+            values = self.encoder.sparse_values(f, raw)
+            ids = as_strings(pc.list_flatten(values) if is_multi(f) else values).drop_null()
+            unseen = ids.filter(pc.invert(pc.is_in(ids, value_set=vocab)))
+            other = other_float_form(unseen)
+            there = pc.is_in(other, value_set=vocab).fill_null(False) if len(other) else pa.array([], pa.bool_())
+            count = self.counts.setdefault(f.name, [0, 0, 0])
+            found = int(pc.sum(there).as_py() or 0)
+            count[0], count[1], count[2] = count[0] + len(ids), count[1] + len(unseen), count[2] + found
+            if found and f.name not in self.examples:
+                i = int(pc.index(there, True).as_py())
+                self.examples[f.name] = (unseen[i].as_py(), other[i].as_py())
+
+    def lines(self) -> list[str]:
+        """A line per feature most of whose ids are unseen while most of those are held in their
+        other float form."""
+        out = []
+        for name, (ids, unseen, found) in self.counts.items():
+            if not (unseen > FLOAT_FORM_SHARE * ids and found > FLOAT_FORM_SHARE * unseen):
+                continue
+            mine, theirs = self.examples[name]
+            how = "as floats" if "." in mine else "as whole numbers"
+            source = self.encoder.source(name)
+            out.append(f"column {source}: {unseen:,} of {ids:,} ids are not in the vocabulary of feature {name} "
+                       f"(unknown ids), but {found:,} of them are there in another form ({mine!r} "
+                       f"is {theirs!r} there): these rows write the ids {how}, unlike the training rows (pandas "
+                       f"writes an integer column with a missing value as floats, 12.0); write column {source} "
+                       f"as the training rows did (pandas' nullable dtype \"Int64\" keeps integers beside missing "
+                       "values)")
+        return out
+
+
 def drop_unencodable(encoder: Encoder, raw: pa.Table, log: ErrorLog) -> pa.Table:
     """`raw` without the rows `Encoder.unencodable` names, each a malformed row in `log` (under
     --on-error fail: the DataError naming its line)."""

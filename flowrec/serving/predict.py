@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from flowrec.data.encode import Encoder
+from flowrec.data.encode import Encoder, UnseenIds
 from flowrec.data.encoder_record import (ENCODER_FILE, EncoderRecord, load_encoder, read_record,
                                          tables_without_vocabulary)
 from flowrec.data.layout import DataError, is_multi
@@ -70,6 +70,7 @@ class LoadedModel:
     zero_queries: int = 0  # rows `recommend` met whose query vector is all zeros (their items tie)
     first_zero_query: int | None = None  # the first such row, counted over every `recommend` call
     _recommended: int = 0  # rows `recommend` has scored (for first_zero_query)
+    unseen: UnseenIds | None = None  # the ids of the rows scored that the vocabularies hold in another form
 
     def __repr__(self) -> str:
         """One line a notebook can show: the package, its spec's name, heads and the raw columns
@@ -122,6 +123,7 @@ class LoadedModel:
             raw = raw.drop_columns([source])
         if source not in raw.column_names:  # (the heads beside it read the row's item where it is given)
             raw = raw.append_column(source, pa.nulls(raw.num_rows, pa.string()))
+        self.unseen_ids().observe(raw)
         encoded = self.encoder.encode(raw, labels=False)
         rows, scores, others = [], [], []
         with torch.no_grad():
@@ -144,6 +146,13 @@ class LoadedModel:
         out.update(_head_columns(self.other_heads, np.concatenate(others) if others else np.zeros((0, width),
                                                                                                np.float32)))
         return pd.DataFrame(out, index=row_index(table))
+
+    def unseen_ids(self) -> UnseenIds:
+        """The count of unknown ids over every `predict` and `recommend` call (`UnseenIds`): its
+        `lines()` say where the rows write the ids in another float form than training did."""
+        if self.unseen is None:
+            self.unseen = UnseenIds(self.encoder)
+        return self.unseen
 
     def _count_zero_queries(self, query: torch.Tensor) -> None:
         zero = (query == 0).all(dim=1)
@@ -235,6 +244,7 @@ class LoadedModel:
                              "ask for items with recommend / predict --top-k")
         raw = raw_table(table)
         self._check_raw(raw, isinstance(table, pd.DataFrame))
+        self.unseen_ids().observe(raw)
         scores = self.score_encoded(self.encoder.encode(raw, labels=False))
         return pd.DataFrame(_head_columns(self.spec.heads, scores), index=row_index(table))
 

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from flowrec.data.convert import convert, split_mask
@@ -674,6 +675,43 @@ def test_one_class_labels_and_zero_weights_are_said_without_the_conversions_stat
         pq.write_table(pq.read_table(part), part, write_statistics=False, row_group_size=7)
         assert pq.ParquetFile(part).metadata.row_group(0).column(0).statistics is None
     assert label_warnings(spec, types.SimpleNamespace(path=folder)) == expected
+
+
+def test_ids_written_as_floats_unlike_the_training_rows_are_said(tmp_path: Path) -> None:
+    """pandas writes an integer id column with a missing value as floats, so its CSV holds "12.0"
+    where the training rows held "12": converted with the run's encoder (or scored by predict),
+    almost every id was unknown (row 0) without a word. Now a line names the column and the fix;
+    the ids are not merged ("12.0" stays unknown, as "012" would)."""
+    import pyarrow.parquet as pq
+
+    from flowrec.data.encode import UnseenIds
+    from flowrec.data.encoder_record import load_encoder, raw_encoder
+    from flowrec.spec import spec_from_dict
+    from flowrec.spec.load import to_dict
+
+    doc = to_dict(_spec())
+    doc["features"][1] = {"name": "user", "type": "categorical", "vocab": 64, "dim": 4}
+    spec = spec_from_dict(doc)
+    clean, floats = tmp_path / "clean.csv", tmp_path / "floats.csv"
+    clean.write_text("price,user,clicked\n" + "".join(f"{i},{i % 30},{i % 2}\n" for i in range(60)), encoding="utf-8")
+    floats.write_text("price,user,clicked\n" + "".join(f"{i},{'' if i == 7 else f'{i % 30}.0'},{i % 2}\n"
+                                                        for i in range(60)), encoding="utf-8")
+    for trained, other in ((clean, floats), (floats, clean)):
+        convert(spec, "csv", [trained], tmp_path / trained.stem)
+        encoder = load_encoder(raw_encoder(tmp_path / trained.stem), spec)
+        for grow in (False, True):
+            out = tmp_path / f"{other.stem}-{grow}"
+            report = convert(spec, "csv", [other], out, encoder=encoder, grow=grow)
+            (line,) = [w for w in report.warnings if w.startswith("column user: ")]
+            assert "ids are not in the vocabulary of feature user" in line and "(pandas' nullable dtype" in line
+            assert ("'0.0' is '0' there): these rows write the ids as floats" if other is floats else
+                    "'0' is '0.0' there): these rows write the ids as whole numbers") in line, line
+        assert not [w for w in convert(spec, "csv", [trained], tmp_path / f"again-{trained.stem}", encoder=encoder,
+                                       grow=False).warnings if w.startswith("column user")]
+    assert (pq.read_table(tmp_path / "floats-False").column("user").to_numpy() == 0).all()  # not merged
+    unseen = UnseenIds(load_encoder(raw_encoder(tmp_path / "clean"), spec))
+    unseen.observe(pa.table({"user": ["1", "2", "3", "4.0"]}))  # a few, as new ids may be: no line
+    assert unseen.counts == {"user": [4, 1, 1]} and unseen.lines() == []
 
 
 def test_a_nan_in_a_float_id_column_is_a_missing_id(tmp_path: Path) -> None:

@@ -219,6 +219,22 @@ def test_a_top_k_beyond_the_catalogue_says_what_was_written(made, tmp_path):
     assert "top 5000" not in result.output
 
 
+def test_user_ids_written_as_floats_are_said(made, tmp_path):
+    """Users of a CSV pandas wrote from a float column (a missing id: "12.0") were all unknown to a
+    package trained on "12": every row got the unknown user's items, without a word."""
+    raw, out = tmp_path / "users.csv", tmp_path / "recs.parquet"
+    pd.DataFrame({"user_id": [float(i) for i in range(1, 40)] + [None]}).to_csv(raw, index=False)
+    assert "1.0" in raw.read_text()
+    result = _invoke(["predict", made / "pkg", raw, "--format", "csv", "--top-k", "3", "--out", out, "-q"])
+    assert result.exit_code == 0, result.output
+    (line,) = [x for x in result.output.splitlines() if x.startswith("warning: column user_id: ")]
+    assert "39 of 39 ids are not in the vocabulary of feature user_id" in line and "as floats" in line
+    USERS.to_csv(raw, index=False)  # ids of the training rows' form: no such line
+    result = _invoke(["predict", made / "pkg", raw, "--format", "csv", "--top-k", "3", "--out", out, "-q",
+                      "--overwrite"])
+    assert result.exit_code == 0 and "warning: column user_id" not in result.output, result.output
+
+
 @pytest.mark.parametrize("column", ["items", "scores"])
 def test_keeping_a_column_top_k_writes_names_what_it_holds(made, tmp_path, column):
     """--keep items with --top-k said the column held 'the head's scores'."""
