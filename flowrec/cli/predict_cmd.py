@@ -62,8 +62,8 @@ def predict(
             check_file_output(out, [model_dir, raw], overwrite)
             kind = output_kind(out, top_k is not None)
             with atomic_output(out) as staged:
-                rows, errors, zero, first, items, unseen = _score(model_dir, raw, staged, fmt, list(keep or []), on_error,
-                                                          quiet, top_k, kind, out)
+                rows, errors, zero, first, items, unseen = _score(model_dir, raw, staged, fmt, list(keep or []),
+                                                                  on_error, quiet, top_k, kind, out)
     except OSError as exc:
         if exc.errno in DISK_FULL:  # pyarrow's words ('Error writing bytes to file') name no file
             fail(f"cannot write {out}: {os.strerror(exc.errno)}; {out} was not written")
