@@ -54,9 +54,32 @@ def build_vocab(counter: Counter, size: int, min_freq: int) -> pa.Array:
     return pa.array([v for _, v in kept], pa.string())
 
 
+BOOL_TEXTS = (("true", "false"), ("True", "False"), ("TRUE", "FALSE"))  # Arrow's; pandas' CSV; R's CSV
+
+
+def vocab_strings(values: pa.Array, vocab: pa.Array) -> pa.Array:
+    """The values as the ids of a vocabulary (`as_strings`), a column of booleans written as the
+    vocabulary writes them: a bool has no text of its own, and a run trained on a CSV pandas wrote
+    (True, False) had every Parquet or DataFrame bool ('true') unknown, without a word.
+
+    >>> vocab_strings(pa.array([True, None, False]), pa.array(["False", "True"])).to_pylist()
+    ['True', None, 'False']
+    >>> vocab_strings(pa.array([True]), pa.array(["x"])).to_pylist()  # none known: Arrow's text
+    ['true']
+    """
+    kind = values.type.value_type if pa.types.is_dictionary(values.type) else values.type
+    strings = as_strings(values)
+    if not pa.types.is_boolean(kind) or not len(vocab):
+        return strings
+    for yes, no in BOOL_TEXTS:
+        if pc.any(pc.is_in(pa.array([yes, no]), value_set=vocab)).as_py():
+            return pc.replace_substring_regex(pc.replace_substring_regex(strings, "^true$", yes), "^false$", no)
+    return strings
+
+
 def vocab_rows(values: pa.Array, vocab: pa.Array) -> np.ndarray:
     """Rows of the values in a vocabulary (row = index + 1); unknown and missing -> 0."""
-    index = pc.index_in(as_strings(values), value_set=vocab)
+    index = pc.index_in(vocab_strings(values, vocab), value_set=vocab)
     return (index.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64) + 1)
 
 
@@ -214,35 +237,40 @@ class Encoder:
         return pa.Table.from_arrays(cols, names=names)
 
 
-FLOAT_FORM_SHARE = 0.5  # unseen ids, of a column's, past which their other float form is looked for
+OTHER_FORM_SHARE = 0.5  # unseen ids, of a column's, past which their other form is looked for
 _FLOAT_TEXT = r"^(-?[0-9]+)\.0+$"  # "12.0": pandas' text of the id 12 in a float column
 
 
-def other_float_form(values: pa.Array) -> pa.Array:
-    """Each id text in the form a float column's text (pandas' CSV) would give it or take from it:
-    "12.0" -> "12", "12" -> "12.0", another text -> null.
+def other_form(values: pa.Array) -> pa.Array:
+    """Each id text in the form another writer of the same column would give it: a float column's
+    text (pandas' CSV) "12.0" -> "12" and "12" -> "12.0"; a boolean's "True" or "TRUE" (pandas', R's)
+    -> "true" (Arrow's, Spark's, DuckDB's) and "true" -> "True"; another text -> null.
 
-    >>> other_float_form(pa.array(["12.0", "12", "012", "a", "1.50", None])).to_pylist()
-    ['12', '12.0', '012.0', None, None, None]
-    >>> other_float_form(pa.array(["3"], pa.large_string())).to_pylist()  # (a Parquet file's large_string)
+    >>> other_form(pa.array(["12.0", "12", "012", "a", "1.50", None, "True", "false"])).to_pylist()
+    ['12', '12.0', '012.0', None, None, None, 'true', 'False']
+    >>> other_form(pa.array(["3"], pa.large_string())).to_pylist()  # (a Parquet file's large_string)
     ['3.0']
     """
     floats = pc.match_substring_regex(values, _FLOAT_TEXT)
     whole = pc.match_substring_regex(values, r"^-?[0-9]+$")
+    lower = pc.utf8_lower(values)
+    bools = pc.match_substring_regex(values, "^(true|false)$", ignore_case=True)
+    other_bool = pc.if_else(pc.equal(values, lower), pc.utf8_capitalize(values), lower)
     return pc.if_else(floats, pc.replace_substring_regex(values, _FLOAT_TEXT, r"\1"),
                       pc.if_else(whole, pc.binary_join_element_wise(values, pa.scalar(".0", values.type),
                                                                     pa.scalar("", values.type)),
-                                 pa.scalar(None, values.type)))
+                                 pc.if_else(bools, other_bool, pa.scalar(None, values.type))))
 
 
 @dataclass
 class UnseenIds:
     """Counts, over the chunks an existing encoder encodes (`flowrec predict`, `data convert
     --encoder-from`), the ids of each vocabulary feature that its vocabulary does not hold, and of
-    those the ids it holds in their other float form ("12.0" where training saw "12", or the
-    reverse): pandas writes an integer id column with a missing value as floats, and CSV keeps
-    their text, so rows of such a file mapped almost every id to row 0 without a word. Ids are not
-    merged ("012" and "12" may be two ids); `lines` says so where most ids are such."""
+    those the ids it holds in their other form (`other_form`: "12.0" where training saw "12", or the
+    reverse; "True" where it saw "true"): pandas writes an integer id column with a missing value
+    as floats, and CSV keeps their text, so rows of such a file mapped almost every id to row 0
+    without a word. Ids are not merged ("012" and "12" may be two ids); `lines` says so where most
+    ids are such."""
 
     encoder: Encoder
     counts: dict[str, list[int]] = field(default_factory=dict)  # feature -> [ids, unseen, in the other form]
@@ -257,9 +285,9 @@ class UnseenIds:
             if vocab is None:
                 continue
             values = self.encoder.sparse_values(f, raw)
-            ids = as_strings(pc.list_flatten(values) if is_multi(f) else values).drop_null()
+            ids = vocab_strings(pc.list_flatten(values) if is_multi(f) else values, vocab).drop_null()
             unseen = ids.filter(pc.invert(pc.is_in(ids, value_set=vocab)))
-            other = other_float_form(unseen)
+            other = other_form(unseen)
             there = pc.is_in(other, value_set=vocab).fill_null(False) if len(other) else pa.array([], pa.bool_())
             count = self.counts.setdefault(f.name, [0, 0, 0])
             found = int(pc.sum(there).as_py() or 0)
@@ -270,20 +298,24 @@ class UnseenIds:
 
     def lines(self) -> list[str]:
         """A line per feature most of whose ids are unseen while most of those are held in their
-        other float form."""
+        other form (`other_form`)."""
         out = []
         for name, (ids, unseen, found) in self.counts.items():
-            if not (unseen > FLOAT_FORM_SHARE * ids and found > FLOAT_FORM_SHARE * unseen):
+            if not (unseen > OTHER_FORM_SHARE * ids and found > OTHER_FORM_SHARE * unseen):
                 continue
             mine, theirs = self.examples[name]
-            how = "as floats" if "." in mine else "as whole numbers"
             source = self.encoder.source(name)
+            if mine.lower() in ("true", "false"):
+                how = (f"write booleans as {mine!r}, unlike the training rows ({theirs!r}: pandas writes True, "
+                       f"Arrow, Spark and DuckDB true); write column {source} as the training rows did")
+            else:
+                how = (f"write the ids {'as floats' if '.' in mine else 'as whole numbers'}, unlike the training "
+                       "rows (pandas writes an integer column with a missing value as floats, 12.0); write column "
+                       f"{source} as the training rows did (pandas' nullable dtype \"Int64\" keeps integers beside "
+                       "missing values)")
             out.append(f"column {source}: {unseen:,} of {ids:,} ids are not in the vocabulary of feature {name} "
-                       f"(unknown ids), but {found:,} of them are there in another form ({mine!r} "
-                       f"is {theirs!r} there): these rows write the ids {how}, unlike the training rows (pandas "
-                       f"writes an integer column with a missing value as floats, 12.0); write column {source} "
-                       f"as the training rows did (pandas' nullable dtype \"Int64\" keeps integers beside missing "
-                       "values)")
+                       f"(unknown ids), but {found:,} of them are there in another form ({mine!r} is {theirs!r} "
+                       f"there): these rows {how}")
         return out
 
 

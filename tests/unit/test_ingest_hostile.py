@@ -714,6 +714,42 @@ def test_ids_written_as_floats_unlike_the_training_rows_are_said(tmp_path: Path)
     assert unseen.counts == {"user": [4, 1, 1]} and unseen.lines() == []
 
 
+def test_booleans_are_the_ids_the_vocabulary_writes(tmp_path: Path) -> None:
+    """A run trained on a CSV pandas wrote (True, False) encoded the same rows from Parquet or a
+    DataFrame, whose bools are Arrow's 'true', as unknown ids (and --encoder-from grew the
+    vocabulary by 'true' and 'false'), without a word; now a bool column takes the vocabulary's
+    text. Text ids stay as written: CSV's 'true' for a vocabulary of 'True' is one warning."""
+    import pyarrow.parquet as pq
+
+    from flowrec.data.encoder_record import load_encoder, raw_encoder
+    from flowrec.spec import spec_from_dict
+    from flowrec.spec.load import to_dict
+
+    doc = to_dict(_spec())
+    doc["features"][1] = {"name": "user", "type": "categorical", "vocab": 64, "dim": 4}
+    spec = spec_from_dict(doc)
+    flags = [i % 3 == 0 for i in range(30)]
+    (tmp_path / "pandas.csv").write_text("price,user,clicked\n" + "".join(
+        f"{i},{f},{i % 2}\n" for i, f in enumerate(flags)), encoding="utf-8")
+    (tmp_path / "arrow.csv").write_text("price,user,clicked\n" + "".join(
+        f"{i},{str(f).lower()},{i % 2}\n" for i, f in enumerate(flags)), encoding="utf-8")
+    pq.write_table(pa.table({"price": [float(i) for i in range(30)], "user": flags,
+                             "clicked": [i % 2 for i in range(30)]}), tmp_path / "rows.parquet")
+    convert(spec, "csv", [tmp_path / "pandas.csv"], tmp_path / "tr")
+    encoder = load_encoder(raw_encoder(tmp_path / "tr"), spec)
+    expected = pq.read_table(tmp_path / "tr").column("user").to_pylist()
+    assert 0 not in expected
+    for grow in (False, True):
+        report = convert(spec, "parquet", [tmp_path / "rows.parquet"], tmp_path / f"pq-{grow}", encoder=encoder,
+                         grow=grow)
+        assert pq.read_table(tmp_path / f"pq-{grow}").column("user").to_pylist() == expected
+        assert not report.growth or all(g.added == 0 for g in report.growth)
+    report = convert(spec, "csv", [tmp_path / "arrow.csv"], tmp_path / "text", encoder=encoder, grow=False)
+    (line,) = [w for w in report.warnings if w.startswith("column user: ")]
+    assert "'true' is 'True' there): these rows write booleans as 'true'" in line, line
+    assert (pq.read_table(tmp_path / "text").column("user").to_numpy() == 0).all()  # text ids as written
+
+
 def test_a_nan_in_a_float_id_column_is_a_missing_id(tmp_path: Path) -> None:
     """Raw Parquet ids as floats (polars, DuckDB or pyarrow write a missing one as NaN, not null)
     encoded NaN as the id 'nan': a hashed row of its own shared by every missing user, where null
