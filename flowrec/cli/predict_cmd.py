@@ -178,6 +178,7 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
     from flowrec.serving.predict import load_model
 
     model = load_model(model_dir)
+    model.warn_unseen = False  # one line for every chunk, at the end
     if top_k is not None and model.items is None:
         raise ValueError(f"{model_dir} has no retrieval head: --top-k needs a package of a retrieval run")
     beside = [h.name for h in model.other_heads] if top_k is not None else []

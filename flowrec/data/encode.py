@@ -296,6 +296,14 @@ class UnseenIds:
                 i = int(pc.index(there, True).as_py())
                 self.examples[f.name] = (unseen[i].as_py(), other[i].as_py())
 
+    def add(self, other: "UnseenIds") -> None:
+        """Count `other`'s ids too (a call's, into a model's running count)."""
+        for name, counts in other.counts.items():
+            mine = self.counts.setdefault(name, [0, 0, 0])
+            mine[:] = [a + b for a, b in zip(mine, counts)]
+        for name, example in other.examples.items():
+            self.examples.setdefault(name, example)
+
     def lines(self) -> list[str]:
         """A line per feature most of whose ids are unseen while most of those are held in their
         other form (`other_form`)."""

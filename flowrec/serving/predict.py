@@ -71,6 +71,7 @@ class LoadedModel:
     first_zero_query: int | None = None  # the first such row, counted over every `recommend` call
     _recommended: int = 0  # rows `recommend` has scored (for first_zero_query)
     unseen: UnseenIds | None = None  # the ids of the rows scored that the vocabularies hold in another form
+    warn_unseen: bool = True  # a UserWarning per call whose ids are in another form (predict: a line at the end)
 
     def __repr__(self) -> str:
         """One line a notebook can show: the package, its spec's name, heads and the raw columns
@@ -123,7 +124,7 @@ class LoadedModel:
             raw = raw.drop_columns([source])
         if source not in raw.column_names:  # (the heads beside it read the row's item where it is given)
             raw = raw.append_column(source, pa.nulls(raw.num_rows, pa.string()))
-        self.unseen_ids().observe(raw)
+        self._count_unseen(raw)
         encoded = self.encoder.encode(raw, labels=False)
         rows, scores, others = [], [], []
         with torch.no_grad():
@@ -146,6 +147,18 @@ class LoadedModel:
         out.update(_head_columns(self.other_heads, np.concatenate(others) if others else np.zeros((0, width),
                                                                                                np.float32)))
         return pd.DataFrame(out, index=row_index(table))
+
+    def _count_unseen(self, raw: pa.Table) -> None:
+        """Count the unknown ids of a call's rows (`unseen_ids`); warn where the call's rows write
+        most of a feature's ids in another form than the vocabulary (`UnseenIds.lines`)."""
+        call = UnseenIds(self.encoder)
+        call.observe(raw)
+        self.unseen_ids().add(call)
+        if self.warn_unseen:
+            import warnings
+
+            for line in call.lines():
+                warnings.warn(line, UserWarning, stacklevel=3)
 
     def unseen_ids(self) -> UnseenIds:
         """The count of unknown ids over every `predict` and `recommend` call (`UnseenIds`): its
@@ -244,7 +257,7 @@ class LoadedModel:
                              "ask for items with recommend / predict --top-k")
         raw = raw_table(table)
         self._check_raw(raw, isinstance(table, pd.DataFrame))
-        self.unseen_ids().observe(raw)
+        self._count_unseen(raw)
         scores = self.score_encoded(self.encoder.encode(raw, labels=False))
         return pd.DataFrame(_head_columns(self.spec.heads, scores), index=row_index(table))
 

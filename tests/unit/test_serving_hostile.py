@@ -233,6 +233,10 @@ def test_user_ids_written_as_floats_are_said(made, tmp_path):
     result = _invoke(["predict", made / "pkg", raw, "--format", "csv", "--top-k", "3", "--out", out, "-q",
                       "--overwrite"])
     assert result.exit_code == 0 and "warning: column user_id" not in result.output, result.output
+    model = load_model(made / "pkg")  # in Python, a UserWarning of the call
+    with pytest.warns(UserWarning, match="column user_id: 3 of 3 ids are not in the vocabulary"):
+        model.recommend(pd.DataFrame({"user_id": ["1.0", "2.0", "3.0"]}), 3)
+    assert model.unseen_ids().counts["user_id"][1] == 3
 
 
 @pytest.mark.parametrize("column", ["items", "scores"])
