@@ -142,12 +142,12 @@ def read_stats(folder: Path) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) and stats_problem(doc) is None else None
 
 
-def training_means(folder: Path, columns: list[str]) -> tuple[int, dict[str, float]]:
-    """(rows, column -> mean) of label and weight `columns` of the dataset in `folder`: the means the
-    conversion counted (`_flowrec_stats.json`), else, for a dataset without them (written by another
-    tool, its statistics file removed), the one value every row holds of a column that holds one
-    (`constant_columns`); a column of several values is left out. `flowrec.runtime.session.label_warnings`
-    reads them."""
+def training_means(folder: Path, columns: dict[str, tuple[float, ...]]) -> tuple[int, dict[str, float]]:
+    """(rows, column -> mean) of the label and weight `columns` of the dataset in `folder`: the means
+    the conversion counted (`_flowrec_stats.json`), else, for a dataset without them (written by
+    another tool, its statistics file removed), the value every row holds of a column whose every
+    row holds one of the values `columns` names for it (`constant_columns`); a column holding other
+    values is left out. `flowrec.runtime.session.label_warnings` reads them."""
     if not columns:
         return 0, {}
     stats = read_stats(folder)
@@ -157,44 +157,44 @@ def training_means(folder: Path, columns: list[str]) -> tuple[int, dict[str, flo
     return constant_columns(folder, columns)
 
 
-def constant_columns(folder: Path, columns: list[str]) -> tuple[int, dict[str, float]]:
-    """(rows, column -> the one value every row holds) of numeric `columns` of the Parquet dataset in
-    `folder` that hold one value alone, the others left out. Bounded: each row group is judged by
-    the minimum and maximum its footer records, read (that column alone) only where it records none,
-    and no more is read once every column was seen to hold two values."""
+def constant_columns(folder: Path, columns: dict[str, tuple[float, ...]]) -> tuple[int, dict[str, float]]:
+    """(rows, column -> the value every row holds) of the numeric `columns` of the Parquet dataset
+    in `folder` whose every row holds one of the values named for the column (a binary label's 0
+    or 1, a weight's 0), the others left out. Bounded: each row group is judged by the minimum and
+    maximum its footer records, read (that column alone) only where it records none, and no more
+    is read once every column was seen to hold another value, or two."""
     import pyarrow.parquet as pq
 
     from flowrec.data.dataset import parquet_files
 
-    rows, bounds, mixed = 0, {c: (math.inf, -math.inf) for c in columns}, set()
+    from flowrec.data.layout import read_meta
+
+    rows, bounds, decided = read_meta(folder).rows, {c: (math.inf, -math.inf) for c in columns}, set()
     for file in parquet_files(folder):
+        if len(decided) == len(columns):
+            break
         with pq.ParquetFile(file) as part:
-            meta, names = part.metadata, part.schema_arrow.names
-            rows += meta.num_rows
-            for c in columns:
-                if c not in names:  # not a column of this dataset: training says so where it reads it
-                    mixed.add(c)
+            meta = part.metadata
+            leaves = [meta.schema.column(i).path for i in range(meta.num_columns)]
+            decided |= {c for c in columns if c not in leaves}  # not this dataset's: training says so
             for g in range(meta.num_row_groups):
-                if len(mixed) == len(columns):
-                    continue  # counting the rows of the rest from their footers
                 group = meta.row_group(g)
                 for c in columns:
-                    if c in mixed or group.num_rows == 0:
+                    if c in decided or group.num_rows == 0:
                         continue
-                    chunk = group.column(names.index(c))
-                    kept = chunk.statistics
+                    kept = group.column(leaves.index(c)).statistics
                     if kept is not None and kept.has_min_max and kept.null_count == 0 \
                             and isinstance(kept.min, (int, float)):
                         lo, hi = float(kept.min), float(kept.max)
                     else:
                         values = part.read_row_group(g, columns=[c]).column(0)
-                        lo, hi = (float("nan") if v.as_py() is None else float(v.as_py())
+                        lo, hi = (math.nan if v.as_py() is None else float(v.as_py())
                                   for v in pc.min_max(values).values())
-                    seen = bounds[c]
-                    bounds[c] = (min(seen[0], lo), max(seen[1], hi))
-                    if not bounds[c][0] == bounds[c][1]:  # two values, or a nan: not one value
-                        mixed.add(c)
-    return rows, {c: bounds[c][0] for c in columns if c not in mixed and rows}
+                    lo, hi = min(bounds[c][0], lo), max(bounds[c][1], hi)
+                    bounds[c] = (lo, hi)
+                    if not (lo == hi and lo in columns[c]):  # two values, another value, or a nan
+                        decided.add(c)
+    return rows, {c: bounds[c][0] for c in columns if c not in decided and rows}
 
 
 def _count(value: Any) -> bool:

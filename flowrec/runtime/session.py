@@ -149,7 +149,9 @@ def label_warnings(spec: ModelSpec, train: Any) -> list[str]:
         return []
     binary = [(head, label) for head, label in zip(spec.heads, label_columns(spec)) if head.task == "binary"]
     weights = weight_columns(spec)
-    rows, means = training_means(path, sorted({label for _, label in binary} | set(weights)))
+    wanted = {label: (0.0, 1.0) for _, label in binary}
+    wanted.update({column: (*wanted.get(column, ()), 0.0) for column in weights})  # the values a line names
+    rows, means = training_means(path, wanted)
     lines = []
     for head, label in binary:
         mean = means.get(label)

@@ -641,7 +641,8 @@ def test_training_weights_all_zero_are_said(tmp_path: Path) -> None:
     assert label_warnings(spec, types.SimpleNamespace(path=tmp_path / "some" / "train")) == []
 
 
-def test_one_class_labels_and_zero_weights_are_said_without_the_conversions_statistics(tmp_path: Path) -> None:
+def test_one_class_labels_and_zero_weights_are_said_without_the_conversions_statistics(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The warnings read the conversion's _flowrec_stats.json alone, so a dataset without it (written
     by another tool and bound with format: parquet, or its statistics file removed) trained on
     labels of one class, or on weights all 0, without a word; now its Parquet parts are read (their
@@ -675,6 +676,12 @@ def test_one_class_labels_and_zero_weights_are_said_without_the_conversions_stat
         pq.write_table(pq.read_table(part), part, write_statistics=False, row_group_size=7)
         assert pq.ParquetFile(part).metadata.row_group(0).column(0).statistics is None
     assert label_warnings(spec, types.SimpleNamespace(path=folder)) == expected
+    for part in (tmp_path / "both").glob("*.parquet"):  # mixed labels, weights all 1: the first row group decides
+        pq.write_table(pq.read_table(part), part, write_statistics=False, row_group_size=7)
+    reads = []
+    read = pq.ParquetFile.read_row_group
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group", lambda self, g, **kw: reads.append(g) or read(self, g, **kw))
+    assert label_warnings(spec, types.SimpleNamespace(path=tmp_path / "both")) == [] and reads == [0, 0]
 
 
 def test_ids_written_as_floats_unlike_the_training_rows_are_said(tmp_path: Path) -> None:
