@@ -164,6 +164,26 @@ def _open_writer(staged: Path, schema: Any, kind: str) -> Any:
     return pacsv.CSVWriter(staged, schema, write_options=pacsv.WriteOptions(delimiter=TEXT_DELIMITERS[kind]))
 
 
+def _as_first(table: Any, schema: Any, raw: Path) -> Any:
+    """`table` (a chunk's scores and kept columns) in the scores file's `schema` (the first chunk's):
+    a kept id column of a Parquet folder may be integers in one file and floats in another
+    (`flowrec.data.parquet_folder`), which the writer refused ('Table schema does not match schema
+    used to create file', a page of text)."""
+    import pyarrow as pa
+
+    if table.schema == schema:
+        return table
+    for i, field in enumerate(schema):
+        if table.schema.field(i).type != field.type:
+            try:
+                table = table.set_column(i, field, table.column(i).cast(field.type))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                raise ValueError(f"--keep {field.name}: {raw} holds it as {field.type} in its first rows and as "
+                                 f"{table.schema.field(i).type} in later ones, which {field.type} cannot hold: "
+                                 "write it as one type, or keep another column") from None
+    return table
+
+
 def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: list[str], on_error: str,
            quiet: bool, top_k: Optional[int] = None, kind: str = "parquet", out: Optional[Path] = None
            ) -> tuple[int, int, int, int, int, list[str]]:
@@ -206,8 +226,8 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
                 for name in keep:
                     table = table.append_column(name, chunk.column(name))
                 if writer is None:
-                    writer = _open_writer(staged, table.schema, kind)
-                writer.write_table(table)
+                    writer, schema = _open_writer(staged, table.schema, kind), table.schema
+                writer.write_table(_as_first(table, schema, raw))
                 rows += table.num_rows
                 advance(table.num_rows)
         finally:

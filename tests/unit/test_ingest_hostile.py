@@ -190,6 +190,24 @@ def test_a_folder_file_holding_a_column_with_another_type_names_the_file_and_the
         convert(_spec(), "parquet", [folder], tmp_path / "out")
 
 
+def test_a_folder_of_integer_ids_in_one_file_and_float_ids_in_another_is_read(tmp_path: Path) -> None:
+    """pandas writes a day whose id column has a missing value as floats: a folder of such days
+    (int64 in one file, double in the next) was refused ('a column holds one type in every file'),
+    though 3 and 3.0 are the id "3"; now each file is read with its own type, as a label's is."""
+    import pyarrow.parquet as pq
+
+    mixed = _parquet_folder(tmp_path / "mixed", {"a.parquet": {**ROWS, "user": [3, 4]},
+                                                 "b.parquet": {**ROWS, "user": [4.0, None]},
+                                                 "c.parquet": {**ROWS, "user": pa.array([3, 5], pa.int32())}})
+    whole = _parquet_folder(tmp_path / "whole", {"a.parquet": {**ROWS, "user": [3, 4]},
+                                                 "b.parquet": {**ROWS, "user": [4, None]},
+                                                 "c.parquet": {**ROWS, "user": [3, 5]}})
+    for folder in (mixed, whole):
+        assert convert(_spec(), "parquet", [folder], tmp_path / f"{folder.name}-out").rows == 6
+    ids = [pq.read_table(tmp_path / f"{name}-out").column("user").to_pylist() for name in ("mixed", "whole")]
+    assert ids[0] == ids[1] and ids[0][3] == 0 and ids[0][0] == ids[0][4] != ids[0][1] == ids[0][2]
+
+
 def test_a_file_outside_the_partition_folders_names_the_partition_column(tmp_path: Path) -> None:
     """`day=1/a.parquet` beside a top-level `b.parquet`: b's rows had no day, silently."""
     folder = _parquet_folder(tmp_path / "rows", {"day=1/a.parquet": ROWS, "b.parquet": ROWS})

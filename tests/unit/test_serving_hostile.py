@@ -239,6 +239,21 @@ def test_user_ids_written_as_floats_are_said(made, tmp_path):
     assert model.unseen_ids().counts["user_id"][1] == 3
 
 
+def test_a_kept_id_column_of_integers_in_one_file_and_floats_in_another_is_written(made, tmp_path):
+    """A Parquet folder whose user ids pandas wrote as int64 in one file and as floats in another (a
+    missing id) is read; --keep user_id then stopped on the scores file's writer ('Table schema does
+    not match schema used to create file', a page of text)."""
+    raw, out = tmp_path / "users", tmp_path / "recs.parquet"
+    raw.mkdir()
+    pd.DataFrame({"user_id": [1, 2, 3]}).to_parquet(raw / "a.parquet")
+    pd.DataFrame({"user_id": [4.0, None]}).to_parquet(raw / "b.parquet")
+    result = _invoke(["predict", made / "pkg", raw, "--format", "parquet", "--top-k", "3", "--out", out, "-q",
+                      "--keep", "user_id"])
+    assert result.exit_code == 0, result.output
+    kept = pq.read_table(out).column("user_id")
+    assert kept.type == pa.int64() and kept.to_pylist() == [1, 2, 3, 4, None]
+
+
 @pytest.mark.parametrize("column", ["items", "scores"])
 def test_keeping_a_column_top_k_writes_names_what_it_holds(made, tmp_path, column):
     """--keep items with --top-k said the column held 'the head's scores'."""
