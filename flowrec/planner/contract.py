@@ -95,7 +95,10 @@ def check_plan_document(doc: Any, where: str) -> dict[str, Any]:
     if errors:
         shown = "; ".join(f"{'.'.join(map(str, e.absolute_path)) or '(top)'}: {e.message}" for e in errors[:3])
         more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
-        raise PlanError(f"{where}: not a valid flowrec plan: {shown}{more}")
+        writer = doc.get(WRITER)
+        other = (f"; it was written by flowrec {writer:.40}, this is flowrec {__version__}: plan again with this one"
+                 if isinstance(writer, str) and writer != __version__ else "")
+        raise PlanError(f"{where}: not a valid flowrec plan: {shown}{more}{other}")
     return doc
 
 

@@ -215,6 +215,9 @@ def test_a_plan_another_flowrec_wrote_loads_with_this_flowrecs_figures(repo: Pat
     (tmp_path / "p.json").write_text(json.dumps(doc))
     with pytest.raises(PlanError, match="expected_hit_rate 0.5 is not the cost model's"):
         load_plan(tmp_path / "p.json", spec)
+    (tmp_path / "p.json").write_text(json.dumps({**doc, WRITER: "9.0", "shards_by_rank": {}}))  # a newer flowrec's
+    with pytest.raises(PlanError, match=r"shards_by_rank.*; it was written by flowrec 9\.0, this is flowrec "):
+        load_plan(tmp_path / "p.json", spec)
     older = {k: v for k, v in doc.items() if k != WRITER}
     older["nodes"][node]["attrs"] = [["changed", 1]]  # another model: refused, naming the node
     (tmp_path / "p.json").write_text(json.dumps(older))
