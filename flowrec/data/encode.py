@@ -13,6 +13,7 @@ Example:
 """
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterable
@@ -238,43 +239,43 @@ class Encoder:
 
 
 OTHER_FORM_SHARE = 0.5  # unseen ids, of a column's, past which their other form is looked for
-_FLOAT_TEXT = r"^(-?[0-9]+)\.0+$"  # "12.0": pandas' text of the id 12 in a float column
+_BOOL_TEXT = "^(true|false)$"
+_TIME_TEXT = r"^([0-9]{4}-[0-9]{2}-[0-9]{2})[ T]([0-9]{2}:[0-9]{2}:[0-9]{2})(\.0+)?Z?$"
 
 
-def other_form(values: pa.Array) -> pa.Array:
-    """Each id text in the form another writer of the same column would give it: a float column's
-    text (pandas' CSV) "12.0" -> "12" and "12" -> "12.0"; a boolean's "True" or "TRUE" (pandas', R's)
-    -> "true" (Arrow's, Spark's, DuckDB's) and "true" -> "True"; another text -> null.
+def id_key(values: pa.Array) -> pa.Array:
+    """Each id text in one form of what other writers of the same column write otherwise: a float
+    column's text (pandas' CSV) "12.0" -> "12"; a boolean's "True" (pandas'), "TRUE" (R's) -> "true"
+    (Arrow's, Spark's); a time's "2024-01-05 13:45:00.000000" (Arrow's) -> "2024-01-05 13:45:00"
+    (pandas'), a midnight's -> "2024-01-05" (pandas' of a column of midnights). `UnseenIds` compares
+    ids so; they are encoded as written ("012" stays another id than "12").
 
-    >>> other_form(pa.array(["12.0", "12", "012", "a", "1.50", None, "True", "false"])).to_pylist()
-    ['12', '12.0', '012.0', None, None, None, 'true', 'False']
-    >>> other_form(pa.array(["3"], pa.large_string())).to_pylist()  # (a Parquet file's large_string)
-    ['3.0']
+    >>> id_key(pa.array(["12.0", "12", "012", "1.50", None, "True", "2024-01-05 00:00:00.000000",
+    ...                  "2024-01-05T13:45:00"])).to_pylist()
+    ['12', '12', '012', '1.50', None, 'true', '2024-01-05', '2024-01-05 13:45:00']
+    >>> id_key(pa.array(["3.0"], pa.large_string())).to_pylist()  # (a Parquet file's large_string)
+    ['3']
     """
-    floats = pc.match_substring_regex(values, _FLOAT_TEXT)
-    whole = pc.match_substring_regex(values, r"^-?[0-9]+$")
-    lower = pc.utf8_lower(values)
-    bools = pc.match_substring_regex(values, "^(true|false)$", ignore_case=True)
-    other_bool = pc.if_else(pc.equal(values, lower), pc.utf8_capitalize(values), lower)
-    return pc.if_else(floats, pc.replace_substring_regex(values, _FLOAT_TEXT, r"\1"),
-                      pc.if_else(whole, pc.binary_join_element_wise(values, pa.scalar(".0", values.type),
-                                                                    pa.scalar("", values.type)),
-                                 pc.if_else(bools, other_bool, pa.scalar(None, values.type))))
+    keys = pc.replace_substring_regex(values, r"^(-?[0-9]+)\.0+$", r"\1")
+    keys = pc.if_else(pc.match_substring_regex(keys, _BOOL_TEXT, ignore_case=True), pc.utf8_lower(keys), keys)
+    keys = pc.replace_substring_regex(keys, r"^([0-9]{4}-[0-9]{2}-[0-9]{2})[ T]00:00:00(\.0+)?Z?$", r"\1")
+    return pc.replace_substring_regex(keys, _TIME_TEXT, r"\1 \2")
 
 
 @dataclass
 class UnseenIds:
     """Counts, over the chunks an existing encoder encodes (`flowrec predict`, `data convert
     --encoder-from`), the ids of each vocabulary feature that its vocabulary does not hold, and of
-    those the ids it holds in their other form (`other_form`: "12.0" where training saw "12", or the
-    reverse; "True" where it saw "true"): pandas writes an integer id column with a missing value
-    as floats, and CSV keeps their text, so rows of such a file mapped almost every id to row 0
-    without a word. Ids are not merged ("012" and "12" may be two ids); `lines` says so where most
-    ids are such."""
+    those the ids it holds in another form (`id_key`: "12.0" where training saw "12", or the
+    reverse; "True" where it saw "true"; a time with or without its fraction of a second): pandas
+    writes an integer id column with a missing value as floats, and CSV keeps their text, so rows
+    of such a file mapped almost every id to row 0 without a word. Ids are not merged ("012" and
+    "12" may be two ids); `lines` says so where most ids are such."""
 
     encoder: Encoder
-    counts: dict[str, list[int]] = field(default_factory=dict)  # feature -> [ids, unseen, in the other form]
+    counts: dict[str, list[int]] = field(default_factory=dict)  # feature -> [ids, unseen, in another form]
     examples: dict[str, tuple[str, str]] = field(default_factory=dict)  # feature -> (an id, its form there)
+    _keys: dict[str, pa.Array] = field(default_factory=dict)  # table -> `id_key` of its vocabulary (once)
 
     def observe(self, raw: pa.Table) -> None:
         for f in self.encoder.spec.sparse_features:
@@ -287,14 +288,18 @@ class UnseenIds:
             values = self.encoder.sparse_values(f, raw)
             ids = vocab_strings(pc.list_flatten(values) if is_multi(f) else values, vocab).drop_null()
             unseen = ids.filter(pc.invert(pc.is_in(ids, value_set=vocab)))
-            other = other_form(unseen)
-            there = pc.is_in(other, value_set=vocab).fill_null(False) if len(other) else pa.array([], pa.bool_())
             count = self.counts.setdefault(f.name, [0, 0, 0])
-            found = int(pc.sum(there).as_py() or 0)
-            count[0], count[1], count[2] = count[0] + len(ids), count[1] + len(unseen), count[2] + found
+            count[0], count[1] = count[0] + len(ids), count[1] + len(unseen)
+            if not len(unseen):
+                continue
+            if table.name not in self._keys:
+                self._keys[table.name] = id_key(vocab)
+            where = pc.index_in(id_key(unseen), value_set=self._keys[table.name])
+            found = len(where) - where.null_count
+            count[2] += found
             if found and f.name not in self.examples:
-                i = int(pc.index(there, True).as_py())
-                self.examples[f.name] = (unseen[i].as_py(), other[i].as_py())
+                i = int(pc.index(where.is_valid(), True).as_py())
+                self.examples[f.name] = (unseen[i].as_py(), vocab[where[i].as_py()].as_py())
 
     def add(self, other: "UnseenIds") -> None:
         """Count `other`'s ids too (a call's, into a model's running count)."""
@@ -305,17 +310,21 @@ class UnseenIds:
             self.examples.setdefault(name, example)
 
     def lines(self) -> list[str]:
-        """A line per feature most of whose ids are unseen while most of those are held in their
-        other form (`other_form`)."""
+        """A line per feature most of whose ids are unseen while most of those are held in
+        another form (`id_key`)."""
         out = []
         for name, (ids, unseen, found) in self.counts.items():
             if not (unseen > OTHER_FORM_SHARE * ids and found > OTHER_FORM_SHARE * unseen):
                 continue
             mine, theirs = self.examples[name]
             source = self.encoder.source(name)
-            if mine.lower() in ("true", "false"):
+            if re.match(_BOOL_TEXT, mine, re.IGNORECASE):
                 how = (f"write booleans as {mine!r}, unlike the training rows ({theirs!r}: pandas writes True, "
                        f"Arrow, Spark and DuckDB true); write column {source} as the training rows did")
+            elif re.match(_TIME_TEXT, mine) or re.match(_TIME_TEXT, theirs):
+                how = (f"write times as {mine!r}, unlike the training rows ({theirs!r}: Arrow writes a time with "
+                       "its fraction of a second, pandas' CSV without it and a column of midnights as dates); "
+                       f"write column {source} as the training rows did (as text, say)")
             else:
                 how = (f"write the ids {'as floats' if '.' in mine else 'as whole numbers'}, unlike the training "
                        "rows (pandas writes an integer column with a missing value as floats, 12.0); write column "

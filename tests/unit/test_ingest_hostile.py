@@ -737,6 +737,13 @@ def test_ids_written_as_floats_unlike_the_training_rows_are_said(tmp_path: Path)
     unseen = UnseenIds(load_encoder(raw_encoder(tmp_path / "clean"), spec))
     unseen.observe(pa.table({"user": ["1", "2", "3", "4.0"]}))  # a few, as new ids may be: no line
     assert unseen.counts == {"user": [4, 1, 1]} and unseen.lines() == []
+    from flowrec.data.encode import Encoder
+
+    days = Encoder(spec, {}, {"user": pa.array(["2024-01-05", "2024-01-06"])}, {})  # pandas' CSV of midnights
+    unseen = UnseenIds(days)
+    unseen.observe(pa.table({"user": pa.array([1704412800, 1704499200], pa.timestamp("s")).cast(pa.timestamp("us"))}))
+    (line,) = unseen.lines()
+    assert "('2024-01-05 00:00:00.000000' is '2024-01-05' there): these rows write times as" in line, line
 
 
 def test_booleans_are_the_ids_the_vocabulary_writes(tmp_path: Path) -> None:
