@@ -344,9 +344,9 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
         chunk = drop_unencodable(encoder, chunk, log)  # a run's std scaling a value past float32
         if not chunk.num_rows:
             continue
-        if unseen is not None:
-            unseen.observe(chunk)
         encoded = encoder.encode(chunk)
+        if unseen is not None:  # the given encoder's encoding tells its unknown ids (not a grown one's)
+            unseen.observe(chunk, encoded if encoder is given else None)
         if last_out:
             test = _last_rows(chunk)
         if fraction:

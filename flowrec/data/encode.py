@@ -277,7 +277,9 @@ class UnseenIds:
     examples: dict[str, tuple[str, str]] = field(default_factory=dict)  # feature -> (an id, its form there)
     _keys: dict[str, pa.Array] = field(default_factory=dict)  # table -> `id_key` of its vocabulary (once)
 
-    def observe(self, raw: pa.Table) -> None:
+    def observe(self, raw: pa.Table, encoded: pa.Table | None = None) -> None:
+        """Count the ids of a raw chunk; `encoded`, its encoding by this encoder, tells the unknown
+        ids of a one-id feature (row 0) without looking each up in its vocabulary again."""
         for f in self.encoder.spec.sparse_features:
             table = self.encoder.spec.table(f.table)
             if table.hashed or table.managed is not None or self.encoder.source(f.name) not in raw.column_names:
@@ -286,12 +288,17 @@ class UnseenIds:
             if vocab is None:
                 continue
             values = self.encoder.sparse_values(f, raw)
-            ids = vocab_strings(pc.list_flatten(values) if is_multi(f) else values, vocab).drop_null()
-            unseen = ids.filter(pc.invert(pc.is_in(ids, value_set=vocab)))
+            ids = vocab_strings(pc.list_flatten(values) if is_multi(f) else values, vocab)
+            if encoded is not None and not is_multi(f):  # row 0: unknown (or missing)
+                unseen = ids.filter(pc.and_(ids.is_valid(), pc.equal(encoded.column(f.name), 0)))
+                ids = ids.drop_null()
+            else:
+                ids = ids.drop_null()
+                unseen = ids.filter(pc.invert(pc.is_in(ids, value_set=vocab)))
             count = self.counts.setdefault(f.name, [0, 0, 0])
             count[0], count[1] = count[0] + len(ids), count[1] + len(unseen)
-            if not len(unseen):
-                continue
+            if len(unseen) <= OTHER_FORM_SHARE * len(ids):  # a chunk of known ids (and a few new ones): no
+                continue  # other form looked for (its vocabulary's keys are made where one is)
             if table.name not in self._keys:
                 self._keys[table.name] = id_key(vocab)
             where = pc.index_in(id_key(unseen), value_set=self._keys[table.name])

@@ -124,8 +124,8 @@ class LoadedModel:
             raw = raw.drop_columns([source])
         if source not in raw.column_names:  # (the heads beside it read the row's item where it is given)
             raw = raw.append_column(source, pa.nulls(raw.num_rows, pa.string()))
-        self._count_unseen(raw)
         encoded = self.encoder.encode(raw, labels=False)
+        self._count_unseen(raw, encoded)
         rows, scores, others = [], [], []
         with torch.no_grad():
             for start in range(0, encoded.num_rows, BATCH_ROWS):
@@ -148,11 +148,11 @@ class LoadedModel:
                                                                                                np.float32)))
         return pd.DataFrame(out, index=row_index(table))
 
-    def _count_unseen(self, raw: pa.Table) -> None:
+    def _count_unseen(self, raw: pa.Table, encoded: pa.Table) -> None:
         """Count the unknown ids of a call's rows (`unseen_ids`); warn where the call's rows write
         most of a feature's ids in another form than the vocabulary (`UnseenIds.lines`)."""
-        call = UnseenIds(self.encoder)
-        call.observe(raw)
+        call = UnseenIds(self.encoder, _keys=self.unseen_ids()._keys)  # each vocabulary's keys made once
+        call.observe(raw, encoded)
         self.unseen_ids().add(call)
         if self.warn_unseen:
             import warnings
@@ -257,8 +257,9 @@ class LoadedModel:
                              "ask for items with recommend / predict --top-k")
         raw = raw_table(table)
         self._check_raw(raw, isinstance(table, pd.DataFrame))
-        self._count_unseen(raw)
-        scores = self.score_encoded(self.encoder.encode(raw, labels=False))
+        encoded = self.encoder.encode(raw, labels=False)
+        self._count_unseen(raw, encoded)
+        scores = self.score_encoded(encoded)
         return pd.DataFrame(_head_columns(self.spec.heads, scores), index=row_index(table))
 
 
