@@ -345,8 +345,8 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
         if not chunk.num_rows:
             continue
         encoded = encoder.encode(chunk)
-        if unseen is not None:  # the given encoder's encoding tells its unknown ids (not a grown one's)
-            unseen.observe(chunk, encoded if encoder is given else None)
+        if unseen is not None:  # ids the given encoder does not know, told by the encoding (grown or not)
+            unseen.observe(chunk, encoded)
         if last_out:
             test = _last_rows(chunk)
         if fraction:

@@ -278,8 +278,9 @@ class UnseenIds:
     _keys: dict[str, pa.Array] = field(default_factory=dict)  # table -> `id_key` of its vocabulary (once)
 
     def observe(self, raw: pa.Table, encoded: pa.Table | None = None) -> None:
-        """Count the ids of a raw chunk; `encoded`, its encoding by this encoder, tells the unknown
-        ids of a one-id feature (row 0) without looking each up in its vocabulary again."""
+        """Count the ids of a raw chunk; `encoded`, its encoding by this encoder or by one grown from
+        it (`flowrec.data.vocab_growth`: new values in rows past its vocabulary), tells the unknown
+        ids of a one-id feature (row 0, or past the vocabulary) without looking each up again."""
         for f in self.encoder.spec.sparse_features:
             table = self.encoder.spec.table(f.table)
             if table.hashed or table.managed is not None or self.encoder.source(f.name) not in raw.column_names:
@@ -289,8 +290,10 @@ class UnseenIds:
                 continue
             values = self.encoder.sparse_values(f, raw)
             ids = vocab_strings(pc.list_flatten(values) if is_multi(f) else values, vocab)
-            if encoded is not None and not is_multi(f):  # row 0: unknown (or missing)
-                unseen = ids.filter(pc.and_(ids.is_valid(), pc.equal(encoded.column(f.name), 0)))
+            if encoded is not None and not is_multi(f):  # row 0 (unknown, or missing), or a row grown since
+                rows = encoded.column(f.name)
+                new = pc.or_(pc.equal(rows, 0), pc.greater(rows, len(vocab)))
+                unseen = ids.filter(pc.and_(ids.is_valid(), new))
                 ids = ids.drop_null()
             else:
                 ids = ids.drop_null()

@@ -715,7 +715,7 @@ def test_ids_written_as_floats_unlike_the_training_rows_are_said(tmp_path: Path)
     from flowrec.spec.load import to_dict
 
     doc = to_dict(_spec())
-    doc["features"][1] = {"name": "user", "type": "categorical", "vocab": 64, "dim": 4}
+    doc["features"][1] = {"name": "user", "type": "categorical", "vocab": 64, "vocab_spare": 40, "dim": 4}
     spec = spec_from_dict(doc)
     clean, floats = tmp_path / "clean.csv", tmp_path / "floats.csv"
     clean.write_text("price,user,clicked\n" + "".join(f"{i},{i % 30},{i % 2}\n" for i in range(60)), encoding="utf-8")
@@ -728,6 +728,7 @@ def test_ids_written_as_floats_unlike_the_training_rows_are_said(tmp_path: Path)
             out = tmp_path / f"{other.stem}-{grow}"
             report = convert(spec, "csv", [other], out, encoder=encoder, grow=grow)
             (line,) = [w for w in report.warnings if w.startswith("column user: ")]
+            assert bool(report.growth and report.growth[0].added) == grow  # grown: the new ids' rows are told too
             assert "ids are not in the vocabulary of feature user" in line and "(pandas' nullable dtype" in line
             assert ("'0.0' is '0' there): these rows write the ids as floats" if other is floats else
                     "'0' is '0.0' there): these rows write the ids as whole numbers") in line, line
