@@ -783,6 +783,27 @@ def test_booleans_are_the_ids_the_vocabulary_writes(tmp_path: Path) -> None:
     assert (pq.read_table(tmp_path / "text").column("user").to_numpy() == 0).all()  # text ids as written
 
 
+def test_labels_and_dense_values_a_csv_writes_as_booleans_are_ones_and_zeros(tmp_path: Path) -> None:
+    """pandas writes a bool column as True/False: such a CSV's label column made every row malformed,
+    with a hint to skip them all, where the same rows from Parquet (bools) are labels 1 and 0."""
+    import pyarrow.parquet as pq
+
+    flags = [i % 3 == 0 for i in range(12)]
+    (tmp_path / "rows.csv").write_text("price,user,clicked\n" + "".join(
+        f"{['TRUE', 'false', ' True'][i % 3] if i < 3 else float(i)},u{i},{f}\n" for i, f in enumerate(flags)),
+        encoding="utf-8")
+    pq.write_table(pa.table({"price": [1.0, 0.0, 1.0, *map(float, range(3, 12))],
+                             "user": [f"u{i}" for i in range(12)], "clicked": flags}), tmp_path / "rows.parquet")
+    for fmt in ("csv", "parquet"):
+        assert convert(_spec(), fmt, [tmp_path / f"rows.{fmt}"], tmp_path / fmt).errors == 0
+    text, typed = (pq.read_table(tmp_path / fmt) for fmt in ("csv", "parquet"))
+    assert text.column("clicked").to_pylist() == [float(f) for f in flags] == typed.column("clicked").to_pylist()
+    assert text.column("price").to_pylist() == typed.column("price").to_pylist()
+    (tmp_path / "bad.csv").write_text("price,user,clicked\n1,u1,yes\n", encoding="utf-8")
+    with pytest.raises(DataError, match="non-numeric value 'yes' in column clicked"):
+        convert(_spec(), "csv", [tmp_path / "bad.csv"], tmp_path / "bad")
+
+
 def test_a_nan_in_a_float_id_column_is_a_missing_id(tmp_path: Path) -> None:
     """Raw Parquet ids as floats (polars, DuckDB or pyarrow write a missing one as NaN, not null)
     encoded NaN as the id 'nan': a hashed row of its own shared by every missing user, where null
