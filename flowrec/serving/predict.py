@@ -162,7 +162,7 @@ class LoadedModel:
 
     def unseen_ids(self) -> UnseenIds:
         """The count of unknown ids over every `predict` and `recommend` call (`UnseenIds`): its
-        `lines()` say where the rows write the ids in another float form than training did."""
+        `lines()` say where the rows write the ids in another form than training did."""
         if self.unseen is None:
             self.unseen = UnseenIds(self.encoder)
         return self.unseen
