@@ -288,6 +288,8 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
         and _text_times(read, inputs, opts, numeric, split_by)
     if split_by and not text_times:
         numeric.add(split_by)
+    if given is not None and given.columns != columns:  # the input's columns are the spec's data.columns (as
+        given = replace(given, columns=columns)  # checked), not those of the rows the encoder was made from
     tasks = label_tasks(spec, columns)
     mapped = [0]
     separators_checked = [False]

@@ -804,6 +804,37 @@ def test_labels_and_dense_values_a_csv_writes_as_booleans_are_ones_and_zeros(tmp
         convert(_spec(), "csv", [tmp_path / "bad.csv"], tmp_path / "bad")
 
 
+def test_rows_of_other_column_names_convert_with_a_runs_encoder_and_its_model_takes_them(tmp_path: Path) -> None:
+    """A new file naming a column otherwise, mapped by the spec's data.columns: `data convert
+    --encoder-from RUN` stopped on a KeyError traceback (the encoder read the training rows' column
+    names), and the data, once converted, was refused by train and eval as 'encoded with another
+    encoder ... differs in column; convert it with --encoder-from RUN', which it was."""
+    import pyarrow.parquet as pq
+
+    from flowrec.data.encoder_record import check_same_encoder, load_encoder, raw_encoder, record_of_dataset
+    from flowrec.spec import spec_from_dict
+    from flowrec.spec.load import to_dict
+
+    (tmp_path / "a.csv").write_text("price,user,clicked\n" + "".join(f"{i},u{i % 7},{i % 2}\n" for i in range(30)),
+                                    encoding="utf-8")
+    (tmp_path / "b.csv").write_text("price,uid,click\n" + "".join(f"{i},u{i % 7},{i % 2}\n" for i in range(30)),
+                                    encoding="utf-8")
+    doc = to_dict(_spec())
+    doc["features"][1] = {"name": "user", "type": "categorical", "vocab": 16, "dim": 4}
+    spec = spec_from_dict(doc)
+    renamed = spec_from_dict({**doc, "data": {**doc["data"], "columns": {"user": "uid", "clicked": "click"}}})
+    convert(spec, "csv", [tmp_path / "a.csv"], tmp_path / "a")
+    encoder = load_encoder(raw_encoder(tmp_path / "a"), spec)
+    convert(renamed, "csv", [tmp_path / "b.csv"], tmp_path / "b", encoder=encoder, grow=False)
+    assert pq.read_table(tmp_path / "b").equals(pq.read_table(tmp_path / "a"))
+    check_same_encoder(record_of_dataset(tmp_path / "a"), record_of_dataset(tmp_path / "b"), "b")  # no refusal
+    (tmp_path / "d.csv").write_text("price,user,clicked\n" + "".join(f"{i},v{i % 7},{i % 2}\n" for i in range(30)),
+                                    encoding="utf-8")
+    convert(spec, "csv", [tmp_path / "d.csv"], tmp_path / "d")
+    with pytest.raises(DataError, match="'user' differs in its vocabulary"):
+        check_same_encoder(record_of_dataset(tmp_path / "a"), record_of_dataset(tmp_path / "d"), "d")
+
+
 def test_a_nan_in_a_float_id_column_is_a_missing_id(tmp_path: Path) -> None:
     """Raw Parquet ids as floats (polars, DuckDB or pyarrow write a missing one as NaN, not null)
     encoded NaN as the id 'nan': a hashed row of its own shared by every missing user, where null
