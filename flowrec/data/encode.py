@@ -247,16 +247,17 @@ def id_key(values: pa.Array) -> pa.Array:
     """Each id text in one form of what other writers of the same column write otherwise: a float
     column's text (pandas' CSV) "12.0" -> "12"; a boolean's "True" (pandas'), "TRUE" (R's) -> "true"
     (Arrow's, Spark's); a time's "2024-01-05 13:45:00.000000" (Arrow's) -> "2024-01-05 13:45:00"
-    (pandas'), a midnight's -> "2024-01-05" (pandas' of a column of midnights). `UnseenIds` compares
-    ids so; they are encoded as written ("012" stays another id than "12").
+    (pandas'), a midnight's -> "2024-01-05" (pandas' of a column of midnights); " u7" (a CSV written
+    with ", " between fields) -> "u7". `UnseenIds` compares ids so; they are encoded as written ("012"
+    stays another id than "12").
 
     >>> id_key(pa.array(["12.0", "12", "012", "1.50", None, "True", "2024-01-05 00:00:00.000000",
-    ...                  "2024-01-05T13:45:00"])).to_pylist()
-    ['12', '12', '012', '1.50', None, 'true', '2024-01-05', '2024-01-05 13:45:00']
+    ...                  "2024-01-05T13:45:00", " u7 "])).to_pylist()
+    ['12', '12', '012', '1.50', None, 'true', '2024-01-05', '2024-01-05 13:45:00', 'u7']
     >>> id_key(pa.array(["3.0"], pa.large_string())).to_pylist()  # (a Parquet file's large_string)
     ['3']
     """
-    keys = pc.replace_substring_regex(values, r"^(-?[0-9]+)\.0+$", r"\1")
+    keys = pc.replace_substring_regex(pc.utf8_trim_whitespace(values), r"^(-?[0-9]+)\.0+$", r"\1")
     keys = pc.if_else(pc.match_substring_regex(keys, _BOOL_TEXT, ignore_case=True), pc.utf8_lower(keys), keys)
     keys = pc.replace_substring_regex(keys, r"^([0-9]{4}-[0-9]{2}-[0-9]{2})[ T]00:00:00(\.0+)?Z?$", r"\1")
     return pc.replace_substring_regex(keys, _TIME_TEXT, r"\1 \2")
@@ -328,7 +329,11 @@ class UnseenIds:
                 continue
             mine, theirs = self.examples[name]
             source = self.encoder.source(name)
-            if re.match(_BOOL_TEXT, mine, re.IGNORECASE):
+            if mine.strip() != mine or theirs.strip() != theirs:
+                how = (f"write ids with spaces around them ({mine!r}), unlike the training rows ({theirs!r}; a CSV "
+                       "written with ', ' between fields keeps the space in its text); write column "
+                       f"{source} as the training rows did")
+            elif re.match(_BOOL_TEXT, mine, re.IGNORECASE):
                 how = (f"write booleans as {mine!r}, unlike the training rows ({theirs!r}: pandas writes True, "
                        f"Arrow, Spark and DuckDB true); write column {source} as the training rows did")
             elif re.match(_TIME_TEXT, mine) or re.match(_TIME_TEXT, theirs):

@@ -745,6 +745,10 @@ def test_ids_written_as_floats_unlike_the_training_rows_are_said(tmp_path: Path)
     unseen.observe(pa.table({"user": pa.array([1704412800, 1704499200], pa.timestamp("s")).cast(pa.timestamp("us"))}))
     (line,) = unseen.lines()
     assert "('2024-01-05 00:00:00.000000' is '2024-01-05' there): these rows write times as" in line, line
+    unseen = UnseenIds(Encoder(spec, {}, {"user": pa.array(["u1", "u2", "u3"])}, {}))
+    unseen.observe(pa.table({"user": [" u1", " u2", " u3", "u1"]}))  # a CSV of ', ' between its fields
+    (line,) = unseen.lines()
+    assert "3 of 4 ids" in line and "(' u1' is 'u1' there): these rows write ids with spaces around them" in line
 
 
 def test_booleans_are_the_ids_the_vocabulary_writes(tmp_path: Path) -> None:
