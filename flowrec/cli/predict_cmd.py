@@ -62,8 +62,8 @@ def predict(
             check_file_output(out, [model_dir, raw], overwrite)
             kind = output_kind(out, top_k is not None)
             with atomic_output(out) as staged:
-                rows, errors, zero, first, items = _score(model_dir, raw, staged, fmt, list(keep or []), on_error,
-                                                          quiet, top_k, kind, out)
+                rows, errors, zero, first, items, unseen = _score(model_dir, raw, staged, fmt, list(keep or []),
+                                                                  on_error, quiet, top_k, kind, out)
     except OSError as exc:
         if exc.errno in DISK_FULL:  # pyarrow's words ('Error writing bytes to file') name no file
             fail(f"cannot write {out}: {os.strerror(exc.errno)}; {out} was not written")
@@ -78,6 +78,8 @@ def predict(
             typer.echo(line, err=True)
     if zero:
         typer.echo(f"warning: {zero_note(zero, rows, first)}", err=True)
+    for line in unseen:
+        typer.echo(f"warning: {line}", err=True)
 
 
 def written_line(rows: int, out: Path, top_k: Optional[int] = None, items: int = 0) -> str:
@@ -162,9 +164,29 @@ def _open_writer(staged: Path, schema: Any, kind: str) -> Any:
     return pacsv.CSVWriter(staged, schema, write_options=pacsv.WriteOptions(delimiter=TEXT_DELIMITERS[kind]))
 
 
+def _as_first(table: Any, schema: Any, raw: Path) -> Any:
+    """`table` (a chunk's scores and kept columns) in the scores file's `schema` (the first chunk's):
+    a kept id column of a Parquet folder may be integers in one file and floats in another
+    (`flowrec.data.parquet_folder`), which the writer refused ('Table schema does not match schema
+    used to create file', a page of text)."""
+    import pyarrow as pa
+
+    if table.schema == schema:
+        return table
+    for i, field in enumerate(schema):
+        if table.schema.field(i).type != field.type:
+            try:
+                table = table.set_column(i, field, table.column(i).cast(field.type))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                raise ValueError(f"--keep {field.name}: {raw} holds it as {field.type} in its first rows and as "
+                                 f"{table.schema.field(i).type} in later ones, which {field.type} cannot hold: "
+                                 "write it as one type, or keep another column") from None
+    return table
+
+
 def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: list[str], on_error: str,
            quiet: bool, top_k: Optional[int] = None, kind: str = "parquet", out: Optional[Path] = None
-           ) -> tuple[int, int, int, int, int]:
+           ) -> tuple[int, int, int, int, int, list[str]]:
     """Score `raw` into `staged`: rows written, malformed rows skipped, rows of an all-zero query
     (--top-k) and the first one's row (0-based, over the rows scored), the catalogue's items (0
     without --top-k)."""
@@ -176,6 +198,7 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
     from flowrec.serving.predict import load_model
 
     model = load_model(model_dir)
+    model.warn_unseen = False  # one line for every chunk, at the end
     if top_k is not None and model.items is None:
         raise ValueError(f"{model_dir} has no retrieval head: --top-k needs a package of a retrieval run")
     beside = [h.name for h in model.other_heads] if top_k is not None else []
@@ -203,8 +226,8 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
                 for name in keep:
                     table = table.append_column(name, chunk.column(name))
                 if writer is None:
-                    writer = _open_writer(staged, table.schema, kind)
-                writer.write_table(table)
+                    writer, schema = _open_writer(staged, table.schema, kind), table.schema
+                writer.write_table(_as_first(table, schema, raw))
                 rows += table.num_rows
                 advance(table.num_rows)
         finally:
@@ -213,7 +236,7 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
     if writer is None:
         raise ValueError(_no_rows(raw, log, fmt or getattr(model.spec.data, "format", None)))
     items = len(model.items.raw_items) if top_k is not None else 0
-    return rows, log.count, model.zero_queries, model.first_zero_query, items
+    return rows, log.count, model.zero_queries, model.first_zero_query, items, model.unseen_ids().lines()
 
 
 SCORES_HEADER_LIMIT = 1 << 20  # bytes of an existing text --out read for its header line (1 MiB)

@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from flowrec.data.encode import Encoder, encodable_rows, fit_encoder, needs_fit
+from flowrec.data.encode import Encoder, UnseenIds, encodable_rows, fit_encoder, needs_fit
 from flowrec.data.encoder_record import record_of_encoder
 from flowrec.data.error_log import ErrorLog, ErrorPolicy
 from flowrec.data.labels import PLUS_MINUS_FORMATS, check_labels, label_tasks
@@ -296,6 +296,8 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
         and _text_times(read, inputs, opts, numeric, split_by)
     if split_by and not text_times:
         numeric.add(split_by)
+    if given is not None and given.columns != columns:  # the input's columns are the spec's data.columns (as
+        given = replace(given, columns=columns)  # checked), not those of the rows the encoder was made from
     tasks = label_tasks(spec, columns)
     mapped = [0]
     separators_checked = [False]
@@ -372,6 +374,7 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
         "train": PartWriter(out / "train", rows_per_file), "test": PartWriter(out / "test", rows_per_file)}
     seen = index = 0
     stats = {name: RawStats(spec, columns, opts.get("date_column", split_by)) for name in writers}
+    unseen = UnseenIds(given) if given is not None else None  # ids the run's vocabulary holds in another form
     for log, chunk in chunks(on_error):
         test = test_rows(chunk, index)
         index += chunk.num_rows
@@ -382,6 +385,8 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
         if not chunk.num_rows:
             continue
         encoded = encoder.encode(chunk)
+        if unseen is not None:  # ids the given encoder does not know, told by the encoding (grown or not)
+            unseen.observe(chunk, encoded)
         if test is not None:
             for side, mask in (("test", pa.array(test)), ("train", pa.array(~test))):
                 writers[side].write(encoded.filter(mask))
@@ -411,7 +416,8 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
     examples = tuple(str(e) for log in logs for e in log.examples)
     return ConvertReport(str(out), seen, sum(w.files for w in writers.values()),
                          sum(log.count for log in logs), examples, 0.0,
-                         {k: w.rows for k, w in writers.items() if k}, mapped[0], growth, tuple(overflow))
+                         {k: w.rows for k, w in writers.items() if k}, mapped[0], growth,
+                         (*overflow, *(unseen.lines() if unseen is not None else ())))
 
 
 def _after_cutoff(inputs: list[Path], split_by: str, cutoff: float | str, fraction: float) -> str:

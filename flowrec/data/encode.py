@@ -13,6 +13,7 @@ Example:
 """
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterable
@@ -54,9 +55,32 @@ def build_vocab(counter: Counter, size: int, min_freq: int) -> pa.Array:
     return pa.array([v for _, v in kept], pa.string())
 
 
+BOOL_TEXTS = (("true", "false"), ("True", "False"), ("TRUE", "FALSE"))  # Arrow's; pandas' CSV; R's CSV
+
+
+def vocab_strings(values: pa.Array, vocab: pa.Array) -> pa.Array:
+    """The values as the ids of a vocabulary (`as_strings`), a column of booleans written as the
+    vocabulary writes them: a bool has no text of its own, and a run trained on a CSV pandas wrote
+    (True, False) had every Parquet or DataFrame bool ('true') unknown, without a word.
+
+    >>> vocab_strings(pa.array([True, None, False]), pa.array(["False", "True"])).to_pylist()
+    ['True', None, 'False']
+    >>> vocab_strings(pa.array([True]), pa.array(["x"])).to_pylist()  # none known: Arrow's text
+    ['true']
+    """
+    kind = values.type.value_type if pa.types.is_dictionary(values.type) else values.type
+    strings = as_strings(values)
+    if not pa.types.is_boolean(kind) or not len(vocab):
+        return strings
+    for yes, no in BOOL_TEXTS:
+        if pc.any(pc.is_in(pa.array([yes, no]), value_set=vocab)).as_py():
+            return pc.replace_substring_regex(pc.replace_substring_regex(strings, "^true$", yes), "^false$", no)
+    return strings
+
+
 def vocab_rows(values: pa.Array, vocab: pa.Array) -> np.ndarray:
     """Rows of the values in a vocabulary (row = index + 1); unknown and missing -> 0."""
-    index = pc.index_in(as_strings(values), value_set=vocab)
+    index = pc.index_in(vocab_strings(values, vocab), value_set=vocab)
     return (index.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64) + 1)
 
 
@@ -212,6 +236,119 @@ class Encoder:
             cols.append(col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col)
             names.append(label)
         return pa.Table.from_arrays(cols, names=names)
+
+
+OTHER_FORM_SHARE = 0.5  # unseen ids, of a column's, past which their other form is looked for
+_BOOL_TEXT = "^(true|false)$"
+_TIME_TEXT = r"^([0-9]{4}-[0-9]{2}-[0-9]{2})[ T]([0-9]{2}:[0-9]{2}:[0-9]{2})(\.0+)?Z?$"
+
+
+def id_key(values: pa.Array) -> pa.Array:
+    """Each id text in one form of what other writers of the same column write otherwise: a float
+    column's text (pandas' CSV) "12.0" -> "12"; a boolean's "True" (pandas'), "TRUE" (R's) -> "true"
+    (Arrow's, Spark's); a time's "2024-01-05 13:45:00.000000" (Arrow's) -> "2024-01-05 13:45:00"
+    (pandas'), a midnight's -> "2024-01-05" (pandas' of a column of midnights); " u7" (a CSV written
+    with ", " between fields) -> "u7". `UnseenIds` compares ids so; they are encoded as written ("012"
+    stays another id than "12").
+
+    >>> id_key(pa.array(["12.0", "12", "012", "1.50", None, "True", "2024-01-05 00:00:00.000000",
+    ...                  "2024-01-05T13:45:00", " u7 "])).to_pylist()
+    ['12', '12', '012', '1.50', None, 'true', '2024-01-05', '2024-01-05 13:45:00', 'u7']
+    >>> id_key(pa.array(["3.0"], pa.large_string())).to_pylist()  # (a Parquet file's large_string)
+    ['3']
+    """
+    keys = pc.replace_substring_regex(pc.utf8_trim_whitespace(values), r"^(-?[0-9]+)\.0+$", r"\1")
+    keys = pc.if_else(pc.match_substring_regex(keys, _BOOL_TEXT, ignore_case=True), pc.utf8_lower(keys), keys)
+    keys = pc.replace_substring_regex(keys, r"^([0-9]{4}-[0-9]{2}-[0-9]{2})[ T]00:00:00(\.0+)?Z?$", r"\1")
+    return pc.replace_substring_regex(keys, _TIME_TEXT, r"\1 \2")
+
+
+@dataclass
+class UnseenIds:
+    """Counts, over the chunks an existing encoder encodes (`flowrec predict`, `data convert
+    --encoder-from`), the ids of each vocabulary feature that its vocabulary does not hold, and of
+    those the ids it holds in another form (`id_key`: "12.0" where training saw "12", or the
+    reverse; "True" where it saw "true"; a time with or without its fraction of a second): pandas
+    writes an integer id column with a missing value as floats, and CSV keeps their text, so rows
+    of such a file mapped almost every id to row 0 without a word. Ids are not merged ("012" and
+    "12" may be two ids); `lines` says so where most ids are such."""
+
+    encoder: Encoder
+    counts: dict[str, list[int]] = field(default_factory=dict)  # feature -> [ids, unseen, in another form]
+    examples: dict[str, tuple[str, str]] = field(default_factory=dict)  # feature -> (an id, its form there)
+    _keys: dict[str, pa.Array] = field(default_factory=dict)  # table -> `id_key` of its vocabulary (once)
+
+    def observe(self, raw: pa.Table, encoded: pa.Table | None = None) -> None:
+        """Count the ids of a raw chunk; `encoded`, its encoding by this encoder or by one grown from
+        it (`flowrec.data.vocab_growth`: new values in rows past its vocabulary), tells the unknown
+        ids of a one-id feature (row 0, or past the vocabulary) without looking each up again."""
+        for f in self.encoder.spec.sparse_features:
+            table = self.encoder.spec.table(f.table)
+            if table.hashed or table.managed is not None or self.encoder.source(f.name) not in raw.column_names:
+                continue
+            vocab = self.encoder.vocabs.get(table.name)
+            if vocab is None:
+                continue
+            values = self.encoder.sparse_values(f, raw)
+            ids = vocab_strings(pc.list_flatten(values) if is_multi(f) else values, vocab)
+            if encoded is not None and not is_multi(f):  # row 0 (unknown, or missing), or a row grown since
+                rows = encoded.column(f.name)
+                new = pc.or_(pc.equal(rows, 0), pc.greater(rows, len(vocab)))
+                unseen = ids.filter(pc.and_(ids.is_valid(), new))
+                ids = ids.drop_null()
+            else:
+                ids = ids.drop_null()
+                unseen = ids.filter(pc.invert(pc.is_in(ids, value_set=vocab)))
+            count = self.counts.setdefault(f.name, [0, 0, 0])
+            count[0], count[1] = count[0] + len(ids), count[1] + len(unseen)
+            if len(unseen) <= OTHER_FORM_SHARE * len(ids):  # a chunk of known ids (and a few new ones): no
+                continue  # other form looked for (its vocabulary's keys are made where one is)
+            if table.name not in self._keys:
+                self._keys[table.name] = id_key(vocab)
+            where = pc.index_in(id_key(unseen), value_set=self._keys[table.name])
+            found = len(where) - where.null_count
+            count[2] += found
+            if found and f.name not in self.examples:
+                i = int(pc.index(where.is_valid(), True).as_py())
+                self.examples[f.name] = (unseen[i].as_py(), vocab[where[i].as_py()].as_py())
+
+    def add(self, other: "UnseenIds") -> None:
+        """Count `other`'s ids too (a call's, into a model's running count)."""
+        for name, counts in other.counts.items():
+            mine = self.counts.setdefault(name, [0, 0, 0])
+            mine[:] = [a + b for a, b in zip(mine, counts)]
+        for name, example in other.examples.items():
+            self.examples.setdefault(name, example)
+
+    def lines(self) -> list[str]:
+        """A line per feature most of whose ids are unseen while most of those are held in
+        another form (`id_key`)."""
+        out = []
+        for name, (ids, unseen, found) in self.counts.items():
+            if not (unseen > OTHER_FORM_SHARE * ids and found > OTHER_FORM_SHARE * unseen):
+                continue
+            mine, theirs = self.examples[name]
+            source = self.encoder.source(name)
+            if mine.strip() != mine or theirs.strip() != theirs:
+                how = (f"write ids with spaces around them ({mine!r}), unlike the training rows ({theirs!r}; a CSV "
+                       "written with ', ' between fields keeps the space in its text); write column "
+                       f"{source} as the training rows did")
+            elif re.match(_BOOL_TEXT, mine, re.IGNORECASE):
+                how = (f"write booleans as {mine!r}, unlike the training rows ({theirs!r}: pandas writes True, "
+                       f"Arrow, Spark and DuckDB true); write column {source} as the training rows did")
+            elif re.match(_TIME_TEXT, mine) or re.match(_TIME_TEXT, theirs):
+                how = (f"write times as {mine!r}, unlike the training rows ({theirs!r}: Arrow writes a time with "
+                       "its fraction of a second, pandas' CSV without it and a column of midnights as dates); "
+                       f"write column {source} as the training rows did (as text, say)")
+            else:
+                how = (f"write the ids {'as floats' if '.' in mine else 'as whole numbers'}, unlike the training "
+                       "rows (pandas writes an integer column with a missing value as floats, 12.0); write column "
+                       f"{source} as the training rows did (pandas' nullable dtype \"Int64\" keeps integers beside "
+                       "missing values)")
+            out.append(f"column {source}: {unseen:,} of {ids:,} ids are not in the vocabulary of feature {name} "
+                       f"(unknown ids), but {found:,} of them are there in another form ({mine!r} is {theirs!r} "
+                       f"there): these rows {how}")
+        return out
 
 
 def drop_unencodable(encoder: Encoder, raw: pa.Table, log: ErrorLog) -> pa.Table:

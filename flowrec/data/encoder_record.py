@@ -285,7 +285,8 @@ def find_record(path: Path) -> EncoderRecord:
 
 
 def first_difference(expected: EncoderRecord, found: EncoderRecord, extension: bool = False) -> str | None:
-    """A few words naming the first feature (or label) whose encoding differs, or None.
+    """A few words naming the first feature (or label) whose encoding differs, or None. The raw
+    column a value was read from is no part of its encoding (`READING`).
 
     Args:
         expected: the model's encoder.
@@ -299,7 +300,7 @@ def first_difference(expected: EncoderRecord, found: EncoderRecord, extension: b
         other = found.features.get(name)
         if other is None:
             return f"feature {name!r} is missing"
-        keys = [k for k in rule if rule.get(k) != other.get(k)]
+        keys = [k for k in rule if k not in READING and rule.get(k) != other.get(k)]
         if keys == ["vocab"] and extension and rule.get("spare"):
             table = rule["table"]
             if table not in extended:
@@ -314,7 +315,7 @@ def first_difference(expected: EncoderRecord, found: EncoderRecord, extension: b
     if extra:
         return f"feature {extra[0]!r} is not in the model's encoder"
     for name, rule in expected.labels.items():
-        if found.labels.get(name) != rule:
+        if name not in found.labels or _encoding(found.labels[name]) != _encoding(rule):
             return f"label {name!r} differs"
     if expected.data_hash != found.data_hash:
         return "the spec's tables differ"
@@ -327,6 +328,15 @@ def _extends(expected: EncoderRecord, found: EncoderRecord, table: str) -> bool:
         return False
     base, grown = read_vocab(Path(expected.vocab_files[table])), read_vocab(Path(found.vocab_files[table]))
     return len(grown) > len(base) and grown.slice(0, len(base)).equals(base)
+
+
+READING = ("column",)  # what a rule records of how its raw rows were read, not of how values are encoded
+
+
+def _encoding(rule: dict) -> dict:
+    """A rule without what it records of how its raw rows were read (`READING`): data converted with
+    --encoder-from RUN from a file of other column names (the spec's data.columns) is RUN's encoding."""
+    return {k: v for k, v in rule.items() if k not in READING}
 
 
 def _describe(key: str) -> str:

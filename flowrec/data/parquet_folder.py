@@ -9,7 +9,9 @@ folder's first such file (its own columns and the Hive partition keys of its fol
 each with the first file's type; an error is one line naming the file and the column. Where the
 values keep their meaning whatever the type, types may differ: a label or dense column (`numeric`)
 is read as numbers file by file (int64 in one day's file and double in the next, as pandas writes a
-day with a missing value), and a column holding only nulls (Arrow's null type) fits any type. Each
+day with a missing value), so is any column of integers in one file and floats in another (an id
+column of such a day: 3 and 3.0 are the id "3"), and a column holding only nulls (Arrow's null
+type) fits any type. Each
 file is then read with its own types for those columns (a dataset-wide cast of int64 to double
 refuses integers beyond 2^53). A file without rows adds none and is left out.
 
@@ -179,13 +181,20 @@ def _folder_types(files: list[tuple[Any, dict[str, pa.Field]]], numeric: set[str
     """The type of each non-numeric column, from the first file where it is not all nulls; DataError
     naming a file that holds it with another type."""
     typed: dict[str, tuple[str, pa.Field]] = {}
+    numbers: set[str] = set()  # columns of integers in one file and floats in another: each file's own type
     for fragment, columns in files:
         for name, field in columns.items():
             if name in numeric or pa.types.is_null(field.type):
                 continue
             where, held = typed.setdefault(name, (fragment.path, field))
-            if field.type != held.type:
+            if field.type != held.type and _number(field.type) and _number(held.type):
+                numbers.add(name)  # ids as numbers: 3 and 3.0 are the id "3" (`flowrec.data.raw_ids.as_strings`)
+            elif field.type != held.type:
                 raise DataError(f"{fragment.path}: column {name!r} holds {field.type} values, {where} "
                                 f"{held.type}: a column holds one type in every file of a Parquet folder "
-                                "(labels and dense features any numbers)")
-    return {name: field.type for name, (_, field) in typed.items()}
+                                "(labels and dense features any numbers, other columns integers or floats)")
+    return {name: field.type for name, (_, field) in typed.items() if name not in numbers}
+
+
+def _number(kind: pa.DataType) -> bool:
+    return pa.types.is_integer(kind) or pa.types.is_floating(kind)

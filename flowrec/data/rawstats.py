@@ -142,6 +142,61 @@ def read_stats(folder: Path) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) and stats_problem(doc) is None else None
 
 
+def training_means(folder: Path, columns: dict[str, tuple[float, ...]]) -> tuple[int, dict[str, float]]:
+    """(rows, column -> mean) of the label and weight `columns` of the dataset in `folder`: the means
+    the conversion counted (`_flowrec_stats.json`), else, for a dataset without them (written by
+    another tool, its statistics file removed), the value every row holds of a column whose every
+    row holds one of the values `columns` names for it (`constant_columns`); a column holding other
+    values is left out. `flowrec.runtime.session.label_warnings` reads them."""
+    if not columns:
+        return 0, {}
+    stats = read_stats(folder)
+    means = stats.get("label_mean", {}) if stats and stats.get("rows") else {}
+    if all(isinstance(means.get(c), (int, float)) for c in columns):
+        return int(stats["rows"]), {c: float(means[c]) for c in columns}  # type: ignore[index]
+    return constant_columns(folder, columns)
+
+
+def constant_columns(folder: Path, columns: dict[str, tuple[float, ...]]) -> tuple[int, dict[str, float]]:
+    """(rows, column -> the value every row holds) of the numeric `columns` of the Parquet dataset
+    in `folder` whose every row holds one of the values named for the column (a binary label's 0
+    or 1, a weight's 0), the others left out. Bounded: each row group is judged by the minimum and
+    maximum its footer records, read (that column alone) only where it records none, and no more
+    is read once every column was seen to hold another value, or two."""
+    import pyarrow.parquet as pq
+
+    from flowrec.data.dataset import parquet_files
+
+    from flowrec.data.layout import read_meta
+
+    rows, bounds, decided = read_meta(folder).rows, {c: (math.inf, -math.inf) for c in columns}, set()
+    for file in parquet_files(folder):
+        if len(decided) == len(columns):
+            break
+        with pq.ParquetFile(file) as part:
+            meta = part.metadata
+            leaves = [meta.schema.column(i).path for i in range(meta.num_columns)]
+            decided |= {c for c in columns if c not in leaves}  # not this dataset's: training says so
+            for g in range(meta.num_row_groups):
+                group = meta.row_group(g)
+                for c in columns:
+                    if c in decided or group.num_rows == 0:
+                        continue
+                    kept = group.column(leaves.index(c)).statistics
+                    if kept is not None and kept.has_min_max and kept.null_count == 0 \
+                            and isinstance(kept.min, (int, float)):
+                        lo, hi = float(kept.min), float(kept.max)
+                    else:
+                        values = part.read_row_group(g, columns=[c]).column(0)
+                        lo, hi = (math.nan if v.as_py() is None else float(v.as_py())
+                                  for v in pc.min_max(values).values())
+                    lo, hi = min(bounds[c][0], lo), max(bounds[c][1], hi)
+                    bounds[c] = (lo, hi)
+                    if not (lo == hi and lo in columns[c]):  # two values, another value, or a nan
+                        decided.add(c)
+    return rows, {c: bounds[c][0] for c in columns if c not in decided and rows}
+
+
 def _count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 

@@ -663,11 +663,19 @@ def _number_problem(value: float) -> str:
     return "value beyond float32" if np.isfinite(value) else "non-finite value"
 
 
+BOOL_NUMBERS = {"true": "1", "false": "0"}  # a bool column's text (pandas' True, Spark's true, R's TRUE), any case
+
+
 def _parse_numbers(text: pa.Array, lines: np.ndarray, bad: np.ndarray, log: ErrorLog, name: str) -> pa.Array:
+    """A numeric column's text as float64 (missing: null); True and False (any case: pandas writes a
+    bool column's values so) are 1 and 0, as a Parquet file's or a DataFrame's bools are: a label
+    column pandas wrote from bools was every row malformed, with a hint to skip them all."""
     try:
         return pc.cast(text, pa.float64())
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         raw = text.to_pandas()
+        words = raw.str.strip().str.lower()
+        raw = raw.where(~words.isin(list(BOOL_NUMBERS)), words.map(BOOL_NUMBERS))
         parsed = pd.to_numeric(raw, errors="coerce")
         wrong = (raw.notna() & parsed.isna()).to_numpy()
         for i in np.flatnonzero(wrong & ~bad):

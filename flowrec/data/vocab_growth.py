@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from flowrec.data.encode import Encoder, as_strings
+from flowrec.data.encode import Encoder, vocab_strings
 from flowrec.data.layout import is_multi
 from flowrec.spec.model import TableSpec
 
@@ -86,9 +86,9 @@ class NewValues:
             values = self.encoder.sparse_values(f, raw)
             if is_multi(f):
                 row = pc.list_parent_indices(values).to_numpy(zero_copy_only=False)
-                flat = as_strings(pc.list_flatten(values))
+                flat = vocab_strings(pc.list_flatten(values), vocab)
             else:
-                row, flat = np.arange(len(values)), as_strings(values)
+                row, flat = np.arange(len(values)), vocab_strings(values, vocab)
             new = pc.and_(flat.is_valid(), pc.is_null(pc.index_in(flat, value_set=vocab)))
             new_np = new.to_numpy(zero_copy_only=False)
             parts.append(flat.filter(new).cast(pa.string()))

@@ -39,9 +39,11 @@ from flowrec.graph.types import (
 )
 from flowrec.spec.load import to_dict
 from flowrec.spec.model import ModelSpec
+from flowrec.version import __version__
 
 PLAN_FORMAT = "flowrec-plan"
-PLAN_VERSION = 1
+PLAN_VERSION = 1  # the plan format's number (`version`); the flowrec that wrote a plan is `flowrec_version`
+WRITER = "flowrec_version"  # the key of the writing flowrec's version (absent: a flowrec before plans recorded it)
 NOT_RECORDED = "not recorded"  # cost provenance of a plan written before plans recorded it
 FINGERPRINT_TRAINING = ("batch_size", "precision")  # training settings that shape the plan
 
@@ -165,6 +167,7 @@ def plan_document(plan: Plan) -> dict[str, Any]:
     return {
         "format": PLAN_FORMAT,
         "version": PLAN_VERSION,
+        WRITER: __version__,
         "spec": plan.spec_name,
         "spec_fingerprint": plan.spec_fingerprint,
         "stage": plan.stage,

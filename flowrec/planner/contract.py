@@ -24,7 +24,8 @@ from typing import Any
 
 from flowrec.graph.edges import input_slots
 from flowrec.graph.kinds import PLACEMENTS
-from flowrec.graph.plan_io import NOT_RECORDED, PLAN_VERSION, model_fingerprint, plan_document, plan_from_document
+from flowrec.graph.plan_io import (NOT_RECORDED, PLAN_VERSION, WRITER, model_fingerprint, plan_document,
+                                   plan_from_document)
 from flowrec.graph.types import ACCESS_NONE, STAGES, Op, PackedGroup, PassRecord, Plan
 from flowrec.planner.cost import access_description, device_profile, predict
 from flowrec.planner.manager import GIVEN_AS, PassFailure, make_plan
@@ -33,12 +34,15 @@ from flowrec.spec.json_doc import version_problem
 from flowrec.spec.json_scan import scan_json
 from flowrec.spec.model import ModelSpec
 from flowrec.spec.schemas import PLAN_SCHEMA, load_schema
+from flowrec.version import __version__
 
 MAX_PLAN_BYTES = 256 * 2**20  # a plan of 1,000 fields is under 1 MiB
 MAX_PLAN_DEPTH = 32  # a plan nests 6 levels deep
 GROUP_DECISIONS = ("placement", "cache_rows", "expected_hit_rate", "sharding", "shards")  # editable per group
 GROUP_DERIVED = ("rows", "row_bytes", "bytes", "bags_per_sample", "bytes_per_rank")  # written from its tables
 NODE_FIELDS = {"flops": "flops_per_sample"}  # an Op field's name in the plan document, where it differs
+NODE_FIGURES = ("flops", "param_bytes", "out_bytes")  # a node's figures, which another flowrec may count otherwise
+OTHER_WRITER = "version"  # the pass record of a plan another flowrec wrote (`load_plan`)
 EDITABLE = ("a group's placement, cache_rows, sharding and shards, micro_batches, prefetch, group_order and "
             "a node's stage")
 
@@ -91,7 +95,10 @@ def check_plan_document(doc: Any, where: str) -> dict[str, Any]:
     if errors:
         shown = "; ".join(f"{'.'.join(map(str, e.absolute_path)) or '(top)'}: {e.message}" for e in errors[:3])
         more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
-        raise PlanError(f"{where}: not a valid flowrec plan: {shown}{more}")
+        writer = doc.get(WRITER)
+        other = (f"; it was written by flowrec {writer:.40}, this is flowrec {__version__}: plan again with this one"
+                 if isinstance(writer, str) and writer != __version__ else "")
+        raise PlanError(f"{where}: not a valid flowrec plan: {shown}{more}{other}")
     return doc
 
 
@@ -151,9 +158,8 @@ def derived_edits(doc: dict[str, Any], plan: Plan, own: Plan, profile: dict[str,
         if rate is not None and not by_profile and mine["expected_hit_rate"] not in (rate, theirs["expected_hit_rate"]):
             return [f"group {ours['name']}: expected_hit_rate {mine['expected_hit_rate']!r} is not the cost "
                     f"model's for its placement {group.placement} and {group.cache_rows:,} cache rows ({rate!r}); "
-                    f"it is a prediction and cannot be edited (edit {EDITABLE}); a plan made by another flowrec "
-                    f"version predicted with that version's model: set it to {rate!r} to run the plan's decisions "
-                    "as written, or plan again"]
+                    f"it is a prediction and cannot be edited (edit {EDITABLE}): set it to {rate!r} to run the "
+                    "plan's decisions as written, or plan again"]
         for field, given, wrote in zip(mine["features"], ours["features"], theirs["features"]):
             if field["bags"] not in (given["bags"], wrote["bags"]):
                 return [f"group {ours['name']}: feature {given['feature']}: bags {field['bags']!r} are not what the "
@@ -258,7 +264,14 @@ def priced(plan: Plan, spec: ModelSpec, profile: dict[str, Any] | None = None, o
 
 
 def load_plan(path: Path, spec: ModelSpec, profile: dict[str, Any] | None = None, world_size: int = 1) -> Plan:
-    """The plan in `path`, checked against `spec` and `world_size` and priced. Raises PlanError (one line)."""
+    """The plan in `path`, checked against `spec` and `world_size` and priced. Raises PlanError (one line).
+
+    A plan another flowrec wrote (its `flowrec_version` another, or none: written before plans
+    recorded it) is checked for what makes it usable: its model (nodes, their kinds, attributes,
+    shapes and inputs, the groups' tables and fields) must be the spec's and its decisions
+    runnable. What it derived or predicted (a group's rows, bytes and expected_hit_rate, the
+    nodes' FLOPs and bytes, `stages`) is this flowrec's, not refused as an edit: that flowrec's
+    models may differ. A pass record (`OTHER_WRITER`) says so, and `flowrec train` shows it."""
     doc = read_plan_document(path)
     plan = plan_from_document(doc)
     try:  # the plan is priced for its target: one the planner would take for the default ('' included)
@@ -272,10 +285,44 @@ def load_plan(path: Path, spec: ModelSpec, profile: dict[str, Any] | None = None
         except (ValueError, PassFailure) as exc:
             raise PlanError(f"{path}: the planner cannot plan this spec for the plan's target and budget: "
                             f"{exc}") from None
-    problems = check_plan(plan, spec, world_size, own) or derived_edits(doc, plan, own, profile)
+    writer = doc.get(WRITER)
+    other = writer != __version__
+    if other and own is not None:
+        plan = _with_own_figures(plan, own, writer)
+    elif not other and other_writer(plan) is not None:  # this flowrec's plan of one another wrote: it is this one's now
+        plan = plan.with_meta(replace(plan.meta, passes=tuple(p for p in plan.meta.passes if p.name != OTHER_WRITER)))
+    problems = check_plan(plan, spec, world_size, own) or ([] if other else derived_edits(doc, plan, own, profile))
     if problems:
         raise PlanError(f"{path}: " + "; ".join(problems))
     return priced(plan, spec, profile, own)
+
+
+def other_writer(plan: Plan) -> str | None:
+    """The line of `load_plan`'s pass record of a plan another flowrec wrote, or None."""
+    return next((p.notes[0] for p in plan.meta.passes if p.name == OTHER_WRITER and p.notes), None)
+
+
+def _with_own_figures(plan: Plan, own: Plan, writer: Any) -> Plan:
+    """`plan` (written by the flowrec of version `writer`) with this flowrec's figures of each node
+    whose model is the planner's (its kind, attributes, shapes, dtype and inputs), and a pass record
+    saying so; a node of another model is left as written, for `check_plan` to name."""
+    graph = plan.graph.copy()
+    for name in graph:
+        if name not in own.graph:
+            continue
+        op, ours = graph.nodes[name]["op"], own.graph.nodes[name]["op"]
+        same = all(getattr(op, f.name) == getattr(ours, f.name) for f in fields(Op)
+                   if f.name not in (*NODE_FIGURES, "stage"))
+        if same and input_slots(plan.graph, name) == input_slots(own.graph, name):
+            graph.nodes[name]["op"] = replace(op, **{f: getattr(ours, f) for f in NODE_FIGURES})
+    who = f"flowrec {writer}" if isinstance(writer, str) else "a flowrec before plans recorded their writer"
+    note = (f"written by {who}, not this flowrec {__version__}: its decisions are used as written, its "
+            "figures (rows, bytes, expected hit rates, FLOPs, stages) are this flowrec's")
+    meta = plan.meta
+    meta = replace(meta, passes=tuple(p for p in meta.passes if p.name != OTHER_WRITER)
+                   + (PassRecord(OTHER_WRITER, True, (note,)),))
+    graph.graph["plan"] = meta
+    return replace(plan, graph=graph)
 
 
 def scoring_plan(plan: Plan) -> Plan:

@@ -17,7 +17,7 @@ import torch
 from flowrec.graph.types import ACCESS_SAMPLED, Plan
 from flowrec.planner.access import dataset_rows
 from flowrec.planner.calibration import is_profile_path
-from flowrec.planner.contract import PlanError, load_plan, read_plan_document
+from flowrec.planner.contract import PlanError, load_plan, other_writer, read_plan_document
 from flowrec.planner.manager import PassFailure, load_profile, make_plan, profile_digest, recorded_profile
 from flowrec.runtime.messages import first_line
 from flowrec.planner.targets import spec_target_profile, target_for_device
@@ -116,6 +116,8 @@ def plan_for_run(spec: ModelSpec, device_name: str, device_budget: str | None, p
 
                 forget_kept_sample()  # no hot set to choose: nothing takes the sample
         status(f"plan: {plan_file} (target {plan.target}, {len(plan.meta.groups)} packed groups)")
+        if (written := other_writer(plan)) is not None:
+            status(f"plan: {plan_file} was {written}")
         here = cost_target(device)
         if not is_profile_path(plan.target) and plan.target != here:  # its figures are not this device's
             status(f"plan: {plan_file}'s figures (step time, memory, hit rates) are for target {plan.target}, not "

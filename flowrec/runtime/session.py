@@ -138,30 +138,35 @@ def prepare(spec: ModelSpec, spec_path: Path, opts: SessionOptions, plan: Plan, 
 
 def label_warnings(spec: ModelSpec, train: Any) -> list[str]:
     """A line per binary head whose training labels are all one class, and per sample-weight column
-    whose training weights are all 0, as the conversion counted them (`_flowrec_stats.json`; none for
-    synthetic rows or a dataset without it): such a head learns to predict that class alone, or
-    nothing (its loss is 0 at every step), and a run trained without a word (a filter that kept the
-    clicks only, a label column of another convention, a weight column of another meaning). Weights
-    are >= 0 (`flowrec.data.checks`), so a mean of 0 is every weight 0."""
+    whose training weights are all 0, as the conversion counted them (`_flowrec_stats.json`), else
+    as the dataset's Parquet parts hold them (a dataset written by another tool, or its statistics
+    file removed; `flowrec.data.rawstats.training_means`; none for synthetic rows): such a head
+    learns to predict that class alone, or nothing (its loss is 0 at every step), and a run trained
+    without a word (a filter that kept the clicks only, a label column of another convention, a
+    weight column of another meaning). Labels of a binary head are 0 or 1 and weights >= 0
+    (`flowrec.data.checks`), so a mean of 0 or 1 is every label that class, and of 0 every weight 0."""
     from flowrec.data.layout import label_columns, weight_columns
-    from flowrec.data.rawstats import read_stats
+    from flowrec.data.rawstats import training_means
 
     path = getattr(train, "path", None)
-    stats = read_stats(path) if path is not None else None
-    means = stats.get("label_mean", {}) if stats else {}
-    if not (stats and stats.get("rows")):
+    if path is None:
         return []
+    binary = [(head, label) for head, label in zip(spec.heads, label_columns(spec)) if head.task == "binary"]
+    weights = weight_columns(spec)
+    wanted = {label: (0.0, 1.0) for _, label in binary}
+    wanted.update({column: (*wanted.get(column, ()), 0.0) for column in weights})  # the values a line names
+    rows, means = training_means(path, wanted)
     lines = []
-    for head, label in zip(spec.heads, label_columns(spec)):
+    for head, label in binary:
         mean = means.get(label)
-        if head.task == "binary" and mean in (0.0, 1.0):
+        if mean in (0.0, 1.0):
             lines.append(f"every training label of head {head.name} (column {label}) in {path} is {int(mean)} "
-                         f"({stats['rows']:,} rows): it can only learn to predict {int(mean)}")
-    for column in weight_columns(spec):
+                         f"({rows:,} rows): it can only learn to predict {int(mean)}")
+    for column in weights:
         if means.get(column) == 0.0:
             heads = ", ".join(h.name for h in spec.heads if h.sample_weight == column)
             lines.append(f"every sample weight of head {heads} (column {column}) in {path} is 0 "
-                         f"({stats['rows']:,} rows): its loss is 0 at every step, so it learns nothing")
+                         f"({rows:,} rows): its loss is 0 at every step, so it learns nothing")
     return lines
 
 

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from flowrec.data.encode import Encoder
+from flowrec.data.encode import Encoder, UnseenIds
 from flowrec.data.encoder_record import (ENCODER_FILE, EncoderRecord, load_encoder, read_record,
                                          tables_without_vocabulary)
 from flowrec.data.layout import DataError, is_multi
@@ -70,6 +70,8 @@ class LoadedModel:
     zero_queries: int = 0  # rows `recommend` met whose query vector is all zeros (their items tie)
     first_zero_query: int | None = None  # the first such row, counted over every `recommend` call
     _recommended: int = 0  # rows `recommend` has scored (for first_zero_query)
+    unseen: UnseenIds | None = None  # the ids of the rows scored that the vocabularies hold in another form
+    warn_unseen: bool = True  # a UserWarning per call whose ids are in another form (predict: a line at the end)
 
     def __repr__(self) -> str:
         """One line a notebook can show: the package, its spec's name, heads and the raw columns
@@ -123,6 +125,7 @@ class LoadedModel:
         if source not in raw.column_names:  # (the heads beside it read the row's item where it is given)
             raw = raw.append_column(source, pa.nulls(raw.num_rows, pa.string()))
         encoded = self.encoder.encode(raw, labels=False)
+        self._count_unseen(raw, encoded)
         rows, scores, others = [], [], []
         with torch.no_grad():
             for start in range(0, encoded.num_rows, BATCH_ROWS):
@@ -144,6 +147,25 @@ class LoadedModel:
         out.update(_head_columns(self.other_heads, np.concatenate(others) if others else np.zeros((0, width),
                                                                                                np.float32)))
         return pd.DataFrame(out, index=row_index(table))
+
+    def _count_unseen(self, raw: pa.Table, encoded: pa.Table) -> None:
+        """Count the unknown ids of a call's rows (`unseen_ids`); warn where the call's rows write
+        most of a feature's ids in another form than the vocabulary (`UnseenIds.lines`)."""
+        call = UnseenIds(self.encoder, _keys=self.unseen_ids()._keys)  # each vocabulary's keys made once
+        call.observe(raw, encoded)
+        self.unseen_ids().add(call)
+        if self.warn_unseen:
+            import warnings
+
+            for line in call.lines():
+                warnings.warn(line, UserWarning, stacklevel=3)
+
+    def unseen_ids(self) -> UnseenIds:
+        """The count of unknown ids over every `predict` and `recommend` call (`UnseenIds`): its
+        `lines()` say where the rows write the ids in another form than training did."""
+        if self.unseen is None:
+            self.unseen = UnseenIds(self.encoder)
+        return self.unseen
 
     def _count_zero_queries(self, query: torch.Tensor) -> None:
         zero = (query == 0).all(dim=1)
@@ -235,7 +257,9 @@ class LoadedModel:
                              "ask for items with recommend / predict --top-k")
         raw = raw_table(table)
         self._check_raw(raw, isinstance(table, pd.DataFrame))
-        scores = self.score_encoded(self.encoder.encode(raw, labels=False))
+        encoded = self.encoder.encode(raw, labels=False)
+        self._count_unseen(raw, encoded)
+        scores = self.score_encoded(encoded)
         return pd.DataFrame(_head_columns(self.spec.heads, scores), index=row_index(table))
 
 

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from flowrec.data.convert import convert, split_mask
@@ -187,6 +188,24 @@ def test_a_folder_file_holding_a_column_with_another_type_names_the_file_and_the
     where = re.escape(str(folder))
     with pytest.raises(DataError, match=f"^{where}/b\\.parquet: column 'user' holds .* values, {where}/a\\.parquet"):
         convert(_spec(), "parquet", [folder], tmp_path / "out")
+
+
+def test_a_folder_of_integer_ids_in_one_file_and_float_ids_in_another_is_read(tmp_path: Path) -> None:
+    """pandas writes a day whose id column has a missing value as floats: a folder of such days
+    (int64 in one file, double in the next) was refused ('a column holds one type in every file'),
+    though 3 and 3.0 are the id "3"; now each file is read with its own type, as a label's is."""
+    import pyarrow.parquet as pq
+
+    mixed = _parquet_folder(tmp_path / "mixed", {"a.parquet": {**ROWS, "user": [3, 4]},
+                                                 "b.parquet": {**ROWS, "user": [4.0, None]},
+                                                 "c.parquet": {**ROWS, "user": pa.array([3, 5], pa.int32())}})
+    whole = _parquet_folder(tmp_path / "whole", {"a.parquet": {**ROWS, "user": [3, 4]},
+                                                 "b.parquet": {**ROWS, "user": [4, None]},
+                                                 "c.parquet": {**ROWS, "user": [3, 5]}})
+    for folder in (mixed, whole):
+        assert convert(_spec(), "parquet", [folder], tmp_path / f"{folder.name}-out").rows == 6
+    ids = [pq.read_table(tmp_path / f"{name}-out").column("user").to_pylist() for name in ("mixed", "whole")]
+    assert ids[0] == ids[1] and ids[0][3] == 0 and ids[0][0] == ids[0][4] != ids[0][1] == ids[0][2]
 
 
 def test_a_file_outside_the_partition_folders_names_the_partition_column(tmp_path: Path) -> None:
@@ -638,6 +657,186 @@ def test_training_weights_all_zero_are_said(tmp_path: Path) -> None:
     assert lines == [f"every sample weight of head ctr (column w) in {tmp_path / 'zeros' / 'train'} is 0 "
                      f"({rows} rows): its loss is 0 at every step, so it learns nothing"]
     assert label_warnings(spec, types.SimpleNamespace(path=tmp_path / "some" / "train")) == []
+
+
+def test_one_class_labels_and_zero_weights_are_said_without_the_conversions_statistics(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The warnings read the conversion's _flowrec_stats.json alone, so a dataset without it (written
+    by another tool and bound with format: parquet, or its statistics file removed) trained on
+    labels of one class, or on weights all 0, without a word; now its Parquet parts are read (their
+    footers' minimum and maximum, else the label and weight columns alone)."""
+    import types
+
+    import pyarrow.parquet as pq
+
+    from flowrec.data.layout import read_meta
+    from flowrec.data.rawstats import STATS_FILE
+    from flowrec.runtime.session import label_warnings
+    from flowrec.spec import spec_from_dict
+    from flowrec.spec.load import to_dict
+
+    spec = spec_from_dict({**to_dict(_spec()), "heads": [{"name": "ctr", "input": "top", "sample_weight": "w"}]})
+    for name, clicks, weights in (("ones", [1] * 40, [0] * 40), ("both", [i % 2 for i in range(40)], [1] * 40)):
+        path = tmp_path / f"{name}.csv"
+        path.write_text("price,user,clicked,w\n" + "".join(f"{i},u{i},{c},{w}\n" for i, (c, w) in
+                                                           enumerate(zip(clicks, weights))), encoding="utf-8")
+        convert(spec, "csv", [path], tmp_path / name)
+        (tmp_path / name / STATS_FILE).unlink()
+    folder = tmp_path / "ones"
+    expected = [f"every training label of head ctr (column clicked) in {folder} is 1 (40 rows): it can only "
+                "learn to predict 1",
+                f"every sample weight of head ctr (column w) in {folder} is 0 (40 rows): its loss is 0 at every "
+                "step, so it learns nothing"]
+    assert read_meta(folder).rows == 40
+    assert label_warnings(spec, types.SimpleNamespace(path=folder)) == expected
+    assert label_warnings(spec, types.SimpleNamespace(path=tmp_path / "both")) == []
+    for part in folder.glob("*.parquet"):  # a writer that keeps no statistics in the footers: the columns are read
+        pq.write_table(pq.read_table(part), part, write_statistics=False, row_group_size=7)
+        assert pq.ParquetFile(part).metadata.row_group(0).column(0).statistics is None
+    assert label_warnings(spec, types.SimpleNamespace(path=folder)) == expected
+    for part in (tmp_path / "both").glob("*.parquet"):  # mixed labels, weights all 1: the first row group decides
+        pq.write_table(pq.read_table(part), part, write_statistics=False, row_group_size=7)
+    reads = []
+    read = pq.ParquetFile.read_row_group
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group", lambda self, g, **kw: reads.append(g) or read(self, g, **kw))
+    assert label_warnings(spec, types.SimpleNamespace(path=tmp_path / "both")) == [] and reads == [0, 0]
+
+
+def test_ids_written_as_floats_unlike_the_training_rows_are_said(tmp_path: Path) -> None:
+    """pandas writes an integer id column with a missing value as floats, so its CSV holds "12.0"
+    where the training rows held "12": converted with the run's encoder (or scored by predict),
+    almost every id was unknown (row 0) without a word. Now a line names the column and the fix;
+    the ids are not merged ("12.0" stays unknown, as "012" would)."""
+    import pyarrow.parquet as pq
+
+    from flowrec.data.encode import UnseenIds
+    from flowrec.data.encoder_record import load_encoder, raw_encoder
+    from flowrec.spec import spec_from_dict
+    from flowrec.spec.load import to_dict
+
+    doc = to_dict(_spec())
+    doc["features"][1] = {"name": "user", "type": "categorical", "vocab": 64, "vocab_spare": 40, "dim": 4}
+    spec = spec_from_dict(doc)
+    clean, floats = tmp_path / "clean.csv", tmp_path / "floats.csv"
+    clean.write_text("price,user,clicked\n" + "".join(f"{i},{i % 30},{i % 2}\n" for i in range(60)), encoding="utf-8")
+    floats.write_text("price,user,clicked\n" + "".join(f"{i},{'' if i == 7 else f'{i % 30}.0'},{i % 2}\n"
+                                                        for i in range(60)), encoding="utf-8")
+    for trained, other in ((clean, floats), (floats, clean)):
+        convert(spec, "csv", [trained], tmp_path / trained.stem)
+        encoder = load_encoder(raw_encoder(tmp_path / trained.stem), spec)
+        for grow in (False, True):
+            out = tmp_path / f"{other.stem}-{grow}"
+            report = convert(spec, "csv", [other], out, encoder=encoder, grow=grow)
+            (line,) = [w for w in report.warnings if w.startswith("column user: ")]
+            assert bool(report.growth and report.growth[0].added) == grow  # grown: the new ids' rows are told too
+            assert "ids are not in the vocabulary of feature user" in line and "(pandas' nullable dtype" in line
+            assert ("'0.0' is '0' there): these rows write the ids as floats" if other is floats else
+                    "'0' is '0.0' there): these rows write the ids as whole numbers") in line, line
+        assert not [w for w in convert(spec, "csv", [trained], tmp_path / f"again-{trained.stem}", encoder=encoder,
+                                       grow=False).warnings if w.startswith("column user")]
+    assert (pq.read_table(tmp_path / "floats-False").column("user").to_numpy() == 0).all()  # not merged
+    unseen = UnseenIds(load_encoder(raw_encoder(tmp_path / "clean"), spec))
+    unseen.observe(pa.table({"user": ["1", "2", "3", "4.0"]}))  # a few, as new ids may be: not looked for
+    assert unseen.counts == {"user": [4, 1, 0]} and unseen.lines() == []
+    from flowrec.data.encode import Encoder
+
+    days = Encoder(spec, {}, {"user": pa.array(["2024-01-05", "2024-01-06"])}, {})  # pandas' CSV of midnights
+    unseen = UnseenIds(days)
+    unseen.observe(pa.table({"user": pa.array([1704412800, 1704499200], pa.timestamp("s")).cast(pa.timestamp("us"))}))
+    (line,) = unseen.lines()
+    assert "('2024-01-05 00:00:00.000000' is '2024-01-05' there): these rows write times as" in line, line
+    unseen = UnseenIds(Encoder(spec, {}, {"user": pa.array(["u1", "u2", "u3"])}, {}))
+    unseen.observe(pa.table({"user": [" u1", " u2", " u3", "u1"]}))  # a CSV of ', ' between its fields
+    (line,) = unseen.lines()
+    assert "3 of 4 ids" in line and "(' u1' is 'u1' there): these rows write ids with spaces around them" in line
+
+
+def test_booleans_are_the_ids_the_vocabulary_writes(tmp_path: Path) -> None:
+    """A run trained on a CSV pandas wrote (True, False) encoded the same rows from Parquet or a
+    DataFrame, whose bools are Arrow's 'true', as unknown ids (and --encoder-from grew the
+    vocabulary by 'true' and 'false'), without a word; now a bool column takes the vocabulary's
+    text. Text ids stay as written: CSV's 'true' for a vocabulary of 'True' is one warning."""
+    import pyarrow.parquet as pq
+
+    from flowrec.data.encoder_record import load_encoder, raw_encoder
+    from flowrec.spec import spec_from_dict
+    from flowrec.spec.load import to_dict
+
+    doc = to_dict(_spec())
+    doc["features"][1] = {"name": "user", "type": "categorical", "vocab": 64, "dim": 4}
+    spec = spec_from_dict(doc)
+    flags = [i % 3 == 0 for i in range(30)]
+    (tmp_path / "pandas.csv").write_text("price,user,clicked\n" + "".join(
+        f"{i},{f},{i % 2}\n" for i, f in enumerate(flags)), encoding="utf-8")
+    (tmp_path / "arrow.csv").write_text("price,user,clicked\n" + "".join(
+        f"{i},{str(f).lower()},{i % 2}\n" for i, f in enumerate(flags)), encoding="utf-8")
+    pq.write_table(pa.table({"price": [float(i) for i in range(30)], "user": flags,
+                             "clicked": [i % 2 for i in range(30)]}), tmp_path / "rows.parquet")
+    convert(spec, "csv", [tmp_path / "pandas.csv"], tmp_path / "tr")
+    encoder = load_encoder(raw_encoder(tmp_path / "tr"), spec)
+    expected = pq.read_table(tmp_path / "tr").column("user").to_pylist()
+    assert 0 not in expected
+    for grow in (False, True):
+        report = convert(spec, "parquet", [tmp_path / "rows.parquet"], tmp_path / f"pq-{grow}", encoder=encoder,
+                         grow=grow)
+        assert pq.read_table(tmp_path / f"pq-{grow}").column("user").to_pylist() == expected
+        assert not report.growth or all(g.added == 0 for g in report.growth)
+    report = convert(spec, "csv", [tmp_path / "arrow.csv"], tmp_path / "text", encoder=encoder, grow=False)
+    (line,) = [w for w in report.warnings if w.startswith("column user: ")]
+    assert "'true' is 'True' there): these rows write booleans as 'true'" in line, line
+    assert (pq.read_table(tmp_path / "text").column("user").to_numpy() == 0).all()  # text ids as written
+
+
+def test_labels_and_dense_values_a_csv_writes_as_booleans_are_ones_and_zeros(tmp_path: Path) -> None:
+    """pandas writes a bool column as True/False: such a CSV's label column made every row malformed,
+    with a hint to skip them all, where the same rows from Parquet (bools) are labels 1 and 0."""
+    import pyarrow.parquet as pq
+
+    flags = [i % 3 == 0 for i in range(12)]
+    (tmp_path / "rows.csv").write_text("price,user,clicked\n" + "".join(
+        f"{['TRUE', 'false', ' True'][i % 3] if i < 3 else float(i)},u{i},{f}\n" for i, f in enumerate(flags)),
+        encoding="utf-8")
+    pq.write_table(pa.table({"price": [1.0, 0.0, 1.0, *map(float, range(3, 12))],
+                             "user": [f"u{i}" for i in range(12)], "clicked": flags}), tmp_path / "rows.parquet")
+    for fmt in ("csv", "parquet"):
+        assert convert(_spec(), fmt, [tmp_path / f"rows.{fmt}"], tmp_path / fmt).errors == 0
+    text, typed = (pq.read_table(tmp_path / fmt) for fmt in ("csv", "parquet"))
+    assert text.column("clicked").to_pylist() == [float(f) for f in flags] == typed.column("clicked").to_pylist()
+    assert text.column("price").to_pylist() == typed.column("price").to_pylist()
+    (tmp_path / "bad.csv").write_text("price,user,clicked\n1,u1,yes\n", encoding="utf-8")
+    with pytest.raises(DataError, match="non-numeric value 'yes' in column clicked"):
+        convert(_spec(), "csv", [tmp_path / "bad.csv"], tmp_path / "bad")
+
+
+def test_rows_of_other_column_names_convert_with_a_runs_encoder_and_its_model_takes_them(tmp_path: Path) -> None:
+    """A new file naming a column otherwise, mapped by the spec's data.columns: `data convert
+    --encoder-from RUN` stopped on a KeyError traceback (the encoder read the training rows' column
+    names), and the data, once converted, was refused by train and eval as 'encoded with another
+    encoder ... differs in column; convert it with --encoder-from RUN', which it was."""
+    import pyarrow.parquet as pq
+
+    from flowrec.data.encoder_record import check_same_encoder, load_encoder, raw_encoder, record_of_dataset
+    from flowrec.spec import spec_from_dict
+    from flowrec.spec.load import to_dict
+
+    (tmp_path / "a.csv").write_text("price,user,clicked\n" + "".join(f"{i},u{i % 7},{i % 2}\n" for i in range(30)),
+                                    encoding="utf-8")
+    (tmp_path / "b.csv").write_text("price,uid,click\n" + "".join(f"{i},u{i % 7},{i % 2}\n" for i in range(30)),
+                                    encoding="utf-8")
+    doc = to_dict(_spec())
+    doc["features"][1] = {"name": "user", "type": "categorical", "vocab": 16, "dim": 4}
+    spec = spec_from_dict(doc)
+    renamed = spec_from_dict({**doc, "data": {**doc["data"], "columns": {"user": "uid", "clicked": "click"}}})
+    convert(spec, "csv", [tmp_path / "a.csv"], tmp_path / "a")
+    encoder = load_encoder(raw_encoder(tmp_path / "a"), spec)
+    convert(renamed, "csv", [tmp_path / "b.csv"], tmp_path / "b", encoder=encoder, grow=False)
+    assert pq.read_table(tmp_path / "b").equals(pq.read_table(tmp_path / "a"))
+    check_same_encoder(record_of_dataset(tmp_path / "a"), record_of_dataset(tmp_path / "b"), "b")  # no refusal
+    (tmp_path / "d.csv").write_text("price,user,clicked\n" + "".join(f"{i},v{i % 7},{i % 2}\n" for i in range(30)),
+                                    encoding="utf-8")
+    convert(spec, "csv", [tmp_path / "d.csv"], tmp_path / "d")
+    with pytest.raises(DataError, match="'user' differs in its vocabulary"):
+        check_same_encoder(record_of_dataset(tmp_path / "a"), record_of_dataset(tmp_path / "d"), "d")
 
 
 def test_a_nan_in_a_float_id_column_is_a_missing_id(tmp_path: Path) -> None:

@@ -161,9 +161,7 @@ def test_a_static_hot_groups_hit_rate_is_checked_and_a_profiled_plans_is_taken_a
     (tmp_path / "p.json").write_text(json.dumps(doc))
     with pytest.raises(PlanError, match="expected_hit_rate 0.999 is not the cost model's") as refused:
         load_plan(tmp_path / "p.json", spec)
-    # a plan from a flowrec whose default hit-rate estimate differs reads the same: the line says so,
-    # and the rate it names runs the plan's decisions as written
-    assert "a plan made by another flowrec version" in str(refused.value)
+    # the rate the line names runs the plan's decisions as written
     doc["groups"][hot[0]]["expected_hit_rate"] = float(str(refused.value).split("set it to ")[1].split(" ")[0])
     (tmp_path / "p.json").write_text(json.dumps(doc))
     assert load_plan(tmp_path / "p.json", spec).meta.groups[hot[0]].expected_hit_rate == halved
@@ -174,6 +172,57 @@ def test_a_static_hot_groups_hit_rate_is_checked_and_a_profiled_plans_is_taken_a
     assert [g["expected_hit_rate"] for g in profiled["groups"]] != [g.expected_hit_rate for g in planned.meta.groups]
     (tmp_path / "p.json").write_text(json.dumps(profiled))
     assert load_plan(tmp_path / "p.json", spec).meta.groups  # loads: the profile's rate is its own
+
+
+def test_a_plan_another_flowrec_wrote_loads_with_this_flowrecs_figures(repo: Path, tmp_path: Path):
+    """A static_hot plan whose hit rate a flowrec of another cost model predicted was refused as an
+    edit ('it is a prediction and cannot be edited'), as plan.json recorded no writer: the user
+    lost their decisions to a replan. Now a plan records its writer's version; one of another
+    flowrec (or none recorded) loads with this flowrec's figures (hit rates, FLOPs), its decisions
+    as written and a pass record saying so, and only what keeps it from running is refused."""
+    from dataclasses import replace as swap
+
+    from flowrec.graph.plan_io import WRITER
+    from flowrec.planner.contract import other_writer
+    from flowrec.version import __version__
+
+    spec = load_spec(repo / "specs" / "dlrm_criteo.yaml")
+    spec = swap(spec, plan=swap(spec.plan, cache="static_hot"))
+    planned = make_plan(spec, device_budget="512MiB")
+    doc = plan_document(planned)
+    assert doc[WRITER] == __version__
+    hot = next(i for i, g in enumerate(planned.meta.groups) if g.placement == "static_hot")
+    rate = planned.meta.groups[hot].expected_hit_rate
+    doc["groups"][hot]["cache_rows"] //= 2  # the user's decision
+    doc["groups"][hot]["expected_hit_rate"] = 0.5  # that flowrec's model
+    node = next(i for i, n in enumerate(doc["nodes"]) if n["flops_per_sample"] > 0)
+    flops = doc["nodes"][node]["flops_per_sample"]
+    doc["nodes"][node]["flops_per_sample"] = flops * 2 + 1
+    for writer in ("0.0.1", None):
+        older = {k: v for k, v in doc.items() if k != WRITER} | ({WRITER: writer} if writer else {})
+        (tmp_path / "p.json").write_text(json.dumps(older))
+        plan = load_plan(tmp_path / "p.json", spec)
+        group = plan.meta.groups[hot]
+        assert group.cache_rows == doc["groups"][hot]["cache_rows"] and 0 < group.expected_hit_rate < rate
+        assert plan.graph.nodes[doc["nodes"][node]["name"]]["op"].flops == flops
+        line = other_writer(plan)
+        assert line is not None and (writer or "before plans recorded") in line and __version__ in line
+        assert WRITER not in older or plan_document(plan)[WRITER] == __version__
+    (tmp_path / "p.json").write_text(json.dumps(doc))  # this flowrec's own plan: an edited figure is refused
+    with pytest.raises(PlanError, match="flops_per_sample differs"):
+        load_plan(tmp_path / "p.json", spec)
+    doc["nodes"][node]["flops_per_sample"] = flops
+    (tmp_path / "p.json").write_text(json.dumps(doc))
+    with pytest.raises(PlanError, match="expected_hit_rate 0.5 is not the cost model's"):
+        load_plan(tmp_path / "p.json", spec)
+    (tmp_path / "p.json").write_text(json.dumps({**doc, WRITER: "9.0", "shards_by_rank": {}}))  # a newer flowrec's
+    with pytest.raises(PlanError, match=r"shards_by_rank.*; it was written by flowrec 9\.0, this is flowrec "):
+        load_plan(tmp_path / "p.json", spec)
+    older = {k: v for k, v in doc.items() if k != WRITER}
+    older["nodes"][node]["attrs"] = [["changed", 1]]  # another model: refused, naming the node
+    (tmp_path / "p.json").write_text(json.dumps(older))
+    with pytest.raises(PlanError, match=f"node {doc['nodes'][node]['name']}: attrs differs"):
+        load_plan(tmp_path / "p.json", spec)
 
 
 def test_unreadable_plan_files_are_one_line(repo: Path, tmp_path: Path):

@@ -219,6 +219,41 @@ def test_a_top_k_beyond_the_catalogue_says_what_was_written(made, tmp_path):
     assert "top 5000" not in result.output
 
 
+def test_user_ids_written_as_floats_are_said(made, tmp_path):
+    """Users of a CSV pandas wrote from a float column (a missing id: "12.0") were all unknown to a
+    package trained on "12": every row got the unknown user's items, without a word."""
+    raw, out = tmp_path / "users.csv", tmp_path / "recs.parquet"
+    pd.DataFrame({"user_id": [float(i) for i in range(1, 40)] + [None]}).to_csv(raw, index=False)
+    assert "1.0" in raw.read_text()
+    result = _invoke(["predict", made / "pkg", raw, "--format", "csv", "--top-k", "3", "--out", out, "-q"])
+    assert result.exit_code == 0, result.output
+    (line,) = [x for x in result.output.splitlines() if x.startswith("warning: column user_id: ")]
+    assert "39 of 39 ids are not in the vocabulary of feature user_id" in line and "as floats" in line
+    USERS.to_csv(raw, index=False)  # ids of the training rows' form: no such line
+    result = _invoke(["predict", made / "pkg", raw, "--format", "csv", "--top-k", "3", "--out", out, "-q",
+                      "--overwrite"])
+    assert result.exit_code == 0 and "warning: column user_id" not in result.output, result.output
+    model = load_model(made / "pkg")  # in Python, a UserWarning of the call
+    with pytest.warns(UserWarning, match="column user_id: 3 of 3 ids are not in the vocabulary"):
+        model.recommend(pd.DataFrame({"user_id": ["1.0", "2.0", "3.0"]}), 3)
+    assert model.unseen_ids().counts["user_id"][1] == 3
+
+
+def test_a_kept_id_column_of_integers_in_one_file_and_floats_in_another_is_written(made, tmp_path):
+    """A Parquet folder whose user ids pandas wrote as int64 in one file and as floats in another (a
+    missing id) is read; --keep user_id then stopped on the scores file's writer ('Table schema does
+    not match schema used to create file', a page of text)."""
+    raw, out = tmp_path / "users", tmp_path / "recs.parquet"
+    raw.mkdir()
+    pd.DataFrame({"user_id": [1, 2, 3]}).to_parquet(raw / "a.parquet")
+    pd.DataFrame({"user_id": [4.0, None]}).to_parquet(raw / "b.parquet")
+    result = _invoke(["predict", made / "pkg", raw, "--format", "parquet", "--top-k", "3", "--out", out, "-q",
+                      "--keep", "user_id"])
+    assert result.exit_code == 0, result.output
+    kept = pq.read_table(out).column("user_id")
+    assert kept.type == pa.int64() and kept.to_pylist() == [1, 2, 3, 4, None]
+
+
 @pytest.mark.parametrize("column", ["items", "scores"])
 def test_keeping_a_column_top_k_writes_names_what_it_holds(made, tmp_path, column):
     """--keep items with --top-k said the column held 'the head's scores'."""
