@@ -286,8 +286,6 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
     for label in unique_labels(spec):
         if label not in columns and fmt in FORMAT_LABEL and label == "label":
             columns[label] = FORMAT_LABEL[fmt]
-    if given is not None:
-        _check_encoder_columns(spec, given, columns)
     split_by = opts.get("split_by")
     numeric = {columns.get(f.name, f.name) for f in spec.dense_features}
     numeric |= {columns.get(c, c) for c in unique_labels(spec)}
@@ -516,30 +514,6 @@ def _check_vocabularies(spec: ModelSpec, encoder: Encoder) -> None:
         raise DataError(f"the encoder has no vocabulary for table {lacking[0]!r} (a run trained on "
                         "synthetic data has none): encode raw data with the encoder of a run trained "
                         "on converted data")
-
-
-def _check_encoder_columns(spec: ModelSpec, encoder: Encoder, columns: dict[str, str]) -> None:
-    """Raise DataError (one line) if a given encoder reads a feature or label from another column
-    than the spec's data.columns names: the input was checked for the spec's columns, and the
-    encoder read its own (a KeyError traceback); its ids are of the column it was fitted on.
-
-    >>> from flowrec.spec import spec_from_dict
-    >>> spec = spec_from_dict({"name": "s", "features": [{"name": "c", "type": "categorical", "vocab": 3, "dim": 2}],
-    ...     "modules": [{"name": "m", "kind": "mlp", "inputs": ["@sparse"], "layers": [2]}],
-    ...     "heads": [{"name": "h", "input": "m"}]})
-    >>> _check_encoder_columns(spec, Encoder(spec, {"c": "cat"}, {}, {}), {})
-    Traceback (most recent call last):
-    ...
-    flowrec.data.layout.DataError: the given encoder (--encoder-from, or the run's) reads feature 'c' from column 'cat', where spec 's' reads it from column 'c' (its data.columns): its ids are of that column; read 'c' from column 'cat' as it was fitted (in data.columns and the input's header), or fit a new encoder
-    """
-    for name in [f.name for f in spec.features] + list(unique_labels(spec)):
-        theirs, ours = encoder.source(name), columns.get(name, name)
-        if theirs != ours:
-            kind = "label" if name in unique_labels(spec) else "feature"
-            raise DataError(f"the given encoder (--encoder-from, or the run's) reads {kind} {name!r} from column "
-                            f"{theirs!r}, where spec {spec.name!r} reads it from column {ours!r} (its data.columns): "
-                            f"its ids are of that column; read {name!r} from column {theirs!r} as it was fitted (in "
-                            f"data.columns and the input's header), or fit a new encoder")
 
 
 def _check_rows(report: ConvertReport, inputs: list[Path], fmt: str) -> None:

@@ -957,22 +957,3 @@ def test_inspect_of_damaged_raw_statistics_does_not_say_there_are_none(tmp_path:
     result = CliRunner().invoke(app, ["data", "inspect", str(tmp_path / "data")])
     assert result.exit_code == 0 and "_flowrec_stats.json is damaged" in result.stderr, result.output
     assert "not converted from raw files" not in result.output, result.output
-
-
-def test_a_given_encoder_of_other_columns_than_the_specs_is_one_line(tmp_path: Path) -> None:
-    """`data convert --encoder-from RUN --spec SPEC` whose data.columns reads a feature from another
-    column than RUN's encoder was fitted on (and a new run --init-from RUN of such a spec): the input
-    was checked for the spec's column and the encoder read its own, a KeyError traceback. Now one
-    line naming both columns, and nothing written."""
-    from flowrec.data.encode import Encoder
-
-    spec = _spec(columns={"user": "uid"})
-    path = tmp_path / "rows.csv"
-    path.write_text("price,uid,clicked\n1.0,a,1\n2.0,b,0\n", encoding="utf-8")
-    encoder = Encoder(csv_spec("ingest"), {}, {}, {})  # fitted where `user` was the column's name
-    with pytest.raises(DataError, match="reads feature 'user' from column 'user', where spec 'ingest' reads it "
-                                        "from column 'uid'") as err:
-        convert(spec, "csv", [path], tmp_path / "out", encoder=encoder, grow=False)
-    assert "\n" not in str(err.value) and not (tmp_path / "out").exists()
-    report = convert(spec, "csv", [path], tmp_path / "out", encoder=Encoder(spec, {"user": "uid"}, {}, {}), grow=False)
-    assert report.rows == 2
