@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 from flowrec.data.encode import Encoder, drop_unencodable, fit_encoder, needs_fit
 from flowrec.data.encoder_record import record_of_encoder
 from flowrec.data.error_log import ErrorLog, ErrorPolicy
-from flowrec.data.labels import PLUS_MINUS_FORMATS, check_labels, label_tasks
+from flowrec.data.labels import PLUS_MINUS_FORMATS, check_labels, label_spaces, label_tasks
 from flowrec.data.layout import (VOCAB_DIR, DataError, DatasetMeta, data_hash, encoded_rows, encoding_mode, is_multi,
                                  unique_labels, write_meta)
 from flowrec.data.output import staged_output
@@ -289,6 +289,7 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
     if split_by and not text_times:
         numeric.add(split_by)
     tasks = label_tasks(spec, columns)
+    spaces = label_spaces(spec, columns)
     mapped = [0]
     separators_checked = [False]
     # a run's encoder brings its recorded separator: lists written with another are refused all the same
@@ -305,7 +306,7 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
                 if not separators_checked[0]:
                     _check_separators(chunk, spec, columns, opts, path, advice)
                     separators_checked[0] = True
-                chunk, n = check_labels(chunk, tasks, log, fmt in PLUS_MINUS_FORMATS)
+                chunk, n = check_labels(chunk, tasks, log, fmt in PLUS_MINUS_FORMATS, spaces)
                 mapped[0] += n
                 if split_by and float(opts.get("test_fraction", 0.0)):
                     chunk = _with_times(chunk, split_by, log, text_times)
