@@ -138,7 +138,7 @@ def check_inputs(view: DocView) -> list[SpecIssue]:
     """Unknown names (with did-you-mean), selectors matching nothing, repeated inputs."""
     features, modules = view.by_name("features"), view.by_name("modules")
     tags = sorted({SELECTOR_PREFIX + t for f in view.items("features") for t in f.tags})
-    selectors = [SELECTOR_DENSE, SELECTOR_SPARSE, *tags]
+    selectors = [t for t in (SELECTOR_DENSE, SELECTOR_SPARSE, *tags) if view.selector_features(t)]  # what a typo meant
     issues = []
     for m in view.items("modules"):
         seen: set[str] = set()
