@@ -263,6 +263,11 @@ def _heads_divide(module: Item, shapes: Shapes) -> list[SpecIssue]:
     if _attention_inputs(module) is not None:
         return []  # check_attention_inputs reports it
     fields = shapes.fields(module)
+    if target and len(fields) > 2:  # a selector of several fields (@sparse) as the target
+        shown = ", ".join(f.label for f in fields[1:1 + MAX_NAMES_SHOWN])
+        shown += ", ..." if len(fields) - 1 > MAX_NAMES_SHOWN else ""
+        return [SpecIssue(f"{module.path}.inputs[1]", f"the target of self_attention is one vector (a feature or a "
+                                                      f"module), not {len(fields) - 1} fields ({shown})")]
     if target and len(fields) == 2 and None not in (fields[1].width, dim) and fields[1].width != dim:
         return [SpecIssue(f"{module.path}.inputs", f"the target {fields[1].label!r} has width {fields[1].width}, "
                                                    f"the sequence dim is {dim}")]
