@@ -132,6 +132,9 @@ def test_an_unusable_custom_class_is_one_line_at_plan(tmp_path, blocks, cls, par
 @pytest.mark.parametrize("cls, says", [
     ("{tmp}/boom.py:X", "cannot import '{tmp}/boom.py:X': RuntimeError: module level boom"),
     ("..relative:X", "cannot import '..relative:X': TypeError"),
+    # a file is imported under flowrec's name for it: 'module 'flowrec_custom_blocks_1f2e..._9a0b...' has no attribute'
+    ("{tmp}/blocks.py:Missing", "cannot import '{tmp}/blocks.py:Missing': {tmp}/blocks.py defines no 'Missing' (it "
+                                "defines "),
     ("torch.nn:Linear", "returns 100,000,000,000 values per sample"),
 ])
 def test_a_class_path_that_cannot_be_used_is_one_line(tmp_path, blocks, cls, says):
