@@ -117,6 +117,9 @@ CASES: list[tuple[str, Mutation, list[tuple[str, str]]]] = [
                                "target_attention module (as its second input) or a self_attention module can read it")]),
     ("head_unknown_module", lambda d: d["heads"][0].update(input="tpo"),
      [("heads[0].input", "unknown module 'tpo' (did you mean 'top'?)")]),
+    ("head_reads_selector", lambda d: d["heads"][0].update(input="@sparse"),  # not also 'unknown module '@sparse''
+     [("heads[0].input", "must be a name of ASCII letters, digits, '_', '.', ':' or '-' (not starting with '@' or "
+                         "'-') (got '@sparse': '@' is not allowed)")]),
     ("head_reads_feature", lambda d: d["heads"][0].update(input="user"),
      [("heads[0].input", "'user' is a feature; a head reads a module's output")]),
     ("regression_bce", lambda d: d["heads"][0].update(task="regression", loss="bce"),
