@@ -9,10 +9,11 @@ sum of input widths, target_attention and self_attention -> the sequence dim, si
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, get_args
 
 from flowrec.spec.errors import SpecIssue
-from flowrec.spec.model import NAMED_OUTPUT_KINDS, SELECTOR_DENSE, SELECTOR_PREFIX, SELECTOR_SPARSE, split_output
+from flowrec.spec.model import (NAMED_OUTPUT_KINDS, SELECTOR_DENSE, SELECTOR_PREFIX, SELECTOR_SPARSE, ModuleKind,
+                                split_output)
 from flowrec.spec.schema_errors import did_you_mean
 from flowrec.spec.view import DocView, Field, Item
 
@@ -181,7 +182,9 @@ def check_sequences(view: DocView) -> list[SpecIssue]:
     issues = []
     for m in view.items("modules"):
         kind = m.body.get("kind")
-        seq_index, seq_name = SEQUENCE_INPUT.get(kind, (None, "")) if isinstance(kind, str) else (None, "")
+        if kind not in get_args(ModuleKind):
+            continue  # the schema names the kind it does not know: which inputs fit it cannot be told
+        seq_index, seq_name = SEQUENCE_INPUT.get(kind, (None, ""))
         for ref in resolve(view, m):
             path = f"{m.path}.inputs[{ref.index}]"
             seqs = [f.name for f in ref.features if f.unpooled]

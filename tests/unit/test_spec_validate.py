@@ -117,6 +117,10 @@ CASES: list[tuple[str, Mutation, list[tuple[str, str]]]] = [
                                "target_attention module (as its second input) or a self_attention module can read it")]),
     ("head_unknown_module", lambda d: d["heads"][0].update(input="tpo"),
      [("heads[0].input", "unknown module 'tpo' (did you mean 'top'?)")]),
+    # not also "sequence feature 'hist' has pooling none: only a target_attention module ... can read it"
+    ("unknown_kind_reading_a_sequence", lambda d: d["modules"][1].update(kind="transformer"),
+     [("modules[1].kind", "must be one of mlp, dot, fm, cross, target_attention, self_attention, similarity, "
+                          "linear, concat, moe, ple, custom (got 'transformer')")]),
     ("head_reads_selector", lambda d: d["heads"][0].update(input="@sparse"),  # not also 'unknown module '@sparse''
      [("heads[0].input", "must be a name of ASCII letters, digits, '_', '.', ':' or '-' (not starting with '@' or "
                          "'-') (got '@sparse': '@' is not allowed)")]),
