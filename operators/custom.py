@@ -54,6 +54,13 @@ def import_class(path: str) -> type:
     try:
         module = _load_file(module_name) if module_name.endswith(".py") else importlib.import_module(module_name)
         cls = getattr(module, class_name)
+    except AttributeError as exc:
+        if not module_name.endswith(".py") or getattr(exc, "obj", None) is not module:  # a package's own words
+            raise CustomModuleError(f"cannot import {path!r}: {_why(exc)}") from None
+        # a file is imported under a name of flowrec's (flowrec_custom_<stem>_<hashes>): name the file instead
+        names = ", ".join(sorted(n for n in vars(module) if not n.startswith("_"))[:8]) or "nothing"
+        raise CustomModuleError(f"cannot import {path!r}: {module_name} defines no {class_name!r} (it defines "
+                                f"{names})") from None
     except (Exception, SystemExit) as exc:  # importing runs the module's top level: anything may fail
         raise CustomModuleError(f"cannot import {path!r}: {_why(exc)}") from None
     if not (isinstance(cls, type) and issubclass(cls, nn.Module)):

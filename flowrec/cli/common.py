@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import os
 import sys
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
 from pathlib import Path, PurePath
-from typing import Callable, Iterator, NoReturn, Sequence, get_args
+from typing import Callable, Iterator, NoReturn, Sequence, TextIO, get_args
 
 import typer
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
@@ -196,6 +196,31 @@ def say(message: str, err: bool = False) -> None:
     """Print a success or progress line ('wrote N rows to OUT') on stdout (stderr with `err`), one
     line: a line break in it (a file's name) is escaped, as in `fail` and `warn`."""
     typer.echo(one_line(message), err=err)
+
+
+_OUTPUT_STREAMS: list[TextIO] = []  # the real stdout of each `stdout_reserved` block, innermost last
+
+
+@contextmanager
+def stdout_reserved(reserve: bool = True) -> Iterator[None]:
+    """While `reserve`: stdout carries the command's machine-readable output alone (train --json,
+    eval --json -), written to `output_stream()`; whatever else prints to stdout meanwhile (a
+    custom module's constructor or forward, as the dry run of plan --json - already does) goes to
+    stderr, so the JSON stays parseable."""
+    if not reserve:
+        yield
+        return
+    _OUTPUT_STREAMS.append(sys.stdout)
+    try:
+        with redirect_stdout(sys.stderr):
+            yield
+    finally:
+        _OUTPUT_STREAMS.pop()
+
+
+def output_stream() -> TextIO:
+    """Where the command's machine-readable output goes: stdout (the real one inside `stdout_reserved`)."""
+    return _OUTPUT_STREAMS[-1] if _OUTPUT_STREAMS else sys.stdout
 
 
 def warn(message: str) -> None:

@@ -15,8 +15,8 @@ from typing import Optional
 import typer
 
 from flowrec.cli.common import (EXIT_INVALID, check_byte_size, check_env_switches, check_seed_option,
-                                 exit_without_teardown, fail, is_lead_rank, load_spec_or_exit, planned_spec_or_exit,
-                                 warn)
+                                 exit_without_teardown, fail, is_lead_rank, load_spec_or_exit, output_stream,
+                                 planned_spec_or_exit, stdout_reserved, warn)
 from flowrec.runtime.signals import interrupt_name, terminated_as_interrupted
 from flowrec.runtime.messages import first_line, one_line, out_of_memory, shell_word
 from flowrec.spec.schema_errors import did_you_mean
@@ -121,7 +121,7 @@ def train(
     request = RunRequest(spec_path, out, resume, overwrite, given, quiet, json_out, report, init_from,
                          fresh_optimizer, dist_timeout)
     try:
-        with terminated_as_interrupted():
+        with terminated_as_interrupted(), stdout_reserved(json_out):  # the JSON alone on stdout
             _train_command(request, nproc, max_restarts, follow_dir, follow_wait, follow_once, follow_export,
                            follow_order)
     except KeyboardInterrupt as exc:
@@ -942,7 +942,7 @@ def _report(result, run_dir: Path, json_out: bool, json_lines: bool = False) -> 
 
         # an undefined metric (NaN: the AUC of labels all 0) as null, as eval --json writes it: NaN is no JSON
         doc = jsonable({**asdict(result), "run_dir": str(run_dir)})
-        sys.stdout.write(json.dumps(doc, indent=None if json_lines else 2, sort_keys=True, default=str) + "\n")
+        output_stream().write(json.dumps(doc, indent=None if json_lines else 2, sort_keys=True, default=str) + "\n")
 
 
 def evaluate_run(
@@ -982,44 +982,45 @@ def evaluate_run(
     from flowrec.cli.streams import refuse_stream_folder
 
     refuse_stream_folder(run_dir, "eval")
-    try:
-        trained = load_trained(run_dir, device, scoring_plan)
-        if (line := missing_encoder(run_dir, trained)) is not None:
-            warn(line)
-        _warn_small_catalogue(trained.model)
-        drawn = synthetic_rows(run_dir, trained.spec) if data is None else None
-        if data is None and drawn is None:
-            data = eval_data_to_score(run_dir)
-            if (line := split_since(run_dir)) is not None:
+    with stdout_reserved(json_out == "-"):  # the JSON alone on stdout: a custom module's prints to stderr
+        try:
+            trained = load_trained(run_dir, device, scoring_plan)
+            if (line := missing_encoder(run_dir, trained)) is not None:
                 warn(line)
-            if not quiet:
-                _say(f"scoring {data} (the data {run_dir} evaluated on; --data scores another)")
-        if json_out not in (None, "-"):
-            check_file_output(Path(json_out), [run_dir] + ([data] if data is not None else []), overwrite)
-            refuse_replacing_other_than_metrics(Path(json_out))
-        if seen is not None and not trained.excludes_seen:
-            raise ValueError(f"--seen applies to a retrieval head with exclude_seen: true; {run_dir} has none "
-                             "(its evaluation leaves nothing out)")
-        grouping = group_by or trained.spec.training.eval_group_by
-        if drawn is not None:  # a run on synthetic rows: the evaluation rows it drew, drawn again
-            from flowrec.runtime.session import synthetic_eval_rows
+            _warn_small_catalogue(trained.model)
+            drawn = synthetic_rows(run_dir, trained.spec) if data is None else None
+            if data is None and drawn is None:
+                data = eval_data_to_score(run_dir)
+                if (line := split_since(run_dir)) is not None:
+                    warn(line)
+                if not quiet:
+                    _say(f"scoring {data} (the data {run_dir} evaluated on; --data scores another)")
+            if json_out not in (None, "-"):
+                check_file_output(Path(json_out), [run_dir] + ([data] if data is not None else []), overwrite)
+                refuse_replacing_other_than_metrics(Path(json_out))
+            if seen is not None and not trained.excludes_seen:
+                raise ValueError(f"--seen applies to a retrieval head with exclude_seen: true; {run_dir} has none "
+                                 "(its evaluation leaves nothing out)")
+            grouping = group_by or trained.spec.training.eval_group_by
+            if drawn is not None:  # a run on synthetic rows: the evaluation rows it drew, drawn again
+                from flowrec.runtime.session import synthetic_eval_rows
 
-            if not quiet:
-                _say(f"scoring the {synthetic_eval_rows(drawn):,} synthetic evaluation rows {run_dir} evaluated on "
-                     f"(drawn again from seed {trained.spec.training.seed}; --data scores another dataset)")
-            metrics = trained.evaluate_drawn(drawn, grouping, seen)
-        else:
-            if seen is None and trained.excludes_seen:  # run.json read only for such a head: a damaged one
-                seen = recorded_train_data(run_dir)  # refused eval --data of any run ('cannot be resumed')
-            metrics = trained.evaluate_dataset(data, grouping, seen)
-    except (DataError, OSError, ValueError, RuntimeError) as exc:
-        fail(custom_failure(exc) or first_line(exc))
-    except KeyboardInterrupt:
-        fail("interrupted (Ctrl-C)", EXIT_INTERRUPTED)
-    except Exception as exc:  # a user's custom module may raise anything while scoring
-        if custom_failure(exc) is None:
-            raise
-        fail(custom_failure(exc))
+                if not quiet:
+                    _say(f"scoring the {synthetic_eval_rows(drawn):,} synthetic evaluation rows {run_dir} evaluated on "
+                         f"(drawn again from seed {trained.spec.training.seed}; --data scores another dataset)")
+                metrics = trained.evaluate_drawn(drawn, grouping, seen)
+            else:
+                if seen is None and trained.excludes_seen:  # run.json read only for such a head: a damaged one
+                    seen = recorded_train_data(run_dir)  # refused eval --data of any run ('cannot be resumed')
+                metrics = trained.evaluate_dataset(data, grouping, seen)
+        except (DataError, OSError, ValueError, RuntimeError) as exc:
+            fail(custom_failure(exc) or first_line(exc))
+        except KeyboardInterrupt:
+            fail("interrupted (Ctrl-C)", EXIT_INTERRUPTED)
+        except Exception as exc:  # a user's custom module may raise anything while scoring
+            if custom_failure(exc) is None:
+                raise
+            fail(custom_failure(exc))
     _warn_covered_classes(metrics)
     _write_metrics(metrics, json_out, quiet)
 

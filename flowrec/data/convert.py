@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 from flowrec.data.encode import Encoder, UnseenIds, encodable_rows, fit_encoder, needs_fit
 from flowrec.data.encoder_record import record_of_encoder
 from flowrec.data.error_log import ErrorLog, ErrorPolicy
-from flowrec.data.labels import PLUS_MINUS_FORMATS, check_labels, label_tasks
+from flowrec.data.labels import PLUS_MINUS_FORMATS, check_labels, label_spaces, label_tasks
 from flowrec.data.layout import (VOCAB_DIR, DataError, DatasetMeta, data_hash, encoded_rows, encoding_mode, is_multi,
                                  unique_labels, write_meta)
 from flowrec.data.output import staged_output
@@ -297,6 +297,7 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
     if given is not None and given.columns != columns:  # the input's columns are the spec's data.columns (as
         given = replace(given, columns=columns)  # checked), not those of the rows the encoder was made from
     tasks = label_tasks(spec, columns)
+    spaces = label_spaces(spec, columns)
     mapped = [0]
     separators_checked = [False]
     # a run's encoder brings its recorded separator: lists written with another are refused all the same
@@ -313,7 +314,7 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
                 if not separators_checked[0]:
                     _check_separators(chunk, spec, columns, opts, path, advice)
                     separators_checked[0] = True
-                chunk, n = check_labels(chunk, tasks, log, fmt in PLUS_MINUS_FORMATS)
+                chunk, n = check_labels(chunk, tasks, log, fmt in PLUS_MINUS_FORMATS, spaces)
                 mapped[0] += n
                 if split_by and float(opts.get("test_fraction", 0.0)):
                     chunk = _with_times(chunk, split_by, log, text_times)

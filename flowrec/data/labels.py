@@ -4,7 +4,10 @@ A binary head trains on labels that are exactly 0 or 1; a multiclass head of N c
 indices 0 .. N-1 (whole numbers); a regression head on finite numbers; a sample-weight column holds
 finite numbers >= 0. Any other value (2, 7, 0.5, -1 as a weight, nan, inf, a missing label) makes
 its row malformed: reported with its line
-number and skipped or fatal by the ``--on-error`` policy. libsvm and libfm files often write the
+number and skipped or fatal by the ``--on-error`` policy. A head with a task space
+(`trained_where`) never reads its label or sample weight on a row outside it: there any value,
+a missing one included, is kept as 0 (`label_spaces`), so an ESMM conversion head whose label is
+empty on the rows not clicked converts every row. libsvm and libfm files often write the
 classes as -1/+1: for those formats -1 is read as 0 (+1 is 1 already) and the rewritten labels are
 counted in the conversion report.
 
@@ -57,12 +60,30 @@ def _stricter(a: str, b: str) -> str:
     return "weight" if "weight" in (a, b) else "regression"
 
 
+def label_spaces(spec: ModelSpec, columns: dict[str, str]) -> dict[str, tuple[tuple[str, float], ...]]:
+    """Source label or sample-weight column -> the task spaces ((source column, value), ...) of the
+    heads reading it, for a column that only heads with a task space read: a row outside all of
+    them is read by no loss or metric. A column some head reads on every row, or whose values
+    decide a task space, is left out."""
+    readers: dict[str, list] = {}
+    for head, label in zip(spec.heads, label_columns(spec)):
+        readers.setdefault(columns.get(label, label), []).append(head.trained_where)
+        if head.sample_weight is not None:
+            readers.setdefault(columns.get(head.sample_weight, head.sample_weight), []).append(head.trained_where)
+    deciding = {columns.get(h.trained_where.label, h.trained_where.label) for h in spec.heads
+                if h.trained_where is not None}
+    return {column: tuple(dict.fromkeys((columns.get(w.label, w.label), float(w.equals)) for w in spaces))
+            for column, spaces in readers.items()
+            if column not in deciding and all(w is not None for w in spaces)}
+
+
 MINUS_ONE = ("; labels written -1/+1? only libsvm and libfm read -1 as 0: write the negatives as 0 (skipping "
              "these rows would drop the class)")
 
 
 def check_labels(table: pa.Table, tasks: dict[str, str], log: ErrorLog,
-                 plus_minus: bool) -> tuple[pa.Table, int]:
+                 plus_minus: bool, spaces: dict[str, tuple[tuple[str, float], ...]] | None = None
+                 ) -> tuple[pa.Table, int]:
     """A raw chunk without rows whose label its head cannot take, and how many -1 became 0.
 
     Args:
@@ -70,10 +91,13 @@ def check_labels(table: pa.Table, tasks: dict[str, str], log: ErrorLog,
         tasks: `label_tasks` of the spec.
         log: malformed rows go here (raises DataError under the "fail" policy).
         plus_minus: read -1 as 0 for binary labels (libsvm / libfm).
+        spaces: `label_spaces` of the spec: on a row outside every task space of its column, a
+            value its head could not take is no error and is kept as 0.
     """
     lines = table.column(LINE_COLUMN).to_numpy()
     bad = np.zeros(table.num_rows, bool)
     minus: dict[str, np.ndarray] = {}
+    unread: dict[str, np.ndarray] = {}
     for name, task in tasks.items():
         y = table.column(name).to_numpy(zero_copy_only=False).astype(np.float64)
         if task == "binary":
@@ -91,6 +115,10 @@ def check_labels(table: pa.Table, tasks: dict[str, str], log: ErrorLog,
         else:
             ok = np.isfinite(y)
             reason = "not a finite number for a regression head"
+        if spaces and name in spaces:
+            outside = _outside(table, spaces[name], tasks, plus_minus)
+            unread[name] = outside & ~ok
+            ok = ok | outside
         for i in np.flatnonzero(~ok & ~bad):
             bad[i] = True
             missing = table.column(name)[i].as_py() is None
@@ -99,11 +127,25 @@ def check_labels(table: pa.Table, tasks: dict[str, str], log: ErrorLog,
             log.add(int(lines[i]), f"missing {what} in column {name}" if missing else
                     f"{what} {float(y[i])!r} in column {name}: {reason}"
                     + (MINUS_ONE if minus_one else ""), skippable=not minus_one)
-    mapped = 0
-    for name, is_minus in minus.items():
-        if is_minus.any():
-            mapped += int(np.count_nonzero(is_minus & ~bad))
+    mapped = sum(int(np.count_nonzero(is_minus & ~bad)) for is_minus in minus.values())
+    none = np.zeros(table.num_rows, bool)
+    for name in dict.fromkeys([*minus, *unread]):
+        zero = minus.get(name, none) | unread.get(name, none)  # -1 read as 0, a value no head reads
+        if zero.any():
             y = table.column(name).to_numpy(zero_copy_only=False).astype(np.float64)
-            column = pa.array(np.where(is_minus, 0.0, y), pa.float64())
+            column = pa.array(np.where(zero, 0.0, y), pa.float64())
             table = table.set_column(table.column_names.index(name), name, column)
     return (table.filter(pa.array(~bad)) if bad.any() else table), mapped
+
+
+def _outside(table: pa.Table, spaces: tuple[tuple[str, float], ...], tasks: dict[str, str],
+             plus_minus: bool) -> np.ndarray:
+    """Rows outside every one of the task spaces (a row whose deciding value is itself not
+    valid is malformed by that column's own check).  # (rows,) bool"""
+    outside = np.ones(table.num_rows, bool)
+    for column, equals in spaces:
+        y = table.column(column).to_numpy(zero_copy_only=False).astype(np.float64)
+        if plus_minus and tasks.get(column) == "binary":
+            y = np.where(y == -1, 0.0, y)
+        outside &= y != equals
+    return outside

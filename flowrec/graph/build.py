@@ -110,6 +110,7 @@ def _sources(spec: ModelSpec) -> tuple[OpGraph, dict[str, Slot]]:
 
 def _add_heads_and_loss(g: OpGraph, spec: ModelSpec, outputs: dict[str, Slot]) -> None:
     precision = spec.training.precision
+    scored_by_heads = []  # similarity modules a retrieval head scores itself
     for h in spec.heads:
         name = f"head_{h.name}"
         slot = _module_output(spec, h.input, outputs, g)
@@ -125,8 +126,11 @@ def _add_heads_and_loss(g: OpGraph, spec: ModelSpec, outputs: dict[str, Slot]) -
         g.add_node(name, op=make_op(name, "head", size.out, attrs, dtype=precision,
                                     flops=size.flops, param_bytes=size.params * PARAM_BYTES))
         set_inputs(g, name, slots)
-        if h.retrieval is not None and not g.out_degree(slot.source):  # the head scores the towers itself
-            g.remove_node(slot.source)
+        if h.retrieval is not None:
+            scored_by_heads.append(slot.source)
+    for node in scored_by_heads:  # once every head reads its input: a head after it may read it too
+        if not g.out_degree(node):  # the head scores the towers itself
+            g.remove_node(node)
     widths = [g.nodes[f"head_{h.name}"]["op"].out_shape[1] for h in spec.heads]
     loss_slots = [Slot(i, f"head_{h.name}", (), (w,)) for i, (h, w) in enumerate(zip(spec.heads, widths))]
     loss_slots.append(Slot(len(loss_slots), LABEL_NODE, (), g.nodes[LABEL_NODE]["op"].out_shape[1:]))

@@ -75,6 +75,35 @@ class FlatGather:
     inverse: torch.Tensor | None = None
 
 
+class OpModules(nn.ModuleDict):
+    """The dense operators by graph node name. A spec's module and head names may hold '.', which
+    torch refuses in a module's name (a traceback building the model of a head `ctr.v1`): such a
+    name is kept with '~' for each '.' ('~' is in no spec name), so `ops["ctr.v1"]` is its
+    operator and its parameters are `ops.ctr~v1.*`; every other name is its own key.
+
+    Example:
+        >>> ops = OpModules({"head_ctr.v1": nn.Linear(2, 1)})
+        >>> "head_ctr.v1" in ops, list(ops.keys())
+        (True, ['head_ctr~v1'])
+    """
+
+    @staticmethod
+    def key(name: str) -> str:
+        return name.replace(".", "~")
+
+    def __getitem__(self, name: str) -> nn.Module:
+        return super().__getitem__(self.key(name))
+
+    def __setitem__(self, name: str, module: nn.Module) -> None:
+        super().__setitem__(self.key(name), module)
+
+    def __delitem__(self, name: str) -> None:
+        super().__delitem__(self.key(name))
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and super().__contains__(self.key(name))
+
+
 @dataclass(frozen=True)
 class NodeStep:
     """One dense node to run: its name, kind and input slots."""
@@ -147,7 +176,7 @@ class LoweredModel(nn.Module):
                 ops[name].label = name  # named in an error its forward raises (custom_failure)
             self.steps.append(NodeStep(name, op.kind, slots, tuple(op.attr("members", ())),
                                        tuple(op.attr("member_ports", ()))))
-        self.ops = nn.ModuleDict(ops)
+        self.ops = OpModules(ops)
         self.packed_members = {step.name: tuple(graph.nodes[step.name]["op"].attr(named))
                                for step in self.steps if (named := OP_KINDS[step.kind].named_outputs)}
         self.gathers = {step.name: gather for step in self.steps if OP_KINDS[step.kind].gathers

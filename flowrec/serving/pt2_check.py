@@ -43,7 +43,9 @@ ENTRIES = re.compile(  # everything torch.export.save writes for one program of 
 # a constant's record: tensor_constant<N> (older torch) or tensor_<N> (torch 2.13, e.g. a module's
 # cached index tensor the trace keeps); read as raw storage like a weight, never pickled (checked)
 RECORDS = {WEIGHTS_CONFIG: re.compile(r"weight_\d+"), CONSTANTS_CONFIG: re.compile(r"tensor_(constant)?\d+")}
-FQN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*")  # a parameter's dotted name
+# a parameter's dotted name; a part may be a spec's module or head name (letters, digits, _ : -; its . as ~,
+# `flowrec.runtime.lowering.OpModules`)
+FQN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_:~-]+)*")
 SYM_OPS = {"_operator." + op for op in ("add", "sub", "mul", "floordiv", "truediv", "mod", "pow", "neg",
                                          "eq", "ne", "lt", "le", "gt", "ge", "and_", "or_", "not_")}
 SYM_OPS |= {"torch.sym_" + op for op in ("float", "int", "max", "min", "not", "sqrt", "ite", "sum")}

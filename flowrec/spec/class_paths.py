@@ -23,12 +23,14 @@ Example:
 from __future__ import annotations
 
 import ast
+import re
 import importlib.util
 from pathlib import Path
 from typing import Any
 
 from flowrec.spec.errors import SpecIssue
 
+CLASS_PATH = r"[^:]+:[A-Za-z_][A-Za-z0-9_]*"  # the schema's pattern of `class`
 MAX_SOURCE_BYTES = 16 << 20  # a class file larger than this is left to the import
 
 
@@ -48,8 +50,8 @@ def class_path_issues(doc: Any) -> list[SpecIssue]:
         if not isinstance(module, dict) or module.get("kind") != "custom":
             continue
         path = module.get("class")
-        if not isinstance(path, str) or path.count(":") != 1:
-            continue
+        if not isinstance(path, str) or not re.fullmatch(CLASS_PATH, path):
+            continue  # the schema's one line says how to write it
         problem = _problem(*path.split(":"))
         if problem is not None:
             issues.append(SpecIssue(f"modules[{i}].class", problem))

@@ -9,10 +9,11 @@ sum of input widths, target_attention and self_attention -> the sequence dim, si
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, get_args
 
 from flowrec.spec.errors import SpecIssue
-from flowrec.spec.model import NAMED_OUTPUT_KINDS, SELECTOR_DENSE, SELECTOR_PREFIX, SELECTOR_SPARSE, split_output
+from flowrec.spec.model import (NAMED_OUTPUT_KINDS, SELECTOR_DENSE, SELECTOR_PREFIX, SELECTOR_SPARSE, ModuleKind,
+                                split_output)
 from flowrec.spec.schema_errors import did_you_mean
 from flowrec.spec.view import DocView, Field, Item
 
@@ -138,7 +139,7 @@ def check_inputs(view: DocView) -> list[SpecIssue]:
     """Unknown names (with did-you-mean), selectors matching nothing, repeated inputs."""
     features, modules = view.by_name("features"), view.by_name("modules")
     tags = sorted({SELECTOR_PREFIX + t for f in view.items("features") for t in f.tags})
-    selectors = [SELECTOR_DENSE, SELECTOR_SPARSE, *tags]
+    selectors = [t for t in (SELECTOR_DENSE, SELECTOR_SPARSE, *tags) if view.selector_features(t)]  # what a typo meant
     issues = []
     for m in view.items("modules"):
         seen: set[str] = set()
@@ -181,7 +182,9 @@ def check_sequences(view: DocView) -> list[SpecIssue]:
     issues = []
     for m in view.items("modules"):
         kind = m.body.get("kind")
-        seq_index, seq_name = SEQUENCE_INPUT.get(kind, (None, "")) if isinstance(kind, str) else (None, "")
+        if kind not in get_args(ModuleKind):
+            continue  # the schema names the kind it does not know: which inputs fit it cannot be told
+        seq_index, seq_name = SEQUENCE_INPUT.get(kind, (None, ""))
         for ref in resolve(view, m):
             path = f"{m.path}.inputs[{ref.index}]"
             seqs = [f.name for f in ref.features if f.unpooled]
@@ -263,6 +266,11 @@ def _heads_divide(module: Item, shapes: Shapes) -> list[SpecIssue]:
     if _attention_inputs(module) is not None:
         return []  # check_attention_inputs reports it
     fields = shapes.fields(module)
+    if target and len(fields) > 2:  # a selector of several fields (@sparse) as the target
+        shown = ", ".join(f.label for f in fields[1:1 + MAX_NAMES_SHOWN])
+        shown += ", ..." if len(fields) - 1 > MAX_NAMES_SHOWN else ""
+        return [SpecIssue(f"{module.path}.inputs[1]", f"the target of self_attention is one vector (a feature or a "
+                                                      f"module), not {len(fields) - 1} fields ({shown})")]
     if target and len(fields) == 2 and None not in (fields[1].width, dim) and fields[1].width != dim:
         return [SpecIssue(f"{module.path}.inputs", f"the target {fields[1].label!r} has width {fields[1].width}, "
                                                    f"the sequence dim is {dim}")]

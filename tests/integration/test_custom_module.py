@@ -86,6 +86,18 @@ BLOCKS = textwrap.dedent('''
             return -h
 
 
+    class Chatty(nn.Module):
+        """Prints in its constructor and in every forward."""
+        def __init__(self, in_features, rank):
+            super().__init__()
+            print("CHATTY INIT")
+            self.down = nn.Linear(in_features, rank)
+
+        def forward(self, x):
+            print("CHATTY FORWARD")
+            return self.down(x)
+
+
     class Hungry(nn.Module):
         """Asks the CPU allocator for 64 TiB in a training step (not in the meta dry run)."""
         def __init__(self, in_features, rank):
@@ -258,3 +270,18 @@ def test_a_custom_module_branching_on_its_values_is_one_export_line_saying_what_
     done = runner.invoke(app, ["export", str(run), str(tmp_path / "new" / "sub" / "pkg")])
     assert done.exit_code == 2 and DATA_DEPENDENT_FLOW in done.output, done.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["blocks.py", "run", "spec.yaml"]
+
+
+def test_what_a_custom_module_prints_does_not_corrupt_train_or_eval_json(tmp_path):
+    """train --json and eval --json - wrote the user's prints (constructor, every forward) on stdout
+    before the JSON, which no reader could parse; as plan --json - does, they go to stderr."""
+    (tmp_path / "blocks.py").write_text(BLOCKS)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.format(path=tmp_path / "blocks.py", cls="Chatty"))
+    run = tmp_path / "run"
+    done = runner.invoke(app, ["train", str(spec), "--rows", "500", "--out", str(run), "--json"])
+    assert done.exit_code == 0, done.output
+    assert json.loads(done.stdout)["steps"] > 0 and "CHATTY FORWARD" in done.stderr
+    done = runner.invoke(app, ["eval", str(run), "--json", "-"])
+    assert done.exit_code == 0, done.output
+    assert "click" in json.loads(done.stdout) and "CHATTY FORWARD" in done.stderr

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
@@ -395,3 +396,41 @@ def test_a_libsvm_package_scores_with_its_own_feature_map_from_any_folder(tmp_pa
                           "price": [float(g[3].split(":")[1]) for g in given]})
     expected = load_model(elsewhere / "pkg").predict(frame)["h"].to_numpy()
     assert len(scores) == len(given) and np.allclose(scores, expected, atol=1e-6)
+
+
+NAMED = """
+name: named_pkg
+features:
+  - {name: price, type: dense, transform: standardize}
+  - {name: user, type: categorical, vocab: 60, dim: 8}
+  - {name: tags, type: categorical, vocab: 30, dim: 8, max_len: 4, pooling: mean}
+modules:
+  - {name: bottom.v2, kind: mlp, inputs: ["@dense", "@sparse"], layers: [16]}
+  - {name: "tower:a", kind: mlp, inputs: [bottom.v2], layers: [8]}
+  - {name: tower-b, kind: mlp, inputs: [bottom.v2, user], layers: [8]}
+  - {name: both, kind: concat, inputs: ["tower:a", tower-b]}
+heads:
+  - {name: ctr.v1, input: both}
+training: {batch_size: 128, epochs: 1, seed: 0}
+"""
+
+
+def test_module_and_head_names_of_every_allowed_character_train_export_and_score(tmp_path):
+    """Names may hold '.', ':' and '-' (spec.md). A module or head name with '.' (bottom.v2, ctr.v1)
+    was a traceback building the model (torch's "module name can't contain '.'"), and a package of
+    a model with a ':' or '-' name (tower:a) was refused at load ('not a plain tensor record')."""
+    from package_flow import train_and_export
+
+    from flowrec.planner.contract import scoring_plan
+    from flowrec.serving.predict import load_model
+    from flowrec.serving.trained import load_trained
+
+    root = train_and_export(tmp_path, NAMED, _raw(2000, 0).drop(columns=["city"]))
+    trained = load_trained(root / "run", "cpu", scoring_plan)
+    assert "bottom.v2" in trained.model.ops and "head_ctr.v1" in trained.model.ops
+    model = load_model(root / "pkg")
+    raw = _raw(300, 1).drop(columns=["city"])
+    scores = model.predict(raw)["ctr.v1"].to_numpy()
+    encoded = model.encoder.encode(pa.Table.from_pandas(raw, preserve_index=False))
+    np.testing.assert_allclose(scores, _plain_scores(trained, encoded), rtol=0, atol=1e-6)
+    assert np.std(scores) > 0

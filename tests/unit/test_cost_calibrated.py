@@ -134,6 +134,35 @@ def test_work_rules_follow_the_op():
     assert op_work(att, 10, 2).forward.gemms[0] == (10 * 50, 64, 80, 1)  # the unit runs on B x L rows
 
 
+def test_the_work_of_a_mixture_of_many_gates_is_built_in_linear_time(monkeypatch):
+    """A moe whose `heads` lists 100,000 names (a gate each) kept `flowrec plan` busy for minutes: the
+    work of its gates was added pairwise, copying every kernel tuple again at each gate. Counted in
+    kernel entries built (no timing): twice the gates, twice the entries; the work is the same."""
+    from flowrec.planner import op_work as work_module
+
+    built = [0]
+
+    class Counted(work_module.Kernels):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            built[0] += len(self.gemms) + len(self.elementwise) + len(self.fresh)
+
+    monkeypatch.setattr(work_module, "Kernels", Counted)
+
+    def moe(heads: int):
+        built[0] = 0
+        op = Op("x", "moe", ("B", 8), attrs=(("activation", "relu"), ("experts", 3), ("expert_layers", (8,)),
+                                              ("gate_layers", (4,)), ("heads", tuple(f"h{i}" for i in range(heads))),
+                                              ("in_features", 16), ("packed", True)))
+        work = op_work(op, 32, 1)
+        return work, built[0]
+
+    small, small_built = moe(1000)
+    large, large_built = moe(2000)
+    assert len(large.forward.gemms) == 2 * len(small.forward.gemms) - 1  # the experts' GEMM once, 2 per gate
+    assert large_built < 2.2 * small_built, (small_built, large_built)
+
+
 def test_predictions_rise_with_each_per_op_constant(dlrm):
     plan = make_plan(dlrm, target="cpu")
     cpu = DEVICES["cpu"]

@@ -10,7 +10,7 @@ from flowrec.data.batches import StagingOptions, iterate_batches
 from flowrec.data.checks import ColumnRule, check_partition, partition_rules
 from flowrec.data.dataset import MemorySource
 from flowrec.data.error_log import ErrorLog
-from flowrec.data.labels import check_labels, label_tasks
+from flowrec.data.labels import check_labels, label_spaces, label_tasks
 from flowrec.data.layout import DataError
 from flowrec.data.output import staged_output
 from flowrec.data.sources import LINE_COLUMN
@@ -246,6 +246,39 @@ def test_multiclass_labels_at_conversion():
     assert [e.line for e in log.examples] == [3, 4, 5, 6]
     assert "not a class index 0 .. 4 for a multiclass head" in log.examples[0].reason
     assert label_tasks(multiclass_spec(5), {}) == {"label": "multiclass:5"}
+
+
+def esmm_doc() -> dict:
+    """click on every row; conversion (weighted) and a 3-class category on clicked rows only."""
+    return {"name": "t", "optimizer": OPT, "training": {"batch_size": 8},
+           "features": [{"name": "a", "type": "categorical", "hash_buckets": 30, "dim": 4}],
+           "modules": [{"name": "m", "kind": "mlp", "inputs": ["@sparse"], "layers": [4]}],
+           "heads": [{"name": "click", "input": "m", "label": "click"},
+                     {"name": "conv", "input": "m", "label": "conv", "sample_weight": "w",
+                      "trained_where": {"label": "click", "equals": 1}},
+                     {"name": "cat", "input": "m", "task": "multiclass", "num_classes": 3, "label": "cat",
+                      "trained_where": {"label": "click", "equals": 1}}]}
+
+
+def test_labels_outside_a_task_space_may_be_missing():
+    """ESMM rows: conversion, its weight and the category are empty (or -1) where there was no
+    click. No head reads them there: the rows convert (kept as 0), where they were malformed and
+    --on-error skip dropped every row not clicked from the click head too. A clicked row still
+    needs them."""
+    spec = spec_from_dict(esmm_doc())
+    spaces = label_spaces(spec, {})
+    assert spaces == {"conv": (("click", 1.0),), "w": (("click", 1.0),), "cat": (("click", 1.0),)}
+    raw = pa.table({"click": [1.0, 0.0, 0.0, 1.0, 1.0, None], "conv": [1.0, None, -1.0, None, 0.0, 1.0],
+                    "w": [0.5, None, -3.0, 1.0, 1.0, 1.0], "cat": [2.0, None, -1.0, 1.0, 7.0, 0.0],
+                    LINE_COLUMN: [1, 2, 3, 4, 5, 6]})
+    log = ErrorLog("skip", "f")
+    table, _ = check_labels(raw, label_tasks(spec, {}), log, plus_minus=False, spaces=spaces)
+    assert sorted(e.line for e in log.examples) == [4, 5, 6]  # click missing; in the space: no conv, class 7
+    assert table.to_pydict() == {"click": [1.0, 0.0, 0.0], "conv": [1.0, 0.0, 0.0], "w": [0.5, 0.0, 0.0],
+                                 "cat": [2.0, 0.0, 0.0], LINE_COLUMN: [1, 2, 3]}
+    doc = esmm_doc()
+    doc["heads"][0]["sample_weight"] = "w"  # the click head reads w on every row
+    assert set(label_spaces(spec_from_dict(doc), {})) == {"conv", "cat"}
 
 
 def test_staged_output_swaps_only_a_complete_folder(tmp_path):

@@ -132,6 +132,9 @@ def test_an_unusable_custom_class_is_one_line_at_plan(tmp_path, blocks, cls, par
 @pytest.mark.parametrize("cls, says", [
     ("{tmp}/boom.py:X", "cannot import '{tmp}/boom.py:X': RuntimeError: module level boom"),
     ("..relative:X", "cannot import '..relative:X': TypeError"),
+    # a file is imported under flowrec's name for it: 'module 'flowrec_custom_blocks_1f2e..._9a0b...' has no attribute'
+    ("{tmp}/blocks.py:Missing", "cannot import '{tmp}/blocks.py:Missing': {tmp}/blocks.py defines no 'Missing' (it "
+                                "defines "),
     ("torch.nn:Linear", "returns 100,000,000,000 values per sample"),
 ])
 def test_a_class_path_that_cannot_be_used_is_one_line(tmp_path, blocks, cls, says):
@@ -378,3 +381,14 @@ def test_a_named_output_of_a_gate_without_its_heads_list_says_so():
     assert ("modules[0]", "missing required key 'heads'") in issues
     assert ("modules[1].inputs[0]", "module 'experts' has no output 'like' (its `heads` list names none)") in issues
     assert not any("(outputs: )" in message for _, message in issues)
+
+
+@pytest.mark.parametrize("cls", ["{blocks}:GatedCross.inner", "{blocks}:GatedCross ", "{blocks}:9Gate"])
+def test_a_class_path_the_schema_refuses_is_one_line_at_validate(tmp_path, blocks, cls):
+    """`blocks.py:GatedCross.inner` was two lines at modules[1].class: the schema's, and the file
+    check's 'defines no top-level 'GatedCross.inner'' for the same mistake."""
+    spec = _write(tmp_path, custom_doc(cls.format(blocks=blocks)))
+    result = runner.invoke(app, ["validate", str(spec)])
+    assert result.exit_code == 2
+    assert result.output.splitlines() == [f"{spec}: modules[1].class: must be 'package.module:Class' or "
+                                          "'path/to/file.py:Class'"], result.output

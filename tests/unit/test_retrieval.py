@@ -822,3 +822,25 @@ def test_sampled_negatives_are_drawn_only_from_rows_that_hold_an_item(tmp_path, 
     assert len(empty) == 101 - fitted and float(binding.probs[empty].sum()) == 0.0  # row 0 and those without an item
     if distribution == "uniform":
         assert torch.allclose(binding.probs[sorted(named)], torch.full((fitted,), 1 / fitted, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("retrieval_first", [True, False])
+def test_a_head_beside_the_retrieval_head_may_read_its_similarity(retrieval_first):
+    """A binary head listed after the retrieval head, both reading `score`, stopped the plan with
+    "pass 'pack' failed (passes before it: none): KeyError: 'op'": the retrieval head removed the
+    similarity node (nothing read it yet), and the next head read the removed node. In either head
+    order the model now plans, trains a step and scores both heads."""
+    doc = retrieval_doc(0, {"kind": "in_batch"}, False)
+    click = {"name": "click", "input": "score", "label": "click"}
+    doc["heads"] = [doc["heads"][0], click] if retrieval_first else [click, doc["heads"][0]]
+    assert validate_document(doc) == []
+    spec = spec_from_dict(doc)
+    plan = make_plan(spec, target="cpu")
+    assert plan.graph.nodes["score"]["op"].kind == "similarity"
+    assert list(plan.graph.predecessors("head_click")) == ["score"]
+    batches, _, _ = staged(spec, plan, 0, 2)
+    model = lower(plan, spec, "cpu").double()
+    train_step(model, make_dense_optimizer(model, "sgd", 0.1, {}), batches[0])
+    with torch.no_grad():
+        scores = model(batches[1])
+    assert scores.shape == (BATCH, 1 + 16) and torch.isfinite(scores).all()  # a click logit, [query | item]

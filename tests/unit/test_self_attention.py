@@ -228,3 +228,22 @@ def test_target_output_over_an_empty_history_attends_to_the_target_alone(causal)
     torch.testing.assert_close(tgt_a.grad, tgt_b.grad, rtol=1e-9, atol=1e-10)
     noisy = seq + torch.randn_like(seq) * (~mask).unsqueeze(2)  # change only padding positions
     torch.testing.assert_close(att(noisy, mask, target), got.detach(), rtol=1e-10, atol=1e-10)
+
+
+def test_a_target_of_several_fields_is_one_line_at_validate_and_one_field_selectors_are_accepted():
+    """`inputs: [hist, "@sparse"]` with output target passed validate and stopped the training plan
+    ('self_attention takes [sequence (L, D)] and a target (D,), got [(10, 8), (8,), (8,)]')."""
+    import copy
+
+    from flowrec.spec.validate import validate_document
+
+    doc = copy.deepcopy(SPEC)
+    doc["features"].append({"name": "user", "type": "categorical", "vocab": 9, "dim": 8, "tags": ["one"]})
+    doc["modules"][0].update(inputs=["hist", "@sparse"], output="target")
+    doc["modules"][1]["inputs"] = ["enc"]
+    assert [str(i) for i in validate_document(doc)] == [
+        "modules[0].inputs[1]: the target of self_attention is one vector (a feature or a module), "
+        "not 2 fields (item, user)"]
+    doc["modules"][0]["inputs"] = ["hist", "@one"]  # a selector of one field: that field
+    doc["modules"][1]["inputs"] = ["enc", "item"]
+    assert validate_document(doc) == []

@@ -86,6 +86,9 @@ CASES: list[tuple[str, Mutation, list[tuple[str, str]]]] = [
     ("empty_selector", lambda d: d["modules"][3].update(inputs=["@wdie"]),
      [("modules[3].inputs[0]", "selector '@wdie' matches nothing (no feature has the tag 'wdie') (did you mean '@wide'?)"),
       ("features[5]", f"feature 'w' {UNUSED}")]),
+    ("empty_dense_selector", lambda d: (d["features"].__delitem__(slice(0, 2)),
+                                        d["modules"][0].update(inputs=["@dense", "user"])),
+     [("modules[0].inputs[0]", "selector '@dense' matches nothing (there are no dense features)")]),
     ("dot_dims", lambda d: d["features"][2].update(dim=4),
      [("modules[2].inputs", "dot needs fields of equal dim, got dim 8: bottom, item, att; dim 4: user")]),
     ("attention_dims", lambda d: d["modules"][1]["inputs"].__setitem__(0, "w"),
@@ -114,6 +117,13 @@ CASES: list[tuple[str, Mutation, list[tuple[str, str]]]] = [
                                "target_attention module (as its second input) or a self_attention module can read it")]),
     ("head_unknown_module", lambda d: d["heads"][0].update(input="tpo"),
      [("heads[0].input", "unknown module 'tpo' (did you mean 'top'?)")]),
+    # not also "sequence feature 'hist' has pooling none: only a target_attention module ... can read it"
+    ("unknown_kind_reading_a_sequence", lambda d: d["modules"][1].update(kind="transformer"),
+     [("modules[1].kind", "must be one of mlp, dot, fm, cross, target_attention, self_attention, similarity, "
+                          "linear, concat, moe, ple, custom (got 'transformer')")]),
+    ("head_reads_selector", lambda d: d["heads"][0].update(input="@sparse"),  # not also 'unknown module '@sparse''
+     [("heads[0].input", "must be a name of ASCII letters, digits, '_', '.', ':' or '-' (not starting with '@' or "
+                         "'-') (got '@sparse': '@' is not allowed)")]),
     ("head_reads_feature", lambda d: d["heads"][0].update(input="user"),
      [("heads[0].input", "'user' is a feature; a head reads a module's output")]),
     ("regression_bce", lambda d: d["heads"][0].update(task="regression", loss="bce"),
