@@ -32,7 +32,7 @@ import typer
 
 from flowrec.cli.common import fail, say
 from flowrec.cli.streams import DAYS_DIR, EXPORT_DIR, FOLLOW_FILE, StreamRecord, done_days, read_record
-from flowrec.data.days import DayOrder, day_partitions, parse_order
+from flowrec.data.days import DayOrder, day_partitions, landed as named_days, parse_order
 from flowrec.data.layout import META_FILE, DataError
 from flowrec.runs.errors import EXIT_INTERRUPTED
 from flowrec.runtime.messages import shell_word
@@ -43,12 +43,25 @@ LOCK_FILE = ".follow.lock"  # held by the one --follow process of a stream folde
 POLL_S = 1.0  # seconds between looks for a new day
 
 
-def landed_days(days: Path, order: DayOrder = DayOrder()) -> list[Path]:
-    """Day partitions under `days` that are complete datasets, in `order`."""
+def landed_days(days: Path, order: DayOrder, done: list[str]) -> tuple[list[Path], str | None]:
+    """Day partitions under `days` that are complete datasets, in `order`; or ([], why) when they
+    cannot be ordered by date while a day not trained yet (not in `done`) has landed: a day copied in
+    (cp -r, rsync) whose _flowrec_stats.json or part files have not all arrived has no date yet (the
+    loop waits for it within --follow-wait, as for a day whose rows are not all there)."""
     try:
-        return day_partitions(days, order)
+        return day_partitions(days, order), None
     except DataError as exc:
+        if order.column is not None and _new_days(days, done):
+            return [], str(exc)
         fail(f"--follow: {exc}")
+
+
+def _new_days(days: Path, done: list[str]) -> bool:
+    """Whether a day partition not in `done` has landed under `days` (in any order)."""
+    try:
+        return any(day.name not in done for day in named_days(days))
+    except DataError:
+        return False
 
 
 def _record(run: Path, days: list[str], order: DayOrder) -> None:
@@ -144,7 +157,16 @@ def _follow_days(request, run: Path, days: Path, wait_s: float, once: bool, trai
     order = _names_order(run, record, days, order)
     done = record.days  # the lock keeps every other writer out: the record changes only below
     while True:
-        landed = landed_days(days, order)
+        landed, undated = landed_days(days, order, done)
+        if undated is not None:  # a day still being copied in cannot be dated yet
+            if time.monotonic() < deadline:
+                if waiting_on != undated:
+                    say(f"waiting for the days under {days} to be complete to order them by {order.column} "
+                        f"({undated})", err=True)
+                    waiting_on = undated
+                time.sleep(POLL_S)
+                continue
+            fail(f"--follow: {undated}")
         todo = [d for d in landed if d.name not in done]
         if not todo:
             if time.monotonic() >= deadline:
