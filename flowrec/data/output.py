@@ -16,12 +16,14 @@ import fcntl
 import os
 import secrets
 import shutil
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from flowrec.data.layout import DataError
 from flowrec.data.output_guard import replace_folder, short
+from flowrec.data.readers import held_exclusively
 
 
 DISK_FULL = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT})  # a write the disk (or a size limit) refused
@@ -67,9 +69,16 @@ def staged_output(out: Path, overwrite: bool, inputs: Sequence[Path] = ()) -> It
 
 
 def _swap(new: Path, out: Path, overwrite: bool) -> None:
-    """Rename `new` to `out`; an existing `out` is moved aside first and deleted after."""
-    check_output(out, overwrite)  # another process may have written there meanwhile
-    replace_folder(new, out)
+    """Rename `new` to `out`; an existing `out` is moved aside first and deleted after, once no
+    flowrec process reads it (a run training on it: `flowrec.data.readers`)."""
+    with held_exclusively([out, out / "train", out / "test"], lambda: _waiting(out)):
+        check_output(out, overwrite)  # another process may have written there meanwhile
+        replace_folder(new, out)
+
+
+def _waiting(out: Path) -> None:
+    print(f"waiting for the flowrec processes reading {out} (a run training on it) to finish before replacing "
+          f"it; Ctrl-C leaves {out} as it is", file=sys.stderr, flush=True)
 
 
 @contextmanager

@@ -96,3 +96,58 @@ def test_sigterm_while_a_package_or_scores_are_written_leaves_nothing_behind(tmp
         assert done.returncode == 130, (args[0], done.returncode, done.stderr[-2000:])
         assert "interrupted (SIGTERM)" in done.stderr
         assert list((tmp_path / "out").iterdir()) == []
+
+
+# a reader of the dataset `ds` (as a run's training source is): opens it, says so, reads every row
+# group of it once told to (a run's next epoch), prints the rows and the sum of d1 it read
+READER = """
+import sys
+from flowrec.data.dataset import ParquetSource
+source = ParquetSource("ds")
+print("open", flush=True)
+sys.stdin.readline()
+tables = [source.submit(i, ["d1"]).result() for i in range(len(source.files))]
+print(sum(t.num_rows for t in tables), sum(float(t["d1"].to_numpy().sum()) for t in tables), flush=True)
+source.close()
+"""
+
+
+def test_a_conversion_replacing_a_dataset_waits_for_its_readers(tmp_path: Path) -> None:
+    """`data synth ds --overwrite` (convert alike) while a run trained on ds renamed the new dataset
+    over it: the run read the new part files under the old layout ('unreadable Parquet part' in the
+    middle of training), or, where the layouts matched, the new rows silently. Now the replacement
+    waits, with a line, until no flowrec process reads ds; the reader reads the old rows whole."""
+    import pyarrow.parquet as pq
+
+    (tmp_path / "spec.yaml").write_text(SPEC)
+    env = subprocess_env(ROOT)
+    made = subprocess.run([sys.executable, "-m", "flowrec", "data", "synth", "spec.yaml", "--rows", "3000",
+                           "--rows-per-file", "1000", "--out", "ds"], cwd=tmp_path, env=env, text=True,
+                          capture_output=True, timeout=TIMEOUT_S)
+    assert made.returncode == 0, made.stderr[-2000:]
+    old = pq.read_table(tmp_path / "ds", columns=["d1"])
+    reader = subprocess.Popen([sys.executable, "-c", READER], cwd=tmp_path, env=env, text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    writer = None
+    try:
+        assert reader.stdout.readline().strip() == "open", reader.stderr.read()[-2000:]
+        writer = subprocess.Popen([sys.executable, "-m", "flowrec", "data", "synth", "spec.yaml", "--rows", "500",
+                                   "--seed", "9", "--rows-per-file", "250", "--out", "ds", "--overwrite"],
+                                  cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        waiting = writer.stderr.readline()  # the line of its wait; before, its exit closed stderr: ""
+        assert "waiting for the flowrec processes reading ds" in waiting, waiting
+        assert writer.poll() is None
+        read, err = reader.communicate("go\n", timeout=TIMEOUT_S)
+        assert reader.returncode == 0, err[-2000:]
+        rows, total = read.split()
+        assert int(rows) == 3000 and float(total) == pytest.approx(float(old["d1"].to_numpy().sum()))
+        _, err = writer.communicate(timeout=TIMEOUT_S)
+        assert writer.returncode == 0, err[-2000:]
+        assert pq.read_table(tmp_path / "ds", columns=["d1"]).num_rows == 500
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["ds", "spec.yaml"]  # no .ds.old-* left
+    finally:
+        for process in (reader, writer):
+            if process is not None and process.poll() is None:
+                process.kill()
+            if process is not None:
+                process.wait(timeout=TIMEOUT_S)
