@@ -969,19 +969,27 @@ def evaluate_run(
       flowrec eval runs/ml --data runs/ml/data/test --group-by user_id --json m.json
       flowrec eval runs/ml/best --data runs/ml/data/test --json -
     """
-    from flowrec.data.layout import DataError
-    from flowrec.data.output_guard import check_file_output
-    from flowrec.planner.contract import scoring_plan
-    from flowrec.runs.recorded import eval_data_to_score, recorded_train_data, split_since, synthetic_rows
     from flowrec.runtime.session import device_problem
-    from flowrec.serving.trained import load_trained, missing_encoder
-    from operators.custom import custom_failure
 
     if device_problem(device) is not None:  # before the run is read (torch's words otherwise)
         fail(f"--device {device_problem(device)}")
     from flowrec.cli.streams import refuse_stream_folder
 
     refuse_stream_folder(run_dir, "eval")
+    with terminated_as_interrupted():  # SIGTERM as Ctrl-C: one line, exit 130, no --json temp file left
+        _evaluate_run(run_dir, data, device, group_by, json_out, quiet, overwrite, seen)
+
+
+def _evaluate_run(run_dir: Path, data: Optional[Path], device: str, group_by: Optional[str],
+                  json_out: Optional[str], quiet: bool, overwrite: bool, seen: Optional[Path]) -> None:
+    """`flowrec eval` once its paths are checked."""
+    from flowrec.data.layout import DataError
+    from flowrec.data.output_guard import check_file_output
+    from flowrec.planner.contract import scoring_plan
+    from flowrec.runs.recorded import eval_data_to_score, recorded_train_data, split_since, synthetic_rows
+    from flowrec.serving.trained import load_trained, missing_encoder
+    from operators.custom import custom_failure
+
     try:
         trained = load_trained(run_dir, device, scoring_plan)
         if (line := missing_encoder(run_dir, trained)) is not None:
@@ -1014,14 +1022,18 @@ def evaluate_run(
             metrics = trained.evaluate_dataset(data, grouping, seen)
     except (DataError, OSError, ValueError, RuntimeError) as exc:
         fail(custom_failure(exc) or first_line(exc))
-    except KeyboardInterrupt:
-        fail("interrupted (Ctrl-C)", EXIT_INTERRUPTED)
+    except KeyboardInterrupt as exc:
+        fail(f"interrupted ({interrupt_name(exc)})", EXIT_INTERRUPTED)
     except Exception as exc:  # a user's custom module may raise anything while scoring
         if custom_failure(exc) is None:
             raise
         fail(custom_failure(exc))
     _warn_covered_classes(metrics)
-    _write_metrics(metrics, json_out, quiet)
+    try:
+        _write_metrics(metrics, json_out, quiet)
+    except KeyboardInterrupt as exc:
+        written = f"; {json_out} was not written" if json_out not in (None, "-") else ""
+        fail(f"interrupted ({interrupt_name(exc)}){written}", EXIT_INTERRUPTED)
 
 
 EVAL_JSON_LIMIT = 1 << 24  # bytes of an existing --json file read to tell a previous eval's metrics (16 MiB)

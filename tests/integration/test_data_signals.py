@@ -151,3 +151,40 @@ def test_a_conversion_replacing_a_dataset_waits_for_its_readers(tmp_path: Path) 
                 process.kill()
             if process is not None:
                 process.wait(timeout=TIMEOUT_S)
+
+
+# the process sends itself SIGTERM as calibrate measures and as eval scores
+MEASURING = """
+import os, signal, sys
+import flowrec.measure.calibrate as calibrate, flowrec.serving.trained as trained
+from flowrec.__main__ import run
+
+def terminated(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGTERM)
+
+calibrate.calibrate = trained.Trained.evaluate_dataset = terminated
+sys.argv = ["flowrec", *sys.argv[1:]]
+run()
+"""
+
+
+def test_sigterm_while_calibrate_measures_or_eval_scores_is_one_line(tmp_path: Path) -> None:
+    """SIGTERM (timeout, a scheduler) ended `flowrec calibrate` and `flowrec eval` at once without
+    a word, status 143, where every command's interrupt is one line and exit 130 (guide.md);
+    Ctrl-C ended calibrate with an empty line. Now each says it was interrupted, exit 130, and leaves
+    no --out or --json file, nor a temp file of one."""
+    (tmp_path / "spec.yaml").write_text(SPEC)
+    env = subprocess_env(ROOT)
+    for args in (["data", "synth", "spec.yaml", "--rows", "300", "--out", "ds"],
+                 ["train", "spec.yaml", "--data", "ds", "--out", "run", "-q"]):
+        made = subprocess.run([sys.executable, "-m", "flowrec", *args], cwd=tmp_path, env=env, text=True,
+                              capture_output=True, timeout=TIMEOUT_S)
+        assert made.returncode == 0, made.stderr[-2000:]
+    (tmp_path / "out").mkdir()
+    for args, nothing in ((["calibrate", "spec.yaml", "--out", "out/cal.json"], "; no device profile was written"),
+                          (["eval", "run", "--data", "ds", "--json", "out/m.json"], "")):
+        done = subprocess.run([sys.executable, "-c", MEASURING, *args], cwd=tmp_path, env=env, text=True,
+                              capture_output=True, timeout=TIMEOUT_S)
+        assert done.returncode == 130, (args[0], done.returncode, done.stderr[-2000:])
+        assert done.stderr.strip().splitlines()[-1] == f"error: interrupted (SIGTERM){nothing}", done.stderr
+        assert list((tmp_path / "out").iterdir()) == []
