@@ -76,7 +76,7 @@ def export(
             report = write_package(trained, staged, dtype, encoder, _last_eval(folder, trained.step),
                                    _compare_rows(folder, trained) if dtype != "fp32" else None, mapped=True,
                                    index=index)
-            replace_folder(staged, out)  # the old package stays until the new one is in place
+            replace_folder(staged, out, overwrite)  # the old package stays until the new one is in place
     except (DataError, OSError, ValueError, RuntimeError) as exc:
         undo()
         fail(f"cannot export to {out}: {custom_failure(exc) or first_line(exc)}")

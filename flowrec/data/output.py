@@ -73,7 +73,7 @@ def _swap(new: Path, out: Path, overwrite: bool) -> None:
     flowrec process reads it (a run training on it: `flowrec.data.readers`)."""
     with held_exclusively([out, out / "train", out / "test"], lambda: _waiting(out)):
         check_output(out, overwrite)  # another process may have written there meanwhile
-        replace_folder(new, out)
+        replace_folder(new, out, overwrite)
 
 
 def _waiting(out: Path) -> None:

@@ -16,6 +16,7 @@ Example:
 """
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import shutil
@@ -245,11 +246,24 @@ def atomic_output(out: Path) -> Iterator[Path]:
         raise
 
 
-def replace_folder(new: Path, out: Path) -> None:
+def replace_folder(new: Path, out: Path, overwrite: bool = True) -> None:
     """Rename the complete folder `new` to `out`; an existing `out` is moved aside first, put back
     if the rename fails, and deleted after, so `out` is always the old folder or the new one (an
-    `out` that is a link to a folder is replaced as a link: the folder it names is left as it is)."""
+    `out` that is a link to a folder is replaced as a link: the folder it names is left as it is).
+    Without `overwrite`, `out` must be absent or an empty folder when the rename happens (an
+    OutputError otherwise, `new` left to the caller): another process may have written it since
+    the command checked it (two exports into one new OUT each said they wrote it, the second over
+    the first)."""
     new, out = Path(new), Path(out)
+    if not overwrite and not os.path.islink(out):  # (a link to an empty folder is replaced as below)
+        try:  # atomic: the kernel refuses to rename a folder over a non-empty one
+            os.rename(new, out)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+                raise
+            raise OutputError(f"{out} was written by another process while this one ran; give --overwrite to "
+                              "replace it") from None
+        return
     if not os.path.lexists(out):
         os.rename(new, out)
         return

@@ -194,6 +194,28 @@ def test_overwrite_replaces_an_output_of_its_own_atomically(case: Path):
     assert sorted(p.name for p in case.iterdir() if p.name.startswith(".")) == []  # no temp file left
 
 
+def test_an_export_whose_out_another_export_wrote_meanwhile_does_not_replace_it(case: Path, monkeypatch):
+    """Two `flowrec export` into one new OUT at once (a scheduler starting a job twice, or two runs
+    into one name) both said 'wrote OUT', the second having replaced the first's package without
+    --overwrite. Now the one that comes second is one line, exit 2, and leaves OUT as the other wrote it."""
+    import flowrec.serving.export as export
+
+    written = export.write_package
+
+    def another_export_lands(trained, staged, *args, **kwargs):  # while this one writes its package
+        report = written(trained, staged, *args, **kwargs)
+        shutil.copytree(case / "pkg", case / "new_pkg")
+        (case / "new_pkg" / "notes.txt").write_text("the other export's")
+        return report
+
+    monkeypatch.setattr(export, "write_package", another_export_lands)
+    before = snapshot(case / "pkg")
+    done = runner.invoke(app, ["export", str(case / "run"), str(case / "new_pkg"), "-q"])
+    one_line_exit_2(done, "new_pkg was written by another process while this one ran; give --overwrite")
+    assert snapshot(case / "new_pkg") == {**before, "notes.txt": hashlib.sha256(b"the other export's").hexdigest()}
+    assert sorted(p.name for p in case.iterdir() if p.name.startswith(".")) == []  # no staging folder left
+
+
 # ------------------------------------------------------------------ names from files, values, tracebacks
 def _meta(edit: Callable[[dict], None], folder: str = "data") -> Callable[[Path], None]:
     def make(r: Path) -> None:
