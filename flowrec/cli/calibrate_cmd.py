@@ -88,7 +88,8 @@ def calibrate(
 
     try:  # SIGTERM as Ctrl-C: one line, exit 130 (Python's default ended it without a word, status 143)
         with terminated_as_interrupted():
-            path, doc, details = _measure_and_write(spec, model, dev, shapes, seconds, nproc, device_budget, out)
+            path, doc, details = _measure_and_write(spec, model, dev, shapes, seconds, nproc, device_budget, out,
+                                                     overwrite or out is None)  # the default: always replaced
     except KeyboardInterrupt as exc:
         fail(f"interrupted ({interrupt_name(exc)}); no device profile was written", EXIT_INTERRUPTED)
     for key, entry in sorted(doc["measured"].items()):
@@ -101,7 +102,7 @@ def calibrate(
 
 
 def _measure_and_write(spec: Optional[Path], model, dev, shapes, seconds: float, nproc: int,
-                       device_budget: Optional[str], out: Optional[Path]) -> tuple[Path, dict, dict]:
+                       device_budget: Optional[str], out: Optional[Path], overwrite: bool) -> tuple[Path, dict, dict]:
     """`flowrec calibrate` once its options are checked: measure and write the profile; its path,
     the profile and the details of the measurement."""
     from flowrec.measure.calibrate import calibrate as measure
@@ -133,7 +134,8 @@ def _measure_and_write(spec: Optional[Path], model, dev, shapes, seconds: float,
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         fail(f"cannot write device profile {path}: {exc.strerror or exc}")
-    write_output(path, lambda tmp: tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n", encoding="utf-8"))
+    write_output(path, lambda tmp: tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n", encoding="utf-8"),
+                 overwrite)
     return path, doc, details
 
 

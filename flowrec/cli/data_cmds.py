@@ -284,9 +284,9 @@ def profile(
         finally:
             source.close()
         if json_file is not None:
-            write_output(json_file, lambda tmp: tmp.write_text(json.dumps(prof, indent=1) + "\n"))
+            write_output(json_file, lambda tmp: tmp.write_text(json.dumps(prof, indent=1) + "\n"), overwrite)
         if png is not None:
-            write_output(png, lambda tmp: plot_profile(prof, str(tmp)))
+            write_output(png, lambda tmp: plot_profile(prof, str(tmp)), overwrite)
         return prof
 
     prof = _run(work)

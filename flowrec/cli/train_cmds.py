@@ -1030,7 +1030,7 @@ def _evaluate_run(run_dir: Path, data: Optional[Path], device: str, group_by: Op
         fail(custom_failure(exc))
     _warn_covered_classes(metrics)
     try:
-        _write_metrics(metrics, json_out, quiet)
+        _write_metrics(metrics, json_out, quiet, overwrite)
     except KeyboardInterrupt as exc:
         written = f"; {json_out} was not written" if json_out not in (None, "-") else ""
         fail(f"interrupted ({interrupt_name(exc)}){written}", EXIT_INTERRUPTED)
@@ -1051,8 +1051,9 @@ def refuse_replacing_other_than_metrics(out: Path) -> None:
                                "metrics `flowrec eval --json` wrote")
 
 
-def _write_metrics(metrics: dict, json_out: Optional[str], quiet: bool = False) -> None:
-    """The table on stdout, and the JSON (NaN as null) to a file or, for '-', stdout instead."""
+def _write_metrics(metrics: dict, json_out: Optional[str], quiet: bool = False, overwrite: bool = False) -> None:
+    """The table on stdout, and the JSON (NaN as null) to a file or, for '-', stdout instead (a file
+    another process wrote since the command checked it replaced only with `overwrite`)."""
     from flowrec.cli.metrics_table import metrics_table, undefined_notes
     from flowrec.runtime.run_log import jsonable
 
@@ -1065,11 +1066,13 @@ def _write_metrics(metrics: dict, json_out: Optional[str], quiet: bool = False) 
     for line in undefined_notes(metrics):  # a '-' (or a null) of one class of labels, said once
         warn(line)
     if json_out is not None:
-        from flowrec.data.output_guard import atomic_output
+        from flowrec.data.output_guard import OutputError, atomic_output
 
         try:
-            with atomic_output(Path(json_out)) as tmp:
+            with atomic_output(Path(json_out), overwrite) as tmp:
                 tmp.write_text(text, encoding="utf-8")
+        except OutputError as exc:
+            fail(str(exc))
         except OSError as exc:
             fail(f"cannot write {json_out}: {exc.strerror or exc}")
 

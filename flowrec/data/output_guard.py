@@ -232,18 +232,41 @@ def short(name: str) -> str:
 
 
 @contextmanager
-def atomic_output(out: Path) -> Iterator[Path]:
+def atomic_output(out: Path, overwrite: bool = True) -> Iterator[Path]:
     """Yield a temp path next to `out`; renamed over `out` when the block completes, removed when it
-    fails (the old `out`, if any, is untouched until the rename)."""
+    fails (the old `out`, if any, is untouched until the rename). Without `overwrite` the file is
+    put in place only where `out` is still absent (an OutputError otherwise): another process may
+    have written it since the command checked it (two `predict --out F` at once each said they
+    wrote F, the second over the first)."""
     out = Path(out)
     tmp = out.parent / f".{short(out.stem)}.{os.getpid()}-{secrets.token_hex(4)}.tmp{out.suffix}"  # suffix kept: writers
     # such as matplotlib choose the format by it
     try:
         yield tmp
-        os.replace(tmp, out)
+        if overwrite:
+            os.replace(tmp, out)
+        else:
+            _put_new(tmp, out)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _put_new(tmp: Path, out: Path) -> None:
+    """Give the file `tmp` the name `out` unless `out` exists (a hard link, atomic; where the file
+    system has none, a check then a rename), then drop the name `tmp`."""
+    try:
+        os.link(tmp, out)
+    except FileExistsError:
+        raise OutputError(f"{out} was written by another process while this one ran; give --overwrite to "
+                          "replace it") from None
+    except OSError:  # no hard links here (EPERM, ENOTSUP, EMLINK)
+        if os.path.lexists(out):
+            raise OutputError(f"{out} was written by another process while this one ran; give --overwrite to "
+                              "replace it") from None
+        os.replace(tmp, out)
+        return
+    tmp.unlink()
 
 
 def replace_folder(new: Path, out: Path, overwrite: bool = True) -> None:

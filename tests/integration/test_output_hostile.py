@@ -216,6 +216,31 @@ def test_an_export_whose_out_another_export_wrote_meanwhile_does_not_replace_it(
     assert sorted(p.name for p in case.iterdir() if p.name.startswith(".")) == []  # no staging folder left
 
 
+@pytest.mark.parametrize("command", ["predict", "eval"])
+def test_a_file_output_another_process_wrote_meanwhile_is_kept_without_overwrite(case: Path, command: str,
+                                                                                  monkeypatch):
+    """Two `predict --out F` (or `eval --json F`) at once into one new F both said they wrote it,
+    the second having replaced the first's scores without --overwrite. Now the one that comes second
+    is one line, exit 2, and leaves F as the other wrote it, no temp file beside it."""
+    import flowrec.cli.predict_cmd as predict_cmd
+    import flowrec.serving.trained as trained
+
+    name = "scores.csv" if command == "predict" else "m.json"
+    owner, attr = (predict_cmd, "_score") if command == "predict" else (trained.Trained, "evaluate_dataset")
+    work = getattr(owner, attr)
+
+    def another_lands(*args, **kwargs):  # the other process writes F while this one works
+        done = work(*args, **kwargs)
+        (case / name).write_text("the other process's")
+        return done
+
+    monkeypatch.setattr(owner, attr, another_lands)
+    result = runner.invoke(app, (out(name) if command == "predict" else eval_json(name))(case))
+    one_line_exit_2(result, f"{name} was written by another process while this one ran; give --overwrite")
+    assert (case / name).read_text() == "the other process's"
+    assert sorted(p.name for p in case.iterdir() if p.name.startswith(".")) == []  # no temp file left
+
+
 # ------------------------------------------------------------------ names from files, values, tracebacks
 def _meta(edit: Callable[[dict], None], folder: str = "data") -> Callable[[Path], None]:
     def make(r: Path) -> None:
