@@ -241,6 +241,35 @@ def test_a_file_output_another_process_wrote_meanwhile_is_kept_without_overwrite
     assert sorted(p.name for p in case.iterdir() if p.name.startswith(".")) == []  # no temp file left
 
 
+def test_predict_while_export_overwrite_replaces_the_package_scores_with_one_package(case: Path, monkeypatch):
+    """`export RUN PKG --overwrite` renamed a new package over PKG while `predict PKG` loaded it:
+    predict had checked the old package's files against its manifest and then read the new one's
+    model.pt2 by name, so it refused the package as damaged ('... is not that of model.pt2's
+    tables') or scored with one package's encoder and another's model. Now a load whose package
+    folder was replaced during it starts again on the new one: the scores are the new package's."""
+    import flowrec.serving.predict as predict_mod
+    from flowrec.data.output_guard import replace_folder
+
+    made = runner.invoke(app, ["export", str(case / "run"), str(case / "pkg16"), "--dtype", "fp16", "-q"])
+    assert made.exit_code == 0, made.output
+    alone = runner.invoke(app, ["predict", str(case / "pkg16"), str(case / "new.csv"), "--format", "csv", "-q",
+                                "--out", str(case / "alone.csv")])
+    assert alone.exit_code == 0, alone.output
+    shutil.copytree(case / "pkg16", case / "staged16")
+    checked, swapped = predict_mod.check_archive, []
+
+    def export_lands(path, *args, **kwargs):  # the export's rename, after the files were checked
+        if not swapped:
+            replace_folder(case / "staged16", case / "pkg")
+            swapped.append(path)
+        return checked(path, *args, **kwargs)
+
+    monkeypatch.setattr(predict_mod, "check_archive", export_lands)
+    done = runner.invoke(app, out("scores.csv")(case))
+    assert swapped and done.exit_code == 0, done.output
+    assert pd.read_csv(case / "scores.csv").equals(pd.read_csv(case / "alone.csv"))
+
+
 # ------------------------------------------------------------------ names from files, values, tracebacks
 def _meta(edit: Callable[[dict], None], folder: str = "data") -> Callable[[Path], None]:
     def make(r: Path) -> None:
