@@ -235,14 +235,18 @@ def _names_order(run: Path, record: StreamRecord, days: Path, order: DayOrder) -
 
 
 def _unready(day: Path) -> str | None:
-    """Why the landed `day` cannot be read yet, or None: its metadata or a part file is not readable,
-    or its part files hold another row count than its _flowrec.json records (a day whose copy is
-    still under way looks so, as does a damaged one)."""
+    """Why the landed `day` cannot be read yet, or None: its metadata, a part file or a vocabulary
+    file (`_vocab/`, which training reads with the parts) is not readable, its part files hold
+    another row count than its _flowrec.json records, or a vocabulary file is not the one it records
+    (a day whose copy is still under way looks so, as does a damaged one)."""
     from flowrec.data.dataset import dataset_layout, parquet_files
+    from flowrec.data.encoder_record import check_vocabularies, record_of_dataset
     from flowrec.data.layout import read_meta
 
     try:
-        dataset_layout(day, read_meta(day), parquet_files(day))
+        meta = read_meta(day)
+        dataset_layout(day, meta, parquet_files(day))
+        check_vocabularies(record_of_dataset(day, meta))
     except DataError as exc:
         return str(exc)
     return None

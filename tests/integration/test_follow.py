@@ -217,6 +217,54 @@ def test_a_day_copied_in_before_its_dates_is_waited_for_in_date_order(tmp_path: 
     assert json.loads((out / "follow.json").read_text())["days"] == ["a", "b"]
 
 
+def test_a_day_copied_in_before_its_vocabulary_is_waited_for(tmp_path: Path, monkeypatch):
+    """A day copied in (cp -r, rsync) whose _flowrec.json and part files arrived before its _vocab/
+    folder (a table with a vocabulary) passed the stream's check of its rows, and its training
+    stopped the --follow-wait stream, exit 2: '_vocab/item.parquet: unreadable vocabulary file
+    (FileNotFoundError)'. Now the stream waits for the day's vocabulary files too, then trains it."""
+    import shutil
+    import threading
+
+    import numpy as np
+
+    import flowrec.cli.follow as follow_cli
+    from tests.unit.test_days import write_day
+
+    monkeypatch.chdir(tmp_path)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.replace("epochs: 2", "epochs: 1").replace("hash_buckets: 3000", "vocab: 60"))
+    assert "vocab: 60" in spec.read_text()
+    rng = np.random.default_rng(4)
+    folder, staged = tmp_path / "days", tmp_path / "staged"
+    for name, target in (("a", folder / "a"), ("b", staged / "b")):
+        write_day(tmp_path / f"{name}.csv", rng, 1000)
+        extra = ["--encoder-from", str(folder / "a")] if name == "b" else []
+        made = runner.invoke(app, ["data", "convert", "csv", str(tmp_path / f"{name}.csv"), str(target),
+                                   "--spec", str(spec), "-q", *extra])
+        assert made.exit_code == 0, made.output
+    assert (staged / "b" / "_vocab").is_dir()
+    shutil.copytree(staged / "b", folder / "b", ignore=shutil.ignore_patterns("_vocab"))  # the copy under way
+    sleep, polls = follow_cli.time.sleep, []
+
+    def copy_lands(seconds):  # the copy finishes during the first wait; Ctrl-C once no day is left
+        if seconds == follow_cli.POLL_S and threading.current_thread() is threading.main_thread():
+            polls.append((folder / "b" / "_vocab").exists())
+            if not polls[-1]:
+                shutil.copytree(staged / "b" / "_vocab", folder / "b" / "_vocab")
+                return
+            raise KeyboardInterrupt
+        sleep(seconds)
+
+    monkeypatch.setattr(follow_cli.time, "sleep", copy_lands)
+    out = tmp_path / "stream"
+    waited = runner.invoke(app, ["train", str(spec), "--follow", str(folder), "--out", str(out), "--quiet",
+                                 "--device", "cpu", "--follow-wait", "60"])
+    assert waited.exit_code == 130, waited.output
+    assert polls == [False, True], polls
+    assert waited.output.count("waiting for day b to be complete") == 1, waited.output
+    assert json.loads((out / "follow.json").read_text())["days"] == ["a", "b"]
+
+
 def test_an_interrupted_day_names_the_streams_command_not_a_resume_of_the_day(days, tmp_path: Path, monkeypatch):
     """Ctrl-C in a day's training said `continue with flowrec train SPEC --resume RUN/days/<day>`:
     that trains the day alone, and the stream's follow.json never lists it nor do the next days
