@@ -330,8 +330,8 @@ class DaskSource(_ParquetParts):
         return self._client.submit(_batch, rows, start, count, key=key)
 
     def close(self) -> None:
+        self._record.save()  # into the folder read: before a conversion waiting on it may replace it
         self.stop_reading()
-        self._record.save()
         self._client.close()
         if self._cluster is not None:
             # its INFO lines about retiring workers and closing comms are not for users
