@@ -100,7 +100,7 @@ def follow(request, days: Path, wait_s: float, once: bool, train: Callable, expo
     command = stream_command(request.spec_path, days, run, export, order)
     try:
         _follow_days(request, run, days, wait_s, once, train, export, order, command)
-    except KeyboardInterrupt as exc:  # waiting for a day, scoring one, or starting its run (a day's training says its own)
+    except KeyboardInterrupt as exc:  # waiting for a day, scoring, exporting or starting one (a day's training says its own)
         fail(f"interrupted ({interrupt_name(exc)}); the stream in {run} has trained {len(done_days(run))} day(s); "
              f"continue with  {command}", EXIT_INTERRUPTED)
     finally:
@@ -278,11 +278,11 @@ def _day_request(request, folder: Path, day: Path, previous: Path | None, comman
 
 def _export(day_run: Path, out: Path) -> None:
     """The day's model package (replacing one a crash left before the day was recorded)."""
-    from flowrec.cli.export_cmd import export
+    from flowrec.cli.export_cmd import export_package
 
     out.parent.mkdir(exist_ok=True)
-    export(day_run, out, dtype="fp32", overwrite=True, quiet=True, index="auto")  # every option given: typer
-    # defaults are OptionInfo objects when the command is called as a function
+    export_package(day_run, out, dtype="fp32", overwrite=True, quiet=True, index="auto",
+                   interrupts_raised=True)  # an interrupt ends in the stream's line, naming its command
 
 
 def _progressive(run: Path, previous: Path, day: Path, number: int) -> None:

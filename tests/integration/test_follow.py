@@ -289,6 +289,38 @@ def test_an_interrupted_day_names_the_streams_command_not_a_resume_of_the_day(da
     assert json.loads((out / "follow.json").read_text())["days"] == ["2026-11-01", "2026-11-02", "2026-11-03"]
 
 
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "Ctrl-C"])
+def test_an_interrupt_while_a_day_is_exported_names_the_streams_command(days, tmp_path: Path, monkeypatch,
+                                                                       signal_name: str):
+    """SIGTERM or Ctrl-C while --follow-export wrote a day's package ended the stream on export's own
+    line ('interrupted (SIGTERM); runs/stream/export/<day> was not written'), with no word of the
+    stream nor of how to continue it, where an interrupt in a day's training or in the wait names
+    the --follow command. Now the last line is the stream's, and that command finishes the day."""
+    import flowrec.serving.export as export
+    from flowrec.runtime.signals import Terminated
+
+    spec, folder = days
+    written = export.write_package
+
+    def interrupted(*args, **kwargs):  # the second day's package
+        if "2026-11-02" in str(args[1]):
+            raise Terminated if signal_name == "SIGTERM" else KeyboardInterrupt
+        return written(*args, **kwargs)
+
+    monkeypatch.setattr(export, "write_package", interrupted)
+    out = tmp_path / "stream"
+    stopped = runner.invoke(app, ["train", str(spec), "--follow", str(folder), "--out", str(out), "--quiet",
+                                  "--device", "cpu", "--follow-export"])
+    assert stopped.exit_code == 130, stopped.output
+    line = stopped.output.strip().splitlines()[-1]
+    assert line.startswith(f"error: interrupted ({signal_name}); the stream in") and "has trained 1 day(s)" in line, line
+    assert f"continue with  flowrec train {spec} --follow {folder} --out {out} --follow-export" in line, line
+    monkeypatch.setattr(export, "write_package", written)
+    _follow(spec, folder, out, "--follow-export")
+    assert json.loads((out / "follow.json").read_text())["days"] == ["2026-11-01", "2026-11-02", "2026-11-03"]
+    assert sorted(p.name for p in (out / "export").iterdir()) == ["2026-11-01", "2026-11-02", "2026-11-03"]
+
+
 def test_ctrl_c_while_waiting_for_a_day_says_how_many_days_the_stream_trained(days, tmp_path: Path, monkeypatch):
     """Ctrl-C during --follow-wait said 'before training started; nothing was trained' after the
     stream had trained its days."""
