@@ -291,13 +291,26 @@ def replace_folder(new: Path, out: Path, overwrite: bool = True) -> None:
         os.rename(new, out)
         return
     old = out.parent / f".{short(out.name)}.old-{os.getpid()}-{secrets.token_hex(4)}"
-    os.rename(out, old)
-    try:
-        os.rename(new, out)
-    except OSError:
-        os.rename(old, out)
-        raise
-    if old.is_symlink():  # `out` was a link: the link goes, never the folder it names (which
-        old.unlink()  # rmtree refuses, and ignore_errors would have left the link behind)
-    else:
-        shutil.rmtree(old, ignore_errors=True)
+    with _interrupts_held():  # a Ctrl-C or SIGTERM between the renames left no `out` at all (the old
+        os.rename(out, old)  # folder hidden aside, the new one removed as unfinished), and one in the
+        try:  # removal after them a hidden, half-removed old folder and a command that said it was
+            os.rename(new, out)  # interrupted though `out` was new: the swap and the removal finish, and
+        except OSError:  # the command with them (its output is complete)
+            os.rename(old, out)
+            raise
+        if old.is_symlink():  # `out` was a link: the link goes, never the folder it names (which
+            old.unlink()  # rmtree refuses, and ignore_errors would have left the link behind)
+        else:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+@contextmanager
+def _interrupts_held() -> Iterator[None]:
+    """Within: Ctrl-C and SIGTERM do nothing (main thread only; a signal there is dropped, the work
+    within being the end of the command's)."""
+    import signal
+
+    from flowrec.runtime.signals import handlers_installed
+
+    with handlers_installed({signal.SIGINT: signal.SIG_IGN, signal.SIGTERM: signal.SIG_IGN}):
+        yield

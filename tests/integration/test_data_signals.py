@@ -188,3 +188,41 @@ def test_sigterm_while_calibrate_measures_or_eval_scores_is_one_line(tmp_path: P
         assert done.returncode == 130, (args[0], done.returncode, done.stderr[-2000:])
         assert done.stderr.strip().splitlines()[-1] == f"error: interrupted (SIGTERM){nothing}", done.stderr
         assert list((tmp_path / "out").iterdir()) == []
+
+
+# the process sends itself SIGTERM right after it renamed the old dataset aside, before the new one is renamed in
+SWAPPING = """
+import os, signal, sys
+from flowrec.__main__ import run
+
+rename = os.rename
+
+def renamed(source, target):
+    rename(source, target)
+    if ".old-" in os.fspath(target):
+        os.kill(os.getpid(), signal.SIGTERM)
+
+os.rename = renamed
+sys.argv = ["flowrec", *sys.argv[1:]]
+run()
+"""
+
+
+def test_sigterm_while_the_new_dataset_is_swapped_in_leaves_one_of_the_two(tmp_path: Path) -> None:
+    """SIGTERM between the rename of the old OUT aside and that of the new one into place ended
+    `data synth --overwrite` with 'interrupted (SIGTERM)' and no OUT at all: the old dataset hidden
+    in `.OUT.old-*`, the new one removed as unfinished. Now the swap (and the old folder's removal)
+    finishes: the new dataset is OUT, nothing hidden is left, and the command completes."""
+    import pyarrow.parquet as pq
+
+    (tmp_path / "spec.yaml").write_text(SPEC)
+    env = subprocess_env(ROOT)
+    made = subprocess.run([sys.executable, "-m", "flowrec", "data", "synth", "spec.yaml", "--rows", "300",
+                           "--out", "ds"], cwd=tmp_path, env=env, text=True, capture_output=True, timeout=TIMEOUT_S)
+    assert made.returncode == 0, made.stderr[-2000:]
+    done = subprocess.run([sys.executable, "-c", SWAPPING, "data", "synth", "spec.yaml", "--rows", "200", "--out",
+                           "ds", "--overwrite"], cwd=tmp_path, env=env, text=True, capture_output=True,
+                          timeout=TIMEOUT_S)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds", "spec.yaml"]
+    assert pq.read_table(tmp_path / "ds").num_rows == 200
