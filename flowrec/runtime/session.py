@@ -331,7 +331,8 @@ def bound_dataset(spec: ModelSpec, spec_path: Path, workdir: Path | None,
             shutil.rmtree(out)
         status(f"encoding {spec.data.format} data from {raw} into {out}")
         try:
-            report = convert(spec, spec.data.format, [raw], out, options=spec_file_options(spec, spec_path.parent))
+            report = convert(spec, spec.data.format, [raw], out, options=spec_file_options(spec, spec_path.parent),
+                             status=status)
         except DataError as exc:  # `flowrec train` and `flowrec.train` have no --on-error of their own
             shown = spec_path if spec_path.is_file() else "SPEC"
             raise DataError(str(exc).replace(SKIP_HINT, (
