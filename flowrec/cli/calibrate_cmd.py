@@ -60,9 +60,6 @@ def calibrate(
     device_budget: Optional[str] = typer.Option(None, "--device-budget", help="With --nproc and a spec on the CPU: the device budget of the runs whose sharded plan the processes step (as `flowrec train --device-budget`; it decides the plan's shardings and so its collective calls); without SPEC, --nproc N or the CPU it is refused."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the --out file when it exists (the default profile is always replaced)."),
 ) -> None:
-    from flowrec.planner.calibration import default_profile_path, profile_document
-    from flowrec.measure.calibrate import calibrate as measure
-    from flowrec.runs.plan import cost_target
     from flowrec.runtime.session import resolve_device
 
     check_env_switches()
@@ -86,6 +83,31 @@ def calibrate(
         fail(f"--device-budget sets the plan that --nproc N processes step for a spec on the CPU; this calibration "
              f"({'no SPEC' if model is None else 'no --nproc N' if nproc <= 1 else f'device {dev.type}'}) "
              f"steps none: give SPEC and --nproc N (2 or more) on the CPU, or leave --device-budget out")
+    from flowrec.runs.errors import EXIT_INTERRUPTED
+    from flowrec.runtime.signals import interrupt_name, terminated_as_interrupted
+
+    try:  # SIGTERM as Ctrl-C: one line, exit 130 (Python's default ended it without a word, status 143)
+        with terminated_as_interrupted():
+            path, doc, details = _measure_and_write(spec, model, dev, shapes, seconds, nproc, device_budget, out,
+                                                     overwrite or out is None)  # the default: always replaced
+    except KeyboardInterrupt as exc:
+        fail(f"interrupted ({interrupt_name(exc)}); no device profile was written", EXIT_INTERRUPTED)
+    for key, entry in sorted(doc["measured"].items()):
+        typer.echo(f"{key:24s} {shown_value(entry['value']):>12s}  ({entry['how']})")
+    timing = details["timing"]
+    typer.echo(f"timed {timing['rounds']} rounds, {timing['rejected_rounds']} delayed by other processes or the hypervisor "
+               f"({timing['extrapolated_measurements']} of {timing['measurements']} measurements without clean "
+               f"rounds: their median less its delay); load average {', '.join(f'{x:.2f}' for x in timing['loadavg_1min'])}")
+    say(f"measured in {details['seconds']:.1f} s; wrote {path} (use: flowrec plan SPEC --target {path})")
+
+
+def _measure_and_write(spec: Optional[Path], model, dev, shapes, seconds: float, nproc: int,
+                       device_budget: Optional[str], out: Optional[Path], overwrite: bool) -> tuple[Path, dict, dict]:
+    """`flowrec calibrate` once its options are checked: measure and write the profile; its path,
+    the profile and the details of the measurement."""
+    from flowrec.measure.calibrate import calibrate as measure
+    from flowrec.planner.calibration import default_profile_path, profile_document
+    from flowrec.runs.plan import cost_target
     from flowrec.measure import robust
 
     started = time.perf_counter()
@@ -112,14 +134,9 @@ def calibrate(
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         fail(f"cannot write device profile {path}: {exc.strerror or exc}")
-    write_output(path, lambda tmp: tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n", encoding="utf-8"))
-    for key, entry in sorted(doc["measured"].items()):
-        typer.echo(f"{key:24s} {shown_value(entry['value']):>12s}  ({entry['how']})")
-    timing = details["timing"]
-    typer.echo(f"timed {timing['rounds']} rounds, {timing['rejected_rounds']} delayed by other processes or the hypervisor "
-               f"({timing['extrapolated_measurements']} of {timing['measurements']} measurements without clean "
-               f"rounds: their median less its delay); load average {', '.join(f'{x:.2f}' for x in timing['loadavg_1min'])}")
-    say(f"measured in {details['seconds']:.1f} s; wrote {path} (use: flowrec plan SPEC --target {path})")
+    write_output(path, lambda tmp: tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n", encoding="utf-8"),
+                 overwrite)
+    return path, doc, details
 
 
 def shown_value(value) -> str:

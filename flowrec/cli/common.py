@@ -418,13 +418,17 @@ def guard_outputs(outputs: Sequence[Path], inputs: Sequence[Path | None], overwr
             fail(str(exc))
 
 
-def write_output(out: Path, write: Callable[[Path], object]) -> None:
-    """`write(tmp)` then rename tmp over `out` (atomic); an OSError is one line and exit 2."""
-    from flowrec.data.output_guard import atomic_output
+def write_output(out: Path, write: Callable[[Path], object], overwrite: bool = True) -> None:
+    """`write(tmp)` then rename tmp over `out` (atomic; without `overwrite` only while `out` is
+    absent: `atomic_output`); an OSError, or a file another process wrote meanwhile, is one line
+    and exit 2."""
+    from flowrec.data.output_guard import OutputError, atomic_output
 
     try:
-        with atomic_output(out) as tmp:
+        with atomic_output(out, overwrite) as tmp:
             write(tmp)
+    except OutputError as exc:
+        fail(str(exc))
     except OSError as exc:
         fail(f"cannot write {out}: {exc.strerror or exc}")
 

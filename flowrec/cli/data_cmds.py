@@ -164,7 +164,7 @@ def convert(
         with rows_spinner(f"converting {source.name}", not quiet) as advance:
             return run_convert(model, fmt, [source], out, on_error, given, rows_per_file,
                                progress=advance, overwrite=overwrite,
-                               encoder=encoder, grow=not no_grow)
+                               encoder=encoder, grow=not no_grow, status=lambda line: say(line, err=True))
 
     report = _run(work)
     split = f" (train {report.split['train']:,}, test {report.split['test']:,})" if report.split else ""
@@ -221,7 +221,7 @@ def synth(
         check_folder_output(out, [spec], overwrite, "a dataset")
         start = time.perf_counter()
         meta = synth_dataset(model, out, rows, SynthConfig(seed=seed, alpha=alpha), rows_per_file,
-                             overwrite)
+                             overwrite, status=lambda line: say(line, err=True))
         return meta, time.perf_counter() - start
 
     meta, seconds = _run(work)
@@ -284,9 +284,9 @@ def profile(
         finally:
             source.close()
         if json_file is not None:
-            write_output(json_file, lambda tmp: tmp.write_text(json.dumps(prof, indent=1) + "\n"))
+            write_output(json_file, lambda tmp: tmp.write_text(json.dumps(prof, indent=1) + "\n"), overwrite)
         if png is not None:
-            write_output(png, lambda tmp: plot_profile(prof, str(tmp)))
+            write_output(png, lambda tmp: plot_profile(prof, str(tmp)), overwrite)
         return prof
 
     prof = _run(work)

@@ -40,6 +40,15 @@ def export(
     vectors), every catalogue item's vector with its raw id (items.parquet) and, with --index
     faiss, an exact index; `flowrec predict OUT RAW --top-k K` returns each row's K best items.
     """
+    export_package(run_dir, out, dtype, overwrite, quiet, index)
+
+
+def export_package(run_dir: Path, out: Path, dtype: str, overwrite: bool, quiet: bool, index: str,
+                   interrupts_raised: bool = False) -> None:
+    """`flowrec export` with its options read (`train --follow --follow-export` calls it for each
+    day). `interrupts_raised`: Ctrl-C or SIGTERM removes the staging folder, then is raised as a
+    KeyboardInterrupt for the caller's line (the stream's, with the command that continues it),
+    instead of export's own line."""
     from flowrec.data.encoder_record import find_record, tables_without_vocabulary
     from flowrec.data.layout import DataError
     from flowrec.data.output_guard import replace_folder
@@ -76,12 +85,14 @@ def export(
             report = write_package(trained, staged, dtype, encoder, _last_eval(folder, trained.step),
                                    _compare_rows(folder, trained) if dtype != "fp32" else None, mapped=True,
                                    index=index)
-            replace_folder(staged, out)  # the old package stays until the new one is in place
+            replace_folder(staged, out, overwrite)  # the old package stays until the new one is in place
     except (DataError, OSError, ValueError, RuntimeError) as exc:
         undo()
         fail(f"cannot export to {out}: {custom_failure(exc) or first_line(exc)}")
     except KeyboardInterrupt as exc:
         undo()
+        if interrupts_raised:
+            raise
         fail(f"interrupted ({interrupt_name(exc)}); {out} was not written", EXIT_INTERRUPTED)
     except Exception as exc:  # a user's custom module may raise anything while it is traced
         undo()  # the staging folder was left beside OUT

@@ -32,7 +32,7 @@ import typer
 
 from flowrec.cli.common import fail, say
 from flowrec.cli.streams import DAYS_DIR, EXPORT_DIR, FOLLOW_FILE, StreamRecord, done_days, read_record
-from flowrec.data.days import DayOrder, day_partitions, parse_order
+from flowrec.data.days import DayOrder, day_partitions, landed as named_days, parse_order
 from flowrec.data.layout import META_FILE, DataError
 from flowrec.runs.errors import EXIT_INTERRUPTED
 from flowrec.runtime.messages import shell_word
@@ -43,12 +43,25 @@ LOCK_FILE = ".follow.lock"  # held by the one --follow process of a stream folde
 POLL_S = 1.0  # seconds between looks for a new day
 
 
-def landed_days(days: Path, order: DayOrder = DayOrder()) -> list[Path]:
-    """Day partitions under `days` that are complete datasets, in `order`."""
+def landed_days(days: Path, order: DayOrder, done: list[str]) -> tuple[list[Path], str | None]:
+    """Day partitions under `days` that are complete datasets, in `order`; or ([], why) when they
+    cannot be ordered by date while a day not trained yet (not in `done`) has landed: a day copied in
+    (cp -r, rsync) whose _flowrec_stats.json or part files have not all arrived has no date yet (the
+    loop waits for it within --follow-wait, as for a day whose rows are not all there)."""
     try:
-        return day_partitions(days, order)
+        return day_partitions(days, order), None
     except DataError as exc:
+        if order.column is not None and _new_days(days, done):
+            return [], str(exc)
         fail(f"--follow: {exc}")
+
+
+def _new_days(days: Path, done: list[str]) -> bool:
+    """Whether a day partition not in `done` has landed under `days` (in any order)."""
+    try:
+        return any(day.name not in done for day in named_days(days))
+    except DataError:
+        return False
 
 
 def _record(run: Path, days: list[str], order: DayOrder) -> None:
@@ -87,7 +100,7 @@ def follow(request, days: Path, wait_s: float, once: bool, train: Callable, expo
     command = stream_command(request.spec_path, days, run, export, order)
     try:
         _follow_days(request, run, days, wait_s, once, train, export, order, command)
-    except KeyboardInterrupt as exc:  # waiting for a day, scoring one, or starting its run (a day's training says its own)
+    except KeyboardInterrupt as exc:  # waiting for a day, scoring, exporting or starting one (a day's training says its own)
         fail(f"interrupted ({interrupt_name(exc)}); the stream in {run} has trained {len(done_days(run))} day(s); "
              f"continue with  {command}", EXIT_INTERRUPTED)
     finally:
@@ -144,7 +157,16 @@ def _follow_days(request, run: Path, days: Path, wait_s: float, once: bool, trai
     order = _names_order(run, record, days, order)
     done = record.days  # the lock keeps every other writer out: the record changes only below
     while True:
-        landed = landed_days(days, order)
+        landed, undated = landed_days(days, order, done)
+        if undated is not None:  # a day still being copied in cannot be dated yet
+            if time.monotonic() < deadline:
+                if waiting_on != undated:
+                    say(f"waiting for the days under {days} to be complete to order them by {order.column} "
+                        f"({undated})", err=True)
+                    waiting_on = undated
+                time.sleep(POLL_S)
+                continue
+            fail(f"--follow: {undated}")
         todo = [d for d in landed if d.name not in done]
         if not todo:
             if time.monotonic() >= deadline:
@@ -213,14 +235,18 @@ def _names_order(run: Path, record: StreamRecord, days: Path, order: DayOrder) -
 
 
 def _unready(day: Path) -> str | None:
-    """Why the landed `day` cannot be read yet, or None: its metadata or a part file is not readable,
-    or its part files hold another row count than its _flowrec.json records (a day whose copy is
-    still under way looks so, as does a damaged one)."""
+    """Why the landed `day` cannot be read yet, or None: its metadata, a part file or a vocabulary
+    file (`_vocab/`, which training reads with the parts) is not readable, its part files hold
+    another row count than its _flowrec.json records, or a vocabulary file is not the one it records
+    (a day whose copy is still under way looks so, as does a damaged one)."""
     from flowrec.data.dataset import dataset_layout, parquet_files
+    from flowrec.data.encoder_record import check_vocabularies, record_of_dataset
     from flowrec.data.layout import read_meta
 
     try:
-        dataset_layout(day, read_meta(day), parquet_files(day))
+        meta = read_meta(day)
+        dataset_layout(day, meta, parquet_files(day))
+        check_vocabularies(record_of_dataset(day, meta))
     except DataError as exc:
         return str(exc)
     return None
@@ -252,11 +278,11 @@ def _day_request(request, folder: Path, day: Path, previous: Path | None, comman
 
 def _export(day_run: Path, out: Path) -> None:
     """The day's model package (replacing one a crash left before the day was recorded)."""
-    from flowrec.cli.export_cmd import export
+    from flowrec.cli.export_cmd import export_package
 
     out.parent.mkdir(exist_ok=True)
-    export(day_run, out, dtype="fp32", overwrite=True, quiet=True, index="auto")  # every option given: typer
-    # defaults are OptionInfo objects when the command is called as a function
+    export_package(day_run, out, dtype="fp32", overwrite=True, quiet=True, index="auto",
+                   interrupts_raised=True)  # an interrupt ends in the stream's line, naming its command
 
 
 def _progressive(run: Path, previous: Path, day: Path, number: int) -> None:

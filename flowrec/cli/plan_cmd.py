@@ -96,11 +96,11 @@ def plan(
             if dest == "-":
                 typer.echo(text(), nl=False)
             elif dest is not None:
-                write_output(Path(dest), lambda tmp, text=text: tmp.write_text(text(), encoding="utf-8"))
+                write_output(Path(dest), lambda tmp, text=text: tmp.write_text(text(), encoding="utf-8"), overwrite)
         if svg is not None:
-            write_output(svg, lambda tmp: tmp.write_text(to_svg(result), encoding="utf-8"))
+            write_output(svg, lambda tmp: tmp.write_text(to_svg(result), encoding="utf-8"), overwrite)
         if png is not None:
-            write_output(png, lambda tmp: to_png(result, tmp))
+            write_output(png, lambda tmp: to_png(result, tmp), overwrite)
         if "-" not in (json_out, dot) and not quiet:
             report = text_report(result)
             typer.echo("\n".join(report[:1] + ([warning] if warning else []) + report[1:]

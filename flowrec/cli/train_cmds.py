@@ -969,19 +969,27 @@ def evaluate_run(
       flowrec eval runs/ml --data runs/ml/data/test --group-by user_id --json m.json
       flowrec eval runs/ml/best --data runs/ml/data/test --json -
     """
-    from flowrec.data.layout import DataError
-    from flowrec.data.output_guard import check_file_output
-    from flowrec.planner.contract import scoring_plan
-    from flowrec.runs.recorded import eval_data_to_score, recorded_train_data, split_since, synthetic_rows
     from flowrec.runtime.session import device_problem
-    from flowrec.serving.trained import load_trained, missing_encoder
-    from operators.custom import custom_failure
 
     if device_problem(device) is not None:  # before the run is read (torch's words otherwise)
         fail(f"--device {device_problem(device)}")
     from flowrec.cli.streams import refuse_stream_folder
 
     refuse_stream_folder(run_dir, "eval")
+    with terminated_as_interrupted():  # SIGTERM as Ctrl-C: one line, exit 130, no --json temp file left
+        _evaluate_run(run_dir, data, device, group_by, json_out, quiet, overwrite, seen)
+
+
+def _evaluate_run(run_dir: Path, data: Optional[Path], device: str, group_by: Optional[str],
+                  json_out: Optional[str], quiet: bool, overwrite: bool, seen: Optional[Path]) -> None:
+    """`flowrec eval` once its paths are checked."""
+    from flowrec.data.layout import DataError
+    from flowrec.data.output_guard import check_file_output
+    from flowrec.planner.contract import scoring_plan
+    from flowrec.runs.recorded import eval_data_to_score, recorded_train_data, split_since, synthetic_rows
+    from flowrec.serving.trained import load_trained, missing_encoder
+    from operators.custom import custom_failure
+
     with stdout_reserved(json_out == "-"):  # the JSON alone on stdout: a custom module's prints to stderr
         try:
             trained = load_trained(run_dir, device, scoring_plan)
@@ -1015,14 +1023,18 @@ def evaluate_run(
                 metrics = trained.evaluate_dataset(data, grouping, seen)
         except (DataError, OSError, ValueError, RuntimeError) as exc:
             fail(custom_failure(exc) or first_line(exc))
-        except KeyboardInterrupt:
-            fail("interrupted (Ctrl-C)", EXIT_INTERRUPTED)
+        except KeyboardInterrupt as exc:
+            fail(f"interrupted ({interrupt_name(exc)})", EXIT_INTERRUPTED)
         except Exception as exc:  # a user's custom module may raise anything while scoring
             if custom_failure(exc) is None:
                 raise
             fail(custom_failure(exc))
     _warn_covered_classes(metrics)
-    _write_metrics(metrics, json_out, quiet)
+    try:
+        _write_metrics(metrics, json_out, quiet, overwrite)
+    except KeyboardInterrupt as exc:
+        written = f"; {json_out} was not written" if json_out not in (None, "-") else ""
+        fail(f"interrupted ({interrupt_name(exc)}){written}", EXIT_INTERRUPTED)
 
 
 EVAL_JSON_LIMIT = 1 << 24  # bytes of an existing --json file read to tell a previous eval's metrics (16 MiB)
@@ -1040,8 +1052,9 @@ def refuse_replacing_other_than_metrics(out: Path) -> None:
                                "metrics `flowrec eval --json` wrote")
 
 
-def _write_metrics(metrics: dict, json_out: Optional[str], quiet: bool = False) -> None:
-    """The table on stdout, and the JSON (NaN as null) to a file or, for '-', stdout instead."""
+def _write_metrics(metrics: dict, json_out: Optional[str], quiet: bool = False, overwrite: bool = False) -> None:
+    """The table on stdout, and the JSON (NaN as null) to a file or, for '-', stdout instead (a file
+    another process wrote since the command checked it replaced only with `overwrite`)."""
     from flowrec.cli.metrics_table import metrics_table, undefined_notes
     from flowrec.runtime.run_log import jsonable
 
@@ -1054,11 +1067,13 @@ def _write_metrics(metrics: dict, json_out: Optional[str], quiet: bool = False) 
     for line in undefined_notes(metrics):  # a '-' (or a null) of one class of labels, said once
         warn(line)
     if json_out is not None:
-        from flowrec.data.output_guard import atomic_output
+        from flowrec.data.output_guard import OutputError, atomic_output
 
         try:
-            with atomic_output(Path(json_out)) as tmp:
+            with atomic_output(Path(json_out), overwrite) as tmp:
                 tmp.write_text(text, encoding="utf-8")
+        except OutputError as exc:
+            fail(str(exc))
         except OSError as exc:
             fail(f"cannot write {json_out}: {exc.strerror or exc}")
 

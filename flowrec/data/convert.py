@@ -227,7 +227,8 @@ def _mix64(z: np.ndarray) -> np.ndarray:
 def convert(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_error: ErrorPolicy = "fail",
             options: dict[str, Any] | None = None, rows_per_file: int = ROWS_PER_FILE,
             progress: Callable[[int], None] | None = None, overwrite: bool = False,
-            encoder: Encoder | None = None, grow: bool = True) -> ConvertReport:
+            encoder: Encoder | None = None, grow: bool = True,
+            status: Callable[[str], None] | None = None) -> ConvertReport:
     """Convert raw files of a format to an encoded dataset in `out`.
 
     The dataset is written into a new sibling folder and renamed to `out` when complete
@@ -247,6 +248,7 @@ def convert(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_error: 
             instead of fitting one: unseen values go to row 0 or their hash bucket, or, in
             tables with spare rows, to the free rows after the vocabulary.
         grow: with `encoder`, give unseen values spare rows (False: row 0, as `predict` does).
+        status: told when replacing `out` waits for flowrec processes reading it (a run training on it).
 
     Raises:
         DataError: missing inputs, unreadable input, a malformed row with on_error="fail", an
@@ -266,7 +268,7 @@ def convert(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_error: 
             raise DataError(f"input not found: {path}")
     if encoder is not None:
         _check_vocabularies(spec, encoder)
-    with staged_output(Path(out), overwrite, inputs) as tmp:
+    with staged_output(Path(out), overwrite, inputs, status) as tmp:
         report = _convert_into(spec, fmt, inputs, tmp, on_error, options or {}, rows_per_file, progress,
                                encoder, grow)
         _check_rows(report, inputs, fmt)

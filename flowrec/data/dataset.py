@@ -35,6 +35,7 @@ from flowrec.data.checks import ColumnRule, check_partition
 from flowrec.data.layout import META_FILE, DataError, DatasetMeta, read_meta
 from flowrec.data.names import check_folder_links
 from flowrec.data.rowcache import RowCache
+from flowrec.data.readers import hold_for_reading, release
 
 IGNORED_PREFIXES = [".", "_"]  # metadata, vocabularies and hidden files are not data
 
@@ -154,12 +155,22 @@ class _ParquetParts:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self.meta: DatasetMeta = read_meta(self.path)
-        self.files = parquet_files(self.path)
-        self._parts = dataset_layout(self.path, self.meta, self.files)
+        self._reading = hold_for_reading(self.path)  # a conversion replacing the folder waits for close()
+        try:
+            self.meta: DatasetMeta = read_meta(self.path)
+            self.files = parquet_files(self.path)
+            self._parts = dataset_layout(self.path, self.meta, self.files)
+        except BaseException:
+            self.stop_reading()
+            raise
         self._record = CheckRecord(self.path, self.files)
         self.bytes_read = 0
         self.row_cache = RowCache()
+
+    def stop_reading(self) -> None:
+        """Drop the lock that keeps a conversion from replacing the folder while it is read."""
+        release(self._reading)
+        self._reading = None
 
     def fingerprints(self) -> list[str]:
         """Each part file's fingerprint now (`flowrec.data.checked.fingerprint`; "" unreadable)."""
@@ -208,6 +219,7 @@ class ParquetSource(_ParquetParts):
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._record.save()
         self.row_cache.clear()
+        self.stop_reading()
 
 
 def token(*parts: Any) -> str:
@@ -318,7 +330,8 @@ class DaskSource(_ParquetParts):
         return self._client.submit(_batch, rows, start, count, key=key)
 
     def close(self) -> None:
-        self._record.save()
+        self._record.save()  # into the folder read: before a conversion waiting on it may replace it
+        self.stop_reading()
         self._client.close()
         if self._cluster is not None:
             # its INFO lines about retiring workers and closing comms are not for users

@@ -22,6 +22,7 @@ from typing import Callable, Iterator, Sequence
 
 from flowrec.data.layout import DataError
 from flowrec.data.output_guard import replace_folder, short
+from flowrec.data.readers import held_exclusively
 
 
 DISK_FULL = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT})  # a write the disk (or a size limit) refused
@@ -42,8 +43,10 @@ def check_output(out: Path, overwrite: bool, inputs: Sequence[Path] = ()) -> Non
 
 
 @contextmanager
-def staged_output(out: Path, overwrite: bool, inputs: Sequence[Path] = ()) -> Iterator[Path]:
+def staged_output(out: Path, overwrite: bool, inputs: Sequence[Path] = (),
+                  status: Callable[[str], None] | None = None) -> Iterator[Path]:
     """Yield a new empty sibling folder of `out`; on success it replaces `out`, on error it is removed.
+    `status` is told when the replacement waits for flowrec processes reading `out`.
 
     Raises:
         DataError: as `check_output`, or the folder cannot be created.
@@ -57,7 +60,7 @@ def staged_output(out: Path, overwrite: bool, inputs: Sequence[Path] = ()) -> It
         raise DataError(f"cannot create the output folder next to {out}: {exc.strerror}") from None
     try:
         yield tmp
-        _swap(tmp, out, overwrite)
+        _swap(tmp, out, overwrite, status)
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, OSError) and exc.errno in DISK_FULL:  # pyarrow's words name no file
@@ -66,10 +69,17 @@ def staged_output(out: Path, overwrite: bool, inputs: Sequence[Path] = ()) -> It
         raise
 
 
-def _swap(new: Path, out: Path, overwrite: bool) -> None:
-    """Rename `new` to `out`; an existing `out` is moved aside first and deleted after."""
-    check_output(out, overwrite)  # another process may have written there meanwhile
-    replace_folder(new, out)
+def _swap(new: Path, out: Path, overwrite: bool, status: Callable[[str], None] | None = None) -> None:
+    """Rename `new` to `out`; an existing `out` is moved aside first and deleted after, once no
+    flowrec process reads it (a run training on it: `flowrec.data.readers`), which `status` is told."""
+    def waiting() -> None:
+        if status is not None:
+            status(f"waiting for the flowrec processes reading {out} (a run training on it) to finish before "
+                   f"replacing it; Ctrl-C leaves {out} as it is")
+
+    with held_exclusively([out, out / "train", out / "test"], waiting):
+        check_output(out, overwrite)  # another process may have written there meanwhile
+        replace_folder(new, out, overwrite)
 
 
 @contextmanager

@@ -16,6 +16,7 @@ Example:
 """
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import shutil
@@ -231,36 +232,85 @@ def short(name: str) -> str:
 
 
 @contextmanager
-def atomic_output(out: Path) -> Iterator[Path]:
+def atomic_output(out: Path, overwrite: bool = True) -> Iterator[Path]:
     """Yield a temp path next to `out`; renamed over `out` when the block completes, removed when it
-    fails (the old `out`, if any, is untouched until the rename)."""
+    fails (the old `out`, if any, is untouched until the rename). Without `overwrite` the file is
+    put in place only where `out` is still absent (an OutputError otherwise): another process may
+    have written it since the command checked it (two `predict --out F` at once each said they
+    wrote F, the second over the first)."""
     out = Path(out)
     tmp = out.parent / f".{short(out.stem)}.{os.getpid()}-{secrets.token_hex(4)}.tmp{out.suffix}"  # suffix kept: writers
     # such as matplotlib choose the format by it
     try:
         yield tmp
-        os.replace(tmp, out)
+        if overwrite:
+            os.replace(tmp, out)
+        else:
+            _put_new(tmp, out)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
 
 
-def replace_folder(new: Path, out: Path) -> None:
+def _put_new(tmp: Path, out: Path) -> None:
+    """Give the file `tmp` the name `out` unless `out` exists (a hard link, atomic; where the file
+    system has none, a check then a rename), then drop the name `tmp`."""
+    try:
+        os.link(tmp, out)
+    except FileExistsError:
+        raise OutputError(f"{out} was written by another process while this one ran; give --overwrite to "
+                          "replace it") from None
+    except OSError:  # no hard links here (EPERM, ENOTSUP, EMLINK)
+        if os.path.lexists(out):
+            raise OutputError(f"{out} was written by another process while this one ran; give --overwrite to "
+                              "replace it") from None
+        os.replace(tmp, out)
+        return
+    tmp.unlink()
+
+
+def replace_folder(new: Path, out: Path, overwrite: bool = True) -> None:
     """Rename the complete folder `new` to `out`; an existing `out` is moved aside first, put back
     if the rename fails, and deleted after, so `out` is always the old folder or the new one (an
-    `out` that is a link to a folder is replaced as a link: the folder it names is left as it is)."""
+    `out` that is a link to a folder is replaced as a link: the folder it names is left as it is).
+    Without `overwrite`, `out` must be absent or an empty folder when the rename happens (an
+    OutputError otherwise, `new` left to the caller): another process may have written it since
+    the command checked it (two exports into one new OUT each said they wrote it, the second over
+    the first)."""
     new, out = Path(new), Path(out)
+    if not overwrite and not os.path.islink(out):  # (a link to an empty folder is replaced as below)
+        try:  # atomic: the kernel refuses to rename a folder over a non-empty one
+            os.rename(new, out)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+                raise
+            raise OutputError(f"{out} was written by another process while this one ran; give --overwrite to "
+                              "replace it") from None
+        return
     if not os.path.lexists(out):
         os.rename(new, out)
         return
     old = out.parent / f".{short(out.name)}.old-{os.getpid()}-{secrets.token_hex(4)}"
-    os.rename(out, old)
-    try:
-        os.rename(new, out)
-    except OSError:
-        os.rename(old, out)
-        raise
-    if old.is_symlink():  # `out` was a link: the link goes, never the folder it names (which
-        old.unlink()  # rmtree refuses, and ignore_errors would have left the link behind)
-    else:
-        shutil.rmtree(old, ignore_errors=True)
+    with _interrupts_held():  # a Ctrl-C or SIGTERM between the renames left no `out` at all (the old
+        os.rename(out, old)  # folder hidden aside, the new one removed as unfinished), and one in the
+        try:  # removal after them a hidden, half-removed old folder and a command that said it was
+            os.rename(new, out)  # interrupted though `out` was new: the swap and the removal finish, and
+        except OSError:  # the command with them (its output is complete)
+            os.rename(old, out)
+            raise
+        if old.is_symlink():  # `out` was a link: the link goes, never the folder it names (which
+            old.unlink()  # rmtree refuses, and ignore_errors would have left the link behind)
+        else:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+@contextmanager
+def _interrupts_held() -> Iterator[None]:
+    """Within: Ctrl-C and SIGTERM do nothing (main thread only; a signal there is dropped, the work
+    within being the end of the command's)."""
+    import signal
+
+    from flowrec.runtime.signals import handlers_installed
+
+    with handlers_installed({signal.SIGINT: signal.SIG_IGN, signal.SIGTERM: signal.SIG_IGN}):
+        yield

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -190,7 +191,8 @@ def synth_table(spec: ModelSpec, rows: int, cfg: SynthConfig = SynthConfig()) ->
 
 
 def synth_dataset(spec: ModelSpec, out: Path, rows: int, cfg: SynthConfig = SynthConfig(),
-                  rows_per_file: int = 1 << 18, overwrite: bool = False) -> DatasetMeta:
+                  rows_per_file: int = 1 << 18, overwrite: bool = False,
+                  status: Callable[[str], None] | None = None) -> DatasetMeta:
     """Write `rows` synthetic rows as a partitioned encoded Parquet dataset in `out`.
 
     Written into a new sibling folder and swapped in when complete (`flowrec.data.output`).
@@ -209,7 +211,7 @@ def synth_dataset(spec: ModelSpec, out: Path, rows: int, cfg: SynthConfig = Synt
         raise DataError(f"--seed must be an integer from 0 to 2^64-1, not {cfg.seed!r}")
     check_rows_per_file(rows_per_file)
     check_disk_room(spec, Path(out), rows)
-    with staged_output(Path(out), overwrite) as tmp:
+    with staged_output(Path(out), overwrite, status=status) as tmp:  # status: a wait for readers of `out`
         return _write(spec, tmp, rows, cfg, rows_per_file)
 
 

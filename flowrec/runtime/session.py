@@ -348,7 +348,7 @@ def bound_dataset(spec: ModelSpec, spec_path: Path, workdir: Path | None,
                + (f" with the encoder of {owner}" if own is not None else ""))
         try:
             report = convert(spec, spec.data.format, [raw], out, options=spec_file_options(spec, spec_path.parent),
-                             encoder=own, grow=not resumed)
+                             encoder=own, grow=not resumed, status=status)
         except DataError as exc:  # `flowrec train` and `flowrec.train` have no --on-error of their own
             shown = spec_path if spec_path.is_file() else "SPEC"
             raise DataError(str(exc).replace(SKIP_HINT, (

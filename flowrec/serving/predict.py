@@ -279,7 +279,8 @@ def load_model(path: str | Path) -> LoadedModel:
 
     The package is untrusted input: every file is checked against the digest its manifest records,
     and model.pt2 is checked to hold plain tensors and ATen operators only (`check_archive`),
-    before torch reads it; nothing in it is unpickled or run.
+    before torch reads it; nothing in it is unpickled or run. A package renamed over `path` while it
+    is read (`flowrec export RUN PKG --overwrite`) is read again, whole: the new one.
 
     Raises:
         ValueError: `path` is not a package, or a part of it is missing, damaged, changed or refused (one line).
@@ -291,6 +292,34 @@ def load_model(path: str | Path) -> LoadedModel:
     if isinstance(path, (str, os.PathLike)) and (problem := unusable_path(Path(path).expanduser())):
         raise ValueError(f"path: {problem}")  # not UTF-8, or too long: as flowrec predict refuses it
     path = Path(path).expanduser()  # '~/pkg' as pandas reads it (the shell expands it for the CLI)
+    for _ in range(LOAD_TRIES - 1):
+        before = _folder_identity(path)
+        try:
+            model = _load_model(path)
+        except ValueError:
+            if _folder_identity(path) == before:
+                raise
+            continue  # replaced while it was read (an export --overwrite): what failed may be a mix
+        if _folder_identity(path) == before:
+            return model
+    return _load_model(path)
+
+
+LOAD_TRIES = 5  # loads of a package that another process keeps replacing, the last one taken as it is
+
+
+def _folder_identity(path: Path) -> tuple[int, int] | None:
+    """(st_dev, st_ino) of the package folder `path` names now (through a link: the folder it names)."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
+
+
+def _load_model(path: Path) -> LoadedModel:
+    """`load_model` of the package in `path` once: its files read by name, so a package renamed over
+    `path` meanwhile (`export --overwrite`) gives a mix of the two, which the caller reads again."""
     manifest = read_manifest(path)
     try:
         verify_files(path, manifest, [MODEL_FILE, SPEC_FILE, ENCODER_FILE, PLAN_FILE])  # every listed file, once

@@ -96,3 +96,133 @@ def test_sigterm_while_a_package_or_scores_are_written_leaves_nothing_behind(tmp
         assert done.returncode == 130, (args[0], done.returncode, done.stderr[-2000:])
         assert "interrupted (SIGTERM)" in done.stderr
         assert list((tmp_path / "out").iterdir()) == []
+
+
+# a reader of the dataset `ds` (as a run's training source is): opens it, says so, reads every row
+# group of it once told to (a run's next epoch), prints the rows and the sum of d1 it read
+READER = """
+import sys
+from flowrec.data.dataset import ParquetSource
+source = ParquetSource("ds")
+print("open", flush=True)
+sys.stdin.readline()
+tables = [source.submit(i, ["d1"]).result() for i in range(len(source.files))]
+print(sum(t.num_rows for t in tables), sum(float(t["d1"].to_numpy().sum()) for t in tables), flush=True)
+source.close()
+"""
+
+
+def test_a_conversion_replacing_a_dataset_waits_for_its_readers(tmp_path: Path) -> None:
+    """`data synth ds --overwrite` (convert alike) while a run trained on ds renamed the new dataset
+    over it: the run read the new part files under the old layout ('unreadable Parquet part' in the
+    middle of training), or, where the layouts matched, the new rows silently. Now the replacement
+    waits, with a line, until no flowrec process reads ds; the reader reads the old rows whole."""
+    import pyarrow.parquet as pq
+
+    (tmp_path / "spec.yaml").write_text(SPEC)
+    env = subprocess_env(ROOT)
+    made = subprocess.run([sys.executable, "-m", "flowrec", "data", "synth", "spec.yaml", "--rows", "3000",
+                           "--rows-per-file", "1000", "--out", "ds"], cwd=tmp_path, env=env, text=True,
+                          capture_output=True, timeout=TIMEOUT_S)
+    assert made.returncode == 0, made.stderr[-2000:]
+    old = pq.read_table(tmp_path / "ds", columns=["d1"])
+    reader = subprocess.Popen([sys.executable, "-c", READER], cwd=tmp_path, env=env, text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    writer = None
+    try:
+        assert reader.stdout.readline().strip() == "open", reader.stderr.read()[-2000:]
+        writer = subprocess.Popen([sys.executable, "-m", "flowrec", "data", "synth", "spec.yaml", "--rows", "500",
+                                   "--seed", "9", "--rows-per-file", "250", "--out", "ds", "--overwrite"],
+                                  cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        waiting = writer.stderr.readline()  # the line of its wait; before, its exit closed stderr: ""
+        assert "waiting for the flowrec processes reading ds" in waiting, waiting
+        assert writer.poll() is None
+        read, err = reader.communicate("go\n", timeout=TIMEOUT_S)
+        assert reader.returncode == 0, err[-2000:]
+        rows, total = read.split()
+        assert int(rows) == 3000 and float(total) == pytest.approx(float(old["d1"].to_numpy().sum()))
+        _, err = writer.communicate(timeout=TIMEOUT_S)
+        assert writer.returncode == 0, err[-2000:]
+        assert pq.read_table(tmp_path / "ds", columns=["d1"]).num_rows == 500
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["ds", "spec.yaml"]  # no .ds.old-* left
+    finally:
+        for process in (reader, writer):
+            if process is not None and process.poll() is None:
+                process.kill()
+            if process is not None:
+                process.wait(timeout=TIMEOUT_S)
+
+
+# the process sends itself SIGTERM as calibrate measures and as eval scores
+MEASURING = """
+import os, signal, sys
+import flowrec.measure.calibrate as calibrate, flowrec.serving.trained as trained
+from flowrec.__main__ import run
+
+def terminated(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGTERM)
+
+calibrate.calibrate = trained.Trained.evaluate_dataset = terminated
+sys.argv = ["flowrec", *sys.argv[1:]]
+run()
+"""
+
+
+def test_sigterm_while_calibrate_measures_or_eval_scores_is_one_line(tmp_path: Path) -> None:
+    """SIGTERM (timeout, a scheduler) ended `flowrec calibrate` and `flowrec eval` at once without
+    a word, status 143, where every command's interrupt is one line and exit 130 (guide.md);
+    Ctrl-C ended calibrate with an empty line. Now each says it was interrupted, exit 130, and leaves
+    no --out or --json file, nor a temp file of one."""
+    (tmp_path / "spec.yaml").write_text(SPEC)
+    env = subprocess_env(ROOT)
+    for args in (["data", "synth", "spec.yaml", "--rows", "300", "--out", "ds"],
+                 ["train", "spec.yaml", "--data", "ds", "--out", "run", "-q"]):
+        made = subprocess.run([sys.executable, "-m", "flowrec", *args], cwd=tmp_path, env=env, text=True,
+                              capture_output=True, timeout=TIMEOUT_S)
+        assert made.returncode == 0, made.stderr[-2000:]
+    (tmp_path / "out").mkdir()
+    for args, nothing in ((["calibrate", "spec.yaml", "--out", "out/cal.json"], "; no device profile was written"),
+                          (["eval", "run", "--data", "ds", "--json", "out/m.json"], "")):
+        done = subprocess.run([sys.executable, "-c", MEASURING, *args], cwd=tmp_path, env=env, text=True,
+                              capture_output=True, timeout=TIMEOUT_S)
+        assert done.returncode == 130, (args[0], done.returncode, done.stderr[-2000:])
+        assert done.stderr.strip().splitlines()[-1] == f"error: interrupted (SIGTERM){nothing}", done.stderr
+        assert list((tmp_path / "out").iterdir()) == []
+
+
+# the process sends itself SIGTERM right after it renamed the old dataset aside, before the new one is renamed in
+SWAPPING = """
+import os, signal, sys
+from flowrec.__main__ import run
+
+rename = os.rename
+
+def renamed(source, target):
+    rename(source, target)
+    if ".old-" in os.fspath(target):
+        os.kill(os.getpid(), signal.SIGTERM)
+
+os.rename = renamed
+sys.argv = ["flowrec", *sys.argv[1:]]
+run()
+"""
+
+
+def test_sigterm_while_the_new_dataset_is_swapped_in_leaves_one_of_the_two(tmp_path: Path) -> None:
+    """SIGTERM between the rename of the old OUT aside and that of the new one into place ended
+    `data synth --overwrite` with 'interrupted (SIGTERM)' and no OUT at all: the old dataset hidden
+    in `.OUT.old-*`, the new one removed as unfinished. Now the swap (and the old folder's removal)
+    finishes: the new dataset is OUT, nothing hidden is left, and the command completes."""
+    import pyarrow.parquet as pq
+
+    (tmp_path / "spec.yaml").write_text(SPEC)
+    env = subprocess_env(ROOT)
+    made = subprocess.run([sys.executable, "-m", "flowrec", "data", "synth", "spec.yaml", "--rows", "300",
+                           "--out", "ds"], cwd=tmp_path, env=env, text=True, capture_output=True, timeout=TIMEOUT_S)
+    assert made.returncode == 0, made.stderr[-2000:]
+    done = subprocess.run([sys.executable, "-c", SWAPPING, "data", "synth", "spec.yaml", "--rows", "200", "--out",
+                           "ds", "--overwrite"], cwd=tmp_path, env=env, text=True, capture_output=True,
+                          timeout=TIMEOUT_S)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds", "spec.yaml"]
+    assert pq.read_table(tmp_path / "ds").num_rows == 200

@@ -166,6 +166,105 @@ def test_days_follow_a_date_column_and_a_stream_keeps_its_order(tmp_path: Path, 
     assert json.loads((out / "follow.json").read_text())["days"] == ["b", "c"]
 
 
+def test_a_day_copied_in_before_its_dates_is_waited_for_in_date_order(tmp_path: Path, monkeypatch):
+    """With --follow-order date:COLUMN, a day copied in (cp -r, rsync) whose _flowrec.json and part
+    file arrived before its _flowrec_stats.json stopped a --follow-wait stream with exit 2 ('day c:
+    no dates of column ts (convert it with the data option date_column ...)'), the day wrongly
+    called unconvertible. Now the stream waits for it as for a day whose rows are not all there, and
+    trains it once its files are complete."""
+    import shutil
+    import threading
+
+    import numpy as np
+
+    import flowrec.cli.follow as follow_cli
+    from tests.unit.test_days import write_day
+
+    monkeypatch.chdir(tmp_path)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.replace("epochs: 2", "epochs: 1") + "data: {format: csv, path: raw, options: {date_column: ts}}\n")
+    rng = np.random.default_rng(3)
+    folder, staged = tmp_path / "days", tmp_path / "staged"
+    for name, start, target in (("a", 1000, folder / "a"), ("b", 2000, staged / "b")):
+        write_day(tmp_path / f"{name}.csv", rng, start)
+        extra = ["--encoder-from", str(folder / "a")] if name == "b" else []
+        made = runner.invoke(app, ["data", "convert", "csv", str(tmp_path / f"{name}.csv"), str(target),
+                                   "--spec", str(spec), "-q", *extra])
+        assert made.exit_code == 0, made.output
+    (folder / "b").mkdir()  # the copy under way: the stats file comes last
+    for part in staged.joinpath("b").iterdir():
+        if part.name != "_flowrec_stats.json":
+            shutil.copy(part, folder / "b" / part.name)
+    sleep, polls = follow_cli.time.sleep, []
+
+    def copy_lands(seconds):  # the copy finishes during the first wait; Ctrl-C once no day is left
+        if seconds == follow_cli.POLL_S and threading.current_thread() is threading.main_thread():
+            stats = folder / "b" / "_flowrec_stats.json"
+            polls.append(stats.exists())
+            if not stats.exists():
+                shutil.copy(staged / "b" / stats.name, stats)
+                return
+            raise KeyboardInterrupt
+        sleep(seconds)
+
+    monkeypatch.setattr(follow_cli.time, "sleep", copy_lands)
+    out = tmp_path / "stream"
+    waited = runner.invoke(app, ["train", str(spec), "--follow", str(folder), "--out", str(out), "--quiet",
+                                 "--device", "cpu", "--follow-order", "date:ts", "--follow-wait", "60"])
+    assert waited.exit_code == 130, waited.output
+    assert polls == [False, True], polls
+    assert waited.output.count("waiting for the days under") == 1, waited.output
+    assert json.loads((out / "follow.json").read_text())["days"] == ["a", "b"]
+
+
+def test_a_day_copied_in_before_its_vocabulary_is_waited_for(tmp_path: Path, monkeypatch):
+    """A day copied in (cp -r, rsync) whose _flowrec.json and part files arrived before its _vocab/
+    folder (a table with a vocabulary) passed the stream's check of its rows, and its training
+    stopped the --follow-wait stream, exit 2: '_vocab/item.parquet: unreadable vocabulary file
+    (FileNotFoundError)'. Now the stream waits for the day's vocabulary files too, then trains it."""
+    import shutil
+    import threading
+
+    import numpy as np
+
+    import flowrec.cli.follow as follow_cli
+    from tests.unit.test_days import write_day
+
+    monkeypatch.chdir(tmp_path)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.replace("epochs: 2", "epochs: 1").replace("hash_buckets: 3000", "vocab: 60"))
+    assert "vocab: 60" in spec.read_text()
+    rng = np.random.default_rng(4)
+    folder, staged = tmp_path / "days", tmp_path / "staged"
+    for name, target in (("a", folder / "a"), ("b", staged / "b")):
+        write_day(tmp_path / f"{name}.csv", rng, 1000)
+        extra = ["--encoder-from", str(folder / "a")] if name == "b" else []
+        made = runner.invoke(app, ["data", "convert", "csv", str(tmp_path / f"{name}.csv"), str(target),
+                                   "--spec", str(spec), "-q", *extra])
+        assert made.exit_code == 0, made.output
+    assert (staged / "b" / "_vocab").is_dir()
+    shutil.copytree(staged / "b", folder / "b", ignore=shutil.ignore_patterns("_vocab"))  # the copy under way
+    sleep, polls = follow_cli.time.sleep, []
+
+    def copy_lands(seconds):  # the copy finishes during the first wait; Ctrl-C once no day is left
+        if seconds == follow_cli.POLL_S and threading.current_thread() is threading.main_thread():
+            polls.append((folder / "b" / "_vocab").exists())
+            if not polls[-1]:
+                shutil.copytree(staged / "b" / "_vocab", folder / "b" / "_vocab")
+                return
+            raise KeyboardInterrupt
+        sleep(seconds)
+
+    monkeypatch.setattr(follow_cli.time, "sleep", copy_lands)
+    out = tmp_path / "stream"
+    waited = runner.invoke(app, ["train", str(spec), "--follow", str(folder), "--out", str(out), "--quiet",
+                                 "--device", "cpu", "--follow-wait", "60"])
+    assert waited.exit_code == 130, waited.output
+    assert polls == [False, True], polls
+    assert waited.output.count("waiting for day b to be complete") == 1, waited.output
+    assert json.loads((out / "follow.json").read_text())["days"] == ["a", "b"]
+
+
 def test_an_interrupted_day_names_the_streams_command_not_a_resume_of_the_day(days, tmp_path: Path, monkeypatch):
     """Ctrl-C in a day's training said `continue with flowrec train SPEC --resume RUN/days/<day>`:
     that trains the day alone, and the stream's follow.json never lists it nor do the next days
@@ -188,6 +287,38 @@ def test_an_interrupted_day_names_the_streams_command_not_a_resume_of_the_day(da
                          for x in lines), cut.output
     _follow(spec, folder, out)  # the command it named: every day trained and recorded
     assert json.loads((out / "follow.json").read_text())["days"] == ["2026-11-01", "2026-11-02", "2026-11-03"]
+
+
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "Ctrl-C"])
+def test_an_interrupt_while_a_day_is_exported_names_the_streams_command(days, tmp_path: Path, monkeypatch,
+                                                                       signal_name: str):
+    """SIGTERM or Ctrl-C while --follow-export wrote a day's package ended the stream on export's own
+    line ('interrupted (SIGTERM); runs/stream/export/<day> was not written'), with no word of the
+    stream nor of how to continue it, where an interrupt in a day's training or in the wait names
+    the --follow command. Now the last line is the stream's, and that command finishes the day."""
+    import flowrec.serving.export as export
+    from flowrec.runtime.signals import Terminated
+
+    spec, folder = days
+    written = export.write_package
+
+    def interrupted(*args, **kwargs):  # the second day's package
+        if "2026-11-02" in str(args[1]):
+            raise Terminated if signal_name == "SIGTERM" else KeyboardInterrupt
+        return written(*args, **kwargs)
+
+    monkeypatch.setattr(export, "write_package", interrupted)
+    out = tmp_path / "stream"
+    stopped = runner.invoke(app, ["train", str(spec), "--follow", str(folder), "--out", str(out), "--quiet",
+                                  "--device", "cpu", "--follow-export"])
+    assert stopped.exit_code == 130, stopped.output
+    line = stopped.output.strip().splitlines()[-1]
+    assert line.startswith(f"error: interrupted ({signal_name}); the stream in") and "has trained 1 day(s)" in line, line
+    assert f"continue with  flowrec train {spec} --follow {folder} --out {out} --follow-export" in line, line
+    monkeypatch.setattr(export, "write_package", written)
+    _follow(spec, folder, out, "--follow-export")
+    assert json.loads((out / "follow.json").read_text())["days"] == ["2026-11-01", "2026-11-02", "2026-11-03"]
+    assert sorted(p.name for p in (out / "export").iterdir()) == ["2026-11-01", "2026-11-02", "2026-11-03"]
 
 
 def test_ctrl_c_while_waiting_for_a_day_says_how_many_days_the_stream_trained(days, tmp_path: Path, monkeypatch):

@@ -194,6 +194,82 @@ def test_overwrite_replaces_an_output_of_its_own_atomically(case: Path):
     assert sorted(p.name for p in case.iterdir() if p.name.startswith(".")) == []  # no temp file left
 
 
+def test_an_export_whose_out_another_export_wrote_meanwhile_does_not_replace_it(case: Path, monkeypatch):
+    """Two `flowrec export` into one new OUT at once (a scheduler starting a job twice, or two runs
+    into one name) both said 'wrote OUT', the second having replaced the first's package without
+    --overwrite. Now the one that comes second is one line, exit 2, and leaves OUT as the other wrote it."""
+    import flowrec.serving.export as export
+
+    written = export.write_package
+
+    def another_export_lands(trained, staged, *args, **kwargs):  # while this one writes its package
+        report = written(trained, staged, *args, **kwargs)
+        shutil.copytree(case / "pkg", case / "new_pkg")
+        (case / "new_pkg" / "notes.txt").write_text("the other export's")
+        return report
+
+    monkeypatch.setattr(export, "write_package", another_export_lands)
+    before = snapshot(case / "pkg")
+    done = runner.invoke(app, ["export", str(case / "run"), str(case / "new_pkg"), "-q"])
+    one_line_exit_2(done, "new_pkg was written by another process while this one ran; give --overwrite")
+    assert snapshot(case / "new_pkg") == {**before, "notes.txt": hashlib.sha256(b"the other export's").hexdigest()}
+    assert sorted(p.name for p in case.iterdir() if p.name.startswith(".")) == []  # no staging folder left
+
+
+@pytest.mark.parametrize("command", ["predict", "eval"])
+def test_a_file_output_another_process_wrote_meanwhile_is_kept_without_overwrite(case: Path, command: str,
+                                                                                  monkeypatch):
+    """Two `predict --out F` (or `eval --json F`) at once into one new F both said they wrote it,
+    the second having replaced the first's scores without --overwrite. Now the one that comes second
+    is one line, exit 2, and leaves F as the other wrote it, no temp file beside it."""
+    import flowrec.cli.predict_cmd as predict_cmd
+    import flowrec.serving.trained as trained
+
+    name = "scores.csv" if command == "predict" else "m.json"
+    owner, attr = (predict_cmd, "_score") if command == "predict" else (trained.Trained, "evaluate_dataset")
+    work = getattr(owner, attr)
+
+    def another_lands(*args, **kwargs):  # the other process writes F while this one works
+        done = work(*args, **kwargs)
+        (case / name).write_text("the other process's")
+        return done
+
+    monkeypatch.setattr(owner, attr, another_lands)
+    result = runner.invoke(app, (out(name) if command == "predict" else eval_json(name))(case))
+    one_line_exit_2(result, f"{name} was written by another process while this one ran; give --overwrite")
+    assert (case / name).read_text() == "the other process's"
+    assert sorted(p.name for p in case.iterdir() if p.name.startswith(".")) == []  # no temp file left
+
+
+def test_predict_while_export_overwrite_replaces_the_package_scores_with_one_package(case: Path, monkeypatch):
+    """`export RUN PKG --overwrite` renamed a new package over PKG while `predict PKG` loaded it:
+    predict had checked the old package's files against its manifest and then read the new one's
+    model.pt2 by name, so it refused the package as damaged ('... is not that of model.pt2's
+    tables') or scored with one package's encoder and another's model. Now a load whose package
+    folder was replaced during it starts again on the new one: the scores are the new package's."""
+    import flowrec.serving.predict as predict_mod
+    from flowrec.data.output_guard import replace_folder
+
+    made = runner.invoke(app, ["export", str(case / "run"), str(case / "pkg16"), "--dtype", "fp16", "-q"])
+    assert made.exit_code == 0, made.output
+    alone = runner.invoke(app, ["predict", str(case / "pkg16"), str(case / "new.csv"), "--format", "csv", "-q",
+                                "--out", str(case / "alone.csv")])
+    assert alone.exit_code == 0, alone.output
+    shutil.copytree(case / "pkg16", case / "staged16")
+    checked, swapped = predict_mod.check_archive, []
+
+    def export_lands(path, *args, **kwargs):  # the export's rename, after the files were checked
+        if not swapped:
+            replace_folder(case / "staged16", case / "pkg")
+            swapped.append(path)
+        return checked(path, *args, **kwargs)
+
+    monkeypatch.setattr(predict_mod, "check_archive", export_lands)
+    done = runner.invoke(app, out("scores.csv")(case))
+    assert swapped and done.exit_code == 0, done.output
+    assert pd.read_csv(case / "scores.csv").equals(pd.read_csv(case / "alone.csv"))
+
+
 # ------------------------------------------------------------------ names from files, values, tracebacks
 def _meta(edit: Callable[[dict], None], folder: str = "data") -> Callable[[Path], None]:
     def make(r: Path) -> None:
