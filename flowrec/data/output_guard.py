@@ -310,7 +310,7 @@ def _interrupts_held() -> Iterator[None]:
     within being the end of the command's)."""
     import signal
 
-    from flowrec.runtime.signals import handlers_installed
+    from flowrec.data.interrupts import handlers_installed
 
     with handlers_installed({signal.SIGINT: signal.SIG_IGN, signal.SIGTERM: signal.SIG_IGN}):
         yield

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import threading
-from typing import Any, Iterator
+from typing import Any
+
+from flowrec.data.interrupts import handlers_installed
 
 
 class Terminated(KeyboardInterrupt):
@@ -23,21 +24,6 @@ class Terminated(KeyboardInterrupt):
 def interrupt_name(exc: BaseException) -> str:
     """How a stop's line names what stopped it: SIGTERM (`Terminated`) or Ctrl-C."""
     return "SIGTERM" if isinstance(exc, Terminated) else "Ctrl-C"
-
-
-@contextlib.contextmanager
-def handlers_installed(handlers: dict[int, Any]) -> Iterator[None]:
-    """Within: these signal handlers, the previous ones restored after. In a thread other than the
-    main one nothing changes (only the main thread may install handlers)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def _raise_terminated(signum: int, frame: Any) -> None:

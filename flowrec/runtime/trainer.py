@@ -52,7 +52,7 @@ from flowrec.runtime.hostmem import tune_host_allocator
 from flowrec.runtime.lowering import LoweredModel
 from flowrec.runtime.messages import first_line
 from flowrec.runtime.run_log import MetricsLog
-from flowrec.runtime.signals import handlers_installed
+from flowrec.data.interrupts import handlers_installed
 from flowrec.runtime.nonfinite import LossGuard, NonFiniteLoss, TrainingStopped, first_non_finite
 from flowrec.runtime.pipeline import TransferStage
 from flowrec.runtime.placement import HOST_SIDE

@@ -25,8 +25,8 @@ REPO = Path(__file__).resolve().parents[2]
 # layer -> the layers it may import (itself included)
 ALLOWED: dict[str, set[str]] = {
     "flowrec.spec": {"flowrec.spec"},
-    "flowrec.graph": {"flowrec.graph", "flowrec.spec"},
-    "flowrec.planner": {"flowrec.planner", "flowrec.graph", "flowrec.spec"},
+    "flowrec.graph": {"flowrec.graph", "flowrec.spec", "flowrec.version"},  # a plan records the version that wrote it
+    "flowrec.planner": {"flowrec.planner", "flowrec.graph", "flowrec.spec", "flowrec.version"},
     "flowrec.render": {"flowrec.render", "flowrec.graph", "flowrec.spec"},
     "flowrec.data": {"flowrec.data", "flowrec.graph", "flowrec.spec", "operators"},  # casting in staging
     "operators": {"operators"},
