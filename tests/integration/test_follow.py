@@ -173,11 +173,9 @@ def test_a_day_copied_in_before_its_dates_is_waited_for_in_date_order(tmp_path: 
     called unconvertible. Now the stream waits for it as for a day whose rows are not all there, and
     trains it once its files are complete."""
     import shutil
-    import threading
 
     import numpy as np
 
-    import flowrec.cli.follow as follow_cli
     from tests.unit.test_days import write_day
 
     monkeypatch.chdir(tmp_path)
@@ -195,19 +193,9 @@ def test_a_day_copied_in_before_its_dates_is_waited_for_in_date_order(tmp_path: 
     for part in staged.joinpath("b").iterdir():
         if part.name != "_flowrec_stats.json":
             shutil.copy(part, folder / "b" / part.name)
-    sleep, polls = follow_cli.time.sleep, []
-
-    def copy_lands(seconds):  # the copy finishes during the first wait; Ctrl-C once no day is left
-        if seconds == follow_cli.POLL_S and threading.current_thread() is threading.main_thread():
-            stats = folder / "b" / "_flowrec_stats.json"
-            polls.append(stats.exists())
-            if not stats.exists():
-                shutil.copy(staged / "b" / stats.name, stats)
-                return
-            raise KeyboardInterrupt
-        sleep(seconds)
-
-    monkeypatch.setattr(follow_cli.time, "sleep", copy_lands)
+    stats = folder / "b" / "_flowrec_stats.json"
+    polls = copy_lands_in_first_wait(monkeypatch, stats.exists, lambda: not stats.exists(),
+                                     lambda: shutil.copy(staged / "b" / stats.name, stats))
     out = tmp_path / "stream"
     waited = runner.invoke(app, ["train", str(spec), "--follow", str(folder), "--out", str(out), "--quiet",
                                  "--device", "cpu", "--follow-order", "date:ts", "--follow-wait", "60"])
@@ -223,11 +211,9 @@ def test_a_day_copied_in_before_its_vocabulary_is_waited_for(tmp_path: Path, mon
     stopped the --follow-wait stream, exit 2: '_vocab/item.parquet: unreadable vocabulary file
     (FileNotFoundError)'. Now the stream waits for the day's vocabulary files too, then trains it."""
     import shutil
-    import threading
 
     import numpy as np
 
-    import flowrec.cli.follow as follow_cli
     from tests.unit.test_days import write_day
 
     monkeypatch.chdir(tmp_path)
@@ -244,18 +230,9 @@ def test_a_day_copied_in_before_its_vocabulary_is_waited_for(tmp_path: Path, mon
         assert made.exit_code == 0, made.output
     assert (staged / "b" / "_vocab").is_dir()
     shutil.copytree(staged / "b", folder / "b", ignore=shutil.ignore_patterns("_vocab"))  # the copy under way
-    sleep, polls = follow_cli.time.sleep, []
-
-    def copy_lands(seconds):  # the copy finishes during the first wait; Ctrl-C once no day is left
-        if seconds == follow_cli.POLL_S and threading.current_thread() is threading.main_thread():
-            polls.append((folder / "b" / "_vocab").exists())
-            if not polls[-1]:
-                shutil.copytree(staged / "b" / "_vocab", folder / "b" / "_vocab")
-                return
-            raise KeyboardInterrupt
-        sleep(seconds)
-
-    monkeypatch.setattr(follow_cli.time, "sleep", copy_lands)
+    vocab = folder / "b" / "_vocab"
+    polls = copy_lands_in_first_wait(monkeypatch, vocab.exists, lambda: not vocab.exists(),
+                                     lambda: shutil.copytree(staged / "b" / "_vocab", vocab))
     out = tmp_path / "stream"
     waited = runner.invoke(app, ["train", str(spec), "--follow", str(folder), "--out", str(out), "--quiet",
                                  "--device", "cpu", "--follow-wait", "60"])
@@ -413,9 +390,6 @@ def test_a_day_still_being_copied_is_waited_for_not_refused(days, tmp_path: Path
     one truncated, as mid-copy) stopped a --follow-wait stream with exit 2 ('not a readable Parquet
     file ... convert it again'). Now the stream says it waits for that day and trains it once its
     files are complete; without --follow-wait it is one line that says how to land a day."""
-    import threading
-
-    import flowrec.cli.follow as follow_cli
 
     spec, folder = days
     part = sorted((folder / "2026-11-02").glob("*.parquet"))[0]
@@ -428,18 +402,8 @@ def test_a_day_still_being_copied_is_waited_for_not_refused(days, tmp_path: Path
     assert "day 2026-11-02 is not complete" in line and "--follow-wait" in line, line
     assert json.loads((tmp_path / "s0" / "follow.json").read_text())["days"] == ["2026-11-01"]
 
-    sleep, polls = follow_cli.time.sleep, []
-
-    def copy_lands(seconds):  # the copy finishes during the first wait; Ctrl-C once no day is left
-        if seconds == follow_cli.POLL_S and threading.current_thread() is threading.main_thread():
-            polls.append(part.stat().st_size)
-            if part.stat().st_size < len(whole):
-                part.write_bytes(whole)
-                return
-            raise KeyboardInterrupt
-        sleep(seconds)
-
-    monkeypatch.setattr(follow_cli.time, "sleep", copy_lands)
+    polls = copy_lands_in_first_wait(monkeypatch, lambda: part.stat().st_size,
+                                     lambda: part.stat().st_size < len(whole), lambda: part.write_bytes(whole))
     out = tmp_path / "s1"
     waited = runner.invoke(app, ["train", str(spec), "--follow", str(folder), "--out", str(out), "--quiet",
                                  "--device", "cpu", "--follow-wait", "60"])
@@ -475,3 +439,26 @@ def test_sigterm_while_waiting_for_a_day_ends_in_the_streams_line(days, tmp_path
     line = waited.output.strip().splitlines()[-1]
     assert line.startswith("error: interrupted (SIGTERM); the stream in") and "has trained 3 day(s)" in line, line
     assert f"continue with  flowrec train {spec} --follow {folder} --out {out}" in line
+
+
+def copy_lands_in_first_wait(monkeypatch, observe, pending, land):
+    """Patch the stream's sleep between polls: at each poll of the main thread, note `observe()`;
+    while `pending()`, `land()` (the copy under way finishes during the wait) and poll again; then
+    Ctrl-C, once no day is left. Returns the notes, one a poll."""
+    import threading
+
+    import flowrec.cli.follow as follow_cli
+
+    sleep, polls = follow_cli.time.sleep, []
+
+    def copy_lands(seconds):
+        if seconds == follow_cli.POLL_S and threading.current_thread() is threading.main_thread():
+            polls.append(observe())
+            if pending():
+                land()
+                return
+            raise KeyboardInterrupt
+        sleep(seconds)
+
+    monkeypatch.setattr(follow_cli.time, "sleep", copy_lands)
+    return polls
