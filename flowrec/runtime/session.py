@@ -144,7 +144,10 @@ def label_warnings(spec: ModelSpec, train: Any) -> list[str]:
     learns to predict that class alone, or nothing (its loss is 0 at every step), and a run trained
     without a word (a filter that kept the clicks only, a label column of another convention, a
     weight column of another meaning). Labels of a binary head are 0 or 1 and weights >= 0
-    (`flowrec.data.checks`), so a mean of 0 or 1 is every label that class, and of 0 every weight 0."""
+    (`flowrec.data.checks`), so a mean of 0 or 1 is every label that class, and of 0 every weight 0.
+    A head with a task space (`trained_where`) whose labels are of both classes over all rows is
+    judged within its space too (`_space_line`): an ESMM conversion head whose every clicked row
+    converted has a mean of 0.5 over all rows."""
     from flowrec.data.layout import label_columns, weight_columns
     from flowrec.data.rawstats import training_means
 
@@ -162,12 +165,32 @@ def label_warnings(spec: ModelSpec, train: Any) -> list[str]:
         if mean in (0.0, 1.0):
             lines.append(f"every training label of head {head.name} (column {label}) in {path} is {int(mean)} "
                          f"({rows:,} rows): it can only learn to predict {int(mean)}")
+        elif head.trained_where is not None:  # a task space may hold one class where all rows hold two
+            lines.extend(_space_line(head, label, path))
     for column in weights:
         if means.get(column) == 0.0:
             heads = ", ".join(h.name for h in spec.heads if h.sample_weight == column)
             lines.append(f"every sample weight of head {heads} (column {column}) in {path} is 0 "
                          f"({rows:,} rows): its loss is 0 at every step, so it learns nothing")
     return lines
+
+
+def _space_line(head: Any, label: str, path: Path) -> list[str]:
+    """The line of a binary head whose labels in its task space (`trained_where`, an ESMM-style
+    conversion head read on clicked rows) are all one class, or that no training row is in
+    (`flowrec.data.rawstats.space_constant`)."""
+    from flowrec.data.rawstats import space_constant
+
+    where = head.trained_where
+    found = space_constant(path, label, where.label, where.equals)
+    if found is None:
+        return []
+    rows, value = found
+    space = f"its task space ({where.label} = {where.equals:g})"
+    if value not in (0.0, 1.0):  # None: no row is in the space (validate refuses a space no row can be in)
+        return []
+    return [f"every training label of head {head.name} (column {label}) in {space} in {path} is {int(value)} "
+            f"({rows:,} rows): it can only learn to predict {int(value)}"]
 
 
 def precision_note(precision: str, device: torch.device) -> str | None:
