@@ -1856,6 +1856,12 @@ def test_an_accuracy_at_k_covering_the_classes_that_occur_is_warned_of(tmp_path:
         metrics = flowrec.load(tmp_path / "run").evaluate()
     said = [str(w.message) for w in caught if "accuracy_at_k" in str(w.message)]
     assert len(said) == (classes == 5) and metrics["genre"]["classes"] == classes, said
+    result = runner.invoke(app, ["eval", str(tmp_path / "run"), "--json", "-"])
+    assert f'"classes": {classes},' in result.stdout and '"k": 5,' in result.stdout, result.stdout  # not 5.0
+    log = tmp_path / "run" / "metrics.jsonl"
+    assert f'"classes": {classes},' in log.read_text() and '"k": 5,' in log.read_text()
+    log.write_text(log.read_text().replace('"k": 5,', '"k": 5.0,'))  # as a flowrec of before 2026-12-06 wrote it
+    assert type(flowrec.load(tmp_path / "run").metrics["genre"]["k"]) is int
 
 
 @pytest.mark.parametrize("given", ["rows.parquet", "rows"])
