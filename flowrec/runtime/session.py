@@ -358,6 +358,8 @@ def bound_dataset(spec: ModelSpec, spec_path: Path, workdir: Path | None,
     with folder_locked(out.parent, lambda: status(f"waiting for another flowrec process encoding into {out}")):
         if encoded() and current():  # it did, while this one waited
             return out
+        if resumed and workdir is not None:
+            _refuse_lost_encoding(spec, workdir, out)
         if out.exists():  # this new run's folder held the encoding of raw files that changed since
             import shutil
 
@@ -381,6 +383,24 @@ def bound_dataset(spec: ModelSpec, spec_path: Path, workdir: Path | None,
         for line in report.warnings:
             status(f"warning: {line}")
     return out
+
+
+def _refuse_lost_encoding(spec: ModelSpec, workdir: Path, out: Path) -> None:
+    """A resumed run whose bound data (`out`, RUN/data) and encoder record (RUN/encoder) are both
+    gone cannot be given the ids it trained on: a new fit need not give them (a flowrec of before
+    2026-12-06 fitted a split's encoder on its test rows too; a changed raw file gives others), and
+    its checkpoint holds no vocabulary to check one against. It went on with a new fit, other ids
+    under the same rows, without a word; now a DataError (one line) saying what to put back."""
+    from flowrec.data.encoder_record import ENCODER_FILE, RUN_ENCODER_DIR
+    from flowrec.runtime.rundir import CHECKPOINT_NAME
+
+    record = workdir / RUN_ENCODER_DIR
+    if (record / ENCODER_FILE).is_file() or not (workdir / CHECKPOINT_NAME).is_file():
+        return  # its own encoder encodes the data again (`_run_encoder`); a run with no checkpoint trained nothing
+    raise DataError(f"{out} (the run's encoding of the spec's {spec.data.format if spec.data else ''} data) and "
+                    f"{record} (the encoder it was made with) are both gone: encoding the data again with a new "
+                    f"fit need not give the ids the run trained on, and its checkpoint cannot tell; put {record} "
+                    f"(or {out}) back to resume, or start over (a new run, another --out)")
 
 
 RAW_STAMP = "_flowrec_raw.json"  # the bound raw files' sizes and times when they were encoded
