@@ -883,10 +883,12 @@ def _stored_plan_or_exit(state: dict, folder: Path, spec, starting_from: bool = 
     """The plan a run was trained with (its checkpoint's), checked against the spec's model; a
     changed model is refused in one line naming the managed settings that differ
     (`flowrec.runs.changes`). `starting_from`: the run is --init-from's, not --resume's."""
-    from flowrec.graph.plan_io import model_fingerprint
+    from dataclasses import replace
+
+    from flowrec.graph.plan_io import model_fingerprint, with_class_files
     from flowrec.runs.changes import changed_model_line
     from flowrec.runtime.checkpoint.store import CheckpointError
-    from flowrec.serving.trained import stored_plan, with_class_files
+    from flowrec.serving.trained import stored_plan
 
     try:
         stored = stored_plan(state, str(folder / "checkpoint.pt"))
@@ -894,7 +896,8 @@ def _stored_plan_or_exit(state: dict, folder: Path, spec, starting_from: bool = 
         _refuse(str(exc), world)
     if stored.spec_fingerprint != model_fingerprint(spec) and not _same_class_files(state, folder, spec):
         _refuse(changed_model_line(str(folder), state, spec, starting_from), world)
-    return with_class_files(stored, spec)
+    # the plan goes on naming the spec's class files (not an older run's relative ones), with its fingerprint
+    return replace(with_class_files(stored, spec), spec_fingerprint=model_fingerprint(spec))
 
 
 def _same_class_files(state: dict, folder: Path, spec, whole: bool = False) -> bool:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -36,7 +36,7 @@ from flowrec.data.encoder_record import (
 )
 from flowrec.data.layout import META_FILE, DataError
 from flowrec.graph.kinds import OP_KINDS
-from flowrec.graph.plan_io import plan_from_document
+from flowrec.graph.plan_io import plan_from_document, with_class_files
 from flowrec.graph.types import Plan
 from flowrec.spec.class_paths import absolute_class_files, run_class_folders
 from flowrec.spec.json_doc import parse_json_text
@@ -165,24 +165,6 @@ def stored_plan(state: dict[str, Any], where: str) -> Plan:
     except (ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"{where} holds no complete plan (made by an older flowrec?): "
                               f"{type(exc).__name__}: {exc}") from None
-
-
-def with_class_files(plan: Plan, spec: ModelSpec) -> Plan:
-    """`plan` whose custom modules import the class `spec` names (`absolute_class_files`): a run of
-    before 2026-12-06 recorded a relative `file.py` in its plan, which imported only from the folder
-    training ran in."""
-    classes = {m.name: m.param("class") for m in spec.modules if m.kind == "custom"}
-    stale = [n for n, d in plan.graph.nodes(data=True)
-             if n in classes and d["op"].kind == "custom" and d["op"].attr("class") != classes[n]]
-    if not stale:
-        return plan
-    graph = plan.graph.copy()
-    for name in stale:
-        op = graph.nodes[name]["op"]
-        attrs = dict(op.attrs)
-        attrs["class"] = classes[name]
-        graph.nodes[name]["op"] = replace(op, attrs=tuple(sorted(attrs.items())))
-    return replace(plan, graph=graph)
 
 
 def load_trained(run: Path, device: str, scoring: Callable[[Plan], Plan], mmap: bool = False) -> Trained:

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -313,3 +314,30 @@ def test_a_class_file_relative_to_the_training_folder_is_found_from_any_folder(t
         assert done.exit_code == 0, (args, done.output)
     assert (other / "pkg" / "model.pt2").is_file()
     assert flowrec.load(run, device="cpu").trained.step == 4
+
+
+def test_a_saved_plan_naming_its_class_file_relative_still_trains(tmp_path, monkeypatch):
+    """A plan.json of a flowrec of before 2026-12-06 names `blocks.py:X` as written (and bears the
+    fingerprint of that text); the spec's file is now recorded absolute, so `train --plan` of it
+    was refused as 'made for ... a different model'. The same file is the same model."""
+    from flowrec.graph.plan_io import model_fingerprint
+    from flowrec.runtime.custom import resolve_custom
+    from flowrec.spec.load import load_spec
+
+    (tmp_path / "blocks.py").write_text(BLOCKS)
+    (tmp_path / "spec.yaml").write_text(SPEC.format(path="blocks.py", cls="GatedCross"))
+    monkeypatch.chdir(tmp_path)
+    done = runner.invoke(app, ["plan", "spec.yaml", "--json", "plan.json"])
+    assert done.exit_code == 0, done.output
+    absolute = f"{(tmp_path / 'blocks.py').resolve()}:GatedCross"
+    text = (tmp_path / "plan.json").read_text()
+    assert absolute in text
+    planned = resolve_custom(load_spec(tmp_path / "spec.yaml"))
+    mine = planned.modules[1]
+    mine = replace(mine, params=tuple((k, "blocks.py:GatedCross" if k == "class" else v) for k, v in mine.params))
+    old = replace(planned, modules=(planned.modules[0], mine, *planned.modules[2:]))  # the spec as it was planned
+    text = text.replace(absolute, "blocks.py:GatedCross").replace(model_fingerprint(planned), model_fingerprint(old))
+    (tmp_path / "plan.json").write_text(text)
+    done = runner.invoke(app, ["train", "spec.yaml", "--plan", "plan.json", "--rows", "500", "--max-steps", "1",
+                               "--out", "run", "-q"])
+    assert done.exit_code == 0, done.output
