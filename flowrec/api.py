@@ -96,7 +96,11 @@ class Run:
             return finals[-1]["metrics"] if finals else {}
         # metrics.jsonl writes an undefined metric (NaN) as null: NaN again, as a trained run's and
         # evaluate's (a loaded run's None made `run.metrics["ctr"]["auc"] > 0.7` a TypeError)
-        return {head: {name: float("nan") if value is None else value for name, value in values.items()}
+        # and a count an older flowrec wrote as a float (k 5.0) an integer, as a trained run's
+        from flowrec.runtime.evaluation.classes import counts_as_integers
+
+        return {head: counts_as_integers({name: float("nan") if value is None else value
+                                          for name, value in values.items()})
                 if isinstance(values, dict) else values for head, values in finals[-1]["metrics"].items()}
 
     @property

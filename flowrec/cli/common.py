@@ -346,12 +346,16 @@ def launch_env() -> tuple[int, int]:
     return int(size_text), int(rank_text)
 
 
-def planned_spec_or_exit(path: Path, check_given: bool = False) -> ModelSpec:
+def planned_spec_or_exit(path: Path, folders: "list[Path] | None" = None, check_given: bool = False) -> ModelSpec:
     """`load_spec_or_exit`, then the output width of every custom module measured by importing its
     class (`flowrec.runtime.custom`); a class that cannot be used is one line per module, exit 2.
+    A relative `file.py` class path is recorded absolute, found in the working folder (or the first
+    of `folders`, for a resumed run, that holds it: `flowrec.spec.class_paths.absolute_class_files`).
     `check_given`: also check the `out_width` a spec gives (`flowrec calibrate` builds the model
     only after a minute of measuring)."""
-    spec = load_spec_or_exit(path)
+    from flowrec.spec.class_paths import absolute_class_files
+
+    spec = absolute_class_files(load_spec_or_exit(path), folders)  # a run records the file, found from any folder
     if not unresolved_modules(spec) and not (check_given and any(m.kind in DRY_RUN_KINDS for m in spec.modules)):
         return spec  # nothing to import (planning stays free of torch)
     from flowrec.runtime.custom import resolve_custom

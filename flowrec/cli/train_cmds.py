@@ -329,7 +329,12 @@ def run_training(request: RunRequest) -> None:
     """Own the run folder for the whole run (lock), then resolve the settings and train."""
     from flowrec.runtime.rundir import RunFolderError, folder_state
 
-    spec = planned_spec_or_exit(request.spec_path)
+    from flowrec.spec.class_paths import run_class_folders
+
+    # a resumed run's spec (its spec.json, of a flowrec that recorded class files as given) may name
+    # a class file relative to the folder the run was started from, found as the run finds it
+    spec = planned_spec_or_exit(request.spec_path, run_class_folders(request.resume)
+                                if request.resume is not None else None)
     given = request.resume or request.out
     if _launch_size() > 1:
         _train_as_rank(request, spec, given)
@@ -646,7 +651,8 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     if state is not None:  # the spec the session trains (`session.prepare`), checked before any data is read
         trained = spec if settings["seed"] is None else replace(spec, training=replace(spec.training,
                                                                                          seed=settings["seed"]))
-        if state["spec"] != json.dumps(to_dict(trained), sort_keys=True):
+        if state["spec"] != json.dumps(to_dict(trained), sort_keys=True) \
+                and not _same_class_files(state, folder, trained, whole=True):
             _refuse(_spec_changed_line(request.spec_path, folder, state, trained), world)
 
     def before() -> None:  # rank 0 encodes bound data into the run folder first
@@ -877,7 +883,9 @@ def _stored_plan_or_exit(state: dict, folder: Path, spec, starting_from: bool = 
     """The plan a run was trained with (its checkpoint's), checked against the spec's model; a
     changed model is refused in one line naming the managed settings that differ
     (`flowrec.runs.changes`). `starting_from`: the run is --init-from's, not --resume's."""
-    from flowrec.graph.plan_io import model_fingerprint
+    from dataclasses import replace
+
+    from flowrec.graph.plan_io import model_fingerprint, with_class_files
     from flowrec.runs.changes import changed_model_line
     from flowrec.runtime.checkpoint.store import CheckpointError
     from flowrec.serving.trained import stored_plan
@@ -886,9 +894,29 @@ def _stored_plan_or_exit(state: dict, folder: Path, spec, starting_from: bool = 
         stored = stored_plan(state, str(folder / "checkpoint.pt"))
     except CheckpointError as exc:
         _refuse(str(exc), world)
-    if stored.spec_fingerprint != model_fingerprint(spec):
+    if stored.spec_fingerprint != model_fingerprint(spec) and not _same_class_files(state, folder, spec):
         _refuse(changed_model_line(str(folder), state, spec, starting_from), world)
-    return stored
+    # the plan goes on naming the spec's class files (not an older run's relative ones), with its fingerprint
+    return replace(with_class_files(stored, spec), spec_fingerprint=model_fingerprint(spec))
+
+
+def _same_class_files(state: dict, folder: Path, spec, whole: bool = False) -> bool:
+    """The run's model (`whole`: its whole spec) is the spec's once the run's relative custom class
+    files (a flowrec of before 2026-12-06 recorded them as given) are resolved where the run finds
+    them (`run_class_folders`): the same file written otherwise (`./blocks.py:X`, its absolute
+    path) is the same model."""
+    from flowrec.graph.plan_io import model_fingerprint
+    from flowrec.runs.changes import recorded_spec
+    from flowrec.spec.class_paths import absolute_class_files, run_class_folders
+    from flowrec.spec.load import to_dict
+
+    old = recorded_spec(state)
+    if old is None or not any(m.kind == "custom" for m in old.modules):
+        return False
+    old = absolute_class_files(old, run_class_folders(folder))
+    if whole:
+        return json.dumps(to_dict(old), sort_keys=True) == json.dumps(to_dict(spec), sort_keys=True)
+    return model_fingerprint(old) == model_fingerprint(spec)
 
 
 def _finished_line(folder: Path, trainer, settings: dict) -> str:

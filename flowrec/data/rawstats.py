@@ -261,3 +261,32 @@ def flat_ids(col: pa.ChunkedArray) -> np.ndarray:
 def merged_values(entry: dict[str, Any]) -> int:
     """Distinct raw values that share a row with another value (distinct minus occupied rows)."""
     return max(int(entry["distinct_values"]) - int(entry["occupied_rows"]), 0)
+
+
+def space_constant(folder: Path, label: str, where: str, equals: float) -> tuple[int, float | None] | None:
+    """(rows, value) of a head's task space (`trained_where`: rows whose `where` column equals
+    `equals`) in the Parquet dataset in `folder`: its row count and the one value `label` holds on
+    every row of it (None: the space is empty); None when the space holds two values, or the
+    dataset lacks either column. The two columns are read row group by row group until the space
+    shows two values, so a dataset whose space holds both classes is decided by its first row
+    groups; only a space of one class (the case worth a warning) is read to its end."""
+    import pyarrow.parquet as pq
+
+    from flowrec.data.dataset import parquet_files
+
+    rows, seen = 0, set()
+    for file in parquet_files(folder):
+        with pq.ParquetFile(file) as part:
+            names = set(part.schema_arrow.names)
+            if label not in names or where not in names:
+                return None
+            for g in range(part.metadata.num_row_groups):
+                table = part.read_row_group(g, columns=list(dict.fromkeys([label, where])))
+                inside = pc.filter(table.column(label), pc.equal(table.column(where), float(equals)))
+                rows += len(inside)
+                if len(inside):
+                    bounds = pc.min_max(inside)
+                    seen |= {bounds["min"].as_py(), bounds["max"].as_py()}
+                    if len(seen) > 1 or None in seen:
+                        return None
+    return rows, (float(seen.pop()) if seen else None)

@@ -17,6 +17,7 @@ Example:
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from typing import Any
@@ -249,3 +250,46 @@ def plan_from_document(doc: dict[str, Any]) -> Plan:
     return Plan(spec_name=doc["spec"], stage=doc["stage"], target=doc["target"], graph=graph,
                 cost=_cost(doc["cost"]), device_budget_bytes=doc["device_budget_bytes"],
                 spec_fingerprint=doc["spec_fingerprint"])
+
+
+def with_class_files(plan: Plan, spec: ModelSpec) -> Plan:
+    """`plan` whose custom modules import the class `spec` names (`absolute_class_files`): a run of
+    before 2026-12-06 recorded a relative `file.py` in its plan, which imported only from the folder
+    training ran in."""
+    classes = {m.name: m.param("class") for m in spec.modules if m.kind == "custom"}
+    stale = [n for n, d in plan.graph.nodes(data=True)
+             if n in classes and d["op"].kind == "custom" and d["op"].attr("class") != classes[n]]
+    if not stale:
+        return plan
+    graph = plan.graph.copy()
+    for name in stale:
+        op = graph.nodes[name]["op"]
+        attrs = dict(op.attrs)
+        attrs["class"] = classes[name]
+        graph.nodes[name]["op"] = dataclasses.replace(op, attrs=tuple(sorted(attrs.items())))
+    return dataclasses.replace(plan, graph=graph)
+
+
+def with_spec_class_files(plan: Plan, spec: ModelSpec) -> Plan:
+    """A saved plan (`train --plan`) of a flowrec of before 2026-12-06, whose custom modules name a
+    relative `file.py` as written (`blocks.py:X`), for `spec`, whose class files are absolute
+    (`flowrec.spec.class_paths.absolute_class_files`): where the plan's files, found in the working
+    folder, are the spec's, the plan names the spec's paths and bears its fingerprint; any other plan
+    is returned as it is (the contract's check says what differs)."""
+    from flowrec.spec.class_paths import found_class_file
+
+    if plan.spec_fingerprint == model_fingerprint(spec):
+        return plan
+    written = {n: d["op"].attr("class") for n, d in plan.graph.nodes(data=True) if d["op"].kind == "custom"}
+    modules = []
+    for module in spec.modules:
+        path = written.get(module.name)
+        if module.kind == "custom" and isinstance(path, str) and path != module.param("class") \
+                and found_class_file(path) == module.param("class"):
+            params = dict(module.params)
+            params["class"] = path
+            module = dataclasses.replace(module, params=tuple(sorted(params.items())))
+        modules.append(module)
+    if model_fingerprint(dataclasses.replace(spec, modules=tuple(modules))) != plan.spec_fingerprint:
+        return plan
+    return dataclasses.replace(with_class_files(plan, spec), spec_fingerprint=model_fingerprint(spec))

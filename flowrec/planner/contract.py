@@ -25,7 +25,7 @@ from typing import Any
 from flowrec.graph.edges import input_slots
 from flowrec.graph.kinds import PLACEMENTS
 from flowrec.graph.plan_io import (NOT_RECORDED, PLAN_VERSION, WRITER, model_fingerprint, plan_document,
-                                   plan_from_document)
+                                   plan_from_document, with_spec_class_files)
 from flowrec.graph.types import ACCESS_NONE, STAGES, Op, PackedGroup, PassRecord, Plan
 from flowrec.planner.cost import access_description, device_profile, predict
 from flowrec.planner.manager import GIVEN_AS, PassFailure, make_plan
@@ -273,7 +273,7 @@ def load_plan(path: Path, spec: ModelSpec, profile: dict[str, Any] | None = None
     nodes' FLOPs and bytes, `stages`) is this flowrec's, not refused as an edit: that flowrec's
     models may differ. A pass record (`OTHER_WRITER`) says so, and `flowrec train` shows it."""
     doc = read_plan_document(path)
-    plan = plan_from_document(doc)
+    plan = with_spec_class_files(plan_from_document(doc), spec)  # an older plan's relative class files
     try:  # the plan is priced for its target: one the planner would take for the default ('' included)
         device_profile(plan.target)
     except ValueError as exc:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from flowrec.graph.build import module_input_width
+from flowrec.spec.class_paths import absolute_class_files
 from flowrec.spec.errors import SpecError, SpecIssue
 from flowrec.spec.model import DRY_RUN_KINDS, FrozenMapping, ModelSpec, ModuleSpec, thaw, unresolved_modules
 from operators.custom import CustomModuleError, meta_width
@@ -28,6 +29,7 @@ def resolve_custom(spec: ModelSpec, check_given: bool = False) -> ModelSpec:
     Raises:
         SpecError: every custom module that cannot be used, each at its path.
     """
+    spec = absolute_class_files(spec)  # a run records the file, found from any folder
     issues = []
     unresolved = unresolved_modules(spec)
     for index, module in enumerate(spec.modules):

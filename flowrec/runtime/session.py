@@ -144,7 +144,10 @@ def label_warnings(spec: ModelSpec, train: Any) -> list[str]:
     learns to predict that class alone, or nothing (its loss is 0 at every step), and a run trained
     without a word (a filter that kept the clicks only, a label column of another convention, a
     weight column of another meaning). Labels of a binary head are 0 or 1 and weights >= 0
-    (`flowrec.data.checks`), so a mean of 0 or 1 is every label that class, and of 0 every weight 0."""
+    (`flowrec.data.checks`), so a mean of 0 or 1 is every label that class, and of 0 every weight 0.
+    A head with a task space (`trained_where`) whose labels are of both classes over all rows is
+    judged within its space too (`_space_line`): an ESMM conversion head whose every clicked row
+    converted has a mean of 0.5 over all rows."""
     from flowrec.data.layout import label_columns, weight_columns
     from flowrec.data.rawstats import training_means
 
@@ -162,12 +165,32 @@ def label_warnings(spec: ModelSpec, train: Any) -> list[str]:
         if mean in (0.0, 1.0):
             lines.append(f"every training label of head {head.name} (column {label}) in {path} is {int(mean)} "
                          f"({rows:,} rows): it can only learn to predict {int(mean)}")
+        elif head.trained_where is not None:  # a task space may hold one class where all rows hold two
+            lines.extend(_space_line(head, label, path))
     for column in weights:
         if means.get(column) == 0.0:
             heads = ", ".join(h.name for h in spec.heads if h.sample_weight == column)
             lines.append(f"every sample weight of head {heads} (column {column}) in {path} is 0 "
                          f"({rows:,} rows): its loss is 0 at every step, so it learns nothing")
     return lines
+
+
+def _space_line(head: Any, label: str, path: Path) -> list[str]:
+    """The line of a binary head whose labels in its task space (`trained_where`, an ESMM-style
+    conversion head read on clicked rows) are all one class, or that no training row is in
+    (`flowrec.data.rawstats.space_constant`)."""
+    from flowrec.data.rawstats import space_constant
+
+    where = head.trained_where
+    found = space_constant(path, label, where.label, where.equals)
+    if found is None:
+        return []
+    rows, value = found
+    space = f"its task space ({where.label} = {where.equals:g})"
+    if value not in (0.0, 1.0):  # None: no row is in the space (validate refuses a space no row can be in)
+        return []
+    return [f"every training label of head {head.name} (column {label}) in {space} in {path} is {int(value)} "
+            f"({rows:,} rows): it can only learn to predict {int(value)}"]
 
 
 def precision_note(precision: str, device: torch.device) -> str | None:
@@ -335,6 +358,8 @@ def bound_dataset(spec: ModelSpec, spec_path: Path, workdir: Path | None,
     with folder_locked(out.parent, lambda: status(f"waiting for another flowrec process encoding into {out}")):
         if encoded() and current():  # it did, while this one waited
             return out
+        if resumed and workdir is not None:
+            _refuse_lost_encoding(spec, workdir, out)
         if out.exists():  # this new run's folder held the encoding of raw files that changed since
             import shutil
 
@@ -358,6 +383,24 @@ def bound_dataset(spec: ModelSpec, spec_path: Path, workdir: Path | None,
         for line in report.warnings:
             status(f"warning: {line}")
     return out
+
+
+def _refuse_lost_encoding(spec: ModelSpec, workdir: Path, out: Path) -> None:
+    """A resumed run whose bound data (`out`, RUN/data) and encoder record (RUN/encoder) are both
+    gone cannot be given the ids it trained on: a new fit need not give them (a flowrec of before
+    2026-12-06 fitted a split's encoder on its test rows too; a changed raw file gives others), and
+    its checkpoint holds no vocabulary to check one against. It went on with a new fit, other ids
+    under the same rows, without a word; now a DataError (one line) saying what to put back."""
+    from flowrec.data.encoder_record import ENCODER_FILE, RUN_ENCODER_DIR
+    from flowrec.runtime.rundir import CHECKPOINT_NAME
+
+    record = workdir / RUN_ENCODER_DIR
+    if (record / ENCODER_FILE).is_file() or not (workdir / CHECKPOINT_NAME).is_file():
+        return  # its own encoder encodes the data again (`_run_encoder`); a run with no checkpoint trained nothing
+    raise DataError(f"{out} (the run's encoding of the spec's {spec.data.format if spec.data else ''} data) and "
+                    f"{record} (the encoder it was made with) are both gone: encoding the data again with a new "
+                    f"fit need not give the ids the run trained on, and its checkpoint cannot tell; put {record} "
+                    f"(or {out}) back to resume, or start over (a new run, another --out)")
 
 
 RAW_STAMP = "_flowrec_raw.json"  # the bound raw files' sizes and times when they were encoded

@@ -36,8 +36,9 @@ from flowrec.data.encoder_record import (
 )
 from flowrec.data.layout import META_FILE, DataError
 from flowrec.graph.kinds import OP_KINDS
-from flowrec.graph.plan_io import plan_from_document
+from flowrec.graph.plan_io import plan_from_document, with_class_files
 from flowrec.graph.types import Plan
+from flowrec.spec.class_paths import absolute_class_files, run_class_folders
 from flowrec.spec.json_doc import parse_json_text
 from flowrec.runtime.checkpoint.store import (
     CheckpointError,
@@ -183,8 +184,8 @@ def load_trained(run: Path, device: str, scoring: Callable[[Plan], Plan], mmap: 
     dev = resolve_device(device)
     assign = mmap or dev.type == "cpu"  # the checkpoint's tensors become the model's
     state = load_checkpoint(source, mmap=assign)
-    spec = _spec_of(state, source)
-    plan = scoring(stored_plan(state, str(run)))
+    spec = absolute_class_files(_spec_of(state, source), run_class_folders(run_folder_of(source)))
+    plan = scoring(with_class_files(stored_plan(state, str(run)), spec))
     with restoring_tables():  # every row is loaded next: nothing is drawn
         model = lower(plan, spec, "meta" if mmap else dev)
     check_tensors(source, "model", model.state_dict(), state["model"])

@@ -114,3 +114,50 @@ def _top_level_names(body: list[ast.stmt]) -> tuple[set[str], bool]:
                 names |= inner
                 star = star or inner_star
     return names, star
+
+
+def found_class_file(path: str, folders: "list[Path] | None" = None) -> str:
+    """`path` (a class path) with its `file.py` written absolute: resolved in the first of `folders`
+    (default: the working folder) that holds the file. A dotted path, an absolute file, or a
+    relative one that no folder holds is returned as it is (importing it says what is missing).
+
+    A run records its custom modules' files so (`absolute_class_files`), as it records its data
+    paths, so that `flowrec eval RUN`, `export` and `--resume` work from any folder.
+
+    >>> found_class_file("torch.nn:Linear")
+    'torch.nn:Linear'
+    """
+    source, colon, name = path.rpartition(":")
+    if not colon or not source.endswith(".py") or Path(source).is_absolute():
+        return path
+    for folder in folders if folders is not None else [Path.cwd()]:
+        if (Path(folder) / source).is_file():
+            return f"{(Path(folder) / source).resolve()}:{name}"
+    return path
+
+
+def absolute_class_files(spec: Any, folders: "list[Path] | None" = None) -> Any:
+    """A `ModelSpec` whose custom modules' `file.py` class paths are absolute (`found_class_file`,
+    relative paths found in `folders`, default the working folder): the spec a run records, so
+    that its spec.json, plan.json and checkpoint name the file from any folder, and two spellings
+    of one file (`blocks.py:X`, `./blocks.py:X`, its absolute path) are one model."""
+    from dataclasses import replace
+
+    modules = list(spec.modules)
+    for i, module in enumerate(modules):
+        path = module.param("class")
+        if module.kind != "custom" or not isinstance(path, str):
+            continue
+        found = found_class_file(path, folders)
+        if found != path:
+            params = dict(module.params)
+            params["class"] = found
+            modules[i] = replace(module, params=tuple(sorted(params.items())))
+    return replace(spec, modules=tuple(modules)) if modules != list(spec.modules) else spec
+
+
+def run_class_folders(run_folder: Path) -> list[Path]:
+    """Where a run that recorded a relative class file (a flowrec of before 2026-12-06, which wrote
+    the path as given, relative to the folder training ran in) may find it: the working folder,
+    then each folder above the run folder (a run is usually made under the folder it ran in)."""
+    return [Path.cwd(), *Path(run_folder).resolve().parents]

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -285,3 +286,58 @@ def test_what_a_custom_module_prints_does_not_corrupt_train_or_eval_json(tmp_pat
     done = runner.invoke(app, ["eval", str(run), "--json", "-"])
     assert done.exit_code == 0, done.output
     assert "click" in json.loads(done.stdout) and "CHATTY FORWARD" in done.stderr
+
+
+def test_a_class_file_relative_to_the_training_folder_is_found_from_any_folder(tmp_path, monkeypatch):
+    """`class: "blocks.py:X"` trained in one folder: eval RUN, export RUN PKG and train --resume RUN
+    from another said 'no Python file at <cwd>/blocks.py', and --resume with the same file written
+    otherwise (./blocks.py:X, its absolute path) was refused as another model; the run now records
+    the file absolute and compares class files by the file they name."""
+    work, other = tmp_path / "work", tmp_path / "other"
+    work.mkdir()
+    other.mkdir()
+    (work / "blocks.py").write_text(BLOCKS)
+    (work / "spec.yaml").write_text(SPEC.format(path="blocks.py", cls="GatedCross"))
+    (work / "dot.yaml").write_text(SPEC.format(path="./blocks.py", cls="GatedCross"))
+    (work / "abs.yaml").write_text(SPEC.format(path=work / "blocks.py", cls="GatedCross"))
+    monkeypatch.chdir(work)
+    done = runner.invoke(app, ["train", "spec.yaml", "--rows", "500", "--max-steps", "1", "--out", "run", "-q"])
+    assert done.exit_code == 0, done.output
+    for steps, spec in (("2", "dot.yaml"), ("3", "abs.yaml")):
+        done = runner.invoke(app, ["train", spec, "--resume", "run", "--max-steps", steps, "-q"])
+        assert done.exit_code == 0, done.output
+    monkeypatch.chdir(other)
+    run = work / "run"
+    for args in (["eval", str(run)], ["export", str(run), str(other / "pkg")],
+                 ["train", str(run / "spec.json"), "--resume", str(run), "--max-steps", "4", "-q"]):
+        done = runner.invoke(app, args)
+        assert done.exit_code == 0, (args, done.output)
+    assert (other / "pkg" / "model.pt2").is_file()
+    assert flowrec.load(run, device="cpu").trained.step == 4
+
+
+def test_a_saved_plan_naming_its_class_file_relative_still_trains(tmp_path, monkeypatch):
+    """A plan.json of a flowrec of before 2026-12-06 names `blocks.py:X` as written (and bears the
+    fingerprint of that text); the spec's file is now recorded absolute, so `train --plan` of it
+    was refused as 'made for ... a different model'. The same file is the same model."""
+    from flowrec.graph.plan_io import model_fingerprint
+    from flowrec.runtime.custom import resolve_custom
+    from flowrec.spec.load import load_spec
+
+    (tmp_path / "blocks.py").write_text(BLOCKS)
+    (tmp_path / "spec.yaml").write_text(SPEC.format(path="blocks.py", cls="GatedCross"))
+    monkeypatch.chdir(tmp_path)
+    done = runner.invoke(app, ["plan", "spec.yaml", "--json", "plan.json"])
+    assert done.exit_code == 0, done.output
+    absolute = f"{(tmp_path / 'blocks.py').resolve()}:GatedCross"
+    text = (tmp_path / "plan.json").read_text()
+    assert absolute in text
+    planned = resolve_custom(load_spec(tmp_path / "spec.yaml"))
+    mine = planned.modules[1]
+    mine = replace(mine, params=tuple((k, "blocks.py:GatedCross" if k == "class" else v) for k, v in mine.params))
+    old = replace(planned, modules=(planned.modules[0], mine, *planned.modules[2:]))  # the spec as it was planned
+    text = text.replace(absolute, "blocks.py:GatedCross").replace(model_fingerprint(planned), model_fingerprint(old))
+    (tmp_path / "plan.json").write_text(text)
+    done = runner.invoke(app, ["train", "spec.yaml", "--plan", "plan.json", "--rows", "500", "--max-steps", "1",
+                               "--out", "run", "-q"])
+    assert done.exit_code == 0, done.output

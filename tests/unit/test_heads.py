@@ -146,6 +146,8 @@ def test_evaluation_reports_each_task_on_its_task_space():
     assert 0.5 < genre["auc"] <= 1.0  # the class follows the hidden logit (synthetic labels)
     assert 0.0 <= genre["accuracy"] <= genre["accuracy_at_k"] <= 1.0 and genre["k"] == min(5, CLASSES - 1)
     assert genre["logloss"] > 0
+    # counts are integers (eval --json -, train --json and metrics.jsonl wrote k 4.0, classes 3.0)
+    assert type(genre["k"]) is int and type(genre["classes"]) is int and type(genre["samples"]) is int
 
 
 def test_macro_auc_is_the_mean_one_vs_rest_auc():

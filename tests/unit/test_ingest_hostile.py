@@ -636,6 +636,37 @@ def test_training_labels_of_one_class_are_said(tmp_path: Path) -> None:
     assert label_warnings(_spec(), types.SimpleNamespace()) == []  # synthetic rows: no statistics
 
 
+def test_training_labels_of_one_class_in_a_heads_task_space_are_said(tmp_path: Path) -> None:
+    """The one-class warning read a label's mean over all rows, so an ESMM conversion head trained
+    where clicked = 1 whose every clicked row converted (mean 0.5 over all rows) trained without a
+    word, as did one whose space no training row is in; now its labels are judged in its space."""
+    import types
+
+    from flowrec.runtime.session import label_warnings
+    from flowrec.spec import spec_from_dict
+    from flowrec.spec.load import to_dict
+
+    spec = spec_from_dict({**to_dict(_spec()), "heads": [
+        {"name": "ctr", "input": "top"},
+        {"name": "cvr", "input": "top", "label": "conv", "trained_where": {"label": "clicked", "equals": 1}}]})
+    cases = (("converts", [i % 2 for i in range(40)], [i % 2 for i in range(40)]),
+             ("both", [i % 2 for i in range(40)], [int(i % 4 == 1) for i in range(40)]),
+             ("unclicked", [0] * 20 + [1] * 20, [0] * 40))
+    for name, clicks, convs in cases:
+        path = tmp_path / f"{name}.csv"
+        path.write_text("price,user,clicked,conv\n" + "".join(f"{i},u{i},{c},{v}\n" for i, (c, v) in
+                                                              enumerate(zip(clicks, convs))), encoding="utf-8")
+        convert(spec, "csv", [path], tmp_path / name)
+    folder = tmp_path / "converts"
+    assert label_warnings(spec, types.SimpleNamespace(path=folder)) == [
+        f"every training label of head cvr (column conv) in its task space (clicked = 1) in {folder} is 1 "
+        "(20 rows): it can only learn to predict 1"]
+    assert label_warnings(spec, types.SimpleNamespace(path=tmp_path / "both")) == []
+    assert label_warnings(spec, types.SimpleNamespace(path=tmp_path / "unclicked")) == [
+        f"every training label of head cvr (column conv) in {tmp_path / 'unclicked'} is 0 (40 rows): it can only "
+        "learn to predict 0"]  # all rows of one class: the space's too, said as before
+
+
 def test_training_weights_all_zero_are_said(tmp_path: Path) -> None:
     """A head whose sample weights were all 0 in the training rows (a weight column of another
     meaning, a filter) trained without a word, its loss 0 at every step: it learned nothing."""

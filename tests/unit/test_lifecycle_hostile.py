@@ -338,6 +338,40 @@ def test_a_resumed_run_whose_data_is_gone_encodes_it_again_with_its_own_encoder(
     assert json.loads((child / "data" / "train" / "_flowrec.json").read_text())["split"]["fit_on"] == "given"
 
 
+def test_a_resumed_run_whose_data_and_encoder_are_both_gone_is_refused_not_fitted_again(tmp_path: Path) -> None:
+    """RUN/data and RUN/encoder both removed, `--resume` of a run on bound data fitted a new encoder
+    on the raw rows and went on with its ids without a word (a run of before 2026-12-06 had fitted
+    its split's encoder on the test rows too: other ids under the same rows). Now one line naming
+    both and what to put back, nothing encoded, the checkpoint untouched; RUN/encoder put back, the
+    run goes on."""
+    rows = ["label,d1,c1"] + [f"{i % 2},{i / 100:.2f},c{i % 7}" for i in range(150)]
+    (tmp_path / "raw.csv").write_text("\n".join(rows) + "\n")
+    spec = tmp_path / "bound.yaml"
+    spec.write_text(
+        "name: bound_csv\n"
+        "features:\n  - {name: d1, type: dense}\n  - {name: c1, type: categorical, vocab: 60, dim: 4}\n"
+        "modules:\n  - {name: deep, kind: mlp, inputs: ['@dense', '@sparse'], layers: [4]}\n"
+        "heads:\n  - {name: ctr, input: deep, task: binary, loss: bce}\n"
+        "data: {format: csv, path: raw.csv, label: label, options: {test_fraction: 0.3}}\n"
+        "training: {batch_size: 32, epochs: 2, seed: 0}\n")
+    run = tmp_path / "run"
+    made = runner.invoke(app, ["train", str(spec), "--out", str(run), "--max-steps", "1", "-q"])
+    assert made.exit_code == 0, made.output
+    shutil.copytree(run / "encoder", tmp_path / "kept")
+    shutil.rmtree(run / "encoder")
+    shutil.rmtree(run / "data")
+    checkpoint = (run / "checkpoint.pt").read_bytes()
+    result = runner.invoke(app, ["train", str(spec), "--resume", str(run), "--max-steps", "2"])
+    assert result.exit_code == 2, result.output
+    said = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(said) == 1 and f"{run / 'data'}" in said[0] and f"put {run / 'encoder'}" in said[0], result.output
+    assert not (run / "data").exists() and not (run / "encoder").exists()
+    assert (run / "checkpoint.pt").read_bytes() == checkpoint
+    shutil.copytree(tmp_path / "kept", run / "encoder")
+    result = runner.invoke(app, ["train", str(spec), "--resume", str(run), "--max-steps", "2"])
+    assert result.exit_code == 0 and "final evaluation" in result.output, result.output
+
+
 def _tiny_retrieval_spec(tmp_path: Path) -> Path:
     """A two-tower spec bound to a CSV of 12 items in an item vocab of 200 (top_k: TOPK to fill in)."""
     rows = ["user,item,label"] + [f"u{i % 9},i{i % 12},1" for i in range(200)]
@@ -1856,6 +1890,12 @@ def test_an_accuracy_at_k_covering_the_classes_that_occur_is_warned_of(tmp_path:
         metrics = flowrec.load(tmp_path / "run").evaluate()
     said = [str(w.message) for w in caught if "accuracy_at_k" in str(w.message)]
     assert len(said) == (classes == 5) and metrics["genre"]["classes"] == classes, said
+    result = runner.invoke(app, ["eval", str(tmp_path / "run"), "--json", "-"])
+    assert f'"classes": {classes},' in result.stdout and '"k": 5,' in result.stdout, result.stdout  # not 5.0
+    log = tmp_path / "run" / "metrics.jsonl"
+    assert f'"classes": {classes},' in log.read_text() and '"k": 5,' in log.read_text()
+    log.write_text(log.read_text().replace('"k": 5,', '"k": 5.0,'))  # as a flowrec of before 2026-12-06 wrote it
+    assert type(flowrec.load(tmp_path / "run").metrics["genre"]["k"]) is int
 
 
 @pytest.mark.parametrize("given", ["rows.parquet", "rows"])

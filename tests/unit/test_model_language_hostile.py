@@ -392,3 +392,22 @@ def test_a_class_path_the_schema_refuses_is_one_line_at_validate(tmp_path, block
     assert result.exit_code == 2
     assert result.output.splitlines() == [f"{spec}: modules[1].class: must be 'package.module:Class' or "
                                           "'path/to/file.py:Class'"], result.output
+
+
+def test_a_run_recording_a_relative_class_file_finds_it_above_its_folder(tmp_path, monkeypatch):
+    """A run of before 2026-12-06 recorded `blocks.py:X` relative to the folder it ran in; eval,
+    export and --resume from elsewhere said 'no Python file at <cwd>/blocks.py'. The file is looked
+    for in the working folder, then above the run folder; a file neither holds stays as written."""
+    from flowrec.spec.class_paths import found_class_file, run_class_folders
+
+    (tmp_path / "proj" / "runs" / "a").mkdir(parents=True)
+    (tmp_path / "proj" / "blocks.py").write_text("X = 1\n")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    folders = run_class_folders(tmp_path / "proj" / "runs" / "a")
+    assert found_class_file("blocks.py:X", folders) == f"{(tmp_path / 'proj' / 'blocks.py').resolve()}:X"
+    assert found_class_file("./blocks.py:X", folders) == f"{(tmp_path / 'proj' / 'blocks.py').resolve()}:X"
+    assert found_class_file("other.py:X", folders) == "other.py:X"
+    (tmp_path / "elsewhere" / "blocks.py").write_text("X = 2\n")  # the working folder's comes first, as before
+    assert found_class_file("blocks.py:X", run_class_folders(tmp_path / "proj" / "runs" / "a")) \
+        == f"{(tmp_path / 'elsewhere' / 'blocks.py').resolve()}:X"

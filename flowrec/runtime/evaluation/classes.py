@@ -62,15 +62,25 @@ class MulticlassAccumulator:
     def result(self) -> dict[str, float]:
         if not self.n:
             nan = float("nan")
-            return {"accuracy": nan, "accuracy_at_k": nan, "logloss": nan, "k": float(self.k), "classes": 0.0}
+            return {"accuracy": nan, "accuracy_at_k": nan, "logloss": nan, "k": int(self.k), "classes": 0}
         ranked = not self.nan_scores  # NaN scores rank nothing: no accuracy to report
         out = {"accuracy": self.correct / self.n if ranked else float("nan"),
                "accuracy_at_k": self.in_top_k / self.n if ranked else float("nan"),
-               "logloss": self.loss_sum / self.n, "k": float(self.k),
-               "classes": float(np.count_nonzero(self.occurs))}
+               "logloss": self.loss_sum / self.n, "k": int(self.k),  # counts: integers in JSON (COUNT_METRICS)
+               "classes": int(np.count_nonzero(self.occurs))}
         if self.per_class is not None:
             out["auc"] = _macro_auc(self.per_class)
         return out
+
+
+COUNT_METRICS = frozenset({"samples", "k", "classes"})  # whole numbers, written as integers (4, not 4.0)
+
+
+def counts_as_integers(values: dict) -> dict:
+    """A head's metrics with its counts (`COUNT_METRICS`) as integers: a flowrec of before
+    2026-12-06 wrote a multiclass head's `k` and `classes` as floats (4.0) in metrics.jsonl."""
+    return {name: int(value) if name in COUNT_METRICS and isinstance(value, float) and value.is_integer() else value
+            for name, value in values.items()}
 
 
 def top_k_covers_classes(metrics: dict[str, dict[str, float]]) -> list[str]:
@@ -79,9 +89,9 @@ def top_k_covers_classes(metrics: dict[str, dict[str, float]]) -> list[str]:
     label is then among the top k unless a class that never occurs ranks above it, so accuracy_at_k
     is 1.0 for any model that ranks those classes last (as training on the same classes teaches).
 
-    >>> top_k_covers_classes({"genre": {"accuracy_at_k": 1.0, "k": 5.0, "classes": 5.0}})[0].split(":")[0]
+    >>> top_k_covers_classes({"genre": {"accuracy_at_k": 1.0, "k": 5, "classes": 5}})[0].split(":")[0]
     'head genre ranks the top 5 classes for accuracy_at_k, and its evaluation rows hold 5 classes'
-    >>> top_k_covers_classes({"genre": {"accuracy_at_k": 0.9, "k": 5.0, "classes": 6.0}})
+    >>> top_k_covers_classes({"genre": {"accuracy_at_k": 0.9, "k": 5, "classes": 6}})
     []
     """
     lines = []
