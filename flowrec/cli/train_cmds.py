@@ -193,6 +193,7 @@ def _launch(request: RunRequest, nproc: int, max_restarts: int) -> int:
     spec = load_spec_or_exit(request.spec_path)
     _check_ranks_have_gpus(spec, request, nproc)
     _check_ranks_fit(nproc)
+    _check_ranks_cache(spec, request, nproc)
     folder = None
     if request.out is None and request.resume is None:
         try:
@@ -216,6 +217,21 @@ def _check_ranks_have_gpus(spec, request: RunRequest, nproc: int) -> None:
     except RunError as exc:
         fail(str(exc), exc.code)
     check_one_gpu_per_rank(nproc, device.type)
+
+
+def _check_ranks_cache(spec, request: RunRequest, nproc: int) -> None:
+    """Exit 2 when a new run's cache policy (--cache, else the spec's plan.cache) cannot be planned
+    for `nproc` ranks, before the launch: every rank planned the run and refused it in a line of its
+    own, under 'pass 'cache' failed ... ValueError', after the ranks had started. A resumed run, one
+    started from another (--init-from) or from a plan file trains a plan whose check is its own."""
+    from flowrec.planner.passes.cache import sharded_cache_refusal
+
+    if request.resume is not None or request.init_from is not None or request.given.get("plan") is not None:
+        return
+    flag = "--cache" if request.given.get("cache") is not None else "the spec's plan.cache"
+    refusal = sharded_cache_refusal(request.given.get("cache") or spec.plan.cache, nproc)
+    if refusal is not None:
+        fail(f"--nproc {nproc} with {flag}: {refusal}")
 
 
 def _check_ranks_fit(nproc: int) -> None:

@@ -1761,6 +1761,32 @@ def test_more_ranks_than_the_memory_holds_are_refused_before_the_launch(spec: Pa
     assert fits.exit_code == 0 and launched == [2], fits.output
 
 
+@pytest.mark.parametrize("policy", ["static_hot", "lookahead"])
+def test_a_cache_policy_ranks_cannot_plan_is_refused_before_the_launch(spec: Path, tmp_path: Path, policy: str,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`train --nproc 2 --cache static_hot` (distributed.md: a planning error) started both ranks,
+    and each refused it in a line of its own ('error: rank 0: pass 'cache' failed (passes before it:
+    pack, shard): ValueError: ...'), then the launcher a third, 15 s later; now one line before any
+    rank starts, for --cache as for the spec's plan.cache."""
+    from flowrec.cli import ranks
+
+    launched = []
+    monkeypatch.setattr(ranks, "launch_ranks", lambda nproc, *args: launched.append(nproc) or 0)
+    shown = runner.invoke(app, ["train", str(spec), "--nproc", "2", "--cache", policy, "--out", str(tmp_path / "run"),
+                                "-q"])
+    lines = shown.output.strip().splitlines()
+    assert shown.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: --nproc 2 with --cache: "), shown.output
+    assert f"{policy} is not yet supported for sharded groups" in lines[0] and "pass 'cache'" not in lines[0]
+    in_spec = tmp_path / "c.yaml"
+    in_spec.write_text(spec.read_text() + f"\nplan: {{cache: {policy}}}\n")
+    shown = runner.invoke(app, ["train", str(in_spec), "--nproc", "2", "--out", str(tmp_path / "run"), "-q"])
+    assert shown.exit_code == 2 and "with the spec's plan.cache" in shown.output, shown.output
+    assert launched == [] and not (tmp_path / "run").exists()
+    fits = runner.invoke(app, ["train", str(in_spec), "--nproc", "2", "--cache", "auto", "--out", str(tmp_path / "run"),
+                               "-q"])
+    assert fits.exit_code == 0 and launched == [2], fits.output
+
+
 def test_a_loaded_runs_undefined_metrics_are_nan_as_a_trained_runs(tmp_path: Path) -> None:
     """metrics.jsonl writes an undefined metric (the AUC of evaluation labels all 0) as null, and
     flowrec.load(RUN).metrics gave it as None where the Run flowrec.train returned, and evaluate(),
