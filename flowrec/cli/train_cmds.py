@@ -492,12 +492,13 @@ def _train_in_folder(request: RunRequest, spec, folder: Path, world=None) -> Non
     _refuse_plan_flags(request.given, recorded if state is not None else None, parent if state is None else None)
     settings, notes = run_settings(request.given, spec, recorded, parent,
                                    request.fresh_optimizer or bool((recorded or {}).get("fresh_optimizer")))
+    if state is not None:  # before the notes, which would say that --seed S overrides the run's seed
+        _check_resumed_seed(settings["seed"], state, folder, world)
     for note in notes:
         _say(note)
     if resuming:
         _check_recorded_data(request.given, settings, folder, world)
     if state is not None:
-        _check_resumed_seed(settings["seed"], state, folder, world)
         bound = spec.data is not None and spec.data.bound
         settings["train_rows"] = recorded_train_rows(request.given, recorded, not settings["data"] and not bound)
         if "train_rows" not in (recorded or {}):  # a run of before 2026-12-05 (see _refuse_older_split_again)
