@@ -205,3 +205,28 @@ def test_a_plan_report_quoted_in_the_docs_is_what_flowrec_plan_prints(page: str,
     quoted = [line for line in _quoted_block(page, opening) if not line.startswith("$ ") and "..." not in line]
     assert len(quoted) >= 5
     assert [line for line in quoted if line not in printed] == []
+
+
+def test_the_managed_table_of_managed_md_validates_and_plans_as_the_page_says(tmp_path: Path) -> None:
+    """docs/managed.md opened with a managed table setting `decay: 0.5` beside `evict: lfu`, which
+    `flowrec validate` refuses ('decay' applies to evict: decayed_lfu), as the page itself says a
+    line below: copied into a spec, the page's first example was an error. Now it validates, and
+    `flowrec plan` prints the line the page quotes for it."""
+    import re
+
+    from typer.testing import CliRunner
+
+    from flowrec.cli import app
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "managed.md").read_text(encoding="utf-8")
+    tables = re.search(r"```yaml\n(tables:\n.*?)```", page, re.S).group(1)
+    spec = tmp_path / "m.yaml"
+    spec.write_text("name: m\nfeatures:\n  - {name: user_id, type: categorical, table: users}\n" + tables
+                    + "modules:\n  - {name: deep, kind: mlp, inputs: [\"@sparse\"], layers: [8]}\n"
+                    + "heads:\n  - {name: ctr, input: deep, task: binary, loss: bce}\n", encoding="utf-8")
+    checked = CliRunner().invoke(app, ["validate", str(spec)])
+    assert checked.exit_code == 0, checked.output
+    planned = CliRunner().invoke(app, ["plan", str(spec)])
+    assert planned.exit_code == 0, planned.output
+    quoted = re.search(r"\(`(managed table users: [^`]*)`\)", " ".join(page.split())).group(1)
+    assert quoted in planned.output
