@@ -1000,6 +1000,9 @@ def evaluate_run(
 
     refuse_stream_folder(run_dir, "eval")
     try:
+        if json_out not in (None, "-"):  # before the run's checkpoint is read (GiB of tables digested)
+            check_file_output(Path(json_out), [run_dir] + ([data] if data is not None else []), overwrite)
+            refuse_replacing_other_than_metrics(Path(json_out))
         trained = load_trained(run_dir, device, scoring_plan)
         if (line := missing_encoder(run_dir, trained)) is not None:
             warn(line)
