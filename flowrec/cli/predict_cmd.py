@@ -293,12 +293,14 @@ def default_format_mismatch(raw: Path, fmt: str) -> Optional[str]:
     >>> default_format_mismatch(Path("rows.csv"), "csv") is None
     True
     """
-    from flowrec.data.sources import FORMAT_ALIASES
+    from flowrec.data.sources import FORMAT_ALIASES, encoded_dataset_line
 
     if FORMAT_ALIASES.get(fmt, fmt) == "movielens" and raw.is_file():
         return (f"{raw} is a file, but the package's spec reads a MovieLens folder (its data.format {fmt}, the "
                 "default): give --format csv (or parquet) for a file of raw rows")
     if raw.suffix.lower() in (".parquet", ".pq") and FORMAT_ALIASES.get(fmt, fmt) != "parquet":
+        if raw.is_file() and (encoded := encoded_dataset_line(raw)) is not None:
+            return encoded  # --format parquet would refuse it too
         return (f"{raw} is named as Parquet, but the package's spec reads {fmt} (its data.format, the default): "
                 "give --format parquet")
     return None

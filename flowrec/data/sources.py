@@ -1097,18 +1097,27 @@ def read_parquet(path: Path, options: dict[str, Any], log: ErrorLog, numeric: se
         raise DataError(f"cannot read {path} as Parquet: {_why(exc)}") from None
 
 
-def _refuse_encoded(path: Path) -> None:
-    """Raise DataError when `path` is (or lies in, or holds) an encoded flowrec dataset: its ids are
-    already table rows and its dense values already transformed, so reading it as raw rows would
-    encode them a second time (other hash buckets, log1p twice) and score or train on other rows
-    without a word (Parquet readers skip ``_flowrec.json``, so nothing else would notice)."""
+def encoded_dataset_line(path: Path) -> str | None:
+    """Why `path` cannot be read as raw rows when it is (or lies in, or holds) an encoded flowrec
+    dataset, else None: its ids are already table rows and its dense values already transformed, so
+    reading it as raw rows would encode them a second time (other hash buckets, log1p twice) and
+    score or train on other rows without a word (Parquet readers skip ``_flowrec.json``, so nothing
+    else would notice)."""
     path = Path(path)
     inner = [path / META_FILE, *path.glob(f"*/{META_FILE}")] if path.is_dir() else [path.parent / META_FILE]
     found = next((m for m in inner if m.is_file()), None)
-    if found is not None:
-        raise DataError(f"{path} is an encoded flowrec dataset ({found} exists), not raw rows: encoding it "
-                        "again would read other ids; give the raw rows it was converted from, or score it "
-                        "with `flowrec eval RUN --data DIR`")
+    if found is None:
+        return None
+    return (f"{path} is an encoded flowrec dataset ({found} exists), not raw rows: encoding it again would read "
+            "other ids; give the raw rows it was converted from, or score it with `flowrec eval RUN --data DIR`")
+
+
+def _refuse_encoded(path: Path) -> None:
+    """Raise DataError when `path` is (or lies in, or holds) an encoded flowrec dataset
+    (`encoded_dataset_line`)."""
+    line = encoded_dataset_line(path)
+    if line is not None:
+        raise DataError(line)
 
 
 def _refuse_folder(path: Path, fmt: str) -> None:
@@ -1141,6 +1150,7 @@ def _refuse_parquet(path: Path, fmt: str) -> None:
     except OSError:
         return  # the reader names the file
     if magic == b"PAR1":
+        _refuse_encoded(path)  # a part file of a dataset: the parquet format refuses it too
         raise DataError(f"{path} is a Parquet file, not {fmt} text: read it with the parquet format "
                         f"(`flowrec data convert parquet ...`, `flowrec predict ... --format parquet`)")
 

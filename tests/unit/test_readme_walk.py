@@ -271,3 +271,33 @@ def test_every_python_name_the_pages_give_can_be_imported() -> None:
     assert len(names) > 50
     assert sorted((page, name) for page, name in names if not _resolves(name)) == []
     assert ("docs/spec.md", "flowrec.spec.files.validate_file") in names
+
+
+@pytest.mark.parametrize("fmt", sorted(TEXT_READERS))
+def test_a_part_file_of_an_encoded_dataset_given_to_a_text_format_is_named_as_one(tmp_path: Path, fmt: str) -> None:
+    """`flowrec data convert csv data/clicks/test/part-00000.parquet ...` (a file of the README's
+    split) said to read it with the parquet format, which then refused it as an encoded dataset:
+    a hint that led to a second refusal. A Parquet file that is not a dataset's keeps the hint."""
+    root = _split_dataset(tmp_path)
+    part = root / "test" / "part-00000.parquet"
+    options = {"fields": ["a"]} if fmt == "libsvm" else {}
+    with pytest.raises(DataError, match="encoded flowrec dataset") as err:
+        list(TEXT_READERS[fmt](part, options, ErrorLog("fail", str(part)), set()))
+    assert "parquet format" not in str(err.value)
+    loose = tmp_path / "rows.parquet"
+    loose.write_bytes(part.read_bytes())
+    with pytest.raises(DataError, match="is a Parquet file, not .* text: read it with the parquet format"):
+        list(TEXT_READERS[fmt](loose, options, ErrorLog("fail", str(loose)), set()))
+
+
+def test_predict_without_format_names_a_part_file_of_an_encoded_dataset(tmp_path: Path) -> None:
+    """`flowrec predict pkg/first data/clicks/test/part-00000.parquet --out s.parquet` said to give
+    --format parquet, which then refused the file as an encoded dataset."""
+    from flowrec.cli.predict_cmd import default_format_mismatch
+
+    root = _split_dataset(tmp_path)
+    line = default_format_mismatch(root / "test" / "part-00000.parquet", "csv")
+    assert line is not None and "encoded flowrec dataset" in line and "--format parquet" not in line
+    loose = tmp_path / "rows.parquet"
+    loose.write_bytes(b"PAR1")
+    assert "give --format parquet" in default_format_mismatch(loose, "csv")
