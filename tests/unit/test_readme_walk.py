@@ -301,3 +301,28 @@ def test_predict_without_format_names_a_part_file_of_an_encoded_dataset(tmp_path
     loose = tmp_path / "rows.parquet"
     loose.write_bytes(b"PAR1")
     assert "give --format parquet" in default_format_mismatch(loose, "csv")
+
+
+@pytest.mark.parametrize("page, opening, name", [("docs/guide.md", "$ flowrec validate broken.yaml", "broken.yaml"),
+                                                 ("docs/spec.md", "$ flowrec validate specs/", "bad.yaml")])
+def test_the_validate_output_the_pages_quote_is_what_validate_prints(tmp_path: Path, monkeypatch, page: str,
+                                                                      opening: str, name: str) -> None:
+    """guide.md quoted `flowrec validate broken.yaml` with the module's problem before the
+    feature's and at `features[3].dim` (a dense feature of the DLRM spec, which has no dim), where
+    validate lists problems in the document's order, as spec.md quotes them. Both quotes are what
+    validate prints for specs/dlrm_criteo.yaml with C2's dim 0 and the top MLP reading 'botom'."""
+    from typer.testing import CliRunner
+
+    from flowrec.cli import app
+
+    spec = (Path(__file__).resolve().parents[2] / "specs" / "dlrm_criteo.yaml").read_text(encoding="utf-8")
+    broken = spec.replace("{name: C2, type: categorical, hash_buckets: 584, dim: 16}",
+                          "{name: C2, type: categorical, hash_buckets: 584, dim: 0}")
+    broken = broken.replace("inputs: [interaction, bottom]", "inputs: [interaction, botom]")
+    assert broken.count("dim: 0") == 1 and "botom" in broken
+    (tmp_path / name).write_text(broken, encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    shown = CliRunner().invoke(app, ["validate", name])
+    assert shown.exit_code == 2
+    quoted = [line for line in _quoted_block(page, opening) if line.startswith(f"{name}: ")]
+    assert len(quoted) == 2 and quoted == shown.output.strip().splitlines()
