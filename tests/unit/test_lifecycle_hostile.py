@@ -622,6 +622,16 @@ def test_plan_managed_from_shows_a_good_report(tmp_path: Path) -> None:
     assert shown.exit_code == 0 and "5/200 rows held" in shown.output, shown.output
 
 
+def test_plan_managed_from_refuses_a_spec_without_managed_tables(spec: Path, tmp_path: Path) -> None:
+    """`flowrec plan specs/movielens.yaml --managed-from RUN` (a spec of no managed table) printed
+    the plan, exit 0, the flag ignored without a word, where managed.md says it adds the run's
+    line under each managed table; now one line before any output, as other --managed-from refusals."""
+    run = _managed_run(tmp_path, {"tables": {"users": GOOD}})
+    cli = runner.invoke(app, ["plan", str(spec), "--managed-from", str(run), "--json", str(tmp_path / "p.json")])
+    assert cli.exit_code == 2 and "has no managed tables" in cli.output, cli.output
+    assert len(cli.output.strip().splitlines()) == 1 and not (tmp_path / "p.json").exists()
+
+
 def test_inspect_refuses_a_follow_order_for_one_dataset(spec: Path, tmp_path: Path) -> None:
     data = _synth(spec, tmp_path / "data")
     result = runner.invoke(app, ["data", "inspect", str(data), "--follow-order", "date:ts"])
