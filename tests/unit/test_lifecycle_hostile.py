@@ -1785,7 +1785,8 @@ def test_a_cache_policy_ranks_cannot_plan_is_refused_before_the_launch(spec: Pat
     shown = runner.invoke(app, ["train", str(spec), "--nproc", "2", "--cache", policy, "--out", str(tmp_path / "run"),
                                 "-q"])
     lines = shown.output.strip().splitlines()
-    assert shown.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: --nproc 2 with --cache: "), shown.output
+    assert shown.exit_code == 2 and len(lines) == 1, shown.output
+    assert lines[0].startswith("error: --nproc 2 with --cache: "), shown.output
     assert f"{policy} is not yet supported for sharded groups" in lines[0] and "pass 'cache'" not in lines[0]
     in_spec = tmp_path / "c.yaml"
     in_spec.write_text(spec.read_text() + f"\nplan: {{cache: {policy}}}\n")
