@@ -185,7 +185,8 @@ def _quoted_block(page: str, opening: str) -> list[str]:
 
 @pytest.mark.parametrize("page, opening, args", [
     ("README.md", "$ flowrec plan specs/dlrm_criteo.yaml", ["plan", "specs/dlrm_criteo.yaml"]),
-    ("docs/plan.md", "packed groups:", ["plan", "specs/dlrm_criteo.yaml", "--target", "h100", "--device-budget", "1GiB"]),
+    ("docs/plan.md", "packed groups:",
+     ["plan", "specs/dlrm_criteo.yaml", "--target", "h100", "--device-budget", "1GiB"]),
 ])
 def test_a_plan_report_quoted_in_the_docs_is_what_flowrec_plan_prints(page: str, opening: str, args: list[str],
                                                                       monkeypatch) -> None:
@@ -326,3 +327,23 @@ def test_the_validate_output_the_pages_quote_is_what_validate_prints(tmp_path: P
     assert shown.exit_code == 2
     quoted = [line for line in _quoted_block(page, opening) if line.startswith(f"{name}: ")]
     assert len(quoted) == 2 and quoted == shown.output.strip().splitlines()
+
+
+def test_the_cost_train_help_gives_for_cache_data_is_the_row_caches() -> None:
+    """`flowrec train --help` said --cache-data costs '8 per sparse id ... (about 400 MB per 1.5M
+    Criteo rows)', the cost before round 9's row matrix, where data.md says 4 bytes per id, 160
+    bytes a Criteo row, 229 MiB per 1.5M rows: the figure is the row layout's."""
+    import re
+
+    import typer.main
+
+    from flowrec.cli import app
+    from flowrec.data.rowcache import RowLayout
+
+    command = typer.main.get_command(app).commands["train"]
+    text = next(p.help for p in command.params if "--cache-data" in getattr(p, "opts", ()))
+    found = re.search(r"about ([\d,]+) MiB per 1\.5M Criteo rows, (\d+) bytes each", text)
+    assert found is not None, text
+    layout = RowLayout.of(13, 1, [26], [33_762_603])  # DLRM-Criteo: 13 dense, a label, 26 ids of a packed table
+    assert int(found.group(2)) == layout.stride
+    assert int(found.group(1).replace(",", "")) == round(1.5e6 * layout.stride / 2**20)
