@@ -109,7 +109,7 @@ def _spec(path: Path):
 
 def convert(
     fmt: str = typer.Argument(..., metavar="FORMAT", help="criteo | avazu | libsvm | libfm | csv | movielens | parquet"),
-    source: Path = typer.Argument(..., metavar="SOURCE", help="Input file (folder for movielens)."),
+    source: Path = typer.Argument(..., metavar="SOURCE", help="Input file (a folder for movielens; a Parquet file or a folder of them for parquet)."),
     out: Path = typer.Argument(..., metavar="OUT", help="Output dataset directory."),
     spec: Path = typer.Option(..., "--spec", help="Model spec: features, tables, data.columns/options."),
     on_error: str = typer.Option("fail", "--on-error", help="Malformed rows: skip (count, report) or fail."),

@@ -23,7 +23,7 @@ EXIT_INTERRUPTED = 130
 
 def predict(
     model_dir: Path = typer.Argument(..., metavar="MODEL", help="Model package folder (from `flowrec export`)."),
-    raw: Path = typer.Argument(..., metavar="RAW", help="Raw rows: a file in a training source format (a folder for movielens)."),
+    raw: Path = typer.Argument(..., metavar="RAW", help="Raw rows: a file in a training source format (a folder for movielens; a Parquet file or a folder of them for parquet)."),
     out: Path = typer.Option(..., "--out", help="Scores file to write: one column per head, then the --keep columns. Parquet (.parquet, .pq or no suffix), or CSV / TSV text (.csv / .tsv)."),
     fmt: Optional[str] = typer.Option(None, "--format", help="criteo | avazu | libsvm | libfm | csv | movielens | parquet. Default: the spec's data.format."),
     keep: Optional[List[str]] = typer.Option(None, "--keep", help="Raw column to pass through to the scores file (repeatable)."),

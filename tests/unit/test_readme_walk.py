@@ -347,3 +347,19 @@ def test_the_cost_train_help_gives_for_cache_data_is_the_row_caches() -> None:
     layout = RowLayout.of(13, 1, [26], [33_762_603])  # DLRM-Criteo: 13 dense, a label, 26 ids of a packed table
     assert int(found.group(2)) == layout.stride
     assert int(found.group(1).replace(",", "")) == round(1.5e6 * layout.stride / 2**20)
+
+
+@pytest.mark.parametrize("command, argument", [(("data", "convert"), "source"), (("predict",), "raw")])
+def test_the_help_of_the_raw_input_says_which_formats_read_a_folder(command: tuple, argument: str) -> None:
+    """`flowrec data convert --help` said SOURCE is an 'Input file (folder for movielens)' and
+    `flowrec predict --help` RAW 'a file ... (a folder for movielens)', where the parquet format
+    reads a folder of Parquet files too (README, data.md, production.md: a Hive-partitioned table)."""
+    import typer.main
+
+    from flowrec.cli import app
+
+    found = typer.main.get_command(app)
+    for name in command:
+        found = found.commands[name]
+    text = next(p.help for p in found.params if p.name == argument)
+    assert "movielens" in text and "a folder of them for parquet" in text, text
