@@ -964,7 +964,7 @@ def _report(result, run_dir: Path, json_out: bool, json_lines: bool = False) -> 
 
 def evaluate_run(
     run_dir: Path = typer.Argument(..., metavar="RUN", help="Run folder (with checkpoint.pt) or a checkpoint file."),
-    data: Optional[Path] = typer.Option(None, "--data", help="Encoded dataset folder to score. Default: the data the run evaluated on (its --eval-data, else the test part of its split dataset)."),
+    data: Optional[Path] = typer.Option(None, "--data", help="Encoded dataset folder to score. Default: the data the run evaluated on (its --eval-data, else the test part of its split dataset; a run on synthetic rows: its evaluation rows, drawn again from its seed)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
     group_by: Optional[str] = typer.Option(None, "--group-by", help="A one-id categorical feature (e.g. user_id): also report gAUC, the AUC of each of its values weighted by its samples. Default: the spec's training.eval_group_by."),
     json_out: Optional[str] = typer.Option(None, "--json", help="Also write the metrics as JSON to this file ('-': stdout, instead of the table)."),

@@ -363,3 +363,16 @@ def test_the_help_of_the_raw_input_says_which_formats_read_a_folder(command: tup
         found = found.commands[name]
     text = next(p.help for p in found.params if p.name == argument)
     assert "movielens" in text and "a folder of them for parquet" in text, text
+
+
+def test_the_help_of_eval_data_gives_the_default_of_a_run_on_synthetic_rows() -> None:
+    """`flowrec eval --help` gave --data's default as the run's --eval-data or its split's test part,
+    where a run on synthetic rows (the README's default job) is scored on its evaluation rows, drawn
+    again from its seed (guide.md, python.md)."""
+    import typer.main
+
+    from flowrec.cli import app
+
+    command = typer.main.get_command(app).commands["eval"]
+    text = next(p.help for p in command.params if "--data" in getattr(p, "opts", ()))
+    assert "--eval-data" in text and "synthetic rows" in text and "seed" in text, text
