@@ -376,3 +376,26 @@ def test_the_help_of_eval_data_gives_the_default_of_a_run_on_synthetic_rows() ->
     command = typer.main.get_command(app).commands["eval"]
     text = next(p.help for p in command.params if "--data" in getattr(p, "opts", ()))
     assert "--eval-data" in text and "synthetic rows" in text and "seed" in text, text
+
+
+def test_every_option_of_every_command_is_on_a_page() -> None:
+    """`flowrec calibrate --seconds` (the time per measured kernel, 0.01 to 10) was in no page but
+    the GPU one's run log, and `flowrec --version` in none: every option a command takes is named
+    on README.md or a page it links."""
+    import typer.main
+
+    from flowrec.cli import app
+
+    root = Path(__file__).resolve().parents[2]
+    text = "".join((root / page).read_text(encoding="utf-8") for page in PAGES)
+    missing = []
+
+    def walk(command, path: tuple) -> None:
+        for name, sub in getattr(command, "commands", {}).items():
+            walk(sub, path + (name,))
+        missing.extend(" ".join(("flowrec",) + path + (opt,)) for p in getattr(command, "params", ())
+                       for opt in getattr(p, "opts", ()) if opt.startswith("--") and opt != "--help"
+                       and opt not in text)
+
+    walk(typer.main.get_command(app), ())
+    assert missing == []
