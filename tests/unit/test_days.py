@@ -242,6 +242,23 @@ def test_a_runs_split_data_is_no_day_converted_with_a_split(days, tmp_path: Path
     assert "split into train/ and test/" not in shown.output
 
 
+def test_a_runs_unsplit_data_is_no_day(days, tmp_path: Path):
+    """`data inspect RUN` of a run on bound data not split (its data/ one dataset) listed the run
+    folder as a folder of days, one day 'data', exit 0, where data.md says a run folder is one line
+    naming the dataset it trained on."""
+    spec, _, _ = days
+    run = tmp_path / "run"
+    write_day(tmp_path / "d.csv", np.random.default_rng(), 400)
+    made = runner.invoke(app, ["data", "convert", "csv", str(tmp_path / "d.csv"), str(run / "data"), "--spec",
+                               str(spec), "-q"])
+    assert made.exit_code == 0, made.output
+    (run / "run.json").write_text("{}\n")  # as a run on bound data holds it
+    shown = runner.invoke(app, ["data", "inspect", str(run)])
+    assert shown.exit_code == 2 and f"a training run's folder, not a dataset: inspect the data it trained on, {run / 'data'}" \
+        in shown.output, shown.output
+    assert len(shown.output.strip().splitlines()) == 1
+
+
 def test_inspect_counts_a_managed_columns_distinct_raw_ids_without_the_missing_value(days):
     """`unique` of a managed table's one-id column counted the missing value (0) as one more raw id
     (29 for 28 distinct ids); docs/managed.md: it shows the distinct raw ids."""
