@@ -457,3 +457,17 @@ def test_inspect_of_a_stream_folder_names_the_days_it_follows(days, tmp_path: Pa
                 "rows": 400000, "seed": None, "target": None, "train_rows": 60}
     (stream / "days" / "b" / "run.json").write_text(json.dumps(settings))
     assert f"flowrec data inspect {folder} --stream {stream}" in said()
+
+
+def test_a_stream_folder_given_as_a_dataset_is_named_as_one(tmp_path: Path):
+    """`flowrec train SPEC --data runs/stream` (eval --data, data profile alike) of a --follow
+    stream's folder said it 'is not a flowrec dataset (no _flowrec.json); convert it first with
+    `flowrec data convert`', where its days are runs and the data is the days it follows."""
+    from flowrec.data.layout import read_meta
+
+    stream = tmp_path / "stream"
+    (stream / "days" / "day1").mkdir(parents=True)
+    (stream / "follow.json").write_text(json.dumps({"days": ["day1"], "order": "name", "names": "natural"}))
+    with pytest.raises(DataError, match="is a --follow stream folder, not a dataset") as err:
+        read_meta(stream)
+    assert "convert it first" not in str(err.value) and f"--stream {stream}" in str(err.value)
