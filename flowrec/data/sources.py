@@ -1075,6 +1075,7 @@ def read_parquet(path: Path, options: dict[str, Any], log: ErrorLog, numeric: se
             first file's, or a numeric column of another type (lists, structs, dates).
     """
     del options
+    _refuse_owned(path)
     _refuse_encoded(path)
     try:
         for file, names in file_columns(path):  # before the folder's schema is unified, which needs them unique
@@ -1110,6 +1111,22 @@ def encoded_dataset_line(path: Path) -> str | None:
         return None
     return (f"{path} is an encoded flowrec dataset ({found} exists), not raw rows: encoding it again would read "
             "other ids; give the raw rows it was converted from, or score it with `flowrec eval RUN --data DIR`")
+
+
+def _refuse_owned(path: Path) -> None:
+    """Raise DataError when the folder `path`, given as raw Parquet rows, is a training run's, a
+    model package's, an encoder's or a --follow stream's: pyarrow read their files as Parquet
+    ("cannot read pkg/ml as Parquet: ... 'pkg/ml/encoder.json': Parquet magic bytes not found"), and
+    a run on the spec's bound data was called an encoded dataset for its RUN/data."""
+    from flowrec.data.owners import is_stream_folder, owner_of
+
+    path = Path(path)
+    if not path.is_dir():
+        return
+    owner = "a --follow stream" if is_stream_folder(path) else owner_of(path)
+    if owner is not None and owner != "a dataset":  # a dataset: `_refuse_encoded` names it
+        raise DataError(f"{path} is {owner}'s folder, not raw rows: give a Parquet file of raw rows, or a folder "
+                        "of them")
 
 
 def _refuse_encoded(path: Path) -> None:

@@ -399,3 +399,21 @@ def test_every_option_of_every_command_is_on_a_page() -> None:
 
     walk(typer.main.get_command(app), ())
     assert missing == []
+
+
+@pytest.mark.parametrize("owner, marker, says", [
+    ("package", ("manifest.json", '{"format": "flowrec-model"}'), "a model package's folder"),
+    ("run", ("run.json", "{}"), "a training run's folder"),
+    ("stream", ("follow.json", "{}"), "a --follow stream's folder"),
+])
+def test_a_folder_flowrec_owns_given_as_raw_parquet_rows_is_named(tmp_path: Path, owner: str, marker: tuple,
+                                                                   says: str) -> None:
+    """`flowrec predict pkg/first pkg/first --format parquet` said pyarrow's "cannot read pkg/first as
+    Parquet: ... 'pkg/first/encoder.json': Parquet magic bytes not found", `data convert parquet
+    RUN` of a run on bound data called the run an encoded dataset; now each folder is named."""
+    folder = tmp_path / owner
+    folder.mkdir()
+    (folder / marker[0]).write_text(marker[1], encoding="utf-8")
+    (folder / "encoder.json").write_text("{}", encoding="utf-8")
+    with pytest.raises(DataError, match=f"is {says}, not raw rows"):
+        list(sources.read_parquet(folder, {}, ErrorLog("fail", str(folder)), set()))
