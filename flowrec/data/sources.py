@@ -172,9 +172,14 @@ def csv_chunks(path: Path, log: ErrorLog, numeric: set[str], delimiter: str, nam
                 f"to a row of {row.actual_columns} fields, expected {row.expected_columns} (a quote not closed?): "
                 f"{text[:80]!r}; fix the quote (--on-error skip would drop those lines as one row)"))
             return "skip"
+        reason = f"wrong field count ({row.actual_columns}, expected {row.expected_columns})"
+        other = next((sep for sep in (",", ";", "\t", "|") if sep != delimiter and sep in text), None)
+        whole = row.actual_columns == 1 and (row.expected_columns or 0) > 1 and other is not None
+        if whole:  # a file of another format (a CSV given as criteo): skipping would drop every row
+            reason += (f"; the row holds {other!r}, not this format's separator {delimiter!r}: a file of another "
+                       "format (csv, avazu) or separator (data.options.sep)?")
         try:
-            log.add(line, f"wrong field count ({row.actual_columns}, expected {row.expected_columns})",
-                    row.text or "")
+            log.add(line, reason, row.text or "", skippable=not whole)
         except DataError as exc:
             failures.append(exc.with_traceback(None))  # its frames would keep this handler, so the reader, alive
         return "skip"

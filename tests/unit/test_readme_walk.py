@@ -417,3 +417,18 @@ def test_a_folder_flowrec_owns_given_as_raw_parquet_rows_is_named(tmp_path: Path
     (folder / "encoder.json").write_text("{}", encoding="utf-8")
     with pytest.raises(DataError, match=f"is {says}, not raw rows"):
         list(sources.read_parquet(folder, {}, ErrorLog("fail", str(folder)), set()))
+
+
+def test_a_csv_file_given_as_criteo_names_the_separator_not_the_skip_option(tmp_path: Path) -> None:
+    """`flowrec data convert criteo taobao.csv ...` (a CSV given the Criteo format, whose rows read
+    as one field each) said 'wrong field count (1, expected 40) ... (use --on-error skip to skip
+    such rows)': skipping them drops every row. It names the separator the rows hold instead."""
+    raw = tmp_path / "clicks.csv"
+    raw.write_text("1,2,3\n0,5,6\n", encoding="utf-8")
+    with pytest.raises(DataError, match="holds ',', not this format's separator") as err:
+        list(TEXT_READERS["criteo"](raw, {}, ErrorLog("fail", str(raw)), set()))
+    assert "--on-error skip" not in str(err.value)
+    tsv = tmp_path / "short.tsv"
+    tsv.write_text("1\t2\n", encoding="utf-8")  # a short row of the format's own separator keeps the hint
+    with pytest.raises(DataError, match="wrong field count .*--on-error skip"):
+        list(TEXT_READERS["criteo"](tsv, {}, ErrorLog("fail", str(tsv)), set()))
