@@ -109,7 +109,7 @@ def _spec(path: Path):
 
 def convert(
     fmt: str = typer.Argument(..., metavar="FORMAT", help="criteo | avazu | libsvm | libfm | csv | movielens | parquet"),
-    source: Path = typer.Argument(..., metavar="SOURCE", help="Input file (folder for movielens)."),
+    source: Path = typer.Argument(..., metavar="SOURCE", help="Input file (a folder for movielens; a Parquet file or a folder of them for parquet)."),
     out: Path = typer.Argument(..., metavar="OUT", help="Output dataset directory."),
     spec: Path = typer.Option(..., "--spec", help="Model spec: features, tables, data.columns/options."),
     on_error: str = typer.Option("fail", "--on-error", help="Malformed rows: skip (count, report) or fail."),
@@ -337,10 +337,12 @@ def _inspect_days(folder: Path, order_text: str | None, as_json: bool, stream: P
         fail(f"--follow-order: {exc}")
     if stream is not None:
         order = _stream_order(stream, folder, order_text, order)
+    # a run folder, package or stream is never a folder of days: a run on the spec's bound data holds
+    # its encoding in RUN/data, which was listed as the one day 'data'
+    _refuse_stream_given(folder)
+    _refuse_owned_given(folder)
     days = _run(lambda: inspect_days(folder, order))
     if not days:
-        _refuse_stream_given(folder)
-        _refuse_owned_given(folder)
         fail(f"{folder}: neither an encoded dataset nor a folder of day partitions (datasets with _flowrec.json)")
     if as_json:
         typer.echo(json.dumps({"order": str(order), "days": days}, indent=1))

@@ -154,6 +154,9 @@ def run_managed(run: Path, spec) -> dict:
     from flowrec.runtime.run_log import read_records
 
     refuse_stream_folder(run, "give --managed-from")  # its metrics.jsonl holds the days' scores, no end record
+    if not any(t.managed is not None for t in spec.tables):  # the report would show nothing of the run
+        fail(f"--managed-from {run}: spec {spec.name} has no managed tables, so the plan has nothing of the run's "
+             "maps to show; leave --managed-from out, or give a spec with managed tables")
     path = run / "metrics.jsonl"
     if not run.is_dir() or not path.is_file():
         fail(f"--managed-from {run}: not a run folder (no metrics.jsonl)")

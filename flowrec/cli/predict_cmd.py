@@ -23,7 +23,7 @@ EXIT_INTERRUPTED = 130
 
 def predict(
     model_dir: Path = typer.Argument(..., metavar="MODEL", help="Model package folder (from `flowrec export`)."),
-    raw: Path = typer.Argument(..., metavar="RAW", help="Raw rows: a file in a training source format (a folder for movielens)."),
+    raw: Path = typer.Argument(..., metavar="RAW", help="Raw rows: a file in a training source format (a folder for movielens; a Parquet file or a folder of them for parquet)."),
     out: Path = typer.Option(..., "--out", help="Scores file to write: one column per head, then the --keep columns. Parquet (.parquet, .pq or no suffix), or CSV / TSV text (.csv / .tsv)."),
     fmt: Optional[str] = typer.Option(None, "--format", help="criteo | avazu | libsvm | libfm | csv | movielens | parquet. Default: the spec's data.format."),
     keep: Optional[List[str]] = typer.Option(None, "--keep", help="Raw column to pass through to the scores file (repeatable)."),
@@ -316,12 +316,14 @@ def default_format_mismatch(raw: Path, fmt: str) -> Optional[str]:
     >>> default_format_mismatch(Path("rows.csv"), "csv") is None
     True
     """
-    from flowrec.data.sources import FORMAT_ALIASES
+    from flowrec.data.sources import FORMAT_ALIASES, encoded_dataset_line
 
     if FORMAT_ALIASES.get(fmt, fmt) == "movielens" and raw.is_file():
         return (f"{raw} is a file, but the package's spec reads a MovieLens folder (its data.format {fmt}, the "
                 "default): give --format csv (or parquet) for a file of raw rows")
     if raw.suffix.lower() in (".parquet", ".pq") and FORMAT_ALIASES.get(fmt, fmt) != "parquet":
+        if raw.is_file() and (encoded := encoded_dataset_line(raw)) is not None:
+            return encoded  # --format parquet would refuse it too
         return (f"{raw} is named as Parquet, but the package's spec reads {fmt} (its data.format, the default): "
                 "give --format parquet")
     return None

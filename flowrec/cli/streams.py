@@ -13,8 +13,8 @@ from pathlib import Path
 
 from flowrec.cli.common import fail
 from flowrec.data.days import DayOrder, parse_order
+from flowrec.data.owners import FOLLOW_FILE, is_stream_folder  # noqa: F401 (this module's names)
 
-FOLLOW_FILE = "follow.json"
 DAYS_DIR = "days"
 EXPORT_DIR = "export"  # --follow-export: RUN/export/<day>, each day's model package
 
@@ -57,12 +57,6 @@ def refuse_stream_as_package(path: Path, command: str) -> None:
     fail(f"{path} is a --follow stream folder and holds no model package (--follow-export writes each day's): "
          f"export a day's run first, e.g. flowrec export {path / DAYS_DIR / days[-1]} OUT/ (the last of its "
          f"{len(days)} trained days)")
-
-
-def is_stream_folder(path: Path) -> bool:
-    """True when `path` is a `--follow` stream folder (its follow.json, no checkpoint of its own)."""
-    path = Path(path)
-    return path.is_dir() and os.path.lexists(path / FOLLOW_FILE) and not os.path.lexists(path / "checkpoint.pt")
 
 
 def done_days(run: Path, order: DayOrder | None = None) -> list[str]:

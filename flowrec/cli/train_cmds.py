@@ -76,7 +76,7 @@ def train(
     dask: Optional[str] = typer.Option(None, "--dask", help="Read data partitions through Dask: a scheduler address (tcp://host:8786) of an existing cluster, or 'local' for a local cluster. Synthetic rows have no partitions: with them a line says it is ignored. Default: direct pyarrow reads (faster on one machine)."),
     interleave: Optional[bool] = typer.Option(None, "--interleave/--no-interleave", help="--no-interleave: sequential schedule (no micro-batches, cache exchanges inline) to compare with the planned overlap; same parameters."),
     compile_dense: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="Compile the dense stage (torch.compile, inductor; eager where compiling fails): faster steps after a one-off compile of tens of seconds, so for long runs; on a CPU the eager fp32 stage (oneDNN linear layers) can be faster: compare. Same parameters (allclose). Default: off."),
-    cache_data: Optional[str] = typer.Option(None, "--cache-data", help="Keep the data's decoded rows (training and evaluation sets) in memory after their first pass, so later epochs and evaluations read and decode no files: auto (a Parquet dataset whose rows, as staged, fit half the memory still available; synthetic rows are in memory already), on (any dataset, any size), off (read every epoch), or a byte size such as 2GiB (auto with that budget). Costs 4 bytes per dense value and label and 8 per sparse id of every row (about 400 MB per 1.5M Criteo rows) for the whole run. Only one-id-per-field data (DLRM, DCN, W&D) is kept; sequences and managed tables are read every epoch. Default: auto."),
+    cache_data: Optional[str] = typer.Option(None, "--cache-data", help="Keep the data's decoded rows (training and evaluation sets) in memory after their first pass, so later epochs and evaluations read and decode no files: auto (a Parquet dataset whose rows, as staged, fit half the memory still available; synthetic rows are in memory already), on (any dataset, any size), off (read every epoch), or a byte size such as 2GiB (auto with that budget). Costs 4 bytes per dense value, label and sparse id of every row (8 per id of a packed table of more than 2^31 rows), a row padded to a cache line where that saves one (about 229 MiB per 1.5M Criteo rows, 160 bytes each) for the whole run. Only one-id-per-field data (DLRM, DCN, W&D) is kept; sequences and managed tables are read every epoch. Default: auto."),
     nan_policy: Optional[str] = typer.Option(None, "--nan-policy", help="On a non-finite loss: stop (exit 2, the last checkpoint kept) or skip-batch (skip that batch's update and count it). Default: stop."),
     init_from: Optional[Path] = typer.Option(None, "--init-from", help="Start from this trained run (folder or checkpoint): its tables, dense parameters and optimizer state, its plan and its encoder (the data must be encoded with it: `flowrec data convert ... --encoder-from RUN`). The run starts at step 0 and records its parent in run.json."),
     fresh_optimizer: bool = typer.Option(False, "--fresh-optimizer", help="With --init-from: start the optimizer state afresh (parameters only)."),
@@ -193,6 +193,7 @@ def _launch(request: RunRequest, nproc: int, max_restarts: int) -> int:
     spec = load_spec_or_exit(request.spec_path)
     _check_ranks_have_gpus(spec, request, nproc)
     _check_ranks_fit(nproc)
+    _check_ranks_cache(spec, request, nproc)
     folder = None
     if request.out is None and request.resume is None:
         try:
@@ -216,6 +217,21 @@ def _check_ranks_have_gpus(spec, request: RunRequest, nproc: int) -> None:
     except RunError as exc:
         fail(str(exc), exc.code)
     check_one_gpu_per_rank(nproc, device.type)
+
+
+def _check_ranks_cache(spec, request: RunRequest, nproc: int) -> None:
+    """Exit 2 when a new run's cache policy (--cache, else the spec's plan.cache) cannot be planned
+    for `nproc` ranks, before the launch: every rank planned the run and refused it in a line of its
+    own, under 'pass 'cache' failed ... ValueError', after the ranks had started. A resumed run, one
+    started from another (--init-from) or from a plan file trains a plan whose check is its own."""
+    from flowrec.planner.passes.cache import sharded_cache_refusal
+
+    if request.resume is not None or request.init_from is not None or request.given.get("plan") is not None:
+        return
+    flag = "--cache" if request.given.get("cache") is not None else "the spec's plan.cache"
+    refusal = sharded_cache_refusal(request.given.get("cache") or spec.plan.cache, nproc)
+    if refusal is not None:
+        fail(f"--nproc {nproc} with {flag}: {refusal}")
 
 
 def _check_ranks_fit(nproc: int) -> None:
@@ -481,12 +497,13 @@ def _train_in_folder(request: RunRequest, spec, folder: Path, world=None) -> Non
     _refuse_plan_flags(request.given, recorded if state is not None else None, parent if state is None else None)
     settings, notes = run_settings(request.given, spec, recorded, parent,
                                    request.fresh_optimizer or bool((recorded or {}).get("fresh_optimizer")))
+    if state is not None:  # before the notes, which would say that --seed S overrides the run's seed
+        _check_resumed_seed(settings["seed"], state, folder, world)
     for note in notes:
         _say(note)
     if resuming:
         _check_recorded_data(request.given, settings, folder, world)
     if state is not None:
-        _check_resumed_seed(settings["seed"], state, folder, world)
         bound = spec.data is not None and spec.data.bound
         settings["train_rows"] = recorded_train_rows(request.given, recorded, not settings["data"] and not bound)
         if "train_rows" not in (recorded or {}):  # a run of before 2026-12-05 (see _refuse_older_split_again)
@@ -975,7 +992,7 @@ def _report(result, run_dir: Path, json_out: bool, json_lines: bool = False) -> 
 
 def evaluate_run(
     run_dir: Path = typer.Argument(..., metavar="RUN", help="Run folder (with checkpoint.pt) or a checkpoint file."),
-    data: Optional[Path] = typer.Option(None, "--data", help="Encoded dataset folder to score. Default: the data the run evaluated on (its --eval-data, else the test part of its split dataset)."),
+    data: Optional[Path] = typer.Option(None, "--data", help="Encoded dataset folder to score. Default: the data the run evaluated on (its --eval-data, else the test part of its split dataset; a run on synthetic rows: its evaluation rows, drawn again from its seed)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
     group_by: Optional[str] = typer.Option(None, "--group-by", help="A one-id categorical feature (e.g. user_id): also report gAUC, the AUC of each of its values weighted by its samples. Default: the spec's training.eval_group_by."),
     json_out: Optional[str] = typer.Option(None, "--json", help="Also write the metrics as JSON to this file ('-': stdout, instead of the table)."),
@@ -1020,6 +1037,9 @@ def _evaluate_run(run_dir: Path, data: Optional[Path], device: str, group_by: Op
 
     with stdout_reserved(json_out == "-"):  # the JSON alone on stdout: a custom module's prints to stderr
         try:
+            if json_out not in (None, "-"):  # before the run's checkpoint is read (GiB of tables digested)
+                check_file_output(Path(json_out), [run_dir] + ([data] if data is not None else []), overwrite)
+                refuse_replacing_other_than_metrics(Path(json_out))
             trained = load_trained(run_dir, device, scoring_plan)
             if (line := missing_encoder(run_dir, trained)) is not None:
                 warn(line)

@@ -93,11 +93,15 @@ def landed(folder: Path, key: Callable[[str], Any] | None = None) -> list[Path]:
                         f"give the folder that holds the days (the one {folder.name} lies in?)")
     if _split_of(folder):  # its train and test parts are no days (test would train first)
         raise DataError(f"{folder} is one dataset split into train/ and test/, not a folder of day partitions")
+    from flowrec.data.owners import is_stream_folder, owner_of
+
+    owner = "a --follow stream" if is_stream_folder(folder) else owner_of(folder)
+    if owner is not None:  # `--follow RUN` trained a run's encoded bound data, RUN/data, as a day 'data'
+        raise DataError(f"{folder} is {owner}'s folder, not a folder of day partitions: give the folder that "
+                        "holds the days (each an encoded dataset)")
     days = sorted((p for p in folder.iterdir() if p.is_dir() and (p / META_FILE).is_file()
                    and not p.name.startswith((".", "_"))), key=lambda p: (key or name_key)(p.name))
-    from flowrec.data.output_guard import owner_of
-
-    for p in sorted(folder.iterdir()) if owner_of(folder) is None else ():  # (a run's data/ is no day)
+    for p in sorted(folder.iterdir()):
         # a day converted with a test split was skipped without a word, forever
         if p.is_dir() and not (p / META_FILE).is_file() and not p.name.startswith((".", "_")) and _split_of(p):
             raise DataError(f"day {p.name} under {folder} is one dataset split into train/ and test/ (a "

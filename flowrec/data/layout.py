@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flowrec.data.owners import META_FILE, owner_of
+from flowrec.data.owners import META_FILE, is_stream_folder, owner_of
 from flowrec.spec.json_doc import parse_json_text, version_problem
 from flowrec.spec.model import DenseFeature, ModelSpec, SparseFeature, TableSpec
 from flowrec.spec.read import MAX_SPEC_BYTES
@@ -237,6 +237,9 @@ def _owned_folder(path: Path) -> str | None:
             "give the dataset it trained on (its run.json records it; a run on synthetic rows keeps none)"))
     if owner == "a model package":
         return f"{path} is a model package, not a dataset: it holds no rows; give a dataset"
+    if is_stream_folder(path):
+        return (f"{path} is a --follow stream folder, not a dataset: each of its days is a run; give the data a day "
+                f"trained on (`flowrec data inspect DAYS --stream {path}` lists the days it follows)")
     return None
 
 

@@ -24,6 +24,13 @@ OWNERS = (
     ("an encoder", {"encoder.json": b'"flowrec-encoder"'}),
 )
 MARKER_BYTES = 1 << 16  # bytes of a marker file searched for its format name
+FOLLOW_FILE = "follow.json"  # a `--follow` stream folder's record of its days (flowrec.cli.streams)
+
+
+def is_stream_folder(path: Path) -> bool:
+    """True when `path` is a `--follow` stream folder (its follow.json, no checkpoint of its own)."""
+    path = Path(path)
+    return path.is_dir() and os.path.lexists(path / FOLLOW_FILE) and not os.path.lexists(path / "checkpoint.pt")
 
 
 def owner_of(folder: Path) -> str | None:

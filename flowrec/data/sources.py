@@ -172,9 +172,14 @@ def csv_chunks(path: Path, log: ErrorLog, numeric: set[str], delimiter: str, nam
                 f"to a row of {row.actual_columns} fields, expected {row.expected_columns} (a quote not closed?): "
                 f"{text[:80]!r}; fix the quote (--on-error skip would drop those lines as one row)"))
             return "skip"
+        reason = f"wrong field count ({row.actual_columns}, expected {row.expected_columns})"
+        other = next((sep for sep in (",", ";", "\t", "|") if sep != delimiter and sep in text), None)
+        whole = row.actual_columns == 1 and (row.expected_columns or 0) > 1 and other is not None
+        if whole:  # a file of another format (a CSV given as criteo): skipping would drop every row
+            reason += (f"; the row holds {other!r}, not this format's separator {delimiter!r}: a file of another "
+                       "format (csv, avazu) or separator (data.options.sep)?")
         try:
-            log.add(line, f"wrong field count ({row.actual_columns}, expected {row.expected_columns})",
-                    row.text or "")
+            log.add(line, reason, row.text or "", skippable=not whole)
         except DataError as exc:
             failures.append(exc.with_traceback(None))  # its frames would keep this handler, so the reader, alive
         return "skip"
@@ -1083,6 +1088,7 @@ def read_parquet(path: Path, options: dict[str, Any], log: ErrorLog, numeric: se
             first file's, or a numeric column of another type (lists, structs, dates).
     """
     del options
+    _refuse_owned(path)
     _refuse_encoded(path)
     try:
         for file, names in file_columns(path):  # before the folder's schema is unified, which needs them unique
@@ -1105,18 +1111,43 @@ def read_parquet(path: Path, options: dict[str, Any], log: ErrorLog, numeric: se
         raise DataError(f"cannot read {path} as Parquet: {_why(exc)}") from None
 
 
-def _refuse_encoded(path: Path) -> None:
-    """Raise DataError when `path` is (or lies in, or holds) an encoded flowrec dataset: its ids are
-    already table rows and its dense values already transformed, so reading it as raw rows would
-    encode them a second time (other hash buckets, log1p twice) and score or train on other rows
-    without a word (Parquet readers skip ``_flowrec.json``, so nothing else would notice)."""
+def encoded_dataset_line(path: Path) -> str | None:
+    """Why `path` cannot be read as raw rows when it is (or lies in, or holds) an encoded flowrec
+    dataset, else None: its ids are already table rows and its dense values already transformed, so
+    reading it as raw rows would encode them a second time (other hash buckets, log1p twice) and
+    score or train on other rows without a word (Parquet readers skip ``_flowrec.json``, so nothing
+    else would notice)."""
     path = Path(path)
     inner = [path / META_FILE, *path.glob(f"*/{META_FILE}")] if path.is_dir() else [path.parent / META_FILE]
     found = next((m for m in inner if m.is_file()), None)
-    if found is not None:
-        raise DataError(f"{path} is an encoded flowrec dataset ({found} exists), not raw rows: encoding it "
-                        "again would read other ids; give the raw rows it was converted from, or score it "
-                        "with `flowrec eval RUN --data DIR`")
+    if found is None:
+        return None
+    return (f"{path} is an encoded flowrec dataset ({found} exists), not raw rows: encoding it again would read "
+            "other ids; give the raw rows it was converted from, or score it with `flowrec eval RUN --data DIR`")
+
+
+def _refuse_owned(path: Path) -> None:
+    """Raise DataError when the folder `path`, given as raw Parquet rows, is a training run's, a
+    model package's, an encoder's or a --follow stream's: pyarrow read their files as Parquet
+    ("cannot read pkg/ml as Parquet: ... 'pkg/ml/encoder.json': Parquet magic bytes not found"), and
+    a run on the spec's bound data was called an encoded dataset for its RUN/data."""
+    from flowrec.data.owners import is_stream_folder, owner_of
+
+    path = Path(path)
+    if not path.is_dir():
+        return
+    owner = "a --follow stream" if is_stream_folder(path) else owner_of(path)
+    if owner is not None and owner != "a dataset":  # a dataset: `_refuse_encoded` names it
+        raise DataError(f"{path} is {owner}'s folder, not raw rows: give a Parquet file of raw rows, or a folder "
+                        "of them")
+
+
+def _refuse_encoded(path: Path) -> None:
+    """Raise DataError when `path` is (or lies in, or holds) an encoded flowrec dataset
+    (`encoded_dataset_line`)."""
+    line = encoded_dataset_line(path)
+    if line is not None:
+        raise DataError(line)
 
 
 def _refuse_folder(path: Path, fmt: str) -> None:
@@ -1149,6 +1180,7 @@ def _refuse_parquet(path: Path, fmt: str) -> None:
     except OSError:
         return  # the reader names the file
     if magic == b"PAR1":
+        _refuse_encoded(path)  # a part file of a dataset: the parquet format refuses it too
         raise DataError(f"{path} is a Parquet file, not {fmt} text: read it with the parquet format "
                         f"(`flowrec data convert parquet ...`, `flowrec predict ... --format parquet`)")
 

@@ -85,6 +85,19 @@ def test_only_the_shards_of_older_checkpoints_are_removed(tmp_path):
     assert left == sorted(new["shards"]["files"]) and not set(left) & set(old["shards"]["files"])
 
 
+def test_a_whole_checkpoint_takes_the_emptied_shards_folder_away(tmp_path):
+    """A 2-rank run resumed with `--resume RUN --nproc 1` (guide.md) wrote a whole checkpoint and
+    removed the shards, but left an empty `checkpoint.shards/`, which the run's closing line then
+    listed among the run folder's contents; a folder still holding another file is kept."""
+    write_run(tmp_path, 2, step=4)
+    remove_stale_shards(tmp_path, [])
+    assert not (tmp_path / SHARDS_DIR).exists()
+    write_run(tmp_path, 2, step=8)
+    (tmp_path / SHARDS_DIR / ".ckpt-1.tmp").write_bytes(b"")
+    remove_stale_shards(tmp_path, [])
+    assert [p.name for p in (tmp_path / SHARDS_DIR).iterdir()] == [".ckpt-1.tmp"]
+
+
 @pytest.mark.parametrize("saved, loaded", [(2, 3), (3, 2), (2, 2), (1, 4)])
 def test_ranks_load_their_rows_from_the_shards_without_assembling(tmp_path, monkeypatch, saved, loaded):
     """`lazy=True`: the tables stay as their memory-mapped shards (`ShardRows`, with the whole

@@ -235,11 +235,29 @@ def test_a_runs_split_data_is_no_day_converted_with_a_split(days, tmp_path: Path
                                str(spec), "--test-fraction", "0.3", "-q"])
     assert made.exit_code == 0, made.output
     (run / "run.json").write_text("{}\n")  # as a run on bound data holds it
-    assert day_partitions(run, DayOrder(None)) == []
+    with pytest.raises(DataError, match="a training run's folder, not a folder of day partitions"):
+        day_partitions(run, DayOrder(None))
     shown = runner.invoke(app, ["data", "inspect", str(run)])
     assert shown.exit_code == 2 and f"a training run's folder, not a dataset: inspect the data it trained on, {run / 'data'}" \
         in shown.output
     assert "split into train/ and test/" not in shown.output
+
+
+def test_a_runs_unsplit_data_is_no_day(days, tmp_path: Path):
+    """`data inspect RUN` of a run on bound data not split (its data/ one dataset) listed the run
+    folder as a folder of days, one day 'data', exit 0, where data.md says a run folder is one line
+    naming the dataset it trained on."""
+    spec, _, _ = days
+    run = tmp_path / "run"
+    write_day(tmp_path / "d.csv", np.random.default_rng(), 400)
+    made = runner.invoke(app, ["data", "convert", "csv", str(tmp_path / "d.csv"), str(run / "data"), "--spec",
+                               str(spec), "-q"])
+    assert made.exit_code == 0, made.output
+    (run / "run.json").write_text("{}\n")  # as a run on bound data holds it
+    shown = runner.invoke(app, ["data", "inspect", str(run)])
+    assert shown.exit_code == 2 and f"a training run's folder, not a dataset: inspect the data it trained on, {run / 'data'}" \
+        in shown.output, shown.output
+    assert len(shown.output.strip().splitlines()) == 1
 
 
 def test_inspect_counts_a_managed_columns_distinct_raw_ids_without_the_missing_value(days):
@@ -440,3 +458,35 @@ def test_inspect_of_a_stream_folder_names_the_days_it_follows(days, tmp_path: Pa
                 "rows": 400000, "seed": None, "target": None, "train_rows": 60}
     (stream / "days" / "b" / "run.json").write_text(json.dumps(settings))
     assert f"flowrec data inspect {folder} --stream {stream}" in said()
+
+
+def test_a_stream_folder_given_as_a_dataset_is_named_as_one(tmp_path: Path):
+    """`flowrec train SPEC --data runs/stream` (eval --data, data profile alike) of a --follow
+    stream's folder said it 'is not a flowrec dataset (no _flowrec.json); convert it first with
+    `flowrec data convert`', where its days are runs and the data is the days it follows."""
+    from flowrec.data.layout import read_meta
+
+    stream = tmp_path / "stream"
+    (stream / "days" / "day1").mkdir(parents=True)
+    (stream / "follow.json").write_text(json.dumps({"days": ["day1"], "order": "name", "names": "natural"}))
+    with pytest.raises(DataError, match="is a --follow stream folder, not a dataset") as err:
+        read_meta(stream)
+    assert "convert it first" not in str(err.value) and f"--stream {stream}" in str(err.value)
+
+
+@pytest.mark.parametrize("owned", ["run", "stream"])
+def test_follow_of_a_run_or_stream_folder_is_refused_not_trained(days, tmp_path: Path, owned: str):
+    """`flowrec train SPEC --follow RUN` of a run on the spec's bound data trained its encoding,
+    RUN/data, as a day 'data' of a new stream; a stream's own folder given as the days said 'no new
+    day partition', exit 0. A run, package or stream folder is never a folder of days: one line."""
+    spec, _, _ = days
+    folder = tmp_path / owned
+    write_day(tmp_path / "d.csv", np.random.default_rng(), 400)
+    made = runner.invoke(app, ["data", "convert", "csv", str(tmp_path / "d.csv"), str(folder / "data"), "--spec",
+                               str(spec), "-q"])
+    assert made.exit_code == 0, made.output
+    (folder / ("run.json" if owned == "run" else "follow.json")).write_text("{}\n")
+    out = tmp_path / "out"
+    shown = runner.invoke(app, ["train", str(spec), "--follow", str(folder), "--out", str(out), "-q"])
+    assert shown.exit_code == 2 and "not a folder of day partitions" in shown.output, shown.output
+    assert not (out / "days").exists()

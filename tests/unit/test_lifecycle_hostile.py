@@ -704,6 +704,16 @@ def test_plan_managed_from_shows_a_good_report(tmp_path: Path) -> None:
     assert shown.exit_code == 0 and "5/200 rows held" in shown.output, shown.output
 
 
+def test_plan_managed_from_refuses_a_spec_without_managed_tables(spec: Path, tmp_path: Path) -> None:
+    """`flowrec plan specs/movielens.yaml --managed-from RUN` (a spec of no managed table) printed
+    the plan, exit 0, the flag ignored without a word, where managed.md says it adds the run's
+    line under each managed table; now one line before any output, as other --managed-from refusals."""
+    run = _managed_run(tmp_path, {"tables": {"users": GOOD}})
+    cli = runner.invoke(app, ["plan", str(spec), "--managed-from", str(run), "--json", str(tmp_path / "p.json")])
+    assert cli.exit_code == 2 and "has no managed tables" in cli.output, cli.output
+    assert len(cli.output.strip().splitlines()) == 1 and not (tmp_path / "p.json").exists()
+
+
 def test_inspect_refuses_a_follow_order_for_one_dataset(spec: Path, tmp_path: Path) -> None:
     data = _synth(spec, tmp_path / "data")
     result = runner.invoke(app, ["data", "inspect", str(data), "--follow-order", "date:ts"])
@@ -1840,6 +1850,33 @@ def test_more_ranks_than_the_memory_holds_are_refused_before_the_launch(spec: Pa
     assert shown.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: --nproc 1000000: "), shown.output
     assert "give fewer ranks" in lines[0] and launched == [] and not (tmp_path / "run").exists()
     fits = runner.invoke(app, ["train", str(spec), "--nproc", "2", "--out", str(tmp_path / "run"), "-q"])
+    assert fits.exit_code == 0 and launched == [2], fits.output
+
+
+@pytest.mark.parametrize("policy", ["static_hot", "lookahead"])
+def test_a_cache_policy_ranks_cannot_plan_is_refused_before_the_launch(spec: Path, tmp_path: Path, policy: str,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`train --nproc 2 --cache static_hot` (distributed.md: a planning error) started both ranks,
+    and each refused it in a line of its own ('error: rank 0: pass 'cache' failed (passes before it:
+    pack, shard): ValueError: ...'), then the launcher a third, 15 s later; now one line before any
+    rank starts, for --cache as for the spec's plan.cache."""
+    from flowrec.cli import ranks
+
+    launched = []
+    monkeypatch.setattr(ranks, "launch_ranks", lambda nproc, *args: launched.append(nproc) or 0)
+    shown = runner.invoke(app, ["train", str(spec), "--nproc", "2", "--cache", policy, "--out", str(tmp_path / "run"),
+                                "-q"])
+    lines = shown.output.strip().splitlines()
+    assert shown.exit_code == 2 and len(lines) == 1, shown.output
+    assert lines[0].startswith("error: --nproc 2 with --cache: "), shown.output
+    assert f"{policy} is not yet supported for sharded groups" in lines[0] and "pass 'cache'" not in lines[0]
+    in_spec = tmp_path / "c.yaml"
+    in_spec.write_text(spec.read_text() + f"\nplan: {{cache: {policy}}}\n")
+    shown = runner.invoke(app, ["train", str(in_spec), "--nproc", "2", "--out", str(tmp_path / "run"), "-q"])
+    assert shown.exit_code == 2 and "with the spec's plan.cache" in shown.output, shown.output
+    assert launched == [] and not (tmp_path / "run").exists()
+    fits = runner.invoke(app, ["train", str(in_spec), "--nproc", "2", "--cache", "auto", "--out", str(tmp_path / "run"),
+                               "-q"])
     assert fits.exit_code == 0 and launched == [2], fits.output
 
 

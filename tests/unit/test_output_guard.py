@@ -384,3 +384,28 @@ def test_overwrite_replaces_only_the_commands_own_output(tmp_path: Path, command
         again = CliRunner().invoke(app, [given.get(a, a) for a in command])
         assert again.exit_code == 0, again.output
         assert other.stat().st_size > 0
+
+
+def test_eval_refuses_its_json_output_before_reading_the_run(tmp_path: Path, monkeypatch):
+    """`flowrec eval RUN --json RUN/run.json` (production.md: the guard is checked before any
+    work) loaded the run's checkpoint first, every page of a DLRM run's 2.2 GB read for its digest,
+    and said 'scoring DATA (the data RUN evaluated on ...)' before refusing the output."""
+    from typer.testing import CliRunner
+
+    from flowrec.cli import app
+    from flowrec.serving import trained
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text("{}", encoding="utf-8")
+    (run / "checkpoint.pt").write_bytes(b"not read")
+    loaded = []
+    monkeypatch.setattr(trained, "load_trained", lambda *args: loaded.append(args))
+    for out, words in ((run / "metrics.json", "a training run's folder"), (tmp_path / "s.yaml", "is not")):
+        out.parent.mkdir(exist_ok=True)
+        if out.suffix == ".yaml":
+            out.write_text("name: mine\n", encoding="utf-8")
+        result = CliRunner().invoke(app, ["eval", str(run), "--json", str(out), "--overwrite"])
+        assert result.exit_code == 2 and words in result.output, result.output
+        assert "scoring" not in result.output
+    assert loaded == []

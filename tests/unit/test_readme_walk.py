@@ -171,3 +171,264 @@ def test_a_split_dataset_given_where_one_dataset_is_read_names_its_parts(tmp_pat
     empty.mkdir()
     with pytest.raises(DataError, match="is not a flowrec dataset"):  # any other folder: as before
         read_meta(empty)
+
+
+def _quoted_block(page: str, opening: str) -> list[str]:
+    """The lines of the first fenced block of `page` whose first line starts with `opening`."""
+    text = (Path(__file__).resolve().parents[2] / page).read_text(encoding="utf-8")
+    for block in text.split("```")[1::2]:
+        lines = block.split("\n")[1:]
+        if lines and lines[0].startswith(opening):
+            return [line for line in lines if line.strip()]
+    raise AssertionError(f"{page}: no block opening with {opening!r}")
+
+
+@pytest.mark.parametrize("page, opening, args", [
+    ("README.md", "$ flowrec plan specs/dlrm_criteo.yaml", ["plan", "specs/dlrm_criteo.yaml"]),
+    ("docs/plan.md", "packed groups:",
+     ["plan", "specs/dlrm_criteo.yaml", "--target", "h100", "--device-budget", "1GiB"]),
+])
+def test_a_plan_report_quoted_in_the_docs_is_what_flowrec_plan_prints(page: str, opening: str, args: list[str],
+                                                                      monkeypatch) -> None:
+    """docs/plan.md's "Reading the report" quoted `flowrec plan specs/dlrm_criteo.yaml --target h100
+    --device-budget 1GiB` with an older cost model's figures (transfer 0.040 ms, step 2.516 ms
+    serial, 1.9 MiB host->device per step, where the command prints 0.127 ms, 2.935 ms, 4.5 MiB).
+    Every quoted line but the elided ones (`...`) and the underline of the table is one the
+    command prints (the report is the same on any machine: datasheet constants, no profile)."""
+    from typer.testing import CliRunner
+
+    from flowrec.cli import app
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    shown = CliRunner().invoke(app, args)
+    assert shown.exit_code == 0, shown.output
+    printed = set(shown.output.splitlines())
+    quoted = [line for line in _quoted_block(page, opening) if not line.startswith("$ ") and "..." not in line]
+    assert len(quoted) >= 5
+    assert [line for line in quoted if line not in printed] == []
+
+
+def test_the_managed_table_of_managed_md_validates_and_plans_as_the_page_says(tmp_path: Path) -> None:
+    """docs/managed.md opened with a managed table setting `decay: 0.5` beside `evict: lfu`, which
+    `flowrec validate` refuses ('decay' applies to evict: decayed_lfu), as the page itself says a
+    line below: copied into a spec, the page's first example was an error. Now it validates, and
+    `flowrec plan` prints the line the page quotes for it."""
+    import re
+
+    from typer.testing import CliRunner
+
+    from flowrec.cli import app
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "managed.md").read_text(encoding="utf-8")
+    tables = re.search(r"```yaml\n(tables:\n.*?)```", page, re.S).group(1)
+    spec = tmp_path / "m.yaml"
+    spec.write_text("name: m\nfeatures:\n  - {name: user_id, type: categorical, table: users}\n" + tables
+                    + "modules:\n  - {name: deep, kind: mlp, inputs: [\"@sparse\"], layers: [8]}\n"
+                    + "heads:\n  - {name: ctr, input: deep, task: binary, loss: bce}\n", encoding="utf-8")
+    checked = CliRunner().invoke(app, ["validate", str(spec)])
+    assert checked.exit_code == 0, checked.output
+    planned = CliRunner().invoke(app, ["plan", str(spec)])
+    assert planned.exit_code == 0, planned.output
+    quoted = re.search(r"\(`(managed table users: [^`]*)`\)", " ".join(page.split())).group(1)
+    assert quoted in planned.output
+
+
+PAGES = ("README.md", "docs/guide.md", "docs/spec.md", "docs/data.md", "docs/runs.md", "docs/production.md",
+         "docs/python.md", "docs/plan.md", "docs/managed.md", "docs/distributed.md", "docs/caching.md",
+         "docs/architecture.md", "docs/operators.md")
+
+
+def _resolves(name: str) -> bool:
+    """Whether a dotted name (`flowrec.spec.files.validate_file`) is a module or an attribute of one."""
+    import importlib
+
+    parts = name.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            found = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for attribute in parts[cut:]:
+            if not hasattr(found, attribute):
+                return False
+            found = getattr(found, attribute)
+        return True
+    return False
+
+
+def test_every_python_name_the_pages_give_can_be_imported() -> None:
+    """spec.md gave `validate_file(path)` and `validate_paths(paths)` after
+    `flowrec.spec.validate.validate_document`, where they live in `flowrec.spec.files` (moved when
+    folder scans learned to leave out flowrec's own files), and operators.md
+    `flowrec.graph.types.OP_KINDS`, which is `flowrec.graph.kinds.OP_KINDS`: a reader's import
+    failed. Every dotted flowrec or operators name on the pages is importable."""
+    import re
+
+    root = Path(__file__).resolve().parents[2]
+    names = {(page, found.rstrip(".")) for page in PAGES
+             for found in re.findall(r"(?<![\w/.-])((?:flowrec|operators)(?:\.[A-Za-z_]\w*)+)",
+                                     (root / page).read_text(encoding="utf-8"))}
+    names = {(page, name) for page, name in names if not name.endswith((".py", ".md", ".json", ".yaml", ".dev"))}
+    assert len(names) > 50
+    assert sorted((page, name) for page, name in names if not _resolves(name)) == []
+    assert ("docs/spec.md", "flowrec.spec.files.validate_file") in names
+
+
+@pytest.mark.parametrize("fmt", sorted(TEXT_READERS))
+def test_a_part_file_of_an_encoded_dataset_given_to_a_text_format_is_named_as_one(tmp_path: Path, fmt: str) -> None:
+    """`flowrec data convert csv data/clicks/test/part-00000.parquet ...` (a file of the README's
+    split) said to read it with the parquet format, which then refused it as an encoded dataset:
+    a hint that led to a second refusal. A Parquet file that is not a dataset's keeps the hint."""
+    root = _split_dataset(tmp_path)
+    part = root / "test" / "part-00000.parquet"
+    options = {"fields": ["a"]} if fmt == "libsvm" else {}
+    with pytest.raises(DataError, match="encoded flowrec dataset") as err:
+        list(TEXT_READERS[fmt](part, options, ErrorLog("fail", str(part)), set()))
+    assert "parquet format" not in str(err.value)
+    loose = tmp_path / "rows.parquet"
+    loose.write_bytes(part.read_bytes())
+    with pytest.raises(DataError, match="is a Parquet file, not .* text: read it with the parquet format"):
+        list(TEXT_READERS[fmt](loose, options, ErrorLog("fail", str(loose)), set()))
+
+
+def test_predict_without_format_names_a_part_file_of_an_encoded_dataset(tmp_path: Path) -> None:
+    """`flowrec predict pkg/first data/clicks/test/part-00000.parquet --out s.parquet` said to give
+    --format parquet, which then refused the file as an encoded dataset."""
+    from flowrec.cli.predict_cmd import default_format_mismatch
+
+    root = _split_dataset(tmp_path)
+    line = default_format_mismatch(root / "test" / "part-00000.parquet", "csv")
+    assert line is not None and "encoded flowrec dataset" in line and "--format parquet" not in line
+    loose = tmp_path / "rows.parquet"
+    loose.write_bytes(b"PAR1")
+    assert "give --format parquet" in default_format_mismatch(loose, "csv")
+
+
+@pytest.mark.parametrize("page, opening, name", [("docs/guide.md", "$ flowrec validate broken.yaml", "broken.yaml"),
+                                                 ("docs/spec.md", "$ flowrec validate specs/", "bad.yaml")])
+def test_the_validate_output_the_pages_quote_is_what_validate_prints(tmp_path: Path, monkeypatch, page: str,
+                                                                      opening: str, name: str) -> None:
+    """guide.md quoted `flowrec validate broken.yaml` with the module's problem before the
+    feature's and at `features[3].dim` (a dense feature of the DLRM spec, which has no dim), where
+    validate lists problems in the document's order, as spec.md quotes them. Both quotes are what
+    validate prints for specs/dlrm_criteo.yaml with C2's dim 0 and the top MLP reading 'botom'."""
+    from typer.testing import CliRunner
+
+    from flowrec.cli import app
+
+    spec = (Path(__file__).resolve().parents[2] / "specs" / "dlrm_criteo.yaml").read_text(encoding="utf-8")
+    broken = spec.replace("{name: C2, type: categorical, hash_buckets: 584, dim: 16}",
+                          "{name: C2, type: categorical, hash_buckets: 584, dim: 0}")
+    broken = broken.replace("inputs: [interaction, bottom]", "inputs: [interaction, botom]")
+    assert broken.count("dim: 0") == 1 and "botom" in broken
+    (tmp_path / name).write_text(broken, encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    shown = CliRunner().invoke(app, ["validate", name])
+    assert shown.exit_code == 2
+    quoted = [line for line in _quoted_block(page, opening) if line.startswith(f"{name}: ")]
+    assert len(quoted) == 2 and quoted == shown.output.strip().splitlines()
+
+
+def test_the_cost_train_help_gives_for_cache_data_is_the_row_caches() -> None:
+    """`flowrec train --help` said --cache-data costs '8 per sparse id ... (about 400 MB per 1.5M
+    Criteo rows)', the cost before round 9's row matrix, where data.md says 4 bytes per id, 160
+    bytes a Criteo row, 229 MiB per 1.5M rows: the figure is the row layout's."""
+    import re
+
+    import typer.main
+
+    from flowrec.cli import app
+    from flowrec.data.rowcache import RowLayout
+
+    command = typer.main.get_command(app).commands["train"]
+    text = next(p.help for p in command.params if "--cache-data" in getattr(p, "opts", ()))
+    found = re.search(r"about ([\d,]+) MiB per 1\.5M Criteo rows, (\d+) bytes each", text)
+    assert found is not None, text
+    layout = RowLayout.of(13, 1, [26], [33_762_603])  # DLRM-Criteo: 13 dense, a label, 26 ids of a packed table
+    assert int(found.group(2)) == layout.stride
+    assert int(found.group(1).replace(",", "")) == round(1.5e6 * layout.stride / 2**20)
+
+
+@pytest.mark.parametrize("command, argument", [(("data", "convert"), "source"), (("predict",), "raw")])
+def test_the_help_of_the_raw_input_says_which_formats_read_a_folder(command: tuple, argument: str) -> None:
+    """`flowrec data convert --help` said SOURCE is an 'Input file (folder for movielens)' and
+    `flowrec predict --help` RAW 'a file ... (a folder for movielens)', where the parquet format
+    reads a folder of Parquet files too (README, data.md, production.md: a Hive-partitioned table)."""
+    import typer.main
+
+    from flowrec.cli import app
+
+    found = typer.main.get_command(app)
+    for name in command:
+        found = found.commands[name]
+    text = next(p.help for p in found.params if p.name == argument)
+    assert "movielens" in text and "a folder of them for parquet" in text, text
+
+
+def test_the_help_of_eval_data_gives_the_default_of_a_run_on_synthetic_rows() -> None:
+    """`flowrec eval --help` gave --data's default as the run's --eval-data or its split's test part,
+    where a run on synthetic rows (the README's default job) is scored on its evaluation rows, drawn
+    again from its seed (guide.md, python.md)."""
+    import typer.main
+
+    from flowrec.cli import app
+
+    command = typer.main.get_command(app).commands["eval"]
+    text = next(p.help for p in command.params if "--data" in getattr(p, "opts", ()))
+    assert "--eval-data" in text and "synthetic rows" in text and "seed" in text, text
+
+
+def test_every_option_of_every_command_is_on_a_page() -> None:
+    """`flowrec calibrate --seconds` (the time per measured kernel, 0.01 to 10) was in no page but
+    the GPU one's run log, and `flowrec --version` in none: every option a command takes is named
+    on README.md or a page it links."""
+    import typer.main
+
+    from flowrec.cli import app
+
+    root = Path(__file__).resolve().parents[2]
+    text = "".join((root / page).read_text(encoding="utf-8") for page in PAGES)
+    missing = []
+
+    def walk(command, path: tuple) -> None:
+        for name, sub in getattr(command, "commands", {}).items():
+            walk(sub, path + (name,))
+        missing.extend(" ".join(("flowrec",) + path + (opt,)) for p in getattr(command, "params", ())
+                       for opt in getattr(p, "opts", ()) if opt.startswith("--") and opt != "--help"
+                       and opt not in text)
+
+    walk(typer.main.get_command(app), ())
+    assert missing == []
+
+
+@pytest.mark.parametrize("owner, marker, says", [
+    ("package", ("manifest.json", '{"format": "flowrec-model"}'), "a model package's folder"),
+    ("run", ("run.json", "{}"), "a training run's folder"),
+    ("stream", ("follow.json", "{}"), "a --follow stream's folder"),
+])
+def test_a_folder_flowrec_owns_given_as_raw_parquet_rows_is_named(tmp_path: Path, owner: str, marker: tuple,
+                                                                   says: str) -> None:
+    """`flowrec predict pkg/first pkg/first --format parquet` said pyarrow's "cannot read pkg/first as
+    Parquet: ... 'pkg/first/encoder.json': Parquet magic bytes not found", `data convert parquet
+    RUN` of a run on bound data called the run an encoded dataset; now each folder is named."""
+    folder = tmp_path / owner
+    folder.mkdir()
+    (folder / marker[0]).write_text(marker[1], encoding="utf-8")
+    (folder / "encoder.json").write_text("{}", encoding="utf-8")
+    with pytest.raises(DataError, match=f"is {says}, not raw rows"):
+        list(sources.read_parquet(folder, {}, ErrorLog("fail", str(folder)), set()))
+
+
+def test_a_csv_file_given_as_criteo_names_the_separator_not_the_skip_option(tmp_path: Path) -> None:
+    """`flowrec data convert criteo taobao.csv ...` (a CSV given the Criteo format, whose rows read
+    as one field each) said 'wrong field count (1, expected 40) ... (use --on-error skip to skip
+    such rows)': skipping them drops every row. It names the separator the rows hold instead."""
+    raw = tmp_path / "clicks.csv"
+    raw.write_text("1,2,3\n0,5,6\n", encoding="utf-8")
+    with pytest.raises(DataError, match="holds ',', not this format's separator") as err:
+        list(TEXT_READERS["criteo"](raw, {}, ErrorLog("fail", str(raw)), set()))
+    assert "--on-error skip" not in str(err.value)
+    tsv = tmp_path / "short.tsv"
+    tsv.write_text("1\t2\n", encoding="utf-8")  # a short row of the format's own separator keeps the hint
+    with pytest.raises(DataError, match="wrong field count .*--on-error skip"):
+        list(TEXT_READERS["criteo"](tsv, {}, ErrorLog("fail", str(tsv)), set()))

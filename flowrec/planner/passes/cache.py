@@ -55,6 +55,15 @@ LOOKAHEAD_MARGIN = 1.25  # scratchpad rows per expected distinct row of the wind
 POLICY_ORDER = ("lookahead", "static_hot", "host")  # tie-break of equal predicted costs
 
 
+def sharded_cache_refusal(policy: str, world_size: int) -> str | None:
+    """Why cache policy `policy` cannot be planned for `world_size` ranks, None when it can: the
+    cache pass's refusal, which `flowrec train --nproc N` gives before it starts any rank."""
+    if world_size > 1 and policy in ("static_hot", "lookahead"):
+        return (f"cache placement {policy} is not yet supported for sharded groups (world size {world_size}); "
+                f"use plan.cache auto or none, or train on one process")
+    return None
+
+
 def cache(graph: OpGraph, ctx: PassContext) -> PassResult:
     """Place packed groups on the device, in a cache, or on the host (see the module docstring)."""
     meta = plan_meta(graph)
@@ -64,9 +73,9 @@ def cache(graph: OpGraph, ctx: PassContext) -> PassResult:
     budget = table_budget(graph, ctx)
     policy = spec.plan.cache
     if meta.world_size > 1:
-        if policy in ("static_hot", "lookahead"):
-            raise ValueError(f"cache placement {policy} is not yet supported for sharded groups (world size "
-                             f"{meta.world_size}); use plan.cache auto or none, or train on one process")
+        refusal = sharded_cache_refusal(policy, meta.world_size)
+        if refusal is not None:
+            raise ValueError(refusal)
         policy = "none"  # a rank's shard is on its device or, when it does not fit, on its host
     managed = frozenset(t.name for t in spec.tables if t.managed is not None)
     groups, notes = place(meta.groups, budget, device, policy, spec.training.batch_size,

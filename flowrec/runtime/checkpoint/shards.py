@@ -80,10 +80,19 @@ def manifest(step: int, world_size: int, files: list[tuple[str, str]]) -> dict[s
 
 
 def remove_stale_shards(folder: Path, keep: list[str]) -> None:
-    """Delete the shard and delta shard files of older checkpoints (after the new manifest is written)."""
-    for path in (folder / SHARDS_DIR).glob("step*-rank*-of*.pt"):
+    """Delete the shard and delta shard files of older checkpoints (after the new manifest is written).
+    With none to keep (a whole checkpoint: a distributed run resumed on one process), the folder
+    goes too when nothing else is in it, so the run folder no longer lists an empty
+    `checkpoint.shards/` as if the run were still sharded."""
+    shards = folder / SHARDS_DIR
+    for path in shards.glob("step*-rank*-of*.pt"):
         if path.name not in keep:
             path.unlink(missing_ok=True)
+    if not keep:
+        try:
+            shards.rmdir()
+        except OSError:  # absent, or holding other files (a rank's temp file): left as it is
+            pass
 
 
 class ShardRows:
