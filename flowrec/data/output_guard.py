@@ -306,11 +306,11 @@ def replace_folder(new: Path, out: Path, overwrite: bool = True) -> None:
 
 @contextmanager
 def _interrupts_held() -> Iterator[None]:
-    """Within: Ctrl-C and SIGTERM do nothing (main thread only; a signal there is dropped, the work
-    within being the end of the command's)."""
+    """Within: Ctrl-C, SIGTERM and SIGHUP do nothing (main thread only; a signal there is dropped,
+    the work within being the end of the command's)."""
     import signal
 
-    from flowrec.data.interrupts import handlers_installed
+    from flowrec.data.interrupts import handlers_installed, stop_signals
 
-    with handlers_installed({signal.SIGINT: signal.SIG_IGN, signal.SIGTERM: signal.SIG_IGN}):
+    with handlers_installed({sig: signal.SIG_IGN for sig in (signal.SIGINT, *stop_signals())}):
         yield

@@ -22,14 +22,21 @@ modules:
 heads:
 - {name: ctr, input: top}
 """
-# the process sends itself SIGTERM as it writes its first part file: no timing involved
+# the process sends itself a signal (argv[1]) as it writes its first part file: no timing involved;
+# argv[2] "ignored": SIGHUP ignored from the start, as `nohup` starts a command
 TERMINATED = """
 import os, signal, sys
 import flowrec.data.convert as convert  # its PartWriter writes synth's parts too
 from flowrec.__main__ import run
 
+sig = getattr(signal, sys.argv.pop(1))
+if sys.argv.pop(1) == "ignored":
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+real = convert.PartWriter.write
+
 def write(self, *args, **kwargs):
-    os.kill(os.getpid(), signal.SIGTERM)
+    os.kill(os.getpid(), sig)
+    return real(self, *args, **kwargs)
 
 convert.PartWriter.write = write
 sys.argv = ["flowrec", *sys.argv[1:]]
@@ -37,20 +44,37 @@ run()
 """
 
 
-@pytest.mark.parametrize("command", ["convert", "synth"])
-def test_sigterm_while_a_dataset_is_written_leaves_no_partial_folder(tmp_path: Path, command: str) -> None:
-    """SIGTERM ended the process at once (Python's default: no line, status -15) and left the hidden
-    `.OUT.partial-*` folder it was writing, a dataset's worth of part files, beside OUT."""
+def _dataset_args(tmp_path: Path, command: str) -> list[str]:
     (tmp_path / "spec.yaml").write_text(SPEC)
     (tmp_path / "rows.csv").write_text("d1,user,label\n" + "".join(f"{i},u{i},{i % 2}\n" for i in range(50)))
-    args = (["data", "convert", "csv", "rows.csv", "out/ds", "--spec", "spec.yaml", "-q"] if command == "convert"
-            else ["data", "synth", "spec.yaml", "--rows", "50", "--out", "out/ds"])
     (tmp_path / "out").mkdir()
-    done = subprocess.run([sys.executable, "-c", TERMINATED, *args], cwd=tmp_path, env=subprocess_env(ROOT),
+    return (["data", "convert", "csv", "rows.csv", "out/ds", "--spec", "spec.yaml", "-q"] if command == "convert"
+            else ["data", "synth", "spec.yaml", "--rows", "50", "--out", "out/ds"])
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+@pytest.mark.parametrize("command", ["convert", "synth"])
+def test_sigterm_while_a_dataset_is_written_leaves_no_partial_folder(tmp_path: Path, command: str, sig: str) -> None:
+    """SIGTERM, and SIGHUP (a terminal closed, an ssh connection dropped), ended the process at once
+    (Python's default: no line, status -15 or -1) and left the hidden `.OUT.partial-*` folder it was
+    writing, a dataset's worth of part files, beside OUT."""
+    args = _dataset_args(tmp_path, command)
+    done = subprocess.run([sys.executable, "-c", TERMINATED, sig, "", *args], cwd=tmp_path, env=subprocess_env(ROOT),
                           text=True, capture_output=True, timeout=TIMEOUT_S)
     assert done.returncode == 130, (done.returncode, done.stderr[-2000:])
-    assert "interrupted (SIGTERM)" in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == f"error: interrupted ({sig})", done.stderr[-2000:]
     assert list((tmp_path / "out").iterdir()) == []
+
+
+@pytest.mark.parametrize("command", ["convert", "synth"])
+def test_sighup_ignored_from_the_start_is_still_ignored(tmp_path: Path, command: str) -> None:
+    """Under `nohup` (SIGHUP ignored when the command starts) a hangup does not stop the command."""
+    args = _dataset_args(tmp_path, command)
+    done = subprocess.run([sys.executable, "-c", TERMINATED, "SIGHUP", "ignored", *args], cwd=tmp_path,
+                          env=subprocess_env(ROOT), text=True, capture_output=True, timeout=TIMEOUT_S)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["ds"]
+    assert list((tmp_path / "out" / "ds").glob("*.parquet")) or list((tmp_path / "out" / "ds").rglob("*.parquet"))
 
 
 # the same, as export stages its package and as predict opens its scores file
