@@ -222,7 +222,7 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
         flowrec.runtime.rundir.RunFolderError: `out` is in use, holds a run, or is not a run folder.
         flowrec.data.layout.DataError: the data does not fit the spec.
         flowrec.runtime.nonfinite.TrainingStopped: a non-finite loss stopped training.
-        KeyboardInterrupt: Ctrl-C or SIGTERM stopped training; its checkpoint is saved in `out`
+        KeyboardInterrupt: Ctrl-C, SIGTERM or SIGHUP stopped training; its checkpoint is saved in `out`
             (the message says how to load and continue it).
         flowrec.runs.errors.RunError: an argument of the wrong kind or out of range (epochs=0, seed=-1,
             a callback that is not callable), or the device, the plan or the memory of this machine

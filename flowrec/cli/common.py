@@ -429,7 +429,7 @@ def write_output(out: Path, write: Callable[[Path], object], overwrite: bool = T
     from flowrec.data.output_guard import OutputError, atomic_output
 
     try:
-        with atomic_output(out, overwrite) as tmp:
+        with atomic_output(out, overwrite, lambda line: say(line, err=True)) as tmp:
             write(tmp)
     except OutputError as exc:
         fail(str(exc))

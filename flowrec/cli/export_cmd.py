@@ -137,32 +137,15 @@ def _staging_folder(out: Path) -> Path:
     """A staging folder of this export beside OUT, `.OUT.export-PID-XXXXXXXX`: its own, so two exports
     to one OUT at once never write into (or remove) each other's (a fixed `.OUT.export-tmp` was
     removed by the second export while the first wrote into it: 'Parent directory ... does not
-    exist'). Those of exports no longer running (killed) are removed."""
-    import glob
+    exist'). Those that commands no longer running (killed) left are removed, with a line
+    (`remove_leftovers`: the rule of every output)."""
     import os
     import secrets
 
-    from flowrec.data.output_guard import short
-    from flowrec.serving.export import remove_partial
+    from flowrec.data.output_guard import remove_leftovers, short
 
-    for old in out.parent.glob(f".{glob.escape(short(out.name))}.export-*"):
-        pid = old.name.rsplit(".export-", 1)[1].split("-")[0]
-        if old.is_dir() and not old.is_symlink() and (pid == "tmp" or pid.isdigit() and not _running(int(pid))):
-            remove_partial(old)  # (`tmp`: the fixed name of a flowrec before this one)
+    remove_leftovers(out, lambda line: say(line, err=True))
     return out.with_name(f".{short(out.name)}.export-{os.getpid()}-{secrets.token_hex(4)}")
-
-
-def _running(pid: int) -> bool:
-    """Whether a process `pid` runs on this machine (one of another user's counts)."""
-    import os
-
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _check_target(folder: Path, out: Path, overwrite: bool) -> None:

@@ -61,7 +61,7 @@ def predict(
         with terminated_as_interrupted():
             check_file_output(out, [model_dir, raw], overwrite)
             kind = output_kind(out, top_k is not None)
-            with atomic_output(out, overwrite) as staged:
+            with atomic_output(out, overwrite, lambda line: say(line, err=True)) as staged:
                 rows, errors, zero, first, items, unseen = _score(model_dir, raw, staged, fmt, list(keep or []),
                                                                   on_error, quiet, top_k, kind, out)
     except OSError as exc:

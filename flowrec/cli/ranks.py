@@ -27,7 +27,6 @@ from flowrec.runs.errors import EXIT_INTERRUPTED, EXIT_RANK_FAILED
 
 LAUNCHER_OPTIONS = {"--nproc", "--max-restarts"}  # ours, not the ranks' (each takes a value)
 NPROC_ENV = "FLOWREC_NPROC"  # set for the ranks of `--nproc N`: their resume command says --nproc N
-FORWARDED = (signal.SIGTERM, signal.SIGINT)  # sent on from `flowrec train --nproc` to torch's launcher
 
 
 def strip_options(args: list[str], options: set[str]) -> list[str]:
@@ -98,8 +97,8 @@ def launch_ranks(nproc: int, max_restarts: int, folder: Path | None) -> int:
 
 
 class SignalForwarder:
-    """Sends the first SIGTERM or SIGINT this process gets to its child (torch's launcher, which
-    sends it on to every rank, waits for them to checkpoint and exit, and kills the ones still
+    """Sends the first SIGTERM, SIGHUP or SIGINT this process gets to its child (torch's launcher,
+    which sends it on to every rank, waits for them to checkpoint and exit, and kills the ones still
     running after its shutdown timeout), once the child exists. Later signals are not sent on: a
     second one would cut the launcher's shutdown short."""
 
@@ -125,10 +124,13 @@ class SignalForwarder:
 
 @contextmanager
 def forwarded_signals() -> Iterator[SignalForwarder]:
-    """While the block runs, SIGTERM and SIGINT do not end this process (which would leave the
-    launcher and the ranks running as orphans) but go to the child given to the forwarder."""
+    """While the block runs, SIGTERM, SIGINT and SIGHUP (a closed terminal; not where ignored, as
+    under `nohup`) do not end this process (which would leave the launcher and the ranks, in their
+    own session, running as orphans) but go to the child given to the forwarder."""
+    from flowrec.data.interrupts import stop_signals
+
     forwarder = SignalForwarder()
-    previous = {sig: signal.signal(sig, forwarder) for sig in FORWARDED}
+    previous = {sig: signal.signal(sig, forwarder) for sig in (signal.SIGINT, *stop_signals())}
     try:
         yield forwarder
     finally:

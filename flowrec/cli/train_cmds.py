@@ -16,7 +16,7 @@ import typer
 
 from flowrec.cli.common import (EXIT_INVALID, check_byte_size, check_env_switches, check_seed_option,
                                  exit_without_teardown, fail, is_lead_rank, load_spec_or_exit, output_stream,
-                                 planned_spec_or_exit, stdout_reserved, warn)
+                                 planned_spec_or_exit, say, stdout_reserved, warn)
 from flowrec.runtime.signals import interrupt_name, terminated_as_interrupted
 from flowrec.runtime.messages import first_line, one_line, out_of_memory, shell_word
 from flowrec.spec.schema_errors import did_you_mean
@@ -1118,7 +1118,7 @@ def _write_metrics(metrics: dict, json_out: Optional[str], quiet: bool = False, 
         from flowrec.data.output_guard import OutputError, atomic_output
 
         try:
-            with atomic_output(Path(json_out), overwrite) as tmp:
+            with atomic_output(Path(json_out), overwrite, lambda line: say(line, err=True)) as tmp:
                 tmp.write_text(text, encoding="utf-8")
         except OutputError as exc:
             fail(str(exc))

@@ -3,7 +3,8 @@
 `data convert` and `data synth` never write into an existing dataset: a non-empty output folder is
 refused unless ``overwrite``; the new dataset is written into ``.NAME.partial-*`` next to it and
 renamed into place only when complete, so an interrupted or failed run leaves the old folder as
-it was (a kill -9 may leave the hidden partial folder, never a mix of old and new part files).
+it was (a kill -9 may leave the hidden partial folder, never a mix of old and new part files; the
+next command writing that output removes it).
 
 Example:
     >>> with staged_output(Path("data/criteo"), overwrite=False) as tmp:  # doctest: +SKIP
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from flowrec.data.layout import DataError
-from flowrec.data.output_guard import replace_folder, short
+from flowrec.data.output_guard import remove_leftovers, replace_folder, short
 from flowrec.data.readers import held_exclusively
 
 
@@ -46,13 +47,16 @@ def check_output(out: Path, overwrite: bool, inputs: Sequence[Path] = ()) -> Non
 def staged_output(out: Path, overwrite: bool, inputs: Sequence[Path] = (),
                   status: Callable[[str], None] | None = None) -> Iterator[Path]:
     """Yield a new empty sibling folder of `out`; on success it replaces `out`, on error it is removed.
-    `status` is told when the replacement waits for flowrec processes reading `out`.
+    The folders a command killed while it wrote `out` left beside it are removed first
+    (`remove_leftovers`). `status` is told what was removed, and when the replacement waits for
+    flowrec processes reading `out`.
 
     Raises:
         DataError: as `check_output`, or the folder cannot be created.
     """
     out = Path(out)
     check_output(out, overwrite, inputs)
+    remove_leftovers(out, status)  # of commands killed (kill -9) while they wrote `out`
     tmp = out.parent / f".{short(out.name)}.partial-{os.getpid()}-{secrets.token_hex(4)}"
     try:
         tmp.mkdir(parents=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import secrets
 import shutil
 from contextlib import contextmanager
@@ -231,14 +232,102 @@ def short(name: str) -> str:
     return os.fsencode(name)[:SHORT_BYTES].decode("utf-8", "ignore") if len(os.fsencode(name)) > SHORT_BYTES else name
 
 
+def _leftover_patterns(out: Path) -> tuple[re.Pattern[str], re.Pattern[str]]:
+    """The names flowrec gives its temp folders and files of the output `out` (a folder's: staged
+    `.OUT.partial-PID-X` and set aside `.OUT.old-PID-X`, export's `.OUT.export-PID-X`, X 8 hex
+    digits; a file's, `atomic_output`'s: `.STEM.PID-X.tmpSUFFIX`), each with the PID of the process
+    that made it. An older flowrec's export staged in `.OUT.export-tmp` (no PID: never running)."""
+    folders = re.compile(rf"\.{re.escape(short(out.name))}\.(?:(?:partial|old|export)-(\d+)-[0-9a-f]{{8}}|export-tmp)")
+    files = re.compile(rf"\.{re.escape(short(out.stem))}\.(\d+)-[0-9a-f]{{8}}\.tmp{re.escape(out.suffix)}")
+    return folders, files
+
+
+def running(pid: int) -> bool:
+    """Whether a process `pid` runs on this machine (one of another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):  # another user's; a number no process has is not ours to judge
+        return True
+    return True
+
+
+def remove_leftovers(out: Path, status: Callable[[str], None] | None = None) -> list[tuple[Path, int]]:
+    """Remove the temp folders and files of the output `out` that a flowrec command killed while it
+    wrote them left beside it (kill -9, the out-of-memory killer: no cleanup runs), each with its
+    size in bytes; `status` is told, in one line, what was removed. Only names of flowrec's exact
+    patterns (`_leftover_patterns`) whose process is no longer running are removed: never the temp
+    of a command writing `out` now, nor anything else."""
+    out = Path(out)
+    folders, files = _leftover_patterns(out)
+    try:
+        entries = list(os.scandir(out.parent if str(out.parent) else "."))
+    except OSError:  # no folder yet: nothing left there
+        return []
+    removed: list[tuple[Path, int]] = []
+    for entry in entries:
+        matched = folders.fullmatch(entry.name)
+        is_folder = matched is not None
+        matched = matched or files.fullmatch(entry.name)
+        if matched is None or not (entry.is_dir(follow_symlinks=False) if is_folder
+                                   else entry.is_file(follow_symlinks=False)):
+            continue
+        pid = matched.group(1)
+        if pid is not None and (int(pid) == os.getpid() or running(int(pid))):
+            continue
+        path = Path(entry.path)
+        size = _size(path)
+        if is_folder:
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        if not os.path.lexists(path):
+            removed.append((path, size))
+    if removed and status is not None:
+        status(f"removed {', '.join(f'{path.name} ({_human(size)})' for path, size in removed)} beside {out}: "
+               "left by flowrec commands killed while they wrote it (their processes no longer run)")
+    return removed
+
+
+def _size(path: Path) -> int:
+    """Bytes of the file, or of the files below the folder, `path` (links not followed)."""
+    if not path.is_dir():
+        return path.lstat().st_size
+    total = 0
+    for root, _, names in os.walk(path):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def _human(size: int) -> str:
+    """`size` bytes for a line: 512 B, 3.1 KiB, 1.2 GiB.
+
+    >>> _human(512), _human(3 << 20)
+    ('512 B', '3.0 MiB')
+    """
+    value, unit = float(size), "B"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            break
+        value /= 1024
+    return f"{size} B" if unit == "B" else f"{value:.1f} {unit}"
+
+
 @contextmanager
-def atomic_output(out: Path, overwrite: bool = True) -> Iterator[Path]:
+def atomic_output(out: Path, overwrite: bool = True, status: Callable[[str], None] | None = None) -> Iterator[Path]:
     """Yield a temp path next to `out`; renamed over `out` when the block completes, removed when it
     fails (the old `out`, if any, is untouched until the rename). Without `overwrite` the file is
     put in place only where `out` is still absent (an OutputError otherwise): another process may
     have written it since the command checked it (two `predict --out F` at once each said they
-    wrote F, the second over the first)."""
+    wrote F, the second over the first). The temp files of `out` that killed commands left are
+    removed first (`remove_leftovers`, which tells `status`)."""
     out = Path(out)
+    remove_leftovers(out, status)
     tmp = out.parent / f".{short(out.stem)}.{os.getpid()}-{secrets.token_hex(4)}.tmp{out.suffix}"  # suffix kept: writers
     # such as matplotlib choose the format by it
     try:
@@ -306,11 +395,11 @@ def replace_folder(new: Path, out: Path, overwrite: bool = True) -> None:
 
 @contextmanager
 def _interrupts_held() -> Iterator[None]:
-    """Within: Ctrl-C and SIGTERM do nothing (main thread only; a signal there is dropped, the work
-    within being the end of the command's)."""
+    """Within: Ctrl-C, SIGTERM and SIGHUP do nothing (main thread only; a signal there is dropped,
+    the work within being the end of the command's)."""
     import signal
 
-    from flowrec.data.interrupts import handlers_installed
+    from flowrec.data.interrupts import handlers_installed, stop_signals
 
-    with handlers_installed({signal.SIGINT: signal.SIG_IGN, signal.SIGTERM: signal.SIG_IGN}):
+    with handlers_installed({sig: signal.SIG_IGN for sig in (signal.SIGINT, *stop_signals())}):
         yield

@@ -360,20 +360,19 @@ def bound_dataset(spec: ModelSpec, spec_path: Path, workdir: Path | None,
             return out
         if resumed and workdir is not None:
             _refuse_lost_encoding(spec, workdir, out)
-        if out.exists():  # this new run's folder held the encoding of raw files that changed since
-            import shutil
-
+        replaced = out.exists()  # this new run's folder held the encoding of raw files that changed since:
+        if replaced:  # the new encoding replaces it once complete, after the flowrec processes reading it (a
+            # `flowrec eval RUN`) are done, as `data convert --overwrite` does; it was removed under them at once
             status(f"{raw} changed since {out} was encoded: encoding it again" if encoded() else
                    f"{out} holds no complete encoding (no {META_FILE} of its own or of its train/ part): "
                    "encoding it again")
-            shutil.rmtree(out)
         owner = None if workdir is None else workdir if resumed else run_folder_of(init_from) if init_from else None
         own = _run_encoder(spec, owner) if owner is not None else None
         status(f"encoding {spec.data.format} data from {raw} into {out}"
                + (f" with the encoder of {owner}" if own is not None else ""))
         try:
             report = convert(spec, spec.data.format, [raw], out, options=spec_file_options(spec, spec_path.parent),
-                             encoder=own, grow=not resumed, status=status)
+                             overwrite=replaced, encoder=own, grow=not resumed, status=status)
         except DataError as exc:  # `flowrec train` and `flowrec.train` have no --on-error of their own
             shown = spec_path if spec_path.is_file() else "SPEC"
             raise DataError(str(exc).replace(SKIP_HINT, (

@@ -52,7 +52,7 @@ from flowrec.runtime.hostmem import tune_host_allocator
 from flowrec.runtime.lowering import LoweredModel
 from flowrec.runtime.messages import first_line
 from flowrec.runtime.run_log import MetricsLog
-from flowrec.data.interrupts import handlers_installed
+from flowrec.data.interrupts import handlers_installed, stop_signals
 from flowrec.runtime.nonfinite import LossGuard, NonFiniteLoss, TrainingStopped, first_non_finite
 from flowrec.runtime.pipeline import TransferStage
 from flowrec.runtime.placement import HOST_SIDE
@@ -854,15 +854,15 @@ class _Skipping:
 
 
 class GracefulInterrupt:
-    """Within `with`: the first Ctrl-C or SIGTERM (what `kill`, `timeout` and schedulers send, and
-    what torch's launcher forwards to every rank) asks the loop to stop after the current step (so
-    the checkpoint is consistent); a second one interrupts at once. Only in the main thread."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    """Within `with`: the first Ctrl-C, SIGTERM (what `kill`, `timeout` and schedulers send, and
+    what torch's launcher forwards to every rank) or SIGHUP (a closed terminal; not where ignored,
+    as under `nohup`) asks the loop to stop after the current step (so the checkpoint is
+    consistent); a second one interrupts at once. Only in the main thread."""
 
     def __init__(self) -> None:
         self.requested = False
         self._previous: dict[int, Any] = {}
+        self._signals: tuple[int, ...] = ()
 
     def _handle(self, signum, frame) -> None:
         if self.requested:
@@ -871,8 +871,9 @@ class GracefulInterrupt:
 
     def __enter__(self) -> "GracefulInterrupt":
         self.requested = False
+        self._signals = (signal.SIGINT, *stop_signals())  # read before this block's own handlers
         if threading.current_thread() is threading.main_thread():
-            self._previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
+            self._previous = {sig: signal.signal(sig, self._handle) for sig in self._signals}
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -882,10 +883,11 @@ class GracefulInterrupt:
 
     @contextlib.contextmanager
     def at_once(self) -> Iterator[None]:
-        """Within: Ctrl-C or SIGTERM interrupts at once (a KeyboardInterrupt), for work after the last
-        step (the final evaluation), which the run's last checkpoint follows; SIGTERM had ended the
-        process there without it. Only in the main thread."""
-        with handlers_installed({sig: signal.default_int_handler for sig in self.SIGNALS}):
+        """Within: Ctrl-C, SIGTERM or SIGHUP interrupts at once (a KeyboardInterrupt), for work after
+        the last step (the final evaluation), which the run's last checkpoint follows; SIGTERM had
+        ended the process there without it. Only in the main thread."""
+        signals = self._signals or (signal.SIGINT, *stop_signals())
+        with handlers_installed({sig: signal.default_int_handler for sig in signals}):
             yield
 
 

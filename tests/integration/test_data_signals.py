@@ -22,14 +22,21 @@ modules:
 heads:
 - {name: ctr, input: top}
 """
-# the process sends itself SIGTERM as it writes its first part file: no timing involved
+# the process sends itself a signal (argv[1]) as it writes its first part file: no timing involved;
+# argv[2] "ignored": SIGHUP ignored from the start, as `nohup` starts a command
 TERMINATED = """
 import os, signal, sys
 import flowrec.data.convert as convert  # its PartWriter writes synth's parts too
 from flowrec.__main__ import run
 
+sig = getattr(signal, sys.argv.pop(1))
+if sys.argv.pop(1) == "ignored":
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+real = convert.PartWriter.write
+
 def write(self, *args, **kwargs):
-    os.kill(os.getpid(), signal.SIGTERM)
+    os.kill(os.getpid(), sig)
+    return real(self, *args, **kwargs)
 
 convert.PartWriter.write = write
 sys.argv = ["flowrec", *sys.argv[1:]]
@@ -37,20 +44,37 @@ run()
 """
 
 
-@pytest.mark.parametrize("command", ["convert", "synth"])
-def test_sigterm_while_a_dataset_is_written_leaves_no_partial_folder(tmp_path: Path, command: str) -> None:
-    """SIGTERM ended the process at once (Python's default: no line, status -15) and left the hidden
-    `.OUT.partial-*` folder it was writing, a dataset's worth of part files, beside OUT."""
+def _dataset_args(tmp_path: Path, command: str) -> list[str]:
     (tmp_path / "spec.yaml").write_text(SPEC)
     (tmp_path / "rows.csv").write_text("d1,user,label\n" + "".join(f"{i},u{i},{i % 2}\n" for i in range(50)))
-    args = (["data", "convert", "csv", "rows.csv", "out/ds", "--spec", "spec.yaml", "-q"] if command == "convert"
-            else ["data", "synth", "spec.yaml", "--rows", "50", "--out", "out/ds"])
     (tmp_path / "out").mkdir()
-    done = subprocess.run([sys.executable, "-c", TERMINATED, *args], cwd=tmp_path, env=subprocess_env(ROOT),
+    return (["data", "convert", "csv", "rows.csv", "out/ds", "--spec", "spec.yaml", "-q"] if command == "convert"
+            else ["data", "synth", "spec.yaml", "--rows", "50", "--out", "out/ds"])
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+@pytest.mark.parametrize("command", ["convert", "synth"])
+def test_sigterm_while_a_dataset_is_written_leaves_no_partial_folder(tmp_path: Path, command: str, sig: str) -> None:
+    """SIGTERM, and SIGHUP (a terminal closed, an ssh connection dropped), ended the process at once
+    (Python's default: no line, status -15 or -1) and left the hidden `.OUT.partial-*` folder it was
+    writing, a dataset's worth of part files, beside OUT."""
+    args = _dataset_args(tmp_path, command)
+    done = subprocess.run([sys.executable, "-c", TERMINATED, sig, "", *args], cwd=tmp_path, env=subprocess_env(ROOT),
                           text=True, capture_output=True, timeout=TIMEOUT_S)
     assert done.returncode == 130, (done.returncode, done.stderr[-2000:])
-    assert "interrupted (SIGTERM)" in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == f"error: interrupted ({sig})", done.stderr[-2000:]
     assert list((tmp_path / "out").iterdir()) == []
+
+
+@pytest.mark.parametrize("command", ["convert", "synth"])
+def test_sighup_ignored_from_the_start_is_still_ignored(tmp_path: Path, command: str) -> None:
+    """Under `nohup` (SIGHUP ignored when the command starts) a hangup does not stop the command."""
+    args = _dataset_args(tmp_path, command)
+    done = subprocess.run([sys.executable, "-c", TERMINATED, "SIGHUP", "ignored", *args], cwd=tmp_path,
+                          env=subprocess_env(ROOT), text=True, capture_output=True, timeout=TIMEOUT_S)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["ds"]
+    assert list((tmp_path / "out" / "ds").glob("*.parquet")) or list((tmp_path / "out" / "ds").rglob("*.parquet"))
 
 
 # the same, as export stages its package and as predict opens its scores file
@@ -226,3 +250,64 @@ def test_sigterm_while_the_new_dataset_is_swapped_in_leaves_one_of_the_two(tmp_p
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ds", "spec.yaml"]
     assert pq.read_table(tmp_path / "ds").num_rows == 200
+
+
+# holds a read lock on the folder argv[1] (as a dataset source, a `flowrec eval RUN`'s, does) until told to stop
+HOLDER = """
+import sys
+from flowrec.data.readers import hold_for_reading, release
+fd = hold_for_reading(sys.argv[1])
+print("open" if fd is not None else "no lock", flush=True)
+sys.stdin.readline()
+release(fd)
+"""
+
+
+def test_a_run_encoding_its_changed_bound_data_again_waits_for_the_readers_of_run_data(tmp_path: Path) -> None:
+    """`flowrec train SPEC --out RUN --overwrite` whose bound raw file changed removed RUN/data at
+    once to encode it again, under a `flowrec eval RUN` reading it; now the new encoding replaces it
+    once complete, after the readers are done, with the line of `data convert --overwrite`'s wait."""
+    import os
+    import threading
+    import time
+
+    import pyarrow.parquet as pq
+
+    from flowrec.runtime.session import bound_dataset
+    from flowrec.spec.load import load_spec
+
+    def rows(folder: Path) -> int:
+        return sum(pq.read_metadata(f).num_rows for f in folder.rglob("*.parquet"))
+
+    raw = tmp_path / "raw.csv"
+    raw.write_text("d1,user,label\n" + "".join(f"{i},u{i % 7},{i % 2}\n" for i in range(60)))
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(SPEC + "data: {format: csv, path: raw.csv}\n")
+    spec = load_spec(spec_path)
+    data = bound_dataset(spec, spec_path, tmp_path / "run", lambda _: None)
+    assert rows(data) == 60
+    raw.write_text(raw.read_text() + "".join(f"{i}.5,u{i % 7},{i % 2}\n" for i in range(40)))
+    os.utime(raw, ns=(raw.stat().st_atime_ns, raw.stat().st_mtime_ns + 10**9))  # (a coarse file clock)
+    said: list[str] = []
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(data)], env=subprocess_env(ROOT), text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    encoding = threading.Thread(target=lambda: bound_dataset(spec, spec_path, tmp_path / "run", said.append))
+    try:
+        assert holder.stdout.readline().strip() == "open", holder.stderr.read()[-2000:]
+        encoding.start()
+        deadline = time.monotonic() + TIMEOUT_S
+        while encoding.is_alive() and not any("waiting for the flowrec processes reading" in s for s in said):
+            assert time.monotonic() < deadline, said
+            time.sleep(0.05)
+        assert encoding.is_alive() and rows(data) == 60, said  # the reader's rows are all still there
+        holder.communicate("done\n", timeout=TIMEOUT_S)
+        encoding.join(TIMEOUT_S)
+        assert not encoding.is_alive()
+        assert rows(data) == 100 and any("encoding it again" in s for s in said), said
+        assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["data"]  # no .data.old-* left
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+        holder.wait(timeout=30)
+        if encoding.is_alive():
+            encoding.join(TIMEOUT_S)

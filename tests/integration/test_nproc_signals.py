@@ -1,7 +1,7 @@
-"""SIGTERM or SIGINT to `flowrec train --nproc 2` (what `kill`, `timeout` and schedulers send) reaches
-torch's launcher and both ranks: they checkpoint after the current step and exit, no process of the
-launch is left, and the printed resume command (which keeps `--nproc 2`) ends the run with the
-parameters of an uninterrupted one. SIGTERM to one process checkpoints as Ctrl-C does."""
+"""SIGTERM, SIGINT or SIGHUP to `flowrec train --nproc 2` (what `kill`, `timeout`, schedulers and a
+closed terminal send) reaches torch's launcher and both ranks: they checkpoint after the current
+step and exit, no process of the launch is left, and the printed resume command (which keeps
+`--nproc 2`) ends the run with the parameters of an uninterrupted one. SIGTERM to one process checkpoints as Ctrl-C does."""
 from __future__ import annotations
 
 import copy
@@ -80,7 +80,7 @@ def _wait_for_ranks_training(job: subprocess.Popen, metrics: Path) -> list[int]:
     pytest.fail(f"no training steps within {TIMEOUT_S} s")
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint"])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=["sigterm", "sigint", "sighup"])
 def test_a_signal_to_the_launch_stops_every_rank_and_the_printed_command_continues_it(work: Path, sig):
     reference = run_flowrec(*_args(f"ref_{sig.name}"), cwd=work, root=ROOT, timeout_s=TIMEOUT_S)
     assert reference.returncode == 0, reference.stderr[-3000:]

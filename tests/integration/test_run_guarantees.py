@@ -370,18 +370,43 @@ main()
 """
 
 
-def _signalled_run(tmp_path: Path, sig: str, where: str, *args: str):
-    """`flowrec train ARGS` in a process that gets `sig` from itself when `where` is first called."""
+def _signalled_run(tmp_path: Path, sig: str, where: str, *args: str, ignored: tuple[str, ...] = ()):
+    """`flowrec train ARGS` in a process that gets `sig` from itself when `where` is first called;
+    `ignored`: signals ignored from its start (as `nohup` starts a command with SIGHUP)."""
+    import signal
     import subprocess
     import sys
 
     from flowrec.testing.ranks import subprocess_env
 
+    def ignore() -> None:
+        for name in ignored:
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
+
     return subprocess.run([sys.executable, "-c", SIGNALLED, sig, where, "train", *args], cwd=tmp_path, text=True,
-                          capture_output=True, timeout=300, env=subprocess_env(Path(__file__).resolve().parents[2]))
+                          capture_output=True, timeout=300, env=subprocess_env(Path(__file__).resolve().parents[2]),
+                          preexec_fn=ignore if ignored else None)
 
 
-@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_sighup_in_training_checkpoints_like_ctrl_c_unless_nohup_ignores_it(spec: Path, tmp_path: Path):
+    # SIGHUP (a terminal closed, an ssh connection dropped) ended `flowrec train` at once, without a
+    # word or its interrupt checkpoint; under `nohup` (SIGHUP ignored from the start) it must train on
+    run = tmp_path / "run"
+    done = _signalled_run(tmp_path, "SIGHUP", "flowrec.runtime.trainer:Trainer._interrupted", str(spec), "--rows",
+                          "400", "--quiet", "--out", str(run), "--max-steps", "6", "--eval-every", "0")
+    assert done.returncode == 130, done.stderr
+    assert "interrupted: checkpoint saved; continue with" in done.stderr
+    assert ckpt.load_checkpoint(run)["position"]["step"] == 1
+    assert _records(run)[-1]["interrupted"] is True
+    kept = tmp_path / "kept"
+    done = _signalled_run(tmp_path, "SIGHUP", "flowrec.runtime.trainer:Trainer._interrupted", str(spec), "--rows",
+                          "400", "--quiet", "--out", str(kept), "--max-steps", "6", "--eval-every", "0",
+                          ignored=("SIGHUP",))
+    assert done.returncode == 0, done.stderr
+    assert ckpt.load_checkpoint(kept)["position"]["step"] == 6
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM", "SIGHUP"])
 def test_a_signal_during_the_final_evaluation_still_saves_the_last_checkpoint(spec: Path, tmp_path: Path, sig):
     # the final evaluation came after the last step and before the run's only checkpoint: Ctrl-C there
     # said "interrupted (Ctrl-C) at step 6; continue with ..." with no checkpoint (the resume trained
@@ -396,14 +421,16 @@ def test_a_signal_during_the_final_evaluation_still_saves_the_last_checkpoint(sp
     assert end["event"] == "end" and end["interrupted"] is True and _train_steps(run) == list(range(1, 7))
 
 
-def test_sigterm_during_start_up_is_one_line_and_leaves_the_folder_as_found(spec: Path, tmp_path: Path):
-    # SIGTERM (`timeout`, a scheduler) while the run read its data ended it without a word, leaving the
-    # new --out folder behind (with --nproc 2: holding encoder/ and the lock); Ctrl-C there was one line
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+def test_sigterm_during_start_up_is_one_line_and_leaves_the_folder_as_found(spec: Path, tmp_path: Path, sig: str):
+    # SIGTERM (`timeout`, a scheduler), or SIGHUP (a closed terminal), while the run read its data ended
+    # it without a word, leaving the new --out folder behind (with --nproc 2: holding encoder/ and the
+    # lock); Ctrl-C there was one line
     run = tmp_path / "run"
-    done = _signalled_run(tmp_path, "SIGTERM", "flowrec.runs.start:prepare", str(spec), "--rows", "400", "--quiet",
+    done = _signalled_run(tmp_path, sig, "flowrec.runs.start:prepare", str(spec), "--rows", "400", "--quiet",
                           "--out", str(run))
     assert done.returncode == 130, done.stderr
-    assert done.stderr.strip().splitlines()[-1] == "error: interrupted (SIGTERM) before training started; nothing " \
+    assert done.stderr.strip().splitlines()[-1] == f"error: interrupted ({sig}) before training started; nothing " \
                                                    "was trained"
     assert not run.exists()
 

@@ -409,3 +409,60 @@ def test_eval_refuses_its_json_output_before_reading_the_run(tmp_path: Path, mon
         assert result.exit_code == 2 and words in result.output, result.output
         assert "scoring" not in result.output
     assert loaded == []
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has ended (and was waited for)."""
+    import subprocess
+    import sys
+
+    return int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, timeout=60).stdout)
+
+
+def test_temp_files_a_killed_command_left_are_removed_by_the_next_write_of_that_file(tmp_path: Path):
+    """`flowrec predict --out F` killed (kill -9) while it wrote left `.F.PID-X.tmp.parquet` beside F,
+    never removed; the next write of F removes such files of processes no longer running, with one
+    line naming each and its size, and leaves a running process's, and every other name, alone."""
+    dead = _dead_pid()
+    live = os.getpid()
+    gone = [f".scores.{dead}-0123abcd.tmp.parquet"]
+    kept = [f".scores.{live}-0123abcd.tmp.parquet",  # a command writing scores.parquet now
+            f".scores.{dead}-0123abcd.tmp.csv",  # scores.csv's, not this output's
+            f".scores.{dead}-0123abc.tmp.parquet", f".scores.{dead}-0123abcd.tmp.parquet.bak",
+            f".scores2.{dead}-0123abcd.tmp.parquet", "scores.parquet.tmp"]
+    for name in gone + kept:
+        (tmp_path / name).write_bytes(b"x" * 3000)
+    (tmp_path / f".scores.{dead}-deadbeef.tmp.parquet").symlink_to(tmp_path / kept[0])  # a link: not flowrec's
+    lines: list[str] = []
+    with atomic_output(tmp_path / "scores.parquet", status=lines.append) as tmp:
+        tmp.write_text("new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [*kept, f".scores.{dead}-deadbeef.tmp.parquet", "scores.parquet"])
+    assert len(lines) == 1 and f".scores.{dead}-0123abcd.tmp.parquet (2.9 KiB)" in lines[0], lines
+
+
+def test_folders_a_killed_conversion_left_are_removed_by_the_next_one(tmp_path: Path):
+    """`data convert` / `synth` killed (kill -9) left `.OUT.partial-PID-X` (a dataset's worth of part
+    files), never removed; the next staging of OUT removes those of processes no longer running,
+    and export's rule is the same one (`.OUT.export-PID-X`, the set-aside `.OUT.old-PID-X`)."""
+    from flowrec.cli.export_cmd import _staging_folder
+    from flowrec.data.output import staged_output
+
+    dead, live = _dead_pid(), os.getpid()
+    gone = [f".ds.partial-{dead}-00000000", f".ds.old-{dead}-0000ffff", f".ds.export-{dead}-12345678"]
+    kept = [f".ds.partial-{live}-00000000", f".ds.partial-{dead}-0000000", f".ds.partial-{dead}-00000000x",
+            f".dsx.partial-{dead}-00000000", f"ds.partial-{dead}-00000000"]
+    for name in gone + kept:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "part-0.parquet").write_bytes(b"x" * 100)
+    (tmp_path / f".ds.partial-{dead}-11111111").write_text("a file, not a folder flowrec stages")
+    kept.append(f".ds.partial-{dead}-11111111")
+    lines: list[str] = []
+    with staged_output(tmp_path / "ds", overwrite=False, status=lines.append) as tmp:
+        (tmp / "x").write_text("new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*kept, "ds"])
+    assert len(lines) == 1 and all(f"{name} (100 B)" in lines[0] for name in gone), lines
+    (tmp_path / f".pkg.partial-{dead}-00000000").mkdir()
+    _staging_folder(tmp_path / "pkg")
+    assert not (tmp_path / f".pkg.partial-{dead}-00000000").exists()
