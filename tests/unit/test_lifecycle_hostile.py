@@ -300,19 +300,8 @@ def test_a_resumed_run_whose_data_is_gone_encodes_it_again_with_its_own_encoder(
     from flowrec.data.convert import convert
     from flowrec.data.encoder_record import RUN_ENCODER_DIR, record_of_dataset, write_record
 
-    rows = ["label,d1,c1"] + [f"{i % 2},{i / 100:.2f},{f'once{i}' if i % 5 == 0 else f'c{i % 7}'}" for i in range(150)]
-    (tmp_path / "raw.csv").write_text("\n".join(rows) + "\n")
-    spec = tmp_path / "split.yaml"
-    spec.write_text(
-        "name: split_csv\n"
-        "features:\n  - {name: d1, type: dense, transform: standardize}\n  - {name: c1, type: categorical, vocab: 60, dim: 4}\n"
-        "modules:\n  - {name: deep, kind: mlp, inputs: ['@dense', '@sparse'], layers: [4]}\n"
-        "heads:\n  - {name: ctr, input: deep, task: binary, loss: bce}\n"
-        "data: {format: csv, path: raw.csv, label: label, options: {test_fraction: 0.3}}\n"
-        "training: {batch_size: 32, epochs: 2, seed: 0}\n")
-    run = tmp_path / "run"
-    made = runner.invoke(app, ["train", str(spec), "--out", str(run), "--max-steps", "1", "-q"])
-    assert made.exit_code == 0, made.output
+    spec, run = _bound_split_run(tmp_path, [f"{i % 2},{i / 100:.2f},{f'once{i}' if i % 5 == 0 else f'c{i % 7}'}"
+                                            for i in range(150)], ", transform: standardize")
     # the older flowrec's encoder: fitted on every row, as converting them unsplit fits it
     every = tmp_path / "every"
     convert(load_spec(spec), "csv", [tmp_path / "raw.csv"], every, options={"test_fraction": 0})
@@ -344,19 +333,7 @@ def test_a_resumed_run_whose_data_and_encoder_are_both_gone_is_refused_not_fitte
     its split's encoder on the test rows too: other ids under the same rows). Now one line naming
     both and what to put back, nothing encoded, the checkpoint untouched; RUN/encoder put back, the
     run goes on."""
-    rows = ["label,d1,c1"] + [f"{i % 2},{i / 100:.2f},c{i % 7}" for i in range(150)]
-    (tmp_path / "raw.csv").write_text("\n".join(rows) + "\n")
-    spec = tmp_path / "bound.yaml"
-    spec.write_text(
-        "name: bound_csv\n"
-        "features:\n  - {name: d1, type: dense}\n  - {name: c1, type: categorical, vocab: 60, dim: 4}\n"
-        "modules:\n  - {name: deep, kind: mlp, inputs: ['@dense', '@sparse'], layers: [4]}\n"
-        "heads:\n  - {name: ctr, input: deep, task: binary, loss: bce}\n"
-        "data: {format: csv, path: raw.csv, label: label, options: {test_fraction: 0.3}}\n"
-        "training: {batch_size: 32, epochs: 2, seed: 0}\n")
-    run = tmp_path / "run"
-    made = runner.invoke(app, ["train", str(spec), "--out", str(run), "--max-steps", "1", "-q"])
-    assert made.exit_code == 0, made.output
+    spec, run = _bound_split_run(tmp_path, [f"{i % 2},{i / 100:.2f},c{i % 7}" for i in range(150)])
     shutil.copytree(run / "encoder", tmp_path / "kept")
     shutil.rmtree(run / "encoder")
     shutil.rmtree(run / "data")
@@ -370,6 +347,24 @@ def test_a_resumed_run_whose_data_and_encoder_are_both_gone_is_refused_not_fitte
     shutil.copytree(tmp_path / "kept", run / "encoder")
     result = runner.invoke(app, ["train", str(spec), "--resume", str(run), "--max-steps", "2"])
     assert result.exit_code == 0 and "final evaluation" in result.output, result.output
+
+
+def _bound_split_run(tmp_path: Path, rows: list[str], transform: str = "") -> tuple[Path, Path]:
+    """A spec bound to a CSV of `rows` (label,d1,c1; 0.3 of them split off to test; d1's
+    `transform`) and its run of one step: (the spec, the run folder)."""
+    (tmp_path / "raw.csv").write_text("\n".join(["label,d1,c1", *rows]) + "\n")
+    spec = tmp_path / "bound.yaml"
+    spec.write_text(
+        "name: bound_csv\n"
+        f"features:\n  - {{name: d1, type: dense{transform}}}\n  - {{name: c1, type: categorical, vocab: 60, dim: 4}}\n"
+        "modules:\n  - {name: deep, kind: mlp, inputs: ['@dense', '@sparse'], layers: [4]}\n"
+        "heads:\n  - {name: ctr, input: deep, task: binary, loss: bce}\n"
+        "data: {format: csv, path: raw.csv, label: label, options: {test_fraction: 0.3}}\n"
+        "training: {batch_size: 32, epochs: 2, seed: 0}\n")
+    run = tmp_path / "run"
+    made = runner.invoke(app, ["train", str(spec), "--out", str(run), "--max-steps", "1", "-q"])
+    assert made.exit_code == 0, made.output
+    return spec, run
 
 
 def _tiny_retrieval_spec(tmp_path: Path) -> Path:
