@@ -175,7 +175,7 @@ def _check_inputs(out: Path, inputs: Sequence[Path]) -> None:
     """The output is none of the inputs, holds none, and is no file of one (same inode: a hard
     link, or a file inside an input folder); a new file inside an input folder replaces nothing."""
     target = out.resolve()
-    written = _identity(out)
+    written = identity(out)
     for given in inputs:
         source = Path(given).resolve()
         if target == source or source.is_relative_to(target):
@@ -198,7 +198,8 @@ def _check_not_inside_inputs(out: Path, rows: Sequence[Path]) -> None:
                               f"a later read of {given} would find it among its files; write the output elsewhere")
 
 
-def _identity(path: Path) -> tuple[int, int] | None:
+def identity(path: Path) -> tuple[int, int] | None:
+    """(st_dev, st_ino) of what `path` names now (through a link: what it names); None if nothing."""
     try:
         info = os.stat(path)
     except OSError:
@@ -208,14 +209,14 @@ def _identity(path: Path) -> tuple[int, int] | None:
 
 def _identities(path: Path) -> set[tuple[int, int]]:
     """(st_dev, st_ino) of `path` and, for a folder, of the files in it (bounded)."""
-    found = {i for i in [_identity(path)] if i is not None}
+    found = {i for i in [identity(path)] if i is not None}
     if path.is_dir():
         for n, child in enumerate(path.rglob("*")):
             if n >= MAX_INPUT_FILES:
                 break
-            identity = _identity(child)
-            if identity is not None:
-                found.add(identity)
+            known = identity(child)
+            if known is not None:
+                found.add(known)
     return found
 
 

@@ -27,6 +27,7 @@ from flowrec.data.encode import Encoder, UnseenIds
 from flowrec.data.encoder_record import (ENCODER_FILE, EncoderRecord, load_encoder, read_record,
                                          tables_without_vocabulary)
 from flowrec.data.layout import DataError, is_multi
+from flowrec.data.output_guard import identity
 from flowrec.data.raw_ids import check_float_ids, check_ids
 from flowrec.data.separators import check_sequence_separators
 from flowrec.data.sources import FLOAT32_MAX, LINE_COLUMN
@@ -293,28 +294,19 @@ def load_model(path: str | Path) -> LoadedModel:
         raise ValueError(f"path: {problem}")  # not UTF-8, or too long: as flowrec predict refuses it
     path = Path(path).expanduser()  # '~/pkg' as pandas reads it (the shell expands it for the CLI)
     for _ in range(LOAD_TRIES - 1):
-        before = _folder_identity(path)
+        before = identity(path)
         try:
             model = _load_model(path)
         except ValueError:
-            if _folder_identity(path) == before:
+            if identity(path) == before:
                 raise
             continue  # replaced while it was read (an export --overwrite): what failed may be a mix
-        if _folder_identity(path) == before:
+        if identity(path) == before:
             return model
     return _load_model(path)
 
 
 LOAD_TRIES = 5  # loads of a package that another process keeps replacing, the last one taken as it is
-
-
-def _folder_identity(path: Path) -> tuple[int, int] | None:
-    """(st_dev, st_ino) of the package folder `path` names now (through a link: the folder it names)."""
-    try:
-        info = os.stat(path)
-    except OSError:
-        return None
-    return info.st_dev, info.st_ino
 
 
 def _load_model(path: Path) -> LoadedModel:
