@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from flowrec.data.layout import DataError
 from flowrec.data.owners import MARKER_BYTES, OWNERS, owner_of  # noqa: F401 (the guard's names)
+from flowrec.spec.units import format_bytes
 
 MAX_INPUT_FILES = 100_000  # files of a folder looked at (an input's part files, a replaced folder's entries)
 
@@ -286,7 +287,7 @@ def remove_leftovers(out: Path, status: Callable[[str], None] | None = None) -> 
         if not os.path.lexists(path):
             removed.append((path, size))
     if removed and status is not None:
-        status(f"removed {', '.join(f'{path.name} ({_human(size)})' for path, size in removed)} beside {out}: "
+        status(f"removed {', '.join(f'{path.name} ({format_bytes(size)})' for path, size in removed)} beside {out}: "
                "left by flowrec commands killed while they wrote it (their processes no longer run)")
     return removed
 
@@ -303,20 +304,6 @@ def _size(path: Path) -> int:
             except OSError:
                 pass
     return total
-
-
-def _human(size: int) -> str:
-    """`size` bytes for a line: 512 B, 3.1 KiB, 1.2 GiB.
-
-    >>> _human(512), _human(3 << 20)
-    ('512 B', '3.0 MiB')
-    """
-    value, unit = float(size), "B"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            break
-        value /= 1024
-    return f"{size} B" if unit == "B" else f"{value:.1f} {unit}"
 
 
 @contextmanager
