@@ -411,8 +411,7 @@ def _run_encoder(spec: ModelSpec, folder: Path) -> Any:
     (a flowrec of before 2026-12-06 fitted a split's encoder on its test rows too). None without one
     to encode raw data with (no record yet, synthetic rows, another spec's): the data is fitted, and
     the run's checks of its encoder speak."""
-    from flowrec.data.encoder_record import (ENCODER_FILE, RUN_ENCODER_DIR, check_vocabularies, load_encoder,
-                                             read_record, synthetic)
+    from flowrec.data.encoder_record import ENCODER_FILE, RUN_ENCODER_DIR, load_encoder, read_record, synthetic
     from flowrec.data.layout import data_hash
 
     target = folder / RUN_ENCODER_DIR
@@ -421,7 +420,7 @@ def _run_encoder(spec: ModelSpec, folder: Path) -> Any:
     record = read_record(target)
     if synthetic(record) or record.data_hash != data_hash(spec):
         return None
-    return load_encoder(check_vocabularies(record), spec)
+    return load_encoder(record, spec)  # each vocabulary read once, checked against its digest (checked_vocab)
 
 
 def _raw_stamp(raw: Path) -> dict[str, list[int]]:
