@@ -1051,9 +1051,8 @@ def _evaluate_run(run_dir: Path, data: Optional[Path], device: str, group_by: Op
                     warn(line)
                 if not quiet:
                     _say(f"scoring {data} (the data {run_dir} evaluated on; --data scores another)")
-            if json_out not in (None, "-"):
-                check_file_output(Path(json_out), [run_dir] + ([data] if data is not None else []), overwrite)
-                refuse_replacing_other_than_metrics(Path(json_out))
+                if json_out not in (None, "-"):  # the output checked again against the data the run names
+                    check_file_output(Path(json_out), [run_dir, data], overwrite)
             if seen is not None and not trained.excludes_seen:
                 raise ValueError(f"--seen applies to a retrieval head with exclude_seen: true; {run_dir} has none "
                                  "(its evaluation leaves nothing out)")
