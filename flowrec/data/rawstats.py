@@ -166,7 +166,6 @@ def constant_columns(folder: Path, columns: dict[str, tuple[float, ...]]) -> tup
     import pyarrow.parquet as pq
 
     from flowrec.data.dataset import parquet_files
-
     from flowrec.data.layout import read_meta
 
     rows, bounds, decided = read_meta(folder).rows, {c: (math.inf, -math.inf) for c in columns}, set()
