@@ -286,9 +286,7 @@ def with_spec_class_files(plan: Plan, spec: ModelSpec) -> Plan:
         path = written.get(module.name)
         if module.kind == "custom" and isinstance(path, str) and path != module.param("class") \
                 and found_class_file(path) == module.param("class"):
-            params = dict(module.params)
-            params["class"] = path
-            module = dataclasses.replace(module, params=tuple(sorted(params.items())))
+            module = module.with_param("class", path)
         modules.append(module)
     if model_fingerprint(dataclasses.replace(spec, modules=tuple(modules))) != plan.spec_fingerprint:
         return plan

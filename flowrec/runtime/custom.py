@@ -47,10 +47,8 @@ def resolve_custom(spec: ModelSpec, check_given: bool = False) -> ModelSpec:
                                         f"{module.param('class')} returns {width} values per sample, not {given}: "
                                         "correct out_width or leave it out"))
             continue
-        params = dict(module.params)
-        params["out_width"] = width
         modules = list(spec.modules)
-        modules[index] = replace(module, params=tuple(sorted(params.items())))
+        modules[index] = module.with_param("out_width", width)
         spec = replace(spec, modules=tuple(modules))
     if issues:
         raise SpecError(issues)

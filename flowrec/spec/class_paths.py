@@ -150,9 +150,7 @@ def absolute_class_files(spec: Any, folders: "list[Path] | None" = None) -> Any:
             continue
         found = found_class_file(path, folders)
         if found != path:
-            params = dict(module.params)
-            params["class"] = found
-            modules[i] = replace(module, params=tuple(sorted(params.items())))
+            modules[i] = module.with_param("class", found)
     return replace(spec, modules=tuple(modules)) if modules != list(spec.modules) else spec
 
 

@@ -12,7 +12,7 @@ Example:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Mapping
 
 DenseTransform = Literal["none", "log1p", "standardize"]
@@ -229,6 +229,10 @@ class ModuleSpec:
 
     def param(self, key: str, default: Any = None) -> Any:
         return dict(self.params).get(key, default)
+
+    def with_param(self, key: str, value: Any) -> "ModuleSpec":
+        """This module with `key` set to `value` among its params (kept sorted, as the spec reads them)."""
+        return replace(self, params=tuple(sorted({**dict(self.params), key: value}.items())))
 
 
 @dataclass(frozen=True)
