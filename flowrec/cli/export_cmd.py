@@ -134,18 +134,15 @@ def package_listing(out: Path) -> list[str]:
 
 
 def _staging_folder(out: Path) -> Path:
-    """A staging folder of this export beside OUT, `.OUT.export-PID-XXXXXXXX`: its own, so two exports
+    """A staging folder of this export beside OUT, `.OUT.export-PID-HOST-X`: its own, so two exports
     to one OUT at once never write into (or remove) each other's (a fixed `.OUT.export-tmp` was
     removed by the second export while the first wrote into it: 'Parent directory ... does not
     exist'). Those that commands no longer running (killed) left are removed, with a line
     (`remove_leftovers`: the rule of every output)."""
-    import os
-    import secrets
-
-    from flowrec.data.output_guard import remove_leftovers, short
+    from flowrec.data.output_guard import remove_leftovers, short, temp_tag
 
     remove_leftovers(out, lambda line: say(line, err=True))
-    return out.with_name(f".{short(out.name)}.export-{os.getpid()}-{secrets.token_hex(4)}")
+    return out.with_name(f".{short(out.name)}.export-{temp_tag()}")
 
 
 def _check_target(folder: Path, out: Path, overwrite: bool) -> None:

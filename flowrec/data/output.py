@@ -15,14 +15,13 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import secrets
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from flowrec.data.layout import DataError
-from flowrec.data.output_guard import remove_leftovers, replace_folder, short
+from flowrec.data.output_guard import remove_leftovers, replace_folder, short, temp_tag
 from flowrec.data.readers import held_exclusively
 
 
@@ -57,7 +56,7 @@ def staged_output(out: Path, overwrite: bool, inputs: Sequence[Path] = (),
     out = Path(out)
     check_output(out, overwrite, inputs)
     remove_leftovers(out, status)  # of commands killed (kill -9) while they wrote `out`
-    tmp = out.parent / f".{short(out.name)}.partial-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp = out.parent / f".{short(out.name)}.partial-{temp_tag()}"
     try:
         tmp.mkdir(parents=True)
     except OSError as exc:

@@ -234,13 +234,34 @@ def short(name: str) -> str:
     return os.fsencode(name)[:SHORT_BYTES].decode("utf-8", "ignore") if len(os.fsencode(name)) > SHORT_BYTES else name
 
 
+STALE_AFTER_S = 7 * 24 * 3600  # seconds a leftover of another machine (or without one) goes unmodified before it is removed
+
+
+def host_tag() -> str:
+    """This machine's tag in temp names: 8 hex digits of a hash of its host name. A folder shared
+    between machines (NFS, a cluster's home) holds temp names of several; a PID is a process of
+    the machine that made the name only."""
+    import hashlib
+    import socket
+
+    return hashlib.sha256(socket.gethostname().encode("utf-8", "surrogateescape")).hexdigest()[:8]
+
+
+def temp_tag() -> str:
+    """`PID-HOST-X` of a temp name made now: this process, this machine (`host_tag`), 8 random hex
+    digits (two temp names of one process differ)."""
+    return f"{os.getpid()}-{host_tag()}-{secrets.token_hex(4)}"
+
+
 def _leftover_patterns(out: Path) -> tuple[re.Pattern[str], re.Pattern[str]]:
     """The names flowrec gives its temp folders and files of the output `out` (a folder's: staged
-    `.OUT.partial-PID-X` and set aside `.OUT.old-PID-X`, export's `.OUT.export-PID-X`, X 8 hex
-    digits; a file's, `atomic_output`'s: `.STEM.PID-X.tmpSUFFIX`), each with the PID of the process
-    that made it. An older flowrec's export staged in `.OUT.export-tmp` (no PID: never running)."""
-    folders = re.compile(rf"\.{re.escape(short(out.name))}\.(?:(?:partial|old|export)-(\d+)-[0-9a-f]{{8}}|export-tmp)")
-    files = re.compile(rf"\.{re.escape(short(out.stem))}\.(\d+)-[0-9a-f]{{8}}\.tmp{re.escape(out.suffix)}")
+    `.OUT.partial-TAG` and set aside `.OUT.old-TAG`, export's `.OUT.export-TAG`; a file's,
+    `atomic_output`'s: `.STEM.TAG.tmpSUFFIX`), TAG being `temp_tag`'s `PID-HOST-X`: groups `pid` and
+    `host`. An older flowrec wrote `PID-X` (no host: group `host` None), and its export staged in
+    `.OUT.export-tmp` (neither)."""
+    tag = r"(?P<pid>\d+)(?:-(?P<host>[0-9a-f]{8}))?-[0-9a-f]{8}"
+    folders = re.compile(rf"\.{re.escape(short(out.name))}\.(?:(?:partial|old|export)-{tag}|export-tmp)")
+    files = re.compile(rf"\.{re.escape(short(out.stem))}\.{tag}\.tmp{re.escape(out.suffix)}")
     return folders, files
 
 
@@ -259,8 +280,11 @@ def remove_leftovers(out: Path, status: Callable[[str], None] | None = None) -> 
     """Remove the temp folders and files of the output `out` that a flowrec command killed while it
     wrote them left beside it (kill -9, the out-of-memory killer: no cleanup runs), each with its
     size in bytes; `status` is told, in one line, what was removed. Only names of flowrec's exact
-    patterns (`_leftover_patterns`) whose process is no longer running are removed: never the temp
-    of a command writing `out` now, nor anything else."""
+    patterns (`_leftover_patterns`) are removed, and of those only: this machine's (`host_tag`)
+    whose process no longer runs, never the temp of a command writing `out` now; another
+    machine's, or an older flowrec's (no host in the name), once nothing in it was modified for
+    STALE_AFTER_S (its PID names no process here: on a shared folder the next command of one
+    machine removed another's output while it was written). Those left are named in one line."""
     out = Path(out)
     folders, files = _leftover_patterns(out)
     try:
@@ -268,6 +292,8 @@ def remove_leftovers(out: Path, status: Callable[[str], None] | None = None) -> 
     except OSError:  # no folder yet: nothing left there
         return []
     removed: list[tuple[Path, int]] = []
+    left: list[str] = []
+    here = host_tag()
     for entry in entries:
         matched = folders.fullmatch(entry.name)
         is_folder = matched is not None
@@ -275,10 +301,14 @@ def remove_leftovers(out: Path, status: Callable[[str], None] | None = None) -> 
         if matched is None or not (entry.is_dir(follow_symlinks=False) if is_folder
                                    else entry.is_file(follow_symlinks=False)):
             continue
-        pid = matched.group(1)
-        if pid is not None and (int(pid) == os.getpid() or running(int(pid))):
-            continue
         path = Path(entry.path)
+        if matched.group("host") == here:
+            pid = int(matched.group("pid"))
+            if pid == os.getpid() or running(pid):
+                continue
+        elif not _stale(path):  # another machine's, or an older flowrec's: its process may run there
+            left.append(entry.name)
+            continue
         size = _size(path)
         if is_folder:
             shutil.rmtree(path, ignore_errors=True)
@@ -289,7 +319,31 @@ def remove_leftovers(out: Path, status: Callable[[str], None] | None = None) -> 
     if removed and status is not None:
         status(f"removed {', '.join(f'{path.name} ({format_bytes(size)})' for path, size in removed)} beside {out}: "
                "left by flowrec commands killed while they wrote it (their processes no longer run)")
+    if left and status is not None:
+        status(f"left {', '.join(sorted(left))} beside {out}: temp output of a flowrec command on another machine, "
+               f"or of an older flowrec, which may still be writing it; removed once unmodified for "
+               f"{STALE_AFTER_S // 86400} days (remove it yourself if no command writes {out})")
     return removed
+
+
+def _stale(path: Path) -> bool:
+    """Whether nothing in the file or folder `path` (the folder itself and what lies below it, at
+    most MAX_INPUT_FILES entries; links not followed) was modified in the last STALE_AFTER_S."""
+    import time
+
+    since = time.time() - STALE_AFTER_S
+    try:
+        if path.lstat().st_mtime > since:
+            return False
+        seen = 0
+        for root, folders, names in os.walk(path):  # a file: nothing below it
+            for name in (*folders, *names):
+                seen += 1
+                if seen > MAX_INPUT_FILES or os.lstat(os.path.join(root, name)).st_mtime > since:
+                    return False
+    except OSError:  # changing while it is looked at: something writes it
+        return False
+    return True
 
 
 def _size(path: Path) -> int:
@@ -316,7 +370,7 @@ def atomic_output(out: Path, overwrite: bool = True, status: Callable[[str], Non
     removed first (`remove_leftovers`, which tells `status`)."""
     out = Path(out)
     remove_leftovers(out, status)
-    tmp = out.parent / f".{short(out.stem)}.{os.getpid()}-{secrets.token_hex(4)}.tmp{out.suffix}"  # suffix kept: writers
+    tmp = out.parent / f".{short(out.stem)}.{temp_tag()}.tmp{out.suffix}"  # suffix kept: writers
     # such as matplotlib choose the format by it
     try:
         yield tmp
@@ -367,7 +421,7 @@ def replace_folder(new: Path, out: Path, overwrite: bool = True) -> None:
     if not os.path.lexists(out):
         os.rename(new, out)
         return
-    old = out.parent / f".{short(out.name)}.old-{os.getpid()}-{secrets.token_hex(4)}"
+    old = out.parent / f".{short(out.name)}.old-{temp_tag()}"
     with _interrupts_held():  # a Ctrl-C or SIGTERM between the renames left no `out` at all (the old
         os.rename(out, old)  # folder hidden aside, the new one removed as unfinished), and one in the
         try:  # removal after them a hidden, half-removed old folder and a command that said it was

@@ -16,6 +16,7 @@ from flowrec.data.output_guard import (
     atomic_output,
     check_file_output,
     check_folder_output,
+    host_tag,
     owner_of,
     replace_folder,
 )
@@ -421,48 +422,94 @@ def _dead_pid() -> int:
 
 
 def test_temp_files_a_killed_command_left_are_removed_by_the_next_write_of_that_file(tmp_path: Path):
-    """`flowrec predict --out F` killed (kill -9) while it wrote left `.F.PID-X.tmp.parquet` beside F,
+    """`flowrec predict --out F` killed (kill -9) while it wrote left `.F.PID-HOST-X.tmp.parquet` beside F,
     never removed; the next write of F removes such files of processes no longer running, with one
     line naming each and its size, and leaves a running process's, and every other name, alone."""
-    dead = _dead_pid()
-    live = os.getpid()
-    gone = [f".scores.{dead}-0123abcd.tmp.parquet"]
-    kept = [f".scores.{live}-0123abcd.tmp.parquet",  # a command writing scores.parquet now
-            f".scores.{dead}-0123abcd.tmp.csv",  # scores.csv's, not this output's
-            f".scores.{dead}-0123abc.tmp.parquet", f".scores.{dead}-0123abcd.tmp.parquet.bak",
-            f".scores2.{dead}-0123abcd.tmp.parquet", "scores.parquet.tmp"]
+    dead, live, h = _dead_pid(), os.getpid(), host_tag()
+    gone = [f".scores.{dead}-{h}-0123abcd.tmp.parquet"]
+    kept = [f".scores.{live}-{h}-0123abcd.tmp.parquet",  # a command writing scores.parquet now
+            f".scores.{dead}-{h}-0123abcd.tmp.csv",  # scores.csv's, not this output's
+            f".scores.{dead}-{h}-0123abc.tmp.parquet", f".scores.{dead}-{h}-0123abcd.tmp.parquet.bak",
+            f".scores2.{dead}-{h}-0123abcd.tmp.parquet", "scores.parquet.tmp"]
     for name in gone + kept:
         (tmp_path / name).write_bytes(b"x" * 3000)
-    (tmp_path / f".scores.{dead}-deadbeef.tmp.parquet").symlink_to(tmp_path / kept[0])  # a link: not flowrec's
+    (tmp_path / f".scores.{dead}-{h}-deadbeef.tmp.parquet").symlink_to(tmp_path / kept[0])  # a link: not flowrec's
     lines: list[str] = []
     with atomic_output(tmp_path / "scores.parquet", status=lines.append) as tmp:
         tmp.write_text("new")
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        [*kept, f".scores.{dead}-deadbeef.tmp.parquet", "scores.parquet"])
-    assert len(lines) == 1 and f".scores.{dead}-0123abcd.tmp.parquet (2.9 KiB)" in lines[0], lines
+        [*kept, f".scores.{dead}-{h}-deadbeef.tmp.parquet", "scores.parquet"])
+    assert len(lines) == 1 and f".scores.{dead}-{h}-0123abcd.tmp.parquet (2.9 KiB)" in lines[0], lines
 
 
 def test_folders_a_killed_conversion_left_are_removed_by_the_next_one(tmp_path: Path):
-    """`data convert` / `synth` killed (kill -9) left `.OUT.partial-PID-X` (a dataset's worth of part
+    """`data convert` / `synth` killed (kill -9) left `.OUT.partial-PID-HOST-X` (a dataset's worth of part
     files), never removed; the next staging of OUT removes those of processes no longer running,
-    and export's rule is the same one (`.OUT.export-PID-X`, the set-aside `.OUT.old-PID-X`)."""
+    and export's rule is the same one (`.OUT.export-PID-HOST-X`, the set-aside `.OUT.old-PID-HOST-X`)."""
     from flowrec.cli.export_cmd import _staging_folder
     from flowrec.data.output import staged_output
 
-    dead, live = _dead_pid(), os.getpid()
-    gone = [f".ds.partial-{dead}-00000000", f".ds.old-{dead}-0000ffff", f".ds.export-{dead}-12345678"]
-    kept = [f".ds.partial-{live}-00000000", f".ds.partial-{dead}-0000000", f".ds.partial-{dead}-00000000x",
-            f".dsx.partial-{dead}-00000000", f"ds.partial-{dead}-00000000"]
+    dead, live, h = _dead_pid(), os.getpid(), host_tag()
+    gone = [f".ds.partial-{dead}-{h}-00000000", f".ds.old-{dead}-{h}-0000ffff", f".ds.export-{dead}-{h}-12345678"]
+    kept = [f".ds.partial-{live}-{h}-00000000", f".ds.partial-{dead}-{h}-0000000", f".ds.partial-{dead}-{h}-00000000x",
+            f".dsx.partial-{dead}-{h}-00000000", f"ds.partial-{dead}-{h}-00000000"]
     for name in gone + kept:
         (tmp_path / name).mkdir()
         (tmp_path / name / "part-0.parquet").write_bytes(b"x" * 100)
-    (tmp_path / f".ds.partial-{dead}-11111111").write_text("a file, not a folder flowrec stages")
-    kept.append(f".ds.partial-{dead}-11111111")
+    (tmp_path / f".ds.partial-{dead}-{h}-11111111").write_text("a file, not a folder flowrec stages")
+    kept.append(f".ds.partial-{dead}-{h}-11111111")
     lines: list[str] = []
     with staged_output(tmp_path / "ds", overwrite=False, status=lines.append) as tmp:
         (tmp / "x").write_text("new")
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*kept, "ds"])
     assert len(lines) == 1 and all(f"{name} (100 B)" in lines[0] for name in gone), lines
-    (tmp_path / f".pkg.partial-{dead}-00000000").mkdir()
+    (tmp_path / f".pkg.partial-{dead}-{h}-00000000").mkdir()
     _staging_folder(tmp_path / "pkg")
-    assert not (tmp_path / f".pkg.partial-{dead}-00000000").exists()
+    assert not (tmp_path / f".pkg.partial-{dead}-{h}-00000000").exists()
+
+
+def test_leftovers_of_another_machine_or_an_older_flowrec_are_removed_only_once_stale(tmp_path: Path):
+    """On a folder shared between machines (NFS, a cluster's home), `data convert ... OUT` on host B
+    removed host A's `.OUT.partial-PID-X` while A still wrote it: PID, a process of A, runs on no
+    B. Temp names now carry the machine (`PID-HOST-X`); another machine's, and an older flowrec's
+    (`PID-X`, no host), are left, in one line naming them, until nothing in them (the folder or a
+    file below it) was modified for STALE_AFTER_S; then they are removed as this machine's are."""
+    import random
+    import time
+
+    from flowrec.data.output import staged_output
+    from flowrec.data.output_guard import STALE_AFTER_S, remove_leftovers
+
+    rng = random.Random()
+    dead, h = _dead_pid(), host_tag()
+    other = next(t for t in (f"{rng.getrandbits(32):08x}" for _ in range(9)) if t != h)
+
+    def tag() -> str:
+        return f"{rng.getrandbits(32):08x}"
+
+    fresh = [f".ds.partial-{dead}-{other}-{tag()}", f".ds.partial-{dead}-{tag()}", ".ds.export-tmp"]
+    stale = [f".ds.old-{dead}-{other}-{tag()}", f".ds.partial-{dead}-{tag()}", f".ds.partial-{dead}-{h}-{tag()}"]
+    busy = f".ds.export-{dead}-{other}-{tag()}"  # old files, and one written now
+    long_ago = time.time() - STALE_AFTER_S - rng.randint(60, 10 ** 6)
+    for name in fresh + stale + [busy]:
+        (tmp_path / name / "day=1").mkdir(parents=True)
+        for k in range(rng.randint(1, 4)):
+            part = tmp_path / name / "day=1" / f"part-{k}.parquet"
+            part.write_bytes(rng.randbytes(rng.choice([17, 300, 5000])))
+            if name in stale or name == busy:
+                os.utime(part, (long_ago, long_ago))
+        if name in stale or name == busy:
+            os.utime(tmp_path / name / "day=1", (long_ago, long_ago))
+            os.utime(tmp_path / name, (long_ago, long_ago))
+    (tmp_path / busy / "day=1" / "part-9.parquet").write_bytes(rng.randbytes(99))
+    os.utime(tmp_path / busy / "day=1", (long_ago, long_ago))
+    os.utime(tmp_path / busy, (long_ago, long_ago))
+    lines: list[str] = []
+    removed = remove_leftovers(tmp_path / "ds", lines.append)
+    assert sorted(p.name for p, _ in removed) == sorted(stale)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*fresh, busy])
+    assert len(lines) == 2 and all(name in lines[1] for name in [*fresh, busy]), lines
+    assert not any(name in lines[1] for name in stale), lines
+    with staged_output(tmp_path / "ds", overwrite=False) as staged:
+        assert staged.name.startswith(f".ds.partial-{os.getpid()}-{h}-")  # this machine's name
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*fresh, busy, "ds"])

@@ -196,11 +196,12 @@ def test_two_exports_to_one_folder_stage_apart_and_a_killed_ones_staging_is_remo
     import sys
 
     from flowrec.cli.export_cmd import _staging_folder
+    from flowrec.data.output_guard import host_tag
 
     done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    dead = int(done.stdout)
-    for name in (f".pkg.export-{dead}-00000000", ".pkg.export-tmp", f".pkg.export-{os.getppid()}-11111111"):
+    dead, h = int(done.stdout), host_tag()
+    for name in (f".pkg.export-{dead}-{h}-00000000", f".pkg.export-{os.getppid()}-{h}-11111111"):
         (tmp_path / name).mkdir()
     first, second = _staging_folder(tmp_path / "pkg"), _staging_folder(tmp_path / "pkg")
-    assert first != second and first.parent == tmp_path and first.name.startswith(f".pkg.export-{os.getpid()}-")
-    assert sorted(p.name for p in tmp_path.iterdir()) == [f".pkg.export-{os.getppid()}-11111111"]
+    assert first != second and first.parent == tmp_path and first.name.startswith(f".pkg.export-{os.getpid()}-{h}-")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f".pkg.export-{os.getppid()}-{h}-11111111"]
