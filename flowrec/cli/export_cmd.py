@@ -51,7 +51,7 @@ def export_package(run_dir: Path, out: Path, dtype: str, overwrite: bool, quiet:
     instead of export's own line."""
     from flowrec.data.encoder_record import find_record, tables_without_vocabulary
     from flowrec.data.layout import DataError
-    from flowrec.data.output_guard import replace_folder
+    from flowrec.data.output_guard import replace_folder, written_path
     from flowrec.planner.contract import scoring_plan
     from flowrec.runtime.rundir import run_folder_of
     from flowrec.serving.export import DTYPES, remove_partial, write_package
@@ -69,7 +69,8 @@ def export_package(run_dir: Path, out: Path, dtype: str, overwrite: bool, quiet:
     folder = run_folder_of(run_dir)  # RUN/best's encoder and metrics are its run's
     made = missing_parents(out)  # the check makes them; a failed export removes them again
     _check_target(folder, out, overwrite)
-    staged = _staging_folder(out)
+    target = written_path(out)  # a link keeps naming the package, now the new one
+    staged = _staging_folder(target)
 
     def undo() -> None:
         """Remove what the failed export wrote: the staging folder, the parents made for OUT."""
@@ -85,7 +86,7 @@ def export_package(run_dir: Path, out: Path, dtype: str, overwrite: bool, quiet:
             report = write_package(trained, staged, dtype, encoder, _last_eval(folder, trained.step),
                                    _compare_rows(folder, trained) if dtype != "fp32" else None, mapped=True,
                                    index=index)
-            replace_folder(staged, out, overwrite)  # the old package stays until the new one is in place
+            replace_folder(staged, target, overwrite)  # the old package stays until the new one is in place
     except (DataError, OSError, ValueError, RuntimeError) as exc:
         undo()
         fail(f"cannot export to {out}: {custom_failure(exc) or first_line(exc)}")

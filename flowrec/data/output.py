@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from flowrec.data.layout import DataError
-from flowrec.data.output_guard import remove_leftovers, replace_folder, short, temp_tag
+from flowrec.data.output_guard import remove_leftovers, replace_folder, short, temp_tag, written_path
 from flowrec.data.readers import held_exclusively
 
 
@@ -53,7 +53,7 @@ def staged_output(out: Path, overwrite: bool, inputs: Sequence[Path] = (),
     Raises:
         DataError: as `check_output`, or the folder cannot be created.
     """
-    out = Path(out)
+    out = written_path(out)  # a link keeps naming the dataset, now the new one
     check_output(out, overwrite, inputs)
     remove_leftovers(out, status)  # of commands killed (kill -9) while they wrote `out`
     tmp = out.parent / f".{short(out.name)}.partial-{temp_tag()}"

@@ -97,6 +97,20 @@ def holds_json(path: Path, accept: Callable[[Any], bool], limit: int = OWN_JSON_
         return False
 
 
+def written_path(out: Path) -> Path:
+    """Where the output `out` is written: `out`, or what it names where it is a link (links
+    resolved), which the new file or folder replaces, the link kept. Renaming the new output over
+    the link replaced the link and left what it named as it was: `--overwrite latest` (a link to
+    a dataset on another disk) wrote the new dataset beside the link, and the old one lived on
+    where no name of the user's led any more.
+
+    >>> written_path(Path("scores.csv"))
+    PosixPath('scores.csv')
+    """
+    out = Path(out)
+    return out.resolve() if out.is_symlink() else out
+
+
 def check_file_output(out: Path, inputs: Sequence[Path], overwrite: bool) -> None:
     """Raise OutputError unless the file `out` may be (re)written by a command reading `inputs`."""
     out = Path(out)
@@ -122,7 +136,7 @@ def check_folder_output(out: Path, inputs: Sequence[Path], overwrite: bool, kind
     when it is empty or holds `kind` ("a model package", "a dataset"); never inside a folder of
     `rows`, the raw rows the command reads (`_check_not_inside_inputs`)."""
     out = Path(out)
-    owned = owning_folder(_existing_parent(out))
+    owned = owning_folder(_existing_parent(out)) or owning_folder(written_path(out).parent)  # a link into one
     if owned is not None:
         raise OutputError(f"refusing to write {out}: it lies in {owned[0]}, {owned[1]}'s folder (flowrec "
                           "writes there only for it)")
@@ -368,7 +382,7 @@ def atomic_output(out: Path, overwrite: bool = True, status: Callable[[str], Non
     have written it since the command checked it (two `predict --out F` at once each said they
     wrote F, the second over the first). The temp files of `out` that killed commands left are
     removed first (`remove_leftovers`, which tells `status`)."""
-    out = Path(out)
+    out = written_path(out)  # a link keeps naming the output
     remove_leftovers(out, status)
     tmp = out.parent / f".{short(out.stem)}.{temp_tag()}.tmp{out.suffix}"  # suffix kept: writers
     # such as matplotlib choose the format by it

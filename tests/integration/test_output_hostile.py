@@ -522,3 +522,32 @@ def test_a_full_disk_while_predict_or_convert_writes_names_the_output(case: Path
                     f"cannot write {case / 'more'}: No space left on device; nothing was written")
     (case / "more.csv").unlink()
     assert snapshot(case) == before
+
+
+def test_export_predict_and_convert_write_through_an_output_that_is_a_link(case: Path):
+    """`export RUN latest --overwrite`, `predict ... --out s.csv --overwrite` and `data convert ... d
+    --overwrite`, each output a link to a package, a file or a dataset on another disk: the new
+    output was renamed over the link, landing beside it, and the old one lived on where no name of
+    the user's led. Each now replaces what its link names, and the link stays."""
+    big = case / "big"
+    big.mkdir()
+    links = {"latest": "pkg", "s.csv": "s1.csv", "d": "data"}
+    for name in ("pkg", "data"):
+        shutil.move(case / name, big / name)
+    (big / "s1.csv").write_text("")
+    for link, target in links.items():
+        (case / link).symlink_to(big / target)
+    steps = [["export", str(case / "run"), str(case / "latest"), "--overwrite", "-q"],
+             ["predict", str(case / "latest"), str(case / "new.csv"), "--format", "csv", "-q", "--out",
+              str(case / "s.csv"), "--overwrite"],
+             ["data", "convert", "csv", str(case / "new.csv"), str(case / "d"), "--spec", str(case / "spec.yaml"),
+              "--overwrite", "-q"]]
+    for argv in steps:
+        done = runner.invoke(app, argv)
+        assert done.exit_code == 0, (argv, done.output)
+    for link, target in links.items():
+        assert (case / link).is_symlink() and (case / link).resolve() == (big / target).resolve(), link
+    assert len(pd.read_csv(big / "s1.csv")) == 40
+    assert json.loads((big / "data" / "_flowrec.json").read_text())["rows"] == 40
+    assert sorted(p.name for p in big.iterdir()) == sorted(links.values())  # nothing left beside them
+    assert not [p.name for p in case.iterdir() if p.name.startswith(".")]

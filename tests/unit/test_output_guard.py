@@ -145,8 +145,9 @@ def test_replacing_a_folder_keeps_the_old_one_when_the_new_cannot_be_moved_in(tm
 
 
 def test_replacing_a_link_to_a_folder_leaves_neither_the_link_nor_its_folder_changed(tmp_path: Path):
-    """`convert ... latest --overwrite` where `latest` links to a dataset: the link becomes the new
-    folder, the folder it named is untouched, and no hidden `.latest.old-*` link is left behind."""
+    """`replace_folder` given a link to a folder (the commands give it the folder the link names,
+    `written_path`): the link becomes the new folder, the folder it named is untouched, and no
+    hidden `.latest.old-*` link is left behind."""
     (tmp_path / "day1").mkdir()
     (tmp_path / "day1" / "old.txt").write_text("old")
     (tmp_path / "latest").symlink_to("day1", target_is_directory=True)
@@ -513,3 +514,39 @@ def test_leftovers_of_another_machine_or_an_older_flowrec_are_removed_only_once_
     with staged_output(tmp_path / "ds", overwrite=False) as staged:
         assert staged.name.startswith(f".ds.partial-{os.getpid()}-{h}-")  # this machine's name
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*fresh, busy, "ds"])
+
+
+@pytest.mark.parametrize("kind", ["folder", "file"])
+def test_an_output_that_is_a_link_is_written_where_it_leads_and_stays_a_link(tmp_path: Path, kind: str):
+    """`data convert ... --overwrite home/latest` (or `export`, `predict --out home/s.csv`), the
+    output a link to a dataset (a file) on another disk: the new output was renamed over the link,
+    so it landed beside the link, the link was gone, and the old output lived on where no name of
+    the user's led. Now the new output replaces what the link names, and the link stays."""
+    import random
+
+    from flowrec.data.output import staged_output
+
+    rng = random.Random()
+    (tmp_path / "big").mkdir()
+    (tmp_path / "home").mkdir()
+    old, new = rng.randbytes(rng.randint(10, 4000)), rng.randbytes(rng.randint(10, 4000))
+    target = tmp_path / "big" / ("ds1" if kind == "folder" else "s1.csv")
+    link = tmp_path / "home" / ("latest" if kind == "folder" else "s.csv")
+    if kind == "folder":
+        target.mkdir()
+        (target / "part-0.parquet").write_bytes(old)
+        link.symlink_to(target, target_is_directory=True)
+        check_folder_output(link, [], True, "a dataset")
+        with staged_output(link, overwrite=True) as staged:
+            (staged / "part-0.parquet").write_bytes(new)
+        assert (target / "part-0.parquet").read_bytes() == new
+    else:
+        target.write_bytes(old)
+        link.symlink_to(target)
+        check_file_output(link, [], True)
+        with atomic_output(link) as staged:
+            staged.write_bytes(new)
+        assert target.read_bytes() == new
+    assert link.is_symlink() and link.resolve() == target.resolve()
+    assert [p.name for p in (tmp_path / "home").iterdir()] == [link.name]
+    assert [p.name for p in (tmp_path / "big").iterdir()] == [target.name]  # no temp left beside it
