@@ -274,7 +274,7 @@ def _leftover_patterns(out: Path) -> tuple[re.Pattern[str], re.Pattern[str]]:
     `host`. An older flowrec wrote `PID-X` (no host: group `host` None), and its export staged in
     `.OUT.export-tmp` (neither)."""
     tag = r"(?P<pid>\d+)(?:-(?P<host>[0-9a-f]{8}))?-[0-9a-f]{8}"
-    folders = re.compile(rf"\.{re.escape(short(out.name))}\.(?:(?:partial|old|export)-{tag}|export-tmp)")
+    folders = re.compile(rf"\.{re.escape(short(out.name))}\.(?:(?P<kind>partial|old|export)-{tag}|export-tmp)")
     files = re.compile(rf"\.{re.escape(short(out.stem))}\.{tag}\.tmp{re.escape(out.suffix)}")
     return folders, files
 
@@ -298,21 +298,24 @@ def remove_leftovers(out: Path, status: Callable[[str], None] | None = None) -> 
     whose process no longer runs, never the temp of a command writing `out` now; another
     machine's, or an older flowrec's (no host in the name), once nothing in it was modified for
     STALE_AFTER_S (its PID names no process here: on a shared folder the next command of one
-    machine removed another's output while it was written). Those left are named in one line."""
+    machine removed another's output while it was written). Those left are named in one line. An
+    old `out` set aside by a command killed before its new one was in place is put back
+    (`_set_aside_put_back`), and a set-aside link goes, never the folder it names."""
     out = Path(out)
     folders, files = _leftover_patterns(out)
     try:
         entries = list(os.scandir(out.parent if str(out.parent) else "."))
     except OSError:  # no folder yet: nothing left there
         return []
-    removed: list[tuple[Path, int]] = []
+    gone: list[tuple[Path, re.Match[str]]] = []
     left: list[str] = []
     here = host_tag()
     for entry in entries:
         matched = folders.fullmatch(entry.name)
         is_folder = matched is not None
         matched = matched or files.fullmatch(entry.name)
-        if matched is None or not (entry.is_dir(follow_symlinks=False) if is_folder
+        aside_link = is_folder and matched.group("kind") == "old" and entry.is_symlink()  # an older flowrec's
+        if matched is None or not (entry.is_dir(follow_symlinks=False) or aside_link if is_folder
                                    else entry.is_file(follow_symlinks=False)):
             continue
         path = Path(entry.path)
@@ -323,11 +326,20 @@ def remove_leftovers(out: Path, status: Callable[[str], None] | None = None) -> 
         elif not _stale(path):  # another machine's, or an older flowrec's: its process may run there
             left.append(entry.name)
             continue
+        gone.append((path, matched))
+    back = _set_aside_put_back(out, gone)
+    if back is not None and status is not None:
+        status(f"restored {out} from {back.name}, where a flowrec command killed while it replaced {out} had "
+               "set it aside (its new one was not in place yet)")
+    removed: list[tuple[Path, int]] = []
+    for path, matched in gone:
+        if path == back:
+            continue
         size = _size(path)
-        if is_folder:
-            shutil.rmtree(path, ignore_errors=True)
-        else:
+        if path.is_symlink() or not path.is_dir():  # a link set aside goes, never the folder it names
             path.unlink(missing_ok=True)
+        else:
+            shutil.rmtree(path, ignore_errors=True)
         if not os.path.lexists(path):
             removed.append((path, size))
     if removed and status is not None:
@@ -338,6 +350,25 @@ def remove_leftovers(out: Path, status: Callable[[str], None] | None = None) -> 
                f"or of an older flowrec, which may still be writing it; removed once unmodified for "
                f"{STALE_AFTER_S // 86400} days (remove it yourself if no command writes {out})")
     return removed
+
+
+def _set_aside_put_back(out: Path, gone: list[tuple[Path, re.Match[str]]]) -> Path | None:
+    """Rename back to `out` the old `out` that `replace_folder` set aside (`.OUT.old-TAG`), where
+    the command was killed between its two renames: `out` is absent and the same process's staged
+    folder is left too (after the second rename it is `out`, and the set-aside one is only half
+    removed). The kill left the user's output only there, and the next command removed it as a
+    leftover. Returns the folder put back, or None."""
+    if os.path.lexists(out):
+        return None
+    staged = {(m.group("pid"), m.group("host")) for _, m in gone if m.groupdict().get("kind") in ("partial", "export")}
+    for path, matched in gone:
+        if matched.groupdict().get("kind") == "old" and (matched.group("pid"), matched.group("host")) in staged:
+            try:
+                os.rename(path, out)
+            except OSError:
+                return None
+            return path
+    return None
 
 
 def _stale(path: Path) -> bool:
@@ -362,7 +393,7 @@ def _stale(path: Path) -> bool:
 
 def _size(path: Path) -> int:
     """Bytes of the file, or of the files below the folder, `path` (links not followed)."""
-    if not path.is_dir():
+    if path.is_symlink() or not path.is_dir():
         return path.lstat().st_size
     total = 0
     for root, _, names in os.walk(path):

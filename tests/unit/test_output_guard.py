@@ -451,7 +451,8 @@ def test_folders_a_killed_conversion_left_are_removed_by_the_next_one(tmp_path: 
     from flowrec.data.output import staged_output
 
     dead, live, h = _dead_pid(), os.getpid(), host_tag()
-    gone = [f".ds.partial-{dead}-{h}-00000000", f".ds.old-{dead}-{h}-0000ffff", f".ds.export-{dead}-{h}-12345678"]
+    aside = _dead_pid()  # another command's: its staged folder is gone (renamed in), OUT is half removed
+    gone = [f".ds.partial-{dead}-{h}-00000000", f".ds.old-{aside}-{h}-0000ffff", f".ds.export-{dead}-{h}-12345678"]
     kept = [f".ds.partial-{live}-{h}-00000000", f".ds.partial-{dead}-{h}-0000000", f".ds.partial-{dead}-{h}-00000000x",
             f".dsx.partial-{dead}-{h}-00000000", f"ds.partial-{dead}-{h}-00000000"]
     for name in gone + kept:
@@ -550,3 +551,48 @@ def test_an_output_that_is_a_link_is_written_where_it_leads_and_stays_a_link(tmp
     assert link.is_symlink() and link.resolve() == target.resolve()
     assert [p.name for p in (tmp_path / "home").iterdir()] == [link.name]
     assert [p.name for p in (tmp_path / "big").iterdir()] == [target.name]  # no temp left beside it
+
+
+def test_a_kill_between_the_renames_of_a_swap_leaves_the_old_output_put_back(tmp_path: Path):
+    """`data convert --overwrite OUT` killed (kill -9) after OUT was renamed aside to `.OUT.old-TAG`
+    and before the new folder was renamed in: no OUT, and the next command removed `.OUT.old-TAG`,
+    the user's old dataset, as a leftover. It is now renamed back to OUT, in one line. A set-aside
+    link (an older flowrec's) is removed, never the folder it names."""
+    import random
+    import subprocess
+    import sys
+
+    from flowrec.data.output_guard import remove_leftovers
+
+    rng = random.Random()
+    old = {f"part-{k}.parquet": rng.randbytes(rng.randint(1, 3000)) for k in range(rng.randint(1, 5))}
+    (tmp_path / "ds").mkdir()
+    for name, data in old.items():
+        (tmp_path / "ds" / name).write_bytes(data)
+    script = f"""
+import os, signal
+from pathlib import Path
+from flowrec.data.output import staged_output
+renamed = []
+rename = os.rename
+def killed_at_the_second(a, b):
+    renamed.append(a)
+    if len(renamed) == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    rename(a, b)
+os.rename = killed_at_the_second
+with staged_output(Path({str(tmp_path / 'ds')!r}), overwrite=True) as tmp:
+    (tmp / "part-0.parquet").write_bytes(os.urandom(77))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == -9, done.stderr
+    assert not (tmp_path / "ds").exists() and len(list(tmp_path.iterdir())) == 2  # .ds.old-*, .ds.partial-*
+    elsewhere = tmp_path / "kept"
+    elsewhere.mkdir()
+    (elsewhere / "x").write_bytes(rng.randbytes(50))
+    (tmp_path / f".ds.old-{_dead_pid()}-{host_tag()}-{rng.getrandbits(32):08x}").symlink_to(elsewhere)
+    lines: list[str] = []
+    remove_leftovers(tmp_path / "ds", lines.append)
+    assert {p.name: p.read_bytes() for p in (tmp_path / "ds").iterdir()} == old
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds", "kept"] and (elsewhere / "x").is_file()
+    assert len(lines) == 2 and "restored" in lines[0] and ".ds.partial-" in lines[1], lines
