@@ -1030,6 +1030,7 @@ def _evaluate_run(run_dir: Path, data: Optional[Path], device: str, group_by: Op
     """`flowrec eval` once its paths are checked."""
     from flowrec.data.layout import DataError
     from flowrec.data.output_guard import check_file_output
+    from flowrec.data.parquet_folder import unread_lines
     from flowrec.planner.contract import scoring_plan
     from flowrec.runs.recorded import eval_data_to_score, recorded_train_data, split_since, synthetic_rows
     from flowrec.serving.trained import load_trained, missing_encoder
@@ -1053,6 +1054,8 @@ def _evaluate_run(run_dir: Path, data: Optional[Path], device: str, group_by: Op
                     _say(f"scoring {data} (the data {run_dir} evaluated on; --data scores another)")
                 if json_out not in (None, "-"):  # the output checked again against the data the run names
                     check_file_output(Path(json_out), [run_dir, data], overwrite)
+            for line in unread_lines(Path(data), raw=False) if data is not None else ():  # a job still writing
+                warn(line)
             if seen is not None and not trained.excludes_seen:
                 raise ValueError(f"--seen applies to a retrieval head with exclude_seen: true; {run_dir} has none "
                                  "(its evaluation leaves nothing out)")

@@ -38,7 +38,7 @@ from flowrec.data.labels import PLUS_MINUS_FORMATS, check_labels, label_spaces, 
 from flowrec.data.layout import (VOCAB_DIR, DataError, DatasetMeta, data_hash, encoded_rows, encoding_mode, is_multi,
                                  unique_labels, write_meta)
 from flowrec.data.output import staged_output
-from flowrec.data.parquet_folder import skipped_note
+from flowrec.data.parquet_folder import skipped_note, unread_lines
 from flowrec.data.raw_ids import check_float_ids, check_ids
 from flowrec.data.rawstats import RawStats
 from flowrec.data.sequences import TEST_COLUMN, split_option
@@ -74,7 +74,8 @@ class ConvertReport:
     split: dict[str, int] = field(default_factory=dict)
     labels_mapped: int = 0  # libsvm/libfm labels -1 read as 0 (the -1/+1 convention)
     growth: tuple[TableGrowth, ...] = ()  # spare rows given to new values (with a given encoder)
-    warnings: tuple[str, ...] = ()  # what the encoding lost that the spec could keep (vocab sizes)
+    warnings: tuple[str, ...] = ()  # what the encoding lost that the spec could keep (vocab sizes); rows not read
+    # (a raw Parquet folder's `_temporary/`: `flowrec.data.parquet_folder.unread_lines`)
 
 
 class PartWriter:
@@ -268,11 +269,12 @@ def convert(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_error: 
             raise DataError(f"input not found: {path}")
     if encoder is not None:
         _check_vocabularies(spec, encoder)
+    unread = [line for path in inputs if fmt == "parquet" for line in unread_lines(path)]  # a job still writing
     with staged_output(Path(out), overwrite, inputs, status) as tmp:
         report = _convert_into(spec, fmt, inputs, tmp, on_error, options or {}, rows_per_file, progress,
                                encoder, grow)
         _check_rows(report, inputs, fmt)
-    return replace(report, out=str(out), seconds=time.perf_counter() - started)
+    return replace(report, out=str(out), seconds=time.perf_counter() - started, warnings=(*unread, *report.warnings))
 
 
 def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_error: ErrorPolicy,

@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 
 from flowrec.data.dataset import parquet_files
 from flowrec.data.layout import DataError, read_meta
+from flowrec.data.parquet_folder import unread_lines
 from flowrec.data.rawstats import MERGE_WARN, STATS_FILE, merged_values, read_stats
 
 SCAN_ROWS = 1_000_000  # rows scanned for the per-column summary
@@ -53,7 +54,7 @@ def inspect_dataset(path: str | Path, scan_rows: int = SCAN_ROWS) -> dict[str, A
     return {"path": str(path), "rows": int(sum(rows_per_file)), "meta_rows": meta.rows, "partitions": len(files),
             "rows_per_partition": {"min": min(rows_per_file), "max": max(rows_per_file)},
             "scanned_rows": scanned, "columns": columns, "meta": asdict(meta), "raw": raw,
-            "warnings": hashing_warnings(raw) + _damaged_stats(Path(path), raw)}
+            "warnings": unread_lines(Path(path), raw=False) + hashing_warnings(raw) + _damaged_stats(Path(path), raw)}
 
 
 def _with_raw(column: dict[str, Any], raw: dict[str, Any] | None) -> dict[str, Any]:

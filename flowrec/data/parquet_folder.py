@@ -142,6 +142,53 @@ def skipped_note(path: Path) -> str:
             "read): rename them")
 
 
+WRITING = "_temporary"  # the folder a Spark (Hadoop) job writes its part files into until it commits them
+DATA_SUFFIXES = (".parquet", ".pq")
+
+
+def unread_lines(path: Path, raw: bool = True) -> list[str]:
+    """Warnings (one line each, none where all is well) for what a read of the Parquet folder `path`
+    leaves out without a word: a `_temporary/` folder at any depth, where a job (Spark's) still
+    writes part files it has not committed, their rows not read; and, for a raw folder (`raw`),
+    the other `_`- or `.`-named folders holding Parquet files (`.hidden/`, `_old/`; an encoded
+    dataset's own `_vocab/` holds its vocabularies). Files so named (`_SUCCESS`, `.part-0.crc`,
+    `.DS_Store`) are never data and stay silent; a partition folder key=value is read.
+
+    >>> unread_lines(Path("no-such-folder"))
+    []
+    """
+    import os
+
+    if not Path(path).is_dir():
+        return []
+    writing: list[str] = []
+    unread: list[tuple[str, int]] = []
+    for root, folders, _ in os.walk(path, followlinks=True):  # check_folder_links: no loop
+        for name in [f for f in folders if f.startswith(MARKERS) and not _hive_folder(f)]:
+            folder = os.path.join(root, name)
+            if name == WRITING:
+                writing.append(folder)
+            elif raw and (files := _data_files(Path(folder))):
+                unread.append((folder, files))
+        folders[:] = [f for f in folders if not f.startswith(MARKERS) or _hive_folder(f)]
+    lines = []
+    if writing:
+        lines.append(f"{', '.join(sorted(writing)[:3])}{' ...' if len(writing) > 3 else ''}: a job is still writing "
+                     f"into {path} (Spark's {WRITING}/ until it commits); the rows it holds are not read: read "
+                     f"{path} again once the job has finished")
+    if unread:
+        shown = [f"{folder} ({n} Parquet file{'s' if n > 1 else ''})" for folder, n in sorted(unread)[:3]]
+        lines.append(f"{', '.join(shown)}{' ...' if len(unread) > 3 else ''}: not read (a folder whose name starts "
+                     "with _ or . is not data; a partition folder key=value is read): rename it to read its rows")
+    return lines
+
+
+def _data_files(folder: Path) -> int:
+    """How many Parquet files (by name; not `_`- or `.`-named) lie at any depth below `folder`."""
+    return sum(1 for p in folder.rglob("*") if p.name.lower().endswith(DATA_SUFFIXES)
+               and not p.name.startswith(MARKERS) and p.is_file())
+
+
 def _source(path: Path) -> dict[str, Any]:
     """pyarrow's dataset source for `path`: a file as it is, a folder's `listed_files`, whose
     partition keys are those of the folders below `path`."""

@@ -224,6 +224,11 @@ def out_of_memory_message(plan: Plan, device: torch.device, exc: GroupAllocation
 def resolve_data(spec: ModelSpec, spec_path: Path, opts: SessionOptions,
                  status: Callable[[str], None]) -> tuple[Any, Any | None, str]:
     """(train source, eval source or None, a note saying where the data came from)."""
+    from flowrec.data.parquet_folder import unread_lines
+
+    for given in (opts.data, opts.eval_data):  # a job still writing into it: the rows it holds are not read
+        for line in unread_lines(Path(given), raw=False) if given is not None else ():
+            status(f"warning: {line}")
     if opts.data is not None:
         train, evaluation = dataset_pair(Path(opts.data), spec, opts.dask, test_needed=opts.eval_data is None)
         if opts.eval_data is not None:
@@ -235,6 +240,8 @@ def resolve_data(spec: ModelSpec, spec_path: Path, opts: SessionOptions,
         folder = bound_dataset(spec, spec_path, opts.workdir, status, opts.resumed, opts.init_from)
         if spec.data.format == "parquet":  # the user's own encoded dataset, not flowrec's encoding of raw data:
             # never 'remove it' (a raw Parquet file bound so was told to remove itself)
+            for line in unread_lines(folder, raw=False):
+                status(f"warning: {line}")
             train, evaluation = dataset_pair(folder, spec, opts.dask, test_needed=opts.eval_data is None)
         else:
             remake = _remake_advice(folder)

@@ -117,3 +117,51 @@ def test_inspect_of_a_split_dataset_shows_each_part(shared_data: Path, tmp_path:
     assert [info["train"]["rows"], info["test"]["rows"]] == counts
     days = runner.invoke(app, ["data", "inspect", str(out), "--follow-order", "date:I1"])
     assert days.exit_code == 2 and "is one dataset" in days.output
+
+
+WRITING_SPEC = """name: writing
+features:
+  - {name: price, type: dense}
+  - {name: user, type: categorical, hash_buckets: 64, dim: 4}
+modules:
+  - {name: top, kind: mlp, inputs: ["@dense", "@sparse"], layers: [4]}
+heads:
+  - {name: ctr, input: top}
+data: {format: parquet, path: data, label: clicked}
+optimizer: {dense: {name: adam, lr: 0.01}, sparse: {name: sgd, lr: 0.1}}
+training: {batch_size: 8}
+"""
+
+
+def test_train_eval_and_inspect_of_a_dataset_a_job_still_writes_into_say_so(tmp_path: Path) -> None:
+    """`train --data DIR`, `eval RUN --data DIR` and `data inspect DIR` of a dataset holding a
+    `_temporary/` (a Spark job still writing into it) read the committed part files and skipped
+    the folder without a word. Each now says so in one warning line; the dataset's own `_vocab/`
+    and `_flowrec*.json` stay silent."""
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng()
+    n = int(rng.integers(40, 90))
+    (tmp_path / "raw").mkdir()
+    pq.write_table(pa.table({"price": rng.lognormal(0, 2, n), "user": [f"u{k}" for k in rng.zipf(1.3, n)],
+                             "clicked": (rng.random(n) < 0.2).astype(int)}), tmp_path / "raw" / "part-0.parquet")
+    (tmp_path / "spec.yaml").write_text(WRITING_SPEC)
+    data = tmp_path / "data"
+    done = runner.invoke(app, ["data", "convert", "parquet", str(tmp_path / "raw"), str(data), "--spec",
+                               str(tmp_path / "spec.yaml"), "-q"])
+    assert done.exit_code == 0 and "writing" not in done.output, done.output
+    quiet = runner.invoke(app, ["data", "inspect", str(data)])
+    assert quiet.exit_code == 0 and "still writing" not in quiet.output and "not read" not in quiet.output
+    (data / "_temporary" / "0").mkdir(parents=True)
+    part = next(data.glob("part-*.parquet"))
+    (data / "_temporary" / "0" / "part-00001.parquet").write_bytes(part.read_bytes())
+    commands = [["train", str(tmp_path / "spec.yaml"), "--data", str(data), "--out", str(tmp_path / "run"),
+                 "--device", "cpu"],
+                ["eval", str(tmp_path / "run"), "--data", str(data)],
+                ["data", "inspect", str(data)]]
+    for argv in commands:
+        done = runner.invoke(app, argv)
+        assert done.exit_code == 0, (argv, done.output)
+        lines = [line for line in done.output.splitlines() if "still writing" in line]
+        assert len(lines) == 1 and f"{data}/_temporary" in lines[0], (argv, done.output)
+        assert "_vocab" not in done.output, done.output

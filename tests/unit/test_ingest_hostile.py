@@ -4,6 +4,7 @@ before its fix)."""
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -988,3 +989,37 @@ def test_inspect_of_damaged_raw_statistics_does_not_say_there_are_none(tmp_path:
     result = CliRunner().invoke(app, ["data", "inspect", str(tmp_path / "data")])
     assert result.exit_code == 0 and "_flowrec_stats.json is damaged" in result.stderr, result.output
     assert "not converted from raw files" not in result.output, result.output
+
+
+def test_a_folder_a_job_still_writes_into_is_named_and_hidden_files_stay_silent(tmp_path: Path) -> None:
+    """`data convert parquet raw OUT` while a Spark job still wrote into raw (its `_temporary/`) read
+    the rows already committed and said nothing: a dataset of part of the rows, without a word; so
+    did a `.hidden/` folder of Parquet files. Each is now one warning line naming the folder; files
+    that are never data (`_SUCCESS`, `.part-0.parquet.crc`, `.DS_Store`) and a folder of them stay
+    silent."""
+    from flowrec.data.parquet_folder import unread_lines
+
+    rng = np.random.default_rng()
+
+    def rows() -> dict[str, object]:
+        n = int(rng.integers(3, 40))
+        return {"price": rng.lognormal(0, 2, n).tolist(), "user": [f"u{k}" for k in rng.zipf(1.4, n)],
+                "clicked": (rng.random(n) < 0.15).astype(int).tolist()}
+
+    committed = rows()
+    raw = _parquet_folder(tmp_path / "raw", {"part-0.parquet": committed,
+                                             "_temporary/0/_temporary/attempt_0/part-1.parquet": rows(),
+                                             ".hidden/part-2.parquet": rows()})
+    for name in ("_SUCCESS", ".part-0.parquet.crc", ".DS_Store", ".cache/.DS_Store", "_logs/x.txt"):
+        (raw / name).parent.mkdir(exist_ok=True)
+        (raw / name).write_bytes(rng.bytes(int(rng.integers(1, 50))))
+    report = convert(_spec(), "parquet", [raw], tmp_path / "out")
+    assert report.rows == len(committed["price"])
+    assert len(report.warnings) == 2, report.warnings
+    writing, unread = report.warnings
+    assert f"{raw}/_temporary" in writing and "still writing" in writing and ".hidden" not in writing
+    assert f"{raw}/.hidden (1 Parquet file)" in unread and "not read" in unread
+    assert not any(word in line for line in report.warnings for word in (".crc", ".DS_Store", "_SUCCESS", "_logs"))
+    shutil.rmtree(raw / "_temporary")
+    shutil.rmtree(raw / ".hidden")
+    assert unread_lines(raw) == []  # marker files and folders without Parquet files: silent
