@@ -80,6 +80,10 @@ def predict(
         typer.echo(f"warning: {zero_note(zero, rows, first)}", err=True)
     for line in unseen:
         typer.echo(f"warning: {line}", err=True)
+    from flowrec.data.parquet_folder import unread_lines
+
+    for line in unread_lines(raw):  # a folder a job still writes into: the rows it holds were not scored
+        typer.echo(f"warning: {line}", err=True)
 
 
 def written_line(rows: int, out: Path, top_k: Optional[int] = None, items: int = 0) -> str:

@@ -551,3 +551,22 @@ def test_export_predict_and_convert_write_through_an_output_that_is_a_link(case:
     assert json.loads((big / "data" / "_flowrec.json").read_text())["rows"] == 40
     assert sorted(p.name for p in big.iterdir()) == sorted(links.values())  # nothing left beside them
     assert not [p.name for p in case.iterdir() if p.name.startswith(".")]
+
+
+def test_predict_of_a_parquet_folder_a_job_still_writes_into_says_so(case: Path):
+    """`predict PKG raw/ --format parquet` while a Spark job still wrote into raw/ (its
+    `_temporary/`) scored the committed rows and said nothing of the others; now one warning line
+    names the folder. The scores are those of the committed rows alone."""
+    rng = np.random.default_rng()
+    raw = case / "raw"
+    (raw / "_temporary" / "0").mkdir(parents=True)
+    committed = raw_rows(int(rng.integers(5, 40)), int(rng.integers(1, 10**6)))
+    committed.to_parquet(raw / "part-0.parquet")
+    raw_rows(int(rng.integers(5, 40)), int(rng.integers(1, 10**6))).to_parquet(raw / "_temporary" / "0" / "part-1.parquet")
+    (raw / "_SUCCESS").write_text("")
+    done = runner.invoke(app, ["predict", str(case / "pkg"), str(raw), "--format", "parquet", "-q", "--out",
+                               str(case / "s.parquet")])
+    assert done.exit_code == 0, done.output
+    lines = [line for line in done.output.splitlines() if "still writing" in line]
+    assert len(lines) == 1 and f"{raw}/_temporary" in lines[0] and "_SUCCESS" not in done.output, done.output
+    assert len(pd.read_parquet(case / "s.parquet")) == len(committed)
