@@ -7,7 +7,9 @@ every folder above it, symlinks resolved), never on one of the command's inputs 
 path, inside an input folder, or the same file through a hard link: same st_dev / st_ino), and
 never over an existing file without ``overwrite``. Files are written through `atomic_output`: a
 temp file in the same folder renamed over the target when complete, so a failure or a kill
-leaves the old file (or none).
+leaves the old file (or none); an output that is a link is written where it leads (`written_path`).
+Temp names carry the process and the machine (`temp_tag`), so the next command removes only the
+leftovers of killed commands of its own machine (`remove_leftovers`).
 
 Example:
     >>> check_file_output(Path("scores.parquet"), [Path("pkg"), Path("rows.csv")], overwrite=False)  # doctest: +SKIP
@@ -448,7 +450,8 @@ def _put_new(tmp: Path, out: Path) -> None:
 def replace_folder(new: Path, out: Path, overwrite: bool = True) -> None:
     """Rename the complete folder `new` to `out`; an existing `out` is moved aside first, put back
     if the rename fails, and deleted after, so `out` is always the old folder or the new one (an
-    `out` that is a link to a folder is replaced as a link: the folder it names is left as it is).
+    `out` that is a link to a folder is replaced as a link: the folder it names is left as it is;
+    the commands give the folder a link names, `written_path`, staged beside it).
     Without `overwrite`, `out` must be absent or an empty folder when the rename happens (an
     OutputError otherwise, `new` left to the caller): another process may have written it since
     the command checked it (two exports into one new OUT each said they wrote it, the second over
