@@ -134,8 +134,6 @@ def test_an_arrow_table_naming_a_column_twice_is_one_line_as_a_frame_is() -> Non
 def test_columns_of_no_name_are_unused_in_a_frame_or_an_arrow_table() -> None:
     """`model.predict(rows)` of rows holding two columns of no name ('' twice, as a Parquet file of
     pandas' may) said 'the rows name column '' twice', where CSV and Parquet inputs leave them out."""
-    import pandas as pd
-
     from flowrec.serving.predict import raw_table
 
     table = pa.table([["a", "b"], [1, 2], [1.0, 2.0], ["x", "y"]], names=["user", "", "d1", ""])
