@@ -1031,7 +1031,8 @@ def _evaluate_run(run_dir: Path, data: Optional[Path], device: str, group_by: Op
     from flowrec.data.layout import DataError
     from flowrec.data.output_guard import check_file_output
     from flowrec.planner.contract import scoring_plan
-    from flowrec.runs.recorded import eval_data_to_score, recorded_train_data, split_since, synthetic_rows
+    from flowrec.runs.recorded import (eval_data_to_score, group_by_problem, recorded_train_data, split_since,
+                                       synthetic_rows)
     from flowrec.serving.trained import load_trained, missing_encoder
     from operators.custom import custom_failure
 
@@ -1040,6 +1041,8 @@ def _evaluate_run(run_dir: Path, data: Optional[Path], device: str, group_by: Op
             if json_out not in (None, "-"):  # before the run's checkpoint is read (GiB of tables digested)
                 check_file_output(Path(json_out), [run_dir] + ([data] if data is not None else []), overwrite)
                 refuse_replacing_other_than_metrics(Path(json_out))
+            if group_by is not None and (line := group_by_problem(run_dir, group_by)) is not None:
+                raise ValueError(line)  # from the run's spec.json, before its checkpoint is read
             trained = load_trained(run_dir, device, scoring_plan)
             if (line := missing_encoder(run_dir, trained)) is not None:
                 warn(line)
