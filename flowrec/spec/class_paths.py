@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import json
 import re
 import importlib.util
 from pathlib import Path
@@ -35,7 +34,6 @@ from flowrec.spec.errors import SpecIssue
 CLASS_PATH = r"[^:]+:[A-Za-z_][A-Za-z0-9_]*"  # the schema's pattern of `class`
 RUN_SETTINGS_FILE = "run.json"  # a run's settings (flowrec.data.run_paths.RUN_FILE; the spec layer imports no runtime)
 DIGESTS_KEY = "class_files"  # run.json: each absolute class file -> the sha256 of its bytes when the run ran
-MAX_RUN_FILE_BYTES = 16 << 20  # a larger run.json is not read for digests (it is damaged)
 MAX_SOURCE_BYTES = 16 << 20  # a class file larger than this is left to the import
 
 
@@ -208,13 +206,16 @@ def moved_file(source: Path, folders: "list[Path]") -> Path | None:
 def recorded_digests(run_folder: Path) -> dict[str, str]:
     """The class file digests RUN/run.json records (`DIGESTS_KEY`); none for a run that recorded
     none (a flowrec of before 2026-12-06, a model without class files) or a run.json that cannot be read."""
+    from flowrec.spec.json_doc import read_json_document
+
     path = Path(run_folder) / RUN_SETTINGS_FILE
-    try:
-        if path.stat().st_size > MAX_RUN_FILE_BYTES:
-            return {}
-        recorded = json.loads(path.read_text(encoding="utf-8")).get(DIGESTS_KEY)
-    except (OSError, ValueError, AttributeError):
+    if not path.is_file():
         return {}
+    try:  # size- and depth-bounded, as every JSON document flowrec reads
+        recorded = read_json_document(path)
+    except ValueError:
+        return {}
+    recorded = recorded.get(DIGESTS_KEY) if isinstance(recorded, dict) else None
     if not isinstance(recorded, dict):
         return {}
     return {k: v for k, v in recorded.items() if isinstance(k, str) and isinstance(v, str)}
