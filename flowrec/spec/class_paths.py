@@ -238,7 +238,7 @@ def run_class_files(spec: Any, run_folder: Path) -> "tuple[Any, list[str]]":
 
     run = Path(run_folder).resolve()
     spec = absolute_class_files(spec, run_class_folders(run))
-    digests = recorded_digests(run)
+    digests: dict[str, str] | None = None  # read once a file is found in place of a gone one
     modules, notes, used = list(spec.modules), [], {}
     for i, module in enumerate(modules):
         path = module.param("class")
@@ -249,6 +249,7 @@ def run_class_files(spec: Any, run_folder: Path) -> "tuple[Any, list[str]]":
             found = moved_file(Path(source), [run, *run.parents, Path.cwd()])
             if found is None:
                 continue  # importing it says that the file is gone
+            digests = recorded_digests(run) if digests is None else digests
             digest = digests.get(source)
             if digest is not None and file_digest(found) != digest:
                 raise ValueError(f"module {module.name!r}: its class file {source} is gone, and {found}, found in "
