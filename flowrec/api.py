@@ -175,9 +175,11 @@ def load(run_dir: str | Path, device: str = "auto") -> Run:
 
     run_dir = Path(run_dir).expanduser()  # '~/runs/x' as pandas reads it (it was ./~/runs/x)
     trained = load_trained(run_dir, device, scoring_plan)
-    if (line := missing_encoder(run_dir, trained)) is not None:
-        import warnings
+    import warnings
 
+    for line in trained.notes:  # a moved run's class file, found in its new place
+        warnings.warn(line, UserWarning, stacklevel=2)
+    if (line := missing_encoder(run_dir, trained)) is not None:
         warnings.warn(line, UserWarning, stacklevel=2)
     _warn_small_catalogue(trained.model)
     folder = run_folder_of(run_dir)  # RUN/best's history and evaluation data are its run's
@@ -286,7 +288,7 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
                           plan_json(session.plan))
         if folder is not None:
             settings["train_rows"] = sum(session.train.partition_rows())  # as `flowrec train` records it
-            write_run_file(folder, settings)
+            write_run_file(folder, settings, session.spec)
         result = trainer.fit(session.train, session.eval, hooks=_hooks(trainer, on_step, on_eval, on_checkpoint))
     except RunError as exc:
         refused = exc.code == EXIT_USAGE

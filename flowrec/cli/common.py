@@ -346,16 +346,28 @@ def launch_env() -> tuple[int, int]:
     return int(size_text), int(rank_text)
 
 
-def planned_spec_or_exit(path: Path, folders: "list[Path] | None" = None, check_given: bool = False) -> ModelSpec:
+def planned_spec_or_exit(path: Path, run: "Path | None" = None, check_given: bool = False,
+                         note: "Callable[[str], None] | None" = None) -> ModelSpec:
     """`load_spec_or_exit`, then the output width of every custom module measured by importing its
     class (`flowrec.runtime.custom`); a class that cannot be used is one line per module, exit 2.
-    A relative `file.py` class path is recorded absolute, found in the working folder (or the first
-    of `folders`, for a resumed run, that holds it: `flowrec.spec.class_paths.absolute_class_files`).
+    A relative `file.py` class path is recorded absolute, found in the working folder; for a resumed
+    `run`, as the run finds its files (`flowrec.spec.class_paths.run_class_files`: a relative one of
+    an older run, an absolute one gone with a moved run), each moved file said by `note` (default:
+    a line on stderr), one that differs from the file the run trained refused (exit 2).
     `check_given`: also check the `out_width` a spec gives (`flowrec calibrate` builds the model
     only after a minute of measuring)."""
-    from flowrec.spec.class_paths import absolute_class_files
+    from flowrec.spec.class_paths import absolute_class_files, run_class_files
 
-    spec = absolute_class_files(load_spec_or_exit(path), folders)  # a run records the file, found from any folder
+    spec = load_spec_or_exit(path)
+    if run is None:
+        spec = absolute_class_files(spec)  # a run records the file, found from any folder
+    else:
+        try:
+            spec, notes = run_class_files(spec, run)
+        except ValueError as exc:
+            fail(str(exc))
+        for line in notes:
+            (note or (lambda text: say(f"note: {text}", err=True)))(line)
     if not unresolved_modules(spec) and not (check_given and any(m.kind in DRY_RUN_KINDS for m in spec.modules)):
         return spec  # nothing to import (planning stays free of torch)
     from flowrec.runtime.custom import resolve_custom

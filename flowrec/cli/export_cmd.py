@@ -82,6 +82,8 @@ def export_package(run_dir: Path, out: Path, dtype: str, overwrite: bool, quiet:
     try:  # SIGTERM as Ctrl-C: the staging folder is removed (Python's default left it)
         with terminated_as_interrupted():
             trained = load_trained(run_dir, "cpu", scoring_plan, mmap=True)  # tables mapped, not copied
+            for line in trained.notes:
+                say(f"note: {line}", err=True)
             encoder = trained.encoder or find_record(folder)
             report = write_package(trained, staged, dtype, encoder, _last_eval(folder, trained.step),
                                    _compare_rows(folder, trained) if dtype != "fp32" else None, mapped=True,

@@ -10,7 +10,7 @@ import sys
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
@@ -20,6 +20,9 @@ from flowrec.cli.common import (EXIT_INVALID, check_byte_size, check_env_switche
 from flowrec.runtime.signals import interrupt_name, terminated_as_interrupted
 from flowrec.runtime.messages import first_line, one_line, out_of_memory, shell_word
 from flowrec.spec.schema_errors import did_you_mean
+
+if TYPE_CHECKING:  # the annotation of _fail_if_custom (torch is imported inside the commands)
+    from flowrec.runtime.trainer import Trainer
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
 EXIT_OUT_OF_MEMORY = 3
@@ -345,12 +348,9 @@ def run_training(request: RunRequest) -> None:
     """Own the run folder for the whole run (lock), then resolve the settings and train."""
     from flowrec.runtime.rundir import RunFolderError, folder_state
 
-    from flowrec.spec.class_paths import run_class_folders
-
-    # a resumed run's spec (its spec.json, of a flowrec that recorded class files as given) may name
-    # a class file relative to the folder the run was started from, found as the run finds it
-    spec = planned_spec_or_exit(request.spec_path, run_class_folders(request.resume)
-                                if request.resume is not None else None)
+    # a resumed run's spec (its spec.json) may name a class file relative to the folder the run was
+    # started from (a flowrec that recorded them as given), or one gone with the moved run: found as the run finds it
+    spec = planned_spec_or_exit(request.spec_path, request.resume, note=lambda line: _say(f"note: {line}"))
     given = request.resume or request.out
     if _launch_size() > 1:
         _train_as_rank(request, spec, given)
@@ -669,7 +669,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
         trained = spec if settings["seed"] is None else replace(spec, training=replace(spec.training,
                                                                                          seed=settings["seed"]))
         if state["spec"] != json.dumps(to_dict(trained), sort_keys=True) \
-                and not _same_class_files(state, folder, trained, whole=True):
+                and not _same_class_files(state, folder, trained, whole=True, world=world):
             _refuse(_spec_changed_line(request.spec_path, folder, state, trained), world)
 
     def before() -> None:  # rank 0 encodes bound data into the run folder first
@@ -718,7 +718,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
             if trainer.lead:
                 clear_run_files(folder)
         if trainer.lead:
-            write_run_file(folder, settings)
+            write_run_file(folder, settings, spec)
         _say(f"run folder {folder}; if it stops, continue with  {resume_cmd}")
         if world is not None:
             _say(f"{world.size} ranks: {_sharding_line(session.plan)}")
@@ -911,26 +911,30 @@ def _stored_plan_or_exit(state: dict, folder: Path, spec, starting_from: bool = 
         stored = stored_plan(state, str(folder / "checkpoint.pt"))
     except CheckpointError as exc:
         _refuse(str(exc), world)
-    if stored.spec_fingerprint != model_fingerprint(spec) and not _same_class_files(state, folder, spec):
+    if stored.spec_fingerprint != model_fingerprint(spec) and not _same_class_files(state, folder, spec, world=world):
         _refuse(changed_model_line(str(folder), state, spec, starting_from), world)
     # the plan goes on naming the spec's class files (not an older run's relative ones), with its fingerprint
     return replace(with_class_files(stored, spec), spec_fingerprint=model_fingerprint(spec))
 
 
-def _same_class_files(state: dict, folder: Path, spec, whole: bool = False) -> bool:
-    """The run's model (`whole`: its whole spec) is the spec's once the run's relative custom class
-    files (a flowrec of before 2026-12-06 recorded them as given) are resolved where the run finds
-    them (`run_class_folders`): the same file written otherwise (`./blocks.py:X`, its absolute
-    path) is the same model."""
+def _same_class_files(state: dict, folder: Path, spec, whole: bool = False, world=None) -> bool:
+    """The run's model (`whole`: its whole spec) is the spec's once the run's custom class files are
+    resolved where the run finds them (`run_class_files`: a relative one, as a flowrec of before
+    2026-12-06 recorded them, or an absolute one gone with the moved run): the same file written
+    otherwise (`./blocks.py:X`, its absolute path, its new place) is the same model. A file found in
+    place of a gone one that is not the file the run trained is refused in one line."""
     from flowrec.graph.plan_io import model_fingerprint
     from flowrec.runs.changes import recorded_spec
-    from flowrec.spec.class_paths import absolute_class_files, run_class_folders
+    from flowrec.spec.class_paths import run_class_files
     from flowrec.spec.load import to_dict
 
     old = recorded_spec(state)
     if old is None or not any(m.kind == "custom" for m in old.modules):
         return False
-    old = absolute_class_files(old, run_class_folders(folder))
+    try:
+        old = run_class_files(old, folder)[0]
+    except ValueError as exc:
+        _refuse(str(exc), world)
     if whole:
         return json.dumps(to_dict(old), sort_keys=True) == json.dumps(to_dict(spec), sort_keys=True)
     return model_fingerprint(old) == model_fingerprint(spec)
@@ -1032,7 +1036,8 @@ def _evaluate_run(run_dir: Path, data: Optional[Path], device: str, group_by: Op
     from flowrec.data.output_guard import check_file_output
     from flowrec.data.parquet_folder import unread_lines
     from flowrec.planner.contract import scoring_plan
-    from flowrec.runs.recorded import eval_data_to_score, recorded_train_data, split_since, synthetic_rows
+    from flowrec.runs.recorded import (eval_data_to_score, group_by_problem, recorded_train_data, split_since,
+                                       synthetic_rows)
     from flowrec.serving.trained import load_trained, missing_encoder
     from operators.custom import custom_failure
 
@@ -1041,7 +1046,11 @@ def _evaluate_run(run_dir: Path, data: Optional[Path], device: str, group_by: Op
             if json_out not in (None, "-"):  # before the run's checkpoint is read (GiB of tables digested)
                 check_file_output(Path(json_out), [run_dir] + ([data] if data is not None else []), overwrite)
                 refuse_replacing_other_than_metrics(Path(json_out))
+            if group_by is not None and (line := group_by_problem(run_dir, group_by)) is not None:
+                raise ValueError(line)  # from the run's spec.json, before its checkpoint is read
             trained = load_trained(run_dir, device, scoring_plan)
+            for line in trained.notes:
+                say(f"note: {line}", err=True)
             if (line := missing_encoder(run_dir, trained)) is not None:
                 warn(line)
             _warn_small_catalogue(trained.model)

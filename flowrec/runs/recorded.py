@@ -180,3 +180,35 @@ def _bound_data(folder: Path) -> dict[str, Any] | None:
         return None
     data = doc.get("data") if isinstance(doc, dict) else None
     return data if isinstance(data, dict) and data.get("path") and data.get("format") != "parquet" else None
+
+
+def group_by_problem(run_dir: Path, feature: str) -> str | None:
+    """Why the run's evaluation cannot be grouped by `feature` (`flowrec eval --group-by`), read from
+    its spec.json alone, before its checkpoint (GBs of tables) is loaded: not a feature of the model,
+    or not a one-id categorical one (dense, multi-hot, a sequence). None when it can, or when the run
+    holds no readable spec.json (a checkpoint file alone: its own spec decides, once loaded)."""
+    import json
+
+    from flowrec.spec.schema_errors import did_you_mean
+    from flowrec.spec.semantic import is_one_id_categorical
+
+    try:
+        doc = json.loads((run_folder(run_dir) / "spec.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    features = doc.get("features") if isinstance(doc, dict) else None
+    if not isinstance(features, list):
+        return None
+    named = {f["name"]: f for f in features if isinstance(f, dict) and isinstance(f.get("name"), str)}
+    usable = ", ".join(name for name, body in named.items() if is_one_id_categorical(body)) or "none"
+    body = named.get(feature)
+    if body is None:
+        what = f"{run_dir}'s model has no feature {feature!r}{did_you_mean(feature, named)}"
+    elif is_one_id_categorical(body):
+        return None
+    elif body.get("type") == "dense":
+        what = f"{feature!r} is a dense feature"
+    else:
+        kind = "a sequence" if body.get("type") == "sequence" else "a multi-hot categorical feature"
+        what = f"{feature!r} is {kind} of up to {body.get('max_len')} ids per sample"
+    return f"--group-by {feature}: {what}; group by a one-id categorical feature (this model's: {usable})"

@@ -14,6 +14,7 @@ from typing import Any
 
 from flowrec.data.rowcache import parse_cache_data
 from flowrec.runtime.nonfinite import NAN_POLICIES
+from flowrec.spec.class_paths import DIGESTS_KEY, class_file_digests
 from flowrec.spec.json_doc import read_json_document
 from flowrec.spec.read import RUN_SETTINGS_KEYS
 from flowrec.runtime.rundir import RUN_FILE, RunFolderError, write_text
@@ -81,6 +82,11 @@ def read_run_file(folder: Path) -> dict[str, Any] | None:
 
 def setting_problem(key: str, value: Any) -> str | None:
     """Why a recorded setting cannot be used, or None (unknown keys of later versions pass)."""
+    if key == DIGESTS_KEY and value is not None:  # a check of a moved run's class file, not silently off
+        if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) and len(v) == 64
+                                                  for k, v in value.items()):
+            return "must map each class file to the sha256 of its bytes (64 hex digits)"
+        return None
     if value is None or key not in KINDS:
         return None
     kind = KINDS[key]
@@ -126,11 +132,16 @@ def given_problem(key: str, value: Any) -> str | None:
 PATH_SETTINGS = ("data", "eval_data", "plan", "profile", "init_from")  # recorded absolute (see below)
 
 
-def write_run_file(folder: Path, settings: dict[str, Any]) -> None:
+def write_run_file(folder: Path, settings: dict[str, Any], spec: Any = None) -> None:
     """Record a run's settings in FOLDER/run.json. A path given relative to the working folder
     is recorded absolute, so `--resume`, `flowrec eval RUN` and `flowrec export` find the run's
-    data from any folder (the settings dict itself is left as given)."""
+    data from any folder (the settings dict itself is left as given). With the run's `spec`, the
+    sha256 of each custom module's class file is recorded too (`class_files`), so that a run moved
+    with its file checks the file it finds in its new place (`flowrec.spec.class_paths.run_class_files`)."""
     recorded = dict(settings)
+    digests = class_file_digests(spec) if spec is not None else {}
+    if digests:
+        recorded[DIGESTS_KEY] = digests
     for key in PATH_SETTINGS:
         value = recorded.get(key)
         if isinstance(value, str) and value and not Path(value).is_absolute() and Path(value).exists():

@@ -26,6 +26,7 @@ from flowrec.graph.kinds import PLACEMENTS
 from flowrec.graph.types import Plan
 from flowrec.runtime.atomic import atomic_write
 from flowrec.runtime.lowering import GroupAllocationError, LoweredModel, lower
+from flowrec.runtime.messages import shell_word
 from flowrec.runtime.rundir import run_folder_of
 from flowrec.spec.model import ModelSpec
 from flowrec.spec.schema_errors import did_you_mean
@@ -381,10 +382,10 @@ def bound_dataset(spec: ModelSpec, spec_path: Path, workdir: Path | None,
             report = convert(spec, spec.data.format, [raw], out, options=spec_file_options(spec, spec_path.parent),
                              overwrite=replaced, encoder=own, grow=not resumed, status=status)
         except DataError as exc:  # `flowrec train` and `flowrec.train` have no --on-error of their own
-            shown = spec_path if spec_path.is_file() else "SPEC"
+            shown = shell_word(str(spec_path)) if spec_path.is_file() else "SPEC"  # a command that runs as written
             raise DataError(str(exc).replace(SKIP_HINT, (
-                f"to skip such rows, convert them with `flowrec data convert {spec.data.format} {raw} DIR --spec "
-                f"{shown} --on-error skip` and train on DIR: --data DIR, or data=DIR in Python"))) from None
+                f"to skip such rows, convert them with `flowrec data convert {spec.data.format} {shell_word(str(raw))} "
+                f"DIR --spec {shown} --on-error skip` and train on DIR: --data DIR, or data=DIR in Python"))) from None
         atomic_write(out / RAW_STAMP, json.dumps(_raw_stamp(raw), sort_keys=True).encode())
         for line in report.warnings:
             status(f"warning: {line}")

@@ -276,6 +276,7 @@ class Trainer:
         # ids' scattered writes into a mask of every row for nothing (DLRM: 1.5 ms a step)
         self._marks_rows = self.config.out_dir is not None and self.config.checkpoint_every > 0
         self._saved_step: int | None = None  # the on-disk checkpoint's step last given a `saved` record
+        self._checkpointed: Position | None = None  # the position the last RUN/checkpoint.pt taken records
         self.parallel = None
         if self.world is not None:
             from flowrec.runtime.distributed.data_parallel import DenseParallel
@@ -441,7 +442,8 @@ class Trainer:
                     result.eval = self._final_eval(eval_source)
             except KeyboardInterrupt:
                 interrupted = result.interrupted = True
-        self._checkpoint()
+        if self._checkpointed != self._saved_position():  # not taken at this step already (--checkpoint-every)
+            self._checkpoint()
         self._wait_checkpoints()  # no `saved` record after this: the end record is the proof
         if self.stopper is not None:
             result.best_step = self.stopper.state.best_step
@@ -780,6 +782,8 @@ class Trainer:
             save_checkpoint(folder / CHECKPOINT_NAME, state)
         else:  # a full checkpoint or a delta on the last one (`Checkpointer`)
             self.checkpointer.save(self.state(), self.model.embeddings)
+        if not best:
+            self._checkpointed = replace(self._saved_position())
         self._stalled(time.perf_counter() - t0, best=best)
         if self.hooks.on_checkpoint is not None:
             self.hooks.on_checkpoint(self.position.step, folder / CHECKPOINT_NAME)

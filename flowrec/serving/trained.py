@@ -38,7 +38,7 @@ from flowrec.data.layout import META_FILE, DataError
 from flowrec.graph.kinds import OP_KINDS
 from flowrec.graph.plan_io import plan_from_document, with_class_files
 from flowrec.graph.types import Plan
-from flowrec.spec.class_paths import absolute_class_files, run_class_folders
+from flowrec.spec.class_paths import run_class_files
 from flowrec.spec.json_doc import parse_json_text
 from flowrec.runtime.checkpoint.store import (
     CheckpointError,
@@ -73,6 +73,7 @@ class Trained:
     plan: Plan
     encoder: EncoderRecord | None = None  # None for runs made before encoders were recorded
     step: int | None = None  # the training step of the checkpoint it was restored from
+    notes: tuple[str, ...] = ()  # a line per class file found in place of a gone one (`run_class_files`)
 
     @property
     def excludes_seen(self) -> bool:
@@ -184,7 +185,10 @@ def load_trained(run: Path, device: str, scoring: Callable[[Plan], Plan], mmap: 
     dev = resolve_device(device)
     assign = mmap or dev.type == "cpu"  # the checkpoint's tensors become the model's
     state = load_checkpoint(source, mmap=assign)
-    spec = absolute_class_files(_spec_of(state, source), run_class_folders(run_folder_of(source)))
+    try:  # a moved run's class files, found beside it
+        spec, notes = run_class_files(_spec_of(state, source), run_folder_of(source))
+    except ValueError as exc:
+        raise CheckpointError(f"{source}: {exc}") from None
     plan = scoring(with_class_files(stored_plan(state, str(run)), spec))
     with restoring_tables():  # every row is loaded next: nothing is drawn
         model = lower(plan, spec, "meta" if mmap else dev)
@@ -202,7 +206,7 @@ def load_trained(run: Path, device: str, scoring: Callable[[Plan], Plan], mmap: 
     encoder = run_encoder(source)
     if model.retrieval is not None:  # evaluation ranks the items the run's encoder holds, as serving
         model.retrieval.set_items(encoder)
-    return Trained(spec, model, plan, encoder, state["position"]["step"])
+    return Trained(spec, model, plan, encoder, state["position"]["step"], tuple(notes))
 
 
 def run_encoder(checkpoint: Path) -> EncoderRecord | None:

@@ -23,6 +23,7 @@ Example:
 from __future__ import annotations
 
 import ast
+import hashlib
 import re
 import importlib.util
 from pathlib import Path
@@ -31,6 +32,8 @@ from typing import Any
 from flowrec.spec.errors import SpecIssue
 
 CLASS_PATH = r"[^:]+:[A-Za-z_][A-Za-z0-9_]*"  # the schema's pattern of `class`
+RUN_SETTINGS_FILE = "run.json"  # a run's settings (flowrec.data.run_paths.RUN_FILE; the spec layer imports no runtime)
+DIGESTS_KEY = "class_files"  # run.json: each absolute class file -> the sha256 of its bytes when the run ran
 MAX_SOURCE_BYTES = 16 << 20  # a class file larger than this is left to the import
 
 
@@ -159,3 +162,101 @@ def run_class_folders(run_folder: Path) -> list[Path]:
     the path as given, relative to the folder training ran in) may find it: the working folder,
     then each folder above the run folder (a run is usually made under the folder it ran in)."""
     return [Path.cwd(), *Path(run_folder).resolve().parents]
+
+
+def class_file_digests(spec: Any) -> dict[str, str]:
+    """The sha256 of each custom module's absolute `file.py` (as `absolute_class_files` writes it),
+    by file: what run.json records (`DIGESTS_KEY`), so that a run moved with its class file can tell
+    the file it finds elsewhere is the one it trained (`run_class_files`). Unreadable files are left out."""
+    digests = {}
+    for module in spec.modules:
+        path = module.param("class")
+        source = path.rpartition(":")[0] if module.kind == "custom" and isinstance(path, str) else ""
+        if source.endswith(".py") and Path(source).is_absolute():
+            digest = file_digest(Path(source))
+            if digest is not None:
+                digests[source] = digest
+    return digests
+
+
+def file_digest(path: Path) -> str | None:
+    """The sha256 (hex) of a file's bytes, None when it cannot be read."""
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def moved_file(source: Path, folders: "list[Path]") -> Path | None:
+    """The file an absolute path that is gone names, looked for in `folders` in order, in each under
+    the path's trailing names, the longest first (/old/work/lib/blocks.py: work/lib/blocks.py,
+    lib/blocks.py, then blocks.py), or None.
+
+    >>> moved_file(Path("/no/such/folder/nothing_here.py"), [])
+    """
+    parts = Path(source).parts[1:]  # the names below the root
+    for folder in folders:
+        for start in range(len(parts)):
+            candidate = Path(folder).joinpath(*parts[start:])
+            if candidate.is_file():
+                return candidate.resolve()
+    return None
+
+
+def recorded_digests(run_folder: Path) -> dict[str, str]:
+    """The class file digests RUN/run.json records (`DIGESTS_KEY`); none for a run that recorded
+    none (a flowrec of before 2026-12-06, a model without class files) or a run.json that cannot be read."""
+    from flowrec.spec.json_doc import read_json_document
+
+    path = Path(run_folder) / RUN_SETTINGS_FILE
+    if not path.is_file():
+        return {}
+    try:  # size- and depth-bounded, as every JSON document flowrec reads
+        recorded = read_json_document(path)
+    except ValueError:
+        return {}
+    recorded = recorded.get(DIGESTS_KEY) if isinstance(recorded, dict) else None
+    if not isinstance(recorded, dict):
+        return {}
+    return {k: v for k, v in recorded.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+def run_class_files(spec: Any, run_folder: Path) -> "tuple[Any, list[str]]":
+    """A run's spec (its checkpoint's or spec.json) whose custom modules' class files are found from
+    any folder: a relative file (a flowrec of before 2026-12-06) in `run_class_folders`; an absolute
+    one that is gone (the run folder moved, its class file with it: `rsync -a runs/ other:`) by its
+    trailing names (`moved_file`) in the run folder, each folder above it, then the working folder,
+    checked against the digest run.json records where it records one.
+
+    Returns:
+        The spec, and one line per moved file naming the file used.
+
+    Raises:
+        ValueError: a file found in place of a gone one whose bytes differ from the digest recorded (one line).
+    """
+    from dataclasses import replace
+
+    run = Path(run_folder).resolve()
+    spec = absolute_class_files(spec, run_class_folders(run))
+    digests: dict[str, str] | None = None  # read once a file is found in place of a gone one
+    modules, notes, used = list(spec.modules), [], {}
+    for i, module in enumerate(modules):
+        path = module.param("class")
+        source, _, name = path.rpartition(":") if module.kind == "custom" and isinstance(path, str) else ("", "", "")
+        if not source.endswith(".py") or not Path(source).is_absolute() or Path(source).is_file():
+            continue
+        if source not in used:
+            found = moved_file(Path(source), [run, *run.parents, Path.cwd()])
+            if found is None:
+                continue  # importing it says that the file is gone
+            digests = recorded_digests(run) if digests is None else digests
+            digest = digests.get(source)
+            if digest is not None and file_digest(found) != digest:
+                raise ValueError(f"module {module.name!r}: its class file {source} is gone, and {found}, found in "
+                                 f"its place, is not the file the run trained (its sha256 differs from the one "
+                                 f"{run / RUN_SETTINGS_FILE} records): put the file the run trained there")
+            checked = "the file the run trained, by its sha256" if digest else "unchecked: run.json records no digest"
+            notes.append(f"module {module.name!r}: its class file {source} is gone; using {found} ({checked})")
+            used[source] = found
+        modules[i] = module.with_param("class", f"{used[source]}:{name}")
+    return (replace(spec, modules=tuple(modules)) if used else spec), notes

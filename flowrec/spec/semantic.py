@@ -12,6 +12,7 @@ Example:
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from flowrec.spec.errors import SpecIssue
 from flowrec.spec.model import HISTORY_COLUMN, NAMED_OUTPUT_KINDS, SELECTOR_PREFIX
@@ -346,10 +347,22 @@ def check_group_by(view: DocView) -> list[SpecIssue]:
     item = features.get(group_by)
     if item is None:
         return [SpecIssue("training.eval_group_by", f"unknown feature {group_by!r}{did_you_mean(group_by, features)}")]
-    if item.body.get("type") != "categorical" or item.body.get("max_len", 1) != 1:
+    if not is_one_id_categorical(item.body):
         return [SpecIssue("training.eval_group_by", f"feature {group_by!r} is not a one-id categorical feature; "
                                                     "group by one (e.g. a user id)")]
     return []
+
+
+def is_one_id_categorical(feature: Any) -> bool:
+    """Whether a spec document's feature (its mapping) is a categorical feature of one id per
+    sample: the only kind evaluation can be grouped by (gAUC), not dense, multi-hot or a sequence.
+
+    >>> is_one_id_categorical({"name": "user", "type": "categorical"})
+    True
+    >>> is_one_id_categorical({"name": "genres", "type": "categorical", "max_len": 4})
+    False
+    """
+    return isinstance(feature, dict) and feature.get("type") == "categorical" and feature.get("max_len", 1) == 1
 
 
 def check_early_stopping(view: DocView) -> list[SpecIssue]:
