@@ -697,7 +697,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     _check_loop_settings(session)
     if world is None or world.lead:
         record_encoder(session, folder, request.resume is not None,
-                       settings.get("init_from") if state is None else None)
+                       settings.get("init_from") if state is None else None, _say)
     config = train_config(settings, folder, progress=not request.quiet)
     trainer = Trainer(session.spec, session.plan, session.model, config, plan_json(session.plan))
     hooks = _console_hooks(trainer, request.quiet) if trainer.lead else None

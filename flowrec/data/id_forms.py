@@ -179,3 +179,18 @@ def checked_forms(value: Any) -> dict[str, dict[str, str]]:
     return {name: {k: rule[k] for k in ("form", "example", "type") if isinstance(rule.get(k), str)}
             for name, rule in value.items()
             if isinstance(name, str) and isinstance(rule, dict) and isinstance(rule.get("form"), str)}
+
+
+def changed_forms(spec: Any, columns: dict[str, str], trained: dict[str, dict[str, str]],
+                  seen: dict[str, dict[str, str]]) -> list[str]:
+    """A line (`form_line`) per hashed or managed feature of `spec` whose ids a dataset's record
+    (`seen`) writes in another form (`other_form`) than a run's (`trained`): a day of a stream
+    (`--follow`, `--init-from`) that pandas wrote with a missing id trained every id of it as a new
+    one. `columns`: feature -> raw column."""
+    out = []
+    for f in spec.sparse_features:
+        mine, theirs = trained.get(f.name), seen.get(f.name)
+        if mine and theirs and other_form(mine["form"], theirs["form"]):
+            out.append(form_line(columns.get(f.name, f.name), f.name, spec.table(f.table), mine, theirs["form"],
+                                 theirs.get("example", "")))
+    return out

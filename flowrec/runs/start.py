@@ -118,15 +118,16 @@ def start_session(spec: ModelSpec, spec_path: Path, settings: dict[str, Any], fo
     return session
 
 
-def record_encoder(session: Session, folder: Path | None, resuming: bool,
-                   parent: str | Path | None) -> EncoderRecord:
+def record_encoder(session: Session, folder: Path | None, resuming: bool, parent: str | Path | None,
+                   status: Callable[[str], None] = lambda _: None) -> EncoderRecord:
     """Record the run's encoder (its training data's) in the run folder (none: `flowrec.train(out=None)`)
-    and return it; data of another encoder is a `RunError` (the model is closed first)."""
+    and return it; data of another encoder is a `RunError` (the model is closed first). `status`
+    gets a warning line where data of a run started from another writes ids in another form."""
     try:
         if folder is None:
             return data_encoder(session.spec, session.train, session.eval)
         return adopt_encoder(session.spec, folder, session.train, session.eval, resuming,
-                             Path(parent) if parent else None)
+                             Path(parent) if parent else None, status)
     except DataError as exc:
         session.model.close()
         raise RunError(str(exc), cause=exc) from None
