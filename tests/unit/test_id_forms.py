@@ -161,3 +161,56 @@ def test_a_day_of_a_stream_that_writes_its_ids_as_floats_is_said(table: str, tmp
     (line,) = said
     assert line.startswith(f"warning: training data {days / 'd2'}: column user: ") and "integral floats" in line
     assert ("managed table 'users'" if table == "managed" else "hashed table") in line
+
+
+@pytest.mark.parametrize("table", ["hashed", "managed"])
+def test_evaluation_data_that_writes_its_ids_as_floats_is_said(table: str, tmp_path: Path) -> None:
+    """Evaluation data converted on its own (no --encoder-from: a hashed or managed spec needs none)
+    from rows pandas wrote with a missing user id ("12.0") has the run's fingerprint, so `train
+    --eval-data`, `flowrec.train(eval_data=)`, `eval --data` and `Run.evaluate(data=)` scored every
+    user of it as never seen without a word. Each says so in one line; data of the training rows'
+    form is not warned of."""
+    rng = np.random.default_rng()
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(_spec(table)))
+    rows = _rows(rng, int(rng.integers(200, 400)))
+    rows.to_csv(tmp_path / "train.csv", index=False)
+    floats = _rows(rng, int(rng.integers(100, 300))).astype({"user": float})
+    floats.loc[int(rng.integers(0, len(floats))), "user"] = np.nan
+    floats.to_csv(tmp_path / "floats.csv", index=False)
+    for name in ("train", "floats"):
+        made = runner.invoke(app, ["data", "convert", "csv", str(tmp_path / f"{name}.csv"), str(tmp_path / name),
+                                   "--spec", str(spec), "-q"])
+        assert made.exit_code == 0, made.output
+    said = "the ids of feature user are written as integral floats"
+    trained = runner.invoke(app, ["train", str(spec), "--data", str(tmp_path / "train"), "--eval-data",
+                                  str(tmp_path / "floats"), "--out", str(tmp_path / "run"), "--max-steps", "3",
+                                  "--device", "cpu", "-q"])
+    assert trained.exit_code == 0, trained.output
+    (line,) = [x for x in trained.output.splitlines() if said in x]
+    assert line.startswith(f"warning: evaluation data {tmp_path / 'floats'}: column user: ")
+    assert ("managed table 'users'" if table == "managed" else "hashed table") in line
+    for data, lines in (("floats", 1), ("train", 0)):
+        scored = runner.invoke(app, ["eval", str(tmp_path / "run"), "--data", str(tmp_path / data)])
+        assert scored.exit_code == 0, scored.output
+        found = [x for x in scored.output.splitlines() if said in x]
+        assert len(found) == lines, scored.output
+        assert all(x.startswith(f"warning: evaluation data {tmp_path / data}: column user: ") for x in found)
+    import warnings
+
+    import flowrec
+
+    run = flowrec.load(tmp_path / "run", device="cpu")
+    with pytest.warns(UserWarning, match=f"evaluation data .*: column user: {said}"):
+        run.evaluate(data=tmp_path / "floats")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        run.evaluate(data=tmp_path / "train")
+    with pytest.warns(UserWarning, match=f"evaluation data .*: column user: {said}"):  # out=None too
+        flowrec.train(spec, data=tmp_path / "train", eval_data=tmp_path / "floats", max_steps=2, device="cpu")
+    child = runner.invoke(app, ["train", str(spec), "--data", str(tmp_path / "floats"), "--init-from",
+                                str(tmp_path / "run"), "--eval-data", str(tmp_path / "train"), "--out",
+                                str(tmp_path / "child"), "--max-steps", "2", "--device", "cpu", "-q"])
+    assert child.exit_code == 0, child.output
+    (line,) = [x for x in child.output.splitlines() if said in x]  # the parent's form: its eval data not warned
+    assert line.startswith(f"warning: training data {tmp_path / 'floats'}: column user: ")
