@@ -214,3 +214,33 @@ def test_evaluation_data_that_writes_its_ids_as_floats_is_said(table: str, tmp_p
     assert child.exit_code == 0, child.output
     (line,) = [x for x in child.output.splitlines() if said in x]  # the parent's form: its eval data not warned
     assert line.startswith(f"warning: training data {tmp_path / 'floats'}: column user: ")
+
+
+@pytest.mark.parametrize("table", ["hashed", "managed"])
+def test_data_inspect_shows_the_recorded_forms_of_ids(table: str, tmp_path: Path) -> None:
+    """Which form a dataset's hashed or managed ids were recorded in (what predict, eval and
+    --init-from compare new rows with) was to be read only in _flowrec.json: `data inspect` shows a
+    line per such feature, `--json` the record; a split dataset's each part."""
+    rng = np.random.default_rng()
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(_spec(table)))
+    rows = _rows(rng, int(rng.integers(200, 500)))
+    floats = bool(rng.integers(0, 2))
+    if floats:
+        rows = rows.astype({"user": float})
+        rows.loc[int(rng.integers(0, len(rows))), "user"] = np.nan
+    rows.to_csv(tmp_path / "rows.csv", index=False)
+    made = runner.invoke(app, ["data", "convert", "csv", str(tmp_path / "rows.csv"), str(tmp_path / "ds"), "--spec",
+                               str(spec), "--test-fraction", "0.2", "-q"])
+    assert made.exit_code == 0, made.output
+    form = "integral floats" if floats else "integers"
+    shown = runner.invoke(app, ["data", "inspect", str(tmp_path / "ds")])
+    assert shown.exit_code == 0, shown.output
+    lines = [x for x in shown.output.splitlines() if x.startswith("ids of feature user: ")]
+    assert len(lines) == 2, shown.output  # train/ and test/
+    first = rows.user.dropna().iloc[0]
+    example = f"{first:.1f}" if floats else str(first)  # the first id, as the CSV writes it (read as text)
+    assert lines[0] == f"ids of feature user: written as {form} ({example!r}, read as string)", lines
+    assert all(x.startswith(f"ids of feature user: written as {form} (") for x in lines)
+    doc = json.loads(runner.invoke(app, ["data", "inspect", str(tmp_path / "ds"), "--json"]).output)
+    assert doc["train"]["id_forms"]["user"]["form"] == form and doc["train"]["id_forms"]["user"]["column"] == "user"
