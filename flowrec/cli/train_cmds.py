@@ -10,7 +10,7 @@ import sys
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
@@ -20,6 +20,9 @@ from flowrec.cli.common import (EXIT_INVALID, check_byte_size, check_env_switche
 from flowrec.runtime.signals import interrupt_name, terminated_as_interrupted
 from flowrec.runtime.messages import first_line, one_line, out_of_memory, shell_word
 from flowrec.spec.schema_errors import did_you_mean
+
+if TYPE_CHECKING:  # for annotations only: the trainer (and torch) are imported inside the commands
+    from flowrec.runtime.trainer import Trainer
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
 EXIT_OUT_OF_MEMORY = 3
