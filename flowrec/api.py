@@ -154,7 +154,12 @@ class Run:
         if seen is None and self.run_dir is not None and self.trained.excludes_seen:  # as `flowrec eval`: the
             # pairs of the run's training data (run.json read only for such a head: data= scores without it)
             seen = recorded_train_data(self.run_dir)
-        return _warn_covered_classes(self.trained.evaluate_dataset(Path(data).expanduser(), grouping, seen))
+        metrics = self.trained.evaluate_dataset(Path(data).expanduser(), grouping, seen)
+        import warnings
+
+        for line in self.trained.form_lines(Path(data).expanduser()):  # same fingerprint, ids written otherwise
+            warnings.warn(line, UserWarning, stacklevel=2)
+        return _warn_covered_classes(metrics)
 
 
 def load(run_dir: str | Path, device: str = "auto") -> Run:
@@ -281,7 +286,7 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
         session = start_session(model_spec, spec_path, settings, folder, plan, dev)
         _warn_label_warnings(session)
         # the returned Run scores only data of this encoder, as a loaded one (it scored any, silently)
-        encoder = record_encoder(session, folder, False, None)
+        encoder = record_encoder(session, folder, False, None, _warn_line)  # eval_data= of ids written otherwise
         if folder is not None:
             clear_run_files(folder)
         trainer = Trainer(session.spec, session.plan, session.model, train_config(settings, folder, progress),
@@ -330,6 +335,13 @@ def _warn_label_warnings(session: Any) -> None:
 
     for line in label_warnings(session.spec, session.train):
         warnings.warn(line, UserWarning, stacklevel=3)
+
+
+def _warn_line(line: str) -> None:
+    """A console warning line of a run's start (`warning: ...`) as a UserWarning (`flowrec.train`)."""
+    import warnings
+
+    warnings.warn(line.removeprefix("warning: "), UserWarning, stacklevel=2)
 
 
 def _warn_covered_classes(metrics: Metrics) -> Metrics:

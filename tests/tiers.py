@@ -58,6 +58,8 @@ FILES: dict[str, frozenset[str]] = {
     "tests/unit/test_lowp.py": FAST,  # bf16 products as fp32 products of bf16 values where the CPU has no bf16 kernels
     "tests/unit/test_walk3_hostile.py": FAST,  # a third walk: sequence separators, Arrow at exit, the model language
     "tests/unit/test_managed_hostile.py": FAST,  # edited or damaged managed map states, negatives seeds
+    "tests/unit/test_annotation_names.py": FAST,  # names in the CLI's annotations bound (TYPE_CHECKING imports)
+    "tests/unit/test_id_forms.py": FAST,  # ids of hashed and managed tables in another form than at training
     "tests/unit/test_serving_hostile.py": frozenset({"e2e"}),
     "tests/unit/test_profile_step.py": frozenset({"e2e"}),
     "tests/unit/test_checkpoint_marks.py": frozenset({"e2e"}),  # trains with and without checkpoints  # trains a few steps under the profiler  # tampered retrieval packages, eval options
@@ -106,6 +108,10 @@ TESTS: dict[str, frozenset[str]] = {
     "tests/unit/test_cores.py::test_a_users_omp_threads_survive_the_first_sparse_update": frozenset({"processes"}),
     "tests/unit/test_pt2_save.py::test_a_write_that_fails_is_an_exception_not_an_abort_at_exit": frozenset({"processes"}),
     "tests/unit/test_kept_sample.py::test_a_run_reads_its_data_once_to_sample_and_trains_as_before": frozenset({"e2e"}),
+    "tests/unit/test_id_forms.py::test_ids_written_as_floats_after_training_on_integers_are_said": frozenset({"e2e"}),
+    "tests/unit/test_id_forms.py::test_a_day_of_a_stream_that_writes_its_ids_as_floats_is_said": frozenset({"e2e"}),
+    "tests/unit/test_id_forms.py::test_evaluation_data_that_writes_its_ids_as_floats_is_said": frozenset({"e2e"}),
+    "tests/unit/test_annotation_names.py::test_the_trainer_annotation_imports_nothing_at_start": frozenset({"processes"}),
     "tests/unit/test_kept_sample.py::test_the_startup_benchmark_reads_each_file_once_kept_and_twice_not": frozenset({"e2e"}),
     "tests/unit/test_calibrate_collective.py::test_two_gloo_processes_give_a_usable_fit": frozenset({"processes"}),
     "tests/unit/test_calibrate_collective.py::test_processes_that_do_not_finish_in_time_are_killed_and_named":

@@ -485,6 +485,10 @@ def _show_inspected(info: dict[str, Any]) -> None:
         bound = "at least " if m.get("distinct_is_lower_bound") else ""
         typer.echo(f"managed table {table}: {bound}{m['distinct_ids']:,} distinct raw ids in {m['lookups']:,} "
                    f"lookups ({', '.join(m['features'])})")
+    from flowrec.data.inspect import form_line
+
+    for name, rule in info.get("id_forms", {}).items():  # what predict and eval compare new rows with
+        typer.echo(form_line(name, rule))
     for warning in info["warnings"]:
         warn(warning)
     from flowrec.data.rawstats import STATS_FILE

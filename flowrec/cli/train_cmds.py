@@ -697,7 +697,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     _check_loop_settings(session)
     if world is None or world.lead:
         record_encoder(session, folder, request.resume is not None,
-                       settings.get("init_from") if state is None else None)
+                       settings.get("init_from") if state is None else None, _say)
     config = train_config(settings, folder, progress=not request.quiet)
     trainer = Trainer(session.spec, session.plan, session.model, config, plan_json(session.plan))
     hooks = _console_hooks(trainer, request.quiet) if trainer.lead else None
@@ -1080,6 +1080,8 @@ def _evaluate_run(run_dir: Path, data: Optional[Path], device: str, group_by: Op
                 if seen is None and trained.excludes_seen:  # run.json read only for such a head: a damaged one
                     seen = recorded_train_data(run_dir)  # refused eval --data of any run ('cannot be resumed')
                 metrics = trained.evaluate_dataset(data, grouping, seen)
+                for line in trained.form_lines(data):  # same fingerprint, ids written otherwise: before the table
+                    warn(line)
         except (DataError, OSError, ValueError, RuntimeError) as exc:
             fail(custom_failure(exc) or first_line(exc))
         except KeyboardInterrupt as exc:

@@ -34,6 +34,7 @@ import pyarrow.parquet as pq
 from flowrec.data.encode import Encoder, UnseenIds, encodable_rows, fit_encoder, needs_fit
 from flowrec.data.encoder_record import record_of_encoder
 from flowrec.data.error_log import ErrorLog, ErrorPolicy
+from flowrec.data.id_forms import IdForms
 from flowrec.data.labels import PLUS_MINUS_FORMATS, check_labels, label_spaces, label_tasks
 from flowrec.data.layout import (VOCAB_DIR, DataError, DatasetMeta, data_hash, encoded_rows, encoding_mode, is_multi,
                                  unique_labels, write_meta)
@@ -378,6 +379,7 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
     seen = index = 0
     stats = {name: RawStats(spec, columns, opts.get("date_column", split_by)) for name in writers}
     unseen = UnseenIds(given) if given is not None else None  # ids the run's vocabulary holds in another form
+    forms = IdForms()  # how the rows write the ids of hashed and managed tables, recorded with the encoder
     for log, chunk in chunks(on_error):
         test = test_rows(chunk, index)
         index += chunk.num_rows
@@ -388,6 +390,7 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
         if not chunk.num_rows:
             continue
         encoded = encoder.encode(chunk)
+        forms.observe(encoder, chunk)
         if unseen is not None:  # ids the given encoder does not know, told by the encoding (grown or not)
             unseen.observe(chunk, encoded)
         if test is not None:
@@ -414,7 +417,7 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
             record = {"split": "leave_last_out", "part": name}
         # fitted here on the train rows alone, or a given encoder (--encoder-from, a run's), grown on them
         record["fit_on"] = FIT_ON if given is None else "given"
-        _finish(spec, encoder, w, fmt, inputs, record if split else {}, opts.get("feature_map"))
+        _finish(spec, encoder, w, fmt, inputs, record if split else {}, opts.get("feature_map"), forms.record())
         stats[name].write(w.out)
     examples = tuple(str(e) for log in logs for e in log.examples)
     return ConvertReport(str(out), seen, sum(w.files for w in writers.values()),
@@ -603,7 +606,10 @@ def _separator_hint(names: list[str], needed: list[str]) -> str:
 
 
 def _finish(spec: ModelSpec, encoder: Encoder, writer: PartWriter, fmt: str, inputs: list[Path],
-            split: dict[str, Any], feature_map: dict[str, str] | None = None) -> None:
+            split: dict[str, Any], feature_map: dict[str, str] | None = None,
+            id_forms: dict[str, dict[str, str]] | None = None) -> None:
+    """Write the dataset's metadata: its encoder, with the forms its rows wrote the ids of hashed
+    and managed tables in (`flowrec.data.id_forms`; none where it has no such tables)."""
     vocab_files = {}
     if encoder.vocabs:
         (writer.out / VOCAB_DIR).mkdir(exist_ok=True)
@@ -630,6 +636,7 @@ def _finish(spec: ModelSpec, encoder: Encoder, writer: PartWriter, fmt: str, inp
                        {"format": fmt, "inputs": [str(p) for p in inputs],
                         "encoder": {"fingerprint": record.fingerprint, "columns": record.columns,
                                     "sequence_sep": record.sequence_sep, "order": list(record.features),
-                                    **({"feature_map": feature_map} if feature_map else {})}},
+                                    **({"feature_map": feature_map} if feature_map else {}),
+                                    **({"id_forms": id_forms} if id_forms else {})}},
                        split)
     write_meta(writer.out, meta)

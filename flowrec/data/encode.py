@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from flowrec.data.error_log import ErrorLog
+from flowrec.data.id_forms import IdForms
 from flowrec.data.layout import is_multi, unique_labels
 from flowrec.data.raw_ids import as_strings, raw_id_hashes
 from flowrec.spec.model import DenseFeature, ModelSpec, SparseFeature
@@ -160,6 +161,8 @@ class Encoder:
         vocabs: table -> vocabulary (values of rows 1..), for vocabulary tables.
         stats: dense feature -> statistics, for standardized features.
         sequence_sep: separator of multi-hot values held in one string (e.g. "^").
+        id_forms: hashed or managed feature -> the form its training rows wrote its ids in
+            (`flowrec.data.id_forms`; none for a run recorded before forms were).
 
     Example:
         >>> enc = Encoder(spec, columns={}, vocabs={}, stats={})  # doctest: +SKIP
@@ -171,6 +174,7 @@ class Encoder:
     vocabs: dict[str, pa.Array]
     stats: dict[str, DenseStats]
     sequence_sep: str = "^"
+    id_forms: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def source(self, name: str) -> str:
         return self.columns.get(name, name)
@@ -271,17 +275,22 @@ class UnseenIds:
     reverse; "True" where it saw "true"; a time with or without its fraction of a second): pandas
     writes an integer id column with a missing value as floats, and CSV keeps their text, so rows
     of such a file mapped almost every id to row 0 without a word. Ids are not merged ("012" and
-    "12" may be two ids); `lines` says so where most ids are such."""
+    "12" may be two ids); `lines` says so where most ids are such. Hashed and managed features have
+    no vocabulary: their ids' form (`flowrec.data.id_forms`) is compared with the one the encoder
+    records of the training rows (`Encoder.id_forms`), and `lines` says where it differs."""
 
     encoder: Encoder
     counts: dict[str, list[int]] = field(default_factory=dict)  # feature -> [ids, unseen, in another form]
     examples: dict[str, tuple[str, str]] = field(default_factory=dict)  # feature -> (an id, its form there)
     _keys: dict[str, pa.Array] = field(default_factory=dict)  # table -> `id_key` of its vocabulary (once)
+    forms: IdForms = field(default_factory=IdForms)  # the forms of the hashed and managed features' ids
 
     def observe(self, raw: pa.Table, encoded: pa.Table | None = None) -> None:
         """Count the ids of a raw chunk; `encoded`, its encoding by this encoder or by one grown from
         it (`flowrec.data.vocab_growth`: new values in rows past its vocabulary), tells the unknown
         ids of a one-id feature (row 0, or past the vocabulary) without looking each up again."""
+        if self.encoder.id_forms:  # (a run recorded before forms were: nothing to compare with)
+            self.forms.observe(self.encoder, raw, self.encoder.id_forms)
         for f in self.encoder.spec.sparse_features:
             table = self.encoder.spec.table(f.table)
             if table.hashed or table.managed is not None or self.encoder.source(f.name) not in raw.column_names:
@@ -319,10 +328,12 @@ class UnseenIds:
             mine[:] = [a + b for a, b in zip(mine, counts)]
         for name, example in other.examples.items():
             self.examples.setdefault(name, example)
+        self.forms.add(other.forms)
 
     def lines(self) -> list[str]:
         """A line per feature most of whose ids are unseen while most of those are held in
-        another form (`id_key`)."""
+        another form (`id_key`), and per hashed or managed feature whose ids are written in another
+        form than the training rows' (`flowrec.data.id_forms`)."""
         out = []
         for name, (ids, unseen, found) in self.counts.items():
             if not (unseen > OTHER_FORM_SHARE * ids and found > OTHER_FORM_SHARE * unseen):
@@ -348,7 +359,7 @@ class UnseenIds:
             out.append(f"column {source}: {unseen:,} of {ids:,} ids are not in the vocabulary of feature {name} "
                        f"(unknown ids), but {found:,} of them are there in another form ({mine!r} is {theirs!r} "
                        f"there): these rows {how}")
-        return out
+        return out + self.forms.lines(self.encoder, self.encoder.id_forms)
 
 
 def drop_unencodable(encoder: Encoder, raw: pa.Table, log: ErrorLog) -> pa.Table:

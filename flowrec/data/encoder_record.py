@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from flowrec.data.encode import DenseStats, Encoder
+from flowrec.data.id_forms import checked_forms
 from flowrec.data.layout import (META_FILE, DataError, DatasetMeta, data_hash, encoded_rows, encoding_mode,
                                  read_meta, unique_labels)
 from flowrec.data.names import inside, plain_name
@@ -58,6 +59,9 @@ class EncoderRecord:
         vocab_files: table -> absolute path of its vocabulary Parquet file.
         feature_map: libsvm's feature map (index -> column) the data was read with, kept so that
             `flowrec predict` reads a package's libsvm rows with it from any folder (None: none).
+        id_forms: hashed or managed feature -> the form the training rows wrote its ids in
+            (`flowrec.data.id_forms`): how the rows were written, not how ids are encoded, so no
+            part of the fingerprint (a record without it, of before forms were recorded, warns of none).
     """
 
     spec: str
@@ -68,6 +72,7 @@ class EncoderRecord:
     sequence_sep: str = "^"
     vocab_files: dict[str, str] = field(default_factory=dict)
     feature_map: dict[str, str] | None = None
+    id_forms: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @property
     def fingerprint(self) -> str:
@@ -81,7 +86,8 @@ class EncoderRecord:
                 "features": self.features, "labels": self.labels, "columns": self.columns,
                 "sequence_sep": self.sequence_sep,
                 "vocab_files": {t: f"{vocab_prefix}/{t}.parquet" for t in self.vocab_files},
-                **({"feature_map": self.feature_map} if self.feature_map else {})}
+                **({"feature_map": self.feature_map} if self.feature_map else {}),
+                **({"id_forms": self.id_forms} if self.id_forms else {})}
 
 
 def vocab_digest(values: pa.Array) -> str:
@@ -173,7 +179,8 @@ def _record_of_meta(path: Path, meta: DatasetMeta) -> EncoderRecord:
     labels = {name: {"column": columns.get(name, name)} for name in meta.labels}
     return EncoderRecord(meta.spec, meta.data_hash, ordered, labels, columns,
                          stored.get("sequence_sep", "^"), vocab_files,
-                         _feature_map(stored.get("feature_map"), path / META_FILE))
+                         _feature_map(stored.get("feature_map"), path / META_FILE),
+                         checked_forms(stored.get("id_forms")))
 
 
 def synthetic_record(spec: ModelSpec) -> EncoderRecord:
@@ -205,7 +212,7 @@ def read_record(folder: Path) -> EncoderRecord:
         record = EncoderRecord(doc["spec"], doc["data_hash"], doc["features"], doc.get("labels", {}),
                                doc.get("columns", {}), doc.get("sequence_sep", "^"),
                                _vocab_paths(Path(folder), doc.get("vocab_files", {}), path),
-                               _feature_map(doc.get("feature_map"), path))
+                               _feature_map(doc.get("feature_map"), path), checked_forms(doc.get("id_forms")))
     except (KeyError, TypeError, AttributeError) as exc:
         raise DataError(f"{path}: encoder lacks the key {exc} or holds a value of the wrong kind") from None
     if record.fingerprint != doc.get("fingerprint"):
@@ -390,7 +397,7 @@ def load_encoder(record: EncoderRecord, spec: ModelSpec) -> Encoder:
     vocabs = {t: checked_vocab(record, t) for t in record.vocab_files}
     stats = {name: DenseStats(r["mean"], r["std"]) for name, r in record.features.items()
              if r["kind"] == "dense" and r.get("mean") is not None}
-    return Encoder(spec, dict(record.columns), vocabs, stats, record.sequence_sep)
+    return Encoder(spec, dict(record.columns), vocabs, stats, record.sequence_sep, dict(record.id_forms))
 
 
 def check_vocabularies(record: EncoderRecord) -> EncoderRecord:

@@ -1,6 +1,7 @@
 """`flowrec data inspect`: rows, partitions, columns, dtypes, metadata, missing/unique summary, and
 what conversion saw in the raw data (`_flowrec_stats.json`: raw missing counts of dense columns,
-which are filled before storage; label means; distinct raw values vs occupied rows of hashed tables).
+which are filled before storage; label means; distinct raw values vs occupied rows of hashed tables)
+and the form the rows wrote the ids of hashed and managed tables in (`recorded_forms`).
 
 Returns data only; the CLI prints it. ``rows`` counts the rows of the part files, ``meta_rows``
 what ``_flowrec.json`` records (they differ only for a damaged dataset, which training refuses).
@@ -24,6 +25,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from flowrec.data.dataset import parquet_files
+from flowrec.data.id_forms import checked_forms
 from flowrec.data.layout import DataError, read_meta
 from flowrec.data.parquet_folder import unread_lines
 from flowrec.data.rawstats import MERGE_WARN, STATS_FILE, merged_values, read_stats
@@ -54,7 +56,26 @@ def inspect_dataset(path: str | Path, scan_rows: int = SCAN_ROWS) -> dict[str, A
     return {"path": str(path), "rows": int(sum(rows_per_file)), "meta_rows": meta.rows, "partitions": len(files),
             "rows_per_partition": {"min": min(rows_per_file), "max": max(rows_per_file)},
             "scanned_rows": scanned, "columns": columns, "meta": asdict(meta), "raw": raw,
+            "id_forms": recorded_forms(meta.source),
             "warnings": unread_lines(Path(path), raw=False) + hashing_warnings(raw) + _damaged_stats(Path(path), raw)}
+
+
+def recorded_forms(source: Any) -> dict[str, dict[str, str]]:
+    """feature -> {"form", "example", "type", "column"}: the form conversion recorded its hashed or
+    managed ids written in (`flowrec.data.id_forms`; `_flowrec.json`'s `source.encoder.id_forms`,
+    none for a dataset converted before forms were), with the raw column it was read from."""
+    encoder = source.get("encoder") if isinstance(source, dict) else None
+    encoder = encoder if isinstance(encoder, dict) else {}
+    columns = encoder.get("columns") if isinstance(encoder.get("columns"), dict) else {}
+    return {name: {**rule, "column": str(columns.get(name, name))}
+            for name, rule in checked_forms(encoder.get("id_forms")).items()}
+
+
+def form_line(name: str, rule: dict[str, str]) -> str:
+    """One short line of a feature's recorded id form (`recorded_forms`): `data inspect`'s."""
+    column = f" (column {rule['column']})" if rule.get("column", name) != name else ""
+    read = f", read as {rule['type']}" if rule.get("type") else ""
+    return f"ids of feature {name}{column}: written as {rule['form']} ({rule.get('example', '')!r}{read})"
 
 
 def _with_raw(column: dict[str, Any], raw: dict[str, Any] | None) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from flowrec.data.hostmemory import available_memory_bytes
 from flowrec.data.layout import DataError
 from flowrec.graph.types import Plan
 from flowrec.planner.fit import host_fit, host_misfit, host_share, misfit
-from flowrec.runs.encoder import adopt_encoder, data_encoder
+from flowrec.runs.encoder import adopt_encoder, data_encoder, eval_form_lines
 from flowrec.runs.errors import EXIT_OUT_OF_MEMORY, RunError
 from flowrec.runs.settings import merge_settings
 from flowrec.runtime.messages import first_line, out_of_memory
@@ -118,15 +118,20 @@ def start_session(spec: ModelSpec, spec_path: Path, settings: dict[str, Any], fo
     return session
 
 
-def record_encoder(session: Session, folder: Path | None, resuming: bool,
-                   parent: str | Path | None) -> EncoderRecord:
+def record_encoder(session: Session, folder: Path | None, resuming: bool, parent: str | Path | None,
+                   status: Callable[[str], None] = lambda _: None) -> EncoderRecord:
     """Record the run's encoder (its training data's) in the run folder (none: `flowrec.train(out=None)`)
-    and return it; data of another encoder is a `RunError` (the model is closed first)."""
+    and return it; data of another encoder is a `RunError` (the model is closed first). `status`
+    gets a warning line where data of a run started from another, or evaluation data, writes ids in
+    another form."""
     try:
         if folder is None:
-            return data_encoder(session.spec, session.train, session.eval)
+            record = data_encoder(session.spec, session.train, session.eval)
+            for line in eval_form_lines(session.spec, record, session.eval):
+                status(line)
+            return record
         return adopt_encoder(session.spec, folder, session.train, session.eval, resuming,
-                             Path(parent) if parent else None)
+                             Path(parent) if parent else None, status)
     except DataError as exc:
         session.model.close()
         raise RunError(str(exc), cause=exc) from None

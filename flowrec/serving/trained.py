@@ -34,6 +34,7 @@ from flowrec.data.encoder_record import (
     read_record,
     record_of_dataset,
 )
+from flowrec.data.id_forms import changed_forms
 from flowrec.data.layout import META_FILE, DataError
 from flowrec.graph.kinds import OP_KINDS
 from flowrec.graph.plan_io import plan_from_document, with_class_files
@@ -86,6 +87,18 @@ class Trained:
         extension of it into spare rows)."""
         if self.encoder is not None:
             check_same_encoder(self.encoder, record_of_dataset(Path(path)), str(path), extension=True)
+
+    def form_lines(self, path: Path) -> list[str]:
+        """A warning line per hashed or managed feature whose ids the dataset at `path` (of the
+        model's encoder: a dataset converted on its own from rows pandas wrote with a missing id,
+        "12.0", has the same fingerprint) wrote in another form than the model's training rows
+        (`flowrec.data.id_forms`): each such id was scored as one never seen. Nothing for a model
+        or a dataset recorded before forms were."""
+        if self.encoder is None or not self.encoder.id_forms:
+            return []
+        found = record_of_dataset(Path(path))
+        return [f"evaluation data {path}: {line}"
+                for line in changed_forms(self.spec, found.columns, self.encoder.id_forms, found.id_forms)]
 
     def evaluate_dataset(self, path: Path, group_by: str | None = None,
                          seen: Path | None = None) -> dict[str, dict[str, float]]:

@@ -1,0 +1,196 @@
+"""The written form of the ids of hashed and managed tables, recorded at training, checked after.
+
+A hashed table's row is the hash of an id's text and a managed table's raw id is its 64-bit hash
+(`flowrec.data.raw_ids`): neither has a vocabulary to look an id up in, so ids written in another
+form than the training rows wrote them (pandas writes an integer column with a missing value as
+floats, `12.0`; a bool as `True` where Arrow writes `true`; a time with or without its fraction of
+a second; a CSV written with ", " between fields keeps the space) hashed to other rows, or became
+new ids of a managed table, without a word. Conversion records each such feature's form (`record`:
+its name, an example and the Arrow type its column was read as) with the encoder; `flowrec predict`,
+`data convert --encoder-from` and `--init-from` / `--follow` compare the form of new rows with it
+(`other_form`) and say so in one line per feature (`lines`). Ids are never merged: `012` stays
+another id than `12`. Only a sample of each chunk is looked at (`FORM_SAMPLE` ids): a column is
+written one way throughout.
+
+Example:
+    >>> written_form(pa.array(["12.0", None, "7.0"]))
+    ('integral floats', '12.0')
+    >>> other_form("integers", "integral floats"), other_form("text", "integers")
+    (True, False)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from flowrec.data.layout import is_multi
+from flowrec.data.raw_ids import as_strings
+
+FORM_SAMPLE = 1024  # ids of a chunk (or of a call's rows) whose form is looked at
+TEXT = "text"  # ids of no form below: any text (no other form is told from it)
+PADDED = "space-padded "  # before the form of ids most of which are written with spaces around them
+_DATE = r"[0-9]{4}-[0-9]{2}-[0-9]{2}"
+_CLOCK = r"[ T][0-9]{2}:[0-9]{2}:[0-9]{2}"
+FORMS = (  # (form, what every id of it matches), the first form that every id of a sample matches
+    ("integers", r"^-?[0-9]+$"),
+    ("integral floats", r"^-?[0-9]+(\.0+)?$"),  # (not all integers: some written 12.0)
+    ("true/false", r"^(true|false)$"),  # Arrow's, Spark's, DuckDB's
+    ("True/False", r"^(True|False)$"),  # pandas'
+    ("TRUE/FALSE", r"^(TRUE|FALSE)$"),  # R's
+    ("dates", rf"^{_DATE}$"),
+    ("times", rf"^{_DATE}{_CLOCK}Z?$"),
+    ("times with a fraction of a second", rf"^{_DATE}{_CLOCK}\.[0-9]+Z?$"),
+)
+KINDS = {  # forms one writer's ids take in another's: (the kind, how writers differ)
+    "integers": "numbers", "integral floats": "numbers",
+    "true/false": "booleans", "True/False": "booleans", "TRUE/FALSE": "booleans",
+    "dates": "times", "times": "times", "times with a fraction of a second": "times",
+}
+WHY = {
+    "numbers": "pandas writes an integer column with a missing value as floats, 12.0; its nullable dtype "
+               "\"Int64\" keeps integers beside missing values",
+    "booleans": "pandas writes True, Arrow, Spark and DuckDB true, R TRUE",
+    "times": "Arrow writes a time with its fraction of a second, pandas' CSV without it and a column of "
+             "midnights as dates; write times as text, say",
+    "spaces": "a CSV written with ', ' between fields keeps the space in each field's text",
+}
+
+
+def written_form(values: pa.Array) -> tuple[str, str] | None:
+    """The form of a sample of ids (`FORMS`, else `TEXT`; `PADDED` before it where most are written
+    with spaces around them) and an example of it, as the ids are hashed (`as_strings`: a float
+    3.0 is the id "3"); None where the sample holds no id."""
+    texts = as_strings(values.slice(0, FORM_SAMPLE)).drop_null()
+    if not len(texts):
+        return None
+    trimmed = pc.utf8_trim_whitespace(texts)
+    padded = pc.sum(pc.not_equal(texts, trimmed)).as_py() * 2 > len(texts)
+    form = next((name for name, pattern in FORMS if pc.all(pc.match_substring_regex(trimmed, pattern)).as_py()),
+                TEXT)
+    if form == "integral floats":  # an example of a float: what the rows write otherwise than integers
+        example = texts.filter(pc.match_substring(trimmed, "."))[0].as_py()
+    else:
+        example = texts[0].as_py()
+    return (PADDED if padded else "") + form, example
+
+
+def other_form(trained: str, seen: str) -> bool:
+    """Whether ids written in form `seen` are clearly written otherwise than the training rows'
+    (form `trained`): of one kind (numbers, booleans, times) in another of its forms, or the same
+    form with spaces around the ids where training had none (or the reverse). Text and ids of
+    other kinds may be new ids, not others' forms of the training ids."""
+    if trained == seen:
+        return False
+    base, other = trained.removeprefix(PADDED), seen.removeprefix(PADDED)
+    return base == other or (base in KINDS and KINDS.get(other) == KINDS[base])
+
+
+@dataclass
+class IdForms:
+    """The forms (`written_form`) of the ids of the hashed and managed features of raw chunks.
+
+    Args:
+        seen: feature -> form -> [an example, ids of the samples of that form].
+        types: feature -> the Arrow type its raw column was first read as.
+    """
+
+    seen: dict[str, dict[str, list]] = field(default_factory=dict)
+    types: dict[str, str] = field(default_factory=dict)
+
+    def observe(self, encoder: Any, raw: pa.Table, features: Any = None) -> None:
+        """Look at a sample of each hashed or managed feature's ids in `raw` (of `features`, a
+        collection of names, where given), read as `encoder` (an `Encoder`) reads them."""
+        sample = raw.slice(0, FORM_SAMPLE)
+        for f in encoder.spec.sparse_features:
+            table = encoder.spec.table(f.table)
+            source = encoder.source(f.name)
+            if not (table.hashed or table.managed is not None) or source not in raw.column_names \
+                    or (features is not None and f.name not in features):
+                continue
+            values = encoder.sparse_values(f, sample)
+            flat = pc.list_flatten(values) if is_multi(f) else values
+            found = written_form(flat)
+            self.types.setdefault(f.name, str(raw.column(source).type))
+            if found is None:
+                continue
+            form, example = found
+            mine = self.seen.setdefault(f.name, {}).setdefault(form, [example, 0])
+            mine[1] += min(len(flat), FORM_SAMPLE)
+
+    def add(self, other: "IdForms") -> None:
+        """Count `other`'s forms too (a call's, into a model's running count)."""
+        for name, forms in other.seen.items():
+            mine = self.seen.setdefault(name, {})
+            for form, (example, count) in forms.items():
+                mine.setdefault(form, [example, 0])[1] += count
+        for name, kind in other.types.items():
+            self.types.setdefault(name, kind)
+
+    def record(self) -> dict[str, dict[str, str]]:
+        """feature -> {"form", "example", "type"}, for each feature whose ids were of one form
+        throughout (a feature of several forms records none: nothing is told from it)."""
+        return {name: {"form": form, "example": example, "type": self.types.get(name, "")}
+                for name, forms in self.seen.items() if len(forms) == 1
+                for form, (example, _) in forms.items()}
+
+    def lines(self, encoder: Any, trained: dict[str, dict[str, str]]) -> list[str]:
+        """A line per feature whose ids are written in another form (`other_form`) than `trained`
+        (`record`'s of the training rows) records: the column, an example, what it does, the fix."""
+        out = []
+        for name, forms in self.seen.items():
+            rule = trained.get(name)
+            if rule is None:
+                continue
+            differing = [(count, form, example) for form, (example, count) in forms.items()
+                         if other_form(rule["form"], form)]
+            if differing:
+                _, form, example = max(differing)
+                table = next(encoder.spec.table(f.table) for f in encoder.spec.sparse_features if f.name == name)
+                out.append(form_line(encoder.source(name), name, table, rule, form, example))
+        return out
+
+
+def form_line(source: str, name: str, table: Any, rule: dict[str, str], form: str, example: str) -> str:
+    """The warning of feature `name`'s ids (raw column `source`, of `table`, a TableSpec) written as
+    `form` (`example`) where the training rows (`rule`) wrote them otherwise."""
+    base, trained = form.removeprefix(PADDED), rule["form"].removeprefix(PADDED)
+    why = WHY["spaces"] if base == trained else WHY[KINDS[base]]
+    if table.managed is not None:
+        what = (f"managed table {table.name!r} holds a row per id's text, so each is a new id there, not the trained "
+                "one (training on such rows gives the same id a second row)")
+    else:
+        what = (f"hashed table {table.name!r} hashes an id's text, so each lands in another row than in training "
+                "(scored as an id never seen)")
+    read = f", read as {rule['type']}" if rule.get("type") else ""
+    return (f"column {source}: the ids of feature {name} are written as {form} ({example!r}), the training rows "
+            f"wrote them as {rule['form']} ({rule.get('example')!r}{read}): {what}; ids are not merged ('012' stays "
+            f"another id than '12'): write column {source} as the training rows did ({why})")
+
+
+def checked_forms(value: Any) -> dict[str, dict[str, str]]:
+    """A recorded `IdForms.record` as read from a file: the features whose record is a form's
+    name (text) with an example and type; anything else (a hand-edited record) is left out, so a
+    record that tells nothing warns of nothing (nor does a run recorded before forms were)."""
+    if not isinstance(value, dict):
+        return {}
+    return {name: {k: rule[k] for k in ("form", "example", "type") if isinstance(rule.get(k), str)}
+            for name, rule in value.items()
+            if isinstance(name, str) and isinstance(rule, dict) and isinstance(rule.get("form"), str)}
+
+
+def changed_forms(spec: Any, columns: dict[str, str], trained: dict[str, dict[str, str]],
+                  seen: dict[str, dict[str, str]]) -> list[str]:
+    """A line (`form_line`) per hashed or managed feature of `spec` whose ids a dataset's record
+    (`seen`) writes in another form (`other_form`) than a run's (`trained`): a day of a stream
+    (`--follow`, `--init-from`) that pandas wrote with a missing id trained every id of it as a new
+    one. `columns`: feature -> raw column."""
+    out = []
+    for f in spec.sparse_features:
+        mine, theirs = trained.get(f.name), seen.get(f.name)
+        if mine and theirs and other_form(mine["form"], theirs["form"]):
+            out.append(form_line(columns.get(f.name, f.name), f.name, spec.table(f.table), mine, theirs["form"],
+                                 theirs.get("example", "")))
+    return out

@@ -1,0 +1,246 @@
+"""Ids of hashed and managed tables written in another form than the training rows wrote them.
+
+A hashed table hashes an id's text and a managed table keeps its text's hash: with no vocabulary
+to look ids up in, a CSV pandas wrote from an integer column with a missing value ("12.0") was
+scored as ids never seen (hashed: other rows; managed: new ids), without a word. Conversion now
+records each feature's form with the encoder and predict says where new rows write it otherwise.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+from typer.testing import CliRunner
+
+from flowrec.cli import app
+from flowrec.data.id_forms import IdForms, checked_forms, other_form, written_form
+
+runner = CliRunner()
+
+
+def _spec(table: str) -> dict:
+    """A model of a dense price and a user id, the user's table `table`: hashed or managed."""
+    user = {"name": "user", "type": "categorical", "dim": 4}
+    if table == "hashed":
+        user["hash_buckets"] = 97
+    else:
+        user["table"] = "users"
+    doc = {"name": f"forms_{table}", "features": [{"name": "price", "type": "dense"}, user],
+           "modules": [{"name": "top", "kind": "mlp", "inputs": ["@dense", "@sparse"], "layers": [4]}],
+           "heads": [{"name": "ctr", "input": "top"}],
+           "data": {"format": "csv", "label": "clicked"},
+           "optimizer": {"dense": {"name": "adam", "lr": 0.01}, "sparse": {"name": "sgd", "lr": 0.1}},
+           "training": {"batch_size": 16}}
+    if table == "managed":
+        doc["tables"] = [{"name": "users", "dim": 4, "managed": {"rows": 64, "admit_min_count": 1,
+                                                                 "every_steps": 4}}]
+    return doc
+
+
+def _rows(rng: np.random.Generator, n: int) -> pd.DataFrame:
+    """Fresh skewed rows: Zipf user ids (a few users most of the rows), random prices and clicks."""
+    users = rng.zipf(1.3, n) % 5_000 + int(rng.integers(1, 1_000))
+    return pd.DataFrame({"price": rng.lognormal(1.0, 1.5, n), "user": users,
+                         "clicked": (rng.random(n) < 0.3).astype(int)})
+
+
+@pytest.mark.parametrize("table", ["hashed", "managed"])
+def test_ids_written_as_floats_after_training_on_integers_are_said(table: str, tmp_path: Path) -> None:
+    rng = np.random.default_rng()
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(_spec(table)))
+    rows = _rows(rng, 400)
+    rows.to_csv(tmp_path / "train.csv", index=False)
+    floats = rows.astype({"user": float})
+    floats.loc[int(rng.integers(0, len(rows))), "user"] = np.nan  # as pandas writes a column missing an id
+    floats.to_csv(tmp_path / "floats.csv", index=False)
+    assert ".0," in (tmp_path / "floats.csv").read_text()
+    for args in (["data", "convert", "csv", tmp_path / "train.csv", tmp_path / "ds", "--spec", spec, "-q"],
+                 ["train", spec, "--data", tmp_path / "ds", "--out", tmp_path / "run", "--max-steps", "4",
+                  "--device", "cpu", "-q"],
+                 ["export", tmp_path / "run", tmp_path / "pkg", "-q"]):
+        made = runner.invoke(app, [str(a) for a in args])
+        assert made.exit_code == 0, made.output
+    recorded = json.loads((tmp_path / "pkg" / "encoder.json").read_text())["id_forms"]
+    assert recorded["user"]["form"] == "integers"
+    said = {}
+    for name in ("floats", "train"):
+        scored = runner.invoke(app, ["predict", str(tmp_path / "pkg"), str(tmp_path / f"{name}.csv"), "--format",
+                                     "csv", "--out", str(tmp_path / f"{name}-scores.csv"), "-q"])
+        assert scored.exit_code == 0, scored.output
+        said[name] = [x for x in scored.output.splitlines() if x.startswith("warning: column user: ")]
+    (line,) = said["floats"]
+    assert "written as integral floats" in line and "as integers" in line and "write column user as" in line
+    assert ("managed table 'users'" if table == "managed" else "hashed table") in line
+    assert said["train"] == []  # the training rows' own form: nothing said
+    converted = runner.invoke(app, [str(a) for a in ["data", "convert", "csv", tmp_path / "floats.csv",
+                                                     tmp_path / "ds2", "--spec", spec, "-q", "--encoder-from",
+                                                     tmp_path / "run"]])
+    assert converted.exit_code == 0 and "the ids of feature user are written as integral floats" in converted.output
+    import flowrec.serving.predict as serving
+
+    model = serving.load_model(tmp_path / "pkg")
+    some = floats.dropna().head(int(rng.integers(5, 50)))
+    with pytest.warns(UserWarning, match="column user: the ids of feature user are written as integral floats"):
+        model.predict(some.assign(user=some.user.map(lambda u: f"{u:.1f}")))
+    assert len(model.unseen_ids().lines()) == 1
+    model = serving.load_model(tmp_path / "pkg")
+    model.predict(some)  # a float column of a DataFrame: 3.0 is the id "3", as trained
+    assert model.unseen_ids().lines() == []
+    doc = json.loads((tmp_path / "run" / "encoder" / "encoder.json").read_text())
+    del doc["id_forms"]  # a run recorded before forms were, and its package: no warning, no failure
+    (tmp_path / "run" / "encoder" / "encoder.json").write_text(json.dumps(doc))
+    assert runner.invoke(app, ["export", str(tmp_path / "run"), str(tmp_path / "old"), "-q"]).exit_code == 0
+    scored = runner.invoke(app, ["predict", str(tmp_path / "old"), str(tmp_path / "floats.csv"), "--format", "csv",
+                                 "--out", str(tmp_path / "old-scores.csv"), "-q"])
+    assert scored.exit_code == 0 and "warning: column user" not in scored.output, scored.output
+
+
+def test_forms_of_random_ids() -> None:
+    rng = np.random.default_rng()
+    ids = rng.zipf(1.2, 3_000) % 10**9
+    texts = [str(i) for i in ids]
+    assert written_form(pa.array(texts))[0] == "integers"
+    assert written_form(pa.array([f"{i}.0" for i in ids]))[0] == "integral floats"
+    assert written_form(pa.array(ids.astype(float)))[0] == "integers"  # floats' text: 3.0 is "3"
+    assert written_form(pa.array([f" {t}" for t in texts]))[0] == "space-padded integers"
+    flags = rng.random(500) < 0.2
+    assert written_form(pa.array(flags))[0] == "true/false"
+    assert written_form(pa.array([str(bool(f)) for f in flags]))[0] == "True/False"
+    assert written_form(pa.array([None, ""], pa.string())) is None
+    assert other_form("true/false", "True/False") and other_form("integers", "space-padded integers")
+    assert other_form("times", "times with a fraction of a second") and not other_form("integers", "integers")
+    assert not other_form("text", "integers") and not other_form("integers", "text")
+    assert not other_form("integers", "true/false")
+
+
+def test_a_record_of_several_forms_or_hand_edited_tells_nothing() -> None:
+    from flowrec.data.encode import Encoder
+    from flowrec.spec import spec_from_dict
+
+    spec = spec_from_dict(_spec("hashed"))
+    rng = np.random.default_rng()
+    ids = rng.zipf(1.4, 200) % 700
+    forms = IdForms()
+    encoder = Encoder(spec, {}, {}, {})
+    forms.observe(encoder, pa.table({"user": [str(i) for i in ids]}))
+    assert forms.record()["user"]["form"] == "integers"
+    forms.observe(encoder, pa.table({"user": [f"{i}.0" for i in ids]}))
+    assert forms.record() == {}  # trained on both forms: neither is another
+    assert checked_forms({"user": {"form": 3}, "x": "integers", 5: {}}) == {}
+    assert checked_forms([1]) == {} and checked_forms(None) == {}
+
+
+@pytest.mark.parametrize("table", ["managed", "hashed"])
+def test_a_day_of_a_stream_that_writes_its_ids_as_floats_is_said(table: str, tmp_path: Path) -> None:
+    """Days converted one by one (a hashed or managed spec needs no encoder to convert with): a day
+    pandas wrote with a missing user id ("12.0") trained every user of it as a new id (a managed
+    table gave each a second row) without a word. The stream says so for that day; a later day of
+    integers again is the trained form (the first day's, kept by each day's run): nothing said."""
+    rng = np.random.default_rng()
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(_spec(table)))
+    days = tmp_path / "days"
+    for day in ("d1", "d2", "d3"):
+        rows = _rows(rng, int(rng.integers(150, 300)))
+        if day == "d2":
+            rows = rows.astype({"user": float})
+            rows.loc[int(rng.integers(0, len(rows))), "user"] = np.nan
+        rows.to_csv(tmp_path / f"{day}.csv", index=False)
+        made = runner.invoke(app, ["data", "convert", "csv", str(tmp_path / f"{day}.csv"), str(days / day), "--spec",
+                                   str(spec), "-q"])
+        assert made.exit_code == 0, made.output
+    follow = runner.invoke(app, ["train", str(spec), "--follow", str(days), "--out", str(tmp_path / "stream"),
+                                 "--max-steps", "3", "--device", "cpu", "-q"])
+    assert follow.exit_code == 0, follow.output
+    said = [x for x in follow.output.splitlines() if "the ids of feature user are written as" in x]
+    (line,) = said
+    assert line.startswith(f"warning: training data {days / 'd2'}: column user: ") and "integral floats" in line
+    assert ("managed table 'users'" if table == "managed" else "hashed table") in line
+
+
+@pytest.mark.parametrize("table", ["hashed", "managed"])
+def test_evaluation_data_that_writes_its_ids_as_floats_is_said(table: str, tmp_path: Path) -> None:
+    """Evaluation data converted on its own (no --encoder-from: a hashed or managed spec needs none)
+    from rows pandas wrote with a missing user id ("12.0") has the run's fingerprint, so `train
+    --eval-data`, `flowrec.train(eval_data=)`, `eval --data` and `Run.evaluate(data=)` scored every
+    user of it as never seen without a word. Each says so in one line; data of the training rows'
+    form is not warned of."""
+    rng = np.random.default_rng()
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(_spec(table)))
+    rows = _rows(rng, int(rng.integers(200, 400)))
+    rows.to_csv(tmp_path / "train.csv", index=False)
+    floats = _rows(rng, int(rng.integers(100, 300))).astype({"user": float})
+    floats.loc[int(rng.integers(0, len(floats))), "user"] = np.nan
+    floats.to_csv(tmp_path / "floats.csv", index=False)
+    for name in ("train", "floats"):
+        made = runner.invoke(app, ["data", "convert", "csv", str(tmp_path / f"{name}.csv"), str(tmp_path / name),
+                                   "--spec", str(spec), "-q"])
+        assert made.exit_code == 0, made.output
+    said = "the ids of feature user are written as integral floats"
+    trained = runner.invoke(app, ["train", str(spec), "--data", str(tmp_path / "train"), "--eval-data",
+                                  str(tmp_path / "floats"), "--out", str(tmp_path / "run"), "--max-steps", "3",
+                                  "--device", "cpu", "-q"])
+    assert trained.exit_code == 0, trained.output
+    (line,) = [x for x in trained.output.splitlines() if said in x]
+    assert line.startswith(f"warning: evaluation data {tmp_path / 'floats'}: column user: ")
+    assert ("managed table 'users'" if table == "managed" else "hashed table") in line
+    for data, lines in (("floats", 1), ("train", 0)):
+        scored = runner.invoke(app, ["eval", str(tmp_path / "run"), "--data", str(tmp_path / data)])
+        assert scored.exit_code == 0, scored.output
+        found = [x for x in scored.output.splitlines() if said in x]
+        assert len(found) == lines, scored.output
+        assert all(x.startswith(f"warning: evaluation data {tmp_path / data}: column user: ") for x in found)
+    import warnings
+
+    import flowrec
+
+    run = flowrec.load(tmp_path / "run", device="cpu")
+    with pytest.warns(UserWarning, match=f"evaluation data .*: column user: {said}"):
+        run.evaluate(data=tmp_path / "floats")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        run.evaluate(data=tmp_path / "train")
+    with pytest.warns(UserWarning, match=f"evaluation data .*: column user: {said}"):  # out=None too
+        flowrec.train(spec, data=tmp_path / "train", eval_data=tmp_path / "floats", max_steps=2, device="cpu")
+    child = runner.invoke(app, ["train", str(spec), "--data", str(tmp_path / "floats"), "--init-from",
+                                str(tmp_path / "run"), "--eval-data", str(tmp_path / "train"), "--out",
+                                str(tmp_path / "child"), "--max-steps", "2", "--device", "cpu", "-q"])
+    assert child.exit_code == 0, child.output
+    (line,) = [x for x in child.output.splitlines() if said in x]  # the parent's form: its eval data not warned
+    assert line.startswith(f"warning: training data {tmp_path / 'floats'}: column user: ")
+
+
+@pytest.mark.parametrize("table", ["hashed", "managed"])
+def test_data_inspect_shows_the_recorded_forms_of_ids(table: str, tmp_path: Path) -> None:
+    """Which form a dataset's hashed or managed ids were recorded in (what predict, eval and
+    --init-from compare new rows with) was to be read only in _flowrec.json: `data inspect` shows a
+    line per such feature, `--json` the record; a split dataset's each part."""
+    rng = np.random.default_rng()
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(_spec(table)))
+    rows = _rows(rng, int(rng.integers(200, 500)))
+    floats = bool(rng.integers(0, 2))
+    if floats:
+        rows = rows.astype({"user": float})
+        rows.loc[int(rng.integers(0, len(rows))), "user"] = np.nan
+    rows.to_csv(tmp_path / "rows.csv", index=False)
+    made = runner.invoke(app, ["data", "convert", "csv", str(tmp_path / "rows.csv"), str(tmp_path / "ds"), "--spec",
+                               str(spec), "--test-fraction", "0.2", "-q"])
+    assert made.exit_code == 0, made.output
+    form = "integral floats" if floats else "integers"
+    shown = runner.invoke(app, ["data", "inspect", str(tmp_path / "ds")])
+    assert shown.exit_code == 0, shown.output
+    lines = [x for x in shown.output.splitlines() if x.startswith("ids of feature user: ")]
+    assert len(lines) == 2, shown.output  # train/ and test/
+    first = rows.user.dropna().iloc[0]
+    example = f"{first:.1f}" if floats else str(first)  # the first id, as the CSV writes it (read as text)
+    assert lines[0] == f"ids of feature user: written as {form} ({example!r}, read as string)", lines
+    assert all(x.startswith(f"ids of feature user: written as {form} (") for x in lines)
+    doc = json.loads(runner.invoke(app, ["data", "inspect", str(tmp_path / "ds"), "--json"]).output)
+    assert doc["train"]["id_forms"]["user"]["form"] == form and doc["train"]["id_forms"]["user"]["column"] == "user"
