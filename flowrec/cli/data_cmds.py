@@ -268,6 +268,11 @@ def profile(
     guard_outputs([p for p, _ in outputs], [spec, *bound_files(spec, model), data], overwrite,
                   [kind for _, kind in outputs])
 
+    from flowrec.data.parquet_folder import unread_lines
+
+    for line in unread_lines(data, raw=False):  # a job still writing: its rows are not in the profile
+        warn(line)
+
     def work():
         from flowrec.data.dataset import ParquetSource
         from flowrec.data.layout import check_spec

@@ -134,7 +134,7 @@ training: {batch_size: 8}
 
 
 def test_train_eval_and_inspect_of_a_dataset_a_job_still_writes_into_say_so(tmp_path: Path) -> None:
-    """`train --data DIR`, `eval RUN --data DIR` and `data inspect DIR` of a dataset holding a
+    """`train --data DIR`, `eval RUN --data DIR`, `data inspect DIR` and `data profile SPEC DIR` of a dataset holding a
     `_temporary/` (a Spark job still writing into it) read the committed part files and skipped
     the folder without a word. Each now says so in one warning line; the dataset's own `_vocab/`
     and `_flowrec*.json` stay silent."""
@@ -158,7 +158,8 @@ def test_train_eval_and_inspect_of_a_dataset_a_job_still_writes_into_say_so(tmp_
     commands = [["train", str(tmp_path / "spec.yaml"), "--data", str(data), "--out", str(tmp_path / "run"),
                  "--device", "cpu"],
                 ["eval", str(tmp_path / "run"), "--data", str(data)],
-                ["data", "inspect", str(data)]]
+                ["data", "inspect", str(data)],
+                ["data", "profile", str(tmp_path / "spec.yaml"), str(data), "-q"]]
     for argv in commands:
         done = runner.invoke(app, argv)
         assert done.exit_code == 0, (argv, done.output)
