@@ -854,3 +854,29 @@ def test_a_head_beside_the_retrieval_head_may_read_its_similarity(retrieval_firs
     with torch.no_grad():
         scores = model(batches[1])
     assert scores.shape == (BATCH, 1 + 16) and torch.isfinite(scores).all()  # a click logit, [query | item]
+
+
+@pytest.mark.parametrize("negatives", [{"kind": "sampled", "num": 16, "distribution": "unigram"}, {"kind": "in_batch"}])
+def test_a_bf16_step_with_an_item_tower_trains_as_fp32_within_bf16_rounding(negatives):
+    """Under `precision: bf16` the item tower runs under autocast, so the sampled items' vectors
+    were bf16 while the queries (head outputs) are fp32: every step of a two-tower with sampled
+    negatives stopped with "expected m1 and m2 to have the same dtype" (a traceback). The sampled
+    items now meet the queries in their dtype, as the in-batch items do."""
+    seed = random.randrange(1 << 30)
+    spec = spec_from_dict(retrieval_doc(seed % 1000, negatives, True))
+    plan = make_plan(spec, target="cpu")
+    _, _, source = staged(spec, plan, seed, 3)
+    losses = {}
+    for precision in ("fp32", "bf16"):
+        model = lower(plan, spec, "cpu")
+        model.retrieval.set_counts(item_counts(source, "item"), torch.device("cpu"))
+        batches = staged(spec, plan, seed, 3, sampler(model.retrieval, model.noise_seed) if model.retrieval.sampled
+                         else None)[0]
+        batches = [replace(b, dense=b.dense.float(), labels=b.labels.float()) for b in batches]
+        optimizer = make_dense_optimizer(model, "sgd", 0.3, {})
+        before = [p.detach().clone() for p in model.ops.parameters()]
+        losses[precision] = [train_step(model, optimizer, b, precision=precision) for b in batches]
+        assert any(not torch.equal(a, p) for a, p in zip(before, model.ops.parameters()))  # it trained
+    assert all(math.isfinite(x) for x in losses["bf16"])
+    assert losses["bf16"][0] == pytest.approx(losses["fp32"][0], rel=3e-2), f"seed {seed}"
+    assert losses["bf16"][0] != losses["fp32"][0]  # the tower did run in bf16
