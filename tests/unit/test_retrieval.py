@@ -153,7 +153,7 @@ def reference_loss(ref: ReferenceModel, batch, items: torch.Tensor, binding, neg
     d = out.shape[1] // 2
     q, v = out[:, :d], out[:, d:]
     log_q = binding.log_q
-    metric, temp = "cosine", 0.2
+    temp = 0.2  # the cosine metric of `retrieval_doc`
     if negs is None:
         rows = []
         for i in range(len(items)):
