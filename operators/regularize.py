@@ -67,10 +67,17 @@ class SeededDropout(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0.0:
             return x
+        return x * self._keep(x) / (1.0 - self.p)
+
+    @torch.compiler.disable
+    def _keep(self, x: torch.Tensor) -> torch.Tensor:
+        """The mask of x (1 kept, 0 dropped, in x's dtype, x's shape), drawn outside compiled code:
+        compiled, the seed and the row count, which change every step, were constants of the graph
+        (`flowrec train --compile` compiled the dense stage again each step until dynamo's limit)."""
         keep = self._keep_cpu(x)
-        if keep is None:  # elsewhere (a GPU, a compiled graph): the hash as tensor ops
+        if keep is None:  # elsewhere (a GPU): the hash as tensor ops
             keep = (hash32((hash32(self._positions(x)) + self.seed) & MASK32) >= self._threshold()).to(x.dtype)
-        return x * keep / (1.0 - self.p)
+        return keep
 
     def _threshold(self) -> int:
         """A value is kept where its 32-bit hash is at least this."""

@@ -132,7 +132,9 @@ def sampled_softmax(q: torch.Tensor, v: torch.Tensor, items: torch.Tensor, cand:
         temperature: scores are divided by it.
     """
     pos = row_scores(q, v, metric, temperature).unsqueeze(1)  # (B, 1)
-    neg = pair_scores(q, cand.vectors, metric, temperature)  # (B, N)
+    # the items' vectors in the queries' dtype: an item tower run under bf16 autocast gives bf16
+    # vectors, the queries (head outputs) are fp32, as `retrieval_loss` casts in-batch items
+    neg = pair_scores(q, cand.vectors.to(q.dtype), metric, temperature)  # (B, N)
     if cand.log_q is not None:
         log_n = torch.log(torch.tensor(float(cand.num), dtype=pos.dtype, device=pos.device))
         pos = pos - (cand.log_q[items].to(pos.dtype) + log_n).unsqueeze(1)

@@ -466,7 +466,7 @@ def activation_bytes(graph: OpGraph, batch: int, precision: str = "fp32") -> int
     tower, drawn = sampled_item_tower(graph)
     per_drawn = sum(graph.nodes[n]["op"].out_bytes for n in tower)  # the drawn items' tower activations
     return (per_sample * batch * ACTIVATION_COPIES + per_drawn * drawn * ACTIVATION_COPIES
-            + attention_mask_bytes(graph, batch, precision) + retrieval_logit_bytes(graph, batch, precision))
+            + attention_mask_bytes(graph, batch, precision) + retrieval_logit_bytes(graph, batch))
 
 
 FREE_ROW_BYTES = 8  # B: one entry of a managed map's sorted free rows (int64, `ManagedMap.free`)
@@ -496,14 +496,16 @@ def managed_map_bytes(spec: ModelSpec, world: int = 1) -> int:
 RETRIEVAL_LOGIT_COPIES = 3  # (B, C) tensors a retrieval softmax holds at its peak (3.3-3.4 measured)
 
 
-def retrieval_logit_bytes(graph: OpGraph, batch: int, precision: str = "fp32") -> int:
+def retrieval_logit_bytes(graph: OpGraph, batch: int) -> int:
     """What a retrieval head's softmax holds: its (B, C) logits against C candidates (in-batch:
     every rank's rows of the batch; sampled: 1 + N), masked, scaled, logQ-corrected and their
     log-softmax kept for backward. Measured on the CPU (`operators.retrieval.retrieval_loss`
     forward and backward, dot and cosine, with and without logQ; B 256 with N 200,000, B 4,096
-    in-batch): 3.3-3.4 (B, C) fp32 tensors at the peak; `RETRIEVAL_LOGIT_COPIES` of the compute
-    dtype is the estimate, below every measured peak. Without it 1,000,000 sampled negatives at
-    batch 1,024 planned at 2 MiB of memory where the step needs over 12 GB.
+    in-batch): 3.3-3.4 (B, C) fp32 tensors at the peak; `RETRIEVAL_LOGIT_COPIES` fp32 tensors
+    is the estimate, below every measured peak. Without it 1,000,000 sampled negatives at
+    batch 1,024 planned at 2 MiB of memory where the step needs over 12 GB. fp32 under
+    `precision: bf16` too: the head's outputs are widened to fp32 and the loss runs outside
+    autocast (counted at bf16's 2 bytes, such a plan was estimated at half its logits).
 
     Example:
         >>> from flowrec.graph.build import build_graph
@@ -511,7 +513,7 @@ def retrieval_logit_bytes(graph: OpGraph, batch: int, precision: str = "fp32") -
         >>> retrieval_logit_bytes(build_graph(load_spec("specs/two_tower_movielens.yaml")), 1024)  # in-batch
         12582912
     """
-    return sum(size for size, _ in _retrieval_logits(graph, batch, precision))
+    return sum(size for size, _ in _retrieval_logits(graph, batch))
 
 
 def attention_mask_bytes(graph: OpGraph, batch: int, precision: str = "fp32") -> int:
@@ -537,7 +539,7 @@ def growing_activations(graph: OpGraph, batch: int, precision: str = "fp32") -> 
     """(bytes, what) of each activation term that grows faster than the batch's rows: every
     `self_attention`'s masks (`attention_mask_bytes`) and a retrieval head's logits
     (`retrieval_logit_bytes`), for naming the largest in a memory line (`flowrec.planner.fit`)."""
-    return [*_attention_masks(graph, batch, precision), *_retrieval_logits(graph, batch, precision)]
+    return [*_attention_masks(graph, batch, precision), *_retrieval_logits(graph, batch)]
 
 
 def _attention_masks(graph: OpGraph, batch: int, precision: str) -> Iterator[tuple[int, str]]:
@@ -549,13 +551,13 @@ def _attention_masks(graph: OpGraph, batch: int, precision: str) -> Iterator[tup
                    f"{node}'s {length:,} x {length:,} attention mask a sample and layer")
 
 
-def _retrieval_logits(graph: OpGraph, batch: int, precision: str) -> Iterator[tuple[int, str]]:
+def _retrieval_logits(graph: OpGraph, batch: int) -> Iterator[tuple[int, str]]:
     for node in graph:
         op = graph.nodes[node]["op"]
         if op.kind == "loss" and op.attr("retrieval"):
             head = op.attr("heads")[op.attr("retrieval")[0]]
             candidates = retrieval_work(graph, op, batch).forward.gemms[0][2]  # the (B x D) @ (D x C) logits
-            yield (RETRIEVAL_LOGIT_COPIES * batch * candidates * DTYPE_BYTES[precision],
+            yield (RETRIEVAL_LOGIT_COPIES * batch * candidates * DTYPE_BYTES["fp32"],
                    f"retrieval head {head}'s logits against {candidates:,} candidates a sample")
 
 

@@ -179,9 +179,7 @@ class LoweredModel(nn.Module):
         self.ops = OpModules(ops)
         self.packed_members = {step.name: tuple(graph.nodes[step.name]["op"].attr(named))
                                for step in self.steps if (named := OP_KINDS[step.kind].named_outputs)}
-        self.gathers = {step.name: gather for step in self.steps if OP_KINDS[step.kind].gathers
-                        and len(step.slots) >= GATHER_MIN_SLOTS
-                        for gather in [self._flat_gather(step)] if gather is not None}
+        self.gathers = self._gathers()
         self.source_mlps, self.skipped = _source_mlps(graph, self.steps, self.gathers, self.ops)
         self.fuse_sources = True  # False: every module called on its gathered input (op calibration)
         loss_name = next(n for n in graph.nodes if graph.nodes[n]["op"].kind == "loss")
@@ -297,6 +295,15 @@ class LoweredModel(nn.Module):
         if self.managed is not None:
             self.managed.close()
 
+    def assigned(self, device: torch.device) -> None:
+        """After a lowering on the meta device was assigned a checkpoint's tensors on `device`
+        (`load_state_dict(assign=True)`: `flowrec.serving.trained.load_trained` with mmap): the
+        constants the lowering made from the plan, which no state holds (the column gathers'
+        indices), are made on `device` too. Left on meta, a permuted gather read garbage in eager
+        scoring and failed `flowrec export` (wide_1000: "found at least two devices, cpu and meta")."""
+        self.device = torch.device(device)
+        self.gathers = self._gathers()
+
     def compile_dense(self, on: bool = True) -> CompiledCall | None:
         """Run the training dense stage compiled (`torch.compile` through the device runtime,
         eager where compiling fails) or eagerly (`on` False). Evaluation (no grad) stays eager:
@@ -358,6 +365,12 @@ class LoweredModel(nn.Module):
         if slot.fields and slot.source in self.packed_members:  # one named output (member, head)
             return value[:, self.packed_members[slot.source].index(slot.fields[0])]  # (B, Out)
         return value
+
+    def _gathers(self) -> dict[str, FlatGather]:
+        """The column gathers of the dense nodes that take one, on the model's device."""
+        return {step.name: gather for step in self.steps if OP_KINDS[step.kind].gathers
+                and len(step.slots) >= GATHER_MIN_SLOTS
+                for gather in [self._flat_gather(step)] if gather is not None}
 
     def _flat_gather(self, step: NodeStep) -> FlatGather | None:
         """The column gather of a node's flat inputs (None when a slot is not a plain column set)."""

@@ -212,6 +212,8 @@ def load_trained(run: Path, device: str, scoring: Callable[[Plan], Plan], mmap: 
         if out_of_memory(exc):
             raise
         raise CheckpointError(f"{source} does not fit the spec's model ({first_line(exc)})") from None
+    if mmap:  # lowered on meta: the plan's constants on the mapped tensors' device (the CPU)
+        model.assigned(torch.device("cpu"))
     if mmap and not delta_files(source):  # the content check read every page: give them back until
         # they are used (not when deltas were applied: their rows live only in those private pages)
         for tensor in state["model"].values():

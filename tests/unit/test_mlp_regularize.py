@@ -235,3 +235,31 @@ def test_dropouts_compiled_cpu_mask_is_bitwise_the_tensor_ops(dtype, monkeypatch
         kept = (outs[0][0] != 0).double().mean().item()
         assert outs[0][0].shape == x.shape and not torch.equal(outs[0][0], outs[0][1])  # the rows move on
         assert abs(kept - (1 - p)) < 0.25, (kept, p)
+
+
+def test_compiled_dropout_is_not_recompiled_for_every_steps_seed():
+    """`flowrec train --compile` reseeds the dropout masks every step; the seed and the row count
+    were constants of the compiled graph, so every step compiled the dense stage again until
+    dynamo's recompile limit (8), then ran eager with a warning (esmm_multitask: 10 steps in 60 s).
+    The mask is now drawn outside the compiled graph: compiled once, the eager model's values."""
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    seed = random.randrange(1 << 30)
+    mlp = MLP(6, [16, 8], dropout=0.3)
+    counter = CompileCounter()
+    compiled = torch.compile(mlp, backend=counter)
+    first = 0
+    for step in range(4):
+        x = skewed(64, 6, seed=seed + step).float()
+        for d in mlp.drops:
+            d.reseed(seed + step)
+        want = mlp(x)
+        for d in mlp.drops:
+            d.reseed(seed + step)
+        got = compiled(x)
+        assert torch.equal(got, want), f"seed {seed}, step {step}"
+        assert float((got == 0).float().mean()) > 0.1  # dropout did drop
+        first = counter.frame_count if step == 0 else first
+    assert counter.frame_count == first, f"{counter.frame_count - first} more compilations after the first step"
+    torch._dynamo.reset()

@@ -218,3 +218,45 @@ def test_a_ranks_shard_restored_next_is_not_drawn(monkeypatch: pytest.MonkeyPatc
     whole = torch.cat([plain("a", 40, 4, seed=4), plain("b", 9, 4, seed=4)])
     mine = torch.arange(49)[sharded.owner_of(torch.arange(49), 2) == 1]
     assert torch.equal(drawn_shard.weight, whole[mine])
+
+
+PERMUTED = """
+name: permuted
+features:
+  - {name: price, type: dense, transform: log1p}
+  - {name: qty, type: dense, transform: log1p}
+  - {name: user_id, type: categorical, hash_buckets: 300, dim: 8}
+  - {name: item_id, type: categorical, hash_buckets: 700, dim: 8}
+  - {name: shop_id, type: categorical, hash_buckets: 90, dim: 8}
+modules:
+  - {name: deep, kind: mlp, inputs: [shop_id, price, item_id, qty, user_id], layers: [16]}
+heads:
+  - {name: click, input: deep, task: binary, loss: bce}
+optimizer:
+  dense: {name: adam, lr: 0.01}
+  sparse: {name: adagrad, lr: 0.1}
+training: {batch_size: 128, epochs: 1, eval_every: 0}
+"""
+
+
+def test_a_mapped_model_with_a_permuted_input_gather_scores_and_exports(tmp_path: Path) -> None:
+    """A model lowered on meta and assigned the mapped checkpoint (`load_trained(mmap=True)`, what
+    `flowrec export` loads) had its column gathers' indices left on meta: exporting a model whose
+    MLP reads its packed fields out of order (wide_1000) failed with "found at least two devices,
+    cpu and meta". The mapped model now scores as the copied one, and the export is written."""
+    spec = tmp_path / "permuted.yaml"
+    spec.write_text(PERMUTED)
+    flowrec.train(spec, out=tmp_path / "run", rows=1500, max_steps=3)
+    copied, _ = _copied(tmp_path / "run")
+    mapped = load_trained(tmp_path / "run", "cpu", scoring_plan, mmap=True).model
+    assert any(g.inverse is not None for g in mapped.gathers.values())  # the case: a permutation gather
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, (1,))))
+    dense = torch.rand(64, 2, generator=gen) ** 4 * 9  # skewed
+    emb = {g.name: torch.randn(64, g.bags_per_sample, g.dim, generator=gen) * torch.rand(1, 1, g.dim, generator=gen) * 3
+           for g in mapped.groups}
+    with torch.no_grad():
+        want, got = copied.dense_forward(dense, emb, {}), mapped.dense_forward(dense, emb, {})
+    assert torch.equal(want, got) and float(want.std()) > 0
+    exported = CliRunner().invoke(app, ["export", str(tmp_path / "run"), str(tmp_path / "pkg")])
+    assert exported.exit_code == 0, exported.output
+    assert (tmp_path / "pkg" / "model.pt2").is_file()

@@ -153,7 +153,7 @@ def reference_loss(ref: ReferenceModel, batch, items: torch.Tensor, binding, neg
     d = out.shape[1] // 2
     q, v = out[:, :d], out[:, d:]
     log_q = binding.log_q
-    metric, temp = "cosine", 0.2
+    temp = 0.2  # the cosine metric of `retrieval_doc`
     if negs is None:
         rows = []
         for i in range(len(items)):
@@ -854,3 +854,58 @@ def test_a_head_beside_the_retrieval_head_may_read_its_similarity(retrieval_firs
     with torch.no_grad():
         scores = model(batches[1])
     assert scores.shape == (BATCH, 1 + 16) and torch.isfinite(scores).all()  # a click logit, [query | item]
+
+
+@pytest.mark.parametrize("negatives", [{"kind": "sampled", "num": 16, "distribution": "unigram"}, {"kind": "in_batch"}])
+def test_a_bf16_step_with_an_item_tower_trains_as_fp32_within_bf16_rounding(negatives):
+    """Under `precision: bf16` the item tower runs under autocast, so the sampled items' vectors
+    were bf16 while the queries (head outputs) are fp32: every step of a two-tower with sampled
+    negatives stopped with "expected m1 and m2 to have the same dtype" (a traceback). The sampled
+    items now meet the queries in their dtype, as the in-batch items do."""
+    seed = random.randrange(1 << 30)
+    spec = spec_from_dict(retrieval_doc(seed % 1000, negatives, True))
+    plan = make_plan(spec, target="cpu")
+    _, _, source = staged(spec, plan, seed, 3)
+    losses = {}
+    for precision in ("fp32", "bf16"):
+        model = lower(plan, spec, "cpu")
+        model.retrieval.set_counts(item_counts(source, "item"), torch.device("cpu"))
+        batches = staged(spec, plan, seed, 3, sampler(model.retrieval, model.noise_seed) if model.retrieval.sampled
+                         else None)[0]
+        batches = [replace(b, dense=b.dense.float(), labels=b.labels.float()) for b in batches]
+        optimizer = make_dense_optimizer(model, "sgd", 0.3, {})
+        before = [p.detach().clone() for p in model.ops.parameters()]
+        losses[precision] = [train_step(model, optimizer, b, precision=precision) for b in batches]
+        assert any(not torch.equal(a, p) for a, p in zip(before, model.ops.parameters()))  # it trained
+    assert all(math.isfinite(x) for x in losses["bf16"])
+    assert losses["bf16"][0] == pytest.approx(losses["fp32"][0], rel=3e-2), f"seed {seed}"
+    assert losses["bf16"][0] != losses["fp32"][0]  # the tower did run in bf16
+
+
+def test_the_memory_estimate_counts_the_logits_a_bf16_step_makes(monkeypatch):
+    """The planner counted a retrieval head's (B, C) logits at 2 bytes under `precision: bf16`,
+    but the step computes them in fp32 (the head's outputs are widened, the loss runs outside
+    autocast): a plan's activations were estimated at half its logits. The estimate's element
+    size is now that of the logits the step makes."""
+    import operators.retrieval as retrieval
+    from flowrec.graph.build import build_graph
+    from flowrec.planner.cost import RETRIEVAL_LOGIT_COPIES, activation_bytes, retrieval_logit_bytes
+
+    seed = random.randrange(1 << 30)
+    doc = retrieval_doc(seed % 1000, {"kind": "sampled", "num": 16, "distribution": "uniform"}, False)
+    doc["training"]["precision"] = "bf16"
+    spec = spec_from_dict(doc)
+    plan = make_plan(spec, target="cpu")
+    model = lower(plan, spec, "cpu")
+    batch = staged(spec, plan, seed, 1, sampler(model.retrieval, model.noise_seed))[0][0]
+    batch = replace(batch, dense=batch.dense.float(), labels=batch.labels.float())
+    made = []
+    plain = retrieval.pair_scores
+    monkeypatch.setattr(retrieval, "pair_scores", lambda *a, **k: made.append(plain(*a, **k)) or made[-1])
+    train_step(model, make_dense_optimizer(model, "sgd", 0.3, {}), batch, precision="bf16")
+    logits = made[-1]  # (B, N): the sampled items' scores
+    assert logits.shape == (BATCH, 16)
+    graph = build_graph(spec)
+    per_value = retrieval_logit_bytes(graph, BATCH) / (RETRIEVAL_LOGIT_COPIES * BATCH * (1 + 16))
+    assert per_value == logits.element_size()
+    assert activation_bytes(graph, BATCH, "bf16") == activation_bytes(graph, BATCH, "fp32")  # no attention here
