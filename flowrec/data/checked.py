@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import secrets
 import threading
 from pathlib import Path
 from flowrec.spec.json_doc import read_json_document
@@ -131,16 +130,13 @@ class CheckRecord:
                 return
             doc = json.dumps({"format": RECORD_FORMAT, "version": 1, "parts": self._saved}, sort_keys=True)
             self._unsaved = 0
-        tmp = self.path.with_name(f".{RECORD_FILE}.{os.getpid()}-{secrets.token_hex(4)}")
-        try:
-            tmp.write_text(doc + "\n")
-            os.replace(tmp, self.path)
+        from flowrec.data.output_guard import atomic_output
+
+        try:  # a temp file named with this process and machine, as every output's: the next save
+            # removes one that a kill -9 left (`remove_leftovers`), where `._flowrec_checked.json.PID-X`
+            # stayed in the dataset folder for good
+            with atomic_output(self.path) as tmp:
+                tmp.write_text(doc + "\n")
         except OSError:
-            _remove(tmp)
+            return
 
-
-def _remove(path: Path) -> None:
-    try:
-        path.unlink(missing_ok=True)
-    except OSError:
-        return

@@ -1,6 +1,8 @@
 """Partition checks against a plain reference on random skewed data; labels; atomic output; synth bounds."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -349,3 +351,35 @@ def test_each_part_file_is_checked_once_until_it_changes(tmp_path, monkeypatch):
     with pytest.raises(DataError, match="id 30"):
         with iterate_batches(other, ParquetSource(tmp_path / "d"), StagingOptions(batch_size=8)) as it:
             list(it)
+
+
+def test_a_check_record_temp_file_a_kill_left_is_removed_by_the_next_save(tmp_path):
+    """The check record (`_flowrec_checked.json`) was written through a temp file named with the
+    PID only; a kill -9 between its write and rename left `._flowrec_checked.json.PID-X` in the
+    dataset folder for good. It is now written as every output is (`atomic_output`): the temp
+    name carries the process and machine, and the next save removes one a dead process of this
+    machine left, never a live process's, nor the record."""
+    import subprocess
+    import sys
+
+    from flowrec.data.checked import RECORD_FILE
+    from flowrec.data.dataset import ParquetSource
+    from flowrec.data.output_guard import host_tag
+    from flowrec.data.synth import synth_dataset
+
+    spec = two_table_spec()
+    rng = np.random.default_rng()
+    rows = int(rng.integers(40, 120))
+    synth_dataset(spec, tmp_path / "d", rows, rows_per_file=16)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, timeout=60, check=True).stdout.strip()  # a PID that no longer runs
+    stem, suffix = RECORD_FILE.rsplit(".", 1)
+    left = tmp_path / "d" / f".{stem}.{dead}-{host_tag()}-{rng.bytes(4).hex()}.tmp.{suffix}"
+    left.write_text('{"half": ')
+    live = tmp_path / "d" / f".{stem}.{os.getpid()}-{host_tag()}-{rng.bytes(4).hex()}.tmp.{suffix}"
+    live.write_text('{"half": ')
+    with iterate_batches(spec, ParquetSource(tmp_path / "d"), StagingOptions(batch_size=8)) as it:
+        assert sum(b.size for b in it) == rows
+    assert (tmp_path / "d" / RECORD_FILE).is_file()
+    assert not left.exists() and live.exists()
+    assert sorted(p.name for p in (tmp_path / "d").glob(f".{stem}*")) == [live.name]
