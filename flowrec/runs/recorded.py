@@ -172,12 +172,7 @@ def _seeded(data: dict[str, Any]) -> bool:
 def _bound_data(folder: Path) -> dict[str, Any] | None:
     """The run's spec.json `data` binding when the run trained on its spec's bound raw data,
     encoded into RUN/data (not synthetic rows, though it recorded no --data); None otherwise."""
-    import json
-
-    try:
-        doc = json.loads((folder / "spec.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
+    doc = _spec_document(folder)
     data = doc.get("data") if isinstance(doc, dict) else None
     return data if isinstance(data, dict) and data.get("path") and data.get("format") != "parquet" else None
 
@@ -187,15 +182,10 @@ def group_by_problem(run_dir: Path, feature: str) -> str | None:
     its spec.json alone, before its checkpoint (GBs of tables) is loaded: not a feature of the model,
     or not a one-id categorical one (dense, multi-hot, a sequence). None when it can, or when the run
     holds no readable spec.json (a checkpoint file alone: its own spec decides, once loaded)."""
-    import json
-
     from flowrec.spec.schema_errors import did_you_mean
     from flowrec.spec.semantic import is_one_id_categorical
 
-    try:
-        doc = json.loads((run_folder(run_dir) / "spec.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
+    doc = _spec_document(run_folder(run_dir))
     features = doc.get("features") if isinstance(doc, dict) else None
     if not isinstance(features, list):
         return None
@@ -212,3 +202,14 @@ def group_by_problem(run_dir: Path, feature: str) -> str | None:
         kind = "a sequence" if body.get("type") == "sequence" else "a multi-hot categorical feature"
         what = f"{feature!r} is {kind} of up to {body.get('max_len')} ids per sample"
     return f"--group-by {feature}: {what}; group by a one-id categorical feature (this model's: {usable})"
+
+
+def _spec_document(folder: Path) -> Any:
+    """The run folder's spec.json as read by every JSON document flowrec reads (size- and
+    depth-bounded: a deeply nested one was a RecursionError here), or None where it cannot be read."""
+    from flowrec.spec.json_doc import read_json_document
+
+    try:
+        return read_json_document(folder / "spec.json")
+    except ValueError:
+        return None

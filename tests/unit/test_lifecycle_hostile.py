@@ -2030,3 +2030,24 @@ def test_scoring_a_run_whose_run_json_is_damaged_asks_for_data(tmp_path: Path, h
     for score in (lambda: synthetic_rows(run, spec, how), lambda: eval_data_to_score(run, how)):
         with pytest.raises(DataError, match=rf"run\.json is damaged .*: give {re.escape(how)}$"):
             score()
+
+
+def test_a_run_whose_spec_json_nests_too_deep_is_read_as_unreadable(tmp_path):
+    """`eval --group-by F` and a run's bound data read RUN/spec.json before the checkpoint, by
+    json.loads: a spec.json nested thousands of levels deep was a RecursionError traceback. It is
+    read as every JSON document flowrec reads (depth-bounded): unreadable, so the checkpoint's
+    own spec decides, as for a missing spec.json; a readable one still answers."""
+    import random
+
+    from flowrec.runs.recorded import _bound_data, group_by_problem
+
+    depth = random.randint(20_000, 60_000)
+    (tmp_path / "spec.json").write_text("[" * depth + "]" * depth)
+    assert group_by_problem(tmp_path, "user") is None and _bound_data(tmp_path) is None
+    feature = random.choice(["genres", "tags"])
+    (tmp_path / "spec.json").write_text(json.dumps({
+        "features": [{"name": "user", "type": "categorical"},
+                     {"name": feature, "type": "categorical", "max_len": 4}],
+        "data": {"path": "raw.csv", "format": "csv"}}))
+    assert "multi-hot" in group_by_problem(tmp_path, feature) and group_by_problem(tmp_path, "user") is None
+    assert _bound_data(tmp_path) == {"path": "raw.csv", "format": "csv"}
