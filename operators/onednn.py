@@ -184,6 +184,15 @@ def _gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, post
     return _POINTWISE(x, weight, bias, post, [], "")
 
 
+def _gemm_accumulate(y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """y += x weight^T, in place where torch's `addmm` runs it (`gemm_library` "mkl"): the same
+    BLAS call as `_gemm_add(x, y, weight, None)`, bitwise, without its copy of `y` into a fresh
+    output (wide_1000's first layer: five (B, 512) copies a step); else `_gemm_add`.  # (B, Out)"""
+    if gemm_library() == "mkl" or 0 in x.shape:
+        return y.addmm_(x, weight.t())
+    return _gemm_add(x, y, weight, None)
+
+
 def _gemm_add(x: torch.Tensor, add: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """add + x weight^T (+ bias): the sum fused into oneDNN's GEMM, or torch's `addmm` (also an
     empty product, as `_gemm`).  # (B, Out)"""
@@ -415,7 +424,7 @@ class _Sources(torch.autograd.Function):
                 xs = list(flats)
                 y = _gemm(xs[0], parts[0], bias)
                 for x, p in zip(xs[1:], parts[1:]):
-                    y = _gemm_add(x, y, p, None)
+                    y = _gemm_accumulate(y, x, p)
         ctx.bounds, ctx.cols, ctx.low, ctx.wide, ctx.has_bias = bounds, cols, low, wide, bias is not None
         ctx.dtypes = [f.dtype for f in flats]
         ctx.save_for_backward(*xs, *parts)

@@ -174,3 +174,34 @@ def test_train_refuses_an_unknown_library_in_one_line_before_writing(monkeypatch
     assert result.exit_code == 2, result.output
     assert "FLOWREC_CPU_GEMM='blis'" in result.output
     assert not out.exists()  # nothing written
+
+
+def test_sources_accumulate_in_place_bitwise_as_the_addmm_chain(monkeypatch) -> None:
+    """Under MKL, `linear_sources` adds each source's product into its own output (`addmm_`)
+    instead of `addmm` into a fresh copy: bitwise the same chain, one (B, Out) copy fewer a source."""
+    monkeypatch.setattr(onednn, "_LIBRARY", "mkl")
+    gen = torch.Generator().manual_seed(int(np.random.default_rng().integers(1 << 30)))
+    widths, out, batch = (33, 7, 120, 64), 96, 513
+    flats = [_skewed(gen, batch, k) for k in widths]
+    w = torch.randn(out, sum(widths), generator=gen) * 0.3
+    b = torch.randn(out, generator=gen)
+    inverse = torch.randperm(sum(widths), generator=gen)
+    copies = []
+    real_addmm = torch.addmm
+
+    def addmm(*args, **kwargs):
+        copies.append(args[0].shape)
+        return real_addmm(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "addmm", addmm)
+    y = onednn.linear_sources([f.requires_grad_() for f in flats], w.requires_grad_(), b, inverse)
+    monkeypatch.setattr(torch, "addmm", real_addmm)
+    assert copies == [torch.Size([out])]  # the bias only: no source's sum went through a fresh copy
+    parts, start = [], 0
+    for k in widths:
+        parts.append(w.detach().index_select(1, inverse[start:start + k]))
+        start += k
+    want = torch.addmm(b, flats[0].detach(), parts[0].t())
+    for x, p in zip(flats[1:], parts[1:]):
+        want = torch.addmm(want, x.detach(), p.t())
+    assert torch.equal(y.detach(), want)
