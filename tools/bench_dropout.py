@@ -86,7 +86,7 @@ def compare(spec_name: str, steps: int, batch: int | None) -> dict:
         model.close()
     compiled_ms, tensor_ms = statistics.median(times[True]), statistics.median(times[False])
     return {"spec": spec_name, "batch": spec.training.batch_size, "dropouts": len(drops), "steps": steps,
-            "compiled_mask_ms": round(compiled_ms, 3), "tensor_ops_mask_ms": round(tensor_ms, 3),
+            "compiled_mask_ms": round(compiled_ms, 6), "tensor_ops_mask_ms": round(tensor_ms, 6),
             "tensor_ops_vs_compiled": round(tensor_ms / compiled_ms, 3)}
 
 
