@@ -271,12 +271,13 @@ def temp_tag() -> str:
 
 def _leftover_patterns(out: Path) -> tuple[re.Pattern[str], re.Pattern[str]]:
     """The names flowrec gives its temp folders and files of the output `out` (a folder's: staged
-    `.OUT.partial-TAG` and set aside `.OUT.old-TAG`, export's `.OUT.export-TAG`; a file's,
+    `.OUT.partial-TAG`, set aside `.OUT.old-TAG`, an old one being removed `.OUT.gone-TAG`,
+    export's `.OUT.export-TAG`; a file's,
     `atomic_output`'s: `.STEM.TAG.tmpSUFFIX`), TAG being `temp_tag`'s `PID-HOST-X`: groups `pid` and
     `host`. An older flowrec wrote `PID-X` (no host: group `host` None), and its export staged in
     `.OUT.export-tmp` (neither)."""
     tag = r"(?P<pid>\d+)(?:-(?P<host>[0-9a-f]{8}))?-[0-9a-f]{8}"
-    folders = re.compile(rf"\.{re.escape(short(out.name))}\.(?:(?P<kind>partial|old|export)-{tag}|export-tmp)")
+    folders = re.compile(rf"\.{re.escape(short(out.name))}\.(?:(?P<kind>partial|old|gone|export)-{tag}|export-tmp)")
     files = re.compile(rf"\.{re.escape(short(out.stem))}\.{tag}\.tmp{re.escape(out.suffix)}")
     return folders, files
 
@@ -356,21 +357,32 @@ def remove_leftovers(out: Path, status: Callable[[str], None] | None = None) -> 
 
 def _set_aside_put_back(out: Path, gone: list[tuple[Path, re.Match[str]]]) -> Path | None:
     """Rename back to `out` the old `out` that `replace_folder` set aside (`.OUT.old-TAG`), where
-    the command was killed between its two renames: `out` is absent and the same process's staged
-    folder is left too (after the second rename it is `out`, and the set-aside one is only half
-    removed). The kill left the user's output only there, and the next command removed it as a
-    leftover. Returns the folder put back, or None."""
+    the command was killed between its two renames: `out` is absent. The kill left the user's
+    output only there, and the next command removed it as a leftover. A set-aside folder is whole:
+    `replace_folder` renames it to `.OUT.gone-TAG` before removing it, so it is put back even where
+    the killed command's staged folder was removed by hand since. An older flowrec's (no machine in
+    the name) removed it under its set-aside name: put back only beside that command's staged
+    folder (which shows the kill came between the renames). Returns the folder put back, or None."""
     if os.path.lexists(out):
         return None
     staged = {(m.group("pid"), m.group("host")) for _, m in gone if m.groupdict().get("kind") in ("partial", "export")}
-    for path, matched in gone:
-        if matched.groupdict().get("kind") == "old" and (matched.group("pid"), matched.group("host")) in staged:
-            try:
-                os.rename(path, out)
-            except OSError:
-                return None
-            return path
+    aside = [(path, m) for path, m in gone if m.groupdict().get("kind") == "old" and not path.is_symlink()
+             and ((m.group("pid"), m.group("host")) in staged or m.group("host") is not None)]
+    aside.sort(key=lambda pm: ((pm[1].group("pid"), pm[1].group("host")) in staged, _mtime(pm[0])), reverse=True)
+    for path, _ in aside[:1]:
+        try:
+            os.rename(path, out)
+        except OSError:
+            return None
+        return path
     return None
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.lstat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def _stale(path: Path) -> bool:
@@ -469,7 +481,8 @@ def replace_folder(new: Path, out: Path, overwrite: bool = True) -> None:
     if not os.path.lexists(out):
         os.rename(new, out)
         return
-    old = out.parent / f".{short(out.name)}.old-{temp_tag()}"
+    tag = temp_tag()
+    old = out.parent / f".{short(out.name)}.old-{tag}"
     with _interrupts_held():  # a Ctrl-C or SIGTERM between the renames left no `out` at all (the old
         os.rename(out, old)  # folder hidden aside, the new one removed as unfinished), and one in the
         try:  # removal after them a hidden, half-removed old folder and a command that said it was
@@ -479,8 +492,13 @@ def replace_folder(new: Path, out: Path, overwrite: bool = True) -> None:
             raise
         if old.is_symlink():  # `out` was a link: the link goes, never the folder it names (which
             old.unlink()  # rmtree refuses, and ignore_errors would have left the link behind)
-        else:
-            shutil.rmtree(old, ignore_errors=True)
+        else:  # renamed first: a kill in the removal leaves a `.gone-` folder, never a half-removed `.old-`
+            gone = out.parent / f".{short(out.name)}.gone-{tag}"  # (one `_set_aside_put_back` would restore)
+            try:
+                os.rename(old, gone)
+            except OSError:
+                gone = old
+            shutil.rmtree(gone, ignore_errors=True)
 
 
 @contextmanager

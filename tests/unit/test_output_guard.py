@@ -451,8 +451,8 @@ def test_folders_a_killed_conversion_left_are_removed_by_the_next_one(tmp_path: 
     from flowrec.data.output import staged_output
 
     dead, live, h = _dead_pid(), os.getpid(), host_tag()
-    aside = _dead_pid()  # another command's: its staged folder is gone (renamed in), OUT is half removed
-    gone = [f".ds.partial-{dead}-{h}-00000000", f".ds.old-{aside}-{h}-0000ffff", f".ds.export-{dead}-{h}-12345678"]
+    aside = _dead_pid()  # another command's: its new OUT was in place, the old one half removed
+    gone = [f".ds.partial-{dead}-{h}-00000000", f".ds.gone-{aside}-{h}-0000ffff", f".ds.export-{dead}-{h}-12345678"]
     kept = [f".ds.partial-{live}-{h}-00000000", f".ds.partial-{dead}-{h}-0000000", f".ds.partial-{dead}-{h}-00000000x",
             f".dsx.partial-{dead}-{h}-00000000", f"ds.partial-{dead}-{h}-00000000"]
     for name in gone + kept:
@@ -490,7 +490,7 @@ def test_leftovers_of_another_machine_or_an_older_flowrec_are_removed_only_once_
         return f"{rng.getrandbits(32):08x}"
 
     fresh = [f".ds.partial-{dead}-{other}-{tag()}", f".ds.partial-{dead}-{tag()}", ".ds.export-tmp"]
-    stale = [f".ds.old-{dead}-{other}-{tag()}", f".ds.partial-{dead}-{tag()}", f".ds.partial-{dead}-{h}-{tag()}"]
+    stale = [f".ds.gone-{dead}-{other}-{tag()}", f".ds.partial-{dead}-{tag()}", f".ds.partial-{dead}-{h}-{tag()}"]
     busy = f".ds.export-{dead}-{other}-{tag()}"  # old files, and one written now
     long_ago = time.time() - STALE_AFTER_S - rng.randint(60, 10 ** 6)
     for name in fresh + stale + [busy]:
@@ -596,3 +596,49 @@ with staged_output(Path({str(tmp_path / 'ds')!r}), overwrite=True) as tmp:
     assert {p.name: p.read_bytes() for p in (tmp_path / "ds").iterdir()} == old
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ds", "kept"] and (elsewhere / "x").is_file()
     assert len(lines) == 2 and "restored" in lines[0] and ".ds.partial-" in lines[1], lines
+
+
+def test_a_set_aside_output_is_put_back_even_where_its_staged_folder_was_removed_by_hand(tmp_path: Path, monkeypatch):
+    """kill -9 between a swap's renames, then `rm -rf .ds.partial-*` by hand (the user cleaning up
+    what looked like a leftover): the next command removed `.ds.old-TAG`, the user's only copy of
+    the old dataset. A set-aside folder is now always whole (the old one is renamed `.ds.gone-TAG`
+    before it is removed), so it is put back without its staged partner; a `.gone-` one is removed.
+    An older flowrec's set-aside name (no machine) without its staged folder may be half removed:
+    removed, as before."""
+    import random
+
+    from flowrec.data import output_guard
+    from flowrec.data.output_guard import remove_leftovers
+
+    rng = random.Random()
+    h = host_tag()
+    old = {f"part-{k}.parquet": rng.randbytes(rng.randint(1, 3000)) for k in range(rng.randint(1, 5))}
+    aside = tmp_path / f".ds.old-{_dead_pid()}-{h}-{rng.getrandbits(32):08x}"
+    half = tmp_path / f".ds.gone-{_dead_pid()}-{h}-{rng.getrandbits(32):08x}"
+    older = tmp_path / f".ds.old-{_dead_pid()}-{rng.getrandbits(32):08x}"
+    for folder in (aside, half, older):
+        folder.mkdir()
+        for name, data in old.items():
+            (folder / name).write_bytes(data if folder == aside else data[:1])
+    (half / "part-0.parquet").unlink()
+    long_ago = __import__("time").time() - output_guard.STALE_AFTER_S - 60
+    os.utime(older / "part-0.parquet", (long_ago, long_ago))
+    for p in older.iterdir():
+        os.utime(p, (long_ago, long_ago))
+    os.utime(older, (long_ago, long_ago))
+    lines: list[str] = []
+    remove_leftovers(tmp_path / "ds", lines.append)
+    assert {p.name: p.read_bytes() for p in (tmp_path / "ds").iterdir()} == old
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]
+    assert "restored" in lines[0] and aside.name in lines[0], lines
+
+    # the swap itself: the old folder is removed under a `.gone-` name, never as a half-removed `.old-`
+    removed_as: list[str] = []
+    real = output_guard.shutil.rmtree
+    monkeypatch.setattr(output_guard.shutil, "rmtree", lambda p, **kw: (removed_as.append(Path(p).name), real(p, **kw)))
+    new = tmp_path / "new"
+    new.mkdir()
+    (new / "part-0.parquet").write_bytes(rng.randbytes(40))
+    output_guard.replace_folder(new, tmp_path / "ds")
+    assert len(removed_as) == 1 and removed_as[0].startswith(".ds.gone-"), removed_as
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"] and [p.name for p in (tmp_path / "ds").iterdir()] == ["part-0.parquet"]
