@@ -1,7 +1,7 @@
 """A run of a custom module from a file records the file absolute; a run folder moved with its class
-file (`rsync -a work/ other:`) failed `flowrec eval RUN`, `export` and `train --resume` on the
-absolute path that is gone. The file is now looked for by its trailing names in the run folder, the
-folders above it and the working folder, checked against the sha256 run.json records (a different
+file (`rsync -a work/ other:`) failed `flowrec eval RUN`, `export`, `train --resume` and
+`train --init-from` on the absolute path that is gone. The file is now looked for by its trailing
+names in the run folder, the folders above it and the working folder, checked against the sha256 run.json records (a different
 file is one line, exit 2), and the file used is said in one line."""
 from __future__ import annotations
 
@@ -114,6 +114,12 @@ def test_eval_export_and_resume_of_a_moved_run_find_its_class_file(moved):
     done = runner.invoke(app, ["export", str(run), str(run.parent / "pkg")])
     assert done.exit_code == 0, done.output
     assert (run.parent / "pkg" / "model.pt2").is_file() and len(_note(done.stderr, file)) == 1
+    child = run.parent / "child"  # --init-from said nothing of the file it used (and failed to import the gone one)
+    done = runner.invoke(app, ["train", str(run / "spec.json"), "--init-from", str(run), "--out", str(child),
+                               "--max-steps", "1", "-q"])
+    assert done.exit_code == 0, done.output
+    assert len(_note(done.stderr, file)) == 1, done.stderr
+    assert load_checkpoint(child)["position"]["step"] == 1
     done = runner.invoke(app, ["train", str(run / "spec.json"), "--resume", str(run), "--max-steps", "3", "-q"])
     assert done.exit_code == 0, done.output
     assert len(_note(done.stderr, file)) == 1, done.stderr
@@ -132,7 +138,9 @@ def test_a_file_found_in_place_of_a_moved_runs_that_differs_is_one_line_and_noth
     file.write_text(BLOCKS + "\nEDITED = True\n")
     before = sorted(p.name for p in run.parent.iterdir()), (run / "checkpoint.pt").read_bytes()
     for args in (["eval", str(run)], ["export", str(run), str(run.parent / "pkg")],
-                 ["train", str(run / "spec.json"), "--resume", str(run), "--max-steps", "3", "-q"]):
+                 ["train", str(run / "spec.json"), "--resume", str(run), "--max-steps", "3", "-q"],
+                 ["train", str(run / "spec.json"), "--init-from", str(run / "checkpoint.pt"), "--out",
+                  str(run.parent / "child"), "--max-steps", "1", "-q"]):
         done = runner.invoke(app, args)
         assert done.exit_code == 2, (args, done.output)
         errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
