@@ -349,8 +349,10 @@ def run_training(request: RunRequest) -> None:
     from flowrec.runtime.rundir import RunFolderError, folder_state
 
     # a resumed run's spec (its spec.json) may name a class file relative to the folder the run was
-    # started from (a flowrec that recorded them as given), or one gone with the moved run: found as the run finds it
-    spec = planned_spec_or_exit(request.spec_path, request.resume, note=lambda line: _say(f"note: {line}"))
+    # started from (a flowrec that recorded them as given), or one gone with the moved run: found as the run
+    # finds it, and so is the spec of a run started from another (--init-from), each file used said alike
+    run = request.resume if request.resume is not None else _run_folder(request.init_from)
+    spec = planned_spec_or_exit(request.spec_path, run, note=lambda line: _say(f"note: {line}"))
     given = request.resume or request.out
     if _launch_size() > 1:
         _train_as_rank(request, spec, given)
@@ -368,6 +370,14 @@ def run_training(request: RunRequest) -> None:
         raise
     finally:
         lock.release_as_found(found, refused)
+
+
+def _run_folder(given: Path | None) -> Path | None:
+    """The run folder of a run given as a folder, its RUN/best or a checkpoint file (--init-from's):
+    where its run.json records the digests of its class files."""
+    from flowrec.runtime.rundir import run_folder_of
+
+    return run_folder_of(given) if given is not None else None
 
 
 def _train_as_rank(request: RunRequest, spec, folder: Path | None) -> None:
@@ -932,7 +942,7 @@ def _same_class_files(state: dict, folder: Path, spec, whole: bool = False, worl
     if old is None or not any(m.kind == "custom" for m in old.modules):
         return False
     try:
-        old = run_class_files(old, folder)[0]
+        old = run_class_files(old, _run_folder(folder))[0]  # --init-from may name a checkpoint file
     except ValueError as exc:
         _refuse(str(exc), world)
     if whole:

@@ -14,7 +14,7 @@ from typing import Any
 
 from flowrec.data.rowcache import parse_cache_data
 from flowrec.runtime.nonfinite import NAN_POLICIES
-from flowrec.spec.class_paths import DIGESTS_KEY, class_file_digests
+from flowrec.spec.class_paths import DIGESTS_KEY, class_file_digests, digests_problem
 from flowrec.spec.json_doc import read_json_document
 from flowrec.spec.read import RUN_SETTINGS_KEYS
 from flowrec.runtime.rundir import RUN_FILE, RunFolderError, write_text
@@ -83,10 +83,7 @@ def read_run_file(folder: Path) -> dict[str, Any] | None:
 def setting_problem(key: str, value: Any) -> str | None:
     """Why a recorded setting cannot be used, or None (unknown keys of later versions pass)."""
     if key == DIGESTS_KEY and value is not None:  # a check of a moved run's class file, not silently off
-        if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) and len(v) == 64
-                                                  for k, v in value.items()):
-            return "must map each class file to the sha256 of its bytes (64 hex digits)"
-        return None
+        return digests_problem(value)
     if value is None or key not in KINDS:
         return None
     kind = KINDS[key]

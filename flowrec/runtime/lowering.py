@@ -229,7 +229,14 @@ class LoweredModel(nn.Module):
         generator and the device's (`DeviceRuntime.seed`), not `torch.manual_seed`'s every
         accelerator type: that cost a 1.4 ms step 0.12 ms on a CPU-only build."""
         if self.custom:
-            runtime_for(self.device).seed(((self.noise_seed * NOISE_MIX + step) * NOISE_MIX + rank) % (1 << 63))
+            self.seed_process(step, rank)
+
+    def seed_process(self, step: int, rank: int = 0) -> None:
+        """Seed torch's process generators (the host's and the device's) for training step `step` of
+        rank `rank`, from the model's seed: `seed_custom` at every step of a model with custom
+        modules, and the trainer once as a new run starts, so that what a checkpoint records of them
+        is the run's, not whatever a process happened to start with."""
+        runtime_for(self.device).seed(((self.noise_seed * NOISE_MIX + step) * NOISE_MIX + rank) % (1 << 63))
 
     def dense_parameters(self) -> list[nn.Parameter]:
         """Parameters trained by torch.optim (packed tables are updated in their backward)."""

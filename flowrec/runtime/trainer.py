@@ -277,6 +277,7 @@ class Trainer:
         self._marks_rows = self.config.out_dir is not None and self.config.checkpoint_every > 0
         self._saved_step: int | None = None  # the on-disk checkpoint's step last given a `saved` record
         self._checkpointed: Position | None = None  # the position the last RUN/checkpoint.pt taken records
+        self._process_rng: torch.Tensor | None = None  # a loaded checkpoint's torch generator state
         self.parallel = None
         if self.world is not None:
             from flowrec.runtime.distributed.data_parallel import DenseParallel
@@ -384,6 +385,7 @@ class Trainer:
                                   keep_through_step=self.position.step)
         try:
             with self._own_generator():
+                self._start_generator()
                 return self._fit(train_source, eval_source, total)
         except TrainingStopped as exc:
             self.checkpointer.drain()
@@ -397,12 +399,20 @@ class Trainer:
                 self.log.close()
 
     def _own_generator(self) -> Any:
-        """Training reseeds torch's process generator at every step of a model with custom
-        modules (`LoweredModel.seed_custom`); the caller's generator (`flowrec.train` in a user's
-        process) is given back as it was."""
-        if not self.model.custom:
-            return contextlib.nullcontext()
+        """Training owns torch's process generators: it seeds them as a run starts and, for a model
+        with custom modules, at every step (`LoweredModel.seed_custom`); the caller's (`flowrec.train`
+        in a user's process) are given back as they were."""
         return forked_generators(self.model.device)
+
+    def _start_generator(self) -> None:
+        """The process generator as training starts: the checkpoint's (`load_state`), else seeded
+        from the run's seed (`LoweredModel.seed_process`). It was left as the process started, at a
+        random seed, so the generator state a checkpoint records differed between a resumed run and
+        an uninterrupted one though nothing of flowrec's drew from it."""
+        if self._process_rng is not None:
+            torch.set_rng_state(self._process_rng)
+        else:
+            self.model.seed_process(self.position.step, 0 if self.world is None else self.world.rank)
 
     def _start_schedule(self) -> None:
         """Fix the schedule's horizon (kept from the checkpoint on resume)."""
@@ -735,7 +745,7 @@ class Trainer:
         except (RuntimeError, ValueError, KeyError, TypeError) as exc:
             raise CheckpointError(f"{source} does not fit the spec's model "
                                   f"({first_line(exc)})") from None
-        torch.set_rng_state(state["rng"]["torch"])
+        self._process_rng = state["rng"]["torch"].clone()  # set as training starts (`_start_generator`)
         self.position = Position(**state["position"])
         self.skipped_batches = int(state.get("skipped_batches", 0))
         self.checkpointer.restart_chain(self.position.step)

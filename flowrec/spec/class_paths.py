@@ -35,6 +35,7 @@ CLASS_PATH = r"[^:]+:[A-Za-z_][A-Za-z0-9_]*"  # the schema's pattern of `class`
 RUN_SETTINGS_FILE = "run.json"  # a run's settings (flowrec.data.run_paths.RUN_FILE; the spec layer imports no runtime)
 DIGESTS_KEY = "class_files"  # run.json: each absolute class file -> the sha256 of its bytes when the run ran
 MAX_SOURCE_BYTES = 16 << 20  # a class file larger than this is left to the import
+SHA256_HEX = r"[0-9a-fA-F]{64}"  # a sha256 as hex digits, as run.json records it
 
 
 def class_path_issues(doc: Any) -> list[SpecIssue]:
@@ -203,9 +204,29 @@ def moved_file(source: Path, folders: "list[Path]") -> Path | None:
     return None
 
 
+def digests_problem(value: Any) -> str | None:
+    """Why a recorded `class_files` value is no record of digests, or None: it must map each class
+    file (a string) to the sha256 of its bytes (64 hex digits). `--resume` (`flowrec.runs.settings`)
+    and `recorded_digests` (eval, export, --init-from) refuse the same values in the same words.
+
+    >>> digests_problem({"/a/blocks.py": "ab" * 32}) is None, digests_problem(["/a/blocks.py"]) is None
+    (True, False)
+    """
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) and re.fullmatch(SHA256_HEX, v)
+                                              for k, v in value.items()):
+        return "must map each class file to the sha256 of its bytes (64 hex digits)"
+    return None
+
+
 def recorded_digests(run_folder: Path) -> dict[str, str]:
-    """The class file digests RUN/run.json records (`DIGESTS_KEY`); none for a run that recorded
-    none (a flowrec of before 2026-12-06, a model without class files) or a run.json that cannot be read."""
+    """The class file digests RUN/run.json records (`DIGESTS_KEY`), lower case; none for a run
+    without run.json or one that recorded none (a flowrec of before 2026-12-06, a model without
+    class files).
+
+    Raises:
+        ValueError: run.json cannot be read, or its record is damaged (`digests_problem`): one line,
+            as `--resume` says it (a check of a moved run's class file is never silently off).
+    """
     from flowrec.spec.json_doc import read_json_document
 
     path = Path(run_folder) / RUN_SETTINGS_FILE
@@ -213,12 +234,17 @@ def recorded_digests(run_folder: Path) -> dict[str, str]:
         return {}
     try:  # size- and depth-bounded, as every JSON document flowrec reads
         recorded = read_json_document(path)
-    except ValueError:
-        return {}
-    recorded = recorded.get(DIGESTS_KEY) if isinstance(recorded, dict) else None
+    except ValueError as exc:
+        raise ValueError(f"{path} is damaged ({exc}); it records the sha256 of the run's class files") from None
     if not isinstance(recorded, dict):
+        raise ValueError(f"{path} is damaged (not a JSON object)")
+    recorded = recorded.get(DIGESTS_KEY)
+    if recorded is None:
         return {}
-    return {k: v for k, v in recorded.items() if isinstance(k, str) and isinstance(v, str)}
+    problem = digests_problem(recorded)
+    if problem is not None:
+        raise ValueError(f"{path} is damaged: {DIGESTS_KEY} {problem}")
+    return {k: v.lower() for k, v in recorded.items()}
 
 
 def run_class_files(spec: Any, run_folder: Path) -> "tuple[Any, list[str]]":

@@ -1,7 +1,7 @@
 """A run of a custom module from a file records the file absolute; a run folder moved with its class
-file (`rsync -a work/ other:`) failed `flowrec eval RUN`, `export` and `train --resume` on the
-absolute path that is gone. The file is now looked for by its trailing names in the run folder, the
-folders above it and the working folder, checked against the sha256 run.json records (a different
+file (`rsync -a work/ other:`) failed `flowrec eval RUN`, `export`, `train --resume` and
+`train --init-from` on the absolute path that is gone. The file is now looked for by its trailing
+names in the run folder, the folders above it and the working folder, checked against the sha256 run.json records (a different
 file is one line, exit 2), and the file used is said in one line."""
 from __future__ import annotations
 
@@ -114,6 +114,12 @@ def test_eval_export_and_resume_of_a_moved_run_find_its_class_file(moved):
     done = runner.invoke(app, ["export", str(run), str(run.parent / "pkg")])
     assert done.exit_code == 0, done.output
     assert (run.parent / "pkg" / "model.pt2").is_file() and len(_note(done.stderr, file)) == 1
+    child = run.parent / "child"  # --init-from said nothing of the file it used (and failed to import the gone one)
+    done = runner.invoke(app, ["train", str(run / "spec.json"), "--init-from", str(run), "--out", str(child),
+                               "--max-steps", "1", "-q"])
+    assert done.exit_code == 0, done.output
+    assert len(_note(done.stderr, file)) == 1, done.stderr
+    assert load_checkpoint(child)["position"]["step"] == 1
     done = runner.invoke(app, ["train", str(run / "spec.json"), "--resume", str(run), "--max-steps", "3", "-q"])
     assert done.exit_code == 0, done.output
     assert len(_note(done.stderr, file)) == 1, done.stderr
@@ -132,7 +138,9 @@ def test_a_file_found_in_place_of_a_moved_runs_that_differs_is_one_line_and_noth
     file.write_text(BLOCKS + "\nEDITED = True\n")
     before = sorted(p.name for p in run.parent.iterdir()), (run / "checkpoint.pt").read_bytes()
     for args in (["eval", str(run)], ["export", str(run), str(run.parent / "pkg")],
-                 ["train", str(run / "spec.json"), "--resume", str(run), "--max-steps", "3", "-q"]):
+                 ["train", str(run / "spec.json"), "--resume", str(run), "--max-steps", "3", "-q"],
+                 ["train", str(run / "spec.json"), "--init-from", str(run / "checkpoint.pt"), "--out",
+                  str(run.parent / "child"), "--max-steps", "1", "-q"]):
         done = runner.invoke(app, args)
         assert done.exit_code == 2, (args, done.output)
         errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
@@ -154,7 +162,10 @@ def test_a_moved_run_that_recorded_no_digest_uses_the_file_found_and_says_it_is_
     assert len(notes) == 1 and "unchecked" in notes[0], done.stderr
 
 
-@pytest.mark.parametrize("value", [["/a/blocks.py"], {"/a/blocks.py": 5}, {"/a/blocks.py": "abc"}])
+DAMAGED = [["/a/blocks.py"], {"/a/blocks.py": 5}, {"/a/blocks.py": "abc"}, {"/a/blocks.py": "zq" * 32}, "0" * 64]
+
+
+@pytest.mark.parametrize("value", DAMAGED)
 def test_a_damaged_record_of_class_file_digests_is_refused_not_a_check_silently_off(tmp_path: Path, value):
     from flowrec.runs.settings import REQUIRED, read_run_file
     from flowrec.runtime.rundir import RunFolderError
@@ -166,3 +177,31 @@ def test_a_damaged_record_of_class_file_digests_is_refused_not_a_check_silently_
     digest = "%064x" % random.getrandbits(256)
     (tmp_path / "run.json").write_text(json.dumps({**doc, "class_files": {"/a/blocks.py": digest}}))
     assert read_run_file(tmp_path)["class_files"] == {"/a/blocks.py": digest}
+
+
+@pytest.mark.parametrize("moved", ["beside"], indirect=True)
+def test_eval_export_and_init_from_of_a_moved_run_refuse_a_damaged_record_as_resume_does(moved):
+    """The spec layer's reading of the digests skipped a damaged record, and the file found was used
+    'unchecked: run.json records no digest', where --resume refuses the record in one line."""
+    run, file = moved
+    settings = json.loads((run / "run.json").read_text())
+    for value in DAMAGED:
+        (run / "run.json").write_text(json.dumps({**settings, "class_files": value}))
+        before = sorted(p.name for p in run.parent.iterdir()), (run / "checkpoint.pt").read_bytes()
+        # eval --data: the run's class file is checked before the data is read (without --data, the
+        # run.json read for the data it evaluated on refused the record, saying to give --data)
+        for args in (["eval", str(run), "--data", str(run / "no-data")], ["export", str(run), str(run.parent / "pkg")],
+                     ["train", str(run / "spec.json"), "--init-from", str(run), "--out", str(run.parent / "child"),
+                      "--max-steps", "1", "-q"],
+                     ["train", str(run / "spec.json"), "--resume", str(run), "--max-steps", "3", "-q"]):
+            done = runner.invoke(app, args)
+            assert done.exit_code == 2, (value, args, done.output)
+            errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+            assert len(errors) == 1 and "run.json is damaged: class_files must map" in errors[0], (args, done.stderr)
+            assert "Traceback" not in done.output and not _note(done.stderr, file), done.output
+        assert (sorted(p.name for p in run.parent.iterdir()), (run / "checkpoint.pt").read_bytes()) == before
+    upper = {key: digest.upper() for key, digest in settings["class_files"].items()}  # hex digits either case
+    (run / "run.json").write_text(json.dumps({**settings, "class_files": upper}))
+    done = runner.invoke(app, ["eval", str(run), "-q"])
+    assert done.exit_code == 0, done.output
+    assert len(_note(done.stderr, file)) == 1 and "by its sha256" in _note(done.stderr, file)[0], done.stderr
