@@ -244,3 +244,47 @@ def test_data_inspect_shows_the_recorded_forms_of_ids(table: str, tmp_path: Path
     assert all(x.startswith(f"ids of feature user: written as {form} (") for x in lines)
     doc = json.loads(runner.invoke(app, ["data", "inspect", str(tmp_path / "ds"), "--json"]).output)
     assert doc["train"]["id_forms"]["user"]["form"] == form and doc["train"]["id_forms"]["user"]["column"] == "user"
+
+
+def _run_scoring_floats(tmp_path: Path, table: str, rng: np.random.Generator) -> tuple[Path, Path]:
+    """A run trained on integer user ids (fresh skewed rows) whose --eval-data writes them as floats
+    (pandas' "12.0" for a column missing an id), each converted on its own: (the run, the floats)."""
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(_spec(table)))
+    _rows(rng, int(rng.integers(200, 400))).to_csv(tmp_path / "train.csv", index=False)
+    floats = _rows(rng, int(rng.integers(100, 300))).astype({"user": float})
+    floats.loc[int(rng.integers(0, len(floats))), "user"] = np.nan
+    floats.to_csv(tmp_path / "floats.csv", index=False)
+    for name in ("train", "floats"):
+        made = runner.invoke(app, ["data", "convert", "csv", str(tmp_path / f"{name}.csv"), str(tmp_path / name),
+                                   "--spec", str(spec), "-q"])
+        assert made.exit_code == 0, made.output
+    trained = runner.invoke(app, ["train", str(spec), "--data", str(tmp_path / "train"), "--eval-data",
+                                  str(tmp_path / "floats"), "--out", str(tmp_path / "run"), "--max-steps", "3",
+                                  "--device", "cpu", "-q"])
+    assert trained.exit_code == 0, trained.output
+    return tmp_path / "run", tmp_path / "floats"
+
+
+@pytest.mark.parametrize("table", ["hashed", "managed"])
+def test_eval_reads_the_encoder_record_of_its_data_once(table: str, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`flowrec eval RUN --data D` (and `Run.evaluate(data=D)`) read D's _flowrec.json for the
+    encoder check and again for the forms of its ids: a conversion replacing D in between was
+    checked by one record and warned of by another. One record serves both; the warning stays."""
+    import flowrec
+    import flowrec.serving.trained as trained
+
+    run, floats = _run_scoring_floats(tmp_path, table, np.random.default_rng())
+    read = []
+    real = trained.record_of_dataset
+    monkeypatch.setattr(trained, "record_of_dataset", lambda path, *more: read.append(Path(path)) or real(path, *more))
+    scored = runner.invoke(app, ["eval", str(run), "--data", str(floats)])
+    assert scored.exit_code == 0, scored.output
+    assert read == [floats]
+    (line,) = [x for x in scored.output.splitlines() if "the ids of feature user are written as integral floats" in x]
+    assert line.startswith(f"warning: evaluation data {floats}: column user: ")
+    read.clear()
+    with pytest.warns(UserWarning, match=f"evaluation data .*: column user: the ids of feature user are written"):
+        flowrec.load(run, device="cpu").evaluate(data=floats)
+    assert read == [floats]
