@@ -140,7 +140,10 @@ def test_a_day_of_a_stream_that_writes_its_ids_as_floats_is_said(table: str, tmp
     """Days converted one by one (a hashed or managed spec needs no encoder to convert with): a day
     pandas wrote with a missing user id ("12.0") trained every user of it as a new id (a managed
     table gave each a second row) without a word. The stream says so for that day; a later day of
-    integers again is the trained form (the first day's, kept by each day's run): nothing said."""
+    integers again is the trained form (the first day's, kept by each day's run): nothing said.
+    The day's progressive evaluation (d1's model scoring d2 before training on it) scored every
+    user of it as never seen without a word: it says so too, once for the day, and again where the
+    day's training is resumed (a resumed run compares no forms)."""
     rng = np.random.default_rng()
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps(_spec(table)))
@@ -158,9 +161,21 @@ def test_a_day_of_a_stream_that_writes_its_ids_as_floats_is_said(table: str, tmp
                                  "--max-steps", "3", "--device", "cpu", "-q"])
     assert follow.exit_code == 0, follow.output
     said = [x for x in follow.output.splitlines() if "the ids of feature user are written as" in x]
-    (line,) = said
+    scored, line = said  # d2 scored by d1's model, then trained on: once each, not per batch
+    assert scored.startswith(f"warning: evaluation data {days / 'd2'}: column user: ") and "integral floats" in scored
     assert line.startswith(f"warning: training data {days / 'd2'}: column user: ") and "integral floats" in line
     assert ("managed table 'users'" if table == "managed" else "hashed table") in line
+    progressive = [json.loads(x) for x in (tmp_path / "stream" / "metrics.jsonl").read_text().splitlines()
+                   if '"progressive"' in x]
+    assert [x["day"] for x in progressive] == ["d2", "d3"]
+    stream = json.loads((tmp_path / "stream" / "follow.json").read_text())
+    (tmp_path / "stream" / "follow.json").write_text(json.dumps({**stream, "days": ["d1"]}))  # as if d2's cut short
+    (days / "d3").rename(tmp_path / "d3-later")
+    again = runner.invoke(app, ["train", str(spec), "--follow", str(days), "--out", str(tmp_path / "stream"),
+                                "--max-steps", "3", "--device", "cpu", "-q"])
+    assert again.exit_code == 0, again.output
+    said = [x for x in again.output.splitlines() if "the ids of feature user are written as" in x]
+    assert [x.split(": column")[0] for x in said] == [f"warning: evaluation data {days / 'd2'}"], again.output
 
 
 @pytest.mark.parametrize("table", ["hashed", "managed"])
