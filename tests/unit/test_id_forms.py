@@ -303,3 +303,30 @@ def test_eval_reads_the_encoder_record_of_its_data_once(table: str, tmp_path: Pa
     with pytest.warns(UserWarning, match=f"evaluation data .*: column user: the ids of feature user are written"):
         flowrec.load(run, device="cpu").evaluate(data=floats)
     assert read == [floats]
+
+
+@pytest.mark.parametrize("table", ["hashed", "managed"])
+def test_export_says_when_the_rows_of_its_score_check_write_ids_otherwise(table: str, tmp_path: Path) -> None:
+    """`export --dtype fp16` measures the largest score difference on the run's evaluation data;
+    where that data writes the ids in another form than the training rows (converted on its own
+    from rows pandas wrote with a missing id), its hashed ids land in other rows and its managed
+    ones are all unseen, so the rows compared do not score as trained, without a word. It is a
+    warning line (the package is written); the training rows' form, or fp32 (no check), says nothing."""
+    rng = np.random.default_rng()
+    run, floats = _run_scoring_floats(tmp_path, table, rng)
+    said = "the ids of feature user are written as integral floats"
+    for dtype, out, lines in (("fp16", "pkg", 1), ("fp32", "pkg32", 0)):
+        made = runner.invoke(app, ["export", str(run), str(tmp_path / out), "--dtype", dtype])
+        assert made.exit_code == 0, made.output
+        assert (tmp_path / out / "model.pt2").is_file()
+        found = [x for x in made.output.splitlines() if said in x]
+        assert len(found) == lines, made.output
+        assert all(x.startswith(f"warning: the score difference is measured on the run's evaluation data {floats}: "
+                                "column user: ") for x in found)
+    own = runner.invoke(app, ["train", str(tmp_path / "spec.json"), "--data", str(tmp_path / "train"), "--eval-data",
+                              str(tmp_path / "train"), "--out", str(tmp_path / "own"), "--max-steps", "3",
+                              "--device", "cpu", "-q"])
+    assert own.exit_code == 0, own.output
+    made = runner.invoke(app, ["export", str(tmp_path / "own"), str(tmp_path / "pkg-own"), "--dtype", "bf16"])
+    assert made.exit_code == 0 and "largest score difference" in made.output, made.output
+    assert said not in made.output
