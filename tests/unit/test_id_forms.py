@@ -330,3 +330,43 @@ def test_export_says_when_the_rows_of_its_score_check_write_ids_otherwise(table:
     made = runner.invoke(app, ["export", str(tmp_path / "own"), str(tmp_path / "pkg-own"), "--dtype", "bf16"])
     assert made.exit_code == 0 and "largest score difference" in made.output, made.output
     assert said not in made.output
+
+
+@pytest.mark.parametrize("table", ["hashed", "managed"])
+def test_a_parquet_folder_of_text_ids_in_several_arrow_types_is_read_as_one_text(table: str, tmp_path: Path) -> None:
+    """Files of one folder holding the id column as Arrow string (Spark, pyarrow), large_string
+    (polars) and a dictionary of strings (pandas' categories) were refused ('a column holds one
+    type in every file'), though each holds the same text: each file is read with its own type, and
+    every id encodes as in a folder of strings alone (no two ids merged, none split)."""
+    import pyarrow.parquet as pq
+
+    from flowrec.data.convert import convert
+    from flowrec.spec import spec_from_dict
+
+    rng = np.random.default_rng()
+    doc = _spec(table)
+    doc["data"]["format"] = "parquet"
+    spec = spec_from_dict(doc)
+    kinds = [pa.string(), pa.large_string(), "categories"]
+    parts = []
+    for i in range(int(rng.integers(3, 6))):
+        rows = _rows(rng, int(rng.integers(50, 200)))
+        users = [f"u{x:05d}" if rng.random() < 0.9 else None for x in rows.user]
+        parts.append((rows.assign(user=users), kinds[i % len(kinds)] if i < len(kinds) else
+                      kinds[int(rng.integers(0, len(kinds)))]))
+    encoded = {}
+    for folder in ("mixed", "strings"):
+        (tmp_path / folder).mkdir()
+        for i, (rows, kind) in enumerate(parts):
+            kind = pa.string() if folder == "strings" else kind
+            user = (pa.array(rows.user, pa.string()).dictionary_encode() if kind == "categories"
+                    else pa.array(rows.user, kind))
+            pq.write_table(pa.table({"price": rows.price, "user": user, "clicked": rows.clicked}),
+                           tmp_path / folder / f"part-{i}.parquet")
+        assert convert(spec, "parquet", [tmp_path / folder], tmp_path / f"{folder}-out").rows == sum(
+            len(rows) for rows, _ in parts)
+        encoded[folder] = pq.read_table(tmp_path / f"{folder}-out").column("user").to_pylist()
+    assert encoded["mixed"] == encoded["strings"]
+    raw = [u for rows, _ in parts for u in rows.user]
+    if table == "managed":  # a 64-bit hash per id's text: as many as the raw ids
+        assert len({e for e, u in zip(encoded["mixed"], raw) if u is not None}) == len({u for u in raw if u})
