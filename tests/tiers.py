@@ -114,6 +114,8 @@ TESTS: dict[str, frozenset[str]] = {
     "tests/unit/test_id_forms.py::test_eval_reads_the_encoder_record_of_its_data_once": frozenset({"e2e"}),
     "tests/unit/test_id_forms.py::test_export_says_when_the_rows_of_its_score_check_write_ids_otherwise":
         frozenset({"e2e"}),
+    "tests/unit/test_id_forms.py::test_ids_beyond_int64_that_pandas_read_as_python_ints_are_one_line_naming_the_column":
+        frozenset({"e2e"}),
     "tests/unit/test_annotation_names.py::test_the_trainer_annotation_imports_nothing_at_start": frozenset({"processes"}),
     "tests/unit/test_kept_sample.py::test_the_startup_benchmark_reads_each_file_once_kept_and_twice_not": frozenset({"e2e"}),
     "tests/unit/test_calibrate_collective.py::test_two_gloo_processes_give_a_usable_fit": frozenset({"processes"}),

@@ -370,3 +370,42 @@ def test_a_parquet_folder_of_text_ids_in_several_arrow_types_is_read_as_one_text
     raw = [u for rows, _ in parts for u in rows.user]
     if table == "managed":  # a 64-bit hash per id's text: as many as the raw ids
         assert len({e for e, u in zip(encoded["mixed"], raw) if u is not None}) == len({u for u in raw if u})
+
+
+@pytest.mark.parametrize("table", ["hashed", "managed"])
+def test_ids_beyond_int64_that_pandas_read_as_python_ints_are_one_line_naming_the_column(table: str,
+                                                                                       tmp_path: Path) -> None:
+    """A CSV of ids beyond int64 trains (ids are their text), but pd.read_csv of it gives an object
+    column of Python ints, and `model.predict` of that frame said 'a column holds an integer beyond
+    64 bits; ... ids at most 64-bit integers', naming no column and wrongly (the package holds such
+    ids). The line names the column, the row and the remedy; the remedy scores as the CSV does."""
+    import pyarrow.parquet as pq
+
+    import flowrec.serving.predict as serving
+    from flowrec.data.layout import DataError
+
+    rng = np.random.default_rng()
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(_spec(table)))
+    rows = _rows(rng, int(rng.integers(200, 400)))
+    base = int(rng.choice([2 ** 64, 2 ** 70]))  # (ints of 2**63 or more beside negative ones pandas reads as text)
+    rows["user"] = [base + int(u) if rng.random() < 0.7 else -int(u) for u in rows.user]
+    rows.to_csv(tmp_path / "rows.csv", index=False)
+    for args in (["data", "convert", "csv", tmp_path / "rows.csv", tmp_path / "ds", "--spec", spec, "-q"],
+                 ["train", spec, "--data", tmp_path / "ds", "--out", tmp_path / "run", "--max-steps", "3",
+                  "--device", "cpu", "-q"],
+                 ["export", tmp_path / "run", tmp_path / "pkg", "-q"],
+                 ["predict", tmp_path / "pkg", tmp_path / "rows.csv", "--format", "csv", "--out",
+                  tmp_path / "scores.parquet", "-q"]):
+        made = runner.invoke(app, [str(a) for a in args])
+        assert made.exit_code == 0, made.output
+    read = pd.read_csv(tmp_path / "rows.csv")
+    assert read.user.dtype == object  # Python ints, as pandas reads them
+    model = serving.load_model(tmp_path / "pkg")
+    with pytest.raises(DataError, match=r"column user holds the integer -?[0-9]+ at row [0-9]+ \(0-based\), beyond "
+                                        r".*\.astype\(\"string\"\)") as caught:
+        model.predict(read.drop(columns="clicked"))
+    assert "\n" not in str(caught.value)
+    scores = model.predict(read.drop(columns="clicked").astype({"user": "string"}))
+    cli = pq.read_table(tmp_path / "scores.parquet").column("ctr").to_numpy()
+    np.testing.assert_array_equal(np.asarray(scores["ctr"], dtype=cli.dtype), cli)
