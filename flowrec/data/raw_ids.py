@@ -32,6 +32,8 @@ def as_strings(values: pa.Array) -> pa.Array:
         values = values.combine_chunks()
     if not pa.types.is_string(values.type) and not pa.types.is_large_string(values.type):
         if pa.types.is_floating(values.type):  # 3.0 -> "3": floats that hold ids
+            if values.type == pa.float16():  # (exact as float32; Arrow has no floor of half floats)
+                values = pc.cast(values, pa.float32())
             values = pc.if_else(pc.is_nan(values), pa.scalar(None, values.type), values)
             # only where int64 holds the value: 1e20 or inf cast to int64 were all one id, INT64_MIN
             whole = pc.and_(pc.equal(values, pc.floor(values)),

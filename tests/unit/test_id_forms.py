@@ -409,3 +409,43 @@ def test_ids_beyond_int64_that_pandas_read_as_python_ints_are_one_line_naming_th
     scores = model.predict(read.drop(columns="clicked").astype({"user": "string"}))
     cli = pq.read_table(tmp_path / "scores.parquet").column("ctr").to_numpy()
     np.testing.assert_array_equal(np.asarray(scores["ctr"], dtype=cli.dtype), cli)
+
+
+@pytest.mark.parametrize("table", ["hashed", "managed"])
+def test_ids_as_half_floats_encode_as_their_integers(table: str, tmp_path: Path) -> None:
+    """A Parquet file (or a frame) whose id column is float16 (pandas' and numpy's half floats) was
+    Arrow's 'Function floor has no kernel matching input types (halffloat)': a traceback of
+    `data convert`, the same words from `predict` and `model.predict`. Half floats are exact as
+    float32: each id encodes as its integer does; one of 2**11 or more (which a half float may
+    have rounded from another) is one line, as for other floats."""
+    import pyarrow.parquet as pq
+
+    from flowrec.data.convert import convert
+    from flowrec.data.layout import DataError
+    from flowrec.data.raw_ids import raw_id_hashes
+    from flowrec.spec import spec_from_dict
+
+    rng = np.random.default_rng()
+    doc = _spec(table)
+    doc["data"]["format"] = "parquet"
+    spec = spec_from_dict(doc)
+    rows = _rows(rng, int(rng.integers(100, 300)))
+    users = (rows.user % 2000).astype(float)
+    users[rng.random(len(users)) < 0.1] = np.nan
+    half = users.astype(np.float16)
+    assert (half.dropna().astype(float) == users.dropna()).all()  # every id below 2**11 is exact
+    np.testing.assert_array_equal(raw_id_hashes(pa.array(half)), raw_id_hashes(pa.array(users.astype("Int64"))))
+    encoded = []
+    for name, column in (("half", pa.array(half)), ("ints", pa.array(users.astype("Int64")))):
+        pq.write_table(pa.table({"price": rows.price, "user": column, "clicked": rows.clicked}),
+                       tmp_path / f"{name}.parquet")
+        convert(spec, "parquet", [tmp_path / f"{name}.parquet"], tmp_path / name)
+        encoded.append(pq.read_table(tmp_path / name).column("user").to_pylist())
+    assert encoded[0] == encoded[1]
+    big = half.copy()
+    big.iloc[int(rng.integers(0, len(big)))] = np.float16(2 ** 11 + 2 * int(rng.integers(0, 100)))
+    pq.write_table(pa.table({"price": rows.price, "user": pa.array(big), "clicked": rows.clicked}),
+                   tmp_path / "big.parquet")
+    with pytest.raises(DataError, match=r"column user: id [0-9.]+ at row [0-9]+ \(1-based\) is a float of magnitude "
+                                        r"2\*\*11 or more"):
+        convert(spec, "parquet", [tmp_path / "big.parquet"], tmp_path / "big")
