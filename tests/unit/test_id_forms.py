@@ -449,3 +449,81 @@ def test_ids_as_half_floats_encode_as_their_integers(table: str, tmp_path: Path)
     with pytest.raises(DataError, match=r"column user: id [0-9.]+ at row [0-9]+ \(1-based\) is a float of magnitude "
                                         r"2\*\*11 or more"):
         convert(spec, "parquet", [tmp_path / "big.parquet"], tmp_path / "big")
+
+
+def test_forms_of_zero_padded_ids() -> None:
+    """Ids written zero-padded to one width are a form of their own; plain integers of one width,
+    or padded and plain ids mixed, are integers; a sample narrower than the padded training ids
+    is told from them, one as wide is not (a few wide padded ids none of which starts with 0)."""
+    from flowrec.data.encode import Encoder
+    from flowrec.data.id_forms import ZEROS, unpadded
+    from flowrec.spec import spec_from_dict
+
+    rng = np.random.default_rng()
+    width = int(rng.integers(4, 9))
+    ids = rng.zipf(1.3, 2_000) % 10 ** (width - 1)
+    padded = [f"{i:0{width}d}" for i in ids]
+    assert written_form(pa.array(padded)) == (ZEROS, next(t for t in padded if t.startswith("0")))
+    assert written_form(pa.array([str(i) for i in ids]))[0] == "integers"
+    assert written_form(pa.array(padded[:5] + [str(i) for i in ids[5:]]))[0] == "integers"  # mixed widths
+    wide = [str(10 ** (width - 1) + int(i)) for i in ids]  # one width, none starting with 0
+    assert written_form(pa.array(wide))[0] == "integers"
+    rule = {"form": ZEROS, "example": padded[0]}
+    assert other_form(ZEROS, "integers") and other_form(ZEROS, "integral floats")
+    assert not other_form("integers", ZEROS)  # a run recorded before padded ids were told: no warning
+    short = next(str(i) for i in ids if len(str(i)) < width)
+    assert unpadded(rule, "integers", short) and not unpadded(rule, "integers", wide[0])
+    forms = IdForms()
+    encoder = Encoder(spec_from_dict(_spec("hashed")), {}, {}, {})
+    forms.observe(encoder, pa.table({"user": padded}))
+    assert forms.record()["user"]["form"] == ZEROS
+    forms.observe(encoder, pa.table({"user": wide}))  # a later chunk of wide ids only: integers
+    assert forms.record()["user"]["form"] == "integers"
+
+
+@pytest.mark.parametrize("table", ["hashed", "managed"])
+def test_zero_padded_ids_read_by_pandas_as_numbers_are_said(table: str, tmp_path: Path) -> None:
+    """A CSV of ids padded with zeros (00123) trains on their text, but `pd.read_csv` of it makes
+    them numbers (123), so `model.predict(pd.read_csv(...))`, or data a pandas round trip wrote
+    (`eval --data`), scored each as an id never seen (a managed table: a new id) without a word.
+    Each says so in one line; the CSV itself, and a few padded ids none of which starts with a
+    zero, say nothing."""
+    import warnings
+
+    import flowrec.serving.predict as serving
+
+    rng = np.random.default_rng()
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(_spec(table)))
+    width = int(rng.integers(5, 9))
+    rows = _rows(rng, int(rng.integers(200, 400)))
+    rows["user"] = [f"{int(u) % 10 ** (width - 1):0{width}d}" for u in rows.user]
+    rows.to_csv(tmp_path / "rows.csv", index=False)
+    pd.read_csv(tmp_path / "rows.csv").to_csv(tmp_path / "lost.csv", index=False)  # a pandas round trip
+    lost = pd.read_csv(tmp_path / "lost.csv", dtype={"user": "string"}).user
+    assert not lost.str.startswith("0").any() and lost.str.len().min() < width  # the zeros gone
+    for args in (["data", "convert", "csv", tmp_path / "rows.csv", tmp_path / "ds", "--spec", spec, "-q"],
+                 ["data", "convert", "csv", tmp_path / "lost.csv", tmp_path / "lost", "--spec", spec, "-q"],
+                 ["train", spec, "--data", tmp_path / "ds", "--out", tmp_path / "run", "--max-steps", "3",
+                  "--device", "cpu", "-q"],
+                 ["export", tmp_path / "run", tmp_path / "pkg", "-q"]):
+        made = runner.invoke(app, [str(a) for a in args])
+        assert made.exit_code == 0, made.output
+    said = "the ids of feature user are written as integers"
+    for data, lines in (("lost", 1), ("ds", 0)):
+        scored = runner.invoke(app, ["eval", str(tmp_path / "run"), "--data", str(tmp_path / data)])
+        assert scored.exit_code == 0, scored.output
+        found = [x for x in scored.output.splitlines() if said in x]
+        assert len(found) == lines, scored.output
+        assert all("zero-padded integers" in x and "read_csv" in x for x in found)
+    scored = runner.invoke(app, ["predict", str(tmp_path / "pkg"), str(tmp_path / "rows.csv"), "--format", "csv",
+                                 "--out", str(tmp_path / "scores.csv"), "-q"])
+    assert scored.exit_code == 0 and "warning" not in scored.output, scored.output
+    model = serving.load_model(tmp_path / "pkg")
+    with pytest.warns(UserWarning, match=f"column user: {said} .*zero-padded integers"):
+        model.predict(pd.read_csv(tmp_path / "rows.csv").drop(columns="clicked"))
+    wide = rows.head(int(rng.integers(1, 5))).copy()  # as wide as the training ids, none starting with 0
+    wide["user"] = [str(10 ** (width - 1) + int(i)) for i in rng.integers(0, 10 ** (width - 1), len(wide))]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        serving.load_model(tmp_path / "pkg").predict(wide.drop(columns="clicked"))
