@@ -28,11 +28,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-import typer
-
 from flowrec.cli.common import fail, say, warn
 from flowrec.cli.streams import DAYS_DIR, EXPORT_DIR, FOLLOW_FILE, StreamRecord, done_days, read_record
-from flowrec.data.days import DayOrder, day_partitions, landed as named_days, parse_order
+from flowrec.data.days import DayOrder, day_partitions, landed as named_days
 from flowrec.data.layout import META_FILE, DataError
 from flowrec.runs.errors import EXIT_INTERRUPTED
 from flowrec.runtime.messages import shell_word

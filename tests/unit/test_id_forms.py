@@ -300,7 +300,7 @@ def test_eval_reads_the_encoder_record_of_its_data_once(table: str, tmp_path: Pa
     (line,) = [x for x in scored.output.splitlines() if "the ids of feature user are written as integral floats" in x]
     assert line.startswith(f"warning: evaluation data {floats}: column user: ")
     read.clear()
-    with pytest.warns(UserWarning, match=f"evaluation data .*: column user: the ids of feature user are written"):
+    with pytest.warns(UserWarning, match="evaluation data .*: column user: the ids of feature user are written"):
         flowrec.load(run, device="cpu").evaluate(data=floats)
     assert read == [floats]
 
