@@ -5,12 +5,13 @@ A hashed table's row is the hash of an id's text and a managed table's raw id is
 form than the training rows wrote them (pandas writes an integer column with a missing value as
 floats, `12.0`; a bool as `True` where Arrow writes `true`; a time with or without its fraction of
 a second; a CSV written with ", " between fields keeps the space; pandas reads 00123 as 123) hashed
-to other rows, or became new ids of a managed table, without a word. Conversion records each such feature's form (`record`:
-its name, an example and the Arrow type its column was read as) with the encoder; `flowrec predict`,
-`data convert --encoder-from` and `--init-from` / `--follow` compare the form of new rows with it
-(`other_form`; ids of zero-padded training rows only where one is narrower than those, `unpadded`)
-and say so in one line per feature (`lines`). Ids are never merged: `012` stays another id than `12`. Only a sample of each chunk is looked at (`FORM_SAMPLE` ids): a column is
-written one way throughout.
+to other rows, or became new ids of a managed table, without a word. Conversion records each such
+feature's form (`record`: its name, an example and the Arrow type its column was read as) with the
+encoder; `flowrec predict`, `data convert --encoder-from` and `--init-from` / `--follow` compare
+the form of new rows with it (`other_form`; with ids the training rows zero-padded, only where one
+is narrower than theirs, `unpadded`) and say so in one line per feature (`lines`). Ids are never
+merged: `012` stays another id than `12`. Only a sample of each chunk is looked at (`FORM_SAMPLE`
+ids): a column is written one way throughout.
 
 Example:
     >>> written_form(pa.array(["12.0", None, "7.0"]))
