@@ -87,6 +87,12 @@ def written_form(values: pa.Array) -> tuple[str, str] | None:
     return (PADDED if padded else "") + form, example
 
 
+def narrowest_id(values: pa.Array) -> str:
+    """The narrowest id (its text, spaces trimmed) of a sample of ids holding one (`written_form`'s)."""
+    texts = pc.utf8_trim_whitespace(as_strings(values.slice(0, FORM_SAMPLE)).drop_null())
+    return texts[pc.index(pc.utf8_length(texts), pc.min(pc.utf8_length(texts))).as_py()].as_py()
+
+
 def _one_width(texts: pa.Array) -> bool:
     widths = pc.min_max(pc.utf8_length(texts))
     return widths["min"].as_py() == widths["max"].as_py()
@@ -122,10 +128,14 @@ class IdForms:
     Args:
         seen: feature -> form -> [an example, ids of the samples of that form].
         types: feature -> the Arrow type its raw column was first read as.
+        narrowest: feature -> its narrowest id of the samples written as integers (`unpadded`
+            tells ids that lost the zeros of zero-padded training ids by it, in whichever sample;
+            `lines` shows it).
     """
 
     seen: dict[str, dict[str, list]] = field(default_factory=dict)
     types: dict[str, str] = field(default_factory=dict)
+    narrowest: dict[str, str] = field(default_factory=dict)
 
     def observe(self, encoder: Any, raw: pa.Table, features: Any = None) -> None:
         """Look at a sample of each hashed or managed feature's ids in `raw` (of `features`, a
@@ -146,6 +156,8 @@ class IdForms:
             form, example = found
             mine = self.seen.setdefault(f.name, {}).setdefault(form, [example, 0])
             mine[1] += min(len(flat), FORM_SAMPLE)
+            if form == "integers":
+                self._narrow(f.name, narrowest_id(flat))
 
     def add(self, other: "IdForms") -> None:
         """Count `other`'s forms too (a call's, into a model's running count)."""
@@ -155,6 +167,12 @@ class IdForms:
                 mine.setdefault(form, [example, 0])[1] += count
         for name, kind in other.types.items():
             self.types.setdefault(name, kind)
+        for name, text in other.narrowest.items():
+            self._narrow(name, text)
+
+    def _narrow(self, name: str, text: str) -> None:
+        if len(text) < len(self.narrowest.get(name, text + " ")):
+            self.narrowest[name] = text
 
     def record(self) -> dict[str, dict[str, str]]:
         """feature -> {"form", "example", "type"}, for each feature whose ids were of one form
@@ -177,8 +195,11 @@ class IdForms:
             rule = trained.get(name)
             if rule is None:
                 continue
-            differing = [(count, form, example) for form, (example, count) in forms.items()
-                         if other_form(rule["form"], form) and unpadded(rule, form, example)]
+            differing = []
+            for form, (example, count) in forms.items():
+                shown = self.narrowest.get(name, example) if form == "integers" else example
+                if other_form(rule["form"], form) and unpadded(rule, form, shown):
+                    differing.append((count, form, shown))
             if differing:
                 _, form, example = max(differing)
                 table = next(encoder.spec.table(f.table) for f in encoder.spec.sparse_features if f.name == name)

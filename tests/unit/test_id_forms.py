@@ -527,3 +527,33 @@ def test_zero_padded_ids_read_by_pandas_as_numbers_are_said(table: str, tmp_path
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         serving.load_model(tmp_path / "pkg").predict(wide.drop(columns="clicked"))
+
+
+def test_ids_that_lost_their_zeros_in_a_later_sample_are_told() -> None:
+    """Ids written as integers were told from zero-padded training ids by their first sample's
+    example alone: a first chunk (or predict call) of padded ids as wide as training's, none
+    starting with 0, hid every later chunk whose ids had lost their zeros. The narrowest id of
+    every sample written as integers is kept, and the line shows it."""
+    from flowrec.data.encode import Encoder
+    from flowrec.data.id_forms import ZEROS
+    from flowrec.spec import spec_from_dict
+
+    rng = np.random.default_rng()
+    width = int(rng.integers(5, 9))
+    encoder = Encoder(spec_from_dict(_spec("hashed")), {}, {}, {})
+    training = IdForms()
+    ids = rng.zipf(1.3, 3_000) % 10 ** (width - 1)
+    training.observe(encoder, pa.table({"user": [f"{i:0{width}d}" for i in ids]}))
+    rule = training.record()
+    assert rule["user"]["form"] == ZEROS
+    new = IdForms()
+    wide = rng.integers(10 ** (width - 1), 10 ** width, int(rng.integers(1, 50)))
+    new.observe(encoder, pa.table({"user": [str(i) for i in wide]}))  # padded ids, none starting with 0
+    assert new.lines(encoder, rule) == []
+    later = IdForms()  # a later call's (or chunk's) rows: the zeros gone
+    lost = rng.zipf(1.3, int(rng.integers(50, 500))) % 10 ** (width - 1)
+    later.observe(encoder, pa.table({"user": [str(i) for i in lost]}))
+    new.add(later)
+    (line,) = new.lines(encoder, rule)
+    narrowest = min((str(i) for i in lost), key=len)
+    assert f"written as integers ({narrowest!r})" in line and "zero-padded integers" in line
