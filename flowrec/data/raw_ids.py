@@ -59,6 +59,13 @@ def check_ids(column: pa.ChunkedArray | pa.Array, name: str, multi: bool) -> Non
 
         wanted = "ids or lists of ids" if multi else "one id per row"
         raise DataError(f"column {name} holds {column.type}, not {wanted}")
+    try:  # (no values cast: whether Arrow has text of such values at all)
+        pc.cast(pa.nulls(0, kind), pa.string())
+    except pa.ArrowNotImplementedError:  # an interval (pandas' DateOffset): its cast was a traceback
+        from flowrec.data.layout import DataError
+
+        raise DataError(f"column {name} holds {column.type} values, which have no text to be ids: give the ids as "
+                        "integers or text") from None
     if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):  # bytes ids are read as UTF-8 text
         values = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
         why = not_utf8(pc.list_flatten(values) if pa.types.is_nested(values.type) else values)

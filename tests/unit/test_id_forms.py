@@ -557,3 +557,26 @@ def test_ids_that_lost_their_zeros_in_a_later_sample_are_told() -> None:
     (line,) = new.lines(encoder, rule)
     narrowest = min((str(i) for i in lost), key=len)
     assert f"written as integers ({narrowest!r})" in line and "zero-padded integers" in line
+
+
+def test_an_id_column_of_values_without_text_is_one_line_naming_it() -> None:
+    """An id column of intervals (pandas' DateOffset objects, in a frame or an Arrow table given to
+    `model.predict`) was Arrow's 'Unsupported cast from month_day_nano_interval to utf8': ids are
+    their text, and such values have none. It is one line naming the column; ids of other types
+    (half floats, durations, decimals, dates) pass the check."""
+    from flowrec.data.layout import DataError
+    from flowrec.data.raw_ids import check_ids
+
+    rng = np.random.default_rng()
+    months = [pd.DateOffset(months=int(m)) for m in rng.zipf(1.5, int(rng.integers(2, 40))) % 24]
+    frame = pd.DataFrame({"price": rng.lognormal(1.0, 1.5, len(months)), "user": months})
+    column = pa.Table.from_pandas(frame).column("user")
+    assert pa.types.is_interval(column.type)
+    with pytest.raises(DataError, match=r"^column user holds month_day_nano_interval values, which have no text"):
+        check_ids(column, "user", False)
+    with pytest.raises(DataError, match=r"^column user holds list<item: month_day_nano_interval> values, which have"):
+        check_ids(pa.array([[m] for m in column.to_pylist()], pa.list_(column.type)), "user", True)
+    ints = rng.zipf(1.3, 50) % 1000
+    for fine in (pa.array(ints.astype(np.float16)), pa.array(ints.astype("timedelta64[s]")),
+                 pa.array([str(i) for i in ints]).cast(pa.decimal128(10, 0)), pa.array(ints.astype("datetime64[D]"))):
+        check_ids(fine, "user", False)
