@@ -154,10 +154,11 @@ class Run:
         if seen is None and self.run_dir is not None and self.trained.excludes_seen:  # as `flowrec eval`: the
             # pairs of the run's training data (run.json read only for such a head: data= scores without it)
             seen = recorded_train_data(self.run_dir)
-        metrics = self.trained.evaluate_dataset(Path(data).expanduser(), grouping, seen)
+        lines: list[str] = []  # same fingerprint, ids written otherwise
+        metrics = self.trained.evaluate_dataset(Path(data).expanduser(), grouping, seen, lines.append)
         import warnings
 
-        for line in self.trained.form_lines(Path(data).expanduser()):  # same fingerprint, ids written otherwise
+        for line in lines:
             warnings.warn(line, UserWarning, stacklevel=2)
         return _warn_covered_classes(metrics)
 

@@ -203,7 +203,12 @@ def _compare_rows(folder: Path, trained) -> Iterator[Any] | None:
             warn(f"the score difference is measured on random rows, not on the run's evaluation data: {lost} is "
                  f"not found ({why})")
         return None
-    trained.check_data(data)
+    from flowrec.data.encoder_record import record_of_dataset
+
+    record = record_of_dataset(data) if trained.encoder is not None else None  # (a run of before encoders: none)
+    trained.check_data(data, record)
+    for line in trained.form_lines(data, record):  # hashed ids compared in other rows, managed ones as unseen
+        warn(f"the score difference is measured on the run's {line}")
     import pyarrow.dataset as ds
 
     columns = [f.name for f in trained.spec.features]

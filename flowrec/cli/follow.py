@@ -28,11 +28,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-import typer
-
-from flowrec.cli.common import fail, say
+from flowrec.cli.common import fail, say, warn
 from flowrec.cli.streams import DAYS_DIR, EXPORT_DIR, FOLLOW_FILE, StreamRecord, done_days, read_record
-from flowrec.data.days import DayOrder, day_partitions, landed as named_days, parse_order
+from flowrec.data.days import DayOrder, day_partitions, landed as named_days
 from flowrec.data.layout import META_FILE, DataError
 from flowrec.runs.errors import EXIT_INTERRUPTED
 from flowrec.runtime.messages import shell_word
@@ -288,18 +286,23 @@ def _export(day_run: Path, out: Path) -> None:
 def _progressive(run: Path, previous: Path, day: Path, number: int) -> None:
     """Score the previous day's model on `day` (the stream's day `number`, 1-based) before training
     on it: one line in metrics.jsonl (step = `number`, kept once after a crash) and TensorBoard
-    scalars `progressive/<head>/<metric>`."""
+    scalars `progressive/<head>/<metric>`; a warning line per hashed or managed feature whose ids
+    the day writes in another form than the model's training rows (`flowrec.data.id_forms`), once
+    per day, also where its training is resumed after a crash (which compares no forms)."""
     from flowrec.data.layout import DataError
     from flowrec.planner.contract import scoring_plan
     from flowrec.runtime.checkpoint.store import CheckpointError
     from flowrec.runtime.run_log import MetricsError, MetricsLog
     from flowrec.serving.trained import load_trained
 
+    lines: list[str] = []  # the day's ids written in another form than the stream's training rows: scored as unseen
     try:
-        metrics = load_trained(previous, "cpu", scoring_plan).evaluate_dataset(day)
+        metrics = load_trained(previous, "cpu", scoring_plan).evaluate_dataset(day, warn=lines.append)
         log = MetricsLog(run / "metrics.jsonl", keep_through_step=number - 1)
     except (CheckpointError, DataError, MetricsError) as exc:
         fail(str(exc))
+    for line in lines:
+        warn(line)
     try:
         log.write({"event": "progressive", "step": number, "day": day.name, "model": previous.name,
                    "metrics": metrics})

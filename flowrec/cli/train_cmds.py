@@ -1089,9 +1089,7 @@ def _evaluate_run(run_dir: Path, data: Optional[Path], device: str, group_by: Op
             else:
                 if seen is None and trained.excludes_seen:  # run.json read only for such a head: a damaged one
                     seen = recorded_train_data(run_dir)  # refused eval --data of any run ('cannot be resumed')
-                metrics = trained.evaluate_dataset(data, grouping, seen)
-                for line in trained.form_lines(data):  # same fingerprint, ids written otherwise: before the table
-                    warn(line)
+                metrics = trained.evaluate_dataset(data, grouping, seen, warn)  # ids written otherwise: warned
         except (DataError, OSError, ValueError, RuntimeError) as exc:
             fail(custom_failure(exc) or first_line(exc))
         except KeyboardInterrupt as exc:

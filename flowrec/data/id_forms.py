@@ -4,19 +4,22 @@ A hashed table's row is the hash of an id's text and a managed table's raw id is
 (`flowrec.data.raw_ids`): neither has a vocabulary to look an id up in, so ids written in another
 form than the training rows wrote them (pandas writes an integer column with a missing value as
 floats, `12.0`; a bool as `True` where Arrow writes `true`; a time with or without its fraction of
-a second; a CSV written with ", " between fields keeps the space) hashed to other rows, or became
-new ids of a managed table, without a word. Conversion records each such feature's form (`record`:
-its name, an example and the Arrow type its column was read as) with the encoder; `flowrec predict`,
-`data convert --encoder-from` and `--init-from` / `--follow` compare the form of new rows with it
-(`other_form`) and say so in one line per feature (`lines`). Ids are never merged: `012` stays
-another id than `12`. Only a sample of each chunk is looked at (`FORM_SAMPLE` ids): a column is
-written one way throughout.
+a second; a CSV written with ", " between fields keeps the space; pandas reads 00123 as 123) hashed
+to other rows, or became new ids of a managed table, without a word. Conversion records each such
+feature's form (`record`: its name, an example and the Arrow type its column was read as) with the
+encoder; `flowrec predict`, `data convert --encoder-from` and `--init-from` / `--follow` compare
+the form of new rows with it (`other_form`; with ids the training rows zero-padded, only where one
+is narrower than theirs, `unpadded`) and say so in one line per feature (`lines`). Ids are never
+merged: `012` stays another id than `12`. Only a sample of each chunk is looked at (`FORM_SAMPLE`
+ids): a column is written one way throughout.
 
 Example:
     >>> written_form(pa.array(["12.0", None, "7.0"]))
     ('integral floats', '12.0')
     >>> other_form("integers", "integral floats"), other_form("text", "integers")
     (True, False)
+    >>> written_form(pa.array(["00123", "45678"]))
+    ('zero-padded integers', '00123')
 """
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ TEXT = "text"  # ids of no form below: any text (no other form is told from it)
 PADDED = "space-padded "  # before the form of ids most of which are written with spaces around them
 _DATE = r"[0-9]{4}-[0-9]{2}-[0-9]{2}"
 _CLOCK = r"[ T][0-9]{2}:[0-9]{2}:[0-9]{2}"
+ZEROS = "zero-padded integers"  # integers of one width, some written with leading zeros (00123)
 FORMS = (  # (form, what every id of it matches), the first form that every id of a sample matches
     ("integers", r"^-?[0-9]+$"),
     ("integral floats", r"^-?[0-9]+(\.0+)?$"),  # (not all integers: some written 12.0)
@@ -45,7 +49,7 @@ FORMS = (  # (form, what every id of it matches), the first form that every id o
     ("times with a fraction of a second", rf"^{_DATE}{_CLOCK}\.[0-9]+Z?$"),
 )
 KINDS = {  # forms one writer's ids take in another's: (the kind, how writers differ)
-    "integers": "numbers", "integral floats": "numbers",
+    "integers": "numbers", "integral floats": "numbers", ZEROS: "numbers",
     "true/false": "booleans", "True/False": "booleans", "TRUE/FALSE": "booleans",
     "dates": "times", "times": "times", "times with a fraction of a second": "times",
 }
@@ -56,6 +60,8 @@ WHY = {
     "times": "Arrow writes a time with its fraction of a second, pandas' CSV without it and a column of "
              "midnights as dates; write times as text, say",
     "spaces": "a CSV written with ', ' between fields keeps the space in each field's text",
+    "zeros": "pandas' read_csv reads ids such as 00123 as the number 123, as a spreadsheet does, unless told "
+             "to read them as text (dtype=\"string\")",
 }
 
 
@@ -70,11 +76,26 @@ def written_form(values: pa.Array) -> tuple[str, str] | None:
     padded = pc.sum(pc.not_equal(texts, trimmed)).as_py() * 2 > len(texts)
     form = next((name for name, pattern in FORMS if pc.all(pc.match_substring_regex(trimmed, pattern)).as_py()),
                 TEXT)
-    if form == "integral floats":  # an example of a float: what the rows write otherwise than integers
+    zeros = pc.match_substring_regex(trimmed, "^-?0[0-9]") if form == "integers" else None
+    if zeros is not None and pc.any(zeros).as_py() and _one_width(trimmed):  # (several: padded and plain mixed)
+        form = ZEROS
+        example = texts.filter(zeros)[0].as_py()  # a padded one: what the rows write otherwise than integers
+    elif form == "integral floats":  # an example of a float: what the rows write otherwise than integers
         example = texts.filter(pc.match_substring(trimmed, "."))[0].as_py()
     else:
         example = texts[0].as_py()
     return (PADDED if padded else "") + form, example
+
+
+def narrowest_id(values: pa.Array) -> str:
+    """The narrowest id (its text, spaces trimmed) of a sample of ids holding one (`written_form`'s)."""
+    texts = pc.utf8_trim_whitespace(as_strings(values.slice(0, FORM_SAMPLE)).drop_null())
+    return texts[pc.index(pc.utf8_length(texts), pc.min(pc.utf8_length(texts))).as_py()].as_py()
+
+
+def _one_width(texts: pa.Array) -> bool:
+    widths = pc.min_max(pc.utf8_length(texts))
+    return widths["min"].as_py() == widths["max"].as_py()
 
 
 def other_form(trained: str, seen: str) -> bool:
@@ -85,7 +106,19 @@ def other_form(trained: str, seen: str) -> bool:
     if trained == seen:
         return False
     base, other = trained.removeprefix(PADDED), seen.removeprefix(PADDED)
+    if base == "integers" and other == ZEROS:  # (training rows of plain ids pad none: a run recorded before
+        return False  # padded ids were told from others wrote them as integers)
     return base == other or (base in KINDS and KINDS.get(other) == KINDS[base])
+
+
+def unpadded(rule: dict[str, str], seen: str, example: str) -> bool:
+    """Whether ids of form `seen` (`example`: one of them) are clearly ids the training rows
+    (`rule`) wrote zero-padded, their zeros lost (as pandas reads 00123): integers one of which is
+    shorter than the padded ones. Padded ids none of which happens to start with a zero (a few
+    rows of wide ids) are integers as wide as the training rows': not told from them."""
+    if rule["form"].removeprefix(PADDED) != ZEROS or seen.removeprefix(PADDED) != "integers":
+        return True  # (not such a pair: `other_form` alone decides)
+    return len(example.strip()) < len(rule.get("example", "").strip())
 
 
 @dataclass
@@ -95,10 +128,14 @@ class IdForms:
     Args:
         seen: feature -> form -> [an example, ids of the samples of that form].
         types: feature -> the Arrow type its raw column was first read as.
+        narrowest: feature -> its narrowest id of the samples written as integers (`unpadded`
+            tells ids that lost the zeros of zero-padded training ids by it, in whichever sample;
+            `lines` shows it).
     """
 
     seen: dict[str, dict[str, list]] = field(default_factory=dict)
     types: dict[str, str] = field(default_factory=dict)
+    narrowest: dict[str, str] = field(default_factory=dict)
 
     def observe(self, encoder: Any, raw: pa.Table, features: Any = None) -> None:
         """Look at a sample of each hashed or managed feature's ids in `raw` (of `features`, a
@@ -119,6 +156,8 @@ class IdForms:
             form, example = found
             mine = self.seen.setdefault(f.name, {}).setdefault(form, [example, 0])
             mine[1] += min(len(flat), FORM_SAMPLE)
+            if form == "integers":
+                self._narrow(f.name, narrowest_id(flat))
 
     def add(self, other: "IdForms") -> None:
         """Count `other`'s forms too (a call's, into a model's running count)."""
@@ -128,13 +167,25 @@ class IdForms:
                 mine.setdefault(form, [example, 0])[1] += count
         for name, kind in other.types.items():
             self.types.setdefault(name, kind)
+        for name, text in other.narrowest.items():
+            self._narrow(name, text)
+
+    def _narrow(self, name: str, text: str) -> None:
+        if len(text) < len(self.narrowest.get(name, text + " ")):
+            self.narrowest[name] = text
 
     def record(self) -> dict[str, dict[str, str]]:
         """feature -> {"form", "example", "type"}, for each feature whose ids were of one form
-        throughout (a feature of several forms records none: nothing is told from it)."""
-        return {name: {"form": form, "example": example, "type": self.types.get(name, "")}
-                for name, forms in self.seen.items() if len(forms) == 1
-                for form, (example, _) in forms.items()}
+        throughout (a feature of several forms records none: nothing is told from it; integers
+        zero-padded in some samples and not in others are integers)."""
+        out = {}
+        for name, forms in self.seen.items():
+            if set(forms) == {ZEROS, "integers"}:
+                forms = {"integers": forms["integers"]}
+            if len(forms) == 1:
+                (form, (example, _)), = forms.items()
+                out[name] = {"form": form, "example": example, "type": self.types.get(name, "")}
+        return out
 
     def lines(self, encoder: Any, trained: dict[str, dict[str, str]]) -> list[str]:
         """A line per feature whose ids are written in another form (`other_form`) than `trained`
@@ -144,8 +195,11 @@ class IdForms:
             rule = trained.get(name)
             if rule is None:
                 continue
-            differing = [(count, form, example) for form, (example, count) in forms.items()
-                         if other_form(rule["form"], form)]
+            differing = []
+            for form, (example, count) in forms.items():
+                shown = self.narrowest.get(name, example) if form == "integers" else example
+                if other_form(rule["form"], form) and unpadded(rule, form, shown):
+                    differing.append((count, form, shown))
             if differing:
                 _, form, example = max(differing)
                 table = next(encoder.spec.table(f.table) for f in encoder.spec.sparse_features if f.name == name)
@@ -157,7 +211,8 @@ def form_line(source: str, name: str, table: Any, rule: dict[str, str], form: st
     """The warning of feature `name`'s ids (raw column `source`, of `table`, a TableSpec) written as
     `form` (`example`) where the training rows (`rule`) wrote them otherwise."""
     base, trained = form.removeprefix(PADDED), rule["form"].removeprefix(PADDED)
-    why = WHY["spaces"] if base == trained else WHY[KINDS[base]]
+    why = (WHY["spaces"] if base == trained else WHY["zeros"] if {base, trained} == {ZEROS, "integers"}
+           else WHY[KINDS[base]])
     if table.managed is not None:
         what = (f"managed table {table.name!r} holds a row per id's text, so each is a new id there, not the trained "
                 "one (training on such rows gives the same id a second row)")
@@ -190,7 +245,8 @@ def changed_forms(spec: Any, columns: dict[str, str], trained: dict[str, dict[st
     out = []
     for f in spec.sparse_features:
         mine, theirs = trained.get(f.name), seen.get(f.name)
-        if mine and theirs and other_form(mine["form"], theirs["form"]):
+        if mine and theirs and other_form(mine["form"], theirs["form"]) and \
+                unpadded(mine, theirs["form"], theirs.get("example", "")):
             out.append(form_line(columns.get(f.name, f.name), f.name, spec.table(f.table), mine, theirs["form"],
                                  theirs.get("example", "")))
     return out

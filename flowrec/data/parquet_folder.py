@@ -10,8 +10,9 @@ each with the first file's type; an error is one line naming the file and the co
 values keep their meaning whatever the type, types may differ: a label or dense column (`numeric`)
 is read as numbers file by file (int64 in one day's file and double in the next, as pandas writes a
 day with a missing value), so is any column of integers in one file and floats in another (an id
-column of such a day: 3 and 3.0 are the id "3"), and a column holding only nulls (Arrow's null
-type) fits any type. Each
+column of such a day: 3 and 3.0 are the id "3"), so is a column of text in one Arrow type in one
+file and another in the next (string, large_string as polars writes it, pandas' categories of text),
+and a column holding only nulls (Arrow's null type) fits any type. Each
 file is then read with its own types for those columns (a dataset-wide cast of int64 to double
 refuses integers beyond 2^53). A file without rows adds none and is left out.
 
@@ -228,7 +229,8 @@ def _folder_types(files: list[tuple[Any, dict[str, pa.Field]]], numeric: set[str
     """The type of each non-numeric column, from the first file where it is not all nulls; DataError
     naming a file that holds it with another type."""
     typed: dict[str, tuple[str, pa.Field]] = {}
-    numbers: set[str] = set()  # columns of integers in one file and floats in another: each file's own type
+    numbers: set[str] = set()  # columns of integers in one file and floats in another (or text in two
+    # Arrow types): each file's own type
     for fragment, columns in files:
         for name, field in columns.items():
             if name in numeric or pa.types.is_null(field.type):
@@ -236,6 +238,8 @@ def _folder_types(files: list[tuple[Any, dict[str, pa.Field]]], numeric: set[str
             where, held = typed.setdefault(name, (fragment.path, field))
             if field.type != held.type and _number(field.type) and _number(held.type):
                 numbers.add(name)  # ids as numbers: 3 and 3.0 are the id "3" (`flowrec.data.raw_ids.as_strings`)
+            elif field.type != held.type and _text(field.type) and _text(held.type):
+                numbers.add(name)  # one text: string, large_string (polars' and pandas' Arrow strings), categories
             elif field.type != held.type:
                 raise DataError(f"{fragment.path}: column {name!r} holds {field.type} values, {where} "
                                 f"{held.type}: a column holds one type in every file of a Parquet folder "
@@ -245,3 +249,9 @@ def _folder_types(files: list[tuple[Any, dict[str, pa.Field]]], numeric: set[str
 
 def _number(kind: pa.DataType) -> bool:
     return pa.types.is_integer(kind) or pa.types.is_floating(kind)
+
+
+def _text(kind: pa.DataType) -> bool:
+    """Text of any Arrow string type, or categories of text (pandas' category dtype: a dictionary)."""
+    kind = kind.value_type if pa.types.is_dictionary(kind) else kind
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)

@@ -32,6 +32,8 @@ def as_strings(values: pa.Array) -> pa.Array:
         values = values.combine_chunks()
     if not pa.types.is_string(values.type) and not pa.types.is_large_string(values.type):
         if pa.types.is_floating(values.type):  # 3.0 -> "3": floats that hold ids
+            if values.type == pa.float16():  # (exact as float32; Arrow has no floor of half floats)
+                values = pc.cast(values, pa.float32())
             values = pc.if_else(pc.is_nan(values), pa.scalar(None, values.type), values)
             # only where int64 holds the value: 1e20 or inf cast to int64 were all one id, INT64_MIN
             whole = pc.and_(pc.equal(values, pc.floor(values)),
@@ -57,6 +59,13 @@ def check_ids(column: pa.ChunkedArray | pa.Array, name: str, multi: bool) -> Non
 
         wanted = "ids or lists of ids" if multi else "one id per row"
         raise DataError(f"column {name} holds {column.type}, not {wanted}")
+    try:  # (no values cast: whether Arrow has text of such values at all)
+        pc.cast(pa.nulls(0, kind), pa.string())
+    except pa.ArrowNotImplementedError:  # an interval (pandas' DateOffset): its cast was a traceback
+        from flowrec.data.layout import DataError
+
+        raise DataError(f"column {name} holds {column.type} values, which have no text to be ids: give the ids as "
+                        "integers or text") from None
     if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):  # bytes ids are read as UTF-8 text
         values = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
         why = not_utf8(pc.list_flatten(values) if pa.types.is_nested(values.type) else values)

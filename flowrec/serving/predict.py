@@ -493,9 +493,31 @@ def raw_table(table: pa.Table | pd.DataFrame) -> pa.Table:
         return pa.Table.from_pandas(table, preserve_index=False)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
         raise DataError(f"the rows cannot be read: {'; '.join(map(str, exc.args))}{mixed_hint(table)}") from None
-    except OverflowError:  # a Python int beyond 64 bits
-        raise DataError("the rows cannot be read: a column holds an integer beyond 64 bits; dense values "
-                        "must be finite float32 numbers, ids at most 64-bit integers") from None
+    except OverflowError:  # a Python int beyond int64 in an object column
+        raise DataError(f"the rows cannot be read: {huge_integer(table)}") from None
+
+
+def huge_integer(frame: pd.DataFrame) -> str:
+    """What is wrong with the first object column holding a Python int that Arrow cannot read as
+    int64 (pandas' read_csv of ids beyond 64 bits, or of one of 2**63 or more beside a negative one),
+    and how to give it: as text, as a CSV file gives such ids (and training read them).
+
+    >>> print(huge_integer(pd.DataFrame({"a": [1.5, 2.0], "user": [5, 2 ** 70]})))
+    column user holds the integer 1180591620717411303424 at row 1 (0-based), beyond 64 bits: ids of any size are their text, as a CSV file gives them: make the column text with .astype("string") (or read it so: pd.read_csv(..., dtype={'user': "string"})); dense values must be finite float32 numbers
+    """
+    for name in frame.columns:
+        column = frame[name]
+        if column.dtype != object:
+            continue
+        for row, value in enumerate(column):
+            if isinstance(value, int) and not isinstance(value, bool) and not -2 ** 63 <= value < 2 ** 63:
+                size = ("beyond 64 bits" if not -2 ** 63 <= value < 2 ** 64 else
+                        "beyond int64, which Arrow reads a column of Python integers as")
+                return (f"column {name} holds the integer {value} at row {row} (0-based), {size}: ids of any size are "
+                        f"their text, as a CSV file gives them: make the column text with .astype(\"string\") (or read "
+                        f"it so: pd.read_csv(..., dtype={{{name!r}: \"string\"}})); dense values must be finite "
+                        "float32 numbers")
+    return "a column holds an integer beyond 64 bits; dense values must be finite float32 numbers"
 
 
 def mixed_hint(frame: pd.DataFrame) -> str:

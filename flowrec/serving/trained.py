@@ -82,29 +82,31 @@ class Trained:
         binding = self.model.retrieval
         return binding is not None and bool(binding.attrs.get("exclude_seen"))
 
-    def check_data(self, path: Path) -> None:
-        """Raise DataError if the dataset at `path` was not encoded with the model's encoder (or an
-        extension of it into spare rows)."""
+    def check_data(self, path: Path, record: EncoderRecord | None = None) -> None:
+        """Raise DataError if the dataset at `path` (`record`: its encoder record, when already
+        read) was not encoded with the model's encoder (or an extension of it into spare rows)."""
         if self.encoder is not None:
-            check_same_encoder(self.encoder, record_of_dataset(Path(path)), str(path), extension=True)
+            check_same_encoder(self.encoder, record or record_of_dataset(Path(path)), str(path), extension=True)
 
-    def form_lines(self, path: Path) -> list[str]:
-        """A warning line per hashed or managed feature whose ids the dataset at `path` (of the
-        model's encoder: a dataset converted on its own from rows pandas wrote with a missing id,
-        "12.0", has the same fingerprint) wrote in another form than the model's training rows
-        (`flowrec.data.id_forms`): each such id was scored as one never seen. Nothing for a model
-        or a dataset recorded before forms were."""
+    def form_lines(self, path: Path, record: EncoderRecord | None = None) -> list[str]:
+        """A warning line per hashed or managed feature whose ids the dataset at `path` (`record`:
+        its encoder record, when already read; of the model's encoder: a dataset converted on its
+        own from rows pandas wrote with a missing id, "12.0", has the same fingerprint) wrote in
+        another form than the model's training rows (`flowrec.data.id_forms`): each such id was
+        scored as one never seen. Nothing for a model or a dataset recorded before forms were."""
         if self.encoder is None or not self.encoder.id_forms:
             return []
-        found = record_of_dataset(Path(path))
+        found = record or record_of_dataset(Path(path))
         return [f"evaluation data {path}: {line}"
                 for line in changed_forms(self.spec, found.columns, self.encoder.id_forms, found.id_forms)]
 
-    def evaluate_dataset(self, path: Path, group_by: str | None = None,
-                         seen: Path | None = None) -> dict[str, dict[str, float]]:
+    def evaluate_dataset(self, path: Path, group_by: str | None = None, seen: Path | None = None,
+                         warn: Callable[[str], None] | None = None) -> dict[str, dict[str, float]]:
         """Metrics per head on an encoded dataset (gAUC over `group_by`'s values when given;
         `seen`: a training dataset whose (user, item) pairs a retrieval head with exclude_seen
-        leaves out of each user's ranking)."""
+        leaves out of each user's ranking; `warn`: called, once scored, with each of the dataset's
+        `form_lines`, told from the encoder record its encoder was checked by: its _flowrec.json
+        is read once)."""
         if group_by is not None:  # a feature that cannot group fails before any data is read
             group_slot(self.model, group_by)
         if not (Path(path) / META_FILE).is_file() and (Path(path) / "test" / META_FILE).is_file():
@@ -112,10 +114,14 @@ class Trained:
                             f"score its test part, {Path(path) / 'test'}")  # not "convert it first"
         source = open_dataset(Path(path), self.spec)
         try:
-            self.check_data(path)
-            return self.evaluate_source(source, group_by, seen)
+            record = None if self.encoder is None else record_of_dataset(Path(path), getattr(source, "meta", None))
+            self.check_data(path, record)
+            metrics = self.evaluate_source(source, group_by, seen)
         finally:
             source.close()
+        for line in self.form_lines(path, record) if warn is not None else ():
+            warn(line)
+        return metrics
 
     def evaluate_drawn(self, rows: int, group_by: str | None = None, seen: Any = None) -> dict[str, dict[str, float]]:
         """Metrics per head on the evaluation rows of a run on `rows` synthetic training rows

@@ -140,7 +140,10 @@ def test_a_day_of_a_stream_that_writes_its_ids_as_floats_is_said(table: str, tmp
     """Days converted one by one (a hashed or managed spec needs no encoder to convert with): a day
     pandas wrote with a missing user id ("12.0") trained every user of it as a new id (a managed
     table gave each a second row) without a word. The stream says so for that day; a later day of
-    integers again is the trained form (the first day's, kept by each day's run): nothing said."""
+    integers again is the trained form (the first day's, kept by each day's run): nothing said.
+    The day's progressive evaluation (d1's model scoring d2 before training on it) scored every
+    user of it as never seen without a word: it says so too, once for the day, and again where the
+    day's training is resumed (a resumed run compares no forms)."""
     rng = np.random.default_rng()
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps(_spec(table)))
@@ -158,9 +161,21 @@ def test_a_day_of_a_stream_that_writes_its_ids_as_floats_is_said(table: str, tmp
                                  "--max-steps", "3", "--device", "cpu", "-q"])
     assert follow.exit_code == 0, follow.output
     said = [x for x in follow.output.splitlines() if "the ids of feature user are written as" in x]
-    (line,) = said
+    scored, line = said  # d2 scored by d1's model, then trained on: once each, not per batch
+    assert scored.startswith(f"warning: evaluation data {days / 'd2'}: column user: ") and "integral floats" in scored
     assert line.startswith(f"warning: training data {days / 'd2'}: column user: ") and "integral floats" in line
     assert ("managed table 'users'" if table == "managed" else "hashed table") in line
+    progressive = [json.loads(x) for x in (tmp_path / "stream" / "metrics.jsonl").read_text().splitlines()
+                   if '"progressive"' in x]
+    assert [x["day"] for x in progressive] == ["d2", "d3"]
+    stream = json.loads((tmp_path / "stream" / "follow.json").read_text())
+    (tmp_path / "stream" / "follow.json").write_text(json.dumps({**stream, "days": ["d1"]}))  # as if d2's cut short
+    (days / "d3").rename(tmp_path / "d3-later")
+    again = runner.invoke(app, ["train", str(spec), "--follow", str(days), "--out", str(tmp_path / "stream"),
+                                "--max-steps", "3", "--device", "cpu", "-q"])
+    assert again.exit_code == 0, again.output
+    said = [x for x in again.output.splitlines() if "the ids of feature user are written as" in x]
+    assert [x.split(": column")[0] for x in said] == [f"warning: evaluation data {days / 'd2'}"], again.output
 
 
 @pytest.mark.parametrize("table", ["hashed", "managed"])
@@ -244,3 +259,324 @@ def test_data_inspect_shows_the_recorded_forms_of_ids(table: str, tmp_path: Path
     assert all(x.startswith(f"ids of feature user: written as {form} (") for x in lines)
     doc = json.loads(runner.invoke(app, ["data", "inspect", str(tmp_path / "ds"), "--json"]).output)
     assert doc["train"]["id_forms"]["user"]["form"] == form and doc["train"]["id_forms"]["user"]["column"] == "user"
+
+
+def _run_scoring_floats(tmp_path: Path, table: str, rng: np.random.Generator) -> tuple[Path, Path]:
+    """A run trained on integer user ids (fresh skewed rows) whose --eval-data writes them as floats
+    (pandas' "12.0" for a column missing an id), each converted on its own: (the run, the floats)."""
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(_spec(table)))
+    _rows(rng, int(rng.integers(200, 400))).to_csv(tmp_path / "train.csv", index=False)
+    floats = _rows(rng, int(rng.integers(100, 300))).astype({"user": float})
+    floats.loc[int(rng.integers(0, len(floats))), "user"] = np.nan
+    floats.to_csv(tmp_path / "floats.csv", index=False)
+    for name in ("train", "floats"):
+        made = runner.invoke(app, ["data", "convert", "csv", str(tmp_path / f"{name}.csv"), str(tmp_path / name),
+                                   "--spec", str(spec), "-q"])
+        assert made.exit_code == 0, made.output
+    trained = runner.invoke(app, ["train", str(spec), "--data", str(tmp_path / "train"), "--eval-data",
+                                  str(tmp_path / "floats"), "--out", str(tmp_path / "run"), "--max-steps", "3",
+                                  "--device", "cpu", "-q"])
+    assert trained.exit_code == 0, trained.output
+    return tmp_path / "run", tmp_path / "floats"
+
+
+@pytest.mark.parametrize("table", ["hashed", "managed"])
+def test_eval_reads_the_encoder_record_of_its_data_once(table: str, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`flowrec eval RUN --data D` (and `Run.evaluate(data=D)`) read D's _flowrec.json for the
+    encoder check and again for the forms of its ids: a conversion replacing D in between was
+    checked by one record and warned of by another. One record serves both; the warning stays."""
+    import flowrec
+    import flowrec.serving.trained as trained
+
+    run, floats = _run_scoring_floats(tmp_path, table, np.random.default_rng())
+    read = []
+    real = trained.record_of_dataset
+    monkeypatch.setattr(trained, "record_of_dataset", lambda path, *more: read.append(Path(path)) or real(path, *more))
+    scored = runner.invoke(app, ["eval", str(run), "--data", str(floats)])
+    assert scored.exit_code == 0, scored.output
+    assert read == [floats]
+    (line,) = [x for x in scored.output.splitlines() if "the ids of feature user are written as integral floats" in x]
+    assert line.startswith(f"warning: evaluation data {floats}: column user: ")
+    read.clear()
+    with pytest.warns(UserWarning, match="evaluation data .*: column user: the ids of feature user are written"):
+        flowrec.load(run, device="cpu").evaluate(data=floats)
+    assert read == [floats]
+
+
+@pytest.mark.parametrize("table", ["hashed", "managed"])
+def test_export_says_when_the_rows_of_its_score_check_write_ids_otherwise(table: str, tmp_path: Path) -> None:
+    """`export --dtype fp16` measures the largest score difference on the run's evaluation data;
+    where that data writes the ids in another form than the training rows (converted on its own
+    from rows pandas wrote with a missing id), its hashed ids land in other rows and its managed
+    ones are all unseen, so the rows compared do not score as trained, without a word. It is a
+    warning line (the package is written); the training rows' form, or fp32 (no check), says nothing."""
+    rng = np.random.default_rng()
+    run, floats = _run_scoring_floats(tmp_path, table, rng)
+    said = "the ids of feature user are written as integral floats"
+    for dtype, out, lines in (("fp16", "pkg", 1), ("fp32", "pkg32", 0)):
+        made = runner.invoke(app, ["export", str(run), str(tmp_path / out), "--dtype", dtype])
+        assert made.exit_code == 0, made.output
+        assert (tmp_path / out / "model.pt2").is_file()
+        found = [x for x in made.output.splitlines() if said in x]
+        assert len(found) == lines, made.output
+        assert all(x.startswith(f"warning: the score difference is measured on the run's evaluation data {floats}: "
+                                "column user: ") for x in found)
+    own = runner.invoke(app, ["train", str(tmp_path / "spec.json"), "--data", str(tmp_path / "train"), "--eval-data",
+                              str(tmp_path / "train"), "--out", str(tmp_path / "own"), "--max-steps", "3",
+                              "--device", "cpu", "-q"])
+    assert own.exit_code == 0, own.output
+    made = runner.invoke(app, ["export", str(tmp_path / "own"), str(tmp_path / "pkg-own"), "--dtype", "bf16"])
+    assert made.exit_code == 0 and "largest score difference" in made.output, made.output
+    assert said not in made.output
+
+
+@pytest.mark.parametrize("table", ["hashed", "managed"])
+def test_a_parquet_folder_of_text_ids_in_several_arrow_types_is_read_as_one_text(table: str, tmp_path: Path) -> None:
+    """Files of one folder holding the id column as Arrow string (Spark, pyarrow), large_string
+    (polars) and a dictionary of strings (pandas' categories) were refused ('a column holds one
+    type in every file'), though each holds the same text: each file is read with its own type, and
+    every id encodes as in a folder of strings alone (no two ids merged, none split)."""
+    import pyarrow.parquet as pq
+
+    from flowrec.data.convert import convert
+    from flowrec.spec import spec_from_dict
+
+    rng = np.random.default_rng()
+    doc = _spec(table)
+    doc["data"]["format"] = "parquet"
+    spec = spec_from_dict(doc)
+    kinds = [pa.string(), pa.large_string(), "categories"]
+    parts = []
+    for i in range(int(rng.integers(3, 6))):
+        rows = _rows(rng, int(rng.integers(50, 200)))
+        users = [f"u{x:05d}" if rng.random() < 0.9 else None for x in rows.user]
+        parts.append((rows.assign(user=users), kinds[i % len(kinds)] if i < len(kinds) else
+                      kinds[int(rng.integers(0, len(kinds)))]))
+    encoded = {}
+    for folder in ("mixed", "strings"):
+        (tmp_path / folder).mkdir()
+        for i, (rows, kind) in enumerate(parts):
+            kind = pa.string() if folder == "strings" else kind
+            user = (pa.array(rows.user, pa.string()).dictionary_encode() if kind == "categories"
+                    else pa.array(rows.user, kind))
+            pq.write_table(pa.table({"price": rows.price, "user": user, "clicked": rows.clicked}),
+                           tmp_path / folder / f"part-{i}.parquet")
+        assert convert(spec, "parquet", [tmp_path / folder], tmp_path / f"{folder}-out").rows == sum(
+            len(rows) for rows, _ in parts)
+        encoded[folder] = pq.read_table(tmp_path / f"{folder}-out").column("user").to_pylist()
+    assert encoded["mixed"] == encoded["strings"]
+    raw = [u for rows, _ in parts for u in rows.user]
+    if table == "managed":  # a 64-bit hash per id's text: as many as the raw ids
+        assert len({e for e, u in zip(encoded["mixed"], raw) if u is not None}) == len({u for u in raw if u})
+
+
+@pytest.mark.parametrize("table", ["hashed", "managed"])
+def test_ids_beyond_int64_that_pandas_read_as_python_ints_are_one_line_naming_the_column(table: str,
+                                                                                       tmp_path: Path) -> None:
+    """A CSV of ids beyond int64 trains (ids are their text), but pd.read_csv of it gives an object
+    column of Python ints, and `model.predict` of that frame said 'a column holds an integer beyond
+    64 bits; ... ids at most 64-bit integers', naming no column and wrongly (the package holds such
+    ids). The line names the column, the row and the remedy; the remedy scores as the CSV does."""
+    import pyarrow.parquet as pq
+
+    import flowrec.serving.predict as serving
+    from flowrec.data.layout import DataError
+
+    rng = np.random.default_rng()
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(_spec(table)))
+    rows = _rows(rng, int(rng.integers(200, 400)))
+    base = int(rng.choice([2 ** 64, 2 ** 70]))  # (ints of 2**63 or more beside negative ones pandas reads as text)
+    rows["user"] = [base + int(u) if rng.random() < 0.7 else -int(u) for u in rows.user]
+    rows.to_csv(tmp_path / "rows.csv", index=False)
+    for args in (["data", "convert", "csv", tmp_path / "rows.csv", tmp_path / "ds", "--spec", spec, "-q"],
+                 ["train", spec, "--data", tmp_path / "ds", "--out", tmp_path / "run", "--max-steps", "3",
+                  "--device", "cpu", "-q"],
+                 ["export", tmp_path / "run", tmp_path / "pkg", "-q"],
+                 ["predict", tmp_path / "pkg", tmp_path / "rows.csv", "--format", "csv", "--out",
+                  tmp_path / "scores.parquet", "-q"]):
+        made = runner.invoke(app, [str(a) for a in args])
+        assert made.exit_code == 0, made.output
+    read = pd.read_csv(tmp_path / "rows.csv")
+    assert read.user.dtype == object  # Python ints, as pandas reads them
+    model = serving.load_model(tmp_path / "pkg")
+    with pytest.raises(DataError, match=r"column user holds the integer -?[0-9]+ at row [0-9]+ \(0-based\), beyond "
+                                        r".*\.astype\(\"string\"\)") as caught:
+        model.predict(read.drop(columns="clicked"))
+    assert "\n" not in str(caught.value)
+    scores = model.predict(read.drop(columns="clicked").astype({"user": "string"}))
+    cli = pq.read_table(tmp_path / "scores.parquet").column("ctr").to_numpy()
+    np.testing.assert_array_equal(np.asarray(scores["ctr"], dtype=cli.dtype), cli)
+
+
+@pytest.mark.parametrize("table", ["hashed", "managed"])
+def test_ids_as_half_floats_encode_as_their_integers(table: str, tmp_path: Path) -> None:
+    """A Parquet file (or a frame) whose id column is float16 (pandas' and numpy's half floats) was
+    Arrow's 'Function floor has no kernel matching input types (halffloat)': a traceback of
+    `data convert`, the same words from `predict` and `model.predict`. Half floats are exact as
+    float32: each id encodes as its integer does; one of 2**11 or more (which a half float may
+    have rounded from another) is one line, as for other floats."""
+    import pyarrow.parquet as pq
+
+    from flowrec.data.convert import convert
+    from flowrec.data.layout import DataError
+    from flowrec.data.raw_ids import raw_id_hashes
+    from flowrec.spec import spec_from_dict
+
+    rng = np.random.default_rng()
+    doc = _spec(table)
+    doc["data"]["format"] = "parquet"
+    spec = spec_from_dict(doc)
+    rows = _rows(rng, int(rng.integers(100, 300)))
+    users = (rows.user % 2000).astype(float)
+    users[rng.random(len(users)) < 0.1] = np.nan
+    half = users.astype(np.float16)
+    assert (half.dropna().astype(float) == users.dropna()).all()  # every id below 2**11 is exact
+    np.testing.assert_array_equal(raw_id_hashes(pa.array(half)), raw_id_hashes(pa.array(users.astype("Int64"))))
+    encoded = []
+    for name, column in (("half", pa.array(half)), ("ints", pa.array(users.astype("Int64")))):
+        pq.write_table(pa.table({"price": rows.price, "user": column, "clicked": rows.clicked}),
+                       tmp_path / f"{name}.parquet")
+        convert(spec, "parquet", [tmp_path / f"{name}.parquet"], tmp_path / name)
+        encoded.append(pq.read_table(tmp_path / name).column("user").to_pylist())
+    assert encoded[0] == encoded[1]
+    big = half.copy()
+    big.iloc[int(rng.integers(0, len(big)))] = np.float16(2 ** 11 + 2 * int(rng.integers(0, 100)))
+    pq.write_table(pa.table({"price": rows.price, "user": pa.array(big), "clicked": rows.clicked}),
+                   tmp_path / "big.parquet")
+    with pytest.raises(DataError, match=r"column user: id [0-9.]+ at row [0-9]+ \(1-based\) is a float of magnitude "
+                                        r"2\*\*11 or more"):
+        convert(spec, "parquet", [tmp_path / "big.parquet"], tmp_path / "big")
+
+
+def test_forms_of_zero_padded_ids() -> None:
+    """Ids written zero-padded to one width are a form of their own; plain integers of one width,
+    or padded and plain ids mixed, are integers; a sample narrower than the padded training ids
+    is told from them, one as wide is not (a few wide padded ids none of which starts with 0)."""
+    from flowrec.data.encode import Encoder
+    from flowrec.data.id_forms import ZEROS, unpadded
+    from flowrec.spec import spec_from_dict
+
+    rng = np.random.default_rng()
+    width = int(rng.integers(4, 9))
+    ids = rng.zipf(1.3, 2_000) % 10 ** (width - 1)
+    padded = [f"{i:0{width}d}" for i in ids]
+    assert written_form(pa.array(padded)) == (ZEROS, next(t for t in padded if t.startswith("0")))
+    assert written_form(pa.array([str(i) for i in ids]))[0] == "integers"
+    assert written_form(pa.array(padded[:5] + [str(i) for i in ids[5:]]))[0] == "integers"  # mixed widths
+    wide = [str(10 ** (width - 1) + int(i)) for i in ids]  # one width, none starting with 0
+    assert written_form(pa.array(wide))[0] == "integers"
+    rule = {"form": ZEROS, "example": padded[0]}
+    assert other_form(ZEROS, "integers") and other_form(ZEROS, "integral floats")
+    assert not other_form("integers", ZEROS)  # a run recorded before padded ids were told: no warning
+    short = next(str(i) for i in ids if len(str(i)) < width)
+    assert unpadded(rule, "integers", short) and not unpadded(rule, "integers", wide[0])
+    forms = IdForms()
+    encoder = Encoder(spec_from_dict(_spec("hashed")), {}, {}, {})
+    forms.observe(encoder, pa.table({"user": padded}))
+    assert forms.record()["user"]["form"] == ZEROS
+    forms.observe(encoder, pa.table({"user": wide}))  # a later chunk of wide ids only: integers
+    assert forms.record()["user"]["form"] == "integers"
+
+
+@pytest.mark.parametrize("table", ["hashed", "managed"])
+def test_zero_padded_ids_read_by_pandas_as_numbers_are_said(table: str, tmp_path: Path) -> None:
+    """A CSV of ids padded with zeros (00123) trains on their text, but `pd.read_csv` of it makes
+    them numbers (123), so `model.predict(pd.read_csv(...))`, or data a pandas round trip wrote
+    (`eval --data`), scored each as an id never seen (a managed table: a new id) without a word.
+    Each says so in one line; the CSV itself, and a few padded ids none of which starts with a
+    zero, say nothing."""
+    import warnings
+
+    import flowrec.serving.predict as serving
+
+    rng = np.random.default_rng()
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(_spec(table)))
+    width = int(rng.integers(5, 9))
+    rows = _rows(rng, int(rng.integers(200, 400)))
+    rows["user"] = [f"{int(u) % 10 ** (width - 1):0{width}d}" for u in rows.user]
+    rows.to_csv(tmp_path / "rows.csv", index=False)
+    pd.read_csv(tmp_path / "rows.csv").to_csv(tmp_path / "lost.csv", index=False)  # a pandas round trip
+    lost = pd.read_csv(tmp_path / "lost.csv", dtype={"user": "string"}).user
+    assert not lost.str.startswith("0").any() and lost.str.len().min() < width  # the zeros gone
+    for args in (["data", "convert", "csv", tmp_path / "rows.csv", tmp_path / "ds", "--spec", spec, "-q"],
+                 ["data", "convert", "csv", tmp_path / "lost.csv", tmp_path / "lost", "--spec", spec, "-q"],
+                 ["train", spec, "--data", tmp_path / "ds", "--out", tmp_path / "run", "--max-steps", "3",
+                  "--device", "cpu", "-q"],
+                 ["export", tmp_path / "run", tmp_path / "pkg", "-q"]):
+        made = runner.invoke(app, [str(a) for a in args])
+        assert made.exit_code == 0, made.output
+    said = "the ids of feature user are written as integers"
+    for data, lines in (("lost", 1), ("ds", 0)):
+        scored = runner.invoke(app, ["eval", str(tmp_path / "run"), "--data", str(tmp_path / data)])
+        assert scored.exit_code == 0, scored.output
+        found = [x for x in scored.output.splitlines() if said in x]
+        assert len(found) == lines, scored.output
+        assert all("zero-padded integers" in x and "read_csv" in x for x in found)
+    scored = runner.invoke(app, ["predict", str(tmp_path / "pkg"), str(tmp_path / "rows.csv"), "--format", "csv",
+                                 "--out", str(tmp_path / "scores.csv"), "-q"])
+    assert scored.exit_code == 0 and "warning" not in scored.output, scored.output
+    model = serving.load_model(tmp_path / "pkg")
+    with pytest.warns(UserWarning, match=f"column user: {said} .*zero-padded integers"):
+        model.predict(pd.read_csv(tmp_path / "rows.csv").drop(columns="clicked"))
+    wide = rows.head(int(rng.integers(1, 5))).copy()  # as wide as the training ids, none starting with 0
+    wide["user"] = [str(10 ** (width - 1) + int(i)) for i in rng.integers(0, 10 ** (width - 1), len(wide))]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        serving.load_model(tmp_path / "pkg").predict(wide.drop(columns="clicked"))
+
+
+def test_ids_that_lost_their_zeros_in_a_later_sample_are_told() -> None:
+    """Ids written as integers were told from zero-padded training ids by their first sample's
+    example alone: a first chunk (or predict call) of padded ids as wide as training's, none
+    starting with 0, hid every later chunk whose ids had lost their zeros. The narrowest id of
+    every sample written as integers is kept, and the line shows it."""
+    from flowrec.data.encode import Encoder
+    from flowrec.data.id_forms import ZEROS
+    from flowrec.spec import spec_from_dict
+
+    rng = np.random.default_rng()
+    width = int(rng.integers(5, 9))
+    encoder = Encoder(spec_from_dict(_spec("hashed")), {}, {}, {})
+    training = IdForms()
+    ids = rng.zipf(1.3, 3_000) % 10 ** (width - 1)
+    training.observe(encoder, pa.table({"user": [f"{i:0{width}d}" for i in ids]}))
+    rule = training.record()
+    assert rule["user"]["form"] == ZEROS
+    new = IdForms()
+    wide = rng.integers(10 ** (width - 1), 10 ** width, int(rng.integers(1, 50)))
+    new.observe(encoder, pa.table({"user": [str(i) for i in wide]}))  # padded ids, none starting with 0
+    assert new.lines(encoder, rule) == []
+    later = IdForms()  # a later call's (or chunk's) rows: the zeros gone
+    lost = rng.zipf(1.3, int(rng.integers(50, 500))) % 10 ** (width - 1)
+    later.observe(encoder, pa.table({"user": [str(i) for i in lost]}))
+    new.add(later)
+    (line,) = new.lines(encoder, rule)
+    narrowest = min((str(i) for i in lost), key=len)
+    assert f"written as integers ({narrowest!r})" in line and "zero-padded integers" in line
+
+
+def test_an_id_column_of_values_without_text_is_one_line_naming_it() -> None:
+    """An id column of intervals (pandas' DateOffset objects, in a frame or an Arrow table given to
+    `model.predict`) was Arrow's 'Unsupported cast from month_day_nano_interval to utf8': ids are
+    their text, and such values have none. It is one line naming the column; ids of other types
+    (half floats, durations, decimals, dates) pass the check."""
+    from flowrec.data.layout import DataError
+    from flowrec.data.raw_ids import check_ids
+
+    rng = np.random.default_rng()
+    months = [pd.DateOffset(months=int(m)) for m in rng.zipf(1.5, int(rng.integers(2, 40))) % 24]
+    frame = pd.DataFrame({"price": rng.lognormal(1.0, 1.5, len(months)), "user": months})
+    column = pa.Table.from_pandas(frame).column("user")
+    assert pa.types.is_interval(column.type)
+    with pytest.raises(DataError, match=r"^column user holds month_day_nano_interval values, which have no text"):
+        check_ids(column, "user", False)
+    with pytest.raises(DataError, match=r"^column user holds list<item: month_day_nano_interval> values, which have"):
+        check_ids(pa.array([[m] for m in column.to_pylist()], pa.list_(column.type)), "user", True)
+    ints = rng.zipf(1.3, 50) % 1000
+    for fine in (pa.array(ints.astype(np.float16)), pa.array(ints.astype("timedelta64[s]")),
+                 pa.array([str(i) for i in ints]).cast(pa.decimal128(10, 0)), pa.array(ints.astype("datetime64[D]"))):
+        check_ids(fine, "user", False)
