@@ -22,7 +22,7 @@ import sys
 import warnings
 from math import prod
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import torch
 from torch import nn
@@ -44,6 +44,20 @@ def _why(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
 
 
+@contextlib.contextmanager
+def torch_settings_kept() -> Iterator[None]:
+    """Within: a user's code may change torch's process-wide settings (a module file's top-level
+    `torch.set_default_dtype(torch.float64)` or `torch.set_grad_enabled(False)`); they are put back
+    after it, so flowrec's own tables and layers stay float32 and its training keeps its gradients
+    (a setting changed by the user's code holds while that code runs)."""
+    dtype, grad = torch.get_default_dtype(), torch.is_grad_enabled()
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(dtype)
+        torch.set_grad_enabled(grad)
+
+
 def import_class(path: str) -> type:
     """The class named by ``module:Class`` or ``file.py:Class``.
 
@@ -52,7 +66,8 @@ def import_class(path: str) -> type:
     """
     module_name, _, class_name = path.partition(":")
     try:
-        module = _load_file(module_name) if module_name.endswith(".py") else importlib.import_module(module_name)
+        with torch_settings_kept():
+            module = _load_file(module_name) if module_name.endswith(".py") else importlib.import_module(module_name)
         cls = getattr(module, class_name)
     except AttributeError as exc:
         if not module_name.endswith(".py") or getattr(exc, "obj", None) is not module:  # a package's own words
@@ -94,7 +109,8 @@ def build_custom(path: str, params: Mapping[str, Any]) -> nn.Module:
     """`Class(**params)`, refused when it has sparse parameters (CustomModuleError)."""
     cls = import_class(path)
     try:
-        module = cls(**dict(params))
+        with torch_settings_kept():
+            module = cls(**dict(params))
     except (Exception, SystemExit) as exc:  # a user's constructor may raise anything, sys.exit included
         raise CustomModuleError(f"{path}(**{dict(params)}) failed: {_why(exc)}") from None
     sparse = [name for name, m in module.named_modules()
@@ -122,7 +138,7 @@ def meta_width(path: str, params: Mapping[str, Any], in_width: int) -> int:
             inner = build_custom(path, params).to("meta")
             x = torch.empty(DRY_RUN_BATCH, in_width)
         try:
-            with warnings.catch_warnings():  # e.g. float() of a meta tensor warns, then fails: tried again below
+            with warnings.catch_warnings(), torch_settings_kept():  # float() of a meta tensor warns, then fails
                 warnings.simplefilter("ignore")
                 out = inner(x)
         except (Exception, SystemExit):  # a user's forward may raise anything; meta tensors hold no values

@@ -411,3 +411,30 @@ def test_a_run_recording_a_relative_class_file_finds_it_above_its_folder(tmp_pat
     (tmp_path / "elsewhere" / "blocks.py").write_text("X = 2\n")  # the working folder's comes first, as before
     assert found_class_file("blocks.py:X", run_class_folders(tmp_path / "proj" / "runs" / "a")) \
         == f"{(tmp_path / 'elsewhere' / 'blocks.py').resolve()}:X"
+
+
+@pytest.mark.parametrize("setting", ["torch.set_default_dtype(torch.float64)", "torch.set_grad_enabled(False)"])
+def test_a_class_file_that_changes_torchs_settings_does_not_change_flowrecs(tmp_path, setting):
+    """A class file whose top level ran `torch.set_default_dtype(torch.float64)` planned, then
+    `flowrec train` stopped at its first step with a traceback (mat1 and mat2 must have the same
+    dtype: flowrec's own layers, built after the import, were float64); `torch.set_grad_enabled(False)`
+    did too (element 0 of tensors does not require grad). Both settings are put back after the
+    user's code ran, and the module trains."""
+    import torch
+
+    (tmp_path / "settings.py").write_text(f"import torch\nfrom torch import nn\n\n{setting}\n\n\n"
+                                          "class Proj(nn.Linear):\n    def __init__(self):\n"
+                                          "        super().__init__(8, 5)\n")
+    spec = _write(tmp_path, custom_doc(f"{tmp_path}/settings.py:Proj"))
+    out = tmp_path / "run"
+    try:
+        result = runner.invoke(app, ["train", str(spec), "--rows", "96", "--max-steps", "2", "--out", str(out), "-q",
+                                     "--device", "cpu"])
+        kept = (torch.get_default_dtype(), torch.is_grad_enabled())
+    finally:
+        torch.set_default_dtype(torch.float32)
+        torch.set_grad_enabled(True)
+    assert result.exit_code == 0, result.output
+    assert "Traceback" not in result.output
+    assert kept == (torch.float32, True)
+    assert (out / "checkpoint.pt").exists()
