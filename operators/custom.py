@@ -32,6 +32,7 @@ from operators.dense import Shapes
 
 MAX_OUT_WIDTH = 16_777_216  # values per sample a custom module may return (the spec's out_width bound)
 DRY_RUN_BATCH = 2  # samples of the meta-device dry run
+DRY_RUN_BATCHES = (DRY_RUN_BATCH, DRY_RUN_BATCH + 1)  # dry runs at two sizes: a width must not follow the batch
 
 
 class CustomModuleError(ValueError):
@@ -122,30 +123,52 @@ def build_custom(path: str, params: Mapping[str, Any]) -> nn.Module:
 
 
 def meta_width(path: str, params: Mapping[str, Any], in_width: int) -> int:
-    """Output width per sample of `Class(**params)` on a (DRY_RUN_BATCH, in_width) input, by a dry
-    run on the meta device (no memory, no compute), or on CPU zeros where the forward needs values
-    (`_cpu_dry_run`). Whatever the user's code prints goes to stderr,
+    """Output width per sample of `Class(**params)` on (batch, in_width) inputs of each of
+    DRY_RUN_BATCHES, by a dry run on the meta device (no memory, no compute), or on CPU zeros where
+    the forward needs values (`_cpu_dry_run`). Whatever the user's code prints goes to stderr,
     so that machine-readable output on stdout (`flowrec plan --json -`) stays clean.
 
     Raises:
         CustomModuleError: the class cannot be imported or built, its forward fails, or it does not
-            return one (B, ...) tensor of 1 .. MAX_OUT_WIDTH values per sample.
+            return one (B, ...) tensor of 1 .. MAX_OUT_WIDTH values per sample, the same number of
+            values per sample at every batch size.
     """
     with contextlib.redirect_stdout(sys.stderr):
         with torch.device("meta"):
             # tensors the constructor makes outside torch's factories (torch.from_numpy, torch.load,
             # device="cpu") are on the CPU: move them too, or the forward mixes devices
             inner = build_custom(path, params).to("meta")
-            x = torch.empty(DRY_RUN_BATCH, in_width)
         try:
-            with warnings.catch_warnings(), torch_settings_kept():  # float() of a meta tensor warns, then fails
-                warnings.simplefilter("ignore")
-                out = inner(x)
+            outputs = [_meta_forward(inner, batch, in_width) for batch in DRY_RUN_BATCHES]
         except (Exception, SystemExit):  # a user's forward may raise anything; meta tensors hold no values
-            out, x = _cpu_dry_run(path, params, in_width)  # (`x.sum() > 0`, `.item()`): try real zeros
-    if not isinstance(out, torch.Tensor) or out.dim() < 1 or out.shape[0] != DRY_RUN_BATCH:  # (B,): one value each
+            outputs = _cpu_dry_run(path, params, in_width)  # (`x.sum() > 0`, `.item()`): try real zeros
+    (first, x), (second, y) = outputs
+    width, other = _width(path, first, x), _width(path, second, y)
+    if other != width:  # (B, B * k): the next layer's weights are made for one batch size
+        raise CustomModuleError(f"{path} returns {width:,} values per sample for {len(x)} samples but {other:,} "
+                                f"for {len(y)}: its values per sample must not depend on the batch size")
+    return width
+
+
+def _meta_forward(inner: nn.Module, batch: int, in_width: int) -> tuple[Any, torch.Tensor]:
+    """`inner`'s output on a (batch, in_width) meta input, and that input."""
+    x = torch.empty(batch, in_width, device="meta")
+    with warnings.catch_warnings(), torch_settings_kept():  # float() of a meta tensor warns, then fails
+        warnings.simplefilter("ignore")
+        return inner(x), x
+
+
+def _width(path: str, out: Any, x: torch.Tensor) -> int:
+    """Values per sample of a dry run's output `out` for the input `x`.
+
+    Raises:
+        CustomModuleError: `out` is not one (B, ...) tensor of x's dtype with 1 .. MAX_OUT_WIDTH values per sample.
+    """
+    batch = len(x)
+    if not isinstance(out, torch.Tensor) or out.dim() < 1 or out.shape[0] != batch:  # (B,): one value each
         raise CustomModuleError(f"{path} must return one (B, ...) tensor, got "
-                                f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}")
+                                f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}"
+                                f"{f' for {batch} samples' if isinstance(out, torch.Tensor) and out.dim() else ''}")
     if out.dtype != x.dtype:  # the next module's weights are of the input's dtype; an integer output has no gradient
         raise CustomModuleError(f"{path} returns {str(out.dtype).removeprefix('torch.')} values for a "
                                 f"{str(x.dtype).removeprefix('torch.')} input: return the input's dtype "
@@ -153,19 +176,21 @@ def meta_width(path: str, params: Mapping[str, Any], in_width: int) -> int:
     width = int(prod(out.shape[1:]))
     if not 1 <= width <= MAX_OUT_WIDTH:
         raise CustomModuleError(f"{path} returns {width:,} values per sample ({tuple(out.shape)} for "
-                                f"{DRY_RUN_BATCH} samples); a custom module returns 1 .. {MAX_OUT_WIDTH:,}")
+                                f"{batch} samples); a custom module returns 1 .. {MAX_OUT_WIDTH:,}")
     return width
 
 
-def _cpu_dry_run(path: str, params: Mapping[str, Any], in_width: int) -> tuple[Any, torch.Tensor]:
-    """The forward on (DRY_RUN_BATCH, in_width) zeros on the CPU, for a module whose forward needs
-    values (data-dependent control flow), without gradients and without touching torch's generator.
+def _cpu_dry_run(path: str, params: Mapping[str, Any], in_width: int) -> list[tuple[Any, torch.Tensor]]:
+    """The forward on (batch, in_width) zeros on the CPU for each of DRY_RUN_BATCHES, for a module
+    whose forward needs values (data-dependent control flow), without gradients and without
+    touching torch's generator.
 
     Raises:
         CustomModuleError: it fails there too (the error is the user's, not the meta device's).
     """
     with torch.random.fork_rng(devices=[]):
-        return _forward_zeros(build_custom(path, params), path, in_width)
+        inner = build_custom(path, params)
+        return [_forward_zeros(inner, path, in_width, batch=batch) for batch in DRY_RUN_BATCHES]
 
 
 class CustomModule(nn.Module):
@@ -248,18 +273,19 @@ def _materialize_lazy(inner: nn.Module, path: str, in_width: int) -> None:
         inner.train(training)
 
 
-def _forward_zeros(inner: nn.Module, path: str, in_width: int, doing: str = "") -> tuple[Any, torch.Tensor]:
-    """`inner`'s output on (DRY_RUN_BATCH, in_width) CPU zeros without gradients, and those zeros.
+def _forward_zeros(inner: nn.Module, path: str, in_width: int, doing: str = "",
+                   batch: int = DRY_RUN_BATCH) -> tuple[Any, torch.Tensor]:
+    """`inner`'s output on (batch, in_width) CPU zeros without gradients, and those zeros.
 
     Raises:
         CustomModuleError: the forward fails (naming `path` and what it was `doing`).
     """
-    x = torch.zeros(DRY_RUN_BATCH, in_width)
+    x = torch.zeros(batch, in_width)
     try:
-        with torch.no_grad():
+        with torch.no_grad(), torch_settings_kept():
             return inner(x), x
     except (Exception, SystemExit) as exc:
-        raise CustomModuleError(f"{path} failed on a ({DRY_RUN_BATCH}, {in_width}) input{doing}: {_why(exc)}") from None
+        raise CustomModuleError(f"{path} failed on a ({batch}, {in_width}) input{doing}: {_why(exc)}") from None
 
 
 def _mapping(params: Any) -> dict[str, Any]:

@@ -65,6 +65,20 @@ BLOCKS = textwrap.dedent('''
             return x @ self.w
 
 
+    class PerBatch(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(8, 4)
+
+        def forward(self, x):
+            return self.lin(x).repeat(1, x.shape[0])
+
+
+    class FirstTwo(nn.Module):
+        def forward(self, x):
+            return x[:2]
+
+
     class Raises(nn.Module):
         def __init__(self):
             super().__init__()
@@ -121,6 +135,10 @@ def _one_line_error(result, path: str, says: str) -> None:
     ("Empty", None, "returns 0 values per sample"),
     ("Huge", None, "returns 80,000,000,000 values per sample"),
     ("Raises", None, "failed: ValueError: first line"),
+    # planned at 2 samples, then a shape traceback in the next layer at the first step
+    ("PerBatch", None, "returns 8 values per sample for 2 samples but 12 for 3: its values per sample must not depend "
+                       "on the batch size"),
+    ("FirstTwo", None, "must return one (B, ...) tensor, got (2, 8) for 3 samples"),
 ])
 def test_an_unusable_custom_class_is_one_line_at_plan(tmp_path, blocks, cls, params, says):
     spec = _write(tmp_path, custom_doc(f"{blocks}:{cls}", params))
@@ -142,6 +160,17 @@ def test_a_class_path_that_cannot_be_used_is_one_line(tmp_path, blocks, cls, say
     spec = _write(tmp_path, custom_doc(cls.format(tmp=tmp_path), params))
     result = runner.invoke(app, ["plan", str(spec)])
     _one_line_error(result, "modules[1].class", says.format(tmp=tmp_path))
+
+
+def test_a_width_that_follows_the_batch_size_is_refused_before_training(tmp_path, blocks):
+    """PerBatch returns (B, 4 * B): the dry run at 2 samples planned it as 8 wide, and the first step
+    of 32 samples stopped in the next layer with a traceback (mat1 and mat2 shapes cannot be
+    multiplied (32x128 and 8x4)), its run folder left behind."""
+    spec = _write(tmp_path, custom_doc(f"{blocks}:PerBatch"))
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["train", str(spec), "--rows", "96", "--out", str(out), "-q", "--device", "cpu"])
+    _one_line_error(result, "modules[1].class", "must not depend on the batch size")
+    assert not out.exists()
 
 
 def test_a_file_that_failed_to_import_is_imported_again(tmp_path, blocks):
