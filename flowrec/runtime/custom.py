@@ -21,6 +21,17 @@ from flowrec.spec.model import DRY_RUN_KINDS, FrozenMapping, ModelSpec, ModuleSp
 from operators.custom import CustomModuleError, meta_width
 
 
+class CustomInterrupted(KeyboardInterrupt):
+    """A stop (Ctrl-C; SIGTERM where it is raised as one) while a custom module's class was
+    imported, built or dry-run: its code had not returned (an endless loop at a file's top level,
+    a constructor that waits). `where`: the module's path in the spec; `what`: which class of which
+    module; `cause`: the stop itself."""
+
+    def __init__(self, where: str, what: str, cause: KeyboardInterrupt) -> None:
+        super().__init__(f"{where}: {what}")
+        self.where, self.what, self.cause = where, what, cause
+
+
 def resolve_custom(spec: ModelSpec, check_given: bool = False) -> ModelSpec:
     """`spec` with the `out_width` of every custom module that lacks one measured; with
     `check_given`, a given `out_width` is measured and checked too (for commands that build the
@@ -28,6 +39,7 @@ def resolve_custom(spec: ModelSpec, check_given: bool = False) -> ModelSpec:
 
     Raises:
         SpecError: every custom module that cannot be used, each at its path.
+        CustomInterrupted: a stop while a module's class was imported or run.
     """
     spec = absolute_class_files(spec)  # a run records the file, found from any folder
     issues = []
@@ -38,6 +50,9 @@ def resolve_custom(spec: ModelSpec, check_given: bool = False) -> ModelSpec:
             continue
         try:
             width = dry_run_width(module, module_input_width(spec, module.name))
+        except KeyboardInterrupt as exc:
+            raise CustomInterrupted(f"modules[{index}].class", f"importing and dry-running {module.param('class')} "
+                                    f"(custom module {module.name!r})", exc) from None
         except CustomModuleError as exc:
             issues.append(SpecIssue(f"modules[{index}].class", str(exc)))
             continue

@@ -467,3 +467,22 @@ def test_a_class_file_that_changes_torchs_settings_does_not_change_flowrecs(tmp_
     assert "Traceback" not in result.output
     assert kept == (torch.float32, True)
     assert (out / "checkpoint.pt").exists()
+
+
+@pytest.mark.parametrize("command", ["plan", "train"])
+def test_a_stop_while_a_class_file_runs_names_the_class(tmp_path, command):
+    """A class file stuck at its top level (`while True: pass`): Ctrl-C ended `flowrec plan` without
+    a word (exit 130) and `flowrec train` with 'interrupted (Ctrl-C) before training started', neither
+    saying what was running. The stop (here raised by the file's top level itself, as Ctrl-C raises
+    it there) is one line naming the module's path and its class, exit 130, nothing written."""
+    (tmp_path / "stuck.py").write_text("raise KeyboardInterrupt\n")
+    spec = _write(tmp_path, custom_doc(f"{tmp_path}/stuck.py:Stuck"))
+    out = tmp_path / "run"
+    args = ["plan", str(spec)] if command == "plan" else ["train", str(spec), "--rows", "96", "--out", str(out), "-q"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 130, result.output
+    assert "Traceback" not in result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "modules[1].class: interrupted (Ctrl-C) while importing" in lines[0], result.output
+    assert f"{tmp_path}/stuck.py:Stuck (custom module 'mine')" in lines[0]
+    assert not out.exists()
