@@ -320,9 +320,13 @@ def _dims(fields: list[Field]) -> str:
 
 
 def check_usage(view: DocView) -> list[SpecIssue]:
-    """Every feature is read by some module (skipped while some module's inputs are unreadable)."""
+    """Every feature is read by some module (skipped while some module's inputs are unreadable or
+    name nothing: a typo such as '@spares' for '@sparse' is check_inputs' one issue, not also one
+    per feature it was meant to read)."""
     mods = view.items("modules")
     if any(m.inputs is None for m in mods) or "modules" in view.bad_sections:
+        return []
+    if not all(_all_resolved(view, m) for m in mods):
         return []
     used = {id(f) for m in mods for ref in resolve(view, m) for f in ref.features}
     return [

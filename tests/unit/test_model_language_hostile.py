@@ -486,3 +486,19 @@ def test_a_stop_while_a_class_file_runs_names_the_class(tmp_path, command):
     assert len(lines) == 1 and "modules[1].class: interrupted (Ctrl-C) while importing" in lines[0], result.output
     assert f"{tmp_path}/stuck.py:Stuck (custom module 'mine')" in lines[0]
     assert not out.exists()
+
+
+@pytest.mark.parametrize("inputs, issue", [
+    (["@spares"], ("modules[0].inputs[0]", "selector '@spares' matches nothing (no feature has the tag 'spares') "
+                                           "(did you mean '@sparse'?)")),
+    (["user_id", "item_id", "age", "gender", "occupation", "zip_code", "genres", "releaseyear"],
+     ("modules[0].inputs[7]", "unknown feature 'releaseyear' (did you mean 'release_year'?)")),
+])
+def test_an_input_naming_nothing_is_one_issue_not_one_per_feature(inputs, issue):
+    """A typo in the mixture's inputs ('@spares') was its own issue and then one 'feature ... is not
+    used by any module' per feature it was meant to read: 9 lines for one mistake."""
+    doc = _spec("mmoe_movielens.yaml")
+    doc["modules"][0]["inputs"] = inputs
+    assert _issues(doc) == [issue]
+    doc["modules"][0]["inputs"] = ["user_id", "item_id"]  # features no module names are still reported
+    assert [path for path, _ in _issues(doc)] == [f"features[{i}]" for i in range(2, 8)]
