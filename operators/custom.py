@@ -32,7 +32,8 @@ from operators.dense import Shapes
 
 MAX_OUT_WIDTH = 16_777_216  # values per sample a custom module may return (the spec's out_width bound)
 DRY_RUN_BATCH = 2  # samples of the meta-device dry run
-DRY_RUN_BATCHES = (DRY_RUN_BATCH, DRY_RUN_BATCH + 1)  # dry runs at two sizes: a width must not follow the batch
+# the dry runs, (samples, training mode): at two sizes (a width must not follow the batch) and in eval mode
+DRY_RUNS = ((DRY_RUN_BATCH, True), (DRY_RUN_BATCH + 1, True), (DRY_RUN_BATCH, False))
 
 
 class CustomModuleError(ValueError):
@@ -124,14 +125,14 @@ def build_custom(path: str, params: Mapping[str, Any]) -> nn.Module:
 
 def meta_width(path: str, params: Mapping[str, Any], in_width: int) -> int:
     """Output width per sample of `Class(**params)` on (batch, in_width) inputs of each of
-    DRY_RUN_BATCHES, by a dry run on the meta device (no memory, no compute), or on CPU zeros where
+    DRY_RUNS (two batch sizes in training mode, one in eval mode), by a dry run on the meta device (no memory, no compute), or on CPU zeros where
     the forward needs values (`_cpu_dry_run`). Whatever the user's code prints goes to stderr,
     so that machine-readable output on stdout (`flowrec plan --json -`) stays clean.
 
     Raises:
         CustomModuleError: the class cannot be imported or built, its forward fails, or it does not
             return one (B, ...) tensor of 1 .. MAX_OUT_WIDTH values per sample, the same number of
-            values per sample at every batch size.
+            values per sample at every batch size, in training and in evaluation.
     """
     with contextlib.redirect_stdout(sys.stderr):
         with torch.device("meta"):
@@ -139,19 +140,24 @@ def meta_width(path: str, params: Mapping[str, Any], in_width: int) -> int:
             # device="cpu") are on the CPU: move them too, or the forward mixes devices
             inner = build_custom(path, params).to("meta")
         try:
-            outputs = [_meta_forward(inner, batch, in_width) for batch in DRY_RUN_BATCHES]
+            outputs = [_meta_forward(inner, batch, in_width, training) for batch, training in DRY_RUNS]
         except (Exception, SystemExit):  # a user's forward may raise anything; meta tensors hold no values
             outputs = _cpu_dry_run(path, params, in_width)  # (`x.sum() > 0`, `.item()`): try real zeros
-    (first, x), (second, y) = outputs
+    (first, x), (second, y), (evaluated, z) = outputs
     width, other = _width(path, first, x), _width(path, second, y)
     if other != width:  # (B, B * k): the next layer's weights are made for one batch size
         raise CustomModuleError(f"{path} returns {width:,} values per sample for {len(x)} samples but {other:,} "
                                 f"for {len(y)}: its values per sample must not depend on the batch size")
+    if (in_eval := _width(path, evaluated, z)) != width:  # evaluation, export and predict run it in eval mode
+        raise CustomModuleError(f"{path} returns {width:,} values per sample in training but {in_eval:,} in eval "
+                                "mode (evaluation, export, predict): its values per sample must not depend on "
+                                "self.training")
     return width
 
 
-def _meta_forward(inner: nn.Module, batch: int, in_width: int) -> tuple[Any, torch.Tensor]:
-    """`inner`'s output on a (batch, in_width) meta input, and that input."""
+def _meta_forward(inner: nn.Module, batch: int, in_width: int, training: bool) -> tuple[Any, torch.Tensor]:
+    """`inner`'s output on a (batch, in_width) meta input in training or eval mode, and that input."""
+    inner.train(training)
     x = torch.empty(batch, in_width, device="meta")
     with warnings.catch_warnings(), torch_settings_kept():  # float() of a meta tensor warns, then fails
         warnings.simplefilter("ignore")
@@ -181,7 +187,7 @@ def _width(path: str, out: Any, x: torch.Tensor) -> int:
 
 
 def _cpu_dry_run(path: str, params: Mapping[str, Any], in_width: int) -> list[tuple[Any, torch.Tensor]]:
-    """The forward on (batch, in_width) zeros on the CPU for each of DRY_RUN_BATCHES, for a module
+    """The forward on (batch, in_width) zeros on the CPU for each of DRY_RUNS, for a module
     whose forward needs values (data-dependent control flow), without gradients and without
     touching torch's generator.
 
@@ -190,7 +196,7 @@ def _cpu_dry_run(path: str, params: Mapping[str, Any], in_width: int) -> list[tu
     """
     with torch.random.fork_rng(devices=[]):
         inner = build_custom(path, params)
-        return [_forward_zeros(inner, path, in_width, batch=batch) for batch in DRY_RUN_BATCHES]
+        return [_forward_zeros(inner.train(training), path, in_width, batch=batch) for batch, training in DRY_RUNS]
 
 
 class CustomModule(nn.Module):

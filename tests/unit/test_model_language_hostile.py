@@ -74,6 +74,16 @@ BLOCKS = textwrap.dedent('''
             return self.lin(x).repeat(1, x.shape[0])
 
 
+    class EvalWide(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(8, 4)
+
+        def forward(self, x):
+            y = self.lin(x)
+            return y if self.training else torch.cat([y, y], 1)
+
+
     class FirstTwo(nn.Module):
         def forward(self, x):
             return x[:2]
@@ -139,6 +149,8 @@ def _one_line_error(result, path: str, says: str) -> None:
     ("PerBatch", None, "returns 8 values per sample for 2 samples but 12 for 3: its values per sample must not depend "
                        "on the batch size"),
     ("FirstTwo", None, "must return one (B, ...) tensor, got (2, 8) for 3 samples"),
+    # trained, then a shape traceback in the next layer at the final evaluation
+    ("EvalWide", None, "returns 4 values per sample in training but 8 in eval mode (evaluation, export, predict)"),
 ])
 def test_an_unusable_custom_class_is_one_line_at_plan(tmp_path, blocks, cls, params, says):
     spec = _write(tmp_path, custom_doc(f"{blocks}:{cls}", params))
