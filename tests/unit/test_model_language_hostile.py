@@ -514,3 +514,38 @@ def test_an_input_naming_nothing_is_one_issue_not_one_per_feature(inputs, issue)
     assert _issues(doc) == [issue]
     doc["modules"][0]["inputs"] = ["user_id", "item_id"]  # features no module names are still reported
     assert [path for path, _ in _issues(doc)] == [f"features[{i}]" for i in range(2, 8)]
+
+
+def _five_wide(kind: str) -> dict[str, Any]:
+    """A custom module returning 5 values read by a `kind` module beside a feature of dim 4."""
+    mine = {"name": "mine", "kind": "custom", "class": "torch.nn:Linear", "inputs": ["u"],
+            "params": {"in_features": 4, "out_features": 5}}
+    reader = {"name": "meet", "kind": kind, "inputs": ["mine", "v"]}
+    doc = {"name": "five_wide", "features": [{"name": "x0", "type": "dense"},
+                                             {"name": "u", "type": "categorical", "hash_buckets": 100, "dim": 4},
+                                             {"name": "v", "type": "categorical", "hash_buckets": 100, "dim": 4}],
+           "modules": [mine, reader, {"name": "top", "kind": "mlp", "inputs": ["meet", "@dense"], "layers": [4]}],
+           "heads": [{"name": "ctr", "input": "top"}], "training": {"batch_size": 32}}
+    if kind == "similarity":  # a two-tower ranker: the similarity is the head's input
+        doc["modules"].pop()
+        doc["features"].pop(0)
+        doc["heads"][0]["input"] = "meet"
+    return doc
+
+
+@pytest.mark.parametrize("kind, says", [
+    ("dot", "modules[1].inputs: dot needs fields of equal dim, got dim 5: mine; dim 4: v"),
+    ("fm", "modules[1].inputs: fm needs fields of equal dim, got dim 5: mine; dim 4: v"),
+    ("similarity", "modules[1].inputs: similarity needs two vectors of one width, got dim 5: mine; dim 4: v"),
+])
+def test_a_measured_width_that_does_not_fit_its_reader_is_said_at_the_readers_path(tmp_path, kind, says):
+    """validate cannot tell a custom module's width; once the dry run measured it, a dot of its 5
+    values and a field of dim 4 failed in the graph builder: 'error: interaction inputs need one
+    common dim, got shapes [(5,), (4,)]', naming neither the module nor the spec's path."""
+    spec = _write(tmp_path, _five_wide(kind))
+    assert runner.invoke(app, ["validate", str(spec)]).exit_code == 0
+    for args in (["plan", str(spec)], ["train", str(spec), "--rows", "96", "--out", str(tmp_path / "run"), "-q"]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, result.output
+        assert [line for line in result.output.splitlines() if line.strip()] == [f"{spec}: {says}"], result.output
+    assert not (tmp_path / "run").exists()
