@@ -231,7 +231,10 @@ class CustomModule(nn.Module):
         return cls(inner, config["class"])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.inner(x)
+        # its own copy: x may be another module's output itself (one input), which a forward that
+        # changes its input in place (nn.ReLU(inplace=True)) would change for its other readers and
+        # for autograd (which keeps it for that module's backward)
+        out = self.inner(x.clone())
         return out if out.dim() == 2 else out.reshape(out.shape[0], -1)
 
 

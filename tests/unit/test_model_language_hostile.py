@@ -549,3 +549,26 @@ def test_a_measured_width_that_does_not_fit_its_reader_is_said_at_the_readers_pa
         assert result.exit_code == 2, result.output
         assert [line for line in result.output.splitlines() if line.strip()] == [f"{spec}: {says}"], result.output
     assert not (tmp_path / "run").exists()
+
+
+def test_a_module_that_changes_its_input_in_place_trains_and_leaves_the_input_alone(tmp_path):
+    """A custom module opening with nn.ReLU(inplace=True) (here torch's ReLU itself) changed the
+    bottom MLP's output in place: training stopped at its first backward with autograd's traceback
+    ('one of the variables needed for gradient computation has been modified by an inplace
+    operation'), and without gradients (evaluation, export, predict) the top MLP, which reads the
+    bottom too, saw the changed values. The module now gets its own copy of its input."""
+    import torch
+    from operators.custom import CustomModule
+
+    x = torch.randn(16, 8) * torch.logspace(-2, 2, 8)  # skewed, half of it negative
+    before = x.clone()
+    out = CustomModule(torch.nn.ReLU(inplace=True), "torch.nn:ReLU")(x)
+    torch.testing.assert_close(x, before, rtol=0, atol=0)
+    torch.testing.assert_close(out, before.clamp(min=0), rtol=0, atol=0)
+    doc = custom_doc("torch.nn:ReLU", {"inplace": True})
+    doc["modules"][2]["inputs"] = ["mine", "bottom"]
+    spec = _write(tmp_path, doc)
+    result = runner.invoke(app, ["train", str(spec), "--rows", "96", "--max-steps", "2", "--out", str(tmp_path / "run"),
+                                 "-q", "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    assert "Traceback" not in result.output
