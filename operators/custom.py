@@ -263,6 +263,25 @@ def custom_failure(exc: BaseException) -> str | None:
     return None
 
 
+def backward_failure(exc: BaseException, model: nn.Module) -> str | None:
+    """`the backward pass of a model with custom modules ('NAME' (CLASS)) failed: TYPE: first line`
+    with what usually causes it, when `exc` came out of autograd's backward (`torch.autograd.backward`,
+    which `Tensor.backward` calls) of a `model` holding custom modules, else None. A forward that
+    keeps a tensor of one step for the next (a running mean not detached) or changes a tensor
+    autograd saved in place raises there, far from the user's code: its traceback went through
+    torch's engine and flowrec's step."""
+    customs = [m for m in model.modules() if isinstance(m, CustomModule)]
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code is not torch.autograd.backward.__code__:
+        tb = tb.tb_next
+    if not customs or tb is None:
+        return None
+    named = ", ".join(f"{m.label!r} ({m.path})" for m in customs[:3]) + (", ..." if len(customs) > 3 else "")
+    return (f"the backward pass of a model with custom modules ({named}) failed: {_why(exc)}; a custom module's "
+            "forward must not keep a tensor of one step for the next (detach it: self.kept = y.detach()) nor "
+            "change in place a tensor it computed with")
+
+
 def _materialize_lazy(inner: nn.Module, path: str, in_width: int) -> None:
     """Give a module with lazy parameters (`nn.LazyLinear`, ...) their shapes and values by one
     forward of zeros, in eval mode and without gradients, as torch asks of lazy modules before an

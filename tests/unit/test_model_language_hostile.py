@@ -572,3 +572,50 @@ def test_a_module_that_changes_its_input_in_place_trains_and_leaves_the_input_al
                                  "-q", "--device", "cpu"])
     assert result.exit_code == 0, result.output
     assert "Traceback" not in result.output
+
+
+EMA = textwrap.dedent('''
+    from torch import nn
+
+
+    class Ema(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(8, 4)
+            self.running = None
+
+        def forward(self, x):
+            y = self.lin(x)
+            m = y.mean(0)  # a running mean of the batches, kept without .detach()
+            self.running = m if self.running is None else 0.9 * self.running + 0.1 * m
+            return y - self.running
+''')
+
+
+def test_a_backward_that_fails_in_a_model_with_custom_modules_is_one_line(tmp_path):
+    """A custom module keeping a tensor of one step for the next (a running mean not detached)
+    trained its first step; the second backward stopped with autograd's traceback through torch's
+    engine and flowrec's step ('Trying to backward through the graph a second time'). It is one
+    line naming the model's custom modules and what usually causes it, exit 2."""
+    import torch
+    from operators.custom import CustomModule, backward_failure
+
+    (tmp_path / "ema.py").write_text(EMA)
+    spec = _write(tmp_path, custom_doc(f"{tmp_path}/ema.py:Ema"))
+    result = runner.invoke(app, ["train", str(spec), "--rows", "96", "--max-steps", "3", "--out", str(tmp_path / "run"),
+                                 "-q", "--device", "cpu"])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    (line,) = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert line.startswith(f"error: at step 2: the backward pass of a model with custom modules ('mine' "
+                           f"({tmp_path}/ema.py:Ema)) failed: RuntimeError: Trying to backward through the graph"), line
+    # only autograd's backward of a model with custom modules is said so
+    plain = torch.nn.Linear(3, 1)
+    x = torch.randn(4, 3) * torch.tensor([0.01, 1.0, 100.0])
+    loss = plain(x).sum()
+    loss.backward()
+    with pytest.raises(RuntimeError) as failed:
+        loss.backward()
+    assert backward_failure(failed.value, plain) is None
+    assert backward_failure(failed.value, torch.nn.Sequential(plain, CustomModule(torch.nn.Identity()))) is not None
+    assert backward_failure(ValueError("in a forward"), torch.nn.Sequential(CustomModule(torch.nn.Identity()))) is None
