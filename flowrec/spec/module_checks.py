@@ -157,6 +157,8 @@ def check_inputs(view: DocView) -> list[SpecIssue]:
                 continue
             elif (found := output_ref(view, token)) is None:
                 issues.append(SpecIssue(path, _unknown_input(token, list(features), list(modules))))
+            elif found[0].name == m.name:  # one of its named outputs ('experts.like' in experts' inputs)
+                issues.append(SpecIssue(path, f"module {m.name!r} cannot read its own output {token!r}"))
             elif (problem := output_problem(*found)) is not None:
                 issues.append(SpecIssue(path, problem))
     return issues

@@ -619,3 +619,15 @@ def test_a_backward_that_fails_in_a_model_with_custom_modules_is_one_line(tmp_pa
     assert backward_failure(failed.value, plain) is None
     assert backward_failure(failed.value, torch.nn.Sequential(plain, CustomModule(torch.nn.Identity()))) is not None
     assert backward_failure(ValueError("in a forward"), torch.nn.Sequential(CustomModule(torch.nn.Identity()))) is None
+
+
+@pytest.mark.parametrize("example, output", [("mmoe_movielens.yaml", "experts.like"),
+                                             ("ple_movielens.yaml", "experts.love")])
+def test_a_mixture_reading_its_own_named_output_is_refused_at_validate(example, output):
+    """`inputs: ['@sparse', 'experts.like']` in the mixture 'experts' validated (the self-read check
+    compared the whole name only, the cycle check skips a module's edges to itself), then
+    `flowrec plan` said 'error: modules form a cycle: experts, like_tower, love_tower', naming two
+    towers that are in no cycle and no path."""
+    doc = _spec(example)
+    doc["modules"][0]["inputs"] = ["@sparse", output]
+    assert _issues(doc) == [("modules[0].inputs[1]", f"module 'experts' cannot read its own output {output!r}")]
