@@ -8,13 +8,14 @@ sum of input widths, target_attention and self_attention -> the sequence dim, si
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Callable, get_args
 
 from flowrec.spec.errors import SpecIssue
 from flowrec.spec.model import (NAMED_OUTPUT_KINDS, SELECTOR_DENSE, SELECTOR_PREFIX, SELECTOR_SPARSE, ModuleKind,
                                 split_output)
-from flowrec.spec.schema_errors import did_you_mean
+from flowrec.spec.schema_errors import NAME_PATTERN, did_you_mean
 from flowrec.spec.view import DocView, Field, Item
 
 TARGET_ATTENTION = "target_attention"
@@ -148,6 +149,8 @@ def check_inputs(view: DocView) -> list[SpecIssue]:
             if token in seen:
                 issues.append(SpecIssue(path, f"input {token!r} is listed twice"))
             seen.add(token)
+            if not re.fullmatch(NAME_PATTERN, token.removeprefix(SELECTOR_PREFIX)):
+                continue  # no name ('.like', 'like tower'): the schema's one line says so
             if token.startswith(SELECTOR_PREFIX):
                 if not view.selector_features(token):
                     issues.append(SpecIssue(path, _empty_selector(token, selectors)))

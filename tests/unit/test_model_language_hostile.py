@@ -631,3 +631,21 @@ def test_a_mixture_reading_its_own_named_output_is_refused_at_validate(example, 
     doc = _spec(example)
     doc["modules"][0]["inputs"] = ["@sparse", output]
     assert _issues(doc) == [("modules[0].inputs[1]", f"module 'experts' cannot read its own output {output!r}")]
+
+
+@pytest.mark.parametrize("where, value, says", [
+    ("module", ".like", "modules[1].inputs[0]: must be a feature or module name, or a selector"),
+    ("module", "like tower", "modules[1].inputs[0]: must be a feature or module name, or a selector"),
+    ("head", "", "heads[1].input: must be a name of ASCII letters"),
+    ("head", "love tower", "heads[1].input: must be a name of ASCII letters"),
+])
+def test_an_input_that_is_no_name_is_one_issue(where, value, says):
+    """An input the schema refuses as a name ('.like', '', a space) was its issue and then the
+    semantic check's 'unknown feature or module' / 'unknown module' for the same value."""
+    doc = _spec("mmoe_movielens.yaml")
+    if where == "module":
+        doc["modules"][1]["inputs"] = [value]
+    else:
+        doc["heads"][1]["input"] = value
+    issues = [f"{path}: {message}" for path, message in _issues(doc)]
+    assert len(issues) == 1 and issues[0].startswith(says), issues
