@@ -649,3 +649,18 @@ def test_an_input_that_is_no_name_is_one_issue(where, value, says):
         doc["heads"][1]["input"] = value
     issues = [f"{path}: {message}" for path, message in _issues(doc)]
     assert len(issues) == 1 and issues[0].startswith(says), issues
+
+
+@pytest.mark.parametrize("example, output, bad", [("mmoe_movielens.yaml", "love.v2", "."),
+                                                  ("ple_movielens.yaml", "love it", " ")])
+def test_a_mixture_output_that_is_no_name_says_what_a_name_is(example, output, bad):
+    """An output name with a '.' (or a space) in a moe / ple `heads` list was refused with the raw
+    regular expression: "must match the pattern ^[A-Za-z0-9_][A-Za-z0-9_:-]*$ (got 'love.v2')"."""
+    doc = _spec(example)
+    doc["modules"][0]["heads"] = ["like", output]
+    doc["modules"][2]["inputs"] = [f"experts.{output}"]
+    issues = _issues(doc)
+    assert issues[0] == ("modules[0].heads[1]", "must be an output name of ASCII letters, digits, '_', ':' or '-' (no "
+                                                "'.': a reader names it '<module>.<output>') "
+                                                f"(got {output!r}: {bad!r} is not allowed)"), issues
+    assert not any("^[" in message for _, message in issues)
