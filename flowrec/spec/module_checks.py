@@ -194,8 +194,12 @@ def check_sequences(view: DocView) -> list[SpecIssue]:
             path = f"{m.path}.inputs[{ref.index}]"
             seqs = [f.name for f in ref.features if f.unpooled]
             is_seq_slot = ref.index == seq_index
-            if seqs and not is_seq_slot:
-                via = f" (through {ref.token!r})" if ref.token.startswith(SELECTOR_PREFIX) else ""
+            via = f" (through {ref.token!r})" if ref.token.startswith(SELECTOR_PREFIX) else ""
+            if seqs and kind == SELF_ATTENTION and ref.index == 1:  # the target (output: target)
+                issues.append(SpecIssue(path, f"the target of self_attention is one vector (a one-id feature or a "
+                                              f"module of the sequence dim), not the pooling-none sequence "
+                                              f"{seqs[0]!r}{via}"))
+            elif seqs and not is_seq_slot:
                 issues.append(SpecIssue(path, f"sequence feature {seqs[0]!r}{via} has pooling none: only "
                                               f"{SEQUENCE_READERS} can read it"))
             if is_seq_slot and m.clean and not (len(ref.features) == 1 and seqs):

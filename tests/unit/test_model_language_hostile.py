@@ -664,3 +664,18 @@ def test_a_mixture_output_that_is_no_name_says_what_a_name_is(example, output, b
                                                 "'.': a reader names it '<module>.<output>') "
                                                 f"(got {output!r}: {bad!r} is not allowed)"), issues
     assert not any("^[" in message for _, message in issues)
+
+
+def test_a_sequence_as_the_target_of_self_attention_says_what_a_target_is():
+    """A pooling-none sequence as self_attention's target (`output: target`) was told that 'only a
+    target_attention module (as its second input) or a self_attention module can read it', in the
+    inputs of a self_attention module."""
+    doc = _spec("bst_taobao.yaml")
+    doc["features"].append({"name": "seq2", "type": "sequence", "table": "items", "max_len": 5, "pooling": "none"})
+    doc["modules"][0]["inputs"] = ["click_sequence", "seq2"]
+    assert _issues(doc) == [("modules[0].inputs[1]", "the target of self_attention is one vector (a one-id feature or "
+                                                     "a module of the sequence dim), not the pooling-none sequence "
+                                                     "'seq2'")]
+    doc["modules"][1]["inputs"].append("seq2")  # elsewhere such a sequence is told who may read it
+    doc["modules"][0]["inputs"] = ["click_sequence", "adgroup_id"]
+    assert [path for path, _ in _issues(doc)] == ["modules[1].inputs[3]"]
