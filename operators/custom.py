@@ -40,6 +40,28 @@ class CustomModuleError(ValueError):
     """A custom class that cannot be used (import, construction, sparse parameters); one line."""
 
 
+class UserCodeInterrupted(KeyboardInterrupt):
+    """A stop (Ctrl-C; SIGTERM where it is raised as one, its `__cause__`) while a custom class's
+    own code ran and had not returned (an endless loop at its file's top level, a constructor
+    that waits): `running` says whose code and doing what, for the command's line."""
+
+    def __init__(self, running: str) -> None:
+        super().__init__(running)
+        self.running = running
+
+
+@contextlib.contextmanager
+def _stop_named(path: str, doing: str) -> Iterator[None]:
+    """Within: a stop becomes UserCodeInterrupted naming `path` and what it was `doing` (the
+    innermost such block names it)."""
+    try:
+        yield
+    except UserCodeInterrupted:
+        raise
+    except KeyboardInterrupt as exc:
+        raise UserCodeInterrupted(f"{doing} the custom module class {path}") from exc
+
+
 def _why(exc: BaseException) -> str:
     """`Type: first line of the message` of a user's exception (one line)."""
     text = str(exc).strip()
@@ -68,7 +90,7 @@ def import_class(path: str) -> type:
     """
     module_name, _, class_name = path.partition(":")
     try:
-        with torch_settings_kept():
+        with torch_settings_kept(), _stop_named(path, "importing"):
             module = _load_file(module_name) if module_name.endswith(".py") else importlib.import_module(module_name)
         cls = getattr(module, class_name)
     except AttributeError as exc:
@@ -111,7 +133,7 @@ def build_custom(path: str, params: Mapping[str, Any]) -> nn.Module:
     """`Class(**params)`, refused when it has sparse parameters (CustomModuleError)."""
     cls = import_class(path)
     try:
-        with torch_settings_kept():
+        with torch_settings_kept(), _stop_named(path, "constructing"):
             module = cls(**dict(params))
     except (Exception, SystemExit) as exc:  # a user's constructor may raise anything, sys.exit included
         raise CustomModuleError(f"{path}(**{dict(params)}) failed: {_why(exc)}") from None
@@ -134,7 +156,7 @@ def meta_width(path: str, params: Mapping[str, Any], in_width: int) -> int:
             return one (B, ...) tensor of 1 .. MAX_OUT_WIDTH values per sample, the same number of
             values per sample at every batch size, in training and in evaluation.
     """
-    with contextlib.redirect_stdout(sys.stderr):
+    with contextlib.redirect_stdout(sys.stderr), _stop_named(path, "running"):
         with torch.device("meta"):
             # tensors the constructor makes outside torch's factories (torch.from_numpy, torch.load,
             # device="cpu") are on the CPU: move them too, or the forward mixes devices
@@ -310,7 +332,7 @@ def _forward_zeros(inner: nn.Module, path: str, in_width: int, doing: str = "",
     """
     x = torch.zeros(batch, in_width)
     try:
-        with torch.no_grad(), torch_settings_kept():
+        with torch.no_grad(), torch_settings_kept(), _stop_named(path, "running"):
             return inner(x), x
     except (Exception, SystemExit) as exc:
         raise CustomModuleError(f"{path} failed on a ({batch}, {in_width}) input{doing}: {_why(exc)}") from None

@@ -21,7 +21,7 @@ from flowrec.spec.load import to_dict
 from flowrec.spec.model import DRY_RUN_KINDS, FrozenMapping, ModelSpec, ModuleSpec, thaw, unresolved_modules
 from flowrec.spec.module_checks import check_shapes
 from flowrec.spec.view import DocView
-from operators.custom import CustomModuleError, meta_width
+from operators.custom import CustomModuleError, UserCodeInterrupted, meta_width
 
 
 class CustomInterrupted(KeyboardInterrupt):
@@ -55,9 +55,10 @@ def resolve_custom(spec: ModelSpec, check_given: bool = False) -> ModelSpec:
             continue
         try:
             width = dry_run_width(module, module_input_width(spec, module.name))
-        except KeyboardInterrupt as exc:
+        except KeyboardInterrupt as exc:  # the stop itself: the line names the class and module
+            stop = exc.__cause__ if isinstance(exc, UserCodeInterrupted) and exc.__cause__ is not None else exc
             raise CustomInterrupted(f"modules[{index}].class", f"importing and dry-running {module.param('class')} "
-                                    f"(custom module {module.name!r})", exc) from None
+                                    f"(custom module {module.name!r})", stop) from None
         except CustomModuleError as exc:
             issues.append(SpecIssue(f"modules[{index}].class", str(exc)))
             continue

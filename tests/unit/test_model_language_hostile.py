@@ -679,3 +679,25 @@ def test_a_sequence_as_the_target_of_self_attention_says_what_a_target_is():
     doc["modules"][1]["inputs"].append("seq2")  # elsewhere such a sequence is told who may read it
     doc["modules"][0]["inputs"] = ["click_sequence", "adgroup_id"]
     assert [path for path, _ in _issues(doc)] == ["modules[1].inputs[3]"]
+
+
+def test_a_stop_while_a_class_file_runs_at_export_or_eval_names_the_class(tmp_path):
+    """A run's class file that came to hang at its top level after training: Ctrl-C in
+    `flowrec export` said 'interrupted (Ctrl-C); PKG was not written' and in `flowrec eval`
+    'interrupted (Ctrl-C)', neither saying what was running."""
+    (tmp_path / "proj.py").write_text("from torch import nn\n\n\nclass Proj(nn.Linear):\n    def __init__(self):\n"
+                                      "        super().__init__(8, 3)\n")
+    spec = _write(tmp_path, custom_doc(f"{tmp_path}/proj.py:Proj"))
+    run = tmp_path / "run"
+    trained = runner.invoke(app, ["train", str(spec), "--rows", "96", "--max-steps", "2", "--out", str(run), "-q",
+                                  "--device", "cpu"])
+    assert trained.exit_code == 0, trained.output
+    (tmp_path / "proj.py").write_text("raise KeyboardInterrupt  # where Ctrl-C stops a loop at the top level\n")
+    running = f"Ctrl-C while importing the custom module class {tmp_path}/proj.py:Proj"
+    for args, line in ((["export", str(run), str(tmp_path / "pkg")], f"error: interrupted ({running}); "),
+                       (["eval", str(run)], f"error: interrupted ({running})")):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 130, result.output
+        assert "Traceback" not in result.output
+        assert [x for x in result.output.splitlines() if x.startswith("error:")][0].startswith(line), result.output
+    assert not (tmp_path / "pkg").exists()
