@@ -121,11 +121,17 @@ def _load_file(file: str) -> Any:
         raise ImportError(f"no Python file at {path}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
+    # while it runs, its folder comes first on the import path, as when Python runs the file itself:
+    # its own imports of the files beside it (`import helpers`) find them
+    sys.path.insert(0, str(path.parent))
     try:
         spec.loader.exec_module(module)
     except BaseException:
         del sys.modules[name]  # a failed import leaves no half-run module behind for the next try
         raise
+    finally:
+        with contextlib.suppress(ValueError):  # the first occurrence: the one put there above
+            sys.path.remove(str(path.parent))
     return module
 
 

@@ -701,3 +701,25 @@ def test_a_stop_while_a_class_file_runs_at_export_or_eval_names_the_class(tmp_pa
         assert "Traceback" not in result.output
         assert [x for x in result.output.splitlines() if x.startswith("error:")][0].startswith(line), result.output
     assert not (tmp_path / "pkg").exists()
+
+
+def test_a_class_file_imports_the_files_beside_it(tmp_path):
+    """blocks.py with `import sibling_scale` (sibling_scale.py beside it) imported under
+    `python -m flowrec` from its folder, but the `flowrec` command put no folder of the user's on the
+    import path: 'cannot import ...: ModuleNotFoundError: No module named ...'. While the file runs,
+    its folder is first on the import path, as when Python runs the file; afterwards it is not."""
+    import sys
+
+    (tmp_path / "sibling_scale_7f3a.py").write_text("SCALE = 2.5\n")
+    (tmp_path / "blocks.py").write_text("from torch import nn\n\nimport sibling_scale_7f3a\n\n\n"
+                                        "class Scaled(nn.Linear):\n    def __init__(self):\n"
+                                        "        super().__init__(8, 3)\n\n    def forward(self, x):\n"
+                                        "        return super().forward(x) * sibling_scale_7f3a.SCALE\n")
+    spec = _write(tmp_path, custom_doc(f"{tmp_path}/blocks.py:Scaled"))
+    try:
+        result = runner.invoke(app, ["plan", str(spec), "--json", "-"])
+    finally:
+        sys.modules.pop("sibling_scale_7f3a", None)
+    assert result.exit_code == 0, result.output
+    assert any(n["name"] == "mine" and n["out_shape"] == ["B", 3] for n in json.loads(result.stdout)["nodes"])
+    assert str(tmp_path) not in sys.path
