@@ -22,7 +22,7 @@ import sys
 import warnings
 from math import prod
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import torch
 from torch import nn
@@ -32,16 +32,54 @@ from operators.dense import Shapes
 
 MAX_OUT_WIDTH = 16_777_216  # values per sample a custom module may return (the spec's out_width bound)
 DRY_RUN_BATCH = 2  # samples of the meta-device dry run
+# the dry runs, (samples, training mode): at two sizes (a width must not follow the batch) and in eval mode
+DRY_RUNS = ((DRY_RUN_BATCH, True), (DRY_RUN_BATCH + 1, True), (DRY_RUN_BATCH, False))
 
 
 class CustomModuleError(ValueError):
     """A custom class that cannot be used (import, construction, sparse parameters); one line."""
 
 
+class UserCodeInterrupted(KeyboardInterrupt):
+    """A stop (Ctrl-C; SIGTERM where it is raised as one, its `__cause__`) while a custom class's
+    own code ran and had not returned (an endless loop at its file's top level, a constructor
+    that waits): `running` says whose code and doing what, for the command's line."""
+
+    def __init__(self, running: str) -> None:
+        super().__init__(running)
+        self.running = running
+
+
+@contextlib.contextmanager
+def _stop_named(path: str, doing: str) -> Iterator[None]:
+    """Within: a stop becomes UserCodeInterrupted naming `path` and what it was `doing` (the
+    innermost such block names it)."""
+    try:
+        yield
+    except UserCodeInterrupted:
+        raise
+    except KeyboardInterrupt as exc:
+        raise UserCodeInterrupted(f"{doing} the custom module class {path}") from exc
+
+
 def _why(exc: BaseException) -> str:
     """`Type: first line of the message` of a user's exception (one line)."""
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+
+
+@contextlib.contextmanager
+def torch_settings_kept() -> Iterator[None]:
+    """Within: a user's code may change torch's process-wide settings (a module file's top-level
+    `torch.set_default_dtype(torch.float64)` or `torch.set_grad_enabled(False)`); they are put back
+    after it, so flowrec's own tables and layers stay float32 and its training keeps its gradients
+    (a setting changed by the user's code holds while that code runs)."""
+    dtype, grad = torch.get_default_dtype(), torch.is_grad_enabled()
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(dtype)
+        torch.set_grad_enabled(grad)
 
 
 def import_class(path: str) -> type:
@@ -52,7 +90,8 @@ def import_class(path: str) -> type:
     """
     module_name, _, class_name = path.partition(":")
     try:
-        module = _load_file(module_name) if module_name.endswith(".py") else importlib.import_module(module_name)
+        with torch_settings_kept(), _stop_named(path, "importing"):
+            module = _load_file(module_name) if module_name.endswith(".py") else importlib.import_module(module_name)
         cls = getattr(module, class_name)
     except AttributeError as exc:
         if not module_name.endswith(".py") or getattr(exc, "obj", None) is not module:  # a package's own words
@@ -82,11 +121,17 @@ def _load_file(file: str) -> Any:
         raise ImportError(f"no Python file at {path}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
+    # while it runs, its folder comes first on the import path, as when Python runs the file itself:
+    # its own imports of the files beside it (`import helpers`) find them
+    sys.path.insert(0, str(path.parent))
     try:
         spec.loader.exec_module(module)
     except BaseException:
         del sys.modules[name]  # a failed import leaves no half-run module behind for the next try
         raise
+    finally:
+        with contextlib.suppress(ValueError):  # the first occurrence: the one put there above
+            sys.path.remove(str(path.parent))
     return module
 
 
@@ -94,7 +139,8 @@ def build_custom(path: str, params: Mapping[str, Any]) -> nn.Module:
     """`Class(**params)`, refused when it has sparse parameters (CustomModuleError)."""
     cls = import_class(path)
     try:
-        module = cls(**dict(params))
+        with torch_settings_kept(), _stop_named(path, "constructing"):
+            module = cls(**dict(params))
     except (Exception, SystemExit) as exc:  # a user's constructor may raise anything, sys.exit included
         raise CustomModuleError(f"{path}(**{dict(params)}) failed: {_why(exc)}") from None
     sparse = [name for name, m in module.named_modules()
@@ -106,30 +152,57 @@ def build_custom(path: str, params: Mapping[str, Any]) -> nn.Module:
 
 
 def meta_width(path: str, params: Mapping[str, Any], in_width: int) -> int:
-    """Output width per sample of `Class(**params)` on a (DRY_RUN_BATCH, in_width) input, by a dry
-    run on the meta device (no memory, no compute), or on CPU zeros where the forward needs values
-    (`_cpu_dry_run`). Whatever the user's code prints goes to stderr,
+    """Output width per sample of `Class(**params)` on (batch, in_width) inputs of each of
+    DRY_RUNS (two batch sizes in training mode, one in eval mode), by a dry run on the meta device (no memory, no compute), or on CPU zeros where
+    the forward needs values (`_cpu_dry_run`). Whatever the user's code prints goes to stderr,
     so that machine-readable output on stdout (`flowrec plan --json -`) stays clean.
 
     Raises:
         CustomModuleError: the class cannot be imported or built, its forward fails, or it does not
-            return one (B, ...) tensor of 1 .. MAX_OUT_WIDTH values per sample.
+            return one (B, ...) tensor of 1 .. MAX_OUT_WIDTH values per sample, the same number of
+            values per sample at every batch size, in training and in evaluation.
     """
-    with contextlib.redirect_stdout(sys.stderr):
+    with contextlib.redirect_stdout(sys.stderr), _stop_named(path, "running"):
         with torch.device("meta"):
             # tensors the constructor makes outside torch's factories (torch.from_numpy, torch.load,
             # device="cpu") are on the CPU: move them too, or the forward mixes devices
             inner = build_custom(path, params).to("meta")
-            x = torch.empty(DRY_RUN_BATCH, in_width)
         try:
-            with warnings.catch_warnings():  # e.g. float() of a meta tensor warns, then fails: tried again below
-                warnings.simplefilter("ignore")
-                out = inner(x)
+            outputs = [_meta_forward(inner, batch, in_width, training) for batch, training in DRY_RUNS]
         except (Exception, SystemExit):  # a user's forward may raise anything; meta tensors hold no values
-            out, x = _cpu_dry_run(path, params, in_width)  # (`x.sum() > 0`, `.item()`): try real zeros
-    if not isinstance(out, torch.Tensor) or out.dim() < 1 or out.shape[0] != DRY_RUN_BATCH:  # (B,): one value each
+            outputs = _cpu_dry_run(path, params, in_width)  # (`x.sum() > 0`, `.item()`): try real zeros
+    (first, x), (second, y), (evaluated, z) = outputs
+    width, other = _width(path, first, x), _width(path, second, y)
+    if other != width:  # (B, B * k): the next layer's weights are made for one batch size
+        raise CustomModuleError(f"{path} returns {width:,} values per sample for {len(x)} samples but {other:,} "
+                                f"for {len(y)}: its values per sample must not depend on the batch size")
+    if (in_eval := _width(path, evaluated, z)) != width:  # evaluation, export and predict run it in eval mode
+        raise CustomModuleError(f"{path} returns {width:,} values per sample in training but {in_eval:,} in eval "
+                                "mode (evaluation, export, predict): its values per sample must not depend on "
+                                "self.training")
+    return width
+
+
+def _meta_forward(inner: nn.Module, batch: int, in_width: int, training: bool) -> tuple[Any, torch.Tensor]:
+    """`inner`'s output on a (batch, in_width) meta input in training or eval mode, and that input."""
+    inner.train(training)
+    x = torch.empty(batch, in_width, device="meta")
+    with warnings.catch_warnings(), torch_settings_kept():  # float() of a meta tensor warns, then fails
+        warnings.simplefilter("ignore")
+        return inner(x), x
+
+
+def _width(path: str, out: Any, x: torch.Tensor) -> int:
+    """Values per sample of a dry run's output `out` for the input `x`.
+
+    Raises:
+        CustomModuleError: `out` is not one (B, ...) tensor of x's dtype with 1 .. MAX_OUT_WIDTH values per sample.
+    """
+    batch = len(x)
+    if not isinstance(out, torch.Tensor) or out.dim() < 1 or out.shape[0] != batch:  # (B,): one value each
         raise CustomModuleError(f"{path} must return one (B, ...) tensor, got "
-                                f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}")
+                                f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}"
+                                f"{f' for {batch} samples' if isinstance(out, torch.Tensor) and out.dim() else ''}")
     if out.dtype != x.dtype:  # the next module's weights are of the input's dtype; an integer output has no gradient
         raise CustomModuleError(f"{path} returns {str(out.dtype).removeprefix('torch.')} values for a "
                                 f"{str(x.dtype).removeprefix('torch.')} input: return the input's dtype "
@@ -137,19 +210,21 @@ def meta_width(path: str, params: Mapping[str, Any], in_width: int) -> int:
     width = int(prod(out.shape[1:]))
     if not 1 <= width <= MAX_OUT_WIDTH:
         raise CustomModuleError(f"{path} returns {width:,} values per sample ({tuple(out.shape)} for "
-                                f"{DRY_RUN_BATCH} samples); a custom module returns 1 .. {MAX_OUT_WIDTH:,}")
+                                f"{batch} samples); a custom module returns 1 .. {MAX_OUT_WIDTH:,}")
     return width
 
 
-def _cpu_dry_run(path: str, params: Mapping[str, Any], in_width: int) -> tuple[Any, torch.Tensor]:
-    """The forward on (DRY_RUN_BATCH, in_width) zeros on the CPU, for a module whose forward needs
-    values (data-dependent control flow), without gradients and without touching torch's generator.
+def _cpu_dry_run(path: str, params: Mapping[str, Any], in_width: int) -> list[tuple[Any, torch.Tensor]]:
+    """The forward on (batch, in_width) zeros on the CPU for each of DRY_RUNS, for a module
+    whose forward needs values (data-dependent control flow), without gradients and without
+    touching torch's generator.
 
     Raises:
         CustomModuleError: it fails there too (the error is the user's, not the meta device's).
     """
     with torch.random.fork_rng(devices=[]):
-        return _forward_zeros(build_custom(path, params), path, in_width)
+        inner = build_custom(path, params)
+        return [_forward_zeros(inner.train(training), path, in_width, batch=batch) for batch, training in DRY_RUNS]
 
 
 class CustomModule(nn.Module):
@@ -184,7 +259,10 @@ class CustomModule(nn.Module):
         return cls(inner, config["class"])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.inner(x)
+        # its own copy: x may be another module's output itself (one input), which a forward that
+        # changes its input in place (nn.ReLU(inplace=True)) would change for its other readers and
+        # for autograd (which keeps it for that module's backward)
+        out = self.inner(x.clone())
         return out if out.dim() == 2 else out.reshape(out.shape[0], -1)
 
 
@@ -213,6 +291,25 @@ def custom_failure(exc: BaseException) -> str | None:
     return None
 
 
+def backward_failure(exc: BaseException, model: nn.Module) -> str | None:
+    """`the backward pass of a model with custom modules ('NAME' (CLASS)) failed: TYPE: first line`
+    with what usually causes it, when `exc` came out of autograd's backward (`torch.autograd.backward`,
+    which `Tensor.backward` calls) of a `model` holding custom modules, else None. A forward that
+    keeps a tensor of one step for the next (a running mean not detached) or changes a tensor
+    autograd saved in place raises there, far from the user's code: its traceback went through
+    torch's engine and flowrec's step."""
+    customs = [m for m in model.modules() if isinstance(m, CustomModule)]
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code is not torch.autograd.backward.__code__:
+        tb = tb.tb_next
+    if not customs or tb is None:
+        return None
+    named = ", ".join(f"{m.label!r} ({m.path})" for m in customs[:3]) + (", ..." if len(customs) > 3 else "")
+    return (f"the backward pass of a model with custom modules ({named}) failed: {_why(exc)}; a custom module's "
+            "forward must not keep a tensor of one step for the next (detach it: self.kept = y.detach()) nor "
+            "change in place a tensor it computed with")
+
+
 def _materialize_lazy(inner: nn.Module, path: str, in_width: int) -> None:
     """Give a module with lazy parameters (`nn.LazyLinear`, ...) their shapes and values by one
     forward of zeros, in eval mode and without gradients, as torch asks of lazy modules before an
@@ -232,18 +329,19 @@ def _materialize_lazy(inner: nn.Module, path: str, in_width: int) -> None:
         inner.train(training)
 
 
-def _forward_zeros(inner: nn.Module, path: str, in_width: int, doing: str = "") -> tuple[Any, torch.Tensor]:
-    """`inner`'s output on (DRY_RUN_BATCH, in_width) CPU zeros without gradients, and those zeros.
+def _forward_zeros(inner: nn.Module, path: str, in_width: int, doing: str = "",
+                   batch: int = DRY_RUN_BATCH) -> tuple[Any, torch.Tensor]:
+    """`inner`'s output on (batch, in_width) CPU zeros without gradients, and those zeros.
 
     Raises:
         CustomModuleError: the forward fails (naming `path` and what it was `doing`).
     """
-    x = torch.zeros(DRY_RUN_BATCH, in_width)
+    x = torch.zeros(batch, in_width)
     try:
-        with torch.no_grad():
+        with torch.no_grad(), torch_settings_kept(), _stop_named(path, "running"):
             return inner(x), x
     except (Exception, SystemExit) as exc:
-        raise CustomModuleError(f"{path} failed on a ({DRY_RUN_BATCH}, {in_width}) input{doing}: {_why(exc)}") from None
+        raise CustomModuleError(f"{path} failed on a ({batch}, {in_width}) input{doing}: {_why(exc)}") from None
 
 
 def _mapping(params: Any) -> dict[str, Any]:

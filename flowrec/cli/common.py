@@ -370,12 +370,18 @@ def planned_spec_or_exit(path: Path, run: "Path | None" = None, check_given: boo
             (note or (lambda text: say(f"note: {text}", err=True)))(line)
     if not unresolved_modules(spec) and not (check_given and any(m.kind in DRY_RUN_KINDS for m in spec.modules)):
         return spec  # nothing to import (planning stays free of torch)
-    from flowrec.runtime.custom import resolve_custom
+    from flowrec.runs.errors import EXIT_INTERRUPTED
+    from flowrec.runtime.custom import CustomInterrupted, resolve_custom
+    from flowrec.runtime.signals import interrupt_name
 
     try:
         return resolve_custom(spec, check_given)
     except SpecError as exc:
         _exit_with_issues(path, exc)
+    except CustomInterrupted as exc:  # a user's code that never returns: say whose it was
+        fail(f"{path}: {exc.where}: interrupted ({interrupt_name(exc.cause)}) while {exc.what}: its code had not "
+             "returned (an endless loop at the file's top level, in its constructor or its forward?); nothing was "
+             "written", EXIT_INTERRUPTED)
 
 
 def load_spec_or_exit(path: Path) -> ModelSpec:

@@ -17,8 +17,22 @@ from dataclasses import replace
 from flowrec.graph.build import module_input_width
 from flowrec.spec.class_paths import absolute_class_files
 from flowrec.spec.errors import SpecError, SpecIssue
+from flowrec.spec.load import to_dict
 from flowrec.spec.model import DRY_RUN_KINDS, FrozenMapping, ModelSpec, ModuleSpec, thaw, unresolved_modules
-from operators.custom import CustomModuleError, meta_width
+from flowrec.spec.module_checks import check_shapes
+from flowrec.spec.view import DocView
+from operators.custom import CustomModuleError, UserCodeInterrupted, meta_width
+
+
+class CustomInterrupted(KeyboardInterrupt):
+    """A stop (Ctrl-C; SIGTERM where it is raised as one) while a custom module's class was
+    imported, built or dry-run: its code had not returned (an endless loop at a file's top level,
+    a constructor that waits). `where`: the module's path in the spec; `what`: which class of which
+    module; `cause`: the stop itself."""
+
+    def __init__(self, where: str, what: str, cause: KeyboardInterrupt) -> None:
+        super().__init__(f"{where}: {what}")
+        self.where, self.what, self.cause = where, what, cause
 
 
 def resolve_custom(spec: ModelSpec, check_given: bool = False) -> ModelSpec:
@@ -27,10 +41,13 @@ def resolve_custom(spec: ModelSpec, check_given: bool = False) -> ModelSpec:
     model only after long work, such as `flowrec calibrate`).
 
     Raises:
-        SpecError: every custom module that cannot be used, each at its path.
+        SpecError: every custom module that cannot be used, each at its path; every module whose
+            inputs' widths do not fit it once the measured widths are known (a dot of a custom
+            module's 5 values and a field of dim 4), at its path as `flowrec validate` says it.
+        CustomInterrupted: a stop while a module's class was imported or run.
     """
     spec = absolute_class_files(spec)  # a run records the file, found from any folder
-    issues = []
+    issues, measured = [], False
     unresolved = unresolved_modules(spec)
     for index, module in enumerate(spec.modules):
         given = module.param("out_width") if module.kind in DRY_RUN_KINDS else None
@@ -38,6 +55,10 @@ def resolve_custom(spec: ModelSpec, check_given: bool = False) -> ModelSpec:
             continue
         try:
             width = dry_run_width(module, module_input_width(spec, module.name))
+        except KeyboardInterrupt as exc:  # the stop itself: the line names the class and module
+            stop = exc.__cause__ if isinstance(exc, UserCodeInterrupted) and exc.__cause__ is not None else exc
+            raise CustomInterrupted(f"modules[{index}].class", f"importing and dry-running {module.param('class')} "
+                                    f"(custom module {module.name!r})", stop) from None
         except CustomModuleError as exc:
             issues.append(SpecIssue(f"modules[{index}].class", str(exc)))
             continue
@@ -50,6 +71,9 @@ def resolve_custom(spec: ModelSpec, check_given: bool = False) -> ModelSpec:
         modules = list(spec.modules)
         modules[index] = module.with_param("out_width", width)
         spec = replace(spec, modules=tuple(modules))
+        measured = True
+    if measured and not issues:  # validate could not tell these widths: its shape rules where they meet others
+        issues = check_shapes(DocView.of(to_dict(spec), frozenset()))
     if issues:
         raise SpecError(issues)
     return spec

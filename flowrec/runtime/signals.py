@@ -28,7 +28,12 @@ class Terminated(KeyboardInterrupt):
 
 
 def interrupt_name(exc: BaseException) -> str:
-    """How a stop's line names what stopped it: its signal (`Terminated`: SIGTERM, SIGHUP) or Ctrl-C."""
+    """How a stop's line names what stopped it: its signal (`Terminated`: SIGTERM, SIGHUP) or Ctrl-C,
+    and whose code it stopped where that was a custom module class's (`operators.custom.UserCodeInterrupted`:
+    'Ctrl-C while importing the custom module class blocks.py:X')."""
+    running = getattr(exc, "running", None)
+    if isinstance(running, str) and exc.__cause__ is not None:
+        return f"{interrupt_name(exc.__cause__)} while {running}"
     return exc.name if isinstance(exc, Terminated) else "Ctrl-C"
 
 

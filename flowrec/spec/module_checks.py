@@ -8,13 +8,14 @@ sum of input widths, target_attention and self_attention -> the sequence dim, si
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Callable, get_args
 
 from flowrec.spec.errors import SpecIssue
 from flowrec.spec.model import (NAMED_OUTPUT_KINDS, SELECTOR_DENSE, SELECTOR_PREFIX, SELECTOR_SPARSE, ModuleKind,
                                 split_output)
-from flowrec.spec.schema_errors import did_you_mean
+from flowrec.spec.schema_errors import NAME_PATTERN, did_you_mean
 from flowrec.spec.view import DocView, Field, Item
 
 TARGET_ATTENTION = "target_attention"
@@ -148,6 +149,8 @@ def check_inputs(view: DocView) -> list[SpecIssue]:
             if token in seen:
                 issues.append(SpecIssue(path, f"input {token!r} is listed twice"))
             seen.add(token)
+            if not re.fullmatch(NAME_PATTERN, token.removeprefix(SELECTOR_PREFIX)):
+                continue  # no name ('.like', 'like tower'): the schema's one line says so
             if token.startswith(SELECTOR_PREFIX):
                 if not view.selector_features(token):
                     issues.append(SpecIssue(path, _empty_selector(token, selectors)))
@@ -157,6 +160,8 @@ def check_inputs(view: DocView) -> list[SpecIssue]:
                 continue
             elif (found := output_ref(view, token)) is None:
                 issues.append(SpecIssue(path, _unknown_input(token, list(features), list(modules))))
+            elif found[0].name == m.name:  # one of its named outputs ('experts.like' in experts' inputs)
+                issues.append(SpecIssue(path, f"module {m.name!r} cannot read its own output {token!r}"))
             elif (problem := output_problem(*found)) is not None:
                 issues.append(SpecIssue(path, problem))
     return issues
@@ -189,8 +194,12 @@ def check_sequences(view: DocView) -> list[SpecIssue]:
             path = f"{m.path}.inputs[{ref.index}]"
             seqs = [f.name for f in ref.features if f.unpooled]
             is_seq_slot = ref.index == seq_index
-            if seqs and not is_seq_slot:
-                via = f" (through {ref.token!r})" if ref.token.startswith(SELECTOR_PREFIX) else ""
+            via = f" (through {ref.token!r})" if ref.token.startswith(SELECTOR_PREFIX) else ""
+            if seqs and kind == SELF_ATTENTION and ref.index == 1:  # the target (output: target)
+                issues.append(SpecIssue(path, f"the target of self_attention is one vector (a one-id feature or a "
+                                              f"module of the sequence dim), not the pooling-none sequence "
+                                              f"{seqs[0]!r}{via}"))
+            elif seqs and not is_seq_slot:
                 issues.append(SpecIssue(path, f"sequence feature {seqs[0]!r}{via} has pooling none: only "
                                               f"{SEQUENCE_READERS} can read it"))
             if is_seq_slot and m.clean and not (len(ref.features) == 1 and seqs):
@@ -320,9 +329,13 @@ def _dims(fields: list[Field]) -> str:
 
 
 def check_usage(view: DocView) -> list[SpecIssue]:
-    """Every feature is read by some module (skipped while some module's inputs are unreadable)."""
+    """Every feature is read by some module (skipped while some module's inputs are unreadable or
+    name nothing: a typo such as '@spares' for '@sparse' is check_inputs' one issue, not also one
+    per feature it was meant to read)."""
     mods = view.items("modules")
     if any(m.inputs is None for m in mods) or "modules" in view.bad_sections:
+        return []
+    if not all(_all_resolved(view, m) for m in mods):
         return []
     used = {id(f) for m in mods for ref in resolve(view, m) for f in ref.features}
     return [

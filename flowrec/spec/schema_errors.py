@@ -31,6 +31,9 @@ _JSON_TYPES = {
 
 NAME_PATTERN = "^[A-Za-z0-9_][A-Za-z0-9_.:-]*$"  # the schema's pattern of names (features, modules, ...)
 NAME_CHAR = "[A-Za-z0-9_.:-]"
+OUTPUT_PATTERN = "^[A-Za-z0-9_][A-Za-z0-9_:-]*$"  # a moe / ple output: a name without '.' (read as 'module.output')
+# each name pattern's characters: its message names the first character outside them
+NAME_CHARS = {NAME_PATTERN: NAME_CHAR, OUTPUT_PATTERN: "[A-Za-z0-9_:-]"}
 
 
 def format_path(parts: Iterable[Any]) -> str:
@@ -70,8 +73,9 @@ def schema_issues(error: ValidationError) -> list[SpecIssue]:
     path = format_path(error.absolute_path)
     custom = _custom_message(error)
     if custom is not None:
-        if error.validator_value == NAME_PATTERN and isinstance(error.instance, str):  # which name, which character
-            bad = next((c for c in error.instance if not re.fullmatch(NAME_CHAR, c)), None)
+        allowed = NAME_CHARS.get(error.validator_value) if error.validator == "pattern" else None
+        if allowed is not None and isinstance(error.instance, str):  # which name, which character
+            bad = next((c for c in error.instance if not re.fullmatch(allowed, c)), None)
             custom += f" (got {show(error.instance)}" + (f": {bad!r} is not allowed)" if bad is not None else ")")
         return [SpecIssue(path, custom)]
     translate = _TRANSLATORS.get(str(error.validator), _fallback)

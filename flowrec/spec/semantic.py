@@ -15,10 +15,10 @@ import re
 from typing import Any
 
 from flowrec.spec.errors import SpecIssue
-from flowrec.spec.model import HISTORY_COLUMN, NAMED_OUTPUT_KINDS, SELECTOR_PREFIX
+from flowrec.spec.model import HISTORY_COLUMN, NAMED_OUTPUT_KINDS
 from flowrec.spec.module_checks import MODULE_CHECKS, output_problem, output_ref
 from flowrec.spec.retrieval_checks import check_retrieval, head_top_k
-from flowrec.spec.schema_errors import did_you_mean, show
+from flowrec.spec.schema_errors import NAME_PATTERN, did_you_mean, show
 from flowrec.spec.tasks import AUC_MAX_CLASSES, TASKS, retrieval_metric_names
 from flowrec.spec.units import parse_bytes
 from flowrec.spec.view import DocView, Item
@@ -182,8 +182,8 @@ def check_heads(view: DocView) -> list[SpecIssue]:
     issues = []
     for h in view.items("heads"):
         name = h.get("input", str)
-        if name is not None and name.startswith(SELECTOR_PREFIX):
-            name = None  # a selector ('@sparse') is no module name: the schema's one line says so
+        if name is not None and not re.fullmatch(NAME_PATTERN, name):
+            name = None  # no name ('@sparse', '', 'like tower'): the schema's one line says so
         found = output_ref(view, name) if name is not None else None
         if name is not None and found is None:
             what = (f"{name!r} is a feature; a head reads a module's output" if name in features

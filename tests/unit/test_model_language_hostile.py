@@ -65,6 +65,30 @@ BLOCKS = textwrap.dedent('''
             return x @ self.w
 
 
+    class PerBatch(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(8, 4)
+
+        def forward(self, x):
+            return self.lin(x).repeat(1, x.shape[0])
+
+
+    class EvalWide(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(8, 4)
+
+        def forward(self, x):
+            y = self.lin(x)
+            return y if self.training else torch.cat([y, y], 1)
+
+
+    class FirstTwo(nn.Module):
+        def forward(self, x):
+            return x[:2]
+
+
     class Raises(nn.Module):
         def __init__(self):
             super().__init__()
@@ -121,6 +145,12 @@ def _one_line_error(result, path: str, says: str) -> None:
     ("Empty", None, "returns 0 values per sample"),
     ("Huge", None, "returns 80,000,000,000 values per sample"),
     ("Raises", None, "failed: ValueError: first line"),
+    # planned at 2 samples, then a shape traceback in the next layer at the first step
+    ("PerBatch", None, "returns 8 values per sample for 2 samples but 12 for 3: its values per sample must not depend "
+                       "on the batch size"),
+    ("FirstTwo", None, "must return one (B, ...) tensor, got (2, 8) for 3 samples"),
+    # trained, then a shape traceback in the next layer at the final evaluation
+    ("EvalWide", None, "returns 4 values per sample in training but 8 in eval mode (evaluation, export, predict)"),
 ])
 def test_an_unusable_custom_class_is_one_line_at_plan(tmp_path, blocks, cls, params, says):
     spec = _write(tmp_path, custom_doc(f"{blocks}:{cls}", params))
@@ -142,6 +172,17 @@ def test_a_class_path_that_cannot_be_used_is_one_line(tmp_path, blocks, cls, say
     spec = _write(tmp_path, custom_doc(cls.format(tmp=tmp_path), params))
     result = runner.invoke(app, ["plan", str(spec)])
     _one_line_error(result, "modules[1].class", says.format(tmp=tmp_path))
+
+
+def test_a_width_that_follows_the_batch_size_is_refused_before_training(tmp_path, blocks):
+    """PerBatch returns (B, 4 * B): the dry run at 2 samples planned it as 8 wide, and the first step
+    of 32 samples stopped in the next layer with a traceback (mat1 and mat2 shapes cannot be
+    multiplied (32x128 and 8x4)), its run folder left behind."""
+    spec = _write(tmp_path, custom_doc(f"{blocks}:PerBatch"))
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["train", str(spec), "--rows", "96", "--out", str(out), "-q", "--device", "cpu"])
+    _one_line_error(result, "modules[1].class", "must not depend on the batch size")
+    assert not out.exists()
 
 
 def test_a_file_that_failed_to_import_is_imported_again(tmp_path, blocks):
@@ -411,3 +452,274 @@ def test_a_run_recording_a_relative_class_file_finds_it_above_its_folder(tmp_pat
     (tmp_path / "elsewhere" / "blocks.py").write_text("X = 2\n")  # the working folder's comes first, as before
     assert found_class_file("blocks.py:X", run_class_folders(tmp_path / "proj" / "runs" / "a")) \
         == f"{(tmp_path / 'elsewhere' / 'blocks.py').resolve()}:X"
+
+
+@pytest.mark.parametrize("setting", ["torch.set_default_dtype(torch.float64)", "torch.set_grad_enabled(False)"])
+def test_a_class_file_that_changes_torchs_settings_does_not_change_flowrecs(tmp_path, setting):
+    """A class file whose top level ran `torch.set_default_dtype(torch.float64)` planned, then
+    `flowrec train` stopped at its first step with a traceback (mat1 and mat2 must have the same
+    dtype: flowrec's own layers, built after the import, were float64); `torch.set_grad_enabled(False)`
+    did too (element 0 of tensors does not require grad). Both settings are put back after the
+    user's code ran, and the module trains."""
+    import torch
+
+    (tmp_path / "settings.py").write_text(f"import torch\nfrom torch import nn\n\n{setting}\n\n\n"
+                                          "class Proj(nn.Linear):\n    def __init__(self):\n"
+                                          "        super().__init__(8, 5)\n")
+    spec = _write(tmp_path, custom_doc(f"{tmp_path}/settings.py:Proj"))
+    out = tmp_path / "run"
+    try:
+        result = runner.invoke(app, ["train", str(spec), "--rows", "96", "--max-steps", "2", "--out", str(out), "-q",
+                                     "--device", "cpu"])
+        kept = (torch.get_default_dtype(), torch.is_grad_enabled())
+    finally:
+        torch.set_default_dtype(torch.float32)
+        torch.set_grad_enabled(True)
+    assert result.exit_code == 0, result.output
+    assert "Traceback" not in result.output
+    assert kept == (torch.float32, True)
+    assert (out / "checkpoint.pt").exists()
+
+
+@pytest.mark.parametrize("command", ["plan", "train"])
+def test_a_stop_while_a_class_file_runs_names_the_class(tmp_path, command):
+    """A class file stuck at its top level (`while True: pass`): Ctrl-C ended `flowrec plan` without
+    a word (exit 130) and `flowrec train` with 'interrupted (Ctrl-C) before training started', neither
+    saying what was running. The stop (here raised by the file's top level itself, as Ctrl-C raises
+    it there) is one line naming the module's path and its class, exit 130, nothing written."""
+    (tmp_path / "stuck.py").write_text("raise KeyboardInterrupt\n")
+    spec = _write(tmp_path, custom_doc(f"{tmp_path}/stuck.py:Stuck"))
+    out = tmp_path / "run"
+    args = ["plan", str(spec)] if command == "plan" else ["train", str(spec), "--rows", "96", "--out", str(out), "-q"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 130, result.output
+    assert "Traceback" not in result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "modules[1].class: interrupted (Ctrl-C) while importing" in lines[0], result.output
+    assert f"{tmp_path}/stuck.py:Stuck (custom module 'mine')" in lines[0]
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("inputs, issue", [
+    (["@spares"], ("modules[0].inputs[0]", "selector '@spares' matches nothing (no feature has the tag 'spares') "
+                                           "(did you mean '@sparse'?)")),
+    (["user_id", "item_id", "age", "gender", "occupation", "zip_code", "genres", "releaseyear"],
+     ("modules[0].inputs[7]", "unknown feature 'releaseyear' (did you mean 'release_year'?)")),
+])
+def test_an_input_naming_nothing_is_one_issue_not_one_per_feature(inputs, issue):
+    """A typo in the mixture's inputs ('@spares') was its own issue and then one 'feature ... is not
+    used by any module' per feature it was meant to read: 9 lines for one mistake."""
+    doc = _spec("mmoe_movielens.yaml")
+    doc["modules"][0]["inputs"] = inputs
+    assert _issues(doc) == [issue]
+    doc["modules"][0]["inputs"] = ["user_id", "item_id"]  # features no module names are still reported
+    assert [path for path, _ in _issues(doc)] == [f"features[{i}]" for i in range(2, 8)]
+
+
+def _five_wide(kind: str) -> dict[str, Any]:
+    """A custom module returning 5 values read by a `kind` module beside a feature of dim 4."""
+    mine = {"name": "mine", "kind": "custom", "class": "torch.nn:Linear", "inputs": ["u"],
+            "params": {"in_features": 4, "out_features": 5}}
+    reader = {"name": "meet", "kind": kind, "inputs": ["mine", "v"]}
+    doc = {"name": "five_wide", "features": [{"name": "x0", "type": "dense"},
+                                             {"name": "u", "type": "categorical", "hash_buckets": 100, "dim": 4},
+                                             {"name": "v", "type": "categorical", "hash_buckets": 100, "dim": 4}],
+           "modules": [mine, reader, {"name": "top", "kind": "mlp", "inputs": ["meet", "@dense"], "layers": [4]}],
+           "heads": [{"name": "ctr", "input": "top"}], "training": {"batch_size": 32}}
+    if kind == "similarity":  # a two-tower ranker: the similarity is the head's input
+        doc["modules"].pop()
+        doc["features"].pop(0)
+        doc["heads"][0]["input"] = "meet"
+    return doc
+
+
+@pytest.mark.parametrize("kind, says", [
+    ("dot", "modules[1].inputs: dot needs fields of equal dim, got dim 5: mine; dim 4: v"),
+    ("fm", "modules[1].inputs: fm needs fields of equal dim, got dim 5: mine; dim 4: v"),
+    ("similarity", "modules[1].inputs: similarity needs two vectors of one width, got dim 5: mine; dim 4: v"),
+])
+def test_a_measured_width_that_does_not_fit_its_reader_is_said_at_the_readers_path(tmp_path, kind, says):
+    """validate cannot tell a custom module's width; once the dry run measured it, a dot of its 5
+    values and a field of dim 4 failed in the graph builder: 'error: interaction inputs need one
+    common dim, got shapes [(5,), (4,)]', naming neither the module nor the spec's path."""
+    spec = _write(tmp_path, _five_wide(kind))
+    assert runner.invoke(app, ["validate", str(spec)]).exit_code == 0
+    for args in (["plan", str(spec)], ["train", str(spec), "--rows", "96", "--out", str(tmp_path / "run"), "-q"]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, result.output
+        assert [line for line in result.output.splitlines() if line.strip()] == [f"{spec}: {says}"], result.output
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_module_that_changes_its_input_in_place_trains_and_leaves_the_input_alone(tmp_path):
+    """A custom module opening with nn.ReLU(inplace=True) (here torch's ReLU itself) changed the
+    bottom MLP's output in place: training stopped at its first backward with autograd's traceback
+    ('one of the variables needed for gradient computation has been modified by an inplace
+    operation'), and without gradients (evaluation, export, predict) the top MLP, which reads the
+    bottom too, saw the changed values. The module now gets its own copy of its input."""
+    import torch
+    from operators.custom import CustomModule
+
+    x = torch.randn(16, 8) * torch.logspace(-2, 2, 8)  # skewed, half of it negative
+    before = x.clone()
+    out = CustomModule(torch.nn.ReLU(inplace=True), "torch.nn:ReLU")(x)
+    torch.testing.assert_close(x, before, rtol=0, atol=0)
+    torch.testing.assert_close(out, before.clamp(min=0), rtol=0, atol=0)
+    doc = custom_doc("torch.nn:ReLU", {"inplace": True})
+    doc["modules"][2]["inputs"] = ["mine", "bottom"]
+    spec = _write(tmp_path, doc)
+    result = runner.invoke(app, ["train", str(spec), "--rows", "96", "--max-steps", "2", "--out", str(tmp_path / "run"),
+                                 "-q", "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    assert "Traceback" not in result.output
+
+
+EMA = textwrap.dedent('''
+    from torch import nn
+
+
+    class Ema(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(8, 4)
+            self.running = None
+
+        def forward(self, x):
+            y = self.lin(x)
+            m = y.mean(0)  # a running mean of the batches, kept without .detach()
+            self.running = m if self.running is None else 0.9 * self.running + 0.1 * m
+            return y - self.running
+''')
+
+
+def test_a_backward_that_fails_in_a_model_with_custom_modules_is_one_line(tmp_path):
+    """A custom module keeping a tensor of one step for the next (a running mean not detached)
+    trained its first step; the second backward stopped with autograd's traceback through torch's
+    engine and flowrec's step ('Trying to backward through the graph a second time'). It is one
+    line naming the model's custom modules and what usually causes it, exit 2."""
+    import torch
+    from operators.custom import CustomModule, backward_failure
+
+    (tmp_path / "ema.py").write_text(EMA)
+    spec = _write(tmp_path, custom_doc(f"{tmp_path}/ema.py:Ema"))
+    result = runner.invoke(app, ["train", str(spec), "--rows", "96", "--max-steps", "3", "--out", str(tmp_path / "run"),
+                                 "-q", "--device", "cpu"])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    (line,) = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert line.startswith(f"error: at step 2: the backward pass of a model with custom modules ('mine' "
+                           f"({tmp_path}/ema.py:Ema)) failed: RuntimeError: Trying to backward through the graph"), line
+    # only autograd's backward of a model with custom modules is said so
+    plain = torch.nn.Linear(3, 1)
+    x = torch.randn(4, 3) * torch.tensor([0.01, 1.0, 100.0])
+    loss = plain(x).sum()
+    loss.backward()
+    with pytest.raises(RuntimeError) as failed:
+        loss.backward()
+    assert backward_failure(failed.value, plain) is None
+    assert backward_failure(failed.value, torch.nn.Sequential(plain, CustomModule(torch.nn.Identity()))) is not None
+    assert backward_failure(ValueError("in a forward"), torch.nn.Sequential(CustomModule(torch.nn.Identity()))) is None
+
+
+@pytest.mark.parametrize("example, output", [("mmoe_movielens.yaml", "experts.like"),
+                                             ("ple_movielens.yaml", "experts.love")])
+def test_a_mixture_reading_its_own_named_output_is_refused_at_validate(example, output):
+    """`inputs: ['@sparse', 'experts.like']` in the mixture 'experts' validated (the self-read check
+    compared the whole name only, the cycle check skips a module's edges to itself), then
+    `flowrec plan` said 'error: modules form a cycle: experts, like_tower, love_tower', naming two
+    towers that are in no cycle and no path."""
+    doc = _spec(example)
+    doc["modules"][0]["inputs"] = ["@sparse", output]
+    assert _issues(doc) == [("modules[0].inputs[1]", f"module 'experts' cannot read its own output {output!r}")]
+
+
+@pytest.mark.parametrize("where, value, says", [
+    ("module", ".like", "modules[1].inputs[0]: must be a feature or module name, or a selector"),
+    ("module", "like tower", "modules[1].inputs[0]: must be a feature or module name, or a selector"),
+    ("head", "", "heads[1].input: must be a name of ASCII letters"),
+    ("head", "love tower", "heads[1].input: must be a name of ASCII letters"),
+])
+def test_an_input_that_is_no_name_is_one_issue(where, value, says):
+    """An input the schema refuses as a name ('.like', '', a space) was its issue and then the
+    semantic check's 'unknown feature or module' / 'unknown module' for the same value."""
+    doc = _spec("mmoe_movielens.yaml")
+    if where == "module":
+        doc["modules"][1]["inputs"] = [value]
+    else:
+        doc["heads"][1]["input"] = value
+    issues = [f"{path}: {message}" for path, message in _issues(doc)]
+    assert len(issues) == 1 and issues[0].startswith(says), issues
+
+
+@pytest.mark.parametrize("example, output, bad", [("mmoe_movielens.yaml", "love.v2", "."),
+                                                  ("ple_movielens.yaml", "love it", " ")])
+def test_a_mixture_output_that_is_no_name_says_what_a_name_is(example, output, bad):
+    """An output name with a '.' (or a space) in a moe / ple `heads` list was refused with the raw
+    regular expression: "must match the pattern ^[A-Za-z0-9_][A-Za-z0-9_:-]*$ (got 'love.v2')"."""
+    doc = _spec(example)
+    doc["modules"][0]["heads"] = ["like", output]
+    doc["modules"][2]["inputs"] = [f"experts.{output}"]
+    issues = _issues(doc)
+    assert issues[0] == ("modules[0].heads[1]", "must be an output name of ASCII letters, digits, '_', ':' or '-' (no "
+                                                "'.': a reader names it '<module>.<output>') "
+                                                f"(got {output!r}: {bad!r} is not allowed)"), issues
+    assert not any("^[" in message for _, message in issues)
+
+
+def test_a_sequence_as_the_target_of_self_attention_says_what_a_target_is():
+    """A pooling-none sequence as self_attention's target (`output: target`) was told that 'only a
+    target_attention module (as its second input) or a self_attention module can read it', in the
+    inputs of a self_attention module."""
+    doc = _spec("bst_taobao.yaml")
+    doc["features"].append({"name": "seq2", "type": "sequence", "table": "items", "max_len": 5, "pooling": "none"})
+    doc["modules"][0]["inputs"] = ["click_sequence", "seq2"]
+    assert _issues(doc) == [("modules[0].inputs[1]", "the target of self_attention is one vector (a one-id feature or "
+                                                     "a module of the sequence dim), not the pooling-none sequence "
+                                                     "'seq2'")]
+    doc["modules"][1]["inputs"].append("seq2")  # elsewhere such a sequence is told who may read it
+    doc["modules"][0]["inputs"] = ["click_sequence", "adgroup_id"]
+    assert [path for path, _ in _issues(doc)] == ["modules[1].inputs[3]"]
+
+
+def test_a_stop_while_a_class_file_runs_at_export_or_eval_names_the_class(tmp_path):
+    """A run's class file that came to hang at its top level after training: Ctrl-C in
+    `flowrec export` said 'interrupted (Ctrl-C); PKG was not written' and in `flowrec eval`
+    'interrupted (Ctrl-C)', neither saying what was running."""
+    (tmp_path / "proj.py").write_text("from torch import nn\n\n\nclass Proj(nn.Linear):\n    def __init__(self):\n"
+                                      "        super().__init__(8, 3)\n")
+    spec = _write(tmp_path, custom_doc(f"{tmp_path}/proj.py:Proj"))
+    run = tmp_path / "run"
+    trained = runner.invoke(app, ["train", str(spec), "--rows", "96", "--max-steps", "2", "--out", str(run), "-q",
+                                  "--device", "cpu"])
+    assert trained.exit_code == 0, trained.output
+    (tmp_path / "proj.py").write_text("raise KeyboardInterrupt  # where Ctrl-C stops a loop at the top level\n")
+    running = f"Ctrl-C while importing the custom module class {tmp_path}/proj.py:Proj"
+    for args, line in ((["export", str(run), str(tmp_path / "pkg")], f"error: interrupted ({running}); "),
+                       (["eval", str(run)], f"error: interrupted ({running})")):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 130, result.output
+        assert "Traceback" not in result.output
+        assert [x for x in result.output.splitlines() if x.startswith("error:")][0].startswith(line), result.output
+    assert not (tmp_path / "pkg").exists()
+
+
+def test_a_class_file_imports_the_files_beside_it(tmp_path):
+    """blocks.py with `import sibling_scale` (sibling_scale.py beside it) imported under
+    `python -m flowrec` from its folder, but the `flowrec` command put no folder of the user's on the
+    import path: 'cannot import ...: ModuleNotFoundError: No module named ...'. While the file runs,
+    its folder is first on the import path, as when Python runs the file; afterwards it is not."""
+    import sys
+
+    (tmp_path / "sibling_scale_7f3a.py").write_text("SCALE = 2.5\n")
+    (tmp_path / "blocks.py").write_text("from torch import nn\n\nimport sibling_scale_7f3a\n\n\n"
+                                        "class Scaled(nn.Linear):\n    def __init__(self):\n"
+                                        "        super().__init__(8, 3)\n\n    def forward(self, x):\n"
+                                        "        return super().forward(x) * sibling_scale_7f3a.SCALE\n")
+    spec = _write(tmp_path, custom_doc(f"{tmp_path}/blocks.py:Scaled"))
+    try:
+        result = runner.invoke(app, ["plan", str(spec), "--json", "-"])
+    finally:
+        sys.modules.pop("sibling_scale_7f3a", None)
+    assert result.exit_code == 0, result.output
+    assert any(n["name"] == "mine" and n["out_shape"] == ["B", 3] for n in json.loads(result.stdout)["nodes"])
+    assert str(tmp_path) not in sys.path
