@@ -51,11 +51,12 @@ def read_criteo(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set
     label may be missing (an empty field).
     """
     _refuse_folder(path, "criteo")
+    encoding = _fixed_layout_encoding(options, "criteo", "tab-separated, no header")
     names = CRITEO_COLUMNS if options.get("has_label", True) else CRITEO_COLUMNS[1:]
     numeric = set(numeric) | {"label"} | {c for c in CRITEO_COLUMNS if c.startswith("I")}
     yield from csv_chunks(path, log, numeric, delimiter="\t", names=names,
                           required=set() if options.get("labels_unused") else {"label"},
-                          chunk_bytes=options.get("chunk_bytes", CHUNK_BYTES))
+                          chunk_bytes=options.get("chunk_bytes", CHUNK_BYTES), encoding=encoding)
 
 
 def criteo_has_label(path: Path) -> bool:
@@ -84,9 +85,29 @@ def read_avazu(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[
     """Avazu CSV with header (id, click, hour, C1, ...); label column `click` (with
     ``options["labels_unused"]``, scoring: it may be missing, an empty field)."""
     _refuse_folder(path, "avazu")
+    encoding = _fixed_layout_encoding(options, "avazu", "comma-separated, a header first")
     yield from csv_chunks(path, log, set(numeric) | {"click"}, delimiter=",", names=None,
                           required=set() if options.get("labels_unused") else {"click"},
-                          chunk_bytes=options.get("chunk_bytes", CHUNK_BYTES))
+                          chunk_bytes=options.get("chunk_bytes", CHUNK_BYTES), encoding=encoding)
+
+
+def _fixed_layout_encoding(options: dict[str, Any], fmt: str, layout: str) -> str | None:
+    """The text encoding a format of fixed layout (criteo, avazu) reads with: data.options.encoding,
+    else None (UTF-8). Its layout options (sep, header, names) are refused in one line: they were
+    taken by validate and then not applied, a `sep: ";"` file read as commas, a latin-1 file
+    refused as invalid UTF-8 with `encoding: latin-1` set.
+
+    >>> _fixed_layout_encoding({"encoding": "Latin-1", "test_fraction": 0.1}, "avazu", "comma-separated")
+    'iso8859-1'
+    >>> _fixed_layout_encoding({"sep": ";"}, "avazu", "comma-separated, a header first")
+    Traceback (most recent call last):
+    flowrec.data.layout.DataError: data.options.sep does not apply to format avazu (comma-separated, a header first): for another layout, format csv takes sep, header and names
+    """
+    for key in ("sep", "header", "names"):
+        if key in options:
+            raise DataError(f"data.options.{key} does not apply to format {fmt} ({layout}): for another "
+                            "layout, format csv takes sep, header and names")
+    return _encoding(options["encoding"]) if "encoding" in options else None
 
 
 def arrow_threads_may_hold_python() -> bool:

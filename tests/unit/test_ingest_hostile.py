@@ -1023,3 +1023,36 @@ def test_a_folder_a_job_still_writes_into_is_named_and_hidden_files_stay_silent(
     shutil.rmtree(raw / "_temporary")
     shutil.rmtree(raw / ".hidden")
     assert unread_lines(raw) == []  # marker files and folders without Parquet files: silent
+
+
+@pytest.mark.parametrize("fmt", ["avazu", "criteo"])
+def test_formats_of_fixed_layout_read_their_encoding_and_refuse_layout_options(tmp_path: Path, fmt: str) -> None:
+    """avazu and criteo took data.options unread: `encoding: latin-1` passed validate and the file
+    was still refused as invalid UTF-8, and `sep: ";"` read a comma file as if it were not there.
+    Now encoding is read (the values equal those of the UTF-8 file), and sep, header and names,
+    which their layout fixes, are one line naming format csv."""
+    from flowrec.data import sources
+    from flowrec.data.error_log import ErrorLog
+
+    rng = np.random.default_rng()
+    sites = [rng.choice(["caf\u00e9", "na\u00efve", "plain", "\u00fcber"]) + str(int(rng.zipf(1.5))) for _ in range(40)]
+    if fmt == "avazu":
+        text = "id,click,hour,site_id\n" + "".join(f"{k},{int(rng.integers(2))},14102100,{s}\n" for k, s in enumerate(sites))
+        column = "site_id"
+    else:
+        text = "".join(f"{int(rng.integers(2))}\t" + "\t".join(str(int(v)) for v in rng.integers(0, 50, 13))
+                       + "\t" + s + "\t" * 25 + "\n" for s in sites)
+        column = "C1"
+
+    def read(name: str, options: dict) -> list[str]:
+        path = tmp_path / name
+        tables = list(sources.reader(fmt)(path, options, ErrorLog("fail", str(path)), set()))
+        return [v for t in tables for v in t.column(column).to_pylist()]
+
+    (tmp_path / "utf8.txt").write_text(text, encoding="utf-8")
+    (tmp_path / "latin1.txt").write_bytes(text.encode("latin-1"))
+    assert read("utf8.txt", {}) == sites
+    assert read("latin1.txt", {"encoding": "latin-1", "test_fraction": 0.2}) == sites
+    for key, value in (("sep", ";"), ("header", False), ("names", ["a", "b"])):
+        with pytest.raises(DataError, match=rf"data\.options\.{key} does not apply to format {fmt} .*format csv"):
+            read("utf8.txt", {key: value})
