@@ -214,7 +214,7 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
     if out is not None:
         refuse_replacing_other_than_scores(out, kind, ["items", "scores"] if top_k is not None else model.heads)
     chunks, log = _raw_chunks(model, raw, fmt, on_error, keep)
-    writer, rows = None, 0
+    writer, rows, nonfinite, first_bad = None, 0, 0, 0
     with rows_spinner(f"scoring {raw.name}", not quiet) as advance:
         try:
             for chunk in chunks:
@@ -227,6 +227,10 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
                 except DataError as exc:  # about the rows (columns lacking, ...): name the file they came from
                     raise DataError(f"{raw}: {first_line(exc)}") from None
                 table = pa.Table.from_pandas(scores, preserve_index=False)
+                bad = not_finite_rows(table) if top_k is None else None
+                if bad is not None and bad.any():
+                    first_bad = rows + int(bad.argmax()) if not nonfinite else first_bad
+                    nonfinite += int(bad.sum())
                 for name in keep:
                     table = table.append_column(name, chunk.column(name))
                 if writer is None:
@@ -240,7 +244,48 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
     if writer is None:
         raise ValueError(_no_rows(raw, log, fmt or getattr(model.spec.data, "format", None)))
     items = len(model.items.raw_items) if top_k is not None else 0
-    return rows, log.count, model.zero_queries, model.first_zero_query, items, model.unseen_ids().lines()
+    notes = [nonfinite_note(nonfinite, rows, first_bad)] if nonfinite else []
+    return rows, log.count, model.zero_queries, model.first_zero_query, items, notes + model.unseen_ids().lines()
+
+
+def not_finite_rows(table: Any) -> Any:
+    """Rows of a scores table (before --keep's columns) with a score that is not a finite number:
+    NaN (which pandas' frame gives Arrow as null), infinite, or null, in a float column or in a list
+    of them (a softmax head's probabilities, --top-k's scores).  # (rows,) bool
+
+    >>> import pyarrow as pa
+    >>> not_finite_rows(pa.table({"ctr": [0.5, float("nan"), 1.0], "p": [[0.1, 0.9], [0.5, 0.5], [float("inf"), 0.0]]})).tolist()
+    [False, True, True]
+    """
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    bad = np.zeros(table.num_rows, dtype=bool)
+    for column in table.columns:
+        column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+        if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+            values = pc.list_flatten(column)
+            if not pa.types.is_floating(values.type):
+                continue
+            parents = pc.list_parent_indices(column).to_numpy(zero_copy_only=False)
+            flags = pc.invert(pc.fill_null(pc.is_finite(values), False)).to_numpy(zero_copy_only=False)
+            bad[parents[flags]] = True
+            bad |= column.is_null().to_numpy(zero_copy_only=False)
+        elif pa.types.is_floating(column.type):
+            bad |= pc.invert(pc.fill_null(pc.is_finite(column), False)).to_numpy(zero_copy_only=False)
+    return bad
+
+
+def nonfinite_note(count: int, rows: int, first: int) -> str:
+    """The warning for scores that are not finite numbers.
+
+    >>> nonfinite_note(2, 10, 3)
+    '2 of 10 rows have a score that is not a finite number (NaN or infinite; NaN is written as an empty cell); the first is row 3 of the output, from 0: the model computes no score for them (a dense input of NaN or infinity, an overflow in a custom module?)'
+    """
+    return (f"{count:,} of {rows:,} rows have a score that is not a finite number (NaN or infinite; NaN is "
+            f"written as an empty cell); the first is row {first} of the output, from 0: the model computes no "
+            "score for them (a dense input of NaN or infinity, an overflow in a custom module?)")
 
 
 SCORES_HEADER_LIMIT = 1 << 20  # bytes of an existing text --out read for its header line (1 MiB)

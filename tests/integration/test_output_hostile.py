@@ -570,3 +570,37 @@ def test_predict_of_a_parquet_folder_a_job_still_writes_into_says_so(case: Path)
     lines = [line for line in done.output.splitlines() if "still writing" in line]
     assert len(lines) == 1 and f"{raw}/_temporary" in lines[0] and "_SUCCESS" not in done.output, done.output
     assert len(pd.read_parquet(case / "s.parquet")) == len(committed)
+
+
+def test_scores_that_are_not_finite_are_one_warning(case: Path, monkeypatch) -> None:
+    """A package whose model computes NaN for some rows (a custom module overflowing) wrote empty
+    score cells with only 'wrote N scored rows'. Now one warning counts them and names the first
+    row; the rows are still written (a finite run of the same rows has no warning)."""
+    from flowrec.serving import predict as serving
+
+    real = serving.load_model
+    rng = np.random.default_rng()
+    broken = sorted(rng.choice(40, size=int(rng.integers(2, 6)), replace=False).tolist())
+
+    def load_model(path):
+        model = real(path)
+        score = model.predict
+
+        def predict_nan(rows):
+            frame = score(rows)
+            frame.loc[frame.index.isin(broken), "ctr"] = rng.choice([np.nan, np.inf, -np.inf], len(broken))
+            return frame
+
+        model.predict = predict_nan
+        return model
+
+    clean = runner.invoke(app, out("clean.parquet")(case))
+    assert clean.exit_code == 0 and "warning" not in clean.stderr, clean.output
+    monkeypatch.setattr(serving, "load_model", load_model)
+    done = runner.invoke(app, out("scores.parquet")(case))
+    assert done.exit_code == 0, done.output
+    warned = [line for line in done.stderr.splitlines() if "not a finite number" in line]
+    assert len(warned) == 1 and warned[0].startswith(f"warning: {len(broken)} of 40 rows"), done.stderr
+    assert f"the first is row {broken[0]} of the output" in warned[0]
+    scores = pd.read_parquet(case / "scores.parquet")["ctr"]
+    assert len(scores) == 40 and sorted(np.flatnonzero(~np.isfinite(scores.to_numpy(dtype=float))).tolist()) == broken
