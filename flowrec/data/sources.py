@@ -56,7 +56,8 @@ def read_criteo(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set
     numeric = set(numeric) | {"label"} | {c for c in CRITEO_COLUMNS if c.startswith("I")}
     yield from csv_chunks(path, log, numeric, delimiter="\t", names=names,
                           required=set() if options.get("labels_unused") else {"label"},
-                          chunk_bytes=options.get("chunk_bytes", CHUNK_BYTES), encoding=encoding)
+                          chunk_bytes=options.get("chunk_bytes", CHUNK_BYTES), encoding=encoding,
+                          scoring=bool(options.get("labels_unused")))
 
 
 def criteo_has_label(path: Path) -> bool:
@@ -88,7 +89,8 @@ def read_avazu(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[
     encoding = _fixed_layout_encoding(options, "avazu", "comma-separated, a header first")
     yield from csv_chunks(path, log, set(numeric) | {"click"}, delimiter=",", names=None,
                           required=set() if options.get("labels_unused") else {"click"},
-                          chunk_bytes=options.get("chunk_bytes", CHUNK_BYTES), encoding=encoding)
+                          chunk_bytes=options.get("chunk_bytes", CHUNK_BYTES), encoding=encoding,
+                          scoring=bool(options.get("labels_unused")))
 
 
 def _fixed_layout_encoding(options: dict[str, Any], fmt: str, layout: str) -> str | None:
@@ -133,7 +135,8 @@ def read_csv(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[st
                           names=names or None, required=set(),
                           chunk_bytes=options.get("chunk_bytes", CHUNK_BYTES),
                           skip_header=bool(names) and header,
-                          encoding=_encoding(options.get("encoding", "utf-8")))
+                          encoding=_encoding(options.get("encoding", "utf-8")),
+                          scoring=bool(options.get("labels_unused")))
 
 
 def _csv_options(options: dict[str, Any]) -> tuple[str, bool, list[str]]:
@@ -171,14 +174,14 @@ def _encoding(name: Any) -> str:
 
 def csv_chunks(path: Path, log: ErrorLog, numeric: set[str], delimiter: str, names: list[str] | None,
                required: set[str], chunk_bytes: int, skip_header: bool = False,
-               encoding: str | None = None) -> Iterator[pa.Table]:
+               encoding: str | None = None, scoring: bool = False) -> Iterator[pa.Table]:
     """Stream a delimited file; numeric columns parsed to float64, others kept as strings.
 
     `encoding`: the text's where the format takes one (generic CSV; None: UTF-8, no option to
-    name another), transcoded to UTF-8 by the reader; an undecodable value then points at it.
+    name another), transcoded to UTF-8 by the reader; an undecodable value then points at it
+    (`encoding_hint`; `scoring`: rows a package scores, read with its spec's options).
     """
-    hint = None if encoding is None else ("; another encoding? set data.options.encoding (e.g. latin-1)"
-                                          if encoding == "utf-8" else f" (read as {encoding})")
+    hint = None if encoding is None else encoding_hint(path, encoding, scoring)
     skipped: list[int] = []  # physical line numbers of rows pyarrow rejected
     failures: list[DataError] = []  # raised after the reader returns (not through pyarrow)
 
@@ -466,6 +469,32 @@ def compression_of(path: Path) -> str | None:
     ('gzip', 'zstd', None)
     """
     return COMPRESSIONS.get(Path(path).suffix.lower())
+
+
+def encoding_hint(path: Path, encoding: str, scoring: bool = False) -> str:
+    """What a value that is not text in `encoding` is told: the option to set (convert, train), or,
+    for rows a package scores (`flowrec predict`, which reads with the package's spec and takes no
+    option), to write the file in the package's encoding; a file opening with a UTF-16 byte-order
+    mark is named as UTF-16 (latin-1, the usual suggestion, reads it as garbage).
+
+    >>> encoding_hint(Path("x.csv"), "utf-8")
+    '; another encoding? set data.options.encoding (e.g. latin-1)'
+    >>> encoding_hint(Path("x.csv"), "utf-8", scoring=True)
+    '; the package reads utf-8 text: write the file in it (e.g. iconv -f latin1 -t utf-8 x.csv)'
+    """
+    bom = None
+    try:
+        with _open_lines(path) as fh:
+            head = fh.read(2)
+        bom = "utf-16" if head in (b"\xff\xfe", b"\xfe\xff") and not encoding.startswith("utf-16") else None
+    except (OSError, pa.ArrowInvalid, ValueError):
+        pass
+    if scoring:
+        source = bom.replace("-", "") if bom else "latin1"
+        return f"; the package reads {encoding} text: write the file in it (e.g. iconv -f {source} -t {encoding} {path.name})"
+    if bom:
+        return "; the file opens with a UTF-16 byte-order mark: set data.options.encoding: utf-16"
+    return "; another encoding? set data.options.encoding (e.g. latin-1)" if encoding == "utf-8" else f" (read as {encoding})"
 
 
 def _csv_source(path: Path) -> Any:

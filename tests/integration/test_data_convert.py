@@ -416,6 +416,9 @@ def test_a_csv_in_another_encoding_reads_with_data_options_encoding(tmp_path, en
     if encoding != "utf-16":  # UTF-16's header itself is not UTF-8: one line about the header
         with pytest.raises(DataError, match="invalid UTF-8 in column ville; another encoding\\? set data.options.encoding"):
             convert(small_spec(feats, data=data), "csv", [tmp_path / "other.csv"], tmp_path / "c")
+    else:  # told as UTF-16 by its byte-order mark, where latin-1 (the usual suggestion) reads it as garbage
+        with pytest.raises(DataError, match="the header is not valid UTF-8 .*UTF-16 byte-order mark: set data.options.encoding: utf-16"):
+            convert(small_spec(feats, data=data), "csv", [tmp_path / "other.csv"], tmp_path / "c")
     with pytest.raises(DataError, match="unknown text encoding 'klingon'"):
         convert(small_spec(feats, data={**data, "options": {"encoding": "klingon"}}), "csv",
                 [tmp_path / "other.csv"], tmp_path / "d")

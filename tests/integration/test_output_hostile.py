@@ -604,3 +604,16 @@ def test_scores_that_are_not_finite_are_one_warning(case: Path, monkeypatch) -> 
     assert f"the first is row {broken[0]} of the output" in warned[0]
     scores = pd.read_parquet(case / "scores.parquet")["ctr"]
     assert len(scores) == 40 and sorted(np.flatnonzero(~np.isfinite(scores.to_numpy(dtype=float))).tolist()) == broken
+
+
+def test_predict_of_rows_in_another_encoding_says_to_write_them_in_the_packages(case: Path) -> None:
+    """predict of a latin-1 file said 'another encoding? set data.options.encoding', an option
+    predict does not take (it reads with the package's spec); it now says to write the file in the
+    package's encoding, naming the file, and writes nothing."""
+    frame = pd.read_csv(case / "new.csv")
+    rng = np.random.default_rng()
+    frame.loc[int(rng.integers(len(frame))), "user"] = "caf\u00e9"
+    (case / "new.csv").write_bytes(frame.to_csv(index=False).encode("latin-1"))
+    done = runner.invoke(app, out("scores.parquet")(case))
+    one_line_exit_2(done, "the package reads utf-8 text: write the file in it (e.g. iconv -f latin1 -t utf-8 new.csv)")
+    assert "data.options" not in done.stderr and not (case / "scores.parquet").exists()
