@@ -235,6 +235,8 @@ def csv_chunks(path: Path, log: ErrorLog, numeric: set[str], delimiter: str, nam
                                                 newlines_in_values=quote is not None),
                 convert_options=_binary_columns(path, delimiter, names, encoding or "utf-8"))
     except (OSError, pa.ArrowInvalid) as exc:
+        if not failures and _blank(path):  # pyarrow's 'Empty CSV file (or block): cannot infer ...'
+            raise DataError(f"{path} holds no rows (it is empty or blank)") from None
         raise (failures[0] if failures else DataError(f"cannot read {path}: {exc}")) from None
     try:
         yield from _read_batches(path, slot, failures, log, numeric, required, header_lines, skipped, hint,
@@ -504,6 +506,15 @@ def _csv_source(path: Path) -> Any:
     if codec is None or Path(path).suffix in COMPRESSIONS:
         return path
     return pa.input_stream(str(path), compression=codec)
+
+
+def _blank(path: Path) -> bool:
+    """Whether the text file `path` (decompressed) holds no line that is not blank (False where it
+    cannot be read: the reader's own error says why)."""
+    try:
+        return _first_row(path)[1] is None
+    except (OSError, pa.ArrowInvalid, DataError):
+        return False
 
 
 def _first_row(path: Path) -> tuple[int, bytes | None]:
