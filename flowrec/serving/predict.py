@@ -184,7 +184,8 @@ class LoadedModel:
         missing = [c for c in self.raw_columns() if c not in raw.column_names]
         if missing:
             raise DataError(f"the rows lack columns {missing} that model {self.spec.name!r} reads"
-                            f"{close_columns(missing, [c for c in raw.column_names if c not in self.raw_columns()])}")
+                            f"{close_columns(missing, [c for c in raw.column_names if c not in self.raw_columns()])}"
+                            f"{separator_note(raw.column_names, missing, self.spec)}")
         unfitted = tables_without_vocabulary(self.spec, self.encoder.vocabs)
         if unfitted:
             raise DataError(f"model {self.spec.name!r} has no vocabulary for its tables {unfitted} (a run on "
@@ -558,3 +559,25 @@ def check_finite(column: pa.ChunkedArray | pa.Array, name: str) -> None:
     if len(wrong):
         raise DataError(f"row {int(wrong[0]) + 1}: dense column {name} holds {float(x[wrong[0]])!r}; dense "
                         f"values must be finite float32 numbers ({len(wrong):,} such rows)")
+
+
+def separator_note(names: list[str], missing: list[str], spec: Any) -> str:
+    """Where the rows' header splits into the missing columns by another separator (a tab-separated
+    file read as commas: one column named 'a\\tb\\tc'): which it looks separated by, and what the
+    package reads. '' otherwise.
+
+    >>> separator_note(["user\\tprice\\tlabel"], ["user", "price"], None)
+    "; the header looks tab-separated, where the package reads ','-separated text: write the rows with ','"
+    """
+    data = getattr(spec, "data", None)
+    reads = str(((getattr(data, "options", None) or {}).get("sep")) or ",")
+    for sep in (";", "\t", "|", ","):
+        if sep == reads:
+            continue
+        split = {part.strip().strip('"') for name in names for part in str(name).split(sep)}
+        if any(sep in str(name) for name in names) and set(missing) <= split:
+            shown = "tab" if sep == "\t" else repr(sep)
+            pkg = "tab" if reads == "\t" else repr(reads)
+            return f"; the header looks {shown}-separated, where the package reads {pkg}-separated text: write the rows with {pkg}"
+    return ""
+

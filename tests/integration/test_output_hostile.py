@@ -617,3 +617,14 @@ def test_predict_of_rows_in_another_encoding_says_to_write_them_in_the_packages(
     done = runner.invoke(app, out("scores.parquet")(case))
     one_line_exit_2(done, "the package reads utf-8 text: write the file in it (e.g. iconv -f latin1 -t utf-8 new.csv)")
     assert "data.options" not in done.stderr and not (case / "scores.parquet").exists()
+
+
+def test_predict_of_tab_separated_rows_for_a_comma_package_names_the_separator(case: Path) -> None:
+    """predict of a tab-separated file for a package trained on comma CSV said only 'the rows lack
+    columns [...] that model ... reads' (every column: the header read as one name); data convert
+    named the separator. It now says the header looks tab-separated and what the package reads."""
+    frame = pd.read_csv(case / "new.csv").sample(frac=1.0, random_state=int(np.random.default_rng().integers(1 << 30)))
+    frame.to_csv(case / "new.csv", sep="\t", index=False)
+    done = runner.invoke(app, out("scores.parquet")(case))
+    one_line_exit_2(done, "the header looks tab-separated, where the package reads ','-separated text: write the rows with ','")
+    assert not (case / "scores.parquet").exists()
