@@ -485,7 +485,9 @@ def encoding_hint(path: Path, encoding: str, scoring: bool = False) -> str:
     '; the package reads utf-8 text: write the file in it (e.g. iconv -f latin1 -t utf-8 x.csv)'
     """
     bom = None
-    try:
+    try:  # a regular file only: a named pipe's bytes read here would be lost to the reader
+        if not Path(path).is_file():
+            raise OSError
         with _open_lines(path) as fh:
             head = fh.read(2)
         bom = "utf-16" if head in (b"\xff\xfe", b"\xfe\xff") and not encoding.startswith("utf-16") else None
