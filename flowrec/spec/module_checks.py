@@ -64,6 +64,9 @@ def resolve(view: DocView, module: Item) -> list[Ref]:
     return refs
 
 
+SHOWN_OUTPUTS = 20  # outputs a message lists (a moe of 5,000 heads made a 30 KB line)
+
+
 def output_problem(module: Item, output: str | None) -> str | None:
     """Why a module has no such named output (None: it has it, or none was named)."""
     if output is None:
@@ -77,7 +80,8 @@ def output_problem(module: Item, output: str | None) -> str | None:
         key = NAMED_OUTPUT_KINDS.get(kind) if isinstance(kind, str) else None
         what = f"its `{key}` list names none" if key else f"a {kind!r} module has no named outputs"
         return f"module {module.name!r} has no output {output!r} ({what})"
-    return f"module {module.name!r} has no output {output!r} (outputs: {', '.join(map(str, names))})"
+    shown = ", ".join(map(str, names[:SHOWN_OUTPUTS])) + (f", ... ({len(names):,} in all)" if len(names) > SHOWN_OUTPUTS else "")
+    return f"module {module.name!r} has no output {output!r} (outputs: {shown})"
 
 
 @dataclass

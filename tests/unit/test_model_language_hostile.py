@@ -723,3 +723,17 @@ def test_a_class_file_imports_the_files_beside_it(tmp_path):
     assert result.exit_code == 0, result.output
     assert any(n["name"] == "mine" and n["out_shape"] == ["B", 3] for n in json.loads(result.stdout)["nodes"])
     assert str(tmp_path) not in sys.path
+
+
+def test_a_missing_output_of_a_mixture_of_thousands_of_heads_is_a_short_line():
+    """A moe module of 5,000 heads read as `experts.nosuch` listed every head in one 30 KB line;
+    the line now names the first 20 and the count."""
+    import random
+
+    doc = _spec("mmoe_movielens.yaml")
+    heads = [f"h{k}" for k in random.Random().sample(range(10 ** 6), 5000)]
+    doc["modules"][0]["heads"] = heads
+    doc["modules"][1]["inputs"][0] = "experts.nosuch"
+    found = [m for _, m in _issues(doc) if "has no output 'nosuch'" in m]
+    assert len(found) == 1 and len(found[0]) < 400, found
+    assert found[0].endswith(f"(outputs: {', '.join(heads[:20])}, ... (5,000 in all))"), found[0][-200:]
