@@ -229,7 +229,8 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
                 table = pa.Table.from_pandas(scores, preserve_index=False)
                 bad = not_finite_rows(table) if top_k is None else None
                 if bad is not None and bad.any():
-                    first_bad = rows + int(bad.argmax()) if not nonfinite else first_bad
+                    if not nonfinite:
+                        first_bad = rows + int(bad.argmax())
                     nonfinite += int(bad.sum())
                 for name in keep:
                     table = table.append_column(name, chunk.column(name))

@@ -43,7 +43,7 @@ from flowrec.data.parquet_folder import skipped_note, unread_lines
 from flowrec.data.raw_ids import check_float_ids, check_ids
 from flowrec.data.rawstats import RawStats
 from flowrec.data.sequences import TEST_COLUMN, split_option
-from flowrec.data.separators import DEFAULT_SEQUENCE_SEP, check_sequence_separators
+from flowrec.data.separators import DEFAULT_SEQUENCE_SEP, check_sequence_separators, header_separator
 from flowrec.data.sources import FORMAT_ALIASES, LINE_COLUMN, feature_map_of, reader
 from flowrec.data.vocab_growth import TableGrowth, grow_encoder
 from flowrec.spec.model import ModelSpec
@@ -597,11 +597,10 @@ def _separator_hint(names: list[str], needed: list[str]) -> str:
     if padded and set(needed) <= {n.strip() for n in header}:  # `price, user, label`: the names read ' user'
         return (f"the header's names hold spaces around them ({', '.join(repr(n) for n in padded[:3])}): write the "
                 "file without the spaces after its separators")
-    for sep in (";", "\t", "|", ","):
-        split = {part.strip().strip('"') for name in header for part in name.split(sep)}
-        if any(sep in name for name in header) and set(needed) <= split:
-            shown = '"\\t"' if sep == "\t" else f"'{sep}'"  # as YAML writes it
-            return f"the header looks {shown}-separated: set data.options.sep: {shown} in the spec"
+    sep = header_separator(header, needed)
+    if sep is not None:
+        shown = '"\\t"' if sep == "\t" else f"'{sep}'"  # as YAML writes it
+        return f"the header looks {shown}-separated: set data.options.sep: {shown} in the spec"
     return "map them with data.columns"
 
 

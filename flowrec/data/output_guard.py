@@ -365,17 +365,21 @@ def _set_aside_put_back(out: Path, gone: list[tuple[Path, re.Match[str]]]) -> Pa
     folder (which shows the kill came between the renames). Returns the folder put back, or None."""
     if os.path.lexists(out):
         return None
-    staged = {(m.group("pid"), m.group("host")) for _, m in gone if m.groupdict().get("kind") in ("partial", "export")}
-    aside = [(path, m) for path, m in gone if m.groupdict().get("kind") == "old" and not path.is_symlink()
-             and ((m.group("pid"), m.group("host")) in staged or m.group("host") is not None)]
-    aside.sort(key=lambda pm: ((pm[1].group("pid"), pm[1].group("host")) in staged, _mtime(pm[0])), reverse=True)
-    for path, _ in aside[:1]:
-        try:
-            os.rename(path, out)
-        except OSError:
-            return None
-        return path
-    return None
+    def command(m: re.Match[str]) -> tuple[str, str | None]:
+        return m.group("pid"), m.group("host")
+
+    staged = {command(m) for _, m in gone if m.groupdict().get("kind") in ("partial", "export")}
+    aside = [(command(m) in staged, _mtime(path), path) for path, m in gone
+             if m.groupdict().get("kind") == "old" and not path.is_symlink()
+             and (command(m) in staged or m.group("host") is not None)]
+    if not aside:
+        return None
+    path = max(aside)[2]  # a staged partner's first, then the newest
+    try:
+        os.rename(path, out)
+    except OSError:
+        return None
+    return path
 
 
 def _mtime(path: Path) -> float:

@@ -82,3 +82,24 @@ def check_separator(values: pa.Array | pa.ChunkedArray, sep: str, feature: str, 
                 f"sequence_sep), while {share:.0%} hold {candidate!r} (e.g. {example[:40]!r}): "
                 + (advice or f"set data.options.sequence_sep: {candidate!r} in the spec (or sequence_sep: "
                               f"{sep!r} if each value is one id)"))
+
+
+HEADER_SEPARATORS = (";", "\t", "|", ",")  # field separators a header read with another one may hold
+
+
+def header_separator(names: list[str], needed: list[str], other_than: str | None = None) -> str | None:
+    """The field separator (`HEADER_SEPARATORS`, not `other_than`) by which the header names `names`,
+    read with another one, split into every name in `needed` (a tab-separated file read as commas:
+    one column named 'a\\tb\\tc'); None where none does.
+
+    >>> header_separator(["id;click;hour"], ["click", "hour"]), header_separator(["id", "clk"], ["click"])
+    (';', None)
+    """
+    for sep in HEADER_SEPARATORS:
+        if sep == other_than:
+            continue
+        split = {part.strip().strip('"') for name in names for part in str(name).split(sep)}
+        if any(sep in str(name) for name in names) and set(needed) <= split:
+            return sep
+    return None
+

@@ -29,7 +29,7 @@ from flowrec.data.encoder_record import (ENCODER_FILE, EncoderRecord, load_encod
 from flowrec.data.layout import DataError, is_multi
 from flowrec.data.output_guard import identity
 from flowrec.data.raw_ids import check_float_ids, check_ids
-from flowrec.data.separators import check_sequence_separators
+from flowrec.data.separators import check_sequence_separators, header_separator
 from flowrec.data.sources import FLOAT32_MAX, LINE_COLUMN
 from flowrec.serving.managed import MANAGED_DIR, Maps, read_maps, remap_inputs
 from flowrec.serving.package import (MODEL_FILE, PLAN_FILE, SPEC_FILE, check_manifest_fits, check_program,
@@ -571,13 +571,9 @@ def separator_note(names: list[str], missing: list[str], spec: Any) -> str:
     """
     data = getattr(spec, "data", None)
     reads = str(((getattr(data, "options", None) or {}).get("sep")) or ",")
-    for sep in (";", "\t", "|", ","):
-        if sep == reads:
-            continue
-        split = {part.strip().strip('"') for name in names for part in str(name).split(sep)}
-        if any(sep in str(name) for name in names) and set(missing) <= split:
-            shown = "tab" if sep == "\t" else repr(sep)
-            pkg = "tab" if reads == "\t" else repr(reads)
-            return f"; the header looks {shown}-separated, where the package reads {pkg}-separated text: write the rows with {pkg}"
-    return ""
+    sep = header_separator([str(name) for name in names], missing, other_than=reads)
+    if sep is None:
+        return ""
+    shown, pkg = ("tab" if s == "\t" else repr(s) for s in (sep, reads))
+    return f"; the header looks {shown}-separated, where the package reads {pkg}-separated text: write the rows with {pkg}"
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -185,23 +186,9 @@ def test_evaluation_data_that_writes_its_ids_as_floats_is_said(table: str, tmp_p
     --eval-data`, `flowrec.train(eval_data=)`, `eval --data` and `Run.evaluate(data=)` scored every
     user of it as never seen without a word. Each says so in one line; data of the training rows'
     form is not warned of."""
-    rng = np.random.default_rng()
     spec = tmp_path / "spec.json"
-    spec.write_text(json.dumps(_spec(table)))
-    rows = _rows(rng, int(rng.integers(200, 400)))
-    rows.to_csv(tmp_path / "train.csv", index=False)
-    floats = _rows(rng, int(rng.integers(100, 300))).astype({"user": float})
-    floats.loc[int(rng.integers(0, len(floats))), "user"] = np.nan
-    floats.to_csv(tmp_path / "floats.csv", index=False)
-    for name in ("train", "floats"):
-        made = runner.invoke(app, ["data", "convert", "csv", str(tmp_path / f"{name}.csv"), str(tmp_path / name),
-                                   "--spec", str(spec), "-q"])
-        assert made.exit_code == 0, made.output
+    _, _, trained = _run_scoring_floats(tmp_path, table, np.random.default_rng())
     said = "the ids of feature user are written as integral floats"
-    trained = runner.invoke(app, ["train", str(spec), "--data", str(tmp_path / "train"), "--eval-data",
-                                  str(tmp_path / "floats"), "--out", str(tmp_path / "run"), "--max-steps", "3",
-                                  "--device", "cpu", "-q"])
-    assert trained.exit_code == 0, trained.output
     (line,) = [x for x in trained.output.splitlines() if said in x]
     assert line.startswith(f"warning: evaluation data {tmp_path / 'floats'}: column user: ")
     assert ("managed table 'users'" if table == "managed" else "hashed table") in line
@@ -261,9 +248,10 @@ def test_data_inspect_shows_the_recorded_forms_of_ids(table: str, tmp_path: Path
     assert doc["train"]["id_forms"]["user"]["form"] == form and doc["train"]["id_forms"]["user"]["column"] == "user"
 
 
-def _run_scoring_floats(tmp_path: Path, table: str, rng: np.random.Generator) -> tuple[Path, Path]:
+def _run_scoring_floats(tmp_path: Path, table: str, rng: np.random.Generator) -> tuple[Path, Path, Any]:
     """A run trained on integer user ids (fresh skewed rows) whose --eval-data writes them as floats
-    (pandas' "12.0" for a column missing an id), each converted on its own: (the run, the floats)."""
+    (pandas' "12.0" for a column missing an id), each converted on its own: (the run, the floats,
+    the training command's result)."""
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps(_spec(table)))
     _rows(rng, int(rng.integers(200, 400))).to_csv(tmp_path / "train.csv", index=False)
@@ -278,7 +266,7 @@ def _run_scoring_floats(tmp_path: Path, table: str, rng: np.random.Generator) ->
                                   str(tmp_path / "floats"), "--out", str(tmp_path / "run"), "--max-steps", "3",
                                   "--device", "cpu", "-q"])
     assert trained.exit_code == 0, trained.output
-    return tmp_path / "run", tmp_path / "floats"
+    return tmp_path / "run", tmp_path / "floats", trained
 
 
 @pytest.mark.parametrize("table", ["hashed", "managed"])
@@ -290,7 +278,7 @@ def test_eval_reads_the_encoder_record_of_its_data_once(table: str, tmp_path: Pa
     import flowrec
     import flowrec.serving.trained as trained
 
-    run, floats = _run_scoring_floats(tmp_path, table, np.random.default_rng())
+    run, floats, _ = _run_scoring_floats(tmp_path, table, np.random.default_rng())
     read = []
     real = trained.record_of_dataset
     monkeypatch.setattr(trained, "record_of_dataset", lambda path, *more: read.append(Path(path)) or real(path, *more))
@@ -313,7 +301,7 @@ def test_export_says_when_the_rows_of_its_score_check_write_ids_otherwise(table:
     ones are all unseen, so the rows compared do not score as trained, without a word. It is a
     warning line (the package is written); the training rows' form, or fp32 (no check), says nothing."""
     rng = np.random.default_rng()
-    run, floats = _run_scoring_floats(tmp_path, table, rng)
+    run, floats, _ = _run_scoring_floats(tmp_path, table, rng)
     said = "the ids of feature user are written as integral floats"
     for dtype, out, lines in (("fp16", "pkg", 1), ("fp32", "pkg32", 0)):
         made = runner.invoke(app, ["export", str(run), str(tmp_path / out), "--dtype", dtype])
