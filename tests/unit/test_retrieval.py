@@ -863,7 +863,12 @@ def test_a_bf16_step_with_an_item_tower_trains_as_fp32_within_bf16_rounding(nega
     negatives stopped with "expected m1 and m2 to have the same dtype" (a traceback). The sampled
     items now meet the queries in their dtype, as the in-batch items do."""
     seed = random.randrange(1 << 30)
-    spec = spec_from_dict(retrieval_doc(seed % 1000, negatives, True))
+    doc = retrieval_doc(seed % 1000, negatives, True)
+    for module in doc["modules"][:2]:
+        # tanh towers: with relu, about 1 seed in 100 starts with every item vector zero or on units
+        # where every query is zero, so every gradient is exactly 0 and "it trained" below failed
+        module["activation"] = "tanh"
+    spec = spec_from_dict(doc)
     plan = make_plan(spec, target="cpu")
     _, _, source = staged(spec, plan, seed, 3)
     losses = {}
