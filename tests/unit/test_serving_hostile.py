@@ -634,3 +634,23 @@ def test_raw_rows_for_a_synthetic_runs_standardized_feature_are_refused(tmp_path
                       "--out", tmp_path / "scores.parquet"])
     assert result.exit_code == 2 and re.search(says, result.output) and result.output.count("error:") == 1
     assert not (tmp_path / "scores.parquet").exists()
+
+
+@pytest.mark.parametrize("sep", [None, ";", "|"])
+def test_the_separator_note_reads_a_spec_with_data_options(sep):
+    """predict of rows lacking columns, for a package whose spec has data.options (ple_movielens:
+    test_fraction, split_seed), raised AttributeError ('tuple' object has no attribute 'get': a
+    loaded spec keeps its options as (key, value) pairs) where it should name the missing columns."""
+    from flowrec.serving.predict import separator_note
+    from flowrec.spec.load import spec_from_dict
+
+    doc = yaml.safe_load((SPECS / "ple_movielens.yaml").read_text())
+    if sep is not None:
+        doc["data"]["options"]["sep"] = sep
+    spec = spec_from_dict(doc)
+    assert spec.data.options  # the case that failed: options present
+    assert separator_note(["user_id", "item_id"], ["age"], spec) == ""  # no separator in the header
+    reads = repr(sep or ",")
+    note = separator_note(["user_id\tage\trating"], ["user_id", "age"], spec)
+    assert note == (f"; the header looks tab-separated, where the package reads {reads}-separated text: "
+                    f"write the rows with {reads}")
