@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from flowrec.data.encode import Encoder, UnseenIds, encodable_rows, fit_encoder, needs_fit
+from flowrec.data.empty_columns import EmptyColumns, check_label_columns
 from flowrec.data.encoder_record import record_of_encoder
 from flowrec.data.error_log import ErrorLog, ErrorPolicy
 from flowrec.data.id_forms import IdForms
@@ -319,6 +320,7 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
                 if not separators_checked[0]:
                     _check_separators(chunk, spec, columns, opts, path, advice)
                     separators_checked[0] = True
+                check_label_columns(spec, columns, tasks, spaces, chunk, str(path))
                 chunk, n = check_labels(chunk, tasks, log, fmt in PLUS_MINUS_FORMATS, spaces)
                 mapped[0] += n
                 if split_by and float(opts.get("test_fraction", 0.0)):
@@ -380,6 +382,7 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
     stats = {name: RawStats(spec, columns, opts.get("date_column", split_by)) for name in writers}
     unseen = UnseenIds(given) if given is not None else None  # ids the run's vocabulary holds in another form
     forms = IdForms()  # how the rows write the ids of hashed and managed tables, recorded with the encoder
+    empty = EmptyColumns(spec, columns)  # feature columns of an input that hold no value in any row written
     for log, chunk in chunks(on_error):
         test = test_rows(chunk, index)
         index += chunk.num_rows
@@ -391,6 +394,7 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
             continue
         encoded = encoder.encode(chunk)
         forms.observe(encoder, chunk)
+        empty.observe(log.path, chunk)
         if unseen is not None:  # ids the given encoder does not know, told by the encoding (grown or not)
             unseen.observe(chunk, encoded)
         if test is not None:
@@ -423,7 +427,7 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
     return ConvertReport(str(out), seen, sum(w.files for w in writers.values()),
                          sum(log.count for log in logs), examples, 0.0,
                          {k: w.rows for k, w in writers.items() if k}, mapped[0], growth,
-                         (*overflow, *(unseen.lines() if unseen is not None else ())))
+                         (*overflow, *(unseen.lines() if unseen is not None else ()), *empty.lines()))
 
 
 def _after_cutoff(inputs: list[Path], split_by: str, cutoff: float | str, fraction: float) -> str:

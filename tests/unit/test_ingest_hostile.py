@@ -1071,3 +1071,88 @@ def test_an_empty_or_blank_text_file_is_one_line_in_flowrecs_words(tmp_path: Pat
     path.write_bytes(text)
     with pytest.raises(DataError, match=r"rows\.csv holds no rows \(it is empty or blank\)$"):
         list(sources.reader(fmt)(path, {}, ErrorLog("fail", str(path)), set()))
+
+
+def _skewed_rows(rng: np.random.Generator, n: int, price: bool = True, user: bool = True,
+                 label: bool = True) -> str:
+    """CSV rows of `csv_spec` (price, user, clicked) with skewed values; a column left out is
+    written empty in every row (nothing, `nan` in a number column, spaces in the id column)."""
+    blanks, missing = ("", " ", "  "), ("", "nan", "")
+    return "price,user,clicked\n" + "".join(
+        f"{rng.lognormal(1.0, 1.5) if price else missing[i % 3]},"
+        f"{f'u{rng.zipf(1.4)}' if user else blanks[i % 3]},"
+        f"{int(rng.random() < 0.15) if label else missing[i % 3]}\n" for i in range(n))
+
+
+@pytest.mark.parametrize("empty", ["user", "price"])
+def test_a_feature_column_empty_in_every_row_is_said_naming_the_column_and_the_file(
+        tmp_path: Path, empty: str) -> None:
+    """A feature column empty (blank or null) in every row converted without a word: every id was
+    the missing id (every dense value its fill), a model trained on nothing from it; now one
+    warning line per such feature names the column and the file."""
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng()
+    n = int(rng.integers(200, 400))
+    path = tmp_path / "day.csv"
+    path.write_text(_skewed_rows(rng, n, price=empty != "price", user=empty != "user"))
+    report = convert(_spec(), "csv", [path], tmp_path / "out")
+    said = [line for line in report.warnings if f"column {empty!r}" in line]
+    assert len(said) == 1 and said[0].startswith(f"{path}: ") and f"every one of its {n:,} rows" in said[0], \
+        report.warnings
+    assert ("missing id (row 0)" if empty == "user" else "fill value 0") in said[0]
+    assert not [line for line in report.warnings if "is empty in every" in line and line not in said]
+    written = pq.read_table(tmp_path / "out").column(empty).to_numpy()
+    assert (written[0::3] == 0).all() and len(np.unique(written)) <= 3  # missing (or fill), 2 texts of blanks
+    # one row holding a value, the last, is a column that holds data: no warning
+    lines = path.read_text().splitlines()
+    last = lines[-1].split(",")
+    last[1 if empty == "user" else 0] = "u7" if empty == "user" else "2.5"
+    path.write_text("\n".join([*lines[:-1], ",".join(last)]) + "\n")
+    report = convert(_spec(), "csv", [path], tmp_path / "out2")
+    assert not [line for line in report.warnings if "is empty in every" in line], report.warnings
+
+
+def test_a_feature_column_empty_in_a_parquet_file_and_in_bound_training_data_is_said(tmp_path: Path) -> None:
+    """Parquet nulls (a dense NaN and a null id column) are as empty as blank text, and `flowrec
+    train` encoding a spec's bound raw data says so too (the train path that converts raw files)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import yaml
+    from typer.testing import CliRunner
+
+    from flowrec.cli import app
+    from flowrec.testing.specs import mini_spec
+
+    rng = np.random.default_rng()
+    n = int(rng.integers(300, 500))
+    pq.write_table(pa.table({"price": np.full(n, np.nan), "user": pa.array([None] * n, pa.string()),
+                             "clicked": (rng.random(n) < 0.2).astype(float)}), tmp_path / "raw.parquet")
+    report = convert(_spec(), "parquet", [tmp_path / "raw.parquet"], tmp_path / "out")
+    assert sorted(line.split("'")[1] for line in report.warnings if "is empty in every" in line) == ["price", "user"]
+    doc = yaml.safe_load(mini_spec("emptybound"))
+    doc["data"] = {"format": "csv", "path": "rows.csv", "label": "clicked"}
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(doc))
+    (tmp_path / "rows.csv").write_text("d1,user,clicked\n" + "".join(
+        f"{rng.lognormal():.4f},,{int(rng.random() < 0.3)}\n" for _ in range(n)))
+    result = CliRunner().invoke(app, ["train", str(tmp_path / "spec.yaml"), "--out", str(tmp_path / "run"),
+                                      "--epochs", "1", "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    said = [line for line in result.output.splitlines() if "is empty in every" in line]
+    assert len(said) == 1 and "column 'user'" in said[0] and "rows.csv" in said[0], result.output
+
+
+@pytest.mark.parametrize("on_error", ["fail", "skip"])
+def test_a_label_column_empty_in_every_row_is_refused_naming_it_not_advised_to_skip(
+        tmp_path: Path, on_error: str) -> None:
+    """A label column empty in every row said 'malformed row at day.csv:2: missing label in column
+    clicked (use --on-error skip to skip such rows)', advice that skips every row; now one line
+    naming the column, its head and the file, whatever --on-error."""
+    rng = np.random.default_rng()
+    path = tmp_path / "day.csv"
+    path.write_text(_skewed_rows(rng, int(rng.integers(50, 300)), label=False))
+    with pytest.raises(DataError, match=r"day\.csv: column 'clicked', the label of head ctr, is empty in every one "
+                                        r"of the \d+ rows read") as caught:
+        convert(_spec(), "csv", [path], tmp_path / "out", on_error=on_error)
+    assert "--on-error skip" not in str(caught.value)
+    assert not (tmp_path / "out").exists()

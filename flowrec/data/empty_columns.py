@@ -1,0 +1,130 @@
+"""Columns of raw rows that hold no value: a feature column empty in every row of an input (a
+mistyped or lost column, an export that dropped it) converts to the missing id (or the dense
+fill) in every row, so a model would train on nothing from it; a label column empty in every
+row read would make each row malformed, with advice to skip them all.
+
+A value is empty when it is null, text of blanks only, a float NaN or an empty list.
+
+Example:
+    >>> import pyarrow as pa
+    >>> from flowrec.testing.specs import csv_spec
+    >>> spec = csv_spec("e")
+    >>> seen = EmptyColumns(spec, {})
+    >>> seen.observe("a.csv", pa.table({"price": [1.5, None], "user": [None, " "], "clicked": [0.0, 1.0]}))
+    >>> print(seen.lines()[0])
+    a.csv: column 'user' (feature user) is empty in every one of its 2 rows: every row encodes it as the missing id (row 0) or an id of blank text; a mistyped or lost column? (data.columns maps features to columns)
+"""
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from flowrec.data.layout import DataError, is_multi, label_columns
+from flowrec.spec.model import ModelSpec
+
+MAP_HINT = "a mistyped or lost column? (data.columns maps features to columns)"
+
+
+def filled_rows(column: pa.ChunkedArray | pa.Array, blank: bool = True) -> int:
+    """The rows of `column` that hold a value (not null, empty or blank text (with `blank`; else
+    only empty text), NaN or an empty list).
+
+    >>> filled_rows(pa.array(["a", " ", None, ""])), filled_rows(pa.array(["a", " ", None, ""]), blank=False)
+    (1, 2)
+    >>> filled_rows(pa.array([1.0, float("nan")])), filled_rows(pa.array([[1], [], None]))
+    (1, 1)
+    """
+    kind = column.type
+    if pa.types.is_dictionary(kind):
+        column = column.cast(kind.value_type)
+        kind = kind.value_type
+    if pa.types.is_null(kind):
+        return 0
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        filled = pc.not_equal(pc.utf8_trim_whitespace(column) if blank else column, "")
+    elif pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
+        filled = pc.greater(pc.binary_length(column), 0)  # text checked by its readers; blanks are rare here
+    elif pa.types.is_floating(kind):
+        filled = pc.invert(pc.is_nan(column))
+    elif pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        filled = pc.greater(pc.list_value_length(column), 0)
+    else:
+        return len(column) - column.null_count
+    return int(pc.sum(pc.fill_null(filled, False)).as_py() or 0)
+
+
+class EmptyColumns:
+    """Per input, the feature columns holding no value in any row it gave (`observe`), as warning
+    lines (`lines`).
+
+    Args:
+        spec: the model spec.
+        columns: feature name -> raw column name (the spec's data.columns).
+    """
+
+    def __init__(self, spec: ModelSpec, columns: dict[str, str]) -> None:
+        self.spec, self.columns = spec, columns
+        self.rows: dict[str, int] = {}
+        self.filled: dict[str, set[str]] = {}  # input -> features with a value in some row
+        self.spaced: dict[str, set[str]] = {}  # input -> features with text of blanks in some row
+
+    def observe(self, source: str, chunk: pa.Table) -> None:
+        """Take rows of input `source` (a file or a folder, as the user named it)."""
+        self.rows[source] = self.rows.get(source, 0) + chunk.num_rows
+        filled = self.filled.setdefault(source, set())
+        spaced = self.spaced.setdefault(source, set())
+        for f in self.spec.features:
+            name = self.columns.get(f.name, f.name)
+            if f.name in filled or name not in chunk.column_names:
+                continue
+            if filled_rows(chunk.column(name)):
+                filled.add(f.name)
+            elif filled_rows(chunk.column(name), blank=False):
+                spaced.add(f.name)
+
+    def lines(self) -> list[str]:
+        """One line per feature whose column was empty in every row of an input that gave rows."""
+        out = []
+        for source, rows in self.rows.items():
+            if not rows:
+                continue
+            for f in self.spec.features:
+                if f.name in self.filled[source]:
+                    continue
+                name = self.columns.get(f.name, f.name)
+                if f.kind == "dense":
+                    becomes = f"every row encodes it as its fill value {f.fill:g}"
+                elif f.name in self.spaced[source]:  # a text of blanks is an id, all alike
+                    becomes = "every row encodes it as the missing id (row 0) or an id of blank text"
+                elif is_multi(f):
+                    becomes = "every row encodes it as an empty list of ids"
+                else:
+                    becomes = "every row encodes it as the missing id (row 0)"
+                out.append(f"{source}: column {name!r} (feature {f.name}) is empty in every one of its {rows:,} "
+                           f"row{'' if rows == 1 else 's'}: {becomes}; {MAP_HINT}")
+        return out
+
+
+def check_label_columns(spec: ModelSpec, columns: dict[str, str], tasks: dict[str, str],
+                        spaces: dict[str, tuple], chunk: pa.Table, source: str) -> None:
+    """DataError when a label or sample-weight column that a head reads on every row (not only in
+    task spaces) holds no value in any row of `chunk`: each row would be malformed ('missing
+    label'), and the advice to skip such rows would skip them all.
+
+    Args:
+        columns: the spec's data.columns.
+        tasks: `flowrec.data.labels.label_tasks` (source column -> task).
+        spaces: `flowrec.data.labels.label_spaces` (columns read only in task spaces).
+    """
+    if not chunk.num_rows:
+        return
+    for column, task in tasks.items():
+        if column in spaces or column not in chunk.column_names or filled_rows(chunk.column(column)):
+            continue
+        what = "sample weight" if task == "weight" else "label"
+        heads = [h.name for h, label in zip(spec.heads, label_columns(spec)) if columns.get(label, label) == column]
+        heads = heads or [h.name for h in spec.heads if h.sample_weight is not None
+                          and columns.get(h.sample_weight, h.sample_weight) == column]
+        raise DataError(f"{source}: column {column!r}, the {what} of head {', '.join(heads)}, is empty in every one "
+                        f"of the {chunk.num_rows:,} rows read: no row could train; a mistyped or lost column? "
+                        "(data.label or the head's label names it; data.columns maps it)")
