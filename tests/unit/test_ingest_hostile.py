@@ -1156,3 +1156,35 @@ def test_a_label_column_empty_in_every_row_is_refused_naming_it_not_advised_to_s
         convert(_spec(), "csv", [path], tmp_path / "out", on_error=on_error)
     assert "--on-error skip" not in str(caught.value)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_link_loop_given_as_a_path_is_one_line_naming_it(tmp_path: Path) -> None:
+    """A link loop (`ln -s b a; ln -s a b`) given as data convert's input or output, train's --out,
+    or a spec's data.path was Python's 'RuntimeError: Symlink loop from ...' traceback (or its words),
+    and as --data or data inspect's folder 'dataset directory not found'; now one line naming the link."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from flowrec.cli import app
+
+    rng = np.random.default_rng()
+    (tmp_path / "a").symlink_to("b")
+    (tmp_path / "b").symlink_to("a")
+    (tmp_path / "rows.csv").write_text(_skewed_rows(rng, int(rng.integers(20, 80))))
+    doc = {"name": "loops", "features": [{"name": "price", "type": "dense"},
+                                         {"name": "user", "type": "categorical", "hash_buckets": 64, "dim": 4}],
+           "modules": [{"name": "top", "kind": "mlp", "inputs": ["@dense", "@sparse"], "layers": [4]}],
+           "heads": [{"name": "ctr", "input": "top"}], "data": {"format": "csv", "path": "a/rows.csv", "label": "clicked"}}
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(doc))
+    spec, loop = str(tmp_path / "spec.yaml"), str(tmp_path / "a")
+    for args, name in ((["data", "convert", "csv", loop, str(tmp_path / "out"), "--spec", spec, "-q"], "SOURCE"),
+                       (["data", "convert", "csv", str(tmp_path / "rows.csv"), loop, "--spec", spec, "-q"], "OUT"),
+                       (["data", "inspect", f"{loop}/x"], "DATA"),
+                       (["train", spec, "--data", loop, "--device", "cpu"], "--data"),
+                       (["train", spec, "--out", loop, "--device", "cpu"], "--out"),
+                       (["train", spec, "--out", str(tmp_path / "run"), "--device", "cpu"], "the spec's data binding")):
+        result = CliRunner().invoke(app, args)
+        lines = result.output.strip().splitlines()
+        assert result.exit_code == 2 and len(lines) == 1, (args, result.output)
+        assert lines[0].startswith(f"error: {name}") and f"{loop} is a link loop" in lines[0], (args, lines)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b", "rows.csv", "spec.yaml"]
