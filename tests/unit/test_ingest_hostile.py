@@ -1188,3 +1188,23 @@ def test_a_link_loop_given_as_a_path_is_one_line_naming_it(tmp_path: Path) -> No
         assert result.exit_code == 2 and len(lines) == 1, (args, result.output)
         assert lines[0].startswith(f"error: {name}") and f"{loop} is a link loop" in lines[0], (args, lines)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b", "rows.csv", "spec.yaml"]
+
+
+@pytest.mark.parametrize("fmt, name", [("libsvm", "rows.libsvm.gz"), ("csv", "rows.csv.gz")])
+def test_a_truncated_gzip_file_is_one_line_naming_it(tmp_path: Path, fmt: str, name: str) -> None:
+    """A .gz file cut short (a download or copy that stopped) given to libsvm said only 'error:
+    Truncated compressed stream', naming no file (the CSV formats named it)."""
+    import gzip
+
+    rng = np.random.default_rng()
+    n = int(rng.integers(2_000, 5_000))
+    if fmt == "libsvm":
+        text = "".join(f"{int(rng.random() < 0.2)} 0:{rng.lognormal():.4f} 1:{rng.zipf(1.3)}\n" for _ in range(n))
+        spec = _spec(options={"fields": ["price", "user"]})
+    else:
+        text, spec = _skewed_rows(rng, n), _spec()
+    packed = gzip.compress(text.encode())
+    (tmp_path / name).write_bytes(packed[:int(len(packed) * rng.uniform(0.3, 0.9))])
+    with pytest.raises(DataError, match=rf"^cannot read {re.escape(str(tmp_path / name))}: .*[Tt]runcated"):
+        convert(spec, fmt, [tmp_path / name], tmp_path / "out")
+    assert not (tmp_path / "out").exists()
