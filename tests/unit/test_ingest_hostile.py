@@ -1208,3 +1208,20 @@ def test_a_truncated_gzip_file_is_one_line_naming_it(tmp_path: Path, fmt: str, n
     with pytest.raises(DataError, match=rf"^cannot read {re.escape(str(tmp_path / name))}: .*[Tt]runcated"):
         convert(spec, fmt, [tmp_path / name], tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_inspect_of_a_dataset_with_a_damaged_part_names_that_part(tmp_path: Path) -> None:
+    """A dataset whose later part file is 0 bytes (a disk that filled, a copy cut short) was said by
+    `data inspect` to have an unreadable first part, a good file: the count of readable parts was
+    never kept when one failed. The damaged part is named."""
+    from flowrec.data.inspect import inspect_dataset
+
+    rng = np.random.default_rng()
+    path = tmp_path / "rows.csv"
+    path.write_text(_skewed_rows(rng, int(rng.integers(300, 600))))
+    convert(_spec(), "csv", [path], tmp_path / "ds", rows_per_file=int(rng.integers(40, 90)))
+    parts = sorted((tmp_path / "ds").glob("part-*.parquet"))
+    damaged = parts[int(rng.integers(1, len(parts)))]
+    damaged.write_bytes(b"")
+    with pytest.raises(DataError, match=rf"^{re.escape(str(damaged))}: unreadable Parquet part"):
+        inspect_dataset(tmp_path / "ds")
