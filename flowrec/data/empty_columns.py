@@ -1,7 +1,8 @@
 """Columns of raw rows that hold no value: a feature column empty in every row of an input (a
 mistyped or lost column, an export that dropped it) converts to the missing id (or the dense
-fill) in every row, so a model would train on nothing from it; a label column empty in every
-row read would make each row malformed, with advice to skip them all.
+fill) in every row, so a model would train on nothing from it; so does one that holds one value in
+every row (an export that filled a column, a file whose every row is one row repeated); a label
+column empty in every row read would make each row malformed, with advice to skip them all.
 
 A value is empty when it is null, text of blanks only, a float NaN or an empty list.
 
@@ -16,6 +17,8 @@ Example:
 """
 from __future__ import annotations
 
+from typing import Any
+
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -23,6 +26,7 @@ from flowrec.data.layout import DataError, is_multi, label_columns
 from flowrec.spec.model import ModelSpec
 
 MAP_HINT = "a mistyped or lost column? (data.columns maps features to columns)"
+ONE, VARIED = object(), object()  # a feature no row of an input has shown yet; one that holds two values
 
 
 def filled_rows(column: pa.ChunkedArray | pa.Array, blank: bool = True) -> int:
@@ -67,20 +71,26 @@ class EmptyColumns:
         self.rows: dict[str, int] = {}
         self.filled: dict[str, set[str]] = {}  # input -> features with a value in some row
         self.spaced: dict[str, set[str]] = {}  # input -> features with text of blanks in some row
+        self.values: dict[str, dict[str, Any]] = {}  # input -> feature -> its one value so far (one-value columns)
 
     def observe(self, source: str, chunk: pa.Table) -> None:
         """Take rows of input `source` (a file or a folder, as the user named it)."""
         self.rows[source] = self.rows.get(source, 0) + chunk.num_rows
         filled = self.filled.setdefault(source, set())
         spaced = self.spaced.setdefault(source, set())
+        values = self.values.setdefault(source, {})
         for f in self.spec.features:
             name = self.columns.get(f.name, f.name)
-            if f.name in filled or name not in chunk.column_names:
+            if name not in chunk.column_names:
                 continue
-            if filled_rows(chunk.column(name)):
-                filled.add(f.name)
-            elif filled_rows(chunk.column(name), blank=False):
-                spaced.add(f.name)
+            if f.name not in filled:
+                if filled_rows(chunk.column(name)):
+                    filled.add(f.name)
+                elif filled_rows(chunk.column(name), blank=False):
+                    spaced.add(f.name)
+            if values.get(f.name, ONE) is not VARIED and chunk.num_rows:
+                one = one_value(chunk.column(name))
+                values[f.name] = one if values.get(f.name, one) == one else VARIED
 
     def lines(self) -> list[str]:
         """One line per feature whose column was empty in every row of an input that gave rows."""
@@ -89,9 +99,14 @@ class EmptyColumns:
             if not rows:
                 continue
             for f in self.spec.features:
+                name = self.columns.get(f.name, f.name)
+                value = self.values[source].get(f.name, VARIED)
+                if f.name in self.filled[source] and value is not VARIED and rows > 1:
+                    out.append(f"{source}: column {name!r} (feature {f.name}) holds one value ({value!r:.40}) in every "
+                               f"one of its {rows:,} rows: a model learns nothing from it; a column an export filled, "
+                               "or a file of one row repeated?")
                 if f.name in self.filled[source]:
                     continue
-                name = self.columns.get(f.name, f.name)
                 if f.kind == "dense":
                     becomes = f"every row encodes it as its fill value {f.fill:g}"
                 elif f.name in self.spaced[source]:  # a text of blanks is an id, all alike
@@ -103,6 +118,22 @@ class EmptyColumns:
                 out.append(f"{source}: column {name!r} (feature {f.name}) is empty in every one of its {rows:,} "
                            f"row{'' if rows == 1 else 's'}: {becomes}; {MAP_HINT}")
         return out
+
+
+def one_value(column: pa.ChunkedArray | pa.Array) -> Any:
+    """The one value every row of `column` holds (its Python value; None where every row is null),
+    else `VARIED` (two values, null and a value, or a type with no such count: lists).
+
+    >>> one_value(pa.array(["u1", "u1"])), one_value(pa.array(["u1", None])) is VARIED
+    ('u1', True)
+    """
+    try:
+        if pc.count_distinct(column, mode="all").as_py() != 1:
+            return VARIED
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError):
+        return VARIED
+    first = column[0].as_py()
+    return VARIED if isinstance(first, float) and first != first else first  # NaN: no value to show
 
 
 def check_label_columns(spec: ModelSpec, columns: dict[str, str], tasks: dict[str, str],

@@ -1225,3 +1225,26 @@ def test_inspect_of_a_dataset_with_a_damaged_part_names_that_part(tmp_path: Path
     damaged.write_bytes(b"")
     with pytest.raises(DataError, match=rf"^{re.escape(str(damaged))}: unreadable Parquet part"):
         inspect_dataset(tmp_path / "ds")
+
+
+def test_a_file_whose_every_row_is_one_row_repeated_is_said_per_feature(tmp_path: Path) -> None:
+    """A file whose every row is a duplicate of one row (an export that repeated its first row, a
+    column an export filled with one value) converted without a word: a model learns nothing from a
+    feature that holds one value in every row. One warning line per such feature, naming the
+    column, the value and the file; a column that holds a second value in its last row says nothing."""
+    rng = np.random.default_rng()
+    n = int(rng.integers(100, 400))
+    row = f"{rng.lognormal(1.0, 1.5):.4f},u{rng.zipf(1.3)},{int(rng.random() < 0.5)}\n"
+    path = tmp_path / "day.csv"
+    path.write_text("price,user,clicked\n" + row * n)
+    report = convert(_spec(), "csv", [path], tmp_path / "out")
+    said = sorted(line for line in report.warnings if "holds one value" in line)
+    price, user = row.split(",")[:2]
+    assert said == [f"{path}: column 'price' (feature price) holds one value ({float(price)!r}) in every one of its "
+                    f"{n:,} rows: a model learns nothing from it; a column an export filled, or a file of one row "
+                    "repeated?",
+                    f"{path}: column 'user' (feature user) holds one value ({user!r}) in every one of its {n:,} rows: "
+                    "a model learns nothing from it; a column an export filled, or a file of one row repeated?"]
+    path.write_text("price,user,clicked\n" + row * n + f"{float(price) + 1},{user}7,0\n")
+    report = convert(_spec(), "csv", [path], tmp_path / "out2")
+    assert not [line for line in report.warnings if "holds one value" in line], report.warnings
