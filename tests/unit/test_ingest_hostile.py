@@ -1248,3 +1248,18 @@ def test_a_file_whose_every_row_is_one_row_repeated_is_said_per_feature(tmp_path
     path.write_text("price,user,clicked\n" + row * n + f"{float(price) + 1},{user}7,0\n")
     report = convert(_spec(), "csv", [path], tmp_path / "out2")
     assert not [line for line in report.warnings if "holds one value" in line], report.warnings
+
+
+@pytest.mark.parametrize("header", ["use\u0301r id", "us\u00e9r\u00a0id"], ids=["accent-apart", "no-break-space"])
+def test_a_header_name_that_only_looks_like_the_specs_says_how_it_differs(tmp_path: Path, header: str) -> None:
+    """A header naming a column with its accent written apart (NFD, as macOS writes names) or a
+    no-break space was refused as "columns ['usér id'] ... not in the input (has [..., 'usér id',
+    ...])", two names that print alike; the line now shows both with their code points."""
+    rng = np.random.default_rng()
+    path = tmp_path / "day.csv"
+    path.write_text(_skewed_rows(rng, int(rng.integers(20, 90))).replace("price,user,", f"price,{header},", 1))
+    with pytest.raises(DataError, match=r"looks like 'us\\xe9r id' but is written with other characters") as caught:
+        convert(_spec(columns={"user": "us\u00e9r id"}), "csv", [path], tmp_path / "out")
+    assert ascii(header) in str(caught.value)
+    path.write_text(path.read_text().replace(header, "us\u00e9r id", 1))  # the same characters: converts
+    assert convert(_spec(columns={"user": "us\u00e9r id"}), "csv", [path], tmp_path / "out").rows > 0
