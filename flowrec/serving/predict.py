@@ -570,7 +570,7 @@ def separator_note(names: list[str], missing: list[str], spec: Any) -> str:
     "; the header looks tab-separated, where the package reads ','-separated text: write the rows with ','"
     """
     data = getattr(spec, "data", None)
-    reads = str(((getattr(data, "options", None) or {}).get("sep")) or ",")
+    reads = str(dict(getattr(data, "options", None) or ()).get("sep") or ",")  # (a spec's options: (key, value) pairs)
     sep = header_separator([str(name) for name in names], missing, other_than=reads)
     if sep is None:
         return ""

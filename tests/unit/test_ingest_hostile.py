@@ -1263,3 +1263,20 @@ def test_a_header_name_that_only_looks_like_the_specs_says_how_it_differs(tmp_pa
     assert ascii(header) in str(caught.value)
     path.write_text(path.read_text().replace(header, "us\u00e9r id", 1))  # the same characters: converts
     assert convert(_spec(columns={"user": "us\u00e9r id"}), "csv", [path], tmp_path / "out").rows > 0
+
+
+@pytest.mark.parametrize("options", [{"test_fraction": 0.2}, {"sep": ";"}])
+def test_rows_lacking_a_column_for_a_package_whose_spec_sets_data_options_are_one_line(
+        tmp_path: Path, options: dict) -> None:
+    """`flowrec predict PKG rows.csv` (and model.predict) of rows lacking a column, for a package
+    whose spec sets any data.options (test_fraction, sep), was "AttributeError: 'tuple' object has
+    no attribute 'get'": the separator note read the spec's options, frozen as (key, value) pairs,
+    as a dict. It is the one line naming the columns (and the separator the package reads)."""
+    from flowrec.serving.predict import separator_note
+
+    spec = _spec(options=options)
+    reads = options.get("sep", ",")
+    other = "\t" if reads != "\t" else ","
+    note = separator_note([other.join(["price", "user", "clicked"])], ["price", "user"], spec)
+    assert note.startswith("; the header looks ") and f"where the package reads {reads!r}-separated text" in note
+    assert separator_note(["prix", "usr"], ["price", "user"], spec) == ""
