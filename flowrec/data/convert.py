@@ -37,7 +37,7 @@ from flowrec.data.empty_columns import EmptyColumns, check_label_columns
 from flowrec.data.encoder_record import record_of_encoder
 from flowrec.data.error_log import ErrorLog, ErrorPolicy
 from flowrec.data.id_forms import IdForms
-from flowrec.data.labels import PLUS_MINUS_FORMATS, check_labels, label_spaces, label_tasks
+from flowrec.data.labels import PLUS_MINUS_FORMATS, check_labels, label_features, label_spaces, label_tasks
 from flowrec.data.layout import (VOCAB_DIR, DataError, DatasetMeta, data_hash, encoded_rows, encoding_mode, is_multi,
                                  unique_labels, write_meta)
 from flowrec.data.output import staged_output
@@ -428,7 +428,8 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
     return ConvertReport(str(out), seen, sum(w.files for w in writers.values()),
                          sum(log.count for log in logs), examples, 0.0,
                          {k: w.rows for k, w in writers.items() if k}, mapped[0], growth,
-                         (*overflow, *(unseen.lines() if unseen is not None else ()), *empty.lines()))
+                         (*label_features(spec, columns), *overflow, *(unseen.lines() if unseen is not None else ()),
+                          *empty.lines()))
 
 
 def _after_cutoff(inputs: list[Path], split_by: str, cutoff: float | str, fraction: float) -> str:

@@ -1280,3 +1280,19 @@ def test_rows_lacking_a_column_for_a_package_whose_spec_sets_data_options_are_on
     note = separator_note([other.join(["price", "user", "clicked"])], ["price", "user"], spec)
     assert note.startswith("; the header looks ") and f"where the package reads {reads!r}-separated text" in note
     assert separator_note(["prix", "usr"], ["price", "user"], spec) == ""
+
+
+@pytest.mark.parametrize("feature", ["user", "price"])
+def test_a_feature_mapped_to_the_label_column_is_said(tmp_path: Path, feature: str) -> None:
+    """data.columns mapping a feature to the label column (a slip of the pen: `user: clicked`)
+    converted without a word, and the model, given the answer as an input, trained to a loss near
+    0; one warning line names the feature, the column and the head."""
+    rng = np.random.default_rng()
+    path = tmp_path / "day.csv"
+    path.write_text(_skewed_rows(rng, int(rng.integers(50, 200))))
+    report = convert(_spec(columns={feature: "clicked"}), "csv", [path], tmp_path / "out")
+    said = [line for line in report.warnings if "is given the answer" in line]
+    assert said == [f"feature {feature} reads column 'clicked', the label of head ctr: the model is given the answer "
+                    f"it is to predict; map feature {feature} to another column (data.columns)"], report.warnings
+    report = convert(_spec(), "csv", [path], tmp_path / "out2")
+    assert not [line for line in report.warnings if "is given the answer" in line], report.warnings
