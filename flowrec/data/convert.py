@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from flowrec.data.encode import Encoder, UnseenIds, encodable_rows, fit_encoder, needs_fit
-from flowrec.data.empty_columns import EmptyColumns, check_label_columns
+from flowrec.data.empty_columns import EmptyColumns, EmptyLabels
 from flowrec.data.encoder_record import record_of_encoder
 from flowrec.data.error_log import ErrorLog, ErrorPolicy
 from flowrec.data.id_forms import IdForms
@@ -315,19 +315,23 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
         for path in inputs:
             log = ErrorLog(log_policy, str(path))
             logs.append(log)
+            labelled = EmptyLabels(spec, columns, tasks, spaces, str(path))  # a label column empty in every row
             for chunk in read(path, opts, log, numeric):
                 _check_columns(chunk, spec, columns, path)
                 _check_id_columns(chunk, spec, columns, path, FORMAT_ALIASES.get(fmt, fmt) != "parquet")
                 if not separators_checked[0]:
                     _check_separators(chunk, spec, columns, opts, path, advice)
                     separators_checked[0] = True
-                check_label_columns(spec, columns, tasks, spaces, chunk, str(path))
+                labelled.observe(chunk)
+                if log_policy == "fail":  # (its first row would stop it: say why, not to skip such rows)
+                    labelled.check(whole=False)
                 chunk, n = check_labels(chunk, tasks, log, fmt in PLUS_MINUS_FORMATS, spaces)
                 mapped[0] += n
                 if split_by and float(opts.get("test_fraction", 0.0)):
                     chunk = _with_times(chunk, split_by, log, text_times)
                 if chunk.num_rows:
                     yield log, chunk
+            labelled.check(whole=True)
 
     logs: list[ErrorLog] = []
     sep = opts.get("sequence_sep", DEFAULT_SEQUENCE_SEP)

@@ -136,26 +136,42 @@ def one_value(column: pa.ChunkedArray | pa.Array) -> Any:
     return VARIED if isinstance(first, float) and first != first else first  # NaN: no value to show
 
 
-def check_label_columns(spec: ModelSpec, columns: dict[str, str], tasks: dict[str, str],
-                        spaces: dict[str, tuple], chunk: pa.Table, source: str) -> None:
-    """DataError when a label or sample-weight column that a head reads on every row (not only in
-    task spaces) holds no value in any row of `chunk`: each row would be malformed ('missing
-    label'), and the advice to skip such rows would skip them all.
+class EmptyLabels:
+    """The label and sample-weight columns that a head reads on every row (not only in task
+    spaces) and that no row of one input has held a value in so far (`observe`): `check` refuses
+    such a column, as each row would be malformed ('missing label') and the advice to skip such
+    rows would skip them all.
 
     Args:
+        spec: the model spec.
         columns: the spec's data.columns.
         tasks: `flowrec.data.labels.label_tasks` (source column -> task).
         spaces: `flowrec.data.labels.label_spaces` (columns read only in task spaces).
+        source: the input (a file or a folder, as the user named it).
     """
-    if not chunk.num_rows:
-        return
-    for column, task in tasks.items():
-        if column in spaces or column not in chunk.column_names or filled_rows(chunk.column(column)):
-            continue
-        what = "sample weight" if task == "weight" else "label"
-        heads = [h.name for h, label in zip(spec.heads, label_columns(spec)) if columns.get(label, label) == column]
-        heads = heads or [h.name for h in spec.heads if h.sample_weight is not None
-                          and columns.get(h.sample_weight, h.sample_weight) == column]
-        raise DataError(f"{source}: column {column!r}, the {what} of head {', '.join(heads)}, is empty in every one "
-                        f"of the {chunk.num_rows:,} rows read: no row could train; a mistyped or lost column? "
-                        "(data.label or the head's label names it; data.columns maps it)")
+
+    def __init__(self, spec: ModelSpec, columns: dict[str, str], tasks: dict[str, str], spaces: dict[str, tuple],
+                 source: str) -> None:
+        self.spec, self.columns, self.tasks, self.source = spec, columns, tasks, source
+        self.unfilled = [c for c in tasks if c not in spaces]
+        self.rows = 0
+
+    def observe(self, chunk: pa.Table) -> None:
+        """Take rows of the input (its columns checked: every label column is there)."""
+        self.rows += chunk.num_rows
+        self.unfilled = [c for c in self.unfilled if c in chunk.column_names and not filled_rows(chunk.column(c))]
+
+    def check(self, whole: bool) -> None:
+        """DataError when a column held no value in any row observed (`whole`: every row of the input)."""
+        if not self.unfilled or not self.rows:
+            return
+        column = self.unfilled[0]
+        what = "sample weight" if self.tasks[column] == "weight" else "label"
+        heads = [h.name for h, label in zip(self.spec.heads, label_columns(self.spec))
+                 if self.columns.get(label, label) == column]
+        heads = heads or [h.name for h in self.spec.heads if h.sample_weight is not None
+                          and self.columns.get(h.sample_weight, h.sample_weight) == column]
+        rows = f"its {self.rows:,} rows" if whole else f"the {self.rows:,} rows read"
+        raise DataError(f"{self.source}: column {column!r}, the {what} of head {', '.join(heads)}, is empty in every "
+                        f"one of {rows}: no row could train; a mistyped or lost column? (data.label or the head's "
+                        "label names it; data.columns maps it)")

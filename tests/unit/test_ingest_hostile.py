@@ -1151,8 +1151,9 @@ def test_a_label_column_empty_in_every_row_is_refused_naming_it_not_advised_to_s
     rng = np.random.default_rng()
     path = tmp_path / "day.csv"
     path.write_text(_skewed_rows(rng, int(rng.integers(50, 300)), label=False))
-    with pytest.raises(DataError, match=r"day\.csv: column 'clicked', the label of head ctr, is empty in every one "
-                                        r"of the \d+ rows read") as caught:
+    rows = "the \\d+ rows read" if on_error == "fail" else "its \\d+ rows"
+    with pytest.raises(DataError, match=rf"day\.csv: column 'clicked', the label of head ctr, is empty in every one "
+                                        rf"of {rows}: no row could train") as caught:
         convert(_spec(), "csv", [path], tmp_path / "out", on_error=on_error)
     assert "--on-error skip" not in str(caught.value)
     assert not (tmp_path / "out").exists()
@@ -1296,3 +1297,22 @@ def test_a_feature_mapped_to_the_label_column_is_said(tmp_path: Path, feature: s
                     f"it is to predict; map feature {feature} to another column (data.columns)"], report.warnings
     report = convert(_spec(), "csv", [path], tmp_path / "out2")
     assert not [line for line in report.warnings if "is given the answer" in line], report.warnings
+
+
+def test_a_label_column_empty_in_its_first_chunk_only_skips_those_rows(tmp_path: Path) -> None:
+    """Under --on-error skip a label column is refused only when no row of the file holds a label:
+    a file whose first chunk (65,536 Parquet rows) lacks labels and whose later rows hold them
+    converts the later rows, the others skipped as malformed."""
+    import pyarrow.parquet as pq
+
+    from flowrec.data.sources import PARQUET_BATCH_ROWS
+
+    rng = np.random.default_rng()
+    later = int(rng.integers(10, 500))
+    n = PARQUET_BATCH_ROWS + later
+    labels = (rng.random(n) < 0.2).astype(float)
+    labels[:PARQUET_BATCH_ROWS] = np.nan
+    pq.write_table(pa.table({"price": rng.lognormal(1.0, 1.5, n), "user": [f"u{i}" for i in rng.zipf(1.3, n)],
+                             "clicked": labels}), tmp_path / "day.parquet")
+    report = convert(_spec(), "parquet", [tmp_path / "day.parquet"], tmp_path / "out", on_error="skip")
+    assert (report.rows, report.errors) == (later, PARQUET_BATCH_ROWS)
