@@ -26,6 +26,7 @@ from flowrec.data.layout import DataError, is_multi, label_columns
 from flowrec.spec.model import ModelSpec
 
 MAP_HINT = "a mistyped or lost column? (data.columns maps features to columns)"
+MIN_ROWS = 2  # rows an input gives before its columns are judged (one row's missing label is said by its line)
 ONE, VARIED = object(), object()  # a feature no row of an input has shown yet; one that holds two values
 
 
@@ -93,15 +94,16 @@ class EmptyColumns:
                 values[f.name] = one if values.get(f.name, one) == one else VARIED
 
     def lines(self) -> list[str]:
-        """One line per feature whose column was empty in every row of an input that gave rows."""
+        """One line per feature whose column was empty (or of one value) in every row of an input that gave
+        `MIN_ROWS` rows or more."""
         out = []
         for source, rows in self.rows.items():
-            if not rows:
+            if rows < MIN_ROWS:
                 continue
             for f in self.spec.features:
                 name = self.columns.get(f.name, f.name)
                 value = self.values[source].get(f.name, VARIED)
-                if f.name in self.filled[source] and value is not VARIED and rows > 1:
+                if f.name in self.filled[source] and value is not VARIED:
                     out.append(f"{source}: column {name!r} (feature {f.name}) holds one value ({value!r:.40}) in every "
                                f"one of its {rows:,} rows: a model learns nothing from it; a column an export filled, "
                                "or a file of one row repeated?")
@@ -163,7 +165,7 @@ class EmptyLabels:
 
     def check(self, whole: bool) -> None:
         """DataError when a column held no value in any row observed (`whole`: every row of the input)."""
-        if not self.unfilled or not self.rows:
+        if not self.unfilled or self.rows < MIN_ROWS:
             return
         column = self.unfilled[0]
         what = "sample weight" if self.tasks[column] == "weight" else "label"
