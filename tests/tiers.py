@@ -119,6 +119,8 @@ TESTS: dict[str, frozenset[str]] = {
         frozenset({"e2e"}),
     "tests/unit/test_id_forms.py::test_zero_padded_ids_read_by_pandas_as_numbers_are_said": frozenset({"e2e"}),
     "tests/unit/test_annotation_names.py::test_the_trainer_annotation_imports_nothing_at_start": frozenset({"processes"}),
+    "tests/unit/test_ingest_hostile.py::test_a_feature_column_empty_in_a_parquet_file_and_in_bound_training_data_is_said":
+        frozenset({"e2e"}),
     "tests/unit/test_kept_sample.py::test_the_startup_benchmark_reads_each_file_once_kept_and_twice_not": frozenset({"e2e"}),
     "tests/unit/test_calibrate_collective.py::test_two_gloo_processes_give_a_usable_fit": frozenset({"processes"}),
     "tests/unit/test_calibrate_collective.py::test_processes_that_do_not_finish_in_time_are_killed_and_named":

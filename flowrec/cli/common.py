@@ -49,7 +49,10 @@ class RepeatedOption(TyperOption):
 class RepeatedArgumentsCommand(TyperCommand):
     """A command whose repeated arguments and options read in `--help` as `_repeated_type` writes
     them, and whose paths are checked for names flowrec cannot use (`unusable_path`) before it runs
-    (flowrec.cli gives it to every command typer would make a `TyperCommand`)."""
+    (flowrec.cli gives it to every command typer would make a `TyperCommand`). SIGTERM and SIGHUP
+    stop every command as Ctrl-C does, and a stop its own code does not say is one line,
+    `error: interrupted (SIGTERM)`, exit 130: `plan`, `validate` or `data inspect` of a long input
+    ended without a word at status 143 (SIGTERM), or said click's 'Aborted!' at status 1 (Ctrl-C)."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -71,7 +74,14 @@ class RepeatedArgumentsCommand(TyperCommand):
                 if isinstance(path, PurePath) and (problem := unusable_path(path)):
                     name = param.opts[0] if isinstance(param, TyperOption) else (param.metavar or param.name.upper())
                     fail(f"{name}: {problem}")
-        return super().invoke(ctx)
+        from flowrec.runs.errors import EXIT_INTERRUPTED
+        from flowrec.runtime.signals import interrupt_name, terminated_as_interrupted
+
+        try:
+            with terminated_as_interrupted():
+                return super().invoke(ctx)
+        except KeyboardInterrupt as exc:  # (a command that says where it stopped has said it, and exited)
+            fail(f"interrupted ({interrupt_name(exc)})", EXIT_INTERRUPTED)
 
 
 def click_error_line(exc: Exception) -> str:

@@ -22,6 +22,7 @@ Example:
 from __future__ import annotations
 
 import time
+import unicodedata
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -32,10 +33,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from flowrec.data.encode import Encoder, UnseenIds, encodable_rows, fit_encoder, needs_fit
+from flowrec.data.empty_columns import EmptyColumns, EmptyLabels
 from flowrec.data.encoder_record import record_of_encoder
 from flowrec.data.error_log import ErrorLog, ErrorPolicy
 from flowrec.data.id_forms import IdForms
-from flowrec.data.labels import PLUS_MINUS_FORMATS, check_labels, label_spaces, label_tasks
+from flowrec.data.labels import PLUS_MINUS_FORMATS, check_labels, label_features, label_spaces, label_tasks
 from flowrec.data.layout import (VOCAB_DIR, DataError, DatasetMeta, data_hash, encoded_rows, encoding_mode, is_multi,
                                  unique_labels, write_meta)
 from flowrec.data.output import staged_output
@@ -313,18 +315,23 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
         for path in inputs:
             log = ErrorLog(log_policy, str(path))
             logs.append(log)
+            labelled = EmptyLabels(spec, columns, tasks, spaces, str(path))  # a label column empty in every row
             for chunk in read(path, opts, log, numeric):
                 _check_columns(chunk, spec, columns, path)
                 _check_id_columns(chunk, spec, columns, path, FORMAT_ALIASES.get(fmt, fmt) != "parquet")
                 if not separators_checked[0]:
                     _check_separators(chunk, spec, columns, opts, path, advice)
                     separators_checked[0] = True
+                labelled.observe(chunk)
+                if log_policy == "fail":  # (its first row would stop it: say why, not to skip such rows)
+                    labelled.check(whole=False)
                 chunk, n = check_labels(chunk, tasks, log, fmt in PLUS_MINUS_FORMATS, spaces)
                 mapped[0] += n
                 if split_by and float(opts.get("test_fraction", 0.0)):
                     chunk = _with_times(chunk, split_by, log, text_times)
                 if chunk.num_rows:
                     yield log, chunk
+            labelled.check(whole=True)
 
     logs: list[ErrorLog] = []
     sep = opts.get("sequence_sep", DEFAULT_SEQUENCE_SEP)
@@ -380,6 +387,7 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
     stats = {name: RawStats(spec, columns, opts.get("date_column", split_by)) for name in writers}
     unseen = UnseenIds(given) if given is not None else None  # ids the run's vocabulary holds in another form
     forms = IdForms()  # how the rows write the ids of hashed and managed tables, recorded with the encoder
+    empty = EmptyColumns(spec, columns)  # feature columns of an input that hold no value in any row written
     for log, chunk in chunks(on_error):
         test = test_rows(chunk, index)
         index += chunk.num_rows
@@ -391,6 +399,7 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
             continue
         encoded = encoder.encode(chunk)
         forms.observe(encoder, chunk)
+        empty.observe(log.path, chunk)
         if unseen is not None:  # ids the given encoder does not know, told by the encoding (grown or not)
             unseen.observe(chunk, encoded)
         if test is not None:
@@ -423,7 +432,8 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
     return ConvertReport(str(out), seen, sum(w.files for w in writers.values()),
                          sum(log.count for log in logs), examples, 0.0,
                          {k: w.rows for k, w in writers.items() if k}, mapped[0], growth,
-                         (*overflow, *(unseen.lines() if unseen is not None else ())))
+                         (*label_features(spec, columns), *overflow, *(unseen.lines() if unseen is not None else ()),
+                          *empty.lines()))
 
 
 def _after_cutoff(inputs: list[Path], split_by: str, cutoff: float | str, fraction: float) -> str:
@@ -593,6 +603,11 @@ def _separator_hint(names: list[str], needed: list[str]) -> str:
     "the header's names hold spaces around them (' user'): write the file without the spaces after its separators"
     """
     header = [n for n in names if n != LINE_COLUMN]
+    alike = [(n, w) for w in needed if w not in header for n in header if _looks(n) == _looks(w)]
+    if alike:  # 'usér' with its accent written apart (NFD, as macOS writes names), a no-break space
+        name, wanted = alike[0]
+        return (f"the header's {ascii(name)} looks like {ascii(wanted)} but is written with other characters (an "
+                "accent written apart, a no-break space): write the header, or data.columns, with the same characters")
     padded = [n for n in header if n != n.strip() and n.strip() in needed]
     if padded and set(needed) <= {n.strip() for n in header}:  # `price, user, label`: the names read ' user'
         return (f"the header's names hold spaces around them ({', '.join(repr(n) for n in padded[:3])}): write the "
@@ -602,6 +617,15 @@ def _separator_hint(names: list[str], needed: list[str]) -> str:
         shown = '"\\t"' if sep == "\t" else f"'{sep}'"  # as YAML writes it
         return f"the header looks {shown}-separated: set data.options.sep: {shown} in the spec"
     return "map them with data.columns"
+
+
+def _looks(name: str) -> str:
+    """How a column name looks: its NFKC form (accents joined, a no-break space a space).
+
+    >>> _looks("use\u0301r\u00a0id") == _looks("us\u00e9r id")
+    True
+    """
+    return unicodedata.normalize("NFKC", name)
 
 
 def _finish(spec: ModelSpec, encoder: Encoder, writer: PartWriter, fmt: str, inputs: list[Path],

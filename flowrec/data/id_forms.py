@@ -11,7 +11,10 @@ encoder; `flowrec predict`, `data convert --encoder-from` and `--init-from` / `-
 the form of new rows with it (`other_form`; with ids the training rows zero-padded, only where one
 is narrower than theirs, `unpadded`) and say so in one line per feature (`lines`). Ids are never
 merged: `012` stays another id than `12`. Only a sample of each chunk is looked at (`FORM_SAMPLE`
-ids): a column is written one way throughout.
+ids spread over the chunk, its first and last included: padded ids in its later rows only are
+seen): a column is written one way throughout. Zero padding is judged over every sample: integers
+of one width in all of them, some starting with 0, are zero-padded, and a record of integers
+carries its narrowest id, what `unpadded` compares.
 
 Example:
     >>> written_form(pa.array(["12.0", None, "7.0"]))
@@ -26,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -65,11 +69,27 @@ WHY = {
 }
 
 
+def spread(rows: int) -> np.ndarray:
+    """The rows of a sample of `FORM_SAMPLE` of `rows` rows, spread evenly over them (the first and
+    the last included), in order.
+
+    >>> spread(5).tolist(), spread(10_000)[[0, 1, -1]].tolist(), len(spread(10_000))
+    ([0, 1, 2, 3, 4], [0, 10, 9999], 1024)
+    """
+    if rows <= FORM_SAMPLE:
+        return np.arange(rows)
+    return np.unique(np.linspace(0, rows - 1, FORM_SAMPLE).round().astype(np.int64))
+
+
+def _sample(values: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    return values if len(values) <= FORM_SAMPLE else values.take(pa.array(spread(len(values))))
+
+
 def written_form(values: pa.Array) -> tuple[str, str] | None:
     """The form of a sample of ids (`FORMS`, else `TEXT`; `PADDED` before it where most are written
     with spaces around them) and an example of it, as the ids are hashed (`as_strings`: a float
     3.0 is the id "3"); None where the sample holds no id."""
-    texts = as_strings(values.slice(0, FORM_SAMPLE)).drop_null()
+    texts = as_strings(_sample(values)).drop_null()
     if not len(texts):
         return None
     trimmed = pc.utf8_trim_whitespace(texts)
@@ -89,8 +109,14 @@ def written_form(values: pa.Array) -> tuple[str, str] | None:
 
 def narrowest_id(values: pa.Array) -> str:
     """The narrowest id (its text, spaces trimmed) of a sample of ids holding one (`written_form`'s)."""
-    texts = pc.utf8_trim_whitespace(as_strings(values.slice(0, FORM_SAMPLE)).drop_null())
+    texts = pc.utf8_trim_whitespace(as_strings(_sample(values)).drop_null())
     return texts[pc.index(pc.utf8_length(texts), pc.min(pc.utf8_length(texts))).as_py()].as_py()
+
+
+def _widths(values: pa.Array) -> tuple[int, int]:
+    """The fewest and most characters of a sample's ids (spaces trimmed), of one holding an id."""
+    widths = pc.min_max(pc.utf8_length(pc.utf8_trim_whitespace(as_strings(_sample(values)).drop_null())))
+    return widths["min"].as_py(), widths["max"].as_py()
 
 
 def _one_width(texts: pa.Array) -> bool:
@@ -130,17 +156,20 @@ class IdForms:
         types: feature -> the Arrow type its raw column was first read as.
         narrowest: feature -> its narrowest id of the samples written as integers (`unpadded`
             tells ids that lost the zeros of zero-padded training ids by it, in whichever sample;
-            `lines` shows it).
+            `lines` shows it, `record` records it).
+        widths: feature -> [fewest, most] characters of the ids of its samples written as integers,
+            zero-padded or not (`record`: padded in some samples, of one width in all, is padded).
     """
 
     seen: dict[str, dict[str, list]] = field(default_factory=dict)
     types: dict[str, str] = field(default_factory=dict)
     narrowest: dict[str, str] = field(default_factory=dict)
+    widths: dict[str, list[int]] = field(default_factory=dict)
 
     def observe(self, encoder: Any, raw: pa.Table, features: Any = None) -> None:
         """Look at a sample of each hashed or managed feature's ids in `raw` (of `features`, a
         collection of names, where given), read as `encoder` (an `Encoder`) reads them."""
-        sample = raw.slice(0, FORM_SAMPLE)
+        sample = raw.take(pa.array(spread(raw.num_rows))) if raw.num_rows > FORM_SAMPLE else raw
         for f in encoder.spec.sparse_features:
             table = encoder.spec.table(f.table)
             source = encoder.source(f.name)
@@ -158,6 +187,8 @@ class IdForms:
             mine[1] += min(len(flat), FORM_SAMPLE)
             if form == "integers":
                 self._narrow(f.name, narrowest_id(flat))
+            if form in ("integers", ZEROS):
+                self._widen(f.name, _widths(flat))
 
     def add(self, other: "IdForms") -> None:
         """Count `other`'s forms too (a call's, into a model's running count)."""
@@ -169,21 +200,32 @@ class IdForms:
             self.types.setdefault(name, kind)
         for name, text in other.narrowest.items():
             self._narrow(name, text)
+        for name, widths in other.widths.items():
+            self._widen(name, tuple(widths))
 
     def _narrow(self, name: str, text: str) -> None:
         if len(text) < len(self.narrowest.get(name, text + " ")):
             self.narrowest[name] = text
 
+    def _widen(self, name: str, widths: tuple[int, int]) -> None:
+        mine = self.widths.setdefault(name, list(widths))
+        mine[:] = [min(mine[0], widths[0]), max(mine[1], widths[1])]
+
     def record(self) -> dict[str, dict[str, str]]:
         """feature -> {"form", "example", "type"}, for each feature whose ids were of one form
-        throughout (a feature of several forms records none: nothing is told from it; integers
-        zero-padded in some samples and not in others are integers)."""
+        throughout (a feature of several forms records none: nothing is told from it). Integers
+        zero-padded in some samples and not in others are zero-padded where every sample's ids
+        are of one width (the others happen to start with no 0), else integers; the example of
+        integers is their narrowest id (what `unpadded` tells lost zeros by), not the first."""
         out = {}
         for name, forms in self.seen.items():
             if set(forms) == {ZEROS, "integers"}:
-                forms = {"integers": forms["integers"]}
+                fewest, most = self.widths.get(name, (0, 1))
+                forms = {ZEROS: forms[ZEROS]} if fewest == most else {"integers": forms["integers"]}
             if len(forms) == 1:
                 (form, (example, _)), = forms.items()
+                if form == "integers":
+                    example = self.narrowest.get(name, example)
                 out[name] = {"form": form, "example": example, "type": self.types.get(name, "")}
         return out
 

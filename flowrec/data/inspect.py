@@ -39,7 +39,8 @@ def inspect_dataset(path: str | Path, scan_rows: int = SCAN_ROWS) -> dict[str, A
     files = parquet_files(path)
     parts, scanned, rows_per_file = [], 0, []
     try:
-        rows_per_file = [pq.ParquetFile(f).metadata.num_rows for f in files]
+        for f in files:  # (one by one: a comprehension that failed left none counted, naming the first file)
+            rows_per_file.append(pq.ParquetFile(f).metadata.num_rows)
         schema = pq.read_schema(files[0])
         for f in files:
             if scanned >= scan_rows:

@@ -77,6 +77,28 @@ def label_spaces(spec: ModelSpec, columns: dict[str, str]) -> dict[str, tuple[tu
             if column not in deciding and all(w is not None for w in spaces)}
 
 
+def label_features(spec: ModelSpec, columns: dict[str, str]) -> list[str]:
+    """A warning line per feature that reads a head's label (or sample-weight) column: the model is
+    given the answer it is to predict (a data.columns entry mapped to the wrong column), trains to
+    a loss near 0 and scores nothing it was not told.
+
+    >>> from flowrec.testing.specs import csv_spec
+    >>> print(label_features(csv_spec("leak"), {"user": "clicked"})[0])
+    feature user reads column 'clicked', the label of head ctr: the model is given the answer it is to predict; map feature user to another column (data.columns)
+    """
+    readers: dict[str, list[str]] = {}
+    for head, label in zip(spec.heads, label_columns(spec)):
+        readers.setdefault(columns.get(label, label), []).append(f"the label of head {head.name}")
+    for head in spec.heads:
+        if head.sample_weight is not None:
+            source = columns.get(head.sample_weight, head.sample_weight)
+            readers.setdefault(source, []).append(f"the sample weight of head {head.name}")
+    return [f"feature {f.name} reads column {columns.get(f.name, f.name)!r}, "
+            f"{' and '.join(dict.fromkeys(readers[columns.get(f.name, f.name)]))}: the model is given the answer it is "
+            f"to predict; map feature {f.name} to another column (data.columns)"
+            for f in spec.features if columns.get(f.name, f.name) in readers]
+
+
 MINUS_ONE = ("; labels written -1/+1? only libsvm and libfm read -1 as 0: write the negatives as 0 (skipping "
              "these rows would drop the class)")
 

@@ -1,5 +1,5 @@
 """Paths flowrec cannot use, told before anything reads or writes them: a name (or a whole path)
-longer than the file system holds, or a name that is not UTF-8 text. The command line checks every
+longer than the file system holds, a name that is not UTF-8 text, or a link loop. The command line checks every
 path argument and option with `unusable_path`, and the Python API (`flowrec.train`, `load`,
 `Run.evaluate`, `load_model`) every path argument, so both refuse such a path in one line.
 
@@ -9,6 +9,7 @@ Example:
 """
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path, PurePath
 
@@ -41,7 +42,35 @@ def unusable_path(path: PurePath) -> str | None:
             shown = os.fsencode(part).decode("utf-8", "backslashreplace")
             return (f"the name '{shown}' is not UTF-8 text, and flowrec reads and records paths as text: rename it "
                     "(e.g. convmv -f latin1 -t utf8)")
-    return None
+    return _link_loop(Path(path))
+
+
+def _link_loop(path: Path) -> str | None:
+    """Why `path` cannot be reached: a link in it leads back to itself through links (`ln -s b a;
+    ln -s a b`), which Python's `Path.resolve` raised as a RuntimeError traceback and other checks
+    called a missing file; None otherwise (a missing file included: each command names that).
+
+    >>> import tempfile
+    >>> folder = Path(tempfile.mkdtemp())
+    >>> (folder / "a").symlink_to("b"); (folder / "b").symlink_to("a")
+    >>> print(_link_loop(folder / "a").replace(str(folder), "F"))
+    F/a is a link loop (its links lead back to themselves): point the link at a file or folder
+    """
+    if not _loops(path):
+        return None
+    loop = next((p for p in reversed((path, *path.parents)) if _loops(p)), path)  # the link that loops
+    where = "" if loop == path else f" (on the way to {path})"
+    return f"{loop} is a link loop (its links lead back to themselves){where}: point the link at a file or folder"
+
+
+def _loops(path: Path) -> bool:
+    try:
+        os.stat(path)
+    except OSError as exc:
+        return exc.errno == errno.ELOOP
+    except ValueError:  # (a NUL in the name: the command's own check names it)
+        pass
+    return False
 
 
 def _name_max(path: Path) -> int:

@@ -779,26 +779,47 @@ def read_libsvm(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set
     except (OSError, pa.ArrowInvalid) as exc:
         raise DataError(f"cannot read {path}: {getattr(exc, 'strerror', None) or _why(exc)}") from None
     with fh:
-        lineno = 0
-        while True:
-            rows: dict[str, list] = {"label": [], **{n: [] for n in names}}
-            lines: list[int] = []
-            for raw in bounded_lines(fh, path, lineno):
-                lineno += 1
-                if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark, as the CSV
-                    raw = raw[3:]  # formats skip it (it was a malformed first row: '\ufeff1')
-                parsed = _libsvm_line(raw, lineno, fields, fmap, numeric, log)
-                if parsed is not None:
-                    for n in rows:
-                        rows[n].append(parsed.get(n))
-                    lines.append(lineno)
-                if len(rows["label"]) >= LIBSVM_CHUNK_LINES:
-                    break
-            if not rows["label"]:
-                return
-            table = {n: pa.array(v, pa.float64() if n in numeric or n == "label" else pa.string())
-                     for n, v in rows.items()}
-            yield pa.table({**table, LINE_COLUMN: pa.array(lines, pa.int64())})
+        yield from _libsvm_chunks(fh, path, fields, fmap, names, numeric, log)
+
+
+def _libsvm_chunks(fh: Any, path: Path, fields: list[str], fmap: dict[str, str] | None, names: list[str],
+                   numeric: set[str], log: ErrorLog) -> Iterator[pa.Table]:
+    """`read_libsvm`'s chunks of the open file `fh`. A file that cannot be read on (a truncated
+    .gz: 'Truncated compressed stream', which named no file) is one line naming it."""
+    lines_read = _ReadsNaming(fh, path)
+    lineno = 0
+    while True:
+        rows: dict[str, list] = {"label": [], **{n: [] for n in names}}
+        lines: list[int] = []
+        for raw in bounded_lines(lines_read, path, lineno):
+            lineno += 1
+            if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark, as the CSV
+                raw = raw[3:]  # formats skip it (it was a malformed first row: '\ufeff1')
+            parsed = _libsvm_line(raw, lineno, fields, fmap, numeric, log)
+            if parsed is not None:
+                for n in rows:
+                    rows[n].append(parsed.get(n))
+                lines.append(lineno)
+            if len(rows["label"]) >= LIBSVM_CHUNK_LINES:
+                break
+        if not rows["label"]:
+            return
+        table = {n: pa.array(v, pa.float64() if n in numeric or n == "label" else pa.string())
+                 for n, v in rows.items()}
+        yield pa.table({**table, LINE_COLUMN: pa.array(lines, pa.int64())})
+
+
+class _ReadsNaming:
+    """A binary file's `readline` whose failure (OSError, ArrowInvalid) is a DataError naming `path`."""
+
+    def __init__(self, fh: Any, path: Path) -> None:
+        self.fh, self.path = fh, path
+
+    def readline(self, limit: int = -1) -> bytes:
+        try:
+            return self.fh.readline(limit)
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise DataError(f"cannot read {self.path}: {getattr(exc, 'strerror', None) or _why(exc)}") from None
 
 
 def _libsvm_line(raw: bytes, lineno: int, fields: list[str], fmap: dict[str, str] | None,

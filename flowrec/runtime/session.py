@@ -339,8 +339,11 @@ def bound_dataset(spec: ModelSpec, spec_path: Path, workdir: Path | None,
     from flowrec.data.error_log import SKIP_HINT
     from flowrec.data.sources import spec_file_options
     from flowrec.data.output import folder_locked
+    from flowrec.data.paths import unusable_path
 
     assert spec.data is not None and spec.data.path is not None
+    if problem := unusable_path(spec_path.parent / spec.data.path):  # a link loop: resolve() raised RuntimeError
+        raise DataError(f"the spec's data binding {spec.data.path}: {problem}")
     raw = (spec_path.parent / spec.data.path).resolve()
     if spec.data.format == "parquet":
         return raw

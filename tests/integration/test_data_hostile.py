@@ -436,7 +436,7 @@ def test_skipping_many_rows_says_how_many_of_the_input_and_warns(tmp_path: Path,
     rows (-1/+1 in CSV) left a one-class dataset with nothing but that line. Now the line gives the
     share of the input, and over a tenth of it is a warning that the rows kept may not stand for it."""
     spec = write_spec(tmp_path, SPEC)
-    rows = [f"{i % 2},{i + 0.5},u{i},i{i}," for i in range(10)] + [f"-1,{i}.5,x,y," for i in range(bad)]
+    rows = [f"{i % 2},{i + 0.5},u{i},i{i},s{i % 3}" for i in range(10)] + [f"-1,{i}.5,x,y," for i in range(bad)]
     (tmp_path / "mix.csv").write_bytes(csv(*rows))
     res = runner.invoke(app, ["data", "convert", "csv", str(tmp_path / "mix.csv"), str(tmp_path / "out"), "--spec",
                               str(spec), "-q", "--on-error", "skip"])

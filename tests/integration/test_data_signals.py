@@ -1,6 +1,7 @@
 """SIGTERM (what `kill`, `timeout` and schedulers send) while `flowrec data convert` / `data synth`
 write a dataset, `export` a package or `predict` a scores file: one line, exit 130, and no partial
-folder or temp file left beside the output."""
+folder or temp file left beside the output; and while any other command works (`plan`, `validate`,
+`data inspect`): one line, exit 130."""
 from __future__ import annotations
 
 import subprocess
@@ -311,3 +312,62 @@ def test_a_run_encoding_its_changed_bound_data_again_waits_for_the_readers_of_ru
         holder.wait(timeout=30)
         if encoding.is_alive():
             encoding.join(TIMEOUT_S)
+
+
+# the command's work (argv[1], "module:function") writes a marker (argv[2]) and waits there, as a long
+# plan or a long scan would: the test signals the process from outside once the marker is there
+WORKING = """
+import importlib, sys, time
+from pathlib import Path
+from flowrec.__main__ import run
+
+module, name = sys.argv.pop(1).split(":")
+marker = Path(sys.argv.pop(1))
+
+def working(*args, **kwargs):
+    marker.write_text("working")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
+    raise SystemExit("never stopped")
+
+setattr(importlib.import_module(module), name, working)
+sys.argv = ["flowrec", *sys.argv[1:]]
+run()
+"""
+
+
+@pytest.mark.parametrize("sig, says", [("SIGTERM", "SIGTERM"), ("SIGHUP", "SIGHUP"), ("SIGINT", "Ctrl-C")])
+@pytest.mark.parametrize("command", ["plan", "validate", "inspect"])
+def test_a_signal_while_any_command_works_is_one_line_and_exit_130(
+        tmp_path: Path, command: str, sig: str, says: str) -> None:
+    """`flowrec plan SPEC` (so `validate`, and `data inspect` between its reads) stopped by SIGTERM
+    ended at once without a word (status 143), where train, convert and the others say they were
+    stopped in one line and exit 130; Ctrl-C said click's 'Aborted!' at status 1."""
+    import signal
+    import time
+
+    from flowrec.testing.specs import run_spec
+
+    (tmp_path / "spec.yaml").write_text(run_spec("signalled"))
+    (tmp_path / "ds").mkdir()
+    work, args = {"plan": ("flowrec.cli.plan_cmd:make_plan", ["plan", "spec.yaml"]),
+                  "validate": ("flowrec.cli.spec_cmds:validate_paths", ["validate", "spec.yaml"]),
+                  "inspect": ("flowrec.data.days:split_parts", ["data", "inspect", "ds"])}[command]
+    marker = tmp_path / "started"
+    proc = subprocess.Popen([sys.executable, "-c", WORKING, work, str(marker), *args], cwd=tmp_path,
+                            env=subprocess_env(ROOT), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert marker.exists(), proc.communicate(timeout=TIMEOUT_S)
+        proc.send_signal(getattr(signal, sig))
+        out, err = proc.communicate(timeout=TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, (proc.returncode, err[-2000:])
+    assert err.strip().splitlines() == [f"error: interrupted ({says})"], err[-2000:]
+    assert "never stopped" not in out + err

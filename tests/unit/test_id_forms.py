@@ -465,8 +465,10 @@ def test_forms_of_zero_padded_ids() -> None:
     encoder = Encoder(spec_from_dict(_spec("hashed")), {}, {}, {})
     forms.observe(encoder, pa.table({"user": padded}))
     assert forms.record()["user"]["form"] == ZEROS
-    forms.observe(encoder, pa.table({"user": wide}))  # a later chunk of wide ids only: integers
-    assert forms.record()["user"]["form"] == "integers"
+    forms.observe(encoder, pa.table({"user": wide}))  # a later chunk of ids as wide, none starting with 0: padded
+    assert forms.record()["user"]["form"] == ZEROS
+    forms.observe(encoder, pa.table({"user": [short]}))  # a later chunk of a narrower id: integers
+    assert forms.record()["user"] == {"form": "integers", "example": short, "type": "string"}
 
 
 @pytest.mark.parametrize("table", ["hashed", "managed"])
@@ -568,3 +570,39 @@ def test_an_id_column_of_values_without_text_is_one_line_naming_it() -> None:
     for fine in (pa.array(ints.astype(np.float16)), pa.array(ints.astype("timedelta64[s]")),
                  pa.array([str(i) for i in ints]).cast(pa.decimal128(10, 0)), pa.array(ints.astype("datetime64[D]"))):
         check_ids(fine, "user", False)
+
+
+@pytest.mark.parametrize("table", ["hashed", "managed"])
+def test_zero_padding_is_judged_from_ids_all_over_a_dataset_not_its_first(table: str, tmp_path: Path) -> None:
+    """Zero padding was judged from a dataset's first ids: a training file whose first rows (a
+    chunk's first 1,024 ids) happen to start with no 0 and whose later rows are padded recorded
+    'integers', and a dataset for `eval --data`, `--init-from` or `--follow` whose first id is as
+    wide as training's but whose later ids lost their zeros was told by that first id: neither was
+    said. The sample is spread over each chunk and the record of integers carries their narrowest."""
+    from flowrec.data.convert import convert
+    from flowrec.data.id_forms import ZEROS, changed_forms
+    from flowrec.data.layout import read_meta
+    from flowrec.spec import spec_from_dict
+
+    rng = np.random.default_rng()
+    width = int(rng.integers(5, 9))
+    model = spec_from_dict(_spec(table))
+    n_wide, n_padded = int(rng.integers(1_100, 2_000)), int(rng.integers(300, 600))
+    wide = rng.integers(10 ** (width - 1), 10 ** width, n_wide)  # as wide as the padded ids, none starting with 0
+    small = rng.zipf(1.3, n_padded) % 10 ** (width - 2) + 1
+    rows = _rows(rng, n_wide + n_padded)
+    rows["user"] = [str(i) for i in wide] + [f"{i:0{width}d}" for i in small]  # only the later rows padded
+    rows.to_csv(tmp_path / "train.csv", index=False)
+    convert(model, "csv", [tmp_path / "train.csv"], tmp_path / "ds")
+    trained = read_meta(tmp_path / "ds").source["encoder"]["id_forms"]
+    assert trained["user"]["form"] == ZEROS and trained["user"]["example"].startswith("0")
+    rows["user"] = [str(i) for i in wide] + [str(i) for i in small]  # pandas' round trip: the zeros gone
+    rows.to_csv(tmp_path / "lost.csv", index=False)
+    convert(model, "csv", [tmp_path / "lost.csv"], tmp_path / "lost")
+    seen = read_meta(tmp_path / "lost").source["encoder"]["id_forms"]
+    narrowest = min(len(str(i)) for i in small)
+    assert seen["user"]["form"] == "integers" and len(seen["user"]["example"]) == narrowest
+    assert int(seen["user"]["example"]) in set(small.tolist())  # a later row's id, its zeros lost
+    (line,) = changed_forms(model, {}, trained, seen)
+    assert line.startswith("column user: the ids of feature user are written as integers") and "read_csv" in line
+    assert changed_forms(model, {}, trained, trained) == []  # the training rows' own form says nothing

@@ -1071,3 +1071,248 @@ def test_an_empty_or_blank_text_file_is_one_line_in_flowrecs_words(tmp_path: Pat
     path.write_bytes(text)
     with pytest.raises(DataError, match=r"rows\.csv holds no rows \(it is empty or blank\)$"):
         list(sources.reader(fmt)(path, {}, ErrorLog("fail", str(path)), set()))
+
+
+def _skewed_rows(rng: np.random.Generator, n: int, price: bool = True, user: bool = True,
+                 label: bool = True) -> str:
+    """CSV rows of `csv_spec` (price, user, clicked) with skewed values; a column left out is
+    written empty in every row (nothing, `nan` in a number column, spaces in the id column)."""
+    blanks, missing = ("", " ", "  "), ("", "nan", "")
+    return "price,user,clicked\n" + "".join(
+        f"{rng.lognormal(1.0, 1.5) if price else missing[i % 3]},"
+        f"{f'u{rng.zipf(1.4)}' if user else blanks[i % 3]},"
+        f"{int(rng.random() < 0.15) if label else missing[i % 3]}\n" for i in range(n))
+
+
+@pytest.mark.parametrize("empty", ["user", "price"])
+def test_a_feature_column_empty_in_every_row_is_said_naming_the_column_and_the_file(
+        tmp_path: Path, empty: str) -> None:
+    """A feature column empty (blank or null) in every row converted without a word: every id was
+    the missing id (every dense value its fill), a model trained on nothing from it; now one
+    warning line per such feature names the column and the file."""
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng()
+    n = int(rng.integers(200, 400))
+    path = tmp_path / "day.csv"
+    path.write_text(_skewed_rows(rng, n, price=empty != "price", user=empty != "user"))
+    report = convert(_spec(), "csv", [path], tmp_path / "out")
+    said = [line for line in report.warnings if f"column {empty!r}" in line]
+    assert len(said) == 1 and said[0].startswith(f"{path}: ") and f"every one of its {n:,} rows" in said[0], \
+        report.warnings
+    assert ("missing id (row 0)" if empty == "user" else "fill value 0") in said[0]
+    assert not [line for line in report.warnings if "is empty in every" in line and line not in said]
+    written = pq.read_table(tmp_path / "out").column(empty).to_numpy()
+    assert (written[0::3] == 0).all() and len(np.unique(written)) <= 3  # missing (or fill), 2 texts of blanks
+    # one row holding a value, the last, is a column that holds data: no warning
+    lines = path.read_text().splitlines()
+    last = lines[-1].split(",")
+    last[1 if empty == "user" else 0] = "u7" if empty == "user" else "2.5"
+    path.write_text("\n".join([*lines[:-1], ",".join(last)]) + "\n")
+    report = convert(_spec(), "csv", [path], tmp_path / "out2")
+    assert not [line for line in report.warnings if "is empty in every" in line], report.warnings
+
+
+def test_a_feature_column_empty_in_a_parquet_file_and_in_bound_training_data_is_said(tmp_path: Path) -> None:
+    """Parquet nulls (a dense NaN and a null id column) are as empty as blank text, and `flowrec
+    train` encoding a spec's bound raw data says so too (the train path that converts raw files)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import yaml
+    from typer.testing import CliRunner
+
+    from flowrec.cli import app
+    from flowrec.testing.specs import mini_spec
+
+    rng = np.random.default_rng()
+    n = int(rng.integers(300, 500))
+    pq.write_table(pa.table({"price": np.full(n, np.nan), "user": pa.array([None] * n, pa.string()),
+                             "clicked": (rng.random(n) < 0.2).astype(float)}), tmp_path / "raw.parquet")
+    report = convert(_spec(), "parquet", [tmp_path / "raw.parquet"], tmp_path / "out")
+    assert sorted(line.split("'")[1] for line in report.warnings if "is empty in every" in line) == ["price", "user"]
+    doc = yaml.safe_load(mini_spec("emptybound"))
+    doc["data"] = {"format": "csv", "path": "rows.csv", "label": "clicked"}
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(doc))
+    (tmp_path / "rows.csv").write_text("d1,user,clicked\n" + "".join(
+        f"{rng.lognormal():.4f},,{int(rng.random() < 0.3)}\n" for _ in range(n)))
+    result = CliRunner().invoke(app, ["train", str(tmp_path / "spec.yaml"), "--out", str(tmp_path / "run"),
+                                      "--epochs", "1", "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    said = [line for line in result.output.splitlines() if "is empty in every" in line]
+    assert len(said) == 1 and "column 'user'" in said[0] and "rows.csv" in said[0], result.output
+
+
+@pytest.mark.parametrize("on_error", ["fail", "skip"])
+def test_a_label_column_empty_in_every_row_is_refused_naming_it_not_advised_to_skip(
+        tmp_path: Path, on_error: str) -> None:
+    """A label column empty in every row said 'malformed row at day.csv:2: missing label in column
+    clicked (use --on-error skip to skip such rows)', advice that skips every row; now one line
+    naming the column, its head and the file, whatever --on-error."""
+    rng = np.random.default_rng()
+    path = tmp_path / "day.csv"
+    path.write_text(_skewed_rows(rng, int(rng.integers(50, 300)), label=False))
+    rows = "the \\d+ rows read" if on_error == "fail" else "its \\d+ rows"
+    with pytest.raises(DataError, match=rf"day\.csv: column 'clicked', the label of head ctr, is empty in every one "
+                                        rf"of {rows}: no row could train") as caught:
+        convert(_spec(), "csv", [path], tmp_path / "out", on_error=on_error)
+    assert "--on-error skip" not in str(caught.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_link_loop_given_as_a_path_is_one_line_naming_it(tmp_path: Path) -> None:
+    """A link loop (`ln -s b a; ln -s a b`) given as data convert's input or output, train's --out,
+    or a spec's data.path was Python's 'RuntimeError: Symlink loop from ...' traceback (or its words),
+    and as --data or data inspect's folder 'dataset directory not found'; now one line naming the link."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from flowrec.cli import app
+
+    rng = np.random.default_rng()
+    (tmp_path / "a").symlink_to("b")
+    (tmp_path / "b").symlink_to("a")
+    (tmp_path / "rows.csv").write_text(_skewed_rows(rng, int(rng.integers(20, 80))))
+    doc = {"name": "loops", "features": [{"name": "price", "type": "dense"},
+                                         {"name": "user", "type": "categorical", "hash_buckets": 64, "dim": 4}],
+           "modules": [{"name": "top", "kind": "mlp", "inputs": ["@dense", "@sparse"], "layers": [4]}],
+           "heads": [{"name": "ctr", "input": "top"}], "data": {"format": "csv", "path": "a/rows.csv", "label": "clicked"}}
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(doc))
+    spec, loop = str(tmp_path / "spec.yaml"), str(tmp_path / "a")
+    for args, name in ((["data", "convert", "csv", loop, str(tmp_path / "out"), "--spec", spec, "-q"], "SOURCE"),
+                       (["data", "convert", "csv", str(tmp_path / "rows.csv"), loop, "--spec", spec, "-q"], "OUT"),
+                       (["data", "inspect", f"{loop}/x"], "DATA"),
+                       (["train", spec, "--data", loop, "--device", "cpu"], "--data"),
+                       (["train", spec, "--out", loop, "--device", "cpu"], "--out"),
+                       (["train", spec, "--out", str(tmp_path / "run"), "--device", "cpu"], "the spec's data binding")):
+        result = CliRunner().invoke(app, args)
+        lines = result.output.strip().splitlines()
+        assert result.exit_code == 2 and len(lines) == 1, (args, result.output)
+        assert lines[0].startswith(f"error: {name}") and f"{loop} is a link loop" in lines[0], (args, lines)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b", "rows.csv", "spec.yaml"]
+
+
+@pytest.mark.parametrize("fmt, name", [("libsvm", "rows.libsvm.gz"), ("csv", "rows.csv.gz")])
+def test_a_truncated_gzip_file_is_one_line_naming_it(tmp_path: Path, fmt: str, name: str) -> None:
+    """A .gz file cut short (a download or copy that stopped) given to libsvm said only 'error:
+    Truncated compressed stream', naming no file (the CSV formats named it)."""
+    import gzip
+
+    rng = np.random.default_rng()
+    n = int(rng.integers(2_000, 5_000))
+    if fmt == "libsvm":
+        text = "".join(f"{int(rng.random() < 0.2)} 0:{rng.lognormal():.4f} 1:{rng.zipf(1.3)}\n" for _ in range(n))
+        spec = _spec(options={"fields": ["price", "user"]})
+    else:
+        text, spec = _skewed_rows(rng, n), _spec()
+    packed = gzip.compress(text.encode())
+    (tmp_path / name).write_bytes(packed[:int(len(packed) * rng.uniform(0.3, 0.9))])
+    with pytest.raises(DataError, match=rf"^cannot read {re.escape(str(tmp_path / name))}: .*[Tt]runcated"):
+        convert(spec, fmt, [tmp_path / name], tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_inspect_of_a_dataset_with_a_damaged_part_names_that_part(tmp_path: Path) -> None:
+    """A dataset whose later part file is 0 bytes (a disk that filled, a copy cut short) was said by
+    `data inspect` to have an unreadable first part, a good file: the count of readable parts was
+    never kept when one failed. The damaged part is named."""
+    from flowrec.data.inspect import inspect_dataset
+
+    rng = np.random.default_rng()
+    path = tmp_path / "rows.csv"
+    path.write_text(_skewed_rows(rng, int(rng.integers(300, 600))))
+    convert(_spec(), "csv", [path], tmp_path / "ds", rows_per_file=int(rng.integers(40, 90)))
+    parts = sorted((tmp_path / "ds").glob("part-*.parquet"))
+    damaged = parts[int(rng.integers(1, len(parts)))]
+    damaged.write_bytes(b"")
+    with pytest.raises(DataError, match=rf"^{re.escape(str(damaged))}: unreadable Parquet part"):
+        inspect_dataset(tmp_path / "ds")
+
+
+def test_a_file_whose_every_row_is_one_row_repeated_is_said_per_feature(tmp_path: Path) -> None:
+    """A file whose every row is a duplicate of one row (an export that repeated its first row, a
+    column an export filled with one value) converted without a word: a model learns nothing from a
+    feature that holds one value in every row. One warning line per such feature, naming the
+    column, the value and the file; a column that holds a second value in its last row says nothing."""
+    rng = np.random.default_rng()
+    n = int(rng.integers(100, 400))
+    row = f"{rng.lognormal(1.0, 1.5):.4f},u{rng.zipf(1.3)},{int(rng.random() < 0.5)}\n"
+    path = tmp_path / "day.csv"
+    path.write_text("price,user,clicked\n" + row * n)
+    report = convert(_spec(), "csv", [path], tmp_path / "out")
+    said = sorted(line for line in report.warnings if "holds one value" in line)
+    price, user = row.split(",")[:2]
+    assert said == [f"{path}: column 'price' (feature price) holds one value ({float(price)!r}) in every one of its "
+                    f"{n:,} rows: a model learns nothing from it; a column an export filled, or a file of one row "
+                    "repeated?",
+                    f"{path}: column 'user' (feature user) holds one value ({user!r}) in every one of its {n:,} rows: "
+                    "a model learns nothing from it; a column an export filled, or a file of one row repeated?"]
+    path.write_text("price,user,clicked\n" + row * n + f"{float(price) + 1},{user}7,0\n")
+    report = convert(_spec(), "csv", [path], tmp_path / "out2")
+    assert not [line for line in report.warnings if "holds one value" in line], report.warnings
+
+
+@pytest.mark.parametrize("header", ["use\u0301r id", "us\u00e9r\u00a0id"], ids=["accent-apart", "no-break-space"])
+def test_a_header_name_that_only_looks_like_the_specs_says_how_it_differs(tmp_path: Path, header: str) -> None:
+    """A header naming a column with its accent written apart (NFD, as macOS writes names) or a
+    no-break space was refused as "columns ['usér id'] ... not in the input (has [..., 'usér id',
+    ...])", two names that print alike; the line now shows both with their code points."""
+    rng = np.random.default_rng()
+    path = tmp_path / "day.csv"
+    path.write_text(_skewed_rows(rng, int(rng.integers(20, 90))).replace("price,user,", f"price,{header},", 1))
+    with pytest.raises(DataError, match=r"looks like 'us\\xe9r id' but is written with other characters") as caught:
+        convert(_spec(columns={"user": "us\u00e9r id"}), "csv", [path], tmp_path / "out")
+    assert ascii(header) in str(caught.value)
+    path.write_text(path.read_text().replace(header, "us\u00e9r id", 1))  # the same characters: converts
+    assert convert(_spec(columns={"user": "us\u00e9r id"}), "csv", [path], tmp_path / "out").rows > 0
+
+
+@pytest.mark.parametrize("options", [{"test_fraction": 0.2}, {"sep": ";"}])
+def test_rows_lacking_a_column_for_a_package_whose_spec_sets_data_options_are_one_line(
+        tmp_path: Path, options: dict) -> None:
+    """`flowrec predict PKG rows.csv` (and model.predict) of rows lacking a column, for a package
+    whose spec sets any data.options (test_fraction, sep), was "AttributeError: 'tuple' object has
+    no attribute 'get'": the separator note read the spec's options, frozen as (key, value) pairs,
+    as a dict. It is the one line naming the columns (and the separator the package reads)."""
+    from flowrec.serving.predict import separator_note
+
+    spec = _spec(options=options)
+    reads = options.get("sep", ",")
+    other = "\t" if reads != "\t" else ","
+    note = separator_note([other.join(["price", "user", "clicked"])], ["price", "user"], spec)
+    assert note.startswith("; the header looks ") and f"where the package reads {reads!r}-separated text" in note
+    assert separator_note(["prix", "usr"], ["price", "user"], spec) == ""
+
+
+@pytest.mark.parametrize("feature", ["user", "price"])
+def test_a_feature_mapped_to_the_label_column_is_said(tmp_path: Path, feature: str) -> None:
+    """data.columns mapping a feature to the label column (a slip of the pen: `user: clicked`)
+    converted without a word, and the model, given the answer as an input, trained to a loss near
+    0; one warning line names the feature, the column and the head."""
+    rng = np.random.default_rng()
+    path = tmp_path / "day.csv"
+    path.write_text(_skewed_rows(rng, int(rng.integers(50, 200))))
+    report = convert(_spec(columns={feature: "clicked"}), "csv", [path], tmp_path / "out")
+    said = [line for line in report.warnings if "is given the answer" in line]
+    assert said == [f"feature {feature} reads column 'clicked', the label of head ctr: the model is given the answer "
+                    f"it is to predict; map feature {feature} to another column (data.columns)"], report.warnings
+    report = convert(_spec(), "csv", [path], tmp_path / "out2")
+    assert not [line for line in report.warnings if "is given the answer" in line], report.warnings
+
+
+def test_a_label_column_empty_in_its_first_chunk_only_skips_those_rows(tmp_path: Path) -> None:
+    """Under --on-error skip a label column is refused only when no row of the file holds a label:
+    a file whose first chunk (65,536 Parquet rows) lacks labels and whose later rows hold them
+    converts the later rows, the others skipped as malformed."""
+    import pyarrow.parquet as pq
+
+    from flowrec.data.sources import PARQUET_BATCH_ROWS
+
+    rng = np.random.default_rng()
+    later = int(rng.integers(10, 500))
+    n = PARQUET_BATCH_ROWS + later
+    labels = (rng.random(n) < 0.2).astype(float)
+    labels[:PARQUET_BATCH_ROWS] = np.nan
+    pq.write_table(pa.table({"price": rng.lognormal(1.0, 1.5, n), "user": [f"u{i}" for i in rng.zipf(1.3, n)],
+                             "clicked": labels}), tmp_path / "day.parquet")
+    report = convert(_spec(), "parquet", [tmp_path / "day.parquet"], tmp_path / "out", on_error="skip")
+    assert (report.rows, report.errors) == (later, PARQUET_BATCH_ROWS)
