@@ -240,8 +240,11 @@ def test_data_inspect_shows_the_recorded_forms_of_ids(table: str, tmp_path: Path
     assert shown.exit_code == 0, shown.output
     lines = [x for x in shown.output.splitlines() if x.startswith("ids of feature user: ")]
     assert len(lines) == 2, shown.output  # train/ and test/
-    first = rows.user.dropna().iloc[0]
-    example = f"{first:.1f}" if floats else str(first)  # the first id, as the CSV writes it (read as text)
+    if floats:  # the first id, as the CSV writes it (read as text)
+        example = f"{rows.user.dropna().iloc[0]:.1f}"
+    else:  # integers: their narrowest (what lost zeros are told by; the sample holds every row here)
+        ids = [str(u) for u in rows.user]
+        example = next(u for u in ids if len(u) == min(map(len, ids)))
     assert lines[0] == f"ids of feature user: written as {form} ({example!r}, read as string)", lines
     assert all(x.startswith(f"ids of feature user: written as {form} (") for x in lines)
     doc = json.loads(runner.invoke(app, ["data", "inspect", str(tmp_path / "ds"), "--json"]).output)
