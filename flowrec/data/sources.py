@@ -744,6 +744,7 @@ def _parse_numbers(text: pa.Array, lines: np.ndarray, bad: np.ndarray, log: Erro
         raw = text.to_pandas()
         words = raw.str.strip().str.lower()
         raw = raw.where(~words.isin(list(BOOL_NUMBERS)), words.map(BOOL_NUMBERS))
+        raw = raw.mask(words == "")  # spaces only: missing, as an empty field is (not 'non-numeric value ' '')
         parsed = pd.to_numeric(raw, errors="coerce")
         wrong = (raw.notna() & parsed.isna()).to_numpy()
         for i in np.flatnonzero(wrong & ~bad):

@@ -1316,3 +1316,39 @@ def test_a_label_column_empty_in_its_first_chunk_only_skips_those_rows(tmp_path:
                              "clicked": labels}), tmp_path / "day.parquet")
     report = convert(_spec(), "parquet", [tmp_path / "day.parquet"], tmp_path / "out", on_error="skip")
     assert (report.rows, report.errors) == (later, PARQUET_BATCH_ROWS)
+
+
+def test_a_number_written_as_spaces_is_missing_as_an_empty_field_is(tmp_path: Path) -> None:
+    """A dense or label value of spaces only (`1.5, ,0`, as a spreadsheet pads cells) was a malformed
+    row, "non-numeric value ' '", where the same field left empty is a missing value: both now read
+    alike (the dense value missing, the label's row a missing label)."""
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng()
+    n = int(rng.integers(200, 400))
+    prices = [f"{float(v):.3f}" for v in rng.lognormal(0.0, 1.5, n)]
+    users = [f"u{int(v)}" for v in rng.zipf(1.4, n) % 500]
+    labels = [str(int(v)) for v in rng.integers(0, 2, n)]
+    blank = rng.choice(n, size=max(2, n // 10), replace=False)
+    spaces = [" " * int(rng.integers(1, 4)) for _ in blank]
+
+    def write(name: str, fill: list[str], column: list[str], which: int) -> Path:
+        cells = [prices, users, labels]
+        cells = [list(c) for c in cells]
+        for i, text in zip(blank, fill):
+            cells[which][i] = text
+        path = tmp_path / name
+        path.write_text("price,user,clicked\n" + "".join(f"{p},{u},{c}\n" for p, u, c in zip(*cells)))
+        return path
+
+    empty, padded = write("empty.csv", [""] * len(blank), prices, 0), write("spaces.csv", spaces, prices, 0)
+    convert(_spec(), "csv", [empty], tmp_path / "a")
+    convert(_spec(), "csv", [padded], tmp_path / "b")
+    a, b = pq.read_table(tmp_path / "a"), pq.read_table(tmp_path / "b")
+    assert a.num_rows == n and a.equals(b)
+    messages = []
+    for name, fill in (("empty_label.csv", [""] * len(blank)), ("spaces_label.csv", spaces)):
+        with pytest.raises(DataError) as caught:
+            convert(_spec(), "csv", [write(name, fill, labels, 2)], tmp_path / name.replace(".csv", ""))
+        messages.append(str(caught.value).replace(name, "F"))
+    assert messages[0] == messages[1] and "non-numeric" not in messages[1]
