@@ -22,7 +22,7 @@ import sys
 import warnings
 from math import prod
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, NamedTuple
 
 import torch
 from torch import nn
@@ -151,10 +151,26 @@ def build_custom(path: str, params: Mapping[str, Any]) -> nn.Module:
     return module
 
 
+class DryRun(NamedTuple):
+    """What a dry run measured of a custom module: its output width per sample, the bytes of its
+    trainable parameters (which also have gradients and optimizer state) and the bytes it holds
+    once (buffers and frozen parameters)."""
+
+    width: int
+    param_bytes: int
+    buffer_bytes: int
+
+
 def meta_width(path: str, params: Mapping[str, Any], in_width: int) -> int:
+    """Output width per sample of `Class(**params)` on (batch, in_width) inputs (`dry_run`)."""
+    return dry_run(path, params, in_width).width
+
+
+def dry_run(path: str, params: Mapping[str, Any], in_width: int) -> DryRun:
     """Output width per sample of `Class(**params)` on (batch, in_width) inputs of each of
     DRY_RUNS (two batch sizes in training mode, one in eval mode), by a dry run on the meta device (no memory, no compute), or on CPU zeros where
-    the forward needs values (`_cpu_dry_run`). Whatever the user's code prints goes to stderr,
+    the forward needs values (`_cpu_dry_run`), and the bytes of its parameters and buffers (after
+    the forward: lazy parameters have their shapes then). Whatever the user's code prints goes to stderr,
     so that machine-readable output on stdout (`flowrec plan --json -`) stays clean.
 
     Raises:
@@ -170,7 +186,7 @@ def meta_width(path: str, params: Mapping[str, Any], in_width: int) -> int:
         try:
             outputs = [_meta_forward(inner, batch, in_width, training) for batch, training in DRY_RUNS]
         except (Exception, SystemExit):  # a user's forward may raise anything; meta tensors hold no values
-            outputs = _cpu_dry_run(path, params, in_width)  # (`x.sum() > 0`, `.item()`): try real zeros
+            inner, outputs = _cpu_dry_run(path, params, in_width)  # (`x.sum() > 0`, `.item()`): try real zeros
     (first, x), (second, y), (evaluated, z) = outputs
     width, other = _width(path, first, x), _width(path, second, y)
     if other != width:  # (B, B * k): the next layer's weights are made for one batch size
@@ -180,7 +196,22 @@ def meta_width(path: str, params: Mapping[str, Any], in_width: int) -> int:
         raise CustomModuleError(f"{path} returns {width:,} values per sample in training but {in_eval:,} in eval "
                                 "mode (evaluation, export, predict): its values per sample must not depend on "
                                 "self.training")
-    return width
+    return DryRun(width, *state_bytes(inner))
+
+
+def state_bytes(module: nn.Module) -> tuple[int, int]:
+    """(bytes of `module`'s trainable parameters, bytes of its buffers and frozen parameters), each
+    tensor counted once however many submodules share it (meta tensors count as their CPU copies)."""
+    trainable = held = 0
+    for tensor in (*module.parameters(), *module.buffers()):
+        if nn.parameter.is_lazy(tensor):
+            continue  # no shape yet
+        size = tensor.numel() * tensor.element_size()
+        if isinstance(tensor, nn.Parameter) and tensor.requires_grad:
+            trainable += size
+        else:
+            held += size
+    return trainable, held
 
 
 def _meta_forward(inner: nn.Module, batch: int, in_width: int, training: bool) -> tuple[Any, torch.Tensor]:
@@ -214,8 +245,8 @@ def _width(path: str, out: Any, x: torch.Tensor) -> int:
     return width
 
 
-def _cpu_dry_run(path: str, params: Mapping[str, Any], in_width: int) -> list[tuple[Any, torch.Tensor]]:
-    """The forward on (batch, in_width) zeros on the CPU for each of DRY_RUNS, for a module
+def _cpu_dry_run(path: str, params: Mapping[str, Any], in_width: int) -> tuple[nn.Module, list[tuple[Any, torch.Tensor]]]:
+    """The module, and its forward on (batch, in_width) zeros on the CPU for each of DRY_RUNS, for a module
     whose forward needs values (data-dependent control flow), without gradients and without
     touching torch's generator.
 
@@ -224,7 +255,8 @@ def _cpu_dry_run(path: str, params: Mapping[str, Any], in_width: int) -> list[tu
     """
     with torch.random.fork_rng(devices=[]):
         inner = build_custom(path, params)
-        return [_forward_zeros(inner.train(training), path, in_width, batch=batch) for batch, training in DRY_RUNS]
+        return inner, [_forward_zeros(inner.train(training), path, in_width, batch=batch)
+                       for batch, training in DRY_RUNS]
 
 
 class CustomModule(nn.Module):

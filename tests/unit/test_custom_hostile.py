@@ -1,0 +1,76 @@
+"""Custom modules as a demanding user meets them: their parameters counted in the plan's memory,
+rows scored independently of their batch in eval mode, a failing state_dict one line, and a class
+file known by its content wherever it lies."""
+from __future__ import annotations
+
+import random
+import textwrap
+
+import pytest
+
+from flowrec.planner.fit import misfit
+from flowrec.planner.manager import make_plan
+from flowrec.runtime.custom import resolve_custom
+from flowrec.spec import spec_from_dict
+
+BLOCKS = textwrap.dedent('''
+    import torch
+    from torch import nn
+
+
+    class Wide(nn.Module):
+        """Two linear layers through a hidden width, a buffer of that width and a frozen projection."""
+        def __init__(self, in_features, hidden, frozen):
+            super().__init__()
+            self.up = nn.Linear(in_features, hidden)
+            self.down = nn.Linear(hidden, 3)
+            self.register_buffer("scale", torch.ones(hidden))
+            self.fixed = nn.Linear(in_features, frozen, bias=False)
+            self.fixed.weight.requires_grad_(False)
+
+        def forward(self, x):
+            return self.down(torch.relu(self.up(x)) * self.scale) + self.fixed(x).sum(1, keepdim=True)
+''')
+
+
+@pytest.fixture()
+def blocks(tmp_path):
+    path = tmp_path / "blocks.py"
+    path.write_text(BLOCKS)
+    return path
+
+
+def spec_doc(cls: str, params: dict) -> dict:
+    return {
+        "name": "hostile_custom",
+        "features": [
+            {"name": "x0", "type": "dense"},
+            {"name": "user", "type": "categorical", "hash_buckets": 200, "dim": 8},
+        ],
+        "modules": [
+            {"name": "mine", "kind": "custom", "class": cls, "inputs": ["@dense", "@sparse"], "params": params},
+            {"name": "top", "kind": "mlp", "inputs": ["mine"], "layers": [4]},
+        ],
+        "heads": [{"name": "ctr", "input": "top"}],
+        "optimizer": {"dense": {"name": "adam", "lr": 0.01}, "sparse": {"name": "sgd", "lr": 0.05}},
+        "training": {"batch_size": 64, "seed": 1},
+    }
+
+
+def test_a_custom_modules_parameters_and_buffers_count_in_the_plans_memory(blocks):
+    """A custom module of 50 M parameters planned the memory of one of 10: its parameters,
+    gradients and optimizer state were counted as none, and a device budget never refused it."""
+    rng = random.Random()
+    hidden, frozen = rng.randrange(1 << 20, 12 << 20), rng.randrange(3, 400)  # up to 50 M parameters, on meta
+    spec = resolve_custom(spec_from_dict(spec_doc(f"{blocks}:Wide", {"in_features": 9, "hidden": hidden,
+                                                                     "frozen": frozen})))
+    small = resolve_custom(spec_from_dict(spec_doc(f"{blocks}:Wide", {"in_features": 9, "hidden": 1, "frozen": 1})))
+    trainable, held = 4 * (9 * hidden + hidden + hidden * 3 + 3), 4 * (hidden + 9 * frozen)
+    assert (spec.modules[0].param("param_bytes"), spec.modules[0].param("buffer_bytes")) == (trainable, held)
+    plan, plan_small = make_plan(spec, target="cpu"), make_plan(small, target="cpu")
+    assert plan.graph.nodes["mine"]["op"].param_bytes == trainable
+    adam = 2  # adam's two state copies: parameters, gradients, two moments
+    grown = dict(plan.cost.memory)["dense"] - dict(plan_small.cost.memory)["dense"]
+    assert grown == (2 + adam) * (trainable - 4 * (9 + 1 + 3 + 3)) + held - 4 * (1 + 9)
+    line = misfit(plan, trainable, "device memory")  # its parameters alone fit; with Adam's state they do not
+    assert line is not None and "module mine:" in line
