@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import importlib
 import importlib.util
@@ -288,6 +289,7 @@ class CustomModule(nn.Module):
         if meta:
             raise CustomModuleError(f"{config['class']} keeps {', '.join(meta[:3])} on the meta device (no values): "
                                     "create its tensors without device='meta'")
+        check_rows_independent(inner, config["class"], sum(prod(s) for s in input_shapes))
         return cls(inner, config["class"])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -340,6 +342,64 @@ def backward_failure(exc: BaseException, model: nn.Module) -> str | None:
     return (f"the backward pass of a model with custom modules ({named}) failed: {_why(exc)}; a custom module's "
             "forward must not keep a tensor of one step for the next (detach it: self.kept = y.detach()) nor "
             "change in place a tensor it computed with")
+
+
+ROW_CHECK_ROWS = 3  # rows of the eval-mode batch whose outputs are compared with each row's alone
+ROW_CHECK_SEED = 20261206  # the check's input values: the same check at every build
+ROW_CHECK_RTOL = 1e-4  # relative: a GEMM of one row may sum in another order than one of three
+ROW_CHECK_ATOL = 1e-5  # absolute, times the largest output value (at least 1)
+
+
+def check_rows_independent(inner: nn.Module, path: str, in_width: int) -> None:
+    """Refuse a module whose eval-mode output for a row depends on the other rows of its batch (a
+    softmax or a mean over dim 0): `flowrec eval`, `export`, `predict` and micro-batches would give
+    a row a score that follows the rows it happened to be batched with. Its outputs for
+    ROW_CHECK_ROWS rows of skewed random values are compared with each row's output alone, on a
+    copy of the module (its own state, a counter, stays as it was), without gradients and off
+    torch's generator. Training-mode batch dependence (batch norm's batch statistics) is allowed.
+    Nothing is said where the check cannot run: the module cannot be copied, its forward raises
+    (training says so, naming it), it returns no (B, ...) tensor, or it draws random numbers in
+    eval mode (two seeds give two outputs: no row has one output to compare).
+
+    Raises:
+        CustomModuleError: a row's output alone differs from its output in the batch.
+    """
+    try:
+        copied = copy.deepcopy(inner).eval()
+    except Exception:  # noqa: BLE001 - a module holding a lock or a file cannot be copied: no check
+        return
+    gen = torch.Generator().manual_seed(ROW_CHECK_SEED)
+    x = torch.randn(ROW_CHECK_ROWS, in_width, generator=gen) * torch.logspace(-1, 1, ROW_CHECK_ROWS)[:, None]
+
+    def run(rows: torch.Tensor, seed: int = 0) -> Any:
+        torch.manual_seed(seed)
+        return copied(rows.clone())
+
+    try:
+        with (torch.random.fork_rng(devices=[]), torch.no_grad(), torch_settings_kept(), warnings.catch_warnings(),
+              contextlib.redirect_stdout(sys.stderr), _stop_named(path, "running")):
+            warnings.simplefilter("ignore")
+            whole, other_seed = run(x), run(x, 1)
+            if not _rows_of(whole, ROW_CHECK_ROWS) or not _rows_of(other_seed, ROW_CHECK_ROWS) \
+                    or not torch.equal(whole, other_seed):
+                return
+            alone = [run(x[i:i + 1]) for i in range(ROW_CHECK_ROWS)]
+    except (Exception, SystemExit):  # a user's forward may raise anything
+        return
+    scale = max(1.0, float(whole.detach().abs().max())) if whole.numel() else 1.0
+    for i, out in enumerate(alone):
+        if not _rows_of(out, 1) or out.shape[1:] != whole.shape[1:] or not torch.allclose(
+                out.float(), whole[i:i + 1].float(), rtol=ROW_CHECK_RTOL, atol=ROW_CHECK_ATOL * scale, equal_nan=True):
+            raise CustomModuleError(
+                f"{path}: its output for a row depends on the other rows of the batch in eval mode (row {i} of "
+                f"{ROW_CHECK_ROWS} alone gives other values than in the batch): eval, export and predict must score "
+                "a row the same whatever rows share its batch, so compute across rows (a softmax or mean over "
+                "dim 0) only in training (`if self.training:`), as batch norm does with its running statistics")
+
+
+def _rows_of(out: Any, rows: int) -> bool:
+    """`out` is a tensor of `rows` rows."""
+    return isinstance(out, torch.Tensor) and out.dim() >= 1 and out.shape[0] == rows
 
 
 def _materialize_lazy(inner: nn.Module, path: str, in_width: int) -> None:

@@ -7,10 +7,12 @@ import random
 import textwrap
 
 import pytest
+import torch
 
 from flowrec.planner.fit import misfit
 from flowrec.planner.manager import make_plan
 from flowrec.runtime.custom import resolve_custom
+from flowrec.runtime.lowering import lower
 from flowrec.spec import spec_from_dict
 
 BLOCKS = textwrap.dedent('''
@@ -30,6 +32,61 @@ BLOCKS = textwrap.dedent('''
 
         def forward(self, x):
             return self.down(torch.relu(self.up(x)) * self.scale) + self.fixed(x).sum(1, keepdim=True)
+
+
+    class Across(nn.Module):
+        """A softmax over the batch: a row's score follows the rows batched with it."""
+        def __init__(self, in_features):
+            super().__init__()
+            self.proj = nn.Linear(in_features, 4)
+
+        def forward(self, x):
+            return torch.softmax(self.proj(x), dim=0)
+
+
+    class Later(nn.Module):
+        """Each row minus the next row's value: the first row alone differs, the last does not."""
+        def __init__(self, in_features):
+            super().__init__()
+            self.proj = nn.Linear(in_features, 4)
+
+        def forward(self, x):
+            h = self.proj(x)
+            return h - torch.cat([h[1:], h[:1] * 0], dim=0)
+
+
+    class Normed(nn.Module):
+        """Batch norm: batch statistics in training, running statistics in eval mode."""
+        def __init__(self, in_features):
+            super().__init__()
+            self.proj = nn.Linear(in_features, 5)
+            self.norm = nn.BatchNorm1d(5)
+            self.calls = 0
+
+        def forward(self, x):
+            self.calls += 1
+            return self.norm(self.proj(x))
+
+
+    class CenteredInTraining(nn.Module):
+        """Subtracts the batch mean while training only."""
+        def __init__(self, in_features):
+            super().__init__()
+            self.proj = nn.Linear(in_features, 3)
+
+        def forward(self, x):
+            h = self.proj(x)
+            return h - h.mean(0, keepdim=True) if self.training else h
+
+
+    class NoisyInEval(nn.Module):
+        """Draws noise in eval mode too: no row has one output to compare, so nothing is said."""
+        def __init__(self, in_features):
+            super().__init__()
+            self.proj = nn.Linear(in_features, 3)
+
+        def forward(self, x):
+            return self.proj(x) + 0.01 * torch.randn(len(x), 3)
 ''')
 
 
@@ -74,3 +131,28 @@ def test_a_custom_modules_parameters_and_buffers_count_in_the_plans_memory(block
     assert grown == (2 + adam) * (trainable - 4 * (9 + 1 + 3 + 3)) + held - 4 * (1 + 9)
     line = misfit(plan, trainable, "device memory")  # its parameters alone fit; with Adam's state they do not
     assert line is not None and "module mine:" in line
+
+
+@pytest.mark.parametrize("cls", ["Across", "Later"])
+def test_a_module_whose_rows_depend_on_each_other_in_eval_mode_is_refused(blocks, cls):
+    """A softmax over dim 0 planned, trained and exported: predict gave a row another score in every
+    batch it was sent in, and micro-batches changed what the model computed."""
+    spec = resolve_custom(spec_from_dict(spec_doc(f"{blocks}:{cls}", {"in_features": 9})))
+    with pytest.raises(ValueError) as err:
+        lower(make_plan(spec, target="cpu"), spec, "cpu")
+    line = str(err.value)
+    assert "\n" not in line and line.startswith(f"module 'mine': {blocks}:{cls}: ")
+    assert "depends on the other rows of the batch in eval mode" in line
+
+
+@pytest.mark.parametrize("cls", ["Normed", "CenteredInTraining", "NoisyInEval"])
+def test_batch_statistics_in_training_and_noise_in_eval_are_allowed(blocks, cls):
+    spec = resolve_custom(spec_from_dict(spec_doc(f"{blocks}:{cls}", {"in_features": 9})))
+    model = lower(make_plan(spec, target="cpu"), spec, "cpu")
+    inner = model.ops["mine"].inner
+    assert inner.training and getattr(inner, "calls", 0) == 0  # the check ran a copy, and left this one training
+    if cls == "Normed":
+        assert int(inner.norm.num_batches_tracked) == 0
+        x = torch.randn(7, 9) * torch.logspace(-1, 1, 7)[:, None]
+        out = model.ops["mine"](x)  # training: the batch's own statistics
+        torch.testing.assert_close(out.mean(0), torch.zeros(5), atol=1e-5, rtol=0)
