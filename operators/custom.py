@@ -289,8 +289,10 @@ class CustomModule(nn.Module):
         if meta:
             raise CustomModuleError(f"{config['class']} keeps {', '.join(meta[:3])} on the meta device (no values): "
                                     "create its tensors without device='meta'")
+        module = cls(inner, config["class"])
+        check_state_round_trip(module)
         check_rows_independent(inner, config["class"], sum(prod(s) for s in input_shapes))
-        return cls(inner, config["class"])
+        return module
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # its own copy: x may be another module's output itself (one input), which a forward that
@@ -342,6 +344,39 @@ def backward_failure(exc: BaseException, model: nn.Module) -> str | None:
     return (f"the backward pass of a model with custom modules ({named}) failed: {_why(exc)}; a custom module's "
             "forward must not keep a tensor of one step for the next (detach it: self.kept = y.detach()) nor "
             "change in place a tensor it computed with")
+
+
+def check_state_round_trip(module: "CustomModule") -> None:
+    """Refuse a module whose state cannot go into a checkpoint and back, as a checkpoint, `--resume`,
+    `flowrec eval`, `export` and `--init-from` take it: the state the model's own `state_dict()`
+    collects of it (which calls the class's `state_dict`, `get_extra_state`, and its hooks) must be
+    made, be tensors only (a checkpoint copies and shards it as tensors), and load back into it
+    strictly (`_load_from_state_dict`, `set_extra_state`, its hooks). Loading its own state puts the
+    same values back. Said before anything trains or is written, where a checkpoint after an
+    epoch's training stopped with a traceback and a run folder without a checkpoint.
+
+    Raises:
+        CustomModuleError: one line naming the class and what failed.
+    """
+    path = module.path
+    doing = "state_dict()"
+    try:
+        with (torch.no_grad(), torch_settings_kept(), contextlib.redirect_stdout(sys.stderr),
+              _stop_named(path, "saving the state of")):
+            state = module.state_dict()
+            if not isinstance(state, Mapping):
+                raise TypeError(f"it returned {type(state).__name__}, not a mapping of names to tensors")
+            odd = next((k for k, v in state.items() if not isinstance(v, torch.Tensor)), None)
+            if odd is not None:  # a checkpoint copies and shards the model's state as tensors
+                raise TypeError(f"{odd.removeprefix('inner.')!r} is a {type(state[odd]).__name__}, not a tensor: "
+                                "a checkpoint holds tensors only (keep such state in a buffer: register_buffer)")
+            doing = "load_state_dict() of its own state"
+            module.load_state_dict(state)
+    except UserCodeInterrupted:
+        raise
+    except (Exception, SystemExit) as exc:  # a user's state_dict may raise anything
+        raise CustomModuleError(f"{path}: {doing} failed: {_why(exc)}; a checkpoint, --resume, eval and export "
+                                "save and load the module's state through it") from None
 
 
 ROW_CHECK_ROWS = 3  # rows of the eval-mode batch whose outputs are compared with each row's alone

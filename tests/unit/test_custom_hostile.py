@@ -8,7 +8,10 @@ import textwrap
 
 import pytest
 import torch
+import yaml
+from typer.testing import CliRunner
 
+from flowrec.cli import app
 from flowrec.planner.fit import misfit
 from flowrec.planner.manager import make_plan
 from flowrec.runtime.custom import resolve_custom
@@ -87,7 +90,60 @@ BLOCKS = textwrap.dedent('''
 
         def forward(self, x):
             return self.proj(x) + 0.01 * torch.randn(len(x), 3)
+
+
+    class NoSave(nn.Module):
+        """Its state_dict raises."""
+        def __init__(self, in_features):
+            super().__init__()
+            self.proj = nn.Linear(in_features, 3)
+
+        def forward(self, x):
+            return self.proj(x)
+
+        def state_dict(self, *args, **kwargs):
+            raise RuntimeError("no saving today")
+
+
+    class OwnSignature(NoSave):
+        """A state_dict of its own signature: the model's state_dict passes it prefix= and keep_vars=."""
+        def state_dict(self):
+            return {"w": self.proj.weight}
+
+
+    class NoLoad(NoSave):
+        """Loading its state raises."""
+        def state_dict(self, *args, **kwargs):
+            return nn.Module.state_dict(self, *args, **kwargs)
+
+        def _load_from_state_dict(self, *args, **kwargs):
+            raise ValueError("no loading today")
+
+
+    class Opaque(NoLoad):
+        """Extra state that a weights_only load cannot read."""
+        def _load_from_state_dict(self, *args, **kwargs):
+            return nn.Module._load_from_state_dict(self, *args, **kwargs)
+
+        def get_extra_state(self):
+            return {"when": object()}
+
+        def set_extra_state(self, state):
+            pass
+
+
+    class PlainExtra(Opaque):
+        """Extra state of plain values: a checkpoint copied the model's state as tensors (a traceback)."""
+        def get_extra_state(self):
+            return {"vocab": ["a", "b"], "version": 2}
+
+
+    class TensorExtra(Opaque):
+        """Extra state that is a tensor: allowed."""
+        def get_extra_state(self):
+            return torch.arange(3.0)
 ''')
+runner = CliRunner()
 
 
 @pytest.fixture()
@@ -156,3 +212,30 @@ def test_batch_statistics_in_training_and_noise_in_eval_are_allowed(blocks, cls)
         x = torch.randn(7, 9) * torch.logspace(-1, 1, 7)[:, None]
         out = model.ops["mine"](x)  # training: the batch's own statistics
         torch.testing.assert_close(out.mean(0), torch.zeros(5), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("cls,says", [
+    ("NoSave", "state_dict() failed: RuntimeError: no saving today"),
+    ("OwnSignature", "state_dict() failed: TypeError: "),
+    ("NoLoad", "load_state_dict() of its own state failed: ValueError: no loading today"),
+    ("Opaque", "state_dict() failed: TypeError: '_extra_state' is a dict, not a tensor"),
+    ("PlainExtra", "state_dict() failed: TypeError: '_extra_state' is a dict, not a tensor"),
+])
+def test_a_module_whose_state_cannot_be_saved_or_loaded_is_one_line_before_anything_is_written(tmp_path, blocks,
+                                                                                                 cls, says):
+    """A state_dict that raises trained a whole epoch, then stopped with a traceback at the
+    checkpoint, leaving a run folder without one; a load that raises did so at --resume or eval."""
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump(spec_doc(f"{blocks}:{cls}", {"in_features": 9})))
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["train", str(spec), "--rows", "200", "--out", str(out), "-q", "--device", "cpu"])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and not out.exists()
+    (line,) = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert line.startswith(f"error: module 'mine': {blocks}:{cls}: ") and says in line, line
+
+
+def test_a_module_with_extra_state_of_a_tensor_is_built(tmp_path, blocks):
+    spec = resolve_custom(spec_from_dict(spec_doc(f"{blocks}:TensorExtra", {"in_features": 9})))
+    model = lower(make_plan(spec, target="cpu"), spec, "cpu")
+    assert torch.equal(model.state_dict()["ops.mine.inner._extra_state"], torch.arange(3.0))
