@@ -932,11 +932,12 @@ def _same_class_files(state: dict, folder: Path, spec, whole: bool = False, worl
     """The run's model (`whole`: its whole spec) is the spec's once the run's custom class files are
     resolved where the run finds them (`run_class_files`: a relative one, as a flowrec of before
     2026-12-06 recorded them, or an absolute one gone with the moved run): the same file written
-    otherwise (`./blocks.py:X`, its absolute path, its new place) is the same model. A file found in
-    place of a gone one that is not the file the run trained is refused in one line."""
+    otherwise (`./blocks.py:X`, its absolute path, its new place) is the same model, and so is a file
+    of the same content by another path (a copy: `same_content_class_files`, said in a note). A file
+    found in place of a gone one that is not the file the run trained is refused in one line."""
     from flowrec.graph.plan_io import model_fingerprint
     from flowrec.runs.changes import recorded_spec
-    from flowrec.spec.class_paths import run_class_files
+    from flowrec.spec.class_paths import recorded_digests, run_class_files, same_content_class_files
     from flowrec.spec.load import to_dict
 
     old = recorded_spec(state)
@@ -944,8 +945,13 @@ def _same_class_files(state: dict, folder: Path, spec, whole: bool = False, worl
         return False
     try:
         old = run_class_files(old, _run_folder(folder))[0]  # --init-from may name a checkpoint file
+        # a copy of the class file, or the file moved, with the content the run trained is the same model
+        old, notes = same_content_class_files(old, spec, recorded_digests(_run_folder(folder)))
     except ValueError as exc:
         _refuse(str(exc), world)
+    if not whole:  # said once: the whole-spec check follows it for --resume
+        for line in notes:
+            _say(f"note: {line}")
     if whole:
         return json.dumps(to_dict(old), sort_keys=True) == json.dumps(to_dict(spec), sort_keys=True)
     return model_fingerprint(old) == model_fingerprint(spec)
