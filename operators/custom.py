@@ -184,10 +184,12 @@ def dry_run(path: str, params: Mapping[str, Any], in_width: int) -> DryRun:
             # tensors the constructor makes outside torch's factories (torch.from_numpy, torch.load,
             # device="cpu") are on the CPU: move them too, or the forward mixes devices
             inner = build_custom(path, params).to("meta")
+        names = _state_names(inner)
         try:
             outputs = [_meta_forward(inner, batch, in_width, training) for batch, training in DRY_RUNS]
         except (Exception, SystemExit):  # a user's forward may raise anything; meta tensors hold no values
-            inner, outputs = _cpu_dry_run(path, params, in_width)  # (`x.sum() > 0`, `.item()`): try real zeros
+            inner, names, outputs = _cpu_dry_run(path, params, in_width)  # (`x.sum() > 0`, `.item()`): real zeros
+    _check_no_new_state(path, inner, names)
     (first, x), (second, y), (evaluated, z) = outputs
     width, other = _width(path, first, x), _width(path, second, y)
     if other != width:  # (B, B * k): the next layer's weights are made for one batch size
@@ -213,6 +215,22 @@ def state_bytes(module: nn.Module) -> tuple[int, int]:
         else:
             held += size
     return trainable, held
+
+
+def _state_names(module: nn.Module) -> set[str]:
+    """The names of `module`'s parameters and buffers."""
+    return {name for name, _ in (*module.named_parameters(), *module.named_buffers())}
+
+
+def _check_no_new_state(path: str, inner: nn.Module, before: set[str]) -> None:
+    """Refuse a module whose forward registered parameters or buffers (`self.w = nn.Parameter(...)`
+    at its first call): the dense optimizer, made before the first step, never trains them, and the
+    checkpoint of a run holds state that the model a resume builds lacks."""
+    made = sorted(_state_names(inner) - before)
+    if made:
+        raise CustomModuleError(f"{path} creates {', '.join(made[:3])}{' ...' if len(made) > 3 else ''} in its forward: "
+                                "create parameters and buffers in __init__ (the optimizer is made before the first "
+                                "step, and would never train them), or use nn.LazyLinear-style lazy modules")
 
 
 def _meta_forward(inner: nn.Module, batch: int, in_width: int, training: bool) -> tuple[Any, torch.Tensor]:
@@ -246,8 +264,10 @@ def _width(path: str, out: Any, x: torch.Tensor) -> int:
     return width
 
 
-def _cpu_dry_run(path: str, params: Mapping[str, Any], in_width: int) -> tuple[nn.Module, list[tuple[Any, torch.Tensor]]]:
-    """The module, and its forward on (batch, in_width) zeros on the CPU for each of DRY_RUNS, for a module
+def _cpu_dry_run(path: str, params: Mapping[str, Any],
+                 in_width: int) -> tuple[nn.Module, set[str], list[tuple[Any, torch.Tensor]]]:
+    """The module, the names of its state as built, and its forward on (batch, in_width) zeros on
+    the CPU for each of DRY_RUNS, for a module
     whose forward needs values (data-dependent control flow), without gradients and without
     touching torch's generator.
 
@@ -256,8 +276,9 @@ def _cpu_dry_run(path: str, params: Mapping[str, Any], in_width: int) -> tuple[n
     """
     with torch.random.fork_rng(devices=[]):
         inner = build_custom(path, params)
-        return inner, [_forward_zeros(inner.train(training), path, in_width, batch=batch)
-                       for batch, training in DRY_RUNS]
+        names = _state_names(inner)
+        return inner, names, [_forward_zeros(inner.train(training), path, in_width, batch=batch)
+                              for batch, training in DRY_RUNS]
 
 
 class CustomModule(nn.Module):

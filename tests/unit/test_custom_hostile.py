@@ -17,6 +17,7 @@ from flowrec.planner.manager import make_plan
 from flowrec.runtime.custom import resolve_custom
 from flowrec.runtime.lowering import lower
 from flowrec.spec import spec_from_dict
+from flowrec.spec.errors import SpecError
 
 BLOCKS = textwrap.dedent('''
     import torch
@@ -142,6 +143,56 @@ BLOCKS = textwrap.dedent('''
         """Extra state that is a tensor: allowed."""
         def get_extra_state(self):
             return torch.arange(3.0)
+
+
+    class ParamInForward(nn.Module):
+        """Makes its weight at its first forward."""
+        def forward(self, x):
+            if not hasattr(self, "w"):
+                self.w = nn.Parameter(torch.randn(x.shape[1], 4, device=x.device))
+            return x @ self.w
+
+
+    class NoGrad(NoSave):
+        """Its forward under torch.no_grad(): its parameters never train."""
+        def state_dict(self, *args, **kwargs):
+            return nn.Module.state_dict(self, *args, **kwargs)
+
+        def forward(self, x):
+            with torch.no_grad():
+                return self.proj(x)
+
+
+    class Detached(NoGrad):
+        def forward(self, x):
+            return self.proj(x).detach()
+
+
+    class Rewrapped(NoGrad):
+        def forward(self, x):
+            return nn.Parameter(self.proj(x))
+
+
+    class Made(NoGrad):
+        def forward(self, x):
+            return torch.zeros(len(x), 3)
+
+
+    class FrozenStop(nn.Module):
+        """A fixed projection behind a stopped gradient: allowed (nothing of its own to train)."""
+        def __init__(self, in_features):
+            super().__init__()
+            self.proj = nn.Linear(in_features, 3).requires_grad_(False)
+
+        def forward(self, x):
+            with torch.no_grad():
+                return self.proj(x)
+
+
+    class StopsInputOnly(NoGrad):
+        """Its input's gradient stopped, its own parameters trained: allowed."""
+        def forward(self, x):
+            return self.proj(x.detach())
 ''')
 runner = CliRunner()
 
@@ -239,3 +290,11 @@ def test_a_module_with_extra_state_of_a_tensor_is_built(tmp_path, blocks):
     spec = resolve_custom(spec_from_dict(spec_doc(f"{blocks}:TensorExtra", {"in_features": 9})))
     model = lower(make_plan(spec, target="cpu"), spec, "cpu")
     assert torch.equal(model.state_dict()["ops.mine.inner._extra_state"], torch.arange(3.0))
+
+
+def test_a_module_creating_parameters_in_its_forward_is_refused(blocks):
+    """A weight made at the first forward trained silently never (the optimizer was made before it)."""
+    with pytest.raises(SpecError) as err:
+        resolve_custom(spec_from_dict(spec_doc(f"{blocks}:ParamInForward", {})))
+    (issue,) = err.value.issues
+    assert issue.path == "modules[0].class" and "creates w in its forward" in issue.message
