@@ -187,9 +187,13 @@ def dry_run(path: str, params: Mapping[str, Any], in_width: int) -> DryRun:
         names = _state_names(inner)
         try:
             outputs = [_meta_forward(inner, batch, in_width, training) for batch, training in DRY_RUNS]
+            graded = True
         except (Exception, SystemExit):  # a user's forward may raise anything; meta tensors hold no values
             inner, names, outputs = _cpu_dry_run(path, params, in_width)  # (`x.sum() > 0`, `.item()`): real zeros
+            graded = False  # that run is without gradients
     _check_no_new_state(path, inner, names)
+    if graded:
+        _check_gradient(path, inner, outputs)
     (first, x), (second, y), (evaluated, z) = outputs
     width, other = _width(path, first, x), _width(path, second, y)
     if other != width:  # (B, B * k): the next layer's weights are made for one batch size
@@ -233,10 +237,28 @@ def _check_no_new_state(path: str, inner: nn.Module, before: set[str]) -> None:
                                 "step, and would never train them), or use nn.LazyLinear-style lazy modules")
 
 
+def _check_gradient(path: str, inner: nn.Module, outputs: list[tuple[Any, torch.Tensor]]) -> None:
+    """Refuse a module with trainable parameters whose training-mode output carries no gradient
+    (computed under torch.no_grad(), `.detach()`ed, wrapped in a new nn.Parameter or made anew):
+    its parameters would never train, nor the modules before it through it, without a word."""
+    trainable = [name for name, t in inner.named_parameters() if t.requires_grad]
+    if not trainable:
+        return  # a fixed module (no parameters, or frozen ones) may stop gradients on purpose
+    for (out, x), (_, training) in zip(outputs, DRY_RUNS):
+        if training and isinstance(out, torch.Tensor) and out is not x and out.grad_fn is None:
+            raise CustomModuleError(
+                f"{path} returns a tensor without a gradient in training mode (computed under torch.no_grad(), "
+                f"detached, or made anew) although it has trainable parameters ({', '.join(trainable[:3])}"
+                f"{', ...' if len(trainable) > 3 else ''}): they would never train, nor the modules before it through "
+                "it; return a tensor computed from its input and parameters (set requires_grad=False on parameters "
+                "meant to stay fixed)")
+
+
 def _meta_forward(inner: nn.Module, batch: int, in_width: int, training: bool) -> tuple[Any, torch.Tensor]:
-    """`inner`'s output on a (batch, in_width) meta input in training or eval mode, and that input."""
+    """`inner`'s output on a (batch, in_width) meta input in training or eval mode, and that input
+    (requiring a gradient in training, as the modules before it give it one)."""
     inner.train(training)
-    x = torch.empty(batch, in_width, device="meta")
+    x = torch.empty(batch, in_width, device="meta", requires_grad=training)
     with warnings.catch_warnings(), torch_settings_kept():  # float() of a meta tensor warns, then fails
         warnings.simplefilter("ignore")
         return inner(x), x

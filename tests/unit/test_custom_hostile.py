@@ -298,3 +298,19 @@ def test_a_module_creating_parameters_in_its_forward_is_refused(blocks):
         resolve_custom(spec_from_dict(spec_doc(f"{blocks}:ParamInForward", {})))
     (issue,) = err.value.issues
     assert issue.path == "modules[0].class" and "creates w in its forward" in issue.message
+
+
+@pytest.mark.parametrize("cls", ["NoGrad", "Detached", "Rewrapped", "Made"])
+def test_a_module_whose_output_carries_no_gradient_to_its_parameters_is_refused(blocks, cls):
+    """Its trainable parameters trained silently never (nor the modules before it through it)."""
+    with pytest.raises(SpecError) as err:
+        resolve_custom(spec_from_dict(spec_doc(f"{blocks}:{cls}", {"in_features": 9})))
+    (issue,) = err.value.issues
+    assert issue.path == "modules[0].class" and "returns a tensor without a gradient in training mode" in issue.message
+    assert "(proj.weight, proj.bias)" in issue.message and "\n" not in issue.message
+
+
+@pytest.mark.parametrize("cls", ["FrozenStop", "StopsInputOnly"])
+def test_a_fixed_module_or_one_stopping_its_inputs_gradient_is_allowed(blocks, cls):
+    spec = resolve_custom(spec_from_dict(spec_doc(f"{blocks}:{cls}", {"in_features": 9})))
+    assert spec.modules[0].param("out_width") == 3
