@@ -194,6 +194,41 @@ def dry_run(path: str, params: Mapping[str, Any], in_width: int) -> DryRun:
     _check_no_new_state(path, inner, names)
     if graded:
         _check_gradient(path, inner, outputs)
+    return DryRun(_checked_width(path, outputs), *state_bytes(inner))
+
+
+def built_width(inner: nn.Module, path: str, params: Mapping[str, Any], in_width: int) -> int:
+    """`dry_run`'s width and checks of a module already built (`inner`), on a copy of it (its own
+    state stays as it was) and CPU zeros, off torch's generator: a slow constructor runs once where
+    a meta dry run would build the class again. A module that cannot be copied, or whose forward
+    fails on zeros (a Cholesky of a zero matrix), gets the meta dry run instead.
+
+    Raises:
+        CustomModuleError: as `dry_run`.
+    """
+    try:
+        copied = copy.deepcopy(inner)
+    except Exception:  # noqa: BLE001 - a module holding a lock or a file cannot be copied
+        return meta_width(path, params, in_width)
+    names = _state_names(copied)
+    try:
+        with contextlib.redirect_stdout(sys.stderr), torch.random.fork_rng(devices=[]):
+            outputs = [_forward_zeros(copied.train(training), path, in_width, batch=batch, grad=training)
+                       for batch, training in DRY_RUNS]
+    except CustomModuleError:
+        return meta_width(path, params, in_width)
+    _check_no_new_state(path, copied, names)
+    _check_gradient(path, copied, outputs)
+    return _checked_width(path, outputs)
+
+
+def _checked_width(path: str, outputs: list[tuple[Any, torch.Tensor]]) -> int:
+    """The values per sample of the outputs of DRY_RUNS, the same at each.
+
+    Raises:
+        CustomModuleError: an output is no (B, ...) tensor of its input's dtype, or its values per
+            sample follow the batch size or the mode.
+    """
     (first, x), (second, y), (evaluated, z) = outputs
     width, other = _width(path, first, x), _width(path, second, y)
     if other != width:  # (B, B * k): the next layer's weights are made for one batch size
@@ -203,7 +238,7 @@ def dry_run(path: str, params: Mapping[str, Any], in_width: int) -> DryRun:
         raise CustomModuleError(f"{path} returns {width:,} values per sample in training but {in_eval:,} in eval "
                                 "mode (evaluation, export, predict): its values per sample must not depend on "
                                 "self.training")
-    return DryRun(width, *state_bytes(inner))
+    return width
 
 
 def state_bytes(module: nn.Module) -> tuple[int, int]:
@@ -314,27 +349,27 @@ class CustomModule(nn.Module):
 
     @classmethod
     def from_config(cls, config: dict[str, Any], input_shapes: Shapes) -> "CustomModule":
-        """The module; a spec's own `out_width` is checked against the class first (a meta dry run).
+        """The module, built once; a spec's own `out_width` is checked against it (`built_width`).
 
         Raises:
             CustomModuleError: the class cannot be used, or returns another width than `out_width`.
         """
-        params = _mapping(config.get("params", {}))
-        declared = config.get("out_width")
-        if declared is not None:
-            width = meta_width(config["class"], params, sum(prod(s) for s in input_shapes))
-            if width != declared:
-                raise CustomModuleError(f"custom module {config['class']} returns {width} values per sample, "
-                                        f"not its out_width {declared}: correct out_width or leave it out")
-        inner = build_custom(config["class"], params)
-        _materialize_lazy(inner, config["class"], sum(prod(s) for s in input_shapes))
+        path, params, in_width = config["class"], _mapping(config.get("params", {})), sum(prod(s) for s in input_shapes)
+        inner = build_custom(path, params)  # once: a constructor may take long (pretrained weights)
+        _materialize_lazy(inner, path, in_width)
         meta = [name for name, t in (*inner.named_parameters(), *inner.named_buffers()) if t.is_meta]
         if meta:
-            raise CustomModuleError(f"{config['class']} keeps {', '.join(meta[:3])} on the meta device (no values): "
+            raise CustomModuleError(f"{path} keeps {', '.join(meta[:3])} on the meta device (no values): "
                                     "create its tensors without device='meta'")
-        module = cls(inner, config["class"])
+        declared = config.get("out_width")
+        if declared is not None:
+            width = built_width(inner, path, params, in_width)
+            if width != declared:
+                raise CustomModuleError(f"custom module {path} returns {width} values per sample, "
+                                        f"not its out_width {declared}: correct out_width or leave it out")
+        module = cls(inner, path)
         check_state_round_trip(module)
-        check_rows_independent(inner, config["class"], sum(prod(s) for s in input_shapes))
+        check_rows_independent(inner, path, in_width)
         return module
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -500,15 +535,16 @@ def _materialize_lazy(inner: nn.Module, path: str, in_width: int) -> None:
 
 
 def _forward_zeros(inner: nn.Module, path: str, in_width: int, doing: str = "",
-                   batch: int = DRY_RUN_BATCH) -> tuple[Any, torch.Tensor]:
-    """`inner`'s output on (batch, in_width) CPU zeros without gradients, and those zeros.
+                   batch: int = DRY_RUN_BATCH, grad: bool = False) -> tuple[Any, torch.Tensor]:
+    """`inner`'s output on (batch, in_width) CPU zeros without gradients (`grad`: zeros that require
+    one, as the modules before it give it), and those zeros.
 
     Raises:
         CustomModuleError: the forward fails (naming `path` and what it was `doing`).
     """
-    x = torch.zeros(batch, in_width)
+    x = torch.zeros(batch, in_width, requires_grad=grad)
     try:
-        with torch.no_grad(), torch_settings_kept(), _stop_named(path, "running"):
+        with torch.set_grad_enabled(grad), torch_settings_kept(), _stop_named(path, "running"):
             return inner(x), x
     except (Exception, SystemExit) as exc:
         raise CustomModuleError(f"{path} failed on a ({batch}, {in_width}) input{doing}: {_why(exc)}") from None

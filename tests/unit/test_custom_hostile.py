@@ -18,6 +18,7 @@ from flowrec.runtime.custom import resolve_custom
 from flowrec.runtime.lowering import lower
 from flowrec.spec import spec_from_dict
 from flowrec.spec.errors import SpecError
+from operators.custom import import_class
 
 BLOCKS = textwrap.dedent('''
     import torch
@@ -193,6 +194,20 @@ BLOCKS = textwrap.dedent('''
         """Its input's gradient stopped, its own parameters trained: allowed."""
         def forward(self, x):
             return self.proj(x.detach())
+
+
+    class Counted(nn.Module):
+        """Counts its constructions (a slow constructor: pretrained weights read from disk)."""
+        built = 0
+
+        def __init__(self, in_features):
+            super().__init__()
+            type(self).built += 1
+            self.proj = nn.Linear(in_features, 3)
+            self.norm = nn.BatchNorm1d(3)
+
+        def forward(self, x):
+            return self.norm(self.proj(x))
 ''')
 runner = CliRunner()
 
@@ -314,3 +329,21 @@ def test_a_module_whose_output_carries_no_gradient_to_its_parameters_is_refused(
 def test_a_fixed_module_or_one_stopping_its_inputs_gradient_is_allowed(blocks, cls):
     spec = resolve_custom(spec_from_dict(spec_doc(f"{blocks}:{cls}", {"in_features": 9})))
     assert spec.modules[0].param("out_width") == 3
+
+
+def test_building_the_model_constructs_the_class_once_and_still_checks_a_given_out_width(blocks):
+    """Building the model constructed the class twice more (a meta dry run for the out_width check,
+    then the module): a constructor reading pretrained weights for 30 s cost a minute more."""
+    counted = import_class(f"{blocks}:Counted")
+    spec = resolve_custom(spec_from_dict(spec_doc(f"{blocks}:Counted", {"in_features": 9})))
+    plan = make_plan(spec, target="cpu")
+    before = counted.built
+    model = lower(plan, spec, "cpu")
+    assert counted.built == before + 1
+    norm = model.ops["mine"].inner.norm
+    assert int(norm.num_batches_tracked) == 0 and torch.equal(norm.running_mean, torch.zeros(3))  # checks ran a copy
+    doc = spec_doc(f"{blocks}:Counted", {"in_features": 9})
+    doc["modules"][0]["out_width"] = 4  # it returns 3
+    wrong = spec_from_dict(doc)
+    with pytest.raises(ValueError, match="returns 3 values per sample, not its out_width 4"):
+        lower(make_plan(wrong, target="cpu"), wrong, "cpu")
