@@ -377,6 +377,11 @@ class CustomModule(nn.Module):
         # changes its input in place (nn.ReLU(inplace=True)) would change for its other readers and
         # for autograd (which keeps it for that module's backward)
         out = self.inner(x.clone())
+        if not isinstance(out, torch.Tensor):  # the dry run saw a tensor: a forward that returns other at times
+            raise TypeError(f"it returned a {type(out).__name__}, not one (B, ...) tensor")
+        if out.device != x.device:  # `.cpu()`, a tensor made without device=: the next module fails far from here
+            raise RuntimeError(f"it returned a tensor on {out.device} for its input on {x.device}: return it on the "
+                               "input's device (make new tensors with device=x.device)")
         return out if out.dim() == 2 else out.reshape(out.shape[0], -1)
 
 

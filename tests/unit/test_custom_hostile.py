@@ -347,3 +347,35 @@ def test_building_the_model_constructs_the_class_once_and_still_checks_a_given_o
     wrong = spec_from_dict(doc)
     with pytest.raises(ValueError, match="returns 3 values per sample, not its out_width 4"):
         lower(make_plan(wrong, target="cpu"), wrong, "cpu")
+
+
+def test_a_forward_returning_a_tensor_on_another_device_or_no_tensor_is_one_line_naming_it():
+    """`return h.cpu()` on a CUDA run failed in the next module, far from the user's code: a traceback
+    through flowrec's step (the dry run runs on the meta device and CPU zeros, where it cannot tell)."""
+    from torch import nn
+
+    from operators.custom import CustomModule, custom_failure
+
+    class Elsewhere(nn.Module):
+        def forward(self, x):
+            return torch.zeros(len(x), 3)  # made without device=x.device
+
+    class Sometimes(nn.Module):
+        def forward(self, x):
+            return (x, x) if len(x) > 2 else x
+
+    rows = random.randrange(3, 50)
+    module = CustomModule(Elsewhere(), "blocks.py:Elsewhere")
+    module.label = "mine"
+    with pytest.raises(RuntimeError) as err:
+        module(torch.empty(rows, 4, device="meta"))  # meta stands for cuda here: an input on another device
+    assert custom_failure(err.value) == ("custom module 'mine' (blocks.py:Elsewhere) raised RuntimeError: it returned "
+                                         "a tensor on cpu for its input on meta: return it on the input's device "
+                                         "(make new tensors with device=x.device)")
+    module = CustomModule(Sometimes(), "blocks.py:Sometimes")
+    module.label = "mine"
+    assert module(torch.randn(2, 4)).shape == (2, 4)
+    with pytest.raises(TypeError) as err:
+        module(torch.randn(rows, 4))
+    assert custom_failure(err.value) == ("custom module 'mine' (blocks.py:Sometimes) raised TypeError: it returned a "
+                                         "tuple, not one (B, ...) tensor")
