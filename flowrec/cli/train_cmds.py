@@ -601,10 +601,11 @@ def _spec_changed_line(spec_path: Path, folder: Path, state: dict, spec) -> str:
     epochs, schedule, evaluation, description...): what differs, and the flag that does it where one does."""
     from flowrec.runs.changes import document_differences, listed
     from flowrec.spec.load import to_dict
+    from flowrec.spec.model import identity_doc
 
     line = f"{spec_path} differs from the spec the run in {folder} was trained with"
     try:
-        found = document_differences(json.loads(state["spec"]), to_dict(spec))
+        found = document_differences(identity_doc(json.loads(state["spec"])), identity_doc(to_dict(spec)))
     except (ValueError, TypeError):
         found = []
     if found:
@@ -657,6 +658,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
 
     from operators.embedding import restoring_tables
     from flowrec.spec.load import to_dict
+    from flowrec.spec.model import identity_doc
 
     plan_file = Path(settings["plan"]) if settings.get("plan") and state is None else None
     profile = Path(settings["profile"]) if settings.get("profile") else None
@@ -678,7 +680,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     if state is not None:  # the spec the session trains (`session.prepare`), checked before any data is read
         trained = spec if settings["seed"] is None else replace(spec, training=replace(spec.training,
                                                                                          seed=settings["seed"]))
-        if state["spec"] != json.dumps(to_dict(trained), sort_keys=True) \
+        if identity_doc(json.loads(state["spec"])) != identity_doc(to_dict(trained)) \
                 and not _same_class_files(state, folder, trained, whole=True, world=world):
             _refuse(_spec_changed_line(request.spec_path, folder, state, trained), world)
 
@@ -939,6 +941,7 @@ def _same_class_files(state: dict, folder: Path, spec, whole: bool = False, worl
     from flowrec.runs.changes import recorded_spec
     from flowrec.spec.class_paths import recorded_digests, run_class_files, same_content_class_files
     from flowrec.spec.load import to_dict
+    from flowrec.spec.model import identity_doc
 
     old = recorded_spec(state)
     if old is None or not any(m.kind == "custom" for m in old.modules):
@@ -953,7 +956,7 @@ def _same_class_files(state: dict, folder: Path, spec, whole: bool = False, worl
         for line in notes:
             _say(f"note: {line}")
     if whole:
-        return json.dumps(to_dict(old), sort_keys=True) == json.dumps(to_dict(spec), sort_keys=True)
+        return identity_doc(to_dict(old)) == identity_doc(to_dict(spec))
     return model_fingerprint(old) == model_fingerprint(spec)
 
 

@@ -379,3 +379,35 @@ def test_a_forward_returning_a_tensor_on_another_device_or_no_tensor_is_one_line
         module(torch.randn(rows, 4))
     assert custom_failure(err.value) == ("custom module 'mine' (blocks.py:Sometimes) raised TypeError: it returned a "
                                          "tuple, not one (B, ...) tensor")
+
+
+def test_a_run_that_recorded_no_measured_memory_resumes_and_starts_others(tmp_path, blocks):
+    """A run of a flowrec that measured no param_bytes / buffer_bytes (before 2026-12-06) was
+    another model to --resume and --init-from of its own spec ('modules[mine].param_bytes not there
+    in the run'): what the dry run measures of the class is no part of the model."""
+    import json
+
+    from flowrec.graph.plan_io import model_fingerprint
+    from flowrec.runtime.checkpoint.store import load_checkpoint, save_checkpoint
+    from flowrec.spec.load import to_dict
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump(spec_doc(f"{blocks}:Normed", {"in_features": 9})))
+    run = tmp_path / "run"
+    rows = str(random.randrange(200, 400))
+    done = runner.invoke(app, ["train", str(spec), "--rows", rows, "--out", str(run), "-q", "--device", "cpu"])
+    assert done.exit_code == 0, done.output
+    state = load_checkpoint(run / "checkpoint.pt")
+    recorded = json.loads(state["spec"])
+    assert recorded["modules"][0]["param_bytes"] == 4 * (9 * 5 + 5 + 2 * 5)  # proj, norm's weight and bias
+    for key in ("param_bytes", "buffer_bytes"):  # as the older flowrec wrote it
+        del recorded["modules"][0][key]
+    older = {k: v for k, v in state.items() if k != "digest"}
+    save_checkpoint(run / "checkpoint.pt", {**older, "spec": json.dumps(recorded, sort_keys=True)})
+    measured = resolve_custom(spec_from_dict(spec_doc(f"{blocks}:Normed", {"in_features": 9})))
+    assert model_fingerprint(measured) == model_fingerprint(spec_from_dict(recorded))
+    assert to_dict(measured) != recorded
+    for args in (["--init-from", str(run), "--out", str(tmp_path / "child")], ["--resume", str(run), "--epochs", "2"]):
+        done = runner.invoke(app, ["train", str(spec), *args, "-q", "--device", "cpu"])
+        assert done.exit_code == 0, (args, done.output)
+    assert load_checkpoint(run / "checkpoint.pt")["position"]["epoch"] == 2
