@@ -411,3 +411,27 @@ def test_a_run_that_recorded_no_measured_memory_resumes_and_starts_others(tmp_pa
         done = runner.invoke(app, ["train", str(spec), *args, "-q", "--device", "cpu"])
         assert done.exit_code == 0, (args, done.output)
     assert load_checkpoint(run / "checkpoint.pt")["position"]["epoch"] == 2
+
+
+def test_a_plan_saved_without_measured_memory_trains_with_the_measured_spec(tmp_path, blocks):
+    """A plan saved by a flowrec that measured no param_bytes (`flowrec plan --json`, then edited)
+    was refused by `train --plan` ('node mine: param_bytes differs from what the spec defines')."""
+    from dataclasses import replace as replaced
+
+    from flowrec.graph.plan_io import plan_json
+    from flowrec.planner.contract import PlanError, load_plan
+
+    measured = resolve_custom(spec_from_dict(spec_doc(f"{blocks}:Normed", {"in_features": 9})))
+    (mine, *rest) = measured.modules
+    unmeasured = replaced(measured, modules=(replaced(mine, params=tuple(
+        (k, v) for k, v in mine.params if k not in ("param_bytes", "buffer_bytes"))), *rest))
+    older = make_plan(unmeasured, target="cpu")
+    assert older.graph.nodes["mine"]["op"].param_bytes == 0
+    path = tmp_path / "plan.json"
+    path.write_text(plan_json(older))
+    plan = load_plan(path, measured)
+    assert plan.graph.nodes["mine"]["op"].param_bytes == 4 * (9 * 5 + 5 + 2 * 5)
+    assert plan.graph.nodes["mine"]["op"].attr("buffer_bytes") == 4 * (2 * 5) + 8  # running stats, batch count
+    other = spec_from_dict(spec_doc(f"{blocks}:Counted", {"in_features": 9}))  # another model is still refused
+    with pytest.raises(PlanError):
+        load_plan(path, resolve_custom(other))
