@@ -506,8 +506,14 @@ def check_rows_independent(inner: nn.Module, path: str, in_width: int) -> None:
         return
     scale = max(1.0, float(whole.detach().abs().max())) if whole.numel() else 1.0
     for i, out in enumerate(alone):
-        if not _rows_of(out, 1) or out.shape[1:] != whole.shape[1:] or not torch.allclose(
-                out.float(), whole[i:i + 1].float(), rtol=ROW_CHECK_RTOL, atol=ROW_CHECK_ATOL * scale, equal_nan=True):
+        if not _rows_of(out, 1) or out.shape[1:] != whole.shape[1:]:  # `.squeeze()`: one row's (1, k) became (k,)
+            shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            raise CustomModuleError(
+                f"{path}: its output for one row alone in eval mode is {shape}, not (1, "
+                f"{', '.join(map(str, whole.shape[1:]))}) as a row of a batch of {ROW_CHECK_ROWS} gives (a squeeze() "
+                "that drops the batch dimension of one row?): predict and serving score one row at a time")
+        if not torch.allclose(out.float(), whole[i:i + 1].float(), rtol=ROW_CHECK_RTOL, atol=ROW_CHECK_ATOL * scale,
+                              equal_nan=True):
             raise CustomModuleError(
                 f"{path}: its output for a row depends on the other rows of the batch in eval mode (row {i} of "
                 f"{ROW_CHECK_ROWS} alone gives other values than in the batch): eval, export and predict must score "

@@ -73,6 +73,16 @@ BLOCKS = textwrap.dedent('''
             return self.norm(self.proj(x))
 
 
+    class Squeezed(nn.Module):
+        """(B, 1) squeezed to (B,): one row alone gives a 0-d tensor."""
+        def __init__(self, in_features):
+            super().__init__()
+            self.proj = nn.Linear(in_features, 1)
+
+        def forward(self, x):
+            return self.proj(x).squeeze()
+
+
     class CenteredInTraining(nn.Module):
         """Subtracts the batch mean while training only."""
         def __init__(self, in_features):
@@ -435,3 +445,12 @@ def test_a_plan_saved_without_measured_memory_trains_with_the_measured_spec(tmp_
     other = spec_from_dict(spec_doc(f"{blocks}:Counted", {"in_features": 9}))  # another model is still refused
     with pytest.raises(PlanError):
         load_plan(path, resolve_custom(other))
+
+
+def test_a_module_dropping_the_batch_dimension_of_one_row_is_refused_saying_so(blocks):
+    """`.squeeze()` gave (B,) for a batch but a 0-d tensor for one row: predict of one row failed;
+    the refusal said its rows depended on each other."""
+    spec = resolve_custom(spec_from_dict(spec_doc(f"{blocks}:Squeezed", {"in_features": 9})))
+    with pytest.raises(ValueError) as err:
+        lower(make_plan(spec, target="cpu"), spec, "cpu")
+    assert f"{blocks}:Squeezed: its output for one row alone in eval mode is (), not (1, ) as a row" in str(err.value)
