@@ -168,6 +168,29 @@ def meta_width(path: str, params: Mapping[str, Any], in_width: int) -> int:
 
 
 def dry_run(path: str, params: Mapping[str, Any], in_width: int) -> DryRun:
+    """`_dry_run`, where whatever the class's own code raises is a CustomModuleError (one line).
+
+    Raises:
+        CustomModuleError: as `_dry_run`, and a class overriding nn.Module's own methods
+            (`train()`, `to()`, `parameters()`) in a way that raises when flowrec calls them.
+    """
+    with _user_failure(path, "its dry run"):
+        return _dry_run(path, params, in_width)
+
+
+@contextlib.contextmanager
+def _user_failure(path: str, doing: str) -> Iterator[None]:
+    """Within: an exception of a user's class (its overrides of nn.Module's own methods) becomes a
+    CustomModuleError naming `path` and what flowrec was `doing`; CustomModuleError and stops pass."""
+    try:
+        yield
+    except CustomModuleError:
+        raise
+    except (Exception, SystemExit) as exc:
+        raise CustomModuleError(f"{path} failed in {doing}: {_why(exc)}") from None
+
+
+def _dry_run(path: str, params: Mapping[str, Any], in_width: int) -> DryRun:
     """Output width per sample of `Class(**params)` on (batch, in_width) inputs of each of
     DRY_RUNS (two batch sizes in training mode, one in eval mode), by a dry run on the meta device (no memory, no compute), or on CPU zeros where
     the forward needs values (`_cpu_dry_run`), and the bytes of its parameters and buffers (after
@@ -354,6 +377,12 @@ class CustomModule(nn.Module):
         Raises:
             CustomModuleError: the class cannot be used, or returns another width than `out_width`.
         """
+        path = config["class"]
+        with _user_failure(path, "building the model"):  # an override of train(), parameters() ... may raise
+            return cls._built(config, input_shapes)
+
+    @classmethod
+    def _built(cls, config: dict[str, Any], input_shapes: Shapes) -> "CustomModule":
         path, params, in_width = config["class"], _mapping(config.get("params", {})), sum(prod(s) for s in input_shapes)
         inner = build_custom(path, params)  # once: a constructor may take long (pretrained weights)
         _materialize_lazy(inner, path, in_width)

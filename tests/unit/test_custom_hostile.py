@@ -218,6 +218,22 @@ BLOCKS = textwrap.dedent('''
 
         def forward(self, x):
             return self.norm(self.proj(x))
+
+
+    class BadTrain(Counted):
+        """Overrides nn.Module.train without its mode argument."""
+        def train(self):
+            return self
+
+
+    class BadTo(Counted):
+        def to(self, *args, **kwargs):
+            raise RuntimeError("stays where it is")
+
+
+    class BadParams(Counted):
+        def parameters(self, recurse=True):
+            raise RuntimeError("keeps its parameters")
 ''')
 runner = CliRunner()
 
@@ -454,3 +470,27 @@ def test_a_module_dropping_the_batch_dimension_of_one_row_is_refused_saying_so(b
     with pytest.raises(ValueError) as err:
         lower(make_plan(spec, target="cpu"), spec, "cpu")
     assert f"{blocks}:Squeezed: its output for one row alone in eval mode is (), not (1, ) as a row" in str(err.value)
+
+
+@pytest.mark.parametrize("cls,says", [
+    ("BadTrain", "TypeError: BadTrain.train() takes 1 positional argument but 2 were given"),
+    ("BadTo", "RuntimeError: stays where it is"),
+    ("BadParams", "RuntimeError: keeps its parameters"),
+])
+def test_a_class_overriding_module_methods_so_that_they_raise_is_one_line(blocks, cls, says):
+    """`def train(self)` (no mode), a raising `to()` or `parameters()`: the dry run and the model's
+    build called them outside the guard of the user's code, a traceback through flowrec."""
+    with pytest.raises(SpecError) as err:
+        resolve_custom(spec_from_dict(spec_doc(f"{blocks}:{cls}", {"in_features": 9})))
+    (issue,) = err.value.issues
+    assert issue.message == f"{blocks}:{cls} failed in its dry run: {says}"
+    doc = spec_doc(f"{blocks}:{cls}", {"in_features": 9})
+    doc["modules"][0]["out_width"] = 3  # given: no dry run, the model's build calls them
+    spec = spec_from_dict(doc)
+    plan = make_plan(spec, target="cpu")
+    if cls == "BadTo":  # the model moves its modules by torch's _apply, never by their to(): it builds
+        assert lower(plan, spec, "cpu").ops["mine"].inner.proj.out_features == 3
+        return
+    with pytest.raises(ValueError) as failed:
+        lower(plan, spec, "cpu")
+    assert str(failed.value) == f"module 'mine': {blocks}:{cls} failed in building the model: {says}"
