@@ -555,6 +555,26 @@ def _rows_of(out: Any, rows: int) -> bool:
     return isinstance(out, torch.Tensor) and out.dim() >= 1 and out.shape[0] == rows
 
 
+def state_failure(exc: BaseException, model: nn.Module) -> str | None:
+    """`custom module 'NAME' (CLASS): its METHOD() raised TYPE: first line` when `exc` came out of
+    the state code (`state_dict`, `_load_from_state_dict`, `get_extra_state`, ...) of a custom module
+    of `model` or of one of its submodules, else None: a state_dict that raises only after some
+    steps (the model's build checks one round trip) stopped a checkpoint with a traceback through
+    flowrec's trainer. The walk ends at the innermost such frame."""
+    owners = {id(sub): custom for custom in model.modules() if isinstance(custom, CustomModule)
+              for sub in custom.modules()}
+    found, tb = None, exc.__traceback__
+    while tb is not None:
+        owner = owners.get(id(tb.tb_frame.f_locals.get("self")))
+        if owner is not None and "state" in tb.tb_frame.f_code.co_name:
+            found = (owner, tb.tb_frame.f_code.co_name)
+        tb = tb.tb_next
+    if found is None:
+        return None
+    owner, method = found
+    return f"custom module {owner.label!r} ({owner.path}): its {method}() raised {_why(exc)}"
+
+
 def _materialize_lazy(inner: nn.Module, path: str, in_width: int) -> None:
     """Give a module with lazy parameters (`nn.LazyLinear`, ...) their shapes and values by one
     forward of zeros, in eval mode and without gradients, as torch asks of lazy modules before an

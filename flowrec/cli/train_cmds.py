@@ -776,10 +776,11 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
 def _fail_if_custom(exc: BaseException, trainer: "Trainer") -> None:
     """One line naming the custom module whose forward raised `exc` in training or evaluation
     (its own traceback is the user's code: `flowrec train` showed a traceback through flowrec's), or
-    the custom modules of a model whose backward raised it."""
-    from operators.custom import backward_failure, custom_failure
+    the custom modules of a model whose backward raised it, or the one whose state code raised it
+    (a checkpoint's state_dict, a resume's load)."""
+    from operators.custom import backward_failure, custom_failure, state_failure
 
-    named = custom_failure(exc) or backward_failure(exc, trainer.model)
+    named = custom_failure(exc) or backward_failure(exc, trainer.model) or state_failure(exc, trainer.model)
     if named is not None:
         fail(f"at step {trainer.position.step + 1}: {named}; {trainer.checkpoint_note()}")
 

@@ -220,6 +220,19 @@ BLOCKS = textwrap.dedent('''
             return self.norm(self.proj(x))
 
 
+    class LateNoSave(Counted):
+        """Its state_dict raises from its second call on: after the build's check, at the checkpoint."""
+        def __init__(self, in_features):
+            super().__init__(in_features)
+            self.saves = 0
+
+        def state_dict(self, *args, **kwargs):
+            self.saves += 1
+            if self.saves > 1:
+                raise OSError("no room for opinions")
+            return super().state_dict(*args, **kwargs)
+
+
     class BadTrain(Counted):
         """Overrides nn.Module.train without its mode argument."""
         def train(self):
@@ -494,3 +507,62 @@ def test_a_class_overriding_module_methods_so_that_they_raise_is_one_line(blocks
     with pytest.raises(ValueError) as failed:
         lower(plan, spec, "cpu")
     assert str(failed.value) == f"module 'mine': {blocks}:{cls} failed in building the model: {says}"
+
+
+def test_a_state_dict_or_load_failing_after_the_build_check_is_named_in_one_line():
+    """A state_dict raising only after some steps (the build's round trip passed) stopped the
+    checkpoint with a traceback through flowrec's trainer; so did a load raising on a checkpoint's values."""
+    from torch import nn
+
+    from operators.custom import CustomModule, state_failure
+
+    class Picky(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(4, 2)
+            self.saves = 0
+
+        def get_extra_state(self):
+            self.saves += 1
+            if self.saves > 1:
+                raise OSError("no room")
+            return torch.zeros(1)
+
+        def set_extra_state(self, state):
+            if float(state[0]) != 0:
+                raise ValueError(f"cannot take {float(state[0]):g}")
+
+    class Holder(nn.Module):  # the user's state code in a submodule of the custom module
+        def __init__(self):
+            super().__init__()
+            self.inside = Picky()
+
+    model = nn.ModuleDict({"plain": nn.Linear(3, 3), "mine": CustomModule(Holder(), "blocks.py:Holder")})
+    model["mine"].label = "mine"
+    state = model.state_dict()  # the first save passes
+    with pytest.raises(OSError) as err:
+        model.state_dict()
+    assert state_failure(err.value, model) == ("custom module 'mine' (blocks.py:Holder): its get_extra_state() "
+                                               "raised OSError: no room")
+    value = random.choice([-1.5, 2.0, 7.25])
+    state["mine.inner.inside._extra_state"] = torch.tensor([value])
+    with pytest.raises(ValueError) as err:
+        model.load_state_dict(state)
+    assert state_failure(err.value, model) == ("custom module 'mine' (blocks.py:Holder): its set_extra_state() "
+                                               f"raised ValueError: cannot take {value:g}")
+    with pytest.raises(RuntimeError) as err:
+        model["plain"](torch.randn(2, 5))  # not the state code of a custom module
+    assert state_failure(err.value, model) is None
+
+
+def test_a_checkpoint_whose_custom_state_dict_raises_is_one_line_and_leaves_no_run(tmp_path, blocks):
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump(spec_doc(f"{blocks}:LateNoSave", {"in_features": 9})))
+    out = tmp_path / "run"
+    rows = str(random.randrange(200, 400))
+    result = runner.invoke(app, ["train", str(spec), "--rows", rows, "--out", str(out), "-q", "--device", "cpu"])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and not (out / "checkpoint.pt").exists()
+    (line,) = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert (f"custom module 'mine' ({blocks}:LateNoSave): its state_dict() raised OSError: no room for opinions; "
+            "no checkpoint was written") in line, line
