@@ -16,18 +16,16 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import hashlib
-import importlib
-import importlib.util
 import sys
 import warnings
 from math import prod
-from pathlib import Path
-from typing import Any, Iterator, Mapping, NamedTuple
+from typing import Any, Mapping, NamedTuple
 
 import torch
 from torch import nn
 
+from operators.custom_checks import check_rows_independent, check_state_round_trip
+from operators.custom_code import CustomModuleError, build_custom, stop_named, torch_settings_kept, user_failure, why
 from operators.dense import Shapes
 
 
@@ -35,121 +33,6 @@ MAX_OUT_WIDTH = 16_777_216  # values per sample a custom module may return (the 
 DRY_RUN_BATCH = 2  # samples of the meta-device dry run
 # the dry runs, (samples, training mode): at two sizes (a width must not follow the batch) and in eval mode
 DRY_RUNS = ((DRY_RUN_BATCH, True), (DRY_RUN_BATCH + 1, True), (DRY_RUN_BATCH, False))
-
-
-class CustomModuleError(ValueError):
-    """A custom class that cannot be used (import, construction, sparse parameters); one line."""
-
-
-class UserCodeInterrupted(KeyboardInterrupt):
-    """A stop (Ctrl-C; SIGTERM where it is raised as one, its `__cause__`) while a custom class's
-    own code ran and had not returned (an endless loop at its file's top level, a constructor
-    that waits): `running` says whose code and doing what, for the command's line."""
-
-    def __init__(self, running: str) -> None:
-        super().__init__(running)
-        self.running = running
-
-
-@contextlib.contextmanager
-def _stop_named(path: str, doing: str) -> Iterator[None]:
-    """Within: a stop becomes UserCodeInterrupted naming `path` and what it was `doing` (the
-    innermost such block names it)."""
-    try:
-        yield
-    except UserCodeInterrupted:
-        raise
-    except KeyboardInterrupt as exc:
-        raise UserCodeInterrupted(f"{doing} the custom module class {path}") from exc
-
-
-def _why(exc: BaseException) -> str:
-    """`Type: first line of the message` of a user's exception (one line)."""
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
-
-
-@contextlib.contextmanager
-def torch_settings_kept() -> Iterator[None]:
-    """Within: a user's code may change torch's process-wide settings (a module file's top-level
-    `torch.set_default_dtype(torch.float64)` or `torch.set_grad_enabled(False)`); they are put back
-    after it, so flowrec's own tables and layers stay float32 and its training keeps its gradients
-    (a setting changed by the user's code holds while that code runs)."""
-    dtype, grad = torch.get_default_dtype(), torch.is_grad_enabled()
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(dtype)
-        torch.set_grad_enabled(grad)
-
-
-def import_class(path: str) -> type:
-    """The class named by ``module:Class`` or ``file.py:Class``.
-
-    Raises:
-        CustomModuleError: it does not import, or is not an nn.Module class.
-    """
-    module_name, _, class_name = path.partition(":")
-    try:
-        with torch_settings_kept(), _stop_named(path, "importing"):
-            module = _load_file(module_name) if module_name.endswith(".py") else importlib.import_module(module_name)
-        cls = getattr(module, class_name)
-    except AttributeError as exc:
-        if not module_name.endswith(".py") or getattr(exc, "obj", None) is not module:  # a package's own words
-            raise CustomModuleError(f"cannot import {path!r}: {_why(exc)}") from None
-        # a file is imported under a name of flowrec's (flowrec_custom_<stem>_<hashes>): name the file instead
-        names = ", ".join(sorted(n for n in vars(module) if not n.startswith("_"))[:8]) or "nothing"
-        raise CustomModuleError(f"cannot import {path!r}: {module_name} defines no {class_name!r} (it defines "
-                                f"{names})") from None
-    except (Exception, SystemExit) as exc:  # importing runs the module's top level: anything may fail
-        raise CustomModuleError(f"cannot import {path!r}: {_why(exc)}") from None
-    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
-        raise CustomModuleError(f"{path!r} is not a torch.nn.Module class")
-    return cls
-
-
-def _load_file(file: str) -> Any:
-    path = Path(file).resolve()
-    try:  # the file's content in the name: an edited file (a notebook's second call) is imported again
-        content = hashlib.sha1(path.read_bytes()).hexdigest()[:12]
-    except OSError:
-        content = "unread"
-    name = f"flowrec_custom_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:12]}_{content}"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None or not path.is_file():
-        raise ImportError(f"no Python file at {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    # while it runs, its folder comes first on the import path, as when Python runs the file itself:
-    # its own imports of the files beside it (`import helpers`) find them
-    sys.path.insert(0, str(path.parent))
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]  # a failed import leaves no half-run module behind for the next try
-        raise
-    finally:
-        with contextlib.suppress(ValueError):  # the first occurrence: the one put there above
-            sys.path.remove(str(path.parent))
-    return module
-
-
-def build_custom(path: str, params: Mapping[str, Any]) -> nn.Module:
-    """`Class(**params)`, refused when it has sparse parameters (CustomModuleError)."""
-    cls = import_class(path)
-    try:
-        with torch_settings_kept(), _stop_named(path, "constructing"):
-            module = cls(**dict(params))
-    except (Exception, SystemExit) as exc:  # a user's constructor may raise anything, sys.exit included
-        raise CustomModuleError(f"{path}(**{dict(params)}) failed: {_why(exc)}") from None
-    sparse = [name for name, m in module.named_modules()
-              if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.sparse]
-    if sparse:
-        raise CustomModuleError(f"{path} has sparse parameters ({', '.join(sparse)}): declare tables as flowrec "
-                                f"features instead")
-    return module
 
 
 class DryRun(NamedTuple):
@@ -174,20 +57,8 @@ def dry_run(path: str, params: Mapping[str, Any], in_width: int) -> DryRun:
         CustomModuleError: as `_dry_run`, and a class overriding nn.Module's own methods
             (`train()`, `to()`, `parameters()`) in a way that raises when flowrec calls them.
     """
-    with _user_failure(path, "its dry run"):
+    with user_failure(path, "its dry run"):
         return _dry_run(path, params, in_width)
-
-
-@contextlib.contextmanager
-def _user_failure(path: str, doing: str) -> Iterator[None]:
-    """Within: an exception of a user's class (its overrides of nn.Module's own methods) becomes a
-    CustomModuleError naming `path` and what flowrec was `doing`; CustomModuleError and stops pass."""
-    try:
-        yield
-    except CustomModuleError:
-        raise
-    except (Exception, SystemExit) as exc:
-        raise CustomModuleError(f"{path} failed in {doing}: {_why(exc)}") from None
 
 
 def _dry_run(path: str, params: Mapping[str, Any], in_width: int) -> DryRun:
@@ -202,7 +73,7 @@ def _dry_run(path: str, params: Mapping[str, Any], in_width: int) -> DryRun:
             return one (B, ...) tensor of 1 .. MAX_OUT_WIDTH values per sample, the same number of
             values per sample at every batch size, in training and in evaluation.
     """
-    with contextlib.redirect_stdout(sys.stderr), _stop_named(path, "running"):
+    with contextlib.redirect_stdout(sys.stderr), stop_named(path, "running"):
         with torch.device("meta"):
             # tensors the constructor makes outside torch's factories (torch.from_numpy, torch.load,
             # device="cpu") are on the CPU: move them too, or the forward mixes devices
@@ -378,7 +249,7 @@ class CustomModule(nn.Module):
             CustomModuleError: the class cannot be used, or returns another width than `out_width`.
         """
         path = config["class"]
-        with _user_failure(path, "building the model"):  # an override of train(), parameters() ... may raise
+        with user_failure(path, "building the model"):  # an override of train(), parameters() ... may raise
             return cls._built(config, input_shapes)
 
     @classmethod
@@ -397,7 +268,7 @@ class CustomModule(nn.Module):
                 raise CustomModuleError(f"custom module {path} returns {width} values per sample, "
                                         f"not its out_width {declared}: correct out_width or leave it out")
         module = cls(inner, path)
-        check_state_round_trip(module)
+        check_state_round_trip(module, path)
         check_rows_independent(inner, path, in_width)
         return module
 
@@ -434,7 +305,7 @@ def custom_failure(exc: BaseException) -> str | None:
             named = f"custom module {getattr(module, 'label', '?')!r} ({getattr(module, 'path', '?')})"
             if isinstance(exc, GuardOnDataDependentSymNode):
                 return f"{named} {DATA_DEPENDENT_FLOW}"
-            return f"{named} raised {_why(exc)}"
+            return f"{named} raised {why(exc)}"
         tb = tb.tb_next
     return None
 
@@ -453,106 +324,9 @@ def backward_failure(exc: BaseException, model: nn.Module) -> str | None:
     if not customs or tb is None:
         return None
     named = ", ".join(f"{m.label!r} ({m.path})" for m in customs[:3]) + (", ..." if len(customs) > 3 else "")
-    return (f"the backward pass of a model with custom modules ({named}) failed: {_why(exc)}; a custom module's "
+    return (f"the backward pass of a model with custom modules ({named}) failed: {why(exc)}; a custom module's "
             "forward must not keep a tensor of one step for the next (detach it: self.kept = y.detach()) nor "
             "change in place a tensor it computed with")
-
-
-def check_state_round_trip(module: "CustomModule") -> None:
-    """Refuse a module whose state cannot go into a checkpoint and back, as a checkpoint, `--resume`,
-    `flowrec eval`, `export` and `--init-from` take it: the state the model's own `state_dict()`
-    collects of it (which calls the class's `state_dict`, `get_extra_state`, and its hooks) must be
-    made, be tensors only (a checkpoint copies and shards it as tensors), and load back into it
-    strictly (`_load_from_state_dict`, `set_extra_state`, its hooks). Loading its own state puts the
-    same values back. Said before anything trains or is written, where a checkpoint after an
-    epoch's training stopped with a traceback and a run folder without a checkpoint.
-
-    Raises:
-        CustomModuleError: one line naming the class and what failed.
-    """
-    path = module.path
-    doing = "state_dict()"
-    try:
-        with (torch.no_grad(), torch_settings_kept(), contextlib.redirect_stdout(sys.stderr),
-              _stop_named(path, "saving the state of")):
-            state = module.state_dict()
-            if not isinstance(state, Mapping):
-                raise TypeError(f"it returned {type(state).__name__}, not a mapping of names to tensors")
-            odd = next((k for k, v in state.items() if not isinstance(v, torch.Tensor)), None)
-            if odd is not None:  # a checkpoint copies and shards the model's state as tensors
-                raise TypeError(f"{odd.removeprefix('inner.')!r} is a {type(state[odd]).__name__}, not a tensor: "
-                                "a checkpoint holds tensors only (keep such state in a buffer: register_buffer)")
-            doing = "load_state_dict() of its own state"
-            module.load_state_dict(state)
-    except UserCodeInterrupted:
-        raise
-    except (Exception, SystemExit) as exc:  # a user's state_dict may raise anything
-        raise CustomModuleError(f"{path}: {doing} failed: {_why(exc)}; a checkpoint, --resume, eval and export "
-                                "save and load the module's state through it") from None
-
-
-ROW_CHECK_ROWS = 3  # rows of the eval-mode batch whose outputs are compared with each row's alone
-ROW_CHECK_SEED = 20261206  # the check's input values: the same check at every build
-ROW_CHECK_RTOL = 1e-4  # relative: a GEMM of one row may sum in another order than one of three
-ROW_CHECK_ATOL = 1e-5  # absolute, times the largest output value (at least 1)
-
-
-def check_rows_independent(inner: nn.Module, path: str, in_width: int) -> None:
-    """Refuse a module whose eval-mode output for a row depends on the other rows of its batch (a
-    softmax or a mean over dim 0): `flowrec eval`, `export`, `predict` and micro-batches would give
-    a row a score that follows the rows it happened to be batched with. Its outputs for
-    ROW_CHECK_ROWS rows of skewed random values are compared with each row's output alone, on a
-    copy of the module (its own state, a counter, stays as it was), without gradients and off
-    torch's generator. Training-mode batch dependence (batch norm's batch statistics) is allowed.
-    Nothing is said where the check cannot run: the module cannot be copied, its forward raises
-    (training says so, naming it), it returns no (B, ...) tensor, or it draws random numbers in
-    eval mode (two seeds give two outputs: no row has one output to compare).
-
-    Raises:
-        CustomModuleError: a row's output alone differs from its output in the batch.
-    """
-    try:
-        copied = copy.deepcopy(inner).eval()
-    except Exception:  # noqa: BLE001 - a module holding a lock or a file cannot be copied: no check
-        return
-    gen = torch.Generator().manual_seed(ROW_CHECK_SEED)
-    x = torch.randn(ROW_CHECK_ROWS, in_width, generator=gen) * torch.logspace(-1, 1, ROW_CHECK_ROWS)[:, None]
-
-    def run(rows: torch.Tensor, seed: int = 0) -> Any:
-        torch.manual_seed(seed)
-        return copied(rows.clone())
-
-    try:
-        with (torch.random.fork_rng(devices=[]), torch.no_grad(), torch_settings_kept(), warnings.catch_warnings(),
-              contextlib.redirect_stdout(sys.stderr), _stop_named(path, "running")):
-            warnings.simplefilter("ignore")
-            whole, other_seed = run(x), run(x, 1)
-            if not _rows_of(whole, ROW_CHECK_ROWS) or not _rows_of(other_seed, ROW_CHECK_ROWS) \
-                    or not torch.equal(whole, other_seed):
-                return
-            alone = [run(x[i:i + 1]) for i in range(ROW_CHECK_ROWS)]
-    except (Exception, SystemExit):  # a user's forward may raise anything
-        return
-    scale = max(1.0, float(whole.detach().abs().max())) if whole.numel() else 1.0
-    for i, out in enumerate(alone):
-        if not _rows_of(out, 1) or out.shape[1:] != whole.shape[1:]:  # `.squeeze()`: one row's (1, k) became (k,)
-            shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-            raise CustomModuleError(
-                f"{path}: its output for one row alone in eval mode is {shape}, not (1, "
-                f"{', '.join(map(str, whole.shape[1:]))}) as a row of a batch of {ROW_CHECK_ROWS} gives (a squeeze() "
-                "that drops the batch dimension of one row?): predict and serving score one row at a time")
-        if not torch.allclose(out.float(), whole[i:i + 1].float(), rtol=ROW_CHECK_RTOL, atol=ROW_CHECK_ATOL * scale,
-                              equal_nan=True):
-            raise CustomModuleError(
-                f"{path}: its output for a row depends on the other rows of the batch in eval mode (row {i} of "
-                f"{ROW_CHECK_ROWS} alone gives other values than in the batch): eval, export and predict must score "
-                "a row the same whatever rows share its batch, so compute across rows (a softmax or mean over "
-                "dim 0) only in training (`if self.training:`), as batch norm does with its running statistics")
-
-
-def _rows_of(out: Any, rows: int) -> bool:
-    """`out` is a tensor of `rows` rows."""
-    return isinstance(out, torch.Tensor) and out.dim() >= 1 and out.shape[0] == rows
 
 
 def state_failure(exc: BaseException, model: nn.Module) -> str | None:
@@ -572,7 +346,7 @@ def state_failure(exc: BaseException, model: nn.Module) -> str | None:
     if found is None:
         return None
     owner, method = found
-    return f"custom module {owner.label!r} ({owner.path}): its {method}() raised {_why(exc)}"
+    return f"custom module {owner.label!r} ({owner.path}): its {method}() raised {why(exc)}"
 
 
 def _materialize_lazy(inner: nn.Module, path: str, in_width: int) -> None:
@@ -604,10 +378,10 @@ def _forward_zeros(inner: nn.Module, path: str, in_width: int, doing: str = "",
     """
     x = torch.zeros(batch, in_width, requires_grad=grad)
     try:
-        with torch.set_grad_enabled(grad), torch_settings_kept(), _stop_named(path, "running"):
+        with torch.set_grad_enabled(grad), torch_settings_kept(), stop_named(path, "running"):
             return inner(x), x
     except (Exception, SystemExit) as exc:
-        raise CustomModuleError(f"{path} failed on a ({batch}, {in_width}) input{doing}: {_why(exc)}") from None
+        raise CustomModuleError(f"{path} failed on a ({batch}, {in_width}) input{doing}: {why(exc)}") from None
 
 
 def _mapping(params: Any) -> dict[str, Any]:

@@ -21,7 +21,8 @@ from flowrec.spec.load import to_dict
 from flowrec.spec.model import DRY_RUN_KINDS, FrozenMapping, ModelSpec, ModuleSpec, thaw, unresolved_modules
 from flowrec.spec.module_checks import check_shapes
 from flowrec.spec.view import DocView
-from operators.custom import CustomModuleError, DryRun, UserCodeInterrupted, dry_run
+from operators.custom import DryRun, dry_run
+from operators.custom_code import CustomModuleError, UserCodeInterrupted
 
 
 class CustomInterrupted(KeyboardInterrupt):

@@ -18,7 +18,7 @@ from flowrec.runtime.custom import resolve_custom
 from flowrec.runtime.lowering import lower
 from flowrec.spec import spec_from_dict
 from flowrec.spec.errors import SpecError
-from operators.custom import import_class
+from operators.custom_code import import_class
 
 BLOCKS = textwrap.dedent('''
     import torch
