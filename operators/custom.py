@@ -173,8 +173,8 @@ def _check_gradient(path: str, inner: nn.Module, outputs: list[tuple[Any, torch.
     trainable = [name for name, t in inner.named_parameters() if t.requires_grad]
     if not trainable:
         return  # a fixed module (no parameters, or frozen ones) may stop gradients on purpose
-    for (out, x), (_, training) in zip(outputs, DRY_RUNS):
-        if training and isinstance(out, torch.Tensor) and out is not x and out.grad_fn is None:
+    for (out, _), (_, training) in zip(outputs, DRY_RUNS):
+        if training and isinstance(out, torch.Tensor) and out.grad_fn is None:
             raise CustomModuleError(
                 f"{path} returns a tensor without a gradient in training mode (computed under torch.no_grad(), "
                 f"detached, or made anew) although it has trainable parameters ({', '.join(trainable[:3])}"
@@ -185,12 +185,13 @@ def _check_gradient(path: str, inner: nn.Module, outputs: list[tuple[Any, torch.
 
 def _meta_forward(inner: nn.Module, batch: int, in_width: int, training: bool) -> tuple[Any, torch.Tensor]:
     """`inner`'s output on a (batch, in_width) meta input in training or eval mode, and that input
-    (requiring a gradient in training, as the modules before it give it one)."""
+    (in training a copy of a tensor requiring a gradient, as training gives it: `CustomModule.forward`'s
+    copy of another module's output, which a forward may change in place)."""
     inner.train(training)
     x = torch.empty(batch, in_width, device="meta", requires_grad=training)
     with warnings.catch_warnings(), torch_settings_kept():  # float() of a meta tensor warns, then fails
         warnings.simplefilter("ignore")
-        return inner(x), x
+        return inner(x.clone() if training else x), x
 
 
 def _width(path: str, out: Any, x: torch.Tensor) -> int:
@@ -370,8 +371,8 @@ def _materialize_lazy(inner: nn.Module, path: str, in_width: int) -> None:
 
 def _forward_zeros(inner: nn.Module, path: str, in_width: int, doing: str = "",
                    batch: int = DRY_RUN_BATCH, grad: bool = False) -> tuple[Any, torch.Tensor]:
-    """`inner`'s output on (batch, in_width) CPU zeros without gradients (`grad`: zeros that require
-    one, as the modules before it give it), and those zeros.
+    """`inner`'s output on (batch, in_width) CPU zeros without gradients (`grad`: a copy of zeros
+    that require one, as training gives it), and those zeros.
 
     Raises:
         CustomModuleError: the forward fails (naming `path` and what it was `doing`).
@@ -379,7 +380,7 @@ def _forward_zeros(inner: nn.Module, path: str, in_width: int, doing: str = "",
     x = torch.zeros(batch, in_width, requires_grad=grad)
     try:
         with torch.set_grad_enabled(grad), torch_settings_kept(), stop_named(path, "running"):
-            return inner(x), x
+            return inner(x.clone() if grad else x), x
     except (Exception, SystemExit) as exc:
         raise CustomModuleError(f"{path} failed on a ({batch}, {in_width}) input{doing}: {why(exc)}") from None
 

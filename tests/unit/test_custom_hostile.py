@@ -189,6 +189,20 @@ BLOCKS = textwrap.dedent('''
             return torch.zeros(len(x), 3)
 
 
+    class InPlaceNoGrad(NoGrad):
+        """Scales its input in place (allowed: it has its own copy), then computes without gradients."""
+        def forward(self, x):
+            x.mul_(2)
+            with torch.no_grad():
+                return self.proj(x)
+
+
+    class InPlace(NoGrad):
+        def forward(self, x):
+            x.mul_(2)
+            return self.proj(x)
+
+
     class FrozenStop(nn.Module):
         """A fixed projection behind a stopped gradient: allowed (nothing of its own to train)."""
         def __init__(self, in_features):
@@ -566,3 +580,15 @@ def test_a_checkpoint_whose_custom_state_dict_raises_is_one_line_and_leaves_no_r
     (line,) = [line for line in result.output.splitlines() if line.startswith("error:")]
     assert (f"custom module 'mine' ({blocks}:LateNoSave): its state_dict() raised OSError: no room for opinions; "
             "no checkpoint was written") in line, line
+
+
+def test_a_forward_changing_its_input_in_place_is_checked_for_its_gradient_too(blocks):
+    """The dry run gave a forward a leaf requiring a gradient, which `x.mul_(2)` may not change: it
+    fell back to a run without gradients, and a forward under torch.no_grad() passed unchecked."""
+    with pytest.raises(SpecError) as err:
+        resolve_custom(spec_from_dict(spec_doc(f"{blocks}:InPlaceNoGrad", {"in_features": 9})))
+    assert "returns a tensor without a gradient in training mode" in err.value.issues[0].message
+    spec = resolve_custom(spec_from_dict(spec_doc(f"{blocks}:InPlace", {"in_features": 9})))
+    model = lower(make_plan(spec, target="cpu"), spec, "cpu")
+    x = torch.randn(5, 9) * torch.logspace(-1, 1, 9)
+    torch.testing.assert_close(model.ops["mine"](x), model.ops["mine"].inner.proj(2 * x))
