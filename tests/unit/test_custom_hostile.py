@@ -460,7 +460,8 @@ def test_a_run_that_recorded_no_measured_memory_resumes_and_starts_others(tmp_pa
     measured = resolve_custom(spec_from_dict(spec_doc(f"{blocks}:Normed", {"in_features": 9})))
     assert model_fingerprint(measured) == model_fingerprint(spec_from_dict(recorded))
     assert to_dict(measured) != recorded
-    for args in (["--init-from", str(run), "--out", str(tmp_path / "child")], ["--resume", str(run), "--epochs", "2"]):
+    for args in (["--init-from", str(run), "--out", str(tmp_path / "child"), "--rows", rows, "--max-steps", "2"],
+                 ["--resume", str(run), "--epochs", "2"]):
         done = runner.invoke(app, ["train", str(spec), *args, "-q", "--device", "cpu"])
         assert done.exit_code == 0, (args, done.output)
     assert load_checkpoint(run / "checkpoint.pt")["position"]["epoch"] == 2
