@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from operators.custom_checks import check_rows_independent, check_state_round_trip
-from operators.custom_code import CustomModuleError, build_custom, stop_named, torch_settings_kept, user_failure, why
+from operators.custom_code import CustomModuleError, build_custom, settings_kept, stop_named, user_failure, why
 from operators.dense import Shapes
 
 
@@ -189,7 +189,7 @@ def _meta_forward(inner: nn.Module, batch: int, in_width: int, training: bool) -
     copy of another module's output, which a forward may change in place)."""
     inner.train(training)
     x = torch.empty(batch, in_width, device="meta", requires_grad=training)
-    with warnings.catch_warnings(), torch_settings_kept():  # float() of a meta tensor warns, then fails
+    with warnings.catch_warnings(), settings_kept():  # float() of a meta tensor warns, then fails
         warnings.simplefilter("ignore")
         return inner(x.clone() if training else x), x
 
@@ -379,7 +379,7 @@ def _forward_zeros(inner: nn.Module, path: str, in_width: int, doing: str = "",
     """
     x = torch.zeros(batch, in_width, requires_grad=grad)
     try:
-        with torch.set_grad_enabled(grad), torch_settings_kept(), stop_named(path, "running"):
+        with torch.set_grad_enabled(grad), settings_kept(), stop_named(path, "running"):
             return inner(x.clone() if grad else x), x
     except (Exception, SystemExit) as exc:
         raise CustomModuleError(f"{path} failed on a ({batch}, {in_width}) input{doing}: {why(exc)}") from None

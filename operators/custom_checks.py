@@ -18,7 +18,7 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from operators.custom_code import CustomModuleError, UserCodeInterrupted, stop_named, torch_settings_kept, why
+from operators.custom_code import CustomModuleError, UserCodeInterrupted, settings_kept, stop_named, why
 
 
 def check_state_round_trip(module: nn.Module, path: str) -> None:
@@ -35,7 +35,7 @@ def check_state_round_trip(module: nn.Module, path: str) -> None:
     """
     doing = "state_dict()"
     try:
-        with (torch.no_grad(), torch_settings_kept(), contextlib.redirect_stdout(sys.stderr),
+        with (torch.no_grad(), settings_kept(), contextlib.redirect_stdout(sys.stderr),
               stop_named(path, "saving the state of")):
             state = module.state_dict()
             if not isinstance(state, Mapping):
@@ -85,7 +85,7 @@ def check_rows_independent(inner: nn.Module, path: str, in_width: int) -> None:
         return copied(rows.clone())
 
     try:
-        with (torch.random.fork_rng(devices=[]), torch.no_grad(), torch_settings_kept(), warnings.catch_warnings(),
+        with (torch.random.fork_rng(devices=[]), torch.no_grad(), settings_kept(), warnings.catch_warnings(),
               contextlib.redirect_stdout(sys.stderr), stop_named(path, "running")):
             warnings.simplefilter("ignore")
             whole, other_seed = run(x), run(x, 1)

@@ -1,7 +1,7 @@
 """Running a user's custom module class (the spec's `custom` kind): importing its file or module,
 constructing it, and the guards around its code: a stop while it runs names it
 (`UserCodeInterrupted`), torch's process-wide settings it changes are put back
-(`torch_settings_kept`), and whatever it raises is one line (`CustomModuleError`, `why`).
+(`settings_kept`), and whatever it raises is one line (`CustomModuleError`, `why`).
 
 Example:
     >>> build_custom("torch.nn:Linear", {"in_features": 4, "out_features": 2}).out_features
@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import importlib
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -54,17 +55,25 @@ def why(exc: BaseException) -> str:
 
 
 @contextlib.contextmanager
-def torch_settings_kept() -> Iterator[None]:
-    """Within: a user's code may change torch's process-wide settings (a module file's top-level
-    `torch.set_default_dtype(torch.float64)` or `torch.set_grad_enabled(False)`); they are put back
-    after it, so flowrec's own tables and layers stay float32 and its training keeps its gradients
-    (a setting changed by the user's code holds while that code runs)."""
+def settings_kept() -> Iterator[None]:
+    """Within: a user's code may change process-wide settings (a module file's top-level
+    `torch.set_default_dtype(torch.float64)`, `torch.set_grad_enabled(False)` or `os.chdir(...)`);
+    they are put back after it, so flowrec's own tables and layers stay float32, its training keeps
+    its gradients and the paths it was given (`--out runs/x`, `--json plan.json`) name what they
+    named (a setting changed by the user's code holds while that code runs)."""
     dtype, grad = torch.get_default_dtype(), torch.is_grad_enabled()
+    try:
+        folder = os.getcwd()
+    except OSError:  # the working folder is gone: nothing to put back
+        folder = None
     try:
         yield
     finally:
         torch.set_default_dtype(dtype)
         torch.set_grad_enabled(grad)
+        if folder is not None:
+            with contextlib.suppress(OSError):  # removed meanwhile: paths fail there as they would have
+                os.chdir(folder)
 
 
 def import_class(path: str) -> type:
@@ -75,7 +84,7 @@ def import_class(path: str) -> type:
     """
     module_name, _, class_name = path.partition(":")
     try:
-        with torch_settings_kept(), stop_named(path, "importing"):
+        with settings_kept(), stop_named(path, "importing"):
             module = _load_file(module_name) if module_name.endswith(".py") else importlib.import_module(module_name)
         cls = getattr(module, class_name)
     except AttributeError as exc:
@@ -124,7 +133,7 @@ def build_custom(path: str, params: Mapping[str, Any]) -> nn.Module:
     """`Class(**params)`, refused when it has sparse parameters (CustomModuleError)."""
     cls = import_class(path)
     try:
-        with torch_settings_kept(), stop_named(path, "constructing"):
+        with settings_kept(), stop_named(path, "constructing"):
             module = cls(**dict(params))
     except (Exception, SystemExit) as exc:  # a user's constructor may raise anything, sys.exit included
         raise CustomModuleError(f"{path}(**{dict(params)}) failed: {why(exc)}") from None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -593,3 +594,39 @@ def test_a_forward_changing_its_input_in_place_is_checked_for_its_gradient_too(b
     model = lower(make_plan(spec, target="cpu"), spec, "cpu")
     x = torch.randn(5, 9) * torch.logspace(-1, 1, 9)
     torch.testing.assert_close(model.ops["mine"](x), model.ops["mine"].inner.proj(2 * x))
+
+
+MOVER = textwrap.dedent('''
+    import os
+    from torch import nn
+
+    os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), "elsewhere"))
+
+
+    class Mover(nn.Module):
+        def __init__(self, in_features):
+            super().__init__()
+            os.chdir("/")
+            self.proj = nn.Linear(in_features, 3)
+
+        def forward(self, x):
+            return self.proj(x)
+''')
+
+
+def test_a_class_file_changing_the_working_folder_leaves_flowrecs_paths_where_they_were(tmp_path, monkeypatch):
+    """A file whose top level (or constructor) called os.chdir made
+    `flowrec plan --json p.json` and `train --out runs/x` write into the folder it chose, each
+    saying the path as given: the run was not where the line said."""
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / f"mover_{random.randrange(1 << 30)}.py").write_text(MOVER)
+    path = next(tmp_path.glob("mover_*.py"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec_doc(f"{path.name}:Mover", {"in_features": 9})))
+    done = runner.invoke(app, ["plan", "s.yaml", "--json", "p.json"])
+    assert done.exit_code == 0, done.output
+    assert (tmp_path / "p.json").is_file() and not (tmp_path / "elsewhere" / "p.json").exists()
+    done = runner.invoke(app, ["train", "s.yaml", "--rows", "200", "--out", "runs/x", "-q", "--device", "cpu"])
+    assert done.exit_code == 0, done.output
+    assert (tmp_path / "runs" / "x" / "checkpoint.pt").is_file() and not (tmp_path / "elsewhere" / "runs").exists()
+    assert Path.cwd() == tmp_path
