@@ -14,12 +14,15 @@ import hashlib
 import importlib
 import importlib.util
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 import torch
 from torch import nn
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # whose handlers stop flowrec (Ctrl-C, a scheduler's stop)
 
 
 class CustomModuleError(ValueError):
@@ -57,11 +60,15 @@ def why(exc: BaseException) -> str:
 @contextlib.contextmanager
 def settings_kept() -> Iterator[None]:
     """Within: a user's code may change process-wide settings (a module file's top-level
-    `torch.set_default_dtype(torch.float64)`, `torch.set_grad_enabled(False)` or `os.chdir(...)`);
-    they are put back after it, so flowrec's own tables and layers stay float32, its training keeps
-    its gradients and the paths it was given (`--out runs/x`, `--json plan.json`) name what they
-    named (a setting changed by the user's code holds while that code runs)."""
+    `torch.set_default_dtype(torch.float64)`, `torch.set_grad_enabled(False)`, `os.chdir(...)`,
+    `sys.stdout = open(os.devnull, "w")` or `signal.signal(signal.SIGINT, signal.SIG_IGN)`); they
+    are put back after it, so flowrec's own tables and layers stay float32, its training keeps its
+    gradients, the paths it was given (`--out runs/x`, `--json plan.json`) name what they named, its
+    lines are seen and Ctrl-C and SIGTERM stop it as they did (a setting changed by the user's code
+    holds while that code runs)."""
     dtype, grad = torch.get_default_dtype(), torch.is_grad_enabled()
+    streams = sys.stdout, sys.stderr
+    handlers = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     try:
         folder = os.getcwd()
     except OSError:  # the working folder is gone: nothing to put back
@@ -71,6 +78,11 @@ def settings_kept() -> Iterator[None]:
     finally:
         torch.set_default_dtype(dtype)
         torch.set_grad_enabled(grad)
+        sys.stdout, sys.stderr = streams
+        for sig, handler in handlers.items():
+            if handler is not None and signal.getsignal(sig) is not handler:
+                with contextlib.suppress(ValueError):  # set from the main thread only; elsewhere the user could not either
+                    signal.signal(sig, handler)
         if folder is not None:
             with contextlib.suppress(OSError):  # removed meanwhile: paths fail there as they would have
                 os.chdir(folder)

@@ -630,3 +630,42 @@ def test_a_class_file_changing_the_working_folder_leaves_flowrecs_paths_where_th
     assert done.exit_code == 0, done.output
     assert (tmp_path / "runs" / "x" / "checkpoint.pt").is_file() and not (tmp_path / "elsewhere" / "runs").exists()
     assert Path.cwd() == tmp_path
+
+
+SILENCER = textwrap.dedent('''
+    import io
+    import signal
+    import sys
+    from torch import nn
+
+    sys.stdout = io.StringIO()  # "quiet, please"
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+    class Quiet(nn.Module):
+        def __init__(self, in_features):
+            super().__init__()
+            sys.stderr = io.StringIO()
+            self.proj = nn.Linear(in_features, 3)
+
+        def forward(self, x):
+            return self.proj(x)
+''')
+
+
+def test_a_class_file_replacing_the_output_streams_or_the_stop_handler_leaves_flowrecs_in_place(tmp_path):
+    """A file that set sys.stdout to a buffer at its top level (or sys.stderr in its constructor)
+    swallowed every line flowrec printed after it (the plan, errors), and one that ignored SIGINT
+    made Ctrl-C do nothing for the rest of a run."""
+    import signal
+    import sys
+
+    path = tmp_path / f"quiet_{random.randrange(1 << 30)}.py"
+    path.write_text(SILENCER)
+    before = sys.stdout, sys.stderr, signal.getsignal(signal.SIGINT)
+    spec = resolve_custom(spec_from_dict(spec_doc(f"{path}:Quiet", {"in_features": 9})))
+    lower(make_plan(spec, target="cpu"), spec, "cpu")
+    assert (sys.stdout, sys.stderr, signal.getsignal(signal.SIGINT)) == before
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec_doc(f"{path}:Quiet", {"in_features": 9})))
+    done = runner.invoke(app, ["plan", str(tmp_path / "s.yaml")])
+    assert done.exit_code == 0 and "stages:" in done.output, done.output
