@@ -16,6 +16,7 @@ import importlib.util
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
@@ -23,6 +24,7 @@ import torch
 from torch import nn
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # whose handlers stop flowrec (Ctrl-C, a scheduler's stop)
+THREAD_MARK = "flowrec_started_while"  # attribute of a thread a user's code started and left running
 
 
 class CustomModuleError(ValueError):
@@ -88,6 +90,27 @@ def settings_kept() -> Iterator[None]:
                 os.chdir(folder)
 
 
+@contextlib.contextmanager
+def threads_marked(doing: str) -> Iterator[None]:
+    """Within: a thread the user's code starts and leaves running, not a daemon (a prefetcher
+    started at a file's top level), is marked with what flowrec was `doing` (`THREAD_MARK`), so the
+    command can end without waiting for it for ever (`lingering_threads`)."""
+    before = set(threading.enumerate())
+    try:
+        yield
+    finally:
+        for thread in threading.enumerate():
+            if thread not in before and not thread.daemon and thread.is_alive():
+                setattr(thread, THREAD_MARK, doing)
+
+
+def lingering_threads() -> list[str]:
+    """`'NAME' (started while importing blocks.py:X)` of each marked thread still running: the
+    interpreter's exit would wait for it, for ever where it loops."""
+    return [f"{thread.name!r} (started while {getattr(thread, THREAD_MARK)})" for thread in threading.enumerate()
+            if thread.is_alive() and not thread.daemon and hasattr(thread, THREAD_MARK)]
+
+
 def import_class(path: str) -> type:
     """The class named by ``module:Class`` or ``file.py:Class``.
 
@@ -96,7 +119,7 @@ def import_class(path: str) -> type:
     """
     module_name, _, class_name = path.partition(":")
     try:
-        with settings_kept(), stop_named(path, "importing"):
+        with settings_kept(), stop_named(path, "importing"), threads_marked(f"importing {path}"):
             module = _load_file(module_name) if module_name.endswith(".py") else importlib.import_module(module_name)
         cls = getattr(module, class_name)
     except AttributeError as exc:
@@ -145,7 +168,7 @@ def build_custom(path: str, params: Mapping[str, Any]) -> nn.Module:
     """`Class(**params)`, refused when it has sparse parameters (CustomModuleError)."""
     cls = import_class(path)
     try:
-        with settings_kept(), stop_named(path, "constructing"):
+        with settings_kept(), stop_named(path, "constructing"), threads_marked(f"constructing {path}"):
             module = cls(**dict(params))
     except (Exception, SystemExit) as exc:  # a user's constructor may raise anything, sys.exit included
         raise CustomModuleError(f"{path}(**{dict(params)}) failed: {why(exc)}") from None

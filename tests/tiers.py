@@ -102,6 +102,7 @@ FILES: dict[str, frozenset[str]] = {
 
 # single tests whose cost differs from their file's ("file::test name", parameters left out)
 TESTS: dict[str, frozenset[str]] = {
+    "tests/unit/test_custom_hostile.py::test_a_command_whose_class_file_left_a_thread_running_ends": frozenset({"processes"}),
     "tests/unit/test_bench_later_epochs.py::test_a_real_run_times_every_epoch_of_both_runs": frozenset({"processes"}),
     "tests/unit/test_bench_calibration_noise.py::test_a_real_run_measures_both_settings_with_their_own_rounds_and_blocks":
         frozenset({"processes"}),

@@ -669,3 +669,56 @@ def test_a_class_file_replacing_the_output_streams_or_the_stop_handler_leaves_fl
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec_doc(f"{path}:Quiet", {"in_features": 9})))
     done = runner.invoke(app, ["plan", str(tmp_path / "s.yaml")])
     assert done.exit_code == 0 and "stages:" in done.output, done.output
+
+
+THREADED = textwrap.dedent('''
+    import threading
+    from torch import nn
+
+    STOP = threading.Event()
+    threading.Thread(target=STOP.wait, name="prefetcher").start()  # never set: runs for ever
+
+
+    class Busy(nn.Module):
+        def __init__(self, in_features):
+            super().__init__()
+            self.proj = nn.Linear(in_features, 3)
+
+        def forward(self, x):
+            return self.proj(x)
+''')
+
+
+def test_a_thread_a_class_file_leaves_running_is_named_and_not_waited_for(tmp_path):
+    import threading
+
+    from operators.custom_code import lingering_threads, threads_marked
+
+    stop = threading.Event()
+    name = f"loader-{random.randrange(1 << 30)}"
+    with threads_marked("importing blocks.py:X"):
+        threading.Thread(target=stop.wait, name=name).start()
+        threading.Thread(target=stop.wait, name="quiet", daemon=True).start()  # a daemon: never waited for
+    mine = [line for line in lingering_threads() if name in line]
+    assert mine == [f"'{name}' (started while importing blocks.py:X)"]
+    assert not [line for line in lingering_threads() if "quiet" in line]
+    stop.set()
+    for thread in threading.enumerate():
+        if thread.name in (name, "quiet"):
+            thread.join()
+    assert not [line for line in lingering_threads() if name in line]
+
+
+def test_a_command_whose_class_file_left_a_thread_running_ends(tmp_path):
+    """`flowrec plan` and `train` of a class file that starts a thread at its top level and never
+    ends it did their work, then never exited (the interpreter waited for the thread)."""
+    import subprocess
+    import sys
+
+    (tmp_path / "threaded.py").write_text(THREADED)
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec_doc("threaded.py:Busy", {"in_features": 9})))
+    done = subprocess.run([sys.executable, "-m", "flowrec", "plan", "s.yaml"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)  # a guard against the hang, not a timing
+    assert done.returncode == 0 and "stages:" in done.stdout, done.stderr[-2000:]
+    assert ("note: not waiting for the threads a custom module class started and left running: 'prefetcher' "
+            f"(started while importing {tmp_path / 'threaded.py'}:Busy)") in done.stderr, done.stderr[-2000:]
