@@ -168,7 +168,7 @@ def _dense_nodes(plan: Plan) -> list[tuple[str, int]]:
         op = plan.graph.nodes[node]["op"]
         held = int(op.attr("buffer_bytes", 0))
         if op.kind not in SPARSE_KINDS and op.param_bytes + held > 0:
-            out.append((f"module {node}: {{}} of dense parameters, gradients and optimizer state"
-                        f"{' and buffers' if held else ''}", op.param_bytes + held))
+            out.append((f"module {node}: {{}} of dense parameters{', buffers' if held else ''}, gradients and "
+                        "optimizer state", op.param_bytes + held))
     return out
 

@@ -306,7 +306,7 @@ def test_a_custom_modules_parameters_and_buffers_count_in_the_plans_memory(block
     grown = dict(plan.cost.memory)["dense"] - dict(plan_small.cost.memory)["dense"]
     assert grown == (2 + adam) * (trainable - 4 * (9 + 1 + 3 + 3)) + held - 4 * (1 + 9)
     line = misfit(plan, trainable, "device memory")  # its parameters alone fit; with Adam's state they do not
-    assert line is not None and "module mine:" in line
+    assert line is not None and "module mine:" in line and "of dense parameters, buffers, gradients and optimizer" in line
 
 
 @pytest.mark.parametrize("cls", ["Across", "Later"])
