@@ -15,7 +15,6 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import copy
 import sys
 import warnings
 from math import prod
@@ -24,7 +23,7 @@ from typing import Any, Mapping, NamedTuple
 import torch
 from torch import nn
 
-from operators.custom_checks import check_rows_independent, check_state_round_trip
+from operators.custom_checks import check_rows_independent, check_state_round_trip, probe_copy
 from operators.custom_code import CustomModuleError, build_custom, settings_kept, stop_named, user_failure, why
 from operators.dense import Shapes
 
@@ -94,15 +93,15 @@ def _dry_run(path: str, params: Mapping[str, Any], in_width: int) -> DryRun:
 def built_width(inner: nn.Module, path: str, params: Mapping[str, Any], in_width: int) -> int:
     """`dry_run`'s width and checks of a module already built (`inner`), on a copy of it (its own
     state stays as it was) and CPU zeros, off torch's generator: a slow constructor runs once where
-    a meta dry run would build the class again. A module that cannot be copied, or whose forward
-    fails on zeros (a Cholesky of a zero matrix), gets the meta dry run instead.
+    a meta dry run would build the class again. A module that is not copied (`probe_copy`: large,
+    or it cannot be), or whose forward fails on zeros (a Cholesky of a zero matrix), gets the meta
+    dry run instead.
 
     Raises:
         CustomModuleError: as `dry_run`.
     """
-    try:
-        copied = copy.deepcopy(inner)
-    except Exception:  # noqa: BLE001 - a module holding a lock or a file cannot be copied
+    copied = probe_copy(inner)
+    if copied is None:  # large, or not to be copied
         return meta_width(path, params, in_width)
     names = _state_names(copied)
     try:

@@ -53,6 +53,7 @@ def check_state_round_trip(module: nn.Module, path: str) -> None:
                                 "save and load the module's state through it") from None
 
 
+PROBE_COPY_BYTES = 1 << 30  # B: a module holding more is checked without a copy of it (memory)
 ROW_CHECK_ROWS = 3  # rows of the eval-mode batch whose outputs are compared with each row's alone
 ROW_CHECK_SEED = 20261206  # the check's input values: the same check at every build
 ROW_CHECK_RTOL = 1e-4  # relative: a GEMM of one row may sum in another order than one of three
@@ -64,19 +65,39 @@ def check_rows_independent(inner: nn.Module, path: str, in_width: int) -> None:
     softmax or a mean over dim 0): `flowrec eval`, `export`, `predict` and micro-batches would give
     a row a score that follows the rows it happened to be batched with. Its outputs for
     ROW_CHECK_ROWS rows of skewed random values are compared with each row's output alone, on a
-    copy of the module (its own state, a counter, stays as it was), without gradients and off
-    torch's generator. Training-mode batch dependence (batch norm's batch statistics) is allowed.
-    Nothing is said where the check cannot run: the module cannot be copied, its forward raises
+    copy of the module (`probe_copy`; the module itself, in eval mode, where it is not copied),
+    without gradients and off torch's generator. Training-mode batch dependence (batch norm's
+    batch statistics) is allowed. Nothing is said where the check cannot run: its forward raises
     (training says so, naming it), it returns no (B, ...) tensor, or it draws random numbers in
     eval mode (two seeds give two outputs: no row has one output to compare).
 
     Raises:
         CustomModuleError: a row's output alone differs from its output in the batch.
     """
+    copied = probe_copy(inner)
+    training = inner.training
     try:
-        copied = copy.deepcopy(inner).eval()
-    except Exception:  # noqa: BLE001 - a module holding a lock or a file cannot be copied: no check
-        return
+        _compare_rows(inner.eval() if copied is None else copied.eval(), path, in_width)
+    finally:
+        inner.train(training)
+
+
+def probe_copy(inner: nn.Module) -> nn.Module | None:
+    """A copy of `inner` for a check that runs it (its own state, a counter, stays as it was), or
+    None where it holds more than PROBE_COPY_BYTES (a copy would double the memory of a large
+    pretrained module while the model is built) or cannot be copied (it holds a lock or a file)."""
+    held = sum(t.numel() * t.element_size() for t in (*inner.parameters(), *inner.buffers())
+               if not nn.parameter.is_lazy(t))
+    if held > PROBE_COPY_BYTES:
+        return None
+    try:
+        return copy.deepcopy(inner)
+    except Exception:  # noqa: BLE001 - whatever its __deepcopy__ or __reduce__ raises
+        return None
+
+
+def _compare_rows(copied: nn.Module, path: str, in_width: int) -> None:
+    """`check_rows_independent` on a module in eval mode."""
     gen = torch.Generator().manual_seed(ROW_CHECK_SEED)
     x = torch.randn(ROW_CHECK_ROWS, in_width, generator=gen) * torch.logspace(-1, 1, ROW_CHECK_ROWS)[:, None]
 

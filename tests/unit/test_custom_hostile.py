@@ -722,3 +722,23 @@ def test_a_command_whose_class_file_left_a_thread_running_ends(tmp_path):
     assert done.returncode == 0 and "stages:" in done.stdout, done.stderr[-2000:]
     assert ("note: not waiting for the threads a custom module class started and left running: 'prefetcher' "
             f"(started while importing {tmp_path / 'threaded.py'}:Busy)") in done.stderr, done.stderr[-2000:]
+
+
+def test_a_module_too_large_to_copy_is_checked_without_a_copy(blocks, monkeypatch):
+    """The build's checks ran on a copy of the module, doubling the memory of a large pretrained
+    one while the model was built; above PROBE_COPY_BYTES they run without one."""
+    from operators import custom_checks
+
+    counted = import_class(f"{blocks}:Counted")
+    spec = resolve_custom(spec_from_dict(spec_doc(f"{blocks}:Counted", {"in_features": 9})))
+    across = resolve_custom(spec_from_dict(spec_doc(f"{blocks}:Across", {"in_features": 9})))
+    copies = []
+    monkeypatch.setattr(custom_checks.copy, "deepcopy", lambda *a: copies.append(a) or pytest.fail("copied"))
+    monkeypatch.setattr(custom_checks, "PROBE_COPY_BYTES", random.randrange(4 * 3 * 9))  # below its bytes
+    before = counted.built
+    model = lower(make_plan(spec, target="cpu"), spec, "cpu")
+    assert counted.built == before + 2 and not copies  # the out_width check's meta dry run built it again
+    inner = model.ops["mine"].inner
+    assert inner.training and int(inner.norm.num_batches_tracked) == 0  # eval-mode checks, then training again
+    with pytest.raises(ValueError, match="depends on the other rows of the batch in eval mode"):
+        lower(make_plan(across, target="cpu"), across, "cpu")
