@@ -18,7 +18,7 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from operators.custom_code import CustomModuleError, UserCodeInterrupted, settings_kept, stop_named, why
+from operators.custom_code import CustomModuleError, settings_kept, stop_named, why
 
 
 def check_state_round_trip(module: nn.Module, path: str) -> None:
@@ -46,9 +46,7 @@ def check_state_round_trip(module: nn.Module, path: str) -> None:
                                 "a checkpoint holds tensors only (keep such state in a buffer: register_buffer)")
             doing = "load_state_dict() of its own state"
             module.load_state_dict(state)
-    except UserCodeInterrupted:
-        raise
-    except (Exception, SystemExit) as exc:  # a user's state_dict may raise anything
+    except (Exception, SystemExit) as exc:  # a user's state_dict may raise anything (a stop passes: BaseException)
         raise CustomModuleError(f"{path}: {doing} failed: {why(exc)}; a checkpoint, --resume, eval and export "
                                 "save and load the module's state through it") from None
 
