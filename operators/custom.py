@@ -15,18 +15,16 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import importlib
-import importlib.util
 import sys
 import warnings
 from math import prod
-from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping, NamedTuple
 
 import torch
 from torch import nn
 
+from operators.custom_checks import check_rows_independent, check_state_round_trip, probe_copy
+from operators.custom_code import CustomModuleError, build_custom, settings_kept, stop_named, user_failure, why
 from operators.dense import Shapes
 
 
@@ -36,125 +34,37 @@ DRY_RUN_BATCH = 2  # samples of the meta-device dry run
 DRY_RUNS = ((DRY_RUN_BATCH, True), (DRY_RUN_BATCH + 1, True), (DRY_RUN_BATCH, False))
 
 
-class CustomModuleError(ValueError):
-    """A custom class that cannot be used (import, construction, sparse parameters); one line."""
+class DryRun(NamedTuple):
+    """What a dry run measured of a custom module: its output width per sample, the bytes of its
+    trainable parameters (which also have gradients and optimizer state) and the bytes it holds
+    once (buffers and frozen parameters)."""
 
-
-class UserCodeInterrupted(KeyboardInterrupt):
-    """A stop (Ctrl-C; SIGTERM where it is raised as one, its `__cause__`) while a custom class's
-    own code ran and had not returned (an endless loop at its file's top level, a constructor
-    that waits): `running` says whose code and doing what, for the command's line."""
-
-    def __init__(self, running: str) -> None:
-        super().__init__(running)
-        self.running = running
-
-
-@contextlib.contextmanager
-def _stop_named(path: str, doing: str) -> Iterator[None]:
-    """Within: a stop becomes UserCodeInterrupted naming `path` and what it was `doing` (the
-    innermost such block names it)."""
-    try:
-        yield
-    except UserCodeInterrupted:
-        raise
-    except KeyboardInterrupt as exc:
-        raise UserCodeInterrupted(f"{doing} the custom module class {path}") from exc
-
-
-def _why(exc: BaseException) -> str:
-    """`Type: first line of the message` of a user's exception (one line)."""
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
-
-
-@contextlib.contextmanager
-def torch_settings_kept() -> Iterator[None]:
-    """Within: a user's code may change torch's process-wide settings (a module file's top-level
-    `torch.set_default_dtype(torch.float64)` or `torch.set_grad_enabled(False)`); they are put back
-    after it, so flowrec's own tables and layers stay float32 and its training keeps its gradients
-    (a setting changed by the user's code holds while that code runs)."""
-    dtype, grad = torch.get_default_dtype(), torch.is_grad_enabled()
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(dtype)
-        torch.set_grad_enabled(grad)
-
-
-def import_class(path: str) -> type:
-    """The class named by ``module:Class`` or ``file.py:Class``.
-
-    Raises:
-        CustomModuleError: it does not import, or is not an nn.Module class.
-    """
-    module_name, _, class_name = path.partition(":")
-    try:
-        with torch_settings_kept(), _stop_named(path, "importing"):
-            module = _load_file(module_name) if module_name.endswith(".py") else importlib.import_module(module_name)
-        cls = getattr(module, class_name)
-    except AttributeError as exc:
-        if not module_name.endswith(".py") or getattr(exc, "obj", None) is not module:  # a package's own words
-            raise CustomModuleError(f"cannot import {path!r}: {_why(exc)}") from None
-        # a file is imported under a name of flowrec's (flowrec_custom_<stem>_<hashes>): name the file instead
-        names = ", ".join(sorted(n for n in vars(module) if not n.startswith("_"))[:8]) or "nothing"
-        raise CustomModuleError(f"cannot import {path!r}: {module_name} defines no {class_name!r} (it defines "
-                                f"{names})") from None
-    except (Exception, SystemExit) as exc:  # importing runs the module's top level: anything may fail
-        raise CustomModuleError(f"cannot import {path!r}: {_why(exc)}") from None
-    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
-        raise CustomModuleError(f"{path!r} is not a torch.nn.Module class")
-    return cls
-
-
-def _load_file(file: str) -> Any:
-    path = Path(file).resolve()
-    try:  # the file's content in the name: an edited file (a notebook's second call) is imported again
-        content = hashlib.sha1(path.read_bytes()).hexdigest()[:12]
-    except OSError:
-        content = "unread"
-    name = f"flowrec_custom_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:12]}_{content}"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None or not path.is_file():
-        raise ImportError(f"no Python file at {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    # while it runs, its folder comes first on the import path, as when Python runs the file itself:
-    # its own imports of the files beside it (`import helpers`) find them
-    sys.path.insert(0, str(path.parent))
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]  # a failed import leaves no half-run module behind for the next try
-        raise
-    finally:
-        with contextlib.suppress(ValueError):  # the first occurrence: the one put there above
-            sys.path.remove(str(path.parent))
-    return module
-
-
-def build_custom(path: str, params: Mapping[str, Any]) -> nn.Module:
-    """`Class(**params)`, refused when it has sparse parameters (CustomModuleError)."""
-    cls = import_class(path)
-    try:
-        with torch_settings_kept(), _stop_named(path, "constructing"):
-            module = cls(**dict(params))
-    except (Exception, SystemExit) as exc:  # a user's constructor may raise anything, sys.exit included
-        raise CustomModuleError(f"{path}(**{dict(params)}) failed: {_why(exc)}") from None
-    sparse = [name for name, m in module.named_modules()
-              if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.sparse]
-    if sparse:
-        raise CustomModuleError(f"{path} has sparse parameters ({', '.join(sparse)}): declare tables as flowrec "
-                                f"features instead")
-    return module
+    width: int
+    param_bytes: int
+    buffer_bytes: int
 
 
 def meta_width(path: str, params: Mapping[str, Any], in_width: int) -> int:
+    """Output width per sample of `Class(**params)` on (batch, in_width) inputs (`dry_run`)."""
+    return dry_run(path, params, in_width).width
+
+
+def dry_run(path: str, params: Mapping[str, Any], in_width: int) -> DryRun:
+    """`_dry_run`, where whatever the class's own code raises is a CustomModuleError (one line).
+
+    Raises:
+        CustomModuleError: as `_dry_run`, and a class overriding nn.Module's own methods
+            (`train()`, `to()`, `parameters()`) in a way that raises when flowrec calls them.
+    """
+    with user_failure(path, "its dry run"):
+        return _dry_run(path, params, in_width)
+
+
+def _dry_run(path: str, params: Mapping[str, Any], in_width: int) -> DryRun:
     """Output width per sample of `Class(**params)` on (batch, in_width) inputs of each of
     DRY_RUNS (two batch sizes in training mode, one in eval mode), by a dry run on the meta device (no memory, no compute), or on CPU zeros where
-    the forward needs values (`_cpu_dry_run`). Whatever the user's code prints goes to stderr,
+    the forward needs values (`_cpu_dry_run`), and the bytes of its parameters and buffers (after
+    the forward: lazy parameters have their shapes then). Whatever the user's code prints goes to stderr,
     so that machine-readable output on stdout (`flowrec plan --json -`) stays clean.
 
     Raises:
@@ -162,15 +72,56 @@ def meta_width(path: str, params: Mapping[str, Any], in_width: int) -> int:
             return one (B, ...) tensor of 1 .. MAX_OUT_WIDTH values per sample, the same number of
             values per sample at every batch size, in training and in evaluation.
     """
-    with contextlib.redirect_stdout(sys.stderr), _stop_named(path, "running"):
+    with contextlib.redirect_stdout(sys.stderr), stop_named(path, "running"):
         with torch.device("meta"):
             # tensors the constructor makes outside torch's factories (torch.from_numpy, torch.load,
             # device="cpu") are on the CPU: move them too, or the forward mixes devices
             inner = build_custom(path, params).to("meta")
+        names = _state_names(inner)
         try:
             outputs = [_meta_forward(inner, batch, in_width, training) for batch, training in DRY_RUNS]
+            graded = True
         except (Exception, SystemExit):  # a user's forward may raise anything; meta tensors hold no values
-            outputs = _cpu_dry_run(path, params, in_width)  # (`x.sum() > 0`, `.item()`): try real zeros
+            inner, names, outputs = _cpu_dry_run(path, params, in_width)  # (`x.sum() > 0`, `.item()`): real zeros
+            graded = False  # that run is without gradients
+    _check_no_new_state(path, inner, names)
+    if graded:
+        _check_gradient(path, inner, outputs)
+    return DryRun(_checked_width(path, outputs), *state_bytes(inner))
+
+
+def built_width(inner: nn.Module, path: str, params: Mapping[str, Any], in_width: int) -> int:
+    """`dry_run`'s width and checks of a module already built (`inner`), on a copy of it (its own
+    state stays as it was) and CPU zeros, off torch's generator: a slow constructor runs once where
+    a meta dry run would build the class again. A module that is not copied (`probe_copy`: large,
+    or it cannot be), or whose forward fails on zeros (a Cholesky of a zero matrix), gets the meta
+    dry run instead.
+
+    Raises:
+        CustomModuleError: as `dry_run`.
+    """
+    copied = probe_copy(inner)
+    if copied is None:  # large, or not to be copied
+        return meta_width(path, params, in_width)
+    names = _state_names(copied)
+    try:
+        with contextlib.redirect_stdout(sys.stderr), torch.random.fork_rng(devices=[]):
+            outputs = [_forward_zeros(copied.train(training), path, in_width, batch=batch, grad=training)
+                       for batch, training in DRY_RUNS]
+    except CustomModuleError:
+        return meta_width(path, params, in_width)
+    _check_no_new_state(path, copied, names)
+    _check_gradient(path, copied, outputs)
+    return _checked_width(path, outputs)
+
+
+def _checked_width(path: str, outputs: list[tuple[Any, torch.Tensor]]) -> int:
+    """The values per sample of the outputs of DRY_RUNS, the same at each.
+
+    Raises:
+        CustomModuleError: an output is no (B, ...) tensor of its input's dtype, or its values per
+            sample follow the batch size or the mode.
+    """
     (first, x), (second, y), (evaluated, z) = outputs
     width, other = _width(path, first, x), _width(path, second, y)
     if other != width:  # (B, B * k): the next layer's weights are made for one batch size
@@ -183,13 +134,63 @@ def meta_width(path: str, params: Mapping[str, Any], in_width: int) -> int:
     return width
 
 
+def state_bytes(module: nn.Module) -> tuple[int, int]:
+    """(bytes of `module`'s trainable parameters, bytes of its buffers and frozen parameters), each
+    tensor counted once however many submodules share it (meta tensors count as their CPU copies)."""
+    trainable = held = 0
+    for tensor in (*module.parameters(), *module.buffers()):
+        if nn.parameter.is_lazy(tensor):
+            continue  # no shape yet
+        size = tensor.numel() * tensor.element_size()
+        if isinstance(tensor, nn.Parameter) and tensor.requires_grad:
+            trainable += size
+        else:
+            held += size
+    return trainable, held
+
+
+def _state_names(module: nn.Module) -> set[str]:
+    """The names of `module`'s parameters and buffers."""
+    return {name for name, _ in (*module.named_parameters(), *module.named_buffers())}
+
+
+def _check_no_new_state(path: str, inner: nn.Module, before: set[str]) -> None:
+    """Refuse a module whose forward registered parameters or buffers (`self.w = nn.Parameter(...)`
+    at its first call): the dense optimizer, made before the first step, never trains them, and the
+    checkpoint of a run holds state that the model a resume builds lacks."""
+    made = sorted(_state_names(inner) - before)
+    if made:
+        raise CustomModuleError(f"{path} creates {', '.join(made[:3])}{' ...' if len(made) > 3 else ''} in its forward: "
+                                "create parameters and buffers in __init__ (the optimizer is made before the first "
+                                "step, and would never train them), or use nn.LazyLinear-style lazy modules")
+
+
+def _check_gradient(path: str, inner: nn.Module, outputs: list[tuple[Any, torch.Tensor]]) -> None:
+    """Refuse a module with trainable parameters whose training-mode output carries no gradient
+    (computed under torch.no_grad(), `.detach()`ed, wrapped in a new nn.Parameter or made anew):
+    its parameters would never train, nor the modules before it through it, without a word."""
+    trainable = [name for name, t in inner.named_parameters() if t.requires_grad]
+    if not trainable:
+        return  # a fixed module (no parameters, or frozen ones) may stop gradients on purpose
+    for (out, _), (_, training) in zip(outputs, DRY_RUNS):
+        if training and isinstance(out, torch.Tensor) and out.grad_fn is None:
+            raise CustomModuleError(
+                f"{path} returns a tensor without a gradient in training mode (computed under torch.no_grad(), "
+                f"detached, or made anew) although it has trainable parameters ({', '.join(trainable[:3])}"
+                f"{', ...' if len(trainable) > 3 else ''}): they would never train, nor the modules before it through "
+                "it; return a tensor computed from its input and parameters (set requires_grad=False on parameters "
+                "meant to stay fixed)")
+
+
 def _meta_forward(inner: nn.Module, batch: int, in_width: int, training: bool) -> tuple[Any, torch.Tensor]:
-    """`inner`'s output on a (batch, in_width) meta input in training or eval mode, and that input."""
+    """`inner`'s output on a (batch, in_width) meta input in training or eval mode, and that input
+    (in training a copy of a tensor requiring a gradient, as training gives it: `CustomModule.forward`'s
+    copy of another module's output, which a forward may change in place)."""
     inner.train(training)
-    x = torch.empty(batch, in_width, device="meta")
-    with warnings.catch_warnings(), torch_settings_kept():  # float() of a meta tensor warns, then fails
+    x = torch.empty(batch, in_width, device="meta", requires_grad=training)
+    with warnings.catch_warnings(), settings_kept():  # float() of a meta tensor warns, then fails
         warnings.simplefilter("ignore")
-        return inner(x), x
+        return inner(x.clone() if training else x), x
 
 
 def _width(path: str, out: Any, x: torch.Tensor) -> int:
@@ -214,8 +215,10 @@ def _width(path: str, out: Any, x: torch.Tensor) -> int:
     return width
 
 
-def _cpu_dry_run(path: str, params: Mapping[str, Any], in_width: int) -> list[tuple[Any, torch.Tensor]]:
-    """The forward on (batch, in_width) zeros on the CPU for each of DRY_RUNS, for a module
+def _cpu_dry_run(path: str, params: Mapping[str, Any],
+                 in_width: int) -> tuple[nn.Module, set[str], list[tuple[Any, torch.Tensor]]]:
+    """The module, the names of its state as built, and its forward on (batch, in_width) zeros on
+    the CPU for each of DRY_RUNS, for a module
     whose forward needs values (data-dependent control flow), without gradients and without
     touching torch's generator.
 
@@ -224,7 +227,9 @@ def _cpu_dry_run(path: str, params: Mapping[str, Any], in_width: int) -> list[tu
     """
     with torch.random.fork_rng(devices=[]):
         inner = build_custom(path, params)
-        return [_forward_zeros(inner.train(training), path, in_width, batch=batch) for batch, training in DRY_RUNS]
+        names = _state_names(inner)
+        return inner, names, [_forward_zeros(inner.train(training), path, in_width, batch=batch)
+                              for batch, training in DRY_RUNS]
 
 
 class CustomModule(nn.Module):
@@ -238,31 +243,45 @@ class CustomModule(nn.Module):
 
     @classmethod
     def from_config(cls, config: dict[str, Any], input_shapes: Shapes) -> "CustomModule":
-        """The module; a spec's own `out_width` is checked against the class first (a meta dry run).
+        """The module, built once; a spec's own `out_width` is checked against it (`built_width`).
 
         Raises:
             CustomModuleError: the class cannot be used, or returns another width than `out_width`.
         """
-        params = _mapping(config.get("params", {}))
-        declared = config.get("out_width")
-        if declared is not None:
-            width = meta_width(config["class"], params, sum(prod(s) for s in input_shapes))
-            if width != declared:
-                raise CustomModuleError(f"custom module {config['class']} returns {width} values per sample, "
-                                        f"not its out_width {declared}: correct out_width or leave it out")
-        inner = build_custom(config["class"], params)
-        _materialize_lazy(inner, config["class"], sum(prod(s) for s in input_shapes))
+        path = config["class"]
+        with user_failure(path, "building the model"):  # an override of train(), parameters() ... may raise
+            return cls._built(config, input_shapes)
+
+    @classmethod
+    def _built(cls, config: dict[str, Any], input_shapes: Shapes) -> "CustomModule":
+        path, params, in_width = config["class"], _mapping(config.get("params", {})), sum(prod(s) for s in input_shapes)
+        inner = build_custom(path, params)  # once: a constructor may take long (pretrained weights)
+        _materialize_lazy(inner, path, in_width)
         meta = [name for name, t in (*inner.named_parameters(), *inner.named_buffers()) if t.is_meta]
         if meta:
-            raise CustomModuleError(f"{config['class']} keeps {', '.join(meta[:3])} on the meta device (no values): "
+            raise CustomModuleError(f"{path} keeps {', '.join(meta[:3])} on the meta device (no values): "
                                     "create its tensors without device='meta'")
-        return cls(inner, config["class"])
+        declared = config.get("out_width")
+        if declared is not None:
+            width = built_width(inner, path, params, in_width)
+            if width != declared:
+                raise CustomModuleError(f"custom module {path} returns {width} values per sample, "
+                                        f"not its out_width {declared}: correct out_width or leave it out")
+        module = cls(inner, path)
+        check_state_round_trip(module, path)
+        check_rows_independent(inner, path, in_width)
+        return module
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # its own copy: x may be another module's output itself (one input), which a forward that
         # changes its input in place (nn.ReLU(inplace=True)) would change for its other readers and
         # for autograd (which keeps it for that module's backward)
         out = self.inner(x.clone())
+        if not isinstance(out, torch.Tensor):  # the dry run saw a tensor: a forward that returns other at times
+            raise TypeError(f"it returned a {type(out).__name__}, not one (B, ...) tensor")
+        if out.device != x.device:  # `.cpu()`, a tensor made without device=: the next module fails far from here
+            raise RuntimeError(f"it returned a tensor on {out.device} for its input on {x.device}: return it on the "
+                               "input's device (make new tensors with device=x.device)")
         return out if out.dim() == 2 else out.reshape(out.shape[0], -1)
 
 
@@ -286,7 +305,7 @@ def custom_failure(exc: BaseException) -> str | None:
             named = f"custom module {getattr(module, 'label', '?')!r} ({getattr(module, 'path', '?')})"
             if isinstance(exc, GuardOnDataDependentSymNode):
                 return f"{named} {DATA_DEPENDENT_FLOW}"
-            return f"{named} raised {_why(exc)}"
+            return f"{named} raised {why(exc)}"
         tb = tb.tb_next
     return None
 
@@ -305,9 +324,29 @@ def backward_failure(exc: BaseException, model: nn.Module) -> str | None:
     if not customs or tb is None:
         return None
     named = ", ".join(f"{m.label!r} ({m.path})" for m in customs[:3]) + (", ..." if len(customs) > 3 else "")
-    return (f"the backward pass of a model with custom modules ({named}) failed: {_why(exc)}; a custom module's "
+    return (f"the backward pass of a model with custom modules ({named}) failed: {why(exc)}; a custom module's "
             "forward must not keep a tensor of one step for the next (detach it: self.kept = y.detach()) nor "
             "change in place a tensor it computed with")
+
+
+def state_failure(exc: BaseException, model: nn.Module) -> str | None:
+    """`custom module 'NAME' (CLASS): its METHOD() raised TYPE: first line` when `exc` came out of
+    the state code (`state_dict`, `_load_from_state_dict`, `get_extra_state`, ...) of a custom module
+    of `model` or of one of its submodules, else None: a state_dict that raises only after some
+    steps (the model's build checks one round trip) stopped a checkpoint with a traceback through
+    flowrec's trainer. The walk ends at the innermost such frame."""
+    owners = {id(sub): custom for custom in model.modules() if isinstance(custom, CustomModule)
+              for sub in custom.modules()}
+    found, tb = None, exc.__traceback__
+    while tb is not None:
+        owner = owners.get(id(tb.tb_frame.f_locals.get("self")))
+        if owner is not None and "state" in tb.tb_frame.f_code.co_name:
+            found = (owner, tb.tb_frame.f_code.co_name)
+        tb = tb.tb_next
+    if found is None:
+        return None
+    owner, method = found
+    return f"custom module {owner.label!r} ({owner.path}): its {method}() raised {why(exc)}"
 
 
 def _materialize_lazy(inner: nn.Module, path: str, in_width: int) -> None:
@@ -330,18 +369,19 @@ def _materialize_lazy(inner: nn.Module, path: str, in_width: int) -> None:
 
 
 def _forward_zeros(inner: nn.Module, path: str, in_width: int, doing: str = "",
-                   batch: int = DRY_RUN_BATCH) -> tuple[Any, torch.Tensor]:
-    """`inner`'s output on (batch, in_width) CPU zeros without gradients, and those zeros.
+                   batch: int = DRY_RUN_BATCH, grad: bool = False) -> tuple[Any, torch.Tensor]:
+    """`inner`'s output on (batch, in_width) CPU zeros without gradients (`grad`: a copy of zeros
+    that require one, as training gives it), and those zeros.
 
     Raises:
         CustomModuleError: the forward fails (naming `path` and what it was `doing`).
     """
-    x = torch.zeros(batch, in_width)
+    x = torch.zeros(batch, in_width, requires_grad=grad)
     try:
-        with torch.no_grad(), torch_settings_kept(), _stop_named(path, "running"):
-            return inner(x), x
+        with torch.set_grad_enabled(grad), settings_kept(), stop_named(path, "running"):
+            return inner(x.clone() if grad else x), x
     except (Exception, SystemExit) as exc:
-        raise CustomModuleError(f"{path} failed on a ({batch}, {in_width}) input{doing}: {_why(exc)}") from None
+        raise CustomModuleError(f"{path} failed on a ({batch}, {in_width}) input{doing}: {why(exc)}") from None
 
 
 def _mapping(params: Any) -> dict[str, Any]:

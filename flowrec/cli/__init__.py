@@ -83,7 +83,8 @@ def main() -> None:
     threads can still hold that reader's Python row handler, and releasing it during the teardown
     aborted the process now and then (exit 134 after a correct result or a one-line error:
     `flowrec.data.sources.arrow_threads_may_hold_python`), as a finished training rank does for
-    gloo's threads."""
+    gloo's threads; so does one where a custom module class started a thread that is still running
+    (the teardown would wait for it, for ever where it loops)."""
     layout = help_layout()
     for typer_app in (app, data_cmds.data_app):
         typer_app.rich_markup_mode = layout
@@ -92,6 +93,13 @@ def main() -> None:
     except SystemExit as exc:
         sources = sys.modules.get("flowrec.data.sources")
         if sources is not None and sources.arrow_threads_may_hold_python():
+            exit_without_teardown(exc.code)
+        user_code = sys.modules.get("operators.custom_code")
+        lingering = user_code.lingering_threads() if user_code is not None else []
+        if lingering:  # a custom module's thread that never ends: the interpreter's exit would wait for ever
+            sys.stderr.write(f"note: not waiting for the threads a custom module class started and left running: "
+                             f"{', '.join(lingering[:3])}{' ...' if len(lingering) > 3 else ''} (start them with "
+                             "daemon=True, or end them)\n")
             exit_without_teardown(exc.code)
         raise
 

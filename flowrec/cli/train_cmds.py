@@ -601,10 +601,11 @@ def _spec_changed_line(spec_path: Path, folder: Path, state: dict, spec) -> str:
     epochs, schedule, evaluation, description...): what differs, and the flag that does it where one does."""
     from flowrec.runs.changes import document_differences, listed
     from flowrec.spec.load import to_dict
+    from flowrec.spec.model import identity_doc
 
     line = f"{spec_path} differs from the spec the run in {folder} was trained with"
     try:
-        found = document_differences(json.loads(state["spec"]), to_dict(spec))
+        found = document_differences(identity_doc(json.loads(state["spec"])), identity_doc(to_dict(spec)))
     except (ValueError, TypeError):
         found = []
     if found:
@@ -657,6 +658,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
 
     from operators.embedding import restoring_tables
     from flowrec.spec.load import to_dict
+    from flowrec.spec.model import identity_doc
 
     plan_file = Path(settings["plan"]) if settings.get("plan") and state is None else None
     profile = Path(settings["profile"]) if settings.get("profile") else None
@@ -678,7 +680,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     if state is not None:  # the spec the session trains (`session.prepare`), checked before any data is read
         trained = spec if settings["seed"] is None else replace(spec, training=replace(spec.training,
                                                                                          seed=settings["seed"]))
-        if state["spec"] != json.dumps(to_dict(trained), sort_keys=True) \
+        if identity_doc(json.loads(state["spec"])) != identity_doc(to_dict(trained)) \
                 and not _same_class_files(state, folder, trained, whole=True, world=world):
             _refuse(_spec_changed_line(request.spec_path, folder, state, trained), world)
 
@@ -774,10 +776,11 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
 def _fail_if_custom(exc: BaseException, trainer: "Trainer") -> None:
     """One line naming the custom module whose forward raised `exc` in training or evaluation
     (its own traceback is the user's code: `flowrec train` showed a traceback through flowrec's), or
-    the custom modules of a model whose backward raised it."""
-    from operators.custom import backward_failure, custom_failure
+    the custom modules of a model whose backward raised it, or the one whose state code raised it
+    (a checkpoint's state_dict, a resume's load)."""
+    from operators.custom import backward_failure, custom_failure, state_failure
 
-    named = custom_failure(exc) or backward_failure(exc, trainer.model)
+    named = custom_failure(exc) or backward_failure(exc, trainer.model) or state_failure(exc, trainer.model)
     if named is not None:
         fail(f"at step {trainer.position.step + 1}: {named}; {trainer.checkpoint_note()}")
 
@@ -932,22 +935,29 @@ def _same_class_files(state: dict, folder: Path, spec, whole: bool = False, worl
     """The run's model (`whole`: its whole spec) is the spec's once the run's custom class files are
     resolved where the run finds them (`run_class_files`: a relative one, as a flowrec of before
     2026-12-06 recorded them, or an absolute one gone with the moved run): the same file written
-    otherwise (`./blocks.py:X`, its absolute path, its new place) is the same model. A file found in
-    place of a gone one that is not the file the run trained is refused in one line."""
+    otherwise (`./blocks.py:X`, its absolute path, its new place) is the same model, and so is a file
+    of the same content by another path (a copy: `same_content_class_files`, said in a note). A file
+    found in place of a gone one that is not the file the run trained is refused in one line."""
     from flowrec.graph.plan_io import model_fingerprint
     from flowrec.runs.changes import recorded_spec
-    from flowrec.spec.class_paths import run_class_files
+    from flowrec.spec.class_paths import recorded_digests, run_class_files, same_content_class_files
     from flowrec.spec.load import to_dict
+    from flowrec.spec.model import identity_doc
 
     old = recorded_spec(state)
     if old is None or not any(m.kind == "custom" for m in old.modules):
         return False
     try:
         old = run_class_files(old, _run_folder(folder))[0]  # --init-from may name a checkpoint file
+        # a copy of the class file, or the file moved, with the content the run trained is the same model
+        old, notes = same_content_class_files(old, spec, recorded_digests(_run_folder(folder)))
     except ValueError as exc:
         _refuse(str(exc), world)
+    if not whole:  # said once: the whole-spec check follows it for --resume
+        for line in notes:
+            _say(f"note: {line}")
     if whole:
-        return json.dumps(to_dict(old), sort_keys=True) == json.dumps(to_dict(spec), sort_keys=True)
+        return identity_doc(to_dict(old)) == identity_doc(to_dict(spec))
     return model_fingerprint(old) == model_fingerprint(spec)
 
 

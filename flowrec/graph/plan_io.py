@@ -39,7 +39,7 @@ from flowrec.graph.types import (
     TableSlot,
 )
 from flowrec.spec.load import to_dict
-from flowrec.spec.model import ModelSpec
+from flowrec.spec.model import ModelSpec, identity_doc
 from flowrec.version import __version__
 
 PLAN_FORMAT = "flowrec-plan"
@@ -51,8 +51,9 @@ FINGERPRINT_TRAINING = ("batch_size", "precision")  # training settings that sha
 
 def model_fingerprint(spec: ModelSpec) -> str:
     """A hash of what a plan depends on: features, tables, modules, heads, optimizers, batch size
-    and precision (not the name, data binding, planning hints, seed or epochs)."""
-    doc = to_dict(spec)
+    and precision (not the name, data binding, planning hints, seed or epochs, nor what a custom
+    module's dry run measured of its memory: `identity_doc`)."""
+    doc = identity_doc(to_dict(spec))
     model = {k: doc.get(k) for k in ("features", "tables", "modules", "heads", "optimizer")}
     model["training"] = {k: doc["training"].get(k) for k in FINGERPRINT_TRAINING}
     text = json.dumps(model, sort_keys=True, separators=(",", ":"))

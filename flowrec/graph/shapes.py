@@ -44,6 +44,7 @@ def _width(shapes: Sequence[Shape]) -> int:
 
 NORM_FLOPS = 4  # per unit and sample: subtract, scale, multiply, add (batch or layer norm)
 NORM_PARAMS = 2  # per unit: scale and shift
+FP32_BYTES = 4  # bytes of one fp32 parameter (a graph counts parameters as fp32: graph.build.PARAM_BYTES)
 
 
 def _mlp_stack(width: int, layers: Sequence[int], norm: str | None = None) -> tuple[int, int]:
@@ -104,11 +105,14 @@ def expert_count(attrs: Mapping[str, Any]) -> int:
 
 
 def _custom(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:
-    """A user's module: the width its planning dry run measured; its FLOPs and parameters are unknown."""
+    """A user's module: the width its planning dry run measured, and as parameters the bytes of
+    its trainable parameters that dry run measured (`param_bytes`, in fp32 parameters: a graph
+    counts PARAM_BYTES each; none where the spec gave `out_width` and the dry run did not run);
+    its FLOPs are unknown."""
     if attrs.get("out_width") is None:
         raise ShapeError(f"custom module {attrs.get('class')}: output width unknown (flowrec measures it "
                          f"by a dry run when planning through its CLI or API)")
-    return Sizing((attrs["out_width"],))
+    return Sizing((attrs["out_width"],), 0, -(-int(attrs.get("param_bytes", 0)) // FP32_BYTES))
 
 
 def _linear(attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> Sizing:

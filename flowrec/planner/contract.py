@@ -32,7 +32,7 @@ from flowrec.planner.manager import GIVEN_AS, PassFailure, make_plan
 from flowrec.planner.passes.cache import expected_hit_rate
 from flowrec.spec.json_doc import version_problem
 from flowrec.spec.json_scan import scan_json
-from flowrec.spec.model import ModelSpec
+from flowrec.spec.model import DRY_RUN_KINDS, MEASURED_PARAMS, ModelSpec
 from flowrec.spec.schemas import PLAN_SCHEMA, load_schema
 from flowrec.version import __version__
 
@@ -285,6 +285,8 @@ def load_plan(path: Path, spec: ModelSpec, profile: dict[str, Any] | None = None
         except (ValueError, PassFailure) as exc:
             raise PlanError(f"{path}: the planner cannot plan this spec for the plan's target and budget: "
                             f"{exc}") from None
+    if own is not None:
+        plan = _with_measured(plan, own)
     writer = doc.get(WRITER)
     other = writer != __version__
     if other and own is not None:
@@ -295,6 +297,23 @@ def load_plan(path: Path, spec: ModelSpec, profile: dict[str, Any] | None = None
     if problems:
         raise PlanError(f"{path}: " + "; ".join(problems))
     return priced(plan, spec, profile, own)
+
+
+def _with_measured(plan: Plan, own: Plan) -> Plan:
+    """`plan` with the planner's node of each custom module whose plan was made without what the
+    dry run measures of its memory (`MEASURED_PARAMS`: a plan saved by a flowrec of before
+    2026-12-06) and is otherwise the planner's node: those measurements and the figures that
+    follow from them (`param_bytes`) are no edit."""
+    graph = None
+    for name in plan.graph:
+        op, ours = plan.graph.nodes[name]["op"], own.graph.nodes[name]["op"] if name in own.graph else None
+        if ours is None or op.kind not in DRY_RUN_KINDS or any(k in dict(op.attrs) for k in MEASURED_PARAMS):
+            continue
+        unmeasured = tuple((k, v) for k, v in ours.attrs if k not in MEASURED_PARAMS)
+        if replace(ours, attrs=unmeasured, **{f: getattr(op, f) for f in NODE_FIGURES}, stage=op.stage) == op:
+            graph = plan.graph.copy() if graph is None else graph
+            graph.nodes[name]["op"] = replace(ours, stage=op.stage)
+    return plan if graph is None else replace(plan, graph=graph)
 
 
 def other_writer(plan: Plan) -> str | None:

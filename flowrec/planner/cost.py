@@ -453,10 +453,12 @@ INPUT_KINDS = frozenset(k for k, info in OP_KINDS.items() if info.cost == "input
 
 
 def dense_memory_bytes(graph: OpGraph, spec: ModelSpec) -> int:
-    """Dense parameters, their gradients and the dense optimizer's state."""
-    params = sum(graph.nodes[n]["op"].param_bytes for n in graph
-                 if graph.nodes[n]["op"].kind not in SPARSE_KINDS)
-    return params * (2 + OPTIMIZERS[spec.dense_optimizer.name].dense_state_copies)
+    """Dense parameters, their gradients and the dense optimizer's state, and what dense modules
+    hold once (a custom module's buffers and frozen parameters, `buffer_bytes`)."""
+    dense = [graph.nodes[n]["op"] for n in graph if graph.nodes[n]["op"].kind not in SPARSE_KINDS]
+    params = sum(op.param_bytes for op in dense)
+    held = sum(int(op.attr("buffer_bytes", 0)) for op in dense)
+    return params * (2 + OPTIMIZERS[spec.dense_optimizer.name].dense_state_copies) + held
 
 
 def activation_bytes(graph: OpGraph, batch: int, precision: str = "fp32") -> int:

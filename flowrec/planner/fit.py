@@ -162,11 +162,13 @@ def _members(group) -> str:
 
 
 def _dense_nodes(plan: Plan) -> list[tuple[str, int]]:
-    """(module node, bytes of its parameters) of every dense node with parameters."""
+    """(module node, bytes of its parameters and buffers) of every dense node with either."""
     out = []
     for node in plan.graph:
         op = plan.graph.nodes[node]["op"]
-        if op.kind not in SPARSE_KINDS and op.param_bytes > 0:
-            out.append((f"module {node}: {{}} of dense parameters, gradients and optimizer state", op.param_bytes))
+        held = int(op.attr("buffer_bytes", 0))
+        if op.kind not in SPARSE_KINDS and op.param_bytes + held > 0:
+            out.append((f"module {node}: {{}} of dense parameters{', buffers' if held else ''}, gradients and "
+                        "optimizer state", op.param_bytes + held))
     return out
 

@@ -168,8 +168,9 @@ def document_differences(old: Any, new: Any) -> list[str]:
 def _model_doc(spec: ModelSpec) -> dict[str, Any]:
     from flowrec.graph.plan_io import FINGERPRINT_TRAINING
     from flowrec.spec.load import to_dict
+    from flowrec.spec.model import identity_doc
 
-    doc = to_dict(spec)
+    doc = identity_doc(to_dict(spec))
     model = {k: doc.get(k) for k in ("features", "tables", "modules", "heads", "optimizer")}
     model["training"] = {k: (doc.get("training") or {}).get(k) for k in FINGERPRINT_TRAINING}
     return model

@@ -21,7 +21,8 @@ from flowrec.spec.load import to_dict
 from flowrec.spec.model import DRY_RUN_KINDS, FrozenMapping, ModelSpec, ModuleSpec, thaw, unresolved_modules
 from flowrec.spec.module_checks import check_shapes
 from flowrec.spec.view import DocView
-from operators.custom import CustomModuleError, UserCodeInterrupted, meta_width
+from operators.custom import DryRun, dry_run
+from operators.custom_code import CustomModuleError, UserCodeInterrupted
 
 
 class CustomInterrupted(KeyboardInterrupt):
@@ -36,7 +37,9 @@ class CustomInterrupted(KeyboardInterrupt):
 
 
 def resolve_custom(spec: ModelSpec, check_given: bool = False) -> ModelSpec:
-    """`spec` with the `out_width` of every custom module that lacks one measured; with
+    """`spec` with the `out_width` of every custom module that lacks one measured (and with it
+    `param_bytes` and `buffer_bytes`, the bytes of its trainable parameters and of what it holds
+    once, buffers and frozen parameters, which the planner counts in the plan's memory); with
     `check_given`, a given `out_width` is measured and checked too (for commands that build the
     model only after long work, such as `flowrec calibrate`).
 
@@ -54,7 +57,7 @@ def resolve_custom(spec: ModelSpec, check_given: bool = False) -> ModelSpec:
         if module.name not in unresolved and not (check_given and given is not None):
             continue
         try:
-            width = dry_run_width(module, module_input_width(spec, module.name))
+            measured_run = dry_run_of(module, module_input_width(spec, module.name))
         except KeyboardInterrupt as exc:  # the stop itself: the line names the class and module
             stop = exc.__cause__ if isinstance(exc, UserCodeInterrupted) and exc.__cause__ is not None else exc
             raise CustomInterrupted(f"modules[{index}].class", f"importing and dry-running {module.param('class')} "
@@ -62,6 +65,7 @@ def resolve_custom(spec: ModelSpec, check_given: bool = False) -> ModelSpec:
         except CustomModuleError as exc:
             issues.append(SpecIssue(f"modules[{index}].class", str(exc)))
             continue
+        width = measured_run.width
         if given is not None:
             if width != given:
                 issues.append(SpecIssue(f"modules[{index}].out_width",
@@ -69,7 +73,10 @@ def resolve_custom(spec: ModelSpec, check_given: bool = False) -> ModelSpec:
                                         "correct out_width or leave it out"))
             continue
         modules = list(spec.modules)
-        modules[index] = module.with_param("out_width", width)
+        # its parameters and buffers, which the planner counts in the plan's memory as an mlp's
+        modules[index] = (module.with_param("out_width", width)
+                          .with_param("param_bytes", measured_run.param_bytes)
+                          .with_param("buffer_bytes", measured_run.buffer_bytes))
         spec = replace(spec, modules=tuple(modules))
         measured = True
     if measured and not issues:  # validate could not tell these widths: its shape rules where they meet others
@@ -79,6 +86,7 @@ def resolve_custom(spec: ModelSpec, check_given: bool = False) -> ModelSpec:
     return spec
 
 
-def dry_run_width(module: ModuleSpec, in_width: int) -> int:
-    """Output width per sample of a custom module on a (DRY_RUN_BATCH, in_width) meta input."""
-    return meta_width(module.param("class"), thaw(module.param("params", FrozenMapping())), in_width)
+def dry_run_of(module: ModuleSpec, in_width: int) -> DryRun:
+    """Output width per sample of a custom module on a (DRY_RUN_BATCH, in_width) meta input, and
+    the bytes of its parameters and buffers."""
+    return dry_run(module.param("class"), thaw(module.param("params", FrozenMapping())), in_width)

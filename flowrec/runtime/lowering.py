@@ -35,7 +35,8 @@ from flowrec.spec.model import DRY_RUN_KINDS, FrozenMapping, ModelSpec, thaw
 from operators import registry
 from operators.dense import concat_flat, flat_rows
 from operators.device import CompiledCall, runtime_for
-from operators.custom import CustomModule, CustomModuleError
+from operators.custom import CustomModule
+from operators.custom_code import CustomModuleError
 from operators.regularize import GhostBatchNorm, SeededDropout
 
 GATHER_MIN_SLOTS = 4  # from this many input slots on, one gather replaces per-slot slices + cat

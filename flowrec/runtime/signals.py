@@ -29,7 +29,7 @@ class Terminated(KeyboardInterrupt):
 
 def interrupt_name(exc: BaseException) -> str:
     """How a stop's line names what stopped it: its signal (`Terminated`: SIGTERM, SIGHUP) or Ctrl-C,
-    and whose code it stopped where that was a custom module class's (`operators.custom.UserCodeInterrupted`:
+    and whose code it stopped where that was a custom module class's (`operators.custom_code.UserCodeInterrupted`:
     'Ctrl-C while importing the custom module class blocks.py:X')."""
     running = getattr(exc, "running", None)
     if isinstance(running, str) and exc.__cause__ is not None:

@@ -286,3 +286,34 @@ def run_class_files(spec: Any, run_folder: Path) -> "tuple[Any, list[str]]":
             used[source] = found
         modules[i] = module.with_param("class", f"{used[source]}:{name}")
     return (replace(spec, modules=tuple(modules)) if used else spec), notes
+
+
+def same_content_class_files(old: Any, new: Any, digests: "dict[str, str]") -> "tuple[Any, list[str]]":
+    """A run's spec `old` whose custom modules name the class files of `new` (the spec given to
+    `--resume` or `--init-from`) where a module of `new` names the same class of a file with the
+    same content by another path (a copy of the file, the file moved): a class file is the model by
+    its content (sha256) and its class, not by its path. The file the run trained is known by the
+    sha256 run.json records (`digests`, by its path), else by the file as it is now; a file whose
+    content differs stays another model (the line that says the model changed names both paths).
+
+    Returns:
+        The spec, and one line per module whose class file is so known by its content.
+    """
+    from dataclasses import replace
+
+    given = {m.name: m.param("class") for m in new.modules if m.kind == "custom"}
+    modules, notes = list(old.modules), []
+    for i, module in enumerate(modules):
+        ours, theirs = module.param("class"), given.get(module.name)
+        if module.kind != "custom" or not isinstance(ours, str) or not isinstance(theirs, str) or ours == theirs:
+            continue
+        (source, _, name), (other, _, other_name) = ours.rpartition(":"), theirs.rpartition(":")
+        if name != other_name or not source.endswith(".py") or not other.endswith(".py"):
+            continue
+        trained = digests.get(source) or file_digest(Path(source))
+        if trained is None or file_digest(Path(other)) != trained:
+            continue
+        modules[i] = module.with_param("class", theirs)
+        notes.append(f"module {module.name!r}: its class file {other} has the content of {source}, the file the run "
+                     f"trained (their sha256 are equal): using {other}")
+    return (replace(old, modules=tuple(modules)) if notes else old), notes

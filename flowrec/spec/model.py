@@ -61,6 +61,26 @@ def unresolved_modules(spec: "ModelSpec") -> list[str]:
     return [m.name for m in spec.modules if m.kind in DRY_RUN_KINDS and m.param("out_width") is None]
 
 
+# What the dry run measures of a module besides its width: its memory, which the planner counts.
+# Measurements of the class, not the model: a run of a flowrec that measured none is the same model.
+MEASURED_PARAMS = ("param_bytes", "buffer_bytes")
+
+
+def identity_doc(doc: Any) -> Any:
+    """A spec document (`to_dict`'s) without the MEASURED_PARAMS of its dry-run modules: what a
+    plan's fingerprint, `--resume` and `--init-from` compare.
+
+    >>> identity_doc({"modules": [{"name": "m", "kind": "custom", "out_width": 3, "param_bytes": 40}]})
+    {'modules': [{'name': 'm', 'kind': 'custom', 'out_width': 3}]}
+    """
+    modules = doc.get("modules") if isinstance(doc, dict) else None
+    if not isinstance(modules, list):
+        return doc
+    kept = [{k: v for k, v in m.items() if k not in MEASURED_PARAMS}
+            if isinstance(m, dict) and m.get("kind") in DRY_RUN_KINDS else m for m in modules]
+    return {**doc, "modules": kept}
+
+
 # Built-in input selectors a module may name in `inputs` (besides features and modules).
 SELECTOR_DENSE = "@dense"  # all dense features concatenated: (B, n_dense)
 SELECTOR_SPARSE = "@sparse"  # all pooled categorical/multi-hot embeddings: (B, F, D) fields

@@ -205,3 +205,38 @@ def test_eval_export_and_init_from_of_a_moved_run_refuse_a_damaged_record_as_res
     done = runner.invoke(app, ["eval", str(run), "-q"])
     assert done.exit_code == 0, done.output
     assert len(_note(done.stderr, file)) == 1 and "by its sha256" in _note(done.stderr, file)[0], done.stderr
+
+
+def test_a_copy_of_the_class_file_elsewhere_is_the_same_model_and_an_edited_copy_is_not(trained: Path, tmp_path: Path):
+    """A spec naming a copy of the run's class file (its content the same: sha256) was another model
+    to --resume and --init-from ('modules[mine].class ... in the run, ... in the spec'), refused."""
+    run = tmp_path / "r1"
+    shutil.copytree(trained / "runs" / "r1", run)  # its class file stays where it trained
+    copy = tmp_path / "elsewhere" / "blocks.py"
+    copy.parent.mkdir()
+    shutil.copy(trained / "lib" / "blocks.py", copy)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.replace("lib/blocks.py:Gate", f"{copy}:Gate"))
+
+    def used(output: str) -> list[str]:
+        return [line for line in output.splitlines() if line.startswith("note:") and f"class file {copy}" in line
+                and f"the content of {trained / 'lib' / 'blocks.py'}" in line and f"using {copy}" in line]
+
+    child = tmp_path / "child"
+    done = runner.invoke(app, ["train", str(spec), "--init-from", str(run), "--out", str(child), "--max-steps", "1", "-q"])
+    assert done.exit_code == 0, done.output
+    assert len(used(done.stderr)) == 1 and load_checkpoint(child)["position"]["step"] == 1, done.stderr
+    done = runner.invoke(app, ["train", str(spec), "--resume", str(run), "--max-steps", "3", "-q"])
+    assert done.exit_code == 0, done.output
+    assert len(used(done.stderr)) == 1 and load_checkpoint(run)["position"]["step"] == 3, done.stderr
+    edited = tmp_path / "edited" / "blocks.py"  # the same class in a file of other content: another model
+    edited.parent.mkdir()
+    edited.write_text(BLOCKS + "\nEDITED = True\n")
+    spec.write_text(SPEC.replace("lib/blocks.py:Gate", f"{edited}:Gate"))
+    before = sorted(p.name for p in tmp_path.iterdir()), (run / "checkpoint.pt").read_bytes()
+    for args in (["--resume", str(run), "--max-steps", "4"], ["--init-from", str(run), "--out", str(tmp_path / "c2")]):
+        done = runner.invoke(app, ["train", str(spec), *args, "-q"])
+        assert done.exit_code == 2, (args, done.output)
+        errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and "modules[mine].class" in errors[0] and "in the spec" in errors[0] and not used(done.stderr), done.stderr
+    assert (sorted(p.name for p in tmp_path.iterdir()), (run / "checkpoint.pt").read_bytes()) == before

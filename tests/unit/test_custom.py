@@ -20,7 +20,7 @@ from flowrec.runtime.step import make_dense_optimizer, train_step
 from flowrec.spec import spec_from_dict
 from flowrec.spec.errors import SpecError
 from flowrec.spec.validate import validate_document
-from operators.custom import import_class
+from operators.custom_code import import_class
 
 BATCH = 32
 BLOCKS = textwrap.dedent('''

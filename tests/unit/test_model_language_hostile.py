@@ -586,9 +586,10 @@ EMA = textwrap.dedent('''
 
         def forward(self, x):
             y = self.lin(x)
-            m = y.mean(0)  # a running mean of the batches, kept without .detach()
-            self.running = m if self.running is None else 0.9 * self.running + 0.1 * m
-            return y - self.running
+            if self.training:  # (in eval mode too, a row's output would follow its batch: refused at build)
+                m = y.mean(0)  # a running mean of the batches, kept without .detach()
+                self.running = m if self.running is None else 0.9 * self.running + 0.1 * m
+            return y if self.running is None else y - self.running
 ''')
 
 
