@@ -258,7 +258,9 @@ def run_class_files(spec: Any, run_folder: Path) -> "tuple[Any, list[str]]":
         The spec, and one line per moved file naming the file used.
 
     Raises:
-        ValueError: a file found in place of a gone one whose bytes differ from the digest recorded (one line).
+        ValueError: a file found in place of a gone one, or the file in place, whose bytes differ from
+            the digest recorded (one line): `train --resume` of a run whose class file was edited
+            since trained on other code without a word, and so did eval, export and --init-from.
     """
     from dataclasses import replace
 
@@ -269,7 +271,16 @@ def run_class_files(spec: Any, run_folder: Path) -> "tuple[Any, list[str]]":
     for i, module in enumerate(modules):
         path = module.param("class")
         source, _, name = path.rpartition(":") if module.kind == "custom" and isinstance(path, str) else ("", "", "")
-        if not source.endswith(".py") or not Path(source).is_absolute() or Path(source).is_file():
+        if not source.endswith(".py") or not Path(source).is_absolute():
+            continue
+        if Path(source).is_file():  # in place: the file the run trained, unless it was edited since
+            digests = recorded_digests(run) if digests is None else digests
+            digest = digests.get(source)
+            if digest is not None and source not in used and file_digest(Path(source)) != digest:
+                raise ValueError(f"module {module.name!r}: its class file {source} was changed since the run "
+                                 f"trained (its sha256 differs from the one {run / RUN_SETTINGS_FILE} records), "
+                                 f"so the run's weights would be used by other code: put back the file the run "
+                                 f"trained")
             continue
         if source not in used:
             found = moved_file(Path(source), [run, *run.parents, Path.cwd()])

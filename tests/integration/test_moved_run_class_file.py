@@ -240,3 +240,28 @@ def test_a_copy_of_the_class_file_elsewhere_is_the_same_model_and_an_edited_copy
         errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
         assert len(errors) == 1 and "modules[mine].class" in errors[0] and "in the spec" in errors[0] and not used(done.stderr), done.stderr
     assert (sorted(p.name for p in tmp_path.iterdir()), (run / "checkpoint.pt").read_bytes()) == before
+
+
+def test_a_class_file_edited_in_place_is_one_line_and_nothing_is_written(trained: Path):
+    """`train --resume` of a run whose class file was edited where it lies trained the run's weights
+    on the other code without a word (eval, export and --init-from too), where a moved file of other
+    content was refused: the file in place is checked against run.json's sha256 alike."""
+    file, run = trained / "lib" / "blocks.py", trained / "runs" / "r1"
+    file.write_text(BLOCKS.replace("torch.sigmoid", "torch.tanh"))
+    before = sorted(p.name for p in run.parent.iterdir()), (run / "checkpoint.pt").read_bytes()
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.chdir(trained)
+            for args in (["eval", str(run)], ["export", str(run), str(run.parent / "pkg")],
+                         ["train", "spec.yaml", "--resume", str(run), "--max-steps", "3", "-q"],
+                         ["train", "spec.yaml", "--init-from", str(run), "--out", str(run.parent / "child"),
+                          "--max-steps", "1", "-q"]):
+                done = runner.invoke(app, args)
+                assert done.exit_code == 2, (args, done.output)
+                errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+                assert len(errors) == 1 and str(file) in errors[0] and "changed since the run trained" in errors[0], \
+                    (args, done.stderr)
+                assert "Traceback" not in done.output
+        assert (sorted(p.name for p in run.parent.iterdir()), (run / "checkpoint.pt").read_bytes()) == before
+    finally:
+        file.write_text(BLOCKS)

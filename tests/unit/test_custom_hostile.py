@@ -742,3 +742,39 @@ def test_a_module_too_large_to_copy_is_checked_without_a_copy(blocks, monkeypatc
     assert inner.training and int(inner.norm.num_batches_tracked) == 0  # eval-mode checks, then training again
     with pytest.raises(ValueError, match="depends on the other rows of the batch in eval mode"):
         lower(make_plan(across, target="cpu"), across, "cpu")
+
+
+def test_a_run_whose_class_file_was_edited_in_place_is_refused_naming_it(tmp_path: Path) -> None:
+    """A run's class file edited where it lies (a line changed in forward) was used without a word by
+    `train --resume` (training the run's weights on other code), eval, export and --init-from, where a
+    moved file of other content was refused: the file in place is checked against the sha256 run.json
+    records too (`run_class_files`, which every one of them resolves the run's files with)."""
+    import hashlib
+    import json
+
+    from flowrec.spec.class_paths import DIGESTS_KEY, run_class_files
+
+    blocks = tmp_path / "blocks.py"
+    blocks.write_text(BLOCKS)
+    run = tmp_path / "run"
+    run.mkdir()
+    doc = {"name": "edited",
+           "features": [{"name": "price", "type": "dense"},
+                        {"name": "user", "type": "categorical", "hash_buckets": 50, "dim": 4}],
+           "modules": [{"name": "mine", "kind": "custom", "class": f"{blocks}:Wide", "inputs": ["@sparse", "price"],
+                        "params": {"in_features": 5, "hidden": 7, "frozen": 2}, "out_width": 3},
+                       {"name": "top", "kind": "mlp", "inputs": ["mine"], "layers": [4]}],
+           "heads": [{"name": "ctr", "input": "top"}],
+           "optimizer": {"dense": {"name": "adam", "lr": 0.01}, "sparse": {"name": "sgd", "lr": 0.1}},
+           "training": {"batch_size": 8}}
+    spec = spec_from_dict(doc)
+    digest = hashlib.sha256(blocks.read_bytes()).hexdigest()
+    (run / "run.json").write_text(json.dumps({DIGESTS_KEY: {str(blocks): digest}}))
+    assert run_class_files(spec, run) == (spec, [])  # the file the run trained: nothing to say
+    blocks.write_text(BLOCKS.replace("torch.relu", "torch.tanh"))
+    with pytest.raises(ValueError) as caught:
+        run_class_files(spec, run)
+    line = str(caught.value)
+    assert "\n" not in line and str(blocks) in line and "changed since the run trained" in line and "sha256" in line
+    (run / "run.json").write_text(json.dumps({}))  # a run that recorded no digest: the file as it is
+    assert run_class_files(spec, run) == (spec, [])
