@@ -683,18 +683,22 @@ def test_a_sequence_as_the_target_of_self_attention_says_what_a_target_is():
 
 
 def test_a_stop_while_a_class_file_runs_at_export_or_eval_names_the_class(tmp_path):
-    """A run's class file that came to hang at its top level after training: Ctrl-C in
+    """A run's class that came to hang after training (its constructor: the file must stay the one the
+    run trained, and an import already made is not made again in one process): Ctrl-C in
     `flowrec export` said 'interrupted (Ctrl-C); PKG was not written' and in `flowrec eval`
     'interrupted (Ctrl-C)', neither saying what was running."""
-    (tmp_path / "proj.py").write_text("from torch import nn\n\n\nclass Proj(nn.Linear):\n    def __init__(self):\n"
+    stop = tmp_path / "stop"  # the file stays the one the run trained (an edited one is refused): it hangs once this exists
+    (tmp_path / "proj.py").write_text(f"import os\nfrom torch import nn\n\n\nclass Proj(nn.Linear):\n"
+                                      f"    def __init__(self):\n        if os.path.exists({str(stop)!r}):\n"
+                                      "            raise KeyboardInterrupt  # where Ctrl-C stops a loop\n"
                                       "        super().__init__(8, 3)\n")
     spec = _write(tmp_path, custom_doc(f"{tmp_path}/proj.py:Proj"))
     run = tmp_path / "run"
     trained = runner.invoke(app, ["train", str(spec), "--rows", "96", "--max-steps", "2", "--out", str(run), "-q",
                                   "--device", "cpu"])
     assert trained.exit_code == 0, trained.output
-    (tmp_path / "proj.py").write_text("raise KeyboardInterrupt  # where Ctrl-C stops a loop at the top level\n")
-    running = f"Ctrl-C while importing the custom module class {tmp_path}/proj.py:Proj"
+    stop.touch()
+    running = f"Ctrl-C while constructing the custom module class {tmp_path}/proj.py:Proj"
     for args, line in ((["export", str(run), str(tmp_path / "pkg")], f"error: interrupted ({running}); "),
                        (["eval", str(run)], f"error: interrupted ({running})")):
         result = runner.invoke(app, args)
