@@ -61,6 +61,7 @@ FILES: dict[str, frozenset[str]] = {
     "tests/unit/test_annotation_names.py": FAST,  # names in the CLI's annotations bound (TYPE_CHECKING imports)
     "tests/unit/test_id_forms.py": FAST,  # ids of hashed and managed tables in another form than at training
     "tests/unit/test_serving_hostile.py": frozenset({"e2e"}),
+    "tests/unit/test_serving_leftovers.py": frozenset({"e2e"}),  # predict's empty columns, look-alike names, hostile packages
     "tests/unit/test_profile_step.py": frozenset({"e2e"}),
     "tests/unit/test_checkpoint_marks.py": frozenset({"e2e"}),  # trains with and without checkpoints  # trains a few steps under the profiler  # tampered retrieval packages, eval options
     "tests/unit/test_cache_bench.py": frozenset({"processes"}),

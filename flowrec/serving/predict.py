@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
+from flowrec.data.empty_columns import EmptyColumns
 from flowrec.data.encode import Encoder, UnseenIds
 from flowrec.data.encoder_record import (ENCODER_FILE, EncoderRecord, load_encoder, read_record,
                                          tables_without_vocabulary)
@@ -43,6 +44,8 @@ from flowrec.spec.model import ModelSpec
 from flowrec.spec.validate import validate_document
 
 BATCH_ROWS = 65_536  # rows scored per call of the program
+ROWS = "the rows"  # how the rows given to predict are named in its warnings
+EMPTY_HINT = "the scores read nothing from it; a lost or mistyped column?"
 
 
 @dataclass
@@ -73,6 +76,8 @@ class LoadedModel:
     _recommended: int = 0  # rows `recommend` has scored (for first_zero_query)
     unseen: UnseenIds | None = None  # the ids of the rows scored that the vocabularies hold in another form
     warn_unseen: bool = True  # a UserWarning per call whose ids are in another form (predict: a line at the end)
+    empty: EmptyColumns | None = None  # the feature columns of the rows scored that held no value in any row
+    warn_empty: bool = True  # a UserWarning per call with such a column (predict: a line at the end)
 
     def __repr__(self) -> str:
         """One line a notebook can show: the package, its spec's name, heads and the raw columns
@@ -127,6 +132,7 @@ class LoadedModel:
             raw = raw.append_column(source, pa.nulls(raw.num_rows, pa.string()))
         encoded = self.encoder.encode(raw, labels=False)
         self._count_unseen(raw, encoded)
+        self._count_empty(raw)
         rows, scores, others = [], [], []
         with torch.no_grad():
             for start in range(0, encoded.num_rows, BATCH_ROWS):
@@ -160,6 +166,30 @@ class LoadedModel:
 
             for line in call.lines():
                 warnings.warn(line, UserWarning, stacklevel=3)
+
+    def _count_empty(self, raw: pa.Table) -> None:
+        """Count the feature columns of a call's rows that hold no value (null, blank, NaN) in any row
+        (`empty_columns`); warn of each one the call's rows leave empty: every row gets the missing id
+        (or the dense fill) there, so the scores read nothing from that column."""
+        call = self._empty_counter()
+        call.observe(ROWS, raw)
+        self.empty_columns().add(call)
+        if self.warn_empty:
+            import warnings
+
+            for line in call.lines():
+                warnings.warn(line, UserWarning, stacklevel=3)
+
+    def empty_columns(self) -> EmptyColumns:
+        """The feature columns over every `predict` and `recommend` call's rows: its `lines()` name each
+        one that held no value in any row (a column holding one value is no fault: one user's rows)."""
+        if self.empty is None:
+            self.empty = self._empty_counter()
+        return self.empty
+
+    def _empty_counter(self) -> EmptyColumns:
+        features = [f.name for f in self.spec.features if self.encoder.source(f.name) in self.raw_columns()]
+        return EmptyColumns(self.spec, self.encoder.columns, features, one_value=False, hint=EMPTY_HINT)
 
     def unseen_ids(self) -> UnseenIds:
         """The count of unknown ids over every `predict` and `recommend` call (`UnseenIds`): its
@@ -261,6 +291,7 @@ class LoadedModel:
         self._check_raw(raw, isinstance(table, pd.DataFrame))
         encoded = self.encoder.encode(raw, labels=False)
         self._count_unseen(raw, encoded)
+        self._count_empty(raw)
         scores = self.score_encoded(encoded)
         return pd.DataFrame(_head_columns(self.spec.heads, scores), index=row_index(table))
 

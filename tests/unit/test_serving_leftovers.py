@@ -1,0 +1,100 @@
+"""Predict and load_model leftovers, as a demanding user meets them: a feature column empty in every
+row of the rows scored is said (once a run), a column name that only looks like the package's says
+how it differs, and hostile packages and rows give one line, never a traceback or a lost file.
+
+One package, trained on raw CSV rows whose user column is named 'usér id' (data.columns)."""
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from flowrec.cli import app
+from flowrec.data.layout import DataError
+from flowrec.serving.predict import load_model
+from package_flow import train_and_export
+
+runner = CliRunner()
+USER = "us\u00e9r id"  # the package's raw user column (é written as one code point, NFC)
+SPEC = {
+    "name": "leftovers",
+    "features": [{"name": "price", "type": "dense"},
+                 {"name": "user", "type": "categorical", "hash_buckets": 64, "dim": 4},
+                 {"name": "item", "type": "categorical", "hash_buckets": 64, "dim": 4}],
+    "modules": [{"name": "top", "kind": "mlp", "inputs": ["@dense", "@sparse"], "layers": [4]}],
+    "heads": [{"name": "ctr", "input": "top"}],
+    "data": {"format": "csv", "path": "train.csv", "label": "clicked", "columns": {"user": USER}},
+    "optimizer": {"dense": {"name": "adam", "lr": 0.01}, "sparse": {"name": "sgd", "lr": 0.1}},
+    "training": {"batch_size": 32},
+}
+
+
+def _rows(rng: np.random.Generator, n: int, label: bool = True) -> pd.DataFrame:
+    """`n` raw rows of skewed values: lognormal prices, Zipf users and items."""
+    rows = pd.DataFrame({"price": rng.lognormal(1.0, 1.5, n), USER: [f"u{z}" for z in rng.zipf(1.4, n)],
+                         "item": [f"i{z}" for z in rng.zipf(1.3, n)]})
+    return rows.assign(clicked=(rng.random(n) < 0.2).astype(int)) if label else rows
+
+
+def _invoke(args: list) -> Any:
+    result = runner.invoke(app, [str(a) for a in args])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert "Traceback" not in result.output
+    return result
+
+
+@pytest.fixture(scope="module")
+def pkg(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("serving_leftovers")
+    return train_and_export(root, yaml.safe_dump(SPEC), _rows(np.random.default_rng(), 600)) / "pkg"
+
+
+def _empty_lines(output: str) -> list[str]:
+    return [line for line in output.splitlines() if "is empty in every one of its" in line]
+
+
+def test_a_feature_column_empty_in_every_row_is_said_once_and_the_rows_are_scored(pkg, tmp_path, monkeypatch):
+    """`flowrec predict` (and `model.predict`) of rows whose user column is blank in every row scored
+    without a word, every user the missing id; now one warning line per such column naming it, once a
+    run (not once per chunk), and the scores are written. A column of one value (one user's rows) and
+    a column empty only in the first chunk are no such column."""
+    import flowrec.data.sources as sources
+
+    monkeypatch.setattr(sources, "CHUNK_BYTES", 4096)  # several chunks of text
+    rng = np.random.default_rng()
+    n = int(rng.integers(900, 2000))
+    rows = _rows(rng, n, label=False)
+    empty = rows.assign(**{USER: [("", " ", None)[i % 3] for i in range(n)]})
+    empty.to_csv(tmp_path / "empty.csv", index=False)
+    result = _invoke(["predict", pkg, tmp_path / "empty.csv", "--format", "csv", "--out", tmp_path / "s.parquet"])
+    assert result.exit_code == 0, result.output
+    said = _empty_lines(result.output)
+    assert len(said) == 1 and f"column {USER!r} (feature user)" in said[0] and f"{n:,} rows" in said[0], result.output
+    assert str(tmp_path / "empty.csv") in said[0]
+    assert pq.read_table(tmp_path / "s.parquet").num_rows == n
+    late = rows.assign(**{USER: [None] * (n - 1) + ["u7"]})  # one value, in the last chunk: the column is read
+    late.to_csv(tmp_path / "late.csv", index=False)
+    one = rows.assign(item="i3")  # one item in every row: a question a user asks, no fault
+    one.to_csv(tmp_path / "one.csv", index=False)
+    for name in ("late.csv", "one.csv"):
+        result = _invoke(["predict", pkg, tmp_path / name, "--format", "csv", "--out", tmp_path / f"{name}.parquet"])
+        assert result.exit_code == 0 and not _empty_lines(result.output), result.output
+        assert "holds one value" not in result.output
+    model = load_model(pkg)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        scores = model.predict(empty.assign(price=np.nan))
+    said = sorted(str(w.message) for w in caught if "is empty in every one" in str(w.message))
+    assert len(said) == 2 and "column 'price' (feature price)" in said[0] and f"column {USER!r}" in said[1], said
+    assert len(scores) == n
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.predict(one)
+    assert not [w for w in caught if "every one of its" in str(w.message)]
