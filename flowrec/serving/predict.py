@@ -28,6 +28,7 @@ from flowrec.data.encode import Encoder, UnseenIds
 from flowrec.data.encoder_record import (ENCODER_FILE, EncoderRecord, load_encoder, read_record,
                                          tables_without_vocabulary)
 from flowrec.data.layout import DataError, is_multi
+from flowrec.data.look_alike import look_alike_note, look_alikes
 from flowrec.data.output_guard import identity
 from flowrec.data.raw_ids import check_float_ids, check_ids
 from flowrec.data.separators import check_sequence_separators, header_separator
@@ -467,25 +468,32 @@ def check_frame_ids(column: pa.ChunkedArray | pa.Array, name: str) -> None:
 
 def close_columns(missing: list[str], others: list[Any]) -> str:
     """`` (the rows have 'userid': rename it to 'user_id'?)`` for the columns the rows have, read by
-    no feature, that are close to a missing one (case aside), else ``""``.
+    no feature, that are close to a missing one (case aside), else ``""``; a column whose name only
+    looks like a missing one's (an accent written apart, a no-break space) is shown with both names'
+    code points, as they print alike (`flowrec.data.look_alike`).
 
     >>> close_columns(["user_id", "price"], ["User_ID", "label", "prices"])
     " (the rows have 'User_ID', 'prices': rename them to 'user_id', 'price'?)"
     >>> close_columns(["user_id"], ["label"])
     ''
+    >>> print(close_columns(["us\u00e9r"], ["use\u0301r"]))
+     (the rows' 'use\u0301r' looks like 'us\xe9r' but is written with other characters (an accent written apart, a no-break space): write the rows' name with the same characters)
     """
     import difflib
 
-    texts = {str(c).lower(): str(c) for c in others}
+    alike = look_alikes([str(c) for c in others], missing)
+    texts = {str(c).lower(): str(c) for c in others if str(c) not in {n for n, _ in alike}}
     pairs = []
     for name in missing:
         close = difflib.get_close_matches(name.lower(), list(texts), n=1, cutoff=0.6)
-        if close:
+        if close and name not in {w for _, w in alike}:
             pairs.append((texts.pop(close[0]), name))
+    said = "".join(f" (the rows' {look_alike_note(*pair)}: write the rows' name with the same characters)"
+                   for pair in alike)
     if not pairs:
-        return ""
+        return said
     had, wanted = (", ".join(repr(p[i]) for p in pairs) for i in (0, 1))
-    return f" (the rows have {had}: rename {'it' if len(pairs) == 1 else 'them'} to {wanted}?)"
+    return f"{said} (the rows have {had}: rename {'it' if len(pairs) == 1 else 'them'} to {wanted}?)"
 
 
 def row_index(table: pa.Table | pd.DataFrame) -> pd.Index | None:

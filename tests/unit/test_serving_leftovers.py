@@ -98,3 +98,23 @@ def test_a_feature_column_empty_in_every_row_is_said_once_and_the_rows_are_score
         warnings.simplefilter("always")
         model.predict(one)
     assert not [w for w in caught if "every one of its" in str(w.message)]
+
+
+@pytest.mark.parametrize("header", ["use\u0301r id", "us\u00e9r\u00a0id"], ids=["accent-apart", "no-break-space"])
+def test_a_column_name_that_only_looks_like_the_packages_shows_both_code_points(pkg, tmp_path, header):
+    """Rows whose user column is written with its accent apart (NFD, as macOS writes names) or a
+    no-break space said "(the rows have 'usér id': rename it to 'usér id'?)", two names that print
+    alike; predict's line now shows both with their code points, as data convert's does."""
+    rng = np.random.default_rng()
+    rows = _rows(rng, int(rng.integers(20, 90)), label=False).rename(columns={USER: header})
+    says = f"the rows' {ascii(header)} looks like {ascii(USER)} but is written with other characters"
+    with pytest.raises(DataError) as caught:
+        load_model(pkg).predict(rows)
+    assert says in str(caught.value) and "rename" not in str(caught.value), caught.value
+    rows.to_csv(tmp_path / "rows.csv", index=False)
+    result = _invoke(["predict", pkg, tmp_path / "rows.csv", "--format", "csv", "--out", tmp_path / "s.parquet"])
+    assert result.exit_code == 2 and says in result.output and result.output.count("error:") == 1, result.output
+    assert not (tmp_path / "s.parquet").exists()
+    rows.rename(columns={header: USER}).to_csv(tmp_path / "rows.csv", index=False)  # the same characters: scored
+    result = _invoke(["predict", pkg, tmp_path / "rows.csv", "--format", "csv", "--out", tmp_path / "s.parquet"])
+    assert result.exit_code == 0 and pq.read_table(tmp_path / "s.parquet").num_rows == len(rows), result.output
