@@ -510,10 +510,10 @@ def raw_table(table: pa.Table | pd.DataFrame) -> pa.Table:
     if isinstance(table, pa.Table):
         if "" in table.column_names:
             table = table.select([i for i, name in enumerate(table.column_names) if name != ""])
-        names = table.column_names
-        twice = [name for i, name in enumerate(names) if name in names[:i]]
-        if twice:  # (Arrow allows it; reading the column was pyarrow's KeyError 'Field ... exists 2 times')
-            raise DataError(f"the rows name column {twice[0]!r} twice: drop or rename one")
+        seen: set[str] = set()  # (a set: a list's `in` of every name before it took 80 s for 100,000 columns)
+        twice = next((name for name in table.column_names if name in seen or seen.add(name)), None)
+        if twice is not None:  # (Arrow allows it; reading the column was pyarrow's KeyError 'Field ... exists 2 times')
+            raise DataError(f"the rows name column {twice!r} twice: drop or rename one")
         return table
     if not isinstance(table, pd.DataFrame):
         raise TypeError(f"the rows must be a pandas DataFrame or a pyarrow Table of raw columns, not "

@@ -118,3 +118,38 @@ def test_a_column_name_that_only_looks_like_the_packages_shows_both_code_points(
     rows.rename(columns={header: USER}).to_csv(tmp_path / "rows.csv", index=False)  # the same characters: scored
     result = _invoke(["predict", pkg, tmp_path / "rows.csv", "--format", "csv", "--out", tmp_path / "s.parquet"])
     assert result.exit_code == 0 and pq.read_table(tmp_path / "s.parquet").num_rows == len(rows), result.output
+
+
+SUBPROCESS_TIMEOUT_S = 60  # the wide row takes about 8 s on 2 cores with imports; the quadratic check took minutes
+WIDE_ROW = """
+import sys
+import pyarrow as pa
+from flowrec.serving.predict import load_model
+n = int(sys.argv[2])
+names = ["price", sys.argv[3], "item"] + [f"c{i}" for i in range(n)]
+one = pa.array([7], pa.int64())
+rows = pa.Table.from_arrays([pa.array([1.5]), pa.array(["u1"]), pa.array(["i2"])] + [one] * n, names=names)
+print(len(load_model(sys.argv[1]).predict(rows)))
+try:
+    load_model(sys.argv[1]).predict(rows.append_column("c7", one))
+except Exception as exc:
+    print(type(exc).__name__, exc)
+"""
+
+
+def test_a_row_of_150000_columns_is_scored_and_a_column_named_twice_among_them_is_named(pkg):
+    """One row of 150,000 columns (a wide export, a pivot gone wrong) hung predict for minutes
+    (flowrec predict of a 100,000-column CSV row: 80 s on 2 cores) before any line: the check for a
+    column named twice compared each name with every name before it; it is one pass now. The row
+    is scored and a column named twice among them is still one line naming it. (A hang guard, as
+    test_cli_spec_hostile's FIFO test: the process is ended after SUBPROCESS_TIMEOUT_S.)"""
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).parents[2]
+    proc = subprocess.run([sys.executable, "-c", WIDE_ROW, str(pkg), "150000", USER], capture_output=True, text=True,
+                          timeout=SUBPROCESS_TIMEOUT_S, env={**os.environ, "PYTHONPATH": str(repo)}, cwd=repo)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines() == ["1", "DataError the rows name column 'c7' twice: drop or rename one"]
+
