@@ -218,7 +218,7 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
     with rows_spinner(f"scoring {raw.name}", not quiet) as advance:
         try:
             for chunk in chunks:
-                absent = [c for c in keep if c not in chunk.column_names]
+                absent = [c for c in keep if c not in chunk.column_names or c == LINE_COLUMN]  # (the reader's own)
                 if absent:
                     has = [c for c in chunk.column_names if c != LINE_COLUMN][:12]  # not the reader's own
                     raise ValueError(f"--keep {absent[0]}: no such column in {raw} (has {', '.join(has)})")

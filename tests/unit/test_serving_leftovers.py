@@ -153,3 +153,15 @@ def test_a_row_of_150000_columns_is_scored_and_a_column_named_twice_among_them_i
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.splitlines() == ["1", "DataError the rows name column 'c7' twice: drop or rename one"]
 
+
+
+def test_keeping_the_readers_own_line_column_is_no_such_column(pkg, tmp_path):
+    """`--keep __line__` of a CSV without such a column wrote the reader's own line numbers under
+    that name, a column the rows never had (a Parquet file's rows refuse it: no such column); it is
+    refused alike, and nothing is written."""
+    rng = np.random.default_rng()
+    _rows(rng, int(rng.integers(10, 60)), label=False).to_csv(tmp_path / "rows.csv", index=False)
+    result = _invoke(["predict", pkg, tmp_path / "rows.csv", "--format", "csv", "--out", tmp_path / "s.parquet",
+                      "--keep", "__line__"])
+    assert result.exit_code == 2 and "--keep __line__: no such column in" in result.output, result.output
+    assert "has price, " in result.output and not (tmp_path / "s.parquet").exists()
