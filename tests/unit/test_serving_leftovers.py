@@ -165,3 +165,22 @@ def test_keeping_the_readers_own_line_column_is_no_such_column(pkg, tmp_path):
                       "--keep", "__line__"])
     assert result.exit_code == 2 and "--keep __line__: no such column in" in result.output, result.output
     assert "has price, " in result.output and not (tmp_path / "s.parquet").exists()
+
+
+def test_a_column_of_blanks_is_said_empty_not_written_as_space_padded_ids(pkg, tmp_path):
+    """A user column of blanks in every row was said empty and, in a second line, 'written as
+    space-padded text (' ')' with advice to write the ids without the spaces: blanks are no ids and
+    have no form; the form of the ids among blanks is judged from the ids alone."""
+    from flowrec.data.id_forms import written_form
+    import pyarrow as pa
+
+    rng = np.random.default_rng()
+    n = int(rng.integers(20, 200))
+    rows = _rows(rng, n, label=False)
+    rows.assign(**{USER: [(" ", "  ", "")[i % 3] for i in range(n)]}).to_csv(tmp_path / "blank.csv", index=False)
+    result = _invoke(["predict", pkg, tmp_path / "blank.csv", "--format", "csv", "--out", tmp_path / "s.parquet"])
+    assert result.exit_code == 0 and len(_empty_lines(result.output)) == 1, result.output
+    assert "space-padded" not in result.output and result.output.count("warning:") == 1, result.output
+    ids = [f"u{z}" for z in rng.zipf(1.4, n)]
+    assert written_form(pa.array([" "] * 3 * n + ids)) == ("text", ids[0])  # mostly blanks: its ids' own form
+    assert written_form(pa.array([" ", "  "] * n)) is None
