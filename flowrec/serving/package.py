@@ -205,8 +205,10 @@ def verify_files(folder: Path, manifest: dict[str, Any], needed: list[str]) -> N
     listed = require_listed(folder, manifest, needed)
     for name, digest in listed.items():
         path = inside(Path(folder), name, f"file {name!r} of the manifest")
-        if not path.is_file():
-            raise ValueError(f"{path} is missing (the package is incomplete)")
+        if not path.is_file():  # a folder or a pipe under that name was said missing, though listed there
+            raise ValueError(f"{path} is missing (the package is incomplete)" if not path.exists() else
+                             f"{path} is not a regular file ({'a folder' if path.is_dir() else 'a pipe or a device'}): "
+                             "the package is damaged; export the run again")
         if _sha256(path) != digest:
             raise ValueError(f"{path} does not match the digest its manifest records (changed or damaged)")
 

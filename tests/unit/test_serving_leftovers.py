@@ -5,6 +5,7 @@ how it differs, and hostile packages and rows give one line, never a traceback o
 One package, trained on raw CSV rows whose user column is named 'usér id' (data.columns)."""
 from __future__ import annotations
 
+import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -184,3 +185,25 @@ def test_a_column_of_blanks_is_said_empty_not_written_as_space_padded_ids(pkg, t
     ids = [f"u{z}" for z in rng.zipf(1.4, n)]
     assert written_form(pa.array([" "] * 3 * n + ids)) == ("text", ids[0])  # mostly blanks: its ids' own form
     assert written_form(pa.array([" ", "  "] * n)) is None
+
+
+@pytest.mark.parametrize("kind", ["folder", "pipe"])
+@pytest.mark.parametrize("name", ["model.pt2", "spec.json"])
+def test_a_package_file_that_is_a_folder_or_a_pipe_is_said_so_not_missing(pkg, tmp_path, kind, name):
+    """A package whose model.pt2 (or spec.json) is a folder or a named pipe was 'pkg/model.pt2 is
+    missing (the package is incomplete)', a file `ls` shows there; the line says what it is instead,
+    and nothing is read from a pipe (it would block)."""
+    import os
+    import shutil
+
+    copy = tmp_path / "pkg"
+    shutil.copytree(pkg, copy)
+    (copy / name).unlink()
+    (copy / name).mkdir() if kind == "folder" else os.mkfifo(copy / name)
+    says = f"{copy / name} is not a regular file ({'a folder' if kind == 'folder' else 'a pipe or a device'})"
+    with pytest.raises(ValueError, match=re.escape(says)):
+        load_model(copy)
+    _rows(np.random.default_rng(), 30, label=False).to_csv(tmp_path / "rows.csv", index=False)
+    result = _invoke(["predict", copy, tmp_path / "rows.csv", "--format", "csv", "--out", tmp_path / "s.parquet"])
+    assert result.exit_code == 2 and says in result.output and "missing" not in result.output, result.output
+    assert not (tmp_path / "s.parquet").exists()
