@@ -143,8 +143,16 @@ def read_manifest(folder: Path) -> dict[str, Any]:
     try:
         doc = read_json_document(path)
     except ValueError as exc:
-        raise ValueError(f"{folder} is not a flowrec model package (no readable {MANIFEST_FILE}: {exc}); "
-                         "make one with `flowrec export RUN OUT/`") from None
+        from flowrec.data.owners import owner_of
+
+        owner = owner_of(Path(folder)) if Path(folder).is_dir() else None
+        owner = None if owner == "a model package" else owner  # (its manifest is what failed)
+        if owner == "a training run":  # the most common slip: the run for its export
+            raise ValueError(f"{folder} is a training run's folder, not a model package: export it "
+                             f"(`flowrec export {folder} OUT/`) and give OUT") from None
+        whose = f"{owner}'s folder, not" if owner else "not"  # a dataset's, an encoder's
+        raise ValueError(f"{folder} is {whose} a flowrec model package (no "
+                         f"readable {MANIFEST_FILE}: {exc}); make one with `flowrec export RUN OUT/`") from None
     if not isinstance(doc, dict) or doc.get("format") != PACKAGE_FORMAT:
         raise ValueError(f"{path} is not a flowrec model package manifest")
     if problem := version_problem(doc.get("version"), PACKAGE_VERSION):

@@ -207,3 +207,21 @@ def test_a_package_file_that_is_a_folder_or_a_pipe_is_said_so_not_missing(pkg, t
     result = _invoke(["predict", copy, tmp_path / "rows.csv", "--format", "csv", "--out", tmp_path / "s.parquet"])
     assert result.exit_code == 2 and says in result.output and "missing" not in result.output, result.output
     assert not (tmp_path / "s.parquet").exists()
+
+
+def test_a_training_run_or_a_dataset_given_as_the_package_says_what_it_is(pkg, tmp_path):
+    """`flowrec predict RUN rows.csv` (the run for its export, the commonest slip) said 'RUN is not a
+    flowrec model package (no readable manifest.json: cannot read RUN/manifest.json: No such file or
+    directory)'; it names the run and the export that makes its package (a dataset: what it is)."""
+    run, data = pkg.parent / "run", pkg.parent / "data"
+    _rows(np.random.default_rng(), 30, label=False).to_csv(tmp_path / "rows.csv", index=False)
+    for folder, says in ((run, f"{run} is a training run's folder, not a model package: export it (`flowrec "
+                                f"export {run} OUT/`) and give OUT"),
+                         (data, f"{data} is a dataset's folder, not a flowrec model package")):
+        with pytest.raises(ValueError, match=re.escape(says)):
+            load_model(folder)
+        result = _invoke(["predict", folder, tmp_path / "rows.csv", "--format", "csv", "--out", tmp_path / "s.parquet"])
+        assert result.exit_code == 2 and says in result.output, result.output
+    assert not (tmp_path / "s.parquet").exists()
+    with pytest.raises(ValueError, match=re.escape(f"{tmp_path} is not a flowrec model package")):
+        load_model(tmp_path)  # a folder of no one's: as before
