@@ -74,7 +74,8 @@ class EmptyColumns:
     def __init__(self, spec: ModelSpec, columns: dict[str, str], features: list[str] | None = None,
                  one_value: bool = True, hint: str = MAP_HINT) -> None:
         self.spec, self.columns, self.one_value, self.hint = spec, columns, one_value, hint
-        self.features = [f for f in spec.features if features is None or f.name in features]
+        chosen = None if features is None else set(features)
+        self.features = [f for f in spec.features if chosen is None or f.name in chosen]
         self.rows: dict[str, int] = {}
         self.filled: dict[str, set[str]] = {}  # input -> features with a value in some row
         self.spaced: dict[str, set[str]] = {}  # input -> features with text of blanks in some row
@@ -86,9 +87,10 @@ class EmptyColumns:
         filled = self.filled.setdefault(source, set())
         spaced = self.spaced.setdefault(source, set())
         values = self.values.setdefault(source, {})
+        present = set(chunk.column_names)  # (once: Arrow builds the list anew at each ask)
         for f in self.features:
             name = self.columns.get(f.name, f.name)
-            if name not in chunk.column_names:
+            if name not in present:
                 continue
             if f.name not in filled:
                 if filled_rows(chunk.column(name)):

@@ -189,7 +189,8 @@ class LoadedModel:
         return self.empty
 
     def _empty_counter(self) -> EmptyColumns:
-        features = [f.name for f in self.spec.features if self.encoder.source(f.name) in self.raw_columns()]
+        read = set(self.raw_columns())  # (once: a 1,000-field model asked it per feature)
+        features = [f.name for f in self.spec.features if self.encoder.source(f.name) in read]
         return EmptyColumns(self.spec, self.encoder.columns, features, one_value=False, hint=EMPTY_HINT)
 
     def unseen_ids(self) -> UnseenIds:
