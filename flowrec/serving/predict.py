@@ -213,10 +213,12 @@ class LoadedModel:
         values, a vocabulary for every vocabulary table (a run on synthetic data has none); with
         `frame` (the rows came as a pandas DataFrame) no float id that float64 may have rounded, nor a
         fraction; else (Arrow rows, a Parquet file's) no float id that the float may have rounded."""
-        missing = [c for c in self.raw_columns() if c not in raw.column_names]
+        present = set(raw.column_names)  # (once: Arrow builds the list anew at each ask, per feature of 1,000)
+        missing = [c for c in self.raw_columns() if c not in present]
         if missing:
+            read = set(self.raw_columns())
             raise DataError(f"the rows lack columns {missing} that model {self.spec.name!r} reads"
-                            f"{close_columns(missing, [c for c in raw.column_names if c not in self.raw_columns()])}"
+                            f"{close_columns(missing, [c for c in raw.column_names if c not in read])}"
                             f"{separator_note(raw.column_names, missing, self.spec)}")
         unfitted = tables_without_vocabulary(self.spec, self.encoder.vocabs)
         if unfitted:
@@ -239,9 +241,9 @@ class LoadedModel:
         check_sequence_separators(  # lists written with '|' would each be one unknown id, scored without a word
             raw, self.spec, {f.name: self.encoder.source(f.name) for f in self.spec.sparse_features}, options,
             f"write each row's ids separated by {self.encoder.sequence_sep!r}, as the package's encoder splits them")
-        lines = raw.column(LINE_COLUMN).to_numpy() if LINE_COLUMN in raw.column_names else None  # (predict FILE)
+        lines = raw.column(LINE_COLUMN).to_numpy() if LINE_COLUMN in present else None  # (predict FILE)
         for f in self.spec.sparse_features:  # (a retrieval query's rows lack the item column)
-            if self.encoder.source(f.name) in raw.column_names:
+            if self.encoder.source(f.name) in present:
                 check_ids(raw.column(self.encoder.source(f.name)), self.encoder.source(f.name), is_multi(f))
                 if frame:
                     check_frame_ids(raw.column(self.encoder.source(f.name)), self.encoder.source(f.name))

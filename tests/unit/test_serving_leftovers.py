@@ -225,3 +225,19 @@ def test_a_training_run_or_a_dataset_given_as_the_package_says_what_it_is(pkg, t
     assert not (tmp_path / "s.parquet").exists()
     with pytest.raises(ValueError, match=re.escape(f"{tmp_path} is not a flowrec model package")):
         load_model(tmp_path)  # a folder of no one's: as before
+
+
+def test_a_specs_table_map_is_made_once_and_a_spec_still_pickles():
+    """`spec.table(name)`, asked per feature at every predict call, made a dict of every table at each
+    ask: a one-row predict of a 1,000-field model spent 156 ms there (834 ms a call in all, 264 ms
+    now, with predict's column names asked once); the map is made once per spec, and a spec whose
+    map was made still pickles and compares equal."""
+    import pickle
+
+    from flowrec.testing.specs import wide_spec
+
+    spec = wide_spec(int(np.random.default_rng().integers(20, 60)))
+    assert spec.table_map is spec.table_map
+    assert all(spec.table(t.name) is t for t in spec.tables)
+    again = pickle.loads(pickle.dumps(spec))
+    assert again == spec and again.table_map == spec.table_map
