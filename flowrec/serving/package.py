@@ -148,7 +148,7 @@ def read_manifest(folder: Path) -> dict[str, Any]:
         owner = owner_of(Path(folder)) if Path(folder).is_dir() else None
         owner = None if owner == "a model package" else owner  # (its manifest is what failed)
         if owner == "a training run":  # the most common slip: the run for its export
-            raise ValueError(f"{folder} is a training run's folder, not a model package: export it "
+            raise ValueError(f"{folder} is a training run's folder, not a flowrec model package: export it "
                              f"(`flowrec export {folder} OUT/`) and give OUT") from None
         whose = f"{owner}'s folder, not" if owner else "not"  # a dataset's, an encoder's
         raise ValueError(f"{folder} is {whose} a flowrec model package (no "

@@ -215,7 +215,7 @@ def test_a_training_run_or_a_dataset_given_as_the_package_says_what_it_is(pkg, t
     directory)'; it names the run and the export that makes its package (a dataset: what it is)."""
     run, data = pkg.parent / "run", pkg.parent / "data"
     _rows(np.random.default_rng(), 30, label=False).to_csv(tmp_path / "rows.csv", index=False)
-    for folder, says in ((run, f"{run} is a training run's folder, not a model package: export it (`flowrec "
+    for folder, says in ((run, f"{run} is a training run's folder, not a flowrec model package: export it (`flowrec "
                                 f"export {run} OUT/`) and give OUT"),
                          (data, f"{data} is a dataset's folder, not a flowrec model package")):
         with pytest.raises(ValueError, match=re.escape(says)):
