@@ -61,6 +61,7 @@ FILES: dict[str, frozenset[str]] = {
     "tests/unit/test_annotation_names.py": FAST,  # names in the CLI's annotations bound (TYPE_CHECKING imports)
     "tests/unit/test_id_forms.py": FAST,  # ids of hashed and managed tables in another form than at training
     "tests/unit/test_serving_hostile.py": frozenset({"e2e"}),
+    "tests/unit/test_serving_leftovers.py": frozenset({"e2e"}),  # predict's empty columns, look-alike names, hostile packages
     "tests/unit/test_profile_step.py": frozenset({"e2e"}),
     "tests/unit/test_checkpoint_marks.py": frozenset({"e2e"}),  # trains with and without checkpoints  # trains a few steps under the profiler  # tampered retrieval packages, eval options
     "tests/unit/test_cache_bench.py": frozenset({"processes"}),
@@ -104,6 +105,7 @@ FILES: dict[str, frozenset[str]] = {
 TESTS: dict[str, frozenset[str]] = {
     "tests/unit/test_serving_hostile.py::test_the_separator_note_reads_a_spec_with_data_options": frozenset(),
     "tests/unit/test_custom_hostile.py::test_a_command_whose_class_file_left_a_thread_running_ends": frozenset({"processes"}),
+    "tests/unit/test_serving_leftovers.py::test_a_specs_table_map_is_made_once_and_a_spec_still_pickles": frozenset(),
     "tests/unit/test_bench_later_epochs.py::test_a_real_run_times_every_epoch_of_both_runs": frozenset({"processes"}),
     "tests/unit/test_bench_calibration_noise.py::test_a_real_run_measures_both_settings_with_their_own_rounds_and_blocks":
         frozenset({"processes"}),

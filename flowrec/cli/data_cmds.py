@@ -347,6 +347,11 @@ def _inspect_days(folder: Path, order_text: str | None, as_json: bool, stream: P
     _refuse_stream_given(folder)
     _refuse_owned_given(folder)
     days = _run(lambda: inspect_days(folder, order))
+    from flowrec.data.days import skipped_line
+
+    skipped = skipped_line(folder)
+    if skipped is not None:  # an empty day folder, a link to nothing or a loop was left out without a word
+        warn(skipped)
     if not days:
         fail(f"{folder}: neither an encoded dataset nor a folder of day partitions (datasets with _flowrec.json)")
     if as_json:

@@ -202,7 +202,7 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
     from flowrec.serving.predict import load_model
 
     model = load_model(model_dir)
-    model.warn_unseen = False  # one line for every chunk, at the end
+    model.warn_unseen = model.warn_empty = False  # one line for every chunk, at the end
     if top_k is not None and model.items is None:
         raise ValueError(f"{model_dir} has no retrieval head: --top-k needs a package of a retrieval run")
     beside = [h.name for h in model.other_heads] if top_k is not None else []
@@ -218,7 +218,7 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
     with rows_spinner(f"scoring {raw.name}", not quiet) as advance:
         try:
             for chunk in chunks:
-                absent = [c for c in keep if c not in chunk.column_names]
+                absent = [c for c in keep if c not in chunk.column_names or c == LINE_COLUMN]  # (the reader's own)
                 if absent:
                     has = [c for c in chunk.column_names if c != LINE_COLUMN][:12]  # not the reader's own
                     raise ValueError(f"--keep {absent[0]}: no such column in {raw} (has {', '.join(has)})")
@@ -246,6 +246,7 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
         raise ValueError(_no_rows(raw, log, fmt or getattr(model.spec.data, "format", None)))
     items = len(model.items.raw_items) if top_k is not None else 0
     notes = [nonfinite_note(nonfinite, rows, first_bad)] if nonfinite else []
+    notes += model.empty_columns().lines(str(raw))  # a column empty in every row of RAW, once a run
     return rows, log.count, model.zero_queries, model.first_zero_query, items, notes + model.unseen_ids().lines()
 
 

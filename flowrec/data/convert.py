@@ -22,7 +22,6 @@ Example:
 from __future__ import annotations
 
 import time
-import unicodedata
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -34,6 +33,7 @@ import pyarrow.parquet as pq
 
 from flowrec.data.encode import Encoder, UnseenIds, encodable_rows, fit_encoder, needs_fit
 from flowrec.data.empty_columns import EmptyColumns, EmptyLabels
+from flowrec.data.look_alike import look_alike_note, look_alikes
 from flowrec.data.encoder_record import record_of_encoder
 from flowrec.data.error_log import ErrorLog, ErrorPolicy
 from flowrec.data.id_forms import IdForms
@@ -603,11 +603,9 @@ def _separator_hint(names: list[str], needed: list[str]) -> str:
     "the header's names hold spaces around them (' user'): write the file without the spaces after its separators"
     """
     header = [n for n in names if n != LINE_COLUMN]
-    alike = [(n, w) for w in needed if w not in header for n in header if _looks(n) == _looks(w)]
+    alike = look_alikes(header, needed)
     if alike:  # 'usér' with its accent written apart (NFD, as macOS writes names), a no-break space
-        name, wanted = alike[0]
-        return (f"the header's {ascii(name)} looks like {ascii(wanted)} but is written with other characters (an "
-                "accent written apart, a no-break space): write the header, or data.columns, with the same characters")
+        return f"the header's {look_alike_note(*alike[0])}: write the header, or data.columns, with the same characters"
     padded = [n for n in header if n != n.strip() and n.strip() in needed]
     if padded and set(needed) <= {n.strip() for n in header}:  # `price, user, label`: the names read ' user'
         return (f"the header's names hold spaces around them ({', '.join(repr(n) for n in padded[:3])}): write the "
@@ -617,15 +615,6 @@ def _separator_hint(names: list[str], needed: list[str]) -> str:
         shown = '"\\t"' if sep == "\t" else f"'{sep}'"  # as YAML writes it
         return f"the header looks {shown}-separated: set data.options.sep: {shown} in the spec"
     return "map them with data.columns"
-
-
-def _looks(name: str) -> str:
-    """How a column name looks: its NFKC form (accents joined, a no-break space a space).
-
-    >>> _looks("use\u0301r\u00a0id") == _looks("us\u00e9r id")
-    True
-    """
-    return unicodedata.normalize("NFKC", name)
 
 
 def _finish(spec: ModelSpec, encoder: Encoder, writer: PartWriter, fmt: str, inputs: list[Path],

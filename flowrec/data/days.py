@@ -117,6 +117,44 @@ def landed(folder: Path, key: Callable[[str], Any] | None = None) -> list[Path]:
     return days
 
 
+SKIPPED_SHOWN = 10  # skipped entries named in the line; the rest are counted
+
+
+def skipped_line(folder: Path) -> str | None:
+    """The entries of the folder of days `folder` that are no day partition and that `landed` skips
+    (an empty folder, one without its meta, a link to nothing or a link loop, a file), named in
+    one line with why; None when there is none. Names starting with '.' or '_' are skipped by
+    design (a writer's own), and a day split into train/ and test/ is refused by `landed`."""
+    import errno
+
+    skipped = []
+    for p in sorted(folder.iterdir()):
+        if p.name.startswith((".", "_")) or (p / META_FILE).is_file():
+            continue
+        try:
+            os.stat(p)
+        except OSError as exc:
+            skipped.append(f"{p.name} (a link loop)" if exc.errno == errno.ELOOP else
+                           f"{p.name} (a link to {os.readlink(p)}, which is not there)" if p.is_symlink() else
+                           f"{p.name} ({os.strerror(exc.errno or errno.EIO)})")
+            continue
+        if p.is_dir() and not _split_of(p):
+            try:
+                empty = next(p.iterdir(), None) is None
+            except OSError as exc:
+                skipped.append(f"{p.name} (a folder that cannot be read: {os.strerror(exc.errno or errno.EIO)})")
+                continue
+            why = "an empty folder" if empty else f"a folder without {META_FILE}: not converted, or still being written"
+            skipped.append(f"{p.name} ({why})")
+        elif not p.is_dir():
+            skipped.append(f"{p.name} (a file, not a dataset folder)")
+    if not skipped:
+        return None
+    more = f", and {len(skipped) - SKIPPED_SHOWN:,} more" if len(skipped) > SKIPPED_SHOWN else ""
+    entries = "1 entry that is" if len(skipped) == 1 else f"{len(skipped):,} entries that are"
+    return f"{folder}: skipped {entries} no day partition: {', '.join(skipped[:SKIPPED_SHOWN])}{more}"
+
+
 def split_parts(folder: Path) -> list[Path]:
     """The train and test parts of the split dataset `folder` (`data convert --test-fraction`), in
     that order; empty when `folder` is not one."""

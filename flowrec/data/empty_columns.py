@@ -65,10 +65,17 @@ class EmptyColumns:
     Args:
         spec: the model spec.
         columns: feature name -> raw column name (the spec's data.columns).
+        features: the features judged (default: every feature of the spec).
+        one_value: whether a column of one value in every row is said too (conversion: a model
+            learns nothing from it; scoring rows of one user is no fault).
+        hint: the end of an empty column's line: what to look at.
     """
 
-    def __init__(self, spec: ModelSpec, columns: dict[str, str]) -> None:
-        self.spec, self.columns = spec, columns
+    def __init__(self, spec: ModelSpec, columns: dict[str, str], features: list[str] | None = None,
+                 one_value: bool = True, hint: str = MAP_HINT) -> None:
+        self.spec, self.columns, self.one_value, self.hint = spec, columns, one_value, hint
+        chosen = None if features is None else set(features)
+        self.features = [f for f in spec.features if chosen is None or f.name in chosen]
         self.rows: dict[str, int] = {}
         self.filled: dict[str, set[str]] = {}  # input -> features with a value in some row
         self.spaced: dict[str, set[str]] = {}  # input -> features with text of blanks in some row
@@ -80,31 +87,44 @@ class EmptyColumns:
         filled = self.filled.setdefault(source, set())
         spaced = self.spaced.setdefault(source, set())
         values = self.values.setdefault(source, {})
-        for f in self.spec.features:
+        present = set(chunk.column_names)  # (once: Arrow builds the list anew at each ask)
+        for f in self.features:
             name = self.columns.get(f.name, f.name)
-            if name not in chunk.column_names:
+            if name not in present:
                 continue
             if f.name not in filled:
                 if filled_rows(chunk.column(name)):
                     filled.add(f.name)
                 elif filled_rows(chunk.column(name), blank=False):
                     spaced.add(f.name)
-            if values.get(f.name, ONE) is not VARIED and chunk.num_rows:
+            if self.one_value and values.get(f.name, ONE) is not VARIED and chunk.num_rows:
                 one = one_value(chunk.column(name))
                 values[f.name] = one if values.get(f.name, one) == one else VARIED
 
-    def lines(self) -> list[str]:
-        """One line per feature whose column was empty (or of one value) in every row of an input that gave
-        `MIN_ROWS` rows or more."""
+    def add(self, other: EmptyColumns) -> None:
+        """Take what `other` (of the same spec, columns and features) observed, as if its rows had been
+        observed here too (predict's rows, call by call)."""
+        for source, rows in other.rows.items():
+            self.rows[source] = self.rows.get(source, 0) + rows
+            self.filled.setdefault(source, set()).update(other.filled[source])
+            self.spaced.setdefault(source, set()).update(other.spaced[source])
+            values = self.values.setdefault(source, {})
+            for name, value in other.values[source].items():
+                values[name] = value if values.get(name, value) == value else VARIED
+
+    def lines(self, shown: str | None = None) -> list[str]:
+        """One line per feature whose column was empty (or of one value, with `one_value`) in every row of
+        an input that gave `MIN_ROWS` rows or more, the input named `shown` (default: as observed)."""
         out = []
         for source, rows in self.rows.items():
             if rows < MIN_ROWS:
                 continue
-            for f in self.spec.features:
+            named = shown or source
+            for f in self.features:
                 name = self.columns.get(f.name, f.name)
                 value = self.values[source].get(f.name, VARIED)
                 if f.name in self.filled[source] and value is not VARIED:
-                    out.append(f"{source}: column {name!r} (feature {f.name}) holds one value ({value!r:.40}) in every "
+                    out.append(f"{named}: column {name!r} (feature {f.name}) holds one value ({value!r:.40}) in every "
                                f"one of its {rows:,} rows: a model learns nothing from it; a column an export filled, "
                                "or a file of one row repeated?")
                 if f.name in self.filled[source]:
@@ -117,8 +137,8 @@ class EmptyColumns:
                     becomes = "every row encodes it as an empty list of ids"
                 else:
                     becomes = "every row encodes it as the missing id (row 0)"
-                out.append(f"{source}: column {name!r} (feature {f.name}) is empty in every one of its {rows:,} "
-                           f"row{'' if rows == 1 else 's'}: {becomes}; {MAP_HINT}")
+                out.append(f"{named}: column {name!r} (feature {f.name}) is empty in every one of its {rows:,} "
+                           f"row{'' if rows == 1 else 's'}: {becomes}; {self.hint}")
         return out
 
 

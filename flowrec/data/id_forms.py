@@ -90,6 +90,7 @@ def written_form(values: pa.Array) -> tuple[str, str] | None:
     with spaces around them) and an example of it, as the ids are hashed (`as_strings`: a float
     3.0 is the id "3"); None where the sample holds no id."""
     texts = as_strings(_sample(values)).drop_null()
+    texts = texts.filter(pc.not_equal(pc.utf8_trim_whitespace(texts), ""))  # blanks: no id, so no form of one
     if not len(texts):
         return None
     trimmed = pc.utf8_trim_whitespace(texts)

@@ -143,8 +143,16 @@ def read_manifest(folder: Path) -> dict[str, Any]:
     try:
         doc = read_json_document(path)
     except ValueError as exc:
-        raise ValueError(f"{folder} is not a flowrec model package (no readable {MANIFEST_FILE}: {exc}); "
-                         "make one with `flowrec export RUN OUT/`") from None
+        from flowrec.data.owners import owner_of
+
+        owner = owner_of(Path(folder)) if Path(folder).is_dir() else None
+        owner = None if owner == "a model package" else owner  # (its manifest is what failed)
+        if owner == "a training run":  # the most common slip: the run for its export
+            raise ValueError(f"{folder} is a training run's folder, not a flowrec model package: export it "
+                             f"(`flowrec export {folder} OUT/`) and give OUT") from None
+        whose = f"{owner}'s folder, not" if owner else "not"  # a dataset's, an encoder's
+        raise ValueError(f"{folder} is {whose} a flowrec model package (no "
+                         f"readable {MANIFEST_FILE}: {exc}); make one with `flowrec export RUN OUT/`") from None
     if not isinstance(doc, dict) or doc.get("format") != PACKAGE_FORMAT:
         raise ValueError(f"{path} is not a flowrec model package manifest")
     if problem := version_problem(doc.get("version"), PACKAGE_VERSION):
@@ -205,8 +213,10 @@ def verify_files(folder: Path, manifest: dict[str, Any], needed: list[str]) -> N
     listed = require_listed(folder, manifest, needed)
     for name, digest in listed.items():
         path = inside(Path(folder), name, f"file {name!r} of the manifest")
-        if not path.is_file():
-            raise ValueError(f"{path} is missing (the package is incomplete)")
+        if not path.is_file():  # a folder or a pipe under that name was said missing, though listed there
+            raise ValueError(f"{path} is missing (the package is incomplete)" if not path.exists() else
+                             f"{path} is not a regular file ({'a folder' if path.is_dir() else 'a pipe or a device'}): "
+                             "the package is damaged; export the run again")
         if _sha256(path) != digest:
             raise ValueError(f"{path} does not match the digest its manifest records (changed or damaged)")
 

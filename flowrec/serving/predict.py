@@ -23,10 +23,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
+from flowrec.data.empty_columns import EmptyColumns
 from flowrec.data.encode import Encoder, UnseenIds
 from flowrec.data.encoder_record import (ENCODER_FILE, EncoderRecord, load_encoder, read_record,
                                          tables_without_vocabulary)
 from flowrec.data.layout import DataError, is_multi
+from flowrec.data.look_alike import look_alike_note, look_alikes
 from flowrec.data.output_guard import identity
 from flowrec.data.raw_ids import check_float_ids, check_ids
 from flowrec.data.separators import check_sequence_separators, header_separator
@@ -43,6 +45,8 @@ from flowrec.spec.model import ModelSpec
 from flowrec.spec.validate import validate_document
 
 BATCH_ROWS = 65_536  # rows scored per call of the program
+ROWS = "the rows"  # how the rows given to predict are named in its warnings
+EMPTY_HINT = "the scores read nothing from it; a lost or mistyped column?"
 
 
 @dataclass
@@ -73,6 +77,8 @@ class LoadedModel:
     _recommended: int = 0  # rows `recommend` has scored (for first_zero_query)
     unseen: UnseenIds | None = None  # the ids of the rows scored that the vocabularies hold in another form
     warn_unseen: bool = True  # a UserWarning per call whose ids are in another form (predict: a line at the end)
+    empty: EmptyColumns | None = None  # the feature columns of the rows scored that held no value in any row
+    warn_empty: bool = True  # a UserWarning per call with such a column (predict: a line at the end)
 
     def __repr__(self) -> str:
         """One line a notebook can show: the package, its spec's name, heads and the raw columns
@@ -127,6 +133,7 @@ class LoadedModel:
             raw = raw.append_column(source, pa.nulls(raw.num_rows, pa.string()))
         encoded = self.encoder.encode(raw, labels=False)
         self._count_unseen(raw, encoded)
+        self._count_empty(raw)
         rows, scores, others = [], [], []
         with torch.no_grad():
             for start in range(0, encoded.num_rows, BATCH_ROWS):
@@ -161,6 +168,31 @@ class LoadedModel:
             for line in call.lines():
                 warnings.warn(line, UserWarning, stacklevel=3)
 
+    def _count_empty(self, raw: pa.Table) -> None:
+        """Count the feature columns of a call's rows that hold no value (null, blank, NaN) in any row
+        (`empty_columns`); warn of each one the call's rows leave empty: every row gets the missing id
+        (or the dense fill) there, so the scores read nothing from that column."""
+        call = self._empty_counter()
+        call.observe(ROWS, raw)
+        self.empty_columns().add(call)
+        if self.warn_empty:
+            import warnings
+
+            for line in call.lines():
+                warnings.warn(line, UserWarning, stacklevel=3)
+
+    def empty_columns(self) -> EmptyColumns:
+        """The feature columns over every `predict` and `recommend` call's rows: its `lines()` name each
+        one that held no value in any row (a column holding one value is no fault: one user's rows)."""
+        if self.empty is None:
+            self.empty = self._empty_counter()
+        return self.empty
+
+    def _empty_counter(self) -> EmptyColumns:
+        read = set(self.raw_columns())  # (once: a 1,000-field model asked it per feature)
+        features = [f.name for f in self.spec.features if self.encoder.source(f.name) in read]
+        return EmptyColumns(self.spec, self.encoder.columns, features, one_value=False, hint=EMPTY_HINT)
+
     def unseen_ids(self) -> UnseenIds:
         """The count of unknown ids over every `predict` and `recommend` call (`UnseenIds`): its
         `lines()` say where the rows write the ids in another form than training did."""
@@ -181,10 +213,12 @@ class LoadedModel:
         values, a vocabulary for every vocabulary table (a run on synthetic data has none); with
         `frame` (the rows came as a pandas DataFrame) no float id that float64 may have rounded, nor a
         fraction; else (Arrow rows, a Parquet file's) no float id that the float may have rounded."""
-        missing = [c for c in self.raw_columns() if c not in raw.column_names]
+        present = set(raw.column_names)  # (once: Arrow builds the list anew at each ask, per feature of 1,000)
+        missing = [c for c in self.raw_columns() if c not in present]
         if missing:
+            read = set(self.raw_columns())
             raise DataError(f"the rows lack columns {missing} that model {self.spec.name!r} reads"
-                            f"{close_columns(missing, [c for c in raw.column_names if c not in self.raw_columns()])}"
+                            f"{close_columns(missing, [c for c in raw.column_names if c not in read])}"
                             f"{separator_note(raw.column_names, missing, self.spec)}")
         unfitted = tables_without_vocabulary(self.spec, self.encoder.vocabs)
         if unfitted:
@@ -207,9 +241,9 @@ class LoadedModel:
         check_sequence_separators(  # lists written with '|' would each be one unknown id, scored without a word
             raw, self.spec, {f.name: self.encoder.source(f.name) for f in self.spec.sparse_features}, options,
             f"write each row's ids separated by {self.encoder.sequence_sep!r}, as the package's encoder splits them")
-        lines = raw.column(LINE_COLUMN).to_numpy() if LINE_COLUMN in raw.column_names else None  # (predict FILE)
+        lines = raw.column(LINE_COLUMN).to_numpy() if LINE_COLUMN in present else None  # (predict FILE)
         for f in self.spec.sparse_features:  # (a retrieval query's rows lack the item column)
-            if self.encoder.source(f.name) in raw.column_names:
+            if self.encoder.source(f.name) in present:
                 check_ids(raw.column(self.encoder.source(f.name)), self.encoder.source(f.name), is_multi(f))
                 if frame:
                     check_frame_ids(raw.column(self.encoder.source(f.name)), self.encoder.source(f.name))
@@ -261,6 +295,7 @@ class LoadedModel:
         self._check_raw(raw, isinstance(table, pd.DataFrame))
         encoded = self.encoder.encode(raw, labels=False)
         self._count_unseen(raw, encoded)
+        self._count_empty(raw)
         scores = self.score_encoded(encoded)
         return pd.DataFrame(_head_columns(self.spec.heads, scores), index=row_index(table))
 
@@ -436,25 +471,32 @@ def check_frame_ids(column: pa.ChunkedArray | pa.Array, name: str) -> None:
 
 def close_columns(missing: list[str], others: list[Any]) -> str:
     """`` (the rows have 'userid': rename it to 'user_id'?)`` for the columns the rows have, read by
-    no feature, that are close to a missing one (case aside), else ``""``.
+    no feature, that are close to a missing one (case aside), else ``""``; a column whose name only
+    looks like a missing one's (an accent written apart, a no-break space) is shown with both names'
+    code points, as they print alike (`flowrec.data.look_alike`).
 
     >>> close_columns(["user_id", "price"], ["User_ID", "label", "prices"])
     " (the rows have 'User_ID', 'prices': rename them to 'user_id', 'price'?)"
     >>> close_columns(["user_id"], ["label"])
     ''
+    >>> print(close_columns(["us\u00e9r"], ["use\u0301r"]))
+     (the rows' 'use\u0301r' looks like 'us\xe9r' but is written with other characters (an accent written apart, a no-break space): write the rows' name with the same characters)
     """
     import difflib
 
-    texts = {str(c).lower(): str(c) for c in others}
+    alike = look_alikes([str(c) for c in others], missing)
+    texts = {str(c).lower(): str(c) for c in others if str(c) not in {n for n, _ in alike}}
     pairs = []
     for name in missing:
         close = difflib.get_close_matches(name.lower(), list(texts), n=1, cutoff=0.6)
-        if close:
+        if close and name not in {w for _, w in alike}:
             pairs.append((texts.pop(close[0]), name))
+    said = "".join(f" (the rows' {look_alike_note(*pair)}: write the rows' name with the same characters)"
+                   for pair in alike)
     if not pairs:
-        return ""
+        return said
     had, wanted = (", ".join(repr(p[i]) for p in pairs) for i in (0, 1))
-    return f" (the rows have {had}: rename {'it' if len(pairs) == 1 else 'them'} to {wanted}?)"
+    return f"{said} (the rows have {had}: rename {'it' if len(pairs) == 1 else 'them'} to {wanted}?)"
 
 
 def row_index(table: pa.Table | pd.DataFrame) -> pd.Index | None:
@@ -471,10 +513,10 @@ def raw_table(table: pa.Table | pd.DataFrame) -> pa.Table:
     if isinstance(table, pa.Table):
         if "" in table.column_names:
             table = table.select([i for i, name in enumerate(table.column_names) if name != ""])
-        names = table.column_names
-        twice = [name for i, name in enumerate(names) if name in names[:i]]
-        if twice:  # (Arrow allows it; reading the column was pyarrow's KeyError 'Field ... exists 2 times')
-            raise DataError(f"the rows name column {twice[0]!r} twice: drop or rename one")
+        seen: set[str] = set()  # (a set: a list's `in` of every name before it took 80 s for 100,000 columns)
+        twice = next((name for name in table.column_names if name in seen or seen.add(name)), None)
+        if twice is not None:  # (Arrow allows it; reading the column was pyarrow's KeyError 'Field ... exists 2 times')
+            raise DataError(f"the rows name column {twice!r} twice: drop or rename one")
         return table
     if not isinstance(table, pd.DataFrame):
         raise TypeError(f"the rows must be a pandas DataFrame or a pyarrow Table of raw columns, not "

@@ -12,6 +12,7 @@ Example:
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Mapping
 
@@ -447,8 +448,10 @@ class ModelSpec:
     def table(self, name: str) -> TableSpec:
         return self.table_map[name]
 
-    @property
+    @functools.cached_property
     def table_map(self) -> Mapping[str, TableSpec]:
+        """Table name -> table, made once (`table` is asked per feature: a 1,000-table spec made 1,000 entries
+        at each ask); not to be changed, as the spec is frozen (a plain dict: a spec pickles)."""
         return {t.name: t for t in self.tables}
 
     def table_optimizer(self, table: TableSpec) -> OptimizerSpec:

@@ -490,3 +490,28 @@ def test_follow_of_a_run_or_stream_folder_is_refused_not_trained(days, tmp_path:
     shown = runner.invoke(app, ["train", str(spec), "--follow", str(folder), "--out", str(out), "-q"])
     assert shown.exit_code == 2 and "not a folder of day partitions" in shown.output, shown.output
     assert not (out / "days").exists()
+
+
+def test_inspect_days_names_each_entry_it_skips_in_one_line(days):
+    """`data inspect DAYS` left out an empty day folder, a link to nothing and a link loop among the
+    days without a word, as if the days were all there; it names each in one warning line and lists
+    the other days with the exit code as before."""
+    _, folder, raw = days
+    (folder / "d_empty").mkdir()
+    (folder / "d_gone").symlink_to(folder / "no_such_day")
+    (folder / "d_loop").symlink_to(folder / "d_loop2")
+    (folder / "d_loop2").symlink_to(folder / "d_loop")
+    (folder / ".hidden").mkdir()  # a writer's own: skipped by design, unsaid
+    shown = runner.invoke(app, ["data", "inspect", str(folder)])
+    assert shown.exit_code == 0 and "Traceback" not in shown.output, shown.output
+    said = [line for line in shown.output.splitlines() if line.startswith("warning:")]
+    assert len(said) == 1 and "skipped 4 entries" in said[0], shown.output
+    for why in ("d_empty (an empty folder)", "d_gone (a link to", "d_loop (a link loop)", "d_loop2 (a link loop)"):
+        assert why in said[0], said
+    assert ".hidden" not in said[0]
+    table = [line.split()[0] for line in shown.output.splitlines() if not line.startswith("warning:")]
+    assert table[1:] == sorted(raw)
+    for name in ("d_empty", "d_gone", "d_loop", "d_loop2"):
+        (folder / name).unlink() if (folder / name).is_symlink() else (folder / name).rmdir()
+    shown = runner.invoke(app, ["data", "inspect", str(folder)])
+    assert shown.exit_code == 0 and "warning" not in shown.output, shown.output
