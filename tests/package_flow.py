@@ -3,6 +3,7 @@ an exported package (each step through the real CLI, exit 0 checked)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 from typer.testing import CliRunner
@@ -24,3 +25,12 @@ def train_and_export(root: Path, spec_text: str, rows: pd.DataFrame) -> Path:
         result = runner.invoke(app, args)
         assert result.exit_code == 0, (args[0], result.output)
     return root
+
+
+def invoke(args: list) -> Any:
+    """`flowrec ARGS` through the CLI runner (each argument as text): its result, checked to have
+    ended by an exit (never an exception escaping the command) and without a traceback."""
+    result = CliRunner().invoke(app, [str(a) for a in args])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert "Traceback" not in result.output
+    return result

@@ -20,13 +20,11 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 import yaml
-from typer.testing import CliRunner
 
-from flowrec.cli import app
 from flowrec.data.layout import DataError
 from flowrec.serving.predict import load_model
+from package_flow import invoke
 
-runner = CliRunner()
 SPECS = Path(__file__).parents[2] / "specs"
 USERS = pd.DataFrame({"user_id": ["1", "2", "3", "99999", "abc"]})
 
@@ -37,13 +35,6 @@ def _two_tower(exclude_seen: bool) -> dict[str, Any]:
     doc["heads"][0]["exclude_seen"] = exclude_seen
     doc["training"].update(batch_size=256, epochs=1)
     return doc
-
-
-def _invoke(args: list) -> Any:
-    result = runner.invoke(app, [str(a) for a in args])
-    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
-    assert "Traceback" not in result.output
-    return result
 
 
 @pytest.fixture(scope="module")
@@ -57,16 +48,16 @@ def made(tmp_path_factory) -> Path:
     rows.to_csv(root / "rows.csv", index=False)
     for name, exclude in (("seen", True), ("plain", False)):
         (root / f"{name}.yaml").write_text(yaml.safe_dump(_two_tower(exclude)))
-    result = _invoke(["data", "convert", "csv", root / "rows.csv", root / "data", "--spec", root / "seen.yaml",
+    result = invoke(["data", "convert", "csv", root / "rows.csv", root / "data", "--spec", root / "seen.yaml",
                       "--test-fraction", "0.2"])
     assert result.exit_code == 0, result.output
     for name, data in (("seen", ["--data", root / "data"]), ("plain", ["--data", root / "data"]),
                        ("synthetic", ["--rows", "1000"])):
         spec = root / ("plain.yaml" if name == "synthetic" else f"{name}.yaml")
-        result = _invoke(["train", spec, *data, "--out", root / name, "-q", "--device", "cpu"])
+        result = invoke(["train", spec, *data, "--out", root / name, "-q", "--device", "cpu"])
         assert result.exit_code == 0, result.output
     for run, pkg in (("seen", "pkg"), ("synthetic", "synthetic_pkg")):
-        result = _invoke(["export", root / run, root / pkg, "--index", "exact", "-q"])
+        result = invoke(["export", root / run, root / pkg, "--index", "exact", "-q"])
         assert result.exit_code == 0, result.output
     return root
 
@@ -97,7 +88,7 @@ def _refused(pkg: Path, tmp_path: Path, says: str) -> None:
     assert says in str(caught.value) and "\n" not in str(caught.value), caught.value
     raw, out = tmp_path / "users.csv", tmp_path / "recs.parquet"
     USERS.to_csv(raw, index=False)
-    result = _invoke(["predict", pkg, raw, "--format", "csv", "--top-k", "3", "--out", out, "-q"])
+    result = invoke(["predict", pkg, raw, "--format", "csv", "--top-k", "3", "--out", out, "-q"])
     assert result.exit_code == 2 and says in result.output, result.output
     assert not out.exists()
 
@@ -180,7 +171,7 @@ def test_evaluation_ranks_the_items_predict_recommends(made, tmp_path):
     ranked every table row, the rows no raw id was fitted to among them, so hr@K and mrr were lower
     than for the items predict serves. Now both equal a count by hand over predict's full top K."""
     pkg = tmp_path / "pkg"
-    assert _invoke(["export", made / "plain", pkg, "--index", "exact", "-q"]).exit_code == 0
+    assert invoke(["export", made / "plain", pkg, "--index", "exact", "-q"]).exit_code == 0
     items = pq.read_table(pkg / "items.parquet").column("item")
     assert items.null_count > 0  # the case itself
     vocab = {t: pq.read_table(made / "plain" / "encoder" / "vocab" / f"{t}.parquet").column("value").to_pylist()
@@ -197,7 +188,7 @@ def test_evaluation_ranks_the_items_predict_recommends(made, tmp_path):
             "hr@100": np.mean([r is not None and r < 100 for r in ranks]),
             "mrr": np.mean([1 / (r + 1) if r is not None else 0.0 for r in ranks])}
     out = tmp_path / "eval.json"
-    assert _invoke(["eval", made / "plain", "--data", made / "data" / "test", "--json", out, "-q"]).exit_code == 0
+    assert invoke(["eval", made / "plain", "--data", made / "data" / "test", "--json", out, "-q"]).exit_code == 0
     evaluated = json.loads(out.read_text())["retrieve"]
     final = [json.loads(line) for line in (made / "plain" / "metrics.jsonl").read_text().splitlines()]
     trained = next(r for r in final if r.get("event") == "eval" and r.get("final"))["metrics"]["retrieve"]
@@ -212,7 +203,7 @@ def test_a_top_k_beyond_the_catalogue_says_what_was_written(made, tmp_path):
     named = len(items) - items.null_count
     raw, out = tmp_path / "users.csv", tmp_path / "recs.parquet"
     USERS.to_csv(raw, index=False)
-    result = _invoke(["predict", made / "pkg", raw, "--format", "csv", "--top-k", "5000", "--out", out, "-q"])
+    result = invoke(["predict", made / "pkg", raw, "--format", "csv", "--top-k", "5000", "--out", out, "-q"])
     assert result.exit_code == 0, result.output
     assert {len(row) for row in pq.read_table(out).column("items").to_pylist()} == {named}
     assert f"of all {named:,} items" in result.output and f"catalogue holds {named:,}" in result.output
@@ -225,12 +216,12 @@ def test_user_ids_written_as_floats_are_said(made, tmp_path):
     raw, out = tmp_path / "users.csv", tmp_path / "recs.parquet"
     pd.DataFrame({"user_id": [float(i) for i in range(1, 40)] + [None]}).to_csv(raw, index=False)
     assert "1.0" in raw.read_text()
-    result = _invoke(["predict", made / "pkg", raw, "--format", "csv", "--top-k", "3", "--out", out, "-q"])
+    result = invoke(["predict", made / "pkg", raw, "--format", "csv", "--top-k", "3", "--out", out, "-q"])
     assert result.exit_code == 0, result.output
     (line,) = [x for x in result.output.splitlines() if x.startswith("warning: column user_id: ")]
     assert "39 of 39 ids are not in the vocabulary of feature user_id" in line and "as floats" in line
     USERS.to_csv(raw, index=False)  # ids of the training rows' form: no such line
-    result = _invoke(["predict", made / "pkg", raw, "--format", "csv", "--top-k", "3", "--out", out, "-q",
+    result = invoke(["predict", made / "pkg", raw, "--format", "csv", "--top-k", "3", "--out", out, "-q",
                       "--overwrite"])
     assert result.exit_code == 0 and "warning: column user_id" not in result.output, result.output
     model = load_model(made / "pkg")  # in Python, a UserWarning of the call
@@ -247,7 +238,7 @@ def test_a_kept_id_column_of_integers_in_one_file_and_floats_in_another_is_writt
     raw.mkdir()
     pd.DataFrame({"user_id": [1, 2, 3]}).to_parquet(raw / "a.parquet")
     pd.DataFrame({"user_id": [4.0, None]}).to_parquet(raw / "b.parquet")
-    result = _invoke(["predict", made / "pkg", raw, "--format", "parquet", "--top-k", "3", "--out", out, "-q",
+    result = invoke(["predict", made / "pkg", raw, "--format", "parquet", "--top-k", "3", "--out", out, "-q",
                       "--keep", "user_id"])
     assert result.exit_code == 0, result.output
     kept = pq.read_table(out).column("user_id")
@@ -259,7 +250,7 @@ def test_keeping_a_column_top_k_writes_names_what_it_holds(made, tmp_path, colum
     """--keep items with --top-k said the column held 'the head's scores'."""
     raw, out = tmp_path / "users.csv", tmp_path / "recs.parquet"
     USERS.to_csv(raw, index=False)
-    result = _invoke(["predict", made / "pkg", raw, "--format", "csv", "--top-k", "3", "--out", out,
+    result = invoke(["predict", made / "pkg", raw, "--format", "csv", "--top-k", "3", "--out", out,
                       "--keep", column])
     assert result.exit_code == 2 and result.output.count("error:") == 1
     assert "top K items and their scores" in result.output and "head's scores" not in result.output
@@ -273,7 +264,7 @@ def test_raw_rows_for_a_package_of_a_run_on_synthetic_data_are_refused(made, tmp
         model.recommend(USERS, 3)
     raw, out = tmp_path / "users.csv", tmp_path / "recs.parquet"
     USERS.to_csv(raw, index=False)
-    result = _invoke(["predict", made / "synthetic_pkg", raw, "--format", "csv", "--top-k", "3", "--out", out])
+    result = invoke(["predict", made / "synthetic_pkg", raw, "--format", "csv", "--top-k", "3", "--out", out])
     assert result.exit_code == 2 and "raw rows cannot be encoded" in result.output
     assert not out.exists()
 
@@ -281,7 +272,7 @@ def test_raw_rows_for_a_package_of_a_run_on_synthetic_data_are_refused(made, tmp
 @pytest.mark.parametrize("run, noted", [("synthetic", True), ("seen", False)])
 def test_export_notes_a_package_that_cannot_encode_raw_rows(made, tmp_path, run, noted):
     """Export of a run on synthetic rows said nothing, and predict on its package then refused raw rows."""
-    result = _invoke(["export", made / run, tmp_path / "pkg", "--index", "exact", "-q"])
+    result = invoke(["export", made / run, tmp_path / "pkg", "--index", "exact", "-q"])
     assert result.exit_code == 0, result.output
     assert ("note: " in result.output and "no vocabulary for its tables ['item_id', 'user_id']" in result.output
             and "refuses raw rows" in result.output) is noted, result.output
@@ -290,24 +281,24 @@ def test_export_notes_a_package_that_cannot_encode_raw_rows(made, tmp_path, run,
 
 def test_eval_refuses_grouping_exclude_seen_by_the_item_id(made):
     data = made / "data" / "test"
-    result = _invoke(["eval", made / "seen", "--data", data, "--group-by", "item_id"])
+    result = invoke(["eval", made / "seen", "--data", data, "--group-by", "item_id"])
     assert result.exit_code == 2
     assert "cannot group by 'item_id' with exclude_seen: it is the item id" in result.output
 
 
 def test_eval_refuses_seen_for_a_run_without_exclude_seen(made):
     data = made / "data" / "test"
-    result = _invoke(["eval", made / "plain", "--data", data, "--seen", made / "data" / "train"])
+    result = invoke(["eval", made / "plain", "--data", data, "--seen", made / "data" / "train"])
     assert result.exit_code == 2
     assert "--seen applies to a retrieval head with exclude_seen: true" in result.output
     assert result.output.count("error:") == 1
-    assert _invoke(["eval", made / "seen", "--data", data, "--seen", made / "data" / "train", "-q"]).exit_code == 0
+    assert invoke(["eval", made / "seen", "--data", data, "--seen", made / "data" / "train", "-q"]).exit_code == 0
 
 
 def test_eval_of_a_split_dataset_names_its_test_part(made):
     """`--data DIR` of a split dataset (what `flowrec train --data` takes) names DIR/test, instead of
     calling DIR not a dataset and asking for a conversion."""
-    result = _invoke(["eval", made / "plain", "--data", made / "data"])
+    result = invoke(["eval", made / "plain", "--data", made / "data"])
     assert result.exit_code == 2 and result.output.count("error:") == 1
     assert "is a split dataset" in result.output and str(made / "data" / "test") in result.output
     assert "convert it first" not in result.output
@@ -318,15 +309,15 @@ def test_export_refuses_an_index_a_run_cannot_have(made, tmp_path):
     doc = _two_tower(False)
     doc["heads"][0] = {"name": "click", "input": "score"}  # the towers as a pointwise ranker: no catalogue
     spec.write_text(yaml.safe_dump(doc))
-    assert _invoke(["train", spec, "--rows", "500", "--out", tmp_path / "run", "-q", "--device", "cpu"]).exit_code == 0
+    assert invoke(["train", spec, "--rows", "500", "--out", tmp_path / "run", "-q", "--device", "cpu"]).exit_code == 0
     for index, says in (("faiss", "index 'faiss': only a run with a retrieval head has an item index"),
                         ("exact", "index 'exact': only a run with a retrieval head has an item index"),
                         ("hnsw", "--index must be one of auto, exact, faiss, not 'hnsw'")):
-        result = _invoke(["export", tmp_path / "run", tmp_path / "pkg", "--index", index])
+        result = invoke(["export", tmp_path / "run", tmp_path / "pkg", "--index", index])
         assert result.exit_code == 2 and says in result.output, result.output
         assert not (tmp_path / "pkg").exists()
-    assert _invoke(["export", tmp_path / "run", tmp_path / "pkg", "-q"]).exit_code == 0
-    result = _invoke(["export", made / "seen", tmp_path / "pkg2", "--index", "hnsw"])
+    assert invoke(["export", tmp_path / "run", tmp_path / "pkg", "-q"]).exit_code == 0
+    result = invoke(["export", made / "seen", tmp_path / "pkg2", "--index", "hnsw"])
     assert result.exit_code == 2 and "--index must be one of auto, exact, faiss, not 'hnsw'" in result.output
 
 
@@ -346,9 +337,9 @@ MANAGED = {
 def managed_pkg(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("managed_hostile")
     (root / "spec.yaml").write_text(yaml.safe_dump(MANAGED))
-    assert _invoke(["train", root / "spec.yaml", "--rows", "400", "--out", root / "run", "-q",
+    assert invoke(["train", root / "spec.yaml", "--rows", "400", "--out", root / "run", "-q",
                     "--device", "cpu"]).exit_code == 0
-    assert _invoke(["export", root / "run", root / "pkg", "-q"]).exit_code == 0
+    assert invoke(["export", root / "run", root / "pkg", "-q"]).exit_code == 0
     return root / "pkg"
 
 
@@ -421,9 +412,9 @@ def test_raw_id_columns_of_the_wrong_shape_are_one_line_naming_the_column(tmp_pa
     error naming no column (the API raised ArrowNotImplementedError); pandas categories and lists of
     ids still score, and `truncate: last` keeps the last ids of a long list."""
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump(LISTS))
-    assert _invoke(["train", tmp_path / "spec.yaml", "--rows", "300", "--out", tmp_path / "run", "-q",
+    assert invoke(["train", tmp_path / "spec.yaml", "--rows", "300", "--out", tmp_path / "run", "-q",
                     "--device", "cpu", "--max-steps", "3"]).exit_code == 0
-    assert _invoke(["export", tmp_path / "run", tmp_path / "pkg", "-q"]).exit_code == 0
+    assert invoke(["export", tmp_path / "run", tmp_path / "pkg", "-q"]).exit_code == 0
     model = load_model(tmp_path / "pkg")
     good = model.predict(pd.DataFrame({"user": ["a", "b"], "tags": [["x", "y", "z", "w"], ["q"]]}))
     assert good.shape == (2, 1)
@@ -437,7 +428,7 @@ def test_raw_id_columns_of_the_wrong_shape_are_one_line_naming_the_column(tmp_pa
         with pytest.raises(DataError, match=says.replace("[", r"\[")):
             model.predict(pd.DataFrame(frame))
     pq.write_table(pa.table({"user": pa.array([["a"], ["b"]]), "tags": ["x", "y"]}), tmp_path / "raw.parquet")
-    result = _invoke(["predict", tmp_path / "pkg", tmp_path / "raw.parquet", "--format", "parquet",
+    result = invoke(["predict", tmp_path / "pkg", tmp_path / "raw.parquet", "--format", "parquet",
                       "--out", tmp_path / "scores.parquet"])
     assert result.exit_code == 2 and "column user holds list<element: string>, not one id per row" in result.output
     assert not (tmp_path / "scores.parquet").exists()
@@ -505,16 +496,16 @@ def test_a_head_beside_a_retrieval_head_is_served_with_the_top_k(tmp_path):
                  ["train", spec, "--data", tmp_path / "data", "--out", tmp_path / "run", "-q", "--device", "cpu"],
                  ["data", "convert", "csv", tmp_path / "new.csv", tmp_path / "new", "--spec", spec,
                   "--encoder-from", tmp_path / "run", "-q"]):
-        result = _invoke(args)
+        result = invoke(args)
         assert result.exit_code == 0, result.output
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     final = next(r["metrics"] for r in records if r.get("event") == "eval" and r.get("final"))
     assert 0 < final["click"]["auc"] < 1 and 0 <= final["retrieve"]["hr@10"] <= 1, final
-    result = _invoke(["export", tmp_path / "run", tmp_path / "pkg", "--index", "exact"])
+    result = invoke(["export", tmp_path / "run", tmp_path / "pkg", "--index", "exact"])
     assert result.exit_code == 0, result.output
     assert "note:" not in result.output, result.output
     out = tmp_path / "recs.parquet"
-    result = _invoke(["predict", tmp_path / "pkg", tmp_path / "new.csv", "--format", "csv", "--top-k", "5",
+    result = invoke(["predict", tmp_path / "pkg", tmp_path / "new.csv", "--format", "csv", "--top-k", "5",
                       "--out", out, "--keep", "user_id", "-q"])
     assert result.exit_code == 0, result.output
     recs = pq.read_table(out).to_pandas()
@@ -529,7 +520,7 @@ def test_a_head_beside_a_retrieval_head_is_served_with_the_top_k(tmp_path):
                                     for b in batches])
     assert len(np.unique(reference)) > 5  # the rows' items move the score
     np.testing.assert_allclose(recs["click"].to_numpy(), reference, rtol=0, atol=1e-6)
-    result = _invoke(["predict", tmp_path / "pkg", tmp_path / "new.csv", "--format", "csv", "--top-k", "5",
+    result = invoke(["predict", tmp_path / "pkg", tmp_path / "new.csv", "--format", "csv", "--top-k", "5",
                       "--out", tmp_path / "again.parquet", "--keep", "click", "-q"])
     assert result.exit_code == 2 and "--keep click: the scores file already has a column click" in result.output
     for change in (lambda e: e["heads"].update(names=["nope"]), lambda e: e["heads"].update(file="model.pt2"),
@@ -555,7 +546,7 @@ def test_a_misspelled_column_names_the_column_the_rows_have(managed_pkg, tmp_pat
             model.predict(pd.DataFrame(frame))
         assert str(caught.value).endswith(says), caught.value
     pd.DataFrame({"usr": ["1"], "item": ["4"]}).to_csv(tmp_path / "raw.csv", index=False)
-    result = _invoke(["predict", managed_pkg, tmp_path / "raw.csv", "--format", "csv", "--out", tmp_path / "s.parquet"])
+    result = invoke(["predict", managed_pkg, tmp_path / "raw.csv", "--format", "csv", "--out", tmp_path / "s.parquet"])
     assert result.exit_code == 2 and "(the rows have 'usr': rename it to 'user'?)" in result.output, result.output
     with pytest.raises(DataError) as caught:  # no close column: no guess
         model.predict(pd.DataFrame({"item": ["4"], "label": [1]}))
@@ -622,15 +613,15 @@ def test_raw_rows_for_a_synthetic_runs_standardized_feature_are_refused(tmp_path
             "modules": [{"name": "top", "kind": "mlp", "inputs": ["@dense", "@sparse"], "layers": [4]}],
             "heads": [{"name": "ctr", "input": "top"}], "training": {"batch_size": 64}}
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec))
-    assert _invoke(["train", tmp_path / "s.yaml", "--rows", "200", "--out", tmp_path / "run", "-q",
+    assert invoke(["train", tmp_path / "s.yaml", "--rows", "200", "--out", tmp_path / "run", "-q",
                     "--device", "cpu"]).exit_code == 0
-    assert _invoke(["export", tmp_path / "run", tmp_path / "pkg", "-q"]).exit_code == 0
+    assert invoke(["export", tmp_path / "run", tmp_path / "pkg", "-q"]).exit_code == 0
     rows = pd.DataFrame({"price": [1.5, 2.0], "user": ["a", "b"]})
     says = r"has no mean and std for its standardized features \['price'\]"
     with pytest.raises(DataError, match=says):
         load_model(tmp_path / "pkg").predict(rows)
     rows.to_csv(tmp_path / "rows.csv", index=False)
-    result = _invoke(["predict", tmp_path / "pkg", tmp_path / "rows.csv", "--format", "csv",
+    result = invoke(["predict", tmp_path / "pkg", tmp_path / "rows.csv", "--format", "csv",
                       "--out", tmp_path / "scores.parquet"])
     assert result.exit_code == 2 and re.search(says, result.output) and result.output.count("error:") == 1
     assert not (tmp_path / "scores.parquet").exists()

@@ -8,21 +8,17 @@ from __future__ import annotations
 import re
 import warnings
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from typer.testing import CliRunner
 
-from flowrec.cli import app
 from flowrec.data.layout import DataError
 from flowrec.serving.predict import load_model
-from package_flow import train_and_export
+from package_flow import invoke, train_and_export
 
-runner = CliRunner()
 USER = "us\u00e9r id"  # the package's raw user column (é written as one code point, NFC)
 SPEC = {
     "name": "leftovers",
@@ -42,13 +38,6 @@ def _rows(rng: np.random.Generator, n: int, label: bool = True) -> pd.DataFrame:
     rows = pd.DataFrame({"price": rng.lognormal(1.0, 1.5, n), USER: [f"u{z}" for z in rng.zipf(1.4, n)],
                          "item": [f"i{z}" for z in rng.zipf(1.3, n)]})
     return rows.assign(clicked=(rng.random(n) < 0.2).astype(int)) if label else rows
-
-
-def _invoke(args: list) -> Any:
-    result = runner.invoke(app, [str(a) for a in args])
-    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
-    assert "Traceback" not in result.output
-    return result
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +63,7 @@ def test_a_feature_column_empty_in_every_row_is_said_once_and_the_rows_are_score
     rows = _rows(rng, n, label=False)
     empty = rows.assign(**{USER: [("", " ", None)[i % 3] for i in range(n)]})
     empty.to_csv(tmp_path / "empty.csv", index=False)
-    result = _invoke(["predict", pkg, tmp_path / "empty.csv", "--format", "csv", "--out", tmp_path / "s.parquet"])
+    result = invoke(["predict", pkg, tmp_path / "empty.csv", "--format", "csv", "--out", tmp_path / "s.parquet"])
     assert result.exit_code == 0, result.output
     said = _empty_lines(result.output)
     assert len(said) == 1 and f"column {USER!r} (feature user)" in said[0] and f"{n:,} rows" in said[0], result.output
@@ -85,7 +74,7 @@ def test_a_feature_column_empty_in_every_row_is_said_once_and_the_rows_are_score
     one = rows.assign(item="i3")  # one item in every row: a question a user asks, no fault
     one.to_csv(tmp_path / "one.csv", index=False)
     for name in ("late.csv", "one.csv"):
-        result = _invoke(["predict", pkg, tmp_path / name, "--format", "csv", "--out", tmp_path / f"{name}.parquet"])
+        result = invoke(["predict", pkg, tmp_path / name, "--format", "csv", "--out", tmp_path / f"{name}.parquet"])
         assert result.exit_code == 0 and not _empty_lines(result.output), result.output
         assert "holds one value" not in result.output
     model = load_model(pkg)
@@ -113,11 +102,11 @@ def test_a_column_name_that_only_looks_like_the_packages_shows_both_code_points(
         load_model(pkg).predict(rows)
     assert says in str(caught.value) and "rename" not in str(caught.value), caught.value
     rows.to_csv(tmp_path / "rows.csv", index=False)
-    result = _invoke(["predict", pkg, tmp_path / "rows.csv", "--format", "csv", "--out", tmp_path / "s.parquet"])
+    result = invoke(["predict", pkg, tmp_path / "rows.csv", "--format", "csv", "--out", tmp_path / "s.parquet"])
     assert result.exit_code == 2 and says in result.output and result.output.count("error:") == 1, result.output
     assert not (tmp_path / "s.parquet").exists()
     rows.rename(columns={header: USER}).to_csv(tmp_path / "rows.csv", index=False)  # the same characters: scored
-    result = _invoke(["predict", pkg, tmp_path / "rows.csv", "--format", "csv", "--out", tmp_path / "s.parquet"])
+    result = invoke(["predict", pkg, tmp_path / "rows.csv", "--format", "csv", "--out", tmp_path / "s.parquet"])
     assert result.exit_code == 0 and pq.read_table(tmp_path / "s.parquet").num_rows == len(rows), result.output
 
 
@@ -162,7 +151,7 @@ def test_keeping_the_readers_own_line_column_is_no_such_column(pkg, tmp_path):
     refused alike, and nothing is written."""
     rng = np.random.default_rng()
     _rows(rng, int(rng.integers(10, 60)), label=False).to_csv(tmp_path / "rows.csv", index=False)
-    result = _invoke(["predict", pkg, tmp_path / "rows.csv", "--format", "csv", "--out", tmp_path / "s.parquet",
+    result = invoke(["predict", pkg, tmp_path / "rows.csv", "--format", "csv", "--out", tmp_path / "s.parquet",
                       "--keep", "__line__"])
     assert result.exit_code == 2 and "--keep __line__: no such column in" in result.output, result.output
     assert "has price, " in result.output and not (tmp_path / "s.parquet").exists()
@@ -179,7 +168,7 @@ def test_a_column_of_blanks_is_said_empty_not_written_as_space_padded_ids(pkg, t
     n = int(rng.integers(20, 200))
     rows = _rows(rng, n, label=False)
     rows.assign(**{USER: [(" ", "  ", "")[i % 3] for i in range(n)]}).to_csv(tmp_path / "blank.csv", index=False)
-    result = _invoke(["predict", pkg, tmp_path / "blank.csv", "--format", "csv", "--out", tmp_path / "s.parquet"])
+    result = invoke(["predict", pkg, tmp_path / "blank.csv", "--format", "csv", "--out", tmp_path / "s.parquet"])
     assert result.exit_code == 0 and len(_empty_lines(result.output)) == 1, result.output
     assert "space-padded" not in result.output and result.output.count("warning:") == 1, result.output
     ids = [f"u{z}" for z in rng.zipf(1.4, n)]
@@ -204,7 +193,7 @@ def test_a_package_file_that_is_a_folder_or_a_pipe_is_said_so_not_missing(pkg, t
     with pytest.raises(ValueError, match=re.escape(says)):
         load_model(copy)
     _rows(np.random.default_rng(), 30, label=False).to_csv(tmp_path / "rows.csv", index=False)
-    result = _invoke(["predict", copy, tmp_path / "rows.csv", "--format", "csv", "--out", tmp_path / "s.parquet"])
+    result = invoke(["predict", copy, tmp_path / "rows.csv", "--format", "csv", "--out", tmp_path / "s.parquet"])
     assert result.exit_code == 2 and says in result.output and "missing" not in result.output, result.output
     assert not (tmp_path / "s.parquet").exists()
 
@@ -220,7 +209,7 @@ def test_a_training_run_or_a_dataset_given_as_the_package_says_what_it_is(pkg, t
                          (data, f"{data} is a dataset's folder, not a flowrec model package")):
         with pytest.raises(ValueError, match=re.escape(says)):
             load_model(folder)
-        result = _invoke(["predict", folder, tmp_path / "rows.csv", "--format", "csv", "--out", tmp_path / "s.parquet"])
+        result = invoke(["predict", folder, tmp_path / "rows.csv", "--format", "csv", "--out", tmp_path / "s.parquet"])
         assert result.exit_code == 2 and says in result.output, result.output
     assert not (tmp_path / "s.parquet").exists()
     with pytest.raises(ValueError, match=re.escape(f"{tmp_path} is not a flowrec model package")):
