@@ -30,7 +30,7 @@ from typing import Callable
 
 from flowrec.cli.common import fail, say, warn
 from flowrec.cli.streams import DAYS_DIR, EXPORT_DIR, FOLLOW_FILE, StreamRecord, done_days, read_record
-from flowrec.data.days import DayOrder, day_partitions, landed as named_days
+from flowrec.data.days import DayOrder, day_partitions, landed as named_days, skipped_entries, skipped_line
 from flowrec.data.layout import META_FILE, DataError
 from flowrec.runs.errors import EXIT_INTERRUPTED
 from flowrec.runtime.messages import shell_word
@@ -154,8 +154,10 @@ def _follow_days(request, run: Path, days: Path, wait_s: float, once: bool, trai
     record = read_record(run, order)  # a damaged record, or another order, is refused first
     order = _names_order(run, record, days, order)
     done = record.days  # the lock keeps every other writer out: the record changes only below
+    told: set[str] = set()  # entries skipped (no day partition) that a warning named
     while True:
         landed, undated = landed_days(days, order, done)
+        _tell_skipped(days, told)
         if undated is not None:  # a day still being copied in cannot be dated yet
             if time.monotonic() < deadline:
                 if waiting_on != undated:
@@ -206,6 +208,20 @@ def _follow_days(request, run: Path, days: Path, wait_s: float, once: bool, trai
         deadline = time.monotonic() + wait_s
         if once:
             return
+
+
+def _tell_skipped(days: Path, told: set[str]) -> None:
+    """One warning line naming the entries under `days` that are no day partition (an empty folder,
+    one without _flowrec.json, still being written or never converted, a link to nothing or a loop, a
+    file) that no line named yet (`told`, updated): each once per stream process, not once per look
+    for a new day."""
+    try:
+        new = {name: why for name, why in skipped_entries(days).items() if name not in told}
+    except OSError:  # the folder went away between looks: the next look names that
+        return
+    if new:
+        warn(skipped_line(days, new))
+        told.update(new)
 
 
 def _begun(run: Path, todo: list[Path]) -> str | None:

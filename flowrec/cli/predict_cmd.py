@@ -406,6 +406,9 @@ def _raw_chunks(model, raw: Path, fmt: Optional[str], on_error: str, keep: Optio
     if FORMAT_ALIASES.get(fmt, fmt) == "criteo_tsv":  # test files lack the label column
         opts["has_label"] = criteo_has_label(raw)
     numeric = {model.encoder.source(f.name) for f in spec.dense_features}
+    # a CSV's other columns are not read (a row of 100,000 columns took 1.5 GB): every feature's
+    # (a retrieval package's heads read the row's item where it is given) and --keep's
+    opts["read_columns"] = {model.encoder.source(f.name) for f in spec.features} | set(keep or [])
     labels = set(label_columns(spec)) | set(weight_columns(spec))  # numbers in training: a head's label, its weights
     if FORMAT_ALIASES.get(fmt, fmt) != "parquet":
         numeric |= labels & set(keep or [])

@@ -120,39 +120,46 @@ def landed(folder: Path, key: Callable[[str], Any] | None = None) -> list[Path]:
 SKIPPED_SHOWN = 10  # skipped entries named in the line; the rest are counted
 
 
-def skipped_line(folder: Path) -> str | None:
+def skipped_entries(folder: Path) -> dict[str, str]:
     """The entries of the folder of days `folder` that are no day partition and that `landed` skips
-    (an empty folder, one without its meta, a link to nothing or a link loop, a file), named in
-    one line with why; None when there is none. Names starting with '.' or '_' are skipped by
-    design (a writer's own), and a day split into train/ and test/ is refused by `landed`."""
+    (an empty folder, one without its meta, a link to nothing or a link loop, a file): name -> why,
+    in order of name. Names starting with '.' or '_' are skipped by design (a writer's own), and a
+    day split into train/ and test/ is refused by `landed`."""
     import errno
 
-    skipped = []
+    skipped = {}
     for p in sorted(folder.iterdir()):
         if p.name.startswith((".", "_")) or (p / META_FILE).is_file():
             continue
         try:
             os.stat(p)
         except OSError as exc:
-            skipped.append(f"{p.name} (a link loop)" if exc.errno == errno.ELOOP else
-                           f"{p.name} (a link to {os.readlink(p)}, which is not there)" if p.is_symlink() else
-                           f"{p.name} ({os.strerror(exc.errno or errno.EIO)})")
+            skipped[p.name] = ("a link loop" if exc.errno == errno.ELOOP else
+                               f"a link to {os.readlink(p)}, which is not there" if p.is_symlink() else
+                               os.strerror(exc.errno or errno.EIO))
             continue
         if p.is_dir() and not _split_of(p):
             try:
                 empty = next(p.iterdir(), None) is None
             except OSError as exc:
-                skipped.append(f"{p.name} (a folder that cannot be read: {os.strerror(exc.errno or errno.EIO)})")
+                skipped[p.name] = f"a folder that cannot be read: {os.strerror(exc.errno or errno.EIO)}"
                 continue
-            why = "an empty folder" if empty else f"a folder without {META_FILE}: not converted, or still being written"
-            skipped.append(f"{p.name} ({why})")
+            skipped[p.name] = ("an empty folder" if empty else
+                               f"a folder without {META_FILE}: not converted, or still being written")
         elif not p.is_dir():
-            skipped.append(f"{p.name} (a file, not a dataset folder)")
+            skipped[p.name] = "a file, not a dataset folder"
+    return skipped
+
+
+def skipped_line(folder: Path, entries: dict[str, str] | None = None) -> str | None:
+    """One line naming each entry of the folder of days `folder` that `landed` skips, with why
+    (`entries`: those to name, from `skipped_entries`; default: all of them); None when there is none."""
+    skipped = [f"{name} ({why})" for name, why in (skipped_entries(folder) if entries is None else entries).items()]
     if not skipped:
         return None
     more = f", and {len(skipped) - SKIPPED_SHOWN:,} more" if len(skipped) > SKIPPED_SHOWN else ""
-    entries = "1 entry that is" if len(skipped) == 1 else f"{len(skipped):,} entries that are"
-    return f"{folder}: skipped {entries} no day partition: {', '.join(skipped[:SKIPPED_SHOWN])}{more}"
+    entries_said = "1 entry that is" if len(skipped) == 1 else f"{len(skipped):,} entries that are"
+    return f"{folder}: skipped {entries_said} no day partition: {', '.join(skipped[:SKIPPED_SHOWN])}{more}"
 
 
 def split_parts(folder: Path) -> list[Path]:

@@ -171,10 +171,11 @@ class IdForms:
         """Look at a sample of each hashed or managed feature's ids in `raw` (of `features`, a
         collection of names, where given), read as `encoder` (an `Encoder`) reads them."""
         sample = raw.take(pa.array(spread(raw.num_rows))) if raw.num_rows > FORM_SAMPLE else raw
+        present = set(raw.column_names)  # (once, not per feature: a 1,000-field model spent 130 ms a call here)
         for f in encoder.spec.sparse_features:
             table = encoder.spec.table(f.table)
             source = encoder.source(f.name)
-            if not (table.hashed or table.managed is not None) or source not in raw.column_names \
+            if not (table.hashed or table.managed is not None) or source not in present \
                     or (features is not None and f.name not in features):
                 continue
             values = encoder.sparse_values(f, sample)

@@ -47,9 +47,10 @@ def check_sequence_separators(chunk: pa.Table, spec: ModelSpec, columns: dict[st
     """
     if "sequence_sep" in options:
         return
+    present = set(chunk.column_names)  # (once: Arrow builds the list anew at each ask)
     for feature in spec.sparse_features:
         column = columns.get(feature.name, feature.name)
-        if is_multi(feature) and column in chunk.column_names:
+        if is_multi(feature) and column in present:
             check_separator(chunk.column(column), DEFAULT_SEQUENCE_SEP, feature.name, column, advice)
 
 

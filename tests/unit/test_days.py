@@ -515,3 +515,45 @@ def test_inspect_days_names_each_entry_it_skips_in_one_line(days):
         (folder / name).unlink() if (folder / name).is_symlink() else (folder / name).rmdir()
     shown = runner.invoke(app, ["data", "inspect", str(folder)])
     assert shown.exit_code == 0 and "warning" not in shown.output, shown.output
+
+
+def test_follow_names_each_entry_it_skips_once_and_trains_the_days(tmp_path: Path, monkeypatch, capsys):
+    """`train --follow DAYS` skipped an empty day folder, one without _flowrec.json (still being
+    written), a link to nothing, a link loop and a stray file without a word, where `data inspect
+    DAYS` names them: each is named once in a warning line (not at every look of --follow-wait),
+    the day still being written once, and the good days train, that day too once it lands."""
+    from types import SimpleNamespace
+
+    from flowrec.cli import follow as follow_mod
+
+    days, stream, trained = _stream(tmp_path, monkeypatch, ["day1", "day2"])
+    (days / "d_empty").mkdir()
+    (days / "d_gone").symlink_to(days / "no_such_day")
+    (days / "d_loop").symlink_to(days / "d_loop2")
+    (days / "d_loop2").symlink_to(days / "d_loop")
+    (days / "stray.csv").write_text("a,b\n1,2\n")
+    (days / ".hidden").mkdir()  # a writer's own: skipped by design, unsaid
+    (days / "_tmp").mkdir()
+    (days / "day3").mkdir()
+    (days / "day3" / "part-0.parquet").write_bytes(np.random.default_rng().bytes(64))  # being written
+    now, looks = [0.0], []
+
+    def sleep(seconds: float) -> None:  # a clock of its own: every look is one poll, no real waiting
+        looks.append(seconds)
+        now[0] += follow_mod.POLL_S
+        if len(looks) == 4:  # day3's conversion ends while the stream waits
+            (days / "day3" / "_flowrec.json").write_text("{}")
+
+    monkeypatch.setattr(follow_mod, "time", SimpleNamespace(monotonic=lambda: now[0], sleep=sleep))
+    follow_mod.follow(_Request(Path("spec.yaml"), stream), days, 10 * follow_mod.POLL_S, False,
+                      lambda request: trained.append(request.out.name) or request.out.mkdir(parents=True))
+    assert trained == ["day1", "day2", "day3"]
+    assert len(looks) > 10  # it looked again and again
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    for name, why in (("d_empty", "an empty folder"), ("d_gone", "a link to"), ("d_loop", "a link loop"),
+                      ("d_loop2", "a link loop"), ("stray.csv", "a file"),
+                      ("day3", "a folder without _flowrec.json: not converted, or still being written")):
+        named = [line.split(f" {name} (")[1] for line in said if f" {name} (" in line]
+        assert len(named) == 1 and named[0].startswith(why), (name, said)
+    assert len(said) == 1 and "skipped 6 entries" in said[0], said
+    assert ".hidden" not in said[0] and "_tmp" not in said[0]

@@ -609,3 +609,68 @@ def test_zero_padding_is_judged_from_ids_all_over_a_dataset_not_its_first(table:
     (line,) = changed_forms(model, {}, trained, seen)
     assert line.startswith("column user: the ids of feature user are written as integers") and "read_csv" in line
     assert changed_forms(model, {}, trained, trained) == []  # the training rows' own form says nothing
+
+
+class _CountedRows:
+    """An Arrow table that counts the asks of its column names (Arrow builds the list anew at each
+    ask: asked once per feature, a 1,000-field model's one-row predict spent half its time there)."""
+
+    def __init__(self, table: pa.Table) -> None:
+        self.table, self.asked = table, 0
+
+    @property
+    def column_names(self) -> list[str]:
+        self.asked += 1
+        return self.table.column_names
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.table, name)
+
+
+def test_the_rows_column_names_are_asked_once_a_call_not_once_a_feature() -> None:
+    """The unseen-id count, the id forms, the standardized values' check and the separators' check
+    asked the rows for their column names once per feature (quadratic for a wide model's wide
+    rows); each asks once a call, and says what it said before."""
+    from flowrec.data.encode import DenseStats, Encoder, UnseenIds
+    from flowrec.data.layout import DataError
+    from flowrec.data.separators import check_sequence_separators
+    from flowrec.spec import spec_from_dict
+
+    rng = np.random.default_rng()
+    k, n = int(rng.integers(20, 60)), int(rng.integers(5, 50))
+    doc = _spec("hashed")
+    doc["features"] = ([{"name": f"p{i}", "type": "dense", "transform": "standardize"} for i in range(4)]
+                       + [{"name": f"h{i}", "type": "categorical", "hash_buckets": 97, "dim": 4} for i in range(k)]
+                       + [{"name": f"v{i}", "type": "categorical", "vocab": 50, "dim": 4} for i in range(k)]
+                       + [{"name": f"m{i}", "type": "categorical", "hash_buckets": 97, "dim": 4, "max_len": 3}
+                          for i in range(4)])
+    spec = spec_from_dict(doc)
+    vocabs = {spec.table(f.table).name: pa.array([f"{f.name}_{j}" for j in range(50)])
+              for f in spec.sparse_features if f.name.startswith("v")}
+    stats = {f"p{i}": DenseStats(float(rng.normal()), float(rng.lognormal()) / 1000) for i in range(4)}
+    encoder = Encoder(spec, {}, vocabs, stats,
+                      id_forms={f"h{i}": {"form": "integers", "example": "7"} for i in range(k)})
+    cols = {f"p{i}": rng.lognormal(1.0, 1.5, n) for i in range(4)}
+    cols["p0"][int(rng.integers(0, n))] = 3e37  # standardized by a std below 0.01: beyond float32
+    cols.update({f"h{i}": [f"{z}.0" for z in rng.zipf(1.4, n)] for i in range(k)})
+    cols.update({f"v{i}": [f"v{i}_{z % 70}" for z in rng.zipf(1.3, n)] for i in range(k)})
+    cols.update({f"m{i}": ["^".join(str(z) for z in rng.zipf(1.5, 3)) for _ in range(n)] for i in range(4)})
+    rows = pa.table(cols)
+    plain, counted = UnseenIds(encoder), UnseenIds(encoder)
+    plain.observe(rows)
+    asked = _CountedRows(rows)
+    counted.observe(asked)
+    assert asked.asked <= 2 and counted.counts == plain.counts and counted.lines() == plain.lines()  # (+ its forms)
+    assert any("h0" in line for line in plain.lines())  # the hashed ids' other form is said, as before
+    forms, asked = IdForms(), _CountedRows(rows)
+    forms.observe(encoder, asked, encoder.id_forms)
+    assert asked.asked <= 1 and forms.seen == plain.forms.seen
+    asked = _CountedRows(rows)
+    unencodable = encoder.unencodable(asked)
+    assert unencodable == encoder.unencodable(rows) and len(unencodable) == 1 and asked.asked <= 1
+    asked = _CountedRows(rows)
+    check_sequence_separators(asked, spec, {}, {})  # lists written with '^', the separator: no word
+    assert asked.asked <= 1
+    with pytest.raises(DataError, match="m0"):  # written with '|': said as before
+        check_sequence_separators(rows.set_column(rows.column_names.index("m0"), "m0",
+                                                  pa.array([v.replace("^", "|") for v in cols["m0"]])), spec, {}, {})

@@ -230,3 +230,33 @@ def test_a_specs_table_map_is_made_once_and_a_spec_still_pickles():
     assert all(spec.table(t.name) is t for t in spec.tables)
     again = pickle.loads(pickle.dumps(spec))
     assert again == spec and again.table_map == spec.table_map
+
+
+def test_a_csvs_columns_the_package_does_not_read_are_not_read(pkg, tmp_path):
+    """`flowrec predict PKG rows.csv` read every column of the rows (one row of 100,000 columns took
+    1.5 GB in the CSV reader), so a value that is not UTF-8 in a column no feature reads made its
+    row malformed and the file was refused. Only the package's columns and --keep's are read: the
+    scores with extra columns of garbage among them are those of the rows without, and the kept
+    column is written."""
+    rng = np.random.default_rng()
+    n = int(rng.integers(30, 300))
+    rows = _rows(rng, n, label=False)
+    rows.to_csv(tmp_path / "plain.csv", index=False)
+    junk = [f"JUNK{i:06d}" if i % 3 == 0 else f"n/a {rng.zipf(1.5)}" for i in range(n)]  # (marks, then bytes)
+    wide = rows.assign(extra=rng.lognormal(2.0, 2.0, n), junk=junk)[["extra", "price", "junk", USER, "item"]]
+    text = wide.to_csv(index=False).encode()
+    for i in range(0, n, 3):  # bytes that are no UTF-8 (no separator, quote or line break among them)
+        text = text.replace(f"JUNK{i:06d}".encode(), b"\xff\xfe" + bytes(rng.integers(128, 256, 4).tolist()))
+    (tmp_path / "wide.csv").write_bytes(text)
+    scored = {}
+    for name in ("plain", "wide"):
+        result = _invoke(["predict", pkg, tmp_path / f"{name}.csv", "--format", "csv", "--out",
+                          tmp_path / f"{name}.parquet", "--keep", "item"])
+        assert result.exit_code == 0 and "warning" not in result.output, result.output
+        scored[name] = pq.read_table(tmp_path / f"{name}.parquet")
+    assert scored["wide"].column_names == ["ctr", "item"]
+    assert scored["wide"].equals(scored["plain"]) and scored["wide"].num_rows == n
+    assert scored["wide"].column("item").to_pylist() == rows["item"].tolist()
+    result = _invoke(["predict", pkg, tmp_path / "wide.csv", "--format", "csv", "--out", tmp_path / "k.parquet",
+                      "--keep", "junk"])  # a kept column is read: its bytes that are not UTF-8 are malformed rows
+    assert result.exit_code == 2 and "invalid UTF-8 in column junk" in result.output, result.output
