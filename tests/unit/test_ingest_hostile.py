@@ -1352,3 +1352,24 @@ def test_a_number_written_as_spaces_is_missing_as_an_empty_field_is(tmp_path: Pa
             convert(_spec(), "csv", [write(name, fill, labels, 2)], tmp_path / name.replace(".csv", ""))
         messages.append(str(caught.value).replace(name, "F"))
     assert messages[0] == messages[1] and "non-numeric" not in messages[1]
+
+
+@pytest.mark.parametrize("key, value", [("read_columns", ["price"]), ("labels_unused", True)])
+def test_a_reader_option_only_predict_sets_is_refused_in_a_spec(key: str, value: object) -> None:
+    """data.options is the spec's one open mapping, passed to the reader as is, and predict passes
+    its own reads there (`read_columns`: the package's columns only; `labels_unused`: rows may lack
+    labels): a spec setting one validated, and convert and train read by it (only some columns, or
+    rows without their label kept). Such a key is refused at validate, naming it."""
+    from flowrec.spec.validate import validate_document
+
+    doc = {"name": "opts", "features": [{"name": "price", "type": "dense"},
+                                        {"name": "user", "type": "categorical", "hash_buckets": 64, "dim": 4}],
+           "modules": [{"name": "top", "kind": "mlp", "inputs": ["@dense", "@sparse"], "layers": [4]}],
+           "heads": [{"name": "ctr", "input": "top"}],
+           "data": {"format": "csv", "path": "x.csv", "label": "clicked", "options": {key: value, "sep": ","}},
+           "optimizer": {"dense": {"name": "adam", "lr": 0.01}, "sparse": {"name": "sgd", "lr": 0.1}},
+           "training": {"batch_size": 8}}
+    issues = [(i.path, i.message) for i in validate_document(doc)]
+    assert [path for path, _ in issues] == [f"data.options.{key}"] and "remove it" in issues[0][1]
+    del doc["data"]["options"][key]
+    assert validate_document(doc) == []  # the reader's own options pass
