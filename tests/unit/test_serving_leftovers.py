@@ -250,13 +250,13 @@ def test_a_csvs_columns_the_package_does_not_read_are_not_read(pkg, tmp_path):
     (tmp_path / "wide.csv").write_bytes(text)
     scored = {}
     for name in ("plain", "wide"):
-        result = _invoke(["predict", pkg, tmp_path / f"{name}.csv", "--format", "csv", "--out",
+        result = invoke(["predict", pkg, tmp_path / f"{name}.csv", "--format", "csv", "--out",
                           tmp_path / f"{name}.parquet", "--keep", "item"])
         assert result.exit_code == 0 and "warning" not in result.output, result.output
         scored[name] = pq.read_table(tmp_path / f"{name}.parquet")
     assert scored["wide"].column_names == ["ctr", "item"]
     assert scored["wide"].equals(scored["plain"]) and scored["wide"].num_rows == n
     assert scored["wide"].column("item").to_pylist() == rows["item"].tolist()
-    result = _invoke(["predict", pkg, tmp_path / "wide.csv", "--format", "csv", "--out", tmp_path / "k.parquet",
+    result = invoke(["predict", pkg, tmp_path / "wide.csv", "--format", "csv", "--out", tmp_path / "k.parquet",
                       "--keep", "junk"])  # a kept column is read: its bytes that are not UTF-8 are malformed rows
     assert result.exit_code == 2 and "invalid UTF-8 in column junk" in result.output, result.output
