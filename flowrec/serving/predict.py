@@ -163,10 +163,7 @@ class LoadedModel:
         call.observe(raw, encoded)
         self.unseen_ids().add(call)
         if self.warn_unseen:
-            import warnings
-
-            for line in call.lines():
-                warnings.warn(line, UserWarning, stacklevel=3)
+            _warn(call.lines())
 
     def _count_empty(self, raw: pa.Table) -> None:
         """Count the feature columns of a call's rows that hold no value (null, blank, NaN) in any row
@@ -176,10 +173,7 @@ class LoadedModel:
         call.observe(ROWS, raw)
         self.empty_columns().add(call)
         if self.warn_empty:
-            import warnings
-
-            for line in call.lines():
-                warnings.warn(line, UserWarning, stacklevel=3)
+            _warn(call.lines())
 
     def empty_columns(self) -> EmptyColumns:
         """The feature columns over every `predict` and `recommend` call's rows: its `lines()` name each
@@ -214,9 +208,10 @@ class LoadedModel:
         `frame` (the rows came as a pandas DataFrame) no float id that float64 may have rounded, nor a
         fraction; else (Arrow rows, a Parquet file's) no float id that the float may have rounded."""
         present = set(raw.column_names)  # (once: Arrow builds the list anew at each ask, per feature of 1,000)
-        missing = [c for c in self.raw_columns() if c not in present]
+        read = self.raw_columns()
+        missing = [c for c in read if c not in present]
         if missing:
-            read = set(self.raw_columns())
+            read = set(read)
             raise DataError(f"the rows lack columns {missing} that model {self.spec.name!r} reads"
                             f"{close_columns(missing, [c for c in raw.column_names if c not in read])}"
                             f"{separator_note(raw.column_names, missing, self.spec)}")
@@ -467,6 +462,15 @@ def check_frame_ids(column: pa.ChunkedArray | pa.Array, name: str) -> None:
     raise DataError(f"column {name}: id {shown} at row {i if rows is None else int(rows[i])} (0-based) "
                     f"{why}: give the column pandas' nullable integer dtype, dtype=\"Int64\" (or \"UInt64\") "
                     f"where it is made (a read_csv dtype=, a Series), not .astype of the floats")
+
+
+def _warn(lines: list[str]) -> None:
+    """Each line a UserWarning, pointed at the caller of `predict` / `recommend` (through the
+    `_count_*` method that calls this)."""
+    import warnings
+
+    for line in lines:
+        warnings.warn(line, UserWarning, stacklevel=4)
 
 
 def close_columns(missing: list[str], others: list[Any]) -> str:

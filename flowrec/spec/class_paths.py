@@ -266,17 +266,20 @@ def run_class_files(spec: Any, run_folder: Path) -> "tuple[Any, list[str]]":
 
     run = Path(run_folder).resolve()
     spec = absolute_class_files(spec, run_class_folders(run))
-    digests: dict[str, str] | None = None  # read once a file is found in place of a gone one
-    modules, notes, used = list(spec.modules), [], {}
+    digests: dict[str, str] | None = None  # run.json's record, read at the first class file met
+    modules, notes, used, checked = list(spec.modules), [], {}, set()  # checked: files in place, hashed once
     for i, module in enumerate(modules):
         path = module.param("class")
         source, _, name = path.rpartition(":") if module.kind == "custom" and isinstance(path, str) else ("", "", "")
         if not source.endswith(".py") or not Path(source).is_absolute():
             continue
         if Path(source).is_file():  # in place: the file the run trained, unless it was edited since
+            if source in checked:
+                continue
+            checked.add(source)
             digests = recorded_digests(run) if digests is None else digests
             digest = digests.get(source)
-            if digest is not None and source not in used and file_digest(Path(source)) != digest:
+            if digest is not None and file_digest(Path(source)) != digest:
                 raise ValueError(f"module {module.name!r}: its class file {source} was changed since the run "
                                  f"trained (its sha256 differs from the one {run / RUN_SETTINGS_FILE} records), "
                                  f"so the run's weights would be used by other code: put back the file the run "
