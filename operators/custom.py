@@ -23,7 +23,7 @@ from typing import Any, Mapping, NamedTuple
 import torch
 from torch import nn
 
-from operators.custom_checks import check_rows_independent, check_state_round_trip, probe_copy
+from operators.custom_checks import check_rows_independent, check_state_round_trip, one_row_refusal, probe_copy
 from operators.custom_code import CustomModuleError, build_custom, settings_kept, stop_named, user_failure, why
 from operators.dense import Shapes
 
@@ -240,10 +240,12 @@ class CustomModule(nn.Module):
         self.inner = inner
         self.path = path  # the class path; `label` (the spec's module name) is set by lowering
         self.label = "?"
+        self.one_row: str | None = None  # why it cannot train on one row (`one_row_refusal`), set at its build
 
     @classmethod
     def from_config(cls, config: dict[str, Any], input_shapes: Shapes) -> "CustomModule":
-        """The module, built once; a spec's own `out_width` is checked against it (`built_width`).
+        """The module, built once; a spec's own `out_width` is checked against it (`built_width`),
+        and whether it trains on a batch of one row is tried (`one_row`).
 
         Raises:
             CustomModuleError: the class cannot be used, or returns another width than `out_width`.
@@ -270,6 +272,7 @@ class CustomModule(nn.Module):
         module = cls(inner, path)
         check_state_round_trip(module, path)
         check_rows_independent(inner, path, in_width)
+        module.one_row = one_row_refusal(inner, path, in_width)
         return module
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

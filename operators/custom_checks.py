@@ -134,3 +134,40 @@ def _compare_rows(copied: nn.Module, path: str, in_width: int) -> None:
 def _rows_of(out: Any, rows: int) -> bool:
     """`out` is a tensor of `rows` rows."""
     return isinstance(out, torch.Tensor) and out.dim() >= 1 and out.shape[0] == rows
+
+
+def one_row_refusal(inner: nn.Module, path: str, in_width: int) -> str | None:
+    """Why `inner` cannot train on a batch of one row where it trains on two (`nn.BatchNorm1d`:
+    "Expected more than 1 value per channel when training"), else None. An epoch's last batch, a
+    rank's share of one or a day's last batch may hold one row: the trainer skips such a batch for
+    such a module (`LoweredModel.one_row_refusers`) where the run stopped there after the epoch's
+    training. Tried in training mode with gradients on ROW_CHECK_SEED's skewed values, on a copy
+    (`probe_copy`), or on the module itself with its buffers (batch norm's running statistics) put
+    back where it is not copied, off torch's generator: the module's state stays as it was. A
+    forward that fails on two rows too says nothing here (the step names its error as before).
+    """
+    copied = probe_copy(inner)
+    module = inner if copied is None else copied
+    training = inner.training
+    kept = [(t, t.detach().clone()) for t in inner.buffers()] if copied is None else []
+    gen = torch.Generator().manual_seed(ROW_CHECK_SEED)
+    x = torch.randn(2, in_width, generator=gen) * torch.logspace(-1, 1, 2)[:, None]
+
+    def run(rows: torch.Tensor) -> str | None:
+        try:
+            with (torch.random.fork_rng(devices=[]), torch.enable_grad(), settings_kept(), warnings.catch_warnings(),
+                  contextlib.redirect_stdout(sys.stderr), stop_named(path, "running")):
+                warnings.simplefilter("ignore")
+                module.train(True)(rows.clone().requires_grad_(True))
+        except (Exception, SystemExit) as exc:  # a user's forward may raise anything
+            return why(exc)
+        return None
+
+    try:
+        refused = run(x[:1])
+        return refused if refused is not None and run(x) is None else None
+    finally:
+        inner.train(training)
+        with torch.no_grad():
+            for tensor, value in kept:
+                tensor.copy_(value)

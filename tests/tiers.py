@@ -39,7 +39,7 @@ FILES: dict[str, frozenset[str]] = {
         "test_render", "test_movielens_releases", "test_runtime_hostmem", "test_runtime_session", "test_spec_limits",
         "test_spec_roundtrip", "test_spec_training", "test_spec_validate", "test_spec_yaml_scan",
         "test_table_snapshot", "test_checkpoint_stream", "test_checkpoint_direct", "test_cores", "test_train_loop_parts", "test_vocab_growth", "test_split_fit", "test_output_guard",
-        "test_custom", "test_custom_hostile", "test_heads", "test_mlp_regularize", "test_moe", "test_packed_mlp_lowering", "test_table_l2",
+        "test_custom", "test_custom_hostile", "test_custom_guards", "test_heads", "test_mlp_regularize", "test_moe", "test_packed_mlp_lowering", "test_table_l2",
         "test_managed_spec", "test_managed_map", "test_managed_shards", "test_days", "test_self_attention", "test_similarity",
         "test_retrieval", "test_calibrate_collective", "test_targets", "test_compiled_fallback",
         "test_dense_optimizer_fused", "test_source_mlp", "test_next_item_data", "test_truncate", "test_memory_fit",

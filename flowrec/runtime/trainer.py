@@ -61,7 +61,7 @@ from flowrec.runtime.rundir import BEST_DIR, METRICS_FILE, write_text
 from flowrec.runtime.lr_schedule import LRController, LRSchedule, sparse_optimizers
 from flowrec.runtime.evaluation.retrieval import SeenItems
 from flowrec.runtime.retrieval import read_items, sampler as negative_sampler
-from flowrec.runtime.step import DEFAULT_LOOKAHEAD, make_dense_optimizer, train_step
+from flowrec.runtime.step import DEFAULT_LOOKAHEAD, make_dense_optimizer, one_row_skip, train_step
 from flowrec.spec.load import to_dict
 from flowrec.spec.model import ModelSpec
 from operators.device import forked_generators
@@ -202,6 +202,8 @@ class TrainResult:
     stage_seconds: dict[str, float] = field(default_factory=dict)
     counters: dict[str, dict[str, Any]] = field(default_factory=dict)
     skipped_batches: int = 0
+    skipped_rows: int = 0  # rows of batches skipped for a custom module that cannot train on one row
+    one_row_refusers: list[str] = field(default_factory=list)  # those modules: "'NAME' (CLASS) cannot ... (why)"
     stopped_early: bool = False
     stop_requested: bool = False
     best_step: int | None = None
@@ -268,6 +270,7 @@ class Trainer:
         self._interrupt = GracefulInterrupt()
         self._per_epoch = 0
         self.skipped_batches = 0
+        self.skipped_rows = 0  # this session's rows of one-row batches a custom module cannot train (`one_row_skip`)
         self.world = getattr(model, "world", None)  # the ranks of a distributed run (None: one process)
         self.checkpointer = self._make_checkpointer()
         # a checkpoint taken while training runs (--checkpoint-every) reads the rows marked before each
@@ -445,6 +448,9 @@ class Trainer:
         samples = self.position.samples - start_samples
         result = TrainResult(self.position.step, samples, seconds, samples / max(seconds, 1e-9), loss,
                              interrupted=interrupted, skipped_batches=self.skipped_batches,
+                             skipped_rows=self.skipped_rows,
+                             one_row_refusers=[f"{m.label!r} ({m.path}) cannot train on one row ({m.one_row})"
+                                               for m in getattr(self.model, "one_row_refusers", ())],
                              stopped_early=self.stopped_early, stop_requested=self._stop_requested)
         if not interrupted and eval_source is not None:
             try:  # no step to stop after: Ctrl-C or SIGTERM ends the evaluation, the checkpoint is still taken
@@ -469,6 +475,7 @@ class Trainer:
                             "seconds": seconds, "samples_per_s": result.samples_per_s,
                             "interrupted": interrupted, "stage_seconds": result.stage_seconds,
                             "counters": result.counters, "skipped_batches": self.skipped_batches,
+                            "skipped_rows": self.skipped_rows,
                             "stopped_early": self.stopped_early, "best_step": result.best_step,
                             "checkpoint_writes_s": self.checkpointer.seconds,
                             "checkpoint_stalls": self.checkpoint_stalls,
@@ -511,7 +518,10 @@ class Trainer:
                 lr_dense, lr_sparse = self.lr.apply(pos.step)
                 if self._marks_rows:  # before the step: a full checkpoint may still be copying rows
                     self.checkpointer.mark(batch)
-                loss, skipped_head = self._step(batch)
+                skipped_rows = one_row_skip(self.model, batch, self.parallel)
+                step_loss, skipped_head = self._step(batch, train=not skipped_rows)
+                loss = step_loss if not skipped_rows else loss  # the run's last loss is of a trained batch
+                self.skipped_rows += skipped_rows
                 self.stage_seconds["compute"] += time.perf_counter() - t0
                 pos.batch, pos.step = batch.index + 1, pos.step + 1
                 pos.samples += batch.samples_in_step
@@ -521,6 +531,8 @@ class Trainer:
                               "lr_dense": lr_dense, "lr_sparse": lr_sparse}
                     if skipped_head is not None:
                         record.update(skipped=True, head=skipped_head)
+                    if skipped_rows:
+                        record.update(loss=None, skipped=True, skipped_rows=skipped_rows)
                     self.log.write(record)
                     self.log.scalars(pos.step, {"throughput/samples_per_s": bar.samples_per_s()})
                 if self.hooks.on_step is not None:
@@ -554,8 +566,9 @@ class Trainer:
         raise DataError(f"the data staging delivered batch {batch.index} of epoch {self.position.epoch} where "
                         f"batch {self.position.batch} was expected; nothing of it was trained")
 
-    def _step(self, batch: Any) -> tuple[float | None, str | None]:
-        """One guarded step: (loss, None), or (None, head) for a skipped non-finite batch."""
+    def _step(self, batch: Any, train: bool = True) -> tuple[float | None, str | None]:
+        """One guarded step: (loss, None), or (None, head) for a skipped non-finite batch; (None,
+        None) without `train` (a batch skipped as `one_row_skip` says), the managed maps moved on."""
         managed = getattr(self.model, "managed", None)
         if managed is not None:
             managed.before_step(self.model.embeddings, batch)
@@ -563,7 +576,7 @@ class Trainer:
             model = LossGuard(self.model) if self.parallel is None else self.model  # ranks agree on it
             self.model.seed_custom(self.position.step, 0 if self.world is None else self.world.rank)
             result = train_step(model, self.optimizer, batch, self.micro_batches, self.precision,
-                                self.clip_grad_norm, self.parallel), None
+                                self.clip_grad_norm, self.parallel) if train else None, None
         except NonFiniteLoss as bad:
             step = self.position.step + 1
             # a parameter already non-finite (an update overflowed it): skipping would skip every later

@@ -1,0 +1,146 @@
+"""Custom modules under flowrec's guards while a run trains: a module that cannot train on one row
+(batch norm) gets such batches skipped and said, where the run stopped at an epoch's last batch."""
+from __future__ import annotations
+
+import json
+import random
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from typer.testing import CliRunner
+
+from flowrec.cli import app
+from flowrec.runtime.checkpoint.store import load_checkpoint
+from operators import custom_checks
+from operators.custom_checks import one_row_refusal
+from operators.custom_code import build_custom
+
+CLASSES = textwrap.dedent('''
+    import torch
+    from torch import nn
+
+
+    class Normed(nn.Module):
+        """Batch norm: it refuses a batch of one row in training."""
+        def __init__(self, in_features):
+            super().__init__()
+            self.proj = nn.Linear(in_features, 5)
+            self.norm = nn.BatchNorm1d(5)
+
+        def forward(self, x):
+            return self.norm(self.proj(x))
+
+
+    class Plain(nn.Module):
+        def __init__(self, in_features):
+            super().__init__()
+            self.proj = nn.Linear(in_features, 3)
+
+        def forward(self, x):
+            return self.proj(x)
+''')
+runner = CliRunner()
+BATCH = 64
+
+
+@pytest.fixture()
+def classes(tmp_path: Path) -> Path:
+    path = tmp_path / "normed.py"
+    path.write_text(CLASSES)
+    return path
+
+
+def spec_file(tmp_path: Path, cls: str) -> Path:
+    doc = {
+        "name": "guards",
+        "features": [{"name": "x0", "type": "dense"}, {"name": "x1", "type": "dense"},
+                     {"name": "user", "type": "categorical", "hash_buckets": 300, "dim": 8}],
+        "modules": [{"name": "mine", "kind": "custom", "class": cls, "inputs": ["@dense", "@sparse"],
+                     "params": {"in_features": 10}},
+                    {"name": "top", "kind": "mlp", "inputs": ["mine"], "layers": [4]}],
+        "heads": [{"name": "ctr", "input": "top"}],
+        "optimizer": {"dense": {"name": "adam", "lr": 0.01}, "sparse": {"name": "adagrad", "lr": 0.05}},
+        "training": {"batch_size": BATCH, "seed": random.randrange(1 << 20)},
+    }
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def train(*args: str):
+    return runner.invoke(app, ["train", *args, "-q", "--device", "cpu"])
+
+
+def end_record(run: Path) -> dict:
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return next(r for r in reversed(records) if r["event"] == "end")
+
+
+def test_a_module_that_cannot_train_on_one_row_gets_such_batches_skipped_and_resumes_bitwise(tmp_path, classes):
+    """`--rows 257` at batch 64 stopped at step 5 (`Expected more than 1 value per channel when
+    training`) after the whole epoch trained, and no checkpoint was written."""
+    spec = spec_file(tmp_path, f"{classes}:Normed")
+    rows = BATCH * random.randrange(2, 5) + 1  # every epoch ends in a batch of one row
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    done = train(str(spec), "--rows", str(rows), "--epochs", "2", "--out", str(whole))
+    assert done.exit_code == 0, done.output
+    assert "Traceback" not in done.output
+    (line,) = [line for line in done.output.splitlines() if "cannot train on one row" in line]
+    assert line.startswith("warning:") and f"'mine' ({classes}:Normed)" in line and "Expected more than 1" in line
+    assert f"2 of {2 * rows:,} rows were skipped" in line, line
+    assert end_record(whole)["skipped_rows"] == 2
+    skipped = [json.loads(r) for r in (whole / "metrics.jsonl").read_text().splitlines() if '"skipped_rows"' in r]
+    assert [r["step"] for r in skipped if r["event"] == "train"] == [rows // BATCH + 1, 2 * (rows // BATCH + 1)]
+    # one epoch, then resumed for the second: the same batches skipped, the same parameters bit for bit
+    done = train(str(spec), "--rows", str(rows), "--epochs", "1", "--out", str(split))
+    assert done.exit_code == 0, done.output
+    done = train(str(spec), "--resume", str(split), "--epochs", "2")
+    assert done.exit_code == 0, done.output
+    assert end_record(split)["skipped_rows"] == 1  # this session's: the second epoch's last batch
+    one, other = load_checkpoint(whole / "checkpoint.pt")["model"], load_checkpoint(split / "checkpoint.pt")["model"]
+    assert one.keys() == other.keys()
+    for name in one:
+        assert torch.equal(one[name], other[name]), name
+    assert int(one["ops.mine.inner.norm.num_batches_tracked"]) == 2 * (rows // BATCH)  # trained batches only
+
+
+def test_micro_batches_never_give_such_a_module_one_row(tmp_path, classes):
+    """A plan of 4 micro-batches split an epoch's last batch of 5 rows into slices of one row."""
+    spec = spec_file(tmp_path, f"{classes}:Normed")
+    plan = tmp_path / "plan.json"
+    done = runner.invoke(app, ["plan", str(spec), "--json", str(plan), "--target", "cpu"])
+    assert done.exit_code == 0, done.output
+    doc = json.loads(plan.read_text())
+    doc["micro_batches"] = 4
+    plan.write_text(json.dumps(doc))
+    rows = BATCH * random.randrange(1, 4) + 5
+    run = tmp_path / "run"
+    done = train(str(spec), "--plan", str(plan), "--rows", str(rows), "--out", str(run))
+    assert done.exit_code == 0, done.output
+    assert "cannot train on one row" not in done.output  # nothing skipped: 5 rows train as slices of 2 and 3
+    assert end_record(run)["skipped_rows"] == 0
+    assert int(load_checkpoint(run / "checkpoint.pt")["model"]["ops.mine.inner.norm.num_batches_tracked"]) > 0
+
+
+@pytest.mark.parametrize("copied", [True, False])
+def test_the_one_row_probe_leaves_the_modules_state_as_it_was(classes, monkeypatch, copied):
+    """The probe runs the module in training mode, which moves batch norm's running statistics:
+    on a copy, or (a module too large to copy) on the module itself with its buffers put back."""
+    if not copied:
+        monkeypatch.setattr(custom_checks, "PROBE_COPY_BYTES", 0)
+    inner = build_custom(f"{classes}:Normed", {"in_features": 10})
+    inner.train(random.choice([True, False]))
+    with torch.no_grad():
+        inner.norm.running_mean.copy_(torch.randn(5) * torch.logspace(-2, 2, 5))
+    before = {k: v.clone() for k, v in inner.state_dict().items()}
+    mode = inner.training
+    refused = one_row_refusal(inner, f"{classes}:Normed", 10)
+    assert refused is not None and "Expected more than 1 value per channel" in refused
+    assert inner.training == mode
+    after = inner.state_dict()
+    for name, value in before.items():
+        assert torch.equal(value, after[name]), name
+    assert one_row_refusal(build_custom(f"{classes}:Plain", {"in_features": 10}), f"{classes}:Plain", 10) is None
