@@ -24,7 +24,8 @@ import torch
 from torch import nn
 
 from operators.custom_checks import check_rows_independent, check_state_round_trip, one_row_refusal, probe_copy
-from operators.custom_code import CustomModuleError, build_custom, settings_kept, stop_named, user_failure, why
+from operators.custom_code import (CustomModuleError, ExitAttempt, build_custom, exits_refused, settings_kept,
+                                   stop_named, user_failure, why)
 from operators.dense import Shapes
 
 
@@ -279,7 +280,9 @@ class CustomModule(nn.Module):
         # its own copy: x may be another module's output itself (one input), which a forward that
         # changes its input in place (nn.ReLU(inplace=True)) would change for its other readers and
         # for autograd (which keeps it for that module's backward)
-        out = self.inner(x.clone())
+        # sys.exit(0) or os._exit(0) in a forward ended a run with status 0 and no word (compiled code: not traced)
+        with contextlib.nullcontext() if torch.compiler.is_compiling() else exits_refused():
+            out = self.inner(x.clone())
         if not isinstance(out, torch.Tensor):  # the dry run saw a tensor: a forward that returns other at times
             raise TypeError(f"it returned a {type(out).__name__}, not one (B, ...) tensor")
         if out.device != x.device:  # `.cpu()`, a tensor made without device=: the next module fails far from here
@@ -308,7 +311,7 @@ def custom_failure(exc: BaseException) -> str | None:
             named = f"custom module {getattr(module, 'label', '?')!r} ({getattr(module, 'path', '?')})"
             if isinstance(exc, GuardOnDataDependentSymNode):
                 return f"{named} {DATA_DEPENDENT_FLOW}"
-            return f"{named} raised {why(exc)}"
+            return f"{named} {'' if isinstance(exc, ExitAttempt) else 'raised '}{why(exc)}"
         tb = tb.tb_next
     return None
 

@@ -31,6 +31,12 @@ class CustomModuleError(ValueError):
     """A custom class that cannot be used (import, construction, sparse parameters); one line."""
 
 
+class ExitAttempt(RuntimeError):
+    """A user's code asked to end the process (`sys.exit(0)`, `exit()`, `os._exit(0)`) while it ran
+    under flowrec's guards (`exits_refused`): flowrec ended with that status and no word, where a
+    scripted pipeline took status 0 for a trained model. Said as the user's error, in one line."""
+
+
 class UserCodeInterrupted(KeyboardInterrupt):
     """A stop (Ctrl-C; SIGTERM where it is raised as one, its `__cause__`) while a custom class's
     own code ran and had not returned (an endless loop at its file's top level, a constructor
@@ -54,9 +60,34 @@ def stop_named(path: str, doing: str) -> Iterator[None]:
 
 
 def why(exc: BaseException) -> str:
-    """`Type: first line of the message` of a user's exception (one line)."""
+    """`Type: first line of the message` of a user's exception (one line); an `ExitAttempt` its message."""
     text = str(exc).strip()
+    if isinstance(exc, ExitAttempt):
+        return text
     return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+
+
+@contextlib.contextmanager
+def exits_refused() -> Iterator[None]:
+    """Within: the user's code may not end the process. `sys.exit(...)`, `exit()` and `quit()`
+    (SystemExit) and `os._exit(...)` called from this thread raise `ExitAttempt` instead (os._exit
+    from another thread ends the process as it would: flowrec's own teardown); a stop
+    (KeyboardInterrupt) passes. Cheap: an attribute set and put back."""
+    real, owner = os._exit, threading.get_ident()
+
+    def refused(status: int) -> None:
+        if threading.get_ident() != owner:
+            real(status)
+        raise ExitAttempt(f"tried to end the process: os._exit({status!r}) (raise an exception to fail)")
+
+    os._exit = refused
+    try:
+        yield
+    except SystemExit as exc:
+        raise ExitAttempt(f"tried to end the process: sys.exit({exc.code!r}) (or exit(), quit(); raise an exception "
+                          "to fail)") from None
+    finally:
+        os._exit = real
 
 
 @contextlib.contextmanager
@@ -67,7 +98,7 @@ def settings_kept() -> Iterator[None]:
     are put back after it, so flowrec's own tables and layers stay float32, its training keeps its
     gradients, the paths it was given (`--out runs/x`, `--json plan.json`) name what they named, its
     lines are seen and Ctrl-C and SIGTERM stop it as they did (a setting changed by the user's code
-    holds while that code runs)."""
+    holds while that code runs). An exit it attempts is an `ExitAttempt` (`exits_refused`)."""
     dtype, grad = torch.get_default_dtype(), torch.is_grad_enabled()
     streams = sys.stdout, sys.stderr
     handlers = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
@@ -76,7 +107,8 @@ def settings_kept() -> Iterator[None]:
     except OSError:  # the working folder is gone: nothing to put back
         folder = None
     try:
-        yield
+        with exits_refused():
+            yield
     finally:
         torch.set_default_dtype(dtype)
         torch.set_grad_enabled(grad)

@@ -144,3 +144,83 @@ def test_the_one_row_probe_leaves_the_modules_state_as_it_was(classes, monkeypat
     for name, value in before.items():
         assert torch.equal(value, after[name]), name
     assert one_row_refusal(build_custom(f"{classes}:Plain", {"in_features": 10}), f"{classes}:Plain", 10) is None
+
+
+def exiting_class(tmp_path: Path, where: str, how: str) -> Path:
+    """A class file that ends the process (`how`: sys.exit, exit, os._exit) at its top level, in
+    __init__, in its forward at once or at its 4th training call (`where`)."""
+    call = {"sys": "sys.exit(0)", "exit": "exit()", "os": "os._exit(0)"}[how]
+    path = tmp_path / f"bye_{where}_{how}.py"
+    path.write_text(textwrap.dedent(f'''
+        import os
+        import sys
+        from torch import nn
+
+        if {where!r} == "import":
+            {call}
+
+
+        class Bye(nn.Module):
+            def __init__(self, in_features):
+                super().__init__()
+                self.proj = nn.Linear(in_features, 3)
+                self.calls = 0
+                if {where!r} == "init":
+                    {call}
+
+            def forward(self, x):
+                self.calls += 1  # a copy the build's checks run starts from the count it was copied at: 0
+                if {where!r} == "forward" or ({where!r} == "step" and self.training and self.calls == 4):
+                    {call}
+                return self.proj(x)
+    '''))
+    return path
+
+
+@pytest.mark.parametrize("where", ["import", "init", "forward", "step"])
+def test_an_exit_in_a_class_file_is_one_line_naming_it_and_a_failure(tmp_path, where):
+    """`sys.exit(0)` in a forward while training ended flowrec with status 0 and no word (a script
+    took the run for trained); at import, in __init__ and in the dry run it said `SystemExit: 0`."""
+    how = random.choice(["sys", "exit"])
+    path = exiting_class(tmp_path, where, how)
+    run = tmp_path / "run"
+    done = train(str(spec_file(tmp_path, f"{path}:Bye")), "--rows", str(random.randrange(300, 500)), "--out", str(run))
+    assert done.exit_code == 2, done.output
+    assert "Traceback" not in done.output and not run.exists()
+    (line,) = [line for line in done.output.splitlines() if "tried to end the process" in line]
+    assert f"{path}:Bye" in line and ("sys.exit(0)" if how == "sys" else "sys.exit(None)") in line, line
+    assert ("at step 4: custom module 'mine'" in line) == (where == "step"), line
+
+
+def test_os_exit_is_refused_within_the_guard_and_restored_after(tmp_path):
+    import os
+
+    from operators.custom_code import ExitAttempt, exits_refused
+
+    real = os._exit
+    status = random.randrange(256)
+    with pytest.raises(ExitAttempt, match=rf"os\._exit\({status}\)"), exits_refused():
+        os._exit(status)
+    assert os._exit is real
+    with pytest.raises(ExitAttempt, match=r"sys\.exit\('bye'\)"), exits_refused():
+        raise SystemExit("bye")
+    assert os._exit is real
+    with pytest.raises(KeyboardInterrupt), exits_refused():  # a stop passes as a stop
+        raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("where", ["import", "step"])
+def test_os_exit_in_a_class_file_ends_flowrec_with_a_failure_and_one_line(tmp_path, where):
+    """`os._exit(0)` cannot be caught: it ended `flowrec train` with status 0 and no word."""
+    import subprocess
+    import sys
+
+    path = exiting_class(tmp_path, where, "os")
+    run = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "flowrec", "train", str(spec_file(tmp_path, f"{path}:Bye")),
+                           "--rows", str(random.randrange(300, 500)), "--out", str(run), "-q", "--device", "cpu"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    lines = [line for line in done.stderr.splitlines() if "tried to end the process: os._exit(0)" in line]
+    assert len(lines) == 1 and f"{path}:Bye" in lines[0], done.stderr
+    assert "Traceback" not in done.stderr and not (run / "checkpoint.pt").exists()
