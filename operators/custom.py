@@ -24,8 +24,8 @@ import torch
 from torch import nn
 
 from operators.custom_checks import check_rows_independent, check_state_round_trip, one_row_refusal, probe_copy
-from operators.custom_code import (CustomModuleError, ExitAttempt, build_custom, exits_refused, settings_kept,
-                                   stop_named, user_failure, why)
+from operators.custom_code import (CustomModuleError, ExitAttempt, build_custom, settings_kept, stop_named,
+                                   user_failure, why)
 from operators.dense import Shapes
 
 
@@ -280,8 +280,10 @@ class CustomModule(nn.Module):
         # its own copy: x may be another module's output itself (one input), which a forward that
         # changes its input in place (nn.ReLU(inplace=True)) would change for its other readers and
         # for autograd (which keeps it for that module's backward)
-        # sys.exit(0) or os._exit(0) in a forward ended a run with status 0 and no word (compiled code: not traced)
-        with contextlib.nullcontext() if torch.compiler.is_compiling() else exits_refused():
+        # under the guards of the import and the dry run: sys.exit(0) or os._exit(0) ended a run with status 0
+        # and no word, os.chdir() or torch.set_default_dtype() in a forward moved the run's relative paths and
+        # made flowrec's later tensors float64 (put back after each call; compiled code is not traced through them)
+        with contextlib.nullcontext() if torch.compiler.is_compiling() else settings_kept():
             out = self.inner(x.clone())
         if not isinstance(out, torch.Tensor):  # the dry run saw a tensor: a forward that returns other at times
             raise TypeError(f"it returned a {type(out).__name__}, not one (B, ...) tensor")

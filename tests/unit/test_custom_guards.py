@@ -224,3 +224,54 @@ def test_os_exit_in_a_class_file_ends_flowrec_with_a_failure_and_one_line(tmp_pa
     lines = [line for line in done.stderr.splitlines() if "tried to end the process: os._exit(0)" in line]
     assert len(lines) == 1 and f"{path}:Bye" in lines[0], done.stderr
     assert "Traceback" not in done.stderr and not (run / "checkpoint.pt").exists()
+
+
+MOVER = textwrap.dedent('''
+    import os
+    import torch
+    from torch import nn
+
+
+    class Mover(nn.Module):
+        """From its second training call on, its forward moves the working folder and makes torch's
+        default dtype float64."""
+        def __init__(self, in_features, elsewhere):
+            super().__init__()
+            self.proj = nn.Linear(in_features, 3)
+            self.elsewhere = elsewhere
+            self.calls = 0
+
+        def forward(self, x):
+            self.calls += 1
+            if self.training and self.calls >= 2:
+                os.chdir(self.elsewhere)
+                torch.set_default_dtype(torch.float64)
+            return self.proj(x)
+''')
+
+
+def test_a_forward_changing_the_working_folder_or_the_default_dtype_while_training_changes_neither(tmp_path,
+                                                                                                     monkeypatch):
+    """`os.chdir` in a forward moved `--out run` (relative) away mid-run: a traceback from the
+    metrics writer and a half-written run folder; `torch.set_default_dtype(torch.float64)` made
+    every tensor flowrec made after it float64. Both are put back after each call of the forward."""
+    here, elsewhere = tmp_path / "here", tmp_path / "elsewhere"
+    here.mkdir()
+    elsewhere.mkdir()
+    (here / "mover.py").write_text(MOVER)
+    monkeypatch.chdir(here)
+    spec = spec_file(here, "mover.py:Mover")
+    doc = yaml.safe_load(spec.read_text())
+    doc["modules"][0]["params"]["elsewhere"] = str(elsewhere)
+    spec.write_text(yaml.safe_dump(doc))
+    try:
+        done = train("spec.yaml", "--rows", str(random.randrange(300, 500)), "--out", "run")
+        dtype, folder = torch.get_default_dtype(), Path.cwd()
+    finally:
+        torch.set_default_dtype(torch.float32)
+    assert done.exit_code == 0, done.output
+    assert dtype == torch.float32 and folder == here
+    assert list(elsewhere.iterdir()) == []
+    state = load_checkpoint(here / "run" / "checkpoint.pt")
+    assert {t.dtype for t in state["model"].values()} == {torch.float32}
+    assert end_record(here / "run")["step"] > 1
