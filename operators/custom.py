@@ -91,6 +91,20 @@ def _dry_run(path: str, params: Mapping[str, Any], in_width: int) -> DryRun:
     return DryRun(_checked_width(path, outputs), *state_bytes(inner))
 
 
+def measured_memory(path: str, params: Mapping[str, Any]) -> tuple[int, int]:
+    """`state_bytes` of `Class(**params)` built on the meta device (no memory; no forward): the
+    memory of a module whose spec gives its `out_width`, so that no dry run measures it.
+
+    Raises:
+        CustomModuleError: the class cannot be imported or built.
+    """
+    with user_failure(path, "counting its parameters"), contextlib.redirect_stdout(sys.stderr), \
+            stop_named(path, "constructing"):
+        with torch.device("meta"):
+            inner = build_custom(path, params).to("meta")  # CPU tensors made outside torch's factories too
+        return state_bytes(inner)
+
+
 def built_width(inner: nn.Module, path: str, params: Mapping[str, Any], in_width: int) -> int:
     """`dry_run`'s width and checks of a module already built (`inner`), on a copy of it (its own
     state stays as it was) and CPU zeros, off torch's generator: a slow constructor runs once where

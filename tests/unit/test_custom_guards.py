@@ -275,3 +275,58 @@ def test_a_forward_changing_the_working_folder_or_the_default_dtype_while_traini
     state = load_checkpoint(here / "run" / "checkpoint.pt")
     assert {t.dtype for t in state["model"].values()} == {torch.float32}
     assert end_record(here / "run")["step"] > 1
+
+
+WIDE = textwrap.dedent('''
+    import torch
+    from torch import nn
+
+
+    class Wide(nn.Module):
+        """Its forward raises: with out_width given nothing runs it at planning."""
+        def __init__(self, in_features, hidden):
+            super().__init__()
+            self.up = nn.Linear(in_features, hidden)
+            self.down = nn.Linear(hidden, 4)
+            self.register_buffer("scale", torch.ones(hidden))
+
+        def forward(self, x):
+            raise RuntimeError("not at planning")
+''')
+
+
+def test_a_given_out_width_still_counts_the_modules_memory_in_the_plan(tmp_path):
+    """A spec that gave `out_width` skipped the dry run, and with it the count of the module's
+    parameters: the plan's memory held none of a module of millions of parameters."""
+    from flowrec.planner.manager import make_plan
+    from flowrec.runtime.custom import resolve_custom
+    from flowrec.spec import spec_from_dict
+
+    (tmp_path / "wide.py").write_text(WIDE)
+    hidden = random.randrange(1 << 16, 1 << 22)
+    doc = yaml.safe_load(spec_file(tmp_path, f"{tmp_path / 'wide.py'}:Wide").read_text())
+    doc["modules"][0].update(params={"in_features": 10, "hidden": hidden}, out_width=4)
+    spec = resolve_custom(spec_from_dict(doc))
+    mine = spec.modules[0]
+    assert mine.param("param_bytes") == 4 * (10 * hidden + hidden + hidden * 4 + 4)
+    assert mine.param("buffer_bytes") == 4 * hidden
+    small = dict(doc, modules=[dict(doc["modules"][0], params={"in_features": 10, "hidden": 1}), doc["modules"][1]])
+    planned = make_plan(spec, target="cpu").cost.peak_memory_bytes
+    assert planned - make_plan(resolve_custom(spec_from_dict(small)), target="cpu").cost.peak_memory_bytes \
+        >= 4 * 2 * 14 * (hidden - 1)  # parameters and their gradients at least
+    given = dict(doc, modules=[dict(doc["modules"][0], param_bytes=12, buffer_bytes=8), doc["modules"][1]])
+    assert resolve_custom(spec_from_dict(given)).modules[0].param("param_bytes") == 12  # a given count stays
+
+
+def test_a_given_out_width_of_a_class_that_cannot_be_built_here_plans_with_a_note(tmp_path):
+    """`out_width` is what plans a spec without its class (a laptop without the package): it still
+    does, and says that the module's memory is not counted."""
+    spec = spec_file(tmp_path, "flowrec_no_such_package.blocks:Wide")
+    doc = yaml.safe_load(spec.read_text())
+    doc["modules"][0]["out_width"] = random.randrange(1, 9)
+    spec.write_text(yaml.safe_dump(doc))
+    done = runner.invoke(app, ["plan", str(spec), "--json", str(tmp_path / "plan.json")])
+    assert done.exit_code == 0, done.output
+    (line,) = [line for line in done.output.splitlines() if line.startswith("note:")]
+    assert "module 'mine': its parameters are not counted in the plan's memory" in line
+    assert "flowrec_no_such_package" in line and "give param_bytes" in line
