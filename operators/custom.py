@@ -256,6 +256,7 @@ class CustomModule(nn.Module):
         self.path = path  # the class path; `label` (the spec's module name) is set by lowering
         self.label = "?"
         self.one_row: str | None = None  # why it cannot train on one row (`one_row_refusal`), set at its build
+        self.width: int | None = None  # values per sample the next modules were built for (the spec's out_width)
 
     @classmethod
     def from_config(cls, config: dict[str, Any], input_shapes: Shapes) -> "CustomModule":
@@ -285,6 +286,7 @@ class CustomModule(nn.Module):
                 raise CustomModuleError(f"custom module {path} returns {width} values per sample, "
                                         f"not its out_width {declared}: correct out_width or leave it out")
         module = cls(inner, path)
+        module.width = declared
         check_state_round_trip(module, path)
         check_rows_independent(inner, path, in_width)
         module.one_row = one_row_refusal(inner, path, in_width)
@@ -304,7 +306,16 @@ class CustomModule(nn.Module):
         if out.device != x.device:  # `.cpu()`, a tensor made without device=: the next module fails far from here
             raise RuntimeError(f"it returned a tensor on {out.device} for its input on {x.device}: return it on the "
                                "input's device (make new tensors with device=x.device)")
-        return out if out.dim() == 2 else out.reshape(out.shape[0], -1)
+        if out.dim() == 0 or out.shape[0] != x.shape[0]:  # h[:1], h.sum(0): the loss failed far from here
+            raise RuntimeError(f"it returned {tuple(out.shape)} for {x.shape[0]:,} rows: return one (B, ...) tensor, "
+                               "a row of output for each row of input")
+        out = out if out.dim() == 2 else out.reshape(out.shape[0], -1)
+        if self.width is not None and out.shape[1] != self.width:
+            # a width that changes after the build (a counter, a mode): the next module failed with a traceback
+            raise RuntimeError(f"it returned {out.shape[1]:,} values per sample where it returned {self.width:,} when "
+                               "the model was built (its out_width): its values per sample must not change between "
+                               "calls")
+        return out
 
 
 DATA_DEPENDENT_FLOW = ("uses a tensor's values in Python (an if or while on a tensor, its bool(), int() or "

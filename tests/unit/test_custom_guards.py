@@ -330,3 +330,44 @@ def test_a_given_out_width_of_a_class_that_cannot_be_built_here_plans_with_a_not
     (line,) = [line for line in done.output.splitlines() if line.startswith("note:")]
     assert "module 'mine': its parameters are not counted in the plan's memory" in line
     assert "flowrec_no_such_package" in line and "give param_bytes" in line
+
+
+SHIFTY = textwrap.dedent('''
+    import torch
+    from torch import nn
+
+
+    class Shifty(nn.Module):
+        """Its width (or its rows) change from its third training call on: the build saw neither."""
+        def __init__(self, in_features, change):
+            super().__init__()
+            self.proj = nn.Linear(in_features, 6)
+            self.change = change
+            self.calls = 0
+
+        def forward(self, x):
+            self.calls += self.training
+            h = self.proj(x)
+            if self.calls < 3:
+                return h
+            return h[:, :5] if self.change == "width" else h[:-1]
+''')
+
+
+@pytest.mark.parametrize("change", ["width", "rows"])
+def test_a_module_whose_output_changes_shape_after_the_build_is_one_line_naming_it(tmp_path, change):
+    """A forward returning 5 values per sample from its third training call on, where the build
+    measured 6, failed in the next layer with a traceback (`mat1 and mat2 shapes cannot be
+    multiplied`) and left a run folder without a checkpoint."""
+    (tmp_path / "shifty.py").write_text(SHIFTY)
+    spec = spec_file(tmp_path, f"{tmp_path / 'shifty.py'}:Shifty")
+    doc = yaml.safe_load(spec.read_text())
+    doc["modules"][0]["params"]["change"] = change
+    spec.write_text(yaml.safe_dump(doc))
+    run = tmp_path / "run"
+    done = train(str(spec), "--rows", str(random.randrange(300, 500)), "--out", str(run))
+    assert done.exit_code == 2, done.output
+    assert "Traceback" not in done.output and not run.exists()
+    (line,) = [line for line in done.output.splitlines() if line.startswith("error:")]
+    assert f"at step 3: custom module 'mine' ({tmp_path / 'shifty.py'}:Shifty) raised RuntimeError" in line, line
+    assert ("5 values per sample where it returned 6" if change == "width" else "for 64 rows") in line, line
