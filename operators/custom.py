@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from operators.custom_checks import check_rows_independent, check_state_round_trip, one_row_refusal, probe_copy
-from operators.custom_code import (CustomModuleError, ExitAttempt, build_custom, settings_kept, stop_named,
+from operators.custom_code import (CustomModuleError, UserCodeRefused, build_custom, settings_kept, stop_named,
                                    user_failure, why)
 from operators.dense import Shapes
 
@@ -338,7 +338,7 @@ def custom_failure(exc: BaseException) -> str | None:
             named = f"custom module {getattr(module, 'label', '?')!r} ({getattr(module, 'path', '?')})"
             if isinstance(exc, GuardOnDataDependentSymNode):
                 return f"{named} {DATA_DEPENDENT_FLOW}"
-            return f"{named} {'' if isinstance(exc, ExitAttempt) else 'raised '}{why(exc)}"
+            return f"{named} {'' if isinstance(exc, UserCodeRefused) else 'raised '}{why(exc)}"
         tb = tb.tb_next
     return None
 

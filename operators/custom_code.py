@@ -31,10 +31,27 @@ class CustomModuleError(ValueError):
     """A custom class that cannot be used (import, construction, sparse parameters); one line."""
 
 
-class ExitAttempt(RuntimeError):
+class UserCodeRefused(RuntimeError):
+    """Something a user's code did under flowrec's guards that flowrec undid and refuses (its
+    message says what, in words that follow the class's name)."""
+
+
+class ExitAttempt(UserCodeRefused):
     """A user's code asked to end the process (`sys.exit(0)`, `exit()`, `os._exit(0)`) while it ran
     under flowrec's guards (`exits_refused`): flowrec ended with that status and no word, where a
     scripted pipeline took status 0 for a trained model. Said as the user's error, in one line."""
+
+
+class GlobalHookMade(UserCodeRefused):
+    """A user's code registered a hook on every module of the process
+    (`torch.nn.modules.module.register_module_forward_hook` and its kin): it ran on flowrec's own
+    modules too (a forward hook doubling every output trained a wrong model without a word)."""
+
+
+GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+                "_global_backward_pre_hooks", "_global_forward_hooks_always_called",
+                "_global_forward_hooks_with_kwargs", "_global_buffer_registration_hooks",
+                "_global_module_registration_hooks", "_global_parameter_registration_hooks")  # torch.nn.modules.module's
 
 
 class UserCodeInterrupted(KeyboardInterrupt):
@@ -60,9 +77,9 @@ def stop_named(path: str, doing: str) -> Iterator[None]:
 
 
 def why(exc: BaseException) -> str:
-    """`Type: first line of the message` of a user's exception (one line); an `ExitAttempt` its message."""
+    """`Type: first line of the message` of a user's exception (one line); a `UserCodeRefused` its message."""
     text = str(exc).strip()
-    if isinstance(exc, ExitAttempt):
+    if isinstance(exc, UserCodeRefused):
         return text
     return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
 
@@ -98,7 +115,8 @@ def settings_kept() -> Iterator[None]:
     are put back after it, so flowrec's own tables and layers stay float32, its training keeps its
     gradients, the paths it was given (`--out runs/x`, `--json plan.json`) name what they named, its
     lines are seen and Ctrl-C and SIGTERM stop it as they did (a setting changed by the user's code
-    holds while that code runs). An exit it attempts is an `ExitAttempt` (`exits_refused`)."""
+    holds while that code runs). An exit it attempts is an `ExitAttempt` (`exits_refused`); a hook
+    it registers on every module of the process is removed, and refused (`GlobalHookMade`)."""
     dtype, grad = torch.get_default_dtype(), torch.is_grad_enabled()
     streams = sys.stdout, sys.stderr
     handlers = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
@@ -106,6 +124,7 @@ def settings_kept() -> Iterator[None]:
         folder = os.getcwd()
     except OSError:  # the working folder is gone: nothing to put back
         folder = None
+    hooks = _global_hook_keys()
     try:
         with exits_refused():
             yield
@@ -120,6 +139,34 @@ def settings_kept() -> Iterator[None]:
         if folder is not None:
             with contextlib.suppress(OSError):  # removed meanwhile: paths fail there as they would have
                 os.chdir(folder)
+        made = _drop_global_hooks(hooks)
+    if made:  # said where the code returned; a failure of its own is said as it is
+        raise GlobalHookMade(f"registered a hook on every module of the process ({', '.join(made)}: "
+                             "torch.nn.modules.module.register_module_*_hook), which would run on flowrec's own "
+                             "modules too; it was removed: register hooks on the class's own submodules "
+                             "(self.proj.register_forward_hook(...))")
+
+
+def _global_hook_keys() -> dict[str, set[Any]]:
+    """The handles of torch's process-wide module hooks, by table (GLOBAL_HOOKS)."""
+    from torch.nn.modules import module as torch_module
+
+    return {name: set(table) for name in GLOBAL_HOOKS if isinstance(table := getattr(torch_module, name, None), dict)}
+
+
+def _drop_global_hooks(before: dict[str, set[Any]]) -> list[str]:
+    """Remove the process-wide module hooks registered since `before`; the tables that had one."""
+    from torch.nn.modules import module as torch_module
+
+    made = []
+    for name, kept in before.items():
+        table = getattr(torch_module, name, None)
+        new = [key for key in table if key not in kept] if isinstance(table, dict) else []
+        for key in new:
+            del table[key]
+        if new:
+            made.append(name.removeprefix("_global_"))
+    return made
 
 
 @contextlib.contextmanager

@@ -371,3 +371,53 @@ def test_a_module_whose_output_changes_shape_after_the_build_is_one_line_naming_
     (line,) = [line for line in done.output.splitlines() if line.startswith("error:")]
     assert f"at step 3: custom module 'mine' ({tmp_path / 'shifty.py'}:Shifty) raised RuntimeError" in line, line
     assert ("5 values per sample where it returned 6" if change == "width" else "for 64 rows") in line, line
+
+
+@pytest.mark.parametrize("where", ["import", "init", "step"])
+def test_a_class_file_registering_a_hook_on_every_module_is_refused_and_the_hook_removed(tmp_path, where):
+    """`torch.nn.modules.module.register_module_forward_hook` in a class file ran on flowrec's own
+    modules too: a hook doubling every output trained a wrong model (logloss 6.9) with status 0."""
+    from torch.nn.modules import module as torch_module
+
+    path = tmp_path / f"hooker_{where}.py"
+    path.write_text(textwrap.dedent(f'''
+        import torch
+        from torch import nn
+
+
+        def double(module, args, out):
+            return out * 2 if isinstance(out, torch.Tensor) else out
+
+
+        if {where!r} == "import":
+            torch.nn.modules.module.register_module_forward_hook(double)
+
+
+        class Hooker(nn.Module):
+            def __init__(self, in_features):
+                super().__init__()
+                self.proj = nn.Linear(in_features, 3)
+                self.calls = 0
+                if {where!r} == "init":
+                    torch.nn.modules.module.register_module_forward_hook(double)
+
+            def forward(self, x):
+                self.calls += self.training
+                if {where!r} == "step" and self.calls == 3:
+                    torch.nn.modules.module.register_module_forward_hook(double)
+                return self.proj(x)
+    '''))
+    before = dict(torch_module._global_forward_hooks)
+    run = tmp_path / "run"
+    try:
+        done = train(str(spec_file(tmp_path, f"{path}:Hooker")), "--rows", str(random.randrange(300, 500)),
+                     "--out", str(run))
+        left = dict(torch_module._global_forward_hooks)
+    finally:
+        torch_module._global_forward_hooks.clear()
+        torch_module._global_forward_hooks.update(before)
+    assert left == before
+    assert done.exit_code == 2, done.output
+    assert "Traceback" not in done.output and not run.exists()
+    (line,) = [line for line in done.output.splitlines() if "registered a hook on every module" in line]
+    assert f"{path}:Hooker" in line and ("at step 3" in line) == (where == "step"), line
