@@ -93,9 +93,13 @@ def one_row_skip(model: Any, batch: Batch, parallel: Any = None) -> int:
     or with several ranks any rank's share of the global batch, holds one row (every rank decides
     alike from the global batch's size, and all skip the step together); else 0. Deterministic:
     a resumed run skips the same batches."""
-    if not getattr(model, "one_row_refusers", ()):
-        return 0
-    return batch.samples_in_step if 1 in _shares(parallel, batch.samples_in_step, batch.size) else 0
+    return batch.samples_in_step if gives_one_row(model, batch.samples_in_step, batch.size, parallel) else 0
+
+
+def gives_one_row(model: Any, global_size: int, size: int, parallel: Any = None) -> bool:
+    """A batch of `global_size` rows (`size` of them this process's) gives a custom module of
+    `model` that cannot train on one row one row: in one process, or as some rank's share."""
+    return bool(getattr(model, "one_row_refusers", ())) and 1 in _shares(parallel, global_size, size)
 
 
 def _shares(parallel: Any, global_size: int, size: int) -> list[int]:

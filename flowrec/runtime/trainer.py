@@ -61,7 +61,7 @@ from flowrec.runtime.rundir import BEST_DIR, METRICS_FILE, write_text
 from flowrec.runtime.lr_schedule import LRController, LRSchedule, sparse_optimizers
 from flowrec.runtime.evaluation.retrieval import SeenItems
 from flowrec.runtime.retrieval import read_items, sampler as negative_sampler
-from flowrec.runtime.step import DEFAULT_LOOKAHEAD, make_dense_optimizer, one_row_skip, train_step
+from flowrec.runtime.step import DEFAULT_LOOKAHEAD, gives_one_row, make_dense_optimizer, one_row_skip, train_step
 from flowrec.spec.load import to_dict
 from flowrec.spec.model import ModelSpec
 from operators.device import forked_generators
@@ -364,8 +364,10 @@ class Trainer:
 
         A KeyboardInterrupt saves a resumable checkpoint at the last completed step and returns
         a result with `interrupted=True`. A non-finite loss under `nan_policy="stop"` (or non-finite
-        parameters at a checkpoint) raises TrainingStopped and keeps the last checkpoint.
+        parameters at a checkpoint) raises TrainingStopped and keeps the last checkpoint; so does a
+        model whose every batch would be skipped (`_check_full_batches`), before anything is written.
         """
+        self._check_full_batches()
         cfg = self.config
         hooks = hooks or Hooks()
         self.hooks = hooks if on_step is None else Hooks(on_step, hooks.on_eval, hooks.on_checkpoint)
@@ -482,6 +484,20 @@ class Trainer:
                             "checkpoint_extra_bytes": getattr(self.checkpointer, "extra_bytes", []),
                             **({"managed": result.managed} if result.managed else {})})
         return result
+
+    def _check_full_batches(self) -> None:
+        """Refuse a run whose every batch would be skipped (`one_row_skip`): a custom module that
+        cannot train on one row, and a batch size that gives it one row (training.batch_size 1,
+        or one row a rank under --nproc), where it trained nothing and said so at its end only."""
+        size = self.spec.training.batch_size
+        ranks = 1 if self.world is None else self.world.size
+        if not gives_one_row(self.model, size, size if ranks == 1 else size // ranks, self.parallel):
+            return
+        named = "; ".join(f"{m.label!r} ({m.path}) cannot train on one row ({m.one_row})"
+                          for m in self.model.one_row_refusers)
+        share = f" ({size} rows over {ranks} ranks)" if ranks > 1 else ""
+        raise TrainingStopped(f"custom module {named}, and every batch gives it one row{share}: nothing would train; "
+                              f"make training.batch_size at least {2 * ranks}; nothing was trained")
 
     @property
     def stopped_early(self) -> bool:

@@ -421,3 +421,20 @@ def test_a_class_file_registering_a_hook_on_every_module_is_refused_and_the_hook
     assert "Traceback" not in done.output and not run.exists()
     (line,) = [line for line in done.output.splitlines() if "registered a hook on every module" in line]
     assert f"{path}:Hooker" in line and ("at step 3" in line) == (where == "step"), line
+
+
+def test_a_batch_size_that_gives_such_a_module_one_row_at_every_step_is_refused_before_anything_is_written(
+        tmp_path, classes):
+    """training.batch_size 1 with a batch-norm class skipped every batch: the run ended with status 0
+    having trained nothing, said only in its closing warning."""
+    spec = spec_file(tmp_path, f"{classes}:Normed")
+    doc = yaml.safe_load(spec.read_text())
+    doc["training"]["batch_size"] = 1
+    spec.write_text(yaml.safe_dump(doc))
+    run = tmp_path / "run"
+    done = train(str(spec), "--rows", str(random.randrange(20, 60)), "--out", str(run))
+    assert done.exit_code == 2, done.output
+    assert "Traceback" not in done.output and not run.exists()
+    (line,) = [line for line in done.output.splitlines() if line.startswith("error:")]
+    assert f"custom module 'mine' ({classes}:Normed) cannot train on one row" in line, line
+    assert "every batch gives it one row" in line and "training.batch_size at least 2" in line, line
