@@ -257,6 +257,7 @@ class CustomModule(nn.Module):
         self.label = "?"
         self.one_row: str | None = None  # why it cannot train on one row (`one_row_refusal`), set at its build
         self.width: int | None = None  # values per sample the next modules were built for (the spec's out_width)
+        self.last: torch.Tensor | None = None  # its last output, detached: named by `non_finite_outputs`
 
     @classmethod
     def from_config(cls, config: dict[str, Any], input_shapes: Shapes) -> "CustomModule":
@@ -315,6 +316,8 @@ class CustomModule(nn.Module):
             raise RuntimeError(f"it returned {out.shape[1]:,} values per sample where it returned {self.width:,} when "
                                "the model was built (its out_width): its values per sample must not change between "
                                "calls")
+        if not torch.compiler.is_compiling():
+            self.last = out.detach()
         return out
 
 
@@ -341,6 +344,22 @@ def custom_failure(exc: BaseException) -> str | None:
             return f"{named} {'' if isinstance(exc, UserCodeRefused) else 'raised '}{why(exc)}"
         tb = tb.tb_next
     return None
+
+
+def non_finite_outputs(model: nn.Module) -> str | None:
+    """`custom module 'NAME' (CLASS) returned non-finite values for R of B rows` for each custom
+    module of `model` whose last output holds NaN or infinity, or None: a non-finite loss named its
+    head only, far from the module that made it (a forward returning NaN on some rows)."""
+    said = []
+    for module in model.modules():
+        last = getattr(module, "last", None) if isinstance(module, CustomModule) else None
+        if last is None or not last.numel() or not last.is_floating_point():
+            continue
+        bad = int((~torch.isfinite(last)).reshape(len(last), -1).any(1).sum())
+        if bad:
+            said.append(f"custom module {module.label!r} ({module.path}) returned non-finite values for {bad:,} of "
+                        f"{len(last):,} rows")
+    return "; ".join(said) or None
 
 
 def backward_failure(exc: BaseException, model: nn.Module) -> str | None:

@@ -612,13 +612,21 @@ class Trainer:
                                       f"rate){skipping}; training stopped, {self.checkpoint_note()}") from None
             if self.config.nan_policy != "skip-batch":
                 raise TrainingStopped(f"non-finite loss ({bad.value}) at step {step} in head {bad.head}"
-                                      f"{self._label_note(bad.head, batch)}; training stopped, "
+                                      f"{self._label_note(bad.head, batch)}{self._custom_note()}; training stopped, "
                                       f"{self.checkpoint_note()} (--nan-policy skip-batch skips such batches)") from None
             self.skipped_batches += 1
             result = None, bad.head
         if managed is not None:  # the map moves on with the data stage, trained or skipped
             managed.after_step(batch)
         return result
+
+    def _custom_note(self) -> str:
+        """Which custom module returned the non-finite values of this step, where one did (its last
+        output: `operators.custom.non_finite_outputs`)."""
+        from operators.custom import non_finite_outputs
+
+        named = non_finite_outputs(self.model) if getattr(self.model, "custom", False) else None
+        return f" ({named})" if named else ""
 
     def _label_note(self, head: str, batch: Any) -> str:
         """Why a regression head's loss overflowed, when its batch's labels say: squared errors of

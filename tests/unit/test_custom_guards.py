@@ -438,3 +438,44 @@ def test_a_batch_size_that_gives_such_a_module_one_row_at_every_step_is_refused_
     (line,) = [line for line in done.output.splitlines() if line.startswith("error:")]
     assert f"custom module 'mine' ({classes}:Normed) cannot train on one row" in line, line
     assert "every batch gives it one row" in line and "training.batch_size at least 2" in line, line
+
+
+NAN_ROWS = textwrap.dedent('''
+    import torch
+    from torch import nn
+
+
+    class NanRows(nn.Module):
+        """NaN on every `every`-th row from its third training call on."""
+        def __init__(self, in_features, every):
+            super().__init__()
+            self.proj = nn.Linear(in_features, 3)
+            self.every = every
+            self.calls = 0
+
+        def forward(self, x):
+            self.calls += self.training
+            h = self.proj(x)
+            if self.calls < 3:
+                return h
+            rows = torch.arange(len(x), device=x.device)[:, None] % self.every == 1
+            return torch.where(rows, torch.full_like(h, float("nan")), h)
+''')
+
+
+def test_a_non_finite_loss_names_the_custom_module_that_returned_non_finite_rows(tmp_path):
+    """A forward returning NaN on some rows stopped the run with `non-finite loss (nan) at step 3 in
+    head ctr`: the head, not the module that made the NaN."""
+    (tmp_path / "nanrows.py").write_text(NAN_ROWS)
+    every = random.randrange(2, 20)
+    spec = spec_file(tmp_path, f"{tmp_path / 'nanrows.py'}:NanRows")
+    doc = yaml.safe_load(spec.read_text())
+    doc["modules"][0]["params"]["every"] = every
+    spec.write_text(yaml.safe_dump(doc))
+    done = train(str(spec), "--rows", str(random.randrange(300, 500)), "--out", str(tmp_path / "run"))
+    assert done.exit_code == 2, done.output
+    (line,) = [line for line in done.output.splitlines() if line.startswith("error:")]
+    bad = len(range(1, BATCH, every))
+    assert "non-finite loss (nan) at step 3 in head ctr" in line, line
+    assert f"(custom module 'mine' ({tmp_path / 'nanrows.py'}:NanRows) returned non-finite values for {bad} of " \
+           f"{BATCH} rows)" in line, line
