@@ -290,7 +290,7 @@ class CustomModule(nn.Module):
         module.width = declared
         check_state_round_trip(module, path)
         check_rows_independent(inner, path, in_width)
-        module.one_row = one_row_refusal(inner, path, in_width)
+        module.one_row = one_row_refusal(inner, path, in_width, params)
         return module
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -125,11 +125,14 @@ def test_micro_batches_never_give_such_a_module_one_row(tmp_path, classes):
     assert int(load_checkpoint(run / "checkpoint.pt")["model"]["ops.mine.inner.norm.num_batches_tracked"]) > 0
 
 
-@pytest.mark.parametrize("copied", [True, False])
+@pytest.mark.parametrize("copied", ["copy", "itself", "meta"])
 def test_the_one_row_probe_leaves_the_modules_state_as_it_was(classes, monkeypatch, copied):
     """The probe runs the module in training mode, which moves batch norm's running statistics:
-    on a copy, or (a module too large to copy) on the module itself with its buffers put back."""
-    if not copied:
+    on a copy, or (a module too large to copy) on the module itself with its buffers put back, or
+    (its buffers too large too) on the class built again on the meta device."""
+    if copied != "copy":
+        monkeypatch.setattr(custom_checks, "probe_copy", lambda module: None)
+    if copied == "meta":
         monkeypatch.setattr(custom_checks, "PROBE_COPY_BYTES", 0)
     inner = build_custom(f"{classes}:Normed", {"in_features": 10})
     inner.train(random.choice([True, False]))
@@ -137,7 +140,7 @@ def test_the_one_row_probe_leaves_the_modules_state_as_it_was(classes, monkeypat
         inner.norm.running_mean.copy_(torch.randn(5) * torch.logspace(-2, 2, 5))
     before = {k: v.clone() for k, v in inner.state_dict().items()}
     mode = inner.training
-    refused = one_row_refusal(inner, f"{classes}:Normed", 10)
+    refused = one_row_refusal(inner, f"{classes}:Normed", 10, {"in_features": 10})
     assert refused is not None and "Expected more than 1 value per channel" in refused
     assert inner.training == mode
     after = inner.state_dict()
