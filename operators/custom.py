@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import warnings
 from math import prod
@@ -33,6 +34,10 @@ MAX_OUT_WIDTH = 16_777_216  # values per sample a custom module may return (the 
 DRY_RUN_BATCH = 2  # samples of the meta-device dry run
 # the dry runs, (samples, training mode): at two sizes (a width must not follow the batch) and in eval mode
 DRY_RUNS = ((DRY_RUN_BATCH, True), (DRY_RUN_BATCH + 1, True), (DRY_RUN_BATCH, False))
+
+
+class NoRoomForDryRun(CustomModuleError):
+    """A class too large to build on the CPU for a dry run its forward needs (`_check_cpu_room`)."""
 
 
 class DryRun(NamedTuple):
@@ -82,7 +87,8 @@ def _dry_run(path: str, params: Mapping[str, Any], in_width: int) -> DryRun:
         try:
             outputs = [_meta_forward(inner, batch, in_width, training) for batch, training in DRY_RUNS]
             graded = True
-        except (Exception, SystemExit):  # a user's forward may raise anything; meta tensors hold no values
+        except (Exception, SystemExit) as exc:  # a user's forward may raise anything; meta tensors hold no values
+            _check_cpu_room(path, inner, exc)
             inner, names, outputs = _cpu_dry_run(path, params, in_width)  # (`x.sum() > 0`, `.item()`): real zeros
             graded = False  # that run is without gradients
     _check_no_new_state(path, inner, names)
@@ -230,6 +236,43 @@ def _width(path: str, out: Any, x: torch.Tensor) -> int:
     return width
 
 
+def _check_cpu_room(path: str, inner: nn.Module, failure: BaseException) -> None:
+    """Refuse to build `inner`'s class on the CPU for the dry run where it holds more than half the
+    memory the machine has free (its meta build's `state_bytes`): a forward that needs values and
+    a large buffer had the dry run of `flowrec plan` allocate it all, and the kernel kill flowrec
+    without a word.
+
+    Raises:
+        CustomModuleError: naming the class, what it holds and the meta forward's failure.
+    """
+    held, room = sum(state_bytes(inner)), cpu_dry_run_room()
+    if room is not None and held > room:
+        raise NoRoomForDryRun(f"{path} holds {_size(held)} and its forward fails on the meta device "
+                                f"({why(failure)}), so its dry run would build it on the CPU, with "
+                                f"{_size(room)} to spare: give its out_width in the spec (and param_bytes, "
+                                "buffer_bytes), which skips the dry run")
+
+
+def _size(n: int) -> str:
+    """Bytes in GiB, or MiB below one GiB."""
+    return f"{n / 2**30:,.1f} GiB" if n >= 2**30 else f"{n / 2**20:,.1f} MiB"
+
+
+def cpu_dry_run_room() -> int | None:
+    """Bytes a CPU dry run may build: half the memory the machine has available (Linux's
+    MemAvailable, else its free pages; None: unknown)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as info:
+            kib = next(int(line.split()[1]) for line in info if line.startswith("MemAvailable:"))
+        return kib * 1024 // 2
+    except (OSError, ValueError, StopIteration, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def _cpu_dry_run(path: str, params: Mapping[str, Any],
                  in_width: int) -> tuple[nn.Module, set[str], list[tuple[Any, torch.Tensor]]]:
     """The module, the names of its state as built, and its forward on (batch, in_width) zeros on
@@ -282,7 +325,10 @@ class CustomModule(nn.Module):
                                     "create its tensors without device='meta'")
         declared = config.get("out_width")
         if declared is not None:
-            width = built_width(inner, path, params, in_width)
+            try:
+                width = built_width(inner, path, params, in_width)
+            except NoRoomForDryRun:  # no room for a second one: its forward checks its width at each call
+                width = declared
             if width != declared:
                 raise CustomModuleError(f"custom module {path} returns {width} values per sample, "
                                         f"not its out_width {declared}: correct out_width or leave it out")

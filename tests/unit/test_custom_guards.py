@@ -482,3 +482,51 @@ def test_a_non_finite_loss_names_the_custom_module_that_returned_non_finite_rows
     assert "non-finite loss (nan) at step 3 in head ctr" in line, line
     assert f"(custom module 'mine' ({tmp_path / 'nanrows.py'}:NanRows) returned non-finite values for {bad} of " \
            f"{BATCH} rows)" in line, line
+
+
+HEAVY = textwrap.dedent('''
+    import torch
+    from torch import nn
+
+
+    class Heavy(nn.Module):
+        """A buffer, and a forward that needs values: the meta dry run fails, the CPU one builds it."""
+        def __init__(self, in_features, rows):
+            super().__init__()
+            self.proj = nn.Linear(in_features, 3)
+            self.register_buffer("table", torch.randn(rows, 16))
+
+        def forward(self, x):
+            if float(x.abs().sum()) >= 0:  # a tensor's value in Python
+                return self.proj(x)
+            return self.proj(x) * 2
+''')
+
+
+def test_a_dry_run_that_would_build_a_module_too_large_for_the_cpu_is_refused_in_one_line(tmp_path, monkeypatch):
+    """A module whose forward needs values has its dry run on the CPU: a large buffer was allocated
+    whatever the machine held, and the kernel killed `flowrec plan` without a word."""
+    from operators import custom as custom_op
+    from flowrec.runtime.custom import resolve_custom
+    from flowrec.spec import spec_from_dict
+    from flowrec.spec.errors import SpecError
+
+    (tmp_path / "heavy.py").write_text(HEAVY)
+    rows = random.randrange(1000, 5000)
+    doc = yaml.safe_load(spec_file(tmp_path, f"{tmp_path / 'heavy.py'}:Heavy").read_text())
+    doc["modules"][0]["params"]["rows"] = rows
+    assert resolve_custom(spec_from_dict(doc)).modules[0].param("out_width") == 3  # room for it: as before
+    monkeypatch.setattr(custom_op, "cpu_dry_run_room", lambda: 64 * rows - 1)  # less than its buffer
+    with pytest.raises(SpecError) as err:
+        resolve_custom(spec_from_dict(doc))
+    (issue,) = err.value.issues
+    assert issue.path == "modules[0].class" and "its forward fails on the meta device" in issue.message
+    assert "give its out_width" in issue.message
+    doc["modules"][0]["out_width"] = 3  # as the line says: it plans, and trains (the module built once)
+    monkeypatch.setattr(custom_op, "probe_copy", lambda module: None)  # too large to copy for the width check
+    spec = resolve_custom(spec_from_dict(doc))
+    from flowrec.planner.manager import make_plan
+    from flowrec.runtime.lowering import lower
+
+    model = lower(make_plan(spec, target="cpu"), spec, "cpu")
+    assert model.ops["mine"](torch.randn(4, 10)).shape == (4, 3)
