@@ -107,6 +107,8 @@ TESTS: dict[str, frozenset[str]] = {
     "tests/unit/test_custom_hostile.py::test_a_command_whose_class_file_left_a_thread_running_ends": frozenset({"processes"}),
     "tests/unit/test_custom_guards.py::test_os_exit_in_a_class_file_ends_flowrec_with_a_failure_and_one_line":
         frozenset({"processes"}),
+    "tests/unit/test_custom_guards.py::test_a_ranks_share_of_one_row_skips_that_step_on_every_rank":
+        frozenset({"processes"}),
     "tests/unit/test_serving_leftovers.py::test_a_specs_table_map_is_made_once_and_a_spec_still_pickles": frozenset(),
     "tests/unit/test_bench_later_epochs.py::test_a_real_run_times_every_epoch_of_both_runs": frozenset({"processes"}),
     "tests/unit/test_bench_calibration_noise.py::test_a_real_run_measures_both_settings_with_their_own_rounds_and_blocks":

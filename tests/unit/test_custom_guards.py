@@ -530,3 +530,20 @@ def test_a_dry_run_that_would_build_a_module_too_large_for_the_cpu_is_refused_in
 
     model = lower(make_plan(spec, target="cpu"), spec, "cpu")
     assert model.ops["mine"](torch.randn(4, 10)).shape == (4, 3)
+
+
+def test_a_ranks_share_of_one_row_skips_that_step_on_every_rank(tmp_path, classes):
+    """Under --nproc 2 a last global batch of 3 rows gives one rank 1 row: that rank's forward
+    raised while the other waited in the step's collectives."""
+    import subprocess
+    import sys
+
+    spec = spec_file(tmp_path, f"{classes}:Normed")
+    rows = BATCH * random.randrange(2, 4) + 3
+    run = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "flowrec", "train", str(spec), "--rows", str(rows), "--out", str(run),
+                           "-q", "--device", "cpu", "--nproc", "2"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    lines = [line for line in done.stderr.splitlines() if "cannot train on one row" in line]
+    assert len(lines) == 1 and f"3 of {rows:,} rows were skipped" in lines[0], done.stderr
+    assert end_record(run)["skipped_rows"] == 3
