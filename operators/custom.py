@@ -346,7 +346,7 @@ class CustomModule(nn.Module):
         # under the guards of the import and the dry run: sys.exit(0) or os._exit(0) ended a run with status 0
         # and no word, os.chdir() or torch.set_default_dtype() in a forward moved the run's relative paths and
         # made flowrec's later tensors float64 (put back after each call; compiled code is not traced through them)
-        with contextlib.nullcontext() if torch.compiler.is_compiling() else settings_kept():
+        with contextlib.nullcontext() if torch.compiler.is_compiling() else settings_kept(signals=False):
             out = self.inner(x.clone())
         if not isinstance(out, torch.Tensor):  # the dry run saw a tensor: a forward that returns other at times
             raise TypeError(f"it returned a {type(out).__name__}, not one (B, ...) tensor")

@@ -22,6 +22,7 @@ from typing import Any, Iterator, Mapping
 
 import torch
 from torch import nn
+from torch.nn.modules import module as torch_module
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # whose handlers stop flowrec (Ctrl-C, a scheduler's stop)
 THREAD_MARK = "flowrec_started_while"  # attribute of a thread a user's code started and left running
@@ -108,7 +109,7 @@ def exits_refused() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def settings_kept() -> Iterator[None]:
+def settings_kept(signals: bool = True) -> Iterator[None]:
     """Within: a user's code may change process-wide settings (a module file's top-level
     `torch.set_default_dtype(torch.float64)`, `torch.set_grad_enabled(False)`, `os.chdir(...)`,
     `sys.stdout = open(os.devnull, "w")` or `signal.signal(signal.SIGINT, signal.SIG_IGN)`); they
@@ -116,10 +117,12 @@ def settings_kept() -> Iterator[None]:
     gradients, the paths it was given (`--out runs/x`, `--json plan.json`) name what they named, its
     lines are seen and Ctrl-C and SIGTERM stop it as they did (a setting changed by the user's code
     holds while that code runs). An exit it attempts is an `ExitAttempt` (`exits_refused`); a hook
-    it registers on every module of the process is removed, and refused (`GlobalHookMade`)."""
+    it registers on every module of the process is removed, and refused (`GlobalHookMade`).
+    `signals=False`: the stop handlers are left as they are (a forward's guard at every call, where
+    they cost most of its time)."""
     dtype, grad = torch.get_default_dtype(), torch.is_grad_enabled()
     streams = sys.stdout, sys.stderr
-    handlers = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    handlers = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS} if signals else {}
     try:
         folder = os.getcwd()
     except OSError:  # the working folder is gone: nothing to put back
@@ -129,8 +132,10 @@ def settings_kept() -> Iterator[None]:
         with exits_refused():
             yield
     finally:
-        torch.set_default_dtype(dtype)
-        torch.set_grad_enabled(grad)
+        if torch.get_default_dtype() is not dtype:
+            torch.set_default_dtype(dtype)
+        if torch.is_grad_enabled() is not grad:
+            torch.set_grad_enabled(grad)
         sys.stdout, sys.stderr = streams
         for sig, handler in handlers.items():
             if handler is not None and signal.getsignal(sig) is not handler:
@@ -147,21 +152,19 @@ def settings_kept() -> Iterator[None]:
                              "(self.proj.register_forward_hook(...))")
 
 
-def _global_hook_keys() -> dict[str, set[Any]]:
-    """The handles of torch's process-wide module hooks, by table (GLOBAL_HOOKS)."""
-    from torch.nn.modules import module as torch_module
+def _global_hook_keys() -> list[tuple[str, dict[Any, Any], tuple[Any, ...]]]:
+    """(name, table, its handles) of torch's process-wide module hook tables (GLOBAL_HOOKS)."""
+    return [(name, table, tuple(table)) for name in GLOBAL_HOOKS
+            if isinstance(table := getattr(torch_module, name, None), dict)]
 
-    return {name: set(table) for name in GLOBAL_HOOKS if isinstance(table := getattr(torch_module, name, None), dict)}
 
-
-def _drop_global_hooks(before: dict[str, set[Any]]) -> list[str]:
+def _drop_global_hooks(before: list[tuple[str, dict[Any, Any], tuple[Any, ...]]]) -> list[str]:
     """Remove the process-wide module hooks registered since `before`; the tables that had one."""
-    from torch.nn.modules import module as torch_module
-
     made = []
-    for name, kept in before.items():
-        table = getattr(torch_module, name, None)
-        new = [key for key in table if key not in kept] if isinstance(table, dict) else []
+    for name, table, kept in before:
+        if len(table) == len(kept) and tuple(table) == kept:
+            continue
+        new = [key for key in table if key not in kept]
         for key in new:
             del table[key]
         if new:
