@@ -25,8 +25,8 @@ import torch
 from torch import nn
 
 from operators.custom_checks import check_rows_independent, check_state_round_trip, one_row_refusal, probe_copy
-from operators.custom_code import (CustomModuleError, UserCodeRefused, build_custom, settings_kept, stop_named,
-                                   user_failure, why)
+from operators.custom_code import (CustomModuleError, UserCodeRefused, build_custom, exits_refused, settings_kept,
+                                   stop_named, user_failure, why)
 from operators.dense import Shapes
 
 
@@ -339,6 +339,13 @@ class CustomModule(nn.Module):
         module.one_row = one_row_refusal(inner, path, in_width, params)
         return module
 
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        """nn.Module's, where the class's own state code may not end the process (a state_dict that
+        called sys.exit(0) at a checkpoint ended the run with status 0, no checkpoint and no word):
+        an `ExitAttempt`, which `state_failure` names."""
+        with exits_refused():
+            return super().state_dict(*args, **kwargs)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # its own copy: x may be another module's output itself (one input), which a forward that
         # changes its input in place (nn.ReLU(inplace=True)) would change for its other readers and
@@ -444,7 +451,8 @@ def state_failure(exc: BaseException, model: nn.Module) -> str | None:
     if found is None:
         return None
     owner, method = found
-    return f"custom module {owner.label!r} ({owner.path}): its {method}() raised {why(exc)}"
+    return (f"custom module {owner.label!r} ({owner.path}): its {method}() "
+            f"{'' if isinstance(exc, UserCodeRefused) else 'raised '}{why(exc)}")
 
 
 def _materialize_lazy(inner: nn.Module, path: str, in_width: int) -> None:

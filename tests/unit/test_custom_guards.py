@@ -547,3 +547,40 @@ def test_a_ranks_share_of_one_row_skips_that_step_on_every_rank(tmp_path, classe
     lines = [line for line in done.stderr.splitlines() if "cannot train on one row" in line]
     assert len(lines) == 1 and f"3 of {rows:,} rows were skipped" in lines[0], done.stderr
     assert end_record(run)["skipped_rows"] == 3
+
+
+LATE_EXIT = textwrap.dedent('''
+    import sys
+    from torch import nn
+
+
+    class LateExit(nn.Module):
+        """Its state_dict ends the process from its second call: the build's round trip passes."""
+        def __init__(self, in_features):
+            super().__init__()
+            self.proj = nn.Linear(in_features, 3)
+            self.saves = 0
+
+        def forward(self, x):
+            return self.proj(x)
+
+        def state_dict(self, *args, **kwargs):
+            self.saves += 1
+            if self.saves > 1:
+                sys.exit(0)
+            return super().state_dict(*args, **kwargs)
+''')
+
+
+def test_a_state_dict_ending_the_process_at_a_checkpoint_is_one_line_and_a_failure(tmp_path):
+    """sys.exit(0) in a class's state_dict at the run's checkpoint ended `flowrec train` with status
+    0, no checkpoint and no word."""
+    (tmp_path / "late.py").write_text(LATE_EXIT)
+    run = tmp_path / "run"
+    done = train(str(spec_file(tmp_path, f"{tmp_path / 'late.py'}:LateExit")), "--rows",
+                 str(random.randrange(300, 500)), "--out", str(run))
+    assert done.exit_code == 2, done.output
+    assert "Traceback" not in done.output and not run.exists()
+    (line,) = [line for line in done.output.splitlines() if line.startswith("error:")]
+    assert f"custom module 'mine' ({tmp_path / 'late.py'}:LateExit): its state_dict() tried to end the process: " \
+           "sys.exit(0)" in line and "no checkpoint was written" in line, line
