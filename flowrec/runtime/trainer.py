@@ -523,7 +523,7 @@ class Trainer:
 
     def _epoch(self, train_source: Any, eval_source: Any, bar: TrainProgress, total: int) -> float | None:
         pos = self.position
-        loss = None
+        last = None
         exhausted = False
         staged = self._staged(train_source)
         with TransferStage(staged, self.model.device, self.prefetch, self.host_groups,
@@ -535,8 +535,8 @@ class Trainer:
                 if self._marks_rows:  # before the step: a full checkpoint may still be copying rows
                     self.checkpointer.mark(batch)
                 skipped_rows = one_row_skip(self.model, batch, self.parallel)
-                step_loss, skipped_head = self._step(batch, train=not skipped_rows)
-                loss = step_loss if not skipped_rows else loss  # the run's last loss is of a trained batch
+                loss, skipped_head = self._step(batch, train=not skipped_rows)
+                last = last if skipped_rows else loss  # the epoch's last loss is of a batch it did not skip
                 self.skipped_rows += skipped_rows
                 self.stage_seconds["compute"] += time.perf_counter() - t0
                 pos.batch, pos.step = batch.index + 1, pos.step + 1
@@ -548,7 +548,7 @@ class Trainer:
                     if skipped_head is not None:
                         record.update(skipped=True, head=skipped_head)
                     if skipped_rows:
-                        record.update(loss=None, skipped=True, skipped_rows=skipped_rows)
+                        record.update(skipped=True, skipped_rows=skipped_rows)
                     self.log.write(record)
                     self.log.scalars(pos.step, {"throughput/samples_per_s": bar.samples_per_s()})
                 if self.hooks.on_step is not None:
@@ -569,7 +569,7 @@ class Trainer:
             pos.epoch, pos.batch = pos.epoch + 1, 0
         if self._interrupted():
             raise KeyboardInterrupt
-        return loss
+        return last
 
     def _check_next(self, batch: Any) -> None:
         """Exactly once: a batch is trained only as the next one of the epoch (with several ranks,
